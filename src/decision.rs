@@ -1,0 +1,156 @@
+//! What a limiter answers.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+/// The answer to one request for permits: admitted or not, and the state that a client should be
+/// told about.
+///
+/// Every algorithm and every store answers with this same type, so the HTTP layer computes its
+/// `Retry-After` and `RateLimit` headers the same way whatever sits underneath.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request is admitted (possibly after [`wait`](Self::wait)).
+    pub allowed: bool,
+    /// The most permits the limiter can hold: the burst for GCRA, the per-window limit otherwise.
+    pub limit: u64,
+    /// Permits left after this decision.
+    pub remaining: u64,
+    /// For a refusal, the exact time until the same request could be admitted; never zero when
+    /// refused. Zero when admitted.
+    pub retry_after: Duration,
+    /// The time until the limiter is back to its full limit for this key, if nothing else arrives.
+    pub reset_after: Duration,
+    /// For an admission that holds a reservation, how long the caller must wait before it
+    /// proceeds. Zero for an immediate admission and for a refusal.
+    pub wait: Duration,
+    /// The instant (limiter clock, nanoseconds) at which a reservation falls due; used to give it
+    /// back.
+    pub(crate) reserved_at: u64,
+}
+
+impl Decision {
+    /// An immediate admission.
+    pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+            wait: Duration::ZERO,
+            reserved_at: 0,
+        }
+    }
+
+    /// A refusal; `retry_after` is raised to one nanosecond if it was zero, since a refused client
+    /// must always be told to wait.
+    pub fn refused(
+        limit: u64,
+        remaining: u64,
+        retry_after: Duration,
+        reset_after: Duration,
+    ) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining,
+            retry_after: retry_after.max(Duration::from_nanos(1)),
+            reset_after,
+            wait: Duration::ZERO,
+            reserved_at: 0,
+        }
+    }
+
+    pub(crate) fn reserved(
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        wait: Duration,
+        reserved_at: u64,
+    ) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after,
+            wait,
+            reserved_at,
+        }
+    }
+
+    /// `Retry-After` in whole seconds as the crate sends it: `max(1, ceil(retry_after))`, or zero
+    /// for an admission.
+    pub fn retry_after_secs(&self) -> u64 {
+        if self.allowed {
+            0
+        } else {
+            ceil_secs(self.retry_after).max(1)
+        }
+    }
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A request for more permits than the limiter can ever hold at once.
+///
+/// Waiting would never help, so it is an error rather than a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    requested: u32,
+    capacity: u32,
+}
+
+impl InsufficientCapacity {
+    pub(crate) fn new(requested: u32, capacity: u32) -> Self {
+        Self {
+            requested,
+            capacity,
+        }
+    }
+
+    /// The cost that was asked for.
+    pub fn requested(&self) -> u32 {
+        self.requested
+    }
+
+    /// The most the limiter can admit at once.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a cost of {} exceeds the limiter's capacity of {} and could never be admitted",
+            self.requested, self.capacity
+        )
+    }
+}
+
+impl Error for InsufficientCapacity {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_secs_rounds_up_and_is_never_zero() {
+        let d = |nanos| Decision::refused(1, 0, Duration::from_nanos(nanos), Duration::ZERO);
+        assert_eq!(d(0).retry_after_secs(), 1);
+        assert_eq!(d(1).retry_after_secs(), 1);
+        assert_eq!(d(100_000_000).retry_after_secs(), 1);
+        assert_eq!(d(1_000_000_000).retry_after_secs(), 1);
+        assert_eq!(d(1_000_000_001).retry_after_secs(), 2);
+        assert_eq!(d(59_500_000_000).retry_after_secs(), 60);
+        assert!(d(0).retry_after > Duration::ZERO);
+    }
+}

@@ -1,0 +1,36 @@
+//! Tower and axum middleware for services under pressure.
+//!
+//! * **Rate limiting** keeps callers from overrunning a service: [`KeyedRateLimiter`] decides per
+//!   client key, with GCRA by default and fixed window, sliding log and sliding counter on
+//!   request. Every refusal says exactly when to come back.
+//! * **Time is injected**: every limiter reads a [`Clock`]; tests use [`ManualClock`] and never
+//!   sleep.
+//!
+//! ```
+//! use tower_bulwark::{KeyedRateLimiter, Quota};
+//!
+//! let limiter = KeyedRateLimiter::<String>::new(Quota::per_second(10)?);
+//! let decision = limiter.check(&"203.0.113.7".to_string());
+//! assert!(decision.allowed);
+//! assert_eq!(decision.remaining, 9);
+//! # Ok::<(), tower_bulwark::QuotaError>(())
+//! ```
+#![deny(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod algorithm;
+pub mod clock;
+mod decision;
+pub mod limiter;
+mod quota;
+pub mod store;
+
+pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use decision::{Decision, InsufficientCapacity};
+pub use limiter::{acquire, DirectRateLimiter, KeyedRateLimiter, Limiter, RateLimiterBuilder};
+pub use quota::{Quota, QuotaError};
+pub use store::Overflow;
+
+/// A boxed error, as tower uses.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

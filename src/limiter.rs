@@ -1,0 +1,495 @@
+//! Limiters: a quota, an algorithm, a store and a clock tied together.
+//!
+//! [`DirectRateLimiter`] is one limit for everything that shares it (a process-wide cap);
+//! [`KeyedRateLimiter`] keeps one limit per key (client IP, API key, tenant). Both are cheap to
+//! clone, and every clone shares one state.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+//!
+//! let clock = ManualClock::new();
+//! let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(2)?)
+//!     .clock(clock.clone())
+//!     .build();
+//! assert!(limiter.check(&"alice").allowed);
+//! assert!(limiter.check(&"alice").allowed);
+//! let refused = limiter.check(&"alice");
+//! assert!(!refused.allowed);
+//! assert_eq!(refused.retry_after, Duration::from_millis(500));
+//! assert!(limiter.check(&"bob").allowed, "every key has its own budget");
+//! clock.advance(Duration::from_millis(500));
+//! assert!(limiter.check(&"alice").allowed);
+//! # Ok::<(), tower_bulwark::QuotaError>(())
+//! ```
+
+use std::fmt;
+use std::future::{ready, Future, Ready};
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Algorithm, Gcra};
+use crate::clock::{Clock, SystemClock};
+use crate::store::memory::MemoryStore;
+use crate::store::Overflow;
+use crate::{BoxError, Decision, InsufficientCapacity, Quota};
+
+/// Anything that decides on requests per key: the in-memory limiters, the Redis limiter, or a
+/// limiter of your own. The HTTP layer is written against this trait.
+pub trait Limiter<K>: Send + Sync + 'static {
+    /// The future of a decision.
+    type Future: Future<Output = Result<Decision, BoxError>> + Send + 'static;
+
+    /// The quota this limiter enforces (for the `RateLimit-Policy` header).
+    fn quota(&self) -> &Quota;
+
+    /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
+    /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
+    fn reserve(&self, key: &K, cost: u32) -> Self::Future;
+
+    /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
+    /// policy vetoed. Where the algorithm cannot give it back, this does nothing.
+    fn refund(&self, key: &K, cost: u32, decision: &Decision);
+}
+
+/// Gives a reservation back unless disarmed: used while a caller waits.
+struct RefundOnDrop<'a, K, L: Limiter<K>> {
+    limiter: &'a L,
+    key: &'a K,
+    cost: u32,
+    decision: Decision,
+    armed: bool,
+}
+
+impl<K, L: Limiter<K>> Drop for RefundOnDrop<'_, K, L> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.limiter.refund(self.key, self.cost, &self.decision);
+        }
+    }
+}
+
+/// Reserves `cost` permits of `limiter` for `key` and waits until they fall due.
+///
+/// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. If the
+/// returned future is dropped while it waits, the reservation is given back.
+pub async fn acquire<K, L: Limiter<K>>(
+    limiter: &L,
+    key: &K,
+    cost: u32,
+) -> Result<Decision, BoxError> {
+    let decision = limiter.reserve(key, cost).await?;
+    if decision.allowed && !decision.wait.is_zero() {
+        let mut guard = RefundOnDrop {
+            limiter,
+            key,
+            cost,
+            decision,
+            armed: true,
+        };
+        tokio::time::sleep(decision.wait).await;
+        guard.armed = false;
+    }
+    Ok(decision)
+}
+
+/// Settings shared by the direct and the keyed limiter; start with
+/// [`DirectRateLimiter::builder`] or [`KeyedRateLimiter::builder`].
+#[derive(Debug, Clone)]
+pub struct RateLimiterBuilder<K, A = Gcra, C = SystemClock> {
+    quota: Quota,
+    clock: C,
+    max_keys: usize,
+    overflow: Overflow,
+    _marker: PhantomData<fn() -> (K, A)>,
+}
+
+/// The default bound on keys of a keyed limiter.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+impl<K, A, C> RateLimiterBuilder<K, A, C> {
+    /// Uses algorithm `A2` instead of GCRA.
+    pub fn algorithm<A2: Algorithm>(self) -> RateLimiterBuilder<K, A2, C> {
+        RateLimiterBuilder {
+            quota: self.quota,
+            clock: self.clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            _marker: PhantomData,
+        }
+    }
+
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<K, A, C2> {
+        RateLimiterBuilder {
+            quota: self.quota,
+            clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            _marker: PhantomData,
+        }
+    }
+
+    /// The most keys a keyed limiter holds in memory (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// What a keyed limiter does when it is full of live keys (default
+    /// [`Overflow::EvictNearestIdle`]).
+    pub fn on_overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
+    }
+}
+
+impl<A: Algorithm, C: Clock> RateLimiterBuilder<(), A, C> {
+    /// Builds a direct limiter.
+    pub fn build(self) -> DirectRateLimiter<A, C> {
+        let epoch = self.clock.now();
+        DirectRateLimiter {
+            inner: Arc::new(DirectInner {
+                algorithm: A::new(&self.quota, epoch),
+                state: A::State::default(),
+                quota: self.quota,
+                clock: self.clock,
+            }),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> RateLimiterBuilder<K, A, C> {
+    /// Builds a keyed limiter.
+    pub fn build_keyed(self) -> KeyedRateLimiter<K, A, C> {
+        let epoch = self.clock.now();
+        KeyedRateLimiter {
+            inner: Arc::new(KeyedInner {
+                algorithm: A::new(&self.quota, epoch),
+                store: MemoryStore::new(self.max_keys, self.overflow),
+                quota: self.quota,
+                clock: self.clock,
+            }),
+        }
+    }
+}
+
+fn check_cost<A: Algorithm>(algorithm: &A, cost: u32) -> Result<(), InsufficientCapacity> {
+    let capacity = algorithm.capacity();
+    if cost > capacity {
+        Err(InsufficientCapacity::new(cost, capacity))
+    } else {
+        Ok(())
+    }
+}
+
+/// One limit shared by every caller: a process-wide cap.
+pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
+    inner: Arc<DirectInner<A, C>>,
+}
+
+struct DirectInner<A: Algorithm, C> {
+    algorithm: A,
+    state: A::State,
+    quota: Quota,
+    clock: C,
+}
+
+impl DirectRateLimiter {
+    /// A GCRA limiter on the system clock.
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the algorithm and the clock.
+    pub fn builder(quota: Quota) -> RateLimiterBuilder<(), Gcra, SystemClock> {
+        RateLimiterBuilder {
+            quota,
+            clock: SystemClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            overflow: Overflow::default(),
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
+    /// Decides on one permit now, never waiting.
+    #[inline]
+    pub fn check(&self) -> Decision {
+        let now = self.inner.clock.now();
+        self.inner.algorithm.decide(&self.inner.state, now, 1, 0)
+    }
+
+    /// Decides on `cost` permits now, never waiting.
+    pub fn check_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
+        check_cost(&self.inner.algorithm, cost)?;
+        let now = self.inner.clock.now();
+        Ok(self.inner.algorithm.decide(&self.inner.state, now, cost, 0))
+    }
+
+    /// Takes one permit, waiting up to the quota's `max_wait` for it.
+    pub async fn acquire(&self) -> Decision {
+        self.acquire_n(1)
+            .await
+            .unwrap_or_else(|_| unreachable_capacity())
+    }
+
+    /// Takes `cost` permits, waiting up to the quota's `max_wait` for them.
+    pub async fn acquire_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
+        check_cost(&self.inner.algorithm, cost)?;
+        acquire(self, &(), cost)
+            .await
+            .map_err(|_| InsufficientCapacity::new(cost, self.inner.algorithm.capacity()))
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    fn reserve_now(&self, cost: u32) -> Result<Decision, BoxError> {
+        check_cost(&self.inner.algorithm, cost)?;
+        let now = self.inner.clock.now();
+        let max_wait = self.inner.quota.max_wait_nanos();
+        Ok(self
+            .inner
+            .algorithm
+            .decide(&self.inner.state, now, cost, max_wait))
+    }
+}
+
+fn unreachable_capacity() -> Decision {
+    // Every algorithm's capacity is at least one permit (quotas refuse zero).
+    Decision::refused(0, 0, Duration::MAX, Duration::MAX)
+}
+
+impl<A: Algorithm, C> Clone for DirectRateLimiter<A, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DirectRateLimiter")
+            .field("quota", &self.inner.quota)
+            .field("algorithm", &self.inner.algorithm)
+            .field("state", &self.inner.state)
+            .finish()
+    }
+}
+
+/// A direct limiter ignores the key: every request shares one budget.
+impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
+    type Future = Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    fn reserve(&self, _key: &K, cost: u32) -> Self::Future {
+        ready(self.reserve_now(cost))
+    }
+
+    fn refund(&self, _key: &K, cost: u32, decision: &Decision) {
+        if decision.allowed {
+            let now = self.inner.clock.now();
+            self.inner
+                .algorithm
+                .refund(&self.inner.state, now, cost, decision.reserved_at);
+        }
+    }
+}
+
+/// One limit per key, over a bounded in-memory store.
+pub struct KeyedRateLimiter<K, A: Algorithm = Gcra, C = SystemClock> {
+    inner: Arc<KeyedInner<K, A, C>>,
+}
+
+struct KeyedInner<K, A: Algorithm, C> {
+    algorithm: A,
+    store: MemoryStore<K, A::State>,
+    quota: Quota,
+    clock: C,
+}
+
+impl<K: Hash + Eq + Clone> KeyedRateLimiter<K> {
+    /// A GCRA limiter per key on the system clock, holding at most [`DEFAULT_MAX_KEYS`] keys.
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the algorithm, the clock and the key bound.
+    pub fn builder(quota: Quota) -> KeyedBuilder<K> {
+        KeyedBuilder(RateLimiterBuilder {
+            quota,
+            clock: SystemClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            overflow: Overflow::default(),
+            _marker: PhantomData,
+        })
+    }
+}
+
+/// The builder of a [`KeyedRateLimiter`]; see [`RateLimiterBuilder`] for the settings.
+#[derive(Debug, Clone)]
+pub struct KeyedBuilder<K, A = Gcra, C = SystemClock>(RateLimiterBuilder<K, A, C>);
+
+impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// Uses algorithm `A2` instead of GCRA.
+    pub fn algorithm<A2: Algorithm>(self) -> KeyedBuilder<K, A2, C> {
+        KeyedBuilder(self.0.algorithm())
+    }
+
+    /// Reads time from `clock`.
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, A, C2> {
+        KeyedBuilder(self.0.clock(clock))
+    }
+
+    /// The most keys held in memory (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        KeyedBuilder(self.0.max_keys(max_keys))
+    }
+
+    /// What to do when the store is full of live keys (default [`Overflow::EvictNearestIdle`]).
+    pub fn on_overflow(self, overflow: Overflow) -> Self {
+        KeyedBuilder(self.0.on_overflow(overflow))
+    }
+
+    /// Builds the limiter.
+    pub fn build(self) -> KeyedRateLimiter<K, A, C> {
+        self.0.build_keyed()
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
+    KeyedRateLimiter<K, A, C>
+{
+    #[inline]
+    fn decide(&self, key: &K, cost: u32, max_wait: u64) -> Decision {
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        let alg = &inner.algorithm;
+        match inner.store.with(
+            key,
+            now,
+            |s| alg.idle_at(s),
+            |s| alg.decide(s, now, cost, max_wait),
+        ) {
+            Ok(decision) => decision,
+            Err(full) => {
+                let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
+                Decision::refused(u64::from(alg.capacity()), 0, wait, wait)
+            }
+        }
+    }
+
+    /// Decides on one permit for `key` now, never waiting.
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.decide(key, 1, 0)
+    }
+
+    /// Decides on `cost` permits for `key` now, never waiting.
+    pub fn check_n(&self, key: &K, cost: u32) -> Result<Decision, InsufficientCapacity> {
+        check_cost(&self.inner.algorithm, cost)?;
+        Ok(self.decide(key, cost, 0))
+    }
+
+    /// Takes one permit for `key`, waiting up to the quota's `max_wait` for it.
+    pub async fn acquire(&self, key: &K) -> Decision {
+        self.acquire_n(key, 1)
+            .await
+            .unwrap_or_else(|_| unreachable_capacity())
+    }
+
+    /// Takes `cost` permits for `key`, waiting up to the quota's `max_wait` for them.
+    pub async fn acquire_n(&self, key: &K, cost: u32) -> Result<Decision, InsufficientCapacity> {
+        check_cost(&self.inner.algorithm, cost)?;
+        acquire(self, key, cost)
+            .await
+            .map_err(|_| InsufficientCapacity::new(cost, self.inner.algorithm.capacity()))
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    /// The number of keys held in memory.
+    pub fn len(&self) -> usize {
+        self.inner.store.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys held in memory.
+    pub fn max_keys(&self) -> usize {
+        self.inner.store.capacity()
+    }
+
+    /// Drops every key whose state carries no information any more. No decision changes; call it
+    /// from a timer to return memory between bursts of new keys.
+    pub fn retain_recent(&self) {
+        let now = self.inner.clock.now();
+        let alg = &self.inner.algorithm;
+        self.inner.store.sweep(now, |s| alg.idle_at(s));
+    }
+}
+
+impl<K, A: Algorithm, C> Clone for KeyedRateLimiter<K, A, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K, A: Algorithm, C> fmt::Debug for KeyedRateLimiter<K, A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimiter")
+            .field("quota", &self.inner.quota)
+            .field("algorithm", &self.inner.algorithm)
+            .field("store", &self.inner.store)
+            .finish()
+    }
+}
+
+impl<K, A, C> Limiter<K> for KeyedRateLimiter<K, A, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    A: Algorithm,
+    C: Clock,
+{
+    type Future = Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> Self::Future {
+        let result = check_cost(&self.inner.algorithm, cost)
+            .map(|()| self.decide(key, cost, self.inner.quota.max_wait_nanos()))
+            .map_err(BoxError::from);
+        ready(result)
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+        if !decision.allowed {
+            return;
+        }
+        let now = self.inner.clock.now();
+        let alg = &self.inner.algorithm;
+        self.inner
+            .store
+            .with_existing(key, |s| alg.refund(s, now, cost, decision.reserved_at));
+    }
+}

@@ -1,0 +1,255 @@
+//! The in-memory keyed store: sharded, bounded, evicting.
+//!
+//! Keys are spread over a power-of-two number of shards, each a hash table behind a
+//! reader-writer lock. A request for a key already present takes only the read lock; the
+//! algorithm then updates that key's state through its own atomic or mutex, so two keys in one
+//! shard never wait on each other for longer than a table lookup.
+//!
+//! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
+//! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
+//! has passed), which changes no decision. If the shard is still full of live keys, the
+//! [`Overflow`] setting decides.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::{PoisonError, RwLock};
+
+use hashbrown::HashTable;
+
+/// What the in-memory store does when a new key arrives and its shard is full of live keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Evict the keys that are nearest to idle (a sixteenth of the shard at a time), then admit
+    /// the new key. The default.
+    ///
+    /// An evicted key starts afresh next time, so it may receive up to one extra burst; the keys
+    /// chosen are those whose state would have expired soonest, which loses the least. Keys of
+    /// heavy users (whose state runs far ahead) are kept, so a flood of new keys cannot wipe the
+    /// record of the clients that are actually being limited.
+    #[default]
+    EvictNearestIdle,
+    /// Refuse requests from new keys until a slot frees; keys already present are unaffected.
+    ///
+    /// Never forgets a live key, at the price of locking out new clients while the table is full
+    /// (at most until the nearest key goes idle, which the refusal's `retry_after` says).
+    RefuseNewKeys,
+}
+
+/// A shard full of live keys under [`Overflow::RefuseNewKeys`]: a slot frees at `free_at`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Full {
+    pub(crate) free_at: u64,
+}
+
+#[repr(align(64))]
+struct Shard<K, S> {
+    table: RwLock<HashTable<(K, S)>>,
+}
+
+/// A bounded, sharded map from key to algorithm state.
+pub(crate) struct MemoryStore<K, S> {
+    hasher: RandomState,
+    shards: Box<[Shard<K, S>]>,
+    shard_bits: u32,
+    shard_cap: usize,
+    overflow: Overflow,
+}
+
+impl<K, S> fmt::Debug for MemoryStore<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("max_keys", &(self.shard_cap * self.shards.len()))
+            .field("overflow", &self.overflow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, S> MemoryStore<K, S>
+where
+    K: Hash + Eq + Clone,
+    S: Default,
+{
+    /// A store for at most `max_keys` keys (at least one).
+    pub(crate) fn new(max_keys: usize, overflow: Overflow) -> Self {
+        let max_keys = max_keys.max(1);
+        // Enough shards to keep lock contention low, few enough that each holds a useful number
+        // of keys (eviction works per shard).
+        let wanted = (max_keys / 1024).clamp(1, 64);
+        let shard_bits = usize::BITS - 1 - wanted.leading_zeros();
+        let count = 1usize << shard_bits;
+        let shards = (0..count)
+            .map(|_| Shard {
+                table: RwLock::new(HashTable::new()),
+            })
+            .collect();
+        Self {
+            hasher: RandomState::new(),
+            shards,
+            shard_bits,
+            shard_cap: max_keys / count,
+            overflow,
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &Shard<K, S> {
+        // The table uses the low bits for its index and the top seven for its tags; take the
+        // shard from bits above 32 so the three do not correlate.
+        let idx = if self.shard_bits == 0 {
+            0
+        } else {
+            ((hash >> 32) as usize) & ((1 << self.shard_bits) - 1)
+        };
+        &self.shards[idx]
+    }
+
+    /// Runs `f` on the state of `key`, inserting a fresh state if the key is new.
+    ///
+    /// `idle_at` tells which states may be dropped at `now` when room is needed.
+    #[inline]
+    pub(crate) fn with<R>(
+        &self,
+        key: &K,
+        now: u64,
+        idle_at: impl Fn(&S) -> u64,
+        f: impl FnOnce(&S) -> R,
+    ) -> Result<R, Full> {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        {
+            let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, state)) = table.find(hash, |(k, _)| k == key) {
+                return Ok(f(state));
+            }
+        }
+        let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, state)) = table.find(hash, |(k, _)| k == key) {
+            return Ok(f(state));
+        }
+        if table.len() >= self.shard_cap {
+            table.retain(|(_, s)| idle_at(s) > now);
+        }
+        if table.len() >= self.shard_cap {
+            match self.overflow {
+                Overflow::RefuseNewKeys => {
+                    let free_at = table.iter().map(|(_, s)| idle_at(s)).min().unwrap_or(now);
+                    return Err(Full { free_at });
+                }
+                Overflow::EvictNearestIdle => {
+                    evict_nearest_idle(&mut table, &idle_at, self.shard_cap)
+                }
+            }
+        }
+        let hasher = &self.hasher;
+        let entry = table.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
+            hasher.hash_one(k)
+        });
+        Ok(f(&entry.get().1))
+    }
+
+    /// Runs `f` on the state of `key` if it is present.
+    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&S) -> R) -> Option<R> {
+        let hash = self.hasher.hash_one(key);
+        let table = self
+            .shard(hash)
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        table.find(hash, |(k, _)| k == key).map(|(_, s)| f(s))
+    }
+
+    /// Drops every key whose state is idle at `now`.
+    pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&S) -> u64) {
+        for shard in self.shards.iter() {
+            shard
+                .table
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|(_, s)| idle_at(s) > now);
+        }
+    }
+
+    /// The number of keys held.
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.table.read().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// The most keys the store holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shard_cap * self.shards.len()
+    }
+}
+
+/// Removes the sixteenth of the table (at least one entry) whose states go idle soonest.
+fn evict_nearest_idle<K, S>(
+    table: &mut HashTable<(K, S)>,
+    idle_at: &impl Fn(&S) -> u64,
+    cap: usize,
+) {
+    let batch = (cap / 16).max(1);
+    let mut times: Vec<u64> = table.iter().map(|(_, s)| idle_at(s)).collect();
+    if times.is_empty() {
+        return;
+    }
+    let nth = (batch - 1).min(times.len() - 1);
+    let (_, &mut threshold, _) = times.select_nth_unstable(nth);
+    // Entries at the threshold may be more than needed; remove only `batch` of them in total.
+    let mut budget = batch;
+    table.retain(|(_, s)| {
+        if budget > 0 && idle_at(s) <= threshold {
+            budget -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn tat(s: &AtomicU64) -> u64 {
+        s.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
+        let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(100, Overflow::EvictNearestIdle);
+        // A heavy user whose state runs far ahead.
+        store
+            .with(&u32::MAX, 0, tat, |s| s.store(1_000_000, Ordering::Relaxed))
+            .unwrap();
+        for k in 0..1000u32 {
+            store
+                .with(&k, 0, tat, |s| s.store(10, Ordering::Relaxed))
+                .unwrap();
+            assert!(store.len() <= 100);
+        }
+        assert_eq!(store.with_existing(&u32::MAX, tat), Some(1_000_000));
+    }
+
+    #[test]
+    fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
+        let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(2, Overflow::RefuseNewKeys);
+        store
+            .with(&1, 0, tat, |s| s.store(50, Ordering::Relaxed))
+            .unwrap();
+        store
+            .with(&2, 0, tat, |s| s.store(70, Ordering::Relaxed))
+            .unwrap();
+        let full = store.with(&3, 10, tat, |_| ()).unwrap_err();
+        assert_eq!(full.free_at, 50);
+        // At 60 key 1 is idle: it is dropped and key 3 fits.
+        store.with(&3, 60, tat, |_| ()).unwrap();
+        assert_eq!(store.with_existing(&1, tat), None);
+        assert_eq!(store.len(), 2);
+    }
+}
