@@ -36,7 +36,10 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         // SAFETY: forwarded unchanged.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -84,9 +87,8 @@ fn main() {
         l
     });
     let gov = measure("governor keyed (dashmap) <Ipv4Addr>", || {
-        let l = governor::RateLimiter::keyed(governor::Quota::per_second(
-            NonZeroU32::new(10).unwrap(),
-        ));
+        let l =
+            governor::RateLimiter::keyed(governor::Quota::per_second(NonZeroU32::new(10).unwrap()));
         for i in 0..KEYS {
             let _ = l.check_key(&ip(i));
         }
