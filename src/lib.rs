@@ -20,6 +20,8 @@
 
 pub mod algorithm;
 pub mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod decision;
 pub mod limiter;
 mod quota;
