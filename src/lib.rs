@@ -23,6 +23,7 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
+pub mod guide;
 pub mod limiter;
 mod quota;
 pub mod store;
