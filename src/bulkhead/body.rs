@@ -7,8 +7,7 @@ use std::task::{ready, Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::events::CallOutcome;
-use super::semaphore::Permit;
+use super::semaphore::{Ending, Permit};
 
 pin_project! {
     /// Response body of [`BulkheadBodyService`](super::BulkheadBodyService).
@@ -25,11 +24,11 @@ pin_project! {
 impl<B: Body> BulkheadBody<B> {
     pub(crate) fn new(inner: B, mut permit: Permit) -> Self {
         let permit = if inner.is_end_stream() {
-            permit.outcome = CallOutcome::Success;
+            permit.outcome = Ending::Success;
             drop(permit);
             None
         } else {
-            permit.outcome = CallOutcome::Cancelled;
+            permit.outcome = Ending::Cancelled;
             Some(permit)
         };
         Self { inner, permit }
@@ -54,9 +53,9 @@ impl<B: Body> Body for BulkheadBody<B> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         let ended = match &frame {
-            None => Some(CallOutcome::Success),
-            Some(Err(_)) => Some(CallOutcome::Failure),
-            Some(Ok(_)) if this.inner.is_end_stream() => Some(CallOutcome::Success),
+            None => Some(Ending::Success),
+            Some(Err(_)) => Some(Ending::Failure),
+            Some(Ok(_)) if this.inner.is_end_stream() => Some(Ending::Success),
             Some(Ok(_)) => None,
         };
         if let Some(outcome) = ended {

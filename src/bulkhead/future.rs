@@ -13,8 +13,8 @@ use tower_service::Service;
 
 use super::body::BulkheadBody;
 use super::error::BulkheadFull;
-use super::events::{CallOutcome, Rejection};
-use super::semaphore::{Admission, Permit, Shared, Waiter};
+use super::events::Rejection;
+use super::semaphore::{Admission, Ending, Permit, Shared, Waiter};
 use crate::BoxError;
 
 /// A call waiting in the queue, with everything it needs to start once granted.
@@ -46,16 +46,15 @@ pin_project! {
     }
 }
 
-/// Calls the inner service under `permit`; a panic in `call` is reported as such.
-fn run<S, Req>(service: &mut S, request: Req, mut permit: Permit) -> State<S, Req>
+/// Calls the inner service under `permit`. Should `call` panic, the permit is dropped while the
+/// thread unwinds and reports the panic.
+#[inline]
+fn run<S, Req>(service: &mut S, request: Req, permit: Permit) -> State<S, Req>
 where
     S: Service<Req>,
 {
-    permit.outcome = CallOutcome::Panicked;
-    let future = service.call(request);
-    permit.outcome = CallOutcome::Cancelled;
     State::Running {
-        future,
+        future: service.call(request),
         permit: Some(permit),
     }
 }
@@ -101,11 +100,14 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError>,
 {
-    /// Drives the call to its end and hands back the response with the still-held permit.
+    /// Drives the call to its end. On success the permit stays in the state, marked as a
+    /// success, unless `release` asks to give it back at once; on failure it is given back.
+    #[inline]
     fn poll_call(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(S::Response, Permit), BoxError>> {
+        release: bool,
+    ) -> Poll<Result<S::Response, BoxError>> {
         loop {
             match self.as_mut().project() {
                 StateProj::Rejected { error } => {
@@ -119,9 +121,9 @@ where
                             return Poll::Pending;
                         };
                         let since = entry.since;
-                        let deadline = entry
-                            .deadline
-                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(since + max_wait)));
+                        let deadline = entry.deadline.get_or_insert_with(|| {
+                            Box::pin(tokio::time::sleep_until(since + max_wait))
+                        });
                         ready!(deadline.as_mut().poll(cx));
                         if !entry.waiter.give_up() {
                             let shared = entry.waiter.shared().clone();
@@ -146,27 +148,41 @@ where
                 }
                 StateProj::Running { future, permit } => {
                     let held = permit.as_mut().expect("polled after completion");
-                    held.outcome = CallOutcome::Panicked;
-                    let polled = future.poll(cx);
-                    let mut held = permit.take().expect("still held");
-                    return match polled {
+                    // Left in place if the inner future panics.
+                    held.outcome = Ending::Panicked;
+                    return match future.poll(cx) {
                         Poll::Pending => {
-                            held.outcome = CallOutcome::Cancelled;
-                            *permit = Some(held);
+                            held.outcome = Ending::Cancelled;
                             Poll::Pending
                         }
                         Poll::Ready(Ok(response)) => {
-                            held.outcome = CallOutcome::Success;
-                            Poll::Ready(Ok((response, held)))
+                            held.outcome = Ending::Success;
+                            if release {
+                                *permit = None;
+                            }
+                            Poll::Ready(Ok(response))
                         }
                         Poll::Ready(Err(error)) => {
-                            held.outcome = CallOutcome::Failure;
-                            drop(held);
+                            held.outcome = Ending::Failure;
+                            *permit = None;
                             Poll::Ready(Err(error.into()))
                         }
                     };
                 }
             }
+        }
+    }
+}
+
+impl<S, Req> State<S, Req>
+where
+    S: Service<Req>,
+{
+    /// The permit of a call that has just succeeded.
+    fn take_permit(self: Pin<&mut Self>) -> Option<Permit> {
+        match self.project() {
+            StateProj::Running { permit, .. } => permit.take(),
+            _ => None,
         }
     }
 }
@@ -204,9 +220,7 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (response, permit) = ready!(self.project().state.poll_call(cx))?;
-        drop(permit);
-        Poll::Ready(Ok(response))
+        self.project().state.poll_call(cx, true)
     }
 }
 
@@ -251,7 +265,9 @@ where
     type Output = Result<http::Response<BulkheadBody<B>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (response, permit) = ready!(self.project().state.poll_call(cx))?;
+        let mut state = self.project().state;
+        let response = ready!(state.as_mut().poll_call(cx, false))?;
+        let permit = state.take_permit().expect("a successful call holds its permit");
         Poll::Ready(Ok(response.map(|body| BulkheadBody::new(body, permit))))
     }
 }

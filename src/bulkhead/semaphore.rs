@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     queue_capacity: Option<usize>,
     may_wait: bool,
     hooks: Hooks,
+    /// Origin of the call timings, in nanoseconds.
+    epoch: Instant,
 }
 
 impl fmt::Debug for Shared {
@@ -104,6 +106,7 @@ impl Shared {
             queue_capacity,
             may_wait,
             hooks,
+            epoch: Instant::now(),
         }
     }
 
@@ -272,6 +275,10 @@ impl Shared {
         self.settle(&mut slow, permits);
     }
 
+    fn nanos_since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
         let slow = self.lock();
         // Under the lock `SLOW` cannot change, and while it is set the free count is zero.
@@ -299,12 +306,27 @@ impl Shared {
     }
 }
 
+/// How a call holding a permit stands; `CallOutcome` in a whole machine word, so that writing
+/// it and then moving the permit does not stall the store buffer on the hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Ending {
+    Success,
+    Failure,
+    Panicked,
+    Cancelled,
+}
+
 /// A permit owned by one call; dropping it ends the call and gives the permit back, exactly once.
 pub(crate) struct Permit {
     shared: Arc<Shared>,
-    started: Option<Instant>,
-    /// What the drop reports; the owner updates it as the call moves on.
-    pub(crate) outcome: CallOutcome,
+    /// Nanoseconds from the bulkhead's epoch to the grant; zero when nobody asked for timings.
+    /// A whole word rather than an `Option<Instant>`, so that building and moving the permit
+    /// stays cheap.
+    started: u64,
+    /// What the drop reports; the owner updates it as the call moves on. A permit left at
+    /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
+    pub(crate) outcome: Ending,
 }
 
 impl Permit {
@@ -312,11 +334,14 @@ impl Permit {
     #[inline]
     pub(crate) fn granted(shared: Arc<Shared>, waited: Duration) -> Self {
         shared.permitted.fetch_add(1, Ordering::Relaxed);
-        let started = shared.hooks.finished.as_ref().map(|_| Instant::now());
+        let started = match shared.hooks.finished {
+            Some(_) => shared.nanos_since_epoch(),
+            None => 0,
+        };
         let permit = Self {
             shared,
             started,
-            outcome: CallOutcome::Cancelled,
+            outcome: Ending::Cancelled,
         };
         // The permit exists before the hook runs, so a panicking hook still gives it back.
         if let Some(hook) = &permit.shared.hooks.permitted {
@@ -344,11 +369,19 @@ impl Drop for Permit {
         let _give_back = GiveBack(shared);
         shared.finished.fetch_add(1, Ordering::Relaxed);
         if let Some(hook) = &shared.hooks.finished {
-            let duration = self.started.map(|s| s.elapsed()).unwrap_or_default();
+            let duration =
+                Duration::from_nanos(shared.nanos_since_epoch().saturating_sub(self.started));
+            let outcome = match self.outcome {
+                Ending::Success => CallOutcome::Success,
+                Ending::Failure => CallOutcome::Failure,
+                Ending::Panicked => CallOutcome::Panicked,
+                Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
+                Ending::Cancelled => CallOutcome::Cancelled,
+            };
             hook.on_call_finished(&CallFinished {
                 bulkhead: &shared.name,
                 duration,
-                outcome: self.outcome,
+                outcome,
             });
         }
     }
