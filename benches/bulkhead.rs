@@ -68,7 +68,12 @@ fn one_call<S: Service<u64>>(service: &mut S, cx: &mut Context<'_>, n: u64) {
 
 /// Runs `iters` calls on each of `threads` threads, all sharing one limit; returns the slowest
 /// thread's time, so the figure is the time per call while the others call too.
-fn run_threads<S>(service: &S, threads: usize, iters: u64) -> Duration
+fn run_threads<S>(
+    runtime: &tokio::runtime::Handle,
+    service: &S,
+    threads: usize,
+    iters: u64,
+) -> Duration
 where
     S: Service<u64> + Clone + Send,
 {
@@ -79,6 +84,7 @@ where
                 let mut service = service.clone();
                 let barrier = &barrier;
                 scope.spawn(move || {
+                    let _runtime = runtime.enter();
                     let mut cx = Context::from_waker(Waker::noop());
                     barrier.wait();
                     let start = Instant::now();
@@ -105,7 +111,12 @@ fn bench_all(c: &mut Criterion) {
         .unwrap();
     let _guard = runtime.enter();
 
-    let ours = || Bulkhead::semaphore("bench", LIMIT).build().layer().layer(Noop);
+    let ours = || {
+        Bulkhead::semaphore("bench", LIMIT)
+            .build()
+            .layer()
+            .layer(Noop)
+    };
     let tower_limit = || ConcurrencyLimitLayer::new(LIMIT).layer(Noop);
     let resilience = || {
         tower_resilience::bulkhead::BulkheadLayer::builder()
@@ -156,15 +167,15 @@ fn bench_all(c: &mut Criterion) {
     let mut group = c.benchmark_group("bulkhead/2 threads");
     group.bench_function("tower ConcurrencyLimit", |b| {
         let service = tower_limit();
-        b.iter_custom(|iters| run_threads(&service, 2, iters))
+        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
     });
     group.bench_function("tower-bulwark Bulkhead", |b| {
         let service = ours();
-        b.iter_custom(|iters| run_threads(&service, 2, iters))
+        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
     });
     group.bench_function("tower-resilience Bulkhead", |b| {
         let service = resilience();
-        b.iter_custom(|iters| run_threads(&service, 2, iters))
+        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
     });
     group.finish();
 }

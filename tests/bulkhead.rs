@@ -40,13 +40,26 @@ impl Gated {
     }
 
     fn finish(&self, id: u32) {
-        let gate = self.state.lock().unwrap().gates.remove(&id).expect("call started");
+        let gate = self
+            .state
+            .lock()
+            .unwrap()
+            .gates
+            .remove(&id)
+            .expect("call started");
         gate.send(Ok(id)).unwrap();
     }
 
     fn fail(&self, id: u32) {
-        let gate = self.state.lock().unwrap().gates.remove(&id).expect("call started");
-        gate.send(Err(io::Error::other("downstream broke"))).unwrap();
+        let gate = self
+            .state
+            .lock()
+            .unwrap()
+            .gates
+            .remove(&id)
+            .expect("call started");
+        gate.send(Err(io::Error::other("downstream broke")))
+            .unwrap();
     }
 }
 
@@ -115,7 +128,10 @@ async fn clones_and_layers_share_one_limit() {
     let two = boxed_call(&mut second, 2);
     let err = third.call(3).await.unwrap_err();
     assert!(err.is::<BulkheadFull>());
-    assert_eq!(err.downcast_ref::<BulkheadFull>().unwrap().bulkhead(), "inventory");
+    assert_eq!(
+        err.downcast_ref::<BulkheadFull>().unwrap().bulkhead(),
+        "inventory"
+    );
     // The refused call never reached the inner service.
     assert_eq!(inner.started(), vec![1, 2]);
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
@@ -147,7 +163,10 @@ async fn refusal_is_told_apart_from_the_inner_error() {
     inner.fail(1);
     let failed = failing.as_mut().await.unwrap_err();
     assert!(!failed.is::<BulkheadFull>());
-    assert_eq!(failed.downcast_ref::<io::Error>().unwrap().to_string(), "downstream broke");
+    assert_eq!(
+        failed.downcast_ref::<io::Error>().unwrap().to_string(),
+        "downstream broke"
+    );
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
 }
 
@@ -157,7 +176,9 @@ async fn a_timeout_above_cuts_the_call_and_returns_the_permit() {
     let seen = finished.clone();
     let bulkhead = Bulkhead::semaphore("payment", 1)
         .on_call_finished(move |event: &CallFinished<'_>| {
-            seen.lock().unwrap().push((event.outcome(), event.duration()));
+            seen.lock()
+                .unwrap()
+                .push((event.outcome(), event.duration()));
         })
         .build();
     let inner = Gated::default();
@@ -297,7 +318,9 @@ async fn without_max_wait_a_refusal_is_immediate() {
     let seen = rejections.clone();
     let bulkhead = Bulkhead::semaphore("payment", 1)
         .on_call_rejected(move |event: &CallRejected<'_>| {
-            seen.lock().unwrap().push((event.bulkhead().to_owned(), event.reason()));
+            seen.lock()
+                .unwrap()
+                .push((event.bulkhead().to_owned(), event.reason()));
         })
         .build();
     let inner = Gated::default();
@@ -307,7 +330,10 @@ async fn without_max_wait_a_refusal_is_immediate() {
     // Settled on the first poll: no timer, no queue.
     match poll!(refused.as_mut()) {
         Poll::Ready(Err(err)) => assert!(err.is::<BulkheadFull>()),
-        other => panic!("expected an immediate refusal, got {:?}", other.map(|r| r.is_ok())),
+        other => panic!(
+            "expected an immediate refusal, got {:?}",
+            other.map(|r| r.is_ok())
+        ),
     }
     assert_eq!(
         *rejections.lock().unwrap(),
@@ -418,8 +444,7 @@ async fn shrinking_never_admits_beyond_the_new_limit() {
     assert_eq!(snapshot.available_concurrent_calls, 0);
 
     // Four in flight, limit two: nothing is admitted until only one is left.
-    let mut next = 100;
-    for (finished, expect_admitted) in [(1, false), (2, false), (3, true)] {
+    for (next, (finished, expect_admitted)) in (100..).zip([(1, false), (2, false), (3, true)]) {
         drop(running.remove(&finished));
         let mut call = boxed_call(&mut svc, next);
         let admitted = poll!(call.as_mut()).is_pending();
@@ -427,7 +452,6 @@ async fn shrinking_never_admits_beyond_the_new_limit() {
         if admitted {
             running.insert(next, call);
         }
-        next += 1;
     }
     // Two in flight now (4 and 102): full at the new limit.
     assert!(svc.call(200).await.unwrap_err().is::<BulkheadFull>());
@@ -533,7 +557,12 @@ mod body {
         let response = svc.clone().oneshot(()).await.unwrap();
         assert!(response.body().holds_permit());
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
-        assert!(svc.clone().oneshot(()).await.unwrap_err().is::<BulkheadFull>());
+        assert!(svc
+            .clone()
+            .oneshot(())
+            .await
+            .unwrap_err()
+            .is::<BulkheadFull>());
 
         let mut tx = senders.lock().unwrap().remove(0);
         tx.send_data(Bytes::from_static(b"chunk")).await.unwrap();
@@ -574,9 +603,11 @@ mod body {
     #[tokio::test]
     async fn a_body_that_is_already_complete_holds_nothing() {
         let bulkhead = Bulkhead::semaphore("small", 1).build();
-        let svc = bulkhead.body_layer().layer(tower::service_fn(|_: ()| async {
-            Ok::<_, io::Error>(http::Response::new(Full::new(Bytes::new())))
-        }));
+        let svc = bulkhead
+            .body_layer()
+            .layer(tower::service_fn(|_: ()| async {
+                Ok::<_, io::Error>(http::Response::new(Full::new(Bytes::new())))
+            }));
         let response = svc.oneshot(()).await.unwrap();
         assert!(!response.body().holds_permit());
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
@@ -585,9 +616,11 @@ mod body {
     #[tokio::test]
     async fn an_error_before_the_headers_releases_at_once() {
         let bulkhead = Bulkhead::semaphore("small", 1).build();
-        let svc = bulkhead.body_layer().layer(tower::service_fn(|_: ()| async {
-            Err::<http::Response<Full<Bytes>>, _>(io::Error::other("refused"))
-        }));
+        let svc = bulkhead
+            .body_layer()
+            .layer(tower::service_fn(|_: ()| async {
+                Err::<http::Response<Full<Bytes>>, _>(io::Error::other("refused"))
+            }));
         let err = svc.oneshot(()).await.unwrap_err();
         assert!(err.is::<io::Error>());
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
@@ -609,10 +642,15 @@ fn debug_output_names_the_bulkhead() {
 #[tokio::test]
 async fn a_zero_limit_refuses_until_raised() {
     let bulkhead = Bulkhead::semaphore("closed", 0).build();
-    let svc = bulkhead
-        .layer()
-        .layer(tower::service_fn(|n: u32| async move { Ok::<_, BoxError>(n) }));
-    assert!(svc.clone().oneshot(1).await.unwrap_err().is::<BulkheadFull>());
+    let svc = bulkhead.layer().layer(tower::service_fn(
+        |n: u32| async move { Ok::<_, BoxError>(n) },
+    ));
+    assert!(svc
+        .clone()
+        .oneshot(1)
+        .await
+        .unwrap_err()
+        .is::<BulkheadFull>());
     bulkhead.set_max_concurrent_calls(1);
     assert_eq!(svc.oneshot(2).await.unwrap(), 2);
 }

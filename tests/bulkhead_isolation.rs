@@ -79,9 +79,17 @@ async fn a_slow_payment_gateway_leaves_inventory_alone() {
     for i in 0..workers {
         let is_payment = i < PAYMENT_CALLS;
         let (mut client, url, expected) = if is_payment {
-            (payment_client.clone(), format!("{}/pay", server.uri()), "paid")
+            (
+                payment_client.clone(),
+                format!("{}/pay", server.uri()),
+                "paid",
+            )
         } else {
-            (inventory_client.clone(), format!("{}/stock", server.uri()), "ok")
+            (
+                inventory_client.clone(),
+                format!("{}/stock", server.uri()),
+                "ok",
+            )
         };
         let (start, called) = (start.clone(), called.clone());
         tasks.push(tokio::spawn(async move {
@@ -123,9 +131,21 @@ async fn a_slow_payment_gateway_leaves_inventory_alone() {
     let count = |verdicts: &[Verdict], wanted: &Verdict| {
         verdicts.iter().filter(|verdict| *verdict == wanted).count()
     };
-    assert_eq!(count(&payment_verdicts, &Verdict::Accepted), 2, "{payment_verdicts:?}");
-    assert_eq!(count(&payment_verdicts, &Verdict::Rejected), 4, "{payment_verdicts:?}");
-    assert_eq!(count(&inventory_verdicts, &Verdict::Accepted), 8, "{inventory_verdicts:?}");
+    assert_eq!(
+        count(&payment_verdicts, &Verdict::Accepted),
+        2,
+        "{payment_verdicts:?}"
+    );
+    assert_eq!(
+        count(&payment_verdicts, &Verdict::Rejected),
+        4,
+        "{payment_verdicts:?}"
+    );
+    assert_eq!(
+        count(&inventory_verdicts, &Verdict::Accepted),
+        8,
+        "{inventory_verdicts:?}"
+    );
 
     assert_eq!(payment_peak.max.load(Ordering::SeqCst), 2);
     assert_eq!(payment_peak.now.load(Ordering::SeqCst), 0);
@@ -154,4 +174,44 @@ async fn the_permit_is_not_taken_by_an_idle_ready_client() {
     }
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
     assert_eq!(bulkhead.snapshot().total_permitted, 0);
+}
+
+#[tokio::test]
+async fn reqwest_calls_end_at_the_headers_unless_the_body_layer_holds_them() {
+    use http_body_util::BodyExt;
+
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/report"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("a report body"))
+        .mount(&server)
+        .await;
+    let url: reqwest::Url = format!("{}/report", server.uri()).parse().unwrap();
+    let get = || reqwest::Request::new(reqwest::Method::GET, url.clone());
+
+    // Plain layer: the call ends when the headers arrive; the body is read outside the bulkhead.
+    let plain = Bulkhead::semaphore("plain", 1).build();
+    let response = plain
+        .layer()
+        .layer(reqwest::Client::new())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(plain.snapshot().available_concurrent_calls, 1);
+    assert_eq!(response.text().await.unwrap(), "a report body");
+
+    // Body layer: the permit lasts until the body has been read.
+    let held = Bulkhead::semaphore("held", 1).build();
+    let client = tower::ServiceBuilder::new()
+        .layer(held.body_layer())
+        .map_response(|response: reqwest::Response| http::Response::<reqwest::Body>::from(response))
+        .service(reqwest::Client::new());
+    let response = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(held.snapshot().available_concurrent_calls, 0);
+    let refused = client.clone().oneshot(get()).await.unwrap_err();
+    assert!(refused.is::<BulkheadFull>());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"a report body");
+    assert_eq!(held.snapshot().available_concurrent_calls, 1);
+    assert_eq!(held.snapshot().total_finished, 1);
 }

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::{
-    Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted,
-    CallRejected,
+    Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
 };
 
 const CALLS: usize = 4_800;
@@ -229,9 +228,18 @@ async fn storm(bulkhead: Bulkhead, seen: Arc<Seen>, limit: usize, resize_to: &[u
     );
     assert_eq!(snapshot.queue_depth, 0);
     assert_eq!(snapshot.total_permitted, snapshot.total_finished);
-    assert_eq!(snapshot.total_permitted, seen.permitted.load(Ordering::Relaxed));
-    assert_eq!(snapshot.total_finished, seen.finished.load(Ordering::Relaxed));
-    assert_eq!(snapshot.total_rejected, seen.rejected.load(Ordering::Relaxed));
+    assert_eq!(
+        snapshot.total_permitted,
+        seen.permitted.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        snapshot.total_finished,
+        seen.finished.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        snapshot.total_rejected,
+        seen.rejected.load(Ordering::Relaxed)
+    );
     assert!(snapshot.total_rejected >= refused);
     assert!(snapshot.total_permitted + snapshot.total_rejected <= (CALLS + KINDS.len()) as u64);
     let outcomes = seen.outcomes.lock().unwrap();

@@ -267,7 +267,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         let response = ready!(state.as_mut().poll_call(cx, false))?;
-        let permit = state.take_permit().expect("a successful call holds its permit");
+        let permit = state
+            .take_permit()
+            .expect("a successful call holds its permit");
         Poll::Ready(Ok(response.map(|body| BulkheadBody::new(body, permit))))
     }
 }

@@ -78,7 +78,7 @@
 //! let payment = Bulkhead::semaphore("payment", 2).build();
 //! let client = ServiceBuilder::new()
 //!     .layer(payment.body_layer())
-//!     .map_response(http::Response::<reqwest::Body>::from)
+//!     .map_response(|response: reqwest::Response| http::Response::<reqwest::Body>::from(response))
 //!     .service(reqwest::Client::new());
 //! # drop(client);
 //! ```
@@ -186,8 +186,8 @@
 //! and limit changes go through a mutex.
 
 mod body;
-pub mod events;
 mod error;
+pub mod events;
 mod future;
 mod instance;
 mod layer;
