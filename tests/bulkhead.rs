@@ -654,3 +654,72 @@ async fn a_zero_limit_refuses_until_raised() {
     bulkhead.set_max_concurrent_calls(1);
     assert_eq!(svc.oneshot(2).await.unwrap(), 2);
 }
+
+mod with_retry {
+    use super::*;
+    use std::future::{ready, Ready};
+    use tower::retry::Policy;
+
+    /// Retries failures up to `attempts` times, never a refusal by the bulkhead.
+    #[derive(Clone)]
+    struct RetryFailures {
+        attempts: usize,
+    }
+
+    impl<Res> Policy<u32, Res, BoxError> for RetryFailures {
+        type Future = Ready<()>;
+
+        fn retry(&mut self, _: &mut u32, result: &mut Result<Res, BoxError>) -> Option<Ready<()>> {
+            match result {
+                Err(err) if !err.is::<BulkheadFull>() && self.attempts > 0 => {
+                    self.attempts -= 1;
+                    Some(ready(()))
+                }
+                _ => None,
+            }
+        }
+
+        fn clone_request(&mut self, request: &u32) -> Option<u32> {
+            Some(*request)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_attempt_takes_its_own_permit_and_refusals_are_not_retried() {
+        let bulkhead = Bulkhead::semaphore("flaky", 1).build();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let inner = tower::service_fn(move |n: u32| {
+            let attempt = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if attempt < 2 {
+                    Err::<u32, BoxError>(io::Error::other("try again").into())
+                } else {
+                    Ok(n)
+                }
+            }
+        });
+        let client = ServiceBuilder::new()
+            .retry(RetryFailures { attempts: 3 })
+            .timeout(Duration::from_secs(1))
+            .layer(bulkhead.layer())
+            .service(inner);
+
+        // Two failures, then a success: three attempts, three permits, all given back.
+        assert_eq!(client.clone().oneshot(9).await.unwrap(), 9);
+        let snapshot = bulkhead.snapshot();
+        assert_eq!(snapshot.total_permitted, 3);
+        assert_eq!(snapshot.total_finished, 3);
+        assert_eq!(snapshot.available_concurrent_calls, 1);
+
+        // With the only permit held elsewhere, the refusal comes back once, not retried.
+        let gated = Gated::default();
+        let mut holder = bulkhead.layer().layer(gated.clone());
+        let held = boxed_call(&mut holder, 1);
+        let err = client.oneshot(10).await.unwrap_err();
+        assert!(err.is::<BulkheadFull>());
+        assert_eq!(bulkhead.snapshot().total_rejected, 1);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        drop(held);
+    }
+}
