@@ -111,8 +111,8 @@ impl Shared {
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {
-        // Nothing under the lock calls user code except `Waker::wake`, and the state is whole
-        // between statements, so a poisoned lock still guards consistent data.
+        // Nothing under the lock calls user code (wakers are woken after it is released), so a
+        // poisoned lock still guards consistent data.
         self.slow.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -122,18 +122,18 @@ impl Shared {
     }
 
     /// Under the lock, after `drain`: pays the debt, serves waiters in order, and publishes the
-    /// rest.
-    fn settle(&self, slow: &mut Slow, mut permits: usize) {
+    /// rest. Returns the wakers of the waiters served, to wake once the lock is released.
+    #[must_use = "the served waiters must be woken"]
+    fn settle(&self, slow: &mut Slow, mut permits: usize) -> Wakers {
         let pay = permits.min(slow.debt);
         slow.debt -= pay;
         permits -= pay;
+        let mut wakers = Wakers::default();
         while permits > 0 {
             match slow.waiters.pop_first() {
                 Some((_, waker)) => {
                     permits -= 1;
-                    if let Some(waker) = waker {
-                        waker.wake();
-                    }
+                    wakers.push(waker);
                 }
                 None => break,
             }
@@ -144,6 +144,7 @@ impl Shared {
             debug_assert_eq!(permits, 0);
             self.state.store(SLOW, Ordering::Release);
         }
+        wakers
     }
 
     #[inline]
@@ -197,7 +198,9 @@ impl Shared {
         } else {
             Admission::Rejected
         };
-        self.settle(&mut slow, permits);
+        let wakers = self.settle(&mut slow, permits);
+        drop(slow);
+        wakers.wake();
         admission
     }
 
@@ -224,7 +227,9 @@ impl Shared {
         if !granted {
             // The queue may be empty now: let `settle` clear `SLOW` if nothing else holds it.
             let permits = self.drain();
-            self.settle(&mut slow, permits);
+            let wakers = self.settle(&mut slow, permits);
+            drop(slow);
+            wakers.wake();
         }
         granted
     }
@@ -253,7 +258,9 @@ impl Shared {
     fn release_slow(&self) {
         let mut slow = self.lock();
         let permits = self.drain();
-        self.settle(&mut slow, permits + 1);
+        let wakers = self.settle(&mut slow, permits + 1);
+        drop(slow);
+        wakers.wake();
     }
 
     /// Changes the limit. Raising it frees permits at once (to waiters first); lowering it retires
@@ -272,7 +279,9 @@ impl Shared {
         } else {
             slow.debt += old - max;
         }
-        self.settle(&mut slow, permits);
+        let wakers = self.settle(&mut slow, permits);
+        drop(slow);
+        wakers.wake();
     }
 
     fn nanos_since_epoch(&self) -> u64 {
@@ -303,6 +312,32 @@ impl Shared {
             });
         }
         BulkheadFull::new(self.name.clone())
+    }
+}
+
+/// Wakers of waiters just granted a permit; one is the common case and needs no allocation.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl Wakers {
+    fn push(&mut self, waker: Option<Waker>) {
+        // A waiter not polled yet has no waker: it finds its grant on its first poll.
+        let Some(waker) = waker else { return };
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    fn wake(self) {
+        self.first
+            .into_iter()
+            .chain(self.rest)
+            .for_each(Waker::wake);
     }
 }
 
