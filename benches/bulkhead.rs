@@ -5,6 +5,8 @@
 //! cargo bench --bench bulkhead -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
+//! The "three hooks" line sets every event hook, so it also pays for two clock reads per call.
+//!
 //! Every call is `poll_ready` then `call`, and the response future is polled to completion with a
 //! no-op waker (all contenders answer at once here: the limit is far above the callers). The
 //! limit is 1024 so that nothing is refused and every contender does the same work per call.
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service};
-use tower_bulwark::bulkhead::Bulkhead;
+use tower_bulwark::bulkhead::{Bulkhead, CallFinished, CallPermitted, CallRejected};
 
 const LIMIT: usize = 1024;
 
@@ -148,6 +150,26 @@ fn bench_all(c: &mut Criterion) {
     });
     group.bench_function("tower-bulwark Bulkhead", |b| {
         let mut service = ours();
+        let mut n = 0;
+        b.iter(|| {
+            n += 1;
+            one_call(&mut service, &mut cx, n)
+        })
+    });
+    group.bench_function("tower-bulwark Bulkhead, three hooks", |b| {
+        let mut service = Bulkhead::semaphore("bench", LIMIT)
+            .on_call_permitted(|event: &CallPermitted<'_>| {
+                black_box(event);
+            })
+            .on_call_rejected(|event: &CallRejected<'_>| {
+                black_box(event);
+            })
+            .on_call_finished(|event: &CallFinished<'_>| {
+                black_box(event.duration());
+            })
+            .build()
+            .layer()
+            .layer(Noop);
         let mut n = 0;
         b.iter(|| {
             n += 1;
