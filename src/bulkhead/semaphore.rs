@@ -1,0 +1,487 @@
+//! The permit accounting shared by every clone of one bulkhead.
+//!
+//! Free permits live in one atomic word, `state`: bit 0 is the `SLOW` flag and the other bits
+//! count free permits. While nobody waits and nothing is owed, taking and giving back a permit is
+//! one compare-and-swap each, with no lock. Everything else — waiters, shrinking ("debt") and
+//! resizing — happens under a mutex, and raises `SLOW` while it matters.
+//!
+//! Invariant: when `SLOW` is set, the free count in `state` is zero and every permit movement goes
+//! through the mutex. The mutex holder takes the free permits out of `state` (`drain`), decides
+//! where each goes (debt first, then waiters in arrival order, then back to `state`), and writes
+//! `state` back (`settle`), clearing `SLOW` only when no waiter is queued and no debt is owed.
+//! Since a fast-path caller only changes `state` while `SLOW` is clear, nothing races the holder.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::error::BulkheadFull;
+use super::events::{
+    BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
+};
+
+const SLOW: usize = 1;
+const ONE: usize = 2;
+
+/// The largest limit a bulkhead accepts; larger values are lowered to it.
+pub const MAX_CONCURRENT_CALLS: usize = usize::MAX >> 3;
+
+/// What `admit` decided for a new call.
+pub(crate) enum Admission {
+    /// A permit was taken.
+    Permitted,
+    /// No permit and no room to wait.
+    Rejected,
+    /// The call waits in the queue under this ticket.
+    Queued(u64),
+}
+
+struct Slow {
+    /// Waiting calls by ticket; the smallest ticket is served first. A ticket removed by `settle`
+    /// has been granted a permit; its waiter learns it by not finding itself here.
+    waiters: BTreeMap<u64, Option<Waker>>,
+    next_ticket: u64,
+    /// Permits to retire when they come back, after the limit was lowered below the calls in
+    /// flight.
+    debt: usize,
+    max: usize,
+}
+
+pub(crate) struct Shared {
+    state: AtomicUsize,
+    permitted: AtomicU64,
+    rejected: AtomicU64,
+    finished: AtomicU64,
+    slow: Mutex<Slow>,
+    pub(crate) name: Arc<str>,
+    /// `None`: wait as long as it takes.
+    pub(crate) max_wait: Option<Duration>,
+    /// `None`: no bound on the number of waiters.
+    queue_capacity: Option<usize>,
+    may_wait: bool,
+    hooks: Hooks,
+    /// Origin of the call timings, in nanoseconds.
+    epoch: Instant,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bulkhead")
+            .field("name", &self.name)
+            .field("max_wait", &self.max_wait)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        name: Arc<str>,
+        max: usize,
+        max_wait: Option<Duration>,
+        queue_capacity: Option<usize>,
+        hooks: Hooks,
+    ) -> Self {
+        let max = max.min(MAX_CONCURRENT_CALLS);
+        let may_wait = max_wait != Some(Duration::ZERO) && queue_capacity != Some(0);
+        Self {
+            state: AtomicUsize::new(max * ONE),
+            permitted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            slow: Mutex::new(Slow {
+                waiters: BTreeMap::new(),
+                next_ticket: 0,
+                debt: 0,
+                max,
+            }),
+            name,
+            max_wait,
+            queue_capacity,
+            may_wait,
+            hooks,
+            epoch: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slow> {
+        // Nothing under the lock calls user code (wakers are woken after it is released), so a
+        // poisoned lock still guards consistent data.
+        self.slow.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Under the lock: takes the free permits out of `state` and raises `SLOW`.
+    fn drain(&self) -> usize {
+        self.state.swap(SLOW, Ordering::AcqRel) / ONE
+    }
+
+    /// Under the lock, after `drain`: pays the debt, serves waiters in order, and publishes the
+    /// rest. Returns the wakers of the waiters served, to wake once the lock is released.
+    #[must_use = "the served waiters must be woken"]
+    fn settle(&self, slow: &mut Slow, mut permits: usize) -> Wakers {
+        let pay = permits.min(slow.debt);
+        slow.debt -= pay;
+        permits -= pay;
+        let mut wakers = Wakers::default();
+        while permits > 0 {
+            match slow.waiters.pop_first() {
+                Some((_, waker)) => {
+                    permits -= 1;
+                    wakers.push(waker);
+                }
+                None => break,
+            }
+        }
+        if slow.waiters.is_empty() && slow.debt == 0 {
+            self.state.store(permits * ONE, Ordering::Release);
+        } else {
+            debug_assert_eq!(permits, 0);
+            self.state.store(SLOW, Ordering::Release);
+        }
+        wakers
+    }
+
+    #[inline]
+    fn try_acquire_fast(&self) -> bool {
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            // `SLOW` alone (1) or no permit (0): not here.
+            if s < ONE {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(s, s - ONE, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    /// Decides a new call: a permit now, a place in the queue, or a refusal.
+    #[inline]
+    pub(crate) fn admit(&self) -> Admission {
+        if self.try_acquire_fast() {
+            return Admission::Permitted;
+        }
+        if !self.may_wait {
+            return Admission::Rejected;
+        }
+        self.admit_slow()
+    }
+
+    #[cold]
+    fn admit_slow(&self) -> Admission {
+        let mut slow = self.lock();
+        let mut permits = self.drain();
+        let pay = permits.min(slow.debt);
+        slow.debt -= pay;
+        permits -= pay;
+        let admission = if permits > 0 && slow.waiters.is_empty() {
+            permits -= 1;
+            Admission::Permitted
+        } else if self
+            .queue_capacity
+            .is_none_or(|capacity| slow.waiters.len() < capacity)
+        {
+            let ticket = slow.next_ticket;
+            slow.next_ticket += 1;
+            slow.waiters.insert(ticket, None);
+            Admission::Queued(ticket)
+        } else {
+            Admission::Rejected
+        };
+        let wakers = self.settle(&mut slow, permits);
+        drop(slow);
+        wakers.wake();
+        admission
+    }
+
+    /// Whether the waiter holding `ticket` has been granted a permit; registers the waker if not.
+    pub(crate) fn poll_grant(&self, ticket: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut slow = self.lock();
+        match slow.waiters.get_mut(&ticket) {
+            Some(slot) => {
+                match slot {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    _ => *slot = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            None => Poll::Ready(()),
+        }
+    }
+
+    /// Takes the waiter holding `ticket` out of the queue; returns `true` when it had been granted
+    /// a permit already, which the caller now owns.
+    pub(crate) fn leave_queue(&self, ticket: u64) -> bool {
+        let mut slow = self.lock();
+        let granted = slow.waiters.remove(&ticket).is_none();
+        if !granted {
+            // The queue may be empty now: let `settle` clear `SLOW` if nothing else holds it.
+            let permits = self.drain();
+            let wakers = self.settle(&mut slow, permits);
+            drop(slow);
+            wakers.wake();
+        }
+        granted
+    }
+
+    /// Gives back a permit that no call used (a waiter dropped right after its grant).
+    pub(crate) fn return_unused(&self) {
+        self.release();
+    }
+
+    #[inline]
+    fn release(&self) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        while s & SLOW == 0 {
+            match self
+                .state
+                .compare_exchange_weak(s, s + ONE, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => s = actual,
+            }
+        }
+        self.release_slow();
+    }
+
+    #[cold]
+    fn release_slow(&self) {
+        let mut slow = self.lock();
+        let permits = self.drain();
+        let wakers = self.settle(&mut slow, permits + 1);
+        drop(slow);
+        wakers.wake();
+    }
+
+    /// Changes the limit. Raising it frees permits at once (to waiters first); lowering it retires
+    /// free permits at once and the rest as calls in flight give theirs back.
+    pub(crate) fn resize(&self, max: usize) {
+        let max = max.min(MAX_CONCURRENT_CALLS);
+        let mut slow = self.lock();
+        let mut permits = self.drain();
+        let old = slow.max;
+        slow.max = max;
+        if max >= old {
+            let extra = max - old;
+            let forgiven = extra.min(slow.debt);
+            slow.debt -= forgiven;
+            permits += extra - forgiven;
+        } else {
+            slow.debt += old - max;
+        }
+        let wakers = self.settle(&mut slow, permits);
+        drop(slow);
+        wakers.wake();
+    }
+
+    fn nanos_since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
+        let slow = self.lock();
+        // Under the lock `SLOW` cannot change, and while it is set the free count is zero.
+        let available = self.state.load(Ordering::Acquire) / ONE;
+        BulkheadSnapshot {
+            available_concurrent_calls: available,
+            max_allowed_concurrent_calls: slow.max,
+            queue_depth: slow.waiters.len(),
+            total_permitted: self.permitted.load(Ordering::Relaxed),
+            total_rejected: self.rejected.load(Ordering::Relaxed),
+            total_finished: self.finished.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a refusal, runs the hook and makes the error.
+    pub(crate) fn reject(&self, reason: Rejection) -> BulkheadFull {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = &self.hooks.rejected {
+            hook.on_call_rejected(&CallRejected {
+                bulkhead: &self.name,
+                reason,
+            });
+        }
+        BulkheadFull::new(self.name.clone())
+    }
+}
+
+/// Wakers of waiters just granted a permit; one is the common case and needs no allocation.
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl Wakers {
+    fn push(&mut self, waker: Option<Waker>) {
+        // A waiter not polled yet has no waker: it finds its grant on its first poll.
+        let Some(waker) = waker else { return };
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    fn wake(self) {
+        self.first
+            .into_iter()
+            .chain(self.rest)
+            .for_each(Waker::wake);
+    }
+}
+
+/// How a call holding a permit stands; `CallOutcome` in a whole machine word, so that writing
+/// it and then moving the permit does not stall the store buffer on the hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Ending {
+    Success,
+    Failure,
+    Panicked,
+    Cancelled,
+}
+
+/// A permit owned by one call; dropping it ends the call and gives the permit back, exactly once.
+pub(crate) struct Permit {
+    shared: Arc<Shared>,
+    /// Nanoseconds from the bulkhead's epoch to the grant; zero when nobody asked for timings.
+    /// A whole word rather than an `Option<Instant>`, so that building and moving the permit
+    /// stays cheap.
+    started: u64,
+    /// What the drop reports; the owner updates it as the call moves on. A permit left at
+    /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
+    pub(crate) outcome: Ending,
+}
+
+impl Permit {
+    /// Wraps a permit just taken from `shared`: counts it and runs `on_call_permitted`.
+    #[inline]
+    pub(crate) fn granted(shared: Arc<Shared>, waited: Duration) -> Self {
+        shared.permitted.fetch_add(1, Ordering::Relaxed);
+        let started = match shared.hooks.finished {
+            Some(_) => shared.nanos_since_epoch(),
+            None => 0,
+        };
+        let permit = Self {
+            shared,
+            started,
+            outcome: Ending::Cancelled,
+        };
+        // The permit exists before the hook runs, so a panicking hook still gives it back.
+        if let Some(hook) = &permit.shared.hooks.permitted {
+            hook.on_call_permitted(&CallPermitted {
+                bulkhead: &permit.shared.name,
+                waited,
+            });
+        }
+        permit
+    }
+}
+
+impl Drop for Permit {
+    #[inline]
+    fn drop(&mut self) {
+        struct GiveBack<'a>(&'a Shared);
+        impl Drop for GiveBack<'_> {
+            #[inline]
+            fn drop(&mut self) {
+                self.0.release();
+            }
+        }
+        // Given back even if the hook panics.
+        let shared = &*self.shared;
+        let _give_back = GiveBack(shared);
+        shared.finished.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = &shared.hooks.finished {
+            let duration =
+                Duration::from_nanos(shared.nanos_since_epoch().saturating_sub(self.started));
+            let outcome = match self.outcome {
+                Ending::Success => CallOutcome::Success,
+                Ending::Failure => CallOutcome::Failure,
+                Ending::Panicked => CallOutcome::Panicked,
+                Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
+                Ending::Cancelled => CallOutcome::Cancelled,
+            };
+            hook.on_call_finished(&CallFinished {
+                bulkhead: &shared.name,
+                duration,
+                outcome,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("bulkhead", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A place in a bulkhead's queue; dropping it leaves the queue (and passes on a permit granted
+/// but not used).
+pub(crate) struct Waiter {
+    shared: Arc<Shared>,
+    ticket: u64,
+    queued: bool,
+}
+
+impl Waiter {
+    pub(crate) fn new(shared: Arc<Shared>, ticket: u64) -> Self {
+        Self {
+            shared,
+            ticket,
+            queued: true,
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// `Ready` once a permit has been granted; the caller must then call `take_permit`.
+    pub(crate) fn poll_grant(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.shared.poll_grant(self.ticket, cx)
+    }
+
+    /// Marks the granted permit as taken over by the call.
+    pub(crate) fn take_permit(&mut self) {
+        self.queued = false;
+    }
+
+    /// Leaves the queue after `max_wait`; returns `true` when a permit had been granted just
+    /// before, which the call then takes over instead.
+    pub(crate) fn give_up(&mut self) -> bool {
+        self.queued = false;
+        self.shared.leave_queue(self.ticket)
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.queued && self.shared.leave_queue(self.ticket) {
+            self.shared.return_unused();
+        }
+    }
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("bulkhead", &self.shared.name)
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
