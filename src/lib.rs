@@ -29,6 +29,7 @@ pub mod config;
 mod decision;
 pub mod guide;
 pub mod limiter;
+pub mod observe;
 mod quota;
 pub mod store;
 
