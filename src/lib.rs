@@ -31,6 +31,7 @@ pub mod guide;
 pub mod limiter;
 pub mod observe;
 mod quota;
+pub mod rate_limit;
 pub mod store;
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
@@ -41,6 +42,9 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use decision::{Decision, InsufficientCapacity};
 pub use limiter::{acquire, DirectRateLimiter, KeyedRateLimiter, Limiter, RateLimiterBuilder};
 pub use quota::{Quota, QuotaError};
+#[cfg(feature = "axum")]
+pub use rate_limit::PeerIp;
+pub use rate_limit::{Policy, RateLimitLayer};
 pub use store::Overflow;
 
 /// A boxed error, as tower uses.

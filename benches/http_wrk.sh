@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Requests per second of a hello-world axum route over loopback, loaded by `wrk`, with no limiter,
+# with RateLimitLayer, and with tower_governor; then the ratios the goals are stated in.
+#
+#   benches/http_wrk.sh                 # defaults: 3 rounds of 5 s per variant, 32 connections
+#   ROUNDS=1 DURATION=10s benches/http_wrk.sh
+#
+# Needs `wrk` (Debian: apt-get install wrk). The server runs on one tokio worker thread pinned to
+# CPU 0 and wrk on one thread pinned to CPU 1 (when `taskset` exists), so the two do not compete.
+# Variants are run in interleaved rounds and each one's median is reported, which evens out
+# background load.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5s}
+CONNECTIONS=${CONNECTIONS:-32}
+ADDR=${ADDR:-127.0.0.1:3917}
+VARIANTS=(none bulwark bulwark-bare governor bulwark-refuse governor-refuse)
+
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+cargo build --release --example bench_server >&2
+SERVER=target/release/examples/bench_server
+
+# `taskset -c N` where it exists; it execs its command, so `$!` is the server itself.
+if command -v taskset >/dev/null; then ON_CPU0=(taskset -c 0); ON_CPU1=(taskset -c 1); else ON_CPU0=(); ON_CPU1=(); fi
+
+results=$(mktemp)
+server_pid=""
+cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null || true; rm -f "$results"; }
+trap cleanup EXIT
+
+run_variant() { # variant -> sets RPS and NON2XX
+  local variant=$1
+  if curl -s -o /dev/null "http://$ADDR/"; then
+    echo "something already listens on $ADDR; set ADDR" >&2
+    exit 1
+  fi
+  BENCH_THREADS=1 "${ON_CPU0[@]}" "$SERVER" "$variant" "$ADDR" >/dev/null &
+  server_pid=$!
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null "http://$ADDR/" && break
+    sleep 0.05
+  done
+  # Warm up (and, for the refusal variants, spend the one permit).
+  "${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
+  local out
+  out=$("${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
+  kill "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=""
+  local rps non2xx
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
+  RPS=$rps
+  NON2XX=${non2xx:-0}
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for variant in "${VARIANTS[@]}"; do
+    run_variant "$variant"
+    printf 'round %s  %-16s %10.0f req/s  (non-2xx: %s)\n' "$round" "$variant" "$RPS" "$NON2XX" >&2
+    echo "$variant $RPS" >>"$results"
+  done
+done
+
+median() { # variant
+  awk -v v="$1" '$1 == v {print $2}' "$results" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
+}
+
+echo
+echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS round(s), median requests/s:"
+declare -A rps
+for variant in "${VARIANTS[@]}"; do
+  rps[$variant]=$(median "$variant")
+  printf '  %-16s %10.0f\n' "$variant" "${rps[$variant]}"
+done
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+echo
+echo "ratios:"
+echo "  bulwark / none                      $(ratio "${rps[bulwark]}" "${rps[none]}")   (goal >= 0.97)"
+echo "  bulwark-bare / none                 $(ratio "${rps[bulwark-bare]}" "${rps[none]}")"
+echo "  bulwark / governor                  $(ratio "${rps[bulwark]}" "${rps[governor]}")   (goal >= 1.0)"
+echo "  bulwark-refuse / governor-refuse    $(ratio "${rps[bulwark-refuse]}" "${rps[governor-refuse]}")   (goal >= 1.0)"

@@ -1,0 +1,90 @@
+//! The hello-world server that `benches/http_wrk.sh` loads with `wrk`.
+//!
+//! ```sh
+//! cargo run --release --example bench_server -- VARIANT [ADDR]
+//! ```
+//!
+//! `VARIANT` is one of:
+//!
+//! * `none`: no limiter;
+//! * `bulwark`: `RateLimitLayer` keyed by peer IP, with a quota that never refuses (default
+//!   settings, so admitted responses carry the `RateLimit` headers);
+//! * `bulwark-bare`: the same without headers on admitted responses;
+//! * `governor`: `tower_governor` keyed by peer IP, with a quota that never refuses;
+//! * `bulwark-refuse` / `governor-refuse`: one request per hour, so a client under load is
+//!   refused (the refusal path).
+//!
+//! The server runs on `BENCH_THREADS` tokio worker threads (default 1) and listens on `ADDR`
+//! (default `127.0.0.1:3000`).
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::routing::get;
+use axum::Router;
+use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{KeyedRateLimiter, Quota};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+/// As many permits as a benchmark can ask for: a burst of a billion, refilled at a billion a
+/// second.
+const NEVER_REFUSES: u32 = 1_000_000_000;
+
+fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
+    let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let bulwark = |quota: Quota| -> Result<_, Box<dyn std::error::Error>> {
+        let limiter = KeyedRateLimiter::<IpAddr>::new(quota);
+        Ok(RateLimitLayer::new(
+            PeerIp::new(),
+            Policy::new("per-ip", limiter)?,
+        ))
+    };
+    let governor = |per_nanos: Option<u64>, burst: u32| {
+        let mut builder = GovernorConfigBuilder::default();
+        match per_nanos {
+            Some(nanos) => builder.per_nanosecond(nanos),
+            None => builder.per_second(3600),
+        };
+        let config = builder
+            .burst_size(burst)
+            .finish()
+            .ok_or("tower_governor refused the configuration")?;
+        Ok::<_, Box<dyn std::error::Error>>(GovernorLayer::new(config))
+    };
+    let never = Quota::per_second(NEVER_REFUSES)?;
+    let hourly = Quota::per_hour(1)?;
+    Ok(match variant {
+        "none" => hello,
+        "bulwark" => hello.route_layer(bulwark(never)?),
+        "bulwark-bare" => hello.route_layer(bulwark(never)?.without_admitted_headers()),
+        "bulwark-refuse" => hello.route_layer(bulwark(hourly)?),
+        "governor" => hello.route_layer(governor(Some(1), NEVER_REFUSES)?),
+        "governor-refuse" => hello.route_layer(governor(None, 1)?),
+        other => return Err(format!("unknown variant {other:?}").into()),
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let variant = args.next().unwrap_or_else(|| "none".to_owned());
+    let addr = args.next().unwrap_or_else(|| "127.0.0.1:3000".to_owned());
+    let threads = std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let app = app(&variant)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let listener = tokio::net::TcpListener::bind(&addr).await?;
+            println!("bench_server {variant} on {}", listener.local_addr()?);
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await?;
+            Ok(())
+        })
+}

@@ -1,0 +1,142 @@
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::key::KeyExtractor;
+use super::policy::Policy;
+use super::response::{Meta, OnRefusal, PolicyInfo};
+use super::service::RateLimit;
+use crate::Limiter;
+
+/// What the layer does with a request it cannot judge: one without a key, or one whose limiter
+/// failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailMode {
+    /// Answer at once with an `application/problem+json` error: the key error's status (`400` or
+    /// `500`), or `503` for a failed limiter. The default.
+    #[default]
+    Closed,
+    /// Let the request through without counting it against the policy that could not decide.
+    Open,
+}
+
+/// Applies rate-limit policies to the requests of a service: see the [module docs](super).
+///
+/// The layer is cheap to clone, and every clone, and every service it makes, shares the same
+/// limiters.
+pub struct RateLimitLayer<X, L> {
+    extractor: Arc<X>,
+    limiters: Arc<[L]>,
+    meta: Arc<Meta>,
+}
+
+impl<X, L> RateLimitLayer<X, L>
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    /// Limits requests, keyed by `extractor`, with one policy.
+    pub fn new(extractor: X, policy: Policy<L>) -> Self {
+        Self::with_policies(extractor, [policy])
+    }
+
+    /// Limits requests, keyed by `extractor`, with several policies: a request is admitted only
+    /// if every policy admits it, and one that any policy refuses spends nothing from the
+    /// others. Without policies the layer admits everything and adds no headers.
+    pub fn with_policies(extractor: X, policies: impl IntoIterator<Item = Policy<L>>) -> Self {
+        let mut infos = Vec::new();
+        let mut limiters = Vec::new();
+        for policy in policies {
+            infos.push(PolicyInfo::new(&policy.name, *policy.limiter.quota()));
+            limiters.push(policy.limiter);
+        }
+        Self {
+            extractor: Arc::new(extractor),
+            limiters: limiters.into(),
+            meta: Arc::new(Meta::new(infos)),
+        }
+    }
+}
+
+impl<X, L> RateLimitLayer<X, L> {
+    fn meta_mut(&mut self) -> &mut Meta {
+        Arc::make_mut(&mut self.meta)
+    }
+
+    /// Builds the response to a refused request with `hook` instead of the default 429.
+    pub fn on_refusal(mut self, hook: impl OnRefusal) -> Self {
+        self.meta_mut().on_refusal = Some(Arc::new(hook));
+        self
+    }
+
+    /// What to do with a request whose key cannot be extracted ([`FailMode::Closed`] by
+    /// default: answer with the key error's status). Either way a log line says why.
+    pub fn on_key_error(mut self, mode: FailMode) -> Self {
+        self.meta_mut().on_key_error = mode;
+        self
+    }
+
+    /// What to do when a limiter returns an error, such as a Redis limiter that cannot reach
+    /// its server ([`FailMode::Closed`] by default: answer `503`). Either way a log line says
+    /// why.
+    pub fn on_limiter_error(mut self, mode: FailMode) -> Self {
+        self.meta_mut().on_limiter_error = mode;
+        self
+    }
+
+    /// Sends `RateLimit-Policy` and `RateLimit` on refusals only, not on admitted responses.
+    pub fn without_admitted_headers(mut self) -> Self {
+        self.meta_mut().admitted_headers = false;
+        self
+    }
+
+    /// Also sends the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds from now) headers, for the policy that binds.
+    pub fn with_legacy_headers(mut self) -> Self {
+        self.meta_mut().legacy_headers = true;
+        self
+    }
+}
+
+impl<X, L> Clone for RateLimitLayer<X, L> {
+    fn clone(&self) -> Self {
+        Self {
+            extractor: Arc::clone(&self.extractor),
+            limiters: Arc::clone(&self.limiters),
+            meta: Arc::clone(&self.meta),
+        }
+    }
+}
+
+impl<X, L> fmt::Debug for RateLimitLayer<X, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("extractor", &std::any::type_name::<X>())
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, X, L> Layer<S> for RateLimitLayer<X, L> {
+    type Service = RateLimit<S, X, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(
+            inner,
+            Arc::new(Shared {
+                extractor: Arc::clone(&self.extractor),
+                limiters: Arc::clone(&self.limiters),
+                meta: Arc::clone(&self.meta),
+            }),
+        )
+    }
+}
+
+/// What every clone of a service shares.
+pub(crate) struct Shared<X, L> {
+    pub(crate) extractor: Arc<X>,
+    pub(crate) limiters: Arc<[L]>,
+    pub(crate) meta: Arc<Meta>,
+}

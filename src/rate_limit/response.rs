@@ -1,0 +1,582 @@
+//! What the layer answers: the 429 with its headers and problem+json body, the rate-limit headers
+//! of admitted responses, and the response body type.
+
+use std::fmt;
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::decision::ceil_secs;
+use crate::{Decision, Quota};
+
+/// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-10).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: what is left of each policy for this client.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit` (opt-in).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining` (opt-in).
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset`, in seconds from now (opt-in).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The problem type of a refusal, registered by the rate-limit headers draft.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Builds the response to a refused request.
+///
+/// Implemented for every closure `Fn(&Refusal<'_>) -> Response<Bytes>`. The
+/// [`Refusal`] offers the parts of the default answer ([`headers`](Refusal::headers),
+/// [`problem_json`](Refusal::problem_json), [`default_response`](Refusal::default_response)),
+/// so a hook can change one thing and keep the rest.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::Response;
+/// use tower_bulwark::rate_limit::Refusal;
+///
+/// // Plain text instead of problem+json, with the same status and headers.
+/// let plain = |refusal: &Refusal<'_>| {
+///     let mut response = Response::new(Bytes::from(format!(
+///         "slow down; come back in {} s\n",
+///         refusal.retry_after_secs()
+///     )));
+///     *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+///     *response.headers_mut() = refusal.headers();
+///     response
+/// };
+/// # fn is_hook(_: impl tower_bulwark::rate_limit::OnRefusal) {}
+/// # is_hook(plain);
+/// ```
+pub trait OnRefusal: Send + Sync + 'static {
+    /// The response to send instead of calling the service.
+    fn on_refusal(&self, refusal: &Refusal<'_>) -> Response<Bytes>;
+}
+
+impl<F> OnRefusal for F
+where
+    F: Fn(&Refusal<'_>) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn on_refusal(&self, refusal: &Refusal<'_>) -> Response<Bytes> {
+        self(refusal)
+    }
+}
+
+/// One policy as the layer describes it to clients.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicyInfo {
+    pub(crate) name: Box<str>,
+    /// The name as a Structured Field String, quotes included.
+    pub(crate) sf_name: Box<str>,
+    pub(crate) quota: Quota,
+}
+
+impl PolicyInfo {
+    pub(crate) fn new(name: &str, quota: Quota) -> Self {
+        let mut sf_name = String::with_capacity(name.len() + 2);
+        sf_string(&mut sf_name, name);
+        Self {
+            name: name.into(),
+            sf_name: sf_name.into_boxed_str(),
+            quota,
+        }
+    }
+}
+
+/// What one policy said about one request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Outcome {
+    /// Admitted, holding a permit (possibly one that falls due after `wait`).
+    Admitted(Decision),
+    /// Refused.
+    Refused(Decision),
+    /// The limiter failed and the layer fails open: no decision.
+    Failed,
+}
+
+impl Outcome {
+    fn decision(&self) -> Option<&Decision> {
+        match self {
+            Outcome::Admitted(d) | Outcome::Refused(d) => Some(d),
+            Outcome::Failed => None,
+        }
+    }
+}
+
+/// Settings of a layer that do not depend on its type parameters.
+#[derive(Clone)]
+pub(crate) struct Meta {
+    pub(crate) policies: Vec<PolicyInfo>,
+    /// `RateLimit-Policy`, computed once; `None` without policies.
+    pub(crate) policy_header: Option<HeaderValue>,
+    pub(crate) admitted_headers: bool,
+    pub(crate) legacy_headers: bool,
+    pub(crate) on_key_error: super::FailMode,
+    pub(crate) on_limiter_error: super::FailMode,
+    pub(crate) on_refusal: Option<Arc<dyn OnRefusal>>,
+}
+
+impl Meta {
+    pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
+        let policy_header = policy_header(&policies);
+        Self {
+            policies,
+            policy_header,
+            admitted_headers: true,
+            legacy_headers: false,
+            on_key_error: super::FailMode::Closed,
+            on_limiter_error: super::FailMode::Closed,
+            on_refusal: None,
+        }
+    }
+
+    /// The headers of an admitted response, or `None` if they are turned off.
+    pub(crate) fn admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
+        if !self.admitted_headers {
+            return None;
+        }
+        let policy = self.policy_header.clone()?;
+        let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
+        let legacy = if self.legacy_headers {
+            legacy_values(outcomes, false).map(Box::new)
+        } else {
+            None
+        };
+        Some(AdmittedHeaders {
+            policy,
+            ratelimit,
+            legacy,
+        })
+    }
+}
+
+impl fmt::Debug for Meta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Meta")
+            .field("policies", &self.policies)
+            .field("admitted_headers", &self.admitted_headers)
+            .field("legacy_headers", &self.legacy_headers)
+            .field("on_key_error", &self.on_key_error)
+            .field("on_limiter_error", &self.on_limiter_error)
+            .field("on_refusal", &self.on_refusal.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// Headers to add to an admitted response.
+#[derive(Debug)]
+pub(crate) struct AdmittedHeaders {
+    policy: HeaderValue,
+    ratelimit: HeaderValue,
+    legacy: Option<Box<[HeaderValue; 3]>>,
+}
+
+impl AdmittedHeaders {
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        // Append: an outer layer's policies and ours form one list (RFC 9110 §5.3).
+        headers.append(RATELIMIT_POLICY, self.policy);
+        headers.append(RATELIMIT, self.ratelimit);
+        if let Some(legacy) = self.legacy {
+            let [limit, remaining, reset] = *legacy;
+            headers.entry(X_RATELIMIT_LIMIT).or_insert(limit);
+            headers.entry(X_RATELIMIT_REMAINING).or_insert(remaining);
+            headers.entry(X_RATELIMIT_RESET).or_insert(reset);
+        }
+    }
+}
+
+/// A refused request, as the [`OnRefusal`] hook sees it.
+pub struct Refusal<'a> {
+    pub(crate) meta: &'a Meta,
+    pub(crate) request: &'a Parts,
+    pub(crate) outcomes: &'a [Outcome],
+}
+
+impl<'a> Refusal<'a> {
+    /// The head of the refused request.
+    pub fn request(&self) -> &'a Parts {
+        self.request
+    }
+
+    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` over the violated
+    /// policies.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Refused(d) => Some(d.retry_after_secs()),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// The names of the policies that refused the request, in the layer's order.
+    pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.meta
+            .policies
+            .iter()
+            .zip(self.outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Refused(_)))
+            .map(|(p, _)| &*p.name)
+    }
+
+    /// Every policy's name with its decision (`None` where the limiter failed and the layer
+    /// fails open). Admissions listed here have been given back.
+    pub fn decisions(&self) -> impl Iterator<Item = (&'a str, Option<&'a Decision>)> + 'a {
+        self.meta
+            .policies
+            .iter()
+            .zip(self.outcomes)
+            .map(|(p, o)| (&*p.name, o.decision()))
+    }
+
+    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit`, and the
+    /// legacy `X-RateLimit-*` ones if they are turned on.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(6);
+        headers.insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs()));
+        if let Some(policy) = &self.meta.policy_header {
+            headers.insert(RATELIMIT_POLICY, policy.clone());
+        }
+        if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
+            headers.insert(RATELIMIT, ratelimit);
+        }
+        if self.meta.legacy_headers {
+            if let Some([limit, remaining, reset]) = legacy_values(self.outcomes, true) {
+                headers.insert(X_RATELIMIT_LIMIT, limit);
+                headers.insert(X_RATELIMIT_REMAINING, remaining);
+                headers.insert(X_RATELIMIT_RESET, reset);
+            }
+        }
+        headers
+    }
+
+    /// The default body: an RFC 9457 problem of type [`QUOTA_EXCEEDED`], with `violated-policies`.
+    pub fn problem_json(&self) -> Bytes {
+        let retry = self.retry_after_secs();
+        let mut detail = String::from("The request exceeds the quota of ");
+        let violated: Vec<&str> = self.violated_policies().collect();
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                detail.push_str(if i + 1 == violated.len() {
+                    " and "
+                } else {
+                    ", "
+                });
+            }
+            detail.push('\'');
+            detail.push_str(name);
+            detail.push('\'');
+        }
+        let _ = write!(
+            detail,
+            "; retry in {retry} second{}.",
+            if retry == 1 { "" } else { "s" }
+        );
+        let mut json = String::with_capacity(256);
+        json.push_str("{\"type\":");
+        json_string(&mut json, QUOTA_EXCEEDED);
+        json.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":");
+        json_string(&mut json, &detail);
+        json.push_str(",\"violated-policies\":[");
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json_string(&mut json, name);
+        }
+        json.push_str("]}");
+        Bytes::from(json)
+    }
+
+    /// The default answer: `429 Too Many Requests` with [`headers`](Self::headers) and
+    /// [`problem_json`](Self::problem_json).
+    pub fn default_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(self.problem_json());
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let mut headers = self.headers();
+        headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+        *response.headers_mut() = headers;
+        response
+    }
+
+    pub(crate) fn respond(&self) -> Response<Bytes> {
+        match &self.meta.on_refusal {
+            Some(hook) => hook.on_refusal(self),
+            None => self.default_response(),
+        }
+    }
+}
+
+impl fmt::Debug for Refusal<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refusal")
+            .field("method", &self.request.method)
+            .field("uri", &self.request.uri)
+            .field("decisions", &self.decisions().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// A problem+json answer for a request the layer could not judge (no key, or a failed limiter).
+pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Bytes> {
+    let mut json = String::with_capacity(128 + detail.len());
+    json.push_str("{\"type\":\"about:blank\",\"title\":");
+    json_string(&mut json, status.canonical_reason().unwrap_or("Error"));
+    let _ = write!(json, ",\"status\":{},\"detail\":", status.as_u16());
+    json_string(&mut json, detail);
+    json.push('}');
+    let mut response = Response::new(Bytes::from(json));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    response
+}
+
+/// `RateLimit-Policy: "name";q=<permits>;w=<period seconds>, ...`.
+///
+/// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
+/// client that spaces its requests by it stays within the quota).
+fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
+    if policies.is_empty() {
+        return None;
+    }
+    let mut value = String::with_capacity(32 * policies.len());
+    for (i, p) in policies.iter().enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        value.push_str(&p.sf_name);
+        let window = ceil_secs(p.quota.period()).clamp(1, SF_INTEGER_MAX);
+        let _ = write!(
+            value,
+            ";q={};w={window}",
+            u64::from(p.quota.permits()).min(SF_INTEGER_MAX)
+        );
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+/// `RateLimit: "name";r=<remaining>;t=<seconds>, ...` for every policy that decided.
+///
+/// `t` is the time until the policy's quota is whole again (`reset_after`), in whole seconds
+/// rounded up; for a policy that refused this request it is the same value as `Retry-After`, the
+/// time until it admits again.
+fn ratelimit_header(
+    policies: &[PolicyInfo],
+    outcomes: &[Outcome],
+    refused: bool,
+) -> Option<HeaderValue> {
+    let mut value = String::with_capacity(24 * policies.len());
+    for (p, o) in policies.iter().zip(outcomes) {
+        let (d, t) = match o {
+            Outcome::Admitted(d) => (d, ceil_secs(d.reset_after)),
+            Outcome::Refused(d) => (d, d.retry_after_secs()),
+            Outcome::Failed => continue,
+        };
+        let remaining = if refused && matches!(o, Outcome::Refused(_)) {
+            0
+        } else {
+            d.remaining
+        };
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.push_str(&p.sf_name);
+        let _ = write!(
+            value,
+            ";r={};t={}",
+            remaining.min(SF_INTEGER_MAX),
+            t.min(SF_INTEGER_MAX)
+        );
+    }
+    if value.is_empty() {
+        return None;
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+/// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
+/// refusal the violated one with the longest wait, otherwise the one with the fewest permits
+/// left.
+fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]> {
+    let binding = if refused {
+        outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Refused(d) => Some(d),
+                _ => None,
+            })
+            .max_by_key(|d| d.retry_after)
+            .map(|d| (d.limit, 0, d.retry_after_secs()))
+    } else {
+        outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Admitted(d) => Some(d),
+                _ => None,
+            })
+            .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
+            .map(|d| (d.limit, d.remaining, ceil_secs(d.reset_after)))
+    };
+    binding.map(|(limit, remaining, reset)| {
+        [
+            HeaderValue::from(limit),
+            HeaderValue::from(remaining),
+            HeaderValue::from(reset),
+        ]
+    })
+}
+
+/// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
+fn sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// Appends `s` as a JSON string.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+pin_project! {
+    /// The response body of a rate-limited service: the inner service's body, or the body of an
+    /// answer the layer made itself.
+    pub struct RateLimitBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        let data = if data.is_empty() { None } else { Some(data) };
+        Self {
+            kind: Kind::Full { data },
+        }
+    }
+}
+
+impl<B> fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Inner { .. } => f.write_str("RateLimitBody::Inner"),
+            Kind::Full { data } => f
+                .debug_struct("RateLimitBody::Full")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .finish(),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sf_and_json_strings_escape() {
+        let mut s = String::new();
+        sf_string(&mut s, r#"a "b" \c"#);
+        assert_eq!(s, r#""a \"b\" \\c""#);
+        let mut j = String::new();
+        json_string(&mut j, "a\"\\\n\u{1}é");
+        assert_eq!(j, "\"a\\\"\\\\\\n\\u0001é\"");
+    }
+
+    #[test]
+    fn policy_header_rounds_windows_up() {
+        let p = |n: &str, q| PolicyInfo::new(n, q);
+        let header = policy_header(&[
+            p("a", Quota::per_second(10).unwrap()),
+            p(
+                "b",
+                Quota::with_period(3, std::time::Duration::from_millis(1500)).unwrap(),
+            ),
+            p("c", Quota::per_hour(1000).unwrap()),
+        ])
+        .unwrap();
+        assert_eq!(header, "\"a\";q=10;w=1, \"b\";q=3;w=2, \"c\";q=1000;w=3600");
+        assert!(policy_header(&[]).is_none());
+    }
+}

@@ -1,0 +1,922 @@
+//! RateLimitLayer through axum's router with `oneshot` and a manual clock: no listener, no sleeps.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::connect_info::MockConnectInfo;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Request, StatusCode};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_bulwark::rate_limit::{
+    BoxLimiter, Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy,
+    RateLimitLayer, Refusal,
+};
+use tower_bulwark::{
+    BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingLog, TokioClock,
+};
+
+type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>;
+
+fn ip_limiter(quota: Quota, clock: &ManualClock) -> IpLimiter {
+    KeyedRateLimiter::builder(quota)
+        .clock(clock.clone())
+        .build()
+}
+
+fn peer(ip: &str) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), 40_000)
+}
+
+fn orders(layer: RateLimitLayer<PeerIp, IpLimiter>) -> Router {
+    Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+async fn send(app: &Router, from: SocketAddr, headers: &[(&str, &str)]) -> Response {
+    let mut request = Request::get("/orders").body(Body::empty()).unwrap();
+    for (name, value) in headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        let value = http::HeaderValue::from_bytes(value.as_bytes()).unwrap();
+        request.headers_mut().append(name, value);
+    }
+    app.clone()
+        .layer(MockConnectInfo(from))
+        .oneshot(request)
+        .await
+        .unwrap()
+}
+
+async fn body(response: Response) -> Bytes {
+    to_bytes(response.into_body(), usize::MAX).await.unwrap()
+}
+
+/// A header parsed as an RFC 9651 List of strings with integer parameters.
+fn sf_list(headers: &HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let value = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let list: sfv::List = sfv::Parser::new(&value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {value:?} is not a structured field list: {e}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("a string")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                    .collect();
+                (name, params)
+            }
+            other => panic!("unexpected inner list {other:?}"),
+        })
+        .collect()
+}
+
+fn params(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[tokio::test]
+async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(10).unwrap(), &clock);
+    let app = orders(RateLimitLayer::new(
+        PeerIp::new(),
+        Policy::new("per-ip", limiter).unwrap(),
+    ));
+    let client = peer("203.0.113.9");
+
+    for i in 0..10 {
+        let response = send(&app, client, &[]).await;
+        assert_eq!(response.status(), StatusCode::OK, "request {i}");
+        let headers = response.headers().clone();
+        assert_eq!(
+            sf_list(&headers, "ratelimit-policy"),
+            [("per-ip".to_string(), params(&[("q", 10), ("w", 1)]))]
+        );
+        assert_eq!(
+            sf_list(&headers, "ratelimit"),
+            [("per-ip".to_string(), params(&[("r", 9 - i), ("t", 1)]))]
+        );
+        assert_eq!(body(response).await, "ok");
+    }
+
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let headers = refused.headers().clone();
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(
+        sf_list(&headers, "ratelimit-policy"),
+        [("per-ip".to_string(), params(&[("q", 10), ("w", 1)]))]
+    );
+    assert_eq!(
+        sf_list(&headers, "ratelimit"),
+        [("per-ip".to_string(), params(&[("r", 0), ("t", 1)]))]
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert!(problem["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(problem["detail"].as_str().unwrap().contains("per-ip"));
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+
+    clock.advance(Duration::from_secs(1));
+    let again = send(&app, client, &[]).await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(body(again).await, "ok");
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_and_is_never_zero() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_minute(1).unwrap(), &clock);
+    let app = orders(RateLimitLayer::new(
+        PeerIp::new(),
+        Policy::new("slow", limiter).unwrap(),
+    ));
+    let client = peer("198.51.100.1");
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+    clock.advance(Duration::from_millis(500));
+    let refused = send(&app, client, &[]).await;
+    // 59.5 s left: the header says 60, never 59.
+    assert_eq!(refused.headers()["retry-after"], "60");
+    clock.advance(Duration::from_millis(59_499));
+    let refused = send(&app, client, &[]).await;
+    // 1 ms left: 1, never 0.
+    assert_eq!(refused.headers()["retry-after"], "1");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn clients_have_their_own_budgets_and_ipv6_is_keyed_by_its_64() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let app = orders(RateLimitLayer::new(
+        PeerIp::new(),
+        Policy::new("per-ip", limiter).unwrap(),
+    ));
+    for client in ["192.0.2.1", "192.0.2.2"] {
+        for _ in 0..2 {
+            assert_eq!(send(&app, peer(client), &[]).await.status(), StatusCode::OK);
+        }
+        assert_eq!(
+            send(&app, peer(client), &[]).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    // Rotating addresses inside one /64 does not escape the limit...
+    let rotating = [
+        "2001:db8:0:1::1",
+        "2001:db8:0:1::2",
+        "2001:db8:0:1:ffff:ffff:ffff:ffff",
+    ];
+    assert_eq!(
+        send(&app, peer(rotating[0]), &[]).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, peer(rotating[1]), &[]).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, peer(rotating[2]), &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // ...while the next /64 is another client.
+    assert_eq!(
+        send(&app, peer("2001:db8:0:2::1"), &[]).await.status(),
+        StatusCode::OK
+    );
+    // An IPv4 client seen through a dual-stack socket is the same IPv4 client.
+    assert_eq!(
+        send(&app, peer("::ffff:192.0.2.1"), &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_wider_ipv6_prefix_groups_more_addresses() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let app = orders(RateLimitLayer::new(
+        PeerIp::new().ipv6_prefix(48),
+        Policy::new("per-48", limiter).unwrap(),
+    ));
+    assert_eq!(
+        send(&app, peer("2001:db8:1:1::1"), &[]).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, peer("2001:db8:1:ffff::1"), &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, peer("2001:db8:2::1"), &[]).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn an_untrusted_peer_cannot_choose_its_key_with_forwarding_headers() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let layer = RateLimitLayer::new(
+        ForwardedIp::x_forwarded_for(["10.0.0.0/8".parse::<Cidr>().unwrap()]),
+        Policy::new("per-client", limiter).unwrap(),
+    );
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(layer);
+    let attacker = peer("198.51.100.66");
+    assert_eq!(
+        send(&app, attacker, &[("x-forwarded-for", "192.0.2.1")])
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    for forged in ["192.0.2.2", "192.0.2.3, 10.0.0.1", "garbage"] {
+        assert_eq!(
+            send(&app, attacker, &[("x-forwarded-for", forged)])
+                .await
+                .status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{forged}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn behind_trusted_proxies_the_rightmost_untrusted_address_is_the_client() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let trusted: Vec<Cidr> = vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()];
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            ForwardedIp::x_forwarded_for(trusted.clone()),
+            Policy::new("per-client", limiter.clone()).unwrap(),
+        ));
+    let proxy = peer("10.0.0.2");
+    // The client wrote 6.6.6.6 itself; the edge proxy appended the address it saw, 192.0.2.7,
+    // and an inner proxy appended the edge proxy's address.
+    let chain = [("x-forwarded-for", "6.6.6.6, 192.0.2.7, 10.0.0.1")];
+    assert_eq!(send(&app, proxy, &chain).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, proxy, &chain).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The same client with another forged prefix is still 192.0.2.7.
+    let forged = [("x-forwarded-for", "1.1.1.1, 192.0.2.7, 10.0.0.1")];
+    assert_eq!(
+        send(&app, proxy, &forged).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Split over two header lines, the list is the same.
+    let split = [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-forwarded-for", "192.0.2.7, 10.0.0.1"),
+    ];
+    assert_eq!(
+        send(&app, proxy, &split).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another client behind the same proxy has its own budget.
+    let other = [("x-forwarded-for", "192.0.2.8")];
+    assert_eq!(send(&app, proxy, &other).await.status(), StatusCode::OK);
+
+    // RFC 7239 `Forwarded`, with IPv6 clients keyed by their /64.
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            ForwardedIp::forwarded(trusted),
+            Policy::new("per-client", limiter).unwrap(),
+        ));
+    let v6 = [(
+        "forwarded",
+        r#"for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https, for="[fd00::1]""#,
+    )];
+    assert_eq!(
+        send(&app, peer("fd00::2"), &v6).await.status(),
+        StatusCode::OK
+    );
+    let same_64 = [("forwarded", r#"for="[2001:db8:cafe::99]""#)];
+    assert_eq!(
+        send(&app, peer("10.9.9.9"), &same_64).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[test]
+fn malformed_forwarding_headers_never_panic_and_never_choose_the_key() {
+    let trusted: Vec<Cidr> = vec!["10.0.0.0/8".parse().unwrap()];
+    let xff = ForwardedIp::x_forwarded_for(trusted.clone());
+    let fwd = ForwardedIp::forwarded(trusted);
+    let proxy: IpAddr = "10.0.0.2".parse().unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+
+    // (header value, expected client). Whatever cannot be read stops the walk at the nearest
+    // trusted hop, which the sender does not control.
+    let xff_cases: &[(&[u8], IpAddr)] = &[
+        (b"", proxy),
+        (b",,, ,", proxy),
+        (b"192.0.2.1", ip("192.0.2.1")),
+        (b" 192.0.2.1 ,, ", ip("192.0.2.1")),
+        (b"192.0.2.1:8080", ip("192.0.2.1")),
+        (b"[2001:db8::1]:443", ip("2001:db8::1")),
+        (b"unknown", proxy),
+        (b"192.0.2.1, garbage", proxy),
+        (b"garbage, 192.0.2.1", ip("192.0.2.1")),
+        (b"192.0.2.1, 10.0.0.9, not-an-ip", proxy),
+        (b"192.0.2.1, not-an-ip, 10.0.0.9", ip("10.0.0.9")),
+        (b"300.1.1.1", proxy),
+        (b"192.0.2.1/24", proxy),
+        (b"[2001:db8::1", proxy),
+        (b"2001:db8::1]", proxy),
+        (b"::ffff:10.0.0.5", ip("::ffff:10.0.0.5")),
+        (b"\xff\xfe\xfd", proxy),
+        (b"192.0.2.1\xff", proxy),
+        (b"\"192.0.2.1\"", proxy),
+        (&[b'1'; 4000], proxy),
+    ];
+    for (value, expected) in xff_cases {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
+        assert_eq!(
+            xff.client_ip(proxy, &headers),
+            *expected,
+            "X-Forwarded-For: {:?}",
+            String::from_utf8_lossy(value)
+        );
+    }
+
+    let fwd_cases: &[(&[u8], IpAddr)] = &[
+        (b"", proxy),
+        (
+            b"for=192.0.2.60;proto=http;by=203.0.113.43",
+            ip("192.0.2.60"),
+        ),
+        (b"FOR=192.0.2.60", ip("192.0.2.60")),
+        (b"for=\"[2001:db8:cafe::17]:4711\"", ip("2001:db8:cafe::17")),
+        (b"for=unknown", proxy),
+        (b"for=_hidden, for=192.0.2.1", ip("192.0.2.1")),
+        (b"for=192.0.2.1, for=_hidden", proxy),
+        (b"proto=https", proxy),
+        (b"for=192.0.2.1;for=192.0.2.2", proxy),
+        (b"for=\"192.0.2.1", proxy),
+        (b"for=\"192.0.2.1, for=192.0.2.2\"", proxy),
+        (b"for", proxy),
+        (b"for=", proxy),
+        (b";;;,,,", proxy),
+        (b"for=192.0.2.1;;", ip("192.0.2.1")),
+        (b"for=\"\\\"\"", proxy),
+        (b"for=\xff", proxy),
+        (b"for=192.0.2.1, for=10.0.0.7", ip("192.0.2.1")),
+    ];
+    for (value, expected) in fwd_cases {
+        let mut headers = HeaderMap::new();
+        headers.insert("forwarded", http::HeaderValue::from_bytes(value).unwrap());
+        assert_eq!(
+            fwd.client_ip(proxy, &headers),
+            *expected,
+            "Forwarded: {:?}",
+            String::from_utf8_lossy(value)
+        );
+    }
+}
+
+#[tokio::test]
+async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_violated() {
+    let clock = ManualClock::new();
+    let per_second = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let per_minute = ip_limiter(Quota::per_minute(3).unwrap(), &clock);
+    let app = orders(RateLimitLayer::with_policies(
+        PeerIp::new(),
+        [
+            Policy::new("per-second", per_second.clone()).unwrap(),
+            Policy::new("per-minute", per_minute.clone()).unwrap(),
+        ],
+    ));
+    let client = peer("192.0.2.10");
+    let ok = send(&app, client, &[]).await;
+    assert_eq!(
+        sf_list(ok.headers(), "ratelimit-policy"),
+        [
+            ("per-second".to_string(), params(&[("q", 2), ("w", 1)])),
+            ("per-minute".to_string(), params(&[("q", 3), ("w", 60)])),
+        ]
+    );
+    assert_eq!(
+        sf_list(ok.headers(), "ratelimit"),
+        [
+            ("per-second".to_string(), params(&[("r", 1), ("t", 1)])),
+            ("per-minute".to_string(), params(&[("r", 2), ("t", 20)])),
+        ]
+    );
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+    // The per-second policy refuses the third; the per-minute permit it was granted goes back.
+    for _ in 0..5 {
+        let refused = send(&app, client, &[]).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+        assert_eq!(
+            problem["violated-policies"],
+            serde_json::json!(["per-second"])
+        );
+    }
+    let key = client.ip();
+    assert_eq!(
+        per_minute.check(&key).remaining,
+        0,
+        "two spent, one left, this takes it"
+    );
+
+    // A second later the per-second policy admits, but the per-minute one is spent (GCRA, one
+    // permit every 20 s; the one taken at 0 s is replenished at 20 s): it alone is named, with
+    // its own wait.
+    clock.advance(Duration::from_secs(1));
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "19");
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["per-minute"])
+    );
+    // The per-second permit of that refused request was given back.
+    assert_eq!(per_second.check(&key).remaining, 1);
+}
+
+#[tokio::test]
+async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
+    let clock = ManualClock::new();
+    let a = KeyedRateLimiter::<()>::builder(Quota::per_second(1).unwrap())
+        .clock(clock.clone())
+        .build();
+    let b = KeyedRateLimiter::<()>::builder(Quota::per_hour(1).unwrap())
+        .clock(clock.clone())
+        .algorithm::<SlidingLog>()
+        .build();
+    let layer = RateLimitLayer::with_policies(
+        GlobalKey,
+        [
+            Policy::new("burst", BoxLimiter::new(a)).unwrap(),
+            Policy::new("hourly", BoxLimiter::new(b)).unwrap(),
+        ],
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let get = || Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "3600");
+    assert_eq!(
+        sf_list(refused.headers(), "ratelimit"),
+        [
+            ("burst".to_string(), params(&[("r", 0), ("t", 1)])),
+            ("hourly".to_string(), params(&[("r", 0), ("t", 3600)])),
+        ]
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["burst", "hourly"])
+    );
+}
+
+#[tokio::test]
+async fn routes_carry_their_own_policies_and_unlimited_routes_are_untouched() {
+    let clock = ManualClock::new();
+    let strict = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let loose = ip_limiter(Quota::per_second(3).unwrap(), &clock);
+    let app = Router::new()
+        .route(
+            "/orders",
+            get(|| async { "orders" }).route_layer(RateLimitLayer::new(
+                PeerIp::new(),
+                Policy::new("orders", strict).unwrap(),
+            )),
+        )
+        .route(
+            "/search",
+            get(|| async { "search" }).route_layer(RateLimitLayer::new(
+                PeerIp::new(),
+                Policy::new("search", loose).unwrap(),
+            )),
+        )
+        .route("/health", get(|| async { "up" }))
+        .layer(MockConnectInfo(peer("192.0.2.50")));
+    let status = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            let response = app
+                .oneshot(Request::get(path).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            (
+                response.status(),
+                response.headers().contains_key("ratelimit"),
+            )
+        }
+    };
+    assert_eq!(status("/orders").await, (StatusCode::OK, true));
+    assert_eq!(status("/orders").await.0, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..3 {
+        assert_eq!(status("/search").await, (StatusCode::OK, true));
+    }
+    assert_eq!(status("/search").await.0, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..20 {
+        assert_eq!(status("/health").await, (StatusCode::OK, false));
+    }
+}
+
+#[tokio::test]
+async fn works_in_a_service_builder_and_clones_share_one_budget() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(3).unwrap())
+        .clock(clock)
+        .build();
+    let layer = RateLimitLayer::new(GlobalKey, Policy::new("global", limiter).unwrap());
+    async fn hi(_req: Request<Body>) -> Result<Response, std::convert::Infallible> {
+        Ok(Response::new(Body::from("hi")))
+    }
+    let service = ServiceBuilder::new().layer(layer.clone()).service_fn(hi);
+    let other = ServiceBuilder::new().layer(layer).service_fn(hi);
+    let req = || Request::new(Body::empty());
+    let mut statuses = Vec::new();
+    for svc in [
+        service.clone(),
+        other.clone(),
+        service.clone(),
+        other.clone(),
+        service,
+    ] {
+        statuses.push(svc.oneshot(req()).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
+
+#[tokio::test]
+async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let app = orders(
+        RateLimitLayer::new(
+            PeerIp::new(),
+            Policy::new("per-ip", limiter.clone()).unwrap(),
+        )
+        .without_admitted_headers(),
+    );
+    let client = peer("192.0.2.77");
+    let ok = send(&app, client, &[]).await;
+    assert!(!ok.headers().contains_key("ratelimit"));
+    assert!(!ok.headers().contains_key("ratelimit-policy"));
+
+    let app = orders(
+        RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap())
+            .with_legacy_headers(),
+    );
+    let ok = send(&app, client, &[]).await;
+    assert_eq!(ok.headers()["x-ratelimit-limit"], "2");
+    assert_eq!(ok.headers()["x-ratelimit-remaining"], "0");
+    assert_eq!(ok.headers()["x-ratelimit-reset"], "1");
+    assert!(ok.headers().contains_key("ratelimit"));
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["x-ratelimit-limit"], "2");
+    assert_eq!(refused.headers()["x-ratelimit-remaining"], "0");
+    assert_eq!(refused.headers()["x-ratelimit-reset"], "1");
+}
+
+#[tokio::test]
+async fn a_hook_builds_the_refusal() {
+    let clock = ManualClock::new();
+    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let app = orders(
+        RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap()).on_refusal(
+            |refusal: &Refusal<'_>| {
+                let mut response = refusal.default_response();
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                *response.body_mut() = Bytes::from(format!(
+                    "{} {} refused by {}",
+                    refusal.request().method,
+                    refusal.request().uri,
+                    refusal.violated_policies().collect::<Vec<_>>().join(",")
+                ));
+                response
+            },
+        ),
+    );
+    let client = peer("192.0.2.99");
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(body(refused).await, "GET /orders refused by per-ip");
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_gets_the_documented_answer() {
+    let clock = ManualClock::new();
+    // No ConnectInfo: the server is set up wrong, 500 with problem+json and no internals.
+    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            PeerIp::new(),
+            Policy::new("per-ip", limiter.clone()).unwrap(),
+        ));
+    let request = || Request::get("/orders").body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body(response).await).unwrap();
+    assert_eq!(problem["status"], 500);
+    assert!(!problem["detail"].as_str().unwrap().contains("ConnectInfo"));
+
+    // Failing open lets it through, uncounted.
+    let open = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap())
+                .on_key_error(FailMode::Open),
+        );
+    for _ in 0..3 {
+        assert_eq!(
+            open.clone().oneshot(request()).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+
+    // A missing API key is the client's fault: 400, and the reason is told.
+    let keyed = KeyedRateLimiter::builder(Quota::per_second(1).unwrap())
+        .clock(clock.clone())
+        .build();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            HeaderKey::new(http::HeaderName::from_static("x-api-key")),
+            Policy::new("per-key", keyed).unwrap(),
+        ));
+    let response = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let problem: serde_json::Value = serde_json::from_slice(&body(response).await).unwrap();
+    assert!(problem["detail"].as_str().unwrap().contains("x-api-key"));
+    let with_key = |key: &str| {
+        Request::get("/orders")
+            .header("x-api-key", key)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        app.clone().oneshot(with_key("k1")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.clone().oneshot(with_key("k1")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        app.clone().oneshot(with_key("k2")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let twice = Request::get("/orders")
+        .header("x-api-key", "k3")
+        .header("x-api-key", "k4")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        app.oneshot(twice).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn a_closure_can_be_the_key() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
+        .clock(clock)
+        .build();
+    let by_tenant = |parts: &Parts| {
+        parts
+            .uri
+            .path()
+            .split('/')
+            .nth(1)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| KeyError::bad_request("no tenant in the path"))
+    };
+    let app = Router::new()
+        .route("/{tenant}/orders", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            by_tenant,
+            Policy::new("per-tenant", limiter).unwrap(),
+        ));
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    let status = |path: &'static str| {
+        let app = app.clone();
+        async move { app.oneshot(get(path)).await.unwrap().status() }
+    };
+    assert_eq!(status("/acme/orders").await, StatusCode::OK);
+    assert_eq!(status("/acme/orders").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status("/globex/orders").await, StatusCode::OK);
+}
+
+/// A limiter whose backend is down.
+#[derive(Debug)]
+struct Broken {
+    quota: Quota,
+}
+
+impl Limiter<IpAddr> for Broken {
+    type Future = std::future::Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    fn reserve(&self, _key: &IpAddr, _cost: u32) -> Self::Future {
+        std::future::ready(Err("connection refused".into()))
+    }
+
+    fn refund(&self, _key: &IpAddr, _cost: u32, _decision: &Decision) {}
+}
+
+#[tokio::test]
+async fn a_failing_limiter_answers_503_or_fails_open() {
+    let clock = ManualClock::new();
+    let working = ip_limiter(Quota::per_second(5).unwrap(), &clock);
+    let quota = Quota::per_second(1).unwrap();
+    let layer = |mode| {
+        RateLimitLayer::with_policies(
+            PeerIp::new(),
+            [
+                Policy::new("local", BoxLimiter::new(working.clone())).unwrap(),
+                Policy::new("shared", BoxLimiter::new(Broken { quota })).unwrap(),
+            ],
+        )
+        .on_limiter_error(mode)
+    };
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(layer(FailMode::Closed));
+    let client = peer("192.0.2.5");
+    let closed = send(&app, client, &[]).await;
+    assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(closed.headers()["content-type"], "application/problem+json");
+    // The local permit granted before the failure was given back.
+    assert_eq!(working.check(&client.ip()).remaining, 4);
+
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(layer(FailMode::Open));
+    let open = send(&app, client, &[]).await;
+    assert_eq!(open.status(), StatusCode::OK);
+    // Only the policy that decided is reported.
+    assert_eq!(
+        sf_list(open.headers(), "ratelimit"),
+        [("local".to_string(), params(&[("r", 3), ("t", 1)]))]
+    );
+}
+
+/// Counts the requests that reach the handler.
+fn counting_app(
+    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, TokioClock>,
+) -> (Router, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = Router::new()
+        .route(
+            "/orders",
+            get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "ok" }
+            }),
+        )
+        .route_layer(RateLimitLayer::new(
+            PeerIp::new(),
+            Policy::new("per-ip", limiter).unwrap(),
+        ))
+        .layer(MockConnectInfo(peer("192.0.2.200")));
+    (app, hits)
+}
+
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_for_its_permit_then_proceeds() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(1))
+        .unwrap();
+    let limiter = KeyedRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let (app, hits) = counting_app(limiter);
+    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The second permit falls due in one second: the request waits for it, then passes.
+    let waited = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(waited.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // Two permits ahead would be a wait of two seconds, more than `max_wait`: refused at once.
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let mut third = Box::pin(app.clone().oneshot(get()));
+    assert!(poll_once(&mut third).is_pending());
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(2),
+        "refused without waiting"
+    );
+    drop(third);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_waiting_request_gives_its_permit_back() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(1))
+        .unwrap();
+    let limiter = KeyedRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let (app, hits) = counting_app(limiter);
+    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // This one holds the next permit and waits for it...
+    let mut waiting = Box::pin(app.clone().oneshot(get()));
+    assert!(poll_once(&mut waiting).is_pending());
+    // ...so another would have to wait two seconds, and is refused.
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // The waiting client goes away: its permit comes back, and the next request gets it.
+    drop(waiting);
+    let mut next = Box::pin(app.clone().oneshot(get()));
+    assert!(
+        poll_once(&mut next).is_pending(),
+        "it waits for the returned permit"
+    );
+    let start = tokio::time::Instant::now();
+    assert_eq!(next.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "the dropped request never reached the handler"
+    );
+}
