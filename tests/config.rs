@@ -138,7 +138,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         (
             with("trusted_proxies = [\"10.0.0.0/33\"]"),
             "rate_limiters.api.trusted_proxies",
-            "prefix length outside 0..=32",
+            "prefix is longer than the address",
         ),
         (
             with("trusted_proxies = [\"proxy.internal\"]"),

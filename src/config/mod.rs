@@ -43,7 +43,7 @@
 //! | field | type | default |
 //! |---|---|---|
 //! | `max_concurrent_calls` | integer ≥ 1 | required |
-//! | `max_wait` | duration | `"0s"` (refuse at once) |
+//! | `max_wait` | duration | semaphore: `"0s"` (refuse at once); queue: no bound |
 //! | `queue_capacity` | integer ≥ 1: a queue bulkhead | none: a semaphore bulkhead |
 
 use std::collections::BTreeMap;
@@ -54,7 +54,15 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
+use crate::rate_limit::Cidr;
 use crate::Quota;
+
+mod registry;
+
+pub use registry::{
+    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredRateLimitLayer,
+    Health, LimiterHealth, Registry, UnknownInstance,
+};
 
 /// A configuration file that could not be used: where, and what was wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,7 +72,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             path: path.into(),
             message: message.into(),
@@ -127,16 +135,6 @@ pub enum KeyKind {
     Global,
 }
 
-/// A trusted proxy network, as written in the file (`10.0.0.0/8`, `2001:db8::/32`, or one
-/// address).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProxyNet {
-    /// The network address.
-    pub address: std::net::IpAddr,
-    /// The prefix length in bits.
-    pub prefix: u8,
-}
-
 /// The settings of one named rate limiter.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -148,7 +146,7 @@ pub struct RateLimiterSettings {
     /// How the key is found.
     pub key: KeyKind,
     /// Proxies whose `X-Forwarded-For` is believed (for `key = "peer_ip"`).
-    pub trusted_proxies: Vec<ProxyNet>,
+    pub trusted_proxies: Vec<Cidr>,
     /// The most keys held in memory.
     pub max_keys: usize,
     /// Whether log events leave client keys out.
@@ -161,8 +159,9 @@ pub struct RateLimiterSettings {
 pub struct BulkheadSettings {
     /// The most calls in flight at once.
     pub max_concurrent_calls: usize,
-    /// How long a call may wait for a permit; zero refuses at once.
-    pub max_wait: Duration,
+    /// How long a call may wait for a permit: for a semaphore bulkhead zero (refuse at once) when
+    /// absent, for a queue bulkhead no bound when absent.
+    pub max_wait: Option<Duration>,
     /// With a value, a queue bulkhead holding up to this many waiting calls.
     pub queue_capacity: Option<usize>,
 }
@@ -384,7 +383,10 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
             .ok_or_else(|| f.err("trusted_proxies", "must be a list of CIDR strings"))?;
         for item in list {
             let s = f.string("trusted_proxies", item)?;
-            trusted_proxies.push(parse_cidr(s).map_err(|m| f.err("trusted_proxies", m))?);
+            trusted_proxies.push(
+                s.parse::<Cidr>()
+                    .map_err(|e| f.err("trusted_proxies", format!("`{s}`: {e}")))?,
+            );
         }
         if key != KeyKind::PeerIp {
             return Err(f.err("trusted_proxies", "applies only to key = \"peer_ip\""));
@@ -425,8 +427,8 @@ fn bulkhead(path: &str, table: &Table) -> Result<BulkheadSettings, ConfigError> 
         u64::from(u32::MAX >> 3),
     )? as usize;
     let max_wait = match f.get("max_wait") {
-        None => Duration::ZERO,
-        Some(v) => f.duration("max_wait", v)?,
+        None => None,
+        Some(v) => Some(f.duration("max_wait", v)?),
     };
     let queue_capacity = match f.get("queue_capacity") {
         None => None,
@@ -504,28 +506,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let nanos = u64::try_from(total).map_err(|_| format!("`{text}` is too long"))?;
     Ok(Duration::from_nanos(nanos))
-}
-
-fn parse_cidr(s: &str) -> Result<ProxyNet, String> {
-    let (addr, prefix) = match s.split_once('/') {
-        Some((a, p)) => (a, Some(p)),
-        None => (s, None),
-    };
-    let address: std::net::IpAddr = addr
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not an IP address or CIDR"))?;
-    let max = if address.is_ipv4() { 32 } else { 128 };
-    let prefix = match prefix {
-        None => max,
-        Some(p) => p
-            .trim()
-            .parse::<u8>()
-            .ok()
-            .filter(|&p| p <= max)
-            .ok_or_else(|| format!("`{s}` has a prefix length outside 0..={max}"))?,
-    };
-    Ok(ProxyNet { address, prefix })
 }
 
 #[cfg(test)]
