@@ -609,3 +609,181 @@ mod tests {
         assert_eq!(shared.snapshot().total_permitted, 0);
     }
 }
+
+/// The permit accounting against a plain model, over random sequences of operations.
+#[cfg(test)]
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Admit,
+        /// Ends the n-th held call (modulo how many there are).
+        Finish(usize),
+        Resize(usize),
+        /// Polls the n-th waiter.
+        Poll(usize),
+        /// Drops the n-th waiter; `true` keeps a permit granted meanwhile.
+        Leave(usize, bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Admit),
+            3 => any::<usize>().prop_map(Op::Finish),
+            1 => (0usize..6).prop_map(Op::Resize),
+            2 => any::<usize>().prop_map(Op::Poll),
+            1 => (any::<usize>(), any::<bool>()).prop_map(|(n, keep)| Op::Leave(n, keep)),
+        ]
+    }
+
+    #[derive(Default)]
+    struct Model {
+        max: usize,
+        free: usize,
+        debt: usize,
+        held: usize,
+        queue: VecDeque<u64>,
+        granted: Vec<u64>,
+        permitted: u64,
+        finished: u64,
+        rejected: u64,
+    }
+
+    impl Model {
+        fn settle(&mut self, mut permits: usize) {
+            let pay = permits.min(self.debt);
+            self.debt -= pay;
+            permits -= pay;
+            while permits > 0 {
+                let Some(ticket) = self.queue.pop_front() else {
+                    break;
+                };
+                self.granted.push(ticket);
+                permits -= 1;
+            }
+            self.free += permits;
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn permits_are_never_lost_created_or_reordered(
+            max in 0usize..5,
+            capacity in prop_oneof![Just(None), (0usize..4).prop_map(Some)],
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let shared = Arc::new(Shared::new("model".into(), max, None, capacity, Hooks::default()));
+            let mut model = Model { max, free: max, ..Model::default() };
+            let mut permits: Vec<Permit> = Vec::new();
+            // Waiters by ticket, in arrival order.
+            let mut waiting: Vec<u64> = Vec::new();
+            let mut cx = Context::from_waker(Waker::noop());
+            let may_wait = capacity != Some(0);
+
+            for op in ops {
+                match op {
+                    Op::Admit => {
+                        let expected_permit = model.free > 0;
+                        match shared.admit() {
+                            Admission::Permitted => {
+                                prop_assert!(expected_permit);
+                                model.free -= 1;
+                                model.held += 1;
+                                model.permitted += 1;
+                                permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                            }
+                            Admission::Queued(ticket) => {
+                                prop_assert!(!expected_permit && may_wait);
+                                prop_assert!(capacity.is_none_or(|c| model.queue.len() < c));
+                                model.queue.push_back(ticket);
+                                waiting.push(ticket);
+                            }
+                            Admission::Rejected => {
+                                prop_assert!(!expected_permit);
+                                prop_assert!(
+                                    !may_wait || capacity.is_some_and(|c| model.queue.len() >= c)
+                                );
+                                model.rejected += 1;
+                                drop(shared.reject(Rejection::NoCapacity));
+                            }
+                        }
+                    }
+                    Op::Finish(n) => {
+                        if !permits.is_empty() {
+                            let mut permit = permits.swap_remove(n % permits.len());
+                            permit.outcome = Ending::Success;
+                            drop(permit);
+                            model.held -= 1;
+                            model.finished += 1;
+                            model.settle(1);
+                        }
+                    }
+                    Op::Resize(new) => {
+                        shared.resize(new);
+                        let old = model.max;
+                        model.max = new;
+                        if new >= old {
+                            let forgiven = (new - old).min(model.debt);
+                            model.debt -= forgiven;
+                            model.settle(new - old - forgiven);
+                        } else {
+                            model.debt += old - new;
+                            let free = std::mem::take(&mut model.free);
+                            model.settle(free);
+                        }
+                    }
+                    Op::Poll(n) => {
+                        if !waiting.is_empty() {
+                            let ticket = waiting[n % waiting.len()];
+                            let granted = shared.poll_grant(ticket, &mut cx).is_ready();
+                            prop_assert_eq!(granted, model.granted.contains(&ticket));
+                            if granted {
+                                waiting.retain(|t| *t != ticket);
+                                model.granted.retain(|t| *t != ticket);
+                                model.held += 1;
+                                model.permitted += 1;
+                                permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                            }
+                        }
+                    }
+                    Op::Leave(n, keep) => {
+                        if !waiting.is_empty() {
+                            let ticket = waiting.remove(n % waiting.len());
+                            let granted = shared.leave_queue(ticket, keep);
+                            prop_assert_eq!(granted, model.granted.contains(&ticket));
+                            if granted {
+                                model.granted.retain(|t| *t != ticket);
+                                if keep {
+                                    model.held += 1;
+                                    model.permitted += 1;
+                                    permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                                } else {
+                                    model.settle(1);
+                                }
+                            } else {
+                                model.queue.retain(|t| *t != ticket);
+                            }
+                        }
+                    }
+                }
+                let snapshot = shared.snapshot();
+                prop_assert_eq!(snapshot.available_concurrent_calls, model.free);
+                prop_assert_eq!(snapshot.max_allowed_concurrent_calls, model.max);
+                prop_assert_eq!(snapshot.queue_depth, model.queue.len());
+                prop_assert_eq!(snapshot.total_permitted, model.permitted);
+                prop_assert_eq!(snapshot.total_finished, model.finished);
+                prop_assert_eq!(snapshot.total_rejected, model.rejected);
+                prop_assert_eq!(permits.len(), model.held);
+                // Never more calls holding a permit than the limit, except those admitted before
+                // it was lowered, which the debt covers.
+                prop_assert!(model.held + model.granted.len() <= model.max + model.debt);
+                if model.debt > 0 {
+                    prop_assert_eq!(model.free, 0);
+                }
+            }
+        }
+    }
+}
