@@ -723,3 +723,38 @@ mod with_retry {
         drop(held);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_with_max_wait_refuses_calls_that_waited_too_long() {
+    let bulkhead = Bulkhead::queue("reports", 1, 4)
+        .max_wait(Duration::from_secs(1))
+        .build();
+    let inner = Gated::default();
+    let mut svc = bulkhead.layer().layer(inner.clone());
+    let running = boxed_call(&mut svc, 1);
+    let mut late = boxed_call(&mut svc, 2);
+    assert!(poll!(late.as_mut()).is_pending());
+    assert_eq!(bulkhead.snapshot().queue_depth, 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    match poll!(late.as_mut()) {
+        Poll::Ready(Err(err)) => assert!(err.is::<BulkheadFull>()),
+        _ => panic!("the wait should have run out"),
+    }
+    assert_eq!(bulkhead.snapshot().queue_depth, 0);
+    drop(running);
+    assert_eq!(inner.started(), vec![1]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 1);
+    assert_eq!(snapshot.total_rejected, 1);
+    assert_eq!(snapshot.total_permitted, 1);
+
+    // Zero turns the queue off: refused at once.
+    let no_queue = Bulkhead::queue("reports", 1, 4)
+        .max_wait(Duration::ZERO)
+        .build();
+    let mut svc = no_queue.layer().layer(inner.clone());
+    let _held = boxed_call(&mut svc, 3);
+    let mut refused = boxed_call(&mut svc, 4);
+    assert!(matches!(poll!(refused.as_mut()), Poll::Ready(Err(_))));
+    assert_eq!(no_queue.snapshot().queue_depth, 0);
+}

@@ -172,8 +172,9 @@ pub(crate) struct Hooks {
 
 /// A point-in-time view of a bulkhead's state and counters.
 ///
-/// The figures are read one after another while calls keep moving, so under load they describe
-/// nearby moments rather than one instant.
+/// All figures but `total_rejected` describe one instant (at any instant `total_permitted` minus
+/// `total_finished` is the number of calls holding a permit); `total_rejected` is read just
+/// after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BulkheadSnapshot {

@@ -38,6 +38,7 @@ pin_project! {
         Queued {
             queued: Option<Queued<S, Req>>,
         },
+        // Fields drop in order: a cut call's inner future is gone before its permit frees.
         Running {
             #[pin]
             future: S::Future,

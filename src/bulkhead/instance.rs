@@ -40,7 +40,8 @@ impl Bulkhead {
     /// started in arrival order; a call beyond both is refused at once.
     ///
     /// Queued calls wait as long as it takes unless [`max_wait`](BulkheadBuilder::max_wait)
-    /// bounds the wait; a queued call that is dropped leaves the queue.
+    /// bounds the wait; a queued call that is dropped leaves the queue. A capacity of zero queues
+    /// nothing.
     pub fn queue(
         name: impl Into<Arc<str>>,
         max_concurrent_calls: usize,
@@ -107,7 +108,11 @@ impl BulkheadBuilder {
     /// How long a call may wait for a permit before it is refused.
     ///
     /// Semaphore bulkheads default to zero (refuse at once); a positive value lets callers wait in
-    /// arrival order. Queue bulkheads default to no bound; a value bounds the time in the queue.
+    /// arrival order. Queue bulkheads default to no bound; a value bounds the time in the queue,
+    /// and zero turns the queue off.
+    ///
+    /// A bounded wait runs on tokio's timer, so such a call must be polled inside a tokio runtime
+    /// with time enabled; under `tokio::time::pause` it follows the paused clock.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self

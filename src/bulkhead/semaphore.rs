@@ -1,19 +1,27 @@
 //! The permit accounting shared by every clone of one bulkhead.
 //!
-//! Free permits live in one atomic word, `state`: bit 0 is the `SLOW` flag and the other bits
-//! count free permits. While nobody waits and nothing is owed, taking and giving back a permit is
-//! one compare-and-swap each, with no lock. Everything else — waiters, shrinking ("debt") and
-//! resizing — happens under a mutex, and raises `SLOW` while it matters.
+//! One atomic 64-bit word, `state`, holds the hot data: bit 0 is the `SLOW` flag, bits 1 to 31
+//! count free permits, and bits 32 to 63 count finished calls (modulo 2^32). While nobody waits
+//! and nothing is owed, taking a permit is one compare-and-swap, and giving it back — counting the
+//! call as finished in the same stroke — is another, with no lock. Everything else — waiters,
+//! shrinking ("debt"), resizing, and the finished count's wrap-around — happens under a mutex,
+//! which raises `SLOW` while it matters.
 //!
-//! Invariant: when `SLOW` is set, the free count in `state` is zero and every permit movement goes
-//! through the mutex. The mutex holder takes the free permits out of `state` (`drain`), decides
-//! where each goes (debt first, then waiters in arrival order, then back to `state`), and writes
-//! `state` back (`settle`), clearing `SLOW` only when no waiter is queued and no debt is owed.
-//! Since a fast-path caller only changes `state` while `SLOW` is clear, nothing races the holder.
+//! Invariant: when `SLOW` is set, the free count in `state` is zero and every change of `state`
+//! goes through the mutex. The mutex holder takes the free permits out of `state` (`drain`),
+//! decides where each goes (debt first, then waiters in arrival order, then back to `state`), and
+//! writes the free count back (`settle`), clearing `SLOW` only when no waiter is queued and no
+//! debt is owed. Since a fast-path caller only changes `state` while `SLOW` is clear, nothing
+//! races the holder.
+//!
+//! Every permit is in exactly one place: free, granted to a waiter that has not taken it up yet,
+//! or held by a call; and free + granted + held = max + debt. So the permitted total needs no
+//! counter of its own: it is the finished total plus the calls holding a permit, both read from
+//! one load of `state` under the mutex.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -25,11 +33,23 @@ use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
 
-const SLOW: usize = 1;
-const ONE: usize = 2;
+const SLOW: u64 = 1;
+/// One free permit.
+const ONE: u64 = 2;
+/// `SLOW` and the free count.
+const FREE_BITS: u64 = (1 << 32) - 1;
+/// One finished call.
+const FINISHED_ONE: u64 = 1 << 32;
+/// The finished count just before it wraps around.
+const FINISHED_LAST: u64 = u32::MAX as u64;
 
-/// The largest limit a bulkhead accepts; larger values are lowered to it.
-pub const MAX_CONCURRENT_CALLS: usize = usize::MAX >> 3;
+/// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
+pub const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
+
+#[inline]
+fn free_in(state: u64) -> usize {
+    ((state & FREE_BITS) / ONE) as usize
+}
 
 /// What `admit` decided for a new call.
 pub(crate) enum Admission {
@@ -50,13 +70,15 @@ struct Slow {
     /// flight.
     debt: usize,
     max: usize,
+    /// Permits handed to waiters that have not taken them up yet.
+    granted: usize,
+    /// How many times the 32-bit finished count in `state` has wrapped around.
+    finished_wraps: u64,
 }
 
 pub(crate) struct Shared {
-    state: AtomicUsize,
-    permitted: AtomicU64,
+    state: AtomicU64,
     rejected: AtomicU64,
-    finished: AtomicU64,
     slow: Mutex<Slow>,
     pub(crate) name: Arc<str>,
     /// `None`: wait as long as it takes.
@@ -91,15 +113,15 @@ impl Shared {
         let max = max.min(MAX_CONCURRENT_CALLS);
         let may_wait = max_wait != Some(Duration::ZERO) && queue_capacity != Some(0);
         Self {
-            state: AtomicUsize::new(max * ONE),
-            permitted: AtomicU64::new(0),
+            state: AtomicU64::new(max as u64 * ONE),
             rejected: AtomicU64::new(0),
-            finished: AtomicU64::new(0),
             slow: Mutex::new(Slow {
                 waiters: BTreeMap::new(),
                 next_ticket: 0,
                 debt: 0,
                 max,
+                granted: 0,
+                finished_wraps: 0,
             }),
             name,
             max_wait,
@@ -116,9 +138,20 @@ impl Shared {
         self.slow.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Under the lock: takes the free permits out of `state` and raises `SLOW`.
+    /// Under the lock: takes the free permits out of `state` and raises `SLOW`, keeping the
+    /// finished count.
     fn drain(&self) -> usize {
-        self.state.swap(SLOW, Ordering::AcqRel) / ONE
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            let raised = (s & !FREE_BITS) | SLOW;
+            match self
+                .state
+                .compare_exchange_weak(s, raised, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return free_in(s),
+                Err(actual) => s = actual,
+            }
+        }
     }
 
     /// Under the lock, after `drain`: pays the debt, serves waiters in order, and publishes the
@@ -133,16 +166,20 @@ impl Shared {
             match slow.waiters.pop_first() {
                 Some((_, waker)) => {
                     permits -= 1;
+                    slow.granted += 1;
                     wakers.push(waker);
                 }
                 None => break,
             }
         }
+        // `SLOW` is set, so the finished count cannot move under us.
+        let finished = self.state.load(Ordering::Relaxed) & !FREE_BITS;
         if slow.waiters.is_empty() && slow.debt == 0 {
-            self.state.store(permits * ONE, Ordering::Release);
+            self.state
+                .store(finished | (permits as u64 * ONE), Ordering::Release);
         } else {
             debug_assert_eq!(permits, 0);
-            self.state.store(SLOW, Ordering::Release);
+            self.state.store(finished | SLOW, Ordering::Release);
         }
         wakers
     }
@@ -151,8 +188,8 @@ impl Shared {
     fn try_acquire_fast(&self) -> bool {
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
-            // `SLOW` alone (1) or no permit (0): not here.
-            if s < ONE {
+            // `SLOW` alone or no free permit: not here.
+            if s & FREE_BITS < ONE {
                 return false;
             }
             match self
@@ -205,6 +242,7 @@ impl Shared {
     }
 
     /// Whether the waiter holding `ticket` has been granted a permit; registers the waker if not.
+    /// On `Ready` the call has taken the permit up and holds it.
     pub(crate) fn poll_grant(&self, ticket: u64, cx: &mut Context<'_>) -> Poll<()> {
         let mut slow = self.lock();
         match slow.waiters.get_mut(&ticket) {
@@ -215,38 +253,47 @@ impl Shared {
                 }
                 Poll::Pending
             }
-            None => Poll::Ready(()),
+            None => {
+                slow.granted -= 1;
+                Poll::Ready(())
+            }
         }
     }
 
-    /// Takes the waiter holding `ticket` out of the queue; returns `true` when it had been granted
-    /// a permit already, which the caller now owns.
-    pub(crate) fn leave_queue(&self, ticket: u64) -> bool {
+    /// Takes the waiter holding `ticket` out of the queue. Returns `true` when it had been
+    /// granted a permit already; the call then holds it if `keep`, and otherwise it is passed on
+    /// unused (not counted as permitted or finished).
+    pub(crate) fn leave_queue(&self, ticket: u64, keep: bool) -> bool {
         let mut slow = self.lock();
         let granted = slow.waiters.remove(&ticket).is_none();
-        if !granted {
-            // The queue may be empty now: let `settle` clear `SLOW` if nothing else holds it.
-            let permits = self.drain();
-            let wakers = self.settle(&mut slow, permits);
-            drop(slow);
-            wakers.wake();
+        if granted {
+            slow.granted -= 1;
+            if keep {
+                return true;
+            }
         }
+        // Either the queue may be empty now, and `settle` clears `SLOW` if nothing else holds
+        // it; or an unused permit goes on to the next in line.
+        let permits = self.drain() + usize::from(granted);
+        let wakers = self.settle(&mut slow, permits);
+        drop(slow);
+        wakers.wake();
         granted
     }
 
-    /// Gives back a permit that no call used (a waiter dropped right after its grant).
-    pub(crate) fn return_unused(&self) {
-        self.release();
-    }
-
+    /// Gives back a held permit and counts its call as finished.
     #[inline]
     fn release(&self) {
         let mut s = self.state.load(Ordering::Relaxed);
-        while s & SLOW == 0 {
-            match self
-                .state
-                .compare_exchange_weak(s, s + ONE, Ordering::Release, Ordering::Relaxed)
-            {
+        // The wrap-around of the finished count goes through the lock, where the snapshot can
+        // see it together with `finished_wraps`.
+        while s & SLOW == 0 && s >> 32 != FINISHED_LAST {
+            match self.state.compare_exchange_weak(
+                s,
+                s + ONE + FINISHED_ONE,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return,
                 Err(actual) => s = actual,
             }
@@ -258,6 +305,13 @@ impl Shared {
     fn release_slow(&self) {
         let mut slow = self.lock();
         let permits = self.drain();
+        // `SLOW` is set now: nobody else moves `state`.
+        let s = self.state.load(Ordering::Relaxed);
+        if s >> 32 == FINISHED_LAST {
+            slow.finished_wraps += 1;
+        }
+        self.state
+            .store(s.wrapping_add(FINISHED_ONE), Ordering::Relaxed);
         let wakers = self.settle(&mut slow, permits + 1);
         drop(slow);
         wakers.wake();
@@ -290,15 +344,24 @@ impl Shared {
 
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
         let slow = self.lock();
-        // Under the lock `SLOW` cannot change, and while it is set the free count is zero.
-        let available = self.state.load(Ordering::Acquire) / ONE;
+        // One load gives the free permits and the finished count of the same instant; what the
+        // lock guards cannot move meanwhile.
+        let s = self.state.load(Ordering::Acquire);
+        let available = free_in(s);
+        let finished = (slow.finished_wraps << 32) | (s >> 32);
+        let in_place = available + slow.granted;
+        debug_assert!(
+            in_place <= slow.max + slow.debt,
+            "a permit was counted twice"
+        );
+        let held = (slow.max + slow.debt).saturating_sub(in_place);
         BulkheadSnapshot {
             available_concurrent_calls: available,
             max_allowed_concurrent_calls: slow.max,
             queue_depth: slow.waiters.len(),
-            total_permitted: self.permitted.load(Ordering::Relaxed),
+            total_permitted: finished + held as u64,
             total_rejected: self.rejected.load(Ordering::Relaxed),
-            total_finished: self.finished.load(Ordering::Relaxed),
+            total_finished: finished,
         }
     }
 
@@ -365,10 +428,9 @@ pub(crate) struct Permit {
 }
 
 impl Permit {
-    /// Wraps a permit just taken from `shared`: counts it and runs `on_call_permitted`.
+    /// Wraps a permit just taken from `shared` and runs `on_call_permitted`.
     #[inline]
     pub(crate) fn granted(shared: Arc<Shared>, waited: Duration) -> Self {
-        shared.permitted.fetch_add(1, Ordering::Relaxed);
         let started = match shared.hooks.finished {
             Some(_) => shared.nanos_since_epoch(),
             None => 0,
@@ -402,7 +464,6 @@ impl Drop for Permit {
         // Given back even if the hook panics.
         let shared = &*self.shared;
         let _give_back = GiveBack(shared);
-        shared.finished.fetch_add(1, Ordering::Relaxed);
         if let Some(hook) = &shared.hooks.finished {
             let duration =
                 Duration::from_nanos(shared.nanos_since_epoch().saturating_sub(self.started));
@@ -465,14 +526,14 @@ impl Waiter {
     /// before, which the call then takes over instead.
     pub(crate) fn give_up(&mut self) -> bool {
         self.queued = false;
-        self.shared.leave_queue(self.ticket)
+        self.shared.leave_queue(self.ticket, true)
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        if self.queued && self.shared.leave_queue(self.ticket) {
-            self.shared.return_unused();
+        if self.queued {
+            self.shared.leave_queue(self.ticket, false);
         }
     }
 }
@@ -483,5 +544,246 @@ impl fmt::Debug for Waiter {
             .field("bulkhead", &self.shared.name)
             .field("ticket", &self.ticket)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulkhead(max: usize) -> Arc<Shared> {
+        Arc::new(Shared::new(
+            "test".into(),
+            max,
+            Some(Duration::ZERO),
+            None,
+            Hooks::default(),
+        ))
+    }
+
+    #[test]
+    fn the_finished_count_carries_over_its_32_bits() {
+        let shared = bulkhead(2);
+        // Start three calls short of the wrap-around, as if 2^32 - 3 calls had finished.
+        shared
+            .state
+            .fetch_add((FINISHED_LAST - 2) << 32, Ordering::Relaxed);
+        let start = shared.snapshot().total_finished;
+        assert_eq!(start, FINISHED_LAST - 2);
+        let mut last = shared.snapshot();
+        for i in 1..=6u64 {
+            assert!(matches!(shared.admit(), Admission::Permitted));
+            let permit = Permit::granted(shared.clone(), Duration::ZERO);
+            let during = shared.snapshot();
+            assert_eq!(during.total_permitted, start + i);
+            assert_eq!(during.total_finished, start + i - 1);
+            drop(permit);
+            let after = shared.snapshot();
+            assert_eq!(after.total_finished, start + i);
+            assert_eq!(after.total_permitted, start + i);
+            assert_eq!(after.available_concurrent_calls, 2);
+            assert!(after.total_finished > last.total_finished);
+            last = after;
+        }
+        assert_eq!(shared.lock().finished_wraps, 1);
+        // Past the wrap, the fast path is back.
+        assert_eq!(shared.state.load(Ordering::Relaxed) & SLOW, 0);
+    }
+
+    #[test]
+    fn limits_above_the_maximum_are_lowered() {
+        let shared = bulkhead(usize::MAX);
+        assert_eq!(
+            shared.snapshot().max_allowed_concurrent_calls,
+            MAX_CONCURRENT_CALLS
+        );
+        assert_eq!(
+            shared.snapshot().available_concurrent_calls,
+            MAX_CONCURRENT_CALLS
+        );
+        shared.resize(usize::MAX);
+        assert_eq!(
+            shared.snapshot().available_concurrent_calls,
+            MAX_CONCURRENT_CALLS
+        );
+        assert_eq!(shared.snapshot().total_permitted, 0);
+    }
+}
+
+/// The permit accounting against a plain model, over random sequences of operations.
+#[cfg(test)]
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Admit,
+        /// Ends the n-th held call (modulo how many there are).
+        Finish(usize),
+        Resize(usize),
+        /// Polls the n-th waiter.
+        Poll(usize),
+        /// Drops the n-th waiter; `true` keeps a permit granted meanwhile.
+        Leave(usize, bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Admit),
+            3 => any::<usize>().prop_map(Op::Finish),
+            1 => (0usize..6).prop_map(Op::Resize),
+            2 => any::<usize>().prop_map(Op::Poll),
+            1 => (any::<usize>(), any::<bool>()).prop_map(|(n, keep)| Op::Leave(n, keep)),
+        ]
+    }
+
+    #[derive(Default)]
+    struct Model {
+        max: usize,
+        free: usize,
+        debt: usize,
+        held: usize,
+        queue: VecDeque<u64>,
+        granted: Vec<u64>,
+        permitted: u64,
+        finished: u64,
+        rejected: u64,
+    }
+
+    impl Model {
+        fn settle(&mut self, mut permits: usize) {
+            let pay = permits.min(self.debt);
+            self.debt -= pay;
+            permits -= pay;
+            while permits > 0 {
+                let Some(ticket) = self.queue.pop_front() else {
+                    break;
+                };
+                self.granted.push(ticket);
+                permits -= 1;
+            }
+            self.free += permits;
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn permits_are_never_lost_created_or_reordered(
+            max in 0usize..5,
+            capacity in prop_oneof![Just(None), (0usize..4).prop_map(Some)],
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let shared = Arc::new(Shared::new("model".into(), max, None, capacity, Hooks::default()));
+            let mut model = Model { max, free: max, ..Model::default() };
+            let mut permits: Vec<Permit> = Vec::new();
+            // Waiters by ticket, in arrival order.
+            let mut waiting: Vec<u64> = Vec::new();
+            let mut cx = Context::from_waker(Waker::noop());
+            let may_wait = capacity != Some(0);
+
+            for op in ops {
+                match op {
+                    Op::Admit => {
+                        let expected_permit = model.free > 0;
+                        match shared.admit() {
+                            Admission::Permitted => {
+                                prop_assert!(expected_permit);
+                                model.free -= 1;
+                                model.held += 1;
+                                model.permitted += 1;
+                                permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                            }
+                            Admission::Queued(ticket) => {
+                                prop_assert!(!expected_permit && may_wait);
+                                prop_assert!(capacity.is_none_or(|c| model.queue.len() < c));
+                                model.queue.push_back(ticket);
+                                waiting.push(ticket);
+                            }
+                            Admission::Rejected => {
+                                prop_assert!(!expected_permit);
+                                prop_assert!(
+                                    !may_wait || capacity.is_some_and(|c| model.queue.len() >= c)
+                                );
+                                model.rejected += 1;
+                                drop(shared.reject(Rejection::NoCapacity));
+                            }
+                        }
+                    }
+                    Op::Finish(n) => {
+                        if !permits.is_empty() {
+                            let mut permit = permits.swap_remove(n % permits.len());
+                            permit.outcome = Ending::Success;
+                            drop(permit);
+                            model.held -= 1;
+                            model.finished += 1;
+                            model.settle(1);
+                        }
+                    }
+                    Op::Resize(new) => {
+                        shared.resize(new);
+                        let old = model.max;
+                        model.max = new;
+                        if new >= old {
+                            let forgiven = (new - old).min(model.debt);
+                            model.debt -= forgiven;
+                            model.settle(new - old - forgiven);
+                        } else {
+                            model.debt += old - new;
+                            let free = std::mem::take(&mut model.free);
+                            model.settle(free);
+                        }
+                    }
+                    Op::Poll(n) => {
+                        if !waiting.is_empty() {
+                            let ticket = waiting[n % waiting.len()];
+                            let granted = shared.poll_grant(ticket, &mut cx).is_ready();
+                            prop_assert_eq!(granted, model.granted.contains(&ticket));
+                            if granted {
+                                waiting.retain(|t| *t != ticket);
+                                model.granted.retain(|t| *t != ticket);
+                                model.held += 1;
+                                model.permitted += 1;
+                                permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                            }
+                        }
+                    }
+                    Op::Leave(n, keep) => {
+                        if !waiting.is_empty() {
+                            let ticket = waiting.remove(n % waiting.len());
+                            let granted = shared.leave_queue(ticket, keep);
+                            prop_assert_eq!(granted, model.granted.contains(&ticket));
+                            if granted {
+                                model.granted.retain(|t| *t != ticket);
+                                if keep {
+                                    model.held += 1;
+                                    model.permitted += 1;
+                                    permits.push(Permit::granted(shared.clone(), Duration::ZERO));
+                                } else {
+                                    model.settle(1);
+                                }
+                            } else {
+                                model.queue.retain(|t| *t != ticket);
+                            }
+                        }
+                    }
+                }
+                let snapshot = shared.snapshot();
+                prop_assert_eq!(snapshot.available_concurrent_calls, model.free);
+                prop_assert_eq!(snapshot.max_allowed_concurrent_calls, model.max);
+                prop_assert_eq!(snapshot.queue_depth, model.queue.len());
+                prop_assert_eq!(snapshot.total_permitted, model.permitted);
+                prop_assert_eq!(snapshot.total_finished, model.finished);
+                prop_assert_eq!(snapshot.total_rejected, model.rejected);
+                prop_assert_eq!(permits.len(), model.held);
+                // Never more calls holding a permit than the limit, except those admitted before
+                // it was lowered, which the debt covers.
+                prop_assert!(model.held + model.granted.len() <= model.max + model.debt);
+                if model.debt > 0 {
+                    prop_assert_eq!(model.free, 0);
+                }
+            }
+        }
     }
 }
