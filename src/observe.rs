@@ -101,20 +101,13 @@ impl Shared {
             }
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
-            let retry_after_ms = decision.retry_after.as_secs_f64() * 1000.0;
-            match key {
-                Some(key) => tracing::debug!(
-                    limiter = %self.name,
-                    key = %key,
-                    retry_after_ms,
-                    "rate limit refused a request"
-                ),
-                None => tracing::debug!(
-                    limiter = %self.name,
-                    retry_after_ms,
-                    "rate limit refused a request"
-                ),
-            }
+            let retry_after_ms = decision.retry_after.as_nanos().div_ceil(1_000_000);
+            tracing::debug!(
+                limiter = %self.name,
+                key = %key.unwrap_or("(hidden)"),
+                retry_after_ms,
+                "rate limit refused a request"
+            );
         }
         #[cfg(feature = "metrics")]
         {
