@@ -421,7 +421,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
-    #[inline]
+    #[inline(always)]
     fn decide(&self, key: &K, cost: u32, max_wait: u64) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now();

@@ -45,6 +45,10 @@ impl Gcra {
     }
 
     /// One step of the algorithm on a plain TAT: the decision, and the new TAT when admitted.
+    ///
+    /// Always inlined: returned through memory, the decision's fields are written narrow and
+    /// read back wide, and the store-forwarding stall that follows costs more than the step.
+    #[inline(always)]
     pub(crate) fn step(
         &self,
         tat: u64,
@@ -95,7 +99,7 @@ impl Algorithm for Gcra {
         self.burst
     }
 
-    #[inline]
+    #[inline(always)]
     fn decide(&self, state: &AtomicU64, now: u64, cost: u32, max_wait: u64) -> Decision {
         let mut tat = state.load(Ordering::Acquire);
         loop {

@@ -114,7 +114,7 @@ where
     /// Runs `f` on the state of `key`, inserting a fresh state if the key is new.
     ///
     /// `idle_at` tells which states may be dropped at `now` when room is needed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
