@@ -1,12 +1,14 @@
 //! The limiter core against governor and against the floor, in one run.
 //!
 //! ```sh
-//! cargo bench --bench limiter -- --warm-up-time 1 --measurement-time 3
+//! cargo bench --features quanta --bench limiter -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! * `direct/*`: one check of a direct (single-key) limiter, uncontended and from 2 threads; the
 //!   floor is one `Instant::now()` plus one atomic compare-and-swap, the least any GCRA check on
 //!   the system clock can do.
+//! * `bulwark_quanta_clock` rows run the same limiter on [`QuantaClock`] (feature `quanta`), the
+//!   kind of clock governor reads by default, so that the algorithms compare like for like.
 //! * `keyed/*`: one check of a keyed limiter over 100 000 keys already present, from 1 and 2
 //!   threads.
 
@@ -17,7 +19,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
+use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, QuantaClock, Quota};
 
 const KEYS: u32 = 100_000;
 
@@ -70,6 +72,18 @@ fn direct(c: &mut Criterion) {
                 })
             })
         });
+        let ours_tsc = DirectRateLimiter::builder(wide_quota())
+            .clock(QuantaClock::new())
+            .build();
+        g.bench_function(BenchmarkId::new("bulwark_quanta_clock", threads), |b| {
+            let l = ours_tsc.clone();
+            b.iter_custom(move |iters| {
+                let l = l.clone();
+                threaded(iters, threads, move |_| {
+                    black_box(l.check());
+                })
+            })
+        });
         let gov = Arc::new(governor::RateLimiter::direct(governor_quota()));
         g.bench_function(BenchmarkId::new("governor", threads), |b| {
             let l = Arc::clone(&gov);
@@ -113,6 +127,21 @@ fn keyed(c: &mut Criterion) {
         }
         g.bench_function(BenchmarkId::new("bulwark", threads), |b| {
             let l = ours.clone();
+            b.iter_custom(move |iters| {
+                let l = l.clone();
+                threaded(iters, threads, move |i| {
+                    black_box(l.check(&key_of(i)));
+                })
+            })
+        });
+        let ours_tsc = KeyedRateLimiter::<u32>::builder(wide_quota())
+            .clock(QuantaClock::new())
+            .build();
+        for k in 0..KEYS {
+            ours_tsc.check(&k);
+        }
+        g.bench_function(BenchmarkId::new("bulwark_quanta_clock", threads), |b| {
+            let l = ours_tsc.clone();
             b.iter_custom(move |iters| {
                 let l = l.clone();
                 threaded(iters, threads, move |i| {

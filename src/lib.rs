@@ -38,6 +38,8 @@ pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
 pub use bulkhead::{
     Bulkhead, BulkheadBodyLayer, BulkheadFull, BulkheadLayer, BulkheadService, BulkheadSnapshot,
 };
+#[cfg(feature = "quanta")]
+pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use decision::{Decision, InsufficientCapacity};
 pub use limiter::{acquire, DirectRateLimiter, KeyedRateLimiter, Limiter, RateLimiterBuilder};
