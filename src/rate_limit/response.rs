@@ -373,7 +373,7 @@ fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
 /// `RateLimit: "name";r=<remaining>;t=<seconds>, ...` for every policy that decided.
 ///
 /// `t` is the time until the policy's quota is whole again (`reset_after`), in whole seconds
-/// rounded up; for a policy that refused this request it is the same value as `Retry-After`, the
+/// rounded up; for a policy that refused this request it is that policy's own `Retry-After`, the
 /// time until it admits again.
 fn ratelimit_header(
     policies: &[PolicyInfo],
