@@ -33,6 +33,7 @@ pub struct Decision {
 
 impl Decision {
     /// An immediate admission.
+    #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
@@ -47,6 +48,7 @@ impl Decision {
 
     /// A refusal; `retry_after` is raised to one nanosecond if it was zero, since a refused client
     /// must always be told to wait.
+    #[inline]
     pub fn refused(
         limit: u64,
         remaining: u64,
@@ -64,6 +66,7 @@ impl Decision {
         }
     }
 
+    #[inline]
     pub(crate) fn reserved(
         limit: u64,
         remaining: u64,

@@ -3,6 +3,9 @@
 //! * **Rate limiting** keeps callers from overrunning a service: [`KeyedRateLimiter`] decides per
 //!   client key, with GCRA by default and fixed window, sliding log and sliding counter on
 //!   request. Every refusal says exactly when to come back.
+//! * **Bulkheads** keep one slow dependency from taking the capacity the others need:
+//!   [`BulkheadLayer`] caps the calls in flight to each downstream service and refuses the rest
+//!   at once with [`BulkheadFull`]. See the [`bulkhead`] module.
 //! * **Time is injected**: every limiter reads a [`Clock`]; tests use [`ManualClock`] and never
 //!   sleep.
 //!
@@ -19,14 +22,22 @@
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
+pub mod bulkhead;
 pub mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod decision;
+pub mod guide;
 pub mod limiter;
+pub mod observe;
 mod quota;
 pub mod rate_limit;
 pub mod store;
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
+pub use bulkhead::{
+    Bulkhead, BulkheadBodyLayer, BulkheadFull, BulkheadLayer, BulkheadService, BulkheadSnapshot,
+};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use decision::{Decision, InsufficientCapacity};
 pub use limiter::{acquire, DirectRateLimiter, KeyedRateLimiter, Limiter, RateLimiterBuilder};

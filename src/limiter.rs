@@ -27,8 +27,13 @@ use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::hash::Hash;
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
@@ -54,19 +59,82 @@ pub trait Limiter<K>: Send + Sync + 'static {
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
 }
 
-/// Gives a reservation back unless disarmed: used while a caller waits.
-struct RefundOnDrop<'a, K, L: Limiter<K>> {
-    limiter: &'a L,
-    key: &'a K,
-    cost: u32,
-    decision: Decision,
-    armed: bool,
+pin_project! {
+    /// The future of [`acquire`]: reserves, waits for the reservation to fall due, and gives it
+    /// back if dropped while waiting.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Acquire<'a, K, L: Limiter<K>> {
+        limiter: &'a L,
+        key: &'a K,
+        cost: u32,
+        #[pin]
+        state: AcquireState<L::Future>,
+    }
+
+    impl<'a, K, L: Limiter<K>> PinnedDrop for Acquire<'a, K, L> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let AcquireProj::Waiting { decision, .. } = this.state.project() {
+                this.limiter.refund(this.key, *this.cost, decision);
+            }
+        }
+    }
 }
 
-impl<K, L: Limiter<K>> Drop for RefundOnDrop<'_, K, L> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.limiter.refund(self.key, self.cost, &self.decision);
+pin_project! {
+    #[project = AcquireProj]
+    enum AcquireState<F> {
+        Reserving { #[pin] reserve: F },
+        Waiting { #[pin] sleep: Sleep, decision: Decision },
+        Done,
+    }
+}
+
+impl<K, L: Limiter<K>> fmt::Debug for Acquire<'_, K, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            AcquireState::Reserving { .. } => "reserving",
+            AcquireState::Waiting { .. } => "waiting",
+            AcquireState::Done => "done",
+        };
+        f.debug_struct("Acquire")
+            .field("cost", &self.cost)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                AcquireProj::Reserving { reserve } => {
+                    let decision = match ready!(reserve.poll(cx)) {
+                        Ok(decision) => decision,
+                        Err(err) => {
+                            this.state.set(AcquireState::Done);
+                            return Poll::Ready(Err(err));
+                        }
+                    };
+                    if decision.allowed && !decision.wait.is_zero() {
+                        let sleep = tokio::time::sleep(decision.wait);
+                        this.state.set(AcquireState::Waiting { sleep, decision });
+                    } else {
+                        this.state.set(AcquireState::Done);
+                        return Poll::Ready(Ok(decision));
+                    }
+                }
+                AcquireProj::Waiting { sleep, decision } => {
+                    ready!(sleep.poll(cx));
+                    let decision = *decision;
+                    this.state.set(AcquireState::Done);
+                    return Poll::Ready(Ok(decision));
+                }
+                AcquireProj::Done => panic!("`Acquire` polled after completion"),
+            }
         }
     }
 }
@@ -75,24 +143,15 @@ impl<K, L: Limiter<K>> Drop for RefundOnDrop<'_, K, L> {
 ///
 /// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. If the
 /// returned future is dropped while it waits, the reservation is given back.
-pub async fn acquire<K, L: Limiter<K>>(
-    limiter: &L,
-    key: &K,
-    cost: u32,
-) -> Result<Decision, BoxError> {
-    let decision = limiter.reserve(key, cost).await?;
-    if decision.allowed && !decision.wait.is_zero() {
-        let mut guard = RefundOnDrop {
-            limiter,
-            key,
-            cost,
-            decision,
-            armed: true,
-        };
-        tokio::time::sleep(decision.wait).await;
-        guard.armed = false;
+pub fn acquire<'a, K, L: Limiter<K>>(limiter: &'a L, key: &'a K, cost: u32) -> Acquire<'a, K, L> {
+    Acquire {
+        limiter,
+        key,
+        cost,
+        state: AcquireState::Reserving {
+            reserve: limiter.reserve(key, cost),
+        },
     }
-    Ok(decision)
 }
 
 /// Settings shared by the direct and the keyed limiter; start with
@@ -230,19 +289,16 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         Ok(self.inner.algorithm.decide(&self.inner.state, now, cost, 0))
     }
 
-    /// Takes one permit, waiting up to the quota's `max_wait` for it.
-    pub async fn acquire(&self) -> Decision {
-        self.acquire_n(1)
-            .await
-            .unwrap_or_else(|_| unreachable_capacity())
+    /// Takes one permit, waiting up to the quota's `max_wait` for it; dropping the future while
+    /// it waits gives the permit back.
+    pub fn acquire(&self) -> Acquire<'_, (), Self> {
+        acquire(self, &(), 1)
     }
 
-    /// Takes `cost` permits, waiting up to the quota's `max_wait` for them.
-    pub async fn acquire_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
-        check_cost(&self.inner.algorithm, cost)?;
+    /// Takes `cost` permits, waiting up to the quota's `max_wait` for them. A cost above the
+    /// capacity fails with [`InsufficientCapacity`].
+    pub fn acquire_n(&self, cost: u32) -> Acquire<'_, (), Self> {
         acquire(self, &(), cost)
-            .await
-            .map_err(|_| InsufficientCapacity::new(cost, self.inner.algorithm.capacity()))
     }
 
     /// The quota.
@@ -259,11 +315,6 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
             .algorithm
             .decide(&self.inner.state, now, cost, max_wait))
     }
-}
-
-fn unreachable_capacity() -> Decision {
-    // Every algorithm's capacity is at least one permit (quotas refuse zero).
-    Decision::refused(0, 0, Duration::MAX, Duration::MAX)
 }
 
 impl<A: Algorithm, C> Clone for DirectRateLimiter<A, C> {
@@ -370,7 +421,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
-    #[inline]
+    #[inline(always)]
     fn decide(&self, key: &K, cost: u32, max_wait: u64) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now();
@@ -401,19 +452,16 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         Ok(self.decide(key, cost, 0))
     }
 
-    /// Takes one permit for `key`, waiting up to the quota's `max_wait` for it.
-    pub async fn acquire(&self, key: &K) -> Decision {
-        self.acquire_n(key, 1)
-            .await
-            .unwrap_or_else(|_| unreachable_capacity())
+    /// Takes one permit for `key`, waiting up to the quota's `max_wait` for it; dropping the
+    /// future while it waits gives the permit back.
+    pub fn acquire<'a>(&'a self, key: &'a K) -> Acquire<'a, K, Self> {
+        acquire(self, key, 1)
     }
 
-    /// Takes `cost` permits for `key`, waiting up to the quota's `max_wait` for them.
-    pub async fn acquire_n(&self, key: &K, cost: u32) -> Result<Decision, InsufficientCapacity> {
-        check_cost(&self.inner.algorithm, cost)?;
+    /// Takes `cost` permits for `key`, waiting up to the quota's `max_wait` for them. A cost
+    /// above the capacity fails with [`InsufficientCapacity`].
+    pub fn acquire_n<'a>(&'a self, key: &'a K, cost: u32) -> Acquire<'a, K, Self> {
         acquire(self, key, cost)
-            .await
-            .map_err(|_| InsufficientCapacity::new(cost, self.inner.algorithm.capacity()))
     }
 
     /// The quota.

@@ -13,6 +13,7 @@
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
 
 use hashbrown::HashTable;
@@ -46,6 +47,9 @@ pub(crate) struct Full {
 #[repr(align(64))]
 struct Shard<K, S> {
     table: RwLock<HashTable<(K, S)>>,
+    /// Under [`Overflow::RefuseNewKeys`], while the shard is full: the instant its first key goes
+    /// idle. Until then new keys are refused without scanning the shard again.
+    full_until: AtomicU64,
 }
 
 /// A bounded, sharded map from key to algorithm state.
@@ -83,6 +87,7 @@ where
         let shards = (0..count)
             .map(|_| Shard {
                 table: RwLock::new(HashTable::new()),
+                full_until: AtomicU64::new(0),
             })
             .collect();
         Self {
@@ -109,7 +114,7 @@ where
     /// Runs `f` on the state of `key`, inserting a fresh state if the key is new.
     ///
     /// `idle_at` tells which states may be dropped at `now` when room is needed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
@@ -130,12 +135,19 @@ where
             return Ok(f(state));
         }
         if table.len() >= self.shard_cap {
+            let full_until = shard.full_until.load(Ordering::Relaxed);
+            if now < full_until {
+                return Err(Full {
+                    free_at: full_until,
+                });
+            }
             table.retain(|(_, s)| idle_at(s) > now);
         }
         if table.len() >= self.shard_cap {
             match self.overflow {
                 Overflow::RefuseNewKeys => {
                     let free_at = table.iter().map(|(_, s)| idle_at(s)).min().unwrap_or(now);
+                    shard.full_until.store(free_at, Ordering::Relaxed);
                     return Err(Full { free_at });
                 }
                 Overflow::EvictNearestIdle => {
@@ -214,7 +226,6 @@ fn evict_nearest_idle<K, S>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn tat(s: &AtomicU64) -> u64 {
         s.load(Ordering::Relaxed)

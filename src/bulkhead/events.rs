@@ -1,0 +1,193 @@
+//! Events and hooks: what a bulkhead reports as calls come and go.
+//!
+//! A hook is a trait with one method, implemented for every closure of the matching shape, so a
+//! plain closure is usually all it takes:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use tower_bulwark::bulkhead::{Bulkhead, CallFinished, CallRejected};
+//!
+//! let refused = Arc::new(AtomicU64::new(0));
+//! let counter = refused.clone();
+//! let bulkhead = Bulkhead::semaphore("payment", 2)
+//!     .on_call_rejected(move |_: &CallRejected<'_>| {
+//!         counter.fetch_add(1, Ordering::Relaxed);
+//!     })
+//!     .on_call_finished(|event: &CallFinished<'_>| {
+//!         println!("{} call took {:?}", event.bulkhead(), event.duration());
+//!     })
+//!     .build();
+//! # drop(bulkhead);
+//! ```
+//!
+//! Hooks run on the caller's task, synchronously, and must be quick and must not panic. Their
+//! order is fixed: `on_call_permitted` runs after the permit is taken and `on_call_finished` runs
+//! before it is given back, so a gauge raised by the first and lowered by the second never reads
+//! more than the limit.
+
+use std::time::Duration;
+
+/// How a permitted call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CallOutcome {
+    /// The inner service answered with `Ok` (and, when the body is held, the body was read to its
+    /// end).
+    Success,
+    /// The inner service answered with `Err` (or the held body failed).
+    Failure,
+    /// The inner service panicked while it was being called or polled.
+    Panicked,
+    /// The call was dropped before it ended, for example by a timeout layer above the bulkhead,
+    /// or the held body was dropped before its end.
+    Cancelled,
+}
+
+/// Why a call was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// No permit was free and the call could not wait: waiting is off, or the queue was full.
+    NoCapacity,
+    /// The call waited the whole `max_wait` without getting a permit.
+    WaitElapsed,
+}
+
+/// A call got a permit and is about to reach the inner service.
+#[derive(Clone, Copy, Debug)]
+pub struct CallPermitted<'a> {
+    pub(crate) bulkhead: &'a str,
+    pub(crate) waited: Duration,
+}
+
+impl CallPermitted<'_> {
+    /// The name of the bulkhead.
+    pub fn bulkhead(&self) -> &str {
+        self.bulkhead
+    }
+
+    /// How long the call waited for its permit (zero when one was free at once).
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+/// A call was refused with [`BulkheadFull`](super::BulkheadFull).
+#[derive(Clone, Copy, Debug)]
+pub struct CallRejected<'a> {
+    pub(crate) bulkhead: &'a str,
+    pub(crate) reason: Rejection,
+}
+
+impl CallRejected<'_> {
+    /// The name of the bulkhead.
+    pub fn bulkhead(&self) -> &str {
+        self.bulkhead
+    }
+
+    /// Why the call was refused.
+    pub fn reason(&self) -> Rejection {
+        self.reason
+    }
+}
+
+/// A permitted call ended and is about to give its permit back.
+#[derive(Clone, Copy, Debug)]
+pub struct CallFinished<'a> {
+    pub(crate) bulkhead: &'a str,
+    pub(crate) duration: Duration,
+    pub(crate) outcome: CallOutcome,
+}
+
+impl CallFinished<'_> {
+    /// The name of the bulkhead.
+    pub fn bulkhead(&self) -> &str {
+        self.bulkhead
+    }
+
+    /// How long the permit was held, from the moment it was granted.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// How the call ended.
+    pub fn outcome(&self) -> CallOutcome {
+        self.outcome
+    }
+}
+
+/// Hook run when a call gets a permit; implemented for `Fn(&CallPermitted<'_>)` closures.
+pub trait OnCallPermitted: Send + Sync + 'static {
+    /// Called once per permitted call, after the permit is taken.
+    fn on_call_permitted(&self, event: &CallPermitted<'_>);
+}
+
+impl<F> OnCallPermitted for F
+where
+    F: Fn(&CallPermitted<'_>) + Send + Sync + 'static,
+{
+    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
+        self(event)
+    }
+}
+
+/// Hook run when a call is refused; implemented for `Fn(&CallRejected<'_>)` closures.
+pub trait OnCallRejected: Send + Sync + 'static {
+    /// Called once per refused call.
+    fn on_call_rejected(&self, event: &CallRejected<'_>);
+}
+
+impl<F> OnCallRejected for F
+where
+    F: Fn(&CallRejected<'_>) + Send + Sync + 'static,
+{
+    fn on_call_rejected(&self, event: &CallRejected<'_>) {
+        self(event)
+    }
+}
+
+/// Hook run when a permitted call ends; implemented for `Fn(&CallFinished<'_>)` closures.
+pub trait OnCallFinished: Send + Sync + 'static {
+    /// Called once per permitted call, before its permit is given back.
+    fn on_call_finished(&self, event: &CallFinished<'_>);
+}
+
+impl<F> OnCallFinished for F
+where
+    F: Fn(&CallFinished<'_>) + Send + Sync + 'static,
+{
+    fn on_call_finished(&self, event: &CallFinished<'_>) {
+        self(event)
+    }
+}
+
+/// The hooks of one bulkhead; the ones left out cost a branch and nothing else.
+#[derive(Default)]
+pub(crate) struct Hooks {
+    pub(crate) permitted: Option<Box<dyn OnCallPermitted>>,
+    pub(crate) rejected: Option<Box<dyn OnCallRejected>>,
+    pub(crate) finished: Option<Box<dyn OnCallFinished>>,
+}
+
+/// A point-in-time view of a bulkhead's state and counters.
+///
+/// All figures but `total_rejected` describe one instant (at any instant `total_permitted` minus
+/// `total_finished` is the number of calls holding a permit); `total_rejected` is read just
+/// after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BulkheadSnapshot {
+    /// Permits free right now.
+    pub available_concurrent_calls: usize,
+    /// The current limit of concurrent calls.
+    pub max_allowed_concurrent_calls: usize,
+    /// Calls waiting for a permit.
+    pub queue_depth: usize,
+    /// Calls permitted since the bulkhead was built.
+    pub total_permitted: u64,
+    /// Calls refused since the bulkhead was built.
+    pub total_rejected: u64,
+    /// Permitted calls that have ended since the bulkhead was built.
+    pub total_finished: u64,
+}

@@ -1,0 +1,165 @@
+//! One named bulkhead: its limit, its queue and its counters.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::events::{BulkheadSnapshot, Hooks, OnCallFinished, OnCallPermitted, OnCallRejected};
+use super::layer::{BulkheadBodyLayer, BulkheadLayer};
+use super::semaphore::Shared;
+
+/// A named bulkhead, shared by every clone and every service made from it.
+///
+/// Build one per downstream dependency with [`Bulkhead::semaphore`] or [`Bulkhead::queue`], keep
+/// a clone to read [`snapshot`](Bulkhead::snapshot) or change the limit, and wrap the client with
+/// [`layer`](Bulkhead::layer).
+#[derive(Clone)]
+pub struct Bulkhead {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Bulkhead {
+    /// A semaphore bulkhead: at most `max_concurrent_calls` calls at once, and a call that finds
+    /// no free permit is refused at once unless [`max_wait`](BulkheadBuilder::max_wait) lets it
+    /// wait.
+    ///
+    /// A limit of zero refuses every call until it is raised with
+    /// [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls).
+    pub fn semaphore(name: impl Into<Arc<str>>, max_concurrent_calls: usize) -> BulkheadBuilder {
+        BulkheadBuilder {
+            name: name.into(),
+            max_concurrent_calls,
+            max_wait: Some(Duration::ZERO),
+            queue_capacity: None,
+            hooks: Hooks::default(),
+        }
+    }
+
+    /// A queue bulkhead, the async counterpart of Resilience4j's `ThreadPoolBulkhead`: at most
+    /// `max_concurrent_calls` calls at once and at most `queue_capacity` more waiting their turn,
+    /// started in arrival order; a call beyond both is refused at once.
+    ///
+    /// Queued calls wait as long as it takes unless [`max_wait`](BulkheadBuilder::max_wait)
+    /// bounds the wait; a queued call that is dropped leaves the queue. A capacity of zero queues
+    /// nothing.
+    pub fn queue(
+        name: impl Into<Arc<str>>,
+        max_concurrent_calls: usize,
+        queue_capacity: usize,
+    ) -> BulkheadBuilder {
+        BulkheadBuilder {
+            name: name.into(),
+            max_concurrent_calls,
+            max_wait: None,
+            queue_capacity: Some(queue_capacity),
+            hooks: Hooks::default(),
+        }
+    }
+
+    /// The bulkhead's name, as given to its constructor.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The current figures: free permits, limit, queue depth and running totals.
+    pub fn snapshot(&self) -> BulkheadSnapshot {
+        self.shared.snapshot()
+    }
+
+    /// Changes the limit of concurrent calls, without waiting and while calls are in flight.
+    ///
+    /// Raising it lets waiting calls in at once. Lowering it below the calls in flight lets no new
+    /// call in until enough of them have ended; their permits are retired as they come back, so
+    /// the new limit is never exceeded by a call admitted after this returns. Values above
+    /// [`MAX_CONCURRENT_CALLS`](super::MAX_CONCURRENT_CALLS) are lowered to it.
+    pub fn set_max_concurrent_calls(&self, max_concurrent_calls: usize) {
+        self.shared.resize(max_concurrent_calls);
+    }
+
+    /// A layer that holds each permit until the response future completes or is dropped.
+    pub fn layer(&self) -> BulkheadLayer {
+        BulkheadLayer::new(self.clone())
+    }
+
+    /// A layer that holds each permit until the `http::Response` body has been read to its end
+    /// or dropped.
+    pub fn body_layer(&self) -> BulkheadBodyLayer {
+        BulkheadBodyLayer::new(self.clone())
+    }
+}
+
+impl fmt::Debug for Bulkhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+/// Settings of a [`Bulkhead`] not built yet; every method consumes and returns the builder.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct BulkheadBuilder {
+    name: Arc<str>,
+    max_concurrent_calls: usize,
+    max_wait: Option<Duration>,
+    queue_capacity: Option<usize>,
+    hooks: Hooks,
+}
+
+impl BulkheadBuilder {
+    /// How long a call may wait for a permit before it is refused.
+    ///
+    /// Semaphore bulkheads default to zero (refuse at once); a positive value lets callers wait in
+    /// arrival order. Queue bulkheads default to no bound; a value bounds the time in the queue,
+    /// and zero turns the queue off.
+    ///
+    /// A bounded wait runs on tokio's timer, so such a call must be polled inside a tokio runtime
+    /// with time enabled; under `tokio::time::pause` it follows the paused clock.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Runs `hook` each time a call gets a permit.
+    pub fn on_call_permitted(mut self, hook: impl OnCallPermitted) -> Self {
+        self.hooks.permitted = Some(Box::new(hook));
+        self
+    }
+
+    /// Runs `hook` each time a call is refused.
+    pub fn on_call_rejected(mut self, hook: impl OnCallRejected) -> Self {
+        self.hooks.rejected = Some(Box::new(hook));
+        self
+    }
+
+    /// Runs `hook` each time a permitted call ends, with the time the permit was held.
+    pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
+        self.hooks.finished = Some(Box::new(hook));
+        self
+    }
+
+    /// Builds the bulkhead.
+    pub fn build(self) -> Bulkhead {
+        Bulkhead {
+            shared: Arc::new(Shared::new(
+                self.name,
+                self.max_concurrent_calls,
+                self.max_wait,
+                self.queue_capacity,
+                self.hooks,
+            )),
+        }
+    }
+}
+
+impl fmt::Debug for BulkheadBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadBuilder")
+            .field("name", &self.name)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("max_wait", &self.max_wait)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("on_call_permitted", &self.hooks.permitted.is_some())
+            .field("on_call_rejected", &self.hooks.rejected.is_some())
+            .field("on_call_finished", &self.hooks.finished.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,544 @@
+//! Named instances from a TOML file.
+//!
+//! Operators configure each rate limiter and bulkhead by name:
+//!
+//! ```toml
+//! [rate_limiters.api]
+//! limit_for_period = 10
+//! limit_refresh_period = "1s"
+//! max_wait = "0s"
+//! algorithm = "gcra"          # gcra | fixed_window | sliding_log | sliding_counter
+//! key = "peer_ip"             # peer_ip | header:x-api-key | global
+//!
+//! [bulkheads.payment]
+//! max_concurrent_calls = 2
+//! max_wait = "0s"
+//!
+//! [bulkheads.inventory]
+//! max_concurrent_calls = 8
+//! queue_capacity = 16
+//! ```
+//!
+//! Nothing is guessed. A duration must carry its unit (`500ms`, `1s`, `2m`, `1h`, or several
+//! together such as `1m30s`): `limit_refresh_period = 500` is an error, because one library reads
+//! a bare 500 as nanoseconds and another as milliseconds. Unknown fields, zero limits and values
+//! out of range are errors that name the instance and the field.
+//!
+//! Fields of a rate limiter:
+//!
+//! | field | type | default |
+//! |---|---|---|
+//! | `limit_for_period` | integer ≥ 1 | required |
+//! | `limit_refresh_period` | duration > 0 | required |
+//! | `burst` | integer ≥ 1 | `limit_for_period` |
+//! | `max_wait` | duration | `"0s"` (refuse at once) |
+//! | `algorithm` | `gcra`, `fixed_window`, `sliding_log`, `sliding_counter` | `gcra` |
+//! | `key` | `peer_ip`, `header:<name>`, `global` | `peer_ip` |
+//! | `trusted_proxies` | list of CIDRs; with `key = "peer_ip"`, the client is read from `X-Forwarded-For` sent by these | none |
+//! | `max_keys` | integer ≥ 1 | 1 000 000 |
+//! | `hide_keys` | boolean: keep client keys out of log events | `false` |
+//!
+//! Fields of a bulkhead:
+//!
+//! | field | type | default |
+//! |---|---|---|
+//! | `max_concurrent_calls` | integer ≥ 1 | required |
+//! | `max_wait` | duration | semaphore: `"0s"` (refuse at once); queue: no bound |
+//! | `queue_capacity` | integer ≥ 1: a queue bulkhead | none: a semaphore bulkhead |
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use crate::rate_limit::Cidr;
+use crate::Quota;
+
+mod registry;
+
+pub use registry::{
+    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredRateLimitLayer,
+    Health, LimiterHealth, Registry, UnknownInstance,
+};
+
+/// A configuration file that could not be used: where, and what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    path: String,
+    message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Where the error is, as a dotted path such as `rate_limiters.api.max_wait`; empty for an
+    /// error of the whole file.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What was wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "invalid configuration: {}", self.message)
+        } else {
+            write!(
+                f,
+                "invalid configuration at `{}`: {}",
+                self.path, self.message
+            )
+        }
+    }
+}
+
+impl Error for ConfigError {}
+
+/// Which algorithm a configured rate limiter uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AlgorithmKind {
+    /// [`Gcra`](crate::Gcra), the default.
+    #[default]
+    Gcra,
+    /// [`FixedWindow`](crate::FixedWindow).
+    FixedWindow,
+    /// [`SlidingLog`](crate::SlidingLog).
+    SlidingLog,
+    /// [`SlidingCounter`](crate::SlidingCounter).
+    SlidingCounter,
+}
+
+/// How a configured rate limiter finds the key of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyKind {
+    /// The peer's IP address (IPv6 by /64), the default.
+    #[default]
+    PeerIp,
+    /// The value of a request header, such as `x-api-key`.
+    Header(http::HeaderName),
+    /// One key for every request.
+    Global,
+}
+
+/// The settings of one named rate limiter.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RateLimiterSettings {
+    /// Permits per period, burst and maximum wait.
+    pub quota: Quota,
+    /// The algorithm.
+    pub algorithm: AlgorithmKind,
+    /// How the key is found.
+    pub key: KeyKind,
+    /// Proxies whose `X-Forwarded-For` is believed (for `key = "peer_ip"`).
+    pub trusted_proxies: Vec<Cidr>,
+    /// The most keys held in memory.
+    pub max_keys: usize,
+    /// Whether log events leave client keys out.
+    pub hide_keys: bool,
+}
+
+/// The settings of one named bulkhead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BulkheadSettings {
+    /// The most calls in flight at once.
+    pub max_concurrent_calls: usize,
+    /// How long a call may wait for a permit: for a semaphore bulkhead zero (refuse at once) when
+    /// absent, for a queue bulkhead no bound when absent.
+    pub max_wait: Option<Duration>,
+    /// With a value, a queue bulkhead holding up to this many waiting calls.
+    pub queue_capacity: Option<usize>,
+}
+
+/// A parsed and validated configuration: named rate limiters and bulkheads.
+#[derive(Clone, Debug, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Config {
+    /// Rate limiters by name.
+    pub rate_limiters: BTreeMap<String, RateLimiterSettings>,
+    /// Bulkheads by name.
+    pub bulkheads: BTreeMap<String, BulkheadSettings>,
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let table: Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::new("", e.message().to_string()))?;
+        let mut config = Config::default();
+        for (section, value) in &table {
+            let instances = value.as_table().ok_or_else(|| {
+                ConfigError::new(section.as_str(), "must be a table of named instances")
+            })?;
+            match section.as_str() {
+                "rate_limiters" => {
+                    for (name, v) in instances {
+                        let path = format!("rate_limiters.{name}");
+                        let settings = rate_limiter(&path, instance_table(&path, v)?)?;
+                        config.rate_limiters.insert(name.clone(), settings);
+                    }
+                }
+                "bulkheads" => {
+                    for (name, v) in instances {
+                        let path = format!("bulkheads.{name}");
+                        let settings = bulkhead(&path, instance_table(&path, v)?)?;
+                        config.bulkheads.insert(name.clone(), settings);
+                    }
+                }
+                other => {
+                    return Err(ConfigError::new(
+                        other,
+                        "unknown section; expected `rate_limiters` or `bulkheads`",
+                    ))
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml_str(&text)
+    }
+}
+
+fn instance_table<'a>(path: &str, v: &'a Value) -> Result<&'a Table, ConfigError> {
+    v.as_table()
+        .ok_or_else(|| ConfigError::new(path, "must be a table of settings"))
+}
+
+/// Reads the fields of one instance, refusing any it does not know.
+struct Fields<'a> {
+    path: &'a str,
+    table: &'a Table,
+}
+
+impl<'a> Fields<'a> {
+    fn new(path: &'a str, table: &'a Table, known: &[&str]) -> Result<Self, ConfigError> {
+        if let Some(unknown) = table.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(ConfigError::new(
+                format!("{path}.{unknown}"),
+                format!("unknown field; expected one of {}", known.join(", ")),
+            ));
+        }
+        Ok(Self { path, table })
+    }
+
+    fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(format!("{}.{field}", self.path), message)
+    }
+
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.table.get(field)
+    }
+
+    fn required(&self, field: &str) -> Result<&'a Value, ConfigError> {
+        self.get(field)
+            .ok_or_else(|| self.err(field, "is required"))
+    }
+
+    fn positive_int(&self, field: &str, v: &Value, max: u64) -> Result<u64, ConfigError> {
+        let n = v
+            .as_integer()
+            .ok_or_else(|| self.err(field, format!("must be an integer, not {}", v.type_str())))?;
+        if n < 1 {
+            return Err(self.err(field, format!("must be at least 1, not {n}")));
+        }
+        let n = n as u64;
+        if n > max {
+            return Err(self.err(field, format!("must be at most {max}, not {n}")));
+        }
+        Ok(n)
+    }
+
+    fn duration(&self, field: &str, v: &Value) -> Result<Duration, ConfigError> {
+        match v {
+            Value::String(s) => parse_duration(s).map_err(|m| self.err(field, m)),
+            Value::Integer(n) => Err(self.err(
+                field,
+                format!("`{n}` has no unit; write it with one, such as \"{n}ms\" or \"{n}s\""),
+            )),
+            other => Err(self.err(
+                field,
+                format!(
+                    "must be a duration string such as \"500ms\", not {}",
+                    other.type_str()
+                ),
+            )),
+        }
+    }
+
+    fn string(&self, field: &str, v: &'a Value) -> Result<&'a str, ConfigError> {
+        v.as_str()
+            .ok_or_else(|| self.err(field, format!("must be a string, not {}", v.type_str())))
+    }
+}
+
+fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, ConfigError> {
+    let f = Fields::new(
+        path,
+        table,
+        &[
+            "limit_for_period",
+            "limit_refresh_period",
+            "burst",
+            "max_wait",
+            "algorithm",
+            "key",
+            "trusted_proxies",
+            "max_keys",
+            "hide_keys",
+        ],
+    )?;
+    let permits = f.positive_int(
+        "limit_for_period",
+        f.required("limit_for_period")?,
+        u64::from(u32::MAX),
+    )? as u32;
+    let period = f.duration("limit_refresh_period", f.required("limit_refresh_period")?)?;
+    let mut quota = Quota::with_period(permits, period).map_err(|e| {
+        let field = if e.field() == "period" {
+            "limit_refresh_period"
+        } else {
+            "limit_for_period"
+        };
+        f.err(field, e.to_string())
+    })?;
+    if let Some(v) = f.get("burst") {
+        let burst = f.positive_int("burst", v, u64::from(u32::MAX))? as u32;
+        quota = quota
+            .with_burst(burst)
+            .map_err(|e| f.err("burst", e.to_string()))?;
+    }
+    if let Some(v) = f.get("max_wait") {
+        let wait = f.duration("max_wait", v)?;
+        quota = quota
+            .with_max_wait(wait)
+            .map_err(|e| f.err("max_wait", e.to_string()))?;
+    }
+    let algorithm = match f.get("algorithm") {
+        None => AlgorithmKind::default(),
+        Some(v) => match f.string("algorithm", v)? {
+            "gcra" => AlgorithmKind::Gcra,
+            "fixed_window" => AlgorithmKind::FixedWindow,
+            "sliding_log" => AlgorithmKind::SlidingLog,
+            "sliding_counter" => AlgorithmKind::SlidingCounter,
+            other => {
+                return Err(f.err(
+                    "algorithm",
+                    format!(
+                        "unknown algorithm `{other}`; expected gcra, fixed_window, sliding_log or sliding_counter"
+                    ),
+                ))
+            }
+        },
+    };
+    let key = match f.get("key") {
+        None => KeyKind::default(),
+        Some(v) => {
+            let s = f.string("key", v)?;
+            match s {
+                "peer_ip" => KeyKind::PeerIp,
+                "global" => KeyKind::Global,
+                _ => match s.strip_prefix("header:") {
+                    Some(name) => {
+                        KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(|_| {
+                            f.err("key", format!("`{name}` is not a valid header name"))
+                        })?)
+                    }
+                    None => {
+                        return Err(f.err(
+                            "key",
+                            format!("unknown key `{s}`; expected peer_ip, header:<name> or global"),
+                        ))
+                    }
+                },
+            }
+        }
+    };
+    let mut trusted_proxies = Vec::new();
+    if let Some(v) = f.get("trusted_proxies") {
+        let list = v
+            .as_array()
+            .ok_or_else(|| f.err("trusted_proxies", "must be a list of CIDR strings"))?;
+        for item in list {
+            let s = f.string("trusted_proxies", item)?;
+            trusted_proxies.push(
+                s.parse::<Cidr>()
+                    .map_err(|e| f.err("trusted_proxies", format!("`{s}`: {e}")))?,
+            );
+        }
+        if key != KeyKind::PeerIp {
+            return Err(f.err("trusted_proxies", "applies only to key = \"peer_ip\""));
+        }
+    }
+    let max_keys = match f.get("max_keys") {
+        None => crate::limiter::DEFAULT_MAX_KEYS,
+        Some(v) => f.positive_int("max_keys", v, u32::MAX.into())? as usize,
+    };
+    let hide_keys = match f.get("hide_keys") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            f.err(
+                "hide_keys",
+                format!("must be true or false, not {}", v.type_str()),
+            )
+        })?,
+    };
+    Ok(RateLimiterSettings {
+        quota,
+        algorithm,
+        key,
+        trusted_proxies,
+        max_keys,
+        hide_keys,
+    })
+}
+
+fn bulkhead(path: &str, table: &Table) -> Result<BulkheadSettings, ConfigError> {
+    let f = Fields::new(
+        path,
+        table,
+        &["max_concurrent_calls", "max_wait", "queue_capacity"],
+    )?;
+    let max_concurrent_calls = f.positive_int(
+        "max_concurrent_calls",
+        f.required("max_concurrent_calls")?,
+        u64::from(u32::MAX >> 3),
+    )? as usize;
+    let max_wait = match f.get("max_wait") {
+        None => None,
+        Some(v) => Some(f.duration("max_wait", v)?),
+    };
+    let queue_capacity = match f.get("queue_capacity") {
+        None => None,
+        Some(v) => Some(f.positive_int("queue_capacity", v, u64::from(u32::MAX >> 3))? as usize),
+    };
+    Ok(BulkheadSettings {
+        max_concurrent_calls,
+        max_wait,
+        queue_capacity,
+    })
+}
+
+/// Parses a duration with units: `250ms`, `1s`, `1m30s`, `1.5s`, `2h`. Units: `ns`, `us` (or
+/// `µs`), `ms`, `s`, `m`, `h`, `d`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("is empty; write a duration such as \"500ms\"".into());
+    }
+    let mut total: u128 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return Err(format!(
+                "`{text}` is not a duration; write it such as \"500ms\""
+            ));
+        }
+        let (num, after) = rest.split_at(num_len);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let scale: u128 = match unit.trim() {
+            "ns" => 1,
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
+            "" => {
+                return Err(format!(
+                    "`{text}` has no unit; write it with one, such as \"{num}ms\" or \"{num}s\""
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "`{text}` has an unknown unit `{other}`; use ns, us, ms, s, m, h or d"
+                ))
+            }
+        };
+        let nanos = match num.split_once('.') {
+            None => num.parse::<u128>().ok().and_then(|n| n.checked_mul(scale)),
+            Some((whole, frac)) if !frac.is_empty() && !frac.contains('.') && frac.len() <= 9 => {
+                let whole: u128 = if whole.is_empty() {
+                    0
+                } else {
+                    whole.parse().ok().unwrap_or(u128::MAX)
+                };
+                let frac_val: u128 = frac.parse().unwrap_or(0);
+                let frac_scale = 10u128.pow(frac.len() as u32);
+                whole
+                    .checked_mul(scale)
+                    .and_then(|w| w.checked_add(frac_val * scale / frac_scale))
+            }
+            Some(_) => return Err(format!("`{text}` has a malformed number `{num}`")),
+        };
+        total = nanos
+            .and_then(|n| total.checked_add(n))
+            .ok_or_else(|| format!("`{text}` is too long"))?;
+        rest = next;
+    }
+    let nanos = u64::try_from(total).map_err(|_| format!("`{text}` is too long"))?;
+    Ok(Duration::from_nanos(nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units() {
+        let ok = [
+            ("500ms", Duration::from_millis(500)),
+            ("1s", Duration::from_secs(1)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2h", Duration::from_secs(7200)),
+            ("250us", Duration::from_micros(250)),
+            ("0s", Duration::ZERO),
+            (" 10 ms ", Duration::from_millis(10)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "500",
+            "ms",
+            "1x",
+            "1..5s",
+            "-1s",
+            "99999999999999999999999d",
+            "1.s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
+        }
+        assert!(parse_duration("500").unwrap_err().contains("no unit"));
+    }
+}

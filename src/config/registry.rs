@@ -1,0 +1,432 @@
+//! The registry of named instances built from a [`Config`].
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::Path;
+
+use http::request::Parts;
+use http::HeaderValue;
+
+use super::{AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings};
+use crate::bulkhead::{Bulkhead, BulkheadLayer};
+use crate::observe::{LimiterSnapshot, Observed};
+use crate::rate_limit::{
+    BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
+};
+use crate::{FixedWindow, Gcra, KeyedRateLimiter, SlidingCounter, SlidingLog};
+
+/// The key of a rate limiter built from configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigKey {
+    /// A client address (IPv6 by /64).
+    Ip(IpAddr),
+    /// The value of the configured header.
+    Header(HeaderValue),
+    /// The single key of `key = "global"`.
+    Global,
+}
+
+#[derive(Clone, Debug)]
+enum Extract {
+    #[cfg(feature = "axum")]
+    Peer(crate::rate_limit::PeerIp),
+    #[cfg(feature = "axum")]
+    Forwarded(crate::rate_limit::ForwardedIp),
+    Header(HeaderKey),
+    Global,
+}
+
+/// The key extractor that a configured rate limiter uses, chosen by its `key` field.
+#[derive(Clone, Debug)]
+pub struct ConfigKeyExtractor(Extract);
+
+impl KeyExtractor for ConfigKeyExtractor {
+    type Key = ConfigKey;
+
+    fn extract(&self, parts: &Parts) -> Result<ConfigKey, KeyError> {
+        match &self.0 {
+            #[cfg(feature = "axum")]
+            Extract::Peer(x) => x.extract(parts).map(ConfigKey::Ip),
+            #[cfg(feature = "axum")]
+            Extract::Forwarded(x) => x.extract(parts).map(ConfigKey::Ip),
+            Extract::Header(x) => x.extract(parts).map(ConfigKey::Header),
+            Extract::Global => GlobalKey.extract(parts).map(|()| ConfigKey::Global),
+        }
+    }
+}
+
+/// A configured rate limiter: any algorithm, in memory, named and observed.
+pub type ConfiguredLimiter = Observed<BoxLimiter<ConfigKey>>;
+
+/// The layer of a configured rate limiter.
+pub type ConfiguredRateLimitLayer = RateLimitLayer<ConfigKeyExtractor, ConfiguredLimiter>;
+
+/// A name that the configuration does not define.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownInstance {
+    kind: &'static str,
+    name: String,
+}
+
+impl UnknownInstance {
+    /// The name that was asked for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for UnknownInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no {} named `{}` is configured", self.kind, self.name)
+    }
+}
+
+impl Error for UnknownInstance {}
+
+struct NamedLimiter {
+    limiter: ConfiguredLimiter,
+    extractor: ConfigKeyExtractor,
+}
+
+/// Named rate limiters and bulkheads, built once from a configuration and shared by every layer
+/// taken from it.
+///
+/// ```
+/// use tower_bulwark::config::Registry;
+///
+/// let registry = Registry::from_toml_str(r#"
+///     [rate_limiters.api]
+///     limit_for_period = 10
+///     limit_refresh_period = "1s"
+///     key = "header:x-api-key"
+///
+///     [bulkheads.payment]
+///     max_concurrent_calls = 2
+/// "#)?;
+/// let api = registry.rate_limit_layer("api")?;
+/// let payment = registry.bulkhead_layer("payment")?;
+/// assert!(registry.rate_limit_layer("nope").is_err());
+/// # let _ = (api, payment);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Registry {
+    limiters: BTreeMap<String, NamedLimiter>,
+    bulkheads: BTreeMap<String, Bulkhead>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("rate_limiters", &self.limiters.keys().collect::<Vec<_>>())
+            .field("bulkheads", &self.bulkheads)
+            .finish()
+    }
+}
+
+impl Registry {
+    /// Builds every instance of `config`.
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let mut limiters = BTreeMap::new();
+        for (name, settings) in &config.rate_limiters {
+            limiters.insert(name.clone(), build_limiter(name, settings)?);
+        }
+        let bulkheads = config
+            .bulkheads
+            .iter()
+            .map(|(name, settings)| (name.clone(), build_bulkhead(name, settings)))
+            .collect();
+        Ok(Self {
+            limiters,
+            bulkheads,
+        })
+    }
+
+    /// Parses, validates and builds a TOML document.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        Self::from_config(&Config::from_toml_str(text)?)
+    }
+
+    /// Reads, parses, validates and builds a TOML file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_config(&Config::from_path(path)?)
+    }
+
+    /// The layer of rate limiter `name`; every layer taken for one name shares its state.
+    ///
+    /// The policy name in the `RateLimit` headers is the instance name.
+    pub fn rate_limit_layer(
+        &self,
+        name: &str,
+    ) -> Result<ConfiguredRateLimitLayer, UnknownInstance> {
+        let named = self.named(name)?;
+        let policy = Policy::new(name, named.limiter.clone())
+            .expect("instance names are checked when the registry is built");
+        Ok(RateLimitLayer::new(named.extractor.clone(), policy))
+    }
+
+    /// Rate limiter `name`, to call directly or to read its snapshot.
+    pub fn rate_limiter(&self, name: &str) -> Result<&ConfiguredLimiter, UnknownInstance> {
+        Ok(&self.named(name)?.limiter)
+    }
+
+    /// Bulkhead `name`, to read its snapshot or resize it.
+    pub fn bulkhead(&self, name: &str) -> Result<&Bulkhead, UnknownInstance> {
+        self.bulkheads.get(name).ok_or_else(|| UnknownInstance {
+            kind: "bulkhead",
+            name: name.to_owned(),
+        })
+    }
+
+    /// The layer of bulkhead `name`.
+    pub fn bulkhead_layer(&self, name: &str) -> Result<BulkheadLayer, UnknownInstance> {
+        Ok(self.bulkhead(name)?.layer())
+    }
+
+    fn named(&self, name: &str) -> Result<&NamedLimiter, UnknownInstance> {
+        self.limiters.get(name).ok_or_else(|| UnknownInstance {
+            kind: "rate limiter",
+            name: name.to_owned(),
+        })
+    }
+
+    /// The state of every instance, for a health endpoint.
+    ///
+    /// A saturated instance is working as intended (a limiter refusing during a peak, a
+    /// bulkhead with every permit taken), so it is reported as saturated and `UP`: an
+    /// orchestrator that restarted a service for it would make the peak worse.
+    pub fn health(&self) -> Health {
+        Health {
+            rate_limiters: self
+                .limiters
+                .iter()
+                .map(|(name, named)| {
+                    let snapshot = named.limiter.snapshot();
+                    LimiterHealth {
+                        name: name.clone(),
+                        saturated: snapshot.allowed + snapshot.limited > 0
+                            && snapshot.available_permissions == 0,
+                        snapshot,
+                    }
+                })
+                .collect(),
+            bulkheads: self
+                .bulkheads
+                .iter()
+                .map(|(name, bulkhead)| {
+                    let s = bulkhead.snapshot();
+                    BulkheadHealth {
+                        name: name.clone(),
+                        saturated: s.available_concurrent_calls == 0,
+                        available_concurrent_calls: s.available_concurrent_calls,
+                        max_allowed_concurrent_calls: s.max_allowed_concurrent_calls,
+                        queue_depth: s.queue_depth,
+                        total_permitted: s.total_permitted,
+                        total_rejected: s.total_rejected,
+                        total_finished: s.total_finished,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Sets every instance's gauges in the `metrics` facade from its current state; call it
+    /// before rendering a scrape. Counters and the call-duration histogram are recorded as
+    /// events happen. See [`metric_names`](crate::observe::metric_names).
+    #[cfg(feature = "metrics")]
+    pub fn publish_gauges(&self) {
+        use crate::observe::metric_names as m;
+        for named in self.limiters.values() {
+            named.limiter.publish_gauges();
+        }
+        for (name, bulkhead) in &self.bulkheads {
+            let s = bulkhead.snapshot();
+            let name = name.clone();
+            metrics::gauge!(m::BULKHEAD_AVAILABLE, "name" => name.clone())
+                .set(s.available_concurrent_calls as f64);
+            metrics::gauge!(m::BULKHEAD_MAX, "name" => name.clone())
+                .set(s.max_allowed_concurrent_calls as f64);
+            metrics::gauge!(m::BULKHEAD_QUEUE, "name" => name).set(s.queue_depth as f64);
+        }
+    }
+}
+
+fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, ConfigError> {
+    let path = format!("rate_limiters.{name}");
+    Policy::new(name, ()).map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
+    fn keyed<A: crate::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
+        BoxLimiter::new(
+            KeyedRateLimiter::<ConfigKey>::builder(s.quota)
+                .algorithm::<A>()
+                .max_keys(s.max_keys)
+                .build(),
+        )
+    }
+    let limiter = match s.algorithm {
+        AlgorithmKind::Gcra => keyed::<Gcra>(s),
+        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
+        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
+        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+    };
+    let extractor = match &s.key {
+        #[cfg(feature = "axum")]
+        KeyKind::PeerIp if s.trusted_proxies.is_empty() => {
+            Extract::Peer(crate::rate_limit::PeerIp::new())
+        }
+        #[cfg(feature = "axum")]
+        KeyKind::PeerIp => Extract::Forwarded(crate::rate_limit::ForwardedIp::x_forwarded_for(
+            s.trusted_proxies.iter().copied(),
+        )),
+        #[cfg(not(feature = "axum"))]
+        KeyKind::PeerIp => {
+            return Err(ConfigError::new(
+                format!("{path}.key"),
+                "`peer_ip` reads axum's connection info: enable the `axum` feature",
+            ))
+        }
+        KeyKind::Header(h) => Extract::Header(HeaderKey::new(h.clone())),
+        KeyKind::Global => Extract::Global,
+    };
+    Ok(NamedLimiter {
+        limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
+        extractor: ConfigKeyExtractor(extractor),
+    })
+}
+
+fn build_bulkhead(name: &str, s: &BulkheadSettings) -> Bulkhead {
+    let mut builder = match s.queue_capacity {
+        Some(capacity) => Bulkhead::queue(name, s.max_concurrent_calls, capacity),
+        None => Bulkhead::semaphore(name, s.max_concurrent_calls),
+    };
+    if let Some(wait) = s.max_wait {
+        builder = builder.max_wait(wait);
+    }
+    #[cfg(feature = "metrics")]
+    {
+        use crate::bulkhead::{CallFinished, CallPermitted, CallRejected};
+        use crate::observe::metric_names as m;
+        let label: std::sync::Arc<str> = std::sync::Arc::from(name);
+        let (l1, l2, l3) = (label.clone(), label.clone(), label);
+        builder = builder
+            .on_call_permitted(move |_: &CallPermitted<'_>| {
+                metrics::counter!(m::BULKHEAD_CALLS, "name" => l1.to_string(), "outcome" => "permitted")
+                    .increment(1);
+            })
+            .on_call_rejected(move |_: &CallRejected<'_>| {
+                metrics::counter!(m::BULKHEAD_CALLS, "name" => l2.to_string(), "outcome" => "rejected")
+                    .increment(1);
+            })
+            .on_call_finished(move |e: &CallFinished<'_>| {
+                metrics::counter!(m::BULKHEAD_CALLS, "name" => l3.to_string(), "outcome" => "finished")
+                    .increment(1);
+                metrics::histogram!(m::BULKHEAD_DURATION, "name" => l3.to_string())
+                    .record(e.duration().as_secs_f64());
+            });
+    }
+    builder.build()
+}
+
+/// The state of every configured instance; see [`Registry::health`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// One entry per rate limiter, by name.
+    pub rate_limiters: Vec<LimiterHealth>,
+    /// One entry per bulkhead, by name.
+    pub bulkheads: Vec<BulkheadHealth>,
+}
+
+/// The health entry of one rate limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimiterHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether the latest decision left nothing for its key.
+    pub saturated: bool,
+    /// Counters and gauges.
+    pub snapshot: LimiterSnapshot,
+}
+
+/// The health entry of one bulkhead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BulkheadHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether every permit is taken.
+    pub saturated: bool,
+    /// Free permits.
+    pub available_concurrent_calls: usize,
+    /// The current limit.
+    pub max_allowed_concurrent_calls: usize,
+    /// Calls waiting for a permit.
+    pub queue_depth: usize,
+    /// Calls permitted so far.
+    pub total_permitted: u64,
+    /// Calls refused so far.
+    pub total_rejected: u64,
+    /// Permitted calls that have ended.
+    pub total_finished: u64,
+}
+
+impl Health {
+    /// Always `"UP"`: saturation is reported, never counted as ill health.
+    pub fn status(&self) -> &'static str {
+        "UP"
+    }
+
+    /// The report as JSON:
+    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}}}`.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":{");
+        for (i, l) in self.rate_limiters.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &l.name);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}}}",
+                l.saturated,
+                l.snapshot.available_permissions,
+                l.snapshot.waiting_requests,
+                l.snapshot.allowed,
+                l.snapshot.limited
+            ));
+        }
+        out.push_str("},\"bulkheads\":{");
+        for (i, b) in self.bulkheads.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &b.name);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"saturated\":{},\"availableConcurrentCalls\":{},\"maxAllowedConcurrentCalls\":{},\"queueDepth\":{},\"permittedCalls\":{},\"rejectedCalls\":{},\"finishedCalls\":{}}}",
+                b.saturated,
+                b.available_concurrent_calls,
+                b.max_allowed_concurrent_calls,
+                b.queue_depth,
+                b.total_permitted,
+                b.total_rejected,
+                b.total_finished
+            ));
+        }
+        out.push_str("}}");
+        out
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}

@@ -1,0 +1,281 @@
+//! Events, metrics and tracing of named rate limiters.
+//!
+//! [`Observed`] wraps any [`Limiter`] with a name. It counts decisions by outcome, remembers what
+//! the latest decision left, counts requests waiting for a reservation, and emits a `tracing`
+//! debug event on every refusal with the instance name, the key (unless keys are hidden) and the
+//! retry delay. With the `metrics` feature it also feeds the `metrics` facade; the names are
+//! listed in [`metric_names`].
+//!
+//! Bulkheads report through their own hooks and snapshot (see [`crate::bulkhead`]); the
+//! configuration registry wires both to metrics.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use crate::{BoxError, Decision, Limiter, Quota};
+
+/// The names of every metric the crate records, with their type and labels.
+///
+/// Every series carries the label `name`, the instance name.
+///
+/// | name | type | labels | meaning |
+/// |---|---|---|---|
+/// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` | decisions by outcome |
+/// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
+/// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
+/// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
+/// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
+/// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit |
+/// | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
+/// | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
+///
+/// Counters and the histogram are recorded as events happen. Gauges are set from each
+/// instance's state when [`Registry::publish_gauges`](crate::config::Registry::publish_gauges)
+/// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
+pub mod metric_names {
+    /// Counter: rate limiter decisions, label `outcome` = `allowed` | `limited`.
+    pub const RATELIMITER_CALLS: &str = "bulwark_ratelimiter_calls_total";
+    /// Gauge: permits left after the latest decision.
+    pub const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
+    /// Gauge: requests holding a reservation not yet due.
+    pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
+    /// Counter: bulkhead calls, label `outcome` = `permitted` | `rejected` | `finished`.
+    pub const BULKHEAD_CALLS: &str = "bulwark_bulkhead_calls_total";
+    /// Gauge: free bulkhead permits.
+    pub const BULKHEAD_AVAILABLE: &str = "bulwark_bulkhead_available_concurrent_calls";
+    /// Gauge: the bulkhead's current limit.
+    pub const BULKHEAD_MAX: &str = "bulwark_bulkhead_max_allowed_concurrent_calls";
+    /// Gauge: calls waiting for a bulkhead permit.
+    pub const BULKHEAD_QUEUE: &str = "bulwark_bulkhead_queue_depth";
+    /// Histogram: seconds each permitted bulkhead call held its permit.
+    pub const BULKHEAD_DURATION: &str = "bulwark_bulkhead_call_duration_seconds";
+}
+
+/// A point-in-time view of an observed rate limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimiterSnapshot {
+    /// Decisions that admitted the request.
+    pub allowed: u64,
+    /// Decisions that refused it.
+    pub limited: u64,
+    /// Permits left after the latest decision, for that decision's key.
+    pub available_permissions: u64,
+    /// Requests holding a reservation that has not fallen due.
+    pub waiting_requests: u64,
+}
+
+struct Shared {
+    name: Arc<str>,
+    allowed: AtomicU64,
+    limited: AtomicU64,
+    available: AtomicU64,
+    /// Outstanding reservations: the limiter's `reserved_at` → (when the wait ends, how many).
+    waiting: Mutex<BTreeMap<u64, (Instant, u64)>>,
+}
+
+impl Shared {
+    fn waiting_now(&self) -> u64 {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        waiting.retain(|_, (due, _)| *due > now);
+        waiting.values().map(|(_, n)| n).sum()
+    }
+
+    fn record(&self, decision: &Decision, key: Option<&str>) {
+        self.available.store(decision.remaining, Ordering::Relaxed);
+        if decision.allowed {
+            self.allowed.fetch_add(1, Ordering::Relaxed);
+            if !decision.wait.is_zero() {
+                let due = Instant::now() + decision.wait;
+                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                waiting.entry(decision.reserved_at).or_insert((due, 0)).1 += 1;
+            }
+        } else {
+            self.limited.fetch_add(1, Ordering::Relaxed);
+            let retry_after_ms = decision.retry_after.as_nanos().div_ceil(1_000_000);
+            tracing::debug!(
+                limiter = %self.name,
+                key = %key.unwrap_or("(hidden)"),
+                retry_after_ms,
+                "rate limit refused a request"
+            );
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let outcome = if decision.allowed {
+                "allowed"
+            } else {
+                "limited"
+            };
+            let name = self.name.to_string();
+            metrics::counter!(metric_names::RATELIMITER_CALLS, "name" => name.clone(), "outcome" => outcome)
+                .increment(1);
+            metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name.clone())
+                .set(decision.remaining as f64);
+            if decision.allowed && !decision.wait.is_zero() {
+                metrics::gauge!(metric_names::RATELIMITER_WAITING, "name" => name)
+                    .set(self.waiting_now() as f64);
+            }
+        }
+    }
+
+    fn unrecord_wait(&self, decision: &Decision) {
+        if decision.wait.is_zero() {
+            return;
+        }
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = waiting.get_mut(&decision.reserved_at) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                waiting.remove(&decision.reserved_at);
+            }
+        }
+    }
+}
+
+/// A limiter with a name, counted and traced.
+///
+/// Clones share the counters. The key type must be `Debug` for the refusal event; set
+/// [`hide_keys`](Self::hide_keys) to keep keys out of logs.
+pub struct Observed<L> {
+    inner: L,
+    shared: Arc<Shared>,
+    hide_keys: bool,
+}
+
+impl<L> Observed<L> {
+    /// Wraps `limiter` under `name`.
+    pub fn new(name: impl Into<Arc<str>>, limiter: L) -> Self {
+        Self {
+            inner: limiter,
+            hide_keys: false,
+            shared: Arc::new(Shared {
+                name: name.into(),
+                allowed: AtomicU64::new(0),
+                limited: AtomicU64::new(0),
+                available: AtomicU64::new(0),
+                waiting: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// Leaves keys out of the refusal events (for keys that identify people).
+    pub fn hide_keys(mut self, hide: bool) -> Self {
+        self.hide_keys = hide;
+        self
+    }
+
+    /// The instance name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The wrapped limiter.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+
+    /// The counters and gauges as they stand.
+    pub fn snapshot(&self) -> LimiterSnapshot {
+        LimiterSnapshot {
+            allowed: self.shared.allowed.load(Ordering::Relaxed),
+            limited: self.shared.limited.load(Ordering::Relaxed),
+            available_permissions: self.shared.available.load(Ordering::Relaxed),
+            waiting_requests: self.shared.waiting_now(),
+        }
+    }
+
+    /// Sets this limiter's gauges in the `metrics` facade from its current state.
+    #[cfg(feature = "metrics")]
+    pub fn publish_gauges(&self) {
+        let s = self.snapshot();
+        let name = self.shared.name.to_string();
+        metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name.clone())
+            .set(s.available_permissions as f64);
+        metrics::gauge!(metric_names::RATELIMITER_WAITING, "name" => name)
+            .set(s.waiting_requests as f64);
+    }
+}
+
+impl<L: Clone> Clone for Observed<L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+            hide_keys: self.hide_keys,
+        }
+    }
+}
+
+impl<L> fmt::Debug for Observed<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observed")
+            .field("name", &self.shared.name)
+            .field("snapshot", &self.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The future of [`Observed::reserve`](Limiter::reserve).
+    pub struct ObservedFuture<F> {
+        #[pin]
+        inner: F,
+        shared: Arc<Shared>,
+        key: Option<String>,
+    }
+}
+
+impl<F> fmt::Debug for ObservedFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObservedFuture")
+            .field("limiter", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F> {
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        if let Ok(decision) = &result {
+            this.shared.record(decision, this.key.as_deref());
+        }
+        Poll::Ready(result)
+    }
+}
+
+impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
+    type Future = ObservedFuture<L::Future>;
+
+    fn quota(&self) -> &Quota {
+        self.inner.quota()
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> Self::Future {
+        // The key is formatted only when a debug event could be emitted and keys are shown.
+        let shown = (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG))
+            .then(|| format!("{key:?}"));
+        ObservedFuture {
+            inner: self.inner.reserve(key, cost),
+            shared: Arc::clone(&self.shared),
+            key: shown,
+        }
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+        self.shared.unrecord_wait(decision);
+        self.inner.refund(key, cost, decision);
+    }
+}

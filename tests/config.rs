@@ -1,0 +1,216 @@
+//! Configuration files: what they mean, and the error each bad one produces.
+#![cfg(feature = "config")]
+
+use std::time::Duration;
+
+use tower_bulwark::config::{AlgorithmKind, Config, KeyKind};
+
+const GOOD: &str = r#"
+[rate_limiters.api]
+limit_for_period = 10
+limit_refresh_period = "1s"
+max_wait = "0s"
+algorithm = "gcra"
+key = "peer_ip"
+
+[rate_limiters.partners]
+limit_for_period = 1000
+limit_refresh_period = "1h"
+burst = 50
+max_wait = "250ms"
+algorithm = "sliding_log"
+key = "header:x-api-key"
+max_keys = 5000
+hide_keys = true
+
+[bulkheads.payment]
+max_concurrent_calls = 2
+max_wait = "0s"
+
+[bulkheads.inventory]
+max_concurrent_calls = 8
+queue_capacity = 16
+"#;
+
+#[test]
+fn a_good_file_means_what_it_says() {
+    let config = Config::from_toml_str(GOOD).unwrap();
+    let api = &config.rate_limiters["api"];
+    assert_eq!(api.quota.permits(), 10);
+    assert_eq!(api.quota.period(), Duration::from_secs(1));
+    assert_eq!(api.quota.max_wait(), Duration::ZERO);
+    assert_eq!(api.algorithm, AlgorithmKind::Gcra);
+    assert_eq!(api.key, KeyKind::PeerIp);
+    assert!(!api.hide_keys);
+    let partners = &config.rate_limiters["partners"];
+    assert_eq!(partners.quota.burst(), 50);
+    assert_eq!(partners.quota.period(), Duration::from_secs(3600));
+    assert_eq!(partners.quota.max_wait(), Duration::from_millis(250));
+    assert_eq!(partners.algorithm, AlgorithmKind::SlidingLog);
+    assert_eq!(
+        partners.key,
+        KeyKind::Header(http::HeaderName::from_static("x-api-key"))
+    );
+    assert_eq!(partners.max_keys, 5000);
+    assert!(partners.hide_keys);
+    let payment = &config.bulkheads["payment"];
+    assert_eq!(payment.max_concurrent_calls, 2);
+    assert_eq!(payment.queue_capacity, None);
+    let inventory = &config.bulkheads["inventory"];
+    assert_eq!(inventory.max_concurrent_calls, 8);
+    assert_eq!(inventory.queue_capacity, Some(16));
+}
+
+#[test]
+fn every_bad_file_gets_an_error_naming_where_and_what() {
+    let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n";
+    let with = |extra: &str| format!("{base}{extra}\n");
+    let cases: Vec<(String, &str, &str)> =
+        vec![
+        (
+            "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = 500\n".into(),
+            "rate_limiters.api.limit_refresh_period",
+            "no unit; write it with one, such as \"500ms\"",
+        ),
+        (
+            with("max_wait = 5"),
+            "rate_limiters.api.max_wait",
+            "no unit",
+        ),
+        (
+            with("max_wait = \"5 parsecs\""),
+            "rate_limiters.api.max_wait",
+            "unknown unit `parsecs`",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_for_period = 0\nlimit_refresh_period = \"1s\"\n".into(),
+            "rate_limiters.api.limit_for_period",
+            "at least 1, not 0",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_for_period = -3\nlimit_refresh_period = \"1s\"\n".into(),
+            "rate_limiters.api.limit_for_period",
+            "at least 1, not -3",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_for_period = 99999999999\nlimit_refresh_period = \"1s\"\n"
+                .into(),
+            "rate_limiters.api.limit_for_period",
+            "at most 4294967295",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"0s\"\n".into(),
+            "rate_limiters.api.limit_refresh_period",
+            "longer than zero",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_refresh_period = \"1s\"\n".into(),
+            "rate_limiters.api.limit_for_period",
+            "is required",
+        ),
+        (
+            "[rate_limiters.api]\nlimit_for_period = \"ten\"\nlimit_refresh_period = \"1s\"\n"
+                .into(),
+            "rate_limiters.api.limit_for_period",
+            "must be an integer, not string",
+        ),
+        (
+            with("limit_for_periods = 3"),
+            "rate_limiters.api.limit_for_periods",
+            "unknown field",
+        ),
+        (with("burst = 0"), "rate_limiters.api.burst", "at least 1"),
+        (
+            with("algorithm = \"token_bucket\""),
+            "rate_limiters.api.algorithm",
+            "unknown algorithm `token_bucket`",
+        ),
+        (
+            with("key = \"cookie\""),
+            "rate_limiters.api.key",
+            "unknown key `cookie`",
+        ),
+        (
+            with("key = \"header:bad header\""),
+            "rate_limiters.api.key",
+            "not a valid header name",
+        ),
+        (
+            with("trusted_proxies = [\"10.0.0.0/33\"]"),
+            "rate_limiters.api.trusted_proxies",
+            "prefix is longer than the address",
+        ),
+        (
+            with("trusted_proxies = [\"proxy.internal\"]"),
+            "rate_limiters.api.trusted_proxies",
+            "not an IP address",
+        ),
+        (
+            with("key = \"global\"\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+            "rate_limiters.api.trusted_proxies",
+            "only to key = \"peer_ip\"",
+        ),
+        (with("max_keys = 0"), "rate_limiters.api.max_keys", "at least 1"),
+        (
+            with("hide_keys = \"yes\""),
+            "rate_limiters.api.hide_keys",
+            "true or false",
+        ),
+        (
+            "[bulkheads.payment]\nmax_concurrent_calls = 0\n".into(),
+            "bulkheads.payment.max_concurrent_calls",
+            "at least 1",
+        ),
+        (
+            "[bulkheads.payment]\nmax_wait = \"1s\"\n".into(),
+            "bulkheads.payment.max_concurrent_calls",
+            "is required",
+        ),
+        (
+            "[bulkheads.payment]\nmax_concurrent_calls = 2\nmax_wait = 100\n".into(),
+            "bulkheads.payment.max_wait",
+            "no unit",
+        ),
+        (
+            "[bulkheads.payment]\nmax_concurrent_calls = 2\nqueue_capacity = 0\n".into(),
+            "bulkheads.payment.queue_capacity",
+            "at least 1",
+        ),
+        (
+            "[bulkheads.payment]\nmax_concurrent_calls = 2\ntimeout = \"1s\"\n".into(),
+            "bulkheads.payment.timeout",
+            "unknown field",
+        ),
+        (
+            "[circuit_breakers.db]\nfailure_rate = 50\n".into(),
+            "circuit_breakers",
+            "unknown section",
+        ),
+        (
+            "rate_limiters = 3\n".into(),
+            "rate_limiters",
+            "table of named instances",
+        ),
+        (
+            "[rate_limiters]\napi = 3\n".into(),
+            "rate_limiters.api",
+            "table of settings",
+        ),
+        ("[rate_limiters.api\n".into(), "", ""),
+    ];
+    for (text, path, message) in cases {
+        let err = Config::from_toml_str(&text).expect_err(&text);
+        assert_eq!(err.path(), path, "{text}\n-> {err}");
+        assert!(err.message().contains(message), "{text}\n-> {err}");
+        assert!(err.to_string().contains(path), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_an_error_naming_it() {
+    let err = Config::from_path("/nonexistent/bulwark.toml").unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/bulwark.toml"),
+        "{err}"
+    );
+}

@@ -1,0 +1,343 @@
+//! The in-memory limiters through their public API, with a manual clock: no test sleeps.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use tower_bulwark::{
+    Algorithm, DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, ManualClock, Overflow,
+    Quota, SlidingCounter, SlidingLog, TokioClock,
+};
+
+#[test]
+fn resilience4j_scenario_ten_per_second_then_refused_then_admitted() {
+    fn run<A: Algorithm>() {
+        let clock = ManualClock::new();
+        let limiter = DirectRateLimiter::builder(Quota::per_second(10).unwrap())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .build();
+        for i in 0..10 {
+            assert!(
+                limiter.check().allowed,
+                "{}: check {i}",
+                std::any::type_name::<A>()
+            );
+        }
+        let refused = limiter.check();
+        assert!(!refused.allowed);
+        assert!(refused.retry_after > Duration::ZERO);
+        assert!(refused.retry_after <= Duration::from_secs(1), "{refused:?}");
+        assert_eq!(refused.retry_after_secs(), 1);
+        clock.advance(Duration::from_secs(1));
+        assert!(limiter.check().allowed, "{}", std::any::type_name::<A>());
+    }
+    run::<Gcra>();
+    run::<FixedWindow>();
+    run::<SlidingLog>();
+    // The sliding counter's estimate at a window boundary still weighs the whole previous window,
+    // so one second after the burst it refuses; the sliding-log semantics are exercised above.
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(Quota::per_second(10).unwrap())
+        .algorithm::<SlidingCounter>()
+        .clock(clock.clone())
+        .build();
+    for _ in 0..10 {
+        assert!(limiter.check().allowed);
+    }
+    let refused = limiter.check();
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_millis(1100));
+    clock.advance(refused.retry_after);
+    assert!(limiter.check().allowed);
+}
+
+/// Releases `threads` OS threads together; each runs `f` once and the allowed count is returned.
+fn race(threads: usize, f: impl Fn(usize) -> bool + Send + Sync + 'static) -> usize {
+    let barrier = Arc::new(Barrier::new(threads));
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let f = Arc::clone(&f);
+            thread::spawn(move || {
+                barrier.wait();
+                f(i)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .filter(|&allowed| allowed)
+        .count()
+}
+
+fn exact_under_contention<A: Algorithm>(refill: Duration) {
+    let name = std::any::type_name::<A>();
+    for round in 0..20 {
+        let clock = ManualClock::new();
+        let limiter = DirectRateLimiter::builder(Quota::per_minute(5).unwrap())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .build();
+        let l = limiter.clone();
+        assert_eq!(
+            race(20, move |_| l.check().allowed),
+            5,
+            "{name} round {round}"
+        );
+        assert!(!limiter.check().allowed, "{name}: one more is refused");
+        clock.advance(refill);
+        let l = limiter.clone();
+        assert_eq!(
+            race(20, move |_| l.check().allowed),
+            5,
+            "{name} after refill"
+        );
+        assert!(!limiter.check().allowed);
+    }
+}
+
+#[test]
+fn exactly_the_limit_under_contention_for_every_algorithm() {
+    exact_under_contention::<Gcra>(Duration::from_secs(60));
+    exact_under_contention::<FixedWindow>(Duration::from_secs(60));
+    exact_under_contention::<SlidingLog>(Duration::from_secs(60));
+    // Two windows: at the first boundary the counter still weighs the previous window fully.
+    exact_under_contention::<SlidingCounter>(Duration::from_secs(120));
+}
+
+fn keyed_exact_under_contention<A: Algorithm>() {
+    let name = std::any::type_name::<A>();
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_minute(5).unwrap())
+        .algorithm::<A>()
+        .clock(clock)
+        .build();
+    // 64 threads over 4 keys: 16 racers per key.
+    let counts: Vec<Arc<std::sync::atomic::AtomicUsize>> = (0..4)
+        .map(|_| Arc::new(std::sync::atomic::AtomicUsize::new(0)))
+        .collect();
+    let c = counts.clone();
+    let l = limiter.clone();
+    let total = race(64, move |i| {
+        let key = (i % 4) as u32;
+        let allowed = l.check(&key).allowed;
+        if allowed {
+            c[i % 4].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        allowed
+    });
+    assert_eq!(total, 20, "{name}");
+    for (key, count) in counts.iter().enumerate() {
+        assert_eq!(
+            count.load(std::sync::atomic::Ordering::SeqCst),
+            5,
+            "{name} key {key}"
+        );
+    }
+    assert_eq!(limiter.len(), 4);
+}
+
+#[test]
+fn keyed_limiter_gives_each_key_exactly_its_limit_under_contention() {
+    keyed_exact_under_contention::<Gcra>();
+    keyed_exact_under_contention::<FixedWindow>();
+    keyed_exact_under_contention::<SlidingLog>();
+    keyed_exact_under_contention::<SlidingCounter>();
+}
+
+#[test]
+fn clones_share_one_state() {
+    let clock = ManualClock::new();
+    let a = KeyedRateLimiter::<&str>::builder(Quota::per_second(2).unwrap())
+        .clock(clock)
+        .build();
+    let b = a.clone();
+    assert!(a.check(&"k").allowed);
+    assert!(b.check(&"k").allowed);
+    assert!(!a.check(&"k").allowed);
+    assert!(!b.check(&"k").allowed);
+}
+
+#[test]
+fn weighted_requests_and_costs_beyond_capacity() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(10).unwrap())
+        .clock(clock.clone())
+        .build();
+    let d = limiter.check_n(&"k", 7).unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 3);
+    let refused = limiter.check_n(&"k", 4).unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.remaining, 3, "a refusal spends nothing");
+    assert_eq!(refused.retry_after, Duration::from_millis(100));
+    let err = limiter.check_n(&"k", 11).unwrap_err();
+    assert_eq!((err.requested(), err.capacity()), (11, 10));
+    assert!(err.to_string().contains("capacity of 10"), "{err}");
+    for alg_err in [
+        DirectRateLimiter::builder(Quota::per_second(3).unwrap())
+            .algorithm::<FixedWindow>()
+            .build()
+            .check_n(4),
+        DirectRateLimiter::builder(Quota::per_second(3).unwrap())
+            .algorithm::<SlidingLog>()
+            .build()
+            .check_n(4),
+        DirectRateLimiter::builder(Quota::per_second(3).unwrap())
+            .algorithm::<SlidingCounter>()
+            .build()
+            .check_n(4),
+    ] {
+        assert_eq!(alg_err.unwrap_err().capacity(), 3);
+    }
+}
+
+#[test]
+fn a_refused_request_retried_after_retry_after_is_admitted() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<u8>::builder(
+        Quota::with_period(3, Duration::from_millis(900))
+            .unwrap()
+            .with_burst(2)
+            .unwrap(),
+    )
+    .clock(clock.clone())
+    .build();
+    for _ in 0..50 {
+        let d = limiter.check(&1);
+        if !d.allowed {
+            clock.advance(d.retry_after - Duration::from_nanos(1));
+            assert!(!limiter.check(&1).allowed, "not a nanosecond early");
+            clock.advance(Duration::from_nanos(1));
+            assert!(limiter.check(&1).allowed);
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_keys_stays_within_max_keys() {
+    for overflow in [Overflow::EvictNearestIdle, Overflow::RefuseNewKeys] {
+        let clock = ManualClock::new();
+        let limiter = KeyedRateLimiter::<u64>::builder(Quota::per_minute(5).unwrap())
+            .clock(clock.clone())
+            .max_keys(10_000)
+            .on_overflow(overflow)
+            .build();
+        assert_eq!(limiter.max_keys(), 10_000);
+        for key in 0..100_000u64 {
+            limiter.check(&key);
+        }
+        assert!(limiter.len() <= 10_000, "{overflow:?}: {}", limiter.len());
+        assert!(limiter.len() >= 9_000, "{overflow:?}: {}", limiter.len());
+        // Once every key is idle they are dropped without changing any decision.
+        clock.advance(Duration::from_secs(61));
+        limiter.retain_recent();
+        assert!(limiter.is_empty());
+    }
+}
+
+#[test]
+fn refuse_new_keys_when_full_tells_when_room_frees() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
+        .clock(clock.clone())
+        .max_keys(1)
+        .on_overflow(Overflow::RefuseNewKeys)
+        .build();
+    assert!(limiter.check(&1).allowed);
+    let refused = limiter.check(&2);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.check(&2).allowed, "key 1 went idle and made room");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_admitted_exactly_when_its_reservation_falls_due() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(2))
+        .unwrap();
+    let limiter = KeyedRateLimiter::<u8>::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let start = tokio::time::Instant::now();
+    assert!(limiter.acquire(&7).await.unwrap().allowed);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let d = limiter.acquire(&7).await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.wait, Duration::from_secs(1));
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let d = limiter.acquire(&7).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert!(d.allowed);
+    // Two waiters reserve the next two slots (1 s and 2 s away); a third would wait 3 s, more
+    // than max_wait, so it is refused at once and reserves nothing.
+    let w1 = tokio::spawn({
+        let l = limiter.clone();
+        async move { l.acquire(&7).await.unwrap() }
+    });
+    let w2 = tokio::spawn({
+        let l = limiter.clone();
+        async move { l.acquire(&7).await.unwrap() }
+    });
+    tokio::task::yield_now().await;
+    let before = tokio::time::Instant::now();
+    let refused = limiter.acquire(&7).await.unwrap();
+    assert_eq!(before.elapsed(), Duration::ZERO, "refused at once");
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_secs(3));
+    assert_eq!(w1.await.unwrap().wait, Duration::from_secs(1));
+    assert_eq!(w2.await.unwrap().wait, Duration::from_secs(2));
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_gives_its_permit_back() {
+    async fn run<A: Algorithm>() {
+        let name = std::any::type_name::<A>();
+        let quota = Quota::per_second(1)
+            .unwrap()
+            .with_max_wait(Duration::from_secs(5))
+            .unwrap();
+        let limiter = KeyedRateLimiter::<&str>::builder(quota)
+            .algorithm::<A>()
+            .clock(TokioClock::new())
+            .build();
+        let start = tokio::time::Instant::now();
+        assert!(limiter.acquire(&"k").await.unwrap().allowed);
+        // This waiter gives up after 100 ms; its future is dropped while it waits.
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), limiter.acquire(&"k")).await;
+        assert!(gave_up.is_err(), "{name}");
+        // The next caller gets the slot the dropped waiter held, not the one after it.
+        let d = limiter.acquire(&"k").await.unwrap();
+        assert!(d.allowed, "{name}");
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{name}");
+    }
+    run::<Gcra>().await;
+    run::<FixedWindow>().await;
+    run::<SlidingLog>().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn direct_limiter_waits_and_refunds_too() {
+    let quota = Quota::per_second(2)
+        .unwrap()
+        .with_max_wait(Duration::from_millis(500))
+        .unwrap();
+    let limiter = DirectRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let start = tokio::time::Instant::now();
+    assert!(limiter.acquire().await.unwrap().allowed);
+    assert!(limiter.acquire().await.unwrap().allowed);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let d = limiter.acquire().await.unwrap();
+    assert!(d.allowed);
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    let err = limiter.acquire_n(3).await.unwrap_err();
+    assert!(err.is::<tower_bulwark::InsufficientCapacity>(), "{err}");
+}
