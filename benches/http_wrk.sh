@@ -30,7 +30,11 @@ server_pid=""
 cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null || true; rm -f "$results"; }
 trap cleanup EXIT
 
-run_variant() { # variant -> sets RPS and NON2XX
+cpu_ticks() { # pid -> utime + stime of the process, in clock ticks
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+run_variant() { # variant -> sets RPS, NON2XX and CPU_US
   local variant=$1
   if curl -s -o /dev/null "http://$ADDR/"; then
     echo "something already listens on $ADDR; set ADDR" >&2
@@ -44,8 +48,10 @@ run_variant() { # variant -> sets RPS and NON2XX
   done
   # Warm up (and, for the refusal variants, spend the one permit).
   "${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
-  local out
+  local out cpu_before cpu_after
+  cpu_before=$(cpu_ticks "$server_pid")
   out=$("${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
+  cpu_after=$(cpu_ticks "$server_pid")
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
   server_pid=""
@@ -54,26 +60,31 @@ run_variant() { # variant -> sets RPS and NON2XX
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
   RPS=$rps
   NON2XX=${non2xx:-0}
+  local requests
+  requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  # Server CPU time (user + system) per request, in microseconds.
+  CPU_US=$(awk -v t=$((cpu_after - cpu_before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
 }
 
 for round in $(seq 1 "$ROUNDS"); do
   for variant in "${VARIANTS[@]}"; do
     run_variant "$variant"
-    printf 'round %s  %-16s %10.0f req/s  (non-2xx: %s)\n' "$round" "$variant" "$RPS" "$NON2XX" >&2
-    echo "$variant $RPS" >>"$results"
+    printf 'round %s  %-16s %10.0f req/s  %6s us CPU/request  (non-2xx: %s)\n' "$round" "$variant" "$RPS" "$CPU_US" "$NON2XX" >&2
+    echo "$variant $RPS $CPU_US" >>"$results"
   done
 done
 
-median() { # variant
-  awk -v v="$1" '$1 == v {print $2}' "$results" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
+median() { # variant column
+  awk -v v="$1" -v c="$2" '$1 == v {print $c}' "$results" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
 }
 
 echo
-echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS round(s), median requests/s:"
-declare -A rps
+echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS round(s), medians:"
+declare -A rps cpu
 for variant in "${VARIANTS[@]}"; do
-  rps[$variant]=$(median "$variant")
-  printf '  %-16s %10.0f\n' "$variant" "${rps[$variant]}"
+  rps[$variant]=$(median "$variant" 2)
+  cpu[$variant]=$(median "$variant" 3)
+  printf '  %-16s %10.0f req/s  %6.1f us server CPU per request\n' "$variant" "${rps[$variant]}" "${cpu[$variant]}"
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 echo
@@ -82,3 +93,10 @@ echo "  bulwark / none                      $(ratio "${rps[bulwark]}" "${rps[non
 echo "  bulwark-bare / none                 $(ratio "${rps[bulwark-bare]}" "${rps[none]}")"
 echo "  bulwark / governor                  $(ratio "${rps[bulwark]}" "${rps[governor]}")   (goal >= 1.0)"
 echo "  bulwark-refuse / governor-refuse    $(ratio "${rps[bulwark-refuse]}" "${rps[governor-refuse]}")   (goal >= 1.0)"
+echo
+echo "the same ratios from server CPU per request (cost of the baseline / cost of ours; less"
+echo "sensitive to other load on the machine):"
+echo "  none / bulwark                      $(ratio "${cpu[none]}" "${cpu[bulwark]}")"
+echo "  none / bulwark-bare                 $(ratio "${cpu[none]}" "${cpu[bulwark-bare]}")"
+echo "  governor / bulwark                  $(ratio "${cpu[governor]}" "${cpu[bulwark]}")"
+echo "  governor-refuse / bulwark-refuse    $(ratio "${cpu[governor-refuse]}" "${cpu[bulwark-refuse]}")"

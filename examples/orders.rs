@@ -2,8 +2,10 @@
 //!
 //! ```sh
 //! cargo run --example orders
-//! for i in $(seq 1 12); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/orders; done
-//! curl -i http://127.0.0.1:3000/orders
+//! # in another terminal: ten 200s, then 429s
+//! curl -s -o /dev/null -w '%{http_code}\n' 'http://127.0.0.1:3000/orders?[1-12]'
+//! # one refusal in full: Retry-After, RateLimit-Policy, RateLimit, problem+json
+//! sleep 1; curl -si 'http://127.0.0.1:3000/orders?[1-11]' | tail -n 9
 //! ```
 //!
 //! `ADDR` overrides the address (`ADDR=0.0.0.0:8080 cargo run --example orders`).

@@ -920,3 +920,96 @@ async fn dropping_a_waiting_request_gives_its_permit_back() {
         "the dropped request never reached the handler"
     );
 }
+
+/// A limiter that answers like a remote one: the decision arrives on a later poll, and only once
+/// `open` is set.
+struct Remote {
+    local: IpLimiter,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    asked: Arc<AtomicUsize>,
+}
+
+impl Limiter<IpAddr> for Remote {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
+
+    fn quota(&self) -> &Quota {
+        Limiter::<IpAddr>::quota(&self.local)
+    }
+
+    fn reserve(&self, key: &IpAddr, cost: u32) -> Self::Future {
+        let local = self.local.clone();
+        let open = self.open.clone();
+        let key = *key;
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            while !open.load(Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+            Limiter::reserve(&local, &key, cost).await
+        })
+    }
+
+    fn refund(&self, key: &IpAddr, cost: u32, decision: &Decision) {
+        Limiter::refund(&self.local, key, cost, decision)
+    }
+}
+
+#[tokio::test]
+async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
+    let clock = ManualClock::new();
+    let local = ip_limiter(Quota::per_second(5).unwrap(), &clock);
+    let remote_state = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let remote = Remote {
+        local: remote_state.clone(),
+        open: open.clone(),
+        asked: asked.clone(),
+    };
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::with_policies(
+            PeerIp::new(),
+            [
+                Policy::new("local", BoxLimiter::new(local.clone())).unwrap(),
+                Policy::new("remote", BoxLimiter::new(remote)).unwrap(),
+            ],
+        ));
+    let client = peer("192.0.2.33");
+    let ok = send(&app, client, &[]).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(body(ok).await, "ok");
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(problem["violated-policies"], serde_json::json!(["remote"]));
+    // Two local permits spent by the admitted requests; the refused one's was given back.
+    assert_eq!(local.check(&client.ip()).remaining, 2);
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
+
+    // A request whose remote decision is still out when the client goes away gives back the
+    // local permit it already holds.
+    open.store(false, Ordering::SeqCst);
+    let other = peer("192.0.2.34");
+    let mut request = Request::get("/orders").body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(other));
+    let mut in_flight = Box::pin(app.clone().oneshot(request));
+    assert!(poll_once(&mut in_flight).is_pending());
+    assert!(poll_once(&mut in_flight).is_pending());
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        4,
+        "the remote policy is being asked"
+    );
+    assert_eq!(
+        local.check(&other.ip()).remaining,
+        3,
+        "one local permit is held"
+    );
+    drop(in_flight);
+    assert_eq!(local.check(&other.ip()).remaining, 3, "and given back");
+}

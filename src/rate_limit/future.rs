@@ -20,7 +20,9 @@ use crate::{BoxError, Decision, Limiter};
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
     ///
-    /// It asks each policy in turn, waits if a policy granted a permit that falls due later, and
+    /// When every limiter decides at once (the in-memory ones always do) the decision is made in
+    /// `call` and this future only drives the inner service or carries the answer. Otherwise it
+    /// asks the remaining policies, waits if a policy granted a permit that falls due later, and
     /// then calls the inner service or answers for it. Dropped before the inner service is
     /// called (the client went away, or a timeout fired), it gives every permit it holds back.
     pub struct ResponseFuture<S, ReqBody, X, L>
@@ -31,7 +33,7 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, L::Future>,
-        pending: Option<Pending<S, ReqBody, X, L>>,
+        pending: Option<Box<Pending<S, ReqBody, X, L>>>,
         headers: Option<AdmittedHeaders>,
     }
 }
@@ -40,7 +42,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, R> {
         // Waiting for the decision of one policy.
-        Reserve { #[pin] reserve: R },
+        Reserve { reserve: Pin<Box<R>> },
         // Every policy admitted; the last permit falls due when the sleep ends.
         Wait { sleep: Pin<Box<Sleep>> },
         // The inner service is answering.
@@ -56,11 +58,11 @@ where
     X: KeyExtractor,
     L: Limiter<X::Key>,
 {
-    pub(crate) fn call(future: S::Future) -> Self {
+    pub(crate) fn call(future: S::Future, headers: Option<AdmittedHeaders>) -> Self {
         Self {
             state: State::Call { future },
             pending: None,
-            headers: None,
+            headers,
         }
     }
 
@@ -74,9 +76,19 @@ where
         }
     }
 
-    pub(crate) fn reserve(reserve: L::Future, pending: Pending<S, ReqBody, X, L>) -> Self {
+    /// Goes on later: `next` is the step the synchronous part of `call` could not finish.
+    pub(crate) fn deferred(
+        next: Deferred<L::Future>,
+        pending: Box<Pending<S, ReqBody, X, L>>,
+    ) -> Self {
+        let state = match next {
+            Deferred::Reserve(reserve) => State::Reserve { reserve },
+            Deferred::Wait(wait) => State::Wait {
+                sleep: Box::pin(tokio::time::sleep(wait)),
+            },
+        };
         Self {
-            state: State::Reserve { reserve },
+            state,
             pending: Some(pending),
             headers: None,
         }
@@ -109,7 +121,7 @@ where
                     return Poll::Ready(Ok(response.map(RateLimitBody::full)));
                 }
                 StateProj::Reserve { reserve } => {
-                    let result = ready!(reserve.poll(cx));
+                    let result = ready!(reserve.as_mut().poll(cx));
                     pending_mut(this.pending).advance(Some(result))
                 }
                 StateProj::Wait { sleep } => {
@@ -130,7 +142,7 @@ where
                 }
                 Step::Call => {
                     let pending = this.pending.take().expect(PENDING);
-                    let (mut inner, request, headers) = pending.into_call();
+                    let (mut inner, request, headers) = (*pending).into_call();
                     *this.headers = headers;
                     this.state.set(State::Call {
                         future: inner.call(request),
@@ -143,7 +155,7 @@ where
 
 const PENDING: &str = "a ResponseFuture holds its request until it calls the inner service";
 
-fn pending_mut<T>(pending: &mut Option<T>) -> &mut T {
+fn pending_mut<T>(pending: &mut Option<Box<T>>) -> &mut T {
     pending.as_mut().expect(PENDING)
 }
 
@@ -160,7 +172,14 @@ where
             State::Call { .. } => "calling",
             State::Answer { .. } => "answering",
         };
-        let held = self.pending.as_ref().map_or(0, |p| p.held.admitted());
+        let held = self.pending.as_ref().map_or(0, |p| {
+            p.held
+                .outcomes
+                .as_slice()
+                .iter()
+                .filter(|o| matches!(o, Outcome::Admitted(_)))
+                .count()
+        });
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .field("permits_held", &held)
@@ -168,12 +187,183 @@ where
     }
 }
 
-/// What to do next.
+/// What the synchronous part of `call` leaves to the future.
+pub(crate) enum Deferred<R> {
+    /// A policy that has not decided yet.
+    Reserve(Pin<Box<R>>),
+    /// Every policy admitted; wait this long for the last permit.
+    Wait(Duration),
+}
+
+/// What the future does next.
 enum Step<R> {
-    Reserve(R),
+    Reserve(Pin<Box<R>>),
     Wait(Duration),
     Call,
     Answer(Response<Bytes>),
+}
+
+const INLINE: usize = 2;
+
+/// Outcomes for any number of policies; the common case (up to two) does not allocate.
+// Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
+// decision is deferred.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum OutcomeList {
+    Inline {
+        len: usize,
+        items: [Outcome; INLINE],
+    },
+    Heap(Vec<Outcome>),
+}
+
+impl OutcomeList {
+    pub(crate) fn new(policies: usize) -> Self {
+        if policies <= INLINE {
+            OutcomeList::Inline {
+                len: 0,
+                items: [Outcome::Failed; INLINE],
+            }
+        } else {
+            OutcomeList::Heap(Vec::with_capacity(policies))
+        }
+    }
+
+    pub(crate) fn push(&mut self, outcome: Outcome) {
+        match self {
+            OutcomeList::Inline { len, items } if *len < INLINE => {
+                items[*len] = outcome;
+                *len += 1;
+            }
+            OutcomeList::Inline { len, items } => {
+                let mut vec = items[..*len].to_vec();
+                vec.push(outcome);
+                *self = OutcomeList::Heap(vec);
+            }
+            OutcomeList::Heap(vec) => vec.push(outcome),
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[Outcome] {
+        match self {
+            OutcomeList::Inline { len, items } => &items[..*len],
+            OutcomeList::Heap(vec) => vec,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn clear(&mut self) {
+        match self {
+            OutcomeList::Inline { len, .. } => *len = 0,
+            OutcomeList::Heap(vec) => vec.clear(),
+        }
+    }
+}
+
+/// Records one policy's answer. Returns the response to send at once when the limiter failed
+/// and the layer fails closed (having given back what the other policies granted).
+pub(crate) fn record<X, L>(
+    shared: &Shared<X, L>,
+    key: &X::Key,
+    outcomes: &mut OutcomeList,
+    result: Result<Decision, BoxError>,
+) -> Option<Response<Bytes>>
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    match result {
+        Ok(decision) if decision.allowed => outcomes.push(Outcome::Admitted(decision)),
+        Ok(decision) => outcomes.push(Outcome::Refused(decision)),
+        Err(error) => {
+            let name = &*shared.meta.policies[outcomes.len()].name;
+            match shared.meta.on_limiter_error {
+                FailMode::Open => {
+                    tracing::warn!(
+                        policy = name,
+                        error = %error,
+                        "rate limit: the limiter failed; letting the request through"
+                    );
+                    outcomes.push(Outcome::Failed);
+                }
+                FailMode::Closed => {
+                    tracing::warn!(
+                        policy = name,
+                        error = %error,
+                        "rate limit: the limiter failed; answering 503"
+                    );
+                    refund_all(shared, key, outcomes);
+                    return Some(problem_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The rate limiter is unavailable; retry later.",
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// What every policy having decided comes to.
+pub(crate) enum Conclusion {
+    /// Refused: the answer (the permits granted by other policies are given back).
+    Answer(Response<Bytes>),
+    /// Admitted once the last permit falls due.
+    Wait(Duration),
+    /// Admitted now.
+    Admit,
+}
+
+pub(crate) fn conclude<X, L>(
+    shared: &Shared<X, L>,
+    key: &X::Key,
+    outcomes: &mut OutcomeList,
+    parts: &Parts,
+) -> Conclusion
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    let mut wait = Duration::ZERO;
+    let mut refused = false;
+    for outcome in outcomes.as_slice() {
+        match outcome {
+            Outcome::Admitted(d) => wait = wait.max(d.wait),
+            Outcome::Refused(_) => refused = true,
+            Outcome::Failed => {}
+        }
+    }
+    if refused {
+        let response = Refusal {
+            meta: &shared.meta,
+            request: parts,
+            outcomes: outcomes.as_slice(),
+        }
+        .respond();
+        refund_all(shared, key, outcomes);
+        Conclusion::Answer(response)
+    } else if wait.is_zero() {
+        Conclusion::Admit
+    } else {
+        Conclusion::Wait(wait)
+    }
+}
+
+/// Gives back every permit in `outcomes`, once: they are cleared.
+fn refund_all<X, L>(shared: &Shared<X, L>, key: &X::Key, outcomes: &mut OutcomeList)
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    for (limiter, outcome) in shared.limiters.iter().zip(outcomes.as_slice()) {
+        if let Outcome::Admitted(decision) = outcome {
+            limiter.refund(key, super::COST, decision);
+        }
+    }
+    outcomes.clear();
 }
 
 /// A request that has not reached the inner service yet, with the permits it holds.
@@ -193,15 +383,17 @@ where
     X: KeyExtractor,
     L: Limiter<X::Key>,
 {
+    /// `waited` says whether every policy has decided and the wait, if any, is under way.
     pub(crate) fn new(
         inner: S,
         parts: Parts,
         body: ReqBody,
         shared: Arc<Shared<X, L>>,
         key: X::Key,
-    ) -> Self {
-        let outcomes = Vec::with_capacity(shared.limiters.len());
-        Self {
+        outcomes: OutcomeList,
+        waited: bool,
+    ) -> Box<Self> {
+        Box::new(Self {
             inner,
             parts,
             body,
@@ -209,79 +401,33 @@ where
                 shared,
                 key,
                 outcomes,
-                waited: false,
+                waited,
             },
-        }
+        })
     }
 
     /// Records the answer of the policy being asked (if any) and says what comes next.
     fn advance(&mut self, result: Option<Result<Decision, BoxError>>) -> Step<L::Future> {
         let held = &mut self.held;
         if let Some(result) = result {
-            match result {
-                Ok(decision) if decision.allowed => held.outcomes.push(Outcome::Admitted(decision)),
-                Ok(decision) => held.outcomes.push(Outcome::Refused(decision)),
-                Err(error) => {
-                    let index = held.outcomes.len();
-                    let name = &held.shared.meta.policies[index].name;
-                    match held.shared.meta.on_limiter_error {
-                        FailMode::Open => {
-                            tracing::warn!(
-                                policy = &**name,
-                                error = %error,
-                                "rate limit: the limiter failed; letting the request through"
-                            );
-                            held.outcomes.push(Outcome::Failed);
-                        }
-                        FailMode::Closed => {
-                            tracing::warn!(
-                                policy = &**name,
-                                error = %error,
-                                "rate limit: the limiter failed; answering 503"
-                            );
-                            held.refund_all();
-                            return Step::Answer(problem_response(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "The rate limiter is unavailable; retry later.",
-                            ));
-                        }
-                    }
-                }
+            if let Some(answer) = record(&held.shared, &held.key, &mut held.outcomes, result) {
+                return Step::Answer(answer);
             }
         }
         if let Some(limiter) = held.shared.limiters.get(held.outcomes.len()) {
-            return Step::Reserve(limiter.reserve(&held.key, super::COST));
+            return Step::Reserve(Box::pin(limiter.reserve(&held.key, super::COST)));
         }
-        if held
-            .outcomes
-            .iter()
-            .any(|o| matches!(o, Outcome::Refused(_)))
-        {
-            let response = Refusal {
-                meta: &held.shared.meta,
-                request: &self.parts,
-                outcomes: &held.outcomes,
+        if held.waited {
+            return Step::Call;
+        }
+        match conclude(&held.shared, &held.key, &mut held.outcomes, &self.parts) {
+            Conclusion::Answer(response) => Step::Answer(response),
+            Conclusion::Wait(wait) => {
+                held.waited = true;
+                Step::Wait(wait)
             }
-            .respond();
-            held.refund_all();
-            return Step::Answer(response);
+            Conclusion::Admit => Step::Call,
         }
-        if !held.waited {
-            held.waited = true;
-            let wait = held
-                .outcomes
-                .iter()
-                .filter_map(|o| match o {
-                    Outcome::Admitted(d) => Some(d.wait),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(Duration::ZERO);
-            if !wait.is_zero() {
-                return Step::Wait(wait);
-            }
-        }
-        Step::Call
     }
 
     /// Hands the request over: the permits now belong to it and are no longer given back.
@@ -292,7 +438,7 @@ where
             body,
             mut held,
         } = self;
-        let headers = held.shared.meta.admitted_headers(&held.outcomes);
+        let headers = held.shared.meta.admitted_headers(held.outcomes.as_slice());
         held.outcomes.clear();
         (inner, Request::from_parts(parts, body), headers)
     }
@@ -307,30 +453,8 @@ where
 {
     shared: Arc<Shared<X, L>>,
     key: X::Key,
-    outcomes: Vec<Outcome>,
+    outcomes: OutcomeList,
     waited: bool,
-}
-
-impl<X, L> Held<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    fn admitted(&self) -> usize {
-        self.outcomes
-            .iter()
-            .filter(|o| matches!(o, Outcome::Admitted(_)))
-            .count()
-    }
-
-    /// Gives back every permit held, once: the outcomes are cleared as they are refunded.
-    fn refund_all(&mut self) {
-        for (limiter, outcome) in self.shared.limiters.iter().zip(self.outcomes.drain(..)) {
-            if let Outcome::Admitted(decision) = outcome {
-                limiter.refund(&self.key, super::COST, &decision);
-            }
-        }
-    }
 }
 
 impl<X, L> Drop for Held<X, L>
@@ -339,6 +463,6 @@ where
     L: Limiter<X::Key>,
 {
     fn drop(&mut self) {
-        self.refund_all();
+        refund_all(&self.shared, &self.key, &mut self.outcomes);
     }
 }

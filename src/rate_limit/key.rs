@@ -5,8 +5,9 @@
 //!
 //! * [`PeerIp`] (feature `axum`): the address of the TCP peer, from axum's `ConnectInfo` (or
 //!   `MockConnectInfo` in tests). IPv6 clients are keyed by their /64 network by default.
-//! * [`ForwardedIp`] (feature `axum`): the client address behind reverse proxies that you trust,
-//!   read from `X-Forwarded-For` or `Forwarded` only when the peer is one of those proxies.
+//! * [`ForwardedIp`] (a key extractor with feature `axum`): the client address behind reverse
+//!   proxies that you trust, read from `X-Forwarded-For` or `Forwarded` only when the peer is one
+//!   of those proxies.
 //! * [`HeaderKey`]: the value of a request header such as `x-api-key`.
 //! * [`GlobalKey`]: one key for every request.
 //! * any closure `Fn(&http::request::Parts) -> Result<K, KeyError>`.

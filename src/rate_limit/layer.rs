@@ -27,9 +27,7 @@ pub enum FailMode {
 /// The layer is cheap to clone, and every clone, and every service it makes, shares the same
 /// limiters.
 pub struct RateLimitLayer<X, L> {
-    extractor: Arc<X>,
-    limiters: Arc<[L]>,
-    meta: Arc<Meta>,
+    shared: Arc<Shared<X, L>>,
 }
 
 impl<X, L> RateLimitLayer<X, L>
@@ -53,16 +51,20 @@ where
             limiters.push(policy.limiter);
         }
         Self {
-            extractor: Arc::new(extractor),
-            limiters: limiters.into(),
-            meta: Arc::new(Meta::new(infos)),
+            shared: Arc::new(Shared {
+                extractor: Arc::new(extractor),
+                limiters: limiters.into(),
+                meta: Arc::new(Meta::new(infos)),
+            }),
         }
     }
 }
 
 impl<X, L> RateLimitLayer<X, L> {
     fn meta_mut(&mut self) -> &mut Meta {
-        Arc::make_mut(&mut self.meta)
+        // Copy on write: a clone of the layer made before this call keeps its settings, and
+        // both keep sharing the limiters.
+        Arc::make_mut(&mut Arc::make_mut(&mut self.shared).meta)
     }
 
     /// Builds the response to a refused request with `hook` instead of the default 429.
@@ -103,9 +105,7 @@ impl<X, L> RateLimitLayer<X, L> {
 impl<X, L> Clone for RateLimitLayer<X, L> {
     fn clone(&self) -> Self {
         Self {
-            extractor: Arc::clone(&self.extractor),
-            limiters: Arc::clone(&self.limiters),
-            meta: Arc::clone(&self.meta),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -114,7 +114,7 @@ impl<X, L> fmt::Debug for RateLimitLayer<X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("extractor", &std::any::type_name::<X>())
-            .field("meta", &self.meta)
+            .field("meta", &self.shared.meta)
             .finish_non_exhaustive()
     }
 }
@@ -123,20 +123,23 @@ impl<S, X, L> Layer<S> for RateLimitLayer<X, L> {
     type Service = RateLimit<S, X, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(
-            inner,
-            Arc::new(Shared {
-                extractor: Arc::clone(&self.extractor),
-                limiters: Arc::clone(&self.limiters),
-                meta: Arc::clone(&self.meta),
-            }),
-        )
+        RateLimit::new(inner, Arc::clone(&self.shared))
     }
 }
 
-/// What every clone of a service shares.
+/// What every clone of a layer and of its services shares.
 pub(crate) struct Shared<X, L> {
     pub(crate) extractor: Arc<X>,
     pub(crate) limiters: Arc<[L]>,
     pub(crate) meta: Arc<Meta>,
+}
+
+impl<X, L> Clone for Shared<X, L> {
+    fn clone(&self) -> Self {
+        Self {
+            extractor: Arc::clone(&self.extractor),
+            limiters: Arc::clone(&self.limiters),
+            meta: Arc::clone(&self.meta),
+        }
+    }
 }

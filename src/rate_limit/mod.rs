@@ -75,7 +75,7 @@
 //! * `RateLimit-Policy` and `RateLimit` follow draft-ietf-httpapi-ratelimit-headers-10 and are
 //!   serialized as RFC 9651 Structured Field lists: `q` is the quota's permits, `w` its period in
 //!   seconds (rounded up), `r` the permits left, `t` the seconds until the policy is whole again
-//!   (for a violated policy, the same value as `Retry-After`).
+//!   (for a violated policy, the seconds until it admits again: its own `Retry-After`).
 //! * The body is an RFC 9457 problem of the draft's `quota-exceeded` type.
 //!
 //! [`RateLimitLayer::on_refusal`] replaces this answer with one of your own ([`OnRefusal`]).

@@ -373,7 +373,7 @@ fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
 /// `RateLimit: "name";r=<remaining>;t=<seconds>, ...` for every policy that decided.
 ///
 /// `t` is the time until the policy's quota is whole again (`reset_after`), in whole seconds
-/// rounded up; for a policy that refused this request it is the same value as `Retry-After`, the
+/// rounded up; for a policy that refused this request it is that policy's own `Retry-After`, the
 /// time until it admits again.
 fn ratelimit_header(
     policies: &[PolicyInfo],
@@ -396,17 +396,16 @@ fn ratelimit_header(
             value.push_str(", ");
         }
         value.push_str(&p.sf_name);
-        let _ = write!(
-            value,
-            ";r={};t={}",
-            remaining.min(SF_INTEGER_MAX),
-            t.min(SF_INTEGER_MAX)
-        );
+        value.push_str(";r=");
+        push_u64(&mut value, remaining.min(SF_INTEGER_MAX));
+        value.push_str(";t=");
+        push_u64(&mut value, t.min(SF_INTEGER_MAX));
     }
     if value.is_empty() {
         return None;
     }
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+    // A boxed slice becomes `Bytes` without a second allocation.
+    HeaderValue::from_maybe_shared(Bytes::from(value.into_bytes().into_boxed_slice())).ok()
 }
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
@@ -439,6 +438,23 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
             HeaderValue::from(reset),
         ]
     })
+}
+
+/// Appends the decimal digits of `n` (without `core::fmt`, which is slow on this hot path).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
 }
 
 /// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
@@ -553,6 +569,15 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_are_written_in_full() {
+        for n in [0, 7, 10, 99, 100, 12_345, SF_INTEGER_MAX, u64::MAX] {
+            let mut s = String::new();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
+    }
 
     #[test]
     fn sf_and_json_strings_escape() {

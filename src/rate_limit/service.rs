@@ -1,13 +1,15 @@
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::future::{Pending, ResponseFuture};
+use super::future::{conclude, record, Conclusion, Deferred, OutcomeList, Pending, ResponseFuture};
 use super::key::{KeyError, KeyExtractor};
 use super::layer::{FailMode, Shared};
 use super::response::{problem_response, RateLimitBody};
@@ -79,29 +81,86 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let Some(first) = self.shared.limiters.first() else {
-            return ResponseFuture::call(self.inner.call(request));
-        };
+        let shared = &*self.shared;
+        if shared.limiters.is_empty() {
+            return ResponseFuture::call(self.inner.call(request), None);
+        }
         let (parts, body) = request.into_parts();
-        let key = match self.shared.extractor.extract(&parts) {
+        let key = match shared.extractor.extract(&parts) {
             Ok(key) => key,
             Err(error) => {
-                log_key_error(&error, self.shared.meta.on_key_error);
-                return match self.shared.meta.on_key_error {
-                    FailMode::Open => {
-                        ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)))
-                    }
+                log_key_error(&error, shared.meta.on_key_error);
+                return match shared.meta.on_key_error {
+                    FailMode::Open => ResponseFuture::call(
+                        self.inner.call(Request::from_parts(parts, body)),
+                        None,
+                    ),
                     FailMode::Closed => ResponseFuture::answer(key_error_response(&error)),
                 };
             }
         };
-        let reserve = first.reserve(&key, super::COST);
-        // The inner service is called later (after the decisions, and perhaps a wait), so the
-        // future takes the service that `poll_ready` made ready and leaves a clone in its place.
+
+        // Ask each policy. In-memory limiters answer at once, so the whole decision is usually
+        // made here and the inner service called directly; a limiter that needs I/O (Redis)
+        // leaves the rest to the response future.
+        let mut outcomes = OutcomeList::new(shared.limiters.len());
+        let mut cx = Context::from_waker(Waker::noop());
+        for limiter in shared.limiters.iter() {
+            let mut reserve = Box::pin(limiter.reserve(&key, super::COST));
+            match reserve.as_mut().poll(&mut cx) {
+                Poll::Ready(result) => {
+                    if let Some(answer) = record(shared, &key, &mut outcomes, result) {
+                        return ResponseFuture::answer(answer);
+                    }
+                }
+                Poll::Pending => {
+                    return self.defer(parts, body, key, outcomes, Deferred::Reserve(reserve));
+                }
+            }
+        }
+        match conclude(shared, &key, &mut outcomes, &parts) {
+            Conclusion::Answer(response) => ResponseFuture::answer(response),
+            Conclusion::Wait(wait) => self.defer(parts, body, key, outcomes, Deferred::Wait(wait)),
+            Conclusion::Admit => {
+                let headers = shared.meta.admitted_headers(outcomes.as_slice());
+                ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), headers)
+            }
+        }
+    }
+}
+
+impl<S, X, L> RateLimit<S, X, L>
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    /// Leaves the rest of the decision to the response future, which will call the inner
+    /// service later: it takes the service that `poll_ready` made ready and leaves a clone in
+    /// its place (the axum and tower-http convention).
+    fn defer<ReqBody>(
+        &mut self,
+        parts: Parts,
+        body: ReqBody,
+        key: X::Key,
+        outcomes: OutcomeList,
+        next: Deferred<L::Future>,
+    ) -> ResponseFuture<S, ReqBody, X, L>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+    {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let pending = Pending::new(inner, parts, body, Arc::clone(&self.shared), key);
-        ResponseFuture::reserve(reserve, pending)
+        let waited = matches!(next, Deferred::Wait(_));
+        let pending = Pending::new(
+            inner,
+            parts,
+            body,
+            Arc::clone(&self.shared),
+            key,
+            outcomes,
+            waited,
+        );
+        ResponseFuture::deferred(next, pending)
     }
 }
 
