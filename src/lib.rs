@@ -46,6 +46,8 @@ pub use quota::{Quota, QuotaError};
 pub use rate_limit::PeerIp;
 pub use rate_limit::{Policy, RateLimitLayer};
 pub use store::Overflow;
+#[cfg(feature = "redis")]
+pub use store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
 
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
