@@ -45,9 +45,9 @@ pub use quota::{Quota, QuotaError};
 #[cfg(feature = "axum")]
 pub use rate_limit::PeerIp;
 pub use rate_limit::{Policy, RateLimitLayer};
-pub use store::Overflow;
 #[cfg(feature = "redis")]
 pub use store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
+pub use store::Overflow;
 
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -10,8 +10,7 @@ use tower_bulwark::store::redis::{
     FailurePolicy, HashTag, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    acquire, Decision, FixedWindow, Gcra, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog,
+    acquire, Decision, FixedWindow, Gcra, Limiter, ManualClock, Quota, SlidingCounter, SlidingLog,
 };
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -194,7 +193,10 @@ async fn every_key_written_has_an_expiry() {
             .await
             .unwrap();
         assert!(pttl > 0, "{key} has PTTL {pttl}");
-        assert!(pttl <= 15_000, "{key} expires when its state stops mattering: {pttl}");
+        assert!(
+            pttl <= 15_000,
+            "{key} expires when its state stops mattering: {pttl}"
+        );
     }
 }
 
@@ -234,7 +236,10 @@ async fn exactly_the_quota_across_four_instances() {
     };
     assert_eq!(admitted_across_instances::<Gcra>(&server).await, 100);
     assert_eq!(admitted_across_instances::<SlidingLog>(&server).await, 100);
-    assert_eq!(admitted_across_instances::<SlidingCounter>(&server).await, 100);
+    assert_eq!(
+        admitted_across_instances::<SlidingCounter>(&server).await,
+        100
+    );
 }
 
 #[tokio::test]
@@ -299,7 +304,10 @@ async fn reservations<A: RedisAlgorithm>(server: &RedisServer, clock: &ManualClo
             // The counter reserves only in the current or the next window, even within
             // max_wait; the others refuse only what lies beyond it.
             let counter = std::any::type_name::<A>().ends_with("SlidingCounter");
-            assert!(counter || d.retry_after > Duration::from_millis(2500), "{d:?}");
+            assert!(
+                counter || d.retry_after > Duration::from_millis(2500),
+                "{d:?}"
+            );
             break;
         }
         waits.push(d.wait);
@@ -307,14 +315,20 @@ async fn reservations<A: RedisAlgorithm>(server: &RedisServer, clock: &ManualClo
     }
     let name = std::any::type_name::<A>();
     assert_eq!(waits[..2], [Duration::ZERO; 2], "{name}");
-    assert!(waits.len() > 2, "{name}: at least one reservation: {waits:?}");
+    assert!(
+        waits.len() > 2,
+        "{name}: at least one reservation: {waits:?}"
+    );
     assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{name}: {waits:?}");
-    assert!(waits[2..].iter().all(|w| *w > Duration::ZERO && *w <= Duration::from_millis(2500)));
+    assert!(waits[2..]
+        .iter()
+        .all(|w| *w > Duration::ZERO && *w <= Duration::from_millis(2500)));
 }
 
 #[tokio::test]
 async fn reservations_within_max_wait_for_every_algorithm() {
-    let Some(server) = RedisServer::start("reservations_within_max_wait_for_every_algorithm") else {
+    let Some(server) = RedisServer::start("reservations_within_max_wait_for_every_algorithm")
+    else {
         return;
     };
     let clock = ManualClock::new();
@@ -346,11 +360,18 @@ async fn refund_gives_a_reservation_back_in_redis() {
     assert_eq!(reserved.wait, Duration::from_secs(1));
     limiter.give_back(&"k", 1, &reserved).await.unwrap();
     let again = limiter.reserve(&"k", 1).await.unwrap();
-    assert_eq!(again.wait, Duration::from_secs(1), "the same slot, not a later one");
+    assert_eq!(
+        again.wait,
+        Duration::from_secs(1),
+        "the same slot, not a later one"
+    );
 
     // Through the trait: the refund is sent from a task; the slot comes back shortly after.
     Limiter::refund(&limiter, &"k", 1, &again);
-    support::eventually("the spawned refund lands", Duration::from_secs(5), || zcard() == ":1").await;
+    support::eventually("the spawned refund lands", Duration::from_secs(5), || {
+        zcard() == ":1"
+    })
+    .await;
     let after = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(after.wait, Duration::from_secs(1));
     assert_eq!(zcard(), ":2");
@@ -359,10 +380,15 @@ async fn refund_gives_a_reservation_back_in_redis() {
     // Redis within the limiter's timeout (300 ms); the waiter then waits 2 s, and is dropped
     // at 1 s.
     let waiting = tokio::time::timeout(Duration::from_secs(1), acquire(&limiter, &"k", 1)).await;
-    assert!(waiting.is_err(), "the waiter was waiting for its slot: {waiting:?}");
-    support::eventually("the dropped waiter's refund lands", Duration::from_secs(5), || {
-        zcard() == ":2"
-    })
+    assert!(
+        waiting.is_err(),
+        "the waiter was waiting for its slot: {waiting:?}"
+    );
+    support::eventually(
+        "the dropped waiter's refund lands",
+        Duration::from_secs(5),
+        || zcard() == ":2",
+    )
     .await;
 }
 
@@ -385,7 +411,10 @@ async fn policies_decide_when_redis_is_unreachable() {
     let timed = |limiter: RedisRateLimiter| async move {
         let start = std::time::Instant::now();
         let result = limiter.check(&"k").await;
-        assert!(start.elapsed() < Duration::from_secs(2), "answered promptly");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "answered promptly"
+        );
         (limiter, result)
     };
 
@@ -404,15 +433,42 @@ async fn policies_decide_when_redis_is_unreachable() {
     let (propagate, err) = timed(build(FailurePolicy::propagate())).await;
     let err = err.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
-    assert!(failure.redis_error().is_some() || failure.is_timeout(), "{failure}");
+    assert!(
+        failure.redis_error().is_some() || failure.is_timeout(),
+        "{failure}"
+    );
     assert_eq!(propagate.failures(), 1);
+    // Within the probe interval after a connection failure, Redis is not asked at all.
+    let err = propagate.check(&"k").await.unwrap_err();
+    assert!(
+        err.downcast_ref::<RedisFailure>().unwrap().is_skipped(),
+        "{err}"
+    );
+    assert_eq!(propagate.failures(), 2);
+    let eager = RedisRateLimiter::builder(quota, RedisStore::connect_lazy(&url).unwrap())
+        .timeout(Duration::from_millis(200))
+        .probe_interval(Duration::ZERO)
+        .on_failure(FailurePolicy::propagate())
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let err = eager.check(&"k").await.unwrap_err();
+        assert!(
+            !err.downcast_ref::<RedisFailure>().unwrap().is_skipped(),
+            "{err}"
+        );
+    }
 
     let fallback = build(FailurePolicy::fallback(Quota::per_minute(2).unwrap()));
     let mut seen = Vec::new();
     for _ in 0..3 {
         seen.push(fallback.check(&"k").await.unwrap().allowed);
     }
-    assert_eq!(seen, [true, true, false], "the local quota of two per minute");
+    assert_eq!(
+        seen,
+        [true, true, false],
+        "the local quota of two per minute"
+    );
     assert_eq!(fallback.failures(), 3);
 }
 
@@ -458,7 +514,10 @@ async fn keys_carry_the_prefix_and_hash_tag() {
         .unwrap_err(),
     ];
     for err in errors {
-        assert!(err.to_string().starts_with("invalid redis limiter"), "{err}");
+        assert!(
+            err.to_string().starts_with("invalid redis limiter"),
+            "{err}"
+        );
     }
 }
 

@@ -36,7 +36,10 @@ fn quotas() -> Vec<Quota> {
         // An emission interval that does not divide evenly (333 333 334 ns).
         Quota::with_period(3, ms(1000)).unwrap(),
         Quota::per_second(4).unwrap().with_burst(7).unwrap(),
-        Quota::per_second(2).unwrap().with_max_wait(ms(1500)).unwrap(),
+        Quota::per_second(2)
+            .unwrap()
+            .with_max_wait(ms(1500))
+            .unwrap(),
         Quota::with_period(10, ms(250))
             .unwrap()
             .with_max_wait(ms(600))
@@ -72,7 +75,10 @@ async fn run<A: RedisAlgorithm>(store: &RedisStore, quota: Quota, seed: u64) -> 
     let mut reservations = 0;
     for step in 0..300 {
         let key = ["a", "b", "c"][rng.below(3) as usize].to_string();
-        let context = format!("seed {seed}, step {step}, key {key}, t {:?}", clock.elapsed());
+        let context = format!(
+            "seed {seed}, step {step}, key {key}, t {:?}",
+            clock.elapsed()
+        );
         match rng.below(10) {
             // Time moves: often not at all (bursts in one instant), sometimes by a lot.
             0..=2 => clock.advance(Duration::from_nanos(match rng.below(4) {

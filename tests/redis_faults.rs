@@ -77,9 +77,15 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
             .build()
             .unwrap()
     };
-    let closed = build(FailurePolicy::fail_closed(Duration::from_secs(2)), "closed:");
+    let closed = build(
+        FailurePolicy::fail_closed(Duration::from_secs(2)),
+        "closed:",
+    );
     let open = build(FailurePolicy::fail_open(), "open:");
-    let fallback = build(FailurePolicy::fallback(Quota::per_hour(5).unwrap()), "fallback:");
+    let fallback = build(
+        FailurePolicy::fallback(Quota::per_hour(5).unwrap()),
+        "fallback:",
+    );
     let propagate = build(FailurePolicy::propagate(), "propagate:");
     let killed = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicUsize::new(0));
@@ -102,9 +108,11 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
     }
     // Let the load run against a live server, then kill it (SIGKILL, like a crash).
     let limiters = [&closed, &open, &fallback, &propagate];
-    support::eventually("redis decided 500 requests", Duration::from_secs(20), || {
-        progress.load(Ordering::SeqCst) >= 500
-    })
+    support::eventually(
+        "redis decided 500 requests",
+        Duration::from_secs(20),
+        || progress.load(Ordering::SeqCst) >= 500,
+    )
     .await;
     killed.store(true, Ordering::SeqCst);
     server.kill();
@@ -137,7 +145,10 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
     assert_eq!(fallback.errors_after_kill, 0);
     // The local quota: at most 5 per key once redis is gone (8 keys), plus a few in flight.
     assert!(fallback.allowed_after_kill <= 8 * 5 + 8, "{fallback:?}");
-    assert!(fallback.refused_after_kill >= 320 - 8 * 5 - 8, "{fallback:?}");
+    assert!(
+        fallback.refused_after_kill >= 320 - 8 * 5 - 8,
+        "{fallback:?}"
+    );
     let propagate = &by_policy["propagate"];
     assert!(propagate.errors_after_kill >= 300, "{propagate:?}");
 }
@@ -164,14 +175,21 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
 
     server.restart();
     let key = limiter.redis_key("k");
-    assert_eq!(server.command(&["EXISTS", &key]), ":0", "a new, empty server");
+    assert_eq!(
+        server.command(&["EXISTS", &key]),
+        ":0",
+        "a new, empty server"
+    );
     let start = Instant::now();
     let decision = loop {
         match limiter.check(&"k").await {
             Ok(d) => break d,
             Err(err) => {
                 assert!(err.is::<RedisFailure>(), "{err}");
-                assert!(start.elapsed() < Duration::from_secs(15), "no reconnection: {err}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {err}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -197,7 +215,10 @@ async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
         .on_failure(FailurePolicy::fail_closed(Duration::from_secs(1)))
         .build()
         .unwrap();
-    assert_eq!(server.command(&["SET", &gcra.redis_key("k"), "garbage"]), "+OK");
+    assert_eq!(
+        server.command(&["SET", &gcra.redis_key("k"), "garbage"]),
+        "+OK"
+    );
     assert_eq!(server.command(&["SET", &window.redis_key("k"), "5"]), "+OK");
     let err = gcra.check(&"k").await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");

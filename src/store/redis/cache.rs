@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(d.reset_after, Duration::from_millis(160));
         assert!(cache.check("b", 1, 40 * MS, 0).is_none(), "other keys");
         assert!(cache.check("a", 1, 100 * MS, 0).is_none(), "retry time");
-        assert!(cache.check("a", 1, 50 * MS, 0).is_none(), "expired entry gone");
+        assert!(
+            cache.check("a", 1, 50 * MS, 0).is_none(),
+            "expired entry gone"
+        );
     }
 
     #[test]
@@ -154,7 +157,10 @@ mod tests {
         cache.insert("c", 1, 0, &refused(100));
         assert!(cache.check("c", 1, 0, 0).is_none(), "full of live entries");
         cache.insert("c", 1, 20 * MS, &refused(100));
-        assert!(cache.check("c", 1, 20 * MS, 0).is_some(), "expired `a` made room");
+        assert!(
+            cache.check("c", 1, 20 * MS, 0).is_some(),
+            "expired `a` made room"
+        );
         assert!(cache.check("b", 1, 20 * MS, 0).is_some());
     }
 }

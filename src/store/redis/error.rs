@@ -22,6 +22,7 @@ enum Kind {
     Redis(redis::RedisError),
     BadReply(String),
     ClockOutOfRange(u64),
+    Skipped,
 }
 
 impl RedisFailure {
@@ -47,6 +48,34 @@ impl RedisFailure {
         Self {
             kind: Kind::ClockOutOfRange(now),
         }
+    }
+
+    pub(crate) fn skipped() -> Self {
+        Self {
+            kind: Kind::Skipped,
+        }
+    }
+
+    /// Whether the failure is about reaching Redis at all (a timeout, a refused or dropped
+    /// connection), rather than about one key's state or one reply.
+    pub(crate) fn is_unavailable(&self) -> bool {
+        match &self.kind {
+            Kind::Timeout(_) => true,
+            Kind::Redis(err) => {
+                err.is_io_error()
+                    || err.is_connection_refusal()
+                    || err.is_connection_dropped()
+                    || err.is_timeout()
+                    || err.is_unrecoverable_error()
+                    || err.is_cluster_error()
+            }
+            Kind::BadReply(_) | Kind::ClockOutOfRange(_) | Kind::Skipped => false,
+        }
+    }
+
+    /// Whether Redis was not asked, because it failed less than a probe interval ago.
+    pub fn is_skipped(&self) -> bool {
+        matches!(self.kind, Kind::Skipped)
     }
 
     /// Whether Redis did not answer within the limiter's timeout.
@@ -75,6 +104,9 @@ impl fmt::Display for RedisFailure {
             Kind::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
             Kind::Redis(err) => write!(f, "redis failed: {err}"),
             Kind::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
+            Kind::Skipped => f.write_str(
+                "redis failed a moment ago and is not asked again before the probe interval ends",
+            ),
             Kind::ClockOutOfRange(now) => write!(
                 f,
                 "redis scripts cannot take the client clock's time {now} exactly (at most 2^52 ticks)"

@@ -45,7 +45,10 @@
 //! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
 //!   a timeout, a connection error or a reply that is not a decision is counted
 //!   ([`RedisRateLimiter::failures`]), logged with `tracing` and decided by the
-//!   [`FailurePolicy`]. The connection reconnects by itself.
+//!   [`FailurePolicy`]. After a timeout or a connection error, decisions go straight to the
+//!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
+//!   does not cost every request a timeout; then Redis is tried again. The connection
+//!   reconnects by itself.
 //! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
 //!   without a round trip ([`without_refusal_cache`](RedisRateLimiterBuilder::without_refusal_cache)
 //!   turns this off).
@@ -71,7 +74,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -97,6 +100,9 @@ const LOCAL: u64 = 1 << 63;
 
 /// The default timeout of one decision.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The default time during which decisions skip Redis after a failure.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The default bound on refused keys held by the local cache.
 pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
@@ -280,6 +286,7 @@ pub struct RedisRateLimiterBuilder<A = Gcra, C = SystemClock> {
     hash_tag: HashTag,
     timeout: Duration,
     policy: FailurePolicy,
+    probe_interval: Duration,
     cache_capacity: Option<usize>,
     _algorithm: PhantomData<fn() -> A>,
 }
@@ -294,6 +301,7 @@ impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
             .field("hash_tag", &self.hash_tag)
             .field("timeout", &self.timeout)
             .field("policy", &self.policy)
+            .field("probe_interval", &self.probe_interval)
             .field("cache_capacity", &self.cache_capacity)
             .finish()
     }
@@ -312,6 +320,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
             hash_tag: self.hash_tag,
             timeout: self.timeout,
             policy: self.policy,
+            probe_interval: self.probe_interval,
             cache_capacity: self.cache_capacity,
             _algorithm: PhantomData,
         }
@@ -332,6 +341,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
             hash_tag: self.hash_tag,
             timeout: self.timeout,
             policy: self.policy,
+            probe_interval: self.probe_interval,
             cache_capacity: self.cache_capacity,
             _algorithm: PhantomData,
         }
@@ -361,6 +371,14 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
     /// What to decide when Redis cannot (default [`FailurePolicy::fail_open`]).
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// After a failure, how long decisions go straight to the failure policy before Redis is
+    /// tried again (default [`DEFAULT_PROBE_INTERVAL`]). While Redis is down this spares every
+    /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
         self
     }
 
@@ -409,10 +427,13 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
                 hash_tag: self.hash_tag,
                 timeout: self.timeout,
                 policy: self.policy,
+                probe_interval: u64::try_from(self.probe_interval.as_nanos()).unwrap_or(u64::MAX),
                 cache: self.cache_capacity.map(RefusalCache::new),
                 failures: AtomicU64::new(0),
                 cached_refusals: AtomicU64::new(0),
                 down: AtomicBool::new(false),
+                origin: Instant::now(),
+                skip_until: AtomicU64::new(0),
             }),
             _algorithm: PhantomData,
         })
@@ -439,12 +460,19 @@ struct Inner<C> {
     hash_tag: HashTag,
     timeout: Duration,
     policy: FailurePolicy,
+    /// Nanoseconds after a failure during which Redis is not asked.
+    probe_interval: u64,
     cache: Option<RefusalCache>,
     failures: AtomicU64,
     cached_refusals: AtomicU64,
     /// Whether the last call failed: the first failure of a streak logs a warning, the rest at
     /// debug level, and the first success after it says Redis is back.
     down: AtomicBool,
+    /// The breaker's own real-time clock (Redis availability is a matter of real time, whatever
+    /// clock the decisions use).
+    origin: Instant,
+    /// Until when (nanoseconds since `origin`) decisions skip Redis after a failure.
+    skip_until: AtomicU64,
 }
 
 impl RedisRateLimiter {
@@ -459,6 +487,7 @@ impl RedisRateLimiter {
             hash_tag: HashTag::PerKey,
             timeout: DEFAULT_TIMEOUT,
             policy: FailurePolicy::default(),
+            probe_interval: DEFAULT_PROBE_INTERVAL,
             cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
             _algorithm: PhantomData,
         }
@@ -471,8 +500,10 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         &self.inner.quota
     }
 
-    /// How many decisions Redis could not give (timeouts, errors, bad replies) since the limiter
-    /// was built; each was decided by the failure policy.
+    /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
+    /// replies, and decisions taken without asking during a
+    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the failure policy decided
+    /// each.
     pub fn failures(&self) -> u64 {
         self.inner.failures.load(Ordering::Relaxed)
     }
@@ -571,7 +602,14 @@ impl<C: Clock> Inner<C> {
         Ok(now.to_string())
     }
 
+    fn elapsed(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     async fn call(&self, key: &str, op: &str, cost: u32, arg5: u64) -> Result<Value, RedisFailure> {
+        if self.elapsed() < self.skip_until.load(Ordering::Relaxed) {
+            return Err(RedisFailure::skipped());
+        }
         let params = &self.params;
         let mut invocation = params.kind.script().prepare_invoke();
         invocation
@@ -612,6 +650,7 @@ impl<C: Clock> Inner<C> {
 
     fn recovered(&self) {
         if self.down.swap(false, Ordering::Relaxed) {
+            self.skip_until.store(0, Ordering::Relaxed);
             tracing::info!(
                 target: "tower_bulwark::redis",
                 algorithm = self.params.kind.name(),
@@ -622,6 +661,10 @@ impl<C: Clock> Inner<C> {
 
     fn failed(&self, key: &str, failure: &RedisFailure) {
         let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failure.is_unavailable() {
+            let until = self.elapsed().saturating_add(self.probe_interval);
+            self.skip_until.fetch_max(until, Ordering::Relaxed);
+        }
         if self.down.swap(true, Ordering::Relaxed) {
             tracing::debug!(
                 target: "tower_bulwark::redis",
@@ -646,10 +689,10 @@ impl<C: Clock> Inner<C> {
         self.failed(&key, &failure);
         let limit = self.params.limit;
         let mut decision = match &self.policy.0 {
-            Policy::Open => Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO),
-            Policy::Closed(retry_after) => {
-                Decision::refused(limit, 0, *retry_after, *retry_after)
+            Policy::Open => {
+                Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
             }
+            Policy::Closed(retry_after) => Decision::refused(limit, 0, *retry_after, *retry_after),
             Policy::Fallback(local) => local.reserve(&key, cost).into_inner()?,
             Policy::Propagate => return Err(failure.into()),
         };
@@ -665,7 +708,12 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    async fn refund_remote(&self, key: &str, cost: u32, reserved_at: u64) -> Result<(), RedisFailure> {
+    async fn refund_remote(
+        &self,
+        key: &str,
+        cost: u32,
+        reserved_at: u64,
+    ) -> Result<(), RedisFailure> {
         match self.call(key, "r", cost, reserved_at).await {
             Ok(_) => {
                 self.recovered();
@@ -700,6 +748,10 @@ impl<A: RedisAlgorithm, C> fmt::Debug for RedisRateLimiter<A, C> {
             .field("hash_tag", &inner.hash_tag)
             .field("timeout", &inner.timeout)
             .field("policy", &inner.policy)
+            .field(
+                "probe_interval",
+                &Duration::from_nanos(inner.probe_interval),
+            )
             .field("refusal_cache", &inner.cache.is_some())
             .field("failures", &inner.failures.load(Ordering::Relaxed))
             .finish()

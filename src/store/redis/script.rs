@@ -140,7 +140,9 @@ impl Params {
                 let burst = quota.burst();
                 let horizon = interval.saturating_mul(u64::from(burst));
                 if horizon > MAX_TICKS {
-                    return Err("burst times the emission interval is too long for the redis store");
+                    return Err(
+                        "burst times the emission interval is too long for the redis store",
+                    );
                 }
                 let limit = u64::from(burst);
                 (vec![interval, horizon, limit], limit, burst)
@@ -321,7 +323,10 @@ mod tests {
     fn quotas_beyond_exact_lua_arithmetic_are_refused() {
         let long = Quota::with_period(1, Duration::from_secs(60 * 86_400)).unwrap();
         assert!(Params::new(Kind::Gcra, &long, 1).is_err(), "60 days in ns");
-        assert!(Params::new(Kind::Gcra, &long, 1000).is_ok(), "60 days in µs");
+        assert!(
+            Params::new(Kind::Gcra, &long, 1000).is_ok(),
+            "60 days in µs"
+        );
         let many = Quota::with_period(u32::MAX, Duration::from_secs(86_400)).unwrap();
         assert!(Params::new(Kind::SlidingCounter, &many, 1000).is_err());
         assert!(Params::new(Kind::SlidingLog, &many, 1000).is_ok());
