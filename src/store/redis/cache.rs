@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use hashbrown::HashMap;
+use std::collections::HashMap;
 
 use crate::Decision;
 
