@@ -104,7 +104,7 @@ fn bench(c: &mut Criterion) {
     let horizon = (quota.emission_interval().as_nanos().div_ceil(1000) * u128::from(quota.burst()))
         .to_string();
     let args: Arc<Vec<String>> = Arc::new(
-        ["d", "", "1000", "1", "0", &interval, &horizon, &burst]
+        ["d", "", "1000", "1", "0", "0", &interval, &horizon, &burst]
             .iter()
             .map(|s| s.to_string())
             .collect(),

@@ -1,9 +1,9 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles).
--- ARGV[6] period, ARGV[7] limit
+-- ARGV[7] period, ARGV[8] limit
 local key = KEYS[1]
-local period = tonumber(ARGV[6])
-local limit = tonumber(ARGV[7])
+local period = tonumber(ARGV[7])
+local limit = tonumber(ARGV[8])
 local state = redis.call('HMGET', key, 'c', 'u')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)

@@ -1,9 +1,9 @@
 -- GCRA on one key holding the theoretical arrival time (TAT).
--- ARGV[6] emission interval, ARGV[7] horizon (burst * interval), ARGV[8] burst
+-- ARGV[7] emission interval, ARGV[8] horizon (burst * interval), ARGV[9] burst
 local key = KEYS[1]
-local interval = tonumber(ARGV[6])
-local horizon = tonumber(ARGV[7])
-local limit = tonumber(ARGV[8])
+local interval = tonumber(ARGV[7])
+local horizon = tonumber(ARGV[8])
+local limit = tonumber(ARGV[9])
 local tat = stored(redis.call('GET', key), 0)
 
 local function save(t)

@@ -330,7 +330,8 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
     ///
     /// Meant for tests: with a [`ManualClock`](crate::ManualClock) the decisions are exactly those
     /// of the in-memory limiter on the same clock. Every instance must then share the clock's
-    /// origin, and the clock must stay below 2^52 ns (about 52 days).
+    /// origin, and the clock must stay below 2^52 ns (about 52 days). Since such a clock need not
+    /// run at the server's pace, every key is kept a minute longer than the clock says.
     pub fn client_clock<C2: Clock>(self, clock: C2) -> RedisRateLimiterBuilder<A, C2> {
         RedisRateLimiterBuilder {
             quota: self.quota,
@@ -618,7 +619,8 @@ impl<C: Clock> Inner<C> {
             .arg(self.now_arg()?)
             .arg(params.ticks_per_ms())
             .arg(cost)
-            .arg(arg5);
+            .arg(arg5)
+            .arg(params.ttl_margin_ms);
         for arg in &params.args {
             invocation.arg(arg.as_str());
         }

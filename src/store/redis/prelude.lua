@@ -10,7 +10,9 @@
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
 -- ARGV[5] decide: longest wait a caller accepts; refund: instant the reservation fell due
--- ARGV[6..] the algorithm's own parameters
+-- ARGV[6] milliseconds added to every expiry: 0 with the server's TIME; with a client clock,
+--         whose pace need not match the server's, a margin so no state expires while it matters
+-- ARGV[7..] the algorithm's own parameters
 
 local op = ARGV[1]
 local now
@@ -27,6 +29,7 @@ end
 local ticks_per_ms = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local arg5 = tonumber(ARGV[5])
+local ttl_margin = tonumber(ARGV[6])
 
 -- floor(a / b) for integers 0 <= a, 0 < b below 2^53, exact despite floating point division.
 local function idiv(a, b)
@@ -49,12 +52,14 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- Keeps `key` for `ticks` more ticks, rounded up to whole milliseconds, at least one.
+-- Keeps `key` for `ticks` more ticks, rounded up to whole milliseconds, at least one, plus the
+-- margin.
 local function expire_in(key, ticks)
   local ms = cdiv(ticks, ticks_per_ms)
   if ms < 1 then
     ms = 1
   end
+  ms = ms + ttl_margin
   redis.call('PEXPIRE', key, int(ms))
 end
 
@@ -75,6 +80,6 @@ local function decision(allowed, remaining, retry_after, reset_after, wait, rese
   return { allowed, remaining, retry_after, reset_after, wait, reserved_at }
 end
 
-if not now or not ticks_per_ms or not cost or not arg5 then
+if not now or not ticks_per_ms or not cost or not arg5 or not ttl_margin then
   return redis.error_reply('tower-bulwark: malformed script arguments')
 end

@@ -13,6 +13,11 @@ use crate::{Algorithm, Decision, Quota};
 /// with room for the sums of a few such values.
 pub(crate) const MAX_TICKS: u64 = 1 << 50;
 
+/// With a client clock (nanosecond ticks), the pace of time need not match the server's, so
+/// expiries get this margin: no state may expire in real time while it still matters on the
+/// client's clock (a manual clock in a test may stand still for a while).
+pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
+
 /// The largest `now` a script may be given, in ticks.
 pub(crate) const MAX_NOW: u64 = 1 << 52;
 
@@ -112,7 +117,9 @@ pub(crate) struct Params {
     pub(crate) kind: Kind,
     /// Nanoseconds per tick: 1000 with the server's time (microseconds), 1 with a client clock.
     pub(crate) tick_nanos: u64,
-    /// The algorithm's own arguments (ARGV[6..]), as decimal strings.
+    /// Milliseconds added to every key expiry (see [`CLIENT_CLOCK_TTL_MARGIN_MS`]).
+    pub(crate) ttl_margin_ms: u64,
+    /// The algorithm's own arguments (ARGV[7..]), as decimal strings.
     pub(crate) args: Vec<String>,
     /// The quota's `max_wait`, in ticks, rounded down (never wait longer than allowed).
     pub(crate) max_wait: u64,
@@ -166,6 +173,11 @@ impl Params {
         Ok(Self {
             kind,
             tick_nanos,
+            ttl_margin_ms: if tick_nanos == 1 {
+                CLIENT_CLOCK_TTL_MARGIN_MS
+            } else {
+                0
+            },
             args: args.iter().map(u64::to_string).collect(),
             max_wait,
             limit,
@@ -315,6 +327,8 @@ mod tests {
         assert_eq!(micros.ticks_per_ms(), 1000);
         let nanos = Params::new(Kind::Gcra, &q, 1).unwrap();
         assert_eq!(nanos.args[0], q.emission_interval_nanos().to_string());
+        assert_eq!(micros.ttl_margin_ms, 0);
+        assert_eq!(nanos.ttl_margin_ms, CLIENT_CLOCK_TTL_MARGIN_MS);
         let fw = Params::new(Kind::FixedWindow, &q, 1000).unwrap();
         assert_eq!(fw.args, ["1000000", "3"]);
     }

@@ -1,9 +1,9 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window.
--- ARGV[6] window, ARGV[7] limit
+-- ARGV[7] window, ARGV[8] limit
 local key = KEYS[1]
-local window = tonumber(ARGV[6])
-local limit = tonumber(ARGV[7])
+local window = tonumber(ARGV[7])
+local limit = tonumber(ARGV[8])
 local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)

@@ -2,10 +2,10 @@
 -- admitted (or falls due, for a reservation). Members are "<instant>:<sequence>", the sequence
 -- zero-padded so that members of one instant sort by it, which makes every member unique even
 -- when many requests arrive in the same tick.
--- ARGV[6] window, ARGV[7] limit
+-- ARGV[7] window, ARGV[8] limit
 local key = KEYS[1]
-local window = tonumber(ARGV[6])
-local limit = tonumber(ARGV[7])
+local window = tonumber(ARGV[7])
+local limit = tonumber(ARGV[8])
 
 -- Permits admitted at or before now - window have left the window.
 redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
