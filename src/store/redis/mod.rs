@@ -67,7 +67,7 @@
 //! * A cached refusal is not revised when another instance gives permits back: such a key may be
 //!   refused locally until its original retry time.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::future::{Future, Ready};
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -86,9 +86,11 @@ use crate::{BoxError, Decision, InsufficientCapacity, KeyedRateLimiter, Limiter,
 
 mod cache;
 mod error;
+mod key;
 mod script;
 
 pub use error::{BuildError, RedisFailure};
+pub use key::RedisKey;
 pub use script::RedisAlgorithm;
 
 use cache::RefusalCache;
@@ -444,8 +446,8 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
 /// A limiter whose state lives in Redis, shared by every instance that uses the same Redis and
 /// key prefix. Cheap to clone; clones share everything.
 ///
-/// It decides for any key that implements [`Display`](fmt::Display) (the Redis key is built
-/// from it), through [`Limiter::reserve`] or [`check`](Self::check).
+/// It decides for any key that implements [`RedisKey`] (strings, numbers, IP addresses, header
+/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check).
 pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
     inner: Arc<Inner<C>>,
     _algorithm: PhantomData<fn() -> A>,
@@ -515,17 +517,17 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     }
 
     /// The Redis key that holds the state of `key`.
-    pub fn redis_key<K: fmt::Display + ?Sized>(&self, key: &K) -> String {
+    pub fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
         self.inner.redis_key(key)
     }
 
     /// Decides on one permit for `key` now, never reserving a later one.
-    pub async fn check<K: fmt::Display + ?Sized>(&self, key: &K) -> Result<Decision, BoxError> {
+    pub async fn check<K: RedisKey + ?Sized>(&self, key: &K) -> Result<Decision, BoxError> {
         self.check_n(key, 1).await
     }
 
     /// Decides on `cost` permits for `key` now, never reserving later ones.
-    pub async fn check_n<K: fmt::Display + ?Sized>(
+    pub async fn check_n<K: RedisKey + ?Sized>(
         &self,
         key: &K,
         cost: u32,
@@ -533,7 +535,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         self.decide(key, cost, 0).await
     }
 
-    fn decide<K: fmt::Display + ?Sized>(&self, key: &K, cost: u32, max_wait: u64) -> ReserveFuture {
+    fn decide<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, max_wait: u64) -> ReserveFuture {
         let inner = &self.inner;
         if cost > inner.params.capacity {
             let err = InsufficientCapacity::new(cost, inner.params.capacity);
@@ -554,7 +556,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
 
     /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
     /// applied it. A decision taken by the failure policy goes back to the local limiter.
-    pub async fn give_back<K: fmt::Display + ?Sized>(
+    pub async fn give_back<K: RedisKey + ?Sized>(
         &self,
         key: &K,
         cost: u32,
@@ -579,15 +581,20 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
 }
 
 impl<C: Clock> Inner<C> {
-    fn redis_key<K: fmt::Display + ?Sized>(&self, key: &K) -> String {
+    fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
         let mut out = String::with_capacity(self.prefix.len() + 24);
         out.push_str(&self.prefix);
-        // Writing to a String cannot fail; a Display impl that errors leaves a partial key, which
-        // is still one key per client.
-        let _ = match &self.hash_tag {
-            HashTag::PerKey => write!(out, "{{{key}}}"),
-            HashTag::Fixed(tag) => write!(out, "{{{tag}}}:{key}"),
-        };
+        out.push('{');
+        match &self.hash_tag {
+            HashTag::PerKey => key.write_redis_key(&mut out),
+            HashTag::Fixed(tag) => {
+                out.push_str(tag);
+                out.push_str("}:");
+                key.write_redis_key(&mut out);
+                return out;
+            }
+        }
+        out.push('}');
         out
     }
 
@@ -762,7 +769,7 @@ impl<A: RedisAlgorithm, C> fmt::Debug for RedisRateLimiter<A, C> {
 
 impl<K, A, C> Limiter<K> for RedisRateLimiter<A, C>
 where
-    K: fmt::Display,
+    K: RedisKey,
     A: RedisAlgorithm,
     C: Clock,
 {
