@@ -10,7 +10,8 @@ use tower_bulwark::store::redis::{
     FailurePolicy, HashTag, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    acquire, Decision, FixedWindow, Gcra, Limiter, ManualClock, Quota, SlidingCounter, SlidingLog,
+    acquire, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
+    SlidingCounter, SlidingLog,
 };
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -534,4 +535,49 @@ async fn a_cost_above_capacity_is_an_error() {
     let d = limiter.check_n(&"k", 5).await.unwrap();
     assert!(d.allowed);
     assert_eq!(d.remaining, 0);
+}
+
+#[tokio::test]
+async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
+    // No server: every decision comes from the local fallback, on a manual clock.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let clock = ManualClock::new();
+    let local_quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(5))
+        .unwrap();
+    let local = KeyedRateLimiter::<String>::builder(local_quota)
+        .clock(clock.clone())
+        .build();
+    let limiter = RedisRateLimiter::builder(
+        Quota::per_second(100).unwrap(),
+        RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}/")).unwrap(),
+    )
+    .timeout(Duration::from_millis(200))
+    .on_failure(FailurePolicy::fallback_to(local.clone()))
+    .build()
+    .unwrap();
+    let first = limiter.reserve(&"k", 1).await.unwrap();
+    assert!(first.allowed && first.wait.is_zero());
+    assert_eq!(first.limit, 1, "the local limiter's decision");
+    let reserved = limiter.reserve(&"k", 1).await.unwrap();
+    assert_eq!(reserved.wait, Duration::from_secs(1));
+    limiter.give_back(&"k", 1, &reserved).await.unwrap();
+    let again = limiter.reserve(&"k", 1).await.unwrap();
+    assert_eq!(
+        again.wait,
+        Duration::from_secs(1),
+        "the local slot came back"
+    );
+    Limiter::refund(&limiter, &"k", 1, &again);
+    let after = local.reserve(&limiter.redis_key("k"), 1).await.unwrap();
+    assert_eq!(
+        after.wait,
+        Duration::from_secs(1),
+        "the trait's refund reached it too"
+    );
+    assert_eq!(limiter.failures(), 3);
 }

@@ -35,7 +35,9 @@ pub fn binary_or_skip(test: &str, name: &str) -> Option<PathBuf> {
             "{test}: `{name}` is not on PATH and BULWARK_REQUIRE_REDIS=1 requires the redis tests"
         ),
         None => {
-            println!(
+            // Straight to stderr: the test harness captures `println!` of passing tests.
+            let _ = writeln!(
+                std::io::stderr(),
                 "skipped: {test} because `{name}` is not on PATH \
                  (install redis-server, or run .ci/run, to run it)"
             );

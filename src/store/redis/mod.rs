@@ -55,6 +55,9 @@
 //!
 //! # Limits
 //!
+//! * The scripts need Redis 4 or later, or any Valkey: they use multi-field `HSET`, and they
+//!   write after reading `TIME`, which needs effects replication (the default from Redis 5; on
+//!   Redis 4 the script switches it on).
 //! * Lua numbers are doubles: the builder refuses quotas whose arithmetic would leave the exact
 //!   integer range (a GCRA burst window or a period longer than about 35 years with the server's
 //!   clock, about 13 days with a client clock; `permits × period` above 2^52 ticks for the sliding
