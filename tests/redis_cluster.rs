@@ -5,7 +5,9 @@
 mod support;
 
 use support::RedisCluster;
-use tower_bulwark::store::redis::{FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore};
+use tower_bulwark::store::redis::{
+    FailurePolicy, HashTag, RedisAlgorithm, RedisRateLimiter, RedisStore,
+};
 use tower_bulwark::{FixedWindow, Gcra, Quota, SlidingCounter, SlidingLog};
 
 async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
@@ -81,4 +83,25 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         slots.len() >= 20,
         "keys of different clients use different slots: {slots:?}"
     );
+
+    // A fixed hash tag puts every key of a limiter in one slot.
+    let tenant = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
+        .algorithm::<SlidingLog>()
+        .prefix("tenant:")
+        .hash_tag(HashTag::Fixed("acme".into()))
+        .on_failure(FailurePolicy::propagate())
+        .build()
+        .unwrap();
+    let mut tenant_slots = std::collections::HashSet::new();
+    for client in &clients {
+        assert!(tenant.check(client).await.unwrap().allowed);
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(tenant.redis_key(client))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tenant_slots.insert(slot);
+    }
+    assert_eq!(tenant_slots.len(), 1, "{tenant_slots:?}");
 }

@@ -248,6 +248,7 @@ impl FailurePolicy {
 
     /// Decides with `limiter`, keyed by the Redis key of the request (a
     /// [`KeyedRateLimiter<String, _, _>`](crate::KeyedRateLimiter) of any algorithm and clock).
+    /// Its own quota applies, `max_wait` included, for every decision it takes.
     pub fn fallback_to<L>(limiter: L) -> Self
     where
         L: Limiter<String, Future = Ready<Result<Decision, BoxError>>>,
