@@ -596,3 +596,58 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
     );
     assert_eq!(limiter.failures(), 3);
 }
+
+/// The scripts' integer helpers, run by Redis's Lua on values of the sizes they meet (server
+/// time in microseconds is about 2^51), against Rust's integer arithmetic.
+#[tokio::test]
+async fn lua_integer_arithmetic_is_exact() {
+    let Some(server) = RedisServer::start("lua_integer_arithmetic_is_exact") else {
+        return;
+    };
+    let script = redis::Script::new(concat!(
+        include_str!("../src/store/redis/prelude.lua"),
+        "local out = {}\n",
+        "for i = 7, #ARGV, 2 do\n",
+        "  local a, b = tonumber(ARGV[i]), tonumber(ARGV[i + 1])\n",
+        "  out[#out + 1] = int(idiv(a, b)) .. ' ' .. int(cdiv(a, b))\n",
+        "end\n",
+        "return out\n",
+    ));
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut pairs: Vec<(u64, u64)> = vec![
+        ((1 << 52) - 1, 3),
+        ((1 << 52) - 1, (1 << 26) + 1),
+        (1_764_412_345_678_901, 333_334),
+        (1_764_412_345_678_901, 60_000_000),
+        (0, 7),
+        (999_999, 1_000_000),
+    ];
+    for _ in 0..500 {
+        let b = 1 + next() % (1 << 40);
+        let a = next() % (1 << 52);
+        pairs.push((a, b));
+        // Exact multiples and their neighbours, where rounding errors would show.
+        let m = (a / b) * b;
+        pairs.push((m, b));
+        if m > 0 {
+            pairs.push((m - 1, b));
+        }
+    }
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(["d", "0", "1000", "1", "0", "0"].as_slice());
+    for (a, b) in &pairs {
+        invocation.arg(a).arg(b);
+    }
+    let mut conn = plain(&server).await;
+    let results: Vec<String> = invocation.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(results.len(), pairs.len());
+    for ((a, b), got) in pairs.iter().zip(results) {
+        assert_eq!(got, format!("{} {}", a / b, a.div_ceil(*b)), "{a} / {b}");
+    }
+}
