@@ -200,6 +200,44 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
 }
 
 #[tokio::test]
+async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
+    let Some(mut server) = RedisServer::start("decisions_resume_after_a_long_outage") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .timeout(TIMEOUT)
+        .on_failure(FailurePolicy::propagate())
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"k").await.unwrap().allowed);
+    server.kill();
+    // Requests keep coming during an outage that outlasts the connection's own retries
+    // (about 2.5 s of backoff): every one is answered promptly, by the policy.
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(4) {
+        let start = Instant::now();
+        let err = limiter.check(&"k").await.unwrap_err();
+        assert!(err.is::<RedisFailure>(), "{err}");
+        assert!(start.elapsed() <= TIMEOUT + SLACK, "{:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.restart();
+    let start = Instant::now();
+    let decision = loop {
+        match limiter.check(&"k").await {
+            Ok(d) => break d,
+            Err(err) => {
+                assert!(start.elapsed() < Duration::from_secs(15), "no reconnection: {err}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
+}
+
+#[tokio::test]
 async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
     let Some(server) = RedisServer::start("state_of_the_wrong_type_is_an_error") else {
         return;
