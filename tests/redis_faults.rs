@@ -228,7 +228,10 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
         match limiter.check(&"k").await {
             Ok(d) => break d,
             Err(err) => {
-                assert!(start.elapsed() < Duration::from_secs(15), "no reconnection: {err}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {err}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -293,4 +296,88 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
         assert!(open.check(&"k").await.unwrap().allowed);
         assert_eq!(open.failures(), 1);
     }
+}
+
+/// A subscriber that keeps the level and message of every event of the Redis limiter.
+#[derive(Clone, Default)]
+struct Recorder(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Recorder {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "tower_bulwark::redis"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        let level = *event.metadata().level();
+        self.0.lock().unwrap().push((level, message));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test]
+async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
+    let Some(mut server) = RedisServer::start("failures_are_logged") else {
+        return;
+    };
+    let recorder = Recorder::default();
+    // The test runs on one thread, so a thread-local default subscriber sees every event.
+    let _guard = tracing::subscriber::set_default(recorder.clone());
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .timeout(TIMEOUT)
+        .on_failure(FailurePolicy::fail_closed(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"k").await.unwrap().allowed);
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "nothing to say while redis answers"
+    );
+    server.kill();
+    for _ in 0..3 {
+        assert!(!limiter.check(&"k").await.unwrap().allowed);
+    }
+    assert_eq!(limiter.failures(), 3);
+    {
+        let events = recorder.0.lock().unwrap();
+        let levels: Vec<_> = events.iter().map(|(level, _)| *level).collect();
+        assert_eq!(
+            levels,
+            [
+                tracing::Level::WARN,
+                tracing::Level::DEBUG,
+                tracing::Level::DEBUG
+            ],
+            "{events:?}"
+        );
+        assert!(events[0].1.contains("failure policy"), "{events:?}");
+    }
+    server.restart();
+    let start = Instant::now();
+    // Refusals come from the policy; the first admission comes from the fresh server.
+    while !limiter.check(&"k").await.unwrap().allowed {
+        assert!(start.elapsed() < Duration::from_secs(15), "no reconnection");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = recorder.0.lock().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.0, tracing::Level::INFO, "{events:?}");
+    assert!(last.1.contains("redis answers again"), "{events:?}");
 }
