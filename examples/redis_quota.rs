@@ -9,43 +9,23 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --features redis --example redis_quota
 //! ```
 //!
-//! The limit is enforced here by a small `axum::middleware::from_fn` that asks the limiter and
-//! answers 429 with `Retry-After`.
+//! Each instance limits with the crate's `RateLimitLayer`, keyed by the `x-api-key` header, so a
+//! refused request gets the same 429, `Retry-After` and `RateLimit` headers as with the
+//! in-memory limiter.
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderName, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
+use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
-use tower_bulwark::{BoxError, Limiter, Quota, SlidingLog};
+use tower_bulwark::{BoxError, Quota, SlidingLog};
 
 const INSTANCES: usize = 2;
 const REQUESTS_PER_INSTANCE: usize = 30;
-
-type SharedLimiter = RedisRateLimiter<SlidingLog>;
-
-/// Admits or refuses a request by its `x-api-key`, through the shared Redis quota.
-async fn limit(State(limiter): State<SharedLimiter>, request: Request, next: Next) -> Response {
-    let Some(key) = request.headers().get("x-api-key").cloned() else {
-        return (StatusCode::BAD_REQUEST, "missing x-api-key\n").into_response();
-    };
-    match limiter.reserve(&key, 1).await {
-        Ok(decision) if decision.allowed => next.run(request).await,
-        Ok(decision) => (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(header::RETRY_AFTER, decision.retry_after_secs().to_string())],
-            "quota exceeded\n",
-        )
-            .into_response(),
-        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
-    }
-}
 
 /// Starts one instance on a free loopback port and returns its address.
 async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketAddr, BoxError> {
@@ -58,9 +38,13 @@ async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketA
         // An example should say when Redis is not there rather than quietly admit everything.
         .on_failure(FailurePolicy::propagate())
         .build()?;
+    let layer = RateLimitLayer::new(
+        HeaderKey::new(HeaderName::from_static("x-api-key")),
+        Policy::new("per-key", limiter)?,
+    );
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
-        .layer(middleware::from_fn_with_state(limiter, limit));
+        .route_layer(layer);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
