@@ -2,7 +2,8 @@
 //!
 //! The in-memory limiters limit per process; with N replicas behind a load balancer a quota of 10
 //! becomes up to 10·N. A [`RedisRateLimiter`] keeps the state of the same four algorithms in
-//! Redis instead, so every instance that shares the Redis draws from one budget per key.
+//! Redis instead, so every instance that shares the Redis draws from one budget per key. It is a
+//! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!
 //! ```no_run
 //! use tower_bulwark::store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
