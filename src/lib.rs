@@ -47,6 +47,8 @@ pub use quota::{Quota, QuotaError};
 #[cfg(feature = "axum")]
 pub use rate_limit::PeerIp;
 pub use rate_limit::{Policy, RateLimitLayer};
+#[cfg(feature = "redis")]
+pub use store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
 pub use store::Overflow;
 
 /// A boxed error, as tower uses.

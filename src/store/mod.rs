@@ -5,5 +5,7 @@
 //! so that the read-modify-write is atomic on the server.
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::Overflow;

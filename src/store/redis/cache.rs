@@ -1,0 +1,166 @@
+//! The local cache of refusals: a key that Redis refused is refused here until its retry time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use std::collections::HashMap;
+
+use crate::Decision;
+
+/// Refused keys, each with the instant (limiter clock, nanoseconds) until which it stays refused.
+#[derive(Debug)]
+pub(crate) struct RefusalCache {
+    entries: Mutex<HashMap<String, Refusal>>,
+    /// The number of entries, read without the lock so that an empty cache costs one load.
+    len: AtomicUsize,
+    capacity: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    /// Until when a request of at least `cost` is refused.
+    until: u64,
+    /// When the key is back to its full limit.
+    reset_at: u64,
+    cost: u32,
+    limit: u64,
+    remaining: u64,
+}
+
+impl RefusalCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            len: AtomicUsize::new(0),
+            capacity,
+        }
+    }
+
+    /// The refusal of `cost` permits for `key` at `now`, if a known refusal still stands.
+    ///
+    /// A cached refusal stands for a request of the same cost or more, while its retry time is
+    /// further away than `max_wait` (once it is within, Redis may grant a reservation).
+    pub(crate) fn check(&self, key: &str, cost: u32, now: u64, max_wait: u64) -> Option<Decision> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = *entries.get(key)?;
+        if entry.until <= now {
+            entries.remove(key);
+            self.len.store(entries.len(), Ordering::Relaxed);
+            return None;
+        }
+        let left = entry.until - now;
+        if cost < entry.cost || left <= max_wait {
+            return None;
+        }
+        Some(Decision::refused(
+            entry.limit,
+            entry.remaining,
+            Duration::from_nanos(left),
+            Duration::from_nanos(entry.reset_at.saturating_sub(now)),
+        ))
+    }
+
+    /// Remembers that Redis refused `cost` permits for `key`, with `decision`, at `now`.
+    pub(crate) fn insert(&self, key: &str, cost: u32, now: u64, decision: &Decision) {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let refusal = Refusal {
+            until: now.saturating_add(nanos(decision.retry_after)),
+            reset_at: now.saturating_add(nanos(decision.reset_after)),
+            cost,
+            limit: decision.limit,
+            remaining: decision.remaining,
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= self.capacity && !entries.contains_key(key) {
+            entries.retain(|_, r| r.until > now);
+            if entries.len() >= self.capacity {
+                // Full of live refusals: this one goes to Redis next time, which is still correct.
+                return;
+            }
+        }
+        match entries.get_mut(key) {
+            // Keep the refusal that says the most: the smaller cost stands for more requests.
+            Some(old) if old.until > now && old.cost < cost => {}
+            Some(old) => *old = refusal,
+            None => {
+                entries.insert(key.to_owned(), refusal);
+            }
+        }
+        self.len.store(entries.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets `key` (its permits were given back, so a refusal may be too pessimistic).
+    pub(crate) fn forget(&self, key: &str) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.remove(key);
+        self.len.store(entries.len(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn refused(retry_ms: u64) -> Decision {
+        Decision::refused(
+            5,
+            0,
+            Duration::from_millis(retry_ms),
+            Duration::from_millis(2 * retry_ms),
+        )
+    }
+
+    #[test]
+    fn a_refusal_stands_until_its_retry_time() {
+        let cache = RefusalCache::new(10);
+        assert!(cache.check("a", 1, 0, 0).is_none());
+        cache.insert("a", 1, 0, &refused(100));
+        let d = cache.check("a", 1, 40 * MS, 0).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_millis(60));
+        assert_eq!(d.reset_after, Duration::from_millis(160));
+        assert!(cache.check("b", 1, 40 * MS, 0).is_none(), "other keys");
+        assert!(cache.check("a", 1, 100 * MS, 0).is_none(), "retry time");
+        assert!(
+            cache.check("a", 1, 50 * MS, 0).is_none(),
+            "expired entry gone"
+        );
+    }
+
+    #[test]
+    fn smaller_costs_and_waiting_callers_go_to_redis() {
+        let cache = RefusalCache::new(10);
+        cache.insert("a", 3, 0, &refused(100));
+        assert!(cache.check("a", 2, 0, 0).is_none());
+        assert!(cache.check("a", 3, 0, 0).is_some());
+        assert!(cache.check("a", 3, 0, 100 * MS).is_none());
+        assert!(cache.check("a", 3, 50 * MS, 60 * MS).is_none());
+        assert!(cache.check("a", 3, 50 * MS, 40 * MS).is_some());
+        cache.forget("a");
+        assert!(cache.check("a", 3, 0, 0).is_none());
+    }
+
+    #[test]
+    fn the_cache_is_bounded() {
+        let cache = RefusalCache::new(2);
+        cache.insert("a", 1, 0, &refused(10));
+        cache.insert("b", 1, 0, &refused(100));
+        cache.insert("c", 1, 0, &refused(100));
+        assert!(cache.check("c", 1, 0, 0).is_none(), "full of live entries");
+        cache.insert("c", 1, 20 * MS, &refused(100));
+        assert!(
+            cache.check("c", 1, 20 * MS, 0).is_some(),
+            "expired `a` made room"
+        );
+        assert!(cache.check("b", 1, 20 * MS, 0).is_some());
+    }
+}

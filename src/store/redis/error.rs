@@ -1,0 +1,145 @@
+//! Errors of the Redis store.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+/// A decision that Redis could not give: it timed out, failed, or answered something that is not
+/// a decision.
+///
+/// The limiter's [`FailurePolicy`](super::FailurePolicy) turns it into a decision; only
+/// [`FailurePolicy::propagate`](super::FailurePolicy::propagate) hands it to the caller, as the
+/// `BoxError` of [`Limiter::reserve`](crate::Limiter::reserve) (test it with
+/// `err.is::<RedisFailure>()`).
+#[derive(Debug)]
+pub struct RedisFailure {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Timeout(Duration),
+    Redis(redis::RedisError),
+    BadReply(String),
+    ClockOutOfRange(u64),
+    Skipped,
+}
+
+impl RedisFailure {
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Self {
+            kind: Kind::Timeout(after),
+        }
+    }
+
+    pub(crate) fn redis(err: redis::RedisError) -> Self {
+        Self {
+            kind: Kind::Redis(err),
+        }
+    }
+
+    pub(crate) fn bad_reply(what: String) -> Self {
+        Self {
+            kind: Kind::BadReply(what),
+        }
+    }
+
+    pub(crate) fn clock_out_of_range(now: u64) -> Self {
+        Self {
+            kind: Kind::ClockOutOfRange(now),
+        }
+    }
+
+    pub(crate) fn skipped() -> Self {
+        Self {
+            kind: Kind::Skipped,
+        }
+    }
+
+    /// Whether the failure is about reaching Redis at all (a timeout, a refused or dropped
+    /// connection), rather than about one key's state or one reply.
+    pub(crate) fn is_unavailable(&self) -> bool {
+        match &self.kind {
+            Kind::Timeout(_) => true,
+            Kind::Redis(err) => {
+                err.is_io_error()
+                    || err.is_connection_refusal()
+                    || err.is_connection_dropped()
+                    || err.is_timeout()
+                    || err.is_unrecoverable_error()
+                    || err.is_cluster_error()
+            }
+            Kind::BadReply(_) | Kind::ClockOutOfRange(_) | Kind::Skipped => false,
+        }
+    }
+
+    /// Whether Redis was not asked, because it failed less than a probe interval ago.
+    pub fn is_skipped(&self) -> bool {
+        matches!(self.kind, Kind::Skipped)
+    }
+
+    /// Whether Redis did not answer within the limiter's timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.kind, Kind::Timeout(_))
+    }
+
+    /// Whether Redis answered with something that is not a decision (a reply of the wrong shape).
+    pub fn is_bad_reply(&self) -> bool {
+        matches!(self.kind, Kind::BadReply(_))
+    }
+
+    /// The error of the Redis client, when the failure is one (connection refused, a script
+    /// error, ...).
+    pub fn redis_error(&self) -> Option<&redis::RedisError> {
+        match &self.kind {
+            Kind::Redis(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RedisFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
+            Kind::Redis(err) => write!(f, "redis failed: {err}"),
+            Kind::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
+            Kind::Skipped => f.write_str(
+                "redis failed a moment ago and is not asked again before the probe interval ends",
+            ),
+            Kind::ClockOutOfRange(now) => write!(
+                f,
+                "redis scripts cannot take the client clock's time {now} exactly (at most 2^52 ticks)"
+            ),
+        }
+    }
+}
+
+impl Error for RedisFailure {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match &self.kind {
+            Kind::Redis(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// A Redis limiter that cannot be built as configured: the reason says which setting is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildError {
+    reason: &'static str,
+}
+
+impl BuildError {
+    pub(crate) fn new(reason: &'static str) -> Self {
+        Self { reason }
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid redis limiter: {}", self.reason)
+    }
+}
+
+impl Error for BuildError {}

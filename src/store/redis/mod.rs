@@ -1,0 +1,873 @@
+//! Limiter state in Redis (or Valkey): one quota across every instance of a service.
+//!
+//! The in-memory limiters limit per process; with N replicas behind a load balancer a quota of 10
+//! becomes up to 10·N. A [`RedisRateLimiter`] keeps the state of the same four algorithms in
+//! Redis instead, so every instance that shares the Redis draws from one budget per key. It is a
+//! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
+//!
+//! ```no_run
+//! use tower_bulwark::store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
+//! use tower_bulwark::{Limiter, Quota, SlidingLog};
+//!
+//! # async fn run() -> Result<(), tower_bulwark::BoxError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let limiter = RedisRateLimiter::builder(Quota::per_minute(100)?, store)
+//!     .algorithm::<SlidingLog>()
+//!     .prefix("api:")
+//!     .on_failure(FailurePolicy::fallback(Quota::per_minute(25)?))
+//!     .build()?;
+//! let decision = limiter.reserve(&"203.0.113.7", 1).await?;
+//! println!("allowed: {}, retry after {:?}", decision.allowed, decision.retry_after);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! * **One script per algorithm, one round trip per decision.** Each algorithm is a Lua script
+//!   that reads the key's state, decides and writes the new state atomically on the server. It is
+//!   sent by `EVALSHA`; when the server does not know it (a restart empties the script cache) it
+//!   is loaded and sent again.
+//! * **The server's clock.** Scripts read `TIME` (microseconds), so instances with skewed clocks
+//!   agree. Every value a script handles is an integer number of ticks, rounded exactly as the
+//!   in-memory algorithm rounds, so nothing is lost to Lua's conversion of numbers to integer
+//!   replies. Window algorithms count their windows from the Unix epoch. For tests,
+//!   [`client_clock`](RedisRateLimiterBuilder::client_clock) passes a [`Clock`]'s
+//!   nanoseconds instead, which makes the decisions identical to the in-memory limiter's.
+//! * **One key per decision, always with an expiry.** The key of client key `k` is
+//!   `<prefix>{k}` by default: the braces are Redis Cluster's hash tag, so the state of `k` lives
+//!   in one slot and different clients spread over the cluster ([`HashTag`]). Each write sets an
+//!   expiry at the instant the state stops mattering, so idle clients leave nothing behind.
+//!   The sliding log keeps one sorted-set member per permit, named `<instant>:<sequence>` so that
+//!   many requests in the same microsecond are all counted.
+//! * **Same [`Decision`]** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
+//!   reservations within the quota's `max_wait` (with [`refund`](Limiter::refund) of a dropped
+//!   waiter).
+//! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
+//!   a timeout, a connection error or a reply that is not a decision is counted
+//!   ([`RedisRateLimiter::failures`]), logged with `tracing` and decided by the
+//!   [`FailurePolicy`]. After a timeout or a connection error, decisions go straight to the
+//!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
+//!   does not cost every request a timeout; then Redis is tried again. The connection
+//!   reconnects by itself.
+//! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
+//!   without a round trip ([`without_refusal_cache`](RedisRateLimiterBuilder::without_refusal_cache)
+//!   turns this off).
+//!
+//! # Limits
+//!
+//! * The scripts need Redis 4 or later, or any Valkey: they use multi-field `HSET`, and they
+//!   write after reading `TIME`, which needs effects replication (the default from Redis 5; on
+//!   Redis 4 the script switches it on).
+//! * Lua numbers are doubles: the builder refuses quotas whose arithmetic would leave the exact
+//!   integer range (a GCRA burst window or a period longer than about 35 years with the server's
+//!   clock, about 13 days with a client clock; `permits × period` above 2^52 ticks for the sliding
+//!   counter).
+//! * With the server's clock, times are whole microseconds: intervals and periods are rounded up
+//!   to the microsecond (never exceeding the rate), `max_wait` down.
+//! * [`Limiter::refund`] is synchronous, so it sends its script from a spawned task (it needs a
+//!   tokio runtime; outside one it logs and gives nothing back). Use
+//!   [`RedisRateLimiter::give_back`] to await it.
+//! * A cached refusal is not revised when another instance gives permits back: such a key may be
+//!   refused locally until its original retry time.
+
+use std::fmt;
+use std::future::{Future, Ready};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::Value;
+
+use crate::algorithm::Gcra;
+use crate::clock::{Clock, SystemClock};
+use crate::{BoxError, Decision, InsufficientCapacity, KeyedRateLimiter, Limiter, Quota};
+
+mod cache;
+mod error;
+mod key;
+mod script;
+
+pub use error::{BuildError, RedisFailure};
+pub use key::RedisKey;
+pub use script::RedisAlgorithm;
+
+use cache::RefusalCache;
+use script::Params;
+
+/// Marks `reserved_at` of a decision taken locally (a failure policy), so that its refund goes
+/// to the local limiter and never to Redis. Script times stay below 2^52.
+const LOCAL: u64 = 1 << 63;
+
+/// The default timeout of one decision.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The default time during which decisions skip Redis after a failure.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The default bound on refused keys held by the local cache.
+pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
+
+/// A connection to Redis shared by any number of limiters: one server (through a reconnecting
+/// [`ConnectionManager`]) or a Redis Cluster.
+///
+/// Cloning is cheap; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisStore {
+    fn manager_config() -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1))
+    }
+
+    /// Connects to the server at `url` (`redis://host:port/db`), failing if it cannot be reached
+    /// now. Later, the connection reconnects by itself whenever it is lost.
+    pub async fn connect(url: &str) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_with_config(client, Self::manager_config()).await?;
+        Ok(Self::from_manager(manager))
+    }
+
+    /// Prepares a connection to the server at `url` without connecting: the first decision
+    /// connects. A service can start while Redis is down (its failure policy decides meanwhile).
+    ///
+    /// Must be called within a tokio runtime.
+    pub fn connect_lazy(url: &str) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(url)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, Self::manager_config())?;
+        Ok(Self::from_manager(manager))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes' URLs.
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<Self, redis::RedisError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let client = redis::cluster::ClusterClient::builder(urls)
+            .connection_timeout(Duration::from_secs(1))
+            .build()?;
+        let conn = client.get_async_connection().await?;
+        Ok(Self::from_cluster(conn))
+    }
+
+    /// Uses a connection manager configured by hand.
+    pub fn from_manager(manager: ConnectionManager) -> Self {
+        Self {
+            conn: Conn::Single(manager),
+        }
+    }
+
+    /// Uses a cluster connection configured by hand.
+    pub fn from_cluster(conn: ClusterConnection) -> Self {
+        Self {
+            conn: Conn::Cluster(conn),
+        }
+    }
+
+    async fn run(&self, invocation: &redis::ScriptInvocation<'_>) -> redis::RedisResult<Value> {
+        match &self.conn {
+            Conn::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Conn::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn {
+            Conn::Single(_) => "single",
+            Conn::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore").field("kind", &kind).finish()
+    }
+}
+
+/// Where the Redis Cluster hash tag of a limiter's keys comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HashTag {
+    /// `<prefix>{<client key>}`: each client's state hashes by the client key alone, so clients
+    /// spread over the cluster's slots (the default).
+    #[default]
+    PerKey,
+    /// `<prefix>{<tag>}:<client key>`: every key of the limiter lives in the slot of `tag`.
+    Fixed(String),
+}
+
+/// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply
+/// was not a decision.
+///
+/// Every such failure is counted ([`RedisRateLimiter::failures`]) and logged whatever the policy.
+#[derive(Clone)]
+pub struct FailurePolicy(Policy);
+
+type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
+
+#[derive(Clone)]
+enum Policy {
+    Open,
+    Closed(Duration),
+    Fallback(Arc<LocalLimiter>),
+    Propagate,
+}
+
+impl FailurePolicy {
+    /// Admits the request (the default): availability first. The decision reports the full limit
+    /// minus the cost as remaining, since nothing better is known.
+    pub fn fail_open() -> Self {
+        Self(Policy::Open)
+    }
+
+    /// Refuses the request, telling the client to come back after `retry_after`.
+    pub fn fail_closed(retry_after: Duration) -> Self {
+        Self(Policy::Closed(retry_after))
+    }
+
+    /// Decides with a local in-memory GCRA limiter of its own `quota`, for example the global
+    /// quota divided by the expected number of instances.
+    pub fn fallback(quota: Quota) -> Self {
+        Self::fallback_to(KeyedRateLimiter::<String>::new(quota))
+    }
+
+    /// Decides with `limiter`, keyed by the Redis key of the request (a
+    /// [`KeyedRateLimiter<String, _, _>`](crate::KeyedRateLimiter) of any algorithm and clock).
+    /// Its own quota applies, `max_wait` included, for every decision it takes.
+    pub fn fallback_to<L>(limiter: L) -> Self
+    where
+        L: Limiter<String, Future = Ready<Result<Decision, BoxError>>>,
+    {
+        Self(Policy::Fallback(Arc::new(limiter)))
+    }
+
+    /// Hands the [`RedisFailure`] to the caller as the error of the decision.
+    pub fn propagate() -> Self {
+        Self(Policy::Propagate)
+    }
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        Self::fail_open()
+    }
+}
+
+impl fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Policy::Open => f.write_str("FailurePolicy::fail_open()"),
+            Policy::Closed(retry) => write!(f, "FailurePolicy::fail_closed({retry:?})"),
+            Policy::Fallback(limiter) => f
+                .debug_tuple("FailurePolicy::fallback")
+                .field(limiter.quota())
+                .finish(),
+            Policy::Propagate => f.write_str("FailurePolicy::propagate()"),
+        }
+    }
+}
+
+/// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
+pub struct RedisRateLimiterBuilder<A = Gcra, C = SystemClock> {
+    quota: Quota,
+    store: RedisStore,
+    clock: C,
+    client_time: bool,
+    prefix: Option<String>,
+    hash_tag: HashTag,
+    timeout: Duration,
+    policy: FailurePolicy,
+    probe_interval: Duration,
+    cache_capacity: Option<usize>,
+    _algorithm: PhantomData<fn() -> A>,
+}
+
+impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRateLimiterBuilder")
+            .field("quota", &self.quota)
+            .field("store", &self.store)
+            .field("client_time", &self.client_time)
+            .field("prefix", &self.prefix)
+            .field("hash_tag", &self.hash_tag)
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .field("probe_interval", &self.probe_interval)
+            .field("cache_capacity", &self.cache_capacity)
+            .finish()
+    }
+}
+
+impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
+    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::FixedWindow),
+    /// [`SlidingLog`](crate::SlidingLog) or [`SlidingCounter`](crate::SlidingCounter).
+    pub fn algorithm<A2: RedisAlgorithm>(self) -> RedisRateLimiterBuilder<A2, C> {
+        RedisRateLimiterBuilder {
+            quota: self.quota,
+            store: self.store,
+            clock: self.clock,
+            client_time: self.client_time,
+            prefix: self.prefix,
+            hash_tag: self.hash_tag,
+            timeout: self.timeout,
+            policy: self.policy,
+            probe_interval: self.probe_interval,
+            cache_capacity: self.cache_capacity,
+            _algorithm: PhantomData,
+        }
+    }
+
+    /// Reads time from `clock` on this process instead of the server's `TIME`, in nanoseconds.
+    ///
+    /// Meant for tests: with a [`ManualClock`](crate::ManualClock) the decisions are exactly those
+    /// of the in-memory limiter on the same clock. Every instance must then share the clock's
+    /// origin, and the clock must stay below 2^52 ns (about 52 days). Since such a clock need not
+    /// run at the server's pace, every key is kept a minute longer than the clock says.
+    pub fn client_clock<C2: Clock>(self, clock: C2) -> RedisRateLimiterBuilder<A, C2> {
+        RedisRateLimiterBuilder {
+            quota: self.quota,
+            store: self.store,
+            clock,
+            client_time: true,
+            prefix: self.prefix,
+            hash_tag: self.hash_tag,
+            timeout: self.timeout,
+            policy: self.policy,
+            probe_interval: self.probe_interval,
+            cache_capacity: self.cache_capacity,
+            _algorithm: PhantomData,
+        }
+    }
+
+    /// The start of every key this limiter writes (default `bulwark:<algorithm>:`). Give each
+    /// limiter its own prefix: two limiters with one prefix share their state. It must not hold
+    /// `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Where the Redis Cluster hash tag comes from (default [`HashTag::PerKey`]).
+    pub fn hash_tag(mut self, hash_tag: HashTag) -> Self {
+        self.hash_tag = hash_tag;
+        self
+    }
+
+    /// The longest a decision waits for Redis before the failure policy decides (default
+    /// [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to decide when Redis cannot (default [`FailurePolicy::fail_open`]).
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After a failure, how long decisions go straight to the failure policy before Redis is
+    /// tried again (default [`DEFAULT_PROBE_INTERVAL`]). While Redis is down this spares every
+    /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// The most refused keys the local cache holds (default
+    /// [`DEFAULT_REFUSAL_CACHE_CAPACITY`]).
+    pub fn refusal_cache_capacity(mut self, capacity: usize) -> Self {
+        self.cache_capacity = Some(capacity);
+        self
+    }
+
+    /// Sends every request to Redis, even for a key known to be refused.
+    pub fn without_refusal_cache(mut self) -> Self {
+        self.cache_capacity = None;
+        self
+    }
+
+    /// Builds the limiter, or says which setting cannot work.
+    pub fn build(self) -> Result<RedisRateLimiter<A, C>, BuildError> {
+        let kind = script::kind_of::<A>();
+        let tick_nanos = if self.client_time { 1 } else { 1000 };
+        let params = Params::new(kind, &self.quota, tick_nanos).map_err(BuildError::new)?;
+        let prefix = self
+            .prefix
+            .unwrap_or_else(|| format!("bulwark:{}:", kind.name()));
+        if prefix.contains(['{', '}']) {
+            return Err(BuildError::new("the key prefix must not hold `{` or `}`"));
+        }
+        if let HashTag::Fixed(tag) = &self.hash_tag {
+            if tag.is_empty() || tag.contains(['{', '}']) {
+                return Err(BuildError::new(
+                    "a fixed hash tag must be non-empty, without `{` or `}`",
+                ));
+            }
+        }
+        if self.timeout.is_zero() {
+            return Err(BuildError::new("the timeout must be longer than zero"));
+        }
+        Ok(RedisRateLimiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                quota: self.quota,
+                params,
+                clock: self.clock,
+                client_time: self.client_time,
+                prefix,
+                hash_tag: self.hash_tag,
+                timeout: self.timeout,
+                policy: self.policy,
+                probe_interval: u64::try_from(self.probe_interval.as_nanos()).unwrap_or(u64::MAX),
+                cache: self.cache_capacity.map(RefusalCache::new),
+                failures: AtomicU64::new(0),
+                cached_refusals: AtomicU64::new(0),
+                down: AtomicBool::new(false),
+                origin: Instant::now(),
+                skip_until: AtomicU64::new(0),
+            }),
+            _algorithm: PhantomData,
+        })
+    }
+}
+
+/// A limiter whose state lives in Redis, shared by every instance that uses the same Redis and
+/// key prefix. Cheap to clone; clones share everything.
+///
+/// It decides for any key that implements [`RedisKey`] (strings, numbers, IP addresses, header
+/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check).
+pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
+    inner: Arc<Inner<C>>,
+    _algorithm: PhantomData<fn() -> A>,
+}
+
+struct Inner<C> {
+    store: RedisStore,
+    quota: Quota,
+    params: Params,
+    clock: C,
+    client_time: bool,
+    prefix: String,
+    hash_tag: HashTag,
+    timeout: Duration,
+    policy: FailurePolicy,
+    /// Nanoseconds after a failure during which Redis is not asked.
+    probe_interval: u64,
+    cache: Option<RefusalCache>,
+    failures: AtomicU64,
+    cached_refusals: AtomicU64,
+    /// Whether the last call failed: the first failure of a streak logs a warning, the rest at
+    /// debug level, and the first success after it says Redis is back.
+    down: AtomicBool,
+    /// The breaker's own real-time clock (Redis availability is a matter of real time, whatever
+    /// clock the decisions use).
+    origin: Instant,
+    /// Until when (nanoseconds since `origin`) decisions skip Redis after a failure.
+    skip_until: AtomicU64,
+}
+
+impl RedisRateLimiter {
+    /// A builder for a GCRA limiter of `quota` on `store`, with the server's clock.
+    pub fn builder(quota: Quota, store: RedisStore) -> RedisRateLimiterBuilder {
+        RedisRateLimiterBuilder {
+            quota,
+            store,
+            clock: SystemClock::new(),
+            client_time: false,
+            prefix: None,
+            hash_tag: HashTag::PerKey,
+            timeout: DEFAULT_TIMEOUT,
+            policy: FailurePolicy::default(),
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
+            _algorithm: PhantomData,
+        }
+    }
+}
+
+impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
+    /// The quota.
+    pub fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
+    /// replies, and decisions taken without asking during a
+    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the failure policy decided
+    /// each.
+    pub fn failures(&self) -> u64 {
+        self.inner.failures.load(Ordering::Relaxed)
+    }
+
+    /// How many refusals were answered from the local cache, without a round trip.
+    pub fn cached_refusals(&self) -> u64 {
+        self.inner.cached_refusals.load(Ordering::Relaxed)
+    }
+
+    /// The Redis key that holds the state of `key`.
+    pub fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
+        self.inner.redis_key(key)
+    }
+
+    /// Decides on one permit for `key` now, never reserving a later one.
+    pub async fn check<K: RedisKey + ?Sized>(&self, key: &K) -> Result<Decision, BoxError> {
+        self.check_n(key, 1).await
+    }
+
+    /// Decides on `cost` permits for `key` now, never reserving later ones.
+    pub async fn check_n<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> Result<Decision, BoxError> {
+        self.decide(key, cost, 0).await
+    }
+
+    fn decide<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, max_wait: u64) -> ReserveFuture {
+        let inner = &self.inner;
+        if cost > inner.params.capacity {
+            let err = InsufficientCapacity::new(cost, inner.params.capacity);
+            return ReserveFuture::ready(Err(err.into()));
+        }
+        let redis_key = inner.redis_key(key);
+        if let Some(cache) = &inner.cache {
+            let now = inner.clock.now();
+            let max_wait_nanos = max_wait.saturating_mul(inner.params.tick_nanos);
+            if let Some(decision) = cache.check(&redis_key, cost, now, max_wait_nanos) {
+                inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
+                return ReserveFuture::ready(Ok(decision));
+            }
+        }
+        let inner = Arc::clone(inner);
+        ReserveFuture::remote(async move { inner.decide(redis_key, cost, max_wait).await })
+    }
+
+    /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
+    /// applied it. A decision taken by the failure policy goes back to the local limiter.
+    pub async fn give_back<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        decision: &Decision,
+    ) -> Result<(), BoxError> {
+        if !decision.allowed {
+            return Ok(());
+        }
+        let redis_key = self.inner.redis_key(key);
+        if let Some(cache) = &self.inner.cache {
+            cache.forget(&redis_key);
+        }
+        if decision.reserved_at & LOCAL != 0 {
+            self.inner.refund_locally(redis_key, cost, decision);
+            return Ok(());
+        }
+        self.inner
+            .refund_remote(&redis_key, cost, decision.reserved_at)
+            .await
+            .map_err(BoxError::from)
+    }
+}
+
+impl<C: Clock> Inner<C> {
+    fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 24);
+        out.push_str(&self.prefix);
+        out.push('{');
+        match &self.hash_tag {
+            HashTag::PerKey => key.write_redis_key(&mut out),
+            HashTag::Fixed(tag) => {
+                out.push_str(tag);
+                out.push_str("}:");
+                key.write_redis_key(&mut out);
+                return out;
+            }
+        }
+        out.push('}');
+        out
+    }
+
+    /// The `now` argument of a script: empty for the server's TIME.
+    fn now_arg(&self) -> Result<String, RedisFailure> {
+        if !self.client_time {
+            return Ok(String::new());
+        }
+        let now = self.clock.now();
+        if now > script::MAX_NOW {
+            return Err(RedisFailure::clock_out_of_range(now));
+        }
+        Ok(now.to_string())
+    }
+
+    fn elapsed(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    async fn call(&self, key: &str, op: &str, cost: u32, arg5: u64) -> Result<Value, RedisFailure> {
+        if self.elapsed() < self.skip_until.load(Ordering::Relaxed) {
+            return Err(RedisFailure::skipped());
+        }
+        let params = &self.params;
+        let mut invocation = params.kind.script().prepare_invoke();
+        invocation
+            .key(key)
+            .arg(op)
+            .arg(self.now_arg()?)
+            .arg(params.ticks_per_ms())
+            .arg(cost)
+            .arg(arg5)
+            .arg(params.ttl_margin_ms);
+        for arg in &params.args {
+            invocation.arg(arg.as_str());
+        }
+        match tokio::time::timeout(self.timeout, self.store.run(&invocation)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(RedisFailure::redis(err)),
+            Err(_) => Err(RedisFailure::timeout(self.timeout)),
+        }
+    }
+
+    async fn decide(&self, key: String, cost: u32, max_wait: u64) -> Result<Decision, BoxError> {
+        let result = self
+            .call(&key, "d", cost, max_wait)
+            .await
+            .and_then(|value| script::parse_decision(&value, &self.params));
+        match result {
+            Ok(decision) => {
+                self.recovered();
+                if !decision.allowed {
+                    if let Some(cache) = &self.cache {
+                        cache.insert(&key, cost, self.clock.now(), &decision);
+                    }
+                }
+                Ok(decision)
+            }
+            Err(failure) => self.on_failure(key, cost, failure),
+        }
+    }
+
+    fn recovered(&self) {
+        if self.down.swap(false, Ordering::Relaxed) {
+            self.skip_until.store(0, Ordering::Relaxed);
+            tracing::info!(
+                target: "tower_bulwark::redis",
+                algorithm = self.params.kind.name(),
+                "redis answers again; decisions come from redis",
+            );
+        }
+    }
+
+    fn failed(&self, key: &str, failure: &RedisFailure) {
+        let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failure.is_unavailable() {
+            let until = self.elapsed().saturating_add(self.probe_interval);
+            self.skip_until.fetch_max(until, Ordering::Relaxed);
+        }
+        if self.down.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                target: "tower_bulwark::redis",
+                key, failures = count, error = %failure,
+                "redis decision failed; the failure policy decides",
+            );
+        } else {
+            tracing::warn!(
+                target: "tower_bulwark::redis",
+                key, failures = count, error = %failure, policy = ?self.policy,
+                "redis decision failed; the failure policy decides until redis answers again",
+            );
+        }
+    }
+
+    fn on_failure(
+        &self,
+        key: String,
+        cost: u32,
+        failure: RedisFailure,
+    ) -> Result<Decision, BoxError> {
+        self.failed(&key, &failure);
+        let limit = self.params.limit;
+        let mut decision = match &self.policy.0 {
+            Policy::Open => {
+                Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
+            }
+            Policy::Closed(retry_after) => Decision::refused(limit, 0, *retry_after, *retry_after),
+            Policy::Fallback(local) => local.reserve(&key, cost).into_inner()?,
+            Policy::Propagate => return Err(failure.into()),
+        };
+        decision.reserved_at |= LOCAL;
+        Ok(decision)
+    }
+
+    fn refund_locally(&self, key: String, cost: u32, decision: &Decision) {
+        if let Policy::Fallback(local) = &self.policy.0 {
+            let mut local_decision = *decision;
+            local_decision.reserved_at &= !LOCAL;
+            local.refund(&key, cost, &local_decision);
+        }
+    }
+
+    async fn refund_remote(
+        &self,
+        key: &str,
+        cost: u32,
+        reserved_at: u64,
+    ) -> Result<(), RedisFailure> {
+        match self.call(key, "r", cost, reserved_at).await {
+            Ok(_) => {
+                self.recovered();
+                Ok(())
+            }
+            Err(failure) => {
+                self.failed(key, &failure);
+                Err(failure)
+            }
+        }
+    }
+}
+
+impl<A, C> Clone for RedisRateLimiter<A, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            _algorithm: PhantomData,
+        }
+    }
+}
+
+impl<A: RedisAlgorithm, C> fmt::Debug for RedisRateLimiter<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        f.debug_struct("RedisRateLimiter")
+            .field("algorithm", &inner.params.kind.name())
+            .field("quota", &inner.quota)
+            .field("store", &inner.store)
+            .field("client_time", &inner.client_time)
+            .field("prefix", &inner.prefix)
+            .field("hash_tag", &inner.hash_tag)
+            .field("timeout", &inner.timeout)
+            .field("policy", &inner.policy)
+            .field(
+                "probe_interval",
+                &Duration::from_nanos(inner.probe_interval),
+            )
+            .field("refusal_cache", &inner.cache.is_some())
+            .field("failures", &inner.failures.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl<K, A, C> Limiter<K> for RedisRateLimiter<A, C>
+where
+    K: RedisKey,
+    A: RedisAlgorithm,
+    C: Clock,
+{
+    type Future = ReserveFuture;
+
+    fn quota(&self) -> &Quota {
+        &self.inner.quota
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> ReserveFuture {
+        self.decide(key, cost, self.inner.params.max_wait)
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+        if !decision.allowed {
+            return;
+        }
+        let redis_key = self.inner.redis_key(key);
+        if let Some(cache) = &self.inner.cache {
+            cache.forget(&redis_key);
+        }
+        if decision.reserved_at & LOCAL != 0 {
+            self.inner.refund_locally(redis_key, cost, decision);
+            return;
+        }
+        let reserved_at = decision.reserved_at;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let inner = Arc::clone(&self.inner);
+                // Failures are counted and logged inside; nothing waits for the outcome.
+                runtime.spawn(async move {
+                    let _ = inner.refund_remote(&redis_key, cost, reserved_at).await;
+                });
+            }
+            Err(_) => tracing::warn!(
+                target: "tower_bulwark::redis",
+                key = redis_key,
+                "refund outside a tokio runtime; nothing is given back",
+            ),
+        }
+    }
+}
+
+/// The future of a [`RedisRateLimiter`] decision: ready at once for a cached refusal, otherwise
+/// one script call bounded by the limiter's timeout.
+pub struct ReserveFuture {
+    state: State,
+}
+
+type Remote = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send + 'static>>;
+
+enum State {
+    Ready(Option<Result<Decision, BoxError>>),
+    Remote(Remote),
+}
+
+impl ReserveFuture {
+    fn ready(result: Result<Decision, BoxError>) -> Self {
+        Self {
+            state: State::Ready(Some(result)),
+        }
+    }
+
+    fn remote(future: impl Future<Output = Result<Decision, BoxError>> + Send + 'static) -> Self {
+        Self {
+            state: State::Remote(Box::pin(future)),
+        }
+    }
+}
+
+impl Future for ReserveFuture {
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.state {
+            State::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("ReserveFuture polled after it completed"),
+            ),
+            State::Remote(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for ReserveFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Ready(_) => "ready",
+            State::Remote(_) => "remote",
+        };
+        f.debug_struct("ReserveFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

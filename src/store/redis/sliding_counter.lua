@@ -1,0 +1,127 @@
+-- Sliding-window counter on one hash: w = index of the current window (from tick zero),
+-- p, c, n = permits of the previous, current and next window.
+-- ARGV[7] window, ARGV[8] limit
+local key = KEYS[1]
+local window = tonumber(ARGV[7])
+local limit = tonumber(ARGV[8])
+local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n')
+local w = stored(state[1], 0)
+local prev = stored(state[2], 0)
+local curr = stored(state[3], 0)
+local nxt = stored(state[4], 0)
+
+-- Roll the counters forward to the window holding now.
+local idx = idiv(math.max(now, 0), window)
+local gap = math.max(idx - w, 0)
+if gap == 1 then
+  prev, curr, nxt = curr, nxt, 0
+elseif gap == 2 then
+  prev, curr, nxt = nxt, 0, 0
+elseif gap > 2 then
+  prev, curr, nxt = 0, 0, 0
+end
+w = math.max(w, idx)
+
+local start = w * window
+local e = math.max(now - start, 0)
+
+-- The earliest offset into a window with counts (p, c) at which `cost` fits, or nil.
+local function earliest(p, c)
+  local room = limit - (c + cost)
+  if room < 0 then
+    return nil
+  end
+  if p == 0 then
+    return 0
+  end
+  local at = math.max(window - idiv(room * window, p), 0)
+  if at < window then
+    return at
+  end
+  return nil
+end
+
+-- The previous window's share at offset `at`, rounded up.
+local function carried(p, at)
+  return cdiv(p * (window - at), window)
+end
+
+local function reset_after()
+  local left
+  if nxt > 0 then
+    left = 3
+  elseif curr > 0 then
+    left = 2
+  elseif prev > 0 then
+    left = 1
+  else
+    return 0
+  end
+  return (w + left) * window - now
+end
+
+local function remaining()
+  return math.max(limit - (curr + carried(prev, e)), 0)
+end
+
+local function save()
+  if prev == 0 and curr == 0 and nxt == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt))
+    expire_in(key, reset_after())
+  end
+end
+
+if op == 'r' then
+  local at = arg5
+  if at > now then
+    local at_idx = idiv(at, window)
+    if at_idx == w then
+      curr = math.max(curr - cost, 0)
+    elseif at_idx == w + 1 then
+      nxt = math.max(nxt - cost, 0)
+    end
+  end
+  save()
+  return 1
+end
+
+local max_wait = arg5
+local here = earliest(prev, curr)
+if here and here <= e then
+  curr = curr + cost
+  save()
+  return decision(1, remaining(), 0, reset_after(), 0, 0)
+end
+local admit_at, which
+if here then
+  admit_at, which = start + here, 0
+else
+  local there = earliest(curr, nxt)
+  if there then
+    admit_at, which = start + window + there, 1
+  else
+    local p = nxt
+    local room_at = 0
+    if cost <= limit and p > 0 then
+      local room = limit - cost
+      local at = math.max(window - idiv(room * window, p), 0)
+      if at < window then
+        room_at = at
+      end
+    end
+    admit_at, which = start + 2 * window + room_at, 2
+  end
+end
+local wait = admit_at - now
+if wait <= max_wait and which < 2 then
+  if which == 0 then
+    curr = curr + cost
+  else
+    nxt = nxt + cost
+  end
+  save()
+  return decision(1, 0, 0, reset_after(), wait, admit_at)
+end
+return decision(0, remaining(), wait, reset_after(), 0, 0)
