@@ -196,6 +196,16 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
             "rate_limiters.api",
             "table of settings",
         ),
+        (
+            with("store = \"disk\""),
+            "rate_limiters.api.store",
+            "unknown store `disk`",
+        ),
+        (
+            with("redis_url = \"redis://127.0.0.1/\""),
+            "rate_limiters.api.redis_url",
+            "only to store = \"redis\"",
+        ),
         ("[rate_limiters.api\n".into(), "", ""),
     ];
     for (text, path, message) in cases {
@@ -204,6 +214,49 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         assert!(err.message().contains(message), "{text}\n-> {err}");
         assert!(err.to_string().contains(path), "{err}");
     }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_settings_are_checked() {
+    let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\nstore = \"redis\"\n";
+    let cases = [
+        ("", "rate_limiters.api.redis_url", "is required"),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"local\"",
+            "rate_limiters.api.local_limit_for_period",
+            "is required",
+        ),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"retry\"",
+            "rate_limiters.api.on_redis_failure",
+            "unknown policy `retry`",
+        ),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\nlocal_limit_for_period = 3",
+            "rate_limiters.api.local_limit_for_period",
+            "only to on_redis_failure = \"local\"",
+        ),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\nredis_timeout = 50",
+            "rate_limiters.api.redis_timeout",
+            "no unit",
+        ),
+    ];
+    for (extra, path, message) in cases {
+        let text = format!("{base}{extra}\n");
+        let err = Config::from_toml_str(&text).expect_err(&text);
+        assert_eq!(err.path(), path, "{text}\n-> {err}");
+        assert!(err.message().contains(message), "{text}\n-> {err}");
+    }
+    let ok = Config::from_toml_str(&format!(
+        "{base}redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"local\"\nlocal_limit_for_period = 3\nredis_timeout = \"50ms\"\n"
+    ))
+    .unwrap();
+    assert!(matches!(
+        ok.rate_limiters["api"].store,
+        tower_bulwark::config::StoreKind::Redis(_)
+    ));
 }
 
 #[test]

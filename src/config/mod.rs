@@ -37,6 +37,12 @@
 //! | `trusted_proxies` | list of CIDRs; with `key = "peer_ip"`, the client is read from `X-Forwarded-For` sent by these | none |
 //! | `max_keys` | integer ≥ 1 | 1 000 000 |
 //! | `hide_keys` | boolean: keep client keys out of log events | `false` |
+//! | `store` | `memory`, or `redis` (feature `redis`) for one quota across every instance | `memory` |
+//! | `redis_url` | `redis://host:port` | required with `store = "redis"` |
+//! | `redis_prefix` | key prefix | `bulwark:<algorithm>:` |
+//! | `redis_timeout` | duration: how long a decision may wait for Redis | the store's default |
+//! | `on_redis_failure` | `fail_open`, `fail_closed`, or `local` | `fail_open` |
+//! | `local_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `local` | required with `local` |
 //!
 //! Fields of a bulkhead:
 //!
@@ -135,6 +141,43 @@ pub enum KeyKind {
     Global,
 }
 
+/// Where a configured rate limiter keeps its state.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// In this process's memory (the default).
+    #[default]
+    Memory,
+    /// In Redis, shared by every instance of the service (feature `redis`).
+    Redis(RedisSettings),
+}
+
+/// What a Redis-backed rate limiter does when Redis cannot answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnRedisFailure {
+    /// Admit the request (the default).
+    FailOpen,
+    /// Refuse the request.
+    FailClosed,
+    /// Decide with a local in-memory limiter admitting this many per period.
+    Local(u32),
+}
+
+/// The Redis settings of a rate limiter (`store = "redis"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisSettings {
+    /// The server, such as `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// The prefix of the limiter's keys; the store's default when absent.
+    pub prefix: Option<String>,
+    /// How long a decision may wait for Redis; the store's default when absent.
+    pub timeout: Option<Duration>,
+    /// What to do when Redis cannot answer.
+    pub on_failure: OnRedisFailure,
+}
+
 /// The settings of one named rate limiter.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -151,6 +194,8 @@ pub struct RateLimiterSettings {
     pub max_keys: usize,
     /// Whether log events leave client keys out.
     pub hide_keys: bool,
+    /// Where the state lives.
+    pub store: StoreKind,
 }
 
 /// The settings of one named bulkhead.
@@ -308,6 +353,12 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
             "trusted_proxies",
             "max_keys",
             "hide_keys",
+            "store",
+            "redis_url",
+            "redis_prefix",
+            "redis_timeout",
+            "on_redis_failure",
+            "local_limit_for_period",
         ],
     )?;
     let permits = f.positive_int(
@@ -405,6 +456,7 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
             )
         })?,
     };
+    let store = store(&f)?;
     Ok(RateLimiterSettings {
         quota,
         algorithm,
@@ -412,7 +464,88 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
         trusted_proxies,
         max_keys,
         hide_keys,
+        store,
     })
+}
+
+fn store(f: &Fields<'_>) -> Result<StoreKind, ConfigError> {
+    let redis_fields = [
+        "redis_url",
+        "redis_prefix",
+        "redis_timeout",
+        "on_redis_failure",
+        "local_limit_for_period",
+    ];
+    let kind = match f.get("store") {
+        None => "memory",
+        Some(v) => f.string("store", v)?,
+    };
+    match kind {
+        "memory" => {
+            if let Some(field) = redis_fields.iter().find(|name| f.get(name).is_some()) {
+                return Err(f.err(field, "applies only to store = \"redis\""));
+            }
+            Ok(StoreKind::Memory)
+        }
+        "redis" => {
+            if cfg!(not(feature = "redis")) {
+                return Err(f.err(
+                    "store",
+                    "`redis` needs the crate's `redis` feature, which this build lacks",
+                ));
+            }
+            let url = f.string("redis_url", f.required("redis_url")?)?.to_owned();
+            let prefix = match f.get("redis_prefix") {
+                None => None,
+                Some(v) => Some(f.string("redis_prefix", v)?.to_owned()),
+            };
+            let timeout = match f.get("redis_timeout") {
+                None => None,
+                Some(v) => Some(f.duration("redis_timeout", v)?),
+            };
+            let local = match f.get("local_limit_for_period") {
+                None => None,
+                Some(v) => {
+                    Some(f.positive_int("local_limit_for_period", v, u64::from(u32::MAX))? as u32)
+                }
+            };
+            let on_failure = match f.get("on_redis_failure") {
+                None => OnRedisFailure::FailOpen,
+                Some(v) => match f.string("on_redis_failure", v)? {
+                    "fail_open" => OnRedisFailure::FailOpen,
+                    "fail_closed" => OnRedisFailure::FailClosed,
+                    "local" => OnRedisFailure::Local(local.ok_or_else(|| {
+                        f.err(
+                            "local_limit_for_period",
+                            "is required with on_redis_failure = \"local\"",
+                        )
+                    })?),
+                    other => return Err(f.err(
+                        "on_redis_failure",
+                        format!(
+                            "unknown policy `{other}`; expected fail_open, fail_closed or local"
+                        ),
+                    )),
+                },
+            };
+            if local.is_some() && !matches!(on_failure, OnRedisFailure::Local(_)) {
+                return Err(f.err(
+                    "local_limit_for_period",
+                    "applies only to on_redis_failure = \"local\"",
+                ));
+            }
+            Ok(StoreKind::Redis(RedisSettings {
+                url,
+                prefix,
+                timeout,
+                on_failure,
+            }))
+        }
+        other => Err(f.err(
+            "store",
+            format!("unknown store `{other}`; expected memory or redis"),
+        )),
+    }
 }
 
 fn bulkhead(path: &str, table: &Table) -> Result<BulkheadSettings, ConfigError> {

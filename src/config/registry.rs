@@ -9,7 +9,9 @@ use std::path::Path;
 use http::request::Parts;
 use http::HeaderValue;
 
-use super::{AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings};
+use super::{
+    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings, StoreKind,
+};
 use crate::bulkhead::{Bulkhead, BulkheadLayer};
 use crate::observe::{LimiterSnapshot, Observed};
 use crate::rate_limit::{
@@ -264,11 +266,22 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
                 .build(),
         )
     }
-    let limiter = match s.algorithm {
-        AlgorithmKind::Gcra => keyed::<Gcra>(s),
-        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
-        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
-        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+    let limiter = match &s.store {
+        StoreKind::Memory => match s.algorithm {
+            AlgorithmKind::Gcra => keyed::<Gcra>(s),
+            AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
+            AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
+            AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+        },
+        #[cfg(feature = "redis")]
+        StoreKind::Redis(redis) => redis_limiter(&path, s, redis)?,
+        #[cfg(not(feature = "redis"))]
+        StoreKind::Redis(_) => {
+            return Err(ConfigError::new(
+                format!("{path}.store"),
+                "`redis` needs the crate's `redis` feature, which this build lacks",
+            ))
+        }
     };
     let extractor = match &s.key {
         #[cfg(feature = "axum")]
@@ -293,6 +306,78 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
         limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
         extractor: ConfigKeyExtractor(extractor),
     })
+}
+
+#[cfg(feature = "redis")]
+impl crate::store::redis::RedisKey for ConfigKey {
+    fn write_redis_key(&self, out: &mut String) {
+        match self {
+            ConfigKey::Ip(ip) => ip.write_redis_key(out),
+            ConfigKey::Header(value) => value.write_redis_key(out),
+            ConfigKey::Global => out.push_str("global"),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn redis_limiter(
+    path: &str,
+    s: &RateLimiterSettings,
+    redis: &super::RedisSettings,
+) -> Result<BoxLimiter<ConfigKey>, ConfigError> {
+    use super::OnRedisFailure;
+    use crate::store::redis::{FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore};
+    use crate::Quota;
+
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(ConfigError::new(
+            format!("{path}.store"),
+            "a Redis limiter must be built inside a tokio runtime",
+        ));
+    }
+    let store = RedisStore::connect_lazy(&redis.url)
+        .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
+    let policy = match redis.on_failure {
+        OnRedisFailure::FailOpen => FailurePolicy::fail_open(),
+        OnRedisFailure::FailClosed => FailurePolicy::fail_closed(
+            s.quota
+                .emission_interval()
+                .max(std::time::Duration::from_secs(1)),
+        ),
+        OnRedisFailure::Local(permits) => {
+            let local = Quota::with_period(permits, s.quota.period()).map_err(|e| {
+                ConfigError::new(format!("{path}.local_limit_for_period"), e.to_string())
+            })?;
+            FailurePolicy::fallback(local)
+        }
+    };
+    fn build<A: RedisAlgorithm>(
+        path: &str,
+        s: &RateLimiterSettings,
+        redis: &super::RedisSettings,
+        store: RedisStore,
+        policy: FailurePolicy,
+    ) -> Result<BoxLimiter<ConfigKey>, ConfigError> {
+        let mut builder = RedisRateLimiter::builder(s.quota, store)
+            .algorithm::<A>()
+            .on_failure(policy);
+        if let Some(prefix) = &redis.prefix {
+            builder = builder.prefix(prefix.clone());
+        }
+        if let Some(timeout) = redis.timeout {
+            builder = builder.timeout(timeout);
+        }
+        let limiter = builder
+            .build()
+            .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
+        Ok(BoxLimiter::new(limiter))
+    }
+    match s.algorithm {
+        AlgorithmKind::Gcra => build::<Gcra>(path, s, redis, store, policy),
+        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, s, redis, store, policy),
+        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, s, redis, store, policy),
+        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, s, redis, store, policy),
+    }
 }
 
 fn build_bulkhead(name: &str, s: &BulkheadSettings) -> Bulkhead {
