@@ -84,7 +84,9 @@ impl SlidingCounter {
         share.div_ceil(u128::from(self.window)) as u64
     }
 
-    fn reset_after(&self, c: &Counters, now: u64) -> Duration {
+    /// When the counters stop weighing on any estimate: the end of the window after the last one
+    /// that holds a count; zero when all are empty.
+    fn idle_from(&self, c: &Counters) -> u64 {
         let windows_left = if c.next > 0 {
             3
         } else if c.curr > 0 {
@@ -92,9 +94,13 @@ impl SlidingCounter {
         } else if c.prev > 0 {
             1
         } else {
-            return Duration::ZERO;
+            return 0;
         };
-        Duration::from_nanos(self.window_start(c.window + windows_left) - now)
+        self.window_start(c.window + windows_left)
+    }
+
+    fn reset_after(&self, c: &Counters, now: u64) -> Duration {
+        Duration::from_nanos(self.idle_from(c).saturating_sub(now))
     }
 
     pub(crate) fn step(&self, c: &mut Counters, now: u64, cost: u32, max_wait: u64) -> Decision {
@@ -183,16 +189,7 @@ impl Algorithm for SlidingCounter {
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
         let c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let windows_left = if c.next > 0 {
-            3
-        } else if c.curr > 0 {
-            2
-        } else if c.prev > 0 {
-            1
-        } else {
-            return 0;
-        };
-        self.window_start(c.window + windows_left)
+        self.idle_from(&c)
     }
 }
 

@@ -520,12 +520,14 @@ fn store(f: &Fields<'_>) -> Result<StoreKind, ConfigError> {
                             "is required with on_redis_failure = \"local\"",
                         )
                     })?),
-                    other => return Err(f.err(
-                        "on_redis_failure",
-                        format!(
+                    other => {
+                        return Err(f.err(
+                            "on_redis_failure",
+                            format!(
                             "unknown policy `{other}`; expected fail_open, fail_closed or local"
                         ),
-                    )),
+                        ))
+                    }
                 },
             };
             if local.is_some() && !matches!(on_failure, OnRedisFailure::Local(_)) {
