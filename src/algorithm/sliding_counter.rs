@@ -109,16 +109,12 @@ impl SlidingCounter {
         let start = self.window_start(c.window);
         let e = now - start;
         let remaining = |c: &Counters| self.limit.saturating_sub(c.curr + self.carried(c.prev, e));
-        if self
-            .earliest(c.prev, c.curr, cost)
-            .is_some_and(|at| at <= e)
-        {
+        let earliest_here = self.earliest(c.prev, c.curr, cost);
+        if earliest_here.is_some_and(|at| at <= e) {
             c.curr += cost;
             return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now));
         }
-        let in_this = self
-            .earliest(c.prev, c.curr, cost)
-            .map(|at| (start + at, 0));
+        let in_this = earliest_here.map(|at| (start + at, 0));
         let in_next = || {
             self.earliest(c.curr, c.next, cost)
                 .map(|at| (start + self.window + at, 1))
