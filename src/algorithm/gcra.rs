@@ -19,26 +19,27 @@ pub struct Gcra {
     /// `burst · interval`: how far ahead of now the TAT may run.
     horizon: u64,
     burst: u32,
-    /// `1 / interval`, so that the hot path divides by multiplying (see [`Gcra::permits_in`]).
-    inverse: f64,
+    /// `floor((2^64 - 1) / interval)`, so that the hot path divides by multiplying (see
+    /// [`Gcra::permits_in`]).
+    magic: u64,
 }
 
 impl Gcra {
     /// `span / interval`, rounded down: how many whole permits fit in `span` nanoseconds.
     ///
-    /// A 64-bit integer division costs tens of cycles, more than the rest of a check; a
-    /// multiplication by the precomputed inverse is exact after at most a step of correction.
+    /// A 64-bit integer division costs tens of cycles, more than the rest of a check; instead the
+    /// span is multiplied by `magic = floor((2^64 - 1) / interval)` and the high half taken. For
+    /// spans below 2^50 that estimate falls short of the quotient by less than `span / 2^64`, so
+    /// it is the quotient or one less, and one comparison settles which.
     #[inline]
     fn permits_in(&self, span: u64) -> u64 {
-        if span >= 1 << 52 {
-            // Beyond f64's exact integers (months of nanoseconds): divide plainly.
+        if span >= 1 << 50 {
+            // Spans of more than 13 days are rare: divide plainly.
             return span / self.interval;
         }
-        let mut q = (span as f64 * self.inverse) as u64;
-        while q > 0 && q * self.interval > span {
-            q -= 1;
-        }
-        while (q + 1) * self.interval <= span {
+        let mut q = ((u128::from(span) * u128::from(self.magic)) >> 64) as u64;
+        // q * interval <= span, so the subtraction cannot underflow.
+        if span - q * self.interval >= self.interval {
             q += 1;
         }
         q
@@ -91,7 +92,7 @@ impl Algorithm for Gcra {
             interval,
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
-            inverse: 1.0 / interval as f64,
+            magic: u64::MAX / interval,
         }
     }
 
@@ -172,6 +173,27 @@ mod tests {
                 u64::MAX,
             ];
             for span in spans {
+                assert_eq!(g.permits_in(span), span / interval, "{span} / {interval}");
+            }
+        }
+        // Pseudo-random intervals and spans below 2^50, and the spans on either side of a
+        // multiple of the interval, where an estimate off by one would show.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let interval = 1 + next() % (1 << (next() % 50));
+            let g = Gcra::new(
+                &Quota::with_period(1, Duration::from_nanos(interval)).unwrap(),
+                0,
+            );
+            let span = next() % (1 << 50);
+            let k = span / interval;
+            for span in [span, k * interval, (k * interval).saturating_sub(1)] {
                 assert_eq!(g.permits_in(span), span / interval, "{span} / {interval}");
             }
         }
