@@ -16,7 +16,8 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-32}
 ADDR=${ADDR:-127.0.0.1:3917}
-VARIANTS=(none bulwark bulwark-bare governor bulwark-refuse governor-refuse)
+# VARIANTS="none bulwark" runs only those (the ratios that need a missing variant are skipped).
+read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare governor bulwark-refuse governor-refuse}"
 
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 cargo build --release --example bench_server >&2
@@ -86,17 +87,21 @@ for variant in "${VARIANTS[@]}"; do
   cpu[$variant]=$(median "$variant" 3)
   printf '  %-16s %10.0f req/s  %6.1f us server CPU per request\n' "$variant" "${rps[$variant]}" "${cpu[$variant]}"
 done
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+ratio() { [[ -n "$1" && -n "$2" ]] && awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}' || printf "n/a"; }
 echo
 echo "ratios:"
-echo "  bulwark / none                      $(ratio "${rps[bulwark]}" "${rps[none]}")   (goal >= 0.97)"
-echo "  bulwark-bare / none                 $(ratio "${rps[bulwark-bare]}" "${rps[none]}")"
-echo "  bulwark / governor                  $(ratio "${rps[bulwark]}" "${rps[governor]}")   (goal >= 1.0)"
-echo "  bulwark-refuse / governor-refuse    $(ratio "${rps[bulwark-refuse]}" "${rps[governor-refuse]}")   (goal >= 1.0)"
+echo "  bulwark / none                      $(ratio "${rps[bulwark]:-}" "${rps[none]:-}")   (goal >= 0.97)"
+echo "  bulwark-bare / none                 $(ratio "${rps[bulwark-bare]:-}" "${rps[none]:-}")"
+echo "  none-headers / none                 $(ratio "${rps[none-headers]:-}" "${rps[none]:-}")   (the cost of the header bytes alone)"
+echo "  bulwark / none-headers              $(ratio "${rps[bulwark]:-}" "${rps[none-headers]:-}")   (the same bytes on the wire)"
+echo "  bulwark / governor                  $(ratio "${rps[bulwark]:-}" "${rps[governor]:-}")   (goal >= 1.0)"
+echo "  bulwark-refuse / governor-refuse    $(ratio "${rps[bulwark-refuse]:-}" "${rps[governor-refuse]:-}")   (goal >= 1.0)"
 echo
 echo "the same ratios from server CPU per request (cost of the baseline / cost of ours; less"
 echo "sensitive to other load on the machine):"
-echo "  none / bulwark                      $(ratio "${cpu[none]}" "${cpu[bulwark]}")"
-echo "  none / bulwark-bare                 $(ratio "${cpu[none]}" "${cpu[bulwark-bare]}")"
-echo "  governor / bulwark                  $(ratio "${cpu[governor]}" "${cpu[bulwark]}")"
-echo "  governor-refuse / bulwark-refuse    $(ratio "${cpu[governor-refuse]}" "${cpu[bulwark-refuse]}")"
+echo "  none / bulwark                      $(ratio "${cpu[none]:-}" "${cpu[bulwark]:-}")"
+echo "  none / bulwark-bare                 $(ratio "${cpu[none]:-}" "${cpu[bulwark-bare]:-}")"
+echo "  none / none-headers                 $(ratio "${cpu[none]:-}" "${cpu[none-headers]:-}")"
+echo "  none-headers / bulwark              $(ratio "${cpu[none-headers]:-}" "${cpu[bulwark]:-}")"
+echo "  governor / bulwark                  $(ratio "${cpu[governor]:-}" "${cpu[bulwark]:-}")"
+echo "  governor-refuse / bulwark-refuse    $(ratio "${cpu[governor-refuse]:-}" "${cpu[bulwark-refuse]:-}")"

@@ -7,6 +7,8 @@
 //! `VARIANT` is one of:
 //!
 //! * `none`: no limiter;
+//! * `none-headers`: no limiter, but the handler itself returns the two headers that `bulwark`
+//!   adds, with values of the same length: the cost of those bytes on the wire, with no limiter;
 //! * `bulwark`: `RateLimitLayer` keyed by peer IP, with a quota that never refuses (default
 //!   settings, so admitted responses carry the `RateLimit` headers);
 //! * `bulwark-bare`: the same without headers on admitted responses;
@@ -55,6 +57,18 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
     let hourly = Quota::per_hour(1)?;
     Ok(match variant {
         "none" => hello,
+        "none-headers" => Router::new().route(
+            "/",
+            get(|| async {
+                (
+                    [
+                        ("ratelimit-policy", "\"per-ip\";q=1000000000;w=1"),
+                        ("ratelimit", "\"per-ip\";r=999999999;t=1"),
+                    ],
+                    "Hello, World!",
+                )
+            }),
+        ),
         "bulwark" => hello.route_layer(bulwark(never)?),
         "bulwark-bare" => hello.route_layer(bulwark(never)?.without_admitted_headers()),
         "bulwark-refuse" => hello.route_layer(bulwark(hourly)?),

@@ -54,6 +54,15 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
     fn reserve(&self, key: &K, cost: u32) -> Self::Future;
 
+    /// The same decision as [`reserve`](Self::reserve), made at once when this limiter can make
+    /// it without waiting for I/O; `None` means "use `reserve`". The in-memory limiters always
+    /// answer here, which lets the HTTP layer decide without allocating a future. The default
+    /// answers `None`.
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        let _ = (key, cost);
+        None
+    }
+
     /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
     /// policy vetoed. Where the algorithm cannot give it back, this does nothing.
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
@@ -306,7 +315,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         &self.inner.quota
     }
 
-    fn reserve_now(&self, cost: u32) -> Result<Decision, BoxError> {
+    fn decide_now(&self, cost: u32) -> Result<Decision, BoxError> {
         check_cost(&self.inner.algorithm, cost)?;
         let now = self.inner.clock.now();
         let max_wait = self.inner.quota.max_wait_nanos();
@@ -344,7 +353,12 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
     }
 
     fn reserve(&self, _key: &K, cost: u32) -> Self::Future {
-        ready(self.reserve_now(cost))
+        ready(self.decide_now(cost))
+    }
+
+    #[inline]
+    fn reserve_now(&self, _key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        Some(self.decide_now(cost))
     }
 
     fn refund(&self, _key: &K, cost: u32, decision: &Decision) {
@@ -440,6 +454,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         }
     }
 
+    /// [`Limiter::reserve`]'s decision: the cost checked, waiting up to the quota's `max_wait`.
+    #[inline]
+    fn decide_checked(&self, key: &K, cost: u32) -> Result<Decision, BoxError> {
+        check_cost(&self.inner.algorithm, cost)?;
+        Ok(self.decide(key, cost, self.inner.quota.max_wait_nanos()))
+    }
+
     /// Decides on one permit for `key` now, never waiting.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
@@ -524,10 +545,12 @@ where
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        let result = check_cost(&self.inner.algorithm, cost)
-            .map(|()| self.decide(key, cost, self.inner.quota.max_wait_nanos()))
-            .map_err(BoxError::from);
-        ready(result)
+        ready(self.decide_checked(key, cost))
+    }
+
+    #[inline]
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        Some(self.decide_checked(key, cost))
     }
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {

@@ -274,6 +274,18 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         }
     }
 
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        let result = self.inner.reserve_now(key, cost)?;
+        if let Ok(decision) = &result {
+            // Only a refusal's event names the key.
+            let shown =
+                (!decision.allowed && !self.hide_keys && tracing::enabled!(tracing::Level::DEBUG))
+                    .then(|| format!("{key:?}"));
+            self.shared.record(decision, shown.as_deref());
+        }
+        Some(result)
+    }
+
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
         self.shared.unrecord_wait(decision);
         self.inner.refund(key, cost, decision);

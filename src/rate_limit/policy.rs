@@ -81,6 +81,7 @@ pub type BoxReserve = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + 
 trait ErasedLimiter<K>: Send + Sync + 'static {
     fn quota(&self) -> &Quota;
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
 }
 
@@ -93,6 +94,10 @@ impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
         Box::pin(Limiter::reserve(self, key, cost))
     }
 
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        Limiter::reserve_now(self, key, cost)
+    }
+
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
         Limiter::refund(self, key, cost, decision)
     }
@@ -101,8 +106,8 @@ impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
 /// Any [`Limiter`] behind one type, so that policies of different kinds (a GCRA limiter in memory
 /// and a sliding log in Redis, say) can share a route.
 ///
-/// Each decision costs one allocation for the boxed future; when every policy of a layer has the
-/// same limiter type, use that type instead.
+/// A limiter that decides at once (see [`Limiter::reserve_now`]) still does so through the box;
+/// one that needs I/O costs one allocation per decision for its boxed future.
 ///
 /// ```
 /// use tower_bulwark::rate_limit::{BoxLimiter, Policy};
@@ -157,6 +162,10 @@ impl<K: 'static> Limiter<K> for BoxLimiter<K> {
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
         self.inner.reserve(key, cost)
+    }
+
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        self.inner.reserve_now(key, cost)
     }
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {

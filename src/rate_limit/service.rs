@@ -106,6 +106,12 @@ where
         let mut outcomes = OutcomeList::new(shared.limiters.len());
         let mut cx = Context::from_waker(Waker::noop());
         for limiter in shared.limiters.iter() {
+            if let Some(result) = limiter.reserve_now(&key, super::COST) {
+                if let Some(answer) = record(shared, &key, &mut outcomes, result) {
+                    return ResponseFuture::answer(answer);
+                }
+                continue;
+            }
             let mut reserve = Box::pin(limiter.reserve(&key, super::COST));
             match reserve.as_mut().poll(&mut cx) {
                 Poll::Ready(result) => {
