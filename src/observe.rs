@@ -31,6 +31,7 @@ use crate::{BoxError, Decision, Limiter, Quota};
 /// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` | decisions by outcome |
 /// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
 /// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
+/// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the failure policy instead |
 /// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
 /// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
 /// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit |
@@ -40,6 +41,8 @@ use crate::{BoxError, Decision, Limiter, Quota};
 /// Counters and the histogram are recorded as events happen. Gauges are set from each
 /// instance's state when [`Registry::publish_gauges`](crate::config::Registry::publish_gauges)
 /// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
+/// The store failure counter is also brought up to date by `publish_gauges`, from the Redis
+/// limiter's own count.
 pub mod metric_names {
     /// Counter: rate limiter decisions, label `outcome` = `allowed` | `limited`.
     pub const RATELIMITER_CALLS: &str = "bulwark_ratelimiter_calls_total";
@@ -47,6 +50,8 @@ pub mod metric_names {
     pub const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
     /// Gauge: requests holding a reservation not yet due.
     pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
+    /// Counter: decisions a shared store (Redis) did not give; the failure policy decided them.
+    pub const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
     /// Counter: bulkhead calls, label `outcome` = `permitted` | `rejected` | `finished`.
     pub const BULKHEAD_CALLS: &str = "bulwark_bulkhead_calls_total";
     /// Gauge: free bulkhead permits.

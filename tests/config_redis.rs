@@ -82,9 +82,12 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
             "#
         )
     };
-    let open = app(&Registry::from_toml_str(&config("on_redis_failure = \"fail_open\"")).unwrap());
-    let closed =
-        app(&Registry::from_toml_str(&config("on_redis_failure = \"fail_closed\"")).unwrap());
+    let open_registry =
+        Registry::from_toml_str(&config("on_redis_failure = \"fail_open\"")).unwrap();
+    let closed_registry =
+        Registry::from_toml_str(&config("on_redis_failure = \"fail_closed\"")).unwrap();
+    let open = app(&open_registry);
+    let closed = app(&closed_registry);
     let local = app(&Registry::from_toml_str(&config(
         "on_redis_failure = \"local\"\nlocal_limit_for_period = 2",
     ))
@@ -103,6 +106,40 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
         n
     };
     assert_eq!(local_ok, 2, "the local fallback's own quota applies");
+
+    // Every one of those decisions was the failure policy's, and the registry says so.
+    for registry in [&open_registry, &closed_registry] {
+        let health = registry.health();
+        assert_eq!(health.rate_limiters[0].store_failures, Some(4));
+        let json: serde_json::Value = serde_json::from_str(&health.to_json()).unwrap();
+        assert_eq!(json["rateLimiters"]["shared"]["storeFailures"], 4);
+    }
+    #[cfg(feature = "metrics")]
+    {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || closed_registry.publish_gauges());
+        let failures: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "bulwark_ratelimiter_store_failures_total")
+            .map(|(.., value)| value)
+            .collect();
+        assert_eq!(failures, vec![DebugValue::Counter(4)]);
+    }
+}
+
+#[test]
+fn an_in_memory_limiter_reports_no_store_failures() {
+    let registry = Registry::from_toml_str(
+        "[rate_limiters.local]\nlimit_for_period = 3\nlimit_refresh_period = \"1s\"\nkey = \"global\"\n",
+    )
+    .unwrap();
+    let health = registry.health();
+    assert_eq!(health.rate_limiters[0].store_failures, None);
+    assert!(!health.to_json().contains("storeFailures"));
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use http::request::Parts;
 use http::HeaderValue;
@@ -91,7 +92,13 @@ impl Error for UnknownInstance {}
 struct NamedLimiter {
     limiter: ConfiguredLimiter,
     extractor: ConfigKeyExtractor,
+    /// For a limiter whose state lives in a shared store (Redis): how many decisions the store
+    /// did not give.
+    store_failures: Option<StoreFailures>,
 }
+
+/// Reads a shared store's failure count.
+type StoreFailures = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Named rate limiters and bulkheads, built once from a configuration and shared by every layer
 /// taken from it.
@@ -211,6 +218,7 @@ impl Registry {
                         saturated: snapshot.allowed + snapshot.limited > 0
                             && snapshot.available_permissions == 0,
                         snapshot,
+                        store_failures: named.store_failures.as_ref().map(|read| read()),
                     }
                 })
                 .collect(),
@@ -240,8 +248,12 @@ impl Registry {
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
         use crate::observe::metric_names as m;
-        for named in self.limiters.values() {
+        for (name, named) in &self.limiters {
             named.limiter.publish_gauges();
+            if let Some(read) = &named.store_failures {
+                metrics::counter!(m::RATELIMITER_STORE_FAILURES, "name" => name.clone())
+                    .absolute(read());
+            }
         }
         for (name, bulkhead) in &self.bulkheads {
             let s = bulkhead.snapshot();
@@ -266,15 +278,21 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
                 .build(),
         )
     }
-    let limiter = match &s.store {
-        StoreKind::Memory => match s.algorithm {
-            AlgorithmKind::Gcra => keyed::<Gcra>(s),
-            AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
-            AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
-            AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
-        },
+    let (limiter, store_failures) = match &s.store {
+        StoreKind::Memory => (
+            match s.algorithm {
+                AlgorithmKind::Gcra => keyed::<Gcra>(s),
+                AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
+                AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
+                AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+            },
+            None,
+        ),
         #[cfg(feature = "redis")]
-        StoreKind::Redis(redis) => redis_limiter(&path, s, redis)?,
+        StoreKind::Redis(redis) => {
+            let (limiter, failures) = redis_limiter(&path, s, redis)?;
+            (limiter, Some(failures))
+        }
         #[cfg(not(feature = "redis"))]
         StoreKind::Redis(_) => {
             return Err(ConfigError::new(
@@ -305,6 +323,7 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
     Ok(NamedLimiter {
         limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
         extractor: ConfigKeyExtractor(extractor),
+        store_failures,
     })
 }
 
@@ -324,7 +343,7 @@ fn redis_limiter(
     path: &str,
     s: &RateLimiterSettings,
     redis: &super::RedisSettings,
-) -> Result<BoxLimiter<ConfigKey>, ConfigError> {
+) -> Result<(BoxLimiter<ConfigKey>, StoreFailures), ConfigError> {
     use super::OnRedisFailure;
     use crate::store::redis::{FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore};
     use crate::Quota;
@@ -357,7 +376,7 @@ fn redis_limiter(
         redis: &super::RedisSettings,
         store: RedisStore,
         policy: FailurePolicy,
-    ) -> Result<BoxLimiter<ConfigKey>, ConfigError> {
+    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures), ConfigError> {
         let mut builder = RedisRateLimiter::builder(s.quota, store)
             .algorithm::<A>()
             .on_failure(policy);
@@ -370,7 +389,11 @@ fn redis_limiter(
         let limiter = builder
             .build()
             .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
-        Ok(BoxLimiter::new(limiter))
+        let counted = limiter.clone();
+        Ok((
+            BoxLimiter::new(limiter),
+            Arc::new(move || counted.failures()),
+        ))
     }
     match s.algorithm {
         AlgorithmKind::Gcra => build::<Gcra>(path, s, redis, store, policy),
@@ -433,6 +456,9 @@ pub struct LimiterHealth {
     pub saturated: bool,
     /// Counters and gauges.
     pub snapshot: LimiterSnapshot,
+    /// For a limiter whose state lives in Redis: how many decisions Redis did not give since
+    /// the registry was built (its failure policy decided them). `None` for in-memory limiters.
+    pub store_failures: Option<u64>,
 }
 
 /// The health entry of one bulkhead.
@@ -480,6 +506,10 @@ impl Health {
                 l.snapshot.allowed,
                 l.snapshot.limited
             ));
+            if let Some(failures) = l.store_failures {
+                out.pop();
+                out.push_str(&format!(",\"storeFailures\":{failures}}}"));
+            }
         }
         out.push_str("},\"bulkheads\":{");
         for (i, b) in self.bulkheads.iter().enumerate() {
