@@ -78,6 +78,11 @@ fn variants() -> Vec<(&'static str, Router)> {
     };
     vec![
         ("none", hello()),
+        // A layer that does nothing: what axum's `route_layer` plumbing costs by itself.
+        (
+            "identity-layer",
+            hello().route_layer(tower::layer::util::Identity::new()),
+        ),
         ("bulwark", hello().route_layer(bulwark(never))),
         (
             "bulwark-bare",

@@ -7,6 +7,8 @@
 //! `VARIANT` is one of:
 //!
 //! * `none`: no limiter;
+//! * `identity-layer`: no limiter, but a layer that does nothing put on with `route_layer`: what
+//!   axum's layer plumbing costs by itself;
 //! * `none-headers`: no limiter, but the handler itself returns the two headers that `bulwark`
 //!   adds, with values of the same length: the cost of those bytes on the wire, with no limiter;
 //! * `bulwark`: `RateLimitLayer` keyed by peer IP, with a quota that never refuses (default
@@ -57,6 +59,7 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
     let hourly = Quota::per_hour(1)?;
     Ok(match variant {
         "none" => hello,
+        "identity-layer" => hello.route_layer(tower::layer::util::Identity::new()),
         "none-headers" => Router::new().route(
             "/",
             get(|| async {

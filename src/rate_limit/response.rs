@@ -380,7 +380,9 @@ fn ratelimit_header(
     outcomes: &[Outcome],
     refused: bool,
 ) -> Option<HeaderValue> {
-    let mut value = String::with_capacity(24 * policies.len());
+    // Built on the stack and copied once into the header value: this runs for every admitted
+    // request.
+    let mut value = ValueBuf::new();
     for (p, o) in policies.iter().zip(outcomes) {
         let (d, t) = match o {
             Outcome::Admitted(d) => (d, ceil_secs(d.reset_after)),
@@ -393,19 +395,76 @@ fn ratelimit_header(
             d.remaining
         };
         if !value.is_empty() {
-            value.push_str(", ");
+            value.push(b", ");
         }
-        value.push_str(&p.sf_name);
-        value.push_str(";r=");
-        push_u64(&mut value, remaining.min(SF_INTEGER_MAX));
-        value.push_str(";t=");
-        push_u64(&mut value, t.min(SF_INTEGER_MAX));
+        value.push(p.sf_name.as_bytes());
+        value.push(b";r=");
+        value.push_u64(remaining.min(SF_INTEGER_MAX));
+        value.push(b";t=");
+        value.push_u64(t.min(SF_INTEGER_MAX));
     }
     if value.is_empty() {
         return None;
     }
-    // A boxed slice becomes `Bytes` without a second allocation.
-    HeaderValue::from_maybe_shared(Bytes::from(value.into_bytes().into_boxed_slice())).ok()
+    HeaderValue::from_bytes(value.as_bytes()).ok()
+}
+
+/// The bytes of a header value, on the stack while they fit in 128 bytes (one policy with a
+/// name of up to 64 characters always does), on the heap beyond.
+struct ValueBuf {
+    inline: [u8; 128],
+    len: usize,
+    spilled: Vec<u8>,
+}
+
+impl ValueBuf {
+    fn new() -> Self {
+        Self {
+            inline: [0; 128],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.spilled.is_empty() {
+            if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+                return;
+            }
+            self.spilled.reserve(2 * (self.len + bytes.len()));
+            self.spilled.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spilled.extend_from_slice(bytes);
+    }
+
+    /// Appends the decimal digits of `n` (without `core::fmt`, which is slow on this hot path).
+    fn push_u64(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.as_bytes().is_empty()
+    }
 }
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
@@ -438,23 +497,6 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
             HeaderValue::from(reset),
         ]
     })
-}
-
-/// Appends the decimal digits of `n` (without `core::fmt`, which is slow on this hot path).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
-    }
 }
 
 /// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
@@ -573,10 +615,23 @@ mod tests {
     #[test]
     fn integers_are_written_in_full() {
         for n in [0, 7, 10, 99, 100, 12_345, SF_INTEGER_MAX, u64::MAX] {
-            let mut s = String::new();
-            push_u64(&mut s, n);
-            assert_eq!(s, n.to_string());
+            let mut v = ValueBuf::new();
+            v.push_u64(n);
+            assert_eq!(v.as_bytes(), n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn a_value_longer_than_the_stack_buffer_moves_to_the_heap_whole() {
+        let mut v = ValueBuf::new();
+        let mut expected = String::new();
+        for i in 0..40u64 {
+            v.push(b"\"p\";r=");
+            v.push_u64(i * 1_000_003);
+            expected.push_str(&format!("\"p\";r={}", i * 1_000_003));
+            assert_eq!(v.as_bytes(), expected.as_bytes());
+        }
+        assert!(expected.len() > 128);
     }
 
     #[test]
