@@ -142,7 +142,10 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
     );
     assert_eq!(problem["status"], 429);
     assert!(problem["title"].as_str().is_some_and(|t| !t.is_empty()));
-    assert!(problem["detail"].as_str().unwrap().contains("per-ip"));
+    assert_eq!(
+        problem["detail"],
+        "The request exceeds the quota of 'per-ip'; retry in 1 second."
+    );
     assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
 
     clock.advance(Duration::from_secs(1));
@@ -514,6 +517,10 @@ async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
     assert_eq!(
         problem["violated-policies"],
         serde_json::json!(["burst", "hourly"])
+    );
+    assert_eq!(
+        problem["detail"],
+        "The request exceeds the quota of 'burst' and 'hourly'; retry in 3600 seconds."
     );
 }
 

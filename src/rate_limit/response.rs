@@ -268,32 +268,30 @@ impl<'a> Refusal<'a> {
     /// The default body: an RFC 9457 problem of type [`QUOTA_EXCEEDED`], with `violated-policies`.
     pub fn problem_json(&self) -> Bytes {
         let retry = self.retry_after_secs();
-        let mut detail = String::from("The request exceeds the quota of ");
-        let violated: Vec<&str> = self.violated_policies().collect();
-        for (i, name) in violated.iter().enumerate() {
-            if i > 0 {
-                detail.push_str(if i + 1 == violated.len() {
-                    " and "
-                } else {
-                    ", "
-                });
-            }
-            detail.push('\'');
-            detail.push_str(name);
-            detail.push('\'');
-        }
-        let _ = write!(
-            detail,
-            "; retry in {retry} second{}.",
-            if retry == 1 { "" } else { "s" }
-        );
+        let violated = self.violated_policies().count();
         let mut json = String::with_capacity(256);
         json.push_str("{\"type\":");
         json_string(&mut json, QUOTA_EXCEEDED);
-        json.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":");
-        json_string(&mut json, &detail);
+        json.push_str(
+            ",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ",
+        );
+        for (i, name) in self.violated_policies().enumerate() {
+            if i > 0 {
+                json.push_str(if i + 1 == violated { " and " } else { ", " });
+            }
+            json.push('\'');
+            json_escaped(&mut json, name);
+            json.push('\'');
+        }
+        json.push_str("; retry in ");
+        push_decimal(&mut json, retry);
+        json.push_str(if retry == 1 {
+            " second.\""
+        } else {
+            " seconds.\""
+        });
         json.push_str(",\"violated-policies\":[");
-        for (i, name) in violated.iter().enumerate() {
+        for (i, name) in self.violated_policies().enumerate() {
             if i > 0 {
                 json.push(',');
             }
@@ -499,6 +497,14 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
     })
 }
 
+/// Appends the decimal digits of `n`.
+fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = ValueBuf::new();
+    digits.push_u64(n);
+    // Digits are ASCII.
+    out.push_str(std::str::from_utf8(digits.as_bytes()).unwrap_or_default());
+}
+
 /// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
 fn sf_string(out: &mut String, s: &str) {
     out.push('"');
@@ -514,20 +520,35 @@ fn sf_string(out: &mut String, s: &str) {
 /// Appends `s` as a JSON string.
 fn json_string(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
+    json_escaped(out, s);
     out.push('"');
+}
+
+/// Appends `s` escaped for the inside of a JSON string: runs that need no escape are copied
+/// whole.
+fn json_escaped(out: &mut String, s: &str) {
+    let mut run = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // Every byte that needs an escape is ASCII, so `run..i` and `i + 1..` are on char
+        // boundaries.
+        out.push_str(&s[run..i]);
+        if escape.is_empty() {
+            let _ = write!(out, "\\u{:04x}", b);
+        } else {
+            out.push_str(escape);
+        }
+        run = i + 1;
+    }
+    out.push_str(&s[run..]);
 }
 
 pin_project! {
@@ -618,6 +639,28 @@ mod tests {
             let mut v = ValueBuf::new();
             v.push_u64(n);
             assert_eq!(v.as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn json_strings_read_back_as_written() {
+        let mut samples: Vec<String> = (0u8..0x80).map(|b| format!("x{}y", b as char)).collect();
+        samples.extend(
+            [
+                "",
+                "plain",
+                "é\"ü\\",
+                "\u{1}\u{1f}\u{7f}",
+                "tab\tnew\nline\r",
+                "日本\"語",
+            ]
+            .map(String::from),
+        );
+        for sample in samples {
+            let mut json = String::new();
+            json_string(&mut json, &sample);
+            let back: String = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, sample, "{json}");
         }
     }
 
