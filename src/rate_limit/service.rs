@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::future::{conclude, record, Conclusion, Deferred, OutcomeList, Pending, ResponseFuture};
 use super::key::{KeyError, KeyExtractor};
 use super::layer::{FailMode, Shared};
-use super::response::{problem_response, RateLimitBody};
+use super::response::{problem_response, Outcome, RateLimitBody};
 use crate::Limiter;
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer): it asks every policy about each
@@ -104,8 +104,28 @@ where
         // made here and the inner service called directly; a limiter that needs I/O (Redis)
         // leaves the rest to the response future.
         let mut outcomes = OutcomeList::new(shared.limiters.len());
+        let mut asked = 0;
+        if let [limiter] = &*shared.limiters {
+            // The common case, one policy deciding at once, takes the shortest way.
+            if let Some(result) = limiter.reserve_now(&key, super::COST) {
+                match result {
+                    Ok(decision) if decision.allowed && decision.wait.is_zero() => {
+                        let admitted = [Outcome::Admitted(decision)];
+                        let headers = shared.meta.admitted_headers(&admitted);
+                        let request = Request::from_parts(parts, body);
+                        return ResponseFuture::call(self.inner.call(request), headers);
+                    }
+                    result => {
+                        if let Some(answer) = record(shared, &key, &mut outcomes, result) {
+                            return ResponseFuture::answer(answer);
+                        }
+                        asked = 1;
+                    }
+                }
+            }
+        }
         let mut cx = Context::from_waker(Waker::noop());
-        for limiter in shared.limiters.iter() {
+        for limiter in shared.limiters[asked..].iter() {
             if let Some(result) = limiter.reserve_now(&key, super::COST) {
                 if let Some(answer) = record(shared, &key, &mut outcomes, result) {
                     return ResponseFuture::answer(answer);
