@@ -491,6 +491,12 @@ impl Health {
 
     /// The report as JSON:
     /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}}}`.
+    ///
+    /// A rate limiter's entry has `status`, `saturated`, `availablePermissions`,
+    /// `waitingRequests`, `allowedCalls`, `limitedCalls`, and for one kept in Redis
+    /// `storeFailures`; a bulkhead's has `status`, `saturated`, `availableConcurrentCalls`,
+    /// `maxAllowedConcurrentCalls`, `queueDepth`, `permittedCalls`, `rejectedCalls` and
+    /// `finishedCalls`.
     pub fn to_json(&self) -> String {
         let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":{");
         for (i, l) in self.rate_limiters.iter().enumerate() {
