@@ -529,6 +529,47 @@ async fn events_run_around_the_permit() {
     assert_eq!(*waited.lock().unwrap(), vec![Duration::ZERO; 3]);
 }
 
+#[tokio::test]
+async fn hooks_of_one_kind_all_run_in_the_order_they_were_added() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let record = |tag: &'static str| {
+        let log = log.clone();
+        move || log.lock().unwrap().push(tag)
+    };
+    let (p1, p2, r1, r2, f1, f2) = (
+        record("permitted 1"),
+        record("permitted 2"),
+        record("rejected 1"),
+        record("rejected 2"),
+        record("finished 1"),
+        record("finished 2"),
+    );
+    let bulkhead = Bulkhead::semaphore("payment", 1)
+        .on_call_permitted(move |_: &CallPermitted<'_>| p1())
+        .on_call_rejected(move |_: &CallRejected<'_>| r1())
+        .on_call_finished(move |_: &CallFinished<'_>| f1())
+        .on_call_permitted(move |_: &CallPermitted<'_>| p2())
+        .on_call_rejected(move |_: &CallRejected<'_>| r2())
+        .on_call_finished(move |_: &CallFinished<'_>| f2())
+        .build();
+    let mut svc = bulkhead.layer().layer(Gated::default());
+    let held = boxed_call(&mut svc, 1);
+    let mut refused = boxed_call(&mut svc, 2);
+    assert!(matches!(poll!(&mut refused), Poll::Ready(Err(_))));
+    drop(held);
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "permitted 1",
+            "permitted 2",
+            "rejected 1",
+            "rejected 2",
+            "finished 1",
+            "finished 2"
+        ]
+    );
+}
+
 mod body {
     use super::*;
     use bytes::Bytes;

@@ -406,3 +406,67 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     assert_eq!(health["rateLimiters"]["api"]["limitedCalls"], limited);
     drop(server);
 }
+
+#[test]
+fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rejected_by = Arc::new(Mutex::new(Vec::new()));
+    metrics::with_local_recorder(&recorder, || {
+        runtime().block_on(async {
+            let config = tower_bulwark::config::Config::from_toml_str(CONFIG).unwrap();
+            let seen = Arc::clone(&rejected_by);
+            let registry = Registry::from_config_with(&config, move |name, builder| {
+                let seen = Arc::clone(&seen);
+                let name = name.to_owned();
+                builder.on_call_rejected(move |_: &tower_bulwark::bulkhead::CallRejected<'_>| {
+                    seen.lock().unwrap().push(name.clone());
+                })
+            })
+            .unwrap();
+            // Two calls hold the bulkhead's two permits; three more are refused.
+            let gate = Arc::new(tokio::sync::Semaphore::new(0));
+            let inner = {
+                let gate = Arc::clone(&gate);
+                service_fn(move |()| {
+                    let gate = Arc::clone(&gate);
+                    async move {
+                        let _ = gate.acquire().await;
+                        Ok::<_, std::io::Error>("paid")
+                    }
+                })
+            };
+            let svc = tower::ServiceBuilder::new()
+                .layer(registry.bulkhead_layer("payment").unwrap())
+                .service(inner);
+            let mut held = Vec::new();
+            for _ in 0..5 {
+                let mut svc = svc.clone();
+                let mut fut = Box::pin(svc.ready().await.unwrap().call(()));
+                match futures::poll!(&mut fut) {
+                    std::task::Poll::Ready(Err(e)) => assert!(e.is::<BulkheadFull>(), "{e}"),
+                    std::task::Poll::Ready(Ok(_)) => panic!("no call ends before the gate opens"),
+                    std::task::Poll::Pending => held.push(fut),
+                }
+            }
+            assert_eq!(held.len(), 2);
+            gate.add_permits(2);
+            for call in held {
+                assert_eq!(call.await.unwrap(), "paid");
+            }
+        })
+    });
+    assert_eq!(*rejected_by.lock().unwrap(), vec!["payment"; 3]);
+    let counters = snapshot(&snapshotter);
+    let counter = |outcome| {
+        value(
+            &counters,
+            MetricKind::Counter,
+            m::BULKHEAD_CALLS,
+            &[("name", "payment"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(counter("permitted"), Some(&DebugValue::Counter(2)));
+    assert_eq!(counter("rejected"), Some(&DebugValue::Counter(3)));
+    assert_eq!(counter("finished"), Some(&DebugValue::Counter(2)));
+}

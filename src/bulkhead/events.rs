@@ -170,6 +170,30 @@ pub(crate) struct Hooks {
     pub(crate) finished: Option<Box<dyn OnCallFinished>>,
 }
 
+/// Two hooks of one kind, run in the order they were added.
+pub(crate) struct Both<A: ?Sized, B: ?Sized>(pub(crate) Box<A>, pub(crate) Box<B>);
+
+impl OnCallPermitted for Both<dyn OnCallPermitted, dyn OnCallPermitted> {
+    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
+        self.0.on_call_permitted(event);
+        self.1.on_call_permitted(event);
+    }
+}
+
+impl OnCallRejected for Both<dyn OnCallRejected, dyn OnCallRejected> {
+    fn on_call_rejected(&self, event: &CallRejected<'_>) {
+        self.0.on_call_rejected(event);
+        self.1.on_call_rejected(event);
+    }
+}
+
+impl OnCallFinished for Both<dyn OnCallFinished, dyn OnCallFinished> {
+    fn on_call_finished(&self, event: &CallFinished<'_>) {
+        self.0.on_call_finished(event);
+        self.1.on_call_finished(event);
+    }
+}
+
 /// A point-in-time view of a bulkhead's state and counters.
 ///
 /// All figures but `total_rejected` describe one instant (at any instant `total_permitted` minus

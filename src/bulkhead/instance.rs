@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::{BulkheadSnapshot, Hooks, OnCallFinished, OnCallPermitted, OnCallRejected};
+use super::events::{
+    Both, BulkheadSnapshot, Hooks, OnCallFinished, OnCallPermitted, OnCallRejected,
+};
 use super::layer::{BulkheadBodyLayer, BulkheadLayer};
 use super::semaphore::Shared;
 
@@ -118,21 +120,34 @@ impl BulkheadBuilder {
         self
     }
 
-    /// Runs `hook` each time a call gets a permit.
+    /// Runs `hook` each time a call gets a permit. Hooks added earlier keep running, before it.
     pub fn on_call_permitted(mut self, hook: impl OnCallPermitted) -> Self {
-        self.hooks.permitted = Some(Box::new(hook));
+        let hook: Box<dyn OnCallPermitted> = Box::new(hook);
+        self.hooks.permitted = Some(match self.hooks.permitted.take() {
+            Some(earlier) => Box::new(Both(earlier, hook)),
+            None => hook,
+        });
         self
     }
 
-    /// Runs `hook` each time a call is refused.
+    /// Runs `hook` each time a call is refused. Hooks added earlier keep running, before it.
     pub fn on_call_rejected(mut self, hook: impl OnCallRejected) -> Self {
-        self.hooks.rejected = Some(Box::new(hook));
+        let hook: Box<dyn OnCallRejected> = Box::new(hook);
+        self.hooks.rejected = Some(match self.hooks.rejected.take() {
+            Some(earlier) => Box::new(Both(earlier, hook)),
+            None => hook,
+        });
         self
     }
 
-    /// Runs `hook` each time a permitted call ends, with the time the permit was held.
+    /// Runs `hook` each time a permitted call ends, with the time the permit was held. Hooks
+    /// added earlier keep running, before it.
     pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
-        self.hooks.finished = Some(Box::new(hook));
+        let hook: Box<dyn OnCallFinished> = Box::new(hook);
+        self.hooks.finished = Some(match self.hooks.finished.take() {
+            Some(earlier) => Box::new(Both(earlier, hook)),
+            None => hook,
+        });
         self
     }
 

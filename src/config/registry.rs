@@ -13,7 +13,7 @@ use http::HeaderValue;
 use super::{
     AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings, StoreKind,
 };
-use crate::bulkhead::{Bulkhead, BulkheadLayer};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadLayer};
 use crate::observe::{LimiterSnapshot, Observed};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
@@ -138,6 +138,38 @@ impl fmt::Debug for Registry {
 impl Registry {
     /// Builds every instance of `config`.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        Self::from_config_with(config, |_, builder| builder)
+    }
+
+    /// Builds every instance of `config`, passing each bulkhead's builder, with the file's
+    /// settings (and, with the `metrics` feature, the metrics hooks) already applied, through
+    /// `customize` before it is built: the place to add your own event hooks, which run after
+    /// the registry's.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use tower_bulwark::bulkhead::CallRejected;
+    /// use tower_bulwark::config::{Config, Registry};
+    ///
+    /// let config = Config::from_toml_str("[bulkheads.payment]\nmax_concurrent_calls = 2\n")?;
+    /// let rejected = Arc::new(AtomicU64::new(0));
+    /// let counter = Arc::clone(&rejected);
+    /// let registry = Registry::from_config_with(&config, move |name, builder| {
+    ///     let counter = Arc::clone(&counter);
+    ///     let name = name.to_owned();
+    ///     builder.on_call_rejected(move |_: &CallRejected<'_>| {
+    ///         counter.fetch_add(1, Ordering::Relaxed);
+    ///         eprintln!("bulkhead {name} refused a call");
+    ///     })
+    /// })?;
+    /// # let _ = registry;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_config_with(
+        config: &Config,
+        mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
+    ) -> Result<Self, ConfigError> {
         let mut limiters = BTreeMap::new();
         for (name, settings) in &config.rate_limiters {
             limiters.insert(name.clone(), build_limiter(name, settings)?);
@@ -145,7 +177,10 @@ impl Registry {
         let bulkheads = config
             .bulkheads
             .iter()
-            .map(|(name, settings)| (name.clone(), build_bulkhead(name, settings)))
+            .map(|(name, settings)| {
+                let builder = customize(name, bulkhead_builder(name, settings));
+                (name.clone(), builder.build())
+            })
             .collect();
         Ok(Self {
             limiters,
@@ -403,7 +438,7 @@ fn redis_limiter(
     }
 }
 
-fn build_bulkhead(name: &str, s: &BulkheadSettings) -> Bulkhead {
+fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     let mut builder = match s.queue_capacity {
         Some(capacity) => Bulkhead::queue(name, s.max_concurrent_calls, capacity),
         None => Bulkhead::semaphore(name, s.max_concurrent_calls),
@@ -433,7 +468,7 @@ fn build_bulkhead(name: &str, s: &BulkheadSettings) -> Bulkhead {
                     .record(e.duration().as_secs_f64());
             });
     }
-    builder.build()
+    builder
 }
 
 /// The state of every configured instance; see [`Registry::health`].
