@@ -89,6 +89,50 @@ fn snapshot(
     snapshotter.snapshot().into_vec()
 }
 
+/// A call through the bulkhead that has not ended.
+type PendingCall = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<&'static str, tower_bulwark::BoxError>> + Send>,
+>;
+
+/// Sends `n` calls through bulkhead `payment` of `registry` to a service that answers only once
+/// the returned gate has permits, and polls each once: a refusal resolves at once, a permitted
+/// call stays pending (holding its permit). Returns the gate, the pending calls and how many
+/// were refused.
+async fn calls_through_payment(
+    registry: &Registry,
+    n: usize,
+) -> (Arc<tokio::sync::Semaphore>, Vec<PendingCall>, usize) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let inner = {
+        let gate = Arc::clone(&gate);
+        service_fn(move |()| {
+            let gate = Arc::clone(&gate);
+            async move {
+                let _ = gate.acquire().await;
+                Ok::<_, std::io::Error>("paid")
+            }
+        })
+    };
+    let svc = tower::ServiceBuilder::new()
+        .layer(registry.bulkhead_layer("payment").unwrap())
+        .service(inner);
+    let mut pending = Vec::new();
+    let mut rejected = 0;
+    for _ in 0..n {
+        let mut svc = svc.clone();
+        let mut call: PendingCall = Box::pin(svc.ready().await.unwrap().call(()));
+        match futures::poll!(&mut call) {
+            std::task::Poll::Ready(Err(e)) => {
+                assert!(e.is::<BulkheadFull>(), "{e}");
+                rejected += 1;
+            }
+            std::task::Poll::Ready(Ok(_)) => panic!("no call can finish before the gate opens"),
+            std::task::Poll::Pending => pending.push(call),
+        }
+    }
+    (gate, pending, rejected)
+}
+
 #[test]
 fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     let recorder = DebuggingRecorder::new();
@@ -110,38 +154,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
 
             // Six calls against a bulkhead of two; the two admitted hold their permits until
             // the gate opens.
-            let gate = Arc::new(tokio::sync::Semaphore::new(0));
-            let inner = {
-                let gate = Arc::clone(&gate);
-                service_fn(move |()| {
-                    let gate = Arc::clone(&gate);
-                    async move {
-                        let _ = gate.acquire().await;
-                        Ok::<_, std::io::Error>("paid")
-                    }
-                })
-            };
-            let svc = tower::ServiceBuilder::new()
-                .layer(registry.bulkhead_layer("payment").unwrap())
-                .service(inner);
-            let mut calls = Vec::new();
-            let mut rejected = 0;
-            for _ in 0..6 {
-                let mut svc = svc.clone();
-                let fut = svc.ready().await.unwrap().call(());
-                // A refusal resolves at once; a permitted call is pending on the gate.
-                let mut fut = Box::pin(fut);
-                match futures::poll!(&mut fut) {
-                    std::task::Poll::Ready(Err(e)) => {
-                        assert!(e.is::<BulkheadFull>(), "{e}");
-                        rejected += 1;
-                    }
-                    std::task::Poll::Ready(Ok(_)) => {
-                        panic!("no call can finish before the gate opens")
-                    }
-                    std::task::Poll::Pending => calls.push(fut),
-                }
-            }
+            let (gate, calls, rejected) = calls_through_payment(&registry, 6).await;
             assert_eq!((calls.len(), rejected), (2, 4));
             registry.publish_gauges();
             // The debugging recorder hands counters over when snapshotted: this one holds
@@ -425,30 +438,8 @@ fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
             })
             .unwrap();
             // Two calls hold the bulkhead's two permits; three more are refused.
-            let gate = Arc::new(tokio::sync::Semaphore::new(0));
-            let inner = {
-                let gate = Arc::clone(&gate);
-                service_fn(move |()| {
-                    let gate = Arc::clone(&gate);
-                    async move {
-                        let _ = gate.acquire().await;
-                        Ok::<_, std::io::Error>("paid")
-                    }
-                })
-            };
-            let svc = tower::ServiceBuilder::new()
-                .layer(registry.bulkhead_layer("payment").unwrap())
-                .service(inner);
-            let mut held = Vec::new();
-            for _ in 0..5 {
-                let mut svc = svc.clone();
-                let mut fut = Box::pin(svc.ready().await.unwrap().call(()));
-                match futures::poll!(&mut fut) {
-                    std::task::Poll::Ready(Err(e)) => assert!(e.is::<BulkheadFull>(), "{e}"),
-                    std::task::Poll::Ready(Ok(_)) => panic!("no call ends before the gate opens"),
-                    std::task::Poll::Pending => held.push(fut),
-                }
-            }
+            let (gate, held, rejected) = calls_through_payment(&registry, 5).await;
+            assert_eq!(rejected, 3);
             assert_eq!(held.len(), 2);
             gate.add_permits(2);
             for call in held {
