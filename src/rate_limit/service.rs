@@ -110,10 +110,7 @@ where
             if let Some(result) = limiter.reserve_now(&key, super::COST) {
                 match result {
                     Ok(decision) if decision.allowed && decision.wait.is_zero() => {
-                        let admitted = [Outcome::Admitted(decision)];
-                        let headers = shared.meta.admitted_headers(&admitted);
-                        let request = Request::from_parts(parts, body);
-                        return ResponseFuture::call(self.inner.call(request), headers);
+                        return self.admit(parts, body, &[Outcome::Admitted(decision)]);
                     }
                     result => {
                         if let Some(answer) = record(shared, &key, &mut outcomes, result) {
@@ -147,10 +144,7 @@ where
         match conclude(shared, &key, &mut outcomes, &parts) {
             Conclusion::Answer(response) => ResponseFuture::answer(response),
             Conclusion::Wait(wait) => self.defer(parts, body, key, outcomes, Deferred::Wait(wait)),
-            Conclusion::Admit => {
-                let headers = shared.meta.admitted_headers(outcomes.as_slice());
-                ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), headers)
-            }
+            Conclusion::Admit => self.admit(parts, body, outcomes.as_slice()),
         }
     }
 }
@@ -160,6 +154,21 @@ where
     X: KeyExtractor,
     L: Limiter<X::Key>,
 {
+    /// Calls the inner service with the admitted request, the `RateLimit` headers of
+    /// `outcomes` to be added to its response.
+    fn admit<ReqBody>(
+        &mut self,
+        parts: Parts,
+        body: ReqBody,
+        outcomes: &[Outcome],
+    ) -> ResponseFuture<S, ReqBody, X, L>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        let headers = self.shared.meta.admitted_headers(outcomes);
+        ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), headers)
+    }
+
     /// Leaves the rest of the decision to the response future, which will call the inner
     /// service later: it takes the service that `poll_ready` made ready and leaves a clone in
     /// its place (the axum and tower-http convention).
