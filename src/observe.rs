@@ -261,6 +261,14 @@ impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F
     }
 }
 
+impl<L> Observed<L> {
+    /// The key as a refusal's event shows it: formatted only when a debug event could be
+    /// emitted and keys are not hidden.
+    fn key_for_event(&self, key: &impl fmt::Debug) -> Option<String> {
+        (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG)).then(|| format!("{key:?}"))
+    }
+}
+
 impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     type Future = ObservedFuture<L::Future>;
 
@@ -269,13 +277,11 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        // The key is formatted only when a debug event could be emitted and keys are shown.
-        let shown = (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG))
-            .then(|| format!("{key:?}"));
         ObservedFuture {
             inner: self.inner.reserve(key, cost),
             shared: Arc::clone(&self.shared),
-            key: shown,
+            // The decision is not known yet, so the key is kept in case it is a refusal.
+            key: self.key_for_event(key),
         }
     }
 
@@ -283,9 +289,11 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         let result = self.inner.reserve_now(key, cost)?;
         if let Ok(decision) = &result {
             // Only a refusal's event names the key.
-            let shown =
-                (!decision.allowed && !self.hide_keys && tracing::enabled!(tracing::Level::DEBUG))
-                    .then(|| format!("{key:?}"));
+            let shown = if decision.allowed {
+                None
+            } else {
+                self.key_for_event(key)
+            };
             self.shared.record(decision, shown.as_deref());
         }
         Some(result)

@@ -540,7 +540,7 @@ impl Health {
             }
             push_json_str(&mut out, &l.name);
             out.push_str(&format!(
-                ":{{\"status\":\"UP\",\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}}}",
+                ":{{\"status\":\"UP\",\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}",
                 l.saturated,
                 l.snapshot.available_permissions,
                 l.snapshot.waiting_requests,
@@ -548,9 +548,9 @@ impl Health {
                 l.snapshot.limited
             ));
             if let Some(failures) = l.store_failures {
-                out.pop();
-                out.push_str(&format!(",\"storeFailures\":{failures}}}"));
+                out.push_str(&format!(",\"storeFailures\":{failures}"));
             }
+            out.push('}');
         }
         out.push_str("},\"bulkheads\":{");
         for (i, b) in self.bulkheads.iter().enumerate() {

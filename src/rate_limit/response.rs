@@ -437,19 +437,9 @@ impl ValueBuf {
         self.spilled.extend_from_slice(bytes);
     }
 
-    /// Appends the decimal digits of `n` (without `core::fmt`, which is slow on this hot path).
-    fn push_u64(&mut self, mut n: u64) {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..]);
+    /// Appends the decimal digits of `n`.
+    fn push_u64(&mut self, n: u64) {
+        self.push(decimal(n, &mut [0; 20]));
     }
 
     fn as_bytes(&self) -> &[u8] {
@@ -497,12 +487,25 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
     })
 }
 
+/// The decimal digits of `n`, written at the end of `buf` (without `core::fmt`, which is slow on
+/// these hot paths).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
 /// Appends the decimal digits of `n`.
 fn push_decimal(out: &mut String, n: u64) {
-    let mut digits = ValueBuf::new();
-    digits.push_u64(n);
-    // Digits are ASCII.
-    out.push_str(std::str::from_utf8(digits.as_bytes()).unwrap_or_default());
+    // Digits are ASCII, so they are always UTF-8.
+    out.push_str(std::str::from_utf8(decimal(n, &mut [0; 20])).unwrap_or_default());
 }
 
 /// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
