@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5s}
 ADDR=${ADDR:-127.0.0.1:3919}
-read -r -a VARIANTS <<<"${VARIANTS:-none identity-layer none-headers bulwark bulwark-bare governor bulwark-refuse governor-refuse}"
+read -r -a VARIANTS <<<"${VARIANTS:-none identity-layer none-headers bulwark bulwark-bare governor governor-headers bulwark-refuse governor-refuse}"
 
 for tool in wrk valgrind; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install $tool)" >&2; exit 1; }

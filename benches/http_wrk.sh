@@ -17,7 +17,7 @@ DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-32}
 ADDR=${ADDR:-127.0.0.1:3917}
 # VARIANTS="none bulwark" runs only those (the ratios that need a missing variant are skipped).
-read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare governor bulwark-refuse governor-refuse}"
+read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare governor governor-headers bulwark-refuse governor-refuse}"
 
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 cargo build --release --example bench_server >&2
@@ -95,6 +95,8 @@ echo "  bulwark-bare / none                 $(ratio "${rps[bulwark-bare]:-}" "${
 echo "  none-headers / none                 $(ratio "${rps[none-headers]:-}" "${rps[none]:-}")   (the cost of the header bytes alone)"
 echo "  bulwark / none-headers              $(ratio "${rps[bulwark]:-}" "${rps[none-headers]:-}")   (the same bytes on the wire)"
 echo "  bulwark / governor                  $(ratio "${rps[bulwark]:-}" "${rps[governor]:-}")   (goal >= 1.0)"
+echo "  bulwark / governor-headers          $(ratio "${rps[bulwark]:-}" "${rps[governor-headers]:-}")   (both add headers)"
+echo "  bulwark-bare / governor             $(ratio "${rps[bulwark-bare]:-}" "${rps[governor]:-}")   (neither adds headers)"
 echo "  bulwark-refuse / governor-refuse    $(ratio "${rps[bulwark-refuse]:-}" "${rps[governor-refuse]:-}")   (goal >= 1.0)"
 echo
 echo "the same ratios from server CPU per request (cost of the baseline / cost of ours; less"
@@ -104,4 +106,6 @@ echo "  none / bulwark-bare                 $(ratio "${cpu[none]:-}" "${cpu[bulw
 echo "  none / none-headers                 $(ratio "${cpu[none]:-}" "${cpu[none-headers]:-}")"
 echo "  none-headers / bulwark              $(ratio "${cpu[none-headers]:-}" "${cpu[bulwark]:-}")"
 echo "  governor / bulwark                  $(ratio "${cpu[governor]:-}" "${cpu[bulwark]:-}")"
+echo "  governor-headers / bulwark          $(ratio "${cpu[governor-headers]:-}" "${cpu[bulwark]:-}")"
+echo "  governor / bulwark-bare             $(ratio "${cpu[governor]:-}" "${cpu[bulwark-bare]:-}")"
 echo "  governor-refuse / bulwark-refuse    $(ratio "${cpu[governor-refuse]:-}" "${cpu[bulwark-refuse]:-}")"

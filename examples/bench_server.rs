@@ -15,6 +15,8 @@
 //!   settings, so admitted responses carry the `RateLimit` headers);
 //! * `bulwark-bare`: the same without headers on admitted responses;
 //! * `governor`: `tower_governor` keyed by peer IP, with a quota that never refuses;
+//! * `governor-headers`: the same with `use_headers()`, so admitted responses carry its
+//!   `x-ratelimit-limit` and `x-ratelimit-remaining` headers (the like of `bulwark`);
 //! * `bulwark-refuse` / `governor-refuse`: one request per hour, so a client under load is
 //!   refused (the refusal path).
 //!
@@ -76,6 +78,15 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
         "bulwark-bare" => hello.route_layer(bulwark(never)?.without_admitted_headers()),
         "bulwark-refuse" => hello.route_layer(bulwark(hourly)?),
         "governor" => hello.route_layer(governor(Some(1), NEVER_REFUSES)?),
+        "governor-headers" => {
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(NEVER_REFUSES)
+                .use_headers()
+                .finish()
+                .ok_or("tower_governor refused the configuration")?;
+            hello.route_layer(GovernorLayer::new(config))
+        }
         "governor-refuse" => hello.route_layer(governor(None, 1)?),
         other => return Err(format!("unknown variant {other:?}").into()),
     })

@@ -597,6 +597,70 @@ async fn works_in_a_service_builder_and_clones_share_one_budget() {
 }
 
 #[tokio::test]
+async fn responses_keep_the_inner_body_type_and_wrap_body_serves_any_body() {
+    use http_body_util::combinators::UnsyncBoxBody;
+    use http_body_util::{BodyExt, Full};
+    use std::convert::Infallible;
+
+    let once = || {
+        let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(1).unwrap())
+            .clock(ManualClock::new())
+            .build();
+        RateLimitLayer::new(GlobalKey, Policy::new("global", limiter).unwrap())
+    };
+    fn answers_with<B, S: tower::Service<Request<Body>, Response = http::Response<B>>>(s: S) -> S {
+        s
+    }
+
+    // By default the response body is the inner service's own type (here axum's `Body`, which
+    // axum then passes on without boxing it again); the 429 is made from bytes into that type.
+    let same = answers_with::<Body, _>(ServiceBuilder::new().layer(once()).service_fn(
+        |_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::from("same"))) },
+    ));
+    let admitted = same
+        .clone()
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(body(admitted).await, "same");
+    let refused = same.oneshot(Request::new(Body::empty())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(problem["violated-policies"], serde_json::json!(["global"]));
+
+    // A body that cannot be made from bytes needs `wrap_body`.
+    type Boxed = UnsyncBoxBody<Bytes, Infallible>;
+    let boxed = |_: Request<Body>| async {
+        let body: Boxed = Full::new(Bytes::from_static(b"boxed")).boxed_unsync();
+        Ok::<_, Infallible>(http::Response::new(body))
+    };
+    let wrapped = ServiceBuilder::new()
+        .layer(once().wrap_body())
+        .service_fn(boxed);
+    let admitted = wrapped
+        .clone()
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(admitted.headers()["ratelimit"], r#""global";r=0;t=1"#);
+    let bytes = admitted.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(bytes, "boxed");
+    let refused = wrapped.oneshot(Request::new(Body::empty())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let bytes = refused.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["global"]));
+}
+
+#[tokio::test]
 async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);

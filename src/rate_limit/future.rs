@@ -1,5 +1,6 @@
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -12,9 +13,10 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::body::{BodyKind, SameBody};
 use super::key::KeyExtractor;
 use super::layer::{FailMode, Shared};
-use super::response::{problem_response, AdmittedHeaders, Outcome, RateLimitBody, Refusal};
+use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
 use crate::{BoxError, Decision, Limiter};
 
 pin_project! {
@@ -25,7 +27,7 @@ pin_project! {
     /// asks the remaining policies, waits if a policy granted a permit that falls due later, and
     /// then calls the inner service or answers for it. Dropped before the inner service is
     /// called (the client went away, or a timeout fired), it gives every permit it holds back.
-    pub struct ResponseFuture<S, ReqBody, X, L>
+    pub struct ResponseFuture<S, ReqBody, X, L, M = SameBody>
     where
         S: Service<Request<ReqBody>>,
         X: KeyExtractor,
@@ -35,6 +37,7 @@ pin_project! {
         state: State<S::Future, L::Future>,
         pending: Option<Box<Pending<S, ReqBody, X, L>>>,
         headers: Option<AdmittedHeaders>,
+        kind: PhantomData<fn() -> M>,
     }
 }
 
@@ -52,7 +55,7 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody, X, L> ResponseFuture<S, ReqBody, X, L>
+impl<S, ReqBody, X, L, M> ResponseFuture<S, ReqBody, X, L, M>
 where
     S: Service<Request<ReqBody>>,
     X: KeyExtractor,
@@ -63,6 +66,7 @@ where
             state: State::Call { future },
             pending: None,
             headers,
+            kind: PhantomData,
         }
     }
 
@@ -73,6 +77,7 @@ where
             },
             pending: None,
             headers: None,
+            kind: PhantomData,
         }
     }
 
@@ -91,17 +96,19 @@ where
             state,
             pending: Some(pending),
             headers: None,
+            kind: PhantomData,
         }
     }
 }
 
-impl<S, ReqBody, ResBody, X, L> Future for ResponseFuture<S, ReqBody, X, L>
+impl<S, ReqBody, ResBody, X, L, M> Future for ResponseFuture<S, ReqBody, X, L, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     X: KeyExtractor,
     L: Limiter<X::Key>,
+    M: BodyKind<ResBody>,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -112,13 +119,13 @@ where
                     if let Some(headers) = this.headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                    return Poll::Ready(Ok(response.map(M::inner)));
                 }
                 StateProj::Answer { response } => {
                     let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response.map(RateLimitBody::full)));
+                    return Poll::Ready(Ok(response.map(M::answer)));
                 }
                 StateProj::Reserve { reserve } => {
                     let result = ready!(reserve.as_mut().poll(cx));
@@ -159,7 +166,7 @@ fn pending_mut<T>(pending: &mut Option<Box<T>>) -> &mut T {
     pending.as_mut().expect(PENDING)
 }
 
-impl<S, ReqBody, X, L> fmt::Debug for ResponseFuture<S, ReqBody, X, L>
+impl<S, ReqBody, X, L, M> fmt::Debug for ResponseFuture<S, ReqBody, X, L, M>
 where
     S: Service<Request<ReqBody>>,
     X: KeyExtractor,

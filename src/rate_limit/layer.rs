@@ -1,8 +1,10 @@
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
+use super::body::{SameBody, WrapBody};
 use super::key::KeyExtractor;
 use super::policy::Policy;
 use super::response::{Meta, OnRefusal, PolicyInfo};
@@ -26,8 +28,13 @@ pub enum FailMode {
 ///
 /// The layer is cheap to clone, and every clone, and every service it makes, shares the same
 /// limiters.
-pub struct RateLimitLayer<X, L> {
+///
+/// `M` is how responses carry their bodies ([`BodyKind`](super::BodyKind)): by default they keep
+/// the inner service's body type, which must be made from `Bytes` (axum's `Body` is);
+/// [`wrap_body`](Self::wrap_body) serves inner services of any body type.
+pub struct RateLimitLayer<X, L, M = SameBody> {
     shared: Arc<Shared<X, L>>,
+    kind: PhantomData<fn() -> M>,
 }
 
 impl<X, L> RateLimitLayer<X, L>
@@ -56,11 +63,12 @@ where
                 limiters: limiters.into(),
                 meta: Arc::new(Meta::new(infos)),
             }),
+            kind: PhantomData,
         }
     }
 }
 
-impl<X, L> RateLimitLayer<X, L> {
+impl<X, L, M> RateLimitLayer<X, L, M> {
     fn meta_mut(&mut self) -> &mut Meta {
         // Copy on write: a clone of the layer made before this call keeps its settings, and
         // both keep sharing the limiters.
@@ -100,27 +108,42 @@ impl<X, L> RateLimitLayer<X, L> {
         self.meta_mut().legacy_headers = true;
         self
     }
-}
 
-impl<X, L> Clone for RateLimitLayer<X, L> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
+    /// Responses carry a [`RateLimitBody`](super::RateLimitBody) around the inner service's
+    /// body ([`WrapBody`]), so the inner service may have any body type, not only one made from
+    /// `Bytes`: tower-http's body wrappers, boxed bodies.
+    ///
+    /// Not needed under axum: a route's body is axum's `Body`, and axum boxes any other body
+    /// type again on every response.
+    pub fn wrap_body(self) -> RateLimitLayer<X, L, WrapBody> {
+        RateLimitLayer {
+            shared: self.shared,
+            kind: PhantomData,
         }
     }
 }
 
-impl<X, L> fmt::Debug for RateLimitLayer<X, L> {
+impl<X, L, M> Clone for RateLimitLayer<X, L, M> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<X, L, M> fmt::Debug for RateLimitLayer<X, L, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("extractor", &std::any::type_name::<X>())
             .field("meta", &self.shared.meta)
+            .field("body", &std::any::type_name::<M>())
             .finish_non_exhaustive()
     }
 }
 
-impl<S, X, L> Layer<S> for RateLimitLayer<X, L> {
-    type Service = RateLimit<S, X, L>;
+impl<S, X, L, M> Layer<S> for RateLimitLayer<X, L, M> {
+    type Service = RateLimit<S, X, L, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, Arc::clone(&self.shared))

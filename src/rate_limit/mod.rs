@@ -111,6 +111,7 @@
 //! paths are then not counted), or `layer` for everything. The service's error type is the inner
 //! service's; no `HandleErrorLayer` is needed.
 
+mod body;
 mod future;
 pub mod key;
 mod layer;
@@ -118,6 +119,7 @@ mod policy;
 mod response;
 mod service;
 
+pub use self::body::{BodyKind, SameBody, WrapBody};
 pub use self::future::ResponseFuture;
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
 #[cfg(feature = "axum")]

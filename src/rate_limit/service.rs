@@ -1,32 +1,39 @@
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
-use http_body::Body;
 use tower_service::Service;
 
+use super::body::{BodyKind, SameBody};
 use super::future::{conclude, record, Conclusion, Deferred, OutcomeList, Pending, ResponseFuture};
 use super::key::{KeyError, KeyExtractor};
 use super::layer::{FailMode, Shared};
-use super::response::{problem_response, Outcome, RateLimitBody};
+use super::response::{problem_response, Outcome};
 use crate::Limiter;
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer): it asks every policy about each
 /// request and either calls the inner service or answers for it.
 ///
-/// Its error type is the inner service's: a refusal is a response, not an error.
-pub struct RateLimit<S, X, L> {
+/// Its error type is the inner service's: a refusal is a response, not an error. `M` is how its
+/// responses carry their bodies ([`BodyKind`]).
+pub struct RateLimit<S, X, L, M = SameBody> {
     inner: S,
     shared: Arc<Shared<X, L>>,
+    kind: PhantomData<fn() -> M>,
 }
 
-impl<S, X, L> RateLimit<S, X, L> {
+impl<S, X, L, M> RateLimit<S, X, L, M> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<X, L>>) -> Self {
-        Self { inner, shared }
+        Self {
+            inner,
+            shared,
+            kind: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -45,16 +52,17 @@ impl<S, X, L> RateLimit<S, X, L> {
     }
 }
 
-impl<S: Clone, X, L> Clone for RateLimit<S, X, L> {
+impl<S: Clone, X, L, M> Clone for RateLimit<S, X, L, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
+            kind: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, X, L> fmt::Debug for RateLimit<S, X, L> {
+impl<S: fmt::Debug, X, L, M> fmt::Debug for RateLimit<S, X, L, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -63,16 +71,16 @@ impl<S: fmt::Debug, X, L> fmt::Debug for RateLimit<S, X, L> {
     }
 }
 
-impl<S, X, L, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, X, L>
+impl<S, X, L, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, X, L, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     X: KeyExtractor,
     L: Limiter<X::Key>,
-    ResBody: Body<Data = Bytes>,
+    M: BodyKind<ResBody>,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, X, L>;
+    type Future = ResponseFuture<S, ReqBody, X, L, M>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -149,7 +157,7 @@ where
     }
 }
 
-impl<S, X, L> RateLimit<S, X, L>
+impl<S, X, L, M> RateLimit<S, X, L, M>
 where
     X: KeyExtractor,
     L: Limiter<X::Key>,
@@ -161,7 +169,7 @@ where
         parts: Parts,
         body: ReqBody,
         outcomes: &[Outcome],
-    ) -> ResponseFuture<S, ReqBody, X, L>
+    ) -> ResponseFuture<S, ReqBody, X, L, M>
     where
         S: Service<Request<ReqBody>>,
     {
@@ -179,7 +187,7 @@ where
         key: X::Key,
         outcomes: OutcomeList,
         next: Deferred<L::Future>,
-    ) -> ResponseFuture<S, ReqBody, X, L>
+    ) -> ResponseFuture<S, ReqBody, X, L, M>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
