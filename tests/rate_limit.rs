@@ -155,6 +155,33 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
 }
 
 #[tokio::test]
+async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_body() {
+    let clock = ManualClock::new();
+    let name = r#"say "hi" \ twice"#;
+    let limiter = ip_limiter(Quota::per_hour(1).unwrap(), &clock);
+    let app = orders(RateLimitLayer::new(
+        PeerIp::new(),
+        Policy::new(name, limiter).unwrap(),
+    ));
+    let client = peer("198.51.100.4");
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "3600");
+    assert_eq!(
+        sf_list(refused.headers(), "ratelimit"),
+        [(name.to_string(), params(&[("r", 0), ("t", 3600)]))]
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    assert_eq!(
+        problem["detail"],
+        format!("The request exceeds the quota of '{name}'; retry in 3600 seconds.")
+    );
+    assert_eq!(problem["violated-policies"], serde_json::json!([name]));
+}
+
+#[tokio::test]
 async fn retry_after_rounds_up_and_is_never_zero() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_minute(1).unwrap(), &clock);

@@ -33,6 +33,11 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+/// The start of every refusal's problem+json body, up to the first policy name in `detail`.
+/// (`QUOTA_EXCEEDED` needs no JSON escapes; a test checks this is what escaping would write.)
+const PROBLEM_HEAD: &str = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+    \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ";
+
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
@@ -81,6 +86,8 @@ pub(crate) struct PolicyInfo {
     pub(crate) name: Box<str>,
     /// The name as a Structured Field String, quotes included.
     pub(crate) sf_name: Box<str>,
+    /// The name escaped for the inside of a JSON string, without quotes.
+    pub(crate) json_name: Box<str>,
     pub(crate) quota: Quota,
 }
 
@@ -88,9 +95,12 @@ impl PolicyInfo {
     pub(crate) fn new(name: &str, quota: Quota) -> Self {
         let mut sf_name = String::with_capacity(name.len() + 2);
         sf_string(&mut sf_name, name);
+        let mut json_name = String::with_capacity(name.len());
+        json_escaped(&mut json_name, name);
         Self {
             name: name.into(),
             sf_name: sf_name.into_boxed_str(),
+            json_name: json_name.into_boxed_str(),
             quota,
         }
     }
@@ -248,10 +258,17 @@ impl<'a> Refusal<'a> {
     /// legacy `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
-        headers.insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs()));
         if let Some(policy) = &self.meta.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
+        self.add_headers(&mut headers);
+        headers
+    }
+
+    /// Adds the headers that depend on the decisions: `Retry-After`, `RateLimit`, and the
+    /// legacy ones if they are turned on.
+    fn add_headers(&self, headers: &mut HeaderMap) {
+        headers.insert(RETRY_AFTER, seconds_value(self.retry_after_secs()));
         if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
             headers.insert(RATELIMIT, ratelimit);
         }
@@ -262,25 +279,29 @@ impl<'a> Refusal<'a> {
                 headers.insert(X_RATELIMIT_RESET, reset);
             }
         }
-        headers
     }
 
     /// The default body: an RFC 9457 problem of type [`QUOTA_EXCEEDED`], with `violated-policies`.
     pub fn problem_json(&self) -> Bytes {
         let retry = self.retry_after_secs();
-        let violated = self.violated_policies().count();
+        // Names come escaped from the layer's set-up, so this only appends.
+        let violated = || {
+            self.meta
+                .policies
+                .iter()
+                .zip(self.outcomes)
+                .filter(|(_, o)| matches!(o, Outcome::Refused(_)))
+                .map(|(p, _)| &*p.json_name)
+        };
+        let count = violated().count();
         let mut json = String::with_capacity(256);
-        json.push_str("{\"type\":");
-        json_string(&mut json, QUOTA_EXCEEDED);
-        json.push_str(
-            ",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ",
-        );
-        for (i, name) in self.violated_policies().enumerate() {
+        json.push_str(PROBLEM_HEAD);
+        for (i, name) in violated().enumerate() {
             if i > 0 {
-                json.push_str(if i + 1 == violated { " and " } else { ", " });
+                json.push_str(if i + 1 == count { " and " } else { ", " });
             }
             json.push('\'');
-            json_escaped(&mut json, name);
+            json.push_str(name);
             json.push('\'');
         }
         json.push_str("; retry in ");
@@ -291,11 +312,13 @@ impl<'a> Refusal<'a> {
             " seconds.\""
         });
         json.push_str(",\"violated-policies\":[");
-        for (i, name) in self.violated_policies().enumerate() {
+        for (i, name) in violated().enumerate() {
             if i > 0 {
                 json.push(',');
             }
-            json_string(&mut json, name);
+            json.push('"');
+            json.push_str(name);
+            json.push('"');
         }
         json.push_str("]}");
         Bytes::from(json)
@@ -424,6 +447,7 @@ impl ValueBuf {
         }
     }
 
+    #[inline]
     fn push(&mut self, bytes: &[u8]) {
         if self.spilled.is_empty() {
             if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
@@ -431,6 +455,14 @@ impl ValueBuf {
                 self.len += bytes.len();
                 return;
             }
+        }
+        self.push_spilled(bytes);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_spilled(&mut self, bytes: &[u8]) {
+        if self.spilled.is_empty() {
             self.spilled.reserve(2 * (self.len + bytes.len()));
             self.spilled.extend_from_slice(&self.inline[..self.len]);
         }
@@ -438,6 +470,7 @@ impl ValueBuf {
     }
 
     /// Appends the decimal digits of `n`.
+    #[inline]
     fn push_u64(&mut self, n: u64) {
         self.push(decimal(n, &mut [0; 20]));
     }
@@ -485,6 +518,18 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
             HeaderValue::from(reset),
         ]
     })
+}
+
+/// `n` as a header value; values below 100, the common `Retry-After`s, without allocating.
+fn seconds_value(n: u64) -> HeaderValue {
+    const TWO_DIGITS: &str = "000102030405060708091011121314151617181920212223242526272829\
+        30313233343536373839404142434445464748495051525354555657585960616263646566676869\
+        707172737475767778798081828384858687888990919293949596979899";
+    match usize::try_from(n) {
+        Ok(n @ 0..=9) => HeaderValue::from_static(&TWO_DIGITS[2 * n + 1..2 * n + 2]),
+        Ok(n @ 10..=99) => HeaderValue::from_static(&TWO_DIGITS[2 * n..2 * n + 2]),
+        _ => HeaderValue::from(n),
+    }
 }
 
 /// The decimal digits of `n`, written at the end of `buf` (without `core::fmt`, which is slow on
@@ -643,6 +688,22 @@ mod tests {
             v.push_u64(n);
             assert_eq!(v.as_bytes(), n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn seconds_are_written_in_full() {
+        for n in (0..=1_000).chain([12_345, u64::MAX]) {
+            assert_eq!(seconds_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn the_problem_head_is_the_escaped_type_and_title() {
+        let mut head = String::from("{\"type\":");
+        json_string(&mut head, QUOTA_EXCEEDED);
+        head.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"");
+        assert!(PROBLEM_HEAD.starts_with(&head), "{PROBLEM_HEAD}");
+        assert_eq!(&PROBLEM_HEAD[head.len()..], "The request exceeds the quota of ");
     }
 
     #[test]
