@@ -110,6 +110,15 @@
 //! under axum, which clones services freely. Use `route_layer` to limit chosen routes (unmatched
 //! paths are then not counted), or `layer` for everything. The service's error type is the inner
 //! service's; no `HandleErrorLayer` is needed.
+//!
+//! # Response bodies
+//!
+//! The layer answers some requests itself, so its responses must carry either the inner
+//! service's body or bytes of its own. By default ([`SameBody`]) they keep the inner service's
+//! body type, which must be made from `Bytes` (axum's `Body` and `http_body_util::Full<Bytes>`
+//! are): under axum this avoids a box per response, since a route's body must be axum's `Body`.
+//! For an inner service of any other body type, [`RateLimitLayer::wrap_body`] ([`WrapBody`])
+//! answers with a [`RateLimitBody`] around it.
 
 mod body;
 mod future;
