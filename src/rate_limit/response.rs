@@ -35,7 +35,8 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 
 /// The start of every refusal's problem+json body, up to the first policy name in `detail`.
 /// (`QUOTA_EXCEEDED` needs no JSON escapes; a test checks this is what escaping would write.)
-const PROBLEM_HEAD: &str = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+const PROBLEM_HEAD: &str =
+    "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
     \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ";
 
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
@@ -703,7 +704,10 @@ mod tests {
         json_string(&mut head, QUOTA_EXCEEDED);
         head.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"");
         assert!(PROBLEM_HEAD.starts_with(&head), "{PROBLEM_HEAD}");
-        assert_eq!(&PROBLEM_HEAD[head.len()..], "The request exceeds the quota of ");
+        assert_eq!(
+            &PROBLEM_HEAD[head.len()..],
+            "The request exceeds the quota of "
+        );
     }
 
     #[test]
