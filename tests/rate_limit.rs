@@ -635,56 +635,62 @@ async fn responses_keep_the_inner_body_type_and_wrap_body_serves_any_body() {
             .build();
         RateLimitLayer::new(GlobalKey, Policy::new("global", limiter).unwrap())
     };
-    fn answers_with<B, S: tower::Service<Request<Body>, Response = http::Response<B>>>(s: S) -> S {
-        s
+    // Sends two requests to a service with a budget of one: the status, headers and body of the
+    // admitted response and of the refused one. `B` is the service's response body type.
+    async fn admit_then_refuse<B, S>(svc: S) -> [(StatusCode, HeaderMap, Bytes); 2]
+    where
+        S: tower::Service<Request<Body>, Response = http::Response<B>> + Clone,
+        S::Error: std::fmt::Debug,
+        B: http_body::Body,
+        B::Error: std::fmt::Debug,
+    {
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let response = svc
+                .clone()
+                .oneshot(Request::new(Body::empty()))
+                .await
+                .unwrap();
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            out.push((parts.status, parts.headers, bytes));
+        }
+        out.try_into().unwrap()
     }
+    let refusal_is_a_problem = |(status, headers, bytes): &(StatusCode, HeaderMap, Bytes)| {
+        assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        let problem: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+        assert_eq!(problem["status"], 429);
+        assert_eq!(problem["violated-policies"], serde_json::json!(["global"]));
+    };
 
     // By default the response body is the inner service's own type (here axum's `Body`, which
-    // axum then passes on without boxing it again); the 429 is made from bytes into that type.
-    let same = answers_with::<Body, _>(ServiceBuilder::new().layer(once()).service_fn(
-        |_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::from("same"))) },
-    ));
-    let admitted = same
-        .clone()
-        .oneshot(Request::new(Body::empty()))
-        .await
-        .unwrap();
-    assert_eq!(admitted.status(), StatusCode::OK);
-    assert_eq!(body(admitted).await, "same");
-    let refused = same.oneshot(Request::new(Body::empty())).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        refused.headers()["content-type"],
-        "application/problem+json"
-    );
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
-    assert_eq!(problem["violated-policies"], serde_json::json!(["global"]));
+    // axum then passes on without boxing it again; `admit_then_refuse::<Body, _>` checks the
+    // type); the 429 is made from bytes into that type.
+    let same = ServiceBuilder::new()
+        .layer(once())
+        .service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::from("same")))
+        });
+    let [admitted, refused] = admit_then_refuse::<Body, _>(same).await;
+    assert_eq!((admitted.0, &*admitted.2), (StatusCode::OK, &b"same"[..]));
+    refusal_is_a_problem(&refused);
 
     // A body that cannot be made from bytes needs `wrap_body`.
     type Boxed = UnsyncBoxBody<Bytes, Infallible>;
-    let boxed = |_: Request<Body>| async {
-        let body: Boxed = Full::new(Bytes::from_static(b"boxed")).boxed_unsync();
-        Ok::<_, Infallible>(http::Response::new(body))
-    };
-    let wrapped = ServiceBuilder::new()
-        .layer(once().wrap_body())
-        .service_fn(boxed);
-    let admitted = wrapped
-        .clone()
-        .oneshot(Request::new(Body::empty()))
-        .await
-        .unwrap();
-    assert_eq!(admitted.status(), StatusCode::OK);
-    assert_eq!(admitted.headers()["ratelimit"], r#""global";r=0;t=1"#);
-    let bytes = admitted.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(bytes, "boxed");
-    let refused = wrapped.oneshot(Request::new(Body::empty())).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let bytes = refused.into_body().collect().await.unwrap().to_bytes();
-    let problem: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(problem["status"], 429);
-    assert_eq!(problem["violated-policies"], serde_json::json!(["global"]));
+    let wrapped =
+        ServiceBuilder::new()
+            .layer(once().wrap_body())
+            .service_fn(|_: Request<Body>| async {
+                let body: Boxed = Full::new(Bytes::from_static(b"boxed")).boxed_unsync();
+                Ok::<_, Infallible>(http::Response::new(body))
+            });
+    let [admitted, refused] = admit_then_refuse(wrapped).await;
+    assert_eq!((admitted.0, &*admitted.2), (StatusCode::OK, &b"boxed"[..]));
+    assert_eq!(admitted.1["ratelimit"], r#""global";r=0;t=1"#);
+    refusal_is_a_problem(&refused);
 }
 
 #[tokio::test]

@@ -237,12 +237,16 @@ impl<'a> Refusal<'a> {
 
     /// The names of the policies that refused the request, in the layer's order.
     pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.violated().map(|p| &*p.name)
+    }
+
+    fn violated(&self) -> impl Iterator<Item = &'a PolicyInfo> + 'a {
         self.meta
             .policies
             .iter()
             .zip(self.outcomes)
             .filter(|(_, o)| matches!(o, Outcome::Refused(_)))
-            .map(|(p, _)| &*p.name)
+            .map(|(p, _)| p)
     }
 
     /// Every policy's name with its decision (`None` where the limiter failed and the layer
@@ -259,17 +263,10 @@ impl<'a> Refusal<'a> {
     /// legacy `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
+        headers.insert(RETRY_AFTER, seconds_value(self.retry_after_secs()));
         if let Some(policy) = &self.meta.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        self.add_headers(&mut headers);
-        headers
-    }
-
-    /// Adds the headers that depend on the decisions: `Retry-After`, `RateLimit`, and the
-    /// legacy ones if they are turned on.
-    fn add_headers(&self, headers: &mut HeaderMap) {
-        headers.insert(RETRY_AFTER, seconds_value(self.retry_after_secs()));
         if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
             headers.insert(RATELIMIT, ratelimit);
         }
@@ -280,20 +277,14 @@ impl<'a> Refusal<'a> {
                 headers.insert(X_RATELIMIT_RESET, reset);
             }
         }
+        headers
     }
 
     /// The default body: an RFC 9457 problem of type [`QUOTA_EXCEEDED`], with `violated-policies`.
     pub fn problem_json(&self) -> Bytes {
         let retry = self.retry_after_secs();
         // Names come escaped from the layer's set-up, so this only appends.
-        let violated = || {
-            self.meta
-                .policies
-                .iter()
-                .zip(self.outcomes)
-                .filter(|(_, o)| matches!(o, Outcome::Refused(_)))
-                .map(|(p, _)| &*p.json_name)
-        };
+        let violated = || self.violated().map(|p| &*p.json_name);
         let count = violated().count();
         let mut json = String::with_capacity(256);
         json.push_str(PROBLEM_HEAD);
