@@ -155,10 +155,16 @@ impl Meta {
     }
 
     /// The headers of an admitted response, or `None` if they are turned off.
+    #[inline]
     pub(crate) fn admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
-        if !self.admitted_headers {
-            return None;
+        if self.admitted_headers {
+            self.build_admitted_headers(outcomes)
+        } else {
+            None
         }
+    }
+
+    fn build_admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
         let policy = self.policy_header.clone()?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
         let legacy = if self.legacy_headers {

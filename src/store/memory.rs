@@ -130,6 +130,24 @@ where
                 return Ok(f(state));
             }
         }
+        self.insert_with(shard, hash, key, now, idle_at, f)
+    }
+
+    /// The rest of [`with`](Self::with) for a key that was not found under the read lock: out
+    /// of line and marked cold, so that the path of a known key stays short. (Under a flood of
+    /// new keys this is the common path, but then the insert and any eviction cost far more
+    /// than the branch layout.)
+    #[cold]
+    #[inline(never)]
+    fn insert_with<R>(
+        &self,
+        shard: &Shard<K, S>,
+        hash: u64,
+        key: &K,
+        now: u64,
+        idle_at: impl Fn(&S) -> u64,
+        f: impl FnOnce(&S) -> R,
+    ) -> Result<R, Full> {
         let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, state)) = table.find(hash, |(k, _)| k == key) {
             return Ok(f(state));
