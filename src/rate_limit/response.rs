@@ -269,7 +269,7 @@ impl<'a> Refusal<'a> {
     /// legacy `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
-        headers.insert(RETRY_AFTER, seconds_value(self.retry_after_secs()));
+        headers.insert(RETRY_AFTER, number_value(self.retry_after_secs()));
         if let Some(policy) = &self.meta.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
@@ -511,15 +511,16 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
     };
     binding.map(|(limit, remaining, reset)| {
         [
-            HeaderValue::from(limit),
-            HeaderValue::from(remaining),
-            HeaderValue::from(reset),
+            number_value(limit),
+            number_value(remaining),
+            number_value(reset),
         ]
     })
 }
 
-/// `n` as a header value; values below 100, the common `Retry-After`s, without allocating.
-fn seconds_value(n: u64) -> HeaderValue {
+/// `n` as a header value; values below 100 (the common `Retry-After`s and `X-RateLimit-*`
+/// values) without allocating.
+fn number_value(n: u64) -> HeaderValue {
     const TWO_DIGITS: &str = "000102030405060708091011121314151617181920212223242526272829\
         30313233343536373839404142434445464748495051525354555657585960616263646566676869\
         707172737475767778798081828384858687888990919293949596979899";
@@ -689,9 +690,9 @@ mod tests {
     }
 
     #[test]
-    fn seconds_are_written_in_full() {
+    fn numbers_are_written_in_full() {
         for n in (0..=1_000).chain([12_345, u64::MAX]) {
-            assert_eq!(seconds_value(n), HeaderValue::from(n), "{n}");
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
         }
     }
 
