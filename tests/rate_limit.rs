@@ -369,30 +369,37 @@ fn malformed_forwarding_headers_never_panic_and_never_choose_the_key() {
     let fwd = ForwardedIp::forwarded(trusted);
     let proxy: IpAddr = "10.0.0.2".parse().unwrap();
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let answer = |r: Result<IpAddr, KeyError>| match r {
+        Ok(ip) => Some(ip),
+        Err(e) => {
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{e}");
+            None
+        }
+    };
 
-    // (header value, expected client). Whatever cannot be read stops the walk at the nearest
-    // trusted hop, which the sender does not control.
-    let xff_cases: &[(&[u8], IpAddr)] = &[
-        (b"", proxy),
-        (b",,, ,", proxy),
-        (b"192.0.2.1", ip("192.0.2.1")),
-        (b" 192.0.2.1 ,, ", ip("192.0.2.1")),
-        (b"192.0.2.1:8080", ip("192.0.2.1")),
-        (b"[2001:db8::1]:443", ip("2001:db8::1")),
-        (b"unknown", proxy),
-        (b"192.0.2.1, garbage", proxy),
-        (b"garbage, 192.0.2.1", ip("192.0.2.1")),
-        (b"192.0.2.1, 10.0.0.9, not-an-ip", proxy),
-        (b"192.0.2.1, not-an-ip, 10.0.0.9", ip("10.0.0.9")),
-        (b"300.1.1.1", proxy),
-        (b"192.0.2.1/24", proxy),
-        (b"[2001:db8::1", proxy),
-        (b"2001:db8::1]", proxy),
-        (b"::ffff:10.0.0.5", ip("::ffff:10.0.0.5")),
-        (b"\xff\xfe\xfd", proxy),
-        (b"192.0.2.1\xff", proxy),
-        (b"\"192.0.2.1\"", proxy),
-        (&[b'1'; 4000], proxy),
+    // (header value, expected client). A hop that cannot be read before the client's address is
+    // found is a 400 (`None`): never the trusted proxy's address, never one the sender wrote.
+    let xff_cases: &[(&[u8], Option<IpAddr>)] = &[
+        (b"", Some(proxy)),
+        (b",,, ,", Some(proxy)),
+        (b"192.0.2.1", Some(ip("192.0.2.1"))),
+        (b" 192.0.2.1 ,, ", Some(ip("192.0.2.1"))),
+        (b"192.0.2.1:8080", Some(ip("192.0.2.1"))),
+        (b"[2001:db8::1]:443", Some(ip("2001:db8::1"))),
+        (b"unknown", None),
+        (b"192.0.2.1, garbage", None),
+        (b"garbage, 192.0.2.1", Some(ip("192.0.2.1"))),
+        (b"192.0.2.1, 10.0.0.9, not-an-ip", None),
+        (b"192.0.2.1, not-an-ip, 10.0.0.9", None),
+        (b"300.1.1.1", None),
+        (b"192.0.2.1/24", None),
+        (b"[2001:db8::1", None),
+        (b"2001:db8::1]", None),
+        (b"::ffff:10.0.0.5", Some(ip("::ffff:10.0.0.5"))),
+        (b"\xff\xfe\xfd", None),
+        (b"192.0.2.1\xff", None),
+        (b"\"192.0.2.1\"", None),
+        (&[b'1'; 4000], None),
     ];
     for (value, expected) in xff_cases {
         let mut headers = HeaderMap::new();
@@ -401,41 +408,46 @@ fn malformed_forwarding_headers_never_panic_and_never_choose_the_key() {
             http::HeaderValue::from_bytes(value).unwrap(),
         );
         assert_eq!(
-            xff.client_ip(proxy, &headers),
+            answer(xff.client_ip(proxy, &headers)),
             *expected,
             "X-Forwarded-For: {:?}",
             String::from_utf8_lossy(value)
         );
     }
 
-    let fwd_cases: &[(&[u8], IpAddr)] = &[
-        (b"", proxy),
+    let fwd_cases: &[(&[u8], Option<IpAddr>)] = &[
+        (b"", Some(proxy)),
         (
             b"for=192.0.2.60;proto=http;by=203.0.113.43",
-            ip("192.0.2.60"),
+            Some(ip("192.0.2.60")),
         ),
-        (b"FOR=192.0.2.60", ip("192.0.2.60")),
-        (b"for=\"[2001:db8:cafe::17]:4711\"", ip("2001:db8:cafe::17")),
-        (b"for=unknown", proxy),
-        (b"for=_hidden, for=192.0.2.1", ip("192.0.2.1")),
-        (b"for=192.0.2.1, for=_hidden", proxy),
-        (b"proto=https", proxy),
-        (b"for=192.0.2.1;for=192.0.2.2", proxy),
-        (b"for=\"192.0.2.1", proxy),
-        (b"for=\"192.0.2.1, for=192.0.2.2\"", proxy),
-        (b"for", proxy),
-        (b"for=", proxy),
-        (b";;;,,,", proxy),
-        (b"for=192.0.2.1;;", ip("192.0.2.1")),
-        (b"for=\"\\\"\"", proxy),
-        (b"for=\xff", proxy),
-        (b"for=192.0.2.1, for=10.0.0.7", ip("192.0.2.1")),
+        (b"FOR=192.0.2.60", Some(ip("192.0.2.60"))),
+        (
+            b"for=\"[2001:db8:cafe::17]:4711\"",
+            Some(ip("2001:db8:cafe::17")),
+        ),
+        (b"for=unknown", None),
+        (b"for=_hidden, for=192.0.2.1", Some(ip("192.0.2.1"))),
+        (b"for=192.0.2.1, for=_hidden", None),
+        (b"proto=https", None),
+        (b"for=192.0.2.1;for=192.0.2.2", None),
+        (b"for=\"192.0.2.1", None),
+        (b"for=\"192.0.2.1, for=192.0.2.2\"", None),
+        (b"for", None),
+        (b"for=", None),
+        (b";;;,,,", None),
+        (b"for=192.0.2.1;;", Some(ip("192.0.2.1"))),
+        (b"for=\"\\\"\"", None),
+        (b"for=\xff", None),
+        (b"for=192.0.2.1, for=10.0.0.7", Some(ip("192.0.2.1"))),
+        // Every hop trusted: the request came from inside; the leftmost trusted hop is the key.
+        (b"for=10.0.0.9, for=10.0.0.7", Some(ip("10.0.0.9"))),
     ];
     for (value, expected) in fwd_cases {
         let mut headers = HeaderMap::new();
         headers.insert("forwarded", http::HeaderValue::from_bytes(value).unwrap());
         assert_eq!(
-            fwd.client_ip(proxy, &headers),
+            answer(fwd.client_ip(proxy, &headers)),
             *expected,
             "Forwarded: {:?}",
             String::from_utf8_lossy(value)
