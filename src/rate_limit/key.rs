@@ -691,9 +691,11 @@ fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
     Some((pos, hop))
 }
 
-/// Reads the `name=value` pair that ends `s`, from the right: where it starts, its name and its
-/// (unquoted) value; `None` if it does not parse.
-fn forwarded_pair(s: &[u8]) -> Option<(usize, &[u8], Cow<'_, [u8]>)> {
+/// A `Forwarded` parameter read from the right: where it starts, its name, its unquoted value.
+type Pair<'a> = (usize, &'a [u8], Cow<'a, [u8]>);
+
+/// Reads the `name=value` pair that ends `s`, from the right; `None` if it does not parse.
+fn forwarded_pair(s: &[u8]) -> Option<Pair<'_>> {
     let (value_start, value) = if s.last() == Some(&b'"') {
         quoted_string(s)?
     } else {
