@@ -135,7 +135,8 @@ pub enum KeyKind {
     /// The peer's IP address (IPv6 by /64), the default.
     #[default]
     PeerIp,
-    /// The value of a request header, such as `x-api-key`.
+    /// The value of a request header, such as `x-api-key`, at most
+    /// [`HeaderKey::DEFAULT_MAX_LEN`](crate::rate_limit::HeaderKey::DEFAULT_MAX_LEN) bytes.
     Header(http::HeaderName),
     /// One key for every request.
     Global,

@@ -26,7 +26,7 @@ use crate::{FixedWindow, Gcra, KeyedRateLimiter, SlidingCounter, SlidingLog};
 pub enum ConfigKey {
     /// A client address (IPv6 by /64).
     Ip(IpAddr),
-    /// The value of the configured header.
+    /// The value of the configured header: a copy of its bytes, never a view into the request.
     Header(HeaderValue),
     /// The single key of `key = "global"`.
     Global,

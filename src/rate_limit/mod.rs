@@ -52,7 +52,9 @@
 //! request in one budget, and any closure over [`http::request::Parts`] can be a key extractor. A
 //! request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
 //! when the server is set up wrong) with a problem+json body, and a log line with the reason;
-//! [`RateLimitLayer::on_key_error`] with [`FailMode::Open`] lets such requests through instead.
+//! [`RateLimitLayer::on_key_error`] with [`FailMode::Open`] lets such requests through instead,
+//! uncounted. Behind proxies, [`ForwardedIp`] answers `400` when a hop that is not an address
+//! stands between your proxies and the client: its docs say why.
 //!
 //! # The refusal
 //!
