@@ -33,8 +33,8 @@
 //! | `burst` | integer ≥ 1 | `limit_for_period` |
 //! | `max_wait` | duration | `"0s"` (refuse at once) |
 //! | `algorithm` | `gcra`, `fixed_window`, `sliding_log`, `sliding_counter` | `gcra` |
-//! | `key` | `peer_ip`, `header:<name>`, `global` | `peer_ip` |
-//! | `trusted_proxies` | list of CIDRs; with `key = "peer_ip"`, the client is read from `X-Forwarded-For` sent by these | none |
+//! | `key` | `peer_ip`, `header:<name>` (values up to 256 bytes), `global` | `peer_ip` |
+//! | `trusted_proxies` | list of CIDRs; with `key = "peer_ip"`, the client is read from `X-Forwarded-For` sent by these (an unreadable hop is a `400`, see `ForwardedIp`) | none |
 //! | `max_keys` | integer ≥ 1 | 1 000 000 |
 //! | `hide_keys` | boolean: keep client keys out of log events | `false` |
 //! | `store` | `memory`, or `redis` (feature `redis`) for one quota across every instance | `memory` |
