@@ -409,3 +409,29 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     }
     for_every_algorithm!(run);
 }
+
+/// Items 10 and 11 through a configuration file: an absurd period is an error naming the field,
+/// and a positive duration that would round to zero is an error naming the value, never a
+/// silent zero (`max_wait = "0.5ns"` meant "never wait").
+#[cfg(feature = "config")]
+#[test]
+fn item11_config_refuses_absurd_and_sub_nanosecond_durations() {
+    use tower_bulwark::config::Config;
+    let file = |period: &str, max_wait: &str| {
+        format!(
+            "[rate_limiters.api]\nlimit_for_period = 1\nlimit_refresh_period = \"{period}\"\n\
+             max_wait = \"{max_wait}\"\n"
+        )
+    };
+    let err = Config::from_toml_str(&file("18446744073709551615ns", "0s")).unwrap_err();
+    assert!(err.path().ends_with("limit_refresh_period"), "{err}");
+    assert!(err.message().contains("2^60"), "{err}");
+    let err = Config::from_toml_str(&file("1s", "0.5ns")).unwrap_err();
+    assert!(err.path().ends_with("max_wait"), "{err}");
+    assert!(err.message().contains("0.5ns"), "{err}");
+    let ok = Config::from_toml_str(&file("1s", "0.5us")).unwrap();
+    assert_eq!(
+        ok.rate_limiters["api"].quota.max_wait(),
+        Duration::from_nanos(500)
+    );
+}
