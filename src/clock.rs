@@ -33,6 +33,12 @@ impl<C: Clock + ?Sized> Clock for Box<C> {
     }
 }
 
+/// The latest instant the algorithms work with: 2^62 ns, about 146 years after the clock's
+/// origin. A later reading (a broken clock, or one set near `u64::MAX`) is taken as this
+/// instant: time stands still there, so every limit keeps holding (permits stop replenishing)
+/// and no sum of an instant and a bounded span (see [`Quota`](crate::Quota)) can wrap.
+pub(crate) const MAX_NOW: u64 = 1 << 62;
+
 fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

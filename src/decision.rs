@@ -26,8 +26,11 @@ pub struct Decision {
     /// For an admission that holds a reservation, how long the caller must wait before it
     /// proceeds. Zero for an immediate admission and for a refusal.
     pub wait: Duration,
-    /// The instant (limiter clock, nanoseconds) at which a reservation falls due; used to give it
-    /// back.
+    /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
+    /// charged: the instant the decision was made as of (the clock reading, or the key's latest
+    /// reading if that was later) for an immediate admission, the instant the reservation falls
+    /// due for a reservation. [`Algorithm::refund`](crate::Algorithm::refund) uses it to give
+    /// back exactly what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
 }
 
@@ -83,6 +86,13 @@ impl Decision {
             wait,
             reserved_at,
         }
+    }
+
+    /// This admission with its permits charged at `at` (see `reserved_at`).
+    #[inline(always)]
+    pub(crate) fn charged_at(mut self, at: u64) -> Self {
+        self.reserved_at = at;
+        self
     }
 
     /// `Retry-After` in whole seconds as the crate sends it: `max(1, ceil(retry_after))`, or zero

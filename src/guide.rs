@@ -4,11 +4,30 @@
 //!
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
-//! | [`Gcra`](crate::Gcra) (default) | one `u64` | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
-//! | [`FixedWindow`](crate::FixedWindow) | two `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
-//! | [`SlidingLog`](crate::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact) | memory grows with the limit |
-//! | [`SlidingCounter`](crate::SlidingCounter) | three counters and a mutex | at most `permits` per fixed window; under `2 · permits` in any sliding window | approximate when traffic bunches at a window's end |
+//! | [`Gcra`](crate::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
+//! | [`FixedWindow`](crate::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
+//! | [`SlidingLog`](crate::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
+//! | [`SlidingCounter`](crate::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
 //!
+//! # Guarantees under hostile conditions
+//!
+//! Each row is proved by the named tests (in `tests/limiter_hardening.rs`,
+//! `tests/limiter_model.rs` and `tests/limiter.rs`).
+//!
+//! | | concurrency and stale clocks | key floods | refunds (a waiter gone, a veto by another policy) |
+//! |---|---|---|---|
+//! | GCRA | exact: N threads racing for L get exactly L, whatever order their readings arrive in; a reading older than the latest one that changed the key is decided as of it (`racing_threads_with_stale_readings_get_exactly_the_limit`, `item6_stale_readings_get_exactly_the_limit`) | a key that used its quota ranks above any fresh key and is never evicted for one (`item4_a_key_flood_never_hands_a_limited_client_a_fresh_quota`) | exact when no other admission of the key read a later clock in between (a veto given back at once, a waiter before its slot); otherwise never more than the request took: the time elapsed since the charge stays spent (`a_veto_leaves_every_limiter_as_if_never_made`, `item5_a_veto_given_back_later_leaves_the_key_as_if_never_made`) |
+//! | fixed window | exact, same tests; a stale reading never lands in a cycle that has ended | same test | exact for the last permits taken: every immediate admission while no reservation is outstanding, and a reservation of one permit due in the last cycle holding charges; an earlier charge (before later reservations, or of several permits straddling two cycles) is kept, never over-granted; a charge of an ended cycle is spent (`item5_a_request_vetoed_by_another_policy_spends_nothing`, `a_veto_leaves_every_limiter_as_if_never_made`) |
+//! | sliding log | exact, same tests; entries pruned for a later reading are never forgotten by an earlier one (`item9_sliding_log_never_admits_over_the_limit_with_a_stale_reading`, `sliding_log_matches_a_list_under_stale_readings_waits_and_refunds`) | same test | exact, past or future: the entry is removed and its slot is free for the next caller (`item8_sliding_log_reuses_a_refunded_reservation_slot`) |
+//! | sliding counter | exact, same tests; a stale reading never panics nor drops the previous window's weight (`item6_a_reading_older_than_the_state_is_decided_as_of_the_latest`) | same test | exact: the count of the window holding the charge shrinks (previous, current or next) |
+//!
+//! Clock readings beyond 2^62 ns (146 years after the clock's origin) are taken as 2^62 ns:
+//! time stands still there and every limit keeps holding
+//! (`item11_a_clock_near_u64_max_never_wraps_admits_everything_or_panics`). Quotas are bounded
+//! so that every instant and count is computed exactly, in memory and in the Redis scripts:
+//! periods and `max_wait` up to 2^60 ns (about 36.5 years), and at most 2^53 permits held per
+//! key (see [`Quota`](crate::Quota); `item10_absurd_periods_are_refused_and_the_longest_accepted_is_exact`).
+
 //! # What a decision says
 //!
 //! Every algorithm answers with a [`Decision`](crate::Decision):
@@ -24,27 +43,32 @@
 //! Waiting is opt-in through [`Quota::with_max_wait`](crate::Quota::with_max_wait). An `acquire`
 //! whose permit arrives within `max_wait` reserves it, sleeps on tokio's timer (no thread is
 //! parked) and proceeds; one whose permit would come later is refused at once and reserves
-//! nothing. Dropping the future while it waits gives the reservation back:
+//! nothing. Dropping the future while it waits gives the reservation back, and a request that
+//! another policy refuses gives back what the others granted, immediate admissions included:
 //!
-//! | algorithm | how a dropped waiter's reservation returns |
+//! | algorithm | how an admission returns |
 //! |---|---|
-//! | GCRA | the key's TAT moves back by the reservation's cost; later waiters keep their slots and the next caller may use the freed one |
-//! | fixed window | the permissions go back to the cycle's count (the debt shrinks) |
-//! | sliding log | the reserved entry is removed |
-//! | sliding counter | the count of the window the reservation falls in shrinks; reservations are possible only within the current and the next window |
+//! | GCRA | the key's TAT moves back by the cost, less the time the key's clock moved on since the charge; later waiters keep their slots and the next caller may use the freed one |
+//! | fixed window | the permissions go back to the cycle's count (the debt shrinks) when they are the last taken; see the table above |
+//! | sliding log | the entry is removed, and the next caller may take its slot even before later reservations |
+//! | sliding counter | the count of the window the admission was charged to shrinks; reservations are possible only within the current and the next window |
 //!
-//! A reservation that has already fallen due is spent: there is nothing to give back.
-//!
+//! An admission charged in a past that no longer weighs on the key (a fixed window's ended
+//! cycle, a sliding log entry older than the window) is spent: there is nothing to give back.
+
 //! # Memory and eviction
 //!
 //! A [`KeyedRateLimiter`](crate::KeyedRateLimiter) holds at most `max_keys` keys (default one
-//! million; about 36 bytes per key for IPv4 keys under GCRA, see `BENCHMARKS.md`). A key whose
-//! state has gone idle (for GCRA: its TAT is in the past) behaves exactly like a key never seen,
-//! so dropping it changes no decision; the store drops idle keys first whenever a shard is full,
-//! and [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a
-//! shard is full of live keys, [`Overflow`](crate::Overflow) decides: evict the keys nearest to
-//! idle (default) or refuse new keys until room frees.
-//!
+//! million; `BENCHMARKS.md` measured about 36 bytes per key for IPv4 keys under GCRA before its
+//! state kept the latest reading, 8 bytes more). A key whose state has gone idle (for GCRA: its
+//! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
+//! the store drops idle keys first whenever a shard is full, and
+//! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
+//! is full of live keys, [`Overflow`](crate::Overflow) decides: evict the keys whose loss gives
+//! away least, by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank) (default), or
+//! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
+//! is being limited a fresh quota.
+
 //! # Time
 //!
 //! Limiters read a [`Clock`](crate::Clock): [`SystemClock`](crate::SystemClock) in production,
@@ -54,6 +78,9 @@
 //!
 //! # Concurrency
 //!
-//! GCRA updates a key with one compare-and-swap; the window algorithms take a per-key mutex for
-//! the few instructions of their transition. N threads racing for a limit of L get exactly L
-//! admissions (the test suite checks this for every algorithm on OS threads released together).
+//! GCRA updates a key with one compare-and-swap, after publishing its reading; the window
+//! algorithms take a per-key mutex for the few instructions of their transition. Threads read the
+//! clock before they contend, so readings reach a key stale and out of order: every algorithm
+//! decides a reading older than the latest its key has seen as of that latest reading. N threads
+//! racing for a limit of L get exactly L admissions (the test suite checks this for every
+//! algorithm on OS threads released together, with readings handed out of order).

@@ -444,6 +444,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             key,
             now,
             |s| alg.idle_at(s),
+            |s| alg.eviction_rank(s, now),
             #[inline(always)]
             |s| alg.decide(s, now, cost, max_wait),
         ) {

@@ -10,6 +10,20 @@ use std::time::Duration;
 /// second. Every constructor validates its input and returns a [`QuotaError`] naming the field
 /// that was wrong; nothing here panics.
 ///
+/// # Bounds
+///
+/// Every algorithm, in memory and in the Redis scripts (which compute in microseconds with Lua
+/// numbers, exact below 2^53), must compute every instant and count exactly. So:
+///
+/// * `period` is at most [`MAX_SPAN`](Self::MAX_SPAN) (2^60 ns, about 36.5 years);
+/// * `burst` × the emission interval is at most `2 · MAX_SPAN` (about 73 years);
+/// * `max_wait` is at most `MAX_SPAN`, and the permits it can hold,
+///   `permits · (max_wait / period + 2)`, stay below [`MAX_PERMITS`](Self::MAX_PERMITS) (2^53).
+///
+/// Together with clock readings clamped to 2^62 ns (about 146 years after the clock's origin),
+/// every sum an algorithm forms stays below 2^64 (and, in microseconds after the Unix epoch,
+/// below 2^53), so nothing wraps, saturates into a wrong answer or loses precision.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_bulwark::Quota;
@@ -31,6 +45,12 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// The longest `period` and `max_wait`: 2^60 ns (about 36.5 years).
+    pub const MAX_SPAN: Duration = Duration::from_nanos(MAX_SPAN_NANOS);
+
+    /// The most permits a key may owe at once (granted plus reserved): 2^53.
+    pub const MAX_PERMITS: u64 = 1 << 53;
+
     /// `permits` per second.
     pub fn per_second(permits: u32) -> Result<Self, QuotaError> {
         Self::with_period(permits, Duration::from_secs(1))
@@ -55,7 +75,11 @@ impl Quota {
             return Err(QuotaError::new("period", "must be longer than zero"));
         }
         let period_nanos = u64::try_from(period.as_nanos())
-            .map_err(|_| QuotaError::new("period", "is too long (at most about 584 years)"))?;
+            .ok()
+            .filter(|&p| p <= MAX_SPAN_NANOS)
+            .ok_or_else(|| {
+                QuotaError::new("period", "is too long (at most 2^60 ns, about 36.5 years)")
+            })?;
         let quota = Self {
             permits,
             period_nanos,
@@ -82,18 +106,40 @@ impl Quota {
     ///
     /// Zero (the default) refuses at once. A request whose permit would arrive later than
     /// `max_wait` is refused at once and reserves nothing.
+    ///
+    /// At most [`MAX_SPAN`](Self::MAX_SPAN), and short enough that the permits it can hold,
+    /// `permits · (max_wait / period + 2)`, stay below [`MAX_PERMITS`](Self::MAX_PERMITS).
     pub fn with_max_wait(mut self, max_wait: Duration) -> Result<Self, QuotaError> {
-        self.max_wait_nanos = u64::try_from(max_wait.as_nanos())
-            .map_err(|_| QuotaError::new("max_wait", "is too long (at most about 584 years)"))?;
+        let nanos = u64::try_from(max_wait.as_nanos())
+            .ok()
+            .filter(|&w| w <= MAX_SPAN_NANOS)
+            .ok_or_else(|| {
+                QuotaError::new(
+                    "max_wait",
+                    "is too long (at most 2^60 ns, about 36.5 years)",
+                )
+            })?;
+        let held = (u128::from(nanos / self.period_nanos) + 2) * u128::from(self.permits);
+        if held > u128::from(Self::MAX_PERMITS) {
+            return Err(QuotaError::new(
+                "max_wait",
+                "holds too many permits: permits · (max_wait / period + 2) must be at most 2^53",
+            ));
+        }
+        self.max_wait_nanos = nanos;
         Ok(self)
     }
 
     fn check_burst(&self, burst: u32) -> Result<(), QuotaError> {
         self.emission_interval_nanos()
             .checked_mul(u64::from(burst))
+            .filter(|&h| h <= 2 * MAX_SPAN_NANOS)
             .map(|_| ())
             .ok_or_else(|| {
-                QuotaError::new("burst", "times the emission interval overflows 584 years")
+                QuotaError::new(
+                    "burst",
+                    "times the emission interval is too long (at most 2^61 ns, about 73 years)",
+                )
             })
     }
 
@@ -136,6 +182,9 @@ impl Quota {
         self.period_nanos.div_ceil(u64::from(self.permits))
     }
 }
+
+/// [`Quota::MAX_SPAN`] in nanoseconds.
+const MAX_SPAN_NANOS: u64 = 1 << 60;
 
 /// A quota value that cannot be used, naming the field and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,12 +248,38 @@ mod tests {
             (Quota::with_period(1, Duration::MAX), "period"),
             (Quota::per_second(1).and_then(|q| q.with_burst(0)), "burst"),
             (
-                Quota::with_period(1, Duration::from_secs(u64::MAX / 2_000_000_000))
-                    .and_then(|q| q.with_burst(u32::MAX)),
+                Quota::with_period(1, Quota::MAX_SPAN).and_then(|q| q.with_burst(u32::MAX)),
                 "burst",
             ),
             (
                 Quota::per_second(1).and_then(|q| q.with_max_wait(Duration::MAX)),
+                "max_wait",
+            ),
+            // Issue 11, item 10: absurd periods were accepted and broke the arithmetic.
+            (
+                Quota::with_period(1, Duration::from_nanos(u64::MAX)),
+                "period",
+            ),
+            (
+                Quota::with_period(1, Quota::MAX_SPAN + Duration::from_nanos(1)),
+                "period",
+            ),
+            (
+                Quota::with_period(1, Duration::from_secs(300 * 365 * 86_400)),
+                "period",
+            ),
+            (
+                Quota::with_period(1, Quota::MAX_SPAN).and_then(|q| q.with_burst(3)),
+                "burst",
+            ),
+            (
+                Quota::per_second(1)
+                    .and_then(|q| q.with_max_wait(Quota::MAX_SPAN + Duration::from_nanos(1))),
+                "max_wait",
+            ),
+            (
+                Quota::with_period(u32::MAX, Duration::from_nanos(1))
+                    .and_then(|q| q.with_max_wait(Duration::from_millis(10))),
                 "max_wait",
             ),
         ];
@@ -213,5 +288,27 @@ mod tests {
             assert_eq!(err.field(), field);
             assert!(err.to_string().contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn the_bounds_themselves_are_accepted() {
+        let q = Quota::with_period(1, Quota::MAX_SPAN).unwrap();
+        assert_eq!(q.period(), Quota::MAX_SPAN);
+        let q = q
+            .with_burst(2)
+            .unwrap()
+            .with_max_wait(Quota::MAX_SPAN)
+            .unwrap();
+        assert_eq!(q.max_wait(), Quota::MAX_SPAN);
+        // With the period equal to the bound, rounding the interval up never trips the burst
+        // bound for the default burst.
+        assert!(Quota::with_period(u32::MAX, Quota::MAX_SPAN).is_ok());
+        assert!(Quota::with_period(3, Quota::MAX_SPAN).is_ok());
+        // 2^53 permits held is the limit, inclusive.
+        let q = Quota::with_period(1 << 20, Duration::from_nanos(1)).unwrap();
+        assert!(q.with_max_wait(Duration::from_nanos((1 << 33) - 2)).is_ok());
+        assert!(q
+            .with_max_wait(Duration::from_nanos((1 << 33) - 1))
+            .is_err());
     }
 }

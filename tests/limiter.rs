@@ -35,8 +35,9 @@ fn resilience4j_scenario_ten_per_second_then_refused_then_admitted() {
     run::<Gcra>();
     run::<FixedWindow>();
     run::<SlidingLog>();
-    // The sliding counter's estimate at a window boundary still weighs the whole previous window,
-    // so one second after the burst it refuses; the sliding-log semantics are exercised above.
+    // The sliding counter's estimate at a window boundary still weighs the whole previous window
+    // (⌊10 · W / W⌋ = 10), so one second after the burst it refuses; a nanosecond later the
+    // previous window's share rounds down to 9 and one more fits.
     let clock = ManualClock::new();
     let limiter = DirectRateLimiter::builder(Quota::per_second(10).unwrap())
         .algorithm::<SlidingCounter>()
@@ -47,7 +48,7 @@ fn resilience4j_scenario_ten_per_second_then_refused_then_admitted() {
     }
     let refused = limiter.check();
     assert!(!refused.allowed);
-    assert_eq!(refused.retry_after, Duration::from_millis(1100));
+    assert_eq!(refused.retry_after, Duration::from_nanos(1_000_000_001));
     clock.advance(refused.retry_after);
     assert!(limiter.check().allowed);
 }

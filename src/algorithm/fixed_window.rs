@@ -2,6 +2,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;
+use crate::clock::MAX_NOW;
 use crate::{Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
@@ -14,6 +15,9 @@ use crate::{Decision, Quota};
 /// Guarantee: no cycle admits (or has fall due in it) more than `permits`. Its weakness is the
 /// edge: `permits` at the end of one cycle and `permits` at the start of the next are `2 · permits`
 /// within a short span. The burst setting does not apply.
+///
+/// A clock reading older than the latest one the key has seen is decided as of that latest
+/// reading (the state keeps it), so a stale reading never lands in a cycle that has ended.
 #[derive(Clone, Copy, Debug)]
 pub struct FixedWindow {
     limit: u64,
@@ -30,6 +34,8 @@ pub(crate) struct Window {
     pub(crate) cycle: u64,
     /// Permissions taken in `cycle`; above `limit` it is debt owed by the next cycles.
     pub(crate) used: u64,
+    /// The latest clock reading seen; earlier readings are decided as of it.
+    pub(crate) latest: u64,
 }
 
 impl FixedWindow {
@@ -59,8 +65,24 @@ impl FixedWindow {
         self.cycle_start(cycle + cycles_needed) - now
     }
 
-    pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
+    /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
+    /// the latest reading seen, which it then becomes; and the state refreshed to it.
+    fn advance(&self, w: &mut Window, now: u64) -> u64 {
+        let now = now.min(MAX_NOW).max(w.latest);
+        w.latest = now;
         self.refresh(w, now);
+        now
+    }
+
+    /// `used` as of `now` without changing the state (for ranking a key).
+    fn used_at(&self, w: &Window, now: u64) -> u64 {
+        let cycle = self.cycle_of(now.min(MAX_NOW).max(w.latest));
+        let granted = cycle.saturating_sub(w.cycle).saturating_mul(self.limit);
+        w.used.saturating_sub(granted)
+    }
+
+    pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
+        let now = self.advance(w, now);
         let cost = u64::from(cost);
         let cycle = w.cycle;
         let reset = |used: u64| {
@@ -68,7 +90,8 @@ impl FixedWindow {
         };
         if w.used + cost <= self.limit {
             w.used += cost;
-            return Decision::allowed(self.limit, self.limit - w.used, reset(w.used));
+            return Decision::allowed(self.limit, self.limit - w.used, reset(w.used))
+                .charged_at(now);
         }
         let cycles = (w.used + cost - self.limit).div_ceil(self.limit);
         let wait = self.until_cycles(cycle, now, cycles);
@@ -98,7 +121,7 @@ impl Algorithm for FixedWindow {
         Self {
             limit: u64::from(quota.permits()),
             period: quota.period_nanos(),
-            epoch,
+            epoch: epoch.min(MAX_NOW),
         }
     }
 
@@ -111,12 +134,45 @@ impl Algorithm for FixedWindow {
         self.step(&mut w, now, cost, max_wait)
     }
 
+    /// Gives back the permits of an admission charged at `reserved_at`, as far as the count can
+    /// say where they lie.
+    ///
+    /// The state is one count of permits taken, slot after slot, `limit` slots per cycle from
+    /// the current one. A charge due in a cycle that has ended is spent: its cycle is history,
+    /// and the debt carried out of it (`used_now = max(0, used_then − k·limit)`) holds only
+    /// charges due later, which are still owed. A charge whose permits are the last slots taken
+    /// (it falls due in the last cycle holding charges and lies wholly inside it: any immediate
+    /// admission while no reservation is outstanding, any reservation of one permit due in the
+    /// last such cycle) is given back exactly: `used −= cost` frees the very slots it held. Any
+    /// other charge lies before later ones; freeing the last slots instead would let a new caller
+    /// fall due in a cycle that is already full, so it is kept (the permits are lost, never
+    /// over-granted).
     fn refund(&self, state: &FixedWindowState, now: u64, cost: u32, reserved_at: u64) {
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.refresh(&mut w, now);
-        if reserved_at > now {
-            w.used = w.used.saturating_sub(u64::from(cost));
+        self.advance(&mut w, now);
+        let charged = self.cycle_of(reserved_at);
+        if w.used == 0 || charged < w.cycle {
+            return;
         }
+        let cost = u64::from(cost);
+        let last = w.cycle + (w.used - 1) / self.limit;
+        let whole_in_last = w.used <= self.limit || cost == 1;
+        if charged == last && whole_in_last {
+            w.used = w.used.saturating_sub(cost);
+        }
+    }
+
+    fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
+        let w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let used = self.used_at(&w, now);
+        let idle = if used == 0 {
+            0
+        } else {
+            let cycle = self.cycle_of(now.min(MAX_NOW).max(w.latest));
+            self.cycle_start(cycle + used.div_ceil(self.limit))
+                .saturating_sub(now)
+        };
+        super::rank(used, idle)
     }
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {

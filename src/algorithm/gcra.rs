@@ -2,6 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::Algorithm;
+use crate::clock::MAX_NOW;
 use crate::{Decision, Quota};
 
 /// The Generic Cell Rate Algorithm: the default.
@@ -13,6 +14,10 @@ use crate::{Decision, Quota};
 /// indistinguishable from a new key, which is what makes eviction free.
 ///
 /// Guarantee: over any span of length `S`, a key is admitted at most `burst + S / T` permits.
+///
+/// Clock readings that arrive out of order (a thread read the clock, then lost the race to one
+/// that read it later) are decided as of the latest reading the key has admitted with, which the
+/// state keeps beside the TAT: a stale reading neither admits more nor less than a fresh one.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,
@@ -22,6 +27,21 @@ pub struct Gcra {
     /// `floor((2^64 - 1) / interval)`, so that the hot path divides by multiplying (see
     /// [`Gcra::permits_in`]).
     magic: u64,
+}
+
+/// The per-key state of [`Gcra`]: the theoretical arrival time, and the latest clock reading
+/// that changed it (so that a stale reading is decided as of that instant).
+#[derive(Debug, Default)]
+pub struct GcraState {
+    tat: AtomicU64,
+    latest: AtomicU64,
+}
+
+impl GcraState {
+    /// The theoretical arrival time: the instant at which the key's bucket is full again.
+    pub fn tat(&self) -> u64 {
+        self.tat.load(Ordering::Acquire)
+    }
 }
 
 impl Gcra {
@@ -64,7 +84,8 @@ impl Gcra {
         if allow_at <= now {
             let remaining = self.permits_in(now + self.horizon - new_tat);
             let reset = Duration::from_nanos(new_tat - now);
-            return (Decision::allowed(limit, remaining, reset), Some(new_tat));
+            let d = Decision::allowed(limit, remaining, reset).charged_at(now);
+            return (d, Some(new_tat));
         }
         let wait = allow_at - now;
         if wait <= max_wait {
@@ -84,7 +105,7 @@ impl Gcra {
 }
 
 impl Algorithm for Gcra {
-    type State = AtomicU64;
+    type State = GcraState;
 
     fn new(quota: &Quota, _epoch: u64) -> Self {
         let interval = quota.emission_interval_nanos();
@@ -101,30 +122,76 @@ impl Algorithm for Gcra {
     }
 
     #[inline(always)]
-    fn decide(&self, state: &AtomicU64, now: u64, cost: u32, max_wait: u64) -> Decision {
-        let mut tat = state.load(Ordering::Acquire);
+    fn decide(&self, state: &GcraState, now: u64, cost: u32, max_wait: u64) -> Decision {
+        let now = now.min(MAX_NOW);
+        // The TAT first, then the latest reading: whoever changed the TAT we read published its
+        // reading before, so `seen` covers it and the admissions of a key decide at instants
+        // that never go backwards.
+        let mut tat = state.tat.load(Ordering::Acquire);
+        let mut seen = state.latest.load(Ordering::Acquire);
         loop {
-            let (decision, new_tat) = self.step(tat, now, cost, max_wait);
+            let at = now.max(seen);
+            let (decision, new_tat) = self.step(tat, at, cost, max_wait);
             let Some(new_tat) = new_tat else {
                 return decision;
             };
-            match state.compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire) {
+            if now > seen {
+                // Publish this reading before changing the TAT. If someone published a later
+                // one meanwhile, decide again as of it.
+                seen = state.latest.fetch_max(now, Ordering::AcqRel);
+                if seen > now {
+                    continue;
+                }
+            }
+            match state
+                .tat
+                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return decision,
-                Err(actual) => tat = actual,
+                Err(actual) => {
+                    tat = actual;
+                    seen = state.latest.load(Ordering::Acquire);
+                }
             }
         }
     }
 
-    fn refund(&self, state: &AtomicU64, now: u64, cost: u32, _reserved_at: u64) {
-        let give_back = self.interval.saturating_mul(u64::from(cost));
-        let _ = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-            // Only time still ahead of now can be given back; the past is spent.
-            (tat > now).then(|| tat.saturating_sub(give_back).max(now))
-        });
+    /// Moves the TAT back by `cost · T`, less the time the key's clock has moved on since the
+    /// permits were charged (`reserved_at`), and never below the latest reading.
+    ///
+    /// Exact (the state becomes the one that decides as if the request had never been made)
+    /// when no admission of the key read a later clock between the charge and the refund: a
+    /// vetoed request given back at once, or a reservation given back before it falls due. The
+    /// TAT alone cannot tell how admissions made later would have started without this one, so
+    /// otherwise the refund keeps back the time that has elapsed: it never gives back more than
+    /// the request took.
+    fn refund(&self, state: &GcraState, now: u64, cost: u32, reserved_at: u64) {
+        let now = now.min(MAX_NOW);
+        let seen = state.latest.load(Ordering::Acquire);
+        let elapsed = seen.saturating_sub(reserved_at);
+        let give_back = self
+            .interval
+            .saturating_mul(u64::from(cost))
+            .saturating_sub(elapsed);
+        if now > seen {
+            state.latest.fetch_max(now, Ordering::AcqRel);
+        }
+        let at = now.max(seen);
+        let _ = state
+            .tat
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                // Only time still ahead of the key's latest reading can be given back.
+                (tat > at).then(|| tat.saturating_sub(give_back).max(at))
+            });
     }
 
-    fn idle_at(&self, state: &AtomicU64) -> u64 {
-        state.load(Ordering::Acquire)
+    fn idle_at(&self, state: &GcraState) -> u64 {
+        // Past the TAT the bucket is full; past the latest reading no stale reading of a
+        // caller that read the clock before the drop can be told apart from a fresh key.
+        state
+            .tat
+            .load(Ordering::Acquire)
+            .max(state.latest.load(Ordering::Acquire))
     }
 }
 
@@ -143,7 +210,7 @@ mod tests {
     #[test]
     fn ten_per_second_then_refusal_then_recovery() {
         let g = gcra(10, 1000, 10);
-        let s = AtomicU64::new(0);
+        let s = GcraState::default();
         for i in 0..10 {
             let d = g.decide(&s, 0, 1, 0);
             assert!(d.allowed, "check {i}");
@@ -159,7 +226,7 @@ mod tests {
 
     #[test]
     fn division_by_multiplication_is_exact() {
-        for interval in [1u64, 3, 7, 100, 333_333_334, 1_000_000_007, u64::MAX / 3] {
+        for interval in [1u64, 3, 7, 100, 333_333_334, 1_000_000_007, 1 << 60] {
             let q = Quota::with_period(1, Duration::from_nanos(interval)).unwrap();
             let g = Gcra::new(&q, 0);
             let spans = [
@@ -202,7 +269,7 @@ mod tests {
     #[test]
     fn reservation_and_refund() {
         let g = gcra(1, 1000, 1);
-        let s = AtomicU64::new(0);
+        let s = GcraState::default();
         assert!(g.decide(&s, 0, 1, 0).allowed);
         let d = g.decide(&s, 0, 1, 2_000_000_000);
         assert!(d.allowed);

@@ -1,15 +1,17 @@
 //! Rate limiting algorithms: pure state transitions from (state, now, cost) to a [`Decision`].
 //!
-//! | algorithm | state per key | precision | refund of a dropped waiter |
+//! | algorithm | state per key | precision | refund |
 //! |---|---|---|---|
-//! | [`Gcra`] (default) | one `u64`, updated by compare-and-swap | exact, smooth | yes |
-//! | [`FixedWindow`] | cycle + permits used | exact per window, bursty at edges | yes |
-//! | [`SlidingLog`] | one entry per admission time | exact | yes |
-//! | [`SlidingCounter`] | three counters | approximate (see its docs) | yes, within its windows |
+//! | [`Gcra`] (default) | TAT + latest reading, updated by compare-and-swap | exact, smooth | yes (see [`Gcra`]'s `refund`) |
+//! | [`FixedWindow`] | cycle + permits used + latest reading | exact per window, bursty at edges | the last slots taken |
+//! | [`SlidingLog`] | one entry per admission time + latest reading | exact | yes, exactly |
+//! | [`SlidingCounter`] | three counters + latest reading | approximate (see its docs) | yes, exactly |
 //!
-//! An algorithm never reads a clock and never does I/O: the limiter passes `now` in. The same
-//! transitions are implemented in Lua for the Redis store, and a conformance suite holds the two
-//! to the same answers.
+//! An algorithm never reads a clock and never does I/O: the limiter passes `now` in. Readings may
+//! arrive out of order between threads; each algorithm decides a reading older than the latest
+//! its state has seen as of that latest reading. Readings beyond 2^62 ns are taken as 2^62 ns
+//! (time stands still there; nothing wraps). The same transitions are implemented in Lua for the
+//! Redis store, and a conformance suite holds the two to the same answers.
 
 use std::fmt;
 
@@ -21,7 +23,7 @@ mod sliding_counter;
 mod sliding_log;
 
 pub use fixed_window::{FixedWindow, FixedWindowState};
-pub use gcra::Gcra;
+pub use gcra::{Gcra, GcraState};
 pub use sliding_counter::{SlidingCounter, SlidingCounterState};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 
@@ -46,14 +48,34 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// Decides on a request of `cost` permits at `now`, updating `state` when it is admitted.
     ///
     /// If the permits arrive within `max_wait` nanoseconds the request is admitted with a
-    /// reservation ([`Decision::wait`] > 0); if later, it is refused and reserves nothing.
+    /// reservation ([`Decision::wait`] > 0); if later, it is refused and reserves nothing. A
+    /// `now` older than the latest reading the state has seen is decided as of that reading.
     fn decide(&self, state: &Self::State, now: u64, cost: u32, max_wait: u64) -> Decision;
 
-    /// Gives back a reservation made by [`decide`](Self::decide) whose caller went away before it
-    /// fell due.
+    /// Gives back an admission made by [`decide`](Self::decide): a waiter that went away, or a
+    /// request that another policy vetoed. `reserved_at` is the instant its permits were
+    /// charged (the decision's own instant for an immediate admission, the instant it falls due
+    /// for a reservation); the state becomes, as far as the algorithm can tell, the one it would
+    /// be had the request never been made. See each algorithm for what it can give back.
     fn refund(&self, state: &Self::State, now: u64, cost: u32, reserved_at: u64);
 
     /// The instant from which `state` carries no information: a key idle since then behaves as a
     /// new key, so the store may drop it without changing any decision.
     fn idle_at(&self, state: &Self::State) -> u64;
+
+    /// How much forgetting `state` at `now` would give away; when the store is full of live keys
+    /// it evicts the lowest ranks first.
+    ///
+    /// A key that has used its whole quota must rank above a fresh key with one request. The
+    /// default is the time left until [`idle_at`](Self::idle_at), which is right for GCRA (the
+    /// more a key has taken, the further its TAT runs ahead); the window algorithms rank by the
+    /// permits that still weigh on their decisions first, and by that time second.
+    fn eviction_rank(&self, state: &Self::State, now: u64) -> u128 {
+        u128::from(self.idle_at(state).saturating_sub(now))
+    }
+}
+
+/// An eviction rank: permits still weighing first, time until idle second.
+fn rank(permits: u64, idle_in: u64) -> u128 {
+    (u128::from(permits) << 64) | u128::from(idle_in)
 }

@@ -2,22 +2,33 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;
+use crate::clock::MAX_NOW;
 use crate::{Decision, Quota};
 
 /// The sliding-window counter: two fixed-window counters blended into an estimate.
 ///
 /// At `e` nanoseconds into a window of length `W`, the count in the sliding window ending now is
-/// estimated as `previous · (W − e) / W + current`: the previous window's count is assumed to be
-/// spread evenly over it. A request is admitted if the estimate plus its cost stays within
-/// `permits`. The arithmetic is exact integer arithmetic, so `retry_after` is the exact instant at
-/// which the estimate admits the request.
+/// estimated as `⌊previous · (W − e) / W⌋ + current`: the previous window's count is assumed to be
+/// spread evenly over it, and its share still inside the sliding window is rounded down. A
+/// request is admitted if the estimate plus its cost stays within `permits`. The arithmetic is
+/// exact integer arithmetic, so `retry_after` is the exact instant at which the estimate admits
+/// the request.
 ///
-/// Error bound: each fixed window admits at most `permits`, but a sliding window of length `W` may
-/// hold more than `permits` when the previous window's traffic was bunched near its end (the even
-/// spread assumption is wrong then). The excess is at most `previous · e / W`, so a sliding window
-/// never holds `2 · permits` or more. When traffic is spread out the estimate is close to exact.
+/// Rounding the share down is what makes small limits usable: with `permits = 1`, a request
+/// anywhere after the first instant of the window that follows one admission is admitted, so
+/// steady traffic below the rate is never refused (rounded up, the share of one request stays 1
+/// for the whole next window, and a limit of 1 admits at most every other window).
+///
+/// Error bound: each fixed window admits at most `permits`, but a sliding window of length `W`
+/// may hold more than `permits` when the previous window's traffic was bunched near its end (the
+/// even spread assumption is wrong then). At `e` into a window the excess is less than
+/// `previous · e / W + 1` (the `+ 1` is the rounding), so a sliding window never holds more than
+/// `2 · permits`. When traffic is spread out the estimate is close to exact.
 /// A waiting caller may reserve a permit in the current or the next window; a permit further away
 /// is refused even within `max_wait`. The burst setting does not apply.
+///
+/// A clock reading older than the latest one the key has seen is decided as of that latest
+/// reading (the state keeps it): it never lands in a window that has rolled away.
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingCounter {
     limit: u64,
@@ -36,6 +47,8 @@ pub(crate) struct Counters {
     pub(crate) curr: u64,
     /// Reservations that fall due in the next window.
     pub(crate) next: u64,
+    /// The latest clock reading seen; earlier readings are decided as of it.
+    pub(crate) latest: u64,
 }
 
 impl SlidingCounter {
@@ -66,22 +79,33 @@ impl SlidingCounter {
         self.epoch.saturating_add(idx.saturating_mul(self.window))
     }
 
-    /// The earliest offset into a window with counts (`prev`, `curr`) at which `cost` fits.
+    /// The earliest offset into a window with counts (`prev`, `curr`) at which `cost` fits:
+    /// the least `e` with `⌊prev · (W − e) / W⌋ ≤ room`, that is
+    /// `prev · (W − e) ≤ (room + 1) · W − 1`.
     fn earliest(&self, prev: u64, curr: u64, cost: u64) -> Option<u64> {
         let room = self.limit.checked_sub(curr + cost)?;
         if prev == 0 {
             return Some(0);
         }
         let w = u128::from(self.window);
-        let slack = u128::from(room) * w / u128::from(prev);
+        let slack = ((u128::from(room) + 1) * w - 1) / u128::from(prev);
         let e = w.saturating_sub(slack) as u64;
         (e < self.window).then_some(e)
     }
 
-    /// `prev · (W − e) / W`, rounded up: the previous window's share now.
+    /// `⌊prev · (W − e) / W⌋`: the previous window's share now.
     fn carried(&self, prev: u64, e: u64) -> u64 {
         let share = u128::from(prev) * u128::from(self.window - e);
-        share.div_ceil(u128::from(self.window)) as u64
+        (share / u128::from(self.window)) as u64
+    }
+
+    /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
+    /// the latest reading seen, which it then becomes; the windows rolled to it.
+    fn advance(&self, c: &mut Counters, now: u64) -> u64 {
+        let now = now.min(MAX_NOW).max(c.latest);
+        c.latest = now;
+        self.roll(c, now);
+        now
     }
 
     /// When the counters stop weighing on any estimate: the end of the window after the last one
@@ -104,15 +128,18 @@ impl SlidingCounter {
     }
 
     pub(crate) fn step(&self, c: &mut Counters, now: u64, cost: u32, max_wait: u64) -> Decision {
-        self.roll(c, now);
+        let now = self.advance(c, now);
         let cost = u64::from(cost);
         let start = self.window_start(c.window);
+        // `now` is never before the window the state has rolled to: it is at least the latest
+        // reading, from which that window was computed.
         let e = now - start;
         let remaining = |c: &Counters| self.limit.saturating_sub(c.curr + self.carried(c.prev, e));
         let earliest_here = self.earliest(c.prev, c.curr, cost);
         if earliest_here.is_some_and(|at| at <= e) {
             c.curr += cost;
-            return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now));
+            return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now))
+                .charged_at(now);
         }
         let in_this = earliest_here.map(|at| (start + at, 0));
         let in_next = || {
@@ -155,7 +182,7 @@ impl Algorithm for SlidingCounter {
         Self {
             limit: u64::from(quota.permits()),
             window: quota.period_nanos(),
-            epoch,
+            epoch: epoch.min(MAX_NOW),
         }
     }
 
@@ -168,19 +195,32 @@ impl Algorithm for SlidingCounter {
         self.step(&mut c, now, cost, max_wait)
     }
 
+    /// Subtracts `cost` from the count of the window that holds `reserved_at` (the previous,
+    /// the current or the next): exact, whether the instant is past or future, since each count
+    /// is a plain sum. A window older than the previous one weighs on no decision any more.
     fn refund(&self, state: &SlidingCounterState, now: u64, cost: u32, reserved_at: u64) {
-        if reserved_at <= now {
-            return;
-        }
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.roll(&mut c, now);
+        self.advance(&mut c, now);
         let idx = reserved_at.saturating_sub(self.epoch) / self.window;
         let cost = u64::from(cost);
-        if idx == c.window {
-            c.curr = c.curr.saturating_sub(cost);
+        let count = if idx + 1 == c.window {
+            &mut c.prev
+        } else if idx == c.window {
+            &mut c.curr
         } else if idx == c.window + 1 {
-            c.next = c.next.saturating_sub(cost);
-        }
+            &mut c.next
+        } else {
+            return;
+        };
+        *count = count.saturating_sub(cost);
+    }
+
+    fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
+        let mut c = *state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.advance(&mut c, now);
+        let e = now - self.window_start(c.window);
+        let held = self.carried(c.prev, e) + c.curr + c.next;
+        super::rank(held, self.idle_from(&c).saturating_sub(now))
     }
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
@@ -205,9 +245,12 @@ mod tests {
         }
         let d = sc.decide(&st, S / 2, 1, 0);
         assert!(!d.allowed);
-        // Next window: prev = 10; one more fits when 10·(W−e)/W ≤ 9, at e = W/10.
-        assert_eq!(d.retry_after, Duration::from_millis(600));
-        assert!(!sc.decide(&st, S + S / 10 - 1, 1, 0).allowed);
-        assert!(sc.decide(&st, S + S / 10, 1, 0).allowed);
+        // Next window: prev = 10; one more fits when ⌊10·(W−e)/W⌋ ≤ 9, from e = 1 ns.
+        assert_eq!(d.retry_after, Duration::from_nanos(S / 2 + 1));
+        assert!(!sc.decide(&st, S, 1, 0).allowed);
+        assert!(sc.decide(&st, S + 1, 1, 0).allowed);
+        // The second needs ⌊10·(W−e)/W⌋ ≤ 8, from e = W/10 + 1 ns.
+        assert!(!sc.decide(&st, S + S / 10, 1, 0).allowed);
+        assert!(sc.decide(&st, S + S / 10 + 1, 1, 0).allowed);
     }
 }

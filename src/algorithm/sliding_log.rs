@@ -3,17 +3,22 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;
+use crate::clock::MAX_NOW;
 use crate::{Decision, Quota};
 
 /// The sliding-window log: exact, at the price of memory.
 ///
 /// Each key keeps the times of its admitted permits (several at one instant share an entry with a
-/// count). A request is admitted if the permits with times in the last `period`, plus its own cost,
-/// stay within `permits`. A waiting caller's reservation is recorded at the future instant it is
-/// admitted.
+/// count). A request is admitted at the earliest instant `t` from now at which every window of
+/// length `period` that contains `t` still has room for its cost, counting every entry in it,
+/// reservations included. A waiting caller's reservation is recorded at that future instant, so a
+/// reservation given back leaves a hole that the next caller can take.
 ///
-/// Guarantee: in every interval of length `period`, at most `permits` are admitted. Memory per key
-/// is O(`permits`) in the worst case. The burst setting does not apply.
+/// Guarantee: in every interval of length `period`, at most `permits` are admitted (or fall due).
+/// A clock reading older than the latest one the key has seen is decided as of that latest
+/// reading: entries pruned for a later reading are never forgotten by an earlier one. Memory per
+/// key is O(`permits`) in the worst case (times `max_wait / period` with reservations). The burst
+/// setting does not apply.
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingLog {
     limit: u64,
@@ -28,6 +33,8 @@ pub struct SlidingLogState(Mutex<Log>);
 pub(crate) struct Log {
     entries: VecDeque<(u64, u32)>,
     total: u64,
+    /// The latest clock reading seen; earlier readings are decided as of it.
+    latest: u64,
 }
 
 impl Log {
@@ -53,6 +60,15 @@ impl SlidingLog {
         }
     }
 
+    /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
+    /// the latest reading seen, which it then becomes; the entries that left every window pruned.
+    fn advance(&self, log: &mut Log, now: u64) -> u64 {
+        let now = now.min(MAX_NOW).max(log.latest);
+        log.latest = now;
+        self.prune(log, now);
+        now
+    }
+
     fn reset_after(&self, log: &Log, now: u64) -> Duration {
         let last = log
             .entries
@@ -61,28 +77,97 @@ impl SlidingLog {
         Duration::from_nanos(last.saturating_sub(now))
     }
 
-    pub(crate) fn step(&self, log: &mut Log, now: u64, cost: u32, max_wait: u64) -> Decision {
-        self.prune(log, now);
-        if log.total + u64::from(cost) <= self.limit {
-            log.insert(now, cost);
-            return Decision::allowed(
-                self.limit,
-                self.limit - log.total,
-                self.reset_after(log, now),
-            );
+    /// The earliest instant `t ≥ now` at which a request of `cost` fits, and the count that
+    /// weighs on an admission at `now` (the fullest window containing `now`).
+    ///
+    /// A new entry at `t` lies in the windows `(x − W, x]` for `x` in `[t, t + W)`. Their counts
+    /// change only where an entry enters (`x = e`) or leaves (`x = e + W`), so the fullest is the
+    /// one ending at `t` or at an entry inside `(t, t + W)`; and the earliest feasible `t` is `now`
+    /// or an instant at which an entry leaves. Candidates are swept in order with two pointers and
+    /// a monotone queue of the counts ending at each entry: O(entries).
+    fn earliest(&self, log: &Log, now: u64, cost: u64) -> (u64, u64) {
+        let w = self.window;
+        let room = self.limit - cost;
+        let entries = &log.entries;
+        if entries.back().is_none_or(|&(t, _)| t <= now) {
+            // No reservation ahead: the window ending at `t` is the fullest.
+            if log.total <= room {
+                return (now, log.total);
+            }
+            let mut left = log.total;
+            for &(t, n) in entries {
+                left -= u64::from(n);
+                if left <= room {
+                    return (t + w, log.total);
+                }
+            }
+            unreachable!("a cost within the limit fits once every entry has left");
         }
-        // The request fits once enough of the oldest permits have left the window.
-        let excess = log.total + u64::from(cost) - self.limit;
-        let mut freed = 0;
-        let mut admit_at = now;
-        for &(t, n) in &log.entries {
-            freed += u64::from(n);
-            if freed >= excess {
-                admit_at = t.saturating_add(self.window);
-                break;
+        let n = entries.len();
+        let mut prefix = Vec::with_capacity(n + 1);
+        prefix.push(0u64);
+        for &(_, k) in entries {
+            prefix.push(prefix[prefix.len() - 1] + u64::from(k));
+        }
+        // ending[i]: the count of the window (e_i − W, e_i].
+        let mut ending = Vec::with_capacity(n);
+        let mut lo = 0;
+        for (i, &(t, _)) in entries.iter().enumerate() {
+            while entries[lo].0 + w <= t {
+                lo += 1;
+            }
+            ending.push(prefix[i + 1] - prefix[lo]);
+        }
+        let candidates = std::iter::once(now).chain(
+            entries
+                .iter()
+                .map(|&(t, _)| t + w)
+                .filter(move |&t| t > now),
+        );
+        let (mut lo, mut hi, mut up) = (0, 0, 0);
+        let mut ahead: VecDeque<usize> = VecDeque::new();
+        let mut need_now = None;
+        for t in candidates {
+            while lo < n && entries[lo].0 + w <= t {
+                lo += 1;
+            }
+            while hi < n && entries[hi].0 <= t {
+                hi += 1;
+            }
+            while up < n && entries[up].0 < t + w {
+                while ahead.back().is_some_and(|&b| ending[b] <= ending[up]) {
+                    ahead.pop_back();
+                }
+                ahead.push_back(up);
+                up += 1;
+            }
+            while ahead.front().is_some_and(|&f| f < hi) {
+                ahead.pop_front();
+            }
+            let need = (prefix[hi] - prefix[lo]).max(ahead.front().map_or(0, |&f| ending[f]));
+            let need_now = *need_now.get_or_insert(need);
+            if need <= room {
+                return (t, need_now);
             }
         }
-        let wait = admit_at.saturating_sub(now);
+        unreachable!("a cost within the limit fits once every entry has left");
+    }
+
+    pub(crate) fn step(&self, log: &mut Log, now: u64, cost: u32, max_wait: u64) -> Decision {
+        let now = self.advance(log, now);
+        if u64::from(cost) > self.limit {
+            // Never fits (the limiters check this before deciding).
+            let never = Duration::from_nanos(u64::MAX);
+            return Decision::refused(self.limit, 0, never, self.reset_after(log, now));
+        }
+        let (admit_at, need_now) = self.earliest(log, now, u64::from(cost));
+        let wait = admit_at - now;
+        if wait == 0 {
+            log.insert(now, cost);
+            let remaining = self.limit - need_now - u64::from(cost);
+            return Decision::allowed(self.limit, remaining, self.reset_after(log, now))
+                .charged_at(now);
+        }
         if wait <= max_wait {
             log.insert(admit_at, cost);
             return Decision::reserved(
@@ -95,7 +180,7 @@ impl SlidingLog {
         }
         Decision::refused(
             self.limit,
-            self.limit.saturating_sub(log.total),
+            self.limit.saturating_sub(need_now),
             Duration::from_nanos(wait),
             self.reset_after(log, now),
         )
@@ -121,11 +206,13 @@ impl Algorithm for SlidingLog {
         self.step(&mut log, now, cost, max_wait)
     }
 
+    /// Removes `cost` from the entry at `reserved_at` if it is still held: exact, whether the
+    /// instant is past (an admission vetoed by another policy) or future (a waiter that went
+    /// away). An entry already pruned weighs on no decision any more, so there is nothing left
+    /// to give back.
     fn refund(&self, state: &SlidingLogState, now: u64, cost: u32, reserved_at: u64) {
-        if reserved_at <= now {
-            return;
-        }
         let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        self.advance(&mut log, now);
         let idx = log.entries.partition_point(|&(t, _)| t < reserved_at);
         if let Some(entry) = log.entries.get_mut(idx).filter(|e| e.0 == reserved_at) {
             let taken = entry.1.min(cost);
@@ -142,6 +229,23 @@ impl Algorithm for SlidingLog {
         log.entries
             .back()
             .map_or(0, |&(t, _)| t.saturating_add(self.window))
+    }
+
+    fn eviction_rank(&self, state: &SlidingLogState, now: u64) -> u128 {
+        let log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = now.min(MAX_NOW).max(log.latest);
+        let gone: u64 = log
+            .entries
+            .iter()
+            .take_while(|&&(t, _)| t.saturating_add(self.window) <= now)
+            .map(|&(_, n)| u64::from(n))
+            .sum();
+        let idle = log
+            .entries
+            .back()
+            .map_or(0, |&(t, _)| t.saturating_add(self.window))
+            .saturating_sub(now);
+        super::rank(log.total - gone, idle)
     }
 }
 

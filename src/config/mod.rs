@@ -621,17 +621,35 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         };
         let nanos = match num.split_once('.') {
             None => num.parse::<u128>().ok().and_then(|n| n.checked_mul(scale)),
-            Some((whole, frac)) if !frac.is_empty() && !frac.contains('.') && frac.len() <= 9 => {
+            Some((whole, frac)) if !frac.is_empty() && !frac.contains('.') => {
                 let whole: u128 = if whole.is_empty() {
                     0
                 } else {
                     whole.parse().ok().unwrap_or(u128::MAX)
                 };
-                let frac_val: u128 = frac.parse().unwrap_or(0);
-                let frac_scale = 10u128.pow(frac.len() as u32);
+                // A fraction finer than a nanosecond would be rounded, and "0.5ns" would
+                // silently become zero (for `max_wait`: never wait): refuse it instead.
+                let frac = frac.trim_end_matches('0');
+                let frac_nanos = if frac.is_empty() {
+                    Some(0)
+                } else if frac.len() > 18 {
+                    None
+                } else {
+                    let frac_val: u128 = frac.parse().unwrap_or(0);
+                    let frac_scale = 10u128.pow(frac.len() as u32);
+                    Some(frac_val * scale)
+                        .filter(|n| n % frac_scale == 0)
+                        .map(|n| n / frac_scale)
+                };
+                let Some(frac_nanos) = frac_nanos else {
+                    return Err(format!(
+                        "`{text}` is not a whole number of nanoseconds; durations are counted in \
+                         nanoseconds and are never rounded"
+                    ));
+                };
                 whole
                     .checked_mul(scale)
-                    .and_then(|w| w.checked_add(frac_val * scale / frac_scale))
+                    .and_then(|w| w.checked_add(frac_nanos))
             }
             Some(_) => return Err(format!("`{text}` has a malformed number `{num}`")),
         };
@@ -676,5 +694,27 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
         }
         assert!(parse_duration("500").unwrap_err().contains("no unit"));
+    }
+
+    /// Issue 11, item 11: "0.5ns" was truncated to zero (for `max_wait`: never wait).
+    #[test]
+    fn durations_finer_than_a_nanosecond_are_refused_not_rounded() {
+        for bad in ["0.5ns", "1.5ns", "0.0001us", "1.0000000001s", "0.5ns1s"] {
+            let err = parse_duration(bad).expect_err(bad);
+            assert!(err.contains(bad) && err.contains("nanoseconds"), "{err}");
+        }
+        let ok = [
+            ("0.5us", Duration::from_nanos(500)),
+            ("1.000000001s", Duration::from_nanos(1_000_000_001)),
+            ("1.50s", Duration::from_millis(1500)),
+            ("0.0s", Duration::ZERO),
+            ("18446744073709551615ns", Duration::from_nanos(u64::MAX)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        assert!(parse_duration("18446744073709551616ns")
+            .unwrap_err()
+            .contains("too long"));
     }
 }

@@ -22,13 +22,16 @@ use hashbrown::HashTable;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Overflow {
-    /// Evict the keys that are nearest to idle (a sixteenth of the shard at a time), then admit
-    /// the new key. The default.
+    /// Evict the keys whose loss gives away least (a sixteenth of the shard at a time), then
+    /// admit the new key. The default.
     ///
-    /// An evicted key starts afresh next time, so it may receive up to one extra burst; the keys
-    /// chosen are those whose state would have expired soonest, which loses the least. Keys of
-    /// heavy users (whose state runs far ahead) are kept, so a flood of new keys cannot wipe the
-    /// record of the clients that are actually being limited.
+    /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
+    /// ranked by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank): for the window
+    /// algorithms the permits that still weigh on the key's decisions, then the time until it
+    /// goes idle; for GCRA how far its TAT runs ahead. A key that has used its whole quota
+    /// always ranks above a fresh key with one request, so a flood of new keys, however large,
+    /// evicts the flood's own keys and never wipes the record of the clients that are being
+    /// limited (while fewer than fifteen sixteenths of a shard are such clients).
     #[default]
     EvictNearestIdle,
     /// Refuse requests from new keys until a slot frees; keys already present are unaffected.
@@ -113,13 +116,15 @@ where
 
     /// Runs `f` on the state of `key`, inserting a fresh state if the key is new.
     ///
-    /// `idle_at` tells which states may be dropped at `now` when room is needed.
+    /// `idle_at` tells which states may be dropped at `now` when room is needed; `rank` which
+    /// live ones to evict first (lowest first).
     #[inline(always)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
         now: u64,
         idle_at: impl Fn(&S) -> u64,
+        rank: impl Fn(&S) -> u128,
         f: impl FnOnce(&S) -> R,
     ) -> Result<R, Full> {
         let hash = self.hasher.hash_one(key);
@@ -130,7 +135,7 @@ where
                 return Ok(f(state));
             }
         }
-        self.insert_with(shard, hash, key, now, idle_at, f)
+        self.insert_with(shard, hash, key, now, idle_at, rank, f)
     }
 
     /// The rest of [`with`](Self::with) for a key that was not found under the read lock: out
@@ -139,6 +144,7 @@ where
     /// than the branch layout.)
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn insert_with<R>(
         &self,
         shard: &Shard<K, S>,
@@ -146,6 +152,7 @@ where
         key: &K,
         now: u64,
         idle_at: impl Fn(&S) -> u64,
+        rank: impl Fn(&S) -> u128,
         f: impl FnOnce(&S) -> R,
     ) -> Result<R, Full> {
         let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
@@ -168,9 +175,7 @@ where
                     shard.full_until.store(free_at, Ordering::Relaxed);
                     return Err(Full { free_at });
                 }
-                Overflow::EvictNearestIdle => {
-                    evict_nearest_idle(&mut table, &idle_at, self.shard_cap)
-                }
+                Overflow::EvictNearestIdle => evict_lowest_ranks(&mut table, &rank, self.shard_cap),
             }
         }
         let hasher = &self.hasher;
@@ -216,24 +221,26 @@ where
     }
 }
 
-/// Removes the sixteenth of the table (at least one entry) whose states go idle soonest.
-fn evict_nearest_idle<K, S>(
-    table: &mut HashTable<(K, S)>,
-    idle_at: &impl Fn(&S) -> u64,
-    cap: usize,
-) {
+/// Removes the sixteenth of the table (at least one entry) whose states rank lowest: whose loss
+/// gives away least.
+fn evict_lowest_ranks<K, S>(table: &mut HashTable<(K, S)>, rank: &impl Fn(&S) -> u128, cap: usize) {
     let batch = (cap / 16).max(1);
-    let mut times: Vec<u64> = table.iter().map(|(_, s)| idle_at(s)).collect();
-    if times.is_empty() {
+    let mut ranks: Vec<u128> = table.iter().map(|(_, s)| rank(s)).collect();
+    if ranks.is_empty() {
         return;
     }
-    let nth = (batch - 1).min(times.len() - 1);
-    let (_, &mut threshold, _) = times.select_nth_unstable(nth);
-    // Entries at the threshold may be more than needed; remove only `batch` of them in total.
-    let mut budget = batch;
+    let nth = (batch - 1).min(ranks.len() - 1);
+    let (_, &mut threshold, _) = ranks.select_nth_unstable(nth);
+    // Entries at the threshold may be more than needed; remove only `batch` of them in total,
+    // those below it first.
+    let below = ranks.iter().filter(|&&r| r < threshold).count();
+    let mut at_threshold = batch.saturating_sub(below);
     table.retain(|(_, s)| {
-        if budget > 0 && idle_at(s) <= threshold {
-            budget -= 1;
+        let r = rank(s);
+        if r < threshold {
+            false
+        } else if r == threshold && at_threshold > 0 {
+            at_threshold -= 1;
             false
         } else {
             true
@@ -249,16 +256,22 @@ mod tests {
         s.load(Ordering::Relaxed)
     }
 
+    fn rank(s: &AtomicU64) -> u128 {
+        u128::from(tat(s))
+    }
+
     #[test]
     fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
         let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(100, Overflow::EvictNearestIdle);
         // A heavy user whose state runs far ahead.
         store
-            .with(&u32::MAX, 0, tat, |s| s.store(1_000_000, Ordering::Relaxed))
+            .with(&u32::MAX, 0, tat, rank, |s| {
+                s.store(1_000_000, Ordering::Relaxed)
+            })
             .unwrap();
         for k in 0..1000u32 {
             store
-                .with(&k, 0, tat, |s| s.store(10, Ordering::Relaxed))
+                .with(&k, 0, tat, rank, |s| s.store(10, Ordering::Relaxed))
                 .unwrap();
             assert!(store.len() <= 100);
         }
@@ -269,15 +282,15 @@ mod tests {
     fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
         let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(2, Overflow::RefuseNewKeys);
         store
-            .with(&1, 0, tat, |s| s.store(50, Ordering::Relaxed))
+            .with(&1, 0, tat, rank, |s| s.store(50, Ordering::Relaxed))
             .unwrap();
         store
-            .with(&2, 0, tat, |s| s.store(70, Ordering::Relaxed))
+            .with(&2, 0, tat, rank, |s| s.store(70, Ordering::Relaxed))
             .unwrap();
-        let full = store.with(&3, 10, tat, |_| ()).unwrap_err();
+        let full = store.with(&3, 10, tat, rank, |_| ()).unwrap_err();
         assert_eq!(full.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
-        store.with(&3, 60, tat, |_| ()).unwrap();
+        store.with(&3, 60, tat, rank, |_| ()).unwrap();
         assert_eq!(store.with_existing(&1, tat), None);
         assert_eq!(store.len(), 2);
     }
