@@ -72,7 +72,7 @@ macro_rules! for_every_algorithm {
 /// HTTP layer does). The window must be left exactly as it was by every vetoed request: five
 /// admitted, one a second (main admitted 2 and locked the client out for the minute).
 #[test]
-fn item5_a_request_vetoed_by_another_policy_spends_nothing() {
+fn a_request_vetoed_by_another_policy_spends_nothing() {
     fn run<A: Algorithm>() {
         let clock = ManualClock::new();
         let window = keyed::<A, _>(Quota::per_minute(5).unwrap(), clock.clone());
@@ -99,7 +99,7 @@ fn item5_a_request_vetoed_by_another_policy_spends_nothing() {
 /// A veto given back later than the decision (the key's clock has not moved on meanwhile)
 /// leaves the key exactly as a twin that never saw the request: as many admissions follow.
 #[test]
-fn item5_a_veto_given_back_later_leaves_the_key_as_if_never_made() {
+fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
     fn run<A: Algorithm>() {
         let quota = Quota::per_minute(3).unwrap();
         let (clock, twin_clock) = (ManualClock::new(), ManualClock::new());
@@ -127,7 +127,7 @@ fn item5_a_veto_given_back_later_leaves_the_key_as_if_never_made() {
 /// thread read the clock before another rolled the window; every algorithm must decide a stale
 /// reading as of the latest reading its state has seen, never panic and never drop weight.
 #[test]
-fn item6_a_reading_older_than_the_state_is_decided_as_of_the_latest() {
+fn a_reading_older_than_the_state_is_decided_as_of_the_latest() {
     fn run<A: Algorithm>() {
         ScriptedClock::set(0);
         let limiter = keyed::<A, _>(Quota::per_second(4).unwrap(), ScriptedClock);
@@ -153,7 +153,7 @@ fn item6_a_reading_older_than_the_state_is_decided_as_of_the_latest() {
 /// GCRA with out-of-order readings admitted fewer than its burst: the first admission at 1 ms
 /// set the TAT from 1 ms, and readings of 0 ms then fell short of it by 1 ms.
 #[test]
-fn item6_stale_readings_get_exactly_the_limit() {
+fn stale_readings_get_exactly_the_limit() {
     fn run<A: Algorithm>() {
         ScriptedClock::set(0);
         let limiter = keyed::<A, _>(Quota::per_minute(5).unwrap(), ScriptedClock);
@@ -171,7 +171,7 @@ fn item6_stale_readings_get_exactly_the_limit() {
 /// 0.9 s before it decides after it. Recorded at 0.9 s, its admission made eleven in the window
 /// (−0.1 s, 0.9 s], and at 1.95 s nine more were admitted where eight fit.
 #[test]
-fn item9_sliding_log_never_admits_over_the_limit_with_a_stale_reading() {
+fn sliding_log_never_admits_over_the_limit_with_a_stale_reading() {
     ScriptedClock::set(0);
     let limiter = keyed::<SlidingLog, _>(Quota::per_second(10).unwrap(), ScriptedClock);
     let at = |t: u64, n: usize| {
@@ -190,7 +190,7 @@ fn item9_sliding_log_never_admits_over_the_limit_with_a_stale_reading() {
 
 /// 1/h at 90 % of the rate refused 13 of 30 (Retry-After 7200); 2/h refused 21 of 50.
 #[test]
-fn item7_sliding_counter_admits_steady_traffic_below_the_rate_for_small_limits() {
+fn sliding_counter_admits_steady_traffic_below_the_rate_for_small_limits() {
     for (permits, requests) in [(1u32, 30u64), (2, 50)] {
         let clock = ManualClock::new();
         let limiter = DirectRateLimiter::builder(Quota::per_hour(permits).unwrap())
@@ -215,7 +215,7 @@ fn item7_sliding_counter_admits_steady_traffic_below_the_rate_for_small_limits()
 /// 2/s, `max_wait` 10 s; two admitted at 0, four callers at 0 wait 1, 1, 2 and 2 s. The first
 /// waiter gives its reservation back: the next caller takes the free slot at 1 s, not one at 3 s.
 #[test]
-fn item8_sliding_log_reuses_a_refunded_reservation_slot() {
+fn sliding_log_reuses_a_refunded_reservation_slot() {
     let quota = Quota::per_second(2)
         .unwrap()
         .with_max_wait(Duration::from_secs(10))
@@ -239,7 +239,7 @@ fn item8_sliding_log_reuses_a_refunded_reservation_slot() {
 /// A clock near `u64::MAX` ns made fixed window and sliding log admit everything and GCRA panic.
 /// Readings beyond 2^62 ns are taken as 2^62 ns: time stands still, every limit keeps holding.
 #[test]
-fn item11_a_clock_near_u64_max_never_wraps_admits_everything_or_panics() {
+fn a_clock_near_u64_max_never_wraps_admits_everything_or_panics() {
     fn run<A: Algorithm>() {
         for built_near_max in [false, true] {
             let clock = ManualClock::new();
@@ -279,7 +279,7 @@ fn item11_a_clock_near_u64_max_never_wraps_admits_everything_or_panics() {
 /// admitted 40 of 40 in release. It is refused now; the longest period accepted computes
 /// exactly in every algorithm.
 #[test]
-fn item10_absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
+fn absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
     let err = Quota::with_period(1, Duration::from_nanos(u64::MAX)).unwrap_err();
     assert_eq!(err.field(), "period");
     assert!(err.to_string().contains("2^60"), "{err}");
@@ -312,7 +312,7 @@ fn item10_absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
 /// arrive within the same minute. All 20 stay limited; the store never holds more than
 /// `max_keys`.
 #[test]
-fn item4_a_key_flood_never_hands_a_limited_client_a_fresh_quota() {
+fn a_key_flood_never_hands_a_limited_client_a_fresh_quota() {
     fn run<A: Algorithm>() {
         for overflow in [Overflow::EvictNearestIdle, Overflow::RefuseNewKeys] {
             let clock = ManualClock::new();
@@ -415,7 +415,7 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
 /// silent zero (`max_wait = "0.5ns"` meant "never wait").
 #[cfg(feature = "config")]
 #[test]
-fn item11_config_refuses_absurd_and_sub_nanosecond_durations() {
+fn config_refuses_absurd_and_sub_nanosecond_durations() {
     use tower_bulwark::config::Config;
     let file = |period: &str, max_wait: &str| {
         format!(
