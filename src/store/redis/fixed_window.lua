@@ -1,9 +1,9 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles).
--- ARGV[7] period, ARGV[8] limit
+-- ARGV[8] period, ARGV[9] limit
 local key = KEYS[1]
-local period = tonumber(ARGV[7])
-local limit = tonumber(ARGV[8])
+local period = tonumber(ARGV[8])
+local limit = tonumber(ARGV[9])
 local state = redis.call('HMGET', key, 'c', 'u')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
@@ -37,18 +37,19 @@ local function save()
 end
 
 if op == 'r' then
-  if arg5 > now then
-    u = math.max(u - cost, 0)
-  end
+  -- Whenever the admission was charged, past or future: k cycles later the state holds
+  -- max(u_before + cost - k * limit, 0), and taking the cost off (not below zero) leaves
+  -- max(u_before - k * limit, 0), exactly the state had it never been admitted.
+  u = math.max(u - cost, 0)
   save()
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
 if u + cost <= limit then
   u = u + cost
   save()
-  return decision(1, limit - u, 0, reset_after(), 0, 0)
+  return decision(1, limit - u, 0, reset_after(), 0, now)
 end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then

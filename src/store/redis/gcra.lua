@@ -1,9 +1,9 @@
 -- GCRA on one key holding the theoretical arrival time (TAT).
--- ARGV[7] emission interval, ARGV[8] horizon (burst * interval), ARGV[9] burst
+-- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst
 local key = KEYS[1]
-local interval = tonumber(ARGV[7])
-local horizon = tonumber(ARGV[8])
-local limit = tonumber(ARGV[9])
+local interval = tonumber(ARGV[8])
+local horizon = tonumber(ARGV[9])
+local limit = tonumber(ARGV[10])
 local tat = stored(redis.call('GET', key), 0)
 
 local function save(t)
@@ -25,7 +25,7 @@ if op == 'r' then
     end
     save(t)
   end
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
@@ -34,7 +34,7 @@ local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
   save(new_tat)
-  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, 0)
+  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now)
 end
 local wait = allow_at - now
 if wait <= max_wait then

@@ -1,9 +1,9 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window.
--- ARGV[7] window, ARGV[8] limit
+-- ARGV[8] window, ARGV[9] limit
 local key = KEYS[1]
-local window = tonumber(ARGV[7])
-local limit = tonumber(ARGV[8])
+local window = tonumber(ARGV[8])
+local limit = tonumber(ARGV[9])
 local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)
@@ -23,7 +23,10 @@ end
 w = math.max(w, idx)
 
 local start = w * window
+-- A `now` older than the stored window (a stale client clock) is taken as the window's start:
+-- the permits are charged to the current window, so they are charged at that instant.
 local e = math.max(now - start, 0)
+local charged_at = start + e
 
 -- The earliest offset into a window with counts (p, c) at which `cost` fits, or nil.
 local function earliest(p, c)
@@ -74,17 +77,17 @@ local function save()
 end
 
 if op == 'r' then
-  local at = arg5
-  if at > now then
-    local at_idx = idiv(at, window)
-    if at_idx == w then
-      curr = math.max(curr - cost, 0)
-    elseif at_idx == w + 1 then
-      nxt = math.max(nxt - cost, 0)
-    end
+  -- Whichever window the admission was charged to, if it still counts: past or future.
+  local at_idx = idiv(arg5, window)
+  if at_idx + 1 == w then
+    prev = math.max(prev - cost, 0)
+  elseif at_idx == w then
+    curr = math.max(curr - cost, 0)
+  elseif at_idx == w + 1 then
+    nxt = math.max(nxt - cost, 0)
   end
   save()
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
@@ -92,7 +95,7 @@ local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
   save()
-  return decision(1, remaining(), 0, reset_after(), 0, 0)
+  return decision(1, remaining(), 0, reset_after(), 0, charged_at)
 end
 local admit_at, which
 if here then
