@@ -367,3 +367,85 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
         server.command(&["DEL", args[1]]);
     }
 }
+
+/// A stale reading (an instance whose clock is behind, a read that waited) is decided as of the
+/// latest reading the key has seen, as in memory: the same decision as a fresh read then, and the
+/// same state after it.
+async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(server).await;
+    let quota = Quota::per_second(3)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(2))
+        .unwrap();
+    let fresh_clock = ManualClock::new();
+    let stale_clock = ManualClock::new();
+    let fresh = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:s:"));
+    let stale = limiter::<A>(&store, quota, &stale_clock, &format!("{tag}:s:"));
+    let twin = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:t:"));
+    for (step, &(fresh_ms, stale_ms, cost)) in [
+        (100, 0, 1),
+        (1_200, 900, 1),
+        (1_250, 1_100, 2),
+        (2_600, 1_000, 1),
+        (2_700, 2_650, 2),
+    ]
+    .iter()
+    .enumerate()
+    {
+        fresh_clock.set(Duration::from_millis(fresh_ms));
+        stale_clock.set(Duration::from_millis(stale_ms));
+        let a = fresh.reserve(&"k", 1).await.unwrap();
+        let b = twin.reserve(&"k", 1).await.unwrap();
+        assert_eq!(a, b, "{tag} step {step}: the fresh reads agree");
+        // The stale read on one key, a fresh read at the latest instant on the other.
+        let s = stale.reserve(&"k", cost).await.unwrap();
+        let t = twin.reserve(&"k", cost).await.unwrap();
+        assert_eq!(
+            s, t,
+            "{tag} step {step}: a read at {stale_ms} ms after {fresh_ms} ms"
+        );
+        assert_eq!(
+            snapshot(&mut conn, &fresh.redis_key("k")).await,
+            snapshot(&mut conn, &twin.redis_key("k")).await,
+            "{tag} step {step}: the same state"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() {
+    let Some(server) = RedisServer::start("stale_reads_every_algorithm") else {
+        return;
+    };
+    stale_reads_decide_as_of_the_latest::<Gcra>(&server, "gcra").await;
+    stale_reads_decide_as_of_the_latest::<FixedWindow>(&server, "fw").await;
+    stale_reads_decide_as_of_the_latest::<SlidingLog>(&server, "log").await;
+    stale_reads_decide_as_of_the_latest::<SlidingCounter>(&server, "sc").await;
+}
+
+/// Issue 11, item 7 in Redis: the sliding counter admits steady traffic below the rate for small
+/// limits (the previous window's share is rounded down, as in memory).
+#[tokio::test]
+async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
+    let Some(server) = RedisServer::start("sliding_counter_steady_traffic") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    for (permits, requests) in [(1u32, 30u64), (2, 50)] {
+        let clock = ManualClock::new();
+        let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
+        let limiter =
+            limiter::<SlidingCounter>(&store, quota, &clock, &format!("steady{permits}:"));
+        // Evenly spaced at 90 % of the rate.
+        let gap = Duration::from_secs(3600) / permits * 10 / 9;
+        let mut refused = 0;
+        for i in 0..requests {
+            clock.set(gap * u32::try_from(i).unwrap());
+            if !limiter.reserve(&"k", 1).await.unwrap().allowed {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 0, "{permits}/h: refused {refused} of {requests}");
+    }
+}

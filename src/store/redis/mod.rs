@@ -39,10 +39,12 @@
 //!   in one slot and different clients spread over the cluster ([`HashTag`]). Each write sets an
 //!   expiry at the instant the state stops mattering, so idle clients leave nothing behind.
 //!   The sliding log keeps one sorted-set member per permit, named `<instant>:<sequence>` so that
-//!   many requests in the same microsecond are all counted, and one member `hw` scored below
-//!   zero that remembers the latest instant a script used: a script whose clock reads earlier (a
-//!   client clock behind another instance's, a server clock stepped back) decides at that
-//!   instant, since permits pruned by the later script would be missing from its count.
+//!   many requests in the same microsecond are all counted.
+//! * **Clocks that read late.** Every key also keeps the latest instant a script used (GCRA as
+//!   `<tat>:<latest>`, the window hashes as field `l`, the sliding log as a member `hw` scored
+//!   below zero), and a script whose `now` is earlier (a client clock behind another instance's,
+//!   a server clock stepped back) decides as of that instant, as the in-memory limiters do: the
+//!   sliding log would otherwise count without the permits a later script pruned.
 //! * **Same [`Decision`]** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
 //!   reservations within the quota's `max_wait`. Every admission remembers the instant its
 //!   permits were charged at, so a [`refund`](Limiter::refund) (a dropped waiter, or a request
@@ -88,10 +90,10 @@
 //! * The deadline is as good as the clocks: the offset allows 100 ppm of drift between replies,
 //!   and in a Redis Cluster each node's clock should agree with the others' (the estimate is one
 //!   per limiter, not per node), or a script may run up to their difference after its deadline.
-//! * GCRA gives back `cost` emission intervals from the key's theoretical arrival time (never
-//!   below now): exact when no admission of the same key came in between, otherwise generous
-//!   by at most the time between the two admissions, and never by more than the refunded cost
-//!   (the same as in memory).
+//! * Refunds are exact where the state can say what the admission took, and otherwise never
+//!   give back more than it took (the same rules as in memory, see the guide): GCRA gives back
+//!   `cost` intervals less the time the key's clock moved on since the charge; the fixed window
+//!   gives back only a charge that holds the last slots of its queue of cycles.
 
 use std::fmt;
 use std::future::{Future, Ready};

@@ -94,21 +94,106 @@ if op == 'r' then
   return refunded()
 end
 
+-- The earliest instant t >= now at which `cost` fits, and the count that weighs on an admission
+-- at now (the fullest window containing now), as the in-memory log finds them.
+--
+-- A new permit at t lies in the windows (x - window, x] for x in [t, t + window). Their counts
+-- change only where a permit enters or leaves, so the fullest is the one ending at t or at a
+-- permit inside (t, t + window); and the earliest feasible t is now or an instant at which a
+-- permit leaves. Without permits ahead of now (no reservation), the window ending at t is the
+-- fullest and the answer is the instant the excess oldest permits have left.
+local function earliest()
+  local room = limit - cost
+  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+  if #newest == 0 or stored(newest[2], 0) <= now then
+    local total = permits()
+    if total <= room then
+      return now, total
+    end
+    local excess = total - room
+    local oldest = redis.call('ZRANGEBYSCORE', key, 0, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
+    return stored(oldest[2], 0) + window, total
+  end
+  -- Entries (instant, permits), oldest first, and their prefix sums.
+  local raw = redis.call('ZRANGEBYSCORE', key, 0, '+inf', 'WITHSCORES')
+  local ts, ks = {}, {}
+  for i = 2, #raw, 2 do
+    local t = stored(raw[i], 0)
+    if #ts > 0 and ts[#ts] == t then
+      ks[#ks] = ks[#ks] + 1
+    else
+      ts[#ts + 1] = t
+      ks[#ks + 1] = 1
+    end
+  end
+  local n = #ts
+  local prefix = { [0] = 0 }
+  for i = 1, n do
+    prefix[i] = prefix[i - 1] + ks[i]
+  end
+  -- ending[i]: the count of the window (ts[i] - window, ts[i]].
+  local ending = {}
+  local lo = 1
+  for i = 1, n do
+    while ts[lo] + window <= ts[i] do
+      lo = lo + 1
+    end
+    ending[i] = prefix[i] - prefix[lo - 1]
+  end
+  -- Sweep the candidates in order: lo = first permit still in (t - window, t], hi = first
+  -- permit after t, up = first permit at or after t + window; a monotone queue holds the
+  -- fullest window ending at a permit inside (t, t + window).
+  local hi, up = 1, 1
+  lo = 1
+  local queue, head, tail = {}, 1, 0
+  local need_now = nil
+  local function fits(t)
+    while lo <= n and ts[lo] + window <= t do
+      lo = lo + 1
+    end
+    while hi <= n and ts[hi] <= t do
+      hi = hi + 1
+    end
+    while up <= n and ts[up] < t + window do
+      while tail >= head and ending[queue[tail]] <= ending[up] do
+        tail = tail - 1
+      end
+      tail = tail + 1
+      queue[tail] = up
+      up = up + 1
+    end
+    while tail >= head and queue[head] < hi do
+      head = head + 1
+    end
+    local need = prefix[hi - 1] - prefix[lo - 1]
+    if tail >= head and ending[queue[head]] > need then
+      need = ending[queue[head]]
+    end
+    if need_now == nil then
+      need_now = need
+    end
+    return need <= room
+  end
+  if fits(now) then
+    return now, need_now
+  end
+  for i = 1, n do
+    local t = ts[i] + window
+    if t > now and fits(t) then
+      return t, need_now
+    end
+  end
+  error('tower-bulwark: no instant fits in ' .. key)
+end
+
 local max_wait = arg5
-local total = permits()
-if total + cost <= limit then
+local admit_at, need_now = earliest()
+local wait = admit_at - now
+if wait == 0 then
   add(now, cost)
   save()
-  return decision(1, limit - total - cost, 0, reset_after(), 0, now)
+  return decision(1, limit - need_now - cost, 0, reset_after(), 0, now)
 end
--- The request fits once the `excess` oldest permits have left the window.
-local excess = total + cost - limit
-local oldest = redis.call('ZRANGEBYSCORE', key, 0, '+inf', 'WITHSCORES', 'LIMIT', excess - 1, 1)
-local admit_at = now
-if #oldest > 0 then
-  admit_at = stored(oldest[2], 0) + window
-end
-local wait = math.max(admit_at - now, 0)
 if wait <= max_wait then
   add(admit_at, cost)
   save()
@@ -116,4 +201,4 @@ if wait <= max_wait then
 end
 -- Refused, but this script may have pruned: the latest `now` must be kept all the same.
 save()
-return decision(0, math.max(limit - total, 0), wait, reset_after(), 0, 0)
+return decision(0, math.max(limit - need_now, 0), wait, reset_after(), 0, 0)
