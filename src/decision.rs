@@ -32,6 +32,19 @@ pub struct Decision {
     /// due for a reservation. [`Algorithm::refund`](crate::Algorithm::refund) uses it to give
     /// back exactly what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
+    /// Who took the decision, so that a refund goes back to the state that was charged.
+    pub(crate) source: Source,
+}
+
+/// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's failure policy (whose
+/// refund goes to its local limiter, never to Redis).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The limiter's own state (in memory, or a Redis script).
+    #[default]
+    State,
+    /// A Redis limiter's failure policy, while Redis could not decide.
+    FailurePolicy,
 }
 
 impl Decision {
@@ -46,6 +59,7 @@ impl Decision {
             reset_after,
             wait: Duration::ZERO,
             reserved_at: 0,
+            source: Source::State,
         }
     }
 
@@ -66,6 +80,7 @@ impl Decision {
             reset_after,
             wait: Duration::ZERO,
             reserved_at: 0,
+            source: Source::State,
         }
     }
 
@@ -85,6 +100,7 @@ impl Decision {
             reset_after,
             wait,
             reserved_at,
+            source: Source::State,
         }
     }
 

@@ -23,6 +23,7 @@ enum Kind {
     BadReply(String),
     ClockOutOfRange(u64),
     Skipped,
+    Late,
 }
 
 impl RedisFailure {
@@ -50,6 +51,10 @@ impl RedisFailure {
         }
     }
 
+    pub(crate) fn late() -> Self {
+        Self { kind: Kind::Late }
+    }
+
     pub(crate) fn skipped() -> Self {
         Self {
             kind: Kind::Skipped,
@@ -69,7 +74,7 @@ impl RedisFailure {
                     || err.is_unrecoverable_error()
                     || err.is_cluster_error()
             }
-            Kind::BadReply(_) | Kind::ClockOutOfRange(_) | Kind::Skipped => false,
+            Kind::BadReply(_) | Kind::ClockOutOfRange(_) | Kind::Skipped | Kind::Late => false,
         }
     }
 
@@ -81,6 +86,12 @@ impl RedisFailure {
     /// Whether Redis did not answer within the limiter's timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self.kind, Kind::Timeout(_))
+    }
+
+    /// Whether Redis ran the script only after the decision's deadline, so that the script
+    /// changed nothing (Redis was too slow for this caller).
+    pub fn is_late(&self) -> bool {
+        matches!(self.kind, Kind::Late)
     }
 
     /// Whether Redis answered with something that is not a decision (a reply of the wrong shape).
@@ -104,6 +115,9 @@ impl fmt::Display for RedisFailure {
             Kind::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
             Kind::Redis(err) => write!(f, "redis failed: {err}"),
             Kind::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
+            Kind::Late => f.write_str(
+                "redis ran the script after the decision's deadline, so it changed nothing",
+            ),
             Kind::Skipped => f.write_str(
                 "redis failed a moment ago and is not asked again before the probe interval ends",
             ),

@@ -1,15 +1,17 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
--- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles).
--- ARGV[7] period, ARGV[8] limit
+-- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles),
+-- l = the latest clock reading; an older reading is decided as of it.
+-- ARGV[8] period, ARGV[9] limit
 local key = KEYS[1]
-local period = tonumber(ARGV[7])
-local limit = tonumber(ARGV[8])
-local state = redis.call('HMGET', key, 'c', 'u')
+local period = tonumber(ARGV[8])
+local limit = tonumber(ARGV[9])
+local state = redis.call('HMGET', key, 'c', 'u', 'l')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
+now = math.max(now, stored(state[3], 0))
 
 -- Refresh: every cycle that started since `c` grants `limit` permits.
-local cycle = idiv(math.max(now, 0), period)
+local cycle = idiv(now, period)
 if cycle > c then
   u = math.max(u - (cycle - c) * limit, 0)
   c = cycle
@@ -31,24 +33,34 @@ local function save()
   if u == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'c', int(c), 'u', int(u))
+    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now))
     expire_in(key, reset_after())
   end
 end
 
 if op == 'r' then
-  if arg5 > now then
-    u = math.max(u - cost, 0)
+  -- The count is one queue of slots, `limit` per cycle from the current one. A charge (ARGV[5])
+  -- due in a cycle that has ended is spent: the debt carried out of it holds only later
+  -- charges. A charge that holds the last slots taken (due in the last cycle with charges and
+  -- wholly inside it) is given back exactly; any other lies before later charges, and freeing
+  -- the last slots instead would let a new caller fall due in a full cycle, so it is kept (lost,
+  -- never over-granted). As in memory.
+  local charged = idiv(arg5, period)
+  if u > 0 and charged >= c then
+    local last = c + idiv(u - 1, limit)
+    if charged == last and (u <= limit or cost == 1) then
+      u = math.max(u - cost, 0)
+    end
   end
   save()
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
 if u + cost <= limit then
   u = u + cost
   save()
-  return decision(1, limit - u, 0, reset_after(), 0, 0)
+  return decision(1, limit - u, 0, reset_after(), 0, now)
 end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then

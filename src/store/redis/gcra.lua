@@ -1,14 +1,29 @@
--- GCRA on one key holding the theoretical arrival time (TAT).
--- ARGV[7] emission interval, ARGV[8] horizon (burst * interval), ARGV[9] burst
+-- GCRA on one key holding "<tat>:<latest>": the theoretical arrival time (TAT), and the latest
+-- clock reading that admitted or gave back (a key written by an older version holds "<tat>"
+-- alone). A reading older than `latest` (a stale client clock, a server clock stepped back) is
+-- decided as of `latest`, as the in-memory GCRA does.
+-- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst
 local key = KEYS[1]
-local interval = tonumber(ARGV[7])
-local horizon = tonumber(ARGV[8])
-local limit = tonumber(ARGV[9])
-local tat = stored(redis.call('GET', key), 0)
+local interval = tonumber(ARGV[8])
+local horizon = tonumber(ARGV[9])
+local limit = tonumber(ARGV[10])
+local tat, latest = 0, 0
+do
+  local raw = redis.call('GET', key)
+  if raw then
+    local t, l = string.match(raw, '^([^:]*):([^:]*)$')
+    if t then
+      tat, latest = stored(t, 0), stored(l, 0)
+    else
+      tat = stored(raw, 0)
+    end
+  end
+end
+now = math.max(now, latest)
 
-local function save(t)
+local function save(t, l)
   if t > now then
-    redis.call('SET', key, int(t))
+    redis.call('SET', key, int(t) .. ':' .. int(l))
     expire_in(key, t - now)
   else
     -- A TAT in the past carries no information.
@@ -17,15 +32,14 @@ local function save(t)
 end
 
 if op == 'r' then
-  -- Only time still ahead of now can be given back; the past is spent.
+  -- Give back `cost` intervals less the time the key's clock moved on since the charge
+  -- (ARGV[5]), never below the latest reading: exact when nothing was admitted in between,
+  -- never more than the request took otherwise.
+  local give_back = math.max(interval * cost - math.max(latest - arg5, 0), 0)
   if tat > now then
-    local t = tat - interval * cost
-    if t < now then
-      t = now
-    end
-    save(t)
+    save(math.max(tat - give_back, now), now)
   end
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
@@ -33,12 +47,12 @@ local base = math.max(tat, now)
 local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
-  save(new_tat)
-  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, 0)
+  save(new_tat, now)
+  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now)
 end
 local wait = allow_at - now
 if wait <= max_wait then
-  save(new_tat)
+  save(new_tat, now)
   return decision(1, 0, 0, new_tat - now, wait, allow_at)
 end
 local remaining = idiv(math.max(now + horizon - base, 0), interval)

@@ -40,9 +40,26 @@
 //!   expiry at the instant the state stops mattering, so idle clients leave nothing behind.
 //!   The sliding log keeps one sorted-set member per permit, named `<instant>:<sequence>` so that
 //!   many requests in the same microsecond are all counted.
+//! * **Clocks that read late.** Every key also keeps the latest instant a script used (GCRA as
+//!   `<tat>:<latest>`, the window hashes as field `l`, the sliding log as a member `hw` scored
+//!   below zero), and a script whose `now` is earlier (a client clock behind another instance's,
+//!   a server clock stepped back) decides as of that instant, as the in-memory limiters do: the
+//!   sliding log would otherwise count without the permits a later script pruned.
 //! * **Same [`Decision`]** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
-//!   reservations within the quota's `max_wait` (with [`refund`](Limiter::refund) of a dropped
-//!   waiter).
+//!   reservations within the quota's `max_wait`. Every admission remembers the instant its
+//!   permits were charged at, so a [`refund`](Limiter::refund) (a dropped waiter, or a request
+//!   that another policy refused) takes off exactly what that admission took, whether it was
+//!   immediate or reserved, and whenever the refund arrives.
+//! * **A decision that comes too late changes nothing.** Each script carries a deadline in the
+//!   server's time: the instant at which its caller will have been answered without it (the
+//!   limiter's timeout, or the connection's response timeout if shorter), converted with the
+//!   offset between this process's clock and the server's `TIME` that every reply reveals
+//!   (a lower bound from the send and receive instants, so the deadline errs early). A script
+//!   that Redis runs later (after a stall, say) changes nothing and answers "late"; its caller
+//!   is long gone. The first decision, before any offset is known, sends a deadline already
+//!   past: the script answers at once with the server's time and the decision is sent again
+//!   with a real deadline. Refunds carry no deadline: applying one late still restores exactly
+//!   what its admission took, and each is sent once.
 //! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
 //!   a timeout, a connection error or a reply that is not a decision is counted
 //!   ([`RedisRateLimiter::failures`]), logged with `tracing` and decided by the
@@ -70,6 +87,13 @@
 //!   [`RedisRateLimiter::give_back`] to await it.
 //! * A cached refusal is not revised when another instance gives permits back: such a key may be
 //!   refused locally until its original retry time.
+//! * The deadline is as good as the clocks: the offset allows 100 ppm of drift between replies,
+//!   and in a Redis Cluster each node's clock should agree with the others' (the estimate is one
+//!   per limiter, not per node), or a script may run up to their difference after its deadline.
+//! * Refunds are exact where the state can say what the admission took, and otherwise never
+//!   give back more than it took (the same rules as in memory, see the guide): GCRA gives back
+//!   `cost` intervals less the time the key's clock moved on since the charge; the fixed window
+//!   gives back only a charge that holds the last slots of its queue of cycles.
 
 use std::fmt;
 use std::future::{Future, Ready};
@@ -86,11 +110,13 @@ use redis::Value;
 
 use crate::algorithm::Gcra;
 use crate::clock::{Clock, SystemClock};
+use crate::decision::Source;
 use crate::{BoxError, Decision, InsufficientCapacity, KeyedRateLimiter, Limiter, Quota};
 
 mod cache;
 mod error;
 mod key;
+mod offset;
 mod script;
 
 pub use error::{BuildError, RedisFailure};
@@ -98,14 +124,14 @@ pub use key::RedisKey;
 pub use script::RedisAlgorithm;
 
 use cache::RefusalCache;
-use script::Params;
-
-/// Marks `reserved_at` of a decision taken locally (a failure policy), so that its refund goes
-/// to the local limiter and never to Redis. Script times stay below 2^52.
-const LOCAL: u64 = 1 << 63;
+use offset::ClockOffset;
+use script::{Params, Reply};
 
 /// The default timeout of one decision.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The response timeout of the connection managers this module makes (the client's default).
+const MANAGER_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The default time during which decisions skip Redis after a failure.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -120,6 +146,9 @@ pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// How long the connection itself waits for a reply before it fails the command, if it does:
+    /// a decision's caller is answered by then at the latest, so its deadline is no later.
+    response_timeout: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -132,6 +161,7 @@ impl RedisStore {
     fn manager_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(MANAGER_RESPONSE_TIMEOUT))
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1))
     }
@@ -169,16 +199,26 @@ impl RedisStore {
     }
 
     /// Uses a connection manager configured by hand.
+    ///
+    /// Its response timeout is taken to be the client's default (500 ms): a decision's deadline
+    /// (see [`RedisRateLimiterBuilder::timeout`]) is the shorter of that and the limiter's
+    /// timeout. A manager with a shorter response timeout answers callers before the deadline
+    /// that their scripts carry; give it one of at least the limiter's timeout.
     pub fn from_manager(manager: ConnectionManager) -> Self {
         Self {
             conn: Conn::Single(manager),
+            response_timeout: Some(MANAGER_RESPONSE_TIMEOUT),
         }
     }
 
     /// Uses a cluster connection configured by hand.
+    ///
+    /// The limiter's timeout is taken as the deadline of each decision: give the cluster client
+    /// no response timeout shorter than it.
     pub fn from_cluster(conn: ClusterConnection) -> Self {
         Self {
             conn: Conn::Cluster(conn),
+            response_timeout: None,
         }
     }
 
@@ -442,6 +482,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
                 down: AtomicBool::new(false),
                 origin: Instant::now(),
                 skip_until: AtomicU64::new(0),
+                offset: ClockOffset::default(),
             }),
             _algorithm: PhantomData,
         })
@@ -481,6 +522,8 @@ struct Inner<C> {
     origin: Instant,
     /// Until when (nanoseconds since `origin`) decisions skip Redis after a failure.
     skip_until: AtomicU64,
+    /// The offset between `clock` and the server's `TIME`, from the replies so far.
+    offset: ClockOffset,
 }
 
 impl RedisRateLimiter {
@@ -574,7 +617,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         if let Some(cache) = &self.inner.cache {
             cache.forget(&redis_key);
         }
-        if decision.reserved_at & LOCAL != 0 {
+        if decision.source == Source::FailurePolicy {
             self.inner.refund_locally(redis_key, cost, decision);
             return Ok(());
         }
@@ -619,37 +662,79 @@ impl<C: Clock> Inner<C> {
         u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    async fn call(&self, key: &str, op: &str, cost: u32, arg5: u64) -> Result<Value, RedisFailure> {
+    /// One script call, bounded by the timeout. A decision (`op` "d") carries a deadline in the
+    /// server's time; the refund (`op` "r") carries none (see [`Inner::refund_remote`]).
+    async fn call(&self, key: &str, op: &str, cost: u32, arg5: u64) -> Result<Reply, RedisFailure> {
         if self.elapsed() < self.skip_until.load(Ordering::Relaxed) {
             return Err(RedisFailure::skipped());
         }
-        let params = &self.params;
-        let mut invocation = params.kind.script().prepare_invoke();
-        invocation
-            .key(key)
-            .arg(op)
-            .arg(self.now_arg()?)
-            .arg(params.ticks_per_ms())
-            .arg(cost)
-            .arg(arg5)
-            .arg(params.ttl_margin_ms);
-        for arg in &params.args {
-            invocation.arg(arg.as_str());
-        }
-        match tokio::time::timeout(self.timeout, self.store.run(&invocation)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(RedisFailure::redis(err)),
+        // The caller is answered when the limiter's timeout or the connection's runs out.
+        let bound = match self.store.response_timeout {
+            Some(response) => self.timeout.min(response),
+            None => self.timeout,
+        };
+        let bound = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+        let local_deadline = self.clock.now().saturating_add(bound);
+        let attempts = async {
+            // A first "late" answer may come from a probe (no offset known yet) or from an offset
+            // that the clocks have left behind; either way the reply corrected the offset, so
+            // the request goes once more with a deadline that now means something.
+            let mut retried = false;
+            loop {
+                let deadline = match op {
+                    "d" => match self.offset.server_deadline(local_deadline) {
+                        Some(deadline) => deadline.to_string(),
+                        // No offset known yet: a deadline already past, answered at once with
+                        // the server's time and nothing else (see `offset`).
+                        None => "0".to_owned(),
+                    },
+                    _ => String::new(),
+                };
+                let now = self.now_arg()?;
+                let params = &self.params;
+                let mut invocation = params.kind.script().prepare_invoke();
+                invocation
+                    .key(key)
+                    .arg(op)
+                    .arg(now)
+                    .arg(params.ticks_per_ms())
+                    .arg(cost)
+                    .arg(arg5)
+                    .arg(params.ttl_margin_ms)
+                    .arg(deadline);
+                for arg in &params.args {
+                    invocation.arg(arg.as_str());
+                }
+                let sent = self.clock.now();
+                let value = self
+                    .store
+                    .run(&invocation)
+                    .await
+                    .map_err(RedisFailure::redis)?;
+                let received = self.clock.now();
+                let reply = script::parse_reply(&value, params)?;
+                self.offset.observe(sent, received, reply.server_time());
+                match (reply, op) {
+                    (Reply::Late(_), "d") if !retried => retried = true,
+                    (Reply::Late(_), "d") => return Err(RedisFailure::late()),
+                    (Reply::Decision(..), "d") | (Reply::Refunded(_), "r") => return Ok(reply),
+                    _ => {
+                        return Err(RedisFailure::bad_reply(format!(
+                            "{reply:?} is not an answer to operation {op:?}"
+                        )))
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempts).await {
+            Ok(result) => result,
             Err(_) => Err(RedisFailure::timeout(self.timeout)),
         }
     }
 
     async fn decide(&self, key: String, cost: u32, max_wait: u64) -> Result<Decision, BoxError> {
-        let result = self
-            .call(&key, "d", cost, max_wait)
-            .await
-            .and_then(|value| script::parse_decision(&value, &self.params));
-        match result {
-            Ok(decision) => {
+        match self.call(&key, "d", cost, max_wait).await {
+            Ok(Reply::Decision(decision, _)) => {
                 self.recovered();
                 if !decision.allowed {
                     if let Some(cache) = &self.cache {
@@ -657,6 +742,10 @@ impl<C: Clock> Inner<C> {
                     }
                 }
                 Ok(decision)
+            }
+            Ok(other) => {
+                let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
+                self.on_failure(key, cost, failure)
             }
             Err(failure) => self.on_failure(key, cost, failure),
         }
@@ -710,18 +799,25 @@ impl<C: Clock> Inner<C> {
             Policy::Fallback(local) => local.reserve(&key, cost).into_inner()?,
             Policy::Propagate => return Err(failure.into()),
         };
-        decision.reserved_at |= LOCAL;
+        decision.source = Source::FailurePolicy;
         Ok(decision)
     }
 
     fn refund_locally(&self, key: String, cost: u32, decision: &Decision) {
         if let Policy::Fallback(local) = &self.policy.0 {
             let mut local_decision = *decision;
-            local_decision.reserved_at &= !LOCAL;
+            local_decision.source = Source::State;
             local.refund(&key, cost, &local_decision);
         }
     }
 
+    /// Gives `cost` permits charged at `reserved_at` back to Redis.
+    ///
+    /// A refund carries no deadline: it only restores what one admission took (the scripts take
+    /// off that admission's permits, from wherever they still count), so applying it late is as
+    /// right as applying it at once, and dropping it would leave a refused request's permits
+    /// spent. It is sent exactly once per decision (nothing retries it), so a late one cannot be
+    /// applied twice.
     async fn refund_remote(
         &self,
         key: &str,
@@ -796,7 +892,7 @@ where
         if let Some(cache) = &self.inner.cache {
             cache.forget(&redis_key);
         }
-        if decision.reserved_at & LOCAL != 0 {
+        if decision.source == Source::FailurePolicy {
             self.inner.refund_locally(redis_key, cost, decision);
             return;
         }

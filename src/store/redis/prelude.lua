@@ -9,27 +9,59 @@
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
--- ARGV[5] decide: longest wait a caller accepts; refund: instant the reservation fell due
+-- ARGV[5] decide: longest wait a caller accepts; refund: instant the admission was charged at
 -- ARGV[6] milliseconds added to every expiry: 0 with the server's TIME; with a client clock,
 --         whose pace need not match the server's, a margin so no state expires while it matters
--- ARGV[7..] the algorithm's own parameters
+-- ARGV[7] deadline in the server's TIME (microseconds), or '' for none: a script that runs
+--         later than it changes nothing and answers 'late', since its caller was answered
+--         without it
+-- ARGV[8..] the algorithm's own parameters
+--
+-- Replies, every one ending with the server's TIME in microseconds (the client's clock offset):
+--   decision: { allowed (0 or 1), remaining, retry_after, reset_after, wait, reserved_at, time }
+--   late:     { 2, time }
+--   refund:   { 3, time }
+
+if redis.replicate_commands then
+  -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
+  redis.replicate_commands()
+end
+local server_time
+do
+  local t = redis.call('TIME')
+  server_time = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A non-negative integer below 2^53 given as a decimal argument, or nil.
+local function count_arg(value)
+  if not value or not string.match(value, '^%d+$') or #value > 16 then
+    return nil
+  end
+  local n = tonumber(value)
+  if n >= 9007199254740992 then
+    return nil
+  end
+  return n
+end
 
 local op = ARGV[1]
 local now
 if ARGV[2] == '' then
-  if redis.replicate_commands then
-    -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = server_time
 else
-  now = tonumber(ARGV[2])
+  now = count_arg(ARGV[2])
 end
-local ticks_per_ms = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local arg5 = tonumber(ARGV[5])
-local ttl_margin = tonumber(ARGV[6])
+local ticks_per_ms = count_arg(ARGV[3])
+local cost = count_arg(ARGV[4])
+local arg5 = count_arg(ARGV[5])
+local ttl_margin = count_arg(ARGV[6])
+local deadline = nil
+if ARGV[7] ~= '' then
+  deadline = count_arg(ARGV[7])
+  if not deadline then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+end
 
 -- floor(a / b) for integers 0 <= a, 0 < b below 2^53, exact despite floating point division.
 local function idiv(a, b)
@@ -63,23 +95,35 @@ local function expire_in(key, ticks)
   redis.call('PEXPIRE', key, int(ms))
 end
 
--- A number read back from stored state; anything else is corrupt state and fails the script.
+-- A number read back from stored state: only a non-negative integer below 2^53 is state this
+-- crate wrote ('1.5', '-3', 'inf', 'nan' or '1e300' would break the arithmetic); anything
+-- else is corrupt state and fails the script.
 local function stored(value, default)
   if not value then
     return default
   end
   local n = tonumber(value)
-  if not n then
-    error('tower-bulwark: the state of ' .. KEYS[1] .. ' is not a number')
+  -- Scores come back in whatever notation the server prints doubles in: check the value.
+  if not n or n ~= n or n < 0 or n >= 9007199254740992 or math.floor(n) ~= n then
+    error('tower-bulwark: the state of ' .. KEYS[1] .. ' is not a number this crate wrote')
   end
   return n
 end
 
--- The decision as the client parses it: six integers.
+-- The decision as the client parses it: seven integers.
 local function decision(allowed, remaining, retry_after, reset_after, wait, reserved_at)
-  return { allowed, remaining, retry_after, reset_after, wait, reserved_at }
+  return { allowed, remaining, retry_after, reset_after, wait, reserved_at, server_time }
 end
 
-if not now or not ticks_per_ms or not cost or not arg5 or not ttl_margin then
+-- The reply of an applied refund.
+local function refunded()
+  return { 3, server_time }
+end
+
+if not now or not ticks_per_ms or ticks_per_ms == 0 or not cost or not arg5 or not ttl_margin then
   return redis.error_reply('tower-bulwark: malformed script arguments')
+end
+if deadline and server_time > deadline then
+  -- The caller stopped waiting before this script ran: it has its answer, so nothing changes.
+  return { 2, server_time }
 end

@@ -119,7 +119,7 @@ pub(crate) struct Params {
     pub(crate) tick_nanos: u64,
     /// Milliseconds added to every key expiry (see [`CLIENT_CLOCK_TTL_MARGIN_MS`]).
     pub(crate) ttl_margin_ms: u64,
-    /// The algorithm's own arguments (ARGV[7..]), as decimal strings.
+    /// The algorithm's own arguments (ARGV[8..]), as decimal strings.
     pub(crate) args: Vec<String>,
     /// The quota's `max_wait`, in ticks, rounded down (never wait longer than allowed).
     pub(crate) max_wait: u64,
@@ -201,31 +201,79 @@ fn int_field(value: &Value, name: &str) -> Result<u64, RedisFailure> {
     }
 }
 
-/// Turns a script's reply into a [`Decision`], or says what is wrong with it.
+/// A script's reply, each with the server's `TIME` (microseconds) at which the script ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// A decision.
+    Decision(Decision, u64),
+    /// The script ran after its deadline and changed nothing.
+    Late(u64),
+    /// A refund was applied.
+    Refunded(u64),
+}
+
+impl Reply {
+    /// The server's `TIME` when the script ran, in microseconds.
+    pub(crate) fn server_time(&self) -> u64 {
+        match *self {
+            Reply::Decision(_, time) | Reply::Late(time) | Reply::Refunded(time) => time,
+        }
+    }
+}
+
+/// The largest instant a reply may carry: beyond it Lua's arithmetic was not exact.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// Turns a script's reply into a [`Reply`], or says what is wrong with it.
 ///
-/// The reply must be an array of six non-negative integers: allowed (0 or 1), remaining,
-/// retry_after, reset_after, wait and reserved_at, the durations in ticks.
-pub(crate) fn parse_decision(value: &Value, params: &Params) -> Result<Decision, RedisFailure> {
+/// A decision is an array of seven non-negative integers: allowed (0 or 1), remaining,
+/// retry_after, reset_after, wait, reserved_at (the instant the permits were charged at) and
+/// the server's time, the durations in ticks. "Late" is `[2, time]`, a refund `[3, time]`.
+pub(crate) fn parse_reply(value: &Value, params: &Params) -> Result<Reply, RedisFailure> {
     let Value::Array(items) = value else {
         return Err(RedisFailure::bad_reply(format!(
-            "expected an array of six integers, got {value:?}"
+            "expected an array of integers, got {value:?}"
         )));
     };
-    let [allowed, remaining, retry_after, reset_after, wait, reserved_at] = items.as_slice() else {
-        return Err(RedisFailure::bad_reply(format!(
-            "expected six integers, got {}",
-            items.len()
-        )));
-    };
-    let allowed = match int_field(allowed, "allowed")? {
-        0 => false,
-        1 => true,
-        n => {
+    let time = |value: &Value| -> Result<u64, RedisFailure> {
+        let time = int_field(value, "time")?;
+        if time >= MAX_EXACT {
             return Err(RedisFailure::bad_reply(format!(
-                "`allowed` is neither 0 nor 1 ({n})"
+                "`time` is out of range ({time})"
+            )));
+        }
+        Ok(time)
+    };
+    let status = match items.first() {
+        Some(status) => int_field(status, "status")?,
+        None => return Err(RedisFailure::bad_reply("an empty array".into())),
+    };
+    match (status, items.as_slice()) {
+        (2, [_, t]) => return Ok(Reply::Late(time(t)?)),
+        (3, [_, t]) => return Ok(Reply::Refunded(time(t)?)),
+        (0 | 1, [_, _, _, _, _, _, _]) => {}
+        (0 | 1, _) => {
+            return Err(RedisFailure::bad_reply(format!(
+                "expected seven integers, got {}",
+                items.len()
             )))
         }
+        (2 | 3, _) => {
+            return Err(RedisFailure::bad_reply(format!(
+                "expected two integers, got {}",
+                items.len()
+            )))
+        }
+        (n, _) => {
+            return Err(RedisFailure::bad_reply(format!(
+                "the status is neither 0, 1, 2 nor 3 ({n})"
+            )))
+        }
+    }
+    let [_, remaining, retry_after, reset_after, wait, reserved_at, t] = items.as_slice() else {
+        unreachable!("seven items checked above");
     };
+    let allowed = status == 1;
     let remaining = int_field(remaining, "remaining")?;
     if remaining > params.limit {
         return Err(RedisFailure::bad_reply(format!(
@@ -244,19 +292,23 @@ pub(crate) fn parse_decision(value: &Value, params: &Params) -> Result<Decision,
     let reset_after = duration(reset_after, "reset_after")?;
     let wait = duration(wait, "wait")?;
     let reserved_at = int_field(reserved_at, "reserved_at")?;
-    if reserved_at >= super::LOCAL {
+    if reserved_at >= MAX_EXACT {
         return Err(RedisFailure::bad_reply(format!(
             "`reserved_at` is out of range ({reserved_at})"
         )));
     }
+    let time = time(t)?;
     let limit = params.limit;
-    Ok(if !allowed {
+    let decision = if !allowed {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {
-        Decision::allowed(limit, remaining, reset_after)
+        let mut decision = Decision::allowed(limit, remaining, reset_after);
+        decision.reserved_at = reserved_at;
+        decision
     } else {
         Decision::reserved(limit, remaining, reset_after, wait, reserved_at)
-    })
+    };
+    Ok(Reply::Decision(decision, time))
 }
 
 #[cfg(test)]
@@ -271,17 +323,37 @@ mod tests {
         Value::Array(values.iter().map(|&n| Value::Int(n)).collect())
     }
 
+    fn decision(value: &Value) -> Result<Decision, RedisFailure> {
+        match parse_reply(value, &params())? {
+            Reply::Decision(decision, time) => {
+                assert_eq!(time, 123);
+                Ok(decision)
+            }
+            other => panic!("not a decision: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_well_formed_reply_becomes_a_decision() {
-        let p = params();
-        let d = parse_decision(&ints(&[1, 9, 0, 100_000, 0, 0]), &p).unwrap();
-        assert_eq!(d, Decision::allowed(10, 9, Duration::from_millis(100)));
-        let d = parse_decision(&ints(&[0, 0, 50_000, 1_000_000, 0, 0]), &p).unwrap();
+        let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 123])).unwrap();
+        let mut expected = Decision::allowed(10, 9, Duration::from_millis(100));
+        expected.reserved_at = 55;
+        assert_eq!(
+            d, expected,
+            "an immediate admission keeps the instant it was charged at"
+        );
+        let d = decision(&ints(&[0, 0, 50_000, 1_000_000, 0, 0, 123])).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_millis(50));
-        let d = parse_decision(&ints(&[1, 0, 0, 1_000_000, 20, 77]), &p).unwrap();
+        let d = decision(&ints(&[1, 0, 0, 1_000_000, 20, 77, 123])).unwrap();
         assert_eq!(d.wait, Duration::from_micros(20));
         assert_eq!(d.reserved_at, 77);
+        let p = params();
+        assert_eq!(parse_reply(&ints(&[2, 99]), &p).unwrap(), Reply::Late(99));
+        assert_eq!(
+            parse_reply(&ints(&[3, 98]), &p).unwrap(),
+            Reply::Refunded(98)
+        );
     }
 
     #[test]
@@ -292,12 +364,23 @@ mod tests {
             Value::Int(1),
             Value::Okay,
             Value::BulkString(b"1".to_vec()),
+            Value::Array(Vec::new()),
             ints(&[1, 2, 3]),
-            ints(&[1, 2, 3, 4, 5, 6, 7]),
-            ints(&[2, 0, 0, 0, 0, 0]),
-            ints(&[1, -1, 0, 0, 0, 0]),
-            ints(&[1, 11, 0, 0, 0, 0]),
-            ints(&[0, 0, i64::MAX, 0, 0, 0]),
+            ints(&[1, 2, 3, 4, 5, 6]),
+            ints(&[1, 2, 3, 4, 5, 6, 7, 8]),
+            ints(&[2, 0, 0, 0, 0, 0, 0]),
+            ints(&[2]),
+            ints(&[3, 1, 2]),
+            ints(&[4, 0]),
+            ints(&[-1, 0]),
+            ints(&[2, -5]),
+            ints(&[2, 1 << 53]),
+            ints(&[1, -1, 0, 0, 0, 0, 0]),
+            ints(&[1, 11, 0, 0, 0, 0, 0]),
+            ints(&[0, 0, i64::MAX, 0, 0, 0, 0]),
+            ints(&[1, 0, 0, 0, 5, 1 << 53, 0]),
+            ints(&[1, 0, 0, 0, 0, 0, 1 << 53]),
+            ints(&[1, 0, 0, 0, 0, 0, -1]),
             Value::Array(vec![
                 Value::Int(1),
                 Value::BulkString(b"9".to_vec()),
@@ -305,11 +388,13 @@ mod tests {
                 Value::Int(0),
                 Value::Int(0),
                 Value::Int(0),
+                Value::Int(0),
             ]),
-            Value::Array(vec![Value::Double(0.5); 6]),
+            Value::Array(vec![Value::Double(0.5); 7]),
+            Value::Array(vec![Value::BulkString(b"late".to_vec()), Value::Int(1)]),
         ];
         for value in cases {
-            let err = parse_decision(&value, &p).expect_err(&format!("{value:?}"));
+            let err = parse_reply(&value, &p).expect_err(&format!("{value:?}"));
             assert!(err.is_bad_reply(), "{err}");
             assert!(err.to_string().starts_with("redis"), "{err}");
         }

@@ -1,17 +1,19 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
--- p, c, n = permits of the previous, current and next window.
--- ARGV[7] window, ARGV[8] limit
+-- p, c, n = permits of the previous, current and next window, l = the latest clock reading (an
+-- older reading is decided as of it, so it never lands in a window that has rolled away).
+-- ARGV[8] window, ARGV[9] limit
 local key = KEYS[1]
-local window = tonumber(ARGV[7])
-local limit = tonumber(ARGV[8])
-local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n')
+local window = tonumber(ARGV[8])
+local limit = tonumber(ARGV[9])
+local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)
 local curr = stored(state[3], 0)
 local nxt = stored(state[4], 0)
+now = math.max(now, stored(state[5], 0))
 
 -- Roll the counters forward to the window holding now.
-local idx = idiv(math.max(now, 0), window)
+local idx = idiv(now, window)
 local gap = math.max(idx - w, 0)
 if gap == 1 then
   prev, curr, nxt = curr, nxt, 0
@@ -23,9 +25,12 @@ end
 w = math.max(w, idx)
 
 local start = w * window
+-- Never negative: `now` is at least the latest reading, from which `w` was computed.
 local e = math.max(now - start, 0)
 
--- The earliest offset into a window with counts (p, c) at which `cost` fits, or nil.
+-- The earliest offset into a window with counts (p, c) at which `cost` fits, or nil: the least
+-- `at` with floor(p * (window - at) / window) <= room, that is
+-- p * (window - at) <= (room + 1) * window - 1.
 local function earliest(p, c)
   local room = limit - (c + cost)
   if room < 0 then
@@ -34,16 +39,17 @@ local function earliest(p, c)
   if p == 0 then
     return 0
   end
-  local at = math.max(window - idiv(room * window, p), 0)
+  local at = math.max(window - idiv((room + 1) * window - 1, p), 0)
   if at < window then
     return at
   end
   return nil
 end
 
--- The previous window's share at offset `at`, rounded up.
+-- The previous window's share at offset `at`, rounded down (so that a limit of 1 admits steady
+-- traffic below the rate).
 local function carried(p, at)
-  return cdiv(p * (window - at), window)
+  return idiv(p * (window - at), window)
 end
 
 local function reset_after()
@@ -68,23 +74,23 @@ local function save()
   if prev == 0 and curr == 0 and nxt == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt))
+    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now))
     expire_in(key, reset_after())
   end
 end
 
 if op == 'r' then
-  local at = arg5
-  if at > now then
-    local at_idx = idiv(at, window)
-    if at_idx == w then
-      curr = math.max(curr - cost, 0)
-    elseif at_idx == w + 1 then
-      nxt = math.max(nxt - cost, 0)
-    end
+  -- Whichever window the admission was charged to, if it still counts: past or future.
+  local at_idx = idiv(arg5, window)
+  if at_idx + 1 == w then
+    prev = math.max(prev - cost, 0)
+  elseif at_idx == w then
+    curr = math.max(curr - cost, 0)
+  elseif at_idx == w + 1 then
+    nxt = math.max(nxt - cost, 0)
   end
   save()
-  return 1
+  return refunded()
 end
 
 local max_wait = arg5
@@ -92,7 +98,7 @@ local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
   save()
-  return decision(1, remaining(), 0, reset_after(), 0, 0)
+  return decision(1, remaining(), 0, reset_after(), 0, now)
 end
 local admit_at, which
 if here then
@@ -102,16 +108,7 @@ else
   if there then
     admit_at, which = start + window + there, 1
   else
-    local p = nxt
-    local room_at = 0
-    if cost <= limit and p > 0 then
-      local room = limit - cost
-      local at = math.max(window - idiv(room * window, p), 0)
-      if at < window then
-        room_at = at
-      end
-    end
-    admit_at, which = start + 2 * window + room_at, 2
+    admit_at, which = start + 2 * window + (earliest(nxt, 0) or 0), 2
   end
 end
 local wait = admit_at - now
