@@ -654,3 +654,54 @@ async fn lua_integer_arithmetic_is_exact() {
         assert_eq!(got, format!("{} {}", a / b, a.div_ceil(*b)), "{a} / {b}");
     }
 }
+
+/// Redis Cluster's hash tag of `key`: what lies between the first `{` and the first `}` after
+/// it, if that is not empty; otherwise the whole key.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+#[tokio::test]
+async fn no_client_key_chooses_its_cluster_slot_or_shares_a_key() {
+    let Some(server) = RedisServer::start("no_client_key_chooses_its_cluster_slot") else {
+        return;
+    };
+    let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store(&server).await)
+        .prefix("rl:")
+        .build()
+        .unwrap();
+    // A client key holding `}` would end the hash tag early: every key starting `victim}` would
+    // share one slot with (and pile onto the node of) `victim`'s.
+    assert_eq!(limiter.redis_key("victim}x"), "rl:{victim%7Dx}");
+    assert_eq!(limiter.redis_key("100%"), "rl:{100%25}");
+    assert_eq!(limiter.redis_key("plain-key"), "rl:{plain-key}");
+    let hostile = [
+        "}", "}}", "{", "{}", "a}b", "a%7Db", "a%7db", "%", "%25", "%%7D", "{a}", "}{", "", "é}",
+    ];
+    let mut seen = std::collections::HashMap::new();
+    for key in hostile {
+        let redis_key = limiter.redis_key(key);
+        let tag = hash_tag(&redis_key);
+        // The tag is the client key, escaped: nothing of it is cut off or left out.
+        let unescaped = tag.replace("%7D", "}").replace("%25", "%");
+        if !key.is_empty() {
+            assert_eq!(unescaped, key, "{redis_key:?}");
+        }
+        if let Some(other) = seen.insert(redis_key.clone(), key) {
+            panic!("{key:?} and {other:?} share the Redis key {redis_key:?}");
+        }
+    }
+    // And the state really lives apart: a key with `}` and its look-alike get separate budgets.
+    for _ in 0..5 {
+        assert!(limiter.check(&"a}b").await.unwrap().allowed);
+    }
+    assert!(!limiter.check(&"a}b").await.unwrap().allowed);
+    assert!(limiter.check(&"a%7Db").await.unwrap().allowed);
+}

@@ -211,3 +211,118 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     assert!(open.check(&"k").await.unwrap().allowed);
     assert_eq!(open.failures(), 1);
 }
+
+/// Polls `future` once, with a waker that does nothing (the test polls again itself).
+fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx)
+}
+
+/// A key's state without the latest clock reading that every script records (GCRA's
+/// `<tat>:<latest>`, the hashes' field `l`, the sliding log's member `hw`): with the server's
+/// time it moves on with every call, and it decides nothing that a fresh reading would not.
+fn permits(state: &str) -> String {
+    if let Some(gcra) = state.strip_prefix("string ") {
+        let tat = gcra.split_once(':').map_or(gcra, |(tat, _)| tat);
+        return format!("string {tat}");
+    }
+    state
+        .split(' ')
+        .filter(|part| !part.starts_with("l=") && !part.starts_with("hw@"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Waits, within a bound, until the key holds the permits of `expected`.
+async fn until_state(conn: &mut redis::aio::MultiplexedConnection, key: &str, expected: &str) {
+    let expected = permits(expected);
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = permits(&state(conn, key).await);
+        if now == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{key}: still {now:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A caller that goes away while its script is on the way (a client that hangs up, a timeout
+/// layer above) spends nothing: dropped after any number of polls, the decision is finished on
+/// the runtime and what it admitted is given back.
+async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(
+        Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap(),
+        store,
+    )
+    .algorithm::<A>()
+    .prefix(tag)
+    .timeout(TIMEOUT)
+    .without_refusal_cache()
+    .on_failure(FailurePolicy::propagate())
+    .build()
+    .unwrap();
+    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
+    let key = limiter.redis_key("k");
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let before = state(&mut conn, &key).await;
+
+    // Dropped after 0, 1, 2, ... polls, with the runtime free to move the request on between
+    // polls, until the decision completes before the drop.
+    let mut completed = false;
+    for polls in 0..64 {
+        let mut future = limiter.reserve(&"k", 1);
+        for _ in 0..polls {
+            if let std::task::Poll::Ready(result) = poll_once(&mut future) {
+                let decision = result.unwrap();
+                assert!(decision.allowed);
+                limiter.give_back(&"k", 1, &decision).await.unwrap();
+                completed = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(future);
+        until_state(&mut conn, &key, &before).await;
+        if completed {
+            break;
+        }
+    }
+    assert!(completed, "{tag}: a decision completes within 64 polls");
+
+    // The same with the script held up in a stopped server: it runs when the server resumes,
+    // after its caller has gone.
+    let stopped = Stopped::stop(pid(server));
+    let mut future = limiter.reserve(&"k", 1);
+    for _ in 0..4 {
+        assert!(poll_once(&mut future).is_pending());
+        tokio::task::yield_now().await;
+    }
+    drop(future);
+    drop(stopped);
+    until_state(&mut conn, &key, &before).await;
+    assert_eq!(
+        admitted_until_refused(&limiter).await,
+        9,
+        "{tag}: the quota is whole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_decisions_spend_nothing_in_any_algorithm() {
+    let Some(server) = RedisServer::start("abandoned_decisions_spend_nothing") else {
+        return;
+    };
+    abandoned_decisions_spend_nothing::<Gcra>(&server, "gone:gcra:").await;
+    abandoned_decisions_spend_nothing::<FixedWindow>(&server, "gone:fw:").await;
+    abandoned_decisions_spend_nothing::<SlidingLog>(&server, "gone:log:").await;
+    abandoned_decisions_spend_nothing::<SlidingCounter>(&server, "gone:sc:").await;
+}

@@ -36,7 +36,9 @@
 //!   nanoseconds instead, which makes the decisions identical to the in-memory limiter's.
 //! * **One key per decision, always with an expiry.** The key of client key `k` is
 //!   `<prefix>{k}` by default: the braces are Redis Cluster's hash tag, so the state of `k` lives
-//!   in one slot and different clients spread over the cluster ([`HashTag`]). Each write sets an
+//!   in one slot and different clients spread over the cluster ([`HashTag`]). A `}` or `%` in a
+//!   client key is written as `%7D` or `%25`, so no client key can end the hash tag early and
+//!   choose its slot, and different client keys stay different. Each write sets an
 //!   expiry at the instant the state stops mattering, so idle clients leave nothing behind.
 //!   The sliding log keeps one sorted-set member per permit, named `<instant>:<sequence>` so that
 //!   many requests in the same microsecond are all counted.
@@ -598,8 +600,16 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
                 return ReserveFuture::ready(Ok(decision));
             }
         }
+        let settle = Settle {
+            inner: Arc::clone(inner) as Arc<dyn GiveBack>,
+            key: redis_key.clone(),
+            cost,
+        };
         let inner = Arc::clone(inner);
-        ReserveFuture::remote(async move { inner.decide(redis_key, cost, max_wait).await })
+        ReserveFuture::remote(
+            async move { inner.decide(redis_key, cost, max_wait).await },
+            settle,
+        )
     }
 
     /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
@@ -628,13 +638,35 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     }
 }
 
+/// Makes `out[start..]`, a client key written between the braces of a hash tag, safe to stand
+/// there: Redis Cluster ends the tag at the first `}`, so a key holding one would choose its own
+/// slot (and could pile onto another client's). `}` becomes `%7D` and `%` becomes `%25`, which
+/// keeps different client keys different; keys holding neither are written as they are.
+fn escape_hash_tag(out: &mut String, start: usize) {
+    if !out[start..].contains(['}', '%']) {
+        return;
+    }
+    let key = out.split_off(start);
+    for c in key.chars() {
+        match c {
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
 impl<C: Clock> Inner<C> {
     fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
         let mut out = String::with_capacity(self.prefix.len() + 24);
         out.push_str(&self.prefix);
         out.push('{');
         match &self.hash_tag {
-            HashTag::PerKey => key.write_redis_key(&mut out),
+            HashTag::PerKey => {
+                let start = out.len();
+                key.write_redis_key(&mut out);
+                escape_hash_tag(&mut out, start);
+            }
             HashTag::Fixed(tag) => {
                 out.push_str(tag);
                 out.push_str("}:");
@@ -916,6 +948,11 @@ where
 
 /// The future of a [`RedisRateLimiter`] decision: ready at once for a cached refusal, otherwise
 /// one script call bounded by the limiter's timeout.
+///
+/// Dropped once its script may have been sent (it was polled and has not finished), it does not
+/// take the decision with it: a task on the runtime waits for the answer and gives back what it
+/// admitted, so a caller that goes away at any await point (a client that hangs up, a timeout
+/// layer above) spends nothing.
 pub struct ReserveFuture {
     state: State,
 }
@@ -924,7 +961,38 @@ type Remote = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send + '
 
 enum State {
     Ready(Option<Result<Decision, BoxError>>),
-    Remote(Remote),
+    Remote {
+        future: Remote,
+        settle: Settle,
+        polled: bool,
+    },
+    Done,
+}
+
+/// What an abandoned decision needs to give its permits back.
+struct Settle {
+    inner: Arc<dyn GiveBack>,
+    key: String,
+    cost: u32,
+}
+
+/// [`Inner::give_back`] without the clock's type, so that [`ReserveFuture`] stays one type.
+trait GiveBack: Send + Sync + 'static {
+    fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote;
+}
+
+impl<C: Clock> GiveBack for Inner<C> {
+    fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote {
+        Box::pin(async move {
+            if decision.source == Source::FailurePolicy {
+                self.refund_locally(key, cost, &decision);
+            } else {
+                // Failures are counted and logged inside.
+                let _ = self.refund_remote(&key, cost, decision.reserved_at).await;
+            }
+            Ok(decision)
+        })
+    }
 }
 
 impl ReserveFuture {
@@ -934,9 +1002,16 @@ impl ReserveFuture {
         }
     }
 
-    fn remote(future: impl Future<Output = Result<Decision, BoxError>> + Send + 'static) -> Self {
+    fn remote(
+        future: impl Future<Output = Result<Decision, BoxError>> + Send + 'static,
+        settle: Settle,
+    ) -> Self {
         Self {
-            state: State::Remote(Box::pin(future)),
+            state: State::Remote {
+                future: Box::pin(future),
+                settle,
+                polled: false,
+            },
         }
     }
 }
@@ -951,8 +1026,44 @@ impl Future for ReserveFuture {
                     .take()
                     .expect("ReserveFuture polled after it completed"),
             ),
-            State::Remote(future) => future.as_mut().poll(cx),
+            State::Remote { future, polled, .. } => {
+                *polled = true;
+                let result = std::task::ready!(future.as_mut().poll(cx));
+                self.state = State::Done;
+                Poll::Ready(result)
+            }
+            State::Done => panic!("ReserveFuture polled after it completed"),
         }
+    }
+}
+
+impl Drop for ReserveFuture {
+    fn drop(&mut self) {
+        let State::Remote {
+            future,
+            settle,
+            polled: true,
+        } = std::mem::replace(&mut self.state, State::Done)
+        else {
+            // Never polled: nothing was sent. Finished: the caller has the decision.
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                target: "tower_bulwark::redis",
+                key = settle.key,
+                "a decision abandoned outside a tokio runtime; what it admits is not given back",
+            );
+            return;
+        };
+        let Settle { inner, key, cost } = settle;
+        runtime.spawn(async move {
+            if let Ok(decision) = future.await {
+                if decision.allowed {
+                    let _ = inner.give_back(key, cost, decision).await;
+                }
+            }
+        });
     }
 }
 
@@ -960,7 +1071,8 @@ impl fmt::Debug for ReserveFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
             State::Ready(_) => "ready",
-            State::Remote(_) => "remote",
+            State::Remote { .. } => "remote",
+            State::Done => "done",
         };
         f.debug_struct("ReserveFuture")
             .field("state", &state)
