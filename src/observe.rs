@@ -83,16 +83,36 @@ struct Shared {
     allowed: AtomicU64,
     limited: AtomicU64,
     available: AtomicU64,
-    /// Outstanding reservations: the limiter's `reserved_at` → (when the wait ends, how many).
-    waiting: Mutex<BTreeMap<u64, (Instant, u64)>>,
+    /// Outstanding reservations.
+    waiting: Mutex<Waiting>,
+}
+
+/// Outstanding reservations: the limiter's `reserved_at` → (when the wait ends, how many).
+///
+/// Entries are dropped when their wait has ended, on every snapshot and, so that the map stays
+/// bounded by the reservations actually outstanding even when nobody takes snapshots, whenever
+/// it has doubled since it was last pruned.
+#[derive(Default)]
+struct Waiting {
+    due: BTreeMap<u64, (Instant, u64)>,
+    prune_at: usize,
+}
+
+impl Waiting {
+    /// The fewest entries worth a pass over the map.
+    const MIN_PRUNE: usize = 64;
+
+    fn prune(&mut self, now: Instant) {
+        self.due.retain(|_, (due, _)| *due > now);
+        self.prune_at = (2 * self.due.len()).max(Self::MIN_PRUNE);
+    }
 }
 
 impl Shared {
     fn waiting_now(&self) -> u64 {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
-        waiting.retain(|_, (due, _)| *due > now);
-        waiting.values().map(|(_, n)| n).sum()
+        waiting.prune(Instant::now());
+        waiting.due.values().map(|(_, n)| n).sum()
     }
 
     fn record(&self, decision: &Decision, key: Option<&str>) {
@@ -100,9 +120,17 @@ impl Shared {
         if decision.allowed {
             self.allowed.fetch_add(1, Ordering::Relaxed);
             if !decision.wait.is_zero() {
-                let due = Instant::now() + decision.wait;
+                let now = Instant::now();
                 let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-                waiting.entry(decision.reserved_at).or_insert((due, 0)).1 += 1;
+                if waiting.due.len() >= waiting.prune_at {
+                    waiting.prune(now);
+                }
+                let due = now + decision.wait;
+                waiting
+                    .due
+                    .entry(decision.reserved_at)
+                    .or_insert((due, 0))
+                    .1 += 1;
             }
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
@@ -138,10 +166,10 @@ impl Shared {
             return;
         }
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = waiting.get_mut(&decision.reserved_at) {
+        if let Some(entry) = waiting.due.get_mut(&decision.reserved_at) {
             entry.1 -= 1;
             if entry.1 == 0 {
-                waiting.remove(&decision.reserved_at);
+                waiting.due.remove(&decision.reserved_at);
             }
         }
     }
@@ -168,7 +196,7 @@ impl<L> Observed<L> {
                 allowed: AtomicU64::new(0),
                 limited: AtomicU64::new(0),
                 available: AtomicU64::new(0),
-                waiting: Mutex::new(BTreeMap::new()),
+                waiting: Mutex::new(Waiting::default()),
             }),
         }
     }
@@ -302,5 +330,50 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
         self.shared.unrecord_wait(decision);
         self.inner.refund(key, cost, decision);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{KeyedRateLimiter, ManualClock};
+
+    /// Reservations whose wait has ended leave the map even when no snapshot is ever taken:
+    /// under steady waiting traffic it stays bounded by what is outstanding.
+    #[tokio::test(start_paused = true)]
+    async fn ended_waits_do_not_pile_up_without_snapshots() {
+        let clock = ManualClock::new();
+        let quota = Quota::per_second(1000)
+            .unwrap()
+            .with_burst(1)
+            .unwrap()
+            .with_max_wait(Duration::from_millis(10))
+            .unwrap();
+        let limiter = KeyedRateLimiter::<u64>::builder(quota)
+            .clock(clock.clone())
+            .build();
+        let observed = Observed::new("waits", limiter);
+        let mut most = 0;
+        for key in 0..10_000u64 {
+            // Each key: one permit now, the next reserved a millisecond ahead, at an instant of
+            // its own.
+            clock.advance(Duration::from_micros(1));
+            for _ in 0..2 {
+                observed.reserve_now(&key, 1).unwrap().unwrap();
+            }
+            if key % 100 == 99 {
+                tokio::time::advance(Duration::from_millis(2)).await;
+            }
+            most = most.max(observed.shared.waiting.lock().unwrap().due.len());
+        }
+        // At most the last hundred are outstanding; the map may hold twice that before a prune.
+        assert!(
+            most <= 2 * 100 + Waiting::MIN_PRUNE,
+            "the map grew to {most}"
+        );
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(observed.snapshot().waiting_requests, 0);
     }
 }
