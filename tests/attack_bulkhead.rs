@@ -169,9 +169,9 @@ async fn panicking_hooks_give_the_permit_back_exactly_once() {
             panic!("finished hook panics on purpose");
         })
         .build();
-    let svc = bulkhead.layer().layer(tower::service_fn(|n: u32| async move {
-        Ok::<_, io::Error>(n)
-    }));
+    let svc = bulkhead.layer().layer(tower::service_fn(
+        |n: u32| async move { Ok::<_, io::Error>(n) },
+    ));
     // Ends in poll: the panic escapes poll, the permit is back.
     let joined = tokio::spawn(svc.clone().oneshot(1)).await;
     assert!(joined.unwrap_err().is_panic());

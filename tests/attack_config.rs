@@ -51,35 +51,74 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         (with("max_wait = nan"), "rate_limiters.api.max_wait"),
         (with("max_wait = inf"), "rate_limiters.api.max_wait"),
         (with("max_wait = -0.0"), "rate_limiters.api.max_wait"),
-        (with("max_wait = 1970-01-01T00:00:00Z"), "rate_limiters.api.max_wait"),
+        (
+            with("max_wait = 1970-01-01T00:00:00Z"),
+            "rate_limiters.api.max_wait",
+        ),
         (with("max_wait = \"-1s\""), "rate_limiters.api.max_wait"),
         (with("max_wait = \"+1s\""), "rate_limiters.api.max_wait"),
         (with("max_wait = \"1_000ms\""), "rate_limiters.api.max_wait"),
         (with("max_wait = \".5.s\""), "rate_limiters.api.max_wait"),
-        (with("max_wait = \"0.0000000001s\""), "rate_limiters.api.max_wait"),
-        (with("max_wait = \"99999999999999999999999999999999999999999ns\""), "rate_limiters.api.max_wait"),
+        (
+            with("max_wait = \"0.0000000001s\""),
+            "rate_limiters.api.max_wait",
+        ),
+        (
+            with("max_wait = \"99999999999999999999999999999999999999999ns\""),
+            "rate_limiters.api.max_wait",
+        ),
         (with("max_wait = \"213504d\""), "rate_limiters.api.max_wait"),
-        (with("max_wait = \"1\u{3bc}s\""), "rate_limiters.api.max_wait"),
-        (with("max_wait = \"\u{663}s\""), "rate_limiters.api.max_wait"),
+        (
+            with("max_wait = \"1\u{3bc}s\""),
+            "rate_limiters.api.max_wait",
+        ),
+        (
+            with("max_wait = \"\u{663}s\""),
+            "rate_limiters.api.max_wait",
+        ),
         (with("max_wait = [\"1s\"]"), "rate_limiters.api.max_wait"),
         (with("max_wait = { s = 1 }"), "rate_limiters.api.max_wait"),
         (with("burst = 0"), "rate_limiters.api.burst"),
-        (with("burst = 9223372036854775807"), "rate_limiters.api.burst"),
-        (with("burst = -9223372036854775808"), "rate_limiters.api.burst"),
+        (
+            with("burst = 9223372036854775807"),
+            "rate_limiters.api.burst",
+        ),
+        (
+            with("burst = -9223372036854775808"),
+            "rate_limiters.api.burst",
+        ),
         (with("max_keys = 4294967296"), "rate_limiters.api.max_keys"),
         (with("key = \"header:x y\""), "rate_limiters.api.key"),
         (with("key = \"header:\""), "rate_limiters.api.key"),
         (with("key = \"header:x\\ny\""), "rate_limiters.api.key"),
         (with("key = \"HEADER:x\""), "rate_limiters.api.key"),
-        (with("trusted_proxies = [\"10.0.0.0/33\"]"), "rate_limiters.api.trusted_proxies"),
-        (with("trusted_proxies = [\"::/129\"]"), "rate_limiters.api.trusted_proxies"),
-        (with("trusted_proxies = [\"not an ip\"]"), "rate_limiters.api.trusted_proxies"),
-        (with("trusted_proxies = [1]"), "rate_limiters.api.trusted_proxies"),
-        (with("trusted_proxies = \"10.0.0.0/8\""), "rate_limiters.api.trusted_proxies"),
+        (
+            with("trusted_proxies = [\"10.0.0.0/33\"]"),
+            "rate_limiters.api.trusted_proxies",
+        ),
+        (
+            with("trusted_proxies = [\"::/129\"]"),
+            "rate_limiters.api.trusted_proxies",
+        ),
+        (
+            with("trusted_proxies = [\"not an ip\"]"),
+            "rate_limiters.api.trusted_proxies",
+        ),
+        (
+            with("trusted_proxies = [1]"),
+            "rate_limiters.api.trusted_proxies",
+        ),
+        (
+            with("trusted_proxies = \"10.0.0.0/8\""),
+            "rate_limiters.api.trusted_proxies",
+        ),
         (with("algorithm = \"GCRA\""), "rate_limiters.api.algorithm"),
         (with("algorithm = \"\""), "rate_limiters.api.algorithm"),
         (with("store = \"disk\""), "rate_limiters.api.store"),
-        (with("[rate_limiters.api.nested]\nx = 1"), "rate_limiters.api.nested"),
+        (
+            with("[rate_limiters.api.nested]\nx = 1"),
+            "rate_limiters.api.nested",
+        ),
         (
             "[bulkheads.p]\nmax_concurrent_calls = 536870912\n".into(),
             "bulkheads.p.max_concurrent_calls",
@@ -111,7 +150,9 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
 
     // Instance names that cannot be a policy name in a header are errors of the registry.
     for name in ["", "a\\nb", "\\u00e9t\\u00e9", "x\\ty", &"n".repeat(65)] {
-        let text = format!("[rate_limiters.\"{name}\"]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n");
+        let text = format!(
+            "[rate_limiters.\"{name}\"]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n"
+        );
         let config = Config::from_toml_str(&text).unwrap();
         let err = std::panic::catch_unwind(|| Registry::from_config(&config).map(|_| ()))
             .unwrap_or_else(|_| panic!("panicked on:\n{text}"))
@@ -121,7 +162,15 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
     }
 
     // Garbage of every shape: an error, never a panic.
-    for text in ["\u{0}", "[", "[[rate_limiters]]\n", "a = \"\\u{D800}\"", "\u{feff}[x]", "=", "[a.b.c.d.e.f]"] {
+    for text in [
+        "\u{0}",
+        "[",
+        "[[rate_limiters]]\n",
+        "a = \"\\u{D800}\"",
+        "\u{feff}[x]",
+        "=",
+        "[a.b.c.d.e.f]",
+    ] {
         let result = std::panic::catch_unwind(|| Config::from_toml_str(text));
         assert!(result.expect(text).is_err(), "{text:?}");
     }

@@ -180,7 +180,11 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
     assert!(poll_once(reserving.as_mut()).is_pending());
     assert!(poll_once(reserving.as_mut()).is_pending());
     drop(reserving);
-    assert_eq!(later.refunds.load(Ordering::SeqCst), 0, "remote never granted");
+    assert_eq!(
+        later.refunds.load(Ordering::SeqCst),
+        0,
+        "remote never granted"
+    );
 
     // Dropped while waiting for `waiting`'s permit, after the deferred decision.
     open.send_replace(true);
@@ -191,7 +195,11 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
     }
     assert_eq!(later.asked.load(Ordering::SeqCst), 3);
     drop(waiter);
-    assert_eq!(later.refunds.load(Ordering::SeqCst), 1, "remote given back once");
+    assert_eq!(
+        later.refunds.load(Ordering::SeqCst),
+        1,
+        "remote given back once"
+    );
 
     // The next request waits one second (its own permit), not two.
     assert_eq!(
@@ -228,8 +236,11 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
             RateLimitLayer::with_policies(
                 PeerIp::new(),
                 [
-                    Policy::new("broken", BoxLimiter::new(Broken(Quota::per_second(3).unwrap())))
-                        .unwrap(),
+                    Policy::new(
+                        "broken",
+                        BoxLimiter::new(Broken(Quota::per_second(3).unwrap())),
+                    )
+                    .unwrap(),
                     Policy::new("refusing", BoxLimiter::new(refusing.clone())).unwrap(),
                     Policy::new("waiting", BoxLimiter::new(waiting.clone())).unwrap(),
                 ],
@@ -260,7 +271,10 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
         .await
         .unwrap();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(problem["violated-policies"], serde_json::json!(["refusing"]));
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["refusing"])
+    );
     assert_eq!(problem["status"], 429);
     // The waiting policy's reservation went back: a new reservation waits 1 s, not 2 s.
     let d = Limiter::reserve_now(&waiting, &ip, 1).unwrap().unwrap();
@@ -337,8 +351,8 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
     let refused = client.get(&url).send().await.unwrap();
     assert_eq!(refused.status(), 429);
     let head_of_get = refused.headers().clone();
-    let problem: serde_json::Value = serde_json::from_slice(&refused.bytes().await.unwrap())
-        .expect("the problem body is JSON");
+    let problem: serde_json::Value =
+        serde_json::from_slice(&refused.bytes().await.unwrap()).expect("the problem body is JSON");
     assert_eq!(
         problem["violated-policies"],
         serde_json::Value::from(names.to_vec())
@@ -353,7 +367,12 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
 
     let head = client.head(&url).send().await.unwrap();
     assert_eq!(head.status(), 429);
-    for name in ["retry-after", "ratelimit-policy", "ratelimit", "content-type"] {
+    for name in [
+        "retry-after",
+        "ratelimit-policy",
+        "ratelimit",
+        "content-type",
+    ] {
         assert_eq!(head.headers()[name], head_of_get[name], "{name}");
     }
     assert!(head.bytes().await.unwrap().is_empty());
@@ -447,7 +466,10 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     assert_eq!(ok.status(), StatusCode::OK);
     let after_ok = header_list(ok.headers(), "ratelimit");
     assert_eq!(after_ok[0].0, "wide");
-    assert_eq!(after_ok[0].1, [("r".to_string(), 9), ("t".to_string(), 360)]);
+    assert_eq!(
+        after_ok[0].1,
+        [("r".to_string(), 9), ("t".to_string(), 360)]
+    );
 
     let refused = app.clone().oneshot(get_req()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);

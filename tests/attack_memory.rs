@@ -59,7 +59,9 @@ async fn completed_waits_leave_no_memory_behind() {
         .unwrap();
     let limiter = Observed::new(
         "flood",
-        DirectRateLimiter::builder(quota).clock(clock.clone()).build(),
+        DirectRateLimiter::builder(quota)
+            .clock(clock.clone())
+            .build(),
     );
     // Warm up whatever is allocated once.
     for _ in 0..4 {
@@ -74,11 +76,15 @@ async fn completed_waits_leave_no_memory_behind() {
     let mut waited = 0u64;
     for _ in 0..N {
         clock.advance(Duration::from_millis(2));
-        let now = Limiter::<()>::reserve_now(&limiter, &(), 1).unwrap().unwrap();
+        let now = Limiter::<()>::reserve_now(&limiter, &(), 1)
+            .unwrap()
+            .unwrap();
         assert!(now.allowed && now.wait.is_zero());
         // The next permit falls due in 1 ms: a waiting admission. Its caller waits and proceeds
         // (nothing is refunded), as the HTTP layer does.
-        let later = Limiter::<()>::reserve_now(&limiter, &(), 1).unwrap().unwrap();
+        let later = Limiter::<()>::reserve_now(&limiter, &(), 1)
+            .unwrap()
+            .unwrap();
         assert!(later.allowed && !later.wait.is_zero());
         waited += 1;
     }
