@@ -9,7 +9,7 @@
 //! Bulkheads report through their own hooks and snapshot (see [`crate::bulkhead`]); the
 //! configuration registry wires both to metrics.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -28,7 +28,7 @@ use crate::{BoxError, Decision, Limiter, Quota};
 ///
 /// | name | type | labels | meaning |
 /// |---|---|---|---|
-/// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` | decisions by outcome |
+/// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` \| `refunded` | decisions by outcome; `refunded` counts admissions given back (another policy refused the request, or its waiter went away), so requests admitted in the end are `allowed − refunded` |
 /// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
 /// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
 /// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the failure policy instead |
@@ -68,7 +68,8 @@ pub mod metric_names {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LimiterSnapshot {
-    /// Decisions that admitted the request.
+    /// Decisions that admitted the request and were not given back (a request that another
+    /// policy refused, or whose waiter went away, is not counted).
     pub allowed: u64,
     /// Decisions that refused it.
     pub limited: u64,
@@ -87,32 +88,63 @@ struct Shared {
     waiting: Mutex<Waiting>,
 }
 
-/// Outstanding reservations: the limiter's `reserved_at` → (when the wait ends, how many).
+/// Outstanding reservations, found by the instant they were reserved for (to take one off when
+/// it is given back) and by the instant their wait ends (to drop the ended ones from the front).
 ///
-/// Entries are dropped when their wait has ended, on every snapshot and, so that the map stays
-/// bounded by the reservations actually outstanding even when nobody takes snapshots, whenever
-/// it has doubled since it was last pruned.
+/// Every operation is O(log n) in the reservations outstanding, and ended ones are dropped as
+/// soon as anything looks, so neither memory nor the cost of a decision grows with the traffic
+/// that went before.
 #[derive(Default)]
 struct Waiting {
-    due: BTreeMap<u64, (Instant, u64)>,
-    prune_at: usize,
+    /// The limiter's `reserved_at` → (when the wait ends, how many share that instant).
+    by_slot: HashMap<u64, (Instant, u64)>,
+    /// (when the wait ends, `reserved_at`), soonest first.
+    by_due: BTreeSet<(Instant, u64)>,
+    /// The sum of the counts in `by_slot`.
+    total: u64,
 }
 
 impl Waiting {
-    /// The fewest entries worth a pass over the map.
-    const MIN_PRUNE: usize = 64;
+    fn add(&mut self, reserved_at: u64, due: Instant) {
+        let entry = self.by_slot.entry(reserved_at).or_insert((due, 0));
+        if entry.1 == 0 {
+            self.by_due.insert((entry.0, reserved_at));
+        }
+        entry.1 += 1;
+        self.total += 1;
+    }
 
-    fn prune(&mut self, now: Instant) {
-        self.due.retain(|_, (due, _)| *due > now);
-        self.prune_at = (2 * self.due.len()).max(Self::MIN_PRUNE);
+    fn remove_one(&mut self, reserved_at: u64) {
+        if let Some(entry) = self.by_slot.get_mut(&reserved_at) {
+            entry.1 -= 1;
+            self.total -= 1;
+            if entry.1 == 0 {
+                let due = entry.0;
+                self.by_slot.remove(&reserved_at);
+                self.by_due.remove(&(due, reserved_at));
+            }
+        }
+    }
+
+    /// Drops the reservations whose wait has ended by `now`; returns how many remain.
+    fn outstanding(&mut self, now: Instant) -> u64 {
+        while let Some(&(due, reserved_at)) = self.by_due.first() {
+            if due > now {
+                break;
+            }
+            self.by_due.pop_first();
+            if let Some((_, n)) = self.by_slot.remove(&reserved_at) {
+                self.total -= n;
+            }
+        }
+        self.total
     }
 }
 
 impl Shared {
     fn waiting_now(&self) -> u64 {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        waiting.prune(Instant::now());
-        waiting.due.values().map(|(_, n)| n).sum()
+        waiting.outstanding(Instant::now())
     }
 
     fn record(&self, decision: &Decision, key: Option<&str>) {
@@ -122,15 +154,8 @@ impl Shared {
             if !decision.wait.is_zero() {
                 let now = Instant::now();
                 let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-                if waiting.due.len() >= waiting.prune_at {
-                    waiting.prune(now);
-                }
-                let due = now + decision.wait;
-                waiting
-                    .due
-                    .entry(decision.reserved_at)
-                    .or_insert((due, 0))
-                    .1 += 1;
+                waiting.outstanding(now);
+                waiting.add(decision.reserved_at, now + decision.wait);
             }
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
@@ -161,16 +186,32 @@ impl Shared {
         }
     }
 
-    fn unrecord_wait(&self, decision: &Decision) {
-        if decision.wait.is_zero() {
+    /// Takes back what [`record`](Self::record) counted for an admission that was given back (a
+    /// request another policy refused, a waiter that went away): it no longer counts as
+    /// allowed, its reservation no longer waits, and its permits are available again.
+    fn unrecord(&self, decision: &Decision, cost: u32) {
+        if !decision.allowed {
             return;
         }
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = waiting.due.get_mut(&decision.reserved_at) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                waiting.due.remove(&decision.reserved_at);
-            }
+        let _ = self
+            .allowed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let available = decision
+            .remaining
+            .saturating_add(u64::from(cost))
+            .min(decision.limit);
+        self.available.store(available, Ordering::Relaxed);
+        if !decision.wait.is_zero() {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.remove_one(decision.reserved_at);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let name = self.name.to_string();
+            metrics::counter!(metric_names::RATELIMITER_CALLS, "name" => name.clone(), "outcome" => "refunded")
+                .increment(1);
+            metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name)
+                .set(available as f64);
         }
     }
 }
@@ -328,7 +369,7 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     }
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
-        self.shared.unrecord_wait(decision);
+        self.shared.unrecord(decision, cost);
         self.inner.refund(key, cost, decision);
     }
 }
@@ -366,13 +407,11 @@ mod tests {
             if key % 100 == 99 {
                 tokio::time::advance(Duration::from_millis(2)).await;
             }
-            most = most.max(observed.shared.waiting.lock().unwrap().due.len());
+            let waiting = observed.shared.waiting.lock().unwrap();
+            most = most.max(waiting.by_slot.len()).max(waiting.by_due.len());
         }
-        // At most the last hundred are outstanding; the map may hold twice that before a prune.
-        assert!(
-            most <= 2 * 100 + Waiting::MIN_PRUNE,
-            "the map grew to {most}"
-        );
+        // At most the last hundred are outstanding.
+        assert!(most <= 100, "the map grew to {most}");
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(observed.snapshot().waiting_requests, 0);
     }

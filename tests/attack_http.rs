@@ -388,7 +388,6 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
 /// (so the metric says three admissions where one request reached the handler) and
 /// `available_permissions` keeps the pre-refund figure.
 #[tokio::test]
-#[ignore = "defect: Observed counts a request vetoed by another policy as `allowed` and refunds never correct allowed/available_permissions"]
 async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     let clock = ManualClock::new();
     let observed = |name: &str, quota| {
