@@ -21,8 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ use super::error::BulkheadFull;
 use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
 const SLOW: u64 = 1;
 /// One free permit.
