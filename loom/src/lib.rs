@@ -671,3 +671,19 @@ fn bulkhead_a_cancelled_waiter_passes_its_permit_on() {
         rig.assert_settled(1, admitted + 1);
     });
 }
+/// A call while the limit goes from 1 to 2 and back to 1: a permit is free at every instant
+/// until the call takes one, so the call is never refused; and one permit is free at the end.
+#[test]
+fn bulkhead_a_call_racing_a_resize_is_refused_only_when_no_permit_is_free() {
+    check(|| {
+        let rig = Arc::new(Rig::new(Bulkhead::semaphore("loom", 1).build()));
+        let caller = {
+            let rig = rig.clone();
+            thread::spawn(move || rig.call(2))
+        };
+        rig.bulkhead.set_max_concurrent_calls(2);
+        rig.bulkhead.set_max_concurrent_calls(1);
+        assert!(caller.join().unwrap(), "refused with a permit free");
+        rig.assert_settled(1, 1);
+    });
+}
