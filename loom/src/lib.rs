@@ -9,8 +9,9 @@
 //! RUSTFLAGS="--cfg loom" cargo test -p tower-bulwark-loom --profile loom
 //! ```
 //!
-//! (`.ci/run` does). With `--cfg loom` the library's atomics and mutex are loom's (its
-//! `src/sync.rs`). `LOOM_MAX_PREEMPTIONS` raises the bound of 2 set here; `LOOM_LOG=1` and
+//! (`.ci/run` does; `-- --nocapture` shows how many interleavings each model explored). With
+//! `--cfg loom` the library's atomics and mutex are loom's (its `src/sync.rs`).
+//! `LOOM_MAX_PREEMPTIONS` overrides each model's bound on preemptions; `LOOM_LOG=1` and
 //! `LOOM_LOCATION=1` explain a failure; `-- --ignored` runs the models that find known bugs.
 //!
 //! Through the public API only: the bulkhead is driven through `BulkheadService` around an inner
@@ -31,13 +32,12 @@ use tower_bulwark::algorithm::{Algorithm, FixedWindow, FixedWindowState, Gcra};
 use tower_bulwark::{BoxError, Bulkhead, BulkheadService, Decision, Quota};
 use tower_service::Service;
 
-/// Runs `model` under every interleaving with at most two preemptions (unless
-/// `LOOM_MAX_PREEMPTIONS` says otherwise): enough for the races below, each of which needs one
-/// thread stopped between a read and its write.
-fn check(model: impl Fn() + Sync + Send + 'static) {
+/// Runs `model` under every interleaving with at most `preemptions` preemptions (unless
+/// `LOOM_MAX_PREEMPTIONS` says otherwise), and says how many there were and how long they took.
+fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
+        builder.preemption_bound = Some(preemptions);
     }
     let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = runs.clone();
@@ -53,6 +53,11 @@ fn check(model: impl Fn() + Sync + Send + 'static) {
         started.elapsed()
     );
 }
+
+/// The usual bound: each race below needs a thread stopped between a read and its write, once or
+/// twice, and a third thread or a second stop on top. Some models take fewer where three would
+/// cost minutes.
+const PREEMPTIONS: usize = 3;
 
 /// One second in nanoseconds: the algorithms' time unit here.
 const S: u64 = 1_000_000_000;
@@ -152,7 +157,7 @@ fn assert_gcra_promise(burst: u64, tat: u64, seen: &[Seen]) {
 /// refusal while a permit is free), with the remaining counts of a sequential run.
 #[test]
 fn gcra_racing_threads_get_exactly_the_burst() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let g = gcra(2);
         let state = Arc::new(<Gcra as Algorithm>::State::default());
         let threads: Vec<_> = (0..3)
@@ -173,26 +178,28 @@ fn gcra_racing_threads_get_exactly_the_burst() {
     });
 }
 
-/// Two threads decide twice each on clock readings that a third moves on meanwhile, so a thread
-/// may decide on a reading older than the TAT another has already stored. `waits` are the
-/// `max_wait`s of a thread's two decisions.
-fn gcra_stale_reads(burst: u32, waits: [u64; 2]) {
-    check(move || {
+/// `threads` threads decide once for each of `waits` (their `max_wait`s) on clock readings that
+/// the model moves on meanwhile, from 0 to T to 2T, so a thread may decide on a reading older
+/// than the TAT another has already stored, and retry its compare-and-swap on it.
+fn gcra_stale_reads(burst: u32, threads: usize, waits: &'static [u64], preemptions: usize) {
+    check(preemptions, move || {
         let g = gcra(burst);
         let state = Arc::new(<Gcra as Algorithm>::State::default());
         let clock = Clock::at(0);
-        let threads: Vec<_> = (0..2)
+        let threads: Vec<_> = (0..threads)
             .map(|_| {
                 let (state, clock) = (state.clone(), clock.clone());
                 thread::spawn(move || {
-                    waits.map(|max_wait| {
+                    let decide = |&max_wait: &u64| {
                         let now = clock.now();
                         Seen::of(now, &g.decide(&state, now, 1, max_wait))
-                    })
+                    };
+                    waits.iter().map(decide).collect::<Vec<_>>()
                 })
             })
             .collect();
         clock.set(T);
+        clock.set(2 * T);
         let seen: Vec<Seen> = threads
             .into_iter()
             .flat_map(|t| t.join().unwrap())
@@ -203,12 +210,18 @@ fn gcra_stale_reads(burst: u32, waits: [u64; 2]) {
 
 #[test]
 fn gcra_stale_clock_reads_never_over_admit() {
-    gcra_stale_reads(2, [0, 0]);
+    gcra_stale_reads(2, 2, &[0, 0], PREEMPTIONS);
+}
+
+#[test]
+fn gcra_three_threads_on_stale_clock_reads_never_over_admit() {
+    // Two preemptions suffice for a compare-and-swap to fail twice; three take 20 s.
+    gcra_stale_reads(2, 3, &[0], 2);
 }
 
 #[test]
 fn gcra_reservations_on_stale_clock_reads_never_share_a_slot() {
-    gcra_stale_reads(1, [0, 3 * T]);
+    gcra_stale_reads(1, 2, &[0, 3 * T], PREEMPTIONS);
 }
 
 /// A waiter gives its reservation back while another caller reserves the slot after it. Burst
@@ -220,7 +233,7 @@ fn gcra_reservations_on_stale_clock_reads_never_share_a_slot() {
 #[test]
 #[ignore = "finds a bug in Gcra::refund: a refund gives back the last slot, not its own"]
 fn gcra_refund_racing_a_reservation() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let g = gcra(1);
         let max_wait = 2 * T;
         let state = Arc::new(<Gcra as Algorithm>::State::default());
@@ -254,7 +267,7 @@ fn gcra_refund_racing_a_reservation() {
 #[test]
 #[ignore = "finds a bug in Gcra::refund: a late refund gives back a later caller's slot"]
 fn gcra_refund_of_an_admission_racing_a_newer_clock_read() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let g = gcra(1);
         let state = Arc::new(<Gcra as Algorithm>::State::default());
         let clock = Clock::at(0);
@@ -317,7 +330,7 @@ fn charged_cycle(s: &Seen) -> u64 {
 #[test]
 fn fixed_window_stale_clock_reads_stay_within_each_cycle() {
     const LIMIT: u64 = 2;
-    check(|| {
+    check(PREEMPTIONS, || {
         let fw = fixed_window(LIMIT as u32);
         let state = Arc::new(FixedWindowState::default());
         let clock = Clock::at(P / 2);
@@ -368,7 +381,7 @@ fn fixed_window_stale_clock_reads_stay_within_each_cycle() {
 /// were admitted and not given back (a reservation already due when given back is spent).
 #[test]
 fn fixed_window_refund_racing_a_decide() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let fw = fixed_window(1);
         let state = Arc::new(FixedWindowState::default());
         let clock = Clock::at(P / 2);
@@ -567,7 +580,7 @@ impl Rig {
 /// permit comes back exactly once; and the snapshot's totals are those of one instant.
 #[test]
 fn bulkhead_never_more_calls_than_permits() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let rig = Arc::new(Rig::new(Bulkhead::semaphore("loom", 2).build()));
         let threads: Vec<_> = (0..2)
             .map(|_| {
@@ -593,7 +606,7 @@ fn bulkhead_never_more_calls_than_permits() {
 /// one permit is free: the debt was neither forgotten nor paid twice.
 #[test]
 fn bulkhead_lowering_the_limit_keeps_exact_debt() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let rig = Arc::new(Rig::new(Bulkhead::semaphore("loom", 2).build()));
         let threads: Vec<_> = (0..2)
             .map(|_| {
@@ -618,7 +631,8 @@ fn bulkhead_lowering_the_limit_keeps_exact_debt() {
 /// calls inside, and both permits free at the end.
 #[test]
 fn bulkhead_raising_the_limit_lets_a_waiter_in() {
-    check(|| {
+    // Three preemptions take over three minutes here.
+    check(2, || {
         let rig = Arc::new(Rig::new(Bulkhead::queue("loom", 1, 2).build()));
         let mut svc = rig.service(2);
         let held = rig.start(&mut svc);
@@ -644,7 +658,7 @@ fn bulkhead_raising_the_limit_lets_a_waiter_in() {
 /// permit free at the end).
 #[test]
 fn bulkhead_a_cancelled_waiter_passes_its_permit_on() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let rig = Arc::new(Rig::new(Bulkhead::queue("loom", 1, 2).build()));
         let mut svc = rig.service(1);
         let held = rig.start(&mut svc);
@@ -675,7 +689,7 @@ fn bulkhead_a_cancelled_waiter_passes_its_permit_on() {
 /// until the call takes one, so the call is never refused; and one permit is free at the end.
 #[test]
 fn bulkhead_a_call_racing_a_resize_is_refused_only_when_no_permit_is_free() {
-    check(|| {
+    check(PREEMPTIONS, || {
         let rig = Arc::new(Rig::new(Bulkhead::semaphore("loom", 1).build()));
         let caller = {
             let rig = rig.clone();
