@@ -33,6 +33,7 @@ pub mod observe;
 mod quota;
 pub mod rate_limit;
 pub mod store;
+mod sync;
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
 pub use bulkhead::{

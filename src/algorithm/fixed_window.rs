@@ -1,4 +1,4 @@
-use std::sync::{Mutex, PoisonError};
+use crate::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;

@@ -12,7 +12,9 @@
 //! decides where each goes (debt first, then waiters in arrival order, then back to `state`), and
 //! writes the free count back (`settle`), clearing `SLOW` only when no waiter is queued and no
 //! debt is owed. Since a fast-path caller only changes `state` while `SLOW` is clear, nothing
-//! races the holder.
+//! races the holder. For the same reason a call that finds no free permit is refused at once only
+//! if `SLOW` was clear: while it is set, the holder may have the free permits in hand, so the call
+//! asks under the mutex (a resize racing a call must not refuse it with permits free).
 //!
 //! Every permit is in exactly one place: free, granted to a waiter that has not taken it up yet,
 //! or held by a call; and free + granted + held = max + debt. So the permitted total needs no
@@ -21,8 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use super::error::BulkheadFull;
 use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
 
 const SLOW: u64 = 1;
 /// One free permit.
@@ -184,19 +186,20 @@ impl Shared {
         wakers
     }
 
+    /// Takes a free permit from `state`; without one, returns the state in which there was none.
     #[inline]
-    fn try_acquire_fast(&self) -> bool {
+    fn try_acquire_fast(&self) -> Result<(), u64> {
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
             // `SLOW` alone or no free permit: not here.
             if s & FREE_BITS < ONE {
-                return false;
+                return Err(s);
             }
             match self
                 .state
                 .compare_exchange_weak(s, s - ONE, Ordering::Acquire, Ordering::Relaxed)
             {
-                Ok(_) => return true,
+                Ok(_) => return Ok(()),
                 Err(actual) => s = actual,
             }
         }
@@ -205,13 +208,13 @@ impl Shared {
     /// Decides a new call: a permit now, a place in the queue, or a refusal.
     #[inline]
     pub(crate) fn admit(&self) -> Admission {
-        if self.try_acquire_fast() {
-            return Admission::Permitted;
+        match self.try_acquire_fast() {
+            Ok(()) => Admission::Permitted,
+            // With `SLOW` clear, `state` held every free permit, and there was none.
+            Err(s) if !self.may_wait && s & SLOW == 0 => Admission::Rejected,
+            // With `SLOW` set, the lock holder may have the free permits in hand (`drain`).
+            Err(_) => self.admit_slow(),
         }
-        if !self.may_wait {
-            return Admission::Rejected;
-        }
-        self.admit_slow()
     }
 
     #[cold]
@@ -224,9 +227,10 @@ impl Shared {
         let admission = if permits > 0 && slow.waiters.is_empty() {
             permits -= 1;
             Admission::Permitted
-        } else if self
-            .queue_capacity
-            .is_none_or(|capacity| slow.waiters.len() < capacity)
+        } else if self.may_wait
+            && self
+                .queue_capacity
+                .is_none_or(|capacity| slow.waiters.len() < capacity)
         {
             let ticket = slow.next_ticket;
             slow.next_ticket += 1;
