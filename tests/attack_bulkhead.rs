@@ -29,7 +29,6 @@ fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
 /// `admit` sees the `SLOW` flag that `resize` raises under its lock (free count drained to zero)
 /// and, since it "may not wait", rejects without looking at the real count.
 #[test]
-#[ignore = "defect: a semaphore bulkhead refuses calls (BulkheadFull) while a concurrent set_max_concurrent_calls holds its lock, with 60+ permits free"]
 fn a_resize_never_refuses_a_call_while_permits_are_free() {
     let bulkhead = Bulkhead::semaphore("resize", 64).build();
     let stop = Arc::new(AtomicBool::new(false));
@@ -127,7 +126,6 @@ impl Service<u32> for Gated {
 /// bulkhead, yet the first call that has to wait panics inside `poll` (tokio `Instant + Duration`
 /// overflows in `sleep_until(since + max_wait)`).
 #[tokio::test(start_paused = true)]
-#[ignore = "defect: max_wait(Duration::MAX) makes the first waiting call panic in poll (Instant + Duration overflow)"]
 async fn a_huge_max_wait_waits_instead_of_panicking() {
     for builder in [
         Bulkhead::semaphore("forever", 1).max_wait(Duration::MAX),

@@ -118,13 +118,19 @@ where
                 StateProj::Queued { queued } => {
                     let entry = queued.as_mut().expect("polled after completion");
                     if entry.waiter.poll_grant(cx).is_pending() {
-                        let Some(max_wait) = entry.waiter.shared().max_wait else {
+                        // A wait so long that its end cannot be represented (such as
+                        // `Duration::MAX`) is no bound at all.
+                        let Some(until) = entry
+                            .waiter
+                            .shared()
+                            .max_wait
+                            .and_then(|max_wait| entry.since.checked_add(max_wait))
+                        else {
                             return Poll::Pending;
                         };
-                        let since = entry.since;
-                        let deadline = entry.deadline.get_or_insert_with(|| {
-                            Box::pin(tokio::time::sleep_until(since + max_wait))
-                        });
+                        let deadline = entry
+                            .deadline
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                         ready!(deadline.as_mut().poll(cx));
                         if !entry.waiter.give_up() {
                             let shared = entry.waiter.shared().clone();
