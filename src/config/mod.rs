@@ -222,12 +222,33 @@ pub struct Config {
     pub bulkheads: BTreeMap<String, BulkheadSettings>,
 }
 
+/// A TOML error's message with the line and column where it is (a duplicate key, a value
+/// without quotes): such an error belongs to no field path yet, so the place is in the message.
+fn syntax_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_owned();
+    };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    // Columns in characters, as an editor shows them.
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    format!("{message} (line {line}, column {column})")
+}
+
 impl Config {
     /// Parses and validates a TOML document.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         let table: Table = text
             .parse()
-            .map_err(|e: toml::de::Error| ConfigError::new("", e.message().to_string()))?;
+            .map_err(|e: toml::de::Error| ConfigError::new("", syntax_error(text, &e)))?;
         let mut config = Config::default();
         for (section, value) in &table {
             let instances = value.as_table().ok_or_else(|| {
