@@ -1,7 +1,4 @@
 //! Hostile configuration files: every error names where and what, never a panic.
-//!
-//! Tests marked `#[ignore = "defect: ..."]` reproduce a broken promise; the others are promises
-//! attacked that held.
 #![cfg(feature = "config")]
 
 use tower_bulwark::config::{Config, Registry};

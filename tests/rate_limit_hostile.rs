@@ -1,9 +1,6 @@
 //! Adversarial tests of the HTTP layer: cancellation at each await point with several policies,
 //! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
 //! the observability counters of policies vetoed by another one.
-//!
-//! Tests marked `#[ignore = "defect: ..."]` reproduce a broken promise; the others are promises
-//! attacked that held.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -440,7 +437,7 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
 /// policy's real state. It describes the state *as if the refused request had been admitted*:
 /// `r` one too low and `t` one emission interval too long, for every vetoed policy.
 #[tokio::test]
-#[ignore = "defect: on a 429 the RateLimit entry of a vetoed (refunded) policy reports r one too low and t one interval too long"]
+#[ignore = "known defect, issue 12 (draft-11 headers): on a 429 a vetoed policy's RateLimit entry reports r one too low, t one interval too long"]
 async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let clock = ManualClock::new();
     let limiter = |quota| {

@@ -1,7 +1,4 @@
 //! Adversarial tests of the bulkhead: resize under load, absurd waits, panicking hooks.
-//!
-//! Tests marked `#[ignore = "defect: ..."]` reproduce a broken promise; the others are promises
-//! attacked that held.
 
 use std::future::Future;
 use std::io;
