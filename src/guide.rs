@@ -84,3 +84,21 @@
 //! decides a reading older than the latest its key has seen as of that latest reading. N threads
 //! racing for a limit of L get exactly L admissions (the test suite checks this for every
 //! algorithm on OS threads released together, with readings handed out of order).
+//!
+//! The lock-free parts are also model-checked with [loom](https://docs.rs/loom) (`loom/src/lib.rs`,
+//! run by `.ci/run`): every interleaving, within a preemption bound, of threads racing on one
+//! GCRA or fixed-window state with readings from a clock that moves while they run, and of calls,
+//! resizes and cancelled waiters on one bulkhead.
+//!
+//! # Guarantees beyond the algorithms
+//!
+//! | part | promise under hostile conditions | proved by |
+//! |---|---|---|
+//! | [`ForwardedIp`](crate::rate_limit::ForwardedIp) | behind trusted proxies, the key is the address the proxy appended whatever bytes the client wrote before it (on the same line or another); a hop that is not an address before the client's is a `400`, never the proxy's key nor a client-chosen one | `tests/forwarded.rs` (properties over arbitrary client bytes; the attacks over a real listener) |
+//! | [`HeaderKey`](crate::rate_limit::HeaderKey) | a key owns a copy of its bytes (it never keeps a connection's read buffer alive) and is at most `max_len` bytes | `tests/key_memory.rs` (bytes per key over TCP within 2x of in process) |
+//! | the HTTP layer | a request refused by one policy, or dropped at any await point (reserving, waiting), gives back every permit the others granted, once | `tests/rate_limit_hostile.rs`, `tests/listener_disconnect.rs` |
+//! | Redis limiters | the same refunds as in memory (a veto leaves the stored state as it was); a reading older than the key's latest is decided as of it; a script that runs after its caller was answered (a stalled server) changes nothing; a decision dropped while its script is on the way is given back; stored state that is not an exact count is an error | `tests/redis_refund.rs`, `tests/redis_deadline.rs`, `tests/redis_conformance.rs` (memory and Lua give the same decisions, refunds included, up to the bounds of exact arithmetic) |
+//! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe_memory.rs`, `tests/rate_limit_hostile.rs` |
+//! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead_hostile.rs`, the loom models |
+//! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config_hostile.rs`, `tests/config.rs` |
+
