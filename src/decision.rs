@@ -44,6 +44,7 @@ pub(crate) enum Source {
     #[default]
     State,
     /// A Redis limiter's failure policy, while Redis could not decide.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     FailurePolicy,
 }
 
