@@ -32,6 +32,10 @@ pub struct Decision {
     /// due for a reservation. [`Algorithm::refund`](crate::Algorithm::refund) uses it to give
     /// back exactly what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
+    /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
+    /// ticks): a refund gives back only while the key's TAT is still this one, that is while
+    /// this admission is the key's latest. Zero for a refusal and for the other algorithms.
+    pub(crate) state_after: u64,
     /// Who took the decision, so that a refund goes back to the state that was charged.
     pub(crate) source: Source,
 }
@@ -60,6 +64,7 @@ impl Decision {
             reset_after,
             wait: Duration::ZERO,
             reserved_at: 0,
+            state_after: 0,
             source: Source::State,
         }
     }
@@ -81,6 +86,7 @@ impl Decision {
             reset_after,
             wait: Duration::ZERO,
             reserved_at: 0,
+            state_after: 0,
             source: Source::State,
         }
     }
@@ -101,6 +107,7 @@ impl Decision {
             reset_after,
             wait,
             reserved_at,
+            state_after: 0,
             source: Source::State,
         }
     }
@@ -109,6 +116,13 @@ impl Decision {
     #[inline(always)]
     pub(crate) fn charged_at(mut self, at: u64) -> Self {
         self.reserved_at = at;
+        self
+    }
+
+    /// This admission, which left its key's state at `state` (see `state_after`).
+    #[inline(always)]
+    pub(crate) fn leaving(mut self, state: u64) -> Self {
+        self.state_after = state;
         self
     }
 

@@ -366,7 +366,7 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
             let now = self.inner.clock.now();
             self.inner
                 .algorithm
-                .refund(&self.inner.state, now, cost, decision.reserved_at);
+                .refund(&self.inner.state, now, cost, decision);
         }
     }
 }
@@ -563,6 +563,6 @@ where
         let alg = &self.inner.algorithm;
         self.inner
             .store
-            .with_existing(key, |s| alg.refund(s, now, cost, decision.reserved_at));
+            .with_existing(key, |s| alg.refund(s, now, cost, decision));
     }
 }

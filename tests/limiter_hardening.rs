@@ -96,8 +96,9 @@ fn a_request_vetoed_by_another_policy_spends_nothing() {
     for_every_algorithm!(run);
 }
 
-/// A veto given back later than the decision (the key's clock has not moved on meanwhile)
-/// leaves the key exactly as a twin that never saw the request: as many admissions follow.
+/// A veto given back later than the decision, the key's latest admission (GCRA gives back only
+/// that one; see the GCRA refund tests below), leaves the key exactly as a twin that never saw
+/// the request: as many admissions follow.
 #[test]
 fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
     fn run<A: Algorithm>() {
@@ -105,9 +106,9 @@ fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
         let (clock, twin_clock) = (ManualClock::new(), ManualClock::new());
         let limiter = keyed::<A, _>(quota, clock.clone());
         let twin = keyed::<A, _>(quota, twin_clock.clone());
+        assert!(decide(&limiter, 1, 1).allowed);
         let vetoed = decide(&limiter, 1, 1);
         assert!(vetoed.allowed);
-        assert!(decide(&limiter, 1, 1).allowed);
         assert!(decide(&twin, 1, 1).allowed);
         for c in [&clock, &twin_clock] {
             c.advance(Duration::from_secs(20));
@@ -119,6 +120,92 @@ fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
         assert_eq!(after(&limiter), after(&twin), "{}", name::<A>());
     }
     for_every_algorithm!(run);
+}
+
+// ---- a GCRA refund gave back a slot that a later admission held ----
+
+/// One permit a second, burst 1, waits up to 10 s, on a manual clock.
+fn one_a_second(clock: &ManualClock) -> KeyedRateLimiter<u64, Gcra, ManualClock> {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(10))
+        .unwrap();
+    keyed::<Gcra, _>(quota, clock.clone())
+}
+
+/// All at 0: a permit used; A reserves (due 1 s), B reserves (due 2 s); A leaves. A refund
+/// that moved the TAT back from 3 s to 2 s gave the next caller B's slot at 2 s: two permits
+/// due at one instant with a burst of one, while A's slot at 1 s went unused. A's permits stay
+/// spent (B holds the slots after it); the latest reservation's refund is exact.
+#[test]
+fn a_gcra_refund_never_hands_out_a_slot_a_later_reservation_holds() {
+    let clock = ManualClock::new();
+    let limiter = one_a_second(&clock);
+    assert!(decide(&limiter, 1, 1).allowed);
+    let a = decide(&limiter, 1, 1);
+    let b = decide(&limiter, 1, 1);
+    assert_eq!(
+        (a.wait, b.wait),
+        (Duration::from_secs(1), Duration::from_secs(2))
+    );
+    limiter.refund(&1, 1, &a);
+    let c = decide(&limiter, 1, 1);
+    assert!(c.allowed);
+    assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s");
+    // C is the latest: its refund is exact, and the next caller takes its slot.
+    limiter.refund(&1, 1, &c);
+    assert_eq!(decide(&limiter, 1, 1).wait, Duration::from_secs(3));
+}
+
+/// The same with a vetoed immediate admission given back after a later reservation: a permit
+/// used at 0 and a reservation at 0.5 s (due 1 s); the first is given back. Moving the TAT back
+/// by the half second still ahead gave the next caller a slot at 1.5 s, half a second after the
+/// reservation's with a burst of one.
+#[test]
+fn a_vetoed_gcra_admission_behind_a_later_reservation_stays_spent() {
+    let clock = ManualClock::new();
+    let limiter = one_a_second(&clock);
+    let first = decide(&limiter, 1, 1);
+    clock.set(Duration::from_millis(500));
+    let later = decide(&limiter, 1, 1);
+    assert_eq!(later.wait, Duration::from_millis(500));
+    limiter.refund(&1, 1, &first);
+    let next = decide(&limiter, 1, 1);
+    assert_eq!(
+        next.wait,
+        Duration::from_millis(1500),
+        "due at 2 s, a second after the reservation due at 1 s"
+    );
+}
+
+/// Burst 1: A admitted at 0 (TAT 1 s), B admitted at 1 s (TAT 2 s), then A's veto is given back
+/// at 1 s. A's slot has passed and B holds the next one: nothing goes back, and a third caller
+/// at 1 s is refused (it would be admitted beside B if the TAT went back to 1 s). In sequence
+/// the old refund kept back the time elapsed and gave nothing either; racing B (the loom model
+/// `gcra_refund_of_an_admission_racing_a_newer_clock_read`) it read the key's clock before B
+/// moved it and gave back B's slot.
+#[test]
+fn a_late_gcra_refund_never_frees_a_later_admissions_slot() {
+    let clock = ManualClock::new();
+    let limiter = one_a_second(&clock);
+    let a = decide(&limiter, 1, 1);
+    assert!(a.allowed && a.wait.is_zero());
+    clock.set(Duration::from_secs(1));
+    let b = decide(&limiter, 1, 1);
+    assert!(b.allowed && b.wait.is_zero());
+    limiter.refund(&1, 1, &a);
+    let c = decide(&limiter, 1, 1);
+    assert_eq!(c.wait, Duration::from_secs(1), "{c:?}");
+    // And without waiting: refused, retry in a second.
+    let clock = ManualClock::new();
+    let limiter = keyed::<Gcra, _>(Quota::per_second(1).unwrap(), clock.clone());
+    let a = decide(&limiter, 1, 1);
+    clock.set(Duration::from_secs(1));
+    assert!(decide(&limiter, 1, 1).allowed);
+    limiter.refund(&1, 1, &a);
+    let c = decide(&limiter, 1, 1);
+    assert!(!c.allowed, "{c:?}");
+    assert_eq!(c.retry_after, Duration::from_secs(1));
 }
 
 // ---- items 6 and 9: clock readings older than the state ----

@@ -137,6 +137,68 @@ proptest! {
         }
     }
 
+    /// GCRA's promise, whatever is given back and whenever: over any span `[a, b]` of due
+    /// times, the permits admitted and not given back are at most `burst + (b - a) / T`. A
+    /// refund gives back only the key's latest admission, exactly; any other stays spent (a
+    /// refund that moved the TAT back by the cost handed the next caller a slot that a later
+    /// reservation held). Stale readings are decided as of the latest reading, which admissions
+    /// and refunds publish.
+    #[test]
+    fn gcra_never_over_admits_whatever_is_given_back(
+        permits in 1u32..6, period in 1_000u64..20_000, burst in 1u32..5,
+        wait_periods in prop_oneof![Just(0u64), 0..4u64], ops in ops(20_000, 3),
+    ) {
+        let q = quota(permits, period, burst, wait_periods * period);
+        let t = q.emission_interval().as_nanos() as u64;
+        let horizon = u64::from(burst) * t;
+        let l = limiter::<Gcra>(q);
+        // (due, cost, decision) of every admission not given back (a refused give-back too:
+        // its caller does not use the permits either), and the latest reading.
+        let mut held: Vec<(u64, u64, Decision)> = Vec::new();
+        let (mut fresh, mut latest) = (1_000_000u64, 0u64);
+        for op in ops {
+            match op {
+                Op::Advance(d) => fresh += d,
+                Op::Decide { stale, cost } | Op::Veto { stale, cost } => {
+                    let cost = cost.min(burst);
+                    let reading = fresh.saturating_sub(stale);
+                    set(reading);
+                    let d = decide(&l, cost);
+                    if !d.allowed {
+                        continue;
+                    }
+                    latest = latest.max(reading);
+                    if matches!(op, Op::Veto { .. }) {
+                        l.refund(&0, cost, &d);
+                    } else {
+                        held.push((latest + d.wait.as_nanos() as u64, u64::from(cost), d));
+                    }
+                }
+                Op::GiveBack { n, stale } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let (_, cost, d) = held.remove(n % held.len());
+                    let reading = fresh.saturating_sub(stale);
+                    set(reading);
+                    l.refund(&0, cost as u32, &d);
+                    latest = latest.max(reading);
+                }
+            }
+            for &(a, _, _) in &held {
+                for &(b, _, _) in held.iter().filter(|h| h.0 >= a) {
+                    let permits: u64 =
+                        held.iter().filter(|h| h.0 >= a && h.0 <= b).map(|h| h.1).sum();
+                    prop_assert!(
+                        permits * t <= horizon + (b - a),
+                        "{} permits due in [{}, {}], burst {}, T {}: {:?}",
+                        permits, a, b, burst, t, held
+                    );
+                }
+            }
+        }
+    }
+
     /// Items 8 and 9: the sliding log against a plain list of admissions, with stale readings
     /// (decided as of the latest reading), reservations, and refunds of any admission at any
     /// later time. Every decision is the model's: admitted at the earliest instant from which

@@ -207,6 +207,101 @@ async fn a_vetoed_request_leaves_the_sliding_counter_state_as_it_was() {
     vetoes_leave_no_trace::<SlidingCounter>(&server, "sc").await;
 }
 
+/// GCRA in Redis gives back only the key's latest admission. One permit a second, burst 1, all
+/// at 0: a permit used; A reserves (due 1 s), B reserves (due 2 s); A leaves. The script moved
+/// the TAT back from 3 s to 2 s and gave the next caller B's slot at 2 s: two permits due at one
+/// instant with a burst of one. A's permits stay spent; the latest one's refund is exact.
+#[tokio::test]
+async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds() {
+    let Some(server) = RedisServer::start("gcra_refund_of_the_latest_only") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(&server).await;
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(10))
+        .unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:reserved:");
+    let key = gcra.redis_key("k");
+    assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
+    let a = gcra.reserve(&"k", 1).await.unwrap();
+    let b = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(
+        (a.wait, b.wait),
+        (Duration::from_secs(1), Duration::from_secs(2))
+    );
+    let state = snapshot(&mut conn, &key).await;
+    gcra.give_back(&"k", 1, &a).await.unwrap();
+    assert_eq!(
+        snapshot(&mut conn, &key).await,
+        state,
+        "A's permits stay spent"
+    );
+    let c = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
+    // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
+    gcra.give_back(&"k", 1, &c).await.unwrap();
+    assert_eq!(snapshot(&mut conn, &key).await, state);
+    assert_eq!(
+        gcra.reserve(&"k", 1).await.unwrap().wait,
+        Duration::from_secs(3)
+    );
+}
+
+/// A vetoed immediate admission behind a later reservation, in Redis: a permit used at 0, a
+/// reservation at 0.5 s (due 1 s), the first given back. Keeping back only the time elapsed
+/// gave the next caller a slot at 1.5 s, half a second after the reservation's.
+#[tokio::test]
+async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent() {
+    let Some(server) = RedisServer::start("gcra_veto_behind_a_reservation") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(10))
+        .unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:vetoed:");
+    let first = gcra.reserve(&"k", 1).await.unwrap();
+    clock.set(Duration::from_millis(500));
+    let later = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(later.wait, Duration::from_millis(500));
+    gcra.give_back(&"k", 1, &first).await.unwrap();
+    let next = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(
+        next.wait,
+        Duration::from_millis(1500),
+        "due at 2 s: {next:?}"
+    );
+}
+
+/// A admitted at 0, B at 1 s, then A's veto given back at 1 s, in Redis: A's slot has passed
+/// and B holds the next one, so a third caller at 1 s is refused.
+#[tokio::test]
+async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
+    let Some(server) = RedisServer::start("gcra_late_refund") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(
+        &store,
+        Quota::per_second(1).unwrap(),
+        &clock,
+        "latest:late:",
+    );
+    let a = gcra.reserve(&"k", 1).await.unwrap();
+    clock.set(Duration::from_secs(1));
+    assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
+    gcra.give_back(&"k", 1, &a).await.unwrap();
+    let c = gcra.reserve(&"k", 1).await.unwrap();
+    assert!(!c.allowed, "{c:?}");
+    assert_eq!(c.retry_after, Duration::from_secs(1));
+}
+
 /// Issue 11, item 5 with the window in Redis: 5 a minute (Redis) and 1 a second (in memory),
 /// 4 requests a second for 5 s. A request refused by one policy gives back what the other took.
 async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {

@@ -147,7 +147,8 @@ impl Algorithm for FixedWindow {
     /// other charge lies before later ones; freeing the last slots instead would let a new caller
     /// fall due in a cycle that is already full, so it is kept (the permits are lost, never
     /// over-granted).
-    fn refund(&self, state: &FixedWindowState, now: u64, cost: u32, reserved_at: u64) {
+    fn refund(&self, state: &FixedWindowState, now: u64, cost: u32, decision: &Decision) {
+        let reserved_at = decision.reserved_at;
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut w, now);
         let charged = self.cycle_of(reserved_at);

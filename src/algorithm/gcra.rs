@@ -84,13 +84,16 @@ impl Gcra {
         if allow_at <= now {
             let remaining = self.permits_in(now + self.horizon - new_tat);
             let reset = Duration::from_nanos(new_tat - now);
-            let d = Decision::allowed(limit, remaining, reset).charged_at(now);
+            let d = Decision::allowed(limit, remaining, reset)
+                .charged_at(now)
+                .leaving(new_tat);
             return (d, Some(new_tat));
         }
         let wait = allow_at - now;
         if wait <= max_wait {
             let reset = Duration::from_nanos(new_tat - now);
-            let d = Decision::reserved(limit, 0, reset, Duration::from_nanos(wait), allow_at);
+            let d = Decision::reserved(limit, 0, reset, Duration::from_nanos(wait), allow_at)
+                .leaving(new_tat);
             return (d, Some(new_tat));
         }
         let remaining = self.permits_in((now + self.horizon).saturating_sub(base));
@@ -156,33 +159,41 @@ impl Algorithm for Gcra {
         }
     }
 
-    /// Moves the TAT back by `cost · T`, less the time the key's clock has moved on since the
-    /// permits were charged (`reserved_at`), and never below the latest reading.
+    /// Gives back exactly what `decision` took, `cost · T`, if it is still the key's latest
+    /// admission: the key's TAT is still the one that decision left. Nothing otherwise.
     ///
-    /// Exact (the state becomes the one that decides as if the request had never been made)
-    /// when no admission of the key read a later clock between the charge and the refund: a
-    /// vetoed request given back at once, or a reservation given back before it falls due. The
-    /// TAT alone cannot tell how admissions made later would have started without this one, so
-    /// otherwise the refund keeps back the time that has elapsed: it never gives back more than
-    /// the request took.
-    fn refund(&self, state: &GcraState, now: u64, cost: u32, reserved_at: u64) {
+    /// The TAT goes back to `TAT − cost · T` (the TAT before the admission, or the instant the
+    /// admission was decided as of, which decides the same), never below the key's latest
+    /// reading: time that has passed is spent. While the decision is the latest this is exact:
+    /// the key decides as if the request had never been made (a veto given back at once, a
+    /// waiter that leaves before its slot with no later waiter behind it). Once a later
+    /// admission has moved the TAT on, the TAT no longer says where the refunded slot lies,
+    /// and moving it back would hand the next caller a slot a later admission already holds
+    /// (two permits due at once with a burst of one): the permits stay spent instead, so a
+    /// refund never over-grants. A refund that applies puts back the TAT its admission found,
+    /// so the admission before it is the latest again and may be given back in turn while its
+    /// slot is still ahead.
+    fn refund(&self, state: &GcraState, now: u64, cost: u32, decision: &Decision) {
         let now = now.min(MAX_NOW);
         let seen = state.latest.load(Ordering::Acquire);
-        let elapsed = seen.saturating_sub(reserved_at);
-        let give_back = self
-            .interval
-            .saturating_mul(u64::from(cost))
-            .saturating_sub(elapsed);
         if now > seen {
             state.latest.fetch_max(now, Ordering::AcqRel);
         }
-        let at = now.max(seen);
+        // Only time still ahead of the key's latest reading can be given back.
+        let at = now.max(state.latest.load(Ordering::Acquire));
+        let left = decision.state_after;
+        if left <= at {
+            // The decision's slot has passed (or the decision is not GCRA's: zero).
+            return;
+        }
+        let before = left
+            .saturating_sub(self.interval.saturating_mul(u64::from(cost)))
+            .max(at);
+        // One compare-and-swap on the very TAT the decision left: if it fails, a later
+        // admission (or another refund) has changed the key since, and the permits stay spent.
         let _ = state
             .tat
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                // Only time still ahead of the key's latest reading can be given back.
-                (tat > at).then(|| tat.saturating_sub(give_back).max(at))
-            });
+            .compare_exchange(left, before, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {
@@ -274,7 +285,7 @@ mod tests {
         let d = g.decide(&s, 0, 1, 2_000_000_000);
         assert!(d.allowed);
         assert_eq!(d.wait, Duration::from_secs(1));
-        g.refund(&s, 10, 1, d.reserved_at);
+        g.refund(&s, 10, 1, &d);
         // After the refund, the next caller gets the same slot, not a later one.
         let again = g.decide(&s, 10, 1, 2_000_000_000);
         assert_eq!(again.wait, Duration::from_nanos(1_000_000_000 - 10));

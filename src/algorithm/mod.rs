@@ -52,12 +52,14 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// `now` older than the latest reading the state has seen is decided as of that reading.
     fn decide(&self, state: &Self::State, now: u64, cost: u32, max_wait: u64) -> Decision;
 
-    /// Gives back an admission made by [`decide`](Self::decide): a waiter that went away, or a
-    /// request that another policy vetoed. `reserved_at` is the instant its permits were
-    /// charged (the decision's own instant for an immediate admission, the instant it falls due
-    /// for a reservation); the state becomes, as far as the algorithm can tell, the one it would
-    /// be had the request never been made. See each algorithm for what it can give back.
-    fn refund(&self, state: &Self::State, now: u64, cost: u32, reserved_at: u64);
+    /// Gives back `decision`, an admission of `cost` permits made by [`decide`](Self::decide)
+    /// on this `state`: a waiter that went away, or a request that another policy vetoed. The
+    /// decision remembers (crate-privately) the instant its permits were charged (its own
+    /// instant for an immediate admission, the instant it falls due for a reservation) and, for
+    /// GCRA, the state it left; the state becomes, as far as the algorithm can tell, the one it
+    /// would be had the request never been made, and no more than the request took is ever
+    /// given back. See each algorithm for what it can give back.
+    fn refund(&self, state: &Self::State, now: u64, cost: u32, decision: &Decision);
 
     /// The instant from which `state` carries no information: a key idle since then behaves as a
     /// new key, so the store may drop it without changing any decision.

@@ -198,7 +198,8 @@ impl Algorithm for SlidingCounter {
     /// Subtracts `cost` from the count of the window that holds `reserved_at` (the previous,
     /// the current or the next): exact, whether the instant is past or future, since each count
     /// is a plain sum. A window older than the previous one weighs on no decision any more.
-    fn refund(&self, state: &SlidingCounterState, now: u64, cost: u32, reserved_at: u64) {
+    fn refund(&self, state: &SlidingCounterState, now: u64, cost: u32, decision: &Decision) {
+        let reserved_at = decision.reserved_at;
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut c, now);
         let idx = reserved_at.saturating_sub(self.epoch) / self.window;

@@ -210,7 +210,8 @@ impl Algorithm for SlidingLog {
     /// instant is past (an admission vetoed by another policy) or future (a waiter that went
     /// away). An entry already pruned weighs on no decision any more, so there is nothing left
     /// to give back.
-    fn refund(&self, state: &SlidingLogState, now: u64, cost: u32, reserved_at: u64) {
+    fn refund(&self, state: &SlidingLogState, now: u64, cost: u32, decision: &Decision) {
+        let reserved_at = decision.reserved_at;
         let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut log, now);
         let idx = log.entries.partition_point(|&(t, _)| t < reserved_at);
@@ -273,7 +274,7 @@ mod tests {
         assert!(log.decide(&st, 0, 1, 0).allowed);
         let r = log.decide(&st, 0, 1, u64::MAX);
         assert_eq!(r.wait, Duration::from_secs(1));
-        log.refund(&st, 1, 1, r.reserved_at);
+        log.refund(&st, 1, 1, &r);
         let again = log.decide(&st, 1, 1, u64::MAX);
         assert_eq!(again.wait, Duration::from_nanos(999_999_999));
     }

@@ -89,9 +89,10 @@
 //!
 //! [`RateLimitLayer::with_policies`] puts several policies on one route (ten per second and a
 //! thousand per day, say). A request is admitted only if every policy admits it; one that any
-//! policy refuses gives back what the others granted, so it spends nothing. The 429 names every
-//! violated policy and carries the longest `Retry-After`. Policies of different limiter types go
-//! through [`BoxLimiter`].
+//! policy refuses gives back what the others granted, so it spends nothing (from a GCRA policy,
+//! only while no later request of the key was admitted in between; otherwise its permits stay
+//! spent, see the [guide](crate::guide)). The 429 names every violated policy and carries the
+//! longest `Retry-After`. Policies of different limiter types go through [`BoxLimiter`].
 //!
 //! # Waiting
 //!

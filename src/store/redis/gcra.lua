@@ -2,7 +2,8 @@
 -- clock reading that admitted or gave back (a key written by an older version holds "<tat>"
 -- alone). A reading older than `latest` (a stale client clock, a server clock stepped back) is
 -- decided as of `latest`, as the in-memory GCRA does.
--- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst
+-- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
+-- ARGV[11] the TAT the refunded admission left (its decision's eighth item).
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
@@ -32,12 +33,18 @@ local function save(t, l)
 end
 
 if op == 'r' then
-  -- Give back `cost` intervals less the time the key's clock moved on since the charge
-  -- (ARGV[5]), never below the latest reading: exact when nothing was admitted in between,
-  -- never more than the request took otherwise.
-  local give_back = math.max(interval * cost - math.max(latest - arg5, 0), 0)
+  -- Give back `cost` intervals only while the refunded admission is still the key's latest:
+  -- the key's TAT is still the one that admission left (ARGV[11]). Never below the latest
+  -- reading. Otherwise a later admission holds the slots after it and the permits stay spent.
+  local left = count_arg(ARGV[11])
+  if not left then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
   if tat > now then
-    save(math.max(tat - give_back, now), now)
+    if tat == left then
+      tat = math.max(tat - interval * cost, now)
+    end
+    save(tat, now)
   end
   return refunded()
 end
@@ -48,12 +55,12 @@ local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
   save(new_tat, now)
-  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now)
+  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
 end
 local wait = allow_at - now
 if wait <= max_wait then
   save(new_tat, now)
-  return decision(1, 0, 0, new_tat - now, wait, allow_at)
+  return decision(1, 0, 0, new_tat - now, wait, allow_at, new_tat)
 end
 local remaining = idiv(math.max(now + horizon - base, 0), interval)
-return decision(0, remaining, wait, base - now, 0, 0)
+return decision(0, remaining, wait, base - now, 0, 0, 0)

@@ -49,9 +49,10 @@
 //!   sliding log would otherwise count without the permits a later script pruned.
 //! * **Same [`Decision`]** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
 //!   reservations within the quota's `max_wait`. Every admission remembers the instant its
-//!   permits were charged at, so a [`refund`](Limiter::refund) (a dropped waiter, or a request
-//!   that another policy refused) takes off exactly what that admission took, whether it was
-//!   immediate or reserved, and whenever the refund arrives.
+//!   permits were charged at (and, for GCRA, the TAT it left), so a
+//!   [`refund`](Limiter::refund) (a dropped waiter, or a request that another policy refused)
+//!   takes off what that admission took, whether it was immediate or reserved, as the
+//!   in-memory algorithm does (see the last limit below).
 //! * **A decision that comes too late changes nothing.** Each script carries a deadline in the
 //!   server's time: the instant at which its caller will have been answered without it (the
 //!   limiter's timeout, or the connection's response timeout if shorter), converted with the
@@ -94,8 +95,10 @@
 //!   per limiter, not per node), or a script may run up to their difference after its deadline.
 //! * Refunds are exact where the state can say what the admission took, and otherwise never
 //!   give back more than it took (the same rules as in memory, see the guide): GCRA gives back
-//!   `cost` intervals less the time the key's clock moved on since the charge; the fixed window
-//!   gives back only a charge that holds the last slots of its queue of cycles.
+//!   `cost` intervals (never below the latest reading) only while the key's TAT is still the
+//!   one the admission left, i.e. while it is the key's latest admission, and nothing once a
+//!   later admission has moved the TAT on; the fixed window gives back only a charge that holds
+//!   the last slots of its queue of cycles.
 
 use std::fmt;
 use std::future::{Future, Ready};
@@ -632,7 +635,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             return Ok(());
         }
         self.inner
-            .refund_remote(&redis_key, cost, decision.reserved_at)
+            .refund_remote(&redis_key, cost, decision)
             .await
             .map_err(BoxError::from)
     }
@@ -695,8 +698,16 @@ impl<C: Clock> Inner<C> {
     }
 
     /// One script call, bounded by the timeout. A decision (`op` "d") carries a deadline in the
-    /// server's time; the refund (`op` "r") carries none (see [`Inner::refund_remote`]).
-    async fn call(&self, key: &str, op: &str, cost: u32, arg5: u64) -> Result<Reply, RedisFailure> {
+    /// server's time; the refund (`op` "r") carries none (see [`Inner::refund_remote`]), and
+    /// `after`: the state its admission left, after the algorithm's own arguments.
+    async fn call(
+        &self,
+        key: &str,
+        op: &str,
+        cost: u32,
+        arg5: u64,
+        after: Option<u64>,
+    ) -> Result<Reply, RedisFailure> {
         if self.elapsed() < self.skip_until.load(Ordering::Relaxed) {
             return Err(RedisFailure::skipped());
         }
@@ -737,6 +748,9 @@ impl<C: Clock> Inner<C> {
                 for arg in &params.args {
                     invocation.arg(arg.as_str());
                 }
+                if let Some(after) = after {
+                    invocation.arg(after);
+                }
                 let sent = self.clock.now();
                 let value = self
                     .store
@@ -765,7 +779,7 @@ impl<C: Clock> Inner<C> {
     }
 
     async fn decide(&self, key: String, cost: u32, max_wait: u64) -> Result<Decision, BoxError> {
-        match self.call(&key, "d", cost, max_wait).await {
+        match self.call(&key, "d", cost, max_wait, None).await {
             Ok(Reply::Decision(decision, _)) => {
                 self.recovered();
                 if !decision.allowed {
@@ -843,7 +857,9 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// Gives `cost` permits charged at `reserved_at` back to Redis.
+    /// Gives the `cost` permits of `decision` back to Redis: the script is told the instant they
+    /// were charged at and the state the admission left (GCRA gives back only while the key's
+    /// TAT is still that one).
     ///
     /// A refund carries no deadline: it only restores what one admission took (the scripts take
     /// off that admission's permits, from wherever they still count), so applying it late is as
@@ -854,9 +870,10 @@ impl<C: Clock> Inner<C> {
         &self,
         key: &str,
         cost: u32,
-        reserved_at: u64,
+        decision: &Decision,
     ) -> Result<(), RedisFailure> {
-        match self.call(key, "r", cost, reserved_at).await {
+        let (charged, left) = (decision.reserved_at, decision.state_after);
+        match self.call(key, "r", cost, charged, Some(left)).await {
             Ok(_) => {
                 self.recovered();
                 Ok(())
@@ -928,13 +945,13 @@ where
             self.inner.refund_locally(redis_key, cost, decision);
             return;
         }
-        let reserved_at = decision.reserved_at;
+        let decision = *decision;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let inner = Arc::clone(&self.inner);
                 // Failures are counted and logged inside; nothing waits for the outcome.
                 runtime.spawn(async move {
-                    let _ = inner.refund_remote(&redis_key, cost, reserved_at).await;
+                    let _ = inner.refund_remote(&redis_key, cost, &decision).await;
                 });
             }
             Err(_) => tracing::warn!(
@@ -988,7 +1005,7 @@ impl<C: Clock> GiveBack for Inner<C> {
                 self.refund_locally(key, cost, &decision);
             } else {
                 // Failures are counted and logged inside.
-                let _ = self.refund_remote(&key, cost, decision.reserved_at).await;
+                let _ = self.refund_remote(&key, cost, &decision).await;
             }
             Ok(decision)
         })

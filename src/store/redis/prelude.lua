@@ -19,6 +19,7 @@
 --
 -- Replies, every one ending with the server's TIME in microseconds (the client's clock offset):
 --   decision: { allowed (0 or 1), remaining, retry_after, reset_after, wait, reserved_at, time }
+--             GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
 --   late:     { 2, time }
 --   refund:   { 3, time }
 
@@ -110,8 +111,12 @@ local function stored(value, default)
   return n
 end
 
--- The decision as the client parses it: seven integers.
-local function decision(allowed, remaining, retry_after, reset_after, wait, reserved_at)
+-- The decision as the client parses it: seven integers, or eight for GCRA, whose decisions
+-- also carry the TAT an admission left (zero for a refusal) before the time.
+local function decision(allowed, remaining, retry_after, reset_after, wait, reserved_at, state_after)
+  if state_after then
+    return { allowed, remaining, retry_after, reset_after, wait, reserved_at, state_after, server_time }
+  end
   return { allowed, remaining, retry_after, reset_after, wait, reserved_at, server_time }
 end
 

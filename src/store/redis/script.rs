@@ -228,7 +228,8 @@ const MAX_EXACT: u64 = 1 << 53;
 ///
 /// A decision is an array of seven non-negative integers: allowed (0 or 1), remaining,
 /// retry_after, reset_after, wait, reserved_at (the instant the permits were charged at) and
-/// the server's time, the durations in ticks. "Late" is `[2, time]`, a refund `[3, time]`.
+/// the server's time, the durations in ticks. GCRA's has eight: the TAT an admission left
+/// (zero for a refusal) comes before the time. "Late" is `[2, time]`, a refund `[3, time]`.
 pub(crate) fn parse_reply(value: &Value, params: &Params) -> Result<Reply, RedisFailure> {
     let Value::Array(items) = value else {
         return Err(RedisFailure::bad_reply(format!(
@@ -248,13 +249,18 @@ pub(crate) fn parse_reply(value: &Value, params: &Params) -> Result<Reply, Redis
         Some(status) => int_field(status, "status")?,
         None => return Err(RedisFailure::bad_reply("an empty array".into())),
     };
+    // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
+    let (fields, count) = match params.kind {
+        Kind::Gcra => (8, "eight"),
+        _ => (7, "seven"),
+    };
     match (status, items.as_slice()) {
         (2, [_, t]) => return Ok(Reply::Late(time(t)?)),
         (3, [_, t]) => return Ok(Reply::Refunded(time(t)?)),
-        (0 | 1, [_, _, _, _, _, _, _]) => {}
+        (0 | 1, items) if items.len() == fields => {}
         (0 | 1, _) => {
             return Err(RedisFailure::bad_reply(format!(
-                "expected seven integers, got {}",
+                "expected {count} integers, got {}",
                 items.len()
             )))
         }
@@ -270,9 +276,28 @@ pub(crate) fn parse_reply(value: &Value, params: &Params) -> Result<Reply, Redis
             )))
         }
     }
-    let [_, remaining, retry_after, reset_after, wait, reserved_at, t] = items.as_slice() else {
-        unreachable!("seven items checked above");
-    };
+    let (remaining, retry_after, reset_after, wait, reserved_at, state_after, t) =
+        match items.as_slice() {
+            [_, remaining, retry_after, reset_after, wait, reserved_at, t] => (
+                remaining,
+                retry_after,
+                reset_after,
+                wait,
+                reserved_at,
+                None,
+                t,
+            ),
+            [_, remaining, retry_after, reset_after, wait, reserved_at, state_after, t] => (
+                remaining,
+                retry_after,
+                reset_after,
+                wait,
+                reserved_at,
+                Some(state_after),
+                t,
+            ),
+            _ => unreachable!("seven or eight items checked above"),
+        };
     let allowed = status == 1;
     let remaining = int_field(remaining, "remaining")?;
     if remaining > params.limit {
@@ -297,16 +322,28 @@ pub(crate) fn parse_reply(value: &Value, params: &Params) -> Result<Reply, Redis
             "`reserved_at` is out of range ({reserved_at})"
         )));
     }
+    let state_after = match state_after {
+        Some(value) => {
+            let state_after = int_field(value, "state_after")?;
+            if state_after >= MAX_EXACT {
+                return Err(RedisFailure::bad_reply(format!(
+                    "`state_after` is out of range ({state_after})"
+                )));
+            }
+            state_after
+        }
+        None => 0,
+    };
     let time = time(t)?;
     let limit = params.limit;
     let decision = if !allowed {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {
-        let mut decision = Decision::allowed(limit, remaining, reset_after);
-        decision.reserved_at = reserved_at;
-        decision
+        Decision::allowed(limit, remaining, reset_after)
+            .charged_at(reserved_at)
+            .leaving(state_after)
     } else {
-        Decision::reserved(limit, remaining, reset_after, wait, reserved_at)
+        Decision::reserved(limit, remaining, reset_after, wait, reserved_at).leaving(state_after)
     };
     Ok(Reply::Decision(decision, time))
 }
@@ -335,25 +372,37 @@ mod tests {
 
     #[test]
     fn a_well_formed_reply_becomes_a_decision() {
-        let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 123])).unwrap();
-        let mut expected = Decision::allowed(10, 9, Duration::from_millis(100));
-        expected.reserved_at = 55;
+        let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 100_055, 123])).unwrap();
+        let expected = Decision::allowed(10, 9, Duration::from_millis(100))
+            .charged_at(55)
+            .leaving(100_055);
         assert_eq!(
             d, expected,
-            "an immediate admission keeps the instant it was charged at"
+            "an immediate admission keeps the instant it was charged at and the TAT it left"
         );
-        let d = decision(&ints(&[0, 0, 50_000, 1_000_000, 0, 0, 123])).unwrap();
+        let d = decision(&ints(&[0, 0, 50_000, 1_000_000, 0, 0, 0, 123])).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_millis(50));
-        let d = decision(&ints(&[1, 0, 0, 1_000_000, 20, 77, 123])).unwrap();
+        let d = decision(&ints(&[1, 0, 0, 1_000_000, 20, 77, 1_000_077, 123])).unwrap();
         assert_eq!(d.wait, Duration::from_micros(20));
         assert_eq!(d.reserved_at, 77);
+        assert_eq!(d.state_after, 1_000_077);
         let p = params();
         assert_eq!(parse_reply(&ints(&[2, 99]), &p).unwrap(), Reply::Late(99));
         assert_eq!(
             parse_reply(&ints(&[3, 98]), &p).unwrap(),
             Reply::Refunded(98)
         );
+        // The other algorithms answer with seven integers and leave no TAT.
+        let fw = Params::new(Kind::FixedWindow, &Quota::per_second(10).unwrap(), 1000).unwrap();
+        match parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 123]), &fw).unwrap() {
+            Reply::Decision(d, 123) => {
+                assert_eq!(d.reserved_at, 55);
+                assert_eq!(d.state_after, 0);
+            }
+            other => panic!("not a decision: {other:?}"),
+        }
+        assert!(parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 0, 123]), &fw).is_err());
     }
 
     #[test]
@@ -367,20 +416,24 @@ mod tests {
             Value::Array(Vec::new()),
             ints(&[1, 2, 3]),
             ints(&[1, 2, 3, 4, 5, 6]),
-            ints(&[1, 2, 3, 4, 5, 6, 7, 8]),
-            ints(&[2, 0, 0, 0, 0, 0, 0]),
+            // GCRA's decisions have eight integers, the other scripts' seven.
+            ints(&[1, 2, 3, 4, 5, 6, 7]),
+            ints(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            ints(&[2, 0, 0, 0, 0, 0, 0, 0]),
             ints(&[2]),
             ints(&[3, 1, 2]),
             ints(&[4, 0]),
             ints(&[-1, 0]),
             ints(&[2, -5]),
             ints(&[2, 1 << 53]),
-            ints(&[1, -1, 0, 0, 0, 0, 0]),
-            ints(&[1, 11, 0, 0, 0, 0, 0]),
-            ints(&[0, 0, i64::MAX, 0, 0, 0, 0]),
-            ints(&[1, 0, 0, 0, 5, 1 << 53, 0]),
-            ints(&[1, 0, 0, 0, 0, 0, 1 << 53]),
-            ints(&[1, 0, 0, 0, 0, 0, -1]),
+            ints(&[1, -1, 0, 0, 0, 0, 0, 0]),
+            ints(&[1, 11, 0, 0, 0, 0, 0, 0]),
+            ints(&[0, 0, i64::MAX, 0, 0, 0, 0, 0]),
+            ints(&[1, 0, 0, 0, 5, 1 << 53, 0, 0]),
+            ints(&[1, 0, 0, 0, 5, 0, 1 << 53, 0]),
+            ints(&[1, 0, 0, 0, 5, 0, -1, 0]),
+            ints(&[1, 0, 0, 0, 0, 0, 0, 1 << 53]),
+            ints(&[1, 0, 0, 0, 0, 0, 0, -1]),
             Value::Array(vec![
                 Value::Int(1),
                 Value::BulkString(b"9".to_vec()),
@@ -389,8 +442,9 @@ mod tests {
                 Value::Int(0),
                 Value::Int(0),
                 Value::Int(0),
+                Value::Int(0),
             ]),
-            Value::Array(vec![Value::Double(0.5); 7]),
+            Value::Array(vec![Value::Double(0.5); 8]),
             Value::Array(vec![Value::BulkString(b"late".to_vec()), Value::Int(1)]),
         ];
         for value in cases {
