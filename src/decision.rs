@@ -52,6 +52,17 @@ pub(crate) enum Source {
     FailurePolicy,
 }
 
+/// For the loom models (`loom/`), which check the algorithms through the public API but need to
+/// know when a decision took effect: a stale reading is decided as of a later one.
+#[cfg(loom)]
+impl Decision {
+    /// The instant the permits were charged at, as the crate-private field says; zero for a
+    /// refusal.
+    pub fn charged_at(&self) -> u64 {
+        self.reserved_at
+    }
+}
+
 impl Decision {
     /// An immediate admission.
     #[inline]

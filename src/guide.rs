@@ -101,4 +101,3 @@
 //! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe_memory.rs`, `tests/rate_limit_hostile.rs` |
 //! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead_hostile.rs`, the loom models |
 //! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config_hostile.rs`, `tests/config.rs` |
-

@@ -48,8 +48,10 @@ where
     }
 
     /// Limits requests, keyed by `extractor`, with several policies: a request is admitted only
-    /// if every policy admits it, and one that any policy refuses spends nothing from the
-    /// others. Without policies the layer admits everything and adds no headers.
+    /// if every policy admits it, and one that any policy refuses gives back what the others
+    /// granted (exactly, but for the cases the [guide](crate::guide) lists, where permits stay
+    /// spent rather than be over-granted). Without policies the layer admits everything and adds
+    /// no headers.
     pub fn with_policies(extractor: X, policies: impl IntoIterator<Item = Policy<L>>) -> Self {
         let mut infos = Vec::new();
         let mut limiters = Vec::new();
