@@ -58,7 +58,7 @@ pub(crate) enum Source {
 impl Decision {
     /// The instant the permits were charged at, as the crate-private field says; zero for a
     /// refusal.
-    pub fn charged_at(&self) -> u64 {
+    pub fn charge_instant(&self) -> u64 {
         self.reserved_at
     }
 }

@@ -102,7 +102,7 @@ impl Seen {
             allowed: d.allowed,
             // A stale reading is decided as of the key's latest one, so an admission takes
             // effect at the instant it was charged at, not at its thread's own reading.
-            due: if d.allowed { d.charged_at() } else { now },
+            due: if d.allowed { d.charge_instant() } else { now },
             remaining: d.remaining,
             reset_after: d.reset_after.as_nanos() as u64,
             refunded: false,
