@@ -295,7 +295,10 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
         if completed {
             break;
         }
-        assert!(polls < 2_000, "{tag}: a decision completes within 2 000 polls");
+        assert!(
+            polls < 2_000,
+            "{tag}: a decision completes within 2 000 polls"
+        );
     }
 
     // The same with the script held up in a stopped server: it runs when the server resumes,
