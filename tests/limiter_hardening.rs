@@ -522,3 +522,60 @@ fn config_refuses_absurd_and_sub_nanosecond_durations() {
         Duration::from_nanos(500)
     );
 }
+
+// ---- a shared GCRA key: refusals by another policy, with admissions in between ----
+
+/// Admits on `limiter` until it refuses, at the clock's current instant.
+fn admitted_until_refused<L: Limiter<u64>>(limiter: &L) -> u64 {
+    let mut n = 0;
+    while decide(limiter, 0, 1).allowed {
+        n += 1;
+        assert!(n <= 1_000, "never refused");
+    }
+    n
+}
+
+/// A shared key (a tenant, a route) under GCRA, with requests that another policy refuses
+/// interleaved with requests that are admitted: each refused one gives back what it took even
+/// though others were admitted after it, so refusals drain nothing. At one instant the refund is
+/// exact; with time between the two it is never more generous than if the refused request had
+/// never come, and it still gives back all but the time elapsed.
+#[test]
+fn refusals_on_a_shared_gcra_key_drain_nothing_while_others_are_admitted() {
+    // Ten a second, a burst of ten: T = 100 ms.
+    let quota = Quota::per_second(10).unwrap();
+    for gap_ms in [0u64, 30] {
+        let clock = ManualClock::new();
+        let vetoed = keyed::<Gcra, _>(quota, clock.clone());
+        let twin = keyed::<Gcra, _>(quota, clock.clone());
+        let kept = keyed::<Gcra, _>(quota, clock.clone());
+        for _ in 0..4 {
+            let refused_elsewhere = decide(&vetoed, 0, 1);
+            assert!(refused_elsewhere.allowed);
+            assert!(decide(&kept, 0, 1).allowed);
+            clock.advance(Duration::from_millis(gap_ms));
+            // Another request of the tenant is admitted before the refund arrives.
+            assert!(decide(&vetoed, 0, 1).allowed);
+            assert!(decide(&twin, 0, 1).allowed);
+            assert!(decide(&kept, 0, 1).allowed);
+            vetoed.refund(&0, 1, &refused_elsewhere);
+        }
+        let (v, t, k) = (
+            admitted_until_refused(&vetoed),
+            admitted_until_refused(&twin),
+            admitted_until_refused(&kept),
+        );
+        if gap_ms == 0 {
+            assert_eq!(v, t, "at one instant the refunds are exact");
+        } else {
+            assert!(
+                v <= t,
+                "never more than if the refused requests had never come: {v} > {t}"
+            );
+            assert!(
+                v > k,
+                "the refunds gave back something: {v} against {k} without them"
+            );
+        }
+    }
+}

@@ -544,3 +544,57 @@ async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
         assert_eq!(refused, 0, "{permits}/h: refused {refused} of {requests}");
     }
 }
+
+/// Admits on `limiter` until it refuses, at the clock's current instant.
+async fn redis_admitted_until_refused<A: RedisAlgorithm>(
+    limiter: &RedisRateLimiter<A, ManualClock>,
+) -> u64 {
+    let mut n = 0;
+    while limiter.reserve(&"k", 1).await.unwrap().allowed {
+        n += 1;
+        assert!(n <= 1_000, "never refused");
+    }
+    n
+}
+
+/// A shared key under GCRA in Redis, with requests another policy refuses interleaved with
+/// requests that are admitted: each refused one gives back what it took though another was
+/// admitted after it (exactly at one instant; never more than if it had never come, and all but
+/// the time elapsed, with time between), as in memory.
+#[tokio::test]
+async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_admitted() {
+    let Some(server) = RedisServer::start("gcra_shared_key_refusals") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_second(10).unwrap();
+    for gap_ms in [0u64, 30] {
+        let clock = ManualClock::new();
+        let prefix = |p: &str| format!("shared:{gap_ms}:{p}:");
+        let vetoed = limiter::<Gcra>(&store, quota, &clock, &prefix("v"));
+        let twin = limiter::<Gcra>(&store, quota, &clock, &prefix("t"));
+        let kept = limiter::<Gcra>(&store, quota, &clock, &prefix("k"));
+        for _ in 0..4 {
+            let refused_elsewhere = vetoed.reserve(&"k", 1).await.unwrap();
+            assert!(refused_elsewhere.allowed);
+            assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
+            clock.advance(Duration::from_millis(gap_ms));
+            assert!(vetoed.reserve(&"k", 1).await.unwrap().allowed);
+            assert!(twin.reserve(&"k", 1).await.unwrap().allowed);
+            assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
+            vetoed.give_back(&"k", 1, &refused_elsewhere).await.unwrap();
+        }
+        let v = redis_admitted_until_refused(&vetoed).await;
+        let t = redis_admitted_until_refused(&twin).await;
+        let k = redis_admitted_until_refused(&kept).await;
+        if gap_ms == 0 {
+            assert_eq!(v, t, "at one instant the refunds are exact");
+        } else {
+            assert!(
+                v <= t,
+                "never more than without the refused requests: {v} > {t}"
+            );
+            assert!(v > k, "the refunds gave back something: {v} against {k}");
+        }
+    }
+}

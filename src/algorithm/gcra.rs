@@ -159,41 +159,56 @@ impl Algorithm for Gcra {
         }
     }
 
-    /// Gives back exactly what `decision` took, `cost · T`, if it is still the key's latest
-    /// admission: the key's TAT is still the one that decision left. Nothing otherwise.
+    /// Gives back what `decision` took, as far as the key's state can say where it lies; never
+    /// more.
     ///
-    /// The TAT goes back to `TAT − cost · T` (the TAT before the admission, or the instant the
-    /// admission was decided as of, which decides the same), never below the key's latest
-    /// reading: time that has passed is spent. While the decision is the latest this is exact:
-    /// the key decides as if the request had never been made (a veto given back at once, a
-    /// waiter that leaves before its slot with no later waiter behind it). Once a later
-    /// admission has moved the TAT on, the TAT no longer says where the refunded slot lies,
-    /// and moving it back would hand the next caller a slot a later admission already holds
-    /// (two permits due at once with a burst of one): the permits stay spent instead, so a
-    /// refund never over-grants. A refund that applies puts back the TAT its admission found,
-    /// so the admission before it is the latest again and may be given back in turn while its
-    /// slot is still ahead.
+    /// * The decision is still the key's latest admission (the key's TAT is the one it left):
+    ///   the TAT goes back by `cost · T`, never below the key's latest reading (time that has
+    ///   passed is spent). Exact: the key decides as if the request had never been made.
+    /// * A later admission moved the TAT on, but every admission since was immediate (no
+    ///   reservation waits for a slot ahead of the latest reading) and so was this one: the
+    ///   TAT goes back by `cost · T` less the time elapsed between this decision and the latest
+    ///   reading. What the request added to the TAT is at least that much (idle time since can
+    ///   only have absorbed part of it), so the key never decides more generously than if the
+    ///   request had never been made; at the same instant it is exact. This is what keeps a
+    ///   shared key (a tenant, a route) from being drained by requests another policy refuses
+    ///   while other requests are admitted in between.
+    /// * Otherwise (a reservation is outstanding after the decision): nothing. Moving the TAT
+    ///   back would hand the next caller a slot that a later reservation already holds (two
+    ///   permits due at once with a burst of one), so the permits stay spent.
     fn refund(&self, state: &GcraState, now: u64, cost: u32, decision: &Decision) {
         let now = now.min(MAX_NOW);
-        let seen = state.latest.load(Ordering::Acquire);
-        if now > seen {
+        if now > state.latest.load(Ordering::Acquire) {
             state.latest.fetch_max(now, Ordering::AcqRel);
         }
-        // Only time still ahead of the key's latest reading can be given back.
-        let at = now.max(state.latest.load(Ordering::Acquire));
         let left = decision.state_after;
-        if left <= at {
-            // The decision's slot has passed (or the decision is not GCRA's: zero).
+        if left == 0 {
+            // Not a GCRA admission.
             return;
         }
-        let before = left
-            .saturating_sub(self.interval.saturating_mul(u64::from(cost)))
-            .max(at);
-        // One compare-and-swap on the very TAT the decision left: if it fails, a later
-        // admission (or another refund) has changed the key since, and the permits stay spent.
+        let give = self.interval.saturating_mul(u64::from(cost));
+        // A reservation is charged at the first instant its TAT allows, which lies after the
+        // clock's origin; an immediate admission was decided at or after it (exactly at it
+        // counts as a reservation here, which gives less).
+        let immediate = left <= self.horizon || decision.reserved_at > left - self.horizon;
         let _ = state
             .tat
-            .compare_exchange(left, before, Ordering::AcqRel, Ordering::Acquire);
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                // Read after the TAT: whoever moved the TAT published its reading first.
+                let latest = state.latest.load(Ordering::Acquire);
+                if tat <= latest {
+                    // Nothing ahead of the latest reading: nothing to give back.
+                    return None;
+                }
+                let back = if tat == left {
+                    give
+                } else if immediate && tat.saturating_sub(self.horizon) <= latest {
+                    give.saturating_sub(latest.saturating_sub(decision.reserved_at))
+                } else {
+                    0
+                };
+                (back > 0).then(|| tat.saturating_sub(back).max(latest))
+            });
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {

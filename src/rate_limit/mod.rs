@@ -89,9 +89,10 @@
 //!
 //! [`RateLimitLayer::with_policies`] puts several policies on one route (ten per second and a
 //! thousand per day, say). A request is admitted only if every policy admits it; one that any
-//! policy refuses gives back what the others granted, so it spends nothing (from a GCRA policy,
-//! only while no later request of the key was admitted in between; otherwise its permits stay
-//! spent, see the [guide](crate::guide)). The 429 names every violated policy and carries the
+//! policy refuses gives back what the others granted, so it spends nothing (a GCRA policy keeps
+//! spent only what the key's state cannot place: the time elapsed since, when other requests
+//! were admitted meanwhile, or a slot a later reservation holds; see the
+//! [guide](crate::guide)). The 429 names every violated policy and carries the
 //! longest `Retry-After`. Policies of different limiter types go through [`BoxLimiter`].
 //!
 //! # Waiting

@@ -33,16 +33,25 @@ local function save(t, l)
 end
 
 if op == 'r' then
-  -- Give back `cost` intervals only while the refunded admission is still the key's latest:
-  -- the key's TAT is still the one that admission left (ARGV[11]). Never below the latest
-  -- reading. Otherwise a later admission holds the slots after it and the permits stay spent.
+  -- As the in-memory GCRA gives back (see `Gcra::refund`): `cost` intervals while the refunded
+  -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11]); when later
+  -- admissions moved the TAT on but none of them, nor this one, is a reservation still ahead,
+  -- `cost` intervals less the time elapsed since this one was charged (ARGV[5]); otherwise
+  -- nothing. Never below the latest reading.
   local left = count_arg(ARGV[11])
   if not left then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
-  if tat > now then
+  if tat > now and left > 0 then
+    local give = interval * cost
+    local back = 0
     if tat == left then
-      tat = math.max(tat - interval * cost, now)
+      back = give
+    elseif (left <= horizon or arg5 > left - horizon) and tat - horizon <= now then
+      back = math.max(give - math.max(now - arg5, 0), 0)
+    end
+    if back > 0 then
+      tat = math.max(tat - back, now)
     end
     save(tat, now)
   end

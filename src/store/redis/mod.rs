@@ -95,10 +95,10 @@
 //!   per limiter, not per node), or a script may run up to their difference after its deadline.
 //! * Refunds are exact where the state can say what the admission took, and otherwise never
 //!   give back more than it took (the same rules as in memory, see the guide): GCRA gives back
-//!   `cost` intervals (never below the latest reading) only while the key's TAT is still the
-//!   one the admission left, i.e. while it is the key's latest admission, and nothing once a
-//!   later admission has moved the TAT on; the fixed window gives back only a charge that holds
-//!   the last slots of its queue of cycles.
+//!   `cost` intervals (never below the latest reading) while the key's TAT is still the one the
+//!   admission left, `cost` intervals less the time elapsed since when only immediate
+//!   admissions came after it, and nothing while a later reservation is ahead; the fixed window
+//!   gives back only a charge that holds the last slots of its queue of cycles.
 
 use std::fmt;
 use std::future::{Future, Ready};
