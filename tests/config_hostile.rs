@@ -178,3 +178,67 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         assert!(result.expect(text).is_err(), "{text:?}");
     }
 }
+
+mod durations {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use tower_bulwark::config::parse_duration;
+
+    const UNITS: [(&str, u64); 8] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("µs", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("d", 86_400_000_000_000),
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4_000))]
+
+        /// Any text, and text built from the pieces durations are made of, is a duration or an
+        /// error that quotes it: never a panic.
+        #[test]
+        fn any_text_is_a_duration_or_an_error_naming_it(
+            text in prop_oneof![
+                any::<String>(),
+                proptest::collection::vec(
+                    prop_oneof![
+                        Just("."), Just("0"), Just("9"), Just("1"), Just("ns"), Just("µs"),
+                        Just("s"), Just("d"), Just(" "), Just("-"), Just("e"),
+                        Just("99999999999999999999999"),
+                    ],
+                    0..12,
+                ).prop_map(|parts| parts.concat()),
+            ]
+        ) {
+            if let Err(message) = parse_duration(&text) {
+                prop_assert!(!message.is_empty());
+                if !text.trim().is_empty() {
+                    prop_assert!(message.contains(&format!("`{text}`")), "{message}");
+                }
+            }
+        }
+
+        /// A whole number with a unit is exactly that many nanoseconds, or "too long": never
+        /// wrapped, never rounded.
+        #[test]
+        fn whole_numbers_with_units_are_exact(n in any::<u64>(), unit in 0..UNITS.len()) {
+            let (name, scale) = UNITS[unit];
+            let text = format!("{n}{name}");
+            match n.checked_mul(scale) {
+                Some(nanos) => prop_assert_eq!(
+                    parse_duration(&text),
+                    Ok(Duration::from_nanos(nanos))
+                ),
+                None => {
+                    let message = parse_duration(&text).unwrap_err();
+                    prop_assert!(message.contains("too long"), "{message}");
+                }
+            }
+        }
+    }
+}
