@@ -87,10 +87,10 @@ impl Clock {
 struct Seen {
     now: u64,
     allowed: bool,
-    /// When the permit may be used: `now`, or later for a reservation.
+    /// When the permit takes effect: the instant it was charged at (the thread's reading or the
+    /// key's later one, or a reservation's due instant); for a refusal, the thread's reading.
     due: u64,
     remaining: u64,
-    reset_after: u64,
     /// Given back after it was made.
     refunded: bool,
 }
@@ -104,7 +104,6 @@ impl Seen {
             // effect at the instant it was charged at, not at its thread's own reading.
             due: if d.allowed { d.charge_instant() } else { now },
             remaining: d.remaining,
-            reset_after: d.reset_after.as_nanos() as u64,
             refunded: false,
         }
     }
