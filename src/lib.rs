@@ -52,5 +52,11 @@ pub use rate_limit::{Policy, RateLimitLayer};
 pub use store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
 pub use store::Overflow;
 
+/// The README's Rust snippets, compiled (and, unless marked `no_run`, run) as doctests, so that
+/// what the README shows is what the crate does.
+#[cfg(all(doctest, feature = "full"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
