@@ -19,6 +19,7 @@
 //! # Ok::<(), tower_bulwark::QuotaError>(())
 //! ```
 #![deny(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
