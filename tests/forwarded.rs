@@ -2,6 +2,9 @@
 //! or a 400, whatever the client wrote before it. Through the layer with `oneshot`, over a real
 //! listener with a real client, and as properties over arbitrary client-written bytes.
 
+mod listener;
+
+use listener::serve;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use axum::body::Body;
@@ -10,7 +13,6 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
-use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{Cidr, FailMode, ForwardedIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
@@ -152,21 +154,6 @@ async fn an_unreadable_hop_is_a_400_naming_the_header_or_passes_uncounted_when_o
         assert_eq!(status, StatusCode::OK);
     }
     assert_eq!(limiter.len(), 0, "requests without a key are not counted");
-}
-
-/// Serves `app` on a free port of 127.0.0.1 with connection info, as a real server does.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,48 +1,14 @@
 //! RateLimitLayer end to end: a real listener on 127.0.0.1 and a real HTTP client.
 
-use std::net::{IpAddr, SocketAddr};
+mod listener;
+
+use listener::{serve, sf_list};
+use std::net::IpAddr;
 
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
-
-/// Serves `app` on a free port of 127.0.0.1 with connection info, as a real server does.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
-
-/// A header parsed as an RFC 9651 List of strings with integer parameters.
-fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{value:?} is not a structured field list: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item.bare_item.as_string().expect("a string").as_str();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
-                    .collect();
-                (name.to_owned(), params)
-            }
-            other => panic!("unexpected inner list {other:?}"),
-        })
-        .collect()
-}
 
 fn param(item: &(String, Vec<(String, i64)>), key: &str) -> i64 {
     item.1

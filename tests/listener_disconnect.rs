@@ -4,32 +4,21 @@
 //!
 //! Nothing here sleeps to pass: the test waits, with a deadline, for a state it can observe.
 
+mod listener;
+
+use listener::serve;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
-}
 
 /// Waits until `done` holds, checking between short pauses; fails after ten seconds.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {

@@ -2,6 +2,9 @@
 //! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
 //! the observability counters of policies vetoed by another one.
 
+mod listener;
+
+use listener::{serve, sf_list};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -15,7 +18,6 @@ use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
 use tower_bulwark::observe::Observed;
@@ -38,27 +40,6 @@ fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
 
 fn get_req() -> Request<Body> {
     Request::get("/orders").body(Body::empty()).unwrap()
-}
-
-/// A header value parsed as an RFC 9651 List of strings with integer parameters.
-fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{value:?} is not a structured field list: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item.bare_item.as_string().expect("a string").as_str();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
-                    .collect();
-                (name.to_owned(), params)
-            }
-            other => panic!("unexpected inner list {other:?}"),
-        })
-        .collect()
 }
 
 fn header_list(headers: &http::HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
@@ -277,21 +258,6 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
     let d = Limiter::reserve_now(&waiting, &ip, 1).unwrap().unwrap();
     assert!(d.allowed);
     assert_eq!(d.wait, Duration::from_secs(1));
-}
-
-/// Serves `app` on a free port of 127.0.0.1 with connection info.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 /// Held: policy names made of every character that needs escaping in a Structured Field string

@@ -8,7 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{FakeRedis, RedisServer};
+use support::{key_state, FakeRedis, RedisServer};
 use tower_bulwark::store::redis::{
     FailurePolicy, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -54,38 +54,14 @@ impl Drop for Stopped {
     }
 }
 
-/// Everything the key holds, in a comparable form (expiries aside).
+/// Everything the key holds, in a comparable form (expiries aside), on one line.
 async fn state(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
-    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
-    let body: Vec<String> = match kind.as_str() {
-        "none" => Vec::new(),
-        "string" => vec![redis::cmd("GET").arg(key).query_async(conn).await.unwrap()],
-        "hash" => {
-            let mut pairs: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(key)
-                .query_async(conn)
-                .await
-                .unwrap();
-            pairs.sort();
-            pairs.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
-        }
-        "zset" => {
-            let members: Vec<(String, String)> = redis::cmd("ZRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query_async(conn)
-                .await
-                .unwrap();
-            members
-                .into_iter()
-                .map(|(m, s)| format!("{m}@{s}"))
-                .collect()
-        }
-        other => panic!("unexpected type {other}"),
-    };
-    format!("{kind} {}", body.join(" "))
+    let mut parts = key_state(conn, key).await;
+    if parts.len() == 1 {
+        // Nothing but the type: keep the separator the other forms have.
+        parts.push(String::new());
+    }
+    parts.join(" ")
 }
 
 fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimiter<A> {

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use support::RedisServer;
+use support::{key_state, RedisServer};
 use tower_bulwark::store::redis::{
     FailurePolicy, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -24,38 +24,6 @@ async fn plain(server: &RedisServer) -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap()
-}
-
-/// Everything the key holds, in a comparable form (expiries aside).
-async fn snapshot(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
-    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
-    let mut out = vec![kind.clone()];
-    match kind.as_str() {
-        "none" => {}
-        "string" => out.push(redis::cmd("GET").arg(key).query_async(conn).await.unwrap()),
-        "hash" => {
-            let mut pairs: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(key)
-                .query_async(conn)
-                .await
-                .unwrap();
-            pairs.sort();
-            out.extend(pairs.into_iter().map(|(k, v)| format!("{k}={v}")));
-        }
-        "zset" => {
-            let members: Vec<(String, String)> = redis::cmd("ZRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query_async(conn)
-                .await
-                .unwrap();
-            out.extend(members.into_iter().map(|(m, s)| format!("{m}@{s}")));
-        }
-        other => panic!("unexpected type {other}"),
-    }
-    out
 }
 
 fn limiter<A: RedisAlgorithm>(
@@ -140,11 +108,11 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             assert!(a.allowed, "{context}: the history is admitted");
         }
         clock.set(Duration::from_nanos(s.veto.0 * MS));
-        let before = snapshot(&mut conn, &vkey).await;
+        let before = key_state(&mut conn, &vkey).await;
         let d = vetoed.reserve(&"k", s.veto.1).await.unwrap();
         assert!(d.allowed, "{context}: the vetoed request was admitted");
         assert_ne!(
-            snapshot(&mut conn, &vkey).await,
+            key_state(&mut conn, &vkey).await,
             before,
             "{context}: it spent"
         );
@@ -152,7 +120,7 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
         vetoed.give_back(&"k", s.veto.1, &d).await.unwrap();
         if s.refund_at == s.veto.0 {
             assert_eq!(
-                snapshot(&mut conn, &vkey).await,
+                key_state(&mut conn, &vkey).await,
                 before,
                 "{context}: the state is exactly as before"
             );
@@ -168,8 +136,8 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             assert_eq!(a, b, "{context}: decision {step} after the refund");
         }
         assert_eq!(
-            snapshot(&mut conn, &vkey).await[1..],
-            snapshot(&mut conn, &tkey).await[1..],
+            key_state(&mut conn, &vkey).await[1..],
+            key_state(&mut conn, &tkey).await[1..],
             "{context}: the same state in the end"
         );
     }
@@ -232,10 +200,10 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
         (a.wait, b.wait),
         (Duration::from_secs(1), Duration::from_secs(2))
     );
-    let state = snapshot(&mut conn, &key).await;
+    let state = key_state(&mut conn, &key).await;
     gcra.give_back(&"k", 1, &a).await.unwrap();
     assert_eq!(
-        snapshot(&mut conn, &key).await,
+        key_state(&mut conn, &key).await,
         state,
         "A's permits stay spent"
     );
@@ -243,7 +211,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
     // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
     gcra.give_back(&"k", 1, &c).await.unwrap();
-    assert_eq!(snapshot(&mut conn, &key).await, state);
+    assert_eq!(key_state(&mut conn, &key).await, state);
     assert_eq!(
         gcra.reserve(&"k", 1).await.unwrap().wait,
         Duration::from_secs(3)
@@ -370,12 +338,12 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
     for (at, cost) in [(0, 1), (6, 1), (10, 2)] {
         fresh_clock.set(Duration::from_secs(at));
         let _ = fresh.reserve(&"k", cost).await.unwrap();
-        record(&snapshot(&mut conn, &key).await[1..]);
+        record(&key_state(&mut conn, &key).await[1..]);
     }
     // Read at 9 s but decided after the fresh decision at 10 s pruned the permit of 0 s.
     stale_clock.set(Duration::from_secs(9));
     let _ = stale.reserve(&"k", 1).await.unwrap();
-    record(&snapshot(&mut conn, &key).await[1..]);
+    record(&key_state(&mut conn, &key).await[1..]);
     // Every permit ever admitted, by instant (members are `<instant>:<sequence>`, in ns).
     let mut instants: Vec<u64> = admitted_at
         .iter()
@@ -501,8 +469,8 @@ async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisSe
             "{tag} step {step}: a read at {stale_ms} ms after {fresh_ms} ms"
         );
         assert_eq!(
-            snapshot(&mut conn, &fresh.redis_key("k")).await,
-            snapshot(&mut conn, &twin.redis_key("k")).await,
+            key_state(&mut conn, &fresh.redis_key("k")).await,
+            key_state(&mut conn, &twin.redis_key("k")).await,
             "{tag} step {step}: the same state"
         );
     }

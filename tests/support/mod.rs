@@ -342,3 +342,37 @@ fn serve_fake(stream: TcpStream, reply: &str) -> std::io::Result<()> {
         writer.write_all(answer.as_bytes())?;
     }
 }
+
+/// Everything a Redis key holds, in a comparable form (expiries aside): its type, then its
+/// value, its hash fields (sorted) or its sorted-set members with their scores.
+#[cfg(feature = "redis")]
+pub async fn key_state(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
+    let mut out = vec![kind.clone()];
+    match kind.as_str() {
+        "none" => {}
+        "string" => out.push(redis::cmd("GET").arg(key).query_async(conn).await.unwrap()),
+        "hash" => {
+            let mut pairs: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(key)
+                .query_async(conn)
+                .await
+                .unwrap();
+            pairs.sort();
+            out.extend(pairs.into_iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        "zset" => {
+            let members: Vec<(String, String)> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(conn)
+                .await
+                .unwrap();
+            out.extend(members.into_iter().map(|(m, s)| format!("{m}@{s}")));
+        }
+        other => panic!("unexpected type {other}"),
+    }
+    out
+}

@@ -1,0 +1,47 @@
+//! Test helpers for HTTP end to end: an axum app served on a real listener on 127.0.0.1, with
+//! connection info, and the rate-limit headers parsed as Structured Fields.
+
+#![allow(dead_code)] // Not every test file uses every helper.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+/// Serves `app` on a free port of 127.0.0.1 with connection info, as a real server does, and
+/// returns its address. The server runs until the test's runtime ends.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// A header value parsed as an RFC 9651 List of strings with integer parameters, as the
+/// `RateLimit` and `RateLimit-Policy` headers are: each entry's name and parameters.
+pub fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?} is not a structured field list: {e}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item.bare_item.as_string().expect("a string").as_str();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                    .collect();
+                (name.to_owned(), params)
+            }
+            other => panic!("unexpected inner list {other:?}"),
+        })
+        .collect()
+}
