@@ -86,6 +86,39 @@ struct Shared {
     available: AtomicU64,
     /// Outstanding reservations.
     waiting: Mutex<Waiting>,
+    /// The limiter's metric handles, registered with the recorder at the first decision.
+    #[cfg(feature = "metrics")]
+    handles: std::sync::OnceLock<Handles>,
+}
+
+/// The `metrics` handles of one observed limiter, registered once so that a decision records
+/// without building keys or allocating.
+///
+/// They are registered with the recorder installed at the limiter's first decision (not when it
+/// is built), so building the limiters before installing the recorder is fine; install it before
+/// the first request.
+#[cfg(feature = "metrics")]
+struct Handles {
+    allowed: metrics::Counter,
+    limited: metrics::Counter,
+    refunded: metrics::Counter,
+    available: metrics::Gauge,
+    waiting: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+impl Handles {
+    fn register(name: &str) -> Self {
+        let name = name.to_owned();
+        let calls = |outcome: &'static str| metrics::counter!(metric_names::RATELIMITER_CALLS, "name" => name.clone(), "outcome" => outcome);
+        Self {
+            allowed: calls("allowed"),
+            limited: calls("limited"),
+            refunded: calls("refunded"),
+            available: metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name.clone()),
+            waiting: metrics::gauge!(metric_names::RATELIMITER_WAITING, "name" => name),
+        }
+    }
 }
 
 /// Outstanding reservations, found by the instant they were reserved for (to take one off when
@@ -142,6 +175,11 @@ impl Waiting {
 }
 
 impl Shared {
+    #[cfg(feature = "metrics")]
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| Handles::register(&self.name))
+    }
+
     fn waiting_now(&self) -> u64 {
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         waiting.outstanding(Instant::now())
@@ -169,19 +207,15 @@ impl Shared {
         }
         #[cfg(feature = "metrics")]
         {
-            let outcome = if decision.allowed {
-                "allowed"
+            let handles = self.handles();
+            if decision.allowed {
+                handles.allowed.increment(1);
             } else {
-                "limited"
-            };
-            let name = self.name.to_string();
-            metrics::counter!(metric_names::RATELIMITER_CALLS, "name" => name.clone(), "outcome" => outcome)
-                .increment(1);
-            metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name.clone())
-                .set(decision.remaining as f64);
+                handles.limited.increment(1);
+            }
+            handles.available.set(decision.remaining as f64);
             if decision.allowed && !decision.wait.is_zero() {
-                metrics::gauge!(metric_names::RATELIMITER_WAITING, "name" => name)
-                    .set(self.waiting_now() as f64);
+                handles.waiting.set(self.waiting_now() as f64);
             }
         }
     }
@@ -207,11 +241,9 @@ impl Shared {
         }
         #[cfg(feature = "metrics")]
         {
-            let name = self.name.to_string();
-            metrics::counter!(metric_names::RATELIMITER_CALLS, "name" => name.clone(), "outcome" => "refunded")
-                .increment(1);
-            metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name)
-                .set(available as f64);
+            let handles = self.handles();
+            handles.refunded.increment(1);
+            handles.available.set(available as f64);
         }
     }
 }
@@ -238,6 +270,8 @@ impl<L> Observed<L> {
                 limited: AtomicU64::new(0),
                 available: AtomicU64::new(0),
                 waiting: Mutex::new(Waiting::default()),
+                #[cfg(feature = "metrics")]
+                handles: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -272,11 +306,9 @@ impl<L> Observed<L> {
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
         let s = self.snapshot();
-        let name = self.shared.name.to_string();
-        metrics::gauge!(metric_names::RATELIMITER_AVAILABLE, "name" => name.clone())
-            .set(s.available_permissions as f64);
-        metrics::gauge!(metric_names::RATELIMITER_WAITING, "name" => name)
-            .set(s.waiting_requests as f64);
+        let handles = self.shared.handles();
+        handles.available.set(s.available_permissions as f64);
+        handles.waiting.set(s.waiting_requests as f64);
     }
 }
 

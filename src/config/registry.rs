@@ -450,22 +450,47 @@ fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     {
         use crate::bulkhead::{CallFinished, CallPermitted, CallRejected};
         use crate::observe::metric_names as m;
-        let label: std::sync::Arc<str> = std::sync::Arc::from(name);
-        let (l1, l2, l3) = (label.clone(), label.clone(), label);
+        use std::sync::{Arc, OnceLock};
+
+        /// A configured bulkhead's metric handles, registered with the recorder at its first
+        /// call (so the recorder may be installed after the registry is built) and then used
+        /// without building keys or allocating.
+        struct BulkheadMetrics {
+            name: Arc<str>,
+            handles: OnceLock<[metrics::Counter; 3]>,
+            duration: OnceLock<metrics::Histogram>,
+        }
+
+        impl BulkheadMetrics {
+            /// The `permitted`, `rejected` and `finished` counters.
+            fn calls(&self) -> &[metrics::Counter; 3] {
+                self.handles.get_or_init(|| {
+                    let name = self.name.to_string();
+                    ["permitted", "rejected", "finished"].map(|outcome| {
+                        metrics::counter!(m::BULKHEAD_CALLS, "name" => name.clone(), "outcome" => outcome)
+                    })
+                })
+            }
+
+            fn duration(&self) -> &metrics::Histogram {
+                self.duration.get_or_init(
+                    || metrics::histogram!(m::BULKHEAD_DURATION, "name" => self.name.to_string()),
+                )
+            }
+        }
+
+        let metrics = Arc::new(BulkheadMetrics {
+            name: Arc::from(name),
+            handles: OnceLock::new(),
+            duration: OnceLock::new(),
+        });
+        let (m1, m2, m3) = (Arc::clone(&metrics), Arc::clone(&metrics), metrics);
         builder = builder
-            .on_call_permitted(move |_: &CallPermitted<'_>| {
-                metrics::counter!(m::BULKHEAD_CALLS, "name" => l1.to_string(), "outcome" => "permitted")
-                    .increment(1);
-            })
-            .on_call_rejected(move |_: &CallRejected<'_>| {
-                metrics::counter!(m::BULKHEAD_CALLS, "name" => l2.to_string(), "outcome" => "rejected")
-                    .increment(1);
-            })
+            .on_call_permitted(move |_: &CallPermitted<'_>| m1.calls()[0].increment(1))
+            .on_call_rejected(move |_: &CallRejected<'_>| m2.calls()[1].increment(1))
             .on_call_finished(move |e: &CallFinished<'_>| {
-                metrics::counter!(m::BULKHEAD_CALLS, "name" => l3.to_string(), "outcome" => "finished")
-                    .increment(1);
-                metrics::histogram!(m::BULKHEAD_DURATION, "name" => l3.to_string())
-                    .record(e.duration().as_secs_f64());
+                m3.calls()[2].increment(1);
+                m3.duration().record(e.duration().as_secs_f64());
             });
     }
     builder

@@ -1,0 +1,91 @@
+//! With the `metrics` feature on, an observed limiter records every decision through handles it
+//! registered once: deciding allocates nothing, admitted or refused.
+#![cfg(feature = "metrics")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tower_bulwark::observe::{metric_names as m, Observed};
+use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts the allocations of the calling thread, so that tests running beside this one do not
+/// disturb the count.
+struct Counting;
+
+// SAFETY: every method forwards to `System` with the caller's own arguments, so `System`'s
+// guarantees hold unchanged; the only addition is a thread-local counter update.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: same layout as given to us.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with this layout (through `alloc` above).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+#[test]
+fn decisions_record_metrics_without_allocating() {
+    const KEYS: u64 = 4;
+    const PER_KEY: u64 = 1_000;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        // Time stands still: each key gets its 500 and is refused after that.
+        let limiter = Observed::new(
+            "api",
+            KeyedRateLimiter::<u64>::builder(Quota::per_second(500).unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
+        // The first decision registers the handles, and each key's first inserts it.
+        for key in 0..KEYS {
+            assert!(limiter.reserve_now(&key, 1).unwrap().unwrap().allowed);
+        }
+        let before = allocations();
+        for i in KEYS..PER_KEY * KEYS {
+            limiter.reserve_now(&(i % KEYS), 1).unwrap().unwrap();
+        }
+        let spent = allocations() - before;
+        assert_eq!(
+            spent,
+            0,
+            "{spent} allocations for {} decisions",
+            PER_KEY * KEYS
+        );
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let calls = |outcome: &str| {
+        snapshot
+            .iter()
+            .find_map(|(key, _, _, value)| {
+                let key = key.key();
+                let wanted = key.name() == m::RATELIMITER_CALLS
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "outcome" && l.value() == outcome);
+                match value {
+                    DebugValue::Counter(n) if wanted => Some(*n),
+                    _ => None,
+                }
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("allowed"), 500 * KEYS, "the metrics were recorded");
+    assert_eq!(calls("limited"), (PER_KEY - 500) * KEYS);
+}
