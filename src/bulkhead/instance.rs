@@ -68,6 +68,14 @@ impl Bulkhead {
         self.shared.snapshot()
     }
 
+    /// Sets this bulkhead's gauges in the `metrics` facade from its current state; call it
+    /// before rendering a scrape. Its counters and call-duration histogram are recorded as calls
+    /// happen.
+    #[cfg(feature = "metrics")]
+    pub fn publish_gauges(&self) {
+        super::metrics::publish_gauges(self.name(), &self.snapshot());
+    }
+
     /// Changes the limit of concurrent calls, without waiting and while calls are in flight.
     ///
     /// Raising it lets waiting calls in at once. Lowering it below the calls in flight lets no new
@@ -152,15 +160,23 @@ impl BulkheadBuilder {
         self
     }
 
-    /// Builds the bulkhead.
+    /// Builds the bulkhead. With the `metrics` feature it counts its calls and their durations
+    /// through the `metrics` facade (see [`metric_names`](crate::observe::metric_names)).
     pub fn build(self) -> Bulkhead {
+        #[cfg(feature = "metrics")]
+        let builder = {
+            let name = Arc::clone(&self.name);
+            super::metrics::record_calls(self, name)
+        };
+        #[cfg(not(feature = "metrics"))]
+        let builder = self;
         Bulkhead {
             shared: Arc::new(Shared::new(
-                self.name,
-                self.max_concurrent_calls,
-                self.max_wait,
-                self.queue_capacity,
-                self.hooks,
+                builder.name,
+                builder.max_concurrent_calls,
+                builder.max_wait,
+                builder.queue_capacity,
+                builder.hooks,
             )),
         }
     }

@@ -191,6 +191,8 @@ pub mod events;
 mod future;
 mod instance;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod semaphore;
 mod service;
 

@@ -290,14 +290,8 @@ impl Registry {
                     .absolute(read());
             }
         }
-        for (name, bulkhead) in &self.bulkheads {
-            let s = bulkhead.snapshot();
-            let name = name.clone();
-            metrics::gauge!(m::BULKHEAD_AVAILABLE, "name" => name.clone())
-                .set(s.available_concurrent_calls as f64);
-            metrics::gauge!(m::BULKHEAD_MAX, "name" => name.clone())
-                .set(s.max_allowed_concurrent_calls as f64);
-            metrics::gauge!(m::BULKHEAD_QUEUE, "name" => name).set(s.queue_depth as f64);
+        for bulkhead in self.bulkheads.values() {
+            bulkhead.publish_gauges();
         }
     }
 }
@@ -445,53 +439,6 @@ fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     };
     if let Some(wait) = s.max_wait {
         builder = builder.max_wait(wait);
-    }
-    #[cfg(feature = "metrics")]
-    {
-        use crate::bulkhead::{CallFinished, CallPermitted, CallRejected};
-        use crate::observe::metric_names as m;
-        use std::sync::{Arc, OnceLock};
-
-        /// A configured bulkhead's metric handles, registered with the recorder at its first
-        /// call (so the recorder may be installed after the registry is built) and then used
-        /// without building keys or allocating.
-        struct BulkheadMetrics {
-            name: Arc<str>,
-            handles: OnceLock<[metrics::Counter; 3]>,
-            duration: OnceLock<metrics::Histogram>,
-        }
-
-        impl BulkheadMetrics {
-            /// The `permitted`, `rejected` and `finished` counters.
-            fn calls(&self) -> &[metrics::Counter; 3] {
-                self.handles.get_or_init(|| {
-                    let name = self.name.to_string();
-                    ["permitted", "rejected", "finished"].map(|outcome| {
-                        metrics::counter!(m::BULKHEAD_CALLS, "name" => name.clone(), "outcome" => outcome)
-                    })
-                })
-            }
-
-            fn duration(&self) -> &metrics::Histogram {
-                self.duration.get_or_init(
-                    || metrics::histogram!(m::BULKHEAD_DURATION, "name" => self.name.to_string()),
-                )
-            }
-        }
-
-        let metrics = Arc::new(BulkheadMetrics {
-            name: Arc::from(name),
-            handles: OnceLock::new(),
-            duration: OnceLock::new(),
-        });
-        let (m1, m2, m3) = (Arc::clone(&metrics), Arc::clone(&metrics), metrics);
-        builder = builder
-            .on_call_permitted(move |_: &CallPermitted<'_>| m1.calls()[0].increment(1))
-            .on_call_rejected(move |_: &CallRejected<'_>| m2.calls()[1].increment(1))
-            .on_call_finished(move |e: &CallFinished<'_>| {
-                m3.calls()[2].increment(1);
-                m3.duration().record(e.duration().as_secs_f64());
-            });
     }
     builder
 }
