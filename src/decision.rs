@@ -38,6 +38,9 @@ pub struct Decision {
     pub(crate) state_after: u64,
     /// Who took the decision, so that a refund goes back to the state that was charged.
     pub(crate) source: Source,
+    /// The permits this decision was asked for (set by the crate's limiters), so that a refund
+    /// never gives back more than the admission took, whatever cost its caller names.
+    pub(crate) cost: u32,
 }
 
 /// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's failure policy (whose
@@ -77,6 +80,7 @@ impl Decision {
             reserved_at: 0,
             state_after: 0,
             source: Source::State,
+            cost: u32::MAX,
         }
     }
 
@@ -99,6 +103,7 @@ impl Decision {
             reserved_at: 0,
             state_after: 0,
             source: Source::State,
+            cost: u32::MAX,
         }
     }
 
@@ -120,7 +125,22 @@ impl Decision {
             reserved_at,
             state_after: 0,
             source: Source::State,
+            cost: u32::MAX,
         }
+    }
+
+    /// The decision on a request of `cost` permits.
+    #[inline]
+    pub(crate) fn of_cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// What a refund of this decision may give back: `cost`, but never more than it was
+    /// decided on.
+    #[inline]
+    pub(crate) fn refundable(&self, cost: u32) -> u32 {
+        cost.min(self.cost)
     }
 
     /// This admission with its permits charged at `at` (see `reserved_at`).

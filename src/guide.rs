@@ -67,7 +67,10 @@
 //! is full of live keys, [`Overflow`](crate::Overflow) decides: evict the keys whose loss gives
 //! away least, by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank) (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
-//! is being limited a fresh quota.
+//! is being limited a fresh quota (`tests/eviction_floods.rs`, and the flood test of every
+//! algorithm above), with one exception: a quota of one request under the fixed window or the
+//! sliding counter, where a limited client and a flood's key hold the same single permit of the
+//! same window and either may be evicted (see [`Overflow`](crate::Overflow)).
 
 //! # Time
 //!

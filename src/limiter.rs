@@ -288,14 +288,21 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
     #[inline]
     pub fn check(&self) -> Decision {
         let now = self.inner.clock.now();
-        self.inner.algorithm.decide(&self.inner.state, now, 1, 0)
+        self.inner
+            .algorithm
+            .decide(&self.inner.state, now, 1, 0)
+            .of_cost(1)
     }
 
     /// Decides on `cost` permits now, never waiting.
     pub fn check_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
         check_cost(&self.inner.algorithm, cost)?;
         let now = self.inner.clock.now();
-        Ok(self.inner.algorithm.decide(&self.inner.state, now, cost, 0))
+        Ok(self
+            .inner
+            .algorithm
+            .decide(&self.inner.state, now, cost, 0)
+            .of_cost(cost))
     }
 
     /// Takes one permit, waiting up to the quota's `max_wait` for it; dropping the future while
@@ -322,7 +329,8 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         Ok(self
             .inner
             .algorithm
-            .decide(&self.inner.state, now, cost, max_wait))
+            .decide(&self.inner.state, now, cost, max_wait)
+            .of_cost(cost))
     }
 }
 
@@ -364,6 +372,7 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
     fn refund(&self, _key: &K, cost: u32, decision: &Decision) {
         if decision.allowed {
             let now = self.inner.clock.now();
+            let cost = decision.refundable(cost);
             self.inner
                 .algorithm
                 .refund(&self.inner.state, now, cost, decision);
@@ -448,10 +457,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             #[inline(always)]
             |s| alg.decide(s, now, cost, max_wait),
         ) {
-            Ok(decision) => decision,
+            Ok(decision) => decision.of_cost(cost),
             Err(full) => {
                 let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
-                Decision::refused(u64::from(alg.capacity()), 0, wait, wait)
+                Decision::refused(u64::from(alg.capacity()), 0, wait, wait).of_cost(cost)
             }
         }
     }
@@ -561,6 +570,7 @@ where
         }
         let now = self.inner.clock.now();
         let alg = &self.inner.algorithm;
+        let cost = decision.refundable(cost);
         self.inner
             .store
             .with_existing(key, |s| alg.refund(s, now, cost, decision));

@@ -73,7 +73,8 @@ pub struct LimiterSnapshot {
     pub allowed: u64,
     /// Decisions that refused it.
     pub limited: u64,
-    /// Permits left after the latest decision, for that decision's key.
+    /// Permits left after the latest decision, for that decision's key (and back up by its cost
+    /// if that decision is given back; a refund of an older decision does not change it).
     pub available_permissions: u64,
     /// Requests holding a reservation that has not fallen due.
     pub waiting_requests: u64,
@@ -230,11 +231,24 @@ impl Shared {
         let _ = self
             .allowed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        // The gauge shows the latest decision's figure. If that is still this decision's (the
+        // usual case: a veto given back at once), its permits are back; a refund of an older
+        // decision leaves the latest decision's figure alone.
         let available = decision
             .remaining
-            .saturating_add(u64::from(cost))
+            .saturating_add(u64::from(decision.refundable(cost)))
             .min(decision.limit);
-        self.available.store(available, Ordering::Relaxed);
+        let moved = self
+            .available
+            .compare_exchange(
+                decision.remaining,
+                available,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        #[cfg(not(feature = "metrics"))]
+        let _ = moved;
         if !decision.wait.is_zero() {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             waiting.remove_one(decision.reserved_at);
@@ -243,7 +257,9 @@ impl Shared {
         {
             let handles = self.handles();
             handles.refunded.increment(1);
-            handles.available.set(available as f64);
+            if moved {
+                handles.available.set(available as f64);
+            }
         }
     }
 }

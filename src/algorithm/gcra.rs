@@ -187,10 +187,7 @@ impl Algorithm for Gcra {
             return;
         }
         let give = self.interval.saturating_mul(u64::from(cost));
-        // A reservation is charged at the first instant its TAT allows, which lies after the
-        // clock's origin; an immediate admission was decided at or after it (exactly at it
-        // counts as a reservation here, which gives less).
-        let immediate = left <= self.horizon || decision.reserved_at > left - self.horizon;
+        let immediate = decision.wait.is_zero();
         let _ = state
             .tat
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
@@ -209,6 +206,13 @@ impl Algorithm for Gcra {
                 };
                 (back > 0).then(|| tat.saturating_sub(back).max(latest))
             });
+    }
+
+    /// The permits the key still holds (`TAT − now` in intervals, rounded up), then, among keys
+    /// holding as many, the one that took them earliest is kept longest.
+    fn eviction_rank(&self, state: &GcraState, now: u64) -> u128 {
+        let ahead = state.tat.load(Ordering::Acquire).saturating_sub(now);
+        super::rank(ahead.div_ceil(self.interval), ahead)
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {

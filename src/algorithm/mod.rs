@@ -69,15 +69,18 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// it evicts the lowest ranks first.
     ///
     /// A key that has used its whole quota must rank above a fresh key with one request. The
-    /// default is the time left until [`idle_at`](Self::idle_at), which is right for GCRA (the
-    /// more a key has taken, the further its TAT runs ahead); the window algorithms rank by the
-    /// permits that still weigh on their decisions first, and by that time second.
+    /// default is the time left until [`idle_at`](Self::idle_at); the crate's algorithms rank by
+    /// the permits that still weigh on their decisions first and, among keys holding as many,
+    /// keep the one that has held them longest (a flood's fresh keys go before the clients they
+    /// flood: forgetting either gives away as many permits).
     fn eviction_rank(&self, state: &Self::State, now: u64) -> u128 {
         u128::from(self.idle_at(state).saturating_sub(now))
     }
 }
 
-/// An eviction rank: permits still weighing first, time until idle second.
+/// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
+/// hold as many, the one whose record lasts longest (it took its permits most recently) goes
+/// first, so a flood of fresh keys evicts its own keys before the established clients it floods.
 fn rank(permits: u64, idle_in: u64) -> u128 {
-    (u128::from(permits) << 64) | u128::from(idle_in)
+    (u128::from(permits) << 64) | u128::from(u64::MAX - idle_in)
 }

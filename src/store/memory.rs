@@ -26,12 +26,16 @@ pub enum Overflow {
     /// admit the new key. The default.
     ///
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
-    /// ranked by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank): for the window
-    /// algorithms the permits that still weigh on the key's decisions, then the time until it
-    /// goes idle; for GCRA how far its TAT runs ahead. A key that has used its whole quota
-    /// always ranks above a fresh key with one request, so a flood of new keys, however large,
-    /// evicts the flood's own keys and never wipes the record of the clients that are being
-    /// limited (while fewer than fifteen sixteenths of a shard are such clients).
+    /// ranked by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank): first by the
+    /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
+    /// among keys holding as many, the one that took them earliest is kept. A key that has used
+    /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,
+    /// however large, evicts the flood's own keys and never wipes the record of the clients that
+    /// are being limited (while fewer than fifteen sixteenths of a shard are such clients). The
+    /// one case where a limited client and a flood key look alike is a quota of one request
+    /// under the fixed window or the sliding counter: both hold one permit of the same window,
+    /// and either may go (the client then gets one more request); GCRA and the sliding log keep
+    /// the client, which took its permit first.
     #[default]
     EvictNearestIdle,
     /// Refuse requests from new keys until a slot frees; keys already present are unaffected.

@@ -3,7 +3,8 @@
 -- alone). A reading older than `latest` (a stale client clock, a server clock stepped back) is
 -- decided as of `latest`, as the in-memory GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
--- ARGV[11] the TAT the refunded admission left (its decision's eighth item).
+-- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
+-- it was a reservation (it waited), '0' if it was admitted at once.
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
@@ -39,7 +40,8 @@ if op == 'r' then
   -- `cost` intervals less the time elapsed since this one was charged (ARGV[5]); otherwise
   -- nothing. Never below the latest reading.
   local left = count_arg(ARGV[11])
-  if not left then
+  local reserved = ARGV[12]
+  if not left or (reserved ~= '0' and reserved ~= '1') then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
   if tat > now and left > 0 then
@@ -47,7 +49,7 @@ if op == 'r' then
     local back = 0
     if tat == left then
       back = give
-    elseif (left <= horizon or arg5 > left - horizon) and tat - horizon <= now then
+    elseif reserved == '0' and tat - horizon <= now then
       back = math.max(give - math.max(now - arg5, 0), 0)
     end
     if back > 0 then

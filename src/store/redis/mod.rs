@@ -600,7 +600,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             let max_wait_nanos = max_wait.saturating_mul(inner.params.tick_nanos);
             if let Some(decision) = cache.check(&redis_key, cost, now, max_wait_nanos) {
                 inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
-                return ReserveFuture::ready(Ok(decision));
+                return ReserveFuture::ready(Ok(decision.of_cost(cost)));
             }
         }
         let settle = Settle {
@@ -706,7 +706,7 @@ impl<C: Clock> Inner<C> {
         op: &str,
         cost: u32,
         arg5: u64,
-        after: Option<u64>,
+        after: Option<(u64, bool)>,
     ) -> Result<Reply, RedisFailure> {
         if self.elapsed() < self.skip_until.load(Ordering::Relaxed) {
             return Err(RedisFailure::skipped());
@@ -748,8 +748,8 @@ impl<C: Clock> Inner<C> {
                 for arg in &params.args {
                     invocation.arg(arg.as_str());
                 }
-                if let Some(after) = after {
-                    invocation.arg(after);
+                if let Some((left, reserved)) = after {
+                    invocation.arg(left).arg(u8::from(reserved));
                 }
                 let sent = self.clock.now();
                 let value = self
@@ -787,7 +787,7 @@ impl<C: Clock> Inner<C> {
                         cache.insert(&key, cost, self.clock.now(), &decision);
                     }
                 }
-                Ok(decision)
+                Ok(decision.of_cost(cost))
             }
             Ok(other) => {
                 let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
@@ -846,7 +846,7 @@ impl<C: Clock> Inner<C> {
             Policy::Propagate => return Err(failure.into()),
         };
         decision.source = Source::FailurePolicy;
-        Ok(decision)
+        Ok(decision.of_cost(cost))
     }
 
     fn refund_locally(&self, key: String, cost: u32, decision: &Decision) {
@@ -873,7 +873,12 @@ impl<C: Clock> Inner<C> {
         decision: &Decision,
     ) -> Result<(), RedisFailure> {
         let (charged, left) = (decision.reserved_at, decision.state_after);
-        match self.call(key, "r", cost, charged, Some(left)).await {
+        let reserved = !decision.wait.is_zero();
+        let cost = decision.refundable(cost);
+        match self
+            .call(key, "r", cost, charged, Some((left, reserved)))
+            .await
+        {
             Ok(_) => {
                 self.recovered();
                 Ok(())
