@@ -1,6 +1,6 @@
 //! The local cache of refusals: a key that Redis refused is refused here until its retry time.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -15,6 +15,14 @@ pub(crate) struct RefusalCache {
     /// The number of entries, read without the lock so that an empty cache costs one load.
     len: AtomicUsize,
     capacity: usize,
+    /// While the cache is full of live refusals: the instant the first of them ends. Until then
+    /// a new refusal is not cached, without scanning the whole cache again (under a flood of
+    /// refused keys every refusal would otherwise scan it, holding the lock every decision
+    /// needs).
+    full_until: AtomicU64,
+    /// How many times the cache was scanned for ended refusals (for the tests).
+    #[cfg(test)]
+    scans: AtomicUsize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +42,9 @@ impl RefusalCache {
             entries: Mutex::new(HashMap::new()),
             len: AtomicUsize::new(0),
             capacity,
+            full_until: AtomicU64::new(0),
+            #[cfg(test)]
+            scans: AtomicUsize::new(0),
         }
     }
 
@@ -76,9 +87,24 @@ impl RefusalCache {
         };
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.len() >= self.capacity && !entries.contains_key(key) {
-            entries.retain(|_, r| r.until > now);
+            if now < self.full_until.load(Ordering::Relaxed) {
+                // Still full of live refusals: this one goes to Redis next time, which is
+                // still correct.
+                return;
+            }
+            #[cfg(test)]
+            self.scans.fetch_add(1, Ordering::Relaxed);
+            let mut first_end = u64::MAX;
+            entries.retain(|_, r| {
+                let live = r.until > now;
+                if live {
+                    first_end = first_end.min(r.until);
+                }
+                live
+            });
             if entries.len() >= self.capacity {
-                // Full of live refusals: this one goes to Redis next time, which is still correct.
+                self.full_until.store(first_end, Ordering::Relaxed);
+                self.len.store(entries.len(), Ordering::Relaxed);
                 return;
             }
         }
@@ -162,5 +188,28 @@ mod tests {
             "expired `a` made room"
         );
         assert!(cache.check("b", 1, 20 * MS, 0).is_some());
+    }
+
+    /// A flood of refused keys into a cache full of live refusals costs one scan until the
+    /// first of them ends, not one per refusal (each scan holds the lock every decision needs).
+    #[test]
+    fn a_full_cache_is_scanned_once_until_a_refusal_ends() {
+        let cache = RefusalCache::new(100);
+        for k in 0..100 {
+            cache.insert(&format!("held{k}"), 1, 0, &refused(1_000 + k));
+        }
+        for k in 0..10_000 {
+            cache.insert(&format!("flood{k}"), 1, MS, &refused(1_000));
+        }
+        assert_eq!(cache.scans.load(Ordering::Relaxed), 1);
+        assert!(
+            cache.check("held0", 1, MS, 0).is_some(),
+            "the held refusals stand"
+        );
+        // Once the first refusal ends, the next insert scans again and takes its place.
+        cache.insert("late", 1, 1_000 * MS, &refused(1_000));
+        assert_eq!(cache.scans.load(Ordering::Relaxed), 2);
+        assert!(cache.check("late", 1, 1_000 * MS, 0).is_some());
+        assert!(cache.check("held0", 1, 1_000 * MS, 0).is_none(), "ended");
     }
 }
