@@ -414,7 +414,7 @@ impl PeerIp {
 }
 
 #[cfg(feature = "axum")]
-fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
     use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
     use std::net::SocketAddr;
 

@@ -98,6 +98,53 @@ impl<X, L, M> RateLimitLayer<X, L, M> {
         self
     }
 
+    /// Lets requests for which `predicate` is true skip every policy: they reach the inner
+    /// service uncounted, and their responses carry no rate-limit headers (health checks,
+    /// internal callers). Exemptions add up: a request is exempt if any of them says so.
+    ///
+    /// ```
+    /// use http::request::Parts;
+    /// use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
+    /// use tower_bulwark::{DirectRateLimiter, Quota};
+    ///
+    /// let layer = RateLimitLayer::new(
+    ///     GlobalKey,
+    ///     Policy::new("all", DirectRateLimiter::new(Quota::per_second(100)?))?,
+    /// )
+    /// .exempt(|parts: &Parts| parts.uri.path() == "/health");
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// The predicate sees the request as the client sent it: exempt on what a client cannot
+    /// forge (the path of a route only your load balancer calls, a header your proxy sets and
+    /// strips from client requests), or every client can exempt itself.
+    pub fn exempt(
+        mut self,
+        predicate: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let meta = self.meta_mut();
+        meta.exempt = Some(match meta.exempt.take() {
+            Some(earlier) => {
+                Arc::new(move |parts: &http::request::Parts| earlier(parts) || predicate(parts))
+            }
+            None => Arc::new(predicate),
+        });
+        self
+    }
+
+    /// Lets requests whose TCP peer lies in one of `networks` skip every policy, as
+    /// [`exempt`](Self::exempt) does (internal networks, your own monitoring). The peer is the
+    /// address the connection came from (axum's `ConnectInfo`), never a forwarding header: behind
+    /// a proxy it is the proxy's.
+    #[cfg(feature = "axum")]
+    pub fn exempt_networks(self, networks: impl IntoIterator<Item = super::Cidr>) -> Self {
+        let networks: Arc<[super::Cidr]> = networks.into_iter().collect();
+        self.exempt(move |parts: &http::request::Parts| {
+            super::key::peer_ip(parts).is_some_and(|ip| networks.iter().any(|net| net.contains(ip)))
+        })
+    }
+
     /// Sends `RateLimit-Policy` and `RateLimit` on refusals only, not on admitted responses.
     pub fn without_admitted_headers(mut self) -> Self {
         self.meta_mut().admitted_headers = false;

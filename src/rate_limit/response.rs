@@ -138,7 +138,12 @@ pub(crate) struct Meta {
     pub(crate) on_key_error: super::FailMode,
     pub(crate) on_limiter_error: super::FailMode,
     pub(crate) on_refusal: Option<Arc<dyn OnRefusal>>,
+    /// Requests that skip every policy (see [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
+    pub(crate) exempt: Option<Arc<Exempt>>,
 }
+
+/// Whether a request skips every policy.
+pub(crate) type Exempt = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
 
 impl Meta {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
@@ -151,7 +156,14 @@ impl Meta {
             on_key_error: super::FailMode::Closed,
             on_limiter_error: super::FailMode::Closed,
             on_refusal: None,
+            exempt: None,
         }
+    }
+
+    /// Whether `parts` is a request that skips every policy.
+    #[inline]
+    pub(crate) fn is_exempt(&self, parts: &http::request::Parts) -> bool {
+        self.exempt.as_ref().is_some_and(|exempt| exempt(parts))
     }
 
     /// The headers of an admitted response, or `None` if they are turned off.
@@ -189,6 +201,7 @@ impl fmt::Debug for Meta {
             .field("on_key_error", &self.on_key_error)
             .field("on_limiter_error", &self.on_limiter_error)
             .field("on_refusal", &self.on_refusal.as_ref().map(|_| "custom"))
+            .field("exempt", &self.exempt.is_some())
             .finish()
     }
 }

@@ -94,6 +94,9 @@ where
             return ResponseFuture::call(self.inner.call(request), None);
         }
         let (parts, body) = request.into_parts();
+        if shared.meta.is_exempt(&parts) {
+            return ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), None);
+        }
         let key = match shared.extractor.extract(&parts) {
             Ok(key) => key,
             Err(error) => {
