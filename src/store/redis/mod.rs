@@ -623,15 +623,8 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         cost: u32,
         decision: &Decision,
     ) -> Result<(), BoxError> {
-        if !decision.allowed {
-            return Ok(());
-        }
         let redis_key = self.inner.redis_key(key);
-        if let Some(cache) = &self.inner.cache {
-            cache.forget(&redis_key);
-        }
-        if decision.source == Source::FailurePolicy {
-            self.inner.refund_locally(redis_key, cost, decision);
+        if !self.inner.give_back_locally(&redis_key, cost, decision) {
             return Ok(());
         }
         self.inner
@@ -849,6 +842,23 @@ impl<C: Clock> Inner<C> {
         Ok(decision.of_cost(cost))
     }
 
+    /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
+    /// forgotten (its permits came back), and a failure policy's decision goes back to the local
+    /// limiter. Returns whether Redis must still be told ([`refund_remote`](Self::refund_remote)).
+    fn give_back_locally(&self, key: &str, cost: u32, decision: &Decision) -> bool {
+        if !decision.allowed {
+            return false;
+        }
+        if let Some(cache) = &self.cache {
+            cache.forget(key);
+        }
+        if decision.source == Source::FailurePolicy {
+            self.refund_locally(key.to_owned(), cost, decision);
+            return false;
+        }
+        true
+    }
+
     fn refund_locally(&self, key: String, cost: u32, decision: &Decision) {
         if let Policy::Fallback(local) = &self.policy.0 {
             let mut local_decision = *decision;
@@ -939,15 +949,8 @@ where
     }
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
-        if !decision.allowed {
-            return;
-        }
         let redis_key = self.inner.redis_key(key);
-        if let Some(cache) = &self.inner.cache {
-            cache.forget(&redis_key);
-        }
-        if decision.source == Source::FailurePolicy {
-            self.inner.refund_locally(redis_key, cost, decision);
+        if !self.inner.give_back_locally(&redis_key, cost, decision) {
             return;
         }
         let decision = *decision;
@@ -998,7 +1001,8 @@ struct Settle {
     cost: u32,
 }
 
-/// [`Inner::give_back`] without the clock's type, so that [`ReserveFuture`] stays one type.
+/// Giving a decision back, as [`RedisRateLimiter::give_back`] does, without the clock's type,
+/// so that [`ReserveFuture`] stays one type.
 trait GiveBack: Send + Sync + 'static {
     fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote;
 }
@@ -1006,9 +1010,7 @@ trait GiveBack: Send + Sync + 'static {
 impl<C: Clock> GiveBack for Inner<C> {
     fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote {
         Box::pin(async move {
-            if decision.source == Source::FailurePolicy {
-                self.refund_locally(key, cost, &decision);
-            } else {
+            if self.give_back_locally(&key, cost, &decision) {
                 // Failures are counted and logged inside.
                 let _ = self.refund_remote(&key, cost, &decision).await;
             }
@@ -1081,9 +1083,7 @@ impl Drop for ReserveFuture {
         let Settle { inner, key, cost } = settle;
         runtime.spawn(async move {
             if let Ok(decision) = future.await {
-                if decision.allowed {
-                    let _ = inner.give_back(key, cost, decision).await;
-                }
+                let _ = inner.give_back(key, cost, decision).await;
             }
         });
     }
