@@ -68,17 +68,17 @@ impl FixedWindow {
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
     /// the latest reading seen, which it then becomes; and the state refreshed to it.
     fn advance(&self, w: &mut Window, now: u64) -> u64 {
-        let now = now.min(MAX_NOW).max(w.latest);
-        w.latest = now;
+        let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
         now
     }
 
-    /// `used` as of `now` without changing the state (for ranking a key).
-    fn used_at(&self, w: &Window, now: u64) -> u64 {
-        let cycle = self.cycle_of(now.min(MAX_NOW).max(w.latest));
+    /// The cycle of `now` (as `advance` would clamp it) and `used` as of then, without changing
+    /// the state (for ranking a key).
+    fn used_at(&self, w: &Window, now: u64) -> (u64, u64) {
+        let cycle = self.cycle_of(super::as_of(now, w.latest));
         let granted = cycle.saturating_sub(w.cycle).saturating_mul(self.limit);
-        w.used.saturating_sub(granted)
+        (cycle, w.used.saturating_sub(granted))
     }
 
     pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
@@ -165,11 +165,10 @@ impl Algorithm for FixedWindow {
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
         let w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let used = self.used_at(&w, now);
+        let (cycle, used) = self.used_at(&w, now);
         let idle = if used == 0 {
             0
         } else {
-            let cycle = self.cycle_of(now.min(MAX_NOW).max(w.latest));
             self.cycle_start(cycle + used.div_ceil(self.limit))
                 .saturating_sub(now)
         };

@@ -78,6 +78,19 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// The instant a reading `now` is decided as of, given the latest reading a key has seen:
+/// never earlier than that (a stale reading is decided as of it), never past
+/// [`MAX_NOW`](crate::clock::MAX_NOW).
+fn as_of(now: u64, latest: u64) -> u64 {
+    now.min(crate::clock::MAX_NOW).max(latest)
+}
+
+/// [`as_of`], and the key's latest reading moved on to it.
+fn advance_latest(latest: &mut u64, now: u64) -> u64 {
+    *latest = as_of(now, *latest);
+    *latest
+}
+
 /// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
 /// hold as many, the one whose record lasts longest (it took its permits most recently) goes
 /// first, so a flood of fresh keys evicts its own keys before the established clients it floods.

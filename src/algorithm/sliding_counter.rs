@@ -102,8 +102,7 @@ impl SlidingCounter {
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
     /// the latest reading seen, which it then becomes; the windows rolled to it.
     fn advance(&self, c: &mut Counters, now: u64) -> u64 {
-        let now = now.min(MAX_NOW).max(c.latest);
-        c.latest = now;
+        let now = super::advance_latest(&mut c.latest, now);
         self.roll(c, now);
         now
     }

@@ -3,7 +3,6 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;
-use crate::clock::MAX_NOW;
 use crate::{Decision, Quota};
 
 /// The sliding-window log: exact, at the price of memory.
@@ -63,8 +62,7 @@ impl SlidingLog {
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
     /// the latest reading seen, which it then becomes; the entries that left every window pruned.
     fn advance(&self, log: &mut Log, now: u64) -> u64 {
-        let now = now.min(MAX_NOW).max(log.latest);
-        log.latest = now;
+        let now = super::advance_latest(&mut log.latest, now);
         self.prune(log, now);
         now
     }
@@ -234,7 +232,7 @@ impl Algorithm for SlidingLog {
 
     fn eviction_rank(&self, state: &SlidingLogState, now: u64) -> u128 {
         let log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = now.min(MAX_NOW).max(log.latest);
+        let now = super::as_of(now, log.latest);
         let gone: u64 = log
             .entries
             .iter()
