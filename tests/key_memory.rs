@@ -5,8 +5,8 @@
 //! allocator; every measurement runs on one thread (a current-thread runtime serves and
 //! requests), so tests running side by side do not disturb each other. No timings are asserted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod counting;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::body::Body;
@@ -20,50 +20,6 @@ use tokio::net::{TcpListener, TcpSocket};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, KeyExtractor, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Quota};
-
-/// Counts the heap bytes this thread holds, delegating the allocation itself to the system
-/// allocator.
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn count(bytes: isize) {
-    // `try_with`: the thread's own storage may already be gone while it exits.
-    let _ = LIVE.try_with(|live| live.set(live.get() + bytes));
-}
-
-// SAFETY: every method forwards to `System` with the caller's own arguments, so `System`'s
-// guarantees hold unchanged; the only addition is a thread-local counter update, which never
-// allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: same layout as given to us.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: `ptr` came from `alloc` above with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// The bytes this thread has allocated and not freed.
-fn live() -> isize {
-    LIVE.with(Cell::get)
-}
 
 fn api_key() -> HeaderName {
     HeaderName::from_static("x-api-key")
@@ -79,7 +35,7 @@ fn slice_of_a_big_buffer(text: &[u8]) -> HeaderValue {
 
 #[test]
 fn a_header_key_owns_its_bytes_instead_of_the_request_buffer() {
-    let before = live();
+    let before = counting::live_bytes();
     let key = {
         let (mut parts, ()) = Request::get("/").body(()).unwrap().into_parts();
         parts
@@ -87,7 +43,7 @@ fn a_header_key_owns_its_bytes_instead_of_the_request_buffer() {
             .insert(api_key(), slice_of_a_big_buffer(b"key-0001"));
         HeaderKey::new(api_key()).extract(&parts).unwrap()
     };
-    let kept = live() - before;
+    let kept = counting::live_bytes() - before;
     assert_eq!(key, "key-0001");
     assert!(kept < 256, "one key keeps {kept} bytes alive");
 }
@@ -134,11 +90,11 @@ async fn a_configured_header_key_owns_its_bytes_too() {
     let first = send(HeaderValue::from_static("key-0000")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     drop(first);
-    let before = live();
+    let before = counting::live_bytes();
     let second = send(slice_of_a_big_buffer(b"key-0001")).await.unwrap();
     assert_eq!(second.status(), StatusCode::OK);
     drop(second);
-    let kept = live() - before;
+    let kept = counting::live_bytes() - before;
     assert_eq!(registry.rate_limiter("api").unwrap().snapshot().allowed, 2);
     assert!(kept < 1024, "one configured key keeps {kept} bytes alive");
     let long = send(HeaderValue::from_str(&"k".repeat(257)).unwrap())
@@ -202,11 +158,11 @@ async fn in_process(keys: Keys, n: usize) -> f64 {
     };
     let status = |i| app.clone().oneshot(request(i));
     assert_eq!(status(n).await.unwrap().status(), StatusCode::OK); // warm-up
-    let before = live();
+    let before = counting::live_bytes();
     for i in 0..n {
         assert_eq!(status(i).await.unwrap().status(), StatusCode::OK);
     }
-    (live() - before) as f64 / n as f64
+    (counting::live_bytes() - before) as f64 / n as f64
 }
 
 /// Bytes per key for keys `0..n`, each made by one request on a connection of its own to a real
@@ -226,11 +182,11 @@ async fn over_tcp(keys: Keys, n: usize) -> f64 {
     });
     let mut response = Vec::with_capacity(1024);
     one_request(server, keys, n, &mut response).await; // warm-up
-    let before = live();
+    let before = counting::live_bytes();
     for i in 0..n {
         one_request(server, keys, i, &mut response).await;
     }
-    let per_key = (live() - before) as f64 / n as f64;
+    let per_key = (counting::live_bytes() - before) as f64 / n as f64;
     serving.abort();
     per_key
 }

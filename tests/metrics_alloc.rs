@@ -2,42 +2,11 @@
 //! registered once: deciding allocates nothing, admitted or refused.
 #![cfg(feature = "metrics")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod counting;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower_bulwark::observe::{metric_names as m, Observed};
 use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Counts the allocations of the calling thread, so that tests running beside this one do not
-/// disturb the count.
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's own arguments, so `System`'s
-// guarantees hold unchanged; the only addition is a thread-local counter update.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: same layout as given to us.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` with this layout (through `alloc` above).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
 
 #[test]
 fn decisions_record_metrics_without_allocating() {
@@ -57,11 +26,11 @@ fn decisions_record_metrics_without_allocating() {
         for key in 0..KEYS {
             assert!(limiter.reserve_now(&key, 1).unwrap().unwrap().allowed);
         }
-        let before = allocations();
+        let before = counting::allocations();
         for i in KEYS..PER_KEY * KEYS {
             limiter.reserve_now(&(i % KEYS), 1).unwrap().unwrap();
         }
-        let spent = allocations() - before;
+        let spent = counting::allocations() - before;
         assert_eq!(
             spent,
             0,
@@ -133,11 +102,11 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
             // The first call registers the handles.
             assert_eq!(client.ready().await.unwrap().call(1).await.unwrap(), 1);
             let calls = 1_000;
-            let before = allocations();
+            let before = counting::allocations();
             for n in 0..calls {
                 client.ready().await.unwrap().call(n).await.unwrap();
             }
-            let per_call = (allocations() - before) / u64::from(calls);
+            let per_call = (counting::allocations() - before) / u64::from(calls);
             // One call in flight, another refused.
             let held = client.ready().await.unwrap().call(7);
             let refused = client.ready().await.unwrap().call(8).await.unwrap_err();

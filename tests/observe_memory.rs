@@ -1,33 +1,12 @@
 //! Memory held by the observability wrapper under a flood of waiting requests, measured with a
-//! counting allocator. One test per binary: the allocator counts the whole process.
+//! counting allocator (per thread: the runtime runs on the test's own thread).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+mod counting;
+
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
 use tower_bulwark::{DirectRateLimiter, Limiter, ManualClock, Quota};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// Promise (task brief / DESIGN.md "Hostile conditions are the normal case ... key floods
 /// arrive"; `observe` docs: `waiting_requests` counts "requests holding a reservation that has
@@ -62,7 +41,7 @@ async fn completed_waits_leave_no_memory_behind() {
     tokio::time::advance(Duration::from_secs(1)).await;
     let _ = limiter.snapshot();
 
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = counting::live_bytes();
     let mut waited = 0u64;
     for _ in 0..N {
         // The limiter's clock and tokio's timer (on which waiters sleep) move together.
@@ -82,11 +61,11 @@ async fn completed_waits_leave_no_memory_behind() {
     }
     // Every wait has long fallen due.
     tokio::time::advance(Duration::from_secs(60)).await;
-    let grown = LIVE.load(Ordering::Relaxed) - before;
+    let grown = counting::live_bytes() - before;
 
     let snapshot = limiter.snapshot();
     assert_eq!(snapshot.waiting_requests, 0);
-    let after_snapshot = LIVE.load(Ordering::Relaxed) - before;
+    let after_snapshot = counting::live_bytes() - before;
     eprintln!(
         "{waited} completed waits: {grown} bytes held before snapshot(), {after_snapshot} after"
     );
