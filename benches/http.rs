@@ -60,9 +60,9 @@ fn hello() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
 }
 
-fn bulwark(quota: Quota) -> RateLimitLayer<PeerIp, KeyedRateLimiter<IpAddr>> {
+fn bulwark(quota: Quota) -> RateLimitLayer<Policy<PeerIp, KeyedRateLimiter<IpAddr>>> {
     let limiter = KeyedRateLimiter::<IpAddr>::new(quota);
-    RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap())
+    RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
 }
 
 fn variants() -> Vec<(&'static str, Router)> {

@@ -175,13 +175,17 @@ mod listener {
         let router = Router::new().route("/", get(|| async { "ok" }));
         match keys {
             Keys::PeerIp => router.route_layer(RateLimitLayer::new(
-                PeerIp::new(),
-                Policy::new("per-ip", KeyedRateLimiter::<IpAddr>::builder(quota).build()).unwrap(),
+                Policy::new(
+                    "per-ip",
+                    PeerIp::new(),
+                    KeyedRateLimiter::<IpAddr>::builder(quota).build(),
+                )
+                .unwrap(),
             )),
             Keys::HeaderKey => router.route_layer(RateLimitLayer::new(
-                HeaderKey::new(api_key()),
                 Policy::new(
                     "per-key",
+                    HeaderKey::new(api_key()),
                     KeyedRateLimiter::<HeaderValue>::builder(quota).build(),
                 )
                 .unwrap(),

@@ -40,10 +40,11 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
     let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
     let bulwark = |quota: Quota| -> Result<_, Box<dyn std::error::Error>> {
         let limiter = KeyedRateLimiter::<IpAddr>::new(quota);
-        Ok(RateLimitLayer::new(
+        Ok(RateLimitLayer::new(Policy::new(
+            "per-ip",
             PeerIp::new(),
-            Policy::new("per-ip", limiter)?,
-        ))
+            limiter,
+        )?))
     };
     let governor = |per_nanos: Option<u64>, burst: u32| {
         let mut builder = GovernorConfigBuilder::default();

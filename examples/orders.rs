@@ -25,10 +25,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = KeyedRateLimiter::<IpAddr>::new(quota);
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
+        .route_layer(RateLimitLayer::new(Policy::new(
+            "per-ip",
             PeerIp::new(),
-            Policy::new("per-ip", limiter)?,
-        ));
+            limiter,
+        )?));
 
     let listener = TcpListener::bind(&addr).await?;
     println!(

@@ -38,10 +38,11 @@ async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketA
         // An example should say when Redis is not there rather than quietly admit everything.
         .on_failure(FailurePolicy::propagate())
         .build()?;
-    let layer = RateLimitLayer::new(
+    let layer = RateLimitLayer::new(Policy::new(
+        "per-key",
         HeaderKey::new(HeaderName::from_static("x-api-key")),
-        Policy::new("per-key", limiter)?,
-    );
+        limiter,
+    )?);
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route_layer(layer);

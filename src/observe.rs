@@ -32,6 +32,7 @@ use crate::{BoxError, Decision, Limiter, Quota};
 /// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
 /// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
 /// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the failure policy instead |
+/// | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
 /// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
 /// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
 /// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit |
@@ -52,6 +53,9 @@ pub mod metric_names {
     pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
     /// Counter: decisions a shared store (Redis) did not give; the failure policy decided them.
     pub const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
+    /// Counter: requests a shadow policy would have refused (and let through); label `name` =
+    /// the policy's name.
+    pub const RATELIMIT_SHADOW_REFUSALS: &str = "bulwark_ratelimit_shadow_refusals_total";
     /// Counter: bulkhead calls, label `outcome` = `permitted` | `rejected` | `finished`.
     pub const BULKHEAD_CALLS: &str = "bulwark_bulkhead_calls_total";
     /// Gauge: free bulkhead permits.

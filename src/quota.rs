@@ -66,6 +66,11 @@ impl Quota {
         Self::with_period(permits, Duration::from_secs(3600))
     }
 
+    /// `permits` per day (86 400 seconds).
+    pub fn per_day(permits: u32) -> Result<Self, QuotaError> {
+        Self::with_period(permits, Duration::from_secs(86_400))
+    }
+
     /// `permits` per `period`. The burst defaults to `permits`, the maximum wait to zero.
     pub fn with_period(permits: u32, period: Duration) -> Result<Self, QuotaError> {
         if permits == 0 {

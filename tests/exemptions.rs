@@ -21,7 +21,9 @@ fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock> {
 }
 
 fn app(
-    layer: RateLimitLayer<PeerIp, KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>>,
+    layer: RateLimitLayer<
+        Policy<PeerIp, KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>>,
+    >,
     peer: &str,
 ) -> Router {
     let peer: SocketAddr = format!("{peer}:4000").parse().unwrap();
@@ -48,11 +50,8 @@ async fn get_path(app: &Router, path: &str) -> (StatusCode, bool) {
 #[tokio::test]
 async fn an_exempt_path_is_never_counted_nor_given_headers() {
     let per_ip = limiter();
-    let layer = RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new("per-ip", per_ip.clone()).unwrap(),
-    )
-    .exempt(|parts: &Parts| parts.uri.path() == "/health");
+    let layer = RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), per_ip.clone()).unwrap())
+        .exempt(|parts: &Parts| parts.uri.path() == "/health");
     let app = app(layer, "198.51.100.1");
     for _ in 0..20 {
         assert_eq!(get_path(&app, "/health").await, (StatusCode::OK, false));
@@ -71,12 +70,9 @@ async fn an_exempt_path_is_never_counted_nor_given_headers() {
 #[tokio::test]
 async fn exempt_networks_match_the_tcp_peer_and_exemptions_add_up() {
     let per_ip = limiter();
-    let layer = RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new("per-ip", per_ip.clone()).unwrap(),
-    )
-    .exempt_networks(["10.0.0.0/8".parse::<Cidr>().unwrap()])
-    .exempt(|parts: &Parts| parts.uri.path() == "/health");
+    let layer = RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), per_ip.clone()).unwrap())
+        .exempt_networks(["10.0.0.0/8".parse::<Cidr>().unwrap()])
+        .exempt(|parts: &Parts| parts.uri.path() == "/health");
     let internal = app(layer.clone(), "10.1.2.3");
     for _ in 0..5 {
         assert_eq!(

@@ -27,7 +27,7 @@ fn app(extractor: ForwardedIp) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(
-            RateLimitLayer::new(extractor, Policy::new("per-client", limiter).unwrap())
+            RateLimitLayer::new(Policy::new("per-client", extractor, limiter).unwrap())
                 .without_admitted_headers(),
         )
 }
@@ -143,8 +143,12 @@ async fn an_unreadable_hop_is_a_400_naming_the_header_or_passes_uncounted_when_o
         .route("/", get(|| async { "ok" }))
         .route_layer(
             RateLimitLayer::new(
-                ForwardedIp::forwarded(trusted()),
-                Policy::new("per-client", limiter.clone()).unwrap(),
+                Policy::new(
+                    "per-client",
+                    ForwardedIp::forwarded(trusted()),
+                    limiter.clone(),
+                )
+                .unwrap(),
             )
             .on_key_error(FailMode::Open),
         )

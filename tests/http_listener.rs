@@ -28,8 +28,7 @@ async fn a_hundred_concurrent_requests_against_a_limit_of_ten_get_exactly_ten_ok
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", limiter).unwrap(),
+            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
         ));
     let addr = serve(app).await;
     let client = reqwest::Client::new();
@@ -93,8 +92,7 @@ async fn a_route_without_the_layer_is_untouched_over_the_wire() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", limiter).unwrap(),
+            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
         ))
         .route("/health", get(|| async { "up" }));
     let addr = serve(app).await;

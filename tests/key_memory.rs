@@ -129,13 +129,17 @@ fn app(keys: Keys) -> Router {
     let router = Router::new().route("/", get(|| async { "ok" }));
     match keys {
         Keys::Peer => router.route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", KeyedRateLimiter::<IpAddr>::builder(quota).build()).unwrap(),
+            Policy::new(
+                "per-ip",
+                PeerIp::new(),
+                KeyedRateLimiter::<IpAddr>::builder(quota).build(),
+            )
+            .unwrap(),
         )),
         Keys::Header => router.route_layer(RateLimitLayer::new(
-            HeaderKey::new(api_key()),
             Policy::new(
                 "per-key",
+                HeaderKey::new(api_key()),
                 KeyedRateLimiter::<HeaderValue>::builder(quota).build(),
             )
             .unwrap(),

@@ -68,8 +68,7 @@ async fn a_client_that_hangs_up_while_waiting_gives_its_reservation_back() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("wait", limiter.clone()).unwrap(),
+            Policy::new("wait", PeerIp::new(), limiter.clone()).unwrap(),
         ));
     let addr = serve(app).await;
     assert_eq!(

@@ -310,8 +310,7 @@ fn unknown_names_are_errors_and_file_instances_behave_like_code_instances() {
         let from_code = Router::new()
             .route("/orders", get(|| async { "ok" }))
             .route_layer(RateLimitLayer::new(
-                PeerIp::new(),
-                Policy::new("api", limiter).unwrap(),
+                Policy::new("api", PeerIp::new(), limiter).unwrap(),
             ))
             .layer(MockConnectInfo(SocketAddr::from(([203, 0, 113, 9], 4000))));
         for i in 0..5 {

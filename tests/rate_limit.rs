@@ -19,7 +19,7 @@ use http::{HeaderMap, Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_bulwark::rate_limit::{
     BoxLimiter, Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy,
-    RateLimitLayer, Refusal,
+    PolicySet, RateLimitLayer, Refusal,
 };
 use tower_bulwark::{
     BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingLog, TokioClock,
@@ -37,7 +37,7 @@ fn peer(ip: &str) -> SocketAddr {
     SocketAddr::new(ip.parse().unwrap(), 40_000)
 }
 
-fn orders(layer: RateLimitLayer<PeerIp, IpLimiter>) -> Router {
+fn orders<P: PolicySet>(layer: RateLimitLayer<P>) -> Router {
     Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(layer)
@@ -102,8 +102,7 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(10).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new("per-ip", limiter).unwrap(),
+        Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
     ));
     let client = peer("203.0.113.9");
 
@@ -160,8 +159,7 @@ async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_bod
     let name = r#"say "hi" \ twice"#;
     let limiter = ip_limiter(Quota::per_hour(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new(name, limiter).unwrap(),
+        Policy::new(name, PeerIp::new(), limiter).unwrap(),
     ));
     let client = peer("198.51.100.4");
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
@@ -186,8 +184,7 @@ async fn retry_after_rounds_up_and_is_never_zero() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_minute(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new("slow", limiter).unwrap(),
+        Policy::new("slow", PeerIp::new(), limiter).unwrap(),
     ));
     let client = peer("198.51.100.1");
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
@@ -208,8 +205,7 @@ async fn clients_have_their_own_budgets_and_ipv6_is_keyed_by_its_64() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
-        PeerIp::new(),
-        Policy::new("per-ip", limiter).unwrap(),
+        Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
     ));
     for client in ["192.0.2.1", "192.0.2.2"] {
         for _ in 0..2 {
@@ -255,8 +251,7 @@ async fn a_wider_ipv6_prefix_groups_more_addresses() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
-        PeerIp::new().ipv6_prefix(48),
-        Policy::new("per-48", limiter).unwrap(),
+        Policy::new("per-48", PeerIp::new().ipv6_prefix(48), limiter).unwrap(),
     ));
     assert_eq!(
         send(&app, peer("2001:db8:1:1::1"), &[]).await.status(),
@@ -277,8 +272,12 @@ async fn an_untrusted_peer_cannot_choose_its_key_with_forwarding_headers() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
     let layer = RateLimitLayer::new(
-        ForwardedIp::x_forwarded_for(["10.0.0.0/8".parse::<Cidr>().unwrap()]),
-        Policy::new("per-client", limiter).unwrap(),
+        Policy::new(
+            "per-client",
+            ForwardedIp::x_forwarded_for(["10.0.0.0/8".parse::<Cidr>().unwrap()]),
+            limiter,
+        )
+        .unwrap(),
     );
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
@@ -309,8 +308,12 @@ async fn behind_trusted_proxies_the_rightmost_untrusted_address_is_the_client() 
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            ForwardedIp::x_forwarded_for(trusted.clone()),
-            Policy::new("per-client", limiter.clone()).unwrap(),
+            Policy::new(
+                "per-client",
+                ForwardedIp::x_forwarded_for(trusted.clone()),
+                limiter.clone(),
+            )
+            .unwrap(),
         ));
     let proxy = peer("10.0.0.2");
     // The client wrote 6.6.6.6 itself; the edge proxy appended the address it saw, 192.0.2.7,
@@ -344,8 +347,7 @@ async fn behind_trusted_proxies_the_rightmost_untrusted_address_is_the_client() 
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            ForwardedIp::forwarded(trusted),
-            Policy::new("per-client", limiter).unwrap(),
+            Policy::new("per-client", ForwardedIp::forwarded(trusted), limiter).unwrap(),
         ));
     let v6 = [(
         "forwarded",
@@ -460,12 +462,10 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
     let clock = ManualClock::new();
     let per_second = ip_limiter(Quota::per_second(2).unwrap(), &clock);
     let per_minute = ip_limiter(Quota::per_minute(3).unwrap(), &clock);
-    let app = orders(RateLimitLayer::with_policies(
-        PeerIp::new(),
-        [
-            Policy::new("per-second", per_second.clone()).unwrap(),
-            Policy::new("per-minute", per_minute.clone()).unwrap(),
-        ],
+    let app = orders(RateLimitLayer::new(
+        Policy::new("per-second", PeerIp::new(), per_second.clone())
+            .unwrap()
+            .and(Policy::new("per-minute", PeerIp::new(), per_minute.clone()).unwrap()),
     ));
     let client = peer("192.0.2.10");
     let ok = send(&app, client, &[]).await;
@@ -527,12 +527,10 @@ async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
         .clock(clock.clone())
         .algorithm::<SlidingLog>()
         .build();
-    let layer = RateLimitLayer::with_policies(
-        GlobalKey,
-        [
-            Policy::new("burst", BoxLimiter::new(a)).unwrap(),
-            Policy::new("hourly", BoxLimiter::new(b)).unwrap(),
-        ],
+    let layer = RateLimitLayer::new(
+        Policy::new("burst", GlobalKey, BoxLimiter::new(a))
+            .unwrap()
+            .and(Policy::new("hourly", GlobalKey, BoxLimiter::new(b)).unwrap()),
     );
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
@@ -572,15 +570,13 @@ async fn routes_carry_their_own_policies_and_unlimited_routes_are_untouched() {
         .route(
             "/orders",
             get(|| async { "orders" }).route_layer(RateLimitLayer::new(
-                PeerIp::new(),
-                Policy::new("orders", strict).unwrap(),
+                Policy::new("orders", PeerIp::new(), strict).unwrap(),
             )),
         )
         .route(
             "/search",
             get(|| async { "search" }).route_layer(RateLimitLayer::new(
-                PeerIp::new(),
-                Policy::new("search", loose).unwrap(),
+                Policy::new("search", PeerIp::new(), loose).unwrap(),
             )),
         )
         .route("/health", get(|| async { "up" }))
@@ -615,7 +611,7 @@ async fn works_in_a_service_builder_and_clones_share_one_budget() {
     let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(3).unwrap())
         .clock(clock)
         .build();
-    let layer = RateLimitLayer::new(GlobalKey, Policy::new("global", limiter).unwrap());
+    let layer = RateLimitLayer::new(Policy::new("global", GlobalKey, limiter).unwrap());
     async fn hi(_req: Request<Body>) -> Result<Response, std::convert::Infallible> {
         Ok(Response::new(Body::from("hi")))
     }
@@ -645,7 +641,7 @@ async fn responses_keep_the_inner_body_type_and_wrap_body_serves_any_body() {
         let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(1).unwrap())
             .clock(ManualClock::new())
             .build();
-        RateLimitLayer::new(GlobalKey, Policy::new("global", limiter).unwrap())
+        RateLimitLayer::new(Policy::new("global", GlobalKey, limiter).unwrap())
     };
     // Sends two requests to a service with a budget of one: the status, headers and body of the
     // admitted response and of the refused one. `B` is the service's response body type.
@@ -710,11 +706,8 @@ async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
     let app = orders(
-        RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", limiter.clone()).unwrap(),
-        )
-        .without_admitted_headers(),
+        RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter.clone()).unwrap())
+            .without_admitted_headers(),
     );
     let client = peer("192.0.2.77");
     let ok = send(&app, client, &[]).await;
@@ -722,7 +715,7 @@ async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
     assert!(!ok.headers().contains_key("ratelimit-policy"));
 
     let app = orders(
-        RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap())
+        RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
             .with_legacy_headers(),
     );
     let ok = send(&app, client, &[]).await;
@@ -742,7 +735,7 @@ async fn a_hook_builds_the_refusal() {
     let clock = ManualClock::new();
     let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
     let app = orders(
-        RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap()).on_refusal(
+        RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap()).on_refusal(
             |refusal: &Refusal<'_>| {
                 let mut response = refusal.default_response();
                 *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -772,8 +765,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", limiter.clone()).unwrap(),
+            Policy::new("per-ip", PeerIp::new(), limiter.clone()).unwrap(),
         ));
     let request = || Request::get("/orders").body(Body::empty()).unwrap();
     let response = app.clone().oneshot(request()).await.unwrap();
@@ -790,7 +782,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
     let open = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(
-            RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter).unwrap())
+            RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
                 .on_key_error(FailMode::Open),
         );
     for _ in 0..3 {
@@ -807,8 +799,12 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            HeaderKey::new(http::HeaderName::from_static("x-api-key")),
-            Policy::new("per-key", keyed).unwrap(),
+            Policy::new(
+                "per-key",
+                HeaderKey::new(http::HeaderName::from_static("x-api-key")),
+                keyed,
+            )
+            .unwrap(),
         ));
     let response = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
@@ -862,8 +858,7 @@ async fn a_closure_can_be_the_key() {
     let app = Router::new()
         .route("/{tenant}/orders", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(
-            by_tenant,
-            Policy::new("per-tenant", limiter).unwrap(),
+            Policy::new("per-tenant", by_tenant, limiter).unwrap(),
         ));
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let status = |path: &'static str| {
@@ -901,12 +896,13 @@ async fn a_failing_limiter_answers_503_or_fails_open() {
     let working = ip_limiter(Quota::per_second(5).unwrap(), &clock);
     let quota = Quota::per_second(1).unwrap();
     let layer = |mode| {
-        RateLimitLayer::with_policies(
-            PeerIp::new(),
-            [
-                Policy::new("local", BoxLimiter::new(working.clone())).unwrap(),
-                Policy::new("shared", BoxLimiter::new(Broken { quota })).unwrap(),
-            ],
+        RateLimitLayer::new(
+            Policy::new("local", PeerIp::new(), BoxLimiter::new(working.clone()))
+                .unwrap()
+                .and(
+                    Policy::new("shared", PeerIp::new(), BoxLimiter::new(Broken { quota }))
+                        .unwrap(),
+                ),
         )
         .on_limiter_error(mode)
     };
@@ -947,8 +943,7 @@ fn counting_app(
             }),
         )
         .route_layer(RateLimitLayer::new(
-            PeerIp::new(),
-            Policy::new("per-ip", limiter).unwrap(),
+            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
         ))
         .layer(MockConnectInfo(peer("192.0.2.200")));
     (app, hits)
@@ -1085,12 +1080,10 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
     };
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::with_policies(
-            PeerIp::new(),
-            [
-                Policy::new("local", BoxLimiter::new(local.clone())).unwrap(),
-                Policy::new("remote", BoxLimiter::new(remote)).unwrap(),
-            ],
+        .route_layer(RateLimitLayer::new(
+            Policy::new("local", PeerIp::new(), BoxLimiter::new(local.clone()))
+                .unwrap()
+                .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(remote)).unwrap()),
         ));
     let client = peer("192.0.2.33");
     let ok = send(&app, client, &[]).await;

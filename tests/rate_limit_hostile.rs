@@ -136,13 +136,14 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
                 async { "ok" }
             }),
         )
-        .route_layer(RateLimitLayer::with_policies(
-            PeerIp::new(),
-            [
-                Policy::new("wide", BoxLimiter::new(wide.clone())).unwrap(),
-                Policy::new("remote", BoxLimiter::new(later.clone())).unwrap(),
-                Policy::new("waiting", BoxLimiter::new(waiting.clone())).unwrap(),
-            ],
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), BoxLimiter::new(wide.clone()))
+                .unwrap()
+                .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(later.clone())).unwrap())
+                .and(
+                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
+                        .unwrap(),
+                ),
         ))
         .layer(MockConnectInfo(client));
 
@@ -211,17 +212,21 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(
-            RateLimitLayer::with_policies(
-                PeerIp::new(),
-                [
-                    Policy::new(
-                        "broken",
-                        BoxLimiter::new(Broken(Quota::per_second(3).unwrap())),
-                    )
-                    .unwrap(),
-                    Policy::new("refusing", BoxLimiter::new(refusing.clone())).unwrap(),
-                    Policy::new("waiting", BoxLimiter::new(waiting.clone())).unwrap(),
-                ],
+            RateLimitLayer::new(
+                Policy::new(
+                    "broken",
+                    PeerIp::new(),
+                    BoxLimiter::new(Broken(Quota::per_second(3).unwrap())),
+                )
+                .unwrap()
+                .and(
+                    Policy::new("refusing", PeerIp::new(), BoxLimiter::new(refusing.clone()))
+                        .unwrap(),
+                )
+                .and(
+                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
+                        .unwrap(),
+                ),
             )
             .on_limiter_error(FailMode::Open)
             .with_legacy_headers(),
@@ -240,10 +245,12 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
         policy.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
         ["broken", "refusing", "waiting"]
     );
+    // On a 429, `RateLimit` describes the policies that refused: the waiting one spent
+    // nothing, so the client's last admitted response still describes it.
     let state = header_list(&h, "ratelimit");
     assert_eq!(
         state.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
-        ["refusing", "waiting"]
+        ["refusing"]
     );
     let body = axum::body::to_bytes(refused.into_body(), usize::MAX)
         .await
@@ -282,12 +289,12 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
                 .build()
         })
         .collect();
-    let layer = RateLimitLayer::with_policies(
-        PeerIp::new(),
+    let layer = RateLimitLayer::new(
         names
             .iter()
             .zip(&limiters)
-            .map(|(n, l)| Policy::new(n.clone(), l.clone()).unwrap()),
+            .map(|(n, l)| Policy::new(n.clone(), PeerIp::new(), l.clone()).unwrap())
+            .collect::<Vec<_>>(),
     )
     .with_legacy_headers();
     let app = Router::new()
@@ -366,12 +373,10 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     let client: SocketAddr = "192.0.2.79:5000".parse().unwrap();
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::with_policies(
-            PeerIp::new(),
-            [
-                Policy::new("wide", wide.clone()).unwrap(),
-                Policy::new("narrow", narrow.clone()).unwrap(),
-            ],
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), wide.clone())
+                .unwrap()
+                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
         ))
         .layer(MockConnectInfo(client));
     let mut statuses = Vec::new();
@@ -397,13 +402,13 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     );
 }
 
-/// Promise (`response.rs`: "`RATELIMIT`: what is left of each policy for this client"; README
-/// "one refused by any spends nothing from the others"): on a 429, the `RateLimit` entry of a
-/// policy that admitted but was vetoed (and so gave its permit back) should describe that
-/// policy's real state. It describes the state *as if the refused request had been admitted*:
-/// `r` one too low and `t` one emission interval too long, for every vetoed policy.
+/// Promise (README: "one refused by any spends nothing from the others"; `RateLimit` tells the
+/// client what is left): on a 429, no `RateLimit` entry may describe a policy that admitted and
+/// was vetoed as if its permit had been spent. The answer lists only the policies that refused
+/// (the vetoed ones are as the client's previous response described them), and the next
+/// admitted response shows the vetoed policy untouched. (Before issue 12 the 429 said
+/// `"wide";r=8`, one permit short, and a `t` one interval too long.)
 #[tokio::test]
-#[ignore = "known defect, issue 12 (draft-11 headers): on a 429 a vetoed policy's RateLimit entry reports r one too low, t one interval too long"]
 async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let clock = ManualClock::new();
     let limiter = |quota| {
@@ -416,12 +421,10 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let client: SocketAddr = "192.0.2.80:5000".parse().unwrap();
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::with_policies(
-            PeerIp::new(),
-            [
-                Policy::new("wide", wide.clone()).unwrap(),
-                Policy::new("narrow", narrow.clone()).unwrap(),
-            ],
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), wide.clone())
+                .unwrap()
+                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
         ))
         .layer(MockConnectInfo(client));
     let ok = app.clone().oneshot(get_req()).await.unwrap();
@@ -436,12 +439,19 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let refused = app.clone().oneshot(get_req()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let state = header_list(refused.headers(), "ratelimit");
-    // The limiter agrees that nothing was spent: 9 left (8 after this check).
-    assert_eq!(wide.check(&client.ip()).remaining, 8);
-    assert_eq!(state[0].0, "wide");
+    let retry: i64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(
-        state[0].1,
-        [("r".to_string(), 9), ("t".to_string(), 360)],
-        "the refused request spent nothing from `wide`, which still has 9 left and is whole again in 360 s"
+        state.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        ["narrow"],
+        "only the policy that refused is described: {state:?}"
     );
+    assert_eq!(state[0].1[0], ("r".to_string(), 0));
+    assert!(state[0].1[1].1 <= retry, "{state:?} vs Retry-After {retry}");
+
+    // The limiter agrees that nothing was spent: 9 left, 8 after this check.
+    assert_eq!(wide.check(&client.ip()).remaining, 8, "the 429 spent nothing");
 }

@@ -18,8 +18,12 @@ use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
 
 fn app<L: Limiter<HeaderValue>>(limiter: L) -> Router {
     let layer = RateLimitLayer::new(
-        HeaderKey::new(HeaderName::from_static("x-api-key")),
-        Policy::new("per-key", limiter).unwrap(),
+        Policy::new(
+            "per-key",
+            HeaderKey::new(HeaderName::from_static("x-api-key")),
+            limiter,
+        )
+        .unwrap(),
     );
     Router::new()
         .route("/", get(|| async { "ok" }))

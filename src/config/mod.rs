@@ -66,8 +66,8 @@ use crate::Quota;
 mod registry;
 
 pub use registry::{
-    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredRateLimitLayer,
-    Health, LimiterHealth, Registry, UnknownInstance,
+    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredPolicy,
+    ConfiguredRateLimitLayer, Health, LimiterHealth, Registry, UnknownInstance,
 };
 
 /// A configuration file that could not be used: where, and what was wrong.

@@ -64,8 +64,11 @@ impl KeyExtractor for ConfigKeyExtractor {
 /// A configured rate limiter: any algorithm, in memory, named and observed.
 pub type ConfiguredLimiter = Observed<BoxLimiter<ConfigKey>>;
 
+/// A configured rate limiter as a policy: its name, its key, its limiter.
+pub type ConfiguredPolicy = Policy<ConfigKeyExtractor, ConfiguredLimiter>;
+
 /// The layer of a configured rate limiter.
-pub type ConfiguredRateLimitLayer = RateLimitLayer<ConfigKeyExtractor, ConfiguredLimiter>;
+pub type ConfiguredRateLimitLayer = RateLimitLayer<ConfiguredPolicy>;
 
 /// A name that the configuration does not define.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,10 +208,17 @@ impl Registry {
         &self,
         name: &str,
     ) -> Result<ConfiguredRateLimitLayer, UnknownInstance> {
+        Ok(RateLimitLayer::new(self.policy(name)?))
+    }
+
+    /// Rate limiter `name` as a policy (named `name`, with its configured key), to chain with
+    /// others on one layer: `registry.policy("per-ip")?.and(registry.policy("per-key")?)`.
+    pub fn policy(&self, name: &str) -> Result<ConfiguredPolicy, UnknownInstance> {
         let named = self.named(name)?;
-        let policy = Policy::new(name, named.limiter.clone())
-            .expect("instance names are checked when the registry is built");
-        Ok(RateLimitLayer::new(named.extractor.clone(), policy))
+        Ok(
+            Policy::new(name, named.extractor.clone(), named.limiter.clone())
+                .expect("instance names are checked when the registry is built"),
+        )
     }
 
     /// Rate limiter `name`, to call directly or to read its snapshot.
@@ -298,7 +308,8 @@ impl Registry {
 
 fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, ConfigError> {
     let path = format!("rate_limiters.{name}");
-    Policy::new(name, ()).map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
+    crate::rate_limit::check_policy_name(name)
+        .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
     fn keyed<A: crate::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
         BoxLimiter::new(
             KeyedRateLimiter::<ConfigKey>::builder(s.quota)

@@ -1,3 +1,5 @@
+//! The response future of [`RateLimit`](super::RateLimit).
+
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -8,16 +10,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
-use super::key::KeyExtractor;
-use super::layer::{FailMode, Shared};
-use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
-use crate::{BoxError, Decision, Limiter};
+use super::decide::{Conclusion, Ledger, Next, OutcomeList, Settle};
+use super::layer::Shared;
+use super::policy::{BoxReserve, PolicySet};
+use super::response::{AdmittedHeaders, Outcome};
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).
@@ -27,25 +29,25 @@ pin_project! {
     /// asks the remaining policies, waits if a policy granted a permit that falls due later, and
     /// then calls the inner service or answers for it. Dropped before the inner service is
     /// called (the client went away, or a timeout fired), it gives every permit it holds back.
-    pub struct ResponseFuture<S, ReqBody, X, L, M = SameBody>
+    pub struct ResponseFuture<S, ReqBody, P, M = SameBody>
     where
         S: Service<Request<ReqBody>>,
-        X: KeyExtractor,
-        L: Limiter<X::Key>,
+        P: PolicySet,
     {
         #[pin]
-        state: State<S::Future, L::Future>,
-        pending: Option<Box<Pending<S, ReqBody, X, L>>>,
+        state: State<S::Future>,
+        pending: Option<Box<Pending<S, ReqBody, P>>>,
         headers: Option<AdmittedHeaders>,
+        settle: Option<Box<Settle<P>>>,
         kind: PhantomData<fn() -> M>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, R> {
+    enum State<F> {
         // Waiting for the decision of one policy.
-        Reserve { reserve: Pin<Box<R>> },
+        Reserve { reserve: BoxReserve },
         // Every policy admitted; the last permit falls due when the sleep ends.
         Wait { sleep: Pin<Box<Sleep>> },
         // The inner service is answering.
@@ -55,17 +57,21 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody, X, L, M> ResponseFuture<S, ReqBody, X, L, M>
+impl<S, ReqBody, P, M> ResponseFuture<S, ReqBody, P, M>
 where
     S: Service<Request<ReqBody>>,
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
+    P: PolicySet,
 {
-    pub(crate) fn call(future: S::Future, headers: Option<AdmittedHeaders>) -> Self {
+    pub(crate) fn call(
+        future: S::Future,
+        headers: Option<AdmittedHeaders>,
+        settle: Option<Box<Settle<P>>>,
+    ) -> Self {
         Self {
             state: State::Call { future },
             pending: None,
             headers,
+            settle,
             kind: PhantomData,
         }
     }
@@ -77,15 +83,13 @@ where
             },
             pending: None,
             headers: None,
+            settle: None,
             kind: PhantomData,
         }
     }
 
     /// Goes on later: `next` is the step the synchronous part of `call` could not finish.
-    pub(crate) fn deferred(
-        next: Deferred<L::Future>,
-        pending: Box<Pending<S, ReqBody, X, L>>,
-    ) -> Self {
+    pub(crate) fn deferred(next: Deferred, pending: Box<Pending<S, ReqBody, P>>) -> Self {
         let state = match next {
             Deferred::Reserve(reserve) => State::Reserve { reserve },
             Deferred::Wait(wait) => State::Wait {
@@ -96,16 +100,16 @@ where
             state,
             pending: Some(pending),
             headers: None,
+            settle: None,
             kind: PhantomData,
         }
     }
 }
 
-impl<S, ReqBody, ResBody, X, L, M> Future for ResponseFuture<S, ReqBody, X, L, M>
+impl<S, ReqBody, ResBody, P, M> Future for ResponseFuture<S, ReqBody, P, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
+    P: PolicySet,
     M: BodyKind<ResBody>,
 {
     type Output = Result<Response<M::Body>, S::Error>;
@@ -116,6 +120,11 @@ where
             let step = match this.state.as_mut().project() {
                 StateProj::Call { future } => {
                     let mut response = ready!(future.poll(cx))?;
+                    if let Some(settle) = this.settle.take() {
+                        let (parts, body) = response.into_parts();
+                        settle.apply(&parts);
+                        response = Response::from_parts(parts, body);
+                    }
                     if let Some(headers) = this.headers.take() {
                         headers.apply(response.headers_mut());
                     }
@@ -149,8 +158,9 @@ where
                 }
                 Step::Call => {
                     let pending = this.pending.take().expect(PENDING);
-                    let (mut inner, request, headers) = (*pending).into_call();
+                    let (mut inner, request, headers, settle) = (*pending).into_call();
                     *this.headers = headers;
+                    *this.settle = settle;
                     this.state.set(State::Call {
                         future: inner.call(request),
                     });
@@ -166,11 +176,10 @@ fn pending_mut<T>(pending: &mut Option<Box<T>>) -> &mut T {
     pending.as_mut().expect(PENDING)
 }
 
-impl<S, ReqBody, X, L, M> fmt::Debug for ResponseFuture<S, ReqBody, X, L, M>
+impl<S, ReqBody, P, M> fmt::Debug for ResponseFuture<S, ReqBody, P, M>
 where
     S: Service<Request<ReqBody>>,
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
+    P: PolicySet,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
@@ -181,6 +190,7 @@ where
         };
         let held = self.pending.as_ref().map_or(0, |p| {
             p.held
+                .ledger
                 .outcomes
                 .as_slice()
                 .iter()
@@ -190,214 +200,43 @@ where
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .field("permits_held", &held)
+            .field("settles_after_response", &self.settle.is_some())
             .finish()
     }
 }
 
 /// What the synchronous part of `call` leaves to the future.
-pub(crate) enum Deferred<R> {
+pub(crate) enum Deferred {
     /// A policy that has not decided yet.
-    Reserve(Pin<Box<R>>),
+    Reserve(BoxReserve),
     /// Every policy admitted; wait this long for the last permit.
     Wait(Duration),
 }
 
 /// What the future does next.
-enum Step<R> {
-    Reserve(Pin<Box<R>>),
+enum Step {
+    Reserve(BoxReserve),
     Wait(Duration),
     Call,
     Answer(Response<Bytes>),
 }
 
-const INLINE: usize = 2;
-
-/// Outcomes for any number of policies; the common case (up to two) does not allocate.
-// Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
-// decision is deferred.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum OutcomeList {
-    Inline {
-        len: usize,
-        items: [Outcome; INLINE],
-    },
-    Heap(Vec<Outcome>),
-}
-
-impl OutcomeList {
-    pub(crate) fn new(policies: usize) -> Self {
-        if policies <= INLINE {
-            OutcomeList::Inline {
-                len: 0,
-                items: [Outcome::Failed; INLINE],
-            }
-        } else {
-            OutcomeList::Heap(Vec::with_capacity(policies))
-        }
-    }
-
-    pub(crate) fn push(&mut self, outcome: Outcome) {
-        match self {
-            OutcomeList::Inline { len, items } if *len < INLINE => {
-                items[*len] = outcome;
-                *len += 1;
-            }
-            OutcomeList::Inline { len, items } => {
-                let mut vec = items[..*len].to_vec();
-                vec.push(outcome);
-                *self = OutcomeList::Heap(vec);
-            }
-            OutcomeList::Heap(vec) => vec.push(outcome),
-        }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[Outcome] {
-        match self {
-            OutcomeList::Inline { len, items } => &items[..*len],
-            OutcomeList::Heap(vec) => vec,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-
-    fn clear(&mut self) {
-        match self {
-            OutcomeList::Inline { len, .. } => *len = 0,
-            OutcomeList::Heap(vec) => vec.clear(),
-        }
-    }
-}
-
-/// Records one policy's answer. Returns the response to send at once when the limiter failed
-/// and the layer fails closed (having given back what the other policies granted).
-pub(crate) fn record<X, L>(
-    shared: &Shared<X, L>,
-    key: &X::Key,
-    outcomes: &mut OutcomeList,
-    result: Result<Decision, BoxError>,
-) -> Option<Response<Bytes>>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    match result {
-        Ok(decision) if decision.allowed => outcomes.push(Outcome::Admitted(decision)),
-        Ok(decision) => outcomes.push(Outcome::Refused(decision)),
-        Err(error) => {
-            let name = &*shared.meta.policies[outcomes.len()].name;
-            match shared.meta.on_limiter_error {
-                FailMode::Open => {
-                    tracing::warn!(
-                        policy = name,
-                        error = %error,
-                        "rate limit: the limiter failed; letting the request through"
-                    );
-                    outcomes.push(Outcome::Failed);
-                }
-                FailMode::Closed => {
-                    tracing::warn!(
-                        policy = name,
-                        error = %error,
-                        "rate limit: the limiter failed; answering 503"
-                    );
-                    refund_all(shared, key, outcomes);
-                    return Some(problem_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "The rate limiter is unavailable; retry later.",
-                    ));
-                }
-            }
-        }
-    }
-    None
-}
-
-/// What every policy having decided comes to.
-pub(crate) enum Conclusion {
-    /// Refused: the answer (the permits granted by other policies are given back).
-    Answer(Response<Bytes>),
-    /// Admitted once the last permit falls due.
-    Wait(Duration),
-    /// Admitted now.
-    Admit,
-}
-
-pub(crate) fn conclude<X, L>(
-    shared: &Shared<X, L>,
-    key: &X::Key,
-    outcomes: &mut OutcomeList,
-    parts: &Parts,
-) -> Conclusion
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    let mut wait = Duration::ZERO;
-    let mut refused = false;
-    for outcome in outcomes.as_slice() {
-        match outcome {
-            Outcome::Admitted(d) => wait = wait.max(d.wait),
-            Outcome::Refused(_) => refused = true,
-            Outcome::Failed => {}
-        }
-    }
-    if refused {
-        let response = Refusal {
-            meta: &shared.meta,
-            request: parts,
-            outcomes: outcomes.as_slice(),
-        }
-        .respond();
-        refund_all(shared, key, outcomes);
-        Conclusion::Answer(response)
-    } else if wait.is_zero() {
-        Conclusion::Admit
-    } else {
-        Conclusion::Wait(wait)
-    }
-}
-
-/// Gives back every permit in `outcomes`, once: they are cleared.
-fn refund_all<X, L>(shared: &Shared<X, L>, key: &X::Key, outcomes: &mut OutcomeList)
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    for (limiter, outcome) in shared.limiters.iter().zip(outcomes.as_slice()) {
-        if let Outcome::Admitted(decision) = outcome {
-            limiter.refund(key, super::COST, decision);
-        }
-    }
-    outcomes.clear();
-}
-
 /// A request that has not reached the inner service yet, with the permits it holds.
-pub(crate) struct Pending<S, ReqBody, X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
+pub(crate) struct Pending<S, ReqBody, P: PolicySet> {
     inner: S,
     parts: Parts,
     body: ReqBody,
-    held: Held<X, L>,
+    held: Held<P>,
 }
 
-impl<S, ReqBody, X, L> Pending<S, ReqBody, X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
+impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
     /// `waited` says whether every policy has decided and the wait, if any, is under way.
     pub(crate) fn new(
         inner: S,
         parts: Parts,
         body: ReqBody,
-        shared: Arc<Shared<X, L>>,
-        key: X::Key,
-        outcomes: OutcomeList,
+        shared: Arc<Shared<P>>,
+        ledger: Ledger<P>,
         waited: bool,
     ) -> Box<Self> {
         Box::new(Self {
@@ -406,70 +245,79 @@ where
             body,
             held: Held {
                 shared,
-                key,
-                outcomes,
+                ledger,
                 waited,
             },
         })
     }
 
     /// Records the answer of the policy being asked (if any) and says what comes next.
-    fn advance(&mut self, result: Option<Result<Decision, BoxError>>) -> Step<L::Future> {
+    fn advance(&mut self, result: Option<Result<crate::Decision, crate::BoxError>>) -> Step {
         let held = &mut self.held;
         if let Some(result) = result {
-            if let Some(answer) = record(&held.shared, &held.key, &mut held.outcomes, result) {
+            if let Some(answer) = held.ledger.record(&held.shared, result) {
                 return Step::Answer(answer);
             }
-        }
-        if let Some(limiter) = held.shared.limiters.get(held.outcomes.len()) {
-            return Step::Reserve(Box::pin(limiter.reserve(&held.key, super::COST)));
-        }
-        if held.waited {
+        } else if held.waited {
             return Step::Call;
         }
-        match conclude(&held.shared, &held.key, &mut held.outcomes, &self.parts) {
-            Conclusion::Answer(response) => Step::Answer(response),
-            Conclusion::Wait(wait) => {
+        match held.ledger.drive(&held.shared, &self.parts) {
+            Next::Reserve(reserve) => Step::Reserve(reserve),
+            Next::Done(Conclusion::Answer(response)) => Step::Answer(response),
+            Next::Done(Conclusion::Wait(wait)) => {
                 held.waited = true;
                 Step::Wait(wait)
             }
-            Conclusion::Admit => Step::Call,
+            Next::Done(Conclusion::Admit) => Step::Call,
         }
     }
 
-    /// Hands the request over: the permits now belong to it and are no longer given back.
-    fn into_call(self) -> (S, Request<ReqBody>, Option<AdmittedHeaders>) {
+    /// Hands the request over: the permits now belong to it and are no longer given back on
+    /// drop (those of policies that count by outcome are settled after the response).
+    #[allow(clippy::type_complexity)]
+    fn into_call(
+        self,
+    ) -> (
+        S,
+        Request<ReqBody>,
+        Option<AdmittedHeaders>,
+        Option<Box<Settle<P>>>,
+    ) {
         let Pending {
             inner,
             parts,
             body,
-            mut held,
+            held,
         } = self;
-        let headers = held.shared.meta.admitted_headers(held.outcomes.as_slice());
-        held.outcomes.clear();
-        (inner, Request::from_parts(parts, body), headers)
+        let (shared, ledger) = held.hand_over();
+        let headers = shared.meta.admitted_headers(ledger.outcomes.as_slice());
+        let settle = ledger.into_settle(&shared);
+        (inner, Request::from_parts(parts, body), headers, settle)
     }
 }
 
 /// The permits a pending request holds; dropped before the request is handed over, it gives
 /// them back.
-struct Held<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    shared: Arc<Shared<X, L>>,
-    key: X::Key,
-    outcomes: OutcomeList,
+struct Held<P: PolicySet> {
+    shared: Arc<Shared<P>>,
+    ledger: Ledger<P>,
     waited: bool,
 }
 
-impl<X, L> Drop for Held<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
+impl<P: PolicySet> Held<P> {
+    /// Takes the ledger out, so that dropping what is left gives nothing back.
+    fn hand_over(mut self) -> (Arc<Shared<P>>, Ledger<P>) {
+        let ledger = Ledger {
+            keys: std::mem::take(&mut self.ledger.keys),
+            outcomes: std::mem::replace(&mut self.ledger.outcomes, OutcomeList::new(0)),
+        };
+        (Arc::clone(&self.shared), ledger)
+    }
+}
+
+impl<P: PolicySet> Drop for Held<P> {
     fn drop(&mut self) {
-        refund_all(&self.shared, &self.key, &mut self.outcomes);
+        let shared = Arc::clone(&self.shared);
+        self.ledger.refund_all(&shared);
     }
 }

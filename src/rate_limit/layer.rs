@@ -5,11 +5,9 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
-use super::key::KeyExtractor;
-use super::policy::Policy;
-use super::response::{Meta, OnRefusal, PolicyInfo};
+use super::policy::PolicySet;
+use super::response::{Meta, OnRefusal};
 use super::service::RateLimit;
-use crate::Limiter;
 
 /// What the layer does with a request it cannot judge: one without a key, or one whose limiter
 /// failed.
@@ -29,52 +27,38 @@ pub enum FailMode {
 /// The layer is cheap to clone, and every clone, and every service it makes, shares the same
 /// limiters.
 ///
-/// `M` is how responses carry their bodies ([`BodyKind`](super::BodyKind)): by default they keep
-/// the inner service's body type, which must be made from `Bytes` (axum's `Body` is);
-/// [`wrap_body`](Self::wrap_body) serves inner services of any body type.
-pub struct RateLimitLayer<X, L, M = SameBody> {
-    shared: Arc<Shared<X, L>>,
+/// `P` is its policies ([`PolicySet`]): one [`Policy`](super::Policy), several chained with
+/// [`Policy::and`](super::Policy::and), or a `Vec` of policies of one type. `M` is how responses
+/// carry their bodies ([`BodyKind`](super::BodyKind)): by default they keep the inner service's
+/// body type, which must be made from `Bytes` (axum's `Body` is); [`wrap_body`](Self::wrap_body)
+/// serves inner services of any body type.
+pub struct RateLimitLayer<P, M = SameBody> {
+    policies: Arc<P>,
+    meta: Arc<Meta>,
     kind: PhantomData<fn() -> M>,
 }
 
-impl<X, L> RateLimitLayer<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    /// Limits requests, keyed by `extractor`, with one policy.
-    pub fn new(extractor: X, policy: Policy<L>) -> Self {
-        Self::with_policies(extractor, [policy])
-    }
-
-    /// Limits requests, keyed by `extractor`, with several policies: a request is admitted only
-    /// if every policy admits it, and one that any policy refuses gives back what the others
-    /// granted (exactly, but for the cases the [guide](crate::guide) lists, where permits stay
-    /// spent rather than be over-granted). Without policies the layer admits everything and adds
-    /// no headers.
-    pub fn with_policies(extractor: X, policies: impl IntoIterator<Item = Policy<L>>) -> Self {
-        let mut infos = Vec::new();
-        let mut limiters = Vec::new();
-        for policy in policies {
-            infos.push(PolicyInfo::new(&policy.name, *policy.limiter.quota()));
-            limiters.push(policy.limiter);
-        }
+impl<P: PolicySet> RateLimitLayer<P> {
+    /// Limits requests with `policies`: a request is admitted only if every policy admits it, and
+    /// one that any policy refuses gives back what the others granted (exactly, but for the cases
+    /// the [guide](crate::guide) lists, where permits stay spent rather than be over-granted).
+    /// Without policies (an empty `Vec`) the layer admits everything and adds no headers.
+    pub fn new(policies: P) -> Self {
+        let mut infos = Vec::with_capacity(policies.len());
+        policies.describe(&mut infos);
         Self {
-            shared: Arc::new(Shared {
-                extractor: Arc::new(extractor),
-                limiters: limiters.into(),
-                meta: Arc::new(Meta::new(infos)),
-            }),
+            policies: Arc::new(policies),
+            meta: Arc::new(Meta::new(infos)),
             kind: PhantomData,
         }
     }
 }
 
-impl<X, L, M> RateLimitLayer<X, L, M> {
+impl<P, M> RateLimitLayer<P, M> {
     fn meta_mut(&mut self) -> &mut Meta {
         // Copy on write: a clone of the layer made before this call keeps its settings, and
         // both keep sharing the limiters.
-        Arc::make_mut(&mut Arc::make_mut(&mut self.shared).meta)
+        Arc::make_mut(&mut self.meta)
     }
 
     /// Builds the response to a refused request with `hook` instead of the default 429.
@@ -104,13 +88,13 @@ impl<X, L, M> RateLimitLayer<X, L, M> {
     ///
     /// ```
     /// use http::request::Parts;
-    /// use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
+    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
     /// use tower_bulwark::{DirectRateLimiter, Quota};
     ///
-    /// let layer = RateLimitLayer::new(
-    ///     GlobalKey,
-    ///     Policy::new("all", DirectRateLimiter::new(Quota::per_second(100)?))?,
-    /// )
+    /// let layer = RateLimitLayer::new(Policy::global(
+    ///     "all",
+    ///     DirectRateLimiter::new(Quota::per_second(100)?),
+    /// )?)
     /// .exempt(|parts: &Parts| parts.uri.path() == "/health");
     /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -164,54 +148,50 @@ impl<X, L, M> RateLimitLayer<X, L, M> {
     ///
     /// Not needed under axum: a route's body is axum's `Body`, and axum boxes any other body
     /// type again on every response.
-    pub fn wrap_body(self) -> RateLimitLayer<X, L, WrapBody> {
+    pub fn wrap_body(self) -> RateLimitLayer<P, WrapBody> {
         RateLimitLayer {
-            shared: self.shared,
+            policies: self.policies,
+            meta: self.meta,
             kind: PhantomData,
         }
     }
 }
 
-impl<X, L, M> Clone for RateLimitLayer<X, L, M> {
+impl<P, M> Clone for RateLimitLayer<P, M> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            policies: Arc::clone(&self.policies),
+            meta: Arc::clone(&self.meta),
             kind: PhantomData,
         }
     }
 }
 
-impl<X, L, M> fmt::Debug for RateLimitLayer<X, L, M> {
+impl<P, M> fmt::Debug for RateLimitLayer<P, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("extractor", &std::any::type_name::<X>())
-            .field("meta", &self.shared.meta)
+            .field("meta", &self.meta)
             .field("body", &std::any::type_name::<M>())
             .finish_non_exhaustive()
     }
 }
 
-impl<S, X, L, M> Layer<S> for RateLimitLayer<X, L, M> {
-    type Service = RateLimit<S, X, L, M>;
+impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
+    type Service = RateLimit<S, P, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.shared))
+        RateLimit::new(
+            inner,
+            Arc::new(Shared {
+                policies: Arc::clone(&self.policies),
+                meta: Arc::clone(&self.meta),
+            }),
+        )
     }
 }
 
 /// What every clone of a layer and of its services shares.
-pub(crate) struct Shared<X, L> {
-    pub(crate) extractor: Arc<X>,
-    pub(crate) limiters: Arc<[L]>,
+pub(crate) struct Shared<P> {
+    pub(crate) policies: Arc<P>,
     pub(crate) meta: Arc<Meta>,
-}
-
-impl<X, L> Clone for Shared<X, L> {
-    fn clone(&self) -> Self {
-        Self {
-            extractor: Arc::clone(&self.extractor),
-            limiters: Arc::clone(&self.limiters),
-            meta: Arc::clone(&self.meta),
-        }
-    }
 }

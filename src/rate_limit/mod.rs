@@ -1,9 +1,11 @@
 //! Inbound HTTP rate limiting: [`RateLimitLayer`], a tower layer for axum routes (or any
 //! `http` service).
 //!
-//! For each request the layer finds a key with a [`KeyExtractor`] (by default the client's IP),
-//! asks each [`Policy`] (a named [`Limiter`](crate::Limiter)) for a permit, and then either calls
-//! the inner service or answers `429 Too Many Requests` itself.
+//! A [`Policy`] is one limit: a name that clients see, a [`KeyExtractor`] that says whom a
+//! request counts against (the client's IP, an API key, a tenant), a [`Limiter`](crate::Limiter)
+//! that decides, and what a request costs. For each request the layer asks each of its policies
+//! for a permit under that policy's own key, and then either calls the inner service or answers
+//! `429 Too Many Requests` itself.
 //!
 //! ```
 //! use std::net::{IpAddr, SocketAddr};
@@ -22,7 +24,7 @@
 //!     .build();
 //! let app = Router::new()
 //!     .route("/orders", get(|| async { "ok" }))
-//!     .route_layer(RateLimitLayer::new(PeerIp::new(), Policy::new("per-ip", limiter)?))
+//!     .route_layer(RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter)?))
 //!     // In a server: `app.into_make_service_with_connect_info::<SocketAddr>()`.
 //!     .layer(MockConnectInfo(SocketAddr::from(([203, 0, 113, 7], 4711))));
 //!
@@ -85,15 +87,25 @@
 //! [`RateLimitLayer::without_admitted_headers`]; the legacy `X-RateLimit-*` headers are opt-in with
 //! [`RateLimitLayer::with_legacy_headers`].
 //!
-//! # Several policies
+//! # Several policies, costs, outcomes and shadows
 //!
-//! [`RateLimitLayer::with_policies`] puts several policies on one route (ten per second and a
-//! thousand per day, say). A request is admitted only if every policy admits it; one that any
-//! policy refuses gives back what the others granted, so it spends nothing (a GCRA policy keeps
-//! spent only what the key's state cannot place: the time elapsed since, when other requests
-//! were admitted meanwhile, or a slot a later reservation holds; see the
-//! [guide](crate::guide)). The 429 names every violated policy and carries the
-//! longest `Retry-After`. Policies of different limiter types go through [`BoxLimiter`].
+//! [`Policy::and`] puts several policies on one layer, each with its own key and limiter types
+//! (ten per second per IP, a thousand per day per API key, five hundred per second in all). A
+//! request is admitted only if every policy admits it; one that any policy refuses gives back
+//! what the others granted, so it spends nothing (a GCRA policy keeps spent only what the key's
+//! state cannot place: the time elapsed since, when other requests were admitted meanwhile, or a
+//! slot a later reservation holds; see the [guide](crate::guide)). The 429 names every violated
+//! policy and carries the longest `Retry-After`; its `RateLimit` header describes the policies
+//! that refused. A `Vec` of policies of one type (as a configuration builds them) works too.
+//!
+//! * [`Policy::cost`] and [`Policy::cost_by`] charge a request more than one permit (a search
+//!   five, a lookup one), from its head (axum's `MatchedPath` included). A cost the policy can
+//!   never admit at once is a 429 that says so, without a `Retry-After`.
+//! * [`Policy::count_if`] counts only the requests whose response matches (failed logins, server
+//!   errors): a client over the limit is refused before the inner service runs, and a request
+//!   whose response does not count gets its permit back.
+//! * [`Policy::shadow`] decides and counts but never refuses: an `info` log line and a metric say
+//!   what it would have refused, so a new limit can be watched before it is enforced.
 //!
 //! # Waiting
 //!
@@ -125,6 +137,7 @@
 //! answers with a [`RateLimitBody`] around it.
 
 mod body;
+mod decide;
 mod future;
 pub mod key;
 mod layer;
@@ -138,12 +151,11 @@ pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtracto
 #[cfg(feature = "axum")]
 pub use self::key::{ForwardedIp, PeerIp};
 pub use self::layer::{FailMode, RateLimitLayer};
-pub use self::policy::{BoxLimiter, BoxReserve, Policy, PolicyError};
+#[cfg(feature = "config")]
+pub(crate) use self::policy::check_name as check_policy_name;
+pub use self::policy::{BoxLimiter, BoxReserve, Chain, Policy, PolicyError, PolicySet};
 pub use self::response::{
     OnRefusal, RateLimitBody, Refusal, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
     X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use self::service::RateLimit;
-
-/// The permits one request costs.
-const COST: u32 = 1;

@@ -14,8 +14,9 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::policy::Shadow;
 use crate::decision::ceil_secs;
-use crate::{Decision, Quota};
+use crate::{Decision, InsufficientCapacity, Quota};
 
 /// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -33,11 +34,11 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
-/// The start of every refusal's problem+json body, up to the first policy name in `detail`.
+/// The start of every refusal's problem+json body, up to the text of `detail`.
 /// (`QUOTA_EXCEEDED` needs no JSON escapes; a test checks this is what escaping would write.)
 const PROBLEM_HEAD: &str =
     "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
-    \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ";
+    \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"";
 
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
@@ -56,10 +57,10 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 ///
 /// // Plain text instead of problem+json, with the same status and headers.
 /// let plain = |refusal: &Refusal<'_>| {
-///     let mut response = Response::new(Bytes::from(format!(
-///         "slow down; come back in {} s\n",
-///         refusal.retry_after_secs()
-///     )));
+///     let mut response = Response::new(Bytes::from(match refusal.retry_after_secs() {
+///         Some(secs) => format!("slow down; come back in {secs} s\n"),
+///         None => "this request is too large to ever be admitted\n".to_owned(),
+///     }));
 ///     *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
 ///     *response.headers_mut() = refusal.headers();
 ///     response
@@ -83,17 +84,23 @@ where
 
 /// One policy as the layer describes it to clients.
 #[derive(Clone, Debug)]
-pub(crate) struct PolicyInfo {
+pub struct PolicyInfo {
     pub(crate) name: Box<str>,
     /// The name as a Structured Field String, quotes included.
     pub(crate) sf_name: Box<str>,
     /// The name escaped for the inside of a JSON string, without quotes.
     pub(crate) json_name: Box<str>,
     pub(crate) quota: Quota,
+    pub(crate) shadow: Shadow,
+    /// Whether the policy counts only some responses (its admissions are settled after the
+    /// response).
+    pub(crate) count_if: bool,
+    #[cfg(feature = "metrics")]
+    shadow_refusals: std::sync::OnceLock<metrics::Counter>,
 }
 
 impl PolicyInfo {
-    pub(crate) fn new(name: &str, quota: Quota) -> Self {
+    pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, count_if: bool) -> Self {
         let mut sf_name = String::with_capacity(name.len() + 2);
         sf_string(&mut sf_name, name);
         let mut json_name = String::with_capacity(name.len());
@@ -103,7 +110,41 @@ impl PolicyInfo {
             sf_name: sf_name.into_boxed_str(),
             json_name: json_name.into_boxed_str(),
             quota,
+            shadow,
+            count_if,
+            #[cfg(feature = "metrics")]
+            shadow_refusals: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether the policy appears in the rate-limit headers.
+    #[inline]
+    fn advertised(&self) -> bool {
+        self.shadow != Shadow::Silent
+    }
+
+    /// Whether the policy may refuse.
+    #[inline]
+    pub(crate) fn enforced(&self) -> bool {
+        self.shadow == Shadow::Off
+    }
+
+    /// Records that this shadow policy would have refused a request.
+    pub(crate) fn would_have_refused(&self, decision: &Decision) {
+        tracing::info!(
+            policy = &*self.name,
+            retry_after_ms = decision.retry_after.as_millis() as u64,
+            "rate limit (shadow): the policy would have refused the request; letting it through"
+        );
+        #[cfg(feature = "metrics")]
+        self.shadow_refusals
+            .get_or_init(|| {
+                metrics::counter!(
+                    crate::observe::metric_names::RATELIMIT_SHADOW_REFUSALS,
+                    "name" => self.name.to_string()
+                )
+            })
+            .increment(1);
     }
 }
 
@@ -112,17 +153,22 @@ impl PolicyInfo {
 pub(crate) enum Outcome {
     /// Admitted, holding a permit (possibly one that falls due after `wait`).
     Admitted(Decision),
-    /// Refused.
+    /// Refused (for a shadow policy: would have been).
     Refused(Decision),
+    /// The request costs more than the policy can ever admit at once.
+    Unadmittable(InsufficientCapacity),
     /// The limiter failed and the layer fails open: no decision.
     Failed,
+    /// The policy sat the request out: a cost of zero, or no key and the layer lets such
+    /// requests through.
+    Skipped,
 }
 
 impl Outcome {
     fn decision(&self) -> Option<&Decision> {
         match self {
             Outcome::Admitted(d) | Outcome::Refused(d) => Some(d),
-            Outcome::Failed => None,
+            _ => None,
         }
     }
 }
@@ -140,6 +186,9 @@ pub(crate) struct Meta {
     pub(crate) on_refusal: Option<Arc<dyn OnRefusal>>,
     /// Requests that skip every policy (see [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
+    /// Whether some policy counts only some responses, so that admissions are settled after
+    /// the response.
+    pub(crate) settles: bool,
 }
 
 /// Whether a request skips every policy.
@@ -148,6 +197,7 @@ pub(crate) type Exempt = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
 impl Meta {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
         let policy_header = policy_header(&policies);
+        let settles = policies.iter().any(|p| p.count_if);
         Self {
             policies,
             policy_header,
@@ -157,6 +207,7 @@ impl Meta {
             on_limiter_error: super::FailMode::Closed,
             on_refusal: None,
             exempt: None,
+            settles,
         }
     }
 
@@ -180,7 +231,7 @@ impl Meta {
         let policy = self.policy_header.clone()?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
         let legacy = if self.legacy_headers {
-            legacy_values(outcomes, false).map(Box::new)
+            legacy_values(&self.policies, outcomes, false).map(Box::new)
         } else {
             None
         };
@@ -242,16 +293,18 @@ impl<'a> Refusal<'a> {
     }
 
     /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` over the violated
-    /// policies.
-    pub fn retry_after_secs(&self) -> u64 {
-        self.outcomes
-            .iter()
-            .filter_map(|o| match o {
+    /// policies; `None` when no wait would help (the request costs more than a violated policy
+    /// can ever admit at once).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        if self.unadmittable().next().is_some() {
+            return None;
+        }
+        self.enforced()
+            .filter_map(|(_, o)| match o {
                 Outcome::Refused(d) => Some(d.retry_after_secs()),
                 _ => None,
             })
             .max()
-            .unwrap_or(1)
     }
 
     /// The names of the policies that refused the request, in the layer's order.
@@ -259,17 +312,32 @@ impl<'a> Refusal<'a> {
         self.violated().map(|p| &*p.name)
     }
 
-    fn violated(&self) -> impl Iterator<Item = &'a PolicyInfo> + 'a {
+    /// Enforced (not shadow) policies with their outcomes.
+    fn enforced(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + 'a {
         self.meta
             .policies
             .iter()
             .zip(self.outcomes)
-            .filter(|(_, o)| matches!(o, Outcome::Refused(_)))
+            .filter(|(p, _)| p.enforced())
+    }
+
+    fn violated(&self) -> impl Iterator<Item = &'a PolicyInfo> + 'a {
+        self.enforced()
+            .filter(|(_, o)| matches!(o, Outcome::Refused(_) | Outcome::Unadmittable(_)))
             .map(|(p, _)| p)
     }
 
-    /// Every policy's name with its decision (`None` where the limiter failed and the layer
-    /// fails open). Admissions listed here have been given back.
+    fn unadmittable(&self) -> impl Iterator<Item = (&'a PolicyInfo, InsufficientCapacity)> + 'a {
+        self.enforced().filter_map(|(p, o)| match o {
+            Outcome::Unadmittable(e) => Some((p, *e)),
+            _ => None,
+        })
+    }
+
+    /// Every policy's name with its decision (`None` where the policy made none: its limiter
+    /// failed and the layer fails open, the request cost it nothing, or costs more than it can
+    /// ever admit). Admissions listed here have been given back. Shadow policies are listed
+    /// too.
     pub fn decisions(&self) -> impl Iterator<Item = (&'a str, Option<&'a Decision>)> + 'a {
         self.meta
             .policies
@@ -282,7 +350,9 @@ impl<'a> Refusal<'a> {
     /// legacy `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
-        headers.insert(RETRY_AFTER, number_value(self.retry_after_secs()));
+        if let Some(retry) = self.retry_after_secs() {
+            headers.insert(RETRY_AFTER, number_value(retry));
+        }
         if let Some(policy) = &self.meta.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
@@ -290,7 +360,9 @@ impl<'a> Refusal<'a> {
             headers.insert(RATELIMIT, ratelimit);
         }
         if self.meta.legacy_headers {
-            if let Some([limit, remaining, reset]) = legacy_values(self.outcomes, true) {
+            if let Some([limit, remaining, reset]) =
+                legacy_values(&self.meta.policies, self.outcomes, true)
+            {
                 headers.insert(X_RATELIMIT_LIMIT, limit);
                 headers.insert(X_RATELIMIT_REMAINING, remaining);
                 headers.insert(X_RATELIMIT_RESET, reset);
@@ -301,34 +373,49 @@ impl<'a> Refusal<'a> {
 
     /// The default body: an RFC 9457 problem of type [`QUOTA_EXCEEDED`], with `violated-policies`.
     pub fn problem_json(&self) -> Bytes {
-        let retry = self.retry_after_secs();
         // Names come escaped from the layer's set-up, so this only appends.
-        let violated = || self.violated().map(|p| &*p.json_name);
-        let count = violated().count();
         let mut json = String::with_capacity(256);
         json.push_str(PROBLEM_HEAD);
-        for (i, name) in violated().enumerate() {
-            if i > 0 {
-                json.push_str(if i + 1 == count { " and " } else { ", " });
-            }
-            json.push('\'');
-            json.push_str(name);
-            json.push('\'');
-        }
-        json.push_str("; retry in ");
-        push_decimal(&mut json, retry);
-        json.push_str(if retry == 1 {
-            " second.\""
+        if let Some(retry) = self.retry_after_secs() {
+            json.push_str("The request exceeds the quota of ");
+            push_names(
+                &mut json,
+                &self.violated().map(|p| &*p.json_name).collect::<Vec<_>>(),
+            );
+            json.push_str("; retry in ");
+            push_decimal(&mut json, retry);
+            json.push_str(if retry == 1 {
+                " second.\""
+            } else {
+                " seconds.\""
+            });
         } else {
-            " seconds.\""
-        });
+            json.push_str("The request costs more than ");
+            push_names(
+                &mut json,
+                &self
+                    .unadmittable()
+                    .map(|(p, _)| &*p.json_name)
+                    .collect::<Vec<_>>(),
+            );
+            json.push_str(" can ever admit at once (");
+            for (i, (_, e)) in self.unadmittable().enumerate() {
+                if i > 0 {
+                    json.push_str("; ");
+                }
+                push_decimal(&mut json, e.requested().into());
+                json.push_str(" permits asked, at most ");
+                push_decimal(&mut json, e.capacity().into());
+            }
+            json.push_str("); it will never be admitted.\"");
+        }
         json.push_str(",\"violated-policies\":[");
-        for (i, name) in violated().enumerate() {
+        for (i, p) in self.violated().enumerate() {
             if i > 0 {
                 json.push(',');
             }
             json.push('"');
-            json.push_str(name);
+            json.push_str(&p.json_name);
             json.push('"');
         }
         json.push_str("]}");
@@ -383,12 +470,9 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
 /// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
 /// client that spaces its requests by it stays within the quota).
 fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
-    if policies.is_empty() {
-        return None;
-    }
     let mut value = String::with_capacity(32 * policies.len());
-    for (i, p) in policies.iter().enumerate() {
-        if i > 0 {
+    for p in policies.iter().filter(|p| p.advertised()) {
+        if !value.is_empty() {
             value.push_str(", ");
         }
         value.push_str(&p.sf_name);
@@ -399,14 +483,20 @@ fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
             u64::from(p.quota.permits()).min(SF_INTEGER_MAX)
         );
     }
+    if value.is_empty() {
+        return None;
+    }
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
-/// `RateLimit: "name";r=<remaining>;t=<seconds>, ...` for every policy that decided.
+/// `RateLimit: "name";r=<remaining>;t=<seconds>, ...`.
 ///
-/// `t` is the time until the policy's quota is whole again (`reset_after`), in whole seconds
-/// rounded up; for a policy that refused this request it is that policy's own `Retry-After`, the
-/// time until it admits again.
+/// On an admitted response, for every advertised policy that decided: `t` is the time until the
+/// policy's quota is whole again (`reset_after`), in whole seconds rounded up; an advertised
+/// shadow policy that would have refused says `r=0` and its own `Retry-After`. On a refusal
+/// (`refused`), only for the policies that refused: `r=0` and their own `Retry-After`. The
+/// policies that admitted a refused request were given their permits back, so their state is the
+/// one the client's previous response described.
 fn ratelimit_header(
     policies: &[PolicyInfo],
     outcomes: &[Outcome],
@@ -416,15 +506,15 @@ fn ratelimit_header(
     // request.
     let mut value = ValueBuf::new();
     for (p, o) in policies.iter().zip(outcomes) {
-        let (d, t) = match o {
-            Outcome::Admitted(d) => (d, ceil_secs(d.reset_after)),
-            Outcome::Refused(d) => (d, d.retry_after_secs()),
-            Outcome::Failed => continue,
-        };
-        let remaining = if refused && matches!(o, Outcome::Refused(_)) {
-            0
-        } else {
-            d.remaining
+        if !p.advertised() {
+            continue;
+        }
+        let (remaining, t) = match o {
+            Outcome::Admitted(_) if refused => continue,
+            Outcome::Admitted(d) => (d.remaining, ceil_secs(d.reset_after)),
+            Outcome::Refused(_) if refused && !p.enforced() => continue,
+            Outcome::Refused(d) => (0, d.retry_after_secs()),
+            Outcome::Unadmittable(_) | Outcome::Failed | Outcome::Skipped => continue,
         };
         if !value.is_empty() {
             value.push(b", ");
@@ -500,27 +590,33 @@ impl ValueBuf {
 }
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
-/// refusal the violated one with the longest wait, otherwise the one with the fewest permits
-/// left.
-fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]> {
+/// refusal the violated one with the longest wait, otherwise the advertised one with the fewest
+/// permits left.
+fn legacy_values(
+    policies: &[PolicyInfo],
+    outcomes: &[Outcome],
+    refused: bool,
+) -> Option<[HeaderValue; 3]> {
+    let decided = policies
+        .iter()
+        .zip(outcomes)
+        .filter(|(p, _)| p.advertised());
     let binding = if refused {
-        outcomes
-            .iter()
-            .filter_map(|o| match o {
-                Outcome::Refused(d) => Some(d),
+        decided
+            .filter_map(|(p, o)| match o {
+                Outcome::Refused(d) if p.enforced() => Some(d),
                 _ => None,
             })
             .max_by_key(|d| d.retry_after)
             .map(|d| (d.limit, 0, d.retry_after_secs()))
     } else {
-        outcomes
-            .iter()
-            .filter_map(|o| match o {
-                Outcome::Admitted(d) => Some(d),
+        decided
+            .filter_map(|(_, o)| match o {
+                Outcome::Admitted(d) => Some((d.limit, d.remaining, ceil_secs(d.reset_after))),
+                Outcome::Refused(d) => Some((d.limit, 0, d.retry_after_secs())),
                 _ => None,
             })
-            .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
-            .map(|d| (d.limit, d.remaining, ceil_secs(d.reset_after)))
+            .min_by_key(|&(_, remaining, reset)| (remaining, std::cmp::Reverse(reset)))
     };
     binding.map(|(limit, remaining, reset)| {
         [
@@ -529,6 +625,18 @@ fn legacy_values(outcomes: &[Outcome], refused: bool) -> Option<[HeaderValue; 3]
             number_value(reset),
         ]
     })
+}
+
+/// Appends `'a'`, `'a' and 'b'`, `'a', 'b' and 'c'`.
+fn push_names(json: &mut String, names: &[&str]) {
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            json.push_str(if i + 1 == names.len() { " and " } else { ", " });
+        }
+        json.push('\'');
+        json.push_str(name);
+        json.push('\'');
+    }
 }
 
 /// `n` as a header value; values below 100 (the common `Retry-After`s and `X-RateLimit-*`
@@ -714,11 +822,7 @@ mod tests {
         let mut head = String::from("{\"type\":");
         json_string(&mut head, QUOTA_EXCEEDED);
         head.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"");
-        assert!(PROBLEM_HEAD.starts_with(&head), "{PROBLEM_HEAD}");
-        assert_eq!(
-            &PROBLEM_HEAD[head.len()..],
-            "The request exceeds the quota of "
-        );
+        assert_eq!(PROBLEM_HEAD, head);
     }
 
     #[test]
@@ -768,7 +872,7 @@ mod tests {
 
     #[test]
     fn policy_header_rounds_windows_up() {
-        let p = |n: &str, q| PolicyInfo::new(n, q);
+        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, false);
         let header = policy_header(&[
             p("a", Quota::per_second(10).unwrap()),
             p(

@@ -1,34 +1,32 @@
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
-use super::future::{conclude, record, Conclusion, Deferred, OutcomeList, Pending, ResponseFuture};
-use super::key::{KeyError, KeyExtractor};
-use super::layer::{FailMode, Shared};
-use super::response::{problem_response, Outcome};
-use crate::Limiter;
+use super::decide::{Conclusion, Ledger, Next};
+use super::future::{Deferred, Pending, ResponseFuture};
+use super::layer::Shared;
+use super::policy::PolicySet;
+use super::response::Outcome;
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer): it asks every policy about each
 /// request and either calls the inner service or answers for it.
 ///
 /// Its error type is the inner service's: a refusal is a response, not an error. `M` is how its
 /// responses carry their bodies ([`BodyKind`]).
-pub struct RateLimit<S, X, L, M = SameBody> {
+pub struct RateLimit<S, P, M = SameBody> {
     inner: S,
-    shared: Arc<Shared<X, L>>,
+    shared: Arc<Shared<P>>,
     kind: PhantomData<fn() -> M>,
 }
 
-impl<S, X, L, M> RateLimit<S, X, L, M> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<X, L>>) -> Self {
+impl<S, P, M> RateLimit<S, P, M> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<P>>) -> Self {
         Self {
             inner,
             shared,
@@ -52,7 +50,7 @@ impl<S, X, L, M> RateLimit<S, X, L, M> {
     }
 }
 
-impl<S: Clone, X, L, M> Clone for RateLimit<S, X, L, M> {
+impl<S: Clone, P, M> Clone for RateLimit<S, P, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -62,7 +60,7 @@ impl<S: Clone, X, L, M> Clone for RateLimit<S, X, L, M> {
     }
 }
 
-impl<S: fmt::Debug, X, L, M> fmt::Debug for RateLimit<S, X, L, M> {
+impl<S: fmt::Debug, P, M> fmt::Debug for RateLimit<S, P, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -71,16 +69,15 @@ impl<S: fmt::Debug, X, L, M> fmt::Debug for RateLimit<S, X, L, M> {
     }
 }
 
-impl<S, X, L, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, X, L, M>
+impl<S, P, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, P, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
+    P: PolicySet,
     M: BodyKind<ResBody>,
 {
     type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, X, L, M>;
+    type Future = ResponseFuture<S, ReqBody, P, M>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -90,96 +87,73 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        if shared.limiters.is_empty() {
-            return ResponseFuture::call(self.inner.call(request), None);
+        let policies = &*shared.policies;
+        if policies.is_empty() {
+            return ResponseFuture::call(self.inner.call(request), None, None);
         }
         let (parts, body) = request.into_parts();
         if shared.meta.is_exempt(&parts) {
-            return ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), None);
+            let request = Request::from_parts(parts, body);
+            return ResponseFuture::call(self.inner.call(request), None, None);
         }
-        let key = match shared.extractor.extract(&parts) {
-            Ok(key) => key,
-            Err(error) => {
-                log_key_error(&error, shared.meta.on_key_error);
-                return match shared.meta.on_key_error {
-                    FailMode::Open => ResponseFuture::call(
-                        self.inner.call(Request::from_parts(parts, body)),
-                        None,
-                    ),
-                    FailMode::Closed => ResponseFuture::answer(key_error_response(&error)),
-                };
+
+        let mut ledger = Ledger::new(policies);
+        if policies.len() == 1 && !shared.meta.settles {
+            // The common case, one policy deciding at once, takes the shortest way; any other
+            // answer goes on the general way below.
+            if let Ok(1..) = policies.prepare(0, &parts, &mut ledger.keys) {
+                if let Some(result) = policies.reserve_now(0, &ledger.keys) {
+                    match result {
+                        Ok(decision) if decision.allowed && decision.wait.is_zero() => {
+                            let admitted = [Outcome::Admitted(decision)];
+                            let headers = shared.meta.admitted_headers(&admitted);
+                            let request = Request::from_parts(parts, body);
+                            return ResponseFuture::call(self.inner.call(request), headers, None);
+                        }
+                        result => {
+                            if let Some(answer) = ledger.record(shared, result) {
+                                return ResponseFuture::answer(answer);
+                            }
+                        }
+                    }
+                }
             }
-        };
+        }
 
         // Ask each policy. In-memory limiters answer at once, so the whole decision is usually
         // made here and the inner service called directly; a limiter that needs I/O (Redis)
-        // leaves the rest to the response future.
-        let mut outcomes = OutcomeList::new(shared.limiters.len());
-        let mut asked = 0;
-        if let [limiter] = &*shared.limiters {
-            // The common case, one policy deciding at once, takes the shortest way.
-            if let Some(result) = limiter.reserve_now(&key, super::COST) {
-                match result {
-                    Ok(decision) if decision.allowed && decision.wait.is_zero() => {
-                        return self.admit(parts, body, &[Outcome::Admitted(decision)]);
-                    }
-                    result => {
-                        if let Some(answer) = record(shared, &key, &mut outcomes, result) {
+        // is polled once here and, if it has not answered, left to the response future.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            match ledger.drive(shared, &parts) {
+                Next::Reserve(mut reserve) => match reserve.as_mut().poll(&mut cx) {
+                    Poll::Ready(result) => {
+                        if let Some(answer) = ledger.record(shared, result) {
                             return ResponseFuture::answer(answer);
                         }
-                        asked = 1;
                     }
-                }
-            }
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        for limiter in shared.limiters[asked..].iter() {
-            if let Some(result) = limiter.reserve_now(&key, super::COST) {
-                if let Some(answer) = record(shared, &key, &mut outcomes, result) {
-                    return ResponseFuture::answer(answer);
-                }
-                continue;
-            }
-            let mut reserve = Box::pin(limiter.reserve(&key, super::COST));
-            match reserve.as_mut().poll(&mut cx) {
-                Poll::Ready(result) => {
-                    if let Some(answer) = record(shared, &key, &mut outcomes, result) {
-                        return ResponseFuture::answer(answer);
+                    Poll::Pending => {
+                        return self.defer(parts, body, ledger, Deferred::Reserve(reserve));
                     }
+                },
+                Next::Done(Conclusion::Answer(response)) => {
+                    return ResponseFuture::answer(response)
                 }
-                Poll::Pending => {
-                    return self.defer(parts, body, key, outcomes, Deferred::Reserve(reserve));
+                Next::Done(Conclusion::Wait(wait)) => {
+                    return self.defer(parts, body, ledger, Deferred::Wait(wait))
+                }
+                Next::Done(Conclusion::Admit) => {
+                    let headers = shared.meta.admitted_headers(ledger.outcomes.as_slice());
+                    let settle = ledger.into_settle(&self.shared);
+                    let request = Request::from_parts(parts, body);
+                    return ResponseFuture::call(self.inner.call(request), headers, settle);
                 }
             }
-        }
-        match conclude(shared, &key, &mut outcomes, &parts) {
-            Conclusion::Answer(response) => ResponseFuture::answer(response),
-            Conclusion::Wait(wait) => self.defer(parts, body, key, outcomes, Deferred::Wait(wait)),
-            Conclusion::Admit => self.admit(parts, body, outcomes.as_slice()),
         }
     }
 }
 
-impl<S, X, L, M> RateLimit<S, X, L, M>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    /// Calls the inner service with the admitted request, the `RateLimit` headers of
-    /// `outcomes` to be added to its response.
-    fn admit<ReqBody>(
-        &mut self,
-        parts: Parts,
-        body: ReqBody,
-        outcomes: &[Outcome],
-    ) -> ResponseFuture<S, ReqBody, X, L, M>
-    where
-        S: Service<Request<ReqBody>>,
-    {
-        let headers = self.shared.meta.admitted_headers(outcomes);
-        ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), headers)
-    }
-
+impl<S, P: PolicySet, M> RateLimit<S, P, M> {
     /// Leaves the rest of the decision to the response future, which will call the inner
     /// service later: it takes the service that `poll_ready` made ready and leaves a clone in
     /// its place (the axum and tower-http convention).
@@ -187,55 +161,16 @@ where
         &mut self,
         parts: Parts,
         body: ReqBody,
-        key: X::Key,
-        outcomes: OutcomeList,
-        next: Deferred<L::Future>,
-    ) -> ResponseFuture<S, ReqBody, X, L, M>
+        ledger: Ledger<P>,
+        next: Deferred,
+    ) -> ResponseFuture<S, ReqBody, P, M>
     where
         S: Service<Request<ReqBody>> + Clone,
     {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let waited = matches!(next, Deferred::Wait(_));
-        let pending = Pending::new(
-            inner,
-            parts,
-            body,
-            Arc::clone(&self.shared),
-            key,
-            outcomes,
-            waited,
-        );
+        let pending = Pending::new(inner, parts, body, Arc::clone(&self.shared), ledger, waited);
         ResponseFuture::deferred(next, pending)
-    }
-}
-
-fn log_key_error(error: &KeyError, mode: FailMode) {
-    let action = match mode {
-        FailMode::Open => "letting the request through unlimited",
-        FailMode::Closed => "answering with an error",
-    };
-    if error.status().is_server_error() {
-        tracing::error!(
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    } else {
-        tracing::debug!(
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    }
-}
-
-fn key_error_response(error: &KeyError) -> Response<Bytes> {
-    if error.status().is_server_error() {
-        // The reason names server internals; it is in the log, not in the answer.
-        problem_response(
-            error.status(),
-            "The server could not identify the client for rate limiting.",
-        )
-    } else {
-        problem_response(error.status(), error.reason())
     }
 }

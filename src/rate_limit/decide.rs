@@ -1,0 +1,320 @@
+//! The decision on one request, made the same way by the service's `call` and by its response
+//! future: ask each policy in turn, record its outcome, and conclude.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use super::key::KeyError;
+use super::layer::{FailMode, Shared};
+use super::policy::{BoxReserve, PolicySet};
+use super::response::{problem_response, Outcome, Refusal};
+use crate::{BoxError, Decision, InsufficientCapacity};
+
+const INLINE: usize = 4;
+
+/// Outcomes for any number of policies; the common case (up to four) does not allocate.
+// Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
+// decision is deferred.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum OutcomeList {
+    Inline {
+        len: usize,
+        items: [Outcome; INLINE],
+    },
+    Heap(Vec<Outcome>),
+}
+
+impl OutcomeList {
+    pub(crate) fn new(policies: usize) -> Self {
+        if policies <= INLINE {
+            OutcomeList::Inline {
+                len: 0,
+                items: [Outcome::Skipped; INLINE],
+            }
+        } else {
+            OutcomeList::Heap(Vec::with_capacity(policies))
+        }
+    }
+
+    pub(crate) fn push(&mut self, outcome: Outcome) {
+        match self {
+            OutcomeList::Inline { len, items } if *len < INLINE => {
+                items[*len] = outcome;
+                *len += 1;
+            }
+            OutcomeList::Inline { len, items } => {
+                let mut vec = items[..*len].to_vec();
+                vec.push(outcome);
+                *self = OutcomeList::Heap(vec);
+            }
+            OutcomeList::Heap(vec) => vec.push(outcome),
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[Outcome] {
+        match self {
+            OutcomeList::Inline { len, items } => &items[..*len],
+            OutcomeList::Heap(vec) => vec,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        match self {
+            OutcomeList::Inline { len, .. } => *len = 0,
+            OutcomeList::Heap(vec) => vec.clear(),
+        }
+    }
+}
+
+/// What a request holds while it is decided: each policy's key and cost, and each outcome so
+/// far (one per policy asked, in order).
+pub(crate) struct Ledger<P: PolicySet> {
+    pub(crate) keys: P::Keys,
+    pub(crate) outcomes: OutcomeList,
+}
+
+/// Where the decision stands after [`drive`].
+pub(crate) enum Next {
+    /// A policy whose limiter needs I/O: record what this future gives, then drive on.
+    Reserve(BoxReserve),
+    /// Every policy has been asked.
+    Done(Conclusion),
+}
+
+/// What every policy having decided comes to.
+pub(crate) enum Conclusion {
+    /// Refused (or unjudgeable): the answer; every permit granted has been given back.
+    Answer(Response<Bytes>),
+    /// Admitted once the last permit falls due.
+    Wait(Duration),
+    /// Admitted now.
+    Admit,
+}
+
+impl<P: PolicySet> Ledger<P> {
+    pub(crate) fn new(policies: &P) -> Self {
+        Self {
+            keys: policies.no_keys(),
+            outcomes: OutcomeList::new(policies.len()),
+        }
+    }
+
+    /// Asks every policy not asked yet, in order, as far as they answer at once.
+    pub(crate) fn drive(&mut self, shared: &Shared<P>, parts: &Parts) -> Next {
+        let policies = &*shared.policies;
+        loop {
+            let i = self.outcomes.len();
+            if i == policies.len() {
+                return Next::Done(self.conclude(shared, parts));
+            }
+            match policies.prepare(i, parts, &mut self.keys) {
+                Ok(0) => self.outcomes.push(Outcome::Skipped),
+                Ok(_) => match policies.reserve_now(i, &self.keys) {
+                    Some(result) => {
+                        if let Some(answer) = self.record(shared, result) {
+                            return Next::Done(Conclusion::Answer(answer));
+                        }
+                    }
+                    None => return Next::Reserve(policies.reserve(i, &self.keys)),
+                },
+                Err(error) => {
+                    log_key_error(
+                        &shared.meta.policies[i].name,
+                        &error,
+                        shared.meta.on_key_error,
+                    );
+                    match shared.meta.on_key_error {
+                        FailMode::Open => self.outcomes.push(Outcome::Skipped),
+                        FailMode::Closed => {
+                            self.refund_all(shared);
+                            return Next::Done(Conclusion::Answer(key_error_response(&error)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records the answer of the policy being asked. Returns the response to send at once when
+    /// its limiter failed and the layer fails closed (having given back what the other policies
+    /// granted).
+    pub(crate) fn record(
+        &mut self,
+        shared: &Shared<P>,
+        result: Result<Decision, BoxError>,
+    ) -> Option<Response<Bytes>> {
+        let info = &shared.meta.policies[self.outcomes.len()];
+        match result {
+            Ok(decision) if decision.allowed => self.outcomes.push(Outcome::Admitted(decision)),
+            Ok(decision) => {
+                if !info.enforced() {
+                    info.would_have_refused(&decision);
+                }
+                self.outcomes.push(Outcome::Refused(decision));
+            }
+            Err(error) => {
+                if let Some(too_costly) = error.downcast_ref::<InsufficientCapacity>() {
+                    if !info.enforced() {
+                        tracing::info!(
+                            policy = &*info.name,
+                            "rate limit (shadow): the request costs more than the policy can \
+                             ever admit; letting it through"
+                        );
+                    }
+                    self.outcomes.push(Outcome::Unadmittable(*too_costly));
+                    return None;
+                }
+                if !info.enforced() || shared.meta.on_limiter_error == FailMode::Open {
+                    tracing::warn!(
+                        policy = &*info.name,
+                        error = %error,
+                        "rate limit: the limiter failed; letting the request through"
+                    );
+                    self.outcomes.push(Outcome::Failed);
+                } else {
+                    tracing::warn!(
+                        policy = &*info.name,
+                        error = %error,
+                        "rate limit: the limiter failed; answering 503"
+                    );
+                    self.refund_all(shared);
+                    return Some(problem_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The rate limiter is unavailable; retry later.",
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// What the outcomes come to, once every policy has been asked. A refusal gives every
+    /// permit back.
+    fn conclude(&mut self, shared: &Shared<P>, parts: &Parts) -> Conclusion {
+        let mut wait = Duration::ZERO;
+        let mut refused = false;
+        for (info, outcome) in shared.meta.policies.iter().zip(self.outcomes.as_slice()) {
+            if !info.enforced() {
+                continue;
+            }
+            match outcome {
+                Outcome::Admitted(d) => wait = wait.max(d.wait),
+                Outcome::Refused(_) | Outcome::Unadmittable(_) => refused = true,
+                Outcome::Failed | Outcome::Skipped => {}
+            }
+        }
+        if refused {
+            let response = Refusal {
+                meta: &shared.meta,
+                request: parts,
+                outcomes: self.outcomes.as_slice(),
+            }
+            .respond();
+            self.refund_all(shared);
+            Conclusion::Answer(response)
+        } else if wait.is_zero() {
+            Conclusion::Admit
+        } else {
+            Conclusion::Wait(wait)
+        }
+    }
+
+    /// Gives back every permit held, once: the outcomes are cleared.
+    pub(crate) fn refund_all(&mut self, shared: &Shared<P>) {
+        for (i, outcome) in self.outcomes.as_slice().iter().enumerate() {
+            if let Outcome::Admitted(decision) = outcome {
+                shared.policies.refund(i, &self.keys, decision);
+            }
+        }
+        self.outcomes.clear();
+    }
+
+    /// The request has been handed to the inner service: keeps what the policies that count by
+    /// outcome need to settle after the response, if any of them admitted it.
+    pub(crate) fn into_settle(mut self, shared: &Arc<Shared<P>>) -> Option<Box<Settle<P>>> {
+        let pending = shared.meta.settles
+            && shared
+                .meta
+                .policies
+                .iter()
+                .zip(self.outcomes.as_slice())
+                .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
+        if pending {
+            Some(Box::new(Settle {
+                shared: Arc::clone(shared),
+                ledger: self,
+            }))
+        } else {
+            self.outcomes.clear();
+            None
+        }
+    }
+}
+
+/// The admissions of policies that count by outcome, kept until the response says whether the
+/// request counts. Dropped without a response (the inner service failed, or the response future
+/// was dropped), it keeps every permit spent.
+pub(crate) struct Settle<P: PolicySet> {
+    shared: Arc<Shared<P>>,
+    ledger: Ledger<P>,
+}
+
+impl<P: PolicySet> Settle<P> {
+    /// Gives back the permits of the policies that `response` does not count against.
+    pub(crate) fn apply(self, response: &http::response::Parts) {
+        let Settle { shared, ledger } = self;
+        for (i, (info, outcome)) in shared
+            .meta
+            .policies
+            .iter()
+            .zip(ledger.outcomes.as_slice())
+            .enumerate()
+        {
+            if let Outcome::Admitted(decision) = outcome {
+                if info.count_if && !shared.policies.counts(i, response) {
+                    shared.policies.refund(i, &ledger.keys, decision);
+                }
+            }
+        }
+    }
+}
+
+fn log_key_error(policy: &str, error: &KeyError, mode: FailMode) {
+    let action = match mode {
+        FailMode::Open => "letting the request through without it",
+        FailMode::Closed => "answering with an error",
+    };
+    if error.status().is_server_error() {
+        tracing::error!(
+            policy,
+            reason = error.reason(),
+            "rate limit: no key for the request; {action}"
+        );
+    } else {
+        tracing::debug!(
+            policy,
+            reason = error.reason(),
+            "rate limit: no key for the request; {action}"
+        );
+    }
+}
+
+fn key_error_response(error: &KeyError) -> Response<Bytes> {
+    if error.status().is_server_error() {
+        // The reason names server internals; it is in the log, not in the answer.
+        problem_response(
+            error.status(),
+            "The server could not identify the client for rate limiting.",
+        )
+    } else {
+        problem_response(error.status(), error.reason())
+    }
+}
