@@ -41,6 +41,9 @@ pub struct Decision {
     /// The permits this decision was asked for (set by the crate's limiters), so that a refund
     /// never gives back more than the admission took, whatever cost its caller names.
     pub(crate) cost: u32,
+    /// For a decision of a [`Tiers`](crate::Tiers) limiter, the index of the tier that made it,
+    /// so that a refund goes back to that tier. Zero otherwise.
+    pub(crate) tier: u32,
 }
 
 /// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's failure policy (whose
@@ -81,6 +84,7 @@ impl Decision {
             state_after: 0,
             source: Source::State,
             cost: u32::MAX,
+            tier: 0,
         }
     }
 
@@ -104,6 +108,7 @@ impl Decision {
             state_after: 0,
             source: Source::State,
             cost: u32::MAX,
+            tier: 0,
         }
     }
 
@@ -126,7 +131,21 @@ impl Decision {
             state_after: 0,
             source: Source::State,
             cost: u32::MAX,
+            tier: 0,
         }
+    }
+
+    /// This decision, made by tier `index` of a [`Tiers`](crate::Tiers) limiter.
+    #[inline]
+    pub(crate) fn in_tier(mut self, index: usize) -> Self {
+        self.tier = u32::try_from(index).unwrap_or(u32::MAX);
+        self
+    }
+
+    /// The tier that made this decision (see [`in_tier`](Self::in_tier)).
+    #[inline]
+    pub(crate) fn tier(&self) -> usize {
+        self.tier as usize
     }
 
     /// The decision on a request of `cost` permits.

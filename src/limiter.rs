@@ -50,6 +50,14 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// The quota this limiter enforces (for the `RateLimit-Policy` header).
     fn quota(&self) -> &Quota;
 
+    /// The quota this limiter enforces for `key`, which the `RateLimit-Policy` header of a
+    /// response to `key` advertises: [`quota`](Self::quota) unless the quota depends on the key
+    /// (see [`Tiers`](crate::Tiers)).
+    fn quota_for(&self, key: &K) -> Quota {
+        let _ = key;
+        *self.quota()
+    }
+
     /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
     /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
     fn reserve(&self, key: &K, cost: u32) -> Self::Future;

@@ -397,6 +397,10 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         self.inner.quota()
     }
 
+    fn quota_for(&self, key: &K) -> Quota {
+        self.inner.quota_for(key)
+    }
+
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
         ObservedFuture {
             inner: self.inner.reserve(key, cost),

@@ -77,16 +77,20 @@ async fn each_policy_counts_against_its_own_key() {
     let clock = ManualClock::new();
     let per_ip = keyed::<IpAddr>(Quota::per_hour(3).unwrap(), &clock);
     let per_key = keyed::<HeaderValue>(Quota::per_hour(4).unwrap(), &clock);
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new("per-ip", PeerIp::new(), per_ip.clone())
                 .unwrap()
                 .and(Policy::new("per-key", api_key(), per_key.clone()).unwrap()),
-        ),
-    );
+        ));
     // One key from three addresses: the key's budget of 4 binds, not the addresses'.
     let mut admitted = 0;
-    for ip in ["192.0.2.1", "192.0.2.2", "192.0.2.3"].iter().cycle().take(9) {
+    for ip in ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
+        .iter()
+        .cycle()
+        .take(9)
+    {
         if send(&app, "GET", "/items", ip, Some("k1")).await.status() == StatusCode::OK {
             admitted += 1;
         }
@@ -120,22 +124,27 @@ async fn a_refusal_by_one_key_spends_nothing_under_the_others() {
     let all = DirectRateLimiter::builder(Quota::per_hour(100).unwrap())
         .clock(clock.clone())
         .build();
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new("per-ip", PeerIp::new(), per_ip.clone())
                 .unwrap()
                 .and(Policy::new("per-key", api_key(), per_key.clone()).unwrap())
                 .and(Policy::global("all", all.clone()).unwrap()),
-        ),
-    );
+        ));
     assert_eq!(
-        send(&app, "GET", "/items", "192.0.2.9", Some("k")).await.status(),
+        send(&app, "GET", "/items", "192.0.2.9", Some("k"))
+            .await
+            .status(),
         StatusCode::OK
     );
     for _ in 0..50 {
         let refused = send(&app, "GET", "/items", "192.0.2.9", Some("k")).await;
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(names(&refused, "ratelimit"), ["per-ip", "per-key", "all"][1..2]);
+        assert_eq!(
+            names(&refused, "ratelimit"),
+            ["per-ip", "per-key", "all"][1..2]
+        );
         assert_eq!(
             names(&refused, "ratelimit-policy"),
             ["per-ip", "per-key", "all"]
@@ -150,12 +159,14 @@ async fn a_refusal_by_one_key_spends_nothing_under_the_others() {
 async fn the_cost_comes_from_the_matched_route() {
     let clock = ManualClock::new();
     let per_ip = keyed::<IpAddr>(Quota::per_hour(10).unwrap(), &clock);
-    let cost = |request: &http::request::Parts| {
-        match request.extensions.get::<MatchedPath>().map(MatchedPath::as_str) {
-            Some("/search") => 5,
-            Some("/items/{id}") => 1,
-            _ => 0,
-        }
+    let cost = |request: &http::request::Parts| match request
+        .extensions
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/search") => 5,
+        Some("/items/{id}") => 1,
+        _ => 0,
     };
     let app = Router::new()
         .route("/search", get(|| async { "found" }))
@@ -170,7 +181,11 @@ async fn the_cost_comes_from_the_matched_route() {
     let search = send(&app, "GET", "/search", ip, None).await;
     assert_eq!(search.status(), StatusCode::OK);
     let state = listener::sf_list(search.headers()["ratelimit"].to_str().unwrap());
-    assert_eq!(state[0].1[0], ("r".to_string(), 5), "a search costs 5 of 10");
+    assert_eq!(
+        state[0].1[0],
+        ("r".to_string(), 5),
+        "a search costs 5 of 10"
+    );
     assert_eq!(
         send(&app, "GET", "/items/7", ip, None).await.status(),
         StatusCode::OK
@@ -227,8 +242,16 @@ async fn a_cost_above_the_burst_is_refused_as_never_admissible_and_spends_nothin
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("never be admitted"), "{detail}");
     assert!(detail.contains("11 permits asked, at most 10"), "{detail}");
-    assert_eq!(other.check(&ip.parse().unwrap()).remaining, 0, "other was untouched");
-    assert_eq!(small.check(&ip.parse().unwrap()).remaining, 9, "small was untouched");
+    assert_eq!(
+        other.check(&ip.parse().unwrap()).remaining,
+        0,
+        "other was untouched"
+    );
+    assert_eq!(
+        small.check(&ip.parse().unwrap()).remaining,
+        9,
+        "small was untouched"
+    );
 }
 
 /// The login route of the issue: only failed attempts count, five per minute per IP.
@@ -291,7 +314,11 @@ async fn only_failed_logins_count_and_a_client_over_the_limit_never_reaches_the_
         for round in 0..4 {
             assert_eq!(login(&app, ip, "guess").await, StatusCode::UNAUTHORIZED);
             for _ in 0..10 {
-                assert_eq!(login(&app, ip, "secret").await, StatusCode::OK, "{algorithm} {round}");
+                assert_eq!(
+                    login(&app, ip, "secret").await,
+                    StatusCode::OK,
+                    "{algorithm} {round}"
+                );
             }
         }
         assert_eq!(login(&app, ip, "guess").await, StatusCode::UNAUTHORIZED);
@@ -308,7 +335,11 @@ async fn only_failed_logins_count_and_a_client_over_the_limit_never_reaches_the_
         assert_eq!(login(&app, "192.0.2.78", "secret").await, StatusCode::OK);
         // A minute later the client may try again.
         clock.advance(Duration::from_secs(60));
-        assert_eq!(login(&app, ip, "secret").await, StatusCode::OK, "{algorithm}");
+        assert_eq!(
+            login(&app, ip, "secret").await,
+            StatusCode::OK,
+            "{algorithm}"
+        );
     }
 }
 
@@ -422,7 +453,11 @@ async fn a_request_counts_unless_its_response_proves_otherwise() {
     let mut future = Box::pin(slow.oneshot(request()));
     assert!(futures::poll!(future.as_mut()).is_pending());
     drop(future);
-    assert_eq!(limiter.check(&ip).remaining, 6, "the abandoned call counted");
+    assert_eq!(
+        limiter.check(&ip).remaining,
+        6,
+        "the abandoned call counted"
+    );
 
     // A 200 is given back; a 503 is not.
     for (status, left) in [(StatusCode::OK, 5), (StatusCode::SERVICE_UNAVAILABLE, 3)] {
@@ -443,8 +478,9 @@ async fn a_shadow_policy_never_refuses_and_stays_out_of_the_headers() {
     let clock = ManualClock::new();
     let enforced = keyed::<IpAddr>(Quota::per_hour(5).unwrap(), &clock);
     let shadow = keyed::<IpAddr>(Quota::per_hour(2).unwrap(), &clock);
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new("enforced", PeerIp::new(), enforced.clone())
                 .unwrap()
                 .and(
@@ -452,8 +488,7 @@ async fn a_shadow_policy_never_refuses_and_stays_out_of_the_headers() {
                         .unwrap()
                         .shadow(),
                 ),
-        ),
-    );
+        ));
     let ip = "192.0.2.60";
     for i in 0..5 {
         let response = send(&app, "GET", "/items", ip, None).await;
@@ -475,18 +510,22 @@ async fn a_shadow_policy_never_refuses_and_stays_out_of_the_headers() {
 async fn an_advertised_shadow_policy_tells_the_client_what_would_happen() {
     let clock = ManualClock::new();
     let shadow = keyed::<IpAddr>(Quota::per_hour(1).unwrap(), &clock);
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new("next-month", PeerIp::new(), shadow)
                 .unwrap()
                 .shadow_advertised(),
-        ),
-    );
+        ));
     let ip = "192.0.2.61";
     let first = send(&app, "GET", "/items", ip, None).await;
     assert_eq!(first.status(), StatusCode::OK);
     let second = send(&app, "GET", "/items", ip, None).await;
-    assert_eq!(second.status(), StatusCode::OK, "a shadow policy never refuses");
+    assert_eq!(
+        second.status(),
+        StatusCode::OK,
+        "a shadow policy never refuses"
+    );
     let state = listener::sf_list(second.headers()["ratelimit"].to_str().unwrap());
     assert_eq!(state[0].0, "next-month");
     assert_eq!(state[0].1[0], ("r".to_string(), 0), "would have refused");
@@ -500,13 +539,13 @@ fn shadow_refusals_are_counted_in_metrics() {
     let snapshotter = recorder.snapshotter();
     let clock = ManualClock::new();
     let shadow = keyed::<IpAddr>(Quota::per_hour(3).unwrap(), &clock);
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new("candidate", PeerIp::new(), shadow)
                 .unwrap()
                 .shadow(),
-        ),
-    );
+        ));
     metrics::with_local_recorder(&recorder, || {
         futures::executor::block_on(async {
             for _ in 0..10 {
@@ -555,17 +594,25 @@ impl Limiter<IpAddr> for Broken {
 
 #[tokio::test]
 async fn a_failing_shadow_policy_never_answers_503() {
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
-            Policy::new("broken", PeerIp::new(), Broken(Quota::per_second(1).unwrap()))
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::new(
+                Policy::new(
+                    "broken",
+                    PeerIp::new(),
+                    Broken(Quota::per_second(1).unwrap()),
+                )
                 .unwrap()
                 .shadow(),
-        )
-        .on_limiter_error(FailMode::Closed),
-    );
+            )
+            .on_limiter_error(FailMode::Closed),
+        );
     for _ in 0..3 {
         assert_eq!(
-            send(&app, "GET", "/items", "192.0.2.63", None).await.status(),
+            send(&app, "GET", "/items", "192.0.2.63", None)
+                .await
+                .status(),
             StatusCode::OK
         );
     }
@@ -602,5 +649,9 @@ async fn a_vec_of_configured_policies_decides_like_a_chain() {
         .iter()
         .map(|l| l.check(&ip.parse().unwrap()).remaining)
         .collect();
-    assert_eq!(left, [0, 0, 1], "two admitted spent two of each, checks one more");
+    assert_eq!(
+        left,
+        [0, 0, 1],
+        "two admitted spent two of each, checks one more"
+    );
 }

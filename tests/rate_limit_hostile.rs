@@ -453,5 +453,9 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     assert!(state[0].1[1].1 <= retry, "{state:?} vs Retry-After {retry}");
 
     // The limiter agrees that nothing was spent: 9 left, 8 after this check.
-    assert_eq!(wide.check(&client.ip()).remaining, 8, "the 429 spent nothing");
+    assert_eq!(
+        wide.check(&client.ip()).remaining,
+        8,
+        "the 429 spent nothing"
+    );
 }

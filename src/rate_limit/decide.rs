@@ -11,7 +11,7 @@ use http::{Response, StatusCode};
 use super::key::KeyError;
 use super::layer::{FailMode, Shared};
 use super::policy::{BoxReserve, PolicySet};
-use super::response::{problem_response, Outcome, Refusal};
+use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
 use crate::{BoxError, Decision, InsufficientCapacity};
 
 const INLINE: usize = 4;
@@ -216,6 +216,9 @@ impl<P: PolicySet> Ledger<P> {
                 meta: &shared.meta,
                 request: parts,
                 outcomes: self.outcomes.as_slice(),
+                policy_header: shared
+                    .meta
+                    .policy_header_for(|i| shared.policies.quota(i, &self.keys)),
             }
             .respond();
             self.refund_all(shared);
@@ -225,6 +228,14 @@ impl<P: PolicySet> Ledger<P> {
         } else {
             Conclusion::Wait(wait)
         }
+    }
+
+    /// The rate-limit headers of the admitted response, for these keys' quotas.
+    #[inline]
+    pub(crate) fn admitted_headers(&self, shared: &Shared<P>) -> Option<AdmittedHeaders> {
+        shared.meta.admitted_headers(self.outcomes.as_slice(), |i| {
+            shared.policies.quota(i, &self.keys)
+        })
     }
 
     /// Gives back every permit held, once: the outcomes are cleared.

@@ -290,7 +290,7 @@ impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
             held,
         } = self;
         let (shared, ledger) = held.hand_over();
-        let headers = shared.meta.admitted_headers(ledger.outcomes.as_slice());
+        let headers = ledger.admitted_headers(&shared);
         let settle = ledger.into_settle(&shared);
         (inner, Request::from_parts(parts, body), headers, settle)
     }

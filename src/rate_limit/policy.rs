@@ -313,9 +313,10 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn counts(&self, i: usize, response: &http::response::Parts) -> bool;
 
-    /// Policy `i`'s quota for the key it found (the quota its headers advertise).
+    /// Policy `i`'s quota for the key it found (the quota its headers advertise), or its
+    /// limiter's quota if it found none.
     #[doc(hidden)]
-    fn quota(&self, i: usize) -> Quota;
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota;
 }
 
 /// Two sets of policies, asked in order: the type that [`Policy::and`] builds.
@@ -427,8 +428,12 @@ where
         self.count_if.as_ref().is_none_or(|counts| counts(response))
     }
 
-    fn quota(&self, _: usize) -> Quota {
-        *self.limiter.quota()
+    #[inline]
+    fn quota(&self, _: usize, keys: &Self::Keys) -> Quota {
+        match keys {
+            Some((key, _)) => self.limiter.quota_for(key),
+            None => *self.limiter.quota(),
+        }
     }
 }
 
@@ -487,10 +492,11 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
-    fn quota(&self, i: usize) -> Quota {
+    #[inline]
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
         match i.checked_sub(self.first.len()) {
-            None => self.first.quota(i),
-            Some(j) => self.second.quota(j),
+            None => self.first.quota(i, &keys.0),
+            Some(j) => self.second.quota(j, &keys.1),
         }
     }
 }
@@ -537,13 +543,14 @@ where
         self[i].counts(0, response)
     }
 
-    fn quota(&self, i: usize) -> Quota {
-        self[i].quota(0)
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
+        self[i].quota(0, &keys[i])
     }
 }
 
 trait ErasedLimiter<K>: Send + Sync + 'static {
     fn quota(&self) -> &Quota;
+    fn quota_for(&self, key: &K) -> Quota;
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
@@ -552,6 +559,10 @@ trait ErasedLimiter<K>: Send + Sync + 'static {
 impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
     fn quota(&self) -> &Quota {
         Limiter::quota(self)
+    }
+
+    fn quota_for(&self, key: &K) -> Quota {
+        Limiter::quota_for(self, key)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
@@ -607,6 +618,10 @@ impl<K: 'static> Limiter<K> for BoxLimiter<K> {
 
     fn quota(&self) -> &Quota {
         self.inner.quota()
+    }
+
+    fn quota_for(&self, key: &K) -> Quota {
+        self.inner.quota_for(key)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {

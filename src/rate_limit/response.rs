@@ -196,7 +196,7 @@ pub(crate) type Exempt = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
 
 impl Meta {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
-        let policy_header = policy_header(&policies);
+        let policy_header = policy_header(&policies, |i| policies[i].quota);
         let settles = policies.iter().any(|p| p.count_if);
         Self {
             policies,
@@ -217,18 +217,43 @@ impl Meta {
         self.exempt.as_ref().is_some_and(|exempt| exempt(parts))
     }
 
-    /// The headers of an admitted response, or `None` if they are turned off.
+    /// The headers of an admitted response, or `None` if they are turned off. `quota` gives each
+    /// policy's quota for the request's key.
     #[inline]
-    pub(crate) fn admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
+    pub(crate) fn admitted_headers(
+        &self,
+        outcomes: &[Outcome],
+        quota: impl Fn(usize) -> Quota,
+    ) -> Option<AdmittedHeaders> {
         if self.admitted_headers {
-            self.build_admitted_headers(outcomes)
+            self.build_admitted_headers(outcomes, quota)
         } else {
             None
         }
     }
 
-    fn build_admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
-        let policy = self.policy_header.clone()?;
+    /// `RateLimit-Policy` for a request whose policies have the quotas `quota` gives: the one
+    /// computed at set-up unless a quota differs (a key's own tier).
+    #[inline]
+    pub(crate) fn policy_header_for(&self, quota: impl Fn(usize) -> Quota) -> Option<HeaderValue> {
+        let same = self
+            .policies
+            .iter()
+            .enumerate()
+            .all(|(i, p)| !p.advertised() || quota(i) == p.quota);
+        if same {
+            self.policy_header.clone()
+        } else {
+            policy_header(&self.policies, quota)
+        }
+    }
+
+    fn build_admitted_headers(
+        &self,
+        outcomes: &[Outcome],
+        quota: impl Fn(usize) -> Quota,
+    ) -> Option<AdmittedHeaders> {
+        let policy = self.policy_header_for(quota)?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
         let legacy = if self.legacy_headers {
             legacy_values(&self.policies, outcomes, false).map(Box::new)
@@ -284,6 +309,8 @@ pub struct Refusal<'a> {
     pub(crate) meta: &'a Meta,
     pub(crate) request: &'a Parts,
     pub(crate) outcomes: &'a [Outcome],
+    /// `RateLimit-Policy` for this request's keys.
+    pub(crate) policy_header: Option<HeaderValue>,
 }
 
 impl<'a> Refusal<'a> {
@@ -353,7 +380,7 @@ impl<'a> Refusal<'a> {
         if let Some(retry) = self.retry_after_secs() {
             headers.insert(RETRY_AFTER, number_value(retry));
         }
-        if let Some(policy) = &self.meta.policy_header {
+        if let Some(policy) = &self.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
         if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
@@ -469,18 +496,19 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
 ///
 /// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
 /// client that spaces its requests by it stays within the quota).
-fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
+fn policy_header(policies: &[PolicyInfo], quota: impl Fn(usize) -> Quota) -> Option<HeaderValue> {
     let mut value = String::with_capacity(32 * policies.len());
-    for p in policies.iter().filter(|p| p.advertised()) {
+    for (i, p) in policies.iter().enumerate().filter(|(_, p)| p.advertised()) {
         if !value.is_empty() {
             value.push_str(", ");
         }
         value.push_str(&p.sf_name);
-        let window = ceil_secs(p.quota.period()).clamp(1, SF_INTEGER_MAX);
+        let quota = quota(i);
+        let window = ceil_secs(quota.period()).clamp(1, SF_INTEGER_MAX);
         let _ = write!(
             value,
             ";q={};w={window}",
-            u64::from(p.quota.permits()).min(SF_INTEGER_MAX)
+            u64::from(quota.permits()).min(SF_INTEGER_MAX)
         );
     }
     if value.is_empty() {
@@ -873,16 +901,16 @@ mod tests {
     #[test]
     fn policy_header_rounds_windows_up() {
         let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, false);
-        let header = policy_header(&[
+        let policies = [
             p("a", Quota::per_second(10).unwrap()),
             p(
                 "b",
                 Quota::with_period(3, std::time::Duration::from_millis(1500)).unwrap(),
             ),
             p("c", Quota::per_hour(1000).unwrap()),
-        ])
-        .unwrap();
+        ];
+        let header = policy_header(&policies, |i| policies[i].quota).unwrap();
         assert_eq!(header, "\"a\";q=10;w=1, \"b\";q=3;w=2, \"c\";q=1000;w=3600");
-        assert!(policy_header(&[]).is_none());
+        assert!(policy_header(&[], |_| unreachable!()).is_none());
     }
 }

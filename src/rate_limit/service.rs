@@ -106,7 +106,9 @@ where
                     match result {
                         Ok(decision) if decision.allowed && decision.wait.is_zero() => {
                             let admitted = [Outcome::Admitted(decision)];
-                            let headers = shared.meta.admitted_headers(&admitted);
+                            let headers = shared
+                                .meta
+                                .admitted_headers(&admitted, |i| policies.quota(i, &ledger.keys));
                             let request = Request::from_parts(parts, body);
                             return ResponseFuture::call(self.inner.call(request), headers, None);
                         }
@@ -143,7 +145,7 @@ where
                     return self.defer(parts, body, ledger, Deferred::Wait(wait))
                 }
                 Next::Done(Conclusion::Admit) => {
-                    let headers = shared.meta.admitted_headers(ledger.outcomes.as_slice());
+                    let headers = ledger.admitted_headers(shared);
                     let settle = ledger.into_settle(&self.shared);
                     let request = Request::from_parts(parts, body);
                     return ResponseFuture::call(self.inner.call(request), headers, settle);
