@@ -55,22 +55,21 @@ async fn each_key_is_limited_and_advertised_by_its_own_plan() {
     let free = keyed(Quota::per_hour(3).unwrap(), &clock);
     let pro = keyed(Quota::per_hour(100).unwrap(), &clock);
     let plans = Tiers::new(plan_of, "free", free.clone()).tier("pro", pro.clone());
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new(
                 "plan",
                 HeaderKey::new(HeaderName::from_static("x-api-key")),
                 plans,
             )
             .unwrap(),
-        ),
-    );
+        ));
     let policy = |r: &http::Response<Body>| {
         listener::sf_list(r.headers()["ratelimit-policy"].to_str().unwrap())
     };
-    let state = |r: &http::Response<Body>| {
-        listener::sf_list(r.headers()["ratelimit"].to_str().unwrap())
-    };
+    let state =
+        |r: &http::Response<Body>| listener::sf_list(r.headers()["ratelimit"].to_str().unwrap());
     let first_free = get_with_key(&app, "free-1").await;
     let first_pro = get_with_key(&app, "pro-1").await;
     assert_eq!(policy(&first_free)[0].1[0], ("q".to_string(), 3));
@@ -102,17 +101,20 @@ async fn a_key_that_names_no_plan_is_an_error_not_an_admission() {
         .await
         .unwrap_err();
     let unknown = err.downcast_ref::<UnknownTier>().expect("an UnknownTier");
-    assert_eq!(unknown.to_string(), "the key's tier \"nobody\" has no limiter");
-    let app = Router::new().route("/items", get(|| async { "ok" })).route_layer(
-        RateLimitLayer::new(
+    assert_eq!(
+        unknown.to_string(),
+        "the key's tier \"nobody\" has no limiter"
+    );
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
             Policy::new(
                 "plan",
                 HeaderKey::new(HeaderName::from_static("x-api-key")),
                 plans,
             )
             .unwrap(),
-        ),
-    );
+        ));
     assert_eq!(
         get_with_key(&app, "mallory").await.status(),
         StatusCode::SERVICE_UNAVAILABLE

@@ -218,7 +218,9 @@ impl<P: PolicySet> Ledger<P> {
                 outcomes: self.outcomes.as_slice(),
                 policy_header: shared
                     .meta
-                    .policy_header_for(|i| shared.policies.quota(i, &self.keys)),
+                    .policy_header_for(self.outcomes.as_slice(), |i| {
+                        shared.policies.quota(i, &self.keys)
+                    }),
             }
             .respond();
             self.refund_all(shared);

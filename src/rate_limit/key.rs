@@ -86,6 +86,15 @@ impl KeyError {
         }
     }
 
+    /// The client must say who it is first: a route limited per API key, called without one
+    /// (answered with `401`).
+    pub fn unauthorized(reason: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            reason: reason.into(),
+        }
+    }
+
     /// The server is not set up to find keys (answered with `500`; the reason is logged, not
     /// sent).
     pub fn internal(reason: impl Into<Cow<'static, str>>) -> Self {
@@ -95,8 +104,8 @@ impl KeyError {
         }
     }
 
-    /// The status of the answer; [`bad_request`](Self::bad_request) and
-    /// [`internal`](Self::internal) choose it.
+    /// The status of the answer; [`bad_request`](Self::bad_request),
+    /// [`unauthorized`](Self::unauthorized) and [`internal`](Self::internal) choose it.
     pub fn status(&self) -> StatusCode {
         self.status
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -39,6 +39,10 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 const PROBLEM_HEAD: &str =
     "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
     \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"";
+
+/// The most policies for which a layer keeps the `RateLimit-Policy` of each set of them (2^6 = 64
+/// headers at most); beyond, each response builds its own.
+const CACHED_SETS: usize = 6;
 
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
@@ -177,8 +181,10 @@ impl Outcome {
 #[derive(Clone)]
 pub(crate) struct Meta {
     pub(crate) policies: Vec<PolicyInfo>,
-    /// `RateLimit-Policy`, computed once; `None` without policies.
-    pub(crate) policy_header: Option<HeaderValue>,
+    /// `RateLimit-Policy` for each set of policies that took part in a request (bit `i` of the
+    /// index: policy `i`), computed once when first needed; empty for more than
+    /// [`CACHED_SETS`] policies.
+    policy_headers: Box<[OnceLock<Option<HeaderValue>>]>,
     pub(crate) admitted_headers: bool,
     pub(crate) legacy_headers: bool,
     pub(crate) on_key_error: super::FailMode,
@@ -196,11 +202,17 @@ pub(crate) type Exempt = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
 
 impl Meta {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
-        let policy_header = policy_header(&policies, |i| policies[i].quota);
+        let policy_headers = if policies.len() <= CACHED_SETS {
+            (0..1usize << policies.len())
+                .map(|_| OnceLock::new())
+                .collect()
+        } else {
+            Box::default()
+        };
         let settles = policies.iter().any(|p| p.count_if);
         Self {
             policies,
-            policy_header,
+            policy_headers,
             admitted_headers: true,
             legacy_headers: false,
             on_key_error: super::FailMode::Closed,
@@ -232,19 +244,30 @@ impl Meta {
         }
     }
 
-    /// `RateLimit-Policy` for a request whose policies have the quotas `quota` gives: the one
-    /// computed at set-up unless a quota differs (a key's own tier).
+    /// `RateLimit-Policy` for a request: the policies that took part in its decision (not
+    /// those that sat it out, at a cost of zero or without a key), with the quotas `quota`
+    /// gives for its keys. Built once per set of policies, unless a quota is not the policy's
+    /// own (a key's tier), or the layer has more than [`CACHED_SETS`] policies.
     #[inline]
-    pub(crate) fn policy_header_for(&self, quota: impl Fn(usize) -> Quota) -> Option<HeaderValue> {
-        let same = self
-            .policies
-            .iter()
-            .enumerate()
-            .all(|(i, p)| !p.advertised() || quota(i) == p.quota);
-        if same {
-            self.policy_header.clone()
-        } else {
-            policy_header(&self.policies, quota)
+    pub(crate) fn policy_header_for(
+        &self,
+        outcomes: &[Outcome],
+        quota: impl Fn(usize) -> Quota,
+    ) -> Option<HeaderValue> {
+        let mut set = 0usize;
+        let mut own_quotas = true;
+        for (i, (p, o)) in self.policies.iter().zip(outcomes).enumerate() {
+            if p.advertised() && !matches!(o, Outcome::Skipped) {
+                set |= 1 << i.min(usize::BITS as usize - 1);
+                own_quotas &= quota(i) == p.quota;
+            }
+        }
+        let included = |i: usize| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
+        match self.policy_headers.get(set) {
+            Some(cached) if own_quotas => cached
+                .get_or_init(|| policy_header(&self.policies, included, |i| self.policies[i].quota))
+                .clone(),
+            _ => policy_header(&self.policies, included, quota),
         }
     }
 
@@ -253,7 +276,7 @@ impl Meta {
         outcomes: &[Outcome],
         quota: impl Fn(usize) -> Quota,
     ) -> Option<AdmittedHeaders> {
-        let policy = self.policy_header_for(quota)?;
+        let policy = self.policy_header_for(outcomes, quota)?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
         let legacy = if self.legacy_headers {
             legacy_values(&self.policies, outcomes, false).map(Box::new)
@@ -496,9 +519,16 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
 ///
 /// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
 /// client that spaces its requests by it stays within the quota).
-fn policy_header(policies: &[PolicyInfo], quota: impl Fn(usize) -> Quota) -> Option<HeaderValue> {
+fn policy_header(
+    policies: &[PolicyInfo],
+    included: impl Fn(usize) -> bool,
+    quota: impl Fn(usize) -> Quota,
+) -> Option<HeaderValue> {
     let mut value = String::with_capacity(32 * policies.len());
-    for (i, p) in policies.iter().enumerate().filter(|(_, p)| p.advertised()) {
+    for (i, p) in policies.iter().enumerate() {
+        if !p.advertised() || !included(i) {
+            continue;
+        }
         if !value.is_empty() {
             value.push_str(", ");
         }
@@ -909,8 +939,10 @@ mod tests {
             ),
             p("c", Quota::per_hour(1000).unwrap()),
         ];
-        let header = policy_header(&policies, |i| policies[i].quota).unwrap();
+        let header = policy_header(&policies, |_| true, |i| policies[i].quota).unwrap();
         assert_eq!(header, "\"a\";q=10;w=1, \"b\";q=3;w=2, \"c\";q=1000;w=3600");
-        assert!(policy_header(&[], |_| unreachable!()).is_none());
+        assert!(policy_header(&[], |_| true, |_| unreachable!()).is_none());
+        let only_b = policy_header(&policies, |i| i == 1, |i| policies[i].quota).unwrap();
+        assert_eq!(only_b, "\"b\";q=3;w=2");
     }
 }
