@@ -17,9 +17,10 @@ use pin_project_lite::pin_project;
 use crate::decision::ceil_secs;
 use crate::{Decision, Quota};
 
-/// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-11).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit`: what is left of each policy for this client.
+/// `RateLimit`: the service limit of each policy for this client: the quota available (`r`) and
+/// the effective window (`t`) within which the client should use no more than that.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Legacy `X-RateLimit-Limit` (opt-in).
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -28,7 +29,8 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// Legacy `X-RateLimit-Reset`, in seconds from now (opt-in).
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// The problem type of a refusal, registered by the rate-limit headers draft.
+/// The problem type of a refusal, `quota-exceeded`, as draft-ietf-httpapi-ratelimit-headers-11
+/// registers it in IANA's HTTP Problem Types registry (title `Quota Exceeded`, status 429).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -37,7 +39,7 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 /// (`QUOTA_EXCEEDED` needs no JSON escapes; a test checks this is what escaping would write.)
 const PROBLEM_HEAD: &str =
     "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
-    \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ";
+    \"title\":\"Quota Exceeded\",\"status\":429,\"detail\":\"The request exceeds the quota of ";
 
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
@@ -241,13 +243,23 @@ impl<'a> Refusal<'a> {
         self.request
     }
 
-    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` over the violated
-    /// policies.
+    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` of the limiters'
+    /// `retry_after` over the violated policies.
+    ///
+    /// That is also the longest effective window (`t`) in the refusal's `RateLimit` field, which
+    /// lists only the violated policies, so `Retry-After` never points before the end of any of
+    /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
     pub fn retry_after_secs(&self) -> u64 {
-        self.outcomes
+        self.meta
+            .policies
             .iter()
-            .filter_map(|o| match o {
-                Outcome::Refused(d) => Some(d.retry_after_secs()),
+            .zip(self.outcomes)
+            .filter_map(|(p, o)| match o {
+                Outcome::Refused(d) => {
+                    let own = d.retry_after_secs();
+                    let window = service_limit(&p.quota, d, true).map_or(0, |(_, t)| t);
+                    Some(own.max(window))
+                }
                 _ => None,
             })
             .max()
@@ -278,8 +290,9 @@ impl<'a> Refusal<'a> {
             .map(|(p, o)| (&*p.name, o.decision()))
     }
 
-    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit`, and the
-    /// legacy `X-RateLimit-*` ones if they are turned on.
+    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
+    /// violated policies only, each with `r=0` and its own wait as `t`), and the legacy
+    /// `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
         headers.insert(RETRY_AFTER, number_value(self.retry_after_secs()));
@@ -378,35 +391,21 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
     response
 }
 
-/// `RateLimit-Policy: "name";q=<permits>;w=<period seconds>, ...`.
-///
-/// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
-/// client that spaces its requests by it stays within the quota).
+/// `RateLimit-Policy: "name";q=..;w=.., ...`: one [`write_policy_item`] per policy.
 fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
-    if policies.is_empty() {
+    let mut value = ValueBuf::new();
+    for p in policies {
+        write_policy_item(&mut value, &p.sf_name, &p.quota);
+    }
+    if value.is_empty() {
         return None;
     }
-    let mut value = String::with_capacity(32 * policies.len());
-    for (i, p) in policies.iter().enumerate() {
-        if i > 0 {
-            value.push_str(", ");
-        }
-        value.push_str(&p.sf_name);
-        let window = ceil_secs(p.quota.period()).clamp(1, SF_INTEGER_MAX);
-        let _ = write!(
-            value,
-            ";q={};w={window}",
-            u64::from(p.quota.permits()).min(SF_INTEGER_MAX)
-        );
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+    HeaderValue::from_bytes(value.as_bytes()).ok()
 }
 
-/// `RateLimit: "name";r=<remaining>;t=<seconds>, ...` for every policy that decided.
+/// `RateLimit: "name";r=..;t=.., ...`: one [`write_ratelimit_item`] per policy that decided.
 ///
-/// `t` is the time until the policy's quota is whole again (`reset_after`), in whole seconds
-/// rounded up; for a policy that refused this request it is that policy's own `Retry-After`, the
-/// time until it admits again.
+/// On a refusal (`refused`) only the violated policies are listed (see [`service_limit`]).
 fn ratelimit_header(
     policies: &[PolicyInfo],
     outcomes: &[Outcome],
@@ -416,29 +415,123 @@ fn ratelimit_header(
     // request.
     let mut value = ValueBuf::new();
     for (p, o) in policies.iter().zip(outcomes) {
-        let (d, t) = match o {
-            Outcome::Admitted(d) => (d, ceil_secs(d.reset_after)),
-            Outcome::Refused(d) => (d, d.retry_after_secs()),
-            Outcome::Failed => continue,
-        };
-        let remaining = if refused && matches!(o, Outcome::Refused(_)) {
-            0
-        } else {
-            d.remaining
-        };
-        if !value.is_empty() {
-            value.push(b", ");
+        if let Some(d) = o.decision() {
+            write_ratelimit_item(&mut value, &p.sf_name, &p.quota, d, refused);
         }
-        value.push(p.sf_name.as_bytes());
-        value.push(b";r=");
-        value.push_u64(remaining.min(SF_INTEGER_MAX));
-        value.push(b";t=");
-        value.push_u64(t.min(SF_INTEGER_MAX));
     }
     if value.is_empty() {
         return None;
     }
     HeaderValue::from_bytes(value.as_bytes()).ok()
+}
+
+/// Appends one Quota Policy Item, `"name";q=<q>;w=<w>`, to a `RateLimit-Policy` list (with the
+/// `", "` separator if the list is not empty). `sf_name` is the name already written as a
+/// Structured Field String. The values are [`advertised_policy`]'s.
+fn write_policy_item(buf: &mut ValueBuf, sf_name: &str, quota: &Quota) {
+    let (q, w) = advertised_policy(quota);
+    if !buf.is_empty() {
+        buf.push(b", ");
+    }
+    buf.push(sf_name.as_bytes());
+    buf.push(b";q=");
+    buf.push_u64(q);
+    buf.push(b";w=");
+    buf.push_u64(w);
+}
+
+/// Appends one Service Limit Item, `"name";r=<r>;t=<t>`, to a `RateLimit` list (with the `", "`
+/// separator if the list is not empty), or nothing where [`service_limit`] lists nothing.
+/// `refused` says whether the response is the refusal (a 429) rather than an admitted response.
+fn write_ratelimit_item(
+    buf: &mut ValueBuf,
+    sf_name: &str,
+    quota: &Quota,
+    decision: &Decision,
+    refused: bool,
+) {
+    let Some((r, t)) = service_limit(quota, decision, refused) else {
+        return;
+    };
+    if !buf.is_empty() {
+        buf.push(b", ");
+    }
+    buf.push(sf_name.as_bytes());
+    buf.push(b";r=");
+    buf.push_u64(r);
+    buf.push(b";t=");
+    buf.push_u64(t);
+}
+
+/// The `(q, w)` a policy advertises in `RateLimit-Policy`.
+///
+/// Draft-ietf-httpapi-ratelimit-headers-11 allows only whole seconds in `w`, so `w` is the
+/// quota's period rounded up to whole seconds (at least 1), and `q` is what the quota grants in
+/// `w` seconds at its own rate, `permits · w / period`, rounded down: `q/w` is never a faster
+/// rate than the quota's, and it is the quota's exact rate whenever `permits · w / period` is a
+/// whole number (every period of whole seconds, `5 per 200 ms` as `q=25;w=1`, `3 per 1.5 s` as
+/// `q=4;w=2`). Both are at most [`SF_INTEGER_MAX`]; a `q` cut down to it states a slower rate
+/// than the real one, never a faster. Since `w ≥ period`, `q ≥ permits ≥ 1`.
+///
+/// The burst is not advertised: `q` is the rate a client may keep up for ever; a GCRA burst
+/// above `permits` is slack on top of it.
+fn advertised_policy(quota: &Quota) -> (u64, u64) {
+    const NANOS_PER_SEC: u64 = 1_000_000_000;
+    let period = quota.period_nanos();
+    let w = period.div_ceil(NANOS_PER_SEC).max(1);
+    let permits = u64::from(quota.permits());
+    let q = if period == w * NANOS_PER_SEC {
+        permits
+    } else {
+        mul_div_floor(permits, w * NANOS_PER_SEC, period)
+    };
+    (q.min(SF_INTEGER_MAX), w.min(SF_INTEGER_MAX))
+}
+
+/// The `(r, t)` of one policy's Service Limit Item, or `None` where the item is left out.
+///
+/// * A policy that refused this request: `r=0`, and `t` its own `Retry-After`,
+///   `max(1, ceil(retry_after))`: the time until it admits again, so the response's
+///   `Retry-After` (the longest of these) never ends before any listed window.
+/// * A policy that admitted, on an admitted response: `r` is the permits left, at most `q`
+///   (a GCRA burst above `permits` is not reported beyond what the policy advertises), and `t`
+///   is the later of when the key is whole again (`ceil(reset_after)`) and the time the
+///   advertised rate takes to grant `r` (`ceil(r · w / q)`), and at least 1. So `r/t` never
+///   states a faster rate than `q/w`, and any `r` requests sent within `t` are admitted, since
+///   `r` never exceeds what the limiter has left now.
+/// * A policy that admitted, on a refusal: left out. Its admission was given back, so the
+///   decision no longer describes the key, and a window it listed would have to end before the
+///   response's `Retry-After`, which only the violated policies decide.
+fn service_limit(quota: &Quota, decision: &Decision, refused: bool) -> Option<(u64, u64)> {
+    if !decision.allowed {
+        return Some((0, decision.retry_after_secs().min(SF_INTEGER_MAX)));
+    }
+    if refused {
+        return None;
+    }
+    let (q, w) = advertised_policy(quota);
+    let r = decision.remaining.min(q);
+    // `q ≥ 1` (see `advertised_policy`).
+    let earn = mul_div_ceil(r, w, q);
+    let t = ceil_secs(decision.reset_after).max(earn).max(1);
+    Some((r, t.min(SF_INTEGER_MAX)))
+}
+
+/// `a · b / c` rounded down (`c > 0`), saturating at `u64::MAX`.
+fn mul_div_floor(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(product) => product / c,
+        None => u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX),
+    }
+}
+
+/// `a · b / c` rounded up (`c > 0`), saturating at `u64::MAX`.
+fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(product) => product.div_ceil(c),
+        None => u64::try_from((u128::from(a) * u128::from(b)).div_ceil(u128::from(c)))
+            .unwrap_or(u64::MAX),
+    }
 }
 
 /// The bytes of a header value, on the stack while they fit in 128 bytes (one policy with a
@@ -713,7 +806,7 @@ mod tests {
     fn the_problem_head_is_the_escaped_type_and_title() {
         let mut head = String::from("{\"type\":");
         json_string(&mut head, QUOTA_EXCEEDED);
-        head.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"");
+        head.push_str(",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":\"");
         assert!(PROBLEM_HEAD.starts_with(&head), "{PROBLEM_HEAD}");
         assert_eq!(
             &PROBLEM_HEAD[head.len()..],
@@ -767,18 +860,102 @@ mod tests {
     }
 
     #[test]
-    fn policy_header_rounds_windows_up() {
+    fn the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds() {
         let p = |n: &str, q| PolicyInfo::new(n, q);
+        let ms = std::time::Duration::from_millis;
         let header = policy_header(&[
             p("a", Quota::per_second(10).unwrap()),
-            p(
-                "b",
-                Quota::with_period(3, std::time::Duration::from_millis(1500)).unwrap(),
-            ),
+            p("b", Quota::with_period(3, ms(1500)).unwrap()),
             p("c", Quota::per_hour(1000).unwrap()),
+            p("d", Quota::with_period(5, ms(200)).unwrap()),
         ])
         .unwrap();
-        assert_eq!(header, "\"a\";q=10;w=1, \"b\";q=3;w=2, \"c\";q=1000;w=3600");
+        assert_eq!(
+            header,
+            "\"a\";q=10;w=1, \"b\";q=4;w=2, \"c\";q=1000;w=3600, \"d\";q=25;w=1"
+        );
         assert!(policy_header(&[]).is_none());
+    }
+
+    #[test]
+    fn advertised_quotas_round_down_and_stay_structured_field_integers() {
+        use std::time::Duration;
+        let q = |permits, nanos| {
+            advertised_policy(&Quota::with_period(permits, Duration::from_nanos(nanos)).unwrap())
+        };
+        // 1 per 1.5 s: 1.33 per 2 s, rounded down.
+        assert_eq!(q(1, 1_500_000_000), (1, 2));
+        // 7 per 0.3 s is 23.33 per second.
+        assert_eq!(q(7, 300_000_000), (23, 1));
+        // One nanosecond past a second: two seconds hold 1.999999998 periods.
+        assert_eq!(q(1, 1_000_000_001), (1, 2));
+        // u32::MAX per nanosecond is far beyond 15 digits: cut to the largest integer.
+        assert_eq!(q(u32::MAX, 1), (SF_INTEGER_MAX, 1));
+        // The longest period: 2^60 ns, just over 1.15e9 s.
+        // w is slightly longer than the period, so it holds one permit more.
+        assert_eq!(
+            q(u32::MAX, 1 << 60),
+            (u64::from(u32::MAX) + 1, 1_152_921_505)
+        );
+        assert_eq!(q(1, 1 << 60), (1, 1_152_921_505));
+    }
+
+    #[test]
+    fn service_limits_never_report_more_than_the_policy_nor_a_faster_rate() {
+        use std::time::Duration;
+        let quota = Quota::per_hour(1000).unwrap();
+        let admitted = |remaining, reset| Decision::allowed(1000, remaining, reset);
+        // After one request of a fresh 1000/h GCRA key: 999 left, whole again in 3.6 s. The
+        // window is the time 999 permits take at 1000/h, not 3.6 s.
+        assert_eq!(
+            service_limit(&quota, &admitted(999, Duration::from_millis(3600)), false),
+            Some((999, 3597))
+        );
+        // A burst beyond the quota is not reported beyond `q`.
+        let bursty = Quota::per_second(1).unwrap().with_burst(10).unwrap();
+        assert_eq!(
+            service_limit(
+                &bursty,
+                &Decision::allowed(10, 9, Duration::from_secs(1)),
+                false
+            ),
+            Some((1, 1))
+        );
+        // Nothing left: the window lasts until the key is whole again, at least a second.
+        assert_eq!(
+            service_limit(&quota, &admitted(0, Duration::from_secs(3600)), false),
+            Some((0, 3600))
+        );
+        assert_eq!(
+            service_limit(&quota, &admitted(0, Duration::ZERO), false),
+            Some((0, 1))
+        );
+        // A refusal: nothing left until it admits again.
+        let refused = Decision::refused(1000, 0, Duration::from_millis(3_500), Duration::ZERO);
+        assert_eq!(service_limit(&quota, &refused, true), Some((0, 4)));
+        assert_eq!(service_limit(&quota, &refused, false), Some((0, 4)));
+        // An admission vetoed by another policy is not listed on the refusal.
+        assert_eq!(
+            service_limit(&quota, &admitted(5, Duration::from_secs(1)), true),
+            None
+        );
+        // Huge values stay within 15 digits.
+        let huge = Quota::with_period(u32::MAX, Duration::from_nanos(1)).unwrap();
+        let d = Decision::allowed(u64::MAX, u64::MAX, Duration::MAX);
+        assert_eq!(
+            service_limit(&huge, &d, false),
+            Some((SF_INTEGER_MAX, SF_INTEGER_MAX))
+        );
+        let d = Decision::refused(1, 0, Duration::MAX, Duration::MAX);
+        assert_eq!(service_limit(&huge, &d, true), Some((0, SF_INTEGER_MAX)));
+    }
+
+    #[test]
+    fn products_beyond_64_bits_are_divided_exactly() {
+        assert_eq!(mul_div_floor(u64::MAX, 3, 3), u64::MAX);
+        assert_eq!(mul_div_ceil(u64::MAX, 3, 6), u64::MAX / 2 + 1);
+        assert_eq!(mul_div_floor(u64::MAX, u64::MAX, 1), u64::MAX);
+        assert_eq!(mul_div_ceil(7, 3, 2), 11);
+        assert_eq!(mul_div_floor(7, 3, 2), 10);
     }
 }
