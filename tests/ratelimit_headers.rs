@@ -224,7 +224,8 @@ async fn a_sub_second_period_is_advertised_at_its_real_rate() {
             let a = call(&app).await;
             assert_eq!(a.status, StatusCode::OK, "{alg:?} request {i}");
             assert_eq!(a.qw("p"), (25, 1), "{alg:?}");
-            // 4, 3, 2, 1, 0 left, all within one second of the rate's reach.
+            // 4, 3, 2, 1, 0 left; the key is whole again within the period and 25 a second
+            // grants 4 within a second, so t is 1.
             assert_eq!(a.rt("p"), Some((4 - i, 1)), "{alg:?} request {i}");
         }
         let refused = call(&app).await;
@@ -308,6 +309,19 @@ async fn a_long_window_never_advertises_a_faster_rate_than_its_policy() {
         assert_eq!(a.rt("p"), Some((999, t)), "{alg:?}");
         let (r, t) = a.rt("p").unwrap();
         assert!(r * 3600 <= 1000 * t, "{alg:?}: r/t above q/w");
+        if alg == Alg::Gcra {
+            for _ in 0..998 {
+                assert_eq!(call(&app).await.status, StatusCode::OK);
+            }
+            // The thousandth empties the bucket: nothing until it is full again, an hour on.
+            let last = call(&app).await;
+            assert_eq!(last.status, StatusCode::OK);
+            assert_eq!(last.rt("p"), Some((0, 3600)));
+            // A request sent earlier is told the exact wait: one permit, 3.6 s.
+            let refused = call(&app).await;
+            assert_eq!(refused.rt("p"), Some((0, 4)));
+            assert_eq!(refused.retry_after, Some(4));
+        }
     }
 }
 
