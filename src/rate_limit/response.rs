@@ -256,6 +256,8 @@ impl<'a> Refusal<'a> {
             .zip(self.outcomes)
             .filter_map(|(p, o)| match o {
                 Outcome::Refused(d) => {
+                    // The listed `t` is this same wait (capped to 15 digits); taking the larger
+                    // of the two keeps `Retry-After` at or after the window by construction.
                     let own = d.retry_after_secs();
                     let window = service_limit(&p.quota, d, true).map_or(0, |(_, t)| t);
                     Some(own.max(window))
