@@ -187,9 +187,9 @@ impl Decision {
     }
 }
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up (saturating: `Duration::MAX` is `u64::MAX`).
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// A request for more permits than the limiter can ever hold at once.
@@ -246,5 +246,7 @@ mod tests {
         assert_eq!(d(1_000_000_001).retry_after_secs(), 2);
         assert_eq!(d(59_500_000_000).retry_after_secs(), 60);
         assert!(d(0).retry_after > Duration::ZERO);
+        let longest = Decision::refused(1, 0, Duration::MAX, Duration::MAX);
+        assert_eq!(longest.retry_after_secs(), u64::MAX);
     }
 }

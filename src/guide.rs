@@ -38,6 +38,79 @@
 //! * `remaining` is what is left after this decision, counted in requests of cost one.
 //! * `reset_after` is the time until the key is back to its full limit.
 //!
+//! # Rate-limit headers
+//!
+//! The HTTP layer follows draft-ietf-httpapi-ratelimit-headers-11 (May 2026), which keeps the
+//! syntax of -10 but defines `r` as the quota available and `t` as the effective window: the
+//! seconds within which the client should use no more than `r`.
+//!
+//! **`RateLimit-Policy`** states each quota as a rate. The draft allows only whole seconds in
+//! `w`, so `w` is the period rounded up to whole seconds (at least 1), and `q` is what the quota
+//! grants in `w` seconds, `permits · w / period`, rounded down, at most 999,999,999,999,999 (the
+//! largest Structured Field Integer). Rounding `q` down means `q/w` never states a faster rate
+//! than the limiter enforces; it is exact whenever `permits · w / period` is whole (every period
+//! of whole seconds; 5 per 200 ms is `q=25;w=1`), and slower otherwise (1 per 1.5 s is
+//! `q=1;w=2`, three quarters of the real rate). A GCRA burst above `permits` is not advertised:
+//! `q/w` is the rate a client may keep up, and how much may go at once is `r`. A client that
+//! spaces its requests at least `w/q` apart (rounded up to the nanosecond, as GCRA rounds its
+//! emission interval) is never refused, whatever the algorithm, with one exception: at the first
+//! instant of a window the sliding counter weighs the whole previous window, so a client at
+//! exactly `q/w` whose request falls on that instant is refused there; any slower client is not.
+//!
+//! **`RateLimit`**, on an admitted response, gives for every policy `r`, the permits left after
+//! this request but at most `q`, and `t`, the later of two spans (at least a second): when the key
+//! is whole again if nothing else arrives (`ceil(reset_after)`), and the time the advertised rate
+//! takes to grant `r` (`ceil(r · w / q)`). Two properties follow for every algorithm, since the
+//! layer sees only the [`Decision`](crate::Decision): any `r` requests sent within `t` are
+//! admitted (`r` never exceeds what the limiter has left now), and `r/t` never states a faster
+//! rate than `q/w`, which is the cap on the ratio of `r` to `t` that section 6 of the draft asks
+//! for. The draft -10 reading of `t`, the time until the key is whole, fails the second: 1000 per
+//! hour after one request said `r=999;t=4`, 250 requests a second.
+//!
+//! | algorithm | when the key is whole again | so `t` is | e.g. |
+//! |---|---|---|---|
+//! | GCRA | when the TAT is reached: at most `burst · period / permits` | almost always the time the rate takes to grant `r`; with nothing left, the time until the bucket is full, although a permit returns every `period / permits` (a request sent earlier gets a 429 with the exact `Retry-After`) | 1000 per hour: `r=999;t=3597` after one request, `r=0;t=3600` after a thousand |
+//! | fixed window | at the end of the cycle | the end of the cycle, unless `r` permits before it would be faster than `q/w` | 10 per minute: `r=9;t=55` five seconds into a cycle, `r=8;t=48` at 50 s (8 in the last 10 s would be 48 a minute) |
+//! | sliding log | when the newest permit leaves the window | at least that; with nothing left, later than the oldest permit leaving, when the next is admitted | 2 per minute: `r=1;t=60`, then `r=0;t=60` |
+//! | sliding counter | when the current window's weight has slid out: up to two periods | at least that | 2 per minute: `r=1;t=120` |
+//!
+//! On a **refusal** `RateLimit` lists only the violated policies, each with `r=0` and `t` its own
+//! wait, `max(1, ceil(retry_after))`; `Retry-After` is the longest of those, so it never points
+//! before the end of a listed window (section 6). A policy that admitted the request and was
+//! vetoed by another is left out: its admission was given back, so its decision no longer
+//! describes the key, and a window it listed would have had to end before `Retry-After`, which
+//! could then no longer be the violated policies' own wait.
+//!
+//! No partition key (`pk`) is sent. It is optional; one derived from the client's address would
+//! disclose it unless it were a keyed hash with a secret to manage; and each item names a policy
+//! whose key the client can already tell (its address, its API key).
+//!
+//! Each requirement of the draft, what the layer sends, and the tests that check it
+//! (`tests/ratelimit_headers.rs` unless named otherwise; `response::tests` are unit tests in
+//! `src/rate_limit/response.rs`):
+//!
+//! | draft -11 | requirement | what the layer sends | checked by |
+//! |---|---|---|---|
+//! | 3 | `RateLimit-Policy` is a non-empty List; each Item's value MUST be a String | one String Item per policy, the name escaped; no field without policies | `headers_are_valid_and_consistent_for_any_quota`, `headers_are_valid_at_the_bounds`, `hostile_policy_names_survive_the_wire_and_head_gets_no_body` (`tests/rate_limit_hostile.rs`), `the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds` (`response::tests`) |
+//! | 3 | the value SHOULD stay the same over responses | built once when the layer is set up; the same on admissions and refusals | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows` |
+//! | 3.1, 4.1 | neither field in a trailer section (MUST NOT) | both are set in the response head only | by construction: the layer writes no trailers |
+//! | 3.1.1 | `q` REQUIRED, a non-negative Integer | `permits · w / period` rounded down, at most 999,999,999,999,999 | `a_sub_second_period_is_advertised_at_its_real_rate`, `a_period_that_is_not_whole_seconds_rounds_w_up_and_q_down`, `advertised_quotas_round_down_and_stay_structured_field_integers` (`response::tests`), the property test |
+//! | 3.1.2 | `qu` OPTIONAL, `requests` by default | not sent: every request costs one permit, the default unit | — |
+//! | 3.1.3 | `w` a non-zero Integer of seconds (MUST); no sub-second precision | the period rounded up to whole seconds, at least 1 | as for `q`; `a_client_pacing_itself_by_q_over_w_is_never_refused`, `a_client_faster_than_q_over_w_is_refused` |
+//! | 3.1.4, 4.1.3, 6.1 | `pk` OPTIONAL, a Byte Sequence (MUST); servers should avoid keys with sensitive information | not sent (see above) | — |
+//! | 3.1, 4.1 | other parameters SHOULD carry a vendor prefix | none sent | the property test (only `q`, `w`, `r`, `t`) |
+//! | 4 | `RateLimit` is a List of Service Limit Items naming a policy | one String Item per policy that decided (a failed limiter that fails open is left out) | the property test, `a_failing_limiter_answers_503_or_fails_open` (`tests/rate_limit.rs`) |
+//! | 4.1.1 | `r` REQUIRED, a non-negative Integer: the quota available | the permits left, at most `q`; `0` for a violated policy | `a_burst_above_the_permits_never_reports_more_than_q`, `r_requests_sent_at_once_are_admitted`, the property test (`0 ≤ r ≤ q`) |
+//! | 4.1.2 | `t` OPTIONAL, a non-negative Integer: the effective window | always sent, at least 1: see above | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, `the_sliding_windows_report_exact_values` |
+//! | 5.1, 10.2.1 | the `quota-exceeded` problem type: URI `https://iana.org/assignments/http-problem-types#quota-exceeded`, title `Quota Exceeded`, status 429, `violated-policies` an array of strings | exactly these, with a `detail` | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, `the_problem_head_is_the_escaped_type_and_title` (`response::tests`), `ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes` (`tests/rate_limit.rs`) |
+//! | 6 | `Retry-After` SHOULD NOT point earlier than the end of the effective window | `max(1, ceil(retry_after))` of the longest violated policy, which is the longest `t` listed | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, the property test (`Retry-After ≥ t`, `≥ 1`, `≥` the limiter's own wait), `retry_after_rounds_up_and_is_never_zero` (`tests/rate_limit.rs`) |
+//! | 6, 8.5 | MUST NOT convey an unwanted volume; SHOULD cap the ratio of `r` to `t` | `r/t ≤ q/w` always, and `q/w` at most the quota's rate | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, the property test (`r · w ≤ q · t`) |
+//! | 7 | a client SHOULD NOT exceed `r` within `t` | what a client following that is told is true: `r` requests within `t` are admitted | `r_requests_sent_at_once_are_admitted` |
+//!
+//! The property test is `headers_are_valid_and_consistent_for_any_quota`: any quota the crate
+//! accepts (periods from 1 ns to [`Quota::MAX_SPAN`](crate::Quota::MAX_SPAN), any permits and
+//! burst), every algorithm, requests at random clock offsets; every field is parsed with `sfv`.
+
 //! # Waiting
 //!
 //! Waiting is opt-in through [`Quota::with_max_wait`](crate::Quota::with_max_wait). An `acquire`

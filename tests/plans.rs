@@ -135,7 +135,11 @@ async fn the_per_ip_limit_binds_every_key_from_one_address() {
         serde_json::json!(["per-ip"])
     );
     for i in 0..4 {
-        assert_eq!(client.get("/items", Some("pro-9")).await.status(), 200, "{i}");
+        assert_eq!(
+            client.get("/items", Some("pro-9")).await.status(),
+            200,
+            "{i}"
+        );
     }
     let eleventh = client.get("/items", Some("pro-9")).await;
     assert_eq!(eleventh.status(), 429);

@@ -480,7 +480,9 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
         sf_list(ok.headers(), "ratelimit"),
         [
             ("per-second".to_string(), params(&[("r", 1), ("t", 1)])),
-            ("per-minute".to_string(), params(&[("r", 2), ("t", 20)])),
+            // Whole again in 20 s, but two permits take 40 s at 3 per minute: draft -11's `t`
+            // is the window in which to use no more than `r`, never a faster rate than q/w.
+            ("per-minute".to_string(), params(&[("r", 2), ("t", 40)])),
         ]
     );
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);

@@ -70,17 +70,32 @@
 //! content-type: application/problem+json
 //!
 //! {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
-//!  "title":"Quota exceeded","status":429,
+//!  "title":"Quota Exceeded","status":429,
 //!  "detail":"The request exceeds the quota of 'per-ip'; retry in 1 second.",
 //!  "violated-policies":["per-ip"]}
 //! ```
 //!
 //! * `Retry-After` is `max(1, ceil(seconds))` of the limiter's own `retry_after`, never `0`.
-//! * `RateLimit-Policy` and `RateLimit` follow draft-ietf-httpapi-ratelimit-headers-10 and are
-//!   serialized as RFC 9651 Structured Field lists: `q` is the quota's permits, `w` its period in
-//!   seconds (rounded up), `r` the permits left, `t` the seconds until the policy is whole again
-//!   (for a violated policy, the seconds until it admits again: its own `Retry-After`).
-//! * The body is an RFC 9457 problem of the draft's `quota-exceeded` type.
+//! * `RateLimit-Policy` and `RateLimit` follow draft-ietf-httpapi-ratelimit-headers-11 and are
+//!   serialized as RFC 9651 Structured Field lists, one item per policy, named by the policy.
+//! * `RateLimit-Policy` states each quota as a rate, the same on every response: `w` is the
+//!   period in whole seconds (rounded up, at least 1), and `q` what the quota grants in `w`
+//!   seconds, rounded down: 5 per 200 ms is `q=25;w=1`, 3 per 1.5 s is `q=4;w=2`. A client that
+//!   spaces its requests `w/q` apart is never refused (the sliding counter has one exception,
+//!   see the guide). A GCRA burst above the permits is not
+//!   advertised. `q/w` is a rate, not a burst: how much may go at once is `r`.
+//! * `RateLimit` gives `r`, the permits available now (at most `q`), and `t`, the window in
+//!   seconds within which to use no more than `r`: the later of when the key is whole again and
+//!   the time the advertised rate takes to grant `r`, so `r/t` never states a faster rate than
+//!   `q/w` (1000 per hour after one request is `r=999;t=3597`, not 999 in the 4 s GCRA needs to
+//!   be whole again). On a refusal it lists only the violated policies, each with `r=0` and its
+//!   own wait as `t`; `Retry-After` is the longest of them, so it never points before the end of
+//!   any listed window.
+//! * The body is an RFC 9457 problem of the type `quota-exceeded` that the draft registers,
+//!   with its registered title, `Quota Exceeded`.
+//!
+//! The [guide](crate::guide#rate-limit-headers) explains these choices per algorithm and lists
+//! each requirement of the draft with the test that checks it.
 //!
 //! [`RateLimitLayer::on_refusal`] replaces this answer with one of your own ([`OnRefusal`]).
 //! Admitted responses carry `RateLimit-Policy` and `RateLimit` too, unless

@@ -18,9 +18,10 @@ use super::policy::Shadow;
 use crate::decision::ceil_secs;
 use crate::{Decision, InsufficientCapacity, Quota};
 
-/// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-10).
+/// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-11).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit`: what is left of each policy for this client.
+/// `RateLimit`: the service limit of each policy for this client: the quota available (`r`) and
+/// the effective window (`t`) within which the client should use no more than that.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Legacy `X-RateLimit-Limit` (opt-in).
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -29,7 +30,8 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// Legacy `X-RateLimit-Reset`, in seconds from now (opt-in).
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// The problem type of a refusal, registered by the rate-limit headers draft.
+/// The problem type of a refusal, `quota-exceeded`, as draft-ietf-httpapi-ratelimit-headers-11
+/// registers it in IANA's HTTP Problem Types registry (title `Quota Exceeded`, status 429).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -38,7 +40,7 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 /// (`QUOTA_EXCEEDED` needs no JSON escapes; a test checks this is what escaping would write.)
 const PROBLEM_HEAD: &str =
     "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
-    \"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"";
+    \"title\":\"Quota Exceeded\",\"status\":429,\"detail\":\"";
 
 /// The most policies for which a layer keeps the `RateLimit-Policy` of each set of them (2^6 = 64
 /// headers at most); beyond, each response builds its own.
@@ -276,8 +278,8 @@ impl Meta {
         outcomes: &[Outcome],
         quota: impl Fn(usize) -> Quota,
     ) -> Option<AdmittedHeaders> {
-        let policy = self.policy_header_for(outcomes, quota)?;
-        let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
+        let policy = self.policy_header_for(outcomes, &quota)?;
+        let ratelimit = ratelimit_header(&self.policies, outcomes, false, &quota)?;
         let legacy = if self.legacy_headers {
             legacy_values(&self.policies, outcomes, false).map(Box::new)
         } else {
@@ -342,9 +344,13 @@ impl<'a> Refusal<'a> {
         self.request
     }
 
-    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` over the violated
-    /// policies; `None` when no wait would help (the request costs more than a violated policy
-    /// can ever admit at once).
+    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` of the limiters'
+    /// `retry_after` over the violated policies; `None` when no wait would help (the request
+    /// costs more than a violated policy can ever admit at once).
+    ///
+    /// That is also the longest effective window (`t`) in the refusal's `RateLimit` field, which
+    /// lists only the violated policies, so `Retry-After` never points before the end of any of
+    /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
     pub fn retry_after_secs(&self) -> Option<u64> {
         if self.unadmittable().next().is_some() {
             return None;
@@ -396,8 +402,9 @@ impl<'a> Refusal<'a> {
             .map(|(p, o)| (&*p.name, o.decision()))
     }
 
-    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit`, and the
-    /// legacy `X-RateLimit-*` ones if they are turned on.
+    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
+    /// violated policies only, each with `r=0` and its own wait as `t`), and the legacy
+    /// `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
         if let Some(retry) = self.retry_after_secs() {
@@ -406,7 +413,9 @@ impl<'a> Refusal<'a> {
         if let Some(policy) = &self.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
-        if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
+        // A refusal lists only refused decisions, whose values do not depend on the quota.
+        let quota = |i: usize| self.meta.policies[i].quota;
+        if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true, quota) {
             headers.insert(RATELIMIT, ratelimit);
         }
         if self.meta.legacy_headers {
@@ -515,78 +524,162 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
     response
 }
 
-/// `RateLimit-Policy: "name";q=<permits>;w=<period seconds>, ...`.
-///
-/// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
-/// client that spaces its requests by it stays within the quota).
+/// `RateLimit-Policy: "name";q=..;w=.., ...`: one [`write_policy_item`] per advertised policy
+/// that `included` names, with the quota `quota` gives it.
 fn policy_header(
     policies: &[PolicyInfo],
     included: impl Fn(usize) -> bool,
     quota: impl Fn(usize) -> Quota,
 ) -> Option<HeaderValue> {
-    let mut value = String::with_capacity(32 * policies.len());
-    for (i, p) in policies.iter().enumerate() {
-        if !p.advertised() || !included(i) {
-            continue;
-        }
-        if !value.is_empty() {
-            value.push_str(", ");
-        }
-        value.push_str(&p.sf_name);
-        let quota = quota(i);
-        let window = ceil_secs(quota.period()).clamp(1, SF_INTEGER_MAX);
-        let _ = write!(
-            value,
-            ";q={};w={window}",
-            u64::from(quota.permits()).min(SF_INTEGER_MAX)
-        );
-    }
-    if value.is_empty() {
-        return None;
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
-}
-
-/// `RateLimit: "name";r=<remaining>;t=<seconds>, ...`.
-///
-/// On an admitted response, for every advertised policy that decided: `t` is the time until the
-/// policy's quota is whole again (`reset_after`), in whole seconds rounded up; an advertised
-/// shadow policy that would have refused says `r=0` and its own `Retry-After`. On a refusal
-/// (`refused`), only for the policies that refused: `r=0` and their own `Retry-After`. The
-/// policies that admitted a refused request were given their permits back, so their state is the
-/// one the client's previous response described.
-fn ratelimit_header(
-    policies: &[PolicyInfo],
-    outcomes: &[Outcome],
-    refused: bool,
-) -> Option<HeaderValue> {
-    // Built on the stack and copied once into the header value: this runs for every admitted
-    // request.
     let mut value = ValueBuf::new();
-    for (p, o) in policies.iter().zip(outcomes) {
-        if !p.advertised() {
-            continue;
+    for (i, p) in policies.iter().enumerate() {
+        if p.advertised() && included(i) {
+            write_policy_item(&mut value, &p.sf_name, &quota(i));
         }
-        let (remaining, t) = match o {
-            Outcome::Admitted(_) if refused => continue,
-            Outcome::Admitted(d) => (d.remaining, ceil_secs(d.reset_after)),
-            Outcome::Refused(_) if refused && !p.enforced() => continue,
-            Outcome::Refused(d) => (0, d.retry_after_secs()),
-            Outcome::Unadmittable(_) | Outcome::Failed | Outcome::Skipped => continue,
-        };
-        if !value.is_empty() {
-            value.push(b", ");
-        }
-        value.push(p.sf_name.as_bytes());
-        value.push(b";r=");
-        value.push_u64(remaining.min(SF_INTEGER_MAX));
-        value.push(b";t=");
-        value.push_u64(t.min(SF_INTEGER_MAX));
     }
     if value.is_empty() {
         return None;
     }
     HeaderValue::from_bytes(value.as_bytes()).ok()
+}
+
+/// `RateLimit: "name";r=..;t=.., ...`: one [`write_ratelimit_item`] per advertised policy that
+/// decided, with the quota `quota` gives it.
+///
+/// On a refusal (`refused`) only the violated policies are listed (see [`service_limit`]): the
+/// policies that admitted a refused request were given their permits back, so their state is the
+/// one the client's previous response described. On an admitted response, an advertised shadow
+/// policy that would have refused says `r=0` and its own wait.
+fn ratelimit_header(
+    policies: &[PolicyInfo],
+    outcomes: &[Outcome],
+    refused: bool,
+    quota: impl Fn(usize) -> Quota,
+) -> Option<HeaderValue> {
+    // Built on the stack and copied once into the header value: this runs for every admitted
+    // request.
+    let mut value = ValueBuf::new();
+    for (i, (p, o)) in policies.iter().zip(outcomes).enumerate() {
+        if !p.advertised() || (refused && !p.enforced()) {
+            continue;
+        }
+        if let Some(d) = o.decision() {
+            write_ratelimit_item(&mut value, &p.sf_name, &quota(i), d, refused);
+        }
+    }
+    if value.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(value.as_bytes()).ok()
+}
+
+/// Appends one Quota Policy Item, `"name";q=<q>;w=<w>`, to a `RateLimit-Policy` list (with the
+/// `", "` separator if the list is not empty). `sf_name` is the name already written as a
+/// Structured Field String. The values are [`advertised_policy`]'s.
+fn write_policy_item(buf: &mut ValueBuf, sf_name: &str, quota: &Quota) {
+    let (q, w) = advertised_policy(quota);
+    if !buf.is_empty() {
+        buf.push(b", ");
+    }
+    buf.push(sf_name.as_bytes());
+    buf.push(b";q=");
+    buf.push_u64(q);
+    buf.push(b";w=");
+    buf.push_u64(w);
+}
+
+/// Appends one Service Limit Item, `"name";r=<r>;t=<t>`, to a `RateLimit` list (with the `", "`
+/// separator if the list is not empty), or nothing where [`service_limit`] lists nothing.
+/// `refused` says whether the response is the refusal (a 429) rather than an admitted response.
+fn write_ratelimit_item(
+    buf: &mut ValueBuf,
+    sf_name: &str,
+    quota: &Quota,
+    decision: &Decision,
+    refused: bool,
+) {
+    let Some((r, t)) = service_limit(quota, decision, refused) else {
+        return;
+    };
+    if !buf.is_empty() {
+        buf.push(b", ");
+    }
+    buf.push(sf_name.as_bytes());
+    buf.push(b";r=");
+    buf.push_u64(r);
+    buf.push(b";t=");
+    buf.push_u64(t);
+}
+
+/// The `(q, w)` a policy advertises in `RateLimit-Policy`.
+///
+/// Draft-ietf-httpapi-ratelimit-headers-11 allows only whole seconds in `w`, so `w` is the
+/// quota's period rounded up to whole seconds (at least 1), and `q` is what the quota grants in
+/// `w` seconds at its own rate, `permits · w / period`, rounded down: `q/w` is never a faster
+/// rate than the quota's, and it is the quota's exact rate whenever `permits · w / period` is a
+/// whole number (every period of whole seconds, `5 per 200 ms` as `q=25;w=1`, `3 per 1.5 s` as
+/// `q=4;w=2`). Both are at most [`SF_INTEGER_MAX`]; a `q` cut down to it states a slower rate
+/// than the real one, never a faster. Since `w ≥ period`, `q ≥ permits ≥ 1`.
+///
+/// The burst is not advertised: `q` is the rate a client may keep up for ever; a GCRA burst
+/// above `permits` is slack on top of it.
+fn advertised_policy(quota: &Quota) -> (u64, u64) {
+    const NANOS_PER_SEC: u64 = 1_000_000_000;
+    let period = quota.period_nanos();
+    let w = period.div_ceil(NANOS_PER_SEC).max(1);
+    let permits = u64::from(quota.permits());
+    let q = if period == w * NANOS_PER_SEC {
+        permits
+    } else {
+        mul_div_floor(permits, w * NANOS_PER_SEC, period)
+    };
+    (q.min(SF_INTEGER_MAX), w.min(SF_INTEGER_MAX))
+}
+
+/// The `(r, t)` of one policy's Service Limit Item, or `None` where the item is left out.
+///
+/// * A policy that refused this request: `r=0`, and `t` its own `Retry-After`,
+///   `max(1, ceil(retry_after))`: the time until it admits again, so the response's
+///   `Retry-After` (the longest of these) never ends before any listed window.
+/// * A policy that admitted, on an admitted response: `r` is the permits left, at most `q`
+///   (a GCRA burst above `permits` is not reported beyond what the policy advertises), and `t`
+///   is the later of when the key is whole again (`ceil(reset_after)`) and the time the
+///   advertised rate takes to grant `r` (`ceil(r · w / q)`), and at least 1. So `r/t` never
+///   states a faster rate than `q/w`, and any `r` requests sent within `t` are admitted, since
+///   `r` never exceeds what the limiter has left now.
+/// * A policy that admitted, on a refusal: left out. Its admission was given back, so the
+///   decision no longer describes the key, and a window it listed would have to end before the
+///   response's `Retry-After`, which only the violated policies decide.
+fn service_limit(quota: &Quota, decision: &Decision, refused: bool) -> Option<(u64, u64)> {
+    if !decision.allowed {
+        return Some((0, decision.retry_after_secs().min(SF_INTEGER_MAX)));
+    }
+    if refused {
+        return None;
+    }
+    let (q, w) = advertised_policy(quota);
+    let r = decision.remaining.min(q);
+    // `q ≥ 1` (see `advertised_policy`).
+    let earn = mul_div_ceil(r, w, q);
+    let t = ceil_secs(decision.reset_after).max(earn).max(1);
+    Some((r, t.min(SF_INTEGER_MAX)))
+}
+
+/// `a · b / c` rounded down (`c > 0`), saturating at `u64::MAX`.
+fn mul_div_floor(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(product) => product / c,
+        None => u64::try_from(u128::from(a) * u128::from(b) / u128::from(c)).unwrap_or(u64::MAX),
+    }
+}
+
+/// `a · b / c` rounded up (`c > 0`), saturating at `u64::MAX`.
+fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
+    match a.checked_mul(b) {
+        Some(product) => product.div_ceil(c),
+        None => u64::try_from((u128::from(a) * u128::from(b)).div_ceil(u128::from(c)))
+            .unwrap_or(u64::MAX),
+    }
 }
 
 /// The bytes of a header value, on the stack while they fit in 128 bytes (one policy with a
@@ -879,7 +972,7 @@ mod tests {
     fn the_problem_head_is_the_escaped_type_and_title() {
         let mut head = String::from("{\"type\":");
         json_string(&mut head, QUOTA_EXCEEDED);
-        head.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"detail\":\"");
+        head.push_str(",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":\"");
         assert_eq!(PROBLEM_HEAD, head);
     }
 
@@ -929,20 +1022,104 @@ mod tests {
     }
 
     #[test]
-    fn policy_header_rounds_windows_up() {
+    fn the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds() {
         let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, false);
+        let ms = std::time::Duration::from_millis;
         let policies = [
             p("a", Quota::per_second(10).unwrap()),
-            p(
-                "b",
-                Quota::with_period(3, std::time::Duration::from_millis(1500)).unwrap(),
-            ),
+            p("b", Quota::with_period(3, ms(1500)).unwrap()),
             p("c", Quota::per_hour(1000).unwrap()),
+            p("d", Quota::with_period(5, ms(200)).unwrap()),
         ];
         let header = policy_header(&policies, |_| true, |i| policies[i].quota).unwrap();
-        assert_eq!(header, "\"a\";q=10;w=1, \"b\";q=3;w=2, \"c\";q=1000;w=3600");
+        assert_eq!(
+            header,
+            "\"a\";q=10;w=1, \"b\";q=4;w=2, \"c\";q=1000;w=3600, \"d\";q=25;w=1"
+        );
         assert!(policy_header(&[], |_| true, |_| unreachable!()).is_none());
         let only_b = policy_header(&policies, |i| i == 1, |i| policies[i].quota).unwrap();
-        assert_eq!(only_b, "\"b\";q=3;w=2");
+        assert_eq!(only_b, "\"b\";q=4;w=2");
+    }
+
+    #[test]
+    fn advertised_quotas_round_down_and_stay_structured_field_integers() {
+        use std::time::Duration;
+        let q = |permits, nanos| {
+            advertised_policy(&Quota::with_period(permits, Duration::from_nanos(nanos)).unwrap())
+        };
+        // 1 per 1.5 s: 1.33 per 2 s, rounded down.
+        assert_eq!(q(1, 1_500_000_000), (1, 2));
+        // 7 per 0.3 s is 23.33 per second.
+        assert_eq!(q(7, 300_000_000), (23, 1));
+        // One nanosecond past a second: two seconds hold 1.999999998 periods.
+        assert_eq!(q(1, 1_000_000_001), (1, 2));
+        // u32::MAX per nanosecond is far beyond 15 digits: cut to the largest integer.
+        assert_eq!(q(u32::MAX, 1), (SF_INTEGER_MAX, 1));
+        // The longest period: 2^60 ns, just over 1.15e9 s.
+        // w is slightly longer than the period, so it holds one permit more.
+        assert_eq!(
+            q(u32::MAX, 1 << 60),
+            (u64::from(u32::MAX) + 1, 1_152_921_505)
+        );
+        assert_eq!(q(1, 1 << 60), (1, 1_152_921_505));
+    }
+
+    #[test]
+    fn service_limits_never_report_more_than_the_policy_nor_a_faster_rate() {
+        use std::time::Duration;
+        let quota = Quota::per_hour(1000).unwrap();
+        let admitted = |remaining, reset| Decision::allowed(1000, remaining, reset);
+        // After one request of a fresh 1000/h GCRA key: 999 left, whole again in 3.6 s. The
+        // window is the time 999 permits take at 1000/h, not 3.6 s.
+        assert_eq!(
+            service_limit(&quota, &admitted(999, Duration::from_millis(3600)), false),
+            Some((999, 3597))
+        );
+        // A burst beyond the quota is not reported beyond `q`.
+        let bursty = Quota::per_second(1).unwrap().with_burst(10).unwrap();
+        assert_eq!(
+            service_limit(
+                &bursty,
+                &Decision::allowed(10, 9, Duration::from_secs(1)),
+                false
+            ),
+            Some((1, 1))
+        );
+        // Nothing left: the window lasts until the key is whole again, at least a second.
+        assert_eq!(
+            service_limit(&quota, &admitted(0, Duration::from_secs(3600)), false),
+            Some((0, 3600))
+        );
+        assert_eq!(
+            service_limit(&quota, &admitted(0, Duration::ZERO), false),
+            Some((0, 1))
+        );
+        // A refusal: nothing left until it admits again.
+        let refused = Decision::refused(1000, 0, Duration::from_millis(3_500), Duration::ZERO);
+        assert_eq!(service_limit(&quota, &refused, true), Some((0, 4)));
+        assert_eq!(service_limit(&quota, &refused, false), Some((0, 4)));
+        // An admission vetoed by another policy is not listed on the refusal.
+        assert_eq!(
+            service_limit(&quota, &admitted(5, Duration::from_secs(1)), true),
+            None
+        );
+        // Huge values stay within 15 digits.
+        let huge = Quota::with_period(u32::MAX, Duration::from_nanos(1)).unwrap();
+        let d = Decision::allowed(u64::MAX, u64::MAX, Duration::MAX);
+        assert_eq!(
+            service_limit(&huge, &d, false),
+            Some((SF_INTEGER_MAX, SF_INTEGER_MAX))
+        );
+        let d = Decision::refused(1, 0, Duration::MAX, Duration::MAX);
+        assert_eq!(service_limit(&huge, &d, true), Some((0, SF_INTEGER_MAX)));
+    }
+
+    #[test]
+    fn products_beyond_64_bits_are_divided_exactly() {
+        assert_eq!(mul_div_floor(u64::MAX, 3, 3), u64::MAX);
+        assert_eq!(mul_div_ceil(u64::MAX, 3, 6), u64::MAX / 2 + 1);
+        assert_eq!(mul_div_floor(u64::MAX, u64::MAX, 1), u64::MAX);
+        assert_eq!(mul_div_ceil(7, 3, 2), 11);
+        assert_eq!(mul_div_floor(7, 3, 2), 10);
     }
 }
