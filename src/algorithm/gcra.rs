@@ -120,6 +120,15 @@ impl Algorithm for Gcra {
         }
     }
 
+    /// The key's TAT is kept as it is: the instant its bucket is full again does not move. With
+    /// an unchanged emission interval (only the burst changes, or permits and period scale
+    /// together) the permits a key has used carry over exactly: 9 of 10 used leaves 11 of 20.
+    /// When the interval changes, what a key owes carries over as time: the TAT's lead over now
+    /// is counted in the new interval.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self::new(quota, now)
+    }
+
     fn capacity(&self) -> u32 {
         self.burst
     }
