@@ -389,8 +389,22 @@ impl<L> Observed<L> {
 impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     type Future = ObservedFuture<L::Future>;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         self.inner.quota()
+    }
+
+    /// Changes the wrapped limiter's quota (see [`Limiter::set_quota`]), and says so in an
+    /// info event with the limiter's name and both quotas. The counters carry on.
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        let old = self.inner.quota();
+        self.inner.set_quota(quota)?;
+        tracing::info!(
+            limiter = %self.shared.name,
+            old = ?old,
+            new = ?quota,
+            "rate limit quota changed",
+        );
+        Ok(())
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {

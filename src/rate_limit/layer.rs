@@ -56,7 +56,7 @@ where
         let mut infos = Vec::new();
         let mut limiters = Vec::new();
         for policy in policies {
-            infos.push(PolicyInfo::new(&policy.name, *policy.limiter.quota()));
+            infos.push(PolicyInfo::new(&policy.name, policy.limiter.quota()));
             limiters.push(policy.limiter);
         }
         Self {

@@ -79,15 +79,20 @@ impl std::error::Error for PolicyError {}
 pub type BoxReserve = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
 
 trait ErasedLimiter<K>: Send + Sync + 'static {
-    fn quota(&self) -> &Quota;
+    fn quota(&self) -> Quota;
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError>;
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
 }
 
 impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         Limiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        Limiter::set_quota(self, quota)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
@@ -148,7 +153,7 @@ impl<K: 'static> Clone for BoxLimiter<K> {
 impl<K: 'static> fmt::Debug for BoxLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoxLimiter")
-            .field("quota", self.inner.quota())
+            .field("quota", &self.inner.quota())
             .finish_non_exhaustive()
     }
 }
@@ -156,8 +161,12 @@ impl<K: 'static> fmt::Debug for BoxLimiter<K> {
 impl<K: 'static> Limiter<K> for BoxLimiter<K> {
     type Future = BoxReserve;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         self.inner.quota()
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        self.inner.set_quota(quota)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
