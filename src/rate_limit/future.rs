@@ -344,10 +344,12 @@ where
         }
     }
     if refused {
+        let limiters = &shared.limiters;
         let response = Refusal {
             meta: &shared.meta,
             request: parts,
             outcomes: outcomes.as_slice(),
+            policy_header: shared.meta.policy_header_now(|i| limiters[i].quota()),
         }
         .respond();
         refund_all(shared, key, outcomes);
@@ -445,7 +447,11 @@ where
             body,
             mut held,
         } = self;
-        let headers = held.shared.meta.admitted_headers(held.outcomes.as_slice());
+        let limiters = &held.shared.limiters;
+        let headers = held
+            .shared
+            .meta
+            .admitted_headers(held.outcomes.as_slice(), |i| limiters[i].quota());
         held.outcomes.clear();
         (inner, Request::from_parts(parts, body), headers)
     }

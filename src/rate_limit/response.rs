@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
@@ -131,8 +132,12 @@ impl Outcome {
 #[derive(Clone)]
 pub(crate) struct Meta {
     pub(crate) policies: Vec<PolicyInfo>,
-    /// `RateLimit-Policy`, computed once; `None` without policies.
+    /// `RateLimit-Policy` for the quotas in `policies` (those of the limiters when the layer was
+    /// built); `None` without policies.
     pub(crate) policy_header: Option<HeaderValue>,
+    /// `RateLimit-Policy` for the quotas seen at the latest response after a limiter changed its
+    /// quota (see [`policy_header_now`](Self::policy_header_now)); shared by every clone.
+    pub(crate) changed_policy: Arc<ArcSwapOption<ChangedPolicy>>,
     pub(crate) admitted_headers: bool,
     pub(crate) legacy_headers: bool,
     pub(crate) on_key_error: super::FailMode,
@@ -151,6 +156,7 @@ impl Meta {
         Self {
             policies,
             policy_header,
+            changed_policy: Arc::default(),
             admitted_headers: true,
             legacy_headers: false,
             on_key_error: super::FailMode::Closed,
@@ -166,18 +172,57 @@ impl Meta {
         self.exempt.as_ref().is_some_and(|exempt| exempt(parts))
     }
 
-    /// The headers of an admitted response, or `None` if they are turned off.
+    /// The headers of an admitted response, or `None` if they are turned off. `quota_of(i)` is
+    /// the quota policy `i`'s limiter enforces now.
     #[inline]
-    pub(crate) fn admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
+    pub(crate) fn admitted_headers(
+        &self,
+        outcomes: &[Outcome],
+        quota_of: impl Fn(usize) -> Quota,
+    ) -> Option<AdmittedHeaders> {
         if self.admitted_headers {
-            self.build_admitted_headers(outcomes)
+            self.build_admitted_headers(outcomes, quota_of)
         } else {
             None
         }
     }
 
-    fn build_admitted_headers(&self, outcomes: &[Outcome]) -> Option<AdmittedHeaders> {
-        let policy = self.policy_header.clone()?;
+    /// `RateLimit-Policy` for the quotas the limiters enforce now (`quota_of(i)` for policy
+    /// `i`). While they are the quotas the layer was built with, the header computed then is
+    /// shared (no allocation); once a limiter's quota has changed, the header is built again for
+    /// the first response that sees the new quotas and shared by the responses after it.
+    pub(crate) fn policy_header_now(
+        &self,
+        quota_of: impl Fn(usize) -> Quota,
+    ) -> Option<HeaderValue> {
+        let unchanged = self
+            .policies
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.quota == quota_of(i));
+        if unchanged {
+            return self.policy_header.clone();
+        }
+        let current: Box<[Quota]> = (0..self.policies.len()).map(&quota_of).collect();
+        if let Some(changed) = &*self.changed_policy.load() {
+            if changed.quotas == current {
+                return Some(changed.header.clone());
+            }
+        }
+        let header = policy_header_with(&self.policies, |i| current[i])?;
+        self.changed_policy.store(Some(Arc::new(ChangedPolicy {
+            quotas: current,
+            header: header.clone(),
+        })));
+        Some(header)
+    }
+
+    fn build_admitted_headers(
+        &self,
+        outcomes: &[Outcome],
+        quota_of: impl Fn(usize) -> Quota,
+    ) -> Option<AdmittedHeaders> {
+        let policy = self.policy_header_now(quota_of)?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false)?;
         let legacy = if self.legacy_headers {
             legacy_values(outcomes, false).map(Box::new)
@@ -204,6 +249,13 @@ impl fmt::Debug for Meta {
             .field("exempt", &self.exempt.is_some())
             .finish()
     }
+}
+
+/// `RateLimit-Policy` for quotas that differ from those a layer was built with.
+#[derive(Debug)]
+pub(crate) struct ChangedPolicy {
+    quotas: Box<[Quota]>,
+    header: HeaderValue,
 }
 
 /// Headers to add to an admitted response.
@@ -233,6 +285,8 @@ pub struct Refusal<'a> {
     pub(crate) meta: &'a Meta,
     pub(crate) request: &'a Parts,
     pub(crate) outcomes: &'a [Outcome],
+    /// `RateLimit-Policy` for the quotas enforced when the request was refused.
+    pub(crate) policy_header: Option<HeaderValue>,
 }
 
 impl<'a> Refusal<'a> {
@@ -283,7 +337,7 @@ impl<'a> Refusal<'a> {
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
         headers.insert(RETRY_AFTER, number_value(self.retry_after_secs()));
-        if let Some(policy) = &self.meta.policy_header {
+        if let Some(policy) = &self.policy_header {
             headers.insert(RATELIMIT_POLICY, policy.clone());
         }
         if let Some(ratelimit) = ratelimit_header(&self.meta.policies, self.outcomes, true) {
@@ -383,6 +437,14 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
 /// `w` is whole seconds; a period that is not a whole number of seconds is rounded up (so a
 /// client that spaces its requests by it stays within the quota).
 fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
+    policy_header_with(policies, |i| policies[i].quota)
+}
+
+/// [`policy_header`] with `quota_of(i)` as the quota of policy `i`.
+fn policy_header_with(
+    policies: &[PolicyInfo],
+    quota_of: impl Fn(usize) -> Quota,
+) -> Option<HeaderValue> {
     if policies.is_empty() {
         return None;
     }
@@ -391,12 +453,13 @@ fn policy_header(policies: &[PolicyInfo]) -> Option<HeaderValue> {
         if i > 0 {
             value.push_str(", ");
         }
+        let quota = quota_of(i);
         value.push_str(&p.sf_name);
-        let window = ceil_secs(p.quota.period()).clamp(1, SF_INTEGER_MAX);
+        let window = ceil_secs(quota.period()).clamp(1, SF_INTEGER_MAX);
         let _ = write!(
             value,
             ";q={};w={window}",
-            u64::from(p.quota.permits()).min(SF_INTEGER_MAX)
+            u64::from(quota.permits()).min(SF_INTEGER_MAX)
         );
     }
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()

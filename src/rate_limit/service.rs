@@ -176,7 +176,11 @@ where
     where
         S: Service<Request<ReqBody>>,
     {
-        let headers = self.shared.meta.admitted_headers(outcomes);
+        let limiters = &self.shared.limiters;
+        let headers = self
+            .shared
+            .meta
+            .admitted_headers(outcomes, |i| limiters[i].quota());
         ResponseFuture::call(self.inner.call(Request::from_parts(parts, body)), headers)
     }
 
