@@ -67,7 +67,7 @@ mod registry;
 
 pub use registry::{
     BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredRateLimitLayer,
-    Health, LimiterHealth, Registry, UnknownInstance,
+    Health, LimiterHealth, Registry, Reloaded, UnknownInstance,
 };
 
 /// A configuration file that could not be used: where, and what was wrong.

@@ -591,14 +591,18 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             .changing
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let current = self.inner.setup.load();
-        let params = Params::new(current.params.kind, &quota, current.params.tick_nanos)
-            .map_err(BuildError::new)?;
+        let params = self.params_for(&quota)?;
         self.inner.setup.store(Arc::new(Setup { quota, params }));
         if let Some(cache) = &self.inner.cache {
             cache.clear();
         }
         Ok(())
+    }
+
+    /// The script arguments for `quota`, or why it cannot run in this limiter's scripts.
+    pub(crate) fn params_for(&self, quota: &Quota) -> Result<Params, BuildError> {
+        let current = self.inner.setup.load();
+        Params::new(current.params.kind, quota, current.params.tick_nanos).map_err(BuildError::new)
     }
 
     /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
