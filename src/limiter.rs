@@ -38,7 +38,7 @@ use tokio::time::Sleep;
 
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{Full, MemoryStore};
 use crate::store::Overflow;
 use crate::{BoxError, Decision, InsufficientCapacity, Quota};
 
@@ -282,6 +282,14 @@ impl<A: Algorithm> Setup<A> {
     }
 }
 
+/// The refusal of a new key whose shard is full of live keys (under
+/// [`Overflow::RefuseNewKeys`]): room frees at `full.free_at`.
+fn refused_when_full<A: Algorithm>(setup: &Setup<A>, full: Full, now: u64, cost: u32) -> Decision {
+    let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
+    let limit = u64::from(setup.algorithm.capacity());
+    Decision::refused(limit, 0, wait, wait).of_cost(cost)
+}
+
 fn check_cost<A: Algorithm>(algorithm: &A, cost: u32) -> Result<(), InsufficientCapacity> {
     let capacity = algorithm.capacity();
     if cost > capacity {
@@ -508,24 +516,42 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
-    /// Decides on `cost` permits for `key` with the setup of the key's shard, waiting up to the
-    /// quota's `max_wait` if `wait`.
-    ///
-    /// One permit always fits (every quota has at least one); a larger cost is checked against
-    /// the current setup before the key is touched (so that a request that can never fit does
-    /// not create a key) and again against the shard's, which is the one that decides.
+    /// Runs `decide` on the setup of `key`'s shard and the key's state (inserting the key if it
+    /// is new), or `full` with the setup if there is no room for it.
     #[inline(always)]
-    fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
-        let inner = &*self.inner;
-        if cost > 1 {
-            check_cost(&inner.current.load().algorithm, cost)?;
-        }
-        let now = inner.clock.now();
-        inner.store.with(
+    fn with_key<R>(
+        &self,
+        key: &K,
+        now: u64,
+        decide: impl FnOnce(&Setup<A>, &A::State) -> R,
+        full: impl FnOnce(&Setup<A>, Full) -> R,
+    ) -> R {
+        self.inner.store.with(
             key,
             now,
             |setup, s| setup.algorithm.idle_at(s),
             |setup, s| setup.algorithm.eviction_rank(s, now),
+            #[inline(always)]
+            |setup, s| decide(setup, s),
+            |setup, f| full(setup, f),
+        )
+    }
+
+    /// Decides on `cost` permits for `key` with the setup of the key's shard, waiting up to the
+    /// quota's `max_wait` if `wait`.
+    ///
+    /// One permit always fits (every quota has at least one). A larger cost is checked against
+    /// the current setup before the key is touched (so that a request that can never fit does
+    /// not create a key) and again against the shard's, which is the one that decides.
+    #[inline(always)]
+    fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
+        if cost > 1 {
+            check_cost(&self.inner.current.load().algorithm, cost)?;
+        }
+        let now = self.inner.clock.now();
+        self.with_key(
+            key,
+            now,
             #[inline(always)]
             |setup, s| {
                 if cost > 1 {
@@ -542,9 +568,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
-                let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
-                let limit = u64::from(setup.algorithm.capacity());
-                Ok(Decision::refused(limit, 0, wait, wait).of_cost(cost))
+                Ok(refused_when_full(setup, full, now, cost))
             },
         )
     }
@@ -558,10 +582,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// Decides on one permit for `key` now, never waiting.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        match self.decide(key, 1, false) {
-            Ok(decision) => decision,
-            Err(_) => unreachable!("one permit always fits a quota"),
-        }
+        let now = self.inner.clock.now();
+        self.with_key(
+            key,
+            now,
+            #[inline(always)]
+            |setup, s| setup.algorithm.decide(s, now, 1, 0).of_cost(1),
+            |setup, full| refused_when_full(setup, full, now, 1),
+        )
     }
 
     /// Decides on `cost` permits for `key` now, never waiting.
