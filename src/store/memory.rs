@@ -314,32 +314,23 @@ mod tests {
         Err(full)
     }
 
+    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64) -> Result<(), Full> {
+        move |_, s| {
+            s.store(tat, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
     #[test]
     fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
         let store: MemoryStore<u32, AtomicU64, ()> =
             MemoryStore::new(100, Overflow::EvictNearestIdle, ());
         // A heavy user whose state runs far ahead.
         store
-            .with(
-                &u32::MAX,
-                0,
-                tat,
-                rank,
-                |_, s| Ok(s.store(1_000_000, Ordering::Relaxed)),
-                full,
-            )
+            .with(&u32::MAX, 0, tat, rank, set_tat(1_000_000), full)
             .unwrap();
         for k in 0..1000u32 {
-            store
-                .with(
-                    &k,
-                    0,
-                    tat,
-                    rank,
-                    |_, s| Ok(s.store(10, Ordering::Relaxed)),
-                    full,
-                )
-                .unwrap();
+            store.with(&k, 0, tat, rank, set_tat(10), full).unwrap();
             assert!(store.len() <= 100);
         }
         assert_eq!(store.with_existing(&u32::MAX, tat), Some(1_000_000));
@@ -349,26 +340,8 @@ mod tests {
     fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
         let store: MemoryStore<u32, AtomicU64, ()> =
             MemoryStore::new(2, Overflow::RefuseNewKeys, ());
-        store
-            .with(
-                &1,
-                0,
-                tat,
-                rank,
-                |_, s| Ok(s.store(50, Ordering::Relaxed)),
-                full,
-            )
-            .unwrap();
-        store
-            .with(
-                &2,
-                0,
-                tat,
-                rank,
-                |_, s| Ok(s.store(70, Ordering::Relaxed)),
-                full,
-            )
-            .unwrap();
+        store.with(&1, 0, tat, rank, set_tat(50), full).unwrap();
+        store.with(&2, 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store
             .with(&3, 10, tat, rank, |_, _| Ok(()), full)
             .unwrap_err();
