@@ -28,16 +28,17 @@ use std::future::{ready, Future, Ready};
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
-use crate::store::memory::MemoryStore;
+use crate::store::memory::{Full, MemoryStore};
 use crate::store::Overflow;
 use crate::{BoxError, Decision, InsufficientCapacity, Quota};
 
@@ -47,15 +48,25 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// The future of a decision.
     type Future: Future<Output = Result<Decision, BoxError>> + Send + 'static;
 
-    /// The quota this limiter enforces (for the `RateLimit-Policy` header).
-    fn quota(&self) -> &Quota;
+    /// The quota this limiter enforces now (for the `RateLimit-Policy` header). It can change
+    /// at run time (see [`set_quota`](Self::set_quota)), so it is returned by value.
+    fn quota(&self) -> Quota;
+
+    /// Replaces the quota at run time, for every clone of this limiter, keeping what each key
+    /// has used: see [`KeyedRateLimiter::set_quota`] for what a change does to decisions. The
+    /// default refuses with an error: a limiter of your own changes its quota only if it says
+    /// how.
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        let _ = quota;
+        Err("this limiter cannot change its quota at run time".into())
+    }
 
     /// The quota this limiter enforces for `key`, which the `RateLimit-Policy` header of a
     /// response to `key` advertises: [`quota`](Self::quota) unless the quota depends on the key
     /// (see [`Tiers`](crate::Tiers)).
     fn quota_for(&self, key: &K) -> Quota {
         let _ = key;
-        *self.quota()
+        self.quota()
     }
 
     /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
@@ -228,9 +239,9 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<(), A, C> {
         let epoch = self.clock.now();
         DirectRateLimiter {
             inner: Arc::new(DirectInner {
-                algorithm: A::new(&self.quota, epoch),
+                setup: ArcSwap::from_pointee(Setup::new(self.quota, epoch)),
+                changing: Mutex::new(()),
                 state: A::State::default(),
-                quota: self.quota,
                 clock: self.clock,
             }),
         }
@@ -241,15 +252,50 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> RateLimiterBuilder<K, A, C> {
     /// Builds a keyed limiter.
     pub fn build_keyed(self) -> KeyedRateLimiter<K, A, C> {
         let epoch = self.clock.now();
+        let setup = Arc::new(Setup::new(self.quota, epoch));
         KeyedRateLimiter {
             inner: Arc::new(KeyedInner {
-                algorithm: A::new(&self.quota, epoch),
-                store: MemoryStore::new(self.max_keys, self.overflow),
-                quota: self.quota,
+                store: MemoryStore::new(self.max_keys, self.overflow, Arc::clone(&setup)),
+                current: ArcSwap::new(setup),
+                changing: Mutex::new(()),
                 clock: self.clock,
             }),
         }
     }
+}
+
+/// A quota and the algorithm built for it: what a limiter decides with, replaced as one so that
+/// no decision ever pairs one quota with another's algorithm.
+#[derive(Debug)]
+struct Setup<A> {
+    quota: Quota,
+    algorithm: A,
+}
+
+impl<A: Algorithm> Setup<A> {
+    fn new(quota: Quota, epoch: u64) -> Self {
+        Self {
+            quota,
+            algorithm: A::new(&quota, epoch),
+        }
+    }
+
+    /// The setup for `quota` that carries on from this one at `now` (see
+    /// [`Algorithm::with_quota`]).
+    fn changed_to(&self, quota: Quota, now: u64) -> Self {
+        Self {
+            quota,
+            algorithm: self.algorithm.with_quota(&quota, now),
+        }
+    }
+}
+
+/// The refusal of a new key whose shard is full of live keys (under
+/// [`Overflow::RefuseNewKeys`]): room frees at `full.free_at`.
+fn refused_when_full<A: Algorithm>(setup: &Setup<A>, full: Full, now: u64, cost: u32) -> Decision {
+    let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
+    let limit = u64::from(setup.algorithm.capacity());
+    Decision::refused(limit, 0, wait, wait).of_cost(cost)
 }
 
 fn check_cost<A: Algorithm>(algorithm: &A, cost: u32) -> Result<(), InsufficientCapacity> {
@@ -267,9 +313,10 @@ pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
 }
 
 struct DirectInner<A: Algorithm, C> {
-    algorithm: A,
+    setup: ArcSwap<Setup<A>>,
+    /// Held while the quota changes, so that changes apply one after the other.
+    changing: Mutex<()>,
     state: A::State,
-    quota: Quota,
     clock: C,
 }
 
@@ -295,8 +342,9 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
     /// Decides on one permit now, never waiting.
     #[inline]
     pub fn check(&self) -> Decision {
+        let setup = self.inner.setup.load();
         let now = self.inner.clock.now();
-        self.inner
+        setup
             .algorithm
             .decide(&self.inner.state, now, 1, 0)
             .of_cost(1)
@@ -304,10 +352,10 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
 
     /// Decides on `cost` permits now, never waiting.
     pub fn check_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
-        check_cost(&self.inner.algorithm, cost)?;
+        let setup = self.inner.setup.load();
+        check_cost(&setup.algorithm, cost)?;
         let now = self.inner.clock.now();
-        Ok(self
-            .inner
+        Ok(setup
             .algorithm
             .decide(&self.inner.state, now, cost, 0)
             .of_cost(cost))
@@ -325,17 +373,30 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         acquire(self, &(), cost)
     }
 
-    /// The quota.
-    pub fn quota(&self) -> &Quota {
-        &self.inner.quota
+    /// The quota it enforces now.
+    pub fn quota(&self) -> Quota {
+        self.inner.setup.load().quota
+    }
+
+    /// Replaces the quota for every clone of this limiter, keeping the state: see
+    /// [`KeyedRateLimiter::set_quota`], which works the same way for its one key.
+    pub fn set_quota(&self, quota: Quota) {
+        let _changing = self
+            .inner
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = self.inner.clock.now();
+        let next = self.inner.setup.load().changed_to(quota, now);
+        self.inner.setup.store(Arc::new(next));
     }
 
     fn decide_now(&self, cost: u32) -> Result<Decision, BoxError> {
-        check_cost(&self.inner.algorithm, cost)?;
+        let setup = self.inner.setup.load();
+        check_cost(&setup.algorithm, cost)?;
         let now = self.inner.clock.now();
-        let max_wait = self.inner.quota.max_wait_nanos();
-        Ok(self
-            .inner
+        let max_wait = setup.quota.max_wait_nanos();
+        Ok(setup
             .algorithm
             .decide(&self.inner.state, now, cost, max_wait)
             .of_cost(cost))
@@ -352,9 +413,10 @@ impl<A: Algorithm, C> Clone for DirectRateLimiter<A, C> {
 
 impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let setup = self.inner.setup.load();
         f.debug_struct("DirectRateLimiter")
-            .field("quota", &self.inner.quota)
-            .field("algorithm", &self.inner.algorithm)
+            .field("quota", &setup.quota)
+            .field("algorithm", &setup.algorithm)
             .field("state", &self.inner.state)
             .finish()
     }
@@ -364,8 +426,13 @@ impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
 impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
     type Future = Ready<Result<Decision, BoxError>>;
 
-    fn quota(&self) -> &Quota {
-        &self.inner.quota
+    fn quota(&self) -> Quota {
+        DirectRateLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        DirectRateLimiter::set_quota(self, quota);
+        Ok(())
     }
 
     fn reserve(&self, _key: &K, cost: u32) -> Self::Future {
@@ -379,9 +446,10 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
 
     fn refund(&self, _key: &K, cost: u32, decision: &Decision) {
         if decision.allowed {
+            let setup = self.inner.setup.load();
             let now = self.inner.clock.now();
             let cost = decision.refundable(cost);
-            self.inner
+            setup
                 .algorithm
                 .refund(&self.inner.state, now, cost, decision);
         }
@@ -394,9 +462,13 @@ pub struct KeyedRateLimiter<K, A: Algorithm = Gcra, C = SystemClock> {
 }
 
 struct KeyedInner<K, A: Algorithm, C> {
-    algorithm: A,
-    store: MemoryStore<K, A::State>,
-    quota: Quota,
+    /// The keys, each shard with its own handle on the current setup: a decision reads the setup
+    /// under the shard lock it takes anyway, so the hot path pays nothing for changes.
+    store: MemoryStore<K, A::State, Arc<Setup<A>>>,
+    /// The current setup, for [`KeyedRateLimiter::quota`] and for the next change.
+    current: ArcSwap<Setup<A>>,
+    /// Held while the quota changes, so that changes apply one after the other.
+    changing: Mutex<()>,
     clock: C,
 }
 
@@ -452,44 +524,85 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
+    /// Runs `decide` on the setup of `key`'s shard and the key's state (inserting the key if it
+    /// is new), or `full` with the setup if there is no room for it.
     #[inline(always)]
-    fn decide(&self, key: &K, cost: u32, max_wait: u64) -> Decision {
-        let inner = &*self.inner;
-        let now = inner.clock.now();
-        let alg = &inner.algorithm;
-        match inner.store.with(
+    fn with_key<R>(
+        &self,
+        key: &K,
+        now: u64,
+        decide: impl FnOnce(&Setup<A>, &A::State) -> R,
+        full: impl FnOnce(&Setup<A>, Full) -> R,
+    ) -> R {
+        self.inner.store.with(
             key,
             now,
-            |s| alg.idle_at(s),
-            |s| alg.eviction_rank(s, now),
+            |setup, s| setup.algorithm.idle_at(s),
+            |setup, s| setup.algorithm.eviction_rank(s, now),
             #[inline(always)]
-            |s| alg.decide(s, now, cost, max_wait),
-        ) {
-            Ok(decision) => decision.of_cost(cost),
-            Err(full) => {
-                let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
-                Decision::refused(u64::from(alg.capacity()), 0, wait, wait).of_cost(cost)
-            }
+            |setup, s| decide(setup, s),
+            |setup, f| full(setup, f),
+        )
+    }
+
+    /// Decides on `cost` permits for `key` with the setup of the key's shard, waiting up to the
+    /// quota's `max_wait` if `wait`.
+    ///
+    /// One permit always fits (every quota has at least one). A larger cost is checked against
+    /// the current setup before the key is touched (so that a request that can never fit does
+    /// not create a key) and again against the shard's, which is the one that decides.
+    #[inline(always)]
+    fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
+        if cost > 1 {
+            check_cost(&self.inner.current.load().algorithm, cost)?;
         }
+        let now = self.inner.clock.now();
+        self.with_key(
+            key,
+            now,
+            #[inline(always)]
+            |setup, s| {
+                if cost > 1 {
+                    check_cost(&setup.algorithm, cost)?;
+                }
+                let max_wait = if wait {
+                    setup.quota.max_wait_nanos()
+                } else {
+                    0
+                };
+                Ok(setup.algorithm.decide(s, now, cost, max_wait).of_cost(cost))
+            },
+            |setup, full| {
+                if cost > 1 {
+                    check_cost(&setup.algorithm, cost)?;
+                }
+                Ok(refused_when_full(setup, full, now, cost))
+            },
+        )
     }
 
     /// [`Limiter::reserve`]'s decision: the cost checked, waiting up to the quota's `max_wait`.
     #[inline]
     fn decide_checked(&self, key: &K, cost: u32) -> Result<Decision, BoxError> {
-        check_cost(&self.inner.algorithm, cost)?;
-        Ok(self.decide(key, cost, self.inner.quota.max_wait_nanos()))
+        Ok(self.decide(key, cost, true)?)
     }
 
     /// Decides on one permit for `key` now, never waiting.
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        self.decide(key, 1, 0)
+        let now = self.inner.clock.now();
+        self.with_key(
+            key,
+            now,
+            #[inline(always)]
+            |setup, s| setup.algorithm.decide(s, now, 1, 0).of_cost(1),
+            |setup, full| refused_when_full(setup, full, now, 1),
+        )
     }
 
     /// Decides on `cost` permits for `key` now, never waiting.
     pub fn check_n(&self, key: &K, cost: u32) -> Result<Decision, InsufficientCapacity> {
-        check_cost(&self.inner.algorithm, cost)?;
-        Ok(self.decide(key, cost, 0))
+        self.decide(key, cost, false)
     }
 
     /// Takes one permit for `key`, waiting up to the quota's `max_wait` for it; dropping the
@@ -504,9 +617,54 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         acquire(self, key, cost)
     }
 
-    /// The quota.
-    pub fn quota(&self) -> &Quota {
-        &self.inner.quota
+    /// The quota it enforces now.
+    pub fn quota(&self) -> Quota {
+        self.inner.current.load().quota
+    }
+
+    /// Replaces the quota for every clone of this limiter, keeping every key's state.
+    ///
+    /// What a key has used stays used: a key that took 9 of 10 permits and whose quota becomes
+    /// 20 has 11 left, not 20; one whose quota drops below what it took is refused until its
+    /// use falls within the new quota. Each algorithm says exactly how its state carries over
+    /// (see [`Algorithm::with_quota`]): GCRA keeps each key's TAT, the window algorithms keep
+    /// their counts (the window in progress keeps its start and, under a new period, ends one
+    /// new period after it), the sliding log keeps its entries. In the window of the change a
+    /// key is admitted at most the larger of the two quotas.
+    ///
+    /// The new quota and the algorithm built for it replace the old pair together: every
+    /// decision is made with one quota and its own algorithm, never a mix. A decision made
+    /// while the change is under way uses the old pair or the new one; once this returns,
+    /// every decision uses the new one. Decisions already made stand: an admission stays
+    /// admitted, and a reservation granted under the old quota stays granted and falls due when
+    /// it was told to (its permits count against the new quota as used). A refund of such a
+    /// decision is made with the new algorithm, by the same rules as any other.
+    ///
+    /// ```
+    /// use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+    ///
+    /// let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(10)?)
+    ///     .algorithm::<tower_bulwark::FixedWindow>()
+    ///     .clock(ManualClock::new())
+    ///     .build();
+    /// for _ in 0..9 {
+    ///     assert!(limiter.check(&"alice").allowed);
+    /// }
+    /// limiter.set_quota(Quota::per_second(20)?);
+    /// assert_eq!(limiter.quota().permits(), 20);
+    /// assert_eq!(limiter.check(&"alice").remaining, 10, "9 + this one of 20 are used");
+    /// # Ok::<(), tower_bulwark::QuotaError>(())
+    /// ```
+    pub fn set_quota(&self, quota: Quota) {
+        let _changing = self
+            .inner
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = self.inner.clock.now();
+        let next = Arc::new(self.inner.current.load().changed_to(quota, now));
+        self.inner.store.set_context(&next);
+        self.inner.current.store(next);
     }
 
     /// The number of keys held in memory.
@@ -528,8 +686,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// from a timer to return memory between bursts of new keys.
     pub fn retain_recent(&self) {
         let now = self.inner.clock.now();
-        let alg = &self.inner.algorithm;
-        self.inner.store.sweep(now, |s| alg.idle_at(s));
+        self.inner
+            .store
+            .sweep(now, |setup, s| setup.algorithm.idle_at(s));
     }
 }
 
@@ -543,9 +702,10 @@ impl<K, A: Algorithm, C> Clone for KeyedRateLimiter<K, A, C> {
 
 impl<K, A: Algorithm, C> fmt::Debug for KeyedRateLimiter<K, A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let setup = self.inner.current.load();
         f.debug_struct("KeyedRateLimiter")
-            .field("quota", &self.inner.quota)
-            .field("algorithm", &self.inner.algorithm)
+            .field("quota", &setup.quota)
+            .field("algorithm", &setup.algorithm)
             .field("store", &self.inner.store)
             .finish()
     }
@@ -559,8 +719,13 @@ where
 {
     type Future = Ready<Result<Decision, BoxError>>;
 
-    fn quota(&self) -> &Quota {
-        &self.inner.quota
+    fn quota(&self) -> Quota {
+        KeyedRateLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        KeyedRateLimiter::set_quota(self, quota);
+        Ok(())
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
@@ -577,10 +742,9 @@ where
             return;
         }
         let now = self.inner.clock.now();
-        let alg = &self.inner.algorithm;
         let cost = decision.refundable(cost);
-        self.inner
-            .store
-            .with_existing(key, |s| alg.refund(s, now, cost, decision));
+        self.inner.store.with_existing(key, |setup, s| {
+            setup.algorithm.refund(s, now, cost, decision)
+        });
     }
 }

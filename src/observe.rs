@@ -393,12 +393,26 @@ impl<L> Observed<L> {
 impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     type Future = ObservedFuture<L::Future>;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         self.inner.quota()
     }
 
     fn quota_for(&self, key: &K) -> Quota {
         self.inner.quota_for(key)
+    }
+
+    /// Changes the wrapped limiter's quota (see [`Limiter::set_quota`]), and says so in an
+    /// info event with the limiter's name and both quotas. The counters carry on.
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        let old = self.inner.quota();
+        self.inner.set_quota(quota)?;
+        tracing::info!(
+            limiter = %self.shared.name,
+            old = ?old,
+            new = ?quota,
+            "rate limit quota changed",
+        );
+        Ok(())
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {

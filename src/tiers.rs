@@ -107,14 +107,14 @@ where
 {
     type Future = TierFuture<L::Future>;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         self.tiers[0].1.quota()
     }
 
     fn quota_for(&self, key: &K) -> Quota {
         match self.index(key) {
             Ok(i) => self.tiers[i].1.quota_for(key),
-            Err(_) => *self.quota(),
+            Err(_) => self.quota(),
         }
     }
 

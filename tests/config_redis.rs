@@ -10,7 +10,8 @@ use axum::Router;
 use http::{Request, StatusCode};
 use support::RedisServer;
 use tower::ServiceExt;
-use tower_bulwark::config::Registry;
+use tower_bulwark::config::{ConfigKey, Registry};
+use tower_bulwark::Limiter;
 
 fn app(registry: &Registry) -> Router {
     Router::new()
@@ -150,4 +151,79 @@ fn a_redis_limiter_outside_a_runtime_is_an_error_not_a_panic() {
     .unwrap_err();
     assert_eq!(err.path(), "rate_limiters.shared.store");
     assert!(err.message().contains("tokio runtime"), "{err}");
+}
+
+#[tokio::test]
+async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_as_they_were() {
+    let Some(server) = RedisServer::start("config_redis::reload") else {
+        return;
+    };
+    let config = |changed_permits: u32| {
+        format!(
+            r#"
+            [rate_limiters.changed]
+            limit_for_period = {changed_permits}
+            limit_refresh_period = "1h"
+            algorithm = "sliding_counter"
+            key = "global"
+            store = "redis"
+            redis_url = "{url}"
+            redis_prefix = "reload-changed:"
+
+            [rate_limiters.unchanged]
+            limit_for_period = 5
+            limit_refresh_period = "1h"
+            algorithm = "sliding_log"
+            key = "global"
+            store = "redis"
+            redis_url = "{url}"
+            redis_prefix = "reload-unchanged:"
+            "#,
+            url = server.url()
+        )
+    };
+    let registry = Registry::from_toml_str(&config(10)).unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    async fn admitted(registry: &Registry, name: &str, n: usize) -> usize {
+        let limiter = registry.rate_limiter(name).unwrap();
+        let mut count = 0;
+        for _ in 0..n {
+            if limiter
+                .reserve(&ConfigKey::Global, 1)
+                .await
+                .unwrap()
+                .allowed
+            {
+                count += 1;
+            }
+        }
+        count
+    }
+    assert_eq!(admitted(&registry, "changed", 9).await, 9);
+    assert_eq!(admitted(&registry, "unchanged", 3).await, 3);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("reload-unchanged:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let before = support::key_state(&mut conn, &keys[0]).await;
+
+    let reloaded = registry.reload_toml_str(&config(20)).unwrap();
+    assert_eq!(reloaded.rate_limiters, vec!["changed".to_owned()]);
+    assert_eq!(support::key_state(&mut conn, &keys[0]).await, before);
+    // 9 of 20 used in Redis: 11 left.
+    assert_eq!(admitted(&registry, "changed", 20).await, 11);
+    // A quota the Redis sliding counter cannot count exactly is refused, and changes nothing.
+    let err = registry.reload_toml_str(&config(2_000_000)).unwrap_err();
+    assert_eq!(err.path(), "rate_limiters.changed", "{err}");
+    assert!(err.message().contains("too large"), "{err}");
+    let changed = registry.rate_limiter("changed").unwrap();
+    assert_eq!(changed.quota().permits(), 20);
+    assert_eq!(support::key_state(&mut conn, &keys[0]).await, before);
+    assert_eq!(admitted(&registry, "unchanged", 5).await, 2);
 }

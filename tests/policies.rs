@@ -583,8 +583,8 @@ struct Broken(Quota);
 
 impl Limiter<IpAddr> for Broken {
     type Future = std::future::Ready<Result<Decision, BoxError>>;
-    fn quota(&self) -> &Quota {
-        &self.0
+    fn quota(&self) -> Quota {
+        self.0
     }
     fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
         std::future::ready(Err("the store is down".into()))

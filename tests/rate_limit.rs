@@ -881,8 +881,8 @@ struct Broken {
 impl Limiter<IpAddr> for Broken {
     type Future = std::future::Ready<Result<Decision, BoxError>>;
 
-    fn quota(&self) -> &Quota {
-        &self.quota
+    fn quota(&self) -> Quota {
+        self.quota
     }
 
     fn reserve(&self, _key: &IpAddr, _cost: u32) -> Self::Future {
@@ -1045,7 +1045,7 @@ struct Remote {
 impl Limiter<IpAddr> for Remote {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         Limiter::<IpAddr>::quota(&self.local)
     }
 

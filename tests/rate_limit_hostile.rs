@@ -64,7 +64,7 @@ struct Later {
 impl Limiter<IpAddr> for Later {
     type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         Limiter::<IpAddr>::quota(&self.local)
     }
 
@@ -90,8 +90,8 @@ struct Broken(Quota);
 impl Limiter<IpAddr> for Broken {
     type Future = std::future::Ready<Result<Decision, BoxError>>;
 
-    fn quota(&self) -> &Quota {
-        &self.0
+    fn quota(&self) -> Quota {
+        self.0
     }
 
     fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {

@@ -1,8 +1,7 @@
 use crate::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Algorithm;
-use crate::clock::MAX_NOW;
+use super::{Algorithm, Timeline};
 use crate::{Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
@@ -21,8 +20,7 @@ use crate::{Decision, Quota};
 #[derive(Clone, Copy, Debug)]
 pub struct FixedWindow {
     limit: u64,
-    period: u64,
-    epoch: u64,
+    timeline: Timeline,
 }
 
 /// The per-key state of [`FixedWindow`]: the last cycle seen and the permissions used in it.
@@ -40,11 +38,11 @@ pub(crate) struct Window {
 
 impl FixedWindow {
     fn cycle_of(&self, now: u64) -> u64 {
-        now.saturating_sub(self.epoch) / self.period
+        self.timeline.window_of(now)
     }
 
     fn cycle_start(&self, cycle: u64) -> u64 {
-        self.epoch.saturating_add(cycle.saturating_mul(self.period))
+        self.timeline.start_of(cycle)
     }
 
     fn refresh(&self, w: &mut Window, now: u64) {
@@ -62,7 +60,10 @@ impl FixedWindow {
         if cycles_needed == 0 {
             return 0;
         }
-        self.cycle_start(cycle + cycles_needed) - now
+        // `cycle` is never before the cycle of `now` (the state refreshes to it), so the start is
+        // ahead; saturating all the same, for a state left ahead by a change of period.
+        self.cycle_start(cycle.saturating_add(cycles_needed))
+            .saturating_sub(now)
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
@@ -120,8 +121,21 @@ impl Algorithm for FixedWindow {
     fn new(quota: &Quota, epoch: u64) -> Self {
         Self {
             limit: u64::from(quota.permits()),
-            period: quota.period_nanos(),
-            epoch: epoch.min(MAX_NOW),
+            timeline: Timeline::new(epoch, quota.period_nanos()),
+        }
+    }
+
+    /// Every key keeps its cycle and its count. The new limit applies from the change, to the
+    /// cycle in progress too: a key that used 9 of 10 and whose limit becomes 20 has 11 left in
+    /// it, and a count above a lowered limit is debt that the next cycles pay, as a reservation's
+    /// is. A new period keeps the cycle in progress (its number and its start) and makes it end
+    /// one new period after its start, or at the change if that instant has passed; the cycles
+    /// after it last the new period. So the cycle of the change admits at most the larger of the
+    /// two limits, and no cycle starts afresh because of the change.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self {
+            limit: u64::from(quota.permits()),
+            timeline: self.timeline.with_period(quota.period_nanos(), now),
         }
     }
 

@@ -120,6 +120,17 @@ impl Algorithm for Gcra {
         }
     }
 
+    /// The key's TAT is kept as it is: the instant its bucket is full again does not move. With
+    /// an unchanged emission interval (only the burst changes, or permits and period scale
+    /// together) the permits a key has used carry over exactly: 9 of 10 used leaves 11 of 20.
+    /// When the interval changes, what a key owes carries over as time: the TAT's lead over now
+    /// is counted in the new interval. A refund after the change, of a decision made before it,
+    /// gives back `cost` intervals of the new quota (never moving the TAT before the latest
+    /// reading), which is what the key's `cost` permits weigh now.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self::new(quota, now)
+    }
+
     fn capacity(&self) -> u32 {
         self.burst
     }

@@ -41,6 +41,18 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     where
         Self: Sized;
 
+    /// The algorithm for `quota` that carries on from this one at `now`: a limiter whose quota
+    /// changes at run time replaces its algorithm with this one and keeps every key's state, so
+    /// each state this algorithm has left must keep its meaning under the result.
+    ///
+    /// Algorithms whose state holds instants (GCRA's TAT, the sliding log's admission times)
+    /// need nothing more than [`new`](Self::new). Window algorithms count windows from an
+    /// epoch; theirs must continue the count, so that the window in progress keeps its number
+    /// (and its counts) across the change.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self
+    where
+        Self: Sized;
+
     /// The most permits one request may ask for; more is an
     /// [`InsufficientCapacity`](crate::InsufficientCapacity) error.
     fn capacity(&self) -> u32;
@@ -75,6 +87,86 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// flood: forgetting either gives away as many permits).
     fn eviction_rank(&self, state: &Self::State, now: u64) -> u128 {
         u128::from(self.idle_at(state).saturating_sub(now))
+    }
+}
+
+/// How the window algorithms cut time into numbered windows: windows of `period` counted from the
+/// limiter's creation, and after a change of period, the numbering carried on across it.
+///
+/// Window `first` is the window in progress at the latest change of period (window 0, starting
+/// at the epoch, before any change). It began at `first_start` and ends at `next_start`; the
+/// windows after it last `period` each. A change of period keeps the window in progress and its
+/// number: it ends one new period after its own start, or at the change if that instant has
+/// already passed. Instants before `first_start` all fall in the window before `first` (only
+/// stale readings and old charges land there; every window before `first` has ended).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeline {
+    first: u64,
+    first_start: u64,
+    next_start: u64,
+    period: u64,
+}
+
+impl Timeline {
+    /// Windows of `period` from `epoch`.
+    pub(crate) fn new(epoch: u64, period: u64) -> Self {
+        let epoch = epoch.min(crate::clock::MAX_NOW);
+        Self {
+            first: 0,
+            first_start: epoch,
+            next_start: epoch.saturating_add(period),
+            period,
+        }
+    }
+
+    /// The numbering carried on at `now` with windows of `period` from then on: the window in
+    /// progress keeps its number and its start and ends at `start + period`, or at `now` if that
+    /// has passed. An unchanged period leaves the timeline as it is.
+    pub(crate) fn with_period(&self, period: u64, now: u64) -> Self {
+        if period == self.period {
+            return *self;
+        }
+        let now = now.clamp(self.first_start, crate::clock::MAX_NOW);
+        let first = self.window_of(now);
+        let first_start = self.start_of(first);
+        Self {
+            first,
+            first_start,
+            next_start: first_start.saturating_add(period).max(now),
+            period,
+        }
+    }
+
+    /// The number of the window that holds instant `at`.
+    #[inline]
+    pub(crate) fn window_of(&self, at: u64) -> u64 {
+        if at >= self.next_start {
+            self.first + 1 + (at - self.next_start) / self.period
+        } else if at >= self.first_start {
+            self.first
+        } else {
+            self.first.saturating_sub(1)
+        }
+    }
+
+    /// The instant window `window` begins. Windows before `first` are reported as beginning at
+    /// `first_start`: later than they did, which only keeps a key a little longer (they have
+    /// all ended by then).
+    #[inline]
+    pub(crate) fn start_of(&self, window: u64) -> u64 {
+        if window > self.first {
+            self.next_start
+                .saturating_add((window - self.first - 1).saturating_mul(self.period))
+        } else {
+            self.first_start
+        }
+    }
+
+    /// The length of window `window`, at least one nanosecond.
+    pub(crate) fn length_of(&self, window: u64) -> u64 {
+        self.start_of(window + 1)
+            .saturating_sub(self.start_of(window))
+            .max(1)
     }
 }
 

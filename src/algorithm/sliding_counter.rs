@@ -1,8 +1,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Algorithm;
-use crate::clock::MAX_NOW;
+use super::{Algorithm, Timeline};
 use crate::{Decision, Quota};
 
 /// The sliding-window counter: two fixed-window counters blended into an estimate.
@@ -32,8 +31,7 @@ use crate::{Decision, Quota};
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingCounter {
     limit: u64,
-    window: u64,
-    epoch: u64,
+    timeline: Timeline,
 }
 
 /// The per-key state of [`SlidingCounter`]: the counts of the previous, current and next window.
@@ -53,7 +51,7 @@ pub(crate) struct Counters {
 
 impl SlidingCounter {
     fn roll(&self, c: &mut Counters, now: u64) {
-        let idx = now.saturating_sub(self.epoch) / self.window;
+        let idx = self.timeline.window_of(now);
         match idx.saturating_sub(c.window) {
             0 => {}
             1 => {
@@ -76,27 +74,28 @@ impl SlidingCounter {
     }
 
     fn window_start(&self, idx: u64) -> u64 {
-        self.epoch.saturating_add(idx.saturating_mul(self.window))
+        self.timeline.start_of(idx)
     }
 
-    /// The earliest offset into a window with counts (`prev`, `curr`) at which `cost` fits:
-    /// the least `e` with `⌊prev · (W − e) / W⌋ ≤ room`, that is
+    /// The earliest offset into a window of length `window` with counts (`prev`, `curr`) at
+    /// which `cost` fits: the least `e` with `⌊prev · (W − e) / W⌋ ≤ room`, that is
     /// `prev · (W − e) ≤ (room + 1) · W − 1`.
-    fn earliest(&self, prev: u64, curr: u64, cost: u64) -> Option<u64> {
+    fn earliest(&self, prev: u64, curr: u64, cost: u64, window: u64) -> Option<u64> {
         let room = self.limit.checked_sub(curr + cost)?;
         if prev == 0 {
             return Some(0);
         }
-        let w = u128::from(self.window);
+        let w = u128::from(window);
         let slack = ((u128::from(room) + 1) * w - 1) / u128::from(prev);
         let e = w.saturating_sub(slack) as u64;
-        (e < self.window).then_some(e)
+        (e < window).then_some(e)
     }
 
-    /// `⌊prev · (W − e) / W⌋`: the previous window's share now.
-    fn carried(&self, prev: u64, e: u64) -> u64 {
-        let share = u128::from(prev) * u128::from(self.window - e);
-        (share / u128::from(self.window)) as u64
+    /// `⌊prev · (W − e) / W⌋`: the previous window's share `e` into a window of length `window`
+    /// (an offset past its end counts as its end).
+    fn carried(&self, prev: u64, e: u64, window: u64) -> u64 {
+        let share = u128::from(prev) * u128::from(window.saturating_sub(e));
+        (share / u128::from(window)) as u64
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
@@ -130,24 +129,34 @@ impl SlidingCounter {
         let now = self.advance(c, now);
         let cost = u64::from(cost);
         let start = self.window_start(c.window);
-        // `now` is never before the window the state has rolled to: it is at least the latest
-        // reading, from which that window was computed.
+        let len = self.timeline.length_of(c.window);
+        // `now` is never before the window the state has rolled to (it is at least the latest
+        // reading, from which that window was computed) but after a change of period, whose
+        // window numbering carries on from the change, a state may hold a window that starts a
+        // little later: it is decided as at that window's start.
+        let now = now.max(start);
         let e = now - start;
-        let remaining = |c: &Counters| self.limit.saturating_sub(c.curr + self.carried(c.prev, e));
-        let earliest_here = self.earliest(c.prev, c.curr, cost);
+        let remaining = |c: &Counters| {
+            self.limit
+                .saturating_sub(c.curr + self.carried(c.prev, e, len))
+        };
+        let earliest_here = self.earliest(c.prev, c.curr, cost, len);
         if earliest_here.is_some_and(|at| at <= e) {
             c.curr += cost;
             return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now))
                 .charged_at(now);
         }
         let in_this = earliest_here.map(|at| (start + at, 0));
+        let next_start = self.window_start(c.window + 1);
         let in_next = || {
-            self.earliest(c.curr, c.next, cost)
-                .map(|at| (start + self.window + at, 1))
+            let len = self.timeline.length_of(c.window + 1);
+            self.earliest(c.curr, c.next, cost, len)
+                .map(|at| (next_start + at, 1))
         };
         let after = || {
-            let at = self.earliest(c.next, 0, cost).unwrap_or(0);
-            (start + 2 * self.window + at, 2)
+            let len = self.timeline.length_of(c.window + 2);
+            let at = self.earliest(c.next, 0, cost, len).unwrap_or(0);
+            (self.window_start(c.window + 2) + at, 2)
         };
         let (admit_at, which) = in_this.or_else(in_next).unwrap_or_else(after);
         let wait = admit_at - now;
@@ -180,8 +189,21 @@ impl Algorithm for SlidingCounter {
     fn new(quota: &Quota, epoch: u64) -> Self {
         Self {
             limit: u64::from(quota.permits()),
-            window: quota.period_nanos(),
-            epoch: epoch.min(MAX_NOW),
+            timeline: Timeline::new(epoch, quota.period_nanos()),
+        }
+    }
+
+    /// Every key keeps its counters. The new limit applies from the change, to the window in
+    /// progress too (9 of 10 used leaves 11 of 20). A new period keeps the window in progress
+    /// (its number and its start) and makes it end one new period after its start, or at the
+    /// change if that instant has passed; the windows after it last the new period, and the
+    /// previous window's share is spread over the window that follows it, whatever its length.
+    /// The counts of the window of the change stay in it, so it admits at most the larger of
+    /// the two limits.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self {
+            limit: u64::from(quota.permits()),
+            timeline: self.timeline.with_period(quota.period_nanos(), now),
         }
     }
 
@@ -201,7 +223,7 @@ impl Algorithm for SlidingCounter {
         let reserved_at = decision.reserved_at;
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut c, now);
-        let idx = reserved_at.saturating_sub(self.epoch) / self.window;
+        let idx = self.timeline.window_of(reserved_at);
         let cost = u64::from(cost);
         let count = if idx + 1 == c.window {
             &mut c.prev
@@ -218,8 +240,8 @@ impl Algorithm for SlidingCounter {
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
         let mut c = *state.0.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.advance(&mut c, now);
-        let e = now - self.window_start(c.window);
-        let held = self.carried(c.prev, e) + c.curr + c.next;
+        let e = now.saturating_sub(self.window_start(c.window));
+        let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
         super::rank(held, self.idle_from(&c).saturating_sub(now))
     }
 

@@ -195,6 +195,13 @@ impl Algorithm for SlidingLog {
         }
     }
 
+    /// The log is kept: every admission stays at its instant and counts in every window of the
+    /// new period that holds it. A longer period cannot bring back entries already pruned under
+    /// the shorter one.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self::new(quota, now)
+    }
+
     fn capacity(&self) -> u32 {
         self.limit as u32
     }

@@ -51,6 +51,10 @@
 //! | `max_concurrent_calls` | integer ≥ 1 | required |
 //! | `max_wait` | duration | semaphore: `"0s"` (refuse at once); queue: no bound |
 //! | `queue_capacity` | integer ≥ 1: a queue bulkhead | none: a semaphore bulkhead |
+//!
+//! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
+//! bulkhead sizes apply in place, under the layers already built, and every key keeps its state;
+//! a change that cannot apply in place, or a bad file, is refused and changes nothing.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -67,7 +71,7 @@ mod registry;
 
 pub use registry::{
     BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredPolicy,
-    ConfiguredRateLimitLayer, Health, LimiterHealth, Registry, UnknownInstance,
+    ConfiguredRateLimitLayer, Health, LimiterHealth, Registry, Reloaded, UnknownInstance,
 };
 
 /// A configuration file that could not be used: where, and what was wrong.

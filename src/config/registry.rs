@@ -5,7 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::request::Parts;
 use http::HeaderValue;
@@ -18,7 +18,7 @@ use crate::observe::{LimiterSnapshot, Observed};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
 };
-use crate::{FixedWindow, Gcra, KeyedRateLimiter, SlidingCounter, SlidingLog};
+use crate::{FixedWindow, Gcra, KeyedRateLimiter, Limiter, Quota, SlidingCounter, SlidingLog};
 
 /// The key of a rate limiter built from configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -98,10 +98,15 @@ struct NamedLimiter {
     /// For a limiter whose state lives in a shared store (Redis): how many decisions the store
     /// did not give.
     store_failures: Option<StoreFailures>,
+    /// For a limiter whose quota must fit a store's bounds (Redis): why a quota does not.
+    quota_check: Option<QuotaCheck>,
 }
 
 /// Reads a shared store's failure count.
 type StoreFailures = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// Says why a quota cannot be given to a limiter, if it cannot.
+type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
 
 /// Named rate limiters and bulkheads, built once from a configuration and shared by every layer
 /// taken from it.
@@ -127,6 +132,9 @@ type StoreFailures = Arc<dyn Fn() -> u64 + Send + Sync>;
 pub struct Registry {
     limiters: BTreeMap<String, NamedLimiter>,
     bulkheads: BTreeMap<String, Bulkhead>,
+    /// The configuration the instances run with now: the one they were built from, with the
+    /// changes of every reload since. Locked while a reload runs, so reloads apply one at a time.
+    running: Mutex<Config>,
 }
 
 impl fmt::Debug for Registry {
@@ -188,6 +196,7 @@ impl Registry {
         Ok(Self {
             limiters,
             bulkheads,
+            running: Mutex::new(config.clone()),
         })
     }
 
@@ -199,6 +208,135 @@ impl Registry {
     /// Reads, parses, validates and builds a TOML file.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         Self::from_config(&Config::from_path(path)?)
+    }
+
+    /// Applies `config` to the running instances, in place: the layers and services already
+    /// built from them see the change at once, and every key keeps its state.
+    ///
+    /// What changes in place: a rate limiter's quota (`limit_for_period`,
+    /// `limit_refresh_period`, `burst`, `max_wait`), given to its limiter as
+    /// [`Limiter::set_quota`] does (see
+    /// [`KeyedRateLimiter::set_quota`](crate::KeyedRateLimiter::set_quota) for what each
+    /// algorithm keeps), and a bulkhead's `max_concurrent_calls`, as
+    /// [`Bulkhead::set_max_concurrent_calls`] does. An instance whose settings are unchanged is
+    /// not touched at all.
+    ///
+    /// Anything else cannot change under the layers already serving, so a reload that changes
+    /// it is refused as a whole, with an error naming the instance and the field: a rate
+    /// limiter's `algorithm`, `key`, `trusted_proxies`, `max_keys`, `hide_keys`, `store` or
+    /// Redis settings, a bulkhead's `max_wait` or `queue_capacity`, and an instance added or
+    /// removed. (Build a new registry for those, and take new layers from it.) A Redis
+    /// limiter's failure policy keeps what it was built from; Redis limiters in other processes
+    /// keep their quota until their own registry reloads (the quota travels with each call).
+    ///
+    /// A refused reload, or one with a quota a Redis script cannot run, changes nothing.
+    /// Reloads apply one at a time.
+    pub fn reload_config(&self, config: &Config) -> Result<Reloaded, ConfigError> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut reloaded = Reloaded::default();
+        let mut quotas = Vec::new();
+        for (name, next) in &config.rate_limiters {
+            let path = format!("rate_limiters.{name}");
+            let Some(now) = running.rate_limiters.get(name) else {
+                return Err(ConfigError::new(path, NOT_RUNNING));
+            };
+            fixed_limiter_settings(&path, now, next)?;
+            if now.quota != next.quota {
+                let named = &self.limiters[name];
+                if let Some(check) = &named.quota_check {
+                    check(&next.quota).map_err(|e| ConfigError::new(path.clone(), e))?;
+                }
+                quotas.push((name, next.quota));
+            }
+        }
+        let mut sizes = Vec::new();
+        for (name, next) in &config.bulkheads {
+            let path = format!("bulkheads.{name}");
+            let Some(now) = running.bulkheads.get(name) else {
+                return Err(ConfigError::new(path, NOT_RUNNING));
+            };
+            fixed(&path, "max_wait", &now.max_wait, &next.max_wait)?;
+            fixed(
+                &path,
+                "queue_capacity",
+                &now.queue_capacity,
+                &next.queue_capacity,
+            )?;
+            if now.max_concurrent_calls != next.max_concurrent_calls {
+                sizes.push((name, next.max_concurrent_calls));
+            }
+        }
+        let removed = |kind: &str, name: &String| {
+            ConfigError::new(
+                format!("{kind}.{name}"),
+                "is missing; an instance cannot be removed from a running registry \
+                 (build a new registry without it)",
+            )
+        };
+        if let Some(name) = running
+            .rate_limiters
+            .keys()
+            .find(|n| !config.rate_limiters.contains_key(*n))
+        {
+            return Err(removed("rate_limiters", name));
+        }
+        if let Some(name) = running
+            .bulkheads
+            .keys()
+            .find(|n| !config.bulkheads.contains_key(*n))
+        {
+            return Err(removed("bulkheads", name));
+        }
+        // Everything checked: apply.
+        for (name, quota) in quotas {
+            let path = format!("rate_limiters.{name}");
+            self.limiters[name]
+                .limiter
+                .set_quota(quota)
+                .map_err(|e| ConfigError::new(path, e.to_string()))?;
+            reloaded.rate_limiters.push(name.clone());
+        }
+        for (name, size) in sizes {
+            self.bulkheads[name].set_max_concurrent_calls(size);
+            reloaded.bulkheads.push(name.clone());
+        }
+        *running = config.clone();
+        Ok(reloaded)
+    }
+
+    /// [`reload_config`](Self::reload_config) with a TOML document; a document that does not
+    /// parse or validate is an error as [`from_toml_str`](Self::from_toml_str) reports it, and
+    /// changes nothing.
+    pub fn reload_toml_str(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        self.reload_config(&Config::from_toml_str(text)?)
+    }
+
+    /// [`reload_config`](Self::reload_config) with a TOML file, read again: the way to apply
+    /// an operator's edit of the file the registry was built from.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_bulwark::config::Registry;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = Arc::new(Registry::from_path("bulwark.toml")?);
+    /// let reloader = Arc::clone(&registry);
+    /// tokio::spawn(async move {
+    ///     let mut every = tokio::time::interval(Duration::from_secs(30));
+    ///     loop {
+    ///         every.tick().await;
+    ///         match reloader.reload_path("bulwark.toml") {
+    ///             Ok(reloaded) => eprintln!("applied: {reloaded:?}"),
+    ///             Err(e) => eprintln!("kept the running configuration: {e}"),
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reload_path(&self, path: impl AsRef<Path>) -> Result<Reloaded, ConfigError> {
+        self.reload_config(&Config::from_path(path)?)
     }
 
     /// The layer of rate limiter `name`; every layer taken for one name shares its state.
@@ -306,6 +444,66 @@ impl Registry {
     }
 }
 
+/// What a reload applied: the instances whose settings changed, by name, in name order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reloaded {
+    /// Rate limiters whose quota changed.
+    pub rate_limiters: Vec<String>,
+    /// Bulkheads whose `max_concurrent_calls` changed.
+    pub bulkheads: Vec<String>,
+}
+
+const NOT_RUNNING: &str = "is not in the running registry; an instance cannot be added by a \
+                           reload (build a new registry with it)";
+
+/// An error if a setting that cannot change in place differs.
+fn fixed<T: PartialEq + fmt::Debug>(
+    path: &str,
+    field: &str,
+    now: &T,
+    next: &T,
+) -> Result<(), ConfigError> {
+    if now == next {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        format!("{path}.{field}"),
+        format!(
+            "changed from {now:?} to {next:?}, which a running registry cannot apply in place \
+             (only a rate limiter's quota and a bulkhead's max_concurrent_calls can be); build \
+             a new registry for it"
+        ),
+    ))
+}
+
+/// An error naming the first setting of a rate limiter, other than its quota, that differs.
+fn fixed_limiter_settings(
+    path: &str,
+    now: &RateLimiterSettings,
+    next: &RateLimiterSettings,
+) -> Result<(), ConfigError> {
+    fixed(path, "algorithm", &now.algorithm, &next.algorithm)?;
+    fixed(path, "key", &now.key, &next.key)?;
+    fixed(
+        path,
+        "trusted_proxies",
+        &now.trusted_proxies,
+        &next.trusted_proxies,
+    )?;
+    fixed(path, "max_keys", &now.max_keys, &next.max_keys)?;
+    fixed(path, "hide_keys", &now.hide_keys, &next.hide_keys)?;
+    match (&now.store, &next.store) {
+        (StoreKind::Redis(a), StoreKind::Redis(b)) => {
+            fixed(path, "redis_url", &a.url, &b.url)?;
+            fixed(path, "redis_prefix", &a.prefix, &b.prefix)?;
+            fixed(path, "redis_timeout", &a.timeout, &b.timeout)?;
+            fixed(path, "on_redis_failure", &a.on_failure, &b.on_failure)
+        }
+        (a, b) => fixed(path, "store", a, b),
+    }
+}
+
 fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, ConfigError> {
     let path = format!("rate_limiters.{name}");
     crate::rate_limit::check_policy_name(name)
@@ -318,7 +516,7 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
                 .build(),
         )
     }
-    let (limiter, store_failures) = match &s.store {
+    let (limiter, store_failures, quota_check) = match &s.store {
         StoreKind::Memory => (
             match s.algorithm {
                 AlgorithmKind::Gcra => keyed::<Gcra>(s),
@@ -327,11 +525,12 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
                 AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
             },
             None,
+            None,
         ),
         #[cfg(feature = "redis")]
         StoreKind::Redis(redis) => {
-            let (limiter, failures) = redis_limiter(&path, s, redis)?;
-            (limiter, Some(failures))
+            let (limiter, failures, check) = redis_limiter(&path, s, redis)?;
+            (limiter, Some(failures), Some(check))
         }
         #[cfg(not(feature = "redis"))]
         StoreKind::Redis(_) => {
@@ -364,6 +563,7 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
         limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
         extractor: ConfigKeyExtractor(extractor),
         store_failures,
+        quota_check,
     })
 }
 
@@ -383,7 +583,7 @@ fn redis_limiter(
     path: &str,
     s: &RateLimiterSettings,
     redis: &super::RedisSettings,
-) -> Result<(BoxLimiter<ConfigKey>, StoreFailures), ConfigError> {
+) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
     use super::OnRedisFailure;
     use crate::store::redis::{FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore};
     use crate::Quota;
@@ -416,7 +616,7 @@ fn redis_limiter(
         redis: &super::RedisSettings,
         store: RedisStore,
         policy: FailurePolicy,
-    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures), ConfigError> {
+    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
         let mut builder = RedisRateLimiter::builder(s.quota, store)
             .algorithm::<A>()
             .on_failure(policy);
@@ -430,9 +630,16 @@ fn redis_limiter(
             .build()
             .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
         let counted = limiter.clone();
+        let checked = limiter.clone();
         Ok((
             BoxLimiter::new(limiter),
             Arc::new(move || counted.failures()),
+            Arc::new(move |quota| {
+                checked
+                    .params_for(quota)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
         ))
     }
     match s.algorithm {

@@ -362,7 +362,7 @@ where
     fn info(&self) -> PolicyInfo {
         PolicyInfo::new(
             &self.name,
-            *self.limiter.quota(),
+            self.limiter.quota(),
             self.shadow,
             self.count_if.is_some(),
         )
@@ -432,7 +432,7 @@ where
     fn quota(&self, _: usize, keys: &Self::Keys) -> Quota {
         match keys {
             Some((key, _)) => self.limiter.quota_for(key),
-            None => *self.limiter.quota(),
+            None => self.limiter.quota(),
         }
     }
 }
@@ -549,20 +549,25 @@ where
 }
 
 trait ErasedLimiter<K>: Send + Sync + 'static {
-    fn quota(&self) -> &Quota;
+    fn quota(&self) -> Quota;
     fn quota_for(&self, key: &K) -> Quota;
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError>;
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
     fn refund(&self, key: &K, cost: u32, decision: &Decision);
 }
 
 impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         Limiter::quota(self)
     }
 
     fn quota_for(&self, key: &K) -> Quota {
         Limiter::quota_for(self, key)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        Limiter::set_quota(self, quota)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
@@ -608,7 +613,7 @@ impl<K: 'static> Clone for BoxLimiter<K> {
 impl<K: 'static> fmt::Debug for BoxLimiter<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoxLimiter")
-            .field("quota", self.inner.quota())
+            .field("quota", &self.inner.quota())
             .finish_non_exhaustive()
     }
 }
@@ -616,12 +621,16 @@ impl<K: 'static> fmt::Debug for BoxLimiter<K> {
 impl<K: 'static> Limiter<K> for BoxLimiter<K> {
     type Future = BoxReserve;
 
-    fn quota(&self) -> &Quota {
+    fn quota(&self) -> Quota {
         self.inner.quota()
     }
 
     fn quota_for(&self, key: &K) -> Quota {
         self.inner.quota_for(key)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        self.inner.set_quota(quota)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
@@ -187,6 +188,10 @@ pub(crate) struct Meta {
     /// index: policy `i`), computed once when first needed; empty for more than
     /// [`CACHED_SETS`] policies.
     policy_headers: Box<[OnceLock<Option<HeaderValue>>]>,
+    /// `RateLimit-Policy` built at the latest response whose quotas were not those the layer was
+    /// built with (a limiter's quota changed, or a key's tier), for the next responses with the
+    /// same set and quotas; shared by every clone.
+    changed_policy: Arc<ArcSwapOption<ChangedPolicy>>,
     pub(crate) admitted_headers: bool,
     pub(crate) legacy_headers: bool,
     pub(crate) on_key_error: super::FailMode,
@@ -215,6 +220,7 @@ impl Meta {
         Self {
             policies,
             policy_headers,
+            changed_policy: Arc::default(),
             admitted_headers: true,
             legacy_headers: false,
             on_key_error: super::FailMode::Closed,
@@ -269,8 +275,33 @@ impl Meta {
             Some(cached) if own_quotas => cached
                 .get_or_init(|| policy_header(&self.policies, included, |i| self.policies[i].quota))
                 .clone(),
-            _ => policy_header(&self.policies, included, quota),
+            _ => self.changed_policy_header(set, outcomes, quota),
         }
+    }
+
+    /// `RateLimit-Policy` for quotas other than those the layer was built with: the one built
+    /// last if it was for the same set of policies and quotas, otherwise built now and kept.
+    #[cold]
+    fn changed_policy_header(
+        &self,
+        set: usize,
+        outcomes: &[Outcome],
+        quota: impl Fn(usize) -> Quota,
+    ) -> Option<HeaderValue> {
+        let included = |i: usize| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
+        let quotas: Box<[Quota]> = (0..self.policies.len()).map(&quota).collect();
+        if let Some(changed) = &*self.changed_policy.load() {
+            if changed.set == set && changed.quotas == quotas {
+                return changed.header.clone();
+            }
+        }
+        let header = policy_header(&self.policies, included, |i| quotas[i]);
+        self.changed_policy.store(Some(Arc::new(ChangedPolicy {
+            set,
+            quotas,
+            header: header.clone(),
+        })));
+        header
     }
 
     fn build_admitted_headers(
@@ -305,6 +336,14 @@ impl fmt::Debug for Meta {
             .field("exempt", &self.exempt.is_some())
             .finish()
     }
+}
+
+/// `RateLimit-Policy` for quotas that differ from those a layer was built with.
+#[derive(Debug)]
+pub(crate) struct ChangedPolicy {
+    set: usize,
+    quotas: Box<[Quota]>,
+    header: Option<HeaderValue>,
 }
 
 /// Headers to add to an admitted response.

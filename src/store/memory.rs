@@ -52,23 +52,32 @@ pub(crate) struct Full {
 }
 
 #[repr(align(64))]
-struct Shard<K, S> {
-    table: RwLock<HashTable<(K, S)>>,
+struct Shard<K, S, G> {
+    table: RwLock<Table<K, S, G>>,
     /// Under [`Overflow::RefuseNewKeys`], while the shard is full: the instant its first key goes
     /// idle. Until then new keys are refused without scanning the shard again.
     full_until: AtomicU64,
 }
 
-/// A bounded, sharded map from key to algorithm state.
-pub(crate) struct MemoryStore<K, S> {
+/// One shard's keys, and the context their states are read with (the limiter's quota and
+/// algorithm), behind the shard's lock: whoever reads a state reads the context that goes with
+/// it, and a new context replaces the old one only while nobody reads the shard.
+struct Table<K, S, G> {
+    context: G,
+    keys: HashTable<(K, S)>,
+}
+
+/// A bounded, sharded map from key to algorithm state, with a context per shard (see
+/// [`set_context`](Self::set_context)).
+pub(crate) struct MemoryStore<K, S, G> {
     hasher: RandomState,
-    shards: Box<[Shard<K, S>]>,
+    shards: Box<[Shard<K, S, G>]>,
     shard_bits: u32,
     shard_cap: usize,
     overflow: Overflow,
 }
 
-impl<K, S> fmt::Debug for MemoryStore<K, S> {
+impl<K, S, G> fmt::Debug for MemoryStore<K, S, G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
@@ -78,13 +87,14 @@ impl<K, S> fmt::Debug for MemoryStore<K, S> {
     }
 }
 
-impl<K, S> MemoryStore<K, S>
+impl<K, S, G> MemoryStore<K, S, G>
 where
     K: Hash + Eq + Clone,
     S: Default,
+    G: Clone,
 {
-    /// A store for at most `max_keys` keys (at least one).
-    pub(crate) fn new(max_keys: usize, overflow: Overflow) -> Self {
+    /// A store for at most `max_keys` keys (at least one), every shard starting with `context`.
+    pub(crate) fn new(max_keys: usize, overflow: Overflow, context: G) -> Self {
         let max_keys = max_keys.max(1);
         // Enough shards to keep lock contention low, few enough that each holds a useful number
         // of keys (eviction works per shard).
@@ -93,7 +103,10 @@ where
         let count = 1usize << shard_bits;
         let shards = (0..count)
             .map(|_| Shard {
-                table: RwLock::new(HashTable::new()),
+                table: RwLock::new(Table {
+                    context: context.clone(),
+                    keys: HashTable::new(),
+                }),
                 full_until: AtomicU64::new(0),
             })
             .collect();
@@ -107,7 +120,7 @@ where
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &Shard<K, S> {
+    fn shard(&self, hash: u64) -> &Shard<K, S, G> {
         // The table uses the low bits for its index and the top seven for its tags; take the
         // shard from bits above 32 so the three do not correlate.
         let idx = if self.shard_bits == 0 {
@@ -118,28 +131,31 @@ where
         &self.shards[idx]
     }
 
-    /// Runs `f` on the state of `key`, inserting a fresh state if the key is new.
+    /// Runs `f` on the shard's context and the state of `key`, inserting a fresh state if the
+    /// key is new; `full` instead, with the context, if there is no room for a new key.
     ///
     /// `idle_at` tells which states may be dropped at `now` when room is needed; `rank` which
     /// live ones to evict first (lowest first).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
         now: u64,
-        idle_at: impl Fn(&S) -> u64,
-        rank: impl Fn(&S) -> u128,
-        f: impl FnOnce(&S) -> R,
-    ) -> Result<R, Full> {
+        idle_at: impl Fn(&G, &S) -> u64,
+        rank: impl Fn(&G, &S) -> u128,
+        f: impl FnOnce(&G, &S) -> R,
+        full: impl FnOnce(&G, Full) -> R,
+    ) -> R {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some((_, state)) = table.find(hash, |(k, _)| k == key) {
-                return Ok(f(state));
+            if let Some((_, state)) = table.keys.find(hash, |(k, _)| k == key) {
+                return f(&table.context, state);
             }
         }
-        self.insert_with(shard, hash, key, now, idle_at, rank, f)
+        self.insert_with(shard, hash, key, now, idle_at, rank, f, full)
     }
 
     /// The rest of [`with`](Self::with) for a key that was not found under the read lock: out
@@ -151,63 +167,87 @@ where
     #[allow(clippy::too_many_arguments)]
     fn insert_with<R>(
         &self,
-        shard: &Shard<K, S>,
+        shard: &Shard<K, S, G>,
         hash: u64,
         key: &K,
         now: u64,
-        idle_at: impl Fn(&S) -> u64,
-        rank: impl Fn(&S) -> u128,
-        f: impl FnOnce(&S) -> R,
-    ) -> Result<R, Full> {
-        let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, state)) = table.find(hash, |(k, _)| k == key) {
-            return Ok(f(state));
+        idle_at: impl Fn(&G, &S) -> u64,
+        rank: impl Fn(&G, &S) -> u128,
+        f: impl FnOnce(&G, &S) -> R,
+        full: impl FnOnce(&G, Full) -> R,
+    ) -> R {
+        let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+        let Table { context, keys } = &mut *guard;
+        let context = &*context;
+        if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
+            return f(context, state);
         }
-        if table.len() >= self.shard_cap {
+        if keys.len() >= self.shard_cap {
             let full_until = shard.full_until.load(Ordering::Relaxed);
             if now < full_until {
-                return Err(Full {
-                    free_at: full_until,
-                });
+                return full(
+                    context,
+                    Full {
+                        free_at: full_until,
+                    },
+                );
             }
-            table.retain(|(_, s)| idle_at(s) > now);
+            keys.retain(|(_, s)| idle_at(context, s) > now);
         }
-        if table.len() >= self.shard_cap {
+        if keys.len() >= self.shard_cap {
             match self.overflow {
                 Overflow::RefuseNewKeys => {
-                    let free_at = table.iter().map(|(_, s)| idle_at(s)).min().unwrap_or(now);
+                    let free_at = keys
+                        .iter()
+                        .map(|(_, s)| idle_at(context, s))
+                        .min()
+                        .unwrap_or(now);
                     shard.full_until.store(free_at, Ordering::Relaxed);
-                    return Err(Full { free_at });
+                    return full(context, Full { free_at });
                 }
-                Overflow::EvictNearestIdle => evict_lowest_ranks(&mut table, &rank, self.shard_cap),
+                Overflow::EvictNearestIdle => {
+                    evict_lowest_ranks(keys, &|s: &S| rank(context, s), self.shard_cap)
+                }
             }
         }
         let hasher = &self.hasher;
-        let entry = table.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
+        let entry = keys.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
             hasher.hash_one(k)
         });
-        Ok(f(&entry.get().1))
+        f(context, &entry.get().1)
     }
 
-    /// Runs `f` on the state of `key` if it is present.
-    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&S) -> R) -> Option<R> {
+    /// Runs `f` on the shard's context and the state of `key` if it is present.
+    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&G, &S) -> R) -> Option<R> {
         let hash = self.hasher.hash_one(key);
         let table = self
             .shard(hash)
             .table
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        table.find(hash, |(k, _)| k == key).map(|(_, s)| f(s))
+        table
+            .keys
+            .find(hash, |(k, _)| k == key)
+            .map(|(_, s)| f(&table.context, s))
     }
 
     /// Drops every key whose state is idle at `now`.
-    pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&S) -> u64) {
+    pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&G, &S) -> u64) {
         for shard in self.shards.iter() {
-            shard
-                .table
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(|(_, s)| idle_at(s) > now);
+            let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            let Table { context, keys } = &mut *guard;
+            keys.retain(|(_, s)| idle_at(context, s) > now);
+        }
+    }
+
+    /// Gives every shard `context`, one shard at a time, each while nobody reads it: a reader
+    /// of a shard sees the old context or the new one, never a state without its context.
+    pub(crate) fn set_context(&self, context: &G) {
+        for shard in self.shards.iter() {
+            let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            table.context = context.clone();
+            // The instant a full shard frees was computed with the old context.
+            shard.full_until.store(0, Ordering::Relaxed);
         }
     }
 
@@ -215,7 +255,13 @@ where
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.table.read().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| {
+                s.table
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .keys
+                    .len()
+            })
             .sum()
     }
 
@@ -256,27 +302,35 @@ fn evict_lowest_ranks<K, S>(table: &mut HashTable<(K, S)>, rank: &impl Fn(&S) ->
 mod tests {
     use super::*;
 
-    fn tat(s: &AtomicU64) -> u64 {
+    fn tat(_: &(), s: &AtomicU64) -> u64 {
         s.load(Ordering::Relaxed)
     }
 
-    fn rank(s: &AtomicU64) -> u128 {
-        u128::from(tat(s))
+    fn rank(_: &(), s: &AtomicU64) -> u128 {
+        u128::from(tat(&(), s))
+    }
+
+    fn full(_: &(), full: Full) -> Result<(), Full> {
+        Err(full)
+    }
+
+    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64) -> Result<(), Full> {
+        move |_, s| {
+            s.store(tat, Ordering::Relaxed);
+            Ok(())
+        }
     }
 
     #[test]
     fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
-        let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(100, Overflow::EvictNearestIdle);
+        let store: MemoryStore<u32, AtomicU64, ()> =
+            MemoryStore::new(100, Overflow::EvictNearestIdle, ());
         // A heavy user whose state runs far ahead.
         store
-            .with(&u32::MAX, 0, tat, rank, |s| {
-                s.store(1_000_000, Ordering::Relaxed)
-            })
+            .with(&u32::MAX, 0, tat, rank, set_tat(1_000_000), full)
             .unwrap();
         for k in 0..1000u32 {
-            store
-                .with(&k, 0, tat, rank, |s| s.store(10, Ordering::Relaxed))
-                .unwrap();
+            store.with(&k, 0, tat, rank, set_tat(10), full).unwrap();
             assert!(store.len() <= 100);
         }
         assert_eq!(store.with_existing(&u32::MAX, tat), Some(1_000_000));
@@ -284,17 +338,16 @@ mod tests {
 
     #[test]
     fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
-        let store: MemoryStore<u32, AtomicU64> = MemoryStore::new(2, Overflow::RefuseNewKeys);
-        store
-            .with(&1, 0, tat, rank, |s| s.store(50, Ordering::Relaxed))
-            .unwrap();
-        store
-            .with(&2, 0, tat, rank, |s| s.store(70, Ordering::Relaxed))
-            .unwrap();
-        let full = store.with(&3, 10, tat, rank, |_| ()).unwrap_err();
-        assert_eq!(full.free_at, 50);
+        let store: MemoryStore<u32, AtomicU64, ()> =
+            MemoryStore::new(2, Overflow::RefuseNewKeys, ());
+        store.with(&1, 0, tat, rank, set_tat(50), full).unwrap();
+        store.with(&2, 0, tat, rank, set_tat(70), full).unwrap();
+        let refused = store
+            .with(&3, 10, tat, rank, |_, _| Ok(()), full)
+            .unwrap_err();
+        assert_eq!(refused.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
-        store.with(&3, 60, tat, rank, |_| ()).unwrap();
+        store.with(&3, 60, tat, rank, |_, _| Ok(()), full).unwrap();
         assert_eq!(store.with_existing(&1, tat), None);
         assert_eq!(store.len(), 2);
     }

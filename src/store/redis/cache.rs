@@ -119,6 +119,14 @@ impl RefusalCache {
         self.len.store(entries.len(), Ordering::Relaxed);
     }
 
+    /// Forgets every refusal (the quota changed, so their retry times may be wrong).
+    pub(crate) fn clear(&self) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.clear();
+        self.len.store(0, Ordering::Relaxed);
+        self.full_until.store(0, Ordering::Relaxed);
+    }
+
     /// Forgets `key` (its permits were given back, so a refusal may be too pessimistic).
     pub(crate) fn forget(&self, key: &str) {
         if self.len.load(Ordering::Relaxed) == 0 {

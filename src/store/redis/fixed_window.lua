@@ -1,14 +1,21 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles),
--- l = the latest clock reading; an older reading is decided as of it.
+-- l = the latest clock reading; an older reading is decided as of it; d = the period `c` counts
+-- in (absent in keys written before quotas could change: the current period).
 -- ARGV[8] period, ARGV[9] limit
 local key = KEYS[1]
 local period = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'c', 'u', 'l')
+local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
-now = math.max(now, stored(state[3], 0))
+local latest = stored(state[3], 0)
+now = math.max(now, latest)
+-- The quota's period changed since the key was written: its count moves, whole, to the cycle of
+-- this period that holds its latest reading, and is refreshed from there like any other.
+if stored(state[4], period) ~= period then
+  c = idiv(latest, period)
+end
 
 -- Refresh: every cycle that started since `c` grants `limit` permits.
 local cycle = idiv(now, period)
@@ -33,7 +40,7 @@ local function save()
   if u == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now))
+    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period))
     expire_in(key, reset_after())
   end
 end

@@ -105,10 +105,11 @@ use std::future::{Future, Ready};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
@@ -321,7 +322,7 @@ impl fmt::Debug for FailurePolicy {
             Policy::Closed(retry) => write!(f, "FailurePolicy::fail_closed({retry:?})"),
             Policy::Fallback(limiter) => f
                 .debug_tuple("FailurePolicy::fallback")
-                .field(limiter.quota())
+                .field(&limiter.quota())
                 .finish(),
             Policy::Propagate => f.write_str("FailurePolicy::propagate()"),
         }
@@ -472,8 +473,11 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 store: self.store,
-                quota: self.quota,
-                params,
+                setup: ArcSwap::from_pointee(Setup {
+                    quota: self.quota,
+                    params,
+                }),
+                changing: Mutex::new(()),
                 clock: self.clock,
                 client_time: self.client_time,
                 prefix,
@@ -506,8 +510,10 @@ pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
 
 struct Inner<C> {
     store: RedisStore,
-    quota: Quota,
-    params: Params,
+    /// The quota and the script arguments made from it, replaced as one.
+    setup: ArcSwap<Setup>,
+    /// Held while the quota changes, so that changes apply one after the other.
+    changing: Mutex<()>,
     clock: C,
     client_time: bool,
     prefix: String,
@@ -531,6 +537,13 @@ struct Inner<C> {
     offset: ClockOffset,
 }
 
+/// A quota and the script arguments made from it: one decision uses one of these throughout.
+#[derive(Debug)]
+struct Setup {
+    quota: Quota,
+    params: Params,
+}
+
 impl RedisRateLimiter {
     /// A builder for a GCRA limiter of `quota` on `store`, with the server's clock.
     pub fn builder(quota: Quota, store: RedisStore) -> RedisRateLimiterBuilder {
@@ -551,9 +564,45 @@ impl RedisRateLimiter {
 }
 
 impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
-    /// The quota.
-    pub fn quota(&self) -> &Quota {
-        &self.inner.quota
+    /// The quota this limiter sends with its decisions now.
+    pub fn quota(&self) -> Quota {
+        self.inner.setup.load().quota
+    }
+
+    /// Replaces the quota that this limiter, and every clone of it, sends to Redis, or says
+    /// why the quota cannot run in the scripts (the same checks as
+    /// [`build`](RedisRateLimiterBuilder::build)), changing nothing.
+    ///
+    /// The state in Redis is kept, as in memory (see [`KeyedRateLimiter::set_quota`]): GCRA
+    /// keeps each key's TAT, the sliding log its entries; the window algorithms keep their
+    /// counts, and since their windows are cut from the server's tick zero rather than from a
+    /// limiter's creation, a key written under another period has its window renumbered as the
+    /// window of the new period that holds its latest reading, counts and all. A decision
+    /// already sent decides with the quota it was sent with.
+    ///
+    /// The quota travels with every script call, so a change applies to the decisions of this
+    /// process only: each instance that shares the keys must be told (every instance's limiter
+    /// must call this, or be rebuilt from the same configuration). Until they all are, each
+    /// decides with its own quota against the shared state. Refusals cached here are
+    /// forgotten; the failure policy's local limiter keeps its own quota.
+    pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
+        let _changing = self
+            .inner
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let params = self.params_for(&quota)?;
+        self.inner.setup.store(Arc::new(Setup { quota, params }));
+        if let Some(cache) = &self.inner.cache {
+            cache.clear();
+        }
+        Ok(())
+    }
+
+    /// The script arguments for `quota`, or why it cannot run in this limiter's scripts.
+    pub(crate) fn params_for(&self, quota: &Quota) -> Result<Params, BuildError> {
+        let current = self.inner.setup.load();
+        Params::new(current.params.kind, quota, current.params.tick_nanos).map_err(BuildError::new)
     }
 
     /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
@@ -585,19 +634,24 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, BoxError> {
-        self.decide(key, cost, 0).await
+        self.decide(key, cost, false).await
     }
 
-    fn decide<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, max_wait: u64) -> ReserveFuture {
+    /// Decides on `cost` permits for `key`, waiting up to the quota's `max_wait` if `wait`,
+    /// with the setup current when it is called.
+    fn decide<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, wait: bool) -> ReserveFuture {
         let inner = &self.inner;
-        if cost > inner.params.capacity {
-            let err = InsufficientCapacity::new(cost, inner.params.capacity);
+        let setup = inner.setup.load_full();
+        let params = &setup.params;
+        if cost > params.capacity {
+            let err = InsufficientCapacity::new(cost, params.capacity);
             return ReserveFuture::ready(Err(err.into()));
         }
+        let max_wait = if wait { params.max_wait } else { 0 };
         let redis_key = inner.redis_key(key);
         if let Some(cache) = &inner.cache {
             let now = inner.clock.now();
-            let max_wait_nanos = max_wait.saturating_mul(inner.params.tick_nanos);
+            let max_wait_nanos = max_wait.saturating_mul(params.tick_nanos);
             if let Some(decision) = cache.check(&redis_key, cost, now, max_wait_nanos) {
                 inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
                 return ReserveFuture::ready(Ok(decision.of_cost(cost)));
@@ -610,7 +664,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         };
         let inner = Arc::clone(inner);
         ReserveFuture::remote(
-            async move { inner.decide(redis_key, cost, max_wait).await },
+            async move { inner.decide(&setup, redis_key, cost, max_wait).await },
             settle,
         )
     }
@@ -695,6 +749,7 @@ impl<C: Clock> Inner<C> {
     /// `after`: the state its admission left, after the algorithm's own arguments.
     async fn call(
         &self,
+        params: &Params,
         key: &str,
         op: &str,
         cost: u32,
@@ -727,7 +782,6 @@ impl<C: Clock> Inner<C> {
                     _ => String::new(),
                 };
                 let now = self.now_arg()?;
-                let params = &self.params;
                 let mut invocation = params.kind.script().prepare_invoke();
                 invocation
                     .key(key)
@@ -771,8 +825,15 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    async fn decide(&self, key: String, cost: u32, max_wait: u64) -> Result<Decision, BoxError> {
-        match self.call(&key, "d", cost, max_wait, None).await {
+    async fn decide(
+        &self,
+        setup: &Setup,
+        key: String,
+        cost: u32,
+        max_wait: u64,
+    ) -> Result<Decision, BoxError> {
+        let params = &setup.params;
+        match self.call(params, &key, "d", cost, max_wait, None).await {
             Ok(Reply::Decision(decision, _)) => {
                 self.recovered();
                 if !decision.allowed {
@@ -784,9 +845,9 @@ impl<C: Clock> Inner<C> {
             }
             Ok(other) => {
                 let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
-                self.on_failure(key, cost, failure)
+                self.on_failure(params, key, cost, failure)
             }
-            Err(failure) => self.on_failure(key, cost, failure),
+            Err(failure) => self.on_failure(params, key, cost, failure),
         }
     }
 
@@ -795,7 +856,7 @@ impl<C: Clock> Inner<C> {
             self.skip_until.store(0, Ordering::Relaxed);
             tracing::info!(
                 target: "tower_bulwark::redis",
-                algorithm = self.params.kind.name(),
+                algorithm = self.setup.load().params.kind.name(),
                 "redis answers again; decisions come from redis",
             );
         }
@@ -824,12 +885,13 @@ impl<C: Clock> Inner<C> {
 
     fn on_failure(
         &self,
+        params: &Params,
         key: String,
         cost: u32,
         failure: RedisFailure,
     ) -> Result<Decision, BoxError> {
         self.failed(&key, &failure);
-        let limit = self.params.limit;
+        let limit = params.limit;
         let mut decision = match &self.policy.0 {
             Policy::Open => {
                 Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
@@ -885,8 +947,18 @@ impl<C: Clock> Inner<C> {
         let (charged, left) = (decision.reserved_at, decision.state_after);
         let reserved = !decision.wait.is_zero();
         let cost = decision.refundable(cost);
+        // Given back with the current quota's arguments, as the in-memory limiters give back
+        // with the current algorithm.
+        let setup = self.setup.load_full();
         match self
-            .call(key, "r", cost, charged, Some((left, reserved)))
+            .call(
+                &setup.params,
+                key,
+                "r",
+                cost,
+                charged,
+                Some((left, reserved)),
+            )
             .await
         {
             Ok(_) => {
@@ -914,8 +986,8 @@ impl<A: RedisAlgorithm, C> fmt::Debug for RedisRateLimiter<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         f.debug_struct("RedisRateLimiter")
-            .field("algorithm", &inner.params.kind.name())
-            .field("quota", &inner.quota)
+            .field("algorithm", &inner.setup.load().params.kind.name())
+            .field("quota", &inner.setup.load().quota)
             .field("store", &inner.store)
             .field("client_time", &inner.client_time)
             .field("prefix", &inner.prefix)
@@ -940,12 +1012,16 @@ where
 {
     type Future = ReserveFuture;
 
-    fn quota(&self) -> &Quota {
-        &self.inner.quota
+    fn quota(&self) -> Quota {
+        RedisRateLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        Ok(RedisRateLimiter::set_quota(self, quota)?)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> ReserveFuture {
-        self.decide(key, cost, self.inner.params.max_wait)
+        self.decide(key, cost, true)
     }
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {

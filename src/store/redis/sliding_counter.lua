@@ -1,16 +1,24 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window, l = the latest clock reading (an
--- older reading is decided as of it, so it never lands in a window that has rolled away).
+-- older reading is decided as of it, so it never lands in a window that has rolled away), d = the
+-- window length `w` counts in (absent in keys written before quotas could change: the current
+-- length).
 -- ARGV[8] window, ARGV[9] limit
 local key = KEYS[1]
 local window = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l')
+local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l', 'd')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)
 local curr = stored(state[3], 0)
 local nxt = stored(state[4], 0)
-now = math.max(now, stored(state[5], 0))
+local latest = stored(state[5], 0)
+now = math.max(now, latest)
+-- The quota's period changed since the key was written: its counters move, as they are, to the
+-- window of this length that holds its latest reading, and roll on from there.
+if stored(state[6], window) ~= window then
+  w = idiv(latest, window)
+end
 
 -- Roll the counters forward to the window holding now.
 local idx = idiv(now, window)
@@ -74,7 +82,7 @@ local function save()
   if prev == 0 and curr == 0 and nxt == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now))
+    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window))
     expire_in(key, reset_after())
   end
 end
