@@ -1164,6 +1164,116 @@ fn an_empty_vec_in_the_middle_of_a_chain() {
     assert_eq!(a.net("k"), 1);
 }
 
+/// Promise (module docs and README, "Several policies"): a request refused by any policy
+/// "spends nothing (a GCRA policy keeps spent only what the key's state cannot place ...)". A
+/// fixed-window policy that reserved permits straddling two cycles (one left in this cycle, one
+/// of the next) and is vetoed by another policy keeps both spent, so the next request of this
+/// cycle, which the client could have made had the refused request never been sent, is refused.
+/// The guide's table lists this fixed-window case; the module docs and README name only GCRA.
+#[test]
+#[ignore = "defect (docs or fixed window): a vetoed fixed-window reservation straddling two \
+            cycles stays spent; the module docs and README name only GCRA as keeping permits"]
+fn a_vetoed_fixed_window_reservation_spends_nothing() {
+    let clock = ManualClock::new();
+    let quota = Quota::per_second(2)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(2))
+        .unwrap();
+    let window = Acct::new(
+        KeyedRateLimiter::<String>::builder(quota)
+            .algorithm::<FixedWindow>()
+            .clock(clock.clone())
+            .build(),
+        Mode::Now,
+    );
+    let veto = log(1, &clock, Mode::Now);
+    let header_cost = |name: &'static str| {
+        move |p: &Parts| {
+            p.headers
+                .get(name)
+                .map_or(0, |v| v.to_str().unwrap().parse().unwrap())
+        }
+    };
+    let service = svc(
+        RateLimitLayer::new(
+            policy(0, &window)
+                .cost_by(header_cost("x-window"))
+                .and(policy(1, &veto).cost_by(header_cost("x-veto"))),
+        ),
+        &Inner::default(),
+    );
+    let ok = call(&service, req(&[("x-window", "1"), ("x-veto", "1")])).unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(window.probe("k"), 1, "one permit left in this cycle");
+    let refused = call(&service, req(&[("x-window", "2"), ("x-veto", "1")])).unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(violated(&body_json(refused)), ["p1"]);
+    assert_eq!(
+        window.probe("k"),
+        1,
+        "the refused request took this cycle's last permit"
+    );
+}
+
+/// Promise: "A shadow policy never makes a request wait", with a single policy (the layer's
+/// shortcut for one policy) and with an enforced policy that does not wait beside it.
+#[tokio::test(start_paused = true)]
+async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
+    let waits = Quota::per_hour(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(3 * 3600))
+        .unwrap();
+    let make = || {
+        Acct::new(
+            KeyedRateLimiter::<String>::builder(waits)
+                .clock(TokioClock::new())
+                .build(),
+            Mode::Now,
+        )
+    };
+    let lone = make();
+    let inner = Inner::default();
+    let alone = svc(
+        RateLimitLayer::new(policy(0, &lone).shadow_advertised()),
+        &inner,
+    );
+    let paired_shadow = make();
+    let enforced = make();
+    let paired = svc(
+        RateLimitLayer::new(vec![
+            policy(0, &paired_shadow).shadow(),
+            policy(1, &enforced).cost_by(|p| u32::from(p.headers.contains_key("x-paid"))),
+        ]),
+        &inner,
+    );
+    let start = tokio::time::Instant::now();
+    for i in 0..3 {
+        let r = alone.clone().oneshot(req(&[])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "request {i}");
+        let entries = sf_entries(r.headers(), "ratelimit");
+        assert_eq!(entries.len(), 1);
+        let r = paired.clone().oneshot(req(&[])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "request {i}");
+        assert!(
+            r.headers().get("ratelimit").is_none(),
+            "only the silent shadow decided"
+        );
+    }
+    let r = paired.clone().oneshot(req(&[("x-paid", "1")])).await;
+    assert_eq!(r.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "a shadow made a request wait"
+    );
+    assert_eq!(
+        lone.net("k"),
+        3,
+        "the shadow counted (one now, two reservations)"
+    );
+    assert_eq!(paired_shadow.net("k"), 4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Dropped at every poll
 // ---------------------------------------------------------------------------------------------
