@@ -1162,6 +1162,31 @@ fn an_empty_vec_in_the_middle_of_a_chain() {
     let keyless = call(&service, req(&[("x-nokey", "2")])).unwrap();
     assert_eq!(keyless.status(), StatusCode::BAD_REQUEST);
     assert_eq!(a.net("k"), 1);
+
+    // Nested to the right: p0 and (p1 and (p2 and p3)); the third refuses, the fourth has no key.
+    let accts: Vec<Acct> = [4, 4, 1, 4]
+        .iter()
+        .map(|&limit| log(limit, &clock, Mode::Later(1)))
+        .collect();
+    let service = svc(
+        RateLimitLayer::new(
+            policy(0, &accts[0])
+                .and(policy(1, &accts[1]).and(policy(2, &accts[2]).and(policy(3, &accts[3])))),
+        )
+        .on_key_error(FailMode::Open),
+        &Inner::default(),
+    );
+    let ok = call(&service, req(&[("x-nokey", "3")])).unwrap();
+    assert_eq!(sf_names(ok.headers(), "ratelimit"), ["p0", "p1", "p2"]);
+    assert_eq!(
+        sf_names(ok.headers(), "ratelimit-policy"),
+        ["p0", "p1", "p2", "p3"]
+    );
+    let refused = call(&service, req(&[])).unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(sf_names(refused.headers(), "ratelimit"), ["p2"]);
+    let nets: Vec<i64> = accts.iter().map(|a| a.net("k")).collect();
+    assert_eq!(nets, [1, 1, 1, 0]);
 }
 
 /// Promise (module docs and README, "Several policies"): a request refused by any policy
@@ -1367,6 +1392,124 @@ async fn dropped_after_every_poll_gives_back_exactly_once() {
         assert_eq!(slow.probe("k") as i64, 5 - nets[3], "{what}");
     }
     assert!(completed, "some run reached the response");
+}
+
+/// A limiter that decides on another task after a delay and sends the decision back, as a
+/// client of a remote store does: the future registers its waker with a channel (the first poll,
+/// in `call`, with a no-op waker). A decision whose receiver is gone is given back, as the
+/// Redis limiter does.
+#[derive(Clone)]
+struct Remote {
+    acct: Acct,
+    delay: Duration,
+}
+
+impl Limiter<String> for Remote {
+    type Future = BoxReserve;
+
+    fn quota(&self) -> &Quota {
+        self.acct.quota()
+    }
+
+    fn reserve(&self, key: &String, cost: u32) -> BoxReserve {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (acct, key, delay) = (self.acct.clone(), key.clone(), self.delay);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let result = acct.decide(&key, cost);
+            if let Err(Ok(d)) = tx.send(result) {
+                if d.allowed {
+                    Limiter::refund(&acct, &key, cost, &d);
+                }
+            }
+        });
+        Box::pin(async move { rx.await.map_err(|_| BoxError::from("remote task gone"))? })
+    }
+
+    fn refund(&self, key: &String, cost: u32, decision: &Decision) {
+        Limiter::refund(&self.acct, key, cost, decision)
+    }
+}
+
+/// Promise: permits are given back exactly once whatever happens, with a limiter whose future
+/// resolves later on another task: requests complete (no lost wake-up from the first poll in
+/// `call`), and a timeout above the layer that gives up while the remote policy decides, or
+/// while a later policy makes the request wait, leaves nothing spent.
+#[tokio::test(start_paused = true)]
+async fn a_remote_policy_under_a_timeout_gives_everything_back() {
+    let clock = ManualClock::new();
+    let first = log(100, &clock, Mode::Now);
+    let remote = Remote {
+        acct: log(100, &clock, Mode::Now),
+        delay: Duration::from_millis(50),
+    };
+    let waiting = Acct::new(
+        KeyedRateLimiter::<String>::builder(
+            Quota::per_second(1)
+                .unwrap()
+                .with_max_wait(Duration::from_secs(10))
+                .unwrap(),
+        )
+        .algorithm::<SlidingLog>()
+        .clock(TokioClock::new())
+        .build(),
+        Mode::Now,
+    );
+    let inner = Inner::default();
+    let service = svc(
+        RateLimitLayer::new(
+            policy(0, &first)
+                .count_if(|r| r.status != StatusCode::OK)
+                .and(Policy::new("remote", K(1), remote.clone()).unwrap())
+                .and(policy(2, &waiting).cost_by(|p| u32::from(p.headers.contains_key("x-wait")))),
+        ),
+        &inner,
+    );
+    for _ in 0..5 {
+        let r = service.clone().oneshot(req(&[("x-status", "500")])).await;
+        assert_eq!(r.unwrap().status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!((first.net("k"), remote.acct.net("k")), (5, 5));
+    // Gives up while the remote policy decides.
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(10),
+        service.clone().oneshot(req(&[("x-status", "500")])),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(first.net("k"), 5, "the first policy's permit came back");
+    assert_eq!(remote.acct.net("k"), 5, "the remote decision came back");
+    // Gives up while waiting for the waiting policy's next permit.
+    let r = service
+        .clone()
+        .oneshot(req(&[("x-wait", "1"), ("x-status", "500")]))
+        .await;
+    assert_eq!(r.unwrap().status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(400),
+        service
+            .clone()
+            .oneshot(req(&[("x-wait", "1"), ("x-status", "500")])),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    assert_eq!(
+        (first.net("k"), remote.acct.net("k"), waiting.net("k")),
+        (6, 6, 1),
+        "everything the waiting request held came back"
+    );
+    assert_eq!(inner.calls(), 6);
+    for a in [&first, &remote.acct, &waiting] {
+        assert_eq!(a.bad_refunds(), 0);
+    }
+    assert_eq!(waiting.probe("k"), 0);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        waiting.probe("k"),
+        1,
+        "the reservation's slot is free again"
+    );
 }
 
 /// Promise: shadow policies never make a request wait, never refuse and never answer 503; a
@@ -1605,6 +1748,73 @@ async fn racing_tasks_with_count_if_put_exactly_the_limit_in_the_handler_sliding
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_tasks_with_count_if_put_exactly_the_limit_in_the_handler_gcra() {
     race::<Gcra>().await;
+}
+
+/// The same race with the count_if limit decided later, as a remote limiter does (the layer
+/// holds the first policy's admission while the second decides): exactly the limit reaches the
+/// handler, and the first policy keeps exactly what the admitted requests counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_tasks_with_a_remote_count_if_policy_put_exactly_the_limit_in_the_handler() {
+    const LIMIT: usize = 5;
+    const TASKS: usize = 40;
+    let clock = ManualClock::new();
+    let wide = log(1000, &clock, Mode::Now);
+    let remote = log(LIMIT as u32, &clock, Mode::Later(2));
+    let (gate_tx, gate) = tokio::sync::watch::channel(None::<StatusCode>);
+    let entered = Arc::new(AtomicUsize::new(0));
+    let counter = entered.clone();
+    let app = Router::new()
+        .route(
+            "/login",
+            get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut gate = gate.clone();
+                async move { gate.wait_for(Option::is_some).await.unwrap().unwrap() }
+            }),
+        )
+        .route_layer(RateLimitLayer::new(
+            policy(0, &wide)
+                .count_if(|r| r.status != StatusCode::OK)
+                .and(policy(1, &remote).count_if(|r| r.status == StatusCode::UNAUTHORIZED)),
+        ));
+    for (round, status) in [(0, StatusCode::OK), (1, StatusCode::UNAUTHORIZED)] {
+        gate_tx.send_replace(None);
+        entered.store(0, Ordering::SeqCst);
+        let refused = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (app, refused) = (app.clone(), refused.clone());
+                tokio::spawn(async move {
+                    let request = Request::get("/login").body(Body::empty()).unwrap();
+                    let response = app.oneshot(request).await.unwrap();
+                    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                    response.status()
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while entered.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst) < TASKS {
+            assert!(std::time::Instant::now() < deadline, "round {round} hangs");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(entered.load(Ordering::SeqCst), LIMIT, "round {round}");
+        assert_eq!(
+            wide.net("k"),
+            LIMIT as i64,
+            "round {round}: only the requests in the handler hold the wide policy's permits \
+             (round 0's responses did not count; the refused gave theirs back)"
+        );
+        gate_tx.send_replace(Some(status));
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    assert_eq!(remote.net("k"), LIMIT as i64);
+    assert_eq!(wide.net("k"), LIMIT as i64);
+    assert_eq!(remote.probe("k"), 0);
+    assert_eq!(wide.bad_refunds() + remote.bad_refunds(), 0);
 }
 
 async fn race<A: Algorithm>() {
