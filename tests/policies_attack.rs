@@ -219,6 +219,18 @@ impl Acct {
     }
 }
 
+impl Acct {
+    /// The time until `key` is whole again (to the nanosecond), read by taking one permit and
+    /// giving it back at once.
+    fn full_in(&self, key: &str) -> Duration {
+        let key = key.to_owned();
+        let d = self.inner.reserve_now(&key, 1).unwrap().unwrap();
+        assert!(d.allowed && d.wait.is_zero(), "full_in needs a free permit");
+        self.inner.refund(&key, 1, &d);
+        d.reset_after
+    }
+}
+
 impl Limiter<String> for Acct {
     type Future = BoxReserve;
 
@@ -1122,8 +1134,8 @@ fn a_gcra_admission_vetoed_while_time_passes_is_given_back_exactly() {
         &Inner::default(),
     );
     let key = "k".to_owned();
-    assert_eq!(call(&service, req(&[])).unwrap().status(), StatusCode::OK);
     assert!(twin.inner.reserve_now(&key, 1).unwrap().unwrap().allowed);
+    assert_eq!(call(&service, req(&[])).unwrap().status(), StatusCode::OK);
     for _ in 0..3 {
         let refused = call(&service, req(&[])).unwrap();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -1133,8 +1145,113 @@ fn a_gcra_admission_vetoed_while_time_passes_is_given_back_exactly() {
             "at {:?}",
             clock.elapsed()
         );
+        assert_eq!(
+            vetoed.full_in("k"),
+            twin.full_in("k"),
+            "at {:?}",
+            clock.elapsed()
+        );
     }
     assert_eq!(vetoed.net("k"), 1);
+}
+
+/// Promise (module docs): a refused request "spends nothing (a GCRA policy keeps spent only what
+/// the key's state cannot place: the time elapsed since, when other requests were admitted
+/// meanwhile, ...)". Two policies of one request on one GCRA limiter and key (1 and 5 permits),
+/// vetoed by a third that decides while 30 ms pass, with no other request on the key: the
+/// layer gives back the older admission first, while the younger one (of the same request) is
+/// the key's latest, so the older one is taken for another request's and loses the elapsed
+/// time, and then the younger one, no longer the latest either, loses it again: each refusal
+/// leaves the key 30 ms (of a 100 ms permit) short of a twin that never saw it. Given back
+/// newest first, both would be exact.
+#[test]
+#[ignore = "defect: refunds go in policy order, not newest first: two admissions of one request \
+            on one GCRA key lose up to twice the elapsed time per veto (and per count_if refund), \
+            though no other request was admitted meanwhile"]
+fn two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly() {
+    let clock = ManualClock::new();
+    let quota = Quota::per_second(10).unwrap();
+    let make = || {
+        Acct::new(
+            KeyedRateLimiter::<String>::builder(quota)
+                .clock(clock.clone())
+                .build(),
+            Mode::Now,
+        )
+    };
+    let shared = make();
+    let twin = make();
+    let veto = log(1, &clock, Mode::Later(1)).ticking(&clock, Duration::from_millis(30));
+    let key = "k".to_owned();
+    assert!(veto.inner.reserve_now(&key, 1).unwrap().unwrap().allowed);
+    let service = svc(
+        RateLimitLayer::new(vec![
+            policy(0, &shared),
+            policy(1, &shared).cost(5),
+            policy(2, &veto),
+        ]),
+        &Inner::default(),
+    );
+    for i in 0..3 {
+        let refused = call(&service, req(&[])).unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(violated(&body_json(refused)), ["p2"]);
+        assert_eq!(shared.net("k"), 0);
+        assert_eq!(
+            shared.full_in("k"),
+            twin.full_in("k"),
+            "refusal {i}: the shared key is whole again later than a key that never saw it"
+        );
+    }
+}
+
+/// Promise: count_if "gives others their permit back": two count_if policies of one request on
+/// one GCRA key (1 and 5 permits), with time passing between the admissions and the response
+/// (a later policy that decides while the clock moves), and no other request on the key: the
+/// response that counts for neither leaves the key exactly as a twin that never saw it. Same
+/// cause as `two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly`: the
+/// settlement gives back in policy order, the older admission first.
+#[test]
+#[ignore = "defect: count_if settlement gives back in policy order: two count_if admissions of \
+            one request on one GCRA key lose twice the time the request took"]
+fn two_count_if_admissions_on_one_gcra_key_are_given_back_exactly() {
+    let clock = ManualClock::new();
+    let make = || {
+        Acct::new(
+            KeyedRateLimiter::<String>::builder(Quota::per_second(10).unwrap())
+                .clock(clock.clone())
+                .build(),
+            Mode::Now,
+        )
+    };
+    let shared = make();
+    let twin = make();
+    let slow = log(1000, &clock, Mode::Later(1)).ticking(&clock, Duration::from_millis(30));
+    let service = svc(
+        RateLimitLayer::new(vec![
+            policy(0, &shared).count_if(|r| r.status != StatusCode::OK),
+            policy(1, &shared)
+                .cost(5)
+                .count_if(|r| r.status == StatusCode::UNAUTHORIZED),
+            policy(2, &slow),
+        ]),
+        &Inner::default(),
+    );
+    let key = "k".to_owned();
+    assert!(twin.inner.reserve_now(&key, 1).unwrap().unwrap().allowed);
+    let r = call(&service, req(&[("x-status", "500")])).unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(shared.net("k"), 1);
+    for i in 0..4 {
+        let r = call(&service, req(&[])).unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(shared.net("k"), 1);
+        assert_eq!(
+            shared.full_in("k"),
+            twin.full_in("k"),
+            "response {i}: the key kept part of a request that never counted"
+        );
+    }
 }
 
 /// Held: an empty `Vec` chained between two policies counts for nothing, and the indices of
