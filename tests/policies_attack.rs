@@ -2195,8 +2195,16 @@ enum Sh {
     Advertised,
 }
 
+#[derive(Clone, Copy, Debug)]
+enum Algo {
+    Log,
+    Gcra,
+    Window,
+}
+
 #[derive(Clone, Debug)]
 struct PCfg {
+    algo: Algo,
     limit: u32,
     cost: u32,
     count: Count,
@@ -2216,6 +2224,7 @@ struct RCfg {
 
 fn pcfg() -> impl Strategy<Value = PCfg> {
     (
+        prop_oneof![Just(Algo::Log), Just(Algo::Gcra), Just(Algo::Window)],
         1u32..=3,
         prop_oneof![4 => 1u32..=2, 2 => 0u32..=4, 1 => Just(u32::MAX)],
         prop_oneof![Just(Count::All), Just(Count::If500), Just(Count::Never)],
@@ -2227,7 +2236,8 @@ fn pcfg() -> impl Strategy<Value = PCfg> {
             1 => (0u8..2).prop_map(Mode::LaterFail),
         ],
     )
-        .prop_map(|(limit, cost, count, shadow, mode)| PCfg {
+        .prop_map(|(algo, limit, cost, count, shadow, mode)| PCfg {
+            algo,
             limit,
             cost,
             count,
@@ -2334,7 +2344,18 @@ fn key_name(k: u8) -> String {
 }
 
 fn build(cfgs: &[PCfg], clock: &ManualClock) -> (Vec<Acct>, Vec<Policy<K, Acct>>) {
-    let accts: Vec<Acct> = cfgs.iter().map(|c| log(c.limit, clock, c.mode)).collect();
+    let accts: Vec<Acct> = cfgs
+        .iter()
+        .map(|c| {
+            let builder = KeyedRateLimiter::<String>::builder(Quota::per_hour(c.limit).unwrap())
+                .clock(clock.clone());
+            match c.algo {
+                Algo::Log => log(c.limit, clock, c.mode),
+                Algo::Gcra => Acct::new(builder.build(), c.mode),
+                Algo::Window => Acct::new(builder.algorithm::<FixedWindow>().build(), c.mode),
+            }
+        })
+        .collect();
     let policies = cfgs
         .iter()
         .zip(&accts)
@@ -2568,7 +2589,8 @@ proptest! {
     /// count, shadows never refuse nor answer 503, costs above the burst spend nothing, key
     /// errors give back what earlier policies granted, drops give back exactly once before the
     /// call and keep everything after: random policies and requests against a model of the
-    /// permits each key has spent (sliding logs on a frozen clock refund exactly), with the
+    /// permits each key has spent (sliding logs, GCRA and fixed windows on a frozen clock, one
+    /// limiter per policy, refund exactly), with the
     /// 429's names, `RateLimit` entries and `Retry-After` checked against the model.
     #[test]
     fn random_sequences_match_the_model(
