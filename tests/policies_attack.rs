@@ -1984,6 +1984,36 @@ fn count_if_keeps_the_permit_on_error_and_drop_and_refunds_once_otherwise() {
     assert_eq!(b.probe("k"), 7);
 }
 
+/// Promise (module docs, "The refusal"): in `RateLimit`, "`r` the permits left, `t` the seconds
+/// until the policy is whole again". On a response that a count_if policy does not count, the
+/// permit comes back before the client sees the header, yet the header describes the key as if
+/// the request had counted: a client that never fails a login is told, on every response, that
+/// it has one attempt fewer than it has, and that its budget is not whole.
+#[test]
+#[ignore = "defect (minor): on a response a count_if policy does not count, RateLimit's r and t \
+            are computed before the permit is given back: r is one low, t is not 0"]
+fn the_headers_of_a_response_that_does_not_count_describe_what_is_left() {
+    let clock = ManualClock::new();
+    let failures = log(5, &clock, Mode::Now);
+    let service = svc(
+        RateLimitLayer::new(
+            policy(0, &failures).count_if(|r| r.status == StatusCode::UNAUTHORIZED),
+        ),
+        &Inner::default(),
+    );
+    for i in 0..3 {
+        let ok = call(&service, req(&[])).unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(failures.probe("k"), 5, "nothing counted");
+        let entries = sf_entries(ok.headers(), "ratelimit");
+        assert_eq!(
+            (param(&entries[0], "r"), param(&entries[0], "t")),
+            (5, 0),
+            "response {i}: the header says fewer permits are left than are"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Concurrency
 // ---------------------------------------------------------------------------------------------
