@@ -1773,6 +1773,135 @@ async fn timeouts_at_every_await_point_under_concurrency_keep_the_books_exact() 
     }
 }
 
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for p in permutations(n - 1) {
+        for at in 0..=p.len() {
+            let mut q = p.clone();
+            q.insert(at, n - 1);
+            out.push(q);
+        }
+    }
+    out
+}
+
+/// Promise: all-or-nothing, in every order: a count_if policy that decides later, a shadow that
+/// would refuse, a policy the request costs nothing, a waiting policy (`max_wait`), a failing
+/// policy (the layer fails open), and, in half the runs, a policy the request costs more than it
+/// can ever admit. With the unadmittable policy: a 429 without `Retry-After` naming only it, at
+/// once (no wait), and nothing spent anywhere (the waiting policy's reservation comes back).
+/// Without it: the request waits exactly for the waiting policy's permit, the count_if permit
+/// comes back after a response that does not count, the shadow and the failing policy stay out
+/// of the headers.
+#[tokio::test(start_paused = true)]
+async fn every_order_of_a_mixed_chain() {
+    const NAMES: [&str; 6] = ["counted", "shadow", "free", "waiting", "failing", "huge"];
+    for with_huge in [false, true] {
+        let kinds = if with_huge { 6 } else { 5 };
+        for order in permutations(kinds) {
+            let clock = ManualClock::new();
+            let accts: Vec<Acct> = (0..6)
+                .map(|kind| match NAMES[kind] {
+                    "counted" => log(5, &clock, Mode::Later(1)),
+                    "waiting" => Acct::new(
+                        KeyedRateLimiter::<String>::builder(
+                            Quota::per_second(1)
+                                .unwrap()
+                                .with_max_wait(Duration::from_secs(2))
+                                .unwrap(),
+                        )
+                        .algorithm::<SlidingLog>()
+                        .clock(TokioClock::new())
+                        .build(),
+                        Mode::Now,
+                    ),
+                    "failing" => log(5, &clock, Mode::LaterFail(1)),
+                    _ => log(1, &clock, Mode::Now),
+                })
+                .collect();
+            let key = "k".to_owned();
+            for kind in [1, 3] {
+                // The shadow would refuse; the waiting policy waits for its next permit.
+                let d = accts[kind].inner.reserve_now(&key, 1).unwrap().unwrap();
+                assert!(d.allowed && d.wait.is_zero());
+            }
+            let policies: Vec<Policy<K, Acct>> = order
+                .iter()
+                .enumerate()
+                .map(|(i, &kind)| {
+                    let p = Policy::new(NAMES[kind], K(i), accts[kind].clone()).unwrap();
+                    match NAMES[kind] {
+                        "counted" => p.count_if(|r| r.status == StatusCode::UNAUTHORIZED),
+                        "shadow" => p.shadow(),
+                        "free" => p.cost(0),
+                        "huge" => p.cost(u32::MAX),
+                        _ => p,
+                    }
+                })
+                .collect();
+            let inner = Inner::default();
+            let service = svc(
+                RateLimitLayer::new(policies)
+                    .on_limiter_error(FailMode::Open)
+                    .with_legacy_headers(),
+                &inner,
+            );
+            let start = tokio::time::Instant::now();
+            let response = service.oneshot(req(&[])).await.unwrap();
+            let waited = start.elapsed();
+            let what = format!(
+                "order {:?}",
+                order.iter().map(|&k| NAMES[k]).collect::<Vec<_>>()
+            );
+            let in_order = |kinds: &[&str]| -> Vec<String> {
+                order
+                    .iter()
+                    .map(|&k| NAMES[k])
+                    .filter(|n| kinds.contains(n))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            let nets: Vec<i64> = accts.iter().map(|a| a.net("k")).collect();
+            assert_eq!(accts[2].asked(), 0, "{what}: the free policy was asked");
+            assert_eq!(accts[4].asked(), 1, "{what}: the failing policy");
+            for a in &accts {
+                assert_eq!(a.bad_refunds(), 0, "{what}");
+            }
+            if with_huge {
+                assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+                assert_eq!(waited, Duration::ZERO, "{what}: a refused request waited");
+                assert_eq!(retry_after(&response), None, "{what}");
+                assert!(response.headers().get("x-ratelimit-limit").is_none());
+                // (Whether the free policy is listed is `a_zero_cost_policy_is_left_out...`'s
+                // business.)
+                let mut listed = sf_names(response.headers(), "ratelimit-policy");
+                listed.retain(|n| n != "free");
+                assert_eq!(
+                    listed,
+                    in_order(&["counted", "waiting", "failing", "huge"]),
+                    "{what}"
+                );
+                assert!(sf_names(response.headers(), "ratelimit").is_empty());
+                assert_eq!(violated(&body_json(response)), ["huge"], "{what}");
+                assert_eq!(nets, [0; 6], "{what}: spent by a refused request");
+                assert_eq!(inner.calls(), 0);
+            } else {
+                assert_eq!(response.status(), StatusCode::OK, "{what}");
+                assert_eq!(waited, Duration::from_secs(1), "{what}");
+                assert_eq!(
+                    sf_names(response.headers(), "ratelimit"),
+                    in_order(&["counted", "waiting"]),
+                    "{what}"
+                );
+                assert_eq!(nets, [0, 0, 0, 1, 0, 0], "{what}: what the request kept");
+            }
+        }
+    }
+}
+
 /// Promise: shadow policies never make a request wait, never refuse and never answer 503; a
 /// silent shadow stays out of every header (admitted, refused, legacy), an advertised one is in
 /// them as if enforced on admitted responses.
