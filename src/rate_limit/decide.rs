@@ -20,6 +20,7 @@ const INLINE: usize = 4;
 // Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
 // decision is deferred.
 #[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
 pub(crate) enum OutcomeList {
     Inline {
         len: usize,
@@ -52,6 +53,13 @@ impl OutcomeList {
                 *self = OutcomeList::Heap(vec);
             }
             OutcomeList::Heap(vec) => vec.push(outcome),
+        }
+    }
+
+    pub(crate) fn set(&mut self, i: usize, outcome: Outcome) {
+        match self {
+            OutcomeList::Inline { items, .. } => items[i] = outcome,
+            OutcomeList::Heap(vec) => vec[i] = outcome,
         }
     }
 
@@ -126,19 +134,32 @@ impl<P: PolicySet> Ledger<P> {
                     None => return Next::Reserve(policies.reserve(i, &self.keys)),
                 },
                 Err(error) => {
-                    log_key_error(
-                        &shared.meta.policies[i].name,
-                        &error,
-                        shared.meta.on_key_error,
-                    );
-                    match shared.meta.on_key_error {
-                        FailMode::Open => self.outcomes.push(Outcome::Skipped),
-                        FailMode::Closed => {
-                            self.refund_all(shared);
-                            return Next::Done(Conclusion::Answer(key_error_response(&error)));
-                        }
+                    if let Some(answer) = self.key_error(shared, &error) {
+                        return Next::Done(Conclusion::Answer(answer));
                     }
                 }
+            }
+        }
+    }
+
+    /// Records that the policy being asked found no key for the request. Returns the response to
+    /// send at once when the layer fails closed (having given back what the other policies
+    /// granted); otherwise the policy sits the request out.
+    pub(crate) fn key_error(
+        &mut self,
+        shared: &Shared<P>,
+        error: &KeyError,
+    ) -> Option<Response<Bytes>> {
+        let name = &shared.meta.policies[self.outcomes.len()].name;
+        log_key_error(name, error, shared.meta.on_key_error);
+        match shared.meta.on_key_error {
+            FailMode::Open => {
+                self.outcomes.push(Outcome::Skipped);
+                None
+            }
+            FailMode::Closed => {
+                self.refund_all(shared);
+                Some(key_error_response(error))
             }
         }
     }
@@ -212,18 +233,19 @@ impl<P: PolicySet> Ledger<P> {
             }
         }
         if refused {
+            // Give every permit back before the refusal is built, so that the hook sees them
+            // given back and a hook that panics leaks nothing.
+            let outcomes = self.outcomes.clone();
+            self.refund_all(shared);
             let response = Refusal {
                 meta: &shared.meta,
                 request: parts,
-                outcomes: self.outcomes.as_slice(),
-                policy_header: shared
-                    .meta
-                    .policy_header_for(self.outcomes.as_slice(), |i| {
-                        shared.policies.quota(i, &self.keys)
-                    }),
+                outcomes: outcomes.as_slice(),
+                policy_header: shared.meta.policy_header_for(outcomes.as_slice(), |i| {
+                    shared.policies.quota(i, &self.keys)
+                }),
             }
             .respond();
-            self.refund_all(shared);
             Conclusion::Answer(response)
         } else if wait.is_zero() {
             Conclusion::Admit
@@ -240,14 +262,25 @@ impl<P: PolicySet> Ledger<P> {
         })
     }
 
-    /// Gives back every permit held, once: the outcomes are cleared.
+    /// Gives back every permit held, once: the outcomes are cleared first, so that a refund
+    /// that panics cannot lead to a second one. The newest admission goes back first: two
+    /// policies on one key and limiter each gave the request an admission, and each refund is
+    /// exact while its admission is the key's latest.
     pub(crate) fn refund_all(&mut self, shared: &Shared<P>) {
-        for (i, outcome) in self.outcomes.as_slice().iter().enumerate() {
+        let outcomes = std::mem::replace(&mut self.outcomes, OutcomeList::new(0));
+        for (i, outcome) in outcomes.as_slice().iter().enumerate().rev() {
             if let Outcome::Admitted(decision) = outcome {
                 shared.policies.refund(i, &self.keys, decision);
             }
         }
-        self.outcomes.clear();
+    }
+
+    /// Takes this ledger out of `self`, leaving one that holds nothing.
+    pub(crate) fn take(&mut self) -> Self {
+        Ledger {
+            keys: std::mem::take(&mut self.keys),
+            outcomes: std::mem::replace(&mut self.outcomes, OutcomeList::new(0)),
+        }
     }
 
     /// The request has been handed to the inner service: keeps what the policies that count by
@@ -281,21 +314,49 @@ pub(crate) struct Settle<P: PolicySet> {
 }
 
 impl<P: PolicySet> Settle<P> {
-    /// Gives back the permits of the policies that `response` does not count against.
-    pub(crate) fn apply(self, response: &http::response::Parts) {
-        let Settle { shared, ledger } = self;
-        for (i, (info, outcome)) in shared
-            .meta
-            .policies
-            .iter()
-            .zip(ledger.outcomes.as_slice())
-            .enumerate()
-        {
-            if let Outcome::Admitted(decision) = outcome {
-                if info.count_if && !shared.policies.counts(i, response) {
-                    shared.policies.refund(i, &ledger.keys, decision);
-                }
+    /// Gives back the permits of the policies that `response` does not count against, newest
+    /// first, and brings `headers` (the rate-limit headers of this response) up to date with what
+    /// was given back.
+    ///
+    /// A predicate that panics is taken to count the response (the permit stays spent, never
+    /// over-granted), with an `error` log line; the other policies are settled all the same.
+    pub(crate) fn apply(
+        self,
+        response: &http::response::Parts,
+        headers: &mut Option<AdmittedHeaders>,
+    ) {
+        let Settle { shared, mut ledger } = self;
+        let mut gave_back = false;
+        for i in (0..ledger.outcomes.len()).rev() {
+            let info = &shared.meta.policies[i];
+            let Outcome::Admitted(decision) = ledger.outcomes.as_slice()[i] else {
+                continue;
+            };
+            if !info.count_if {
+                continue;
             }
+            let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                shared.policies.counts(i, response)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!(
+                    policy = &*info.name,
+                    "rate limit: the policy's count_if predicate panicked; the response counts"
+                );
+                true
+            });
+            if !counts {
+                shared.policies.refund(i, &ledger.keys, &decision);
+                // The client is told the state as it is now: the permits are back.
+                let cost = u64::from(shared.policies.cost(i, &ledger.keys));
+                let mut after = decision;
+                after.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
+                ledger.outcomes.set(i, Outcome::Admitted(after));
+                gave_back = true;
+            }
+        }
+        if gave_back && headers.is_some() {
+            *headers = ledger.admitted_headers(&shared);
         }
     }
 }

@@ -16,7 +16,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
-use super::decide::{Conclusion, Ledger, Next, OutcomeList, Settle};
+use super::decide::{Conclusion, Ledger, Next, Settle};
 use super::layer::Shared;
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{AdmittedHeaders, Outcome};
@@ -122,7 +122,7 @@ where
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(settle) = this.settle.take() {
                         let (parts, body) = response.into_parts();
-                        settle.apply(&parts);
+                        settle.apply(&parts, this.headers);
                         response = Response::from_parts(parts, body);
                     }
                     if let Some(headers) = this.headers.take() {
@@ -307,11 +307,7 @@ struct Held<P: PolicySet> {
 impl<P: PolicySet> Held<P> {
     /// Takes the ledger out, so that dropping what is left gives nothing back.
     fn hand_over(mut self) -> (Arc<Shared<P>>, Ledger<P>) {
-        let ledger = Ledger {
-            keys: std::mem::take(&mut self.ledger.keys),
-            outcomes: std::mem::replace(&mut self.ledger.outcomes, OutcomeList::new(0)),
-        };
-        (Arc::clone(&self.shared), ledger)
+        (Arc::clone(&self.shared), self.ledger.take())
     }
 }
 

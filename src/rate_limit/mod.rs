@@ -109,7 +109,8 @@
 //! request is admitted only if every policy admits it; one that any policy refuses gives back
 //! what the others granted, so it spends nothing (a GCRA policy keeps spent only what the key's
 //! state cannot place: the time elapsed since, when other requests were admitted meanwhile, or a
-//! slot a later reservation holds; see the [guide](crate::guide)). The 429 names every violated
+//! slot a later reservation holds; a fixed-window reservation straddling two cycles stays spent;
+//! see the [guide](crate::guide)). The 429 names every violated
 //! policy and carries the longest `Retry-After`; its `RateLimit` header describes the policies
 //! that refused. A `Vec` of policies of one type (as a configuration builds them) works too.
 //!
@@ -118,7 +119,8 @@
 //!   never admit at once is a 429 that says so, without a `Retry-After`.
 //! * [`Policy::count_if`] counts only the requests whose response matches (failed logins, server
 //!   errors): a client over the limit is refused before the inner service runs, and a request
-//!   whose response does not count gets its permit back.
+//!   whose response does not count gets its permit back (and its `RateLimit` header says so). A
+//!   predicate that panics counts the response, with an `error` log line.
 //! * [`Policy::shadow`] decides and counts but never refuses: an `info` log line and a metric say
 //!   what it would have refused, so a new limit can be watched before it is enforced.
 //!

@@ -305,6 +305,10 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve;
 
+    /// The cost policy `i` found for the request (zero if it found none).
+    #[doc(hidden)]
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32;
+
     /// Gives policy `i`'s admission back.
     #[doc(hidden)]
     fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision);
@@ -419,6 +423,11 @@ where
         Box::pin(self.limiter.reserve(key, cost))
     }
 
+    #[inline]
+    fn cost(&self, _: usize, keys: &Self::Keys) -> u32 {
+        keys.as_ref().map_or(0, |(_, cost)| *cost)
+    }
+
     fn refund(&self, _: usize, keys: &Self::Keys, decision: &Decision) {
         let (key, cost) = slot(keys);
         self.limiter.refund(key, cost, decision);
@@ -478,6 +487,13 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
+        match i.checked_sub(self.first.len()) {
+            None => self.first.cost(i, &keys.0),
+            Some(j) => self.second.cost(j, &keys.1),
+        }
+    }
+
     fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision) {
         match i.checked_sub(self.first.len()) {
             None => self.first.refund(i, &keys.0, decision),
@@ -533,6 +549,10 @@ where
 
     fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve {
         self[i].reserve(0, &keys[i])
+    }
+
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
+        PolicySet::cost(&self[i], 0, &keys[i])
     }
 
     fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision) {

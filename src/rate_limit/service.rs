@@ -86,37 +86,49 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let shared = &*self.shared;
+        let RateLimit { inner, shared, .. } = self;
         let policies = &*shared.policies;
         if policies.is_empty() {
-            return ResponseFuture::call(self.inner.call(request), None, None);
+            return ResponseFuture::call(inner.call(request), None, None);
         }
         let (parts, body) = request.into_parts();
         if shared.meta.is_exempt(&parts) {
             let request = Request::from_parts(parts, body);
-            return ResponseFuture::call(self.inner.call(request), None, None);
+            return ResponseFuture::call(inner.call(request), None, None);
         }
 
-        let mut ledger = Ledger::new(policies);
+        // Whatever happens from here (a cost function, a key extractor or a hook that panics),
+        // the guard gives back the permits the request holds until it hands them over.
+        let mut guard = Guard {
+            shared,
+            ledger: Ledger::new(policies),
+        };
+        let ledger = &mut guard.ledger;
+        let mut next = None;
         if policies.len() == 1 && !shared.meta.settles {
             // The common case, one policy deciding at once, takes the shortest way; any other
-            // answer goes on the general way below.
-            if let Ok(1..) = policies.prepare(0, &parts, &mut ledger.keys) {
-                if let Some(result) = policies.reserve_now(0, &ledger.keys) {
-                    match result {
-                        Ok(decision) if decision.allowed && decision.wait.is_zero() => {
-                            let admitted = [Outcome::Admitted(decision)];
-                            let headers = shared
-                                .meta
-                                .admitted_headers(&admitted, |i| policies.quota(i, &ledger.keys));
-                            let request = Request::from_parts(parts, body);
-                            return ResponseFuture::call(self.inner.call(request), headers, None);
+            // answer joins the general way below where it stands.
+            match policies.prepare(0, &parts, &mut ledger.keys) {
+                Ok(0) => ledger.outcomes.push(Outcome::Skipped),
+                Ok(_) => match policies.reserve_now(0, &ledger.keys) {
+                    Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
+                        let admitted = [Outcome::Admitted(decision)];
+                        let headers = shared
+                            .meta
+                            .admitted_headers(&admitted, |i| policies.quota(i, &ledger.keys));
+                        let request = Request::from_parts(parts, body);
+                        return ResponseFuture::call(inner.call(request), headers, None);
+                    }
+                    Some(result) => {
+                        if let Some(answer) = ledger.record(shared, result) {
+                            return ResponseFuture::answer(answer);
                         }
-                        result => {
-                            if let Some(answer) = ledger.record(shared, result) {
-                                return ResponseFuture::answer(answer);
-                            }
-                        }
+                    }
+                    None => next = Some(Next::Reserve(policies.reserve(0, &ledger.keys))),
+                },
+                Err(error) => {
+                    if let Some(answer) = ledger.key_error(shared, &error) {
+                        return ResponseFuture::answer(answer);
                     }
                 }
             }
@@ -127,7 +139,11 @@ where
         // is polled once here and, if it has not answered, left to the response future.
         let mut cx = Context::from_waker(Waker::noop());
         loop {
-            match ledger.drive(shared, &parts) {
+            let step = match next.take() {
+                Some(step) => step,
+                None => ledger.drive(shared, &parts),
+            };
+            match step {
                 Next::Reserve(mut reserve) => match reserve.as_mut().poll(&mut cx) {
                     Poll::Ready(result) => {
                         if let Some(answer) = ledger.record(shared, result) {
@@ -135,44 +151,65 @@ where
                         }
                     }
                     Poll::Pending => {
-                        return self.defer(parts, body, ledger, Deferred::Reserve(reserve));
+                        let ledger = ledger.take();
+                        return defer(
+                            inner,
+                            shared,
+                            parts,
+                            body,
+                            ledger,
+                            Deferred::Reserve(reserve),
+                        );
                     }
                 },
                 Next::Done(Conclusion::Answer(response)) => {
                     return ResponseFuture::answer(response)
                 }
                 Next::Done(Conclusion::Wait(wait)) => {
-                    return self.defer(parts, body, ledger, Deferred::Wait(wait))
+                    let ledger = ledger.take();
+                    return defer(inner, shared, parts, body, ledger, Deferred::Wait(wait));
                 }
                 Next::Done(Conclusion::Admit) => {
                     let headers = ledger.admitted_headers(shared);
-                    let settle = ledger.into_settle(&self.shared);
+                    let settle = ledger.take().into_settle(shared);
                     let request = Request::from_parts(parts, body);
-                    return ResponseFuture::call(self.inner.call(request), headers, settle);
+                    return ResponseFuture::call(inner.call(request), headers, settle);
                 }
             }
         }
     }
 }
 
-impl<S, P: PolicySet, M> RateLimit<S, P, M> {
-    /// Leaves the rest of the decision to the response future, which will call the inner
-    /// service later: it takes the service that `poll_ready` made ready and leaves a clone in
-    /// its place (the axum and tower-http convention).
-    fn defer<ReqBody>(
-        &mut self,
-        parts: Parts,
-        body: ReqBody,
-        ledger: Ledger<P>,
-        next: Deferred,
-    ) -> ResponseFuture<S, ReqBody, P, M>
-    where
-        S: Service<Request<ReqBody>> + Clone,
-    {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let waited = matches!(next, Deferred::Wait(_));
-        let pending = Pending::new(inner, parts, body, Arc::clone(&self.shared), ledger, waited);
-        ResponseFuture::deferred(next, pending)
+/// The permits a request holds while `call` decides; dropped (by a return, or a panic in a
+/// user's function), it gives back whatever is still in its ledger.
+struct Guard<'a, P: PolicySet> {
+    shared: &'a Shared<P>,
+    ledger: Ledger<P>,
+}
+
+impl<P: PolicySet> Drop for Guard<'_, P> {
+    fn drop(&mut self) {
+        self.ledger.refund_all(self.shared);
     }
+}
+
+/// Leaves the rest of the decision to the response future, which will call the inner service
+/// later: it takes the service that `poll_ready` made ready and leaves a clone in its place (the
+/// axum and tower-http convention).
+fn defer<S, ReqBody, P: PolicySet, M>(
+    inner: &mut S,
+    shared: &Arc<Shared<P>>,
+    parts: Parts,
+    body: ReqBody,
+    ledger: Ledger<P>,
+    next: Deferred,
+) -> ResponseFuture<S, ReqBody, P, M>
+where
+    S: Service<Request<ReqBody>> + Clone,
+{
+    let clone = inner.clone();
+    let inner = std::mem::replace(inner, clone);
+    let waited = matches!(next, Deferred::Wait(_));
+    let pending = Pending::new(inner, parts, body, Arc::clone(shared), ledger, waited);
+    ResponseFuture::deferred(next, pending)
 }
