@@ -52,6 +52,25 @@
 //! | `max_wait` | duration | semaphore: `"0s"` (refuse at once); queue: no bound |
 //! | `queue_capacity` | integer ≥ 1: a queue bulkhead | none: a semaphore bulkhead |
 //!
+//! A route puts several rate limiters on one layer ([`Registry::route_layer`]), each with its
+//! own key, a cost on this route and an optional shadow mode; requests from `exempt_networks`
+//! (the TCP peer) skip them all:
+//!
+//! ```toml
+//! [routes.search]
+//! policies = [
+//!     "per-ip",                                     # cost 1, enforced
+//!     { limiter = "per-key", cost = 5 },            # a search costs 5 of the key's quota
+//!     { limiter = "next-quota", shadow = true },    # watched, never refuses
+//! ]
+//! exempt_networks = ["10.0.0.0/8"]
+//! ```
+//!
+//! | field of a route | type | default |
+//! |---|---|---|
+//! | `policies` | list of rate limiter names, or tables `{ limiter, cost, shadow }`: `cost` an integer ≥ 1 (default 1), `shadow` `true` (never refuses, not in the headers), `"advertised"` (never refuses, in the headers) or `false` | required |
+//! | `exempt_networks` | list of CIDRs (feature `axum`) | none |
+//!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
 //! bulkhead sizes apply in place, under the layers already built, and every key keeps its state;
 //! a change that cannot apply in place, or a bad file, is refused and changes nothing.
@@ -216,7 +235,43 @@ pub struct BulkheadSettings {
     pub queue_capacity: Option<usize>,
 }
 
-/// A parsed and validated configuration: named rate limiters and bulkheads.
+/// A route's rate limiting: the policies one layer holds (each a named rate limiter with its
+/// key, and the cost and shadow mode it has on this route) and the networks it exempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RouteSettings {
+    /// The policies, in the order the layer asks them.
+    pub policies: Vec<RoutePolicy>,
+    /// Networks whose requests skip every policy (the TCP peer's address).
+    pub exempt_networks: Vec<Cidr>,
+}
+
+/// One policy of a route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RoutePolicy {
+    /// The rate limiter (a name under `rate_limiters`), which is also the policy's name.
+    pub limiter: String,
+    /// The permits each request of the route costs.
+    pub cost: u32,
+    /// Whether the policy is in shadow mode (decides and counts, never refuses).
+    pub shadow: ShadowKind,
+}
+
+/// A route policy's shadow mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShadowKind {
+    /// Enforced (the default).
+    #[default]
+    Off,
+    /// Never refuses; left out of the rate-limit headers (`shadow = true`).
+    Silent,
+    /// Never refuses; described in the headers as if enforced (`shadow = "advertised"`).
+    Advertised,
+}
+
+/// A parsed and validated configuration: named rate limiters, bulkheads and routes.
 #[derive(Clone, Debug, PartialEq, Default)]
 #[non_exhaustive]
 pub struct Config {
@@ -224,6 +279,8 @@ pub struct Config {
     pub rate_limiters: BTreeMap<String, RateLimiterSettings>,
     /// Bulkheads by name.
     pub bulkheads: BTreeMap<String, BulkheadSettings>,
+    /// Routes by name: several rate limiters on one layer.
+    pub routes: BTreeMap<String, RouteSettings>,
 }
 
 /// A TOML error's message with the line and column where it is (a duplicate key, a value
@@ -273,11 +330,32 @@ impl Config {
                         config.bulkheads.insert(name.clone(), settings);
                     }
                 }
+                "routes" => {
+                    for (name, v) in instances {
+                        let path = format!("routes.{name}");
+                        let settings = route(&path, instance_table(&path, v)?)?;
+                        config.routes.insert(name.clone(), settings);
+                    }
+                }
                 other => {
                     return Err(ConfigError::new(
                         other,
-                        "unknown section; expected `rate_limiters` or `bulkheads`",
+                        "unknown section; expected `rate_limiters`, `bulkheads` or `routes`",
                     ))
+                }
+            }
+        }
+        // A route names rate limiters: each must be configured.
+        for (name, route) in &config.routes {
+            for (i, policy) in route.policies.iter().enumerate() {
+                if !config.rate_limiters.contains_key(&policy.limiter) {
+                    return Err(ConfigError::new(
+                        format!("routes.{name}.policies[{i}]"),
+                        format!(
+                            "names `{}`, which is not under `rate_limiters`",
+                            policy.limiter
+                        ),
+                    ));
                 }
             }
         }
@@ -574,6 +652,100 @@ fn store(f: &Fields<'_>) -> Result<StoreKind, ConfigError> {
             format!("unknown store `{other}`; expected memory or redis"),
         )),
     }
+}
+
+fn route(path: &str, table: &Table) -> Result<RouteSettings, ConfigError> {
+    let f = Fields::new(path, table, &["policies", "exempt_networks"])?;
+    let list = f
+        .required("policies")?
+        .as_array()
+        .ok_or_else(|| f.err("policies", "must be a list of rate limiter names or tables"))?;
+    if list.is_empty() {
+        return Err(f.err("policies", "must name at least one rate limiter"));
+    }
+    let mut policies = Vec::with_capacity(list.len());
+    for (i, item) in list.iter().enumerate() {
+        let field = format!("policies[{i}]");
+        let policy = match item {
+            Value::String(limiter) => RoutePolicy {
+                limiter: limiter.clone(),
+                cost: 1,
+                shadow: ShadowKind::Off,
+            },
+            Value::Table(table) => {
+                let item_path = format!("{path}.{field}");
+                let p = Fields::new(&item_path, table, &["limiter", "cost", "shadow"])?;
+                let limiter = p.string("limiter", p.required("limiter")?)?.to_owned();
+                let cost = match p.get("cost") {
+                    None => 1,
+                    Some(v) => p.positive_int("cost", v, u64::from(u32::MAX))? as u32,
+                };
+                let shadow = match p.get("shadow") {
+                    None | Some(Value::Boolean(false)) => ShadowKind::Off,
+                    Some(Value::Boolean(true)) => ShadowKind::Silent,
+                    Some(Value::String(s)) if s == "advertised" => ShadowKind::Advertised,
+                    Some(other) => {
+                        return Err(p.err(
+                            "shadow",
+                            match other {
+                                Value::String(s) => {
+                                    format!("must be true, false or \"advertised\", not \"{s}\"")
+                                }
+                                v => format!(
+                                    "must be true, false or \"advertised\", not {}",
+                                    v.type_str()
+                                ),
+                            },
+                        ))
+                    }
+                };
+                RoutePolicy {
+                    limiter,
+                    cost,
+                    shadow,
+                }
+            }
+            other => {
+                return Err(f.err(
+                    &field,
+                    format!(
+                        "must be a rate limiter name or a table with `limiter`, not {}",
+                        other.type_str()
+                    ),
+                ))
+            }
+        };
+        if policies
+            .iter()
+            .any(|p: &RoutePolicy| p.limiter == policy.limiter)
+        {
+            return Err(f.err(&field, format!("names `{}` a second time", policy.limiter)));
+        }
+        policies.push(policy);
+    }
+    let mut exempt_networks = Vec::new();
+    if let Some(v) = f.get("exempt_networks") {
+        let list = v
+            .as_array()
+            .ok_or_else(|| f.err("exempt_networks", "must be a list of CIDR strings"))?;
+        for item in list {
+            let s = f.string("exempt_networks", item)?;
+            exempt_networks.push(
+                s.parse::<Cidr>()
+                    .map_err(|e| f.err("exempt_networks", format!("`{s}`: {e}")))?,
+            );
+        }
+        if !exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
+            return Err(f.err(
+                "exempt_networks",
+                "needs the `axum` feature (the TCP peer comes from axum's ConnectInfo)",
+            ));
+        }
+    }
+    Ok(RouteSettings {
+        policies,
+        exempt_networks,
+    })
 }
 
 fn bulkhead(path: &str, table: &Table) -> Result<BulkheadSettings, ConfigError> {

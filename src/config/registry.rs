@@ -11,7 +11,8 @@ use http::request::Parts;
 use http::HeaderValue;
 
 use super::{
-    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings, StoreKind,
+    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings,
+    RouteSettings, ShadowKind, StoreKind,
 };
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadLayer};
 use crate::observe::{LimiterSnapshot, Observed};
@@ -132,6 +133,7 @@ type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
 pub struct Registry {
     limiters: BTreeMap<String, NamedLimiter>,
     bulkheads: BTreeMap<String, Bulkhead>,
+    routes: BTreeMap<String, RouteSettings>,
     /// The configuration the instances run with now: the one they were built from, with the
     /// changes of every reload since. Locked while a reload runs, so reloads apply one at a time.
     running: Mutex<Config>,
@@ -196,6 +198,7 @@ impl Registry {
         Ok(Self {
             limiters,
             bulkheads,
+            routes: config.routes.clone(),
             running: Mutex::new(config.clone()),
         })
     }
@@ -287,6 +290,23 @@ impl Registry {
         {
             return Err(removed("bulkheads", name));
         }
+        if let Some((name, _)) = config
+            .routes
+            .iter()
+            .find(|(name, next)| running.routes.get(*name) != Some(next))
+            .or_else(|| {
+                running
+                    .routes
+                    .iter()
+                    .find(|(name, _)| !config.routes.contains_key(*name))
+            })
+        {
+            return Err(ConfigError::new(
+                format!("routes.{name}"),
+                "changed; a route's policies cannot change under the layers already built \
+                 (build a new registry and take new layers from it)",
+            ));
+        }
         // Everything checked: apply.
         for (name, quota) in quotas {
             let path = format!("rate_limiters.{name}");
@@ -347,6 +367,58 @@ impl Registry {
         name: &str,
     ) -> Result<ConfiguredRateLimitLayer, UnknownInstance> {
         Ok(RateLimitLayer::new(self.policy(name)?))
+    }
+
+    /// The layer of route `name` (a name under `routes`): one policy per rate limiter it lists, in
+    /// its order, each with its key, the route's cost and shadow mode, and the route's exempt
+    /// networks. Every layer taken for one route (and every route naming one rate limiter)
+    /// shares the rate limiters' state.
+    ///
+    /// ```
+    /// use tower_bulwark::config::Registry;
+    ///
+    /// let registry = Registry::from_toml_str(r#"
+    ///     [rate_limiters.per-ip]
+    ///     limit_for_period = 10
+    ///     limit_refresh_period = "1s"
+    ///
+    ///     [rate_limiters.per-key]
+    ///     limit_for_period = 1000
+    ///     limit_refresh_period = "1h"
+    ///     key = "header:x-api-key"
+    ///
+    ///     [routes.search]
+    ///     policies = ["per-ip", { limiter = "per-key", cost = 5 }]
+    /// "#)?;
+    /// let layer = registry.route_layer("search")?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn route_layer(
+        &self,
+        name: &str,
+    ) -> Result<RateLimitLayer<Vec<ConfiguredPolicy>>, UnknownInstance> {
+        let route = self.routes.get(name).ok_or_else(|| UnknownInstance {
+            kind: "route",
+            name: name.to_owned(),
+        })?;
+        let mut policies = Vec::with_capacity(route.policies.len());
+        for p in &route.policies {
+            let policy = self.policy(&p.limiter)?.cost(p.cost);
+            policies.push(match p.shadow {
+                ShadowKind::Off => policy,
+                ShadowKind::Silent => policy.shadow(),
+                ShadowKind::Advertised => policy.shadow_advertised(),
+            });
+        }
+        let layer = RateLimitLayer::new(policies);
+        #[cfg(feature = "axum")]
+        let layer = if route.exempt_networks.is_empty() {
+            layer
+        } else {
+            layer.exempt_networks(route.exempt_networks.iter().copied())
+        };
+        Ok(layer)
     }
 
     /// Rate limiter `name` as a policy (named `name`, with its configured key), to chain with
