@@ -21,7 +21,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
-use tower_bulwark::store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
+use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{BoxError, Quota, SlidingLog};
 
 const INSTANCES: usize = 2;
@@ -36,7 +36,7 @@ async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketA
         .prefix(prefix)
         .timeout(Duration::from_secs(1))
         // An example should say when Redis is not there rather than quietly admit everything.
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()?;
     let layer = RateLimitLayer::new(Policy::new(
         "per-key",

@@ -46,16 +46,16 @@ pub struct Decision {
     pub(crate) tier: u32,
 }
 
-/// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's failure policy (whose
+/// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's fail mode (whose
 /// refund goes to its local limiter, never to Redis).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Source {
     /// The limiter's own state (in memory, or a Redis script).
     #[default]
     State,
-    /// A Redis limiter's failure policy, while Redis could not decide.
+    /// A Redis limiter's fail mode, while Redis could not decide.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    FailurePolicy,
+    RedisFailMode,
 }
 
 /// For the loom models (`loom/`), which check the algorithms through the public API but need to

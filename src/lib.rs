@@ -51,7 +51,7 @@ pub use quota::{Quota, QuotaError};
 pub use rate_limit::PeerIp;
 pub use rate_limit::{Policy, RateLimitLayer};
 #[cfg(feature = "redis")]
-pub use store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
+pub use store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 pub use store::Overflow;
 pub use tiers::{TierFuture, Tiers, UnknownTier};
 

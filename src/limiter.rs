@@ -227,7 +227,7 @@ impl<K, A, C> RateLimiterBuilder<K, A, C> {
 
     /// What a keyed limiter does when it is full of live keys (default
     /// [`Overflow::EvictNearestIdle`]).
-    pub fn on_overflow(mut self, overflow: Overflow) -> Self {
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
         self.overflow = overflow;
         self
     }
@@ -511,8 +511,8 @@ impl<K: Hash + Eq + Clone, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
     }
 
     /// What to do when the store is full of live keys (default [`Overflow::EvictNearestIdle`]).
-    pub fn on_overflow(self, overflow: Overflow) -> Self {
-        KeyedBuilder(self.0.on_overflow(overflow))
+    pub fn overflow(self, overflow: Overflow) -> Self {
+        KeyedBuilder(self.0.overflow(overflow))
     }
 
     /// Builds the limiter.

@@ -31,7 +31,7 @@ use crate::{BoxError, Decision, Limiter, Quota};
 /// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` \| `refunded` | decisions by outcome; `refunded` counts admissions given back (another policy refused the request, or its waiter went away), so requests admitted in the end are `allowed − refunded` |
 /// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
 /// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
-/// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the failure policy instead |
+/// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
 /// | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
 /// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
 /// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
@@ -51,7 +51,7 @@ pub mod metric_names {
     pub const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
     /// Gauge: requests holding a reservation not yet due.
     pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
-    /// Counter: decisions a shared store (Redis) did not give; the failure policy decided them.
+    /// Counter: decisions a shared store (Redis) did not give; the fail mode decided them.
     pub const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
     /// Counter: requests a shadow policy would have refused (and let through); label `name` =
     /// the policy's name.

@@ -223,19 +223,29 @@ fn redis_settings_are_checked() {
     let cases = [
         ("", "rate_limiters.api.redis_url", "is required"),
         (
-            "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"local\"",
-            "rate_limiters.api.local_limit_for_period",
+            "redis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"fallback\"",
+            "rate_limiters.api.fallback_limit_for_period",
             "is required",
         ),
         (
-            "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"retry\"",
+            "redis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"retry\"",
+            "rate_limiters.api.redis_fail_mode",
+            "unknown mode `retry`",
+        ),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\nfallback_limit_for_period = 3",
+            "rate_limiters.api.fallback_limit_for_period",
+            "only to redis_fail_mode = \"fallback\"",
+        ),
+        (
+            "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"fail_open\"",
             "rate_limiters.api.on_redis_failure",
-            "unknown policy `retry`",
+            "was renamed `redis_fail_mode`",
         ),
         (
             "redis_url = \"redis://127.0.0.1/\"\nlocal_limit_for_period = 3",
             "rate_limiters.api.local_limit_for_period",
-            "only to on_redis_failure = \"local\"",
+            "was renamed `fallback_limit_for_period`",
         ),
         (
             "redis_url = \"redis://127.0.0.1/\"\nredis_timeout = 50",
@@ -250,7 +260,7 @@ fn redis_settings_are_checked() {
         assert!(err.message().contains(message), "{text}\n-> {err}");
     }
     let ok = Config::from_toml_str(&format!(
-        "{base}redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"local\"\nlocal_limit_for_period = 3\nredis_timeout = \"50ms\"\n"
+        "{base}redis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3\nredis_timeout = \"50ms\"\n"
     ))
     .unwrap();
     assert!(matches!(

@@ -83,14 +83,12 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
             "#
         )
     };
-    let open_registry =
-        Registry::from_toml_str(&config("on_redis_failure = \"fail_open\"")).unwrap();
-    let closed_registry =
-        Registry::from_toml_str(&config("on_redis_failure = \"fail_closed\"")).unwrap();
+    let open_registry = Registry::from_toml_str(&config("redis_fail_mode = \"open\"")).unwrap();
+    let closed_registry = Registry::from_toml_str(&config("redis_fail_mode = \"closed\"")).unwrap();
     let open = app(&open_registry);
     let closed = app(&closed_registry);
     let local = app(&Registry::from_toml_str(&config(
-        "on_redis_failure = \"local\"\nlocal_limit_for_period = 2",
+        "redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 2",
     ))
     .unwrap());
     for _ in 0..4 {
@@ -108,7 +106,7 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
     };
     assert_eq!(local_ok, 2, "the local fallback's own quota applies");
 
-    // Every one of those decisions was the failure policy's, and the registry says so.
+    // Every one of those decisions was the fail mode's, and the registry says so.
     for registry in [&open_registry, &closed_registry] {
         let health = registry.health();
         assert_eq!(health.rate_limiters[0].store_failures, Some(4));

@@ -24,7 +24,7 @@ fn flood_frees_limited_client<A: Algorithm>(quota: Quota, spend: u32) -> bool {
         .algorithm::<A>()
         .clock(clock.clone())
         .max_keys(max_keys)
-        .on_overflow(Overflow::EvictNearestIdle)
+        .overflow(Overflow::EvictNearestIdle)
         .build();
     let client = u64::MAX;
     for _ in 0..spend {

@@ -150,7 +150,7 @@ async fn an_unreadable_hop_is_a_400_naming_the_header_or_passes_uncounted_when_o
                 )
                 .unwrap(),
             )
-            .on_key_error(FailMode::Open),
+            .key_error_mode(FailMode::Open),
         )
         .layer(MockConnectInfo(SocketAddr::from(([10, 0, 0, 2], 443))));
     for _ in 0..3 {

@@ -225,7 +225,7 @@ fn a_flood_of_keys_stays_within_max_keys() {
         let limiter = KeyedRateLimiter::<u64>::builder(Quota::per_minute(5).unwrap())
             .clock(clock.clone())
             .max_keys(10_000)
-            .on_overflow(overflow)
+            .overflow(overflow)
             .build();
         assert_eq!(limiter.max_keys(), 10_000);
         for key in 0..100_000u64 {
@@ -246,7 +246,7 @@ fn refuse_new_keys_when_full_tells_when_room_frees() {
     let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
         .clock(clock.clone())
         .max_keys(1)
-        .on_overflow(Overflow::RefuseNewKeys)
+        .overflow(Overflow::RefuseNewKeys)
         .build();
     assert!(limiter.check(&1).allowed);
     let refused = limiter.check(&2);

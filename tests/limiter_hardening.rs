@@ -408,7 +408,7 @@ fn a_key_flood_never_hands_a_limited_client_a_fresh_quota() {
                 .algorithm::<A>()
                 .clock(clock.clone())
                 .max_keys(max_keys)
-                .on_overflow(overflow)
+                .overflow(overflow)
                 .build();
             let heavy = 0..20u64;
             for key in heavy.clone() {

@@ -49,7 +49,7 @@ enum Op {
     Veto { stale: u64, cost: u32 },
     /// Gives back the `n`-th admission so far (modulo their number), at a reading `stale`
     /// before the fresh one.
-    GiveBack { n: usize, stale: u64 },
+    RefundLater { n: usize, stale: u64 },
 }
 
 fn ops(period: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
@@ -60,7 +60,7 @@ fn ops(period: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
             Just(Op::Advance(period)),
             (stale.clone(), 1..=max_cost).prop_map(|(stale, cost)| Op::Decide { stale, cost }),
             (stale.clone(), 1..=max_cost).prop_map(|(stale, cost)| Op::Veto { stale, cost }),
-            (any::<usize>(), stale).prop_map(|(n, stale)| Op::GiveBack { n, stale }),
+            (any::<usize>(), stale).prop_map(|(n, stale)| Op::RefundLater { n, stale }),
         ],
         1..60,
     )
@@ -102,7 +102,7 @@ fn veto_is_as_if_never_made<A: Algorithm>(q: Quota, ops: &[Op], one_permit_waits
                 }
                 floor = now;
             }
-            Op::GiveBack { .. } => {}
+            Op::RefundLater { .. } => {}
         }
     }
 }
@@ -174,7 +174,7 @@ proptest! {
                         held.push((latest + d.wait.as_nanos() as u64, u64::from(cost), d));
                     }
                 }
-                Op::GiveBack { n, stale } => {
+                Op::RefundLater { n, stale } => {
                     if held.is_empty() {
                         continue;
                     }
@@ -257,7 +257,7 @@ proptest! {
                         admitted.pop();
                     }
                 }
-                Op::GiveBack { n, stale } => {
+                Op::RefundLater { n, stale } => {
                     if admitted.is_empty() {
                         continue;
                     }

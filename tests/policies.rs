@@ -606,7 +606,7 @@ async fn a_failing_shadow_policy_never_answers_503() {
                 .unwrap()
                 .shadow(),
             )
-            .on_limiter_error(FailMode::Closed),
+            .limiter_error_mode(FailMode::Closed),
         );
     for _ in 0..3 {
         assert_eq!(

@@ -738,7 +738,7 @@ fn a_key_error_on_the_second_of_three_policies() {
                             .and(policy(1, &accts[1]))
                             .and(policy(2, &accts[2])),
                     )
-                    .on_key_error(mode);
+                    .key_error_mode(mode);
                     call(&svc(layer, &inner), request()).unwrap()
                 } else {
                     let layer = RateLimitLayer::new(
@@ -748,7 +748,7 @@ fn a_key_error_on_the_second_of_three_policies() {
                             .map(|(i, a)| policy(i, a))
                             .collect::<Vec<_>>(),
                     )
-                    .on_key_error(mode);
+                    .key_error_mode(mode);
                     call(&svc(layer, &inner), request()).unwrap()
                 };
                 match mode {
@@ -1064,7 +1064,7 @@ fn cost_by_runs_once_per_request() {
                 counter.fetch_add(1, Ordering::SeqCst);
                 cost
             }))
-            .on_key_error(FailMode::Open),
+            .key_error_mode(FailMode::Open),
             &Inner::default(),
         );
         let headers: &[(&str, &str)] = if nokey { &[("x-nokey", "0")] } else { &[] };
@@ -1289,7 +1289,7 @@ fn an_empty_vec_in_the_middle_of_a_chain() {
             policy(0, &accts[0])
                 .and(policy(1, &accts[1]).and(policy(2, &accts[2]).and(policy(3, &accts[3])))),
         )
-        .on_key_error(FailMode::Open),
+        .key_error_mode(FailMode::Open),
         &Inner::default(),
     );
     let ok = call(&service, req(&[("x-nokey", "3")])).unwrap();
@@ -1833,7 +1833,7 @@ async fn every_order_of_a_mixed_chain() {
             let inner = Inner::default();
             let service = svc(
                 RateLimitLayer::new(policies)
-                    .on_limiter_error(FailMode::Open)
+                    .limiter_error_mode(FailMode::Open)
                     .with_legacy_headers(),
                 &inner,
             );
@@ -2533,8 +2533,8 @@ fn run_sequence<P: PolicySet>(
     let inner = Inner::default();
     let service = svc(
         layer
-            .on_key_error(key_mode)
-            .on_limiter_error(limiter_mode)
+            .key_error_mode(key_mode)
+            .limiter_error_mode(limiter_mode)
             .with_legacy_headers(),
         &inner,
     );

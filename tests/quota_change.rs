@@ -384,7 +384,7 @@ mod redis_store {
     use super::*;
     use support::RedisServer;
     use tower_bulwark::store::redis::{
-        FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore,
+        RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
     };
 
     fn limiter<A: RedisAlgorithm>(
@@ -397,7 +397,7 @@ mod redis_store {
             .algorithm::<A>()
             .client_clock(clock.clone())
             .prefix(prefix)
-            .on_failure(FailurePolicy::propagate())
+            .fail_mode(RedisFailMode::propagate())
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap()

@@ -785,7 +785,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
         .route("/orders", get(|| async { "ok" }))
         .route_layer(
             RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
-                .on_key_error(FailMode::Open),
+                .key_error_mode(FailMode::Open),
         );
     for _ in 0..3 {
         assert_eq!(
@@ -906,7 +906,7 @@ async fn a_failing_limiter_answers_503_or_fails_open() {
                         .unwrap(),
                 ),
         )
-        .on_limiter_error(mode)
+        .limiter_error_mode(mode)
     };
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))

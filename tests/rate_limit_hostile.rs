@@ -228,7 +228,7 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
                         .unwrap(),
                 ),
             )
-            .on_limiter_error(FailMode::Open)
+            .limiter_error_mode(FailMode::Open)
             .with_legacy_headers(),
         )
         .layer(MockConnectInfo(client));

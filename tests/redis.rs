@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tower_bulwark::store::redis::{
-    FailurePolicy, HashTag, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
+    HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
     acquire, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
@@ -166,7 +166,7 @@ async fn exercise<A: RedisAlgorithm>(server: &RedisServer, prefix: &str) -> Vec<
         }
         // The third one was a reservation; give one back, which rewrites the key.
         let d = limiter.reserve(&key, 1).await.unwrap();
-        limiter.give_back(&key, 1, &d).await.unwrap();
+        limiter.refund_and_wait(&key, 1, &d).await.unwrap();
         keys.push(limiter.redis_key(key));
     }
     // The expiry is the moment the state stops mattering: the decision's reset_after.
@@ -227,7 +227,7 @@ async fn admitted_across_instances<A: RedisAlgorithm>(server: &RedisServer) -> u
         let limiter = RedisRateLimiter::builder(quota, store(server).await)
             .algorithm::<A>()
             .timeout(Duration::from_secs(5))
-            .on_failure(FailurePolicy::propagate())
+            .fail_mode(RedisFailMode::propagate())
             .build()
             .unwrap();
         for _ in 0..50 {
@@ -377,7 +377,7 @@ async fn refund_gives_a_reservation_back_in_redis() {
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
     let reserved = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(reserved.wait, Duration::from_secs(1));
-    limiter.give_back(&"k", 1, &reserved).await.unwrap();
+    limiter.refund_and_wait(&"k", 1, &reserved).await.unwrap();
     let again = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(
         again.wait,
@@ -420,10 +420,10 @@ async fn policies_decide_when_redis_is_unreachable() {
     };
     let url = format!("redis://127.0.0.1:{port}/");
     let quota = Quota::per_second(10).unwrap();
-    let build = |policy: FailurePolicy| {
+    let build = |policy: RedisFailMode| {
         RedisRateLimiter::builder(quota, RedisStore::connect_lazy(&url).unwrap())
             .timeout(Duration::from_millis(200))
-            .on_failure(policy)
+            .fail_mode(policy)
             .build()
             .unwrap()
     };
@@ -437,19 +437,19 @@ async fn policies_decide_when_redis_is_unreachable() {
         (limiter, result)
     };
 
-    let (open, d) = timed(build(FailurePolicy::fail_open())).await;
+    let (open, d) = timed(build(RedisFailMode::open())).await;
     let d = d.unwrap();
     assert!(d.allowed);
     assert_eq!(d.remaining, 9);
     assert_eq!(open.failures(), 1);
 
-    let (closed, d) = timed(build(FailurePolicy::fail_closed(Duration::from_secs(3)))).await;
+    let (closed, d) = timed(build(RedisFailMode::closed(Duration::from_secs(3)))).await;
     let d = d.unwrap();
     assert!(!d.allowed);
     assert_eq!(d.retry_after, Duration::from_secs(3));
     assert_eq!(closed.failures(), 1);
 
-    let (propagate, err) = timed(build(FailurePolicy::propagate())).await;
+    let (propagate, err) = timed(build(RedisFailMode::propagate())).await;
     let err = err.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
     assert!(
@@ -467,7 +467,7 @@ async fn policies_decide_when_redis_is_unreachable() {
     let eager = RedisRateLimiter::builder(quota, RedisStore::connect_lazy(&url).unwrap())
         .timeout(Duration::from_millis(200))
         .probe_interval(Duration::ZERO)
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     for _ in 0..2 {
@@ -478,7 +478,7 @@ async fn policies_decide_when_redis_is_unreachable() {
         );
     }
 
-    let fallback = build(FailurePolicy::fallback(Quota::per_minute(2).unwrap()));
+    let fallback = build(RedisFailMode::fallback(Quota::per_minute(2).unwrap()));
     let mut seen = Vec::new();
     for _ in 0..3 {
         seen.push(fallback.check(&"k").await.unwrap().allowed);
@@ -575,7 +575,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
         RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}/")).unwrap(),
     )
     .timeout(Duration::from_millis(200))
-    .on_failure(FailurePolicy::fallback_to(local.clone()))
+    .fail_mode(RedisFailMode::fallback_to(local.clone()))
     .build()
     .unwrap();
     let first = limiter.reserve(&"k", 1).await.unwrap();
@@ -583,7 +583,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
     assert_eq!(first.limit, 1, "the local limiter's decision");
     let reserved = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(reserved.wait, Duration::from_secs(1));
-    limiter.give_back(&"k", 1, &reserved).await.unwrap();
+    limiter.refund_and_wait(&"k", 1, &reserved).await.unwrap();
     let again = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(
         again.wait,

@@ -6,14 +6,14 @@ mod support;
 
 use support::RedisCluster;
 use tower_bulwark::store::redis::{
-    FailurePolicy, HashTag, RedisAlgorithm, RedisRateLimiter, RedisStore,
+    HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{FixedWindow, Gcra, Quota, SlidingCounter, SlidingLog};
 
 async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
         .algorithm::<A>()
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     let mut tasks = Vec::new();
@@ -89,7 +89,7 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         .algorithm::<SlidingLog>()
         .prefix("tenant:")
         .hash_tag(HashTag::Fixed("acme".into()))
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     let mut tenant_slots = std::collections::HashSet::new();

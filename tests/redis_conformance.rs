@@ -117,7 +117,7 @@ async fn run<A: RedisAlgorithm>(
                     seen.immediate_refunds += 1;
                 }
                 memory.refund(&key, cost, &decision);
-                redis.give_back(&key, cost, &decision).await.unwrap();
+                redis.refund_and_wait(&key, cost, &decision).await.unwrap();
             }
             // Another policy vetoes the request: whatever it was granted goes back at once.
             4 => {
@@ -128,7 +128,7 @@ async fn run<A: RedisAlgorithm>(
                 if m.allowed {
                     seen.vetoes += 1;
                     memory.refund(&key, cost, &m);
-                    redis.give_back(&key, cost, &r).await.unwrap();
+                    redis.refund_and_wait(&key, cost, &r).await.unwrap();
                 }
             }
             op => {

@@ -1,5 +1,5 @@
 //! Decisions that arrive after their caller gave up (issue 11, item 12): Redis stopped with
-//! SIGSTOP while decisions are sent, each answered by the failure policy at its timeout; when
+//! SIGSTOP while decisions are sent, each answered by the fail mode at its timeout; when
 //! Redis resumes, the queued scripts must change nothing.
 #![cfg(all(feature = "redis", unix))]
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::{key_state, FakeRedis, RedisServer};
 use tower_bulwark::store::redis::{
-    FailurePolicy, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
+    RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{FixedWindow, Gcra, Limiter, Quota, SlidingCounter, SlidingLog};
 
@@ -74,12 +74,12 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
         // Every decision goes to Redis (none skips it after a failure), so each queues a script.
         .probe_interval(Duration::ZERO)
         .without_refusal_cache()
-        .on_failure(FailurePolicy::fail_closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
         .build()
         .unwrap()
 }
 
-/// Sends `QUEUED` decisions at once; each must come back from the failure policy.
+/// Sends `QUEUED` decisions at once; each must come back from the fail mode.
 fn queue<A: RedisAlgorithm>(limiter: &RedisRateLimiter<A>) -> Vec<tokio::task::JoinHandle<bool>> {
     (0..QUEUED)
         .map(|_| {
@@ -137,7 +137,7 @@ async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes(
     tasks.extend(queue(&log));
     tasks.extend(queue(&counter));
     for task in tasks {
-        assert!(!task.await.unwrap(), "the failure policy refuses");
+        assert!(!task.await.unwrap(), "the fail mode refuses");
     }
     for failures in [
         gcra.failures(),
@@ -174,14 +174,14 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     let fake = FakeRedis::start("*2\r\n:2\r\n:1000000\r\n");
     let store = RedisStore::connect(&fake.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     let err = limiter.reserve(&"k", 1).await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
     assert!(failure.is_late(), "{failure}");
     let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-        .on_failure(FailurePolicy::fail_open())
+        .fail_mode(RedisFailMode::open())
         .build()
         .unwrap();
     assert!(open.check(&"k").await.unwrap().allowed);
@@ -239,7 +239,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .prefix(tag)
     .timeout(TIMEOUT)
     .without_refusal_cache()
-    .on_failure(FailurePolicy::propagate())
+    .fail_mode(RedisFailMode::propagate())
     .build()
     .unwrap();
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
@@ -260,7 +260,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
             if let std::task::Poll::Ready(result) = poll_once(&mut future) {
                 let decision = result.unwrap();
                 assert!(decision.allowed);
-                limiter.give_back(&"k", 1, &decision).await.unwrap();
+                limiter.refund_and_wait(&"k", 1, &decision).await.unwrap();
                 completed = true;
                 break;
             }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{FakeRedis, RedisServer};
-use tower_bulwark::store::redis::{FailurePolicy, RedisFailure, RedisRateLimiter, RedisStore};
+use tower_bulwark::store::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{FixedWindow, Limiter, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
@@ -69,24 +69,21 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_hour(1_000_000).unwrap();
-    let build = |policy: FailurePolicy, prefix: &str| {
+    let build = |policy: RedisFailMode, prefix: &str| {
         RedisRateLimiter::builder(quota, store.clone())
             .prefix(prefix)
             .timeout(TIMEOUT)
-            .on_failure(policy)
+            .fail_mode(policy)
             .build()
             .unwrap()
     };
-    let closed = build(
-        FailurePolicy::fail_closed(Duration::from_secs(2)),
-        "closed:",
-    );
-    let open = build(FailurePolicy::fail_open(), "open:");
+    let closed = build(RedisFailMode::closed(Duration::from_secs(2)), "closed:");
+    let open = build(RedisFailMode::open(), "open:");
     let fallback = build(
-        FailurePolicy::fallback(Quota::per_hour(5).unwrap()),
+        RedisFailMode::fallback(Quota::per_hour(5).unwrap()),
         "fallback:",
     );
-    let propagate = build(FailurePolicy::propagate(), "propagate:");
+    let propagate = build(RedisFailMode::propagate(), "propagate:");
     let killed = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -162,7 +159,7 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .algorithm::<FixedWindow>()
         .timeout(TIMEOUT)
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
@@ -207,7 +204,7 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
@@ -248,12 +245,12 @@ async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_second(5).unwrap();
     let gcra = RedisRateLimiter::builder(quota, store.clone())
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .build()
         .unwrap();
     let window = RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<FixedWindow>()
-        .on_failure(FailurePolicy::fail_closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
         .build()
         .unwrap();
     assert_eq!(
@@ -283,14 +280,14 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
         let fake = FakeRedis::start(reply);
         let store = RedisStore::connect(&fake.url()).await.unwrap();
         let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-            .on_failure(FailurePolicy::propagate())
+            .fail_mode(RedisFailMode::propagate())
             .build()
             .unwrap();
         let err = limiter.reserve(&"k", 1).await.unwrap_err();
         let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
         assert!(failure.is_bad_reply(), "{reply:?}: {failure}");
         let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-            .on_failure(FailurePolicy::fail_open())
+            .fail_mode(RedisFailMode::open())
             .build()
             .unwrap();
         assert!(open.check(&"k").await.unwrap().allowed);
@@ -342,7 +339,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)
-        .on_failure(FailurePolicy::fail_closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
@@ -367,7 +364,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
             ],
             "{events:?}"
         );
-        assert!(events[0].1.contains("failure policy"), "{events:?}");
+        assert!(events[0].1.contains("fail mode"), "{events:?}");
     }
     server.restart();
     let start = Instant::now();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use support::{key_state, RedisServer};
 use tower_bulwark::store::redis::{
-    FailurePolicy, RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore,
+    RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
     FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter, SlidingLog,
@@ -37,7 +37,7 @@ fn limiter<A: RedisAlgorithm>(
         .client_clock(clock.clone())
         .prefix(prefix)
         .without_refusal_cache()
-        .on_failure(FailurePolicy::propagate())
+        .fail_mode(RedisFailMode::propagate())
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
@@ -117,7 +117,7 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             "{context}: it spent"
         );
         clock.set(Duration::from_nanos(s.refund_at * MS));
-        vetoed.give_back(&"k", s.veto.1, &d).await.unwrap();
+        vetoed.refund_and_wait(&"k", s.veto.1, &d).await.unwrap();
         if s.refund_at == s.veto.0 {
             assert_eq!(
                 key_state(&mut conn, &vkey).await,
@@ -201,7 +201,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
         (Duration::from_secs(1), Duration::from_secs(2))
     );
     let state = key_state(&mut conn, &key).await;
-    gcra.give_back(&"k", 1, &a).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, &a).await.unwrap();
     assert_eq!(
         key_state(&mut conn, &key).await,
         state,
@@ -210,7 +210,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
     // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
-    gcra.give_back(&"k", 1, &c).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, &c).await.unwrap();
     assert_eq!(key_state(&mut conn, &key).await, state);
     assert_eq!(
         gcra.reserve(&"k", 1).await.unwrap().wait,
@@ -237,7 +237,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
     clock.set(Duration::from_millis(500));
     let later = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(later.wait, Duration::from_millis(500));
-    gcra.give_back(&"k", 1, &first).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, &first).await.unwrap();
     let next = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(
         next.wait,
@@ -264,7 +264,7 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     let a = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_secs(1));
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
-    gcra.give_back(&"k", 1, &a).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, &a).await.unwrap();
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert!(!c.allowed, "{c:?}");
     assert_eq!(c.retry_after, Duration::from_secs(1));
@@ -291,7 +291,7 @@ async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usi
         }
         // The layer's veto: whatever was granted goes back.
         if a.allowed {
-            window.give_back(&key, 1, &a).await.unwrap();
+            window.refund_and_wait(&key, 1, &a).await.unwrap();
         }
         if b.allowed {
             second.refund(&key, 1, &b);
@@ -550,7 +550,10 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
             assert!(vetoed.reserve(&"k", 1).await.unwrap().allowed);
             assert!(twin.reserve(&"k", 1).await.unwrap().allowed);
             assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
-            vetoed.give_back(&"k", 1, &refused_elsewhere).await.unwrap();
+            vetoed
+                .refund_and_wait(&"k", 1, &refused_elsewhere)
+                .await
+                .unwrap();
         }
         let v = redis_admitted_until_refused(&vetoed).await;
         let t = redis_admitted_until_refused(&twin).await;

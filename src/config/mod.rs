@@ -41,8 +41,8 @@
 //! | `redis_url` | `redis://host:port` | required with `store = "redis"` |
 //! | `redis_prefix` | key prefix | `bulwark:<algorithm>:` |
 //! | `redis_timeout` | duration: how long a decision may wait for Redis | the store's default |
-//! | `on_redis_failure` | `fail_open`, `fail_closed`, or `local` | `fail_open` |
-//! | `local_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `local` | required with `local` |
+//! | `redis_fail_mode` | `open` (admit), `closed` (refuse), or `fallback` (decide with a local limiter) while Redis cannot answer | `open` |
+//! | `fallback_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `fallback` | required with `fallback` |
 //!
 //! Fields of a bulkhead:
 //!
@@ -179,13 +179,14 @@ pub enum StoreKind {
 /// What a Redis-backed rate limiter does when Redis cannot answer in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum OnRedisFailure {
-    /// Admit the request (the default).
-    FailOpen,
-    /// Refuse the request.
-    FailClosed,
-    /// Decide with a local in-memory limiter admitting this many per period.
-    Local(u32),
+pub enum RedisFailModeKind {
+    /// Admit the request (the default): `redis_fail_mode = "open"`.
+    Open,
+    /// Refuse the request: `redis_fail_mode = "closed"`.
+    Closed,
+    /// Decide with a local in-memory limiter admitting this many per period:
+    /// `redis_fail_mode = "fallback"` with `fallback_limit_for_period`.
+    Fallback(u32),
 }
 
 /// The Redis settings of a rate limiter (`store = "redis"`).
@@ -199,7 +200,7 @@ pub struct RedisSettings {
     /// How long a decision may wait for Redis; the store's default when absent.
     pub timeout: Option<Duration>,
     /// What to do when Redis cannot answer.
-    pub on_failure: OnRedisFailure,
+    pub fail_mode: RedisFailModeKind,
 }
 
 /// The settings of one named rate limiter.
@@ -376,6 +377,12 @@ fn instance_table<'a>(path: &str, v: &'a Value) -> Result<&'a Table, ConfigError
         .ok_or_else(|| ConfigError::new(path, "must be a table of settings"))
 }
 
+/// Fields of earlier versions, with their names now.
+const RENAMED: &[(&str, &str)] = &[
+    ("on_redis_failure", "redis_fail_mode"),
+    ("local_limit_for_period", "fallback_limit_for_period"),
+];
+
 /// Reads the fields of one instance, refusing any it does not know.
 struct Fields<'a> {
     path: &'a str,
@@ -385,10 +392,11 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     fn new(path: &'a str, table: &'a Table, known: &[&str]) -> Result<Self, ConfigError> {
         if let Some(unknown) = table.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(ConfigError::new(
-                format!("{path}.{unknown}"),
-                format!("unknown field; expected one of {}", known.join(", ")),
-            ));
+            let message = match RENAMED.iter().find(|(old, _)| old == unknown) {
+                Some((_, new)) => format!("was renamed `{new}`"),
+                None => format!("unknown field; expected one of {}", known.join(", ")),
+            };
+            return Err(ConfigError::new(format!("{path}.{unknown}"), message));
         }
         Ok(Self { path, table })
     }
@@ -461,8 +469,8 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
             "redis_url",
             "redis_prefix",
             "redis_timeout",
-            "on_redis_failure",
-            "local_limit_for_period",
+            "redis_fail_mode",
+            "fallback_limit_for_period",
         ],
     )?;
     let permits = f.positive_int(
@@ -577,8 +585,8 @@ fn store(f: &Fields<'_>) -> Result<StoreKind, ConfigError> {
         "redis_url",
         "redis_prefix",
         "redis_timeout",
-        "on_redis_failure",
-        "local_limit_for_period",
+        "redis_fail_mode",
+        "fallback_limit_for_period",
     ];
     let kind = match f.get("store") {
         None => "memory",
@@ -607,44 +615,44 @@ fn store(f: &Fields<'_>) -> Result<StoreKind, ConfigError> {
                 None => None,
                 Some(v) => Some(f.duration("redis_timeout", v)?),
             };
-            let local = match f.get("local_limit_for_period") {
+            let local = match f.get("fallback_limit_for_period") {
                 None => None,
                 Some(v) => {
-                    Some(f.positive_int("local_limit_for_period", v, u64::from(u32::MAX))? as u32)
+                    Some(
+                        f.positive_int("fallback_limit_for_period", v, u64::from(u32::MAX))? as u32,
+                    )
                 }
             };
-            let on_failure = match f.get("on_redis_failure") {
-                None => OnRedisFailure::FailOpen,
-                Some(v) => match f.string("on_redis_failure", v)? {
-                    "fail_open" => OnRedisFailure::FailOpen,
-                    "fail_closed" => OnRedisFailure::FailClosed,
-                    "local" => OnRedisFailure::Local(local.ok_or_else(|| {
+            let fail_mode = match f.get("redis_fail_mode") {
+                None => RedisFailModeKind::Open,
+                Some(v) => match f.string("redis_fail_mode", v)? {
+                    "open" => RedisFailModeKind::Open,
+                    "closed" => RedisFailModeKind::Closed,
+                    "fallback" => RedisFailModeKind::Fallback(local.ok_or_else(|| {
                         f.err(
-                            "local_limit_for_period",
-                            "is required with on_redis_failure = \"local\"",
+                            "fallback_limit_for_period",
+                            "is required with redis_fail_mode = \"fallback\"",
                         )
                     })?),
                     other => {
                         return Err(f.err(
-                            "on_redis_failure",
-                            format!(
-                            "unknown policy `{other}`; expected fail_open, fail_closed or local"
-                        ),
+                            "redis_fail_mode",
+                            format!("unknown mode `{other}`; expected open, closed or fallback"),
                         ))
                     }
                 },
             };
-            if local.is_some() && !matches!(on_failure, OnRedisFailure::Local(_)) {
+            if local.is_some() && !matches!(fail_mode, RedisFailModeKind::Fallback(_)) {
                 return Err(f.err(
-                    "local_limit_for_period",
-                    "applies only to on_redis_failure = \"local\"",
+                    "fallback_limit_for_period",
+                    "applies only to redis_fail_mode = \"fallback\"",
                 ));
             }
             Ok(StoreKind::Redis(RedisSettings {
                 url,
                 prefix,
                 timeout,
-                on_failure,
+                fail_mode,
             }))
         }
         other => Err(f.err(

@@ -229,7 +229,7 @@ impl Registry {
     /// limiter's `algorithm`, `key`, `trusted_proxies`, `max_keys`, `hide_keys`, `store` or
     /// Redis settings, a bulkhead's `max_wait` or `queue_capacity`, and an instance added or
     /// removed. (Build a new registry for those, and take new layers from it.) A Redis
-    /// limiter's failure policy keeps what it was built from; Redis limiters in other processes
+    /// limiter's fail mode keeps what it was built from; Redis limiters in other processes
     /// keep their quota until their own registry reloads (the quota travels with each call).
     ///
     /// A refused reload, or one with a quota a Redis script cannot run, changes nothing.
@@ -570,7 +570,7 @@ fn fixed_limiter_settings(
             fixed(path, "redis_url", &a.url, &b.url)?;
             fixed(path, "redis_prefix", &a.prefix, &b.prefix)?;
             fixed(path, "redis_timeout", &a.timeout, &b.timeout)?;
-            fixed(path, "on_redis_failure", &a.on_failure, &b.on_failure)
+            fixed(path, "redis_fail_mode", &a.fail_mode, &b.fail_mode)
         }
         (a, b) => fixed(path, "store", a, b),
     }
@@ -656,8 +656,8 @@ fn redis_limiter(
     s: &RateLimiterSettings,
     redis: &super::RedisSettings,
 ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-    use super::OnRedisFailure;
-    use crate::store::redis::{FailurePolicy, RedisAlgorithm, RedisRateLimiter, RedisStore};
+    use super::RedisFailModeKind;
+    use crate::store::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
     use crate::Quota;
 
     if tokio::runtime::Handle::try_current().is_err() {
@@ -668,18 +668,18 @@ fn redis_limiter(
     }
     let store = RedisStore::connect_lazy(&redis.url)
         .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
-    let policy = match redis.on_failure {
-        OnRedisFailure::FailOpen => FailurePolicy::fail_open(),
-        OnRedisFailure::FailClosed => FailurePolicy::fail_closed(
+    let policy = match redis.fail_mode {
+        RedisFailModeKind::Open => RedisFailMode::open(),
+        RedisFailModeKind::Closed => RedisFailMode::closed(
             s.quota
                 .emission_interval()
                 .max(std::time::Duration::from_secs(1)),
         ),
-        OnRedisFailure::Local(permits) => {
+        RedisFailModeKind::Fallback(permits) => {
             let local = Quota::with_period(permits, s.quota.period()).map_err(|e| {
-                ConfigError::new(format!("{path}.local_limit_for_period"), e.to_string())
+                ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
             })?;
-            FailurePolicy::fallback(local)
+            RedisFailMode::fallback(local)
         }
     };
     fn build<A: RedisAlgorithm>(
@@ -687,11 +687,11 @@ fn redis_limiter(
         s: &RateLimiterSettings,
         redis: &super::RedisSettings,
         store: RedisStore,
-        policy: FailurePolicy,
+        policy: RedisFailMode,
     ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
         let mut builder = RedisRateLimiter::builder(s.quota, store)
             .algorithm::<A>()
-            .on_failure(policy);
+            .fail_mode(policy);
         if let Some(prefix) = &redis.prefix {
             builder = builder.prefix(prefix.clone());
         }
@@ -754,7 +754,7 @@ pub struct LimiterHealth {
     /// Counters and gauges.
     pub snapshot: LimiterSnapshot,
     /// For a limiter whose state lives in Redis: how many decisions Redis did not give since
-    /// the registry was built (its failure policy decided them). `None` for in-memory limiters.
+    /// the registry was built (its fail mode decided them). `None` for in-memory limiters.
     pub store_failures: Option<u64>,
 }
 

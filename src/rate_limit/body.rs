@@ -12,6 +12,11 @@ use super::response::RateLimitBody;
 /// The layer answers some requests itself (the 429, a key error, a failed limiter), so its
 /// response body must be able to hold either the inner service's body or bytes of its own.
 /// Sealed: the two kinds here are the only ones.
+#[diagnostic::on_unimplemented(
+    message = "the inner service's response body `{B}` cannot carry the rate limiter's own answers",
+    label = "responses of this layer keep the inner body type `{B}`, which must be made from `Bytes`",
+    note = "call `.wrap_body()` on the `RateLimitLayer` to answer with a `RateLimitBody` around any body type"
+)]
 pub trait BodyKind<B>: sealed::Sealed {
     /// The body type of the service's responses.
     type Body;
@@ -38,6 +43,9 @@ pub struct SameBody;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WrapBody;
 
+// Not looked through in error messages, so that a body type that cannot be made from `Bytes`
+// gets `BodyKind`'s message (which names the fix) rather than a bare `From<Bytes>`.
+#[diagnostic::do_not_recommend]
 impl<B: From<Bytes>> BodyKind<B> for SameBody {
     type Body = B;
 

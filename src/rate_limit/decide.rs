@@ -151,8 +151,8 @@ impl<P: PolicySet> Ledger<P> {
         error: &KeyError,
     ) -> Option<Response<Bytes>> {
         let name = &shared.meta.policies[self.outcomes.len()].name;
-        log_key_error(name, error, shared.meta.on_key_error);
-        match shared.meta.on_key_error {
+        log_key_error(name, error, shared.meta.key_error_mode);
+        match shared.meta.key_error_mode {
             FailMode::Open => {
                 self.outcomes.push(Outcome::Skipped);
                 None
@@ -193,7 +193,7 @@ impl<P: PolicySet> Ledger<P> {
                     self.outcomes.push(Outcome::Unadmittable(*too_costly));
                     return None;
                 }
-                if !info.enforced() || shared.meta.on_limiter_error == FailMode::Open {
+                if !info.enforced() || shared.meta.limiter_error_mode == FailMode::Open {
                     tracing::warn!(
                         policy = &*info.name,
                         error = %error,

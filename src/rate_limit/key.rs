@@ -70,7 +70,7 @@ where
 ///
 /// A client-side cause (a missing API key header) is a `400`; a server-side cause (the server was
 /// started without connection info) is a `500`. What the layer does with it is chosen with
-/// [`RateLimitLayer::on_key_error`](super::RateLimitLayer::on_key_error).
+/// [`RateLimitLayer::key_error_mode`](super::RateLimitLayer::key_error_mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyError {
     status: StatusCode,
@@ -498,7 +498,7 @@ impl Source {
 /// header: everything left of that hop may have been written by the client, and keying by the
 /// trusted proxy instead would put every such client in one budget shared with the proxy. A
 /// client can therefore neither pick its key nor share one. With
-/// [`RateLimitLayer::on_key_error(FailMode::Open)`](super::RateLimitLayer::on_key_error) such
+/// [`RateLimitLayer::key_error_mode(FailMode::Open)`](super::RateLimitLayer::key_error_mode) such
 /// requests pass through uncounted instead.
 ///
 /// It is a [`KeyExtractor`] with feature `axum` (the peer address comes from `ConnectInfo`);

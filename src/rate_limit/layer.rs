@@ -69,16 +69,16 @@ impl<P, M> RateLimitLayer<P, M> {
 
     /// What to do with a request whose key cannot be extracted ([`FailMode::Closed`] by
     /// default: answer with the key error's status). Either way a log line says why.
-    pub fn on_key_error(mut self, mode: FailMode) -> Self {
-        self.meta_mut().on_key_error = mode;
+    pub fn key_error_mode(mut self, mode: FailMode) -> Self {
+        self.meta_mut().key_error_mode = mode;
         self
     }
 
     /// What to do when a limiter returns an error, such as a Redis limiter that cannot reach
     /// its server ([`FailMode::Closed`] by default: answer `503`). Either way a log line says
     /// why.
-    pub fn on_limiter_error(mut self, mode: FailMode) -> Self {
-        self.meta_mut().on_limiter_error = mode;
+    pub fn limiter_error_mode(mut self, mode: FailMode) -> Self {
+        self.meta_mut().limiter_error_mode = mode;
         self
     }
 

@@ -54,7 +54,7 @@
 //! request in one budget, and any closure over [`http::request::Parts`] can be a key extractor. A
 //! request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
 //! when the server is set up wrong) with a problem+json body, and a log line with the reason;
-//! [`RateLimitLayer::on_key_error`] with [`FailMode::Open`] lets such requests through instead,
+//! [`RateLimitLayer::key_error_mode`] with [`FailMode::Open`] lets such requests through instead,
 //! uncounted. Behind proxies, [`ForwardedIp`] answers `400` when a hop that is not an address
 //! stands between your proxies and the client: its docs say why.
 //!
@@ -134,7 +134,7 @@
 //!
 //! A limiter may fail (a Redis limiter whose server is down). By default the request gets `503
 //! Service Unavailable` with a problem+json body and a `warn` log line;
-//! [`RateLimitLayer::on_limiter_error`] with [`FailMode::Open`] lets it through instead, without
+//! [`RateLimitLayer::limiter_error_mode`] with [`FailMode::Open`] lets it through instead, without
 //! counting it against the failed policy.
 //!
 //! # Sharing and placement

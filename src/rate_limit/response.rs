@@ -194,8 +194,8 @@ pub(crate) struct Meta {
     changed_policy: Arc<ArcSwapOption<ChangedPolicy>>,
     pub(crate) admitted_headers: bool,
     pub(crate) legacy_headers: bool,
-    pub(crate) on_key_error: super::FailMode,
-    pub(crate) on_limiter_error: super::FailMode,
+    pub(crate) key_error_mode: super::FailMode,
+    pub(crate) limiter_error_mode: super::FailMode,
     pub(crate) on_refusal: Option<Arc<dyn OnRefusal>>,
     /// Requests that skip every policy (see [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
@@ -223,8 +223,8 @@ impl Meta {
             changed_policy: Arc::default(),
             admitted_headers: true,
             legacy_headers: false,
-            on_key_error: super::FailMode::Closed,
-            on_limiter_error: super::FailMode::Closed,
+            key_error_mode: super::FailMode::Closed,
+            limiter_error_mode: super::FailMode::Closed,
             on_refusal: None,
             exempt: None,
             settles,
@@ -330,8 +330,8 @@ impl fmt::Debug for Meta {
             .field("policies", &self.policies)
             .field("admitted_headers", &self.admitted_headers)
             .field("legacy_headers", &self.legacy_headers)
-            .field("on_key_error", &self.on_key_error)
-            .field("on_limiter_error", &self.on_limiter_error)
+            .field("key_error_mode", &self.key_error_mode)
+            .field("limiter_error_mode", &self.limiter_error_mode)
             .field("on_refusal", &self.on_refusal.as_ref().map(|_| "custom"))
             .field("exempt", &self.exempt.is_some())
             .finish()

@@ -7,8 +7,8 @@ use std::time::Duration;
 /// A decision that Redis could not give: it timed out, failed, or answered something that is not
 /// a decision.
 ///
-/// The limiter's [`FailurePolicy`](super::FailurePolicy) turns it into a decision; only
-/// [`FailurePolicy::propagate`](super::FailurePolicy::propagate) hands it to the caller, as the
+/// The limiter's [`RedisFailMode`](super::RedisFailMode) turns it into a decision; only
+/// [`RedisFailMode::propagate`](super::RedisFailMode::propagate) hands it to the caller, as the
 /// `BoxError` of [`Limiter::reserve`](crate::Limiter::reserve) (test it with
 /// `err.is::<RedisFailure>()`).
 #[derive(Debug)]

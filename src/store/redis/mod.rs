@@ -6,7 +6,7 @@
 //! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!
 //! ```no_run
-//! use tower_bulwark::store::redis::{FailurePolicy, RedisRateLimiter, RedisStore};
+//! use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 //! use tower_bulwark::{Limiter, Quota, SlidingLog};
 //!
 //! # async fn run() -> Result<(), tower_bulwark::BoxError> {
@@ -14,7 +14,7 @@
 //! let limiter = RedisRateLimiter::builder(Quota::per_minute(100)?, store)
 //!     .algorithm::<SlidingLog>()
 //!     .prefix("api:")
-//!     .on_failure(FailurePolicy::fallback(Quota::per_minute(25)?))
+//!     .fail_mode(RedisFailMode::fallback(Quota::per_minute(25)?))
 //!     .build()?;
 //! let decision = limiter.reserve(&"203.0.113.7", 1).await?;
 //! println!("allowed: {}, retry after {:?}", decision.allowed, decision.retry_after);
@@ -66,7 +66,7 @@
 //! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
 //!   a timeout, a connection error or a reply that is not a decision is counted
 //!   ([`RedisRateLimiter::failures`]), logged with `tracing` and decided by the
-//!   [`FailurePolicy`]. After a timeout or a connection error, decisions go straight to the
+//!   [`RedisFailMode`]. After a timeout or a connection error, decisions go straight to the
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself.
@@ -87,7 +87,7 @@
 //!   to the microsecond (never exceeding the rate), `max_wait` down.
 //! * [`Limiter::refund`] is synchronous, so it sends its script from a spawned task (it needs a
 //!   tokio runtime; outside one it logs and gives nothing back). Use
-//!   [`RedisRateLimiter::give_back`] to await it.
+//!   [`RedisRateLimiter::refund_and_wait`] to await it.
 //! * A cached refusal is not revised when another instance gives permits back: such a key may be
 //!   refused locally until its original retry time.
 //! * The deadline is as good as the clocks: the offset allows 100 ppm of drift between replies,
@@ -181,7 +181,7 @@ impl RedisStore {
     }
 
     /// Prepares a connection to the server at `url` without connecting: the first decision
-    /// connects. A service can start while Redis is down (its failure policy decides meanwhile).
+    /// connects. A service can start while Redis is down (its fail mode decides meanwhile).
     ///
     /// Must be called within a tokio runtime.
     pub fn connect_lazy(url: &str) -> Result<Self, redis::RedisError> {
@@ -263,7 +263,7 @@ pub enum HashTag {
 ///
 /// Every such failure is counted ([`RedisRateLimiter::failures`]) and logged whatever the policy.
 #[derive(Clone)]
-pub struct FailurePolicy(Policy);
+pub struct RedisFailMode(Policy);
 
 type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
 
@@ -275,15 +275,15 @@ enum Policy {
     Propagate,
 }
 
-impl FailurePolicy {
+impl RedisFailMode {
     /// Admits the request (the default): availability first. The decision reports the full limit
     /// minus the cost as remaining, since nothing better is known.
-    pub fn fail_open() -> Self {
+    pub fn open() -> Self {
         Self(Policy::Open)
     }
 
     /// Refuses the request, telling the client to come back after `retry_after`.
-    pub fn fail_closed(retry_after: Duration) -> Self {
+    pub fn closed(retry_after: Duration) -> Self {
         Self(Policy::Closed(retry_after))
     }
 
@@ -309,22 +309,22 @@ impl FailurePolicy {
     }
 }
 
-impl Default for FailurePolicy {
+impl Default for RedisFailMode {
     fn default() -> Self {
-        Self::fail_open()
+        Self::open()
     }
 }
 
-impl fmt::Debug for FailurePolicy {
+impl fmt::Debug for RedisFailMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
-            Policy::Open => f.write_str("FailurePolicy::fail_open()"),
-            Policy::Closed(retry) => write!(f, "FailurePolicy::fail_closed({retry:?})"),
+            Policy::Open => f.write_str("RedisFailMode::open()"),
+            Policy::Closed(retry) => write!(f, "RedisFailMode::closed({retry:?})"),
             Policy::Fallback(limiter) => f
-                .debug_tuple("FailurePolicy::fallback")
+                .debug_tuple("RedisFailMode::fallback")
                 .field(&limiter.quota())
                 .finish(),
-            Policy::Propagate => f.write_str("FailurePolicy::propagate()"),
+            Policy::Propagate => f.write_str("RedisFailMode::propagate()"),
         }
     }
 }
@@ -338,7 +338,7 @@ pub struct RedisRateLimiterBuilder<A = Gcra, C = SystemClock> {
     prefix: Option<String>,
     hash_tag: HashTag,
     timeout: Duration,
-    policy: FailurePolicy,
+    policy: RedisFailMode,
     probe_interval: Duration,
     cache_capacity: Option<usize>,
     _algorithm: PhantomData<fn() -> A>,
@@ -415,20 +415,20 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
         self
     }
 
-    /// The longest a decision waits for Redis before the failure policy decides (default
+    /// The longest a decision waits for Redis before the fail mode decides (default
     /// [`DEFAULT_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// What to decide when Redis cannot (default [`FailurePolicy::fail_open`]).
-    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+    /// What to decide when Redis cannot (default [`RedisFailMode::open`]).
+    pub fn fail_mode(mut self, policy: RedisFailMode) -> Self {
         self.policy = policy;
         self
     }
 
-    /// After a failure, how long decisions go straight to the failure policy before Redis is
+    /// After a failure, how long decisions go straight to the fail mode before Redis is
     /// tried again (default [`DEFAULT_PROBE_INTERVAL`]). While Redis is down this spares every
     /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
@@ -519,7 +519,7 @@ struct Inner<C> {
     prefix: String,
     hash_tag: HashTag,
     timeout: Duration,
-    policy: FailurePolicy,
+    policy: RedisFailMode,
     /// Nanoseconds after a failure during which Redis is not asked.
     probe_interval: u64,
     cache: Option<RefusalCache>,
@@ -555,7 +555,7 @@ impl RedisRateLimiter {
             prefix: None,
             hash_tag: HashTag::PerKey,
             timeout: DEFAULT_TIMEOUT,
-            policy: FailurePolicy::default(),
+            policy: RedisFailMode::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
             _algorithm: PhantomData,
@@ -584,7 +584,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     /// process only: each instance that shares the keys must be told (every instance's limiter
     /// must call this, or be rebuilt from the same configuration). Until they all are, each
     /// decides with its own quota against the shared state. Refusals cached here are
-    /// forgotten; the failure policy's local limiter keeps its own quota.
+    /// forgotten; the fail mode's local limiter keeps its own quota.
     pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
         let _changing = self
             .inner
@@ -607,7 +607,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
 
     /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
     /// replies, and decisions taken without asking during a
-    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the failure policy decided
+    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the fail mode decided
     /// each.
     pub fn failures(&self) -> u64 {
         self.inner.failures.load(Ordering::Relaxed)
@@ -658,7 +658,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             }
         }
         let settle = Settle {
-            inner: Arc::clone(inner) as Arc<dyn GiveBack>,
+            inner: Arc::clone(inner) as Arc<dyn RefundLater>,
             key: redis_key.clone(),
             cost,
         };
@@ -670,15 +670,15 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     }
 
     /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
-    /// applied it. A decision taken by the failure policy goes back to the local limiter.
-    pub async fn give_back<K: RedisKey + ?Sized>(
+    /// applied it. A decision taken by the fail mode goes back to the local limiter.
+    pub async fn refund_and_wait<K: RedisKey + ?Sized>(
         &self,
         key: &K,
         cost: u32,
         decision: &Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.redis_key(key);
-        if !self.inner.give_back_locally(&redis_key, cost, decision) {
+        if !self.inner.refund_at_once(&redis_key, cost, decision) {
             return Ok(());
         }
         self.inner
@@ -845,9 +845,9 @@ impl<C: Clock> Inner<C> {
             }
             Ok(other) => {
                 let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
-                self.on_failure(params, key, cost, failure)
+                self.fail_mode(params, key, cost, failure)
             }
-            Err(failure) => self.on_failure(params, key, cost, failure),
+            Err(failure) => self.fail_mode(params, key, cost, failure),
         }
     }
 
@@ -872,18 +872,18 @@ impl<C: Clock> Inner<C> {
             tracing::debug!(
                 target: "tower_bulwark::redis",
                 key, failures = count, error = %failure,
-                "redis decision failed; the failure policy decides",
+                "redis decision failed; the fail mode decides",
             );
         } else {
             tracing::warn!(
                 target: "tower_bulwark::redis",
                 key, failures = count, error = %failure, policy = ?self.policy,
-                "redis decision failed; the failure policy decides until redis answers again",
+                "redis decision failed; the fail mode decides until redis answers again",
             );
         }
     }
 
-    fn on_failure(
+    fn fail_mode(
         &self,
         params: &Params,
         key: String,
@@ -900,21 +900,21 @@ impl<C: Clock> Inner<C> {
             Policy::Fallback(local) => local.reserve(&key, cost).into_inner()?,
             Policy::Propagate => return Err(failure.into()),
         };
-        decision.source = Source::FailurePolicy;
+        decision.source = Source::RedisFailMode;
         Ok(decision.of_cost(cost))
     }
 
     /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
-    /// forgotten (its permits came back), and a failure policy's decision goes back to the local
+    /// forgotten (its permits came back), and a fail mode's decision goes back to the local
     /// limiter. Returns whether Redis must still be told ([`refund_remote`](Self::refund_remote)).
-    fn give_back_locally(&self, key: &str, cost: u32, decision: &Decision) -> bool {
+    fn refund_at_once(&self, key: &str, cost: u32, decision: &Decision) -> bool {
         if !decision.allowed {
             return false;
         }
         if let Some(cache) = &self.cache {
             cache.forget(key);
         }
-        if decision.source == Source::FailurePolicy {
+        if decision.source == Source::RedisFailMode {
             self.refund_locally(key.to_owned(), cost, decision);
             return false;
         }
@@ -1026,7 +1026,7 @@ where
 
     fn refund(&self, key: &K, cost: u32, decision: &Decision) {
         let redis_key = self.inner.redis_key(key);
-        if !self.inner.give_back_locally(&redis_key, cost, decision) {
+        if !self.inner.refund_at_once(&redis_key, cost, decision) {
             return;
         }
         let decision = *decision;
@@ -1072,21 +1072,21 @@ enum State {
 
 /// What an abandoned decision needs to give its permits back.
 struct Settle {
-    inner: Arc<dyn GiveBack>,
+    inner: Arc<dyn RefundLater>,
     key: String,
     cost: u32,
 }
 
-/// Giving a decision back, as [`RedisRateLimiter::give_back`] does, without the clock's type,
+/// Giving a decision back, as [`RedisRateLimiter::refund_and_wait`] does, without the clock's type,
 /// so that [`ReserveFuture`] stays one type.
-trait GiveBack: Send + Sync + 'static {
-    fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote;
+trait RefundLater: Send + Sync + 'static {
+    fn refund_later(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote;
 }
 
-impl<C: Clock> GiveBack for Inner<C> {
-    fn give_back(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote {
+impl<C: Clock> RefundLater for Inner<C> {
+    fn refund_later(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote {
         Box::pin(async move {
-            if self.give_back_locally(&key, cost, &decision) {
+            if self.refund_at_once(&key, cost, &decision) {
                 // Failures are counted and logged inside.
                 let _ = self.refund_remote(&key, cost, &decision).await;
             }
@@ -1159,7 +1159,7 @@ impl Drop for ReserveFuture {
         let Settle { inner, key, cost } = settle;
         runtime.spawn(async move {
             if let Ok(decision) = future.await {
-                let _ = inner.give_back(key, cost, decision).await;
+                let _ = inner.refund_later(key, cost, decision).await;
             }
         });
     }

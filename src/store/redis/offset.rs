@@ -7,9 +7,9 @@
 //! `[time − received, time − sent]`. The estimator keeps the greatest lower bound seen, because
 //! the safe error is an offset that is too *small*: the server deadline `local deadline + offset`
 //! is then *earlier* than the true one, and a script that runs near the deadline answers "late"
-//! to a caller that was perhaps still waiting (the failure policy decides for it: the same answer
+//! to a caller that was perhaps still waiting (the fail mode decides for it: the same answer
 //! it would have got a moment later). An offset too large would let a script spend permits for a
-//! caller that the failure policy had already answered, which is the fault this exists to stop.
+//! caller that the fail mode had already answered, which is the fault this exists to stop.
 //!
 //! * **Out of order.** Each reply is judged by its own `sent` and `received`, so the order in
 //!   which replies are read does not matter: a reply read late only gives a looser lower bound.
