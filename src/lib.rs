@@ -35,7 +35,7 @@ mod quota;
 pub mod rate_limit;
 pub mod store;
 mod sync;
-mod tiers;
+pub mod tiers;
 
 pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
 pub use bulkhead::{
@@ -53,7 +53,7 @@ pub use rate_limit::{Policy, RateLimitLayer};
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 pub use store::Overflow;
-pub use tiers::{TierFuture, Tiers, UnknownTier};
+pub use tiers::Tiers;
 
 /// The README's Rust snippets, compiled (and, unless marked `no_run`, run) as doctests, so that
 /// what the README shows is what the crate does.

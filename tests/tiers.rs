@@ -13,7 +13,8 @@ use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota, Tiers, UnknownTier};
+use tower_bulwark::tiers::UnknownTier;
+use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota, Tiers};
 
 #[path = "listener/mod.rs"]
 mod listener;

@@ -188,7 +188,7 @@
 mod body;
 mod error;
 pub mod events;
-mod future;
+pub mod future;
 mod instance;
 mod layer;
 #[cfg(feature = "metrics")]
@@ -202,7 +202,6 @@ pub use events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, OnCallFinished,
     OnCallPermitted, OnCallRejected, Rejection,
 };
-pub use future::{BodyResponseFuture, ResponseFuture};
 pub use instance::{Bulkhead, BulkheadBuilder};
 pub use layer::{BulkheadBodyLayer, BulkheadLayer};
 pub use semaphore::MAX_CONCURRENT_CALLS;

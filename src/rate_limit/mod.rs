@@ -155,7 +155,7 @@
 
 mod body;
 mod decide;
-mod future;
+pub mod future;
 pub mod key;
 mod layer;
 mod policy;
@@ -163,7 +163,6 @@ mod response;
 mod service;
 
 pub use self::body::{BodyKind, SameBody, WrapBody};
-pub use self::future::ResponseFuture;
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
 #[cfg(feature = "axum")]
 pub use self::key::{ForwardedIp, PeerIp};
