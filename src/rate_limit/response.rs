@@ -309,6 +309,17 @@ impl Meta {
         outcomes: &[Outcome],
         quota: impl Fn(usize) -> Quota,
     ) -> Option<AdmittedHeaders> {
+        // Both headers need each policy's quota; read it once (for a keyed limiter that is a
+        // lock taken and released).
+        let memo: [std::cell::Cell<Option<Quota>>; 4] = Default::default();
+        let quota = |i: usize| match memo.get(i) {
+            Some(cell) => cell.get().unwrap_or_else(|| {
+                let q = quota(i);
+                cell.set(Some(q));
+                q
+            }),
+            None => quota(i),
+        };
         let policy = self.policy_header_for(outcomes, &quota)?;
         let ratelimit = ratelimit_header(&self.policies, outcomes, false, &quota)?;
         let legacy = if self.legacy_headers {
