@@ -33,7 +33,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::routing::get;
 use axum::Router;
-use http::header::{HeaderName, HOST};
+use http::header::HOST;
 use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -90,7 +90,7 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
         "bulwark-three" => {
             let per_host = Policy::new(
                 "per-host",
-                HeaderKey::new(HeaderName::from(HOST)),
+                HeaderKey::new(HOST),
                 KeyedRateLimiter::new(never),
             )?;
             let all = Policy::global("all", DirectRateLimiter::new(never))?;

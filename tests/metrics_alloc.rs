@@ -166,7 +166,7 @@ fn layer_allocations_per_request(
             .collect()
     };
     let mut cx = Context::from_waker(Waker::noop());
-    let mut run = |service: &mut dyn FnMut(http::Request<()>) -> bool, requests| {
+    let run = |service: &mut dyn FnMut(http::Request<()>) -> bool, requests| {
         let before = counting::allocations();
         for request in requests {
             assert!(service(request), "every request is admitted at once");

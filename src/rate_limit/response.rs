@@ -320,8 +320,8 @@ impl Meta {
             }),
             None => quota(i),
         };
-        let policy = self.policy_header_for(outcomes, &quota)?;
-        let ratelimit = ratelimit_header(&self.policies, outcomes, false, &quota)?;
+        let policy = self.policy_header_for(outcomes, quota)?;
+        let ratelimit = ratelimit_header(&self.policies, outcomes, false, quota)?;
         let legacy = if self.legacy_headers {
             legacy_values(&self.policies, outcomes, false).map(Box::new)
         } else {
