@@ -108,10 +108,15 @@ where
                 Ok(0) => first = Some(First::Skipped),
                 Ok(_) => match policies.reserve_now(0, &keys) {
                     Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
-                        let admitted = [Outcome::Admitted(decision)];
-                        let headers = shared
-                            .meta
-                            .admitted_headers(&admitted, |i| policies.quota(i, &keys));
+                        // The outcome is only built for the headers: with them off, not at all.
+                        let headers = if shared.meta.admitted_headers {
+                            let admitted = [Outcome::Admitted(decision)];
+                            shared
+                                .meta
+                                .admitted_headers(&admitted, |i| policies.quota(i, &keys))
+                        } else {
+                            None
+                        };
                         let request = Request::from_parts(parts, body);
                         return ResponseFuture::call(inner.call(request), headers, None);
                     }
