@@ -15,13 +15,13 @@ cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-5s}
 ADDR=${ADDR:-127.0.0.1:3919}
-read -r -a VARIANTS <<<"${VARIANTS:-none identity-layer none-headers bulwark bulwark-bare governor governor-headers bulwark-refuse governor-refuse}"
+read -r -a VARIANTS <<<"${VARIANTS:-none identity-layer none-headers bulwark bulwark-bare governor governor-headers bulwark-three bulwark-cost-by bulwark-count-if bulwark-refuse governor-refuse}"
 
 for tool in wrk valgrind; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install $tool)" >&2; exit 1; }
 done
 cargo build --release --example bench_server >&2
-SERVER=target/release/examples/bench_server
+SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
 # OUT_DIR=dir keeps each variant's callgrind profile there (for callgrind_annotate).
 out_dir=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out_dir"

@@ -22,7 +22,7 @@ read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare gover
 
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 cargo build --release --example bench_server >&2
-SERVER=target/release/examples/bench_server
+SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
 
 # `taskset -c N` where it exists; it execs its command, so `$!` is the server itself.
 if command -v taskset >/dev/null; then ON_CPU0=(taskset -c 0); ON_CPU1=(taskset -c 1); else ON_CPU0=(); ON_CPU1=(); fi

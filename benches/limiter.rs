@@ -11,6 +11,19 @@
 //!   kind of clock governor reads by default, so that the algorithms compare like for like.
 //! * `keyed/*`: one check of a keyed limiter over 100 000 keys already present, from 1 and 2
 //!   threads.
+//!
+//! With `CHECKS=n` in the environment it runs no benchmark but `n` checks of the contender
+//! named by `CHECK` (see [`count`]) on one thread, for valgrind to count instructions: run it
+//! twice, with two values of `n`, and divide the difference in instructions by the difference
+//! in checks, which leaves out start-up and set-up.
+//!
+//! ```sh
+//! cargo bench --features quanta --bench limiter --no-run
+//! for n in 1000000 2000000; do
+//!   CHECKS=$n CHECK=direct-manual valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/deps/limiter-* 2>&1 | grep 'Collected'
+//! done
+//! ```
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -18,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, QuantaClock, Quota};
+use criterion::{criterion_group, BenchmarkId, Criterion};
+use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, ManualClock, QuantaClock, Quota};
 
 const KEYS: u32 = 100_000;
 
@@ -206,5 +219,68 @@ fn floor_slot(key: u32) -> usize {
     (key.wrapping_mul(0x9E37_79B1) & ((1 << 17) - 1)) as usize
 }
 
+/// Runs `checks` checks of contender `check` on this thread (see the module's docs): `direct`,
+/// `keyed` (100 000 keys, visited as in `keyed_100k`) or `governor-direct`, `governor-keyed`;
+/// the bulwark ones take a clock suffix, `-system`, `-quanta` or `-manual` (a clock that stands
+/// still, to count the limiter's own instructions).
+fn count(check: &str, checks: u64) {
+    let key_of = |i: u64| ((i.wrapping_mul(2_654_435_761)) % u64::from(KEYS)) as u32;
+    macro_rules! direct {
+        ($l:expr) => {{
+            let l = $l;
+            for _ in 0..checks {
+                black_box(l.check());
+            }
+        }};
+    }
+    macro_rules! keyed {
+        ($l:expr) => {{
+            let l = $l;
+            for k in 0..KEYS {
+                l.check(&k);
+            }
+            for i in 0..checks {
+                black_box(l.check(&key_of(i)));
+            }
+        }};
+    }
+    let builder = || DirectRateLimiter::builder(wide_quota());
+    let keyed_builder = || KeyedRateLimiter::<u32>::builder(wide_quota());
+    match check {
+        "direct-system" => direct!(builder().build()),
+        "direct-quanta" => direct!(builder().clock(QuantaClock::new()).build()),
+        "direct-manual" => direct!(builder().clock(ManualClock::new()).build()),
+        "keyed-system" => keyed!(keyed_builder().build()),
+        "keyed-quanta" => keyed!(keyed_builder().clock(QuantaClock::new()).build()),
+        "keyed-manual" => keyed!(keyed_builder().clock(ManualClock::new()).build()),
+        "governor-direct" => {
+            let l = governor::RateLimiter::direct(governor_quota());
+            for _ in 0..checks {
+                let _ = black_box(l.check());
+            }
+        }
+        "governor-keyed" => {
+            let l = governor::RateLimiter::keyed(governor_quota());
+            for k in 0..KEYS {
+                let _ = l.check_key(&k);
+            }
+            for i in 0..checks {
+                let _ = black_box(l.check_key(&key_of(i)));
+            }
+        }
+        other => panic!("unknown CHECK {other:?}"),
+    }
+}
+
 criterion_group!(benches, direct, keyed);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(checks) = std::env::var("CHECKS") {
+        let checks = checks.parse().expect("CHECKS is a number");
+        let check = std::env::var("CHECK").unwrap_or_else(|_| "direct-manual".to_owned());
+        count(&check, checks);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -17,6 +17,12 @@
 //! * `governor`: `tower_governor` keyed by peer IP, with a quota that never refuses;
 //! * `governor-headers`: the same with `use_headers()`, so admitted responses carry its
 //!   `x-ratelimit-limit` and `x-ratelimit-remaining` headers (the like of `bulwark`);
+//! * `bulwark-three`: three policies chained with `Policy::and`, each with its own key: per peer
+//!   IP, per `Host` header (the header every `wrk` request carries) and one global budget (a
+//!   `DirectRateLimiter`), default settings;
+//! * `bulwark-cost-by`: `bulwark` with a cost computed from the request (`cost_by`);
+//! * `bulwark-count-if`: `bulwark` counting only server errors (`count_if`), so every admitted
+//!   request's permit is given back after its `200`;
 //! * `bulwark-refuse` / `governor-refuse`: one request per hour, so a client under load is
 //!   refused (the refusal path).
 //!
@@ -27,8 +33,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::routing::get;
 use axum::Router;
-use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, Quota};
+use http::header::HOST;
+use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
@@ -38,13 +45,15 @@ const NEVER_REFUSES: u32 = 1_000_000_000;
 
 fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
     let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
-    let bulwark = |quota: Quota| -> Result<_, Box<dyn std::error::Error>> {
-        let limiter = KeyedRateLimiter::<IpAddr>::new(quota);
-        Ok(RateLimitLayer::new(Policy::new(
+    let per_ip = |quota: Quota| {
+        Policy::new(
             "per-ip",
             PeerIp::new(),
-            limiter,
-        )?))
+            KeyedRateLimiter::<IpAddr>::new(quota),
+        )
+    };
+    let bulwark = |quota: Quota| -> Result<_, Box<dyn std::error::Error>> {
+        Ok(RateLimitLayer::new(per_ip(quota)?))
     };
     let governor = |per_nanos: Option<u64>, burst: u32| {
         let mut builder = GovernorConfigBuilder::default();
@@ -78,6 +87,29 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
         "bulwark" => hello.route_layer(bulwark(never)?),
         "bulwark-bare" => hello.route_layer(bulwark(never)?.without_admitted_headers()),
         "bulwark-refuse" => hello.route_layer(bulwark(hourly)?),
+        "bulwark-three" => {
+            let per_host = Policy::new(
+                "per-host",
+                HeaderKey::new(HOST),
+                KeyedRateLimiter::new(never),
+            )?;
+            let all = Policy::global("all", DirectRateLimiter::new(never))?;
+            hello.route_layer(RateLimitLayer::new(per_ip(never)?.and(per_host).and(all)))
+        }
+        "bulwark-cost-by" => {
+            let policy = per_ip(never)?.cost_by(|request| {
+                if request.uri.path() == "/search" {
+                    5
+                } else {
+                    1
+                }
+            });
+            hello.route_layer(RateLimitLayer::new(policy))
+        }
+        "bulwark-count-if" => {
+            let policy = per_ip(never)?.count_if(|response| response.status.is_server_error());
+            hello.route_layer(RateLimitLayer::new(policy))
+        }
         "governor" => hello.route_layer(governor(Some(1), NEVER_REFUSES)?),
         "governor-headers" => {
             let config = GovernorConfigBuilder::default()

@@ -4,6 +4,39 @@
 //! nanoseconds since the clock's own origin. Production code uses [`SystemClock`]; tests use
 //! [`ManualClock`], whose time moves only when the test moves it, or [`TokioClock`], which follows
 //! tokio's timer and therefore `tokio::time::pause` / `advance`.
+//!
+//! # Why the default is `SystemClock`, not the time-stamp counter
+//!
+//! `QuantaClock` (feature `quanta`) reads the processor's time-stamp counter, the clock
+//! governor uses by default. It is faster to read, and the algorithms would accept it: readings
+//! that arrive out of order between threads (a thread that read the clock, was descheduled and
+//! lost the race to a later reading, or a counter slightly out of step between cores) are decided
+//! as of the key's latest reading, so a stale reading admits neither more nor less. The default
+//! still stays `SystemClock` (`std::time::Instant`), on this evidence (figures in
+//! `BENCHMARKS.md`, "Which clock"):
+//!
+//! * **What the counter buys is small next to the rest of a keyed check.** Counted with
+//!   callgrind, a keyed check is 401 instructions on `SystemClock` and 333 on `QuantaClock`
+//!   (governor: 294). In time, on a 2-vCPU AMD EPYC virtual machine, the counter saved 35 to
+//!   40 ns of 85 to 95 ns on an idle machine, and nothing measurable (about 300 ns either way)
+//!   with another build running, where the load of the key's table entry dominates. Neither
+//!   clock makes the keyed check level with governor's from one thread.
+//! * **The counter's correctness depends on the platform.** `quanta` uses it when the processor
+//!   reports a constant or invariant rate, and otherwise falls back to the operating system's
+//!   clock. A counter that is constant but not invariant can stop in deep sleep states and fall
+//!   behind real time; a virtual machine migrated live to a host with another counter frequency
+//!   (without the hypervisor scaling it) sees the counter tick at a new rate; and the rate is
+//!   measured once per process, against the system clock (for up to 200 ms, on the thread that
+//!   makes the first `QuantaClock`), so an error in that measurement stays for the life of the
+//!   process. A clock whose rate is off by some fraction makes every limit off by that fraction,
+//!   silently. `Instant` is the operating system's monotonic clock and has none of these failure
+//!   modes.
+//! * **Creating a `QuantaClock` runs `cpuid`**, which a hypervisor traps: harmless when a
+//!   limiter is built once, costly if limiters are built per request.
+//!
+//! Where the platform is known to have an invariant counter (bare metal, or a hypervisor that
+//! exposes `invariant_tsc` and scales it across migrations), `QuantaClock` is one builder call
+//! away: `KeyedRateLimiter::builder(quota).clock(QuantaClock::new()).build()`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -133,3 +133,144 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
         Some(DebugValue::Gauge(v)) if v.into_inner() == 1.0
     ));
 }
+
+/// Allocations per request through a `RateLimitLayer` whose policy's limiter is observed (the
+/// metrics recorded), beyond those of the inner service alone; requests are built beforehand and
+/// every one is admitted at once.
+#[cfg(feature = "axum")]
+fn layer_allocations_per_request(
+    layer: impl tower::Layer<
+        Inner,
+        Service: tower::Service<
+            http::Request<()>,
+            Response = http::Response<http_body_util::Full<bytes::Bytes>>,
+            Error = std::convert::Infallible,
+        >,
+    >,
+) -> f64 {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use tower::Service;
+
+    const REQUESTS: usize = 1_000;
+    let peer = std::net::SocketAddr::from(([192, 0, 2, 7], 40_000));
+    let requests = |n: usize| -> Vec<http::Request<()>> {
+        (0..n)
+            .map(|_| {
+                let mut request = http::Request::new(());
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            })
+            .collect()
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    let run = |service: &mut dyn FnMut(http::Request<()>) -> bool, requests| {
+        let before = counting::allocations();
+        for request in requests {
+            assert!(service(request), "every request is admitted at once");
+        }
+        counting::allocations() - before
+    };
+    let mut inner = Inner;
+    let mut limited = layer.layer(Inner);
+    // The first request registers the metrics handles and inserts the key.
+    let mut through_layer = |request| {
+        let mut future = std::pin::pin!(limited.call(request));
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(response)) => response.status() == http::StatusCode::OK,
+            _ => false,
+        }
+    };
+    run(&mut through_layer, requests(1));
+    let with_layer = run(&mut through_layer, requests(REQUESTS));
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut alone = |request| {
+        let mut future = std::pin::pin!(inner.call(request));
+        matches!(future.as_mut().poll(&mut cx), Poll::Ready(Ok(_)))
+    };
+    let without = run(&mut alone, requests(REQUESTS));
+    (with_layer as f64 - without as f64) / REQUESTS as f64
+}
+
+/// A service that answers `200` with an empty body, allocating nothing.
+#[cfg(feature = "axum")]
+#[derive(Clone, Copy)]
+struct Inner;
+
+#[cfg(feature = "axum")]
+impl tower::Service<http::Request<()>> for Inner {
+    type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<()>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new(Default::default())))
+    }
+}
+
+#[cfg(feature = "axum")]
+#[test]
+fn the_layers_admitted_path_allocates_nothing_but_its_headers() {
+    use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+    use tower_bulwark::DirectRateLimiter;
+
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let per_ip = || {
+            Policy::new(
+                "per-ip",
+                PeerIp::new(),
+                Observed::new(
+                    "per-ip",
+                    KeyedRateLimiter::new(Quota::per_second(1_000_000).unwrap()),
+                ),
+            )
+            .unwrap()
+        };
+        let all = || {
+            Policy::global(
+                "all",
+                Observed::new(
+                    "all",
+                    DirectRateLimiter::new(Quota::per_second(1_000_000).unwrap()),
+                ),
+            )
+            .unwrap()
+        };
+
+        // Headers off: the decision, its metrics and the response future allocate nothing.
+        let bare =
+            layer_allocations_per_request(RateLimitLayer::new(per_ip()).without_admitted_headers());
+        assert_eq!(bare, 0.0, "one policy, headers off");
+        let two = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().and(all())).without_admitted_headers(),
+        );
+        assert_eq!(two, 0.0, "two policies, headers off");
+        let cost_by = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().cost_by(|_| 2)).without_admitted_headers(),
+        );
+        assert_eq!(cost_by, 0.0, "a cost computed per request, headers off");
+
+        // Headers on: the `RateLimit` value (`RateLimit-Policy` is built once and shared) and
+        // the response's header map, which the inner service left empty, growing to hold them.
+        let headers = layer_allocations_per_request(RateLimitLayer::new(per_ip()));
+        assert_eq!(headers, 3.0, "one policy, default headers");
+
+        // A policy that counts by outcome keeps the request's key until the response: one
+        // allocation by design (see `Policy::count_if`).
+        let count_if = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().count_if(|r| r.status.is_server_error()))
+                .without_admitted_headers(),
+        );
+        assert_eq!(count_if, 1.0, "a count_if policy, headers off");
+    });
+}

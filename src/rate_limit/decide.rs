@@ -108,9 +108,10 @@ pub(crate) enum Conclusion {
 }
 
 impl<P: PolicySet> Ledger<P> {
-    pub(crate) fn new(policies: &P) -> Self {
+    /// A ledger with the keys found so far and no outcome yet.
+    pub(crate) fn with_keys(policies: &P, keys: P::Keys) -> Self {
         Self {
-            keys: policies.no_keys(),
+            keys,
             outcomes: OutcomeList::new(policies.len()),
         }
     }

@@ -309,8 +309,19 @@ impl Meta {
         outcomes: &[Outcome],
         quota: impl Fn(usize) -> Quota,
     ) -> Option<AdmittedHeaders> {
-        let policy = self.policy_header_for(outcomes, &quota)?;
-        let ratelimit = ratelimit_header(&self.policies, outcomes, false, &quota)?;
+        // Both headers need each policy's quota; read it once (for a keyed limiter that is a
+        // lock taken and released).
+        let memo: [std::cell::Cell<Option<Quota>>; 4] = Default::default();
+        let quota = |i: usize| match memo.get(i) {
+            Some(cell) => cell.get().unwrap_or_else(|| {
+                let q = quota(i);
+                cell.set(Some(q));
+                q
+            }),
+            None => quota(i),
+        };
+        let policy = self.policy_header_for(outcomes, quota)?;
+        let ratelimit = ratelimit_header(&self.policies, outcomes, false, quota)?;
         let legacy = if self.legacy_headers {
             legacy_values(&self.policies, outcomes, false).map(Box::new)
         } else {
@@ -845,14 +856,27 @@ fn number_value(n: u64) -> HeaderValue {
 /// The decimal digits of `n`, written at the end of `buf` (without `core::fmt`, which is slow on
 /// these hot paths).
 fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    // Two digits per step from a table: half the multiply-shift divisions of one digit a step,
+    // for the numbers of up to ten digits every admitted response's `RateLimit` carries.
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                2021222324252627282930313233343536373839\
+                                4041424344454647484950515253545556575859\
+                                6061626364656667686970717273747576777879\
+                                8081828384858687888990919293949596979899";
     let mut i = buf.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[i] = b'0' + n as u8;
     }
     &buf[i..]
 }
@@ -993,7 +1017,24 @@ mod tests {
 
     #[test]
     fn integers_are_written_in_full() {
-        for n in [0, 7, 10, 99, 100, 12_345, SF_INTEGER_MAX, u64::MAX] {
+        let powers = (0..20).flat_map(|e| {
+            let p = 10u64.pow(e);
+            [p - 1, p, p + 1]
+        });
+        for n in [
+            0,
+            7,
+            10,
+            99,
+            100,
+            12_345,
+            999_999_999,
+            SF_INTEGER_MAX,
+            u64::MAX,
+        ]
+        .into_iter()
+        .chain(powers)
+        {
             let mut v = ValueBuf::new();
             v.push_u64(n);
             assert_eq!(v.as_bytes(), n.to_string().as_bytes());

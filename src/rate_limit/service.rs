@@ -97,39 +97,58 @@ where
             return ResponseFuture::call(inner.call(request), None, None);
         }
 
+        let mut keys = policies.no_keys();
+        let mut first = None;
+        if policies.len() == 1 && !shared.meta.settles {
+            // The common case, one policy deciding at once, takes the shortest way: no permit is
+            // held until the limiter admits, and an immediate admission goes straight to the
+            // inner service, so this way needs neither the ledger nor its guard. Any other answer
+            // joins the general way below where it stands.
+            match policies.prepare(0, &parts, &mut keys) {
+                Ok(0) => first = Some(First::Skipped),
+                Ok(_) => match policies.reserve_now(0, &keys) {
+                    Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
+                        // The outcome is only built for the headers: with them off, not at all.
+                        let headers = if shared.meta.admitted_headers {
+                            let admitted = [Outcome::Admitted(decision)];
+                            shared
+                                .meta
+                                .admitted_headers(&admitted, |i| policies.quota(i, &keys))
+                        } else {
+                            None
+                        };
+                        let request = Request::from_parts(parts, body);
+                        return ResponseFuture::call(inner.call(request), headers, None);
+                    }
+                    Some(result) => first = Some(First::Decided(result)),
+                    None => first = Some(First::Reserve),
+                },
+                Err(error) => first = Some(First::KeyError(error)),
+            }
+        }
+
         // Whatever happens from here (a cost function, a key extractor or a hook that panics),
         // the guard gives back the permits the request holds until it hands them over.
         let mut guard = Guard {
             shared,
-            ledger: Ledger::new(policies),
+            ledger: Ledger::with_keys(policies, keys),
         };
         let ledger = &mut guard.ledger;
         let mut next = None;
-        if policies.len() == 1 && !shared.meta.settles {
-            // The common case, one policy deciding at once, takes the shortest way; any other
-            // answer joins the general way below where it stands.
-            match policies.prepare(0, &parts, &mut ledger.keys) {
-                Ok(0) => ledger.outcomes.push(Outcome::Skipped),
-                Ok(_) => match policies.reserve_now(0, &ledger.keys) {
-                    Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
-                        let admitted = [Outcome::Admitted(decision)];
-                        let headers = shared
-                            .meta
-                            .admitted_headers(&admitted, |i| policies.quota(i, &ledger.keys));
-                        let request = Request::from_parts(parts, body);
-                        return ResponseFuture::call(inner.call(request), headers, None);
-                    }
-                    Some(result) => {
-                        if let Some(answer) = ledger.record(shared, result) {
-                            return ResponseFuture::answer(answer);
-                        }
-                    }
-                    None => next = Some(Next::Reserve(policies.reserve(0, &ledger.keys))),
-                },
-                Err(error) => {
-                    if let Some(answer) = ledger.key_error(shared, &error) {
-                        return ResponseFuture::answer(answer);
-                    }
+        match first {
+            None => {}
+            Some(First::Skipped) => ledger.outcomes.push(Outcome::Skipped),
+            Some(First::Decided(result)) => {
+                if let Some(answer) = ledger.record(shared, result) {
+                    return ResponseFuture::answer(answer);
+                }
+            }
+            Some(First::Reserve) => {
+                next = Some(Next::Reserve(policies.reserve(0, &ledger.keys)));
+            }
+            Some(First::KeyError(error)) => {
+                if let Some(answer) = ledger.key_error(shared, &error) {
+                    return ResponseFuture::answer(answer);
                 }
             }
         }
@@ -180,6 +199,14 @@ where
     }
 }
 
+/// What the one-policy shortcut of `call` found, when it is not an immediate admission.
+enum First {
+    Skipped,
+    Decided(Result<crate::Decision, crate::BoxError>),
+    Reserve,
+    KeyError(super::key::KeyError),
+}
+
 /// The permits a request holds while `call` decides; dropped (by a return, or a panic in a
 /// user's function), it gives back whatever is still in its ledger.
 struct Guard<'a, P: PolicySet> {
@@ -188,8 +215,12 @@ struct Guard<'a, P: PolicySet> {
 }
 
 impl<P: PolicySet> Drop for Guard<'_, P> {
+    #[inline]
     fn drop(&mut self) {
-        self.ledger.refund_all(self.shared);
+        // Usually the ledger was handed over (or holds nothing): nothing to give back.
+        if self.ledger.outcomes.len() != 0 {
+            self.ledger.refund_all(self.shared);
+        }
     }
 }
 
