@@ -655,3 +655,41 @@ async fn a_vec_of_configured_policies_decides_like_a_chain() {
         "two admitted spent two of each, checks one more"
     );
 }
+
+#[tokio::test]
+async fn rate_limit_policy_names_the_policies_that_took_part_whatever_their_number() {
+    // Beyond 64 policies the layer can no longer tell sets apart by one bit each: two requests
+    // that differ only in whether policy 63 or policy 64 sat out must still be told apart.
+    let limiters: Vec<_> = (0..66)
+        .map(|_| DirectRateLimiter::new(Quota::per_hour(100).unwrap()))
+        .collect();
+    let policies: Vec<_> = limiters
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            Policy::global(format!("p{i}"), l.clone())
+                .unwrap()
+                .cost_by(move |request| {
+                    let skip = request.headers.get("x-skip").and_then(|v| v.to_str().ok());
+                    u32::from(skip != Some(i.to_string().as_str()))
+                })
+        })
+        .collect();
+    let app = Router::new()
+        .route("/items", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(policies));
+    for skipped in [64, 63, 64] {
+        let request = Request::get("/items")
+            .header("x-skip", skipped.to_string())
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let advertised = names(&response, "ratelimit-policy");
+        assert_eq!(advertised.len(), 65);
+        assert!(
+            !advertised.contains(&format!("p{skipped}")),
+            "p{skipped} sat out but is advertised"
+        );
+    }
+}

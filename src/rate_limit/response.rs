@@ -264,40 +264,48 @@ impl Meta {
     ) -> Option<HeaderValue> {
         let mut set = 0usize;
         let mut own_quotas = true;
-        for (i, (p, o)) in self.policies.iter().zip(outcomes).enumerate() {
-            if p.advertised() && !matches!(o, Outcome::Skipped) {
+        for (i, p) in self.policies.iter().enumerate() {
+            if p.advertised() && took_part(outcomes, i) {
+                // Only read as an index while there are at most `CACHED_SETS` policies.
                 set |= 1 << i.min(usize::BITS as usize - 1);
                 own_quotas &= quota(i) == p.quota;
             }
         }
-        let included = |i: usize| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
         match self.policy_headers.get(set) {
             Some(cached) if own_quotas => cached
-                .get_or_init(|| policy_header(&self.policies, included, |i| self.policies[i].quota))
+                .get_or_init(|| {
+                    let included = |i| took_part(outcomes, i);
+                    policy_header(&self.policies, included, |i| self.policies[i].quota)
+                })
                 .clone(),
-            _ => self.changed_policy_header(set, outcomes, quota),
+            _ => self.changed_policy_header(outcomes, quota),
         }
     }
 
-    /// `RateLimit-Policy` for quotas other than those the layer was built with: the one built
-    /// last if it was for the same set of policies and quotas, otherwise built now and kept.
+    /// `RateLimit-Policy` for quotas other than those the layer was built with (or for more
+    /// than [`CACHED_SETS`] policies): the one built last if it was for the same policies with
+    /// the same quotas, otherwise built now and kept.
     #[cold]
     fn changed_policy_header(
         &self,
-        set: usize,
         outcomes: &[Outcome],
         quota: impl Fn(usize) -> Quota,
     ) -> Option<HeaderValue> {
-        let included = |i: usize| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
-        let quotas: Box<[Quota]> = (0..self.policies.len()).map(&quota).collect();
+        // Each advertised policy that took part, with its quota; the others `None`.
+        let quotas: Box<[Option<Quota>]> = (0..self.policies.len())
+            .map(|i| (self.policies[i].advertised() && took_part(outcomes, i)).then(|| quota(i)))
+            .collect();
         if let Some(changed) = &*self.changed_policy.load() {
-            if changed.set == set && changed.quotas == quotas {
+            if changed.quotas == quotas {
                 return changed.header.clone();
             }
         }
-        let header = policy_header(&self.policies, included, |i| quotas[i]);
+        let header = policy_header(
+            &self.policies,
+            |i| quotas[i].is_some(),
+            |i| quotas[i].unwrap_or(self.policies[i].quota),
+        );
         self.changed_policy.store(Some(Arc::new(ChangedPolicy {
-            set,
             quotas,
             header: header.clone(),
         })));
@@ -352,8 +360,8 @@ impl fmt::Debug for Meta {
 /// `RateLimit-Policy` for quotas that differ from those a layer was built with.
 #[derive(Debug)]
 pub(crate) struct ChangedPolicy {
-    set: usize,
-    quotas: Box<[Quota]>,
+    /// Per policy, its quota if it took part and is advertised.
+    quotas: Box<[Option<Quota>]>,
     header: Option<HeaderValue>,
 }
 
@@ -628,14 +636,7 @@ fn ratelimit_header(
 /// Structured Field String. The values are [`advertised_policy`]'s.
 fn write_policy_item(buf: &mut ValueBuf, sf_name: &str, quota: &Quota) {
     let (q, w) = advertised_policy(quota);
-    if !buf.is_empty() {
-        buf.push(b", ");
-    }
-    buf.push(sf_name.as_bytes());
-    buf.push(b";q=");
-    buf.push_u64(q);
-    buf.push(b";w=");
-    buf.push_u64(w);
+    write_item(buf, sf_name, (b";q=", q), (b";w=", w));
 }
 
 /// Appends one Service Limit Item, `"name";r=<r>;t=<t>`, to a `RateLimit` list (with the `", "`
@@ -648,17 +649,30 @@ fn write_ratelimit_item(
     decision: &Decision,
     refused: bool,
 ) {
-    let Some((r, t)) = service_limit(quota, decision, refused) else {
-        return;
-    };
+    if let Some((r, t)) = service_limit(quota, decision, refused) {
+        write_item(buf, sf_name, (b";r=", r), (b";t=", t));
+    }
+}
+
+/// Appends `<sf_name><first>=<n><second>=<n>` to a list, with the `", "` separator if the list
+/// is not empty.
+#[inline]
+fn write_item(buf: &mut ValueBuf, sf_name: &str, first: (&[u8], u64), second: (&[u8], u64)) {
     if !buf.is_empty() {
         buf.push(b", ");
     }
     buf.push(sf_name.as_bytes());
-    buf.push(b";r=");
-    buf.push_u64(r);
-    buf.push(b";t=");
-    buf.push_u64(t);
+    buf.push(first.0);
+    buf.push_u64(first.1);
+    buf.push(second.0);
+    buf.push_u64(second.1);
+}
+
+/// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
+/// sitting it out, at a cost of zero or without a key).
+#[inline]
+fn took_part(outcomes: &[Outcome], i: usize) -> bool {
+    !matches!(outcomes.get(i), None | Some(Outcome::Skipped))
 }
 
 /// The `(q, w)` a policy advertises in `RateLimit-Policy`.
