@@ -445,6 +445,19 @@ impl<'a> Fields<'a> {
         }
     }
 
+    fn cidrs(&self, field: &str, v: &Value) -> Result<Vec<Cidr>, ConfigError> {
+        let list = v
+            .as_array()
+            .ok_or_else(|| self.err(field, "must be a list of CIDR strings"))?;
+        list.iter()
+            .map(|item| {
+                let s = self.string(field, item)?;
+                s.parse::<Cidr>()
+                    .map_err(|e| self.err(field, format!("`{s}`: {e}")))
+            })
+            .collect()
+    }
+
     fn string(&self, field: &str, v: &'a Value) -> Result<&'a str, ConfigError> {
         v.as_str()
             .ok_or_else(|| self.err(field, format!("must be a string, not {}", v.type_str())))
@@ -541,16 +554,7 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
     };
     let mut trusted_proxies = Vec::new();
     if let Some(v) = f.get("trusted_proxies") {
-        let list = v
-            .as_array()
-            .ok_or_else(|| f.err("trusted_proxies", "must be a list of CIDR strings"))?;
-        for item in list {
-            let s = f.string("trusted_proxies", item)?;
-            trusted_proxies.push(
-                s.parse::<Cidr>()
-                    .map_err(|e| f.err("trusted_proxies", format!("`{s}`: {e}")))?,
-            );
-        }
+        trusted_proxies = f.cidrs("trusted_proxies", v)?;
         if key != KeyKind::PeerIp {
             return Err(f.err("trusted_proxies", "applies only to key = \"peer_ip\""));
         }
@@ -733,16 +737,7 @@ fn route(path: &str, table: &Table) -> Result<RouteSettings, ConfigError> {
     }
     let mut exempt_networks = Vec::new();
     if let Some(v) = f.get("exempt_networks") {
-        let list = v
-            .as_array()
-            .ok_or_else(|| f.err("exempt_networks", "must be a list of CIDR strings"))?;
-        for item in list {
-            let s = f.string("exempt_networks", item)?;
-            exempt_networks.push(
-                s.parse::<Cidr>()
-                    .map_err(|e| f.err("exempt_networks", format!("`{s}`: {e}")))?,
-            );
-        }
+        exempt_networks = f.cidrs("exempt_networks", v)?;
         if !exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
             return Err(f.err(
                 "exempt_networks",
