@@ -54,14 +54,7 @@ async fn get_from(app: &Router, peer: [u8; 4], key: &str) -> http::Response<Body
 }
 
 fn names(response: &http::Response<Body>, header: &str) -> Vec<String> {
-    response
-        .headers()
-        .get(header)
-        .map(|v| listener::sf_list(v.to_str().unwrap()))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
+    listener::sf_names(response.headers(), header)
 }
 
 #[test]

@@ -61,14 +61,7 @@ async fn problem(response: reqwest::Response) -> serde_json::Value {
 }
 
 fn names(response: &reqwest::Response, header: &str) -> Vec<String> {
-    response
-        .headers()
-        .get(header)
-        .map(|v| listener::sf_list(v.to_str().unwrap()))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
+    listener::sf_names(response.headers(), header)
 }
 
 fn remaining(response: &reqwest::Response, policy: &str) -> i64 {

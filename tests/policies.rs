@@ -62,14 +62,7 @@ async fn json(response: Response) -> serde_json::Value {
 }
 
 fn names(response: &Response, header: &str) -> Vec<String> {
-    response
-        .headers()
-        .get(header)
-        .map(|v| listener::sf_list(v.to_str().unwrap()))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
+    listener::sf_names(response.headers(), header)
 }
 
 #[tokio::test]

@@ -406,25 +406,7 @@ fn body_json(response: Response<Body>) -> serde_json::Value {
 
 /// The names in a `RateLimit` or `RateLimit-Policy` header, parsed as an RFC 9651 list (all
 /// field lines joined); empty if there is none.
-fn sf_entries(headers: &HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let joined = headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if joined.is_empty() {
-        return Vec::new();
-    }
-    listener::sf_list(&joined)
-}
-
-fn sf_names(headers: &HeaderMap, name: &str) -> Vec<String> {
-    sf_entries(headers, name)
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect()
-}
+use listener::{sf_entries, sf_names};
 
 fn param(entry: &(String, Vec<(String, i64)>), name: &str) -> i64 {
     entry

@@ -45,3 +45,26 @@ pub fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
         })
         .collect()
 }
+
+/// Every line of header `name` parsed as one Structured Field list (see [`sf_list`]); empty when
+/// the header is absent.
+pub fn sf_entries(headers: &http::HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let joined = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if joined.is_empty() {
+        return Vec::new();
+    }
+    sf_list(&joined)
+}
+
+/// The names listed in header `name` (the policies of `RateLimit-Policy` or `RateLimit`).
+pub fn sf_names(headers: &http::HeaderMap, name: &str) -> Vec<String> {
+    sf_entries(headers, name)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
+}
