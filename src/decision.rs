@@ -29,7 +29,7 @@ pub struct Decision {
     /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
     /// charged: the instant the decision was made as of (the clock reading, or the key's latest
     /// reading if that was later) for an immediate admission, the instant the reservation falls
-    /// due for a reservation. [`Algorithm::refund`](crate::Algorithm::refund) uses it to give
+    /// due for a reservation. [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give
     /// back exactly what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
     /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
@@ -41,7 +41,7 @@ pub struct Decision {
     /// The permits this decision was asked for (set by the crate's limiters), so that a refund
     /// never gives back more than the admission took, whatever cost its caller names.
     pub(crate) cost: u32,
-    /// For a decision of a [`Tiers`](crate::Tiers) limiter, the index of the tier that made it,
+    /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that made it,
     /// so that a refund goes back to that tier. Zero otherwise.
     pub(crate) tier: u32,
 }
@@ -135,7 +135,7 @@ impl Decision {
         }
     }
 
-    /// This decision, made by tier `index` of a [`Tiers`](crate::Tiers) limiter.
+    /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
     #[inline]
     pub(crate) fn in_tier(mut self, index: usize) -> Self {
         self.tier = u32::try_from(index).unwrap_or(u32::MAX);

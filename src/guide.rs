@@ -4,10 +4,10 @@
 //!
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
-//! | [`Gcra`](crate::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
-//! | [`FixedWindow`](crate::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
-//! | [`SlidingLog`](crate::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
-//! | [`SlidingCounter`](crate::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
+//! | [`Gcra`](crate::algorithm::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
+//! | [`FixedWindow`](crate::algorithm::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
+//! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
+//! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
 //!
 //! # Guarantees under hostile conditions
 //!
@@ -30,7 +30,7 @@
 
 //! # What a decision says
 //!
-//! Every algorithm answers with a [`Decision`](crate::Decision):
+//! Every algorithm answers with a [`Decision`](crate::limiter::Decision):
 //!
 //! * `retry_after` of a refusal is the exact time until the same request would be admitted if
 //!   nothing else arrived in between; it is never zero. The HTTP layer sends
@@ -61,7 +61,7 @@
 //! this request but at most `q`, and `t`, the later of two spans (at least a second): when the key
 //! is whole again if nothing else arrives (`ceil(reset_after)`), and the time the advertised rate
 //! takes to grant `r` (`ceil(r · w / q)`). Two properties follow for every algorithm, since the
-//! layer sees only the [`Decision`](crate::Decision): any `r` requests sent within `t` are
+//! layer sees only the [`Decision`](crate::limiter::Decision): any `r` requests sent within `t` are
 //! admitted (`r` never exceeds what the limiter has left now), and `r/t` never states a faster
 //! rate than `q/w`, which is the cap on the ratio of `r` to `t` that section 6 of the draft asks
 //! for. The draft -10 reading of `t`, the time until the key is whole, fails the second: 1000 per
@@ -137,19 +137,19 @@
 //! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
 //! the store drops idle keys first whenever a shard is full, and
 //! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
-//! is full of live keys, [`Overflow`](crate::Overflow) decides: evict the keys whose loss gives
-//! away least, by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank) (default), or
+//! is full of live keys, [`Overflow`](crate::limiter::Overflow) decides: evict the keys whose loss gives
+//! away least, by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank) (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
 //! is being limited a fresh quota (`tests/eviction_floods.rs`, and the flood test of every
 //! algorithm above), with one exception: a quota of one request under the fixed window or the
 //! sliding counter, where a limited client and a flood's key hold the same single permit of the
-//! same window and either may be evicted (see [`Overflow`](crate::Overflow)).
+//! same window and either may be evicted (see [`Overflow`](crate::limiter::Overflow)).
 
 //! # Time
 //!
-//! Limiters read a [`Clock`](crate::Clock): [`SystemClock`](crate::SystemClock) in production,
-//! [`ManualClock`](crate::ManualClock) in tests (time moves only when the test moves it), and
-//! [`TokioClock`](crate::TokioClock) for tests that use `tokio::time::pause`, so that the
+//! Limiters read a [`Clock`](crate::clock::Clock): [`SystemClock`](crate::clock::SystemClock) in production,
+//! [`ManualClock`](crate::clock::ManualClock) in tests (time moves only when the test moves it), and
+//! [`TokioClock`](crate::clock::TokioClock) for tests that use `tokio::time::pause`, so that the
 //! limiter's time and tokio's sleeping agree.
 //!
 //! # Concurrency

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+//! use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
 //!
 //! let clock = ManualClock::new();
 //! let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(2)?)
@@ -38,8 +38,10 @@ use tokio::time::Sleep;
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::store::memory::{Full, MemoryStore};
-use crate::store::Overflow;
-use crate::{BoxError, Decision, InsufficientCapacity, Quota};
+use crate::{BoxError, Quota};
+
+pub use crate::decision::{Decision, InsufficientCapacity};
+pub use crate::store::memory::Overflow;
 
 /// Anything that decides on requests per key: the in-memory limiters, the Redis limiter, or a
 /// limiter of your own. The HTTP layer is written against this trait.
@@ -62,7 +64,7 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// The quota this limiter enforces for `key`, which the `RateLimit-Policy` header of a
     /// response to `key` advertises: [`quota`](Self::quota) unless the quota depends on the key
-    /// (see [`Tiers`](crate::Tiers)).
+    /// (see [`Tiers`](crate::tiers::Tiers)).
     fn quota_for(&self, key: &K) -> Quota {
         let _ = key;
         self.quota()
@@ -207,7 +209,7 @@ impl<K, A, C> RateLimiterBuilder<K, A, C> {
         }
     }
 
-    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    /// Reads time from `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<K, A, C2> {
         RateLimiterBuilder {
             quota: self.quota,
@@ -663,10 +665,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// decision is made with the new algorithm, by the same rules as any other.
     ///
     /// ```
-    /// use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+    /// use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
     ///
     /// let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(10)?)
-    ///     .algorithm::<tower_bulwark::FixedWindow>()
+    ///     .algorithm::<tower_bulwark::algorithm::FixedWindow>()
     ///     .clock(ManualClock::new())
     ///     .build();
     /// for _ in 0..9 {

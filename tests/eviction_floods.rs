@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, FixedWindow, Gcra, KeyedRateLimiter, ManualClock, Overflow, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
+    algorithm::SlidingLog, clock::ManualClock, limiter::Overflow, KeyedRateLimiter, Quota,
 };
 
 fn name<A>() -> &'static str {

@@ -12,8 +12,9 @@ use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, Clock, Decision, DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, Limiter,
-    ManualClock, Overflow, Quota, SlidingCounter, SlidingLog,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
+    algorithm::SlidingLog, clock::Clock, clock::ManualClock, limiter::Decision, limiter::Overflow,
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: u64 = 1_000_000;

@@ -5,8 +5,9 @@ use std::cell::Cell;
 
 use proptest::prelude::*;
 use tower_bulwark::{
-    Algorithm, Clock, Decision, DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, Limiter,
-    ManualClock, Quota, SlidingCounter, SlidingLog,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
+    algorithm::SlidingLog, clock::Clock, clock::ManualClock, limiter::Decision, DirectRateLimiter,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 thread_local! {

@@ -17,8 +17,8 @@ use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    BoxError, Decision, DirectRateLimiter, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingLog,
+    algorithm::SlidingLog, clock::ManualClock, limiter::Decision, BoxError, DirectRateLimiter,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 #[path = "listener/mod.rs"]
@@ -27,7 +27,7 @@ mod listener;
 fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
     clock: &ManualClock,
-) -> KeyedRateLimiter<K, tower_bulwark::Gcra, ManualClock> {
+) -> KeyedRateLimiter<K, tower_bulwark::algorithm::Gcra, ManualClock> {
     KeyedRateLimiter::builder(quota)
         .clock(clock.clone())
         .build()

@@ -36,8 +36,9 @@ use tower_bulwark::rate_limit::{
     RateLimitLayer,
 };
 use tower_bulwark::{
-    Algorithm, BoxError, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock,
-    Quota, SlidingLog, TokioClock,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingLog,
+    clock::ManualClock, clock::TokioClock, limiter::Decision, BoxError, KeyedRateLimiter, Limiter,
+    Quota,
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
+    algorithm::SlidingLog, clock::ManualClock, KeyedRateLimiter, Limiter, Quota,
 };
 
 struct Rng(u64);

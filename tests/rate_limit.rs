@@ -22,10 +22,11 @@ use tower_bulwark::rate_limit::{
     PolicySet, RateLimitLayer, Refusal,
 };
 use tower_bulwark::{
-    BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingLog, TokioClock,
+    algorithm::SlidingLog, clock::ManualClock, clock::TokioClock, limiter::Decision, BoxError,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
-type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>;
+type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn ip_limiter(quota: Quota, clock: &ManualClock) -> IpLimiter {
     KeyedRateLimiter::builder(quota)
@@ -932,7 +933,7 @@ async fn a_failing_limiter_answers_503_or_fails_open() {
 
 /// Counts the requests that reach the handler.
 fn counting_app(
-    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, TokioClock>,
+    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>,
 ) -> (Router, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();

@@ -23,10 +23,11 @@ use tower::ServiceExt;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{BoxLimiter, FailMode, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, TokioClock,
+    clock::ManualClock, clock::TokioClock, limiter::Decision, BoxError, KeyedRateLimiter, Limiter,
+    Quota,
 };
 
-type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, TokioClock>;
+type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>;
 
 fn tokio_limiter(quota: Quota) -> Tokio {
     KeyedRateLimiter::builder(quota)

@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{BoxLimiter, Policy, RateLimitLayer};
 use tower_bulwark::{
-    Algorithm, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingCounter, SlidingLog,
+    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
+    algorithm::SlidingLog, clock::ManualClock, limiter::Decision, KeyedRateLimiter, Limiter, Quota,
 };
 
 /// The largest Structured Field Integer.

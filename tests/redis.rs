@@ -6,12 +6,12 @@ mod support;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_bulwark::store::redis::{
+use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    acquire, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingCounter, SlidingLog,
+    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    clock::ManualClock, limiter::acquire, limiter::Decision, KeyedRateLimiter, Limiter, Quota,
 };
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -549,7 +549,10 @@ async fn a_cost_above_capacity_is_an_error() {
         .build()
         .unwrap();
     let err = limiter.check_n(&"k", 6).await.unwrap_err();
-    assert!(err.is::<tower_bulwark::InsufficientCapacity>(), "{err}");
+    assert!(
+        err.is::<tower_bulwark::limiter::InsufficientCapacity>(),
+        "{err}"
+    );
     let d = limiter.check_n(&"k", 5).await.unwrap();
     assert!(d.allowed);
     assert_eq!(d.remaining, 0);
@@ -608,7 +611,7 @@ async fn lua_integer_arithmetic_is_exact() {
         return;
     };
     let script = redis::Script::new(concat!(
-        include_str!("../src/store/redis/prelude.lua"),
+        include_str!("../src/redis/prelude.lua"),
         "local out = {}\n",
         "for i = 7, #ARGV, 2 do\n",
         "  local a, b = tonumber(ARGV[i]), tonumber(ARGV[i + 1])\n",

@@ -8,10 +8,10 @@ mod support;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_bulwark::store::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
-    Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    clock::ManualClock, limiter::Decision, KeyedRateLimiter, Limiter, Quota,
 };
 
 /// A small deterministic generator (xorshift64*), so a failure names its seed and replays.

@@ -9,10 +9,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::{key_state, FakeRedis, RedisServer};
-use tower_bulwark::store::redis::{
+use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
-use tower_bulwark::{FixedWindow, Gcra, Limiter, Quota, SlidingCounter, SlidingLog};
+use tower_bulwark::{
+    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    Limiter, Quota,
+};
 
 /// Generous, so that a loaded machine does not time a live Redis out, yet within the
 /// connection's own response timeout (500 ms), so that the limiter's timeout answers.

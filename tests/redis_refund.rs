@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use support::{key_state, RedisServer};
-use tower_bulwark::store::redis::{
+use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter, SlidingLog,
+    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    clock::ManualClock, KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: u64 = 1_000_000;

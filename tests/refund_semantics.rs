@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 /// The guide, GCRA row: "When later admissions moved the TAT on but none of them is a reservation
 /// still ahead ..., an immediate admission gives back its cost less the time elapsed since it was

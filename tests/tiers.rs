@@ -14,12 +14,12 @@ use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::tiers::UnknownTier;
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota, Tiers};
+use tower_bulwark::{clock::ManualClock, tiers::Tiers, KeyedRateLimiter, Limiter, Quota};
 
 #[path = "listener/mod.rs"]
 mod listener;
 
-type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::Gcra, ManualClock>;
+type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn keyed(quota: Quota, clock: &ManualClock) -> Keyed {
     KeyedRateLimiter::builder(quota)

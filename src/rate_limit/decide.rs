@@ -12,7 +12,7 @@ use super::key::KeyError;
 use super::layer::{FailMode, Shared};
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
-use crate::{BoxError, Decision, InsufficientCapacity};
+use crate::{limiter::Decision, limiter::InsufficientCapacity, BoxError};
 
 const INLINE: usize = 4;
 

@@ -17,7 +17,7 @@ use pin_project_lite::pin_project;
 
 use super::policy::Shadow;
 use crate::decision::ceil_secs;
-use crate::{Decision, InsufficientCapacity, Quota};
+use crate::{limiter::Decision, limiter::InsufficientCapacity, Quota};
 
 /// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-11).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

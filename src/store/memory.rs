@@ -26,7 +26,7 @@ pub enum Overflow {
     /// admit the new key. The default.
     ///
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
-    /// ranked by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank): first by the
+    /// ranked by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank): first by the
     /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
     /// among keys holding as many, the one that took them earliest is kept. A key that has used
     /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,

@@ -6,8 +6,8 @@
 //! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!
 //! ```no_run
-//! use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
-//! use tower_bulwark::{Limiter, Quota, SlidingLog};
+//! use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+//! use tower_bulwark::{Limiter, Quota, algorithm::SlidingLog};
 //!
 //! # async fn run() -> Result<(), tower_bulwark::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -117,7 +117,9 @@ use redis::Value;
 use crate::algorithm::Gcra;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Source;
-use crate::{BoxError, Decision, InsufficientCapacity, KeyedRateLimiter, Limiter, Quota};
+use crate::{
+    limiter::Decision, limiter::InsufficientCapacity, BoxError, KeyedRateLimiter, Limiter, Quota,
+};
 
 mod cache;
 mod error;
@@ -361,8 +363,8 @@ impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
 }
 
 impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
-    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::FixedWindow),
-    /// [`SlidingLog`](crate::SlidingLog) or [`SlidingCounter`](crate::SlidingCounter).
+    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
+    /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
     pub fn algorithm<A2: RedisAlgorithm>(self) -> RedisRateLimiterBuilder<A2, C> {
         RedisRateLimiterBuilder {
             quota: self.quota,
@@ -381,7 +383,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
 
     /// Reads time from `clock` on this process instead of the server's `TIME`, in nanoseconds.
     ///
-    /// Meant for tests: with a [`ManualClock`](crate::ManualClock) the decisions are exactly those
+    /// Meant for tests: with a [`ManualClock`](crate::clock::ManualClock) the decisions are exactly those
     /// of the in-memory limiter on the same clock. Every instance must then share the clock's
     /// origin, and the clock must stay below 2^52 ns (about 52 days). Since such a clock need not
     /// run at the server's pace, every key is kept a minute longer than the clock says.
