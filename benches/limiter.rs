@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use tower_bulwark::{
-    clock::ManualClock, clock::QuantaClock, DirectRateLimiter, KeyedRateLimiter, Quota,
+    clock::{ManualClock, QuantaClock},
+    DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 
 const KEYS: u32 = 100_000;

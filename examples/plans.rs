@@ -29,7 +29,10 @@ use tower_bulwark::rate_limit::{
     HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer,
 };
 use tower_bulwark::{
-    algorithm::Gcra, clock::Clock, clock::SystemClock, tiers::Tiers, KeyedRateLimiter, Quota,
+    algorithm::Gcra,
+    clock::{Clock, SystemClock},
+    tiers::Tiers,
+    KeyedRateLimiter, Quota,
 };
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");

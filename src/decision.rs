@@ -9,7 +9,13 @@ use std::time::Duration;
 ///
 /// Every algorithm and every store answers with this same type, so the HTTP layer computes its
 /// `Retry-After` and `RateLimit` headers the same way whatever sits underneath.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// An admission is also the right to give its permits back ([`Limiter::refund`]), once: a
+/// decision is neither `Copy` nor `Clone`, and a refund consumes it. Read the fields you need
+/// before giving it back.
+///
+/// [`Limiter::refund`]: crate::Limiter::refund
+#[derive(Debug, Eq)]
 #[non_exhaustive]
 pub struct Decision {
     /// Whether the request is admitted (possibly after [`wait`](Self::wait)).
@@ -44,6 +50,41 @@ pub struct Decision {
     /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that made it,
     /// so that a refund goes back to that tier. Zero otherwise.
     pub(crate) tier: u32,
+    /// A fingerprint of the key the decision was made for (a keyed limiter's hash of it), so that
+    /// a refund naming another key gives nothing back. Zero when the limiter has no keys.
+    pub(crate) key: u64,
+}
+
+/// Two decisions are equal when they say the same and would give back the same; the key's
+/// fingerprint is not compared (limiters of different stores fingerprint one key differently).
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        let Decision {
+            allowed,
+            limit,
+            remaining,
+            retry_after,
+            reset_after,
+            wait,
+            reserved_at,
+            state_after,
+            source,
+            cost,
+            tier,
+            key: _,
+        } = other;
+        self.allowed == *allowed
+            && self.limit == *limit
+            && self.remaining == *remaining
+            && self.retry_after == *retry_after
+            && self.reset_after == *reset_after
+            && self.wait == *wait
+            && self.reserved_at == *reserved_at
+            && self.state_after == *state_after
+            && self.source == *source
+            && self.cost == *cost
+            && self.tier == *tier
+    }
 }
 
 /// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's fail mode (whose
@@ -85,6 +126,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
@@ -109,6 +151,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
@@ -132,6 +175,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
@@ -146,6 +190,27 @@ impl Decision {
     #[inline]
     pub(crate) fn tier(&self) -> usize {
         self.tier as usize
+    }
+
+    /// What this decision tells a client, as a decision that gives nothing back: for the
+    /// crate's own bookkeeping once the decision itself has been consumed by a refund.
+    #[inline]
+    pub(crate) fn report(&self) -> Decision {
+        Decision {
+            reserved_at: 0,
+            state_after: 0,
+            source: Source::State,
+            cost: 0,
+            key: 0,
+            ..*self
+        }
+    }
+
+    /// This decision, made for the key whose fingerprint is `key`.
+    #[inline(always)]
+    pub(crate) fn for_key(mut self, key: u64) -> Self {
+        self.key = key;
+        self
     }
 
     /// The decision on a request of `cost` permits.

@@ -438,8 +438,8 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         Some(result)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
-        self.shared.unrecord(decision, cost);
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        self.shared.unrecord(&decision, cost);
         self.inner.refund(key, cost, decision);
     }
 }

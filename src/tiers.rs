@@ -135,7 +135,7 @@ where
         }
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         if let Some((_, limiter)) = self.tiers.get(decision.tier()) {
             limiter.refund(key, cost, decision);
         }

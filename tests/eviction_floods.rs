@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use tower_bulwark::{
-    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
-    algorithm::SlidingLog, clock::ManualClock, limiter::Overflow, KeyedRateLimiter, Quota,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    limiter::Overflow,
+    KeyedRateLimiter, Quota,
 };
 
 fn name<A>() -> &'static str {

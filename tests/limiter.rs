@@ -5,8 +5,9 @@ use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
-    algorithm::Algorithm, algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter,
-    algorithm::SlidingLog, clock::ManualClock, clock::TokioClock, limiter::Overflow,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::{ManualClock, TokioClock},
+    limiter::Overflow,
     DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 

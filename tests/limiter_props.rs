@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tower_bulwark::{
-    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
-    clock::ManualClock, DirectRateLimiter, Quota,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    DirectRateLimiter, Quota,
 };
 
 #[derive(Debug, Clone)]

@@ -582,7 +582,7 @@ impl Limiter<IpAddr> for Broken {
     fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
         std::future::ready(Err("the store is down".into()))
     }
-    fn refund(&self, _: &IpAddr, _: u32, _: &Decision) {}
+    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {}
 }
 
 #[tokio::test]

@@ -19,8 +19,9 @@ use tower_bulwark::algorithm::Algorithm;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{BoxLimiter, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
-    clock::ManualClock, DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: Duration = Duration::from_millis(1);

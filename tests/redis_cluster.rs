@@ -7,7 +7,7 @@ mod support;
 use support::RedisCluster;
 use tower_bulwark::redis::{HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
-    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     Quota,
 };
 

@@ -13,7 +13,7 @@ use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     Limiter, Quota,
 };
 
@@ -263,7 +263,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
             if let std::task::Poll::Ready(result) = poll_once(&mut future) {
                 let decision = result.unwrap();
                 assert!(decision.allowed);
-                limiter.refund_and_wait(&"k", 1, &decision).await.unwrap();
+                limiter.refund_and_wait(&"k", 1, decision).await.unwrap();
                 completed = true;
                 break;
             }

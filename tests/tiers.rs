@@ -147,7 +147,7 @@ fn a_refund_goes_back_to_the_tier_that_decided_even_after_the_key_moved() {
     upgraded.store(true, Ordering::SeqCst);
     // Refunded while the key is in `pro`: the permit goes back to `free`, which took it; `pro`
     // gains nothing it never gave.
-    plans.refund(&key, 1, &decision);
+    plans.refund(&key, 1, decision);
     assert_eq!(free.check(&key).remaining, 2, "free got its permit back");
     assert_eq!(pro.check(&key).remaining, 2, "pro is as it was");
 }

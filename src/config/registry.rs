@@ -20,7 +20,7 @@ use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
 };
 use crate::{
-    algorithm::FixedWindow, algorithm::Gcra, algorithm::SlidingCounter, algorithm::SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     KeyedRateLimiter, Limiter, Quota,
 };
 

@@ -202,7 +202,7 @@ fn int_field(value: &Value, name: &str) -> Result<u64, RedisFailure> {
 }
 
 /// A script's reply, each with the server's `TIME` (microseconds) at which the script ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// A decision.
     Decision(Decision, u64),
