@@ -31,6 +31,7 @@ mod decision;
 pub mod guide;
 pub mod limiter;
 pub mod observe;
+pub mod outbound;
 mod quota;
 pub mod rate_limit;
 pub mod store;
