@@ -13,7 +13,6 @@ use super::sf::{self, Member};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
@@ -40,13 +39,13 @@ pub(crate) struct Advice {
     pub(crate) limit: Option<Limit>,
 }
 
-/// A quota the dependency advertised: `remaining` calls within `window`, and `quota` calls in
-/// each window after that, when known.
+/// A quota the dependency advertised: `remaining` calls within `window`, and, when its policy is
+/// known, `quota.0` calls in each `quota.1` after that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limit {
     pub(crate) remaining: u64,
     pub(crate) window: Duration,
-    pub(crate) quota: Option<u64>,
+    pub(crate) quota: Option<(u64, Duration)>,
 }
 
 /// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
@@ -244,9 +243,11 @@ impl Reader<'_> {
                 continue;
             };
             let policy = policy(&item.name);
-            let quota = policy
-                .and_then(|p| p.int("q"))
-                .and_then(|q| u64::try_from(q).ok());
+            let quota = policy.and_then(|p| {
+                let q = u64::try_from(p.int("q")?).ok()?;
+                let w = u64::try_from(p.int("w")?).ok().filter(|&w| w > 0)?;
+                Some((q, self.span("ratelimit-policy", w)))
+            });
             let window = item
                 .int("t")
                 .or_else(|| policy.and_then(|p| p.int("w")))
@@ -288,7 +289,8 @@ impl Reader<'_> {
     }
 
     /// `X-RateLimit-Remaining` with `X-RateLimit-Reset` (seconds from now, or a Unix time from
-    /// [`EPOCH_RESET_FROM`] on) and `X-RateLimit-Limit`.
+    /// [`EPOCH_RESET_FROM`] on). `X-RateLimit-Limit` says how many calls a window grants but not
+    /// how long a window is, so it grants nothing after the reset.
     fn x_limit(&self, headers: &HeaderMap) -> Option<Limit> {
         let remaining = self.x_number(headers, &X_REMAINING)?;
         let reset = self.x_number(headers, &X_RESET)?;
@@ -301,13 +303,10 @@ impl Reader<'_> {
         } else {
             self.span("x-ratelimit-reset", reset)
         };
-        let quota = headers
-            .get(X_LIMIT)
-            .and_then(|v| whole_seconds(trim(v.as_bytes())));
         Some(Limit {
             remaining,
             window,
-            quota,
+            quota: None,
         })
     }
 }

@@ -220,10 +220,9 @@ struct State {
     /// Calls that may still start before `window_end`; `None` while no quota is known.
     budget: Option<u64>,
     window_end: u64,
-    /// The length of the latest advertised window.
-    window: u64,
-    /// The quota of each window after `window_end`, when the dependency advertised one.
-    refill: Option<u64>,
+    /// The quota of each window after `window_end`, and the window's length, when the
+    /// dependency advertised a policy.
+    refill: Option<(u64, u64)>,
     /// Under [`Pacing::Spread`], the time between two calls, and the earliest next start.
     spacing: u64,
     next_slot: u64,
@@ -237,11 +236,16 @@ impl State {
     fn roll(&mut self, now: u64) {
         if self.budget.is_some() && self.window_end <= now {
             self.spacing = 0;
-            self.budget = self.refill.map(|q| q.saturating_sub(self.in_flight));
-            if self.budget == Some(0) {
-                // The calls in flight spend the whole quota: another window, unless their
-                // answers say otherwise first.
-                self.window_end = now.saturating_add(self.window.max(1));
+            // The next window is taken to start now, which ends it no earlier than the
+            // dependency's (whose window ended at `window_end` or before). When the calls in
+            // flight spend its whole quota, calls wait for it to pass, unless their answers say
+            // otherwise first.
+            match self.refill {
+                Some((quota, window)) => {
+                    self.budget = Some(quota.saturating_sub(self.in_flight));
+                    self.window_end = now.saturating_add(window.max(1));
+                }
+                None => self.budget = None,
             }
         }
     }
@@ -287,9 +291,8 @@ impl State {
             let budget = limit.remaining.saturating_sub(others);
             let window = nanos(limit.window);
             self.budget = Some(budget);
-            self.window = window;
             self.window_end = now.saturating_add(window);
-            self.refill = limit.quota;
+            self.refill = limit.quota.map(|(quota, window)| (quota, nanos(window)));
             self.spacing = match pacing {
                 Pacing::Spread if budget > 0 => window / budget,
                 _ => 0,

@@ -53,18 +53,20 @@
 //!   any response: each item's `r` (calls left) and `t` (the window they are left for; when it
 //!   is missing, the `w` of the policy of the same name). Of several items the most restrictive
 //!   counts: the fewest calls left, and of those the longest window.
-//! * **`X-RateLimit-Remaining`**, **`X-RateLimit-Reset`** and **`X-RateLimit-Limit`**, as one more
-//!   item. `X-RateLimit-Reset` is read as seconds from now below 1 000 000 000 and as a Unix
-//!   time (seconds since 1970) from there on: as seconds from now that would be 31 years, and
-//!   as a Unix time it would be before September 2001.
+//! * **`X-RateLimit-Remaining`** and **`X-RateLimit-Reset`**, as one more item.
+//!   `X-RateLimit-Reset` is read as seconds from now below 1 000 000 000 and as a Unix time
+//!   (seconds since 1970) from there on: as seconds from now that would be 31 years, and as a
+//!   Unix time it would be before September 2001. `X-RateLimit-Limit` is not used: it says how
+//!   many calls a window grants, not how long the window is.
 //!
 //! # How calls are held
 //!
 //! * After a `Retry-After`, no call starts until it has passed.
 //! * With an advertised quota, at most `r` calls start within `t`, less the calls already in
 //!   flight when the answer came (they may not have been counted in it yet). When they are
-//!   spent, calls are held until `t` has passed; then the policy's `q` calls (less those still
-//!   in flight) may start, or, without a policy, calls go freely until the next answer.
+//!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same
+//!   name (less those still in flight) may start within its `w`, and so on, or, without a
+//!   policy, calls go freely until the next answer.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
 //! * A held call fails at once with [`PushedBack`], which carries the time left, unless the
 //!   hold ends within [`max_wait`](PushbackBuilder::max_wait): then it waits on tokio's timer
