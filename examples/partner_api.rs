@@ -121,8 +121,9 @@ struct PartnerState {
     used: u64,
     phase: u8,
     arrivals: Vec<Arrival>,
-    /// When each 429 (numbered from 1) was sent, and the instant it said to come back at.
-    refusals: Vec<(Duration, Duration)>,
+    /// When each 429 (numbered from 1) was sent, the instant it said to come back at, and the
+    /// phase.
+    refusals: Vec<(Duration, Duration, u8)>,
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -166,7 +167,10 @@ async fn data(State(partner): State<Arc<Partner>>, request: HeaderMap) -> (Statu
     let t = ceil_secs(until.duration_since(now)).max(1);
     let status = if refused {
         let sent = now.duration_since(partner.origin);
-        state.refusals.push((sent, sent + Duration::from_secs(t)));
+        let phase = state.phase;
+        state
+            .refusals
+            .push((sent, sent + Duration::from_secs(t), phase));
         headers.insert("retry-after", header(t));
         headers.insert("x-429-id", header(state.refusals.len()));
         headers.insert("ratelimit", header(format!("\"partner\";r=0;t={t}")));
@@ -295,7 +299,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, BoxError> {
     let client = ServiceBuilder::new()
         .retry(HonourRetryAfter { attempts: 1000 })
         .layer(pushback.layer())
-        .layer(ClientQuotaLayer::new("partner", DirectRateLimiter::new(quota)))
+        .layer(ClientQuotaLayer::new(
+            "partner",
+            DirectRateLimiter::new(quota),
+        ))
         .service(witness);
 
     let say = |line: String| {
@@ -371,10 +378,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, BoxError> {
         let early = seen
             .checked_sub(1)
             .and_then(|i| state.refusals.get(i))
-            .is_some_and(|(_, deadline)| arrival.at < *deadline);
+            .is_some_and(|(_, deadline, _)| arrival.at < *deadline);
         if early {
             outcome.early_calls += 1;
-        } else if state.refusals.iter().skip(seen).any(|(sent, deadline)| {
+        } else if state.refusals.iter().skip(seen).any(|(sent, deadline, _)| {
             // During a hold whose 429 the client had not received when it sent this call.
             *sent < arrival.at && arrival.at < *deadline
         }) {
@@ -389,12 +396,7 @@ pub async fn run(settings: Settings) -> Result<Outcome, BoxError> {
             arrivals.iter().filter(|a| a.refused).count(),
         ));
     }
-    if let Some((sent, deadline)) = state.refusals.iter().find(|(sent, _)| {
-        state
-            .arrivals
-            .iter()
-            .any(|a| a.phase == 2 && a.at >= *sent && a.refused)
-    }) {
+    if let Some((sent, deadline, _)) = state.refusals.iter().find(|(_, _, phase)| *phase == 2) {
         let next = state
             .arrivals
             .iter()
@@ -405,7 +407,10 @@ pub async fn run(settings: Settings) -> Result<Outcome, BoxError> {
              admitted arrived at {}",
             sent.as_secs_f64(),
             deadline.as_secs_f64(),
-            next.map_or("(none)".to_owned(), |at| format!("{:.3}s", at.as_secs_f64())),
+            next.map_or("(none)".to_owned(), |at| format!(
+                "{:.3}s",
+                at.as_secs_f64()
+            )),
         ));
     }
     say(format!(

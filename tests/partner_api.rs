@@ -20,7 +20,10 @@ async fn pacing_by_headers_sends_no_429_and_no_call_arrives_before_retry_after()
     let outcome = partner_api::run(settings.clone()).await.unwrap();
     assert_eq!(outcome.pacing_refusals, 0, "{outcome:?}");
     assert_eq!(outcome.early_calls, 0, "{outcome:?}");
-    assert!(outcome.refusals >= 1, "the forced 429 was sent: {outcome:?}");
+    assert!(
+        outcome.refusals >= 1,
+        "the forced 429 was sent: {outcome:?}"
+    );
     assert_eq!(outcome.failed, 0, "{outcome:?}");
     // The tasks kept the partner busy: at least the windows of phase 1 that had passed in full,
     // and at most what every window, partial ones included, allows.
