@@ -28,6 +28,12 @@
 //!   permit, so the bulkhead counts only calls that are really on their way.
 //! * **bulkhead** next to the client: it caps the calls in flight at the dependency.
 //!
+//! A call that has passed the pushback and then waits below it (for a quota permit within
+//! `max_wait`, in a bulkhead's queue) is sent when its turn comes, even if the dependency asked
+//! for a hold meanwhile. Where holds must be obeyed exactly, let the layers below the pushback
+//! refuse at once and let the retry layer do the waiting: every attempt then passes the pushback
+//! again (`examples/partner_api.rs` works this way).
+//!
 //! ```
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;

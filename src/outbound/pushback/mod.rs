@@ -74,7 +74,7 @@
 //!   timeout above it) simply goes away: it reached nothing and took nothing.
 //!
 //! Nothing is known before the first answer: pair the pushback with a
-//! [client quota](super::ClientQuota) for the calls that go before it.
+//! [client quota](super::ClientQuotaLayer) for the calls that go before it.
 //!
 //! # Hostile answers
 //!

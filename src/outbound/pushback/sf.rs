@@ -327,8 +327,11 @@ mod tests {
         }
     }
 
-    /// The names and `r`, `t`, `q`, `w` parameters `sfv` reads, or `None` when it rejects.
-    fn by_sfv(input: &str) -> Option<Vec<(Option<String>, Vec<Option<i64>>)>> {
+    /// Each Item's name and its `r`, `t`, `q` and `w` parameters.
+    type Read = Vec<(Option<String>, Vec<Option<i64>>)>;
+
+    /// What `sfv` reads, or `None` when it rejects the field.
+    fn by_sfv(input: &str) -> Option<Read> {
         let list: sfv::List = sfv::Parser::new(input).parse().ok()?;
         Some(
             list.into_iter()
@@ -357,7 +360,7 @@ mod tests {
         )
     }
 
-    fn by_us(input: &str) -> Option<Vec<(Option<String>, Vec<Option<i64>>)>> {
+    fn by_us(input: &str) -> Option<Read> {
         Some(
             parse_list(input.as_bytes())?
                 .into_iter()
