@@ -505,3 +505,120 @@ fn the_headers_of_an_http_parts_are_read_too() {
     assert_eq!(pushback.held_for(), Duration::from_secs(4));
     let _: &HeaderMap = &parts.headers;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_hold_is_extended_past_max_wait_is_refused_when_it_wakes() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(Duration::from_secs(3))
+        .build();
+    let client = pushback
+        .layer()
+        .layer(recording_dependency(arrivals.clone()));
+    client.clone().oneshot(()).await.unwrap(); // 429, Retry-After: 2
+    let start = tokio::time::Instant::now();
+    let waiter = tokio::spawn(client.clone().oneshot(()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another answer asks for five more seconds: past the waiter's max_wait.
+    pushback.observe(&response(429, &[("retry-after", "5")]));
+    let err = waiter.await.unwrap().unwrap_err();
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(2),
+        "refused when it woke"
+    );
+    assert_eq!(
+        outbound::retry_after(&*err),
+        Some(Duration::from_millis(3500))
+    );
+    assert_eq!(arrivals.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_max_wait_and_max_hold_neither_overflow_nor_panic() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(Duration::MAX)
+        .max_hold(Duration::MAX)
+        .build();
+    let client = pushback
+        .layer()
+        .layer(recording_dependency(arrivals.clone()));
+    client.clone().oneshot(()).await.unwrap();
+    pushback.observe(&response(429, &[("retry-after", "18446744073709551615")]));
+    let waiter = tokio::spawn(client.clone().oneshot(()));
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(!waiter.is_finished(), "still waiting, as asked");
+    waiter.abort();
+    assert_eq!(arrivals.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn spread_waiters_reach_the_dependency_exactly_t_over_r_apart() {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let recorded = arrivals.clone();
+    let dependency = service_fn(move |()| {
+        recorded.lock().unwrap().push(tokio::time::Instant::now());
+        async { Ok::<_, BoxError>(response(200, &[])) }
+    });
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .pacing(Pacing::Spread)
+        .max_wait(Duration::from_secs(10))
+        .build();
+    let client = pushback.layer().layer(dependency);
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
+    let start = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(client.clone().oneshot(())))
+        .collect();
+    let mut refused = 0;
+    for task in tasks {
+        if let Err(err) = task.await.unwrap() {
+            // The fifth: nothing left in the window, which ends at 8 s, within max_wait, but
+            // the budget is spent: it waits for the window and then goes freely.
+            refused += usize::from(err.is::<PushedBack>());
+        }
+    }
+    let offsets: Vec<_> = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|at| at.duration_since(start))
+        .collect();
+    assert_eq!(refused, 0);
+    assert_eq!(
+        offsets,
+        [0, 2, 4, 6, 8].map(Duration::from_secs).to_vec(),
+        "spaced t/r apart, the fifth after the window"
+    );
+}
+
+#[tokio::test]
+async fn the_dependencys_own_errors_pass_through_and_stop_counting_in_flight() {
+    let (pushback, _) = manual("partner");
+    let client = pushback.layer().layer(service_fn(|()| async {
+        Err::<Response<()>, BoxError>("connection refused".into())
+    }));
+    // Two left, and nothing in flight after each failure: both calls go, the third is held.
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=2;t=10"#)]));
+    for _ in 0..2 {
+        let err = client.clone().oneshot(()).await.unwrap_err();
+        assert_eq!(err.to_string(), "connection refused");
+        assert_eq!(outbound::retry_after(&*err), None);
+    }
+    assert!(client
+        .clone()
+        .oneshot(())
+        .await
+        .unwrap_err()
+        .is::<PushedBack>());
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=10"#)]));
+    assert_eq!(
+        client.oneshot(()).await.unwrap_err().to_string(),
+        "connection refused",
+        "nothing in flight was left counted"
+    );
+}

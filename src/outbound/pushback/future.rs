@@ -173,7 +173,7 @@ where
                             }
                             // Held again (a newer answer moved the time): sleep until then.
                             let until = span(now, at).min(this.shared.max_wait - waited);
-                            entry.sleep.as_mut().reset(Instant::now() + until);
+                            entry.sleep = Box::pin(tokio::time::sleep(until));
                         }
                     }
                 }
