@@ -142,3 +142,69 @@ fn a_flood_of_lines_is_ignored_without_quadratic_work() {
     pushback.observe(&response);
     assert_eq!(pushback.held_for(), Duration::ZERO, "over 4 KiB: ignored");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// After an answer saying `r` calls are left for `t` seconds (and a policy of `q` per `w`),
+    /// however calls and time are interleaved: at most `r` start before `t` has passed, at most
+    /// `q` in each of the pushback's later windows, and none while a `Retry-After` holds.
+    #[test]
+    fn never_more_calls_than_advertised(
+        r in 0u64..12,
+        t in 1u64..20,
+        q in 0u64..12,
+        w in 1u64..20,
+        retry_after in proptest::option::of(0u64..30),
+        spread in any::<bool>(),
+        steps in proptest::collection::vec((0u64..3_000, 0usize..6), 1..60),
+    ) {
+        let clock = ManualClock::new();
+        let pushback = Pushback::builder("p")
+            .clock(clock.clone())
+            .pacing(if spread { Pacing::Spread } else { Pacing::UntilSpent })
+            .build();
+        let client = pushback.layer().layer(service_fn(|()| async {
+            Ok::<_, BoxError>(Response::new(()))
+        }));
+        let mut headers = vec![
+            (2usize, format!("\"p\";r={r};t={t}").into_bytes()),
+            (3, format!("\"p\";q={q};w={w}").into_bytes()),
+        ];
+        let status = match retry_after {
+            Some(seconds) => {
+                headers.push((0, seconds.to_string().into_bytes()));
+                429
+            }
+            None => 200,
+        };
+        pushback.observe(&build(status, &headers));
+        let hold_ms = retry_after.unwrap_or(0) * 1000;
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let mut elapsed_ms = 0u64;
+        let mut first_window = 0u64;
+        // The pushback's own windows after the first: (start, calls admitted in it).
+        let mut later: Option<(u64, u64)> = None;
+        for (advance, calls) in steps {
+            clock.advance(Duration::from_millis(advance));
+            elapsed_ms += advance;
+            for _ in 0..calls {
+                if runtime.block_on(client.clone().oneshot(())).is_err() {
+                    continue;
+                }
+                prop_assert!(elapsed_ms >= hold_ms, "a call at {elapsed_ms} ms during a hold of {hold_ms} ms");
+                if elapsed_ms < t * 1000 {
+                    first_window += 1;
+                    prop_assert!(first_window <= r, "{first_window} calls within t, r = {r}");
+                } else {
+                    let (start, count) = match later {
+                        Some((start, count)) if elapsed_ms < start + w * 1000 => (start, count + 1),
+                        _ => (elapsed_ms, 1),
+                    };
+                    prop_assert!(count <= q, "{count} calls in a window of {w} s, q = {q}");
+                    later = Some((start, count));
+                }
+            }
+        }
+    }
+}
