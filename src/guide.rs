@@ -181,3 +181,46 @@
 //! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe_memory.rs`, `tests/rate_limit_hostile.rs` |
 //! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead_hostile.rs`, the loom models |
 //! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config_hostile.rs`, `tests/config.rs` |
+
+//! # Outbound: pushback and client quotas
+//!
+//! [`Pushback`](crate::outbound::Pushback) obeys what a dependency says;
+//! [`ClientQuotaLayer`](crate::outbound::ClientQuotaLayer) keeps to a quota of your own for it.
+//! Both refuse with an error that carries the time to wait
+//! ([`PushedBack`](crate::outbound::PushedBack),
+//! [`QuotaExhausted`](crate::outbound::QuotaExhausted)), which
+//! [`outbound::retry_after`](crate::outbound::retry_after) reads for a retry policy.
+//!
+//! **What the pushback reads, and how.** `Retry-After` on a 429 or 503: delta-seconds, or an
+//! HTTP-date read against the response's `Date` (the server's own clock) or, without one, the
+//! system time. `RateLimit` and `RateLimit-Policy` of draft-11 on any response, parsed as
+//! Structured Fields by the crate's own reader of the RFC 9651 List grammar (it is checked to
+//! accept exactly what the `sfv` crate accepts and read the same names and integers, on
+//! arbitrary input: `agrees_with_sfv` in `src/outbound/pushback/sf.rs`). The crate reads the small
+//! subset it needs rather than depend on `sfv`: the layer is always built, and `sfv` would bring
+//! three crates for a few hundred bytes of input. `X-RateLimit-Remaining` with
+//! `X-RateLimit-Reset`, whose value is seconds from now below 10^9 and a Unix time from there on:
+//! 10^9 seconds from now would be 31 years, and 10^9 as a Unix time is September 2001, so no
+//! value of either kind that a real server sends falls on the wrong side.
+//!
+//! **How it holds.** After a `Retry-After`, nothing starts until it has passed. With an
+//! advertised quota, at most `r` calls start within `t`, less the calls in flight when the
+//! answer came (conservative: they may or may not be counted in `r`); of several policies the
+//! fewest remaining counts, and of those the longest window. When the window has passed, the
+//! `q` of the policy of the same name is granted for each `w`, less the calls still in flight;
+//! without a policy, calls go until the next answer. Every span is capped at `max_hold` (ten
+//! minutes by default).
+//!
+//! **Where it stops.** Before the first answer nothing is known, so the first calls are bounded
+//! only by a client quota. A call that has passed the pushback and then waits below it (in a
+//! quota with `max_wait`, in a bulkhead's queue) is sent when its turn comes, even if a 429
+//! arrived meanwhile: where a hold must be obeyed exactly, let the layers below refuse at once
+//! and let a retry layer above the pushback do the waiting, as `examples/partner_api.rs` does.
+//!
+//! | part | promise under hostile conditions | proved by |
+//! |---|---|---|
+//! | pushback | no header, however malformed or absurd (arbitrary bytes, negative or 40-digit numbers, dates in year 9999 or 1970, 10 000 lines, fields over 4 KiB), panics or holds a call longer than `max_hold`; digits in `Retry-After` hold exactly that many seconds, capped | `tests/pushback_hostile.rs` |
+//! | pushback | holds are exact to the nanosecond of the clock; a date in the past holds nothing; the most restrictive policy counts; calls in flight are counted against `r` | `tests/pushback.rs` |
+//! | pushback | after a 429, none of 64 tasks through clones of one layer reaches the dependency before `Retry-After` passes; with `max_wait` zero, all fail at once; a waiter cut by a timeout reaches nothing | `after_a_429_no_task_reaches_the_dependency_before_the_hold_ends` and its neighbours in `tests/pushback.rs`; `examples/partner_api.rs` over a real listener (`tests/partner_api.rs`) |
+//! | client quota | N tasks racing for L permits get exactly L, and only L calls reach the dependency; a refusal spends nothing; a waiter dropped gives its reservation back, in memory and in Redis; two instances built separately share one Redis quota exactly | `tests/client_quota.rs`, `tests/client_quota_redis.rs` |
+//! | the stack | retry → timeout → pushback → client quota → bulkhead → `reqwest::Client`: a held call spends no quota and no bulkhead permit; a call waiting for its quota holds no bulkhead permit; the timeout cuts waits below it and everything is given back; a bulkhead refusal is neither retried nor a timeout | `tests/outbound_stack.rs` |

@@ -69,6 +69,7 @@ mod decision;
 pub mod guide;
 pub mod limiter;
 pub mod observe;
+pub mod outbound;
 mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
