@@ -40,8 +40,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::store::memory::{Full, MemoryStore};
 use crate::{BoxError, Quota};
 
+pub use super::store::memory::Overflow;
 pub use crate::decision::{Decision, InsufficientCapacity};
-pub use crate::store::memory::Overflow;
 
 /// Anything that decides on requests per key: the in-memory limiters, the Redis limiter, or a
 /// limiter of your own. The HTTP layer is written against this trait.

@@ -10,8 +10,9 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::outbound::quota::QuotaExhausted;
 use tower_bulwark::outbound::{self, ClientQuotaLayer};
 use tower_bulwark::{
-    BoxError, DirectRateLimiter, InsufficientCapacity, KeyedRateLimiter, ManualClock, Quota,
-    TokioClock,
+    clock::{ManualClock, TokioClock},
+    limiter::InsufficientCapacity,
+    BoxError, DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

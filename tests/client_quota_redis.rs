@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
-use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{BoxError, Quota};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -10,7 +10,10 @@ use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
-use tower_bulwark::{BoxError, BulkheadFull, ManualClock, TokioClock};
+use tower_bulwark::{
+    clock::{ManualClock, TokioClock},
+    BoxError, BulkheadFull,
+};
 
 fn response(status: u16, headers: &[(&str, &str)]) -> Response<()> {
     let mut builder = Response::builder().status(status);

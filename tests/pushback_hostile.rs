@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, Pushback};
-use tower_bulwark::{BoxError, ManualClock};
+use tower_bulwark::{clock::ManualClock, BoxError};
 
 const FIELDS: &[&str] = &[
     "retry-after",

@@ -75,7 +75,7 @@
 //! use tower::retry::Policy;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use tower_bulwark::outbound::{self, Pushback, ResponseHead};
-//! use tower_bulwark::{BoxError, TokioClock};
+//! use tower_bulwark::{BoxError, clock::TokioClock};
 //!
 //! /// Retries a 429 or 503 at once (the pushback below holds it for the time the dependency
 //! /// gave) and a refusal after its `retry_after`, at most `attempts` times.

@@ -58,8 +58,8 @@ impl<C: Clock> PushbackBuilder<C> {
     }
 
     /// Reads time from `clock`. Waits sleep on tokio's timer, so a clock other than
-    /// [`SystemClock`] or [`TokioClock`](crate::TokioClock) suits only `max_wait` zero
-    /// (a [`ManualClock`](crate::ManualClock) in tests of holds that fail at once).
+    /// [`SystemClock`] or [`TokioClock`](crate::clock::TokioClock) suits only `max_wait` zero
+    /// (a [`ManualClock`](crate::clock::ManualClock) in tests of holds that fail at once).
     pub fn clock<C2: Clock>(self, clock: C2) -> PushbackBuilder<C2> {
         PushbackBuilder {
             name: self.name,

@@ -11,7 +11,7 @@
 //! use http::{Response, StatusCode};
 //! use tower::{service_fn, Layer, ServiceExt};
 //! use tower_bulwark::outbound::{self, Pushback, PushedBack};
-//! use tower_bulwark::{BoxError, ManualClock};
+//! use tower_bulwark::{BoxError, clock::ManualClock};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {

@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::error::QuotaExhausted;
-use crate::{BoxError, Decision, Limiter};
+use crate::{limiter::Decision, BoxError, Limiter};
 
 pin_project! {
     #[project = StateProj]
@@ -29,7 +29,8 @@ pin_project! {
         // Admitted; the permits fall due when the sleep ends.
         Waiting {
             sleep: Pin<Box<Sleep>>,
-            decision: Decision,
+            // Taken when it is given back, which happens at most once.
+            decision: Option<Decision>,
             call: Option<(S, Req)>,
         },
         Refused { error: Option<BoxError> },
@@ -66,7 +67,9 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let StateProj::Waiting { decision, .. } = this.state.project() {
-                this.limiter.refund(this.key, *this.cost, decision);
+                if let Some(decision) = decision.take() {
+                    this.limiter.refund(this.key, *this.cost, decision);
+                }
             }
         }
     }
@@ -93,7 +96,7 @@ where
         },
         Ok(decision) => State::Waiting {
             sleep: Box::pin(tokio::time::sleep(decision.wait)),
-            decision,
+            decision: Some(decision),
             call: Some((mem::replace(service, service.clone()), request)),
         },
     }

@@ -10,7 +10,7 @@
 //! use std::time::Duration;
 //! use tower::{service_fn, Layer, ServiceExt};
 //! use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
-//! use tower_bulwark::{BoxError, DirectRateLimiter, ManualClock, Quota};
+//! use tower_bulwark::{BoxError, DirectRateLimiter, clock::ManualClock, Quota};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
@@ -43,7 +43,7 @@
 //!   goes; dropped while it waits (a timeout above it), it gives them back. One whose permits
 //!   would come later fails at once with [`QuotaExhausted`], which carries `retry_after`, and
 //!   spends nothing.
-//! * A cost the quota can never grant fails with [`InsufficientCapacity`](crate::InsufficientCapacity);
+//! * A cost the quota can never grant fails with [`InsufficientCapacity`](crate::limiter::InsufficientCapacity);
 //!   a limiter that fails (Redis down, under a fail mode that propagates errors) fails the call
 //!   with its error. Neither reaches the dependency.
 
