@@ -183,8 +183,10 @@ struct Round {
 /// per round trip.
 ///
 /// The first sample opens a round that lasts its own round trip; each later round lasts the mean
-/// round trip of the round before (or, when that had no healthy sample, as long as the one before
-/// it). A round closes with the first sample that ends at or after its end.
+/// round trip of the round before, or the baseline if that is shorter (so that queueing at the
+/// dependency, which lengthens round trips, does not slow the way down); a round without a
+/// healthy sample is followed by one as long as itself. A round closes with the first sample
+/// that ends at or after its end.
 #[derive(Clone, Debug, Default)]
 struct Rounds {
     end: Option<u64>,
@@ -196,7 +198,7 @@ struct Rounds {
 }
 
 impl Rounds {
-    fn add(&mut self, sample: &Sample) -> Option<Round> {
+    fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
         let at = nanos_at(sample.at);
         // A zero round trip (a coarse clock) still counts, as one nanosecond.
         let rtt = nanos(sample.rtt).max(1);
@@ -221,8 +223,8 @@ impl Rounds {
             peak_in_flight: self.peak_in_flight,
         };
         if let Some(mean) = round.mean_rtt {
-            // Within 1..=MAX_RTT, as every sample was.
-            self.length = mean as u64;
+            // Within 1..=MAX_RTT, as every sample and so the baseline was.
+            self.length = baseline.map_or(mean, |base| base.min(mean)) as u64;
         }
         *self = Self {
             end: Some(at.saturating_add(self.length.max(1))),
@@ -265,8 +267,8 @@ impl Baseline {
 /// Samples are taken one round trip at a time (see the [guide](crate::guide#adaptive-bulkheads)).
 /// At the end of each round trip the limit
 ///
-/// * is multiplied by `backoff` (default 0.9) if any call in it was an overload signal, or if
-///   the round trip's mean latency rose above `latency_tolerance` (default 1.5) times its
+/// * is multiplied by `backoff` (default 0.8) if any call in it was an overload signal, or if
+///   the round trip's mean latency rose above `latency_tolerance` (default 1.3) times its
 ///   baseline, the slowly learnt no-load latency;
 /// * otherwise grows by one if it was in use — some call in that round trip was admitted with
 ///   the limit reached —, and stays as it is if not.
@@ -288,11 +290,11 @@ impl Default for Aimd {
 }
 
 impl Aimd {
-    /// AIMD with a backoff of 0.9 and a latency tolerance of 1.5.
+    /// AIMD with a backoff of 0.8 and a latency tolerance of 1.3.
     pub fn new() -> Self {
         Self {
-            backoff: 0.9,
-            tolerance: 1.5,
+            backoff: 0.8,
+            tolerance: 1.3,
             estimate: None,
             rounds: Rounds::default(),
             baseline: Baseline::default(),
@@ -366,7 +368,7 @@ fn whole(estimate: f64, limits: &Limits) -> usize {
 impl LimitAlgorithm for Aimd {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
         let current = carried(self.estimate, sample.limit, limits);
-        let next = match self.rounds.add(sample) {
+        let next = match self.rounds.add(sample, self.baseline.get()) {
             Some(round) => self.decide(round, current, sample.limit, limits),
             None => current,
         };
@@ -461,7 +463,7 @@ impl Gradient {
 impl LimitAlgorithm for Gradient {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
         let current = carried(self.estimate, sample.limit, limits);
-        let next = match self.rounds.add(sample) {
+        let next = match self.rounds.add(sample, self.baseline.get()) {
             Some(round) => self.decide(round, current, sample.limit, limits),
             None => current,
         };

@@ -34,15 +34,15 @@
 //! client.ready().await?.call(()).await?;
 //! clock.advance(Duration::from_millis(10));
 //! client.ready().await?.call(()).await?;
-//! // One overload signal in that round trip: the limit is multiplied by 0.9.
-//! assert_eq!(payment.limit(), 9);
-//! assert_eq!(payment.snapshot().max_allowed_concurrent_calls, 9);
+//! // One overload signal in that round trip: the limit is multiplied by 0.8.
+//! assert_eq!(payment.limit(), 8);
+//! assert_eq!(payment.snapshot().max_allowed_concurrent_calls, 8);
 //!
 //! // A refusal is a `BulkheadFull`, as with every bulkhead.
-//! let nine: Vec<_> = (0..9).map(|_| client.call(())).collect();
+//! let eight: Vec<_> = (0..8).map(|_| client.call(())).collect();
 //! let err = client.ready().await?.call(()).await.unwrap_err();
 //! assert!(err.is::<BulkheadFull>());
-//! drop(nine);
+//! drop(eight);
 //! # Ok(())
 //! # }
 //! ```
@@ -53,8 +53,8 @@
 //! in flight when it was admitted, and whether the [`Classify`] classifier judged its answer an
 //! overload signal. A [`LimitAlgorithm`] turns samples into a limit between the [`Limits`]:
 //!
-//! * [`Aimd`] (the default): once per round trip, the limit is multiplied by 0.9 if a call in it
-//!   signalled overload or its mean latency rose above 1.5 times the baseline, and otherwise
+//! * [`Aimd`] (the default): once per round trip, the limit is multiplied by 0.8 if a call in it
+//!   signalled overload or its mean latency rose above 1.3 times the baseline, and otherwise
 //!   grows by one if some call in it was admitted with the limit reached.
 //! * [`Gradient`]: delay-based, after Netflix's Gradient2: the limit follows the ratio of the
 //!   baseline latency to the latency now, plus a little headroom while it is in use.
