@@ -386,7 +386,8 @@ impl LimitAlgorithm for Aimd {
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)` (0.5 when a call in it was an
 ///   overload signal, `tolerance` 1.2 by default);
 /// * `target = limit × gradient + headroom`, where the headroom is `sqrt(limit)` while the
-///   limit is in use and zero otherwise, so it never grows while callers do not need it;
+///   limit is in use and no call signalled overload, and zero otherwise, so it never grows
+///   while callers do not need it;
 /// * `limit = limit × (1 - smoothing) + target × smoothing`, `smoothing` 0.3 by default.
 ///
 /// Once the latency climbs `tolerance` times above its baseline the limit shrinks; below that
@@ -446,7 +447,7 @@ impl Gradient {
             }
             _ => 0.5,
         };
-        let headroom = if round.peak_in_flight >= limit {
+        let headroom = if round.peak_in_flight >= limit && !round.overloaded {
             current.sqrt()
         } else {
             0.0
