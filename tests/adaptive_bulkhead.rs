@@ -647,3 +647,45 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
     assert_eq!(snapshot.total_permitted, snapshot.total_finished);
     assert_eq!(snapshot.available_concurrent_calls, bulkhead.limit());
 }
+
+#[cfg(feature = "metrics")]
+#[test]
+fn the_limit_gauge_follows_the_limit_as_it_moves() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_bulwark::observe::metric_names as m;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let gauge = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| {
+                key.key().name() == m::BULKHEAD_MAX
+                    && key.key().labels().any(|l| l.key() == "name" && l.value() == "gauged")
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Gauge(v) => v.into_inner(),
+                other => panic!("not a gauge: {other:?}"),
+            })
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let clock = ManualClock::new();
+            let bulkhead = AdaptiveBulkhead::builder("gauged")
+                .limits(limits(1, 10, 10))
+                .clock(clock.clone())
+                .build();
+            let mut client = ServiceBuilder::new()
+                .layer(bulkhead.layer())
+                .service(service_fn(|status: u16| async move { Ok::<_, BoxError>(response(status)) }));
+            client.ready().await.unwrap().call(503).await.unwrap();
+            clock.advance(ms(10));
+            client.ready().await.unwrap().call(503).await.unwrap();
+            assert_eq!(bulkhead.limit(), 8);
+        });
+    });
+    assert_eq!(gauge(), Some(8.0));
+}
