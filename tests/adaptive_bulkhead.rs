@@ -111,15 +111,38 @@ fn aimd_backs_off_when_latency_rises_above_its_baseline() {
         feed(&mut aimd, &bounds, 10, &[(0, 10, 10, false), (10, 10, 10, false)]),
         [10, 11]
     );
-    // 12 ms is within 1.3 × 10 ms: healthy, grows to 12; the baseline moves to
-    // 10 + (12 - 10) / 16 = 10.125 ms.
+    // 12 ms is within 1.3 × 10 ms: healthy, grows to 12. In its warm-up the baseline is the
+    // plain mean of the rounds so far: 11 ms.
     assert_eq!(feed(&mut aimd, &bounds, 11, &[(20, 12, 11, false)]), [12]);
-    // The next round lasts min(12 ms, baseline 10 ms) and ends at 30 ms. A mean of 14 ms is
-    // above 1.3 × 10.125 = 13.1625 ms: back off, 12 × 0.8 = 9.6 → 9, with no 503 at all.
+    // The next round lasts min(12 ms, baseline 10 ms) and ends at 30 ms. A mean of 15 ms is
+    // above 1.3 × 11 = 14.3 ms: back off, 12 × 0.8 = 9.6 → 9, with no 503 at all.
     assert_eq!(
-        feed(&mut aimd, &bounds, 12, &[(25, 14, 12, false), (30, 14, 12, false)]),
+        feed(&mut aimd, &bounds, 12, &[(25, 15, 12, false), (30, 15, 12, false)]),
         [12, 9]
     );
+}
+
+#[test]
+fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
+    let bounds = limits(1, 10, 100);
+    let mut aimd = Aimd::new();
+    // Warm-up: 16 rounds of 10 ms, not in use. Baseline 10 ms, limit 10.
+    let warm: Vec<_> = (0..=16).map(|i| (i * 10, 10, 1, false)).collect();
+    assert_eq!(*feed(&mut aimd, &bounds, 10, &warm).last().unwrap(), 10);
+    // Now every round takes 20 ms, above 1.3 × 10: back off each round, 10 × 0.8^n, while the
+    // baseline stays at 10 ms. The estimate reaches the minimum in round 11 (10 × 0.8^11 = 0.86,
+    // clamped to 1; shown as 1 from round 8, 10 × 0.8^8 = 1.68). From round 12 on, at the
+    // minimum, the baseline learns: 20 - 10 × (15/16)^j after j rounds, and round 12 + j is slow
+    // while 20 > 1.3 × that, that is for j ≤ 11. Round 24 is the first within the tolerance.
+    let mut limit = 10;
+    let mut shown = Vec::new();
+    for round in 0..26u64 {
+        limit = feed(&mut aimd, &bounds, limit, &[(180 + round * 20, 20, limit, false)])[0];
+        shown.push(limit);
+    }
+    assert_eq!(&shown[..8], [8, 6, 5, 4, 3, 2, 2, 1]);
+    assert!(shown[7..23].iter().all(|&l| l == 1), "{shown:?}");
+    assert_eq!(shown[23..], [2, 3, 4]);
 }
 
 #[test]
@@ -221,21 +244,23 @@ fn bad_settings_are_errors_that_name_the_setting() {
 fn gradient_follows_the_ratio_of_baseline_to_latency() {
     let bounds = limits(1, 10, 100);
     let mut gradient = Gradient::new();
-    // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.2 × 10 / 10, 1) = 1, in use, so
+    // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.1 × 10 / 10, 1) = 1, in use, so
     // target = 10 + sqrt(10) = 13.1623 and limit = 0.7 × 10 + 0.3 × 13.1623 = 10.9487 → 10.
     assert_eq!(
         feed(&mut gradient, &bounds, 10, &[(0, 10, 10, false), (10, 10, 10, false)]),
         [10, 10]
     );
-    // Round 2 (20 ms, twice the baseline): gradient = 1.2 × 10 / 20 = 0.6, headroom
-    // sqrt(10.9487) = 3.3089, target = 6.5692 + 3.3089 = 9.8781,
-    // limit = 0.7 × 10.9487 + 0.3 × 9.8781 = 10.6275 → 10.
+    // Round 2 (20 ms, twice the baseline): gradient = 1.1 × 10 / 20 = 0.55, headroom
+    // sqrt(10.9487) = 3.3089, target = 6.0218 + 3.3089 = 9.3307,
+    // limit = 0.7 × 10.9487 + 0.3 × 9.3307 = 10.4633 → 10. The baseline is now 15 ms.
     assert_eq!(feed(&mut gradient, &bounds, 10, &[(20, 20, 10, false)]), [10]);
-    // Round 3 (an overload signal): gradient 0.5 and no headroom: target = 5.3138,
-    // limit = 0.7 × 10.6275 + 0.3 × 5.3138 = 9.0334 → 9.
-    assert_eq!(feed(&mut gradient, &bounds, 10, &[(30, 10, 10, true)]), [9]);
-    // Not in use, at the baseline: gradient 1, no headroom, the limit holds at 9.03.
-    assert_eq!(feed(&mut gradient, &bounds, 9, &[(45, 10, 3, false)]), [9]);
+    // Round 3 (an overload signal): gradient 0.5 and no headroom: target = 5.2316,
+    // limit = 0.7 × 10.4633 + 0.3 × 5.2316 = 8.8938 → 8.
+    assert_eq!(feed(&mut gradient, &bounds, 10, &[(30, 10, 10, true)]), [8]);
+    // Not in use, below the baseline: gradient 1, no headroom, the limit holds at 8.89.
+    assert_eq!(feed(&mut gradient, &bounds, 8, &[(45, 10, 3, false)]), [8]);
+    // In use again: 8.8938 × 0.7 + (8.8938 + 2.9822) × 0.3 = 9.7884 → 9.
+    assert_eq!(feed(&mut gradient, &bounds, 8, &[(60, 10, 8, false)]), [9]);
 }
 
 #[test]

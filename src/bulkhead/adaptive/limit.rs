@@ -239,25 +239,34 @@ fn nanos_at(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The no-load round trip, learnt from rounds: a slow average that follows rounds close to it and
-/// creeps only slowly towards rounds far above it (queueing at the dependency), so that it
-/// forgets a permanent change of the dependency in about a hundred round trips without taking
-/// queueing for the new normal.
+/// The no-load round trip, learnt from rounds. For the first [`WARM_UP`] rounds it is their
+/// plain mean (one round of a few samples is too noisy to judge the next by); after that a slow
+/// average of the rounds within the latency tolerance of it. Rounds above the tolerance are
+/// queueing at the dependency and are not learnt, except when the limit is already at its
+/// minimum: latency that stays high with nothing left to shed is the dependency's new normal.
 #[derive(Clone, Copy, Debug, Default)]
 struct Baseline {
     nanos: Option<f64>,
+    rounds: u32,
 }
+
+/// Rounds over which the baseline is a plain mean.
+const WARM_UP: u32 = 16;
 
 impl Baseline {
     fn get(&self) -> Option<f64> {
         self.nanos
     }
 
-    fn learn(&mut self, mean: f64, tolerance: f64) {
-        self.nanos = Some(match self.nanos {
-            None => mean,
-            Some(base) if mean <= base * tolerance => base + (mean - base) / 16.0,
-            Some(base) => base + (mean - base) / 128.0,
+    fn learn(&mut self, mean: f64, tolerance: f64, at_min: bool) {
+        let base = self.nanos.unwrap_or(mean);
+        self.nanos = Some(if self.rounds < WARM_UP {
+            self.rounds += 1;
+            base + (mean - base) / f64::from(self.rounds)
+        } else if mean <= base * tolerance || at_min {
+            base + (mean - base) / 16.0
+        } else {
+            base
         });
     }
 }
@@ -335,7 +344,7 @@ impl Aimd {
             current
         };
         if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline.learn(mean, self.tolerance);
+            self.baseline.learn(mean, self.tolerance, current <= limits.min() as f64);
         }
         limits.clamp_f64(next)
     }
@@ -384,7 +393,7 @@ impl LimitAlgorithm for Aimd {
 /// trip's mean latency:
 ///
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)` (0.5 when a call in it was an
-///   overload signal, `tolerance` 1.2 by default);
+///   overload signal, `tolerance` 1.1 by default);
 /// * `target = limit × gradient + headroom`, where the headroom is `sqrt(limit)` while the
 ///   limit is in use and no call signalled overload, and zero otherwise, so it never grows
 ///   while callers do not need it;
@@ -408,10 +417,10 @@ impl Default for Gradient {
 }
 
 impl Gradient {
-    /// Gradient with a tolerance of 1.2 and a smoothing of 0.3.
+    /// Gradient with a tolerance of 1.1 and a smoothing of 0.3.
     pub fn new() -> Self {
         Self {
-            tolerance: 1.2,
+            tolerance: 1.1,
             smoothing: 0.3,
             estimate: None,
             rounds: Rounds::default(),
@@ -455,7 +464,7 @@ impl Gradient {
         let target = current * gradient + headroom;
         let next = current * (1.0 - self.smoothing) + target * self.smoothing;
         if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline.learn(mean, self.tolerance);
+            self.baseline.learn(mean, self.tolerance, current <= limits.min() as f64);
         }
         limits.clamp_f64(next)
     }
