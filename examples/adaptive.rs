@@ -227,12 +227,13 @@ async fn run(kind: Kind, phase: Duration, rate: f64, seed: u64) -> Outcome {
             let bulkhead = AdaptiveBulkhead::builder(kind.label())
                 .algorithm(algorithm)
                 .on_limit_changed(move |event: &LimitChanged<'_>| {
-                    seen.lock()
-                        .unwrap()
-                        .push((started.elapsed(), event.to()));
+                    seen.lock().unwrap().push((started.elapsed(), event.to()));
                 })
                 .build();
-            limits.lock().unwrap().push((Duration::ZERO, bulkhead.limit()));
+            limits
+                .lock()
+                .unwrap()
+                .push((Duration::ZERO, bulkhead.limit()));
             BoxCloneService::new(ServiceBuilder::new().layer(bulkhead.layer()).service(http))
         }
     };
@@ -492,8 +493,8 @@ async fn main() {
             let ours = &outcome.phases[index];
             let best = &oracle.phases[index];
             let goodput = ours.ok as f64 / best.ok.max(1) as f64;
-            let p99 = ours.percentile(0.99).as_secs_f64()
-                / best.percentile(0.99).as_secs_f64().max(1e-9);
+            let p99 =
+                ours.percentile(0.99).as_secs_f64() / best.percentile(0.99).as_secs_f64().max(1e-9);
             let _ = write!(
                 result,
                 " c{}={capacity} goodput={goodput:.2}x p99={p99:.2}x",
@@ -503,7 +504,9 @@ async fn main() {
         // Round trips are counted in the oracle's median latency at the new capacity: a call's
         // round trip without queueing, shorter than what the adaptive calls saw meanwhile.
         let drop_at = phase;
-        let rtt = oracle.phases[1].percentile(0.5).max(Duration::from_micros(1));
+        let rtt = oracle.phases[1]
+            .percentile(0.5)
+            .max(Duration::from_micros(1));
         match within_2x(&outcome.limits, drop_at, PHASES[1]) {
             Some(took) => {
                 let _ = write!(

@@ -12,8 +12,8 @@ use futures::poll;
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
-    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Classify, FromTowerHttp, Gradient, HttpOverload, LimitAlgorithm,
-    LimitChanged, Limits, Sample, Verdict, MAX_RTT,
+    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Classify, FromTowerHttp, Gradient,
+    HttpOverload, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict, MAX_RTT,
 };
 use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
 use tower_bulwark::{BoxError, ManualClock};
@@ -67,7 +67,12 @@ fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
     );
     assert_eq!(limits, [4, 4, 4, 5]);
     // Next round: 10 ms (the mean), until 30 ms. Nobody reached the limit of 5: no growth.
-    let limits = feed(&mut aimd, &bounds, 5, &[(25, 10, 3, false), (30, 10, 4, false)]);
+    let limits = feed(
+        &mut aimd,
+        &bounds,
+        5,
+        &[(25, 10, 3, false), (30, 10, 4, false)],
+    );
     assert_eq!(limits, [5, 5]);
     // Until 40 ms: one call admitted at the limit is enough to grow, once.
     let limits = feed(
@@ -88,14 +93,29 @@ fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
         &mut aimd,
         &bounds,
         10,
-        &[(0, 10, 10, false), (3, 1, 10, true), (5, 1, 10, true), (10, 10, 10, false)],
+        &[
+            (0, 10, 10, false),
+            (3, 1, 10, true),
+            (5, 1, 10, true),
+            (10, 10, 10, false),
+        ],
     );
     assert_eq!(got, [10, 10, 10, 8]);
     // Round until 20 ms: one timeout → 8 × 0.8 = 6.4, shown as 6.
-    let got = feed(&mut aimd, &bounds, 8, &[(15, 10, 8, true), (20, 10, 8, false)]);
+    let got = feed(
+        &mut aimd,
+        &bounds,
+        8,
+        &[(15, 10, 8, true), (20, 10, 8, false)],
+    );
     assert_eq!(got, [8, 6]);
     // A healthy round at the limit: 6.4 + 1 = 7.4, shown as 7 (the fraction is kept).
-    let got = feed(&mut aimd, &bounds, 6, &[(25, 10, 6, false), (30, 10, 6, false)]);
+    let got = feed(
+        &mut aimd,
+        &bounds,
+        6,
+        &[(25, 10, 6, false), (30, 10, 6, false)],
+    );
     assert_eq!(got, [6, 7]);
     // And again: 8.4 → 8.
     let got = feed(&mut aimd, &bounds, 7, &[(40, 10, 7, false)]);
@@ -108,7 +128,12 @@ fn aimd_backs_off_when_latency_rises_above_its_baseline() {
     let mut aimd = Aimd::new();
     // Baseline: the first round's mean, 10 ms; the limit grows to 11 (in use).
     assert_eq!(
-        feed(&mut aimd, &bounds, 10, &[(0, 10, 10, false), (10, 10, 10, false)]),
+        feed(
+            &mut aimd,
+            &bounds,
+            10,
+            &[(0, 10, 10, false), (10, 10, 10, false)]
+        ),
         [10, 11]
     );
     // 12 ms is within 1.3 × 10 ms: healthy, grows to 12. In its warm-up the baseline is the
@@ -117,7 +142,12 @@ fn aimd_backs_off_when_latency_rises_above_its_baseline() {
     // The next round lasts min(12 ms, baseline 10 ms) and ends at 30 ms. A mean of 15 ms is
     // above 1.3 × 11 = 14.3 ms: back off, 12 × 0.8 = 9.6 → 9, with no 503 at all.
     assert_eq!(
-        feed(&mut aimd, &bounds, 12, &[(25, 15, 12, false), (30, 15, 12, false)]),
+        feed(
+            &mut aimd,
+            &bounds,
+            12,
+            &[(25, 15, 12, false), (30, 15, 12, false)]
+        ),
         [12, 9]
     );
 }
@@ -137,7 +167,12 @@ fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
     let mut limit = 10;
     let mut shown = Vec::new();
     for round in 0..26u64 {
-        limit = feed(&mut aimd, &bounds, limit, &[(180 + round * 20, 20, limit, false)])[0];
+        limit = feed(
+            &mut aimd,
+            &bounds,
+            limit,
+            &[(180 + round * 20, 20, limit, false)],
+        )[0];
         shown.push(limit);
     }
     assert_eq!(&shown[..8], [8, 6, 5, 4, 3, 2, 2, 1]);
@@ -220,22 +255,37 @@ fn bad_settings_are_errors_that_name_the_setting() {
     );
     assert!(Limits::new(1, 1, MAX_CONCURRENT_CALLS).is_ok());
     for backoff in [0.0, 1.0, -0.5, f64::NAN, 2.0] {
-        assert_eq!(Aimd::new().backoff(backoff).unwrap_err().setting(), "backoff");
+        assert_eq!(
+            Aimd::new().backoff(backoff).unwrap_err().setting(),
+            "backoff"
+        );
     }
     for tolerance in [0.99, f64::INFINITY, f64::NAN, -1.0] {
         assert_eq!(
-            Aimd::new().latency_tolerance(tolerance).unwrap_err().setting(),
+            Aimd::new()
+                .latency_tolerance(tolerance)
+                .unwrap_err()
+                .setting(),
             "latency_tolerance"
         );
         assert_eq!(
-            Gradient::new().latency_tolerance(tolerance).unwrap_err().setting(),
+            Gradient::new()
+                .latency_tolerance(tolerance)
+                .unwrap_err()
+                .setting(),
             "latency_tolerance"
         );
     }
     for smoothing in [0.0, 1.01, f64::NAN] {
-        assert_eq!(Gradient::new().smoothing(smoothing).unwrap_err().setting(), "smoothing");
+        assert_eq!(
+            Gradient::new().smoothing(smoothing).unwrap_err().setting(),
+            "smoothing"
+        );
     }
-    assert!(Aimd::new().backoff(0.5).and_then(|a| a.latency_tolerance(1.0)).is_ok());
+    assert!(Aimd::new()
+        .backoff(0.5)
+        .and_then(|a| a.latency_tolerance(1.0))
+        .is_ok());
 }
 
 // ---- Gradient, by hand ----
@@ -247,13 +297,21 @@ fn gradient_follows_the_ratio_of_baseline_to_latency() {
     // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.1 × 10 / 10, 1) = 1, in use, so
     // target = 10 + sqrt(10) = 13.1623 and limit = 0.7 × 10 + 0.3 × 13.1623 = 10.9487 → 10.
     assert_eq!(
-        feed(&mut gradient, &bounds, 10, &[(0, 10, 10, false), (10, 10, 10, false)]),
+        feed(
+            &mut gradient,
+            &bounds,
+            10,
+            &[(0, 10, 10, false), (10, 10, 10, false)]
+        ),
         [10, 10]
     );
     // Round 2 (20 ms, twice the baseline): gradient = 1.1 × 10 / 20 = 0.55, headroom
     // sqrt(10.9487) = 3.3089, target = 6.0218 + 3.3089 = 9.3307,
     // limit = 0.7 × 10.9487 + 0.3 × 9.3307 = 10.4633 → 10. The baseline is now 15 ms.
-    assert_eq!(feed(&mut gradient, &bounds, 10, &[(20, 20, 10, false)]), [10]);
+    assert_eq!(
+        feed(&mut gradient, &bounds, 10, &[(20, 20, 10, false)]),
+        [10]
+    );
     // Round 3 (an overload signal): gradient 0.5 and no headroom: target = 5.2316,
     // limit = 0.7 × 10.4633 + 0.3 × 5.2316 = 8.8938 → 8.
     assert_eq!(feed(&mut gradient, &bounds, 10, &[(30, 10, 10, true)]), [8]);
@@ -273,12 +331,22 @@ fn gradient_grows_only_while_in_use_and_stays_within_bounds() {
     }
     assert_eq!(limit, 4, "no growth while nobody reaches the limit");
     for round in 41..=80u64 {
-        limit = feed(&mut gradient, &bounds, limit, &[(round * 10, 10, limit, false)])[0];
+        limit = feed(
+            &mut gradient,
+            &bounds,
+            limit,
+            &[(round * 10, 10, limit, false)],
+        )[0];
         assert!((3..=6).contains(&limit));
     }
     assert_eq!(limit, 6);
     for round in 81..=120u64 {
-        limit = feed(&mut gradient, &bounds, limit, &[(round * 10, 10, limit, true)])[0];
+        limit = feed(
+            &mut gradient,
+            &bounds,
+            limit,
+            &[(round * 10, 10, limit, true)],
+        )[0];
         assert!((3..=6).contains(&limit));
     }
     assert_eq!(limit, 3);
@@ -323,12 +391,27 @@ async fn http_overload_judges_statuses_and_errors() {
         .await
         .unwrap_err();
     let errors: [(BoxError, Verdict); 7] = [
-        (io::Error::from(io::ErrorKind::TimedOut).into(), Verdict::Overloaded),
-        (io::Error::from(io::ErrorKind::ConnectionRefused).into(), Verdict::Overloaded),
-        (io::Error::from(io::ErrorKind::ConnectionReset).into(), Verdict::Overloaded),
-        (Wrapped(io::Error::from(io::ErrorKind::BrokenPipe)).into(), Verdict::Overloaded),
+        (
+            io::Error::from(io::ErrorKind::TimedOut).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionRefused).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionReset).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            Wrapped(io::Error::from(io::ErrorKind::BrokenPipe)).into(),
+            Verdict::Overloaded,
+        ),
         (elapsed.into(), Verdict::Overloaded),
-        (io::Error::from(io::ErrorKind::PermissionDenied).into(), Verdict::Ignored),
+        (
+            io::Error::from(io::ErrorKind::PermissionDenied).into(),
+            Verdict::Ignored,
+        ),
         ("some other failure".into(), Verdict::Ignored),
     ];
     for (err, verdict) in errors {
@@ -377,7 +460,12 @@ impl LimitAlgorithm for Recorder {
 
 impl Recorder {
     fn verdicts(&self) -> Vec<bool> {
-        self.0.lock().unwrap().iter().map(Sample::is_overloaded).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(Sample::is_overloaded)
+            .collect()
     }
 }
 
@@ -387,7 +475,12 @@ async fn a_real_reqwest_client_against_wiremock_is_classified() {
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     let server = MockServer::start().await;
-    for (route, status) in [("/ok", 200), ("/busy", 503), ("/slow-down", 429), ("/broken", 500)] {
+    for (route, status) in [
+        ("/ok", 200),
+        ("/busy", 503),
+        ("/slow-down", 429),
+        ("/broken", 500),
+    ] {
         Mock::given(path(route))
             .respond_with(ResponseTemplate::new(status))
             .mount(&server)
@@ -465,8 +558,11 @@ fn gated() -> impl Service<
     })
 }
 
+/// Each change of the limit, as (from, to).
+type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
+
 /// Builds the bulkhead with a hook that logs each change of the limit.
-fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, Arc<Mutex<Vec<(usize, usize)>>>) {
+fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let bulkhead = builder
@@ -489,7 +585,11 @@ async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sampl
     for _ in 0..5 {
         client.ready().await.unwrap();
     }
-    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 2, "poll_ready takes nothing");
+    assert_eq!(
+        bulkhead.snapshot().available_concurrent_calls,
+        2,
+        "poll_ready takes nothing"
+    );
 
     let (tx1, rx1) = oneshot::channel();
     let (tx2, rx2) = oneshot::channel();
@@ -509,7 +609,10 @@ async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sampl
     // Two samples, none for the refusal; each saw the clock's 7 ms and two calls in flight.
     let samples = recorder.0.lock().unwrap().clone();
     assert_eq!(samples.len(), 2);
-    assert_eq!(samples.iter().map(Sample::rtt).collect::<Vec<_>>(), [ms(7), ms(7)]);
+    assert_eq!(
+        samples.iter().map(Sample::rtt).collect::<Vec<_>>(),
+        [ms(7), ms(7)]
+    );
     assert_eq!(samples[0].in_flight(), 1);
     assert_eq!(samples[1].in_flight(), 2);
     assert_eq!(recorder.verdicts(), [true, false]);
@@ -528,7 +631,9 @@ async fn two_clones_share_one_adaptive_limit() {
     );
     let inner = gated();
     let layer = bulkhead.layer();
-    let mut a = ServiceBuilder::new().layer(layer.clone()).service(inner.clone());
+    let mut a = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner.clone());
     let mut b = ServiceBuilder::new().layer(layer).service(inner).clone();
     let handle = bulkhead.clone();
 
@@ -620,7 +725,10 @@ async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
         assert!(caught.is_err());
     }
     assert!(recorder.0.lock().unwrap().is_empty());
-    assert_eq!(*finished.lock().unwrap(), [CallOutcome::Panicked, CallOutcome::Panicked]);
+    assert_eq!(
+        *finished.lock().unwrap(),
+        [CallOutcome::Panicked, CallOutcome::Panicked]
+    );
     let snapshot = bulkhead.snapshot();
     assert_eq!(snapshot.available_concurrent_calls, 8);
     assert_eq!(snapshot.total_finished, 2);
@@ -643,9 +751,8 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
             (Some(tx), Box::pin(client.call(rx)))
         })
         .collect();
-    for step in 0..3 {
+    for (tx, call) in gates.iter_mut().take(3) {
         clock.advance(ms(10));
-        let (tx, call) = &mut gates[step];
         tx.take().unwrap().send(503).unwrap();
         call.as_mut().await.unwrap();
     }
@@ -688,7 +795,10 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
             .into_iter()
             .find(|(key, ..)| {
                 key.key().name() == m::BULKHEAD_MAX
-                    && key.key().labels().any(|l| l.key() == "name" && l.value() == "gauged")
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "name" && l.value() == "gauged")
             })
             .map(|(.., value)| match value {
                 DebugValue::Gauge(v) => v.into_inner(),
@@ -696,7 +806,9 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
             })
     };
     metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         runtime.block_on(async {
             let clock = ManualClock::new();
             let bulkhead = AdaptiveBulkhead::builder("gauged")
@@ -705,7 +817,9 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
                 .build();
             let mut client = ServiceBuilder::new()
                 .layer(bulkhead.layer())
-                .service(service_fn(|status: u16| async move { Ok::<_, BoxError>(response(status)) }));
+                .service(service_fn(|status: u16| async move {
+                    Ok::<_, BoxError>(response(status))
+                }));
             client.ready().await.unwrap().call(503).await.unwrap();
             clock.advance(ms(10));
             client.ready().await.unwrap().call(503).await.unwrap();

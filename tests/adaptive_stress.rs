@@ -329,12 +329,18 @@ async fn storm(
         "calls inside above the limit in force at their admission: {:?}",
         &ledger.violations[..ledger.violations.len().min(10)]
     );
-    assert!(ledger.inside.is_empty(), "a call never left the inner service");
+    assert!(
+        ledger.inside.is_empty(),
+        "a call never left the inner service"
+    );
     assert!(ledger.entered > 0);
     assert!(ledger.peak >= 2, "the storm never overlapped calls");
     let ups = seen.ups.load(Ordering::Relaxed);
     let downs = seen.downs.load(Ordering::Relaxed);
-    assert!(ups > 0 && downs > 0, "the limit must move both ways: {ups} up, {downs} down");
+    assert!(
+        ups > 0 && downs > 0,
+        "the limit must move both ways: {ups} up, {downs} down"
+    );
 
     let snapshot = bulkhead.snapshot();
     assert_eq!(snapshot.max_allowed_concurrent_calls, bulkhead.limit());
@@ -343,9 +349,18 @@ async fn storm(
         "a permit leaked or was given back twice: {snapshot:?}"
     );
     assert_eq!(snapshot.total_permitted, snapshot.total_finished);
-    assert_eq!(snapshot.total_permitted, seen.permitted.load(Ordering::Relaxed));
-    assert_eq!(snapshot.total_finished, seen.finished.load(Ordering::Relaxed));
-    assert_eq!(snapshot.total_rejected, seen.rejected.load(Ordering::Relaxed));
+    assert_eq!(
+        snapshot.total_permitted,
+        seen.permitted.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        snapshot.total_finished,
+        seen.finished.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        snapshot.total_rejected,
+        seen.rejected.load(Ordering::Relaxed)
+    );
     assert!(snapshot.total_rejected >= refused);
     // Calls aborted before their first poll never reach the bulkhead.
     assert!(snapshot.total_permitted + snapshot.total_rejected <= CALLS as u64);
@@ -361,9 +376,8 @@ async fn storm(
     // Every ending gave exactly one sample, but a panic (none) and, when they are ignored, a
     // cancellation (none).
     let count = |outcome: CallOutcome| outcomes.iter().filter(|o| **o == outcome).count() as u64;
-    let mut expected = snapshot.total_finished
-        - count(CallOutcome::Panicked)
-        - ignored.load(Ordering::Relaxed);
+    let mut expected =
+        snapshot.total_finished - count(CallOutcome::Panicked) - ignored.load(Ordering::Relaxed);
     if cancelled == Cancelled::Ignore {
         expected -= count(CallOutcome::Cancelled);
     }

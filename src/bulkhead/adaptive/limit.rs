@@ -344,7 +344,8 @@ impl Aimd {
             current
         };
         if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline.learn(mean, self.tolerance, current <= limits.min() as f64);
+            self.baseline
+                .learn(mean, self.tolerance, current <= limits.min() as f64);
         }
         limits.clamp_f64(next)
     }
@@ -464,7 +465,8 @@ impl Gradient {
         let target = current * gradient + headroom;
         let next = current * (1.0 - self.smoothing) + target * self.smoothing;
         if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline.learn(mean, self.tolerance, current <= limits.min() as f64);
+            self.baseline
+                .learn(mean, self.tolerance, current <= limits.min() as f64);
         }
         limits.clamp_f64(next)
     }

@@ -100,13 +100,19 @@ where
         match semaphore.admit() {
             Admission::Permitted => {}
             Admission::Rejected => {
-                return ResponseFuture::rejected(semaphore.reject(Rejection::NoCapacity), classifier)
+                return ResponseFuture::rejected(
+                    semaphore.reject(Rejection::NoCapacity),
+                    classifier,
+                )
             }
             // The adaptive bulkhead's semaphore is built without a queue, so this does not
             // happen; should it, the place is left at once and the call refused.
             Admission::Queued(ticket) => {
                 drop(Waiter::new(Arc::clone(semaphore), ticket));
-                return ResponseFuture::rejected(semaphore.reject(Rejection::NoCapacity), classifier);
+                return ResponseFuture::rejected(
+                    semaphore.reject(Rejection::NoCapacity),
+                    classifier,
+                );
             }
         }
         // Both exist before the inner service is called, so a panicking `call` still gives the
