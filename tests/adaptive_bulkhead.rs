@@ -828,3 +828,81 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
     });
     assert_eq!(gauge(), Some(8.0));
 }
+
+/// An algorithm that panics on the samples it is told to, and otherwise lowers the limit by one.
+struct Explosive {
+    panic_on: Arc<Mutex<bool>>,
+}
+
+impl LimitAlgorithm for Explosive {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        if *self.panic_on.lock().unwrap() {
+            panic!("algorithm exploded");
+        }
+        sample.limit() - 1
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_algorithm_or_limit_hook_loses_no_permit_and_leaves_the_limit_consistent() {
+    let panic_on = Arc::new(Mutex::new(false));
+    let hook_panics = Arc::new(Mutex::new(false));
+    let hook_flag = hook_panics.clone();
+    let bulkhead = AdaptiveBulkhead::builder("explosive")
+        .limits(limits(1, 5, 5))
+        .algorithm(Explosive {
+            panic_on: panic_on.clone(),
+        })
+        .on_limit_changed(move |_: &LimitChanged<'_>| {
+            if *hook_flag.lock().unwrap() {
+                panic!("hook exploded");
+            }
+        })
+        .build();
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    let catch = |future| futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(future));
+
+    // The algorithm panics as a call completes: the caller sees the panic, the permit is back,
+    // the limit is unchanged.
+    *panic_on.lock().unwrap() = true;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    assert!(catch(call).await.is_err());
+    assert_eq!(bulkhead.limit(), 5);
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 5);
+
+    // ... and as a cancelled call is dropped: the permit still comes back.
+    let (_tx, rx) = oneshot::channel();
+    let mut call = Box::pin(client.call(rx));
+    assert!(poll!(call.as_mut()).is_pending());
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(call)));
+    assert!(dropped.is_err());
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 5);
+
+    // The hook panics after the limit moved: the move holds, the permit is back.
+    *panic_on.lock().unwrap() = false;
+    *hook_panics.lock().unwrap() = true;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    assert!(catch(call).await.is_err());
+    assert_eq!(bulkhead.limit(), 4);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.max_allowed_concurrent_calls, 4);
+    assert_eq!(snapshot.available_concurrent_calls, 4);
+
+    // Both poisoned nothing: the next call moves the limit as usual.
+    *hook_panics.lock().unwrap() = false;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    call.await.unwrap();
+    assert_eq!(bulkhead.limit(), 3);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 4);
+    assert_eq!(snapshot.total_finished, 4);
+    assert_eq!(snapshot.available_concurrent_calls, 3);
+}

@@ -343,7 +343,8 @@ impl AdaptiveBulkheadBuilder {
         self
     }
 
-    /// Runs `hook` each time a permitted call ends, before its sample is taken.
+    /// Runs `hook` each time a permitted call ends, after its sample has been taken and before
+    /// its permit is given back.
     pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
         self.inner = self.inner.on_call_finished(hook);
         self
