@@ -18,7 +18,7 @@
 //!
 //! It prints a table per phase, draws both adaptive limits over time next to the true capacity
 //! (in the terminal and in `target/adaptive.svg`), and ends with one `RESULT` line of measured
-//! ratios to the oracle.
+//! ratios to the oracle. `tests/adaptive_example.rs` runs it with phases of 400 ms.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -407,6 +407,12 @@ async fn main() {
     let phase = Duration::from_millis(env("BULWARK_ADAPTIVE_PHASE_MS", 5000));
     let parallel = env("BULWARK_ADAPTIVE_PARALLEL", 3).max(1) as usize;
     let seed = env("BULWARK_ADAPTIVE_SEED", 0x5EED);
+    let result = compare(phase, parallel, seed).await;
+    println!("\n{result}");
+}
+
+/// Runs every contender, prints the tables and charts, and returns the `RESULT` line.
+pub(crate) async fn compare(phase: Duration, parallel: usize, seed: u64) -> String {
     // The dependency serves C / mean service time calls per second; offer 1.25 times its
     // largest capacity, so that every phase is overloaded without a limit.
     let mean = MEDIAN.as_secs_f64() * (SIGMA * SIGMA / 2.0).exp();
@@ -520,5 +526,5 @@ async fn main() {
         result.push(';');
     }
     result.pop();
-    println!("\n{result}");
+    result
 }

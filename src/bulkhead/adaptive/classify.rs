@@ -121,7 +121,7 @@ impl HttpOverload {
     }
 }
 
-impl<B: 'static> Classify<http::Response<B>> for HttpOverload {
+impl<B> Classify<http::Response<B>> for HttpOverload {
     fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
         match result {
             Ok(response) => Self::classify_status(response.status()),
@@ -196,7 +196,6 @@ pub struct FromTowerHttp<C>(pub C);
 impl<C, B> Classify<http::Response<B>> for FromTowerHttp<C>
 where
     C: ClassifyResponse + Clone + Send + Sync + 'static,
-    B: 'static,
 {
     fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
         match result {
