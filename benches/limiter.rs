@@ -32,7 +32,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
-use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, ManualClock, QuantaClock, Quota};
+use tower_bulwark::{
+    clock::{ManualClock, QuantaClock},
+    DirectRateLimiter, KeyedRateLimiter, Quota,
+};
 
 const KEYS: u32 = 100_000;
 

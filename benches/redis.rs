@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
-use tower_bulwark::store::redis::{RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
 use tower_bulwark::Quota;
 
 const TASKS: u64 = 64;
 
 /// The GCRA script exactly as the limiter sends it.
 const GCRA_SCRIPT: &str = concat!(
-    include_str!("../src/store/redis/prelude.lua"),
-    include_str!("../src/store/redis/gcra.lua")
+    include_str!("../src/redis/prelude.lua"),
+    include_str!("../src/redis/gcra.lua")
 );
 
 /// Runs `iters` calls of `call` spread over 64 concurrent tasks and returns the wall time.

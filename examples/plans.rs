@@ -28,7 +28,12 @@ use tokio::net::TcpListener;
 use tower_bulwark::rate_limit::{
     HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer,
 };
-use tower_bulwark::{Clock, Gcra, KeyedRateLimiter, Quota, SystemClock, Tiers};
+use tower_bulwark::{
+    algorithm::Gcra,
+    clock::{Clock, SystemClock},
+    tiers::Tiers,
+    KeyedRateLimiter, Quota,
+};
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 

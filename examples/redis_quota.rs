@@ -21,8 +21,8 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
-use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
-use tower_bulwark::{BoxError, Quota, SlidingLog};
+use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::{algorithm::SlidingLog, BoxError, Quota};
 
 const INSTANCES: usize = 2;
 const REQUESTS_PER_INSTANCE: usize = 30;

@@ -9,7 +9,13 @@ use std::time::Duration;
 ///
 /// Every algorithm and every store answers with this same type, so the HTTP layer computes its
 /// `Retry-After` and `RateLimit` headers the same way whatever sits underneath.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// An admission is also the right to give its permits back ([`Limiter::refund`]), once: a
+/// decision is neither `Copy` nor `Clone`, and a refund consumes it. Read the fields you need
+/// before giving it back.
+///
+/// [`Limiter::refund`]: crate::Limiter::refund
+#[derive(Debug, Eq)]
 #[non_exhaustive]
 pub struct Decision {
     /// Whether the request is admitted (possibly after [`wait`](Self::wait)).
@@ -29,7 +35,7 @@ pub struct Decision {
     /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
     /// charged: the instant the decision was made as of (the clock reading, or the key's latest
     /// reading if that was later) for an immediate admission, the instant the reservation falls
-    /// due for a reservation. [`Algorithm::refund`](crate::Algorithm::refund) uses it to give
+    /// due for a reservation. [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give
     /// back exactly what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
     /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
@@ -41,9 +47,44 @@ pub struct Decision {
     /// The permits this decision was asked for (set by the crate's limiters), so that a refund
     /// never gives back more than the admission took, whatever cost its caller names.
     pub(crate) cost: u32,
-    /// For a decision of a [`Tiers`](crate::Tiers) limiter, the index of the tier that made it,
+    /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that made it,
     /// so that a refund goes back to that tier. Zero otherwise.
     pub(crate) tier: u32,
+    /// A fingerprint of the key the decision was made for (a keyed limiter's hash of it), so that
+    /// a refund naming another key gives nothing back. Zero when the limiter has no keys.
+    pub(crate) key: u64,
+}
+
+/// Two decisions are equal when they say the same and would give back the same; the key's
+/// fingerprint is not compared (limiters of different stores fingerprint one key differently).
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        let Decision {
+            allowed,
+            limit,
+            remaining,
+            retry_after,
+            reset_after,
+            wait,
+            reserved_at,
+            state_after,
+            source,
+            cost,
+            tier,
+            key: _,
+        } = other;
+        self.allowed == *allowed
+            && self.limit == *limit
+            && self.remaining == *remaining
+            && self.retry_after == *retry_after
+            && self.reset_after == *reset_after
+            && self.wait == *wait
+            && self.reserved_at == *reserved_at
+            && self.state_after == *state_after
+            && self.source == *source
+            && self.cost == *cost
+            && self.tier == *tier
+    }
 }
 
 /// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's fail mode (whose
@@ -85,6 +126,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
@@ -109,6 +151,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
@@ -132,10 +175,11 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
+            key: 0,
         }
     }
 
-    /// This decision, made by tier `index` of a [`Tiers`](crate::Tiers) limiter.
+    /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
     #[inline]
     pub(crate) fn in_tier(mut self, index: usize) -> Self {
         self.tier = u32::try_from(index).unwrap_or(u32::MAX);
@@ -146,6 +190,27 @@ impl Decision {
     #[inline]
     pub(crate) fn tier(&self) -> usize {
         self.tier as usize
+    }
+
+    /// What this decision tells a client, as a decision that gives nothing back: for the
+    /// crate's own bookkeeping once the decision itself has been consumed by a refund.
+    #[inline]
+    pub(crate) fn report(&self) -> Decision {
+        Decision {
+            reserved_at: 0,
+            state_after: 0,
+            source: Source::State,
+            cost: 0,
+            key: 0,
+            ..*self
+        }
+    }
+
+    /// This decision, made for the key whose fingerprint is `key`.
+    #[inline(always)]
+    pub(crate) fn for_key(mut self, key: u64) -> Self {
+        self.key = key;
+        self
     }
 
     /// The decision on a request of `cost` permits.

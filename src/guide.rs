@@ -4,10 +4,10 @@
 //!
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
-//! | [`Gcra`](crate::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
-//! | [`FixedWindow`](crate::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
-//! | [`SlidingLog`](crate::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
-//! | [`SlidingCounter`](crate::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
+//! | [`Gcra`](crate::algorithm::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
+//! | [`FixedWindow`](crate::algorithm::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
+//! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
+//! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
 //!
 //! # Guarantees under hostile conditions
 //!
@@ -30,7 +30,7 @@
 
 //! # What a decision says
 //!
-//! Every algorithm answers with a [`Decision`](crate::Decision):
+//! Every algorithm answers with a [`Decision`](crate::limiter::Decision):
 //!
 //! * `retry_after` of a refusal is the exact time until the same request would be admitted if
 //!   nothing else arrived in between; it is never zero. The HTTP layer sends
@@ -61,7 +61,7 @@
 //! this request but at most `q`, and `t`, the later of two spans (at least a second): when the key
 //! is whole again if nothing else arrives (`ceil(reset_after)`), and the time the advertised rate
 //! takes to grant `r` (`ceil(r · w / q)`). Two properties follow for every algorithm, since the
-//! layer sees only the [`Decision`](crate::Decision): any `r` requests sent within `t` are
+//! layer sees only the [`Decision`](crate::limiter::Decision): any `r` requests sent within `t` are
 //! admitted (`r` never exceeds what the limiter has left now), and `r/t` never states a faster
 //! rate than `q/w`, which is the cap on the ratio of `r` to `t` that section 6 of the draft asks
 //! for. The draft -10 reading of `t`, the time until the key is whole, fails the second: 1000 per
@@ -137,19 +137,19 @@
 //! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
 //! the store drops idle keys first whenever a shard is full, and
 //! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
-//! is full of live keys, [`Overflow`](crate::Overflow) decides: evict the keys whose loss gives
-//! away least, by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank) (default), or
+//! is full of live keys, [`Overflow`](crate::limiter::Overflow) decides: evict the keys whose loss gives
+//! away least, by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank) (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
 //! is being limited a fresh quota (`tests/eviction_floods.rs`, and the flood test of every
 //! algorithm above), with one exception: a quota of one request under the fixed window or the
 //! sliding counter, where a limited client and a flood's key hold the same single permit of the
-//! same window and either may be evicted (see [`Overflow`](crate::Overflow)).
+//! same window and either may be evicted (see [`Overflow`](crate::limiter::Overflow)).
 
 //! # Time
 //!
-//! Limiters read a [`Clock`](crate::Clock): [`SystemClock`](crate::SystemClock) in production,
-//! [`ManualClock`](crate::ManualClock) in tests (time moves only when the test moves it), and
-//! [`TokioClock`](crate::TokioClock) for tests that use `tokio::time::pause`, so that the
+//! Limiters read a [`Clock`](crate::clock::Clock): [`SystemClock`](crate::clock::SystemClock) in production,
+//! [`ManualClock`](crate::clock::ManualClock) in tests (time moves only when the test moves it), and
+//! [`TokioClock`](crate::clock::TokioClock) for tests that use `tokio::time::pause`, so that the
 //! limiter's time and tokio's sleeping agree.
 //!
 //! # Concurrency
@@ -174,6 +174,7 @@
 //! | [`HeaderKey`](crate::rate_limit::HeaderKey) | a key owns a copy of its bytes (it never keeps a connection's read buffer alive) and is at most `max_len` bytes | `tests/key_memory.rs` (bytes per key over TCP within 2x of in process) |
 //! | the HTTP layer | a request refused by one policy, or dropped at any await point (reserving, waiting), gives back every permit the others granted, once, newest first; so does one whose cost function, key extractor or refusal hook panics | `tests/rate_limit_hostile.rs`, `tests/listener_disconnect.rs`, `tests/policies_attack.rs` (a model of every key's permits over random sequences of policies, costs, outcomes, shadows, failures and drops; every order of a mixed chain; panics) |
 //! | policies | each policy counts against its own key at its own cost; a cost a policy can never admit is a 429 without `Retry-After` that spends nothing; a `count_if` policy gives the permit back exactly when the response does not count (never when the inner service fails or the future is dropped; a panicking predicate counts) and its `RateLimit` says so; a shadow policy never refuses, never waits, never answers `503`; N tasks racing for L with a `count_if` policy put exactly L in the handler | `tests/policies.rs`, `tests/policies_attack.rs`, `tests/plans.rs` (over a real listener) |
+//! | refunds through [`Limiter::refund`](crate::Limiter::refund) | a decision is given back at most once (a refund consumes it: giving it back twice does not compile); never more than it took, whatever cost the caller names; under another key, or to another limiter, it gives nothing back (each algorithm, in memory and in Redis) | the `compile_fail` example on `Limiter::refund`, `tests/refund_misuse.rs`, `a_decision_given_back_under_another_key_frees_nothing_in_redis` |
 //! | tiers | a key is decided and advertised by its own tier; a refund goes to the tier that charged it, even after the key moved | `tests/tiers.rs` |
 //! | quota changes | every key keeps what it used; the window of a change admits at most the larger quota; a reload that cannot apply in place changes nothing | `tests/quota_change.rs`, `tests/config_reload.rs`, `tests/config_routes.rs` |
 //! | Redis limiters | the same refunds as in memory (a veto leaves the stored state as it was); a reading older than the key's latest is decided as of it; a script that runs after its caller was answered (a stalled server) changes nothing; a decision dropped while its script is on the way is given back; stored state that is not an exact count is an error | `tests/redis_refund.rs`, `tests/redis_deadline.rs`, `tests/redis_conformance.rs` (memory and Lua give the same decisions, refunds included, up to the bounds of exact arithmetic) |
@@ -237,3 +238,46 @@
 //! figure of a sample is read from a counter kept next to the permits, never above the permits
 //! held. How the defaults do against a dependency whose capacity changes is measured by
 //! `examples/adaptive.rs` (see `BENCHMARKS.md`).
+
+//! # Outbound: pushback and client quotas
+//!
+//! [`Pushback`](crate::outbound::Pushback) obeys what a dependency says;
+//! [`ClientQuotaLayer`](crate::outbound::ClientQuotaLayer) keeps to a quota of your own for it.
+//! Both refuse with an error that carries the time to wait
+//! ([`PushedBack`](crate::outbound::PushedBack),
+//! [`QuotaExhausted`](crate::outbound::QuotaExhausted)), which
+//! [`outbound::retry_after`](crate::outbound::retry_after) reads for a retry policy.
+//!
+//! **What the pushback reads, and how.** `Retry-After` on a 429 or 503: delta-seconds, or an
+//! HTTP-date read against the response's `Date` (the server's own clock) or, without one, the
+//! system time. `RateLimit` and `RateLimit-Policy` of draft-11 on any response, parsed as
+//! Structured Fields by the crate's own reader of the RFC 9651 List grammar (it is checked to
+//! accept exactly what the `sfv` crate accepts and read the same names and integers, on
+//! arbitrary input: `agrees_with_sfv` in `src/outbound/pushback/sf.rs`). The crate reads the small
+//! subset it needs rather than depend on `sfv`: the layer is always built, and `sfv` would bring
+//! three crates for a few hundred bytes of input. `X-RateLimit-Remaining` with
+//! `X-RateLimit-Reset`, whose value is seconds from now below 10^9 and a Unix time from there on:
+//! 10^9 seconds from now would be 31 years, and 10^9 as a Unix time is September 2001, so no
+//! value of either kind that a real server sends falls on the wrong side.
+//!
+//! **How it holds.** After a `Retry-After`, nothing starts until it has passed. With an
+//! advertised quota, at most `r` calls start within `t`, less the calls in flight when the
+//! answer came (conservative: they may or may not be counted in `r`); of several policies the
+//! fewest remaining counts, and of those the longest window. When the window has passed, the
+//! `q` of the policy of the same name is granted for each `w`, less the calls still in flight;
+//! without a policy, calls go until the next answer. Every span is capped at `max_hold` (ten
+//! minutes by default).
+//!
+//! **Where it stops.** Before the first answer nothing is known, so the first calls are bounded
+//! only by a client quota. A call that has passed the pushback and then waits below it (in a
+//! quota with `max_wait`, in a bulkhead's queue) is sent when its turn comes, even if a 429
+//! arrived meanwhile: where a hold must be obeyed exactly, let the layers below refuse at once
+//! and let a retry layer above the pushback do the waiting, as `examples/partner_api.rs` does.
+//!
+//! | part | promise under hostile conditions | proved by |
+//! |---|---|---|
+//! | pushback | no header, however malformed or absurd (arbitrary bytes, negative or 40-digit numbers, dates in year 9999 or 1970, 10 000 lines, fields over 4 KiB), panics or holds a call longer than `max_hold`; digits in `Retry-After` hold exactly that many seconds, capped | `tests/pushback_hostile.rs` |
+//! | pushback | holds are exact to the nanosecond of the clock; a date in the past holds nothing; the most restrictive policy counts; calls in flight are counted against `r` | `tests/pushback.rs` |
+//! | pushback | after a 429, none of 64 tasks through clones of one layer reaches the dependency before `Retry-After` passes; with `max_wait` zero, all fail at once; a waiter cut by a timeout reaches nothing | `after_a_429_no_task_reaches_the_dependency_before_the_hold_ends` and its neighbours in `tests/pushback.rs`; `examples/partner_api.rs` over a real listener (`tests/partner_api.rs`) |
+//! | client quota | N tasks racing for L permits get exactly L, and only L calls reach the dependency; a refusal spends nothing; a waiter dropped gives its reservation back, in memory and in Redis; two instances built separately share one Redis quota exactly | `tests/client_quota.rs`, `tests/client_quota_redis.rs` |
+//! | the stack | retry → timeout → pushback → client quota → bulkhead → `reqwest::Client`: a held call spends no quota and no bulkhead permit; a call waiting for its quota holds no bulkhead permit; the timeout cuts waits below it and everything is given back; a bulkhead refusal is neither retried nor a timeout | `tests/outbound_stack.rs` |

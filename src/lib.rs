@@ -1,23 +1,61 @@
 //! Tower and axum middleware for services under pressure.
 //!
-//! * **Rate limiting** keeps callers from overrunning a service: [`KeyedRateLimiter`] decides per
-//!   client key, with GCRA by default and fixed window, sliding log and sliding counter on
-//!   request. Every refusal says exactly when to come back.
-//! * **Bulkheads** keep one slow dependency from taking the capacity the others need:
-//!   [`BulkheadLayer`] caps the calls in flight to each downstream service and refuses the rest
-//!   at once with [`BulkheadFull`]. See the [`bulkhead`] module.
-//! * **Time is injected**: every limiter reads a [`Clock`]; tests use [`ManualClock`] and never
-//!   sleep.
+//! Two jobs, and the crate root names only what they need:
+//!
+//! * **Limit a route** per client: a [`RateLimitLayer`] holds one or more [`Policy`]s, each a
+//!   name, a key (the peer's address with [`PeerIp`], an API key, a tenant, anything), a cost and
+//!   a limiter with its [`Quota`]. A request is admitted only if every policy admits it; a refused
+//!   one gets `429 Too Many Requests` with a `Retry-After` computed from the limiter's state, the
+//!   IETF `RateLimit-Policy`/`RateLimit` headers and an RFC 9457 problem+json body, and spends
+//!   nothing anywhere.
+//! * **Bulkhead a client**: a [`Bulkhead`] caps the calls in flight to one dependency (any
+//!   `tower::Service`, such as a `reqwest::Client`), so a slow one cannot take the capacity the
+//!   others need. A call beyond the cap fails at once with [`BulkheadFull`], never a timeout.
+//!
+//! ```no_run
+//! use std::net::{IpAddr, SocketAddr};
+//!
+//! use axum::{routing::get, Router};
+//! use tower_bulwark::{KeyedRateLimiter, PeerIp, Policy, Quota, RateLimitLayer};
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let per_ip = KeyedRateLimiter::<IpAddr>::new(Quota::per_second(10)?);
+//! let app = Router::new()
+//!     .route("/orders", get(|| async { "ok" }))
+//!     .route_layer(RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), per_ip)?));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
 //!
 //! ```
-//! use tower_bulwark::{KeyedRateLimiter, Quota};
+//! use tower::{service_fn, ServiceBuilder};
+//! use tower_bulwark::{BoxError, Bulkhead};
 //!
-//! let limiter = KeyedRateLimiter::<String>::new(Quota::per_second(10)?);
-//! let decision = limiter.check(&"203.0.113.7".to_string());
-//! assert!(decision.allowed);
-//! assert_eq!(decision.remaining, 9);
-//! # Ok::<(), tower_bulwark::QuotaError>(())
+//! let payment = Bulkhead::semaphore("payment", 16).build();
+//! let client = ServiceBuilder::new()
+//!     .layer(payment.layer())
+//!     .service(service_fn(|amount: u32| async move { Ok::<_, BoxError>(amount) }));
+//! # drop(client);
 //! ```
+//!
+//! # Where the rest lives
+//!
+//! * [`rate_limit`]: the layer, key extractors (forwarded addresses behind named proxies, headers),
+//!   exemptions, hooks and the response futures; [`tiers`]: a quota chosen per key.
+//! * [`limiter`]: the [`Limiter`] trait that a policy asks, the in-memory [`KeyedRateLimiter`]
+//!   and [`DirectRateLimiter`], their [`Decision`](limiter::Decision) and the bounded key table's
+//!   [`Overflow`](limiter::Overflow) setting; [`algorithm`]: GCRA (the default), fixed window,
+//!   sliding log and sliding counter.
+//! * `redis` (feature `redis`): the same algorithms as Lua scripts in Redis, for a quota shared
+//!   by every instance, with a [`RedisFailMode`](crate::redis::RedisFailMode) for when Redis
+//!   cannot answer.
+//! * [`bulkhead`]: the semaphore and queue kinds, layers that hold the permit until the response
+//!   or its body ends, events and snapshots.
+//! * [`clock`]: time is injected; tests move a [`ManualClock`](clock::ManualClock) by hand and
+//!   never sleep. [`observe`]: metric and event names. `config` (feature `config`): named
+//!   instances and routes from a TOML file, reloadable.
+//! * [`guide`]: what each piece promises, and the test that proves it.
 #![deny(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -31,29 +69,22 @@ mod decision;
 pub mod guide;
 pub mod limiter;
 pub mod observe;
+pub mod outbound;
 mod quota;
 pub mod rate_limit;
-pub mod store;
+#[cfg(feature = "redis")]
+pub mod redis;
+mod store;
 mod sync;
 pub mod tiers;
 
-pub use algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
-pub use bulkhead::{
-    Bulkhead, BulkheadBodyLayer, BulkheadFull, BulkheadLayer, BulkheadService, BulkheadSnapshot,
-};
-#[cfg(feature = "quanta")]
-pub use clock::QuantaClock;
-pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-pub use decision::{Decision, InsufficientCapacity};
-pub use limiter::{acquire, DirectRateLimiter, KeyedRateLimiter, Limiter, RateLimiterBuilder};
+// The crate root names the two core jobs; everything else lives in its module.
+pub use bulkhead::{Bulkhead, BulkheadFull};
+pub use limiter::{DirectRateLimiter, KeyedRateLimiter, Limiter};
 pub use quota::{Quota, QuotaError};
 #[cfg(feature = "axum")]
 pub use rate_limit::PeerIp;
 pub use rate_limit::{Policy, RateLimitLayer};
-#[cfg(feature = "redis")]
-pub use store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
-pub use store::Overflow;
-pub use tiers::Tiers;
 
 /// The README's Rust snippets, compiled (and, unless marked `no_run`, run) as doctests, so that
 /// what the README shows is what the crate does.

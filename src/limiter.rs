@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+//! use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
 //!
 //! let clock = ManualClock::new();
 //! let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(2)?)
@@ -38,8 +38,10 @@ use tokio::time::Sleep;
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::store::memory::{Full, MemoryStore};
-use crate::store::Overflow;
-use crate::{BoxError, Decision, InsufficientCapacity, Quota};
+use crate::{BoxError, Quota};
+
+pub use super::store::memory::Overflow;
+pub use crate::decision::{Decision, InsufficientCapacity};
 
 /// Anything that decides on requests per key: the in-memory limiters, the Redis limiter, or a
 /// limiter of your own. The HTTP layer is written against this trait.
@@ -62,7 +64,7 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// The quota this limiter enforces for `key`, which the `RateLimit-Policy` header of a
     /// response to `key` advertises: [`quota`](Self::quota) unless the quota depends on the key
-    /// (see [`Tiers`](crate::Tiers)).
+    /// (see [`Tiers`](crate::tiers::Tiers)).
     fn quota_for(&self, key: &K) -> Quota {
         let _ = key;
         self.quota()
@@ -83,7 +85,23 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
     /// policy vetoed. Where the algorithm cannot give it back, this does nothing.
-    fn refund(&self, key: &K, cost: u32, decision: &Decision);
+    ///
+    /// The decision is consumed: [`Decision`] is neither `Copy` nor `Clone`, so one admission is
+    /// given back at most once, and the compiler says so:
+    ///
+    /// ```compile_fail,E0382
+    /// use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+    ///
+    /// let limiter = KeyedRateLimiter::<u64>::new(Quota::per_second(1).unwrap());
+    /// let decision = limiter.check(&7);
+    /// limiter.refund(&7, 1, decision);
+    /// limiter.refund(&7, 1, decision); // error: use of moved value
+    /// ```
+    ///
+    /// The crate's limiters also remember which key a decision was made for: given back under
+    /// another key, it gives nothing back. No more than the decision took is ever given back,
+    /// whatever `cost` says.
+    fn refund(&self, key: &K, cost: u32, decision: Decision);
 }
 
 pin_project! {
@@ -102,7 +120,9 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let AcquireProj::Waiting { decision, .. } = this.state.project() {
-                this.limiter.refund(this.key, *this.cost, decision);
+                if let Some(decision) = decision.take() {
+                    this.limiter.refund(this.key, *this.cost, decision);
+                }
             }
         }
     }
@@ -112,7 +132,7 @@ pin_project! {
     #[project = AcquireProj]
     enum AcquireState<F> {
         Reserving { #[pin] reserve: F },
-        Waiting { #[pin] sleep: Sleep, decision: Decision },
+        Waiting { #[pin] sleep: Sleep, decision: Option<Decision> },
         Done,
     }
 }
@@ -148,7 +168,10 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
                     };
                     if decision.allowed && !decision.wait.is_zero() {
                         let sleep = tokio::time::sleep(decision.wait);
-                        this.state.set(AcquireState::Waiting { sleep, decision });
+                        this.state.set(AcquireState::Waiting {
+                            sleep,
+                            decision: Some(decision),
+                        });
                     } else {
                         this.state.set(AcquireState::Done);
                         return Poll::Ready(Ok(decision));
@@ -156,9 +179,12 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
                 }
                 AcquireProj::Waiting { sleep, decision } => {
                     ready!(sleep.poll(cx));
-                    let decision = *decision;
+                    let decision = decision.take();
                     this.state.set(AcquireState::Done);
-                    return Poll::Ready(Ok(decision));
+                    if let Some(decision) = decision {
+                        return Poll::Ready(Ok(decision));
+                    }
+                    panic!("`Acquire` polled after completion");
                 }
                 AcquireProj::Done => panic!("`Acquire` polled after completion"),
             }
@@ -207,7 +233,7 @@ impl<K, A, C> RateLimiterBuilder<K, A, C> {
         }
     }
 
-    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    /// Reads time from `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<K, A, C2> {
         RateLimiterBuilder {
             quota: self.quota,
@@ -455,14 +481,14 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
         Some(self.decide_now(cost))
     }
 
-    fn refund(&self, _key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, _key: &K, cost: u32, decision: Decision) {
         if decision.allowed {
             let setup = self.inner.read_setup();
             let now = self.inner.clock.now();
             let cost = decision.refundable(cost);
             setup
                 .algorithm
-                .refund(&self.inner.state, now, cost, decision);
+                .refund(&self.inner.state, now, cost, &decision);
         }
     }
 }
@@ -553,7 +579,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         &self,
         key: &K,
         now: u64,
-        decide: impl FnOnce(&Setup<A>, &A::State) -> R,
+        decide: impl FnOnce(&Setup<A>, &A::State, u64) -> R,
         full: impl FnOnce(&Setup<A>, Full) -> R,
     ) -> R {
         self.inner.store.with(
@@ -562,7 +588,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             |setup, s| setup.algorithm.idle_at(s),
             |setup, s| setup.algorithm.eviction_rank(s, now),
             #[inline(always)]
-            |setup, s| decide(setup, s),
+            |setup, s, hash| decide(setup, s, hash),
             |setup, f| full(setup, f),
         )
     }
@@ -583,7 +609,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             key,
             now,
             #[inline(always)]
-            |setup, s| {
+            |setup, s, hash| {
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
@@ -592,7 +618,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 } else {
                     0
                 };
-                Ok(setup.algorithm.decide(s, now, cost, max_wait).of_cost(cost))
+                Ok(setup
+                    .algorithm
+                    .decide(s, now, cost, max_wait)
+                    .of_cost(cost)
+                    .for_key(hash))
             },
             |setup, full| {
                 if cost > 1 {
@@ -617,7 +647,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             key,
             now,
             #[inline(always)]
-            |setup, s| setup.algorithm.decide(s, now, 1, 0).of_cost(1),
+            |setup, s, hash| {
+                setup
+                    .algorithm
+                    .decide(s, now, 1, 0)
+                    .of_cost(1)
+                    .for_key(hash)
+            },
             |setup, full| refused_when_full(setup, full, now, 1),
         )
     }
@@ -663,10 +699,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// decision is made with the new algorithm, by the same rules as any other.
     ///
     /// ```
-    /// use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+    /// use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
     ///
     /// let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(10)?)
-    ///     .algorithm::<tower_bulwark::FixedWindow>()
+    ///     .algorithm::<tower_bulwark::algorithm::FixedWindow>()
     ///     .clock(ManualClock::new())
     ///     .build();
     /// for _ in 0..9 {
@@ -763,14 +799,17 @@ where
         Some(self.decide_checked(key, cost))
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         if !decision.allowed {
             return;
         }
         let now = self.inner.clock.now();
         let cost = decision.refundable(cost);
-        self.inner.store.with_existing(key, |setup, s| {
-            setup.algorithm.refund(s, now, cost, decision)
+        self.inner.store.with_existing(key, |setup, s, hash| {
+            // A decision made for another key gives nothing back here.
+            if hash == decision.key {
+                setup.algorithm.refund(s, now, cost, &decision)
+            }
         });
     }
 }

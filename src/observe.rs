@@ -20,7 +20,7 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::{BoxError, Decision, Limiter, Quota};
+use crate::{limiter::Decision, BoxError, Limiter, Quota};
 
 /// The names of every metric the crate records, with their type and labels.
 ///
@@ -438,8 +438,8 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         Some(result)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
-        self.shared.unrecord(decision, cost);
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        self.shared.unrecord(&decision, cost);
         self.inner.refund(key, cost, decision);
     }
 }
@@ -449,7 +449,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{KeyedRateLimiter, ManualClock};
+    use crate::{clock::ManualClock, KeyedRateLimiter};
 
     /// Reservations whose wait has ended leave the map even when no snapshot is ever taken:
     /// under steady waiting traffic it stays bounded by what is outstanding.

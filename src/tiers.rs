@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use crate::{BoxError, Decision, Limiter, Quota};
+use crate::{limiter::Decision, BoxError, Limiter, Quota};
 
 /// A limiter whose quota depends on the key: each key is decided by the limiter of its tier (an
 /// API key's plan, a tenant's contract), chosen at decision time by a function of the key, and
@@ -16,7 +16,7 @@ use crate::{BoxError, Decision, Limiter, Quota};
 ///
 /// ```
 /// use http::HeaderValue;
-/// use tower_bulwark::{KeyedRateLimiter, Limiter, Quota, Tiers};
+/// use tower_bulwark::{KeyedRateLimiter, Limiter, Quota, tiers::Tiers};
 ///
 /// let plans = Tiers::new(
 ///     |key: &HeaderValue| {
@@ -135,7 +135,7 @@ where
         }
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         if let Some((_, limiter)) = self.tiers.get(decision.tier()) {
             limiter.refund(key, cost, decision);
         }

@@ -16,7 +16,8 @@ use tower_bulwark::bulkhead::adaptive::{
     HttpOverload, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict, MAX_RTT,
 };
 use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
-use tower_bulwark::{BoxError, ManualClock};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::BoxError;
 
 const MS: Duration = Duration::from_millis(1);
 

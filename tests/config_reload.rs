@@ -11,7 +11,7 @@ use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::config::{ConfigKey, Registry, Reloaded};
-use tower_bulwark::{Decision, Limiter};
+use tower_bulwark::{limiter::Decision, Limiter};
 
 const BEFORE: &str = r#"
 [rate_limiters.api]

@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, FixedWindow, Gcra, KeyedRateLimiter, ManualClock, Overflow, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    limiter::Overflow,
+    KeyedRateLimiter, Quota,
 };
 
 fn name<A>() -> &'static str {

@@ -12,9 +12,9 @@ use http::request::Parts;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
-fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock> {
+fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock> {
     KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
         .clock(ManualClock::new())
         .build()
@@ -22,7 +22,7 @@ fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock> {
 
 fn app(
     layer: RateLimitLayer<
-        Policy<PeerIp, KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>>,
+        Policy<PeerIp, KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>>,
     >,
     peer: &str,
 ) -> Router {

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{Cidr, FailMode, ForwardedIp, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
 /// The quota of every test: five requests, and the clock never moves, so none comes back.
 const QUOTA: u32 = 5;

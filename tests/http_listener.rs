@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use axum::routing::get;
 use axum::Router;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
 fn param(item: &(String, Vec<(String, i64)>), key: &str) -> i64 {
     item.1

@@ -5,8 +5,10 @@ use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, ManualClock, Overflow,
-    Quota, SlidingCounter, SlidingLog, TokioClock,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::{ManualClock, TokioClock},
+    limiter::Overflow,
+    DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 
 #[test]
@@ -340,5 +342,8 @@ async fn direct_limiter_waits_and_refunds_too() {
     assert!(d.allowed);
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     let err = limiter.acquire_n(3).await.unwrap_err();
-    assert!(err.is::<tower_bulwark::InsufficientCapacity>(), "{err}");
+    assert!(
+        err.is::<tower_bulwark::limiter::InsufficientCapacity>(),
+        "{err}"
+    );
 }

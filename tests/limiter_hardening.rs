@@ -12,8 +12,10 @@ use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, Clock, Decision, DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, Limiter,
-    ManualClock, Overflow, Quota, SlidingCounter, SlidingLog,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::{Clock, ManualClock},
+    limiter::{Decision, Overflow},
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: u64 = 1_000_000;
@@ -83,8 +85,8 @@ fn a_request_vetoed_by_another_policy_spends_nothing() {
             let g = decide(&gcra, 0, 1);
             match (w.allowed, g.allowed) {
                 (true, true) => admitted += 1,
-                (true, false) => window.refund(&0, 1, &w),
-                (false, true) => gcra.refund(&0, 1, &g),
+                (true, false) => window.refund(&0, 1, w),
+                (false, true) => gcra.refund(&0, 1, g),
                 (false, false) => {}
             }
             clock.advance(Duration::from_millis(250));
@@ -113,7 +115,7 @@ fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
         for c in [&clock, &twin_clock] {
             c.advance(Duration::from_secs(20));
         }
-        limiter.refund(&1, 1, &vetoed);
+        limiter.refund(&1, 1, vetoed);
         let after = |l: &KeyedRateLimiter<u64, A, ManualClock>| -> Vec<Decision> {
             (0..5).map(|_| decide(l, 1, 1)).collect()
         };
@@ -148,12 +150,12 @@ fn a_gcra_refund_never_hands_out_a_slot_a_later_reservation_holds() {
         (a.wait, b.wait),
         (Duration::from_secs(1), Duration::from_secs(2))
     );
-    limiter.refund(&1, 1, &a);
+    limiter.refund(&1, 1, a);
     let c = decide(&limiter, 1, 1);
     assert!(c.allowed);
     assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s");
     // C is the latest: its refund is exact, and the next caller takes its slot.
-    limiter.refund(&1, 1, &c);
+    limiter.refund(&1, 1, c);
     assert_eq!(decide(&limiter, 1, 1).wait, Duration::from_secs(3));
 }
 
@@ -169,7 +171,7 @@ fn a_vetoed_gcra_admission_behind_a_later_reservation_stays_spent() {
     clock.set(Duration::from_millis(500));
     let later = decide(&limiter, 1, 1);
     assert_eq!(later.wait, Duration::from_millis(500));
-    limiter.refund(&1, 1, &first);
+    limiter.refund(&1, 1, first);
     let next = decide(&limiter, 1, 1);
     assert_eq!(
         next.wait,
@@ -193,7 +195,7 @@ fn a_late_gcra_refund_never_frees_a_later_admissions_slot() {
     clock.set(Duration::from_secs(1));
     let b = decide(&limiter, 1, 1);
     assert!(b.allowed && b.wait.is_zero());
-    limiter.refund(&1, 1, &a);
+    limiter.refund(&1, 1, a);
     let c = decide(&limiter, 1, 1);
     assert_eq!(c.wait, Duration::from_secs(1), "{c:?}");
     // And without waiting: refused, retry in a second.
@@ -202,7 +204,7 @@ fn a_late_gcra_refund_never_frees_a_later_admissions_slot() {
     let a = decide(&limiter, 1, 1);
     clock.set(Duration::from_secs(1));
     assert!(decide(&limiter, 1, 1).allowed);
-    limiter.refund(&1, 1, &a);
+    limiter.refund(&1, 1, a);
     let c = decide(&limiter, 1, 1);
     assert!(!c.allowed, "{c:?}");
     assert_eq!(c.retry_after, Duration::from_secs(1));
@@ -310,14 +312,14 @@ fn sliding_log_reuses_a_refunded_reservation_slot() {
     let limiter = keyed::<SlidingLog, _>(quota, ManualClock::new());
     assert!(decide(&limiter, 1, 1).allowed);
     assert!(decide(&limiter, 1, 1).allowed);
-    let waits: Vec<Decision> = (0..4).map(|_| decide(&limiter, 1, 1)).collect();
-    let secs: Vec<u64> = waits.iter().map(|d| d.wait.as_secs()).collect();
+    let mut waits: Vec<Option<Decision>> = (0..4).map(|_| Some(decide(&limiter, 1, 1))).collect();
+    let secs: Vec<u64> = waits.iter().flatten().map(|d| d.wait.as_secs()).collect();
     assert_eq!(secs, [1, 1, 2, 2]);
-    limiter.refund(&1, 1, &waits[0]);
+    limiter.refund(&1, 1, waits[0].take().unwrap());
     assert_eq!(decide(&limiter, 1, 1).wait, Duration::from_secs(1));
     assert_eq!(decide(&limiter, 1, 1).wait, Duration::from_secs(3));
     // A hole before later reservations is used, and only while every window around it has room.
-    limiter.refund(&1, 1, &waits[2]);
+    limiter.refund(&1, 1, waits[2].take().unwrap());
     assert_eq!(decide(&limiter, 1, 1).wait, Duration::from_secs(2));
 }
 
@@ -344,7 +346,7 @@ fn a_clock_near_u64_max_never_wraps_admits_everything_or_panics() {
                 let d = decide(&limiter, 1, 1);
                 if d.allowed {
                     admitted += 1;
-                    limiter.refund(&1, 1, &d);
+                    limiter.refund(&1, 1, d);
                     let again = decide(&limiter, 1, 1);
                     assert!(
                         again.allowed,
@@ -558,7 +560,7 @@ fn refusals_on_a_shared_gcra_key_drain_nothing_while_others_are_admitted() {
             assert!(decide(&vetoed, 0, 1).allowed);
             assert!(decide(&twin, 0, 1).allowed);
             assert!(decide(&kept, 0, 1).allowed);
-            vetoed.refund(&0, 1, &refused_elsewhere);
+            vetoed.refund(&0, 1, refused_elsewhere);
         }
         let (v, t, k) = (
             admitted_until_refused(&vetoed),

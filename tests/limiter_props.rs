@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tower_bulwark::{
-    DirectRateLimiter, FixedWindow, Gcra, ManualClock, Quota, SlidingCounter, SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    DirectRateLimiter, Quota,
 };
 
 #[derive(Debug, Clone)]
@@ -246,7 +248,7 @@ proptest! {
     ) {
         let q = quota(permits, period, burst);
         let clock = ManualClock::new();
-        let check: Box<dyn Fn() -> tower_bulwark::Decision> = match which {
+        let check: Box<dyn Fn() -> tower_bulwark::limiter::Decision> = match which {
             0 => { let l = DirectRateLimiter::builder(q).algorithm::<Gcra>().clock(clock.clone()).build(); Box::new(move || l.check()) }
             1 => { let l = DirectRateLimiter::builder(q).algorithm::<FixedWindow>().clock(clock.clone()).build(); Box::new(move || l.check()) }
             2 => { let l = DirectRateLimiter::builder(q).algorithm::<SlidingLog>().clock(clock.clone()).build(); Box::new(move || l.check()) }

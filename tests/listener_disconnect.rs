@@ -18,7 +18,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 /// Waits until `done` holds, checking between short pauses; fails after ten seconds.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {

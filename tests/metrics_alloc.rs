@@ -6,7 +6,7 @@ mod counting;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower_bulwark::observe::{metric_names as m, Observed};
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 #[test]
 fn decisions_record_metrics_without_allocating() {

@@ -288,7 +288,7 @@ fn health_stays_up_while_saturated_and_shows_the_saturation() {
 fn unknown_names_are_errors_and_file_instances_behave_like_code_instances() {
     use std::net::IpAddr;
     use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-    use tower_bulwark::{KeyedRateLimiter, Quota, SlidingLog};
+    use tower_bulwark::{algorithm::SlidingLog, KeyedRateLimiter, Quota};
 
     let registry = Registry::from_toml_str(
         "[rate_limiters.api]\nlimit_for_period = 3\nlimit_refresh_period = \"1h\"\nalgorithm = \"sliding_log\"\n",

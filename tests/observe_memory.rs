@@ -6,7 +6,7 @@ mod counting;
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{DirectRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, DirectRateLimiter, Limiter, Quota};
 
 /// Promise (task brief / DESIGN.md "Hostile conditions are the normal case ... key floods
 /// arrive"; `observe` docs: `waiting_requests` counts "requests holding a reservation that has

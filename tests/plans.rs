@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use tower_bulwark::ManualClock;
+use tower_bulwark::clock::ManualClock;
 
 #[path = "../examples/plans.rs"]
 #[allow(dead_code)]

@@ -17,8 +17,8 @@ use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    BoxError, Decision, DirectRateLimiter, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingLog,
+    algorithm::SlidingLog, clock::ManualClock, limiter::Decision, BoxError, DirectRateLimiter,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 #[path = "listener/mod.rs"]
@@ -27,7 +27,7 @@ mod listener;
 fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
     clock: &ManualClock,
-) -> KeyedRateLimiter<K, tower_bulwark::Gcra, ManualClock> {
+) -> KeyedRateLimiter<K, tower_bulwark::algorithm::Gcra, ManualClock> {
     KeyedRateLimiter::builder(quota)
         .clock(clock.clone())
         .build()
@@ -582,7 +582,7 @@ impl Limiter<IpAddr> for Broken {
     fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
         std::future::ready(Err("the store is down".into()))
     }
-    fn refund(&self, _: &IpAddr, _: u32, _: &Decision) {}
+    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {}
 }
 
 #[tokio::test]

@@ -36,8 +36,10 @@ use tower_bulwark::rate_limit::{
     RateLimitLayer,
 };
 use tower_bulwark::{
-    Algorithm, BoxError, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock,
-    Quota, SlidingLog, TokioClock,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},
+    clock::{ManualClock, TokioClock},
+    limiter::Decision,
+    BoxError, KeyedRateLimiter, Limiter, Quota,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -206,7 +208,7 @@ impl Acct {
             let d = self.inner.reserve_now(&key, 1).unwrap().unwrap();
             if !d.allowed || !d.wait.is_zero() {
                 if d.allowed {
-                    self.inner.refund(&key, 1, &d);
+                    self.inner.refund(&key, 1, d);
                 }
                 break;
             }
@@ -214,7 +216,7 @@ impl Acct {
             assert!(taken.len() < 100_000, "the probe never ends");
         }
         let n = taken.len() as u32;
-        for d in taken.iter().rev() {
+        for d in taken.into_iter().rev() {
             self.inner.refund(&key, 1, d);
         }
         n
@@ -228,8 +230,9 @@ impl Acct {
         let key = key.to_owned();
         let d = self.inner.reserve_now(&key, 1).unwrap().unwrap();
         assert!(d.allowed && d.wait.is_zero(), "full_in needs a free permit");
-        self.inner.refund(&key, 1, &d);
-        d.reset_after
+        let reset_after = d.reset_after;
+        self.inner.refund(&key, 1, d);
+        reset_after
     }
 }
 
@@ -255,7 +258,7 @@ impl Limiter<String> for Acct {
         }
     }
 
-    fn refund(&self, key: &String, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &String, cost: u32, decision: Decision) {
         self.books.refunds.fetch_add(1, Ordering::SeqCst);
         if !decision.allowed {
             self.books.bad_refunds.fetch_add(1, Ordering::SeqCst);
@@ -1518,7 +1521,7 @@ impl Limiter<String> for Remote {
             let result = acct.decide(&task_key, cost);
             if let Err(Ok(d)) = tx.send(result) {
                 if d.allowed {
-                    Limiter::refund(&acct, &task_key, cost, &d);
+                    Limiter::refund(&acct, &task_key, cost, d);
                 }
             }
         });
@@ -1530,7 +1533,7 @@ impl Limiter<String> for Remote {
         })
     }
 
-    fn refund(&self, key: &String, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &String, cost: u32, decision: Decision) {
         Limiter::refund(&self.acct, key, cost, decision)
     }
 }
@@ -1562,7 +1565,7 @@ impl Drop for RemoteFuture {
             rx.close();
             if let Ok(Ok(d)) = rx.try_recv() {
                 if d.allowed {
-                    Limiter::refund(&self.acct, &self.key, self.cost, &d);
+                    Limiter::refund(&self.acct, &self.key, self.cost, d);
                 }
             }
         }

@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use tower_bulwark::{
-    Algorithm, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 struct Rng(u64);
@@ -87,7 +88,7 @@ fn run<A: Algorithm>(seed: u64) {
             match rng.next() % 6 {
                 0 if !taken.is_empty() => {
                     let (c, d) = taken.swap_remove((rng.next() % taken.len() as u64) as usize);
-                    l.refund(&1, c, &d);
+                    l.refund(&1, c, d);
                     refunded = true;
                 }
                 1 => {

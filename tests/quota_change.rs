@@ -19,8 +19,9 @@ use tower_bulwark::algorithm::Algorithm;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{BoxLimiter, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    DirectRateLimiter, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingCounter, SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -383,9 +384,7 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 mod redis_store {
     use super::*;
     use support::RedisServer;
-    use tower_bulwark::store::redis::{
-        RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
-    };
+    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 
     fn limiter<A: RedisAlgorithm>(
         store: &RedisStore,

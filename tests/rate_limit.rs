@@ -22,10 +22,13 @@ use tower_bulwark::rate_limit::{
     PolicySet, RateLimitLayer, Refusal,
 };
 use tower_bulwark::{
-    BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingLog, TokioClock,
+    algorithm::SlidingLog,
+    clock::{ManualClock, TokioClock},
+    limiter::Decision,
+    BoxError, KeyedRateLimiter, Limiter, Quota,
 };
 
-type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, ManualClock>;
+type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn ip_limiter(quota: Quota, clock: &ManualClock) -> IpLimiter {
     KeyedRateLimiter::builder(quota)
@@ -889,7 +892,7 @@ impl Limiter<IpAddr> for Broken {
         std::future::ready(Err("connection refused".into()))
     }
 
-    fn refund(&self, _key: &IpAddr, _cost: u32, _decision: &Decision) {}
+    fn refund(&self, _key: &IpAddr, _cost: u32, _decision: Decision) {}
 }
 
 #[tokio::test]
@@ -932,7 +935,7 @@ async fn a_failing_limiter_answers_503_or_fails_open() {
 
 /// Counts the requests that reach the handler.
 fn counting_app(
-    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, TokioClock>,
+    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>,
 ) -> (Router, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
@@ -1063,7 +1066,7 @@ impl Limiter<IpAddr> for Remote {
         })
     }
 
-    fn refund(&self, key: &IpAddr, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
         Limiter::refund(&self.local, key, cost, decision)
     }
 }
@@ -1120,7 +1123,7 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
     assert_eq!(probe.remaining, 3, "one local permit is held");
     // The probe goes back, so the held permit is the key's latest admission again (a GCRA
     // refund gives back only that one).
-    Limiter::refund(&local, &other.ip(), 1, &probe);
+    Limiter::refund(&local, &other.ip(), 1, probe);
     drop(in_flight);
     assert_eq!(
         local.check(&other.ip()).remaining,

@@ -23,10 +23,12 @@ use tower::ServiceExt;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{BoxLimiter, FailMode, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    BoxError, Decision, KeyedRateLimiter, Limiter, ManualClock, Quota, TokioClock,
+    clock::{ManualClock, TokioClock},
+    limiter::Decision,
+    BoxError, KeyedRateLimiter, Limiter, Quota,
 };
 
-type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::Gcra, TokioClock>;
+type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>;
 
 fn tokio_limiter(quota: Quota) -> Tokio {
     KeyedRateLimiter::builder(quota)
@@ -78,7 +80,7 @@ impl Limiter<IpAddr> for Later {
         })
     }
 
-    fn refund(&self, key: &IpAddr, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         Limiter::refund(&self.local, key, cost, decision)
     }
@@ -98,7 +100,7 @@ impl Limiter<IpAddr> for Broken {
         std::future::ready(Err("backend down".into()))
     }
 
-    fn refund(&self, _: &IpAddr, _: u32, _: &Decision) {
+    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {
         panic!("nothing was granted, nothing may be refunded");
     }
 }

@@ -14,8 +14,10 @@ use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{BoxLimiter, Policy, RateLimitLayer};
 use tower_bulwark::{
-    Algorithm, Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota,
-    SlidingCounter, SlidingLog,
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    limiter::Decision,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 /// The largest Structured Field Integer.

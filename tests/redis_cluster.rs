@@ -5,10 +5,11 @@
 mod support;
 
 use support::RedisCluster;
-use tower_bulwark::store::redis::{
-    HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
+use tower_bulwark::redis::{HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    Quota,
 };
-use tower_bulwark::{FixedWindow, Gcra, Quota, SlidingCounter, SlidingLog};
 
 async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())

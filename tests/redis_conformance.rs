@@ -8,10 +8,12 @@ mod support;
 use std::time::Duration;
 
 use support::RedisServer;
-use tower_bulwark::store::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
-    Decision, FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter,
-    SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    limiter::Decision,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 /// A small deterministic generator (xorshift64*), so a failure names its seed and replays.
@@ -90,7 +92,7 @@ async fn run<A: RedisAlgorithm>(
     // Both limiters count from the clock's zero (the in-memory one from its creation).
     clock.set(Duration::from_nanos(start));
     let mut rng = Rng(seed);
-    let mut held: Vec<(String, u32, Decision)> = Vec::new();
+    let mut held: Vec<(String, u32, Decision, Decision)> = Vec::new();
     let mut seen = Exercised::default();
     for step in 0..300 {
         let key = ["a", "b", "c"][rng.below(3) as usize].to_string();
@@ -112,12 +114,12 @@ async fn run<A: RedisAlgorithm>(
             }
             // Give back a held admission, as a dropped waiter or a veto does.
             3 if !held.is_empty() => {
-                let (key, cost, decision) = held.swap_remove(rng.below(held.len() as u64) as usize);
-                if decision.wait.is_zero() {
+                let (key, cost, m, r) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                if m.wait.is_zero() {
                     seen.immediate_refunds += 1;
                 }
-                memory.refund(&key, cost, &decision);
-                redis.refund_and_wait(&key, cost, &decision).await.unwrap();
+                memory.refund(&key, cost, m);
+                redis.refund_and_wait(&key, cost, r).await.unwrap();
             }
             // Another policy vetoes the request: whatever it was granted goes back at once.
             4 => {
@@ -127,8 +129,8 @@ async fn run<A: RedisAlgorithm>(
                 assert_eq!(m, r, "memory vs redis: {context}, vetoed cost {cost}");
                 if m.allowed {
                     seen.vetoes += 1;
-                    memory.refund(&key, cost, &m);
-                    redis.refund_and_wait(&key, cost, &r).await.unwrap();
+                    memory.refund(&key, cost, m);
+                    redis.refund_and_wait(&key, cost, r).await.unwrap();
                 }
             }
             op => {
@@ -143,11 +145,11 @@ async fn run<A: RedisAlgorithm>(
                     (m, r)
                 };
                 assert_eq!(m, r, "memory vs redis: {context}, cost {cost}");
-                if m.allowed && rng.below(3) == 0 {
-                    held.push((key, cost, m));
-                }
                 if !m.wait.is_zero() {
                     seen.reservations += 1;
+                }
+                if m.allowed && rng.below(3) == 0 {
+                    held.push((key, cost, m, r));
                 }
             }
         }

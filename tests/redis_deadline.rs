@@ -9,10 +9,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::{key_state, FakeRedis, RedisServer};
-use tower_bulwark::store::redis::{
+use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
-use tower_bulwark::{FixedWindow, Gcra, Limiter, Quota, SlidingCounter, SlidingLog};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    Limiter, Quota,
+};
 
 /// Generous, so that a loaded machine does not time a live Redis out, yet within the
 /// connection's own response timeout (500 ms), so that the limiter's timeout answers.
@@ -260,7 +263,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
             if let std::task::Poll::Ready(result) = poll_once(&mut future) {
                 let decision = result.unwrap();
                 assert!(decision.allowed);
-                limiter.refund_and_wait(&"k", 1, &decision).await.unwrap();
+                limiter.refund_and_wait(&"k", 1, decision).await.unwrap();
                 completed = true;
                 break;
             }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{FakeRedis, RedisServer};
-use tower_bulwark::store::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
-use tower_bulwark::{FixedWindow, Limiter, Quota};
+use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
+use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 /// Scheduling slack on top of the timeout, for a loaded machine.

@@ -13,8 +13,8 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use support::RedisServer;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
-use tower_bulwark::store::redis::{RedisRateLimiter, RedisStore};
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 fn app<L: Limiter<HeaderValue>>(limiter: L) -> Router {
     let layer = RateLimitLayer::new(

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use support::{key_state, RedisServer};
-use tower_bulwark::store::redis::{
+use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
 use tower_bulwark::{
-    FixedWindow, Gcra, KeyedRateLimiter, Limiter, ManualClock, Quota, SlidingCounter, SlidingLog,
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    KeyedRateLimiter, Limiter, Quota,
 };
 
 const MS: u64 = 1_000_000;
@@ -117,7 +119,7 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             "{context}: it spent"
         );
         clock.set(Duration::from_nanos(s.refund_at * MS));
-        vetoed.refund_and_wait(&"k", s.veto.1, &d).await.unwrap();
+        vetoed.refund_and_wait(&"k", s.veto.1, d).await.unwrap();
         if s.refund_at == s.veto.0 {
             assert_eq!(
                 key_state(&mut conn, &vkey).await,
@@ -201,7 +203,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
         (Duration::from_secs(1), Duration::from_secs(2))
     );
     let state = key_state(&mut conn, &key).await;
-    gcra.refund_and_wait(&"k", 1, &a).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
     assert_eq!(
         key_state(&mut conn, &key).await,
         state,
@@ -210,7 +212,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
     // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
-    gcra.refund_and_wait(&"k", 1, &c).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, c).await.unwrap();
     assert_eq!(key_state(&mut conn, &key).await, state);
     assert_eq!(
         gcra.reserve(&"k", 1).await.unwrap().wait,
@@ -237,7 +239,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
     clock.set(Duration::from_millis(500));
     let later = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(later.wait, Duration::from_millis(500));
-    gcra.refund_and_wait(&"k", 1, &first).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, first).await.unwrap();
     let next = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(
         next.wait,
@@ -264,7 +266,7 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     let a = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_secs(1));
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
-    gcra.refund_and_wait(&"k", 1, &a).await.unwrap();
+    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert!(!c.allowed, "{c:?}");
     assert_eq!(c.retry_after, Duration::from_secs(1));
@@ -291,10 +293,10 @@ async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usi
         }
         // The layer's veto: whatever was granted goes back.
         if a.allowed {
-            window.refund_and_wait(&key, 1, &a).await.unwrap();
+            window.refund_and_wait(&key, 1, a).await.unwrap();
         }
         if b.allowed {
-            second.refund(&key, 1, &b);
+            second.refund(&key, 1, b);
         }
     }
     admitted
@@ -551,7 +553,7 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
             assert!(twin.reserve(&"k", 1).await.unwrap().allowed);
             assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
             vetoed
-                .refund_and_wait(&"k", 1, &refused_elsewhere)
+                .refund_and_wait(&"k", 1, refused_elsewhere)
                 .await
                 .unwrap();
         }
@@ -568,4 +570,53 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
             assert!(v > k, "the refunds gave back something: {v} against {k}");
         }
     }
+}
+
+/// For every algorithm in Redis: key `a` spends its quota; an admission of key `b`, and one made
+/// by an in-memory limiter for `a` itself, given back under `a` free nothing there; `b`'s own
+/// admission given back under `b` frees its permit (the check does not simply refuse refunds).
+async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag: &str) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let quota = Quota::per_minute(3).unwrap();
+    let redis = limiter::<A>(store, quota, &clock, &format!("own-key:{tag}:"));
+    let memory = KeyedRateLimiter::<&str>::builder(quota)
+        .clock(clock.clone())
+        .build();
+    for _ in 0..3 {
+        assert!(redis.reserve(&"a", 1).await.unwrap().allowed, "{tag}");
+    }
+    let other = redis.reserve(&"b", 1).await.unwrap();
+    assert!(other.allowed);
+    redis.refund_and_wait(&"a", 1, other).await.unwrap();
+    let from_memory = memory.check(&"a");
+    assert!(from_memory.allowed);
+    redis.refund_and_wait(&"a", 1, from_memory).await.unwrap();
+    assert!(
+        !redis.reserve(&"a", 1).await.unwrap().allowed,
+        "{tag}: a refund under another key or from another limiter freed a permit of `a`"
+    );
+    // The same shape of refund under its own key does give back (`b` holds one already).
+    for _ in 0..1 {
+        assert!(redis.reserve(&"b", 1).await.unwrap().allowed, "{tag}");
+    }
+    let last = redis.reserve(&"b", 1).await.unwrap();
+    assert!(last.allowed);
+    redis.refund_and_wait(&"b", 1, last).await.unwrap();
+    assert!(
+        redis.reserve(&"b", 1).await.unwrap().allowed,
+        "{tag}: b's own refund gave nothing back"
+    );
+}
+
+#[tokio::test]
+async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
+    let Some(server) = RedisServer::start("refund_other_key") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    refunds_stay_with_their_key::<Gcra>(&store, "gcra").await;
+    refunds_stay_with_their_key::<FixedWindow>(&store, "fixed").await;
+    refunds_stay_with_their_key::<SlidingLog>(&store, "log").await;
+    refunds_stay_with_their_key::<SlidingCounter>(&store, "counter").await;
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 /// The guide, GCRA row: "When later admissions moved the TAT on but none of them is a reservation
 /// still ahead ..., an immediate admission gives back its cost less the time elapsed since it was
@@ -28,7 +28,7 @@ fn a_gcra_admission_filling_the_burst_gives_back_cost_less_elapsed() {
     clock.advance(Duration::from_secs(15));
     let b = l.check(&1);
     assert!(b.allowed && b.wait.is_zero());
-    l.refund(&1, 2, &a);
+    l.refund(&1, 2, a);
     assert!(
         l.check(&1).allowed,
         "A's cost (30 s) less the 15 s elapsed should be free again"
@@ -52,7 +52,7 @@ fn a_gcra_admission_short_of_the_burst_gives_back_cost_less_elapsed() {
     clock.advance(Duration::from_secs(15));
     let b = l.check(&1);
     assert!(b.allowed && b.wait.is_zero());
-    l.refund(&1, 2, &a);
+    l.refund(&1, 2, a);
     assert!(l.check(&1).allowed);
 }
 
@@ -72,17 +72,19 @@ fn observed_available_follows_the_latest_decision_through_refunds() {
     clock.advance(Duration::from_secs(1));
     let first = l.reserve_now(&1, 1).unwrap().unwrap();
     assert_eq!(first.remaining, 3);
-    let mut last = first;
+    let mut last = None;
     for _ in 0..3 {
-        last = l.reserve_now(&1, 1).unwrap().unwrap();
-        assert!(last.allowed);
+        let d = l.reserve_now(&1, 1).unwrap().unwrap();
+        assert!(d.allowed);
+        last = Some(d);
     }
+    let last = last.unwrap();
     assert_eq!(l.snapshot().available_permissions, 0);
     // A refund of an older decision: the latest decision's figure stays.
-    l.refund(&1, 1, &first);
+    l.refund(&1, 1, first);
     assert_eq!(l.snapshot().available_permissions, 0);
     // A refund of the latest decision: its permit is back.
-    l.refund(&1, 1, &last);
+    l.refund(&1, 1, last);
     assert_eq!(l.snapshot().available_permissions, 1);
     assert_eq!(l.snapshot().allowed, 2, "two admissions were given back");
 }

@@ -14,12 +14,12 @@ use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::tiers::UnknownTier;
-use tower_bulwark::{KeyedRateLimiter, Limiter, ManualClock, Quota, Tiers};
+use tower_bulwark::{clock::ManualClock, tiers::Tiers, KeyedRateLimiter, Limiter, Quota};
 
 #[path = "listener/mod.rs"]
 mod listener;
 
-type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::Gcra, ManualClock>;
+type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn keyed(quota: Quota, clock: &ManualClock) -> Keyed {
     KeyedRateLimiter::builder(quota)
@@ -147,7 +147,7 @@ fn a_refund_goes_back_to_the_tier_that_decided_even_after_the_key_moved() {
     upgraded.store(true, Ordering::SeqCst);
     // Refunded while the key is in `pro`: the permit goes back to `free`, which took it; `pro`
     // gains nothing it never gave.
-    plans.refund(&key, 1, &decision);
+    plans.refund(&key, 1, decision);
     assert_eq!(free.check(&key).remaining, 2, "free got its permit back");
     assert_eq!(pro.check(&key).remaining, 2, "pro is as it was");
 }

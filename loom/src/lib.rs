@@ -30,7 +30,7 @@ use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, FixedWindowState, Gcra};
-use tower_bulwark::{BoxError, Bulkhead, BulkheadService, Decision, Quota};
+use tower_bulwark::{bulkhead::BulkheadService, limiter::Decision, BoxError, Bulkhead, Quota};
 use tower_service::Service;
 
 /// Runs `model` under every interleaving with at most `preemptions` preemptions (unless

@@ -2,7 +2,7 @@ use crate::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Algorithm, Timeline};
-use crate::{Decision, Quota};
+use crate::{limiter::Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
 ///

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use crate::{Decision, Quota};
+use crate::{limiter::Decision, Quota};
 
 mod fixed_window;
 mod gcra;
@@ -54,7 +54,7 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         Self: Sized;
 
     /// The most permits one request may ask for; more is an
-    /// [`InsufficientCapacity`](crate::InsufficientCapacity) error.
+    /// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity) error.
     fn capacity(&self) -> u32;
 
     /// Decides on a request of `cost` permits at `now`, updating `state` when it is admitted.

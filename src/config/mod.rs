@@ -140,14 +140,14 @@ impl Error for ConfigError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AlgorithmKind {
-    /// [`Gcra`](crate::Gcra), the default.
+    /// [`Gcra`](crate::algorithm::Gcra), the default.
     #[default]
     Gcra,
-    /// [`FixedWindow`](crate::FixedWindow).
+    /// [`FixedWindow`](crate::algorithm::FixedWindow).
     FixedWindow,
-    /// [`SlidingLog`](crate::SlidingLog).
+    /// [`SlidingLog`](crate::algorithm::SlidingLog).
     SlidingLog,
-    /// [`SlidingCounter`](crate::SlidingCounter).
+    /// [`SlidingCounter`](crate::algorithm::SlidingCounter).
     SlidingCounter,
 }
 

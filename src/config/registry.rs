@@ -19,7 +19,10 @@ use crate::observe::{LimiterSnapshot, Observed};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
 };
-use crate::{FixedWindow, Gcra, KeyedRateLimiter, Limiter, Quota, SlidingCounter, SlidingLog};
+use crate::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    KeyedRateLimiter, Limiter, Quota,
+};
 
 /// The key of a rate limiter built from configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -580,7 +583,7 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
     let path = format!("rate_limiters.{name}");
     crate::rate_limit::check_policy_name(name)
         .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
-    fn keyed<A: crate::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
+    fn keyed<A: crate::algorithm::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
         BoxLimiter::new(
             KeyedRateLimiter::<ConfigKey>::builder(s.quota)
                 .algorithm::<A>()
@@ -640,7 +643,7 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
 }
 
 #[cfg(feature = "redis")]
-impl crate::store::redis::RedisKey for ConfigKey {
+impl crate::redis::RedisKey for ConfigKey {
     fn write_redis_key(&self, out: &mut String) {
         match self {
             ConfigKey::Ip(ip) => ip.write_redis_key(out),
@@ -657,7 +660,7 @@ fn redis_limiter(
     redis: &super::RedisSettings,
 ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
     use super::RedisFailModeKind;
-    use crate::store::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+    use crate::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
     use crate::Quota;
 
     if tokio::runtime::Handle::try_current().is_err() {

@@ -12,7 +12,10 @@ use super::key::KeyError;
 use super::layer::{FailMode, Shared};
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
-use crate::{BoxError, Decision, InsufficientCapacity};
+use crate::{
+    limiter::{Decision, InsufficientCapacity},
+    BoxError,
+};
 
 const INLINE: usize = 4;
 
@@ -20,7 +23,6 @@ const INLINE: usize = 4;
 // Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
 // decision is deferred.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone)]
 pub(crate) enum OutcomeList {
     Inline {
         len: usize,
@@ -34,7 +36,7 @@ impl OutcomeList {
         if policies <= INLINE {
             OutcomeList::Inline {
                 len: 0,
-                items: [Outcome::Skipped; INLINE],
+                items: [const { Outcome::Skipped }; INLINE],
             }
         } else {
             OutcomeList::Heap(Vec::with_capacity(policies))
@@ -48,7 +50,10 @@ impl OutcomeList {
                 *len += 1;
             }
             OutcomeList::Inline { len, items } => {
-                let mut vec = items[..*len].to_vec();
+                let mut vec: Vec<Outcome> = items[..*len]
+                    .iter_mut()
+                    .map(|o| std::mem::replace(o, Outcome::Skipped))
+                    .collect();
                 vec.push(outcome);
                 *self = OutcomeList::Heap(vec);
             }
@@ -60,6 +65,22 @@ impl OutcomeList {
         match self {
             OutcomeList::Inline { items, .. } => items[i] = outcome,
             OutcomeList::Heap(vec) => vec[i] = outcome,
+        }
+    }
+
+    /// Takes the decision out of outcome `i` if it is an admission (leaving
+    /// [`Outcome::Skipped`] in its place); any other outcome stays.
+    pub(crate) fn take_admitted(&mut self, i: usize) -> Option<Decision> {
+        let slot = match self {
+            OutcomeList::Inline { items, .. } => &mut items[i],
+            OutcomeList::Heap(vec) => &mut vec[i],
+        };
+        if !matches!(slot, Outcome::Admitted(_)) {
+            return None;
+        }
+        match std::mem::replace(slot, Outcome::Skipped) {
+            Outcome::Admitted(decision) => Some(decision),
+            _ => None,
         }
     }
 
@@ -236,8 +257,7 @@ impl<P: PolicySet> Ledger<P> {
         if refused {
             // Give every permit back before the refusal is built, so that the hook sees them
             // given back and a hook that panics leaks nothing.
-            let outcomes = self.outcomes.clone();
-            self.refund_all(shared);
+            let outcomes = self.refund_all(shared);
             let response = Refusal {
                 meta: &shared.meta,
                 request: parts,
@@ -267,13 +287,18 @@ impl<P: PolicySet> Ledger<P> {
     /// that panics cannot lead to a second one. The newest admission goes back first: two
     /// policies on one key and limiter each gave the request an admission, and each refund is
     /// exact while its admission is the key's latest.
-    pub(crate) fn refund_all(&mut self, shared: &Shared<P>) {
-        let outcomes = std::mem::replace(&mut self.outcomes, OutcomeList::new(0));
-        for (i, outcome) in outcomes.as_slice().iter().enumerate().rev() {
-            if let Outcome::Admitted(decision) = outcome {
+    ///
+    /// Returns the outcomes as they were, each admission replaced by what it told the client
+    /// (a decision that gives nothing back: its permits went back here, once).
+    pub(crate) fn refund_all(&mut self, shared: &Shared<P>) -> OutcomeList {
+        let mut outcomes = std::mem::replace(&mut self.outcomes, OutcomeList::new(0));
+        for i in (0..outcomes.len()).rev() {
+            if let Some(decision) = outcomes.take_admitted(i) {
+                outcomes.set(i, Outcome::Admitted(decision.report()));
                 shared.policies.refund(i, &self.keys, decision);
             }
         }
+        outcomes
     }
 
     /// Takes this ledger out of `self`, leaving one that holds nothing.
@@ -330,10 +355,7 @@ impl<P: PolicySet> Settle<P> {
         let mut gave_back = false;
         for i in (0..ledger.outcomes.len()).rev() {
             let info = &shared.meta.policies[i];
-            let Outcome::Admitted(decision) = ledger.outcomes.as_slice()[i] else {
-                continue;
-            };
-            if !info.count_if {
+            if !info.count_if || !matches!(ledger.outcomes.as_slice()[i], Outcome::Admitted(_)) {
                 continue;
             }
             let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -347,11 +369,14 @@ impl<P: PolicySet> Settle<P> {
                 true
             });
             if !counts {
-                shared.policies.refund(i, &ledger.keys, &decision);
+                let Some(decision) = ledger.outcomes.take_admitted(i) else {
+                    continue;
+                };
                 // The client is told the state as it is now: the permits are back.
                 let cost = u64::from(shared.policies.cost(i, &ledger.keys));
-                let mut after = decision;
+                let mut after = decision.report();
                 after.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
+                shared.policies.refund(i, &ledger.keys, decision);
                 ledger.outcomes.set(i, Outcome::Admitted(after));
                 gave_back = true;
             }

@@ -14,7 +14,7 @@
 //! use http::{Request, StatusCode};
 //! use tower::ServiceExt;
 //! use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-//! use tower_bulwark::{KeyedRateLimiter, ManualClock, Quota};
+//! use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,7 +9,7 @@ use http::request::Parts;
 
 use super::key::{KeyError, KeyExtractor};
 use super::response::PolicyInfo;
-use crate::{BoxError, Decision, Limiter, Quota};
+use crate::{limiter::Decision, BoxError, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a
 /// request counts against, a [`Limiter`] that decides, and what a request costs.
@@ -311,7 +311,7 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
 
     /// Gives policy `i`'s admission back.
     #[doc(hidden)]
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision);
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision);
 
     /// Whether `response` counts against policy `i`.
     #[doc(hidden)]
@@ -428,7 +428,7 @@ where
         keys.as_ref().map_or(0, |(_, cost)| *cost)
     }
 
-    fn refund(&self, _: usize, keys: &Self::Keys, decision: &Decision) {
+    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) {
         let (key, cost) = slot(keys);
         self.limiter.refund(key, cost, decision);
     }
@@ -494,7 +494,7 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision) {
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
         match i.checked_sub(self.first.len()) {
             None => self.first.refund(i, &keys.0, decision),
             Some(j) => self.second.refund(j, &keys.1, decision),
@@ -555,7 +555,7 @@ where
         PolicySet::cost(&self[i], 0, &keys[i])
     }
 
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: &Decision) {
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
         self[i].refund(0, &keys[i], decision);
     }
 
@@ -574,7 +574,7 @@ trait ErasedLimiter<K>: Send + Sync + 'static {
     fn set_quota(&self, quota: Quota) -> Result<(), BoxError>;
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
-    fn refund(&self, key: &K, cost: u32, decision: &Decision);
+    fn refund(&self, key: &K, cost: u32, decision: Decision);
 }
 
 impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
@@ -598,7 +598,7 @@ impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
         Limiter::reserve_now(self, key, cost)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         Limiter::refund(self, key, cost, decision)
     }
 }
@@ -661,7 +661,7 @@ impl<K: 'static> Limiter<K> for BoxLimiter<K> {
         self.inner.reserve_now(key, cost)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         self.inner.refund(key, cost, decision)
     }
 }

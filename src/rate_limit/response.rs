@@ -17,7 +17,10 @@ use pin_project_lite::pin_project;
 
 use super::policy::Shadow;
 use crate::decision::ceil_secs;
-use crate::{Decision, InsufficientCapacity, Quota};
+use crate::{
+    limiter::{Decision, InsufficientCapacity},
+    Quota,
+};
 
 /// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-11).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -156,7 +159,7 @@ impl PolicyInfo {
 }
 
 /// What one policy said about one request.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) enum Outcome {
     /// Admitted, holding a permit (possibly one that falls due after `wait`).
     Admitted(Decision),

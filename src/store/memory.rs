@@ -26,7 +26,7 @@ pub enum Overflow {
     /// admit the new key. The default.
     ///
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
-    /// ranked by [`Algorithm::eviction_rank`](crate::Algorithm::eviction_rank): first by the
+    /// ranked by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank): first by the
     /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
     /// among keys holding as many, the one that took them earliest is kept. A key that has used
     /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,
@@ -144,7 +144,7 @@ where
         now: u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S) -> u128,
-        f: impl FnOnce(&G, &S) -> R,
+        f: impl FnOnce(&G, &S, u64) -> R,
         full: impl FnOnce(&G, Full) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(key);
@@ -152,7 +152,7 @@ where
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, state)) = table.keys.find(hash, |(k, _)| k == key) {
-                return f(&table.context, state);
+                return f(&table.context, state, hash);
             }
         }
         self.insert_with(shard, hash, key, now, idle_at, rank, f, full)
@@ -173,14 +173,14 @@ where
         now: u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S) -> u128,
-        f: impl FnOnce(&G, &S) -> R,
+        f: impl FnOnce(&G, &S, u64) -> R,
         full: impl FnOnce(&G, Full) -> R,
     ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
         let context = &*context;
         if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
-            return f(context, state);
+            return f(context, state, hash);
         }
         if keys.len() >= self.shard_cap {
             let full_until = shard.full_until.load(Ordering::Relaxed);
@@ -214,11 +214,11 @@ where
         let entry = keys.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
             hasher.hash_one(k)
         });
-        f(context, &entry.get().1)
+        f(context, &entry.get().1, hash)
     }
 
     /// Runs `f` on the shard's context and the state of `key` if it is present.
-    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&G, &S) -> R) -> Option<R> {
+    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&G, &S, u64) -> R) -> Option<R> {
         let hash = self.hasher.hash_one(key);
         let table = self
             .shard(hash)
@@ -228,7 +228,7 @@ where
         table
             .keys
             .find(hash, |(k, _)| k == key)
-            .map(|(_, s)| f(&table.context, s))
+            .map(|(_, s)| f(&table.context, s, hash))
     }
 
     /// Drops every key whose state is idle at `now`.
@@ -314,8 +314,8 @@ mod tests {
         Err(full)
     }
 
-    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64) -> Result<(), Full> {
-        move |_, s| {
+    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, u64) -> Result<(), Full> {
+        move |_, s, _| {
             s.store(tat, Ordering::Relaxed);
             Ok(())
         }
@@ -333,7 +333,10 @@ mod tests {
             store.with(&k, 0, tat, rank, set_tat(10), full).unwrap();
             assert!(store.len() <= 100);
         }
-        assert_eq!(store.with_existing(&u32::MAX, tat), Some(1_000_000));
+        assert_eq!(
+            store.with_existing(&u32::MAX, |g, s, _| tat(g, s)),
+            Some(1_000_000)
+        );
     }
 
     #[test]
@@ -343,12 +346,14 @@ mod tests {
         store.with(&1, 0, tat, rank, set_tat(50), full).unwrap();
         store.with(&2, 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store
-            .with(&3, 10, tat, rank, |_, _| Ok(()), full)
+            .with(&3, 10, tat, rank, |_, _, _| Ok(()), full)
             .unwrap_err();
         assert_eq!(refused.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
-        store.with(&3, 60, tat, rank, |_, _| Ok(()), full).unwrap();
-        assert_eq!(store.with_existing(&1, tat), None);
+        store
+            .with(&3, 60, tat, rank, |_, _, _| Ok(()), full)
+            .unwrap();
+        assert_eq!(store.with_existing(&1, |g, s, _| tat(g, s)), None);
         assert_eq!(store.len(), 2);
     }
 }

@@ -1,11 +1,5 @@
-//! Where limiter state lives.
-//!
-//! The in-memory store ([`memory`]) keeps one state per key in a sharded, bounded table. The Redis
-//! store (feature `redis`) keeps the same state in Redis and runs each algorithm as a Lua script,
-//! so that the read-modify-write is atomic on the server.
+//! Where an in-memory limiter's state lives: one state per key in a sharded, bounded table
+//! ([`memory`]). The Redis limiter (feature `redis`) keeps the same state in Redis: see
+//! [`crate::redis`].
 
-pub mod memory;
-#[cfg(feature = "redis")]
-pub mod redis;
-
-pub use memory::Overflow;
+pub(crate) mod memory;

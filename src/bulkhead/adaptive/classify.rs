@@ -8,6 +8,7 @@ use http::StatusCode;
 use tower_http::classify::{ClassifiedResponse, ClassifyResponse, NeverClassifyEos};
 
 use crate::bulkhead::BulkheadFull;
+use crate::outbound::ResponseHead;
 use crate::BoxError;
 
 /// What one finished call says about the dependency.
@@ -53,9 +54,10 @@ where
 ///   error — is overload. A [`BulkheadFull`] from a bulkhead further in, and every other error,
 ///   is ignored: it says nothing about the dependency's latency.
 ///
-/// It works for services answering `http::Response<B>` and, with the `reqwest` feature, for
-/// `reqwest::Client`. It is also a tower-http [`ClassifyResponse`], whose failures are the
-/// overload answers, so the same rule can drive tower-http's `TraceLayer`.
+/// It judges any [`ResponseHead`]: `http::Response<B>`, `http::response::Parts` and, with the
+/// `reqwest` feature, `reqwest::Response`, so it works for `reqwest::Client` as it is. It is
+/// also a tower-http [`ClassifyResponse`], whose failures are the overload answers, so the same
+/// rule can drive tower-http's `TraceLayer`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpOverload {
     _private: (),
@@ -121,18 +123,8 @@ impl HttpOverload {
     }
 }
 
-impl<B> Classify<http::Response<B>> for HttpOverload {
-    fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
-        match result {
-            Ok(response) => Self::classify_status(response.status()),
-            Err(error) => Self::classify_error(&**error),
-        }
-    }
-}
-
-#[cfg(feature = "reqwest")]
-impl Classify<reqwest::Response> for HttpOverload {
-    fn classify(&self, result: Result<&reqwest::Response, &BoxError>) -> Verdict {
+impl<R: ResponseHead> Classify<R> for HttpOverload {
+    fn classify(&self, result: Result<&R, &BoxError>) -> Verdict {
         match result {
             Ok(response) => Self::classify_status(response.status()),
             Err(error) => Self::classify_error(&**error),

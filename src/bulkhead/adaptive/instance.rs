@@ -297,7 +297,7 @@ impl AdaptiveBulkheadBuilder {
     }
 
     /// The clock round trips are measured with (default: [`SystemClock`]); a
-    /// [`ManualClock`](crate::ManualClock) makes tests exact.
+    /// [`ManualClock`](crate::clock::ManualClock) makes tests exact.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Box::new(clock);
         self

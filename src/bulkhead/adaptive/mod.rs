@@ -13,7 +13,8 @@
 //! use tower::{service_fn, Service, ServiceExt};
 //! use tower_bulwark::bulkhead::adaptive::{AdaptiveBulkhead, Limits};
 //! use tower_bulwark::bulkhead::BulkheadFull;
-//! use tower_bulwark::{BoxError, ManualClock};
+//! use tower_bulwark::clock::ManualClock;
+//! use tower_bulwark::BoxError;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
@@ -122,7 +123,7 @@
 //! Admission is the same compare-and-swap as a fixed bulkhead's. Each call reads the clock
 //! twice and, when it ends with a sample, takes one mutex to run the algorithm.
 //!
-//! [`Clock`]: crate::Clock
+//! [`Clock`]: crate::clock::Clock
 
 mod classify;
 mod error;

@@ -6,8 +6,8 @@
 //! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!
 //! ```no_run
-//! use tower_bulwark::store::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
-//! use tower_bulwark::{Limiter, Quota, SlidingLog};
+//! use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+//! use tower_bulwark::{Limiter, Quota, algorithm::SlidingLog};
 //!
 //! # async fn run() -> Result<(), tower_bulwark::BoxError> {
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
@@ -117,7 +117,10 @@ use redis::Value;
 use crate::algorithm::Gcra;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Source;
-use crate::{BoxError, Decision, InsufficientCapacity, KeyedRateLimiter, Limiter, Quota};
+use crate::{
+    limiter::{Decision, InsufficientCapacity},
+    BoxError, KeyedRateLimiter, Limiter, Quota,
+};
 
 mod cache;
 mod error;
@@ -361,8 +364,8 @@ impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
 }
 
 impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
-    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::FixedWindow),
-    /// [`SlidingLog`](crate::SlidingLog) or [`SlidingCounter`](crate::SlidingCounter).
+    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
+    /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
     pub fn algorithm<A2: RedisAlgorithm>(self) -> RedisRateLimiterBuilder<A2, C> {
         RedisRateLimiterBuilder {
             quota: self.quota,
@@ -381,7 +384,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
 
     /// Reads time from `clock` on this process instead of the server's `TIME`, in nanoseconds.
     ///
-    /// Meant for tests: with a [`ManualClock`](crate::ManualClock) the decisions are exactly those
+    /// Meant for tests: with a [`ManualClock`](crate::clock::ManualClock) the decisions are exactly those
     /// of the in-memory limiter on the same clock. Every instance must then share the clock's
     /// origin, and the clock must stay below 2^52 ns (about 52 days). Since such a clock need not
     /// run at the server's pace, every key is kept a minute longer than the clock says.
@@ -675,17 +678,27 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         &self,
         key: &K,
         cost: u32,
-        decision: &Decision,
+        decision: Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.redis_key(key);
-        if !self.inner.refund_at_once(&redis_key, cost, decision) {
+        let Some(decision) = self.inner.refund_at_once(&redis_key, cost, decision) else {
             return Ok(());
-        }
+        };
         self.inner
-            .refund_remote(&redis_key, cost, decision)
+            .refund_remote(&redis_key, cost, &decision)
             .await
             .map_err(BoxError::from)
     }
+}
+
+/// A fingerprint of a Redis key, which a decision carries so that a refund under another key
+/// gives nothing back. Stable across limiters and processes (SipHash with fixed keys), so a
+/// decision of one limiter can be given back through a clone or another limiter on the same
+/// Redis keys.
+fn fingerprint(redis_key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+        .hash_one(redis_key)
 }
 
 /// Makes `out[start..]`, a client key written between the braces of a hash tag, safe to stand
@@ -807,7 +820,7 @@ impl<C: Clock> Inner<C> {
                 let received = self.clock.now();
                 let reply = script::parse_reply(&value, params)?;
                 self.offset.observe(sent, received, reply.server_time());
-                match (reply, op) {
+                match (&reply, op) {
                     (Reply::Late(_), "d") if !retried => retried = true,
                     (Reply::Late(_), "d") => return Err(RedisFailure::late()),
                     (Reply::Decision(..), "d") | (Reply::Refunded(_), "r") => return Ok(reply),
@@ -841,7 +854,7 @@ impl<C: Clock> Inner<C> {
                         cache.insert(&key, cost, self.clock.now(), &decision);
                     }
                 }
-                Ok(decision.of_cost(cost))
+                Ok(decision.of_cost(cost).for_key(fingerprint(&key)))
             }
             Ok(other) => {
                 let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
@@ -907,25 +920,33 @@ impl<C: Clock> Inner<C> {
     /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
     /// forgotten (its permits came back), and a fail mode's decision goes back to the local
     /// limiter. Returns whether Redis must still be told ([`refund_remote`](Self::refund_remote)).
-    fn refund_at_once(&self, key: &str, cost: u32, decision: &Decision) -> bool {
+    /// Returns the decision if Redis must still be told ([`refund_remote`](Self::refund_remote));
+    /// a decision that Redis made for another key gives nothing back.
+    fn refund_at_once(&self, key: &str, cost: u32, decision: Decision) -> Option<Decision> {
         if !decision.allowed {
-            return false;
+            return None;
+        }
+        if decision.source == Source::RedisFailMode {
+            if let Some(cache) = &self.cache {
+                cache.forget(key);
+            }
+            self.refund_locally(key.to_owned(), cost, decision);
+            return None;
+        }
+        if decision.key != fingerprint(key) {
+            return None;
         }
         if let Some(cache) = &self.cache {
             cache.forget(key);
         }
-        if decision.source == Source::RedisFailMode {
-            self.refund_locally(key.to_owned(), cost, decision);
-            return false;
-        }
-        true
+        Some(decision)
     }
 
-    fn refund_locally(&self, key: String, cost: u32, decision: &Decision) {
+    fn refund_locally(&self, key: String, cost: u32, decision: Decision) {
         if let Policy::Fallback(local) = &self.policy.0 {
-            let mut local_decision = *decision;
+            let mut local_decision = decision;
             local_decision.source = Source::State;
-            local.refund(&key, cost, &local_decision);
+            local.refund(&key, cost, local_decision);
         }
     }
 
@@ -1024,12 +1045,11 @@ where
         self.decide(key, cost, true)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: &Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
         let redis_key = self.inner.redis_key(key);
-        if !self.inner.refund_at_once(&redis_key, cost, decision) {
+        let Some(decision) = self.inner.refund_at_once(&redis_key, cost, decision) else {
             return;
-        }
-        let decision = *decision;
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let inner = Arc::clone(&self.inner);
@@ -1086,11 +1106,12 @@ trait RefundLater: Send + Sync + 'static {
 impl<C: Clock> RefundLater for Inner<C> {
     fn refund_later(self: Arc<Self>, key: String, cost: u32, decision: Decision) -> Remote {
         Box::pin(async move {
-            if self.refund_at_once(&key, cost, &decision) {
+            let report = decision.report();
+            if let Some(decision) = self.refund_at_once(&key, cost, decision) {
                 // Failures are counted and logged inside.
                 let _ = self.refund_remote(&key, cost, &decision).await;
             }
-            Ok(decision)
+            Ok(report)
         })
     }
 }

@@ -7,7 +7,7 @@ use redis::{Script, Value};
 
 use super::error::RedisFailure;
 use crate::algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog};
-use crate::{Algorithm, Decision, Quota};
+use crate::{algorithm::Algorithm, limiter::Decision, Quota};
 
 /// The largest tick count a script may see: the arithmetic stays exact in Lua's doubles (53 bits)
 /// with room for the sums of a few such values.
@@ -202,7 +202,7 @@ fn int_field(value: &Value, name: &str) -> Result<u64, RedisFailure> {
 }
 
 /// A script's reply, each with the server's `TIME` (microseconds) at which the script ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// A decision.
     Decision(Decision, u64),

@@ -1,0 +1,166 @@
+//! Outbound calls: respect the dependency, and keep to your own quota for it.
+//!
+//! Two layers complete the [bulkhead](crate::bulkhead) on the way out of a service:
+//!
+//! * [`Pushback`] ([`pushback`] module) obeys the dependency: after a `429` or `503` with
+//!   `Retry-After`, or once the quota it advertises in `RateLimit` or `X-RateLimit-*` fields is
+//!   spent, further calls are held back until the time it gave, failing at once with
+//!   [`PushedBack`] or waiting up to `max_wait`.
+//! * [`ClientQuotaLayer`] ([`quota`] module) keeps to a quota of your own for the dependency
+//!   ("5 000 calls per hour to the partner"), in memory or in Redis so that every instance
+//!   shares it, failing with [`QuotaExhausted`] or waiting up to the quota's `max_wait`.
+//!
+//! # The order of layers
+//!
+//! From the caller down to the client:
+//!
+//! ```text
+//! retry → timeout → pushback → client quota → bulkhead → client
+//! ```
+//!
+//! * **retry** outermost, so that it sees every refusal below and can wait for its
+//!   [`retry_after`] before trying again.
+//! * **timeout** next: it bounds each attempt, the waits in the layers below included, and
+//!   cutting an attempt gives back whatever it held (a reservation, a bulkhead permit).
+//! * **pushback** before the quota: a call the dependency has asked you not to make spends no
+//!   permit of your quota.
+//! * **client quota** before the bulkhead: a call waiting for its permits holds no bulkhead
+//!   permit, so the bulkhead counts only calls that are really on their way.
+//! * **bulkhead** next to the client: it caps the calls in flight at the dependency.
+//!
+//! A call that has passed the pushback and then waits below it (for a quota permit within
+//! `max_wait`, in a bulkhead's queue) is sent when its turn comes, even if the dependency asked
+//! for a hold meanwhile. Where holds must be obeyed exactly, let the layers below the pushback
+//! refuse at once and let the retry layer do the waiting: every attempt then passes the pushback
+//! again (`examples/partner_api.rs` works this way).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_bulwark::bulkhead::Bulkhead;
+//! use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
+//! use tower_bulwark::{DirectRateLimiter, Quota};
+//!
+//! # fn main() -> Result<(), tower_bulwark::QuotaError> {
+//! let partner = Pushback::builder("partner").max_wait(Duration::from_secs(2)).build();
+//! let quota = DirectRateLimiter::new(
+//!     Quota::per_hour(5_000)?.with_max_wait(Duration::from_secs(1))?,
+//! );
+//! let bulkhead = Bulkhead::semaphore("partner", 16).build();
+//! let client = ServiceBuilder::new()
+//!     .timeout(Duration::from_secs(5))
+//!     .layer(partner.layer())
+//!     .layer(ClientQuotaLayer::new("partner", quota))
+//!     .layer(bulkhead.layer())
+//!     .service(reqwest::Client::new());
+//! # let _ = client;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `tests/outbound_stack.rs` builds exactly this stack around a `reqwest::Client` and a mock
+//! server and shows each layer doing its part there.
+//!
+//! # Retrying after the time the dependency gave
+//!
+//! Every refusal of these layers carries the time after which the call may go:
+//! [`retry_after`] finds it in an error (or in any error whose [`source`](std::error::Error::source)
+//! chain holds one). A `tower::retry::Policy` that waits that long:
+//!
+//! ```
+//! use std::time::Duration;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use http::{Response, StatusCode};
+//! use tower::retry::Policy;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_bulwark::outbound::{self, Pushback, ResponseHead};
+//! use tower_bulwark::{BoxError, clock::TokioClock};
+//!
+//! /// Retries a 429 or 503 at once (the pushback below holds it for the time the dependency
+//! /// gave) and a refusal after its `retry_after`, at most `attempts` times.
+//! #[derive(Clone)]
+//! struct HonourRetryAfter {
+//!     attempts: usize,
+//! }
+//!
+//! impl<Req: Clone, Res: ResponseHead> Policy<Req, Res, BoxError> for HonourRetryAfter {
+//!     type Future = tokio::time::Sleep;
+//!
+//!     fn retry(&mut self, _: &mut Req, result: &mut Result<Res, BoxError>) -> Option<Self::Future> {
+//!         let wait = match result {
+//!             Ok(response) => match response.status() {
+//!                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Duration::ZERO,
+//!                 _ => return None,
+//!             },
+//!             Err(err) => outbound::retry_after(&**err)?,
+//!         };
+//!         self.attempts = self.attempts.checked_sub(1)?;
+//!         Some(tokio::time::sleep(wait))
+//!     }
+//!
+//!     fn clone_request(&mut self, request: &Req) -> Option<Req> {
+//!         Some(request.clone())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let seen = calls.clone();
+//! // A dependency that answers its first call with `429` and `Retry-After: 2`.
+//! let dependency = service_fn(move |_: ()| {
+//!     let n = seen.fetch_add(1, Ordering::SeqCst);
+//!     async move {
+//!         let mut response = Response::builder();
+//!         if n == 0 {
+//!             response = response.status(429).header("retry-after", "2");
+//!         }
+//!         Ok::<_, BoxError>(response.body(())?)
+//!     }
+//! });
+//! let partner = Pushback::builder("partner").clock(TokioClock::new()).build();
+//! let client = ServiceBuilder::new()
+//!     .retry(HonourRetryAfter { attempts: 3 })
+//!     .layer(partner.layer())
+//!     .service(dependency);
+//!
+//! let start = tokio::time::Instant::now();
+//! let response = client.oneshot(()).await?;
+//! assert_eq!(response.status(), StatusCode::OK);
+//! // The 429, then the retry refused by the pushback with 2 s to go, then the call after them.
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! assert_eq!(start.elapsed(), Duration::from_secs(2));
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod pushback;
+pub mod quota;
+
+use std::error::Error;
+use std::time::Duration;
+
+pub use self::pushback::{Pushback, PushbackLayer, PushedBack, ResponseHead};
+pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
+
+/// The time after which a refused call may be sent again, if `err` (or an error in its
+/// [`source`](Error::source) chain) is a refusal that carries one: [`PushedBack`] or
+/// [`QuotaExhausted`]. `None` for any other error: a timeout, a
+/// [`BulkheadFull`](crate::BulkheadFull), the dependency's own failure.
+///
+/// To recognise an error of your own as well, chain it:
+/// `outbound::retry_after(err).or_else(|| err.downcast_ref::<MyError>().map(MyError::wait))`.
+pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(pushed) = err.downcast_ref::<PushedBack>() {
+            return Some(pushed.retry_after());
+        }
+        if let Some(exhausted) = err.downcast_ref::<QuotaExhausted>() {
+            return Some(exhausted.retry_after());
+        }
+        next = err.source();
+    }
+    None
+}

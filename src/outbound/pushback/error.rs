@@ -1,0 +1,50 @@
+//! The error of a call held back by the dependency's own word.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A call that was not sent because the dependency asked for no calls until later (a
+/// `Retry-After`, or a quota it advertised running out), and that time was further away than
+/// the layer's `max_wait`.
+///
+/// The services fail with [`BoxError`](crate::BoxError); test for it with
+/// `err.is::<PushedBack>()`. It is neither a timeout nor a
+/// [`BulkheadFull`](crate::BulkheadFull): the call never reached the dependency, and it may be
+/// sent again after [`retry_after`](Self::retry_after).
+#[derive(Clone, Debug)]
+pub struct PushedBack {
+    dependency: Arc<str>,
+    retry_after: Duration,
+}
+
+impl PushedBack {
+    pub(crate) fn new(dependency: Arc<str>, retry_after: Duration) -> Self {
+        Self {
+            dependency,
+            retry_after,
+        }
+    }
+
+    /// The name of the dependency that asked for the hold.
+    pub fn dependency(&self) -> &str {
+        &self.dependency
+    }
+
+    /// How long from the refusal until a call may be sent, as the dependency last said.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for PushedBack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dependency `{}` asked for no calls for another {:?}",
+            self.dependency, self.retry_after
+        )
+    }
+}
+
+impl std::error::Error for PushedBack {}

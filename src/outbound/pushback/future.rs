@@ -1,0 +1,209 @@
+//! The response future of [`PushbackService`](super::PushbackService).
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::error::PushedBack;
+use super::instance::Shared;
+use super::response::ResponseHead;
+use crate::clock::Clock;
+use crate::BoxError;
+
+/// A call counted in flight until it is answered, fails or is dropped.
+struct InFlight<C: Clock> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C: Clock> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        self.shared.finish();
+    }
+}
+
+/// A call waiting for a hold to end, with what it needs to start then.
+struct Held<S, Req> {
+    sleep: Pin<Box<Sleep>>,
+    /// Tokio's time when the call began to wait, so that no clock can make it wait longer than
+    /// `max_wait` by tokio's timer.
+    since: Instant,
+    /// The clock's instant after which the call may not start.
+    deadline: u64,
+    service: S,
+    request: Req,
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, C>
+    where
+        S: Service<Req>,
+        C: Clock,
+    {
+        Refused { error: Option<PushedBack> },
+        Held { held: Option<Held<S, Req>> },
+        // Fields drop in order: the inner future is gone before the call stops counting.
+        Running {
+            #[pin]
+            future: S::Future,
+            in_flight: Option<InFlight<C>>,
+        },
+    }
+}
+
+pin_project! {
+    /// Response future of [`PushbackService`](super::PushbackService): refused, waiting for a
+    /// hold to end, or the inner call, whose response is read when it arrives.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct ResponseFuture<S, C, Req>
+    where
+        S: Service<Req>,
+        C: Clock,
+    {
+        shared: Arc<Shared<C>>,
+        #[pin]
+        state: State<S, Req, C>,
+    }
+}
+
+fn span(from: u64, to: u64) -> Duration {
+    Duration::from_nanos(to.saturating_sub(from))
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn run<S: Service<Req>, Req, C: Clock>(
+    shared: &Arc<Shared<C>>,
+    service: &mut S,
+    request: Req,
+) -> State<S, Req, C> {
+    // Counted before the call, so that a panicking `call` stops counting as it unwinds.
+    let in_flight = InFlight {
+        shared: Arc::clone(shared),
+    };
+    State::Running {
+        future: service.call(request),
+        in_flight: Some(in_flight),
+    }
+}
+
+impl<S, C, Req> ResponseFuture<S, C, Req>
+where
+    S: Service<Req> + Clone,
+    C: Clock,
+{
+    pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
+        let state = match shared.try_start() {
+            Ok(()) => run(shared, service, request),
+            Err((now, at)) => {
+                let deadline = now.saturating_add(nanos(shared.max_wait));
+                if at > deadline {
+                    State::Refused {
+                        error: Some(PushedBack::new(shared.name.clone(), span(now, at))),
+                    }
+                } else {
+                    // The readied service goes with the call; this handle keeps a clone.
+                    let service = mem::replace(service, service.clone());
+                    State::Held {
+                        held: Some(Held {
+                            sleep: Box::pin(tokio::time::sleep(span(now, at))),
+                            since: Instant::now(),
+                            deadline,
+                            service,
+                            request,
+                        }),
+                    }
+                }
+            }
+        };
+        Self {
+            shared: Arc::clone(shared),
+            state,
+        }
+    }
+}
+
+impl<S, C, Req> Future for ResponseFuture<S, C, Req>
+where
+    S: Service<Req>,
+    S::Response: ResponseHead,
+    S::Error: Into<BoxError>,
+    C: Clock,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Refused { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Err(error.into()));
+                }
+                StateProj::Held { held } => {
+                    let entry = held.as_mut().expect("polled after completion");
+                    ready!(entry.sleep.as_mut().poll(cx));
+                    match this.shared.try_start() {
+                        Ok(()) => {
+                            let Held {
+                                mut service,
+                                request,
+                                ..
+                            } = held.take().expect("checked above");
+                            let next = run(this.shared, &mut service, request);
+                            this.state.set(next);
+                        }
+                        Err((now, at)) => {
+                            let waited = entry.since.elapsed();
+                            if at > entry.deadline || waited >= this.shared.max_wait {
+                                *held = None;
+                                let error =
+                                    PushedBack::new(this.shared.name.clone(), span(now, at));
+                                return Poll::Ready(Err(error.into()));
+                            }
+                            // Held again (a newer answer moved the time): sleep until then.
+                            let until = span(now, at).min(this.shared.max_wait - waited);
+                            entry.sleep = Box::pin(tokio::time::sleep(until));
+                        }
+                    }
+                }
+                StateProj::Running { future, in_flight } => {
+                    let result = ready!(future.poll(cx));
+                    if let Ok(response) = &result {
+                        this.shared.observe(response, true);
+                    }
+                    *in_flight = None;
+                    return Poll::Ready(result.map_err(Into::into));
+                }
+            }
+        }
+    }
+}
+
+impl<S, C, Req> fmt::Debug for ResponseFuture<S, C, Req>
+where
+    S: Service<Req>,
+    C: Clock,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Refused { .. } => "refused",
+            State::Held { .. } => "held",
+            State::Running { .. } => "running",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("dependency", &self.shared.name)
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,305 @@
+//! One dependency's word on when to call it: [`Pushback`] and its builder.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use super::advice::{self, Advice};
+use super::layer::PushbackLayer;
+use super::response::ResponseHead;
+use crate::clock::{Clock, SystemClock};
+
+/// The default [`max_hold`](PushbackBuilder::max_hold): ten minutes.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+
+/// How calls are paced by the quota a dependency advertises (`r` calls left within `t`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pacing {
+    /// Calls go as they come while the advertised quota lasts; once it is spent, they are held
+    /// until its window ends. The default.
+    #[default]
+    UntilSpent,
+    /// As [`UntilSpent`](Self::UntilSpent), and the calls left are spread evenly over the
+    /// window: one every `t / r`.
+    Spread,
+}
+
+/// Builds a [`Pushback`]; start with [`Pushback::builder`].
+#[derive(Clone, Debug)]
+pub struct PushbackBuilder<C = SystemClock> {
+    name: Arc<str>,
+    max_wait: Duration,
+    max_hold: Duration,
+    pacing: Pacing,
+    clock: C,
+}
+
+impl<C: Clock> PushbackBuilder<C> {
+    /// How long a call may wait for a hold to end before it is sent (default zero: a held call
+    /// fails at once with [`PushedBack`](super::PushedBack)). A call whose hold ends later is
+    /// refused at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The longest hold any response can impose (default [`DEFAULT_MAX_HOLD`]): a longer
+    /// `Retry-After` or window is cut to this, and logged.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// How calls are paced by an advertised quota (default [`Pacing::UntilSpent`]).
+    pub fn pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = pacing;
+        self
+    }
+
+    /// Reads time from `clock`. Waits sleep on tokio's timer, so a clock other than
+    /// [`SystemClock`] or [`TokioClock`](crate::clock::TokioClock) suits only `max_wait` zero
+    /// (a [`ManualClock`](crate::clock::ManualClock) in tests of holds that fail at once).
+    pub fn clock<C2: Clock>(self, clock: C2) -> PushbackBuilder<C2> {
+        PushbackBuilder {
+            name: self.name,
+            max_wait: self.max_wait,
+            max_hold: self.max_hold,
+            pacing: self.pacing,
+            clock,
+        }
+    }
+
+    /// Builds the pushback.
+    pub fn build(self) -> Pushback<C> {
+        Pushback {
+            shared: Arc::new(Shared {
+                name: self.name,
+                max_wait: self.max_wait,
+                max_hold: self.max_hold,
+                pacing: self.pacing,
+                clock: self.clock,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+}
+
+/// What one dependency has said about when to call it, shared by every layer, service and clone
+/// made from it.
+///
+/// Build one per dependency, wrap its client in [`layer`](Self::layer), and every call made
+/// through it is held back as the dependency's responses ask (see the
+/// [module docs](super)).
+pub struct Pushback<C = SystemClock> {
+    pub(crate) shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for Pushback<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Pushback<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pushback")
+            .field("name", &self.shared.name)
+            .field("max_wait", &self.shared.max_wait)
+            .field("max_hold", &self.shared.max_hold)
+            .field("pacing", &self.shared.pacing)
+            .field("state", &*self.shared.lock())
+            .finish()
+    }
+}
+
+impl Pushback {
+    /// A builder for the dependency `name` (named in errors and logs).
+    pub fn builder(name: impl Into<Arc<str>>) -> PushbackBuilder {
+        PushbackBuilder {
+            name: name.into(),
+            max_wait: Duration::ZERO,
+            max_hold: DEFAULT_MAX_HOLD,
+            pacing: Pacing::default(),
+            clock: SystemClock::new(),
+        }
+    }
+
+    /// A pushback for `name` with the defaults: no waiting, holds of at most
+    /// [`DEFAULT_MAX_HOLD`], [`Pacing::UntilSpent`].
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::builder(name).build()
+    }
+}
+
+impl<C: Clock> Pushback<C> {
+    /// A layer that holds calls back as this dependency asks.
+    pub fn layer(&self) -> PushbackLayer<C> {
+        PushbackLayer::new(self.clone())
+    }
+
+    /// The dependency's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// How long from now until a call may be sent, by what the dependency said last: zero when
+    /// one may go now.
+    pub fn held_for(&self) -> Duration {
+        let now = self.shared.clock.now();
+        let at = self.shared.lock().free_at(now);
+        Duration::from_nanos(at.saturating_sub(now))
+    }
+
+    /// Records what `response` says, as the layer does for every response it passes on: for a
+    /// client called without the layer, or a response obtained elsewhere from the same
+    /// dependency. Calls in flight through the layer are counted against an advertised quota;
+    /// this call is not one of them.
+    pub fn observe<R: ResponseHead>(&self, response: &R) {
+        self.shared.observe(response, false);
+    }
+}
+
+pub(crate) struct Shared<C> {
+    pub(crate) name: Arc<str>,
+    pub(crate) max_wait: Duration,
+    max_hold: Duration,
+    pacing: Pacing,
+    pub(crate) clock: C,
+    state: Mutex<State>,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<C> Shared<C> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every change to the state is a few assignments that cannot panic half-way.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C: Clock> Shared<C> {
+    /// Starts a call now, or says from when one may start.
+    pub(crate) fn try_start(&self) -> Result<(), (u64, u64)> {
+        let now = self.clock.now();
+        self.lock().try_start(now).map_err(|at| (now, at))
+    }
+
+    /// A call started by [`try_start`](Self::try_start) has ended.
+    pub(crate) fn finish(&self) {
+        let mut state = self.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+
+    /// Records `response`; `own` when it answers a call still counted in flight.
+    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: bool) {
+        let advice = advice::read(
+            &self.name,
+            response.status(),
+            response.headers(),
+            SystemTime::now(),
+            self.max_hold,
+        );
+        if advice == Advice::default() {
+            return;
+        }
+        let now = self.clock.now();
+        self.lock().apply(advice, now, own, self.pacing);
+    }
+}
+
+/// When calls may start. Instants are nanoseconds of the pushback's clock.
+#[derive(Debug, Default)]
+struct State {
+    /// No call starts before this (a `Retry-After`).
+    hold_until: u64,
+    /// Calls that may still start before `window_end`; `None` while no quota is known.
+    budget: Option<u64>,
+    window_end: u64,
+    /// The quota of each window after `window_end`, and the window's length, when the
+    /// dependency advertised a policy.
+    refill: Option<(u64, u64)>,
+    /// Under [`Pacing::Spread`], the time between two calls, and the earliest next start.
+    spacing: u64,
+    next_slot: u64,
+    /// Calls started through the layer and not yet answered.
+    in_flight: u64,
+}
+
+impl State {
+    /// Starts the window after `window_end` if it has passed: the advertised quota, less the
+    /// calls still in flight (which may land in it); with nothing known, no quota.
+    fn roll(&mut self, now: u64) {
+        if self.budget.is_some() && self.window_end <= now {
+            self.spacing = 0;
+            // The next window is taken to start now, which ends it no earlier than the
+            // dependency's (whose window ended at `window_end` or before). When the calls in
+            // flight spend its whole quota, calls wait for it to pass, unless their answers say
+            // otherwise first.
+            match self.refill {
+                Some((quota, window)) => {
+                    self.budget = Some(quota.saturating_sub(self.in_flight));
+                    self.window_end = now.saturating_add(window.max(1));
+                }
+                None => self.budget = None,
+            }
+        }
+    }
+
+    fn try_start(&mut self, now: u64) -> Result<(), u64> {
+        if self.hold_until > now {
+            return Err(self.hold_until);
+        }
+        self.roll(now);
+        if self.budget == Some(0) {
+            return Err(self.window_end);
+        }
+        if self.spacing > 0 && self.next_slot > now {
+            return Err(self.next_slot);
+        }
+        if let Some(budget) = &mut self.budget {
+            *budget -= 1;
+        }
+        self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
+        self.in_flight = self.in_flight.saturating_add(1);
+        Ok(())
+    }
+
+    /// The earliest instant a call may start, without starting one.
+    fn free_at(&self, now: u64) -> u64 {
+        let mut at = self.hold_until.max(now);
+        if self.budget == Some(0) && self.window_end > now {
+            at = at.max(self.window_end);
+        }
+        if self.spacing > 0 && self.budget.is_some() && self.window_end > now {
+            at = at.max(self.next_slot);
+        }
+        at
+    }
+
+    fn apply(&mut self, advice: Advice, now: u64, own: bool, pacing: Pacing) {
+        if let Some(hold) = advice.hold {
+            self.hold_until = self.hold_until.max(now.saturating_add(nanos(hold)));
+        }
+        if let Some(limit) = advice.limit {
+            // Calls in flight other than this one may not have been counted in `r` yet.
+            let others = self.in_flight.saturating_sub(u64::from(own));
+            let budget = limit.remaining.saturating_sub(others);
+            let window = nanos(limit.window);
+            self.budget = Some(budget);
+            self.window_end = now.saturating_add(window);
+            self.refill = limit.quota.map(|(quota, window)| (quota, nanos(window)));
+            self.spacing = match pacing {
+                Pacing::Spread if budget > 0 => window / budget,
+                _ => 0,
+            };
+            if self.spacing == 0 {
+                self.next_slot = 0;
+            }
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Pushback: calls to a dependency held back for as long as the dependency asks.
+//!
+//! A partner API that answers `429 Too Many Requests` with `Retry-After: 30` has said what it
+//! wants: no calls for thirty seconds. One that sends the draft-11 `RateLimit` field,
+//! `"default";r=0;t=12`, has said it before any 429: nothing left for twelve seconds. A
+//! [`Pushback`] reads these from every response that passes through its layer and holds further
+//! calls to that dependency back until then, for every clone of the client that shares it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Response, StatusCode};
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_bulwark::outbound::{self, Pushback, PushedBack};
+//! use tower_bulwark::{BoxError, clock::ManualClock};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! let clock = ManualClock::new();
+//! let partner = Pushback::builder("partner").clock(clock.clone()).build();
+//! let client = partner.layer().layer(service_fn(|_: ()| async {
+//!     Ok::<_, BoxError>(
+//!         Response::builder()
+//!             .status(StatusCode::TOO_MANY_REQUESTS)
+//!             .header("retry-after", "30")
+//!             .body(())?,
+//!     )
+//! }));
+//!
+//! // The first call reaches the partner and comes back with a 429 and `Retry-After: 30`...
+//! let response = client.clone().oneshot(()).await?;
+//! assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+//!
+//! // ...so for thirty seconds no call is sent; each fails at once with the time left.
+//! clock.advance(Duration::from_secs(10));
+//! let err = client.clone().oneshot(()).await.unwrap_err();
+//! assert!(err.is::<PushedBack>());
+//! assert_eq!(outbound::retry_after(&*err), Some(Duration::from_secs(20)));
+//! assert_eq!(err.to_string(), "dependency `partner` asked for no calls for another 20s");
+//!
+//! clock.advance(Duration::from_secs(20));
+//! assert_eq!(partner.held_for(), Duration::ZERO);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is read
+//!
+//! * **`Retry-After`** on a 429 or a 503 (RFC 9110 section 10.2.3): delta-seconds or an
+//!   HTTP-date. A date is read against the response's own `Date` field when it has one (so the
+//!   two clocks need not agree), otherwise against the system time; a date in the past holds
+//!   nothing. A 429 with neither `Retry-After` nor a rate-limit field holds for one second.
+//! * **`RateLimit`** with **`RateLimit-Policy`** (draft-ietf-httpapi-ratelimit-headers-11) on
+//!   any response: each item's `r` (calls left) and `t` (the window they are left for; when it
+//!   is missing, the `w` of the policy of the same name). Of several items the most restrictive
+//!   counts: the fewest calls left, and of those the longest window.
+//! * **`X-RateLimit-Remaining`** and **`X-RateLimit-Reset`**, as one more item.
+//!   `X-RateLimit-Reset` is read as seconds from now below 1 000 000 000 and as a Unix time
+//!   (seconds since 1970) from there on: as seconds from now that would be 31 years, and as a
+//!   Unix time it would be before September 2001. `X-RateLimit-Limit` is not used: it says how
+//!   many calls a window grants, not how long the window is.
+//!
+//! # How calls are held
+//!
+//! * After a `Retry-After`, no call starts until it has passed.
+//! * With an advertised quota, at most `r` calls start within `t`, less the calls already in
+//!   flight when the answer came (they may not have been counted in it yet). When they are
+//!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same
+//!   name (less those still in flight) may start within its `w`, and so on, or, without a
+//!   policy, calls go freely until the next answer.
+//!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
+//! * A held call fails at once with [`PushedBack`], which carries the time left, unless the
+//!   hold ends within [`max_wait`](PushbackBuilder::max_wait): then it waits on tokio's timer
+//!   (no thread parked) and is sent when the hold ends. A waiting call that is dropped (a
+//!   timeout above it) simply goes away: it reached nothing and took nothing.
+//!
+//! Nothing is known before the first answer: pair the pushback with a
+//! [client quota](super::ClientQuotaLayer) for the calls that go before it.
+//!
+//! # Hostile answers
+//!
+//! Whatever a response says, no hold is longer than [`max_hold`](PushbackBuilder::max_hold)
+//! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
+//! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
+//! several where one is allowed, bytes that are not text, fields over 4 KiB or of more than 16
+//! lines) are ignored and logged; none panics. `RateLimit` and `RateLimit-Policy` are parsed as
+//! Structured Fields (RFC 9651) by the crate's own reader of the grammar, and a field that does
+//! not parse is ignored whole, as that RFC asks.
+
+mod advice;
+mod error;
+mod future;
+mod instance;
+mod layer;
+mod response;
+mod service;
+mod sf;
+
+pub use self::error::PushedBack;
+pub use self::future::ResponseFuture;
+pub use self::instance::{Pacing, Pushback, PushbackBuilder, DEFAULT_MAX_HOLD};
+pub use self::layer::PushbackLayer;
+pub use self::response::ResponseHead;
+pub use self::service::PushbackService;

@@ -1,0 +1,105 @@
+//! The layer that applies a client-side quota to an outbound service.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::key::{FixedCost, OneKey};
+use super::service::ClientQuotaService;
+
+/// Applies a limiter to the calls of an outbound service: each call takes its cost in permits
+/// before it is sent, waiting up to the quota's `max_wait` for them or failing at once with
+/// [`QuotaExhausted`](super::QuotaExhausted).
+///
+/// The limiter is any [`Limiter`](crate::Limiter): a [`DirectRateLimiter`](crate::DirectRateLimiter)
+/// for one quota in this process, a [`KeyedRateLimiter`](crate::KeyedRateLimiter) with a
+/// [`key`](Self::key) per tenant, or a `RedisRateLimiter` for one quota across every instance.
+/// Every service this layer makes, and every clone of them, shares it.
+pub struct ClientQuotaLayer<L, K = OneKey, C = FixedCost> {
+    name: Arc<str>,
+    limiter: Arc<L>,
+    key: K,
+    cost: C,
+}
+
+impl<L> ClientQuotaLayer<L> {
+    /// A quota named `name` (in errors) enforced by `limiter`, one key for every call, each call
+    /// costing one permit.
+    pub fn new(name: impl Into<Arc<str>>, limiter: L) -> Self {
+        Self {
+            name: name.into(),
+            limiter: Arc::new(limiter),
+            key: OneKey,
+            cost: FixedCost::default(),
+        }
+    }
+}
+
+impl<L, K, C> ClientQuotaLayer<L, K, C> {
+    /// Counts each call under the key `key` chooses from the request (a closure
+    /// `Fn(&Req) -> Key`, or a [`QuotaKey`](super::QuotaKey)).
+    pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C> {
+        ClientQuotaLayer {
+            name: self.name,
+            limiter: self.limiter,
+            key,
+            cost: self.cost,
+        }
+    }
+
+    /// Every call costs `permits`.
+    pub fn cost(self, permits: u32) -> ClientQuotaLayer<L, K, FixedCost> {
+        self.cost_by(FixedCost::new(permits))
+    }
+
+    /// Each call costs what `cost` says of its request (a closure `Fn(&Req) -> u32`, or a
+    /// [`QuotaCost`](super::QuotaCost)).
+    pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2> {
+        ClientQuotaLayer {
+            name: self.name,
+            limiter: self.limiter,
+            key: self.key,
+            cost,
+        }
+    }
+
+    /// The limiter this layer applies.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+}
+
+impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            limiter: Arc::clone(&self.limiter),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+        }
+    }
+}
+
+impl<L: fmt::Debug, K, C> fmt::Debug for ClientQuotaLayer<L, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientQuotaLayer")
+            .field("name", &self.name)
+            .field("limiter", &self.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
+    type Service = ClientQuotaService<S, L, K, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientQuotaService::new(
+            inner,
+            self.name.clone(),
+            Arc::clone(&self.limiter),
+            self.key.clone(),
+            self.cost.clone(),
+        )
+    }
+}

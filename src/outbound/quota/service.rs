@@ -1,0 +1,108 @@
+//! The service that takes a client-side quota's permits before each call.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::key::{QuotaCost, QuotaKey};
+use crate::{BoxError, Limiter};
+
+/// A service behind a client-side quota; made by [`ClientQuotaLayer`](super::ClientQuotaLayer).
+///
+/// The permits are taken in `call`, never in `poll_ready`. The inner service must be `Clone`
+/// because a call that waits for its permits takes the readied service with it (a
+/// `reqwest::Client` is a cheap clone).
+pub struct ClientQuotaService<S, L, K, C> {
+    inner: S,
+    name: Arc<str>,
+    limiter: Arc<L>,
+    key: K,
+    cost: C,
+}
+
+impl<S, L, K, C> ClientQuotaService<S, L, K, C> {
+    pub(crate) fn new(inner: S, name: Arc<str>, limiter: Arc<L>, key: K, cost: C) -> Self {
+        Self {
+            inner,
+            name,
+            limiter,
+            key,
+            cost,
+        }
+    }
+
+    /// The limiter in front of the inner service.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            name: self.name.clone(),
+            limiter: Arc::clone(&self.limiter),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, L: fmt::Debug, K, C> fmt::Debug for ClientQuotaService<S, L, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientQuotaService")
+            .field("inner", &self.inner)
+            .field("name", &self.name)
+            .field("limiter", &self.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, L, K, C, Req> Service<Req> for ClientQuotaService<S, L, K, C>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: QuotaKey<Req>,
+    C: QuotaCost<Req>,
+    L: Limiter<K::Key>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, L, K::Key, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let key = self.key.key(&request);
+        let cost = self.cost.cost(&request);
+        ResponseFuture::start(
+            &self.name,
+            &self.limiter,
+            key,
+            cost,
+            &mut self.inner,
+            request,
+        )
+    }
+}

@@ -1,0 +1,207 @@
+//! Client-side quotas: exact admission under races, refusals that spend nothing, waiters that
+//! give their reservation back when dropped, keys and costs, and a `reqwest::Client` wrapped
+//! directly.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_bulwark::outbound::quota::QuotaExhausted;
+use tower_bulwark::outbound::{self, ClientQuotaLayer};
+use tower_bulwark::{
+    clock::{ManualClock, TokioClock},
+    limiter::InsufficientCapacity,
+    BoxError, DirectRateLimiter, KeyedRateLimiter, Quota,
+};
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+fn counting(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<u32, Response = u32, Error = BoxError, Future: Send> + Clone {
+    service_fn(move |n: u32| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, BoxError>(n) }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn n_tasks_racing_for_l_permits_get_exactly_l() {
+    for (tasks, limit) in [(400u32, 50u32), (64, 1), (100, 99)] {
+        let limiter = DirectRateLimiter::builder(Quota::per_hour(limit).unwrap())
+            .clock(ManualClock::new())
+            .build();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+        let barrier = Arc::new(tokio::sync::Barrier::new(tasks as usize));
+        let handles: Vec<_> = (0..tasks)
+            .map(|i| {
+                let client = client.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    client.oneshot(i).await
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for handle in handles {
+            match handle.await.unwrap() {
+                Ok(_) => admitted += 1,
+                Err(err) => assert!(err.is::<QuotaExhausted>(), "{err}"),
+            }
+        }
+        assert_eq!(admitted, limit, "{tasks} tasks for {limit} permits");
+        assert_eq!(calls.load(Ordering::SeqCst), limit as usize);
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(Quota::per_second(2).unwrap())
+        .clock(clock.clone())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    client.clone().oneshot(1).await.unwrap();
+    client.clone().oneshot(2).await.unwrap();
+    // Refused a hundred times: if any of them spent a permit, the next would come later.
+    for _ in 0..100 {
+        let err = client.clone().oneshot(3).await.unwrap_err();
+        let exhausted = err.downcast_ref::<QuotaExhausted>().unwrap();
+        assert_eq!(exhausted.quota(), "partner");
+        assert_eq!(exhausted.retry_after(), Duration::from_millis(500));
+        assert_eq!(
+            err.to_string(),
+            "client quota `partner` is spent; next permit in 500ms"
+        );
+        assert!(!err.is::<tower_bulwark::BulkheadFull>());
+        assert!(!err.is::<tower::timeout::error::Elapsed>());
+    }
+    clock.advance(Duration::from_millis(500));
+    client.clone().oneshot(4).await.unwrap();
+    assert!(client.clone().oneshot(5).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_millis(1500))
+        .unwrap();
+    let limiter = DirectRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    let start = tokio::time::Instant::now();
+    client.clone().oneshot(1).await.unwrap();
+    client.clone().oneshot(2).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    // The next permit is 1 s away: within max_wait. The one after that, 2 s: refused at once.
+    let waiting = tokio::spawn(client.clone().oneshot(3));
+    tokio::task::yield_now().await;
+    let refused_at = tokio::time::Instant::now();
+    let err = client.clone().oneshot(4).await.unwrap_err();
+    assert_eq!(refused_at.elapsed(), Duration::ZERO);
+    assert_eq!(outbound::retry_after(&*err), Some(Duration::from_secs(2)));
+    waiting.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_waiter_gives_its_reservation_back() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_millis(1500))
+        .unwrap();
+    let limiter = DirectRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    client.clone().oneshot(1).await.unwrap();
+    // Reserves the permit due in 1 s, then is cut by a timeout after 300 ms.
+    let cut = tokio::time::timeout(Duration::from_millis(300), client.clone().oneshot(2)).await;
+    assert!(cut.is_err());
+    // Had the reservation stayed, the next permit would be 1.7 s away, past max_wait.
+    let start = tokio::time::Instant::now();
+    client.clone().oneshot(3).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(700));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn keys_and_costs_come_from_the_request() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<&'static str>::builder(Quota::per_minute(10).unwrap())
+        .clock(clock.clone())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("per-tenant", limiter)
+        .key(|n: &u32| if n % 2 == 0 { "even" } else { "odd" })
+        .cost_by(|n: &u32| n / 10)
+        .layer(counting(calls.clone()));
+    // "even" spends its ten permits in one call of cost 10 ...
+    client.clone().oneshot(100).await.unwrap();
+    assert!(client
+        .clone()
+        .oneshot(20)
+        .await
+        .unwrap_err()
+        .is::<QuotaExhausted>());
+    // ... and "odd" still has all of its own.
+    client.clone().oneshot(51).await.unwrap();
+    client.clone().oneshot(51).await.unwrap();
+    assert!(client.clone().oneshot(11).await.is_err());
+    // A cost the quota can never grant says so.
+    let err = client.clone().oneshot(110).await.unwrap_err();
+    assert!(err.is::<InsufficientCapacity>(), "{err}");
+    assert_eq!(outbound::retry_after(&*err), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    let fixed = ClientQuotaLayer::new(
+        "fixed",
+        DirectRateLimiter::builder(Quota::per_minute(10).unwrap())
+            .clock(clock)
+            .build(),
+    )
+    .cost(4)
+    .layer(counting(calls.clone()));
+    fixed.clone().oneshot(0).await.unwrap();
+    fixed.clone().oneshot(0).await.unwrap();
+    assert!(fixed.oneshot(0).await.is_err(), "12 > 10");
+}
+
+#[tokio::test]
+async fn it_wraps_a_reqwest_client_directly() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let limiter = KeyedRateLimiter::<String>::builder(Quota::per_hour(3).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let client = ClientQuotaLayer::new("partner", limiter)
+        .key(|request: &reqwest::Request| request.url().path().to_owned())
+        .layer(reqwest::Client::new());
+    let get = |path: &str| {
+        reqwest::Request::new(
+            reqwest::Method::GET,
+            format!("{}{path}", server.uri()).parse().unwrap(),
+        )
+    };
+    for _ in 0..3 {
+        let response = client.clone().oneshot(get("/a")).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let err = client.clone().oneshot(get("/a")).await.unwrap_err();
+    assert!(err.is::<QuotaExhausted>());
+    assert_eq!(client.oneshot(get("/b")).await.unwrap().status(), 200);
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}
