@@ -226,6 +226,7 @@
 //! | every permit is given back exactly once, whatever ends the call (answer, error, panic in `call` or in the future, task aborted, timeout above) | `tests/adaptive_stress.rs`, `a_panicking_call_gives_its_permit_back_and_is_no_sample` |
 //! | every ending gives exactly one sample, except panics and, when ignored, cancellations, which give none; a refusal gives none | `tests/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample` |
 //! | the permit is taken in `call`; a refusal is `BulkheadFull`, at once, never a timeout | `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample` |
+//! | in the documented stack (retry → timeout → pushback → client quota → adaptive bulkhead → `reqwest::Client`), a call cut by the timeout above and a `503` are overload, an answer is healthy, every permit comes back | `in_the_documented_stack_a_timeout_above_and_503s_below_are_overload` |
 //! | clones of the bulkhead, its layer and its services share one limit | `two_clones_share_one_adaptive_limit`, `tests/adaptive_stress.rs` (24 clones) |
 //! | AIMD grows only while in use and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/adaptive_bulkhead.rs`, figures computed by hand on a manual clock |
 //! | Gradient follows the baseline-to-latency ratio, grows only while in use, stays within its bounds | `gradient_*` tests |

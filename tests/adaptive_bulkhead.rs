@@ -907,3 +907,87 @@ async fn a_panicking_algorithm_or_limit_hook_loses_no_permit_and_leaves_the_limi
     assert_eq!(snapshot.total_finished, 4);
     assert_eq!(snapshot.available_concurrent_calls, 3);
 }
+
+#[tokio::test]
+async fn in_the_documented_stack_a_timeout_above_and_503s_below_are_overload() {
+    use tower_bulwark::limiter::DirectRateLimiter;
+    use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
+    use tower_bulwark::Quota;
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    Mock::given(path("/slow"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    Mock::given(path("/busy"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    Mock::given(path("/ok"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+
+    // retry → timeout → pushback → client quota → adaptive bulkhead → client
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("partner")
+        .algorithm(recorder.clone())
+        .build();
+    let client = ServiceBuilder::new()
+        .retry(NoRetry)
+        .timeout(Duration::from_millis(200))
+        .layer(Pushback::builder("partner").build().layer())
+        .layer(ClientQuotaLayer::new(
+            "partner",
+            DirectRateLimiter::new(Quota::per_hour(100).unwrap()),
+        ))
+        .layer(bulkhead.layer())
+        .service(reqwest::Client::new());
+    let get = |route: &str| {
+        reqwest::Request::new(
+            reqwest::Method::GET,
+            format!("{}{route}", server.uri()).parse().unwrap(),
+        )
+    };
+
+    assert_eq!(
+        client.clone().oneshot(get("/ok")).await.unwrap().status(),
+        200
+    );
+    let cut = client.clone().oneshot(get("/slow")).await.unwrap_err();
+    assert!(cut.is::<tower::timeout::error::Elapsed>(), "{cut}");
+    assert!(!cut.is::<BulkheadFull>());
+    assert_eq!(
+        client.clone().oneshot(get("/busy")).await.unwrap().status(),
+        503
+    );
+
+    // The answer is healthy; the call the timeout cut and the 503 are overload.
+    assert_eq!(recorder.verdicts(), [false, true, true]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 3);
+    assert_eq!(snapshot.total_finished, 3);
+    assert_eq!(snapshot.available_concurrent_calls, bulkhead.limit());
+}
+
+/// A retry policy that never retries: the stack's first layer, in place.
+#[derive(Clone)]
+struct NoRetry;
+
+impl tower::retry::Policy<reqwest::Request, reqwest::Response, BoxError> for NoRetry {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut reqwest::Request,
+        _: &mut Result<reqwest::Response, BoxError>,
+    ) -> Option<Self::Future> {
+        None
+    }
+
+    fn clone_request(&mut self, request: &reqwest::Request) -> Option<reqwest::Request> {
+        request.try_clone()
+    }
+}

@@ -104,10 +104,11 @@
 //! * A call is admitted only while the calls holding a permit, itself included, are at most the
 //!   limit at that instant. When the limit comes down below the calls in flight, nothing new
 //!   is admitted until enough of them have ended.
-//! * A call dropped before its end is an overload signal by default (in the recommended order,
-//!   `retry → timeout → adaptive bulkhead → client`, that is how a timeout reaches it), or no
-//!   sample with [`ignore_cancelled_calls`](AdaptiveBulkheadBuilder::ignore_cancelled_calls);
-//!   never a fast, healthy one. A call that panicked is no sample.
+//! * A call dropped before its end is an overload signal by default (in the documented order,
+//!   `retry → timeout → pushback → client quota → adaptive bulkhead → client`, that is how a
+//!   timeout reaches it), or no sample with
+//!   [`ignore_cancelled_calls`](AdaptiveBulkheadBuilder::ignore_cancelled_calls); never a
+//!   fast, healthy one. A call that panicked is no sample.
 //!
 //! # Watching it
 //!
