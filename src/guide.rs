@@ -181,6 +181,64 @@
 //! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe_memory.rs`, `tests/rate_limit_hostile.rs` |
 //! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead_hostile.rs`, the loom models |
 //! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config_hostile.rs`, `tests/config.rs` |
+//!
+//! # Adaptive bulkheads
+//!
+//! An adaptive bulkhead (feature `adaptive`, module `bulkhead::adaptive`) admits calls exactly
+//! as a fixed semaphore bulkhead without waiting does, and moves its limit after each call that
+//! gives a sample.
+//!
+//! **Samples.** A call gives one sample when it ends: its round trip (the time it held its
+//! permit, on the bulkhead's clock), the calls holding a permit when it was admitted (itself
+//! included), and the classifier's verdict. `429`, `503`, `504`, timeouts and refused or cut
+//! connections are overload; other answers are healthy; other errors, the bulkhead's own
+//! refusals and panics are no sample. A call dropped before its end is overload by default
+//! (behind a timeout layer that is how a timeout looks), or no sample when cancelled calls are
+//! ignored; it is never a healthy sample, since its round trip is unknown and would read fast.
+//!
+//! **Rounds.** Both algorithms decide once per round, never per call. The first sample opens a
+//! round as long as its own round trip; each later round lasts the previous round's mean healthy
+//! round trip or the baseline, whichever is shorter, and closes with the first sample that
+//! ends at or after its end. Round trips are capped at 2^40 ns (about 18 minutes) and a zero
+//! round trip counts as 1 ns, so no round lasts for ages and samples at one frozen instant
+//! never close more than one round. The **baseline** is the no-load round trip: the plain mean
+//! of the first 16 rounds' means, then a slow average that moves 1/16 of the way to each round
+//! within the latency tolerance. Rounds above it are queueing and are not learnt, except while
+//! the limit is at its minimum: latency that stays high with nothing left to shed is the
+//! dependency's new normal, learnt in a few dozen rounds.
+//!
+//! | algorithm | down | up | per round at most |
+//! |---|---|---|---|
+//! | AIMD (default) | × `backoff` (0.8) if a sample of the round was overload or its mean round trip exceeds `latency_tolerance` (1.3) × the baseline | + 1 if some call of the round was admitted with the limit reached | one step |
+//! | Gradient | towards `limit × max(0.5, min(1, tolerance × baseline / mean))` (tolerance 1.1; 0.5 with an overload sample) | plus `sqrt(limit)` of headroom while in use and without overload | `smoothing` (0.3) of the way to the target |
+//!
+//! Limits are kept as fractions and shown rounded down; every result is clamped to
+//! `min..=max`, which `Limits::new` checks (`1 <= min <= initial <= max <= 2^31 - 1`; anything
+//! else is an `AdaptiveConfigError` naming the setting). Algorithm settings out of range
+//! (a backoff outside (0, 1), a tolerance below 1 or not finite, a smoothing outside (0, 1]) are
+//! errors too.
+//!
+//! **Guarantees**, each tried by the named tests:
+//!
+//! | guarantee | tests |
+//! |---|---|
+//! | a call is admitted only while the calls holding a permit, itself included, are at most the limit in force at that instant; a lowered limit admits nothing until enough calls in flight have ended | `tests/adaptive_stress.rs` (a ledger of every limit set, checked on every entry while the limit jumps on each sample), `lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end` |
+//! | every permit is given back exactly once, whatever ends the call (answer, error, panic in `call` or in the future, task aborted, timeout above) | `tests/adaptive_stress.rs`, `a_panicking_call_gives_its_permit_back_and_is_no_sample` |
+//! | every ending gives exactly one sample, except panics and, when ignored, cancellations, which give none; a refusal gives none | `tests/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample` |
+//! | the permit is taken in `call`; a refusal is `BulkheadFull`, at once, never a timeout | `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample` |
+//! | in the documented stack (retry → timeout → pushback → client quota → adaptive bulkhead → `reqwest::Client`), a call cut by the timeout above and a `503` are overload, an answer is healthy, every permit comes back | `in_the_documented_stack_a_timeout_above_and_503s_below_are_overload` |
+//! | clones of the bulkhead, its layer and its services share one limit | `two_clones_share_one_adaptive_limit`, `tests/adaptive_stress.rs` (24 clones) |
+//! | AIMD grows only while in use and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/adaptive_bulkhead.rs`, figures computed by hand on a manual clock |
+//! | Gradient follows the baseline-to-latency ratio, grows only while in use, stays within its bounds | `gradient_*` tests |
+//! | zero, enormous or backwards round trips and instants neither panic nor freeze the limit | `absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages` |
+//!
+//! **Limits.** The algorithms see the dependency only through round trips and verdicts. A
+//! dependency that queues without bound and never answers `503` is seen through its latency
+//! alone, and the baseline learns from the first rounds: start the bulkhead when the
+//! dependency is not already saturated, or the baseline includes queueing. The in-flight
+//! figure of a sample is read from a counter kept next to the permits, never above the permits
+//! held. How the defaults do against a dependency whose capacity changes is measured by
+//! `examples/adaptive.rs` (see `BENCHMARKS.md`).
 
 //! # Outbound: pushback and client quotas
 //!

@@ -35,7 +35,7 @@ use crate::{limiter::Decision, BoxError, Limiter, Quota};
 /// | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
 /// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
 /// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
-/// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit |
+/// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit; an adaptive bulkhead (feature `adaptive`) also sets it each time its limit moves |
 /// | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
 /// | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
 ///

@@ -185,6 +185,9 @@
 //! set cost a branch, and the clock is read only when `on_call_finished` is set. Waiting calls
 //! and limit changes go through a mutex.
 
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub mod adaptive;
 mod body;
 mod error;
 pub mod events;

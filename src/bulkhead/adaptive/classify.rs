@@ -1,0 +1,203 @@
+//! Classifiers: which answers of the dependency say that it is overloaded.
+
+use std::error::Error;
+use std::fmt;
+use std::io;
+
+use http::StatusCode;
+use tower_http::classify::{ClassifiedResponse, ClassifyResponse, NeverClassifyEos};
+
+use crate::bulkhead::BulkheadFull;
+use crate::outbound::ResponseHead;
+use crate::BoxError;
+
+/// What one finished call says about the dependency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The dependency answered in its own time: a latency sample.
+    Healthy,
+    /// The dependency is overloaded (429, 503, 504, a timeout, a refused or reset connection):
+    /// the limit comes down.
+    Overloaded,
+    /// Not a sample: the call says nothing about the dependency's load (a malformed request, a
+    /// refusal by another bulkhead below this one).
+    Ignored,
+}
+
+/// Decides what a response, or an error of the inner service, says about the dependency.
+///
+/// Implemented by [`HttpOverload`] (the default), by [`FromTowerHttp`] for any tower-http
+/// classifier, and by every closure `Fn(Result<&Res, &BoxError>) -> Verdict`.
+pub trait Classify<Res>: Send + Sync + 'static {
+    /// The verdict on one call's result; the error is the inner service's, boxed.
+    fn classify(&self, result: Result<&Res, &BoxError>) -> Verdict;
+}
+
+impl<F, Res> Classify<Res> for F
+where
+    F: Fn(Result<&Res, &BoxError>) -> Verdict + Send + Sync + 'static,
+{
+    fn classify(&self, result: Result<&Res, &BoxError>) -> Verdict {
+        self(result)
+    }
+}
+
+/// The default classifier for HTTP dependencies.
+///
+/// * Responses: `429 Too Many Requests`, `503 Service Unavailable` and `504 Gateway Timeout` are
+///   overload; every other status is a healthy latency sample (a `500` is the dependency's own
+///   failure, answered in its own time).
+/// * Errors: a timeout or a connection that could not be made or was cut — found anywhere in the
+///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
+///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's
+///   `Elapsed`, or (feature `reqwest`) as a `reqwest::Error` that is a timeout or a connect
+///   error — is overload. A [`BulkheadFull`] from a bulkhead further in, and every other error,
+///   is ignored: it says nothing about the dependency's latency.
+///
+/// It judges any [`ResponseHead`]: `http::Response<B>`, `http::response::Parts` and, with the
+/// `reqwest` feature, `reqwest::Response`, so it works for `reqwest::Client` as it is. It is
+/// also a tower-http [`ClassifyResponse`], whose failures are the overload answers, so the same
+/// rule can drive tower-http's `TraceLayer`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpOverload {
+    _private: (),
+}
+
+impl HttpOverload {
+    /// The default HTTP classifier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether `status` says the dependency is overloaded: 429, 503 or 504.
+    pub fn is_overload_status(status: StatusCode) -> bool {
+        matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS
+                | StatusCode::SERVICE_UNAVAILABLE
+                | StatusCode::GATEWAY_TIMEOUT
+        )
+    }
+
+    /// The verdict on a status code.
+    pub fn classify_status(status: StatusCode) -> Verdict {
+        if Self::is_overload_status(status) {
+            Verdict::Overloaded
+        } else {
+            Verdict::Healthy
+        }
+    }
+
+    /// The verdict on an error of the inner service (see the type's docs for the rule).
+    pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
+        let mut cause = Some(error);
+        while let Some(error) = cause {
+            if error.is::<BulkheadFull>() {
+                return Verdict::Ignored;
+            }
+            if error.is::<tokio::time::error::Elapsed>() {
+                return Verdict::Overloaded;
+            }
+            if let Some(error) = error.downcast_ref::<io::Error>() {
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::TimedOut
+                        | io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::ConnectionAborted
+                        | io::ErrorKind::NotConnected
+                        | io::ErrorKind::BrokenPipe
+                ) {
+                    return Verdict::Overloaded;
+                }
+            }
+            #[cfg(feature = "reqwest")]
+            if let Some(error) = error.downcast_ref::<reqwest::Error>() {
+                if error.is_timeout() || error.is_connect() {
+                    return Verdict::Overloaded;
+                }
+            }
+            cause = error.source();
+        }
+        Verdict::Ignored
+    }
+}
+
+impl<R: ResponseHead> Classify<R> for HttpOverload {
+    fn classify(&self, result: Result<&R, &BoxError>) -> Verdict {
+        match result {
+            Ok(response) => Self::classify_status(response.status()),
+            Err(error) => Self::classify_error(&**error),
+        }
+    }
+}
+
+/// The tower-http failure class of [`HttpOverload`]: why an answer counts as overload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OverloadClass {
+    /// An overload status (429, 503 or 504).
+    Status(StatusCode),
+    /// An error; tower-http's `classify_error` treats every error as a failure, so this is any
+    /// error, with its message.
+    Error(String),
+}
+
+impl fmt::Display for OverloadClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Status(status) => write!(f, "overload status {status}"),
+            Self::Error(message) => write!(f, "error: {message}"),
+        }
+    }
+}
+
+impl ClassifyResponse for HttpOverload {
+    type FailureClass = OverloadClass;
+    type ClassifyEos = NeverClassifyEos<OverloadClass>;
+
+    fn classify_response<B>(
+        self,
+        response: &http::Response<B>,
+    ) -> ClassifiedResponse<Self::FailureClass, Self::ClassifyEos> {
+        let status = response.status();
+        ClassifiedResponse::Ready(if Self::is_overload_status(status) {
+            Err(OverloadClass::Status(status))
+        } else {
+            Ok(())
+        })
+    }
+
+    fn classify_error<E>(self, error: &E) -> Self::FailureClass
+    where
+        E: fmt::Display + 'static,
+    {
+        OverloadClass::Error(error.to_string())
+    }
+}
+
+/// Lets any tower-http [`ClassifyResponse`] (such as `ServerErrorsAsFailures` or
+/// `StatusInRangeAsFailures`) decide for an adaptive bulkhead: a response it classifies as a
+/// failure is overload, any other response is healthy.
+///
+/// A response whose verdict would come at the end of its stream (gRPC's trailers) is healthy:
+/// the adaptive bulkhead decides when the response head arrives. Errors are judged by
+/// [`HttpOverload`]'s rule, since tower-http's classifiers take every error for a failure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FromTowerHttp<C>(pub C);
+
+impl<C, B> Classify<http::Response<B>> for FromTowerHttp<C>
+where
+    C: ClassifyResponse + Clone + Send + Sync + 'static,
+{
+    fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
+        match result {
+            Ok(response) => match self.0.clone().classify_response(response) {
+                ClassifiedResponse::Ready(Err(_)) => Verdict::Overloaded,
+                ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_) => {
+                    Verdict::Healthy
+                }
+            },
+            Err(error) => HttpOverload::classify_error(&**error),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The response future of the adaptive bulkhead service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use super::classify::Classify;
+use super::instance::Sampler;
+use crate::bulkhead::error::BulkheadFull;
+use crate::bulkhead::semaphore::{Ending, Permit};
+use crate::BoxError;
+
+/// What a running call holds. Fields drop in order: the sample is taken (and the limit moved)
+/// before the permit is given back.
+pub(super) struct Held {
+    pub(super) sampler: Sampler,
+    pub(super) permit: Permit,
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Rejected {
+            error: Option<BulkheadFull>,
+        },
+        // Fields drop in order: a cut call's inner future is gone before its permit frees.
+        Running {
+            #[pin]
+            future: F,
+            held: Option<Held>,
+        },
+    }
+}
+
+pin_project! {
+    /// Response future of [`AdaptiveBulkheadService`](super::AdaptiveBulkheadService): when the
+    /// inner call ends it is classified into a sample, then its permit is given back; dropped
+    /// before that, it gives the permit back and counts as a cancelled call.
+    pub struct ResponseFuture<F, C> {
+        #[pin]
+        state: State<F>,
+        classifier: Arc<C>,
+    }
+}
+
+impl<F, C> ResponseFuture<F, C> {
+    pub(super) fn rejected(error: BulkheadFull, classifier: Arc<C>) -> Self {
+        Self {
+            state: State::Rejected { error: Some(error) },
+            classifier,
+        }
+    }
+
+    pub(super) fn running(future: F, held: Held, classifier: Arc<C>) -> Self {
+        Self {
+            state: State::Running {
+                future,
+                held: Some(held),
+            },
+            classifier,
+        }
+    }
+}
+
+impl<F, C, T, E> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    C: Classify<T>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Rejected { error } => {
+                let error = error.take().expect("polled after completion");
+                Poll::Ready(Err(error.into()))
+            }
+            StateProj::Running { future, held } => {
+                let running = held.as_mut().expect("polled after completion");
+                // Left in place if the inner future panics.
+                running.permit.outcome = Ending::Panicked;
+                match future.poll(cx) {
+                    Poll::Pending => {
+                        running.permit.outcome = Ending::Cancelled;
+                        Poll::Pending
+                    }
+                    Poll::Ready(result) => {
+                        let result = result.map_err(Into::into);
+                        running.permit.outcome = match result {
+                            Ok(_) => Ending::Success,
+                            Err(_) => Ending::Failure,
+                        };
+                        let verdict = this.classifier.classify(result.as_ref());
+                        let Held { sampler, permit } = held.take().expect("checked above");
+                        sampler.finish(verdict);
+                        drop(permit);
+                        Poll::Ready(result)
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

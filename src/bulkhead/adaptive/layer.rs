@@ -1,0 +1,69 @@
+//! The layer that puts an [`AdaptiveBulkhead`] in front of a service.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use super::classify::HttpOverload;
+use super::instance::AdaptiveBulkhead;
+use super::service::AdaptiveBulkheadService;
+
+/// Wraps a service in an [`AdaptiveBulkhead`]; each permit is held until the response future
+/// completes or is dropped, and each ending is judged by the classifier `C`.
+///
+/// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
+pub struct AdaptiveBulkheadLayer<C = HttpOverload> {
+    bulkhead: AdaptiveBulkhead,
+    classifier: Arc<C>,
+}
+
+impl AdaptiveBulkheadLayer {
+    /// A layer for `bulkhead` with the default classifier, [`HttpOverload`].
+    pub fn new(bulkhead: AdaptiveBulkhead) -> Self {
+        Self {
+            bulkhead,
+            classifier: Arc::new(HttpOverload::new()),
+        }
+    }
+}
+
+impl<C> AdaptiveBulkheadLayer<C> {
+    /// The same layer, judging answers with `classifier` instead.
+    pub fn classifier<D>(self, classifier: D) -> AdaptiveBulkheadLayer<D> {
+        AdaptiveBulkheadLayer {
+            bulkhead: self.bulkhead,
+            classifier: Arc::new(classifier),
+        }
+    }
+
+    /// The bulkhead this layer applies.
+    pub fn bulkhead(&self) -> &AdaptiveBulkhead {
+        &self.bulkhead
+    }
+}
+
+impl<C> Clone for AdaptiveBulkheadLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            bulkhead: self.bulkhead.clone(),
+            classifier: Arc::clone(&self.classifier),
+        }
+    }
+}
+
+impl<C> fmt::Debug for AdaptiveBulkheadLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveBulkheadLayer")
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C> Layer<S> for AdaptiveBulkheadLayer<C> {
+    type Service = AdaptiveBulkheadService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AdaptiveBulkheadService::shared(inner, self.bulkhead.clone(), Arc::clone(&self.classifier))
+    }
+}

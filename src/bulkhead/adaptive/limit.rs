@@ -1,0 +1,494 @@
+//! Limit algorithms: how finished calls become a new limit.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::error::AdaptiveConfigError;
+use crate::bulkhead::MAX_CONCURRENT_CALLS;
+
+/// The longest round trip an algorithm takes at face value, 2^40 ns (about 18 minutes). A longer
+/// one (a broken clock, `Duration::MAX`) is taken as this, so that no window lasts for ages.
+pub const MAX_RTT: Duration = Duration::from_nanos(1 << 40);
+
+/// The bounds of an adaptive limit and where it starts: `1 <= min <= initial <= max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    min: usize,
+    initial: usize,
+    max: usize,
+}
+
+impl Limits {
+    /// Checks and keeps the bounds; `min` must be at least 1, `initial` between `min` and `max`,
+    /// and `max` at most [`MAX_CONCURRENT_CALLS`].
+    pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, AdaptiveConfigError> {
+        if min == 0 {
+            return Err(AdaptiveConfigError::new(
+                "min_limit",
+                min.to_string(),
+                "at least 1: a limit of zero would refuse every call and never learn again",
+            ));
+        }
+        if max > MAX_CONCURRENT_CALLS {
+            return Err(AdaptiveConfigError::new(
+                "max_limit",
+                max.to_string(),
+                "at most MAX_CONCURRENT_CALLS (2^31 - 1)",
+            ));
+        }
+        if min > max {
+            return Err(AdaptiveConfigError::new(
+                "min_limit",
+                format!("{min} (with max_limit {max})"),
+                "at most max_limit",
+            ));
+        }
+        if initial < min || initial > max {
+            return Err(AdaptiveConfigError::new(
+                "initial_limit",
+                format!("{initial} (with min_limit {min} and max_limit {max})"),
+                "between min_limit and max_limit",
+            ));
+        }
+        Ok(Self { min, initial, max })
+    }
+
+    /// The lowest the limit goes.
+    pub fn min(&self) -> usize {
+        self.min
+    }
+
+    /// The limit before the first sample.
+    pub fn initial(&self) -> usize {
+        self.initial
+    }
+
+    /// The highest the limit goes.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// `limit` brought within `min..=max`.
+    pub fn clamp(&self, limit: usize) -> usize {
+        limit.clamp(self.min, self.max)
+    }
+
+    fn clamp_f64(&self, limit: f64) -> f64 {
+        if limit.is_nan() {
+            return self.min as f64;
+        }
+        limit.clamp(self.min as f64, self.max as f64)
+    }
+}
+
+impl Default for Limits {
+    /// From 1 to 256, starting at 8.
+    fn default() -> Self {
+        Self {
+            min: 1,
+            initial: 8,
+            max: 256,
+        }
+    }
+}
+
+/// What one finished call tells a [`LimitAlgorithm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    at: Duration,
+    rtt: Duration,
+    in_flight: usize,
+    limit: usize,
+    overloaded: bool,
+}
+
+impl Sample {
+    /// A call that ended at `at` (clock time since the clock's origin) after `rtt`, admitted when
+    /// `in_flight` calls held a permit (itself included), while the limit is `limit`; a healthy
+    /// answer unless marked with [`overloaded`](Self::overloaded).
+    pub fn new(at: Duration, rtt: Duration, in_flight: usize, limit: usize) -> Self {
+        Self {
+            at,
+            rtt,
+            in_flight,
+            limit,
+            overloaded: false,
+        }
+    }
+
+    /// Marks the sample as an overload signal (or not).
+    pub fn overloaded(mut self, overloaded: bool) -> Self {
+        self.overloaded = overloaded;
+        self
+    }
+
+    /// When the call ended, as clock time since the clock's origin.
+    pub fn at(&self) -> Duration {
+        self.at
+    }
+
+    /// How long the call held its permit.
+    pub fn rtt(&self) -> Duration {
+        self.rtt
+    }
+
+    /// Calls holding a permit when this one was admitted, itself included.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The limit in force when the sample arrived.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether the call said the dependency is overloaded (429, 503, a timeout...).
+    pub fn is_overloaded(&self) -> bool {
+        self.overloaded
+    }
+}
+
+/// A way to move an adaptive limit, one finished call at a time.
+///
+/// The bulkhead calls [`update`](Self::update) under its own lock, once per call that gave a
+/// sample, in the order the calls ended; the limit it returns is brought within the bounds and
+/// takes effect at once. Implement it to plug in an algorithm of your own.
+pub trait LimitAlgorithm: Send + 'static {
+    /// Takes in one sample and returns the new limit (the bulkhead clamps it to `limits`).
+    fn update(&mut self, sample: &Sample, limits: &Limits) -> usize;
+}
+
+impl<A: LimitAlgorithm + ?Sized> LimitAlgorithm for Box<A> {
+    fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
+        (**self).update(sample, limits)
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.min(MAX_RTT).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What one round trip's worth of samples showed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Round {
+    /// Mean round trip of the healthy samples, in nanoseconds; `None` if there were none.
+    mean_rtt: Option<f64>,
+    /// Whether any sample was an overload signal.
+    overloaded: bool,
+    /// The most calls in flight at any admission in the round.
+    peak_in_flight: usize,
+}
+
+/// Groups samples into rounds of one round trip each, so that an algorithm decides at most once
+/// per round trip.
+///
+/// The first sample opens a round that lasts its own round trip; each later round lasts the mean
+/// round trip of the round before, or the baseline if that is shorter (so that queueing at the
+/// dependency, which lengthens round trips, does not slow the way down); a round without a
+/// healthy sample is followed by one as long as itself. A round closes with the first sample
+/// that ends at or after its end.
+#[derive(Clone, Debug, Default)]
+struct Rounds {
+    end: Option<u64>,
+    length: u64,
+    rtt_sum: f64,
+    healthy: u64,
+    overloaded: bool,
+    peak_in_flight: usize,
+}
+
+impl Rounds {
+    fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
+        let at = nanos_at(sample.at);
+        // A zero round trip (a coarse clock) still counts, as one nanosecond.
+        let rtt = nanos(sample.rtt).max(1);
+        if sample.overloaded {
+            self.overloaded = true;
+        } else {
+            self.rtt_sum += rtt as f64;
+            self.healthy += 1;
+        }
+        self.peak_in_flight = self.peak_in_flight.max(sample.in_flight);
+        let Some(end) = self.end else {
+            self.length = rtt;
+            self.end = Some(at.saturating_add(rtt));
+            return None;
+        };
+        if at < end {
+            return None;
+        }
+        let round = Round {
+            mean_rtt: (self.healthy > 0).then(|| self.rtt_sum / self.healthy as f64),
+            overloaded: self.overloaded,
+            peak_in_flight: self.peak_in_flight,
+        };
+        if let Some(mean) = round.mean_rtt {
+            // Within 1..=MAX_RTT, as every sample and so the baseline was.
+            self.length = baseline.map_or(mean, |base| base.min(mean)) as u64;
+        }
+        *self = Self {
+            end: Some(at.saturating_add(self.length.max(1))),
+            length: self.length,
+            ..Self::default()
+        };
+        Some(round)
+    }
+}
+
+fn nanos_at(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The no-load round trip, learnt from rounds. For the first [`WARM_UP`] rounds it is their
+/// plain mean (one round of a few samples is too noisy to judge the next by); after that a slow
+/// average of the rounds within the latency tolerance of it. Rounds above the tolerance are
+/// queueing at the dependency and are not learnt, except when the limit is already at its
+/// minimum: latency that stays high with nothing left to shed is the dependency's new normal.
+#[derive(Clone, Copy, Debug, Default)]
+struct Baseline {
+    nanos: Option<f64>,
+    rounds: u32,
+}
+
+/// Rounds over which the baseline is a plain mean.
+const WARM_UP: u32 = 16;
+
+impl Baseline {
+    fn get(&self) -> Option<f64> {
+        self.nanos
+    }
+
+    fn learn(&mut self, mean: f64, tolerance: f64, at_min: bool) {
+        let base = self.nanos.unwrap_or(mean);
+        self.nanos = Some(if self.rounds < WARM_UP {
+            self.rounds += 1;
+            base + (mean - base) / f64::from(self.rounds)
+        } else if mean <= base * tolerance || at_min {
+            base + (mean - base) / 16.0
+        } else {
+            base
+        });
+    }
+}
+
+/// Additive increase, multiplicative decrease: the default [`LimitAlgorithm`].
+///
+/// Samples are taken one round trip at a time (see the [guide](crate::guide#adaptive-bulkheads)).
+/// At the end of each round trip the limit
+///
+/// * is multiplied by `backoff` (default 0.8) if any call in it was an overload signal, or if
+///   the round trip's mean latency rose above `latency_tolerance` (default 1.3) times its
+///   baseline, the slowly learnt no-load latency;
+/// * otherwise grows by one if it was in use — some call in that round trip was admitted with
+///   the limit reached —, and stays as it is if not.
+///
+/// So it grows by at most one per round trip, and only while callers are held back by it.
+#[derive(Clone, Debug)]
+pub struct Aimd {
+    backoff: f64,
+    tolerance: f64,
+    estimate: Option<f64>,
+    rounds: Rounds,
+    baseline: Baseline,
+}
+
+impl Default for Aimd {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Aimd {
+    /// AIMD with a backoff of 0.8 and a latency tolerance of 1.3.
+    pub fn new() -> Self {
+        Self {
+            backoff: 0.8,
+            tolerance: 1.3,
+            estimate: None,
+            rounds: Rounds::default(),
+            baseline: Baseline::default(),
+        }
+    }
+
+    /// The factor the limit is multiplied by on overload; strictly between 0 and 1.
+    pub fn backoff(mut self, backoff: f64) -> Result<Self, AdaptiveConfigError> {
+        if !(backoff > 0.0 && backoff < 1.0) {
+            return Err(AdaptiveConfigError::new(
+                "backoff",
+                backoff.to_string(),
+                "strictly between 0 and 1",
+            ));
+        }
+        self.backoff = backoff;
+        Ok(self)
+    }
+
+    /// How many times its baseline a round trip's mean latency may reach before it counts as
+    /// overload; at least 1, and finite (`f64::INFINITY` is refused: use a large value to turn
+    /// the latency signal off).
+    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, AdaptiveConfigError> {
+        self.tolerance = check_tolerance(tolerance)?;
+        Ok(self)
+    }
+
+    fn decide(&mut self, round: Round, current: f64, limit: usize, limits: &Limits) -> f64 {
+        let slow = match (round.mean_rtt, self.baseline.get()) {
+            (Some(mean), Some(base)) => mean > base * self.tolerance,
+            _ => false,
+        };
+        let next = if round.overloaded || slow {
+            current * self.backoff
+        } else if round.peak_in_flight >= limit {
+            current + 1.0
+        } else {
+            current
+        };
+        if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
+            self.baseline
+                .learn(mean, self.tolerance, current <= limits.min() as f64);
+        }
+        limits.clamp_f64(next)
+    }
+}
+
+fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
+    if !(tolerance >= 1.0 && tolerance.is_finite()) {
+        return Err(AdaptiveConfigError::new(
+            "latency_tolerance",
+            tolerance.to_string(),
+            "a finite number of at least 1",
+        ));
+    }
+    Ok(tolerance)
+}
+
+/// The estimate an algorithm carries over, unless the bulkhead's limit is no longer the one it
+/// came from (the bounds cut it, or it is the first sample).
+fn carried(estimate: Option<f64>, limit: usize, limits: &Limits) -> f64 {
+    match estimate {
+        Some(estimate) if estimate.floor() as usize == limit => estimate,
+        _ => limits.clamp(limit) as f64,
+    }
+}
+
+fn whole(estimate: f64, limits: &Limits) -> usize {
+    limits.clamp(estimate.floor() as usize)
+}
+
+impl LimitAlgorithm for Aimd {
+    fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
+        let current = carried(self.estimate, sample.limit, limits);
+        let next = match self.rounds.add(sample, self.baseline.get()) {
+            Some(round) => self.decide(round, current, sample.limit, limits),
+            None => current,
+        };
+        self.estimate = Some(next);
+        whole(next, limits)
+    }
+}
+
+/// A delay-based [`LimitAlgorithm`] after Netflix's Gradient2: the limit follows the ratio of
+/// the no-load latency to the latency now.
+///
+/// At the end of each round trip, with `long` the slowly learnt baseline and `short` the round
+/// trip's mean latency:
+///
+/// * `gradient = clamp(tolerance × long / short, 0.5, 1)` (0.5 when a call in it was an
+///   overload signal, `tolerance` 1.1 by default);
+/// * `target = limit × gradient + headroom`, where the headroom is `sqrt(limit)` while the
+///   limit is in use and no call signalled overload, and zero otherwise, so it never grows
+///   while callers do not need it;
+/// * `limit = limit × (1 - smoothing) + target × smoothing`, `smoothing` 0.3 by default.
+///
+/// Once the latency climbs `tolerance` times above its baseline the limit shrinks; below that
+/// it grows by up to `smoothing × sqrt(limit)` per round trip.
+#[derive(Clone, Debug)]
+pub struct Gradient {
+    tolerance: f64,
+    smoothing: f64,
+    estimate: Option<f64>,
+    rounds: Rounds,
+    baseline: Baseline,
+}
+
+impl Default for Gradient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gradient {
+    /// Gradient with a tolerance of 1.1 and a smoothing of 0.3.
+    pub fn new() -> Self {
+        Self {
+            tolerance: 1.1,
+            smoothing: 0.3,
+            estimate: None,
+            rounds: Rounds::default(),
+            baseline: Baseline::default(),
+        }
+    }
+
+    /// How many times its baseline the latency may reach before the limit shrinks; at least 1
+    /// and finite.
+    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, AdaptiveConfigError> {
+        self.tolerance = check_tolerance(tolerance)?;
+        Ok(self)
+    }
+
+    /// How far the limit moves towards each round trip's target; above 0 and at most 1.
+    pub fn smoothing(mut self, smoothing: f64) -> Result<Self, AdaptiveConfigError> {
+        if !(smoothing > 0.0 && smoothing <= 1.0) {
+            return Err(AdaptiveConfigError::new(
+                "smoothing",
+                smoothing.to_string(),
+                "above 0 and at most 1",
+            ));
+        }
+        self.smoothing = smoothing;
+        Ok(self)
+    }
+
+    fn decide(&mut self, round: Round, current: f64, limit: usize, limits: &Limits) -> f64 {
+        let gradient = match (round.mean_rtt, round.overloaded) {
+            (Some(short), false) => {
+                let long = self.baseline.get().unwrap_or(short);
+                (self.tolerance * long / short).clamp(0.5, 1.0)
+            }
+            _ => 0.5,
+        };
+        let headroom = if round.peak_in_flight >= limit && !round.overloaded {
+            current.sqrt()
+        } else {
+            0.0
+        };
+        let target = current * gradient + headroom;
+        let next = current * (1.0 - self.smoothing) + target * self.smoothing;
+        if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
+            self.baseline
+                .learn(mean, self.tolerance, current <= limits.min() as f64);
+        }
+        limits.clamp_f64(next)
+    }
+}
+
+impl LimitAlgorithm for Gradient {
+    fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
+        let current = carried(self.estimate, sample.limit, limits);
+        let next = match self.rounds.add(sample, self.baseline.get()) {
+            Some(round) => self.decide(round, current, sample.limit, limits),
+            None => current,
+        };
+        self.estimate = Some(next);
+        whole(next, limits)
+    }
+}
+
+/// A boxed algorithm, for the bulkhead's state.
+pub(super) struct Dyn(pub(super) Box<dyn LimitAlgorithm>);
+
+impl fmt::Debug for Dyn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LimitAlgorithm")
+    }
+}

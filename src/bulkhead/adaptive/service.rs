@@ -1,0 +1,127 @@
+//! The service that admits calls through an [`AdaptiveBulkhead`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::classify::{Classify, HttpOverload};
+use super::future::{Held, ResponseFuture};
+use super::instance::{AdaptiveBulkhead, Sampler};
+use crate::bulkhead::events::Rejection;
+use crate::bulkhead::semaphore::{Admission, Permit, Waiter};
+use crate::BoxError;
+
+/// A service behind an [`AdaptiveBulkhead`]; made by
+/// [`AdaptiveBulkheadLayer`](super::AdaptiveBulkheadLayer).
+///
+/// `poll_ready` only asks the inner service; the permit is taken in `call`, and a call that
+/// finds the limit reached is refused at once with [`BulkheadFull`](crate::bulkhead::BulkheadFull).
+pub struct AdaptiveBulkheadService<S, C = HttpOverload> {
+    inner: S,
+    bulkhead: AdaptiveBulkhead,
+    classifier: Arc<C>,
+}
+
+impl<S, C> AdaptiveBulkheadService<S, C> {
+    /// Wraps `inner` in `bulkhead`, judging its answers with `classifier`.
+    pub fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: C) -> Self {
+        Self::shared(inner, bulkhead, Arc::new(classifier))
+    }
+
+    pub(super) fn shared(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
+        Self {
+            inner,
+            bulkhead,
+            classifier,
+        }
+    }
+
+    /// The bulkhead in front of the inner service.
+    pub fn bulkhead(&self) -> &AdaptiveBulkhead {
+        &self.bulkhead
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C> Clone for AdaptiveBulkheadService<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            bulkhead: self.bulkhead.clone(),
+            classifier: Arc::clone(&self.classifier),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for AdaptiveBulkheadService<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveBulkheadService")
+            .field("inner", &self.inner)
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C, Req> Service<Req> for AdaptiveBulkheadService<S, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let shared = &self.bulkhead.shared;
+        let semaphore = &shared.bulkhead.shared;
+        let classifier = Arc::clone(&self.classifier);
+        match semaphore.admit() {
+            Admission::Permitted => {}
+            Admission::Rejected => {
+                return ResponseFuture::rejected(
+                    semaphore.reject(Rejection::NoCapacity),
+                    classifier,
+                )
+            }
+            // The adaptive bulkhead's semaphore is built without a queue, so this does not
+            // happen; should it, the place is left at once and the call refused.
+            Admission::Queued(ticket) => {
+                drop(Waiter::new(Arc::clone(semaphore), ticket));
+                return ResponseFuture::rejected(
+                    semaphore.reject(Rejection::NoCapacity),
+                    classifier,
+                );
+            }
+        }
+        // Both exist before the inner service is called, so a panicking `call` still gives the
+        // permit back (and is no sample).
+        let held = Held {
+            permit: Permit::granted(Arc::clone(semaphore), Duration::ZERO),
+            sampler: Sampler::start(Arc::clone(shared)),
+        };
+        let future = self.inner.call(request);
+        ResponseFuture::running(future, held, classifier)
+    }
+}
