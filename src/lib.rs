@@ -51,7 +51,12 @@
 //!   by every instance, with a [`RedisFailMode`](crate::redis::RedisFailMode) for when Redis
 //!   cannot answer.
 //! * [`bulkhead`]: the semaphore and queue kinds, layers that hold the permit until the response
-//!   or its body ends, events and snapshots.
+//!   or its body ends, events and snapshots; `bulkhead::adaptive` (feature `adaptive`): a limit
+//!   that follows the dependency (AIMD or a delay-based gradient).
+//! * [`outbound`]: the rest of the way out: [`Pushback`](outbound::Pushback) holds calls back
+//!   when the dependency says so (`Retry-After`, `RateLimit` headers), and
+//!   [`ClientQuotaLayer`](outbound::ClientQuotaLayer) keeps to a quota of your own for it (in
+//!   memory or Redis).
 //! * [`clock`]: time is injected; tests move a [`ManualClock`](clock::ManualClock) by hand and
 //!   never sleep. [`observe`]: metric and event names. `config` (feature `config`): named
 //!   instances and routes from a TOML file, reloadable.
