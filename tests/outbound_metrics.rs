@@ -3,6 +3,8 @@
 //! outcome. Layers built by hand and from a config file record the same series.
 #![cfg(feature = "metrics")]
 
+mod counting;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -379,4 +381,41 @@ limiter = "partner-quota"
         )
     };
     assert_eq!((limiter("allowed"), limiter("limited")), (2, 1));
+}
+
+/// The admitted path of both layers, metrics on, allocates nothing per call: the handles are
+/// registered at the first call and used as they are after that.
+#[test]
+fn admitted_calls_record_without_allocating() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    const CALLS: u64 = 1_000;
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let partner = Pushback::builder("partner")
+                .clock(ManualClock::new())
+                .build();
+            let limiter = DirectRateLimiter::builder(Quota::per_second(1_000_000).unwrap())
+                .clock(ManualClock::new())
+                .build();
+            let mut client = tower::ServiceBuilder::new()
+                .layer(partner.layer())
+                .layer(ClientQuotaLayer::new("partner", limiter))
+                .service(service_fn(|()| async { Ok::<_, BoxError>(Response::new(())) }));
+            // The first call registers the handles.
+            client.ready().await.unwrap().call(()).await.unwrap();
+            let before = counting::allocations();
+            for _ in 0..CALLS {
+                client.ready().await.unwrap().call(()).await.unwrap();
+            }
+            let spent = counting::allocations() - before;
+            assert_eq!(spent, 0, "{spent} allocations for {CALLS} calls");
+        })
+    });
+    let all = series(&snapshotter);
+    assert_eq!(pushback_calls(&all, "partner", "admitted"), CALLS + 1);
+    assert_eq!(quota_calls(&all, "partner", "admitted"), CALLS + 1);
 }
