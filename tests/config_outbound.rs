@@ -7,15 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::config::{
     parse_duration, ClientQuotaSettings, Config, PushbackSettings, Registry, Reloaded,
 };
 use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
 use tower_bulwark::outbound::{self, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// A partner allowing 3 calls per hour to the whole service, a pushback that waits up to 2 s
 /// for a hold, and the client quota that applies the first to the calls.
@@ -354,6 +352,10 @@ fn a_config_built_in_code_naming_no_limiter_is_refused_by_the_registry() {
 #[cfg(feature = "reqwest")]
 #[tokio::test]
 async fn a_registry_stack_around_reqwest_obeys_the_partner_and_keeps_its_quota() {
+    use tower::ServiceBuilder;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
     let server = MockServer::start().await;
     Mock::given(method("GET"))
         .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "30"))

@@ -404,7 +404,9 @@ fn admitted_calls_record_without_allocating() {
             let mut client = tower::ServiceBuilder::new()
                 .layer(partner.layer())
                 .layer(ClientQuotaLayer::new("partner", limiter))
-                .service(service_fn(|()| async { Ok::<_, BoxError>(Response::new(())) }));
+                .service(service_fn(|()| async {
+                    Ok::<_, BoxError>(Response::new(()))
+                }));
             // The first call registers the handles.
             client.ready().await.unwrap().call(()).await.unwrap();
             let before = counting::allocations();
