@@ -2,6 +2,9 @@
 //! path of the bad value), what the registry builds from them, and what a reload does to them.
 #![cfg(feature = "config")]
 
+#[cfg(feature = "redis")]
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -448,6 +451,60 @@ async fn configured_max_wait_and_max_hold_apply() {
     let held = registry.pushback("long").unwrap().held_for();
     assert!(held > Duration::from_secs(599) && held <= DEFAULT_MAX_HOLD);
     assert!(long.oneshot(()).await.unwrap_err().is::<PushedBack>());
+}
+
+/// Two instances of a service, each with its registry, draw on one partner quota kept in Redis;
+/// a reload of one changes the quota it sends with its calls.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_client_quota_on_a_redis_limiter_is_one_quota_across_instances() {
+    let Some(server) = support::RedisServer::start("client_quota_on_redis") else {
+        return;
+    };
+    let config = format!(
+        r#"
+        [rate_limiters.partner-quota]
+        limit_for_period = 3
+        limit_refresh_period = "1h"
+        algorithm = "fixed_window"
+        key = "global"
+        store = "redis"
+        redis_url = "{}"
+        redis_fail_mode = "closed"
+
+        [client_quotas.partner]
+        limiter = "partner-quota"
+        "#,
+        server.url()
+    );
+    let one = Registry::from_toml_str(&config).unwrap();
+    let two = Registry::from_toml_str(&config).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let a = one
+        .client_quota_layer("partner")
+        .unwrap()
+        .layer(counted(&calls));
+    let b = two
+        .client_quota_layer("partner")
+        .unwrap()
+        .layer(counted(&calls));
+    let mut refused = 0;
+    for i in 0..6 {
+        let client = if i % 2 == 0 { a.clone() } else { b.clone() };
+        match client.oneshot(()).await {
+            Ok(_) => {}
+            Err(err) if err.is::<QuotaExhausted>() => refused += 1,
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!((calls.load(Ordering::SeqCst), refused), (3, 3));
+    // Instance one reloads a quota of 5: its calls carry it, and find 3 of 5 used.
+    one.reload_toml_str(&config.replace("limit_for_period = 3", "limit_for_period = 5"))
+        .unwrap();
+    a.clone().oneshot(()).await.unwrap();
+    a.clone().oneshot(()).await.unwrap();
+    assert!(a.oneshot(()).await.unwrap_err().is::<QuotaExhausted>());
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
 
 mod reload {
