@@ -310,7 +310,7 @@ pub enum ShadowKind {
 
 /// The settings of one named pushback (`[pushbacks.NAME]`): see
 /// [`Pushback`](crate::outbound::Pushback).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PushbackSettings {
     /// How long a held call may wait for the hold to end; zero (the default) refuses at once.
