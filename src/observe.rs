@@ -38,12 +38,21 @@ use crate::{limiter::Decision, BoxError, Limiter, Quota};
 /// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit; an adaptive bulkhead (feature `adaptive`) also sets it each time its limit moves |
 /// | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
 /// | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
+/// | `bulwark_pushback_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` | calls through a [pushback](crate::outbound::Pushback): sent at once, sent after waiting for a hold to end, or refused with [`PushedBack`](crate::outbound::PushedBack) (at once or after waiting); a call dropped while it waits is not counted |
+/// | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left in a `RateLimit` field or, without one, in `X-RateLimit-Remaining`; an answer saying both counts under each |
+/// | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
+/// | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
 ///
 /// Counters and the histogram are recorded as events happen. Gauges are set from each
 /// instance's state when [`Registry::publish_gauges`](crate::config::Registry::publish_gauges)
 /// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
 /// The store failure counter is also brought up to date by `publish_gauges`, from the Redis
 /// limiter's own count.
+///
+/// Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
+/// gauge is set by [`Pushback::publish_gauges`](crate::outbound::Pushback::publish_gauges)
+/// (which `Registry::publish_gauges` calls for configured ones). A configured client quota's
+/// limiter also records the `bulwark_ratelimiter_*` series under the rate limiter's name.
 pub mod metric_names {
     /// Counter: rate limiter decisions, label `outcome` = `allowed` | `limited`.
     pub const RATELIMITER_CALLS: &str = "bulwark_ratelimiter_calls_total";
@@ -66,6 +75,16 @@ pub mod metric_names {
     pub const BULKHEAD_QUEUE: &str = "bulwark_bulkhead_queue_depth";
     /// Histogram: seconds each permitted bulkhead call held its permit.
     pub const BULKHEAD_DURATION: &str = "bulwark_bulkhead_call_duration_seconds";
+    /// Counter: calls through a pushback, label `outcome` = `admitted` | `waited` | `refused`.
+    pub const PUSHBACK_CALLS: &str = "bulwark_pushback_calls_total";
+    /// Counter: answers that asked a pushback to hold calls, label `reason` = `retry_after` |
+    /// `ratelimit` | `x_ratelimit`.
+    pub const PUSHBACK_HOLDS: &str = "bulwark_pushback_holds_total";
+    /// Gauge: seconds until a pushback lets a call go.
+    pub const PUSHBACK_HELD_SECONDS: &str = "bulwark_pushback_held_seconds";
+    /// Counter: calls through a client quota, label `outcome` = `admitted` | `waited` |
+    /// `refused` | `failed`.
+    pub const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
 }
 
 /// A point-in-time view of an observed rate limiter.

@@ -405,6 +405,9 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     };
     assert_eq!(series("allowed"), ok);
     assert_eq!(series("limited"), limited);
+    // The file's pushback has its gauge, published with the others: nothing held.
+    let held = format!("{}{{name=\"partner\"}} 0", m::PUSHBACK_HELD_SECONDS);
+    assert!(text.lines().any(|l| l == held), "no `{held}` in\n{text}");
     let health = client
         .get(format!("http://{base}/health"))
         .send()
@@ -416,6 +419,7 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["status"], "UP");
     assert_eq!(health["rateLimiters"]["api"]["limitedCalls"], limited);
+    assert_eq!(health["pushbacks"]["partner"]["holding"], false);
     drop(server);
 }
 

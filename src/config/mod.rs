@@ -71,9 +71,43 @@
 //! | `policies` | list of rate limiter names, or tables `{ limiter, cost, shadow }`: `cost` an integer ≥ 1 (default 1), `shadow` `true` (never refuses, not in the headers), `"advertised"` (never refuses, in the headers) or `false` | required |
 //! | `exempt_networks` | list of CIDRs (feature `axum`) | none |
 //!
+//! Outbound calls to a dependency have two more kinds: a pushback, which holds calls back as
+//! the dependency's `Retry-After` and rate-limit fields ask ([`Registry::pushback_layer`]), and
+//! a client quota, which applies one of the rate limiters above to the calls
+//! ([`Registry::client_quota_layer`]; see [`outbound`](crate::outbound)):
+//!
+//! ```toml
+//! [rate_limiters.partner]         # 5 000 calls per hour, shared by every instance with Redis
+//! limit_for_period = 5000
+//! limit_refresh_period = "1h"
+//! max_wait = "1s"
+//! key = "global"                  # a client quota counts every call under one key
+//!
+//! [pushbacks.partner]
+//! max_wait = "2s"
+//! max_hold = "5m"
+//! pacing = "spread"               # until_spent | spread
+//!
+//! [client_quotas.partner]
+//! limiter = "partner"             # a name under rate_limiters
+//! cost = 1
+//! ```
+//!
+//! | field of a pushback | type | default |
+//! |---|---|---|
+//! | `max_wait` | duration ≤ 2^60 ns: how long a held call may wait for the hold to end before it is sent | `"0s"` (refuse at once) |
+//! | `max_hold` | duration > 0 and ≤ 2^60 ns: the longest hold any response can impose | `"10m"` |
+//! | `pacing` | `until_spent` (calls go while the advertised quota lasts) or `spread` (the calls left spread evenly over the window) | `until_spent` |
+//!
+//! | field of a client quota | type | default |
+//! |---|---|---|
+//! | `limiter` | the name of a rate limiter under `rate_limiters`, with `key = "global"`; its quota (and `max_wait`, and store: memory or Redis) is the client quota's | required |
+//! | `cost` | integer ≥ 1, at most the limiter's `burst`: the permits each call takes | 1 |
+//!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
-//! bulkhead sizes apply in place, under the layers already built, and every key keeps its state;
-//! a change that cannot apply in place, or a bad file, is refused and changes nothing.
+//! bulkhead sizes apply in place, under the layers already built, and every key keeps its state
+//! (a client quota's limiter included); a change that cannot apply in place (any setting of a
+//! pushback or of a client quota), or a bad file, is refused and changes nothing.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -83,14 +117,16 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
+use crate::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
 use crate::rate_limit::Cidr;
 use crate::Quota;
 
 mod registry;
 
 pub use registry::{
-    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredLimiter, ConfiguredPolicy,
-    ConfiguredRateLimitLayer, Health, LimiterHealth, Registry, Reloaded, UnknownInstance,
+    BulkheadHealth, ConfigKey, ConfigKeyExtractor, ConfiguredClientQuotaLayer, ConfiguredLimiter,
+    ConfiguredPolicy, ConfiguredRateLimitLayer, GlobalConfigKey, Health, LimiterHealth,
+    PushbackHealth, Registry, Reloaded, UnknownInstance,
 };
 
 /// A configuration file that could not be used: where, and what was wrong.
@@ -272,6 +308,40 @@ pub enum ShadowKind {
     Advertised,
 }
 
+/// The settings of one named pushback (`[pushbacks.NAME]`): see
+/// [`Pushback`](crate::outbound::Pushback).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PushbackSettings {
+    /// How long a held call may wait for the hold to end; zero (the default) refuses at once.
+    pub max_wait: Duration,
+    /// The longest hold any response can impose.
+    pub max_hold: Duration,
+    /// How calls are paced by a quota the dependency advertises.
+    pub pacing: Pacing,
+}
+
+impl Default for PushbackSettings {
+    fn default() -> Self {
+        Self {
+            max_wait: Duration::ZERO,
+            max_hold: DEFAULT_MAX_HOLD,
+            pacing: Pacing::default(),
+        }
+    }
+}
+
+/// The settings of one named client quota (`[client_quotas.NAME]`): a rate limiter applied to
+/// outbound calls, see [`ClientQuotaLayer`](crate::outbound::ClientQuotaLayer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientQuotaSettings {
+    /// The rate limiter (a name under `rate_limiters`) whose quota the calls draw on.
+    pub limiter: String,
+    /// The permits each call takes.
+    pub cost: u32,
+}
+
 /// A parsed and validated configuration: named rate limiters, bulkheads and routes.
 #[derive(Clone, Debug, PartialEq, Default)]
 #[non_exhaustive]
@@ -282,6 +352,10 @@ pub struct Config {
     pub bulkheads: BTreeMap<String, BulkheadSettings>,
     /// Routes by name: several rate limiters on one layer.
     pub routes: BTreeMap<String, RouteSettings>,
+    /// Pushbacks by name: outbound calls held back as a dependency asks.
+    pub pushbacks: BTreeMap<String, PushbackSettings>,
+    /// Client quotas by name: a rate limiter applied to outbound calls.
+    pub client_quotas: BTreeMap<String, ClientQuotaSettings>,
 }
 
 /// A TOML error's message with the line and column where it is (a duplicate key, a value
@@ -338,10 +412,25 @@ impl Config {
                         config.routes.insert(name.clone(), settings);
                     }
                 }
+                "pushbacks" => {
+                    for (name, v) in instances {
+                        let path = format!("pushbacks.{name}");
+                        let settings = pushback(&path, instance_table(&path, v)?)?;
+                        config.pushbacks.insert(name.clone(), settings);
+                    }
+                }
+                "client_quotas" => {
+                    for (name, v) in instances {
+                        let path = format!("client_quotas.{name}");
+                        let settings = client_quota(&path, instance_table(&path, v)?)?;
+                        config.client_quotas.insert(name.clone(), settings);
+                    }
+                }
                 other => {
                     return Err(ConfigError::new(
                         other,
-                        "unknown section; expected `rate_limiters`, `bulkheads` or `routes`",
+                        "unknown section; expected `rate_limiters`, `bulkheads`, `routes`, \
+                         `pushbacks` or `client_quotas`",
                     ))
                 }
             }
@@ -358,6 +447,43 @@ impl Config {
                         ),
                     ));
                 }
+            }
+        }
+        // A client quota names a rate limiter: it must be configured, count every call under
+        // one key, and be able to grant a call's cost.
+        for (name, quota) in &config.client_quotas {
+            let path = format!("client_quotas.{name}");
+            let Some(limiter) = config.rate_limiters.get(&quota.limiter) else {
+                return Err(ConfigError::new(
+                    format!("{path}.limiter"),
+                    format!(
+                        "names `{}`, which is not under `rate_limiters`",
+                        quota.limiter
+                    ),
+                ));
+            };
+            if limiter.key != KeyKind::Global {
+                return Err(ConfigError::new(
+                    format!("{path}.limiter"),
+                    format!(
+                        "names `{}`, whose key is not \"global\"; an outbound call has no client \
+                         to key by, so a client quota counts every call under one key: give \
+                         `rate_limiters.{}` key = \"global\"",
+                        quota.limiter, quota.limiter
+                    ),
+                ));
+            }
+            if quota.cost > limiter.quota.burst() {
+                return Err(ConfigError::new(
+                    format!("{path}.cost"),
+                    format!(
+                        "is {}, more than the burst of rate limiter `{}` ({}): no call could \
+                         ever be sent",
+                        quota.cost,
+                        quota.limiter,
+                        limiter.quota.burst()
+                    ),
+                ));
             }
         }
         Ok(config)
@@ -775,6 +901,55 @@ fn bulkhead(path: &str, table: &Table) -> Result<BulkheadSettings, ConfigError> 
         max_wait,
         queue_capacity,
     })
+}
+
+fn pushback(path: &str, table: &Table) -> Result<PushbackSettings, ConfigError> {
+    let f = Fields::new(path, table, &["max_wait", "max_hold", "pacing"])?;
+    let mut settings = PushbackSettings::default();
+    // Bounded as a quota's spans are: no setting may reach the ends of a clock's range.
+    let bounded = |field: &str, v: &Value| {
+        let span = f.duration(field, v)?;
+        if span > Quota::MAX_SPAN {
+            return Err(f.err(field, "is too long (at most 2^60 ns, about 36.5 years)"));
+        }
+        Ok(span)
+    };
+    if let Some(v) = f.get("max_wait") {
+        settings.max_wait = bounded("max_wait", v)?;
+    }
+    if let Some(v) = f.get("max_hold") {
+        settings.max_hold = bounded("max_hold", v)?;
+        if settings.max_hold.is_zero() {
+            return Err(f.err(
+                "max_hold",
+                "must be more than zero: a zero max_hold would cut every hold the dependency \
+                 asks for to nothing",
+            ));
+        }
+    }
+    if let Some(v) = f.get("pacing") {
+        settings.pacing = match f.string("pacing", v)? {
+            "until_spent" => Pacing::UntilSpent,
+            "spread" => Pacing::Spread,
+            other => {
+                return Err(f.err(
+                    "pacing",
+                    format!("unknown pacing `{other}`; expected until_spent or spread"),
+                ))
+            }
+        };
+    }
+    Ok(settings)
+}
+
+fn client_quota(path: &str, table: &Table) -> Result<ClientQuotaSettings, ConfigError> {
+    let f = Fields::new(path, table, &["limiter", "cost"])?;
+    let limiter = f.string("limiter", f.required("limiter")?)?.to_owned();
+    let cost = match f.get("cost") {
+        None => 1,
+        Some(v) => f.positive_int("cost", v, u64::from(u32::MAX))? as u32,
+    };
+    Ok(ClientQuotaSettings { limiter, cost })
 }
 
 /// Parses a duration with units: `250ms`, `1s`, `1m30s`, `1.5s`, `2h`. Units: `ns`, `us` (or

@@ -11,11 +11,13 @@ use http::request::Parts;
 use http::HeaderValue;
 
 use super::{
-    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, RateLimiterSettings,
-    RouteSettings, ShadowKind, StoreKind,
+    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, PushbackSettings,
+    RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
 };
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadLayer};
 use crate::observe::{LimiterSnapshot, Observed};
+use crate::outbound::pushback::{Pushback, PushbackLayer};
+use crate::outbound::quota::{ClientQuotaLayer, FixedCost, QuotaKey};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
 };
@@ -73,6 +75,24 @@ pub type ConfiguredPolicy = Policy<ConfigKeyExtractor, ConfiguredLimiter>;
 
 /// The layer of a configured rate limiter.
 pub type ConfiguredRateLimitLayer = RateLimitLayer<ConfiguredPolicy>;
+
+/// The key of every call through a configured client quota: [`ConfigKey::Global`], the key of
+/// its rate limiter (which must have `key = "global"`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GlobalConfigKey;
+
+impl<Req> QuotaKey<Req> for GlobalConfigKey {
+    type Key = ConfigKey;
+
+    fn key(&self, _: &Req) -> ConfigKey {
+        ConfigKey::Global
+    }
+}
+
+/// The layer of a configured client quota: its rate limiter, one key for every call, the
+/// configured cost.
+pub type ConfiguredClientQuotaLayer =
+    ClientQuotaLayer<ConfiguredLimiter, GlobalConfigKey, FixedCost>;
 
 /// A name that the configuration does not define.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,6 +157,10 @@ pub struct Registry {
     limiters: BTreeMap<String, NamedLimiter>,
     bulkheads: BTreeMap<String, Bulkhead>,
     routes: BTreeMap<String, RouteSettings>,
+    pushbacks: BTreeMap<String, Pushback>,
+    /// Each client quota's layer, built once so that its metrics handles are shared by every
+    /// layer taken for it.
+    client_quotas: BTreeMap<String, ConfiguredClientQuotaLayer>,
     /// The configuration the instances run with now: the one they were built from, with the
     /// changes of every reload since. Locked while a reload runs, so reloads apply one at a time.
     running: Mutex<Config>,
@@ -147,6 +171,11 @@ impl fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("rate_limiters", &self.limiters.keys().collect::<Vec<_>>())
             .field("bulkheads", &self.bulkheads)
+            .field("pushbacks", &self.pushbacks)
+            .field(
+                "client_quotas",
+                &self.client_quotas.keys().collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -198,9 +227,34 @@ impl Registry {
                 (name.clone(), builder.build())
             })
             .collect();
+        let pushbacks = config
+            .pushbacks
+            .iter()
+            .map(|(name, settings)| (name.clone(), build_pushback(name, settings)))
+            .collect();
+        let mut client_quotas = BTreeMap::new();
+        for (name, settings) in &config.client_quotas {
+            // `Config` checked that the limiter is configured; a `Config` built in code may not
+            // have been.
+            let named: &NamedLimiter = limiters.get(&settings.limiter).ok_or_else(|| {
+                ConfigError::new(
+                    format!("client_quotas.{name}.limiter"),
+                    format!(
+                        "names `{}`, which is not under `rate_limiters`",
+                        settings.limiter
+                    ),
+                )
+            })?;
+            let layer = ClientQuotaLayer::new(name.as_str(), named.limiter.clone())
+                .key(GlobalConfigKey)
+                .cost(settings.cost);
+            client_quotas.insert(name.clone(), layer);
+        }
         Ok(Self {
             limiters,
             bulkheads,
+            pushbacks,
+            client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config.clone()),
         })
@@ -230,8 +284,11 @@ impl Registry {
     /// Anything else cannot change under the layers already serving, so a reload that changes
     /// it is refused as a whole, with an error naming the instance and the field: a rate
     /// limiter's `algorithm`, `key`, `trusted_proxies`, `max_keys`, `hide_keys`, `store` or
-    /// Redis settings, a bulkhead's `max_wait` or `queue_capacity`, and an instance added or
-    /// removed. (Build a new registry for those, and take new layers from it.) A Redis
+    /// Redis settings, a bulkhead's `max_wait` or `queue_capacity`, any setting of a pushback
+    /// (`max_wait`, `max_hold`, `pacing`: the calls already held were admitted under them) or
+    /// of a client quota (`limiter`, `cost`: the layers already built hold them), and an
+    /// instance added or removed. A client quota's quota is its rate limiter's, and changes in
+    /// place with it. (Build a new registry for those, and take new layers from it.) A Redis
     /// limiter's fail mode keeps what it was built from; Redis limiters in other processes
     /// keep their quota until their own registry reloads (the quota travels with each call).
     ///
@@ -272,6 +329,23 @@ impl Registry {
                 sizes.push((name, next.max_concurrent_calls));
             }
         }
+        for (name, next) in &config.pushbacks {
+            let path = format!("pushbacks.{name}");
+            let Some(now) = running.pushbacks.get(name) else {
+                return Err(ConfigError::new(path, NOT_RUNNING));
+            };
+            fixed(&path, "max_wait", &now.max_wait, &next.max_wait)?;
+            fixed(&path, "max_hold", &now.max_hold, &next.max_hold)?;
+            fixed(&path, "pacing", &now.pacing, &next.pacing)?;
+        }
+        for (name, next) in &config.client_quotas {
+            let path = format!("client_quotas.{name}");
+            let Some(now) = running.client_quotas.get(name) else {
+                return Err(ConfigError::new(path, NOT_RUNNING));
+            };
+            fixed(&path, "limiter", &now.limiter, &next.limiter)?;
+            fixed(&path, "cost", &now.cost, &next.cost)?;
+        }
         let removed = |kind: &str, name: &String| {
             ConfigError::new(
                 format!("{kind}.{name}"),
@@ -292,6 +366,20 @@ impl Registry {
             .find(|n| !config.bulkheads.contains_key(*n))
         {
             return Err(removed("bulkheads", name));
+        }
+        if let Some(name) = running
+            .pushbacks
+            .keys()
+            .find(|n| !config.pushbacks.contains_key(*n))
+        {
+            return Err(removed("pushbacks", name));
+        }
+        if let Some(name) = running
+            .client_quotas
+            .keys()
+            .find(|n| !config.client_quotas.contains_key(*n))
+        {
+            return Err(removed("client_quotas", name));
         }
         if let Some((name, _)) = config
             .routes
@@ -452,6 +540,65 @@ impl Registry {
         Ok(self.bulkhead(name)?.layer())
     }
 
+    /// Pushback `name` (under `pushbacks`), to read how long it holds calls or to
+    /// [`observe`](Pushback::observe) a response obtained without its layer.
+    pub fn pushback(&self, name: &str) -> Result<&Pushback, UnknownInstance> {
+        self.pushbacks.get(name).ok_or_else(|| UnknownInstance {
+            kind: "pushback",
+            name: name.to_owned(),
+        })
+    }
+
+    /// The layer of pushback `name`: every layer taken for one name shares what the
+    /// dependency said.
+    ///
+    /// ```
+    /// use tower::ServiceBuilder;
+    /// use tower_bulwark::config::Registry;
+    ///
+    /// let registry = Registry::from_toml_str(r#"
+    ///     [rate_limiters.partner]
+    ///     limit_for_period = 5000
+    ///     limit_refresh_period = "1h"
+    ///     key = "global"
+    ///
+    ///     [pushbacks.partner]
+    ///     max_wait = "2s"
+    ///
+    ///     [client_quotas.partner]
+    ///     limiter = "partner"
+    /// "#)?;
+    /// // Pushback before the client quota: a call the partner asked you not to make spends no
+    /// // permit (see `tower_bulwark::outbound` for the whole order).
+    /// let client = ServiceBuilder::new()
+    ///     .layer(registry.pushback_layer("partner")?)
+    ///     .layer(registry.client_quota_layer("partner")?)
+    ///     .service(reqwest::Client::new());
+    /// # let _ = client;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pushback_layer(&self, name: &str) -> Result<PushbackLayer, UnknownInstance> {
+        Ok(self.pushback(name)?.layer())
+    }
+
+    /// The layer of client quota `name` (under `client_quotas`): each call takes the configured
+    /// cost from its rate limiter's quota, under [`ConfigKey::Global`]. Every layer taken for
+    /// one name, and every route or policy naming the same rate limiter, shares the limiter's
+    /// state, memory or Redis; a reload that changes the limiter's quota applies under the
+    /// layers already built.
+    pub fn client_quota_layer(
+        &self,
+        name: &str,
+    ) -> Result<ConfiguredClientQuotaLayer, UnknownInstance> {
+        self.client_quotas
+            .get(name)
+            .cloned()
+            .ok_or_else(|| UnknownInstance {
+                kind: "client quota",
+                name: name.to_owned(),
+            })
+    }
+
     fn named(&self, name: &str) -> Result<&NamedLimiter, UnknownInstance> {
         self.limiters.get(name).ok_or_else(|| UnknownInstance {
             kind: "rate limiter",
@@ -497,6 +644,18 @@ impl Registry {
                     }
                 })
                 .collect(),
+            pushbacks: self
+                .pushbacks
+                .iter()
+                .map(|(name, pushback)| {
+                    let held_for = pushback.held_for();
+                    PushbackHealth {
+                        name: name.clone(),
+                        holding: !held_for.is_zero(),
+                        held_for,
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -515,6 +674,9 @@ impl Registry {
         }
         for bulkhead in self.bulkheads.values() {
             bulkhead.publish_gauges();
+        }
+        for pushback in self.pushbacks.values() {
+            pushback.publish_gauges();
         }
     }
 }
@@ -725,6 +887,14 @@ fn redis_limiter(
     }
 }
 
+fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
+    Pushback::builder(name)
+        .max_wait(s.max_wait)
+        .max_hold(s.max_hold)
+        .pacing(s.pacing)
+        .build()
+}
+
 fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     let mut builder = match s.queue_capacity {
         Some(capacity) => Bulkhead::queue(name, s.max_concurrent_calls, capacity),
@@ -744,6 +914,21 @@ pub struct Health {
     pub rate_limiters: Vec<LimiterHealth>,
     /// One entry per bulkhead, by name.
     pub bulkheads: Vec<BulkheadHealth>,
+    /// One entry per pushback, by name.
+    pub pushbacks: Vec<PushbackHealth>,
+}
+
+/// The health entry of one pushback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PushbackHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether the dependency has asked for calls to be held now: a call made now would wait or
+    /// be refused. Like saturation, this is the layer doing its job, never ill health.
+    pub holding: bool,
+    /// How long from now until a call may be sent.
+    pub held_for: std::time::Duration,
 }
 
 /// The health entry of one rate limiter.
@@ -790,13 +975,14 @@ impl Health {
     }
 
     /// The report as JSON:
-    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}}}`.
+    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}},"pushbacks":{"partner":{...}}}`.
     ///
     /// A rate limiter's entry has `status`, `saturated`, `availablePermissions`,
     /// `waitingRequests`, `allowedCalls`, `limitedCalls`, and for one kept in Redis
     /// `storeFailures`; a bulkhead's has `status`, `saturated`, `availableConcurrentCalls`,
     /// `maxAllowedConcurrentCalls`, `queueDepth`, `permittedCalls`, `rejectedCalls` and
-    /// `finishedCalls`.
+    /// `finishedCalls`; a pushback's has `status`, `holding` and `heldForMillis` (rounded up,
+    /// so a hold in force is never 0).
     pub fn to_json(&self) -> String {
         let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":{");
         for (i, l) in self.rate_limiters.iter().enumerate() {
@@ -832,6 +1018,18 @@ impl Health {
                 b.total_permitted,
                 b.total_rejected,
                 b.total_finished
+            ));
+        }
+        out.push_str("},\"pushbacks\":{");
+        for (i, p) in self.pushbacks.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &p.name);
+            let millis = p.held_for.as_nanos().div_ceil(1_000_000);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"holding\":{},\"heldForMillis\":{millis}}}",
+                p.holding
             ));
         }
         out.push_str("}}");

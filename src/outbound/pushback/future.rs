@@ -104,10 +104,14 @@ where
 {
     pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
         let state = match shared.try_start() {
-            Ok(()) => run(shared, service, request),
+            Ok(()) => {
+                shared.metrics.admitted();
+                run(shared, service, request)
+            }
             Err((now, at)) => {
                 let deadline = now.saturating_add(nanos(shared.max_wait));
                 if at > deadline {
+                    shared.metrics.refused();
                     State::Refused {
                         error: Some(PushedBack::new(shared.name.clone(), span(now, at))),
                     }
@@ -155,6 +159,7 @@ where
                     ready!(entry.sleep.as_mut().poll(cx));
                     match this.shared.try_start() {
                         Ok(()) => {
+                            this.shared.metrics.waited();
                             let Held {
                                 mut service,
                                 request,
@@ -167,6 +172,7 @@ where
                             let waited = entry.since.elapsed();
                             if at > entry.deadline || waited >= this.shared.max_wait {
                                 *held = None;
+                                this.shared.metrics.refused();
                                 let error =
                                     PushedBack::new(this.shared.name.clone(), span(now, at));
                                 return Poll::Ready(Err(error.into()));

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::advice::{self, Advice};
 use super::layer::PushbackLayer;
+use super::metrics::PushbackMetrics;
 use super::response::ResponseHead;
 use crate::clock::{Clock, SystemClock};
 
@@ -74,6 +75,7 @@ impl<C: Clock> PushbackBuilder<C> {
     pub fn build(self) -> Pushback<C> {
         Pushback {
             shared: Arc::new(Shared {
+                metrics: PushbackMetrics::new(&self.name),
                 name: self.name,
                 max_wait: self.max_wait,
                 max_hold: self.max_hold,
@@ -169,6 +171,7 @@ pub(crate) struct Shared<C> {
     pacing: Pacing,
     pub(crate) clock: C,
     state: Mutex<State>,
+    pub(crate) metrics: PushbackMetrics,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -207,6 +210,7 @@ impl<C: Clock> Shared<C> {
         if advice == Advice::default() {
             return;
         }
+        self.metrics.observed(response.headers(), &advice);
         let now = self.clock.now();
         self.lock().apply(advice, now, own, self.pacing);
     }

@@ -91,6 +91,7 @@ mod error;
 mod future;
 mod instance;
 mod layer;
+mod metrics;
 mod response;
 mod service;
 mod sf;

@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::error::QuotaExhausted;
+use super::metrics::ClientQuotaMetrics;
 use crate::{limiter::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -52,6 +53,7 @@ pin_project! {
         L: Limiter<K>,
     {
         name: Arc<str>,
+        metrics: ClientQuotaMetrics,
         limiter: Arc<L>,
         key: K,
         cost: u32,
@@ -79,6 +81,7 @@ pin_project! {
 /// place) only when the call cannot start at once.
 fn after<S, Req, F>(
     name: &Arc<str>,
+    metrics: &ClientQuotaMetrics,
     decision: Result<Decision, BoxError>,
     service: &mut S,
     request: Req,
@@ -87,13 +90,22 @@ where
     S: Service<Req> + Clone,
 {
     match decision {
-        Err(error) => State::Refused { error: Some(error) },
-        Ok(decision) if !decision.allowed => State::Refused {
-            error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
-        },
-        Ok(decision) if decision.wait.is_zero() => State::Running {
-            future: service.call(request),
-        },
+        Err(error) => {
+            metrics.failed();
+            State::Refused { error: Some(error) }
+        }
+        Ok(decision) if !decision.allowed => {
+            metrics.refused();
+            State::Refused {
+                error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
+            }
+        }
+        Ok(decision) if decision.wait.is_zero() => {
+            metrics.admitted();
+            State::Running {
+                future: service.call(request),
+            }
+        }
         Ok(decision) => State::Waiting {
             sleep: Box::pin(tokio::time::sleep(decision.wait)),
             decision: Some(decision),
@@ -109,6 +121,7 @@ where
 {
     pub(crate) fn start(
         name: &Arc<str>,
+        metrics: &ClientQuotaMetrics,
         limiter: &Arc<L>,
         key: K,
         cost: u32,
@@ -116,7 +129,7 @@ where
         request: Req,
     ) -> Self {
         let state = match limiter.reserve_now(&key, cost) {
-            Some(decision) => after(name, decision, service, request),
+            Some(decision) => after(name, metrics, decision, service, request),
             None => State::Reserving {
                 reserve: limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
@@ -124,6 +137,7 @@ where
         };
         Self {
             name: name.clone(),
+            metrics: metrics.clone(),
             limiter: Arc::clone(limiter),
             key,
             cost,
@@ -149,13 +163,14 @@ where
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `after`
                     // leaves behind is dropped with this scope.
-                    let next = after(this.name, decision, &mut service, request);
+                    let next = after(this.name, this.metrics, decision, &mut service, request);
                     this.state.set(next);
                 }
                 StateProj::Waiting { sleep, call, .. } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     // Leaving `Waiting` keeps the permits: they are due now.
+                    this.metrics.waited();
                     this.state.set(State::Running {
                         future: service.call(request),
                     });

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::key::{FixedCost, OneKey};
+use super::metrics::ClientQuotaMetrics;
 use super::service::ClientQuotaService;
 
 /// Applies a limiter to the calls of an outbound service: each call takes its cost in permits
@@ -21,14 +22,17 @@ pub struct ClientQuotaLayer<L, K = OneKey, C = FixedCost> {
     limiter: Arc<L>,
     key: K,
     cost: C,
+    metrics: ClientQuotaMetrics,
 }
 
 impl<L> ClientQuotaLayer<L> {
     /// A quota named `name` (in errors) enforced by `limiter`, one key for every call, each call
     /// costing one permit.
     pub fn new(name: impl Into<Arc<str>>, limiter: L) -> Self {
+        let name = name.into();
         Self {
-            name: name.into(),
+            metrics: ClientQuotaMetrics::new(&name),
+            name,
             limiter: Arc::new(limiter),
             key: OneKey,
             cost: FixedCost::default(),
@@ -45,6 +49,7 @@ impl<L, K, C> ClientQuotaLayer<L, K, C> {
             limiter: self.limiter,
             key,
             cost: self.cost,
+            metrics: self.metrics,
         }
     }
 
@@ -61,6 +66,7 @@ impl<L, K, C> ClientQuotaLayer<L, K, C> {
             limiter: self.limiter,
             key: self.key,
             cost,
+            metrics: self.metrics,
         }
     }
 
@@ -77,6 +83,7 @@ impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
             limiter: Arc::clone(&self.limiter),
             key: self.key.clone(),
             cost: self.cost.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -100,6 +107,7 @@ impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
             Arc::clone(&self.limiter),
             self.key.clone(),
             self.cost.clone(),
+            self.metrics.clone(),
         )
     }
 }

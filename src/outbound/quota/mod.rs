@@ -51,6 +51,7 @@ mod error;
 mod future;
 mod key;
 mod layer;
+mod metrics;
 mod service;
 
 pub use self::error::QuotaExhausted;

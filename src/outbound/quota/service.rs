@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::key::{QuotaCost, QuotaKey};
+use super::metrics::ClientQuotaMetrics;
 use crate::{BoxError, Limiter};
 
 /// A service behind a client-side quota; made by [`ClientQuotaLayer`](super::ClientQuotaLayer).
@@ -21,16 +22,25 @@ pub struct ClientQuotaService<S, L, K, C> {
     limiter: Arc<L>,
     key: K,
     cost: C,
+    metrics: ClientQuotaMetrics,
 }
 
 impl<S, L, K, C> ClientQuotaService<S, L, K, C> {
-    pub(crate) fn new(inner: S, name: Arc<str>, limiter: Arc<L>, key: K, cost: C) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        name: Arc<str>,
+        limiter: Arc<L>,
+        key: K,
+        cost: C,
+        metrics: ClientQuotaMetrics,
+    ) -> Self {
         Self {
             inner,
             name,
             limiter,
             key,
             cost,
+            metrics,
         }
     }
 
@@ -63,6 +73,7 @@ impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
             limiter: Arc::clone(&self.limiter),
             key: self.key.clone(),
             cost: self.cost.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -98,6 +109,7 @@ where
         let cost = self.cost.cost(&request);
         ResponseFuture::start(
             &self.name,
+            &self.metrics,
             &self.limiter,
             key,
             cost,

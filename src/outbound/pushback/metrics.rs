@@ -1,0 +1,161 @@
+//! A pushback's metrics (feature `metrics`): every [`Pushback`](super::Pushback), built by hand
+//! or from a config file, counts its calls by outcome and the answers that asked it to hold
+//! calls, by what they said. Names and labels are in
+//! [`metric_names`](crate::observe::metric_names).
+//!
+//! Without the feature, [`PushbackMetrics`] is an empty type whose methods do nothing.
+
+#[cfg(feature = "metrics")]
+mod enabled {
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use http::HeaderMap;
+
+    use super::super::advice::Advice;
+    use crate::observe::metric_names as m;
+
+    /// The outcomes of a call, in the order of [`Handles::calls`].
+    const OUTCOMES: [&str; 3] = ["admitted", "waited", "refused"];
+
+    /// The `reason` labels of a hold, in the order of [`Reason`]'s values.
+    const REASONS: [&str; 3] = ["retry_after", "ratelimit", "x_ratelimit"];
+
+    /// What a response said that holds calls back.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Reason {
+        /// A 429 or 503 with `Retry-After`, or a 429 naming no time at all.
+        RetryAfter = 0,
+        /// A `RateLimit` field with nothing left.
+        RateLimit = 1,
+        /// `X-RateLimit-Remaining: 0` (and no `RateLimit` field).
+        XRateLimit = 2,
+    }
+
+    /// The reasons a response's advice holds calls for.
+    fn reasons(headers: &HeaderMap, advice: &Advice) -> impl Iterator<Item = Reason> {
+        let retry_after = advice.hold.is_some_and(|hold| !hold.is_zero());
+        let spent = advice
+            .limit
+            .filter(|limit| limit.remaining == 0 && !limit.window.is_zero())
+            .map(|_| {
+                // The field that advertised the spent quota: `RateLimit` when the response has
+                // one (of the two, the reader keeps the one with the fewest calls left, and an
+                // `X-RateLimit-Remaining: 0` ties with a `RateLimit` that says nothing is left).
+                if headers.contains_key("ratelimit") {
+                    Reason::RateLimit
+                } else {
+                    Reason::XRateLimit
+                }
+            });
+        retry_after
+            .then_some(Reason::RetryAfter)
+            .into_iter()
+            .chain(spent)
+    }
+
+    struct Handles {
+        calls: [metrics::Counter; 3],
+        holds: [metrics::Counter; 3],
+        held: metrics::Gauge,
+    }
+
+    /// One pushback's metric handles, registered with the recorder at first use (so the
+    /// recorder may be installed after the pushback is built) and then used without building
+    /// keys or allocating.
+    pub(crate) struct PushbackMetrics {
+        name: Arc<str>,
+        handles: OnceLock<Handles>,
+    }
+
+    impl PushbackMetrics {
+        pub(crate) fn new(name: &Arc<str>) -> Self {
+            Self {
+                name: Arc::clone(name),
+                handles: OnceLock::new(),
+            }
+        }
+
+        fn handles(&self) -> &Handles {
+            self.handles.get_or_init(|| {
+                let name = self.name.to_string();
+                Handles {
+                    calls: OUTCOMES.map(|outcome| {
+                        metrics::counter!(m::PUSHBACK_CALLS, "name" => name.clone(), "outcome" => outcome)
+                    }),
+                    holds: REASONS.map(|reason| {
+                        metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => reason)
+                    }),
+                    held: metrics::gauge!(m::PUSHBACK_HELD_SECONDS, "name" => name.clone()),
+                }
+            })
+        }
+
+        /// A call sent at once.
+        pub(crate) fn admitted(&self) {
+            self.handles().calls[0].increment(1);
+        }
+
+        /// A call sent once the hold it waited for had ended.
+        pub(crate) fn waited(&self) {
+            self.handles().calls[1].increment(1);
+        }
+
+        /// A call refused with `PushedBack`, at once or after waiting.
+        pub(crate) fn refused(&self) {
+            self.handles().calls[2].increment(1);
+        }
+
+        /// A response read, with what it advised.
+        pub(crate) fn observed(&self, headers: &HeaderMap, advice: &Advice) {
+            for reason in reasons(headers, advice) {
+                self.handles().holds[reason as usize].increment(1);
+            }
+        }
+
+        /// Sets the gauge of the time left until a call may go.
+        pub(crate) fn publish_held_for(&self, held_for: Duration) {
+            self.handles().held.set(held_for.as_secs_f64());
+        }
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod enabled {
+    use std::sync::Arc;
+
+    use http::HeaderMap;
+
+    use super::super::advice::Advice;
+
+    /// Nothing to record without the `metrics` feature.
+    pub(crate) struct PushbackMetrics;
+
+    impl PushbackMetrics {
+        pub(crate) fn new(_: &Arc<str>) -> Self {
+            Self
+        }
+
+        pub(crate) fn admitted(&self) {}
+
+        pub(crate) fn waited(&self) {}
+
+        pub(crate) fn refused(&self) {}
+
+        pub(crate) fn observed(&self, _: &HeaderMap, _: &Advice) {}
+    }
+}
+
+pub(crate) use enabled::PushbackMetrics;
+
+#[cfg(feature = "metrics")]
+impl<C: crate::clock::Clock> super::Pushback<C> {
+    /// Sets this pushback's gauge
+    /// [`PUSHBACK_HELD_SECONDS`](crate::observe::metric_names::PUSHBACK_HELD_SECONDS) from
+    /// [`held_for`](Self::held_for); call it before rendering a scrape
+    /// ([`Registry::publish_gauges`](crate::config::Registry::publish_gauges) does it for
+    /// configured pushbacks). Counters are recorded as calls and answers pass.
+    pub fn publish_gauges(&self) {
+        self.shared.metrics.publish_held_for(self.held_for());
+    }
+}
