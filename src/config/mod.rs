@@ -104,10 +104,30 @@
 //! | `limiter` | the name of a rate limiter under `rate_limiters`, with `key = "global"`; its quota (and `max_wait`, and store: memory or Redis) is the client quota's | required |
 //! | `cost` | integer ≥ 1, at most the limiter's `burst`: the permits each call takes | 1 |
 //!
+//! With the `adaptive` feature, a bulkhead whose limit follows the dependency
+//! ([`Registry::adaptive_bulkhead_layer`]; see `bulkhead::adaptive`):
+//!
+//! ```toml
+//! [adaptive_bulkheads.payment]
+//! min_limit = 2
+//! initial_limit = 8
+//! max_limit = 64
+//! algorithm = "aimd"              # aimd | gradient
+//! ```
+//!
+//! | field of an adaptive bulkhead | type | default |
+//! |---|---|---|
+//! | `min_limit` | integer ≥ 1 | 1 |
+//! | `initial_limit` | integer from `min_limit` to `max_limit` | 8 (within the bounds) |
+//! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256 |
+//! | `algorithm` | `aimd` (additive increase, multiplicative decrease) or `gradient` (delay-based) | `aimd` |
+//! | `ignore_cancelled_calls` | boolean: a call dropped before it ended is no sample (by default it is an overload signal) | `false` |
+//!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
 //! bulkhead sizes apply in place, under the layers already built, and every key keeps its state
 //! (a client quota's limiter included); a change that cannot apply in place (any setting of a
-//! pushback or of a client quota), or a bad file, is refused and changes nothing.
+//! pushback, of a client quota or of an adaptive bulkhead, whose limit moves by itself), or a
+//! bad file, is refused and changes nothing.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -331,6 +351,35 @@ impl Default for PushbackSettings {
     }
 }
 
+/// The settings of one named adaptive bulkhead (`[adaptive_bulkheads.NAME]`, feature
+/// `adaptive`): see `bulkhead::adaptive::AdaptiveBulkhead`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdaptiveBulkheadSettings {
+    /// The lowest the limit goes.
+    pub min_limit: usize,
+    /// The limit it starts at.
+    pub initial_limit: usize,
+    /// The highest the limit goes.
+    pub max_limit: usize,
+    /// How the limit follows the dependency.
+    pub algorithm: AdaptiveAlgorithmKind,
+    /// Whether a call dropped before it ended (a timeout above) is no sample at all, rather
+    /// than an overload signal.
+    pub ignore_cancelled_calls: bool,
+}
+
+/// The algorithm of an adaptive bulkhead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdaptiveAlgorithmKind {
+    /// Additive increase, multiplicative decrease (`aimd`, the default).
+    #[default]
+    Aimd,
+    /// Delay-based (`gradient`).
+    Gradient,
+}
+
 /// The settings of one named client quota (`[client_quotas.NAME]`): a rate limiter applied to
 /// outbound calls, see [`ClientQuotaLayer`](crate::outbound::ClientQuotaLayer).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -356,6 +405,8 @@ pub struct Config {
     pub pushbacks: BTreeMap<String, PushbackSettings>,
     /// Client quotas by name: a rate limiter applied to outbound calls.
     pub client_quotas: BTreeMap<String, ClientQuotaSettings>,
+    /// Adaptive bulkheads by name (feature `adaptive`).
+    pub adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
 }
 
 /// A TOML error's message with the line and column where it is (a duplicate key, a value
@@ -426,14 +477,35 @@ impl Config {
                         config.client_quotas.insert(name.clone(), settings);
                     }
                 }
+                "adaptive_bulkheads" => {
+                    for (name, v) in instances {
+                        let path = format!("adaptive_bulkheads.{name}");
+                        let settings = adaptive_bulkhead(&path, instance_table(&path, v)?)?;
+                        config.adaptive_bulkheads.insert(name.clone(), settings);
+                    }
+                }
                 other => {
                     return Err(ConfigError::new(
                         other,
-                        "unknown section; expected `rate_limiters`, `bulkheads`, `routes`, \
-                         `pushbacks` or `client_quotas`",
+                        "unknown section; expected `rate_limiters`, `bulkheads`, \
+                         `adaptive_bulkheads`, `routes`, `pushbacks` or `client_quotas`",
                     ))
                 }
             }
+        }
+        // Bulkheads of both kinds report under one metric name, by name: names must differ.
+        if let Some(name) = config
+            .adaptive_bulkheads
+            .keys()
+            .find(|name| config.bulkheads.contains_key(*name))
+        {
+            return Err(ConfigError::new(
+                format!("adaptive_bulkheads.{name}"),
+                format!(
+                    "has the name of `bulkheads.{name}`; a bulkhead's metrics and health are \
+                     keyed by its name, so the two kinds share one namespace"
+                ),
+            ));
         }
         // A route names rate limiters: each must be configured.
         for (name, route) in &config.routes {
@@ -584,6 +656,15 @@ impl<'a> Fields<'a> {
             .collect()
     }
 
+    fn boolean(&self, field: &str, v: &Value) -> Result<bool, ConfigError> {
+        v.as_bool().ok_or_else(|| {
+            self.err(
+                field,
+                format!("must be true or false, not {}", v.type_str()),
+            )
+        })
+    }
+
     fn string(&self, field: &str, v: &'a Value) -> Result<&'a str, ConfigError> {
         v.as_str()
             .ok_or_else(|| self.err(field, format!("must be a string, not {}", v.type_str())))
@@ -691,12 +772,7 @@ fn rate_limiter(path: &str, table: &Table) -> Result<RateLimiterSettings, Config
     };
     let hide_keys = match f.get("hide_keys") {
         None => false,
-        Some(v) => v.as_bool().ok_or_else(|| {
-            f.err(
-                "hide_keys",
-                format!("must be true or false, not {}", v.type_str()),
-            )
-        })?,
+        Some(v) => f.boolean("hide_keys", v)?,
     };
     let store = store(&f)?;
     Ok(RateLimiterSettings {
@@ -940,6 +1016,73 @@ fn pushback(path: &str, table: &Table) -> Result<PushbackSettings, ConfigError> 
         };
     }
     Ok(settings)
+}
+
+fn adaptive_bulkhead(path: &str, table: &Table) -> Result<AdaptiveBulkheadSettings, ConfigError> {
+    let f = Fields::new(
+        path,
+        table,
+        &[
+            "min_limit",
+            "initial_limit",
+            "max_limit",
+            "algorithm",
+            "ignore_cancelled_calls",
+        ],
+    )?;
+    if cfg!(not(feature = "adaptive")) {
+        return Err(ConfigError::new(
+            path,
+            "an adaptive bulkhead needs the crate's `adaptive` feature, which this build lacks",
+        ));
+    }
+    // As the bulkheads' own bound: the semaphore counts permits in 31 bits.
+    let bound = (u32::MAX >> 1) as u64;
+    let limit = |field: &str, default: usize| match f.get(field) {
+        None => Ok(default),
+        Some(v) => Ok(f.positive_int(field, v, bound)? as usize),
+    };
+    let min_limit = limit("min_limit", 1)?;
+    let max_limit = limit("max_limit", 256.max(min_limit))?;
+    if min_limit > max_limit {
+        return Err(f.err(
+            "min_limit",
+            format!("is {min_limit}, above max_limit ({max_limit})"),
+        ));
+    }
+    let initial_limit = limit("initial_limit", 8.clamp(min_limit, max_limit))?;
+    if initial_limit < min_limit || initial_limit > max_limit {
+        return Err(f.err(
+            "initial_limit",
+            format!(
+                "is {initial_limit}, outside min_limit..=max_limit ({min_limit}..={max_limit})"
+            ),
+        ));
+    }
+    let algorithm = match f.get("algorithm") {
+        None => AdaptiveAlgorithmKind::Aimd,
+        Some(v) => match f.string("algorithm", v)? {
+            "aimd" => AdaptiveAlgorithmKind::Aimd,
+            "gradient" => AdaptiveAlgorithmKind::Gradient,
+            other => {
+                return Err(f.err(
+                    "algorithm",
+                    format!("unknown algorithm `{other}`; expected aimd or gradient"),
+                ))
+            }
+        },
+    };
+    let ignore_cancelled_calls = match f.get("ignore_cancelled_calls") {
+        None => false,
+        Some(v) => f.boolean("ignore_cancelled_calls", v)?,
+    };
+    Ok(AdaptiveBulkheadSettings {
+        min_limit,
+        initial_limit,
+        max_limit,
+        algorithm,
+        ignore_cancelled_calls,
+    })
 }
 
 fn client_quota(path: &str, table: &Table) -> Result<ClientQuotaSettings, ConfigError> {

@@ -10,10 +10,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use http::request::Parts;
 use http::HeaderValue;
 
+#[cfg(feature = "adaptive")]
+use super::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
 use super::{
     AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, PushbackSettings,
     RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
 };
+#[cfg(feature = "adaptive")]
+use crate::bulkhead::adaptive::{AdaptiveBulkhead, AdaptiveBulkheadLayer, Aimd, Gradient, Limits};
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadLayer};
 use crate::observe::{LimiterSnapshot, Observed};
 use crate::outbound::pushback::{Pushback, PushbackLayer};
@@ -158,6 +162,8 @@ pub struct Registry {
     bulkheads: BTreeMap<String, Bulkhead>,
     routes: BTreeMap<String, RouteSettings>,
     pushbacks: BTreeMap<String, Pushback>,
+    #[cfg(feature = "adaptive")]
+    adaptive_bulkheads: BTreeMap<String, AdaptiveBulkhead>,
     /// Each client quota's layer, built once so that its metrics handles are shared by every
     /// layer taken for it.
     client_quotas: BTreeMap<String, ConfiguredClientQuotaLayer>,
@@ -168,10 +174,12 @@ pub struct Registry {
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registry")
-            .field("rate_limiters", &self.limiters.keys().collect::<Vec<_>>())
-            .field("bulkheads", &self.bulkheads)
-            .field("pushbacks", &self.pushbacks)
+        let mut out = f.debug_struct("Registry");
+        out.field("rate_limiters", &self.limiters.keys().collect::<Vec<_>>())
+            .field("bulkheads", &self.bulkheads);
+        #[cfg(feature = "adaptive")]
+        out.field("adaptive_bulkheads", &self.adaptive_bulkheads);
+        out.field("pushbacks", &self.pushbacks)
             .field(
                 "client_quotas",
                 &self.client_quotas.keys().collect::<Vec<_>>(),
@@ -250,10 +258,20 @@ impl Registry {
                 .cost(settings.cost);
             client_quotas.insert(name.clone(), layer);
         }
+        #[cfg(feature = "adaptive")]
+        let adaptive_bulkheads = {
+            let mut built = BTreeMap::new();
+            for (name, settings) in &config.adaptive_bulkheads {
+                built.insert(name.clone(), build_adaptive_bulkhead(name, settings)?);
+            }
+            built
+        };
         Ok(Self {
             limiters,
             bulkheads,
             pushbacks,
+            #[cfg(feature = "adaptive")]
+            adaptive_bulkheads,
             client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config.clone()),
@@ -338,6 +356,27 @@ impl Registry {
             fixed(&path, "max_hold", &now.max_hold, &next.max_hold)?;
             fixed(&path, "pacing", &now.pacing, &next.pacing)?;
         }
+        for (name, next) in &config.adaptive_bulkheads {
+            let path = format!("adaptive_bulkheads.{name}");
+            let Some(now) = running.adaptive_bulkheads.get(name) else {
+                return Err(ConfigError::new(path, NOT_RUNNING));
+            };
+            fixed(&path, "min_limit", &now.min_limit, &next.min_limit)?;
+            fixed(
+                &path,
+                "initial_limit",
+                &now.initial_limit,
+                &next.initial_limit,
+            )?;
+            fixed(&path, "max_limit", &now.max_limit, &next.max_limit)?;
+            fixed(&path, "algorithm", &now.algorithm, &next.algorithm)?;
+            fixed(
+                &path,
+                "ignore_cancelled_calls",
+                &now.ignore_cancelled_calls,
+                &next.ignore_cancelled_calls,
+            )?;
+        }
         for (name, next) in &config.client_quotas {
             let path = format!("client_quotas.{name}");
             let Some(now) = running.client_quotas.get(name) else {
@@ -380,6 +419,13 @@ impl Registry {
             .find(|n| !config.client_quotas.contains_key(*n))
         {
             return Err(removed("client_quotas", name));
+        }
+        if let Some(name) = running
+            .adaptive_bulkheads
+            .keys()
+            .find(|n| !config.adaptive_bulkheads.contains_key(*n))
+        {
+            return Err(removed("adaptive_bulkheads", name));
         }
         if let Some((name, _)) = config
             .routes
@@ -540,6 +586,29 @@ impl Registry {
         Ok(self.bulkhead(name)?.layer())
     }
 
+    /// Adaptive bulkhead `name` (under `adaptive_bulkheads`), to read its limit or snapshot.
+    #[cfg(feature = "adaptive")]
+    pub fn adaptive_bulkhead(&self, name: &str) -> Result<&AdaptiveBulkhead, UnknownInstance> {
+        self.adaptive_bulkheads
+            .get(name)
+            .ok_or_else(|| UnknownInstance {
+                kind: "adaptive bulkhead",
+                name: name.to_owned(),
+            })
+    }
+
+    /// The layer of adaptive bulkhead `name`, judging answers with the default classifier
+    /// ([`HttpOverload`](crate::bulkhead::adaptive::HttpOverload)); every layer taken for one
+    /// name shares one limit. For another classifier, take the bulkhead with
+    /// [`adaptive_bulkhead`](Self::adaptive_bulkhead) and call its `layer_with`.
+    #[cfg(feature = "adaptive")]
+    pub fn adaptive_bulkhead_layer(
+        &self,
+        name: &str,
+    ) -> Result<AdaptiveBulkheadLayer, UnknownInstance> {
+        Ok(self.adaptive_bulkhead(name)?.layer())
+    }
+
     /// Pushback `name` (under `pushbacks`), to read how long it holds calls or to
     /// [`observe`](Pushback::observe) a response obtained without its layer.
     pub fn pushback(&self, name: &str) -> Result<&Pushback, UnknownInstance> {
@@ -630,19 +699,8 @@ impl Registry {
             bulkheads: self
                 .bulkheads
                 .iter()
-                .map(|(name, bulkhead)| {
-                    let s = bulkhead.snapshot();
-                    BulkheadHealth {
-                        name: name.clone(),
-                        saturated: s.available_concurrent_calls == 0,
-                        available_concurrent_calls: s.available_concurrent_calls,
-                        max_allowed_concurrent_calls: s.max_allowed_concurrent_calls,
-                        queue_depth: s.queue_depth,
-                        total_permitted: s.total_permitted,
-                        total_rejected: s.total_rejected,
-                        total_finished: s.total_finished,
-                    }
-                })
+                .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()))
+                .chain(self.adaptive_health())
                 .collect(),
             pushbacks: self
                 .pushbacks
@@ -657,6 +715,18 @@ impl Registry {
                 })
                 .collect(),
         }
+    }
+
+    /// The health entries of the adaptive bulkheads, listed with the others.
+    fn adaptive_health(&self) -> impl Iterator<Item = BulkheadHealth> + '_ {
+        #[cfg(feature = "adaptive")]
+        let entries = self
+            .adaptive_bulkheads
+            .iter()
+            .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()));
+        #[cfg(not(feature = "adaptive"))]
+        let entries = std::iter::empty();
+        entries
     }
 
     /// Sets every instance's gauges in the `metrics` facade from its current state; call it
@@ -677,6 +747,10 @@ impl Registry {
         }
         for pushback in self.pushbacks.values() {
             pushback.publish_gauges();
+        }
+        #[cfg(feature = "adaptive")]
+        for bulkhead in self.adaptive_bulkheads.values() {
+            bulkhead.publish_gauges();
         }
     }
 }
@@ -885,6 +959,40 @@ fn redis_limiter(
         AlgorithmKind::SlidingLog => build::<SlidingLog>(path, s, redis, store, policy),
         AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, s, redis, store, policy),
     }
+}
+
+fn bulkhead_health(name: &str, s: &crate::bulkhead::BulkheadSnapshot) -> BulkheadHealth {
+    BulkheadHealth {
+        name: name.to_owned(),
+        saturated: s.available_concurrent_calls == 0,
+        available_concurrent_calls: s.available_concurrent_calls,
+        max_allowed_concurrent_calls: s.max_allowed_concurrent_calls,
+        queue_depth: s.queue_depth,
+        total_permitted: s.total_permitted,
+        total_rejected: s.total_rejected,
+        total_finished: s.total_finished,
+    }
+}
+
+#[cfg(feature = "adaptive")]
+fn build_adaptive_bulkhead(
+    name: &str,
+    s: &AdaptiveBulkheadSettings,
+) -> Result<AdaptiveBulkhead, ConfigError> {
+    // `Config` checked the bounds; a `Config` built in code may not have been.
+    let limits = Limits::new(s.min_limit, s.initial_limit, s.max_limit)
+        .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
+    let builder = AdaptiveBulkhead::builder(name).limits(limits);
+    let builder = match s.algorithm {
+        AdaptiveAlgorithmKind::Aimd => builder.algorithm(Aimd::default()),
+        AdaptiveAlgorithmKind::Gradient => builder.algorithm(Gradient::default()),
+    };
+    let builder = if s.ignore_cancelled_calls {
+        builder.ignore_cancelled_calls()
+    } else {
+        builder
+    };
+    Ok(builder.build())
 }
 
 fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
