@@ -9,7 +9,7 @@
 //! Gradient. The calls are real HTTP calls made by `reqwest::Client`.
 //!
 //! ```text
-//! cargo run --release --example adaptive
+//! cargo run --release --features adaptive,reqwest --example adaptive
 //! ```
 //!
 //! Environment: `BULWARK_ADAPTIVE_PHASE_MS` (default 5000) sets each phase's length,
