@@ -20,7 +20,7 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::{limiter::Decision, BoxError, Limiter, Quota};
+use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The names of every metric the crate records, with their type and labels.
 ///

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use crate::{limiter::Decision, BoxError, Limiter, Quota};
+use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// A limiter whose quota depends on the key: each key is decided by the limiter of its tier (an
 /// API key's plan, a tenant's contract), chosen at decision time by a function of the key, and

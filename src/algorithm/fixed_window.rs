@@ -2,7 +2,7 @@ use crate::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Algorithm, Timeline};
-use crate::{limiter::Decision, Quota};
+use crate::{decision::Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
 ///

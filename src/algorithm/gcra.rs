@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::Algorithm;
 use crate::clock::MAX_NOW;
-use crate::{limiter::Decision, Quota};
+use crate::{decision::Decision, Quota};
 
 /// The Generic Cell Rate Algorithm: the default.
 ///

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use crate::{limiter::Decision, Quota};
+use crate::{decision::Decision, Quota};
 
 mod fixed_window;
 mod gcra;

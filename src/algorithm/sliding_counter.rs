@@ -2,7 +2,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Algorithm, Timeline};
-use crate::{limiter::Decision, Quota};
+use crate::{decision::Decision, Quota};
 
 /// The sliding-window counter: two fixed-window counters blended into an estimate.
 ///

@@ -3,7 +3,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Algorithm;
-use crate::{limiter::Decision, Quota};
+use crate::{decision::Decision, Quota};
 
 /// The sliding-window log: exact, at the price of memory.
 ///

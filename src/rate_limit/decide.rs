@@ -13,7 +13,7 @@ use super::layer::{FailMode, Shared};
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
 use crate::{
-    limiter::{Decision, InsufficientCapacity},
+    decision::{Decision, InsufficientCapacity},
     BoxError,
 };
 

@@ -254,7 +254,7 @@ impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
     /// Records the answer of the policy being asked (if any) and says what comes next.
     fn advance(
         &mut self,
-        result: Option<Result<crate::limiter::Decision, crate::BoxError>>,
+        result: Option<Result<crate::decision::Decision, crate::BoxError>>,
     ) -> Step {
         let held = &mut self.held;
         if let Some(result) = result {

@@ -9,7 +9,7 @@ use http::request::Parts;
 
 use super::key::{KeyError, KeyExtractor};
 use super::response::PolicyInfo;
-use crate::{limiter::Decision, BoxError, Limiter, Quota};
+use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a
 /// request counts against, a [`Limiter`] that decides, and what a request costs.

@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use super::policy::Shadow;
 use crate::decision::ceil_secs;
 use crate::{
-    limiter::{Decision, InsufficientCapacity},
+    decision::{Decision, InsufficientCapacity},
     Quota,
 };
 

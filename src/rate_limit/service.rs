@@ -202,7 +202,7 @@ where
 /// What the one-policy shortcut of `call` found, when it is not an immediate admission.
 enum First {
     Skipped,
-    Decided(Result<crate::limiter::Decision, crate::BoxError>),
+    Decided(Result<crate::decision::Decision, crate::BoxError>),
     Reserve,
     KeyError(super::key::KeyError),
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
-use crate::limiter::Decision;
+use crate::decision::Decision;
 
 /// Refused keys, each with the instant (limiter clock, nanoseconds) until which it stays refused.
 #[derive(Debug)]

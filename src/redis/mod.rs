@@ -118,7 +118,7 @@ use crate::algorithm::Gcra;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Source;
 use crate::{
-    limiter::{Decision, InsufficientCapacity},
+    decision::{Decision, InsufficientCapacity},
     BoxError, KeyedRateLimiter, Limiter, Quota,
 };
 

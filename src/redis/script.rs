@@ -7,7 +7,7 @@ use redis::{Script, Value};
 
 use super::error::RedisFailure;
 use crate::algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog};
-use crate::{algorithm::Algorithm, limiter::Decision, Quota};
+use crate::{algorithm::Algorithm, decision::Decision, Quota};
 
 /// The largest tick count a script may see: the arithmetic stays exact in Lua's doubles (53 bits)
 /// with room for the sums of a few such values.

@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::error::QuotaExhausted;
 use super::metrics::ClientQuotaMetrics;
-use crate::{limiter::Decision, BoxError, Limiter};
+use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
     #[project = StateProj]
