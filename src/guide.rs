@@ -190,9 +190,11 @@
 //!
 //! **Samples.** A call gives one sample when it ends: its round trip (the time it held its
 //! permit, on the bulkhead's clock), the calls holding a permit when it was admitted (itself
-//! included), and the classifier's verdict. `429`, `503`, `504`, timeouts and refused or cut
-//! connections are overload; other answers are healthy; other errors, the bulkhead's own
-//! refusals and panics are no sample. A call dropped before its end is overload by default
+//! included) and the limit in force then, and the classifier's verdict. A call "was admitted
+//! with the limit reached" when those calls were at least that limit: a call admitted under a
+//! higher limit that ends after a backoff is not use of the lowered limit. `429`, `503`, `504`,
+//! timeouts and refused or cut connections are overload; other answers are healthy; other
+//! errors, the bulkhead's own refusals and panics are no sample. A call dropped before its end is overload by default
 //! (behind a timeout layer that is how a timeout looks), or no sample when cancelled calls are
 //! ignored; it is never a healthy sample, since its round trip is unknown and would read fast.
 //!

@@ -90,7 +90,7 @@ impl Shared {
     }
 
     /// Feeds one sample to the algorithm and applies the limit it returns.
-    fn record(&self, started: u64, in_flight: usize, overloaded: bool) {
+    fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
         let now = self.nanos();
         let mut control = self.lock();
         let from = self.limit.load(Ordering::Relaxed);
@@ -100,6 +100,7 @@ impl Shared {
             in_flight,
             from,
         )
+        .admitted_under(admitted_under)
         .overloaded(overloaded);
         let Control { algorithm, limits } = &mut *control;
         let to = limits.clamp(algorithm.0.update(&sample, limits));
@@ -140,6 +141,8 @@ pub(super) struct Sampler {
     shared: Arc<Shared>,
     started: u64,
     in_flight: usize,
+    /// The limit in force when the call was admitted.
+    admitted_under: usize,
     ended: bool,
 }
 
@@ -147,11 +150,13 @@ impl Sampler {
     /// Called right after the permit was taken.
     pub(super) fn start(shared: Arc<Shared>) -> Self {
         let in_flight = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let admitted_under = shared.limit.load(Ordering::Relaxed);
         let started = shared.nanos();
         Self {
             shared,
             started,
             in_flight,
+            admitted_under,
             ended: false,
         }
     }
@@ -168,8 +173,12 @@ impl Sampler {
         let shared = &*self.shared;
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         match verdict {
-            Verdict::Healthy => shared.record(self.started, self.in_flight, false),
-            Verdict::Overloaded => shared.record(self.started, self.in_flight, true),
+            Verdict::Healthy => {
+                shared.record(self.started, self.in_flight, self.admitted_under, false)
+            }
+            Verdict::Overloaded => {
+                shared.record(self.started, self.in_flight, self.admitted_under, true)
+            }
             Verdict::Ignored => {}
         }
     }

@@ -1,0 +1,390 @@
+//! Attacks on the adaptive bulkhead's documented promises, each written from the docs (module
+//! and item docs, the guide's adaptive section, the CHANGELOG) before reading the other adaptive
+//! tests. Time is a `ManualClock`; nothing sleeps to pass.
+#![cfg(feature = "adaptive")]
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::{
+    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Gradient, LimitAlgorithm, LimitChanged,
+    Limits, Sample,
+};
+use tower_bulwark::bulkhead::BulkheadFull;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::BoxError;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn limits(min: usize, initial: usize, max: usize) -> Limits {
+    Limits::new(min, initial, max).expect("valid limits")
+}
+
+fn response(status: u16) -> http::Response<()> {
+    http::Response::builder().status(status).body(()).unwrap()
+}
+
+/// An inner service whose calls end when the test sends them a status.
+fn gated() -> impl Service<
+    oneshot::Receiver<u16>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
+> + Clone {
+    service_fn(|gate: oneshot::Receiver<u16>| async move {
+        let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
+        Ok::<_, BoxError>(response(status))
+    })
+}
+
+type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
+
+fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
+    let seen = ChangeLog::default();
+    let log = seen.clone();
+    let bulkhead = builder
+        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from(), e.to())))
+        .build();
+    (bulkhead, seen)
+}
+
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            if !message.is_some_and(|m| m.starts_with("attack:")) {
+                default(info);
+            }
+        }));
+    });
+}
+
+// ---- Samples that lie: calls admitted under a higher limit ----
+
+/// Promise (Aimd docs, guide): the limit grows only "if some call of the round was admitted with
+/// the limit reached"; Gradient adds headroom only "while the limit is in use". After a backoff,
+/// calls admitted under the old, higher limit (none of them at it) end in the next round with
+/// more calls in flight than the new limit: that is not use of the limit, and must not grow it.
+#[tokio::test]
+async fn calls_admitted_under_a_higher_limit_do_not_make_the_lowered_limit_grow() {
+    for gradient in [false, true] {
+        let clock = ManualClock::new();
+        let mut builder = AdaptiveBulkhead::builder("stale")
+            .limits(limits(1, 10, 100))
+            .clock(clock.clone());
+        if gradient {
+            builder = builder.algorithm(Gradient::new());
+        }
+        let (bulkhead, changes) = with_changes(builder);
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(gated());
+        // Nine calls in flight under a limit of 10: the limit is never reached.
+        let mut calls: Vec<_> = (0..9)
+            .map(|_| {
+                let (tx, rx) = oneshot::channel::<u16>();
+                (Some(tx), Some(Box::pin(client.call(rx))))
+            })
+            .collect();
+        let mut end = |i: usize, status: u16| {
+            let (tx, call) = &mut calls[i];
+            tx.take().unwrap().send(status).unwrap();
+            let call = call.take().unwrap();
+            async move { call.await.unwrap() }
+        };
+        // 10 ms: the first ends, healthy, and opens a round of 10 ms.
+        clock.advance(ms(10));
+        end(0, 200).await;
+        // 20 ms: a 503 closes the round: the limit comes down (10 → 8 either way).
+        clock.advance(ms(10));
+        end(1, 503).await;
+        assert_eq!(bulkhead.limit(), 8, "gradient: {gradient}");
+        // The next round: the two calls admitted ninth and eighth (of 10) end healthy, at the
+        // same latency. Nobody was ever admitted with the limit reached.
+        clock.advance(ms(5));
+        end(8, 200).await;
+        clock.advance(ms(5));
+        end(7, 200).await;
+        assert_eq!(
+            *changes.lock().unwrap(),
+            [(10, 8)],
+            "gradient: {gradient}: a lowered limit grew on calls admitted under the old one"
+        );
+        drop(calls);
+        assert_eq!(
+            bulkhead.snapshot().available_concurrent_calls,
+            bulkhead.limit()
+        );
+    }
+}
+
+/// The other side of the same rule: a call admitted with the limit reached is use of the limit,
+/// even when the limit has risen by the time it ends.
+#[tokio::test]
+async fn a_call_admitted_at_the_limit_is_use_even_after_the_limit_rose() {
+    let clock = ManualClock::new();
+    let (bulkhead, changes) = with_changes(
+        AdaptiveBulkhead::builder("rose")
+            .limits(limits(1, 2, 100))
+            // Latency is not what this is about.
+            .algorithm(Aimd::new().latency_tolerance(100.0).unwrap())
+            .clock(clock.clone()),
+    );
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    // Round 1 (0..10 ms): two calls at the limit of 2 → 3.
+    let (tx1, rx1) = oneshot::channel();
+    let (tx2, rx2) = oneshot::channel();
+    let first = client.call(rx1);
+    let second = client.call(rx2);
+    clock.advance(ms(10));
+    tx1.send(200).unwrap();
+    first.await.unwrap();
+    // A call admitted now is the second of 2 again: at the limit.
+    let (tx3, rx3) = oneshot::channel();
+    let third = client.call(rx3);
+    clock.advance(ms(10));
+    tx2.send(200).unwrap();
+    second.await.unwrap();
+    assert_eq!(bulkhead.limit(), 3);
+    // Round 2 (20..35 ms, the mean round trip of round 1): only the third ends in it; it was
+    // admitted with the limit reached.
+    clock.advance(ms(15));
+    tx3.send(200).unwrap();
+    third.await.unwrap();
+    assert_eq!(*changes.lock().unwrap(), [(2, 3), (3, 4)]);
+}
+
+// ---- Panics caught above the bulkhead ----
+
+// ---- Absurd instants ----
+
+// ---- Limit invariants ----
+
+/// Promise: the limit grows "only while callers are held back by it". A dependency used one call
+/// at a time, for thousands of round trips, must keep its limit; so must one used at the limit
+/// minus one.
+#[tokio::test]
+async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
+    for gradient in [false, true] {
+        let clock = ManualClock::new();
+        let mut builder = AdaptiveBulkhead::builder("light")
+            .limits(limits(1, 4, 256))
+            .clock(clock.clone());
+        if gradient {
+            builder = builder.algorithm(Gradient::new());
+        }
+        let (bulkhead, changes) = with_changes(builder);
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(gated());
+        for _ in 0..2_000 {
+            // Three calls of four at once, then they end.
+            let gates: Vec<_> = (0..3)
+                .map(|_| {
+                    let (tx, rx) = oneshot::channel::<u16>();
+                    (tx, client.call(rx))
+                })
+                .collect();
+            clock.advance(ms(7));
+            for (tx, call) in gates {
+                tx.send(200).unwrap();
+                call.await.unwrap();
+            }
+        }
+        assert_eq!(bulkhead.limit(), 4, "gradient {gradient}");
+        assert!(changes.lock().unwrap().is_empty());
+    }
+}
+
+/// Promise: "at most one step per round". A thousand calls at the limit ending at one instant
+/// (a round closing with all of them) grow the limit once; a thousand 503s at one instant cut it
+/// once.
+#[tokio::test]
+async fn a_flood_of_samples_at_one_instant_moves_the_limit_at_most_once() {
+    let clock = ManualClock::new();
+    let (bulkhead, changes) = with_changes(
+        AdaptiveBulkhead::builder("flood")
+            .limits(limits(1, 1000, 5000))
+            .clock(clock.clone()),
+    );
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    for status in [200, 200, 503] {
+        let n = bulkhead.limit();
+        let gates: Vec<_> = (0..n)
+            .map(|_| {
+                let (tx, rx) = oneshot::channel::<u16>();
+                (tx, client.call(rx))
+            })
+            .collect();
+        let (_tx, rx) = oneshot::channel();
+        assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+        clock.advance(ms(10));
+        for (tx, call) in gates {
+            tx.send(status).unwrap();
+            call.await.unwrap();
+        }
+    }
+    // The first flood opens a round (until 20 ms) and cannot close it; the first sample of the
+    // second closes it (at the limit: + 1) and the rest are at the same instant; the first 503
+    // of the third closes the next (× 0.8), the other 1000 change nothing.
+    assert_eq!(*changes.lock().unwrap(), [(1000, 1001), (1001, 800)]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 3001);
+    assert_eq!(snapshot.available_concurrent_calls, 800);
+}
+
+// ---- Hooks, snapshot, limit ----
+
+/// Promise: `on_limit_changed` reports each move once, in order, with from/to; hooks added
+/// earlier run before later ones; the snapshot's limit equals `limit()`.
+#[tokio::test]
+async fn every_move_is_reported_once_in_order_by_every_hook() {
+    let clock = ManualClock::new();
+    let first = ChangeLog::default();
+    let second = ChangeLog::default();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (f, s, o1, o2) = (first.clone(), second.clone(), order.clone(), order.clone());
+    let bulkhead = AdaptiveBulkhead::builder("hooks")
+        .limits(limits(2, 5, 7))
+        .clock(clock.clone())
+        .on_limit_changed(move |e: &LimitChanged<'_>| {
+            assert_eq!(e.bulkhead(), "hooks");
+            f.lock().unwrap().push((e.from(), e.to()));
+            o1.lock().unwrap().push(1);
+        })
+        .on_limit_changed(move |e: &LimitChanged<'_>| {
+            s.lock().unwrap().push((e.from(), e.to()));
+            o2.lock().unwrap().push(2);
+        })
+        .build();
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(service_fn(|status: u16| async move {
+            Ok::<_, BoxError>(response(status))
+        }));
+    let mut limits_seen = vec![bulkhead.limit()];
+    // 503s every 10 ms: one round each, down to min; then in-use rounds cannot happen with one
+    // call at a time, so the limit stays.
+    for _ in 0..8 {
+        client.ready().await.unwrap().call(503).await.unwrap();
+        assert_eq!(
+            bulkhead.snapshot().max_allowed_concurrent_calls,
+            bulkhead.limit()
+        );
+        if limits_seen.last() != Some(&bulkhead.limit()) {
+            limits_seen.push(bulkhead.limit());
+        }
+        clock.advance(ms(10));
+    }
+    let expected: Vec<_> = limits_seen.windows(2).map(|w| (w[0], w[1])).collect();
+    assert_eq!(expected, [(5, 4), (4, 3), (3, 2)]);
+    assert_eq!(*first.lock().unwrap(), expected);
+    assert_eq!(*second.lock().unwrap(), expected);
+    assert_eq!(*order.lock().unwrap(), [1, 2, 1, 2, 1, 2]);
+}
+
+// ---- Permit exactness on many threads, the limit moving ----
+
+/// An algorithm that moves the limit on every sample, up and down across the bounds.
+struct Jumpy(usize);
+
+impl LimitAlgorithm for Jumpy {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Sometimes outside the bounds on purpose: the bulkhead must clamp.
+        (self.0 >> 33) % 20 + sample.limit() / 100
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_permit_comes_back_whatever_ends_the_call_on_many_threads() {
+    quiet_panics();
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bulkhead = AdaptiveBulkhead::builder("threads")
+        .limits(limits(2, 6, 12))
+        .algorithm(Jumpy(7))
+        .build();
+    let probe = bulkhead.clone();
+    let inner_inside = inside.clone();
+    let service = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(service_fn(move |kind: u8| {
+            let inside = inner_inside.clone();
+            let probe = probe.clone();
+            if kind == 4 {
+                panic!("attack: in call");
+            }
+            async move {
+                let now = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                // Never more inside than the highest limit allowed.
+                assert!(now <= 12, "{now} inside");
+                assert!((2..=12).contains(&probe.limit()));
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                match kind {
+                    0 => Ok(response(200)),
+                    1 => Ok(response(503)),
+                    2 => Err(BoxError::from("boom")),
+                    3 => panic!("attack: in the future"),
+                    _ => {
+                        std::future::pending::<()>().await;
+                        unreachable!()
+                    }
+                }
+            }
+        }));
+    let mut tasks = Vec::new();
+    for t in 0..8u8 {
+        let service = service.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..400u32 {
+                let kind = ((i as u8).wrapping_mul(7).wrapping_add(t)) % 7;
+                let mut service = service.clone();
+                match kind {
+                    5 => {
+                        // Dropped after one poll, by a timeout.
+                        let call = service.call(5);
+                        let _ = tokio::time::timeout(Duration::from_micros(50), call).await;
+                    }
+                    6 => {
+                        // Dropped before its first poll.
+                        drop(service.call(0));
+                    }
+                    _ => {
+                        let call = futures::FutureExt::catch_unwind(AssertUnwindSafe(async move {
+                            service.call(kind).await
+                        }));
+                        let _ = call.await;
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
+    assert_eq!(snapshot.available_concurrent_calls, bulkhead.limit());
+    assert_eq!(snapshot.max_allowed_concurrent_calls, bulkhead.limit());
+    assert!((2..=12).contains(&bulkhead.limit()));
+}
