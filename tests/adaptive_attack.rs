@@ -6,15 +6,16 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Gradient, LimitAlgorithm, LimitChanged,
-    Limits, Sample,
+    Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::BulkheadFull;
+use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
@@ -52,6 +53,17 @@ fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLo
         .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from(), e.to())))
         .build();
     (bulkhead, seen)
+}
+
+/// An algorithm that records every sample and never moves the limit.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Sample>>>);
+
+impl LimitAlgorithm for Recorder {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        self.0.lock().unwrap().push(*sample);
+        sample.limit()
+    }
 }
 
 fn quiet_panics() {
@@ -169,6 +181,87 @@ async fn a_call_admitted_at_the_limit_is_use_even_after_the_limit_rose() {
 }
 
 // ---- Panics caught above the bulkhead ----
+
+/// Promise (module docs, guide): "A call that panicked is no sample." A panic caught above the
+/// bulkhead (`FutureExt::catch_unwind`, tower-http's `CatchPanicLayer`) leaves the response
+/// future to be dropped after the unwinding: it must still be no sample, not a cancelled call
+/// (an overload signal by default).
+#[tokio::test]
+async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
+    quiet_panics();
+    let recorder = Recorder::default();
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let log = finished.clone();
+    let bulkhead = AdaptiveBulkhead::builder("caught")
+        .algorithm(recorder.clone())
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome()))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(service_fn(|panic: bool| async move {
+            if panic {
+                panic!("attack: in the future");
+            }
+            Ok::<_, BoxError>(response(200))
+        }));
+    let caught =
+        futures::FutureExt::catch_unwind(AssertUnwindSafe(service.clone().oneshot(true))).await;
+    assert!(caught.is_err());
+
+    // The same, polled by hand: the panic is caught, the future dropped later.
+    let mut call = Box::pin(service.clone().call(true));
+    let mut cx = Context::from_waker(Waker::noop());
+    let polled = std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(&mut cx)));
+    assert!(polled.is_err());
+    drop(call);
+
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "a caught panic gave a sample: {:?}",
+        recorder.0.lock().unwrap()
+    );
+    assert_eq!(
+        *finished.lock().unwrap(),
+        [CallOutcome::Panicked, CallOutcome::Panicked]
+    );
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 8);
+    assert_eq!(snapshot.total_finished, 2);
+}
+
+/// A classifier that panics, caught above: no sample, the permit back exactly once, and the
+/// call reported as panicked.
+#[tokio::test]
+async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() {
+    quiet_panics();
+    let recorder = Recorder::default();
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let log = finished.clone();
+    let bulkhead = AdaptiveBulkhead::builder("classifier")
+        .algorithm(recorder.clone())
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome()))
+        .build();
+    let service = ServiceBuilder::new()
+        .layer(
+            bulkhead.layer_with(|_: Result<&http::Response<()>, &BoxError>| -> Verdict {
+                panic!("attack: in the classifier")
+            }),
+        )
+        .service(service_fn(|_: ()| async {
+            Ok::<_, BoxError>(response(200))
+        }));
+    for _ in 0..3 {
+        let caught =
+            futures::FutureExt::catch_unwind(AssertUnwindSafe(service.clone().oneshot(()))).await;
+        assert!(caught.is_err());
+    }
+    assert!(recorder.0.lock().unwrap().is_empty());
+    assert_eq!(*finished.lock().unwrap(), [CallOutcome::Panicked; 3]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 8);
+    assert_eq!(snapshot.total_permitted, 3);
+    assert_eq!(snapshot.total_finished, 3);
+}
 
 // ---- Absurd instants ----
 

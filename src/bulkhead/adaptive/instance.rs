@@ -136,13 +136,16 @@ impl Shared {
 
 /// The sample of one admitted call, taken when it ends: by [`finish`](Self::finish) with the
 /// classifier's verdict, or, when it is dropped first, as a cancelled call (or, while the thread
-/// unwinds from a panic, as no sample at all).
+/// unwinds from a panic or after a panic in its future or classifier, as no sample at all).
 pub(super) struct Sampler {
     shared: Arc<Shared>,
     started: u64,
     in_flight: usize,
     /// The limit in force when the call was admitted.
     admitted_under: usize,
+    /// Set while the call's future or the classifier runs: dropped in that state, the call
+    /// panicked (the panic was caught above and the future dropped after the unwinding).
+    pub(super) in_poll: bool,
     ended: bool,
 }
 
@@ -157,6 +160,7 @@ impl Sampler {
             started,
             in_flight,
             admitted_under,
+            in_poll: false,
             ended: false,
         }
     }
@@ -186,7 +190,7 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        let verdict = if std::thread::panicking() {
+        let verdict = if self.in_poll || std::thread::panicking() {
             Verdict::Ignored
         } else {
             self.shared.cancelled
