@@ -201,7 +201,8 @@
 //! **Rounds.** Both algorithms decide once per round, never per call. The first sample opens a
 //! round as long as its own round trip; each later round lasts the previous round's mean healthy
 //! round trip or the baseline, whichever is shorter, and closes with the first sample that
-//! ends at or after its end. Round trips are capped at 2^40 ns (about 18 minutes) and a zero
+//! ends at or after its end; a sample that ends before the round began (a clock that went back,
+//! or one reading at the end of time) starts the round again from its own instant. Round trips are capped at 2^40 ns (about 18 minutes) and a zero
 //! round trip counts as 1 ns, so no round lasts for ages and samples at one frozen instant
 //! never close more than one round. The **baseline** is the no-load round trip: the plain mean
 //! of the first 16 rounds' means, then a slow average that moves 1/16 of the way to each round

@@ -265,6 +265,49 @@ async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() 
 
 // ---- Absurd instants ----
 
+/// Promise (guide): "zero, enormous or backwards round trips and instants neither panic nor
+/// freeze the limit for ages", round trips being capped at 2^40 ns "so no round lasts for ages".
+/// One reading at the end of time, or a clock that steps back by a day, must not stop the
+/// algorithm from deciding for longer than that cap.
+#[test]
+fn one_absurd_instant_does_not_freeze_the_limit() {
+    let bounds = limits(1, 8, 64);
+    for (name, absurd) in [
+        ("end of time", Duration::MAX),
+        ("a day ahead", Duration::from_secs(86_400)),
+    ] {
+        for gradient in [false, true] {
+            let mut algorithm: Box<dyn LimitAlgorithm> = if gradient {
+                Box::new(Gradient::new())
+            } else {
+                Box::new(Aimd::new())
+            };
+            let mut limit = 8;
+            // One sample read from a clock gone wrong, with an ordinary round trip.
+            let sample = Sample::new(absurd, ms(10), limit, limit);
+            limit = bounds.clamp(algorithm.update(&sample, &bounds));
+            // Then the clock is right again: an hour of calls at the limit, every 10 ms (well
+            // past the 18 minutes of the cap).
+            let mut at = ms(0);
+            let mut moved = false;
+            for _ in 0..360_000 {
+                at += ms(10);
+                let sample = Sample::new(at, ms(10), limit, limit);
+                let next = bounds.clamp(algorithm.update(&sample, &bounds));
+                moved |= next != limit;
+                limit = next;
+                if moved {
+                    break;
+                }
+            }
+            assert!(
+                moved,
+                "{name}, gradient {gradient}: the limit stayed frozen at {limit} for an hour"
+            );
+        }
+    }
+}
+
 // ---- Limit invariants ----
 
 /// Promise: the limit grows "only while callers are held back by it". A dependency used one call

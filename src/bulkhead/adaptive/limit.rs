@@ -207,7 +207,8 @@ struct Round {
 /// round trip of the round before, or the baseline if that is shorter (so that queueing at the
 /// dependency, which lengthens round trips, does not slow the way down); a round without a
 /// healthy sample is followed by one as long as itself. A round closes with the first sample
-/// that ends at or after its end.
+/// that ends at or after its end; a sample that ends before the round began (a clock that went
+/// back) starts the round again from its own instant.
 #[derive(Clone, Debug, Default)]
 struct Rounds {
     end: Option<u64>,
@@ -235,6 +236,13 @@ impl Rounds {
             self.end = Some(at.saturating_add(rtt));
             return None;
         };
+        if at < end.saturating_sub(self.length) {
+            // Before the round began: the clock went back, or one reading was absurd (the end of
+            // time). The round starts again from here, so that it still lasts its length and no
+            // more, instead of waiting for the clock to catch up.
+            self.end = Some(at.saturating_add(self.length));
+            return None;
+        }
         if at < end {
             return None;
         }
