@@ -524,3 +524,84 @@ async fn every_permit_comes_back_whatever_ends_the_call_on_many_threads() {
     assert_eq!(snapshot.max_allowed_concurrent_calls, bulkhead.limit());
     assert!((2..=12).contains(&bulkhead.limit()));
 }
+
+/// A clock whose next reading, once armed, stalls the reading thread until released (a thread
+/// descheduled right after it read the clock).
+#[derive(Default)]
+struct StallingClock {
+    now: std::sync::atomic::AtomicU64,
+    armed: std::sync::atomic::AtomicBool,
+    stalled: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl tower_bulwark::clock::Clock for StallingClock {
+    fn now(&self) -> u64 {
+        let value = self.now.load(std::sync::atomic::Ordering::SeqCst);
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let stalled = self.stalled.lock().unwrap().take().unwrap();
+            stalled.send(()).unwrap();
+            let release = self.release.lock().unwrap().take().unwrap();
+            release.recv().unwrap();
+        }
+        value
+    }
+}
+
+/// Promise (`LimitAlgorithm`): `update` runs "once per call that gave a sample, in the order the
+/// calls ended". A call whose thread read the end instant and was descheduled before recording
+/// must not hand the algorithm an instant older than one it has already seen (which looks like
+/// a clock going back).
+#[test]
+fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let clock = Arc::new(StallingClock::default());
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    *clock.stalled.lock().unwrap() = Some(stalled_tx);
+    *clock.release.lock().unwrap() = Some(release_rx);
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("order")
+        .algorithm(recorder.clone())
+        .clock(clock.clone())
+        .build();
+    let mut service = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(service_fn(|_: ()| async {
+            Ok::<_, BoxError>(response(200))
+        }));
+    let first = service.call(());
+    let second = service.call(());
+    fn finish<F: Future + Send + 'static>(call: F) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut call = Box::pin(call);
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(call.as_mut().poll(&mut cx).is_ready());
+        })
+    }
+    // The first call ends at 10 ms; its thread stalls right after reading the clock.
+    clock.now.store(10_000_000, SeqCst);
+    clock.armed.store(true, SeqCst);
+    let a = finish(first);
+    stalled_rx.recv().unwrap();
+    // The second ends at 20 ms, while the first is stalled.
+    clock.now.store(20_000_000, SeqCst);
+    let b = finish(second);
+    // Let the second get as far as it can (it may be held behind the first).
+    for _ in 0..200 {
+        if b.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    release_tx.send(()).unwrap();
+    a.join().unwrap();
+    b.join().unwrap();
+    let instants: Vec<_> = recorder.0.lock().unwrap().iter().map(Sample::at).collect();
+    assert_eq!(instants.len(), 2);
+    assert!(
+        instants[0] <= instants[1],
+        "the algorithm saw {instants:?}: an older instant after a newer one"
+    );
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
+}

@@ -91,8 +91,11 @@ impl Shared {
 
     /// Feeds one sample to the algorithm and applies the limit it returns.
     fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
-        let now = self.nanos();
         let mut control = self.lock();
+        // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
+        // order: a sample read before another but recorded after it would otherwise look like a
+        // clock that went back, and start its round again.
+        let now = self.nanos();
         let from = self.limit.load(Ordering::Relaxed);
         let sample = Sample::new(
             Duration::from_nanos(now),
