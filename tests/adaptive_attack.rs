@@ -605,3 +605,62 @@ fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
     );
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
 }
+
+// ---- The classifier against a real client ----
+
+/// A server on 127.0.0.1 that reads each request and then cuts the connection without an
+/// answer: closed (`reset` false) or reset (`reset` true).
+async fn cutting_server(reset: bool) -> std::net::SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            if reset {
+                #[allow(deprecated)]
+                socket.set_linger(Some(Duration::ZERO)).unwrap();
+            }
+            drop(socket);
+        }
+    });
+    addr
+}
+
+/// Promise (guide, `Verdict::Overloaded`, `HttpOverload`): "refused or cut connections are
+/// overload". A `reqwest::Client` whose request the dependency cut, closed or reset, is.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn a_connection_cut_by_the_dependency_is_overload() {
+    for reset in [false, true] {
+        let addr = cutting_server(reset).await;
+        let recorder = Recorder::default();
+        let bulkhead = AdaptiveBulkhead::builder("cut")
+            .algorithm(recorder.clone())
+            .build();
+        let client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(reqwest::Client::new());
+        let request = reqwest::Request::new(
+            reqwest::Method::GET,
+            format!("http://{addr}/").parse().unwrap(),
+        );
+        let err = client.oneshot(request).await.unwrap_err();
+        let mut chain = vec![err.to_string()];
+        let mut source = std::error::Error::source(&*err);
+        while let Some(e) = source {
+            chain.push(format!("{e} ({e:?})"));
+            source = e.source();
+        }
+        let verdicts: Vec<_> = recorder
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(Sample::is_overloaded)
+            .collect();
+        assert_eq!(verdicts, [true], "reset {reset}: {chain:#?}");
+    }
+}

@@ -51,8 +51,10 @@ where
 ///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
 ///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's
 ///   `Elapsed`, or (feature `reqwest`) as a `reqwest::Error` that is a timeout or a connect
-///   error — is overload. A [`BulkheadFull`] from a bulkhead further in, and every other error,
-///   is ignored: it says nothing about the dependency's latency.
+///   error or as hyper's "connection closed before message completed" (the dependency closed
+///   the connection without a whole answer) — is overload. A [`BulkheadFull`] from a bulkhead
+///   further in, and every other error, is ignored: it says nothing about the dependency's
+///   latency.
 ///
 /// It judges any [`ResponseHead`]: `http::Response<B>`, `http::response::Parts` and, with the
 /// `reqwest` feature, `reqwest::Response`, so it works for `reqwest::Client` as it is. It is
@@ -114,6 +116,14 @@ impl HttpOverload {
             #[cfg(feature = "reqwest")]
             if let Some(error) = error.downcast_ref::<reqwest::Error>() {
                 if error.is_timeout() || error.is_connect() {
+                    return Verdict::Overloaded;
+                }
+            }
+            // A connection the dependency closed before its answer was complete: cut, though
+            // no `io::Error` says so.
+            #[cfg(feature = "reqwest")]
+            if let Some(error) = error.downcast_ref::<hyper::Error>() {
+                if error.is_incomplete_message() {
                     return Verdict::Overloaded;
                 }
             }
