@@ -664,3 +664,33 @@ async fn a_connection_cut_by_the_dependency_is_overload() {
         assert_eq!(verdicts, [true], "reset {reset}: {chain:#?}");
     }
 }
+
+/// Promise (module docs, CHANGELOG: "backs off by 0.8 on 429/503/504, timeouts, connection
+/// failures"): a timeout is overload. Put below the bulkhead (a per-attempt timeout:
+/// bulkhead → tower's `TimeoutLayer` → client), a dependency that hangs answers with tower's
+/// `Elapsed`, and must be an overload signal, as tokio's `Elapsed` is.
+#[tokio::test(start_paused = true)]
+async fn tower_timeout_below_the_bulkhead_is_overload() {
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("timeout-below")
+        .algorithm(recorder.clone())
+        .build();
+    let client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .timeout(ms(100))
+        .service(service_fn(|_: ()| async {
+            std::future::pending::<()>().await;
+            Ok::<_, BoxError>(response(200))
+        }));
+    let err = client.oneshot(()).await.unwrap_err();
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    let verdicts: Vec<_> = recorder
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(Sample::is_overloaded)
+        .collect();
+    assert_eq!(verdicts, [true]);
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
+}
