@@ -694,3 +694,38 @@ async fn tower_timeout_below_the_bulkhead_is_overload() {
     assert_eq!(verdicts, [true]);
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
 }
+
+// ---- Gradient's prose against its formula ----
+
+/// The `Gradient` docs said "once the latency climbs `tolerance` times above its baseline the
+/// limit shrinks". Their own formula (`target = limit × gradient + sqrt(limit)` while in use)
+/// says otherwise: the limit settles where `limit × (1 − gradient) = sqrt(limit)`, that is at
+/// `1 / (1 − gradient)²`. At 1.5 times the baseline latency (gradient 1.1 / 1.5) that is about
+/// 14: a limit of 4 in use grows towards it, one of 40 shrinks towards it. The docs now say so;
+/// this pins the behaviour they describe.
+#[test]
+fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_headroom() {
+    for (start, grows) in [(4, true), (40, false)] {
+        let bounds = limits(1, start, 100);
+        let mut gradient = Gradient::new();
+        let mut limit = start;
+        let mut at = ms(0);
+        // Twenty rounds of 10 ms, not in use: the baseline is 10 ms, the limit holds.
+        for _ in 0..=20 {
+            at += ms(10);
+            limit = gradient.update(&Sample::new(at, ms(10), 1, limit), &bounds);
+        }
+        assert_eq!(limit, start);
+        // Then rounds at 1.5 times the baseline, with the limit in use.
+        for _ in 0..200 {
+            at += ms(10);
+            limit = gradient.update(&Sample::new(at, ms(15), limit, limit), &bounds);
+        }
+        if grows {
+            assert!(limit > start, "{start} → {limit}");
+        } else {
+            assert!(limit < start, "{start} → {limit}");
+        }
+        assert!((12..=15).contains(&limit), "{start} → {limit}");
+    }
+}

@@ -429,8 +429,12 @@ impl LimitAlgorithm for Aimd {
 ///   while callers do not need it;
 /// * `limit = limit × (1 - smoothing) + target × smoothing`, `smoothing` 0.3 by default.
 ///
-/// Once the latency climbs `tolerance` times above its baseline the limit shrinks; below that
-/// it grows by up to `smoothing × sqrt(limit)` per round trip.
+/// Below `tolerance` times its baseline latency the limit grows by up to
+/// `smoothing × sqrt(limit)` per round trip while in use. Above it the limit shrinks when not in
+/// use; in use, the headroom still counts, so the limit settles where
+/// `limit × (1 - gradient) = sqrt(limit)`, at `1 / (1 - gradient)²`: about 14 at 1.5 times the
+/// baseline latency, 5 at twice it (a smaller limit still grows towards that, a larger one
+/// shrinks). An overload signal always shrinks it.
 #[derive(Clone, Debug)]
 pub struct Gradient {
     tolerance: f64,
