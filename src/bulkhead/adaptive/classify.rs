@@ -50,9 +50,10 @@ where
 /// * Errors: a timeout or a connection that could not be made or was cut — found anywhere in the
 ///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
 ///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's or
-///   tower's `Elapsed` (a `TimeoutLayer` below the bulkhead), or (feature `reqwest`) as a `reqwest::Error` that is a timeout or a connect
-///   error or as hyper's "connection closed before message completed" (the dependency closed
-///   the connection without a whole answer) — is overload. A [`BulkheadFull`] from a bulkhead
+///   tower's `Elapsed` (a `TimeoutLayer` below the bulkhead), or (feature `reqwest`) as a
+///   `reqwest::Error` that is a timeout or a connect error or as hyper's "connection closed
+///   before message completed" (the dependency closed the connection without a whole answer)
+///   — is overload. A [`BulkheadFull`] from a bulkhead
 ///   further in, and every other error, is ignored: it says nothing about the dependency's
 ///   latency.
 ///
