@@ -729,3 +729,121 @@ fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_hea
         assert!((12..=15).contains(&limit), "{start} → {limit}");
     }
 }
+
+// ---- Metrics ----
+
+/// Promise (module docs, `metric_names`): with `metrics`, the limit gauge follows the limit as
+/// it moves, down and up, and calls are counted as for every bulkhead (a refusal as `rejected`).
+#[cfg(feature = "metrics")]
+#[test]
+fn the_gauge_follows_every_move_and_calls_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_bulwark::observe::metric_names as m;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // The debugging recorder's snapshot swaps every counter and gauge to zero: counters are
+    // summed over the snapshots, and the gauge is read only right after a move.
+    let counted = std::cell::RefCell::new(std::collections::HashMap::<String, f64>::new());
+    let read = |name: &str, outcome: Option<&str>| {
+        let mut gauge = None;
+        for (key, .., value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            if !key
+                .labels()
+                .any(|l| l.key() == "name" && l.value() == "metered")
+            {
+                continue;
+            }
+            let label = key
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned());
+            match value {
+                DebugValue::Gauge(v) if key.name() == name => gauge = Some(v.into_inner()),
+                DebugValue::Counter(n) => {
+                    let id = format!("{}/{}", key.name(), label.unwrap_or_default());
+                    *counted.borrow_mut().entry(id).or_default() += n as f64;
+                }
+                _ => {}
+            }
+        }
+        match outcome {
+            Some(outcome) => counted.borrow().get(&format!("{name}/{outcome}")).copied(),
+            None => gauge,
+        }
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = ManualClock::new();
+            let bulkhead = AdaptiveBulkhead::builder("metered")
+                .limits(limits(1, 5, 10))
+                .clock(clock.clone())
+                .build();
+            let mut client = ServiceBuilder::new()
+                .layer(bulkhead.layer())
+                .service(gated());
+            let mut seen = Vec::new();
+            let mut last = bulkhead.limit();
+            // Down: one 503 per round trip.
+            for _ in 0..3 {
+                let (tx, rx) = oneshot::channel();
+                let call = client.call(rx);
+                clock.advance(ms(10));
+                tx.send(503).unwrap();
+                call.await.unwrap();
+                let gauge = read(m::BULKHEAD_MAX, None);
+                if bulkhead.limit() != last {
+                    last = bulkhead.limit();
+                    seen.push((last, gauge));
+                }
+            }
+            // Up: every round at the limit, until it has grown twice.
+            while bulkhead.limit() < 5 {
+                let n = bulkhead.limit();
+                let gates: Vec<_> = (0..n)
+                    .map(|_| {
+                        let (tx, rx) = oneshot::channel::<u16>();
+                        (tx, client.call(rx))
+                    })
+                    .collect();
+                let (_tx, rx) = oneshot::channel();
+                assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+                clock.advance(ms(10));
+                for (tx, call) in gates {
+                    tx.send(200).unwrap();
+                    call.await.unwrap();
+                }
+                let gauge = read(m::BULKHEAD_MAX, None);
+                if bulkhead.limit() != last {
+                    last = bulkhead.limit();
+                    seen.push((last, gauge));
+                }
+            }
+            assert_eq!(
+                seen.iter().map(|(limit, _)| *limit).collect::<Vec<_>>(),
+                [4, 3, 4, 5]
+            );
+            for (limit, gauge) in &seen {
+                assert_eq!(Some(*limit as f64), *gauge, "{seen:?}");
+            }
+            let snapshot = bulkhead.snapshot();
+            assert_eq!(
+                read(m::BULKHEAD_CALLS, Some("permitted")),
+                Some(snapshot.total_permitted as f64)
+            );
+            assert_eq!(
+                read(m::BULKHEAD_CALLS, Some("rejected")),
+                Some(snapshot.total_rejected as f64)
+            );
+            assert!(snapshot.total_rejected > 0);
+            assert_eq!(
+                read(m::BULKHEAD_CALLS, Some("finished")),
+                Some(snapshot.total_finished as f64)
+            );
+        });
+    });
+}
