@@ -190,16 +190,19 @@
 //!
 //! **Samples.** A call gives one sample when it ends: its round trip (the time it held its
 //! permit, on the bulkhead's clock), the calls holding a permit when it was admitted (itself
-//! included), and the classifier's verdict. `429`, `503`, `504`, timeouts and refused or cut
-//! connections are overload; other answers are healthy; other errors, the bulkhead's own
-//! refusals and panics are no sample. A call dropped before its end is overload by default
+//! included) and the limit in force then, and the classifier's verdict. A call "was admitted
+//! with the limit reached" when those calls were at least that limit: a call admitted under a
+//! higher limit that ends after a backoff is not use of the lowered limit. `429`, `503`, `504`,
+//! timeouts and refused or cut connections are overload; other answers are healthy; other
+//! errors, the bulkhead's own refusals and panics are no sample. A call dropped before its end is overload by default
 //! (behind a timeout layer that is how a timeout looks), or no sample when cancelled calls are
 //! ignored; it is never a healthy sample, since its round trip is unknown and would read fast.
 //!
 //! **Rounds.** Both algorithms decide once per round, never per call. The first sample opens a
 //! round as long as its own round trip; each later round lasts the previous round's mean healthy
 //! round trip or the baseline, whichever is shorter, and closes with the first sample that
-//! ends at or after its end. Round trips are capped at 2^40 ns (about 18 minutes) and a zero
+//! ends at or after its end; a sample that ends before the round began (a clock that went back,
+//! or one reading at the end of time) starts the round again from its own instant. Round trips are capped at 2^40 ns (about 18 minutes) and a zero
 //! round trip counts as 1 ns, so no round lasts for ages and samples at one frozen instant
 //! never close more than one round. The **baseline** is the no-load round trip: the plain mean
 //! of the first 16 rounds' means, then a slow average that moves 1/16 of the way to each round
@@ -224,13 +227,13 @@
 //! |---|---|
 //! | a call is admitted only while the calls holding a permit, itself included, are at most the limit in force at that instant; a lowered limit admits nothing until enough calls in flight have ended | `tests/adaptive_stress.rs` (a ledger of every limit set, checked on every entry while the limit jumps on each sample), `lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end` |
 //! | every permit is given back exactly once, whatever ends the call (answer, error, panic in `call` or in the future, task aborted, timeout above) | `tests/adaptive_stress.rs`, `a_panicking_call_gives_its_permit_back_and_is_no_sample` |
-//! | every ending gives exactly one sample, except panics and, when ignored, cancellations, which give none; a refusal gives none | `tests/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample` |
+//! | every ending gives exactly one sample, except panics (in the future or the classifier, even caught above the bulkhead) and, when ignored, cancellations, which give none; a refusal gives none | `tests/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample`, `a_panic_caught_above_the_bulkhead_is_no_sample` |
 //! | the permit is taken in `call`; a refusal is `BulkheadFull`, at once, never a timeout | `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample` |
 //! | in the documented stack (retry → timeout → pushback → client quota → adaptive bulkhead → `reqwest::Client`), a call cut by the timeout above and a `503` are overload, an answer is healthy, every permit comes back | `in_the_documented_stack_a_timeout_above_and_503s_below_are_overload` |
 //! | clones of the bulkhead, its layer and its services share one limit | `two_clones_share_one_adaptive_limit`, `tests/adaptive_stress.rs` (24 clones) |
-//! | AIMD grows only while in use and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/adaptive_bulkhead.rs`, figures computed by hand on a manual clock |
+//! | AIMD grows only while in use (a call admitted under a higher limit is not use of a lowered one) and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/adaptive_bulkhead.rs`, figures computed by hand on a manual clock; `tests/adaptive_attack.rs` |
 //! | Gradient follows the baseline-to-latency ratio, grows only while in use, stays within its bounds | `gradient_*` tests |
-//! | zero, enormous or backwards round trips and instants neither panic nor freeze the limit | `absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages` |
+//! | zero, enormous or backwards round trips and instants neither panic nor freeze the limit | `absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages`, `one_absurd_instant_does_not_freeze_the_limit`, `samples_reach_the_algorithm_in_the_order_of_their_instants` |
 //!
 //! **Limits.** The algorithms see the dependency only through round trips and verdicts. A
 //! dependency that queues without bound and never answers `503` is seen through its latency

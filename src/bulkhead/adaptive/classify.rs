@@ -49,10 +49,13 @@ where
 ///   failure, answered in its own time).
 /// * Errors: a timeout or a connection that could not be made or was cut — found anywhere in the
 ///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
-///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's
-///   `Elapsed`, or (feature `reqwest`) as a `reqwest::Error` that is a timeout or a connect
-///   error — is overload. A [`BulkheadFull`] from a bulkhead further in, and every other error,
-///   is ignored: it says nothing about the dependency's latency.
+///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's or
+///   tower's `Elapsed` (a `TimeoutLayer` below the bulkhead), or (feature `reqwest`) as a
+///   `reqwest::Error` that is a timeout or a connect error or as hyper's "connection closed
+///   before message completed" (the dependency closed the connection without a whole answer)
+///   — is overload. A [`BulkheadFull`] from a bulkhead
+///   further in, and every other error, is ignored: it says nothing about the dependency's
+///   latency.
 ///
 /// It judges any [`ResponseHead`]: `http::Response<B>`, `http::response::Parts` and, with the
 /// `reqwest` feature, `reqwest::Response`, so it works for `reqwest::Client` as it is. It is
@@ -95,7 +98,9 @@ impl HttpOverload {
             if error.is::<BulkheadFull>() {
                 return Verdict::Ignored;
             }
-            if error.is::<tokio::time::error::Elapsed>() {
+            if error.is::<tokio::time::error::Elapsed>()
+                || error.is::<tower::timeout::error::Elapsed>()
+            {
                 return Verdict::Overloaded;
             }
             if let Some(error) = error.downcast_ref::<io::Error>() {
@@ -114,6 +119,14 @@ impl HttpOverload {
             #[cfg(feature = "reqwest")]
             if let Some(error) = error.downcast_ref::<reqwest::Error>() {
                 if error.is_timeout() || error.is_connect() {
+                    return Verdict::Overloaded;
+                }
+            }
+            // A connection the dependency closed before its answer was complete: cut, though
+            // no `io::Error` says so.
+            #[cfg(feature = "reqwest")]
+            if let Some(error) = error.downcast_ref::<hyper::Error>() {
+                if error.is_incomplete_message() {
                     return Verdict::Overloaded;
                 }
             }

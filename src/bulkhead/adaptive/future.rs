@@ -83,20 +83,23 @@ where
             }
             StateProj::Running { future, held } => {
                 let running = held.as_mut().expect("polled after completion");
-                // Left in place if the inner future panics.
+                // Left in place if the inner future (or the classifier) panics, so that the call
+                // is no sample even when the panic is caught above and the future dropped later.
                 running.permit.outcome = Ending::Panicked;
+                running.sampler.in_poll = true;
                 match future.poll(cx) {
                     Poll::Pending => {
                         running.permit.outcome = Ending::Cancelled;
+                        running.sampler.in_poll = false;
                         Poll::Pending
                     }
                     Poll::Ready(result) => {
                         let result = result.map_err(Into::into);
+                        let verdict = this.classifier.classify(result.as_ref());
                         running.permit.outcome = match result {
                             Ok(_) => Ending::Success,
                             Err(_) => Ending::Failure,
                         };
-                        let verdict = this.classifier.classify(result.as_ref());
                         let Held { sampler, permit } = held.take().expect("checked above");
                         sampler.finish(verdict);
                         drop(permit);

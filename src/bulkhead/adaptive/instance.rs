@@ -90,9 +90,12 @@ impl Shared {
     }
 
     /// Feeds one sample to the algorithm and applies the limit it returns.
-    fn record(&self, started: u64, in_flight: usize, overloaded: bool) {
-        let now = self.nanos();
+    fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
         let mut control = self.lock();
+        // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
+        // order: a sample read before another but recorded after it would otherwise look like a
+        // clock that went back, and start its round again.
+        let now = self.nanos();
         let from = self.limit.load(Ordering::Relaxed);
         let sample = Sample::new(
             Duration::from_nanos(now),
@@ -100,6 +103,7 @@ impl Shared {
             in_flight,
             from,
         )
+        .admitted_under(admitted_under)
         .overloaded(overloaded);
         let Control { algorithm, limits } = &mut *control;
         let to = limits.clamp(algorithm.0.update(&sample, limits));
@@ -135,11 +139,16 @@ impl Shared {
 
 /// The sample of one admitted call, taken when it ends: by [`finish`](Self::finish) with the
 /// classifier's verdict, or, when it is dropped first, as a cancelled call (or, while the thread
-/// unwinds from a panic, as no sample at all).
+/// unwinds from a panic or after a panic in its future or classifier, as no sample at all).
 pub(super) struct Sampler {
     shared: Arc<Shared>,
     started: u64,
     in_flight: usize,
+    /// The limit in force when the call was admitted.
+    admitted_under: usize,
+    /// Set while the call's future or the classifier runs: dropped in that state, the call
+    /// panicked (the panic was caught above and the future dropped after the unwinding).
+    pub(super) in_poll: bool,
     ended: bool,
 }
 
@@ -147,11 +156,14 @@ impl Sampler {
     /// Called right after the permit was taken.
     pub(super) fn start(shared: Arc<Shared>) -> Self {
         let in_flight = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let admitted_under = shared.limit.load(Ordering::Relaxed);
         let started = shared.nanos();
         Self {
             shared,
             started,
             in_flight,
+            admitted_under,
+            in_poll: false,
             ended: false,
         }
     }
@@ -168,8 +180,12 @@ impl Sampler {
         let shared = &*self.shared;
         shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         match verdict {
-            Verdict::Healthy => shared.record(self.started, self.in_flight, false),
-            Verdict::Overloaded => shared.record(self.started, self.in_flight, true),
+            Verdict::Healthy => {
+                shared.record(self.started, self.in_flight, self.admitted_under, false)
+            }
+            Verdict::Overloaded => {
+                shared.record(self.started, self.in_flight, self.admitted_under, true)
+            }
             Verdict::Ignored => {}
         }
     }
@@ -177,7 +193,7 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        let verdict = if std::thread::panicking() {
+        let verdict = if self.in_poll || std::thread::panicking() {
             Verdict::Ignored
         } else {
             self.shared.cancelled

@@ -99,21 +99,31 @@ pub struct Sample {
     rtt: Duration,
     in_flight: usize,
     limit: usize,
+    admitted_under: usize,
     overloaded: bool,
 }
 
 impl Sample {
     /// A call that ended at `at` (clock time since the clock's origin) after `rtt`, admitted when
     /// `in_flight` calls held a permit (itself included), while the limit is `limit`; a healthy
-    /// answer unless marked with [`overloaded`](Self::overloaded).
+    /// answer unless marked with [`overloaded`](Self::overloaded). It was admitted under the
+    /// same limit unless told otherwise with [`admitted_under`](Self::admitted_under).
     pub fn new(at: Duration, rtt: Duration, in_flight: usize, limit: usize) -> Self {
         Self {
             at,
             rtt,
             in_flight,
             limit,
+            admitted_under: limit,
             overloaded: false,
         }
+    }
+
+    /// Sets the limit that was in force when the call was admitted (the bulkhead sets it: the
+    /// limit may have moved while the call ran).
+    pub fn admitted_under(mut self, limit: usize) -> Self {
+        self.admitted_under = limit;
+        self
     }
 
     /// Marks the sample as an overload signal (or not).
@@ -140,6 +150,17 @@ impl Sample {
     /// The limit in force when the sample arrived.
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// The limit in force when the call was admitted.
+    pub fn admission_limit(&self) -> usize {
+        self.admitted_under
+    }
+
+    /// Whether the call was admitted with the limit reached: `in_flight` at least the limit in
+    /// force then. A call admitted under a higher limit that ends after it came down was not.
+    pub fn found_limit_reached(&self) -> bool {
+        self.in_flight >= self.admitted_under
     }
 
     /// Whether the call said the dependency is overloaded (429, 503, a timeout...).
@@ -175,8 +196,8 @@ struct Round {
     mean_rtt: Option<f64>,
     /// Whether any sample was an overload signal.
     overloaded: bool,
-    /// The most calls in flight at any admission in the round.
-    peak_in_flight: usize,
+    /// Whether some call of the round was admitted with the limit in force then reached.
+    in_use: bool,
 }
 
 /// Groups samples into rounds of one round trip each, so that an algorithm decides at most once
@@ -186,7 +207,8 @@ struct Round {
 /// round trip of the round before, or the baseline if that is shorter (so that queueing at the
 /// dependency, which lengthens round trips, does not slow the way down); a round without a
 /// healthy sample is followed by one as long as itself. A round closes with the first sample
-/// that ends at or after its end.
+/// that ends at or after its end; a sample that ends before the round began (a clock that went
+/// back) starts the round again from its own instant.
 #[derive(Clone, Debug, Default)]
 struct Rounds {
     end: Option<u64>,
@@ -194,7 +216,7 @@ struct Rounds {
     rtt_sum: f64,
     healthy: u64,
     overloaded: bool,
-    peak_in_flight: usize,
+    in_use: bool,
 }
 
 impl Rounds {
@@ -208,19 +230,26 @@ impl Rounds {
             self.rtt_sum += rtt as f64;
             self.healthy += 1;
         }
-        self.peak_in_flight = self.peak_in_flight.max(sample.in_flight);
+        self.in_use |= sample.found_limit_reached();
         let Some(end) = self.end else {
             self.length = rtt;
             self.end = Some(at.saturating_add(rtt));
             return None;
         };
+        if at < end.saturating_sub(self.length) {
+            // Before the round began: the clock went back, or one reading was absurd (the end of
+            // time). The round starts again from here, so that it still lasts its length and no
+            // more, instead of waiting for the clock to catch up.
+            self.end = Some(at.saturating_add(self.length));
+            return None;
+        }
         if at < end {
             return None;
         }
         let round = Round {
             mean_rtt: (self.healthy > 0).then(|| self.rtt_sum / self.healthy as f64),
             overloaded: self.overloaded,
-            peak_in_flight: self.peak_in_flight,
+            in_use: self.in_use,
         };
         if let Some(mean) = round.mean_rtt {
             // Within 1..=MAX_RTT, as every sample and so the baseline was.
@@ -331,14 +360,14 @@ impl Aimd {
         Ok(self)
     }
 
-    fn decide(&mut self, round: Round, current: f64, limit: usize, limits: &Limits) -> f64 {
+    fn decide(&mut self, round: Round, current: f64, limits: &Limits) -> f64 {
         let slow = match (round.mean_rtt, self.baseline.get()) {
             (Some(mean), Some(base)) => mean > base * self.tolerance,
             _ => false,
         };
         let next = if round.overloaded || slow {
             current * self.backoff
-        } else if round.peak_in_flight >= limit {
+        } else if round.in_use {
             current + 1.0
         } else {
             current
@@ -379,7 +408,7 @@ impl LimitAlgorithm for Aimd {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
         let current = carried(self.estimate, sample.limit, limits);
         let next = match self.rounds.add(sample, self.baseline.get()) {
-            Some(round) => self.decide(round, current, sample.limit, limits),
+            Some(round) => self.decide(round, current, limits),
             None => current,
         };
         self.estimate = Some(next);
@@ -400,8 +429,12 @@ impl LimitAlgorithm for Aimd {
 ///   while callers do not need it;
 /// * `limit = limit × (1 - smoothing) + target × smoothing`, `smoothing` 0.3 by default.
 ///
-/// Once the latency climbs `tolerance` times above its baseline the limit shrinks; below that
-/// it grows by up to `smoothing × sqrt(limit)` per round trip.
+/// Below `tolerance` times its baseline latency the limit grows by up to
+/// `smoothing × sqrt(limit)` per round trip while in use. Above it the limit shrinks when not in
+/// use; in use, the headroom still counts, so the limit settles where
+/// `limit × (1 - gradient) = sqrt(limit)`, at `1 / (1 - gradient)²`: about 14 at 1.5 times the
+/// baseline latency, 5 at twice it (a smaller limit still grows towards that, a larger one
+/// shrinks). An overload signal always shrinks it.
 #[derive(Clone, Debug)]
 pub struct Gradient {
     tolerance: f64,
@@ -449,7 +482,7 @@ impl Gradient {
         Ok(self)
     }
 
-    fn decide(&mut self, round: Round, current: f64, limit: usize, limits: &Limits) -> f64 {
+    fn decide(&mut self, round: Round, current: f64, limits: &Limits) -> f64 {
         let gradient = match (round.mean_rtt, round.overloaded) {
             (Some(short), false) => {
                 let long = self.baseline.get().unwrap_or(short);
@@ -457,7 +490,7 @@ impl Gradient {
             }
             _ => 0.5,
         };
-        let headroom = if round.peak_in_flight >= limit && !round.overloaded {
+        let headroom = if round.in_use && !round.overloaded {
             current.sqrt()
         } else {
             0.0
@@ -476,7 +509,7 @@ impl LimitAlgorithm for Gradient {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
         let current = carried(self.estimate, sample.limit, limits);
         let next = match self.rounds.add(sample, self.baseline.get()) {
-            Some(round) => self.decide(round, current, sample.limit, limits),
+            Some(round) => self.decide(round, current, limits),
             None => current,
         };
         self.estimate = Some(next);
