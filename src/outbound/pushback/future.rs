@@ -21,6 +21,8 @@ use crate::BoxError;
 /// A call counted in flight until it is answered, fails or is dropped.
 struct InFlight<C: Clock> {
     shared: Arc<Shared<C>>,
+    /// The call's place in the order of starts.
+    place: u64,
 }
 
 impl<C: Clock> Drop for InFlight<C> {
@@ -84,12 +86,14 @@ fn nanos(d: Duration) -> u64 {
 
 fn run<S: Service<Req>, Req, C: Clock>(
     shared: &Arc<Shared<C>>,
+    place: u64,
     service: &mut S,
     request: Req,
 ) -> State<S, Req, C> {
     // Counted before the call, so that a panicking `call` stops counting as it unwinds.
     let in_flight = InFlight {
         shared: Arc::clone(shared),
+        place,
     };
     State::Running {
         future: service.call(request),
@@ -104,7 +108,7 @@ where
 {
     pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
         let state = match shared.try_start() {
-            Ok(()) => run(shared, service, request),
+            Ok(place) => run(shared, place, service, request),
             Err((now, at)) => {
                 let deadline = now.saturating_add(nanos(shared.max_wait));
                 if at > deadline {
@@ -154,13 +158,13 @@ where
                     let entry = held.as_mut().expect("polled after completion");
                     ready!(entry.sleep.as_mut().poll(cx));
                     match this.shared.try_start() {
-                        Ok(()) => {
+                        Ok(place) => {
                             let Held {
                                 mut service,
                                 request,
                                 ..
                             } = held.take().expect("checked above");
-                            let next = run(this.shared, &mut service, request);
+                            let next = run(this.shared, place, &mut service, request);
                             this.state.set(next);
                         }
                         Err((now, at)) => {
@@ -180,7 +184,8 @@ where
                 StateProj::Running { future, in_flight } => {
                     let result = ready!(future.poll(cx));
                     if let Ok(response) = &result {
-                        this.shared.observe(response, true);
+                        let place = in_flight.as_ref().map(|call| call.place);
+                        this.shared.observe(response, place);
                     }
                     *in_flight = None;
                     return Poll::Ready(result.map_err(Into::into));

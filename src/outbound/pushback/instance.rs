@@ -1,5 +1,6 @@
 //! One dependency's word on when to call it: [`Pushback`] and its builder.
 
+use std::cmp::Reverse;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -158,7 +159,7 @@ impl<C: Clock> Pushback<C> {
     /// dependency. Calls in flight through the layer are counted against an advertised quota;
     /// this call is not one of them.
     pub fn observe<R: ResponseHead>(&self, response: &R) {
-        self.shared.observe(response, false);
+        self.shared.observe(response, None);
     }
 }
 
@@ -183,8 +184,9 @@ impl<C> Shared<C> {
 }
 
 impl<C: Clock> Shared<C> {
-    /// Starts a call now, or says from when one may start.
-    pub(crate) fn try_start(&self) -> Result<(), (u64, u64)> {
+    /// Starts a call now, returning its place in the order of starts, or says from when one
+    /// may start.
+    pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
         let now = self.clock.now();
         self.lock().try_start(now).map_err(|at| (now, at))
     }
@@ -195,8 +197,9 @@ impl<C: Clock> Shared<C> {
         state.in_flight = state.in_flight.saturating_sub(1);
     }
 
-    /// Records `response`; `own` when it answers a call still counted in flight.
-    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: bool) {
+    /// Records `response`; `own` is the place of the call it answers (still counted in
+    /// flight) in the order of starts, `None` for a response obtained elsewhere.
+    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<u64>) {
         let advice = advice::read(
             &self.name,
             response.status(),
@@ -228,6 +231,12 @@ struct State {
     next_slot: u64,
     /// Calls started through the layer and not yet answered.
     in_flight: u64,
+    /// Calls started through the layer so far: the next call's place in the order of starts.
+    started: u64,
+    /// The answer whose quota is in force came after every call placed before this had
+    /// started: an answer to one of those may have been written before it, and may only
+    /// tighten it.
+    in_force: u64,
 }
 
 impl State {
@@ -250,7 +259,7 @@ impl State {
         }
     }
 
-    fn try_start(&mut self, now: u64) -> Result<(), u64> {
+    fn try_start(&mut self, now: u64) -> Result<u64, u64> {
         if self.hold_until > now {
             return Err(self.hold_until);
         }
@@ -266,7 +275,9 @@ impl State {
         }
         self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
         self.in_flight = self.in_flight.saturating_add(1);
-        Ok(())
+        let place = self.started;
+        self.started = self.started.saturating_add(1);
+        Ok(place)
     }
 
     /// The earliest instant a call may start, without starting one.
@@ -281,17 +292,30 @@ impl State {
         at
     }
 
-    fn apply(&mut self, advice: Advice, now: u64, own: bool, pacing: Pacing) {
+    fn apply(&mut self, advice: Advice, now: u64, own: Option<u64>, pacing: Pacing) {
         if let Some(hold) = advice.hold {
             self.hold_until = self.hold_until.max(now.saturating_add(nanos(hold)));
         }
         if let Some(limit) = advice.limit {
             // Calls in flight other than this one may not have been counted in `r` yet.
-            let others = self.in_flight.saturating_sub(u64::from(own));
+            let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
             let budget = limit.remaining.saturating_sub(others);
             let window = nanos(limit.window);
+            let window_end = now.saturating_add(window);
+            // An answer to a call that started before the one whose answer is in force may
+            // have been written first: out of order, it counts only if it is more restrictive
+            // (fewer calls left, or as few for longer), so that it never loosens a hold.
+            self.roll(now);
+            let stale = own.is_some_and(|place| place < self.in_force);
+            if let (true, Some(current)) = (stale, self.budget) {
+                if (budget, Reverse(window_end)) >= (current, Reverse(self.window_end)) {
+                    return;
+                }
+            } else {
+                self.in_force = self.in_force.max(own.unwrap_or(self.started));
+            }
             self.budget = Some(budget);
-            self.window_end = now.saturating_add(window);
+            self.window_end = window_end;
             self.refill = limit.quota.map(|(quota, window)| (quota, nanos(window)));
             self.spacing = match pacing {
                 Pacing::Spread if budget > 0 => window / budget,
