@@ -323,6 +323,9 @@ impl State {
             };
             if self.spacing == 0 {
                 self.next_slot = 0;
+            } else {
+                // The slot a sparser pacing set is no later than one spacing of this answer.
+                self.next_slot = self.next_slot.min(now.saturating_add(self.spacing));
             }
         }
     }
