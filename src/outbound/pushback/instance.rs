@@ -150,7 +150,11 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.shared.clock.now();
-        let at = self.shared.lock().free_at(now);
+        let mut state = self.shared.lock();
+        // As a call would find it: a window that has passed gives way to the next one first.
+        state.roll(now);
+        let at = state.free_at(now);
+        drop(state);
         Duration::from_nanos(at.saturating_sub(now))
     }
 
