@@ -697,3 +697,83 @@ async fn dropped_waiters_give_back_exactly_once() {
     assert_eq!(start.elapsed(), Duration::from_millis(1500));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The times that refusals carry.
+
+/// "How long from the refusal until a call may be sent": a nanosecond before it the call is
+/// still refused, at it the call goes. For a `Retry-After`, an exhausted window, a window whose
+/// policy refills, and a spread slot.
+#[tokio::test]
+async fn a_pushed_back_retry_after_is_exact() {
+    // Each setup, its answer, and how many refusals in a row it makes (once a hold without a
+    // policy has passed, calls go freely).
+    let setups: [(Pacing, &[(&str, &str)], u16, usize); 4] = [
+        (Pacing::UntilSpent, &[("retry-after", "7")], 429, 1),
+        (Pacing::UntilSpent, &[("ratelimit", r#""p";r=0;t=9"#)], 200, 1),
+        (
+            Pacing::UntilSpent,
+            &[
+                ("ratelimit", r#""p";r=1;t=3"#),
+                ("ratelimit-policy", r#""p";q=1;w=5"#),
+            ],
+            200,
+            3,
+        ),
+        (Pacing::Spread, &[("ratelimit", r#""p";r=4;t=10"#)], 200, 3),
+    ];
+    for (pacing, headers, status, rounds) in setups {
+        let clock = ManualClock::new();
+        let pushback = Pushback::builder("partner")
+            .clock(clock.clone())
+            .pacing(pacing)
+            .build();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let client = pushback.layer().layer(scripted(calls.clone()));
+        pushback.observe(&response(status, headers));
+        // Spend what may go at once.
+        let mut answered = Vec::new();
+        while pushback.held_for().is_zero() {
+            let (tx, call) = start(&client).await;
+            tx.send(response(200, &[])).unwrap();
+            answered.push(call.await.unwrap());
+        }
+        for _ in 0..rounds {
+            let wait = refused(&client);
+            assert_eq!(wait, pushback.held_for(), "{headers:?}");
+            clock.advance(wait - Duration::from_nanos(1));
+            assert_eq!(refused(&client), Duration::from_nanos(1), "{headers:?}");
+            clock.advance(Duration::from_nanos(1));
+            let (tx, call) = start(&client).await;
+            tx.send(response(200, &[])).unwrap();
+            call.await.unwrap();
+        }
+    }
+}
+
+/// `QuotaExhausted::retry_after`: "how long from the refusal until the same call would be
+/// admitted": a nanosecond before it, the same call is refused; at it, admitted. With a cost of
+/// three out of a burst of five.
+#[tokio::test]
+async fn a_quota_exhausted_retry_after_is_exact_for_a_costly_call() {
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(Quota::per_second(2).unwrap().with_burst(5).unwrap())
+        .clock(clock.clone())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("partner", limiter)
+        .cost(3)
+        .layer(echo(calls.clone()));
+    client.clone().oneshot(1).await.unwrap();
+    for _ in 0..3 {
+        let err = client.clone().oneshot(2).await.unwrap_err();
+        let wait = outbound::retry_after(&*err).unwrap();
+        assert!(wait > Duration::ZERO);
+        clock.advance(wait - Duration::from_nanos(1));
+        let err = client.clone().oneshot(2).await.unwrap_err();
+        assert_eq!(outbound::retry_after(&*err), Some(Duration::from_nanos(1)));
+        clock.advance(Duration::from_nanos(1));
+        client.clone().oneshot(3).await.unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
