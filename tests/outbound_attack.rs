@@ -31,7 +31,10 @@ fn response(status: u16, headers: &[(&str, &str)]) -> Response<()> {
 
 fn manual() -> (Pushback<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
-    (Pushback::builder("partner").clock(clock.clone()).build(), clock)
+    (
+        Pushback::builder("partner").clock(clock.clone()).build(),
+        clock,
+    )
 }
 
 /// A dependency that answers each call with the response sent on the call's own channel, so
@@ -58,8 +61,7 @@ async fn start<S>(
     Pin<Box<impl Future<Output = Result<Response<()>, BoxError>>>>,
 )
 where
-    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError>
-        + Clone,
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
 {
     let (tx, rx) = oneshot::channel();
     let mut call = Box::pin(client.clone().oneshot(rx));
@@ -76,8 +78,7 @@ fn is_pushed_back(result: Result<Response<()>, BoxError>) -> Option<Duration> {
 /// A new call through `client`, which must be refused at once: the time it is told to wait.
 fn refused<S>(client: &S) -> Duration
 where
-    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError>
-        + Clone,
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
 {
     let (_tx, rx) = oneshot::channel();
     match client.clone().oneshot(rx).now_or_never_pending() {
@@ -417,7 +418,7 @@ async fn every_ending_releases_a_call_in_flight_exactly_once() {
     client.clone().oneshot(How::Fail).await.unwrap_err();
     let mut svc = client.clone();
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = svc.call(How::PanicInCall);
+        drop(svc.call(How::PanicInCall));
     }));
     assert!(caught.is_err());
     let panicked = tokio::spawn(client.clone().oneshot(How::PanicInFuture)).await;
@@ -504,7 +505,11 @@ async fn no_clone_calls_during_a_hold_under_a_race() {
     assert!(refused > 0);
     // Calls that passed the check between the flag and the layer reading the answer may
     // reach it; they are at most the tasks racing (64), never the rest of their loops.
-    assert!(early.load(Ordering::SeqCst) <= 64, "{}", early.load(Ordering::SeqCst));
+    assert!(
+        early.load(Ordering::SeqCst) <= 64,
+        "{}",
+        early.load(Ordering::SeqCst)
+    );
     assert_eq!(pushback.held_for(), Duration::from_secs(30));
     clock.advance(Duration::from_secs(30));
     assert_eq!(pushback.held_for(), Duration::ZERO);
@@ -650,7 +655,10 @@ async fn retry_after_through_tower_wrappers_and_source_chains() {
         .service(echo(calls.clone()));
     client.clone().oneshot(1).await.unwrap();
     let err = client.clone().oneshot(2).await.unwrap_err();
-    assert_eq!(outbound::retry_after(&*err), Some(Duration::from_millis(500)));
+    assert_eq!(
+        outbound::retry_after(&*err),
+        Some(Duration::from_millis(500))
+    );
     let wrapped = Wrapped(Arc::new(Box::new(Wrapped(Arc::new(err)))));
     assert_eq!(
         outbound::retry_after(&wrapped),
@@ -659,7 +667,9 @@ async fn retry_after_through_tower_wrappers_and_source_chains() {
 
     let slow = ServiceBuilder::new()
         .timeout(Duration::from_secs(1))
-        .service(service_fn(|()| std::future::pending::<Result<(), BoxError>>()));
+        .service(service_fn(|()| {
+            std::future::pending::<Result<(), BoxError>>()
+        }));
     let err = slow.oneshot(()).await.unwrap_err();
     assert_eq!(outbound::retry_after(&*err), None);
 }
@@ -708,9 +718,15 @@ async fn dropped_waiters_give_back_exactly_once() {
 async fn a_pushed_back_retry_after_is_exact() {
     // Each setup, its answer, and how many refusals in a row it makes (once a hold without a
     // policy has passed, calls go freely).
-    let setups: [(Pacing, &[(&str, &str)], u16, usize); 4] = [
+    type Setup<'a> = (Pacing, &'a [(&'a str, &'a str)], u16, usize);
+    let setups: [Setup; 4] = [
         (Pacing::UntilSpent, &[("retry-after", "7")], 429, 1),
-        (Pacing::UntilSpent, &[("ratelimit", r#""p";r=0;t=9"#)], 200, 1),
+        (
+            Pacing::UntilSpent,
+            &[("ratelimit", r#""p";r=0;t=9"#)],
+            200,
+            1,
+        ),
         (
             Pacing::UntilSpent,
             &[

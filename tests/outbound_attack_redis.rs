@@ -71,7 +71,11 @@ async fn a_stalled_or_dead_redis_fails_the_call_within_the_timeout_under_propaga
                 .await
                 .expect("the call hangs while Redis does not answer");
             let err = result.expect_err("admitted without Redis");
-            assert!(started.elapsed() < Duration::from_secs(2), "{url}: {:?}", started.elapsed());
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{url}: {:?}",
+                started.elapsed()
+            );
             assert!(!err.is::<QuotaExhausted>(), "{err}");
             assert_eq!(outbound::retry_after(&*err), None, "{err}");
         }
