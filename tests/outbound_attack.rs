@@ -793,3 +793,35 @@ async fn a_quota_exhausted_retry_after_is_exact_for_a_costly_call() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
+
+/// A waiter "is sent when the hold ends": when a newer answer ends it early (the dependency's
+/// window reset sooner than the one the client counted), the waiter goes then, not at the time
+/// the older answer gave, and calls made after it do not overtake it.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(Duration::from_secs(60))
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=30"#)]));
+    let (first_tx, first) = start(&client).await;
+    // The quota is spent: the next call waits for the window, 30 s away.
+    let (waiter_tx, waiter_rx) = oneshot::channel();
+    let waiter = tokio::spawn(client.clone().oneshot(waiter_rx));
+    tokio::task::yield_now().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The first call's answer: the window has reset, 10 calls left.
+    first_tx
+        .send(response(200, &[("ratelimit", r#""p";r=10;t=30"#)]))
+        .unwrap();
+    first.await.unwrap();
+    assert_eq!(pushback.held_for(), Duration::ZERO);
+    let began = tokio::time::Instant::now();
+    waiter_tx.send(response(200, &[])).unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(began.elapsed(), Duration::ZERO, "the waiter slept on");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -9,6 +9,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
@@ -41,6 +42,8 @@ struct Held<S, Req> {
     deadline: u64,
     service: S,
     request: Req,
+    /// Ready when a newer answer lets calls start sooner than the sleep's end.
+    sooner: Pin<Box<OwnedNotified>>,
 }
 
 pin_project! {
@@ -125,6 +128,7 @@ where
                             deadline,
                             service,
                             request,
+                            sooner: Box::pin(Arc::clone(&shared.sooner).notified_owned()),
                         }),
                     }
                 }
@@ -156,7 +160,13 @@ where
                 }
                 StateProj::Held { held } => {
                     let entry = held.as_mut().expect("polled after completion");
-                    ready!(entry.sleep.as_mut().poll(cx));
+                    if entry.sooner.as_mut().poll(cx).is_ready() {
+                        // A newer answer moved the time closer: try again now.
+                        let sooner = Arc::clone(&this.shared.sooner).notified_owned();
+                        entry.sooner = Box::pin(sooner);
+                    } else {
+                        ready!(entry.sleep.as_mut().poll(cx));
+                    }
                     match this.shared.try_start() {
                         Ok(place) => {
                             let Held {

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::Notify;
+
 use super::advice::{self, Advice};
 use super::layer::PushbackLayer;
 use super::response::ResponseHead;
@@ -81,6 +83,7 @@ impl<C: Clock> PushbackBuilder<C> {
                 pacing: self.pacing,
                 clock: self.clock,
                 state: Mutex::new(State::default()),
+                sooner: Arc::new(Notify::new()),
             }),
         }
     }
@@ -174,6 +177,8 @@ pub(crate) struct Shared<C> {
     pacing: Pacing,
     pub(crate) clock: C,
     state: Mutex<State>,
+    /// Woken when an answer lets calls start sooner than before, so that waiters go then.
+    pub(crate) sooner: Arc<Notify>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -215,7 +220,14 @@ impl<C: Clock> Shared<C> {
             return;
         }
         let now = self.clock.now();
-        self.lock().apply(advice, now, own, self.pacing);
+        let mut state = self.lock();
+        let before = state.free_at(now);
+        state.apply(advice, now, own, self.pacing);
+        let sooner = state.free_at(now) < before;
+        drop(state);
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 }
 
