@@ -825,3 +825,33 @@ async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
     assert_eq!(began.elapsed(), Duration::ZERO, "the waiter slept on");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// `Pacing::Spread`: "the calls left are spread evenly over the window: one every t / r", in
+/// the windows a policy grants after the advertised one as well as in that one.
+#[tokio::test]
+async fn spread_paces_the_windows_a_policy_grants_too() {
+    let clock = ManualClock::new();
+    let pushback = Pushback::builder("partner")
+        .clock(clock.clone())
+        .pacing(Pacing::Spread)
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    pushback.observe(&response(
+        200,
+        &[
+            ("ratelimit-policy", r#""p";q=4;w=8"#),
+            ("ratelimit", r#""p";r=0;t=1"#),
+        ],
+    ));
+    assert_eq!(refused(&client), Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..4 {
+        let (tx, call) = start(&client).await;
+        tx.send(response(200, &[])).unwrap();
+        call.await.unwrap();
+        assert_eq!(refused(&client), Duration::from_secs(2));
+        clock.advance(Duration::from_secs(2));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}

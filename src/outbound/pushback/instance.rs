@@ -155,7 +155,7 @@ impl<C: Clock> Pushback<C> {
         let now = self.shared.clock.now();
         let mut state = self.shared.lock();
         // As a call would find it: a window that has passed gives way to the next one first.
-        state.roll(now);
+        state.roll(now, self.shared.pacing);
         let at = state.free_at(now);
         drop(state);
         Duration::from_nanos(at.saturating_sub(now))
@@ -197,7 +197,9 @@ impl<C: Clock> Shared<C> {
     /// may start.
     pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
         let now = self.clock.now();
-        self.lock().try_start(now).map_err(|at| (now, at))
+        self.lock()
+            .try_start(now, self.pacing)
+            .map_err(|at| (now, at))
     }
 
     /// A call started by [`try_start`](Self::try_start) has ended.
@@ -258,7 +260,7 @@ struct State {
 impl State {
     /// Starts the window after `window_end` if it has passed: the advertised quota, less the
     /// calls still in flight (which may land in it); with nothing known, no quota.
-    fn roll(&mut self, now: u64) {
+    fn roll(&mut self, now: u64, pacing: Pacing) {
         if self.budget.is_some() && self.window_end <= now {
             self.spacing = 0;
             // The next window is taken to start now, which ends it no earlier than the
@@ -267,19 +269,24 @@ impl State {
             // otherwise first.
             match self.refill {
                 Some((quota, window)) => {
-                    self.budget = Some(quota.saturating_sub(self.in_flight));
+                    let budget = quota.saturating_sub(self.in_flight);
+                    self.budget = Some(budget);
                     self.window_end = now.saturating_add(window.max(1));
+                    // Under `Spread`, this window's calls are spread over it too.
+                    if pacing == Pacing::Spread && budget > 0 {
+                        self.spacing = window / budget;
+                    }
                 }
                 None => self.budget = None,
             }
         }
     }
 
-    fn try_start(&mut self, now: u64) -> Result<u64, u64> {
+    fn try_start(&mut self, now: u64, pacing: Pacing) -> Result<u64, u64> {
         if self.hold_until > now {
             return Err(self.hold_until);
         }
-        self.roll(now);
+        self.roll(now, pacing);
         if self.budget == Some(0) {
             return Err(self.window_end);
         }
@@ -321,7 +328,7 @@ impl State {
             // An answer to a call that started before the one whose answer is in force may
             // have been written first: out of order, it counts only if it is more restrictive
             // (fewer calls left, or as few for longer), so that it never loosens a hold.
-            self.roll(now);
+            self.roll(now, pacing);
             let stale = own.is_some_and(|place| place < self.in_force);
             if let (true, Some(current)) = (stale, self.budget) {
                 if (budget, Reverse(window_end)) >= (current, Reverse(self.window_end)) {
