@@ -9,6 +9,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
@@ -21,6 +22,8 @@ use crate::BoxError;
 /// A call counted in flight until it is answered, fails or is dropped.
 struct InFlight<C: Clock> {
     shared: Arc<Shared<C>>,
+    /// The call's place in the order of starts.
+    place: u64,
 }
 
 impl<C: Clock> Drop for InFlight<C> {
@@ -39,6 +42,8 @@ struct Held<S, Req> {
     deadline: u64,
     service: S,
     request: Req,
+    /// Ready when a newer answer lets calls start sooner than the sleep's end.
+    sooner: Pin<Box<OwnedNotified>>,
 }
 
 pin_project! {
@@ -84,12 +89,14 @@ fn nanos(d: Duration) -> u64 {
 
 fn run<S: Service<Req>, Req, C: Clock>(
     shared: &Arc<Shared<C>>,
+    place: u64,
     service: &mut S,
     request: Req,
 ) -> State<S, Req, C> {
     // Counted before the call, so that a panicking `call` stops counting as it unwinds.
     let in_flight = InFlight {
         shared: Arc::clone(shared),
+        place,
     };
     State::Running {
         future: service.call(request),
@@ -104,9 +111,9 @@ where
 {
     pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
         let state = match shared.try_start() {
-            Ok(()) => {
+            Ok(place) => {
                 shared.metrics.admitted();
-                run(shared, service, request)
+                run(shared, place, service, request)
             }
             Err((now, at)) => {
                 let deadline = now.saturating_add(nanos(shared.max_wait));
@@ -125,6 +132,7 @@ where
                             deadline,
                             service,
                             request,
+                            sooner: Box::pin(Arc::clone(&shared.sooner).notified_owned()),
                         }),
                     }
                 }
@@ -156,16 +164,22 @@ where
                 }
                 StateProj::Held { held } => {
                     let entry = held.as_mut().expect("polled after completion");
-                    ready!(entry.sleep.as_mut().poll(cx));
+                    if entry.sooner.as_mut().poll(cx).is_ready() {
+                        // A newer answer moved the time closer: try again now.
+                        let sooner = Arc::clone(&this.shared.sooner).notified_owned();
+                        entry.sooner = Box::pin(sooner);
+                    } else {
+                        ready!(entry.sleep.as_mut().poll(cx));
+                    }
                     match this.shared.try_start() {
-                        Ok(()) => {
+                        Ok(place) => {
                             this.shared.metrics.waited();
                             let Held {
                                 mut service,
                                 request,
                                 ..
                             } = held.take().expect("checked above");
-                            let next = run(this.shared, &mut service, request);
+                            let next = run(this.shared, place, &mut service, request);
                             this.state.set(next);
                         }
                         Err((now, at)) => {
@@ -186,7 +200,8 @@ where
                 StateProj::Running { future, in_flight } => {
                     let result = ready!(future.poll(cx));
                     if let Ok(response) = &result {
-                        this.shared.observe(response, true);
+                        let place = in_flight.as_ref().map(|call| call.place);
+                        this.shared.observe(response, place);
                     }
                     *in_flight = None;
                     return Poll::Ready(result.map_err(Into::into));

@@ -1,8 +1,11 @@
 //! One dependency's word on when to call it: [`Pushback`] and its builder.
 
+use std::cmp::Reverse;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
 
 use super::advice::{self, Advice};
 use super::layer::PushbackLayer;
@@ -82,6 +85,7 @@ impl<C: Clock> PushbackBuilder<C> {
                 pacing: self.pacing,
                 clock: self.clock,
                 state: Mutex::new(State::default()),
+                sooner: Arc::new(Notify::new()),
             }),
         }
     }
@@ -151,7 +155,11 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.shared.clock.now();
-        let at = self.shared.lock().free_at(now);
+        let mut state = self.shared.lock();
+        // As a call would find it: a window that has passed gives way to the next one first.
+        state.roll(now, self.shared.pacing);
+        let at = state.free_at(now);
+        drop(state);
         Duration::from_nanos(at.saturating_sub(now))
     }
 
@@ -160,7 +168,7 @@ impl<C: Clock> Pushback<C> {
     /// dependency. Calls in flight through the layer are counted against an advertised quota;
     /// this call is not one of them.
     pub fn observe<R: ResponseHead>(&self, response: &R) {
-        self.shared.observe(response, false);
+        self.shared.observe(response, None);
     }
 }
 
@@ -172,6 +180,8 @@ pub(crate) struct Shared<C> {
     pub(crate) clock: C,
     state: Mutex<State>,
     pub(crate) metrics: PushbackMetrics,
+    /// Woken when an answer lets calls start sooner than before, so that waiters go then.
+    pub(crate) sooner: Arc<Notify>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -186,10 +196,13 @@ impl<C> Shared<C> {
 }
 
 impl<C: Clock> Shared<C> {
-    /// Starts a call now, or says from when one may start.
-    pub(crate) fn try_start(&self) -> Result<(), (u64, u64)> {
+    /// Starts a call now, returning its place in the order of starts, or says from when one
+    /// may start.
+    pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
         let now = self.clock.now();
-        self.lock().try_start(now).map_err(|at| (now, at))
+        self.lock()
+            .try_start(now, self.pacing)
+            .map_err(|at| (now, at))
     }
 
     /// A call started by [`try_start`](Self::try_start) has ended.
@@ -198,8 +211,9 @@ impl<C: Clock> Shared<C> {
         state.in_flight = state.in_flight.saturating_sub(1);
     }
 
-    /// Records `response`; `own` when it answers a call still counted in flight.
-    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: bool) {
+    /// Records `response`; `own` is the place of the call it answers (still counted in
+    /// flight) in the order of starts, `None` for a response obtained elsewhere.
+    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<u64>) {
         let advice = advice::read(
             &self.name,
             response.status(),
@@ -212,7 +226,14 @@ impl<C: Clock> Shared<C> {
         }
         self.metrics.observed(response.headers(), &advice);
         let now = self.clock.now();
-        self.lock().apply(advice, now, own, self.pacing);
+        let mut state = self.lock();
+        let before = state.free_at(now);
+        state.apply(advice, now, own, self.pacing);
+        let sooner = state.free_at(now) < before;
+        drop(state);
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 }
 
@@ -232,12 +253,18 @@ struct State {
     next_slot: u64,
     /// Calls started through the layer and not yet answered.
     in_flight: u64,
+    /// Calls started through the layer so far: the next call's place in the order of starts.
+    started: u64,
+    /// The answer whose quota is in force came after every call placed before this had
+    /// started: an answer to one of those may have been written before it, and may only
+    /// tighten it.
+    in_force: u64,
 }
 
 impl State {
     /// Starts the window after `window_end` if it has passed: the advertised quota, less the
     /// calls still in flight (which may land in it); with nothing known, no quota.
-    fn roll(&mut self, now: u64) {
+    fn roll(&mut self, now: u64, pacing: Pacing) {
         if self.budget.is_some() && self.window_end <= now {
             self.spacing = 0;
             // The next window is taken to start now, which ends it no earlier than the
@@ -246,19 +273,24 @@ impl State {
             // otherwise first.
             match self.refill {
                 Some((quota, window)) => {
-                    self.budget = Some(quota.saturating_sub(self.in_flight));
+                    let budget = quota.saturating_sub(self.in_flight);
+                    self.budget = Some(budget);
                     self.window_end = now.saturating_add(window.max(1));
+                    // Under `Spread`, this window's calls are spread over it too.
+                    if pacing == Pacing::Spread && budget > 0 {
+                        self.spacing = window / budget;
+                    }
                 }
                 None => self.budget = None,
             }
         }
     }
 
-    fn try_start(&mut self, now: u64) -> Result<(), u64> {
+    fn try_start(&mut self, now: u64, pacing: Pacing) -> Result<u64, u64> {
         if self.hold_until > now {
             return Err(self.hold_until);
         }
-        self.roll(now);
+        self.roll(now, pacing);
         if self.budget == Some(0) {
             return Err(self.window_end);
         }
@@ -270,7 +302,9 @@ impl State {
         }
         self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
         self.in_flight = self.in_flight.saturating_add(1);
-        Ok(())
+        let place = self.started;
+        self.started = self.started.saturating_add(1);
+        Ok(place)
     }
 
     /// The earliest instant a call may start, without starting one.
@@ -285,17 +319,30 @@ impl State {
         at
     }
 
-    fn apply(&mut self, advice: Advice, now: u64, own: bool, pacing: Pacing) {
+    fn apply(&mut self, advice: Advice, now: u64, own: Option<u64>, pacing: Pacing) {
         if let Some(hold) = advice.hold {
             self.hold_until = self.hold_until.max(now.saturating_add(nanos(hold)));
         }
         if let Some(limit) = advice.limit {
             // Calls in flight other than this one may not have been counted in `r` yet.
-            let others = self.in_flight.saturating_sub(u64::from(own));
+            let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
             let budget = limit.remaining.saturating_sub(others);
             let window = nanos(limit.window);
+            let window_end = now.saturating_add(window);
+            // An answer to a call that started before the one whose answer is in force may
+            // have been written first: out of order, it counts only if it is more restrictive
+            // (fewer calls left, or as few for longer), so that it never loosens a hold.
+            self.roll(now, pacing);
+            let stale = own.is_some_and(|place| place < self.in_force);
+            if let (true, Some(current)) = (stale, self.budget) {
+                if (budget, Reverse(window_end)) >= (current, Reverse(self.window_end)) {
+                    return;
+                }
+            } else {
+                self.in_force = self.in_force.max(own.unwrap_or(self.started));
+            }
             self.budget = Some(budget);
-            self.window_end = now.saturating_add(window);
+            self.window_end = window_end;
             self.refill = limit.quota.map(|(quota, window)| (quota, nanos(window)));
             self.spacing = match pacing {
                 Pacing::Spread if budget > 0 => window / budget,
@@ -303,6 +350,9 @@ impl State {
             };
             if self.spacing == 0 {
                 self.next_slot = 0;
+            } else {
+                // The slot a sparser pacing set is no later than one spacing of this answer.
+                self.next_slot = self.next_slot.min(now.saturating_add(self.spacing));
             }
         }
     }

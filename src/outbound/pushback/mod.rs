@@ -68,10 +68,14 @@
 //!   name (less those still in flight) may start within its `w`, and so on, or, without a
 //!   policy, calls go freely until the next answer.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
+//! * Answers may arrive out of order: one to a call that started before the call whose answer
+//!   is in force may have been written first, so it counts only if it is more restrictive
+//!   (fewer calls left, or as few for longer). It never loosens or shortens a hold.
 //! * A held call fails at once with [`PushedBack`], which carries the time left, unless the
 //!   hold ends within [`max_wait`](PushbackBuilder::max_wait): then it waits on tokio's timer
-//!   (no thread parked) and is sent when the hold ends. A waiting call that is dropped (a
-//!   timeout above it) simply goes away: it reached nothing and took nothing.
+//!   (no thread parked) and is sent when the hold ends (a newer answer may end it sooner). A
+//!   waiting call that is dropped (a timeout above it) simply goes away: it reached nothing and
+//!   took nothing.
 //!
 //! Nothing is known before the first answer: pair the pushback with a
 //! [client quota](super::ClientQuotaLayer) for the calls that go before it.
