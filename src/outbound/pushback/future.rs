@@ -110,7 +110,15 @@ where
     C: Clock,
 {
     pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
-        let state = match shared.try_start() {
+        let mut sooner = None;
+        let mut started = shared.try_start();
+        if started.is_err() {
+            // Listen for an answer that lets calls start sooner, then look again: an answer
+            // that came between the first look and the listening is not missed.
+            sooner = Some(Arc::clone(&shared.sooner).notified_owned());
+            started = shared.try_start();
+        }
+        let state = match started {
             Ok(place) => {
                 shared.metrics.admitted();
                 run(shared, place, service, request)
@@ -132,7 +140,10 @@ where
                             deadline,
                             service,
                             request,
-                            sooner: Box::pin(Arc::clone(&shared.sooner).notified_owned()),
+                            sooner: Box::pin(
+                                sooner
+                                    .unwrap_or_else(|| Arc::clone(&shared.sooner).notified_owned()),
+                            ),
                         }),
                     }
                 }

@@ -85,8 +85,8 @@
 //! Whatever a response says, no hold is longer than [`max_hold`](PushbackBuilder::max_hold)
 //! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
 //! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
-//! several where one is allowed, bytes that are not text, fields over 4 KiB or of more than 16
-//! lines) are ignored and logged; none panics. `RateLimit` and `RateLimit-Policy` are parsed as
+//! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored and logged;
+//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit` and `RateLimit-Policy` are parsed as
 //! Structured Fields (RFC 9651) by the crate's own reader of the grammar, and a field that does
 //! not parse is ignored whole, as that RFC asks.
 
