@@ -847,3 +847,56 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
         });
     });
 }
+
+/// Calls dropped before their first poll never reached the dependency: a burst of them (a caller
+/// that builds futures and gives up, at startup or later) must not be read as overload. Before
+/// the fix each one was an overload signal closing its own round, and ten of them took a limit
+/// of 100 down to about 11.
+#[tokio::test]
+async fn calls_dropped_before_their_first_poll_are_no_sample() {
+    let clock = ManualClock::new();
+    let (bulkhead, changes) = with_changes(
+        AdaptiveBulkhead::builder("unpolled")
+            .limits(limits(1, 100, 100))
+            .clock(clock.clone()),
+    );
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    for _ in 0..10 {
+        let (_gate, rx) = oneshot::channel::<u16>();
+        let call = client.ready().await.unwrap().call(rx);
+        clock.advance(ms(1));
+        drop(call);
+    }
+    assert_eq!(
+        bulkhead.limit(),
+        100,
+        "moves: {:?}",
+        changes.lock().unwrap()
+    );
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 100);
+    // A call that was polled and then dropped (a timeout above it) still is overload.
+    let (_gate, rx) = oneshot::channel::<u16>();
+    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
+    let waker = Waker::noop();
+    assert!(call
+        .as_mut()
+        .poll(&mut Context::from_waker(waker))
+        .is_pending());
+    clock.advance(ms(5));
+    drop(call);
+    let (_gate, rx) = oneshot::channel::<u16>();
+    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
+    assert!(call
+        .as_mut()
+        .poll(&mut Context::from_waker(waker))
+        .is_pending());
+    clock.advance(ms(10));
+    drop(call);
+    assert!(
+        bulkhead.limit() < 100,
+        "a polled, cut call is overload: {:?}",
+        changes.lock().unwrap()
+    );
+}

@@ -87,6 +87,7 @@ where
                 // is no sample even when the panic is caught above and the future dropped later.
                 running.permit.outcome = Ending::Panicked;
                 running.sampler.in_poll = true;
+                running.sampler.polled = true;
                 match future.poll(cx) {
                     Poll::Pending => {
                         running.permit.outcome = Ending::Cancelled;

@@ -149,6 +149,9 @@ pub(super) struct Sampler {
     /// Set while the call's future or the classifier runs: dropped in that state, the call
     /// panicked (the panic was caught above and the future dropped after the unwinding).
     pub(super) in_poll: bool,
+    /// Set at the call's first poll: a call dropped before it never reached the dependency
+    /// (its future had not started), so it says nothing about it.
+    pub(super) polled: bool,
     ended: bool,
 }
 
@@ -164,6 +167,7 @@ impl Sampler {
             in_flight,
             admitted_under,
             in_poll: false,
+            polled: false,
             ended: false,
         }
     }
@@ -193,7 +197,7 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        let verdict = if self.in_poll || std::thread::panicking() {
+        let verdict = if self.in_poll || !self.polled || std::thread::panicking() {
             Verdict::Ignored
         } else {
             self.shared.cancelled

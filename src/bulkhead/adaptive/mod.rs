@@ -108,7 +108,8 @@
 //!   `retry → timeout → pushback → client quota → adaptive bulkhead → client`, that is how a
 //!   timeout reaches it), or no sample with
 //!   [`ignore_cancelled_calls`](AdaptiveBulkheadBuilder::ignore_cancelled_calls); never a
-//!   fast, healthy one. A call that panicked is no sample.
+//!   fast, healthy one. A call dropped before it was first polled never reached the
+//!   dependency, and a call that panicked says nothing about it: neither is a sample.
 //!
 //! # Watching it
 //!
