@@ -17,7 +17,7 @@
 //!
 //! * **What the counter buys is small next to the rest of a keyed check.** Counted with
 //!   callgrind, a keyed check is 406 instructions on `SystemClock` and 337 on `QuantaClock`
-//!   (governor: 294). In time, on a 2-vCPU AMD EPYC virtual machine, the counter saved 35 to
+//!   (governor: 296). In time, on a 2-vCPU AMD EPYC virtual machine, the counter saved 35 to
 //!   40 ns of 85 to 95 ns on an idle machine, and nothing measurable (about 300 ns either way)
 //!   with another build running, where the load of the key's table entry dominates. Neither
 //!   clock makes the keyed check level with governor's from one thread.
