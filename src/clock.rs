@@ -72,7 +72,7 @@ impl<C: Clock + ?Sized> Clock for Box<C> {
 /// and no sum of an instant and a bounded span (see [`Quota`](crate::Quota)) can wrap.
 pub(crate) const MAX_NOW: u64 = 1 << 62;
 
-fn saturating_nanos(d: Duration) -> u64 {
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

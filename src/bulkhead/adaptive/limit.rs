@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::error::AdaptiveConfigError;
 use crate::bulkhead::MAX_CONCURRENT_CALLS;
+use crate::clock::saturating_nanos;
 
 /// The longest round trip an algorithm takes at face value, 2^40 ns (about 18 minutes). A longer
 /// one (a broken clock, `Duration::MAX`) is taken as this, so that no window lasts for ages.
@@ -221,7 +222,7 @@ struct Rounds {
 
 impl Rounds {
     fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
-        let at = nanos_at(sample.at);
+        let at = saturating_nanos(sample.at);
         // A zero round trip (a coarse clock) still counts, as one nanosecond.
         let rtt = nanos(sample.rtt).max(1);
         if sample.overloaded {
@@ -262,10 +263,6 @@ impl Rounds {
         };
         Some(round)
     }
-}
-
-fn nanos_at(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The no-load round trip, learnt from rounds. For the first [`WARM_UP`] rounds it is their

@@ -16,6 +16,7 @@ use tower_service::Service;
 use super::error::PushedBack;
 use super::instance::Shared;
 use super::response::ResponseHead;
+use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::BoxError;
 
@@ -83,10 +84,6 @@ fn span(from: u64, to: u64) -> Duration {
     Duration::from_nanos(to.saturating_sub(from))
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 fn run<S: Service<Req>, Req, C: Clock>(
     shared: &Arc<Shared<C>>,
     place: u64,
@@ -124,7 +121,7 @@ where
                 run(shared, place, service, request)
             }
             Err((now, at)) => {
-                let deadline = now.saturating_add(nanos(shared.max_wait));
+                let deadline = now.saturating_add(saturating_nanos(shared.max_wait));
                 if at > deadline {
                     shared.metrics.refused();
                     State::Refused {

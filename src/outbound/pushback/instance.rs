@@ -11,6 +11,7 @@ use super::advice::{self, Advice};
 use super::layer::PushbackLayer;
 use super::metrics::PushbackMetrics;
 use super::response::ResponseHead;
+use crate::clock::saturating_nanos;
 use crate::clock::{Clock, SystemClock};
 
 /// The default [`max_hold`](PushbackBuilder::max_hold): ten minutes.
@@ -184,10 +185,6 @@ pub(crate) struct Shared<C> {
     pub(crate) sooner: Arc<Notify>,
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl<C> Shared<C> {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Every change to the state is a few assignments that cannot panic half-way.
@@ -321,13 +318,15 @@ impl State {
 
     fn apply(&mut self, advice: Advice, now: u64, own: Option<u64>, pacing: Pacing) {
         if let Some(hold) = advice.hold {
-            self.hold_until = self.hold_until.max(now.saturating_add(nanos(hold)));
+            self.hold_until = self
+                .hold_until
+                .max(now.saturating_add(saturating_nanos(hold)));
         }
         if let Some(limit) = advice.limit {
             // Calls in flight other than this one may not have been counted in `r` yet.
             let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
             let budget = limit.remaining.saturating_sub(others);
-            let window = nanos(limit.window);
+            let window = saturating_nanos(limit.window);
             let window_end = now.saturating_add(window);
             // An answer to a call that started before the one whose answer is in force may
             // have been written first: out of order, it counts only if it is more restrictive
@@ -343,7 +342,9 @@ impl State {
             }
             self.budget = Some(budget);
             self.window_end = window_end;
-            self.refill = limit.quota.map(|(quota, window)| (quota, nanos(window)));
+            self.refill = limit
+                .quota
+                .map(|(quota, window)| (quota, saturating_nanos(window)));
             self.spacing = match pacing {
                 Pacing::Spread if budget > 0 => window / budget,
                 _ => 0,
