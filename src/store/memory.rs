@@ -131,21 +131,24 @@ where
         &self.shards[idx]
     }
 
-    /// Runs `f` on the shard's context and the state of `key`, inserting a fresh state if the
-    /// key is new; `full` instead, with the context, if there is no room for a new key.
+    /// Runs `f` on the shard's context and the state of `key` (and the key's hash), inserting a
+    /// fresh state if the key is new; `full` instead, with the context and the time, if there is
+    /// no room for a new key.
     ///
-    /// `idle_at` tells which states may be dropped at `now` when room is needed; `rank` which
-    /// live ones to evict first (lowest first).
+    /// `now` reads the clock, only when room is needed: `idle_at` tells which states may be
+    /// dropped at that time; `rank` which live ones to evict first (lowest first). A known key
+    /// never reads it here, so `f` reads the clock itself, once its state is found (see
+    /// `KeyedRateLimiter::with_key` for why that order matters).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
-        now: u64,
+        now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
-        rank: impl Fn(&G, &S) -> u128,
+        rank: impl Fn(&G, &S, u64) -> u128,
         f: impl FnOnce(&G, &S, u64) -> R,
-        full: impl FnOnce(&G, Full) -> R,
+        full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
@@ -170,11 +173,11 @@ where
         shard: &Shard<K, S, G>,
         hash: u64,
         key: &K,
-        now: u64,
+        now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
-        rank: impl Fn(&G, &S) -> u128,
+        rank: impl Fn(&G, &S, u64) -> u128,
         f: impl FnOnce(&G, &S, u64) -> R,
-        full: impl FnOnce(&G, Full) -> R,
+        full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
@@ -182,6 +185,7 @@ where
         if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
             return f(context, state, hash);
         }
+        let now = now();
         if keys.len() >= self.shard_cap {
             let full_until = shard.full_until.load(Ordering::Relaxed);
             if now < full_until {
@@ -190,6 +194,7 @@ where
                     Full {
                         free_at: full_until,
                     },
+                    now,
                 );
             }
             keys.retain(|(_, s)| idle_at(context, s) > now);
@@ -203,10 +208,10 @@ where
                         .min()
                         .unwrap_or(now);
                     shard.full_until.store(free_at, Ordering::Relaxed);
-                    return full(context, Full { free_at });
+                    return full(context, Full { free_at }, now);
                 }
                 Overflow::EvictNearestIdle => {
-                    evict_lowest_ranks(keys, &|s: &S| rank(context, s), self.shard_cap)
+                    evict_lowest_ranks(keys, &|s: &S| rank(context, s, now), self.shard_cap)
                 }
             }
         }
@@ -306,11 +311,11 @@ mod tests {
         s.load(Ordering::Relaxed)
     }
 
-    fn rank(_: &(), s: &AtomicU64) -> u128 {
+    fn rank(_: &(), s: &AtomicU64, _now: u64) -> u128 {
         u128::from(tat(&(), s))
     }
 
-    fn full(_: &(), full: Full) -> Result<(), Full> {
+    fn full(_: &(), full: Full, _now: u64) -> Result<(), Full> {
         Err(full)
     }
 
@@ -327,10 +332,10 @@ mod tests {
             MemoryStore::new(100, Overflow::EvictNearestIdle, ());
         // A heavy user whose state runs far ahead.
         store
-            .with(&u32::MAX, 0, tat, rank, set_tat(1_000_000), full)
+            .with(&u32::MAX, || 0, tat, rank, set_tat(1_000_000), full)
             .unwrap();
         for k in 0..1000u32 {
-            store.with(&k, 0, tat, rank, set_tat(10), full).unwrap();
+            store.with(&k, || 0, tat, rank, set_tat(10), full).unwrap();
             assert!(store.len() <= 100);
         }
         assert_eq!(
@@ -343,15 +348,15 @@ mod tests {
     fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
         let store: MemoryStore<u32, AtomicU64, ()> =
             MemoryStore::new(2, Overflow::RefuseNewKeys, ());
-        store.with(&1, 0, tat, rank, set_tat(50), full).unwrap();
-        store.with(&2, 0, tat, rank, set_tat(70), full).unwrap();
+        store.with(&1, || 0, tat, rank, set_tat(50), full).unwrap();
+        store.with(&2, || 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store
-            .with(&3, 10, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 10, tat, rank, |_, _, _| Ok(()), full)
             .unwrap_err();
         assert_eq!(refused.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
         store
-            .with(&3, 60, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 60, tat, rank, |_, _, _| Ok(()), full)
             .unwrap();
         assert_eq!(store.with_existing(&1, |g, s, _| tat(g, s)), None);
         assert_eq!(store.len(), 2);
