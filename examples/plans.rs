@@ -22,11 +22,10 @@ use axum::extract::MatchedPath;
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use http::header::HeaderName;
-use http::request::Parts;
 use http::{HeaderValue, Method, StatusCode};
 use tokio::net::TcpListener;
 use tower_bulwark::rate_limit::{
-    HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer,
+    HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer, RequestHead,
 };
 use tower_bulwark::{
     algorithm::Gcra,
@@ -38,7 +37,7 @@ use tower_bulwark::{
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The route a request matched (axum puts it in the extensions before a `route_layer` runs).
-fn route(request: &Parts) -> Option<&str> {
+fn route<'a>(request: &RequestHead<'a>) -> Option<&'a str> {
     request
         .extensions
         .get::<MatchedPath>()
@@ -46,8 +45,8 @@ fn route(request: &Parts) -> Option<&str> {
 }
 
 /// What a request costs on the routes that are counted per IP and per plan.
-fn route_cost(request: &Parts) -> u32 {
-    match (&request.method, route(request)) {
+fn route_cost(request: &RequestHead) -> u32 {
+    match (request.method, route(request)) {
         (&Method::GET, Some("/search")) => 5,
         _ => 1,
     }
@@ -86,7 +85,7 @@ pub fn app<C: Clock + Clone>(clock: C) -> Result<(Router, String), Box<dyn std::
 
     // The plan's key is the API key; a planned route without one is a 401.
     let api_key = HeaderKey::new(X_API_KEY);
-    let plan_key = move |request: &Parts| {
+    let plan_key = move |request: &RequestHead| {
         if request.headers.contains_key(X_API_KEY) {
             api_key.extract(request)
         } else {

@@ -8,10 +8,9 @@ use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use http::request::Parts;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer, RequestHead};
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
 fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock> {
@@ -51,7 +50,7 @@ async fn get_path(app: &Router, path: &str) -> (StatusCode, bool) {
 async fn an_exempt_path_is_never_counted_nor_given_headers() {
     let per_ip = limiter();
     let layer = RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), per_ip.clone()).unwrap())
-        .exempt(|parts: &Parts| parts.uri.path() == "/health");
+        .exempt(|head: &RequestHead| head.uri.path() == "/health");
     let app = app(layer, "198.51.100.1");
     for _ in 0..20 {
         assert_eq!(get_path(&app, "/health").await, (StatusCode::OK, false));
@@ -72,7 +71,7 @@ async fn exempt_networks_match_the_tcp_peer_and_exemptions_add_up() {
     let per_ip = limiter();
     let layer = RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), per_ip.clone()).unwrap())
         .exempt_networks(["10.0.0.0/8".parse::<Cidr>().unwrap()])
-        .exempt(|parts: &Parts| parts.uri.path() == "/health");
+        .exempt(|head: &RequestHead| head.uri.path() == "/health");
     let internal = app(layer.clone(), "10.1.2.3");
     for _ in 0..5 {
         assert_eq!(

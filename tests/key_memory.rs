@@ -18,7 +18,9 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{HeaderKey, KeyExtractor, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{
+    HeaderKey, KeyExtractor, PeerIp, Policy, RateLimitLayer, RequestHead,
+};
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
 fn api_key() -> HeaderName {
@@ -41,7 +43,9 @@ fn a_header_key_owns_its_bytes_instead_of_the_request_buffer() {
         parts
             .headers
             .insert(api_key(), slice_of_a_big_buffer(b"key-0001"));
-        HeaderKey::new(api_key()).extract(&parts).unwrap()
+        HeaderKey::new(api_key())
+            .extract(&RequestHead::from(&parts))
+            .unwrap()
     };
     let kept = counting::live_bytes() - before;
     assert_eq!(key, "key-0001");
@@ -56,7 +60,7 @@ fn header_values_longer_than_the_limit_are_refused_with_the_limit_named() {
             .body(())
             .unwrap()
             .into_parts();
-        x.extract(&parts)
+        x.extract(&RequestHead::from(&parts))
     };
     let default = HeaderKey::new(api_key());
     assert_eq!(HeaderKey::DEFAULT_MAX_LEN, 256);

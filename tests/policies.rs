@@ -15,7 +15,7 @@ use axum::Router;
 use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer, RequestHead};
 use tower_bulwark::{
     algorithm::SlidingLog, clock::ManualClock, limiter::Decision, BoxError, DirectRateLimiter,
     KeyedRateLimiter, Limiter, Quota,
@@ -152,7 +152,7 @@ async fn a_refusal_by_one_key_spends_nothing_under_the_others() {
 async fn the_cost_comes_from_the_matched_route() {
     let clock = ManualClock::new();
     let per_ip = keyed::<IpAddr>(Quota::per_hour(10).unwrap(), &clock);
-    let cost = |request: &http::request::Parts| match request
+    let cost = |request: &RequestHead| match request
         .extensions
         .get::<MatchedPath>()
         .map(MatchedPath::as_str)

@@ -27,13 +27,12 @@ use axum::body::{to_bytes, Body};
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::rate_limit::{
     BoxLimiter, BoxReserve, FailMode, KeyError, KeyExtractor, PeerIp, Policy, PolicySet, RateLimit,
-    RateLimitLayer,
+    RateLimitLayer, RequestHead,
 };
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},
@@ -302,14 +301,14 @@ fn names_index(headers: &HeaderMap, name: &str, i: usize) -> bool {
 impl KeyExtractor for K {
     type Key = String;
 
-    fn extract(&self, parts: &Parts) -> Result<String, KeyError> {
-        if names_index(&parts.headers, "x-panic-key", self.0) {
+    fn extract(&self, head: &RequestHead<'_>) -> Result<String, KeyError> {
+        if names_index(head.headers, "x-panic-key", self.0) {
             panic!("key extractor {} panics", self.0);
         }
-        if names_index(&parts.headers, "x-nokey", self.0) {
+        if names_index(head.headers, "x-nokey", self.0) {
             return Err(KeyError::bad_request("no key"));
         }
-        Ok(parts
+        Ok(head
             .headers
             .get("x-key")
             .map_or("k", |v| v.to_str().unwrap())
@@ -1312,7 +1311,7 @@ fn a_vetoed_fixed_window_reservation_straddling_two_cycles_stays_spent() {
     );
     let veto = log(1, &clock, Mode::Now);
     let header_cost = |name: &'static str| {
-        move |p: &Parts| {
+        move |p: &RequestHead| {
             p.headers
                 .get(name)
                 .map_or(0, |v| v.to_str().unwrap().parse().unwrap())

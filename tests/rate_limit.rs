@@ -14,12 +14,11 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use http::request::Parts;
 use http::{HeaderMap, Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_bulwark::rate_limit::{
     BoxLimiter, Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy,
-    PolicySet, RateLimitLayer, Refusal,
+    PolicySet, RateLimitLayer, Refusal, RequestHead,
 };
 use tower_bulwark::{
     algorithm::SlidingLog,
@@ -850,9 +849,8 @@ async fn a_closure_can_be_the_key() {
     let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
         .clock(clock)
         .build();
-    let by_tenant = |parts: &Parts| {
-        parts
-            .uri
+    let by_tenant = |head: &RequestHead| {
+        head.uri
             .path()
             .split('/')
             .nth(1)

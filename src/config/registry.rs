@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use http::request::Parts;
+use crate::rate_limit::RequestHead;
 use http::HeaderValue;
 
 #[cfg(feature = "adaptive")]
@@ -59,14 +59,14 @@ pub struct ConfigKeyExtractor(Extract);
 impl KeyExtractor for ConfigKeyExtractor {
     type Key = ConfigKey;
 
-    fn extract(&self, parts: &Parts) -> Result<ConfigKey, KeyError> {
+    fn extract(&self, head: &RequestHead<'_>) -> Result<ConfigKey, KeyError> {
         match &self.0 {
             #[cfg(feature = "axum")]
-            Extract::Peer(x) => x.extract(parts).map(ConfigKey::Ip),
+            Extract::Peer(x) => x.extract(head).map(ConfigKey::Ip),
             #[cfg(feature = "axum")]
-            Extract::Forwarded(x) => x.extract(parts).map(ConfigKey::Ip),
-            Extract::Header(x) => x.extract(parts).map(ConfigKey::Header),
-            Extract::Global => GlobalKey.extract(parts).map(|()| ConfigKey::Global),
+            Extract::Forwarded(x) => x.extract(head).map(ConfigKey::Ip),
+            Extract::Header(x) => x.extract(head).map(ConfigKey::Header),
+            Extract::Global => GlobalKey.extract(head).map(|()| ConfigKey::Global),
         }
     }
 }

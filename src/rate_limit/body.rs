@@ -1,6 +1,7 @@
 //! The body type of a rate-limited service's responses.
 
 use bytes::Bytes;
+use http::Response;
 use http_body::Body;
 
 use super::response::RateLimitBody;
@@ -26,6 +27,13 @@ pub trait BodyKind<B>: sealed::Sealed {
 
     #[doc(hidden)]
     fn answer(bytes: Bytes) -> Self::Body;
+
+    /// The inner service's response, with its body made [`Self::Body`].
+    #[doc(hidden)]
+    #[inline]
+    fn response(response: Response<B>) -> Response<Self::Body> {
+        response.map(Self::inner)
+    }
 }
 
 /// Responses keep the inner service's body type `B`, and the layer's own answers are made with
@@ -57,6 +65,12 @@ impl<B: From<Bytes>> BodyKind<B> for SameBody {
     #[inline]
     fn answer(bytes: Bytes) -> B {
         B::from(bytes)
+    }
+
+    #[inline]
+    fn response(response: Response<B>) -> Response<B> {
+        // As it is: `map` would take the response apart and build it again.
+        response
     }
 }
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::head::RequestHead;
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Response, StatusCode};
 
 use super::key::KeyError;
@@ -138,14 +138,14 @@ impl<P: PolicySet> Ledger<P> {
     }
 
     /// Asks every policy not asked yet, in order, as far as they answer at once.
-    pub(crate) fn drive(&mut self, shared: &Shared<P>, parts: &Parts) -> Next {
+    pub(crate) fn drive(&mut self, shared: &Shared<P>, head: &RequestHead<'_>) -> Next {
         let policies = &*shared.policies;
         loop {
             let i = self.outcomes.len();
             if i == policies.len() {
-                return Next::Done(self.conclude(shared, parts));
+                return Next::Done(self.conclude(shared, head));
             }
-            match policies.prepare(i, parts, &mut self.keys) {
+            match policies.prepare(i, head, &mut self.keys) {
                 Ok(0) => self.outcomes.push(Outcome::Skipped),
                 Ok(_) => match policies.reserve_now(i, &self.keys) {
                     Some(result) => {
@@ -241,7 +241,7 @@ impl<P: PolicySet> Ledger<P> {
 
     /// What the outcomes come to, once every policy has been asked. A refusal gives every
     /// permit back.
-    fn conclude(&mut self, shared: &Shared<P>, parts: &Parts) -> Conclusion {
+    fn conclude(&mut self, shared: &Shared<P>, head: &RequestHead<'_>) -> Conclusion {
         let mut wait = Duration::ZERO;
         let mut refused = false;
         for (info, outcome) in shared.meta.policies.iter().zip(self.outcomes.as_slice()) {
@@ -260,7 +260,7 @@ impl<P: PolicySet> Ledger<P> {
             let outcomes = self.refund_all(shared);
             let response = Refusal {
                 meta: &shared.meta,
-                request: parts,
+                request: *head,
                 outcomes: outcomes.as_slice(),
                 policy_header: shared.meta.policy_header_for(outcomes.as_slice(), |i| {
                     shared.policies.quota(i, &self.keys)

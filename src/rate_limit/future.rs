@@ -9,7 +9,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
@@ -17,6 +16,7 @@ use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
 use super::decide::{Conclusion, Ledger, Next, Settle};
+use super::head::RequestHead;
 use super::layer::Shared;
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{AdmittedHeaders, Outcome};
@@ -128,7 +128,7 @@ where
                     if let Some(headers) = this.headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response.map(M::inner)));
+                    return Poll::Ready(Ok(M::response(response)));
                 }
                 StateProj::Answer { response } => {
                     let response = response
@@ -224,8 +224,7 @@ enum Step {
 /// A request that has not reached the inner service yet, with the permits it holds.
 pub(crate) struct Pending<S, ReqBody, P: PolicySet> {
     inner: S,
-    parts: Parts,
-    body: ReqBody,
+    request: Request<ReqBody>,
     held: Held<P>,
 }
 
@@ -233,16 +232,14 @@ impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
     /// `waited` says whether every policy has decided and the wait, if any, is under way.
     pub(crate) fn new(
         inner: S,
-        parts: Parts,
-        body: ReqBody,
+        request: Request<ReqBody>,
         shared: Arc<Shared<P>>,
         ledger: Ledger<P>,
         waited: bool,
     ) -> Box<Self> {
         Box::new(Self {
             inner,
-            parts,
-            body,
+            request,
             held: Held {
                 shared,
                 ledger,
@@ -264,7 +261,10 @@ impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
         } else if held.waited {
             return Step::Call;
         }
-        match held.ledger.drive(&held.shared, &self.parts) {
+        match held
+            .ledger
+            .drive(&held.shared, &RequestHead::from(&self.request))
+        {
             Next::Reserve(reserve) => Step::Reserve(reserve),
             Next::Done(Conclusion::Answer(response)) => Step::Answer(response),
             Next::Done(Conclusion::Wait(wait)) => {
@@ -288,14 +288,13 @@ impl<S, ReqBody, P: PolicySet> Pending<S, ReqBody, P> {
     ) {
         let Pending {
             inner,
-            parts,
-            body,
+            request,
             held,
         } = self;
         let (shared, ledger) = held.hand_over();
         let headers = ledger.admitted_headers(&shared);
         let settle = ledger.into_settle(&shared);
-        (inner, Request::from_parts(parts, body), headers, settle)
+        (inner, request, headers, settle)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Who is asking: turning a request into the key that a limiter counts against.
 //!
-//! A [`KeyExtractor`] looks at the request head (method, URI, headers, extensions; never the body)
-//! and returns a key, or a [`KeyError`] saying why it could not. The crate ships:
+//! A [`KeyExtractor`] looks at the [request head](RequestHead) (method, URI, headers, extensions;
+//! never the body) and returns a key, or a [`KeyError`] saying why it could not. The crate ships:
 //!
 //! * [`PeerIp`] (feature `axum`): the address of the TCP peer, from axum's `ConnectInfo` (or
 //!   `MockConnectInfo` in tests). IPv6 clients are keyed by their /64 network by default.
@@ -10,16 +10,14 @@
 //!   of those proxies.
 //! * [`HeaderKey`]: the value of a request header such as `x-api-key`.
 //! * [`GlobalKey`]: one key for every request.
-//! * any closure `Fn(&http::request::Parts) -> Result<K, KeyError>`.
+//! * any closure `Fn(&RequestHead) -> Result<K, KeyError>`.
 //!
 //! ```
-//! use http::request::Parts;
-//! use tower_bulwark::rate_limit::{KeyError, KeyExtractor};
+//! use tower_bulwark::rate_limit::{KeyError, KeyExtractor, RequestHead};
 //!
 //! // Key by tenant, taken from the first path segment: `/acme/orders` -> "acme".
-//! let by_tenant = |parts: &Parts| {
-//!     parts
-//!         .uri
+//! let by_tenant = |head: &RequestHead| {
+//!     head.uri
 //!         .path()
 //!         .split('/')
 //!         .nth(1)
@@ -27,8 +25,8 @@
 //!         .map(str::to_owned)
 //!         .ok_or_else(|| KeyError::bad_request("the path names no tenant"))
 //! };
-//! let (parts, ()) = http::Request::get("/acme/orders").body(()).unwrap().into_parts();
-//! assert_eq!(by_tenant.extract(&parts).unwrap(), "acme");
+//! let request = http::Request::get("/acme/orders").body(()).unwrap();
+//! assert_eq!(by_tenant.extract(&RequestHead::from(&request)).unwrap(), "acme");
 //! ```
 
 use std::borrow::Cow;
@@ -38,31 +36,31 @@ use std::ops::ControlFlow;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::head::RequestHead;
 use http::header::{HeaderName, HeaderValue, FORWARDED};
-use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 
 /// Finds the rate-limit key of a request.
 ///
 /// Implemented by the extractors of this module and by every closure
-/// `Fn(&http::request::Parts) -> Result<K, KeyError>`.
+/// `Fn(&RequestHead) -> Result<K, KeyError>`.
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The key a limiter counts against.
     type Key: Send + 'static;
 
-    /// Returns the key of the request described by `parts`, or why there is none.
-    fn extract(&self, parts: &Parts) -> Result<Self::Key, KeyError>;
+    /// Returns the key of the request whose head is `head`, or why there is none.
+    fn extract(&self, head: &RequestHead<'_>) -> Result<Self::Key, KeyError>;
 }
 
 impl<F, K> KeyExtractor for F
 where
-    F: Fn(&Parts) -> Result<K, KeyError> + Send + Sync + 'static,
+    F: Fn(&RequestHead<'_>) -> Result<K, KeyError> + Send + Sync + 'static,
     K: Send + 'static,
 {
     type Key = K;
 
-    fn extract(&self, parts: &Parts) -> Result<K, KeyError> {
-        self(parts)
+    fn extract(&self, head: &RequestHead<'_>) -> Result<K, KeyError> {
+        self(head)
     }
 }
 
@@ -131,7 +129,7 @@ pub struct GlobalKey;
 impl KeyExtractor for GlobalKey {
     type Key = ();
 
-    fn extract(&self, _parts: &Parts) -> Result<(), KeyError> {
+    fn extract(&self, _head: &RequestHead<'_>) -> Result<(), KeyError> {
         Ok(())
     }
 }
@@ -178,8 +176,8 @@ impl HeaderKey {
 impl KeyExtractor for HeaderKey {
     type Key = HeaderValue;
 
-    fn extract(&self, parts: &Parts) -> Result<HeaderValue, KeyError> {
-        let mut values = parts.headers.get_all(&self.name).iter();
+    fn extract(&self, head: &RequestHead<'_>) -> Result<HeaderValue, KeyError> {
+        let mut values = head.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
             (Some(value), None) if value.len() > self.max_len => {
                 Err(KeyError::bad_request(format!(
@@ -220,23 +218,48 @@ fn own(value: &HeaderValue) -> Option<HeaderValue> {
 ///
 /// One IPv6 subscriber is usually handed a whole /64 (often a /56 or /48), and can pick a new
 /// address in it for every request; keying by the full address would give each a fresh budget.
+/// Kept as masks, made once, so that keying an address is one `and`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Prefixes {
-    v4: u8,
-    v6: u8,
+    v4: u32,
+    v6: u128,
 }
 
 impl Default for Prefixes {
     fn default() -> Self {
-        Self { v4: 32, v6: 64 }
+        Self::new(32, 64)
     }
 }
 
 impl Prefixes {
+    /// The first `v4` bits of IPv4 addresses, the first `v6` of IPv6 ones (longer prefixes
+    /// mean the whole address).
+    fn new(v4: u8, v6: u8) -> Self {
+        Self {
+            v4: mask_v4(v4),
+            v6: mask_v6(v6),
+        }
+    }
+
+    fn with_v4(self, bits: u8) -> Self {
+        Self {
+            v4: mask_v4(bits),
+            ..self
+        }
+    }
+
+    fn with_v6(self, bits: u8) -> Self {
+        Self {
+            v6: mask_v6(bits),
+            ..self
+        }
+    }
+
+    #[inline]
     fn key(&self, ip: IpAddr) -> IpAddr {
         match canonical(ip) {
-            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from_bits(v4.to_bits() & mask_v4(self.v4))),
-            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & mask_v6(self.v6))),
+            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from_bits(v4.to_bits() & self.v4)),
+            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & self.v6)),
         }
     }
 }
@@ -295,10 +318,7 @@ impl Cidr {
                 reason: "the prefix is longer than the address",
             });
         }
-        let p = Prefixes {
-            v4: prefix,
-            v6: prefix,
-        };
+        let p = Prefixes::new(prefix, prefix);
         Ok(Self {
             network: p.key(address),
             prefix,
@@ -411,27 +431,26 @@ impl PeerIp {
 
     /// Keys IPv6 peers by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v6 = bits.min(128);
+        self.prefixes = self.prefixes.with_v6(bits);
         self
     }
 
     /// Keys IPv4 peers by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v4 = bits.min(32);
+        self.prefixes = self.prefixes.with_v4(bits);
         self
     }
 }
 
 #[cfg(feature = "axum")]
-pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Option<IpAddr> {
     use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
     use std::net::SocketAddr;
 
-    if let Some(ConnectInfo(addr)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+    if let Some(ConnectInfo(addr)) = head.extensions.get::<ConnectInfo<SocketAddr>>() {
         return Some(addr.ip());
     }
-    parts
-        .extensions
+    head.extensions
         .get::<MockConnectInfo<SocketAddr>>()
         .map(|MockConnectInfo(addr)| addr.ip())
 }
@@ -445,8 +464,8 @@ impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 
     #[inline]
-    fn extract(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
-        match peer_ip(parts) {
+    fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
+        match peer_ip(head) {
             Some(ip) => Ok(self.prefixes.key(ip)),
             None => Err(KeyError::internal(NO_PEER)),
         }
@@ -547,13 +566,13 @@ impl ForwardedIp {
 
     /// Keys IPv6 clients by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v6 = bits.min(128);
+        self.prefixes = self.prefixes.with_v6(bits);
         self
     }
 
     /// Keys IPv4 clients by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes.v4 = bits.min(32);
+        self.prefixes = self.prefixes.with_v4(bits);
         self
     }
 
@@ -600,9 +619,9 @@ impl ForwardedIp {
 impl KeyExtractor for ForwardedIp {
     type Key = IpAddr;
 
-    fn extract(&self, parts: &Parts) -> Result<IpAddr, KeyError> {
-        let peer = peer_ip(parts).ok_or_else(|| KeyError::internal(NO_PEER))?;
-        self.client_ip(peer, &parts.headers)
+    fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
+        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
+        self.client_ip(peer, head.headers)
             .map(|ip| self.prefixes.key(ip))
     }
 }
@@ -849,10 +868,10 @@ mod tests {
         assert_eq!(p.key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
         assert_eq!(p.key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
         assert_eq!(p.key(ip("192.0.2.7")), ip("192.0.2.7"));
-        let p = Prefixes { v4: 0, v6: 0 };
+        let p = Prefixes::new(0, 0);
         assert_eq!(p.key(ip("192.0.2.7")), ip("0.0.0.0"));
         assert_eq!(p.key(ip("2001:db8::1")), ip("::"));
-        let p = Prefixes { v4: 24, v6: 128 };
+        let p = Prefixes::new(24, 128);
         assert_eq!(p.key(ip("192.0.2.7")), ip("192.0.2.0"));
         assert_eq!(p.key(ip("2001:db8::1")), ip("2001:db8::1"));
     }

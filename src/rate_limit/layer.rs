@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
+use super::head::RequestHead;
 use super::policy::PolicySet;
 use super::response::{Meta, OnRefusal};
 use super::service::RateLimit;
@@ -87,15 +88,14 @@ impl<P, M> RateLimitLayer<P, M> {
     /// internal callers). Exemptions add up: a request is exempt if any of them says so.
     ///
     /// ```
-    /// use http::request::Parts;
-    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
+    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer, RequestHead};
     /// use tower_bulwark::{DirectRateLimiter, Quota};
     ///
     /// let layer = RateLimitLayer::new(Policy::global(
     ///     "all",
     ///     DirectRateLimiter::new(Quota::per_second(100)?),
     /// )?)
-    /// .exempt(|parts: &Parts| parts.uri.path() == "/health");
+    /// .exempt(|head: &RequestHead| head.uri.path() == "/health");
     /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -105,12 +105,12 @@ impl<P, M> RateLimitLayer<P, M> {
     /// strips from client requests), or every client can exempt itself.
     pub fn exempt(
         mut self,
-        predicate: impl Fn(&http::request::Parts) -> bool + Send + Sync + 'static,
+        predicate: impl Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
         let meta = self.meta_mut();
         meta.exempt = Some(match meta.exempt.take() {
             Some(earlier) => {
-                Arc::new(move |parts: &http::request::Parts| earlier(parts) || predicate(parts))
+                Arc::new(move |head: &RequestHead<'_>| earlier(head) || predicate(head))
             }
             None => Arc::new(predicate),
         });
@@ -124,8 +124,8 @@ impl<P, M> RateLimitLayer<P, M> {
     #[cfg(feature = "axum")]
     pub fn exempt_networks(self, networks: impl IntoIterator<Item = super::Cidr>) -> Self {
         let networks: Arc<[super::Cidr]> = networks.into_iter().collect();
-        self.exempt(move |parts: &http::request::Parts| {
-            super::key::peer_ip(parts).is_some_and(|ip| networks.iter().any(|net| net.contains(ip)))
+        self.exempt(move |head: &RequestHead<'_>| {
+            super::key::peer_ip(head).is_some_and(|ip| networks.iter().any(|net| net.contains(ip)))
         })
     }
 

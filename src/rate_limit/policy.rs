@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::request::Parts;
+use super::head::RequestHead;
 
 use super::key::{KeyError, KeyExtractor};
 use super::response::PolicyInfo;
@@ -52,7 +52,7 @@ pub struct Policy<X, L> {
 #[derive(Clone)]
 pub(crate) enum Cost {
     Fixed(u32),
-    By(Arc<dyn Fn(&Parts) -> u32 + Send + Sync>),
+    By(Arc<dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync>),
 }
 
 /// Whether a response counts against a policy.
@@ -128,7 +128,10 @@ impl<X, L> Policy<X, L> {
     ///
     /// axum puts `MatchedPath` in the extensions before a `route_layer` runs, not before a
     /// `Router::layer`.
-    pub fn cost_by(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+    pub fn cost_by(
+        mut self,
+        cost: impl Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static,
+    ) -> Self {
         self.cost = Cost::By(Arc::new(cost));
         self
     }
@@ -295,7 +298,12 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     /// Finds policy `i`'s key and cost for the request (a cost of zero means the policy sits
     /// this request out).
     #[doc(hidden)]
-    fn prepare(&self, i: usize, parts: &Parts, keys: &mut Self::Keys) -> Result<u32, KeyError>;
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError>;
 
     /// Policy `i`'s decision at once, if its limiter can make it so.
     #[doc(hidden)]
@@ -373,15 +381,19 @@ where
     }
 
     #[inline]
-    fn prepare_one(&self, parts: &Parts, slot: &mut Slot<X::Key>) -> Result<u32, KeyError> {
+    fn prepare_one(
+        &self,
+        head: &RequestHead<'_>,
+        slot: &mut Slot<X::Key>,
+    ) -> Result<u32, KeyError> {
         let cost = match &self.cost {
             Cost::Fixed(permits) => *permits,
-            Cost::By(cost) => cost(parts),
+            Cost::By(cost) => cost(head),
         };
         if cost == 0 {
             return Ok(0);
         }
-        *slot = Some((self.key.extract(parts)?, cost));
+        *slot = Some((self.key.extract(head)?, cost));
         Ok(cost)
     }
 }
@@ -408,8 +420,13 @@ where
     }
 
     #[inline]
-    fn prepare(&self, _: usize, parts: &Parts, keys: &mut Self::Keys) -> Result<u32, KeyError> {
-        self.prepare_one(parts, keys)
+    fn prepare(
+        &self,
+        _: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
+        self.prepare_one(head, keys)
     }
 
     #[inline]
@@ -465,10 +482,15 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
     }
 
     #[inline]
-    fn prepare(&self, i: usize, parts: &Parts, keys: &mut Self::Keys) -> Result<u32, KeyError> {
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
         match i.checked_sub(self.first.len()) {
-            None => self.first.prepare(i, parts, &mut keys.0),
-            Some(j) => self.second.prepare(j, parts, &mut keys.1),
+            None => self.first.prepare(i, head, &mut keys.0),
+            Some(j) => self.second.prepare(j, head, &mut keys.1),
         }
     }
 
@@ -539,8 +561,13 @@ where
         (0..Vec::len(self)).map(|_| None).collect()
     }
 
-    fn prepare(&self, i: usize, parts: &Parts, keys: &mut Self::Keys) -> Result<u32, KeyError> {
-        self[i].prepare_one(parts, &mut keys[i])
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
+        self[i].prepare_one(head, &mut keys[i])
     }
 
     fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {

@@ -7,10 +7,10 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+use super::head::RequestHead;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -208,7 +208,7 @@ pub(crate) struct Meta {
 }
 
 /// Whether a request skips every policy.
-pub(crate) type Exempt = dyn Fn(&http::request::Parts) -> bool + Send + Sync;
+pub(crate) type Exempt = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
 impl Meta {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
@@ -236,8 +236,8 @@ impl Meta {
 
     /// Whether `parts` is a request that skips every policy.
     #[inline]
-    pub(crate) fn is_exempt(&self, parts: &http::request::Parts) -> bool {
-        self.exempt.as_ref().is_some_and(|exempt| exempt(parts))
+    pub(crate) fn is_exempt(&self, head: &RequestHead<'_>) -> bool {
+        self.exempt.as_ref().is_some_and(|exempt| exempt(head))
     }
 
     /// The headers of an admitted response, or `None` if they are turned off. `quota` gives each
@@ -393,7 +393,7 @@ impl AdmittedHeaders {
 /// A refused request, as the [`OnRefusal`] hook sees it.
 pub struct Refusal<'a> {
     pub(crate) meta: &'a Meta,
-    pub(crate) request: &'a Parts,
+    pub(crate) request: RequestHead<'a>,
     pub(crate) outcomes: &'a [Outcome],
     /// `RateLimit-Policy` for this request's keys.
     pub(crate) policy_header: Option<HeaderValue>,
@@ -401,7 +401,7 @@ pub struct Refusal<'a> {
 
 impl<'a> Refusal<'a> {
     /// The head of the refused request.
-    pub fn request(&self) -> &'a Parts {
+    pub fn request(&self) -> RequestHead<'a> {
         self.request
     }
 

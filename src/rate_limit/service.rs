@@ -3,13 +3,13 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
 use super::decide::{Conclusion, Ledger, Next};
 use super::future::{Deferred, Pending, ResponseFuture};
+use super::head::RequestHead;
 use super::layer::Shared;
 use super::policy::PolicySet;
 use super::response::Outcome;
@@ -91,9 +91,10 @@ where
         if policies.is_empty() {
             return ResponseFuture::call(inner.call(request), None, None);
         }
-        let (parts, body) = request.into_parts();
-        if shared.meta.is_exempt(&parts) {
-            let request = Request::from_parts(parts, body);
+        // The request is read where it lies: taking it apart into `Parts` and putting it back
+        // together would move all of it twice.
+        let head = RequestHead::from(&request);
+        if shared.meta.is_exempt(&head) {
             return ResponseFuture::call(inner.call(request), None, None);
         }
 
@@ -104,7 +105,7 @@ where
             // held until the limiter admits, and an immediate admission goes straight to the
             // inner service, so this way needs neither the ledger nor its guard. Any other answer
             // joins the general way below where it stands.
-            match policies.prepare(0, &parts, &mut keys) {
+            match policies.prepare(0, &head, &mut keys) {
                 Ok(0) => first = Some(First::Skipped),
                 Ok(_) => match policies.reserve_now(0, &keys) {
                     Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
@@ -117,7 +118,6 @@ where
                         } else {
                             None
                         };
-                        let request = Request::from_parts(parts, body);
                         return ResponseFuture::call(inner.call(request), headers, None);
                     }
                     Some(result) => first = Some(First::Decided(result)),
@@ -160,7 +160,7 @@ where
         loop {
             let step = match next.take() {
                 Some(step) => step,
-                None => ledger.drive(shared, &parts),
+                None => ledger.drive(shared, &RequestHead::from(&request)),
             };
             match step {
                 Next::Reserve(mut reserve) => match reserve.as_mut().poll(&mut cx) {
@@ -171,14 +171,7 @@ where
                     }
                     Poll::Pending => {
                         let ledger = ledger.take();
-                        return defer(
-                            inner,
-                            shared,
-                            parts,
-                            body,
-                            ledger,
-                            Deferred::Reserve(reserve),
-                        );
+                        return defer(inner, shared, request, ledger, Deferred::Reserve(reserve));
                     }
                 },
                 Next::Done(Conclusion::Answer(response)) => {
@@ -186,12 +179,11 @@ where
                 }
                 Next::Done(Conclusion::Wait(wait)) => {
                     let ledger = ledger.take();
-                    return defer(inner, shared, parts, body, ledger, Deferred::Wait(wait));
+                    return defer(inner, shared, request, ledger, Deferred::Wait(wait));
                 }
                 Next::Done(Conclusion::Admit) => {
                     let headers = ledger.admitted_headers(shared);
                     let settle = ledger.take().into_settle(shared);
-                    let request = Request::from_parts(parts, body);
                     return ResponseFuture::call(inner.call(request), headers, settle);
                 }
             }
@@ -230,8 +222,7 @@ impl<P: PolicySet> Drop for Guard<'_, P> {
 fn defer<S, ReqBody, P: PolicySet, M>(
     inner: &mut S,
     shared: &Arc<Shared<P>>,
-    parts: Parts,
-    body: ReqBody,
+    request: Request<ReqBody>,
     ledger: Ledger<P>,
     next: Deferred,
 ) -> ResponseFuture<S, ReqBody, P, M>
@@ -241,6 +232,6 @@ where
     let clone = inner.clone();
     let inner = std::mem::replace(inner, clone);
     let waited = matches!(next, Deferred::Wait(_));
-    let pending = Pending::new(inner, parts, body, Arc::clone(shared), ledger, waited);
+    let pending = Pending::new(inner, request, Arc::clone(shared), ledger, waited);
     ResponseFuture::deferred(next, pending)
 }
