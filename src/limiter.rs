@@ -641,7 +641,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     }
 
     /// [`Limiter::reserve`]'s decision: the cost checked, waiting up to the quota's `max_wait`.
-    #[inline]
+    #[inline(always)]
     fn decide_checked(&self, key: &K, cost: u32) -> Result<Decision, BoxError> {
         Ok(self.decide(key, cost, true)?)
     }
@@ -799,7 +799,7 @@ where
         ready(self.decide_checked(key, cost))
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
         Some(self.decide_checked(key, cost))
     }

@@ -119,6 +119,11 @@ where
         loop {
             let step = match this.state.as_mut().project() {
                 StateProj::Call { future } => {
+                    if this.settle.is_none() && this.headers.is_none() {
+                        // Nothing to add: the inner answer is passed on as it is, without
+                        // being moved out and back in.
+                        return future.poll(cx).map(|result| result.map(M::response));
+                    }
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(settle) = this.settle.take() {
                         let (parts, body) = response.into_parts();
