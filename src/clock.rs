@@ -140,7 +140,7 @@ impl fmt::Debug for SystemClock {
 }
 
 impl Clock for SystemClock {
-    #[inline]
+    #[inline(always)]
     fn now(&self) -> u64 {
         self.source.now().saturating_sub(self.origin)
     }
@@ -162,7 +162,7 @@ impl Counter {
 }
 
 impl Clock for Counter {
-    #[inline]
+    #[inline(always)]
     fn now(&self) -> u64 {
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
     }
@@ -272,7 +272,7 @@ impl<F: Clock, R: Clock> Checked<F, R> {
         self.fell_back.load(Ordering::Acquire)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn now(&self) -> u64 {
         if self.fell_back.load(Ordering::Acquire) {
             return self.reference_reading();
@@ -357,7 +357,7 @@ struct Point {
 }
 
 /// Counts this thread's readings of a [`Checked`] clock; true every [`CHECK_EVERY_READS`]-th.
-#[inline]
+#[inline(always)]
 fn counted_reads_due() -> bool {
     thread_local! {
         static READS: Cell<u32> = const { Cell::new(0) };

@@ -83,6 +83,19 @@ pub trait Limiter<K>: Send + Sync + 'static {
         None
     }
 
+    /// [`reserve_now`](Self::reserve_now) for a caller that reads nothing of an immediate
+    /// admission: `Some(Ok(None))` when the permits were taken at once (no wait), otherwise what
+    /// `reserve_now` answers. The HTTP layer's shortest path; a limiter may answer it without
+    /// building the decision.
+    #[doc(hidden)]
+    #[inline]
+    fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
+        Some(match self.reserve_now(key, cost)? {
+            Ok(decision) if decision.allowed && decision.wait.is_zero() => Ok(None),
+            other => other.map(Some),
+        })
+    }
+
     /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
     /// policy vetoed. Where the algorithm cannot give it back, this does nothing.
     ///
@@ -610,6 +623,19 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// not create a key) and again against the shard's, which is the one that decides.
     #[inline(always)]
     fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
+        self.decide_then(key, cost, wait, |decision| decision)
+    }
+
+    /// [`decide`](Self::decide), handing the decision to `then` where it is made (so that what
+    /// `then` does not read of it need not be built).
+    #[inline(always)]
+    fn decide_then<R>(
+        &self,
+        key: &K,
+        cost: u32,
+        wait: bool,
+        then: impl Fn(Decision) -> R,
+    ) -> Result<R, InsufficientCapacity> {
         if cost > 1 {
             check_cost(&self.inner.current_setup().algorithm, cost)?;
         }
@@ -625,17 +651,19 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 } else {
                     0
                 };
-                Ok(setup
-                    .algorithm
-                    .decide(s, now, cost, max_wait)
-                    .of_cost(cost)
-                    .for_key(hash))
+                Ok(then(
+                    setup
+                        .algorithm
+                        .decide(s, now, cost, max_wait)
+                        .of_cost(cost)
+                        .for_key(hash),
+                ))
             },
             |setup, full, now| {
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
-                Ok(refused_when_full(setup, full, now, cost))
+                Ok(then(refused_when_full(setup, full, now, cost)))
             },
         )
     }
@@ -802,6 +830,14 @@ where
     #[inline(always)]
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
         Some(self.decide_checked(key, cost))
+    }
+
+    #[inline(always)]
+    fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
+        let admitted = self.decide_then(key, cost, true, |decision| {
+            (!(decision.allowed && decision.wait.is_zero())).then_some(decision)
+        });
+        Some(admitted.map_err(BoxError::from))
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {

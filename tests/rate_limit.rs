@@ -1129,3 +1129,99 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
         "and given back: only this check holds a permit"
     );
 }
+
+/// With headers off, one policy takes the shortest way (the limiter only says whether the
+/// permits were taken at once). Every algorithm must still wait, refuse and count exactly there:
+/// 3 at once, a 4th that waits for its permit, a 5th refused with `Retry-After`, and 300
+/// concurrent requests racing for the 37 permits of another key get exactly 37.
+#[tokio::test(start_paused = true)]
+async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
+    use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
+
+    async fn run<A: Algorithm>(name: &str) {
+        let quota = Quota::per_second(3)
+            .unwrap()
+            .with_max_wait(Duration::from_millis(400))
+            .unwrap();
+        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
+            .algorithm::<A>()
+            .clock(TokioClock::new())
+            .build();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = Router::new()
+            .route(
+                "/orders",
+                get(move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async { "ok" }
+                }),
+            )
+            .route_layer(
+                RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
+                    .without_admitted_headers(),
+            );
+        let from = |ip: &str| app.clone().layer(MockConnectInfo(peer(ip)));
+        let request = || Request::get("/orders").body(Body::empty()).unwrap();
+        let client = "192.0.2.10";
+        for _ in 0..3 {
+            let ok = from(client).oneshot(request()).await.unwrap();
+            assert_eq!(ok.status(), StatusCode::OK, "{name}");
+            assert!(!ok.headers().contains_key("ratelimit"), "{name}");
+        }
+        // The algorithms that can reserve a later permit make the 4th wait for it (the window
+        // algorithms, whose next permit is a window away, refuse it); the 5th, at the same
+        // instant, would wait past `max_wait` and is refused at once.
+        let start = tokio::time::Instant::now();
+        let fourth = tokio::spawn(from(client).oneshot(request()));
+        tokio::task::yield_now().await;
+        let fifth = from(client).oneshot(request()).await.unwrap();
+        assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert!(fifth.headers().contains_key("retry-after"), "{name}");
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{name}: refused without waiting"
+        );
+        let fourth = fourth.await.unwrap().unwrap();
+        if fourth.status() == StatusCode::OK {
+            assert!(start.elapsed() > Duration::ZERO, "{name}: admitted at once");
+            assert!(start.elapsed() <= Duration::from_millis(400), "{name}");
+        } else {
+            assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        }
+        let admitted_so_far = hits.load(Ordering::SeqCst);
+
+        // 300 requests of one client at once, for a fresh budget of 37.
+        let quota = Quota::per_hour(37).unwrap();
+        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
+            .algorithm::<A>()
+            .clock(TokioClock::new())
+            .build();
+        let app = Router::new()
+            .route("/orders", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
+                    .without_admitted_headers(),
+            )
+            .layer(MockConnectInfo(peer("192.0.2.11")));
+        let tasks: Vec<_> = (0..300)
+            .map(|_| tokio::spawn(app.clone().oneshot(request())))
+            .collect();
+        let mut ok = 0;
+        for task in tasks {
+            let response = task.await.unwrap().unwrap();
+            match response.status() {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{name}: {other}"),
+            }
+        }
+        assert_eq!(ok, 37, "{name}");
+        assert!((3..=4).contains(&admitted_so_far), "{name}");
+    }
+    run::<Gcra>("gcra").await;
+    run::<FixedWindow>("fixed window").await;
+    run::<SlidingLog>("sliding log").await;
+    run::<SlidingCounter>("sliding counter").await;
+}

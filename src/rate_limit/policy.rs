@@ -309,6 +309,17 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>>;
 
+    /// Policy `i`'s [`Limiter::admit_now`](crate::Limiter::admit_now): `Some(Ok(None))` for
+    /// permits taken at once, otherwise its decision at once, if its limiter can make it so.
+    #[doc(hidden)]
+    #[inline]
+    fn admit_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Option<Decision>, BoxError>> {
+        Some(match self.reserve_now(i, keys)? {
+            Ok(decision) if decision.allowed && decision.wait.is_zero() => Ok(None),
+            other => other.map(Some),
+        })
+    }
+
     /// Policy `i`'s decision, later.
     #[doc(hidden)]
     fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve;
@@ -433,6 +444,12 @@ where
     fn reserve_now(&self, _: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
         let (key, cost) = slot(keys);
         self.limiter.reserve_now(key, cost)
+    }
+
+    #[inline]
+    fn admit_now(&self, _: usize, keys: &Self::Keys) -> Option<Result<Option<Decision>, BoxError>> {
+        let (key, cost) = slot(keys);
+        self.limiter.admit_now(key, cost)
     }
 
     fn reserve(&self, _: usize, keys: &Self::Keys) -> BoxReserve {

@@ -107,17 +107,22 @@ where
             // joins the general way below where it stands.
             match policies.prepare(0, &head, &mut keys) {
                 Ok(0) => first = Some(First::Skipped),
+                // Without headers nothing of an immediate admission is read, and the limiter
+                // need not build it.
+                Ok(_) if !shared.meta.admitted_headers => match policies.admit_now(0, &keys) {
+                    Some(Ok(None)) => {
+                        return ResponseFuture::call(inner.call(request), None, None);
+                    }
+                    Some(Ok(Some(decision))) => first = Some(First::Decided(Ok(decision))),
+                    Some(Err(error)) => first = Some(First::Decided(Err(error))),
+                    None => first = Some(First::Reserve),
+                },
                 Ok(_) => match policies.reserve_now(0, &keys) {
                     Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
-                        // The outcome is only built for the headers: with them off, not at all.
-                        let headers = if shared.meta.admitted_headers {
-                            let admitted = [Outcome::Admitted(decision)];
-                            shared
-                                .meta
-                                .admitted_headers(&admitted, |i| policies.quota(i, &keys))
-                        } else {
-                            None
-                        };
+                        let admitted = [Outcome::Admitted(decision)];
+                        let headers = shared
+                            .meta
+                            .admitted_headers(&admitted, |i| policies.quota(i, &keys));
                         return ResponseFuture::call(inner.call(request), headers, None);
                     }
                     Some(result) => first = Some(First::Decided(result)),
