@@ -742,3 +742,703 @@ mod tests {
         assert!(SystemClock::new().reads_counter() || cfg!(not(target_arch = "x86_64")));
     }
 }
+
+/// Attacks on the checked counter, written from the docs of [`SystemClock`] before reading
+/// [`Checked`]: drift at and around the tolerance, oscillation, small and large jumps, readings
+/// at the ends of the range, preemption at every point of a check, threads racing a fall back,
+/// and the number of checks under eight threads.
+#[cfg(test)]
+mod attack_tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Barrier;
+
+    const MS: u64 = 1_000_000;
+    const US: u64 = 1_000;
+    const SEC: u64 = 1_000_000_000;
+
+    /// A clock a test sets anywhere, backwards and across `u64::MAX` too.
+    #[derive(Clone, Default)]
+    struct Wild(Arc<AtomicU64>);
+
+    impl Wild {
+        fn at(nanos: u64) -> Self {
+            Self(Arc::new(AtomicU64::new(nanos)))
+        }
+        fn add(&self, by: u64) {
+            self.0.fetch_add(by, Ordering::AcqRel); // wraps
+        }
+        fn set(&self, to: u64) {
+            self.0.store(to, Ordering::Release);
+        }
+    }
+
+    impl Clock for Wild {
+        fn now(&self) -> u64 {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    /// Readings of a checked clock on one thread: never back.
+    struct Reader<'a, F: Clock, R: Clock> {
+        checked: &'a Checked<F, R>,
+        last: u64,
+    }
+
+    impl<'a, F: Clock, R: Clock> Reader<'a, F, R> {
+        fn new(checked: &'a Checked<F, R>) -> Self {
+            let last = checked.now();
+            Self { checked, last }
+        }
+        fn read(&mut self) -> u64 {
+            let now = self.checked.now();
+            assert!(now >= self.last, "stepped back from {} to {now}", self.last);
+            self.last = now;
+            now
+        }
+    }
+
+    /// Drives a fast clock that runs `ppm_fast` parts per million fast (negative: slow) against
+    /// the reference in steps of `step` ns, for at most `span` ns of reference time; returns the
+    /// reference time at which the fall back was found, if it was, checking monotonicity and
+    /// that, until it is found, the clock tells the fast clock's time.
+    fn drive_rate(ppm_fast: i64, step: u64, span: u64) -> Option<u64> {
+        let fast = Wild::at(7 * SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        let start = reader.last;
+        let mut elapsed = 0u64;
+        let mut fast_elapsed = 0u64;
+        while elapsed < span {
+            elapsed += step;
+            let target =
+                (i128::from(elapsed) * (1_000_000 + i128::from(ppm_fast)) / 1_000_000) as u64;
+            fast.add(target - fast_elapsed);
+            fast_elapsed = target;
+            reference.add(step);
+            let now = reader.read();
+            if checked.fell_back() {
+                return Some(elapsed);
+            }
+            assert_eq!(
+                now - start,
+                fast_elapsed,
+                "reads the fast clock while trusted"
+            );
+        }
+        None
+    }
+
+    #[test]
+    fn a_fast_clock_off_by_less_than_the_tolerance_is_kept_for_ten_minutes() {
+        for ppm in [900, -900, 500, -500] {
+            assert_eq!(
+                drive_rate(ppm, MS, 600 * SEC),
+                None,
+                "{ppm} ppm off, within 0.2 ms + 0.1 % of any span, was dropped"
+            );
+        }
+    }
+
+    /// 0.15 % fast or slow exceeds 0.2 ms + 0.1 % after 0.4 s of a checkpoint; 0.5 % after
+    /// 50 ms; 2 % after about 10 ms. Each is found within one check interval of that.
+    #[test]
+    fn a_fast_clock_beyond_the_tolerance_is_dropped_when_it_exceeds_it() {
+        for (ppm, by) in [
+            (1_500, 420 * MS),
+            (-1_500, 420 * MS),
+            (5_000, 62 * MS),
+            (-5_000, 62 * MS),
+            (20_000, 22 * MS),
+            (-20_000, 22 * MS),
+        ] {
+            let found = drive_rate(ppm, 100 * US, 5 * SEC);
+            assert!(
+                found.is_some_and(|at| at <= by),
+                "{ppm} ppm off: found at {found:?} ns of reference time, expected by {by}"
+            );
+        }
+    }
+
+    /// 0.13 % exceeds 0.2 ms + 0.1 % after 0.67 s, within the one second a checkpoint lives.
+    #[test]
+    fn a_fast_clock_0_13_percent_off_is_dropped_within_a_checkpoint() {
+        for ppm in [1_300, -1_300] {
+            let found = drive_rate(ppm, MS, 60 * SEC);
+            assert!(
+                found.is_some_and(|at| at <= 700 * MS),
+                "{ppm} ppm off: found at {found:?}"
+            );
+        }
+    }
+
+    /// The docs: "one whose rate is off by less than 0.1 % would make every limit off by as
+    /// much". A rate off by a little more than 0.1 % is then found, however long it takes.
+    #[test]
+    #[ignore = "defect: a counter 0.11 % fast is never dropped (checkpoint renewed each second absorbs up to 0.12 %)"]
+    fn a_fast_clock_0_11_percent_off_is_dropped_eventually() {
+        for ppm in [1_100, -1_100] {
+            let found = drive_rate(ppm, MS, 600 * SEC);
+            assert!(
+                found.is_some(),
+                "{ppm} ppm off for ten minutes, still trusted"
+            );
+        }
+    }
+
+    /// Fast by 0.5 % for 100 ms, then slow by 0.5 % for 100 ms: no net drift, but 0.5 ms astray
+    /// in the middle, well beyond 0.2 ms + 0.1 % of 100 ms.
+    #[test]
+    fn a_fast_clock_that_oscillates_beyond_the_tolerance_is_dropped() {
+        let fast = Wild::at(0);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        let mut found = None;
+        'outer: for period in 0..10u64 {
+            for i in 0..2_000u64 {
+                reference.add(100 * US);
+                fast.add(if (i / 1_000) % 2 == 0 {
+                    100_500
+                } else {
+                    99_500
+                });
+                reader.read();
+                if checked.fell_back() {
+                    found = Some(period * 200 + i / 10);
+                    break 'outer;
+                }
+            }
+        }
+        assert!(
+            found.is_some_and(|ms| ms <= 70),
+            "0.5 % oscillation found after {found:?} ms"
+        );
+    }
+
+    /// Fast then slow by 0.05 %, 100 ms each, for a minute: in step, kept.
+    #[test]
+    fn a_fast_clock_that_oscillates_within_the_tolerance_is_kept() {
+        let fast = Wild::at(0);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for i in 0..600_000u64 {
+            reference.add(100 * US);
+            fast.add(if (i / 1_000) % 2 == 0 {
+                100_050
+            } else {
+                99_950
+            });
+            reader.read();
+            assert!(!checked.fell_back(), "dropped after {i} steps");
+        }
+    }
+
+    /// A counter that jumps back by less than a check interval: readings must not step back
+    /// (`Clock`: "Implementations must never go backwards"), and the jump is found.
+    #[test]
+    #[ignore = "defect: a counter that jumps back by less than 10 ms makes readings step back on one thread until the next check"]
+    fn a_fast_clock_that_jumps_back_a_little_never_steps_back() {
+        for back in [US, 300 * US, 3 * MS, 9 * MS, 11 * MS] {
+            let fast = Wild::at(SEC);
+            let reference = Wild::at(100 * SEC);
+            let checked = Checked::new(fast.clone(), reference.clone());
+            let mut reader = Reader::new(&checked);
+            for _ in 0..1_000 {
+                fast.add(50 * US);
+                reference.add(50 * US);
+                reader.read();
+            }
+            assert!(!checked.fell_back());
+            fast.set(fast.now() - back);
+            let mut steps = 0;
+            while !checked.fell_back() && steps < 10_000 {
+                fast.add(10 * US);
+                reference.add(10 * US);
+                reader.read();
+                steps += 1;
+            }
+            if back > SLACK {
+                assert!(checked.fell_back(), "a jump back of {back} ns not found");
+            }
+            for _ in 0..100 {
+                fast.add(10 * US);
+                reference.add(10 * US);
+                reader.read();
+            }
+        }
+    }
+
+    /// A counter that jumps an hour ahead: the clock may not tell a time far from the
+    /// reference's for more than about a check interval, and never steps back.
+    #[test]
+    #[ignore = "defect: a counter jump found by the very check that reads it is kept: the clock runs an hour ahead for good"]
+    fn a_fast_clock_that_jumps_an_hour_ahead_does_not_carry_the_hour() {
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        let start = reader.last;
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+        }
+        fast.add(3_600 * SEC);
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            let now = reader.read();
+            let told = now - start;
+            let counted = reference.now() - 100 * SEC;
+            assert!(
+                told <= counted + CHECK_EVERY + SLACK,
+                "told {told} ns since the start, the reference counted {counted}"
+            );
+        }
+        assert!(checked.fell_back());
+    }
+
+    /// A counter that jumps to the end of the range (a garbage counter value, scaled): found,
+    /// and no reading after it steps back.
+    #[test]
+    #[ignore = "defect: after a counter jump to near u64::MAX the fall back wraps and readings step back to near zero"]
+    fn a_fast_clock_that_jumps_to_the_end_of_the_range_never_steps_back() {
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for _ in 0..20 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+        }
+        fast.set(u64::MAX - MS);
+        for _ in 0..20 {
+            fast.add(US);
+            reference.add(MS);
+            reader.read();
+        }
+        assert!(checked.fell_back());
+    }
+
+    /// The reference and the counter jump together (a VM paused and resumed, both counting):
+    /// in step, kept. The reference alone jumps: the counter is astray, dropped, no step back.
+    #[test]
+    fn a_reference_that_jumps() {
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+            fast.add(5 * SEC);
+            reference.add(5 * SEC);
+            reader.read();
+        }
+        assert!(
+            !checked.fell_back(),
+            "dropped a counter that jumped with the reference"
+        );
+        reference.add(5 * SEC);
+        for _ in 0..5_000 {
+            fast.add(US);
+            reference.add(US);
+            reader.read();
+        }
+        assert!(
+            checked.fell_back(),
+            "reference 5 s ahead of the counter, not found"
+        );
+    }
+
+    /// Readings at the ends of the range: a counter near 2^62 and beyond; a reference
+    /// saturating at `u64::MAX`. No panic (debug builds check overflow), no step back.
+    #[test]
+    fn readings_at_the_ends_of_the_range() {
+        // Counter and reference near MAX_NOW and beyond, in step: kept.
+        for origin in [MAX_NOW - 5 * MS, MAX_NOW, MAX_NOW + MS, u64::MAX / 2] {
+            let fast = Wild::at(origin);
+            let reference = Wild::at(origin + 100 * SEC);
+            let checked = Checked::new(fast.clone(), reference.clone());
+            let mut reader = Reader::new(&checked);
+            for _ in 0..50 {
+                fast.add(MS);
+                reference.add(MS);
+                reader.read();
+            }
+            assert!(!checked.fell_back(), "origin {origin}: in step, dropped");
+        }
+        // Reference near u64::MAX, saturating there (as `monotonic_nanos` does).
+        let fast = Wild::at(SEC);
+        let reference = ManualClock::new();
+        reference.set(Duration::from_nanos(u64::MAX - 20 * MS));
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for _ in 0..5_000 {
+            fast.add(10 * US);
+            reference.advance(Duration::from_micros(10));
+            reader.read();
+        }
+        // Both at zero, counter running, reference stuck at zero.
+        let fast = Wild::at(0);
+        let reference = Wild::at(0);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for _ in 0..5_000 {
+            fast.add(10 * US);
+            reader.read();
+        }
+        assert!(
+            checked.fell_back(),
+            "a reference standing still while the counter ran"
+        );
+    }
+
+    /// The fast clock reads more than the reference when the checked clock is made (the anchor
+    /// would be negative): in step, it must be kept. Not reachable through `SystemClock`, whose
+    /// counter starts at zero against a boot-time `CLOCK_MONOTONIC`.
+    #[test]
+    #[ignore = "defect (latent): a fast clock ahead of the reference at construction is dropped at the first check though in step"]
+    fn a_fast_clock_ahead_of_the_reference_at_construction_is_kept() {
+        let fast = Wild::at(200 * SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(fast.clone(), reference.clone());
+        let mut reader = Reader::new(&checked);
+        for _ in 0..50 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+        }
+        assert!(!checked.fell_back(), "in step, dropped");
+    }
+
+    /// Both clocks in step; the thread that makes the checked clock is descheduled between its
+    /// reference reading and its fast reading (both clocks move 5 ms): the counter in step must
+    /// be kept. For `SystemClock` this is the first `SystemClock` of the process.
+    #[test]
+    #[ignore = "defect: a pause between the two readings of Checked::new makes a counter in step be dropped at the first check"]
+    fn a_pause_while_the_checked_clock_is_made_does_not_drop_a_counter_in_step() {
+        struct PausesOnce {
+            inner: Wild,
+            other: Wild,
+            paused: AtomicBool,
+        }
+        impl Clock for PausesOnce {
+            fn now(&self) -> u64 {
+                let value = self.inner.now();
+                if !self.paused.swap(true, Ordering::Relaxed) {
+                    self.inner.add(5 * MS);
+                    self.other.add(5 * MS);
+                }
+                value
+            }
+        }
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Checked::new(
+            fast.clone(),
+            PausesOnce {
+                inner: reference.clone(),
+                other: fast.clone(),
+                paused: AtomicBool::new(false),
+            },
+        );
+        let mut reader = Reader::new(&checked);
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+        }
+        assert!(!checked.fell_back(), "in step, dropped");
+    }
+
+    /// Both clocks in step, but the checking thread is descheduled (both clocks move 5 ms, or
+    /// 300 ms) right after its `k`-th clock reading, for every `k` through the first checks:
+    /// a counter in step is never dropped, whichever reading the pause follows.
+    #[test]
+    fn a_pause_after_any_reading_of_a_check_never_drops_a_counter_in_step() {
+        struct Paused {
+            inner: Wild,
+            both: [Wild; 2],
+            reads: Arc<AtomicU64>,
+            pause_after: u64,
+            pause: u64,
+        }
+        impl Clock for Paused {
+            fn now(&self) -> u64 {
+                let value = self.inner.now();
+                if self.reads.fetch_add(1, Ordering::Relaxed) == self.pause_after {
+                    for clock in &self.both {
+                        clock.add(self.pause);
+                    }
+                }
+                value
+            }
+        }
+        let mut dropped = Vec::new();
+        for pause in [5 * MS, 300 * MS] {
+            for step in [20 * MS, 10 * US] {
+                for pause_after in 1..120 {
+                    let fast = Wild::at(SEC);
+                    let reference = Wild::at(100 * SEC);
+                    let reads = Arc::new(AtomicU64::new(0));
+                    let make = |inner: &Wild| Paused {
+                        inner: inner.clone(),
+                        both: [fast.clone(), reference.clone()],
+                        reads: reads.clone(),
+                        pause_after,
+                        pause,
+                    };
+                    let checked = Checked::new(make(&fast), make(&reference));
+                    let mut reader = Reader::new(&checked);
+                    for _ in 0..if step > MS { 60 } else { 20_000 } {
+                        fast.add(step);
+                        reference.add(step);
+                        reader.read();
+                    }
+                    if checked.fell_back() {
+                        dropped.push((pause, step, pause_after));
+                    }
+                }
+            }
+        }
+        assert!(
+            dropped.is_empty(),
+            "in step, dropped after a pause (pause ns, step ns, clock reading): {dropped:?}"
+        );
+    }
+
+    /// Eight threads read while a counter in step turns 1 % fast, then jumps back a second:
+    /// no thread's readings step back, before, during or after the fall back.
+    #[test]
+    #[ignore = "defect: readers of a 1 % fast counter step back by microseconds when another thread's check falls back"]
+    fn threads_reading_through_a_fall_back_never_step_back() {
+        for jump_back in [false, true] {
+            let fast = Wild::at(SEC);
+            let reference = Wild::at(100 * SEC);
+            let checked = Arc::new(Checked::new(fast.clone(), reference.clone()));
+            let stop = Arc::new(AtomicBool::new(false));
+            let readers: Vec<_> = (0..8)
+                .map(|_| {
+                    let (checked, stop) = (checked.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut reader = Reader::new(&checked);
+                        let mut n = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            reader.read();
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            for i in 0..200_000u64 {
+                reference.add(US);
+                if i < 50_000 {
+                    fast.add(US);
+                } else {
+                    fast.add(US + 10);
+                }
+                if jump_back && i == 100_000 {
+                    fast.set(fast.now() - SEC);
+                }
+                if i % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            for reader in readers {
+                reader.join().expect("a reader stepped back or panicked");
+            }
+            assert!(checked.fell_back());
+        }
+    }
+
+    /// A thread takes a check on a counter that jumped a second ahead and is descheduled in
+    /// the middle of it (before its reference readings, or between them while the counter runs
+    /// on); meanwhile another thread reads the counter. When the first finds the jump and falls
+    /// back, the other's next reading must not step back.
+    fn race_a_reading_against_a_check(block_on_read: u64) -> (u64, u64) {
+        struct Gate {
+            inner: Wild,
+            /// Reads left before the gate closes; `u64::MAX` when disarmed.
+            arm: AtomicU64,
+            entered: mpsc::SyncSender<()>,
+            release: Mutex<mpsc::Receiver<()>>,
+        }
+        impl Clock for Gate {
+            fn now(&self) -> u64 {
+                let value = self.inner.now();
+                if self.arm.load(Ordering::Acquire) != u64::MAX
+                    && self.arm.fetch_sub(1, Ordering::AcqRel) == 1
+                {
+                    self.entered.send(()).unwrap();
+                    self.release.lock().unwrap().recv().unwrap();
+                }
+                value
+            }
+        }
+        let (entered_tx, entered_rx) = mpsc::sync_channel(1);
+        let (release_tx, release_rx) = mpsc::channel();
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Arc::new(Checked::new(
+            fast.clone(),
+            Gate {
+                inner: reference.clone(),
+                arm: AtomicU64::new(u64::MAX),
+                entered: entered_tx,
+                release: Mutex::new(release_rx),
+            },
+        ));
+        let barrier = Arc::new(Barrier::new(2));
+        let other = {
+            let (checked, barrier) = (checked.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut reader = Reader::new(&checked);
+                barrier.wait(); // 1: in step
+                barrier.wait(); // 2: the checker is inside its check
+                let ahead = reader.read();
+                barrier.wait(); // 3: read while the check was under way
+                barrier.wait(); // 4: the checker fell back
+                let after = checked.now();
+                (ahead, after)
+            })
+        };
+        let mut reader = Reader::new(&checked);
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            reader.read();
+        }
+        barrier.wait(); // 1
+        fast.add(SEC);
+        checked
+            .reference
+            .arm
+            .store(block_on_read, Ordering::Release);
+        let checker = {
+            let checked = checked.clone();
+            std::thread::spawn(move || checked.now())
+        };
+        entered_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("setup: the checker never read the reference");
+        // The counter runs on while the checker is descheduled; the reference is not read.
+        fast.add(5 * MS);
+        barrier.wait(); // 2
+        barrier.wait(); // 3
+        release_tx.send(()).unwrap();
+        checker.join().unwrap();
+        assert!(checked.fell_back(), "a counter a second ahead not found");
+        barrier.wait(); // 4
+        other.join().expect("no panic")
+    }
+
+    #[test]
+    fn a_reading_taken_before_a_checks_reference_readings_does_not_step_back() {
+        let (ahead, after) = race_a_reading_against_a_check(1);
+        assert!(after >= ahead, "stepped back from {ahead} to {after}");
+    }
+
+    #[test]
+    #[ignore = "defect: a thread that reads the counter while another thread's check is between its reference readings steps back after the fall back"]
+    fn a_reading_taken_between_a_checks_reference_readings_does_not_step_back() {
+        let (ahead, after) = race_a_reading_against_a_check(2);
+        assert!(after >= ahead, "stepped back from {ahead} to {after}");
+    }
+
+    /// A counter that stops, read by many short-lived threads (a thread per connection), each
+    /// reading fewer than 4096 times: the docs promise the counter "can make a limit wrong for at
+    /// most about one check interval".
+    #[test]
+    #[ignore = "defect: a stopped counter read by threads that each read fewer than 4096 times is never dropped"]
+    fn a_stopped_counter_read_by_short_lived_threads_is_dropped() {
+        let fast = Wild::at(SEC);
+        let reference = Wild::at(100 * SEC);
+        let checked = Arc::new(Checked::new(fast.clone(), reference.clone()));
+        for _ in 0..100 {
+            fast.add(MS);
+            reference.add(MS);
+            checked.now();
+        }
+        for _ in 0..200 {
+            let (checked, reference) = (checked.clone(), reference.clone());
+            std::thread::spawn(move || {
+                for _ in 0..1_000 {
+                    reference.add(US);
+                    checked.now();
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        assert!(
+            checked.fell_back(),
+            "stopped for 200 ms of reference time over 200 000 readings, still trusted"
+        );
+    }
+
+    /// Eight threads read as fast as they can for a second, counter in step (both clocks read
+    /// `Instant`): the counter is kept, and the check runs about once per 10 ms plus once per
+    /// 4096 readings of a thread, not once per reading.
+    #[test]
+    fn eight_threads_reading_flat_out_check_about_once_per_interval() {
+        struct Mono(Instant);
+        impl Clock for Mono {
+            fn now(&self) -> u64 {
+                saturating_nanos(self.0.elapsed())
+            }
+        }
+        struct Counting(Mono, Arc<AtomicU64>);
+        impl Clock for Counting {
+            fn now(&self) -> u64 {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.now()
+            }
+        }
+        let counted = Arc::new(AtomicU64::new(0));
+        let checked = Arc::new(Checked::new(
+            Mono(Instant::now()),
+            Counting(Mono(Instant::now()), counted.clone()),
+        ));
+        let base = counted.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let checked = checked.clone();
+                std::thread::spawn(move || {
+                    let mut reader = Reader::new(&checked);
+                    let begin = Instant::now();
+                    let mut n = 0u64;
+                    while begin.elapsed() < Duration::from_secs(1) {
+                        reader.read();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let readings: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let elapsed = started.elapsed();
+        let reference_reads = counted.load(Ordering::Relaxed) - base;
+        assert!(
+            !checked.fell_back(),
+            "a counter in step (Instant itself) dropped"
+        );
+        let intervals = saturating_nanos(elapsed) / CHECK_EVERY + 1;
+        let expected_checks = intervals + readings / u64::from(CHECK_EVERY_READS) + 8;
+        // A check reads the reference a few times; allow three reads and racing threads twice.
+        assert!(
+            reference_reads <= 6 * expected_checks,
+            "{reference_reads} reference reads for {readings} readings over {elapsed:?} \
+             (about {expected_checks} checks expected)"
+        );
+        assert!(readings > 100_000, "only {readings} readings");
+    }
+}
