@@ -3,11 +3,15 @@
 //! Keys are spread over a power-of-two number of shards, each a hash table behind a
 //! reader-writer lock. A request for a key already present takes only the read lock; the
 //! algorithm then updates that key's state through its own atomic or mutex, so two keys in one
-//! shard never wait on each other for longer than a table lookup.
+//! shard never wait on each other for longer than a table lookup. Each shard also keeps the
+//! latest clock reading its keys have seen ([`LatestReading`]), beside the lock that every
+//! request writes anyway, so that GCRA's per-key state is one word.
 //!
 //! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
 //! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
-//! has passed), which changes no decision. If the shard is still full of live keys, the
+//! has passed), which changes no decision: the store first publishes its own reading to the
+//! shard's latest reading, so that a reading older than the drop that reaches a fresh key is
+//! decided as of the drop, where the dropped state weighed nothing. If the shard is still full of live keys, the
 //! [`Overflow`] setting decides.
 
 use std::collections::hash_map::RandomState;
@@ -17,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
 
 use hashbrown::HashTable;
+
+use crate::algorithm::LatestReading;
 
 /// What the in-memory store does when a new key arrives and its shard is full of live keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,6 +60,10 @@ pub(crate) struct Full {
 #[repr(align(64))]
 struct Shard<K, S, G> {
     table: RwLock<Table<K, S, G>>,
+    /// The latest clock reading of the shard's keys, shared by all of them (see
+    /// [`LatestReading`]). A word beside the lock, whose reader count every request writes
+    /// already, costs a key nothing in the table.
+    latest: LatestReading,
     /// Under [`Overflow::RefuseNewKeys`], while the shard is full: the instant its first key goes
     /// idle. Until then new keys are refused without scanning the shard again.
     full_until: AtomicU64,
@@ -107,6 +117,7 @@ where
                     context: context.clone(),
                     keys: HashTable::new(),
                 }),
+                latest: LatestReading::default(),
                 full_until: AtomicU64::new(0),
             })
             .collect();
@@ -131,12 +142,12 @@ where
         &self.shards[idx]
     }
 
-    /// Runs `f` on the shard's context and the state of `key` (and the key's hash), inserting a
-    /// fresh state if the key is new; `full` instead, with the context and the time, if there is
+    /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
+    /// key's hash, inserting a fresh state if the key is new; `full` instead, with the context and the time, if there is
     /// no room for a new key.
     ///
     /// `now` reads the clock, only when room is needed: `idle_at` tells which states may be
-    /// dropped at that time; `rank` which live ones to evict first (lowest first). A known key
+    /// dropped at that time (which is first published as the shard's latest reading); `rank` which live ones to evict first (lowest first). A known key
     /// never reads it here, so `f` reads the clock itself, once its state is found (see
     /// `KeyedRateLimiter::with_key` for why that order matters).
     #[inline(always)]
@@ -147,7 +158,7 @@ where
         now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
-        f: impl FnOnce(&G, &S, u64) -> R,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
         full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(key);
@@ -155,7 +166,7 @@ where
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, state)) = table.keys.find(hash, |(k, _)| k == key) {
-                return f(&table.context, state, hash);
+                return f(&table.context, state, &shard.latest, hash);
             }
         }
         self.insert_with(shard, hash, key, now, idle_at, rank, f, full)
@@ -176,14 +187,14 @@ where
         now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
-        f: impl FnOnce(&G, &S, u64) -> R,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
         full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
         let context = &*context;
         if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
-            return f(context, state, hash);
+            return f(context, state, &shard.latest, hash);
         }
         let now = now();
         if keys.len() >= self.shard_cap {
@@ -197,6 +208,10 @@ where
                     now,
                 );
             }
+            // Nobody reads the shard meanwhile: a reading older than `now` that reaches a
+            // fresh key from here on is decided as of `now`, where the dropped states weigh
+            // nothing.
+            shard.latest.publish(now);
             keys.retain(|(_, s)| idle_at(context, s) > now);
         }
         if keys.len() >= self.shard_cap {
@@ -219,27 +234,31 @@ where
         let entry = keys.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
             hasher.hash_one(k)
         });
-        f(context, &entry.get().1, hash)
+        f(context, &entry.get().1, &shard.latest, hash)
     }
 
-    /// Runs `f` on the shard's context and the state of `key` if it is present.
-    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&G, &S, u64) -> R) -> Option<R> {
+    /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
+    /// key's hash, if the key is present.
+    pub(crate) fn with_existing<R>(
+        &self,
+        key: &K,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
+    ) -> Option<R> {
         let hash = self.hasher.hash_one(key);
-        let table = self
-            .shard(hash)
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let shard = self.shard(hash);
+        let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
         table
             .keys
             .find(hash, |(k, _)| k == key)
-            .map(|(_, s)| f(&table.context, s, hash))
+            .map(|(_, s)| f(&table.context, s, &shard.latest, hash))
     }
 
-    /// Drops every key whose state is idle at `now`.
+    /// Drops every key whose state is idle at `now`, having published `now` as each shard's
+    /// latest reading (see the module's docs).
     pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&G, &S) -> u64) {
         for shard in self.shards.iter() {
             let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            shard.latest.publish(now);
             let Table { context, keys } = &mut *guard;
             keys.retain(|(_, s)| idle_at(context, s) > now);
         }
@@ -319,8 +338,8 @@ mod tests {
         Err(full)
     }
 
-    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, u64) -> Result<(), Full> {
-        move |_, s, _| {
+    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, &LatestReading, u64) -> Result<(), Full> {
+        move |_, s, _, _| {
             s.store(tat, Ordering::Relaxed);
             Ok(())
         }
@@ -339,7 +358,7 @@ mod tests {
             assert!(store.len() <= 100);
         }
         assert_eq!(
-            store.with_existing(&u32::MAX, |g, s, _| tat(g, s)),
+            store.with_existing(&u32::MAX, |g, s, _, _| tat(g, s)),
             Some(1_000_000)
         );
     }
@@ -351,14 +370,14 @@ mod tests {
         store.with(&1, || 0, tat, rank, set_tat(50), full).unwrap();
         store.with(&2, || 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store
-            .with(&3, || 10, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 10, tat, rank, |_, _, _, _| Ok(()), full)
             .unwrap_err();
         assert_eq!(refused.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
         store
-            .with(&3, || 60, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 60, tat, rank, |_, _, _, _| Ok(()), full)
             .unwrap();
-        assert_eq!(store.with_existing(&1, |g, s, _| tat(g, s)), None);
+        assert_eq!(store.with_existing(&1, |g, s, _, _| tat(g, s)), None);
         assert_eq!(store.len(), 2);
     }
 }
