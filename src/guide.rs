@@ -4,7 +4,7 @@
 //!
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
-//! | [`Gcra`](crate::algorithm::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
+//! | [`Gcra`](crate::algorithm::Gcra) (default) | one `u64` (the TAT), plus one latest reading per shard | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
 //! | [`FixedWindow`](crate::algorithm::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
 //! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
 //! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
@@ -133,7 +133,8 @@
 //!
 //! A [`KeyedRateLimiter`](crate::KeyedRateLimiter) holds at most `max_keys` keys (default one
 //! million; `BENCHMARKS.md` measures about 52 bytes per key for IPv4 keys under GCRA, whose state
-//! is two `u64`s: the TAT and the latest reading). A key whose state has gone idle (for GCRA: its
+//! was then two `u64`s; it is now one, the TAT, and the latest reading is one word per shard). A
+//! key whose state has gone idle (for GCRA: its
 //! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
 //! the store drops idle keys first whenever a shard is full, and
 //! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
@@ -154,10 +155,12 @@
 //!
 //! # Concurrency
 //!
-//! GCRA updates a key with one compare-and-swap, after publishing its reading; the window
-//! algorithms take a per-key mutex for the few instructions of their transition. Threads read the
-//! clock before they contend, so readings reach a key stale and out of order: every algorithm
-//! decides a reading older than the latest its key has seen as of that latest reading. N threads
+//! GCRA updates a key with one compare-and-swap, after publishing its reading to the latest
+//! reading of the key's shard (one word shared by the shard's keys); the window algorithms take
+//! a per-key mutex for the few instructions of their transition. Threads read the clock before
+//! they contend, so readings reach a key stale and out of order: every algorithm decides a
+//! reading older than the latest its key has seen as of that latest reading (for GCRA, the
+//! latest reading of any key of the shard: a real reading, a little later at most). N threads
 //! racing for a limit of L get exactly L admissions (the test suite checks this for every
 //! algorithm on OS threads released together, with readings handed out of order).
 //!

@@ -577,8 +577,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
     /// Runs `decide` on the setup of `key`'s shard, the key's state (inserting the key if it is
-    /// new), the shard's latest reading, the key's hash and the time; or `full` with the setup and the time if there is no
-    /// room for the key.
+    /// new), the shard's latest reading, the key's hash and the time; or `full` with the setup
+    /// and the time if there is no room for the key.
     ///
     /// The clock is read once the key's state is found, not before the lookup. Reading
     /// `CLOCK_MONOTONIC` orders the processor's loads (the kernel's `rdtsc` is fenced), so a
@@ -814,11 +814,13 @@ where
         }
         let now = self.inner.clock.now();
         let cost = decision.refundable(cost);
-        self.inner.store.with_existing(key, |setup, s, latest, hash| {
-            // A decision made for another key gives nothing back here.
-            if hash == decision.key {
-                setup.algorithm.refund(s, latest, now, cost, &decision)
-            }
-        });
+        self.inner
+            .store
+            .with_existing(key, |setup, s, latest, hash| {
+                // A decision made for another key gives nothing back here.
+                if hash == decision.key {
+                    setup.algorithm.refund(s, latest, now, cost, &decision)
+                }
+            });
     }
 }

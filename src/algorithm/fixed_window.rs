@@ -224,8 +224,14 @@ mod tests {
         let q = Quota::per_second(2).unwrap();
         let fw = FixedWindow::new(&q, 0);
         let st = FixedWindowState::default();
-        assert!(fw.decide(&st, &LatestReading::default(), S / 2, 1, 0).allowed);
-        assert!(fw.decide(&st, &LatestReading::default(), S / 2, 1, 0).allowed);
+        assert!(
+            fw.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                .allowed
+        );
+        assert!(
+            fw.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                .allowed
+        );
         let refused = fw.decide(&st, &LatestReading::default(), S / 2, 1, 0);
         assert!(!refused.allowed);
         assert_eq!(refused.retry_after, Duration::from_millis(500));
@@ -240,6 +246,9 @@ mod tests {
         let d = fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0);
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
-        assert!(!fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0).allowed);
+        assert!(
+            !fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0)
+                .allowed
+        );
     }
 }

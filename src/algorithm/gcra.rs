@@ -182,8 +182,9 @@ impl Algorithm for Gcra {
     ///
     /// * The decision is still the key's latest admission (the key's TAT is the one it left):
     ///   the TAT goes back by `cost · T`, never below the latest reading (time that has passed
-    ///   is spent; the latest reading is that of the key's [`LatestReading`], which other keys
-    ///   of its shard may have moved on). Exact: the key decides as if the request had never been made.
+    ///   is spent; the latest reading is the key's [`LatestReading`], which other keys of its
+    ///   shard may have moved on). Exact: the key decides as if the request had never been
+    ///   made.
     /// * A later admission moved the TAT on, but every admission since was immediate (no
     ///   reservation waits for a slot ahead of the latest reading) and so was this one: the
     ///   TAT goes back by `cost · T` less the time elapsed between this decision and the latest

@@ -2,7 +2,7 @@
 //!
 //! | algorithm | state per key | precision | refund |
 //! |---|---|---|---|
-//! | [`Gcra`] (default) | TAT, updated by compare-and-swap (the latest reading is the shared [`LatestReading`]) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
+//! | [`Gcra`] (default) | TAT, updated by compare-and-swap (the latest reading: [`LatestReading`], one per shard) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
 //! | [`FixedWindow`] | cycle + permits used + latest reading | exact per window, bursty at edges | the last slots taken |
 //! | [`SlidingLog`] | one entry per admission time + latest reading | exact | yes, exactly |
 //! | [`SlidingCounter`] | three counters + latest reading | approximate (see its docs) | yes, exactly |
@@ -78,12 +78,12 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     ) -> Decision;
 
     /// Gives back `decision`, an admission of `cost` permits made by [`decide`](Self::decide)
-    /// on this `state` and `latest`: a waiter that went away, or a request that another policy vetoed. The
-    /// decision remembers (crate-privately) the instant its permits were charged (its own
-    /// instant for an immediate admission, the instant it falls due for a reservation) and, for
-    /// GCRA, the state it left; the state becomes, as far as the algorithm can tell, the one it
-    /// would be had the request never been made, and no more than the request took is ever
-    /// given back. See each algorithm for what it can give back.
+    /// on this `state` and `latest`: a waiter that went away, or a request that another policy
+    /// vetoed. The decision remembers (crate-privately) the instant its permits were charged
+    /// (its own instant for an immediate admission, the instant it falls due for a reservation)
+    /// and, for GCRA, the state it left; the state becomes, as far as the algorithm can tell,
+    /// the one it would be had the request never been made, and no more than the request took
+    /// is ever given back. See each algorithm for what it can give back.
     fn refund(
         &self,
         state: &Self::State,

@@ -277,16 +277,28 @@ mod tests {
         let sc = SlidingCounter::new(&q, 0);
         let st = SlidingCounterState::default();
         for _ in 0..10 {
-            assert!(sc.decide(&st, &LatestReading::default(), S / 2, 1, 0).allowed);
+            assert!(
+                sc.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                    .allowed
+            );
         }
         let d = sc.decide(&st, &LatestReading::default(), S / 2, 1, 0);
         assert!(!d.allowed);
         // Next window: prev = 10; one more fits when ⌊10·(W−e)/W⌋ ≤ 9, from e = 1 ns.
         assert_eq!(d.retry_after, Duration::from_nanos(S / 2 + 1));
         assert!(!sc.decide(&st, &LatestReading::default(), S, 1, 0).allowed);
-        assert!(sc.decide(&st, &LatestReading::default(), S + 1, 1, 0).allowed);
+        assert!(
+            sc.decide(&st, &LatestReading::default(), S + 1, 1, 0)
+                .allowed
+        );
         // The second needs ⌊10·(W−e)/W⌋ ≤ 8, from e = W/10 + 1 ns.
-        assert!(!sc.decide(&st, &LatestReading::default(), S + S / 10, 1, 0).allowed);
-        assert!(sc.decide(&st, &LatestReading::default(), S + S / 10 + 1, 1, 0).allowed);
+        assert!(
+            !sc.decide(&st, &LatestReading::default(), S + S / 10, 1, 0)
+                .allowed
+        );
+        assert!(
+            sc.decide(&st, &LatestReading::default(), S + S / 10 + 1, 1, 0)
+                .allowed
+        );
     }
 }

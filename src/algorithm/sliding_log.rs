@@ -278,11 +278,16 @@ mod tests {
         let q = Quota::with_period(10, Duration::from_secs(1)).unwrap();
         let log = SlidingLog::new(&q, 0);
         let st = SlidingLogState::default();
-        let admitted = (0..50).filter(|_| log.decide(&st, &LatestReading::default(), 7, 1, 0).allowed).count();
+        let admitted = (0..50)
+            .filter(|_| log.decide(&st, &LatestReading::default(), 7, 1, 0).allowed)
+            .count();
         assert_eq!(admitted, 10);
         let d = log.decide(&st, &LatestReading::default(), 7, 1, 0);
         assert_eq!(d.retry_after, Duration::from_secs(1));
-        assert!(log.decide(&st, &LatestReading::default(), 1_000_000_007, 1, 0).allowed);
+        assert!(
+            log.decide(&st, &LatestReading::default(), 1_000_000_007, 1, 0)
+                .allowed
+        );
     }
 
     #[test]

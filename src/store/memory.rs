@@ -11,8 +11,8 @@
 //! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
 //! has passed), which changes no decision: the store first publishes its own reading to the
 //! shard's latest reading, so that a reading older than the drop that reaches a fresh key is
-//! decided as of the drop, where the dropped state weighed nothing. If the shard is still full of live keys, the
-//! [`Overflow`] setting decides.
+//! decided as of the drop, where the dropped state weighed nothing. If the shard is still full
+//! of live keys, the [`Overflow`] setting decides.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -143,13 +143,14 @@ where
     }
 
     /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
-    /// key's hash, inserting a fresh state if the key is new; `full` instead, with the context and the time, if there is
-    /// no room for a new key.
+    /// key's hash, inserting a fresh state if the key is new; `full` instead, with the context
+    /// and the time, if there is no room for a new key.
     ///
     /// `now` reads the clock, only when room is needed: `idle_at` tells which states may be
-    /// dropped at that time (which is first published as the shard's latest reading); `rank` which live ones to evict first (lowest first). A known key
-    /// never reads it here, so `f` reads the clock itself, once its state is found (see
-    /// `KeyedRateLimiter::with_key` for why that order matters).
+    /// dropped at that time (first published as the shard's latest reading); `rank` which live
+    /// ones to evict first (lowest first). A known key never reads it here, so `f` reads the
+    /// clock itself, once its state is found (see `KeyedRateLimiter::with_key` for why that
+    /// order matters).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn with<R>(
