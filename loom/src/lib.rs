@@ -254,6 +254,32 @@ fn gcra_stale_reads(
     });
 }
 
+/// Stale readings are not refused for being stale. Burst 2, one permit a second: three threads
+/// with fixed readings, T and 0 on key 0 and T on key 1 of the same shard. Decided at any
+/// instant from 0 to T, in any order, each key's requests fit its burst, so all three are
+/// admitted. Decided at its own reading after the reading T had set key 0's TAT to 2T, the
+/// stale reading 0 would be refused (its permit due at T, a second ahead of it): it must be
+/// decided as of T, the latest reading of the shard, whichever key published it.
+#[test]
+fn gcra_stale_readings_on_two_keys_of_a_shard_are_decided_as_of_the_latest() {
+    check(PREEMPTIONS, || {
+        let g = gcra(2);
+        let shard = Arc::new(Shard::default());
+        let threads: Vec<_> = [(0, T), (0, 0), (1, T)]
+            .into_iter()
+            .map(|(key, now)| {
+                let shard = shard.clone();
+                thread::spawn(move || (key, Seen::of(now, &shard.decide(&g, key, now, 0))))
+            })
+            .collect();
+        let seen: Vec<(usize, Seen)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(seen.iter().all(|(_, s)| s.allowed), "{seen:#?}");
+        for key in 0..2 {
+            assert_gcra_promise(2, shard.tat(&g, key), &of_key(&seen, key));
+        }
+    });
+}
+
 #[test]
 fn gcra_stale_clock_reads_never_over_admit() {
     gcra_stale_reads(2, 2, &[0, 0], false, PREEMPTIONS);
