@@ -11,7 +11,8 @@
 //! governor uses by default. It is faster to read, and the algorithms would accept it: readings
 //! that arrive out of order between threads (a thread that read the clock, was descheduled and
 //! lost the race to a later reading, or a counter slightly out of step between cores) are decided
-//! as of the key's latest reading, so a stale reading admits neither more nor less. The default
+//! as of the latest reading the key has seen (for GCRA, that of any key of its shard), so a
+//! stale reading admits neither more nor less. The default
 //! still stays `SystemClock` (`std::time::Instant`), on this evidence (figures in
 //! `BENCHMARKS.md`, "Which clock"):
 //!
