@@ -11,8 +11,9 @@
 //! what `std::time::Instant` reads) but reads it, while it can, through the processor's
 //! time-stamp counter, checking the counter against `CLOCK_MONOTONIC` (every 10 ms, on each
 //! thread's first reading and every 4096th, and before giving out a reading that jumped), and
-//! reading `CLOCK_MONOTONIC` itself from the first check that finds the counter astray. The evidence, on a 2-vCPU AMD EPYC virtual machine
-//! (`benches/limiter.rs`; `BENCHMARKS.md` has the tables):
+//! reading `CLOCK_MONOTONIC` itself from the first check that finds the counter astray. The
+//! evidence, on a 2-vCPU AMD EPYC virtual machine (`benches/limiter.rs`; `BENCHMARKS.md` has the
+//! tables):
 //!
 //! * **Reading `CLOCK_MONOTONIC` orders the processor's loads.** The kernel's vDSO reads the
 //!   counter with a fence, which waits for every load before it. A keyed check that read it
@@ -34,7 +35,8 @@
 //!   thread that is descheduled mid-check, and race readings against a fall back.
 //! * **The algorithms accept readings out of order.** A counter can be slightly out of step
 //!   between cores, and any reading can lose a race between threads; every algorithm decides a
-//!   stale reading as of the key's latest one, so such a reading admits neither more nor less.
+//!   stale reading as of the latest reading the key has seen (for GCRA, that of any key of its
+//!   shard), so such a reading admits neither more nor less.
 //!
 //! `QuantaClock` (feature `quanta`) reads the counter without the check, as governor does.
 //! [`TokioClock`] and [`ManualClock`] are for tests; any type implementing [`Clock`] can be

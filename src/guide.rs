@@ -4,7 +4,7 @@
 //!
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
-//! | [`Gcra`](crate::algorithm::Gcra) (default) | two `u64`s (TAT, latest reading) | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
+//! | [`Gcra`](crate::algorithm::Gcra) (default) | one `u64` (the TAT), plus one latest reading per shard | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
 //! | [`FixedWindow`](crate::algorithm::FixedWindow) | three `u64`s and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
 //! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
 //! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index and the latest reading, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
@@ -16,7 +16,7 @@
 //!
 //! | | concurrency and stale clocks | key floods | refunds (a waiter gone, a veto by another policy) |
 //! |---|---|---|---|
-//! | GCRA | exact: N threads racing for L get exactly L, whatever order their readings arrive in; a reading older than the latest one that changed the key is decided as of it (`racing_threads_with_stale_readings_get_exactly_the_limit`, `stale_readings_get_exactly_the_limit`) | a key that used its quota ranks above any fresh key and is never evicted for one (`a_key_flood_never_hands_a_limited_client_a_fresh_quota`) | exact while the refunded admission is still the key's latest, its TAT unchanged (a veto given back before the key admits anything else, a waiter with no later one behind it): the TAT goes back by the cost, never below the latest reading. When later admissions moved the TAT on but none of them is a reservation still ahead (a shared key, a tenant, with other requests admitted meanwhile), an immediate admission gives back its cost less the time elapsed since it was charged: exact at one instant, never more than the request added. Otherwise (a reservation ahead) nothing goes back: never over-granted, two permits never share a slot (`a_veto_leaves_every_limiter_as_if_never_made`, `a_veto_given_back_later_leaves_the_key_as_if_never_made`, `refusals_on_a_shared_gcra_key_drain_nothing_while_others_are_admitted`, `a_gcra_refund_never_hands_out_a_slot_a_later_reservation_holds`, `a_vetoed_gcra_admission_behind_a_later_reservation_stays_spent`, `a_late_gcra_refund_never_frees_a_later_admissions_slot`, `gcra_never_over_admits_whatever_is_given_back`) |
+//! | GCRA | exact: N threads racing for L get exactly L, whatever order their readings arrive in; a reading older than the latest one of the key's shard (one word shared by the shard's keys) is decided as of it (`racing_threads_with_stale_readings_get_exactly_the_limit`, `stale_readings_get_exactly_the_limit`, `two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota_each`) | a key that used its quota ranks above any fresh key and is never evicted for one (`a_key_flood_never_hands_a_limited_client_a_fresh_quota`) | exact while the refunded admission is still the key's latest, its TAT unchanged (a veto given back before the key admits anything else, a waiter with no later one behind it): the TAT goes back by the cost, never below the latest reading. When later admissions moved the TAT on but none of them is a reservation still ahead (a shared key, a tenant, with other requests admitted meanwhile), an immediate admission gives back its cost less the time elapsed since it was charged: exact at one instant, never more than the request added. Otherwise (a reservation ahead) nothing goes back: never over-granted, two permits never share a slot (`a_veto_leaves_every_limiter_as_if_never_made`, `a_veto_given_back_later_leaves_the_key_as_if_never_made`, `refusals_on_a_shared_gcra_key_drain_nothing_while_others_are_admitted`, `a_gcra_refund_never_hands_out_a_slot_a_later_reservation_holds`, `a_vetoed_gcra_admission_behind_a_later_reservation_stays_spent`, `a_late_gcra_refund_never_frees_a_later_admissions_slot`, `gcra_never_over_admits_whatever_is_given_back`) |
 //! | fixed window | exact, same tests; a stale reading never lands in a cycle that has ended | same test | exact for the last permits taken: every immediate admission while no reservation is outstanding, and a reservation of one permit due in the last cycle holding charges; an earlier charge (before later reservations, or of several permits straddling two cycles) is kept, never over-granted; a charge of an ended cycle is spent (`a_request_vetoed_by_another_policy_spends_nothing`, `a_veto_leaves_every_limiter_as_if_never_made`) |
 //! | sliding log | exact, same tests; entries pruned for a later reading are never forgotten by an earlier one (`sliding_log_never_admits_over_the_limit_with_a_stale_reading`, `sliding_log_matches_a_list_under_stale_readings_waits_and_refunds`) | same test | exact, past or future: the entry is removed and its slot is free for the next caller (`sliding_log_reuses_a_refunded_reservation_slot`) |
 //! | sliding counter | exact, same tests; a stale reading never panics nor drops the previous window's weight (`a_reading_older_than_the_state_is_decided_as_of_the_latest`) | same test | exact: the count of the window holding the charge shrinks (previous, current or next) |
@@ -133,7 +133,8 @@
 //!
 //! A [`KeyedRateLimiter`](crate::KeyedRateLimiter) holds at most `max_keys` keys (default one
 //! million; `BENCHMARKS.md` measures about 52 bytes per key for IPv4 keys under GCRA, whose state
-//! is two `u64`s: the TAT and the latest reading). A key whose state has gone idle (for GCRA: its
+//! was then two `u64`s; it is now one, the TAT, and the latest reading is one word per shard). A
+//! key whose state has gone idle (for GCRA: its
 //! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
 //! the store drops idle keys first whenever a shard is full, and
 //! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
@@ -154,10 +155,12 @@
 //!
 //! # Concurrency
 //!
-//! GCRA updates a key with one compare-and-swap, after publishing its reading; the window
-//! algorithms take a per-key mutex for the few instructions of their transition. Threads read the
-//! clock before they contend, so readings reach a key stale and out of order: every algorithm
-//! decides a reading older than the latest its key has seen as of that latest reading. N threads
+//! GCRA updates a key with one compare-and-swap, after publishing its reading to the latest
+//! reading of the key's shard (one word shared by the shard's keys); the window algorithms take
+//! a per-key mutex for the few instructions of their transition. Threads read the clock before
+//! they contend, so readings reach a key stale and out of order: every algorithm decides a
+//! reading older than the latest its key has seen as of that latest reading (for GCRA, the
+//! latest reading of any key of the shard: a real reading, a little later at most). N threads
 //! racing for a limit of L get exactly L admissions (the test suite checks this for every
 //! algorithm on OS threads released together, with readings handed out of order).
 //!

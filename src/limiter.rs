@@ -35,7 +35,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use crate::algorithm::{Algorithm, Gcra};
+use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::store::memory::{Full, MemoryStore};
 use crate::{BoxError, Quota};
@@ -279,6 +279,7 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<(), A, C> {
             inner: Arc::new(DirectInner {
                 setup: RwLock::new(Setup::new(self.quota, epoch)),
                 state: A::State::default(),
+                latest: LatestReading::default(),
                 clock: self.clock,
             }),
         }
@@ -357,6 +358,8 @@ struct DirectInner<A: Algorithm, C> {
     /// lock word sits next to the state the decision writes anyway.
     setup: RwLock<Setup<A>>,
     state: A::State,
+    /// The latest reading of the one key (a keyed limiter has one per shard).
+    latest: LatestReading,
     clock: C,
 }
 
@@ -395,7 +398,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         let now = self.inner.clock.now();
         setup
             .algorithm
-            .decide(&self.inner.state, now, 1, 0)
+            .decide(&self.inner.state, &self.inner.latest, now, 1, 0)
             .of_cost(1)
     }
 
@@ -406,7 +409,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         let now = self.inner.clock.now();
         Ok(setup
             .algorithm
-            .decide(&self.inner.state, now, cost, 0)
+            .decide(&self.inner.state, &self.inner.latest, now, cost, 0)
             .of_cost(cost))
     }
 
@@ -448,7 +451,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         let max_wait = setup.quota.max_wait_nanos();
         Ok(setup
             .algorithm
-            .decide(&self.inner.state, now, cost, max_wait)
+            .decide(&self.inner.state, &self.inner.latest, now, cost, max_wait)
             .of_cost(cost))
     }
 }
@@ -468,6 +471,7 @@ impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
             .field("quota", &setup.quota)
             .field("algorithm", &setup.algorithm)
             .field("state", &self.inner.state)
+            .field("latest", &self.inner.latest)
             .finish()
     }
 }
@@ -501,7 +505,7 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
             let cost = decision.refundable(cost);
             setup
                 .algorithm
-                .refund(&self.inner.state, now, cost, &decision);
+                .refund(&self.inner.state, &self.inner.latest, now, cost, &decision);
         }
     }
 }
@@ -586,21 +590,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     KeyedRateLimiter<K, A, C>
 {
     /// Runs `decide` on the setup of `key`'s shard, the key's state (inserting the key if it is
-    /// new), the key's hash and the time; or `full` with the setup and the time if there is no
-    /// room for the key.
+    /// new), the shard's latest reading, the key's hash and the time; or `full` with the setup
+    /// and the time if there is no room for the key.
     ///
     /// The clock is read once the key's state is found, not before the lookup. Reading
     /// `CLOCK_MONOTONIC` orders the processor's loads (the kernel's `rdtsc` is fenced), so a
     /// reading taken first holds back the loads of the table behind it, while one taken after
     /// overlaps with them. Measured on a keyed check over 100 000 keys (`CHECKS=10000000
     /// CHECK=keyed-system` on `benches/limiter.rs`): 143 ns before, 73 ns after. The
-    /// algorithms decide as of the latest reading a key has seen, so where the clock is read
-    /// changes no decision.
+    /// algorithms decide as of the latest reading a key (or its shard) has seen, so where the
+    /// clock is read changes no decision.
     #[inline(always)]
     fn with_key<R>(
         &self,
         key: &K,
-        decide: impl FnOnce(&Setup<A>, &A::State, u64, u64) -> R,
+        decide: impl FnOnce(&Setup<A>, &A::State, &LatestReading, u64, u64) -> R,
         full: impl FnOnce(&Setup<A>, Full, u64) -> R,
     ) -> R {
         let clock = &self.inner.clock;
@@ -610,7 +614,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
             |setup, s| setup.algorithm.idle_at(s),
             |setup, s, now| setup.algorithm.eviction_rank(s, now),
             #[inline(always)]
-            |setup, s, hash| decide(setup, s, hash, clock.now()),
+            |setup, s, latest, hash| decide(setup, s, latest, hash, clock.now()),
             |setup, f, now| full(setup, f, now),
         )
     }
@@ -642,7 +646,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         self.with_key(
             key,
             #[inline(always)]
-            |setup, s, hash, now| {
+            |setup, s, latest, hash, now| {
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
@@ -654,7 +658,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 Ok(then(
                     setup
                         .algorithm
-                        .decide(s, now, cost, max_wait)
+                        .decide(s, latest, now, cost, max_wait)
                         .of_cost(cost)
                         .for_key(hash),
                 ))
@@ -680,10 +684,10 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
         self.with_key(
             key,
             #[inline(always)]
-            |setup, s, hash, now| {
+            |setup, s, latest, hash, now| {
                 setup
                     .algorithm
-                    .decide(s, now, 1, 0)
+                    .decide(s, latest, now, 1, 0)
                     .of_cost(1)
                     .for_key(hash)
             },
@@ -846,11 +850,13 @@ where
         }
         let now = self.inner.clock.now();
         let cost = decision.refundable(cost);
-        self.inner.store.with_existing(key, |setup, s, hash| {
-            // A decision made for another key gives nothing back here.
-            if hash == decision.key {
-                setup.algorithm.refund(s, now, cost, &decision)
-            }
-        });
+        self.inner
+            .store
+            .with_existing(key, |setup, s, latest, hash| {
+                // A decision made for another key gives nothing back here.
+                if hash == decision.key {
+                    setup.algorithm.refund(s, latest, now, cost, &decision)
+                }
+            });
     }
 }

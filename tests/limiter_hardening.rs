@@ -499,6 +499,82 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     for_every_algorithm!(run);
 }
 
+/// The same race over two keys of one shard (a store of 16 keys has one shard), the threads
+/// taking turns between them: the keys share the shard's latest reading, so each key's stale
+/// readings are decided as of readings the other key published. Each key still gets exactly
+/// its quota, as one thread deciding its requests at the latest reading would.
+#[test]
+fn two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota_each() {
+    fn run<A: Algorithm>() {
+        const THREADS: u64 = 24;
+        let keyed_in_one_shard = |quota: Quota, clock| {
+            KeyedRateLimiter::<u64>::builder(quota)
+                .algorithm::<A>()
+                .clock(clock)
+                .max_keys(16)
+                .build()
+        };
+        for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
+            let quota = Quota::per_minute(5)
+                .unwrap()
+                .with_max_wait(max_wait)
+                .unwrap();
+            let expected = {
+                let clock = ManualClock::new();
+                let limiter = keyed::<A, _>(quota, clock.clone());
+                clock.set(Duration::from_secs(1) + Duration::from_micros(THREADS));
+                (0..THREADS / 2)
+                    .filter(|_| decide(&limiter, 1, 1).allowed)
+                    .count()
+            };
+            assert!(expected >= 5, "{}", name::<A>());
+            for round in 0..20u64 {
+                ScriptedClock::set(0);
+                let limiter = keyed_in_one_shard(quota, ScriptedClock);
+                let manual = ManualClock::new();
+                manual.set(Duration::from_secs(1));
+                let mut readings = vec![0; THREADS as usize];
+                for i in 0..THREADS {
+                    readings[((i * 7 + round) % THREADS) as usize] = manual.now();
+                    manual.advance(Duration::from_micros(1));
+                }
+                let barrier = Arc::new(Barrier::new(THREADS as usize));
+                let admitted: Arc<[AtomicUsize; 2]> = Arc::default();
+                let handles: Vec<_> = readings
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, reading)| {
+                        let barrier = Arc::clone(&barrier);
+                        let admitted = Arc::clone(&admitted);
+                        let limiter = limiter.clone();
+                        thread::spawn(move || {
+                            let key = i % 2;
+                            ScriptedClock::set(reading);
+                            barrier.wait();
+                            if decide(&limiter, key as u64 + 1, 1).allowed {
+                                admitted[key].fetch_add(1, Ordering::Relaxed);
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().unwrap();
+                }
+                for (key, admitted) in admitted.iter().enumerate() {
+                    assert_eq!(
+                        admitted.load(Ordering::Relaxed),
+                        expected,
+                        "{} max_wait {max_wait:?} round {round} key {}",
+                        name::<A>(),
+                        key + 1
+                    );
+                }
+            }
+        }
+    }
+    for_every_algorithm!(run);
+}
+
 /// Items 10 and 11 through a configuration file: an absurd period is an error naming the field,
 /// and a positive duration that would round to zero is an error naming the value, never a
 /// silent zero (`max_wait = "0.5ns"` meant "never wait").

@@ -29,7 +29,9 @@ use loom::future::block_on;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
-use tower_bulwark::algorithm::{Algorithm, FixedWindow, FixedWindowState, Gcra};
+use tower_bulwark::algorithm::{
+    Algorithm, FixedWindow, FixedWindowState, Gcra, GcraState, LatestReading,
+};
 use tower_bulwark::{bulkhead::BulkheadService, limiter::Decision, BoxError, Bulkhead, Quota};
 use tower_service::Service;
 
@@ -124,6 +126,28 @@ fn gcra(burst: u32) -> Gcra {
 
 const T: u64 = S;
 
+/// The keys of one shard as the keyed store holds them: a GCRA state per key, and one latest
+/// reading that they all share (`LatestReading`), which a stale reading is decided as of.
+#[derive(Default)]
+struct Shard {
+    keys: [GcraState; 2],
+    latest: LatestReading,
+}
+
+impl Shard {
+    fn decide(&self, g: &Gcra, key: usize, now: u64, max_wait: u64) -> Decision {
+        g.decide(&self.keys[key], &self.latest, now, 1, max_wait)
+    }
+
+    fn refund(&self, g: &Gcra, key: usize, now: u64, d: &Decision) {
+        g.refund(&self.keys[key], &self.latest, now, 1, d);
+    }
+
+    fn tat(&self, g: &Gcra, key: usize) -> u64 {
+        g.idle_at(&self.keys[key])
+    }
+}
+
 /// GCRA's promise over the admitted decisions that were not given back (`seen`), whatever the
 /// order and staleness of their clock reads:
 ///
@@ -155,17 +179,25 @@ fn assert_gcra_promise(burst: u64, tat: u64, seen: &[Seen]) {
     }
 }
 
+/// The decisions of `seen` made for `key`.
+fn of_key(seen: &[(usize, Seen)], key: usize) -> Vec<Seen> {
+    seen.iter()
+        .filter(|(k, _)| *k == key)
+        .map(|&(_, s)| s)
+        .collect()
+}
+
 /// Three threads, one instant, a burst of two: exactly two admitted (no update lost, no
 /// refusal while a permit is free), with the remaining counts of a sequential run.
 #[test]
 fn gcra_racing_threads_get_exactly_the_burst() {
     check(PREEMPTIONS, || {
         let g = gcra(2);
-        let state = Arc::new(<Gcra as Algorithm>::State::default());
+        let shard = Arc::new(Shard::default());
         let threads: Vec<_> = (0..3)
             .map(|_| {
-                let state = state.clone();
-                thread::spawn(move || g.decide(&state, 0, 1, 0))
+                let shard = shard.clone();
+                thread::spawn(move || shard.decide(&g, 0, 0, 0))
             })
             .collect();
         let decisions: Vec<Decision> = threads.into_iter().map(|t| t.join().unwrap()).collect();
@@ -176,54 +208,102 @@ fn gcra_racing_threads_get_exactly_the_burst() {
             .collect();
         remaining.sort_unstable();
         assert_eq!(remaining, [0, 1], "{decisions:#?}");
-        assert_eq!(g.idle_at(&state), 2 * T);
+        assert_eq!(shard.tat(&g, 0), 2 * T);
     });
 }
 
 /// `threads` threads decide once for each of `waits` (their `max_wait`s) on clock readings that
 /// the model moves on meanwhile, from 0 to T to 2T, so a thread may decide on a reading older
-/// than the TAT another has already stored, and retry its compare-and-swap on it.
-fn gcra_stale_reads(burst: u32, threads: usize, waits: &'static [u64], preemptions: usize) {
+/// than the TAT another has already stored (or than the reading another published for the
+/// shard), and retry its compare-and-swap on it. With `two_keys`, the threads take turns
+/// between the two keys of the shard (thread `i`'s `j`-th decision is for key `(i + j) % 2`):
+/// each key keeps its own promise while the other key's readings move the shared one on.
+fn gcra_stale_reads(
+    burst: u32,
+    threads: usize,
+    waits: &'static [u64],
+    two_keys: bool,
+    preemptions: usize,
+) {
     check(preemptions, move || {
         let g = gcra(burst);
-        let state = Arc::new(<Gcra as Algorithm>::State::default());
+        let shard = Arc::new(Shard::default());
         let clock = Clock::at(0);
         let threads: Vec<_> = (0..threads)
-            .map(|_| {
-                let (state, clock) = (state.clone(), clock.clone());
+            .map(|i| {
+                let (shard, clock) = (shard.clone(), clock.clone());
                 thread::spawn(move || {
-                    let decide = |&max_wait: &u64| {
+                    let decide = |(j, &max_wait): (usize, &u64)| {
+                        let key = if two_keys { (i + j) % 2 } else { 0 };
                         let now = clock.now();
-                        Seen::of(now, &g.decide(&state, now, 1, max_wait))
+                        (key, Seen::of(now, &shard.decide(&g, key, now, max_wait)))
                     };
-                    waits.iter().map(decide).collect::<Vec<_>>()
+                    waits.iter().enumerate().map(decide).collect::<Vec<_>>()
                 })
             })
             .collect();
         clock.set(T);
         clock.set(2 * T);
-        let seen: Vec<Seen> = threads
+        let seen: Vec<(usize, Seen)> = threads
             .into_iter()
             .flat_map(|t| t.join().unwrap())
             .collect();
-        assert_gcra_promise(u64::from(burst), g.idle_at(&state), &seen);
+        for key in 0..2 {
+            assert_gcra_promise(u64::from(burst), shard.tat(&g, key), &of_key(&seen, key));
+        }
+    });
+}
+
+/// Stale readings are not refused for being stale. Burst 2, one permit a second: three threads
+/// with fixed readings, T and 0 on key 0 and T on key 1 of the same shard. Decided at any
+/// instant from 0 to T, in any order, each key's requests fit its burst, so all three are
+/// admitted. Decided at its own reading after the reading T had set key 0's TAT to 2T, the
+/// stale reading 0 would be refused (its permit due at T, a second ahead of it): it must be
+/// decided as of T, the latest reading of the shard, whichever key published it.
+#[test]
+fn gcra_stale_readings_on_two_keys_of_a_shard_are_decided_as_of_the_latest() {
+    check(PREEMPTIONS, || {
+        let g = gcra(2);
+        let shard = Arc::new(Shard::default());
+        let threads: Vec<_> = [(0, T), (0, 0), (1, T)]
+            .into_iter()
+            .map(|(key, now)| {
+                let shard = shard.clone();
+                thread::spawn(move || (key, Seen::of(now, &shard.decide(&g, key, now, 0))))
+            })
+            .collect();
+        let seen: Vec<(usize, Seen)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(seen.iter().all(|(_, s)| s.allowed), "{seen:#?}");
+        for key in 0..2 {
+            assert_gcra_promise(2, shard.tat(&g, key), &of_key(&seen, key));
+        }
     });
 }
 
 #[test]
 fn gcra_stale_clock_reads_never_over_admit() {
-    gcra_stale_reads(2, 2, &[0, 0], PREEMPTIONS);
+    gcra_stale_reads(2, 2, &[0, 0], false, PREEMPTIONS);
+}
+
+#[test]
+fn gcra_two_keys_of_a_shard_on_stale_clock_reads_never_over_admit() {
+    gcra_stale_reads(1, 2, &[0, 0], true, PREEMPTIONS);
 }
 
 #[test]
 fn gcra_three_threads_on_stale_clock_reads_never_over_admit() {
     // Two preemptions suffice for a compare-and-swap to fail twice; three take 20 s.
-    gcra_stale_reads(2, 3, &[0], 2);
+    gcra_stale_reads(2, 3, &[0], false, 2);
 }
 
 #[test]
 fn gcra_reservations_on_stale_clock_reads_never_share_a_slot() {
-    gcra_stale_reads(1, 2, &[0, 3 * T], PREEMPTIONS);
+    gcra_stale_reads(1, 2, &[0, 3 * T], false, PREEMPTIONS);
+}
+
+#[test]
+fn gcra_reservations_on_two_keys_of_a_shard_never_share_a_slot() {
+    gcra_stale_reads(1, 2, &[3 * T, 3 * T], true, PREEMPTIONS);
 }
 
 /// A waiter gives its reservation back while another caller reserves the slot after it. Burst
@@ -239,29 +319,29 @@ fn gcra_refund_racing_a_reservation() {
     check(PREEMPTIONS, || {
         let g = gcra(1);
         let max_wait = 2 * T;
-        let state = Arc::new(<Gcra as Algorithm>::State::default());
-        let first = Seen::of(0, &g.decide(&state, 0, 1, 0));
+        let shard = Arc::new(Shard::default());
+        let first = Seen::of(0, &shard.decide(&g, 0, 0, 0));
         let leaver = {
-            let state = state.clone();
+            let shard = shard.clone();
             thread::spawn(move || {
-                let d = g.decide(&state, 0, 1, max_wait);
+                let d = shard.decide(&g, 0, 0, max_wait);
                 let mut seen = Seen::of(0, &d);
                 if seen.allowed && seen.due > 0 {
-                    g.refund(&state, 0, 1, &d);
+                    shard.refund(&g, 0, 0, &d);
                     seen.refunded = true;
                 }
                 seen
             })
         };
         let stayer = {
-            let state = state.clone();
-            thread::spawn(move || Seen::of(0, &g.decide(&state, 0, 1, max_wait)))
+            let shard = shard.clone();
+            thread::spawn(move || Seen::of(0, &shard.decide(&g, 0, 0, max_wait)))
         };
         let mut seen = vec![first, leaver.join().unwrap(), stayer.join().unwrap()];
         // Willing to wait for 3T: the slot after B's, if A's permits stayed spent.
-        let next = Seen::of(0, &g.decide(&state, 0, 1, 3 * T));
+        let next = Seen::of(0, &shard.decide(&g, 0, 0, 3 * T));
         seen.push(next);
-        assert_gcra_promise(1, g.idle_at(&state), &seen);
+        assert_gcra_promise(1, shard.tat(&g, 0), &seen);
         assert!(
             next.allowed && next.due <= 3 * T,
             "more than the refunded slot lost: {seen:#?}"
@@ -277,34 +357,50 @@ fn gcra_refund_racing_a_reservation() {
 /// once B is admitted A's permit stays spent.
 #[test]
 fn gcra_refund_of_an_admission_racing_a_newer_clock_read() {
-    check(PREEMPTIONS, || {
+    gcra_refund_racing_a_newer_reading(0);
+}
+
+/// The same race with B on the other key of the shard: B's newer reading moves on the latest
+/// reading that A's key shares, so A's refund gives back no time before it, and A's key keeps
+/// its promise.
+#[test]
+fn gcra_refund_racing_a_newer_clock_read_on_another_key_of_the_shard() {
+    gcra_refund_racing_a_newer_reading(1);
+}
+
+/// A decides on key 0 and gives its admission back; B decides on key `b_key`; the clock moves
+/// from 0 to T meanwhile; then a third caller decides on key 0 at T.
+fn gcra_refund_racing_a_newer_reading(b_key: usize) {
+    check(PREEMPTIONS, move || {
         let g = gcra(1);
-        let state = Arc::new(<Gcra as Algorithm>::State::default());
+        let shard = Arc::new(Shard::default());
         let clock = Clock::at(0);
         let vetoed = {
-            let (state, clock) = (state.clone(), clock.clone());
+            let (shard, clock) = (shard.clone(), clock.clone());
             thread::spawn(move || {
                 let now = clock.now();
-                let d = g.decide(&state, now, 1, 0);
+                let d = shard.decide(&g, 0, now, 0);
                 let mut seen = Seen::of(now, &d);
                 if seen.allowed {
-                    g.refund(&state, clock.now(), 1, &d);
+                    shard.refund(&g, 0, clock.now(), &d);
                     seen.refunded = true;
                 }
-                seen
+                (0, seen)
             })
         };
         let later = {
-            let (state, clock) = (state.clone(), clock.clone());
+            let (shard, clock) = (shard.clone(), clock.clone());
             thread::spawn(move || {
                 let now = clock.now();
-                Seen::of(now, &g.decide(&state, now, 1, 0))
+                (b_key, Seen::of(now, &shard.decide(&g, b_key, now, 0)))
             })
         };
         clock.set(T);
         let mut seen = vec![vetoed.join().unwrap(), later.join().unwrap()];
-        seen.push(Seen::of(T, &g.decide(&state, T, 1, 0)));
-        assert_gcra_promise(1, g.idle_at(&state), &seen);
+        seen.push((0, Seen::of(T, &shard.decide(&g, 0, T, 0))));
+        for key in 0..2 {
+            assert_gcra_promise(1, shard.tat(&g, key), &of_key(&seen, key));
+        }
     });
 }
 
@@ -347,7 +443,10 @@ fn fixed_window_stale_clock_reads_stay_within_each_cycle() {
                 thread::spawn(move || {
                     [(); 2].map(|()| {
                         let now = clock.now();
-                        Seen::of(now, &fw.decide(&state, now, 1, 0))
+                        Seen::of(
+                            now,
+                            &fw.decide(&state, &LatestReading::default(), now, 1, 0),
+                        )
                     })
                 })
             })
@@ -404,16 +503,19 @@ fn fixed_window_refund_racing_a_decide() {
         let fw = fixed_window(1);
         let state = Arc::new(FixedWindowState::default());
         let clock = Clock::at(P / 2);
-        let first = Seen::of(P / 2, &fw.decide(&state, P / 2, 1, 0));
+        let first = Seen::of(
+            P / 2,
+            &fw.decide(&state, &LatestReading::default(), P / 2, 1, 0),
+        );
         let leaver = {
             let (state, clock) = (state.clone(), clock.clone());
             thread::spawn(move || {
                 let now = clock.now();
-                let d = fw.decide(&state, now, 1, P);
+                let d = fw.decide(&state, &LatestReading::default(), now, 1, P);
                 let mut seen = Seen::of(now, &d);
                 let later = clock.now();
                 if seen.allowed && seen.due > later {
-                    fw.refund(&state, later, 1, &d);
+                    fw.refund(&state, &LatestReading::default(), later, 1, &d);
                     seen.refunded = true;
                 }
                 seen
@@ -423,13 +525,19 @@ fn fixed_window_refund_racing_a_decide() {
             let (state, clock) = (state.clone(), clock.clone());
             thread::spawn(move || {
                 let now = clock.now();
-                Seen::of(now, &fw.decide(&state, now, 1, 0))
+                Seen::of(
+                    now,
+                    &fw.decide(&state, &LatestReading::default(), now, 1, 0),
+                )
             })
         };
         clock.set(P + P / 2);
         let mut seen = vec![first, leaver.join().unwrap(), other.join().unwrap()];
         let now = clock.now();
-        seen.push(Seen::of(now, &fw.decide(&state, now, 1, 0)));
+        seen.push(Seen::of(
+            now,
+            &fw.decide(&state, &LatestReading::default(), now, 1, 0),
+        ));
         for cycle in 0..=2 {
             let admitted = seen
                 .iter()

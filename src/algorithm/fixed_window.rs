@@ -1,7 +1,7 @@
 use crate::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Algorithm, Timeline};
+use super::{Algorithm, LatestReading, Timeline};
 use crate::{decision::Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
@@ -143,7 +143,14 @@ impl Algorithm for FixedWindow {
         self.limit as u32
     }
 
-    fn decide(&self, state: &FixedWindowState, now: u64, cost: u32, max_wait: u64) -> Decision {
+    fn decide(
+        &self,
+        state: &FixedWindowState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.step(&mut w, now, cost, max_wait)
     }
@@ -161,7 +168,14 @@ impl Algorithm for FixedWindow {
     /// other charge lies before later ones; freeing the last slots instead would let a new caller
     /// fall due in a cycle that is already full, so it is kept (the permits are lost, never
     /// over-granted).
-    fn refund(&self, state: &FixedWindowState, now: u64, cost: u32, decision: &Decision) {
+    fn refund(
+        &self,
+        state: &FixedWindowState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let reserved_at = decision.reserved_at;
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut w, now);
@@ -210,22 +224,31 @@ mod tests {
         let q = Quota::per_second(2).unwrap();
         let fw = FixedWindow::new(&q, 0);
         let st = FixedWindowState::default();
-        assert!(fw.decide(&st, S / 2, 1, 0).allowed);
-        assert!(fw.decide(&st, S / 2, 1, 0).allowed);
-        let refused = fw.decide(&st, S / 2, 1, 0);
+        assert!(
+            fw.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                .allowed
+        );
+        assert!(
+            fw.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                .allowed
+        );
+        let refused = fw.decide(&st, &LatestReading::default(), S / 2, 1, 0);
         assert!(!refused.allowed);
         assert_eq!(refused.retry_after, Duration::from_millis(500));
         // Waiting up to 2 s: two permits of the next cycle and then of the one after.
-        let a = fw.decide(&st, S / 2, 2, 2 * S);
+        let a = fw.decide(&st, &LatestReading::default(), S / 2, 2, 2 * S);
         assert_eq!(a.wait, Duration::from_millis(500));
-        let b = fw.decide(&st, S / 2, 1, 2 * S);
+        let b = fw.decide(&st, &LatestReading::default(), S / 2, 1, 2 * S);
         assert_eq!(b.wait, Duration::from_millis(1500));
         // Idle cycles never build a burst above the limit.
         let idle = FixedWindowState::default();
-        fw.decide(&idle, 10 * S, 1, 0);
-        let d = fw.decide(&idle, 10 * S, 1, 0);
+        fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0);
+        let d = fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0);
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
-        assert!(!fw.decide(&idle, 10 * S, 1, 0).allowed);
+        assert!(
+            !fw.decide(&idle, &LatestReading::default(), 10 * S, 1, 0)
+                .allowed
+        );
     }
 }

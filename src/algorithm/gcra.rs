@@ -1,7 +1,7 @@
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Algorithm;
+use super::{Algorithm, LatestReading};
 use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
@@ -16,8 +16,9 @@ use crate::{decision::Decision, Quota};
 /// Guarantee: over any span of length `S`, a key is admitted at most `burst + S / T` permits.
 ///
 /// Clock readings that arrive out of order (a thread read the clock, then lost the race to one
-/// that read it later) are decided as of the latest reading the key has admitted with, which the
-/// state keeps beside the TAT: a stale reading neither admits more nor less than a fresh one.
+/// that read it later) are decided as of the latest reading published to the key's
+/// [`LatestReading`] (shared by the keys of a shard): a stale reading neither admits more nor
+/// less than a fresh one.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,
@@ -29,12 +30,11 @@ pub struct Gcra {
     magic: u64,
 }
 
-/// The per-key state of [`Gcra`]: the theoretical arrival time, and the latest clock reading
-/// that changed it (so that a stale reading is decided as of that instant).
+/// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
+/// reading, which a stale reading is decided as of, is the [`LatestReading`] the key shares.)
 #[derive(Debug, Default)]
 pub struct GcraState {
     tat: AtomicU64,
-    latest: AtomicU64,
 }
 
 impl GcraState {
@@ -136,13 +136,20 @@ impl Algorithm for Gcra {
     }
 
     #[inline(always)]
-    fn decide(&self, state: &GcraState, now: u64, cost: u32, max_wait: u64) -> Decision {
+    fn decide(
+        &self,
+        state: &GcraState,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
         let now = now.min(MAX_NOW);
         // The TAT first, then the latest reading: whoever changed the TAT we read published its
         // reading before, so `seen` covers it and the admissions of a key decide at instants
         // that never go backwards.
         let mut tat = state.tat.load(Ordering::Acquire);
-        let mut seen = state.latest.load(Ordering::Acquire);
+        let mut seen = latest.get();
         loop {
             let at = now.max(seen);
             let (decision, new_tat) = self.step(tat, at, cost, max_wait);
@@ -152,7 +159,7 @@ impl Algorithm for Gcra {
             if now > seen {
                 // Publish this reading before changing the TAT. If someone published a later
                 // one meanwhile, decide again as of it.
-                seen = state.latest.fetch_max(now, Ordering::AcqRel);
+                seen = latest.publish(now);
                 if seen > now {
                     continue;
                 }
@@ -164,7 +171,7 @@ impl Algorithm for Gcra {
                 Ok(_) => return decision,
                 Err(actual) => {
                     tat = actual;
-                    seen = state.latest.load(Ordering::Acquire);
+                    seen = latest.get();
                 }
             }
         }
@@ -174,8 +181,10 @@ impl Algorithm for Gcra {
     /// more.
     ///
     /// * The decision is still the key's latest admission (the key's TAT is the one it left):
-    ///   the TAT goes back by `cost · T`, never below the key's latest reading (time that has
-    ///   passed is spent). Exact: the key decides as if the request had never been made.
+    ///   the TAT goes back by `cost · T`, never below the latest reading (time that has passed
+    ///   is spent; the latest reading is the key's [`LatestReading`], which other keys of its
+    ///   shard may have moved on). Exact: the key decides as if the request had never been
+    ///   made.
     /// * A later admission moved the TAT on, but every admission since was immediate (no
     ///   reservation waits for a slot ahead of the latest reading) and so was this one: the
     ///   TAT goes back by `cost · T` less the time elapsed between this decision and the latest
@@ -187,10 +196,17 @@ impl Algorithm for Gcra {
     /// * Otherwise (a reservation is outstanding after the decision): nothing. Moving the TAT
     ///   back would hand the next caller a slot that a later reservation already holds (two
     ///   permits due at once with a burst of one), so the permits stay spent.
-    fn refund(&self, state: &GcraState, now: u64, cost: u32, decision: &Decision) {
+    fn refund(
+        &self,
+        state: &GcraState,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let now = now.min(MAX_NOW);
-        if now > state.latest.load(Ordering::Acquire) {
-            state.latest.fetch_max(now, Ordering::AcqRel);
+        if now > latest.get() {
+            latest.publish(now);
         }
         let left = decision.state_after;
         if left == 0 {
@@ -203,7 +219,7 @@ impl Algorithm for Gcra {
             .tat
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
                 // Read after the TAT: whoever moved the TAT published its reading first.
-                let latest = state.latest.load(Ordering::Acquire);
+                let latest = latest.get();
                 if tat <= latest {
                     // Nothing ahead of the latest reading: nothing to give back.
                     return None;
@@ -227,12 +243,11 @@ impl Algorithm for Gcra {
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {
-        // Past the TAT the bucket is full; past the latest reading no stale reading of a
-        // caller that read the clock before the drop can be told apart from a fresh key.
-        state
-            .tat
-            .load(Ordering::Acquire)
-            .max(state.latest.load(Ordering::Acquire))
+        // Past the TAT the bucket is full. The latest reading is not the key's to keep: it
+        // stays in the shard's word when the key is dropped, and the store publishes its own
+        // reading there first, so a stale reading that reaches the fresh key is decided as of
+        // an instant no earlier than the drop, where the old TAT weighed nothing.
+        state.tat.load(Ordering::Acquire)
     }
 }
 
@@ -251,18 +266,18 @@ mod tests {
     #[test]
     fn ten_per_second_then_refusal_then_recovery() {
         let g = gcra(10, 1000, 10);
-        let s = GcraState::default();
+        let (s, l) = (GcraState::default(), LatestReading::default());
         for i in 0..10 {
-            let d = g.decide(&s, 0, 1, 0);
+            let d = g.decide(&s, &l, 0, 1, 0);
             assert!(d.allowed, "check {i}");
             assert_eq!(d.remaining, 9 - i);
         }
-        let d = g.decide(&s, 0, 1, 0);
+        let d = g.decide(&s, &l, 0, 1, 0);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_millis(100));
         assert_eq!(d.reset_after, Duration::from_secs(1));
         assert_eq!(d.remaining, 0);
-        assert!(g.decide(&s, 100_000_000, 1, 0).allowed);
+        assert!(g.decide(&s, &l, 100_000_000, 1, 0).allowed);
     }
 
     #[test]
@@ -310,14 +325,14 @@ mod tests {
     #[test]
     fn reservation_and_refund() {
         let g = gcra(1, 1000, 1);
-        let s = GcraState::default();
-        assert!(g.decide(&s, 0, 1, 0).allowed);
-        let d = g.decide(&s, 0, 1, 2_000_000_000);
+        let (s, l) = (GcraState::default(), LatestReading::default());
+        assert!(g.decide(&s, &l, 0, 1, 0).allowed);
+        let d = g.decide(&s, &l, 0, 1, 2_000_000_000);
         assert!(d.allowed);
         assert_eq!(d.wait, Duration::from_secs(1));
-        g.refund(&s, 10, 1, &d);
+        g.refund(&s, &l, 10, 1, &d);
         // After the refund, the next caller gets the same slot, not a later one.
-        let again = g.decide(&s, 10, 1, 2_000_000_000);
+        let again = g.decide(&s, &l, 10, 1, 2_000_000_000);
         assert_eq!(again.wait, Duration::from_nanos(1_000_000_000 - 10));
     }
 }

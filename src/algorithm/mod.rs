@@ -2,19 +2,22 @@
 //!
 //! | algorithm | state per key | precision | refund |
 //! |---|---|---|---|
-//! | [`Gcra`] (default) | TAT + latest reading, updated by compare-and-swap | exact, smooth | yes (see [`Gcra`]'s `refund`) |
+//! | [`Gcra`] (default) | TAT, updated by compare-and-swap (the latest reading: [`LatestReading`], one per shard) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
 //! | [`FixedWindow`] | cycle + permits used + latest reading | exact per window, bursty at edges | the last slots taken |
 //! | [`SlidingLog`] | one entry per admission time + latest reading | exact | yes, exactly |
 //! | [`SlidingCounter`] | three counters + latest reading | approximate (see its docs) | yes, exactly |
 //!
 //! An algorithm never reads a clock and never does I/O: the limiter passes `now` in. Readings may
 //! arrive out of order between threads; each algorithm decides a reading older than the latest
-//! its state has seen as of that latest reading. Readings beyond 2^62 ns are taken as 2^62 ns
+//! its key has seen as of that latest reading (GCRA as of the latest reading of the
+//! [`LatestReading`] its key shares, the others as of the latest their key's state keeps).
+//! Readings beyond 2^62 ns are taken as 2^62 ns
 //! (time stands still there; nothing wraps). The same transitions are implemented in Lua for the
 //! Redis store, and a conformance suite holds the two to the same answers.
 
 use std::fmt;
 
+use crate::sync::{AtomicU64, Ordering};
 use crate::{decision::Decision, Quota};
 
 mod fixed_window;
@@ -61,20 +64,39 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     ///
     /// If the permits arrive within `max_wait` nanoseconds the request is admitted with a
     /// reservation ([`Decision::wait`] > 0); if later, it is refused and reserves nothing. A
-    /// `now` older than the latest reading the state has seen is decided as of that reading.
-    fn decide(&self, state: &Self::State, now: u64, cost: u32, max_wait: u64) -> Decision;
+    /// `now` older than the latest reading the key has seen is decided as of that reading.
+    /// `latest` is the latest reading of the key's group (the keys of its shard, or a direct
+    /// limiter's one key; see [`LatestReading`]): an algorithm may keep its latest reading
+    /// there rather than in `state`.
+    fn decide(
+        &self,
+        state: &Self::State,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision;
 
     /// Gives back `decision`, an admission of `cost` permits made by [`decide`](Self::decide)
-    /// on this `state`: a waiter that went away, or a request that another policy vetoed. The
-    /// decision remembers (crate-privately) the instant its permits were charged (its own
-    /// instant for an immediate admission, the instant it falls due for a reservation) and, for
-    /// GCRA, the state it left; the state becomes, as far as the algorithm can tell, the one it
-    /// would be had the request never been made, and no more than the request took is ever
-    /// given back. See each algorithm for what it can give back.
-    fn refund(&self, state: &Self::State, now: u64, cost: u32, decision: &Decision);
+    /// on this `state` and `latest`: a waiter that went away, or a request that another policy
+    /// vetoed. The decision remembers (crate-privately) the instant its permits were charged
+    /// (its own instant for an immediate admission, the instant it falls due for a reservation)
+    /// and, for GCRA, the state it left; the state becomes, as far as the algorithm can tell,
+    /// the one it would be had the request never been made, and no more than the request took
+    /// is ever given back. See each algorithm for what it can give back.
+    fn refund(
+        &self,
+        state: &Self::State,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    );
 
     /// The instant from which `state` carries no information: a key idle since then behaves as a
-    /// new key, so the store may drop it without changing any decision.
+    /// new key, so the store may drop it without changing any decision. (The store publishes its
+    /// own reading to the shard's [`LatestReading`] before it drops keys, so a reading older than
+    /// the drop is decided as of it, as it would have been on the dropped state.)
     fn idle_at(&self, state: &Self::State) -> u64;
 
     /// How much forgetting `state` at `now` would give away; when the store is full of live keys
@@ -87,6 +109,37 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// flood: forgetting either gives away as many permits).
     fn eviction_rank(&self, state: &Self::State, now: u64) -> u128 {
         u128::from(self.idle_at(state).saturating_sub(now))
+    }
+}
+
+/// The latest clock reading that a group of keys has seen: one per shard of a keyed limiter's
+/// store, shared by every key of the shard, and one for a direct limiter's single key.
+///
+/// [`Gcra`] keeps its latest reading here rather than in each key's state, which keeps a key's
+/// state to one word (a table entry of a `u32` key and its state is then 16 bytes, not 24, and
+/// the hot path touches less memory). A reading is published here (only when it is later than
+/// the one already here) before the TAT it decided on is changed, so whoever changed a TAT
+/// published its reading first. A reading older than the one here is decided as of it: a real
+/// reading that some thread took for a key of the same shard, so the request is decided as if
+/// it had arrived at that instant (for a fresh reading, a few microseconds later at most: the
+/// gap between two threads' readings), and a stale reading admits neither more nor less than a
+/// fresh one. The window algorithms and the
+/// sliding log keep their latest reading in their own (locked) state and leave this one alone.
+#[derive(Debug, Default)]
+pub struct LatestReading(AtomicU64);
+
+impl LatestReading {
+    /// The latest reading published (0 before any).
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
+    /// was before (`now` was published if that is not later than `now`).
+    #[inline(always)]
+    pub(crate) fn publish(&self, now: u64) -> u64 {
+        self.0.fetch_max(now, Ordering::AcqRel)
     }
 }
 

@@ -1,7 +1,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Algorithm, Timeline};
+use super::{Algorithm, LatestReading, Timeline};
 use crate::{decision::Decision, Quota};
 
 /// The sliding-window counter: two fixed-window counters blended into an estimate.
@@ -211,7 +211,14 @@ impl Algorithm for SlidingCounter {
         self.limit as u32
     }
 
-    fn decide(&self, state: &SlidingCounterState, now: u64, cost: u32, max_wait: u64) -> Decision {
+    fn decide(
+        &self,
+        state: &SlidingCounterState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.step(&mut c, now, cost, max_wait)
     }
@@ -219,7 +226,14 @@ impl Algorithm for SlidingCounter {
     /// Subtracts `cost` from the count of the window that holds `reserved_at` (the previous,
     /// the current or the next): exact, whether the instant is past or future, since each count
     /// is a plain sum. A window older than the previous one weighs on no decision any more.
-    fn refund(&self, state: &SlidingCounterState, now: u64, cost: u32, decision: &Decision) {
+    fn refund(
+        &self,
+        state: &SlidingCounterState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let reserved_at = decision.reserved_at;
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut c, now);
@@ -263,16 +277,28 @@ mod tests {
         let sc = SlidingCounter::new(&q, 0);
         let st = SlidingCounterState::default();
         for _ in 0..10 {
-            assert!(sc.decide(&st, S / 2, 1, 0).allowed);
+            assert!(
+                sc.decide(&st, &LatestReading::default(), S / 2, 1, 0)
+                    .allowed
+            );
         }
-        let d = sc.decide(&st, S / 2, 1, 0);
+        let d = sc.decide(&st, &LatestReading::default(), S / 2, 1, 0);
         assert!(!d.allowed);
         // Next window: prev = 10; one more fits when ⌊10·(W−e)/W⌋ ≤ 9, from e = 1 ns.
         assert_eq!(d.retry_after, Duration::from_nanos(S / 2 + 1));
-        assert!(!sc.decide(&st, S, 1, 0).allowed);
-        assert!(sc.decide(&st, S + 1, 1, 0).allowed);
+        assert!(!sc.decide(&st, &LatestReading::default(), S, 1, 0).allowed);
+        assert!(
+            sc.decide(&st, &LatestReading::default(), S + 1, 1, 0)
+                .allowed
+        );
         // The second needs ⌊10·(W−e)/W⌋ ≤ 8, from e = W/10 + 1 ns.
-        assert!(!sc.decide(&st, S + S / 10, 1, 0).allowed);
-        assert!(sc.decide(&st, S + S / 10 + 1, 1, 0).allowed);
+        assert!(
+            !sc.decide(&st, &LatestReading::default(), S + S / 10, 1, 0)
+                .allowed
+        );
+        assert!(
+            sc.decide(&st, &LatestReading::default(), S + S / 10 + 1, 1, 0)
+                .allowed
+        );
     }
 }

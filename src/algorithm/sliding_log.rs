@@ -2,7 +2,7 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::Algorithm;
+use super::{Algorithm, LatestReading};
 use crate::{decision::Decision, Quota};
 
 /// The sliding-window log: exact, at the price of memory.
@@ -206,7 +206,14 @@ impl Algorithm for SlidingLog {
         self.limit as u32
     }
 
-    fn decide(&self, state: &SlidingLogState, now: u64, cost: u32, max_wait: u64) -> Decision {
+    fn decide(
+        &self,
+        state: &SlidingLogState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
         let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.step(&mut log, now, cost, max_wait)
     }
@@ -215,7 +222,14 @@ impl Algorithm for SlidingLog {
     /// instant is past (an admission vetoed by another policy) or future (a waiter that went
     /// away). An entry already pruned weighs on no decision any more, so there is nothing left
     /// to give back.
-    fn refund(&self, state: &SlidingLogState, now: u64, cost: u32, decision: &Decision) {
+    fn refund(
+        &self,
+        state: &SlidingLogState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    ) {
         let reserved_at = decision.reserved_at;
         let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut log, now);
@@ -264,11 +278,16 @@ mod tests {
         let q = Quota::with_period(10, Duration::from_secs(1)).unwrap();
         let log = SlidingLog::new(&q, 0);
         let st = SlidingLogState::default();
-        let admitted = (0..50).filter(|_| log.decide(&st, 7, 1, 0).allowed).count();
+        let admitted = (0..50)
+            .filter(|_| log.decide(&st, &LatestReading::default(), 7, 1, 0).allowed)
+            .count();
         assert_eq!(admitted, 10);
-        let d = log.decide(&st, 7, 1, 0);
+        let d = log.decide(&st, &LatestReading::default(), 7, 1, 0);
         assert_eq!(d.retry_after, Duration::from_secs(1));
-        assert!(log.decide(&st, 1_000_000_007, 1, 0).allowed);
+        assert!(
+            log.decide(&st, &LatestReading::default(), 1_000_000_007, 1, 0)
+                .allowed
+        );
     }
 
     #[test]
@@ -276,11 +295,11 @@ mod tests {
         let q = Quota::with_period(1, Duration::from_secs(1)).unwrap();
         let log = SlidingLog::new(&q, 0);
         let st = SlidingLogState::default();
-        assert!(log.decide(&st, 0, 1, 0).allowed);
-        let r = log.decide(&st, 0, 1, u64::MAX);
+        assert!(log.decide(&st, &LatestReading::default(), 0, 1, 0).allowed);
+        let r = log.decide(&st, &LatestReading::default(), 0, 1, u64::MAX);
         assert_eq!(r.wait, Duration::from_secs(1));
-        log.refund(&st, 1, 1, &r);
-        let again = log.decide(&st, 1, 1, u64::MAX);
+        log.refund(&st, &LatestReading::default(), 1, 1, &r);
+        let again = log.decide(&st, &LatestReading::default(), 1, 1, u64::MAX);
         assert_eq!(again.wait, Duration::from_nanos(999_999_999));
     }
 }

@@ -3,12 +3,16 @@
 //! Keys are spread over a power-of-two number of shards, each a hash table behind a
 //! reader-writer lock. A request for a key already present takes only the read lock; the
 //! algorithm then updates that key's state through its own atomic or mutex, so two keys in one
-//! shard never wait on each other for longer than a table lookup.
+//! shard never wait on each other for longer than a table lookup. Each shard also keeps the
+//! latest clock reading its keys have seen ([`LatestReading`]), beside the lock that every
+//! request writes anyway, so that GCRA's per-key state is one word.
 //!
 //! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
 //! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
-//! has passed), which changes no decision. If the shard is still full of live keys, the
-//! [`Overflow`] setting decides.
+//! has passed), which changes no decision: the store first publishes its own reading to the
+//! shard's latest reading, so that a reading older than the drop that reaches a fresh key is
+//! decided as of the drop, where the dropped state weighed nothing. If the shard is still full
+//! of live keys, the [`Overflow`] setting decides.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -17,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
 
 use hashbrown::HashTable;
+
+use crate::algorithm::LatestReading;
 
 /// What the in-memory store does when a new key arrives and its shard is full of live keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,9 +57,16 @@ pub(crate) struct Full {
     pub(crate) free_at: u64,
 }
 
-#[repr(align(64))]
+/// In this order (`repr(C)`): the lock with the table's header, then the latest reading, fill
+/// the first cache line on 64-bit Linux, which is all a request for a known key touches here;
+/// `full_until`, read only under the write lock, goes on the second.
+#[repr(C, align(64))]
 struct Shard<K, S, G> {
     table: RwLock<Table<K, S, G>>,
+    /// The latest clock reading of the shard's keys, shared by all of them (see
+    /// [`LatestReading`]). A word beside the lock, whose reader count every request writes
+    /// already, costs a key nothing in the table.
+    latest: LatestReading,
     /// Under [`Overflow::RefuseNewKeys`], while the shard is full: the instant its first key goes
     /// idle. Until then new keys are refused without scanning the shard again.
     full_until: AtomicU64,
@@ -107,6 +120,7 @@ where
                     context: context.clone(),
                     keys: HashTable::new(),
                 }),
+                latest: LatestReading::default(),
                 full_until: AtomicU64::new(0),
             })
             .collect();
@@ -131,14 +145,15 @@ where
         &self.shards[idx]
     }
 
-    /// Runs `f` on the shard's context and the state of `key` (and the key's hash), inserting a
-    /// fresh state if the key is new; `full` instead, with the context and the time, if there is
-    /// no room for a new key.
+    /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
+    /// key's hash, inserting a fresh state if the key is new; `full` instead, with the context
+    /// and the time, if there is no room for a new key.
     ///
     /// `now` reads the clock, only when room is needed: `idle_at` tells which states may be
-    /// dropped at that time; `rank` which live ones to evict first (lowest first). A known key
-    /// never reads it here, so `f` reads the clock itself, once its state is found (see
-    /// `KeyedRateLimiter::with_key` for why that order matters).
+    /// dropped at that time (first published as the shard's latest reading); `rank` which live
+    /// ones to evict first (lowest first). A known key never reads it here, so `f` reads the
+    /// clock itself, once its state is found (see `KeyedRateLimiter::with_key` for why that
+    /// order matters).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn with<R>(
@@ -147,7 +162,7 @@ where
         now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
-        f: impl FnOnce(&G, &S, u64) -> R,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
         full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(key);
@@ -155,7 +170,7 @@ where
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, state)) = table.keys.find(hash, |(k, _)| k == key) {
-                return f(&table.context, state, hash);
+                return f(&table.context, state, &shard.latest, hash);
             }
         }
         self.insert_with(shard, hash, key, now, idle_at, rank, f, full)
@@ -176,14 +191,14 @@ where
         now: impl FnOnce() -> u64,
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
-        f: impl FnOnce(&G, &S, u64) -> R,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
         full: impl FnOnce(&G, Full, u64) -> R,
     ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
         let context = &*context;
         if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
-            return f(context, state, hash);
+            return f(context, state, &shard.latest, hash);
         }
         let now = now();
         if keys.len() >= self.shard_cap {
@@ -197,6 +212,10 @@ where
                     now,
                 );
             }
+            // Nobody reads the shard meanwhile: a reading older than `now` that reaches a
+            // fresh key from here on is decided as of `now`, where the dropped states weigh
+            // nothing.
+            shard.latest.publish(now);
             keys.retain(|(_, s)| idle_at(context, s) > now);
         }
         if keys.len() >= self.shard_cap {
@@ -219,27 +238,31 @@ where
         let entry = keys.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
             hasher.hash_one(k)
         });
-        f(context, &entry.get().1, hash)
+        f(context, &entry.get().1, &shard.latest, hash)
     }
 
-    /// Runs `f` on the shard's context and the state of `key` if it is present.
-    pub(crate) fn with_existing<R>(&self, key: &K, f: impl FnOnce(&G, &S, u64) -> R) -> Option<R> {
+    /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
+    /// key's hash, if the key is present.
+    pub(crate) fn with_existing<R>(
+        &self,
+        key: &K,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
+    ) -> Option<R> {
         let hash = self.hasher.hash_one(key);
-        let table = self
-            .shard(hash)
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let shard = self.shard(hash);
+        let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
         table
             .keys
             .find(hash, |(k, _)| k == key)
-            .map(|(_, s)| f(&table.context, s, hash))
+            .map(|(_, s)| f(&table.context, s, &shard.latest, hash))
     }
 
-    /// Drops every key whose state is idle at `now`.
+    /// Drops every key whose state is idle at `now`, having published `now` as each shard's
+    /// latest reading (see the module's docs).
     pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&G, &S) -> u64) {
         for shard in self.shards.iter() {
             let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            shard.latest.publish(now);
             let Table { context, keys } = &mut *guard;
             keys.retain(|(_, s)| idle_at(context, s) > now);
         }
@@ -319,11 +342,19 @@ mod tests {
         Err(full)
     }
 
-    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, u64) -> Result<(), Full> {
-        move |_, s, _| {
+    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, &LatestReading, u64) -> Result<(), Full> {
+        move |_, s, _, _| {
             s.store(tat, Ordering::Relaxed);
             Ok(())
         }
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+    fn what_a_request_touches_of_a_shard_is_one_cache_line() {
+        type GcraShard = Shard<u32, crate::algorithm::GcraState, std::sync::Arc<()>>;
+        let end = std::mem::offset_of!(GcraShard, latest) + size_of::<LatestReading>();
+        assert!(end <= 64, "the latest reading ends at byte {end}");
     }
 
     #[test]
@@ -339,7 +370,7 @@ mod tests {
             assert!(store.len() <= 100);
         }
         assert_eq!(
-            store.with_existing(&u32::MAX, |g, s, _| tat(g, s)),
+            store.with_existing(&u32::MAX, |g, s, _, _| tat(g, s)),
             Some(1_000_000)
         );
     }
@@ -351,14 +382,14 @@ mod tests {
         store.with(&1, || 0, tat, rank, set_tat(50), full).unwrap();
         store.with(&2, || 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store
-            .with(&3, || 10, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 10, tat, rank, |_, _, _, _| Ok(()), full)
             .unwrap_err();
         assert_eq!(refused.free_at, 50);
         // At 60 key 1 is idle: it is dropped and key 3 fits.
         store
-            .with(&3, || 60, tat, rank, |_, _, _| Ok(()), full)
+            .with(&3, || 60, tat, rank, |_, _, _, _| Ok(()), full)
             .unwrap();
-        assert_eq!(store.with_existing(&1, |g, s, _| tat(g, s)), None);
+        assert_eq!(store.with_existing(&1, |g, s, _, _| tat(g, s)), None);
         assert_eq!(store.len(), 2);
     }
 }
