@@ -255,7 +255,7 @@ const MAX_HIDDEN_STEP_BACK: u64 = 1_000_000_000;
 /// [`CHECK_EVERY_READS`]-th. On one thread, readings never step back by up to
 /// [`MAX_HIDDEN_STEP_BACK`] (the thread's previous reading is answered instead).
 pub(crate) struct Checked<F, R> {
-    /// Tells this clock apart in the threads' [`Seen`] (an address could be reused).
+    /// Tells this clock apart in the threads' latest readings (an address could be reused).
     id: usize,
     fast: F,
     reference: R,
@@ -350,29 +350,26 @@ impl<F: Clock, R: Clock> Checked<F, R> {
     /// this clock (within [`MAX_HIDDEN_STEP_BACK`]).
     #[inline(always)]
     fn per_thread(&self, now: u64) -> u64 {
+        let reads = THREAD_READS.with(|reads| {
+            let n = reads.get().wrapping_add(1);
+            reads.set(n);
+            n
+        });
+        let mut now = now;
+        if reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
+            if let Ok(point) = self.point.try_lock() {
+                now = self.check(now, point);
+            }
+        }
         let me = self.id;
-        THREAD.with(|thread| {
-            let mut seen = thread.get();
-            if seen.clock != me {
-                seen = Seen {
-                    clock: me,
-                    last: 0,
-                    reads: 0,
-                };
+        THREAD_LAST.with(|last| {
+            let (clock, previous) = last.get();
+            if clock == me && now < previous && previous - now <= MAX_HIDDEN_STEP_BACK {
+                previous
+            } else {
+                last.set((me, now));
+                now
             }
-            seen.reads = seen.reads.wrapping_add(1);
-            let mut now = now;
-            if seen.reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
-                if let Ok(point) = self.point.try_lock() {
-                    now = self.check(now, point);
-                }
-            }
-            if now < seen.last && seen.last - now <= MAX_HIDDEN_STEP_BACK {
-                now = seen.last;
-            }
-            seen.last = now;
-            thread.set(seen);
-            now
         })
     }
 
@@ -440,25 +437,11 @@ impl<F: Clock, R: Clock> Checked<F, R> {
     }
 }
 
-/// What a thread saw of a [`Checked`] clock, the last one it read.
-#[derive(Clone, Copy)]
-struct Seen {
-    /// The clock's id.
-    clock: usize,
-    /// The thread's latest reading of it.
-    last: u64,
-    /// How many times the thread read it.
-    reads: u32,
-}
-
 thread_local! {
-    static THREAD: Cell<Seen> = const {
-        Cell::new(Seen {
-            clock: 0,
-            last: 0,
-            reads: 0,
-        })
-    };
+    /// How many readings of [`Checked`] clocks this thread made.
+    static THREAD_READS: Cell<u32> = const { Cell::new(0) };
+    /// This thread's latest reading, and the id of the [`Checked`] clock it was of.
+    static THREAD_LAST: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Both sources' readings at a checkpoint (`fast` in the reference's time base).
