@@ -160,7 +160,8 @@ impl Clock for SystemClock {
 }
 
 /// The time-stamp counter (or whatever `quanta` found best), in nanoseconds since this value was
-/// made.
+/// made: [`SystemClock`]'s fast source, and all of `QuantaClock`.
+#[derive(Clone, Debug)]
 struct Counter {
     clock: quanta::Clock,
     origin: u64,
@@ -317,13 +318,10 @@ impl<F: Clock, R: Clock> Checked<F, R> {
             self.reference_reading()
         } else {
             let now = self.fast_reading();
-            let last = self.checked_at.load(Ordering::Relaxed);
-            // Outside [last - SLACK, last + CHECK_EVERY): due, or `fast` went back.
-            let due = now.wrapping_sub(last.wrapping_sub(SLACK)) >= CHECK_EVERY + SLACK;
-            if due {
-                self.check_due(now)
-            } else {
+            if within_check(now, self.checked_at.load(Ordering::Relaxed)) {
                 now
+            } else {
+                self.check_due(now)
             }
         };
         self.per_thread(now)
@@ -382,8 +380,7 @@ impl<F: Clock, R: Clock> Checked<F, R> {
         if self.fell_back() {
             return self.reference_reading();
         }
-        let last = self.checked_at.load(Ordering::Relaxed);
-        if now.wrapping_sub(last.wrapping_sub(SLACK)) < CHECK_EVERY + SLACK {
+        if within_check(now, self.checked_at.load(Ordering::Relaxed)) {
             // Another thread checked after this reading was taken, and it fits.
             return now;
         }
@@ -444,6 +441,14 @@ thread_local! {
     static THREAD_LAST: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
+/// Whether a fast reading `now` lies within the window a check at `checked_at` vouches for,
+/// `[checked_at - SLACK, checked_at + CHECK_EVERY)`; outside it a check is due (or `fast` went
+/// back).
+#[inline(always)]
+fn within_check(now: u64, checked_at: u64) -> bool {
+    now.wrapping_sub(checked_at.wrapping_sub(SLACK)) < CHECK_EVERY + SLACK
+}
+
 /// Both sources' readings at a checkpoint (`fast` in the reference's time base).
 struct Point {
     fast: u64,
@@ -480,26 +485,22 @@ impl Clock for TokioClock {
     }
 }
 
-/// A clock on the CPU's time-stamp counter (feature `quanta`), calibrated against the system
-/// clock when first used.
+/// The CPU's time-stamp counter (feature `quanta`), read as [`SystemClock`] reads it but
+/// without its checks against `CLOCK_MONOTONIC`: governor's kind of clock.
 ///
-/// Reading it costs a few nanoseconds where `Instant::now()` costs tens on many virtual
-/// machines; where the counter is not reliable, `quanta` falls back to the operating system's
-/// monotonic clock. `BENCHMARKS.md` compares the two.
+/// `quanta` measures the counter's rate against the operating system's clock when first used,
+/// and falls back to that clock where the counter is not reliable. A counter that jumps, stops
+/// or changes rate later goes unnoticed here; `SystemClock` finds it. `BENCHMARKS.md` compares
+/// the clocks.
 #[cfg(feature = "quanta")]
 #[derive(Clone, Debug)]
-pub struct QuantaClock {
-    clock: quanta::Clock,
-    origin: u64,
-}
+pub struct QuantaClock(Counter);
 
 #[cfg(feature = "quanta")]
 impl QuantaClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let origin = clock.raw();
-        Self { clock, origin }
+        Self(Counter::new())
     }
 }
 
@@ -514,7 +515,7 @@ impl Default for QuantaClock {
 impl Clock for QuantaClock {
     #[inline]
     fn now(&self) -> u64 {
-        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+        self.0.now()
     }
 }
 
