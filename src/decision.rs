@@ -206,6 +206,19 @@ impl Decision {
         }
     }
 
+    /// Admitted with no wait: the permits were taken at once.
+    #[inline]
+    pub(crate) fn admitted_now(&self) -> bool {
+        self.allowed && self.wait.is_zero()
+    }
+
+    /// `None` for an admission at once (nothing of it is read on the HTTP layer's shortest
+    /// path, see `Limiter::admit_now`), the decision otherwise.
+    #[inline]
+    pub(crate) fn unless_admitted_now(self) -> Option<Self> {
+        (!self.admitted_now()).then_some(self)
+    }
+
     /// This decision, made for the key whose fingerprint is `key`.
     #[inline(always)]
     pub(crate) fn for_key(mut self, key: u64) -> Self {

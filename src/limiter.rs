@@ -90,10 +90,10 @@ pub trait Limiter<K>: Send + Sync + 'static {
     #[doc(hidden)]
     #[inline]
     fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
-        Some(match self.reserve_now(key, cost)? {
-            Ok(decision) if decision.allowed && decision.wait.is_zero() => Ok(None),
-            other => other.map(Some),
-        })
+        Some(
+            self.reserve_now(key, cost)?
+                .map(Decision::unless_admitted_now),
+        )
     }
 
     /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
@@ -838,9 +838,7 @@ where
 
     #[inline(always)]
     fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
-        let admitted = self.decide_then(key, cost, true, |decision| {
-            (!(decision.allowed && decision.wait.is_zero())).then_some(decision)
-        });
+        let admitted = self.decide_then(key, cost, true, Decision::unless_admitted_now);
         Some(admitted.map_err(BoxError::from))
     }
 

@@ -314,10 +314,10 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     #[inline]
     fn admit_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Option<Decision>, BoxError>> {
-        Some(match self.reserve_now(i, keys)? {
-            Ok(decision) if decision.allowed && decision.wait.is_zero() => Ok(None),
-            other => other.map(Some),
-        })
+        Some(
+            self.reserve_now(i, keys)?
+                .map(Decision::unless_admitted_now),
+        )
     }
 
     /// Policy `i`'s decision, later.

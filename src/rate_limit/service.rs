@@ -118,7 +118,7 @@ where
                     None => first = Some(First::Reserve),
                 },
                 Ok(_) => match policies.reserve_now(0, &keys) {
-                    Some(Ok(decision)) if decision.allowed && decision.wait.is_zero() => {
+                    Some(Ok(decision)) if decision.admitted_now() => {
                         let admitted = [Outcome::Admitted(decision)];
                         let headers = shared
                             .meta
