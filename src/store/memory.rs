@@ -14,7 +14,6 @@
 //! decided as of the drop, where the dropped state weighed nothing. If the shard is still full
 //! of live keys, the [`Overflow`] setting decides.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +21,7 @@ use std::sync::{PoisonError, RwLock};
 
 use hashbrown::HashTable;
 
+use super::hash::KeyHashing;
 use crate::algorithm::LatestReading;
 
 /// What the in-memory store does when a new key arrives and its shard is full of live keys.
@@ -83,7 +83,7 @@ struct Table<K, S, G> {
 /// A bounded, sharded map from key to algorithm state, with a context per shard (see
 /// [`set_context`](Self::set_context)).
 pub(crate) struct MemoryStore<K, S, G> {
-    hasher: RandomState,
+    hasher: KeyHashing,
     shards: Box<[Shard<K, S, G>]>,
     shard_bits: u32,
     shard_cap: usize,
@@ -125,7 +125,7 @@ where
             })
             .collect();
         Self {
-            hasher: RandomState::new(),
+            hasher: KeyHashing::default(),
             shards,
             shard_bits,
             shard_cap: max_keys / count,
