@@ -348,26 +348,27 @@ impl<F: Clock, R: Clock> Checked<F, R> {
     /// this clock (within [`MAX_HIDDEN_STEP_BACK`]).
     #[inline(always)]
     fn per_thread(&self, now: u64) -> u64 {
-        let reads = THREAD_READS.with(|reads| {
-            let n = reads.get().wrapping_add(1);
-            reads.set(n);
-            n
-        });
-        let mut now = now;
-        if reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
-            if let Ok(point) = self.point.try_lock() {
-                now = self.check(now, point);
+        // One thread-local, read and written once: two were two calls a reading where the
+        // compiler kept the access out of line.
+        THREAD.with(|thread| {
+            let ThreadReadings { reads, clock, last } = thread.get();
+            let reads = reads.wrapping_add(1);
+            let mut now = now;
+            if reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
+                if let Ok(point) = self.point.try_lock() {
+                    now = self.check(now, point);
+                }
             }
-        }
-        let me = self.id;
-        THREAD_LAST.with(|last| {
-            let (clock, previous) = last.get();
-            if clock == me && now < previous && previous - now <= MAX_HIDDEN_STEP_BACK {
-                previous
-            } else {
-                last.set((me, now));
-                now
+            let me = self.id;
+            if clock == me && now < last && last - now <= MAX_HIDDEN_STEP_BACK {
+                now = last;
             }
+            thread.set(ThreadReadings {
+                reads,
+                clock: me,
+                last: now,
+            });
+            now
         })
     }
 
@@ -434,11 +435,21 @@ impl<F: Clock, R: Clock> Checked<F, R> {
     }
 }
 
-thread_local! {
+/// What a thread remembers of its readings of [`Checked`] clocks.
+#[derive(Clone, Copy)]
+struct ThreadReadings {
     /// How many readings of [`Checked`] clocks this thread made.
-    static THREAD_READS: Cell<u32> = const { Cell::new(0) };
-    /// This thread's latest reading, and the id of the [`Checked`] clock it was of.
-    static THREAD_LAST: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+    reads: u32,
+    /// The id of the [`Checked`] clock that `last` was read from.
+    clock: usize,
+    /// This thread's latest reading.
+    last: u64,
+}
+
+thread_local! {
+    static THREAD: Cell<ThreadReadings> = const {
+        Cell::new(ThreadReadings { reads: 0, clock: 0, last: 0 })
+    };
 }
 
 /// Whether a fast reading `now` lies within the window a check at `checked_at` vouches for,
