@@ -35,23 +35,32 @@ pin_project! {
         P: PolicySet,
     {
         #[pin]
-        state: State<S::Future>,
-        pending: Option<Box<Pending<S, ReqBody, P>>>,
-        headers: Option<AdmittedHeaders>,
-        settle: Option<Box<Settle<P>>>,
+        state: State<S::Future, Box<Pending<S, ReqBody, P>>, P>,
         kind: PhantomData<fn() -> M>,
     }
 }
 
 pin_project! {
+    // One enum, so that the common case (the inner service's answer passed on untouched) is
+    // one variant to poll and to drop, with nothing beside it to look at.
     #[project = StateProj]
-    enum State<F> {
-        // Waiting for the decision of one policy.
-        Reserve { reserve: BoxReserve },
-        // Every policy admitted; the last permit falls due when the sleep ends.
-        Wait { sleep: Pin<Box<Sleep>> },
-        // The inner service is answering.
+    enum State<F, Q, P>
+    where
+        P: PolicySet,
+    {
+        // The inner service is answering; its response is passed on as it is.
         Call { #[pin] future: F },
+        // The inner service is answering; its response gets headers, or settles permits.
+        CallThen {
+            #[pin]
+            future: F,
+            headers: Option<AdmittedHeaders>,
+            settle: Option<Box<Settle<P>>>,
+        },
+        // Waiting for the decision of one policy.
+        Reserve { reserve: BoxReserve, pending: Option<Q> },
+        // Every policy admitted; the last permit falls due when the sleep ends.
+        Wait { sleep: Pin<Box<Sleep>>, pending: Option<Q> },
         // The layer answers itself.
         Answer { response: Option<Response<Bytes>> },
     }
@@ -62,45 +71,47 @@ where
     S: Service<Request<ReqBody>>,
     P: PolicySet,
 {
-    pub(crate) fn call(
+    /// The inner service's answer, passed on as it is.
+    #[inline]
+    pub(crate) fn call(future: S::Future) -> Self {
+        Self::with_state(State::Call { future })
+    }
+
+    /// The inner service's answer, with `headers` added and `settle` applied to it.
+    pub(crate) fn call_then(
         future: S::Future,
         headers: Option<AdmittedHeaders>,
         settle: Option<Box<Settle<P>>>,
     ) -> Self {
-        Self {
-            state: State::Call { future },
-            pending: None,
+        Self::with_state(State::CallThen {
+            future,
             headers,
             settle,
-            kind: PhantomData,
-        }
+        })
     }
 
     pub(crate) fn answer(response: Response<Bytes>) -> Self {
-        Self {
-            state: State::Answer {
-                response: Some(response),
-            },
-            pending: None,
-            headers: None,
-            settle: None,
-            kind: PhantomData,
-        }
+        Self::with_state(State::Answer {
+            response: Some(response),
+        })
     }
 
     /// Goes on later: `next` is the step the synchronous part of `call` could not finish.
     pub(crate) fn deferred(next: Deferred, pending: Box<Pending<S, ReqBody, P>>) -> Self {
-        let state = match next {
-            Deferred::Reserve(reserve) => State::Reserve { reserve },
+        let pending = Some(pending);
+        Self::with_state(match next {
+            Deferred::Reserve(reserve) => State::Reserve { reserve, pending },
             Deferred::Wait(wait) => State::Wait {
                 sleep: Box::pin(tokio::time::sleep(wait)),
+                pending,
             },
-        };
+        })
+    }
+
+    #[inline(always)]
+    fn with_state(state: State<S::Future, Box<Pending<S, ReqBody, P>>, P>) -> Self {
         Self {
             state,
-            pending: Some(pending),
-            headers: None,
-            settle: None,
             kind: PhantomData,
         }
     }
@@ -119,18 +130,20 @@ where
         loop {
             let step = match this.state.as_mut().project() {
                 StateProj::Call { future } => {
-                    if this.settle.is_none() && this.headers.is_none() {
-                        // Nothing to add: the inner answer is passed on as it is, without
-                        // being moved out and back in.
-                        return future.poll(cx).map(|result| result.map(M::response));
-                    }
+                    return future.poll(cx).map(|result| result.map(M::response));
+                }
+                StateProj::CallThen {
+                    future,
+                    headers,
+                    settle,
+                } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(settle) = this.settle.take() {
+                    if let Some(settle) = settle.take() {
                         let (parts, body) = response.into_parts();
-                        settle.apply(&parts, this.headers);
+                        settle.apply(&parts, headers);
                         response = Response::from_parts(parts, body);
                     }
-                    if let Some(headers) = this.headers.take() {
+                    if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(M::response(response)));
@@ -141,45 +154,53 @@ where
                         .expect("ResponseFuture polled after completion");
                     return Poll::Ready(Ok(response.map(M::answer)));
                 }
-                StateProj::Reserve { reserve } => {
+                StateProj::Reserve { reserve, pending } => {
                     let result = ready!(reserve.as_mut().poll(cx));
-                    pending_mut(this.pending).advance(Some(result))
+                    pending.as_mut().expect(PENDING).advance(Some(result))
                 }
-                StateProj::Wait { sleep } => {
+                StateProj::Wait { sleep, pending } => {
                     ready!(sleep.as_mut().poll(cx));
-                    pending_mut(this.pending).advance(None)
+                    pending.as_mut().expect(PENDING).advance(None)
                 }
             };
-            match step {
-                Step::Reserve(reserve) => this.state.set(State::Reserve { reserve }),
-                Step::Wait(wait) => this.state.set(State::Wait {
+            // Every step comes from a state that holds the pending request.
+            let pending = match this.state.as_mut().project() {
+                StateProj::Reserve { pending, .. } | StateProj::Wait { pending, .. } => {
+                    pending.take().expect(PENDING)
+                }
+                _ => unreachable!("{PENDING}"),
+            };
+            let state = match step {
+                Step::Reserve(reserve) => State::Reserve {
+                    reserve,
+                    pending: Some(pending),
+                },
+                Step::Wait(wait) => State::Wait {
                     sleep: Box::pin(tokio::time::sleep(wait)),
-                }),
+                    pending: Some(pending),
+                },
                 Step::Answer(response) => {
-                    *this.pending = None;
-                    this.state.set(State::Answer {
+                    // The request and its permits go (given back) before the answer is sent.
+                    drop(pending);
+                    State::Answer {
                         response: Some(response),
-                    });
+                    }
                 }
                 Step::Call => {
-                    let pending = this.pending.take().expect(PENDING);
                     let (mut inner, request, headers, settle) = (*pending).into_call();
-                    *this.headers = headers;
-                    *this.settle = settle;
-                    this.state.set(State::Call {
+                    State::CallThen {
                         future: inner.call(request),
-                    });
+                        headers,
+                        settle,
+                    }
                 }
-            }
+            };
+            this.state.set(state);
         }
     }
 }
 
 const PENDING: &str = "a ResponseFuture holds its request until it calls the inner service";
-
-fn pending_mut<T>(pending: &mut Option<Box<T>>) -> &mut T {
-    pending.as_mut().expect(PENDING)
-}
 
 impl<S, ReqBody, P, M> fmt::Debug for ResponseFuture<S, ReqBody, P, M>
 where
@@ -187,13 +208,14 @@ where
     P: PolicySet,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Reserve { .. } => "reserving",
-            State::Wait { .. } => "waiting",
-            State::Call { .. } => "calling",
-            State::Answer { .. } => "answering",
+        let (state, pending, settles) = match &self.state {
+            State::Call { .. } => ("calling", None, false),
+            State::CallThen { settle, .. } => ("calling", None, settle.is_some()),
+            State::Reserve { pending, .. } => ("reserving", pending.as_ref(), false),
+            State::Wait { pending, .. } => ("waiting", pending.as_ref(), false),
+            State::Answer { .. } => ("answering", None, false),
         };
-        let held = self.pending.as_ref().map_or(0, |p| {
+        let held = pending.map_or(0, |p| {
             p.held
                 .ledger
                 .outcomes
@@ -205,7 +227,7 @@ where
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .field("permits_held", &held)
-            .field("settles_after_response", &self.settle.is_some())
+            .field("settles_after_response", &settles)
             .finish()
     }
 }

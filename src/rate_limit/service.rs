@@ -93,13 +93,13 @@ where
         let RateLimit { inner, shared, .. } = self;
         let policies = &*shared.policies;
         if policies.is_empty() {
-            return ResponseFuture::call(inner.call(request), None, None);
+            return ResponseFuture::call(inner.call(request));
         }
         // The request is read where it lies: taking it apart into `Parts` and putting it back
         // together would move all of it twice.
         let head = RequestHead::from(&request);
         if shared.meta.is_exempt(&head) {
-            return ResponseFuture::call(inner.call(request), None, None);
+            return ResponseFuture::call(inner.call(request));
         }
 
         let mut keys = policies.no_keys();
@@ -115,7 +115,7 @@ where
                 // need not build it.
                 Ok(_) if !shared.meta.admitted_headers => match policies.admit_now(0, &keys) {
                     Some(Ok(None)) => {
-                        return ResponseFuture::call(inner.call(request), None, None);
+                        return ResponseFuture::call(inner.call(request));
                     }
                     Some(Ok(Some(decision))) => first = Some(First::Decided(Ok(decision))),
                     Some(Err(error)) => first = Some(First::Decided(Err(error))),
@@ -127,7 +127,7 @@ where
                         let headers = shared
                             .meta
                             .admitted_headers(&admitted, |i| policies.quota(i, &keys));
-                        return ResponseFuture::call(inner.call(request), headers, None);
+                        return ResponseFuture::call_then(inner.call(request), headers, None);
                     }
                     Some(result) => first = Some(First::Decided(result)),
                     None => first = Some(First::Reserve),
@@ -193,7 +193,7 @@ where
                 Next::Done(Conclusion::Admit) => {
                     let headers = ledger.admitted_headers(shared);
                     let settle = ledger.take().into_settle(shared);
-                    return ResponseFuture::call(inner.call(request), headers, settle);
+                    return ResponseFuture::call_then(inner.call(request), headers, settle);
                 }
             }
         }
