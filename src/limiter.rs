@@ -627,19 +627,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// not create a key) and again against the shard's, which is the one that decides.
     #[inline(always)]
     fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
-        self.decide_then(key, cost, wait, |decision| decision)
+        self.decide_then(key, cost, wait, false)
+            .map(|decision| decision.expect("a decision is built unless asked otherwise"))
     }
 
-    /// [`decide`](Self::decide), handing the decision to `then` where it is made (so that what
-    /// `then` does not read of it need not be built).
+    /// [`decide`](Self::decide), or with `unless_admitted_now` the algorithm's
+    /// [`decide_unless_admitted_now`](Algorithm::decide_unless_admitted_now) (`None` for an
+    /// immediate admission, which need not be built).
     #[inline(always)]
-    fn decide_then<R>(
+    fn decide_then(
         &self,
         key: &K,
         cost: u32,
         wait: bool,
-        then: impl Fn(Decision) -> R,
-    ) -> Result<R, InsufficientCapacity> {
+        unless_admitted_now: bool,
+    ) -> Result<Option<Decision>, InsufficientCapacity> {
         if cost > 1 {
             check_cost(&self.inner.current_setup().algorithm, cost)?;
         }
@@ -655,19 +657,19 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 } else {
                     0
                 };
-                Ok(then(
-                    setup
-                        .algorithm
-                        .decide(s, latest, now, cost, max_wait)
-                        .of_cost(cost)
-                        .for_key(hash),
-                ))
+                let algorithm = &setup.algorithm;
+                let decision = if unless_admitted_now {
+                    algorithm.decide_unless_admitted_now(s, latest, now, cost, max_wait)
+                } else {
+                    Some(algorithm.decide(s, latest, now, cost, max_wait))
+                };
+                Ok(decision.map(|d| d.of_cost(cost).for_key(hash)))
             },
             |setup, full, now| {
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
-                Ok(then(refused_when_full(setup, full, now, cost)))
+                Ok(Some(refused_when_full(setup, full, now, cost)))
             },
         )
     }
@@ -838,7 +840,7 @@ where
 
     #[inline(always)]
     fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
-        let admitted = self.decide_then(key, cost, true, Decision::unless_admitted_now);
+        let admitted = self.decide_then(key, cost, true, true);
         Some(admitted.map_err(BoxError::from))
     }
 

@@ -65,46 +65,140 @@ impl Gcra {
         q
     }
 
-    /// One step of the algorithm on a plain TAT: the decision, and the new TAT when admitted.
+    /// One step of the algorithm on a plain TAT: what it decides, and the new TAT when admitted.
     ///
-    /// Always inlined: returned through memory, the decision's fields are written narrow and
-    /// read back wide, and the store-forwarding stall that follows costs more than the step.
+    /// Only the few words the decision is made of; [`decision`](Self::decision) builds the
+    /// [`Decision`] from them once the TAT is written. A caller that reads no more of an
+    /// immediate admission than that it was one (the HTTP layer with headers off) then never
+    /// counts the permits left.
     #[inline(always)]
-    pub(crate) fn step(
-        &self,
-        tat: u64,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> (Decision, Option<u64>) {
-        let limit = u64::from(self.burst);
+    fn step(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Step, Option<u64>) {
         let base = tat.max(now);
         let new_tat = base.saturating_add(self.interval.saturating_mul(u64::from(cost)));
         let allow_at = new_tat.saturating_sub(self.horizon);
         if allow_at <= now {
-            let remaining = self.permits_in(now + self.horizon - new_tat);
-            let reset = Duration::from_nanos(new_tat - now);
-            let d = Decision::allowed(limit, remaining, reset)
-                .charged_at(now)
-                .leaving(new_tat);
-            return (d, Some(new_tat));
+            return (Step::Admitted { now, new_tat }, Some(new_tat));
         }
         let wait = allow_at - now;
         if wait <= max_wait {
-            let reset = Duration::from_nanos(new_tat - now);
-            let d = Decision::reserved(limit, 0, reset, Duration::from_nanos(wait), allow_at)
-                .leaving(new_tat);
-            return (d, Some(new_tat));
+            return (
+                Step::Reserved {
+                    now,
+                    new_tat,
+                    allow_at,
+                },
+                Some(new_tat),
+            );
         }
-        let remaining = self.permits_in((now + self.horizon).saturating_sub(base));
-        let d = Decision::refused(
-            limit,
-            remaining,
-            Duration::from_nanos(wait),
-            Duration::from_nanos(base - now),
-        );
-        (d, None)
+        (
+            Step::Refused {
+                now,
+                base,
+                allow_at,
+            },
+            None,
+        )
     }
+
+    /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT: the
+    /// [`Algorithm::decide`] of GCRA, up to building the decision.
+    #[inline(always)]
+    fn charge(
+        &self,
+        state: &GcraState,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Step {
+        let now = now.min(MAX_NOW);
+        // The TAT first, then the latest reading: whoever changed the TAT we read published its
+        // reading before, so `seen` covers it and the admissions of a key decide at instants
+        // that never go backwards.
+        let mut tat = state.tat.load(Ordering::Acquire);
+        let mut seen = latest.get();
+        loop {
+            let at = now.max(seen);
+            let (step, new_tat) = self.step(tat, at, cost, max_wait);
+            let Some(new_tat) = new_tat else {
+                return step;
+            };
+            if now > seen {
+                // Publish this reading before changing the TAT. If someone published a later
+                // one meanwhile, decide again as of it.
+                seen = latest.publish(now);
+                if seen > now {
+                    continue;
+                }
+            }
+            match state
+                .tat
+                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return step,
+                Err(actual) => {
+                    tat = actual;
+                    seen = latest.get();
+                }
+            }
+        }
+    }
+
+    /// The decision a [`step`](Self::step) made.
+    ///
+    /// Always inlined: returned through memory, the decision's fields are written narrow and
+    /// read back wide, and the store-forwarding stall that follows costs more than the step.
+    #[inline(always)]
+    fn decision(&self, step: Step) -> Decision {
+        let limit = u64::from(self.burst);
+        match step {
+            Step::Admitted { now, new_tat } => {
+                let remaining = self.permits_in(now + self.horizon - new_tat);
+                let reset = Duration::from_nanos(new_tat - now);
+                Decision::allowed(limit, remaining, reset)
+                    .charged_at(now)
+                    .leaving(new_tat)
+            }
+            Step::Reserved {
+                now,
+                new_tat,
+                allow_at,
+            } => {
+                let reset = Duration::from_nanos(new_tat - now);
+                let wait = Duration::from_nanos(allow_at - now);
+                Decision::reserved(limit, 0, reset, wait, allow_at).leaving(new_tat)
+            }
+            Step::Refused {
+                now,
+                base,
+                allow_at,
+            } => {
+                let remaining = self.permits_in((now + self.horizon).saturating_sub(base));
+                Decision::refused(
+                    limit,
+                    remaining,
+                    Duration::from_nanos(allow_at - now),
+                    Duration::from_nanos(base - now),
+                )
+            }
+        }
+    }
+}
+
+/// What one [`Gcra::step`] decided, as of `now`.
+#[derive(Clone, Copy)]
+enum Step {
+    /// Admitted at once; the key's TAT becomes `new_tat`.
+    Admitted { now: u64, new_tat: u64 },
+    /// Admitted from `allow_at`; the key's TAT becomes `new_tat`.
+    Reserved {
+        now: u64,
+        new_tat: u64,
+        allow_at: u64,
+    },
+    /// Refused: the key's TAT stays `base` (or `now`, whichever is later), and the request
+    /// could be admitted from `allow_at`.
+    Refused { now: u64, base: u64, allow_at: u64 },
 }
 
 impl Algorithm for Gcra {
@@ -144,36 +238,22 @@ impl Algorithm for Gcra {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let now = now.min(MAX_NOW);
-        // The TAT first, then the latest reading: whoever changed the TAT we read published its
-        // reading before, so `seen` covers it and the admissions of a key decide at instants
-        // that never go backwards.
-        let mut tat = state.tat.load(Ordering::Acquire);
-        let mut seen = latest.get();
-        loop {
-            let at = now.max(seen);
-            let (decision, new_tat) = self.step(tat, at, cost, max_wait);
-            let Some(new_tat) = new_tat else {
-                return decision;
-            };
-            if now > seen {
-                // Publish this reading before changing the TAT. If someone published a later
-                // one meanwhile, decide again as of it.
-                seen = latest.publish(now);
-                if seen > now {
-                    continue;
-                }
-            }
-            match state
-                .tat
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return decision,
-                Err(actual) => {
-                    tat = actual;
-                    seen = latest.get();
-                }
-            }
+        let step = self.charge(state, latest, now, cost, max_wait);
+        self.decision(step)
+    }
+
+    #[inline(always)]
+    fn decide_unless_admitted_now(
+        &self,
+        state: &GcraState,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Option<Decision> {
+        match self.charge(state, latest, now, cost, max_wait) {
+            Step::Admitted { .. } => None,
+            step => Some(self.decision(step)),
         }
     }
 

@@ -77,6 +77,23 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         max_wait: u64,
     ) -> Decision;
 
+    /// [`decide`](Self::decide), answering `None` for an immediate admission (admitted, no
+    /// wait), which is then charged all the same. For callers that read nothing of such an
+    /// admission (the HTTP layer without headers): an algorithm may then skip building it.
+    #[doc(hidden)]
+    #[inline]
+    fn decide_unless_admitted_now(
+        &self,
+        state: &Self::State,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Option<Decision> {
+        self.decide(state, latest, now, cost, max_wait)
+            .unless_admitted_now()
+    }
+
     /// Gives back `decision`, an admission of `cost` permits made by [`decide`](Self::decide)
     /// on this `state` and `latest`: a waiter that went away, or a request that another policy
     /// vetoed. The decision remembers (crate-privately) the instant its permits were charged
