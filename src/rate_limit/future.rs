@@ -74,7 +74,10 @@ where
     /// The inner service's answer, passed on as it is.
     #[inline]
     pub(crate) fn call(future: S::Future) -> Self {
-        Self::with_state(State::Call { future })
+        Self {
+            state: State::Call { future },
+            kind: PhantomData,
+        }
     }
 
     /// The inner service's answer, with `headers` added and `settle` applied to it.
@@ -83,33 +86,35 @@ where
         headers: Option<AdmittedHeaders>,
         settle: Option<Box<Settle<P>>>,
     ) -> Self {
-        Self::with_state(State::CallThen {
-            future,
-            headers,
-            settle,
-        })
+        Self {
+            state: State::CallThen {
+                future,
+                headers,
+                settle,
+            },
+            kind: PhantomData,
+        }
     }
 
     pub(crate) fn answer(response: Response<Bytes>) -> Self {
-        Self::with_state(State::Answer {
-            response: Some(response),
-        })
+        Self {
+            state: State::Answer {
+                response: Some(response),
+            },
+            kind: PhantomData,
+        }
     }
 
     /// Goes on later: `next` is the step the synchronous part of `call` could not finish.
     pub(crate) fn deferred(next: Deferred, pending: Box<Pending<S, ReqBody, P>>) -> Self {
         let pending = Some(pending);
-        Self::with_state(match next {
+        let state = match next {
             Deferred::Reserve(reserve) => State::Reserve { reserve, pending },
             Deferred::Wait(wait) => State::Wait {
                 sleep: Box::pin(tokio::time::sleep(wait)),
                 pending,
             },
-        })
-    }
-
-    #[inline(always)]
-    fn with_state(state: State<S::Future, Box<Pending<S, ReqBody, P>>, P>) -> Self {
+        };
         Self {
             state,
             kind: PhantomData,
