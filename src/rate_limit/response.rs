@@ -660,15 +660,8 @@ fn write_ratelimit_item(
 /// Appends `<sf_name><first>=<n><second>=<n>` to a list, with the `", "` separator if the list
 /// is not empty.
 #[inline]
-fn write_item(buf: &mut ValueBuf, sf_name: &str, first: (&[u8], u64), second: (&[u8], u64)) {
-    if !buf.is_empty() {
-        buf.push(b", ");
-    }
-    buf.push(sf_name.as_bytes());
-    buf.push(first.0);
-    buf.push_u64(first.1);
-    buf.push(second.0);
-    buf.push_u64(second.1);
+fn write_item(buf: &mut ValueBuf, sf_name: &str, first: (&[u8; 3], u64), second: (&[u8; 3], u64)) {
+    buf.push_item(sf_name.as_bytes(), first, second);
 }
 
 /// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
@@ -788,10 +781,51 @@ impl ValueBuf {
         self.spilled.extend_from_slice(bytes);
     }
 
+    /// Appends one list item, `[", "]<name><first.0><first.1><second.0><second.1>`. An item
+    /// that fits in the inline buffer (one of a name of up to 64 characters always does) is
+    /// written straight into it, the numbers' digits in place: this runs for every admitted
+    /// response, where a push per piece cost three times as much.
+    #[inline]
+    fn push_item(&mut self, name: &[u8], first: (&[u8; 3], u64), second: (&[u8; 3], u64)) {
+        let first_item = self.is_empty();
+        let most = 2 + name.len() + 2 * (3 + MAX_DIGITS);
+        let room = if self.spilled.is_empty() {
+            self.inline.get_mut(self.len..self.len + most)
+        } else {
+            None
+        };
+        let Some(room) = room else {
+            if !first_item {
+                self.push(b", ");
+            }
+            self.push(name);
+            self.push(first.0);
+            self.push_u64(first.1);
+            self.push(second.0);
+            self.push_u64(second.1);
+            return;
+        };
+        // The fixed pieces are copied at their constant lengths, so as plain stores.
+        let mut at = 0;
+        if !first_item {
+            room[..2].copy_from_slice(b", ");
+            at = 2;
+        }
+        room[at..at + name.len()].copy_from_slice(name);
+        at += name.len();
+        room[at..at + 3].copy_from_slice(first.0);
+        at += 3;
+        at += write_decimal(&mut room[at..], first.1);
+        room[at..at + 3].copy_from_slice(second.0);
+        at += 3;
+        at += write_decimal(&mut room[at..], second.1);
+        self.len += at;
+    }
+
     /// Appends the decimal digits of `n`.
     #[inline]
     fn push_u64(&mut self, n: u64) {
-        self.push(decimal(n, &mut [0; 20]));
+        self.push(decimal(n, &mut [0; MAX_DIGITS]));
     }
 
     fn as_bytes(&self) -> &[u8] {
@@ -870,38 +904,47 @@ fn number_value(n: u64) -> HeaderValue {
     }
 }
 
-/// The decimal digits of `n`, written at the end of `buf` (without `core::fmt`, which is slow on
-/// these hot paths).
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    // Two digits per step from a table: half the multiply-shift divisions of one digit a step,
-    // for the numbers of up to ten digits every admitted response's `RateLimit` carries.
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-                                2021222324252627282930313233343536373839\
-                                4041424344454647484950515253545556575859\
-                                6061626364656667686970717273747576777879\
-                                8081828384858687888990919293949596979899";
-    let mut i = buf.len();
-    while n >= 100 {
+/// `00`, `01`, ... `99`: two digits per step from a table, half the multiply-shift divisions of
+/// one digit a step, for the numbers of up to ten digits every admitted response carries.
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                  2021222324252627282930313233343536373839\
+                                  4041424344454647484950515253545556575859\
+                                  6061626364656667686970717273747576777879\
+                                  8081828384858687888990919293949596979899";
+
+/// The decimal digits of `n` (without `core::fmt`, which is slow on these hot paths).
+fn decimal(n: u64, buf: &mut [u8; MAX_DIGITS]) -> &[u8] {
+    let len = write_decimal(buf, n);
+    &buf[..len]
+}
+
+/// The most decimal digits of a `u64`.
+const MAX_DIGITS: usize = 20;
+
+/// Writes the decimal digits of `n` at the start of `out` (at least [`MAX_DIGITS`] long) and
+/// says how many: counted first, then written in place from the last, two at a time.
+#[inline]
+fn write_decimal(out: &mut [u8], n: u64) -> usize {
+    let digits = n.checked_ilog10().map_or(1, |log| log as usize + 1);
+    let out = &mut out[..digits];
+    let mut n = n;
+    let mut i = digits;
+    while i >= 2 {
         let pair = (n % 100) as usize * 2;
         n /= 100;
         i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        out[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
     }
-    if n >= 10 {
-        let pair = n as usize * 2;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    } else {
-        i -= 1;
-        buf[i] = b'0' + n as u8;
+    if i == 1 {
+        out[0] = b'0' + n as u8;
     }
-    &buf[i..]
+    digits
 }
 
 /// Appends the decimal digits of `n`.
 fn push_decimal(out: &mut String, n: u64) {
     // Digits are ASCII, so they are always UTF-8.
-    out.push_str(std::str::from_utf8(decimal(n, &mut [0; 20])).unwrap_or_default());
+    out.push_str(std::str::from_utf8(decimal(n, &mut [0; MAX_DIGITS])).unwrap_or_default());
 }
 
 /// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
@@ -1092,6 +1135,28 @@ mod tests {
             json_string(&mut json, &sample);
             let back: String = serde_json::from_str(&json).unwrap();
             assert_eq!(back, sample, "{json}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Items written in place read as the same items written piece by piece, whatever the
+        /// names and numbers, as the list grows past the inline buffer and spills.
+        #[test]
+        fn items_read_as_written(
+            items in proptest::collection::vec(("[ -~]{1,64}", proptest::num::u64::ANY, 0u64..1000), 1..12)
+        ) {
+            let mut v = ValueBuf::new();
+            let mut expected = String::new();
+            for (name, r, t) in &items {
+                let mut sf_name = String::new();
+                sf_string(&mut sf_name, name);
+                write_item(&mut v, &sf_name, (b";r=", *r), (b";t=", *t));
+                if !expected.is_empty() {
+                    expected.push_str(", ");
+                }
+                expected.push_str(&format!("{sf_name};r={r};t={t}"));
+                proptest::prop_assert_eq!(std::str::from_utf8(v.as_bytes()).unwrap(), expected.as_str());
+            }
         }
     }
 
