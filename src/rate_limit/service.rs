@@ -121,15 +121,19 @@ where
                     Some(Err(error)) => first = Some(First::Decided(Err(error))),
                     None => first = Some(First::Reserve),
                 },
+                // Every arm moves what it matched: nothing is left to drop afterwards.
                 Ok(_) => match policies.reserve_now(0, &keys) {
-                    Some(Ok(decision)) if decision.admitted_now() => {
-                        let admitted = [Outcome::Admitted(decision)];
-                        let headers = shared
-                            .meta
-                            .admitted_headers(&admitted, |i| policies.quota(i, &keys));
-                        return ResponseFuture::call_then(inner.call(request), headers, None);
+                    Some(Ok(decision)) => {
+                        if decision.admitted_now() {
+                            let admitted = [Outcome::Admitted(decision)];
+                            let headers = shared
+                                .meta
+                                .admitted_headers(&admitted, |i| policies.quota(i, &keys));
+                            return ResponseFuture::call_then(inner.call(request), headers, None);
+                        }
+                        first = Some(First::Decided(Ok(decision)));
                     }
-                    Some(result) => first = Some(First::Decided(result)),
+                    Some(Err(error)) => first = Some(First::Decided(Err(error))),
                     None => first = Some(First::Reserve),
                 },
                 Err(error) => first = Some(First::KeyError(error)),
