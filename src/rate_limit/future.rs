@@ -142,16 +142,18 @@ where
                     headers,
                     settle,
                 } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    if let Some(settle) = settle.take() {
-                        let (parts, body) = response.into_parts();
-                        settle.apply(&parts, headers);
-                        response = Response::from_parts(parts, body);
-                    }
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    return Poll::Ready(Ok(M::response(response)));
+                    // Mapped where it lies, so the response is not moved out and back in.
+                    return future.poll(cx).map_ok(|mut response| {
+                        if let Some(settle) = settle.take() {
+                            let (parts, body) = response.into_parts();
+                            settle.apply(&parts, headers);
+                            response = Response::from_parts(parts, body);
+                        }
+                        if let Some(headers) = headers.take() {
+                            headers.apply(response.headers_mut());
+                        }
+                        M::response(response)
+                    });
                 }
                 StateProj::Answer { response } => {
                     let response = response
