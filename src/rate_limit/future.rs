@@ -50,6 +50,8 @@ pin_project! {
     {
         // The inner service is answering; its response is passed on as it is.
         Call { #[pin] future: F },
+        // The inner service is answering; its response gets headers.
+        Headed { #[pin] future: F, headers: Option<AdmittedHeaders> },
         // The inner service is answering; its response gets headers, or settles permits.
         CallThen {
             #[pin]
@@ -96,6 +98,14 @@ where
         }
     }
 
+    /// The inner service's answer, with `headers` added.
+    pub(crate) fn headed(future: S::Future, headers: Option<AdmittedHeaders>) -> Self {
+        Self {
+            state: State::Headed { future, headers },
+            kind: PhantomData,
+        }
+    }
+
     pub(crate) fn answer(response: Response<Bytes>) -> Self {
         Self {
             state: State::Answer {
@@ -136,6 +146,14 @@ where
             let step = match this.state.as_mut().project() {
                 StateProj::Call { future } => {
                     return future.poll(cx).map(|result| result.map(M::response));
+                }
+                StateProj::Headed { future, headers } => {
+                    return future.poll(cx).map_ok(|mut response| {
+                        if let Some(headers) = headers.take() {
+                            headers.apply(response.headers_mut());
+                        }
+                        M::response(response)
+                    });
                 }
                 StateProj::CallThen {
                     future,
@@ -216,7 +234,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, pending, settles) = match &self.state {
-            State::Call { .. } => ("calling", None, false),
+            State::Call { .. } | State::Headed { .. } => ("calling", None, false),
             State::CallThen { settle, .. } => ("calling", None, settle.is_some()),
             State::Reserve { pending, .. } => ("reserving", pending.as_ref(), false),
             State::Wait { pending, .. } => ("waiting", pending.as_ref(), false),

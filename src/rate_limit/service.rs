@@ -129,7 +129,7 @@ where
                             let headers = shared
                                 .meta
                                 .admitted_headers(&admitted, |i| policies.quota(i, &keys));
-                            return ResponseFuture::call_then(inner.call(request), headers, None);
+                            return ResponseFuture::headed(inner.call(request), headers);
                         }
                         first = Some(First::Decided(Ok(decision)));
                     }
