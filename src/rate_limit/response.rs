@@ -1,6 +1,7 @@
 //! What the layer answers: the 429 with its headers and problem+json body, the rate-limit headers
 //! of admitted responses, and the response body type.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -9,7 +10,7 @@ use std::task::{Context, Poll};
 
 use super::head::RequestHead;
 use arc_swap::ArcSwapOption;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -61,7 +62,7 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 /// so a hook can change one thing and keep the rest.
 ///
 /// ```
-/// use bytes::Bytes;
+/// use bytes::{Bytes, BytesMut};
 /// use http::Response;
 /// use tower_bulwark::rate_limit::Refusal;
 ///
@@ -631,7 +632,40 @@ fn ratelimit_header(
     if value.is_empty() {
         return None;
     }
-    HeaderValue::from_bytes(value.as_bytes()).ok()
+    cut_value(value.as_bytes())
+}
+
+/// How many bytes of header values a thread cuts from one allocation (see [`cut_value`]).
+const CHUNK: usize = 256;
+
+thread_local! {
+    /// The rest of this thread's current chunk (see [`cut_value`]).
+    static VALUE_CHUNK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// `bytes` as a header value, cut from a chunk of [`CHUNK`] bytes that the thread's values share,
+/// or in its own allocation if it is longer than a quarter of a chunk.
+///
+/// Every admitted response carries a `RateLimit` value of its own; allocating each one, and
+/// freeing it once the response is written, cost more than building it. A value cut from a
+/// chunk is one reference count, and the chunk is freed when its last value is. The price is
+/// that a value kept long after its response (by a cache that stores responses) keeps up to
+/// [`CHUNK`] bytes alive rather than its own twenty-odd.
+fn cut_value(bytes: &[u8]) -> Option<HeaderValue> {
+    if bytes.len() <= CHUNK / 4 {
+        let cut = VALUE_CHUNK.try_with(|chunk| {
+            let mut chunk = chunk.try_borrow_mut().ok()?;
+            if chunk.capacity() - chunk.len() < bytes.len() {
+                *chunk = BytesMut::with_capacity(CHUNK);
+            }
+            chunk.extend_from_slice(bytes);
+            HeaderValue::from_maybe_shared(chunk.split().freeze()).ok()
+        });
+        if let Ok(Some(value)) = cut {
+            return Some(value);
+        }
+    }
+    HeaderValue::from_bytes(bytes).ok()
 }
 
 /// Appends one Quota Policy Item, `"name";q=<q>;w=<w>`, to a `RateLimit-Policy` list (with the
@@ -1156,6 +1190,24 @@ mod tests {
                 }
                 expected.push_str(&format!("{sf_name};r={r};t={t}"));
                 proptest::prop_assert_eq!(std::str::from_utf8(v.as_bytes()).unwrap(), expected.as_str());
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Values cut from the thread's chunks keep their own bytes, however many are cut, of
+        /// whatever lengths (across chunk boundaries and past the size that gets its own
+        /// allocation), while all of them are kept alive together; and bytes a header value may
+        /// not hold are refused, as `HeaderValue::from_bytes` refuses them.
+        #[test]
+        fn cut_values_keep_their_own_bytes(
+            values in proptest::collection::vec(proptest::collection::vec(
+                proptest::prop_oneof![50 => 0x20u8..0x7f, 1 => proptest::num::u8::ANY], 0..100), 1..400)
+        ) {
+            let cut: Vec<_> = values.iter().map(|v| cut_value(v)).collect();
+            for (value, cut) in values.iter().zip(&cut) {
+                let expected = HeaderValue::from_bytes(value).ok();
+                proptest::prop_assert_eq!(cut.as_ref().map(HeaderValue::as_bytes), expected.as_ref().map(HeaderValue::as_bytes));
             }
         }
     }
