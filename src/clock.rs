@@ -348,28 +348,36 @@ impl<F: Clock, R: Clock> Checked<F, R> {
     /// this clock (within [`MAX_HIDDEN_STEP_BACK`]).
     #[inline(always)]
     fn per_thread(&self, now: u64) -> u64 {
-        // One thread-local, read and written once: two were two calls a reading where the
-        // compiler kept the access out of line.
-        THREAD.with(|thread| {
-            let ThreadReadings { reads, clock, last } = thread.get();
-            let reads = reads.wrapping_add(1);
-            let mut now = now;
-            if reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
-                if let Ok(point) = self.point.try_lock() {
-                    now = self.check(now, point);
-                }
-            }
-            let me = self.id;
-            if clock == me && now < last && last - now <= MAX_HIDDEN_STEP_BACK {
-                now = last;
-            }
-            thread.set(ThreadReadings {
-                reads,
-                clock: me,
-                last: now,
-            });
-            now
-        })
+        // One thread-local, read once and written once, each access a small closure the
+        // compiler keeps inline (a closure holding all of this was called out of line).
+        let ThreadReadings { reads, clock, last } = THREAD.with(Cell::get);
+        let reads = reads.wrapping_add(1);
+        let mut now = now;
+        if reads % CHECK_EVERY_READS == 1 && !self.fell_back() {
+            now = self.check_on_thread(now);
+        }
+        let me = self.id;
+        if clock == me && now < last && last - now <= MAX_HIDDEN_STEP_BACK {
+            now = last;
+        }
+        let readings = ThreadReadings {
+            reads,
+            clock: me,
+            last: now,
+        };
+        THREAD.with(|thread| thread.set(readings));
+        now
+    }
+
+    /// The check a thread makes on its first reading and every [`CHECK_EVERY_READS`]-th, unless
+    /// another thread is checking.
+    #[cold]
+    #[inline(never)]
+    fn check_on_thread(&self, now: u64) -> u64 {
+        match self.point.try_lock() {
+            Ok(point) => self.check(now, point),
+            Err(_) => now,
+        }
     }
 
     /// A reading outside the window of the latest check: it is not given out before a check
