@@ -103,23 +103,23 @@ where
         }
 
         let mut keys = policies.no_keys();
-        let mut first = None;
-        if policies.len() == 1 && !shared.meta.settles {
+        // Bound only once the shortcut has not returned: nothing to drop on its way out.
+        let first = if policies.len() == 1 && !shared.meta.settles {
             // The common case, one policy deciding at once, takes the shortest way: no permit is
             // held until the limiter admits, and an immediate admission goes straight to the
             // inner service, so this way needs neither the ledger nor its guard. Any other answer
             // joins the general way below where it stands.
             match policies.prepare(0, &head, &mut keys) {
-                Ok(0) => first = Some(First::Skipped),
+                Ok(0) => Some(First::Skipped),
                 // Without headers nothing of an immediate admission is read, and the limiter
                 // need not build it.
                 Ok(_) if !shared.meta.admitted_headers => match policies.admit_now(0, &keys) {
                     Some(Ok(None)) => {
                         return ResponseFuture::call(inner.call(request));
                     }
-                    Some(Ok(Some(decision))) => first = Some(First::Decided(Ok(decision))),
-                    Some(Err(error)) => first = Some(First::Decided(Err(error))),
-                    None => first = Some(First::Reserve),
+                    Some(Ok(Some(decision))) => Some(First::Decided(Ok(decision))),
+                    Some(Err(error)) => Some(First::Decided(Err(error))),
+                    None => Some(First::Reserve),
                 },
                 // Every arm moves what it matched: nothing is left to drop afterwards.
                 Ok(_) => match policies.reserve_now(0, &keys) {
@@ -131,74 +131,93 @@ where
                                 .admitted_headers(&admitted, |i| policies.quota(i, &keys));
                             return ResponseFuture::headed(inner.call(request), headers);
                         }
-                        first = Some(First::Decided(Ok(decision)));
+                        Some(First::Decided(Ok(decision)))
                     }
-                    Some(Err(error)) => first = Some(First::Decided(Err(error))),
-                    None => first = Some(First::Reserve),
+                    Some(Err(error)) => Some(First::Decided(Err(error))),
+                    None => Some(First::Reserve),
                 },
-                Err(error) => first = Some(First::KeyError(error)),
+                Err(error) => Some(First::KeyError(error)),
             }
-        }
-
-        // Whatever happens from here (a cost function, a key extractor or a hook that panics),
-        // the guard gives back the permits the request holds until it hands them over.
-        let mut guard = Guard {
-            shared,
-            ledger: Ledger::with_keys(policies, keys),
+        } else {
+            None
         };
-        let ledger = &mut guard.ledger;
-        let mut next = None;
-        match first {
-            None => {}
-            Some(First::Skipped) => ledger.outcomes.push(Outcome::Skipped),
-            Some(First::Decided(result)) => {
-                if let Some(answer) = ledger.record(shared, result) {
-                    return ResponseFuture::answer(answer);
-                }
-            }
-            Some(First::Reserve) => {
-                next = Some(Next::Reserve(policies.reserve(0, &ledger.keys)));
-            }
-            Some(First::KeyError(error)) => {
-                if let Some(answer) = ledger.key_error(shared, &error) {
-                    return ResponseFuture::answer(answer);
-                }
+
+        decide(inner, shared, request, keys, first)
+    }
+}
+
+/// The general way of [`RateLimit::call`]: several policies, a policy that settles after the
+/// response, or any answer of the one-policy shortcut but an immediate admission. Out of line,
+/// so that the shortcut keeps a small frame.
+#[inline(never)]
+fn decide<S, ReqBody, P, M>(
+    inner: &mut S,
+    shared: &Arc<Shared<P>>,
+    request: Request<ReqBody>,
+    keys: P::Keys,
+    first: Option<First>,
+) -> ResponseFuture<S, ReqBody, P, M>
+where
+    S: Service<Request<ReqBody>> + Clone,
+    P: PolicySet,
+{
+    let policies = &*shared.policies;
+    // Whatever happens from here (a cost function, a key extractor or a hook that panics),
+    // the guard gives back the permits the request holds until it hands them over.
+    let mut guard = Guard {
+        shared,
+        ledger: Ledger::with_keys(policies, keys),
+    };
+    let ledger = &mut guard.ledger;
+    let mut next = None;
+    match first {
+        None => {}
+        Some(First::Skipped) => ledger.outcomes.push(Outcome::Skipped),
+        Some(First::Decided(result)) => {
+            if let Some(answer) = ledger.record(shared, result) {
+                return ResponseFuture::answer(answer);
             }
         }
+        Some(First::Reserve) => {
+            next = Some(Next::Reserve(policies.reserve(0, &ledger.keys)));
+        }
+        Some(First::KeyError(error)) => {
+            if let Some(answer) = ledger.key_error(shared, &error) {
+                return ResponseFuture::answer(answer);
+            }
+        }
+    }
 
-        // Ask each policy. In-memory limiters answer at once, so the whole decision is usually
-        // made here and the inner service called directly; a limiter that needs I/O (Redis)
-        // is polled once here and, if it has not answered, left to the response future.
-        let mut cx = Context::from_waker(Waker::noop());
-        loop {
-            let step = match next.take() {
-                Some(step) => step,
-                None => ledger.drive(shared, &RequestHead::from(&request)),
-            };
-            match step {
-                Next::Reserve(mut reserve) => match reserve.as_mut().poll(&mut cx) {
-                    Poll::Ready(result) => {
-                        if let Some(answer) = ledger.record(shared, result) {
-                            return ResponseFuture::answer(answer);
-                        }
+    // Ask each policy. In-memory limiters answer at once, so the whole decision is usually
+    // made here and the inner service called directly; a limiter that needs I/O (Redis)
+    // is polled once here and, if it has not answered, left to the response future.
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        let step = match next.take() {
+            Some(step) => step,
+            None => ledger.drive(shared, &RequestHead::from(&request)),
+        };
+        match step {
+            Next::Reserve(mut reserve) => match reserve.as_mut().poll(&mut cx) {
+                Poll::Ready(result) => {
+                    if let Some(answer) = ledger.record(shared, result) {
+                        return ResponseFuture::answer(answer);
                     }
-                    Poll::Pending => {
-                        let ledger = ledger.take();
-                        return defer(inner, shared, request, ledger, Deferred::Reserve(reserve));
-                    }
-                },
-                Next::Done(Conclusion::Answer(response)) => {
-                    return ResponseFuture::answer(response)
                 }
-                Next::Done(Conclusion::Wait(wait)) => {
+                Poll::Pending => {
                     let ledger = ledger.take();
-                    return defer(inner, shared, request, ledger, Deferred::Wait(wait));
+                    return defer(inner, shared, request, ledger, Deferred::Reserve(reserve));
                 }
-                Next::Done(Conclusion::Admit) => {
-                    let headers = ledger.admitted_headers(shared);
-                    let settle = ledger.take().into_settle(shared);
-                    return ResponseFuture::call_then(inner.call(request), headers, settle);
-                }
+            },
+            Next::Done(Conclusion::Answer(response)) => return ResponseFuture::answer(response),
+            Next::Done(Conclusion::Wait(wait)) => {
+                let ledger = ledger.take();
+                return defer(inner, shared, request, ledger, Deferred::Wait(wait));
+            }
+            Next::Done(Conclusion::Admit) => {
+                let headers = ledger.admitted_headers(shared);
+                let settle = ledger.take().into_settle(shared);
+                return ResponseFuture::call_then(inner.call(request), headers, settle);
             }
         }
     }
