@@ -141,87 +141,107 @@ where
     type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The common state first, on its own: the others are handled out of line, so that
+        // polling an untouched answer needs no more than a small frame.
         let mut this = self.project();
-        loop {
-            let step = match this.state.as_mut().project() {
-                StateProj::Call { future } => {
-                    return future.poll(cx).map(|result| result.map(M::response));
+        if let StateProj::Call { future } = this.state.as_mut().project() {
+            return future.poll(cx).map(|result| result.map(M::response));
+        }
+        poll_other::<S, ReqBody, ResBody, P, M>(this.state, cx)
+    }
+}
+
+/// [`ResponseFuture::poll`] in every state but [`State::Call`].
+#[inline(never)]
+#[allow(clippy::type_complexity)]
+fn poll_other<S, ReqBody, ResBody, P, M>(
+    mut state: Pin<&mut State<S::Future, Box<Pending<S, ReqBody, P>>, P>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<M::Body>, S::Error>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    P: PolicySet,
+    M: BodyKind<ResBody>,
+{
+    loop {
+        let step = match state.as_mut().project() {
+            StateProj::Call { future } => {
+                return future.poll(cx).map(|result| result.map(M::response));
+            }
+            StateProj::Headed { future, headers } => {
+                return future.poll(cx).map_ok(|mut response| {
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    M::response(response)
+                });
+            }
+            StateProj::CallThen {
+                future,
+                headers,
+                settle,
+            } => {
+                // Mapped where it lies, so the response is not moved out and back in.
+                return future.poll(cx).map_ok(|mut response| {
+                    if let Some(settle) = settle.take() {
+                        let (parts, body) = response.into_parts();
+                        settle.apply(&parts, headers);
+                        response = Response::from_parts(parts, body);
+                    }
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    M::response(response)
+                });
+            }
+            StateProj::Answer { response } => {
+                let response = response
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                return Poll::Ready(Ok(response.map(M::answer)));
+            }
+            StateProj::Reserve { reserve, pending } => {
+                let result = ready!(reserve.as_mut().poll(cx));
+                pending.as_mut().expect(PENDING).advance(Some(result))
+            }
+            StateProj::Wait { sleep, pending } => {
+                ready!(sleep.as_mut().poll(cx));
+                pending.as_mut().expect(PENDING).advance(None)
+            }
+        };
+        // Every step comes from a state that holds the pending request.
+        let pending = match state.as_mut().project() {
+            StateProj::Reserve { pending, .. } | StateProj::Wait { pending, .. } => {
+                pending.take().expect(PENDING)
+            }
+            _ => unreachable!("{PENDING}"),
+        };
+        let next = match step {
+            Step::Reserve(reserve) => State::Reserve {
+                reserve,
+                pending: Some(pending),
+            },
+            Step::Wait(wait) => State::Wait {
+                sleep: Box::pin(tokio::time::sleep(wait)),
+                pending: Some(pending),
+            },
+            Step::Answer(response) => {
+                // The request and its permits go (given back) before the answer is sent.
+                drop(pending);
+                State::Answer {
+                    response: Some(response),
                 }
-                StateProj::Headed { future, headers } => {
-                    return future.poll(cx).map_ok(|mut response| {
-                        if let Some(headers) = headers.take() {
-                            headers.apply(response.headers_mut());
-                        }
-                        M::response(response)
-                    });
-                }
-                StateProj::CallThen {
-                    future,
+            }
+            Step::Call => {
+                let (mut inner, request, headers, settle) = (*pending).into_call();
+                State::CallThen {
+                    future: inner.call(request),
                     headers,
                     settle,
-                } => {
-                    // Mapped where it lies, so the response is not moved out and back in.
-                    return future.poll(cx).map_ok(|mut response| {
-                        if let Some(settle) = settle.take() {
-                            let (parts, body) = response.into_parts();
-                            settle.apply(&parts, headers);
-                            response = Response::from_parts(parts, body);
-                        }
-                        if let Some(headers) = headers.take() {
-                            headers.apply(response.headers_mut());
-                        }
-                        M::response(response)
-                    });
                 }
-                StateProj::Answer { response } => {
-                    let response = response
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response.map(M::answer)));
-                }
-                StateProj::Reserve { reserve, pending } => {
-                    let result = ready!(reserve.as_mut().poll(cx));
-                    pending.as_mut().expect(PENDING).advance(Some(result))
-                }
-                StateProj::Wait { sleep, pending } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    pending.as_mut().expect(PENDING).advance(None)
-                }
-            };
-            // Every step comes from a state that holds the pending request.
-            let pending = match this.state.as_mut().project() {
-                StateProj::Reserve { pending, .. } | StateProj::Wait { pending, .. } => {
-                    pending.take().expect(PENDING)
-                }
-                _ => unreachable!("{PENDING}"),
-            };
-            let state = match step {
-                Step::Reserve(reserve) => State::Reserve {
-                    reserve,
-                    pending: Some(pending),
-                },
-                Step::Wait(wait) => State::Wait {
-                    sleep: Box::pin(tokio::time::sleep(wait)),
-                    pending: Some(pending),
-                },
-                Step::Answer(response) => {
-                    // The request and its permits go (given back) before the answer is sent.
-                    drop(pending);
-                    State::Answer {
-                        response: Some(response),
-                    }
-                }
-                Step::Call => {
-                    let (mut inner, request, headers, settle) = (*pending).into_call();
-                    State::CallThen {
-                        future: inner.call(request),
-                        headers,
-                        settle,
-                    }
-                }
-            };
-            this.state.set(state);
-        }
+            }
+        };
+        state.set(next);
     }
 }
 
