@@ -280,6 +280,7 @@ fn mask_v6(bits: u8) -> u128 {
 
 /// An IPv4 client seen through a dual-stack socket arrives as `::ffff:a.b.c.d`; it is an IPv4
 /// client and is keyed as one (otherwise every IPv4 client would share one /64).
+#[inline]
 fn canonical(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
 }
@@ -443,6 +444,7 @@ impl PeerIp {
 }
 
 #[cfg(feature = "axum")]
+#[inline]
 pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Option<IpAddr> {
     use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
     use std::net::SocketAddr;
