@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::head::RequestHead;
 use bytes::Bytes;
 use http::{Response, StatusCode};
+use smallvec::SmallVec;
 
 use super::key::KeyError;
 use super::layer::{FailMode, Shared};
@@ -21,60 +22,27 @@ const INLINE: usize = 4;
 
 /// Outcomes for any number of policies; the common case (up to four) does not allocate.
 // Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
-// decision is deferred.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum OutcomeList {
-    Inline {
-        len: usize,
-        items: [Outcome; INLINE],
-    },
-    Heap(Vec<Outcome>),
-}
+// decision is deferred. A `SmallVec` leaves the slots it has not filled unwritten (an array of
+// four empty outcomes, built for every request, was two copies of half a kilobyte).
+pub(crate) struct OutcomeList(SmallVec<[Outcome; INLINE]>);
 
 impl OutcomeList {
     pub(crate) fn new(policies: usize) -> Self {
-        if policies <= INLINE {
-            OutcomeList::Inline {
-                len: 0,
-                items: [const { Outcome::Skipped }; INLINE],
-            }
-        } else {
-            OutcomeList::Heap(Vec::with_capacity(policies))
-        }
+        Self(SmallVec::with_capacity(policies))
     }
 
     pub(crate) fn push(&mut self, outcome: Outcome) {
-        match self {
-            OutcomeList::Inline { len, items } if *len < INLINE => {
-                items[*len] = outcome;
-                *len += 1;
-            }
-            OutcomeList::Inline { len, items } => {
-                let mut vec: Vec<Outcome> = items[..*len]
-                    .iter_mut()
-                    .map(|o| std::mem::replace(o, Outcome::Skipped))
-                    .collect();
-                vec.push(outcome);
-                *self = OutcomeList::Heap(vec);
-            }
-            OutcomeList::Heap(vec) => vec.push(outcome),
-        }
+        self.0.push(outcome);
     }
 
     pub(crate) fn set(&mut self, i: usize, outcome: Outcome) {
-        match self {
-            OutcomeList::Inline { items, .. } => items[i] = outcome,
-            OutcomeList::Heap(vec) => vec[i] = outcome,
-        }
+        self.0[i] = outcome;
     }
 
     /// Takes the decision out of outcome `i` if it is an admission (leaving
     /// [`Outcome::Skipped`] in its place); any other outcome stays.
     pub(crate) fn take_admitted(&mut self, i: usize) -> Option<Decision> {
-        let slot = match self {
-            OutcomeList::Inline { items, .. } => &mut items[i],
-            OutcomeList::Heap(vec) => &mut vec[i],
-        };
+        let slot = &mut self.0[i];
         if !matches!(slot, Outcome::Admitted(_)) {
             return None;
         }
@@ -85,21 +53,15 @@ impl OutcomeList {
     }
 
     pub(crate) fn as_slice(&self) -> &[Outcome] {
-        match self {
-            OutcomeList::Inline { len, items } => &items[..*len],
-            OutcomeList::Heap(vec) => vec,
-        }
+        &self.0
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.as_slice().len()
+        self.0.len()
     }
 
     pub(crate) fn clear(&mut self) {
-        match self {
-            OutcomeList::Inline { len, .. } => *len = 0,
-            OutcomeList::Heap(vec) => vec.clear(),
-        }
+        self.0.clear();
     }
 }
 

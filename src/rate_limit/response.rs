@@ -636,7 +636,7 @@ fn ratelimit_header(
 }
 
 /// How many bytes of header values a thread cuts from one allocation (see [`cut_value`]).
-const CHUNK: usize = 256;
+const CHUNK: usize = 512;
 
 thread_local! {
     /// The rest of this thread's current chunk (see [`cut_value`]).
