@@ -23,6 +23,7 @@
 //! # Ok::<(), tower_bulwark::QuotaError>(())
 //! ```
 
+use std::cell::Cell;
 use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::hash::Hash;
@@ -627,21 +628,32 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
     /// not create a key) and again against the shard's, which is the one that decides.
     #[inline(always)]
     fn decide(&self, key: &K, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
-        self.decide_then(key, cost, wait, false)
-            .map(|decision| decision.expect("a decision is built unless asked otherwise"))
+        self.decide_with(
+            key,
+            cost,
+            wait,
+            |algorithm, s, latest, now, max_wait, hash| {
+                algorithm
+                    .decide(s, latest, now, cost, max_wait)
+                    .of_cost(cost)
+                    .for_key(hash)
+            },
+            |decision| decision,
+        )
     }
 
-    /// [`decide`](Self::decide), or with `unless_admitted_now` the algorithm's
-    /// [`decide_unless_admitted_now`](Algorithm::decide_unless_admitted_now) (`None` for an
-    /// immediate admission, which need not be built).
+    /// [`decide`](Self::decide) up to the algorithm: `decide` (the algorithm, the key's state and
+    /// latest reading, now, the longest wait and the key's hash) decides, `full` turns the
+    /// refusal of a full store into the answer.
     #[inline(always)]
-    fn decide_then(
+    fn decide_with<R>(
         &self,
         key: &K,
         cost: u32,
         wait: bool,
-        unless_admitted_now: bool,
-    ) -> Result<Option<Decision>, InsufficientCapacity> {
+        decide: impl FnOnce(&A, &A::State, &LatestReading, u64, u64, u64) -> R,
+        full: impl FnOnce(Decision) -> R,
+    ) -> Result<R, InsufficientCapacity> {
         if cost > 1 {
             check_cost(&self.inner.current_setup().algorithm, cost)?;
         }
@@ -657,19 +669,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, A: Algorithm, C: Clock>
                 } else {
                     0
                 };
-                let algorithm = &setup.algorithm;
-                let decision = if unless_admitted_now {
-                    algorithm.decide_unless_admitted_now(s, latest, now, cost, max_wait)
-                } else {
-                    Some(algorithm.decide(s, latest, now, cost, max_wait))
-                };
-                Ok(decision.map(|d| d.of_cost(cost).for_key(hash)))
+                Ok(decide(&setup.algorithm, s, latest, now, max_wait, hash))
             },
-            |setup, full, now| {
+            |setup, f, now| {
                 if cost > 1 {
                     check_cost(&setup.algorithm, cost)?;
                 }
-                Ok(Some(refused_when_full(setup, full, now, cost)))
+                Ok(full(refused_when_full(setup, f, now, cost)))
             },
         )
     }
@@ -840,8 +846,32 @@ where
 
     #[inline(always)]
     fn admit_now(&self, key: &K, cost: u32) -> Option<Result<Option<Decision>, BoxError>> {
-        let admitted = self.decide_then(key, cost, true, true);
-        Some(admitted.map_err(BoxError::from))
+        // What is decided goes aside, so that an immediate admission returns through the
+        // store's lock as one flag rather than as a whole (empty) decision.
+        let decided = Cell::new(None);
+        let admitted = self.decide_with(
+            key,
+            cost,
+            true,
+            |algorithm, s, latest, now, max_wait, hash| match algorithm
+                .decide_unless_admitted_now(s, latest, now, cost, max_wait)
+            {
+                None => true,
+                Some(decision) => {
+                    decided.set(Some(decision.of_cost(cost).for_key(hash)));
+                    false
+                }
+            },
+            |decision| {
+                decided.set(Some(decision));
+                false
+            },
+        );
+        Some(match admitted {
+            Ok(true) => Ok(None),
+            Ok(false) => Ok(decided.into_inner()),
+            Err(error) => Err(error.into()),
+        })
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
