@@ -27,8 +27,13 @@ const INLINE: usize = 4;
 pub(crate) struct OutcomeList(SmallVec<[Outcome; INLINE]>);
 
 impl OutcomeList {
+    #[inline]
     pub(crate) fn new(policies: usize) -> Self {
-        Self(SmallVec::with_capacity(policies))
+        if policies <= INLINE {
+            Self(SmallVec::new())
+        } else {
+            Self(SmallVec::with_capacity(policies))
+        }
     }
 
     pub(crate) fn push(&mut self, outcome: Outcome) {
@@ -92,6 +97,7 @@ pub(crate) enum Conclusion {
 
 impl<P: PolicySet> Ledger<P> {
     /// A ledger with the keys found so far and no outcome yet.
+    #[inline]
     pub(crate) fn with_keys(policies: &P, keys: P::Keys) -> Self {
         Self {
             keys,
