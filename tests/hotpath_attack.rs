@@ -461,11 +461,7 @@ fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
             set_skew(0);
             let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
             let layer = RateLimitLayer::new(policy);
-            let layer = if headers {
-                layer
-            } else {
-                layer.without_admitted_headers()
-            };
+            let layer = headers_if(layer, headers);
             let app = Router::new()
                 .route("/r", get(|| async { "ok" }))
                 .route_layer(layer);
@@ -545,11 +541,7 @@ fn http_fast_path_with_waits_is_exact_under_contention() {
             .build();
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
         let layer = RateLimitLayer::new(policy);
-        let layer = if headers {
-            layer
-        } else {
-            layer.without_admitted_headers()
-        };
+        let layer = headers_if(layer, headers);
         let app = Router::new()
             .route("/r", get(|| async { "ok" }))
             .route_layer(layer);
@@ -595,11 +587,7 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
             .and(Policy::new("gate", header_key("x-gate"), gates.clone()).unwrap());
         for headers in [false, true] {
             let layer = RateLimitLayer::new(policies.clone());
-            let layer = if headers {
-                layer
-            } else {
-                layer.without_admitted_headers()
-            };
+            let layer = headers_if(layer, headers);
             let app = Router::new()
                 .route("/r", get(|| async { "ok" }))
                 .route_layer(layer);
@@ -875,6 +863,24 @@ fn req(answer: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// The layer with the admitted headers on or off.
+fn headers_if<P>(layer: RateLimitLayer<P>, on: bool) -> RateLimitLayer<P> {
+    if on {
+        layer
+    } else {
+        layer.without_admitted_headers()
+    }
+}
+
+/// A [`Slow`] limiter of 5 per minute on `clock`, pending `pendings` polls, failing if `fails`.
+fn slow_per_minute(clock: &ManualClock, pendings: usize, fails: bool) -> Slow {
+    Slow::new(
+        manual_limiter(clock, Quota::per_minute(5).unwrap()),
+        pendings,
+        fails,
+    )
+}
+
 fn debug_state(future: &impl std::fmt::Debug) -> String {
     format!("{future:?}")
 }
@@ -889,20 +895,12 @@ fn dropped_while_a_limiter_is_pending_gives_back_exactly_once() {
         for headers in [false, true] {
             let clock = ManualClock::new();
             let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
-            let slow = Slow::new(
-                manual_limiter(&clock, Quota::per_minute(5).unwrap()),
-                5,
-                false,
-            );
+            let slow = slow_per_minute(&clock, 5, false);
             let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
                 .unwrap()
                 .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
             let layer = RateLimitLayer::new(policies);
-            let layer = if headers {
-                layer
-            } else {
-                layer.without_admitted_headers()
-            };
+            let layer = headers_if(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let mut future = Box::pin(service.call(req("200")));
@@ -936,20 +934,12 @@ fn a_deferred_admission_spends_each_permit_once() {
     for headers in [false, true] {
         let clock = ManualClock::new();
         let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
-        let slow = Slow::new(
-            manual_limiter(&clock, Quota::per_minute(5).unwrap()),
-            2,
-            false,
-        );
+        let slow = slow_per_minute(&clock, 2, false);
         let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
             .unwrap()
             .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
         let layer = RateLimitLayer::new(policies);
-        let layer = if headers {
-            layer
-        } else {
-            layer.without_admitted_headers()
-        };
+        let layer = headers_if(layer, headers);
         let inner = Inner::default();
         let mut service = layer.layer(inner.clone());
         let mut future = Box::pin(service.call(req("200")));
@@ -987,11 +977,7 @@ fn a_failing_limiter_gives_back_or_spends_exactly_once() {
         for slow_first in [false, true] {
             let clock = ManualClock::new();
             let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
-            let slow = Slow::new(
-                manual_limiter(&clock, Quota::per_minute(5).unwrap()),
-                2,
-                true,
-            );
+            let slow = slow_per_minute(&clock, 2, true);
             let fast_policy = Policy::new("fast", header_key("x-tenant"), fast.clone()).unwrap();
             let slow_policy = Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap();
             let inner = Inner::default();
@@ -1039,11 +1025,7 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
             let layer = RateLimitLayer::new(
                 Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap(),
             );
-            let layer = if headers {
-                layer
-            } else {
-                layer.without_admitted_headers()
-            };
+            let layer = headers_if(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let first = service
@@ -1244,11 +1226,7 @@ fn count_if_settles_exactly_once() {
                 .unwrap()
                 .count_if(|parts| parts.status.is_server_error());
             let layer = RateLimitLayer::new(policy);
-            let layer = if headers {
-                layer
-            } else {
-                layer.without_admitted_headers()
-            };
+            let layer = headers_if(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let mut future =
@@ -1331,11 +1309,7 @@ fn answered_futures_spend_nothing_and_debug_in_every_state() {
 fn a_panic_deciding_after_a_pending_limiter_gives_back() {
     for panicking_cost in [false, true] {
         let clock = ManualClock::new();
-        let slow = Slow::new(
-            manual_limiter(&clock, Quota::per_minute(5).unwrap()),
-            2,
-            false,
-        );
+        let slow = slow_per_minute(&clock, 2, false);
         let other = manual_limiter(&clock, Quota::per_minute(5).unwrap());
         let boom = move |head: &RequestHead<'_>| -> Result<String, KeyError> {
             if !panicking_cost && head.headers.contains_key("x-boom") {
@@ -1380,11 +1354,7 @@ fn an_inner_call_that_panics_spends_exactly_once() {
     for shape in 0..5 {
         let clock = ManualClock::new();
         let limiter = manual_limiter(&clock, Quota::per_minute(5).unwrap());
-        let slow = Slow::new(
-            manual_limiter(&clock, Quota::per_minute(5).unwrap()),
-            2,
-            false,
-        );
+        let slow = slow_per_minute(&clock, 2, false);
         let inner = Inner::default();
         let one = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
         let called = catch_unwind(AssertUnwindSafe(|| -> Option<Pin<Box<dyn FutureDebug>>> {
