@@ -8,6 +8,9 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
+mod helpers;
+
+use helpers::{Rng, YieldOnce};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -73,22 +76,6 @@ const SKEWS: [i64; 8] = [
     30 * MS,
     -HOUR / 2,
 ];
-
-/// A deterministic pseudo-random sequence (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// How many single permits `limiter` still grants `key` right now (takes them all).
 fn drain<C: Clock>(
@@ -714,24 +701,6 @@ fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
 // ---------------------------------------------------------------------------------------------
 // 2. The response future: permits released exactly once
 // ---------------------------------------------------------------------------------------------
-
-/// A future that is pending once (waking itself), then ready.
-#[derive(Default)]
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
-}
 
 /// A limiter that decides like a remote one: `reserve_now` is `None`, its future is pending
 /// `pendings` times and then takes the decision from a real in-memory limiter, or fails.

@@ -7,6 +7,9 @@
 //! (1, 2, 4, 5, 8 policies) must decide all-or-nothing exactly as a twin model does, and every
 //! state of a hand-driven response future must behave as documented.
 
+mod helpers;
+
+use helpers::{Rng, YieldOnce};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,22 +43,6 @@ fn keyed(clock: &ManualClock, quota: Quota) -> Keyed {
     KeyedRateLimiter::<HeaderValue>::builder(quota)
         .clock(clock.clone())
         .build()
-}
-
-/// A deterministic pseudo-random sequence (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
@@ -130,23 +117,6 @@ fn header_cost(name: String) -> impl Fn(&RequestHead<'_>) -> u32 + Send + Sync +
 struct Slow {
     inner: Keyed,
     pendings: usize,
-}
-
-#[derive(Default)]
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
 }
 
 impl Limiter<HeaderValue> for Slow {

@@ -13,6 +13,9 @@
 #[path = "listener/mod.rs"]
 mod listener;
 
+mod helpers;
+
+use helpers::YieldOnce;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -44,24 +47,6 @@ use tower_bulwark::{
 // ---------------------------------------------------------------------------------------------
 // Instruments
 // ---------------------------------------------------------------------------------------------
-
-/// A future that is pending once (waking itself) and then ready: one await point.
-#[derive(Default)]
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
-}
 
 async fn yields(n: u8) {
     for _ in 0..n {

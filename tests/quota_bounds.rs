@@ -3,6 +3,9 @@
 //! reservations and refunds: no panic (debug builds check overflow), a refusal's `retry_after` is
 //! never zero, and at one instant without waiting no more than the capacity is admitted.
 
+mod helpers;
+
+use helpers::Rng;
 use std::time::Duration;
 
 use tower_bulwark::{
@@ -10,19 +13,6 @@ use tower_bulwark::{
     clock::ManualClock,
     KeyedRateLimiter, Limiter, Quota,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
-}
 
 fn quotas(rng: &mut Rng) -> Option<Quota> {
     let span = Quota::MAX_SPAN.as_nanos() as u64;
