@@ -77,7 +77,7 @@ pub(crate) struct Ledger<P: PolicySet> {
     pub(crate) outcomes: OutcomeList,
 }
 
-/// Where the decision stands after [`drive`].
+/// Where the decision stands after [`Ledger::drive`].
 pub(crate) enum Next {
     /// A policy whose limiter needs I/O: record what this future gives, then drive on.
     Reserve(BoxReserve),
