@@ -1,21 +1,20 @@
 //! Adversarial tests of the bulkhead: resize under load, absurd waits, panicking hooks.
 
+mod helpers;
+
+use helpers::poll_once;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull, CallFinished, CallOutcome, CallPermitted};
 use tower_bulwark::BoxError;
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut Context::from_waker(Waker::noop()))
-}
 
 /// Promise (README, "Bulkhead"): "`set_max_concurrent_calls` changes the limit while calls are in
 /// flight, never blocking and never letting a new call exceed the new limit"; a refused call is

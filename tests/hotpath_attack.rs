@@ -10,14 +10,14 @@
 
 mod helpers;
 
-use helpers::{Rng, YieldOnce};
+use helpers::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -115,15 +115,6 @@ fn request(tenant: &str, gate: &str, cost: u32) -> Request<Body> {
         .header("x-gate", gate)
         .header("x-cost", cost.to_string())
         .body(Body::empty())
-        .unwrap()
-}
-
-/// A current-thread runtime with tokio's time paused (waits pass at once, exactly).
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
         .unwrap()
 }
 
@@ -766,21 +757,6 @@ fn manual_limiter(
     KeyedRateLimiter::<String>::builder(quota)
         .clock(clock.clone())
         .build()
-}
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Polls `future` until it is ready (every future here makes progress on each poll).
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    for _ in 0..10_000 {
-        if let Poll::Ready(output) = poll_once(future.as_mut()) {
-            return output;
-        }
-    }
-    panic!("a future that never finished");
 }
 
 /// An inner service that counts its calls and answers 200 (or, per the `x-answer` header, a

@@ -9,14 +9,14 @@
 
 mod helpers;
 
-use helpers::{Rng, YieldOnce};
+use helpers::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -43,30 +43,6 @@ fn keyed(clock: &ManualClock, quota: Quota) -> Keyed {
     KeyedRateLimiter::<HeaderValue>::builder(quota)
         .clock(clock.clone())
         .build()
-}
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Polls `future` until it is ready (every future here makes progress on each poll).
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    for _ in 0..10_000 {
-        if let Poll::Ready(output) = poll_once(future.as_mut()) {
-            return output;
-        }
-    }
-    panic!("a future that never finished");
-}
-
-/// A current-thread runtime with tokio's time paused (waits pass at once, exactly).
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 /// The header's values as text, joined as one list.

@@ -15,7 +15,7 @@ mod listener;
 
 mod helpers;
 
-use helpers::YieldOnce;
+use helpers::{poll_once, YieldOnce};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +23,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{to_bytes, Body};
@@ -52,10 +52,6 @@ async fn yields(n: u8) {
     for _ in 0..n {
         YieldOnce::default().await;
     }
-}
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
 /// Polls `future` with a no-op waker until it is ready (every future here makes progress on

@@ -4,13 +4,15 @@
 
 mod listener;
 
+mod helpers;
+
+use helpers::poll_once;
 use listener::{serve, sf_list};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -34,10 +36,6 @@ fn tokio_limiter(quota: Quota) -> Tokio {
     KeyedRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build()
-}
-
-fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
-    future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
 fn get_req() -> Request<Body> {

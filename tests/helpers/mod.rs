@@ -1,5 +1,6 @@
-//! Test helpers shared by several test binaries: a deterministic pseudo-random sequence and a
-//! future with one await point. A test binary takes them with `mod helpers;`.
+//! Test helpers shared by several test binaries: a deterministic pseudo-random sequence, a
+//! future with one await point, polling by hand and a runtime with paused time. A test binary
+//! takes them with `mod helpers;`.
 
 #![allow(dead_code)] // Not every test file uses every helper.
 
@@ -45,4 +46,29 @@ impl Future for YieldOnce {
             Poll::Pending
         }
     }
+}
+
+/// Polls `future` once, with a waker that does nothing.
+pub fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+/// Polls `future` until it is ready (for futures that make progress on each poll).
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..10_000 {
+        if let Poll::Ready(output) = poll_once(future.as_mut()) {
+            return output;
+        }
+    }
+    panic!("a future that never finished");
+}
+
+/// A current-thread runtime with tokio's time paused (waits pass at once, exactly).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
 }
