@@ -62,7 +62,7 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 /// so a hook can change one thing and keep the rest.
 ///
 /// ```
-/// use bytes::{Bytes, BytesMut};
+/// use bytes::Bytes;
 /// use http::Response;
 /// use tower_bulwark::rate_limit::Refusal;
 ///
