@@ -169,12 +169,9 @@ where
                 return future.poll(cx).map(|result| result.map(M::response));
             }
             StateProj::Headed { future, headers } => {
-                return future.poll(cx).map_ok(|mut response| {
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    M::response(response)
-                });
+                return future
+                    .poll(cx)
+                    .map_ok(|response| M::response(with_headers(response, headers)));
             }
             StateProj::CallThen {
                 future,
@@ -188,10 +185,7 @@ where
                         settle.apply(&parts, headers);
                         response = Response::from_parts(parts, body);
                     }
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
-                    M::response(response)
+                    M::response(with_headers(response, headers))
                 });
             }
             StateProj::Answer { response } => {
@@ -243,6 +237,18 @@ where
         };
         state.set(next);
     }
+}
+
+/// `response` with the rate-limit headers added, if there are any (taken: added once).
+#[inline(always)]
+fn with_headers<B>(
+    mut response: Response<B>,
+    headers: &mut Option<AdmittedHeaders>,
+) -> Response<B> {
+    if let Some(headers) = headers.take() {
+        headers.apply(response.headers_mut());
+    }
+    response
 }
 
 const PENDING: &str = "a ResponseFuture holds its request until it calls the inner service";
