@@ -880,6 +880,14 @@ mod attack_tests {
         }
     }
 
+    /// A counter at 1 s and a reference at 100 s (both set by the test), and the clock that
+    /// checks the one against the other.
+    fn wild_pair() -> (Wild, Wild, Checked<Wild, Wild>) {
+        let (fast, reference) = (Wild::at(SEC), Wild::at(100 * SEC));
+        let checked = Checked::new(fast.clone(), reference.clone());
+        (fast, reference, checked)
+    }
+
     /// Readings of a checked clock on one thread: never back.
     struct Reader<'a, F: Clock, R: Clock> {
         checked: &'a Checked<F, R>,
@@ -1028,9 +1036,7 @@ mod attack_tests {
     #[test]
     fn a_fast_clock_that_jumps_back_a_little_never_steps_back() {
         for back in [US, 300 * US, 3 * MS, 9 * MS, 11 * MS] {
-            let fast = Wild::at(SEC);
-            let reference = Wild::at(100 * SEC);
-            let checked = Checked::new(fast.clone(), reference.clone());
+            let (fast, reference, checked) = wild_pair();
             let mut reader = Reader::new(&checked);
             for _ in 0..1_000 {
                 fast.add(50 * US);
@@ -1061,9 +1067,7 @@ mod attack_tests {
     /// reference's for more than about a check interval, and never steps back.
     #[test]
     fn a_fast_clock_that_jumps_an_hour_ahead_does_not_carry_the_hour() {
-        let fast = Wild::at(SEC);
-        let reference = Wild::at(100 * SEC);
-        let checked = Checked::new(fast.clone(), reference.clone());
+        let (fast, reference, checked) = wild_pair();
         let mut reader = Reader::new(&checked);
         let start = reader.last;
         for _ in 0..100 {
@@ -1090,9 +1094,7 @@ mod attack_tests {
     /// and no reading after it steps back.
     #[test]
     fn a_fast_clock_that_jumps_to_the_end_of_the_range_never_steps_back() {
-        let fast = Wild::at(SEC);
-        let reference = Wild::at(100 * SEC);
-        let checked = Checked::new(fast.clone(), reference.clone());
+        let (fast, reference, checked) = wild_pair();
         let mut reader = Reader::new(&checked);
         for _ in 0..20 {
             fast.add(MS);
@@ -1112,9 +1114,7 @@ mod attack_tests {
     /// in step, kept. The reference alone jumps: the counter is astray, dropped, no step back.
     #[test]
     fn a_reference_that_jumps() {
-        let fast = Wild::at(SEC);
-        let reference = Wild::at(100 * SEC);
-        let checked = Checked::new(fast.clone(), reference.clone());
+        let (fast, reference, checked) = wild_pair();
         let mut reader = Reader::new(&checked);
         for _ in 0..100 {
             fast.add(MS);
@@ -1300,9 +1300,8 @@ mod attack_tests {
     #[test]
     fn threads_reading_through_a_fall_back_never_step_back() {
         for jump_back in [false, true] {
-            let fast = Wild::at(SEC);
-            let reference = Wild::at(100 * SEC);
-            let checked = Arc::new(Checked::new(fast.clone(), reference.clone()));
+            let (fast, reference, checked) = wild_pair();
+            let checked = Arc::new(checked);
             let stop = Arc::new(AtomicBool::new(false));
             let readers: Vec<_> = (0..8)
                 .map(|_| {
@@ -1442,9 +1441,8 @@ mod attack_tests {
     /// most about one check interval".
     #[test]
     fn a_stopped_counter_read_by_short_lived_threads_is_dropped() {
-        let fast = Wild::at(SEC);
-        let reference = Wild::at(100 * SEC);
-        let checked = Arc::new(Checked::new(fast.clone(), reference.clone()));
+        let (fast, reference, checked) = wild_pair();
+        let checked = Arc::new(checked);
         for _ in 0..100 {
             fast.add(MS);
             reference.add(MS);
