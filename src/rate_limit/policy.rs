@@ -449,7 +449,11 @@ where
     #[inline]
     fn admit_now(&self, _: usize, keys: &Self::Keys) -> Option<Result<Option<Decision>, BoxError>> {
         let (key, cost) = slot(keys);
-        self.limiter.admit_now(key, cost)
+        Some(
+            self.limiter
+                .reserve_now(key, cost)?
+                .map(Decision::unless_admitted_now),
+        )
     }
 
     fn reserve(&self, _: usize, keys: &Self::Keys) -> BoxReserve {

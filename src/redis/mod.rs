@@ -854,7 +854,10 @@ impl<C: Clock> Inner<C> {
                         cache.insert(&key, cost, self.clock.now(), &decision);
                     }
                 }
-                Ok(decision.of_cost(cost).for_key(fingerprint(&key)))
+                Ok(decision
+                    .of_cost(cost)
+                    .for_key(fingerprint(&key))
+                    .made_by(crate::decision::LimiterId::REDIS))
             }
             Ok(other) => {
                 let failure = RedisFailure::bad_reply(format!("{other:?} is not a decision"));
@@ -933,7 +936,7 @@ impl<C: Clock> Inner<C> {
             self.refund_locally(key.to_owned(), cost, decision);
             return None;
         }
-        if decision.key != fingerprint(key) {
+        if !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(key)) {
             return None;
         }
         if let Some(cache) = &self.cache {
