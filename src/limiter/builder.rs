@@ -1,6 +1,7 @@
 //! The one builder of the in-memory limiters.
 
 use std::collections::hash_map::RandomState;
+use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,13 +18,22 @@ use crate::Quota;
 /// The default bound on keys of a keyed limiter.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// The key type of a [`RateLimiterBuilder`] that builds a [`DirectRateLimiter`], which has no
-/// keys.
+/// What a [`RateLimiterBuilder`] builds: a [`DirectRateLimiter`], which has no keys.
 #[derive(Debug, Clone, Copy)]
 pub struct Direct;
 
-/// The settings of an in-memory limiter; start with [`DirectRateLimiter::builder`] (`K` is then
-/// [`Direct`]) or [`KeyedRateLimiter::builder`] (`K` is the key type), and finish with `build`.
+/// What a [`RateLimiterBuilder`] builds: a [`KeyedRateLimiter`] with keys of type `K`.
+pub struct Keyed<K>(PhantomData<fn() -> K>);
+
+impl<K> fmt::Debug for Keyed<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Keyed")
+    }
+}
+
+/// The settings of an in-memory limiter; start with [`DirectRateLimiter::builder`] (`L` is then
+/// [`Direct`]) or [`KeyedRateLimiter::builder`] (`L` is [`Keyed<K>`] for keys of type `K`), and
+/// finish with `build`.
 ///
 /// `A` is the algorithm, `C` the clock and, for a keyed limiter, `H` how keys are hashed: std's
 /// [`RandomState`] (SipHash under random keys, so clients cannot choose keys that collide) unless
@@ -41,16 +51,16 @@ pub struct Direct;
 /// # Ok::<(), tower_bulwark::QuotaError>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct RateLimiterBuilder<K, A = Gcra, C = SystemClock, H = RandomState> {
+pub struct RateLimiterBuilder<L, A = Gcra, C = SystemClock, H = RandomState> {
     quota: Quota,
     clock: C,
     hasher: H,
     max_keys: usize,
     overflow: Overflow,
-    _marker: PhantomData<fn() -> (K, A)>,
+    _marker: PhantomData<fn() -> (L, A)>,
 }
 
-impl<K> RateLimiterBuilder<K> {
+impl<L> RateLimiterBuilder<L> {
     /// GCRA on the system clock, keys hashed by std's `RandomState`.
     pub(super) fn new(quota: Quota) -> Self {
         Self {
@@ -64,9 +74,9 @@ impl<K> RateLimiterBuilder<K> {
     }
 }
 
-impl<K, A, C, H> RateLimiterBuilder<K, A, C, H> {
+impl<L, A, C, H> RateLimiterBuilder<L, A, C, H> {
     /// Uses algorithm `A2` instead of GCRA.
-    pub fn algorithm<A2: Algorithm>(self) -> RateLimiterBuilder<K, A2, C, H> {
+    pub fn algorithm<A2: Algorithm>(self) -> RateLimiterBuilder<L, A2, C, H> {
         RateLimiterBuilder {
             quota: self.quota,
             clock: self.clock,
@@ -78,7 +88,7 @@ impl<K, A, C, H> RateLimiterBuilder<K, A, C, H> {
     }
 
     /// Reads time from `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
-    pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<K, A, C2, H> {
+    pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<L, A, C2, H> {
         RateLimiterBuilder {
             quota: self.quota,
             clock,
@@ -106,7 +116,7 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<Direct, A, C> {
     }
 }
 
-impl<K, A, C, H> RateLimiterBuilder<K, A, C, H>
+impl<K, A, C, H> RateLimiterBuilder<Keyed<K>, A, C, H>
 where
     K: Hash + Eq + Clone,
     A: Algorithm,
@@ -116,7 +126,7 @@ where
     /// Hashes keys with `hasher` (foldhash's or ahash's `RandomState`, for instance) instead of
     /// std's `RandomState`. Keys come from clients: a hasher without random keys lets a client
     /// choose keys that collide in one shard's table.
-    pub fn hasher<H2: BuildHasher>(self, hasher: H2) -> RateLimiterBuilder<K, A, C, H2> {
+    pub fn hasher<H2: BuildHasher>(self, hasher: H2) -> RateLimiterBuilder<Keyed<K>, A, C, H2> {
         RateLimiterBuilder {
             quota: self.quota,
             clock: self.clock,

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
-use super::builder::RateLimiterBuilder;
+use super::builder::{Keyed, RateLimiterBuilder};
 use super::{acquire, Acquire, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
@@ -54,7 +54,7 @@ impl<K: Hash + Eq + Clone> KeyedRateLimiter<K> {
     }
 
     /// A builder to choose the algorithm, the clock, the hasher and the key bound.
-    pub fn builder(quota: Quota) -> RateLimiterBuilder<K> {
+    pub fn builder(quota: Quota) -> RateLimiterBuilder<Keyed<K>> {
         RateLimiterBuilder::new(quota)
     }
 }

@@ -40,7 +40,7 @@ mod keyed;
 
 pub use crate::decision::{Decision, InsufficientCapacity};
 pub use crate::store::memory::Overflow;
-pub use builder::{Direct, RateLimiterBuilder, DEFAULT_MAX_KEYS};
+pub use builder::{Direct, Keyed, RateLimiterBuilder, DEFAULT_MAX_KEYS};
 pub use direct::DirectRateLimiter;
 pub use keyed::KeyedRateLimiter;
 
