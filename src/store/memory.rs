@@ -172,6 +172,22 @@ where
                 return f(&table.context, state, &shard.latest, hash);
             }
         }
+        self.insert(shard, hash, key, now, idle_at, rank, f, full)
+    }
+
+    /// The rest of [`with`](Self::with), for a key that was not found under the read lock.
+    #[allow(clippy::too_many_arguments)]
+    fn insert<R>(
+        &self,
+        shard: &Shard<K, S, G>,
+        hash: u64,
+        key: &K,
+        now: impl FnOnce() -> u64,
+        idle_at: impl Fn(&G, &S) -> u64,
+        rank: impl Fn(&G, &S, u64) -> u128,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
+        full: impl FnOnce(&G, ShardFull, u64) -> R,
+    ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
         let context = &*context;
