@@ -34,10 +34,11 @@ pub struct Decision {
     /// proceeds. Zero for an immediate admission and for a refusal.
     pub wait: Duration,
     /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
-    /// charged: the instant the decision was made as of (the clock reading, or the latest
-    /// reading of the key, or for GCRA of its shard, if that was later) for an immediate admission, the instant the reservation falls
-    /// due for a reservation. [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give
-    /// back exactly what the admission took. Zero for a refusal.
+    /// charged: for an immediate admission, the instant the decision was made as of (the clock
+    /// reading, or the latest reading of the key, or for GCRA of its shard, if that was later);
+    /// for a reservation, the instant it falls due.
+    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give back exactly
+    /// what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
     /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
     /// ticks): a refund gives back only while the key's TAT is still this one, that is while
