@@ -2,7 +2,8 @@
 //!
 //! [`DirectRateLimiter`] is one limit for everything that shares it (a process-wide cap);
 //! [`KeyedRateLimiter`] keeps one limit per key (client IP, API key, tenant). Both are cheap to
-//! clone, and every clone shares one state.
+//! clone, and every clone shares one state. Both are built by a [`RateLimiterBuilder`], which
+//! chooses the algorithm, the clock and, for keys, the bound, the overflow rule and the hasher.
 //!
 //! ```
 //! use std::time::Duration;
@@ -73,6 +74,12 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
     /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
+    ///
+    /// # Errors
+    ///
+    /// The future fails when no decision can be made: a cost above what the quota can ever
+    /// admit at once ([`InsufficientCapacity`] for the crate's limiters), a store that did not
+    /// answer (the Redis limiter, depending on its fail mode), a key that names no tier.
     fn reserve(&self, key: &K, cost: u32) -> Self::Future;
 
     /// The same decision as [`reserve`](Self::reserve), made at once when this limiter can make
@@ -200,6 +207,10 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
 ///
 /// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. If the
 /// returned future is dropped while it waits, the reservation is given back.
+///
+/// # Errors
+///
+/// What [`Limiter::reserve`] fails with.
 pub fn acquire<'a, K, L: Limiter<K>>(limiter: &'a L, key: &'a K, cost: u32) -> Acquire<'a, K, L> {
     Acquire {
         limiter,
