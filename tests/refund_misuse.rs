@@ -9,6 +9,9 @@
 //! share its state and take back each other's decisions. Each algorithm, in memory here and in
 //! Redis in `tests/redis_refund.rs`.
 
+#[cfg(feature = "redis")]
+mod support;
+
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
@@ -354,5 +357,70 @@ fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
         (got != 3).then(|| format!("{}: {got} admitted", name::<A>()))
     }
     let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// A Redis limiter tells its decisions apart by the fingerprint of the Redis key they charged.
+/// A keyed limiter in memory that hashes as that fingerprint does (std's `DefaultHasher` under
+/// zero keys), given the Redis key itself as its key, makes decisions whose fingerprint is the
+/// Redis key's: given to the Redis limiter, they still free nothing there, and neither does a
+/// decision built by hand or one of a direct limiter.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
+    use std::collections::hash_map::DefaultHasher;
+    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+
+    async fn run<A: RedisAlgorithm>(store: &RedisStore, tag: &str) -> Option<String> {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1));
+        let redis = RedisRateLimiter::builder(five_per_hour(), store.clone())
+            .algorithm::<A>()
+            .client_clock(clock.clone())
+            .prefix(format!("misuse:{tag}:"))
+            .without_refusal_cache()
+            .fail_mode(RedisFailMode::propagate())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let same_fingerprint = KeyedRateLimiter::<String>::builder(five_per_hour())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .hasher(BuildHasherDefault::<DefaultHasher>::default())
+            .build();
+        let direct = direct::<A>(&clock);
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(redis.reserve(&"k", 1).await.unwrap());
+        }
+        assert!(last.is_some_and(|d| d.allowed));
+        let redis_key = redis.redis_key(&"k");
+        for _ in 0..3 {
+            let from_memory = same_fingerprint.check(&redis_key);
+            assert!(from_memory.allowed);
+            redis.refund_and_wait(&"k", 1, from_memory).await.unwrap();
+        }
+        let built = Decision::allowed(5, 4, Duration::from_secs(720));
+        redis.refund_and_wait(&"k", 1, built).await.unwrap();
+        redis
+            .refund_and_wait(&"k", 1, direct.check())
+            .await
+            .unwrap();
+        let mut got = 0;
+        while got < 10 && redis.reserve(&"k", 1).await.unwrap().allowed {
+            got += 1;
+        }
+        (got != 2).then(|| format!("{tag}: {got} admitted"))
+    }
+
+    let Some(server) = support::RedisServer::start("refund_misuse_redis") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut bad = Vec::new();
+    bad.extend(run::<Gcra>(&store, "gcra").await);
+    bad.extend(run::<FixedWindow>(&store, "fixed").await);
+    bad.extend(run::<SlidingLog>(&store, "log").await);
+    bad.extend(run::<SlidingCounter>(&store, "counter").await);
     assert!(bad.is_empty(), "{bad:?}");
 }
