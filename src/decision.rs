@@ -143,12 +143,8 @@ impl Decision {
     }
 }
 
-// The limiters' generic code is compiled in the crate that uses it, where a function of this
-// crate is called rather than inlined unless it is marked `#[inline]`: the small functions that
-// build and read a decision on every check are.
 impl Decision {
     /// An immediate admission.
-    #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
@@ -169,7 +165,6 @@ impl Decision {
 
     /// A refusal; `retry_after` is raised to one nanosecond if it was zero, since a refused client
     /// must always be told to wait.
-    #[inline]
     pub fn refused(
         limit: u64,
         remaining: u64,
@@ -193,7 +188,6 @@ impl Decision {
         }
     }
 
-    #[inline]
     pub(crate) fn reserved(
         limit: u64,
         remaining: u64,
@@ -219,14 +213,12 @@ impl Decision {
     }
 
     /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
-    #[inline]
     pub(crate) fn in_tier(mut self, index: usize) -> Self {
         self.tier = u32::try_from(index).unwrap_or(u32::MAX);
         self
     }
 
     /// The tier that made this decision (see [`in_tier`](Self::in_tier)).
-    #[inline]
     pub(crate) fn tier(&self) -> usize {
         self.tier as usize
     }
@@ -246,26 +238,22 @@ impl Decision {
     }
 
     /// Admitted with no wait: the permits were taken at once.
-    #[inline]
     pub(crate) fn admitted_now(&self) -> bool {
         self.allowed && self.wait.is_zero()
     }
 
     /// `None` for an admission at once, the decision otherwise.
-    #[inline]
     pub(crate) fn unless_admitted_now(self) -> Option<Self> {
         (!self.admitted_now()).then_some(self)
     }
 
     /// This decision, made for the key whose fingerprint is `key`.
-    #[inline]
     pub(crate) fn for_key(mut self, key: u64) -> Self {
         self.key = key;
         self
     }
 
     /// This decision, made by `limiter`.
-    #[inline]
     pub(crate) fn made_by(mut self, limiter: LimiterId) -> Self {
         self.limiter = limiter;
         self
@@ -273,13 +261,11 @@ impl Decision {
 
     /// Whether `limiter` made this decision for the key whose fingerprint is `key`: a refund
     /// gives back nothing else.
-    #[inline]
     pub(crate) fn is_from(&self, limiter: LimiterId, key: u64) -> bool {
         self.limiter == limiter && limiter != LimiterId::NONE && self.key == key
     }
 
     /// The decision on a request of `cost` permits.
-    #[inline]
     pub(crate) fn of_cost(mut self, cost: u32) -> Self {
         self.cost = cost;
         self
@@ -287,20 +273,17 @@ impl Decision {
 
     /// What a refund of this decision may give back: `cost`, but never more than it was
     /// decided on.
-    #[inline]
     pub(crate) fn refundable(&self, cost: u32) -> u32 {
         cost.min(self.cost)
     }
 
     /// This admission with its permits charged at `at` (see `reserved_at`).
-    #[inline]
     pub(crate) fn charged_at(mut self, at: u64) -> Self {
         self.reserved_at = at;
         self
     }
 
     /// This admission, which left its key's state at `state` (see `state_after`).
-    #[inline]
     pub(crate) fn leaving(mut self, state: u64) -> Self {
         self.state_after = state;
         self

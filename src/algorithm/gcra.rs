@@ -41,12 +41,9 @@ impl GcraState {
     }
 }
 
-// `#[inline]` on the functions of a check: the limiters' generic code that calls them is
-// compiled in the crate that uses it, where they could not be inlined otherwise.
 impl Gcra {
     /// What the algorithm decides on a key whose TAT is `tat` at `now`, and the new TAT when
     /// admitted.
-    #[inline]
     fn verdict(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Verdict, Option<u64>) {
         let base = tat.max(now);
         let new_tat = base.saturating_add(self.interval.saturating_mul(u64::from(cost)));
@@ -76,7 +73,6 @@ impl Gcra {
     }
 
     /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT.
-    #[inline]
     fn charge(
         &self,
         state: &GcraState,
@@ -119,7 +115,6 @@ impl Gcra {
     }
 
     /// The decision that tells a client what `verdict` means.
-    #[inline]
     fn decision(&self, verdict: Verdict) -> Decision {
         let limit = u64::from(self.burst);
         match verdict {
@@ -199,7 +194,6 @@ impl Algorithm for Gcra {
         self.burst
     }
 
-    #[inline]
     fn decide(
         &self,
         state: &GcraState,

@@ -130,14 +130,12 @@ pub struct LatestReading(AtomicU64);
 
 impl LatestReading {
     /// The latest reading published (0 before any).
-    #[inline]
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
 
     /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
     /// was before (`now` was published if that is not later than `now`).
-    #[inline]
     pub(crate) fn publish(&self, now: u64) -> u64 {
         self.0.fetch_max(now, Ordering::AcqRel)
     }
