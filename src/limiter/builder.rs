@@ -25,11 +25,20 @@ pub struct Direct;
 /// What a [`RateLimiterBuilder`] builds: a [`KeyedRateLimiter`] with keys of type `K`.
 pub struct Keyed<K>(PhantomData<fn() -> K>);
 
+// By hand rather than derived: a marker is `Debug`, `Clone` and `Copy` whatever `K` is.
 impl<K> fmt::Debug for Keyed<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Keyed")
     }
 }
+
+impl<K> Clone for Keyed<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Keyed<K> {}
 
 /// The settings of an in-memory limiter; start with [`DirectRateLimiter::builder`] (`L` is then
 /// [`Direct`]) or [`KeyedRateLimiter::builder`] (`L` is [`Keyed<K>`] for keys of type `K`), and
@@ -163,5 +172,23 @@ where
                 id: LimiterId::new(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::KeyedRateLimiter;
+
+    #[test]
+    fn a_keyed_builder_is_cloned_and_printed_whatever_its_key() {
+        /// A key that is neither `Debug` nor `Copy`.
+        #[derive(Hash, PartialEq, Eq, Clone)]
+        struct Tenant(String);
+        let builder = KeyedRateLimiter::<Tenant>::builder(Quota::per_second(1).unwrap());
+        let copy = builder.clone();
+        assert!(format!("{copy:?}").contains("RateLimiterBuilder"));
+        let limiter = builder.build();
+        assert!(limiter.check(&Tenant("a".into())).allowed);
     }
 }
