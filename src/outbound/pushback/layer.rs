@@ -2,7 +2,7 @@
 
 use tower_layer::Layer;
 
-use super::instance::Pushback;
+use super::dependency::Pushback;
 use super::service::PushbackService;
 use crate::clock::SystemClock;
 

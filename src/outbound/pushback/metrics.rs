@@ -12,7 +12,7 @@ mod enabled {
 
     use http::HeaderMap;
 
-    use super::super::advice::Advice;
+    use super::super::answer::Answer;
     use crate::observe::metric_names as m;
 
     /// The outcomes of a call, in the order of [`Handles::calls`].
@@ -32,12 +32,12 @@ mod enabled {
         XRateLimit = 2,
     }
 
-    /// The reasons a response's advice holds calls for.
-    fn reasons(headers: &HeaderMap, advice: &Advice) -> impl Iterator<Item = Reason> {
-        let retry_after = advice.hold.is_some_and(|hold| !hold.is_zero());
-        let spent = advice
-            .limit
-            .filter(|limit| limit.remaining == 0 && !limit.window.is_zero())
+    /// The reasons a response's answer holds calls for.
+    fn reasons(headers: &HeaderMap, answer: &Answer) -> impl Iterator<Item = Reason> {
+        let retry_after = answer.hold.is_some_and(|hold| !hold.is_zero());
+        let spent = answer
+            .quota
+            .filter(|quota| quota.remaining == 0 && !quota.window.is_zero())
             .map(|_| {
                 // The field that advertised the spent quota: `RateLimit` when the response has
                 // one (of the two, the reader keeps the one with the fewest calls left, and an
@@ -107,8 +107,8 @@ mod enabled {
         }
 
         /// A response read, with what it advised.
-        pub(crate) fn observed(&self, headers: &HeaderMap, advice: &Advice) {
-            for reason in reasons(headers, advice) {
+        pub(crate) fn observed(&self, headers: &HeaderMap, answer: &Answer) {
+            for reason in reasons(headers, answer) {
                 self.handles().holds[reason as usize].increment(1);
             }
         }
@@ -126,7 +126,7 @@ mod enabled {
 
     use http::HeaderMap;
 
-    use super::super::advice::Advice;
+    use super::super::answer::Answer;
 
     /// Nothing to record without the `metrics` feature.
     pub(crate) struct PushbackMetrics;
@@ -142,7 +142,7 @@ mod enabled {
 
         pub(crate) fn refused(&self) {}
 
-        pub(crate) fn observed(&self, _: &HeaderMap, _: &Advice) {}
+        pub(crate) fn observed(&self, _: &HeaderMap, _: &Answer) {}
     }
 }
 
@@ -156,6 +156,6 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     /// ([`Registry::publish_gauges`](crate::config::Registry::publish_gauges) does it for
     /// configured pushbacks). Counters are recorded as calls and answers pass.
     pub fn publish_gauges(&self) {
-        self.shared.metrics.publish_held_for(self.held_for());
+        self.dependency.metrics.publish_held_for(self.held_for());
     }
 }

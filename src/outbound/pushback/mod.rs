@@ -86,23 +86,25 @@
 //! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
 //! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
 //! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored and logged;
-//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit` and `RateLimit-Policy` are parsed as
-//! Structured Fields (RFC 9651) by the crate's own reader of the grammar, and a field that does
-//! not parse is ignored whole, as that RFC asks.
+//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit`
+//! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
+//! field that does not parse is ignored whole, as that RFC asks.
 
-mod advice;
+mod answer;
+mod builder;
+mod dependency;
 mod error;
 mod future;
-mod instance;
 mod layer;
 mod metrics;
 mod response;
+mod schedule;
 mod service;
-mod sf;
 
+pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
+pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
-pub use self::instance::{Pacing, Pushback, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::layer::PushbackLayer;
 pub use self::response::ResponseHead;
 pub use self::service::PushbackService;
