@@ -76,11 +76,10 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        let mut schedule = self.dependency.schedule();
-        // As a call would find it: a window that has passed gives way to the next one first.
-        schedule.roll(now, self.dependency.pacing);
-        let at = schedule.free_at(now);
-        drop(schedule);
+        let at = self
+            .dependency
+            .schedule()
+            .next_start(now, self.dependency.pacing);
         Duration::from_nanos(at.saturating_sub(now))
     }
 

@@ -69,13 +69,16 @@
 //!   policy, calls go freely until the next answer.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
 //! * Answers may arrive out of order: one to a call that started before the call whose answer
-//!   is in force may have been written first, so it counts only if it is more restrictive
-//!   (fewer calls left, or as few for longer). It never loosens or shortens a hold.
-//! * A held call fails at once with [`PushedBack`], which carries the time left, unless the
-//!   hold ends within [`max_wait`](PushbackBuilder::max_wait): then it waits on tokio's timer
-//!   (no thread parked) and is sent when the hold ends (a newer answer may end it sooner). A
-//!   waiting call that is dropped (a timeout above it) simply goes away: it reached nothing and
-//!   took nothing.
+//!   is in force may have been written first, so it may only tighten what is in force, field
+//!   by field: no more calls left than either answer gave, a window no shorter, a policy no
+//!   looser; when it has nothing left, no call goes until its window ends, and then the answer
+//!   in force applies as it stands. It never loosens or shortens a hold.
+//! * A held call fails at once with [`PushedBack`], which carries the time until a call may
+//!   actually go (the end of whichever of the hold, the spent window or the pacing ends last),
+//!   unless that time comes within [`max_wait`](PushbackBuilder::max_wait): then it waits on
+//!   tokio's timer (no thread parked) and is sent when the hold ends (a newer answer may end
+//!   it sooner). A waiting call that is dropped (a timeout above it) simply goes away: it
+//!   reached nothing and took nothing.
 //!
 //! Nothing is known before the first answer: pair the pushback with a
 //! [client quota](super::ClientQuotaLayer) for the calls that go before it.
