@@ -6,8 +6,9 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
+use super::cost::QuotaCost;
 use super::future::ResponseFuture;
-use super::key::{QuotaCost, QuotaKey};
+use super::key::QuotaKey;
 use super::metrics::ClientQuotaMetrics;
 use crate::{BoxError, Limiter};
 
