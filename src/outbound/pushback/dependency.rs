@@ -141,7 +141,7 @@ impl<C: Clock> Dependency<C> {
         if answer == Answer::default() {
             return;
         }
-        self.metrics.observed(response.headers(), &answer);
+        self.metrics.observed(&answer);
         let now = self.clock.now();
         let mut schedule = self.schedule();
         let before = schedule.free_at(now);

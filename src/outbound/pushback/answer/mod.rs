@@ -1,9 +1,8 @@
 //! What a response says about when to call again.
 //!
 //! A response can hold calls (`Retry-After`, read in [`retry_after`]) and advertise a quota.
-//! Dependencies write their quotas in several dialects; each dialect is read by its own
-//! function in [`DIALECTS`], and of every quota read the most restrictive counts. Reading one
-//! more dialect is one more module with a function of the [`Dialect`] type, listed there.
+//! Dependencies write their quotas in several dialects; each [`Dialect`] is read by a module of
+//! its own, and of every quota read the most restrictive counts.
 //!
 //! Every span read here is capped by the pushback's `max_hold`; nothing read from a header can
 //! panic, overflow or make a span longer than that.
@@ -27,11 +26,39 @@ const MAX_LINES: usize = 16;
 /// The most bytes of one field that are read; a longer field is ignored.
 const MAX_FIELD_BYTES: usize = 4096;
 
-/// Reads the quota one dialect of rate-limit fields advertises, if the response has one.
-type Dialect = fn(&Reader<'_>, &HeaderMap) -> Option<AdvertisedQuota>;
+/// A way dependencies write their quota in response fields. Reading one more is a module with
+/// a `read` function, a variant here and its arms in [`read`](Self::read) and
+/// [`label`](Self::label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
+    RateLimit,
+    /// `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    XRateLimit,
+}
 
-/// The dialects read from every response.
-const DIALECTS: [Dialect; 2] = [ratelimit::read, x_ratelimit::read];
+impl Dialect {
+    /// Every dialect, in the order of declaration, which is the order they are read in: of
+    /// equally restrictive quotas, the first read counts.
+    pub(crate) const ALL: [Self; 2] = [Self::RateLimit, Self::XRateLimit];
+
+    /// The `reason` label of the holds that a spent quota of this dialect causes.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::RateLimit => "ratelimit",
+            Self::XRateLimit => "x_ratelimit",
+        }
+    }
+
+    /// The quota this dialect advertises in `headers`, if they have one.
+    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+        match self {
+            Self::RateLimit => ratelimit::read(reader, headers),
+            Self::XRateLimit => x_ratelimit::read(reader, headers),
+        }
+    }
+}
 
 /// What one response asks of its caller.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +73,8 @@ pub(crate) struct Answer {
 /// is known, `refill`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AdvertisedQuota {
+    /// The fields it was read from.
+    pub(crate) dialect: Dialect,
     pub(crate) remaining: u64,
     pub(crate) window: Duration,
     pub(crate) refill: Option<Refill>,
@@ -87,9 +116,9 @@ pub(crate) fn read(
         reference: date_of(headers).unwrap_or(wall_now),
     };
     let quota = most_restrictive(
-        DIALECTS
+        Dialect::ALL
             .iter()
-            .filter_map(|dialect| dialect(&reader, headers)),
+            .filter_map(|dialect| dialect.read(&reader, headers)),
     );
     let overloaded =
         status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
@@ -273,6 +302,7 @@ mod tests {
         assert_eq!(
             quota,
             Some(AdvertisedQuota {
+                dialect: Dialect::RateLimit,
                 remaining: 0,
                 window: Duration::from_secs(60),
                 refill: Some(Refill {

@@ -8,7 +8,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, AdvertisedQuota, Reader, Refill};
+use super::{most_restrictive, AdvertisedQuota, Dialect, Reader, Refill};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -51,6 +51,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
                 None => return None,
             };
             Some(AdvertisedQuota {
+                dialect: Dialect::RateLimit,
                 remaining,
                 window,
                 refill,

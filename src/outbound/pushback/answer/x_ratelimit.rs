@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{AdvertisedQuota, Reader};
+use super::{AdvertisedQuota, Dialect, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -32,6 +32,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
         reader.span("x-ratelimit-reset", reset)
     };
     Some(AdvertisedQuota {
+        dialect: Dialect::XRateLimit,
         remaining,
         window,
         refill: None,
