@@ -55,7 +55,7 @@ pub(super) struct Schedule {
 impl Schedule {
     /// Starts the window after `window_end` if it has passed: the advertised quota, less the
     /// calls still in flight (which may land in it); with nothing known, no quota.
-    pub(super) fn roll(&mut self, now: u64, pacing: Pacing) {
+    fn roll(&mut self, now: u64, pacing: Pacing) {
         if self.budget.is_some() && self.window_end <= now {
             self.spacing = 0;
             // The next window is taken to start now, which ends it no earlier than the
