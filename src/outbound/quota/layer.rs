@@ -64,11 +64,11 @@ use super::service::ClientQuotaService;
 /// # }
 /// ```
 pub struct ClientQuotaLayer<L, K = OneKey, C = FixedCost> {
-    name: Arc<str>,
-    limiter: Arc<L>,
-    key: K,
-    cost: C,
-    metrics: ClientQuotaMetrics,
+    pub(super) name: Arc<str>,
+    pub(super) limiter: Arc<L>,
+    pub(super) key: K,
+    pub(super) cost: C,
+    pub(super) metrics: ClientQuotaMetrics,
 }
 
 impl<L> ClientQuotaLayer<L> {
@@ -147,13 +147,6 @@ impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
     type Service = ClientQuotaService<S, L, K, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ClientQuotaService::new(
-            inner,
-            self.name.clone(),
-            Arc::clone(&self.limiter),
-            self.key.clone(),
-            self.cost.clone(),
-            self.metrics.clone(),
-        )
+        ClientQuotaService::new(inner, self.clone())
     }
 }
