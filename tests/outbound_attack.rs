@@ -157,6 +157,32 @@ async fn an_older_stricter_answer_still_tightens() {
     assert_eq!(pushback.held_for(), Duration::from_secs(30));
 }
 
+/// What an older answer spent is part of the quota in force, not a `Retry-After`: a newer
+/// answer saying the window has reset lets calls go again.
+#[tokio::test]
+async fn a_newer_answer_lifts_what_an_older_one_spent() {
+    let (pushback, _clock) = manual();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (early_tx, early) = start(&client).await;
+    let (late_tx, late) = start(&client).await;
+    late_tx
+        .send(response(200, &[("ratelimit", r#""p";r=50;t=60"#)]))
+        .unwrap();
+    late.await.unwrap();
+    early_tx
+        .send(response(200, &[("ratelimit", r#""p";r=0;t=30"#)]))
+        .unwrap();
+    early.await.unwrap();
+    assert_eq!(refused(&client), Duration::from_secs(30));
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=10;t=60"#)]));
+    assert_eq!(pushback.held_for(), Duration::ZERO);
+    let (tx, call) = start(&client).await;
+    tx.send(response(200, &[])).unwrap();
+    call.await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
 /// In order, a newer answer replaces the older one: a window that reset lets calls go again.
 #[tokio::test]
 async fn a_newer_answer_still_replaces_an_older_one() {
