@@ -117,6 +117,13 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         ),
         (with("algorithm = \"GCRA\""), "rate_limiters.api.algorithm"),
         (with("algorithm = \"\""), "rate_limiters.api.algorithm"),
+        // An enum is a string: the table form serde could read is no way to write one.
+        (with("algorithm = { gcra = {} }"), "rate_limiters.api.algorithm"),
+        (with("algorithm = { gcra = 1 }"), "rate_limiters.api.algorithm"),
+        (
+            with("key = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]\nforwarded_header = { forwarded = {} }"),
+            "rate_limiters.api.forwarded_header",
+        ),
         (with("store = \"disk\""), "rate_limiters.api.store"),
         (
             with("[rate_limiters.api.nested]\nx = 1"),
