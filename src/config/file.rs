@@ -1,24 +1,22 @@
 //! The file as serde reads it, one struct per kind with every field as written, and the one
 //! validation pass that turns it into a [`Config`].
 //!
-//! Integers are read as TOML's `i64` and checked here, so that a `0`, a `-3` or a number too
-//! large gets a message saying the bound; required fields are `Option`s, so that a missing one
-//! is an error at its own path.
+//! Required fields are `Option`s, so that a missing one is an error at its own path; the
+//! readers of [`fields`](super::fields) check what one value alone can say (a count's bounds,
+//! a duration's unit).
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::marker::PhantomData;
 use std::time::Duration;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
-
 use super::duration::with_units;
+use super::fields::{choice, cidrs, instances, Count};
 use super::{
     AdaptiveAlgorithmKind, AdaptiveBulkheadSettings, AlgorithmKind, BulkheadSettings,
     ClientQuotaSettings, Config, ConfigError, ForwardedHeader, KeyKind, PushbackSettings,
     RateLimiterSettings, RedisFailModeKind, RedisSettings, RoutePolicy, RouteSettings, ShadowKind,
     StoreKind,
 };
+use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::outbound::pushback::Pacing;
 use crate::rate_limit::Cidr;
 use crate::Quota;
@@ -44,10 +42,10 @@ pub(super) struct File {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct RateLimiterFile {
-    limit_for_period: Option<Integer>,
+    limit_for_period: Option<Count>,
     #[serde(default, deserialize_with = "with_units")]
     limit_refresh_period: Option<Duration>,
-    burst: Option<Integer>,
+    burst: Option<Count>,
     #[serde(default, deserialize_with = "with_units")]
     max_wait: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
@@ -57,7 +55,7 @@ struct RateLimiterFile {
     trusted_proxies: Option<Vec<Cidr>>,
     #[serde(default, deserialize_with = "choice")]
     forwarded_header: Option<ForwardedHeader>,
-    max_keys: Option<Integer>,
+    max_keys: Option<Count>,
     #[serde(default)]
     hide_keys: bool,
     #[serde(default, deserialize_with = "choice")]
@@ -68,7 +66,7 @@ struct RateLimiterFile {
     redis_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
     redis_fail_mode: Option<FailModeName>,
-    fallback_limit_for_period: Option<Integer>,
+    fallback_limit_for_period: Option<Count>,
 }
 
 #[derive(serde::Deserialize)]
@@ -89,33 +87,31 @@ enum FailModeName {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct BulkheadFile {
-    max_concurrent_calls: Option<Integer>,
+    max_concurrent_calls: Option<Count<MAX_CALLS>>,
     #[serde(default, deserialize_with = "with_units")]
     max_wait: Option<Duration>,
-    queue_capacity: Option<Integer>,
+    queue_capacity: Option<Count<MAX_CALLS>>,
 }
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct RouteFile {
-    policies: Option<Vec<PolicyFile>>,
+    policies: Option<Vec<PolicyItem>>,
     #[serde(default, deserialize_with = "cidrs")]
     exempt_networks: Option<Vec<Cidr>>,
 }
 
-/// One item of a route's `policies`: a rate limiter's name, or a table.
-enum PolicyFile {
-    Name(String),
-    Table(PolicyTable),
-}
+/// One item of a route's `policies`: a table, or a rate limiter's name alone (read as a table
+/// naming only `limiter`).
+pub(super) struct PolicyItem(pub(super) PolicyTable);
 
-#[derive(serde::Deserialize)]
+#[derive(Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PolicyTable {
-    limiter: Option<String>,
-    cost: Option<Integer>,
+pub(super) struct PolicyTable {
+    pub(super) limiter: Option<String>,
+    pub(super) cost: Option<Count>,
     #[serde(default)]
-    shadow: ShadowKind,
+    pub(super) shadow: ShadowKind,
 }
 
 #[derive(serde::Deserialize)]
@@ -140,42 +136,19 @@ enum PacingName {
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct ClientQuotaFile {
     limiter: Option<String>,
-    cost: Option<Integer>,
+    cost: Option<Count>,
 }
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct AdaptiveBulkheadFile {
-    min_limit: Option<Integer>,
-    initial_limit: Option<Integer>,
-    max_limit: Option<Integer>,
+    min_limit: Option<Count<MAX_LIMIT>>,
+    initial_limit: Option<Count<MAX_LIMIT>>,
+    max_limit: Option<Count<MAX_LIMIT>>,
     #[serde(default, deserialize_with = "choice")]
     algorithm: Option<AdaptiveAlgorithmKind>,
     #[serde(default)]
     ignore_cancelled_calls: bool,
-}
-
-/// A TOML integer, checked against its field's bounds by the validation pass; in a type error
-/// it is "an integer" (serde's own name for `i64` would be "i64").
-#[derive(Clone, Copy)]
-struct Integer(i64);
-
-impl<'de> Deserialize<'de> for Integer {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct AnInteger;
-        impl Visitor<'_> for AnInteger {
-            type Value = Integer;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an integer")
-            }
-
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Integer, E> {
-                Ok(Integer(n))
-            }
-        }
-        d.deserialize_i64(AnInteger)
-    }
 }
 
 /// The fields of one instance, for errors at their paths.
@@ -188,25 +161,6 @@ impl At<'_> {
 
     fn required<T>(&self, field: &str, value: Option<T>) -> Result<T, ConfigError> {
         value.ok_or_else(|| self.err(field, "is required"))
-    }
-
-    /// An integer from 1 to `max`.
-    fn count(&self, field: &str, Integer(value): Integer, max: u32) -> Result<u32, ConfigError> {
-        match u32::try_from(value) {
-            Ok(n) if n > max => Err(self.err(field, format!("must be at most {max}, not {n}"))),
-            Ok(n) if n >= 1 => Ok(n),
-            _ if value < 1 => Err(self.err(field, format!("must be at least 1, not {value}"))),
-            _ => Err(self.err(field, format!("must be at most {max}, not {value}"))),
-        }
-    }
-
-    fn optional_count(
-        &self,
-        field: &str,
-        value: Option<Integer>,
-        max: u32,
-    ) -> Result<Option<u32>, ConfigError> {
-        value.map(|n| self.count(field, n, max)).transpose()
     }
 
     /// `Some` only where `allowed`; otherwise an error naming `field` and where it applies.
@@ -226,6 +180,9 @@ impl At<'_> {
 
 /// The bulkheads' bound: the semaphore counts permits in 29 bits.
 const MAX_CALLS: u32 = u32::MAX >> 3;
+
+/// The adaptive bulkheads' bound: their semaphore counts permits in 31 bits.
+const MAX_LIMIT: u32 = u32::MAX >> 1;
 
 impl File {
     /// Checks every instance and the names they give each other: the one validation pass.
@@ -270,17 +227,13 @@ impl File {
 
 impl RateLimiterFile {
     fn validate(self, at: &At<'_>) -> Result<RateLimiterSettings, ConfigError> {
-        let permits = at.count(
-            "limit_for_period",
-            at.required("limit_for_period", self.limit_for_period)?,
-            u32::MAX,
-        )?;
+        let permits = at.required("limit_for_period", self.limit_for_period)?.0;
         let period = at.required("limit_refresh_period", self.limit_refresh_period)?;
         let mut quota = Quota::with_period(permits, period).map_err(|e| match e.field() {
             "period" => at.err("limit_refresh_period", e.to_string()),
             _ => at.err("limit_for_period", e.to_string()),
         })?;
-        if let Some(burst) = at.optional_count("burst", self.burst, u32::MAX)? {
+        if let Some(Count(burst)) = self.burst {
             quota = quota
                 .with_burst(burst)
                 .map_err(|e| at.err("burst", e.to_string()))?;
@@ -290,12 +243,11 @@ impl RateLimiterFile {
                 .with_max_wait(wait)
                 .map_err(|e| at.err("max_wait", e.to_string()))?;
         }
-        let max_keys = at.optional_count("max_keys", self.max_keys, u32::MAX)?;
         Ok(RateLimiterSettings {
             quota,
             algorithm: self.algorithm.unwrap_or_default(),
             key: self.key(at)?,
-            max_keys: max_keys.map_or(crate::limiter::DEFAULT_MAX_KEYS, |n| n as usize),
+            max_keys: (self.max_keys).map_or(DEFAULT_MAX_KEYS, |Count(n)| n as usize),
             hide_keys: self.hide_keys,
             store: self.store(at)?,
         })
@@ -366,10 +318,10 @@ impl RateLimiterFile {
             None | Some(FailModeName::Open) => RedisFailModeKind::Open,
             Some(FailModeName::Closed) => RedisFailModeKind::Closed,
             Some(FailModeName::Fallback) => {
-                let permits = self.fallback_limit_for_period.ok_or_else(|| {
+                let Count(permits) = self.fallback_limit_for_period.ok_or_else(|| {
                     at.err(local, "is required with redis_fail_mode = \"fallback\"")
                 })?;
-                RedisFailModeKind::Fallback(at.count(local, permits, u32::MAX)?)
+                RedisFailModeKind::Fallback(permits)
             }
         };
         Ok(StoreKind::Redis(RedisSettings {
@@ -383,13 +335,11 @@ impl RateLimiterFile {
 
 impl BulkheadFile {
     fn validate(self, at: &At<'_>) -> Result<BulkheadSettings, ConfigError> {
-        let calls = at.required("max_concurrent_calls", self.max_concurrent_calls)?;
+        let Count(calls) = at.required("max_concurrent_calls", self.max_concurrent_calls)?;
         Ok(BulkheadSettings {
-            max_concurrent_calls: at.count("max_concurrent_calls", calls, MAX_CALLS)? as usize,
+            max_concurrent_calls: calls as usize,
             max_wait: self.max_wait,
-            queue_capacity: at
-                .optional_count("queue_capacity", self.queue_capacity, MAX_CALLS)?
-                .map(|n| n as usize),
+            queue_capacity: self.queue_capacity.map(|Count(n)| n as usize),
         })
     }
 }
@@ -401,25 +351,13 @@ impl RouteFile {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
         let mut policies: Vec<RoutePolicy> = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
+        for (i, PolicyItem(item)) in items.into_iter().enumerate() {
             let field = format!("policies[{i}]");
-            let policy = match item {
-                PolicyFile::Name(limiter) => RoutePolicy {
-                    limiter,
-                    cost: 1,
-                    shadow: ShadowKind::Off,
-                },
-                PolicyFile::Table(table) => {
-                    let item_path = format!("{}.{field}", at.0);
-                    let item = At(&item_path);
-                    RoutePolicy {
-                        limiter: item.required("limiter", table.limiter)?,
-                        cost: item
-                            .optional_count("cost", table.cost, u32::MAX)?
-                            .unwrap_or(1),
-                        shadow: table.shadow,
-                    }
-                }
+            let item_path = format!("{}.{field}", at.0);
+            let policy = RoutePolicy {
+                limiter: At(&item_path).required("limiter", item.limiter)?,
+                cost: item.cost.map_or(1, |Count(n)| n),
+                shadow: item.shadow,
             };
             if policies.iter().any(|p| p.limiter == policy.limiter) {
                 return Err(at.err(&field, format!("names `{}` a second time", policy.limiter)));
@@ -473,7 +411,7 @@ impl ClientQuotaFile {
     fn validate(self, at: &At<'_>) -> Result<ClientQuotaSettings, ConfigError> {
         Ok(ClientQuotaSettings {
             limiter: at.required("limiter", self.limiter)?,
-            cost: at.optional_count("cost", self.cost, u32::MAX)?.unwrap_or(1),
+            cost: self.cost.map_or(1, |Count(n)| n),
         })
     }
 }
@@ -486,24 +424,18 @@ impl AdaptiveBulkheadFile {
                 "an adaptive bulkhead needs the crate's `adaptive` feature, which this build lacks",
             ));
         }
-        // As the bulkheads' own bound: the semaphore counts permits in 31 bits.
-        let limit = |field: &str, value: Option<Integer>, default: usize| {
-            let n = at.optional_count(field, value, u32::MAX >> 1)?;
-            Ok::<_, ConfigError>(n.map_or(default, |n| n as usize))
+        let limit = |value: Option<Count<MAX_LIMIT>>, default: usize| {
+            value.map_or(default, |Count(n)| n as usize)
         };
-        let min_limit = limit("min_limit", self.min_limit, 1)?;
-        let max_limit = limit("max_limit", self.max_limit, 256.max(min_limit))?;
+        let min_limit = limit(self.min_limit, 1);
+        let max_limit = limit(self.max_limit, 256.max(min_limit));
         if min_limit > max_limit {
             return Err(at.err(
                 "min_limit",
                 format!("is {min_limit}, above max_limit ({max_limit})"),
             ));
         }
-        let initial_limit = limit(
-            "initial_limit",
-            self.initial_limit,
-            8.clamp(min_limit, max_limit),
-        )?;
+        let initial_limit = limit(self.initial_limit, 8.clamp(min_limit, max_limit));
         if !(min_limit..=max_limit).contains(&initial_limit) {
             return Err(at.err(
                 "initial_limit",
@@ -519,123 +451,5 @@ impl AdaptiveBulkheadFile {
             algorithm: self.algorithm.unwrap_or_default(),
             ignore_cancelled_calls: self.ignore_cancelled_calls,
         })
-    }
-}
-
-/// Reads a choice among names, such as `algorithm = "gcra"`, from a string only: serde's enums
-/// would also take a table (`algorithm = { gcra = {} }`), which is no way to write a choice.
-fn choice<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    let name = String::deserialize(d)?;
-    T::deserialize(de::IntoDeserializer::<D::Error>::into_deserializer(name)).map(Some)
-}
-
-/// Reads a section: a table of named instances.
-fn instances<'de, D, T>(d: D) -> Result<BTreeMap<String, T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct Instances<T>(PhantomData<T>);
-    impl<'de, T: Deserialize<'de>> Visitor<'de> for Instances<T> {
-        type Value = BTreeMap<String, T>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a table of named instances")
-        }
-
-        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-            let mut out = BTreeMap::new();
-            while let Some((name, settings)) = map.next_entry()? {
-                out.insert(name, settings);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_map(Instances(PhantomData))
-}
-
-/// Reads a list of networks in CIDR notation. Each item is checked here, after toml has read
-/// it, so that an error is the field's (`trusted_proxies`), whichever item is wrong.
-fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cidr>>, D::Error> {
-    struct Cidrs;
-    impl<'de> Visitor<'de> for Cidrs {
-        type Value = Vec<Cidr>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a list of CIDR strings")
-        }
-
-        fn visit_seq<S: de::SeqAccess<'de>>(self, mut items: S) -> Result<Vec<Cidr>, S::Error> {
-            let mut out = Vec::new();
-            while let Some(item) = items.next_element::<toml::Value>()? {
-                let Some(text) = item.as_str() else {
-                    let kind = item.type_str();
-                    return Err(de::Error::custom(format!(
-                        "must be a list of CIDR strings, not of {kind}s"
-                    )));
-                };
-                let cidr = text.parse();
-                out.push(cidr.map_err(|e| de::Error::custom(format!("`{text}`: {e}")))?);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_seq(Cidrs).map(Some)
-}
-
-impl<'de> Deserialize<'de> for PolicyFile {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Item;
-        impl<'de> Visitor<'de> for Item {
-            type Value = PolicyFile;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a rate limiter name or a table with `limiter`")
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<PolicyFile, E> {
-                Ok(PolicyFile::Name(name.to_owned()))
-            }
-
-            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<PolicyFile, M::Error> {
-                let table = PolicyTable::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(PolicyFile::Table(table))
-            }
-        }
-        d.deserialize_any(Item)
-    }
-}
-
-impl<'de> Deserialize<'de> for ShadowKind {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Shadow;
-        impl Visitor<'_> for Shadow {
-            type Value = ShadowKind;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("true, false or \"advertised\"")
-            }
-
-            fn visit_bool<E: de::Error>(self, shadow: bool) -> Result<ShadowKind, E> {
-                Ok(match shadow {
-                    true => ShadowKind::Silent,
-                    false => ShadowKind::Off,
-                })
-            }
-
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<ShadowKind, E> {
-                match s {
-                    "advertised" => Ok(ShadowKind::Advertised),
-                    other => Err(E::custom(format!(
-                        "must be true, false or \"advertised\", not \"{other}\""
-                    ))),
-                }
-            }
-        }
-        d.deserialize_any(Shadow)
     }
 }

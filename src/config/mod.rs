@@ -152,6 +152,7 @@ use crate::Quota;
 
 mod duration;
 mod error;
+mod fields;
 mod file;
 mod health;
 mod registry;
