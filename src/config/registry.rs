@@ -223,10 +223,14 @@ impl Registry {
         config: &Config,
         mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
     ) -> Result<Self, ConfigError> {
-        let mut limiters = BTreeMap::new();
-        for (name, settings) in &config.rate_limiters {
-            limiters.insert(name.clone(), build_limiter(name, settings)?);
-        }
+        // The file's checks of the names instances give each other, for a `Config` built in
+        // code too: below, every name a client quota gives is a limiter.
+        config.check_names()?;
+        let limiters = config
+            .rate_limiters
+            .iter()
+            .map(|(name, settings)| Ok((name.clone(), build_limiter(name, settings)?)))
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
         let bulkheads = config
             .bulkheads
             .iter()
@@ -240,32 +244,23 @@ impl Registry {
             .iter()
             .map(|(name, settings)| (name.clone(), build_pushback(name, settings)))
             .collect();
-        let mut client_quotas = BTreeMap::new();
-        for (name, settings) in &config.client_quotas {
-            // `Config` checked that the limiter is configured; a `Config` built in code may not
-            // have been.
-            let named: &NamedLimiter = limiters.get(&settings.limiter).ok_or_else(|| {
-                ConfigError::new(
-                    format!("client_quotas.{name}.limiter"),
-                    format!(
-                        "names `{}`, which is not under `rate_limiters`",
-                        settings.limiter
-                    ),
-                )
-            })?;
-            let layer = ClientQuotaLayer::new(name.as_str(), named.limiter.clone())
-                .key(GlobalConfigKey)
-                .cost(settings.cost);
-            client_quotas.insert(name.clone(), layer);
-        }
+        let client_quotas = config
+            .client_quotas
+            .iter()
+            .map(|(name, settings)| {
+                let limiter = limiters[&settings.limiter].limiter.clone();
+                let layer = ClientQuotaLayer::new(name.as_str(), limiter)
+                    .key(GlobalConfigKey)
+                    .cost(settings.cost);
+                (name.clone(), layer)
+            })
+            .collect();
         #[cfg(feature = "adaptive")]
-        let adaptive_bulkheads = {
-            let mut built = BTreeMap::new();
-            for (name, settings) in &config.adaptive_bulkheads {
-                built.insert(name.clone(), build_adaptive_bulkhead(name, settings)?);
-            }
-            built
-        };
+        let adaptive_bulkheads = config
+            .adaptive_bulkheads
+            .iter()
+            .map(|(name, settings)| Ok((name.clone(), build_adaptive_bulkhead(name, settings)?)))
+            .collect::<Result<_, ConfigError>>()?;
         Ok(Self {
             limiters,
             bulkheads,
@@ -485,25 +480,8 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
     let path = format!("rate_limiters.{name}");
     crate::rate_limit::check_policy_name(name)
         .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
-    fn keyed<A: crate::algorithm::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
-        BoxLimiter::new(
-            KeyedRateLimiter::<ConfigKey>::builder(s.quota)
-                .algorithm::<A>()
-                .max_keys(s.max_keys)
-                .build(),
-        )
-    }
     let (limiter, store_failures, quota_check) = match &s.store {
-        StoreKind::Memory => (
-            match s.algorithm {
-                AlgorithmKind::Gcra => keyed::<Gcra>(s),
-                AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
-                AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
-                AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
-            },
-            None,
-            None,
-        ),
+        StoreKind::Memory => (memory_limiter(s), None, None),
         #[cfg(feature = "redis")]
         StoreKind::Redis(redis) => {
             let (limiter, failures, check) = redis_limiter(&path, s, redis)?;
@@ -517,7 +495,33 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
             ))
         }
     };
-    let extractor = match &s.key {
+    Ok(NamedLimiter {
+        limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
+        extractor: key_extractor(&s.key).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
+        store_failures,
+        quota_check,
+    })
+}
+
+fn memory_limiter(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
+    fn keyed<A: crate::algorithm::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
+        BoxLimiter::new(
+            KeyedRateLimiter::<ConfigKey>::builder(s.quota)
+                .algorithm::<A>()
+                .max_keys(s.max_keys)
+                .build(),
+        )
+    }
+    match s.algorithm {
+        AlgorithmKind::Gcra => keyed::<Gcra>(s),
+        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
+        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
+        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+    }
+}
+
+fn key_extractor(key: &KeyKind) -> Result<ConfigKeyExtractor, &'static str> {
+    let extract = match key {
         #[cfg(feature = "axum")]
         KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
         #[cfg(feature = "axum")]
@@ -525,33 +529,24 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
             header,
             trusted_proxies,
         } => {
+            use crate::rate_limit::ForwardedIp;
             let trusted = trusted_proxies.iter().copied();
             Extract::Forwarded(match header {
-                super::ForwardedHeader::XForwardedFor => {
-                    crate::rate_limit::ForwardedIp::x_forwarded_for(trusted)
-                }
-                super::ForwardedHeader::Forwarded => {
-                    crate::rate_limit::ForwardedIp::forwarded(trusted)
-                }
+                super::ForwardedHeader::XForwardedFor => ForwardedIp::x_forwarded_for(trusted),
+                super::ForwardedHeader::Forwarded => ForwardedIp::forwarded(trusted),
             })
         }
         #[cfg(not(feature = "axum"))]
         KeyKind::PeerIp | KeyKind::ForwardedIp { .. } => {
-            return Err(ConfigError::new(
-                format!("{path}.key"),
-                "`peer_ip` and `forwarded_ip` read axum's connection info: enable the `axum` \
-                 feature",
-            ))
+            return Err(
+                "`peer_ip` and `forwarded_ip` read axum's connection info: enable the \
+                        `axum` feature",
+            )
         }
         KeyKind::Header(h) => Extract::Header(HeaderKey::new(h.clone())),
         KeyKind::Global => Extract::Global,
     };
-    Ok(NamedLimiter {
-        limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
-        extractor: ConfigKeyExtractor(extractor),
-        store_failures,
-        quota_check,
-    })
+    Ok(ConfigKeyExtractor(extract))
 }
 
 #[cfg(feature = "redis")]
