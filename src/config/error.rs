@@ -68,15 +68,17 @@ impl ConfigError {
         // of the wrong type): nodes below another have longer paths. Keys first, because the
         // value of a table written `[a.b]` spans its header, which holds the key `a`.
         let nodes = nodes(&document);
-        let deepest = |holds: &dyn Fn(&Node) -> bool| {
-            let found = nodes.iter().filter(|node| holds(node));
-            found
-                .max_by_key(|node| node.path.len())
-                .map(|node| node.path.clone())
-        };
-        let path = deepest(&|node| node.key.as_ref().is_some_and(within))
-            .or_else(|| deepest(&|node| within(&node.value)))
-            .unwrap_or_default();
+        let depth = |node: &&Node| node.path.len();
+        let path = (nodes.iter())
+            .filter(|node| node.key.as_ref().is_some_and(within))
+            .max_by_key(depth)
+            .or_else(|| {
+                nodes
+                    .iter()
+                    .filter(|node| within(&node.value))
+                    .max_by_key(depth)
+            })
+            .map_or_else(String::new, |node| node.path.clone());
         Self {
             path,
             message: message.to_owned(),
