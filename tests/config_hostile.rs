@@ -156,6 +156,14 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
             .expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert!(!err.message().is_empty());
+        // The line and column point at the field (or the instance) at fault.
+        let (line, column) = err.position().expect("an error from text has a position");
+        let field = path.rsplit('.').next().unwrap();
+        let shown = text.lines().nth(line - 1).unwrap_or_default();
+        assert!(
+            shown.contains(field) && column <= shown.chars().count(),
+            "{text}\n-> {err}"
+        );
     }
 
     // Instance names that cannot be a policy name in a header are errors of the registry.

@@ -212,6 +212,8 @@ mod hostile {
                 Err(err) => {
                     prop_assert_eq!(err.path(), format!("pushbacks.{name}.{field}"));
                     prop_assert!(!err.message().is_empty());
+                    // The field's line, at its value (after `field = `).
+                    prop_assert_eq!(err.position(), Some((2, field.len() + 4)));
                 }
             }
             if field != "pacing" {

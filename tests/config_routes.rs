@@ -204,6 +204,18 @@ fn bad_routes_are_errors_that_name_the_place() {
     }
 }
 
+/// A `Config` built in code gets the file's checks of the names its instances give: a route
+/// naming a rate limiter that is not there is refused when the registry is built.
+#[test]
+fn a_route_built_in_code_naming_no_limiter_is_refused() {
+    let mut config = Config::from_toml_str(FILE).unwrap();
+    config.rate_limiters.remove("per-key");
+    let err = Registry::from_config(&config).unwrap_err();
+    assert_eq!(err.path(), "routes.items.policies[1]", "{err}");
+    assert!(err.message().contains("`per-key`"), "{err}");
+    assert_eq!(err.position(), None);
+}
+
 #[test]
 fn an_unknown_route_and_a_changed_route_are_errors() {
     let registry = Registry::from_toml_str(FILE).unwrap();
