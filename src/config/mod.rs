@@ -34,7 +34,8 @@
 //! Nothing is guessed. A duration must carry its unit (`500ms`, `1s`, `2m`, `1h`, or several
 //! together such as `1m30s`): `limit_refresh_period = 500` is an error, because one library reads
 //! a bare 500 as nanoseconds and another as milliseconds. Unknown fields, zero limits and values
-//! out of range are errors that name the instance and the field.
+//! out of range are errors that name the instance and the field, with its line and column
+//! ([`ConfigError`]).
 //!
 //! Fields of a rate limiter:
 //!
