@@ -120,6 +120,18 @@ impl fmt::Display for UnknownInstance {
 
 impl Error for UnknownInstance {}
 
+/// Instance `name` of a kind, or the error naming what was asked for.
+fn find<'a, T>(
+    instances: &'a BTreeMap<String, T>,
+    kind: &'static str,
+    name: &str,
+) -> Result<&'a T, UnknownInstance> {
+    instances.get(name).ok_or_else(|| UnknownInstance {
+        kind,
+        name: name.to_owned(),
+    })
+}
+
 pub(super) struct NamedLimiter {
     pub(super) limiter: ConfiguredLimiter,
     extractor: ConfigKeyExtractor,
@@ -335,10 +347,7 @@ impl Registry {
         &self,
         name: &str,
     ) -> Result<RateLimitLayer<Vec<ConfiguredPolicy>>, UnknownInstance> {
-        let route = self.routes.get(name).ok_or_else(|| UnknownInstance {
-            kind: "route",
-            name: name.to_owned(),
-        })?;
+        let route = find(&self.routes, "route", name)?;
         let mut policies = Vec::with_capacity(route.policies.len());
         for p in &route.policies {
             let policy = self.policy(&p.limiter)?.cost(p.cost);
@@ -375,10 +384,7 @@ impl Registry {
 
     /// Bulkhead `name`, to read its snapshot or resize it.
     pub fn bulkhead(&self, name: &str) -> Result<&Bulkhead, UnknownInstance> {
-        self.bulkheads.get(name).ok_or_else(|| UnknownInstance {
-            kind: "bulkhead",
-            name: name.to_owned(),
-        })
+        find(&self.bulkheads, "bulkhead", name)
     }
 
     /// The layer of bulkhead `name`.
@@ -389,12 +395,7 @@ impl Registry {
     /// Adaptive bulkhead `name` (under `adaptive_bulkheads`), to read its limit or snapshot.
     #[cfg(feature = "adaptive")]
     pub fn adaptive_bulkhead(&self, name: &str) -> Result<&AdaptiveBulkhead, UnknownInstance> {
-        self.adaptive_bulkheads
-            .get(name)
-            .ok_or_else(|| UnknownInstance {
-                kind: "adaptive bulkhead",
-                name: name.to_owned(),
-            })
+        find(&self.adaptive_bulkheads, "adaptive bulkhead", name)
     }
 
     /// The layer of adaptive bulkhead `name`, judging answers with the default classifier
@@ -412,10 +413,7 @@ impl Registry {
     /// Pushback `name` (under `pushbacks`), to read how long it holds calls or to
     /// [`observe`](Pushback::observe) a response obtained without its layer.
     pub fn pushback(&self, name: &str) -> Result<&Pushback, UnknownInstance> {
-        self.pushbacks.get(name).ok_or_else(|| UnknownInstance {
-            kind: "pushback",
-            name: name.to_owned(),
-        })
+        find(&self.pushbacks, "pushback", name)
     }
 
     /// The layer of pushback `name`: every layer taken for one name shares what the
@@ -459,20 +457,11 @@ impl Registry {
         &self,
         name: &str,
     ) -> Result<ConfiguredClientQuotaLayer, UnknownInstance> {
-        self.client_quotas
-            .get(name)
-            .cloned()
-            .ok_or_else(|| UnknownInstance {
-                kind: "client quota",
-                name: name.to_owned(),
-            })
+        find(&self.client_quotas, "client quota", name).cloned()
     }
 
     fn named(&self, name: &str) -> Result<&NamedLimiter, UnknownInstance> {
-        self.limiters.get(name).ok_or_else(|| UnknownInstance {
-            kind: "rate limiter",
-            name: name.to_owned(),
-        })
+        find(&self.limiters, "rate limiter", name)
     }
 }
 
