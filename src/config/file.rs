@@ -151,10 +151,10 @@ struct AdaptiveBulkheadFile {
     ignore_cancelled_calls: bool,
 }
 
-/// The fields of one instance, for errors at their paths.
-struct At<'a>(&'a str);
+/// The path of one instance (`rate_limiters.api`), for errors at its fields.
+struct InstancePath<'a>(&'a str);
 
-impl At<'_> {
+impl InstancePath<'_> {
     fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::new(format!("{}.{field}", self.0), message)
     }
@@ -190,13 +190,13 @@ impl File {
         fn each<F, S>(
             section: &str,
             files: BTreeMap<String, F>,
-            check: impl Fn(F, &At<'_>) -> Result<S, ConfigError>,
+            check: impl Fn(F, &InstancePath<'_>) -> Result<S, ConfigError>,
         ) -> Result<BTreeMap<String, S>, ConfigError> {
             files
                 .into_iter()
                 .map(|(name, file)| {
                     let path = format!("{section}.{name}");
-                    Ok((name, check(file, &At(&path))?))
+                    Ok((name, check(file, &InstancePath(&path))?))
                 })
                 .collect()
         }
@@ -226,7 +226,7 @@ impl File {
 }
 
 impl RateLimiterFile {
-    fn validate(self, at: &At<'_>) -> Result<RateLimiterSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<RateLimiterSettings, ConfigError> {
         let permits = at.required("limit_for_period", self.limit_for_period)?.0;
         let period = at.required("limit_refresh_period", self.limit_refresh_period)?;
         let mut quota = Quota::with_period(permits, period).map_err(|e| match e.field() {
@@ -253,7 +253,7 @@ impl RateLimiterFile {
         })
     }
 
-    fn key(&self, at: &At<'_>) -> Result<KeyKind, ConfigError> {
+    fn key(&self, at: &InstancePath<'_>) -> Result<KeyKind, ConfigError> {
         let key = match self.key.as_deref().unwrap_or("peer_ip") {
             "peer_ip" => KeyKind::PeerIp,
             "global" => KeyKind::Global,
@@ -293,7 +293,7 @@ impl RateLimiterFile {
         Ok(key)
     }
 
-    fn store(&self, at: &At<'_>) -> Result<StoreKind, ConfigError> {
+    fn store(&self, at: &InstancePath<'_>) -> Result<StoreKind, ConfigError> {
         let redis = matches!(self.store, Some(StoreName::Redis));
         let what = "store = \"redis\"";
         at.only_with("redis_url", &self.redis_url, redis, what)?;
@@ -334,7 +334,7 @@ impl RateLimiterFile {
 }
 
 impl BulkheadFile {
-    fn validate(self, at: &At<'_>) -> Result<BulkheadSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<BulkheadSettings, ConfigError> {
         let Count(calls) = at.required("max_concurrent_calls", self.max_concurrent_calls)?;
         Ok(BulkheadSettings {
             max_concurrent_calls: calls as usize,
@@ -345,7 +345,7 @@ impl BulkheadFile {
 }
 
 impl RouteFile {
-    fn validate(self, at: &At<'_>) -> Result<RouteSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<RouteSettings, ConfigError> {
         let items = at.required("policies", self.policies)?;
         if items.is_empty() {
             return Err(at.err("policies", "must name at least one rate limiter"));
@@ -355,7 +355,7 @@ impl RouteFile {
             let field = format!("policies[{i}]");
             let item_path = format!("{}.{field}", at.0);
             let policy = RoutePolicy {
-                limiter: At(&item_path).required("limiter", item.limiter)?,
+                limiter: InstancePath(&item_path).required("limiter", item.limiter)?,
                 cost: item.cost.map_or(1, |Count(n)| n),
                 shadow: item.shadow,
             };
@@ -379,7 +379,7 @@ impl RouteFile {
 }
 
 impl PushbackFile {
-    fn validate(self, at: &At<'_>) -> Result<PushbackSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<PushbackSettings, ConfigError> {
         let mut settings = PushbackSettings::default();
         // Bounded as a quota's spans are: no setting may reach the ends of a clock's range.
         let bounded = |field: &str, span: Duration| match span > Quota::MAX_SPAN {
@@ -408,7 +408,7 @@ impl PushbackFile {
 }
 
 impl ClientQuotaFile {
-    fn validate(self, at: &At<'_>) -> Result<ClientQuotaSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<ClientQuotaSettings, ConfigError> {
         Ok(ClientQuotaSettings {
             limiter: at.required("limiter", self.limiter)?,
             cost: self.cost.map_or(1, |Count(n)| n),
@@ -417,7 +417,7 @@ impl ClientQuotaFile {
 }
 
 impl AdaptiveBulkheadFile {
-    fn validate(self, at: &At<'_>) -> Result<AdaptiveBulkheadSettings, ConfigError> {
+    fn validate(self, at: &InstancePath<'_>) -> Result<AdaptiveBulkheadSettings, ConfigError> {
         if cfg!(not(feature = "adaptive")) {
             return Err(ConfigError::new(
                 at.0,

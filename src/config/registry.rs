@@ -555,9 +555,7 @@ fn redis_limiter(
     s: &RateLimiterSettings,
     redis: &super::RedisSettings,
 ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-    use super::RedisFailModeKind;
     use crate::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
-    use crate::Quota;
 
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(ConfigError::new(
@@ -567,20 +565,7 @@ fn redis_limiter(
     }
     let store = RedisStore::connect_lazy(&redis.url)
         .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
-    let policy = match redis.fail_mode {
-        RedisFailModeKind::Open => RedisFailMode::open(),
-        RedisFailModeKind::Closed => RedisFailMode::closed(
-            s.quota
-                .emission_interval()
-                .max(std::time::Duration::from_secs(1)),
-        ),
-        RedisFailModeKind::Fallback(permits) => {
-            let local = Quota::with_period(permits, s.quota.period()).map_err(|e| {
-                ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
-            })?;
-            RedisFailMode::fallback(local)
-        }
-    };
+    let policy = redis_fail_mode(path, s, redis)?;
     fn build<A: RedisAlgorithm>(
         path: &str,
         s: &RateLimiterSettings,
@@ -619,6 +604,34 @@ fn redis_limiter(
         AlgorithmKind::SlidingLog => build::<SlidingLog>(path, s, redis, store, policy),
         AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, s, redis, store, policy),
     }
+}
+
+/// What a Redis limiter does when Redis cannot answer: a refusal tells the client to come back
+/// after one emission interval (at least a second); a fallback decides with a local quota of
+/// the same period.
+#[cfg(feature = "redis")]
+fn redis_fail_mode(
+    path: &str,
+    s: &RateLimiterSettings,
+    redis: &super::RedisSettings,
+) -> Result<crate::redis::RedisFailMode, ConfigError> {
+    use super::RedisFailModeKind;
+    use crate::redis::RedisFailMode;
+
+    Ok(match redis.fail_mode {
+        RedisFailModeKind::Open => RedisFailMode::open(),
+        RedisFailModeKind::Closed => RedisFailMode::closed(
+            s.quota
+                .emission_interval()
+                .max(std::time::Duration::from_secs(1)),
+        ),
+        RedisFailModeKind::Fallback(permits) => {
+            let local = Quota::with_period(permits, s.quota.period()).map_err(|e| {
+                ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
+            })?;
+            RedisFailMode::fallback(local)
+        }
+    })
 }
 
 #[cfg(feature = "adaptive")]
