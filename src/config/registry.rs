@@ -202,6 +202,13 @@ impl fmt::Debug for Registry {
 
 impl Registry {
     /// Builds every instance of `config`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] at the path of the instance that cannot be built: a name given to
+    /// another instance that is not configured (checked as for a file), a rate limiter's name
+    /// that cannot be a policy name, a Redis limiter outside a tokio runtime or with a bad URL,
+    /// adaptive bounds out of order.
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
         Self::from_config_with(config, |_, builder| builder)
     }
