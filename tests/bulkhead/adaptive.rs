@@ -1,7 +1,6 @@
 //! The adaptive bulkhead through its public API: each algorithm against figures computed by hand
 //! on a manual clock, the classifier (with a real `reqwest` client against a `wiremock` server on
 //! 127.0.0.1), and the bulkhead properties that must hold as for every bulkhead.
-#![cfg(all(feature = "adaptive", feature = "reqwest"))]
 
 use std::future::Future;
 use std::io;

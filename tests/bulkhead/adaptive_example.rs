@@ -1,9 +1,8 @@
 //! `examples/adaptive.rs` runs end to end in a short mode (phases of 400 ms) and ends with a
 //! `RESULT` line of measured figures for both algorithms and every phase.
-#![cfg(all(feature = "adaptive", feature = "reqwest", feature = "axum"))]
 
 #[allow(dead_code)]
-#[path = "../examples/adaptive.rs"]
+#[path = "../../examples/adaptive.rs"]
 mod example;
 
 use std::time::Duration;

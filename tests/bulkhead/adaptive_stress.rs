@@ -10,7 +10,6 @@
 //! can have been in force when it was admitted; the calls inside the inner service must never
 //! outnumber the highest limit from the oldest of those indices on. At the end, every permit is
 //! back exactly once and every ending gave exactly the sample it should.
-#![cfg(feature = "adaptive")]
 
 use std::collections::BTreeMap;
 use std::future::{pending, Future};

@@ -1,8 +1,6 @@
 //! Adversarial tests of the bulkhead: resize under load, absurd waits, panicking hooks.
 
-mod helpers;
-
-use helpers::poll_once;
+use crate::common::poll_once;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;

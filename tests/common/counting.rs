@@ -1,6 +1,8 @@
 //! Test helper: a global allocator that counts, per thread, the heap bytes held and the
 //! allocations made, so that a measurement on one thread is not disturbed by tests running
-//! beside it. A test binary installs it with `mod counting;`.
+//! beside it. A test binary installs it with
+//! `#[path = "../common/counting.rs"] mod counting;` in its `main.rs` (once: it is the process's
+//! allocator), and its modules read it through `crate::counting`.
 
 #![allow(dead_code)] // Not every test file reads both counts.
 

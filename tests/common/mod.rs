@@ -1,8 +1,12 @@
-//! Test helpers shared by several test binaries: a deterministic pseudo-random sequence, a
-//! future with one await point, polling by hand and a runtime with paused time. A test binary
-//! takes them with `mod helpers;`.
+//! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
+//! with one await point, polling by hand and a runtime with paused time here; an HTTP listener
+//! and the rate-limit headers parsed in [`listener`]; private Redis servers in [`redis_server`].
+//! Each binary's `main.rs` takes them with `#[path = "../common/mod.rs"] mod common;`.
 
-#![allow(dead_code)] // Not every test file uses every helper.
+#![allow(dead_code)] // Not every test binary uses every helper.
+
+pub mod listener;
+pub mod redis_server;
 
 use std::future::Future;
 use std::pin::Pin;

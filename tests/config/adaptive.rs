@@ -1,7 +1,6 @@
 //! Adaptive bulkheads from a TOML file: what parses (with its defaults), what is refused (always
 //! naming the path of the bad value), what the registry builds (a limit that really moves, shared
 //! by every layer taken for a name, in the health report), and what a reload does to them.
-#![cfg(all(feature = "config", feature = "adaptive"))]
 
 use std::time::Duration;
 

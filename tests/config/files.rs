@@ -1,5 +1,4 @@
 //! Configuration files: what they mean, and the error each bad one produces.
-#![cfg(feature = "config")]
 
 use std::time::Duration;
 

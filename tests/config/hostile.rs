@@ -1,5 +1,4 @@
 //! Hostile configuration files: every error names where and what, never a panic.
-#![cfg(feature = "config")]
 
 use tower_bulwark::config::{Config, Registry};
 

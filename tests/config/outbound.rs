@@ -1,9 +1,8 @@
 //! Pushbacks and client quotas from a TOML file: what parses, what is refused (always naming the
 //! path of the bad value), what the registry builds from them, and what a reload does to them.
-#![cfg(feature = "config")]
 
 #[cfg(feature = "redis")]
-mod support;
+use crate::common::redis_server;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -458,7 +457,7 @@ async fn configured_max_wait_and_max_hold_apply() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_client_quota_on_a_redis_limiter_is_one_quota_across_instances() {
-    let Some(server) = support::RedisServer::start("client_quota_on_redis") else {
+    let Some(server) = redis_server::RedisServer::start("client_quota_on_redis") else {
         return;
     };
     let config = format!(

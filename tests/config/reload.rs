@@ -1,7 +1,6 @@
 //! Reloading a registry from its file: changed quotas and bulkhead sizes apply in place, under
 //! the layers already built; unchanged instances are not touched; anything that cannot change in
 //! place, and any bad file, is refused and changes nothing.
-#![cfg(feature = "config")]
 
 use std::path::PathBuf;
 

@@ -12,8 +12,7 @@ use tower::ServiceExt;
 use tower_bulwark::config::{Config, Registry, ShadowKind};
 use tower_bulwark::Limiter;
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
 const FILE: &str = r#"
 [rate_limiters.per-ip]

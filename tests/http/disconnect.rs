@@ -4,7 +4,7 @@
 //!
 //! Nothing here sleeps to pass: the test waits, with a deadline, for a state it can observe.
 
-mod listener;
+use crate::common::listener;
 
 use listener::serve;
 use std::net::{IpAddr, SocketAddr};

@@ -1,6 +1,6 @@
 //! RateLimitLayer end to end: a real listener on 127.0.0.1 and a real HTTP client.
 
-mod listener;
+use crate::common::listener;
 
 use listener::{serve, sf_list};
 use std::net::IpAddr;

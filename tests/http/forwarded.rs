@@ -2,7 +2,7 @@
 //! or a 400, whatever the client wrote before it. Through the layer with `oneshot`, over a real
 //! listener with a real client, and as properties over arbitrary client-written bytes.
 
-mod listener;
+use crate::common::listener;
 
 use listener::serve;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

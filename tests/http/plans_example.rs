@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use tower_bulwark::clock::ManualClock;
 
-#[path = "../examples/plans.rs"]
+#[path = "../../examples/plans.rs"]
 #[allow(dead_code)]
 mod plans;
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
 struct Client {
     http: reqwest::Client,

@@ -3,9 +3,7 @@
 //! reservations and refunds: no panic (debug builds check overflow), a refusal's `retry_after` is
 //! never zero, and at one instant without waiting no more than the capacity is admitted.
 
-mod helpers;
-
-use helpers::Rng;
+use crate::common::Rng;
 use std::time::Duration;
 
 use tower_bulwark::{

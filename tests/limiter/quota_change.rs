@@ -2,8 +2,6 @@
 //! racing changes never admit more than the larger quota allows; a layer built before a change
 //! advertises the new quota; a Redis limiter's change applies to its script calls.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -383,7 +381,7 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 #[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use support::RedisServer;
+    use crate::common::redis_server::RedisServer;
     use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 
     fn limiter<A: RedisAlgorithm>(

@@ -16,8 +16,7 @@ use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::tiers::UnknownTier;
 use tower_bulwark::{clock::ManualClock, tiers::Tiers, KeyedRateLimiter, Limiter, Quota};
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
 type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, ManualClock>;
 

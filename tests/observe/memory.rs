@@ -1,7 +1,7 @@
 //! Memory held by the observability wrapper under a flood of waiting requests, measured with a
 //! counting allocator (per thread: the runtime runs on the test's own thread).
 
-mod counting;
+use crate::counting;
 
 use std::time::Duration;
 

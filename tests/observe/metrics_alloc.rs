@@ -1,8 +1,7 @@
 //! With the `metrics` feature on, an observed limiter records every decision through handles it
 //! registered once: deciding allocates nothing, admitted or refused.
-#![cfg(feature = "metrics")]
 
-mod counting;
+use crate::counting;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower_bulwark::observe::{metric_names as m, Observed};

@@ -1,5 +1,4 @@
 //! Named instances observed through metrics, tracing and the health report.
-#![cfg(all(feature = "config", feature = "metrics", feature = "axum"))]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

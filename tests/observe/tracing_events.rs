@@ -1,7 +1,6 @@
 //! Refusals of named instances as `tracing` events. In a file of its own: `tracing` caches
 //! per call site whether anyone listens, and tests in other threads without a subscriber would
 //! race that cache.
-#![cfg(all(feature = "config", feature = "axum"))]
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,8 @@
 //! The metrics of the outbound layers, from real calls: a pushback's calls by outcome, the
 //! answers that asked it to hold and why, and the time it holds for; a client quota's calls by
 //! outcome. Layers built by hand and from a config file record the same series.
-#![cfg(feature = "metrics")]
 
-mod counting;
+use crate::counting;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

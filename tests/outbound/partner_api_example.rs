@@ -1,10 +1,9 @@
 //! `examples/partner_api.rs` with shorter phases: its figures are counted at the mock partner,
 //! and the test holds them to what the example claims.
-#![cfg(all(feature = "axum", feature = "reqwest"))]
 
 use std::time::Duration;
 
-#[path = "../examples/partner_api.rs"]
+#[path = "../../examples/partner_api.rs"]
 #[allow(dead_code)]
 mod partner_api;
 

@@ -4,7 +4,6 @@
 //! retry → timeout → pushback → client quota → bulkhead → client
 //!
 //! Each test shows one layer doing its part in that position, counted at the mock.
-#![cfg(feature = "reqwest")]
 
 use std::time::{Duration, Instant};
 

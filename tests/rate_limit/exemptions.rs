@@ -1,6 +1,5 @@
 //! Exemptions: requests that skip every policy reach the service uncounted and carry no
 //! rate-limit headers; everything else is limited as before.
-#![cfg(feature = "axum")]
 
 use std::net::{IpAddr, SocketAddr};
 

@@ -2,7 +2,6 @@
 //! algorithm under a manual clock, every header parsed as an RFC 9651 Structured Field, a
 //! property over quotas and clock offsets, and clients that pace themselves by the advertised
 //! policy.
-#![cfg(feature = "axum")]
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! allocator; every measurement runs on one thread (a current-thread runtime serves and
 //! requests), so tests running side by side do not disturb each other. No timings are asserted.
 
-mod counting;
+use crate::counting;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

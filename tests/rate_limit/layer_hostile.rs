@@ -2,11 +2,9 @@
 //! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
 //! the observability counters of policies vetoed by another one.
 
-mod listener;
+use crate::common::listener;
 
-mod helpers;
-
-use helpers::poll_once;
+use crate::common::poll_once;
 use listener::{serve, sf_list};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

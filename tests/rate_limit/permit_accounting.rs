@@ -8,9 +8,7 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
-mod helpers;
-
-use helpers::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
+use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -21,8 +21,7 @@ use tower_bulwark::{
     KeyedRateLimiter, Limiter, Quota,
 };
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
 fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
@@ -525,6 +524,7 @@ async fn an_advertised_shadow_policy_tells_the_client_what_would_happen() {
     assert!(second.headers().get("retry-after").is_none());
 }
 
+#[cfg(feature = "metrics")]
 #[test]
 fn shadow_refusals_are_counted_in_metrics() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -10,12 +10,9 @@
 //! key; stale headers after a refund; a zero-cost policy still advertised; `cost_by` run twice)
 //! are fixed, and each test below now holds the promise it names.
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
-mod helpers;
-
-use helpers::{poll_once, YieldOnce};
+use crate::common::{poll_once, YieldOnce};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

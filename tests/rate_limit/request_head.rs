@@ -6,8 +6,7 @@
 //!
 //! Written from the docs of `RequestHead`, `Policy` and `RateLimitLayer`.
 
-#[path = "listener/mod.rs"]
-mod listener;
+use crate::common::listener;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -7,9 +7,7 @@
 //! (1, 2, 4, 5, 8 policies) must decide all-or-nothing exactly as a twin model does, and every
 //! state of a hand-driven response future must behave as documented.
 
-mod helpers;
-
-use helpers::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
+use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -3,7 +3,6 @@
 //! `closed`), that nothing reaches the dependency, and Redis's docs that no decision hangs past
 //! the limiter's timeout. No Redis server is needed: a port nobody listens on, and a listener
 //! that accepts and never answers.
-#![cfg(feature = "redis")]
 
 use std::io::Read;
 use std::net::TcpListener;

@@ -1,14 +1,13 @@
 //! Rate limiters configured with `store = "redis"`: one quota across instances, and the failure
 //! policy from the file.
-#![cfg(all(feature = "config", feature = "redis"))]
 
-mod support;
+use crate::common::redis_server;
 
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
-use support::RedisServer;
+use redis_server::RedisServer;
 use tower::ServiceExt;
 use tower_bulwark::config::{ConfigKey, Registry};
 use tower_bulwark::Limiter;
@@ -209,11 +208,11 @@ async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let before = support::key_state(&mut conn, &keys[0]).await;
+    let before = redis_server::key_state(&mut conn, &keys[0]).await;
 
     let reloaded = registry.reload_toml_str(&config(20)).unwrap();
     assert_eq!(reloaded.rate_limiters, vec!["changed".to_owned()]);
-    assert_eq!(support::key_state(&mut conn, &keys[0]).await, before);
+    assert_eq!(redis_server::key_state(&mut conn, &keys[0]).await, before);
     // 9 of 20 used in Redis: 11 left.
     assert_eq!(admitted(&registry, "changed", 20).await, 11);
     // A quota the Redis sliding counter cannot count exactly is refused, and changes nothing.
@@ -222,6 +221,6 @@ async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_
     assert!(err.message().contains("too large"), "{err}");
     let changed = registry.rate_limiter("changed").unwrap();
     assert_eq!(changed.quota().permits(), 20);
-    assert_eq!(support::key_state(&mut conn, &keys[0]).await, before);
+    assert_eq!(redis_server::key_state(&mut conn, &keys[0]).await, before);
     assert_eq!(admitted(&registry, "unchanged", 5).await, 2);
 }

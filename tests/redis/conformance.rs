@@ -1,13 +1,12 @@
 //! One suite, two stores: the same sequences of requests against the in-memory limiter and the
 //! Redis limiter, on one manual clock, must give the same decisions, field for field, refunds
 //! included: of reservations and of immediate admissions, at once (a veto) or later.
-#![cfg(feature = "redis")]
 
-mod support;
+use crate::common::redis_server;
 
 use std::time::Duration;
 
-use support::RedisServer;
+use redis_server::RedisServer;
 use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},

@@ -1,14 +1,13 @@
 //! Decisions that arrive after their caller gave up (issue 11, item 12): Redis stopped with
 //! SIGSTOP while decisions are sent, each answered by the fail mode at its timeout; when
 //! Redis resumes, the queued scripts must change nothing.
-#![cfg(all(feature = "redis", unix))]
 
-mod support;
+use crate::common::redis_server;
 
 use std::process::Command;
 use std::time::Duration;
 
-use support::{key_state, FakeRedis, RedisServer};
+use redis_server::{key_state, FakeRedis, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };

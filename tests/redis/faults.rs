@@ -1,14 +1,13 @@
 //! Faults: Redis killed under load, Redis restarted with an empty script cache, state of the
 //! wrong type, replies of the wrong shape. Every request is answered in time, nothing panics.
-#![cfg(feature = "redis")]
 
-mod support;
+use crate::common::redis_server;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{FakeRedis, RedisServer};
+use redis_server::{FakeRedis, RedisServer};
 use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
 
@@ -105,7 +104,7 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
     }
     // Let the load run against a live server, then kill it (SIGKILL, like a crash).
     let limiters = [&closed, &open, &fallback, &propagate];
-    support::eventually(
+    redis_server::eventually(
         "redis decided 500 requests",
         Duration::from_secs(20),
         || progress.load(Ordering::SeqCst) >= 500,

@@ -1,14 +1,13 @@
 //! Refunds through a real Redis: a request that another policy vetoes leaves the Redis state
 //! exactly as it was, for every algorithm, whether it was admitted at once or reserved, and
 //! whether the refund comes at once or later; hostile state is refused, not believed.
-#![cfg(feature = "redis")]
 
-mod support;
+use crate::common::redis_server;
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use support::{key_state, RedisServer};
+use redis_server::{key_state, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };

@@ -1,11 +1,10 @@
 //! The Redis store through the public API, each test against its own `redis-server`.
-#![cfg(feature = "redis")]
 
-mod support;
+use crate::common::redis_server;
 
 use std::time::Duration;
 
-use support::RedisServer;
+use redis_server::RedisServer;
 use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -393,7 +392,7 @@ async fn refund_gives_a_reservation_back_in_redis() {
 
     // Through the trait: the refund is sent from a task; the slot comes back shortly after.
     Limiter::refund(&limiter, &"k", 1, again);
-    support::eventually("the spawned refund lands", Duration::from_secs(5), || {
+    redis_server::eventually("the spawned refund lands", Duration::from_secs(5), || {
         zcard() == ":1"
     })
     .await;
@@ -409,7 +408,7 @@ async fn refund_gives_a_reservation_back_in_redis() {
         waiting.is_err(),
         "the waiter was waiting for its slot: {waiting:?}"
     );
-    support::eventually(
+    redis_server::eventually(
         "the dropped waiter's refund lands",
         Duration::from_secs(5),
         || zcard() == ":2",
@@ -617,7 +616,7 @@ async fn lua_integer_arithmetic_is_exact() {
         return;
     };
     let script = redis::Script::new(concat!(
-        include_str!("../src/redis/prelude.lua"),
+        include_str!("../../src/redis/prelude.lua"),
         "local out = {}\n",
         "for i = 7, #ARGV, 2 do\n",
         "  local a, b = tonumber(ARGV[i]), tonumber(ARGV[i + 1])\n",
