@@ -18,6 +18,8 @@ use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCU
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
+use crate::common::response;
+
 const MS: Duration = Duration::from_millis(1);
 
 fn ms(n: u64) -> Duration {
@@ -354,10 +356,6 @@ fn gradient_grows_only_while_in_use_and_stays_within_bounds() {
 
 // ---- The classifier ----
 
-fn response(status: u16) -> http::Response<()> {
-    http::Response::builder().status(status).body(()).unwrap()
-}
-
 #[derive(Debug)]
 struct Wrapped(io::Error);
 
@@ -385,7 +383,7 @@ async fn http_overload_judges_statuses_and_errors() {
         (503, Verdict::Overloaded),
         (504, Verdict::Overloaded),
     ] {
-        assert_eq!(c.classify(Ok(&response(status))), verdict, "{status}");
+        assert_eq!(c.classify(Ok(&response(status, &[]))), verdict, "{status}");
     }
     let elapsed = tokio::time::timeout(MS, std::future::pending::<()>())
         .await
@@ -424,12 +422,15 @@ async fn http_overload_judges_statuses_and_errors() {
 fn any_tower_http_classifier_can_decide() {
     use tower_http::classify::{ServerErrorsAsFailures, StatusInRangeAsFailures};
     let server = FromTowerHttp(ServerErrorsAsFailures::new());
-    assert_eq!(server.classify(Ok(&response(500))), Verdict::Overloaded);
-    assert_eq!(server.classify(Ok(&response(429))), Verdict::Healthy);
-    assert_eq!(server.classify(Ok(&response(200))), Verdict::Healthy);
+    assert_eq!(
+        server.classify(Ok(&response(500, &[]))),
+        Verdict::Overloaded
+    );
+    assert_eq!(server.classify(Ok(&response(429, &[]))), Verdict::Healthy);
+    assert_eq!(server.classify(Ok(&response(200, &[]))), Verdict::Healthy);
     let range = FromTowerHttp(StatusInRangeAsFailures::new(429..=429));
-    assert_eq!(range.classify(Ok(&response(429))), Verdict::Overloaded);
-    assert_eq!(range.classify(Ok(&response(503))), Verdict::Healthy);
+    assert_eq!(range.classify(Ok(&response(429, &[]))), Verdict::Overloaded);
+    assert_eq!(range.classify(Ok(&response(503, &[]))), Verdict::Healthy);
     let refused: BoxError = io::Error::from(io::ErrorKind::ConnectionRefused).into();
     assert_eq!(
         Classify::<http::Response<()>>::classify(&range, Err(&refused)),
@@ -438,11 +439,11 @@ fn any_tower_http_classifier_can_decide() {
     // HttpOverload is itself a tower-http classifier, with the overload answers as failures.
     use tower_http::classify::{ClassifiedResponse, ClassifyResponse};
     assert!(matches!(
-        ClassifyResponse::classify_response(HttpOverload::new(), &response(503)),
+        ClassifyResponse::classify_response(HttpOverload::new(), &response(503, &[])),
         ClassifiedResponse::Ready(Err(_))
     ));
     assert!(matches!(
-        ClassifyResponse::classify_response(HttpOverload::new(), &response(500)),
+        ClassifyResponse::classify_response(HttpOverload::new(), &response(500, &[])),
         ClassifiedResponse::Ready(Ok(()))
     ));
 }
@@ -554,7 +555,7 @@ fn gated() -> impl Service<
 > + Clone {
     service_fn(|gate: oneshot::Receiver<u16>| async move {
         let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
-        Ok::<_, BoxError>(response(status))
+        Ok::<_, BoxError>(response(status, &[]))
     })
 }
 
@@ -712,7 +713,7 @@ async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
             async move {
                 panic!("in future");
                 #[allow(unreachable_code)]
-                Ok::<http::Response<()>, BoxError>(response(200))
+                Ok::<http::Response<()>, BoxError>(response(200, &[]))
             }
         }));
     for panic_in_call in [true, false] {
@@ -818,7 +819,7 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
             let mut client = ServiceBuilder::new()
                 .layer(bulkhead.layer())
                 .service(service_fn(|status: u16| async move {
-                    Ok::<_, BoxError>(response(status))
+                    Ok::<_, BoxError>(response(status, &[]))
                 }));
             client.ready().await.unwrap().call(503).await.unwrap();
             clock.advance(ms(10));

@@ -18,16 +18,14 @@ use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
+use crate::common::{quiet_panics_starting_with, response};
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
 fn limits(min: usize, initial: usize, max: usize) -> Limits {
     Limits::new(min, initial, max).expect("valid limits")
-}
-
-fn response(status: u16) -> http::Response<()> {
-    http::Response::builder().status(status).body(()).unwrap()
 }
 
 /// An inner service whose calls end when the test sends them a status.
@@ -39,7 +37,7 @@ fn gated() -> impl Service<
 > + Clone {
     service_fn(|gate: oneshot::Receiver<u16>| async move {
         let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
-        Ok::<_, BoxError>(response(status))
+        Ok::<_, BoxError>(response(status, &[]))
     })
 }
 
@@ -63,23 +61,6 @@ impl LimitAlgorithm for Recorder {
         self.0.lock().unwrap().push(*sample);
         sample.limit()
     }
-}
-
-fn quiet_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied());
-            if !message.is_some_and(|m| m.starts_with("attack:")) {
-                default(info);
-            }
-        }));
-    });
 }
 
 // ---- Samples that lie: calls admitted under a higher limit ----
@@ -187,7 +168,7 @@ async fn a_call_admitted_at_the_limit_is_use_even_after_the_limit_rose() {
 /// (an overload signal by default).
 #[tokio::test]
 async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
-    quiet_panics();
+    quiet_panics_starting_with("attack:");
     let recorder = Recorder::default();
     let finished = Arc::new(Mutex::new(Vec::new()));
     let log = finished.clone();
@@ -201,7 +182,7 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
             if panic {
                 panic!("attack: in the future");
             }
-            Ok::<_, BoxError>(response(200))
+            Ok::<_, BoxError>(response(200, &[]))
         }));
     let caught =
         futures::FutureExt::catch_unwind(AssertUnwindSafe(service.clone().oneshot(true))).await;
@@ -232,7 +213,7 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
 /// call reported as panicked.
 #[tokio::test]
 async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() {
-    quiet_panics();
+    quiet_panics_starting_with("attack:");
     let recorder = Recorder::default();
     let finished = Arc::new(Mutex::new(Vec::new()));
     let log = finished.clone();
@@ -247,7 +228,7 @@ async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() 
             }),
         )
         .service(service_fn(|_: ()| async {
-            Ok::<_, BoxError>(response(200))
+            Ok::<_, BoxError>(response(200, &[]))
         }));
     for _ in 0..3 {
         let caught =
@@ -411,7 +392,7 @@ async fn every_move_is_reported_once_in_order_by_every_hook() {
     let mut client = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(service_fn(|status: u16| async move {
-            Ok::<_, BoxError>(response(status))
+            Ok::<_, BoxError>(response(status, &[]))
         }));
     let mut limits_seen = vec![bulkhead.limit()];
     // 503s every 10 ms: one round each, down to min; then in-use rounds cannot happen with one
@@ -452,7 +433,7 @@ impl LimitAlgorithm for Jumpy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_permit_comes_back_whatever_ends_the_call_on_many_threads() {
-    quiet_panics();
+    quiet_panics_starting_with("attack:");
     let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let bulkhead = AdaptiveBulkhead::builder("threads")
         .limits(limits(2, 6, 12))
@@ -476,8 +457,8 @@ async fn every_permit_comes_back_whatever_ends_the_call_on_many_threads() {
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 match kind {
-                    0 => Ok(response(200)),
-                    1 => Ok(response(503)),
+                    0 => Ok(response(200, &[])),
+                    1 => Ok(response(503, &[])),
                     2 => Err(BoxError::from("boom")),
                     3 => panic!("attack: in the future"),
                     _ => {
@@ -567,7 +548,7 @@ fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
     let mut service = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(service_fn(|_: ()| async {
-            Ok::<_, BoxError>(response(200))
+            Ok::<_, BoxError>(response(200, &[]))
         }));
     let first = service.call(());
     let second = service.call(());
@@ -679,7 +660,7 @@ async fn tower_timeout_below_the_bulkhead_is_overload() {
         .timeout(ms(100))
         .service(service_fn(|_: ()| async {
             std::future::pending::<()>().await;
-            Ok::<_, BoxError>(response(200))
+            Ok::<_, BoxError>(response(200, &[]))
         }));
     let err = client.oneshot(()).await.unwrap_err();
     assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");

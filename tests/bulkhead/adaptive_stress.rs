@@ -16,7 +16,7 @@ use std::future::{pending, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -28,26 +28,11 @@ use tower_bulwark::bulkhead::{
 };
 use tower_bulwark::BoxError;
 
+use crate::common::quiet_panics_starting_with;
+
 const CALLS: usize = 4_800;
 const PRODUCERS: usize = 24;
 const PANIC_MESSAGE: &str = "adaptive stress: planned panic";
-
-fn quiet_planned_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied());
-            if !message.is_some_and(|message| message.starts_with(PANIC_MESSAGE)) {
-                default(info);
-            }
-        }));
-    });
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -236,7 +221,7 @@ async fn storm(
     cancelled: Cancelled,
     overload_every: u64,
 ) {
-    quiet_planned_panics();
+    quiet_panics_starting_with(PANIC_MESSAGE);
     let seen = Arc::new(Seen::default());
     let (p, r, f, c) = (seen.clone(), seen.clone(), seen.clone(), seen.clone());
     let mut builder = AdaptiveBulkhead::builder("stress");

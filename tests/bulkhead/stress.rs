@@ -8,7 +8,7 @@ use std::future::{pending, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -16,28 +16,11 @@ use tower_bulwark::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
 };
 
+use crate::common::quiet_panics_starting_with;
+
 const CALLS: usize = 4_800;
 const PRODUCERS: usize = 24;
 const PANIC_MESSAGE: &str = "stress: planned panic";
-
-/// Keeps the planned panics out of the test output; any other panic is still reported.
-fn quiet_planned_panics() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied());
-            let planned = message.is_some_and(|message| message.starts_with(PANIC_MESSAGE));
-            if !planned {
-                default(info);
-            }
-        }));
-    });
-}
 
 /// How a call ends, chosen by the request.
 #[derive(Clone, Copy, Debug)]
@@ -147,7 +130,7 @@ fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
 /// Runs `CALLS` calls through `bulkhead`, optionally resizing it meanwhile, and checks the
 /// invariants; `limit` is the highest limit in force at any time.
 async fn storm(bulkhead: Bulkhead, seen: Arc<Seen>, limit: usize, resize_to: &[usize]) {
-    quiet_planned_panics();
+    quiet_panics_starting_with(PANIC_MESSAGE);
     let gauge = Gauge::default();
     let svc = ServiceBuilder::new()
         .timeout(Duration::from_millis(3))

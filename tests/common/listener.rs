@@ -24,8 +24,9 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// A header value parsed as an RFC 9651 List of strings with integer parameters, as the
-/// `RateLimit` and `RateLimit-Policy` headers are: each entry's name and parameters.
+/// A header value parsed as an RFC 9651 List of String Items with Integer parameters, as the
+/// `RateLimit` and `RateLimit-Policy` headers are (draft -11 requires both to be): each entry's
+/// name and parameters. Panics on anything else.
 pub fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
     let list: sfv::List = sfv::Parser::new(value)
         .parse()
@@ -33,15 +34,25 @@ pub fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
     list.into_iter()
         .map(|entry| match entry {
             sfv::ListEntry::Item(item) => {
-                let name = item.bare_item.as_string().expect("a string").as_str();
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .unwrap_or_else(|| panic!("{value:?}: the item is not a String"))
+                    .as_str()
+                    .to_owned();
                 let params = item
                     .params
                     .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
+                    .map(|(k, v)| {
+                        let n = v
+                            .as_integer()
+                            .unwrap_or_else(|| panic!("{value:?}: {k:?} is not an Integer"));
+                        (k.as_str().to_owned(), i64::from(n))
+                    })
                     .collect();
-                (name.to_owned(), params)
+                (name, params)
             }
-            other => panic!("unexpected inner list {other:?}"),
+            other => panic!("{value:?}: unexpected inner list {other:?}"),
         })
         .collect()
 }

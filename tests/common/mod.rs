@@ -10,6 +10,7 @@ pub mod redis_server;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Mutex, Once, PoisonError};
 use std::task::{Context, Poll};
 
 /// A deterministic pseudo-random sequence (xorshift), so a failing run replays from its seed.
@@ -75,4 +76,41 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .start_paused(true)
         .build()
         .unwrap()
+}
+
+/// Keeps the panics a test plans, those whose message starts with `prefix`, out of the test
+/// output; any other panic is still reported. One hook serves every prefix of the binary.
+pub fn quiet_panics_starting_with(prefix: &'static str) {
+    static PREFIXES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    static HOOK: Once = Once::new();
+    let mut prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
+    if !prefixes.contains(&prefix) {
+        prefixes.push(prefix);
+    }
+    drop(prefixes);
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            let prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
+            let planned = message.is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p)));
+            drop(prefixes);
+            if !planned {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// A response with `status`, the header fields `headers` and no body, as a dependency answers.
+pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
+    let mut builder = http::Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).unwrap()
 }

@@ -4,9 +4,7 @@
 //!
 //! Nothing here sleeps to pass: the test waits, with a deadline, for a state it can observe.
 
-use crate::common::listener;
-
-use listener::serve;
+use crate::common::listener::serve;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! RateLimitLayer end to end: a real listener on 127.0.0.1 and a real HTTP client.
 
-use crate::common::listener;
-
-use listener::{serve, sf_list};
+use crate::common::listener::{serve, sf_list};
 use std::net::IpAddr;
 
 use axum::routing::get;

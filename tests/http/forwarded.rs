@@ -2,9 +2,7 @@
 //! or a 400, whatever the client wrote before it. Through the layer with `oneshot`, over a real
 //! listener with a real client, and as properties over arbitrary client-written bytes.
 
-use crate::common::listener;
-
-use listener::serve;
+use crate::common::listener::serve;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use axum::body::Body;

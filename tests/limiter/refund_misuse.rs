@@ -3,7 +3,7 @@
 //! `Copy` nor `Clone`), so giving one back twice does not compile (the `compile_fail` example on
 //! `Limiter::refund`); a decision remembers the cost it was asked for, so a caller naming a larger
 //! cost gets back only that; and it remembers its key, so giving it back under another key frees
-//! nothing there. Each algorithm, in memory here and in Redis in `tests/redis_refund.rs`.
+//! nothing there. Each algorithm, in memory here and in Redis in `tests/redis/refund.rs`.
 
 use std::time::Duration;
 

@@ -13,4 +13,6 @@ mod metrics_alloc;
 #[cfg(all(feature = "config", feature = "metrics", feature = "axum"))]
 mod named_instances;
 #[cfg(all(feature = "config", feature = "axum"))]
+mod orders;
+#[cfg(all(feature = "config", feature = "axum"))]
 mod tracing_events;

@@ -14,6 +14,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use tower::{service_fn, Service, ServiceExt};
 use tower_bulwark::config::Registry;
+
+use crate::orders::{get_orders, router, runtime};
 use tower_bulwark::observe::metric_names as m;
 use tower_bulwark::BulkheadFull;
 
@@ -32,25 +34,6 @@ hide_keys = true
 [bulkheads.payment]
 max_concurrent_calls = 2
 "#;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn router(registry: &Registry, name: &str, peer: [u8; 4]) -> Router {
-    Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(registry.rate_limit_layer(name).unwrap())
-        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
-}
-
-async fn get_orders(app: &Router) -> StatusCode {
-    let req = Request::get("/orders").body(Body::empty()).unwrap();
-    app.clone().oneshot(req).await.unwrap().status()
-}
 
 /// The value of one series in a debugging snapshot, by name and labels.
 fn value<'a>(

@@ -1,17 +1,16 @@
-//! Refusals of named instances as `tracing` events. In a file of its own: `tracing` caches
-//! per call site whether anyone listens, and tests in other threads without a subscriber would
-//! race that cache.
+//! Refusals of named instances as `tracing` events.
+//!
+//! `tracing` caches per call site whether any subscriber listens. Other tests of this binary
+//! reach the same call sites on other threads with no subscriber, and one that registers a call
+//! site while this test installs its own can leave it cached as unheard; so the test rebuilds
+//! that cache once its subscriber is in place, before the requests.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::body::Body;
-use axum::extract::connect_info::MockConnectInfo;
-use axum::routing::get;
-use axum::Router;
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use http::StatusCode;
 use tower_bulwark::config::Registry;
+
+use crate::orders::{get_orders, router, runtime};
 
 const CONFIG: &str = r#"
 [rate_limiters.api]
@@ -25,25 +24,6 @@ limit_refresh_period = "1h"
 key = "peer_ip"
 hide_keys = true
 "#;
-
-fn router(registry: &Registry, name: &str, peer: [u8; 4]) -> Router {
-    Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(registry.rate_limit_layer(name).unwrap())
-        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
-}
-
-async fn get_orders(app: &Router) -> StatusCode {
-    let req = Request::get("/orders").body(Body::empty()).unwrap();
-    app.clone().oneshot(req).await.unwrap().status()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Collects what a `tracing` subscriber writes.
 #[derive(Clone, Default)]
@@ -69,6 +49,7 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
         .with_writer(move || writer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
         runtime().block_on(async {
             let registry = Registry::from_toml_str(CONFIG).unwrap();
             let api = router(&registry, "api", [198, 51, 100, 23]);

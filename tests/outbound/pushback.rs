@@ -15,13 +15,7 @@ use tower_bulwark::{
     BoxError, BulkheadFull,
 };
 
-fn response(status: u16, headers: &[(&str, &str)]) -> Response<()> {
-    let mut builder = Response::builder().status(status);
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    builder.body(()).unwrap()
-}
+use crate::common::response;
 
 fn manual(name: &str) -> (Pushback<ManualClock>, ManualClock) {
     let clock = ManualClock::new();

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use crate::common::listener::sf_entries;
 use axum::body::{to_bytes, Body};
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderMap, Request, StatusCode};
+use http::{Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{BoxLimiter, Policy, RateLimitLayer};
@@ -139,47 +140,6 @@ impl Answer {
     }
 }
 
-/// Parses every field value named `name` as one RFC 9651 List of String Items with Integer
-/// parameters (what draft -11 requires of both fields); panics on anything else.
-fn sf_list(headers: &HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let value = headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if value.is_empty() {
-        return Vec::new();
-    }
-    let list: sfv::List = sfv::Parser::new(&value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {value:?} is not a structured field list: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item
-                    .bare_item
-                    .as_string()
-                    .unwrap_or_else(|| panic!("{value:?}: the item is not a String"))
-                    .as_str()
-                    .to_owned();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| {
-                        let n = v
-                            .as_integer()
-                            .unwrap_or_else(|| panic!("{value:?}: {k:?} is not an Integer"));
-                        (k.as_str().to_owned(), i64::from(n))
-                    })
-                    .collect();
-                (name, params)
-            }
-            other => panic!("{value:?}: unexpected inner list {other:?}"),
-        })
-        .collect()
-}
-
 async fn call(app: &Router) -> Answer {
     let response = app
         .clone()
@@ -196,8 +156,8 @@ async fn call(app: &Router) -> Answer {
     Answer {
         status: response.status(),
         retry_after,
-        policy: sf_list(&headers, "ratelimit-policy"),
-        ratelimit: sf_list(&headers, "ratelimit"),
+        policy: sf_entries(&headers, "ratelimit-policy"),
+        ratelimit: sf_entries(&headers, "ratelimit"),
         body: to_bytes(response.into_body(), usize::MAX).await.unwrap(),
     }
 }

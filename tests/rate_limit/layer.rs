@@ -5,9 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use crate::common::listener::sf_entries;
+use crate::common::poll_once;
 use axum::body::{to_bytes, Body};
 use axum::extract::connect_info::MockConnectInfo;
 use axum::response::Response;
@@ -63,38 +64,6 @@ async fn body(response: Response) -> Bytes {
     to_bytes(response.into_body(), usize::MAX).await.unwrap()
 }
 
-/// A header parsed as an RFC 9651 List of strings with integer parameters.
-fn sf_list(headers: &HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let value = headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let list: sfv::List = sfv::Parser::new(&value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {value:?} is not a structured field list: {e}"));
-    list.into_iter()
-        .map(|entry| match entry {
-            sfv::ListEntry::Item(item) => {
-                let name = item
-                    .bare_item
-                    .as_string()
-                    .expect("a string")
-                    .as_str()
-                    .to_owned();
-                let params = item
-                    .params
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_owned(), i64::from(v.as_integer().unwrap())))
-                    .collect();
-                (name, params)
-            }
-            other => panic!("unexpected inner list {other:?}"),
-        })
-        .collect()
-}
-
 fn params(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
@@ -113,11 +82,11 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
         assert_eq!(response.status(), StatusCode::OK, "request {i}");
         let headers = response.headers().clone();
         assert_eq!(
-            sf_list(&headers, "ratelimit-policy"),
+            sf_entries(&headers, "ratelimit-policy"),
             [("per-ip".to_string(), params(&[("q", 10), ("w", 1)]))]
         );
         assert_eq!(
-            sf_list(&headers, "ratelimit"),
+            sf_entries(&headers, "ratelimit"),
             [("per-ip".to_string(), params(&[("r", 9 - i), ("t", 1)]))]
         );
         assert_eq!(body(response).await, "ok");
@@ -129,11 +98,11 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
     assert_eq!(headers["retry-after"], "1");
     assert_eq!(headers["content-type"], "application/problem+json");
     assert_eq!(
-        sf_list(&headers, "ratelimit-policy"),
+        sf_entries(&headers, "ratelimit-policy"),
         [("per-ip".to_string(), params(&[("q", 10), ("w", 1)]))]
     );
     assert_eq!(
-        sf_list(&headers, "ratelimit"),
+        sf_entries(&headers, "ratelimit"),
         [("per-ip".to_string(), params(&[("r", 0), ("t", 1)]))]
     );
     let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
@@ -170,7 +139,7 @@ async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_bod
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "3600");
     assert_eq!(
-        sf_list(refused.headers(), "ratelimit"),
+        sf_entries(refused.headers(), "ratelimit"),
         [(name.to_string(), params(&[("r", 0), ("t", 3600)]))]
     );
     let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
@@ -472,14 +441,14 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
     let client = peer("192.0.2.10");
     let ok = send(&app, client, &[]).await;
     assert_eq!(
-        sf_list(ok.headers(), "ratelimit-policy"),
+        sf_entries(ok.headers(), "ratelimit-policy"),
         [
             ("per-second".to_string(), params(&[("q", 2), ("w", 1)])),
             ("per-minute".to_string(), params(&[("q", 3), ("w", 60)])),
         ]
     );
     assert_eq!(
-        sf_list(ok.headers(), "ratelimit"),
+        sf_entries(ok.headers(), "ratelimit"),
         [
             ("per-second".to_string(), params(&[("r", 1), ("t", 1)])),
             // Whole again in 20 s, but two permits take 40 s at 3 per minute: draft -11's `t`
@@ -548,7 +517,7 @@ async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "3600");
     assert_eq!(
-        sf_list(refused.headers(), "ratelimit"),
+        sf_entries(refused.headers(), "ratelimit"),
         [
             ("burst".to_string(), params(&[("r", 0), ("t", 1)])),
             ("hourly".to_string(), params(&[("r", 0), ("t", 3600)])),
@@ -926,7 +895,7 @@ async fn a_failing_limiter_answers_503_or_fails_open() {
     assert_eq!(open.status(), StatusCode::OK);
     // Only the policy that decided is reported.
     assert_eq!(
-        sf_list(open.headers(), "ratelimit"),
+        sf_entries(open.headers(), "ratelimit"),
         [("local".to_string(), params(&[("r", 3), ("t", 1)]))]
     );
 }
@@ -950,10 +919,6 @@ fn counting_app(
         ))
         .layer(MockConnectInfo(peer("192.0.2.200")));
     (app, hits)
-}
-
-fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
-    Pin::new(future).poll(&mut Context::from_waker(Waker::noop()))
 }
 
 #[tokio::test(start_paused = true)]
@@ -984,7 +949,7 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
         StatusCode::OK
     );
     let mut third = Box::pin(app.clone().oneshot(get()));
-    assert!(poll_once(&mut third).is_pending());
+    assert!(poll_once(Pin::new(&mut third)).is_pending());
     let refused = app.clone().oneshot(get()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
@@ -1013,7 +978,7 @@ async fn dropping_a_waiting_request_gives_its_permit_back() {
 
     // This one holds the next permit and waits for it...
     let mut waiting = Box::pin(app.clone().oneshot(get()));
-    assert!(poll_once(&mut waiting).is_pending());
+    assert!(poll_once(Pin::new(&mut waiting)).is_pending());
     // ...so another would have to wait two seconds, and is refused.
     let refused = app.clone().oneshot(get()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -1022,7 +987,7 @@ async fn dropping_a_waiting_request_gives_its_permit_back() {
     drop(waiting);
     let mut next = Box::pin(app.clone().oneshot(get()));
     assert!(
-        poll_once(&mut next).is_pending(),
+        poll_once(Pin::new(&mut next)).is_pending(),
         "it waits for the returned permit"
     );
     let start = tokio::time::Instant::now();
@@ -1110,8 +1075,8 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
         .extensions_mut()
         .insert(axum::extract::ConnectInfo(other));
     let mut in_flight = Box::pin(app.clone().oneshot(request));
-    assert!(poll_once(&mut in_flight).is_pending());
-    assert!(poll_once(&mut in_flight).is_pending());
+    assert!(poll_once(Pin::new(&mut in_flight)).is_pending());
+    assert!(poll_once(Pin::new(&mut in_flight)).is_pending());
     assert_eq!(
         asked.load(Ordering::SeqCst),
         4,

@@ -2,10 +2,8 @@
 //! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
 //! the observability counters of policies vetoed by another one.
 
-use crate::common::listener;
-
+use crate::common::listener::{serve, sf_list};
 use crate::common::poll_once;
-use listener::{serve, sf_list};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;

@@ -10,8 +10,6 @@
 //! key; stale headers after a refund; a zero-cost policy still advertised; `cost_by` run twice)
 //! are fixed, and each test below now holds the promise it names.
 
-use crate::common::listener;
-
 use crate::common::{poll_once, YieldOnce};
 use std::collections::HashMap;
 use std::future::Future;
@@ -386,7 +384,7 @@ fn body_json(response: Response<Body>) -> serde_json::Value {
 
 /// The names in a `RateLimit` or `RateLimit-Policy` header, parsed as an RFC 9651 list (all
 /// field lines joined); empty if there is none.
-use listener::{sf_entries, sf_names};
+use crate::common::listener::{sf_entries, sf_names};
 
 fn param(entry: &(String, Vec<(String, i64)>), name: &str) -> i64 {
     entry

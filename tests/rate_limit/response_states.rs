@@ -2,7 +2,7 @@
 //! from per-thread shared chunks, the `SmallVec` ledger with its one-policy shortcut and
 //! out-of-line general path, and the response future's split poll.
 //!
-//! Complements `hotpath_attack.rs` (exact limits under contention, permit release, keys,
+//! Complements `permit_accounting.rs` (exact limits under contention, permit release, keys,
 //! clocks): here every response must carry exactly its own header text, every layer shape
 //! (1, 2, 4, 5, 8 policies) must decide all-or-nothing exactly as a twin model does, and every
 //! state of a hand-driven response future must behave as documented.

@@ -1,11 +1,9 @@
 //! A client-side quota in Redis: two clients built separately (as two instances of a service
 //! would be), each with its own connection and limiter, share one quota for the partner.
 
-use crate::common::redis_server;
-
 use std::time::Duration;
 
-use redis_server::RedisServer;
+use crate::common::redis_server::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};

@@ -1,9 +1,7 @@
 //! The Redis limiter on a Redis Cluster of three masters: keys of different clients live in
 //! different slots on different nodes, and each script touches one slot.
 
-use crate::common::redis_server;
-
-use redis_server::RedisCluster;
+use crate::common::redis_server::RedisCluster;
 use tower_bulwark::redis::{HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},

@@ -3,11 +3,11 @@
 
 use crate::common::redis_server;
 
+use crate::common::redis_server::RedisServer;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
-use redis_server::RedisServer;
 use tower::ServiceExt;
 use tower_bulwark::config::{ConfigKey, Registry};
 use tower_bulwark::Limiter;

@@ -2,11 +2,9 @@
 //! Redis limiter, on one manual clock, must give the same decisions, field for field, refunds
 //! included: of reservations and of immediate admissions, at once (a veto) or later.
 
-use crate::common::redis_server;
-
 use std::time::Duration;
 
-use redis_server::RedisServer;
+use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},

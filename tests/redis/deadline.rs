@@ -2,12 +2,11 @@
 //! SIGSTOP while decisions are sent, each answered by the fail mode at its timeout; when
 //! Redis resumes, the queued scripts must change nothing.
 
-use crate::common::redis_server;
-
 use std::process::Command;
 use std::time::Duration;
 
-use redis_server::{key_state, FakeRedis, RedisServer};
+use crate::common::poll_once;
+use crate::common::redis_server::{key_state, FakeRedis, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -190,12 +189,6 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     assert_eq!(open.failures(), 1);
 }
 
-/// Polls `future` once, with a waker that does nothing (the test polls again itself).
-fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    std::pin::Pin::new(future).poll(&mut cx)
-}
-
 /// A key's state without the latest clock reading that every script records (GCRA's
 /// `<tat>:<latest>`, the hashes' field `l`, the sliding log's member `hw`): with the server's
 /// time it moves on with every call, and it decides nothing that a fresh reading would not.
@@ -259,7 +252,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     for polls in 0.. {
         let mut future = limiter.reserve(&"k", 1);
         for _ in 0..polls {
-            if let std::task::Poll::Ready(result) = poll_once(&mut future) {
+            if let std::task::Poll::Ready(result) = poll_once(std::pin::Pin::new(&mut future)) {
                 let decision = result.unwrap();
                 assert!(decision.allowed);
                 limiter.refund_and_wait(&"k", 1, decision).await.unwrap();
@@ -284,7 +277,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     let stopped = Stopped::stop(pid(server));
     let mut future = limiter.reserve(&"k", 1);
     for _ in 0..4 {
-        assert!(poll_once(&mut future).is_pending());
+        assert!(poll_once(std::pin::Pin::new(&mut future)).is_pending());
         tokio::task::yield_now().await;
     }
     drop(future);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::{FakeRedis, RedisServer};
+use crate::common::redis_server::{FakeRedis, RedisServer};
 use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
 
@@ -335,6 +335,9 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     let recorder = Recorder::default();
     // The test runs on one thread, so a thread-local default subscriber sees every event.
     let _guard = tracing::subscriber::set_default(recorder.clone());
+    // Other tests of this binary reach the same call sites with no subscriber; one registering
+    // a call site while this one was installed can leave it cached as unheard.
+    tracing::callsite::rebuild_interest_cache();
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)

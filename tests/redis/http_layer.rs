@@ -1,15 +1,13 @@
 //! The Redis limiter behind the HTTP layer: the same 429, `Retry-After`, `RateLimit` headers and
 //! problem body as the in-memory limiter gives, request for request.
 
-use crate::common::redis_server;
-
 use std::time::Duration;
 
+use crate::common::redis_server::RedisServer;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
-use redis_server::RedisServer;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};

@@ -2,12 +2,10 @@
 //! exactly as it was, for every algorithm, whether it was admitted at once or reserved, and
 //! whether the refund comes at once or later; hostile state is refused, not believed.
 
-use crate::common::redis_server;
-
 use std::time::Duration;
 
+use crate::common::redis_server::{key_state, RedisServer};
 use redis::aio::MultiplexedConnection;
-use redis_server::{key_state, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };

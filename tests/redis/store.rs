@@ -4,7 +4,7 @@ use crate::common::redis_server;
 
 use std::time::Duration;
 
-use redis_server::RedisServer;
+use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
