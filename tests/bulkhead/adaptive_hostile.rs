@@ -1,6 +1,6 @@
-//! Attacks on the adaptive bulkhead's documented promises, each written from the docs (module
-//! and item docs, the guide's adaptive section, the CHANGELOG) before reading the other adaptive
-//! tests. Time is a `ManualClock`; nothing sleeps to pass.
+//! Attacks on the adaptive bulkhead's documented promises (its module and item docs, the guide's
+//! adaptive section), each test naming the promise it attacks. Time is a `ManualClock`; nothing
+//! sleeps to pass.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

@@ -1,8 +1,6 @@
 //! The default clock (`SystemClock`) attacked with real threads and real clocks: sixteen
 //! threads reading one clock for two seconds on a two-core machine (so that they are preempted
 //! often), and real limiters on the default clock raced by sixteen threads.
-//!
-//! Written from the docs of `SystemClock` before reading its implementation.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};

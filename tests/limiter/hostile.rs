@@ -1,5 +1,6 @@
-//! Issue 11, items 4 to 11: the in-memory limiters under hostile conditions. Each test names the
-//! item it reproduces; every one failed on main at dfcd609.
+//! The in-memory limiters under hostile conditions: stale and out-of-order clock readings,
+//! requests vetoed by another policy, refunds racing later reservations, key floods, clocks near
+//! their end and absurd periods. Each test names the promise it holds.
 //!
 //! Time is injected: a [`ManualClock`] where time only moves forward, and a [`ScriptedClock`]
 //! whose reading each thread chooses, to reproduce a thread that read the clock and then lost the

@@ -1,5 +1,6 @@
-//! Property tests of issue 11's contract: refunds, stale clock readings and small limits, each
-//! algorithm against a simple model or against a twin that never saw the refunded request.
+//! Property tests of the limiters' contract under hostile use: refunds, stale clock readings and
+//! small limits, each algorithm against a simple model or against a twin that never saw the
+//! refunded request.
 
 use std::cell::Cell;
 

@@ -1,9 +1,8 @@
-//! Attacks on the request hot path as restructured for speed (e55a87b..88d2d6d): GCRA's
-//! "admitted now, never built" fast path (`admit_now` / `decide_unless_admitted_now`) and its
-//! full-decision twin under contention, stale and out-of-order clock readings, costs, waiting
-//! reservations and refunds on veto; and the one-enum `ResponseFuture`, whose permits must be
-//! released exactly once whatever happens to it (dropped in every state, limiters that pend or
-//! fail, inner services that panic or fail, headers on and off, `count_if`).
+//! Exact permit accounting on the request path: admissions at once and full decisions under
+//! contention, stale and out-of-order clock readings, costs, waiting reservations and refunds on
+//! veto; and the layer's response future, whose permits must be released exactly once whatever
+//! happens to it (dropped in every state, limiters that pend or fail, inner services that panic
+//! or fail, headers on and off, `count_if`).
 //!
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.

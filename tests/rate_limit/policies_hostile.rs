@@ -1,14 +1,10 @@
-//! Adversarial tests of policies v2 (`Policy::cost`, `cost_by`, `count_if`, `shadow`,
+//! Adversarial tests of policies (`Policy::cost`, `cost_by`, `count_if`, `shadow`,
 //! `shadow_advertised`, `Policy::and`, `Vec<Policy>`): every promise of the layer's docs is
 //! attacked with real in-memory limiters wrapped in an accounting limiter that records every
 //! permit granted and given back, with limiters that decide later, fail, or wait, with futures
-//! dropped after every poll, with panicking closures, and with a model of the permits each key
-//! has left checked after every request of random sequences.
-//!
-//! Written blind against the layer's docs; the eleven defects the suite found (permits leaked by
-//! a panicking cost function, key extractor or refusal hook; refunds oldest first on one GCRA
-//! key; stale headers after a refund; a zero-cost policy still advertised; `cost_by` run twice)
-//! are fixed, and each test below now holds the promise it names.
+//! dropped after every poll, with panicking closures (cost functions, key extractors, refusal
+//! hooks), and with a model of the permits each key has left checked after every request of
+//! random sequences. Each test holds the promise it names.
 
 use crate::common::{poll_once, YieldOnce};
 use std::collections::HashMap;

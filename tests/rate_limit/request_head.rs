@@ -3,8 +3,6 @@
 //! by piece): the key extractor, the cost function and the exemption see exactly the request the
 //! handler gets, the handler gets the body unchanged on the admitted and on the waiting path,
 //! and a closure that panics keeps no permit.
-//!
-//! Written from the docs of `RequestHead`, `Policy` and `RateLimitLayer`.
 
 use crate::common::listener;
 

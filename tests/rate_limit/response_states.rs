@@ -1,11 +1,10 @@
-//! Attacks on the HTTP layer's restructured internals (609f60f..d5ffe08): `RateLimit` values cut
-//! from per-thread shared chunks, the `SmallVec` ledger with its one-policy shortcut and
-//! out-of-line general path, and the response future's split poll.
+//! The HTTP layer's answers in every state: each response carries exactly its own `RateLimit`
+//! text (across threads, from threads that exit, from thread-local destructors), every layer
+//! shape (1, 2, 4, 5, 8 policies) decides all-or-nothing exactly as a twin model does, and every
+//! state of a hand-driven response future behaves as documented.
 //!
 //! Complements `permit_accounting.rs` (exact limits under contention, permit release, keys,
-//! clocks): here every response must carry exactly its own header text, every layer shape
-//! (1, 2, 4, 5, 8 policies) must decide all-or-nothing exactly as a twin model does, and every
-//! state of a hand-driven response future must behave as documented.
+//! clocks).
 
 use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
 use std::cell::RefCell;
