@@ -114,3 +114,24 @@ pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
     }
     builder.body(()).unwrap()
 }
+
+/// Sends this thread's `tracing` events to `subscriber` until the guard drops, whatever the
+/// binary's other tests do on their threads.
+///
+/// `tracing` caches per call site whether anyone listens. While a thread's own subscriber is the
+/// only one registered, `tracing` asks only the registering thread's subscriber, so a call site
+/// first reached by a test on another thread is cached as unheard for every thread. A global
+/// subscriber that takes nothing, installed once, makes it ask every registered subscriber,
+/// this one included; the cache is then rebuilt for the call sites already reached.
+pub fn thread_subscriber(
+    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
+) -> tracing::subscriber::DefaultGuard {
+    static GLOBAL: Once = Once::new();
+    GLOBAL.call_once(|| {
+        tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())
+            .expect("no other global subscriber in a test binary");
+    });
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}

@@ -1,15 +1,12 @@
-//! Refusals of named instances as `tracing` events.
-//!
-//! `tracing` caches per call site whether any subscriber listens. Other tests of this binary
-//! reach the same call sites on other threads with no subscriber, and one that registers a call
-//! site while this test installs its own can leave it cached as unheard; so the test rebuilds
-//! that cache once its subscriber is in place, before the requests.
+//! Refusals of named instances as `tracing` events, captured on the test's own thread while the
+//! binary's other tests reach the same call sites on theirs (see `common::thread_subscriber`).
 
 use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use tower_bulwark::config::Registry;
 
+use crate::common::thread_subscriber;
 use crate::orders::{get_orders, router, runtime};
 
 const CONFIG: &str = r#"
@@ -48,8 +45,8 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        tracing::callsite::rebuild_interest_cache();
+    {
+        let _guard = thread_subscriber(subscriber);
         runtime().block_on(async {
             let registry = Registry::from_toml_str(CONFIG).unwrap();
             let api = router(&registry, "api", [198, 51, 100, 23]);
@@ -59,8 +56,8 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
             let private = router(&registry, "private", [192, 0, 2, 99]);
             get_orders(&private).await;
             assert_eq!(get_orders(&private).await, StatusCode::TOO_MANY_REQUESTS);
-        })
-    });
+        });
+    }
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let refusals: Vec<&str> = text
         .lines()

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::redis_server::{FakeRedis, RedisServer};
+use crate::common::thread_subscriber;
 use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
 
@@ -334,10 +335,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     };
     let recorder = Recorder::default();
     // The test runs on one thread, so a thread-local default subscriber sees every event.
-    let _guard = tracing::subscriber::set_default(recorder.clone());
-    // Other tests of this binary reach the same call sites with no subscriber; one registering
-    // a call site while this one was installed can leave it cached as unheard.
-    tracing::callsite::rebuild_interest_cache();
+    let _guard = thread_subscriber(recorder.clone());
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)
