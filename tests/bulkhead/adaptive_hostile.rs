@@ -590,6 +590,7 @@ fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
 
 /// A server on 127.0.0.1 that reads each request and then cuts the connection without an
 /// answer: closed (`reset` false) or reset (`reset` true).
+#[cfg(feature = "reqwest")]
 async fn cutting_server(reset: bool) -> std::net::SocketAddr {
     use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
