@@ -18,7 +18,8 @@ use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
-use crate::common::{quiet_panics_starting_with, response};
+use crate::common::process::quiet_panics_starting_with;
+use crate::common::response;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -28,7 +28,7 @@ use tower_bulwark::bulkhead::{
 };
 use tower_bulwark::BoxError;
 
-use crate::common::quiet_panics_starting_with;
+use crate::common::process::quiet_panics_starting_with;
 
 const CALLS: usize = 4_800;
 const PRODUCERS: usize = 24;

@@ -16,7 +16,7 @@ use tower_bulwark::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
 };
 
-use crate::common::quiet_panics_starting_with;
+use crate::common::process::quiet_panics_starting_with;
 
 const CALLS: usize = 4_800;
 const PRODUCERS: usize = 24;

@@ -1,16 +1,17 @@
 //! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
 //! with one await point, polling by hand and a runtime with paused time here; an HTTP listener
-//! and the rate-limit headers parsed in [`listener`]; private Redis servers in [`redis_server`].
+//! and the rate-limit headers parsed in [`listener`]; the panic hook and the `tracing` dispatcher
+//! that a binary's tests share in [`process`]; private Redis servers in [`redis_server`].
 //! Each binary's `main.rs` takes them with `#[path = "../common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Not every test binary uses every helper.
 
 pub mod listener;
+pub mod process;
 pub mod redis_server;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, Once, PoisonError};
 use std::task::{Context, Poll};
 
 /// A deterministic pseudo-random sequence (xorshift), so a failing run replays from its seed.
@@ -78,34 +79,6 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Keeps the panics a test plans, those whose message starts with `prefix`, out of the test
-/// output; any other panic is still reported. One hook serves every prefix of the binary.
-pub fn quiet_panics_starting_with(prefix: &'static str) {
-    static PREFIXES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    static HOOK: Once = Once::new();
-    let mut prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
-    if !prefixes.contains(&prefix) {
-        prefixes.push(prefix);
-    }
-    drop(prefixes);
-    HOOK.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied());
-            let prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
-            let planned = message.is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p)));
-            drop(prefixes);
-            if !planned {
-                default(info);
-            }
-        }));
-    });
-}
-
 /// A response with `status`, the header fields `headers` and no body, as a dependency answers.
 pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
     let mut builder = http::Response::builder().status(status);
@@ -113,25 +86,4 @@ pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
         builder = builder.header(*name, *value);
     }
     builder.body(()).unwrap()
-}
-
-/// Sends this thread's `tracing` events to `subscriber` until the guard drops, whatever the
-/// binary's other tests do on their threads.
-///
-/// `tracing` caches per call site whether anyone listens. While a thread's own subscriber is the
-/// only one registered, `tracing` asks only the registering thread's subscriber, so a call site
-/// first reached by a test on another thread is cached as unheard for every thread. A global
-/// subscriber that takes nothing, installed once, makes it ask every registered subscriber,
-/// this one included; the cache is then rebuilt for the call sites already reached.
-pub fn thread_subscriber(
-    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
-) -> tracing::subscriber::DefaultGuard {
-    static GLOBAL: Once = Once::new();
-    GLOBAL.call_once(|| {
-        tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())
-            .expect("no other global subscriber in a test binary");
-    });
-    let guard = tracing::subscriber::set_default(subscriber);
-    tracing::callsite::rebuild_interest_cache();
-    guard
 }

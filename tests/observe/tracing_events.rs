@@ -1,12 +1,12 @@
 //! Refusals of named instances as `tracing` events, captured on the test's own thread while the
-//! binary's other tests reach the same call sites on theirs (see `common::thread_subscriber`).
+//! binary's other tests reach the same call sites on theirs (see `common::process::thread_subscriber`).
 
 use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use tower_bulwark::config::Registry;
 
-use crate::common::thread_subscriber;
+use crate::common::process::thread_subscriber;
 use crate::orders::{get_orders, router, runtime};
 
 const CONFIG: &str = r#"

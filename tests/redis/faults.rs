@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::process::thread_subscriber;
 use crate::common::redis_server::{FakeRedis, RedisServer};
-use crate::common::thread_subscriber;
 use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
 
