@@ -1,8 +1,9 @@
 //! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
-//! with one await point, polling by hand and a runtime with paused time here; an HTTP listener
-//! and the rate-limit headers parsed in [`listener`]; the panic hook and the `tracing` dispatcher
-//! that a binary's tests share in [`process`]; private Redis servers in [`redis_server`].
-//! Each binary's `main.rs` takes them with `#[path = "../common/mod.rs"] mod common;`.
+//! with one await point, polling by hand, a runtime with paused time and a dependency's answer
+//! here; an HTTP listener and the rate-limit headers parsed in [`listener`]; the panic hook and
+//! the `tracing` dispatcher that a binary's tests share in [`process`]; private Redis servers in
+//! [`redis_server`]. Each binary's `main.rs` takes them with
+//! `#[path = "../common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Not every test binary uses every helper.
 
