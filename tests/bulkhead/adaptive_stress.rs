@@ -29,31 +29,9 @@ use tower_bulwark::bulkhead::{
 use tower_bulwark::BoxError;
 
 use crate::common::process::quiet_panics_starting_with;
+use crate::stress::{Kind, CALLS, KINDS, PRODUCERS};
 
-const CALLS: usize = 4_800;
-const PRODUCERS: usize = 24;
 const PANIC_MESSAGE: &str = "adaptive stress: planned panic";
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Complete,
-    Fail,
-    PanicInFuture,
-    PanicInCall,
-    /// Never answers: ended by aborting the caller's task.
-    Dropped,
-    /// Never answers: cut by the timeout layer above the bulkhead.
-    Hang,
-}
-
-const KINDS: [Kind; 6] = [
-    Kind::Complete,
-    Kind::Fail,
-    Kind::PanicInFuture,
-    Kind::PanicInCall,
-    Kind::Dropped,
-    Kind::Hang,
-];
 
 /// Every limit set, in order, and the calls inside the inner service.
 #[derive(Default)]

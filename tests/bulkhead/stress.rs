@@ -18,13 +18,14 @@ use tower_bulwark::bulkhead::{
 
 use crate::common::process::quiet_panics_starting_with;
 
-const CALLS: usize = 4_800;
-const PRODUCERS: usize = 24;
+/// Calls per storm, sent by `PRODUCERS` tasks (also the adaptive bulkhead's storms).
+pub(crate) const CALLS: usize = 4_800;
+pub(crate) const PRODUCERS: usize = 24;
 const PANIC_MESSAGE: &str = "stress: planned panic";
 
 /// How a call ends, chosen by the request.
 #[derive(Clone, Copy, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     Complete,
     Fail,
     PanicInFuture,
@@ -35,7 +36,7 @@ enum Kind {
     Hang,
 }
 
-const KINDS: [Kind; 6] = [
+pub(crate) const KINDS: [Kind; 6] = [
     Kind::Complete,
     Kind::Fail,
     Kind::PanicInFuture,
