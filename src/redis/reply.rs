@@ -161,6 +161,7 @@ fn bad(what: String) -> RedisFailure {
 mod tests {
     use super::*;
     use crate::Quota;
+    use proptest::prelude::*;
 
     fn quota() -> ScriptQuota {
         ScriptQuota::new(LimiterScript::Gcra, Quota::per_second(10).unwrap(), false).unwrap()
@@ -221,51 +222,105 @@ mod tests {
     }
 
     #[test]
-    fn replies_of_the_wrong_shape_are_errors() {
+    fn replies_of_the_wrong_shape_are_errors_that_say_what_is_wrong() {
         let q = quota();
         let cases = [
-            Value::Nil,
-            Value::Int(1),
-            Value::Okay,
-            Value::BulkString(b"1".to_vec()),
-            Value::Array(Vec::new()),
-            ints(&[1, 2, 3]),
-            ints(&[1, 2, 3, 4, 5, 6]),
+            (Value::Nil, "expected an array"),
+            (Value::Int(1), "expected an array"),
+            (Value::Okay, "expected an array"),
+            (Value::BulkString(b"1".to_vec()), "expected an array"),
+            (Value::Array(Vec::new()), "an empty array"),
+            (ints(&[1, 2, 3]), "expected 8 integers, got 3"),
+            (ints(&[1, 2, 3, 4, 5, 6]), "expected 8 integers, got 6"),
             // GCRA's decisions have eight integers, the other scripts' seven.
-            ints(&[1, 2, 3, 4, 5, 6, 7]),
-            ints(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
-            ints(&[2, 0, 0, 0, 0, 0, 0, 0]),
-            ints(&[2]),
-            ints(&[3, 1, 2]),
-            ints(&[4, 0]),
-            ints(&[-1, 0]),
-            ints(&[2, -5]),
-            ints(&[2, 1 << 53]),
-            ints(&[1, -1, 0, 0, 0, 0, 0, 0]),
-            ints(&[1, 11, 0, 0, 0, 0, 0, 0]),
-            ints(&[0, 0, i64::MAX, 0, 0, 0, 0, 0]),
-            ints(&[1, 0, 0, 0, 5, 1 << 53, 0, 0]),
-            ints(&[1, 0, 0, 0, 5, 0, 1 << 53, 0]),
-            ints(&[1, 0, 0, 0, 5, 0, -1, 0]),
-            ints(&[1, 0, 0, 0, 0, 0, 0, 1 << 53]),
-            ints(&[1, 0, 0, 0, 0, 0, 0, -1]),
-            Value::Array(vec![
-                Value::Int(1),
-                Value::BulkString(b"9".to_vec()),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-            ]),
-            Value::Array(vec![Value::Double(0.5); 8]),
-            Value::Array(vec![Value::BulkString(b"late".to_vec()), Value::Int(1)]),
+            (ints(&[1, 2, 3, 4, 5, 6, 7]), "expected 8 integers, got 7"),
+            (
+                ints(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+                "expected 8 integers, got 9",
+            ),
+            (
+                ints(&[2, 0, 0, 0, 0, 0, 0, 0]),
+                "expected 2 integers, got 8",
+            ),
+            (ints(&[2]), "expected 2 integers, got 1"),
+            (ints(&[3, 1, 2]), "expected 2 integers, got 3"),
+            (ints(&[4, 0]), "the status is neither"),
+            (ints(&[-1, 0]), "`status` is negative"),
+            (ints(&[2, -5]), "`time` is negative"),
+            (ints(&[2, 1 << 53]), "`time` is out of range"),
+            (ints(&[1, -1, 0, 0, 0, 0, 0, 0]), "`remaining` is negative"),
+            (ints(&[1, 11, 0, 0, 0, 0, 0, 0]), "`remaining` (11) exceeds"),
+            (
+                ints(&[0, 0, i64::MAX, 0, 0, 0, 0, 0]),
+                "`retry_after` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 1 << 53, 0, 0]),
+                "`reserved_at` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 0, 1 << 53, 0]),
+                "`state_after` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 0, -1, 0]),
+                "`state_after` is negative",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 0, 0, 0, 1 << 53]),
+                "`time` is out of range",
+            ),
+            (ints(&[1, 0, 0, 0, 0, 0, 0, -1]), "`time` is negative"),
+            (
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::BulkString(b"9".to_vec()),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                ]),
+                "`remaining` is not an integer",
+            ),
+            (
+                Value::Array(vec![Value::Double(0.5); 8]),
+                "`status` is not an integer",
+            ),
+            (
+                Value::Array(vec![Value::BulkString(b"late".to_vec()), Value::Int(1)]),
+                "`status` is not an integer",
+            ),
         ];
-        for value in cases {
+        for (value, what) in cases {
             let err = parse_reply(&value, &q).expect_err(&format!("{value:?}"));
             assert!(err.is_bad_reply(), "{err}");
             assert!(err.to_string().starts_with("redis"), "{err}");
+            assert!(err.to_string().contains(what), "{value:?}: {err}");
+        }
+    }
+
+    fn any_item() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => (0i64..20).prop_map(Value::Int),
+            1 => any::<i64>().prop_map(Value::Int),
+            1 => any::<Vec<u8>>().prop_map(Value::BulkString),
+            1 => any::<f64>().prop_map(Value::Double),
+            1 => Just(Value::Nil),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a server answers, reading it gives a reply or an error, never a panic.
+        #[test]
+        fn any_reply_is_read_without_a_panic(
+            items in prop::collection::vec(any_item(), 0..10),
+            gcra in any::<bool>(),
+        ) {
+            let script = if gcra { LimiterScript::Gcra } else { LimiterScript::SlidingLog };
+            let quota = ScriptQuota::new(script, Quota::per_second(10).unwrap(), false).unwrap();
+            let _ = parse_reply(&Value::Array(items), &quota);
         }
     }
 }
