@@ -3,7 +3,7 @@
 //! The in-memory limiters limit per process; with N replicas behind a load balancer a quota of 10
 //! becomes up to 10·N. A [`RedisRateLimiter`] keeps the state of the same four algorithms in
 //! Redis instead, so every instance that shares the Redis draws from one budget per key. It is a
-//! [`Limiter`] like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
+//! [`Limiter`](crate::Limiter) like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!
 //! ```no_run
 //! use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
@@ -32,7 +32,7 @@
 //!   agree. Every value a script handles is an integer number of ticks, rounded exactly as the
 //!   in-memory algorithm rounds, so nothing is lost to Lua's conversion of numbers to integer
 //!   replies. Window algorithms count their windows from the Unix epoch. For tests,
-//!   [`client_clock`](RedisRateLimiterBuilder::client_clock) passes a [`Clock`]'s
+//!   [`client_clock`](RedisRateLimiterBuilder::client_clock) passes a [`Clock`](crate::clock::Clock)'s
 //!   nanoseconds instead, which makes the decisions identical to the in-memory limiter's.
 //! * **One key per decision, always with an expiry.** The key of client key `k` is
 //!   `<prefix>{k}` by default: the braces are Redis Cluster's hash tag, so the state of `k` lives
@@ -47,10 +47,10 @@
 //!   below zero), and a script whose `now` is earlier (a client clock behind another instance's,
 //!   a server clock stepped back) decides as of that instant, as the in-memory limiters do: the
 //!   sliding log would otherwise count without the permits a later script pruned.
-//! * **Same [`Decision`]** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
+//! * **Same [`Decision`](crate::limiter::Decision)** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
 //!   reservations within the quota's `max_wait`. Every admission remembers the instant its
 //!   permits were charged at (and, for GCRA, the TAT it left), so a
-//!   [`refund`](Limiter::refund) (a dropped waiter, or a request that another policy refused)
+//!   [`refund`](crate::Limiter::refund) (a dropped waiter, or a request that another policy refused)
 //!   takes off what that admission took, whether it was immediate or reserved, as the
 //!   in-memory algorithm does (see the last limit below).
 //! * **A decision that comes too late changes nothing.** Each script carries a deadline in the
@@ -85,7 +85,7 @@
 //!   counter).
 //! * With the server's clock, times are whole microseconds: intervals and periods are rounded up
 //!   to the microsecond (never exceeding the rate), `max_wait` down.
-//! * [`Limiter::refund`] is synchronous, so it sends its script from a spawned task (it needs a
+//! * [`Limiter::refund`](crate::Limiter::refund) is synchronous, so it sends its script from a spawned task (it needs a
 //!   tokio runtime; outside one it logs and gives nothing back). Use
 //!   [`RedisRateLimiter::refund_and_wait`] to await it.
 //! * A cached refusal is not revised when another instance gives permits back: such a key may be
