@@ -161,33 +161,26 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
     /// leave Lua's exact integers (see the module's limits), a prefix or fixed hash tag holding
     /// a brace, or a zero timeout.
     pub fn build(self) -> Result<RedisRateLimiter<A, C>, BuildError> {
-        let Settings {
-            quota,
-            store,
-            client_clock,
-            prefix,
-            hash_tag,
-            timeout,
-            fail_mode,
-            probe_interval,
-            cache_capacity,
-        } = self.settings;
+        let settings = self.settings;
         let script = LimiterScript::of::<A>();
-        let quota = ScriptQuota::new(script, quota, client_clock).map_err(BuildError::new)?;
-        let prefix = prefix.unwrap_or_else(|| format!("bulwark:{}:", script.name()));
-        let keys = KeyLayout::new(prefix, hash_tag)?;
-        if timeout.is_zero() {
+        let quota = ScriptQuota::new(script, settings.quota, settings.client_clock)
+            .map_err(BuildError::new)?;
+        let prefix = settings
+            .prefix
+            .unwrap_or_else(|| format!("bulwark:{}:", script.name()));
+        let keys = KeyLayout::new(prefix, settings.hash_tag)?;
+        if settings.timeout.is_zero() {
             return Err(BuildError::new("the timeout must be longer than zero"));
         }
         Ok(RedisRateLimiter::new(Inner {
-            store,
+            store: settings.store,
             quota: ArcSwap::from_pointee(quota),
             clock: Box::new(self.clock),
             keys,
-            timeout,
-            fail_mode,
-            breaker: Breaker::new(probe_interval),
-            cache: cache_capacity.map(RefusalCache::new),
+            timeout: settings.timeout,
+            fail_mode: settings.fail_mode,
+            breaker: Breaker::new(settings.probe_interval),
+            cache: settings.cache_capacity.map(RefusalCache::new),
             cached_refusals: AtomicU64::new(0),
             offset: ClockOffset::default(),
         }))

@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
+use super::error::{Cause, RedisFailure};
 use super::limiter::Inner;
 use super::reply::{parse_reply, Reply};
 use super::script::{Operation, ScriptQuota, MAX_NOW};
-use super::RedisFailure;
 use crate::decision::Decision;
 
 impl Inner {
@@ -35,13 +35,11 @@ impl Inner {
                     Reply::Decision(decision, _) => return Ok(decision),
                     Reply::Late(_) => {}
                     other => {
-                        return Err(RedisFailure::bad_reply(format!(
-                            "{other:?} is not a decision"
-                        )))
+                        return Err(Cause::BadReply(format!("{other:?} is not a decision")).into())
                     }
                 }
             }
-            Err(RedisFailure::late())
+            Err(Cause::Late.into())
         })
         .await
     }
@@ -57,9 +55,9 @@ impl Inner {
         self.bounded(async {
             match self.run_script(quota, key, refund, cost).await? {
                 Reply::Refunded(_) => Ok(()),
-                other => Err(RedisFailure::bad_reply(format!(
-                    "{other:?} is not the answer to a refund"
-                ))),
+                other => {
+                    Err(Cause::BadReply(format!("{other:?} is not the answer to a refund")).into())
+                }
             }
         })
         .await
@@ -72,11 +70,11 @@ impl Inner {
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
         if self.breaker.skipping() {
-            return Err(RedisFailure::skipped());
+            return Err(Cause::Skipped.into());
         }
         tokio::time::timeout(self.timeout, call)
             .await
-            .unwrap_or_else(|_| Err(RedisFailure::timeout(self.timeout)))
+            .unwrap_or_else(|_| Err(Cause::Timeout(self.timeout).into()))
     }
 
     /// One script call and its reply, which also tells the offset between the clocks.
@@ -90,11 +88,7 @@ impl Inner {
         let now = self.script_now(quota)?;
         let invocation = quota.invocation(key, operation, now, cost);
         let sent = self.clock.now();
-        let value = self
-            .store
-            .run(&invocation)
-            .await
-            .map_err(RedisFailure::redis)?;
+        let value = self.store.run(&invocation).await.map_err(Cause::Redis)?;
         let received = self.clock.now();
         let reply = parse_reply(&value, quota)?;
         self.offset.observe(sent, received, reply.server_time());
@@ -109,7 +103,7 @@ impl Inner {
         }
         let now = self.clock.now();
         if now > MAX_NOW {
-            return Err(RedisFailure::clock_out_of_range(now));
+            return Err(Cause::ClockOutOfRange(now).into());
         }
         Ok(Some(now))
     }

@@ -183,12 +183,12 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         key: &K,
         cost: u32,
     ) -> Result<Decision, BoxError> {
-        self.decide(key, cost, false).await
+        self.decision(key, cost, false).await
     }
 
     /// Decides on `cost` permits for `key`, waiting up to the quota's `max_wait` if `wait`,
     /// with the quota current when it is called.
-    fn decide<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, wait: bool) -> ReserveFuture {
+    fn decision<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, wait: bool) -> ReserveFuture {
         let inner = &self.inner;
         let quota = inner.quota.load_full();
         if cost > quota.capacity {
@@ -248,8 +248,10 @@ impl Inner {
         match self.ask_decision(quota, &key, cost, max_wait).await {
             Ok(decision) => {
                 self.breaker.answered(quota.script.name());
-                if let (false, Some(cache)) = (decision.allowed, &self.cache) {
-                    cache.insert(&key, cost, self.clock.now(), &decision);
+                if !decision.allowed {
+                    if let Some(cache) = &self.cache {
+                        cache.insert(&key, cost, self.clock.now(), &decision);
+                    }
                 }
                 Ok(decision.of_cost(cost).for_key(fingerprint(&key)))
             }
@@ -392,7 +394,7 @@ where
     }
 
     fn reserve(&self, key: &K, cost: u32) -> ReserveFuture {
-        self.decide(key, cost, true)
+        self.decision(key, cost, true)
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {

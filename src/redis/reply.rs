@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::error::RedisFailure;
+use super::error::{Cause, RedisFailure};
 use super::script::{LimiterScript, ScriptQuota};
 use crate::decision::Decision;
 
@@ -154,7 +154,7 @@ impl<'a> Fields<'a> {
 }
 
 fn bad(what: String) -> RedisFailure {
-    RedisFailure::bad_reply(what)
+    Cause::BadReply(what).into()
 }
 
 #[cfg(test)]
