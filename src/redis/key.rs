@@ -211,15 +211,15 @@ mod tests {
     fn keys_carry_the_prefix_and_an_escaped_hash_tag() {
         let per_key = layout("p:", HashTag::PerKey).unwrap();
         assert_eq!(per_key.redis_key("alice"), "p:{alice}");
-        assert_eq!(per_key.redis_key("a}b%c"), "p:{a%7Db%25c}");
-        assert_ne!(per_key.redis_key("a}"), per_key.redis_key("a%7D"));
+        assert_eq!(per_key.redis_key("{a}b%c"), "p:{{a%7Db%25c}");
+        assert_ne!(per_key.redis_key("{a}"), per_key.redis_key("{a%7D"));
         let fixed = layout("p:", HashTag::Fixed("t".into())).unwrap();
-        assert_eq!(fixed.redis_key("a}b"), "p:{t}:a}b");
+        assert_eq!(fixed.redis_key("{a}b"), "p:{t}:{a}b");
         for (prefix, tag) in [
             ("p{", HashTag::PerKey),
             ("p}", HashTag::PerKey),
             ("p:", HashTag::Fixed(String::new())),
-            ("p:", HashTag::Fixed("a}".into())),
+            ("p:", HashTag::Fixed("}a{".into())),
         ] {
             assert!(layout(prefix, tag).is_err(), "{prefix}");
         }
