@@ -1,6 +1,6 @@
-//! Decisions that arrive after their caller gave up (issue 11, item 12): Redis stopped with
-//! SIGSTOP while decisions are sent, each answered by the fail mode at its timeout; when
-//! Redis resumes, the queued scripts must change nothing.
+//! Decisions that arrive after their caller gave up: Redis stopped with SIGSTOP while decisions
+//! are sent, each answered by the fail mode at its timeout; when Redis resumes, the queued
+//! scripts must change nothing.
 #![cfg(all(feature = "redis", unix))]
 
 mod support;
