@@ -102,4 +102,29 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         tenant_slots.insert(slot);
     }
     assert_eq!(tenant_slots.len(), 1, "{tenant_slots:?}");
+
+    // Every node forgets the scripts: each decision, on whichever node its key lives, loads its
+    // script there and is still decided by Redis.
+    for node in &cluster.nodes {
+        assert_eq!(node.command(&["SCRIPT", "FLUSH"]), "+OK");
+    }
+    let flushed = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
+        .prefix("flushed:")
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    for client in &clients {
+        assert!(flushed.check(client).await.unwrap().allowed, "{client}");
+        assert!(tenant.check(client).await.unwrap().allowed, "{client}");
+    }
+    assert_eq!(flushed.failures() + tenant.failures(), 0);
+
+    // An admission given back in the cluster is there to take again.
+    let decision = flushed.check(&clients[0]).await.unwrap();
+    assert_eq!(decision.remaining, 1);
+    flushed
+        .refund_and_wait(&clients[0], 1, decision)
+        .await
+        .unwrap();
+    assert_eq!(flushed.check(&clients[0]).await.unwrap().remaining, 1);
 }

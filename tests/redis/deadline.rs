@@ -3,10 +3,11 @@
 //! scripts must change nothing.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::poll_once;
 use crate::common::redis_server::{key_state, FakeRedis, RedisServer};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -18,6 +19,8 @@ use tower_bulwark::{
 /// Generous, so that a loaded machine does not time a live Redis out, yet within the
 /// connection's own response timeout (500 ms), so that the limiter's timeout answers.
 const TIMEOUT: Duration = Duration::from_millis(400);
+/// Scheduling slack on top of a timeout, for a loaded machine.
+const SLACK: Duration = Duration::from_millis(600);
 /// Decisions sent to each limiter while Redis is stopped.
 const QUEUED: usize = 12;
 
@@ -80,12 +83,19 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
         .unwrap()
 }
 
-/// Sends `QUEUED` decisions at once; each must come back from the fail mode.
-fn queue<A: RedisAlgorithm>(limiter: &RedisRateLimiter<A>) -> Vec<tokio::task::JoinHandle<bool>> {
+/// Sends `QUEUED` decisions at once; each must come back from the fail mode. Each task answers
+/// whether its decision admitted and how long it took.
+fn queue<A: RedisAlgorithm>(
+    limiter: &RedisRateLimiter<A>,
+) -> Vec<tokio::task::JoinHandle<(bool, Duration)>> {
     (0..QUEUED)
         .map(|_| {
             let limiter = limiter.clone();
-            tokio::spawn(async move { limiter.reserve(&"k", 1).await.unwrap().allowed })
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let allowed = limiter.reserve(&"k", 1).await.unwrap().allowed;
+                (allowed, start.elapsed())
+            })
         })
         .collect()
 }
@@ -138,7 +148,9 @@ async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes(
     tasks.extend(queue(&log));
     tasks.extend(queue(&counter));
     for task in tasks {
-        assert!(!task.await.unwrap(), "the fail mode refuses");
+        let (allowed, took) = task.await.unwrap();
+        assert!(!allowed, "the fail mode refuses");
+        assert!(took <= TIMEOUT + SLACK, "answered at the timeout: {took:?}");
     }
     for failures in [
         gcra.failures(),
@@ -166,6 +178,118 @@ async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes(
     assert_eq!(admitted_until_refused(&window).await, 9, "fixed window");
     assert_eq!(admitted_until_refused(&log).await, 9, "sliding log");
     assert_eq!(admitted_until_refused(&counter).await, 9, "sliding counter");
+}
+
+/// Waits for the answer of a task of [`queue`], which must come from the fail mode.
+async fn refused_by_the_fail_mode(task: tokio::task::JoinHandle<(bool, Duration)>) -> Duration {
+    let (allowed, took) = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("a decision is answered while redis is stopped")
+        .unwrap();
+    assert!(!allowed, "the fail mode refuses");
+    took
+}
+
+/// Waits until a decision on another key comes from Redis (the fail mode refuses, a fresh key is
+/// admitted): the resumed server has then run the scripts queued before it.
+async fn barrier(limiter: &RedisRateLimiter) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while !limiter.reserve(&"barrier", 1).await.unwrap().allowed {
+        assert!(Instant::now() < give_up, "redis answers again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Scripts sent on a connection that the client has since replaced run in the same turn of
+    // the server's loop; a moment more covers a slow one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// A Redis that stalls, on a connection with no response timeout of its own: every decision is
+/// answered by the fail mode at the limiter's timeout, and the scripts, run when Redis resumes,
+/// change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
+    let Some(server) = RedisServer::start("a_stalled_redis_is_answered") else {
+        return;
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let config = ConnectionManagerConfig::new().set_response_timeout(None);
+    let manager = ConnectionManager::new_with_config(client, config)
+        .await
+        .unwrap();
+    let limiter = build::<Gcra>(&RedisStore::from_manager(manager), "stall:");
+    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
+    let key = limiter.redis_key("k");
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let before = state(&mut conn, &key).await;
+
+    let stopped = Stopped::stop(pid(&server));
+    for task in queue(&limiter) {
+        let took = refused_by_the_fail_mode(task).await;
+        assert!(took <= TIMEOUT + SLACK, "answered at the timeout: {took:?}");
+    }
+    drop(stopped);
+    barrier(&limiter).await;
+    assert_eq!(state(&mut conn, &key).await, before, "nothing spent");
+    assert_eq!(
+        admitted_until_refused(&limiter).await,
+        9,
+        "the quota is whole"
+    );
+}
+
+/// A limiter whose timeout is longer than its connection's response timeout (500 ms) has its
+/// callers answered by the connection: the deadline its scripts carry is the connection's, so a
+/// script held up between the two changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connections_response_timeout_bounds_the_deadline() {
+    let Some(server) = RedisServer::start("the_connections_response_timeout") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter_timeout = Duration::from_secs(3);
+    let limiter = RedisRateLimiter::builder(
+        Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap(),
+        store,
+    )
+    .prefix("response:")
+    .timeout(limiter_timeout)
+    .probe_interval(Duration::ZERO)
+    .without_refusal_cache()
+    .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    .build()
+    .unwrap();
+    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
+    let key = limiter.redis_key("k");
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let before = state(&mut conn, &key).await;
+
+    let stopped = Stopped::stop(pid(&server));
+    let started = Instant::now();
+    for task in queue(&limiter) {
+        let took = refused_by_the_fail_mode(task).await;
+        assert!(
+            took < limiter_timeout - Duration::from_secs(1),
+            "answered at the connection's response timeout: {took:?}"
+        );
+    }
+    // Held up past the connection's response timeout, well within the limiter's.
+    tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
+    drop(stopped);
+    barrier(&limiter).await;
+    assert_eq!(state(&mut conn, &key).await, before, "nothing spent");
+    assert_eq!(
+        admitted_until_refused(&limiter).await,
+        9,
+        "the quota is whole"
+    );
 }
 
 /// A server that always answers "late" makes the decision a failure (after one retry with the

@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 
 use crate::common::process::thread_subscriber;
 use crate::common::redis_server::{FakeRedis, RedisServer};
-use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
-use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
+use tower_bulwark::redis::{
+    RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore,
+    ReserveFuture,
+};
+use tower_bulwark::{
+    algorithm::{FixedWindow, SlidingCounter, SlidingLog},
+    Limiter, Quota,
+};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 /// Scheduling slack on top of the timeout, for a loaded machine.
@@ -194,6 +200,96 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
     assert!(decision.allowed);
     assert_eq!(decision.remaining, 2, "a fresh state on the new server");
     assert_eq!(server.command(&["EXISTS", &key]), ":1");
+}
+
+/// The `calls` of each of `commands` in `INFO commandstats`, failed calls included (zero for a
+/// command never called).
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, commands: &[&str]) -> Vec<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    commands
+        .iter()
+        .map(|command| {
+            let prefix = format!("cmdstat_{command}:calls=");
+            info.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+        })
+        .collect()
+}
+
+/// Each decision is one `EVALSHA`: the script's body is never sent with a decision, and a script
+/// cache emptied under the limiter costs one `NOSCRIPT`, one `SCRIPT LOAD` and the same
+/// `EVALSHA` again, for every algorithm, without a failure.
+#[tokio::test]
+async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
+    let Some(server) = RedisServer::start("each_decision_is_one_evalsha") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let quota = Quota::per_minute(1000).unwrap();
+    let build = |limiter: RedisRateLimiterBuilder| {
+        limiter
+            .without_refusal_cache()
+            .fail_mode(RedisFailMode::propagate())
+    };
+    let gcra = build(RedisRateLimiter::builder(quota, store.clone()))
+        .build()
+        .unwrap();
+    let window = build(RedisRateLimiter::builder(quota, store.clone()))
+        .algorithm::<FixedWindow>()
+        .build()
+        .unwrap();
+    let log = build(RedisRateLimiter::builder(quota, store.clone()))
+        .algorithm::<SlidingLog>()
+        .build()
+        .unwrap();
+    let counter = build(RedisRateLimiter::builder(quota, store))
+        .algorithm::<SlidingCounter>()
+        .build()
+        .unwrap();
+    let all: [&dyn Limiter<&str, Future = ReserveFuture>; 4] = [&gcra, &window, &log, &counter];
+    let admit_one_each = || async {
+        for limiter in all {
+            assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
+        }
+    };
+    for round in 0..2 {
+        // Learns the server's clock offset and loads the scripts.
+        admit_one_each().await;
+        assert_eq!(server.command(&["CONFIG", "RESETSTAT"]), "+OK");
+        for _ in 0..10 {
+            admit_one_each().await;
+        }
+        assert_eq!(
+            calls(&mut conn, &["evalsha", "eval", "script|load"]).await,
+            [40, 0, 0],
+            "round {round}: one EVALSHA per decision, and nothing else"
+        );
+        assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "+OK");
+        assert_eq!(server.command(&["CONFIG", "RESETSTAT"]), "+OK");
+        admit_one_each().await;
+        assert_eq!(
+            calls(&mut conn, &["evalsha", "eval", "script|load"]).await,
+            [8, 0, 4],
+            "round {round}: NOSCRIPT, SCRIPT LOAD and EVALSHA again, once per script"
+        );
+    }
+    let failures = [
+        gcra.failures(),
+        window.failures(),
+        log.failures(),
+        counter.failures(),
+    ];
+    assert_eq!(failures, [0; 4]);
 }
 
 #[tokio::test]

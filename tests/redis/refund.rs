@@ -269,8 +269,8 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     assert_eq!(c.retry_after, Duration::from_secs(1));
 }
 
-/// Issue 11, item 5 with the window in Redis: 5 a minute (Redis) and 1 a second (in memory),
-/// 4 requests a second for 5 s. A request refused by one policy gives back what the other took.
+/// Two policies, the window in Redis: 5 a minute (Redis) and 1 a second (in memory), 4 requests
+/// a second for 5 s. A request refused by one policy gives back what the other took.
 async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
@@ -486,8 +486,8 @@ async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() 
     stale_reads_decide_as_of_the_latest::<SlidingCounter>(&server, "sc").await;
 }
 
-/// Issue 11, item 7 in Redis: the sliding counter admits steady traffic below the rate for small
-/// limits (the previous window's share is rounded down, as in memory).
+/// The sliding counter in Redis admits steady traffic below the rate for small limits (the
+/// previous window's share is rounded down, as in memory).
 #[tokio::test]
 async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
     let Some(server) = RedisServer::start("sliding_counter_steady_traffic") else {

@@ -311,6 +311,59 @@ async fn a_cached_refusal_needs_no_round_trip() {
     assert_eq!(cached.cached_refusals(), 1);
 }
 
+/// A cached refusal stands only while it is true: giving an admission of the key back forgets
+/// it at once (through either refund), and so does a change of quota, so the next request asks
+/// Redis.
+#[tokio::test]
+async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
+    let Some(server) = RedisServer::start("a_refund_forgets_cached_refusals") else {
+        return;
+    };
+    let clock = ManualClock::new();
+    let limiter = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store(&server).await)
+        .client_clock(clock.clone())
+        .prefix("forget:")
+        .build()
+        .unwrap();
+    let admitted = limiter.check(&"k").await.unwrap();
+    assert!(admitted.allowed);
+    assert!(
+        !limiter.check(&"k").await.unwrap().allowed,
+        "refused by redis"
+    );
+    assert!(
+        !limiter.check(&"k").await.unwrap().allowed,
+        "refused from the cache"
+    );
+    assert_eq!(limiter.cached_refusals(), 1);
+
+    limiter.refund_and_wait(&"k", 1, admitted).await.unwrap();
+    let again = limiter.check(&"k").await.unwrap();
+    assert!(again.allowed, "the permit given back is there at once");
+    assert_eq!(limiter.cached_refusals(), 1);
+
+    assert!(
+        !limiter.check(&"k").await.unwrap().allowed,
+        "refused by redis"
+    );
+    // The spawned refund may reach Redis before or after the next check; the cached refusal is
+    // gone before `refund` returns either way.
+    Limiter::refund(&limiter, &"k", 1, again);
+    let _ = limiter.check(&"k").await.unwrap();
+    assert_eq!(limiter.cached_refusals(), 1, "asked redis after the refund");
+
+    assert!(limiter.check(&"other").await.unwrap().allowed);
+    assert!(!limiter.check(&"other").await.unwrap().allowed);
+    limiter.set_quota(Quota::per_second(1).unwrap()).unwrap();
+    let cached = limiter.cached_refusals();
+    let _ = limiter.check(&"other").await.unwrap();
+    assert_eq!(
+        limiter.cached_refusals(),
+        cached,
+        "asked redis after the change"
+    );
+}
+
 async fn reservations<A: RedisAlgorithm>(server: &RedisServer, clock: &ManualClock) {
     let quota = Quota::per_second(2)
         .unwrap()
