@@ -26,8 +26,9 @@ use axum::Router;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer, RequestHead};
+use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------

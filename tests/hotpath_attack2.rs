@@ -27,10 +27,9 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::ManualClock;
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{
-    BoxLimiter, FailMode, HeaderKey, Policy, RateLimitLayer, RequestHead,
-};
+use tower_bulwark::rate_limit::{BoxLimiter, FailMode, HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ use axum::Router;
 use http::{HeaderMap, Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt};
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{
     BoxLimiter, BoxReserve, FailMode, KeyError, KeyExtractor, PeerIp, Policy, PolicySet, RateLimit,
-    RateLimitLayer, RequestHead,
+    RateLimitLayer,
 };
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::head::RequestHead;
+use crate::head::RequestHead;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use smallvec::SmallVec;

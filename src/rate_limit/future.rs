@@ -16,10 +16,10 @@ use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
 use super::decide::{Conclusion, Ledger, Next, Settle};
-use super::head::RequestHead;
 use super::layer::Shared;
 use super::policy::{BoxReserve, PolicySet};
 use super::response::{AdmittedHeaders, Outcome};
+use crate::head::RequestHead;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).

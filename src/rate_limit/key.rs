@@ -36,7 +36,7 @@ use std::ops::ControlFlow;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::head::RequestHead;
+use crate::head::RequestHead;
 use http::header::{HeaderName, HeaderValue, FORWARDED};
 use http::{HeaderMap, StatusCode};
 

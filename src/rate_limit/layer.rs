@@ -5,10 +5,10 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
-use super::head::RequestHead;
 use super::policy::PolicySet;
 use super::response::{Meta, OnRefusal};
 use super::service::RateLimit;
+use crate::head::RequestHead;
 
 /// What the layer does with a request it cannot judge: one without a key, or one whose limiter
 /// failed.

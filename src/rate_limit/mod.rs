@@ -51,7 +51,7 @@
 //!
 //! [`PeerIp`] keys by the TCP peer's address (IPv6 by its /64), [`ForwardedIp`] by the client
 //! behind proxies you trust, [`HeaderKey`] by a header such as `x-api-key`, [`GlobalKey`] puts every
-//! request in one budget, and any closure over the [`RequestHead`] can be a key extractor. A
+//! request in one budget, and any closure over the [`RequestHead`](crate::head::RequestHead) can be a key extractor. A
 //! request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
 //! when the server is set up wrong) with a problem+json body, and a log line with the reason;
 //! [`RateLimitLayer::key_error_mode`] with [`FailMode::Open`] lets such requests through instead,
@@ -156,7 +156,6 @@
 mod body;
 mod decide;
 pub mod future;
-mod head;
 pub mod key;
 mod layer;
 mod policy;
@@ -164,7 +163,6 @@ mod response;
 mod service;
 
 pub use self::body::{BodyKind, SameBody, WrapBody};
-pub use self::head::RequestHead;
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
 #[cfg(feature = "axum")]
 pub use self::key::{ForwardedIp, PeerIp};

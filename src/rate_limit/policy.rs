@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::head::RequestHead;
+use crate::head::RequestHead;
 
 use super::key::{KeyError, KeyExtractor};
 use super::response::PolicyInfo;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
-use super::head::RequestHead;
+use crate::head::RequestHead;
 use arc_swap::ArcSwapOption;
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};

@@ -9,10 +9,10 @@ use tower_service::Service;
 use super::body::{BodyKind, SameBody};
 use super::decide::{Conclusion, Ledger, Next};
 use super::future::{Deferred, Pending, ResponseFuture};
-use super::head::RequestHead;
 use super::layer::Shared;
 use super::policy::PolicySet;
 use super::response::Outcome;
+use crate::head::RequestHead;
 
 /// The service made by [`RateLimitLayer`](super::RateLimitLayer): it asks every policy about each
 /// request and either calls the inner service or answers for it.

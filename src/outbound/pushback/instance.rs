@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 use super::advice::{self, Advice};
 use super::layer::PushbackLayer;
 use super::metrics::PushbackMetrics;
-use super::response::ResponseHead;
 use crate::clock::saturating_nanos;
 use crate::clock::{Clock, SystemClock};
+use crate::head::ResponseHead;
 
 /// The default [`max_hold`](PushbackBuilder::max_hold): ten minutes.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);

@@ -96,7 +96,6 @@ mod future;
 mod instance;
 mod layer;
 mod metrics;
-mod response;
 mod service;
 mod sf;
 
@@ -104,5 +103,4 @@ pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
 pub use self::instance::{Pacing, Pushback, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::layer::PushbackLayer;
-pub use self::response::ResponseHead;
 pub use self::service::PushbackService;
