@@ -59,8 +59,8 @@ pub(crate) enum Progress {
     /// Every policy admitted, now.
     Admit,
     /// The layer answers (a refusal, or a request it cannot judge); every permit granted has
-    /// been given back.
-    Answer(Response<Bytes>),
+    /// been given back. Boxed, so that the other steps, the common ones, are small to move.
+    Answer(Box<Response<Bytes>>),
 }
 
 /// What a request holds while it is decided: each policy's key and cost, and each outcome so
@@ -103,7 +103,7 @@ impl<P: PolicySet> Ledger<P> {
                 Err(error) => self.key_error(&error),
             };
             if let Some(answer) = answer {
-                return Progress::Answer(answer);
+                return Progress::Answer(Box::new(answer));
             }
         }
     }
@@ -115,7 +115,7 @@ impl<P: PolicySet> Ledger<P> {
         head: &RequestHead<'_>,
     ) -> Progress {
         match self.record(result) {
-            Some(answer) => Progress::Answer(answer),
+            Some(answer) => Progress::Answer(Box::new(answer)),
             None => self.decide(head),
         }
     }
@@ -219,7 +219,7 @@ impl<P: PolicySet> Ledger<P> {
                     limits.policies.quota(i, &self.keys)
                 }),
             };
-            Progress::Answer(refusal.respond())
+            Progress::Answer(Box::new(refusal.respond()))
         } else if wait.is_zero() {
             Progress::Admit
         } else {
@@ -230,7 +230,7 @@ impl<P: PolicySet> Ledger<P> {
     /// Hands the request over to the inner service: the permits now belong to it. Returns the
     /// rate-limit headers of its response, and what is left to settle once the response is
     /// known (the admissions of policies that count by outcome), if anything.
-    pub(crate) fn admit(mut self) -> (Option<AdmittedHeaders>, Option<Box<Settlement<P>>>) {
+    pub(crate) fn admit(&mut self) -> (Option<AdmittedHeaders>, Option<Box<Settlement<P>>>) {
         let limits = &*self.limits;
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
             limits.policies.quota(i, &self.keys)

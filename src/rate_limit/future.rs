@@ -32,7 +32,7 @@ pin_project! {
         P: PolicySet,
     {
         #[pin]
-        state: State<S::Future, Box<Deferred<S, ReqBody, P>>, P>,
+        state: State<S::Future, Box<WaitingRequest<S, ReqBody, P>>, P>,
         kind: PhantomData<fn() -> M>,
     }
 }
@@ -44,9 +44,9 @@ pin_project! {
         P: PolicySet,
     {
         // A policy whose limiter needs I/O is deciding.
-        Reserving { reserve: BoxReserve, deferred: Option<D> },
+        Reserving { reserve: BoxReserve, request: Option<D> },
         // Every policy admitted; the last permit falls due when the sleep ends.
-        Waiting { sleep: Pin<Box<Sleep>>, deferred: Option<D> },
+        Waiting { sleep: Pin<Box<Sleep>>, request: Option<D> },
         // The inner service is answering; its response gets the rate-limit headers, and settles
         // what is left to settle.
         Calling {
@@ -60,18 +60,18 @@ pin_project! {
     }
 }
 
-/// A request that has not reached the inner service yet: the service that will answer it, and
-/// the permits it holds (given back if it is dropped).
-pub(crate) struct Deferred<S, ReqBody, P: PolicySet> {
+/// A request waiting to reach the inner service: the service that will answer it, and the
+/// permits it holds (given back if it is dropped).
+pub(crate) struct WaitingRequest<S, ReqBody, P: PolicySet> {
     pub(crate) inner: S,
     pub(crate) request: Request<ReqBody>,
     pub(crate) ledger: Ledger<P>,
 }
 
 type StateOf<S, ReqBody, P> =
-    State<<S as Service<Request<ReqBody>>>::Future, Box<Deferred<S, ReqBody, P>>, P>;
+    State<<S as Service<Request<ReqBody>>>::Future, Box<WaitingRequest<S, ReqBody, P>>, P>;
 
-impl<S, ReqBody, P> Deferred<S, ReqBody, P>
+impl<S, ReqBody, P> WaitingRequest<S, ReqBody, P>
 where
     S: Service<Request<ReqBody>>,
     P: PolicySet,
@@ -81,17 +81,17 @@ where
         match progress {
             Progress::Reserve(reserve) => State::Reserving {
                 reserve,
-                deferred: Some(self),
+                request: Some(self),
             },
             Progress::Wait(wait) => State::Waiting {
                 sleep: Box::pin(tokio::time::sleep(wait)),
-                deferred: Some(self),
+                request: Some(self),
             },
             Progress::Admit => {
-                let Deferred {
+                let WaitingRequest {
                     mut inner,
                     request,
-                    ledger,
+                    mut ledger,
                 } = *self;
                 let (headers, settlement) = ledger.admit();
                 State::Calling {
@@ -101,7 +101,7 @@ where
                 }
             }
             Progress::Answer(response) => State::Answering {
-                response: Some(response),
+                response: Some(*response),
             },
         }
     }
@@ -118,28 +118,30 @@ where
         headers: Option<AdmittedHeaders>,
         settlement: Option<Box<Settlement<P>>>,
     ) -> Self {
-        Self::from_state(State::Calling {
-            future,
-            headers,
-            settlement,
-        })
+        Self {
+            state: State::Calling {
+                future,
+                headers,
+                settlement,
+            },
+            kind: PhantomData,
+        }
     }
 
     /// The layer's own answer.
     pub(crate) fn answering(response: Response<Bytes>) -> Self {
-        Self::from_state(State::Answering {
-            response: Some(response),
-        })
+        Self {
+            state: State::Answering {
+                response: Some(response),
+            },
+            kind: PhantomData,
+        }
     }
 
     /// Goes on where the decision in `call` stopped.
-    pub(crate) fn deferred(deferred: Box<Deferred<S, ReqBody, P>>, progress: Progress) -> Self {
-        Self::from_state(deferred.into_state(progress))
-    }
-
-    fn from_state(state: StateOf<S, ReqBody, P>) -> Self {
+    pub(crate) fn later(request: Box<WaitingRequest<S, ReqBody, P>>, progress: Progress) -> Self {
         Self {
-            state,
+            state: request.into_state(progress),
             kind: PhantomData,
         }
     }
@@ -177,21 +179,20 @@ where
                     let response = response.take().expect(POLLED_AFTER_COMPLETION);
                     return Poll::Ready(Ok(response.map(M::answer)));
                 }
-                StateProj::Reserving { reserve, deferred } => {
+                StateProj::Reserving { reserve, request } => {
                     let result = ready!(reserve.as_mut().poll(cx));
                     // Decided in place: should a key extractor or a cost function panic, the
                     // future still holds the request's permits, and gives them back when dropped.
-                    let Deferred {
-                        request, ledger, ..
-                    } = &mut **deferred.as_mut().expect(POLLED_AFTER_COMPLETION);
-                    let progress = ledger.resume(result, &RequestHead::from(&*request));
-                    let deferred = deferred.take().expect(POLLED_AFTER_COMPLETION);
-                    deferred.into_state(progress)
+                    let waiting = request.as_mut().expect(POLLED_AFTER_COMPLETION);
+                    let head = RequestHead::from(&waiting.request);
+                    let progress = waiting.ledger.resume(result, &head);
+                    let waiting = request.take().expect(POLLED_AFTER_COMPLETION);
+                    waiting.into_state(progress)
                 }
-                StateProj::Waiting { sleep, deferred } => {
+                StateProj::Waiting { sleep, request } => {
                     ready!(sleep.as_mut().poll(cx));
-                    let deferred = deferred.take().expect(POLLED_AFTER_COMPLETION);
-                    deferred.into_state(Progress::Admit)
+                    let waiting = request.take().expect(POLLED_AFTER_COMPLETION);
+                    waiting.into_state(Progress::Admit)
                 }
             };
             state.set(next);
@@ -207,15 +208,15 @@ where
     P: PolicySet,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (state, deferred, settles) = match &self.state {
+        let (state, waiting, settles) = match &self.state {
             State::Calling { settlement, .. } => ("calling", None, settlement.is_some()),
-            State::Reserving { deferred, .. } => ("reserving", deferred.as_ref(), false),
-            State::Waiting { deferred, .. } => ("waiting", deferred.as_ref(), false),
+            State::Reserving { request, .. } => ("reserving", request.as_ref(), false),
+            State::Waiting { request, .. } => ("waiting", request.as_ref(), false),
             State::Answering { .. } => ("answering", None, false),
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
-            .field("permits_held", &deferred.map_or(0, |d| d.ledger.held()))
+            .field("permits_held", &waiting.map_or(0, |d| d.ledger.held()))
             .field("settles_after_response", &settles)
             .finish()
     }

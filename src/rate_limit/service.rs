@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
 use super::decide::{Ledger, Progress};
-use super::future::{Deferred, ResponseFuture};
+use super::future::{ResponseFuture, WaitingRequest};
 use super::set::PolicySet;
 use super::settings::Limits;
 use crate::head::RequestHead;
@@ -115,18 +115,18 @@ where
                 let (headers, settlement) = ledger.admit();
                 ResponseFuture::calling(self.inner.call(request), headers, settlement)
             }
-            Progress::Answer(response) => ResponseFuture::answering(response),
+            Progress::Answer(response) => ResponseFuture::answering(*response),
             progress => {
                 // The future calls the service that `poll_ready` made ready, later, and leaves a
                 // clone in its place (the axum and tower-http convention).
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let deferred = Box::new(Deferred {
+                let waiting = Box::new(WaitingRequest {
                     inner,
                     request,
                     ledger,
                 });
-                ResponseFuture::deferred(deferred, progress)
+                ResponseFuture::later(waiting, progress)
             }
         }
     }
