@@ -1323,8 +1323,7 @@ fn a_vetoed_fixed_window_reservation_straddling_two_cycles_stays_spent() {
     assert_eq!(window.probe("k"), 1);
 }
 
-/// Promise: "A shadow policy never makes a request wait", with a single policy (the layer's
-/// shortcut for one policy) and with an enforced policy that does not wait beside it.
+/// Promise: "A shadow policy never makes a request wait", with a single policy and with an enforced policy that does not wait beside it.
 #[tokio::test(start_paused = true)]
 async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
     let waits = Quota::per_hour(1)
