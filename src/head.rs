@@ -64,8 +64,9 @@ impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
     }
 }
 
-/// A response whose status and headers can be read: what [`Pushback`](crate::outbound::Pushback) needs
-/// from the services it wraps.
+/// A response whose status and headers can be read: what
+/// [`Pushback`](crate::outbound::Pushback) needs from the services it wraps, and what the adaptive
+/// bulkhead's classifier judges.
 ///
 /// Implemented for `http::Response<B>`, `http::response::Parts` and, with the `reqwest`
 /// feature, `reqwest::Response`; implement it for a client of your own.

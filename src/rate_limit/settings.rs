@@ -79,7 +79,8 @@ pub(crate) struct Settings {
     pub(crate) key_error_mode: FailMode,
     pub(crate) limiter_error_mode: FailMode,
     pub(crate) on_refusal: Option<Arc<dyn OnRefusal>>,
-    /// Requests that skip every policy (see [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
+    /// Requests that skip every policy (see
+    /// [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
 }
 

@@ -35,12 +35,12 @@ impl Source {
 /// The client address behind reverse proxies that you trust.
 ///
 /// You list the networks of your proxies. When the TCP peer is not in them, the forwarding
-/// headers are ignored and the peer is the key, exactly as with [`PeerIp`]: anyone can write
-/// `X-Forwarded-For`. When the peer is a trusted proxy, the chain in the header is read from
-/// right to left (each proxy appends the address it saw), over the header's lines from the last
-/// to the first, and the first address that is not a trusted proxy is the client. When every
-/// address is a trusted proxy, or there is no header, the request came from inside your network
-/// and the leftmost trusted address reached is the key.
+/// headers are ignored and the peer is the key, exactly as with [`PeerIp`](super::PeerIp):
+/// anyone can write `X-Forwarded-For`. When the peer is a trusted proxy, the chain in the header
+/// is read from right to left (each proxy appends the address it saw), over the header's lines
+/// from the last to the first, and the first address that is not a trusted proxy is the client.
+/// When every address is a trusted proxy, or there is no header, the request came from inside
+/// your network and the leftmost trusted address reached is the key.
 ///
 /// # Reading the chain
 ///
@@ -61,8 +61,8 @@ impl Source {
 /// header: everything left of that hop may have been written by the client, and keying by the
 /// trusted proxy instead would put every such client in one budget shared with the proxy. A
 /// client can therefore neither pick its key nor share one. With
-/// [`RateLimitLayer::key_error_mode(FailMode::Open)`](super::RateLimitLayer::key_error_mode) such
-/// requests pass through uncounted instead.
+/// [`RateLimitLayer::key_error_mode(FailMode::Open)`][key_error_mode] such requests pass through
+/// uncounted instead.
 ///
 /// It is a [`KeyExtractor`] with feature `axum` (the peer address comes from `ConnectInfo`);
 /// without it, [`client_ip`](Self::client_ip) does the same work for a peer address you supply.
@@ -82,6 +82,8 @@ impl Source {
 /// assert_eq!(behind_lb.client_ip(proxy, &headers).unwrap_err().status(), 400);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// [key_error_mode]: crate::rate_limit::RateLimitLayer::key_error_mode
 #[derive(Clone, Debug)]
 pub struct ForwardedIp {
     trusted: Arc<[Cidr]>,

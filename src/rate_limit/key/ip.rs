@@ -211,7 +211,8 @@ impl std::error::Error for CidrError {}
 /// IPv6 peers are keyed by their /64 network ([`ipv6_prefix`](Self::ipv6_prefix) changes it);
 /// IPv4 peers by their full address. IPv4-mapped IPv6 addresses count as IPv4.
 ///
-/// Behind a reverse proxy every request comes from the proxy; use [`ForwardedIp`] there.
+/// Behind a reverse proxy every request comes from the proxy; use
+/// [`ForwardedIp`](super::ForwardedIp) there.
 #[cfg(feature = "axum")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PeerIp {
