@@ -89,45 +89,44 @@ where
         // The request is read where it lies: taking it apart into `Parts` and putting it back
         // together would move all of it twice.
         let head = RequestHead::from(&request);
-        if self.limits.settings.is_exempt(&head) {
-            return ResponseFuture::calling(self.inner.call(request), None, None);
-        }
-        // Whatever happens from here (a cost function, a key extractor or a hook that panics),
-        // the ledger gives back the permits the request holds until it is admitted.
-        let mut ledger = Ledger::new(Arc::clone(&self.limits));
-        // In-memory limiters decide at once, so the whole decision is usually made here and the
-        // inner service called directly; a limiter that needs I/O (Redis), or a permit that falls
-        // due later, leaves the rest to the response future.
-        let mut progress = ledger.decide(&head);
-        // A limiter that needs I/O is polled once here, so that its work is under way before the
-        // response future is first polled.
-        while let Progress::Reserve(reserve) = &mut progress {
-            match reserve
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-            {
-                Poll::Ready(result) => progress = ledger.resume(result, &head),
-                Poll::Pending => break,
+        let (headers, settlement) = if self.limits.settings.is_exempt(&head) {
+            (None, None)
+        } else {
+            // Whatever happens from here (a cost function, a key extractor or a hook that
+            // panics), the ledger gives back the permits the request holds until it is admitted.
+            let mut ledger = Ledger::new(Arc::clone(&self.limits));
+            // In-memory limiters decide at once, so the whole decision is usually made here and
+            // the inner service called directly; a limiter that needs I/O (Redis), or a permit
+            // that falls due later, leaves the rest to the response future.
+            let mut progress = ledger.decide(&head);
+            // A limiter that needs I/O is polled once here, so that its work is under way before
+            // the response future is first polled.
+            while let Progress::Reserve(reserve) = &mut progress {
+                match reserve
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                {
+                    Poll::Ready(result) => progress = ledger.resume(result, &head),
+                    Poll::Pending => break,
+                }
             }
-        }
-        match progress {
-            Progress::Admit => {
-                let (headers, settlement) = ledger.admit();
-                ResponseFuture::calling(self.inner.call(request), headers, settlement)
+            match progress {
+                Progress::Admit => ledger.admit(),
+                Progress::Answer(response) => return ResponseFuture::answering(*response),
+                progress => {
+                    // The future calls the service that `poll_ready` made ready, later, and
+                    // leaves a clone in its place (the axum and tower-http convention).
+                    let clone = self.inner.clone();
+                    let inner = std::mem::replace(&mut self.inner, clone);
+                    let waiting = Box::new(WaitingRequest {
+                        inner,
+                        request,
+                        ledger,
+                    });
+                    return ResponseFuture::later(waiting, progress);
+                }
             }
-            Progress::Answer(response) => ResponseFuture::answering(*response),
-            progress => {
-                // The future calls the service that `poll_ready` made ready, later, and leaves a
-                // clone in its place (the axum and tower-http convention).
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                let waiting = Box::new(WaitingRequest {
-                    inner,
-                    request,
-                    ledger,
-                });
-                ResponseFuture::later(waiting, progress)
-            }
-        }
+        };
+        ResponseFuture::calling(self.inner.call(request), headers, settlement)
     }
 }
