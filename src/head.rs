@@ -39,7 +39,6 @@ pub struct RequestHead<'a> {
 }
 
 impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
-    #[inline]
     fn from(request: &'a Request<B>) -> Self {
         Self {
             method: request.method(),
@@ -52,7 +51,6 @@ impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
 }
 
 impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
-    #[inline]
     fn from(parts: &'a http::request::Parts) -> Self {
         Self {
             method: &parts.method,

@@ -124,22 +124,28 @@ impl<P: PolicySet> Ledger<P> {
     /// its limiter failed and the layer fails closed (having given back what the other policies
     /// granted).
     fn record(&mut self, result: Result<Decision, BoxError>) -> Option<Response<Bytes>> {
-        let settings = &self.limits.settings;
-        let info = &settings.policies[self.outcomes.len()];
-        let error = match result {
+        match result {
             Ok(decision) if decision.allowed => {
                 self.outcomes.push(Outcome::Admitted(decision));
-                return None;
+                None
             }
             Ok(decision) => {
+                let info = &self.limits.settings.policies[self.outcomes.len()];
                 if !info.enforced() {
                     info.would_have_refused(&decision);
                 }
                 self.outcomes.push(Outcome::Refused(decision));
-                return None;
+                None
             }
-            Err(error) => error,
-        };
+            Err(error) => self.limiter_error(&error),
+        }
+    }
+
+    /// Records that the limiter of the policy being asked failed (or was asked for more than it
+    /// can ever admit at once). Returns the response to send at once when the layer fails closed.
+    fn limiter_error(&mut self, error: &BoxError) -> Option<Response<Bytes>> {
+        let settings = &self.limits.settings;
+        let info = &settings.policies[self.outcomes.len()];
         if let Some(too_costly) = error.downcast_ref::<InsufficientCapacity>() {
             if !info.enforced() {
                 tracing::info!(
@@ -235,18 +241,21 @@ impl<P: PolicySet> Ledger<P> {
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
             limits.policies.quota(i, &self.keys)
         });
-        let settles = (limits.settings.policies.iter())
-            .zip(&self.outcomes)
-            .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
-        let settlement = settles.then(|| {
-            Box::new(Settlement {
+        let settles = limits.settings.counts_by_outcome
+            && (limits.settings.policies.iter())
+                .zip(&self.outcomes)
+                .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
+        // Handed over: from here, dropping the ledger gives nothing back.
+        let settlement = if settles {
+            Some(Box::new(Settlement {
                 limits: Arc::clone(&self.limits),
                 keys: std::mem::take(&mut self.keys),
                 outcomes: std::mem::take(&mut self.outcomes),
-            })
-        });
-        // Handed over: dropping the ledger gives nothing back.
-        self.outcomes.clear();
+            }))
+        } else {
+            self.outcomes.clear();
+            None
+        };
         (headers, settlement)
     }
 

@@ -33,6 +33,22 @@ impl<P: PolicySet> RateLimitLayer<P> {
     /// one that any policy refuses gives back what the others granted (exactly, but for the cases
     /// the [guide](crate::guide) lists, where permits stay spent rather than be over-granted).
     /// Without policies (an empty `Vec`) the layer admits everything and adds no headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+    /// use tower_bulwark::{KeyedRateLimiter, Quota};
+    ///
+    /// // Ten requests per second per client IP on `/orders`.
+    /// let per_ip = Policy::new("per-ip", PeerIp::new(), KeyedRateLimiter::new(Quota::per_second(10)?))?;
+    /// let app: Router = Router::new()
+    ///     .route("/orders", get(|| async { "ok" }))
+    ///     .route_layer(RateLimitLayer::new(per_ip));
+    /// # let _ = app;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(policies: P) -> Self {
         let mut infos = Vec::with_capacity(policies.count());
         policies.describe(&mut infos);

@@ -70,8 +70,11 @@ pub(crate) enum Shadow {
 
 impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
     /// A policy named `name` that keys requests with `key` and decides with `limiter`; each
-    /// request costs one permit. An error if the name is empty, longer than 64 characters, or not
-    /// printable ASCII.
+    /// request costs one permit.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if the name is empty, longer than 64 characters, or not printable ASCII.
     pub fn new(name: impl Into<String>, key: X, limiter: L) -> Result<Self, PolicyError> {
         let name = name.into();
         check_name(&name)?;
@@ -89,6 +92,10 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
 impl<L: Limiter<()>> Policy<super::GlobalKey, L> {
     /// A policy that puts every request in one budget ([`GlobalKey`](super::GlobalKey)): a cap
     /// on the whole route.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] for a name that [`new`](Self::new) refuses.
     pub fn global(name: impl Into<String>, limiter: L) -> Result<Self, PolicyError> {
         Self::new(name, super::GlobalKey, limiter)
     }

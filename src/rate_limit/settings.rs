@@ -82,6 +82,9 @@ pub(crate) struct Settings {
     /// Requests that skip every policy (see
     /// [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
+    /// Whether some policy counts only some responses ([`Policy::count_if`](super::Policy::count_if)),
+    /// so that an admitted request may have something to settle after its response.
+    pub(crate) counts_by_outcome: bool,
 }
 
 impl Settings {
@@ -89,6 +92,7 @@ impl Settings {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
         Self {
             policy_headers: PolicyHeaders::new(policies.len()),
+            counts_by_outcome: policies.iter().any(|p| p.count_if),
             policies,
             admitted_headers: true,
             legacy_headers: false,
