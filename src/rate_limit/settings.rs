@@ -82,8 +82,9 @@ pub(crate) struct Settings {
     /// Requests that skip every policy (see
     /// [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
-    /// Whether some policy counts only some responses ([`Policy::count_if`](super::Policy::count_if)),
-    /// so that an admitted request may have something to settle after its response.
+    /// Whether some policy counts only some responses
+    /// ([`Policy::count_if`](super::Policy::count_if)), so that an admitted request may have
+    /// something to settle after its response.
     pub(crate) counts_by_outcome: bool,
 }
 
