@@ -93,7 +93,8 @@ impl<P, M> RateLimitLayer<P, M> {
     /// internal callers). Exemptions add up: a request is exempt if any of them says so.
     ///
     /// ```
-    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer, RequestHead};
+    /// use tower_bulwark::head::RequestHead;
+    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
     /// use tower_bulwark::{DirectRateLimiter, Quota};
     ///
     /// let layer = RateLimitLayer::new(Policy::global(

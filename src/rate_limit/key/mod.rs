@@ -13,7 +13,8 @@
 //! * any closure `Fn(&RequestHead) -> Result<K, KeyError>`.
 //!
 //! ```
-//! use tower_bulwark::rate_limit::{KeyError, KeyExtractor, RequestHead};
+//! use tower_bulwark::head::RequestHead;
+//! use tower_bulwark::rate_limit::{KeyError, KeyExtractor};
 //!
 //! // Key by tenant, taken from the first path segment: `/acme/orders` -> "acme".
 //! let by_tenant = |head: &RequestHead| {
