@@ -424,8 +424,7 @@ fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
     }
 }
 
-/// A one-policy layer without admitted headers (the `admit_now` fast path) and with them (the
-/// full decision), raced by 8 threads reading the clock out of step: exactly the rest of the
+/// A one-policy layer without admitted headers and with them, raced by 8 threads reading the clock out of step: exactly the rest of the
 /// burst is admitted, every 429 says `retry-after: 1`, and the limiter is left with nothing.
 #[test]
 fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
@@ -587,8 +586,7 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
 }
 
 /// Sequential model check of the layer against a twin limiter, with time moving, costs of 1
-/// and 2 and waiting reservations: one policy alone (the `admit_now` fast path without
-/// headers), or followed by a second policy that vetoes some requests (which must leave the
+/// and 2 and waiting reservations: one policy alone (without headers), or followed by a second policy that vetoes some requests (which must leave the
 /// first deciding exactly as a twin that only ever saw the requests that were not vetoed).
 /// Each admitted request waits exactly the twin's wait.
 #[test]
