@@ -424,8 +424,9 @@ fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
     }
 }
 
-/// A one-policy layer without admitted headers and with them, raced by 8 threads reading the clock out of step: exactly the rest of the
-/// burst is admitted, every 429 says `retry-after: 1`, and the limiter is left with nothing.
+/// A one-policy layer without admitted headers and with them, raced by 8 threads reading the
+/// clock out of step: exactly the rest of the burst is admitted, every 429 says
+/// `retry-after: 1`, and the limiter is left with nothing.
 #[test]
 fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
     for headers in [false, true] {
