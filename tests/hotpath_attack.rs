@@ -587,8 +587,9 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
 }
 
 /// Sequential model check of the layer against a twin limiter, with time moving, costs of 1
-/// and 2 and waiting reservations: one policy alone (without headers), or followed by a second policy that vetoes some requests (which must leave the
-/// first deciding exactly as a twin that only ever saw the requests that were not vetoed).
+/// and 2 and waiting reservations: one policy alone (without headers), or followed by a second
+/// policy that vetoes some requests (which must leave the first deciding exactly as a twin that
+/// only ever saw the requests that were not vetoed).
 /// Each admitted request waits exactly the twin's wait.
 #[test]
 fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
