@@ -397,8 +397,8 @@ impl Drop for Late {
 }
 
 /// A thread that serves requests after its thread-locals were destroyed (from a thread-local's
-/// destructor that runs after the thread's other thread-locals are gone, or before), and threads that exit
-/// while their responses live on: nothing panics, and every response carries its own exact
+/// destructor that runs after the thread's other thread-locals are gone, or before), and threads
+/// that exit while their responses live on: nothing panics, and every response carries its own exact
 /// values, read after the thread that built them is gone.
 #[test]
 fn requests_served_in_thread_local_destructors_and_by_exited_threads() {
@@ -547,8 +547,8 @@ fn items(value: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Layers of 1, 2, 4, 5 and 8 policies (inside and past the ledger's four inline slots), each policy with a random quota (some that make
-/// requests wait), shadow mode (silent or advertised), `count_if`, a limiter that decides
+/// Layers of 1, 2, 4, 5 and 8 policies (inside and past the ledger's four inline slots), each
+/// policy with a random quota (some that make requests wait), shadow mode (silent or advertised), `count_if`, a limiter that decides
 /// later or at once; requests with random costs (0 skips, 9 can never be admitted), missing
 /// keys (fail open or closed), exempt paths, and a clock that moves. After every request, every
 /// policy's limiter state equals a twin's that saw only what the model says was spent: a

@@ -1323,7 +1323,8 @@ fn a_vetoed_fixed_window_reservation_straddling_two_cycles_stays_spent() {
     assert_eq!(window.probe("k"), 1);
 }
 
-/// Promise: "A shadow policy never makes a request wait", with a single policy and with an enforced policy that does not wait beside it.
+/// Promise: "A shadow policy never makes a request wait", with a single policy and with an
+/// enforced policy that does not wait beside it.
 #[tokio::test(start_paused = true)]
 async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
     let waits = Quota::per_hour(1)
@@ -2816,7 +2817,8 @@ proptest! {
         let inner = Inner::default();
         let alone = svc(with_headers(RateLimitLayer::new(one()), headers_on), &inner);
         let vec = svc(with_headers(RateLimitLayer::new(vec![one()]), headers_on), &inner);
-        let chained = svc(with_headers(RateLimitLayer::new(skipped.and(one())), headers_on), &inner);
+        let chained = RateLimitLayer::new(skipped.and(one()));
+        let chained = svc(with_headers(chained, headers_on), &inner);
         for (key, cost, not_found, advance_ms) in steps {
             clock.advance(Duration::from_millis(advance_ms));
             let key = ["a", "a", "a", "b", ""][usize::from(key)];
