@@ -86,15 +86,15 @@
 //! whose key the client can already tell (its address, its API key).
 //!
 //! Each requirement of the draft, what the layer sends, and the tests that check it
-//! (`tests/rate_limit/headers.rs` unless named otherwise; `response::tests` are unit tests in
-//! `src/rate_limit/response.rs`):
+//! (`tests/rate_limit/headers.rs` unless named otherwise; `headers::tests` and `problem::tests`
+//! are unit tests in `src/rate_limit/headers.rs` and `src/rate_limit/problem.rs`):
 //!
 //! | draft -11 | requirement | what the layer sends | checked by |
 //! |---|---|---|---|
-//! | 3 | `RateLimit-Policy` is a non-empty List; each Item's value MUST be a String | one String Item per policy, the name escaped; no field without policies | `headers_are_valid_and_consistent_for_any_quota`, `headers_are_valid_at_the_bounds`, `hostile_policy_names_survive_the_wire_and_head_gets_no_body` (`tests/rate_limit/layer_hostile.rs`), `the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds` (`response::tests`) |
+//! | 3 | `RateLimit-Policy` is a non-empty List; each Item's value MUST be a String | one String Item per policy, the name escaped; no field without policies | `headers_are_valid_and_consistent_for_any_quota`, `headers_are_valid_at_the_bounds`, `hostile_policy_names_survive_the_wire_and_head_gets_no_body` (`tests/rate_limit/layer_hostile.rs`), `the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds` (`headers::tests`) |
 //! | 3 | the value SHOULD stay the same over responses | built once when the layer is set up; the same on admissions and refusals | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows` |
 //! | 3.1, 4.1 | neither field in a trailer section (MUST NOT) | both are set in the response head only | by construction: the layer writes no trailers |
-//! | 3.1.1 | `q` REQUIRED, a non-negative Integer | `permits · w / period` rounded down, at most 999,999,999,999,999 | `a_sub_second_period_is_advertised_at_its_real_rate`, `a_period_that_is_not_whole_seconds_rounds_w_up_and_q_down`, `advertised_quotas_round_down_and_stay_structured_field_integers` (`response::tests`), the property test |
+//! | 3.1.1 | `q` REQUIRED, a non-negative Integer | `permits · w / period` rounded down, at most 999,999,999,999,999 | `a_sub_second_period_is_advertised_at_its_real_rate`, `a_period_that_is_not_whole_seconds_rounds_w_up_and_q_down`, `advertised_quotas_round_down_and_stay_structured_field_integers` (`headers::tests`), the property test |
 //! | 3.1.2 | `qu` OPTIONAL, `requests` by default | not sent: every request costs one permit, the default unit | — |
 //! | 3.1.3 | `w` a non-zero Integer of seconds (MUST); no sub-second precision | the period rounded up to whole seconds, at least 1 | as for `q`; `a_client_pacing_itself_by_q_over_w_is_never_refused`, `a_client_faster_than_q_over_w_is_refused` |
 //! | 3.1.4, 4.1.3, 6.1 | `pk` OPTIONAL, a Byte Sequence (MUST); servers should avoid keys with sensitive information | not sent (see above) | — |
@@ -102,7 +102,7 @@
 //! | 4 | `RateLimit` is a List of Service Limit Items naming a policy | one String Item per policy that decided (a failed limiter that fails open is left out) | the property test, `a_failing_limiter_answers_503_or_fails_open` (`tests/rate_limit/layer.rs`) |
 //! | 4.1.1 | `r` REQUIRED, a non-negative Integer: the quota available | the permits left, at most `q`; `0` for a violated policy | `a_burst_above_the_permits_never_reports_more_than_q`, `r_requests_sent_at_once_are_admitted`, the property test (`0 ≤ r ≤ q`) |
 //! | 4.1.2 | `t` OPTIONAL, a non-negative Integer: the effective window | always sent, at least 1: see above | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, `the_sliding_windows_report_exact_values` |
-//! | 5.1, 10.2.1 | the `quota-exceeded` problem type: URI `https://iana.org/assignments/http-problem-types#quota-exceeded`, title `Quota Exceeded`, status 429, `violated-policies` an array of strings | exactly these, with a `detail` | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, `the_problem_head_is_the_escaped_type_and_title` (`response::tests`), `ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes` (`tests/rate_limit/layer.rs`) |
+//! | 5.1, 10.2.1 | the `quota-exceeded` problem type: URI `https://iana.org/assignments/http-problem-types#quota-exceeded`, title `Quota Exceeded`, status 429, `violated-policies` an array of strings | exactly these, with a `detail` | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, `a_refusal_body_is_the_registered_problem` (`problem::tests`), `ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes` (`tests/rate_limit/layer.rs`) |
 //! | 6 | `Retry-After` SHOULD NOT point earlier than the end of the effective window | `max(1, ceil(retry_after))` of the longest violated policy, which is the longest `t` listed | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, the property test (`Retry-After ≥ t`, `≥ 1`, `≥` the limiter's own wait), `retry_after_rounds_up_and_is_never_zero` (`tests/rate_limit/layer.rs`) |
 //! | 6, 8.5 | MUST NOT convey an unwanted volume; SHOULD cap the ratio of `r` to `t` | `r/t ≤ q/w` always, and `q/w` at most the quota's rate | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, the property test (`r · w ≤ q · t`) |
 //! | 7 | a client SHOULD NOT exceed `r` within `t` | what a client following that is told is true: `r` requests within `t` are admitted | `r_requests_sent_at_once_are_admitted` |

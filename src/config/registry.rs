@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::rate_limit::RequestHead;
+use crate::head::RequestHead;
 use http::HeaderValue;
 
 #[cfg(feature = "adaptive")]

@@ -74,7 +74,8 @@
 //! use http::{Response, StatusCode};
 //! use tower::retry::Policy;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_bulwark::outbound::{self, Pushback, ResponseHead};
+//! use tower_bulwark::head::ResponseHead;
+//! use tower_bulwark::outbound::{self, Pushback};
 //! use tower_bulwark::{BoxError, clock::TokioClock};
 //!
 //! /// Retries a 429 or 503 at once (the pushback below holds it for the time the dependency
@@ -150,7 +151,7 @@ pub mod quota;
 use std::error::Error;
 use std::time::Duration;
 
-pub use self::pushback::{Pushback, PushbackLayer, PushedBack, ResponseHead};
+pub use self::pushback::{Pushback, PushbackLayer, PushedBack};
 pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 
 /// The time after which a refused call may be sent again, if `err` (or an error in its

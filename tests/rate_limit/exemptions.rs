@@ -9,7 +9,8 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer, RequestHead};
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
 fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock> {

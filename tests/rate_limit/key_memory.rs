@@ -18,9 +18,8 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{
-    HeaderKey, KeyExtractor, PeerIp, Policy, RateLimitLayer, RequestHead,
-};
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::rate_limit::{HeaderKey, KeyExtractor, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
 fn api_key() -> HeaderName {

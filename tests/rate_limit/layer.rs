@@ -17,9 +17,10 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{
     BoxLimiter, Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy,
-    PolicySet, RateLimitLayer, Refusal, RequestHead,
+    PolicySet, RateLimitLayer, Refusal,
 };
 use tower_bulwark::{
     algorithm::SlidingLog,

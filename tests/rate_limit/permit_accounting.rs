@@ -23,8 +23,9 @@ use axum::Router;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer, RequestHead};
+use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
@@ -420,9 +421,9 @@ fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
     }
 }
 
-/// A one-policy layer without admitted headers (the `admit_now` fast path) and with them (the
-/// full decision), raced by 8 threads reading the clock out of step: exactly the rest of the
-/// burst is admitted, every 429 says `retry-after: 1`, and the limiter is left with nothing.
+/// A one-policy layer without admitted headers and with them, raced by 8 threads reading the
+/// clock out of step: exactly the rest of the burst is admitted, every 429 says
+/// `retry-after: 1`, and the limiter is left with nothing.
 #[test]
 fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
     for headers in [false, true] {
@@ -583,9 +584,9 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
 }
 
 /// Sequential model check of the layer against a twin limiter, with time moving, costs of 1
-/// and 2 and waiting reservations: one policy alone (the `admit_now` fast path without
-/// headers), or followed by a second policy that vetoes some requests (which must leave the
-/// first deciding exactly as a twin that only ever saw the requests that were not vetoed).
+/// and 2 and waiting reservations: one policy alone (without headers), or followed by a second
+/// policy that vetoes some requests (which must leave the first deciding exactly as a twin that
+/// only ever saw the requests that were not vetoed).
 /// Each admitted request waits exactly the twin's wait.
 #[test]
 fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {

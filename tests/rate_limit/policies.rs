@@ -15,7 +15,8 @@ use axum::Router;
 use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer, RequestHead};
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::SlidingLog, clock::ManualClock, limiter::Decision, BoxError, DirectRateLimiter,
     KeyedRateLimiter, Limiter, Quota,

@@ -24,15 +24,16 @@ use axum::Router;
 use http::{HeaderMap, Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt};
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{
     BoxLimiter, BoxReserve, FailMode, KeyError, KeyExtractor, PeerIp, Policy, PolicySet, RateLimit,
-    RateLimitLayer, RequestHead,
+    RateLimitLayer,
 };
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},
     clock::{ManualClock, TokioClock},
     limiter::Decision,
-    BoxError, KeyedRateLimiter, Limiter, Quota,
+    BoxError, DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1313,8 +1314,8 @@ fn a_vetoed_fixed_window_reservation_straddling_two_cycles_stays_spent() {
     assert_eq!(window.probe("k"), 1);
 }
 
-/// Promise: "A shadow policy never makes a request wait", with a single policy (the layer's
-/// shortcut for one policy) and with an enforced policy that does not wait beside it.
+/// Promise: "A shadow policy never makes a request wait", with a single policy and with an
+/// enforced policy that does not wait beside it.
 #[tokio::test(start_paused = true)]
 async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
     let waits = Quota::per_hour(1)
@@ -2739,6 +2740,95 @@ proptest! {
         } else {
             let layer = RateLimitLayer::new(policies);
             run_sequence(&cfgs, &accts, layer, &requests, key_mode, limiter_mode)?;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One decision path
+// ---------------------------------------------------------------------------------------------
+
+/// Everything a client sees of an answer: status, every header, the body.
+fn seen(response: Response<Body>) -> (StatusCode, Vec<(String, String)>, Vec<u8>) {
+    let status = response.status();
+    let mut headers: Vec<_> = response
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    let body = run(to_bytes(response.into_body(), usize::MAX)).unwrap();
+    (status, headers, body.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// One policy alone, the same policy as a `Vec` of one, and the same policy chained after a
+    /// policy that every request skips (a cost of zero) go through one decision path, so a client
+    /// sees exactly the same answers from the three, request after request: admissions with their
+    /// headers, refusals with their `Retry-After` and body, costs the policy can never admit,
+    /// responses that `count_if` gives back, with headers on and off, with any algorithm.
+    #[test]
+    fn one_policy_a_vec_of_one_and_a_chain_answer_alike(
+        algorithm in 0usize..3,
+        headers_on in any::<bool>(),
+        steps in proptest::collection::vec((0u8..5, 0u32..8, any::<bool>(), 0u64..400), 1..40),
+    ) {
+        let clock = ManualClock::new();
+        let limiter = || {
+            let quota = Quota::per_second(3).unwrap().with_burst(4).unwrap();
+            let builder = KeyedRateLimiter::<String>::builder(quota);
+            match algorithm {
+                0 => BoxLimiter::new(builder.algorithm::<Gcra>().clock(clock.clone()).build()),
+                1 => BoxLimiter::new(
+                    builder.algorithm::<FixedWindow>().clock(clock.clone()).build(),
+                ),
+                _ => BoxLimiter::new(
+                    builder.algorithm::<SlidingLog>().clock(clock.clone()).build(),
+                ),
+            }
+        };
+        let key = |head: &RequestHead<'_>| -> Result<String, KeyError> {
+            let key = head.headers.get("x-key").ok_or_else(|| KeyError::bad_request("no key"))?;
+            Ok(key.to_str().unwrap().to_owned())
+        };
+        let cost = |head: &RequestHead<'_>| -> u32 {
+            head.headers.get("x-cost").map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        };
+        let counted = |p: &http::response::Parts| p.status != StatusCode::NOT_FOUND;
+        let one = || {
+            Policy::new("api", key, limiter()).unwrap().cost_by(cost).count_if(counted)
+        };
+        let never = DirectRateLimiter::new(Quota::per_second(1).unwrap());
+        let skipped = Policy::global("never", never).unwrap().cost(0);
+        fn with_headers<P>(layer: RateLimitLayer<P>, on: bool) -> RateLimitLayer<P> {
+            if on { layer } else { layer.without_admitted_headers() }
+        }
+        let inner = Inner::default();
+        let alone = svc(with_headers(RateLimitLayer::new(one()), headers_on), &inner);
+        let vec = svc(with_headers(RateLimitLayer::new(vec![one()]), headers_on), &inner);
+        let chained = RateLimitLayer::new(skipped.and(one()));
+        let chained = svc(with_headers(chained, headers_on), &inner);
+        for (key, cost, not_found, advance_ms) in steps {
+            clock.advance(Duration::from_millis(advance_ms));
+            let key = ["a", "a", "a", "b", ""][usize::from(key)];
+            let cost = [0, 1, 1, 1, 2, 2, 3, 9][cost as usize];
+            let status = if not_found { "404" } else { "200" };
+            let request = || {
+                let mut headers = vec![("x-cost", cost.to_string()), ("x-status", status.into())];
+                if !key.is_empty() {
+                    headers.push(("x-key", key.into()));
+                }
+                let headers: Vec<(&str, &str)> =
+                    headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                req(&headers)
+            };
+            let a = seen(call(&alone, request()).unwrap());
+            let b = seen(call(&vec, request()).unwrap());
+            let c = seen(call(&chained, request()).unwrap());
+            prop_assert_eq!(&a, &b, "a Vec of one answers as the policy alone");
+            prop_assert_eq!(&a, &c, "a chain with a skipped policy answers as the policy alone");
         }
     }
 }

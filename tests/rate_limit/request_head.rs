@@ -18,7 +18,8 @@ use http::{Request, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::util::MapRequestLayer;
-use tower_bulwark::rate_limit::{KeyError, Policy, RateLimitLayer, RequestHead};
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::rate_limit::{KeyError, Policy, RateLimitLayer};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 
 /// Set by a layer before the rate limit.

@@ -24,10 +24,9 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::ManualClock;
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{
-    BoxLimiter, FailMode, HeaderKey, Policy, RateLimitLayer, RequestHead,
-};
+use tower_bulwark::rate_limit::{BoxLimiter, FailMode, HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
@@ -115,7 +114,7 @@ impl Limiter<HeaderValue> for Slow {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. `RateLimit` values cut from per-thread chunks
+// 1. `RateLimit` values held, moved and dropped across threads
 // ---------------------------------------------------------------------------------------------
 
 /// A 64-character name of plain characters.
@@ -141,9 +140,9 @@ fn escaped_name(tag: &str) -> String {
 /// The layers under attack, all on one frozen clock so that a fresh key's values depend only
 /// on the request's cost:
 /// * `/one`: one policy with a heavily escaped 64-character name (a value under 128 bytes,
-///   cut from the thread's chunk, built piece by piece as the item does not fit in place);
-/// * `/three`: three policies with 64-character names (a value over 128 bytes, its own
-///   allocation).
+///   built on the stack);
+/// * `/three`: three policies with 64-character names (a value over 128 bytes, built on the
+///   heap).
 struct HeldApp {
     app: Router,
     one: String,
@@ -262,10 +261,10 @@ impl HeldApp {
 }
 
 /// Thousands of responses in flight at once on four worker threads, held alive while thousands
-/// of later requests churn every thread's chunks, then moved to other threads and dropped there
-/// in scattered order: each keeps exactly its own `RateLimit-Policy` and `RateLimit` text, the
-/// exact remaining of its own key and cost, on values cut from chunks (under 128 bytes) and
-/// values allocated whole (over 128 bytes) alike.
+/// of later requests are served, then moved to other threads and dropped there in scattered
+/// order: each keeps exactly its own `RateLimit-Policy` and `RateLimit` text, the exact remaining
+/// of its own key and cost, for values built on the stack (under 128 bytes) and on the heap
+/// (over 128 bytes) alike.
 #[test]
 fn held_responses_keep_their_own_ratelimit_text_across_threads() {
     let held_app = Arc::new(held_app());
@@ -309,7 +308,7 @@ fn held_responses_keep_their_own_ratelimit_text_across_threads() {
         assert_eq!(response.status(), StatusCode::OK, "request {i}");
         held_app.check(*i, response.headers());
     }
-    // The main thread keeps clones of some values (they share their chunks) while the responses
+    // The main thread keeps clones of some values while the responses
     // go to four threads that drop them in scattered order.
     let kept: Vec<(usize, HeaderMap)> = held
         .iter()
@@ -356,8 +355,8 @@ thread_local! {
     /// Serves requests from its destructor, after or before the layer's own thread-locals
     /// are gone.
     static LATE: RefCell<Option<Late>> = const { RefCell::new(None) };
-    /// Registered after `LATE`: destroyed before it (thread-locals go in reverse order), as the
-    /// layer's chunk is when first used after `LATE` was set.
+    /// Registered after `LATE`: destroyed before it (thread-locals go in reverse order), as any
+    /// thread-local first used after `LATE` was set would be.
     static PROBE: RefCell<Option<Box<u8>>> = const { RefCell::new(None) };
 }
 
@@ -395,8 +394,8 @@ impl Drop for Late {
 }
 
 /// A thread that serves requests after its thread-locals were destroyed (from a thread-local's
-/// destructor that runs after the layer's chunk is gone, or before it), and threads that exit
-/// while their responses live on: nothing panics, and every response carries its own exact
+/// destructor that runs after the thread's other thread-locals are gone, or before), and threads
+/// that exit while their responses live on: nothing panics, and every response carries its own exact
 /// values, read after the thread that built them is gone.
 #[test]
 fn requests_served_in_thread_local_destructors_and_by_exited_threads() {
@@ -419,8 +418,8 @@ fn requests_served_in_thread_local_destructors_and_by_exited_threads() {
                 };
                 let mut served = Vec::new();
                 if chunk_first {
-                    // The chunk's thread-local first: destroyed after `LATE`, which serves
-                    // while it is still there.
+                    // Serving first: whatever the layer keeps per thread is set up before `LATE`,
+                    // so destroyed after it, and still there while `LATE` serves.
                     served.extend(serve(first + 100..first + 110));
                 }
                 LATE.with(|late| {
@@ -431,7 +430,7 @@ fn requests_served_in_thread_local_destructors_and_by_exited_threads() {
                     })
                 });
                 PROBE.with(|probe| *probe.borrow_mut() = Some(Box::new(1)));
-                // Otherwise the chunk's thread-local now: destroyed before `LATE` serves.
+                // Otherwise set up now: destroyed before `LATE` serves.
                 served.extend(serve(first + 200..first + 210));
                 served
             })
@@ -545,9 +544,8 @@ fn items(value: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Layers of 1, 2, 4, 5 and 8 policies (inside and past the ledger's four inline slots, the
-/// one-policy shortcut and the general way), each policy with a random quota (some that make
-/// requests wait), shadow mode (silent or advertised), `count_if`, a limiter that decides
+/// Layers of 1, 2, 4, 5 and 8 policies (inside and past the ledger's four inline slots), each
+/// policy with a random quota (some that make requests wait), shadow mode (silent or advertised), `count_if`, a limiter that decides
 /// later or at once; requests with random costs (0 skips, 9 can never be admitted), missing
 /// keys (fail open or closed), exempt paths, and a clock that moves. After every request, every
 /// policy's limiter state equals a twin's that saw only what the model says was spent: a
@@ -564,7 +562,8 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
                 FailMode::Open
             };
             let headers_on = seed % 3 != 2;
-            // With one policy, half the seeds take the shortcut (no `count_if`, decided at once).
+            // With one policy, half the seeds have neither `count_if` nor a limiter that decides
+            // later.
             let specs: Vec<Spec> = (0..n)
                 .map(|_| random_spec(&mut rng, n == 1 && seed < 3))
                 .collect();
@@ -1052,7 +1051,7 @@ async fn poll_after_completion_panics_with_the_documented_message_only() {
         type Boxed =
             Pin<Box<dyn FutureDebugOut<Output = Result<Response<Body>, std::convert::Infallible>>>>;
         let mut future: Boxed = match shape {
-            // Untouched: the one-policy shortcut without headers.
+            // Untouched: one policy without headers.
             0 => Box::pin(
                 RateLimitLayer::new(one())
                     .without_admitted_headers()

@@ -11,9 +11,9 @@ use super::answer::{self, Answer};
 use super::builder::{Pacing, PushbackBuilder};
 use super::layer::PushbackLayer;
 use super::metrics::PushbackMetrics;
-use super::response::ResponseHead;
 use super::schedule::Schedule;
 use crate::clock::{Clock, SystemClock};
+use crate::head::ResponseHead;
 
 /// What one dependency has said about when to call it, shared by every layer, service and clone
 /// made from it.

@@ -100,7 +100,6 @@ mod error;
 mod future;
 mod layer;
 mod metrics;
-mod response;
 mod schedule;
 mod service;
 
@@ -109,5 +108,4 @@ pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
 pub use self::layer::PushbackLayer;
-pub use self::response::ResponseHead;
 pub use self::service::PushbackService;

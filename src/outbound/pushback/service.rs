@@ -6,8 +6,8 @@ use tower_service::Service;
 
 use super::dependency::Pushback;
 use super::future::ResponseFuture;
-use super::response::ResponseHead;
 use crate::clock::{Clock, SystemClock};
+use crate::head::ResponseHead;
 use crate::BoxError;
 
 /// A service behind a [`Pushback`]; made by [`PushbackLayer`](super::PushbackLayer).

@@ -1,6 +1,10 @@
-//! What key extractors, cost functions and exemptions read of a request: its head, borrowed.
+//! Views of HTTP messages: what the crate reads of a request or a response, never the body.
+//!
+//! [`RequestHead`] is what the rate-limit layer's key extractors, cost functions and exemptions
+//! read of a request; [`ResponseHead`] is what the pushback layer and the adaptive bulkhead's
+//! classifier read of a response.
 
-use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
 
 /// The head of a request (method, URI, version, headers, extensions; never the body), borrowed
 /// from the request: what key extractors, cost functions and exemptions read.
@@ -12,7 +16,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 /// parts to call an extractor yourself:
 ///
 /// ```
-/// use tower_bulwark::rate_limit::RequestHead;
+/// use tower_bulwark::head::RequestHead;
 ///
 /// let request = http::Request::get("/acme/orders").body(()).unwrap();
 /// let head = RequestHead::from(&request);
@@ -35,7 +39,6 @@ pub struct RequestHead<'a> {
 }
 
 impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
-    #[inline]
     fn from(request: &'a Request<B>) -> Self {
         Self {
             method: request.method(),
@@ -48,7 +51,6 @@ impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
 }
 
 impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
-    #[inline]
     fn from(parts: &'a http::request::Parts) -> Self {
         Self {
             method: &parts.method,
@@ -57,5 +59,50 @@ impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
             headers: &parts.headers,
             extensions: &parts.extensions,
         }
+    }
+}
+
+/// A response whose status and headers can be read: what
+/// [`Pushback`](crate::outbound::Pushback) needs from the services it wraps, and what the adaptive
+/// bulkhead's classifier judges.
+///
+/// Implemented for `http::Response<B>`, `http::response::Parts` and, with the `reqwest`
+/// feature, `reqwest::Response`; implement it for a client of your own.
+pub trait ResponseHead {
+    /// The status code.
+    fn status(&self) -> StatusCode;
+    /// The header fields.
+    fn headers(&self) -> &HeaderMap;
+}
+
+impl<B> ResponseHead for http::Response<B> {
+    fn status(&self) -> StatusCode {
+        http::Response::status(self)
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        http::Response::headers(self)
+    }
+}
+
+impl ResponseHead for http::response::Parts {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+}
+
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl ResponseHead for reqwest::Response {
+    fn status(&self) -> StatusCode {
+        reqwest::Response::status(self)
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        reqwest::Response::headers(self)
     }
 }
