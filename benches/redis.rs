@@ -5,7 +5,7 @@
 //! Run with `cargo bench --features redis --bench redis`. The bench starts its own
 //! `redis-server` on a free port (and skips, saying why, when there is none).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/common/redis_server.rs"]
 mod support;
 
 use std::sync::{Arc, LazyLock};
@@ -103,11 +103,15 @@ fn bench(c: &mut Criterion) {
         .to_string();
     let horizon = (quota.emission_interval().as_nanos().div_ceil(1000) * u128::from(quota.burst()))
         .to_string();
+    // In `prelude.lua`'s order: decide, the server's time, ticks per millisecond, cost, longest
+    // wait, expiry margin, no deadline, then GCRA's own.
     let args: Arc<Vec<String>> = Arc::new(
-        ["d", "", "1000", "1", "0", "0", &interval, &horizon, &burst]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        [
+            "d", "", "1000", "1", "0", "0", "", &interval, &horizon, &burst,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
     );
 
     let keys: Arc<Vec<String>> = Arc::new((0..TASKS).map(|t| format!("k{t}")).collect());

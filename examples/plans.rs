@@ -24,8 +24,9 @@ use axum::{Form, Router};
 use http::header::HeaderName;
 use http::{HeaderValue, Method, StatusCode};
 use tokio::net::TcpListener;
+use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{
-    HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer, RequestHead,
+    HeaderKey, KeyError, KeyExtractor, PeerIp, Policy, RateLimitLayer,
 };
 use tower_bulwark::{
     algorithm::Gcra,

@@ -237,16 +237,6 @@ impl Decision {
         }
     }
 
-    /// Admitted with no wait: the permits were taken at once.
-    pub(crate) fn admitted_now(&self) -> bool {
-        self.allowed && self.wait.is_zero()
-    }
-
-    /// `None` for an admission at once, the decision otherwise.
-    pub(crate) fn unless_admitted_now(self) -> Option<Self> {
-        (!self.admitted_now()).then_some(self)
-    }
-
     /// This decision, made for the key whose fingerprint is `key`.
     pub(crate) fn for_key(mut self, key: u64) -> Self {
         self.key = key;

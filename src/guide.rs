@@ -11,8 +11,8 @@
 //!
 //! # Guarantees under hostile conditions
 //!
-//! Each row is proved by the named tests (in `tests/limiter_hardening.rs`,
-//! `tests/limiter_model.rs` and `tests/limiter.rs`).
+//! Each row is proved by the named tests (in `tests/limiter/hostile.rs`,
+//! `tests/limiter/hostile_props.rs` and `tests/limiter/in_memory.rs`).
 //!
 //! | | concurrency and stale clocks | key floods | refunds (a waiter gone, a veto by another policy) |
 //! |---|---|---|---|
@@ -86,24 +86,24 @@
 //! whose key the client can already tell (its address, its API key).
 //!
 //! Each requirement of the draft, what the layer sends, and the tests that check it
-//! (`tests/ratelimit_headers.rs` unless named otherwise; `response::tests` are unit tests in
-//! `src/rate_limit/response.rs`):
+//! (`tests/rate_limit/headers.rs` unless named otherwise; `headers::tests` and `problem::tests`
+//! are unit tests in `src/rate_limit/headers.rs` and `src/rate_limit/problem.rs`):
 //!
 //! | draft -11 | requirement | what the layer sends | checked by |
 //! |---|---|---|---|
-//! | 3 | `RateLimit-Policy` is a non-empty List; each Item's value MUST be a String | one String Item per policy, the name escaped; no field without policies | `headers_are_valid_and_consistent_for_any_quota`, `headers_are_valid_at_the_bounds`, `hostile_policy_names_survive_the_wire_and_head_gets_no_body` (`tests/rate_limit_hostile.rs`), `the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds` (`response::tests`) |
+//! | 3 | `RateLimit-Policy` is a non-empty List; each Item's value MUST be a String | one String Item per policy, the name escaped; no field without policies | `headers_are_valid_and_consistent_for_any_quota`, `headers_are_valid_at_the_bounds`, `hostile_policy_names_survive_the_wire_and_head_gets_no_body` (`tests/rate_limit/layer_hostile.rs`), `the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds` (`headers::tests`) |
 //! | 3 | the value SHOULD stay the same over responses | built once when the layer is set up; the same on admissions and refusals | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows` |
 //! | 3.1, 4.1 | neither field in a trailer section (MUST NOT) | both are set in the response head only | by construction: the layer writes no trailers |
-//! | 3.1.1 | `q` REQUIRED, a non-negative Integer | `permits · w / period` rounded down, at most 999,999,999,999,999 | `a_sub_second_period_is_advertised_at_its_real_rate`, `a_period_that_is_not_whole_seconds_rounds_w_up_and_q_down`, `advertised_quotas_round_down_and_stay_structured_field_integers` (`response::tests`), the property test |
+//! | 3.1.1 | `q` REQUIRED, a non-negative Integer | `permits · w / period` rounded down, at most 999,999,999,999,999 | `a_sub_second_period_is_advertised_at_its_real_rate`, `a_period_that_is_not_whole_seconds_rounds_w_up_and_q_down`, `advertised_quotas_round_down_and_stay_structured_field_integers` (`headers::tests`), the property test |
 //! | 3.1.2 | `qu` OPTIONAL, `requests` by default | not sent: every request costs one permit, the default unit | — |
 //! | 3.1.3 | `w` a non-zero Integer of seconds (MUST); no sub-second precision | the period rounded up to whole seconds, at least 1 | as for `q`; `a_client_pacing_itself_by_q_over_w_is_never_refused`, `a_client_faster_than_q_over_w_is_refused` |
 //! | 3.1.4, 4.1.3, 6.1 | `pk` OPTIONAL, a Byte Sequence (MUST); servers should avoid keys with sensitive information | not sent (see above) | — |
 //! | 3.1, 4.1 | other parameters SHOULD carry a vendor prefix | none sent | the property test (only `q`, `w`, `r`, `t`) |
-//! | 4 | `RateLimit` is a List of Service Limit Items naming a policy | one String Item per policy that decided (a failed limiter that fails open is left out) | the property test, `a_failing_limiter_answers_503_or_fails_open` (`tests/rate_limit.rs`) |
+//! | 4 | `RateLimit` is a List of Service Limit Items naming a policy | one String Item per policy that decided (a failed limiter that fails open is left out) | the property test, `a_failing_limiter_answers_503_or_fails_open` (`tests/rate_limit/layer.rs`) |
 //! | 4.1.1 | `r` REQUIRED, a non-negative Integer: the quota available | the permits left, at most `q`; `0` for a violated policy | `a_burst_above_the_permits_never_reports_more_than_q`, `r_requests_sent_at_once_are_admitted`, the property test (`0 ≤ r ≤ q`) |
 //! | 4.1.2 | `t` OPTIONAL, a non-negative Integer: the effective window | always sent, at least 1: see above | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, `the_sliding_windows_report_exact_values` |
-//! | 5.1, 10.2.1 | the `quota-exceeded` problem type: URI `https://iana.org/assignments/http-problem-types#quota-exceeded`, title `Quota Exceeded`, status 429, `violated-policies` an array of strings | exactly these, with a `detail` | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, `the_problem_head_is_the_escaped_type_and_title` (`response::tests`), `ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes` (`tests/rate_limit.rs`) |
-//! | 6 | `Retry-After` SHOULD NOT point earlier than the end of the effective window | `max(1, ceil(retry_after))` of the longest violated policy, which is the longest `t` listed | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, the property test (`Retry-After ≥ t`, `≥ 1`, `≥` the limiter's own wait), `retry_after_rounds_up_and_is_never_zero` (`tests/rate_limit.rs`) |
+//! | 5.1, 10.2.1 | the `quota-exceeded` problem type: URI `https://iana.org/assignments/http-problem-types#quota-exceeded`, title `Quota Exceeded`, status 429, `violated-policies` an array of strings | exactly these, with a `detail` | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, `a_refusal_body_is_the_registered_problem` (`problem::tests`), `ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes` (`tests/rate_limit/layer.rs`) |
+//! | 6 | `Retry-After` SHOULD NOT point earlier than the end of the effective window | `max(1, ceil(retry_after))` of the longest violated policy, which is the longest `t` listed | `a_refusal_lists_the_violated_policies_and_retry_after_covers_their_windows`, the property test (`Retry-After ≥ t`, `≥ 1`, `≥` the limiter's own wait), `retry_after_rounds_up_and_is_never_zero` (`tests/rate_limit/layer.rs`) |
 //! | 6, 8.5 | MUST NOT convey an unwanted volume; SHOULD cap the ratio of `r` to `t` | `r/t ≤ q/w` always, and `q/w` at most the quota's rate | `a_long_window_never_advertises_a_faster_rate_than_its_policy`, `a_fixed_window_reports_its_cycle_end_capped_by_the_rate`, the property test (`r · w ≤ q · t`) |
 //! | 7 | a client SHOULD NOT exceed `r` within `t` | what a client following that is told is true: `r` requests within `t` are admitted | `r_requests_sent_at_once_are_admitted` |
 //!
@@ -141,7 +141,7 @@
 //! is full of live keys, [`Overflow`](crate::limiter::Overflow) decides: evict the keys whose loss gives
 //! away least, by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank) (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
-//! is being limited a fresh quota (`tests/eviction_floods.rs`, and the flood test of every
+//! is being limited a fresh quota (`tests/limiter/eviction.rs`, and the flood test of every
 //! algorithm above), with one exception: a quota of one request under the fixed window or the
 //! sliding counter, where a limited client and a flood's key hold the same single permit of the
 //! same window and either may be evicted (see [`Overflow`](crate::limiter::Overflow)).
@@ -173,17 +173,17 @@
 //!
 //! | part | promise under hostile conditions | proved by |
 //! |---|---|---|
-//! | [`ForwardedIp`](crate::rate_limit::ForwardedIp) | behind trusted proxies, the key is the address the proxy appended whatever bytes the client wrote before it (on the same line or another); a hop that is not an address before the client's is a `400`, never the proxy's key nor a client-chosen one | `tests/forwarded.rs` (properties over arbitrary client bytes; the attacks over a real listener) |
-//! | [`HeaderKey`](crate::rate_limit::HeaderKey) | a key owns a copy of its bytes (it never keeps a connection's read buffer alive) and is at most `max_len` bytes | `tests/key_memory.rs` (bytes per key over TCP within 2x of in process) |
-//! | the HTTP layer | a request refused by one policy, or dropped at any await point (reserving, waiting), gives back every permit the others granted, once, newest first; so does one whose cost function, key extractor or refusal hook panics | `tests/rate_limit_hostile.rs`, `tests/listener_disconnect.rs`, `tests/policies_attack.rs` (a model of every key's permits over random sequences of policies, costs, outcomes, shadows, failures and drops; every order of a mixed chain; panics) |
-//! | policies | each policy counts against its own key at its own cost; a cost a policy can never admit is a 429 without `Retry-After` that spends nothing; a `count_if` policy gives the permit back exactly when the response does not count (never when the inner service fails or the future is dropped; a panicking predicate counts) and its `RateLimit` says so; a shadow policy never refuses, never waits, never answers `503`; N tasks racing for L with a `count_if` policy put exactly L in the handler | `tests/policies.rs`, `tests/policies_attack.rs`, `tests/plans.rs` (over a real listener) |
-//! | refunds through [`Limiter::refund`](crate::Limiter::refund) | a decision is given back at most once (a refund consumes it: giving it back twice does not compile); never more than it took, whatever cost the caller names; under another key, or to another limiter, it gives nothing back (each algorithm, in memory and in Redis) | the `compile_fail` example on `Limiter::refund`, `tests/refund_misuse.rs`, `a_decision_given_back_under_another_key_frees_nothing_in_redis` |
-//! | tiers | a key is decided and advertised by its own tier; a refund goes to the tier that charged it, even after the key moved | `tests/tiers.rs` |
-//! | quota changes | every key keeps what it used; the window of a change admits at most the larger quota; a reload that cannot apply in place changes nothing | `tests/quota_change.rs`, `tests/config_reload.rs`, `tests/config_routes.rs` |
-//! | Redis limiters | the same refunds as in memory (a veto leaves the stored state as it was); a reading older than the key's latest is decided as of it; a script that runs after its caller was answered (a stalled server) changes nothing; a decision dropped while its script is on the way is given back; stored state that is not an exact count is an error | `tests/redis_refund.rs`, `tests/redis_deadline.rs`, `tests/redis_conformance.rs` (memory and Lua give the same decisions, refunds included, up to the bounds of exact arithmetic) |
-//! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe_memory.rs`, `tests/rate_limit_hostile.rs` |
-//! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead_hostile.rs`, the loom models |
-//! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config_hostile.rs`, `tests/config.rs` |
+//! | [`ForwardedIp`](crate::rate_limit::ForwardedIp) | behind trusted proxies, the key is the address the proxy appended whatever bytes the client wrote before it (on the same line or another); a hop that is not an address before the client's is a `400`, never the proxy's key nor a client-chosen one | `tests/http/forwarded.rs` (properties over arbitrary client bytes; the attacks over a real listener) |
+//! | [`HeaderKey`](crate::rate_limit::HeaderKey) | a key owns a copy of its bytes (it never keeps a connection's read buffer alive) and is at most `max_len` bytes | `tests/rate_limit/key_memory.rs` (bytes per key over TCP within 2x of in process) |
+//! | the HTTP layer | a request refused by one policy, or dropped at any await point (reserving, waiting), gives back every permit the others granted, once, newest first; so does one whose cost function, key extractor or refusal hook panics | `tests/rate_limit/layer_hostile.rs`, `tests/http/disconnect.rs`, `tests/rate_limit/policies_hostile.rs` (a model of every key's permits over random sequences of policies, costs, outcomes, shadows, failures and drops; every order of a mixed chain; panics) |
+//! | policies | each policy counts against its own key at its own cost; a cost a policy can never admit is a 429 without `Retry-After` that spends nothing; a `count_if` policy gives the permit back exactly when the response does not count (never when the inner service fails or the future is dropped; a panicking predicate counts) and its `RateLimit` says so; a shadow policy never refuses, never waits, never answers `503`; N tasks racing for L with a `count_if` policy put exactly L in the handler | `tests/rate_limit/policies.rs`, `tests/rate_limit/policies_hostile.rs`, `tests/http/plans_example.rs` (over a real listener) |
+//! | refunds through [`Limiter::refund`](crate::Limiter::refund) | a decision is given back at most once (a refund consumes it: giving it back twice does not compile); never more than it took, whatever cost the caller names; under another key, or to another limiter, it gives nothing back (each algorithm, in memory and in Redis) | the `compile_fail` example on `Limiter::refund`, `tests/limiter/refund_misuse.rs`, `a_decision_given_back_under_another_key_frees_nothing_in_redis` |
+//! | tiers | a key is decided and advertised by its own tier; a refund goes to the tier that charged it, even after the key moved | `tests/limiter/tiers.rs` |
+//! | quota changes | every key keeps what it used; the window of a change admits at most the larger quota; a reload that cannot apply in place changes nothing | `tests/limiter/quota_change.rs`, `tests/config/reload.rs`, `tests/config/routes.rs` |
+//! | Redis limiters | the same refunds as in memory (a veto leaves the stored state as it was); a reading older than the key's latest is decided as of it; a script that runs after its caller was answered (a stalled server) changes nothing; a decision dropped while its script is on the way is given back; stored state that is not an exact count is an error | `tests/redis/refund.rs`, `tests/redis/deadline.rs`, `tests/redis/conformance.rs` (memory and Lua give the same decisions, refunds included, up to the bounds of exact arithmetic) |
+//! | [`Observed`](crate::observe::Observed) | memory and the cost of a decision are bounded by the reservations outstanding, not by past traffic; an admission given back is not counted as allowed | `observe::tests`, `tests/observe/memory.rs`, `tests/rate_limit/layer_hostile.rs` |
+//! | bulkheads | a permit is released exactly once whatever happens to the call (panicking hooks, a waiter granted and dropped unpolled); a call is refused only when no permit is free, even during a resize; any `max_wait` is valid | `tests/bulkhead/hostile.rs`, the loom models |
+//! | config | every bad value, and every TOML error, names where it is (the field's path, or line and column) | `tests/config/hostile.rs`, `tests/config/files.rs` |
 //!
 //! # Adaptive bulkheads
 //!
@@ -228,13 +228,13 @@
 //!
 //! | guarantee | tests |
 //! |---|---|
-//! | a call is admitted only while the calls holding a permit, itself included, are at most the limit in force at that instant; a lowered limit admits nothing until enough calls in flight have ended | `tests/adaptive_stress.rs` (a ledger of every limit set, checked on every entry while the limit jumps on each sample), `lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end` |
-//! | every permit is given back exactly once, whatever ends the call (answer, error, panic in `call` or in the future, task aborted, timeout above) | `tests/adaptive_stress.rs`, `a_panicking_call_gives_its_permit_back_and_is_no_sample` |
-//! | every ending gives exactly one sample, except panics (in the future or the classifier, even caught above the bulkhead), calls dropped before their first poll (they never reached the dependency) and, when ignored, cancellations, which give none; a refusal gives none | `tests/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample`, `a_panic_caught_above_the_bulkhead_is_no_sample`, `calls_dropped_before_their_first_poll_are_no_sample` |
+//! | a call is admitted only while the calls holding a permit, itself included, are at most the limit in force at that instant; a lowered limit admits nothing until enough calls in flight have ended | `tests/bulkhead/adaptive_stress.rs` (a ledger of every limit set, checked on every entry while the limit jumps on each sample), `lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end` |
+//! | every permit is given back exactly once, whatever ends the call (answer, error, panic in `call` or in the future, task aborted, timeout above) | `tests/bulkhead/adaptive_stress.rs`, `a_panicking_call_gives_its_permit_back_and_is_no_sample` |
+//! | every ending gives exactly one sample, except panics (in the future or the classifier, even caught above the bulkhead), calls dropped before their first poll (they never reached the dependency) and, when ignored, cancellations, which give none; a refusal gives none | `tests/bulkhead/adaptive_stress.rs`, `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample`, `a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample`, `a_panic_caught_above_the_bulkhead_is_no_sample`, `calls_dropped_before_their_first_poll_are_no_sample` |
 //! | the permit is taken in `call`; a refusal is `BulkheadFull`, at once, never a timeout | `the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample` |
 //! | in the documented stack (retry → timeout → pushback → client quota → adaptive bulkhead → `reqwest::Client`), a call cut by the timeout above and a `503` are overload, an answer is healthy, every permit comes back | `in_the_documented_stack_a_timeout_above_and_503s_below_are_overload` |
-//! | clones of the bulkhead, its layer and its services share one limit | `two_clones_share_one_adaptive_limit`, `tests/adaptive_stress.rs` (24 clones) |
-//! | AIMD grows only while in use (a call admitted under a higher limit is not use of a lowered one) and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/adaptive_bulkhead.rs`, figures computed by hand on a manual clock; `tests/adaptive_attack.rs` |
+//! | clones of the bulkhead, its layer and its services share one limit | `two_clones_share_one_adaptive_limit`, `tests/bulkhead/adaptive_stress.rs` (24 clones) |
+//! | AIMD grows only while in use (a call admitted under a higher limit is not use of a lowered one) and at most once per round; backs off once per round on overload or on latency above its baseline; stays within its bounds | `aimd_*` tests in `tests/bulkhead/adaptive.rs`, figures computed by hand on a manual clock; `tests/bulkhead/adaptive_hostile.rs` |
 //! | Gradient follows the baseline-to-latency ratio, grows only while in use, stays within its bounds | `gradient_*` tests |
 //! | zero, enormous or backwards round trips and instants neither panic nor freeze the limit | `absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages`, `one_absurd_instant_does_not_freeze_the_limit`, `samples_reach_the_algorithm_in_the_order_of_their_instants` |
 //!
@@ -258,11 +258,7 @@
 //! **What the pushback reads, and how.** `Retry-After` on a 429 or 503: delta-seconds, or an
 //! HTTP-date read against the response's `Date` (the server's own clock) or, without one, the
 //! system time. `RateLimit` and `RateLimit-Policy` of draft-11 on any response, parsed as
-//! Structured Fields by the crate's own reader of the RFC 9651 List grammar (it is checked to
-//! accept exactly what the `sfv` crate accepts and read the same names and integers, on
-//! arbitrary input: `agrees_with_sfv` in `src/outbound/pushback/sf.rs`). The crate reads the small
-//! subset it needs rather than depend on `sfv`: the layer is always built, and `sfv` would bring
-//! three crates for a few hundred bytes of input. `X-RateLimit-Remaining` with
+//! Structured Fields (RFC 9651) by the `sfv` crate. `X-RateLimit-Remaining` with
 //! `X-RateLimit-Reset`, whose value is seconds from now below 10^9 and a Unix time from there on:
 //! 10^9 seconds from now would be 31 years, and 10^9 as a Unix time is September 2001, so no
 //! value of either kind that a real server sends falls on the wrong side.
@@ -283,11 +279,11 @@
 //!
 //! | part | promise under hostile conditions | proved by |
 //! |---|---|---|
-//! | pushback | no header, however malformed or absurd (arbitrary bytes, negative or 40-digit numbers, dates in year 9999 or 1970, 10 000 lines, fields over 4 KiB), panics or holds a call longer than `max_hold`; digits in `Retry-After` hold exactly that many seconds, capped | `tests/pushback_hostile.rs` |
-//! | pushback | holds are exact to the nanosecond of the clock; a date in the past holds nothing; the most restrictive policy counts; calls in flight are counted against `r` | `tests/pushback.rs` |
-//! | pushback | after a 429, none of 64 tasks through clones of one layer reaches the dependency before `Retry-After` passes; with `max_wait` zero, all fail at once; a waiter cut by a timeout reaches nothing | `after_a_429_no_task_reaches_the_dependency_before_the_hold_ends` and its neighbours in `tests/pushback.rs`; `examples/partner_api.rs` over a real listener (`tests/partner_api.rs`) |
-//! | client quota | N tasks racing for L permits get exactly L, and only L calls reach the dependency; a refusal spends nothing; a waiter dropped gives its reservation back, in memory and in Redis; two instances built separately share one Redis quota exactly | `tests/client_quota.rs`, `tests/client_quota_redis.rs` |
-//! | the stack | retry → timeout → pushback → client quota → bulkhead → `reqwest::Client`: a held call spends no quota and no bulkhead permit; a call waiting for its quota holds no bulkhead permit; the timeout cuts waits below it and everything is given back; a bulkhead refusal is neither retried nor a timeout | `tests/outbound_stack.rs` |
-//! | adaptive bulkheads from config | any `min_limit`, `initial_limit`, `max_limit` is built exactly or refused naming the bound, never a panic; every layer of one name shares one limit; a configured limit falls under a dependency answering `503`; a reload refuses any change whole | `tests/config_adaptive.rs` |
-//! | from config | every bad value of a `[pushbacks.*]` or `[client_quotas.*]` table (any text for a duration, a pacing or a limiter's name, under any instance name) is built or refused naming its path, never a panic; a client quota's layers and clones share one quota (in Redis, across registries); a reload changes its limiter's quota under the layers built and refuses any other change whole | `tests/config_outbound.rs` |
-//! | metrics | each pushback and client quota outcome, and each reason for a hold, is counted once per event, built by hand or from a file; the admitted path of both layers allocates nothing | `tests/outbound_metrics.rs` |
+//! | pushback | no header, however malformed or absurd (arbitrary bytes, negative or 40-digit numbers, dates in year 9999 or 1970, 10 000 lines, fields over 4 KiB), panics or holds a call longer than `max_hold`; digits in `Retry-After` hold exactly that many seconds, capped | `tests/outbound/pushback_hostile.rs` |
+//! | pushback | holds are exact to the nanosecond of the clock; a date in the past holds nothing; the most restrictive policy counts; calls in flight are counted against `r` | `tests/outbound/pushback.rs` |
+//! | pushback | after a 429, none of 64 tasks through clones of one layer reaches the dependency before `Retry-After` passes; with `max_wait` zero, all fail at once; a waiter cut by a timeout reaches nothing | `after_a_429_no_task_reaches_the_dependency_before_the_hold_ends` and its neighbours in `tests/outbound/pushback.rs`; `examples/partner_api.rs` over a real listener (`tests/outbound/partner_api_example.rs`) |
+//! | client quota | N tasks racing for L permits get exactly L, and only L calls reach the dependency; a refusal spends nothing; a waiter dropped gives its reservation back, in memory and in Redis; two instances built separately share one Redis quota exactly | `tests/outbound/client_quota.rs`, `tests/redis/client_quota.rs` |
+//! | the stack | retry → timeout → pushback → client quota → bulkhead → `reqwest::Client`: a held call spends no quota and no bulkhead permit; a call waiting for its quota holds no bulkhead permit; the timeout cuts waits below it and everything is given back; a bulkhead refusal is neither retried nor a timeout | `tests/outbound/stack.rs` |
+//! | adaptive bulkheads from config | any `min_limit`, `initial_limit`, `max_limit` is built exactly or refused naming the bound, never a panic; every layer of one name shares one limit; a configured limit falls under a dependency answering `503`; a reload refuses any change whole | `tests/config/adaptive.rs` |
+//! | from config | every bad value of a `[pushbacks.*]` or `[client_quotas.*]` table (any text for a duration, a pacing or a limiter's name, under any instance name) is built or refused naming its path, never a panic; a client quota's layers and clones share one quota (in Redis, across registries); a reload changes its limiter's quota under the layers built and refuses any other change whole | `tests/config/outbound.rs` |
+//! | metrics | each pushback and client quota outcome, and each reason for a hold, is counted once per event, built by hand or from a file; the admitted path of both layers allocates nothing | `tests/outbound/metrics.rs` |

@@ -72,6 +72,7 @@ pub mod clock;
 pub mod config;
 mod decision;
 pub mod guide;
+pub mod head;
 pub mod limiter;
 pub mod observe;
 pub mod outbound;

@@ -74,7 +74,8 @@
 //! use http::{Response, StatusCode};
 //! use tower::retry::Policy;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_bulwark::outbound::{self, Pushback, ResponseHead};
+//! use tower_bulwark::head::ResponseHead;
+//! use tower_bulwark::outbound::{self, Pushback};
 //! use tower_bulwark::{BoxError, clock::TokioClock};
 //!
 //! /// Retries a 429 or 503 at once (the pushback below holds it for the time the dependency
@@ -150,7 +151,7 @@ pub mod quota;
 use std::error::Error;
 use std::time::Duration;
 
-pub use self::pushback::{Pushback, PushbackLayer, PushedBack, ResponseHead};
+pub use self::pushback::{Pushback, PushbackLayer, PushedBack};
 pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 
 /// The time after which a refused call may be sent again, if `err` (or an error in its
@@ -160,6 +161,23 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 ///
 /// To recognise an error of your own as well, chain it:
 /// `outbound::retry_after(err).or_else(|| err.downcast_ref::<MyError>().map(MyError::wait))`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_bulwark::outbound;
+/// use tower_bulwark::BoxError;
+///
+/// fn when_to_retry(err: &BoxError) -> Option<Duration> {
+///     outbound::retry_after(&**err)
+/// }
+///
+/// let timeout: BoxError = "deadline passed".into();
+/// assert_eq!(when_to_retry(&timeout), None);
+/// ```
+///
+/// The [module docs](self) show it in a `tower::retry::Policy`.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     let mut next = Some(err);
     while let Some(err) = next {

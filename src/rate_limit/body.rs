@@ -1,10 +1,14 @@
-//! The body type of a rate-limited service's responses.
+//! The body of a rate-limited service's responses: the inner service's body type, or a
+//! [`RateLimitBody`] around it.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Response;
-use http_body::Body;
-
-use super::response::RateLimitBody;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
 /// How a [`RateLimit`](super::RateLimit) service's responses carry their bodies: the inner
 /// service's own body type ([`SameBody`], the default) or a [`RateLimitBody`] around it
@@ -30,7 +34,6 @@ pub trait BodyKind<B>: sealed::Sealed {
 
     /// The inner service's response, with its body made [`Self::Body`].
     #[doc(hidden)]
-    #[inline]
     fn response(response: Response<B>) -> Response<Self::Body> {
         response.map(Self::inner)
     }
@@ -57,17 +60,14 @@ pub struct WrapBody;
 impl<B: From<Bytes>> BodyKind<B> for SameBody {
     type Body = B;
 
-    #[inline]
     fn inner(body: B) -> B {
         body
     }
 
-    #[inline]
     fn answer(bytes: Bytes) -> B {
         B::from(bytes)
     }
 
-    #[inline]
     fn response(response: Response<B>) -> Response<B> {
         // As it is: `map` would take the response apart and build it again.
         response
@@ -77,14 +77,88 @@ impl<B: From<Bytes>> BodyKind<B> for SameBody {
 impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
     type Body = RateLimitBody<B>;
 
-    #[inline]
     fn inner(body: B) -> RateLimitBody<B> {
         RateLimitBody::inner(body)
     }
 
-    #[inline]
     fn answer(bytes: Bytes) -> RateLimitBody<B> {
         RateLimitBody::full(bytes)
+    }
+}
+
+pin_project! {
+    /// The response body of a rate-limited service: the inner service's body, or the body of an
+    /// answer the layer made itself.
+    pub struct RateLimitBody<B> {
+        #[pin]
+        content: Content<B>,
+    }
+}
+
+pin_project! {
+    // Whose bytes the body carries.
+    #[project = ContentProj]
+    enum Content<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        Self {
+            content: Content::Inner { body },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        let data = if data.is_empty() { None } else { Some(data) };
+        Self {
+            content: Content::Full { data },
+        }
+    }
+}
+
+impl<B> fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.content {
+            Content::Inner { .. } => f.write_str("RateLimitBody::Inner"),
+            Content::Full { data } => f
+                .debug_struct("RateLimitBody::Full")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .finish(),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().content.project() {
+            ContentProj::Inner { body } => body.poll_frame(cx),
+            ContentProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.content {
+            Content::Inner { body } => body.is_end_stream(),
+            Content::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.content {
+            Content::Inner { body } => body.size_hint(),
+            Content::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
     }
 }
 

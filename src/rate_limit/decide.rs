@@ -1,218 +1,208 @@
-//! The decision on one request, made the same way by the service's `call` and by its response
-//! future: ask each policy in turn, record its outcome, and conclude.
+//! The decision on one request, made the same way for one policy and for many, by the service's
+//! `call` and, where a limiter needs I/O or a permit falls due later, by its response future: ask
+//! each policy in turn, record its [`Outcome`], conclude, and settle after the response.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::head::RequestHead;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
+use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
-use super::layer::{FailMode, Shared};
-use super::policy::{BoxReserve, PolicySet};
-use super::response::{problem_response, AdmittedHeaders, Outcome, Refusal};
-use crate::{
-    decision::{Decision, InsufficientCapacity},
-    BoxError,
-};
+use super::problem::problem_response;
+use super::refusal::Refusal;
+use super::set::{BoxReserve, PolicySet};
+use super::settings::{FailMode, Limits};
+use crate::decision::{Decision, InsufficientCapacity};
+use crate::head::RequestHead;
+use crate::BoxError;
 
-const INLINE: usize = 4;
+/// What one policy said about one request.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Admitted, holding a permit (possibly one that falls due after `wait`).
+    Admitted(Decision),
+    /// Refused (for a shadow policy: would have been).
+    Refused(Decision),
+    /// The request costs more than the policy can ever admit at once.
+    Unadmittable(InsufficientCapacity),
+    /// The limiter failed and the layer fails open: no decision.
+    Failed,
+    /// The policy sat the request out: a cost of zero, or no key and the layer lets such
+    /// requests through.
+    Skipped,
+}
 
-/// Outcomes for any number of policies; the common case (up to four) does not allocate.
-// Inline on purpose: it lives on the stack of `call`, and is boxed with the request when the
-// decision is deferred. A `SmallVec` leaves the slots it has not filled unwritten (an array of
-// four empty outcomes, built for every request, was two copies of half a kilobyte).
-pub(crate) struct OutcomeList(SmallVec<[Outcome; INLINE]>);
-
-impl OutcomeList {
-    #[inline]
-    pub(crate) fn new(policies: usize) -> Self {
-        if policies <= INLINE {
-            Self(SmallVec::new())
-        } else {
-            Self(SmallVec::with_capacity(policies))
-        }
-    }
-
-    pub(crate) fn push(&mut self, outcome: Outcome) {
-        self.0.push(outcome);
-    }
-
-    pub(crate) fn set(&mut self, i: usize, outcome: Outcome) {
-        self.0[i] = outcome;
-    }
-
-    /// Takes the decision out of outcome `i` if it is an admission (leaving
-    /// [`Outcome::Skipped`] in its place); any other outcome stays.
-    pub(crate) fn take_admitted(&mut self, i: usize) -> Option<Decision> {
-        let slot = &mut self.0[i];
-        if !matches!(slot, Outcome::Admitted(_)) {
-            return None;
-        }
-        match std::mem::replace(slot, Outcome::Skipped) {
-            Outcome::Admitted(decision) => Some(decision),
+impl Outcome {
+    /// The policy's decision, if it made one.
+    pub(crate) fn decision(&self) -> Option<&Decision> {
+        match self {
+            Outcome::Admitted(d) | Outcome::Refused(d) => Some(d),
             _ => None,
         }
     }
+}
 
-    pub(crate) fn as_slice(&self) -> &[Outcome] {
-        &self.0
-    }
+/// The outcomes of a request's policies so far, one per policy asked, in order. Up to four
+/// live on the stack: most layers have one to three policies.
+type Outcomes = SmallVec<[Outcome; 4]>;
 
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.0.clear();
-    }
+/// Where the decision on a request stands.
+pub(crate) enum Progress {
+    /// A policy whose limiter needs I/O is deciding: [`Ledger::resume`] with what this future
+    /// gives.
+    Reserve(BoxReserve),
+    /// Every policy admitted; the last permit falls due after this wait.
+    Wait(Duration),
+    /// Every policy admitted, now.
+    Admit,
+    /// The layer answers (a refusal, or a request it cannot judge); every permit granted has
+    /// been given back. Boxed, so that the other steps, the common ones, are small to move.
+    Answer(Box<Response<Bytes>>),
 }
 
 /// What a request holds while it is decided: each policy's key and cost, and each outcome so
-/// far (one per policy asked, in order).
+/// far. Dropped before it is [admitted](Self::admit) (a refusal, the client went away, a key
+/// extractor or a hook panicked), it gives every permit it holds back.
 pub(crate) struct Ledger<P: PolicySet> {
-    pub(crate) keys: P::Keys,
-    pub(crate) outcomes: OutcomeList,
-}
-
-/// Where the decision stands after [`Ledger::drive`].
-pub(crate) enum Next {
-    /// A policy whose limiter needs I/O: record what this future gives, then drive on.
-    Reserve(BoxReserve),
-    /// Every policy has been asked.
-    Done(Conclusion),
-}
-
-/// What every policy having decided comes to.
-pub(crate) enum Conclusion {
-    /// Refused (or unjudgeable): the answer; every permit granted has been given back.
-    Answer(Response<Bytes>),
-    /// Admitted once the last permit falls due.
-    Wait(Duration),
-    /// Admitted now.
-    Admit,
+    limits: Arc<Limits<P>>,
+    keys: P::Keys,
+    outcomes: Outcomes,
 }
 
 impl<P: PolicySet> Ledger<P> {
-    /// A ledger with the keys found so far and no outcome yet.
-    #[inline]
-    pub(crate) fn with_keys(policies: &P, keys: P::Keys) -> Self {
+    /// A ledger for a new request under `limits`.
+    pub(crate) fn new(limits: Arc<Limits<P>>) -> Self {
+        let keys = limits.policies.no_keys();
         Self {
+            limits,
             keys,
-            outcomes: OutcomeList::new(policies.len()),
+            outcomes: Outcomes::new(),
         }
     }
 
     /// Asks every policy not asked yet, in order, as far as they answer at once.
-    pub(crate) fn drive(&mut self, shared: &Shared<P>, head: &RequestHead<'_>) -> Next {
-        let policies = &*shared.policies;
+    pub(crate) fn decide(&mut self, head: &RequestHead<'_>) -> Progress {
         loop {
             let i = self.outcomes.len();
-            if i == policies.len() {
-                return Next::Done(self.conclude(shared, head));
+            let policies = &*self.limits.policies;
+            if i == policies.count() {
+                return self.conclude(head);
             }
-            match policies.prepare(i, head, &mut self.keys) {
-                Ok(0) => self.outcomes.push(Outcome::Skipped),
-                Ok(_) => match policies.reserve_now(i, &self.keys) {
-                    Some(result) => {
-                        if let Some(answer) = self.record(shared, result) {
-                            return Next::Done(Conclusion::Answer(answer));
-                        }
-                    }
-                    None => return Next::Reserve(policies.reserve(i, &self.keys)),
-                },
-                Err(error) => {
-                    if let Some(answer) = self.key_error(shared, &error) {
-                        return Next::Done(Conclusion::Answer(answer));
-                    }
+            let answer = match policies.prepare(i, head, &mut self.keys) {
+                Ok(0) => {
+                    self.outcomes.push(Outcome::Skipped);
+                    None
                 }
+                Ok(_) => match policies.reserve_now(i, &self.keys) {
+                    Some(result) => self.record(result),
+                    None => return Progress::Reserve(policies.reserve(i, &self.keys)),
+                },
+                Err(error) => self.key_error(&error),
+            };
+            if let Some(answer) = answer {
+                return Progress::Answer(Box::new(answer));
             }
         }
     }
 
-    /// Records that the policy being asked found no key for the request. Returns the response to
-    /// send at once when the layer fails closed (having given back what the other policies
-    /// granted); otherwise the policy sits the request out.
-    pub(crate) fn key_error(
+    /// Records `result`, the decision of the policy whose limiter needed I/O, and decides on.
+    pub(crate) fn resume(
         &mut self,
-        shared: &Shared<P>,
-        error: &KeyError,
-    ) -> Option<Response<Bytes>> {
-        let name = &shared.meta.policies[self.outcomes.len()].name;
-        log_key_error(name, error, shared.meta.key_error_mode);
-        match shared.meta.key_error_mode {
-            FailMode::Open => {
-                self.outcomes.push(Outcome::Skipped);
-                None
-            }
-            FailMode::Closed => {
-                self.refund_all(shared);
-                Some(key_error_response(error))
-            }
+        result: Result<Decision, BoxError>,
+        head: &RequestHead<'_>,
+    ) -> Progress {
+        match self.record(result) {
+            Some(answer) => Progress::Answer(Box::new(answer)),
+            None => self.decide(head),
         }
     }
 
     /// Records the answer of the policy being asked. Returns the response to send at once when
     /// its limiter failed and the layer fails closed (having given back what the other policies
     /// granted).
-    pub(crate) fn record(
-        &mut self,
-        shared: &Shared<P>,
-        result: Result<Decision, BoxError>,
-    ) -> Option<Response<Bytes>> {
-        let info = &shared.meta.policies[self.outcomes.len()];
+    fn record(&mut self, result: Result<Decision, BoxError>) -> Option<Response<Bytes>> {
         match result {
-            Ok(decision) if decision.allowed => self.outcomes.push(Outcome::Admitted(decision)),
+            Ok(decision) if decision.allowed => {
+                self.outcomes.push(Outcome::Admitted(decision));
+                None
+            }
             Ok(decision) => {
+                let info = &self.limits.settings.policies[self.outcomes.len()];
                 if !info.enforced() {
                     info.would_have_refused(&decision);
                 }
                 self.outcomes.push(Outcome::Refused(decision));
+                None
             }
-            Err(error) => {
-                if let Some(too_costly) = error.downcast_ref::<InsufficientCapacity>() {
-                    if !info.enforced() {
-                        tracing::info!(
-                            policy = &*info.name,
-                            "rate limit (shadow): the request costs more than the policy can \
-                             ever admit; letting it through"
-                        );
-                    }
-                    self.outcomes.push(Outcome::Unadmittable(*too_costly));
-                    return None;
-                }
-                if !info.enforced() || shared.meta.limiter_error_mode == FailMode::Open {
-                    tracing::warn!(
-                        policy = &*info.name,
-                        error = %error,
-                        "rate limit: the limiter failed; letting the request through"
-                    );
-                    self.outcomes.push(Outcome::Failed);
-                } else {
-                    tracing::warn!(
-                        policy = &*info.name,
-                        error = %error,
-                        "rate limit: the limiter failed; answering 503"
-                    );
-                    self.refund_all(shared);
-                    return Some(problem_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "The rate limiter is unavailable; retry later.",
-                    ));
-                }
+            Err(error) => self.limiter_error(&error),
+        }
+    }
+
+    /// Records that the limiter of the policy being asked failed (or was asked for more than it
+    /// can ever admit at once). Returns the response to send at once when the layer fails closed.
+    fn limiter_error(&mut self, error: &BoxError) -> Option<Response<Bytes>> {
+        let settings = &self.limits.settings;
+        let info = &settings.policies[self.outcomes.len()];
+        if let Some(too_costly) = error.downcast_ref::<InsufficientCapacity>() {
+            if !info.enforced() {
+                tracing::info!(
+                    policy = &*info.name,
+                    "rate limit (shadow): the request costs more than the policy can ever admit; \
+                     letting it through"
+                );
+            }
+            self.outcomes.push(Outcome::Unadmittable(*too_costly));
+            return None;
+        }
+        if !info.enforced() || settings.limiter_error_mode == FailMode::Open {
+            tracing::warn!(
+                policy = &*info.name,
+                error = %error,
+                "rate limit: the limiter failed; letting the request through"
+            );
+            self.outcomes.push(Outcome::Failed);
+            return None;
+        }
+        tracing::warn!(
+            policy = &*info.name,
+            error = %error,
+            "rate limit: the limiter failed; answering 503"
+        );
+        self.refund_all();
+        Some(problem_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The rate limiter is unavailable; retry later.",
+        ))
+    }
+
+    /// Records that the policy being asked found no key for the request. Returns the response to
+    /// send at once when the layer fails closed (having given back what the other policies
+    /// granted); otherwise the policy sits the request out.
+    fn key_error(&mut self, error: &KeyError) -> Option<Response<Bytes>> {
+        let mode = self.limits.settings.key_error_mode;
+        let name = &self.limits.settings.policies[self.outcomes.len()].name;
+        log_key_error(name, error, mode);
+        match mode {
+            FailMode::Open => {
+                self.outcomes.push(Outcome::Skipped);
+                None
+            }
+            FailMode::Closed => {
+                self.refund_all();
+                Some(key_error_response(error))
             }
         }
-        None
     }
 
     /// What the outcomes come to, once every policy has been asked. A refusal gives every
     /// permit back.
-    fn conclude(&mut self, shared: &Shared<P>, head: &RequestHead<'_>) -> Conclusion {
+    fn conclude(&mut self, head: &RequestHead<'_>) -> Progress {
         let mut wait = Duration::ZERO;
         let mut refused = false;
-        for (info, outcome) in shared.meta.policies.iter().zip(self.outcomes.as_slice()) {
+        for (info, outcome) in self.limits.settings.policies.iter().zip(&self.outcomes) {
             if !info.enforced() {
                 continue;
             }
@@ -223,91 +213,100 @@ impl<P: PolicySet> Ledger<P> {
             }
         }
         if refused {
-            // Give every permit back before the refusal is built, so that the hook sees them
+            // Every permit goes back before the refusal is built, so that the hook sees them
             // given back and a hook that panics leaks nothing.
-            let outcomes = self.refund_all(shared);
-            let response = Refusal {
-                meta: &shared.meta,
+            let outcomes = self.refund_all();
+            let limits = &*self.limits;
+            let refusal = Refusal {
+                settings: &limits.settings,
                 request: *head,
-                outcomes: outcomes.as_slice(),
-                policy_header: shared.meta.policy_header_for(outcomes.as_slice(), |i| {
-                    shared.policies.quota(i, &self.keys)
+                outcomes: &outcomes,
+                policy_header: policy_header(&limits.settings, &outcomes, |i| {
+                    limits.policies.quota(i, &self.keys)
                 }),
-            }
-            .respond();
-            Conclusion::Answer(response)
+            };
+            Progress::Answer(Box::new(refusal.respond()))
         } else if wait.is_zero() {
-            Conclusion::Admit
+            Progress::Admit
         } else {
-            Conclusion::Wait(wait)
+            Progress::Wait(wait)
         }
     }
 
-    /// The rate-limit headers of the admitted response, for these keys' quotas.
-    #[inline]
-    pub(crate) fn admitted_headers(&self, shared: &Shared<P>) -> Option<AdmittedHeaders> {
-        shared.meta.admitted_headers(self.outcomes.as_slice(), |i| {
-            shared.policies.quota(i, &self.keys)
-        })
+    /// Hands the request over to the inner service: the permits now belong to it. Returns the
+    /// rate-limit headers of its response, and what is left to settle once the response is
+    /// known (the admissions of policies that count by outcome), if anything.
+    pub(crate) fn admit(&mut self) -> (Option<AdmittedHeaders>, Option<Box<Settlement<P>>>) {
+        let limits = &*self.limits;
+        let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
+            limits.policies.quota(i, &self.keys)
+        });
+        let settles = limits.settings.counts_by_outcome
+            && (limits.settings.policies.iter())
+                .zip(&self.outcomes)
+                .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
+        // Handed over: from here, dropping the ledger gives nothing back.
+        let settlement = if settles {
+            Some(Box::new(Settlement {
+                limits: Arc::clone(&self.limits),
+                keys: std::mem::take(&mut self.keys),
+                outcomes: std::mem::take(&mut self.outcomes),
+            }))
+        } else {
+            self.outcomes.clear();
+            None
+        };
+        (headers, settlement)
     }
 
-    /// Gives back every permit held, once: the outcomes are cleared first, so that a refund
+    /// Gives back every permit held, once: the outcomes are taken out first, so that a refund
     /// that panics cannot lead to a second one. The newest admission goes back first: two
     /// policies on one key and limiter each gave the request an admission, and each refund is
     /// exact while its admission is the key's latest.
     ///
     /// Returns the outcomes as they were, each admission replaced by what it told the client
     /// (a decision that gives nothing back: its permits went back here, once).
-    pub(crate) fn refund_all(&mut self, shared: &Shared<P>) -> OutcomeList {
-        let mut outcomes = std::mem::replace(&mut self.outcomes, OutcomeList::new(0));
-        for i in (0..outcomes.len()).rev() {
-            if let Some(decision) = outcomes.take_admitted(i) {
-                outcomes.set(i, Outcome::Admitted(decision.report()));
-                shared.policies.refund(i, &self.keys, decision);
+    fn refund_all(&mut self) -> Outcomes {
+        let mut outcomes = std::mem::take(&mut self.outcomes);
+        for (i, outcome) in outcomes.iter_mut().enumerate().rev() {
+            if let Outcome::Admitted(decision) = outcome {
+                let report = Outcome::Admitted(decision.report());
+                if let Outcome::Admitted(decision) = std::mem::replace(outcome, report) {
+                    self.limits.policies.refund(i, &self.keys, decision);
+                }
             }
         }
         outcomes
     }
 
-    /// Takes this ledger out of `self`, leaving one that holds nothing.
-    pub(crate) fn take(&mut self) -> Self {
-        Ledger {
-            keys: std::mem::take(&mut self.keys),
-            outcomes: std::mem::replace(&mut self.outcomes, OutcomeList::new(0)),
-        }
+    /// How many permits the ledger holds (one per admission).
+    pub(crate) fn held(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Admitted(_)))
+            .count()
     }
+}
 
-    /// The request has been handed to the inner service: keeps what the policies that count by
-    /// outcome need to settle after the response, if any of them admitted it.
-    pub(crate) fn into_settle(mut self, shared: &Arc<Shared<P>>) -> Option<Box<Settle<P>>> {
-        let pending = shared.meta.settles
-            && shared
-                .meta
-                .policies
-                .iter()
-                .zip(self.outcomes.as_slice())
-                .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
-        if pending {
-            Some(Box::new(Settle {
-                shared: Arc::clone(shared),
-                ledger: self,
-            }))
-        } else {
-            self.outcomes.clear();
-            None
+impl<P: PolicySet> Drop for Ledger<P> {
+    fn drop(&mut self) {
+        if !self.outcomes.is_empty() {
+            self.refund_all();
         }
     }
 }
 
 /// The admissions of policies that count by outcome, kept until the response says whether the
-/// request counts. Dropped without a response (the inner service failed, or the response future
-/// was dropped), it keeps every permit spent.
-pub(crate) struct Settle<P: PolicySet> {
-    shared: Arc<Shared<P>>,
-    ledger: Ledger<P>,
+/// request counts. This is where whatever is known only from the response is settled. Dropped
+/// without a response (the inner service failed, or the response future was dropped), it keeps
+/// every permit spent.
+pub(crate) struct Settlement<P: PolicySet> {
+    limits: Arc<Limits<P>>,
+    keys: P::Keys,
+    outcomes: Outcomes,
 }
 
-impl<P: PolicySet> Settle<P> {
+impl<P: PolicySet> Settlement<P> {
     /// Gives back the permits of the policies that `response` does not count against, newest
     /// first, and brings `headers` (the rate-limit headers of this response) up to date with what
     /// was given back.
@@ -315,19 +314,22 @@ impl<P: PolicySet> Settle<P> {
     /// A predicate that panics is taken to count the response (the permit stays spent, never
     /// over-granted), with an `error` log line; the other policies are settled all the same.
     pub(crate) fn apply(
-        self,
+        mut self,
         response: &http::response::Parts,
         headers: &mut Option<AdmittedHeaders>,
     ) {
-        let Settle { shared, mut ledger } = self;
+        let limits = &*self.limits;
         let mut gave_back = false;
-        for i in (0..ledger.outcomes.len()).rev() {
-            let info = &shared.meta.policies[i];
-            if !info.count_if || !matches!(ledger.outcomes.as_slice()[i], Outcome::Admitted(_)) {
+        for (i, outcome) in self.outcomes.iter_mut().enumerate().rev() {
+            let info = &limits.settings.policies[i];
+            let Outcome::Admitted(decision) = outcome else {
+                continue;
+            };
+            if !info.count_if {
                 continue;
             }
             let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                shared.policies.counts(i, response)
+                limits.policies.counts(i, response)
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(
@@ -337,20 +339,22 @@ impl<P: PolicySet> Settle<P> {
                 true
             });
             if !counts {
-                let Some(decision) = ledger.outcomes.take_admitted(i) else {
-                    continue;
-                };
                 // The client is told the state as it is now: the permits are back.
-                let cost = u64::from(shared.policies.cost(i, &ledger.keys));
+                let cost = u64::from(limits.policies.cost(i, &self.keys));
                 let mut after = decision.report();
                 after.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
-                shared.policies.refund(i, &ledger.keys, decision);
-                ledger.outcomes.set(i, Outcome::Admitted(after));
+                if let Outcome::Admitted(decision) =
+                    std::mem::replace(outcome, Outcome::Admitted(after))
+                {
+                    limits.policies.refund(i, &self.keys, decision);
+                }
                 gave_back = true;
             }
         }
         if gave_back && headers.is_some() {
-            *headers = ledger.admitted_headers(&shared);
+            *headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
+                limits.policies.quota(i, &self.keys)
+            });
         }
     }
 }

@@ -1,3 +1,5 @@
+//! The layer: its policies, and the settings its builder methods choose.
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -5,23 +7,10 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
-use super::head::RequestHead;
-use super::policy::PolicySet;
-use super::response::{Meta, OnRefusal};
 use super::service::RateLimit;
-
-/// What the layer does with a request it cannot judge: one without a key, or one whose limiter
-/// failed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Answer at once with an `application/problem+json` error: the key error's status (`400` or
-    /// `500`), or `503` for a failed limiter. The default.
-    #[default]
-    Closed,
-    /// Let the request through without counting it against the policy that could not decide.
-    Open,
-}
+use super::set::PolicySet;
+use super::settings::{FailMode, Limits, OnRefusal, Settings};
+use crate::head::RequestHead;
 
 /// Applies rate-limit policies to the requests of a service: see the [module docs](super).
 ///
@@ -35,7 +24,7 @@ pub enum FailMode {
 /// serves inner services of any body type.
 pub struct RateLimitLayer<P, M = SameBody> {
     policies: Arc<P>,
-    meta: Arc<Meta>,
+    settings: Arc<Settings>,
     kind: PhantomData<fn() -> M>,
 }
 
@@ -44,34 +33,50 @@ impl<P: PolicySet> RateLimitLayer<P> {
     /// one that any policy refuses gives back what the others granted (exactly, but for the cases
     /// the [guide](crate::guide) lists, where permits stay spent rather than be over-granted).
     /// Without policies (an empty `Vec`) the layer admits everything and adds no headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+    /// use tower_bulwark::{KeyedRateLimiter, Quota};
+    ///
+    /// // Ten requests per second per client IP on `/orders`.
+    /// let per_ip = Policy::new("per-ip", PeerIp::new(), KeyedRateLimiter::new(Quota::per_second(10)?))?;
+    /// let app: Router = Router::new()
+    ///     .route("/orders", get(|| async { "ok" }))
+    ///     .route_layer(RateLimitLayer::new(per_ip));
+    /// # let _ = app;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(policies: P) -> Self {
-        let mut infos = Vec::with_capacity(policies.len());
+        let mut infos = Vec::with_capacity(policies.count());
         policies.describe(&mut infos);
         Self {
             policies: Arc::new(policies),
-            meta: Arc::new(Meta::new(infos)),
+            settings: Arc::new(Settings::new(infos)),
             kind: PhantomData,
         }
     }
 }
 
 impl<P, M> RateLimitLayer<P, M> {
-    fn meta_mut(&mut self) -> &mut Meta {
+    fn settings_mut(&mut self) -> &mut Settings {
         // Copy on write: a clone of the layer made before this call keeps its settings, and
         // both keep sharing the limiters.
-        Arc::make_mut(&mut self.meta)
+        Arc::make_mut(&mut self.settings)
     }
 
     /// Builds the response to a refused request with `hook` instead of the default 429.
     pub fn on_refusal(mut self, hook: impl OnRefusal) -> Self {
-        self.meta_mut().on_refusal = Some(Arc::new(hook));
+        self.settings_mut().on_refusal = Some(Arc::new(hook));
         self
     }
 
     /// What to do with a request whose key cannot be extracted ([`FailMode::Closed`] by
     /// default: answer with the key error's status). Either way a log line says why.
     pub fn key_error_mode(mut self, mode: FailMode) -> Self {
-        self.meta_mut().key_error_mode = mode;
+        self.settings_mut().key_error_mode = mode;
         self
     }
 
@@ -79,7 +84,7 @@ impl<P, M> RateLimitLayer<P, M> {
     /// its server ([`FailMode::Closed`] by default: answer `503`). Either way a log line says
     /// why.
     pub fn limiter_error_mode(mut self, mode: FailMode) -> Self {
-        self.meta_mut().limiter_error_mode = mode;
+        self.settings_mut().limiter_error_mode = mode;
         self
     }
 
@@ -88,7 +93,8 @@ impl<P, M> RateLimitLayer<P, M> {
     /// internal callers). Exemptions add up: a request is exempt if any of them says so.
     ///
     /// ```
-    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer, RequestHead};
+    /// use tower_bulwark::head::RequestHead;
+    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
     /// use tower_bulwark::{DirectRateLimiter, Quota};
     ///
     /// let layer = RateLimitLayer::new(Policy::global(
@@ -107,8 +113,8 @@ impl<P, M> RateLimitLayer<P, M> {
         mut self,
         predicate: impl Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
-        let meta = self.meta_mut();
-        meta.exempt = Some(match meta.exempt.take() {
+        let settings = self.settings_mut();
+        settings.exempt = Some(match settings.exempt.take() {
             Some(earlier) => {
                 Arc::new(move |head: &RequestHead<'_>| earlier(head) || predicate(head))
             }
@@ -131,14 +137,14 @@ impl<P, M> RateLimitLayer<P, M> {
 
     /// Sends `RateLimit-Policy` and `RateLimit` on refusals only, not on admitted responses.
     pub fn without_admitted_headers(mut self) -> Self {
-        self.meta_mut().admitted_headers = false;
+        self.settings_mut().admitted_headers = false;
         self
     }
 
     /// Also sends the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
     /// `X-RateLimit-Reset` (seconds from now) headers, for the policy that binds.
     pub fn with_legacy_headers(mut self) -> Self {
-        self.meta_mut().legacy_headers = true;
+        self.settings_mut().legacy_headers = true;
         self
     }
 
@@ -151,7 +157,7 @@ impl<P, M> RateLimitLayer<P, M> {
     pub fn wrap_body(self) -> RateLimitLayer<P, WrapBody> {
         RateLimitLayer {
             policies: self.policies,
-            meta: self.meta,
+            settings: self.settings,
             kind: PhantomData,
         }
     }
@@ -161,7 +167,7 @@ impl<P, M> Clone for RateLimitLayer<P, M> {
     fn clone(&self) -> Self {
         Self {
             policies: Arc::clone(&self.policies),
-            meta: Arc::clone(&self.meta),
+            settings: Arc::clone(&self.settings),
             kind: PhantomData,
         }
     }
@@ -170,7 +176,7 @@ impl<P, M> Clone for RateLimitLayer<P, M> {
 impl<P, M> fmt::Debug for RateLimitLayer<P, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("meta", &self.meta)
+            .field("settings", &self.settings)
             .field("body", &std::any::type_name::<M>())
             .finish_non_exhaustive()
     }
@@ -182,16 +188,10 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(
             inner,
-            Arc::new(Shared {
+            Arc::new(Limits {
                 policies: Arc::clone(&self.policies),
-                meta: Arc::clone(&self.meta),
+                settings: Arc::clone(&self.settings),
             }),
         )
     }
-}
-
-/// What every clone of a layer and of its services shares.
-pub(crate) struct Shared<P> {
-    pub(crate) policies: Arc<P>,
-    pub(crate) meta: Arc<Meta>,
 }

@@ -51,8 +51,8 @@
 //!
 //! [`PeerIp`] keys by the TCP peer's address (IPv6 by its /64), [`ForwardedIp`] by the client
 //! behind proxies you trust, [`HeaderKey`] by a header such as `x-api-key`, [`GlobalKey`] puts every
-//! request in one budget, and any closure over the [`RequestHead`] can be a key extractor. A
-//! request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
+//! request in one budget, and any closure over the [`RequestHead`](crate::head::RequestHead) can
+//! be a key extractor. A request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
 //! when the server is set up wrong) with a problem+json body, and a log line with the reason;
 //! [`RateLimitLayer::key_error_mode`] with [`FailMode::Open`] lets such requests through instead,
 //! uncounted. Behind proxies, [`ForwardedIp`] answers `400` when a hop that is not an address
@@ -156,24 +156,29 @@
 mod body;
 mod decide;
 pub mod future;
-mod head;
+mod headers;
 pub mod key;
 mod layer;
 mod policy;
-mod response;
+mod problem;
+mod refusal;
 mod service;
+mod set;
+mod settings;
 
-pub use self::body::{BodyKind, SameBody, WrapBody};
-pub use self::head::RequestHead;
+pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
+pub use self::headers::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
 #[cfg(feature = "axum")]
 pub use self::key::{ForwardedIp, PeerIp};
-pub use self::layer::{FailMode, RateLimitLayer};
+pub use self::layer::RateLimitLayer;
 #[cfg(feature = "config")]
 pub(crate) use self::policy::check_name as check_policy_name;
-pub use self::policy::{BoxLimiter, BoxReserve, Chain, Policy, PolicyError, PolicySet};
-pub use self::response::{
-    OnRefusal, RateLimitBody, Refusal, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
-    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
+pub use self::policy::{Policy, PolicyError};
+pub use self::problem::QUOTA_EXCEEDED;
+pub use self::refusal::Refusal;
 pub use self::service::RateLimit;
+pub use self::set::{BoxLimiter, BoxReserve, Chain, PolicySet};
+pub use self::settings::{FailMode, OnRefusal};

@@ -1,10 +1,11 @@
 //! The local cache of refusals: a key that Redis refused is refused here until its retry time.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+#[cfg(test)]
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-
-use std::collections::HashMap;
 
 use crate::decision::Decision;
 
@@ -12,8 +13,6 @@ use crate::decision::Decision;
 #[derive(Debug)]
 pub(crate) struct RefusalCache {
     entries: Mutex<HashMap<String, Refusal>>,
-    /// The number of entries, read without the lock so that an empty cache costs one load.
-    len: AtomicUsize,
     capacity: usize,
     /// While the cache is full of live refusals: the instant the first of them ends. Until then
     /// a new refusal is not cached, without scanning the whole cache again (under a flood of
@@ -40,7 +39,6 @@ impl RefusalCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
-            len: AtomicUsize::new(0),
             capacity,
             full_until: AtomicU64::new(0),
             #[cfg(test)]
@@ -53,14 +51,10 @@ impl RefusalCache {
     /// A cached refusal stands for a request of the same cost or more, while its retry time is
     /// further away than `max_wait` (once it is within, Redis may grant a reservation).
     pub(crate) fn check(&self, key: &str, cost: u32, now: u64, max_wait: u64) -> Option<Decision> {
-        if self.len.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let entry = *entries.get(key)?;
         if entry.until <= now {
             entries.remove(key);
-            self.len.store(entries.len(), Ordering::Relaxed);
             return None;
         }
         let left = entry.until - now;
@@ -104,7 +98,6 @@ impl RefusalCache {
             });
             if entries.len() >= self.capacity {
                 self.full_until.store(first_end, Ordering::Relaxed);
-                self.len.store(entries.len(), Ordering::Relaxed);
                 return;
             }
         }
@@ -116,25 +109,19 @@ impl RefusalCache {
                 entries.insert(key.to_owned(), refusal);
             }
         }
-        self.len.store(entries.len(), Ordering::Relaxed);
     }
 
     /// Forgets every refusal (the quota changed, so their retry times may be wrong).
     pub(crate) fn clear(&self) {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries.clear();
-        self.len.store(0, Ordering::Relaxed);
         self.full_until.store(0, Ordering::Relaxed);
     }
 
     /// Forgets `key` (its permits were given back, so a refusal may be too pessimistic).
     pub(crate) fn forget(&self, key: &str) {
-        if self.len.load(Ordering::Relaxed) == 0 {
-            return;
-        }
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries.remove(key);
-        self.len.store(entries.len(), Ordering::Relaxed);
     }
 }
 

@@ -13,60 +13,39 @@ use std::time::Duration;
 /// `err.is::<RedisFailure>()`).
 #[derive(Debug)]
 pub struct RedisFailure {
-    kind: Kind,
+    cause: Cause,
 }
 
+/// Why Redis gave no decision.
 #[derive(Debug)]
-enum Kind {
+pub(crate) enum Cause {
+    /// No answer within the limiter's timeout.
     Timeout(Duration),
+    /// The client failed: no connection, a script error, ...
     Redis(redis::RedisError),
+    /// A reply of the wrong shape, type or range; says what is wrong.
     BadReply(String),
+    /// A client clock beyond what the scripts can take exactly.
     ClockOutOfRange(u64),
+    /// Not asked, since it failed less than a probe interval ago.
     Skipped,
+    /// The script ran after the decision's deadline.
     Late,
 }
 
+impl From<Cause> for RedisFailure {
+    fn from(cause: Cause) -> Self {
+        Self { cause }
+    }
+}
+
 impl RedisFailure {
-    pub(crate) fn timeout(after: Duration) -> Self {
-        Self {
-            kind: Kind::Timeout(after),
-        }
-    }
-
-    pub(crate) fn redis(err: redis::RedisError) -> Self {
-        Self {
-            kind: Kind::Redis(err),
-        }
-    }
-
-    pub(crate) fn bad_reply(what: String) -> Self {
-        Self {
-            kind: Kind::BadReply(what),
-        }
-    }
-
-    pub(crate) fn clock_out_of_range(now: u64) -> Self {
-        Self {
-            kind: Kind::ClockOutOfRange(now),
-        }
-    }
-
-    pub(crate) fn late() -> Self {
-        Self { kind: Kind::Late }
-    }
-
-    pub(crate) fn skipped() -> Self {
-        Self {
-            kind: Kind::Skipped,
-        }
-    }
-
     /// Whether the failure is about reaching Redis at all (a timeout, a refused or dropped
     /// connection), rather than about one key's state or one reply.
     pub(crate) fn is_unavailable(&self) -> bool {
-        match &self.kind {
-            Kind::Timeout(_) => true,
-            Kind::Redis(err) => {
+        match &self.cause {
+            Cause::Timeout(_) => true,
+            Cause::Redis(err) => {
                 err.is_io_error()
                     || err.is_connection_refusal()
                     || err.is_connection_dropped()
@@ -74,36 +53,36 @@ impl RedisFailure {
                     || err.is_unrecoverable_error()
                     || err.is_cluster_error()
             }
-            Kind::BadReply(_) | Kind::ClockOutOfRange(_) | Kind::Skipped | Kind::Late => false,
+            Cause::BadReply(_) | Cause::ClockOutOfRange(_) | Cause::Skipped | Cause::Late => false,
         }
     }
 
     /// Whether Redis was not asked, because it failed less than a probe interval ago.
     pub fn is_skipped(&self) -> bool {
-        matches!(self.kind, Kind::Skipped)
+        matches!(self.cause, Cause::Skipped)
     }
 
     /// Whether Redis did not answer within the limiter's timeout.
     pub fn is_timeout(&self) -> bool {
-        matches!(self.kind, Kind::Timeout(_))
+        matches!(self.cause, Cause::Timeout(_))
     }
 
     /// Whether Redis ran the script only after the decision's deadline, so that the script
     /// changed nothing (Redis was too slow for this caller).
     pub fn is_late(&self) -> bool {
-        matches!(self.kind, Kind::Late)
+        matches!(self.cause, Cause::Late)
     }
 
     /// Whether Redis answered with something that is not a decision (a reply of the wrong shape).
     pub fn is_bad_reply(&self) -> bool {
-        matches!(self.kind, Kind::BadReply(_))
+        matches!(self.cause, Cause::BadReply(_))
     }
 
     /// The error of the Redis client, when the failure is one (connection refused, a script
     /// error, ...).
     pub fn redis_error(&self) -> Option<&redis::RedisError> {
-        match &self.kind {
-            Kind::Redis(err) => Some(err),
+        match &self.cause {
+            Cause::Redis(err) => Some(err),
             _ => None,
         }
     }
@@ -111,17 +90,17 @@ impl RedisFailure {
 
 impl fmt::Display for RedisFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
-            Kind::Redis(err) => write!(f, "redis failed: {err}"),
-            Kind::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
-            Kind::Late => f.write_str(
+        match &self.cause {
+            Cause::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
+            Cause::Redis(err) => write!(f, "redis failed: {err}"),
+            Cause::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
+            Cause::Late => f.write_str(
                 "redis ran the script after the decision's deadline, so it changed nothing",
             ),
-            Kind::Skipped => f.write_str(
+            Cause::Skipped => f.write_str(
                 "redis failed a moment ago and is not asked again before the probe interval ends",
             ),
-            Kind::ClockOutOfRange(now) => write!(
+            Cause::ClockOutOfRange(now) => write!(
                 f,
                 "redis scripts cannot take the client clock's time {now} exactly (at most 2^52 ticks)"
             ),
@@ -131,8 +110,8 @@ impl fmt::Display for RedisFailure {
 
 impl Error for RedisFailure {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match &self.kind {
-            Kind::Redis(err) => Some(err),
+        match &self.cause {
+            Cause::Redis(err) => Some(err),
             _ => None,
         }
     }

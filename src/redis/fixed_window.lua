@@ -1,7 +1,7 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles),
 -- l = the latest clock reading; an older reading is decided as of it; d = the period `c` counts
--- in (absent in keys written before quotas could change: the current period).
+-- in (absent: the current period).
 -- ARGV[8] period, ARGV[9] limit
 local key = KEYS[1]
 local period = tonumber(ARGV[8])

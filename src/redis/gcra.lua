@@ -1,6 +1,6 @@
 -- GCRA on one key holding "<tat>:<latest>": the theoretical arrival time (TAT), and the latest
--- clock reading that admitted or gave back (a key written by an older version holds "<tat>"
--- alone). A reading older than `latest` (a stale client clock, a server clock stepped back) is
+-- clock reading that admitted or gave back (a key holding "<tat>" alone is read with no latest
+-- reading). A reading older than `latest` (a stale client clock, a server clock stepped back) is
 -- decided as of `latest`, as the in-memory GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if

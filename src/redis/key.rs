@@ -1,10 +1,99 @@
-//! How a client key becomes part of a Redis key.
+//! How a client key becomes a Redis key: its text, the limiter's prefix and the Redis Cluster
+//! hash tag that chooses its slot.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
+
+use super::BuildError;
+
+/// Where the Redis Cluster hash tag of a limiter's keys comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HashTag {
+    /// `<prefix>{<client key>}`: each client's state hashes by the client key alone, so clients
+    /// spread over the cluster's slots (the default).
+    #[default]
+    PerKey,
+    /// `<prefix>{<tag>}:<client key>`: every key of the limiter lives in the slot of `tag`.
+    Fixed(String),
+}
+
+/// How one limiter names the Redis key of a client key.
+#[derive(Debug)]
+pub(crate) struct KeyLayout {
+    pub(crate) prefix: String,
+    pub(crate) hash_tag: HashTag,
+}
+
+impl KeyLayout {
+    /// The layout of `prefix` and `hash_tag`, or why they cannot stand in a key: a brace in
+    /// either would move or end the hash tag.
+    pub(crate) fn new(prefix: String, hash_tag: HashTag) -> Result<Self, BuildError> {
+        if prefix.contains(['{', '}']) {
+            return Err(BuildError::new("the key prefix must not hold `{` or `}`"));
+        }
+        if let HashTag::Fixed(tag) = &hash_tag {
+            if tag.is_empty() || tag.contains(['{', '}']) {
+                return Err(BuildError::new(
+                    "a fixed hash tag must be non-empty, without `{` or `}`",
+                ));
+            }
+        }
+        Ok(Self { prefix, hash_tag })
+    }
+
+    /// The Redis key that holds the state of `key`.
+    pub(crate) fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 24);
+        out.push_str(&self.prefix);
+        out.push('{');
+        match &self.hash_tag {
+            HashTag::PerKey => {
+                let start = out.len();
+                key.write_redis_key(&mut out);
+                escape_hash_tag(&mut out, start);
+                out.push('}');
+            }
+            HashTag::Fixed(tag) => {
+                out.push_str(tag);
+                out.push_str("}:");
+                key.write_redis_key(&mut out);
+            }
+        }
+        out
+    }
+}
+
+/// Makes `out[start..]`, a client key written between the braces of a hash tag, safe to stand
+/// there: Redis Cluster ends the tag at the first `}`, so a key holding one would choose its own
+/// slot (and could pile onto another client's). `}` becomes `%7D` and `%` becomes `%25`, which
+/// keeps different client keys different; keys holding neither are written as they are.
+fn escape_hash_tag(out: &mut String, start: usize) {
+    if !out[start..].contains(['}', '%']) {
+        return;
+    }
+    let key = out.split_off(start);
+    for c in key.chars() {
+        match c {
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// A fingerprint of a Redis key, which a decision carries so that a refund under another key
+/// gives nothing back. Stable across limiters and processes (std's SipHash with fixed keys), so
+/// a decision of one limiter can be given back through a clone or another limiter on the same
+/// Redis keys.
+pub(crate) fn fingerprint(redis_key: &str) -> u64 {
+    std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+        .hash_one(redis_key)
+}
 
 /// A client key that can name its state in Redis: strings, numbers, IP addresses, header values
 /// (the keys of the HTTP layer's extractors) and `()` (one budget for everything).
@@ -112,6 +201,28 @@ mod tests {
         assert_eq!(text(&IpAddr::from([203, 0, 113, 7])), "203.0.113.7");
         assert_eq!(text(&"2001:db8::".parse::<IpAddr>().unwrap()), "2001:db8::");
         assert_eq!(text(&Arc::<str>::from("carol")), "carol");
+    }
+
+    fn layout(prefix: &str, hash_tag: HashTag) -> Result<KeyLayout, BuildError> {
+        KeyLayout::new(prefix.to_owned(), hash_tag)
+    }
+
+    #[test]
+    fn keys_carry_the_prefix_and_an_escaped_hash_tag() {
+        let per_key = layout("p:", HashTag::PerKey).unwrap();
+        assert_eq!(per_key.redis_key("alice"), "p:{alice}");
+        assert_eq!(per_key.redis_key("{a}b%c"), "p:{{a%7Db%25c}");
+        assert_ne!(per_key.redis_key("{a}"), per_key.redis_key("{a%7D"));
+        let fixed = layout("p:", HashTag::Fixed("t".into())).unwrap();
+        assert_eq!(fixed.redis_key("{a}b"), "p:{t}:{a}b");
+        for (prefix, tag) in [
+            ("p{", HashTag::PerKey),
+            ("p}", HashTag::PerKey),
+            ("p:", HashTag::Fixed(String::new())),
+            ("p:", HashTag::Fixed("}a{".into())),
+        ] {
+            assert!(layout(prefix, tag).is_err(), "{prefix}");
+        }
     }
 
     #[test]

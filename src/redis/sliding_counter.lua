@@ -1,8 +1,7 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window, l = the latest clock reading (an
 -- older reading is decided as of it, so it never lands in a window that has rolled away), d = the
--- window length `w` counts in (absent in keys written before quotas could change: the current
--- length).
+-- window length `w` counts in (absent: the current length).
 -- ARGV[8] window, ARGV[9] limit
 local key = KEYS[1]
 local window = tonumber(ARGV[8])

@@ -8,7 +8,7 @@ use http::StatusCode;
 use tower_http::classify::{ClassifiedResponse, ClassifyResponse, NeverClassifyEos};
 
 use crate::bulkhead::BulkheadFull;
-use crate::outbound::ResponseHead;
+use crate::head::ResponseHead;
 use crate::BoxError;
 
 /// What one finished call says about the dependency.

@@ -1,0 +1,108 @@
+//! Views of HTTP messages: what the crate reads of a request or a response, never the body.
+//!
+//! [`RequestHead`] is what the rate-limit layer's key extractors, cost functions and exemptions
+//! read of a request; [`ResponseHead`] is what the pushback layer and the adaptive bulkhead's
+//! classifier read of a response.
+
+use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
+
+/// The head of a request (method, URI, version, headers, extensions; never the body), borrowed
+/// from the request: what key extractors, cost functions and exemptions read.
+///
+/// A view of the request as it travels, so that the layer never takes the request apart to show
+/// it to them (that would move all of it twice). Its fields have the names of
+/// [`http::request::Parts`]' fields, so a closure reads `head.uri.path()` or
+/// `head.headers.get("x-api-key")` as it would read the parts. Make one from a request or from
+/// parts to call an extractor yourself:
+///
+/// ```
+/// use tower_bulwark::head::RequestHead;
+///
+/// let request = http::Request::get("/acme/orders").body(()).unwrap();
+/// let head = RequestHead::from(&request);
+/// assert_eq!(head.uri.path(), "/acme/orders");
+/// assert!(head.method == http::Method::GET);
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RequestHead<'a> {
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's HTTP version.
+    pub version: Version,
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The request's extensions (axum's `ConnectInfo` and `MatchedPath` live here).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
+    fn from(request: &'a Request<B>) -> Self {
+        Self {
+            method: request.method(),
+            uri: request.uri(),
+            version: request.version(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+}
+
+impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
+    fn from(parts: &'a http::request::Parts) -> Self {
+        Self {
+            method: &parts.method,
+            uri: &parts.uri,
+            version: parts.version,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
+}
+
+/// A response whose status and headers can be read: what
+/// [`Pushback`](crate::outbound::Pushback) needs from the services it wraps, and what the adaptive
+/// bulkhead's classifier judges.
+///
+/// Implemented for `http::Response<B>`, `http::response::Parts` and, with the `reqwest`
+/// feature, `reqwest::Response`; implement it for a client of your own.
+pub trait ResponseHead {
+    /// The status code.
+    fn status(&self) -> StatusCode;
+    /// The header fields.
+    fn headers(&self) -> &HeaderMap;
+}
+
+impl<B> ResponseHead for http::Response<B> {
+    fn status(&self) -> StatusCode {
+        http::Response::status(self)
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        http::Response::headers(self)
+    }
+}
+
+impl ResponseHead for http::response::Parts {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+}
+
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl ResponseHead for reqwest::Response {
+    fn status(&self) -> StatusCode {
+        reqwest::Response::status(self)
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        reqwest::Response::headers(self)
+    }
+}

@@ -1,0 +1,159 @@
+//! The layer's answers as RFC 9457 problem details (`application/problem+json`): the refusal's
+//! `quota-exceeded` problem, and the answer to a request it could not judge.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+
+use crate::decision::InsufficientCapacity;
+
+/// The problem type of a refusal, `quota-exceeded`, as draft-ietf-httpapi-ratelimit-headers-11
+/// registers it in IANA's HTTP Problem Types registry (title `Quota Exceeded`, status 429).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The media type of a problem.
+pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// A problem+json answer for a request the layer could not judge (no key, or a failed limiter).
+pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Bytes> {
+    let mut json = String::with_capacity(128 + detail.len());
+    json.push_str("{\"type\":\"about:blank\",\"title\":");
+    json_string(&mut json, status.canonical_reason().unwrap_or("Error"));
+    let _ = write!(json, ",\"status\":{},\"detail\":", status.as_u16());
+    json_string(&mut json, detail);
+    json.push('}');
+    let mut response = Response::new(Bytes::from(json));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    response
+}
+
+/// The body of a refusal: a problem of type [`QUOTA_EXCEEDED`] naming the `violated` policies.
+/// With `retry_after_secs` its detail says when to come back; without, that the request costs
+/// more than the `unadmittable` policies can ever admit at once.
+pub(crate) fn quota_exceeded<'a>(
+    violated: impl Iterator<Item = &'a str> + Clone,
+    retry_after_secs: Option<u64>,
+    unadmittable: impl Iterator<Item = (&'a str, InsufficientCapacity)> + Clone,
+) -> Bytes {
+    let mut detail = String::new();
+    if let Some(retry) = retry_after_secs {
+        detail.push_str("The request exceeds the quota of ");
+        push_names(&mut detail, violated.clone());
+        let unit = if retry == 1 { "second" } else { "seconds" };
+        let _ = write!(detail, "; retry in {retry} {unit}.");
+    } else {
+        detail.push_str("The request costs more than ");
+        push_names(&mut detail, unadmittable.clone().map(|(name, _)| name));
+        detail.push_str(" can ever admit at once (");
+        for (i, (_, e)) in unadmittable.enumerate() {
+            if i > 0 {
+                detail.push_str("; ");
+            }
+            let _ = write!(
+                detail,
+                "{} permits asked, at most {}",
+                e.requested(),
+                e.capacity()
+            );
+        }
+        detail.push_str("); it will never be admitted.");
+    }
+    let mut json = String::with_capacity(256);
+    json.push_str("{\"type\":");
+    json_string(&mut json, QUOTA_EXCEEDED);
+    json.push_str(",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":");
+    json_string(&mut json, &detail);
+    json.push_str(",\"violated-policies\":[");
+    for (i, name) in violated.enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json_string(&mut json, name);
+    }
+    json.push_str("]}");
+    Bytes::from(json)
+}
+
+/// Appends `'a'`, `'a' and 'b'`, `'a', 'b' and 'c'`.
+fn push_names<'a>(out: &mut String, names: impl Iterator<Item = &'a str> + Clone) {
+    let count = names.clone().count();
+    for (i, name) in names.enumerate() {
+        if i > 0 {
+            out.push_str(if i + 1 == count { " and " } else { ", " });
+        }
+        out.push('\'');
+        out.push_str(name);
+        out.push('\'');
+    }
+}
+
+/// Appends `s` as a JSON string (RFC 8259 §7), quotes included.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_strings_read_back_as_written() {
+        let mut samples: Vec<String> = (0u8..0x80).map(|b| format!("x{}y", b as char)).collect();
+        samples.extend(
+            [
+                "",
+                "plain",
+                "é\"ü\\",
+                "\u{1}\u{1f}\u{7f}",
+                "tab\tnew\nline\r",
+                "日本\"語",
+            ]
+            .map(String::from),
+        );
+        for sample in samples {
+            let mut json = String::new();
+            json_string(&mut json, &sample);
+            let back: String = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, sample, "{json}");
+        }
+    }
+
+    #[test]
+    fn json_strings_escape() {
+        let mut j = String::new();
+        json_string(&mut j, "a\"\\\n\u{1}é");
+        assert_eq!(j, "\"a\\\"\\\\\\n\\u0001é\"");
+    }
+
+    #[test]
+    fn a_refusal_body_is_the_registered_problem() {
+        let names = ["per-ip", "per \"key\""];
+        let body = quota_exceeded(names.into_iter(), Some(2), std::iter::empty());
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], QUOTA_EXCEEDED);
+        assert_eq!(json["title"], "Quota Exceeded");
+        assert_eq!(json["status"], 429);
+        assert_eq!(
+            json["detail"],
+            "The request exceeds the quota of 'per-ip' and 'per \"key\"'; retry in 2 seconds."
+        );
+        assert_eq!(json["violated-policies"][1], "per \"key\"");
+    }
+}

@@ -1,0 +1,145 @@
+//! A refused request and the default answer to it: `429 Too Many Requests` with the rate-limit
+//! headers and a problem+json body. An [`OnRefusal`](super::OnRefusal) hook renders it otherwise.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+
+use super::decide::Outcome;
+use super::headers::refusal_headers;
+use super::policy::PolicyInfo;
+use super::problem::{quota_exceeded, PROBLEM_JSON};
+use super::settings::Settings;
+use crate::decision::{Decision, InsufficientCapacity};
+use crate::head::RequestHead;
+
+/// A refused request, as the [`OnRefusal`](super::OnRefusal) hook sees it.
+pub struct Refusal<'a> {
+    pub(crate) settings: &'a Settings,
+    pub(crate) request: RequestHead<'a>,
+    pub(crate) outcomes: &'a [Outcome],
+    /// `RateLimit-Policy` for this request's keys.
+    pub(crate) policy_header: Option<HeaderValue>,
+}
+
+impl<'a> Refusal<'a> {
+    /// The head of the refused request.
+    pub fn request(&self) -> RequestHead<'a> {
+        self.request
+    }
+
+    /// The value of `Retry-After`: the longest `max(1, ceil(seconds))` of the limiters'
+    /// `retry_after` over the violated policies; `None` when no wait would help (the request
+    /// costs more than a violated policy can ever admit at once).
+    ///
+    /// That is also the longest effective window (`t`) in the refusal's `RateLimit` field, which
+    /// lists only the violated policies, so `Retry-After` never points before the end of any of
+    /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        if self.unadmittable().next().is_some() {
+            return None;
+        }
+        self.enforced()
+            .filter_map(|(_, o)| match o {
+                Outcome::Refused(d) => Some(d.retry_after_secs()),
+                _ => None,
+            })
+            .max()
+    }
+
+    /// The names of the policies that refused the request, in the layer's order.
+    pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + Clone + 'a {
+        self.enforced()
+            .filter(|(_, o)| matches!(o, Outcome::Refused(_) | Outcome::Unadmittable(_)))
+            .map(|(p, _)| &*p.name)
+    }
+
+    /// Every policy's name with its decision (`None` where the policy made none: its limiter
+    /// failed and the layer fails open, the request cost it nothing, or costs more than it can
+    /// ever admit). Admissions listed here have been given back. Shadow policies are listed
+    /// too.
+    pub fn decisions(&self) -> impl Iterator<Item = (&'a str, Option<&'a Decision>)> + 'a {
+        self.settings
+            .policies
+            .iter()
+            .zip(self.outcomes)
+            .map(|(p, o)| (&*p.name, o.decision()))
+    }
+
+    /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
+    /// violated policies only, each with `r=0` and its own wait as `t`), and the legacy
+    /// `X-RateLimit-*` ones if they are turned on.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(6);
+        if let Some(retry) = self.retry_after_secs() {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+        }
+        refusal_headers(
+            self.settings,
+            self.outcomes,
+            self.policy_header.as_ref(),
+            &mut headers,
+        );
+        headers
+    }
+
+    /// The default body: an RFC 9457 problem of type
+    /// [`QUOTA_EXCEEDED`](super::QUOTA_EXCEEDED), with `violated-policies`.
+    pub fn problem_json(&self) -> Bytes {
+        let unadmittable = self.unadmittable().map(|(p, e)| (&*p.name, e));
+        quota_exceeded(
+            self.violated_policies(),
+            self.retry_after_secs(),
+            unadmittable,
+        )
+    }
+
+    /// The default answer: `429 Too Many Requests` with [`headers`](Self::headers) and
+    /// [`problem_json`](Self::problem_json).
+    pub fn default_response(&self) -> Response<Bytes> {
+        let mut response = Response::new(self.problem_json());
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let mut headers = self.headers();
+        headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+        *response.headers_mut() = headers;
+        response
+    }
+
+    /// The answer to send: the layer's hook's, or the default.
+    pub(crate) fn respond(&self) -> Response<Bytes> {
+        match &self.settings.on_refusal {
+            Some(hook) => hook.on_refusal(self),
+            None => self.default_response(),
+        }
+    }
+
+    /// Enforced (not shadow) policies with their outcomes.
+    fn enforced(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
+        self.settings
+            .policies
+            .iter()
+            .zip(self.outcomes)
+            .filter(|(p, _)| p.enforced())
+    }
+
+    fn unadmittable(
+        &self,
+    ) -> impl Iterator<Item = (&'a PolicyInfo, InsufficientCapacity)> + Clone + 'a {
+        self.enforced().filter_map(|(p, o)| match o {
+            Outcome::Unadmittable(e) => Some((p, *e)),
+            _ => None,
+        })
+    }
+}
+
+impl fmt::Debug for Refusal<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refusal")
+            .field("method", &self.request.method)
+            .field("uri", &self.request.uri)
+            .field("decisions", &self.decisions().collect::<Vec<_>>())
+            .finish()
+    }
+}

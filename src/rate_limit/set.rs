@@ -1,0 +1,393 @@
+//! The policies of one layer as one set ([`PolicySet`]): a policy, a chain of them, or a `Vec`;
+//! and [`BoxLimiter`], for limiters chosen at run time.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::key::{KeyError, KeyExtractor};
+use super::policy::{Policy, PolicyInfo};
+use crate::head::RequestHead;
+use crate::{decision::Decision, BoxError, Limiter, Quota};
+
+/// The future of a decision that a limiter could not make at once (one that needs I/O, such as
+/// Redis), boxed so that a layer's policies can be of any limiter type.
+pub type BoxReserve = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
+
+/// The policies of one layer: one [`Policy`], several chained with
+/// [`Policy::and`] (each with its own key and limiter
+/// types), or a `Vec` of policies of one type (built at run time, as from a configuration).
+///
+/// Sealed: its methods are the layer's business.
+pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
+    /// The keys of one request, one slot per policy.
+    #[doc(hidden)]
+    type Keys: Default + Send + 'static;
+
+    /// How many policies.
+    #[doc(hidden)]
+    fn count(&self) -> usize;
+
+    /// How each policy is described to clients, in order.
+    #[doc(hidden)]
+    fn describe(&self, out: &mut Vec<PolicyInfo>);
+
+    /// No key yet.
+    #[doc(hidden)]
+    fn no_keys(&self) -> Self::Keys;
+
+    /// Finds policy `i`'s key and cost for the request (a cost of zero means the policy sits
+    /// this request out).
+    #[doc(hidden)]
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError>;
+
+    /// Policy `i`'s decision at once, if its limiter can make it so.
+    #[doc(hidden)]
+    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>>;
+
+    /// Policy `i`'s decision, later.
+    #[doc(hidden)]
+    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve;
+
+    /// The cost policy `i` found for the request (zero if it found none).
+    #[doc(hidden)]
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32;
+
+    /// Gives policy `i`'s admission back.
+    #[doc(hidden)]
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision);
+
+    /// Whether `response` counts against policy `i`.
+    #[doc(hidden)]
+    fn counts(&self, i: usize, response: &http::response::Parts) -> bool;
+
+    /// Policy `i`'s quota for the key it found (the quota its headers advertise), or its
+    /// limiter's quota if it found none.
+    #[doc(hidden)]
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota;
+}
+
+/// Two sets of policies, asked in order: the type that [`Policy::and`] builds.
+#[derive(Clone, Debug)]
+pub struct Chain<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A, B> Chain<A, B> {
+    pub(crate) fn new(first: A, second: B) -> Self {
+        Self { first, second }
+    }
+
+    /// These policies and then `next`.
+    pub fn and<Q>(self, next: Q) -> Chain<Self, Q> {
+        Chain::new(self, next)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<X, L> Sealed for super::Policy<X, L> {}
+    impl<A, B> Sealed for super::Chain<A, B> {}
+    impl<X, L> Sealed for Vec<super::Policy<X, L>> {}
+}
+
+/// What one policy keeps of one request: its key and the cost it was asked for.
+pub(crate) type Slot<K> = Option<(K, u32)>;
+
+fn slot<K>(slot: &Slot<K>) -> (&K, u32) {
+    let (key, cost) = slot
+        .as_ref()
+        .expect("a policy is asked to decide only once its key is found");
+    (key, *cost)
+}
+
+impl<X, L> PolicySet for Policy<X, L>
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    type Keys = Slot<X::Key>;
+
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn describe(&self, out: &mut Vec<PolicyInfo>) {
+        out.push(self.info());
+    }
+
+    fn no_keys(&self) -> Self::Keys {
+        None
+    }
+
+    fn prepare(
+        &self,
+        _: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
+        self.prepare_one(head, keys)
+    }
+
+    fn reserve_now(&self, _: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
+        let (key, cost) = slot(keys);
+        self.limiter.reserve_now(key, cost)
+    }
+
+    fn reserve(&self, _: usize, keys: &Self::Keys) -> BoxReserve {
+        let (key, cost) = slot(keys);
+        Box::pin(self.limiter.reserve(key, cost))
+    }
+
+    fn cost(&self, _: usize, keys: &Self::Keys) -> u32 {
+        keys.as_ref().map_or(0, |(_, cost)| *cost)
+    }
+
+    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) {
+        let (key, cost) = slot(keys);
+        self.limiter.refund(key, cost, decision);
+    }
+
+    fn counts(&self, _: usize, response: &http::response::Parts) -> bool {
+        self.count_if.as_ref().is_none_or(|counts| counts(response))
+    }
+
+    fn quota(&self, _: usize, keys: &Self::Keys) -> Quota {
+        match keys {
+            Some((key, _)) => self.limiter.quota_for(key),
+            None => self.limiter.quota(),
+        }
+    }
+}
+
+impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
+    type Keys = (A::Keys, B::Keys);
+
+    fn count(&self) -> usize {
+        self.first.count() + self.second.count()
+    }
+
+    fn describe(&self, out: &mut Vec<PolicyInfo>) {
+        self.first.describe(out);
+        self.second.describe(out);
+    }
+
+    fn no_keys(&self) -> Self::Keys {
+        (self.first.no_keys(), self.second.no_keys())
+    }
+
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.prepare(i, head, &mut keys.0),
+            Some(j) => self.second.prepare(j, head, &mut keys.1),
+        }
+    }
+
+    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.reserve_now(i, &keys.0),
+            Some(j) => self.second.reserve_now(j, &keys.1),
+        }
+    }
+
+    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.reserve(i, &keys.0),
+            Some(j) => self.second.reserve(j, &keys.1),
+        }
+    }
+
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.cost(i, &keys.0),
+            Some(j) => self.second.cost(j, &keys.1),
+        }
+    }
+
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.refund(i, &keys.0, decision),
+            Some(j) => self.second.refund(j, &keys.1, decision),
+        }
+    }
+
+    fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.counts(i, response),
+            Some(j) => self.second.counts(j, response),
+        }
+    }
+
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.quota(i, &keys.0),
+            Some(j) => self.second.quota(j, &keys.1),
+        }
+    }
+}
+
+/// Policies of one type, as many as a configuration names. Each request keeps its keys in one
+/// allocation; chain policies with [`Policy::and`] where
+/// their number is known when the code is written.
+impl<X, L> PolicySet for Vec<Policy<X, L>>
+where
+    X: KeyExtractor,
+    L: Limiter<X::Key>,
+{
+    type Keys = Vec<Slot<X::Key>>;
+
+    fn count(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn describe(&self, out: &mut Vec<PolicyInfo>) {
+        out.extend(self.iter().map(Policy::info));
+    }
+
+    fn no_keys(&self) -> Self::Keys {
+        (0..Vec::len(self)).map(|_| None).collect()
+    }
+
+    fn prepare(
+        &self,
+        i: usize,
+        head: &RequestHead<'_>,
+        keys: &mut Self::Keys,
+    ) -> Result<u32, KeyError> {
+        self[i].prepare_one(head, &mut keys[i])
+    }
+
+    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
+        self[i].reserve_now(0, &keys[i])
+    }
+
+    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve {
+        self[i].reserve(0, &keys[i])
+    }
+
+    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
+        PolicySet::cost(&self[i], 0, &keys[i])
+    }
+
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
+        self[i].refund(0, &keys[i], decision);
+    }
+
+    fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
+        self[i].counts(0, response)
+    }
+
+    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
+        self[i].quota(0, &keys[i])
+    }
+}
+
+trait ErasedLimiter<K>: Send + Sync + 'static {
+    fn quota(&self) -> Quota;
+    fn quota_for(&self, key: &K) -> Quota;
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError>;
+    fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
+    fn refund(&self, key: &K, cost: u32, decision: Decision);
+}
+
+impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
+    fn quota(&self) -> Quota {
+        Limiter::quota(self)
+    }
+
+    fn quota_for(&self, key: &K) -> Quota {
+        Limiter::quota_for(self, key)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        Limiter::set_quota(self, quota)
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
+        Box::pin(Limiter::reserve(self, key, cost))
+    }
+
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        Limiter::reserve_now(self, key, cost)
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        Limiter::refund(self, key, cost, decision)
+    }
+}
+
+/// Any [`Limiter`] behind one type, for limiters chosen at run time (as a configuration does):
+/// a GCRA limiter in memory or a sliding log in Redis, say. Policies of different limiter types
+/// chained with [`Policy::and`] need no box.
+///
+/// A limiter that decides at once (see [`Limiter::reserve_now`]) still does so through the box;
+/// one that needs I/O costs one allocation per decision for its boxed future.
+pub struct BoxLimiter<K: 'static> {
+    inner: Arc<dyn ErasedLimiter<K>>,
+}
+
+impl<K: 'static> BoxLimiter<K> {
+    /// Boxes `limiter`.
+    pub fn new<L: Limiter<K>>(limiter: L) -> Self {
+        Self {
+            inner: Arc::new(limiter),
+        }
+    }
+}
+
+impl<K: 'static> Clone for BoxLimiter<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K: 'static> fmt::Debug for BoxLimiter<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoxLimiter")
+            .field("quota", &self.inner.quota())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: 'static> Limiter<K> for BoxLimiter<K> {
+    type Future = BoxReserve;
+
+    fn quota(&self) -> Quota {
+        self.inner.quota()
+    }
+
+    fn quota_for(&self, key: &K) -> Quota {
+        self.inner.quota_for(key)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        self.inner.set_quota(quota)
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
+        self.inner.reserve(key, cost)
+    }
+
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        self.inner.reserve_now(key, cost)
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        self.inner.refund(key, cost, decision)
+    }
+}

@@ -1,0 +1,188 @@
+//! The settings of a [`RedisRateLimiter`] and their checks.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::cache::RefusalCache;
+use super::fail_mode::Breaker;
+use super::key::KeyLayout;
+use super::limiter::Inner;
+use super::offset::ClockOffset;
+use super::script::{LimiterScript, ScriptQuota};
+use super::{BuildError, HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use crate::algorithm::Gcra;
+use crate::clock::{Clock, SystemClock};
+use crate::Quota;
+
+/// The default timeout of one decision.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The default time during which decisions skip Redis after a failure.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The default bound on refused keys held by the local cache.
+pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
+
+/// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
+pub struct RedisRateLimiterBuilder<A = Gcra, C = SystemClock> {
+    settings: Settings,
+    clock: C,
+    _algorithm: PhantomData<fn() -> A>,
+}
+
+/// The settings that do not depend on the algorithm or the clock.
+#[derive(Debug)]
+struct Settings {
+    quota: Quota,
+    store: RedisStore,
+    client_clock: bool,
+    prefix: Option<String>,
+    hash_tag: HashTag,
+    timeout: Duration,
+    fail_mode: RedisFailMode,
+    probe_interval: Duration,
+    cache_capacity: Option<usize>,
+}
+
+impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisRateLimiterBuilder")
+            .field(&self.settings)
+            .finish()
+    }
+}
+
+impl RedisRateLimiterBuilder {
+    pub(crate) fn new(quota: Quota, store: RedisStore) -> Self {
+        Self {
+            settings: Settings {
+                quota,
+                store,
+                client_clock: false,
+                prefix: None,
+                hash_tag: HashTag::PerKey,
+                timeout: DEFAULT_TIMEOUT,
+                fail_mode: RedisFailMode::default(),
+                probe_interval: DEFAULT_PROBE_INTERVAL,
+                cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
+            },
+            clock: SystemClock::new(),
+            _algorithm: PhantomData,
+        }
+    }
+}
+
+impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
+    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
+    /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
+    pub fn algorithm<A2: RedisAlgorithm>(self) -> RedisRateLimiterBuilder<A2, C> {
+        RedisRateLimiterBuilder {
+            settings: self.settings,
+            clock: self.clock,
+            _algorithm: PhantomData,
+        }
+    }
+
+    /// Reads time from `clock` on this process instead of the server's `TIME`, in nanoseconds.
+    ///
+    /// Meant for tests: with a [`ManualClock`](crate::clock::ManualClock) the decisions are
+    /// exactly those of the in-memory limiter on the same clock. Every instance must then share
+    /// the clock's origin, and the clock must stay below 2^52 ns (about 52 days). Since such a
+    /// clock need not run at the server's pace, every key is kept a minute longer than the clock
+    /// says.
+    pub fn client_clock<C2: Clock>(self, clock: C2) -> RedisRateLimiterBuilder<A, C2> {
+        RedisRateLimiterBuilder {
+            settings: Settings {
+                client_clock: true,
+                ..self.settings
+            },
+            clock,
+            _algorithm: PhantomData,
+        }
+    }
+
+    /// The start of every key this limiter writes (default `bulwark:<algorithm>:`). Give each
+    /// limiter its own prefix: two limiters with one prefix share their state. It must not hold
+    /// `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Where the Redis Cluster hash tag comes from (default [`HashTag::PerKey`]).
+    pub fn hash_tag(mut self, hash_tag: HashTag) -> Self {
+        self.settings.hash_tag = hash_tag;
+        self
+    }
+
+    /// The longest a decision waits for Redis before the fail mode decides (default
+    /// [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// What to decide when Redis cannot (default [`RedisFailMode::open`]).
+    pub fn fail_mode(mut self, fail_mode: RedisFailMode) -> Self {
+        self.settings.fail_mode = fail_mode;
+        self
+    }
+
+    /// After a failure, how long decisions go straight to the fail mode before Redis is
+    /// tried again (default [`DEFAULT_PROBE_INTERVAL`]). While Redis is down this spares every
+    /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.settings.probe_interval = interval;
+        self
+    }
+
+    /// The most refused keys the local cache holds (default
+    /// [`DEFAULT_REFUSAL_CACHE_CAPACITY`]).
+    pub fn refusal_cache_capacity(mut self, capacity: usize) -> Self {
+        self.settings.cache_capacity = Some(capacity);
+        self
+    }
+
+    /// Sends every request to Redis, even for a key known to be refused.
+    pub fn without_refusal_cache(mut self) -> Self {
+        self.settings.cache_capacity = None;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] naming the setting that cannot work: a quota whose arithmetic would
+    /// leave Lua's exact integers (see the module's limits), a prefix or fixed hash tag holding
+    /// a brace, or a zero timeout.
+    pub fn build(self) -> Result<RedisRateLimiter<A, C>, BuildError> {
+        let settings = self.settings;
+        let script = LimiterScript::of::<A>();
+        let quota = ScriptQuota::new(script, settings.quota, settings.client_clock)
+            .map_err(BuildError::new)?;
+        let prefix = settings
+            .prefix
+            .unwrap_or_else(|| format!("bulwark:{}:", script.name()));
+        let keys = KeyLayout::new(prefix, settings.hash_tag)?;
+        if settings.timeout.is_zero() {
+            return Err(BuildError::new("the timeout must be longer than zero"));
+        }
+        Ok(RedisRateLimiter::new(Inner {
+            store: settings.store,
+            quota: ArcSwap::from_pointee(quota),
+            clock: Box::new(self.clock),
+            keys,
+            timeout: settings.timeout,
+            fail_mode: settings.fail_mode,
+            breaker: Breaker::new(settings.probe_interval),
+            cache: settings.cache_capacity.map(RefusalCache::new),
+            cached_refusals: AtomicU64::new(0),
+            offset: ClockOffset::default(),
+        }))
+    }
+}

@@ -1,0 +1,195 @@
+//! What a limiter decides when Redis cannot, and how it notices that Redis is failing.
+
+use std::fmt;
+use std::future::Ready;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::RedisFailure;
+use crate::decision::{Decision, Source};
+use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
+
+/// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply
+/// was not a decision.
+///
+/// Every such failure is counted ([`RedisRateLimiter::failures`](super::RedisRateLimiter::failures))
+/// and logged whatever the fail mode.
+#[derive(Clone)]
+pub struct RedisFailMode(OnFailure);
+
+/// A local limiter that decides for Redis, keyed by the Redis key.
+type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
+
+#[derive(Clone)]
+enum OnFailure {
+    Open,
+    Closed(Duration),
+    Fallback(Arc<LocalLimiter>),
+    Propagate,
+}
+
+impl RedisFailMode {
+    /// Admits the request (the default): availability first. The decision reports the full limit
+    /// minus the cost as remaining, since nothing better is known.
+    pub fn open() -> Self {
+        Self(OnFailure::Open)
+    }
+
+    /// Refuses the request, telling the client to come back after `retry_after`.
+    pub fn closed(retry_after: Duration) -> Self {
+        Self(OnFailure::Closed(retry_after))
+    }
+
+    /// Decides with a local in-memory GCRA limiter of its own `quota`, for example the global
+    /// quota divided by the expected number of instances.
+    pub fn fallback(quota: Quota) -> Self {
+        Self::fallback_to(KeyedRateLimiter::<String>::new(quota))
+    }
+
+    /// Decides with `limiter`, keyed by the Redis key of the request (a
+    /// [`KeyedRateLimiter<String, _, _>`](crate::KeyedRateLimiter) of any algorithm and clock).
+    /// Its own quota applies, `max_wait` included, for every decision it takes.
+    pub fn fallback_to<L>(limiter: L) -> Self
+    where
+        L: Limiter<String, Future = Ready<Result<Decision, BoxError>>>,
+    {
+        Self(OnFailure::Fallback(Arc::new(limiter)))
+    }
+
+    /// Hands the [`RedisFailure`] to the caller as the error of the decision.
+    pub fn propagate() -> Self {
+        Self(OnFailure::Propagate)
+    }
+
+    /// The decision on `cost` permits for `key` when Redis failed with `failure`; `limit` is the
+    /// limit Redis would have reported.
+    pub(crate) fn decide(
+        &self,
+        limit: u64,
+        key: String,
+        cost: u32,
+        failure: RedisFailure,
+    ) -> Result<Decision, BoxError> {
+        let mut decision = match &self.0 {
+            OnFailure::Open => {
+                Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
+            }
+            OnFailure::Closed(retry_after) => {
+                Decision::refused(limit, 0, *retry_after, *retry_after)
+            }
+            OnFailure::Fallback(local) => local.reserve(&key, cost).into_inner()?,
+            OnFailure::Propagate => return Err(failure.into()),
+        };
+        decision.source = Source::RedisFailMode;
+        Ok(decision.of_cost(cost))
+    }
+
+    /// Gives a decision that this fail mode took back to its local limiter, if it has one.
+    pub(crate) fn refund(&self, key: String, cost: u32, mut decision: Decision) {
+        if let OnFailure::Fallback(local) = &self.0 {
+            decision.source = Source::State;
+            local.refund(&key, cost, decision);
+        }
+    }
+}
+
+impl Default for RedisFailMode {
+    fn default() -> Self {
+        Self::open()
+    }
+}
+
+impl fmt::Debug for RedisFailMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            OnFailure::Open => f.write_str("RedisFailMode::open()"),
+            OnFailure::Closed(retry) => write!(f, "RedisFailMode::closed({retry:?})"),
+            OnFailure::Fallback(limiter) => f
+                .debug_tuple("RedisFailMode::fallback")
+                .field(&limiter.quota())
+                .finish(),
+            OnFailure::Propagate => f.write_str("RedisFailMode::propagate()"),
+        }
+    }
+}
+
+/// Whether Redis is failing: counts the failures, logs the first of a streak as a warning and
+/// the rest at debug level, and after a failure to reach Redis skips it for a probe interval,
+/// so that a dead Redis does not cost every request a timeout.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    failures: AtomicU64,
+    /// Whether the last call failed.
+    down: AtomicBool,
+    /// The origin of the breaker's own real-time clock: Redis availability is a matter of real
+    /// time, whatever clock the decisions use.
+    origin: Instant,
+    /// Nanoseconds after a failure to reach Redis during which it is not asked.
+    probe_interval: u64,
+    /// Until when (nanoseconds since `origin`) decisions skip Redis.
+    skip_until: AtomicU64,
+}
+
+impl Breaker {
+    pub(crate) fn new(probe_interval: Duration) -> Self {
+        Self {
+            failures: AtomicU64::new(0),
+            down: AtomicBool::new(false),
+            origin: Instant::now(),
+            probe_interval: u64::try_from(probe_interval.as_nanos()).unwrap_or(u64::MAX),
+            skip_until: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn probe_interval(&self) -> Duration {
+        Duration::from_nanos(self.probe_interval)
+    }
+
+    pub(crate) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    fn elapsed(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether Redis failed to answer less than a probe interval ago.
+    pub(crate) fn skipping(&self) -> bool {
+        self.elapsed() < self.skip_until.load(Ordering::Relaxed)
+    }
+
+    /// Redis answered a limiter of `algorithm`.
+    pub(crate) fn answered(&self, algorithm: &str) {
+        if self.down.swap(false, Ordering::Relaxed) {
+            self.skip_until.store(0, Ordering::Relaxed);
+            tracing::info!(
+                target: "tower_bulwark::redis",
+                algorithm,
+                "redis answers again; decisions come from redis",
+            );
+        }
+    }
+
+    /// Redis failed to decide for `key`; `fail_mode` decides instead.
+    pub(crate) fn failed(&self, key: &str, failure: &RedisFailure, fail_mode: &RedisFailMode) {
+        let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failure.is_unavailable() {
+            let until = self.elapsed().saturating_add(self.probe_interval);
+            self.skip_until.fetch_max(until, Ordering::Relaxed);
+        }
+        if self.down.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                target: "tower_bulwark::redis",
+                key, failures = count, error = %failure,
+                "redis decision failed; the fail mode decides",
+            );
+        } else {
+            tracing::warn!(
+                target: "tower_bulwark::redis",
+                key, failures = count, error = %failure, policy = ?fail_mode,
+                "redis decision failed; the fail mode decides until redis answers again",
+            );
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The future of a decision, which gives back what it admitted when its caller goes away.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use super::limiter::{spawn_refund, Inner};
+use crate::decision::Decision;
+use crate::BoxError;
+
+/// The future of a [`RedisRateLimiter`](super::RedisRateLimiter) decision: ready at once for a
+/// cached refusal, otherwise one script call bounded by the limiter's timeout.
+///
+/// Dropped once its script may have been sent (it was polled and has not finished), it does not
+/// take the decision with it: a task on the runtime waits for the answer and gives back what it
+/// admitted, so a caller that goes away at any await point (a client that hangs up, a timeout
+/// layer above) spends nothing.
+pub struct ReserveFuture {
+    state: ReserveState,
+}
+
+type DecisionCall = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send + 'static>>;
+
+enum ReserveState {
+    /// Decided without a round trip (a cached refusal, an impossible cost), until it is taken.
+    Ready(Option<Result<Decision, BoxError>>),
+    /// A decision in Redis, and what giving it back needs if the caller goes away.
+    InFlight {
+        call: DecisionCall,
+        refund: RefundOnDrop,
+        polled: bool,
+    },
+}
+
+/// What an abandoned decision needs to give its permits back.
+pub(super) struct RefundOnDrop {
+    pub(super) inner: Arc<Inner>,
+    pub(super) key: String,
+    pub(super) cost: u32,
+}
+
+impl ReserveFuture {
+    pub(super) fn ready(result: Result<Decision, BoxError>) -> Self {
+        Self {
+            state: ReserveState::Ready(Some(result)),
+        }
+    }
+
+    pub(super) fn in_flight(
+        call: impl Future<Output = Result<Decision, BoxError>> + Send + 'static,
+        refund: RefundOnDrop,
+    ) -> Self {
+        Self {
+            state: ReserveState::InFlight {
+                call: Box::pin(call),
+                refund,
+                polled: false,
+            },
+        }
+    }
+}
+
+impl Future for ReserveFuture {
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let result = match &mut self.state {
+            ReserveState::Ready(result) => result.take(),
+            ReserveState::InFlight { call, polled, .. } => {
+                *polled = true;
+                Some(ready!(call.as_mut().poll(cx)))
+            }
+        };
+        self.state = ReserveState::Ready(None);
+        Poll::Ready(result.expect("ReserveFuture polled after it completed"))
+    }
+}
+
+impl Drop for ReserveFuture {
+    fn drop(&mut self) {
+        let ReserveState::InFlight {
+            call,
+            refund,
+            polled: true,
+        } = std::mem::replace(&mut self.state, ReserveState::Ready(None))
+        else {
+            // Never polled: nothing was sent. Finished: the caller has the decision.
+            return;
+        };
+        let RefundOnDrop { inner, key, cost } = refund;
+        spawn_refund(&key.clone(), async move {
+            if let Ok(decision) = call.await {
+                // Failures are counted and logged inside.
+                let _ = inner.refund(&key, cost, decision).await;
+            }
+        });
+    }
+}
+
+impl fmt::Debug for ReserveFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            ReserveState::Ready(Some(_)) => "ready",
+            ReserveState::InFlight { .. } => "in flight",
+            ReserveState::Ready(None) => "done",
+        };
+        f.debug_struct("ReserveFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,414 @@
+//! The limiter: its public face, and the decisions and refunds that go through Redis, its fail
+//! mode or its cache of refusals.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::cache::RefusalCache;
+use super::fail_mode::Breaker;
+use super::future::{RefundOnDrop, ReserveFuture};
+use super::key::{fingerprint, KeyLayout};
+use super::offset::ClockOffset;
+use super::script::{Operation, ScriptQuota};
+use super::{
+    BuildError, RedisAlgorithm, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder,
+    RedisStore,
+};
+use crate::algorithm::Gcra;
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, InsufficientCapacity, Source};
+use crate::{BoxError, Limiter, Quota};
+
+/// A limiter whose state lives in Redis, shared by every instance that uses the same Redis and
+/// key prefix. Cheap to clone; clones share everything.
+///
+/// It decides for any key that implements [`RedisKey`] (strings, numbers, IP addresses, header
+/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check). `A` is the algorithm
+/// its scripts run, `C` the clock it was built with.
+pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
+    inner: Arc<Inner>,
+    _types: PhantomData<fn() -> (A, C)>,
+}
+
+/// Everything a limiter and its clones share.
+pub(crate) struct Inner {
+    pub(super) store: RedisStore,
+    /// The quota and the script arguments made from it, replaced as one.
+    pub(super) quota: ArcSwap<ScriptQuota>,
+    pub(super) clock: Box<dyn Clock>,
+    pub(super) keys: KeyLayout,
+    pub(super) timeout: Duration,
+    pub(super) fail_mode: RedisFailMode,
+    pub(super) breaker: Breaker,
+    pub(super) cache: Option<RefusalCache>,
+    pub(super) cached_refusals: AtomicU64,
+    /// The offset between `clock` and the server's `TIME`, from the replies so far.
+    pub(super) offset: ClockOffset,
+}
+
+impl RedisRateLimiter {
+    /// A builder for a GCRA limiter of `quota` on `store`, with the server's clock.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+    /// use tower_bulwark::{algorithm::SlidingLog, Quota};
+    ///
+    /// # async fn run() -> Result<(), tower_bulwark::BoxError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let limiter = RedisRateLimiter::builder(Quota::per_minute(100)?, store)
+    ///     .algorithm::<SlidingLog>()
+    ///     .timeout(Duration::from_millis(50))
+    ///     .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(quota: Quota, store: RedisStore) -> RedisRateLimiterBuilder {
+        RedisRateLimiterBuilder::new(quota, store)
+    }
+}
+
+impl<A, C> RedisRateLimiter<A, C> {
+    pub(super) fn new(inner: Inner) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
+    /// The quota this limiter sends with its decisions now.
+    pub fn quota(&self) -> Quota {
+        self.inner.quota.load().quota
+    }
+
+    /// Replaces the quota that this limiter, and every clone of it, sends to Redis.
+    ///
+    /// The state in Redis is kept, as in memory (see [`KeyedRateLimiter::set_quota`]): GCRA
+    /// keeps each key's TAT, the sliding log its entries; the window algorithms keep their
+    /// counts, and since their windows are cut from the server's tick zero rather than from a
+    /// limiter's creation, a key written under another period has its window renumbered as the
+    /// window of the new period that holds its latest reading, counts and all. A decision
+    /// already sent decides with the quota it was sent with.
+    ///
+    /// The quota travels with every script call, so a change applies to the decisions of this
+    /// process only: each instance that shares the keys must be told (every instance's limiter
+    /// must call this, or be rebuilt from the same configuration). Until they all are, each
+    /// decides with its own quota against the shared state. Refusals cached here are
+    /// forgotten; the fail mode's local limiter keeps its own quota.
+    ///
+    /// [`KeyedRateLimiter::set_quota`]: crate::KeyedRateLimiter::set_quota
+    ///
+    /// # Errors
+    ///
+    /// The quota cannot run in the scripts (the same checks as
+    /// [`build`](RedisRateLimiterBuilder::build)); nothing changes.
+    pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
+        let script_quota = self.params_for(&quota)?;
+        self.inner.quota.store(Arc::new(script_quota));
+        if let Some(cache) = &self.inner.cache {
+            cache.clear();
+        }
+        Ok(())
+    }
+
+    /// The script arguments for `quota`, or why it cannot run in this limiter's scripts.
+    pub(crate) fn params_for(&self, quota: &Quota) -> Result<ScriptQuota, BuildError> {
+        let current = self.inner.quota.load();
+        ScriptQuota::new(current.script, *quota, current.client_clock()).map_err(BuildError::new)
+    }
+
+    /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
+    /// replies, and decisions taken without asking during a
+    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the fail mode decided
+    /// each.
+    pub fn failures(&self) -> u64 {
+        self.inner.breaker.failures()
+    }
+
+    /// How many refusals were answered from the local cache, without a round trip.
+    pub fn cached_refusals(&self) -> u64 {
+        self.inner.cached_refusals.load(Ordering::Relaxed)
+    }
+
+    /// The Redis key that holds the state of `key`.
+    pub fn redis_key<K: RedisKey + ?Sized>(&self, key: &K) -> String {
+        self.inner.keys.redis_key(key)
+    }
+
+    /// Decides on one permit for `key` now, never reserving a later one.
+    ///
+    /// # Errors
+    ///
+    /// Only with [`RedisFailMode::propagate`]: the [`RedisFailure`] of a decision Redis could
+    /// not give. Every other fail mode answers with a decision.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
+    /// # use tower_bulwark::Quota;
+    /// # async fn run() -> Result<(), tower_bulwark::BoxError> {
+    /// # let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let limiter = RedisRateLimiter::builder(Quota::per_second(5)?, store).build()?;
+    /// let decision = limiter.check(&"203.0.113.7").await?;
+    /// if !decision.allowed {
+    ///     println!("come back in {:?}", decision.retry_after);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check<K: RedisKey + ?Sized>(&self, key: &K) -> Result<Decision, BoxError> {
+        self.check_n(key, 1).await
+    }
+
+    /// Decides on `cost` permits for `key` now, never reserving later ones.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] when `cost` is more than the quota can ever admit at once; with
+    /// [`RedisFailMode::propagate`], the [`RedisFailure`] of a decision Redis could not give.
+    pub async fn check_n<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> Result<Decision, BoxError> {
+        self.decision(key, cost, false).await
+    }
+
+    /// Decides on `cost` permits for `key`, waiting up to the quota's `max_wait` if `wait`,
+    /// with the quota current when it is called.
+    fn decision<K: RedisKey + ?Sized>(&self, key: &K, cost: u32, wait: bool) -> ReserveFuture {
+        let inner = &self.inner;
+        let quota = inner.quota.load_full();
+        if cost > quota.capacity {
+            let err = InsufficientCapacity::new(cost, quota.capacity);
+            return ReserveFuture::ready(Err(err.into()));
+        }
+        let max_wait = if wait { quota.max_wait } else { 0 };
+        let redis_key = inner.keys.redis_key(key);
+        if let Some(cache) = &inner.cache {
+            let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
+            if let Some(refusal) = cache.check(&redis_key, cost, inner.clock.now(), max_wait_nanos)
+            {
+                inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
+                return ReserveFuture::ready(Ok(refusal.of_cost(cost)));
+            }
+        }
+        let refund = RefundOnDrop {
+            inner: Arc::clone(inner),
+            key: redis_key.clone(),
+            cost,
+        };
+        let inner = Arc::clone(inner);
+        ReserveFuture::in_flight(
+            async move { inner.decide(&quota, redis_key, cost, max_wait).await },
+            refund,
+        )
+    }
+
+    /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
+    /// applied it. A decision taken by the fail mode goes back to the local limiter.
+    ///
+    /// # Errors
+    ///
+    /// The [`RedisFailure`] of a refund that Redis did not apply (it is counted and logged as a
+    /// failure, and not sent again).
+    pub async fn refund_and_wait<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        decision: Decision,
+    ) -> Result<(), BoxError> {
+        let redis_key = self.inner.keys.redis_key(key);
+        Ok(self.inner.refund(&redis_key, cost, decision).await?)
+    }
+}
+
+impl Inner {
+    /// Decides on `cost` permits for `key` with `quota`: in Redis, or by the fail mode when
+    /// Redis cannot.
+    pub(super) async fn decide(
+        &self,
+        quota: &ScriptQuota,
+        key: String,
+        cost: u32,
+        max_wait: u64,
+    ) -> Result<Decision, BoxError> {
+        match self.ask_decision(quota, &key, cost, max_wait).await {
+            Ok(decision) => {
+                self.breaker.answered(quota.script.name());
+                if !decision.allowed {
+                    if let Some(cache) = &self.cache {
+                        cache.insert(&key, cost, self.clock.now(), &decision);
+                    }
+                }
+                Ok(decision
+                    .of_cost(cost)
+                    .for_key(fingerprint(&key))
+                    .made_by(crate::decision::LimiterId::REDIS))
+            }
+            Err(failure) => {
+                self.breaker.failed(&key, &failure, &self.fail_mode);
+                self.fail_mode.decide(quota.limit, key, cost, failure)
+            }
+        }
+    }
+
+    /// Gives `decision` back, and waits until Redis has applied its part.
+    pub(super) async fn refund(
+        &self,
+        key: &str,
+        cost: u32,
+        decision: Decision,
+    ) -> Result<(), RedisFailure> {
+        match self.refund_at_once(key, cost, decision) {
+            Some(decision) => self.refund_in_redis(key, cost, &decision).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
+    /// forgotten (its permits came back), and a fail mode's decision goes back to the local
+    /// limiter. Returns the decision if Redis must still be told
+    /// ([`refund_in_redis`](Self::refund_in_redis)); a decision that Redis made for another key
+    /// gives nothing back.
+    fn refund_at_once(&self, key: &str, cost: u32, decision: Decision) -> Option<Decision> {
+        if !decision.allowed {
+            return None;
+        }
+        let made_by_redis = decision.source == Source::State;
+        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(key)) {
+            return None;
+        }
+        if let Some(cache) = &self.cache {
+            cache.forget(key);
+        }
+        if made_by_redis {
+            return Some(decision);
+        }
+        self.fail_mode.refund(key.to_owned(), cost, decision);
+        None
+    }
+
+    /// Gives the `cost` permits of `decision` back to Redis: the script is told the instant they
+    /// were charged at and the state the admission left (GCRA gives back only while the key's
+    /// TAT is still that one).
+    ///
+    /// A refund carries no deadline: it only restores what one admission took (the scripts take
+    /// off that admission's permits, from wherever they still count), so applying it late is as
+    /// right as applying it at once, and dropping it would leave a refused request's permits
+    /// spent. It is sent exactly once per decision (nothing retries it), so a late one cannot be
+    /// applied twice.
+    async fn refund_in_redis(
+        &self,
+        key: &str,
+        cost: u32,
+        decision: &Decision,
+    ) -> Result<(), RedisFailure> {
+        let refund = Operation::Refund {
+            charged_at: decision.reserved_at,
+            left: decision.state_after,
+            reserved: !decision.wait.is_zero(),
+        };
+        // Given back with the current quota's arguments, as the in-memory limiters give back
+        // with the current algorithm.
+        let quota = self.quota.load_full();
+        let cost = decision.refundable(cost);
+        match self.send_refund(&quota, key, cost, refund).await {
+            Ok(()) => {
+                self.breaker.answered(quota.script.name());
+                Ok(())
+            }
+            Err(failure) => {
+                self.breaker.failed(key, &failure, &self.fail_mode);
+                Err(failure)
+            }
+        }
+    }
+}
+
+/// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
+/// not given back.
+pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(task)),
+        Err(_) => tracing::warn!(
+            target: "tower_bulwark::redis",
+            key,
+            "a refund outside a tokio runtime; nothing is given back",
+        ),
+    }
+}
+
+impl<A, C> Clone for RedisRateLimiter<A, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<A, C> fmt::Debug for RedisRateLimiter<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &*self.inner;
+        let quota = inner.quota.load();
+        f.debug_struct("RedisRateLimiter")
+            .field("algorithm", &quota.script.name())
+            .field("quota", &quota.quota)
+            .field("store", &inner.store)
+            .field("client_time", &quota.client_clock())
+            .field("prefix", &inner.keys.prefix)
+            .field("hash_tag", &inner.keys.hash_tag)
+            .field("timeout", &inner.timeout)
+            .field("policy", &inner.fail_mode)
+            .field("probe_interval", &inner.breaker.probe_interval())
+            .field("refusal_cache", &inner.cache.is_some())
+            .field("failures", &inner.breaker.failures())
+            .finish()
+    }
+}
+
+impl<K, A, C> Limiter<K> for RedisRateLimiter<A, C>
+where
+    K: RedisKey,
+    A: RedisAlgorithm,
+    C: Clock,
+{
+    type Future = ReserveFuture;
+
+    fn quota(&self) -> Quota {
+        RedisRateLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        Ok(RedisRateLimiter::set_quota(self, quota)?)
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> ReserveFuture {
+        self.decision(key, cost, true)
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        let redis_key = self.inner.keys.redis_key(key);
+        let Some(decision) = self.inner.refund_at_once(&redis_key, cost, decision) else {
+            return;
+        };
+        let inner = Arc::clone(&self.inner);
+        spawn_refund(&redis_key.clone(), async move {
+            // Failures are counted and logged inside; nothing waits for the outcome.
+            let _ = inner.refund_in_redis(&redis_key, cost, &decision).await;
+        });
+    }
+}

@@ -1,0 +1,326 @@
+//! What a script answers, read without trusting it: a reply of the wrong shape, type or range
+//! is an error that names what is wrong, never a panic.
+//!
+//! A decision is an array of seven non-negative integers: allowed (0 or 1), remaining,
+//! retry_after, reset_after, wait, reserved_at (the instant the permits were charged at) and the
+//! server's time, the durations in ticks. GCRA's has eight: the TAT an admission left (zero for
+//! a refusal) comes before the time. "Late" is `[2, time]`, an applied refund `[3, time]`.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::error::{Cause, RedisFailure};
+use super::script::{LimiterScript, ScriptQuota};
+use crate::decision::Decision;
+
+/// The largest instant a reply may carry: beyond it Lua's arithmetic was not exact.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// A script's reply, each with the server's `TIME` (microseconds) at which the script ran.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// A decision.
+    Decision(Decision, u64),
+    /// The script ran after its deadline and changed nothing.
+    Late(u64),
+    /// A refund was applied.
+    Refunded(u64),
+}
+
+impl Reply {
+    /// The server's `TIME` when the script ran, in microseconds.
+    pub(crate) fn server_time(&self) -> u64 {
+        match *self {
+            Reply::Decision(_, time) | Reply::Late(time) | Reply::Refunded(time) => time,
+        }
+    }
+}
+
+/// Reads the reply of a script that ran with `quota`.
+pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, RedisFailure> {
+    let Value::Array(items) = value else {
+        return Err(bad(format!("expected an array of integers, got {value:?}")));
+    };
+    let mut fields = Fields::new(items);
+    let status = fields.int("status")?;
+    match status {
+        0 | 1 => decision(status == 1, fields, quota),
+        2 => Ok(Reply::Late(fields.last_time()?)),
+        3 => Ok(Reply::Refunded(fields.last_time()?)),
+        n => Err(bad(format!("the status is neither 0, 1, 2 nor 3 ({n})"))),
+    }
+}
+
+/// The rest of a decision's reply, after its status.
+fn decision(
+    allowed: bool,
+    mut fields: Fields<'_>,
+    quota: &ScriptQuota,
+) -> Result<Reply, RedisFailure> {
+    // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
+    let with_tat = quota.script == LimiterScript::Gcra;
+    fields.expect_len(if with_tat { 8 } else { 7 })?;
+    let remaining = fields.int("remaining")?;
+    if remaining > quota.limit {
+        return Err(bad(format!(
+            "`remaining` ({remaining}) exceeds the limit ({})",
+            quota.limit
+        )));
+    }
+    let retry_after = fields.duration("retry_after", quota.tick_nanos)?;
+    let reset_after = fields.duration("reset_after", quota.tick_nanos)?;
+    let wait = fields.duration("wait", quota.tick_nanos)?;
+    let reserved_at = fields.instant("reserved_at")?;
+    let state_after = if with_tat {
+        fields.instant("state_after")?
+    } else {
+        0
+    };
+    let time = fields.instant("time")?;
+    let limit = quota.limit;
+    let decision = if !allowed {
+        Decision::refused(limit, remaining, retry_after, reset_after)
+    } else if wait.is_zero() {
+        Decision::allowed(limit, remaining, reset_after)
+            .charged_at(reserved_at)
+            .leaving(state_after)
+    } else {
+        Decision::reserved(limit, remaining, reset_after, wait, reserved_at).leaving(state_after)
+    };
+    Ok(Reply::Decision(decision, time))
+}
+
+/// The items of a reply, read in order, each checked as it is read.
+struct Fields<'a> {
+    items: &'a [Value],
+    read: usize,
+}
+
+impl<'a> Fields<'a> {
+    fn new(items: &'a [Value]) -> Self {
+        Self { items, read: 0 }
+    }
+
+    /// Checks that the reply holds `count` items in all.
+    fn expect_len(&self, count: usize) -> Result<(), RedisFailure> {
+        if self.items.len() == count {
+            Ok(())
+        } else {
+            Err(bad(format!(
+                "expected {count} integers, got {}",
+                self.items.len()
+            )))
+        }
+    }
+
+    /// The next item, a non-negative integer.
+    fn int(&mut self, name: &str) -> Result<u64, RedisFailure> {
+        let item = self.items.get(self.read);
+        self.read += 1;
+        match item {
+            Some(Value::Int(n)) => {
+                u64::try_from(*n).map_err(|_| bad(format!("`{name}` is negative ({n})")))
+            }
+            Some(other) => Err(bad(format!("`{name}` is not an integer: {other:?}"))),
+            None if self.read == 1 => Err(bad("an empty array".to_owned())),
+            None => Err(bad(format!("`{name}` is missing"))),
+        }
+    }
+
+    /// The next item, an instant below [`MAX_EXACT`].
+    fn instant(&mut self, name: &str) -> Result<u64, RedisFailure> {
+        let instant = self.int(name)?;
+        if instant >= MAX_EXACT {
+            return Err(bad(format!("`{name}` is out of range ({instant})")));
+        }
+        Ok(instant)
+    }
+
+    /// The next item, a duration of ticks of `tick_nanos`.
+    fn duration(&mut self, name: &str, tick_nanos: u64) -> Result<Duration, RedisFailure> {
+        let ticks = self.int(name)?;
+        ticks
+            .checked_mul(tick_nanos)
+            .map(Duration::from_nanos)
+            .ok_or_else(|| bad(format!("`{name}` is out of range ({ticks})")))
+    }
+
+    /// The server's time, the second and last item of a "late" or "refunded" reply.
+    fn last_time(mut self) -> Result<u64, RedisFailure> {
+        self.expect_len(2)?;
+        self.instant("time")
+    }
+}
+
+fn bad(what: String) -> RedisFailure {
+    Cause::BadReply(what).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+    use proptest::prelude::*;
+
+    fn quota() -> ScriptQuota {
+        ScriptQuota::new(LimiterScript::Gcra, Quota::per_second(10).unwrap(), false).unwrap()
+    }
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&n| Value::Int(n)).collect())
+    }
+
+    fn decision(value: &Value) -> Result<Decision, RedisFailure> {
+        match parse_reply(value, &quota())? {
+            Reply::Decision(decision, time) => {
+                assert_eq!(time, 123);
+                Ok(decision)
+            }
+            other => panic!("not a decision: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_reply_becomes_a_decision() {
+        let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 100_055, 123])).unwrap();
+        let expected = Decision::allowed(10, 9, Duration::from_millis(100))
+            .charged_at(55)
+            .leaving(100_055);
+        assert_eq!(
+            d, expected,
+            "an immediate admission keeps the instant it was charged at and the TAT it left"
+        );
+        let d = decision(&ints(&[0, 0, 50_000, 1_000_000, 0, 0, 0, 123])).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_millis(50));
+        let d = decision(&ints(&[1, 0, 0, 1_000_000, 20, 77, 1_000_077, 123])).unwrap();
+        assert_eq!(d.wait, Duration::from_micros(20));
+        assert_eq!(d.reserved_at, 77);
+        assert_eq!(d.state_after, 1_000_077);
+        let q = quota();
+        assert_eq!(parse_reply(&ints(&[2, 99]), &q).unwrap(), Reply::Late(99));
+        assert_eq!(
+            parse_reply(&ints(&[3, 98]), &q).unwrap(),
+            Reply::Refunded(98)
+        );
+        // The other algorithms answer with seven integers and leave no TAT.
+        let fw = ScriptQuota::new(
+            LimiterScript::FixedWindow,
+            Quota::per_second(10).unwrap(),
+            false,
+        )
+        .unwrap();
+        match parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 123]), &fw).unwrap() {
+            Reply::Decision(d, 123) => {
+                assert_eq!(d.reserved_at, 55);
+                assert_eq!(d.state_after, 0);
+            }
+            other => panic!("not a decision: {other:?}"),
+        }
+        assert!(parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 0, 123]), &fw).is_err());
+    }
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_errors_that_say_what_is_wrong() {
+        let q = quota();
+        let cases = [
+            (Value::Nil, "expected an array"),
+            (Value::Int(1), "expected an array"),
+            (Value::Okay, "expected an array"),
+            (Value::BulkString(b"1".to_vec()), "expected an array"),
+            (Value::Array(Vec::new()), "an empty array"),
+            (ints(&[1, 2, 3]), "expected 8 integers, got 3"),
+            (ints(&[1, 2, 3, 4, 5, 6]), "expected 8 integers, got 6"),
+            // GCRA's decisions have eight integers, the other scripts' seven.
+            (ints(&[1, 2, 3, 4, 5, 6, 7]), "expected 8 integers, got 7"),
+            (
+                ints(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+                "expected 8 integers, got 9",
+            ),
+            (
+                ints(&[2, 0, 0, 0, 0, 0, 0, 0]),
+                "expected 2 integers, got 8",
+            ),
+            (ints(&[2]), "expected 2 integers, got 1"),
+            (ints(&[3, 1, 2]), "expected 2 integers, got 3"),
+            (ints(&[4, 0]), "the status is neither"),
+            (ints(&[-1, 0]), "`status` is negative"),
+            (ints(&[2, -5]), "`time` is negative"),
+            (ints(&[2, 1 << 53]), "`time` is out of range"),
+            (ints(&[1, -1, 0, 0, 0, 0, 0, 0]), "`remaining` is negative"),
+            (ints(&[1, 11, 0, 0, 0, 0, 0, 0]), "`remaining` (11) exceeds"),
+            (
+                ints(&[0, 0, i64::MAX, 0, 0, 0, 0, 0]),
+                "`retry_after` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 1 << 53, 0, 0]),
+                "`reserved_at` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 0, 1 << 53, 0]),
+                "`state_after` is out of range",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 5, 0, -1, 0]),
+                "`state_after` is negative",
+            ),
+            (
+                ints(&[1, 0, 0, 0, 0, 0, 0, 1 << 53]),
+                "`time` is out of range",
+            ),
+            (ints(&[1, 0, 0, 0, 0, 0, 0, -1]), "`time` is negative"),
+            (
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::BulkString(b"9".to_vec()),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                    Value::Int(0),
+                ]),
+                "`remaining` is not an integer",
+            ),
+            (
+                Value::Array(vec![Value::Double(0.5); 8]),
+                "`status` is not an integer",
+            ),
+            (
+                Value::Array(vec![Value::BulkString(b"late".to_vec()), Value::Int(1)]),
+                "`status` is not an integer",
+            ),
+        ];
+        for (value, what) in cases {
+            let err = parse_reply(&value, &q).expect_err(&format!("{value:?}"));
+            assert!(err.is_bad_reply(), "{err}");
+            assert!(err.to_string().starts_with("redis"), "{err}");
+            assert!(err.to_string().contains(what), "{value:?}: {err}");
+        }
+    }
+
+    fn any_item() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => (0i64..20).prop_map(Value::Int),
+            1 => any::<i64>().prop_map(Value::Int),
+            1 => any::<Vec<u8>>().prop_map(Value::BulkString),
+            1 => any::<f64>().prop_map(Value::Double),
+            1 => Just(Value::Nil),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a server answers, reading it gives a reply or an error, never a panic.
+        #[test]
+        fn any_reply_is_read_without_a_panic(
+            items in prop::collection::vec(any_item(), 0..10),
+            gcra in any::<bool>(),
+        ) {
+            let script = if gcra { LimiterScript::Gcra } else { LimiterScript::SlidingLog };
+            let quota = ScriptQuota::new(script, Quota::per_second(10).unwrap(), false).unwrap();
+            let _ = parse_reply(&Value::Array(items), &quota);
+        }
+    }
+}
