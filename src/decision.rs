@@ -2,6 +2,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The answer to one request for permits: admitted or not, and the state that a client should be
@@ -33,10 +34,11 @@ pub struct Decision {
     /// proceeds. Zero for an immediate admission and for a refusal.
     pub wait: Duration,
     /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
-    /// charged: the instant the decision was made as of (the clock reading, or the latest
-    /// reading of the key, or for GCRA of its shard, if that was later) for an immediate admission, the instant the reservation falls
-    /// due for a reservation. [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give
-    /// back exactly what the admission took. Zero for a refusal.
+    /// charged: for an immediate admission, the instant the decision was made as of (the clock
+    /// reading, or the latest reading of the key, or for GCRA of its shard, if that was later);
+    /// for a reservation, the instant it falls due.
+    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give back exactly
+    /// what the admission took. Zero for a refusal.
     pub(crate) reserved_at: u64,
     /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
     /// ticks): a refund gives back only while the key's TAT is still this one, that is while
@@ -53,10 +55,40 @@ pub struct Decision {
     /// A fingerprint of the key the decision was made for (a keyed limiter's hash of it), so that
     /// a refund naming another key gives nothing back. Zero when the limiter has no keys.
     pub(crate) key: u64,
+    /// The limiter whose state the decision charged, so that a refund to any other limiter gives
+    /// nothing back. [`LimiterId::NONE`] for a decision built by hand.
+    pub(crate) limiter: LimiterId,
 }
 
-/// Two decisions are equal when they say the same and would give back the same; the key's
-/// fingerprint is not compared (limiters of different stores fingerprint one key differently).
+/// Which limiter's state a [`Decision`] charged: one identity per limiter, shared by its clones
+/// (which share its state), never by two limiters built apart.
+///
+/// A counter rather than the address of the limiter's state: an address is reused once a
+/// limiter is dropped, and a decision may outlive the limiter that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LimiterId(u64);
+
+impl LimiterId {
+    /// No limiter: the identity of a decision built by hand, which no refund accepts.
+    pub(crate) const NONE: Self = Self(0);
+
+    /// The Redis limiters: their decisions are told apart by the fingerprint of the Redis key,
+    /// which names the state they charged (limiters of one prefix and store share it).
+    #[cfg(feature = "redis")]
+    pub(crate) const REDIS: Self = Self(1);
+
+    /// An identity no other limiter has.
+    pub(crate) fn new() -> Self {
+        // Never wraps: a limiter built every nanosecond would take centuries.
+        static NEXT: AtomicU64 = AtomicU64::new(2);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Two decisions are equal when they say the same and would give back the same to the limiter
+/// that made them; the key's fingerprint and the limiter are not compared (two limiters given
+/// the same requests decide alike, and limiters of different stores fingerprint one key
+/// differently).
 impl PartialEq for Decision {
     fn eq(&self, other: &Self) -> bool {
         let Decision {
@@ -72,6 +104,7 @@ impl PartialEq for Decision {
             cost,
             tier,
             key: _,
+            limiter: _,
         } = other;
         self.allowed == *allowed
             && self.limit == *limit
@@ -112,7 +145,6 @@ impl Decision {
 
 impl Decision {
     /// An immediate admission.
-    #[inline]
     pub fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Self {
             allowed: true,
@@ -127,12 +159,12 @@ impl Decision {
             cost: u32::MAX,
             tier: 0,
             key: 0,
+            limiter: LimiterId::NONE,
         }
     }
 
     /// A refusal; `retry_after` is raised to one nanosecond if it was zero, since a refused client
     /// must always be told to wait.
-    #[inline]
     pub fn refused(
         limit: u64,
         remaining: u64,
@@ -152,10 +184,10 @@ impl Decision {
             cost: u32::MAX,
             tier: 0,
             key: 0,
+            limiter: LimiterId::NONE,
         }
     }
 
-    #[inline]
     pub(crate) fn reserved(
         limit: u64,
         remaining: u64,
@@ -176,25 +208,23 @@ impl Decision {
             cost: u32::MAX,
             tier: 0,
             key: 0,
+            limiter: LimiterId::NONE,
         }
     }
 
     /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
-    #[inline]
     pub(crate) fn in_tier(mut self, index: usize) -> Self {
         self.tier = u32::try_from(index).unwrap_or(u32::MAX);
         self
     }
 
     /// The tier that made this decision (see [`in_tier`](Self::in_tier)).
-    #[inline]
     pub(crate) fn tier(&self) -> usize {
         self.tier as usize
     }
 
     /// What this decision tells a client, as a decision that gives nothing back: for the
     /// crate's own bookkeeping once the decision itself has been consumed by a refund.
-    #[inline]
     pub(crate) fn report(&self) -> Decision {
         Decision {
             reserved_at: 0,
@@ -202,32 +232,30 @@ impl Decision {
             source: Source::State,
             cost: 0,
             key: 0,
+            limiter: LimiterId::NONE,
             ..*self
         }
     }
 
-    /// Admitted with no wait: the permits were taken at once.
-    #[inline]
-    pub(crate) fn admitted_now(&self) -> bool {
-        self.allowed && self.wait.is_zero()
-    }
-
-    /// `None` for an admission at once (nothing of it is read on the HTTP layer's shortest
-    /// path, see `Limiter::admit_now`), the decision otherwise.
-    #[inline]
-    pub(crate) fn unless_admitted_now(self) -> Option<Self> {
-        (!self.admitted_now()).then_some(self)
-    }
-
     /// This decision, made for the key whose fingerprint is `key`.
-    #[inline(always)]
     pub(crate) fn for_key(mut self, key: u64) -> Self {
         self.key = key;
         self
     }
 
+    /// This decision, made by `limiter`.
+    pub(crate) fn made_by(mut self, limiter: LimiterId) -> Self {
+        self.limiter = limiter;
+        self
+    }
+
+    /// Whether `limiter` made this decision for the key whose fingerprint is `key`: a refund
+    /// gives back nothing else.
+    pub(crate) fn is_from(&self, limiter: LimiterId, key: u64) -> bool {
+        self.limiter == limiter && limiter != LimiterId::NONE && self.key == key
+    }
+
     /// The decision on a request of `cost` permits.
-    #[inline]
     pub(crate) fn of_cost(mut self, cost: u32) -> Self {
         self.cost = cost;
         self
@@ -235,20 +263,17 @@ impl Decision {
 
     /// What a refund of this decision may give back: `cost`, but never more than it was
     /// decided on.
-    #[inline]
     pub(crate) fn refundable(&self, cost: u32) -> u32 {
         cost.min(self.cost)
     }
 
     /// This admission with its permits charged at `at` (see `reserved_at`).
-    #[inline(always)]
     pub(crate) fn charged_at(mut self, at: u64) -> Self {
         self.reserved_at = at;
         self
     }
 
     /// This admission, which left its key's state at `state` (see `state_after`).
-    #[inline(always)]
     pub(crate) fn leaving(mut self, state: u64) -> Self {
         self.state_after = state;
         self

@@ -103,13 +103,14 @@ pub struct LimiterSnapshot {
     pub waiting_requests: u64,
 }
 
-struct Shared {
+/// What an [`Observed`] limiter has counted, shared by its clones.
+struct Observations {
     name: Arc<str>,
     allowed: AtomicU64,
     limited: AtomicU64,
     available: AtomicU64,
     /// Outstanding reservations.
-    waiting: Mutex<Waiting>,
+    waiting: Mutex<Reservations>,
     /// The limiter's metric handles, registered with the recorder at the first decision.
     #[cfg(feature = "metrics")]
     handles: std::sync::OnceLock<Handles>,
@@ -152,7 +153,7 @@ impl Handles {
 /// soon as anything looks, so neither memory nor the cost of a decision grows with the traffic
 /// that went before.
 #[derive(Default)]
-struct Waiting {
+struct Reservations {
     /// The limiter's `reserved_at` → (when the wait ends, how many share that instant).
     by_slot: HashMap<u64, (Instant, u64)>,
     /// (when the wait ends, `reserved_at`), soonest first.
@@ -161,7 +162,7 @@ struct Waiting {
     total: u64,
 }
 
-impl Waiting {
+impl Reservations {
     fn add(&mut self, reserved_at: u64, due: Instant) {
         let entry = self.by_slot.entry(reserved_at).or_insert((due, 0));
         if entry.1 == 0 {
@@ -198,7 +199,7 @@ impl Waiting {
     }
 }
 
-impl Shared {
+impl Observations {
     #[cfg(feature = "metrics")]
     fn handles(&self) -> &Handles {
         self.handles.get_or_init(|| Handles::register(&self.name))
@@ -293,7 +294,7 @@ impl Shared {
 /// [`hide_keys`](Self::hide_keys) to keep keys out of logs.
 pub struct Observed<L> {
     inner: L,
-    shared: Arc<Shared>,
+    observations: Arc<Observations>,
     hide_keys: bool,
 }
 
@@ -303,12 +304,12 @@ impl<L> Observed<L> {
         Self {
             inner: limiter,
             hide_keys: false,
-            shared: Arc::new(Shared {
+            observations: Arc::new(Observations {
                 name: name.into(),
                 allowed: AtomicU64::new(0),
                 limited: AtomicU64::new(0),
                 available: AtomicU64::new(0),
-                waiting: Mutex::new(Waiting::default()),
+                waiting: Mutex::new(Reservations::default()),
                 #[cfg(feature = "metrics")]
                 handles: std::sync::OnceLock::new(),
             }),
@@ -323,7 +324,7 @@ impl<L> Observed<L> {
 
     /// The instance name.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.observations.name
     }
 
     /// The wrapped limiter.
@@ -334,10 +335,10 @@ impl<L> Observed<L> {
     /// The counters and gauges as they stand.
     pub fn snapshot(&self) -> LimiterSnapshot {
         LimiterSnapshot {
-            allowed: self.shared.allowed.load(Ordering::Relaxed),
-            limited: self.shared.limited.load(Ordering::Relaxed),
-            available_permissions: self.shared.available.load(Ordering::Relaxed),
-            waiting_requests: self.shared.waiting_now(),
+            allowed: self.observations.allowed.load(Ordering::Relaxed),
+            limited: self.observations.limited.load(Ordering::Relaxed),
+            available_permissions: self.observations.available.load(Ordering::Relaxed),
+            waiting_requests: self.observations.waiting_now(),
         }
     }
 
@@ -345,7 +346,7 @@ impl<L> Observed<L> {
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
         let s = self.snapshot();
-        let handles = self.shared.handles();
+        let handles = self.observations.handles();
         handles.available.set(s.available_permissions as f64);
         handles.waiting.set(s.waiting_requests as f64);
     }
@@ -355,7 +356,7 @@ impl<L: Clone> Clone for Observed<L> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            observations: Arc::clone(&self.observations),
             hide_keys: self.hide_keys,
         }
     }
@@ -364,7 +365,7 @@ impl<L: Clone> Clone for Observed<L> {
 impl<L> fmt::Debug for Observed<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observed")
-            .field("name", &self.shared.name)
+            .field("name", &self.observations.name)
             .field("snapshot", &self.snapshot())
             .finish_non_exhaustive()
     }
@@ -375,7 +376,7 @@ pin_project! {
     pub struct ObservedFuture<F> {
         #[pin]
         inner: F,
-        shared: Arc<Shared>,
+        observations: Arc<Observations>,
         key: Option<String>,
     }
 }
@@ -383,7 +384,7 @@ pin_project! {
 impl<F> fmt::Debug for ObservedFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ObservedFuture")
-            .field("limiter", &self.shared.name)
+            .field("limiter", &self.observations.name)
             .finish_non_exhaustive()
     }
 }
@@ -395,7 +396,7 @@ impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F
         let this = self.project();
         let result = ready!(this.inner.poll(cx));
         if let Ok(decision) = &result {
-            this.shared.record(decision, this.key.as_deref());
+            this.observations.record(decision, this.key.as_deref());
         }
         Poll::Ready(result)
     }
@@ -426,7 +427,7 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         let old = self.inner.quota();
         self.inner.set_quota(quota)?;
         tracing::info!(
-            limiter = %self.shared.name,
+            limiter = %self.observations.name,
             old = ?old,
             new = ?quota,
             "rate limit quota changed",
@@ -437,7 +438,7 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
         ObservedFuture {
             inner: self.inner.reserve(key, cost),
-            shared: Arc::clone(&self.shared),
+            observations: Arc::clone(&self.observations),
             // The decision is not known yet, so the key is kept in case it is a refusal.
             key: self.key_for_event(key),
         }
@@ -452,13 +453,13 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
             } else {
                 self.key_for_event(key)
             };
-            self.shared.record(decision, shown.as_deref());
+            self.observations.record(decision, shown.as_deref());
         }
         Some(result)
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
-        self.shared.unrecord(&decision, cost);
+        self.observations.unrecord(&decision, cost);
         self.inner.refund(key, cost, decision);
     }
 }
@@ -496,7 +497,7 @@ mod tests {
             if key % 100 == 99 {
                 tokio::time::advance(Duration::from_millis(2)).await;
             }
-            let waiting = observed.shared.waiting.lock().unwrap();
+            let waiting = observed.observations.waiting.lock().unwrap();
             most = most.max(waiting.by_slot.len()).max(waiting.by_due.len());
         }
         // At most the last hundred are outstanding.

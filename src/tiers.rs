@@ -36,7 +36,8 @@ use crate::{decision::Decision, BoxError, Limiter, Quota};
 /// Each tier keeps its own state: a key that moves to another tier (an upgrade) starts there
 /// afresh, and finds its old state if it moves back before that state is forgotten. A decision
 /// remembers the tier that made it, so a refund goes back to that tier even if the key has moved
-/// since. A function that names no tier of the set makes the decision an [`UnknownTier`] error
+/// since; each tier is its own limiter, so a decision of one tier (or of another limiter) that
+/// reaches another tier gives nothing back there. A function that names no tier of the set makes the decision an [`UnknownTier`] error
 /// (the layer answers `503` by default): send unknown plans to a tier of your choice in the
 /// function instead. Tiers of tiers are not supported (a decision remembers one tier).
 pub struct Tiers<K, T, L> {

@@ -25,9 +25,6 @@ pub struct Gcra {
     /// `burst · interval`: how far ahead of now the TAT may run.
     horizon: u64,
     burst: u32,
-    /// `floor((2^64 - 1) / interval)`, so that the hot path divides by multiplying (see
-    /// [`Gcra::permits_in`]).
-    magic: u64,
 }
 
 /// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
@@ -45,44 +42,19 @@ impl GcraState {
 }
 
 impl Gcra {
-    /// `span / interval`, rounded down: how many whole permits fit in `span` nanoseconds.
-    ///
-    /// A 64-bit integer division costs tens of cycles, more than the rest of a check; instead the
-    /// span is multiplied by `magic = floor((2^64 - 1) / interval)` and the high half taken. For
-    /// spans below 2^50 that estimate falls short of the quotient by less than `span / 2^64`, so
-    /// it is the quotient or one less, and one comparison settles which.
-    #[inline]
-    fn permits_in(&self, span: u64) -> u64 {
-        if span >= 1 << 50 {
-            // Spans of more than 13 days are rare: divide plainly.
-            return span / self.interval;
-        }
-        let mut q = ((u128::from(span) * u128::from(self.magic)) >> 64) as u64;
-        // q * interval <= span, so the subtraction cannot underflow.
-        if span - q * self.interval >= self.interval {
-            q += 1;
-        }
-        q
-    }
-
-    /// One step of the algorithm on a plain TAT: what it decides, and the new TAT when admitted.
-    ///
-    /// Only the few words the decision is made of; [`decision`](Self::decision) builds the
-    /// [`Decision`] from them once the TAT is written. A caller that reads no more of an
-    /// immediate admission than that it was one (the HTTP layer with headers off) then never
-    /// counts the permits left.
-    #[inline(always)]
-    fn step(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Step, Option<u64>) {
+    /// What the algorithm decides on a key whose TAT is `tat` at `now`, and the new TAT when
+    /// admitted.
+    fn verdict(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Verdict, Option<u64>) {
         let base = tat.max(now);
         let new_tat = base.saturating_add(self.interval.saturating_mul(u64::from(cost)));
         let allow_at = new_tat.saturating_sub(self.horizon);
         if allow_at <= now {
-            return (Step::Admitted { now, new_tat }, Some(new_tat));
+            return (Verdict::Admitted { now, new_tat }, Some(new_tat));
         }
         let wait = allow_at - now;
         if wait <= max_wait {
             return (
-                Step::Reserved {
+                Verdict::Reserved {
                     now,
                     new_tat,
                     allow_at,
@@ -91,7 +63,7 @@ impl Gcra {
             );
         }
         (
-            Step::Refused {
+            Verdict::Refused {
                 now,
                 base,
                 allow_at,
@@ -100,9 +72,7 @@ impl Gcra {
         )
     }
 
-    /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT: the
-    /// [`Algorithm::decide`] of GCRA, up to building the decision.
-    #[inline(always)]
+    /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT.
     fn charge(
         &self,
         state: &GcraState,
@@ -110,7 +80,7 @@ impl Gcra {
         now: u64,
         cost: u32,
         max_wait: u64,
-    ) -> Step {
+    ) -> Verdict {
         let now = now.min(MAX_NOW);
         // The TAT first, then the latest reading: whoever changed the TAT we read published its
         // reading before, so `seen` covers it and the admissions of a key decide at instants
@@ -119,9 +89,9 @@ impl Gcra {
         let mut seen = latest.get();
         loop {
             let at = now.max(seen);
-            let (step, new_tat) = self.step(tat, at, cost, max_wait);
+            let (verdict, new_tat) = self.verdict(tat, at, cost, max_wait);
             let Some(new_tat) = new_tat else {
-                return step;
+                return verdict;
             };
             if now > seen {
                 // Publish this reading before changing the TAT. If someone published a later
@@ -135,7 +105,7 @@ impl Gcra {
                 .tat
                 .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return step,
+                Ok(_) => return verdict,
                 Err(actual) => {
                     tat = actual;
                     seen = latest.get();
@@ -144,22 +114,18 @@ impl Gcra {
         }
     }
 
-    /// The decision a [`step`](Self::step) made.
-    ///
-    /// Always inlined: returned through memory, the decision's fields are written narrow and
-    /// read back wide, and the store-forwarding stall that follows costs more than the step.
-    #[inline(always)]
-    fn decision(&self, step: Step) -> Decision {
+    /// The decision that tells a client what `verdict` means.
+    fn decision(&self, verdict: Verdict) -> Decision {
         let limit = u64::from(self.burst);
-        match step {
-            Step::Admitted { now, new_tat } => {
-                let remaining = self.permits_in(now + self.horizon - new_tat);
+        match verdict {
+            Verdict::Admitted { now, new_tat } => {
+                let remaining = (now + self.horizon - new_tat) / self.interval;
                 let reset = Duration::from_nanos(new_tat - now);
                 Decision::allowed(limit, remaining, reset)
                     .charged_at(now)
                     .leaving(new_tat)
             }
-            Step::Reserved {
+            Verdict::Reserved {
                 now,
                 new_tat,
                 allow_at,
@@ -168,12 +134,12 @@ impl Gcra {
                 let wait = Duration::from_nanos(allow_at - now);
                 Decision::reserved(limit, 0, reset, wait, allow_at).leaving(new_tat)
             }
-            Step::Refused {
+            Verdict::Refused {
                 now,
                 base,
                 allow_at,
             } => {
-                let remaining = self.permits_in((now + self.horizon).saturating_sub(base));
+                let remaining = (now + self.horizon).saturating_sub(base) / self.interval;
                 Decision::refused(
                     limit,
                     remaining,
@@ -185,9 +151,9 @@ impl Gcra {
     }
 }
 
-/// What one [`Gcra::step`] decided, as of `now`.
+/// What [`Gcra`] decided on one request, as of `now`.
 #[derive(Clone, Copy)]
-enum Step {
+enum Verdict {
     /// Admitted at once; the key's TAT becomes `new_tat`.
     Admitted { now: u64, new_tat: u64 },
     /// Admitted from `allow_at`; the key's TAT becomes `new_tat`.
@@ -210,7 +176,6 @@ impl Algorithm for Gcra {
             interval,
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
-            magic: u64::MAX / interval,
         }
     }
 
@@ -229,7 +194,6 @@ impl Algorithm for Gcra {
         self.burst
     }
 
-    #[inline(always)]
     fn decide(
         &self,
         state: &GcraState,
@@ -238,23 +202,8 @@ impl Algorithm for Gcra {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let step = self.charge(state, latest, now, cost, max_wait);
-        self.decision(step)
-    }
-
-    #[inline(always)]
-    fn decide_unless_admitted_now(
-        &self,
-        state: &GcraState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Option<Decision> {
-        match self.charge(state, latest, now, cost, max_wait) {
-            Step::Admitted { .. } => None,
-            step => Some(self.decision(step)),
-        }
+        let verdict = self.charge(state, latest, now, cost, max_wait);
+        self.decision(verdict)
     }
 
     /// Gives back what `decision` took, as far as the key's state can say where it lies; never
@@ -358,48 +307,6 @@ mod tests {
         assert_eq!(d.reset_after, Duration::from_secs(1));
         assert_eq!(d.remaining, 0);
         assert!(g.decide(&s, &l, 100_000_000, 1, 0).allowed);
-    }
-
-    #[test]
-    fn division_by_multiplication_is_exact() {
-        for interval in [1u64, 3, 7, 100, 333_333_334, 1_000_000_007, 1 << 60] {
-            let q = Quota::with_period(1, Duration::from_nanos(interval)).unwrap();
-            let g = Gcra::new(&q, 0);
-            let spans = [
-                0,
-                1,
-                interval - 1,
-                interval,
-                interval + 1,
-                3 * interval,
-                u64::MAX / 2,
-                u64::MAX,
-            ];
-            for span in spans {
-                assert_eq!(g.permits_in(span), span / interval, "{span} / {interval}");
-            }
-        }
-        // Pseudo-random intervals and spans below 2^50, and the spans on either side of a
-        // multiple of the interval, where an estimate off by one would show.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        for _ in 0..20_000 {
-            let interval = 1 + next() % (1 << (next() % 50));
-            let g = Gcra::new(
-                &Quota::with_period(1, Duration::from_nanos(interval)).unwrap(),
-                0,
-            );
-            let span = next() % (1 << 50);
-            let k = span / interval;
-            for span in [span, k * interval, (k * interval).saturating_sub(1)] {
-                assert_eq!(g.permits_in(span), span / interval, "{span} / {interval}");
-            }
-        }
     }
 
     #[test]

@@ -77,23 +77,6 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         max_wait: u64,
     ) -> Decision;
 
-    /// [`decide`](Self::decide), answering `None` for an immediate admission (admitted, no
-    /// wait), which is then charged all the same. For callers that read nothing of such an
-    /// admission (the HTTP layer without headers): an algorithm may then skip building it.
-    #[doc(hidden)]
-    #[inline]
-    fn decide_unless_admitted_now(
-        &self,
-        state: &Self::State,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Option<Decision> {
-        self.decide(state, latest, now, cost, max_wait)
-            .unless_admitted_now()
-    }
-
     /// Gives back `decision`, an admission of `cost` permits made by [`decide`](Self::decide)
     /// on this `state` and `latest`: a waiter that went away, or a request that another policy
     /// vetoed. The decision remembers (crate-privately) the instant its permits were charged
@@ -147,14 +130,12 @@ pub struct LatestReading(AtomicU64);
 
 impl LatestReading {
     /// The latest reading published (0 before any).
-    #[inline(always)]
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
 
     /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
     /// was before (`now` was published if that is not later than `now`).
-    #[inline(always)]
     pub(crate) fn publish(&self, now: u64) -> u64 {
         self.0.fetch_max(now, Ordering::AcqRel)
     }
@@ -208,7 +189,6 @@ impl Timeline {
     }
 
     /// The number of the window that holds instant `at`.
-    #[inline]
     pub(crate) fn window_of(&self, at: u64) -> u64 {
         if at >= self.next_start {
             self.first + 1 + (at - self.next_start) / self.period
@@ -222,7 +202,6 @@ impl Timeline {
     /// The instant window `window` begins. Windows before `first` are reported as beginning at
     /// `first_start`: later than they did, which only keeps a key a little longer (they have
     /// all ended by then).
-    #[inline]
     pub(crate) fn start_of(&self, window: u64) -> u64 {
         if window > self.first {
             self.next_start

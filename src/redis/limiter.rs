@@ -253,7 +253,10 @@ impl Inner {
                         cache.insert(&key, cost, self.clock.now(), &decision);
                     }
                 }
-                Ok(decision.of_cost(cost).for_key(fingerprint(&key)))
+                Ok(decision
+                    .of_cost(cost)
+                    .for_key(fingerprint(&key))
+                    .made_by(crate::decision::LimiterId::REDIS))
             }
             Err(failure) => {
                 self.breaker.failed(&key, &failure, &self.fail_mode);
@@ -285,7 +288,7 @@ impl Inner {
             return None;
         }
         let made_by_redis = decision.source == Source::State;
-        if made_by_redis && decision.key != fingerprint(key) {
+        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(key)) {
             return None;
         }
         if let Some(cache) = &self.cache {

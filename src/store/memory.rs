@@ -21,7 +21,6 @@ use std::sync::{PoisonError, RwLock};
 
 use hashbrown::HashTable;
 
-use super::hash::KeyHashing;
 use crate::algorithm::LatestReading;
 
 /// What the in-memory store does when a new key arrives and its shard is full of live keys.
@@ -53,7 +52,7 @@ pub enum Overflow {
 
 /// A shard full of live keys under [`Overflow::RefuseNewKeys`]: a slot frees at `free_at`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Full {
+pub(crate) struct ShardFull {
     pub(crate) free_at: u64,
 }
 
@@ -81,16 +80,16 @@ struct Table<K, S, G> {
 }
 
 /// A bounded, sharded map from key to algorithm state, with a context per shard (see
-/// [`set_context`](Self::set_context)).
-pub(crate) struct MemoryStore<K, S, G> {
-    hasher: KeyHashing,
+/// [`set_context`](Self::set_context)), hashing keys with `H`.
+pub(crate) struct MemoryStore<K, S, G, H> {
+    hasher: H,
     shards: Box<[Shard<K, S, G>]>,
     shard_bits: u32,
     shard_cap: usize,
     overflow: Overflow,
 }
 
-impl<K, S, G> fmt::Debug for MemoryStore<K, S, G> {
+impl<K, S, G, H> fmt::Debug for MemoryStore<K, S, G, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
@@ -100,14 +99,16 @@ impl<K, S, G> fmt::Debug for MemoryStore<K, S, G> {
     }
 }
 
-impl<K, S, G> MemoryStore<K, S, G>
+impl<K, S, G, H> MemoryStore<K, S, G, H>
 where
     K: Hash + Eq + Clone,
     S: Default,
     G: Clone,
+    H: BuildHasher,
 {
-    /// A store for at most `max_keys` keys (at least one), every shard starting with `context`.
-    pub(crate) fn new(max_keys: usize, overflow: Overflow, context: G) -> Self {
+    /// A store for at most `max_keys` keys (at least one), every shard starting with `context`,
+    /// hashing keys with `hasher`.
+    pub(crate) fn new(max_keys: usize, overflow: Overflow, context: G, hasher: H) -> Self {
         let max_keys = max_keys.max(1);
         // Enough shards to keep lock contention low, few enough that each holds a useful number
         // of keys (eviction works per shard).
@@ -125,7 +126,7 @@ where
             })
             .collect();
         Self {
-            hasher: KeyHashing::default(),
+            hasher,
             shards,
             shard_bits,
             shard_cap: max_keys / count,
@@ -133,7 +134,6 @@ where
         }
     }
 
-    #[inline]
     fn shard(&self, hash: u64) -> &Shard<K, S, G> {
         // The table uses the low bits for its index and the top seven for its tags; take the
         // shard from bits above 32 so the three do not correlate.
@@ -149,13 +149,12 @@ where
     /// key's hash, inserting a fresh state if the key is new; `full` instead, with the context
     /// and the time, if there is no room for a new key.
     ///
-    /// `now` reads the clock, only when room is needed: `idle_at` tells which states may be
-    /// dropped at that time (first published as the shard's latest reading); `rank` which live
-    /// ones to evict first (lowest first). A known key never reads it here, so `f` reads the
-    /// clock itself, once its state is found (see `KeyedRateLimiter::with_key` for why that
+    /// A known key is found under the shard's read lock; a new one is inserted under its write
+    /// lock. `now` reads the clock, only when room is needed: `idle_at` tells which states may
+    /// be dropped at that time (first published as the shard's latest reading); `rank` which
+    /// live ones to evict first (lowest first). A known key never reads it here, so `f` reads
+    /// the clock itself, once its state is found (see `KeyedRateLimiter::decide` for why that
     /// order matters).
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn with<R>(
         &self,
         key: &K,
@@ -163,7 +162,7 @@ where
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
         f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
-        full: impl FnOnce(&G, Full, u64) -> R,
+        full: impl FnOnce(&G, ShardFull, u64) -> R,
     ) -> R {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
@@ -173,17 +172,12 @@ where
                 return f(&table.context, state, &shard.latest, hash);
             }
         }
-        self.insert_with(shard, hash, key, now, idle_at, rank, f, full)
+        self.insert(shard, hash, key, now, idle_at, rank, f, full)
     }
 
-    /// The rest of [`with`](Self::with) for a key that was not found under the read lock: out
-    /// of line and marked cold, so that the path of a known key stays short. (Under a flood of
-    /// new keys this is the common path, but then the insert and any eviction cost far more
-    /// than the branch layout.)
-    #[cold]
-    #[inline(never)]
+    /// The rest of [`with`](Self::with), for a key that was not found under the read lock.
     #[allow(clippy::too_many_arguments)]
-    fn insert_with<R>(
+    fn insert<R>(
         &self,
         shard: &Shard<K, S, G>,
         hash: u64,
@@ -192,7 +186,7 @@ where
         idle_at: impl Fn(&G, &S) -> u64,
         rank: impl Fn(&G, &S, u64) -> u128,
         f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
-        full: impl FnOnce(&G, Full, u64) -> R,
+        full: impl FnOnce(&G, ShardFull, u64) -> R,
     ) -> R {
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
@@ -204,13 +198,8 @@ where
         if keys.len() >= self.shard_cap {
             let full_until = shard.full_until.load(Ordering::Relaxed);
             if now < full_until {
-                return full(
-                    context,
-                    Full {
-                        free_at: full_until,
-                    },
-                    now,
-                );
+                let free_at = full_until;
+                return full(context, ShardFull { free_at }, now);
             }
             // Nobody reads the shard meanwhile: a reading older than `now` that reaches a
             // fresh key from here on is decided as of `now`, where the dropped states weigh
@@ -227,7 +216,7 @@ where
                         .min()
                         .unwrap_or(now);
                     shard.full_until.store(free_at, Ordering::Relaxed);
-                    return full(context, Full { free_at }, now);
+                    return full(context, ShardFull { free_at }, now);
                 }
                 Overflow::EvictNearestIdle => {
                     evict_lowest_ranks(keys, &|s: &S| rank(context, s, now), self.shard_cap)
@@ -328,6 +317,8 @@ fn evict_lowest_ranks<K, S>(table: &mut HashTable<(K, S)>, rank: &impl Fn(&S) ->
 
 #[cfg(test)]
 mod tests {
+    use std::collections::hash_map::RandomState;
+
     use super::*;
 
     fn tat(_: &(), s: &AtomicU64) -> u64 {
@@ -338,11 +329,13 @@ mod tests {
         u128::from(tat(&(), s))
     }
 
-    fn full(_: &(), full: Full, _now: u64) -> Result<(), Full> {
+    fn full(_: &(), full: ShardFull, _now: u64) -> Result<(), ShardFull> {
         Err(full)
     }
 
-    fn set_tat(tat: u64) -> impl FnOnce(&(), &AtomicU64, &LatestReading, u64) -> Result<(), Full> {
+    fn set_tat(
+        tat: u64,
+    ) -> impl FnOnce(&(), &AtomicU64, &LatestReading, u64) -> Result<(), ShardFull> {
         move |_, s, _, _| {
             s.store(tat, Ordering::Relaxed);
             Ok(())
@@ -359,8 +352,8 @@ mod tests {
 
     #[test]
     fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
-        let store: MemoryStore<u32, AtomicU64, ()> =
-            MemoryStore::new(100, Overflow::EvictNearestIdle, ());
+        let store: MemoryStore<u32, AtomicU64, (), RandomState> =
+            MemoryStore::new(100, Overflow::EvictNearestIdle, (), RandomState::new());
         // A heavy user whose state runs far ahead.
         store
             .with(&u32::MAX, || 0, tat, rank, set_tat(1_000_000), full)
@@ -377,8 +370,8 @@ mod tests {
 
     #[test]
     fn idle_keys_go_first_and_refuse_mode_reports_when_room_frees() {
-        let store: MemoryStore<u32, AtomicU64, ()> =
-            MemoryStore::new(2, Overflow::RefuseNewKeys, ());
+        let store: MemoryStore<u32, AtomicU64, (), RandomState> =
+            MemoryStore::new(2, Overflow::RefuseNewKeys, (), RandomState::new());
         store.with(&1, || 0, tat, rank, set_tat(50), full).unwrap();
         store.with(&2, || 0, tat, rank, set_tat(70), full).unwrap();
         let refused = store

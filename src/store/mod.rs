@@ -2,5 +2,4 @@
 //! ([`memory`]). The Redis limiter (feature `redis`) keeps the same state in Redis: see
 //! [`crate::redis`].
 
-pub(crate) mod hash;
 pub(crate) mod memory;

@@ -2,15 +2,22 @@
 //! ever given back" (`Algorithm::refund`). A refund consumes its decision (a `Decision` is neither
 //! `Copy` nor `Clone`), so giving one back twice does not compile (the `compile_fail` example on
 //! `Limiter::refund`); a decision remembers the cost it was asked for, so a caller naming a larger
-//! cost gets back only that; and it remembers its key, so giving it back under another key frees
-//! nothing there. Each algorithm, in memory here and in Redis in `tests/redis/refund.rs`.
+//! cost gets back only that; it remembers its key, so giving it back under another key frees
+//! nothing there; and it remembers the limiter that made it, so giving it to any other limiter
+//! (direct, keyed, another tier, even one of the same quota and clock whose state it matches
+//! exactly) frees nothing there, and neither does a decision built by hand. Clones of a limiter
+//! share its state and take back each other's decisions. Each algorithm, in memory here and in
+//! Redis in `tests/redis/refund.rs`.
 
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
-    KeyedRateLimiter, Limiter, Quota,
+    limiter::Decision,
+    tiers::Tiers,
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
 
 fn name<A>() -> &'static str {
@@ -98,5 +105,320 @@ fn a_refusal_given_back_frees_nothing() {
         (got != 0).then(|| format!("{}: {got} admitted", name::<A>()))
     }
     let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// Five per hour: nothing refills during a test.
+fn five_per_hour() -> Quota {
+    Quota::per_hour(5).unwrap()
+}
+
+fn direct<A: Algorithm>(clock: &ManualClock) -> DirectRateLimiter<A, ManualClock> {
+    DirectRateLimiter::builder(five_per_hour())
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build()
+}
+
+/// A hasher that hashes every key to zero: the fingerprint of every key is then the one a
+/// direct limiter gives its decisions, and two such limiters fingerprint every key alike.
+#[derive(Default)]
+struct Zero;
+
+impl Hasher for Zero {
+    fn finish(&self) -> u64 {
+        0
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+type ZeroHashed<A> = KeyedRateLimiter<u64, A, ManualClock, BuildHasherDefault<Zero>>;
+
+fn keyed_zero_hashed<A: Algorithm>(clock: &ManualClock) -> ZeroHashed<A> {
+    KeyedRateLimiter::<u64>::builder(five_per_hour())
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .hasher(BuildHasherDefault::<Zero>::default())
+        .build()
+}
+
+fn direct_admits<A: Algorithm>(l: &DirectRateLimiter<A, ManualClock>) -> usize {
+    (0..10).filter(|_| l.check().allowed).count()
+}
+
+fn keyed_admits<A: Algorithm>(l: &ZeroHashed<A>, key: u64) -> usize {
+    (0..10).filter(|_| l.check(&key).allowed).count()
+}
+
+/// Two direct limiters `a` and `b` of 5 per hour, `b` having admitted 3: an admission of `a`
+/// given to `b` leaves `b` its 2 permits, not 3.
+#[test]
+fn a_direct_limiters_decision_given_to_another_direct_limiter_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (a, b) = (direct::<A>(&clock), direct::<A>(&clock));
+        for _ in 0..3 {
+            assert!(b.check().allowed);
+        }
+        let from_a = a.check();
+        assert!(from_a.allowed);
+        Limiter::<()>::refund(&b, &(), 1, from_a);
+        let got = direct_admits(&b);
+        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// The hardest case for a check by state alone: `a` and `b` built alike on one clock, each
+/// admitting 3 at the same instant, so `a`'s last decision describes `b`'s state exactly (for
+/// GCRA, the very TAT `b` holds). Given to `b`, it still frees nothing.
+#[test]
+fn a_decision_matching_another_limiters_state_exactly_frees_nothing_there() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (a, b) = (direct::<A>(&clock), direct::<A>(&clock));
+        let mut last_of_a = None;
+        for _ in 0..3 {
+            assert!(b.check().allowed);
+            last_of_a = Some(a.check());
+        }
+        Limiter::<()>::refund(&b, &(), 1, last_of_a.unwrap());
+        let got = direct_admits(&b);
+        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// A keyed limiter's admission given to a direct limiter frees nothing, even when the keyed
+/// limiter fingerprints its key as zero, as a direct limiter does.
+#[test]
+fn a_keyed_decision_given_to_a_direct_limiter_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (keyed, b) = (keyed_zero_hashed::<A>(&clock), direct::<A>(&clock));
+        for _ in 0..3 {
+            assert!(b.check().allowed);
+        }
+        let from_keyed = keyed.check(&7);
+        assert!(from_keyed.allowed);
+        Limiter::<()>::refund(&b, &(), 1, from_keyed);
+        let got = direct_admits(&b);
+        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// A direct limiter's admission given to a keyed limiter frees nothing, even when the keyed
+/// limiter fingerprints every key as zero, as the direct limiter's decision says.
+#[test]
+fn a_direct_decision_given_to_a_keyed_limiter_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (a, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
+        for _ in 0..3 {
+            assert!(keyed.check(&7).allowed);
+        }
+        let from_a = a.check();
+        assert!(from_a.allowed);
+        keyed.refund(&7, 1, from_a);
+        let got = keyed_admits(&keyed, 7);
+        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// Two keyed limiters that fingerprint the key alike (same hasher, same key, same state): the
+/// admission of one given to the other frees nothing.
+#[test]
+fn a_keyed_decision_given_to_another_keyed_limiter_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (a, b) = (
+            keyed_zero_hashed::<A>(&clock),
+            keyed_zero_hashed::<A>(&clock),
+        );
+        let mut last_of_a = None;
+        for _ in 0..3 {
+            assert!(b.check(&7).allowed);
+            last_of_a = Some(a.check(&7));
+        }
+        b.refund(&7, 1, last_of_a.unwrap());
+        let got = keyed_admits(&b, 7);
+        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// Decisions built by hand (`Decision::allowed`) belong to no limiter: given to a direct or a
+/// keyed limiter (with any cost, under the key a zero hasher fingerprints as the built decision
+/// says), they free nothing.
+#[test]
+fn a_decision_built_by_hand_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (b, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
+        for _ in 0..3 {
+            assert!(b.check().allowed);
+            assert!(keyed.check(&7).allowed);
+        }
+        for cost in [1, 3, u32::MAX] {
+            let built = Decision::allowed(5, 4, Duration::from_secs(720));
+            Limiter::<()>::refund(&b, &(), cost, built);
+            let built = Decision::allowed(5, 4, Duration::from_secs(720));
+            keyed.refund(&7, cost, built);
+        }
+        let (direct_got, keyed_got) = (direct_admits(&b), keyed_admits(&keyed, 7));
+        (direct_got != 2 || keyed_got != 2).then(|| {
+            format!(
+                "{}: {direct_got} admitted by the direct limiter, {keyed_got} by the keyed one",
+                name::<A>()
+            )
+        })
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// Clones share their limiter's state, so they share its identity: an admission made through
+/// one clone and given back through another frees its permit, direct and keyed.
+#[test]
+fn clones_of_a_limiter_take_back_each_others_decisions() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (b, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
+        let (b_clone, keyed_clone) = (b.clone(), keyed.clone());
+        let mut last = None;
+        let mut last_keyed = None;
+        for _ in 0..3 {
+            last = Some(b.check());
+            last_keyed = Some(keyed.check(&7));
+        }
+        Limiter::<()>::refund(&b_clone, &(), 1, last.unwrap());
+        keyed_clone.refund(&7, 1, last_keyed.unwrap());
+        let (direct_got, keyed_got) = (direct_admits(&b), keyed_admits(&keyed, 7));
+        (direct_got != 3 || keyed_got != 3).then(|| {
+            format!(
+                "{}: {direct_got} admitted by the direct limiter, {keyed_got} by the keyed one",
+                name::<A>()
+            )
+        })
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+fn plans<A: Algorithm>(clock: &ManualClock) -> Tiers<u64, &'static str, ZeroHashed<A>> {
+    Tiers::new(
+        |key: &u64| if *key >= 100 { "pro" } else { "free" },
+        "free",
+        keyed_zero_hashed::<A>(clock),
+    )
+    .tier("pro", keyed_zero_hashed::<A>(clock))
+}
+
+fn tier_admits<A: Algorithm>(tiers: &Tiers<u64, &'static str, ZeroHashed<A>>, key: u64) -> usize {
+    (0..10)
+        .filter(|_| tiers.reserve_now(&key, 1).unwrap().unwrap().allowed)
+        .count()
+}
+
+/// Each tier is its own limiter. Key 7 (free) spends 3 of its 5 through the tiers; then:
+/// * a decision of the "pro" limiter made outside the tiers names no tier, which reads as the
+///   first ("free"), so it reaches the free limiter (key 7, fingerprinted alike): it frees
+///   nothing there;
+/// * a decision of another set of tiers built alike, for the same key: frees nothing;
+/// * the tiers' own last decision for key 7 goes back to the free tier and frees its permit
+///   (so the two above are refused for who made them, not for how they travel).
+#[test]
+fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
+    fn run<A: Algorithm>() -> Option<String> {
+        let clock = ManualClock::new();
+        let (tiers, other_tiers) = (plans::<A>(&clock), plans::<A>(&clock));
+        let pro = tiers.get(&"pro").unwrap();
+        let mut own = None;
+        for _ in 0..3 {
+            own = Some(tiers.reserve_now(&7, 1).unwrap().unwrap());
+        }
+        let from_pro = pro.check(&7);
+        let from_other_tiers = other_tiers.reserve_now(&7, 1).unwrap().unwrap();
+        assert!(from_pro.allowed && from_other_tiers.allowed);
+        tiers.refund(&7, 1, from_pro);
+        tiers.refund(&7, 1, from_other_tiers);
+        tiers.refund(&7, 1, own.unwrap());
+        let got = tier_admits(&tiers, 7);
+        (got != 3).then(|| format!("{}: {got} admitted", name::<A>()))
+    }
+    let bad = each!(run);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// A Redis limiter tells its decisions apart by the fingerprint of the Redis key they charged.
+/// A keyed limiter in memory that hashes as that fingerprint does (std's `DefaultHasher` under
+/// zero keys), given the Redis key itself as its key, makes decisions whose fingerprint is the
+/// Redis key's: given to the Redis limiter, they still free nothing there, and neither does a
+/// decision built by hand or one of a direct limiter.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
+    use std::collections::hash_map::DefaultHasher;
+    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+
+    async fn run<A: RedisAlgorithm>(store: &RedisStore, tag: &str) -> Option<String> {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1));
+        let redis = RedisRateLimiter::builder(five_per_hour(), store.clone())
+            .algorithm::<A>()
+            .client_clock(clock.clone())
+            .prefix(format!("misuse:{tag}:"))
+            .without_refusal_cache()
+            .fail_mode(RedisFailMode::propagate())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let same_fingerprint = KeyedRateLimiter::<String>::builder(five_per_hour())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .hasher(BuildHasherDefault::<DefaultHasher>::default())
+            .build();
+        let direct = direct::<A>(&clock);
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(redis.reserve(&"k", 1).await.unwrap());
+        }
+        assert!(last.is_some_and(|d| d.allowed));
+        let redis_key = redis.redis_key(&"k");
+        for _ in 0..3 {
+            let from_memory = same_fingerprint.check(&redis_key);
+            assert!(from_memory.allowed);
+            redis.refund_and_wait(&"k", 1, from_memory).await.unwrap();
+        }
+        let built = Decision::allowed(5, 4, Duration::from_secs(720));
+        redis.refund_and_wait(&"k", 1, built).await.unwrap();
+        redis
+            .refund_and_wait(&"k", 1, direct.check())
+            .await
+            .unwrap();
+        let mut got = 0;
+        while got < 10 && redis.reserve(&"k", 1).await.unwrap().allowed {
+            got += 1;
+        }
+        (got != 2).then(|| format!("{tag}: {got} admitted"))
+    }
+
+    let Some(server) = crate::common::redis_server::RedisServer::start("refund_misuse_redis")
+    else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut bad = Vec::new();
+    bad.extend(run::<Gcra>(&store, "gcra").await);
+    bad.extend(run::<FixedWindow>(&store, "fixed").await);
+    bad.extend(run::<SlidingLog>(&store, "log").await);
+    bad.extend(run::<SlidingCounter>(&store, "counter").await);
     assert!(bad.is_empty(), "{bad:?}");
 }

@@ -1,0 +1,176 @@
+//! [`DirectRateLimiter`]: one limit for everything that shares it.
+
+use std::fmt;
+use std::future::{ready, Ready};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+
+use super::builder::{Direct, RateLimiterBuilder};
+use super::{acquire, Acquire, Limiter, Rule};
+use crate::algorithm::{Algorithm, Gcra, LatestReading};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, InsufficientCapacity, LimiterId};
+use crate::{BoxError, Quota};
+
+/// One limit shared by every caller: a process-wide cap.
+///
+/// ```
+/// use tower_bulwark::{DirectRateLimiter, Quota};
+///
+/// let limiter = DirectRateLimiter::new(Quota::per_hour(2)?);
+/// assert!(limiter.check().allowed);
+/// assert!(limiter.check().allowed);
+/// assert!(!limiter.check().allowed);
+/// # Ok::<(), tower_bulwark::QuotaError>(())
+/// ```
+pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
+    pub(super) inner: Arc<DirectInner<A, C>>,
+}
+
+/// What every clone of a [`DirectRateLimiter`] shares.
+pub(super) struct DirectInner<A: Algorithm, C> {
+    /// The quota and its algorithm. A decision holds the read side while it decides, so it uses
+    /// one pair throughout; [`set_quota`](DirectRateLimiter::set_quota) replaces the pair under
+    /// the write side.
+    pub(super) rule: RwLock<Rule<A>>,
+    pub(super) state: A::State,
+    /// The latest reading of the one key (a keyed limiter has one per shard).
+    pub(super) latest: LatestReading,
+    pub(super) clock: C,
+    /// Whose decisions a refund accepts: this limiter's and its clones'.
+    pub(super) id: LimiterId,
+}
+
+impl<A: Algorithm, C> DirectInner<A, C> {
+    /// The quota and algorithm to decide with, held until the guard drops. A poisoned lock is
+    /// used as it is: the pair is replaced whole or not at all, so a panic cannot leave it torn.
+    fn read_rule(&self) -> RwLockReadGuard<'_, Rule<A>> {
+        self.rule.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl DirectRateLimiter {
+    /// A GCRA limiter on the system clock.
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the algorithm and the clock.
+    pub fn builder(quota: Quota) -> RateLimiterBuilder<Direct> {
+        RateLimiterBuilder::new(quota)
+    }
+}
+
+impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
+    /// Decides on `cost` permits now, reserving them if they arrive within the quota's
+    /// `max_wait` when `wait` is set. The cost is checked against the rule that decides.
+    fn decide(&self, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
+        let rule = self.inner.read_rule();
+        rule.check_cost(cost)?;
+        let now = self.inner.clock.now();
+        let max_wait = if wait { rule.quota.max_wait_nanos() } else { 0 };
+        Ok(rule
+            .algorithm
+            .decide(&self.inner.state, &self.inner.latest, now, cost, max_wait)
+            .of_cost(cost)
+            .made_by(self.inner.id))
+    }
+
+    /// Decides on one permit now, never waiting.
+    pub fn check(&self) -> Decision {
+        self.decide(1, false)
+            .expect("every quota admits one permit at once")
+    }
+
+    /// Decides on `cost` permits now, never waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`InsufficientCapacity`] if `cost` is more than the quota can ever admit at once.
+    pub fn check_n(&self, cost: u32) -> Result<Decision, InsufficientCapacity> {
+        self.decide(cost, false)
+    }
+
+    /// Takes one permit, waiting up to the quota's `max_wait` for it; dropping the future while
+    /// it waits gives the permit back.
+    pub fn acquire(&self) -> Acquire<'_, (), Self> {
+        acquire(self, &(), 1)
+    }
+
+    /// Takes `cost` permits, waiting up to the quota's `max_wait` for them. A cost above the
+    /// capacity fails with [`InsufficientCapacity`].
+    pub fn acquire_n(&self, cost: u32) -> Acquire<'_, (), Self> {
+        acquire(self, &(), cost)
+    }
+
+    /// The quota it enforces now.
+    pub fn quota(&self) -> Quota {
+        self.inner.read_rule().quota
+    }
+
+    /// Replaces the quota for every clone of this limiter, keeping the state: see
+    /// [`KeyedRateLimiter::set_quota`](super::KeyedRateLimiter::set_quota), which works the
+    /// same way for its one key.
+    pub fn set_quota(&self, quota: Quota) {
+        let mut rule = self
+            .inner
+            .rule
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = self.inner.clock.now();
+        // Built before it is stored: a panic here leaves the old pair in place, whole.
+        let changed = rule.changed_to(quota, now);
+        *rule = changed;
+    }
+}
+
+impl<A: Algorithm, C> Clone for DirectRateLimiter<A, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rule = self.inner.read_rule();
+        f.debug_struct("DirectRateLimiter")
+            .field("quota", &rule.quota)
+            .field("algorithm", &rule.algorithm)
+            .field("state", &self.inner.state)
+            .field("latest", &self.inner.latest)
+            .finish()
+    }
+}
+
+/// A direct limiter ignores the key: every request shares one budget.
+impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
+    type Future = Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> Quota {
+        DirectRateLimiter::quota(self)
+    }
+
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        DirectRateLimiter::set_quota(self, quota);
+        Ok(())
+    }
+
+    fn reserve(&self, _key: &K, cost: u32) -> Self::Future {
+        ready(self.decide(cost, true).map_err(Into::into))
+    }
+
+    fn reserve_now(&self, _key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        Some(self.decide(cost, true).map_err(Into::into))
+    }
+
+    fn refund(&self, _key: &K, cost: u32, decision: Decision) {
+        if decision.allowed && decision.is_from(self.inner.id, 0) {
+            let rule = self.inner.read_rule();
+            let now = self.inner.clock.now();
+            let cost = decision.refundable(cost);
+            rule.algorithm
+                .refund(&self.inner.state, &self.inner.latest, now, cost, &decision);
+        }
+    }
+}

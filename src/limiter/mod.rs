@@ -1,0 +1,259 @@
+//! Limiters: a quota, an algorithm, a store and a clock tied together.
+//!
+//! [`DirectRateLimiter`] is one limit for everything that shares it (a process-wide cap);
+//! [`KeyedRateLimiter`] keeps one limit per key (client IP, API key, tenant). Both are cheap to
+//! clone, and every clone shares one state. Both are built by a [`RateLimiterBuilder`], which
+//! chooses the algorithm, the clock and, for keys, the bound, the overflow rule and the hasher.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
+//!
+//! let clock = ManualClock::new();
+//! let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(2)?)
+//!     .clock(clock.clone())
+//!     .build();
+//! assert!(limiter.check(&"alice").allowed);
+//! assert!(limiter.check(&"alice").allowed);
+//! let refused = limiter.check(&"alice");
+//! assert!(!refused.allowed);
+//! assert_eq!(refused.retry_after, Duration::from_millis(500));
+//! assert!(limiter.check(&"bob").allowed, "every key has its own budget");
+//! clock.advance(Duration::from_millis(500));
+//! assert!(limiter.check(&"alice").allowed);
+//! # Ok::<(), tower_bulwark::QuotaError>(())
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+
+use crate::algorithm::Algorithm;
+use crate::{BoxError, Quota};
+
+mod builder;
+mod direct;
+mod keyed;
+
+pub use crate::decision::{Decision, InsufficientCapacity};
+pub use crate::store::memory::Overflow;
+pub use builder::{Direct, Keyed, RateLimiterBuilder, DEFAULT_MAX_KEYS};
+pub use direct::DirectRateLimiter;
+pub use keyed::KeyedRateLimiter;
+
+/// Anything that decides on requests per key: the in-memory limiters, the Redis limiter, or a
+/// limiter of your own. The HTTP layer is written against this trait.
+pub trait Limiter<K>: Send + Sync + 'static {
+    /// The future of a decision.
+    type Future: Future<Output = Result<Decision, BoxError>> + Send + 'static;
+
+    /// The quota this limiter enforces now (for the `RateLimit-Policy` header). It can change
+    /// at run time (see [`set_quota`](Self::set_quota)), so it is returned by value.
+    fn quota(&self) -> Quota;
+
+    /// Replaces the quota at run time, for every clone of this limiter, keeping what each key
+    /// has used: see [`KeyedRateLimiter::set_quota`] for what a change does to decisions. The
+    /// default refuses with an error: a limiter of your own changes its quota only if it says
+    /// how.
+    fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
+        let _ = quota;
+        Err("this limiter cannot change its quota at run time".into())
+    }
+
+    /// The quota this limiter enforces for `key`, which the `RateLimit-Policy` header of a
+    /// response to `key` advertises: [`quota`](Self::quota) unless the quota depends on the key
+    /// (see [`Tiers`](crate::tiers::Tiers)).
+    fn quota_for(&self, key: &K) -> Quota {
+        let _ = key;
+        self.quota()
+    }
+
+    /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
+    /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
+    ///
+    /// # Errors
+    ///
+    /// The future fails when no decision can be made: a cost above what the quota can ever
+    /// admit at once ([`InsufficientCapacity`] for the crate's limiters), a store that did not
+    /// answer (the Redis limiter, depending on its fail mode), a key that names no tier.
+    fn reserve(&self, key: &K, cost: u32) -> Self::Future;
+
+    /// The same decision as [`reserve`](Self::reserve), made at once when this limiter can make
+    /// it without waiting for I/O; `None` means "use `reserve`". The in-memory limiters always
+    /// answer here, which lets the HTTP layer decide without allocating a future. The default
+    /// answers `None`.
+    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
+        let _ = (key, cost);
+        None
+    }
+
+    /// Gives back an admitted decision whose caller went away (a dropped waiter) or that another
+    /// policy vetoed. Where the algorithm cannot give it back, this does nothing.
+    ///
+    /// The decision is consumed: [`Decision`] is neither `Copy` nor `Clone`, so one admission is
+    /// given back at most once, and the compiler says so:
+    ///
+    /// ```compile_fail,E0382
+    /// use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+    ///
+    /// let limiter = KeyedRateLimiter::<u64>::new(Quota::per_second(1).unwrap());
+    /// let decision = limiter.check(&7);
+    /// limiter.refund(&7, 1, decision);
+    /// limiter.refund(&7, 1, decision); // error: use of moved value
+    /// ```
+    ///
+    /// The crate's limiters also remember which limiter and which key a decision was made for:
+    /// given to another limiter (even one of the same quota, or another tier of a
+    /// [`Tiers`](crate::tiers::Tiers)), or back under another key, it gives nothing back, and
+    /// neither does a decision built by hand. Clones of a limiter share its state, so they take
+    /// back each other's decisions. No more than the decision took is ever given back, whatever
+    /// `cost` says.
+    fn refund(&self, key: &K, cost: u32, decision: Decision);
+}
+
+pin_project! {
+    /// The future of [`acquire`]: reserves, waits for the reservation to fall due, and gives it
+    /// back if dropped while waiting.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Acquire<'a, K, L: Limiter<K>> {
+        limiter: &'a L,
+        key: &'a K,
+        cost: u32,
+        #[pin]
+        state: AcquireState<L::Future>,
+    }
+
+    impl<'a, K, L: Limiter<K>> PinnedDrop for Acquire<'a, K, L> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let AcquireProj::Waiting { decision, .. } = this.state.project() {
+                if let Some(decision) = decision.take() {
+                    this.limiter.refund(this.key, *this.cost, decision);
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    #[project = AcquireProj]
+    enum AcquireState<F> {
+        Reserving { #[pin] reserve: F },
+        Waiting { #[pin] sleep: Sleep, decision: Option<Decision> },
+        Done,
+    }
+}
+
+impl<K, L: Limiter<K>> fmt::Debug for Acquire<'_, K, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            AcquireState::Reserving { .. } => "reserving",
+            AcquireState::Waiting { .. } => "waiting",
+            AcquireState::Done => "done",
+        };
+        f.debug_struct("Acquire")
+            .field("cost", &self.cost)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
+    type Output = Result<Decision, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                AcquireProj::Reserving { reserve } => {
+                    let decision = match ready!(reserve.poll(cx)) {
+                        Ok(decision) => decision,
+                        Err(err) => {
+                            this.state.set(AcquireState::Done);
+                            return Poll::Ready(Err(err));
+                        }
+                    };
+                    if decision.allowed && !decision.wait.is_zero() {
+                        let sleep = tokio::time::sleep(decision.wait);
+                        this.state.set(AcquireState::Waiting {
+                            sleep,
+                            decision: Some(decision),
+                        });
+                    } else {
+                        this.state.set(AcquireState::Done);
+                        return Poll::Ready(Ok(decision));
+                    }
+                }
+                AcquireProj::Waiting { sleep, decision } => {
+                    ready!(sleep.poll(cx));
+                    let decision = decision.take();
+                    this.state.set(AcquireState::Done);
+                    if let Some(decision) = decision {
+                        return Poll::Ready(Ok(decision));
+                    }
+                    panic!("`Acquire` polled after completion");
+                }
+                AcquireProj::Done => panic!("`Acquire` polled after completion"),
+            }
+        }
+    }
+}
+
+/// Reserves `cost` permits of `limiter` for `key` and waits until they fall due.
+///
+/// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. If the
+/// returned future is dropped while it waits, the reservation is given back.
+///
+/// # Errors
+///
+/// What [`Limiter::reserve`] fails with.
+pub fn acquire<'a, K, L: Limiter<K>>(limiter: &'a L, key: &'a K, cost: u32) -> Acquire<'a, K, L> {
+    Acquire {
+        limiter,
+        key,
+        cost,
+        state: AcquireState::Reserving {
+            reserve: limiter.reserve(key, cost),
+        },
+    }
+}
+
+/// A quota and the algorithm built for it: the rule a limiter decides by, replaced as one so
+/// that no decision ever pairs one quota with another's algorithm.
+#[derive(Debug)]
+struct Rule<A> {
+    quota: Quota,
+    algorithm: A,
+}
+
+impl<A: Algorithm> Rule<A> {
+    fn new(quota: Quota, epoch: u64) -> Self {
+        Self {
+            quota,
+            algorithm: A::new(&quota, epoch),
+        }
+    }
+
+    /// The rule for `quota` that carries on from this one at `now` (see
+    /// [`Algorithm::with_quota`]).
+    fn changed_to(&self, quota: Quota, now: u64) -> Self {
+        Self {
+            quota,
+            algorithm: self.algorithm.with_quota(&quota, now),
+        }
+    }
+
+    /// Whether a request of `cost` permits can ever be admitted under this rule.
+    fn check_cost(&self, cost: u32) -> Result<(), InsufficientCapacity> {
+        let capacity = self.algorithm.capacity();
+        if cost > capacity {
+            Err(InsufficientCapacity::new(cost, capacity))
+        } else {
+            Ok(())
+        }
+    }
+}
