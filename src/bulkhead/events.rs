@@ -1,7 +1,6 @@
 //! Events and hooks: what a bulkhead reports as calls come and go.
 //!
-//! A hook is a trait with one method, implemented for every closure of the matching shape, so a
-//! plain closure is usually all it takes:
+//! A hook is a closure that takes the event:
 //!
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,81 +116,19 @@ impl CallFinished<'_> {
     }
 }
 
-/// Hook run when a call gets a permit; implemented for `Fn(&CallPermitted<'_>)` closures.
-pub trait OnCallPermitted: Send + Sync + 'static {
-    /// Called once per permitted call, after the permit is taken.
-    fn on_call_permitted(&self, event: &CallPermitted<'_>);
-}
-
-impl<F> OnCallPermitted for F
-where
-    F: Fn(&CallPermitted<'_>) + Send + Sync + 'static,
-{
-    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
-        self(event)
-    }
-}
-
-/// Hook run when a call is refused; implemented for `Fn(&CallRejected<'_>)` closures.
-pub trait OnCallRejected: Send + Sync + 'static {
-    /// Called once per refused call.
-    fn on_call_rejected(&self, event: &CallRejected<'_>);
-}
-
-impl<F> OnCallRejected for F
-where
-    F: Fn(&CallRejected<'_>) + Send + Sync + 'static,
-{
-    fn on_call_rejected(&self, event: &CallRejected<'_>) {
-        self(event)
-    }
-}
-
-/// Hook run when a permitted call ends; implemented for `Fn(&CallFinished<'_>)` closures.
-pub trait OnCallFinished: Send + Sync + 'static {
-    /// Called once per permitted call, before its permit is given back.
-    fn on_call_finished(&self, event: &CallFinished<'_>);
-}
-
-impl<F> OnCallFinished for F
-where
-    F: Fn(&CallFinished<'_>) + Send + Sync + 'static,
-{
-    fn on_call_finished(&self, event: &CallFinished<'_>) {
-        self(event)
-    }
-}
+/// Hook run when a call gets a permit, after the permit is taken.
+pub(crate) type OnCallPermitted = Box<dyn Fn(&CallPermitted<'_>) + Send + Sync>;
+/// Hook run when a call is refused.
+pub(crate) type OnCallRejected = Box<dyn Fn(&CallRejected<'_>) + Send + Sync>;
+/// Hook run when a permitted call ends, before its permit is given back.
+pub(crate) type OnCallFinished = Box<dyn Fn(&CallFinished<'_>) + Send + Sync>;
 
 /// The hooks of one bulkhead; the ones left out cost a branch and nothing else.
 #[derive(Default)]
 pub(crate) struct Hooks {
-    pub(crate) permitted: Option<Box<dyn OnCallPermitted>>,
-    pub(crate) rejected: Option<Box<dyn OnCallRejected>>,
-    pub(crate) finished: Option<Box<dyn OnCallFinished>>,
-}
-
-/// Two hooks of one kind, run in the order they were added.
-pub(crate) struct Both<A: ?Sized, B: ?Sized>(pub(crate) Box<A>, pub(crate) Box<B>);
-
-impl OnCallPermitted for Both<dyn OnCallPermitted, dyn OnCallPermitted> {
-    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
-        self.0.on_call_permitted(event);
-        self.1.on_call_permitted(event);
-    }
-}
-
-impl OnCallRejected for Both<dyn OnCallRejected, dyn OnCallRejected> {
-    fn on_call_rejected(&self, event: &CallRejected<'_>) {
-        self.0.on_call_rejected(event);
-        self.1.on_call_rejected(event);
-    }
-}
-
-impl OnCallFinished for Both<dyn OnCallFinished, dyn OnCallFinished> {
-    fn on_call_finished(&self, event: &CallFinished<'_>) {
-        self.0.on_call_finished(event);
-        self.1.on_call_finished(event);
-    }
+    pub(crate) permitted: Option<OnCallPermitted>,
+    pub(crate) rejected: Option<OnCallRejected>,
+    pub(crate) finished: Option<OnCallFinished>,
 }
 
 /// A point-in-time view of a bulkhead's state and counters.

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::events::{CallFinished, CallPermitted, CallRejected};
-use super::instance::BulkheadBuilder;
+use super::handle::BulkheadBuilder;
 use crate::observe::metric_names as m;
 
 /// One bulkhead's handles, registered with the recorder at its first call (so the recorder may

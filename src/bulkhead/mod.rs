@@ -191,21 +191,23 @@ pub mod adaptive;
 mod body;
 mod error;
 pub mod events;
-pub mod future;
-mod instance;
+mod future;
+mod handle;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod semaphore;
+mod mode;
+mod permits;
 mod service;
 
 pub use body::BulkheadBody;
 pub use error::BulkheadFull;
 pub use events::{
-    BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, OnCallFinished,
-    OnCallPermitted, OnCallRejected, Rejection,
+    BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Rejection,
 };
-pub use instance::{Bulkhead, BulkheadBuilder};
-pub use layer::{BulkheadBodyLayer, BulkheadLayer};
-pub use semaphore::MAX_CONCURRENT_CALLS;
-pub use service::{BulkheadBodyService, BulkheadService};
+pub use future::ResponseFuture;
+pub use handle::{Bulkhead, BulkheadBuilder};
+pub use layer::BulkheadLayer;
+pub use mode::{OnBodyEnd, OnResponse, Release};
+pub use permits::MAX_CONCURRENT_CALLS;
+pub use service::BulkheadService;

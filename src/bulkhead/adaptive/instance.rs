@@ -9,7 +9,7 @@ use super::classify::Verdict;
 use super::layer::AdaptiveBulkheadLayer;
 use super::limit::{Aimd, Dyn, LimitAlgorithm, Limits, Sample};
 use crate::bulkhead::{
-    Bulkhead, BulkheadBuilder, BulkheadSnapshot, OnCallFinished, OnCallPermitted, OnCallRejected,
+    Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
 };
 use crate::clock::{Clock, SystemClock};
 
@@ -353,20 +353,29 @@ impl AdaptiveBulkheadBuilder {
     }
 
     /// Runs `hook` each time a call gets a permit (see [`crate::bulkhead::events`]).
-    pub fn on_call_permitted(mut self, hook: impl OnCallPermitted) -> Self {
+    pub fn on_call_permitted(
+        mut self,
+        hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.inner = self.inner.on_call_permitted(hook);
         self
     }
 
     /// Runs `hook` each time a call is refused.
-    pub fn on_call_rejected(mut self, hook: impl OnCallRejected) -> Self {
+    pub fn on_call_rejected(
+        mut self,
+        hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.inner = self.inner.on_call_rejected(hook);
         self
     }
 
     /// Runs `hook` each time a permitted call ends, after its sample has been taken and before
     /// its permit is given back.
-    pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
+    pub fn on_call_finished(
+        mut self,
+        hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.inner = self.inner.on_call_finished(hook);
         self
     }

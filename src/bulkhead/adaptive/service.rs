@@ -8,10 +8,10 @@ use std::time::Duration;
 use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
-use super::future::{Held, ResponseFuture};
+use super::future::{ResponseFuture, RunningCall};
 use super::instance::{AdaptiveBulkhead, Sampler};
 use crate::bulkhead::events::Rejection;
-use crate::bulkhead::semaphore::{Admission, Permit, Waiter};
+use crate::bulkhead::permits::Permit;
 use crate::BoxError;
 
 /// A service behind an [`AdaptiveBulkhead`]; made by
@@ -94,34 +94,20 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let shared = &self.bulkhead.shared;
-        let semaphore = &shared.bulkhead.shared;
+        let adaptive = &self.bulkhead.shared;
+        let permits = &adaptive.bulkhead.permits;
         let classifier = Arc::clone(&self.classifier);
-        match semaphore.admit() {
-            Admission::Permitted => {}
-            Admission::Rejected => {
-                return ResponseFuture::rejected(
-                    semaphore.reject(Rejection::NoCapacity),
-                    classifier,
-                )
-            }
-            // The adaptive bulkhead's semaphore is built without a queue, so this does not
-            // happen; should it, the place is left at once and the call refused.
-            Admission::Queued(ticket) => {
-                drop(Waiter::new(Arc::clone(semaphore), ticket));
-                return ResponseFuture::rejected(
-                    semaphore.reject(Rejection::NoCapacity),
-                    classifier,
-                );
-            }
-        }
+        // An adaptive bulkhead never queues: a call that finds no free permit is refused.
+        let Some(permit) = permits.try_acquire() else {
+            return ResponseFuture::rejected(permits.reject(Rejection::NoCapacity), classifier);
+        };
         // Both exist before the inner service is called, so a panicking `call` still gives the
         // permit back (and is no sample).
-        let held = Held {
-            permit: Permit::granted(Arc::clone(semaphore), Duration::ZERO),
-            sampler: Sampler::start(Arc::clone(shared)),
+        let call = RunningCall {
+            permit: Permit::granted(Arc::clone(permits), permit, Duration::ZERO),
+            sampler: Sampler::start(Arc::clone(adaptive)),
         };
         let future = self.inner.call(request);
-        ResponseFuture::running(future, held, classifier)
+        ResponseFuture::running(future, call, classifier)
     }
 }

@@ -1,14 +1,13 @@
-//! One named bulkhead: its limit, its queue and its counters.
+//! The handle of one named bulkhead, and its builder.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::{
-    Both, BulkheadSnapshot, Hooks, OnCallFinished, OnCallPermitted, OnCallRejected,
-};
-use super::layer::{BulkheadBodyLayer, BulkheadLayer};
-use super::semaphore::Shared;
+use super::events::{BulkheadSnapshot, CallFinished, CallPermitted, CallRejected, Hooks};
+use super::layer::BulkheadLayer;
+use super::mode::OnBodyEnd;
+use super::permits::Permits;
 
 /// A named bulkhead, shared by every clone and every service made from it.
 ///
@@ -17,7 +16,7 @@ use super::semaphore::Shared;
 /// [`layer`](Bulkhead::layer).
 #[derive(Clone)]
 pub struct Bulkhead {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) permits: Arc<Permits>,
 }
 
 impl Bulkhead {
@@ -60,12 +59,12 @@ impl Bulkhead {
 
     /// The bulkhead's name, as given to its constructor.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.permits.name
     }
 
     /// The current figures: free permits, limit, queue depth and running totals.
     pub fn snapshot(&self) -> BulkheadSnapshot {
-        self.shared.snapshot()
+        self.permits.snapshot()
     }
 
     /// Sets this bulkhead's gauges in the `metrics` facade from its current state; call it
@@ -83,7 +82,7 @@ impl Bulkhead {
     /// the new limit is never exceeded by a call admitted after this returns. Values above
     /// [`MAX_CONCURRENT_CALLS`](super::MAX_CONCURRENT_CALLS) are lowered to it.
     pub fn set_max_concurrent_calls(&self, max_concurrent_calls: usize) {
-        self.shared.resize(max_concurrent_calls);
+        self.permits.resize(max_concurrent_calls);
     }
 
     /// A layer that holds each permit until the response future completes or is dropped.
@@ -93,14 +92,14 @@ impl Bulkhead {
 
     /// A layer that holds each permit until the `http::Response` body has been read to its end
     /// or dropped.
-    pub fn body_layer(&self) -> BulkheadBodyLayer {
-        BulkheadBodyLayer::new(self.clone())
+    pub fn body_layer(&self) -> BulkheadLayer<OnBodyEnd> {
+        BulkheadLayer::until_body_end(self.clone())
     }
 }
 
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
+        self.permits.fmt(f)
     }
 }
 
@@ -130,32 +129,47 @@ impl BulkheadBuilder {
     }
 
     /// Runs `hook` each time a call gets a permit. Hooks added earlier keep running, before it.
-    pub fn on_call_permitted(mut self, hook: impl OnCallPermitted) -> Self {
-        let hook: Box<dyn OnCallPermitted> = Box::new(hook);
+    pub fn on_call_permitted(
+        mut self,
+        hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.permitted = Some(match self.hooks.permitted.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallPermitted<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
 
     /// Runs `hook` each time a call is refused. Hooks added earlier keep running, before it.
-    pub fn on_call_rejected(mut self, hook: impl OnCallRejected) -> Self {
-        let hook: Box<dyn OnCallRejected> = Box::new(hook);
+    pub fn on_call_rejected(
+        mut self,
+        hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.rejected = Some(match self.hooks.rejected.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallRejected<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
 
     /// Runs `hook` each time a permitted call ends, with the time the permit was held. Hooks
     /// added earlier keep running, before it.
-    pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
-        let hook: Box<dyn OnCallFinished> = Box::new(hook);
+    pub fn on_call_finished(
+        mut self,
+        hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.finished = Some(match self.hooks.finished.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallFinished<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
@@ -171,7 +185,7 @@ impl BulkheadBuilder {
         #[cfg(not(feature = "metrics"))]
         let builder = self;
         Bulkhead {
-            shared: Arc::new(Shared::new(
+            permits: Arc::new(Permits::new(
                 builder.name,
                 builder.max_concurrent_calls,
                 builder.max_wait,
