@@ -222,7 +222,7 @@ async fn a_granted_but_unpolled_waiter_passes_its_permit_on() {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let seen = outcomes.clone();
     let bulkhead = Bulkhead::queue("q", 1, 8)
-        .on_call_finished(move |e: &CallFinished<'_>| seen.lock().unwrap().push(e.outcome()))
+        .on_call_finished(move |e: &CallFinished<'_>| seen.lock().unwrap().push(e.outcome))
         .build();
     let gated = Gated::default();
     let mut svc = bulkhead.layer().layer(gated.clone());

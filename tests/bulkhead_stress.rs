@@ -139,7 +139,7 @@ fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
         })
         .on_call_finished(move |event: &CallFinished<'_>| {
             f.finished.fetch_add(1, Ordering::Relaxed);
-            f.outcomes.lock().unwrap().push(event.outcome());
+            f.outcomes.lock().unwrap().push(event.outcome);
         })
         .build()
 }

@@ -36,13 +36,6 @@ impl<B: Body> BulkheadBody<B> {
     }
 }
 
-impl<B> BulkheadBody<B> {
-    /// Whether this body still holds its call's permit.
-    pub fn holds_permit(&self) -> bool {
-        self.permit.is_some()
-    }
-}
-
 impl<B: Body> Body for BulkheadBody<B> {
     type Data = B::Data;
     type Error = B::Error;

@@ -14,7 +14,7 @@
 //!         counter.fetch_add(1, Ordering::Relaxed);
 //!     })
 //!     .on_call_finished(|event: &CallFinished<'_>| {
-//!         println!("{} call took {:?}", event.bulkhead(), event.duration());
+//!         println!("{} call took {:?}", event.bulkhead, event.duration);
 //!     })
 //!     .build();
 //! # drop(bulkhead);
@@ -55,65 +55,34 @@ pub enum Rejection {
 
 /// A call got a permit and is about to reach the inner service.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallPermitted<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) waited: Duration,
-}
-
-impl CallPermitted<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// How long the call waited for its permit (zero when one was free at once).
-    pub fn waited(&self) -> Duration {
-        self.waited
-    }
+    pub waited: Duration,
 }
 
 /// A call was refused with [`BulkheadFull`](super::BulkheadFull).
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallRejected<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) reason: Rejection,
-}
-
-impl CallRejected<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// Why the call was refused.
-    pub fn reason(&self) -> Rejection {
-        self.reason
-    }
+    pub reason: Rejection,
 }
 
 /// A permitted call ended and is about to give its permit back.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallFinished<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) duration: Duration,
-    pub(crate) outcome: CallOutcome,
-}
-
-impl CallFinished<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// How long the permit was held, from the moment it was granted.
-    pub fn duration(&self) -> Duration {
-        self.duration
-    }
-
+    pub duration: Duration,
     /// How the call ended.
-    pub fn outcome(&self) -> CallOutcome {
-        self.outcome
-    }
+    pub outcome: CallOutcome,
 }
 
 /// Hook run when a call gets a permit, after the permit is taken.
@@ -131,11 +100,12 @@ pub(crate) struct Hooks {
     pub(crate) finished: Option<OnCallFinished>,
 }
 
-/// A point-in-time view of a bulkhead's state and counters.
+/// A view of a bulkhead's state and counters.
 ///
-/// All figures but `total_rejected` describe one instant (at any instant `total_permitted` minus
-/// `total_finished` is the number of calls holding a permit); `total_rejected` is read just
-/// after them.
+/// The figures are read one after the other, so while calls come and go they may come from
+/// instants a few nanoseconds apart: `total_finished` is read first, and `total_permitted` is
+/// never below it. While no call is in flight, `total_permitted` equals `total_finished` and
+/// every permit is free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BulkheadSnapshot {

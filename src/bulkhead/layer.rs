@@ -65,6 +65,6 @@ impl<S, M> Layer<S> for BulkheadLayer<M> {
     type Service = BulkheadService<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BulkheadService::with_mode(inner, self.bulkhead.clone())
+        BulkheadService::new(inner, self.bulkhead.clone())
     }
 }

@@ -23,16 +23,8 @@ pub struct BulkheadService<S, M = OnResponse> {
     mode: PhantomData<fn() -> M>,
 }
 
-impl<S> BulkheadService<S> {
-    /// Wraps `inner` in `bulkhead`; each call gives its permit back when its response future
-    /// completes or is dropped.
-    pub fn new(inner: S, bulkhead: Bulkhead) -> Self {
-        Self::with_mode(inner, bulkhead)
-    }
-}
-
 impl<S, M> BulkheadService<S, M> {
-    pub(crate) fn with_mode(inner: S, bulkhead: Bulkhead) -> Self {
+    pub(crate) fn new(inner: S, bulkhead: Bulkhead) -> Self {
         Self {
             inner,
             bulkhead,
@@ -44,21 +36,11 @@ impl<S, M> BulkheadService<S, M> {
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
 
 impl<S: Clone, M> Clone for BulkheadService<S, M> {
     fn clone(&self) -> Self {
-        Self::with_mode(self.inner.clone(), self.bulkhead.clone())
+        Self::new(self.inner.clone(), self.bulkhead.clone())
     }
 }
 

@@ -15,49 +15,20 @@ use crate::clock::{Clock, SystemClock};
 
 /// The limit of an adaptive bulkhead moved.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct LimitChanged<'a> {
-    bulkhead: &'a str,
-    from: usize,
-    to: usize,
-    sample: &'a Sample,
-}
-
-impl LimitChanged<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// The limit before.
-    pub fn from(&self) -> usize {
-        self.from
-    }
-
+    pub from: usize,
     /// The limit now.
-    pub fn to(&self) -> usize {
-        self.to
-    }
-
+    pub to: usize,
     /// The sample that moved it.
-    pub fn sample(&self) -> &Sample {
-        self.sample
-    }
+    pub sample: &'a Sample,
 }
 
-/// Hook run when an adaptive limit moves; implemented for `Fn(&LimitChanged<'_>)` closures.
-pub trait OnLimitChanged: Send + Sync + 'static {
-    /// Called once per change, in the order of the changes.
-    fn on_limit_changed(&self, event: &LimitChanged<'_>);
-}
-
-impl<F> OnLimitChanged for F
-where
-    F: Fn(&LimitChanged<'_>) + Send + Sync + 'static,
-{
-    fn on_limit_changed(&self, event: &LimitChanged<'_>) {
-        self(event)
-    }
-}
+/// Hook run when an adaptive limit moves.
+type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
 
 struct Control {
     algorithm: Dyn,
@@ -74,7 +45,7 @@ pub(super) struct Shared {
     control: Mutex<Control>,
     /// What a call dropped before its end counts as.
     cancelled: Verdict,
-    on_limit_changed: Option<Box<dyn OnLimitChanged>>,
+    on_limit_changed: Option<OnLimitChanged>,
     #[cfg(feature = "metrics")]
     gauge: std::sync::OnceLock<metrics::Gauge>,
 }
@@ -115,7 +86,7 @@ impl Shared {
         #[cfg(feature = "metrics")]
         self.publish_limit(to);
         if let Some(hook) = &self.on_limit_changed {
-            hook.on_limit_changed(&LimitChanged {
+            hook(&LimitChanged {
                 bulkhead: self.bulkhead.name(),
                 from,
                 to,
@@ -233,7 +204,7 @@ impl AdaptiveBulkhead {
         AdaptiveBulkheadBuilder {
             inner: Bulkhead::semaphore(name, limits.initial()),
             limits,
-            algorithm: Dyn(Box::new(Aimd::new())),
+            algorithm: Dyn(Box::new(Aimd::default())),
             clock: Box::new(SystemClock::new()),
             cancelled: Verdict::Overloaded,
             on_limit_changed: None,
@@ -300,7 +271,7 @@ pub struct AdaptiveBulkheadBuilder {
     algorithm: Dyn,
     clock: Box<dyn Clock>,
     cancelled: Verdict,
-    on_limit_changed: Option<Box<dyn OnLimitChanged>>,
+    on_limit_changed: Option<OnLimitChanged>,
 }
 
 impl AdaptiveBulkheadBuilder {
@@ -340,14 +311,16 @@ impl AdaptiveBulkheadBuilder {
     ///
     /// The hook runs under the bulkhead's lock of the algorithm, so the changes arrive in
     /// order; it must be quick and must not panic.
-    pub fn on_limit_changed(mut self, hook: impl OnLimitChanged) -> Self {
-        let hook: Box<dyn OnLimitChanged> = Box::new(hook);
+    pub fn on_limit_changed(
+        mut self,
+        hook: impl Fn(&LimitChanged<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.on_limit_changed = Some(match self.on_limit_changed.take() {
             Some(earlier) => Box::new(move |event: &LimitChanged<'_>| {
-                earlier.on_limit_changed(event);
-                hook.on_limit_changed(event);
+                earlier(event);
+                hook(event);
             }),
-            None => hook,
+            None => Box::new(hook),
         });
         self
     }

@@ -138,7 +138,7 @@ mod service;
 pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict};
 pub use error::AdaptiveConfigError;
 pub use future::ResponseFuture;
-pub use instance::{AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitChanged, OnLimitChanged};
+pub use instance::{AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitChanged};
 pub use layer::AdaptiveBulkheadLayer;
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample, MAX_RTT};
 pub use service::AdaptiveBulkheadService;

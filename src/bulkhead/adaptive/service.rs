@@ -26,12 +26,7 @@ pub struct AdaptiveBulkheadService<S, C = HttpOverload> {
 }
 
 impl<S, C> AdaptiveBulkheadService<S, C> {
-    /// Wraps `inner` in `bulkhead`, judging its answers with `classifier`.
-    pub fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: C) -> Self {
-        Self::shared(inner, bulkhead, Arc::new(classifier))
-    }
-
-    pub(super) fn shared(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
+    pub(super) fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
         Self {
             inner,
             bulkhead,
@@ -42,21 +37,6 @@ impl<S, C> AdaptiveBulkheadService<S, C> {
     /// The bulkhead in front of the inner service.
     pub fn bulkhead(&self) -> &AdaptiveBulkhead {
         &self.bulkhead
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
     }
 }
 
