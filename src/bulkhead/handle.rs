@@ -14,6 +14,40 @@ use super::permits::Permits;
 /// Build one per downstream dependency with [`Bulkhead::semaphore`] or [`Bulkhead::queue`], keep
 /// a clone to read [`snapshot`](Bulkhead::snapshot) or change the limit, and wrap the client with
 /// [`layer`](Bulkhead::layer).
+///
+/// # Errors
+///
+/// The services it makes fail with [`BoxError`](crate::BoxError): a call refused by the
+/// bulkhead holds a [`BulkheadFull`](super::BulkheadFull) (no permit free and no room, or no
+/// time left, to wait for one); any other error is the inner service's, unchanged.
+///
+/// # Examples
+///
+/// A queue bulkhead of two calls at once and four waiting, whose limit is then lowered:
+///
+/// ```
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_bulwark::bulkhead::Bulkhead;
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let search = Bulkhead::queue("search", 2, 4).build();
+/// let client = ServiceBuilder::new()
+///     .layer(search.layer())
+///     .service(service_fn(|query: &'static str| async move {
+///         Ok::<_, BoxError>(query.len())
+///     }));
+/// assert_eq!(client.clone().oneshot("tower").await?, 5);
+///
+/// search.set_max_concurrent_calls(1);
+/// assert_eq!(client.oneshot("bulwark").await?, 7);
+/// let snapshot = search.snapshot();
+/// assert_eq!(snapshot.max_allowed_concurrent_calls, 1);
+/// assert_eq!(snapshot.total_permitted, 2);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Bulkhead {
     pub(crate) permits: Arc<Permits>,

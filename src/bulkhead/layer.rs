@@ -15,6 +15,38 @@ use super::service::BulkheadService;
 /// [`Bulkhead::body_layer`]).
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
+///
+/// # Errors
+///
+/// Its services fail with [`BoxError`](crate::BoxError), holding a
+/// [`BulkheadFull`](super::BulkheadFull) when the bulkhead refused the call, or the inner
+/// service's error.
+///
+/// # Examples
+///
+/// The permit of a call whose body is streamed lasts until the body has been read:
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_bulwark::bulkhead::{Bulkhead, BulkheadLayer};
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let reports = Bulkhead::semaphore("reports", 1).build();
+/// let client = BulkheadLayer::until_body_end(reports.clone()).layer(service_fn(|_: ()| async {
+///     Ok::<_, BoxError>(http::Response::new(Full::new(Bytes::from_static(b"report"))))
+/// }));
+/// let response = client.oneshot(()).await?;
+/// assert_eq!(reports.snapshot().available_concurrent_calls, 0);
+/// let body = response.into_body().collect().await?.to_bytes();
+/// assert_eq!(body, "report");
+/// assert_eq!(reports.snapshot().available_concurrent_calls, 1);
+/// # Ok(())
+/// # }
+/// ```
 pub struct BulkheadLayer<M = OnResponse> {
     bulkhead: Bulkhead,
     mode: PhantomData<fn() -> M>,

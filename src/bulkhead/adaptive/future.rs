@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::classify::Classify;
-use super::instance::Sampler;
+use super::controller::Sampler;
 use crate::bulkhead::error::BulkheadFull;
 use crate::bulkhead::permits::{Ending, Permit};
 use crate::BoxError;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::classify::HttpOverload;
-use super::instance::AdaptiveBulkhead;
+use super::handle::AdaptiveBulkhead;
 use super::service::AdaptiveBulkheadService;
 
 /// Wraps a service in an [`AdaptiveBulkhead`]; each permit is held until the response future

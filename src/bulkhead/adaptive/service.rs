@@ -8,8 +8,9 @@ use std::time::Duration;
 use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
+use super::controller::Sampler;
 use super::future::{ResponseFuture, RunningCall};
-use super::instance::{AdaptiveBulkhead, Sampler};
+use super::handle::AdaptiveBulkhead;
 use crate::bulkhead::events::Rejection;
 use crate::bulkhead::permits::Permit;
 use crate::BoxError;
@@ -32,11 +33,6 @@ impl<S, C> AdaptiveBulkheadService<S, C> {
             bulkhead,
             classifier,
         }
-    }
-
-    /// The bulkhead in front of the inner service.
-    pub fn bulkhead(&self) -> &AdaptiveBulkhead {
-        &self.bulkhead
     }
 }
 
@@ -74,8 +70,8 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let adaptive = &self.bulkhead.shared;
-        let permits = &adaptive.bulkhead.permits;
+        let controller = &self.bulkhead.controller;
+        let permits = &controller.bulkhead.permits;
         let classifier = Arc::clone(&self.classifier);
         // An adaptive bulkhead never queues: a call that finds no free permit is refused.
         let Some(permit) = permits.try_acquire() else {
@@ -85,7 +81,7 @@ where
         // permit back (and is no sample).
         let call = RunningCall {
             permit: Permit::granted(Arc::clone(permits), permit, Duration::ZERO),
-            sampler: Sampler::start(Arc::clone(adaptive)),
+            sampler: Sampler::start(Arc::clone(controller)),
         };
         let future = self.inner.call(request);
         ResponseFuture::running(future, call, classifier)

@@ -1,189 +1,17 @@
-//! One named adaptive bulkhead: its permits, its algorithm and its current limit.
+//! The handle of one named adaptive bulkhead, and its builder.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use super::classify::Verdict;
+use super::controller::{AlgorithmState, Controller, LimitChanged, OnLimitChanged};
 use super::layer::AdaptiveBulkheadLayer;
-use super::limit::{Aimd, Dyn, LimitAlgorithm, Limits, Sample};
+use super::limit::{Aimd, Dyn, LimitAlgorithm, Limits};
 use crate::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
 };
 use crate::clock::{Clock, SystemClock};
-
-/// The limit of an adaptive bulkhead moved.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub struct LimitChanged<'a> {
-    /// The name of the bulkhead.
-    pub bulkhead: &'a str,
-    /// The limit before.
-    pub from: usize,
-    /// The limit now.
-    pub to: usize,
-    /// The sample that moved it.
-    pub sample: &'a Sample,
-}
-
-/// Hook run when an adaptive limit moves.
-type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
-
-struct Control {
-    algorithm: Dyn,
-    limits: Limits,
-}
-
-pub(super) struct Shared {
-    pub(super) bulkhead: Bulkhead,
-    clock: Box<dyn Clock>,
-    /// Calls holding a permit; raised after the permit is taken and lowered before it is given
-    /// back, so it never counts more than the semaphore does.
-    in_flight: AtomicUsize,
-    limit: AtomicUsize,
-    control: Mutex<Control>,
-    /// What a call dropped before its end counts as.
-    cancelled: Verdict,
-    on_limit_changed: Option<OnLimitChanged>,
-    #[cfg(feature = "metrics")]
-    gauge: std::sync::OnceLock<metrics::Gauge>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Control> {
-        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
-        self.control.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn nanos(&self) -> u64 {
-        self.clock.now()
-    }
-
-    /// Feeds one sample to the algorithm and applies the limit it returns.
-    fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
-        let mut control = self.lock();
-        // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
-        // order: a sample read before another but recorded after it would otherwise look like a
-        // clock that went back, and start its round again.
-        let now = self.nanos();
-        let from = self.limit.load(Ordering::Relaxed);
-        let sample = Sample::new(
-            Duration::from_nanos(now),
-            Duration::from_nanos(now.saturating_sub(started)),
-            in_flight,
-            from,
-        )
-        .admitted_under(admitted_under)
-        .overloaded(overloaded);
-        let Control { algorithm, limits } = &mut *control;
-        let to = limits.clamp(algorithm.0.update(&sample, limits));
-        if to == from {
-            return;
-        }
-        self.limit.store(to, Ordering::Relaxed);
-        self.bulkhead.set_max_concurrent_calls(to);
-        #[cfg(feature = "metrics")]
-        self.publish_limit(to);
-        if let Some(hook) = &self.on_limit_changed {
-            hook(&LimitChanged {
-                bulkhead: self.bulkhead.name(),
-                from,
-                to,
-                sample: &sample,
-            });
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    fn publish_limit(&self, limit: usize) {
-        self.gauge
-            .get_or_init(|| {
-                metrics::gauge!(
-                    crate::observe::metric_names::BULKHEAD_MAX,
-                    "name" => self.bulkhead.name().to_owned()
-                )
-            })
-            .set(limit as f64);
-    }
-}
-
-/// The sample of one admitted call, taken when it ends: by [`finish`](Self::finish) with the
-/// classifier's verdict, or, when it is dropped first, as a cancelled call (or, while the thread
-/// unwinds from a panic or after a panic in its future or classifier, as no sample at all).
-pub(super) struct Sampler {
-    shared: Arc<Shared>,
-    started: u64,
-    in_flight: usize,
-    /// The limit in force when the call was admitted.
-    admitted_under: usize,
-    /// Set while the call's future or the classifier runs: dropped in that state, the call
-    /// panicked (the panic was caught above and the future dropped after the unwinding).
-    pub(super) in_poll: bool,
-    /// Set at the call's first poll: a call dropped before it never reached the dependency
-    /// (its future had not started), so it says nothing about it.
-    pub(super) polled: bool,
-    ended: bool,
-}
-
-impl Sampler {
-    /// Called right after the permit was taken.
-    pub(super) fn start(shared: Arc<Shared>) -> Self {
-        let in_flight = shared.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        let admitted_under = shared.limit.load(Ordering::Relaxed);
-        let started = shared.nanos();
-        Self {
-            shared,
-            started,
-            in_flight,
-            admitted_under,
-            in_poll: false,
-            polled: false,
-            ended: false,
-        }
-    }
-
-    /// Ends the call with `verdict`.
-    pub(super) fn finish(mut self, verdict: Verdict) {
-        self.end(verdict);
-    }
-
-    fn end(&mut self, verdict: Verdict) {
-        if std::mem::replace(&mut self.ended, true) {
-            return;
-        }
-        let shared = &*self.shared;
-        shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match verdict {
-            Verdict::Healthy => {
-                shared.record(self.started, self.in_flight, self.admitted_under, false)
-            }
-            Verdict::Overloaded => {
-                shared.record(self.started, self.in_flight, self.admitted_under, true)
-            }
-            Verdict::Ignored => {}
-        }
-    }
-}
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        let verdict = if self.in_poll || !self.polled || std::thread::panicking() {
-            Verdict::Ignored
-        } else {
-            self.shared.cancelled
-        };
-        self.end(verdict);
-    }
-}
-
-impl fmt::Debug for Sampler {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sampler")
-            .field("bulkhead", &self.shared.bulkhead.name())
-            .finish_non_exhaustive()
-    }
-}
 
 /// A named bulkhead whose limit of concurrent calls follows the dependency, shared by every
 /// clone and every service made from it.
@@ -191,9 +19,41 @@ impl fmt::Debug for Sampler {
 /// Build one per dependency with [`AdaptiveBulkhead::builder`], keep a clone to read
 /// [`limit`](Self::limit) or [`snapshot`](Self::snapshot), and wrap the client with
 /// [`layer`](Self::layer).
+///
+/// # Errors
+///
+/// Its services fail with [`BoxError`](crate::BoxError): a call that finds the limit reached
+/// holds a [`BulkheadFull`](crate::bulkhead::BulkheadFull); any other error is the inner
+/// service's. Building its [`Limits`] and algorithms checks their settings and returns an
+/// [`AdaptiveConfigError`](super::AdaptiveConfigError) for one out of range.
+///
+/// # Examples
+///
+/// ```
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_bulwark::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Limits};
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let payment = AdaptiveBulkhead::builder("payment")
+///     .limits(Limits::new(2, 4, 64)?)
+///     .algorithm(Aimd::default().backoff(0.5)?)
+///     .build();
+/// let client = ServiceBuilder::new()
+///     .layer(payment.layer())
+///     .service(service_fn(|_: ()| async {
+///         Ok::<_, BoxError>(http::Response::new(()))
+///     }));
+/// client.oneshot(()).await?;
+/// assert_eq!(payment.limit(), 4);
+/// assert_eq!(payment.snapshot().total_finished, 1);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct AdaptiveBulkhead {
-    pub(super) shared: Arc<Shared>,
+    pub(super) controller: Arc<Controller>,
 }
 
 impl AdaptiveBulkhead {
@@ -213,30 +73,30 @@ impl AdaptiveBulkhead {
 
     /// The bulkhead's name, as given to its builder.
     pub fn name(&self) -> &str {
-        self.shared.bulkhead.name()
+        self.controller.bulkhead.name()
     }
 
     /// The current limit of concurrent calls.
     pub fn limit(&self) -> usize {
-        self.shared.limit.load(Ordering::Relaxed)
+        self.controller.limit.load(Ordering::Relaxed)
     }
 
     /// The bounds the limit moves within.
     pub fn limits(&self) -> Limits {
-        self.shared.lock().limits
+        self.controller.lock().limits
     }
 
     /// The current figures: free permits, the current limit (`max_allowed_concurrent_calls`) and
     /// the running totals of permitted, refused and finished calls.
     pub fn snapshot(&self) -> BulkheadSnapshot {
-        self.shared.bulkhead.snapshot()
+        self.controller.bulkhead.snapshot()
     }
 
     /// Sets this bulkhead's gauges in the `metrics` facade from its current state (the limit
     /// gauge is also set each time the limit moves).
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
-        self.shared.bulkhead.publish_gauges();
+        self.controller.bulkhead.publish_gauges();
     }
 
     /// A layer judging answers with [`HttpOverload`](super::HttpOverload); change it with
@@ -359,12 +219,12 @@ impl AdaptiveBulkheadBuilder {
         let bulkhead = self.inner.build();
         let initial = self.limits.initial();
         bulkhead.set_max_concurrent_calls(initial);
-        let shared = Shared {
+        let controller = Controller {
             bulkhead,
             clock: self.clock,
             in_flight: AtomicUsize::new(0),
             limit: AtomicUsize::new(initial),
-            control: Mutex::new(Control {
+            control: Mutex::new(AlgorithmState {
                 algorithm: self.algorithm,
                 limits: self.limits,
             }),
@@ -374,7 +234,7 @@ impl AdaptiveBulkheadBuilder {
             gauge: std::sync::OnceLock::new(),
         };
         AdaptiveBulkhead {
-            shared: Arc::new(shared),
+            controller: Arc::new(controller),
         }
     }
 }
