@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::classify::Verdict;
-use super::limit::{Dyn, Limits, Sample};
+use super::limit::{BoxedAlgorithm, Limits, Sample};
 use crate::bulkhead::Bulkhead;
 use crate::clock::Clock;
 
@@ -30,7 +30,7 @@ pub(super) type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
 
 /// The algorithm and the bounds it moves the limit within.
 pub(super) struct AlgorithmState {
-    pub(super) algorithm: Dyn,
+    pub(super) algorithm: BoxedAlgorithm,
     pub(super) limits: Limits,
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::classify::Verdict;
 use super::controller::{AlgorithmState, Controller, LimitChanged, OnLimitChanged};
 use super::layer::AdaptiveBulkheadLayer;
-use super::limit::{Aimd, Dyn, LimitAlgorithm, Limits};
+use super::limit::{Aimd, BoxedAlgorithm, LimitAlgorithm, Limits};
 use crate::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
 };
@@ -64,7 +64,7 @@ impl AdaptiveBulkhead {
         AdaptiveBulkheadBuilder {
             inner: Bulkhead::semaphore(name, limits.initial()),
             limits,
-            algorithm: Dyn(Box::new(Aimd::default())),
+            algorithm: BoxedAlgorithm(Box::new(Aimd::default())),
             clock: Box::new(SystemClock::new()),
             cancelled: Verdict::Overloaded,
             on_limit_changed: None,
@@ -128,7 +128,7 @@ impl fmt::Debug for AdaptiveBulkhead {
 pub struct AdaptiveBulkheadBuilder {
     inner: BulkheadBuilder,
     limits: Limits,
-    algorithm: Dyn,
+    algorithm: BoxedAlgorithm,
     clock: Box<dyn Clock>,
     cancelled: Verdict,
     on_limit_changed: Option<OnLimitChanged>,
@@ -143,7 +143,7 @@ impl AdaptiveBulkheadBuilder {
 
     /// The algorithm that moves the limit (default: [`Aimd`]).
     pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
-        self.algorithm = Dyn(Box::new(algorithm));
+        self.algorithm = BoxedAlgorithm(Box::new(algorithm));
         self
     }
 

@@ -484,9 +484,9 @@ impl LimitAlgorithm for Gradient {
 }
 
 /// A boxed algorithm, for the bulkhead's state.
-pub(super) struct Dyn(pub(super) Box<dyn LimitAlgorithm>);
+pub(super) struct BoxedAlgorithm(pub(super) Box<dyn LimitAlgorithm>);
 
-impl fmt::Debug for Dyn {
+impl fmt::Debug for BoxedAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("LimitAlgorithm")
     }
