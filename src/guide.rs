@@ -258,11 +258,7 @@
 //! **What the pushback reads, and how.** `Retry-After` on a 429 or 503: delta-seconds, or an
 //! HTTP-date read against the response's `Date` (the server's own clock) or, without one, the
 //! system time. `RateLimit` and `RateLimit-Policy` of draft-11 on any response, parsed as
-//! Structured Fields by the crate's own reader of the RFC 9651 List grammar (it is checked to
-//! accept exactly what the `sfv` crate accepts and read the same names and integers, on
-//! arbitrary input: `agrees_with_sfv` in `src/outbound/pushback/sf.rs`). The crate reads the small
-//! subset it needs rather than depend on `sfv`: the layer is always built, and `sfv` would bring
-//! three crates for a few hundred bytes of input. `X-RateLimit-Remaining` with
+//! Structured Fields (RFC 9651) by the `sfv` crate. `X-RateLimit-Remaining` with
 //! `X-RateLimit-Reset`, whose value is seconds from now below 10^9 and a Unix time from there on:
 //! 10^9 seconds from now would be 31 years, and 10^9 as a Unix time is September 2001, so no
 //! value of either kind that a real server sends falls on the wrong side.

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use tower_bulwark::config::{AlgorithmKind, Config, KeyKind};
+use tower_bulwark::config::{AlgorithmKind, Config, ForwardedHeader, KeyKind, Registry};
+use tower_bulwark::rate_limit::Cidr;
 
 const GOOD: &str = r#"
 [rate_limiters.api]
@@ -112,7 +113,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
             "[rate_limiters.api]\nlimit_for_period = \"ten\"\nlimit_refresh_period = \"1s\"\n"
                 .into(),
             "rate_limiters.api.limit_for_period",
-            "must be an integer, not string",
+            "string \"ten\", expected an integer",
         ),
         (
             with("limit_for_periods = 3"),
@@ -123,7 +124,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         (
             with("algorithm = \"token_bucket\""),
             "rate_limiters.api.algorithm",
-            "unknown algorithm `token_bucket`",
+            "unknown variant `token_bucket`",
         ),
         (
             with("key = \"cookie\""),
@@ -148,13 +149,38 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         (
             with("key = \"global\"\ntrusted_proxies = [\"10.0.0.0/8\"]"),
             "rate_limiters.api.trusted_proxies",
-            "only to key = \"peer_ip\"",
+            "only to key = \"forwarded_ip\"",
+        ),
+        (
+            with("key = \"peer_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]"),
+            "rate_limiters.api.trusted_proxies",
+            "only to key = \"forwarded_ip\"",
+        ),
+        (
+            with("key = \"forwarded_ip\""),
+            "rate_limiters.api.trusted_proxies",
+            "is required",
+        ),
+        (
+            with("key = \"forwarded_ip\"\ntrusted_proxies = []"),
+            "rate_limiters.api.trusted_proxies",
+            "at least one proxy",
+        ),
+        (
+            with("forwarded_header = \"forwarded\""),
+            "rate_limiters.api.forwarded_header",
+            "only to key = \"forwarded_ip\"",
+        ),
+        (
+            with("key = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]\nforwarded_header = \"x-real-ip\""),
+            "rate_limiters.api.forwarded_header",
+            "unknown variant `x-real-ip`",
         ),
         (with("max_keys = 0"), "rate_limiters.api.max_keys", "at least 1"),
         (
             with("hide_keys = \"yes\""),
             "rate_limiters.api.hide_keys",
-            "true or false",
+            "expected a boolean",
         ),
         (
             "[bulkheads.payment]\nmax_concurrent_calls = 0\n".into(),
@@ -184,7 +210,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         (
             "[circuit_breakers.db]\nfailure_rate = 50\n".into(),
             "circuit_breakers",
-            "unknown section",
+            "unknown field `circuit_breakers`",
         ),
         (
             "rate_limiters = 3\n".into(),
@@ -199,7 +225,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         (
             with("store = \"disk\""),
             "rate_limiters.api.store",
-            "unknown store `disk`",
+            "unknown variant `disk`",
         ),
         (
             with("redis_url = \"redis://127.0.0.1/\""),
@@ -230,7 +256,7 @@ fn redis_settings_are_checked() {
         (
             "redis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"retry\"",
             "rate_limiters.api.redis_fail_mode",
-            "unknown mode `retry`",
+            "unknown variant `retry`",
         ),
         (
             "redis_url = \"redis://127.0.0.1/\"\nfallback_limit_for_period = 3",
@@ -240,12 +266,12 @@ fn redis_settings_are_checked() {
         (
             "redis_url = \"redis://127.0.0.1/\"\non_redis_failure = \"fail_open\"",
             "rate_limiters.api.on_redis_failure",
-            "was renamed `redis_fail_mode`",
+            "unknown field `on_redis_failure`",
         ),
         (
             "redis_url = \"redis://127.0.0.1/\"\nlocal_limit_for_period = 3",
             "rate_limiters.api.local_limit_for_period",
-            "was renamed `fallback_limit_for_period`",
+            "unknown field `local_limit_for_period`",
         ),
         (
             "redis_url = \"redis://127.0.0.1/\"\nredis_timeout = 50",
@@ -267,6 +293,106 @@ fn redis_settings_are_checked() {
         ok.rate_limiters["api"].store,
         tower_bulwark::config::StoreKind::Redis(_)
     ));
+}
+
+#[test]
+fn a_forwarded_key_reads_its_proxies_and_header() {
+    let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\nkey = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::/32\"]\n";
+    let proxies: Vec<Cidr> = vec![
+        "10.0.0.0/8".parse().unwrap(),
+        "2001:db8::/32".parse().unwrap(),
+    ];
+    for (extra, header) in [
+        ("", ForwardedHeader::XForwardedFor),
+        (
+            "forwarded_header = \"x-forwarded-for\"\n",
+            ForwardedHeader::XForwardedFor,
+        ),
+        (
+            "forwarded_header = \"forwarded\"\n",
+            ForwardedHeader::Forwarded,
+        ),
+    ] {
+        let config = Config::from_toml_str(&format!("{base}{extra}")).unwrap();
+        assert_eq!(
+            config.rate_limiters["api"].key,
+            KeyKind::ForwardedIp {
+                header,
+                trusted_proxies: proxies.clone(),
+            }
+        );
+    }
+}
+
+/// Every error found in TOML text carries the line and column of the value at fault (of the
+/// instance, for a field that is missing), whether toml or the validation found it; an error
+/// of a `Config` built in code has none.
+#[test]
+fn errors_from_text_name_the_line_and_column() {
+    let limiter = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n";
+    let cases = [
+        // Found by the validation: a value out of range.
+        (
+            format!("{limiter}burst = 0\n"),
+            "rate_limiters.api.burst",
+            (4, 9),
+        ),
+        // Found by toml: a value of the wrong type, and an unknown field.
+        (
+            format!("{limiter}burst = \"5\"\n"),
+            "rate_limiters.api.burst",
+            (4, 9),
+        ),
+        (
+            format!("{limiter}bust = 5\n"),
+            "rate_limiters.api.bust",
+            (4, 1),
+        ),
+        // A duration without a unit.
+        (
+            format!("{limiter}max_wait = 250\n"),
+            "rate_limiters.api.max_wait",
+            (4, 12),
+        ),
+        // A missing field: where its instance is.
+        (
+            "\n[bulkheads.payment]\nmax_wait = \"1s\"\n".to_owned(),
+            "bulkheads.payment.max_concurrent_calls",
+            (2, 12),
+        ),
+        // A name that points nowhere, in a list.
+        (
+            format!("{limiter}[routes.r]\npolicies = [\"api\", \"nope\"]\n"),
+            "routes.r.policies[1]",
+            (5, 20),
+        ),
+        // An unknown section.
+        (
+            "[circuit_breakers.db]\nx = 1\n".to_owned(),
+            "circuit_breakers",
+            (1, 2),
+        ),
+    ];
+    for (text, path, (line, column)) in cases {
+        let err = Config::from_toml_str(&text).expect_err(&text);
+        assert_eq!(err.path(), path, "{text}\n-> {err}");
+        assert_eq!(err.position(), Some((line, column)), "{text}\n-> {err}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(&format!("`{path}` (line {line}, column {column})")),
+            "{shown}"
+        );
+    }
+    // An error of building an instance (a name no header can carry) from text has its
+    // position too; from a `Config` built in code, only its path.
+    let text = "\n[rate_limiters.\"a\\tb\"]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n";
+    let err = Registry::from_toml_str(text).unwrap_err();
+    assert_eq!(err.path(), "rate_limiters.a\tb", "{err}");
+    assert_eq!(err.position(), Some((2, 16)), "{err}");
+    let err = Registry::from_config(&Config::from_toml_str(text).unwrap()).unwrap_err();
+    assert_eq!(err.path(), "rate_limiters.a\tb", "{err}");
+    assert_eq!(err.position(), None, "{err}");
+    assert!(!err.to_string().contains("line"), "{err}");
 }
 
 #[test]

@@ -117,6 +117,13 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         ),
         (with("algorithm = \"GCRA\""), "rate_limiters.api.algorithm"),
         (with("algorithm = \"\""), "rate_limiters.api.algorithm"),
+        // An enum is a string: the table form serde could read is no way to write one.
+        (with("algorithm = { gcra = {} }"), "rate_limiters.api.algorithm"),
+        (with("algorithm = { gcra = 1 }"), "rate_limiters.api.algorithm"),
+        (
+            with("key = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]\nforwarded_header = { forwarded = {} }"),
+            "rate_limiters.api.forwarded_header",
+        ),
         (with("store = \"disk\""), "rate_limiters.api.store"),
         (
             with("[rate_limiters.api.nested]\nx = 1"),
@@ -149,6 +156,14 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
             .expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert!(!err.message().is_empty());
+        // The line and column point at the field (or the instance) at fault.
+        let (line, column) = err.position().expect("an error from text has a position");
+        let field = path.rsplit('.').next().unwrap();
+        let shown = text.lines().nth(line - 1).unwrap_or_default();
+        assert!(
+            shown.contains(field) && column <= shown.chars().count(),
+            "{text}\n-> {err}"
+        );
     }
 
     // Instance names that cannot be a policy name in a header are errors of the registry.

@@ -82,22 +82,22 @@ fn every_bad_value_is_an_error_naming_its_path() {
         ("[pushbacks.p]\nmax_hold = \"0s\"\n", "pushbacks.p.max_hold", "more than zero"),
         ("[pushbacks.p]\nmax_hold = \"50000d\"\n", "pushbacks.p.max_hold", "too long"),
         ("[pushbacks.p]\nmax_hold = 600\n", "pushbacks.p.max_hold", "no unit"),
-        ("[pushbacks.p]\npacing = \"fast\"\n", "pushbacks.p.pacing", "until_spent or spread"),
-        ("[pushbacks.p]\npacing = 1\n", "pushbacks.p.pacing", "must be a string"),
-        ("[pushbacks.p]\nretry = true\n", "pushbacks.p.retry", "max_wait, max_hold, pacing"),
+        ("[pushbacks.p]\npacing = \"fast\"\n", "pushbacks.p.pacing", "expected `until_spent` or `spread`"),
+        ("[pushbacks.p]\npacing = 1\n", "pushbacks.p.pacing", "integer `1`, expected a string"),
+        ("[pushbacks.p]\nretry = true\n", "pushbacks.p.retry", "`max_wait`, `max_hold`, `pacing`"),
         ("[pushbacks]\np = 3\n", "pushbacks.p", "table of settings"),
         ("pushbacks = 3\n", "pushbacks", "table of named instances"),
         // Client quotas.
         ("[client_quotas.q]\ncost = 1\n", "client_quotas.q.limiter", "is required"),
-        ("[client_quotas.q]\nlimiter = 5\n", "client_quotas.q.limiter", "must be a string"),
+        ("[client_quotas.q]\nlimiter = 5\n", "client_quotas.q.limiter", "integer `5`, expected a string"),
         ("[client_quotas.q]\nlimiter = \"nope\"\n", "client_quotas.q.limiter", "`nope`, which is not under `rate_limiters`"),
         ("[client_quotas.q]\nlimiter = \"lim\"\ncost = 0\n", "client_quotas.q.cost", "at least 1"),
         ("[client_quotas.q]\nlimiter = \"lim\"\ncost = -3\n", "client_quotas.q.cost", "at least 1"),
         ("[client_quotas.q]\nlimiter = \"lim\"\ncost = 4294967296\n", "client_quotas.q.cost", "at most 4294967295"),
-        ("[client_quotas.q]\nlimiter = \"lim\"\ncost = \"1\"\n", "client_quotas.q.cost", "must be an integer"),
+        ("[client_quotas.q]\nlimiter = \"lim\"\ncost = \"1\"\n", "client_quotas.q.cost", "string \"1\", expected an integer"),
         ("[client_quotas.q]\nlimiter = \"lim\"\ncost = 5\n", "client_quotas.q.cost", "more than the burst of rate limiter `lim` (4)"),
         // One name per idea: a route's policy names its rate limiter `limiter`, so does this.
-        ("[client_quotas.q]\nrate_limiter = \"lim\"\n", "client_quotas.q.rate_limiter", "expected one of limiter, cost"),
+        ("[client_quotas.q]\nrate_limiter = \"lim\"\n", "client_quotas.q.rate_limiter", "expected `limiter` or `cost`"),
         ("[client_quotas]\nq = \"lim\"\n", "client_quotas.q", "table of settings"),
         // Outbound calls have no peer to key by.
         (
@@ -110,7 +110,7 @@ fn every_bad_value_is_an_error_naming_its_path() {
             "client_quotas.q.limiter",
             "whose key is not \"global\"",
         ),
-        ("[outbound.q]\nlimiter = \"lim\"\n", "outbound", "`pushbacks` or `client_quotas`"),
+        ("[outbound.q]\nlimiter = \"lim\"\n", "outbound", "unknown field `outbound`"),
     ];
     for (body, path, fragment) in cases {
         // Top-level keys come before the first table.
@@ -212,6 +212,8 @@ mod hostile {
                 Err(err) => {
                     prop_assert_eq!(err.path(), format!("pushbacks.{name}.{field}"));
                     prop_assert!(!err.message().is_empty());
+                    // The field's line, at its value (after `field = `).
+                    prop_assert_eq!(err.position(), Some((2, field.len() + 4)));
                 }
             }
             if field != "pacing" {

@@ -281,3 +281,43 @@ fn changes_that_cannot_apply_in_place_refuse_the_whole_reload() {
         Reloaded::default()
     );
 }
+
+/// A forwarded key's proxies and header are fixed, like the key: changing them is refused at
+/// the field, and the running limiter keeps the proxies it trusts.
+#[test]
+fn a_forwarded_key_s_proxies_and_header_cannot_change_in_place() {
+    let before = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1h\"\nkey = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]\n";
+    let registry = Registry::from_toml_str(before).unwrap();
+    let cases = [
+        (
+            before.replace("10.0.0.0/8", "0.0.0.0/0"),
+            "rate_limiters.api.trusted_proxies",
+            (5, 19),
+        ),
+        (
+            format!("{before}forwarded_header = \"forwarded\"\n"),
+            "rate_limiters.api.forwarded_header",
+            (6, 20),
+        ),
+        (
+            before.replace(
+                "key = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\"]\n",
+                "",
+            ),
+            "rate_limiters.api.key",
+            (1, 16),
+        ),
+    ];
+    for (text, path, position) in cases {
+        let text = text.replace("limit_for_period = 10", "limit_for_period = 20");
+        let err = registry.reload_toml_str(&text).unwrap_err();
+        assert_eq!(err.path(), path, "{text}\n{err}");
+        assert_eq!(err.position(), Some(position), "{text}\n{err}");
+        assert!(err.message().contains("new registry"), "{err}");
+        assert_eq!(registry.rate_limiter("api").unwrap().quota().permits(), 10);
+    }
+    assert_eq!(
+        registry.reload_toml_str(before).unwrap(),
+        Reloaded::default()
+    );
+}

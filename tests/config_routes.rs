@@ -181,7 +181,7 @@ fn bad_routes_are_errors_that_name_the_place() {
         (
             "[routes.r]\npolicies = [3]\n",
             "routes.r.policies[0]",
-            "not integer",
+            "integer `3`, expected a rate limiter name",
         ),
         (
             "[routes.r]\npolicies = [\"a\"]\nexempt_networks = [\"10.0.0.0/33\"]\n",
@@ -191,7 +191,7 @@ fn bad_routes_are_errors_that_name_the_place() {
         (
             "[routes.r]\npolicies = \"a\"\n",
             "routes.r.policies",
-            "must be a list",
+            "string \"a\", expected a sequence",
         ),
     ];
     for (route, path, message) in cases {
@@ -202,6 +202,18 @@ fn bad_routes_are_errors_that_name_the_place() {
             "{route:?}: {text}"
         );
     }
+}
+
+/// A `Config` built in code gets the file's checks of the names its instances give: a route
+/// naming a rate limiter that is not there is refused when the registry is built.
+#[test]
+fn a_route_built_in_code_naming_no_limiter_is_refused() {
+    let mut config = Config::from_toml_str(FILE).unwrap();
+    config.rate_limiters.remove("per-key");
+    let err = Registry::from_config(&config).unwrap_err();
+    assert_eq!(err.path(), "routes.items.policies[1]", "{err}");
+    assert!(err.message().contains("`per-key`"), "{err}");
+    assert_eq!(err.position(), None);
 }
 
 #[test]
@@ -227,4 +239,107 @@ fn an_unknown_route_and_a_changed_route_are_errors() {
         20,
         "a refused reload changes nothing"
     );
+}
+
+/// Behind a load balancer every connection comes from the balancer. `forwarded_ip` keys each
+/// request by the client the trusted balancers forward; a peer that is not one of them is keyed
+/// by its own address, whatever forwarding header it wrote.
+const BEHIND_BALANCER: &str = r#"
+[rate_limiters.by-xff]
+limit_for_period = 2
+limit_refresh_period = "1h"
+key = "forwarded_ip"
+trusted_proxies = ["10.0.0.0/8"]
+
+[rate_limiters.by-forwarded]
+limit_for_period = 2
+limit_refresh_period = "1h"
+key = "forwarded_ip"
+trusted_proxies = ["10.0.0.0/8"]
+forwarded_header = "forwarded"
+
+[routes.xff]
+policies = ["by-xff"]
+
+[routes.rfc]
+policies = ["by-forwarded"]
+"#;
+
+async fn forwarded_from(
+    app: &Router,
+    peer: [u8; 4],
+    header: &str,
+    value: &str,
+) -> http::StatusCode {
+    let request = Request::get("/")
+        .header(header, value)
+        .body(Body::empty())
+        .unwrap();
+    app.clone()
+        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn a_forwarded_key_gives_each_client_behind_the_balancer_its_own_budget() {
+    let registry = Registry::from_toml_str(BEHIND_BALANCER).unwrap();
+    let app = |route: &str| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(registry.route_layer(route).unwrap())
+    };
+    let balancer = [10, 0, 0, 2];
+    for (app, header, prefix) in [
+        (app("xff"), "x-forwarded-for", ""),
+        (app("rfc"), "forwarded", "for="),
+    ] {
+        let client = |ip: &str| format!("{prefix}{ip}");
+        // Client A spends its 2 through the balancer.
+        for _ in 0..2 {
+            let status = forwarded_from(&app, balancer, header, &client("198.51.100.7")).await;
+            assert_eq!(status, StatusCode::OK, "{header}");
+        }
+        let status = forwarded_from(&app, balancer, header, &client("198.51.100.7")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{header}");
+        // Client B, through the same balancer, has a budget of its own.
+        let status = forwarded_from(&app, balancer, header, &client("198.51.100.8")).await;
+        assert_eq!(status, StatusCode::OK, "{header}");
+        // What B wrote before the balancer's entry does not choose the key: it is still B's
+        // second request, then B is refused whatever it writes.
+        let spoofed = format!("{}, {}", client("192.0.2.1"), client("198.51.100.8"));
+        assert_eq!(
+            forwarded_from(&app, balancer, header, &spoofed).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        let spoofed = format!("{}, {}", client("192.0.2.2"), client("198.51.100.8"));
+        assert_eq!(
+            forwarded_from(&app, balancer, header, &spoofed).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{header}"
+        );
+
+        // A peer that is no balancer, claiming to forward A (spent): keyed by itself, so it is
+        // neither refused on A's budget...
+        let stranger = [203, 0, 113, 5];
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.7")).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        // ...nor given a fresh budget by a fresh address each time.
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.50")).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.51")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{header}"
+        );
+    }
 }

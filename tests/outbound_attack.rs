@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -157,6 +157,32 @@ async fn an_older_stricter_answer_still_tightens() {
     assert_eq!(pushback.held_for(), Duration::from_secs(30));
 }
 
+/// What an older answer spent is part of the quota in force, not a `Retry-After`: a newer
+/// answer saying the window has reset lets calls go again.
+#[tokio::test]
+async fn a_newer_answer_lifts_what_an_older_one_spent() {
+    let (pushback, _clock) = manual();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (early_tx, early) = start(&client).await;
+    let (late_tx, late) = start(&client).await;
+    late_tx
+        .send(response(200, &[("ratelimit", r#""p";r=50;t=60"#)]))
+        .unwrap();
+    late.await.unwrap();
+    early_tx
+        .send(response(200, &[("ratelimit", r#""p";r=0;t=30"#)]))
+        .unwrap();
+    early.await.unwrap();
+    assert_eq!(refused(&client), Duration::from_secs(30));
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=10;t=60"#)]));
+    assert_eq!(pushback.held_for(), Duration::ZERO);
+    let (tx, call) = start(&client).await;
+    tx.send(response(200, &[])).unwrap();
+    call.await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
 /// In order, a newer answer replaces the older one: a window that reset lets calls go again.
 #[tokio::test]
 async fn a_newer_answer_still_replaces_an_older_one() {
@@ -174,6 +200,160 @@ async fn a_newer_answer_still_replaces_an_older_one() {
     let (tx, call) = start(&client).await;
     tx.send(response(200, &[])).unwrap();
     call.await.unwrap();
+}
+
+/// The answer to call 0 (`r=0;t=1`) arrives after call 1's newer `r=5;t=10`. The older answer
+/// may hold calls for its second, but not shrink the newer window to it: 32 callers started
+/// at 601 ms, willing to wait a second, must not all reach the dependency when that second
+/// ends. At most the newer answer's calls go before its window ends, and none before the older
+/// answer's second has passed.
+#[tokio::test(start_paused = true)]
+async fn an_older_spent_answer_does_not_shrink_a_newer_window() {
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(Duration::from_secs(1))
+        .build();
+    let start = tokio::time::Instant::now();
+    let reached = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dependency = {
+        let reached = reached.clone();
+        service_fn(move |()| {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            let reached = reached.clone();
+            async move {
+                let ratelimit = match call {
+                    0 => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        r#""p";r=0;t=1"#
+                    }
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        r#""p";r=5;t=10"#
+                    }
+                    _ => {
+                        reached.lock().unwrap().push(start.elapsed());
+                        return Ok::<_, BoxError>(response(200, &[]));
+                    }
+                };
+                Ok(response(200, &[("ratelimit", ratelimit)]))
+            }
+        })
+    };
+    let client = pushback.layer().layer(dependency);
+    let call_0 = tokio::spawn(client.clone().oneshot(()));
+    tokio::task::yield_now().await;
+    let call_1 = tokio::spawn(client.clone().oneshot(()));
+    call_1.await.unwrap().unwrap();
+    call_0.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+
+    tokio::time::sleep_until(start + Duration::from_millis(601)).await;
+    let callers: Vec<_> = (0..32)
+        .map(|_| tokio::spawn(client.clone().oneshot(())))
+        .collect();
+    let window_end = Duration::from_millis(10_100);
+    for caller in callers {
+        if let Err(err) = caller.await.unwrap() {
+            let wait = outbound::retry_after(&*err).expect("refused by the pushback");
+            assert!(
+                start.elapsed() + wait >= window_end,
+                "told to come back before the window ends"
+            );
+        }
+    }
+    let reached = reached.lock().unwrap().clone();
+    assert!(
+        reached.iter().all(|at| *at >= Duration::from_millis(1_500)),
+        "{reached:?}"
+    );
+    assert!(
+        reached.len() <= 5,
+        "{} callers reached the dependency within the window of 5",
+        reached.len()
+    );
+    // Call 0 was in flight when the newer answer came, so it may be one of the five.
+    assert_eq!(reached.len(), 4);
+}
+
+/// Field by field, an older answer may only tighten: it neither lifts nor shortens, and it
+/// never drops or loosens the policy that refills the windows after. Each case: the newer
+/// answer, the older one arriving after it, how long the calls are counted, and the most
+/// calls the dependency's words allow in that time.
+#[tokio::test]
+async fn an_older_answer_tightens_field_by_field() {
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        &'a [(&'a str, &'a str)],
+        u64,
+        usize,
+    );
+    let cases: [Case; 4] = [
+        // Fewer left: the budget falls to the older answer's.
+        (
+            &[("ratelimit", r#""p";r=5;t=10"#)],
+            &[("ratelimit", r#""p";r=2;t=10"#)],
+            10,
+            2,
+        ),
+        // More left, but over a longer window: the newer window does not end the older one.
+        (
+            &[("ratelimit", r#""p";r=2;t=10"#)],
+            &[("ratelimit", r#""p";r=5;t=60"#)],
+            60,
+            5,
+        ),
+        // Fewer left, and no policy: the newer answer's policy still refills the windows after
+        // (5 in the first 10 s, 5 in the next 10 s).
+        (
+            &[
+                ("ratelimit", r#""p";r=5;t=10"#),
+                ("ratelimit-policy", r#""p";q=5;w=10"#),
+            ],
+            &[("ratelimit", r#""p";r=1;t=10"#)],
+            20,
+            6,
+        ),
+        // More left, but a stricter policy: one call per minute after the window.
+        (
+            &[
+                ("ratelimit", r#""p";r=5;t=10"#),
+                ("ratelimit-policy", r#""p";q=100;w=10"#),
+            ],
+            &[
+                ("ratelimit", r#""p";r=8;t=10"#),
+                ("ratelimit-policy", r#""p";q=1;w=60"#),
+            ],
+            70,
+            5,
+        ),
+    ];
+    for (newer, older, seconds, most) in cases {
+        let (pushback, clock) = manual();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let client = pushback.layer().layer(scripted(calls.clone()));
+        let (older_tx, older_call) = start(&client).await;
+        let (newer_tx, newer_call) = start(&client).await;
+        newer_tx.send(response(200, newer)).unwrap();
+        newer_call.await.unwrap();
+        older_tx.send(response(200, older)).unwrap();
+        older_call.await.unwrap();
+        let before = calls.load(Ordering::SeqCst);
+        // A call every 100 ms: each either reaches the dependency or is refused at once.
+        for _ in 0..seconds * 10 {
+            let (_tx, rx) = oneshot::channel();
+            if let Some(result) = client.clone().oneshot(rx).now_or_never_pending() {
+                is_pushed_back(result).expect("refused");
+            }
+            clock.advance(Duration::from_millis(100));
+        }
+        let sent = calls.load(Ordering::SeqCst) - before;
+        assert!(
+            sent <= most,
+            "{sent} calls in {seconds} s; {newer:?} then {older:?} allow {most}"
+        );
+        assert!(sent > 0, "{newer:?} then {older:?}: nothing sent");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -765,6 +945,126 @@ async fn a_pushed_back_retry_after_is_exact() {
             call.await.unwrap();
         }
     }
+}
+
+/// A refusal carries the time the next call can actually go, whichever of the holds ends last:
+/// after a 429 with `Retry-After: 60` and `X-RateLimit-Remaining: 0` until 300 s from now, a
+/// call is told 300 s, not 60 s; and the other way round.
+#[tokio::test]
+async fn a_refusal_carries_the_longest_of_the_holds() {
+    let (pushback, clock) = manual();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    pushback.observe(&response(
+        429,
+        &[
+            ("retry-after", "60"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "300"),
+        ],
+    ));
+    assert_eq!(pushback.held_for(), Duration::from_secs(300));
+    assert_eq!(refused(&client), Duration::from_secs(300));
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(refused(&client), Duration::from_secs(240));
+    clock.advance(Duration::from_secs(240) - Duration::from_nanos(1));
+    assert_eq!(refused(&client), Duration::from_nanos(1));
+    clock.advance(Duration::from_nanos(1));
+    let (tx, call) = start(&client).await;
+    tx.send(response(
+        429,
+        &[("retry-after", "300"), ("ratelimit", r#""p";r=0;t=60"#)],
+    ))
+    .unwrap();
+    call.await.unwrap();
+    assert_eq!(refused(&client), Duration::from_secs(300));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The same through a retry policy that waits what `outbound::retry_after` says: it comes back
+/// once, when the call can go, and is not refused again. A waiter whose `max_wait` covers the
+/// `Retry-After` but not the spent window is refused at once with the whole time.
+#[tokio::test(start_paused = true)]
+async fn a_retry_policy_comes_back_once_when_the_call_can_go() {
+    #[derive(Clone)]
+    struct HonourRetryAfter {
+        retries: Arc<AtomicUsize>,
+    }
+
+    impl<Req: Clone> tower::retry::Policy<Req, Response<()>, BoxError> for HonourRetryAfter {
+        type Future = tokio::time::Sleep;
+
+        fn retry(
+            &mut self,
+            _: &mut Req,
+            result: &mut Result<Response<()>, BoxError>,
+        ) -> Option<Self::Future> {
+            let wait = match result {
+                Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+                    Duration::ZERO
+                }
+                Ok(_) => return None,
+                Err(err) => outbound::retry_after(&**err)?,
+            };
+            (self.retries.fetch_add(1, Ordering::SeqCst) < 5).then(|| tokio::time::sleep(wait))
+        }
+
+        fn clone_request(&mut self, request: &Req) -> Option<Req> {
+            Some(request.clone())
+        }
+    }
+
+    let the_429 = || {
+        response(
+            429,
+            &[
+                ("retry-after", "60"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "300"),
+            ],
+        )
+    };
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let dependency = service_fn(move |()| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        async move { Ok::<_, BoxError>(if first { the_429() } else { response(200, &[]) }) }
+    });
+    let retries = Arc::new(AtomicUsize::new(0));
+    let client = ServiceBuilder::new()
+        .retry(HonourRetryAfter {
+            retries: retries.clone(),
+        })
+        .layer(pushback.layer())
+        .service(dependency);
+    let start = tokio::time::Instant::now();
+    let answer = client.oneshot(()).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(300));
+    // The 429 retried at once, refused with 300 s by the pushback, then sent.
+    assert_eq!(retries.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let waiting = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(Duration::from_secs(120))
+        .build();
+    waiting.observe(&the_429());
+    let client = waiting.layer().layer(service_fn(|()| async {
+        Ok::<_, BoxError>(response(200, &[]))
+    }));
+    let start = tokio::time::Instant::now();
+    let err = client.oneshot(()).await.unwrap_err();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "waited for a hold it could not see out"
+    );
+    assert_eq!(outbound::retry_after(&*err), Some(Duration::from_secs(300)));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
 /// `QuotaExhausted::retry_after`: "how long from the refusal until the same call would be

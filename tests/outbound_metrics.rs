@@ -122,6 +122,36 @@ fn scripted(
     })
 }
 
+/// A spent quota counts under the fields that advertised it, not under whichever field the
+/// answer happens to carry: calls left in `RateLimit` and none in `X-RateLimit-Remaining` is an
+/// `x_ratelimit` hold; nothing left in both, a `ratelimit` one (read first of equals).
+#[test]
+fn a_spent_quota_counts_under_the_fields_that_bind() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let partner = Pushback::builder("partner")
+            .clock(ManualClock::new())
+            .build();
+        let answer = |ratelimit: &str| {
+            Response::builder()
+                .header("ratelimit", ratelimit)
+                .header("x-ratelimit-remaining", "0")
+                .header("x-ratelimit-reset", "10")
+                .body(())
+                .unwrap()
+        };
+        partner.observe(&answer(r#""default";r=5;t=10"#));
+        let all = series(&snapshotter);
+        assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 1);
+        assert_eq!(pushback_holds(&all, "partner", "ratelimit"), 0);
+        partner.observe(&answer(r#""default";r=0;t=10"#));
+        let all = series(&snapshotter);
+        assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 0);
+        assert_eq!(pushback_holds(&all, "partner", "ratelimit"), 1);
+    });
+}
+
 /// Each reason a dependency gives, and each outcome of a call, counted once per event.
 #[test]
 fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {

@@ -208,3 +208,82 @@ proptest! {
         }
     }
 }
+
+/// An advertised quota as a test writes it: `r` calls left within `t` seconds, and perhaps a
+/// policy of `q` per `w` seconds.
+fn advertised() -> impl Strategy<Value = (u64, u64, Option<(u64, u64)>)> {
+    (0u64..8, 1u64..20, proptest::option::of((0u64..8, 1u64..20)))
+}
+
+fn answer_of((r, t, policy): (u64, u64, Option<(u64, u64)>)) -> Response<()> {
+    let mut fields = vec![(2usize, format!("\"p\";r={r};t={t}").into_bytes())];
+    if let Some((q, w)) = policy {
+        fields.push((3, format!("\"p\";q={q};w={w}").into_bytes()));
+    }
+    build(200, &fields)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Call 0 and call 1 are in flight; call 1's answer arrives first, then call 0's older one.
+    /// However calls and time are interleaved after them, neither answer's word is broken:
+    /// within the newer answer's `t`, at most its `r` less call 0 (in flight when it came);
+    /// within the older answer's `t`, at most its `r`.
+    #[test]
+    fn answers_out_of_order_never_allow_more_than_either(
+        newer in advertised(),
+        older in advertised(),
+        spread in any::<bool>(),
+        steps in proptest::collection::vec((0u64..3_000, 0usize..4), 1..60),
+    ) {
+        let clock = ManualClock::new();
+        let pushback = Pushback::builder("p")
+            .clock(clock.clone())
+            .pacing(if spread { Pacing::Spread } else { Pacing::UntilSpent })
+            .build();
+        let client = pushback.layer().layer(service_fn(
+            |answer: tokio::sync::oneshot::Receiver<Response<()>>| async move {
+                Ok::<_, BoxError>(answer.await?)
+            },
+        ));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (newer_r, newer_t, _) = newer;
+        let (older_r, older_t, _) = older;
+        let (mut in_newer, mut in_older) = (0u64, 0u64);
+        let mut elapsed_ms = 0u64;
+        runtime.block_on(async {
+            let (older_tx, older_rx) = tokio::sync::oneshot::channel();
+            let mut call_0 = Box::pin(client.clone().oneshot(older_rx));
+            assert!(futures::poll!(&mut call_0).is_pending());
+            let (newer_tx, newer_rx) = tokio::sync::oneshot::channel();
+            let mut call_1 = Box::pin(client.clone().oneshot(newer_rx));
+            assert!(futures::poll!(&mut call_1).is_pending());
+            newer_tx.send(answer_of(newer)).unwrap();
+            call_1.await.unwrap();
+            older_tx.send(answer_of(older)).unwrap();
+            call_0.await.unwrap();
+            for (advance, calls) in steps {
+                clock.advance(Duration::from_millis(advance));
+                elapsed_ms += advance;
+                for _ in 0..calls {
+                    // The sender is dropped: a call that reaches the dependency fails there.
+                    let (_, rx) = tokio::sync::oneshot::channel();
+                    let err = client.clone().oneshot(rx).await.unwrap_err();
+                    if err.is::<tower_bulwark::outbound::PushedBack>() {
+                        continue;
+                    }
+                    if elapsed_ms < newer_t * 1000 {
+                        in_newer += 1;
+                        prop_assert!(in_newer <= newer_r.saturating_sub(1), "{in_newer} calls within the newer t, r = {newer_r}");
+                    }
+                    if elapsed_ms < older_t * 1000 {
+                        in_older += 1;
+                        prop_assert!(in_older <= older_r, "{in_older} calls within the older t, r = {older_r}");
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+}

@@ -160,6 +160,23 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 ///
 /// To recognise an error of your own as well, chain it:
 /// `outbound::retry_after(err).or_else(|| err.downcast_ref::<MyError>().map(MyError::wait))`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_bulwark::outbound;
+/// use tower_bulwark::BoxError;
+///
+/// fn when_to_retry(err: &BoxError) -> Option<Duration> {
+///     outbound::retry_after(&**err)
+/// }
+///
+/// let timeout: BoxError = "deadline passed".into();
+/// assert_eq!(when_to_retry(&timeout), None);
+/// ```
+///
+/// The [module docs](self) show it in a `tower::retry::Policy`.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     let mut next = Some(err);
     while let Some(err) = next {

@@ -31,7 +31,9 @@ impl PushedBack {
         &self.dependency
     }
 
-    /// How long from the refusal until a call may be sent, as the dependency last said.
+    /// How long from the refusal until a call may be sent, as the dependency last said: the
+    /// same time [`Pushback::held_for`](super::Pushback::held_for) gave then, whichever of a
+    /// `Retry-After`, a spent quota or the pacing ends last.
     pub fn retry_after(&self) -> Duration {
         self.retry_after
     }

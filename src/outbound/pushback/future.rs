@@ -13,8 +13,8 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::dependency::Dependency;
 use super::error::PushedBack;
-use super::instance::Shared;
 use super::response::ResponseHead;
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
@@ -22,19 +22,19 @@ use crate::BoxError;
 
 /// A call counted in flight until it is answered, fails or is dropped.
 struct InFlight<C: Clock> {
-    shared: Arc<Shared<C>>,
+    dependency: Arc<Dependency<C>>,
     /// The call's place in the order of starts.
     place: u64,
 }
 
 impl<C: Clock> Drop for InFlight<C> {
     fn drop(&mut self) {
-        self.shared.finish();
+        self.dependency.finish();
     }
 }
 
 /// A call waiting for a hold to end, with what it needs to start then.
-struct Held<S, Req> {
+struct Waiting<S, Req> {
     sleep: Pin<Box<Sleep>>,
     /// Tokio's time when the call began to wait, so that no clock can make it wait longer than
     /// `max_wait` by tokio's timer.
@@ -55,7 +55,7 @@ pin_project! {
         C: Clock,
     {
         Refused { error: Option<PushedBack> },
-        Held { held: Option<Held<S, Req>> },
+        Waiting { waiting: Option<Waiting<S, Req>> },
         // Fields drop in order: the inner future is gone before the call stops counting.
         Running {
             #[pin]
@@ -74,7 +74,7 @@ pin_project! {
         S: Service<Req>,
         C: Clock,
     {
-        shared: Arc<Shared<C>>,
+        dependency: Arc<Dependency<C>>,
         #[pin]
         state: State<S, Req, C>,
     }
@@ -85,14 +85,14 @@ fn span(from: u64, to: u64) -> Duration {
 }
 
 fn run<S: Service<Req>, Req, C: Clock>(
-    shared: &Arc<Shared<C>>,
+    dependency: &Arc<Dependency<C>>,
     place: u64,
     service: &mut S,
     request: Req,
 ) -> State<S, Req, C> {
     // Counted before the call, so that a panicking `call` stops counting as it unwinds.
     let in_flight = InFlight {
-        shared: Arc::clone(shared),
+        dependency: Arc::clone(dependency),
         place,
     };
     State::Running {
@@ -106,48 +106,47 @@ where
     S: Service<Req> + Clone,
     C: Clock,
 {
-    pub(crate) fn start(shared: &Arc<Shared<C>>, service: &mut S, request: Req) -> Self {
+    pub(crate) fn start(dependency: &Arc<Dependency<C>>, service: &mut S, request: Req) -> Self {
         let mut sooner = None;
-        let mut started = shared.try_start();
+        let mut started = dependency.try_start();
         if started.is_err() {
             // Listen for an answer that lets calls start sooner, then look again: an answer
             // that came between the first look and the listening is not missed.
-            sooner = Some(Arc::clone(&shared.sooner).notified_owned());
-            started = shared.try_start();
+            sooner = Some(Arc::clone(&dependency.sooner).notified_owned());
+            started = dependency.try_start();
         }
         let state = match started {
             Ok(place) => {
-                shared.metrics.admitted();
-                run(shared, place, service, request)
+                dependency.metrics.admitted();
+                run(dependency, place, service, request)
             }
             Err((now, at)) => {
-                let deadline = now.saturating_add(saturating_nanos(shared.max_wait));
+                let deadline = now.saturating_add(saturating_nanos(dependency.max_wait));
                 if at > deadline {
-                    shared.metrics.refused();
+                    dependency.metrics.refused();
                     State::Refused {
-                        error: Some(PushedBack::new(shared.name.clone(), span(now, at))),
+                        error: Some(PushedBack::new(dependency.name.clone(), span(now, at))),
                     }
                 } else {
                     // The readied service goes with the call; this handle keeps a clone.
                     let service = mem::replace(service, service.clone());
-                    State::Held {
-                        held: Some(Held {
+                    State::Waiting {
+                        waiting: Some(Waiting {
                             sleep: Box::pin(tokio::time::sleep(span(now, at))),
                             since: Instant::now(),
                             deadline,
                             service,
                             request,
-                            sooner: Box::pin(
-                                sooner
-                                    .unwrap_or_else(|| Arc::clone(&shared.sooner).notified_owned()),
-                            ),
+                            sooner: Box::pin(sooner.unwrap_or_else(|| {
+                                Arc::clone(&dependency.sooner).notified_owned()
+                            })),
                         }),
                     }
                 }
             }
         };
         Self {
-            shared: Arc::clone(shared),
+            dependency: Arc::clone(dependency),
             state,
         }
     }
@@ -170,37 +169,37 @@ where
                     let error = error.take().expect("polled after completion");
                     return Poll::Ready(Err(error.into()));
                 }
-                StateProj::Held { held } => {
-                    let entry = held.as_mut().expect("polled after completion");
+                StateProj::Waiting { waiting } => {
+                    let entry = waiting.as_mut().expect("polled after completion");
                     if entry.sooner.as_mut().poll(cx).is_ready() {
                         // A newer answer moved the time closer: try again now.
-                        let sooner = Arc::clone(&this.shared.sooner).notified_owned();
+                        let sooner = Arc::clone(&this.dependency.sooner).notified_owned();
                         entry.sooner = Box::pin(sooner);
                     } else {
                         ready!(entry.sleep.as_mut().poll(cx));
                     }
-                    match this.shared.try_start() {
+                    match this.dependency.try_start() {
                         Ok(place) => {
-                            this.shared.metrics.waited();
-                            let Held {
+                            this.dependency.metrics.waited();
+                            let Waiting {
                                 mut service,
                                 request,
                                 ..
-                            } = held.take().expect("checked above");
-                            let next = run(this.shared, place, &mut service, request);
+                            } = waiting.take().expect("checked above");
+                            let next = run(this.dependency, place, &mut service, request);
                             this.state.set(next);
                         }
                         Err((now, at)) => {
                             let waited = entry.since.elapsed();
-                            if at > entry.deadline || waited >= this.shared.max_wait {
-                                *held = None;
-                                this.shared.metrics.refused();
+                            if at > entry.deadline || waited >= this.dependency.max_wait {
+                                *waiting = None;
+                                this.dependency.metrics.refused();
                                 let error =
-                                    PushedBack::new(this.shared.name.clone(), span(now, at));
+                                    PushedBack::new(this.dependency.name.clone(), span(now, at));
                                 return Poll::Ready(Err(error.into()));
                             }
                             // Held again (a newer answer moved the time): sleep until then.
-                            let until = span(now, at).min(this.shared.max_wait - waited);
+                            let until = span(now, at).min(this.dependency.max_wait - waited);
                             entry.sleep = Box::pin(tokio::time::sleep(until));
                         }
                     }
@@ -209,7 +208,7 @@ where
                     let result = ready!(future.poll(cx));
                     if let Ok(response) = &result {
                         let place = in_flight.as_ref().map(|call| call.place);
-                        this.shared.observe(response, place);
+                        this.dependency.observe(response, place);
                     }
                     *in_flight = None;
                     return Poll::Ready(result.map_err(Into::into));
@@ -227,11 +226,11 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Refused { .. } => "refused",
-            State::Held { .. } => "held",
+            State::Waiting { .. } => "waiting",
             State::Running { .. } => "running",
         };
         f.debug_struct("ResponseFuture")
-            .field("dependency", &self.shared.name)
+            .field("dependency", &self.dependency.name)
             .field("state", &state)
             .finish()
     }

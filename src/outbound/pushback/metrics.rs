@@ -10,53 +10,27 @@ mod enabled {
     use std::sync::{Arc, OnceLock};
     use std::time::Duration;
 
-    use http::HeaderMap;
-
-    use super::super::advice::Advice;
+    use super::super::answer::{Answer, Dialect};
     use crate::observe::metric_names as m;
 
     /// The outcomes of a call, in the order of [`Handles::calls`].
     const OUTCOMES: [&str; 3] = ["admitted", "waited", "refused"];
 
-    /// The `reason` labels of a hold, in the order of [`Reason`]'s values.
-    const REASONS: [&str; 3] = ["retry_after", "ratelimit", "x_ratelimit"];
+    /// The holds' counters: a `Retry-After` (or a 429 naming no time) first, then a spent quota
+    /// of each dialect, in the order of [`Dialect::ALL`].
+    const HOLD_REASONS: usize = 1 + Dialect::ALL.len();
 
-    /// What a response said that holds calls back.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Reason {
-        /// A 429 or 503 with `Retry-After`, or a 429 naming no time at all.
-        RetryAfter = 0,
-        /// A `RateLimit` field with nothing left.
-        RateLimit = 1,
-        /// `X-RateLimit-Remaining: 0` (and no `RateLimit` field).
-        XRateLimit = 2,
-    }
-
-    /// The reasons a response's advice holds calls for.
-    fn reasons(headers: &HeaderMap, advice: &Advice) -> impl Iterator<Item = Reason> {
-        let retry_after = advice.hold.is_some_and(|hold| !hold.is_zero());
-        let spent = advice
-            .limit
-            .filter(|limit| limit.remaining == 0 && !limit.window.is_zero())
-            .map(|_| {
-                // The field that advertised the spent quota: `RateLimit` when the response has
-                // one (of the two, the reader keeps the one with the fewest calls left, and an
-                // `X-RateLimit-Remaining: 0` ties with a `RateLimit` that says nothing is left).
-                if headers.contains_key("ratelimit") {
-                    Reason::RateLimit
-                } else {
-                    Reason::XRateLimit
-                }
-            });
-        retry_after
-            .then_some(Reason::RetryAfter)
-            .into_iter()
-            .chain(spent)
+    /// The `reason` label of the hold counted at `index`.
+    fn hold_reason(index: usize) -> &'static str {
+        match index.checked_sub(1) {
+            None => "retry_after",
+            Some(dialect) => Dialect::ALL[dialect].label(),
+        }
     }
 
     struct Handles {
         calls: [metrics::Counter; 3],
-        holds: [metrics::Counter; 3],
+        holds: [metrics::Counter; HOLD_REASONS],
         held: metrics::Gauge,
     }
 
@@ -83,8 +57,8 @@ mod enabled {
                     calls: OUTCOMES.map(|outcome| {
                         metrics::counter!(m::PUSHBACK_CALLS, "name" => name.clone(), "outcome" => outcome)
                     }),
-                    holds: REASONS.map(|reason| {
-                        metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => reason)
+                    holds: std::array::from_fn(|index| {
+                        metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => hold_reason(index))
                     }),
                     held: metrics::gauge!(m::PUSHBACK_HELD_SECONDS, "name" => name.clone()),
                 }
@@ -106,10 +80,17 @@ mod enabled {
             self.handles().calls[2].increment(1);
         }
 
-        /// A response read, with what it advised.
-        pub(crate) fn observed(&self, headers: &HeaderMap, advice: &Advice) {
-            for reason in reasons(headers, advice) {
-                self.handles().holds[reason as usize].increment(1);
+        /// A response read, with what it asked: a hold, a spent quota, or both.
+        pub(crate) fn observed(&self, answer: &Answer) {
+            if answer.hold.is_some_and(|hold| !hold.is_zero()) {
+                self.handles().holds[0].increment(1);
+            }
+            let spent = answer
+                .quota
+                .filter(|quota| quota.remaining == 0 && !quota.window.is_zero());
+            if let Some(quota) = spent {
+                // `Dialect::ALL` lists the variants in the order of declaration.
+                self.handles().holds[1 + quota.dialect as usize].increment(1);
             }
         }
 
@@ -124,9 +105,7 @@ mod enabled {
 mod enabled {
     use std::sync::Arc;
 
-    use http::HeaderMap;
-
-    use super::super::advice::Advice;
+    use super::super::answer::Answer;
 
     /// Nothing to record without the `metrics` feature.
     pub(crate) struct PushbackMetrics;
@@ -142,7 +121,7 @@ mod enabled {
 
         pub(crate) fn refused(&self) {}
 
-        pub(crate) fn observed(&self, _: &HeaderMap, _: &Advice) {}
+        pub(crate) fn observed(&self, _: &Answer) {}
     }
 }
 
@@ -156,6 +135,6 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     /// ([`Registry::publish_gauges`](crate::config::Registry::publish_gauges) does it for
     /// configured pushbacks). Counters are recorded as calls and answers pass.
     pub fn publish_gauges(&self) {
-        self.shared.metrics.publish_held_for(self.held_for());
+        self.dependency.metrics.publish_held_for(self.held_for());
     }
 }

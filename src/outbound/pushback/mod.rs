@@ -69,13 +69,16 @@
 //!   policy, calls go freely until the next answer.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
 //! * Answers may arrive out of order: one to a call that started before the call whose answer
-//!   is in force may have been written first, so it counts only if it is more restrictive
-//!   (fewer calls left, or as few for longer). It never loosens or shortens a hold.
-//! * A held call fails at once with [`PushedBack`], which carries the time left, unless the
-//!   hold ends within [`max_wait`](PushbackBuilder::max_wait): then it waits on tokio's timer
-//!   (no thread parked) and is sent when the hold ends (a newer answer may end it sooner). A
-//!   waiting call that is dropped (a timeout above it) simply goes away: it reached nothing and
-//!   took nothing.
+//!   is in force may have been written first, so it may only tighten what is in force, field
+//!   by field: no more calls left than either answer gave, a window no shorter, a policy no
+//!   looser; when it has nothing left, no call goes until its window ends, and then the answer
+//!   in force applies as it stands. It never loosens or shortens a hold.
+//! * A held call fails at once with [`PushedBack`], which carries the time until a call may
+//!   actually go (the end of whichever of the hold, the spent window or the pacing ends last),
+//!   unless that time comes within [`max_wait`](PushbackBuilder::max_wait): then it waits on
+//!   tokio's timer (no thread parked) and is sent when the hold ends (a newer answer may end
+//!   it sooner). A waiting call that is dropped (a timeout above it) simply goes away: it
+//!   reached nothing and took nothing.
 //!
 //! Nothing is known before the first answer: pair the pushback with a
 //! [client quota](super::ClientQuotaLayer) for the calls that go before it.
@@ -86,23 +89,25 @@
 //! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
 //! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
 //! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored and logged;
-//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit` and `RateLimit-Policy` are parsed as
-//! Structured Fields (RFC 9651) by the crate's own reader of the grammar, and a field that does
-//! not parse is ignored whole, as that RFC asks.
+//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit`
+//! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
+//! field that does not parse is ignored whole, as that RFC asks.
 
-mod advice;
+mod answer;
+mod builder;
+mod dependency;
 mod error;
 mod future;
-mod instance;
 mod layer;
 mod metrics;
 mod response;
+mod schedule;
 mod service;
-mod sf;
 
+pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
+pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
-pub use self::instance::{Pacing, Pushback, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::layer::PushbackLayer;
 pub use self::response::ResponseHead;
 pub use self::service::PushbackService;

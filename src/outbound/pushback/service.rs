@@ -4,8 +4,8 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
+use super::dependency::Pushback;
 use super::future::ResponseFuture;
-use super::instance::Pushback;
 use super::response::ResponseHead;
 use crate::clock::{Clock, SystemClock};
 use crate::BoxError;
@@ -64,6 +64,6 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        ResponseFuture::start(&self.pushback.shared, &mut self.inner, request)
+        ResponseFuture::start(&self.pushback.dependency, &mut self.inner, request)
     }
 }

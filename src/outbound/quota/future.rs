@@ -79,7 +79,7 @@ pin_project! {
 
 /// What a decision leads to. The readied service is taken out of `service` (a clone left in its
 /// place) only when the call cannot start at once.
-fn after<S, Req, F>(
+fn state_after<S, Req, F>(
     name: &Arc<str>,
     metrics: &ClientQuotaMetrics,
     decision: Result<Decision, BoxError>,
@@ -129,7 +129,7 @@ where
         request: Req,
     ) -> Self {
         let state = match limiter.reserve_now(&key, cost) {
-            Some(decision) => after(name, metrics, decision, service, request),
+            Some(decision) => state_after(name, metrics, decision, service, request),
             None => State::Reserving {
                 reserve: limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
@@ -161,9 +161,10 @@ where
                 StateProj::Reserving { reserve, call } => {
                     let decision = ready!(reserve.poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
-                    // A call that must wait takes the readied service; the clone `after`
+                    // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    let next = after(this.name, this.metrics, decision, &mut service, request);
+                    let next =
+                        state_after(this.name, this.metrics, decision, &mut service, request);
                     this.state.set(next);
                 }
                 StateProj::Waiting { sleep, call, .. } => {

@@ -1,4 +1,4 @@
-//! What a call is counted as: its key and its cost.
+//! Under which key a call is counted.
 
 /// Chooses the limiter key of an outbound request; implemented for closures
 /// `Fn(&Req) -> K` and for [`OneKey`].
@@ -26,40 +26,4 @@ impl<Req> QuotaKey<Req> for OneKey {
     type Key = ();
 
     fn key(&self, _: &Req) {}
-}
-
-/// Chooses how many permits an outbound request costs; implemented for closures
-/// `Fn(&Req) -> u32` and for [`FixedCost`].
-pub trait QuotaCost<Req> {
-    /// The permits `request` takes.
-    fn cost(&self, request: &Req) -> u32;
-}
-
-impl<Req, F: Fn(&Req) -> u32> QuotaCost<Req> for F {
-    fn cost(&self, request: &Req) -> u32 {
-        self(request)
-    }
-}
-
-/// The same cost for every call (one by default).
-#[derive(Clone, Copy, Debug)]
-pub struct FixedCost(u32);
-
-impl FixedCost {
-    /// Every call costs `permits`.
-    pub fn new(permits: u32) -> Self {
-        Self(permits)
-    }
-}
-
-impl Default for FixedCost {
-    fn default() -> Self {
-        Self(1)
-    }
-}
-
-impl<Req> QuotaCost<Req> for FixedCost {
-    fn cost(&self, _: &Req) -> u32 {
-        self.0
-    }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::key::{FixedCost, OneKey};
+use super::cost::FixedCost;
+use super::key::OneKey;
 use super::metrics::ClientQuotaMetrics;
 use super::service::ClientQuotaService;
 
@@ -17,12 +18,57 @@ use super::service::ClientQuotaService;
 /// for one quota in this process, a [`KeyedRateLimiter`](crate::KeyedRateLimiter) with a
 /// [`key`](Self::key) per tenant, or a `RedisRateLimiter` for one quota across every instance.
 /// Every service this layer makes, and every clone of them, shares it.
+///
+/// # Errors
+///
+/// The services fail with a [`BoxError`](crate::BoxError) holding one of
+///
+/// * [`QuotaExhausted`](super::QuotaExhausted) when the call's permits come later than the
+///   quota's `max_wait`: the call spent nothing, and
+///   [`outbound::retry_after`](crate::outbound::retry_after) reads when it may go again;
+/// * [`InsufficientCapacity`](crate::limiter::InsufficientCapacity) for a cost the quota can
+///   never grant;
+/// * the limiter's own error (a Redis limiter whose store failed, under a fail mode that
+///   propagates errors);
+/// * the inner service's own error, passed through.
+///
+/// # Examples
+///
+/// Each call to an LLM API costs the tokens its request asks for, per tenant:
+///
+/// ```
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_bulwark::outbound::{ClientQuotaLayer, QuotaExhausted};
+/// use tower_bulwark::{BoxError, KeyedRateLimiter, Quota};
+///
+/// struct Completion {
+///     tenant: &'static str,
+///     max_tokens: u32,
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let tokens = KeyedRateLimiter::new(Quota::per_minute(1_000)?);
+/// let client = ClientQuotaLayer::new("llm", tokens)
+///     .key(|request: &Completion| request.tenant)
+///     .cost_by(|request: &Completion| request.max_tokens)
+///     .layer(service_fn(|_: Completion| async { Ok::<_, BoxError>("done") }));
+///
+/// let big = |tenant| Completion { tenant, max_tokens: 800 };
+/// client.clone().oneshot(big("a")).await?;
+/// // Tenant `a` has 200 tokens left this minute; tenant `b` has its own thousand.
+/// let err = client.clone().oneshot(big("a")).await.unwrap_err();
+/// assert!(err.is::<QuotaExhausted>());
+/// client.oneshot(big("b")).await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct ClientQuotaLayer<L, K = OneKey, C = FixedCost> {
-    name: Arc<str>,
-    limiter: Arc<L>,
-    key: K,
-    cost: C,
-    metrics: ClientQuotaMetrics,
+    pub(super) name: Arc<str>,
+    pub(super) limiter: Arc<L>,
+    pub(super) key: K,
+    pub(super) cost: C,
+    pub(super) metrics: ClientQuotaMetrics,
 }
 
 impl<L> ClientQuotaLayer<L> {
@@ -101,13 +147,6 @@ impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
     type Service = ClientQuotaService<S, L, K, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ClientQuotaService::new(
-            inner,
-            self.name.clone(),
-            Arc::clone(&self.limiter),
-            self.key.clone(),
-            self.cost.clone(),
-            self.metrics.clone(),
-        )
+        ClientQuotaService::new(inner, self.clone())
     }
 }

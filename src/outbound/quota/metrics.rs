@@ -17,7 +17,7 @@ mod enabled {
     /// The outcomes of a call, in the order of the handles.
     const OUTCOMES: [&str; 4] = ["admitted", "waited", "refused", "failed"];
 
-    struct Inner {
+    struct Counters {
         name: Arc<str>,
         calls: OnceLock<[metrics::Counter; 4]>,
     }
@@ -26,11 +26,11 @@ mod enabled {
     /// recorder at the first call (so the recorder may be installed after the layer is built)
     /// and then used without building keys or allocating.
     #[derive(Clone)]
-    pub(crate) struct ClientQuotaMetrics(Arc<Inner>);
+    pub(crate) struct ClientQuotaMetrics(Arc<Counters>);
 
     impl ClientQuotaMetrics {
         pub(crate) fn new(name: &Arc<str>) -> Self {
-            Self(Arc::new(Inner {
+            Self(Arc::new(Counters {
                 name: Arc::clone(name),
                 calls: OnceLock::new(),
             }))

@@ -47,6 +47,7 @@
 //!   a limiter that fails (Redis down, under a fail mode that propagates errors) fails the call
 //!   with its error. Neither reaches the dependency.
 
+mod cost;
 mod error;
 mod future;
 mod key;
@@ -54,8 +55,9 @@ mod layer;
 mod metrics;
 mod service;
 
+pub use self::cost::{FixedCost, QuotaCost};
 pub use self::error::QuotaExhausted;
 pub use self::future::ResponseFuture;
-pub use self::key::{FixedCost, OneKey, QuotaCost, QuotaKey};
+pub use self::key::{OneKey, QuotaKey};
 pub use self::layer::ClientQuotaLayer;
 pub use self::service::ClientQuotaService;

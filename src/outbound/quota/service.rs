@@ -1,14 +1,14 @@
 //! The service that takes a client-side quota's permits before each call.
 
 use std::fmt;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
 
+use super::cost::QuotaCost;
 use super::future::ResponseFuture;
-use super::key::{QuotaCost, QuotaKey};
-use super::metrics::ClientQuotaMetrics;
+use super::key::QuotaKey;
+use super::layer::ClientQuotaLayer;
 use crate::{BoxError, Limiter};
 
 /// A service behind a client-side quota; made by [`ClientQuotaLayer`](super::ClientQuotaLayer).
@@ -18,35 +18,17 @@ use crate::{BoxError, Limiter};
 /// `reqwest::Client` is a cheap clone).
 pub struct ClientQuotaService<S, L, K, C> {
     inner: S,
-    name: Arc<str>,
-    limiter: Arc<L>,
-    key: K,
-    cost: C,
-    metrics: ClientQuotaMetrics,
+    quota: ClientQuotaLayer<L, K, C>,
 }
 
 impl<S, L, K, C> ClientQuotaService<S, L, K, C> {
-    pub(crate) fn new(
-        inner: S,
-        name: Arc<str>,
-        limiter: Arc<L>,
-        key: K,
-        cost: C,
-        metrics: ClientQuotaMetrics,
-    ) -> Self {
-        Self {
-            inner,
-            name,
-            limiter,
-            key,
-            cost,
-            metrics,
-        }
+    pub(crate) fn new(inner: S, quota: ClientQuotaLayer<L, K, C>) -> Self {
+        Self { inner, quota }
     }
 
     /// The limiter in front of the inner service.
     pub fn limiter(&self) -> &L {
-        &self.limiter
+        self.quota.limiter()
     }
 
     /// The inner service.
@@ -69,11 +51,7 @@ impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            name: self.name.clone(),
-            limiter: Arc::clone(&self.limiter),
-            key: self.key.clone(),
-            cost: self.cost.clone(),
-            metrics: self.metrics.clone(),
+            quota: self.quota.clone(),
         }
     }
 }
@@ -82,9 +60,8 @@ impl<S: fmt::Debug, L: fmt::Debug, K, C> fmt::Debug for ClientQuotaService<S, L,
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientQuotaService")
             .field("inner", &self.inner)
-            .field("name", &self.name)
-            .field("limiter", &self.limiter)
-            .finish_non_exhaustive()
+            .field("quota", &self.quota)
+            .finish()
     }
 }
 
@@ -105,12 +82,13 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let key = self.key.key(&request);
-        let cost = self.cost.cost(&request);
+        let quota = &self.quota;
+        let key = quota.key.key(&request);
+        let cost = quota.cost.cost(&request);
         ResponseFuture::start(
-            &self.name,
-            &self.metrics,
-            &self.limiter,
+            &quota.name,
+            &quota.metrics,
+            &quota.limiter,
             key,
             cost,
             &mut self.inner,

@@ -1,0 +1,197 @@
+//! What was wrong with a configuration, and where: the dotted path of the field, and its line
+//! and column in the TOML text.
+
+use std::error::Error;
+use std::fmt;
+use std::ops::Range;
+
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+/// A configuration file that could not be used: where, and what was wrong.
+///
+/// Read from TOML text, the error carries the line and column of the value at fault (or of the
+/// instance, for a field that is missing); built from a [`Config`](super::Config) made in code,
+/// only the path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    path: String,
+    message: String,
+    position: Option<(usize, usize)>,
+}
+
+impl ConfigError {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+            position: None,
+        }
+    }
+
+    /// Where the error is, as a dotted path such as `rate_limiters.api.max_wait`; empty for an
+    /// error of the whole file.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What was wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The line and column (both from 1, the column in characters) in the TOML text, when the
+    /// error came from text.
+    pub fn position(&self) -> Option<(usize, usize)> {
+        self.position
+    }
+
+    /// An error of toml's reading `text` into the file's structs: a document that is not TOML
+    /// (no path; the place is in the message), or a value of the wrong type or an unknown field
+    /// (at the path of the key or value toml's error points to).
+    pub(crate) fn from_toml(text: &str, error: &toml::de::Error) -> Self {
+        let message = error.message().trim_end();
+        let Some(span) = error.span() else {
+            return Self::new("", message);
+        };
+        let (line, column) = line_column(text, span.start);
+        let position = Some((line, column));
+        let Ok(document) = DeTable::parse(text) else {
+            return Self {
+                path: String::new(),
+                message: format!("{message} (line {line}, column {column})"),
+                position,
+            };
+        };
+        let within = |outer: &Range<usize>| outer.start <= span.start && span.end <= outer.end;
+        // The deepest key holding the span (an unknown field), else the deepest value (a value
+        // of the wrong type): nodes below another have longer paths. Keys first, because the
+        // value of a table written `[a.b]` spans its header, which holds the key `a`.
+        let nodes = nodes(&document);
+        let depth = |node: &&Node| node.path.len();
+        let path = (nodes.iter())
+            .filter(|node| node.key.as_ref().is_some_and(within))
+            .max_by_key(depth)
+            .or_else(|| {
+                nodes
+                    .iter()
+                    .filter(|node| within(&node.value))
+                    .max_by_key(depth)
+            })
+            .map_or_else(String::new, |node| node.path.clone());
+        Self {
+            path,
+            message: message.to_owned(),
+            position,
+        }
+    }
+
+    /// This error with the line and column of its path in `text`, the TOML it was found in: the
+    /// value at the path, or for a path that is not in the text (a missing field) the deepest
+    /// part of it that is.
+    pub(crate) fn located_in(mut self, text: &str) -> Self {
+        if self.position.is_some() {
+            return self;
+        }
+        let Ok(document) = DeTable::parse(text) else {
+            return self;
+        };
+        let starts = |node: &Node| {
+            self.path
+                .strip_prefix(node.path.as_str())
+                .is_some_and(|rest| {
+                    rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
+                })
+        };
+        self.position = nodes(&document)
+            .into_iter()
+            .filter(starts)
+            .max_by_key(|node| node.path.len())
+            .map(|node| match (&node.key, node.is_table) {
+                // A table written as `[a.b]` is found by its name.
+                (Some(key), true) => line_column(text, key.start),
+                _ => line_column(text, node.value.start),
+            });
+        self
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.path.as_str(), self.position) {
+            ("", _) => write!(f, "invalid configuration: {}", self.message),
+            (path, None) => write!(f, "invalid configuration at `{path}`: {}", self.message),
+            (path, Some((line, column))) => write!(
+                f,
+                "invalid configuration at `{path}` (line {line}, column {column}): {}",
+                self.message
+            ),
+        }
+    }
+}
+
+impl Error for ConfigError {}
+
+/// One key or list item of a TOML document, with its dotted path and where it is written.
+struct Node {
+    path: String,
+    /// `None` for a list item.
+    key: Option<Range<usize>>,
+    value: Range<usize>,
+    is_table: bool,
+}
+
+/// Every key and list item of `document`, parents before children.
+fn nodes(document: &Spanned<DeTable<'_>>) -> Vec<Node> {
+    fn table(table: &DeTable<'_>, prefix: &str, out: &mut Vec<Node>) {
+        for (key, value) in table {
+            let path = match prefix {
+                "" => key.get_ref().to_string(),
+                _ => format!("{prefix}.{}", key.get_ref()),
+            };
+            add(path, Some(key.span()), value, out);
+        }
+    }
+    fn add(
+        path: String,
+        key: Option<Range<usize>>,
+        value: &Spanned<DeValue<'_>>,
+        out: &mut Vec<Node>,
+    ) {
+        let is_table = matches!(value.get_ref(), DeValue::Table(_));
+        out.push(Node {
+            path: path.clone(),
+            key,
+            value: value.span(),
+            is_table,
+        });
+        match value.get_ref() {
+            DeValue::Table(inner) => table(inner, &path, out),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    add(format!("{path}[{i}]"), None, item, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    table(document.get_ref(), "", &mut out);
+    out
+}
+
+/// The line and column (from 1; columns in characters, as an editor shows them) of byte
+/// `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..offset.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    (line, column)
+}

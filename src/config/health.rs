@@ -1,0 +1,242 @@
+//! The state of every configured instance, for a health endpoint.
+
+use super::Registry;
+use crate::observe::LimiterSnapshot;
+
+impl Registry {
+    /// The state of every instance, for a health endpoint.
+    ///
+    /// A saturated instance is working as intended (a limiter refusing during a peak, a
+    /// bulkhead with every permit taken), so it is reported as saturated and `UP`: an
+    /// orchestrator that restarted a service for it would make the peak worse.
+    pub fn health(&self) -> Health {
+        Health {
+            rate_limiters: self
+                .limiters
+                .iter()
+                .map(|(name, named)| {
+                    let snapshot = named.limiter.snapshot();
+                    LimiterHealth {
+                        name: name.clone(),
+                        saturated: snapshot.allowed + snapshot.limited > 0
+                            && snapshot.available_permissions == 0,
+                        snapshot,
+                        store_failures: named.store_failures.as_ref().map(|read| read()),
+                    }
+                })
+                .collect(),
+            bulkheads: self
+                .bulkheads
+                .iter()
+                .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()))
+                .chain(self.adaptive_health())
+                .collect(),
+            pushbacks: self
+                .pushbacks
+                .iter()
+                .map(|(name, pushback)| {
+                    let held_for = pushback.held_for();
+                    PushbackHealth {
+                        name: name.clone(),
+                        holding: !held_for.is_zero(),
+                        held_for,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The health entries of the adaptive bulkheads, listed with the others.
+    fn adaptive_health(&self) -> impl Iterator<Item = BulkheadHealth> + '_ {
+        #[cfg(feature = "adaptive")]
+        let entries = self
+            .adaptive_bulkheads
+            .iter()
+            .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()));
+        #[cfg(not(feature = "adaptive"))]
+        let entries = std::iter::empty();
+        entries
+    }
+
+    /// Sets every instance's gauges in the `metrics` facade from its current state; call it
+    /// before rendering a scrape. Counters and the call-duration histogram are recorded as
+    /// events happen. See [`metric_names`](crate::observe::metric_names).
+    #[cfg(feature = "metrics")]
+    pub fn publish_gauges(&self) {
+        use crate::observe::metric_names as m;
+        for (name, named) in &self.limiters {
+            named.limiter.publish_gauges();
+            if let Some(read) = &named.store_failures {
+                metrics::counter!(m::RATELIMITER_STORE_FAILURES, "name" => name.clone())
+                    .absolute(read());
+            }
+        }
+        for bulkhead in self.bulkheads.values() {
+            bulkhead.publish_gauges();
+        }
+        for pushback in self.pushbacks.values() {
+            pushback.publish_gauges();
+        }
+        #[cfg(feature = "adaptive")]
+        for bulkhead in self.adaptive_bulkheads.values() {
+            bulkhead.publish_gauges();
+        }
+    }
+}
+
+fn bulkhead_health(name: &str, s: &crate::bulkhead::BulkheadSnapshot) -> BulkheadHealth {
+    BulkheadHealth {
+        name: name.to_owned(),
+        saturated: s.available_concurrent_calls == 0,
+        available_concurrent_calls: s.available_concurrent_calls,
+        max_allowed_concurrent_calls: s.max_allowed_concurrent_calls,
+        queue_depth: s.queue_depth,
+        total_permitted: s.total_permitted,
+        total_rejected: s.total_rejected,
+        total_finished: s.total_finished,
+    }
+}
+
+/// The state of every configured instance; see [`Registry::health`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// One entry per rate limiter, by name.
+    pub rate_limiters: Vec<LimiterHealth>,
+    /// One entry per bulkhead, by name.
+    pub bulkheads: Vec<BulkheadHealth>,
+    /// One entry per pushback, by name.
+    pub pushbacks: Vec<PushbackHealth>,
+}
+
+/// The health entry of one pushback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PushbackHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether the dependency has asked for calls to be held now: a call made now would wait or
+    /// be refused. Like saturation, this is the layer doing its job, never ill health.
+    pub holding: bool,
+    /// How long from now until a call may be sent.
+    pub held_for: std::time::Duration,
+}
+
+/// The health entry of one rate limiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimiterHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether the latest decision left nothing for its key.
+    pub saturated: bool,
+    /// Counters and gauges.
+    pub snapshot: LimiterSnapshot,
+    /// For a limiter whose state lives in Redis: how many decisions Redis did not give since
+    /// the registry was built (its fail mode decided them). `None` for in-memory limiters.
+    pub store_failures: Option<u64>,
+}
+
+/// The health entry of one bulkhead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BulkheadHealth {
+    /// The instance name.
+    pub name: String,
+    /// Whether every permit is taken.
+    pub saturated: bool,
+    /// Free permits.
+    pub available_concurrent_calls: usize,
+    /// The current limit.
+    pub max_allowed_concurrent_calls: usize,
+    /// Calls waiting for a permit.
+    pub queue_depth: usize,
+    /// Calls permitted so far.
+    pub total_permitted: u64,
+    /// Calls refused so far.
+    pub total_rejected: u64,
+    /// Permitted calls that have ended.
+    pub total_finished: u64,
+}
+
+impl Health {
+    /// Always `"UP"`: saturation is reported, never counted as ill health.
+    pub fn status(&self) -> &'static str {
+        "UP"
+    }
+
+    /// The report as JSON:
+    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}},"pushbacks":{"partner":{...}}}`.
+    ///
+    /// A rate limiter's entry has `status`, `saturated`, `availablePermissions`,
+    /// `waitingRequests`, `allowedCalls`, `limitedCalls`, and for one kept in Redis
+    /// `storeFailures`; a bulkhead's has `status`, `saturated`, `availableConcurrentCalls`,
+    /// `maxAllowedConcurrentCalls`, `queueDepth`, `permittedCalls`, `rejectedCalls` and
+    /// `finishedCalls`; a pushback's has `status`, `holding` and `heldForMillis` (rounded up,
+    /// so a hold in force is never 0).
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":{");
+        for (i, l) in self.rate_limiters.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &l.name);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}",
+                l.saturated,
+                l.snapshot.available_permissions,
+                l.snapshot.waiting_requests,
+                l.snapshot.allowed,
+                l.snapshot.limited
+            ));
+            if let Some(failures) = l.store_failures {
+                out.push_str(&format!(",\"storeFailures\":{failures}"));
+            }
+            out.push('}');
+        }
+        out.push_str("},\"bulkheads\":{");
+        for (i, b) in self.bulkheads.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &b.name);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"saturated\":{},\"availableConcurrentCalls\":{},\"maxAllowedConcurrentCalls\":{},\"queueDepth\":{},\"permittedCalls\":{},\"rejectedCalls\":{},\"finishedCalls\":{}}}",
+                b.saturated,
+                b.available_concurrent_calls,
+                b.max_allowed_concurrent_calls,
+                b.queue_depth,
+                b.total_permitted,
+                b.total_rejected,
+                b.total_finished
+            ));
+        }
+        out.push_str("},\"pushbacks\":{");
+        for (i, p) in self.pushbacks.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, &p.name);
+            let millis = p.held_for.as_nanos().div_ceil(1_000_000);
+            out.push_str(&format!(
+                ":{{\"status\":\"UP\",\"holding\":{},\"heldForMillis\":{millis}}}",
+                p.holding
+            ));
+        }
+        out.push_str("}}");
+        out
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}

@@ -1,0 +1,286 @@
+//! Reloading a running [`Registry`]: quotas and bulkhead sizes change in place, under the layers
+//! already built; anything else is refused, whole.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::PoisonError;
+
+use super::{
+    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, ConfigError, KeyKind,
+    PushbackSettings, RateLimiterSettings, Registry, RouteSettings, StoreKind,
+};
+use crate::Limiter;
+
+/// What a reload applied: the instances whose settings changed, by name, in name order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reloaded {
+    /// Rate limiters whose quota changed.
+    pub rate_limiters: Vec<String>,
+    /// Bulkheads whose `max_concurrent_calls` changed.
+    pub bulkheads: Vec<String>,
+}
+
+impl Registry {
+    /// Applies `config` to the running instances, in place: the layers and services already
+    /// built from them see the change at once, and every key keeps its state.
+    ///
+    /// What changes in place: a rate limiter's quota (`limit_for_period`,
+    /// `limit_refresh_period`, `burst`, `max_wait`), given to its limiter as
+    /// [`Limiter::set_quota`](crate::Limiter::set_quota) does (see
+    /// [`KeyedRateLimiter::set_quota`](crate::KeyedRateLimiter::set_quota) for what each
+    /// algorithm keeps), and a bulkhead's `max_concurrent_calls`, as
+    /// [`Bulkhead::set_max_concurrent_calls`](crate::bulkhead::Bulkhead::set_max_concurrent_calls)
+    /// does. An instance whose settings are unchanged is not touched at all.
+    ///
+    /// Anything else cannot change under the layers already serving, so a reload that changes
+    /// it is refused as a whole, with an error naming the instance and the field: a rate
+    /// limiter's `algorithm`, `key`, `trusted_proxies`, `forwarded_header`, `max_keys`,
+    /// `hide_keys`, `store` or Redis settings, a bulkhead's `max_wait` or `queue_capacity`, any
+    /// setting of a pushback (`max_wait`, `max_hold`, `pacing`: the calls already held were
+    /// admitted under them), of a client quota (`limiter`, `cost`: the layers already built
+    /// hold them), of an adaptive bulkhead (its limit moves by itself) or of a route, and an
+    /// instance added or removed. A client quota's quota is its rate limiter's, and changes in
+    /// place with it. (Build a new registry for those, and take new layers from it.) A Redis
+    /// limiter's fail mode keeps what it was built from; Redis limiters in other processes
+    /// keep their quota until their own registry reloads (the quota travels with each call).
+    ///
+    /// # Errors
+    ///
+    /// A refused reload, or one with a quota a Redis script cannot run, changes nothing.
+    /// Reloads apply one at a time.
+    pub fn reload_config(&self, config: &Config) -> Result<Reloaded, ConfigError> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = &*running;
+        same_instances("rate_limiters", &now.rate_limiters, &config.rate_limiters)?;
+        same_instances("bulkheads", &now.bulkheads, &config.bulkheads)?;
+        same_instances("pushbacks", &now.pushbacks, &config.pushbacks)?;
+        same_instances("client_quotas", &now.client_quotas, &config.client_quotas)?;
+        same_instances(
+            "adaptive_bulkheads",
+            &now.adaptive_bulkheads,
+            &config.adaptive_bulkheads,
+        )?;
+        same_instances("routes", &now.routes, &config.routes)?;
+        let quotas: Vec<_> = config
+            .rate_limiters
+            .iter()
+            .filter(|(name, next)| now.rate_limiters[*name].quota != next.quota)
+            .collect();
+        for (name, next) in &quotas {
+            if let Some(check) = &self.limiters[*name].quota_check {
+                check(&next.quota)
+                    .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e))?;
+            }
+        }
+        // Everything checked: apply.
+        let mut reloaded = Reloaded::default();
+        for (name, next) in quotas {
+            self.limiters[name]
+                .limiter
+                .set_quota(next.quota)
+                .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e.to_string()))?;
+            reloaded.rate_limiters.push(name.clone());
+        }
+        for (name, next) in &config.bulkheads {
+            if now.bulkheads[name].max_concurrent_calls != next.max_concurrent_calls {
+                self.bulkheads[name].set_max_concurrent_calls(next.max_concurrent_calls);
+                reloaded.bulkheads.push(name.clone());
+            }
+        }
+        *running = config.clone();
+        Ok(reloaded)
+    }
+
+    /// [`reload_config`](Self::reload_config) with a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// A document that does not parse or validate is an error as
+    /// [`from_toml_str`](Self::from_toml_str) reports it, and changes nothing; so is a change
+    /// [`reload_config`](Self::reload_config) refuses.
+    pub fn reload_toml_str(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        self.reload_config(&Config::from_toml_str(text)?)
+            .map_err(|e| e.located_in(text))
+    }
+
+    /// [`reload_config`](Self::reload_config) with a TOML file, read again: the way to apply
+    /// an operator's edit of the file the registry was built from.
+    ///
+    /// # Errors
+    ///
+    /// As [`reload_toml_str`](Self::reload_toml_str), and a file that cannot be read.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_bulwark::config::Registry;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = Arc::new(Registry::from_path("bulwark.toml")?);
+    /// let reloader = Arc::clone(&registry);
+    /// tokio::spawn(async move {
+    ///     let mut every = tokio::time::interval(Duration::from_secs(30));
+    ///     loop {
+    ///         every.tick().await;
+    ///         match reloader.reload_path("bulwark.toml") {
+    ///             Ok(reloaded) => eprintln!("applied: {reloaded:?}"),
+    ///             Err(e) => eprintln!("kept the running configuration: {e}"),
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reload_path(&self, path: impl AsRef<Path>) -> Result<Reloaded, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
+        self.reload_toml_str(&text)
+    }
+}
+
+/// The settings of one kind of instance, as a reload sees them.
+trait Reloadable: PartialEq {
+    /// The first setting that differs from `next` and cannot change under the layers already
+    /// built (every setting but a rate limiter's quota and a bulkhead's size).
+    fn fixed_change(&self, next: &Self) -> Option<Change>;
+}
+
+/// A setting that changed.
+struct Change {
+    field: &'static str,
+    from: String,
+    to: String,
+}
+
+/// A [`Change`] of `field` if `now` and `next` differ.
+fn differ<T: PartialEq + fmt::Debug>(field: &'static str, now: &T, next: &T) -> Option<Change> {
+    (now != next).then(|| Change {
+        field,
+        from: format!("{now:?}"),
+        to: format!("{next:?}"),
+    })
+}
+
+/// An error unless `next` holds the same instances as `now`, each with the same fixed
+/// settings.
+fn same_instances<T: Reloadable>(
+    section: &str,
+    now: &BTreeMap<String, T>,
+    next: &BTreeMap<String, T>,
+) -> Result<(), ConfigError> {
+    if let Some(name) = next.keys().find(|name| !now.contains_key(*name)) {
+        return Err(ConfigError::new(
+            format!("{section}.{name}"),
+            "is not in the running registry; an instance cannot be added by a reload (build a \
+             new registry with it)",
+        ));
+    }
+    if let Some(name) = now.keys().find(|name| !next.contains_key(*name)) {
+        return Err(ConfigError::new(
+            format!("{section}.{name}"),
+            "is missing; an instance cannot be removed from a running registry (build a new \
+             registry without it)",
+        ));
+    }
+    for (name, next) in next {
+        let now = &now[name];
+        if now == next {
+            continue;
+        }
+        if let Some(Change { field, from, to }) = now.fixed_change(next) {
+            return Err(ConfigError::new(
+                format!("{section}.{name}.{field}"),
+                format!(
+                    "changed from {from} to {to}, which a running registry cannot apply in place \
+                     (only a rate limiter's quota and a bulkhead's max_concurrent_calls can be); \
+                     build a new registry for it"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Reloadable for RateLimiterSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        let key = match (&self.key, &next.key) {
+            (
+                KeyKind::ForwardedIp {
+                    header: a,
+                    trusted_proxies: a_proxies,
+                },
+                KeyKind::ForwardedIp {
+                    header: b,
+                    trusted_proxies: b_proxies,
+                },
+            ) => differ("trusted_proxies", a_proxies, b_proxies)
+                .or_else(|| differ("forwarded_header", a, b)),
+            (a, b) => differ("key", a, b),
+        };
+        let store = match (&self.store, &next.store) {
+            (StoreKind::Redis(a), StoreKind::Redis(b)) => differ("redis_url", &a.url, &b.url)
+                .or_else(|| differ("redis_prefix", &a.prefix, &b.prefix))
+                .or_else(|| differ("redis_timeout", &a.timeout, &b.timeout))
+                .or_else(|| differ("redis_fail_mode", &a.fail_mode, &b.fail_mode)),
+            (a, b) => differ("store", a, b),
+        };
+        differ("algorithm", &self.algorithm, &next.algorithm)
+            .or(key)
+            .or_else(|| differ("max_keys", &self.max_keys, &next.max_keys))
+            .or_else(|| differ("hide_keys", &self.hide_keys, &next.hide_keys))
+            .or(store)
+    }
+}
+
+impl Reloadable for BulkheadSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        differ("max_wait", &self.max_wait, &next.max_wait)
+            .or_else(|| differ("queue_capacity", &self.queue_capacity, &next.queue_capacity))
+    }
+}
+
+impl Reloadable for PushbackSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        differ("max_wait", &self.max_wait, &next.max_wait)
+            .or_else(|| differ("max_hold", &self.max_hold, &next.max_hold))
+            .or_else(|| differ("pacing", &self.pacing, &next.pacing))
+    }
+}
+
+impl Reloadable for ClientQuotaSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        differ("limiter", &self.limiter, &next.limiter)
+            .or_else(|| differ("cost", &self.cost, &next.cost))
+    }
+}
+
+impl Reloadable for AdaptiveBulkheadSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        differ("min_limit", &self.min_limit, &next.min_limit)
+            .or_else(|| differ("initial_limit", &self.initial_limit, &next.initial_limit))
+            .or_else(|| differ("max_limit", &self.max_limit, &next.max_limit))
+            .or_else(|| differ("algorithm", &self.algorithm, &next.algorithm))
+            .or_else(|| {
+                differ(
+                    "ignore_cancelled_calls",
+                    &self.ignore_cancelled_calls,
+                    &next.ignore_cancelled_calls,
+                )
+            })
+    }
+}
+
+impl Reloadable for RouteSettings {
+    fn fixed_change(&self, next: &Self) -> Option<Change> {
+        differ("policies", &self.policies, &next.policies).or_else(|| {
+            differ(
+                "exempt_networks",
+                &self.exempt_networks,
+                &next.exempt_networks,
+            )
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! What a response says about when to call again.
+//!
+//! A response can hold calls (`Retry-After`, read in [`retry_after`]) and advertise a quota.
+//! Dependencies write their quotas in several dialects; each [`Dialect`] is read by a module of
+//! its own, and of every quota read the most restrictive counts.
+//!
+//! Every span read here is capped by the pushback's `max_hold`; nothing read from a header can
+//! panic, overflow or make a span longer than that.
+
+mod ratelimit;
+mod retry_after;
+mod x_ratelimit;
+
+use std::cmp::Reverse;
+use std::time::{Duration, SystemTime};
+
+use http::header::{HeaderMap, HeaderName, DATE};
+use http::StatusCode;
+
+/// How long to hold after a 429 that says nothing about when to come back.
+const HOLD_WITHOUT_TIME: Duration = Duration::from_secs(1);
+
+/// The most header lines of one field that are read; the rest are ignored.
+const MAX_LINES: usize = 16;
+
+/// The most bytes of one field that are read; a longer field is ignored.
+const MAX_FIELD_BYTES: usize = 4096;
+
+/// A way dependencies write their quota in response fields. Reading one more is a module with
+/// a `read` function, a variant here and its arms in [`read`](Self::read) and
+/// [`label`](Self::label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
+    RateLimit,
+    /// `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    XRateLimit,
+}
+
+impl Dialect {
+    /// Every dialect, in the order of declaration, which is the order they are read in: of
+    /// equally restrictive quotas, the first read counts.
+    pub(crate) const ALL: [Self; 2] = [Self::RateLimit, Self::XRateLimit];
+
+    /// The `reason` label of the holds that a spent quota of this dialect causes.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::RateLimit => "ratelimit",
+            Self::XRateLimit => "x_ratelimit",
+        }
+    }
+
+    /// The quota this dialect advertises in `headers`, if they have one.
+    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+        match self {
+            Self::RateLimit => ratelimit::read(reader, headers),
+            Self::XRateLimit => x_ratelimit::read(reader, headers),
+        }
+    }
+}
+
+/// What one response asks of its caller.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// Hold every call for this long (`Retry-After` on a 429 or 503, or a 429 without it).
+    pub(crate) hold: Option<Duration>,
+    /// The most restrictive quota the response advertises.
+    pub(crate) quota: Option<AdvertisedQuota>,
+}
+
+/// A quota the dependency advertised: `remaining` calls within `window`, then, when its policy
+/// is known, `refill`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AdvertisedQuota {
+    /// The fields it was read from.
+    pub(crate) dialect: Dialect,
+    pub(crate) remaining: u64,
+    pub(crate) window: Duration,
+    pub(crate) refill: Option<Refill>,
+}
+
+/// The quota of every window after the advertised one: `calls` in each `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refill {
+    pub(crate) calls: u64,
+    pub(crate) window: Duration,
+}
+
+impl AdvertisedQuota {
+    /// Orders quotas from the most restrictive: the fewest calls left, and of those the longest
+    /// window.
+    fn restrictiveness(&self) -> (u64, Reverse<Duration>) {
+        (self.remaining, Reverse(self.window))
+    }
+}
+
+/// The most restrictive of `quotas`.
+fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<AdvertisedQuota> {
+    quotas.min_by_key(AdvertisedQuota::restrictiveness)
+}
+
+/// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
+/// at `max_hold`. `dependency` names the dependency in logs.
+pub(crate) fn read(
+    dependency: &str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    wall_now: SystemTime,
+    max_hold: Duration,
+) -> Answer {
+    let reader = Reader {
+        dependency,
+        max_hold,
+        // The server's own clock, when it sends one, so that dates are read without clock skew.
+        reference: date_of(headers).unwrap_or(wall_now),
+    };
+    let quota = most_restrictive(
+        Dialect::ALL
+            .iter()
+            .filter_map(|dialect| dialect.read(&reader, headers)),
+    );
+    let overloaded =
+        status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+    let mut hold = if overloaded {
+        retry_after::read(&reader, headers)
+    } else {
+        None
+    };
+    if hold.is_none() && status == StatusCode::TOO_MANY_REQUESTS && quota.is_none() {
+        tracing::debug!(
+            target: "tower_bulwark::pushback",
+            dependency,
+            "429 without Retry-After or rate-limit fields; holding {HOLD_WITHOUT_TIME:?}",
+        );
+        hold = Some(reader.hold_without_time());
+    }
+    Answer { hold, quota }
+}
+
+/// The `Date` of a response, if it has exactly one readable one.
+fn date_of(headers: &HeaderMap) -> Option<SystemTime> {
+    let mut values = headers.get_all(DATE).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
+}
+
+/// A header value shortened and escaped for a log line.
+fn shown(value: &[u8]) -> String {
+    let end = value.len().min(64);
+    let mut text = String::from_utf8_lossy(&value[..end])
+        .escape_debug()
+        .to_string();
+    if value.len() > end {
+        text.push('…');
+    }
+    text
+}
+
+/// Non-negative whole seconds or a count, saturating: `None` unless `text` is one or more ASCII
+/// digits, with optional whitespace around them.
+fn whole_number(text: &[u8]) -> Option<u64> {
+    let text = text.trim_ascii();
+    if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(text.iter().fold(0u64, |n, &d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
+/// What every dialect reads with: the caps, the reference time, and the logging of what is
+/// capped or ignored.
+struct Reader<'a> {
+    dependency: &'a str,
+    max_hold: Duration,
+    /// The time that dates in the response are read against.
+    reference: SystemTime,
+}
+
+impl Reader<'_> {
+    /// `seconds` as a span, capped at `max_hold` (logged when capped).
+    fn span(&self, field: &str, seconds: u64) -> Duration {
+        let span = Duration::from_secs(seconds);
+        if span > self.max_hold {
+            tracing::warn!(
+                target: "tower_bulwark::pushback",
+                dependency = self.dependency,
+                field,
+                seconds,
+                max_hold = ?self.max_hold,
+                "the dependency asked for a longer hold than max_hold; capped",
+            );
+            self.max_hold
+        } else {
+            span
+        }
+    }
+
+    /// The span until `at` from the reference time, in whole seconds rounded up: zero for a
+    /// time in the past.
+    fn until(&self, field: &str, at: SystemTime) -> Duration {
+        match at.duration_since(self.reference) {
+            Ok(span) => {
+                let seconds = span
+                    .as_secs()
+                    .saturating_add(u64::from(span.subsec_nanos() > 0));
+                self.span(field, seconds)
+            }
+            Err(_) => {
+                tracing::debug!(
+                    target: "tower_bulwark::pushback",
+                    dependency = self.dependency,
+                    field,
+                    "a time in the past; no hold",
+                );
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// The hold of an answer that says nothing is left but not for how long.
+    fn hold_without_time(&self) -> Duration {
+        HOLD_WITHOUT_TIME.min(self.max_hold)
+    }
+
+    fn malformed(&self, field: &str, value: &[u8]) {
+        tracing::warn!(
+            target: "tower_bulwark::pushback",
+            dependency = self.dependency,
+            field,
+            value = %shown(value),
+            "malformed rate-limit field from the dependency; ignored",
+        );
+    }
+
+    /// The one line of `name` as a whole number; `None`, logged, when it is not one or the
+    /// field has several lines.
+    fn single_number(&self, headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+        let mut values = headers.get_all(name).iter();
+        let value = values.next()?;
+        let number = if values.next().is_some() {
+            None
+        } else {
+            whole_number(value.as_bytes())
+        };
+        if number.is_none() {
+            self.malformed(name.as_str(), value.as_bytes());
+        }
+        number
+    }
+
+    /// The field `name`, its lines joined by commas (RFC 9651), or `None` when it is absent or
+    /// too long (logged).
+    fn joined(&self, headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
+        let mut joined = Vec::new();
+        for (i, value) in headers.get_all(name).iter().enumerate() {
+            if i == MAX_LINES || joined.len() + value.len() + 2 > MAX_FIELD_BYTES {
+                self.malformed(name.as_str(), value.as_bytes());
+                return None;
+            }
+            if i > 0 {
+                joined.extend_from_slice(b", ");
+            }
+            joined.extend_from_slice(value.as_bytes());
+        }
+        (!joined.is_empty()).then_some(joined)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota_of(fields: &[(&str, &str)]) -> Option<AdvertisedQuota> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        read(
+            "p",
+            StatusCode::OK,
+            &headers,
+            SystemTime::now(),
+            Duration::MAX,
+        )
+        .quota
+    }
+
+    #[test]
+    fn reads_policies_named_by_strings_or_tokens_and_their_integer_parameters() {
+        let quota = quota_of(&[
+            ("ratelimit", r#""day";r=10;t=3600, hour;r=0;x=?1, (1 2)"#),
+            ("ratelimit-policy", r#""day";q=100;w=86400, hour;q=5;w=60"#),
+        ]);
+        assert_eq!(
+            quota,
+            Some(AdvertisedQuota {
+                dialect: Dialect::RateLimit,
+                remaining: 0,
+                window: Duration::from_secs(60),
+                refill: Some(Refill {
+                    calls: 5,
+                    window: Duration::from_secs(60),
+                }),
+            })
+        );
+    }
+
+    #[test]
+    fn a_field_rfc_9651_rejects_is_ignored_whole() {
+        for bad in [
+            r#""a";r=0;t=5,"#,
+            r#""a";r=0;t=1234567890123456"#,
+            r#""a";R=0;t=5"#,
+            r#""a";r=0;t=5, "b";r=-"#,
+            r#""a";r=0;t=5, "b"#,
+            r#""a";r=0;t=5, 1.2345"#,
+            r#""a";r=0;t=5, (1"#,
+        ] {
+            assert_eq!(quota_of(&[("ratelimit", bad)]), None, "{bad}");
+        }
+    }
+}

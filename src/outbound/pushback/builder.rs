@@ -1,0 +1,93 @@
+//! How a [`Pushback`] follows its dependency: [`PushbackBuilder`] and [`Pacing`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::dependency::Pushback;
+use crate::clock::{Clock, SystemClock};
+
+/// The default [`max_hold`](PushbackBuilder::max_hold): ten minutes.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+
+/// How calls are paced by the quota a dependency advertises (`r` calls left within `t`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Pacing {
+    /// Calls go as they come while the advertised quota lasts; once it is spent, they are held
+    /// until its window ends. The default.
+    #[default]
+    UntilSpent,
+    /// As [`UntilSpent`](Self::UntilSpent), and the calls left are spread evenly over the
+    /// window: one every `t / r`.
+    Spread,
+}
+
+/// Builds a [`Pushback`]; start with [`Pushback::builder`].
+#[derive(Clone, Debug)]
+pub struct PushbackBuilder<C = SystemClock> {
+    pub(super) name: Arc<str>,
+    pub(super) max_wait: Duration,
+    pub(super) max_hold: Duration,
+    pub(super) pacing: Pacing,
+    pub(super) clock: C,
+}
+
+impl Pushback {
+    /// A builder for the dependency `name` (named in errors and logs).
+    pub fn builder(name: impl Into<Arc<str>>) -> PushbackBuilder {
+        PushbackBuilder {
+            name: name.into(),
+            max_wait: Duration::ZERO,
+            max_hold: DEFAULT_MAX_HOLD,
+            pacing: Pacing::default(),
+            clock: SystemClock::new(),
+        }
+    }
+
+    /// A pushback for `name` with the defaults: no waiting, holds of at most
+    /// [`DEFAULT_MAX_HOLD`], [`Pacing::UntilSpent`].
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::builder(name).build()
+    }
+}
+
+impl<C: Clock> PushbackBuilder<C> {
+    /// How long a call may wait for a hold to end before it is sent (default zero: a held call
+    /// fails at once with [`PushedBack`](super::PushedBack)). A call whose hold ends later is
+    /// refused at once.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The longest hold any response can impose (default [`DEFAULT_MAX_HOLD`]): a longer
+    /// `Retry-After` or window is cut to this, and logged.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// How calls are paced by an advertised quota (default [`Pacing::UntilSpent`]).
+    pub fn pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = pacing;
+        self
+    }
+
+    /// Reads time from `clock`. Waits sleep on tokio's timer, so a clock other than
+    /// [`SystemClock`] or [`TokioClock`](crate::clock::TokioClock) suits only `max_wait` zero
+    /// (a [`ManualClock`](crate::clock::ManualClock) in tests of holds that fail at once).
+    pub fn clock<C2: Clock>(self, clock: C2) -> PushbackBuilder<C2> {
+        PushbackBuilder {
+            name: self.name,
+            max_wait: self.max_wait,
+            max_hold: self.max_hold,
+            pacing: self.pacing,
+            clock,
+        }
+    }
+
+    /// Builds the pushback.
+    pub fn build(self) -> Pushback<C> {
+        Pushback::from_builder(self)
+    }
+}

@@ -1,0 +1,155 @@
+//! [`Pushback`], the handle every layer, service and clone of one dependency shares, and the
+//! [`Dependency`] record behind it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
+
+use super::answer::{self, Answer};
+use super::builder::{Pacing, PushbackBuilder};
+use super::layer::PushbackLayer;
+use super::metrics::PushbackMetrics;
+use super::response::ResponseHead;
+use super::schedule::Schedule;
+use crate::clock::{Clock, SystemClock};
+
+/// What one dependency has said about when to call it, shared by every layer, service and clone
+/// made from it.
+///
+/// Build one per dependency, wrap its client in [`layer`](Self::layer), and every call made
+/// through it is held back as the dependency's responses ask (see the
+/// [module docs](super)).
+pub struct Pushback<C = SystemClock> {
+    pub(crate) dependency: Arc<Dependency<C>>,
+}
+
+impl<C> Clone for Pushback<C> {
+    fn clone(&self) -> Self {
+        Self {
+            dependency: Arc::clone(&self.dependency),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Pushback<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dependency = &self.dependency;
+        f.debug_struct("Pushback")
+            .field("name", &dependency.name)
+            .field("max_wait", &dependency.max_wait)
+            .field("max_hold", &dependency.max_hold)
+            .field("pacing", &dependency.pacing)
+            .field("schedule", &*dependency.schedule())
+            .finish()
+    }
+}
+
+impl<C: Clock> Pushback<C> {
+    pub(super) fn from_builder(builder: PushbackBuilder<C>) -> Self {
+        Self {
+            dependency: Arc::new(Dependency {
+                metrics: PushbackMetrics::new(&builder.name),
+                name: builder.name,
+                max_wait: builder.max_wait,
+                max_hold: builder.max_hold,
+                pacing: builder.pacing,
+                clock: builder.clock,
+                schedule: Mutex::new(Schedule::default()),
+                sooner: Arc::new(Notify::new()),
+            }),
+        }
+    }
+
+    /// A layer that holds calls back as this dependency asks.
+    pub fn layer(&self) -> PushbackLayer<C> {
+        PushbackLayer::new(self.clone())
+    }
+
+    /// The dependency's name.
+    pub fn name(&self) -> &str {
+        &self.dependency.name
+    }
+
+    /// How long from now until a call may be sent, by what the dependency said last: zero when
+    /// one may go now.
+    pub fn held_for(&self) -> Duration {
+        let now = self.dependency.clock.now();
+        let at = self
+            .dependency
+            .schedule()
+            .next_start(now, self.dependency.pacing);
+        Duration::from_nanos(at.saturating_sub(now))
+    }
+
+    /// Records what `response` says, as the layer does for every response it passes on: for a
+    /// client called without the layer, or a response obtained elsewhere from the same
+    /// dependency. Calls in flight through the layer are counted against an advertised quota;
+    /// this call is not one of them.
+    pub fn observe<R: ResponseHead>(&self, response: &R) {
+        self.dependency.observe(response, None);
+    }
+}
+
+/// One dependency as its pushback knows it: its name and settings, and the schedule its answers
+/// have set.
+pub(crate) struct Dependency<C> {
+    pub(crate) name: Arc<str>,
+    pub(crate) max_wait: Duration,
+    max_hold: Duration,
+    pacing: Pacing,
+    pub(crate) clock: C,
+    schedule: Mutex<Schedule>,
+    pub(crate) metrics: PushbackMetrics,
+    /// Woken when an answer lets calls start sooner than before, so that waiters go then.
+    pub(crate) sooner: Arc<Notify>,
+}
+
+impl<C> Dependency<C> {
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        // Every change to the schedule is a few assignments that cannot panic half-way.
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C: Clock> Dependency<C> {
+    /// Starts a call now, returning its place in the order of starts, or says from when one
+    /// may start: `Err((now, at))`.
+    pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
+        let now = self.clock.now();
+        self.schedule()
+            .try_start(now, self.pacing)
+            .map_err(|at| (now, at))
+    }
+
+    /// A call started by [`try_start`](Self::try_start) has ended.
+    pub(crate) fn finish(&self) {
+        self.schedule().finish();
+    }
+
+    /// Records `response`; `own` is the place of the call it answers (still counted in
+    /// flight) in the order of starts, `None` for a response obtained elsewhere.
+    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<u64>) {
+        let answer = answer::read(
+            &self.name,
+            response.status(),
+            response.headers(),
+            SystemTime::now(),
+            self.max_hold,
+        );
+        if answer == Answer::default() {
+            return;
+        }
+        self.metrics.observed(&answer);
+        let now = self.clock.now();
+        let mut schedule = self.schedule();
+        let before = schedule.free_at(now);
+        schedule.apply(answer, now, own, self.pacing);
+        let sooner = schedule.free_at(now) < before;
+        drop(schedule);
+        if sooner {
+            self.sooner.notify_waiters();
+        }
+    }
+}
