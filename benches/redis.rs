@@ -5,7 +5,7 @@
 //! Run with `cargo bench --features redis --bench redis`. The bench starts its own
 //! `redis-server` on a free port (and skips, saying why, when there is none).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/common/redis_server.rs"]
 mod support;
 
 use std::sync::{Arc, LazyLock};

@@ -1,0 +1,996 @@
+//! The adaptive bulkhead through its public API: each algorithm against figures computed by hand
+//! on a manual clock, the classifier (with a real `reqwest` client against a `wiremock` server on
+//! 127.0.0.1), and the bulkhead properties that must hold as for every bulkhead.
+
+use std::future::Future;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::poll;
+use tokio::sync::oneshot;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::{
+    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Classify, FromTowerHttp, Gradient,
+    HttpOverload, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict, MAX_RTT,
+};
+use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::BoxError;
+
+use crate::common::response;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    MS * n as u32
+}
+
+fn limits(min: usize, initial: usize, max: usize) -> Limits {
+    Limits::new(min, initial, max).expect("valid limits")
+}
+
+/// Feeds samples `(at ms, rtt ms, in flight, overloaded)` to `algorithm`, carrying the limit as
+/// the bulkhead would, and returns the limit after each.
+fn feed(
+    algorithm: &mut impl LimitAlgorithm,
+    bounds: &Limits,
+    mut limit: usize,
+    samples: &[(u64, u64, usize, bool)],
+) -> Vec<usize> {
+    samples
+        .iter()
+        .map(|&(at, rtt, in_flight, overloaded)| {
+            let sample = Sample::new(ms(at), ms(rtt), in_flight, limit).overloaded(overloaded);
+            limit = bounds.clamp(algorithm.update(&sample, bounds));
+            limit
+        })
+        .collect()
+}
+
+// ---- AIMD, by hand ----
+
+#[test]
+fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
+    let bounds = limits(1, 4, 100);
+    let mut aimd = Aimd::default();
+    // The first sample opens a round of its own round trip (10 ms: until 20 ms). Every sample of
+    // the round was admitted at the limit, yet it grows once, when the round closes at 20 ms.
+    let limits = feed(
+        &mut aimd,
+        &bounds,
+        4,
+        &[
+            (10, 10, 4, false),
+            (12, 10, 4, false),
+            (15, 10, 4, false),
+            (20, 10, 4, false),
+        ],
+    );
+    assert_eq!(limits, [4, 4, 4, 5]);
+    // Next round: 10 ms (the mean), until 30 ms. Nobody reached the limit of 5: no growth.
+    let limits = feed(
+        &mut aimd,
+        &bounds,
+        5,
+        &[(25, 10, 3, false), (30, 10, 4, false)],
+    );
+    assert_eq!(limits, [5, 5]);
+    // Until 40 ms: one call admitted at the limit is enough to grow, once.
+    let limits = feed(
+        &mut aimd,
+        &bounds,
+        5,
+        &[(31, 10, 5, false), (35, 10, 5, false), (40, 10, 2, false)],
+    );
+    assert_eq!(limits, [5, 5, 6]);
+}
+
+#[test]
+fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
+    let bounds = limits(1, 10, 100);
+    let mut aimd = Aimd::default();
+    // Round 0..10 ms: two 503s in one round trip cut the limit once: 10 × 0.8 = 8.
+    let got = feed(
+        &mut aimd,
+        &bounds,
+        10,
+        &[
+            (0, 10, 10, false),
+            (3, 1, 10, true),
+            (5, 1, 10, true),
+            (10, 10, 10, false),
+        ],
+    );
+    assert_eq!(got, [10, 10, 10, 8]);
+    // Round until 20 ms: one timeout → 8 × 0.8 = 6.4, shown as 6.
+    let got = feed(
+        &mut aimd,
+        &bounds,
+        8,
+        &[(15, 10, 8, true), (20, 10, 8, false)],
+    );
+    assert_eq!(got, [8, 6]);
+    // A healthy round at the limit: 6.4 + 1 = 7.4, shown as 7 (the fraction is kept).
+    let got = feed(
+        &mut aimd,
+        &bounds,
+        6,
+        &[(25, 10, 6, false), (30, 10, 6, false)],
+    );
+    assert_eq!(got, [6, 7]);
+    // And again: 8.4 → 8.
+    let got = feed(&mut aimd, &bounds, 7, &[(40, 10, 7, false)]);
+    assert_eq!(got, [8]);
+}
+
+#[test]
+fn aimd_backs_off_when_latency_rises_above_its_baseline() {
+    let bounds = limits(1, 10, 100);
+    let mut aimd = Aimd::default();
+    // Baseline: the first round's mean, 10 ms; the limit grows to 11 (in use).
+    assert_eq!(
+        feed(
+            &mut aimd,
+            &bounds,
+            10,
+            &[(0, 10, 10, false), (10, 10, 10, false)]
+        ),
+        [10, 11]
+    );
+    // 12 ms is within 1.3 × 10 ms: healthy, grows to 12. In its warm-up the baseline is the
+    // plain mean of the rounds so far: 11 ms.
+    assert_eq!(feed(&mut aimd, &bounds, 11, &[(20, 12, 11, false)]), [12]);
+    // The next round lasts min(12 ms, baseline 10 ms) and ends at 30 ms. A mean of 15 ms is
+    // above 1.3 × 11 = 14.3 ms: back off, 12 × 0.8 = 9.6 → 9, with no 503 at all.
+    assert_eq!(
+        feed(
+            &mut aimd,
+            &bounds,
+            12,
+            &[(25, 15, 12, false), (30, 15, 12, false)]
+        ),
+        [12, 9]
+    );
+}
+
+#[test]
+fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
+    let bounds = limits(1, 10, 100);
+    let mut aimd = Aimd::default();
+    // Warm-up: 16 rounds of 10 ms, not in use. Baseline 10 ms, limit 10.
+    let warm: Vec<_> = (0..=16).map(|i| (i * 10, 10, 1, false)).collect();
+    assert_eq!(*feed(&mut aimd, &bounds, 10, &warm).last().unwrap(), 10);
+    // Now every round takes 20 ms, above 1.3 × 10: back off each round, 10 × 0.8^n, while the
+    // baseline stays at 10 ms. The estimate reaches the minimum in round 11 (10 × 0.8^11 = 0.86,
+    // clamped to 1; shown as 1 from round 8, 10 × 0.8^8 = 1.68). From round 12 on, at the
+    // minimum, the baseline learns: 20 - 10 × (15/16)^j after j rounds, and round 12 + j is slow
+    // while 20 > 1.3 × that, that is for j ≤ 11. Round 24 is the first within the tolerance.
+    let mut limit = 10;
+    let mut shown = Vec::new();
+    for round in 0..26u64 {
+        limit = feed(
+            &mut aimd,
+            &bounds,
+            limit,
+            &[(180 + round * 20, 20, limit, false)],
+        )[0];
+        shown.push(limit);
+    }
+    assert_eq!(&shown[..8], [8, 6, 5, 4, 3, 2, 2, 1]);
+    assert!(shown[7..23].iter().all(|&l| l == 1), "{shown:?}");
+    assert_eq!(shown[23..], [2, 3, 4]);
+}
+
+#[test]
+fn aimd_stays_within_min_and_max() {
+    let bounds = limits(2, 4, 5);
+    let mut aimd = Aimd::default();
+    let mut limit = 4;
+    let mut at = 0;
+    for _ in 0..20 {
+        at += 10;
+        limit = feed(&mut aimd, &bounds, limit, &[(at, 10, limit, false)])[0];
+        assert!((2..=5).contains(&limit));
+    }
+    assert_eq!(limit, 5, "grows to max and no further");
+    for _ in 0..20 {
+        at += 10;
+        limit = feed(&mut aimd, &bounds, limit, &[(at, 10, limit, true)])[0];
+        assert!((2..=5).contains(&limit));
+    }
+    assert_eq!(limit, 2, "falls to min and no further");
+    // The estimate was kept at min, not below: one healthy round brings it to 3 at once.
+    at += 10;
+    assert_eq!(feed(&mut aimd, &bounds, 2, &[(at, 10, 2, false)]), [3]);
+}
+
+#[test]
+fn absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages() {
+    for algorithm in [
+        Box::new(Aimd::default()) as Box<dyn LimitAlgorithm>,
+        Box::new(Gradient::default()),
+    ] {
+        let mut algorithm = algorithm;
+        let bounds = limits(1, 8, 64);
+        // A frozen clock and zero round trips: a thousand samples at one instant are one round,
+        // which never closes, so the limit cannot run away.
+        let mut limit = 8;
+        for _ in 0..1000 {
+            let sample = Sample::new(Duration::ZERO, Duration::ZERO, limit, limit);
+            limit = algorithm.update(&sample, &bounds);
+        }
+        assert_eq!(limit, 8);
+        // An enormous round trip counts as MAX_RTT: the round it opens ends MAX_RTT later, not
+        // in 584 years.
+        let mut algorithm = Box::new(Aimd::default());
+        let huge = Sample::new(ms(1), Duration::MAX, 8, 8);
+        assert_eq!(algorithm.update(&huge, &bounds), 8);
+        let after = Sample::new(ms(1) + MAX_RTT, ms(10), 8, 8);
+        assert_eq!(algorithm.update(&after, &bounds), 9);
+        // Instants at the end of time and going backwards: no panic, the limit stays in bounds.
+        for at in [Duration::MAX, Duration::ZERO, Duration::MAX, ms(5)] {
+            let sample = Sample::new(at, Duration::MAX, usize::MAX, 9).overloaded(true);
+            assert!((1..=64).contains(&algorithm.update(&sample, &bounds)));
+        }
+    }
+}
+
+#[test]
+fn bad_settings_are_errors_that_name_the_setting() {
+    let cases = [
+        (Limits::new(0, 1, 1), "min_limit"),
+        (Limits::new(2, 1, 5), "initial_limit"),
+        (Limits::new(2, 6, 5), "initial_limit"),
+        (Limits::new(6, 6, 5), "min_limit"),
+        (Limits::new(1, 1, MAX_CONCURRENT_CALLS + 1), "max_limit"),
+    ];
+    for (result, setting) in cases {
+        let err = result.expect_err("refused");
+        assert_eq!(err.setting(), setting);
+        assert!(err.to_string().contains(setting), "{err}");
+    }
+    assert_eq!(
+        Limits::new(0, 1, 1).unwrap_err().to_string(),
+        "adaptive bulkhead: `min_limit` must be at least 1: a limit of zero would refuse every \
+         call and never learn again, got 0"
+    );
+    assert!(Limits::new(1, 1, MAX_CONCURRENT_CALLS).is_ok());
+    for backoff in [0.0, 1.0, -0.5, f64::NAN, 2.0] {
+        assert_eq!(
+            Aimd::default().backoff(backoff).unwrap_err().setting(),
+            "backoff"
+        );
+    }
+    for tolerance in [0.99, f64::INFINITY, f64::NAN, -1.0] {
+        assert_eq!(
+            Aimd::default()
+                .latency_tolerance(tolerance)
+                .unwrap_err()
+                .setting(),
+            "latency_tolerance"
+        );
+        assert_eq!(
+            Gradient::default()
+                .latency_tolerance(tolerance)
+                .unwrap_err()
+                .setting(),
+            "latency_tolerance"
+        );
+    }
+    for smoothing in [0.0, 1.01, f64::NAN] {
+        assert_eq!(
+            Gradient::default()
+                .smoothing(smoothing)
+                .unwrap_err()
+                .setting(),
+            "smoothing"
+        );
+    }
+    assert!(Aimd::default()
+        .backoff(0.5)
+        .and_then(|a| a.latency_tolerance(1.0))
+        .is_ok());
+}
+
+// ---- Gradient, by hand ----
+
+#[test]
+fn gradient_follows_the_ratio_of_baseline_to_latency() {
+    let bounds = limits(1, 10, 100);
+    let mut gradient = Gradient::default();
+    // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.1 × 10 / 10, 1) = 1, in use, so
+    // target = 10 + sqrt(10) = 13.1623 and limit = 0.7 × 10 + 0.3 × 13.1623 = 10.9487 → 10.
+    assert_eq!(
+        feed(
+            &mut gradient,
+            &bounds,
+            10,
+            &[(0, 10, 10, false), (10, 10, 10, false)]
+        ),
+        [10, 10]
+    );
+    // Round 2 (20 ms, twice the baseline): gradient = 1.1 × 10 / 20 = 0.55, headroom
+    // sqrt(10.9487) = 3.3089, target = 6.0218 + 3.3089 = 9.3307,
+    // limit = 0.7 × 10.9487 + 0.3 × 9.3307 = 10.4633 → 10. The baseline is now 15 ms.
+    assert_eq!(
+        feed(&mut gradient, &bounds, 10, &[(20, 20, 10, false)]),
+        [10]
+    );
+    // Round 3 (an overload signal): gradient 0.5 and no headroom: target = 5.2316,
+    // limit = 0.7 × 10.4633 + 0.3 × 5.2316 = 8.8938 → 8.
+    assert_eq!(feed(&mut gradient, &bounds, 10, &[(30, 10, 10, true)]), [8]);
+    // Not in use, below the baseline: gradient 1, no headroom, the limit holds at 8.89.
+    assert_eq!(feed(&mut gradient, &bounds, 8, &[(45, 10, 3, false)]), [8]);
+    // In use again: 8.8938 × 0.7 + (8.8938 + 2.9822) × 0.3 = 9.7884 → 9.
+    assert_eq!(feed(&mut gradient, &bounds, 8, &[(60, 10, 8, false)]), [9]);
+}
+
+#[test]
+fn gradient_grows_only_while_in_use_and_stays_within_bounds() {
+    let bounds = limits(3, 4, 6);
+    let mut gradient = Gradient::default();
+    let mut limit = 4;
+    for round in 1..=40u64 {
+        limit = feed(&mut gradient, &bounds, limit, &[(round * 10, 10, 1, false)])[0];
+    }
+    assert_eq!(limit, 4, "no growth while nobody reaches the limit");
+    for round in 41..=80u64 {
+        limit = feed(
+            &mut gradient,
+            &bounds,
+            limit,
+            &[(round * 10, 10, limit, false)],
+        )[0];
+        assert!((3..=6).contains(&limit));
+    }
+    assert_eq!(limit, 6);
+    for round in 81..=120u64 {
+        limit = feed(
+            &mut gradient,
+            &bounds,
+            limit,
+            &[(round * 10, 10, limit, true)],
+        )[0];
+        assert!((3..=6).contains(&limit));
+    }
+    assert_eq!(limit, 3);
+}
+
+// ---- The classifier ----
+
+#[derive(Debug)]
+struct Wrapped(io::Error);
+
+impl std::fmt::Display for Wrapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("wrapped")
+    }
+}
+
+impl std::error::Error for Wrapped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_overload_judges_statuses_and_errors() {
+    let c = HttpOverload::default();
+    for (status, verdict) in [
+        (200, Verdict::Healthy),
+        (404, Verdict::Healthy),
+        (500, Verdict::Healthy),
+        (502, Verdict::Healthy),
+        (429, Verdict::Overloaded),
+        (503, Verdict::Overloaded),
+        (504, Verdict::Overloaded),
+    ] {
+        assert_eq!(c.classify(Ok(&response(status, &[]))), verdict, "{status}");
+    }
+    let elapsed = tokio::time::timeout(MS, std::future::pending::<()>())
+        .await
+        .unwrap_err();
+    let errors: [(BoxError, Verdict); 7] = [
+        (
+            io::Error::from(io::ErrorKind::TimedOut).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionRefused).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            io::Error::from(io::ErrorKind::ConnectionReset).into(),
+            Verdict::Overloaded,
+        ),
+        (
+            Wrapped(io::Error::from(io::ErrorKind::BrokenPipe)).into(),
+            Verdict::Overloaded,
+        ),
+        (elapsed.into(), Verdict::Overloaded),
+        (
+            io::Error::from(io::ErrorKind::PermissionDenied).into(),
+            Verdict::Ignored,
+        ),
+        ("some other failure".into(), Verdict::Ignored),
+    ];
+    for (err, verdict) in errors {
+        let got = Classify::<http::Response<()>>::classify(&c, Err(&err));
+        assert_eq!(got, verdict, "{err}");
+    }
+}
+
+#[test]
+fn any_tower_http_classifier_can_decide() {
+    use tower_http::classify::{ServerErrorsAsFailures, StatusInRangeAsFailures};
+    let server = FromTowerHttp(ServerErrorsAsFailures::new());
+    assert_eq!(
+        server.classify(Ok(&response(500, &[]))),
+        Verdict::Overloaded
+    );
+    assert_eq!(server.classify(Ok(&response(429, &[]))), Verdict::Healthy);
+    assert_eq!(server.classify(Ok(&response(200, &[]))), Verdict::Healthy);
+    let range = FromTowerHttp(StatusInRangeAsFailures::new(429..=429));
+    assert_eq!(range.classify(Ok(&response(429, &[]))), Verdict::Overloaded);
+    assert_eq!(range.classify(Ok(&response(503, &[]))), Verdict::Healthy);
+    let refused: BoxError = io::Error::from(io::ErrorKind::ConnectionRefused).into();
+    assert_eq!(
+        Classify::<http::Response<()>>::classify(&range, Err(&refused)),
+        Verdict::Overloaded
+    );
+    // HttpOverload is itself a tower-http classifier, with the overload answers as failures.
+    use tower_http::classify::{ClassifiedResponse, ClassifyResponse};
+    assert!(matches!(
+        ClassifyResponse::classify_response(HttpOverload::default(), &response(503, &[])),
+        ClassifiedResponse::Ready(Err(_))
+    ));
+    assert!(matches!(
+        ClassifyResponse::classify_response(HttpOverload::default(), &response(500, &[])),
+        ClassifiedResponse::Ready(Ok(()))
+    ));
+}
+
+/// An algorithm that records what it is given and never moves the limit.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Sample>>>);
+
+impl LimitAlgorithm for Recorder {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        self.0.lock().unwrap().push(*sample);
+        sample.limit
+    }
+}
+
+impl Recorder {
+    fn verdicts(&self) -> Vec<bool> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.overloaded)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_real_reqwest_client_against_wiremock_is_classified() {
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    for (route, status) in [
+        ("/ok", 200),
+        ("/busy", 503),
+        ("/slow-down", 429),
+        ("/broken", 500),
+    ] {
+        Mock::given(path(route))
+            .respond_with(ResponseTemplate::new(status))
+            .mount(&server)
+            .await;
+    }
+    Mock::given(path("/hang"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    // A port nobody listens on.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("wiremock")
+        .algorithm(recorder.clone())
+        .build();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let client = ServiceBuilder::new().layer(bulkhead.layer()).service(http);
+    let request = |url: String| reqwest::Request::new(reqwest::Method::GET, url.parse().unwrap());
+
+    for route in ["/ok", "/busy", "/slow-down", "/broken"] {
+        let response = client
+            .clone()
+            .oneshot(request(format!("{}{route}", server.uri())))
+            .await
+            .unwrap();
+        assert!(response.status().as_u16() >= 200);
+    }
+    // reqwest's own timeout and a refused connection are overload; both are errors.
+    let timeout = client
+        .clone()
+        .oneshot(request(format!("{}/hang", server.uri())))
+        .await
+        .unwrap_err();
+    assert!(!timeout.is::<BulkheadFull>());
+    let refused = client
+        .clone()
+        .oneshot(request(format!("http://{closed}/")))
+        .await
+        .unwrap_err();
+    assert!(!refused.is::<BulkheadFull>());
+    // A malformed request is no sample.
+    let bad = client
+        .clone()
+        .oneshot(request("http://127.0.0.1:1/".replace("http", "ftp")))
+        .await
+        .unwrap_err();
+    assert!(!bad.is::<BulkheadFull>());
+
+    assert_eq!(recorder.verdicts(), [false, true, true, false, true, true]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 7);
+    assert_eq!(snapshot.total_finished, 7);
+    assert_eq!(snapshot.available_concurrent_calls, 8);
+}
+
+// ---- The bulkhead's properties ----
+
+/// An inner service whose calls end when the test sends them a status (or drops the sender).
+fn gated() -> impl Service<
+    oneshot::Receiver<u16>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
+> + Clone {
+    service_fn(|gate: oneshot::Receiver<u16>| async move {
+        let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
+        Ok::<_, BoxError>(response(status, &[]))
+    })
+}
+
+/// Each change of the limit, as (from, to).
+type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
+
+/// Builds the bulkhead with a hook that logs each change of the limit.
+fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let bulkhead = builder
+        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
+        .build();
+    (bulkhead, seen)
+}
+
+#[tokio::test]
+async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample() {
+    let clock = ManualClock::new();
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("gate")
+        .limits(limits(1, 2, 10))
+        .algorithm(recorder.clone())
+        .clock(clock.clone())
+        .build();
+    let inner = gated();
+    let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
+    for _ in 0..5 {
+        client.ready().await.unwrap();
+    }
+    assert_eq!(
+        bulkhead.snapshot().available_concurrent_calls,
+        2,
+        "poll_ready takes nothing"
+    );
+
+    let (tx1, rx1) = oneshot::channel();
+    let (tx2, rx2) = oneshot::channel();
+    let first = client.call(rx1);
+    let second = client.call(rx2);
+    let (_tx3, rx3) = oneshot::channel();
+    let refused = client.call(rx3).await.unwrap_err();
+    assert!(refused.is::<BulkheadFull>());
+    assert_eq!(refused.to_string(), "bulkhead `gate` is full");
+    assert!(!refused.is::<tokio::time::error::Elapsed>());
+
+    clock.advance(ms(7));
+    tx1.send(503).unwrap();
+    tx2.send(200).unwrap();
+    assert_eq!(first.await.unwrap().status(), 503);
+    assert_eq!(second.await.unwrap().status(), 200);
+    // Two samples, none for the refusal; each saw the clock's 7 ms and two calls in flight.
+    let samples = recorder.0.lock().unwrap().clone();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(
+        samples.iter().map(|s| s.rtt).collect::<Vec<_>>(),
+        [ms(7), ms(7)]
+    );
+    assert_eq!(samples[0].in_flight, 1);
+    assert_eq!(samples[1].in_flight, 2);
+    assert_eq!(recorder.verdicts(), [true, false]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_rejected, 1);
+    assert_eq!(snapshot.available_concurrent_calls, 2);
+}
+
+#[tokio::test]
+async fn two_clones_share_one_adaptive_limit() {
+    let clock = ManualClock::new();
+    let (bulkhead, seen) = with_changes(
+        AdaptiveBulkhead::builder("shared")
+            .limits(limits(1, 5, 10))
+            .clock(clock.clone()),
+    );
+    let inner = gated();
+    let layer = bulkhead.layer();
+    let mut a = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(inner.clone());
+    let mut b = ServiceBuilder::new().layer(layer).service(inner).clone();
+    let handle = bulkhead.clone();
+
+    // Overload seen through `a` lowers the limit `b` and the handle see: one round of 503s.
+    for _ in 0..2 {
+        let (tx, rx) = oneshot::channel();
+        let call = a.call(rx);
+        clock.advance(ms(10));
+        tx.send(503).unwrap();
+        call.await.unwrap();
+    }
+    assert_eq!(handle.limit(), 4);
+    assert_eq!(*seen.lock().unwrap(), [(5, 4)]);
+
+    // Four calls in flight through `a` use up the limit for `b`.
+    let gates: Vec<_> = (0..4)
+        .map(|_| {
+            let (tx, rx) = oneshot::channel::<u16>();
+            (tx, a.call(rx))
+        })
+        .collect();
+    let (_tx, rx) = oneshot::channel();
+    assert!(b.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    assert_eq!(handle.snapshot().available_concurrent_calls, 0);
+    drop(gates);
+    assert_eq!(handle.snapshot().available_concurrent_calls, 4);
+}
+
+#[tokio::test]
+async fn a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample() {
+    for ignore in [false, true] {
+        let clock = ManualClock::new();
+        let recorder = Recorder::default();
+        let mut builder = AdaptiveBulkhead::builder("cancel")
+            .algorithm(recorder.clone())
+            .clock(clock.clone());
+        if ignore {
+            builder = builder.ignore_cancelled_calls();
+        }
+        let bulkhead = builder.build();
+        let inner = gated();
+        let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
+        let (_tx, rx) = oneshot::channel();
+        let mut call = Box::pin(client.call(rx));
+        assert!(poll!(call.as_mut()).is_pending());
+        clock.advance(ms(3));
+        drop(call);
+        let samples = recorder.0.lock().unwrap().clone();
+        if ignore {
+            assert!(samples.is_empty());
+        } else {
+            assert_eq!(samples.len(), 1);
+            assert!(samples[0].overloaded);
+            assert_eq!(samples[0].rtt, ms(3));
+        }
+        assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
+        assert_eq!(bulkhead.snapshot().total_finished, 1);
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
+    let recorder = Recorder::default();
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let log = finished.clone();
+    let bulkhead = AdaptiveBulkhead::builder("panic")
+        .algorithm(recorder.clone())
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        .build();
+    let in_call = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(service_fn(|panic_in_call: bool| {
+            if panic_in_call {
+                panic!("in call");
+            }
+            async move {
+                panic!("in future");
+                #[allow(unreachable_code)]
+                Ok::<http::Response<()>, BoxError>(response(200, &[]))
+            }
+        }));
+    for panic_in_call in [true, false] {
+        let mut service = in_call.clone();
+        let outcome = std::panic::AssertUnwindSafe(async move {
+            let future = service.call(panic_in_call);
+            future.await
+        });
+        let caught = futures::FutureExt::catch_unwind(outcome).await;
+        assert!(caught.is_err());
+    }
+    assert!(recorder.0.lock().unwrap().is_empty());
+    assert_eq!(
+        *finished.lock().unwrap(),
+        [CallOutcome::Panicked, CallOutcome::Panicked]
+    );
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 8);
+    assert_eq!(snapshot.total_finished, 2);
+}
+
+#[tokio::test]
+async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end() {
+    let clock = ManualClock::new();
+    let bulkhead = AdaptiveBulkhead::builder("shrink")
+        .limits(limits(1, 10, 10))
+        .clock(clock.clone())
+        .build();
+    let inner = gated();
+    let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
+    // Ten calls in flight; the first two end with 503 one round trip apart, so the limit falls
+    // to 8 and then 6 while eight are still in flight.
+    let mut gates: Vec<_> = (0..10)
+        .map(|_| {
+            let (tx, rx) = oneshot::channel::<u16>();
+            (Some(tx), Box::pin(client.call(rx)))
+        })
+        .collect();
+    for (tx, call) in gates.iter_mut().take(3) {
+        clock.advance(ms(10));
+        tx.take().unwrap().send(503).unwrap();
+        call.as_mut().await.unwrap();
+    }
+    assert_eq!(bulkhead.limit(), 6);
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
+    // Seven still in flight, limit 6: refused, and still refused after one more ends.
+    let (_tx, rx) = oneshot::channel();
+    assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    let (tx, call) = &mut gates[3];
+    tx.take().unwrap().send(200).unwrap();
+    call.as_mut().await.unwrap();
+    let (_tx, rx) = oneshot::channel();
+    assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    // Once fewer than the limit are in flight, one gets in.
+    let (tx, call) = &mut gates[4];
+    tx.take().unwrap().send(200).unwrap();
+    call.as_mut().await.unwrap();
+    let (tx, rx) = oneshot::channel();
+    let admitted = client.call(rx);
+    tx.send(200).unwrap();
+    admitted.await.unwrap();
+    drop(gates);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
+    assert_eq!(snapshot.available_concurrent_calls, bulkhead.limit());
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn the_limit_gauge_follows_the_limit_as_it_moves() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_bulwark::observe::metric_names as m;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let gauge = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| {
+                key.key().name() == m::BULKHEAD_MAX
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "name" && l.value() == "gauged")
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Gauge(v) => v.into_inner(),
+                other => panic!("not a gauge: {other:?}"),
+            })
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = ManualClock::new();
+            let bulkhead = AdaptiveBulkhead::builder("gauged")
+                .limits(limits(1, 10, 10))
+                .clock(clock.clone())
+                .build();
+            let mut client = ServiceBuilder::new()
+                .layer(bulkhead.layer())
+                .service(service_fn(|status: u16| async move {
+                    Ok::<_, BoxError>(response(status, &[]))
+                }));
+            client.ready().await.unwrap().call(503).await.unwrap();
+            clock.advance(ms(10));
+            client.ready().await.unwrap().call(503).await.unwrap();
+            assert_eq!(bulkhead.limit(), 8);
+        });
+    });
+    assert_eq!(gauge(), Some(8.0));
+}
+
+/// An algorithm that panics on the samples it is told to, and otherwise lowers the limit by one.
+struct Explosive {
+    panic_on: Arc<Mutex<bool>>,
+}
+
+impl LimitAlgorithm for Explosive {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        if *self.panic_on.lock().unwrap() {
+            panic!("algorithm exploded");
+        }
+        sample.limit - 1
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_algorithm_or_limit_hook_loses_no_permit_and_leaves_the_limit_consistent() {
+    let panic_on = Arc::new(Mutex::new(false));
+    let hook_panics = Arc::new(Mutex::new(false));
+    let hook_flag = hook_panics.clone();
+    let bulkhead = AdaptiveBulkhead::builder("explosive")
+        .limits(limits(1, 5, 5))
+        .algorithm(Explosive {
+            panic_on: panic_on.clone(),
+        })
+        .on_limit_changed(move |_: &LimitChanged<'_>| {
+            if *hook_flag.lock().unwrap() {
+                panic!("hook exploded");
+            }
+        })
+        .build();
+    let mut client = ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    let catch = |future| futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(future));
+
+    // The algorithm panics as a call completes: the caller sees the panic, the permit is back,
+    // the limit is unchanged.
+    *panic_on.lock().unwrap() = true;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    assert!(catch(call).await.is_err());
+    assert_eq!(bulkhead.limit(), 5);
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 5);
+
+    // ... and as a cancelled call is dropped: the permit still comes back.
+    let (_tx, rx) = oneshot::channel();
+    let mut call = Box::pin(client.call(rx));
+    assert!(poll!(call.as_mut()).is_pending());
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(call)));
+    assert!(dropped.is_err());
+    assert_eq!(bulkhead.snapshot().available_concurrent_calls, 5);
+
+    // The hook panics after the limit moved: the move holds, the permit is back.
+    *panic_on.lock().unwrap() = false;
+    *hook_panics.lock().unwrap() = true;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    assert!(catch(call).await.is_err());
+    assert_eq!(bulkhead.limit(), 4);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.max_allowed_concurrent_calls, 4);
+    assert_eq!(snapshot.available_concurrent_calls, 4);
+
+    // Both poisoned nothing: the next call moves the limit as usual.
+    *hook_panics.lock().unwrap() = false;
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    tx.send(200).unwrap();
+    call.await.unwrap();
+    assert_eq!(bulkhead.limit(), 3);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 4);
+    assert_eq!(snapshot.total_finished, 4);
+    assert_eq!(snapshot.available_concurrent_calls, 3);
+}
+
+#[tokio::test]
+async fn in_the_documented_stack_a_timeout_above_and_503s_below_are_overload() {
+    use tower_bulwark::limiter::DirectRateLimiter;
+    use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
+    use tower_bulwark::Quota;
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    Mock::given(path("/slow"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    Mock::given(path("/busy"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    Mock::given(path("/ok"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+
+    // retry → timeout → pushback → client quota → adaptive bulkhead → client
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("partner")
+        .algorithm(recorder.clone())
+        .build();
+    let client = ServiceBuilder::new()
+        .retry(NoRetry)
+        .timeout(Duration::from_millis(200))
+        .layer(Pushback::builder("partner").build().layer())
+        .layer(ClientQuotaLayer::new(
+            "partner",
+            DirectRateLimiter::new(Quota::per_hour(100).unwrap()),
+        ))
+        .layer(bulkhead.layer())
+        .service(reqwest::Client::new());
+    let get = |route: &str| {
+        reqwest::Request::new(
+            reqwest::Method::GET,
+            format!("{}{route}", server.uri()).parse().unwrap(),
+        )
+    };
+
+    assert_eq!(
+        client.clone().oneshot(get("/ok")).await.unwrap().status(),
+        200
+    );
+    let cut = client.clone().oneshot(get("/slow")).await.unwrap_err();
+    assert!(cut.is::<tower::timeout::error::Elapsed>(), "{cut}");
+    assert!(!cut.is::<BulkheadFull>());
+    assert_eq!(
+        client.clone().oneshot(get("/busy")).await.unwrap().status(),
+        503
+    );
+
+    // The answer is healthy; the call the timeout cut and the 503 are overload.
+    assert_eq!(recorder.verdicts(), [false, true, true]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.total_permitted, 3);
+    assert_eq!(snapshot.total_finished, 3);
+    assert_eq!(snapshot.available_concurrent_calls, bulkhead.limit());
+}
+
+/// A retry policy that never retries: the stack's first layer, in place.
+#[derive(Clone)]
+struct NoRetry;
+
+impl tower::retry::Policy<reqwest::Request, reqwest::Response, BoxError> for NoRetry {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut reqwest::Request,
+        _: &mut Result<reqwest::Response, BoxError>,
+    ) -> Option<Self::Future> {
+        None
+    }
+
+    fn clone_request(&mut self, request: &reqwest::Request) -> Option<reqwest::Request> {
+        request.try_clone()
+    }
+}

@@ -1,0 +1,90 @@
+//! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
+//! with one await point, polling by hand, a runtime with paused time and a dependency's answer
+//! here; an HTTP listener and the rate-limit headers parsed in [`listener`]; the panic hook and
+//! the `tracing` dispatcher that a binary's tests share in [`process`]; private Redis servers in
+//! [`redis_server`]. Each binary's `main.rs` takes them with
+//! `#[path = "../common/mod.rs"] mod common;`.
+
+#![allow(dead_code)] // Not every test binary uses every helper.
+
+pub mod listener;
+pub mod process;
+pub mod redis_server;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A deterministic pseudo-random sequence (xorshift), so a failing run replays from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// One of `xs`.
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// A future that is pending once (waking itself), then ready: one await point.
+#[derive(Default)]
+pub struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// Polls `future` once, with a waker that does nothing.
+pub fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+/// Polls `future` until it is ready (for futures that make progress on each poll).
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..10_000 {
+        if let Poll::Ready(output) = poll_once(future.as_mut()) {
+            return output;
+        }
+    }
+    panic!("a future that never finished");
+}
+
+/// A current-thread runtime with tokio's time paused (waits pass at once, exactly).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// A response with `status`, the header fields `headers` and no body, as a dependency answers.
+pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
+    let mut builder = http::Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).unwrap()
+}

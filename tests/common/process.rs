@@ -1,0 +1,53 @@
+//! What the tests of one binary share because it belongs to the process: the panic hook and the
+//! `tracing` dispatcher. Each is installed once and serves every test that asks.
+
+use std::sync::{Mutex, Once, PoisonError};
+
+/// Keeps the panics a test plans, those whose message starts with `prefix`, out of the test
+/// output; any other panic is still reported. One hook serves every prefix of the binary.
+pub fn quiet_panics_starting_with(prefix: &'static str) {
+    static PREFIXES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    static HOOK: Once = Once::new();
+    let mut prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
+    if !prefixes.contains(&prefix) {
+        prefixes.push(prefix);
+    }
+    drop(prefixes);
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            let prefixes = PREFIXES.lock().unwrap_or_else(PoisonError::into_inner);
+            let planned = message.is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p)));
+            drop(prefixes);
+            if !planned {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Sends this thread's `tracing` events to `subscriber` until the guard drops, whatever the
+/// binary's other tests do on their threads.
+///
+/// `tracing` caches per call site whether anyone listens. While a thread's own subscriber is the
+/// only one registered, `tracing` asks only the registering thread's subscriber, so a call site
+/// first reached by a test on another thread is cached as unheard for every thread. A global
+/// subscriber that takes nothing, installed once, makes it ask every registered subscriber,
+/// this one included; the cache is then rebuilt for the call sites already reached.
+pub fn thread_subscriber(
+    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
+) -> tracing::subscriber::DefaultGuard {
+    static GLOBAL: Once = Once::new();
+    GLOBAL.call_once(|| {
+        tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default())
+            .expect("no other global subscriber in a test binary");
+    });
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}

@@ -1,0 +1,18 @@
+//! Configuration files: what they mean, hostile input, rate limiters with routes, adaptive
+//! bulkheads and outbound layers from a file, and reloads.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[cfg(all(feature = "config", feature = "adaptive"))]
+mod adaptive;
+#[cfg(feature = "config")]
+mod files;
+#[cfg(feature = "config")]
+mod hostile;
+#[cfg(feature = "config")]
+mod outbound;
+#[cfg(feature = "config")]
+mod reload;
+#[cfg(feature = "config")]
+mod routes;

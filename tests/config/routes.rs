@@ -1,0 +1,344 @@
+//! Routes in a config file: several named rate limiters on one layer, each with its key, the
+//! route's cost and shadow mode, and exempt networks; bad routes are errors that name the place.
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_bulwark::config::{Config, Registry, ShadowKind};
+use tower_bulwark::Limiter;
+
+use crate::common::listener;
+
+const FILE: &str = r#"
+[rate_limiters.per-ip]
+limit_for_period = 10
+limit_refresh_period = "1h"
+
+[rate_limiters.per-key]
+limit_for_period = 12
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+
+[rate_limiters.next-quota]
+limit_for_period = 2
+limit_refresh_period = "1h"
+
+[routes.search]
+policies = [
+    "per-ip",
+    { limiter = "per-key", cost = 5 },
+    { limiter = "next-quota", shadow = true },
+]
+exempt_networks = ["10.0.0.0/8"]
+
+[routes.items]
+policies = ["per-ip", { limiter = "per-key", shadow = "advertised" }]
+"#;
+
+async fn get_from(app: &Router, peer: [u8; 4], key: &str) -> http::Response<Body> {
+    let request = Request::get("/")
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .unwrap();
+    app.clone()
+        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
+        .oneshot(request)
+        .await
+        .unwrap()
+}
+
+fn names(response: &http::Response<Body>, header: &str) -> Vec<String> {
+    listener::sf_names(response.headers(), header)
+}
+
+#[test]
+fn a_route_parses_into_its_policies() {
+    let config = Config::from_toml_str(FILE).unwrap();
+    let search = &config.routes["search"];
+    let got: Vec<_> = search
+        .policies
+        .iter()
+        .map(|p| (p.limiter.as_str(), p.cost, p.shadow))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("per-ip", 1, ShadowKind::Off),
+            ("per-key", 5, ShadowKind::Off),
+            ("next-quota", 1, ShadowKind::Silent)
+        ]
+    );
+    assert_eq!(search.exempt_networks.len(), 1);
+    assert_eq!(
+        config.routes["items"].policies[1].shadow,
+        ShadowKind::Advertised
+    );
+}
+
+#[tokio::test]
+async fn a_configured_route_charges_each_policy_its_cost_under_its_own_key() {
+    let registry = Registry::from_toml_str(FILE).unwrap();
+    let search = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(registry.route_layer("search").unwrap());
+    // The key's 12 permits hold two searches of 5; the third is refused by `per-key` only.
+    for i in 0..2 {
+        let ok = get_from(&search, [192, 0, 2, 1], "k1").await;
+        assert_eq!(ok.status(), StatusCode::OK, "search {i}");
+        // The shadow policy (2 per hour) is never in the headers, and never refuses.
+        assert_eq!(names(&ok, "ratelimit"), ["per-ip", "per-key"]);
+    }
+    let refused = get_from(&search, [192, 0, 2, 2], "k1").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(names(&refused, "ratelimit"), ["per-key"]);
+    // Another key from the same address: `per-ip` has spent 2 of 10 there, not 3.
+    let other = get_from(&search, [192, 0, 2, 1], "k2").await;
+    let state = listener::sf_list(other.headers()["ratelimit"].to_str().unwrap());
+    assert_eq!(state[0].0, "per-ip");
+    assert_eq!(state[0].1[0], ("r".to_string(), 7));
+    // The shadow policy saw its quota of 2 run out and let the requests through.
+    let shadow = registry.rate_limiter("next-quota").unwrap().snapshot();
+    assert_eq!((shadow.allowed, shadow.limited), (2, 1));
+}
+
+#[tokio::test]
+async fn exempt_networks_skip_every_policy_of_the_route() {
+    let registry = Registry::from_toml_str(FILE).unwrap();
+    let search = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(registry.route_layer("search").unwrap());
+    for _ in 0..20 {
+        let response = get_from(&search, [10, 1, 2, 3], "internal").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get("ratelimit").is_none());
+    }
+    let per_key = registry.rate_limiter("per-key").unwrap().snapshot();
+    assert_eq!(per_key.allowed, 0, "nothing was counted");
+}
+
+#[tokio::test]
+async fn routes_share_their_rate_limiters() {
+    let registry = Registry::from_toml_str(FILE).unwrap();
+    let app = |route: &str| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(registry.route_layer(route).unwrap())
+    };
+    let (search, items) = (app("search"), app("items"));
+    assert_eq!(
+        get_from(&search, [192, 0, 2, 9], "k").await.status(),
+        StatusCode::OK
+    );
+    // On `items`, `per-key` is an advertised shadow: described, never refusing; it shows the 5
+    // permits the search took.
+    let item = get_from(&items, [192, 0, 2, 9], "k").await;
+    assert_eq!(item.status(), StatusCode::OK);
+    let state = listener::sf_list(item.headers()["ratelimit"].to_str().unwrap());
+    assert_eq!(state[1].0, "per-key");
+    assert_eq!(state[1].1[0], ("r".to_string(), 6));
+}
+
+#[test]
+fn bad_routes_are_errors_that_name_the_place() {
+    let limiters = "[rate_limiters.a]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n";
+    let cases = [
+        (
+            "[routes.r]\npolicies = [\"a\", \"b\"]\n",
+            "routes.r.policies[1]",
+            "`b`, which is not under `rate_limiters`",
+        ),
+        (
+            "[routes.r]\npolicies = []\n",
+            "routes.r.policies",
+            "at least one",
+        ),
+        (
+            "[routes.r]\npolicies = [\"a\", { limiter = \"a\" }]\n",
+            "routes.r.policies[1]",
+            "a second time",
+        ),
+        (
+            "[routes.r]\npolicies = [{ limiter = \"a\", cost = 0 }]\n",
+            "routes.r.policies[0].cost",
+            "at least 1",
+        ),
+        (
+            "[routes.r]\npolicies = [{ limiter = \"a\", shadow = \"yes\" }]\n",
+            "routes.r.policies[0].shadow",
+            "not \"yes\"",
+        ),
+        (
+            "[routes.r]\npolicies = [{ name = \"a\" }]\n",
+            "routes.r.policies[0].name",
+            "unknown field",
+        ),
+        (
+            "[routes.r]\npolicies = [3]\n",
+            "routes.r.policies[0]",
+            "integer `3`, expected a rate limiter name",
+        ),
+        (
+            "[routes.r]\npolicies = [\"a\"]\nexempt_networks = [\"10.0.0.0/33\"]\n",
+            "routes.r.exempt_networks",
+            "10.0.0.0/33",
+        ),
+        (
+            "[routes.r]\npolicies = \"a\"\n",
+            "routes.r.policies",
+            "string \"a\", expected a sequence",
+        ),
+    ];
+    for (route, path, message) in cases {
+        let err = Config::from_toml_str(&format!("{limiters}{route}")).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(path) && text.contains(message),
+            "{route:?}: {text}"
+        );
+    }
+}
+
+/// A `Config` built in code gets the file's checks of the names its instances give: a route
+/// naming a rate limiter that is not there is refused when the registry is built.
+#[test]
+fn a_route_built_in_code_naming_no_limiter_is_refused() {
+    let mut config = Config::from_toml_str(FILE).unwrap();
+    config.rate_limiters.remove("per-key");
+    let err = Registry::from_config(&config).unwrap_err();
+    assert_eq!(err.path(), "routes.items.policies[1]", "{err}");
+    assert!(err.message().contains("`per-key`"), "{err}");
+    assert_eq!(err.position(), None);
+}
+
+#[test]
+fn an_unknown_route_and_a_changed_route_are_errors() {
+    let registry = Registry::from_toml_str(FILE).unwrap();
+    let err = registry.route_layer("nope").unwrap_err();
+    assert_eq!(err.to_string(), "no route named `nope` is configured");
+    // A reload that keeps the routes applies; one that changes a route is refused whole, and
+    // the quota change that came with it is not applied.
+    let same = FILE.replace("limit_for_period = 10", "limit_for_period = 20");
+    assert!(registry.reload_toml_str(&same).is_ok());
+    assert_eq!(
+        registry.rate_limiter("per-ip").unwrap().quota().permits(),
+        20
+    );
+    let changed = FILE
+        .replace("limit_for_period = 10", "limit_for_period = 30")
+        .replace("cost = 5", "cost = 4");
+    let err = registry.reload_toml_str(&changed).unwrap_err();
+    assert!(err.to_string().contains("routes.search"), "{err}");
+    assert_eq!(
+        registry.rate_limiter("per-ip").unwrap().quota().permits(),
+        20,
+        "a refused reload changes nothing"
+    );
+}
+
+/// Behind a load balancer every connection comes from the balancer. `forwarded_ip` keys each
+/// request by the client the trusted balancers forward; a peer that is not one of them is keyed
+/// by its own address, whatever forwarding header it wrote.
+const BEHIND_BALANCER: &str = r#"
+[rate_limiters.by-xff]
+limit_for_period = 2
+limit_refresh_period = "1h"
+key = "forwarded_ip"
+trusted_proxies = ["10.0.0.0/8"]
+
+[rate_limiters.by-forwarded]
+limit_for_period = 2
+limit_refresh_period = "1h"
+key = "forwarded_ip"
+trusted_proxies = ["10.0.0.0/8"]
+forwarded_header = "forwarded"
+
+[routes.xff]
+policies = ["by-xff"]
+
+[routes.rfc]
+policies = ["by-forwarded"]
+"#;
+
+async fn forwarded_from(
+    app: &Router,
+    peer: [u8; 4],
+    header: &str,
+    value: &str,
+) -> http::StatusCode {
+    let request = Request::get("/")
+        .header(header, value)
+        .body(Body::empty())
+        .unwrap();
+    app.clone()
+        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn a_forwarded_key_gives_each_client_behind_the_balancer_its_own_budget() {
+    let registry = Registry::from_toml_str(BEHIND_BALANCER).unwrap();
+    let app = |route: &str| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(registry.route_layer(route).unwrap())
+    };
+    let balancer = [10, 0, 0, 2];
+    for (app, header, prefix) in [
+        (app("xff"), "x-forwarded-for", ""),
+        (app("rfc"), "forwarded", "for="),
+    ] {
+        let client = |ip: &str| format!("{prefix}{ip}");
+        // Client A spends its 2 through the balancer.
+        for _ in 0..2 {
+            let status = forwarded_from(&app, balancer, header, &client("198.51.100.7")).await;
+            assert_eq!(status, StatusCode::OK, "{header}");
+        }
+        let status = forwarded_from(&app, balancer, header, &client("198.51.100.7")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{header}");
+        // Client B, through the same balancer, has a budget of its own.
+        let status = forwarded_from(&app, balancer, header, &client("198.51.100.8")).await;
+        assert_eq!(status, StatusCode::OK, "{header}");
+        // What B wrote before the balancer's entry does not choose the key: it is still B's
+        // second request, then B is refused whatever it writes.
+        let spoofed = format!("{}, {}", client("192.0.2.1"), client("198.51.100.8"));
+        assert_eq!(
+            forwarded_from(&app, balancer, header, &spoofed).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        let spoofed = format!("{}, {}", client("192.0.2.2"), client("198.51.100.8"));
+        assert_eq!(
+            forwarded_from(&app, balancer, header, &spoofed).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{header}"
+        );
+
+        // A peer that is no balancer, claiming to forward A (spent): keyed by itself, so it is
+        // neither refused on A's budget...
+        let stranger = [203, 0, 113, 5];
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.7")).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        // ...nor given a fresh budget by a fresh address each time.
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.50")).await,
+            StatusCode::OK,
+            "{header}"
+        );
+        assert_eq!(
+            forwarded_from(&app, stranger, header, &client("198.51.100.51")).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{header}"
+        );
+    }
+}

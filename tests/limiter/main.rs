@@ -1,0 +1,19 @@
+//! The limiters themselves: each algorithm in memory against models, under contention, stale
+//! and hostile clock readings, refunds, quota changes and bounds, key floods and tiers.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod default_clock;
+mod eviction;
+mod hostile;
+mod hostile_props;
+mod in_memory;
+mod keys_and_clocks;
+mod model_props;
+mod quota_bounds;
+#[cfg(feature = "axum")]
+mod quota_change;
+mod refund_misuse;
+mod refund_semantics;
+mod tiers;

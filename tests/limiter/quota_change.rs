@@ -1,0 +1,489 @@
+//! Quotas changed at run time: every key keeps what it has used, for every algorithm; decisions
+//! racing changes never admit more than the larger quota allows; a layer built before a change
+//! advertises the new quota; a Redis limiter's change applies to its script calls.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_bulwark::algorithm::Algorithm;
+use tower_bulwark::observe::Observed;
+use tower_bulwark::rate_limit::{BoxLimiter, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn per(permits: u32, period: Duration) -> Quota {
+    Quota::with_period(permits, period).unwrap()
+}
+
+fn keyed<A: Algorithm>(quota: Quota, clock: &ManualClock) -> KeyedRateLimiter<u32, A, ManualClock> {
+    KeyedRateLimiter::builder(quota)
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build()
+}
+
+/// How many of `n` checks of `key`, made now, are admitted.
+fn admitted<A: Algorithm>(
+    limiter: &KeyedRateLimiter<u32, A, ManualClock>,
+    key: u32,
+    n: u32,
+) -> u32 {
+    (0..n).filter(|_| limiter.check(&key).allowed).count() as u32
+}
+
+/// 9 of 10 used, then the quota becomes 20 with the same emission interval (20 per 2 s): 11
+/// are left, not 20; a key never seen gets the whole new quota; a clone sees the change.
+fn nine_of_ten_then_twenty<A: Algorithm>() {
+    let clock = ManualClock::new();
+    clock.advance(300 * MS);
+    let limiter = keyed::<A>(per(10, Duration::from_secs(1)), &clock);
+    let clone = limiter.clone();
+    assert_eq!(admitted(&limiter, 1, 9), 9);
+    clock.advance(10 * MS);
+    clone.set_quota(per(20, Duration::from_secs(2)));
+    assert_eq!(limiter.quota(), per(20, Duration::from_secs(2)));
+    let first = limiter.check(&1);
+    assert!(first.allowed);
+    assert_eq!(first.limit, 20);
+    assert_eq!(first.remaining, 10, "{}", std::any::type_name::<A>());
+    assert_eq!(
+        admitted(&limiter, 1, 100),
+        10,
+        "{}",
+        std::any::type_name::<A>()
+    );
+    assert_eq!(
+        admitted(&limiter, 2, 100),
+        20,
+        "{}",
+        std::any::type_name::<A>()
+    );
+}
+
+#[test]
+fn a_key_keeps_what_it_used_when_its_quota_grows_for_every_algorithm() {
+    nine_of_ten_then_twenty::<Gcra>();
+    nine_of_ten_then_twenty::<FixedWindow>();
+    nine_of_ten_then_twenty::<SlidingLog>();
+    nine_of_ten_then_twenty::<SlidingCounter>();
+}
+
+/// 9 of 10 used, then the quota drops to 5: nothing is left now.
+fn nine_of_ten_then_five<A: Algorithm>() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<A>(per(10, Duration::from_secs(1)), &clock);
+    assert_eq!(admitted(&limiter, 1, 9), 9);
+    limiter.set_quota(per(5, Duration::from_secs(1)));
+    let refused = limiter.check(&1);
+    assert!(!refused.allowed, "{}", std::any::type_name::<A>());
+    assert_eq!(refused.limit, 5);
+    assert!(!refused.retry_after.is_zero());
+    assert_eq!(admitted(&limiter, 2, 100), 5);
+}
+
+#[test]
+fn a_key_that_used_more_than_a_lowered_quota_is_refused_for_every_algorithm() {
+    nine_of_ten_then_five::<Gcra>();
+    nine_of_ten_then_five::<FixedWindow>();
+    nine_of_ten_then_five::<SlidingLog>();
+    nine_of_ten_then_five::<SlidingCounter>();
+}
+
+#[test]
+fn gcra_keeps_the_tat_when_the_emission_interval_changes() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<Gcra>(per(10, Duration::from_secs(1)), &clock);
+    // 9 admissions put the TAT 900 ms ahead.
+    assert_eq!(admitted(&limiter, 1, 9), 9);
+    // 20 per second: the 100 ms left before the horizon hold two 50 ms intervals.
+    limiter.set_quota(per(20, Duration::from_secs(1)));
+    assert_eq!(admitted(&limiter, 1, 100), 2);
+    // The TAT now lies 1 s ahead; 50 ms later one interval is free again.
+    clock.advance(50 * MS);
+    assert_eq!(admitted(&limiter, 1, 100), 1);
+}
+
+/// 10 used of 10 per second at 400 ms; the period becomes 3 s: the window [0 s, 1 s) becomes
+/// [0 s, 3 s) and keeps its 10. At 3 s the next window brings 10 (the sliding counter weighs the
+/// previous window in: at the very start of the next, all 10 of it, so `at_three` is 0 there).
+fn longer_period<A: Algorithm>(at_three: u32) {
+    let clock = ManualClock::new();
+    let limiter = keyed::<A>(per(10, Duration::from_secs(1)), &clock);
+    let name = std::any::type_name::<A>();
+    clock.advance(400 * MS);
+    assert_eq!(admitted(&limiter, 1, 20), 10);
+    limiter.set_quota(per(10, Duration::from_secs(3)));
+    clock.set(Duration::from_millis(1500));
+    assert_eq!(admitted(&limiter, 1, 20), 0, "{name}");
+    clock.set(Duration::from_millis(2999));
+    assert_eq!(admitted(&limiter, 1, 20), 0, "{name}");
+    clock.set(Duration::from_secs(3));
+    assert_eq!(admitted(&limiter, 1, 20), at_three, "{name}");
+}
+
+#[test]
+fn a_longer_period_keeps_the_window_in_progress_and_lengthens_it() {
+    longer_period::<FixedWindow>(10);
+    longer_period::<SlidingCounter>(0);
+}
+
+#[test]
+fn a_shorter_period_ends_the_window_in_progress_no_later_than_its_new_length() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<FixedWindow>(per(10, Duration::from_secs(10)), &clock);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(admitted(&limiter, 1, 20), 10);
+    // At 4 s the window [0 s, 10 s) would end at 0 s + 2 s, already past: it ends now. Its 10
+    // stay used: 3 per window of 2 s pay them off, 7 of them at 4 s, 4 at 6 s, 1 at 8 s.
+    clock.set(Duration::from_secs(4));
+    limiter.set_quota(per(3, Duration::from_secs(2)));
+    assert_eq!(admitted(&limiter, 1, 20), 0);
+    clock.set(Duration::from_secs(6));
+    assert_eq!(admitted(&limiter, 1, 20), 0);
+    clock.set(Duration::from_secs(8));
+    assert_eq!(admitted(&limiter, 1, 20), 2);
+    clock.set(Duration::from_millis(9999));
+    assert_eq!(admitted(&limiter, 1, 20), 0);
+    clock.set(Duration::from_secs(10));
+    assert_eq!(admitted(&limiter, 1, 20), 3);
+    // Within 2 s after its start: the window [0 s, 10 s) becomes [0 s, 2 s), and keeps its count.
+    let clock = ManualClock::new();
+    let limiter = keyed::<FixedWindow>(per(10, Duration::from_secs(10)), &clock);
+    clock.advance(500 * MS);
+    assert_eq!(admitted(&limiter, 1, 4), 4);
+    limiter.set_quota(per(5, Duration::from_secs(2)));
+    assert_eq!(admitted(&limiter, 1, 20), 1);
+    clock.set(Duration::from_millis(1999));
+    assert_eq!(admitted(&limiter, 1, 20), 0);
+    clock.set(Duration::from_secs(2));
+    assert_eq!(admitted(&limiter, 1, 20), 5);
+}
+
+#[test]
+fn a_direct_limiter_keeps_its_state_across_a_change() {
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(per(10, Duration::from_secs(1)))
+        .algorithm::<SlidingLog>()
+        .clock(clock.clone())
+        .build();
+    assert_eq!((0..9).filter(|_| limiter.check().allowed).count(), 9);
+    Limiter::<()>::set_quota(&limiter.clone(), per(20, Duration::from_secs(1))).unwrap();
+    assert_eq!(Limiter::<()>::quota(&limiter).permits(), 20);
+    assert_eq!((0..100).filter(|_| limiter.check().allowed).count(), 11);
+}
+
+#[test]
+fn a_change_through_the_boxed_and_observed_limiter_reaches_the_limiter() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<FixedWindow>(per(10, Duration::from_secs(1)), &clock);
+    let observed = Observed::new("api", BoxLimiter::new(limiter.clone()));
+    observed.set_quota(per(3, Duration::from_secs(1))).unwrap();
+    assert_eq!(limiter.quota().permits(), 3);
+    assert_eq!(observed.quota().permits(), 3);
+    assert_eq!(admitted(&limiter, 7, 10), 3);
+}
+
+/// Threads take single permits and pairs of one key, at one instant, while another thread
+/// flips the quota between 10 per second and 20 per 2 s (the same emission interval, so that
+/// GCRA counts exactly too): the key never holds more than 20, and once the quota stays at 20,
+/// what it took during the race and what is left add up to exactly 20.
+fn racing_changes_at_one_instant<A: Algorithm>() {
+    let clock = ManualClock::new();
+    clock.advance(250 * MS);
+    let small = per(10, Duration::from_secs(1));
+    let large = per(20, Duration::from_secs(2));
+    let limiter = keyed::<A>(small, &clock);
+    let taken = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let deciders: Vec<_> = (0..3)
+        .map(|t| {
+            let limiter = limiter.clone();
+            let taken = Arc::clone(&taken);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    let cost = 1 + (t % 2);
+                    if limiter.check_n(&1, cost).unwrap().allowed {
+                        taken.fetch_add(u64::from(cost), Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for i in 0..2_000 {
+        limiter.set_quota(if i % 2 == 0 { large } else { small });
+    }
+    done.store(true, Ordering::Relaxed);
+    for d in deciders {
+        d.join().unwrap();
+    }
+    let during = taken.load(Ordering::Relaxed) as u32;
+    let name = std::any::type_name::<A>();
+    assert!(
+        during <= 20,
+        "{name}: {during} permits taken during the changes"
+    );
+    limiter.set_quota(large);
+    assert_eq!(during + admitted(&limiter, 1, 100), 20, "{name}");
+}
+
+#[test]
+fn decisions_racing_quota_changes_add_up_to_exactly_the_larger_quota() {
+    racing_changes_at_one_instant::<Gcra>();
+    racing_changes_at_one_instant::<FixedWindow>();
+    racing_changes_at_one_instant::<SlidingLog>();
+    racing_changes_at_one_instant::<SlidingCounter>();
+}
+
+/// Time runs on while the period flips between 1 s and 2 s (10 and 20 permits): over the whole
+/// run the key gets no more than 20 per window of at least 1 s, two windows of slack for the
+/// edges; nothing panics.
+fn racing_changes_while_time_runs<A: Algorithm>() {
+    let clock = ManualClock::new();
+    let small = per(10, Duration::from_secs(1));
+    let large = per(20, Duration::from_secs(2));
+    let limiter = keyed::<A>(small, &clock);
+    let admitted_total = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let deciders: Vec<_> = (0..2)
+        .map(|_| {
+            let limiter = limiter.clone();
+            let admitted_total = Arc::clone(&admitted_total);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    for key in 0..4 {
+                        if limiter.check(&key).allowed {
+                            admitted_total.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let steps = 3_000u64;
+    let step = Duration::from_millis(7);
+    for i in 0..steps {
+        clock.advance(step);
+        limiter.set_quota(if i % 3 == 0 { large } else { small });
+    }
+    done.store(true, Ordering::Relaxed);
+    for d in deciders {
+        d.join().unwrap();
+    }
+    let span = step.as_millis() as u64 * steps;
+    let bound = 4 * 20 * (span / 1000 + 2);
+    let total = admitted_total.load(Ordering::Relaxed);
+    assert!(
+        total <= bound,
+        "{}: {total} admitted over {span} ms, more than {bound}",
+        std::any::type_name::<A>()
+    );
+}
+
+#[test]
+fn decisions_racing_period_changes_while_time_runs_stay_bounded() {
+    racing_changes_while_time_runs::<Gcra>();
+    racing_changes_while_time_runs::<FixedWindow>();
+    racing_changes_while_time_runs::<SlidingLog>();
+    racing_changes_while_time_runs::<SlidingCounter>();
+}
+
+#[test]
+fn a_reservation_granted_before_a_change_stays_granted_and_counted() {
+    let clock = ManualClock::new();
+    let quota = per(2, Duration::from_secs(1))
+        .with_max_wait(Duration::from_secs(1))
+        .unwrap();
+    let limiter = keyed::<FixedWindow>(quota, &clock);
+    assert_eq!(admitted(&limiter, 1, 2), 2);
+    let reserved = limiter.reserve_now(&1, 1).unwrap().unwrap();
+    assert!(reserved.allowed);
+    assert_eq!(reserved.wait, Duration::from_secs(1));
+    limiter.set_quota(per(4, Duration::from_secs(1)));
+    // 2 taken and 1 reserved: one of the 4 is left, and the reservation still holds its slot.
+    assert_eq!(admitted(&limiter, 1, 10), 1);
+}
+
+fn peer() -> SocketAddr {
+    SocketAddr::new("203.0.113.9".parse().unwrap(), 40_000)
+}
+
+async fn policy_header(app: &Router) -> (StatusCode, String) {
+    let request = Request::get("/").body(Body::empty()).unwrap();
+    let response = app
+        .clone()
+        .layer(MockConnectInfo(peer()))
+        .oneshot(request)
+        .await
+        .unwrap();
+    let header = response
+        .headers()
+        .get("ratelimit-policy")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (response.status(), header)
+}
+
+#[tokio::test]
+async fn a_layer_built_before_a_change_advertises_the_new_quota() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::builder(per(2, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .build();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("per-ip", PeerIp::new(), limiter.clone()).unwrap(),
+        ));
+    assert_eq!(
+        policy_header(&app).await,
+        (StatusCode::OK, "\"per-ip\";q=2;w=1".to_owned())
+    );
+    limiter.set_quota(per(30, Duration::from_secs(60)));
+    for _ in 0..3 {
+        assert_eq!(
+            policy_header(&app).await,
+            (StatusCode::OK, "\"per-ip\";q=30;w=60".to_owned())
+        );
+    }
+    // Refusals say it too.
+    limiter.set_quota(per(1, Duration::from_secs(5)));
+    assert_eq!(
+        policy_header(&app).await,
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            "\"per-ip\";q=1;w=5".to_owned()
+        )
+    );
+    // Back to the quota the layer was built with.
+    limiter.set_quota(per(2, Duration::from_secs(1)));
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        policy_header(&app).await,
+        (StatusCode::OK, "\"per-ip\";q=2;w=1".to_owned())
+    );
+}
+
+#[cfg(feature = "redis")]
+mod redis_store {
+    use super::*;
+    use crate::common::redis_server::RedisServer;
+    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+
+    fn limiter<A: RedisAlgorithm>(
+        store: &RedisStore,
+        quota: Quota,
+        clock: &ManualClock,
+        prefix: &str,
+    ) -> RedisRateLimiter<A, ManualClock> {
+        RedisRateLimiter::builder(quota, store.clone())
+            .algorithm::<A>()
+            .client_clock(clock.clone())
+            .prefix(prefix)
+            .fail_mode(RedisFailMode::propagate())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    }
+
+    async fn admitted<A: RedisAlgorithm>(
+        limiter: &RedisRateLimiter<A, ManualClock>,
+        key: &str,
+        n: u32,
+    ) -> u32 {
+        let mut count = 0;
+        for _ in 0..n {
+            if limiter.check(key).await.unwrap().allowed {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    async fn nine_of_ten_then_twenty<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1_000));
+        let limiter = limiter::<A>(store, per(10, Duration::from_secs(1)), &clock, prefix);
+        assert_eq!(admitted(&limiter, "k", 9).await, 9);
+        // A refusal is cached; the change must forget it.
+        let other = limiter.clone();
+        assert_eq!(admitted(&other, "full", 11).await, 10);
+        limiter.set_quota(per(20, Duration::from_secs(2))).unwrap();
+        assert_eq!(other.quota().permits(), 20);
+        assert_eq!(admitted(&limiter, "k", 100).await, 11, "{prefix}");
+        assert_eq!(admitted(&other, "full", 100).await, 10, "{prefix}");
+        assert_eq!(admitted(&limiter, "fresh", 100).await, 20, "{prefix}");
+    }
+
+    #[tokio::test]
+    async fn a_redis_limiter_keeps_each_key_s_use_across_a_change() {
+        let Some(server) = RedisServer::start("quota_change::redis") else {
+            return;
+        };
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        nine_of_ten_then_twenty::<Gcra>(&store, "gcra:").await;
+        nine_of_ten_then_twenty::<FixedWindow>(&store, "fw:").await;
+        nine_of_ten_then_twenty::<SlidingLog>(&store, "log:").await;
+        nine_of_ten_then_twenty::<SlidingCounter>(&store, "sc:").await;
+    }
+
+    /// A longer period must not strand a window key in a window that lies years away.
+    async fn longer_period_stays_sane<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1_000_000));
+        let limiter = limiter::<A>(store, per(5, Duration::from_secs(1)), &clock, prefix);
+        assert_eq!(admitted(&limiter, "k", 3).await, 3);
+        limiter.set_quota(per(5, Duration::from_secs(60))).unwrap();
+        // The 3 stay counted in the minute that holds them.
+        assert_eq!(admitted(&limiter, "k", 10).await, 2, "{prefix}");
+        let refused = limiter.check("k").await.unwrap();
+        assert!(!refused.allowed);
+        assert!(
+            refused.retry_after <= Duration::from_secs(120),
+            "{prefix}: retry after {:?}",
+            refused.retry_after
+        );
+        clock.advance(Duration::from_secs(120));
+        assert!(limiter.check("k").await.unwrap().allowed, "{prefix}");
+    }
+
+    #[tokio::test]
+    async fn a_longer_period_in_redis_keeps_the_count_and_ends_in_time() {
+        let Some(server) = RedisServer::start("quota_change::redis_period") else {
+            return;
+        };
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        longer_period_stays_sane::<FixedWindow>(&store, "fw:").await;
+        longer_period_stays_sane::<SlidingCounter>(&store, "sc:").await;
+        longer_period_stays_sane::<SlidingLog>(&store, "log:").await;
+    }
+
+    #[tokio::test]
+    async fn a_quota_the_scripts_cannot_run_is_refused_and_changes_nothing() {
+        let Some(server) = RedisServer::start("quota_change::redis_refused") else {
+            return;
+        };
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let clock = ManualClock::new();
+        let q = per(10, Duration::from_secs(1));
+        let limiter = limiter::<SlidingCounter>(&store, q, &clock, "bad:");
+        let huge = per(u32::MAX, Quota::MAX_SPAN);
+        assert!(limiter.set_quota(huge).is_err());
+        assert_eq!(limiter.quota(), q);
+        assert_eq!(admitted(&limiter, "k", 20).await, 10);
+    }
+}

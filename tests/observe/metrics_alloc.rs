@@ -1,0 +1,280 @@
+//! With the `metrics` feature on, an observed limiter records every decision through handles it
+//! registered once: deciding allocates nothing, admitted or refused.
+
+use crate::counting;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tower_bulwark::observe::{metric_names as m, Observed};
+use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
+
+#[test]
+fn decisions_record_metrics_without_allocating() {
+    const KEYS: u64 = 4;
+    const PER_KEY: u64 = 1_000;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        // Time stands still: each key gets its 500 and is refused after that.
+        let limiter = Observed::new(
+            "api",
+            KeyedRateLimiter::<u64>::builder(Quota::per_second(500).unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
+        // The first decision registers the handles, and each key's first inserts it.
+        for key in 0..KEYS {
+            assert!(limiter.reserve_now(&key, 1).unwrap().unwrap().allowed);
+        }
+        let before = counting::allocations();
+        for i in KEYS..PER_KEY * KEYS {
+            limiter.reserve_now(&(i % KEYS), 1).unwrap().unwrap();
+        }
+        let spent = counting::allocations() - before;
+        assert_eq!(
+            spent,
+            0,
+            "{spent} allocations for {} decisions",
+            PER_KEY * KEYS
+        );
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let calls = |outcome: &str| {
+        snapshot
+            .iter()
+            .find_map(|(key, _, _, value)| {
+                let key = key.key();
+                let wanted = key.name() == m::RATELIMITER_CALLS
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "outcome" && l.value() == outcome);
+                match value {
+                    DebugValue::Counter(n) if wanted => Some(*n),
+                    _ => None,
+                }
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("allowed"), 500 * KEYS, "the metrics were recorded");
+    assert_eq!(calls("limited"), (PER_KEY - 500) * KEYS);
+}
+
+/// The value of the series `name` whose labels include `label`, from a debugging snapshot.
+fn series<'a>(
+    snapshot: &'a [(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    name: &str,
+    label: (&str, &str),
+) -> Option<&'a DebugValue> {
+    snapshot.iter().find_map(|(key, _, _, value)| {
+        let key = key.key();
+        (key.name() == name
+            && key
+                .labels()
+                .any(|l| l.key() == label.0 && l.value() == label.1))
+        .then_some(value)
+    })
+}
+
+/// A bulkhead built by hand (not from a config file) counts its calls too, and a call through
+/// it allocates nothing for its metrics.
+#[test]
+fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
+    use tower::{service_fn, Service, ServiceExt};
+    use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull};
+    use tower_bulwark::BoxError;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let payment = Bulkhead::semaphore("payment", 1).build();
+            let mut client = tower::ServiceBuilder::new()
+                .layer(payment.layer())
+                .service(service_fn(|n: u32| async move { Ok::<_, BoxError>(n) }));
+            // The first call registers the handles.
+            assert_eq!(client.ready().await.unwrap().call(1).await.unwrap(), 1);
+            let calls = 1_000;
+            let before = counting::allocations();
+            for n in 0..calls {
+                client.ready().await.unwrap().call(n).await.unwrap();
+            }
+            let per_call = (counting::allocations() - before) / u64::from(calls);
+            // One call in flight, another refused.
+            let held = client.ready().await.unwrap().call(7);
+            let refused = client.ready().await.unwrap().call(8).await.unwrap_err();
+            assert!(refused.is::<BulkheadFull>());
+            assert_eq!(held.await.unwrap(), 7);
+            payment.publish_gauges();
+            assert_eq!(per_call, 0, "allocations per call through the bulkhead");
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |outcome: &str| match series(&snapshot, m::BULKHEAD_CALLS, ("outcome", outcome)) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{outcome}: {other:?}"),
+    };
+    assert_eq!(counter("permitted"), 1_002);
+    assert_eq!(counter("finished"), 1_002);
+    assert_eq!(counter("rejected"), 1);
+    match series(&snapshot, m::BULKHEAD_DURATION, ("name", "payment")) {
+        Some(DebugValue::Histogram(values)) => assert_eq!(values.len(), 1_002),
+        other => panic!("duration: {other:?}"),
+    }
+    assert!(matches!(
+        series(&snapshot, m::BULKHEAD_MAX, ("name", "payment")),
+        Some(DebugValue::Gauge(v)) if v.into_inner() == 1.0
+    ));
+}
+
+/// Allocations per request through a `RateLimitLayer` whose policy's limiter is observed (the
+/// metrics recorded), beyond those of the inner service alone; requests are built beforehand and
+/// every one is admitted at once.
+#[cfg(feature = "axum")]
+fn layer_allocations_per_request(
+    layer: impl tower::Layer<
+        Inner,
+        Service: tower::Service<
+            http::Request<()>,
+            Response = http::Response<http_body_util::Full<bytes::Bytes>>,
+            Error = std::convert::Infallible,
+        >,
+    >,
+) -> f64 {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use tower::Service;
+
+    const REQUESTS: usize = 1_000;
+    let peer = std::net::SocketAddr::from(([192, 0, 2, 7], 40_000));
+    let requests = |n: usize| -> Vec<http::Request<()>> {
+        (0..n)
+            .map(|_| {
+                let mut request = http::Request::new(());
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request
+            })
+            .collect()
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    let run = |service: &mut dyn FnMut(http::Request<()>) -> bool, requests| {
+        let before = counting::allocations();
+        for request in requests {
+            assert!(service(request), "every request is admitted at once");
+        }
+        counting::allocations() - before
+    };
+    let mut inner = Inner;
+    let mut limited = layer.layer(Inner);
+    // The first request registers the metrics handles and inserts the key.
+    let mut through_layer = |request| {
+        let mut future = std::pin::pin!(limited.call(request));
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(response)) => response.status() == http::StatusCode::OK,
+            _ => false,
+        }
+    };
+    run(&mut through_layer, requests(1));
+    let with_layer = run(&mut through_layer, requests(REQUESTS));
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut alone = |request| {
+        let mut future = std::pin::pin!(inner.call(request));
+        matches!(future.as_mut().poll(&mut cx), Poll::Ready(Ok(_)))
+    };
+    let without = run(&mut alone, requests(REQUESTS));
+    (with_layer as f64 - without as f64) / REQUESTS as f64
+}
+
+/// A service that answers `200` with an empty body, allocating nothing.
+#[cfg(feature = "axum")]
+#[derive(Clone, Copy)]
+struct Inner;
+
+#[cfg(feature = "axum")]
+impl tower::Service<http::Request<()>> for Inner {
+    type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<()>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new(Default::default())))
+    }
+}
+
+#[cfg(feature = "axum")]
+#[test]
+fn the_layers_admitted_path_allocates_nothing_but_its_headers() {
+    use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+    use tower_bulwark::DirectRateLimiter;
+
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let per_ip = || {
+            Policy::new(
+                "per-ip",
+                PeerIp::new(),
+                Observed::new(
+                    "per-ip",
+                    KeyedRateLimiter::new(Quota::per_second(1_000_000).unwrap()),
+                ),
+            )
+            .unwrap()
+        };
+        let all = || {
+            Policy::global(
+                "all",
+                Observed::new(
+                    "all",
+                    DirectRateLimiter::new(Quota::per_second(1_000_000).unwrap()),
+                ),
+            )
+            .unwrap()
+        };
+
+        // Headers off: the decision, its metrics and the response future allocate nothing.
+        let bare =
+            layer_allocations_per_request(RateLimitLayer::new(per_ip()).without_admitted_headers());
+        assert_eq!(bare, 0.0, "one policy, headers off");
+        let two = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().and(all())).without_admitted_headers(),
+        );
+        assert_eq!(two, 0.0, "two policies, headers off");
+        let cost_by = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().cost_by(|_| 2)).without_admitted_headers(),
+        );
+        assert_eq!(cost_by, 0.0, "a cost computed per request, headers off");
+
+        // Headers on: the response's header map, which the inner service left empty, growing
+        // to hold them (two allocations), and the `RateLimit` values, cut from 512-byte chunks
+        // (each a buffer and its reference count) that hold at least sixteen of these values of
+        // under 32 bytes. `RateLimit-Policy` is built once and shared.
+        let headers = layer_allocations_per_request(RateLimitLayer::new(per_ip()));
+        assert!(
+            headers > 2.0 && headers <= 2.0 + 2.0 / 16.0,
+            "one policy, default headers: {headers} allocations a request"
+        );
+
+        // A policy that counts by outcome keeps the request's key until the response: one
+        // allocation by design (see `Policy::count_if`).
+        let count_if = layer_allocations_per_request(
+            RateLimitLayer::new(per_ip().count_if(|r| r.status.is_server_error()))
+                .without_admitted_headers(),
+        );
+        assert_eq!(count_if, 1.0, "a count_if policy, headers off");
+    });
+}

@@ -1,0 +1,88 @@
+//! Refusals of named instances as `tracing` events, captured on the test's own thread while the
+//! binary's other tests reach the same call sites on theirs (see `common::process::thread_subscriber`).
+
+use std::sync::{Arc, Mutex};
+
+use http::StatusCode;
+use tower_bulwark::config::Registry;
+
+use crate::common::process::thread_subscriber;
+use crate::orders::{get_orders, router, runtime};
+
+const CONFIG: &str = r#"
+[rate_limiters.api]
+limit_for_period = 10
+limit_refresh_period = "1h"
+key = "peer_ip"
+
+[rate_limiters.private]
+limit_for_period = 1
+limit_refresh_period = "1h"
+key = "peer_ip"
+hide_keys = true
+"#;
+
+/// Collects what a `tracing` subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    {
+        let _guard = thread_subscriber(subscriber);
+        runtime().block_on(async {
+            let registry = Registry::from_toml_str(CONFIG).unwrap();
+            let api = router(&registry, "api", [198, 51, 100, 23]);
+            for _ in 0..11 {
+                get_orders(&api).await;
+            }
+            let private = router(&registry, "private", [192, 0, 2, 99]);
+            get_orders(&private).await;
+            assert_eq!(get_orders(&private).await, StatusCode::TOO_MANY_REQUESTS);
+        });
+    }
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let refusals: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("rate limit refused a request"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{text}");
+    let api = refusals.iter().find(|l| l.contains("limiter=api")).unwrap();
+    assert!(api.contains("DEBUG"), "{api}");
+    assert!(api.contains("key=Ip(198.51.100.23)"), "{api}");
+    // Six minutes (one permit of ten per hour) less the moments the requests took, in whole
+    // milliseconds rounded up.
+    let retry_ms: u64 = api
+        .split("retry_after_ms=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!((359_000..=360_000).contains(&retry_ms), "{api}");
+    let private = refusals
+        .iter()
+        .find(|l| l.contains("limiter=private"))
+        .unwrap();
+    assert!(
+        !private.contains("192.0.2.99"),
+        "a hidden key leaks: {private}"
+    );
+    assert!(private.contains("key=(hidden)"), "{private}");
+}

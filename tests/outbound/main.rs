@@ -1,0 +1,18 @@
+//! The outbound layers: pushback, client quotas, the documented stack around a `reqwest`
+//! client, their metrics (counted by this binary's allocator), and the `partner_api` example.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/counting.rs"]
+mod counting;
+
+mod client_quota;
+mod hostile;
+#[cfg(feature = "metrics")]
+mod metrics;
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+mod partner_api_example;
+mod pushback;
+mod pushback_hostile;
+#[cfg(feature = "reqwest")]
+mod stack;

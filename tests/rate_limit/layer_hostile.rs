@@ -1,0 +1,452 @@
+//! Adversarial tests of the HTTP layer: cancellation at each await point with several policies,
+//! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
+//! the observability counters of policies vetoed by another one.
+
+use crate::common::listener::{serve, sf_list};
+use crate::common::poll_once;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tokio::sync::watch;
+use tower::ServiceExt;
+use tower_bulwark::observe::Observed;
+use tower_bulwark::rate_limit::{BoxLimiter, FailMode, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{
+    clock::{ManualClock, TokioClock},
+    limiter::Decision,
+    BoxError, KeyedRateLimiter, Limiter, Quota,
+};
+
+type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>;
+
+fn tokio_limiter(quota: Quota) -> Tokio {
+    KeyedRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build()
+}
+
+fn get_req() -> Request<Body> {
+    Request::get("/orders").body(Body::empty()).unwrap()
+}
+
+fn header_list(headers: &http::HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let joined = headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ");
+    sf_list(&joined)
+}
+
+/// A limiter that decides only once its gate is open, on a later poll, like a remote one.
+#[derive(Clone)]
+struct Later {
+    local: Tokio,
+    gate: watch::Receiver<bool>,
+    asked: Arc<AtomicUsize>,
+    refunds: Arc<AtomicUsize>,
+}
+
+impl Limiter<IpAddr> for Later {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
+
+    fn quota(&self) -> Quota {
+        Limiter::<IpAddr>::quota(&self.local)
+    }
+
+    fn reserve(&self, key: &IpAddr, cost: u32) -> Self::Future {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let (local, mut gate, key) = (self.local.clone(), self.gate.clone(), *key);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            gate.wait_for(|open| *open).await.unwrap();
+            Limiter::reserve(&local, &key, cost).await
+        })
+    }
+
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
+        Limiter::refund(&self.local, key, cost, decision)
+    }
+}
+
+/// A limiter whose backend is down.
+struct Broken(Quota);
+
+impl Limiter<IpAddr> for Broken {
+    type Future = std::future::Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> Quota {
+        self.0
+    }
+
+    fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
+        std::future::ready(Err("backend down".into()))
+    }
+
+    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {
+        panic!("nothing was granted, nothing may be refunded");
+    }
+}
+
+/// Held: README "Several policies ... one refused by any spends nothing from the others" and
+/// "Waiting ... if its client goes away meanwhile, the permit is given back", with three
+/// policies where one decides later: a request dropped while the remote policy is still
+/// deciding, and one dropped while waiting after a deferred decision, give back every permit
+/// exactly once; the next request then waits one period, not two.
+#[tokio::test(start_paused = true)]
+async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once() {
+    let wide = tokio_limiter(Quota::per_hour(10).unwrap());
+    let remote_state = tokio_limiter(Quota::per_hour(5).unwrap());
+    let waiting = tokio_limiter(
+        Quota::per_second(1)
+            .unwrap()
+            .with_max_wait(Duration::from_secs(1))
+            .unwrap(),
+    );
+    let (open, gate) = watch::channel(true);
+    let later = Later {
+        local: remote_state.clone(),
+        gate,
+        asked: Arc::new(AtomicUsize::new(0)),
+        refunds: Arc::new(AtomicUsize::new(0)),
+    };
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let client: SocketAddr = "192.0.2.77:5000".parse().unwrap();
+    let app = Router::new()
+        .route(
+            "/orders",
+            get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "ok" }
+            }),
+        )
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), BoxLimiter::new(wide.clone()))
+                .unwrap()
+                .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(later.clone())).unwrap())
+                .and(
+                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
+                        .unwrap(),
+                ),
+        ))
+        .layer(MockConnectInfo(client));
+
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        app.clone().oneshot(get_req()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // Dropped while the remote policy decides: `wide` was granted, `waiting` not yet asked.
+    open.send_replace(false);
+    let mut reserving = Box::pin(app.clone().oneshot(get_req()));
+    assert!(poll_once(reserving.as_mut()).is_pending());
+    assert!(poll_once(reserving.as_mut()).is_pending());
+    drop(reserving);
+    assert_eq!(
+        later.refunds.load(Ordering::SeqCst),
+        0,
+        "remote never granted"
+    );
+
+    // Dropped while waiting for `waiting`'s permit, after the deferred decision.
+    open.send_replace(true);
+    let mut waiter = Box::pin(app.clone().oneshot(get_req()));
+    for _ in 0..8 {
+        assert!(poll_once(waiter.as_mut()).is_pending());
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(later.asked.load(Ordering::SeqCst), 3);
+    drop(waiter);
+    assert_eq!(
+        later.refunds.load(Ordering::SeqCst),
+        1,
+        "remote given back once"
+    );
+
+    // The next request waits one second (its own permit), not two.
+    assert_eq!(
+        app.clone().oneshot(get_req()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // Two requests admitted: each hourly budget is down by exactly two.
+    assert_eq!(wide.check(&client.ip()).remaining, 10 - 2 - 1);
+    assert_eq!(remote_state.check(&client.ip()).remaining, 5 - 2 - 1);
+}
+
+/// Held: one policy errors (the layer fails open), one refuses, one reserves a wait: the answer
+/// is an immediate 429 naming only the refusing policy, with headers that parse as Structured
+/// Fields and a body that parses as JSON, and the waiting policy's reservation is given back.
+#[tokio::test(start_paused = true)]
+async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
+    let refusing = tokio_limiter(Quota::per_hour(1).unwrap());
+    let waiting = tokio_limiter(
+        Quota::per_second(1)
+            .unwrap()
+            .with_max_wait(Duration::from_secs(5))
+            .unwrap(),
+    );
+    let client: SocketAddr = "192.0.2.78:5000".parse().unwrap();
+    let ip = client.ip();
+    // Spend both, so the request is refused by one and would wait on the other.
+    assert!(refusing.check(&ip).allowed);
+    assert!(waiting.check(&ip).allowed);
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::new(
+                Policy::new(
+                    "broken",
+                    PeerIp::new(),
+                    BoxLimiter::new(Broken(Quota::per_second(3).unwrap())),
+                )
+                .unwrap()
+                .and(
+                    Policy::new("refusing", PeerIp::new(), BoxLimiter::new(refusing.clone()))
+                        .unwrap(),
+                )
+                .and(
+                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
+                        .unwrap(),
+                ),
+            )
+            .limiter_error_mode(FailMode::Open)
+            .with_legacy_headers(),
+        )
+        .layer(MockConnectInfo(client));
+    let start = tokio::time::Instant::now();
+    let refused = app.clone().oneshot(get_req()).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "refused at once");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = refused.headers().clone();
+    assert_eq!(h["retry-after"], "3600");
+    assert_eq!(h["x-ratelimit-reset"], "3600");
+    assert_eq!(h["x-ratelimit-remaining"], "0");
+    let policy = header_list(&h, "ratelimit-policy");
+    assert_eq!(
+        policy.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        ["broken", "refusing", "waiting"]
+    );
+    // Only the violated policy is listed: the waiting policy's reservation was given back, so
+    // its decision no longer describes the key (and its window need not fit under Retry-After).
+    let state = header_list(&h, "ratelimit");
+    assert_eq!(
+        state,
+        [(
+            "refusing".to_string(),
+            vec![("r".to_string(), 0), ("t".to_string(), 3600)]
+        )]
+    );
+    let body = axum::body::to_bytes(refused.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::json!(["refusing"])
+    );
+    assert_eq!(problem["status"], 429);
+    // The waiting policy's reservation went back: a new reservation waits 1 s, not 2 s.
+    let d = Limiter::reserve_now(&waiting, &ip, 1).unwrap().unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.wait, Duration::from_secs(1));
+}
+
+/// Held: policy names made of every character that needs escaping in a Structured Field string
+/// or in JSON (quotes, backslashes, commas, semicolons, `=`), up to the 64-character maximum,
+/// come out of a real listener as headers that `sfv` parses back to the exact names and a body
+/// that `serde_json` parses back to the exact names; a HEAD request gets the same 429 head and
+/// no body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
+    let names = [
+        r#"a"b\c, d;e=f"#.to_string(),
+        "\"".repeat(64),
+        "\\".repeat(64),
+        (0x20u8..=0x7e).map(char::from).take(64).collect::<String>(),
+    ];
+    let clock = ManualClock::new();
+    let limiters: Vec<_> = names
+        .iter()
+        .map(|_| {
+            KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
+                .clock(clock.clone())
+                .build()
+        })
+        .collect();
+    let layer = RateLimitLayer::new(
+        names
+            .iter()
+            .zip(&limiters)
+            .map(|(n, l)| Policy::new(n.clone(), PeerIp::new(), l.clone()).unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .with_legacy_headers();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/orders");
+
+    let ok = client.get(&url).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let policy = sf_list(ok.headers()["ratelimit-policy"].to_str().unwrap());
+    assert_eq!(
+        policy.iter().map(|p| p.0.clone()).collect::<Vec<_>>(),
+        names.to_vec()
+    );
+    let state = sf_list(ok.headers()["ratelimit"].to_str().unwrap());
+    assert_eq!(
+        state.iter().map(|p| p.0.clone()).collect::<Vec<_>>(),
+        names.to_vec()
+    );
+    assert_eq!(ok.text().await.unwrap(), "ok");
+
+    let refused = client.get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let head_of_get = refused.headers().clone();
+    let problem: serde_json::Value =
+        serde_json::from_slice(&refused.bytes().await.unwrap()).expect("the problem body is JSON");
+    assert_eq!(
+        problem["violated-policies"],
+        serde_json::Value::from(names.to_vec())
+    );
+    assert_eq!(
+        sf_list(head_of_get["ratelimit"].to_str().unwrap())
+            .iter()
+            .map(|p| p.0.clone())
+            .collect::<Vec<_>>(),
+        names.to_vec()
+    );
+
+    let head = client.head(&url).send().await.unwrap();
+    assert_eq!(head.status(), 429);
+    for name in [
+        "retry-after",
+        "ratelimit-policy",
+        "ratelimit",
+        "content-type",
+    ] {
+        assert_eq!(head.headers()[name], head_of_get[name], "{name}");
+    }
+    assert!(head.bytes().await.unwrap().is_empty());
+}
+
+/// Promise (`observe` docs, `LimiterSnapshot::allowed`: "Decisions that admitted the request";
+/// metric `bulwark_ratelimiter_calls_total{outcome="allowed"}`; `available_permissions`:
+/// "Permits left after the latest decision"): with two observed policies in one layer, a request
+/// that the second refuses is not admitted, and the first policy's permit is given back
+/// ("a refused request leaves every limiter exactly as it was").
+///
+/// `Observed::refund` only un-records waits: the vetoed admission stays counted as `allowed`
+/// (so the metric says three admissions where one request reached the handler) and
+/// `available_permissions` keeps the pre-refund figure.
+#[tokio::test]
+async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
+    let clock = ManualClock::new();
+    let observed = |name: &str, quota| {
+        Observed::new(
+            name,
+            KeyedRateLimiter::<IpAddr>::builder(quota)
+                .clock(clock.clone())
+                .build(),
+        )
+    };
+    let wide = observed("wide", Quota::per_hour(10).unwrap());
+    let narrow = observed("narrow", Quota::per_hour(1).unwrap());
+    let client: SocketAddr = "192.0.2.79:5000".parse().unwrap();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), wide.clone())
+                .unwrap()
+                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
+        ))
+        .layer(MockConnectInfo(client));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(app.clone().oneshot(get_req()).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // The limiter itself is right: the vetoed permits came back (9 left, 8 after this check).
+    let wide_snapshot = wide.snapshot();
+    assert_eq!(wide.get_ref().check(&client.ip()).remaining, 8);
+    assert_eq!(narrow.snapshot().limited, 2);
+    assert_eq!(
+        (wide_snapshot.allowed, wide_snapshot.available_permissions),
+        (1, 9),
+        "one request was admitted and `wide` has 9 permits left; the snapshot says {wide_snapshot:?}"
+    );
+}
+
+/// Promise (`response.rs`, `Refusal::headers`: the refusal's `RateLimit` lists "the violated
+/// policies only, each with `r=0` and its own wait"; README "one refused by any spends nothing
+/// from the others"). A policy that admitted and was vetoed used to be listed with the state of
+/// its given-back admission, `r` one too low and `t` one interval too long (issue 12); it is now
+/// left out, `Retry-After` covers every window listed, and the limiter shows nothing was spent.
+#[tokio::test]
+async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
+    let clock = ManualClock::new();
+    let limiter = |quota| {
+        KeyedRateLimiter::<IpAddr>::builder(quota)
+            .clock(clock.clone())
+            .build()
+    };
+    let wide = limiter(Quota::per_hour(10).unwrap());
+    let narrow = limiter(Quota::per_hour(1).unwrap());
+    let client: SocketAddr = "192.0.2.80:5000".parse().unwrap();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), wide.clone())
+                .unwrap()
+                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
+        ))
+        .layer(MockConnectInfo(client));
+    let ok = app.clone().oneshot(get_req()).await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let after_ok = header_list(ok.headers(), "ratelimit");
+    assert_eq!(after_ok[0].0, "wide");
+    // Nine left, whole again in 360 s, but nine take 3240 s at 10 per hour.
+    assert_eq!(
+        after_ok[0].1,
+        [("r".to_string(), 9), ("t".to_string(), 3240)]
+    );
+
+    let refused = app.clone().oneshot(get_req()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "3600");
+    let state = header_list(refused.headers(), "ratelimit");
+    assert_eq!(
+        state,
+        [(
+            "narrow".to_string(),
+            vec![("r".to_string(), 0), ("t".to_string(), 3600)]
+        )],
+        "only the violated policy is listed"
+    );
+    // The limiter agrees that nothing was spent from `wide`: 9 left (8 after this check).
+    assert_eq!(wide.check(&client.ip()).remaining, 8);
+}

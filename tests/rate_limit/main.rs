@@ -1,0 +1,26 @@
+//! The HTTP rate-limit layer: decisions and answers through axum's router, policies, the
+//! rate-limit headers, the request head its closures see, exemptions, the response future's
+//! permits in every state, and what a key costs in memory (counted by this binary's allocator).
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/counting.rs"]
+mod counting;
+
+#[cfg(feature = "axum")]
+mod exemptions;
+#[cfg(feature = "axum")]
+mod headers;
+#[cfg(feature = "axum")]
+mod key_memory;
+#[cfg(feature = "axum")]
+mod layer;
+#[cfg(feature = "axum")]
+mod layer_hostile;
+mod permit_accounting;
+#[cfg(feature = "axum")]
+mod policies;
+#[cfg(feature = "axum")]
+mod policies_hostile;
+mod request_head;
+mod response_states;

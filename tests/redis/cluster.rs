@@ -1,0 +1,105 @@
+//! The Redis limiter on a Redis Cluster of three masters: keys of different clients live in
+//! different slots on different nodes, and each script touches one slot.
+
+use crate::common::redis_server::RedisCluster;
+use tower_bulwark::redis::{HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    Quota,
+};
+
+async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
+        .algorithm::<A>()
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for client in clients {
+        let limiter = limiter.clone();
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = Vec::new();
+            for _ in 0..5 {
+                allowed.push(limiter.check(&client).await.unwrap().allowed);
+            }
+            allowed
+        }));
+    }
+    for task in tasks {
+        let name = std::any::type_name::<A>();
+        assert_eq!(
+            task.await.unwrap(),
+            [true, true, true, false, false],
+            "{name}"
+        );
+    }
+    clients.iter().map(|c| limiter.redis_key(c)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limiter_works_across_slots_of_a_cluster() {
+    let Some(cluster) = RedisCluster::start("the_limiter_works_across_slots_of_a_cluster") else {
+        return;
+    };
+    let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();
+    let clients: Vec<String> = (0..24).map(|i| format!("client-{i}")).collect();
+    let mut keys = Vec::new();
+    keys.extend(per_client::<Gcra>(&store, &clients).await);
+    keys.extend(per_client::<FixedWindow>(&store, &clients).await);
+    keys.extend(per_client::<SlidingLog>(&store, &clients).await);
+    keys.extend(per_client::<SlidingCounter>(&store, &clients).await);
+
+    // The keys spread over every master, and each carries an expiry.
+    for node in &cluster.nodes {
+        let size: u64 = node
+            .command(&["DBSIZE"])
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(size > 0, "node {} holds none of the keys", node.port());
+    }
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let mut slots = std::collections::HashSet::new();
+    for key in &keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key}: PTTL {pttl}");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        slots.insert(slot);
+    }
+    assert!(
+        slots.len() >= 20,
+        "keys of different clients use different slots: {slots:?}"
+    );
+
+    // A fixed hash tag puts every key of a limiter in one slot.
+    let tenant = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
+        .algorithm::<SlidingLog>()
+        .prefix("tenant:")
+        .hash_tag(HashTag::Fixed("acme".into()))
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    let mut tenant_slots = std::collections::HashSet::new();
+    for client in &clients {
+        assert!(tenant.check(client).await.unwrap().allowed);
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(tenant.redis_key(client))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tenant_slots.insert(slot);
+    }
+    assert_eq!(tenant_slots.len(), 1, "{tenant_slots:?}");
+}

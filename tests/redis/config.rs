@@ -1,0 +1,226 @@
+//! Rate limiters configured with `store = "redis"`: one quota across instances, and the failure
+//! policy from the file.
+
+use crate::common::redis_server;
+
+use crate::common::redis_server::RedisServer;
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_bulwark::config::{ConfigKey, Registry};
+use tower_bulwark::Limiter;
+
+fn app(registry: &Registry) -> Router {
+    Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(registry.rate_limit_layer("shared").unwrap())
+}
+
+async fn get_orders(app: &Router) -> StatusCode {
+    let req = Request::get("/orders")
+        .header("x-api-key", "tenant-7")
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn two_registries_on_one_redis_share_one_quota() {
+    let Some(server) = RedisServer::start("two_registries_on_one_redis_share_one_quota") else {
+        return;
+    };
+    let config = format!(
+        r#"
+        [rate_limiters.shared]
+        limit_for_period = 3
+        limit_refresh_period = "1h"
+        algorithm = "sliding_log"
+        key = "header:x-api-key"
+        store = "redis"
+        redis_url = "{}"
+        redis_prefix = "config-test:"
+        "#,
+        server.url()
+    );
+    // Two instances of a service, each with its own registry and connection.
+    let a = app(&Registry::from_toml_str(&config).unwrap());
+    let b = app(&Registry::from_toml_str(&config).unwrap());
+    let mut ok = 0;
+    for i in 0..8 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        if get_orders(app).await == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 3, "one quota of 3 across both instances");
+    // The state lives in Redis under the configured prefix (the reply's first line counts keys).
+    let keys = server.command(&["KEYS", "config-test:*{tenant-7}*"]);
+    assert!(keys.starts_with('*') && keys != "*0", "{keys}");
+}
+
+#[tokio::test]
+async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
+    // A port where nothing listens: reserve one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = |policy: &str| {
+        format!(
+            r#"
+            [rate_limiters.shared]
+            limit_for_period = 3
+            limit_refresh_period = "1h"
+            key = "header:x-api-key"
+            store = "redis"
+            redis_url = "redis://127.0.0.1:{port}/"
+            redis_timeout = "200ms"
+            {policy}
+            "#
+        )
+    };
+    let open_registry = Registry::from_toml_str(&config("redis_fail_mode = \"open\"")).unwrap();
+    let closed_registry = Registry::from_toml_str(&config("redis_fail_mode = \"closed\"")).unwrap();
+    let open = app(&open_registry);
+    let closed = app(&closed_registry);
+    let local = app(&Registry::from_toml_str(&config(
+        "redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 2",
+    ))
+    .unwrap());
+    for _ in 0..4 {
+        assert_eq!(get_orders(&open).await, StatusCode::OK);
+        assert_eq!(get_orders(&closed).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let local_ok = {
+        let mut n = 0;
+        for _ in 0..4 {
+            if get_orders(&local).await == StatusCode::OK {
+                n += 1;
+            }
+        }
+        n
+    };
+    assert_eq!(local_ok, 2, "the local fallback's own quota applies");
+
+    // Every one of those decisions was the fail mode's, and the registry says so.
+    for registry in [&open_registry, &closed_registry] {
+        let health = registry.health();
+        assert_eq!(health.rate_limiters[0].store_failures, Some(4));
+        let json: serde_json::Value = serde_json::from_str(&health.to_json()).unwrap();
+        assert_eq!(json["rateLimiters"]["shared"]["storeFailures"], 4);
+    }
+    #[cfg(feature = "metrics")]
+    {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || closed_registry.publish_gauges());
+        let failures: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "bulwark_ratelimiter_store_failures_total")
+            .map(|(.., value)| value)
+            .collect();
+        assert_eq!(failures, vec![DebugValue::Counter(4)]);
+    }
+}
+
+#[test]
+fn an_in_memory_limiter_reports_no_store_failures() {
+    let registry = Registry::from_toml_str(
+        "[rate_limiters.local]\nlimit_for_period = 3\nlimit_refresh_period = \"1s\"\nkey = \"global\"\n",
+    )
+    .unwrap();
+    let health = registry.health();
+    assert_eq!(health.rate_limiters[0].store_failures, None);
+    assert!(!health.to_json().contains("storeFailures"));
+}
+
+#[test]
+fn a_redis_limiter_outside_a_runtime_is_an_error_not_a_panic() {
+    let err = Registry::from_toml_str(
+        "[rate_limiters.shared]\nlimit_for_period = 3\nlimit_refresh_period = \"1s\"\nstore = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"\n",
+    )
+    .unwrap_err();
+    assert_eq!(err.path(), "rate_limiters.shared.store");
+    assert!(err.message().contains("tokio runtime"), "{err}");
+}
+
+#[tokio::test]
+async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_as_they_were() {
+    let Some(server) = RedisServer::start("config_redis::reload") else {
+        return;
+    };
+    let config = |changed_permits: u32| {
+        format!(
+            r#"
+            [rate_limiters.changed]
+            limit_for_period = {changed_permits}
+            limit_refresh_period = "1h"
+            algorithm = "sliding_counter"
+            key = "global"
+            store = "redis"
+            redis_url = "{url}"
+            redis_prefix = "reload-changed:"
+
+            [rate_limiters.unchanged]
+            limit_for_period = 5
+            limit_refresh_period = "1h"
+            algorithm = "sliding_log"
+            key = "global"
+            store = "redis"
+            redis_url = "{url}"
+            redis_prefix = "reload-unchanged:"
+            "#,
+            url = server.url()
+        )
+    };
+    let registry = Registry::from_toml_str(&config(10)).unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    async fn admitted(registry: &Registry, name: &str, n: usize) -> usize {
+        let limiter = registry.rate_limiter(name).unwrap();
+        let mut count = 0;
+        for _ in 0..n {
+            if limiter
+                .reserve(&ConfigKey::Global, 1)
+                .await
+                .unwrap()
+                .allowed
+            {
+                count += 1;
+            }
+        }
+        count
+    }
+    assert_eq!(admitted(&registry, "changed", 9).await, 9);
+    assert_eq!(admitted(&registry, "unchanged", 3).await, 3);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("reload-unchanged:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let before = redis_server::key_state(&mut conn, &keys[0]).await;
+
+    let reloaded = registry.reload_toml_str(&config(20)).unwrap();
+    assert_eq!(reloaded.rate_limiters, vec!["changed".to_owned()]);
+    assert_eq!(redis_server::key_state(&mut conn, &keys[0]).await, before);
+    // 9 of 20 used in Redis: 11 left.
+    assert_eq!(admitted(&registry, "changed", 20).await, 11);
+    // A quota the Redis sliding counter cannot count exactly is refused, and changes nothing.
+    let err = registry.reload_toml_str(&config(2_000_000)).unwrap_err();
+    assert_eq!(err.path(), "rate_limiters.changed", "{err}");
+    assert!(err.message().contains("too large"), "{err}");
+    let changed = registry.rate_limiter("changed").unwrap();
+    assert_eq!(changed.quota().permits(), 20);
+    assert_eq!(redis_server::key_state(&mut conn, &keys[0]).await, before);
+    assert_eq!(admitted(&registry, "unchanged", 5).await, 2);
+}

@@ -1,0 +1,244 @@
+//! One suite, two stores: the same sequences of requests against the in-memory limiter and the
+//! Redis limiter, on one manual clock, must give the same decisions, field for field, refunds
+//! included: of reservations and of immediate admissions, at once (a veto) or later.
+
+use std::time::Duration;
+
+use crate::common::redis_server::RedisServer;
+use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    limiter::Decision,
+    KeyedRateLimiter, Limiter, Quota,
+};
+
+/// A small deterministic generator (xorshift64*), so a failure names its seed and replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn quotas() -> Vec<Quota> {
+    let ms = Duration::from_millis;
+    vec![
+        Quota::per_second(5).unwrap(),
+        // An emission interval that does not divide evenly (333 333 334 ns).
+        Quota::with_period(3, ms(1000)).unwrap(),
+        Quota::per_second(4).unwrap().with_burst(7).unwrap(),
+        Quota::per_second(2)
+            .unwrap()
+            .with_max_wait(ms(1500))
+            .unwrap(),
+        Quota::with_period(10, ms(250))
+            .unwrap()
+            .with_max_wait(ms(600))
+            .unwrap(),
+        Quota::with_period(1, ms(700))
+            .unwrap()
+            .with_max_wait(ms(2000))
+            .unwrap(),
+    ]
+}
+
+/// What one sequence exercised.
+#[derive(Default)]
+struct Exercised {
+    reservations: usize,
+    immediate_refunds: usize,
+    vetoes: usize,
+}
+
+/// The largest clock a Redis script takes exactly (2^52 ns).
+const MAX_NOW: u64 = 1 << 52;
+
+async fn run<A: RedisAlgorithm>(
+    store: &RedisStore,
+    quota: Quota,
+    seed: u64,
+    start: u64,
+) -> Exercised {
+    let clock = ManualClock::new();
+    let memory = KeyedRateLimiter::<String>::builder(quota)
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build();
+    let redis = RedisRateLimiter::builder(quota, store.clone())
+        .algorithm::<A>()
+        .client_clock(clock.clone())
+        .prefix(format!("conf:{seed}:"))
+        .without_refusal_cache()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let capacity = match std::any::type_name::<A>() {
+        name if name.ends_with("Gcra") => quota.burst(),
+        _ => quota.permits(),
+    };
+    let period = u64::try_from(quota.period().as_nanos()).unwrap();
+    // Both limiters count from the clock's zero (the in-memory one from its creation).
+    clock.set(Duration::from_nanos(start));
+    let mut rng = Rng(seed);
+    let mut held: Vec<(String, u32, Decision, Decision)> = Vec::new();
+    let mut seen = Exercised::default();
+    for step in 0..300 {
+        let key = ["a", "b", "c"][rng.below(3) as usize].to_string();
+        let context = format!(
+            "seed {seed}, step {step}, key {key}, t {:?}",
+            clock.elapsed()
+        );
+        match rng.below(10) {
+            // Time moves: often not at all (bursts in one instant), sometimes by a lot.
+            0..=2 => {
+                let by = match rng.below(4) {
+                    0 => 0,
+                    1 => rng.below(1000),
+                    2 => rng.below(period / 3 + 1),
+                    _ => rng.below(2 * period),
+                };
+                let now = u64::try_from(clock.elapsed().as_nanos()).unwrap();
+                clock.advance(Duration::from_nanos(by.min(MAX_NOW - now)));
+            }
+            // Give back a held admission, as a dropped waiter or a veto does.
+            3 if !held.is_empty() => {
+                let (key, cost, m, r) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                if m.wait.is_zero() {
+                    seen.immediate_refunds += 1;
+                }
+                memory.refund(&key, cost, m);
+                redis.refund_and_wait(&key, cost, r).await.unwrap();
+            }
+            // Another policy vetoes the request: whatever it was granted goes back at once.
+            4 => {
+                let cost = 1 + rng.below(u64::from(capacity.min(3))) as u32;
+                let m = memory.reserve(&key, cost).await.unwrap();
+                let r = redis.reserve(&key, cost).await.unwrap();
+                assert_eq!(m, r, "memory vs redis: {context}, vetoed cost {cost}");
+                if m.allowed {
+                    seen.vetoes += 1;
+                    memory.refund(&key, cost, m);
+                    redis.refund_and_wait(&key, cost, r).await.unwrap();
+                }
+            }
+            op => {
+                let cost = 1 + rng.below(u64::from(capacity.min(3))) as u32;
+                let (m, r) = if op % 2 == 0 {
+                    let m = memory.check_n(&key, cost).unwrap();
+                    let r = redis.check_n(&key, cost).await.unwrap();
+                    (m, r)
+                } else {
+                    let m = memory.reserve(&key, cost).await.unwrap();
+                    let r = redis.reserve(&key, cost).await.unwrap();
+                    (m, r)
+                };
+                assert_eq!(m, r, "memory vs redis: {context}, cost {cost}");
+                if !m.wait.is_zero() {
+                    seen.reservations += 1;
+                }
+                if m.allowed && rng.below(3) == 0 {
+                    held.push((key, cost, m, r));
+                }
+            }
+        }
+    }
+    seen
+}
+
+async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
+    let mut total = Exercised::default();
+    for (i, quota) in quotas().into_iter().enumerate() {
+        for round in 0..3 {
+            let seed = base_seed * 1000 + (i as u64) * 10 + round + 1;
+            let seen = run::<A>(store, quota, seed, 0).await;
+            total.reservations += seen.reservations;
+            total.immediate_refunds += seen.immediate_refunds;
+            total.vetoes += seen.vetoes;
+        }
+    }
+    let name = std::any::type_name::<A>();
+    assert!(total.reservations > 0, "{name}: no reservation exercised");
+    assert!(
+        total.immediate_refunds > 0,
+        "{name}: no immediate admission refunded"
+    );
+    assert!(total.vetoes > 0, "{name}: no veto exercised");
+}
+
+#[tokio::test]
+async fn gcra_in_redis_decides_as_in_memory() {
+    let Some(server) = RedisServer::start("gcra_in_redis_decides_as_in_memory") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    conform::<Gcra>(&store, 1).await;
+}
+
+#[tokio::test]
+async fn fixed_window_in_redis_decides_as_in_memory() {
+    let Some(server) = RedisServer::start("fixed_window_in_redis_decides_as_in_memory") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    conform::<FixedWindow>(&store, 2).await;
+}
+
+#[tokio::test]
+async fn sliding_log_in_redis_decides_as_in_memory() {
+    let Some(server) = RedisServer::start("sliding_log_in_redis_decides_as_in_memory") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    conform::<SlidingLog>(&store, 3).await;
+}
+
+#[tokio::test]
+async fn sliding_counter_in_redis_decides_as_in_memory() {
+    let Some(server) = RedisServer::start("sliding_counter_in_redis_decides_as_in_memory") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    conform::<SlidingCounter>(&store, 4).await;
+}
+
+/// Near the bounds of exact arithmetic in Lua's doubles: a clock close to 2^52 ns and periods of
+/// 2^50 ns (about 13 days), with sums of such values in every script.
+async fn conform_at_the_bounds<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
+    // 2^50 - 1 and 2^50 - 4 are multiples of 3: GCRA's burst window stays within 2^50.
+    let period = Duration::from_nanos((1 << 50) - 1);
+    let quotas = [
+        Quota::with_period(3, period).unwrap(),
+        Quota::with_period(3, period - Duration::from_nanos(3))
+            .unwrap()
+            .with_max_wait(period / 2)
+            .unwrap(),
+    ];
+    for (i, quota) in quotas.into_iter().enumerate() {
+        for round in 0..2 {
+            let seed = base_seed * 1000 + 500 + (i as u64) * 10 + round + 1;
+            // Start so that the sequence (a few periods at most) ends at 2^52 at the latest.
+            run::<A>(store, quota, seed, MAX_NOW - 3 * (1 << 50) - 12_345).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_algorithm_decides_as_in_memory_at_the_bounds_of_exact_arithmetic() {
+    let Some(server) = RedisServer::start("conformance_at_the_bounds") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    conform_at_the_bounds::<Gcra>(&store, 11).await;
+    conform_at_the_bounds::<FixedWindow>(&store, 12).await;
+    conform_at_the_bounds::<SlidingLog>(&store, 13).await;
+    conform_at_the_bounds::<SlidingCounter>(&store, 14).await;
+}

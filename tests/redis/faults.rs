@@ -1,0 +1,380 @@
+//! Faults: Redis killed under load, Redis restarted with an empty script cache, state of the
+//! wrong type, replies of the wrong shape. Every request is answered in time, nothing panics.
+
+use crate::common::redis_server;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::process::thread_subscriber;
+use crate::common::redis_server::{FakeRedis, RedisServer};
+use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
+use tower_bulwark::{algorithm::FixedWindow, Limiter, Quota};
+
+const TIMEOUT: Duration = Duration::from_millis(250);
+/// Scheduling slack on top of the timeout, for a loaded machine.
+const SLACK: Duration = Duration::from_millis(750);
+
+#[derive(Debug, Default)]
+struct Outcomes {
+    before_kill: usize,
+    allowed_after_kill: usize,
+    refused_after_kill: usize,
+    errors_after_kill: usize,
+    slowest: Duration,
+}
+
+async fn hammer(
+    limiter: RedisRateLimiter,
+    killed: Arc<AtomicBool>,
+    progress: Arc<AtomicUsize>,
+    key: String,
+) -> Outcomes {
+    let mut out = Outcomes::default();
+    let mut after = 0;
+    while after < 40 {
+        let was_killed = killed.load(Ordering::SeqCst);
+        let start = Instant::now();
+        let result = limiter.reserve(&key, 1).await;
+        out.slowest = out.slowest.max(start.elapsed());
+        if !was_killed {
+            if killed.load(Ordering::SeqCst) {
+                // Sent before the kill, answered around it: either outcome is right.
+                continue;
+            }
+            result.expect("redis is up: every decision comes from it");
+            out.before_kill += 1;
+            progress.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            continue;
+        }
+        after += 1;
+        match result {
+            Ok(d) if d.allowed => out.allowed_after_kill += 1,
+            Ok(_) => out.refused_after_kill += 1,
+            Err(err) => {
+                assert!(err.is::<RedisFailure>(), "{err}");
+                out.errors_after_kill += 1;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_every_request_answered_by_policy() {
+    let Some(mut server) = RedisServer::start("redis_killed_under_load") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_hour(1_000_000).unwrap();
+    let build = |policy: RedisFailMode, prefix: &str| {
+        RedisRateLimiter::builder(quota, store.clone())
+            .prefix(prefix)
+            .timeout(TIMEOUT)
+            .fail_mode(policy)
+            .build()
+            .unwrap()
+    };
+    let closed = build(RedisFailMode::closed(Duration::from_secs(2)), "closed:");
+    let open = build(RedisFailMode::open(), "open:");
+    let fallback = build(
+        RedisFailMode::fallback(Quota::per_hour(5).unwrap()),
+        "fallback:",
+    );
+    let propagate = build(RedisFailMode::propagate(), "propagate:");
+    let killed = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (name, limiter) in [
+        ("closed", &closed),
+        ("open", &open),
+        ("fallback", &fallback),
+        ("propagate", &propagate),
+    ] {
+        for i in 0..8 {
+            let task = hammer(
+                limiter.clone(),
+                Arc::clone(&killed),
+                Arc::clone(&progress),
+                format!("k{i}"),
+            );
+            tasks.push((name, tokio::spawn(task)));
+        }
+    }
+    // Let the load run against a live server, then kill it (SIGKILL, like a crash).
+    let limiters = [&closed, &open, &fallback, &propagate];
+    redis_server::eventually(
+        "redis decided 500 requests",
+        Duration::from_secs(20),
+        || progress.load(Ordering::SeqCst) >= 500,
+    )
+    .await;
+    killed.store(true, Ordering::SeqCst);
+    server.kill();
+    let mut by_policy = std::collections::HashMap::<&str, Outcomes>::new();
+    for (name, task) in tasks {
+        let out = task.await.expect("no task panicked");
+        assert!(
+            out.slowest <= TIMEOUT + SLACK,
+            "{name}: a decision took {:?}",
+            out.slowest
+        );
+        let sum = by_policy.entry(name).or_default();
+        sum.before_kill += out.before_kill;
+        sum.allowed_after_kill += out.allowed_after_kill;
+        sum.refused_after_kill += out.refused_after_kill;
+        sum.errors_after_kill += out.errors_after_kill;
+    }
+    for limiter in limiters {
+        assert!(limiter.failures() > 0, "{limiter:?}");
+    }
+    // 8 keys × 40 decisions after the kill for each policy. A request sent just before the kill
+    // can still be answered by redis, so the counts are checked per policy's own rule.
+    let closed = &by_policy["closed"];
+    assert!(closed.before_kill > 0);
+    assert_eq!(closed.errors_after_kill, 0);
+    assert!(closed.refused_after_kill >= 300, "{closed:?}");
+    let open = &by_policy["open"];
+    assert_eq!(open.allowed_after_kill, 320, "{open:?}");
+    let fallback = &by_policy["fallback"];
+    assert_eq!(fallback.errors_after_kill, 0);
+    // The local quota: at most 5 per key once redis is gone (8 keys), plus a few in flight.
+    assert!(fallback.allowed_after_kill <= 8 * 5 + 8, "{fallback:?}");
+    assert!(
+        fallback.refused_after_kill >= 320 - 8 * 5 - 8,
+        "{fallback:?}"
+    );
+    let propagate = &by_policy["propagate"];
+    assert!(propagate.errors_after_kill >= 300, "{propagate:?}");
+}
+
+#[tokio::test]
+async fn decisions_resume_after_a_restart_empties_the_script_cache() {
+    let Some(mut server) = RedisServer::start("decisions_resume_after_a_restart") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .algorithm::<FixedWindow>()
+        .timeout(TIMEOUT)
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"k").await.unwrap().allowed);
+    assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "+OK");
+    assert!(
+        limiter.check(&"k").await.unwrap().allowed,
+        "a flushed script cache is reloaded (NOSCRIPT, then load and run)"
+    );
+    assert_eq!(limiter.failures(), 0);
+
+    server.restart();
+    let key = limiter.redis_key("k");
+    assert_eq!(
+        server.command(&["EXISTS", &key]),
+        ":0",
+        "a new, empty server"
+    );
+    let start = Instant::now();
+    let decision = loop {
+        match limiter.check(&"k").await {
+            Ok(d) => break d,
+            Err(err) => {
+                assert!(err.is::<RedisFailure>(), "{err}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
+    assert_eq!(server.command(&["EXISTS", &key]), ":1");
+}
+
+#[tokio::test]
+async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
+    let Some(mut server) = RedisServer::start("decisions_resume_after_a_long_outage") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .timeout(TIMEOUT)
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"k").await.unwrap().allowed);
+    server.kill();
+    // Requests keep coming during an outage that outlasts the connection's own retries
+    // (about 2.5 s of backoff): every one is answered promptly, by the policy.
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(4) {
+        let start = Instant::now();
+        let err = limiter.check(&"k").await.unwrap_err();
+        assert!(err.is::<RedisFailure>(), "{err}");
+        assert!(start.elapsed() <= TIMEOUT + SLACK, "{:?}", start.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.restart();
+    let start = Instant::now();
+    let decision = loop {
+        match limiter.check(&"k").await {
+            Ok(d) => break d,
+            Err(err) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
+}
+
+#[tokio::test]
+async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
+    let Some(server) = RedisServer::start("state_of_the_wrong_type_is_an_error") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_second(5).unwrap();
+    let gcra = RedisRateLimiter::builder(quota, store.clone())
+        .fail_mode(RedisFailMode::propagate())
+        .build()
+        .unwrap();
+    let window = RedisRateLimiter::builder(quota, store.clone())
+        .algorithm::<FixedWindow>()
+        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    assert_eq!(
+        server.command(&["SET", &gcra.redis_key("k"), "garbage"]),
+        "+OK"
+    );
+    assert_eq!(server.command(&["SET", &window.redis_key("k"), "5"]), "+OK");
+    let err = gcra.check(&"k").await.unwrap_err();
+    let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
+    assert!(failure.redis_error().is_some(), "{failure}");
+    assert!(failure.to_string().contains("not a number"), "{failure}");
+    let d = window.check(&"k").await.unwrap();
+    assert!(!d.allowed, "WRONGTYPE, so the policy refuses");
+    assert_eq!(window.failures(), 1);
+}
+
+#[tokio::test]
+async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
+    for reply in [
+        "*2\r\n:1\r\n:2\r\n",
+        ":1\r\n",
+        "$3\r\nabc\r\n",
+        "*6\r\n:1\r\n:1\r\n:0\r\n$2\r\nno\r\n:0\r\n:0\r\n",
+        "*6\r\n:7\r\n:1\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+        "*-1\r\n",
+    ] {
+        let fake = FakeRedis::start(reply);
+        let store = RedisStore::connect(&fake.url()).await.unwrap();
+        let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
+            .fail_mode(RedisFailMode::propagate())
+            .build()
+            .unwrap();
+        let err = limiter.reserve(&"k", 1).await.unwrap_err();
+        let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
+        assert!(failure.is_bad_reply(), "{reply:?}: {failure}");
+        let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
+            .fail_mode(RedisFailMode::open())
+            .build()
+            .unwrap();
+        assert!(open.check(&"k").await.unwrap().allowed);
+        assert_eq!(open.failures(), 1);
+    }
+}
+
+/// A subscriber that keeps the level and message of every event of the Redis limiter.
+#[derive(Clone, Default)]
+struct Recorder(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Recorder {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "tower_bulwark::redis"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        let level = *event.metadata().level();
+        self.0.lock().unwrap().push((level, message));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test]
+async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
+    let Some(mut server) = RedisServer::start("failures_are_logged") else {
+        return;
+    };
+    let recorder = Recorder::default();
+    // The test runs on one thread, so a thread-local default subscriber sees every event.
+    let _guard = thread_subscriber(recorder.clone());
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .timeout(TIMEOUT)
+        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    assert!(limiter.check(&"k").await.unwrap().allowed);
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "nothing to say while redis answers"
+    );
+    server.kill();
+    for _ in 0..3 {
+        assert!(!limiter.check(&"k").await.unwrap().allowed);
+    }
+    assert_eq!(limiter.failures(), 3);
+    {
+        let events = recorder.0.lock().unwrap();
+        let levels: Vec<_> = events.iter().map(|(level, _)| *level).collect();
+        assert_eq!(
+            levels,
+            [
+                tracing::Level::WARN,
+                tracing::Level::DEBUG,
+                tracing::Level::DEBUG
+            ],
+            "{events:?}"
+        );
+        assert!(events[0].1.contains("fail mode"), "{events:?}");
+    }
+    server.restart();
+    let start = Instant::now();
+    // Refusals come from the policy; the first admission comes from the fresh server.
+    while !limiter.check(&"k").await.unwrap().allowed {
+        assert!(start.elapsed() < Duration::from_secs(15), "no reconnection");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events = recorder.0.lock().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.0, tracing::Level::INFO, "{events:?}");
+    assert!(last.1.contains("redis answers again"), "{events:?}");
+}

@@ -1,0 +1,27 @@
+//! The Redis backend, each test against its own `redis-server` (or a fake one): the store, a
+//! cluster, conformance with memory, refunds, deadlines, faults, the HTTP layer, client quotas
+//! and configuration.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[cfg(feature = "redis")]
+mod client_quota;
+#[cfg(feature = "redis")]
+mod client_quota_unreachable;
+#[cfg(feature = "redis")]
+mod cluster;
+#[cfg(all(feature = "config", feature = "redis"))]
+mod config;
+#[cfg(feature = "redis")]
+mod conformance;
+#[cfg(all(feature = "redis", unix))]
+mod deadline;
+#[cfg(feature = "redis")]
+mod faults;
+#[cfg(feature = "redis")]
+mod http_layer;
+#[cfg(feature = "redis")]
+mod refund;
+#[cfg(feature = "redis")]
+mod store;

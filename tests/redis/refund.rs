@@ -1,0 +1,619 @@
+//! Refunds through a real Redis: a request that another policy vetoes leaves the Redis state
+//! exactly as it was, for every algorithm, whether it was admitted at once or reserved, and
+//! whether the refund comes at once or later; hostile state is refused, not believed.
+
+use std::time::Duration;
+
+use crate::common::redis_server::{key_state, RedisServer};
+use redis::aio::MultiplexedConnection;
+use tower_bulwark::redis::{
+    RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
+};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    KeyedRateLimiter, Limiter, Quota,
+};
+
+const MS: u64 = 1_000_000;
+
+async fn plain(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+fn limiter<A: RedisAlgorithm>(
+    store: &RedisStore,
+    quota: Quota,
+    clock: &ManualClock,
+    prefix: &str,
+) -> RedisRateLimiter<A, ManualClock> {
+    RedisRateLimiter::builder(quota, store.clone())
+        .algorithm::<A>()
+        .client_clock(clock.clone())
+        .prefix(prefix)
+        .without_refusal_cache()
+        .fail_mode(RedisFailMode::propagate())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// One veto: the history both limiters see, the vetoed request (instant, cost) and the instant
+/// its refund arrives.
+struct Scenario {
+    name: &'static str,
+    history: &'static [(u64, u32)],
+    veto: (u64, u32),
+    refund_at: u64,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "an immediate admission, refunded at once",
+        history: &[(100, 1)],
+        veto: (100, 1),
+        refund_at: 100,
+    },
+    Scenario {
+        name: "an immediate admission into a full log of a later instant, refunded at once",
+        history: &[(100, 1), (350, 1)],
+        veto: (350, 1),
+        refund_at: 350,
+    },
+    Scenario {
+        name: "a reservation, refunded at once",
+        history: &[(100, 1), (400, 2)],
+        veto: (400, 1),
+        refund_at: 400,
+    },
+    Scenario {
+        name: "an immediate admission, refunded after its window ended",
+        history: &[(100, 1)],
+        veto: (900, 2),
+        refund_at: 1_300,
+    },
+    Scenario {
+        name: "a reservation, refunded after it fell due",
+        history: &[(100, 1), (400, 2)],
+        veto: (400, 1),
+        refund_at: 1_500,
+    },
+];
+
+/// The vetoed limiter and its twin, which never saw the vetoed request, must hold the same state
+/// and then give the same decisions.
+async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(server).await;
+    let quota = Quota::per_second(3)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(2))
+        .unwrap();
+    for (i, s) in SCENARIOS.iter().enumerate() {
+        let clock = ManualClock::new();
+        let vetoed = limiter::<A>(&store, quota, &clock, &format!("{tag}:{i}:v:"));
+        let twin = limiter::<A>(&store, quota, &clock, &format!("{tag}:{i}:t:"));
+        let (vkey, tkey) = (vetoed.redis_key("k"), twin.redis_key("k"));
+        let context = format!("{tag}: {}", s.name);
+        for &(at, cost) in s.history {
+            clock.set(Duration::from_nanos(at * MS));
+            let a = vetoed.reserve(&"k", cost).await.unwrap();
+            let b = twin.reserve(&"k", cost).await.unwrap();
+            assert_eq!(a, b, "{context}");
+            assert!(a.allowed, "{context}: the history is admitted");
+        }
+        clock.set(Duration::from_nanos(s.veto.0 * MS));
+        let before = key_state(&mut conn, &vkey).await;
+        let d = vetoed.reserve(&"k", s.veto.1).await.unwrap();
+        assert!(d.allowed, "{context}: the vetoed request was admitted");
+        assert_ne!(
+            key_state(&mut conn, &vkey).await,
+            before,
+            "{context}: it spent"
+        );
+        clock.set(Duration::from_nanos(s.refund_at * MS));
+        vetoed.refund_and_wait(&"k", s.veto.1, d).await.unwrap();
+        if s.refund_at == s.veto.0 {
+            assert_eq!(
+                key_state(&mut conn, &vkey).await,
+                before,
+                "{context}: the state is exactly as before"
+            );
+        }
+        // The next decisions, at the refund's instant and later, are the twin's.
+        for step in 0..12u64 {
+            if step % 4 == 3 {
+                clock.advance(Duration::from_millis(170));
+            }
+            let cost = 1 + (step % 2) as u32;
+            let a = vetoed.reserve(&"k", cost).await.unwrap();
+            let b = twin.reserve(&"k", cost).await.unwrap();
+            assert_eq!(a, b, "{context}: decision {step} after the refund");
+        }
+        assert_eq!(
+            key_state(&mut conn, &vkey).await[1..],
+            key_state(&mut conn, &tkey).await[1..],
+            "{context}: the same state in the end"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_vetoed_request_leaves_the_gcra_state_as_it_was() {
+    let Some(server) = RedisServer::start("vetoed_gcra") else {
+        return;
+    };
+    vetoes_leave_no_trace::<Gcra>(&server, "gcra").await;
+}
+
+#[tokio::test]
+async fn a_vetoed_request_leaves_the_fixed_window_state_as_it_was() {
+    let Some(server) = RedisServer::start("vetoed_fixed_window") else {
+        return;
+    };
+    vetoes_leave_no_trace::<FixedWindow>(&server, "fw").await;
+}
+
+#[tokio::test]
+async fn a_vetoed_request_leaves_the_sliding_log_state_as_it_was() {
+    let Some(server) = RedisServer::start("vetoed_sliding_log") else {
+        return;
+    };
+    vetoes_leave_no_trace::<SlidingLog>(&server, "log").await;
+}
+
+#[tokio::test]
+async fn a_vetoed_request_leaves_the_sliding_counter_state_as_it_was() {
+    let Some(server) = RedisServer::start("vetoed_sliding_counter") else {
+        return;
+    };
+    vetoes_leave_no_trace::<SlidingCounter>(&server, "sc").await;
+}
+
+/// GCRA in Redis gives back only the key's latest admission. One permit a second, burst 1, all
+/// at 0: a permit used; A reserves (due 1 s), B reserves (due 2 s); A leaves. The script moved
+/// the TAT back from 3 s to 2 s and gave the next caller B's slot at 2 s: two permits due at one
+/// instant with a burst of one. A's permits stay spent; the latest one's refund is exact.
+#[tokio::test]
+async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds() {
+    let Some(server) = RedisServer::start("gcra_refund_of_the_latest_only") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(&server).await;
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(10))
+        .unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:reserved:");
+    let key = gcra.redis_key("k");
+    assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
+    let a = gcra.reserve(&"k", 1).await.unwrap();
+    let b = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(
+        (a.wait, b.wait),
+        (Duration::from_secs(1), Duration::from_secs(2))
+    );
+    let state = key_state(&mut conn, &key).await;
+    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
+    assert_eq!(
+        key_state(&mut conn, &key).await,
+        state,
+        "A's permits stay spent"
+    );
+    let c = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
+    // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
+    gcra.refund_and_wait(&"k", 1, c).await.unwrap();
+    assert_eq!(key_state(&mut conn, &key).await, state);
+    assert_eq!(
+        gcra.reserve(&"k", 1).await.unwrap().wait,
+        Duration::from_secs(3)
+    );
+}
+
+/// A vetoed immediate admission behind a later reservation, in Redis: a permit used at 0, a
+/// reservation at 0.5 s (due 1 s), the first given back. Keeping back only the time elapsed
+/// gave the next caller a slot at 1.5 s, half a second after the reservation's.
+#[tokio::test]
+async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent() {
+    let Some(server) = RedisServer::start("gcra_veto_behind_a_reservation") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(10))
+        .unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:vetoed:");
+    let first = gcra.reserve(&"k", 1).await.unwrap();
+    clock.set(Duration::from_millis(500));
+    let later = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(later.wait, Duration::from_millis(500));
+    gcra.refund_and_wait(&"k", 1, first).await.unwrap();
+    let next = gcra.reserve(&"k", 1).await.unwrap();
+    assert_eq!(
+        next.wait,
+        Duration::from_millis(1500),
+        "due at 2 s: {next:?}"
+    );
+}
+
+/// A admitted at 0, B at 1 s, then A's veto given back at 1 s, in Redis: A's slot has passed
+/// and B holds the next one, so a third caller at 1 s is refused.
+#[tokio::test]
+async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
+    let Some(server) = RedisServer::start("gcra_late_refund") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    let gcra = limiter::<Gcra>(
+        &store,
+        Quota::per_second(1).unwrap(),
+        &clock,
+        "latest:late:",
+    );
+    let a = gcra.reserve(&"k", 1).await.unwrap();
+    clock.set(Duration::from_secs(1));
+    assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
+    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
+    let c = gcra.reserve(&"k", 1).await.unwrap();
+    assert!(!c.allowed, "{c:?}");
+    assert_eq!(c.retry_after, Duration::from_secs(1));
+}
+
+/// Issue 11, item 5 with the window in Redis: 5 a minute (Redis) and 1 a second (in memory),
+/// 4 requests a second for 5 s. A request refused by one policy gives back what the other took.
+async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    let window = limiter::<A>(&store, Quota::per_minute(5).unwrap(), &clock, tag);
+    let second = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
+        .clock(clock.clone())
+        .build();
+    let mut admitted = 0;
+    for i in 0..20u64 {
+        clock.set(Duration::from_millis(250 * i));
+        let key = "tenant".to_string();
+        let a = window.reserve(&key, 1).await.unwrap();
+        let b = second.reserve(&key, 1).await.unwrap();
+        if a.allowed && b.allowed {
+            admitted += 1;
+            continue;
+        }
+        // The layer's veto: whatever was granted goes back.
+        if a.allowed {
+            window.refund_and_wait(&key, 1, a).await.unwrap();
+        }
+        if b.allowed {
+            second.refund(&key, 1, b);
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn refusals_of_another_policy_do_not_drain_the_redis_window() {
+    let Some(server) = RedisServer::start("refusals_do_not_drain") else {
+        return;
+    };
+    assert_eq!(two_policies::<FixedWindow>(&server, "fw:").await, 5);
+    assert_eq!(two_policies::<SlidingLog>(&server, "log:").await, 5);
+    assert_eq!(two_policies::<SlidingCounter>(&server, "sc:").await, 5);
+    assert_eq!(two_policies::<Gcra>(&server, "gcra:").await, 5);
+}
+
+/// A client clock that reads late (another instance's clock behind, or a read that waited) must
+/// not let the sliding log admit more than its limit in any window.
+#[tokio::test]
+async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
+    let Some(server) = RedisServer::start("stale_sliding_log") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(&server).await;
+    let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
+    let fresh_clock = ManualClock::new();
+    let stale_clock = ManualClock::new();
+    let fresh = limiter::<SlidingLog>(&store, quota, &fresh_clock, "stale:");
+    let stale = limiter::<SlidingLog>(&store, quota, &stale_clock, "stale:");
+    let key = fresh.redis_key("k");
+    let mut admitted_at = Vec::new();
+    let mut record = |members: &[String]| {
+        for m in members {
+            let member = m.split_once('@').map_or(m.as_str(), |(member, _)| member);
+            if member.contains(':') && !admitted_at.iter().any(|a| a == member) {
+                admitted_at.push(member.to_owned());
+            }
+        }
+    };
+    for (at, cost) in [(0, 1), (6, 1), (10, 2)] {
+        fresh_clock.set(Duration::from_secs(at));
+        let _ = fresh.reserve(&"k", cost).await.unwrap();
+        record(&key_state(&mut conn, &key).await[1..]);
+    }
+    // Read at 9 s but decided after the fresh decision at 10 s pruned the permit of 0 s.
+    stale_clock.set(Duration::from_secs(9));
+    let _ = stale.reserve(&"k", 1).await.unwrap();
+    record(&key_state(&mut conn, &key).await[1..]);
+    // Every permit ever admitted, by instant (members are `<instant>:<sequence>`, in ns).
+    let mut instants: Vec<u64> = admitted_at
+        .iter()
+        .map(|m| m.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    instants.sort_unstable();
+    let window = 10 * 1000 * MS;
+    for (i, &start) in instants.iter().enumerate() {
+        let within = instants[i..]
+            .iter()
+            .filter(|&&t| t < start + window)
+            .count();
+        assert!(
+            within <= 2,
+            "{within} permits within 10 s from {start} ns: {instants:?}"
+        );
+    }
+}
+
+/// State that this crate did not write (a fraction, a negative, an infinity, NaN, a huge
+/// exponent) is an error, never a decision built on it.
+#[tokio::test]
+async fn stored_state_that_is_not_an_exact_count_is_an_error() {
+    let Some(server) = RedisServer::start("corrupt_state_is_an_error") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(5));
+    let quota = Quota::per_second(5).unwrap();
+    let gcra = limiter::<Gcra>(&store, quota, &clock, "bad:gcra:");
+    let window = limiter::<FixedWindow>(&store, quota, &clock, "bad:fw:");
+    let counter = limiter::<SlidingCounter>(&store, quota, &clock, "bad:sc:");
+    let log = limiter::<SlidingLog>(&store, quota, &clock, "bad:log:");
+    let mut cases: Vec<(&str, Vec<String>)> = Vec::new();
+    for bad in ["1.5", "-3", "inf", "nan", "1e300", "-inf"] {
+        cases.push(("gcra", vec!["SET".into(), gcra.redis_key("k"), bad.into()]));
+        for (name, key, fields) in [
+            ("fixed window", window.redis_key("k"), ["c", "5", "u"]),
+            ("sliding counter", counter.redis_key("k"), ["w", "5", "p"]),
+        ] {
+            let mut command = vec!["HSET".to_owned(), key];
+            command.extend(fields.iter().map(|f| f.to_string()));
+            command.push(bad.into());
+            cases.push((name, command));
+        }
+    }
+    // The log's scores: a permit's score that is read (the newest), and its `hw` member.
+    for (score, member) in [
+        ("5500000000.5", "5500000000:0000000000"),
+        ("inf", "4500000000:0000000000"),
+        ("1e300", "4500000000:0000000000"),
+        ("-1.5", "hw"),
+        ("5", "hw"),
+        ("-1e300", "hw"),
+    ] {
+        let command = vec![
+            "ZADD".into(),
+            log.redis_key("k"),
+            score.into(),
+            member.into(),
+        ];
+        cases.push(("sliding log", command));
+    }
+    for (name, command) in cases {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        let reply = server.command(&args);
+        assert!(
+            reply.starts_with(':') || reply == "+OK",
+            "{args:?}: {reply}"
+        );
+        let result = match name {
+            "gcra" => gcra.check(&"k").await,
+            "fixed window" => window.check(&"k").await,
+            "sliding counter" => counter.check(&"k").await,
+            _ => log.check(&"k").await,
+        };
+        let err = result.expect_err(&format!("{args:?}: a decision"));
+        let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
+        assert!(
+            failure.to_string().contains("not a number"),
+            "{args:?}: {failure}"
+        );
+        server.command(&["DEL", args[1]]);
+    }
+}
+
+/// A stale reading (an instance whose clock is behind, a read that waited) is decided as of the
+/// latest reading the key has seen, as in memory: the same decision as a fresh read then, and the
+/// same state after it.
+async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let mut conn = plain(server).await;
+    let quota = Quota::per_second(3)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(2))
+        .unwrap();
+    let fresh_clock = ManualClock::new();
+    let stale_clock = ManualClock::new();
+    let fresh = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:s:"));
+    let stale = limiter::<A>(&store, quota, &stale_clock, &format!("{tag}:s:"));
+    let twin = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:t:"));
+    for (step, &(fresh_ms, stale_ms, cost)) in [
+        (100, 0, 1),
+        (1_200, 900, 1),
+        (1_250, 1_100, 2),
+        (2_600, 1_000, 1),
+        (2_700, 2_650, 2),
+    ]
+    .iter()
+    .enumerate()
+    {
+        fresh_clock.set(Duration::from_millis(fresh_ms));
+        stale_clock.set(Duration::from_millis(stale_ms));
+        let a = fresh.reserve(&"k", 1).await.unwrap();
+        let b = twin.reserve(&"k", 1).await.unwrap();
+        assert_eq!(a, b, "{tag} step {step}: the fresh reads agree");
+        // The stale read on one key, a fresh read at the latest instant on the other.
+        let s = stale.reserve(&"k", cost).await.unwrap();
+        let t = twin.reserve(&"k", cost).await.unwrap();
+        assert_eq!(
+            s, t,
+            "{tag} step {step}: a read at {stale_ms} ms after {fresh_ms} ms"
+        );
+        assert_eq!(
+            key_state(&mut conn, &fresh.redis_key("k")).await,
+            key_state(&mut conn, &twin.redis_key("k")).await,
+            "{tag} step {step}: the same state"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() {
+    let Some(server) = RedisServer::start("stale_reads_every_algorithm") else {
+        return;
+    };
+    stale_reads_decide_as_of_the_latest::<Gcra>(&server, "gcra").await;
+    stale_reads_decide_as_of_the_latest::<FixedWindow>(&server, "fw").await;
+    stale_reads_decide_as_of_the_latest::<SlidingLog>(&server, "log").await;
+    stale_reads_decide_as_of_the_latest::<SlidingCounter>(&server, "sc").await;
+}
+
+/// Issue 11, item 7 in Redis: the sliding counter admits steady traffic below the rate for small
+/// limits (the previous window's share is rounded down, as in memory).
+#[tokio::test]
+async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
+    let Some(server) = RedisServer::start("sliding_counter_steady_traffic") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    for (permits, requests) in [(1u32, 30u64), (2, 50)] {
+        let clock = ManualClock::new();
+        let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
+        let limiter =
+            limiter::<SlidingCounter>(&store, quota, &clock, &format!("steady{permits}:"));
+        // Evenly spaced at 90 % of the rate.
+        let gap = Duration::from_secs(3600) / permits * 10 / 9;
+        let mut refused = 0;
+        for i in 0..requests {
+            clock.set(gap * u32::try_from(i).unwrap());
+            if !limiter.reserve(&"k", 1).await.unwrap().allowed {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 0, "{permits}/h: refused {refused} of {requests}");
+    }
+}
+
+/// Admits on `limiter` until it refuses, at the clock's current instant.
+async fn redis_admitted_until_refused<A: RedisAlgorithm>(
+    limiter: &RedisRateLimiter<A, ManualClock>,
+) -> u64 {
+    let mut n = 0;
+    while limiter.reserve(&"k", 1).await.unwrap().allowed {
+        n += 1;
+        assert!(n <= 1_000, "never refused");
+    }
+    n
+}
+
+/// A shared key under GCRA in Redis, with requests another policy refuses interleaved with
+/// requests that are admitted: each refused one gives back what it took though another was
+/// admitted after it (exactly at one instant; never more than if it had never come, and all but
+/// the time elapsed, with time between), as in memory.
+#[tokio::test]
+async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_admitted() {
+    let Some(server) = RedisServer::start("gcra_shared_key_refusals") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_second(10).unwrap();
+    for gap_ms in [0u64, 30] {
+        let clock = ManualClock::new();
+        let prefix = |p: &str| format!("shared:{gap_ms}:{p}:");
+        let vetoed = limiter::<Gcra>(&store, quota, &clock, &prefix("v"));
+        let twin = limiter::<Gcra>(&store, quota, &clock, &prefix("t"));
+        let kept = limiter::<Gcra>(&store, quota, &clock, &prefix("k"));
+        for _ in 0..4 {
+            let refused_elsewhere = vetoed.reserve(&"k", 1).await.unwrap();
+            assert!(refused_elsewhere.allowed);
+            assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
+            clock.advance(Duration::from_millis(gap_ms));
+            assert!(vetoed.reserve(&"k", 1).await.unwrap().allowed);
+            assert!(twin.reserve(&"k", 1).await.unwrap().allowed);
+            assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
+            vetoed
+                .refund_and_wait(&"k", 1, refused_elsewhere)
+                .await
+                .unwrap();
+        }
+        let v = redis_admitted_until_refused(&vetoed).await;
+        let t = redis_admitted_until_refused(&twin).await;
+        let k = redis_admitted_until_refused(&kept).await;
+        if gap_ms == 0 {
+            assert_eq!(v, t, "at one instant the refunds are exact");
+        } else {
+            assert!(
+                v <= t,
+                "never more than without the refused requests: {v} > {t}"
+            );
+            assert!(v > k, "the refunds gave back something: {v} against {k}");
+        }
+    }
+}
+
+/// For every algorithm in Redis: key `a` spends its quota; an admission of key `b`, and one made
+/// by an in-memory limiter for `a` itself, given back under `a` free nothing there; `b`'s own
+/// admission given back under `b` frees its permit (the check does not simply refuse refunds).
+async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag: &str) {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let quota = Quota::per_minute(3).unwrap();
+    let redis = limiter::<A>(store, quota, &clock, &format!("own-key:{tag}:"));
+    let memory = KeyedRateLimiter::<&str>::builder(quota)
+        .clock(clock.clone())
+        .build();
+    for _ in 0..3 {
+        assert!(redis.reserve(&"a", 1).await.unwrap().allowed, "{tag}");
+    }
+    let other = redis.reserve(&"b", 1).await.unwrap();
+    assert!(other.allowed);
+    redis.refund_and_wait(&"a", 1, other).await.unwrap();
+    let from_memory = memory.check(&"a");
+    assert!(from_memory.allowed);
+    redis.refund_and_wait(&"a", 1, from_memory).await.unwrap();
+    assert!(
+        !redis.reserve(&"a", 1).await.unwrap().allowed,
+        "{tag}: a refund under another key or from another limiter freed a permit of `a`"
+    );
+    // The same shape of refund under its own key does give back (`b` holds one already).
+    for _ in 0..1 {
+        assert!(redis.reserve(&"b", 1).await.unwrap().allowed, "{tag}");
+    }
+    let last = redis.reserve(&"b", 1).await.unwrap();
+    assert!(last.allowed);
+    redis.refund_and_wait(&"b", 1, last).await.unwrap();
+    assert!(
+        redis.reserve(&"b", 1).await.unwrap().allowed,
+        "{tag}: b's own refund gave nothing back"
+    );
+}
+
+#[tokio::test]
+async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
+    let Some(server) = RedisServer::start("refund_other_key") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    refunds_stay_with_their_key::<Gcra>(&store, "gcra").await;
+    refunds_stay_with_their_key::<FixedWindow>(&store, "fixed").await;
+    refunds_stay_with_their_key::<SlidingLog>(&store, "log").await;
+    refunds_stay_with_their_key::<SlidingCounter>(&store, "counter").await;
+}
