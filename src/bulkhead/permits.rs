@@ -34,7 +34,7 @@ use crate::sync::{AtomicU64, Mutex, Ordering, PoisonError};
 pub const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
 
 /// A wait for a permit in the semaphore's queue.
-pub(crate) type Acquire =
+type Acquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
 
 /// What [`Permits::admit`] decided for a new call.
@@ -44,6 +44,7 @@ pub(crate) enum Admission {
     Rejected,
 }
 
+/// The permits, the debt, the counters and the settings of one bulkhead.
 pub(crate) struct Permits {
     semaphore: Arc<Semaphore>,
     /// Permits to forget as they come back, owed since the limit was lowered below the calls in
