@@ -1,5 +1,7 @@
 //! Per-call overhead of a bulkhead around a no-op service, next to `tower::limit::ConcurrencyLimit`
-//! and tower-resilience's bulkhead, uncontended and with two threads sharing one limit.
+//! and tower-resilience's bulkhead, uncontended and with two threads sharing one limit; and what
+//! a caller feels: a `reqwest` call over loopback, bare, behind `ConcurrencyLimit` (tokio's
+//! semaphore) and behind a bulkhead.
 //!
 //! ```sh
 //! cargo bench --bench bulkhead -- --warm-up-time 1 --measurement-time 3
@@ -165,7 +167,7 @@ fn bench_all(c: &mut Criterion) {
                 black_box(event);
             })
             .on_call_finished(|event: &CallFinished<'_>| {
-                black_box(event.duration());
+                black_box(event.duration);
             })
             .build()
             .layer()
@@ -202,5 +204,55 @@ fn bench_all(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_all);
+/// Serves `GET /` with a short body on a loopback port of `runtime`; returns its URL.
+fn loopback_server(runtime: &tokio::runtime::Runtime) -> String {
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// One `GET` through `service`, body read to its end.
+async fn get<S>(service: &mut S, client: &reqwest::Client, url: &str)
+where
+    S: Service<reqwest::Request, Response = reqwest::Response>,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let request = client.get(url).build().unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    black_box(response.bytes().await.unwrap());
+}
+
+fn bench_reqwest(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = loopback_server(&runtime);
+    let client = reqwest::Client::new();
+
+    let mut group = c.benchmark_group("bulkhead/reqwest over loopback");
+    group.bench_function("bare client", |b| {
+        let mut service = client.clone();
+        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+    });
+    group.bench_function("tower ConcurrencyLimit", |b| {
+        let mut service = ConcurrencyLimitLayer::new(LIMIT).layer(client.clone());
+        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+    });
+    group.bench_function("tower-bulwark Bulkhead", |b| {
+        let mut service = Bulkhead::semaphore("bench", LIMIT)
+            .build()
+            .layer()
+            .layer(client.clone());
+        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_all, bench_reqwest);
 criterion_main!(benches);

@@ -219,15 +219,15 @@ async fn run(kind: Kind, phase: Duration, rate: f64, seed: u64) -> Outcome {
         }
         Kind::Aimd | Kind::Gradient => {
             let algorithm: Box<dyn LimitAlgorithm> = if kind == Kind::Aimd {
-                Box::new(Aimd::new())
+                Box::new(Aimd::default())
             } else {
-                Box::new(Gradient::new())
+                Box::new(Gradient::default())
             };
             let seen = limits.clone();
             let bulkhead = AdaptiveBulkhead::builder(kind.label())
                 .algorithm(algorithm)
                 .on_limit_changed(move |event: &LimitChanged<'_>| {
-                    seen.lock().unwrap().push((started.elapsed(), event.to()));
+                    seen.lock().unwrap().push((started.elapsed(), event.to));
                 })
                 .build();
             limits

@@ -1,5 +1,5 @@
 //! The atomics and the mutex of the parts that threads share without a lock of their own: the
-//! bulkhead's permit count and the GCRA and fixed-window states.
+//! bulkhead's resize debt and the GCRA and fixed-window states.
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
 //! checker sees every access and explores the interleavings (`tests/loom.rs`, run by `.ci/run`);
@@ -9,11 +9,11 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::Mutex;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::Mutex;
 
 // Either way the lock reports poisoning with `std`'s types.
 pub(crate) use std::sync::PoisonError;

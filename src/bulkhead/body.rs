@@ -7,10 +7,11 @@ use std::task::{ready, Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::semaphore::{Ending, Permit};
+use super::permits::{Ending, Permit};
 
 pin_project! {
-    /// Response body of [`BulkheadBodyService`](super::BulkheadBodyService).
+    /// Response body of a [`BulkheadService`](super::BulkheadService) in the
+    /// [`OnBodyEnd`](super::OnBodyEnd) mode.
     ///
     /// It gives the permit back when the inner body reports its end, fails, or is dropped,
     /// whichever comes first; the frames themselves pass through untouched.
@@ -32,13 +33,6 @@ impl<B: Body> BulkheadBody<B> {
             Some(permit)
         };
         Self { inner, permit }
-    }
-}
-
-impl<B> BulkheadBody<B> {
-    /// Whether this body still holds its call's permit.
-    pub fn holds_permit(&self) -> bool {
-        self.permit.is_some()
     }
 }
 

@@ -1,7 +1,6 @@
 //! Events and hooks: what a bulkhead reports as calls come and go.
 //!
-//! A hook is a trait with one method, implemented for every closure of the matching shape, so a
-//! plain closure is usually all it takes:
+//! A hook is a closure that takes the event:
 //!
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +14,7 @@
 //!         counter.fetch_add(1, Ordering::Relaxed);
 //!     })
 //!     .on_call_finished(|event: &CallFinished<'_>| {
-//!         println!("{} call took {:?}", event.bulkhead(), event.duration());
+//!         println!("{} call took {:?}", event.bulkhead, event.duration);
 //!     })
 //!     .build();
 //! # drop(bulkhead);
@@ -56,149 +55,57 @@ pub enum Rejection {
 
 /// A call got a permit and is about to reach the inner service.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallPermitted<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) waited: Duration,
-}
-
-impl CallPermitted<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// How long the call waited for its permit (zero when one was free at once).
-    pub fn waited(&self) -> Duration {
-        self.waited
-    }
+    pub waited: Duration,
 }
 
 /// A call was refused with [`BulkheadFull`](super::BulkheadFull).
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallRejected<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) reason: Rejection,
-}
-
-impl CallRejected<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// Why the call was refused.
-    pub fn reason(&self) -> Rejection {
-        self.reason
-    }
+    pub reason: Rejection,
 }
 
 /// A permitted call ended and is about to give its permit back.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct CallFinished<'a> {
-    pub(crate) bulkhead: &'a str,
-    pub(crate) duration: Duration,
-    pub(crate) outcome: CallOutcome,
-}
-
-impl CallFinished<'_> {
     /// The name of the bulkhead.
-    pub fn bulkhead(&self) -> &str {
-        self.bulkhead
-    }
-
+    pub bulkhead: &'a str,
     /// How long the permit was held, from the moment it was granted.
-    pub fn duration(&self) -> Duration {
-        self.duration
-    }
-
+    pub duration: Duration,
     /// How the call ended.
-    pub fn outcome(&self) -> CallOutcome {
-        self.outcome
-    }
+    pub outcome: CallOutcome,
 }
 
-/// Hook run when a call gets a permit; implemented for `Fn(&CallPermitted<'_>)` closures.
-pub trait OnCallPermitted: Send + Sync + 'static {
-    /// Called once per permitted call, after the permit is taken.
-    fn on_call_permitted(&self, event: &CallPermitted<'_>);
-}
-
-impl<F> OnCallPermitted for F
-where
-    F: Fn(&CallPermitted<'_>) + Send + Sync + 'static,
-{
-    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
-        self(event)
-    }
-}
-
-/// Hook run when a call is refused; implemented for `Fn(&CallRejected<'_>)` closures.
-pub trait OnCallRejected: Send + Sync + 'static {
-    /// Called once per refused call.
-    fn on_call_rejected(&self, event: &CallRejected<'_>);
-}
-
-impl<F> OnCallRejected for F
-where
-    F: Fn(&CallRejected<'_>) + Send + Sync + 'static,
-{
-    fn on_call_rejected(&self, event: &CallRejected<'_>) {
-        self(event)
-    }
-}
-
-/// Hook run when a permitted call ends; implemented for `Fn(&CallFinished<'_>)` closures.
-pub trait OnCallFinished: Send + Sync + 'static {
-    /// Called once per permitted call, before its permit is given back.
-    fn on_call_finished(&self, event: &CallFinished<'_>);
-}
-
-impl<F> OnCallFinished for F
-where
-    F: Fn(&CallFinished<'_>) + Send + Sync + 'static,
-{
-    fn on_call_finished(&self, event: &CallFinished<'_>) {
-        self(event)
-    }
-}
+/// Hook run when a call gets a permit, after the permit is taken.
+pub(crate) type OnCallPermitted = Box<dyn Fn(&CallPermitted<'_>) + Send + Sync>;
+/// Hook run when a call is refused.
+pub(crate) type OnCallRejected = Box<dyn Fn(&CallRejected<'_>) + Send + Sync>;
+/// Hook run when a permitted call ends, before its permit is given back.
+pub(crate) type OnCallFinished = Box<dyn Fn(&CallFinished<'_>) + Send + Sync>;
 
 /// The hooks of one bulkhead; the ones left out cost a branch and nothing else.
 #[derive(Default)]
 pub(crate) struct Hooks {
-    pub(crate) permitted: Option<Box<dyn OnCallPermitted>>,
-    pub(crate) rejected: Option<Box<dyn OnCallRejected>>,
-    pub(crate) finished: Option<Box<dyn OnCallFinished>>,
+    pub(crate) permitted: Option<OnCallPermitted>,
+    pub(crate) rejected: Option<OnCallRejected>,
+    pub(crate) finished: Option<OnCallFinished>,
 }
 
-/// Two hooks of one kind, run in the order they were added.
-pub(crate) struct Both<A: ?Sized, B: ?Sized>(pub(crate) Box<A>, pub(crate) Box<B>);
-
-impl OnCallPermitted for Both<dyn OnCallPermitted, dyn OnCallPermitted> {
-    fn on_call_permitted(&self, event: &CallPermitted<'_>) {
-        self.0.on_call_permitted(event);
-        self.1.on_call_permitted(event);
-    }
-}
-
-impl OnCallRejected for Both<dyn OnCallRejected, dyn OnCallRejected> {
-    fn on_call_rejected(&self, event: &CallRejected<'_>) {
-        self.0.on_call_rejected(event);
-        self.1.on_call_rejected(event);
-    }
-}
-
-impl OnCallFinished for Both<dyn OnCallFinished, dyn OnCallFinished> {
-    fn on_call_finished(&self, event: &CallFinished<'_>) {
-        self.0.on_call_finished(event);
-        self.1.on_call_finished(event);
-    }
-}
-
-/// A point-in-time view of a bulkhead's state and counters.
+/// A view of a bulkhead's state and counters.
 ///
-/// All figures but `total_rejected` describe one instant (at any instant `total_permitted` minus
-/// `total_finished` is the number of calls holding a permit); `total_rejected` is read just
-/// after them.
+/// The figures are read one after the other, so while calls come and go they may come from
+/// instants a few nanoseconds apart: `total_finished` is read first, and `total_permitted` is
+/// never below it. While no call is in flight, `total_permitted` equals `total_finished` and
+/// every permit is free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BulkheadSnapshot {

@@ -1,64 +1,102 @@
-//! Layers that put a [`Bulkhead`] in front of a service.
+//! The layer that puts a [`Bulkhead`] in front of a service.
+
+use std::fmt;
+use std::marker::PhantomData;
 
 use tower_layer::Layer;
 
-use super::instance::Bulkhead;
-use super::service::{BulkheadBodyService, BulkheadService};
+use super::handle::Bulkhead;
+use super::mode::{OnBodyEnd, OnResponse};
+use super::service::BulkheadService;
 
-/// Wraps a service in a [`Bulkhead`]; each permit is held until the response future completes or
-/// is dropped.
+/// Wraps a service in a [`Bulkhead`]; `M` says when each call gives its permit back:
+/// [`OnResponse`] (made by [`new`](BulkheadLayer::new) and [`Bulkhead::layer`]) or
+/// [`OnBodyEnd`] (made by [`until_body_end`](BulkheadLayer::until_body_end) and
+/// [`Bulkhead::body_layer`]).
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
-#[derive(Clone, Debug)]
-pub struct BulkheadLayer {
+///
+/// # Errors
+///
+/// Its services fail with [`BoxError`](crate::BoxError), holding a
+/// [`BulkheadFull`](super::BulkheadFull) when the bulkhead refused the call, or the inner
+/// service's error.
+///
+/// # Examples
+///
+/// The permit of a call whose body is streamed lasts until the body has been read:
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_bulwark::bulkhead::{Bulkhead, BulkheadLayer};
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let reports = Bulkhead::semaphore("reports", 1).build();
+/// let client = BulkheadLayer::until_body_end(reports.clone()).layer(service_fn(|_: ()| async {
+///     Ok::<_, BoxError>(http::Response::new(Full::new(Bytes::from_static(b"report"))))
+/// }));
+/// let response = client.oneshot(()).await?;
+/// assert_eq!(reports.snapshot().available_concurrent_calls, 0);
+/// let body = response.into_body().collect().await?.to_bytes();
+/// assert_eq!(body, "report");
+/// assert_eq!(reports.snapshot().available_concurrent_calls, 1);
+/// # Ok(())
+/// # }
+/// ```
+pub struct BulkheadLayer<M = OnResponse> {
     bulkhead: Bulkhead,
+    mode: PhantomData<fn() -> M>,
 }
 
 impl BulkheadLayer {
-    /// A layer for `bulkhead`.
+    /// A layer for `bulkhead` whose calls give their permit back when the response future
+    /// completes or is dropped.
     pub fn new(bulkhead: Bulkhead) -> Self {
-        Self { bulkhead }
-    }
-
-    /// The bulkhead this layer applies.
-    pub fn bulkhead(&self) -> &Bulkhead {
-        &self.bulkhead
+        Self {
+            bulkhead,
+            mode: PhantomData,
+        }
     }
 }
 
-impl<S> Layer<S> for BulkheadLayer {
-    type Service = BulkheadService<S>;
+impl BulkheadLayer<OnBodyEnd> {
+    /// A layer for `bulkhead` in front of a service answering `http::Response<B>`, whose calls
+    /// give their permit back when the response body has been read to its end, has failed, or
+    /// is dropped.
+    pub fn until_body_end(bulkhead: Bulkhead) -> Self {
+        Self {
+            bulkhead,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<M> Clone for BulkheadLayer<M> {
+    fn clone(&self) -> Self {
+        Self {
+            bulkhead: self.bulkhead.clone(),
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for BulkheadLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadLayer")
+            .field("bulkhead", &self.bulkhead)
+            .field("mode", &std::any::type_name::<M>())
+            .finish()
+    }
+}
+
+impl<S, M> Layer<S> for BulkheadLayer<M> {
+    type Service = BulkheadService<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         BulkheadService::new(inner, self.bulkhead.clone())
-    }
-}
-
-/// Wraps a service returning `http::Response<B>` in a [`Bulkhead`]; each permit is held until the
-/// response body has been read to its end, has failed, or is dropped.
-///
-/// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
-#[derive(Clone, Debug)]
-pub struct BulkheadBodyLayer {
-    bulkhead: Bulkhead,
-}
-
-impl BulkheadBodyLayer {
-    /// A layer for `bulkhead`.
-    pub fn new(bulkhead: Bulkhead) -> Self {
-        Self { bulkhead }
-    }
-
-    /// The bulkhead this layer applies.
-    pub fn bulkhead(&self) -> &Bulkhead {
-        &self.bulkhead
-    }
-}
-
-impl<S> Layer<S> for BulkheadBodyLayer {
-    type Service = BulkheadBodyService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        BulkheadBodyService::new(inner, self.bulkhead.clone())
     }
 }

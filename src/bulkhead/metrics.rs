@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::events::{CallFinished, CallPermitted, CallRejected};
-use super::instance::BulkheadBuilder;
+use super::handle::BulkheadBuilder;
 use crate::observe::metric_names as m;
 
 /// One bulkhead's handles, registered with the recorder at its first call (so the recorder may
@@ -47,7 +47,7 @@ pub(super) fn record_calls(builder: BulkheadBuilder, name: Arc<str>) -> Bulkhead
         .on_call_rejected(move |_: &CallRejected<'_>| rejected.calls()[1].increment(1))
         .on_call_finished(move |e: &CallFinished<'_>| {
             finished.calls()[2].increment(1);
-            finished.duration().record(e.duration().as_secs_f64());
+            finished.duration().record(e.duration.as_secs_f64());
         })
 }
 

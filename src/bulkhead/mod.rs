@@ -57,19 +57,20 @@
 //! ready but idle (a keep-alive connection, a readied service in a pool) holds nothing. It is
 //! given back exactly once, when the call ends:
 //!
-//! * with [`BulkheadLayer`], when the response future completes — with a response or with an
-//!   error — or is dropped before that (a timeout above it, a `select!` that lost, a cancelled
-//!   task), or when the inner service panics while being called or polled;
-//! * with [`BulkheadBodyLayer`], for services that answer with an `http::Response<B>`, when the
-//!   response body has been read to its end, fails, or is dropped. Use it when the expensive
-//!   part of a call is the body.
+//! * in the [`OnResponse`] mode ([`Bulkhead::layer`]), when the response future completes —
+//!   with a response or with an error — or is dropped before that (a timeout above it, a
+//!   `select!` that lost, a cancelled task), or when the inner service panics while being
+//!   called or polled;
+//! * in the [`OnBodyEnd`] mode ([`Bulkhead::body_layer`]), for services that answer with an
+//!   `http::Response<B>`, when the response body has been read to its end, fails, or is
+//!   dropped. Use it when the expensive part of a call is the body.
 //!
 //! **With reqwest.** `reqwest::Client` is a `tower::Service<reqwest::Request>` whose future
 //! completes as soon as the response *headers* have arrived; the body is streamed afterwards, by
-//! `bytes()`, `text()` or `json()`. Behind a [`BulkheadLayer`], a reqwest call therefore ends —
+//! `bytes()`, `text()` or `json()`. Behind [`Bulkhead::layer`], a reqwest call therefore ends —
 //! and gives its permit back — when the headers arrive, and reading the body is not counted. To
 //! count it, turn the response into an `http::Response<reqwest::Body>` and use
-//! [`BulkheadBodyLayer`]; the permit then lasts until the body has been read or dropped:
+//! [`Bulkhead::body_layer`]; the permit then lasts until the body has been read or dropped:
 //!
 //! ```
 //! use tower::ServiceBuilder;
@@ -180,10 +181,11 @@
 //!
 //! # Cost
 //!
-//! While nobody waits, taking and returning a permit is one compare-and-swap each on a shared
-//! word, with no lock and no allocation besides the inner service's own; the hooks that were not
-//! set cost a branch, and the clock is read only when `on_call_finished` is set. Waiting calls
-//! and limit changes go through a mutex.
+//! The permits are tokio's [`Semaphore`](tokio::sync::Semaphore)'s, and a call holds its permit
+//! the way tower's `ConcurrencyLimit` does. Besides, each call counts itself as permitted and as
+//! finished on two shared counters and reads the resize debt; the hooks that were not set cost a
+//! branch, and the clock is read only when `on_call_finished` is set. A call that waits boxes
+//! its wait for the semaphore.
 
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
@@ -191,21 +193,23 @@ pub mod adaptive;
 mod body;
 mod error;
 pub mod events;
-pub mod future;
-mod instance;
+mod future;
+mod handle;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod semaphore;
+mod mode;
+mod permits;
 mod service;
 
 pub use body::BulkheadBody;
 pub use error::BulkheadFull;
 pub use events::{
-    BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, OnCallFinished,
-    OnCallPermitted, OnCallRejected, Rejection,
+    BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Rejection,
 };
-pub use instance::{Bulkhead, BulkheadBuilder};
-pub use layer::{BulkheadBodyLayer, BulkheadLayer};
-pub use semaphore::MAX_CONCURRENT_CALLS;
-pub use service::{BulkheadBodyService, BulkheadService};
+pub use future::ResponseFuture;
+pub use handle::{Bulkhead, BulkheadBuilder};
+pub use layer::BulkheadLayer;
+pub use mode::{OnBodyEnd, OnResponse, Release};
+pub use permits::MAX_CONCURRENT_CALLS;
+pub use service::BulkheadService;

@@ -1,123 +1,73 @@
-//! Services that admit calls through a [`Bulkhead`].
+//! The service that admits calls through a [`Bulkhead`].
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use super::future::{BodyResponseFuture, ResponseFuture};
-use super::instance::Bulkhead;
+use super::future::ResponseFuture;
+use super::handle::Bulkhead;
+use super::mode::{OnResponse, Release};
 use crate::BoxError;
 
-/// A service behind a [`Bulkhead`]; made by [`BulkheadLayer`](super::BulkheadLayer).
+/// A service behind a [`Bulkhead`]; made by [`BulkheadLayer`](super::BulkheadLayer). `M` says
+/// when each call gives its permit back ([`Release`]).
 ///
 /// `poll_ready` only asks the inner service; the permit is taken in `call`. The inner service must
 /// be `Clone` because a call that has to wait takes the readied service with it and starts it
 /// once a permit comes (wrap a service that is not `Clone` in tower's `Buffer`).
-#[derive(Clone, Debug)]
-pub struct BulkheadService<S> {
+pub struct BulkheadService<S, M = OnResponse> {
     inner: S,
     bulkhead: Bulkhead,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<S> BulkheadService<S> {
-    /// Wraps `inner` in `bulkhead`.
-    pub fn new(inner: S, bulkhead: Bulkhead) -> Self {
-        Self { inner, bulkhead }
+impl<S, M> BulkheadService<S, M> {
+    pub(crate) fn new(inner: S, bulkhead: Bulkhead) -> Self {
+        Self {
+            inner,
+            bulkhead,
+            mode: PhantomData,
+        }
     }
 
     /// The bulkhead in front of the inner service.
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
     }
+}
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
+impl<S: Clone, M> Clone for BulkheadService<S, M> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone(), self.bulkhead.clone())
     }
 }
 
-impl<S, Req> Service<Req> for BulkheadService<S>
+impl<S: fmt::Debug, M> fmt::Debug for BulkheadService<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkheadService")
+            .field("inner", &self.inner)
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, M, Req> Service<Req> for BulkheadService<S, M>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
+    M: Release<S::Response>,
 {
-    type Response = S::Response;
+    type Response = M::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req>;
-
-    #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    #[inline]
-    fn call(&mut self, request: Req) -> Self::Future {
-        ResponseFuture::start(&self.bulkhead.shared, &mut self.inner, request)
-    }
-}
-
-/// A service behind a [`Bulkhead`] whose permits last until the response body ends; made by
-/// [`BulkheadBodyLayer`](super::BulkheadBodyLayer).
-///
-/// Like [`BulkheadService`], it takes the permit in `call` and needs a `Clone` inner service.
-#[derive(Clone, Debug)]
-pub struct BulkheadBodyService<S> {
-    inner: S,
-    bulkhead: Bulkhead,
-}
-
-impl<S> BulkheadBodyService<S> {
-    /// Wraps `inner` in `bulkhead`.
-    pub fn new(inner: S, bulkhead: Bulkhead) -> Self {
-        Self { inner, bulkhead }
-    }
-
-    /// The bulkhead in front of the inner service.
-    pub fn bulkhead(&self) -> &Bulkhead {
-        &self.bulkhead
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S, Req, B> Service<Req> for BulkheadBodyService<S>
-where
-    S: Service<Req, Response = http::Response<B>> + Clone,
-    S::Error: Into<BoxError>,
-    B: http_body::Body,
-{
-    type Response = http::Response<super::BulkheadBody<B>>;
-    type Error = BoxError;
-    type Future = BodyResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Req, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        BodyResponseFuture::start(&self.bulkhead.shared, &mut self.inner, request)
+        ResponseFuture::start(&self.bulkhead.permits, &mut self.inner, request)
     }
 }

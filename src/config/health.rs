@@ -88,12 +88,7 @@ fn bulkhead_health(name: &str, s: &crate::bulkhead::BulkheadSnapshot) -> Bulkhea
     BulkheadHealth {
         name: name.to_owned(),
         saturated: s.available_concurrent_calls == 0,
-        available_concurrent_calls: s.available_concurrent_calls,
-        max_allowed_concurrent_calls: s.max_allowed_concurrent_calls,
-        queue_depth: s.queue_depth,
-        total_permitted: s.total_permitted,
-        total_rejected: s.total_rejected,
-        total_finished: s.total_finished,
+        snapshot: *s,
     }
 }
 
@@ -145,18 +140,8 @@ pub struct BulkheadHealth {
     pub name: String,
     /// Whether every permit is taken.
     pub saturated: bool,
-    /// Free permits.
-    pub available_concurrent_calls: usize,
-    /// The current limit.
-    pub max_allowed_concurrent_calls: usize,
-    /// Calls waiting for a permit.
-    pub queue_depth: usize,
-    /// Calls permitted so far.
-    pub total_permitted: u64,
-    /// Calls refused so far.
-    pub total_rejected: u64,
-    /// Permitted calls that have ended.
-    pub total_finished: u64,
+    /// Free permits, the limit, the queue and the running totals.
+    pub snapshot: crate::bulkhead::BulkheadSnapshot,
 }
 
 impl Health {
@@ -203,12 +188,12 @@ impl Health {
             out.push_str(&format!(
                 ":{{\"status\":\"UP\",\"saturated\":{},\"availableConcurrentCalls\":{},\"maxAllowedConcurrentCalls\":{},\"queueDepth\":{},\"permittedCalls\":{},\"rejectedCalls\":{},\"finishedCalls\":{}}}",
                 b.saturated,
-                b.available_concurrent_calls,
-                b.max_allowed_concurrent_calls,
-                b.queue_depth,
-                b.total_permitted,
-                b.total_rejected,
-                b.total_finished
+                b.snapshot.available_concurrent_calls,
+                b.snapshot.max_allowed_concurrent_calls,
+                b.snapshot.queue_depth,
+                b.snapshot.total_permitted,
+                b.snapshot.total_rejected,
+                b.snapshot.total_finished
             ));
         }
         out.push_str("},\"pushbacks\":{");

@@ -53,7 +53,7 @@ fn feed(
 #[test]
 fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
     let bounds = limits(1, 4, 100);
-    let mut aimd = Aimd::new();
+    let mut aimd = Aimd::default();
     // The first sample opens a round of its own round trip (10 ms: until 20 ms). Every sample of
     // the round was admitted at the limit, yet it grows once, when the round closes at 20 ms.
     let limits = feed(
@@ -89,7 +89,7 @@ fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
 #[test]
 fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
     let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::new();
+    let mut aimd = Aimd::default();
     // Round 0..10 ms: two 503s in one round trip cut the limit once: 10 × 0.8 = 8.
     let got = feed(
         &mut aimd,
@@ -127,7 +127,7 @@ fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
 #[test]
 fn aimd_backs_off_when_latency_rises_above_its_baseline() {
     let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::new();
+    let mut aimd = Aimd::default();
     // Baseline: the first round's mean, 10 ms; the limit grows to 11 (in use).
     assert_eq!(
         feed(
@@ -157,7 +157,7 @@ fn aimd_backs_off_when_latency_rises_above_its_baseline() {
 #[test]
 fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
     let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::new();
+    let mut aimd = Aimd::default();
     // Warm-up: 16 rounds of 10 ms, not in use. Baseline 10 ms, limit 10.
     let warm: Vec<_> = (0..=16).map(|i| (i * 10, 10, 1, false)).collect();
     assert_eq!(*feed(&mut aimd, &bounds, 10, &warm).last().unwrap(), 10);
@@ -185,7 +185,7 @@ fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
 #[test]
 fn aimd_stays_within_min_and_max() {
     let bounds = limits(2, 4, 5);
-    let mut aimd = Aimd::new();
+    let mut aimd = Aimd::default();
     let mut limit = 4;
     let mut at = 0;
     for _ in 0..20 {
@@ -208,8 +208,8 @@ fn aimd_stays_within_min_and_max() {
 #[test]
 fn absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages() {
     for algorithm in [
-        Box::new(Aimd::new()) as Box<dyn LimitAlgorithm>,
-        Box::new(Gradient::new()),
+        Box::new(Aimd::default()) as Box<dyn LimitAlgorithm>,
+        Box::new(Gradient::default()),
     ] {
         let mut algorithm = algorithm;
         let bounds = limits(1, 8, 64);
@@ -223,7 +223,7 @@ fn absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages()
         assert_eq!(limit, 8);
         // An enormous round trip counts as MAX_RTT: the round it opens ends MAX_RTT later, not
         // in 584 years.
-        let mut algorithm = Box::new(Aimd::new());
+        let mut algorithm = Box::new(Aimd::default());
         let huge = Sample::new(ms(1), Duration::MAX, 8, 8);
         assert_eq!(algorithm.update(&huge, &bounds), 8);
         let after = Sample::new(ms(1) + MAX_RTT, ms(10), 8, 8);
@@ -258,20 +258,20 @@ fn bad_settings_are_errors_that_name_the_setting() {
     assert!(Limits::new(1, 1, MAX_CONCURRENT_CALLS).is_ok());
     for backoff in [0.0, 1.0, -0.5, f64::NAN, 2.0] {
         assert_eq!(
-            Aimd::new().backoff(backoff).unwrap_err().setting(),
+            Aimd::default().backoff(backoff).unwrap_err().setting(),
             "backoff"
         );
     }
     for tolerance in [0.99, f64::INFINITY, f64::NAN, -1.0] {
         assert_eq!(
-            Aimd::new()
+            Aimd::default()
                 .latency_tolerance(tolerance)
                 .unwrap_err()
                 .setting(),
             "latency_tolerance"
         );
         assert_eq!(
-            Gradient::new()
+            Gradient::default()
                 .latency_tolerance(tolerance)
                 .unwrap_err()
                 .setting(),
@@ -280,11 +280,14 @@ fn bad_settings_are_errors_that_name_the_setting() {
     }
     for smoothing in [0.0, 1.01, f64::NAN] {
         assert_eq!(
-            Gradient::new().smoothing(smoothing).unwrap_err().setting(),
+            Gradient::default()
+                .smoothing(smoothing)
+                .unwrap_err()
+                .setting(),
             "smoothing"
         );
     }
-    assert!(Aimd::new()
+    assert!(Aimd::default()
         .backoff(0.5)
         .and_then(|a| a.latency_tolerance(1.0))
         .is_ok());
@@ -295,7 +298,7 @@ fn bad_settings_are_errors_that_name_the_setting() {
 #[test]
 fn gradient_follows_the_ratio_of_baseline_to_latency() {
     let bounds = limits(1, 10, 100);
-    let mut gradient = Gradient::new();
+    let mut gradient = Gradient::default();
     // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.1 × 10 / 10, 1) = 1, in use, so
     // target = 10 + sqrt(10) = 13.1623 and limit = 0.7 × 10 + 0.3 × 13.1623 = 10.9487 → 10.
     assert_eq!(
@@ -326,7 +329,7 @@ fn gradient_follows_the_ratio_of_baseline_to_latency() {
 #[test]
 fn gradient_grows_only_while_in_use_and_stays_within_bounds() {
     let bounds = limits(3, 4, 6);
-    let mut gradient = Gradient::new();
+    let mut gradient = Gradient::default();
     let mut limit = 4;
     for round in 1..=40u64 {
         limit = feed(&mut gradient, &bounds, limit, &[(round * 10, 10, 1, false)])[0];
@@ -373,7 +376,7 @@ impl std::error::Error for Wrapped {
 
 #[tokio::test(start_paused = true)]
 async fn http_overload_judges_statuses_and_errors() {
-    let c = HttpOverload::new();
+    let c = HttpOverload::default();
     for (status, verdict) in [
         (200, Verdict::Healthy),
         (404, Verdict::Healthy),
@@ -439,11 +442,11 @@ fn any_tower_http_classifier_can_decide() {
     // HttpOverload is itself a tower-http classifier, with the overload answers as failures.
     use tower_http::classify::{ClassifiedResponse, ClassifyResponse};
     assert!(matches!(
-        ClassifyResponse::classify_response(HttpOverload::new(), &response(503, &[])),
+        ClassifyResponse::classify_response(HttpOverload::default(), &response(503, &[])),
         ClassifiedResponse::Ready(Err(_))
     ));
     assert!(matches!(
-        ClassifyResponse::classify_response(HttpOverload::new(), &response(500, &[])),
+        ClassifyResponse::classify_response(HttpOverload::default(), &response(500, &[])),
         ClassifiedResponse::Ready(Ok(()))
     ));
 }
@@ -455,7 +458,7 @@ struct Recorder(Arc<Mutex<Vec<Sample>>>);
 impl LimitAlgorithm for Recorder {
     fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
         self.0.lock().unwrap().push(*sample);
-        sample.limit()
+        sample.limit
     }
 }
 
@@ -465,7 +468,7 @@ impl Recorder {
             .lock()
             .unwrap()
             .iter()
-            .map(Sample::is_overloaded)
+            .map(|s| s.overloaded)
             .collect()
     }
 }
@@ -567,7 +570,7 @@ fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLo
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     let bulkhead = builder
-        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from(), e.to())))
+        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
         .build();
     (bulkhead, seen)
 }
@@ -611,11 +614,11 @@ async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sampl
     let samples = recorder.0.lock().unwrap().clone();
     assert_eq!(samples.len(), 2);
     assert_eq!(
-        samples.iter().map(Sample::rtt).collect::<Vec<_>>(),
+        samples.iter().map(|s| s.rtt).collect::<Vec<_>>(),
         [ms(7), ms(7)]
     );
-    assert_eq!(samples[0].in_flight(), 1);
-    assert_eq!(samples[1].in_flight(), 2);
+    assert_eq!(samples[0].in_flight, 1);
+    assert_eq!(samples[1].in_flight, 2);
     assert_eq!(recorder.verdicts(), [true, false]);
     let snapshot = bulkhead.snapshot();
     assert_eq!(snapshot.total_rejected, 1);
@@ -687,8 +690,8 @@ async fn a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample
             assert!(samples.is_empty());
         } else {
             assert_eq!(samples.len(), 1);
-            assert!(samples[0].is_overloaded());
-            assert_eq!(samples[0].rtt(), ms(3));
+            assert!(samples[0].overloaded);
+            assert_eq!(samples[0].rtt, ms(3));
         }
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
         assert_eq!(bulkhead.snapshot().total_finished, 1);
@@ -702,7 +705,7 @@ async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("panic")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome()))
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
         .build();
     let in_call = ServiceBuilder::new()
         .layer(bulkhead.layer())
@@ -840,7 +843,7 @@ impl LimitAlgorithm for Explosive {
         if *self.panic_on.lock().unwrap() {
             panic!("algorithm exploded");
         }
-        sample.limit() - 1
+        sample.limit - 1
     }
 }
 

@@ -48,7 +48,7 @@ fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLo
     let seen = ChangeLog::default();
     let log = seen.clone();
     let bulkhead = builder
-        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from(), e.to())))
+        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
         .build();
     (bulkhead, seen)
 }
@@ -60,7 +60,7 @@ struct Recorder(Arc<Mutex<Vec<Sample>>>);
 impl LimitAlgorithm for Recorder {
     fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
         self.0.lock().unwrap().push(*sample);
-        sample.limit()
+        sample.limit
     }
 }
 
@@ -78,7 +78,7 @@ async fn calls_admitted_under_a_higher_limit_do_not_make_the_lowered_limit_grow(
             .limits(limits(1, 10, 100))
             .clock(clock.clone());
         if gradient {
-            builder = builder.algorithm(Gradient::new());
+            builder = builder.algorithm(Gradient::default());
         }
         let (bulkhead, changes) = with_changes(builder);
         let mut client = ServiceBuilder::new()
@@ -132,7 +132,7 @@ async fn a_call_admitted_at_the_limit_is_use_even_after_the_limit_rose() {
         AdaptiveBulkhead::builder("rose")
             .limits(limits(1, 2, 100))
             // Latency is not what this is about.
-            .algorithm(Aimd::new().latency_tolerance(100.0).unwrap())
+            .algorithm(Aimd::default().latency_tolerance(100.0).unwrap())
             .clock(clock.clone()),
     );
     let mut client = ServiceBuilder::new()
@@ -175,7 +175,7 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("caught")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome()))
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
         .build();
     let service = ServiceBuilder::new()
         .layer(bulkhead.layer())
@@ -220,7 +220,7 @@ async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() 
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("classifier")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome()))
+        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
         .build();
     let service = ServiceBuilder::new()
         .layer(
@@ -259,9 +259,9 @@ fn one_absurd_instant_does_not_freeze_the_limit() {
     ] {
         for gradient in [false, true] {
             let mut algorithm: Box<dyn LimitAlgorithm> = if gradient {
-                Box::new(Gradient::new())
+                Box::new(Gradient::default())
             } else {
-                Box::new(Aimd::new())
+                Box::new(Aimd::default())
             };
             let mut limit = 8;
             // One sample read from a clock gone wrong, with an ordinary round trip.
@@ -302,7 +302,7 @@ async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
             .limits(limits(1, 4, 256))
             .clock(clock.clone());
         if gradient {
-            builder = builder.algorithm(Gradient::new());
+            builder = builder.algorithm(Gradient::default());
         }
         let (bulkhead, changes) = with_changes(builder);
         let mut client = ServiceBuilder::new()
@@ -381,12 +381,12 @@ async fn every_move_is_reported_once_in_order_by_every_hook() {
         .limits(limits(2, 5, 7))
         .clock(clock.clone())
         .on_limit_changed(move |e: &LimitChanged<'_>| {
-            assert_eq!(e.bulkhead(), "hooks");
-            f.lock().unwrap().push((e.from(), e.to()));
+            assert_eq!(e.bulkhead, "hooks");
+            f.lock().unwrap().push((e.from, e.to));
             o1.lock().unwrap().push(1);
         })
         .on_limit_changed(move |e: &LimitChanged<'_>| {
-            s.lock().unwrap().push((e.from(), e.to()));
+            s.lock().unwrap().push((e.from, e.to));
             o2.lock().unwrap().push(2);
         })
         .build();
@@ -428,7 +428,7 @@ impl LimitAlgorithm for Jumpy {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         // Sometimes outside the bounds on purpose: the bulkhead must clamp.
-        (self.0 >> 33) % 20 + sample.limit() / 100
+        (self.0 >> 33) % 20 + sample.limit / 100
     }
 }
 
@@ -578,7 +578,7 @@ fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
     release_tx.send(()).unwrap();
     a.join().unwrap();
     b.join().unwrap();
-    let instants: Vec<_> = recorder.0.lock().unwrap().iter().map(Sample::at).collect();
+    let instants: Vec<_> = recorder.0.lock().unwrap().iter().map(|s| s.at).collect();
     assert_eq!(instants.len(), 2);
     assert!(
         instants[0] <= instants[1],
@@ -641,7 +641,7 @@ async fn a_connection_cut_by_the_dependency_is_overload() {
             .lock()
             .unwrap()
             .iter()
-            .map(Sample::is_overloaded)
+            .map(|s| s.overloaded)
             .collect();
         assert_eq!(verdicts, [true], "reset {reset}: {chain:#?}");
     }
@@ -671,7 +671,7 @@ async fn tower_timeout_below_the_bulkhead_is_overload() {
         .lock()
         .unwrap()
         .iter()
-        .map(Sample::is_overloaded)
+        .map(|s| s.overloaded)
         .collect();
     assert_eq!(verdicts, [true]);
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
@@ -689,7 +689,7 @@ async fn tower_timeout_below_the_bulkhead_is_overload() {
 fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_headroom() {
     for (start, grows) in [(4, true), (40, false)] {
         let bounds = limits(1, start, 100);
-        let mut gradient = Gradient::new();
+        let mut gradient = Gradient::default();
         let mut limit = start;
         let mut at = ms(0);
         // Twenty rounds of 10 ms, not in use: the baseline is 10 ms, the limit holds.

@@ -217,10 +217,10 @@ async fn storm(
         })
         .on_call_finished(move |event: &CallFinished<'_>| {
             f.finished.fetch_add(1, Ordering::Relaxed);
-            f.outcomes.lock().unwrap().push(event.outcome());
+            f.outcomes.lock().unwrap().push(event.outcome);
         })
         .on_limit_changed(move |event: &LimitChanged<'_>| {
-            if event.to() > event.from() {
+            if event.to > event.from {
                 c.ups.fetch_add(1, Ordering::Relaxed);
             } else {
                 c.downs.fetch_add(1, Ordering::Relaxed);
@@ -365,7 +365,7 @@ async fn aimd_under_a_storm_never_over_admits_nor_leaks() {
     let tracker = Tracker::new(limits.initial());
     let samples = Arc::new(AtomicU64::new(0));
     let aimd = Reporting {
-        algorithm: Aimd::new(),
+        algorithm: Aimd::default(),
         tracker: tracker.clone(),
         samples: samples.clone(),
     };
@@ -379,7 +379,7 @@ async fn gradient_under_a_storm_never_over_admits_nor_leaks() {
     let samples = Arc::new(AtomicU64::new(0));
     // Round trips here are scheduling noise; only errors should bring the limit down.
     let gradient = Reporting {
-        algorithm: Gradient::new().latency_tolerance(1e9).unwrap(),
+        algorithm: Gradient::default().latency_tolerance(1e9).unwrap(),
         tracker: tracker.clone(),
         samples: samples.clone(),
     };

@@ -220,7 +220,7 @@ async fn a_granted_but_unpolled_waiter_passes_its_permit_on() {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let seen = outcomes.clone();
     let bulkhead = Bulkhead::queue("q", 1, 8)
-        .on_call_finished(move |e: &CallFinished<'_>| seen.lock().unwrap().push(e.outcome()))
+        .on_call_finished(move |e: &CallFinished<'_>| seen.lock().unwrap().push(e.outcome))
         .build();
     let gated = Gated::default();
     let mut svc = bulkhead.layer().layer(gated.clone());
@@ -253,6 +253,53 @@ async fn a_granted_but_unpolled_waiter_passes_its_permit_on() {
         *outcomes.lock().unwrap(),
         vec![CallOutcome::Success, CallOutcome::Success]
     );
+}
+
+/// A lowered limit holds against a permit that a waiter leaves behind: the waiter was handed
+/// the permit before the limit came down and is dropped before it takes it up, so the permit
+/// goes back and on to the next waiter while the lowering is still owed. That waiter must pay
+/// the debt with it and keep waiting, not start a call beyond the new limit.
+#[tokio::test]
+async fn a_permit_left_by_a_waiter_pays_a_lowered_limit_before_the_next_waiter_starts() {
+    let bulkhead = Bulkhead::queue("q", 2, 8).build();
+    let gated = Gated::default();
+    let mut svc = bulkhead.layer().layer(gated.clone());
+    let first = Box::pin(svc.ready().await.unwrap().call(1));
+    let mut second = Box::pin(svc.ready().await.unwrap().call(2));
+    assert!(poll_once(second.as_mut()).is_pending());
+    let leaver = Box::pin(svc.ready().await.unwrap().call(3));
+    let mut stayer = Box::pin(svc.ready().await.unwrap().call(4));
+    assert!(poll_once(stayer.as_mut()).is_pending());
+    assert_eq!(gated.gates.lock().unwrap().len(), 2, "first and second run");
+    assert_eq!(bulkhead.snapshot().queue_depth, 2);
+
+    // The first call ends: its permit is handed to `leaver`, which has not seen it yet.
+    let gate = gated.gates.lock().unwrap().remove(0);
+    gate.send(()).unwrap();
+    assert_eq!(first.await.unwrap(), 1);
+    // Down to one while `second` runs: one permit is owed.
+    bulkhead.set_max_concurrent_calls(1);
+    // `leaver` goes, and its permit with it, on to `stayer`, which must pay the debt with it.
+    drop(leaver);
+    assert!(poll_once(stayer.as_mut()).is_pending());
+    assert_eq!(gated.gates.lock().unwrap().len(), 1, "only second runs");
+    let s = bulkhead.snapshot();
+    assert_eq!(s.available_concurrent_calls, 0, "{s:?}");
+    assert_eq!(s.queue_depth, 1, "{s:?}");
+
+    // `second` ends: its permit is the one permit of the new limit, and goes to `stayer`.
+    gated.open_all();
+    assert_eq!(second.await.unwrap(), 2);
+    assert!(poll_once(stayer.as_mut()).is_pending());
+    assert_eq!(gated.gates.lock().unwrap().len(), 1, "stayer runs");
+    gated.open_all();
+    assert_eq!(stayer.await.unwrap(), 4);
+    let s = bulkhead.snapshot();
+    assert_eq!(s.available_concurrent_calls, 1, "{s:?}");
+    assert_eq!(s.max_allowed_concurrent_calls, 1);
+    assert_eq!(s.queue_depth, 0);
+    assert_eq!(s.total_permitted, 3);
+    assert_eq!(s.total_finished, 3);
 }
 
 /// Held: a refusal is a `BulkheadFull` and a timeout above the bulkhead is an `Elapsed`, also for

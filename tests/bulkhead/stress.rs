@@ -123,7 +123,7 @@ fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
         })
         .on_call_finished(move |event: &CallFinished<'_>| {
             f.finished.fetch_add(1, Ordering::Relaxed);
-            f.outcomes.lock().unwrap().push(event.outcome());
+            f.outcomes.lock().unwrap().push(event.outcome);
         })
         .build()
 }
@@ -268,4 +268,92 @@ async fn resized_while_busy() {
     storm(bulkhead.clone(), seen, 6, &[2, 6, 1, 4, 0, 3]).await;
     // The resizer stopped on 3.
     assert_eq!(bulkhead.snapshot().max_allowed_concurrent_calls, 3);
+}
+
+/// Every call enters the inner service with at most the limit in force when it was admitted
+/// inside, itself included, while the limit jumps up and down and waiters give up or are cut:
+/// a permit handed to a waiter that leaves goes back to the semaphore even while a lowered
+/// limit is still owed, and must pay that debt rather than let one call too many in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_is_admitted_under_the_limit_in_force_through_resizes() {
+    /// Lowers the count of calls inside when the inner call ends or is dropped.
+    struct Leave(Arc<AtomicUsize>);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    let bulkhead = Bulkhead::queue("exact", 4, 16)
+        .max_wait(Duration::from_millis(2))
+        .build();
+    // Every limit set, in order; a resize and its entry happen under the lock, so a caller that
+    // reads the length before it is admitted finds the limit it was admitted under at that
+    // index or after.
+    let history = Arc::new(Mutex::new(vec![4usize]));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let (history, inside) = (history.clone(), inside.clone());
+        tower::service_fn(move |seen: usize| {
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            let leave = Leave(inside.clone());
+            let allowed = *history.lock().unwrap()[seen - 1..].iter().max().unwrap();
+            assert!(now <= allowed, "{now} calls inside, limit {allowed}");
+            async move {
+                for _ in 0..=(seen % 4) {
+                    tokio::task::yield_now().await;
+                }
+                drop(leave);
+                Ok::<_, io::Error>(())
+            }
+        })
+    };
+    let svc = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
+
+    let resizer = {
+        let (bulkhead, history) = (bulkhead.clone(), history.clone());
+        tokio::spawn(async move {
+            for size in [2, 6, 1, 4, 0, 3, 5].iter().cycle().take(7_000) {
+                {
+                    let mut history = history.lock().unwrap();
+                    bulkhead.set_max_concurrent_calls(*size);
+                    history.push(*size);
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let callers: Vec<_> = (0..PRODUCERS)
+        .map(|caller| {
+            let (svc, history) = (svc.clone(), history.clone());
+            tokio::spawn(async move {
+                for i in 0..4 * CALLS / PRODUCERS {
+                    let seen = history.lock().unwrap().len();
+                    let call = tokio::spawn(svc.clone().oneshot(seen));
+                    if (i + caller) % 5 == 0 {
+                        tokio::task::yield_now().await;
+                        call.abort();
+                    }
+                    match call.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(err)) => assert!(err.is::<BulkheadFull>(), "{err}"),
+                        Err(join) => assert!(join.is_cancelled(), "{join}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    resizer.await.unwrap();
+
+    assert_eq!(inside.load(Ordering::SeqCst), 0);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(
+        snapshot.available_concurrent_calls,
+        snapshot.max_allowed_concurrent_calls
+    );
+    assert_eq!(snapshot.queue_depth, 0);
+    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
 }

@@ -151,8 +151,8 @@ async fn layers_of_one_name_share_one_limit_and_refuse_with_bulkhead_full() {
         .iter()
         .find(|b| b.name == "payment")
         .expect("the adaptive bulkhead is in the health report");
-    assert_eq!(entry.max_allowed_concurrent_calls, 4);
-    assert_eq!(entry.available_concurrent_calls, 0);
+    assert_eq!(entry.snapshot.max_allowed_concurrent_calls, 4);
+    assert_eq!(entry.snapshot.available_concurrent_calls, 0);
     assert!(entry.saturated);
     assert!(health.to_json().contains("\"payment\""));
     drop(held);

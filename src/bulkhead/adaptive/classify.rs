@@ -67,13 +67,8 @@ pub struct HttpOverload {
 }
 
 impl HttpOverload {
-    /// The default HTTP classifier.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Whether `status` says the dependency is overloaded: 429, 503 or 504.
-    pub fn is_overload_status(status: StatusCode) -> bool {
+    fn is_overload_status(status: StatusCode) -> bool {
         matches!(
             status,
             StatusCode::TOO_MANY_REQUESTS

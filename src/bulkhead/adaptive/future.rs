@@ -9,14 +9,14 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use super::classify::Classify;
-use super::instance::Sampler;
+use super::controller::Sampler;
 use crate::bulkhead::error::BulkheadFull;
-use crate::bulkhead::semaphore::{Ending, Permit};
+use crate::bulkhead::permits::{Ending, Permit};
 use crate::BoxError;
 
 /// What a running call holds. Fields drop in order: the sample is taken (and the limit moved)
 /// before the permit is given back.
-pub(super) struct Held {
+pub(super) struct RunningCall {
     pub(super) sampler: Sampler,
     pub(super) permit: Permit,
 }
@@ -31,7 +31,7 @@ pin_project! {
         Running {
             #[pin]
             future: F,
-            held: Option<Held>,
+            call: Option<RunningCall>,
         },
     }
 }
@@ -55,11 +55,11 @@ impl<F, C> ResponseFuture<F, C> {
         }
     }
 
-    pub(super) fn running(future: F, held: Held, classifier: Arc<C>) -> Self {
+    pub(super) fn running(future: F, call: RunningCall, classifier: Arc<C>) -> Self {
         Self {
             state: State::Running {
                 future,
-                held: Some(held),
+                call: Some(call),
             },
             classifier,
         }
@@ -81,8 +81,8 @@ where
                 let error = error.take().expect("polled after completion");
                 Poll::Ready(Err(error.into()))
             }
-            StateProj::Running { future, held } => {
-                let running = held.as_mut().expect("polled after completion");
+            StateProj::Running { future, call } => {
+                let running = call.as_mut().expect("polled after completion");
                 // Left in place if the inner future (or the classifier) panics, so that the call
                 // is no sample even when the panic is caught above and the future dropped later.
                 running.permit.outcome = Ending::Panicked;
@@ -101,7 +101,7 @@ where
                             Ok(_) => Ending::Success,
                             Err(_) => Ending::Failure,
                         };
-                        let Held { sampler, permit } = held.take().expect("checked above");
+                        let RunningCall { sampler, permit } = call.take().expect("checked above");
                         sampler.finish(verdict);
                         drop(permit);
                         Poll::Ready(result)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::classify::HttpOverload;
-use super::instance::AdaptiveBulkhead;
+use super::handle::AdaptiveBulkhead;
 use super::service::AdaptiveBulkheadService;
 
 /// Wraps a service in an [`AdaptiveBulkhead`]; each permit is held until the response future
@@ -23,7 +23,7 @@ impl AdaptiveBulkheadLayer {
     pub fn new(bulkhead: AdaptiveBulkhead) -> Self {
         Self {
             bulkhead,
-            classifier: Arc::new(HttpOverload::new()),
+            classifier: Arc::new(HttpOverload::default()),
         }
     }
 }
@@ -35,11 +35,6 @@ impl<C> AdaptiveBulkheadLayer<C> {
             bulkhead: self.bulkhead,
             classifier: Arc::new(classifier),
         }
-    }
-
-    /// The bulkhead this layer applies.
-    pub fn bulkhead(&self) -> &AdaptiveBulkhead {
-        &self.bulkhead
     }
 }
 
@@ -64,6 +59,6 @@ impl<S, C> Layer<S> for AdaptiveBulkheadLayer<C> {
     type Service = AdaptiveBulkheadService<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveBulkheadService::shared(inner, self.bulkhead.clone(), Arc::clone(&self.classifier))
+        AdaptiveBulkheadService::new(inner, self.bulkhead.clone(), Arc::clone(&self.classifier))
     }
 }

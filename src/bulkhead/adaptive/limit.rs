@@ -95,13 +95,21 @@ impl Default for Limits {
 
 /// What one finished call tells a [`LimitAlgorithm`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sample {
-    at: Duration,
-    rtt: Duration,
-    in_flight: usize,
-    limit: usize,
-    admitted_under: usize,
-    overloaded: bool,
+    /// When the call ended, as clock time since the clock's origin.
+    pub at: Duration,
+    /// How long the call held its permit.
+    pub rtt: Duration,
+    /// Calls holding a permit when this one was admitted, itself included.
+    pub in_flight: usize,
+    /// The limit in force when the sample arrived.
+    pub limit: usize,
+    /// The limit in force when the call was admitted (the limit may have moved while the call
+    /// ran).
+    pub admission_limit: usize,
+    /// Whether the call said the dependency is overloaded (429, 503, a timeout...).
+    pub overloaded: bool,
 }
 
 impl Sample {
@@ -115,15 +123,14 @@ impl Sample {
             rtt,
             in_flight,
             limit,
-            admitted_under: limit,
+            admission_limit: limit,
             overloaded: false,
         }
     }
 
-    /// Sets the limit that was in force when the call was admitted (the bulkhead sets it: the
-    /// limit may have moved while the call ran).
+    /// Sets the limit that was in force when the call was admitted.
     pub fn admitted_under(mut self, limit: usize) -> Self {
-        self.admitted_under = limit;
+        self.admission_limit = limit;
         self
     }
 
@@ -133,40 +140,10 @@ impl Sample {
         self
     }
 
-    /// When the call ended, as clock time since the clock's origin.
-    pub fn at(&self) -> Duration {
-        self.at
-    }
-
-    /// How long the call held its permit.
-    pub fn rtt(&self) -> Duration {
-        self.rtt
-    }
-
-    /// Calls holding a permit when this one was admitted, itself included.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// The limit in force when the sample arrived.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// The limit in force when the call was admitted.
-    pub fn admission_limit(&self) -> usize {
-        self.admitted_under
-    }
-
     /// Whether the call was admitted with the limit reached: `in_flight` at least the limit in
     /// force then. A call admitted under a higher limit that ends after it came down was not.
     pub fn found_limit_reached(&self) -> bool {
-        self.in_flight >= self.admitted_under
-    }
-
-    /// Whether the call said the dependency is overloaded (429, 503, a timeout...).
-    pub fn is_overloaded(&self) -> bool {
-        self.overloaded
+        self.in_flight >= self.admission_limit
     }
 }
 
@@ -319,14 +296,8 @@ pub struct Aimd {
 }
 
 impl Default for Aimd {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Aimd {
     /// AIMD with a backoff of 0.8 and a latency tolerance of 1.3.
-    pub fn new() -> Self {
+    fn default() -> Self {
         Self {
             backoff: 0.8,
             tolerance: 1.3,
@@ -335,7 +306,9 @@ impl Aimd {
             baseline: Baseline::default(),
         }
     }
+}
 
+impl Aimd {
     /// The factor the limit is multiplied by on overload; strictly between 0 and 1.
     pub fn backoff(mut self, backoff: f64) -> Result<Self, AdaptiveConfigError> {
         if !(backoff > 0.0 && backoff < 1.0) {
@@ -442,14 +415,8 @@ pub struct Gradient {
 }
 
 impl Default for Gradient {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Gradient {
     /// Gradient with a tolerance of 1.1 and a smoothing of 0.3.
-    pub fn new() -> Self {
+    fn default() -> Self {
         Self {
             tolerance: 1.1,
             smoothing: 0.3,
@@ -458,7 +425,9 @@ impl Gradient {
             baseline: Baseline::default(),
         }
     }
+}
 
+impl Gradient {
     /// How many times its baseline the latency may reach before the limit shrinks; at least 1
     /// and finite.
     pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, AdaptiveConfigError> {
@@ -515,9 +484,9 @@ impl LimitAlgorithm for Gradient {
 }
 
 /// A boxed algorithm, for the bulkhead's state.
-pub(super) struct Dyn(pub(super) Box<dyn LimitAlgorithm>);
+pub(super) struct BoxedAlgorithm(pub(super) Box<dyn LimitAlgorithm>);
 
-impl fmt::Debug for Dyn {
+impl fmt::Debug for BoxedAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("LimitAlgorithm")
     }

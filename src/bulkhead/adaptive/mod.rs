@@ -122,23 +122,26 @@
 //!
 //! # Cost
 //!
-//! Admission is the same compare-and-swap as a fixed bulkhead's. Each call reads the clock
-//! twice and, when it ends with a sample, takes one mutex to run the algorithm.
+//! Admission takes a permit from the semaphore as a fixed bulkhead that never waits does. Each
+//! call reads the clock twice and, when it ends with a sample, takes one mutex to run the
+//! algorithm.
 //!
 //! [`Clock`]: crate::clock::Clock
 
 mod classify;
+mod controller;
 mod error;
 mod future;
-mod instance;
+mod handle;
 mod layer;
 mod limit;
 mod service;
 
 pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict};
+pub use controller::LimitChanged;
 pub use error::AdaptiveConfigError;
 pub use future::ResponseFuture;
-pub use instance::{AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitChanged, OnLimitChanged};
+pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
 pub use layer::AdaptiveBulkheadLayer;
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample, MAX_RTT};
 pub use service::AdaptiveBulkheadService;

@@ -8,10 +8,11 @@ use std::time::Duration;
 use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
-use super::future::{Held, ResponseFuture};
-use super::instance::{AdaptiveBulkhead, Sampler};
+use super::controller::Sampler;
+use super::future::{ResponseFuture, RunningCall};
+use super::handle::AdaptiveBulkhead;
 use crate::bulkhead::events::Rejection;
-use crate::bulkhead::semaphore::{Admission, Permit, Waiter};
+use crate::bulkhead::permits::Permit;
 use crate::BoxError;
 
 /// A service behind an [`AdaptiveBulkhead`]; made by
@@ -26,37 +27,12 @@ pub struct AdaptiveBulkheadService<S, C = HttpOverload> {
 }
 
 impl<S, C> AdaptiveBulkheadService<S, C> {
-    /// Wraps `inner` in `bulkhead`, judging its answers with `classifier`.
-    pub fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: C) -> Self {
-        Self::shared(inner, bulkhead, Arc::new(classifier))
-    }
-
-    pub(super) fn shared(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
+    pub(super) fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
         Self {
             inner,
             bulkhead,
             classifier,
         }
-    }
-
-    /// The bulkhead in front of the inner service.
-    pub fn bulkhead(&self) -> &AdaptiveBulkhead {
-        &self.bulkhead
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
     }
 }
 
@@ -94,34 +70,20 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let shared = &self.bulkhead.shared;
-        let semaphore = &shared.bulkhead.shared;
+        let controller = &self.bulkhead.controller;
+        let permits = &controller.bulkhead.permits;
         let classifier = Arc::clone(&self.classifier);
-        match semaphore.admit() {
-            Admission::Permitted => {}
-            Admission::Rejected => {
-                return ResponseFuture::rejected(
-                    semaphore.reject(Rejection::NoCapacity),
-                    classifier,
-                )
-            }
-            // The adaptive bulkhead's semaphore is built without a queue, so this does not
-            // happen; should it, the place is left at once and the call refused.
-            Admission::Queued(ticket) => {
-                drop(Waiter::new(Arc::clone(semaphore), ticket));
-                return ResponseFuture::rejected(
-                    semaphore.reject(Rejection::NoCapacity),
-                    classifier,
-                );
-            }
-        }
+        // An adaptive bulkhead never queues: a call that finds no free permit is refused.
+        let Some(permit) = permits.try_acquire() else {
+            return ResponseFuture::rejected(permits.reject(Rejection::NoCapacity), classifier);
+        };
         // Both exist before the inner service is called, so a panicking `call` still gives the
         // permit back (and is no sample).
-        let held = Held {
-            permit: Permit::granted(Arc::clone(semaphore), Duration::ZERO),
-            sampler: Sampler::start(Arc::clone(shared)),
+        let call = RunningCall {
+            permit: Permit::granted(Arc::clone(permits), permit, Duration::ZERO),
+            sampler: Sampler::start(Arc::clone(controller)),
         };
         let future = self.inner.call(request);
-        ResponseFuture::running(future, held, classifier)
+        ResponseFuture::running(future, call, classifier)
     }
 }

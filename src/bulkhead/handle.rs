@@ -1,23 +1,56 @@
-//! One named bulkhead: its limit, its queue and its counters.
+//! The handle of one named bulkhead, and its builder.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::{
-    Both, BulkheadSnapshot, Hooks, OnCallFinished, OnCallPermitted, OnCallRejected,
-};
-use super::layer::{BulkheadBodyLayer, BulkheadLayer};
-use super::semaphore::Shared;
+use super::events::{BulkheadSnapshot, CallFinished, CallPermitted, CallRejected, Hooks};
+use super::layer::BulkheadLayer;
+use super::mode::OnBodyEnd;
+use super::permits::Permits;
 
 /// A named bulkhead, shared by every clone and every service made from it.
 ///
 /// Build one per downstream dependency with [`Bulkhead::semaphore`] or [`Bulkhead::queue`], keep
 /// a clone to read [`snapshot`](Bulkhead::snapshot) or change the limit, and wrap the client with
 /// [`layer`](Bulkhead::layer).
+///
+/// # Errors
+///
+/// The services it makes fail with [`BoxError`](crate::BoxError): a call refused by the
+/// bulkhead holds a [`BulkheadFull`](super::BulkheadFull) (no permit free and no room, or no
+/// time left, to wait for one); any other error is the inner service's, unchanged.
+///
+/// # Examples
+///
+/// A queue bulkhead of two calls at once and four waiting, whose limit is then lowered:
+///
+/// ```
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_bulwark::bulkhead::Bulkhead;
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let search = Bulkhead::queue("search", 2, 4).build();
+/// let client = ServiceBuilder::new()
+///     .layer(search.layer())
+///     .service(service_fn(|query: &'static str| async move {
+///         Ok::<_, BoxError>(query.len())
+///     }));
+/// assert_eq!(client.clone().oneshot("tower").await?, 5);
+///
+/// search.set_max_concurrent_calls(1);
+/// assert_eq!(client.oneshot("bulwark").await?, 7);
+/// let snapshot = search.snapshot();
+/// assert_eq!(snapshot.max_allowed_concurrent_calls, 1);
+/// assert_eq!(snapshot.total_permitted, 2);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Bulkhead {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) permits: Arc<Permits>,
 }
 
 impl Bulkhead {
@@ -60,12 +93,12 @@ impl Bulkhead {
 
     /// The bulkhead's name, as given to its constructor.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.permits.name
     }
 
     /// The current figures: free permits, limit, queue depth and running totals.
     pub fn snapshot(&self) -> BulkheadSnapshot {
-        self.shared.snapshot()
+        self.permits.snapshot()
     }
 
     /// Sets this bulkhead's gauges in the `metrics` facade from its current state; call it
@@ -83,7 +116,7 @@ impl Bulkhead {
     /// the new limit is never exceeded by a call admitted after this returns. Values above
     /// [`MAX_CONCURRENT_CALLS`](super::MAX_CONCURRENT_CALLS) are lowered to it.
     pub fn set_max_concurrent_calls(&self, max_concurrent_calls: usize) {
-        self.shared.resize(max_concurrent_calls);
+        self.permits.resize(max_concurrent_calls);
     }
 
     /// A layer that holds each permit until the response future completes or is dropped.
@@ -93,14 +126,14 @@ impl Bulkhead {
 
     /// A layer that holds each permit until the `http::Response` body has been read to its end
     /// or dropped.
-    pub fn body_layer(&self) -> BulkheadBodyLayer {
-        BulkheadBodyLayer::new(self.clone())
+    pub fn body_layer(&self) -> BulkheadLayer<OnBodyEnd> {
+        BulkheadLayer::until_body_end(self.clone())
     }
 }
 
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
+        self.permits.fmt(f)
     }
 }
 
@@ -130,32 +163,47 @@ impl BulkheadBuilder {
     }
 
     /// Runs `hook` each time a call gets a permit. Hooks added earlier keep running, before it.
-    pub fn on_call_permitted(mut self, hook: impl OnCallPermitted) -> Self {
-        let hook: Box<dyn OnCallPermitted> = Box::new(hook);
+    pub fn on_call_permitted(
+        mut self,
+        hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.permitted = Some(match self.hooks.permitted.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallPermitted<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
 
     /// Runs `hook` each time a call is refused. Hooks added earlier keep running, before it.
-    pub fn on_call_rejected(mut self, hook: impl OnCallRejected) -> Self {
-        let hook: Box<dyn OnCallRejected> = Box::new(hook);
+    pub fn on_call_rejected(
+        mut self,
+        hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.rejected = Some(match self.hooks.rejected.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallRejected<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
 
     /// Runs `hook` each time a permitted call ends, with the time the permit was held. Hooks
     /// added earlier keep running, before it.
-    pub fn on_call_finished(mut self, hook: impl OnCallFinished) -> Self {
-        let hook: Box<dyn OnCallFinished> = Box::new(hook);
+    pub fn on_call_finished(
+        mut self,
+        hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
+    ) -> Self {
         self.hooks.finished = Some(match self.hooks.finished.take() {
-            Some(earlier) => Box::new(Both(earlier, hook)),
-            None => hook,
+            Some(earlier) => Box::new(move |event: &CallFinished<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
         });
         self
     }
@@ -171,7 +219,7 @@ impl BulkheadBuilder {
         #[cfg(not(feature = "metrics"))]
         let builder = self;
         Bulkhead {
-            shared: Arc::new(Shared::new(
+            permits: Arc::new(Permits::new(
                 builder.name,
                 builder.max_concurrent_calls,
                 builder.max_wait,

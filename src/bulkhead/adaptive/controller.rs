@@ -1,0 +1,186 @@
+//! What moves an adaptive bulkhead's limit: each call's sample, fed to the algorithm under a
+//! lock, and the limit it returns applied to the bulkhead's permits.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::classify::Verdict;
+use super::limit::{BoxedAlgorithm, Limits, Sample};
+use crate::bulkhead::Bulkhead;
+use crate::clock::Clock;
+
+/// The limit of an adaptive bulkhead moved.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct LimitChanged<'a> {
+    /// The name of the bulkhead.
+    pub bulkhead: &'a str,
+    /// The limit before.
+    pub from: usize,
+    /// The limit now.
+    pub to: usize,
+    /// The sample that moved it.
+    pub sample: &'a Sample,
+}
+
+/// Hook run when an adaptive limit moves.
+pub(super) type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
+
+/// The algorithm and the bounds it moves the limit within.
+pub(super) struct AlgorithmState {
+    pub(super) algorithm: BoxedAlgorithm,
+    pub(super) limits: Limits,
+}
+
+/// The state every clone of one adaptive bulkhead shares.
+pub(super) struct Controller {
+    pub(super) bulkhead: Bulkhead,
+    pub(super) clock: Box<dyn Clock>,
+    /// Calls holding a permit; raised after the permit is taken and lowered before it is given
+    /// back, so it never counts more than the semaphore does.
+    pub(super) in_flight: AtomicUsize,
+    pub(super) limit: AtomicUsize,
+    pub(super) control: Mutex<AlgorithmState>,
+    /// What a call dropped before its end counts as.
+    pub(super) cancelled: Verdict,
+    pub(super) on_limit_changed: Option<OnLimitChanged>,
+    #[cfg(feature = "metrics")]
+    pub(super) gauge: std::sync::OnceLock<metrics::Gauge>,
+}
+
+impl Controller {
+    pub(super) fn lock(&self) -> MutexGuard<'_, AlgorithmState> {
+        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
+        self.control.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn nanos(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Feeds one sample to the algorithm and applies the limit it returns.
+    fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
+        let mut control = self.lock();
+        // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
+        // order: a sample read before another but recorded after it would otherwise look like a
+        // clock that went back, and start its round again.
+        let now = self.nanos();
+        let from = self.limit.load(Ordering::Relaxed);
+        let sample = Sample::new(
+            Duration::from_nanos(now),
+            Duration::from_nanos(now.saturating_sub(started)),
+            in_flight,
+            from,
+        )
+        .admitted_under(admitted_under)
+        .overloaded(overloaded);
+        let AlgorithmState { algorithm, limits } = &mut *control;
+        let to = limits.clamp(algorithm.0.update(&sample, limits));
+        if to == from {
+            return;
+        }
+        self.limit.store(to, Ordering::Relaxed);
+        self.bulkhead.set_max_concurrent_calls(to);
+        #[cfg(feature = "metrics")]
+        self.publish_limit(to);
+        if let Some(hook) = &self.on_limit_changed {
+            hook(&LimitChanged {
+                bulkhead: self.bulkhead.name(),
+                from,
+                to,
+                sample: &sample,
+            });
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn publish_limit(&self, limit: usize) {
+        self.gauge
+            .get_or_init(|| {
+                metrics::gauge!(
+                    crate::observe::metric_names::BULKHEAD_MAX,
+                    "name" => self.bulkhead.name().to_owned()
+                )
+            })
+            .set(limit as f64);
+    }
+}
+
+/// The sample of one admitted call, taken when it ends: by [`finish`](Self::finish) with the
+/// classifier's verdict, or, when it is dropped first, as a cancelled call (or, while the thread
+/// unwinds from a panic or after a panic in its future or classifier, as no sample at all).
+pub(super) struct Sampler {
+    controller: Arc<Controller>,
+    started: u64,
+    in_flight: usize,
+    /// The limit in force when the call was admitted.
+    admitted_under: usize,
+    /// Set while the call's future or the classifier runs: dropped in that state, the call
+    /// panicked (the panic was caught above and the future dropped after the unwinding).
+    pub(super) in_poll: bool,
+    /// Set at the call's first poll: a call dropped before it never reached the dependency
+    /// (its future had not started), so it says nothing about it.
+    pub(super) polled: bool,
+    ended: bool,
+}
+
+impl Sampler {
+    /// Called right after the permit was taken.
+    pub(super) fn start(controller: Arc<Controller>) -> Self {
+        let in_flight = controller.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let admitted_under = controller.limit.load(Ordering::Relaxed);
+        let started = controller.nanos();
+        Self {
+            controller,
+            started,
+            in_flight,
+            admitted_under,
+            in_poll: false,
+            polled: false,
+            ended: false,
+        }
+    }
+
+    /// Ends the call with `verdict`.
+    pub(super) fn finish(mut self, verdict: Verdict) {
+        self.end(verdict);
+    }
+
+    fn end(&mut self, verdict: Verdict) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let controller = &*self.controller;
+        controller.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match verdict {
+            Verdict::Healthy => {
+                controller.record(self.started, self.in_flight, self.admitted_under, false)
+            }
+            Verdict::Overloaded => {
+                controller.record(self.started, self.in_flight, self.admitted_under, true)
+            }
+            Verdict::Ignored => {}
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let verdict = if self.in_poll || !self.polled || std::thread::panicking() {
+            Verdict::Ignored
+        } else {
+            self.controller.cancelled
+        };
+        self.end(verdict);
+    }
+}
+
+impl fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sampler")
+            .field("bulkhead", &self.controller.bulkhead.name())
+            .finish_non_exhaustive()
+    }
+}

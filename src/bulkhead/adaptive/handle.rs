@@ -1,0 +1,252 @@
+//! The handle of one named adaptive bulkhead, and its builder.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::classify::Verdict;
+use super::controller::{AlgorithmState, Controller, LimitChanged, OnLimitChanged};
+use super::layer::AdaptiveBulkheadLayer;
+use super::limit::{Aimd, BoxedAlgorithm, LimitAlgorithm, Limits};
+use crate::bulkhead::{
+    Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
+};
+use crate::clock::{Clock, SystemClock};
+
+/// A named bulkhead whose limit of concurrent calls follows the dependency, shared by every
+/// clone and every service made from it.
+///
+/// Build one per dependency with [`AdaptiveBulkhead::builder`], keep a clone to read
+/// [`limit`](Self::limit) or [`snapshot`](Self::snapshot), and wrap the client with
+/// [`layer`](Self::layer).
+///
+/// # Errors
+///
+/// Its services fail with [`BoxError`](crate::BoxError): a call that finds the limit reached
+/// holds a [`BulkheadFull`](crate::bulkhead::BulkheadFull); any other error is the inner
+/// service's. Building its [`Limits`] and algorithms checks their settings and returns an
+/// [`AdaptiveConfigError`](super::AdaptiveConfigError) for one out of range.
+///
+/// # Examples
+///
+/// ```
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_bulwark::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Limits};
+/// use tower_bulwark::BoxError;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let payment = AdaptiveBulkhead::builder("payment")
+///     .limits(Limits::new(2, 4, 64)?)
+///     .algorithm(Aimd::default().backoff(0.5)?)
+///     .build();
+/// let client = ServiceBuilder::new()
+///     .layer(payment.layer())
+///     .service(service_fn(|_: ()| async {
+///         Ok::<_, BoxError>(http::Response::new(()))
+///     }));
+/// client.oneshot(()).await?;
+/// assert_eq!(payment.limit(), 4);
+/// assert_eq!(payment.snapshot().total_finished, 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AdaptiveBulkhead {
+    pub(super) controller: Arc<Controller>,
+}
+
+impl AdaptiveBulkhead {
+    /// A builder for an adaptive bulkhead named `name`: [`Aimd`] between the default
+    /// [`Limits`] (1 to 256, starting at 8) on the [`SystemClock`], until told otherwise.
+    pub fn builder(name: impl Into<Arc<str>>) -> AdaptiveBulkheadBuilder {
+        let limits = Limits::default();
+        AdaptiveBulkheadBuilder {
+            inner: Bulkhead::semaphore(name, limits.initial()),
+            limits,
+            algorithm: BoxedAlgorithm(Box::new(Aimd::default())),
+            clock: Box::new(SystemClock::new()),
+            cancelled: Verdict::Overloaded,
+            on_limit_changed: None,
+        }
+    }
+
+    /// The bulkhead's name, as given to its builder.
+    pub fn name(&self) -> &str {
+        self.controller.bulkhead.name()
+    }
+
+    /// The current limit of concurrent calls.
+    pub fn limit(&self) -> usize {
+        self.controller.limit.load(Ordering::Relaxed)
+    }
+
+    /// The bounds the limit moves within.
+    pub fn limits(&self) -> Limits {
+        self.controller.lock().limits
+    }
+
+    /// The current figures: free permits, the current limit (`max_allowed_concurrent_calls`) and
+    /// the running totals of permitted, refused and finished calls.
+    pub fn snapshot(&self) -> BulkheadSnapshot {
+        self.controller.bulkhead.snapshot()
+    }
+
+    /// Sets this bulkhead's gauges in the `metrics` facade from its current state (the limit
+    /// gauge is also set each time the limit moves).
+    #[cfg(feature = "metrics")]
+    pub fn publish_gauges(&self) {
+        self.controller.bulkhead.publish_gauges();
+    }
+
+    /// A layer judging answers with [`HttpOverload`](super::HttpOverload); change it with
+    /// [`AdaptiveBulkheadLayer::classifier`].
+    pub fn layer(&self) -> AdaptiveBulkheadLayer {
+        AdaptiveBulkheadLayer::new(self.clone())
+    }
+
+    /// A layer judging answers with `classifier`.
+    pub fn layer_with<C>(&self, classifier: C) -> AdaptiveBulkheadLayer<C> {
+        self.layer().classifier(classifier)
+    }
+}
+
+impl fmt::Debug for AdaptiveBulkhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveBulkhead")
+            .field("name", &self.name())
+            .field("limit", &self.limit())
+            .field("limits", &self.limits())
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+/// Settings of an [`AdaptiveBulkhead`] not built yet; every method consumes and returns the
+/// builder.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct AdaptiveBulkheadBuilder {
+    inner: BulkheadBuilder,
+    limits: Limits,
+    algorithm: BoxedAlgorithm,
+    clock: Box<dyn Clock>,
+    cancelled: Verdict,
+    on_limit_changed: Option<OnLimitChanged>,
+}
+
+impl AdaptiveBulkheadBuilder {
+    /// The bounds and starting point of the limit (default: 1 to 256, starting at 8).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The algorithm that moves the limit (default: [`Aimd`]).
+    pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
+        self.algorithm = BoxedAlgorithm(Box::new(algorithm));
+        self
+    }
+
+    /// The clock round trips are measured with (default: [`SystemClock`]); a
+    /// [`ManualClock`](crate::clock::ManualClock) makes tests exact.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// Calls dropped before their end (a timeout above the bulkhead, a `select!` that lost, a
+    /// client that went away) are no sample at all, instead of the default: an overload signal.
+    ///
+    /// The default suits the documented order, `retry → timeout → pushback → client quota →
+    /// adaptive bulkhead → client`, in which a timeout reaches the bulkhead only as a dropped
+    /// call. Ignore them when calls are
+    /// often cancelled for reasons that have nothing to do with the dependency (hedged
+    /// requests, say). A dropped call is never a healthy sample: its round trip is unknown.
+    pub fn ignore_cancelled_calls(mut self) -> Self {
+        self.cancelled = Verdict::Ignored;
+        self
+    }
+
+    /// Runs `hook` each time the limit moves. Hooks added earlier keep running, before it.
+    ///
+    /// The hook runs under the bulkhead's lock of the algorithm, so the changes arrive in
+    /// order; it must be quick and must not panic.
+    pub fn on_limit_changed(
+        mut self,
+        hook: impl Fn(&LimitChanged<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_limit_changed = Some(match self.on_limit_changed.take() {
+            Some(earlier) => Box::new(move |event: &LimitChanged<'_>| {
+                earlier(event);
+                hook(event);
+            }),
+            None => Box::new(hook),
+        });
+        self
+    }
+
+    /// Runs `hook` each time a call gets a permit (see [`crate::bulkhead::events`]).
+    pub fn on_call_permitted(
+        mut self,
+        hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.inner = self.inner.on_call_permitted(hook);
+        self
+    }
+
+    /// Runs `hook` each time a call is refused.
+    pub fn on_call_rejected(
+        mut self,
+        hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.inner = self.inner.on_call_rejected(hook);
+        self
+    }
+
+    /// Runs `hook` each time a permitted call ends, after its sample has been taken and before
+    /// its permit is given back.
+    pub fn on_call_finished(
+        mut self,
+        hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.inner = self.inner.on_call_finished(hook);
+        self
+    }
+
+    /// Builds the bulkhead. With the `metrics` feature it counts its calls like any bulkhead and
+    /// sets the limit gauge (`bulwark_bulkhead_max_allowed_concurrent_calls`) as the limit moves.
+    pub fn build(self) -> AdaptiveBulkhead {
+        let bulkhead = self.inner.build();
+        let initial = self.limits.initial();
+        bulkhead.set_max_concurrent_calls(initial);
+        let controller = Controller {
+            bulkhead,
+            clock: self.clock,
+            in_flight: AtomicUsize::new(0),
+            limit: AtomicUsize::new(initial),
+            control: Mutex::new(AlgorithmState {
+                algorithm: self.algorithm,
+                limits: self.limits,
+            }),
+            cancelled: self.cancelled,
+            on_limit_changed: self.on_limit_changed,
+            #[cfg(feature = "metrics")]
+            gauge: std::sync::OnceLock::new(),
+        };
+        AdaptiveBulkhead {
+            controller: Arc::new(controller),
+        }
+    }
+}
+
+impl fmt::Debug for AdaptiveBulkheadBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveBulkheadBuilder")
+            .field("inner", &self.inner)
+            .field("limits", &self.limits)
+            .field("algorithm", &self.algorithm)
+            .field("cancelled", &self.cancelled)
+            .field("on_limit_changed", &self.on_limit_changed.is_some())
+            .finish_non_exhaustive()
+    }
+}
