@@ -230,16 +230,15 @@ fn a_waiting_request_dropped_after_any_poll_gives_each_permit_back_once() {
             let rt = paused_runtime();
             let outcome = rt.block_on(async {
                 let clock = TokioClock::new();
-                let waiting: Keyed<TokioClock> = KeyedRateLimiter::builder(quota)
-                    .clock(clock.clone())
-                    .build();
+                let waiting: Keyed<TokioClock> =
+                    KeyedRateLimiter::builder(quota).clock(clock).build();
                 let users: Keyed<TokioClock> =
                     KeyedRateLimiter::builder(Quota::per_hour(50).unwrap())
-                        .clock(clock.clone())
+                        .clock(clock)
                         .build();
                 let gates: Keyed<TokioClock> =
                     KeyedRateLimiter::builder(Quota::per_hour(50).unwrap())
-                        .clock(clock.clone())
+                        .clock(clock)
                         .build();
                 // The waiting policy's burst is spent: the next request waits 100 ms.
                 assert_eq!(drain(&waiting, "t"), 10);
