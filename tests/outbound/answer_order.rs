@@ -247,3 +247,59 @@ proptest! {
         }
     }
 }
+
+/// The time a refused call is told to wait covers the policy's next window when that window
+/// has nothing to give: its `q` is zero, or no more than the calls still in flight, which the
+/// docs subtract from it. Told to come back when the spent window ends, a call is refused there
+/// again, for the policy's whole `w`, with nothing new heard in between.
+#[test]
+fn a_policy_window_with_nothing_to_give_is_part_of_the_wait() {
+    for (q, in_flight) in [(0u64, 0usize), (1, 1), (2, 2)] {
+        let told = paused_runtime().block_on(async {
+            let pushback = Pushback::builder("partner")
+                .clock(TokioClock::new())
+                .build();
+            let dependency = service_fn(|answer: oneshot::Receiver<Response<()>>| async move {
+                Ok::<_, BoxError>(answer.await?)
+            });
+            let client = pushback.layer().layer(dependency);
+            let mut pending = Vec::new();
+            for _ in 0..in_flight {
+                let (tx, rx) = oneshot::channel();
+                let mut call: Call = Box::pin(client.clone().oneshot(rx));
+                assert!(poll_once(call.as_mut()).is_pending());
+                pending.push((tx, call));
+            }
+            let (tx, rx) = oneshot::channel();
+            let mut answered: Call = Box::pin(client.clone().oneshot(rx));
+            assert!(poll_once(answered.as_mut()).is_pending());
+            tx.send(response(
+                200,
+                &[
+                    ("ratelimit", r#""p";r=0;t=1"#),
+                    ("ratelimit-policy", &format!("\"p\";q={q};w=10")),
+                ],
+            ))
+            .unwrap();
+            assert!(matches!(poll_once(answered.as_mut()), Poll::Ready(Ok(_))));
+            let probe = || {
+                let (tx, rx) = oneshot::channel::<Response<()>>();
+                drop(tx);
+                let mut call = Box::pin(client.clone().oneshot(rx));
+                match poll_once(call.as_mut()) {
+                    Poll::Ready(Err(err)) if err.is::<PushedBack>() => outbound::retry_after(&*err),
+                    Poll::Ready(_) => None,
+                    Poll::Pending => panic!("a probe neither went nor was refused at once"),
+                }
+            };
+            let told = probe().expect("refused while the window is spent");
+            tokio::time::advance(told).await;
+            (told, probe())
+        });
+        assert_eq!(
+            told.1, None,
+            "q={q} with {in_flight} in flight: told to wait {:?}, then refused again",
+            told.0
+        );
+    }
+}
