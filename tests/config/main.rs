@@ -8,6 +8,8 @@ mod common;
 mod adaptive;
 #[cfg(feature = "config")]
 mod files;
+#[cfg(all(feature = "config", feature = "axum"))]
+mod forwarded;
 #[cfg(feature = "config")]
 mod hostile;
 #[cfg(feature = "config")]

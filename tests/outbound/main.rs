@@ -6,6 +6,7 @@ mod common;
 #[path = "../common/counting.rs"]
 mod counting;
 
+mod answer_order;
 mod client_quota;
 mod hostile;
 #[cfg(feature = "metrics")]

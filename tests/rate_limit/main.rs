@@ -8,9 +8,13 @@ mod common;
 mod counting;
 
 #[cfg(feature = "axum")]
+mod contention;
+#[cfg(feature = "axum")]
 mod exemptions;
 #[cfg(feature = "axum")]
 mod headers;
+#[cfg(feature = "axum")]
+mod hostile_keys;
 #[cfg(feature = "axum")]
 mod key_memory;
 #[cfg(feature = "axum")]

@@ -1,0 +1,305 @@
+//! Pushback under answers delivered in any order (tokio's paused time): calls start, their
+//! answers (`RateLimit` quotas with or without a policy, 429s with `Retry-After`) come back in a
+//! random order at random times, and probe calls keep knocking. Every answer bounds the probes
+//! from its arrival until an answer to a later call arrives: an older answer may only tighten,
+//! so its bound holds too. A refused probe is told when a call can really go: a call made then,
+//! with nothing new heard in between, reaches the dependency.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use http::Response;
+use proptest::prelude::*;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_bulwark::clock::TokioClock;
+use tower_bulwark::outbound::pushback::Pacing;
+use tower_bulwark::outbound::{self, Pushback, PushedBack};
+use tower_bulwark::BoxError;
+
+use crate::common::{paused_runtime, poll_once, response};
+
+/// What one scripted call's answer says.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// `200` with `RateLimit: "p";r=R;t=T`, and `RateLimit-Policy: "p";q=Q;w=W` when given.
+    Quota {
+        left: u64,
+        window: u64,
+        policy: Option<(u64, u64)>,
+    },
+    /// `429` with `Retry-After: S`.
+    Hold { seconds: u64 },
+}
+
+impl Answer {
+    fn response(&self) -> Response<()> {
+        match self {
+            Answer::Quota {
+                left,
+                window,
+                policy,
+            } => {
+                let ratelimit = format!("\"p\";r={left};t={window}");
+                match policy {
+                    Some((q, w)) => response(
+                        200,
+                        &[
+                            ("ratelimit", &ratelimit),
+                            ("ratelimit-policy", &format!("\"p\";q={q};w={w}")),
+                        ],
+                    ),
+                    None => response(200, &[("ratelimit", &ratelimit)]),
+                }
+            }
+            Answer::Hold { seconds } => response(429, &[("retry-after", &seconds.to_string())]),
+        }
+    }
+
+    /// From its arrival: how long it bounds the calls, and how many it lets start then.
+    fn bound(&self) -> (Duration, u64) {
+        match self {
+            Answer::Quota { left, window, .. } => (Duration::from_secs(*window), *left),
+            Answer::Hold { seconds } => (Duration::from_secs(*seconds), 0),
+        }
+    }
+}
+
+fn answer() -> impl Strategy<Value = Answer> {
+    prop_oneof![
+        // A policy grants more than the calls that can be in flight (three), so that its next
+        // window always has a call to give: `a_policy_window_with_nothing_to_give_is_part_of_the_wait`
+        // covers the other case.
+        3 => (0u64..4, 1u64..20, proptest::option::of((4u64..9, 1u64..20))).prop_map(
+            |(left, window, policy)| Answer::Quota { left, window, policy }
+        ),
+        1 => (1u64..15).prop_map(|seconds| Answer::Hold { seconds }),
+    ]
+}
+
+type Call = Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>;
+
+struct Run {
+    /// When each probe reached the dependency.
+    reached: Vec<Instant>,
+    /// Each answer: its call's start order, when it arrived, and what it said.
+    delivered: Vec<(usize, Instant, Answer)>,
+}
+
+fn run(answers: &[Answer], order: &[usize], gaps: &[u64], step: u64, spread: bool) -> Run {
+    paused_runtime().block_on(async {
+        let pushback = Pushback::builder("partner")
+            .clock(TokioClock::new())
+            .pacing(if spread {
+                Pacing::Spread
+            } else {
+                Pacing::UntilSpent
+            })
+            .build();
+        let start = Instant::now();
+        let reached = Arc::new(Mutex::new(Vec::new()));
+        // A call's request is the channel its answer comes on; a probe's sender is dropped, so
+        // the dependency fails it at once: it reached the dependency and says nothing.
+        let dependency = {
+            let reached = reached.clone();
+            service_fn(move |answer: oneshot::Receiver<Response<()>>| {
+                reached.lock().unwrap().push(Instant::now());
+                async move { Ok::<_, BoxError>(answer.await?) }
+            })
+        };
+        let client = pushback.layer().layer(dependency);
+        // The scripted calls start in order, 10 ms apart, and wait at the dependency.
+        let mut calls: Vec<Option<(oneshot::Sender<Response<()>>, Call)>> = Vec::new();
+        for _ in answers {
+            let (tx, rx) = oneshot::channel();
+            let mut call: Call = Box::pin(client.clone().oneshot(rx));
+            assert!(
+                poll_once(call.as_mut()).is_pending(),
+                "a scripted call was held"
+            );
+            calls.push(Some((tx, call)));
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        reached.lock().unwrap().clear();
+        // Answers arrive in `order`, `gaps` apart; probes every `step` ms in between, and one
+        // more exactly when a refused probe was told it could go.
+        let mut deliveries = Vec::new();
+        let mut at = Instant::now();
+        for (i, &call) in order.iter().enumerate() {
+            at += Duration::from_millis(gaps[i % gaps.len()]);
+            deliveries.push((at, call));
+        }
+        let horizon = at + Duration::from_secs(25);
+        let mut delivered = Vec::new();
+        let mut next_probe = Instant::now();
+        let mut promised: Option<(Instant, Duration)> = None;
+        let mut next_delivery = 0;
+        loop {
+            let delivery_at = deliveries.get(next_delivery).map(|(at, _)| *at);
+            let now = [Some(next_probe), delivery_at, promised.map(|(at, _)| at)]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap();
+            if now > horizon {
+                break;
+            }
+            tokio::time::sleep_until(now).await;
+            if delivery_at == Some(now) {
+                let (_, call) = deliveries[next_delivery];
+                next_delivery += 1;
+                let (tx, mut future) = calls[call].take().unwrap();
+                tx.send(answers[call].response()).unwrap();
+                assert!(matches!(poll_once(future.as_mut()), Poll::Ready(Ok(_))));
+                delivered.push((call, now, answers[call].clone()));
+                // What was promised before this answer no longer has to hold.
+                promised = None;
+                continue;
+            }
+            let is_promised = promised.is_some_and(|(at, _)| at == now);
+            if !is_promised {
+                next_probe = now + Duration::from_millis(step);
+            }
+            let (tx, rx) = oneshot::channel::<Response<()>>();
+            drop(tx);
+            let mut probe = Box::pin(client.clone().oneshot(rx));
+            let Poll::Ready(result) = poll_once(probe.as_mut()) else {
+                panic!("a probe neither went nor was refused at once");
+            };
+            let refusal = result.err().filter(|err| err.is::<PushedBack>());
+            if let Some((_, told)) = promised.filter(|_| is_promised) {
+                assert!(
+                    refusal.is_none(),
+                    "told at {:?} to come back in {told:?}; refused again at {:?}: {}",
+                    now - told - start,
+                    now - start,
+                    refusal.unwrap()
+                );
+                promised = None;
+            }
+            if let Some(err) = refusal {
+                let wait = outbound::retry_after(&*err).expect("a refusal says how long");
+                assert!(!wait.is_zero(), "refused with a wait of zero");
+                let until = now + wait;
+                let quiet = delivery_at.is_none_or(|at| at > until);
+                // Nothing new was heard since an earlier refusal: this one may not push the
+                // time it promised further out.
+                if let Some((earlier, told)) = promised {
+                    assert!(
+                        until <= earlier,
+                        "told at {:?} to come back in {told:?}, then at {:?} to wait {wait:?}",
+                        earlier - told - start,
+                        now - start
+                    );
+                }
+                if quiet && until <= horizon {
+                    promised = Some((until, wait));
+                }
+            }
+        }
+        let reached = reached.lock().unwrap().clone();
+        Run { reached, delivered }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn answers_out_of_order_never_let_more_calls_through_than_any_allows(
+        answers in proptest::collection::vec(answer(), 2..5),
+        shuffle in any::<u64>(),
+        gaps in proptest::collection::vec(0u64..4_000, 1..5),
+        step in 50u64..900,
+        spread in any::<bool>(),
+    ) {
+        let mut order: Vec<usize> = (0..answers.len()).collect();
+        let mut rng = crate::common::Rng(shuffle | 1);
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let run = run(&answers, &order, &gaps, step, spread);
+        // Each answer bounds the calls from its arrival until its window ends or an answer to
+        // a later call arrives, whichever comes first.
+        for (k, (call, arrived, answer)) in run.delivered.iter().enumerate() {
+            let (span, most) = answer.bound();
+            let superseded = run.delivered[k + 1..]
+                .iter()
+                .find(|(newer, ..)| newer > call)
+                .map(|(_, at, _)| *at);
+            let end = superseded.map_or(*arrived + span, |at| at.min(*arrived + span));
+            let within = run
+                .reached
+                .iter()
+                .filter(|at| **at >= *arrived && **at < end)
+                .count() as u64;
+            prop_assert!(
+                within <= most,
+                "{within} calls within {:?} of answer {answer:?} (call {call}, order {order:?}, \
+                 all {:?}) that allows {most}",
+                end - *arrived,
+                run.delivered,
+            );
+        }
+    }
+}
+
+/// The time a refused call is told to wait covers the policy's next window when that window
+/// has nothing to give: its `q` is zero, or no more than the calls still in flight, which the
+/// docs subtract from it. Told to come back when the spent window ends, a call is refused there
+/// again, for the policy's whole `w`, with nothing new heard in between.
+#[test]
+fn a_policy_window_with_nothing_to_give_is_part_of_the_wait() {
+    for (q, in_flight) in [(0u64, 0usize), (1, 1), (2, 2)] {
+        let told = paused_runtime().block_on(async {
+            let pushback = Pushback::builder("partner")
+                .clock(TokioClock::new())
+                .build();
+            let dependency = service_fn(|answer: oneshot::Receiver<Response<()>>| async move {
+                Ok::<_, BoxError>(answer.await?)
+            });
+            let client = pushback.layer().layer(dependency);
+            let mut pending = Vec::new();
+            for _ in 0..in_flight {
+                let (tx, rx) = oneshot::channel();
+                let mut call: Call = Box::pin(client.clone().oneshot(rx));
+                assert!(poll_once(call.as_mut()).is_pending());
+                pending.push((tx, call));
+            }
+            let (tx, rx) = oneshot::channel();
+            let mut answered: Call = Box::pin(client.clone().oneshot(rx));
+            assert!(poll_once(answered.as_mut()).is_pending());
+            tx.send(response(
+                200,
+                &[
+                    ("ratelimit", r#""p";r=0;t=1"#),
+                    ("ratelimit-policy", &format!("\"p\";q={q};w=10")),
+                ],
+            ))
+            .unwrap();
+            assert!(matches!(poll_once(answered.as_mut()), Poll::Ready(Ok(_))));
+            let probe = || {
+                let (tx, rx) = oneshot::channel::<Response<()>>();
+                drop(tx);
+                let mut call = Box::pin(client.clone().oneshot(rx));
+                match poll_once(call.as_mut()) {
+                    Poll::Ready(Err(err)) if err.is::<PushedBack>() => outbound::retry_after(&*err),
+                    Poll::Ready(_) => None,
+                    Poll::Pending => panic!("a probe neither went nor was refused at once"),
+                }
+            };
+            let told = probe().expect("refused while the window is spent");
+            tokio::time::advance(told).await;
+            (told, probe())
+        });
+        assert_eq!(
+            told.1, None,
+            "q={q} with {in_flight} in flight: told to wait {:?}, then refused again",
+            told.0
+        );
+    }
+}
