@@ -103,9 +103,11 @@ pub(crate) struct Hooks {
 /// A view of a bulkhead's state and counters.
 ///
 /// The figures are read one after the other, so while calls come and go they may come from
-/// instants a few nanoseconds apart: `total_finished` is read first, and `total_permitted` is
-/// never below it. While no call is in flight, `total_permitted` equals `total_finished` and
-/// every permit is free.
+/// instants a few nanoseconds apart, but they add up: `total_finished` is never above
+/// `total_permitted`, and the free permits plus the calls in flight (`total_permitted -
+/// total_finished`) are never above the limit, but for calls still in flight from before the
+/// limit was lowered below them. While no call is in flight, `total_permitted` equals
+/// `total_finished` and every permit is free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BulkheadSnapshot {

@@ -192,16 +192,22 @@ impl Permits {
         *current = max;
     }
 
+    /// Reads the counters so that the snapshot adds up while calls come and go: a call is
+    /// counted as permitted after it holds its permit and as finished before it gives the permit
+    /// back, so reading `permitted`, then the free permits, then `finished` never shows more
+    /// calls in flight plus free permits than the limit. `finished` is capped at `permitted`,
+    /// since a call permitted after the first read may have finished before the last.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
         let max = *self.max.lock().unwrap_or_else(PoisonError::into_inner);
+        let permitted = self.permitted.load(Ordering::Acquire);
         let debt = self.debt.load(Ordering::Acquire) as usize;
-        // Finished first: a call counted there was counted as permitted before.
-        let finished = self.finished.load(Ordering::Acquire);
+        let available = self.semaphore.available_permits().saturating_sub(debt);
+        let finished = self.finished.load(Ordering::Acquire).min(permitted);
         BulkheadSnapshot {
-            available_concurrent_calls: self.semaphore.available_permits().saturating_sub(debt),
+            available_concurrent_calls: available,
             max_allowed_concurrent_calls: max,
             queue_depth: self.waiting.load(Ordering::Relaxed) as usize,
-            total_permitted: self.permitted.load(Ordering::Acquire),
+            total_permitted: permitted,
             total_rejected: self.rejected.load(Ordering::Relaxed),
             total_finished: finished,
         }
