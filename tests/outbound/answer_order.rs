@@ -71,10 +71,9 @@ impl Answer {
 
 fn answer() -> impl Strategy<Value = Answer> {
     prop_oneof![
-        // A policy grants more than the calls that can be in flight (three), so that its next
-        // window always has a call to give: `a_policy_window_with_nothing_to_give_is_part_of_the_wait`
-        // covers the other case.
-        3 => (0u64..4, 1u64..20, proptest::option::of((4u64..9, 1u64..20))).prop_map(
+        // A policy may grant nothing, or no more than the calls in flight (up to three), so
+        // that its next windows have nothing to give.
+        3 => (0u64..4, 1u64..20, proptest::option::of((0u64..9, 1u64..20))).prop_map(
             |(left, window, policy)| Answer::Quota { left, window, policy }
         ),
         1 => (1u64..15).prop_map(|seconds| Answer::Hold { seconds }),

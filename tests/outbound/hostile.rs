@@ -380,7 +380,8 @@ async fn spread_follows_a_newer_looser_answer() {
 
 /// `held_for` is "how long from now until a call may be sent": when it says zero, a call goes.
 /// After an exhausted window whose policy grants `q = 1` while one call is still in flight, the
-/// next window has nothing left for anyone.
+/// next windows have nothing left for anyone while it stays in flight: the next call goes as the
+/// probe, `max_hold` after the last answer.
 #[tokio::test]
 async fn held_for_agrees_with_what_the_next_call_meets() {
     let (pushback, clock) = manual();
@@ -405,7 +406,7 @@ async fn held_for_agrees_with_what_the_next_call_meets() {
         None => Duration::ZERO,
     };
     assert_eq!(said, met, "held_for said {said:?}, the call met {met:?}");
-    assert_eq!(met, Duration::from_secs(10));
+    assert_eq!(met, DEFAULT_MAX_HOLD - Duration::from_secs(1));
     drop(slow);
 }
 
@@ -939,6 +940,47 @@ async fn a_pushed_back_retry_after_is_exact() {
             call.await.unwrap();
         }
     }
+}
+
+/// A policy that grants nothing (`q = 0`) gives nothing in any window: a refused call is told
+/// `max_hold` from the answer, when one call goes to learn anew (the probe); while it is in
+/// flight, the next call is told `max_hold` from it; its answer tells anew. To the nanosecond,
+/// with a `max_hold` of 30 s.
+#[tokio::test]
+async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold() {
+    let clock = ManualClock::new();
+    let pushback = Pushback::builder("partner")
+        .clock(clock.clone())
+        .max_hold(Duration::from_secs(30))
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = pushback.layer().layer(scripted(calls.clone()));
+    pushback.observe(&response(
+        200,
+        &[
+            ("ratelimit", r#""p";r=0;t=1"#),
+            ("ratelimit-policy", r#""p";q=0;w=10"#),
+        ],
+    ));
+    assert_eq!(refused(&client), Duration::from_secs(30));
+    clock.advance(Duration::from_secs(30) - Duration::from_nanos(1));
+    assert_eq!(refused(&client), Duration::from_nanos(1));
+    assert_eq!(pushback.held_for(), Duration::from_nanos(1));
+    clock.advance(Duration::from_nanos(1));
+    let (tx, probe) = start(&client).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(refused(&client), Duration::from_secs(30));
+    clock.advance(Duration::from_secs(1));
+    tx.send(response(200, &[("ratelimit", r#""p";r=2;t=10"#)]))
+        .unwrap();
+    probe.await.unwrap();
+    for _ in 0..2 {
+        let (tx, call) = start(&client).await;
+        tx.send(response(200, &[])).unwrap();
+        call.await.unwrap();
+    }
+    assert_eq!(refused(&client), Duration::from_secs(10));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
 /// A refusal carries the time the next call can actually go, whichever of the holds ends last:

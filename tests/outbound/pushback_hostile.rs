@@ -287,3 +287,76 @@ proptest! {
         })?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A refusal names the first instant a call can go, given nothing new is heard: a
+    /// nanosecond before it a call is still refused, and told one nanosecond; at it, a call
+    /// reaches the dependency. With answers arriving over time (quotas, policies whose `q` is
+    /// zero or no more than the calls in flight, `Retry-After`s), calls that never end, either
+    /// pacing, and a `max_hold` short enough for the probe that ends a wait for windows that
+    /// give nothing to come into play.
+    #[test]
+    fn a_refusal_names_the_first_instant_a_call_can_go(
+        max_hold_s in 1u64..40,
+        spread in any::<bool>(),
+        stuck in 0usize..3,
+        answers in proptest::collection::vec((advertised(), proptest::option::of(0u64..30)), 1..4),
+        steps in proptest::collection::vec(0u64..6_000, 1..30),
+    ) {
+        use futures::FutureExt;
+
+        let clock = ManualClock::new();
+        let max_hold = Duration::from_secs(max_hold_s);
+        let pushback = Pushback::builder("p")
+            .clock(clock.clone())
+            .max_hold(max_hold)
+            .pacing(if spread { Pacing::Spread } else { Pacing::UntilSpent })
+            .build();
+        let reached = Arc::new(AtomicUsize::new(0));
+        let counted = reached.clone();
+        let client = pushback.layer().layer(service_fn(
+            move |answer: tokio::sync::oneshot::Receiver<Response<()>>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, BoxError>(answer.await?) }
+            },
+        ));
+        // Calls that never end: their senders are kept and never used.
+        let mut never_ending = Vec::new();
+        for _ in 0..stuck {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let mut call = Box::pin(client.clone().oneshot(rx));
+            prop_assert!((&mut call).now_or_never().is_none());
+            never_ending.push((tx, call));
+        }
+        // A call whose sender is dropped: refused at once (`Some(wait)`), or it reaches the
+        // dependency and fails there at once (`None`).
+        let call = || {
+            let before = reached.load(Ordering::SeqCst);
+            let (_, rx) = tokio::sync::oneshot::channel();
+            let err = client.clone().oneshot(rx).now_or_never().expect("at once").unwrap_err();
+            let wait = outbound::retry_after(&*err);
+            assert_eq!(wait.is_none(), reached.load(Ordering::SeqCst) > before);
+            wait
+        };
+        for (i, advance) in steps.into_iter().enumerate() {
+            clock.advance(Duration::from_millis(advance));
+            if let Some(&(quota, retry_after)) = answers.get(i) {
+                let mut response = answer_of(quota);
+                if let Some(seconds) = retry_after {
+                    *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+                    response.headers_mut().insert("retry-after", seconds.into());
+                }
+                pushback.observe(&response);
+            }
+            let Some(wait) = call() else { continue };
+            prop_assert!(!wait.is_zero() && wait <= max_hold, "told {wait:?}");
+            clock.advance(wait - Duration::from_nanos(1));
+            prop_assert_eq!(call(), Some(Duration::from_nanos(1)), "told {:?}", wait);
+            clock.advance(Duration::from_nanos(1));
+            prop_assert_eq!(call(), None, "told {:?}, then refused", wait);
+        }
+        drop(never_ending);
+    }
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 
 use super::answer::{self, Answer};
-use super::builder::{Pacing, PushbackBuilder};
+use super::builder::PushbackBuilder;
 use super::layer::PushbackLayer;
 use super::metrics::PushbackMetrics;
 use super::schedule::Schedule;
@@ -40,7 +40,6 @@ impl<C> fmt::Debug for Pushback<C> {
             .field("name", &dependency.name)
             .field("max_wait", &dependency.max_wait)
             .field("max_hold", &dependency.max_hold)
-            .field("pacing", &dependency.pacing)
             .field("schedule", &*dependency.schedule())
             .finish()
     }
@@ -54,9 +53,8 @@ impl<C: Clock> Pushback<C> {
                 name: builder.name,
                 max_wait: builder.max_wait,
                 max_hold: builder.max_hold,
-                pacing: builder.pacing,
                 clock: builder.clock,
-                schedule: Mutex::new(Schedule::default()),
+                schedule: Mutex::new(Schedule::new(builder.pacing, builder.max_hold)),
                 sooner: Arc::new(Notify::new()),
             }),
         }
@@ -76,10 +74,7 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        let at = self
-            .dependency
-            .schedule()
-            .next_start(now, self.dependency.pacing);
+        let at = self.dependency.schedule().next_start(now);
         Duration::from_nanos(at.saturating_sub(now))
     }
 
@@ -98,7 +93,6 @@ pub(crate) struct Dependency<C> {
     pub(crate) name: Arc<str>,
     pub(crate) max_wait: Duration,
     max_hold: Duration,
-    pacing: Pacing,
     pub(crate) clock: C,
     schedule: Mutex<Schedule>,
     pub(crate) metrics: PushbackMetrics,
@@ -118,9 +112,7 @@ impl<C: Clock> Dependency<C> {
     /// may start: `Err((now, at))`.
     pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
         let now = self.clock.now();
-        self.schedule()
-            .try_start(now, self.pacing)
-            .map_err(|at| (now, at))
+        self.schedule().try_start(now).map_err(|at| (now, at))
     }
 
     /// A call started by [`try_start`](Self::try_start) has ended.
@@ -145,7 +137,7 @@ impl<C: Clock> Dependency<C> {
         let now = self.clock.now();
         let mut schedule = self.schedule();
         let before = schedule.free_at(now);
-        schedule.apply(answer, now, own, self.pacing);
+        schedule.apply(answer, now, own);
         let sooner = schedule.free_at(now) < before;
         drop(schedule);
         if sooner {

@@ -66,15 +66,22 @@
 //!   flight when the answer came (they may not have been counted in it yet). When they are
 //!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same
 //!   name (less those still in flight) may start within its `w`, and so on, or, without a
-//!   policy, calls go freely until the next answer.
+//!   policy, calls go freely until the next answer. Each of these windows starts with the
+//!   first call (or [`held_for`](Pushback::held_for)) after the one before has passed and no
+//!   hold lasts.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
+//! * A policy whose `q` is zero, or no more than the calls in flight, gives nothing in any
+//!   window until something new is heard: then calls are held for
+//!   [`max_hold`](PushbackBuilder::max_hold) from the last answer or call, and one call goes
+//!   (a probe), so that its answer tells anew.
 //! * Answers may arrive out of order: one to a call that started before the call whose answer
 //!   is in force may have been written first, so it may only tighten what is in force, field
 //!   by field: no more calls left than either answer gave, a window no shorter, a policy no
 //!   looser; when it has nothing left, no call goes until its window ends, and then the answer
 //!   in force applies as it stands. It never loosens or shortens a hold.
 //! * A held call fails at once with [`PushedBack`], which carries the time until a call may
-//!   actually go (the end of whichever of the hold, the spent window or the pacing ends last),
+//!   actually go, with nothing new heard in between (the end of whichever of the hold, the
+//!   spent window or the pacing ends last, past windows that give nothing, or the probe),
 //!   unless that time comes within [`max_wait`](PushbackBuilder::max_wait): then it waits on
 //!   tokio's timer (no thread parked) and is sent when the hold ends (a newer answer may end
 //!   it sooner). A waiting call that is dropped (a timeout above it) simply goes away: it

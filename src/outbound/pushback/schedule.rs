@@ -1,5 +1,27 @@
 //! When calls to one dependency may start, by what it has said: a hold, an advertised budget
 //! and its window, the pacing slot, and the calls in flight.
+//!
+//! A refused call is told [`Schedule::free_at`], and a call made then, with nothing new heard
+//! in between (no answer, no call ending, no other call starting), is admitted by
+//! [`Schedule::try_start`]. The two agree by construction: `free_at` looks ahead by running the
+//! rolling that `try_start` runs, on a copy of the schedule, from one end of what holds calls to
+//! the next.
+//!
+//! The windows after the advertised one start lazily, with the first look (a call, `held_for`,
+//! an answer) once the one before has passed and no hold lasts. Windows anchored at
+//! `window_end + k·w` would let the calls left at the end of one window and the `q` of the next
+//! go within much less than `w`, which a dependency that starts its window with the first call
+//! after the last one refuses. The look-ahead rolls its copy at the instant it looks at: the
+//! instant at which the call it predicts makes the same roll.
+//!
+//! A window after the advertised one gives its policy's `q` less the calls in flight, so when
+//! `q` is zero or no more than the calls in flight, it gives nothing, and so does every window
+//! after it until something new is heard: waiting for one would never end. The look-ahead
+//! skips such windows, and the wait ends at the probe instead: `max_hold` (which already caps
+//! every hold an answer sets) after the last answer or start, one call goes whatever the quota
+//! says, so that its answer tells anew.
+
+use std::time::Duration;
 
 use super::answer::{AdvertisedQuota, Answer};
 use super::builder::Pacing;
@@ -27,8 +49,15 @@ impl Refill {
 }
 
 /// When calls may start. Instants are nanoseconds of the pushback's clock.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct Schedule {
+    pacing: Pacing,
+    /// The pushback's `max_hold`: no hold an answer sets lasts longer.
+    max_hold: u64,
+    /// From this instant one call may start whatever the quota says: `max_hold` after the last
+    /// answer or start. Every hold and window an answer sets ends by then, so the probe only
+    /// ends a wait for windows that give nothing.
+    probe_at: u64,
     /// No call starts before this (a `Retry-After`). Only a later hold changes it.
     hold_until: u64,
     /// No call starts before this: an older answer said nothing was left until then. Part of
@@ -53,22 +82,39 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
+    /// A schedule that knows nothing yet.
+    pub(super) fn new(pacing: Pacing, max_hold: Duration) -> Self {
+        Self {
+            pacing,
+            max_hold: saturating_nanos(max_hold),
+            probe_at: 0,
+            hold_until: 0,
+            spent_until: 0,
+            budget: None,
+            window_end: 0,
+            refill: None,
+            spacing: 0,
+            next_slot: 0,
+            in_flight: 0,
+            started: 0,
+            in_force: 0,
+        }
+    }
+
     /// Starts the window after `window_end` if it has passed: the advertised quota, less the
     /// calls still in flight (which may land in it); with nothing known, no quota.
-    fn roll(&mut self, now: u64, pacing: Pacing) {
+    fn roll(&mut self, now: u64) {
         if self.budget.is_some() && self.window_end <= now {
             self.spacing = 0;
             // The next window is taken to start now, which ends it no earlier than the
-            // dependency's (whose window ended at `window_end` or before). When the calls in
-            // flight spend its whole quota, calls wait for it to pass, unless their answers say
-            // otherwise first.
+            // dependency's (whose window ended at `window_end` or before).
             match self.refill {
                 Some(refill) => {
                     let budget = refill.calls.saturating_sub(self.in_flight);
                     self.budget = Some(budget);
                     self.window_end = now.saturating_add(refill.window.max(1));
                     // Under `Spread`, this window's calls are spread over it too.
-                    if pacing == Pacing::Spread && budget > 0 {
+                    if self.pacing == Pacing::Spread && budget > 0 {
                         self.spacing = refill.window / budget;
                     }
                 }
@@ -77,29 +123,35 @@ impl Schedule {
         }
     }
 
-    /// The earliest instant a call may start, as a call would find it: a window that has
-    /// passed gives way to the next one first, unless a hold lasts (then the next window starts
-    /// when the hold ends, as the first call after it finds it).
-    pub(super) fn next_start(&mut self, now: u64, pacing: Pacing) -> u64 {
+    /// Rolls the window as a call at `now` finds it: a window that has passed gives way to the
+    /// next one, unless a hold lasts (then the next window starts when the hold ends, as the
+    /// first call after it finds it).
+    fn settle(&mut self, now: u64) {
         if self.hold_until.max(self.spent_until) <= now {
-            self.roll(now, pacing);
+            self.roll(now);
         }
+    }
+
+    /// The earliest instant a call may start, as a call would find it.
+    pub(super) fn next_start(&mut self, now: u64) -> u64 {
+        self.settle(now);
         self.free_at(now)
     }
 
     /// Starts a call now and returns its place in the order of starts, or returns the earliest
-    /// instant one may start: the same instant [`next_start`](Self::next_start) gives, whichever
-    /// of the hold, the spent quota or the pacing ends last.
-    pub(super) fn try_start(&mut self, now: u64, pacing: Pacing) -> Result<u64, u64> {
-        let at = self.next_start(now, pacing);
+    /// instant one may start: the same instant [`next_start`](Self::next_start) gives.
+    pub(super) fn try_start(&mut self, now: u64) -> Result<u64, u64> {
+        let at = self.next_start(now);
         if at > now {
             return Err(at);
         }
+        // A probe may start in a window with nothing left.
         if let Some(budget) = &mut self.budget {
-            *budget -= 1;
+            *budget = budget.saturating_sub(1);
         }
         self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
         self.in_flight = self.in_flight.saturating_add(1);
+        self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
         let place = self.started;
         self.started = self.started.saturating_add(1);
         Ok(place)
@@ -110,21 +162,58 @@ impl Schedule {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
-    /// The earliest instant a call may start, without starting one.
+    /// The earliest instant from `now` at which [`try_start`](Self::try_start) admits a call,
+    /// given nothing new is heard: the first instant the windows let one start, or the probe,
+    /// whichever comes first.
     pub(super) fn free_at(&self, now: u64) -> u64 {
-        let mut at = self.hold_until.max(self.spent_until).max(now);
-        if self.budget == Some(0) && self.window_end > now {
-            at = at.max(self.window_end);
+        // From one end of what holds calls to the next, rolling a copy as a call made then
+        // would: a few steps at most (a hold, the spent window, the next window's slot), as a
+        // window that gives nothing ends the look-ahead.
+        let mut ahead = self.clone();
+        let mut at = now;
+        loop {
+            ahead.settle(at);
+            let until = ahead.held_until(at);
+            if until <= at {
+                break;
+            }
+            at = until;
         }
-        if self.spacing > 0 && self.budget.is_some() && self.window_end > now {
-            at = at.max(self.next_slot);
+        at.min(self.probe_at.max(now))
+    }
+
+    /// Until when the hold, the quota or the pacing keeps a call at `now` from starting, as the
+    /// schedule stands at `now` (no later than `now` when it may start); `u64::MAX` when only
+    /// something new can end it. Each of them holds calls up to the instant given for it, as
+    /// nothing rolls before `window_end`, so no call may start before the latest of them.
+    fn held_until(&self, now: u64) -> u64 {
+        let mut until = self.hold_until.max(self.spent_until);
+        if self.budget.is_some() && self.window_end > now {
+            if self.budget == Some(0) {
+                // Every later window gives what the next one gives while nothing new is heard.
+                let next_gives = self
+                    .refill
+                    .is_none_or(|refill| refill.calls > self.in_flight);
+                until = until.max(if next_gives {
+                    self.window_end
+                } else {
+                    u64::MAX
+                });
+            }
+            if self.spacing > 0 {
+                // The slot holds calls at most until the window ends, which rolls it: what
+                // holds calls then is looked at then.
+                until = until.max(self.next_slot.min(self.window_end));
+            }
         }
-        at
+        until
     }
 
     /// Records an answer at `now`; `own` is the place of the call it answers, `None` for one
     /// obtained elsewhere (taken as newer than every call started).
-    pub(super) fn apply(&mut self, answer: Answer, now: u64, own: Option<u64>, pacing: Pacing) {
+    pub(super) fn apply(&mut self, answer: Answer, now: u64, own: Option<u64>) {
+        // Whatever this answer sets ends within `max_hold`: so does the wait for the probe.
+        self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
         if let Some(hold) = answer.hold {
             self.hold_until = self
                 .hold_until
@@ -133,7 +222,7 @@ impl Schedule {
         let Some(quota) = answer.quota else {
             return;
         };
-        self.roll(now, pacing);
+        self.roll(now);
         // Calls in flight other than this one may not have been counted in `r` yet.
         let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
         let advertised = Advertised {
@@ -145,20 +234,20 @@ impl Schedule {
         // An answer to a call that started before the one whose answer is in force may have
         // been written first: out of order, it may only tighten what is in force.
         if own.is_some_and(|place| place < self.in_force) {
-            self.tighten(&advertised, now, pacing);
+            self.tighten(&advertised, now);
         } else {
             self.in_force = self.in_force.max(own.unwrap_or(self.started));
-            self.replace(&advertised, now, pacing);
+            self.replace(&advertised, now);
         }
     }
 
     /// A newer answer's quota replaces the one in force.
-    fn replace(&mut self, advertised: &Advertised, now: u64, pacing: Pacing) {
+    fn replace(&mut self, advertised: &Advertised, now: u64) {
         self.spent_until = 0;
         self.budget = Some(advertised.budget);
         self.window_end = advertised.window_end;
         self.refill = advertised.refill;
-        self.spacing = advertised.spacing(pacing);
+        self.spacing = advertised.spacing(self.pacing);
         if self.spacing == 0 {
             self.next_slot = 0;
         } else {
@@ -169,11 +258,11 @@ impl Schedule {
 
     /// An older answer's quota tightens the one in force, field by field: never more calls
     /// left, never a shorter window, never a looser refill or pacing.
-    fn tighten(&mut self, advertised: &Advertised, now: u64, pacing: Pacing) {
+    fn tighten(&mut self, advertised: &Advertised, now: u64) {
         let Some(budget) = self.budget else {
             // No quota in force: any is stricter than none. What an older answer spent stays.
             let spent_until = self.spent_until;
-            self.replace(advertised, now, pacing);
+            self.replace(advertised, now);
             self.spent_until = spent_until;
             return;
         };
@@ -185,7 +274,7 @@ impl Schedule {
         } else {
             self.budget = Some(budget.min(advertised.budget));
             self.window_end = self.window_end.max(advertised.window_end);
-            self.spacing = self.spacing.max(advertised.spacing(pacing));
+            self.spacing = self.spacing.max(advertised.spacing(self.pacing));
         }
         self.refill = Refill::stricter(self.refill, advertised.refill);
     }
