@@ -67,23 +67,25 @@ pub(crate) fn saturating_nanos(d: Duration) -> u64 {
 /// monotonic clock (the clock [`Instant`] reads) once per process, when the first quanta clock
 /// is made (a few milliseconds, at most 200). Elsewhere it reads the operating system's clock.
 ///
-/// What it guarantees, per quanta's documentation: readings of one clock increase
-/// monotonically, on the strength of the counter being invariant. The counter of each core is
-/// kept in step with the others by the processor (and the kernel checks this at boot), not by
-/// quanta, which lists among its caveats that raw counter values may warp between cores and
-/// drift from the reference clock; nor does it notice a counter that changes rate later (a
-/// virtual machine moved to a host of another frequency without the hypervisor scaling it).
-/// So on one thread readings never go back as long as the cores' counters agree; readings of
-/// different threads may arrive out of order whatever the clock, and the algorithms decide such
-/// readings as of the latest (see the [module docs](self)). Time spent suspended is not
-/// counted.
+/// What it guarantees: quanta promises that readings of one of its clocks increase
+/// monotonically (`quanta::Clock::now`; this clock reads the same counter and scales it the
+/// same way, as governor does). That rests on the counter: quanta checks only that the processor
+/// reports an invariant one. That the counters of all cores agree is up to the processor and
+/// the hypervisor (the kernel checks it for its own clock, but quanta does not ask the kernel),
+/// and quanta's own caveats say raw readings may warp and drift from the reference clock. A
+/// counter that changes rate after the measurement (a virtual machine moved to a host of another
+/// frequency, unscaled) goes unnoticed. So: on one thread readings never go back as long as the
+/// cores' counters agree; readings of different threads may reach a limiter out of order
+/// whatever the clock, and the algorithms decide those as of the latest (see the
+/// [module docs](self)). Time spent suspended is not counted.
 ///
 /// Why this clock and not [`InstantClock`]: std's `Instant` goes through the kernel's vDSO,
-/// whose counter read is fenced, waiting for every load before it. A keyed check reads the clock
-/// right after loading the key's entry from a table too big for the caches, so the fence makes
-/// it wait for that miss; quanta reads the counter without a fence, and the check overlaps the
-/// two. `BENCHMARKS.md` has the measurements. [`InstantClock`] is there for those who want the
-/// clock source the kernel chooses and watches.
+/// whose counter read is fenced: it waits for every load before it. A keyed limiter reads the
+/// clock beside its load of the key's entry, which over many keys often misses the caches, so
+/// a fenced read waits for that miss; quanta reads the counter without a fence, and the two
+/// overlap. `BENCHMARKS.md` has the measurements (the keyed check on `InstantClock` falls
+/// outside the crate's bound of 1.5 times governor's). [`InstantClock`] is there for those who
+/// prefer the clock source the kernel chooses and watches.
 #[derive(Clone, Copy)]
 pub struct SystemClock {
     counter: &'static Counter,
