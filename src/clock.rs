@@ -11,11 +11,11 @@
 //!
 //! Little: no clock read by several threads delivers its readings in order, because a thread
 //! that read the clock can lose the race to one that read it later. So every algorithm decides a
-//! reading older than the latest its state has seen as of that latest reading (for GCRA, the
-//! latest of any key of its shard): a stale or out-of-order reading admits neither more nor less
-//! than an in-order one would. A clock whose readings differ a little between processor cores is
-//! just another source of such readings. A clock that runs fast or slow makes every limit fast
-//! or slow by as much; one that stops stops replenishment.
+//! reading older than the latest its state has seen as of that latest reading: a stale or
+//! out-of-order reading admits neither more nor less than an in-order one would. A clock whose
+//! readings differ a little between processor cores is just another source of such readings. A
+//! clock that runs fast or slow makes every limit fast or slow by as much; one that stops stops
+//! replenishment.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
