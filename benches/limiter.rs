@@ -1,16 +1,19 @@
 //! The limiter core against governor and against the floor, in one run.
 //!
 //! ```sh
-//! cargo bench --features quanta --bench limiter -- --warm-up-time 1 --measurement-time 3
+//! cargo bench --bench limiter -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! * `direct/*`: one check of a direct (single-key) limiter, uncontended and from 2 threads; the
-//!   floor is one `Instant::now()` plus one atomic compare-and-swap, the least any GCRA check on
-//!   the system clock can do.
-//! * `bulwark_quanta_clock` rows run the same limiter on [`QuantaClock`] (feature `quanta`), the
-//!   kind of clock governor reads by default, so that the algorithms compare like for like.
+//!   floor is one reading of the default clock plus one atomic compare-and-swap, the least any
+//!   GCRA check on that clock can do.
+//! * `bulwark` rows run on the default [`SystemClock`] (quanta's, as governor's default is);
+//!   `bulwark_instant_clock` rows run the same limiter on [`InstantClock`] (std's `Instant`).
 //! * `keyed/*`: one check of a keyed limiter over 100 000 keys already present, from 1 and 2
 //!   threads.
+//! * `clock/*`: one reading of a clock: quanta's `Clock::now` and `Clock::raw` (and `raw`
+//!   scaled to nanoseconds, what [`SystemClock`] does), std's `Instant::now`, and the crate's
+//!   two clocks.
 //!
 //! With `CHECKS=n` in the environment it runs no benchmark but `n` checks of the contender
 //! named by `CHECK` (see [`count`]) on one thread, for valgrind to count instructions: run it
@@ -18,7 +21,7 @@
 //! in checks, which leaves out start-up and set-up.
 //!
 //! ```sh
-//! cargo bench --features quanta --bench limiter --no-run
+//! cargo bench --bench limiter --no-run
 //! for n in 1000000 2000000; do
 //!   CHECKS=$n CHECK=direct-manual valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/deps/limiter-* 2>&1 | grep 'Collected'
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use tower_bulwark::{
-    clock::{ManualClock, QuantaClock},
+    clock::{Clock, InstantClock, ManualClock, SystemClock},
     DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 
@@ -88,11 +91,11 @@ fn direct(c: &mut Criterion) {
                 })
             })
         });
-        let ours_tsc = DirectRateLimiter::builder(wide_quota())
-            .clock(QuantaClock::new())
+        let ours_instant = DirectRateLimiter::builder(wide_quota())
+            .clock(InstantClock::new())
             .build();
-        g.bench_function(BenchmarkId::new("bulwark_quanta_clock", threads), |b| {
-            let l = ours_tsc.clone();
+        g.bench_function(BenchmarkId::new("bulwark_instant_clock", threads), |b| {
+            let l = ours_instant.clone();
             b.iter_custom(move |iters| {
                 let l = l.clone();
                 threaded(iters, threads, move |_| {
@@ -110,14 +113,14 @@ fn direct(c: &mut Criterion) {
                 })
             })
         });
-        let origin = Instant::now();
+        let clock = SystemClock::new();
         let cell = Arc::new(AtomicU64::new(0));
         g.bench_function(BenchmarkId::new("floor", threads), |b| {
             let cell = Arc::clone(&cell);
             b.iter_custom(move |iters| {
                 let cell = Arc::clone(&cell);
                 threaded(iters, threads, move |_| {
-                    let now = origin.elapsed().as_nanos() as u64;
+                    let now = clock.now();
                     let cur = cell.load(Ordering::Relaxed);
                     let _ = black_box(cell.compare_exchange(
                         cur,
@@ -150,14 +153,14 @@ fn keyed(c: &mut Criterion) {
                 })
             })
         });
-        let ours_tsc = KeyedRateLimiter::<u32>::builder(wide_quota())
-            .clock(QuantaClock::new())
+        let ours_instant = KeyedRateLimiter::<u32>::builder(wide_quota())
+            .clock(InstantClock::new())
             .build();
         for k in 0..KEYS {
-            ours_tsc.check(&k);
+            ours_instant.check(&k);
         }
-        g.bench_function(BenchmarkId::new("bulwark_quanta_clock", threads), |b| {
-            let l = ours_tsc.clone();
+        g.bench_function(BenchmarkId::new("bulwark_instant_clock", threads), |b| {
+            let l = ours_instant.clone();
             b.iter_custom(move |iters| {
                 let l = l.clone();
                 threaded(iters, threads, move |i| {
@@ -183,13 +186,13 @@ fn keyed(c: &mut Criterion) {
             }
             Arc::new(v)
         };
-        let origin = Instant::now();
+        let clock = SystemClock::new();
         g.bench_function(BenchmarkId::new("floor", threads), |b| {
             let slots = Arc::clone(&slots);
             b.iter_custom(move |iters| {
                 let slots = Arc::clone(&slots);
                 threaded(iters, threads, move |i| {
-                    let now = origin.elapsed().as_nanos() as u64;
+                    let now = clock.now();
                     let key = key_of(i);
                     let (k, state) = &slots[floor_slot(key)];
                     assert_eq!(*k, key);
@@ -224,7 +227,7 @@ fn floor_slot(key: u32) -> usize {
 
 /// Runs `checks` checks of contender `check` on this thread (see the module's docs): `direct`,
 /// `keyed` (100 000 keys, visited as in `keyed_100k`) or `governor-direct`, `governor-keyed`;
-/// the bulwark ones take a clock suffix, `-system`, `-quanta` or `-manual` (a clock that stands
+/// the bulwark ones take a clock suffix, `-system`, `-instant` or `-manual` (a clock that stands
 /// still, to count the limiter's own instructions).
 fn count(check: &str, checks: u64) {
     let key_of = |i: u64| ((i.wrapping_mul(2_654_435_761)) % u64::from(KEYS)) as u32;
@@ -251,10 +254,10 @@ fn count(check: &str, checks: u64) {
     let keyed_builder = || KeyedRateLimiter::<u32>::builder(wide_quota());
     match check {
         "direct-system" => direct!(builder().build()),
-        "direct-quanta" => direct!(builder().clock(QuantaClock::new()).build()),
+        "direct-instant" => direct!(builder().clock(InstantClock::new()).build()),
         "direct-manual" => direct!(builder().clock(ManualClock::new()).build()),
         "keyed-system" => keyed!(keyed_builder().build()),
-        "keyed-quanta" => keyed!(keyed_builder().clock(QuantaClock::new()).build()),
+        "keyed-instant" => keyed!(keyed_builder().clock(InstantClock::new()).build()),
         "keyed-manual" => keyed!(keyed_builder().clock(ManualClock::new()).build()),
         "governor-direct" => {
             let l = governor::RateLimiter::direct(governor_quota());
@@ -275,7 +278,24 @@ fn count(check: &str, checks: u64) {
     }
 }
 
-criterion_group!(benches, direct, keyed);
+fn clock(c: &mut Criterion) {
+    let mut g = c.benchmark_group("clock");
+    let quanta = quanta::Clock::new();
+    g.bench_function("quanta_now", |b| b.iter(|| black_box(quanta.now())));
+    g.bench_function("quanta_raw", |b| b.iter(|| black_box(quanta.raw())));
+    let origin = quanta.raw();
+    g.bench_function("quanta_raw_as_nanos", |b| {
+        b.iter(|| black_box(quanta.delta_as_nanos(origin, quanta.raw())))
+    });
+    g.bench_function("instant_now", |b| b.iter(|| black_box(Instant::now())));
+    let system = SystemClock::new();
+    g.bench_function("system_clock", |b| b.iter(|| black_box(system.now())));
+    let instant = InstantClock::new();
+    g.bench_function("instant_clock", |b| b.iter(|| black_box(instant.now())));
+    g.finish();
+}
+
+criterion_group!(benches, direct, keyed, clock);
 
 fn main() {
     if let Ok(checks) = std::env::var("CHECKS") {

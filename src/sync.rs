@@ -2,9 +2,9 @@
 //! bulkhead's resize debt and the GCRA and fixed-window states.
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
-//! checker sees every access and explores the interleavings (`tests/loom.rs`, run by `.ci/run`);
-//! otherwise they are `std`'s, at no cost. Only model checking sets that flag: loom's types panic
-//! outside a `loom::model`.
+//! checker sees every access and explores the interleavings (the models in `loom/src/lib.rs`, run
+//! by `.ci/run`); otherwise they are `std`'s, at no cost. Only model checking sets that flag:
+//! loom's types panic outside a `loom::model`.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
