@@ -192,19 +192,19 @@ impl Permits {
         *current = max;
     }
 
-    /// Reads the counters so that the snapshot adds up while calls come and go: a call is
-    /// counted as permitted after it holds its permit and as finished before it gives the permit
-    /// back, so reading `permitted`, then the free permits, then `finished` never shows more
-    /// calls in flight plus free permits than the limit. `finished` is capped at `permitted`,
-    /// since a call permitted after the first read may have finished before the last.
+    /// The free permits are the limit less the calls in flight, both as the counters say: a
+    /// call is counted as permitted after it holds its permit and as finished before it gives
+    /// the permit back, so reading `permitted` before `finished` never shows a call finished
+    /// that was not permitted, and the figures always add up. `finished` is capped at
+    /// `permitted`, since a call permitted after the first read may have finished before the
+    /// second.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
         let max = *self.max.lock().unwrap_or_else(PoisonError::into_inner);
         let permitted = self.permitted.load(Ordering::Acquire);
-        let debt = self.debt.load(Ordering::Acquire) as usize;
-        let available = self.semaphore.available_permits().saturating_sub(debt);
         let finished = self.finished.load(Ordering::Acquire).min(permitted);
+        let in_flight = usize::try_from(permitted - finished).unwrap_or(usize::MAX);
         BulkheadSnapshot {
-            available_concurrent_calls: available,
+            available_concurrent_calls: max.saturating_sub(in_flight),
             max_allowed_concurrent_calls: max,
             queue_depth: self.waiting.load(Ordering::Relaxed) as usize,
             total_permitted: permitted,
