@@ -102,16 +102,16 @@ pub(crate) struct Hooks {
 
 /// A view of a bulkhead's state and counters.
 ///
-/// The counters are read one after the other, so while calls come and go they may come from
+/// The figures are read one after the other, so while calls come and go they may come from
 /// instants a few nanoseconds apart, but they add up: `total_finished` is never above
-/// `total_permitted`, and `available_concurrent_calls` is the limit less the calls in flight
-/// (`total_permitted - total_finished`), or zero while more calls are in flight than a lowered
-/// limit allows. While no call is in flight, `total_permitted` equals `total_finished` and
-/// every call may start.
+/// `total_permitted`, and the free permits plus the calls in flight (`total_permitted -
+/// total_finished`) are never above the limit, but for calls still in flight from before the
+/// limit was lowered below them. While no call is in flight, `total_permitted` equals
+/// `total_finished` and every permit is free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BulkheadSnapshot {
-    /// Calls that may start now: the limit less the calls in flight.
+    /// Permits free right now.
     pub available_concurrent_calls: usize,
     /// The current limit of concurrent calls.
     pub max_allowed_concurrent_calls: usize,

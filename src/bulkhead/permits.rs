@@ -192,19 +192,21 @@ impl Permits {
         *current = max;
     }
 
-    /// The free permits are the limit less the calls in flight, both as the counters say: a
-    /// call is counted as permitted after it holds its permit and as finished before it gives
-    /// the permit back, so reading `permitted` before `finished` never shows a call finished
-    /// that was not permitted, and the figures always add up. `finished` is capped at
-    /// `permitted`, since a call permitted after the first read may have finished before the
-    /// second.
+    /// Reads the counters so that the snapshot adds up while calls come and go: a call is
+    /// counted as permitted after it holds its permit and as finished before it gives the permit
+    /// back, so reading `permitted`, then the free permits, then `finished` never shows more
+    /// free permits and calls in flight than the limit (tokio's semaphore orders the permit's
+    /// return after the count; `SeqCst` on the counters lets the loom models see that order).
+    /// `finished` is capped at `permitted`, since a call permitted after the first read may
+    /// have finished before the last.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
         let max = *self.max.lock().unwrap_or_else(PoisonError::into_inner);
-        let permitted = self.permitted.load(Ordering::Acquire);
-        let finished = self.finished.load(Ordering::Acquire).min(permitted);
-        let in_flight = usize::try_from(permitted - finished).unwrap_or(usize::MAX);
+        let permitted = self.permitted.load(Ordering::SeqCst);
+        let debt = self.debt.load(Ordering::Acquire) as usize;
+        let available = self.semaphore.available_permits().saturating_sub(debt);
+        let finished = self.finished.load(Ordering::SeqCst).min(permitted);
         BulkheadSnapshot {
-            available_concurrent_calls: max.saturating_sub(in_flight),
+            available_concurrent_calls: available,
             max_allowed_concurrent_calls: max,
             queue_depth: self.waiting.load(Ordering::Relaxed) as usize,
             total_permitted: permitted,
@@ -294,7 +296,7 @@ impl Permit {
         permit: OwnedSemaphorePermit,
         waited: Duration,
     ) -> Self {
-        permits.permitted.fetch_add(1, Ordering::AcqRel);
+        permits.permitted.fetch_add(1, Ordering::SeqCst);
         let started = permits.hooks.finished.as_ref().map(|_| Instant::now());
         let permit = Self {
             permits,
@@ -319,7 +321,7 @@ impl Drop for Permit {
         struct GiveBack<'a>(&'a Permits, Option<OwnedSemaphorePermit>);
         impl Drop for GiveBack<'_> {
             fn drop(&mut self) {
-                self.0.finished.fetch_add(1, Ordering::AcqRel);
+                self.0.finished.fetch_add(1, Ordering::SeqCst);
                 if let Some(permit) = self.1.take() {
                     self.0.release(permit);
                 }
