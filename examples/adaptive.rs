@@ -18,7 +18,7 @@
 //!
 //! It prints a table per phase, draws both adaptive limits over time next to the true capacity
 //! (in the terminal and in `target/adaptive.svg`), and ends with one `RESULT` line of measured
-//! ratios to the oracle. `tests/adaptive_example.rs` runs it with phases of 400 ms.
+//! ratios to the oracle. `tests/bulkhead/adaptive_example.rs` runs it with phases of 400 ms.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

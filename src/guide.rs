@@ -148,10 +148,14 @@
 
 //! # Time
 //!
-//! Limiters read a [`Clock`](crate::clock::Clock): [`SystemClock`](crate::clock::SystemClock) in production,
+//! Limiters read a [`Clock`](crate::clock::Clock): [`SystemClock`](crate::clock::SystemClock)
+//! (quanta's) in production, or [`InstantClock`](crate::clock::InstantClock) (std's `Instant`);
 //! [`ManualClock`](crate::clock::ManualClock) in tests (time moves only when the test moves it), and
 //! [`TokioClock`](crate::clock::TokioClock) for tests that use `tokio::time::pause`, so that the
-//! limiter's time and tokio's sleeping agree.
+//! limiter's time and tokio's sleeping agree. Whatever the clock, readings that reach a limiter
+//! out of order (threads on cores whose counters disagree) never make it admit more than its
+//! quota (`tests/limiter/default_clock.rs`: sixteen threads on clocks up to 2 ms apart get
+//! exactly the quota, in every algorithm).
 //!
 //! # Concurrency
 //!
@@ -167,7 +171,8 @@
 //! The lock-free parts are also model-checked with [loom](https://docs.rs/loom) (`loom/src/lib.rs`,
 //! run by `.ci/run`): every interleaving, within a preemption bound, of threads racing on one
 //! GCRA or fixed-window state with readings from a clock that moves while they run, and of calls,
-//! resizes and cancelled waiters on one bulkhead.
+//! resizes and cancelled waiters on one bulkhead (its resize debt and counters around tokio's
+//! semaphore).
 //!
 //! # Guarantees beyond the algorithms
 //!
@@ -177,7 +182,7 @@
 //! | [`HeaderKey`](crate::rate_limit::HeaderKey) | a key owns a copy of its bytes (it never keeps a connection's read buffer alive) and is at most `max_len` bytes | `tests/rate_limit/key_memory.rs` (bytes per key over TCP within 2x of in process) |
 //! | the HTTP layer | a request refused by one policy, or dropped at any await point (reserving, waiting), gives back every permit the others granted, once, newest first; so does one whose cost function, key extractor or refusal hook panics | `tests/rate_limit/layer_hostile.rs`, `tests/http/disconnect.rs`, `tests/rate_limit/policies_hostile.rs` (a model of every key's permits over random sequences of policies, costs, outcomes, shadows, failures and drops; every order of a mixed chain; panics) |
 //! | policies | each policy counts against its own key at its own cost; a cost a policy can never admit is a 429 without `Retry-After` that spends nothing; a `count_if` policy gives the permit back exactly when the response does not count (never when the inner service fails or the future is dropped; a panicking predicate counts) and its `RateLimit` says so; a shadow policy never refuses, never waits, never answers `503`; N tasks racing for L with a `count_if` policy put exactly L in the handler | `tests/rate_limit/policies.rs`, `tests/rate_limit/policies_hostile.rs`, `tests/http/plans_example.rs` (over a real listener) |
-//! | refunds through [`Limiter::refund`](crate::Limiter::refund) | a decision is given back at most once (a refund consumes it: giving it back twice does not compile); never more than it took, whatever cost the caller names; under another key, or to another limiter, it gives nothing back (each algorithm, in memory and in Redis) | the `compile_fail` example on `Limiter::refund`, `tests/limiter/refund_misuse.rs`, `a_decision_given_back_under_another_key_frees_nothing_in_redis` |
+//! | refunds through [`Limiter::refund`](crate::Limiter::refund) | a decision is given back at most once (a refund consumes it: giving it back twice does not compile); never more than it took, whatever cost the caller names; under another key, or to another limiter (direct or keyed, another tier, a clone excepted since it shares the state), or built by hand, it gives nothing back (each algorithm, in memory and in Redis) | the `compile_fail` example on `Limiter::refund`, `tests/limiter/refund_misuse.rs`, `a_decision_given_back_under_another_key_frees_nothing_in_redis` |
 //! | tiers | a key is decided and advertised by its own tier; a refund goes to the tier that charged it, even after the key moved | `tests/limiter/tiers.rs` |
 //! | quota changes | every key keeps what it used; the window of a change admits at most the larger quota; a reload that cannot apply in place changes nothing | `tests/limiter/quota_change.rs`, `tests/config/reload.rs`, `tests/config/routes.rs` |
 //! | Redis limiters | the same refunds as in memory (a veto leaves the stored state as it was); a reading older than the key's latest is decided as of it; a script that runs after its caller was answered (a stalled server) changes nothing; a decision dropped while its script is on the way is given back; stored state that is not an exact count is an error | `tests/redis/refund.rs`, `tests/redis/deadline.rs`, `tests/redis/conformance.rs` (memory and Lua give the same decisions, refunds included, up to the bounds of exact arithmetic) |
@@ -281,6 +286,7 @@
 //! |---|---|---|
 //! | pushback | no header, however malformed or absurd (arbitrary bytes, negative or 40-digit numbers, dates in year 9999 or 1970, 10 000 lines, fields over 4 KiB), panics or holds a call longer than `max_hold`; digits in `Retry-After` hold exactly that many seconds, capped | `tests/outbound/pushback_hostile.rs` |
 //! | pushback | holds are exact to the nanosecond of the clock; a date in the past holds nothing; the most restrictive policy counts; calls in flight are counted against `r` | `tests/outbound/pushback.rs` |
+//! | pushback | an answer that arrives after a newer one only tightens what is in force, field by field (calls left, window end, refill, pacing); a refused call's `PushedBack` carries the first instant a call can go, past windows that give nothing, and a call made then goes (a probe after `max_hold` when every window gives nothing) | `an_older_spent_answer_does_not_shrink_a_newer_window`, `an_older_answer_tightens_field_by_field`, `a_refusal_carries_the_longest_of_the_holds` (`tests/outbound/hostile.rs`), `a_refusal_names_the_first_instant_a_call_can_go` (`tests/outbound/pushback_hostile.rs`), `tests/outbound/answer_order.rs` |
 //! | pushback | after a 429, none of 64 tasks through clones of one layer reaches the dependency before `Retry-After` passes; with `max_wait` zero, all fail at once; a waiter cut by a timeout reaches nothing | `after_a_429_no_task_reaches_the_dependency_before_the_hold_ends` and its neighbours in `tests/outbound/pushback.rs`; `examples/partner_api.rs` over a real listener (`tests/outbound/partner_api_example.rs`) |
 //! | client quota | N tasks racing for L permits get exactly L, and only L calls reach the dependency; a refusal spends nothing; a waiter dropped gives its reservation back, in memory and in Redis; two instances built separately share one Redis quota exactly | `tests/outbound/client_quota.rs`, `tests/redis/client_quota.rs` |
 //! | the stack | retry → timeout → pushback → client quota → bulkhead → `reqwest::Client`: a held call spends no quota and no bulkhead permit; a call waiting for its quota holds no bulkhead permit; the timeout cuts waits below it and everything is given back; a bulkhead refusal is neither retried nor a timeout | `tests/outbound/stack.rs` |

@@ -58,7 +58,7 @@
 //! # }
 //! ```
 //!
-//! `tests/outbound_stack.rs` builds exactly this stack around a `reqwest::Client` and a mock
+//! `tests/outbound/stack.rs` builds exactly this stack around a `reqwest::Client` and a mock
 //! server and shows each layer doing its part there.
 //!
 //! # Retrying after the time the dependency gave
