@@ -134,10 +134,7 @@ impl Registry {
     /// # }
     /// ```
     pub fn reload_path(&self, path: impl AsRef<Path>) -> Result<Reloaded, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        self.reload_toml_str(&text)
+        self.reload_toml_str(&ConfigError::read(path.as_ref())?)
     }
 }
 
