@@ -114,7 +114,7 @@ fn too_long(text: &str) -> String {
 
 /// Reads a duration field of the file: a string with units. A bare number is refused rather
 /// than guessed, because one library reads 500 as nanoseconds and another as milliseconds.
-pub(super) fn with_units<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+pub(super) fn with_units<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     struct WithUnits;
     impl Visitor<'_> for WithUnits {
         type Value = Duration;
@@ -133,7 +133,12 @@ pub(super) fn with_units<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Durat
             )))
         }
     }
-    d.deserialize_any(WithUnits).map(Some)
+    d.deserialize_any(WithUnits)
+}
+
+/// [`with_units`] for a field that may be left out.
+pub(super) fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    with_units(d).map(Some)
 }
 
 #[cfg(test)]

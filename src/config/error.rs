@@ -29,6 +29,12 @@ impl ConfigError {
         }
     }
 
+    /// The text of the file at `path`, or the error naming the file that cannot be read.
+    pub(crate) fn read(path: &std::path::Path) -> Result<String, Self> {
+        std::fs::read_to_string(path)
+            .map_err(|e| Self::new("", format!("cannot read {}: {e}", path.display())))
+    }
+
     /// Where the error is, as a dotted path such as `rate_limiters.api.max_wait`; empty for an
     /// error of the whole file.
     pub fn path(&self) -> &str {
@@ -79,6 +85,12 @@ impl ConfigError {
                     .max_by_key(depth)
             })
             .map_or_else(String::new, |node| node.path.clone());
+        // serde's derive refuses a missing field at the table that lacks it (its message is
+        // serde's `missing_field`): the error is the field's, placed where its instance is.
+        let missing = message.strip_prefix("missing field `");
+        if let Some(field) = missing.and_then(|rest| rest.strip_suffix('`')) {
+            return Self::new(format!("{path}.{field}"), "is required").located_in(text);
+        }
         Self {
             path,
             message: message.to_owned(),

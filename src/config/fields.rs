@@ -115,8 +115,9 @@ impl<'de> Deserialize<'de> for PolicyItem {
 
             fn visit_str<E: de::Error>(self, name: &str) -> Result<PolicyItem, E> {
                 Ok(PolicyItem(PolicyTable {
-                    limiter: Some(name.to_owned()),
-                    ..PolicyTable::default()
+                    limiter: name.to_owned(),
+                    cost: None,
+                    shadow: ShadowKind::Off,
                 }))
             }
 

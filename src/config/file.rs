@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::duration::with_units;
+use super::duration::{optional, with_units};
 use super::fields::{choice, cidrs, instances, Count};
 use super::{
     AdaptiveAlgorithmKind, AdaptiveBulkheadSettings, AlgorithmKind, BulkheadSettings,
@@ -42,11 +42,11 @@ pub(super) struct File {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct RateLimiterFile {
-    limit_for_period: Option<Count>,
-    #[serde(default, deserialize_with = "with_units")]
-    limit_refresh_period: Option<Duration>,
+    limit_for_period: Count,
+    #[serde(deserialize_with = "with_units")]
+    limit_refresh_period: Duration,
     burst: Option<Count>,
-    #[serde(default, deserialize_with = "with_units")]
+    #[serde(default, deserialize_with = "optional")]
     max_wait: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
     algorithm: Option<AlgorithmKind>,
@@ -62,7 +62,7 @@ struct RateLimiterFile {
     store: Option<StoreName>,
     redis_url: Option<String>,
     redis_prefix: Option<String>,
-    #[serde(default, deserialize_with = "with_units")]
+    #[serde(default, deserialize_with = "optional")]
     redis_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
     redis_fail_mode: Option<FailModeName>,
@@ -87,8 +87,8 @@ enum FailModeName {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct BulkheadFile {
-    max_concurrent_calls: Option<Count<MAX_CALLS>>,
-    #[serde(default, deserialize_with = "with_units")]
+    max_concurrent_calls: Count<MAX_CALLS>,
+    #[serde(default, deserialize_with = "optional")]
     max_wait: Option<Duration>,
     queue_capacity: Option<Count<MAX_CALLS>>,
 }
@@ -96,7 +96,7 @@ struct BulkheadFile {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct RouteFile {
-    policies: Option<Vec<PolicyItem>>,
+    policies: Vec<PolicyItem>,
     #[serde(default, deserialize_with = "cidrs")]
     exempt_networks: Option<Vec<Cidr>>,
 }
@@ -105,10 +105,10 @@ struct RouteFile {
 /// naming only `limiter`).
 pub(super) struct PolicyItem(pub(super) PolicyTable);
 
-#[derive(Default, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PolicyTable {
-    pub(super) limiter: Option<String>,
+    pub(super) limiter: String,
     pub(super) cost: Option<Count>,
     #[serde(default)]
     pub(super) shadow: ShadowKind,
@@ -117,9 +117,9 @@ pub(super) struct PolicyTable {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct PushbackFile {
-    #[serde(default, deserialize_with = "with_units")]
+    #[serde(default, deserialize_with = "optional")]
     max_wait: Option<Duration>,
-    #[serde(default, deserialize_with = "with_units")]
+    #[serde(default, deserialize_with = "optional")]
     max_hold: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
     pacing: Option<PacingName>,
@@ -135,7 +135,7 @@ enum PacingName {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 struct ClientQuotaFile {
-    limiter: Option<String>,
+    limiter: String,
     cost: Option<Count>,
 }
 
@@ -227,12 +227,14 @@ impl File {
 
 impl RateLimiterFile {
     fn validate(self, at: &InstancePath<'_>) -> Result<RateLimiterSettings, ConfigError> {
-        let permits = at.required("limit_for_period", self.limit_for_period)?.0;
-        let period = at.required("limit_refresh_period", self.limit_refresh_period)?;
-        let mut quota = Quota::with_period(permits, period).map_err(|e| match e.field() {
-            "period" => at.err("limit_refresh_period", e.to_string()),
-            _ => at.err("limit_for_period", e.to_string()),
-        })?;
+        let Count(permits) = self.limit_for_period;
+        let mut quota =
+            Quota::with_period(permits, self.limit_refresh_period).map_err(|e| {
+                match e.field() {
+                    "period" => at.err("limit_refresh_period", e.to_string()),
+                    _ => at.err("limit_for_period", e.to_string()),
+                }
+            })?;
         if let Some(Count(burst)) = self.burst {
             quota = quota
                 .with_burst(burst)
@@ -334,10 +336,9 @@ impl RateLimiterFile {
 }
 
 impl BulkheadFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<BulkheadSettings, ConfigError> {
-        let Count(calls) = at.required("max_concurrent_calls", self.max_concurrent_calls)?;
+    fn validate(self, _: &InstancePath<'_>) -> Result<BulkheadSettings, ConfigError> {
         Ok(BulkheadSettings {
-            max_concurrent_calls: calls as usize,
+            max_concurrent_calls: self.max_concurrent_calls.0 as usize,
             max_wait: self.max_wait,
             queue_capacity: self.queue_capacity.map(|Count(n)| n as usize),
         })
@@ -346,16 +347,15 @@ impl BulkheadFile {
 
 impl RouteFile {
     fn validate(self, at: &InstancePath<'_>) -> Result<RouteSettings, ConfigError> {
-        let items = at.required("policies", self.policies)?;
+        let items = self.policies;
         if items.is_empty() {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
         let mut policies: Vec<RoutePolicy> = Vec::with_capacity(items.len());
         for (i, PolicyItem(item)) in items.into_iter().enumerate() {
             let field = format!("policies[{i}]");
-            let item_path = format!("{}.{field}", at.0);
             let policy = RoutePolicy {
-                limiter: InstancePath(&item_path).required("limiter", item.limiter)?,
+                limiter: item.limiter,
                 cost: item.cost.map_or(1, |Count(n)| n),
                 shadow: item.shadow,
             };
@@ -408,9 +408,9 @@ impl PushbackFile {
 }
 
 impl ClientQuotaFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<ClientQuotaSettings, ConfigError> {
+    fn validate(self, _: &InstancePath<'_>) -> Result<ClientQuotaSettings, ConfigError> {
         Ok(ClientQuotaSettings {
-            limiter: at.required("limiter", self.limiter)?,
+            limiter: self.limiter,
             cost: self.cost.map_or(1, |Count(n)| n),
         })
     }

@@ -2,6 +2,7 @@
 
 use super::Registry;
 use crate::observe::LimiterSnapshot;
+use crate::rate_limit::json_string;
 
 impl Registry {
     /// The state of every instance, for a health endpoint.
@@ -160,33 +161,22 @@ impl Health {
     /// `finishedCalls`; a pushback's has `status`, `holding` and `heldForMillis` (rounded up,
     /// so a hold in force is never 0).
     pub fn to_json(&self) -> String {
-        let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":{");
-        for (i, l) in self.rate_limiters.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(&mut out, &l.name);
-            out.push_str(&format!(
-                ":{{\"status\":\"UP\",\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}",
+        let limiters = self.rate_limiters.iter().map(|l| {
+            let failures = l.store_failures.map(|n| format!(",\"storeFailures\":{n}"));
+            let fields = format!(
+                "\"saturated\":{},\"availablePermissions\":{},\"waitingRequests\":{},\"allowedCalls\":{},\"limitedCalls\":{}{}",
                 l.saturated,
                 l.snapshot.available_permissions,
                 l.snapshot.waiting_requests,
                 l.snapshot.allowed,
-                l.snapshot.limited
-            ));
-            if let Some(failures) = l.store_failures {
-                out.push_str(&format!(",\"storeFailures\":{failures}"));
-            }
-            out.push('}');
-        }
-        out.push_str("},\"bulkheads\":{");
-        for (i, b) in self.bulkheads.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(&mut out, &b.name);
-            out.push_str(&format!(
-                ":{{\"status\":\"UP\",\"saturated\":{},\"availableConcurrentCalls\":{},\"maxAllowedConcurrentCalls\":{},\"queueDepth\":{},\"permittedCalls\":{},\"rejectedCalls\":{},\"finishedCalls\":{}}}",
+                l.snapshot.limited,
+                failures.unwrap_or_default()
+            );
+            (l.name.as_str(), fields)
+        });
+        let bulkheads = self.bulkheads.iter().map(|b| {
+            let fields = format!(
+                "\"saturated\":{},\"availableConcurrentCalls\":{},\"maxAllowedConcurrentCalls\":{},\"queueDepth\":{},\"permittedCalls\":{},\"rejectedCalls\":{},\"finishedCalls\":{}",
                 b.saturated,
                 b.snapshot.available_concurrent_calls,
                 b.snapshot.max_allowed_concurrent_calls,
@@ -194,34 +184,37 @@ impl Health {
                 b.snapshot.total_permitted,
                 b.snapshot.total_rejected,
                 b.snapshot.total_finished
-            ));
-        }
-        out.push_str("},\"pushbacks\":{");
-        for (i, p) in self.pushbacks.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(&mut out, &p.name);
+            );
+            (b.name.as_str(), fields)
+        });
+        let pushbacks = self.pushbacks.iter().map(|p| {
             let millis = p.held_for.as_nanos().div_ceil(1_000_000);
-            out.push_str(&format!(
-                ":{{\"status\":\"UP\",\"holding\":{},\"heldForMillis\":{millis}}}",
-                p.holding
-            ));
-        }
-        out.push_str("}}");
+            let fields = format!("\"holding\":{},\"heldForMillis\":{millis}", p.holding);
+            (p.name.as_str(), fields)
+        });
+        let mut out = String::from("{\"status\":\"UP\",\"rateLimiters\":");
+        push_entries(&mut out, limiters);
+        out.push_str(",\"bulkheads\":");
+        push_entries(&mut out, bulkheads);
+        out.push_str(",\"pushbacks\":");
+        push_entries(&mut out, pushbacks);
+        out.push('}');
         out
     }
 }
 
-fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
+/// Appends a JSON object with one member per entry: its name, and an object of its `status`
+/// (always `"UP"`) and its fields, already written as JSON members.
+fn push_entries<'a>(out: &mut String, entries: impl Iterator<Item = (&'a str, String)>) {
+    out.push('{');
+    for (i, (name, fields)) in entries.enumerate() {
+        if i > 0 {
+            out.push(',');
         }
+        json_string(out, name);
+        out.push_str(":{\"status\":\"UP\",");
+        out.push_str(&fields);
+        out.push('}');
     }
-    out.push('"');
+    out.push('}');
 }

@@ -437,10 +437,7 @@ impl Config {
     ///
     /// A file that cannot be read, or one [`from_toml_str`](Self::from_toml_str) refuses.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        Self::from_toml_str(&text)
+        Self::from_toml_str(&ConfigError::read(path.as_ref())?)
     }
 
     /// Checks the names instances give each other: a route's and a client quota's rate

@@ -309,10 +309,7 @@ impl Registry {
     ///
     /// A file that cannot be read, or one [`from_toml_str`](Self::from_toml_str) refuses.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        Self::from_toml_str(&text)
+        Self::from_toml_str(&ConfigError::read(path.as_ref())?)
     }
 
     /// The layer of rate limiter `name`; every layer taken for one name shares its state.
@@ -562,7 +559,7 @@ fn redis_limiter(
     s: &RateLimiterSettings,
     redis: &super::RedisSettings,
 ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-    use crate::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+    use crate::redis::{RedisAlgorithm, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore};
 
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(ConfigError::new(
@@ -572,25 +569,19 @@ fn redis_limiter(
     }
     let store = RedisStore::connect_lazy(&redis.url)
         .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
-    let policy = redis_fail_mode(path, s, redis)?;
+    let mut builder =
+        RedisRateLimiter::builder(s.quota, store).fail_mode(redis_fail_mode(path, s, redis)?);
+    if let Some(prefix) = &redis.prefix {
+        builder = builder.prefix(prefix.clone());
+    }
+    if let Some(timeout) = redis.timeout {
+        builder = builder.timeout(timeout);
+    }
     fn build<A: RedisAlgorithm>(
         path: &str,
-        s: &RateLimiterSettings,
-        redis: &super::RedisSettings,
-        store: RedisStore,
-        policy: RedisFailMode,
+        builder: RedisRateLimiterBuilder,
     ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-        let mut builder = RedisRateLimiter::builder(s.quota, store)
-            .algorithm::<A>()
-            .fail_mode(policy);
-        if let Some(prefix) = &redis.prefix {
-            builder = builder.prefix(prefix.clone());
-        }
-        if let Some(timeout) = redis.timeout {
-            builder = builder.timeout(timeout);
-        }
-        let limiter = builder
-            .build()
+        let limiter = (builder.algorithm::<A>().build())
             .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
         let counted = limiter.clone();
         let checked = limiter.clone();
@@ -606,10 +597,10 @@ fn redis_limiter(
         ))
     }
     match s.algorithm {
-        AlgorithmKind::Gcra => build::<Gcra>(path, s, redis, store, policy),
-        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, s, redis, store, policy),
-        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, s, redis, store, policy),
-        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, s, redis, store, policy),
+        AlgorithmKind::Gcra => build::<Gcra>(path, builder),
+        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, builder),
+        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, builder),
+        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, builder),
     }
 }
 

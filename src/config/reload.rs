@@ -134,10 +134,7 @@ impl Registry {
     /// # }
     /// ```
     pub fn reload_path(&self, path: impl AsRef<Path>) -> Result<Reloaded, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        self.reload_toml_str(&text)
+        self.reload_toml_str(&ConfigError::read(path.as_ref())?)
     }
 }
 
@@ -235,52 +232,22 @@ impl Reloadable for RateLimiterSettings {
     }
 }
 
-impl Reloadable for BulkheadSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        differ("max_wait", &self.max_wait, &next.max_wait)
-            .or_else(|| differ("queue_capacity", &self.queue_capacity, &next.queue_capacity))
-    }
+/// `Reloadable` for a kind whose listed fields are all fixed: the first that differs.
+macro_rules! fixed_fields {
+    ($($kind:ty => [$($field:ident),+];)+) => {$(
+        impl Reloadable for $kind {
+            fn fixed_change(&self, next: &Self) -> Option<Change> {
+                None$(.or_else(|| differ(stringify!($field), &self.$field, &next.$field)))+
+            }
+        }
+    )+};
 }
 
-impl Reloadable for PushbackSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        differ("max_wait", &self.max_wait, &next.max_wait)
-            .or_else(|| differ("max_hold", &self.max_hold, &next.max_hold))
-            .or_else(|| differ("pacing", &self.pacing, &next.pacing))
-    }
-}
-
-impl Reloadable for ClientQuotaSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        differ("limiter", &self.limiter, &next.limiter)
-            .or_else(|| differ("cost", &self.cost, &next.cost))
-    }
-}
-
-impl Reloadable for AdaptiveBulkheadSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        differ("min_limit", &self.min_limit, &next.min_limit)
-            .or_else(|| differ("initial_limit", &self.initial_limit, &next.initial_limit))
-            .or_else(|| differ("max_limit", &self.max_limit, &next.max_limit))
-            .or_else(|| differ("algorithm", &self.algorithm, &next.algorithm))
-            .or_else(|| {
-                differ(
-                    "ignore_cancelled_calls",
-                    &self.ignore_cancelled_calls,
-                    &next.ignore_cancelled_calls,
-                )
-            })
-    }
-}
-
-impl Reloadable for RouteSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        differ("policies", &self.policies, &next.policies).or_else(|| {
-            differ(
-                "exempt_networks",
-                &self.exempt_networks,
-                &next.exempt_networks,
-            )
-        })
-    }
+// A bulkhead's `max_concurrent_calls` is the one setting of these kinds that changes in place.
+fixed_fields! {
+    BulkheadSettings => [max_wait, queue_capacity];
+    PushbackSettings => [max_wait, max_hold, pacing];
+    ClientQuotaSettings => [limiter, cost];
+    AdaptiveBulkheadSettings => [min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls];
+    RouteSettings => [policies, exempt_networks];
 }

@@ -177,6 +177,8 @@ pub use self::layer::RateLimitLayer;
 #[cfg(feature = "config")]
 pub(crate) use self::policy::check_name as check_policy_name;
 pub use self::policy::{Policy, PolicyError};
+#[cfg(feature = "config")]
+pub(crate) use self::problem::json_string;
 pub use self::problem::QUOTA_EXCEEDED;
 pub use self::refusal::Refusal;
 pub use self::service::RateLimit;

@@ -91,7 +91,7 @@ fn push_names<'a>(out: &mut String, names: impl Iterator<Item = &'a str> + Clone
 }
 
 /// Appends `s` as a JSON string (RFC 8259 §7), quotes included.
-fn json_string(out: &mut String, s: &str) {
+pub(crate) fn json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {

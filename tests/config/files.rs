@@ -394,6 +394,57 @@ fn errors_from_text_name_the_line_and_column() {
     assert!(!err.to_string().contains("line"), "{err}");
 }
 
+/// A required field left out is the field's error, placed where its instance is written,
+/// however the instance is written: a `[table]`, a dotted key, an inline table, an item of a
+/// list.
+#[test]
+fn a_missing_field_is_the_field_s_error_wherever_its_instance_is_written() {
+    let limiter = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n";
+    let cases = [
+        (
+            "\n\n[bulkheads.payment]\nmax_wait = \"1s\"\n".to_owned(),
+            "bulkheads.payment.max_concurrent_calls",
+            (3, 12),
+        ),
+        (
+            "bulkheads.payment.max_wait = \"1s\"\n".to_owned(),
+            "bulkheads.payment.max_concurrent_calls",
+            (1, 11),
+        ),
+        (
+            "[bulkheads]\npayment = { max_wait = \"1s\" }\n".to_owned(),
+            "bulkheads.payment.max_concurrent_calls",
+            (2, 1),
+        ),
+        (
+            "[rate_limiters]\napi = {}\n".to_owned(),
+            "rate_limiters.api.limit_for_period",
+            (2, 1),
+        ),
+        (
+            format!("{limiter}[routes.r]\npolicies = [\"api\", {{ cost = 2 }}]\n"),
+            "routes.r.policies[1].limiter",
+            (5, 20),
+        ),
+        (
+            "[routes.r]\nexempt_networks = []\n".to_owned(),
+            "routes.r.policies",
+            (1, 9),
+        ),
+        (
+            "[client_quotas.q]\ncost = 1\n[client_quotas.r]\n".to_owned(),
+            "client_quotas.q.limiter",
+            (1, 16),
+        ),
+    ];
+    for (text, path, position) in cases {
+        let err = Config::from_toml_str(&text).expect_err(&text);
+        assert_eq!(err.path(), path, "{text}\n-> {err}");
+        assert_eq!(err.message(), "is required", "{text}\n-> {err}");
+        assert_eq!(err.position(), Some(position), "{text}\n-> {err}");
+    }
+}
+
 #[test]
 fn a_missing_file_is_an_error_naming_it() {
     let err = Config::from_path("/nonexistent/bulwark.toml").unwrap_err();
