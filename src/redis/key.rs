@@ -105,53 +105,24 @@ pub trait RedisKey {
     fn write_redis_key(&self, out: &mut String);
 }
 
-impl<T: RedisKey + ?Sized> RedisKey for &T {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
+macro_rules! pointer_keys {
+    ($($pointer:ty),*) => {$(
+        impl<T: RedisKey + ?Sized> RedisKey for $pointer {
+            fn write_redis_key(&self, out: &mut String) {
+                (**self).write_redis_key(out);
+            }
+        }
+    )*};
 }
 
-impl<T: RedisKey + ?Sized> RedisKey for Box<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl<T: RedisKey + ?Sized> RedisKey for Arc<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl<T: RedisKey + ?Sized> RedisKey for Rc<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl RedisKey for str {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
-
-impl RedisKey for String {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
-
-impl RedisKey for Cow<'_, str> {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
+pointer_keys!(&T, Box<T>, Arc<T>, Rc<T>);
 
 /// One budget for everything: the empty key.
 impl RedisKey for () {
     fn write_redis_key(&self, _out: &mut String) {}
 }
 
+/// Keys written as they display (text as it is).
 macro_rules! display_keys {
     ($($ty:ty),* $(,)?) => {$(
         impl RedisKey for $ty {
@@ -164,8 +135,27 @@ macro_rules! display_keys {
 }
 
 display_keys!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, bool, IpAddr, Ipv4Addr,
-    Ipv6Addr, SocketAddr,
+    str,
+    String,
+    Cow<'_, str>,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    char,
+    bool,
+    IpAddr,
+    Ipv4Addr,
+    Ipv6Addr,
+    SocketAddr,
 );
 
 /// Header bytes as text: visible ASCII as is, anything else (and `\`) escaped as `\xNN`, so
