@@ -22,7 +22,7 @@ impl Inner {
         let longest_wait = self.store.longest_wait(self.timeout).as_nanos();
         let longest_wait = u64::try_from(longest_wait).unwrap_or(u64::MAX);
         let answered_by = self.clock.now().saturating_add(longest_wait);
-        self.bounded(async {
+        self.bounded(quota, key, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
             // offset, so the request goes once more with a deadline that now means something.
@@ -44,16 +44,23 @@ impl Inner {
         .await
     }
 
-    /// Asks Redis to apply `refund` of `cost` permits to `key`.
+    /// Asks Redis to give back the `cost` permits of `decision` to `key`, with the current
+    /// quota's arguments, as the in-memory limiters give back with the current algorithm.
     pub(super) async fn send_refund(
         &self,
-        quota: &ScriptQuota,
         key: &str,
         cost: u32,
-        refund: Operation,
+        decision: &Decision,
     ) -> Result<(), RedisFailure> {
-        self.bounded(async {
-            match self.run_script(quota, key, refund, cost).await? {
+        let refund = Operation::Refund {
+            charged_at: decision.reserved_at,
+            left: decision.state_after,
+            reserved: !decision.wait.is_zero(),
+        };
+        let quota = self.quota.load_full();
+        let cost = decision.refundable(cost);
+        self.bounded(&quota, key, async {
+            match self.run_script(&quota, key, refund, cost).await? {
                 Reply::Refunded(_) => Ok(()),
                 other => {
                     Err(Cause::BadReply(format!("{other:?} is not the answer to a refund")).into())
@@ -64,20 +71,29 @@ impl Inner {
     }
 
     /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
-    /// limiter's timeout.
+    /// limiter's timeout; the breaker counts and logs a failure for `key`.
     async fn bounded<T>(
         &self,
+        quota: &ScriptQuota,
+        key: &str,
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
-        if self.breaker.skipping() {
-            return Err(Cause::Skipped.into());
+        let result = if self.breaker.skipping() {
+            Err(Cause::Skipped.into())
+        } else {
+            tokio::time::timeout(self.timeout, call)
+                .await
+                .unwrap_or_else(|_| Err(Cause::Timeout(self.timeout).into()))
+        };
+        match &result {
+            Ok(_) => self.breaker.answered(quota.script.name()),
+            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode),
         }
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(Cause::Timeout(self.timeout).into()))
+        result
     }
 
-    /// One script call and its reply, which also tells the offset between the clocks.
+    /// One script call and its reply, which also tells the offset between the clocks. With a
+    /// client clock, the script decides at its reading; otherwise at the server's `TIME`.
     async fn run_script(
         &self,
         quota: &ScriptQuota,
@@ -85,7 +101,10 @@ impl Inner {
         operation: Operation,
         cost: u32,
     ) -> Result<Reply, RedisFailure> {
-        let now = self.script_now(quota)?;
+        let now = quota.client_clock().then(|| self.clock.now());
+        if let Some(now) = now.filter(|&now| now > MAX_NOW) {
+            return Err(Cause::ClockOutOfRange(now).into());
+        }
         let invocation = quota.invocation(key, operation, now, cost);
         let sent = self.clock.now();
         let value = self.store.run(&invocation).await.map_err(Cause::Redis)?;
@@ -93,18 +112,5 @@ impl Inner {
         let reply = parse_reply(&value, quota)?;
         self.offset.observe(sent, received, reply.server_time());
         Ok(reply)
-    }
-
-    /// The instant a script decides at: `None` for the server's `TIME`, or the client clock's
-    /// reading.
-    fn script_now(&self, quota: &ScriptQuota) -> Result<Option<u64>, RedisFailure> {
-        if !quota.client_clock() {
-            return Ok(None);
-        }
-        let now = self.clock.now();
-        if now > MAX_NOW {
-            return Err(Cause::ClockOutOfRange(now).into());
-        }
-        Ok(Some(now))
     }
 }

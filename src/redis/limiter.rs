@@ -12,10 +12,10 @@ use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
 use super::fail_mode::Breaker;
-use super::future::{RefundOnDrop, ReserveFuture};
+use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
 use super::offset::ClockOffset;
-use super::script::{Operation, ScriptQuota};
+use super::script::ScriptQuota;
 use super::{
     BuildError, RedisAlgorithm, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder,
     RedisStore,
@@ -193,7 +193,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         let quota = inner.quota.load_full();
         if cost > quota.capacity {
             let err = InsufficientCapacity::new(cost, quota.capacity);
-            return ReserveFuture::ready(Err(err.into()));
+            return ReserveFuture(ReserveState::Ready(Some(Err(err.into()))));
         }
         let max_wait = if wait { quota.max_wait } else { 0 };
         let redis_key = inner.keys.redis_key(key);
@@ -202,19 +202,21 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             if let Some(refusal) = cache.check(&redis_key, cost, inner.clock.now(), max_wait_nanos)
             {
                 inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
-                return ReserveFuture::ready(Ok(refusal.of_cost(cost)));
+                return ReserveFuture(ReserveState::Ready(Some(Ok(refusal.of_cost(cost)))));
             }
         }
-        let refund = RefundOnDrop {
-            inner: Arc::clone(inner),
-            key: redis_key.clone(),
-            cost,
+        let call = {
+            let inner = Arc::clone(inner);
+            let key = redis_key.clone();
+            async move { inner.decide(&quota, key, cost, max_wait).await }
         };
-        let inner = Arc::clone(inner);
-        ReserveFuture::in_flight(
-            async move { inner.decide(&quota, redis_key, cost, max_wait).await },
-            refund,
-        )
+        ReserveFuture(ReserveState::InFlight {
+            call: Box::pin(call),
+            inner: Arc::clone(inner),
+            key: redis_key,
+            cost,
+            polled: false,
+        })
     }
 
     /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
@@ -231,7 +233,10 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         decision: Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
-        Ok(self.inner.refund(&redis_key, cost, decision).await?)
+        match self.inner.refund(redis_key, cost, decision) {
+            Some(in_redis) => Ok(in_redis.await?),
+            None => Ok(()),
+        }
     }
 }
 
@@ -247,7 +252,6 @@ impl Inner {
     ) -> Result<Decision, BoxError> {
         match self.ask_decision(quota, &key, cost, max_wait).await {
             Ok(decision) => {
-                self.breaker.answered(quota.script.name());
                 if !decision.allowed {
                     if let Some(cache) = &self.cache {
                         cache.insert(&key, cost, self.clock.now(), &decision);
@@ -258,83 +262,45 @@ impl Inner {
                     .for_key(fingerprint(&key))
                     .made_by(crate::decision::LimiterId::REDIS))
             }
-            Err(failure) => {
-                self.breaker.failed(&key, &failure, &self.fail_mode);
-                self.fail_mode.decide(quota.limit, key, cost, failure)
-            }
+            Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
         }
     }
 
-    /// Gives `decision` back, and waits until Redis has applied its part.
-    pub(super) async fn refund(
-        &self,
-        key: &str,
+    /// Gives `decision` back. At once, a cached refusal of `key` is forgotten (its permits came
+    /// back) and a fail mode's decision goes back to the local limiter; what Redis must still be
+    /// told is returned as a call to send. A decision that Redis made for another key gives
+    /// nothing back.
+    ///
+    /// The call tells the script the instant the permits were charged at and the state the
+    /// admission left (GCRA gives back only while the key's TAT is still that one). It carries
+    /// no deadline: it only restores what one admission took (the scripts take off that
+    /// admission's permits, from wherever they still count), so applying it late is as right as
+    /// applying it at once, and dropping it would leave a refused request's permits spent. It is
+    /// sent exactly once per decision (nothing retries it), so a late one cannot be applied
+    /// twice.
+    pub(super) fn refund(
+        self: &Arc<Self>,
+        key: String,
         cost: u32,
         decision: Decision,
-    ) -> Result<(), RedisFailure> {
-        match self.refund_at_once(key, cost, decision) {
-            Some(decision) => self.refund_in_redis(key, cost, &decision).await,
-            None => Ok(()),
-        }
-    }
-
-    /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
-    /// forgotten (its permits came back), and a fail mode's decision goes back to the local
-    /// limiter. Returns the decision if Redis must still be told
-    /// ([`refund_in_redis`](Self::refund_in_redis)); a decision that Redis made for another key
-    /// gives nothing back.
-    fn refund_at_once(&self, key: &str, cost: u32, decision: Decision) -> Option<Decision> {
+    ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
         if !decision.allowed {
             return None;
         }
         let made_by_redis = decision.source == Source::State;
-        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(key)) {
+        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(&key))
+        {
             return None;
         }
         if let Some(cache) = &self.cache {
-            cache.forget(key);
+            cache.forget(&key);
         }
-        if made_by_redis {
-            return Some(decision);
+        if !made_by_redis {
+            self.fail_mode.refund(key, cost, decision);
+            return None;
         }
-        self.fail_mode.refund(key.to_owned(), cost, decision);
-        None
-    }
-
-    /// Gives the `cost` permits of `decision` back to Redis: the script is told the instant they
-    /// were charged at and the state the admission left (GCRA gives back only while the key's
-    /// TAT is still that one).
-    ///
-    /// A refund carries no deadline: it only restores what one admission took (the scripts take
-    /// off that admission's permits, from wherever they still count), so applying it late is as
-    /// right as applying it at once, and dropping it would leave a refused request's permits
-    /// spent. It is sent exactly once per decision (nothing retries it), so a late one cannot be
-    /// applied twice.
-    async fn refund_in_redis(
-        &self,
-        key: &str,
-        cost: u32,
-        decision: &Decision,
-    ) -> Result<(), RedisFailure> {
-        let refund = Operation::Refund {
-            charged_at: decision.reserved_at,
-            left: decision.state_after,
-            reserved: !decision.wait.is_zero(),
-        };
-        // Given back with the current quota's arguments, as the in-memory limiters give back
-        // with the current algorithm.
-        let quota = self.quota.load_full();
-        let cost = decision.refundable(cost);
-        match self.send_refund(&quota, key, cost, refund).await {
-            Ok(()) => {
-                self.breaker.answered(quota.script.name());
-                Ok(())
-            }
-            Err(failure) => {
-                self.breaker.failed(key, &failure, &self.fail_mode);
-                Err(failure)
-            }
-        }
+        let inner = Arc::clone(self);
+        Some(async move { inner.send_refund(&key, cost, &decision).await })
     }
 }
 
@@ -402,13 +368,11 @@ where
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
         let redis_key = self.inner.keys.redis_key(key);
-        let Some(decision) = self.inner.refund_at_once(&redis_key, cost, decision) else {
-            return;
-        };
-        let inner = Arc::clone(&self.inner);
-        spawn_refund(&redis_key.clone(), async move {
+        if let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) {
             // Failures are counted and logged inside; nothing waits for the outcome.
-            let _ = inner.refund_in_redis(&redis_key, cost, &decision).await;
-        });
+            spawn_refund(&redis_key, async move {
+                let _ = in_redis.await;
+            });
+        }
     }
 }
