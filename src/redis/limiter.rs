@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +16,9 @@ use super::key::{fingerprint, KeyLayout};
 use super::offset::ClockOffset;
 use super::script::ScriptQuota;
 use super::{
-    BuildError, RedisAlgorithm, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder,
-    RedisStore,
+    BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
-use crate::algorithm::Gcra;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::decision::{Decision, InsufficientCapacity, Source};
 use crate::{BoxError, Limiter, Quota};
 
@@ -29,11 +26,11 @@ use crate::{BoxError, Limiter, Quota};
 /// key prefix. Cheap to clone; clones share everything.
 ///
 /// It decides for any key that implements [`RedisKey`] (strings, numbers, IP addresses, header
-/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check). `A` is the algorithm
-/// its scripts run, `C` the clock it was built with.
-pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
-    inner: Arc<Inner>,
-    _types: PhantomData<fn() -> (A, C)>,
+/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check). Its scripts run the
+/// algorithm chosen by [`RedisRateLimiterBuilder::algorithm`].
+#[derive(Clone)]
+pub struct RedisRateLimiter {
+    pub(super) inner: Arc<Inner>,
 }
 
 /// Everything a limiter and its clones share.
@@ -75,18 +72,7 @@ impl RedisRateLimiter {
     pub fn builder(quota: Quota, store: RedisStore) -> RedisRateLimiterBuilder {
         RedisRateLimiterBuilder::new(quota, store)
     }
-}
 
-impl<A, C> RedisRateLimiter<A, C> {
-    pub(super) fn new(inner: Inner) -> Self {
-        Self {
-            inner: Arc::new(inner),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     /// The quota this limiter sends with its decisions now.
     pub fn quota(&self) -> Quota {
         self.inner.quota.load().quota
@@ -317,16 +303,7 @@ pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 's
     }
 }
 
-impl<A, C> Clone for RedisRateLimiter<A, C> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: Arc::clone(&self.inner),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<A, C> fmt::Debug for RedisRateLimiter<A, C> {
+impl fmt::Debug for RedisRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         let quota = inner.quota.load();
@@ -346,12 +323,7 @@ impl<A, C> fmt::Debug for RedisRateLimiter<A, C> {
     }
 }
 
-impl<K, A, C> Limiter<K> for RedisRateLimiter<A, C>
-where
-    K: RedisKey,
-    A: RedisAlgorithm,
-    C: Clock,
-{
+impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
     type Future = ReserveFuture;
 
     fn quota(&self) -> Quota {

@@ -389,7 +389,7 @@ mod redis_store {
         quota: Quota,
         clock: &ManualClock,
         prefix: &str,
-    ) -> RedisRateLimiter<A, ManualClock> {
+    ) -> RedisRateLimiter {
         RedisRateLimiter::builder(quota, store.clone())
             .algorithm::<A>()
             .client_clock(clock.clone())
@@ -400,11 +400,7 @@ mod redis_store {
             .unwrap()
     }
 
-    async fn admitted<A: RedisAlgorithm>(
-        limiter: &RedisRateLimiter<A, ManualClock>,
-        key: &str,
-        n: u32,
-    ) -> u32 {
+    async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
         let mut count = 0;
         for _ in 0..n {
             if limiter.check(key).await.unwrap().allowed {

@@ -68,7 +68,7 @@ async fn state(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Strin
     parts.join(" ")
 }
 
-fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimiter<A> {
+fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimiter {
     // Ten a month: nothing refills while the test runs.
     let quota = Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap();
     RedisRateLimiter::builder(quota, store.clone())
@@ -85,9 +85,7 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
 
 /// Sends `QUEUED` decisions at once; each must come back from the fail mode. Each task answers
 /// whether its decision admitted and how long it took.
-fn queue<A: RedisAlgorithm>(
-    limiter: &RedisRateLimiter<A>,
-) -> Vec<tokio::task::JoinHandle<(bool, Duration)>> {
+fn queue(limiter: &RedisRateLimiter) -> Vec<tokio::task::JoinHandle<(bool, Duration)>> {
     (0..QUEUED)
         .map(|_| {
             let limiter = limiter.clone();
@@ -101,7 +99,7 @@ fn queue<A: RedisAlgorithm>(
 }
 
 /// Admissions until the first refusal.
-async fn admitted_until_refused<A: RedisAlgorithm>(limiter: &RedisRateLimiter<A>) -> usize {
+async fn admitted_until_refused(limiter: &RedisRateLimiter) -> usize {
     let mut admitted = 0;
     while limiter.reserve(&"k", 1).await.unwrap().allowed {
         admitted += 1;
