@@ -1,5 +1,5 @@
-//! The limiter: its public face, and the decisions and refunds that go through Redis, its fail
-//! mode or its cache of refusals.
+//! The limiter: its public face, and the decisions and refunds that go through Redis (each
+//! script call bounded in time), its fail mode or its cache of refusals.
 
 use std::fmt;
 use std::future::Future;
@@ -10,11 +10,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
+use super::error::Cause;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
 use super::offset::ClockOffset;
-use super::script::ScriptQuota;
+use super::reply::{parse_reply, Reply};
+use super::script::{Operation, ScriptQuota, MAX_NOW};
 use super::{
     BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
@@ -226,9 +228,11 @@ impl RedisRateLimiter {
     }
 }
 
+/// Script calls are each bounded in time: the limiter's timeout answers the caller, and a
+/// deadline in the server's time keeps a decision that runs after it from changing anything.
 impl Inner {
-    /// Decides on `cost` permits for `key` with `quota`: in Redis, or by the fail mode when
-    /// Redis cannot.
+    /// Decides on `cost` permits for `key` with `quota`, waiting at most `max_wait` ticks: in
+    /// Redis, or by the fail mode when Redis cannot.
     pub(super) async fn decide(
         &self,
         quota: &ScriptQuota,
@@ -236,7 +240,30 @@ impl Inner {
         cost: u32,
         max_wait: u64,
     ) -> Result<Decision, BoxError> {
-        match self.ask_decision(quota, &key, cost, max_wait).await {
+        // The caller is answered when the limiter's timeout or the connection's runs out.
+        let longest_wait = self.store.longest_wait(self.timeout).as_nanos();
+        let longest_wait = u64::try_from(longest_wait).unwrap_or(u64::MAX);
+        let answered_by = self.clock.now().saturating_add(longest_wait);
+        let asked = self.bounded(quota, &key, async {
+            // A first "late" answer may come from a probe (no offset known yet) or from an
+            // offset that the clocks have left behind; either way the reply corrected the
+            // offset, so the request goes once more with a deadline that now means something.
+            for _ in 0..2 {
+                // Before any reply, a deadline already past: the script answers at once with
+                // the server's time and changes nothing (see `offset`).
+                let deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
+                let operation = Operation::Decide { max_wait, deadline };
+                match self.run_script(quota, &key, operation, cost).await? {
+                    Reply::Decision(decision, _) => return Ok(decision),
+                    Reply::Late(_) => {}
+                    other => {
+                        return Err(Cause::BadReply(format!("{other:?} is not a decision")).into())
+                    }
+                }
+            }
+            Err(Cause::Late.into())
+        });
+        match asked.await {
             Ok(decision) => {
                 if !decision.allowed {
                     if let Some(cache) = &self.cache {
@@ -258,12 +285,13 @@ impl Inner {
     /// nothing back.
     ///
     /// The call tells the script the instant the permits were charged at and the state the
-    /// admission left (GCRA gives back only while the key's TAT is still that one). It carries
-    /// no deadline: it only restores what one admission took (the scripts take off that
-    /// admission's permits, from wherever they still count), so applying it late is as right as
-    /// applying it at once, and dropping it would leave a refused request's permits spent. It is
-    /// sent exactly once per decision (nothing retries it), so a late one cannot be applied
-    /// twice.
+    /// admission left (GCRA gives back only while the key's TAT is still that one), with the
+    /// current quota's arguments, as the in-memory limiters give back with the current
+    /// algorithm. It carries no deadline: it only restores what one admission took (the scripts
+    /// take off that admission's permits, from wherever they still count), so applying it late
+    /// is as right as applying it at once, and dropping it would leave a refused request's
+    /// permits spent. It is sent exactly once per decision (nothing retries it), so a late one
+    /// cannot be applied twice.
     pub(super) fn refund(
         self: &Arc<Self>,
         key: String,
@@ -285,8 +313,70 @@ impl Inner {
             self.fail_mode.refund(key, cost, decision);
             return None;
         }
+        let refund = Operation::Refund {
+            charged_at: decision.reserved_at,
+            left: decision.state_after,
+            reserved: !decision.wait.is_zero(),
+        };
+        let cost = decision.refundable(cost);
         let inner = Arc::clone(self);
-        Some(async move { inner.send_refund(&key, cost, &decision).await })
+        Some(async move {
+            let quota = inner.quota.load_full();
+            let call = async {
+                match inner.run_script(&quota, &key, refund, cost).await? {
+                    Reply::Refunded(_) => Ok(()),
+                    other => Err(Cause::BadReply(format!(
+                        "{other:?} is not the answer to a refund"
+                    ))
+                    .into()),
+                }
+            };
+            inner.bounded(&quota, &key, call).await
+        })
+    }
+
+    /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
+    /// limiter's timeout; the breaker counts and logs a failure for `key`.
+    async fn bounded<T>(
+        &self,
+        quota: &ScriptQuota,
+        key: &str,
+        call: impl Future<Output = Result<T, RedisFailure>>,
+    ) -> Result<T, RedisFailure> {
+        let result = if self.breaker.skipping() {
+            Err(Cause::Skipped.into())
+        } else {
+            tokio::time::timeout(self.timeout, call)
+                .await
+                .unwrap_or_else(|_| Err(Cause::Timeout(self.timeout).into()))
+        };
+        match &result {
+            Ok(_) => self.breaker.answered(quota.script.name()),
+            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode),
+        }
+        result
+    }
+
+    /// One script call and its reply, which also tells the offset between the clocks. With a
+    /// client clock, the script decides at its reading; otherwise at the server's `TIME`.
+    async fn run_script(
+        &self,
+        quota: &ScriptQuota,
+        key: &str,
+        operation: Operation,
+        cost: u32,
+    ) -> Result<Reply, RedisFailure> {
+        let now = quota.client_clock().then(|| self.clock.now());
+        if let Some(now) = now.filter(|&now| now > MAX_NOW) {
+            return Err(Cause::ClockOutOfRange(now).into());
+        }
+        let invocation = quota.invocation(key, operation, now, cost);
+        let sent = self.clock.now();
+        let value = self.store.run(&invocation).await.map_err(Cause::Redis)?;
+        let received = self.clock.now();
+        let reply = parse_reply(&value, quota)?;
+        self.offset.observe(sent, received, reply.server_time());
+        Ok(reply)
     }
 }
 
