@@ -53,9 +53,12 @@ impl KeyLayout {
         out.push('{');
         match &self.hash_tag {
             HashTag::PerKey => {
-                let start = out.len();
-                key.write_redis_key(&mut out);
-                escape_hash_tag(&mut out, start);
+                // Redis Cluster ends the tag at the first `}`, so a key holding one would choose
+                // its own slot (and could pile onto another client's): `%` becomes `%25` and
+                // then `}` becomes `%7D`, which keeps different client keys different.
+                let mut text = String::new();
+                key.write_redis_key(&mut text);
+                out.push_str(&text.replace('%', "%25").replace('}', "%7D"));
                 out.push('}');
             }
             HashTag::Fixed(tag) => {
@@ -65,24 +68,6 @@ impl KeyLayout {
             }
         }
         out
-    }
-}
-
-/// Makes `out[start..]`, a client key written between the braces of a hash tag, safe to stand
-/// there: Redis Cluster ends the tag at the first `}`, so a key holding one would choose its own
-/// slot (and could pile onto another client's). `}` becomes `%7D` and `%` becomes `%25`, which
-/// keeps different client keys different; keys holding neither are written as they are.
-fn escape_hash_tag(out: &mut String, start: usize) {
-    if !out[start..].contains(['}', '%']) {
-        return;
-    }
-    let key = out.split_off(start);
-    for c in key.chars() {
-        match c {
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
     }
 }
 
