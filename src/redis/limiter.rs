@@ -10,7 +10,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
-use super::error::Cause;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
@@ -257,11 +256,13 @@ impl Inner {
                     Reply::Decision(decision, _) => return Ok(decision),
                     Reply::Late(_) => {}
                     other => {
-                        return Err(Cause::BadReply(format!("{other:?} is not a decision")).into())
+                        return Err(RedisFailure::BadReply(format!(
+                            "{other:?} is not a decision"
+                        )))
                     }
                 }
             }
-            Err(Cause::Late.into())
+            Err(RedisFailure::Late)
         });
         match asked.await {
             Ok(decision) => {
@@ -325,10 +326,9 @@ impl Inner {
             let call = async {
                 match inner.run_script(&quota, &key, refund, cost).await? {
                     Reply::Refunded(_) => Ok(()),
-                    other => Err(Cause::BadReply(format!(
+                    other => Err(RedisFailure::BadReply(format!(
                         "{other:?} is not the answer to a refund"
-                    ))
-                    .into()),
+                    ))),
                 }
             };
             inner.bounded(&quota, &key, call).await
@@ -344,11 +344,11 @@ impl Inner {
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
         let result = if self.breaker.skipping() {
-            Err(Cause::Skipped.into())
+            Err(RedisFailure::Skipped)
         } else {
             tokio::time::timeout(self.timeout, call)
                 .await
-                .unwrap_or_else(|_| Err(Cause::Timeout(self.timeout).into()))
+                .unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)))
         };
         match &result {
             Ok(_) => self.breaker.answered(quota.script.name()),
@@ -368,11 +368,15 @@ impl Inner {
     ) -> Result<Reply, RedisFailure> {
         let now = quota.client_clock().then(|| self.clock.now());
         if let Some(now) = now.filter(|&now| now > MAX_NOW) {
-            return Err(Cause::ClockOutOfRange(now).into());
+            return Err(RedisFailure::ClockOutOfRange(now));
         }
         let invocation = quota.invocation(key, operation, now, cost);
         let sent = self.clock.now();
-        let value = self.store.run(&invocation).await.map_err(Cause::Redis)?;
+        let value = self
+            .store
+            .run(&invocation)
+            .await
+            .map_err(RedisFailure::Redis)?;
         let received = self.clock.now();
         let reply = parse_reply(&value, quota)?;
         self.offset.observe(sent, received, reply.server_time());

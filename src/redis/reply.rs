@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::error::{Cause, RedisFailure};
 use super::script::{LimiterScript, ScriptQuota};
+use super::RedisFailure;
 use crate::decision::Decision;
 
 /// The largest instant a reply may carry: beyond it Lua's arithmetic was not exact.
@@ -154,7 +154,7 @@ impl<'a> Fields<'a> {
 }
 
 fn bad(what: String) -> RedisFailure {
-    Cause::BadReply(what).into()
+    RedisFailure::BadReply(what)
 }
 
 #[cfg(test)]
@@ -295,7 +295,7 @@ mod tests {
         ];
         for (value, what) in cases {
             let err = parse_reply(&value, &q).expect_err(&format!("{value:?}"));
-            assert!(err.is_bad_reply(), "{err}");
+            assert!(matches!(err, RedisFailure::BadReply(_)), "{err}");
             assert!(err.to_string().starts_with("redis"), "{err}");
             assert!(err.to_string().contains(what), "{value:?}: {err}");
         }

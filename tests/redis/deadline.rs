@@ -302,7 +302,7 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
         .unwrap();
     let err = limiter.reserve(&"k", 1).await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
-    assert!(failure.is_late(), "{failure}");
+    assert!(matches!(failure, RedisFailure::Late), "{failure}");
     let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
         .fail_mode(RedisFailMode::open())
         .build()
