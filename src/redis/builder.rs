@@ -114,7 +114,7 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// What to decide when Redis cannot (default [`RedisFailMode::open`]).
+    /// What to decide when Redis cannot (default [`RedisFailMode::Open`]).
     pub fn fail_mode(mut self, fail_mode: RedisFailMode) -> Self {
         self.settings.fail_mode = fail_mode;
         self

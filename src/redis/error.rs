@@ -8,7 +8,7 @@ use std::time::Duration;
 /// a decision.
 ///
 /// The limiter's [`RedisFailMode`](super::RedisFailMode) turns it into a decision; only
-/// [`RedisFailMode::propagate`](super::RedisFailMode::propagate) hands it to the caller, as the
+/// [`RedisFailMode::Propagate`](super::RedisFailMode::Propagate) hands it to the caller, as the
 /// `BoxError` of [`Limiter::reserve`](crate::Limiter::reserve) (test it with
 /// `err.is::<RedisFailure>()`, then match the variant).
 #[derive(Debug)]

@@ -65,7 +65,7 @@ impl RedisRateLimiter {
     /// let limiter = RedisRateLimiter::builder(Quota::per_minute(100)?, store)
     ///     .algorithm::<SlidingLog>()
     ///     .timeout(Duration::from_millis(50))
-    ///     .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    ///     .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     ///     .build()?;
     /// # Ok(())
     /// # }
@@ -137,7 +137,7 @@ impl RedisRateLimiter {
     ///
     /// # Errors
     ///
-    /// Only with [`RedisFailMode::propagate`]: the [`RedisFailure`] of a decision Redis could
+    /// Only with [`RedisFailMode::Propagate`]: the [`RedisFailure`] of a decision Redis could
     /// not give. Every other fail mode answers with a decision.
     ///
     /// # Examples
@@ -164,7 +164,7 @@ impl RedisRateLimiter {
     /// # Errors
     ///
     /// [`InsufficientCapacity`] when `cost` is more than the quota can ever admit at once; with
-    /// [`RedisFailMode::propagate`], the [`RedisFailure`] of a decision Redis could not give.
+    /// [`RedisFailMode::Propagate`], the [`RedisFailure`] of a decision Redis could not give.
     pub async fn check_n<K: RedisKey + ?Sized>(
         &self,
         key: &K,

@@ -394,7 +394,7 @@ mod redis_store {
             .algorithm::<A>()
             .client_clock(clock.clone())
             .prefix(prefix)
-            .fail_mode(RedisFailMode::propagate())
+            .fail_mode(RedisFailMode::Propagate)
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap()

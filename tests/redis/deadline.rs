@@ -78,7 +78,7 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
         // Every decision goes to Redis (none skips it after a failure), so each queues a script.
         .probe_interval(Duration::ZERO)
         .without_refusal_cache()
-        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
         .build()
         .unwrap()
 }
@@ -257,7 +257,7 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
     .timeout(limiter_timeout)
     .probe_interval(Duration::ZERO)
     .without_refusal_cache()
-    .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     .build()
     .unwrap();
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
@@ -297,14 +297,14 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     let fake = FakeRedis::start("*2\r\n:2\r\n:1000000\r\n");
     let store = RedisStore::connect(&fake.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     let err = limiter.reserve(&"k", 1).await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
     assert!(matches!(failure, RedisFailure::Late), "{failure}");
     let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-        .fail_mode(RedisFailMode::open())
+        .fail_mode(RedisFailMode::Open)
         .build()
         .unwrap();
     assert!(open.check(&"k").await.unwrap().allowed);
@@ -356,7 +356,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .prefix(tag)
     .timeout(TIMEOUT)
     .without_refusal_cache()
-    .fail_mode(RedisFailMode::propagate())
+    .fail_mode(RedisFailMode::Propagate)
     .build()
     .unwrap();
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);

@@ -36,7 +36,7 @@ fn limiter<A: RedisAlgorithm>(
         .client_clock(clock.clone())
         .prefix(prefix)
         .without_refusal_cache()
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
