@@ -77,7 +77,7 @@ impl RedisRateLimiterBuilder {
     /// Uses algorithm `A` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
     /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
     pub fn algorithm<A: RedisAlgorithm>(mut self) -> Self {
-        self.settings.script = LimiterScript::of::<A>();
+        self.settings.script = A::SCRIPT;
         self
     }
 
