@@ -36,7 +36,7 @@ async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketA
         .prefix(prefix)
         .timeout(Duration::from_secs(1))
         // An example should say when Redis is not there rather than quietly admit everything.
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()?;
     let layer = RateLimitLayer::new(Policy::new(
         "per-key",

@@ -617,8 +617,8 @@ fn redis_fail_mode(
     use crate::redis::RedisFailMode;
 
     Ok(match redis.fail_mode {
-        RedisFailModeKind::Open => RedisFailMode::open(),
-        RedisFailModeKind::Closed => RedisFailMode::closed(
+        RedisFailModeKind::Open => RedisFailMode::Open,
+        RedisFailModeKind::Closed => RedisFailMode::Closed(
             s.quota
                 .emission_interval()
                 .max(std::time::Duration::from_secs(1)),

@@ -1,8 +1,8 @@
 //! The settings of a [`RedisRateLimiter`] and their checks.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -14,7 +14,6 @@ use super::limiter::Inner;
 use super::offset::ClockOffset;
 use super::script::{LimiterScript, ScriptQuota};
 use super::{BuildError, HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
-use crate::algorithm::Gcra;
 use crate::clock::{Clock, SystemClock};
 use crate::Quota;
 
@@ -28,18 +27,18 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
 pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
 
 /// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
-pub struct RedisRateLimiterBuilder<A = Gcra, C = SystemClock> {
+pub struct RedisRateLimiterBuilder {
     settings: Settings,
-    clock: C,
-    _algorithm: PhantomData<fn() -> A>,
+    /// The client clock the scripts read, if they do not read the server's `TIME`.
+    client_clock: Option<Box<dyn Clock>>,
 }
 
-/// The settings that do not depend on the algorithm or the clock.
+/// The settings that print (a clock does not).
 #[derive(Debug)]
 struct Settings {
     quota: Quota,
     store: RedisStore,
-    client_clock: bool,
+    script: LimiterScript,
     prefix: Option<String>,
     hash_tag: HashTag,
     timeout: Duration,
@@ -48,10 +47,11 @@ struct Settings {
     cache_capacity: Option<usize>,
 }
 
-impl<A, C> fmt::Debug for RedisRateLimiterBuilder<A, C> {
+impl fmt::Debug for RedisRateLimiterBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RedisRateLimiterBuilder")
             .field(&self.settings)
+            .field(&self.client_clock.is_some())
             .finish()
     }
 }
@@ -62,7 +62,7 @@ impl RedisRateLimiterBuilder {
             settings: Settings {
                 quota,
                 store,
-                client_clock: false,
+                script: LimiterScript::Gcra,
                 prefix: None,
                 hash_tag: HashTag::PerKey,
                 timeout: DEFAULT_TIMEOUT,
@@ -70,21 +70,15 @@ impl RedisRateLimiterBuilder {
                 probe_interval: DEFAULT_PROBE_INTERVAL,
                 cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
             },
-            clock: SystemClock::new(),
-            _algorithm: PhantomData,
+            client_clock: None,
         }
     }
-}
 
-impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
-    /// Uses algorithm `A2` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
+    /// Uses algorithm `A` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
     /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
-    pub fn algorithm<A2: RedisAlgorithm>(self) -> RedisRateLimiterBuilder<A2, C> {
-        RedisRateLimiterBuilder {
-            settings: self.settings,
-            clock: self.clock,
-            _algorithm: PhantomData,
-        }
+    pub fn algorithm<A: RedisAlgorithm>(mut self) -> Self {
+        self.settings.script = A::SCRIPT;
+        self
     }
 
     /// Reads time from `clock` on this process instead of the server's `TIME`, in nanoseconds.
@@ -94,15 +88,9 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
     /// the clock's origin, and the clock must stay below 2^52 ns (about 52 days). Since such a
     /// clock need not run at the server's pace, every key is kept a minute longer than the clock
     /// says.
-    pub fn client_clock<C2: Clock>(self, clock: C2) -> RedisRateLimiterBuilder<A, C2> {
-        RedisRateLimiterBuilder {
-            settings: Settings {
-                client_clock: true,
-                ..self.settings
-            },
-            clock,
-            _algorithm: PhantomData,
-        }
+    pub fn client_clock(mut self, clock: impl Clock) -> Self {
+        self.client_clock = Some(Box::new(clock));
+        self
     }
 
     /// The start of every key this limiter writes (default `bulwark:<algorithm>:`). Give each
@@ -126,7 +114,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
         self
     }
 
-    /// What to decide when Redis cannot (default [`RedisFailMode::open`]).
+    /// What to decide when Redis cannot (default [`RedisFailMode::Open`]).
     pub fn fail_mode(mut self, fail_mode: RedisFailMode) -> Self {
         self.settings.fail_mode = fail_mode;
         self
@@ -160,10 +148,10 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
     /// A [`BuildError`] naming the setting that cannot work: a quota whose arithmetic would
     /// leave Lua's exact integers (see the module's limits), a prefix or fixed hash tag holding
     /// a brace, or a zero timeout.
-    pub fn build(self) -> Result<RedisRateLimiter<A, C>, BuildError> {
+    pub fn build(self) -> Result<RedisRateLimiter, BuildError> {
         let settings = self.settings;
-        let script = LimiterScript::of::<A>();
-        let quota = ScriptQuota::new(script, settings.quota, settings.client_clock)
+        let script = settings.script;
+        let quota = ScriptQuota::new(script, settings.quota, self.client_clock.is_some())
             .map_err(BuildError::new)?;
         let prefix = settings
             .prefix
@@ -172,17 +160,20 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiterBuilder<A, C> {
         if settings.timeout.is_zero() {
             return Err(BuildError::new("the timeout must be longer than zero"));
         }
-        Ok(RedisRateLimiter::new(Inner {
-            store: settings.store,
-            quota: ArcSwap::from_pointee(quota),
-            clock: Box::new(self.clock),
-            keys,
-            timeout: settings.timeout,
-            fail_mode: settings.fail_mode,
-            breaker: Breaker::new(settings.probe_interval),
-            cache: settings.cache_capacity.map(RefusalCache::new),
-            cached_refusals: AtomicU64::new(0),
-            offset: ClockOffset::default(),
-        }))
+        let clock = self.client_clock;
+        Ok(RedisRateLimiter {
+            inner: Arc::new(Inner {
+                store: settings.store,
+                quota: ArcSwap::from_pointee(quota),
+                clock: clock.unwrap_or_else(|| Box::new(SystemClock::new())),
+                keys,
+                timeout: settings.timeout,
+                fail_mode: settings.fail_mode,
+                breaker: Breaker::new(settings.probe_interval),
+                cache: settings.cache_capacity.map(RefusalCache::new),
+                cached_refusals: AtomicU64::new(0),
+                offset: ClockOffset::default(),
+            }),
+        })
     }
 }

@@ -8,44 +8,34 @@ use std::time::Duration;
 /// a decision.
 ///
 /// The limiter's [`RedisFailMode`](super::RedisFailMode) turns it into a decision; only
-/// [`RedisFailMode::propagate`](super::RedisFailMode::propagate) hands it to the caller, as the
+/// [`RedisFailMode::Propagate`](super::RedisFailMode::Propagate) hands it to the caller, as the
 /// `BoxError` of [`Limiter::reserve`](crate::Limiter::reserve) (test it with
-/// `err.is::<RedisFailure>()`).
+/// `err.is::<RedisFailure>()`, then match the variant).
 #[derive(Debug)]
-pub struct RedisFailure {
-    cause: Cause,
-}
-
-/// Why Redis gave no decision.
-#[derive(Debug)]
-pub(crate) enum Cause {
+#[non_exhaustive]
+pub enum RedisFailure {
     /// No answer within the limiter's timeout.
     Timeout(Duration),
     /// The client failed: no connection, a script error, ...
     Redis(redis::RedisError),
-    /// A reply of the wrong shape, type or range; says what is wrong.
+    /// A reply of the wrong shape, type or range, which says what is wrong.
     BadReply(String),
     /// A client clock beyond what the scripts can take exactly.
     ClockOutOfRange(u64),
-    /// Not asked, since it failed less than a probe interval ago.
+    /// Not asked, since Redis failed less than a probe interval ago.
     Skipped,
-    /// The script ran after the decision's deadline.
+    /// The script ran after the decision's deadline, so it changed nothing (Redis was too slow
+    /// for this caller).
     Late,
-}
-
-impl From<Cause> for RedisFailure {
-    fn from(cause: Cause) -> Self {
-        Self { cause }
-    }
 }
 
 impl RedisFailure {
     /// Whether the failure is about reaching Redis at all (a timeout, a refused or dropped
     /// connection), rather than about one key's state or one reply.
     pub(crate) fn is_unavailable(&self) -> bool {
-        match &self.cause {
-            Cause::Timeout(_) => true,
-            Cause::Redis(err) => {
+        match self {
+            Self::Timeout(_) => true,
+            Self::Redis(err) => {
                 err.is_io_error()
                     || err.is_connection_refusal()
                     || err.is_connection_dropped()
@@ -53,54 +43,24 @@ impl RedisFailure {
                     || err.is_unrecoverable_error()
                     || err.is_cluster_error()
             }
-            Cause::BadReply(_) | Cause::ClockOutOfRange(_) | Cause::Skipped | Cause::Late => false,
-        }
-    }
-
-    /// Whether Redis was not asked, because it failed less than a probe interval ago.
-    pub fn is_skipped(&self) -> bool {
-        matches!(self.cause, Cause::Skipped)
-    }
-
-    /// Whether Redis did not answer within the limiter's timeout.
-    pub fn is_timeout(&self) -> bool {
-        matches!(self.cause, Cause::Timeout(_))
-    }
-
-    /// Whether Redis ran the script only after the decision's deadline, so that the script
-    /// changed nothing (Redis was too slow for this caller).
-    pub fn is_late(&self) -> bool {
-        matches!(self.cause, Cause::Late)
-    }
-
-    /// Whether Redis answered with something that is not a decision (a reply of the wrong shape).
-    pub fn is_bad_reply(&self) -> bool {
-        matches!(self.cause, Cause::BadReply(_))
-    }
-
-    /// The error of the Redis client, when the failure is one (connection refused, a script
-    /// error, ...).
-    pub fn redis_error(&self) -> Option<&redis::RedisError> {
-        match &self.cause {
-            Cause::Redis(err) => Some(err),
-            _ => None,
+            Self::BadReply(_) | Self::ClockOutOfRange(_) | Self::Skipped | Self::Late => false,
         }
     }
 }
 
 impl fmt::Display for RedisFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.cause {
-            Cause::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
-            Cause::Redis(err) => write!(f, "redis failed: {err}"),
-            Cause::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
-            Cause::Late => f.write_str(
+        match self {
+            Self::Timeout(after) => write!(f, "redis did not answer within {after:?}"),
+            Self::Redis(err) => write!(f, "redis failed: {err}"),
+            Self::BadReply(what) => write!(f, "redis replied with something else than a decision: {what}"),
+            Self::Late => f.write_str(
                 "redis ran the script after the decision's deadline, so it changed nothing",
             ),
-            Cause::Skipped => f.write_str(
+            Self::Skipped => f.write_str(
                 "redis failed a moment ago and is not asked again before the probe interval ends",
             ),
-            Cause::ClockOutOfRange(now) => write!(
+            Self::ClockOutOfRange(now) => write!(
                 f,
                 "redis scripts cannot take the client clock's time {now} exactly (at most 2^52 ticks)"
             ),
@@ -110,8 +70,8 @@ impl fmt::Display for RedisFailure {
 
 impl Error for RedisFailure {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match &self.cause {
-            Cause::Redis(err) => Some(err),
+        match self {
+            Self::Redis(err) => Some(err),
             _ => None,
         }
     }

@@ -15,32 +15,25 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 ///
 /// Every such failure is counted ([`RedisRateLimiter::failures`](super::RedisRateLimiter::failures))
 /// and logged whatever the fail mode.
-#[derive(Clone)]
-pub struct RedisFailMode(OnFailure);
+#[derive(Clone, Default)]
+pub enum RedisFailMode {
+    /// Admits the request (the default): availability first. The decision reports the full limit
+    /// minus the cost as remaining, since nothing better is known.
+    #[default]
+    Open,
+    /// Refuses the request, telling the client to come back after this long.
+    Closed(Duration),
+    /// Decides with a local limiter keyed by the Redis key of the request (see
+    /// [`fallback`](Self::fallback) and [`fallback_to`](Self::fallback_to)).
+    Fallback(Arc<LocalLimiter>),
+    /// Hands the [`RedisFailure`] to the caller as the error of the decision.
+    Propagate,
+}
 
 /// A local limiter that decides for Redis, keyed by the Redis key.
 type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
 
-#[derive(Clone)]
-enum OnFailure {
-    Open,
-    Closed(Duration),
-    Fallback(Arc<LocalLimiter>),
-    Propagate,
-}
-
 impl RedisFailMode {
-    /// Admits the request (the default): availability first. The decision reports the full limit
-    /// minus the cost as remaining, since nothing better is known.
-    pub fn open() -> Self {
-        Self(OnFailure::Open)
-    }
-
-    /// Refuses the request, telling the client to come back after `retry_after`.
-    pub fn closed(retry_after: Duration) -> Self {
-        Self(OnFailure::Closed(retry_after))
-    }
-
     /// Decides with a local in-memory GCRA limiter of its own `quota`, for example the global
     /// quota divided by the expected number of instances.
     pub fn fallback(quota: Quota) -> Self {
@@ -54,12 +47,7 @@ impl RedisFailMode {
     where
         L: Limiter<String, Future = Ready<Result<Decision, BoxError>>>,
     {
-        Self(OnFailure::Fallback(Arc::new(limiter)))
-    }
-
-    /// Hands the [`RedisFailure`] to the caller as the error of the decision.
-    pub fn propagate() -> Self {
-        Self(OnFailure::Propagate)
+        Self::Fallback(Arc::new(limiter))
     }
 
     /// The decision on `cost` permits for `key` when Redis failed with `failure`; `limit` is the
@@ -71,15 +59,13 @@ impl RedisFailMode {
         cost: u32,
         failure: RedisFailure,
     ) -> Result<Decision, BoxError> {
-        let mut decision = match &self.0 {
-            OnFailure::Open => {
+        let mut decision = match self {
+            Self::Open => {
                 Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
             }
-            OnFailure::Closed(retry_after) => {
-                Decision::refused(limit, 0, *retry_after, *retry_after)
-            }
-            OnFailure::Fallback(local) => local.reserve(&key, cost).into_inner()?,
-            OnFailure::Propagate => return Err(failure.into()),
+            Self::Closed(retry_after) => Decision::refused(limit, 0, *retry_after, *retry_after),
+            Self::Fallback(local) => local.reserve(&key, cost).into_inner()?,
+            Self::Propagate => return Err(failure.into()),
         };
         decision.source = Source::RedisFailMode;
         Ok(decision.of_cost(cost))
@@ -87,29 +73,23 @@ impl RedisFailMode {
 
     /// Gives a decision that this fail mode took back to its local limiter, if it has one.
     pub(crate) fn refund(&self, key: String, cost: u32, mut decision: Decision) {
-        if let OnFailure::Fallback(local) = &self.0 {
+        if let Self::Fallback(local) = self {
             decision.source = Source::State;
             local.refund(&key, cost, decision);
         }
     }
 }
 
-impl Default for RedisFailMode {
-    fn default() -> Self {
-        Self::open()
-    }
-}
-
 impl fmt::Debug for RedisFailMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            OnFailure::Open => f.write_str("RedisFailMode::open()"),
-            OnFailure::Closed(retry) => write!(f, "RedisFailMode::closed({retry:?})"),
-            OnFailure::Fallback(limiter) => f
-                .debug_tuple("RedisFailMode::fallback")
+        match self {
+            Self::Open => f.write_str("RedisFailMode::Open"),
+            Self::Closed(retry) => write!(f, "RedisFailMode::Closed({retry:?})"),
+            Self::Fallback(limiter) => f
+                .debug_tuple("RedisFailMode::Fallback")
                 .field(&limiter.quota())
                 .finish(),
-            OnFailure::Propagate => f.write_str("RedisFailMode::propagate()"),
+            Self::Propagate => f.write_str("RedisFailMode::Propagate"),
         }
     }
 }

@@ -17,63 +17,36 @@ use crate::BoxError;
 /// take the decision with it: a task on the runtime waits for the answer and gives back what it
 /// admitted, so a caller that goes away at any await point (a client that hangs up, a timeout
 /// layer above) spends nothing.
-pub struct ReserveFuture {
-    state: ReserveState,
-}
+pub struct ReserveFuture(pub(super) ReserveState);
 
 type DecisionCall = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send + 'static>>;
 
-enum ReserveState {
+pub(super) enum ReserveState {
     /// Decided without a round trip (a cached refusal, an impossible cost), until it is taken.
     Ready(Option<Result<Decision, BoxError>>),
-    /// A decision in Redis, and what giving it back needs if the caller goes away.
+    /// A decision in Redis, and what giving back its `cost` permits for `key` needs if the
+    /// caller goes away.
     InFlight {
         call: DecisionCall,
-        refund: RefundOnDrop,
+        inner: Arc<Inner>,
+        key: String,
+        cost: u32,
         polled: bool,
     },
-}
-
-/// What an abandoned decision needs to give its permits back.
-pub(super) struct RefundOnDrop {
-    pub(super) inner: Arc<Inner>,
-    pub(super) key: String,
-    pub(super) cost: u32,
-}
-
-impl ReserveFuture {
-    pub(super) fn ready(result: Result<Decision, BoxError>) -> Self {
-        Self {
-            state: ReserveState::Ready(Some(result)),
-        }
-    }
-
-    pub(super) fn in_flight(
-        call: impl Future<Output = Result<Decision, BoxError>> + Send + 'static,
-        refund: RefundOnDrop,
-    ) -> Self {
-        Self {
-            state: ReserveState::InFlight {
-                call: Box::pin(call),
-                refund,
-                polled: false,
-            },
-        }
-    }
 }
 
 impl Future for ReserveFuture {
     type Output = Result<Decision, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let result = match &mut self.state {
+        let result = match &mut self.0 {
             ReserveState::Ready(result) => result.take(),
             ReserveState::InFlight { call, polled, .. } => {
                 *polled = true;
                 Some(ready!(call.as_mut().poll(cx)))
             }
         };
-        self.state = ReserveState::Ready(None);
+        self.0 = ReserveState::Ready(None);
         Poll::Ready(result.expect("ReserveFuture polled after it completed"))
     }
 }
@@ -82,18 +55,21 @@ impl Drop for ReserveFuture {
     fn drop(&mut self) {
         let ReserveState::InFlight {
             call,
-            refund,
+            inner,
+            key,
+            cost,
             polled: true,
-        } = std::mem::replace(&mut self.state, ReserveState::Ready(None))
+        } = std::mem::replace(&mut self.0, ReserveState::Ready(None))
         else {
             // Never polled: nothing was sent. Finished: the caller has the decision.
             return;
         };
-        let RefundOnDrop { inner, key, cost } = refund;
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                // Failures are counted and logged inside.
-                let _ = inner.refund(&key, cost, decision).await;
+                if let Some(in_redis) = inner.refund(key, cost, decision) {
+                    // Failures are counted and logged inside.
+                    let _ = in_redis.await;
+                }
             }
         });
     }
@@ -101,13 +77,6 @@ impl Drop for ReserveFuture {
 
 impl fmt::Debug for ReserveFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            ReserveState::Ready(Some(_)) => "ready",
-            ReserveState::InFlight { .. } => "in flight",
-            ReserveState::Ready(None) => "done",
-        };
-        f.debug_struct("ReserveFuture")
-            .field("state", &state)
-            .finish()
+        f.debug_struct("ReserveFuture").finish_non_exhaustive()
     }
 }

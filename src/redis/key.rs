@@ -53,9 +53,12 @@ impl KeyLayout {
         out.push('{');
         match &self.hash_tag {
             HashTag::PerKey => {
-                let start = out.len();
-                key.write_redis_key(&mut out);
-                escape_hash_tag(&mut out, start);
+                // Redis Cluster ends the tag at the first `}`, so a key holding one would choose
+                // its own slot (and could pile onto another client's): `%` becomes `%25` and
+                // then `}` becomes `%7D`, which keeps different client keys different.
+                let mut text = String::new();
+                key.write_redis_key(&mut text);
+                out.push_str(&text.replace('%', "%25").replace('}', "%7D"));
                 out.push('}');
             }
             HashTag::Fixed(tag) => {
@@ -65,24 +68,6 @@ impl KeyLayout {
             }
         }
         out
-    }
-}
-
-/// Makes `out[start..]`, a client key written between the braces of a hash tag, safe to stand
-/// there: Redis Cluster ends the tag at the first `}`, so a key holding one would choose its own
-/// slot (and could pile onto another client's). `}` becomes `%7D` and `%` becomes `%25`, which
-/// keeps different client keys different; keys holding neither are written as they are.
-fn escape_hash_tag(out: &mut String, start: usize) {
-    if !out[start..].contains(['}', '%']) {
-        return;
-    }
-    let key = out.split_off(start);
-    for c in key.chars() {
-        match c {
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
     }
 }
 
@@ -105,53 +90,24 @@ pub trait RedisKey {
     fn write_redis_key(&self, out: &mut String);
 }
 
-impl<T: RedisKey + ?Sized> RedisKey for &T {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
+macro_rules! pointer_keys {
+    ($($pointer:ty),*) => {$(
+        impl<T: RedisKey + ?Sized> RedisKey for $pointer {
+            fn write_redis_key(&self, out: &mut String) {
+                (**self).write_redis_key(out);
+            }
+        }
+    )*};
 }
 
-impl<T: RedisKey + ?Sized> RedisKey for Box<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl<T: RedisKey + ?Sized> RedisKey for Arc<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl<T: RedisKey + ?Sized> RedisKey for Rc<T> {
-    fn write_redis_key(&self, out: &mut String) {
-        (**self).write_redis_key(out);
-    }
-}
-
-impl RedisKey for str {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
-
-impl RedisKey for String {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
-
-impl RedisKey for Cow<'_, str> {
-    fn write_redis_key(&self, out: &mut String) {
-        out.push_str(self);
-    }
-}
+pointer_keys!(&T, Box<T>, Arc<T>, Rc<T>);
 
 /// One budget for everything: the empty key.
 impl RedisKey for () {
     fn write_redis_key(&self, _out: &mut String) {}
 }
 
+/// Keys written as they display (text as it is).
 macro_rules! display_keys {
     ($($ty:ty),* $(,)?) => {$(
         impl RedisKey for $ty {
@@ -164,8 +120,27 @@ macro_rules! display_keys {
 }
 
 display_keys!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, char, bool, IpAddr, Ipv4Addr,
-    Ipv6Addr, SocketAddr,
+    str,
+    String,
+    Cow<'_, str>,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    char,
+    bool,
+    IpAddr,
+    Ipv4Addr,
+    Ipv6Addr,
+    SocketAddr,
 );
 
 /// Header bytes as text: visible ASCII as is, anything else (and `\`) escaped as `\xNN`, so

@@ -1,9 +1,8 @@
-//! The limiter: its public face, and the decisions and refunds that go through Redis, its fail
-//! mode or its cache of refusals.
+//! The limiter: its public face, and the decisions and refunds that go through Redis (each
+//! script call bounded in time), its fail mode or its cache of refusals.
 
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,16 +11,15 @@ use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
 use super::fail_mode::Breaker;
-use super::future::{RefundOnDrop, ReserveFuture};
+use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
 use super::offset::ClockOffset;
-use super::script::{Operation, ScriptQuota};
+use super::reply::{parse_reply, Reply};
+use super::script::{Operation, ScriptQuota, MAX_NOW};
 use super::{
-    BuildError, RedisAlgorithm, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder,
-    RedisStore,
+    BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
-use crate::algorithm::Gcra;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::decision::{Decision, InsufficientCapacity, Source};
 use crate::{BoxError, Limiter, Quota};
 
@@ -29,11 +27,11 @@ use crate::{BoxError, Limiter, Quota};
 /// key prefix. Cheap to clone; clones share everything.
 ///
 /// It decides for any key that implements [`RedisKey`] (strings, numbers, IP addresses, header
-/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check). `A` is the algorithm
-/// its scripts run, `C` the clock it was built with.
-pub struct RedisRateLimiter<A = Gcra, C = SystemClock> {
-    inner: Arc<Inner>,
-    _types: PhantomData<fn() -> (A, C)>,
+/// values, `()`), through [`Limiter::reserve`] or [`check`](Self::check). Its scripts run the
+/// algorithm chosen by [`RedisRateLimiterBuilder::algorithm`].
+#[derive(Clone)]
+pub struct RedisRateLimiter {
+    pub(super) inner: Arc<Inner>,
 }
 
 /// Everything a limiter and its clones share.
@@ -67,7 +65,7 @@ impl RedisRateLimiter {
     /// let limiter = RedisRateLimiter::builder(Quota::per_minute(100)?, store)
     ///     .algorithm::<SlidingLog>()
     ///     .timeout(Duration::from_millis(50))
-    ///     .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    ///     .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     ///     .build()?;
     /// # Ok(())
     /// # }
@@ -75,18 +73,7 @@ impl RedisRateLimiter {
     pub fn builder(quota: Quota, store: RedisStore) -> RedisRateLimiterBuilder {
         RedisRateLimiterBuilder::new(quota, store)
     }
-}
 
-impl<A, C> RedisRateLimiter<A, C> {
-    pub(super) fn new(inner: Inner) -> Self {
-        Self {
-            inner: Arc::new(inner),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     /// The quota this limiter sends with its decisions now.
     pub fn quota(&self) -> Quota {
         self.inner.quota.load().quota
@@ -150,7 +137,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     ///
     /// # Errors
     ///
-    /// Only with [`RedisFailMode::propagate`]: the [`RedisFailure`] of a decision Redis could
+    /// Only with [`RedisFailMode::Propagate`]: the [`RedisFailure`] of a decision Redis could
     /// not give. Every other fail mode answers with a decision.
     ///
     /// # Examples
@@ -177,7 +164,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
     /// # Errors
     ///
     /// [`InsufficientCapacity`] when `cost` is more than the quota can ever admit at once; with
-    /// [`RedisFailMode::propagate`], the [`RedisFailure`] of a decision Redis could not give.
+    /// [`RedisFailMode::Propagate`], the [`RedisFailure`] of a decision Redis could not give.
     pub async fn check_n<K: RedisKey + ?Sized>(
         &self,
         key: &K,
@@ -193,7 +180,7 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         let quota = inner.quota.load_full();
         if cost > quota.capacity {
             let err = InsufficientCapacity::new(cost, quota.capacity);
-            return ReserveFuture::ready(Err(err.into()));
+            return ReserveFuture(ReserveState::Ready(Some(Err(err.into()))));
         }
         let max_wait = if wait { quota.max_wait } else { 0 };
         let redis_key = inner.keys.redis_key(key);
@@ -202,19 +189,21 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
             if let Some(refusal) = cache.check(&redis_key, cost, inner.clock.now(), max_wait_nanos)
             {
                 inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
-                return ReserveFuture::ready(Ok(refusal.of_cost(cost)));
+                return ReserveFuture(ReserveState::Ready(Some(Ok(refusal.of_cost(cost)))));
             }
         }
-        let refund = RefundOnDrop {
-            inner: Arc::clone(inner),
-            key: redis_key.clone(),
-            cost,
+        let call = {
+            let inner = Arc::clone(inner);
+            let key = redis_key.clone();
+            async move { inner.decide(&quota, key, cost, max_wait).await }
         };
-        let inner = Arc::clone(inner);
-        ReserveFuture::in_flight(
-            async move { inner.decide(&quota, redis_key, cost, max_wait).await },
-            refund,
-        )
+        ReserveFuture(ReserveState::InFlight {
+            call: Box::pin(call),
+            inner: Arc::clone(inner),
+            key: redis_key,
+            cost,
+            polled: false,
+        })
     }
 
     /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
@@ -231,13 +220,18 @@ impl<A: RedisAlgorithm, C: Clock> RedisRateLimiter<A, C> {
         decision: Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
-        Ok(self.inner.refund(&redis_key, cost, decision).await?)
+        match self.inner.refund(redis_key, cost, decision) {
+            Some(in_redis) => Ok(in_redis.await?),
+            None => Ok(()),
+        }
     }
 }
 
+/// Script calls are each bounded in time: the limiter's timeout answers the caller, and a
+/// deadline in the server's time keeps a decision that runs after it from changing anything.
 impl Inner {
-    /// Decides on `cost` permits for `key` with `quota`: in Redis, or by the fail mode when
-    /// Redis cannot.
+    /// Decides on `cost` permits for `key` with `quota`, waiting at most `max_wait` ticks: in
+    /// Redis, or by the fail mode when Redis cannot.
     pub(super) async fn decide(
         &self,
         quota: &ScriptQuota,
@@ -245,9 +239,33 @@ impl Inner {
         cost: u32,
         max_wait: u64,
     ) -> Result<Decision, BoxError> {
-        match self.ask_decision(quota, &key, cost, max_wait).await {
+        // The caller is answered when the limiter's timeout or the connection's runs out.
+        let longest_wait = self.store.longest_wait(self.timeout).as_nanos();
+        let longest_wait = u64::try_from(longest_wait).unwrap_or(u64::MAX);
+        let answered_by = self.clock.now().saturating_add(longest_wait);
+        let asked = self.bounded(quota, &key, async {
+            // A first "late" answer may come from a probe (no offset known yet) or from an
+            // offset that the clocks have left behind; either way the reply corrected the
+            // offset, so the request goes once more with a deadline that now means something.
+            for _ in 0..2 {
+                // Before any reply, a deadline already past: the script answers at once with
+                // the server's time and changes nothing (see `offset`).
+                let deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
+                let operation = Operation::Decide { max_wait, deadline };
+                match self.run_script(quota, &key, operation, cost).await? {
+                    Reply::Decision(decision, _) => return Ok(decision),
+                    Reply::Late(_) => {}
+                    other => {
+                        return Err(RedisFailure::BadReply(format!(
+                            "{other:?} is not a decision"
+                        )))
+                    }
+                }
+            }
+            Err(RedisFailure::Late)
+        });
+        match asked.await {
             Ok(decision) => {
-                self.breaker.answered(quota.script.name());
                 if !decision.allowed {
                     if let Some(cache) = &self.cache {
                         cache.insert(&key, cost, self.clock.now(), &decision);
@@ -258,83 +276,111 @@ impl Inner {
                     .for_key(fingerprint(&key))
                     .made_by(crate::decision::LimiterId::REDIS))
             }
-            Err(failure) => {
-                self.breaker.failed(&key, &failure, &self.fail_mode);
-                self.fail_mode.decide(quota.limit, key, cost, failure)
-            }
+            Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
         }
     }
 
-    /// Gives `decision` back, and waits until Redis has applied its part.
-    pub(super) async fn refund(
-        &self,
-        key: &str,
+    /// Gives `decision` back. At once, a cached refusal of `key` is forgotten (its permits came
+    /// back) and a fail mode's decision goes back to the local limiter; what Redis must still be
+    /// told is returned as a call to send. A decision that Redis made for another key gives
+    /// nothing back.
+    ///
+    /// The call tells the script the instant the permits were charged at and the state the
+    /// admission left (GCRA gives back only while the key's TAT is still that one), with the
+    /// current quota's arguments, as the in-memory limiters give back with the current
+    /// algorithm. It carries no deadline: it only restores what one admission took (the scripts
+    /// take off that admission's permits, from wherever they still count), so applying it late
+    /// is as right as applying it at once, and dropping it would leave a refused request's
+    /// permits spent. It is sent exactly once per decision (nothing retries it), so a late one
+    /// cannot be applied twice.
+    pub(super) fn refund(
+        self: &Arc<Self>,
+        key: String,
         cost: u32,
         decision: Decision,
-    ) -> Result<(), RedisFailure> {
-        match self.refund_at_once(key, cost, decision) {
-            Some(decision) => self.refund_in_redis(key, cost, &decision).await,
-            None => Ok(()),
-        }
-    }
-
-    /// The part of giving `decision` back that is done at once: a cached refusal of `key` is
-    /// forgotten (its permits came back), and a fail mode's decision goes back to the local
-    /// limiter. Returns the decision if Redis must still be told
-    /// ([`refund_in_redis`](Self::refund_in_redis)); a decision that Redis made for another key
-    /// gives nothing back.
-    fn refund_at_once(&self, key: &str, cost: u32, decision: Decision) -> Option<Decision> {
+    ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
         if !decision.allowed {
             return None;
         }
         let made_by_redis = decision.source == Source::State;
-        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(key)) {
+        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(&key))
+        {
             return None;
         }
         if let Some(cache) = &self.cache {
-            cache.forget(key);
+            cache.forget(&key);
         }
-        if made_by_redis {
-            return Some(decision);
+        if !made_by_redis {
+            self.fail_mode.refund(key, cost, decision);
+            return None;
         }
-        self.fail_mode.refund(key.to_owned(), cost, decision);
-        None
-    }
-
-    /// Gives the `cost` permits of `decision` back to Redis: the script is told the instant they
-    /// were charged at and the state the admission left (GCRA gives back only while the key's
-    /// TAT is still that one).
-    ///
-    /// A refund carries no deadline: it only restores what one admission took (the scripts take
-    /// off that admission's permits, from wherever they still count), so applying it late is as
-    /// right as applying it at once, and dropping it would leave a refused request's permits
-    /// spent. It is sent exactly once per decision (nothing retries it), so a late one cannot be
-    /// applied twice.
-    async fn refund_in_redis(
-        &self,
-        key: &str,
-        cost: u32,
-        decision: &Decision,
-    ) -> Result<(), RedisFailure> {
         let refund = Operation::Refund {
             charged_at: decision.reserved_at,
             left: decision.state_after,
             reserved: !decision.wait.is_zero(),
         };
-        // Given back with the current quota's arguments, as the in-memory limiters give back
-        // with the current algorithm.
-        let quota = self.quota.load_full();
         let cost = decision.refundable(cost);
-        match self.send_refund(&quota, key, cost, refund).await {
-            Ok(()) => {
-                self.breaker.answered(quota.script.name());
-                Ok(())
-            }
-            Err(failure) => {
-                self.breaker.failed(key, &failure, &self.fail_mode);
-                Err(failure)
-            }
+        let inner = Arc::clone(self);
+        Some(async move {
+            let quota = inner.quota.load_full();
+            let call = async {
+                match inner.run_script(&quota, &key, refund, cost).await? {
+                    Reply::Refunded(_) => Ok(()),
+                    other => Err(RedisFailure::BadReply(format!(
+                        "{other:?} is not the answer to a refund"
+                    ))),
+                }
+            };
+            inner.bounded(&quota, &key, call).await
+        })
+    }
+
+    /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
+    /// limiter's timeout; the breaker counts and logs a failure for `key`.
+    async fn bounded<T>(
+        &self,
+        quota: &ScriptQuota,
+        key: &str,
+        call: impl Future<Output = Result<T, RedisFailure>>,
+    ) -> Result<T, RedisFailure> {
+        let result = if self.breaker.skipping() {
+            Err(RedisFailure::Skipped)
+        } else {
+            tokio::time::timeout(self.timeout, call)
+                .await
+                .unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)))
+        };
+        match &result {
+            Ok(_) => self.breaker.answered(quota.script.name()),
+            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode),
         }
+        result
+    }
+
+    /// One script call and its reply, which also tells the offset between the clocks. With a
+    /// client clock, the script decides at its reading; otherwise at the server's `TIME`.
+    async fn run_script(
+        &self,
+        quota: &ScriptQuota,
+        key: &str,
+        operation: Operation,
+        cost: u32,
+    ) -> Result<Reply, RedisFailure> {
+        let now = quota.client_clock().then(|| self.clock.now());
+        if let Some(now) = now.filter(|&now| now > MAX_NOW) {
+            return Err(RedisFailure::ClockOutOfRange(now));
+        }
+        let invocation = quota.invocation(key, operation, now, cost);
+        let sent = self.clock.now();
+        let value = self
+            .store
+            .run(&invocation)
+            .await
+            .map_err(RedisFailure::Redis)?;
+        let received = self.clock.now();
+        let reply = parse_reply(&value, quota)?;
+        self.offset.observe(sent, received, reply.server_time());
+        Ok(reply)
     }
 }
 
@@ -351,16 +397,7 @@ pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 's
     }
 }
 
-impl<A, C> Clone for RedisRateLimiter<A, C> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: Arc::clone(&self.inner),
-            _types: PhantomData,
-        }
-    }
-}
-
-impl<A, C> fmt::Debug for RedisRateLimiter<A, C> {
+impl fmt::Debug for RedisRateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = &*self.inner;
         let quota = inner.quota.load();
@@ -380,12 +417,7 @@ impl<A, C> fmt::Debug for RedisRateLimiter<A, C> {
     }
 }
 
-impl<K, A, C> Limiter<K> for RedisRateLimiter<A, C>
-where
-    K: RedisKey,
-    A: RedisAlgorithm,
-    C: Clock,
-{
+impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
     type Future = ReserveFuture;
 
     fn quota(&self) -> Quota {
@@ -402,13 +434,11 @@ where
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
         let redis_key = self.inner.keys.redis_key(key);
-        let Some(decision) = self.inner.refund_at_once(&redis_key, cost, decision) else {
-            return;
-        };
-        let inner = Arc::clone(&self.inner);
-        spawn_refund(&redis_key.clone(), async move {
+        if let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) {
             // Failures are counted and logged inside; nothing waits for the outcome.
-            let _ = inner.refund_in_redis(&redis_key, cost, &decision).await;
-        });
+            spawn_refund(&redis_key, async move {
+                let _ = in_redis.await;
+            });
+        }
     }
 }

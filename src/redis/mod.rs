@@ -102,7 +102,6 @@
 
 mod builder;
 mod cache;
-mod call;
 mod error;
 mod fail_mode;
 mod future;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::error::{Cause, RedisFailure};
 use super::script::{LimiterScript, ScriptQuota};
+use super::RedisFailure;
 use crate::decision::Decision;
 
 /// The largest instant a reply may carry: beyond it Lua's arithmetic was not exact.
@@ -37,49 +37,81 @@ impl Reply {
     }
 }
 
+/// The fields of a decision, in order; only GCRA's carry `state_after`.
+const DECISION: [&str; 8] = [
+    "status",
+    "remaining",
+    "retry_after",
+    "reset_after",
+    "wait",
+    "reserved_at",
+    "state_after",
+    "time",
+];
+
 /// Reads the reply of a script that ran with `quota`.
 pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, RedisFailure> {
     let Value::Array(items) = value else {
         return Err(bad(format!("expected an array of integers, got {value:?}")));
     };
-    let mut fields = Fields::new(items);
-    let status = fields.int("status")?;
-    match status {
-        0 | 1 => decision(status == 1, fields, quota),
-        2 => Ok(Reply::Late(fields.last_time()?)),
-        3 => Ok(Reply::Refunded(fields.last_time()?)),
-        n => Err(bad(format!("the status is neither 0, 1, 2 nor 3 ({n})"))),
-    }
-}
-
-/// The rest of a decision's reply, after its status.
-fn decision(
-    allowed: bool,
-    mut fields: Fields<'_>,
-    quota: &ScriptQuota,
-) -> Result<Reply, RedisFailure> {
+    let Some(status) = items.first() else {
+        return Err(bad("an empty array".to_owned()));
+    };
+    let status = int("status", status)?;
     // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
     let with_tat = quota.script == LimiterScript::Gcra;
-    fields.expect_len(if with_tat { 8 } else { 7 })?;
-    let remaining = fields.int("remaining")?;
-    if remaining > quota.limit {
+    let names: Vec<&str> = match status {
+        0 | 1 => DECISION
+            .into_iter()
+            .filter(|&name| with_tat || name != "state_after")
+            .collect(),
+        2 | 3 => vec!["status", "time"],
+        n => return Err(bad(format!("the status is neither 0, 1, 2 nor 3 ({n})"))),
+    };
+    if items.len() != names.len() {
+        let (expected, got) = (names.len(), items.len());
+        return Err(bad(format!("expected {expected} integers, got {got}")));
+    }
+    let ints = names
+        .iter()
+        .zip(items)
+        .map(|(name, item)| int(name, item))
+        .collect::<Result<Vec<u64>, _>>()?;
+    // A field the reply does not carry (a window script's `state_after`) is zero.
+    let field = |name: &str| names.iter().position(|&n| n == name).map_or(0, |i| ints[i]);
+    let instant = |name: &str| match field(name) {
+        instant if instant >= MAX_EXACT => {
+            Err(bad(format!("`{name}` is out of range ({instant})")))
+        }
+        instant => Ok(instant),
+    };
+    let duration = |name: &str| {
+        let ticks = field(name);
+        ticks
+            .checked_mul(quota.tick_nanos)
+            .map(Duration::from_nanos)
+            .ok_or_else(|| bad(format!("`{name}` is out of range ({ticks})")))
+    };
+    let time = instant("time")?;
+    match status {
+        2 => return Ok(Reply::Late(time)),
+        3 => return Ok(Reply::Refunded(time)),
+        _ => {}
+    }
+    let remaining = field("remaining");
+    let limit = quota.limit;
+    if remaining > limit {
         return Err(bad(format!(
-            "`remaining` ({remaining}) exceeds the limit ({})",
-            quota.limit
+            "`remaining` ({remaining}) exceeds the limit ({limit})"
         )));
     }
-    let retry_after = fields.duration("retry_after", quota.tick_nanos)?;
-    let reset_after = fields.duration("reset_after", quota.tick_nanos)?;
-    let wait = fields.duration("wait", quota.tick_nanos)?;
-    let reserved_at = fields.instant("reserved_at")?;
-    let state_after = if with_tat {
-        fields.instant("state_after")?
-    } else {
-        0
-    };
-    let time = fields.instant("time")?;
-    let limit = quota.limit;
-    let decision = if !allowed {
+    let (retry_after, reset_after, wait) = (
+        duration("retry_after")?,
+        duration("reset_after")?,
+        duration("wait")?,
+    );
+    let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
+    let decision = if status == 0 {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {
         Decision::allowed(limit, remaining, reset_after)
@@ -91,70 +123,16 @@ fn decision(
     Ok(Reply::Decision(decision, time))
 }
 
-/// The items of a reply, read in order, each checked as it is read.
-struct Fields<'a> {
-    items: &'a [Value],
-    read: usize,
-}
-
-impl<'a> Fields<'a> {
-    fn new(items: &'a [Value]) -> Self {
-        Self { items, read: 0 }
-    }
-
-    /// Checks that the reply holds `count` items in all.
-    fn expect_len(&self, count: usize) -> Result<(), RedisFailure> {
-        if self.items.len() == count {
-            Ok(())
-        } else {
-            Err(bad(format!(
-                "expected {count} integers, got {}",
-                self.items.len()
-            )))
-        }
-    }
-
-    /// The next item, a non-negative integer.
-    fn int(&mut self, name: &str) -> Result<u64, RedisFailure> {
-        let item = self.items.get(self.read);
-        self.read += 1;
-        match item {
-            Some(Value::Int(n)) => {
-                u64::try_from(*n).map_err(|_| bad(format!("`{name}` is negative ({n})")))
-            }
-            Some(other) => Err(bad(format!("`{name}` is not an integer: {other:?}"))),
-            None if self.read == 1 => Err(bad("an empty array".to_owned())),
-            None => Err(bad(format!("`{name}` is missing"))),
-        }
-    }
-
-    /// The next item, an instant below [`MAX_EXACT`].
-    fn instant(&mut self, name: &str) -> Result<u64, RedisFailure> {
-        let instant = self.int(name)?;
-        if instant >= MAX_EXACT {
-            return Err(bad(format!("`{name}` is out of range ({instant})")));
-        }
-        Ok(instant)
-    }
-
-    /// The next item, a duration of ticks of `tick_nanos`.
-    fn duration(&mut self, name: &str, tick_nanos: u64) -> Result<Duration, RedisFailure> {
-        let ticks = self.int(name)?;
-        ticks
-            .checked_mul(tick_nanos)
-            .map(Duration::from_nanos)
-            .ok_or_else(|| bad(format!("`{name}` is out of range ({ticks})")))
-    }
-
-    /// The server's time, the second and last item of a "late" or "refunded" reply.
-    fn last_time(mut self) -> Result<u64, RedisFailure> {
-        self.expect_len(2)?;
-        self.instant("time")
+/// The item `name` of a reply, a non-negative integer.
+fn int(name: &str, item: &Value) -> Result<u64, RedisFailure> {
+    match item {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad(format!("`{name}` is negative ({n})"))),
+        other => Err(bad(format!("`{name}` is not an integer: {other:?}"))),
     }
 }
 
 fn bad(what: String) -> RedisFailure {
-    Cause::BadReply(what).into()
+    RedisFailure::BadReply(what)
 }
 
 #[cfg(test)]
@@ -295,7 +273,7 @@ mod tests {
         ];
         for (value, what) in cases {
             let err = parse_reply(&value, &q).expect_err(&format!("{value:?}"));
-            assert!(err.is_bad_reply(), "{err}");
+            assert!(matches!(err, RedisFailure::BadReply(_)), "{err}");
             assert!(err.to_string().starts_with("redis"), "{err}");
             assert!(err.to_string().contains(what), "{value:?}: {err}");
         }

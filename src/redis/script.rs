@@ -49,7 +49,7 @@ mod sealed {
     #[allow(unreachable_pub)]
     pub trait Sealed {
         /// The script that runs the algorithm.
-        fn script() -> LimiterScript;
+        const SCRIPT: LimiterScript;
     }
 }
 
@@ -64,9 +64,7 @@ pub trait RedisAlgorithm: Algorithm + sealed::Sealed {}
 macro_rules! redis_algorithms {
     ($($algorithm:ident),*) => {$(
         impl sealed::Sealed for $algorithm {
-            fn script() -> LimiterScript {
-                LimiterScript::$algorithm
-            }
+            const SCRIPT: LimiterScript = LimiterScript::$algorithm;
         }
         impl RedisAlgorithm for $algorithm {}
     )*};
@@ -75,11 +73,6 @@ macro_rules! redis_algorithms {
 redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter);
 
 impl LimiterScript {
-    /// The script of algorithm `A`.
-    pub(crate) fn of<A: RedisAlgorithm>() -> Self {
-        <A as sealed::Sealed>::script()
-    }
-
     fn lua(self) -> &'static Script {
         match self {
             Self::Gcra => &GCRA,

@@ -389,22 +389,18 @@ mod redis_store {
         quota: Quota,
         clock: &ManualClock,
         prefix: &str,
-    ) -> RedisRateLimiter<A, ManualClock> {
+    ) -> RedisRateLimiter {
         RedisRateLimiter::builder(quota, store.clone())
             .algorithm::<A>()
             .client_clock(clock.clone())
             .prefix(prefix)
-            .fail_mode(RedisFailMode::propagate())
+            .fail_mode(RedisFailMode::Propagate)
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap()
     }
 
-    async fn admitted<A: RedisAlgorithm>(
-        limiter: &RedisRateLimiter<A, ManualClock>,
-        key: &str,
-        n: u32,
-    ) -> u32 {
+    async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
         let mut count = 0;
         for _ in 0..n {
             if limiter.check(key).await.unwrap().allowed {

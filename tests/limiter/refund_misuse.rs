@@ -376,7 +376,7 @@ async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
             .client_clock(clock.clone())
             .prefix(format!("misuse:{tag}:"))
             .without_refusal_cache()
-            .fail_mode(RedisFailMode::propagate())
+            .fail_mode(RedisFailMode::Propagate)
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap();

@@ -28,7 +28,7 @@ async fn instance(
         .expect("connect to the test server");
     let limiter = RedisRateLimiter::builder(quota, store)
         .prefix("partner-quota")
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();

@@ -63,7 +63,7 @@ fn client(
 async fn a_stalled_or_dead_redis_fails_the_call_within_the_timeout_under_propagate() {
     for url in [stalled_redis(), dead_redis()] {
         let calls = Arc::new(AtomicUsize::new(0));
-        let client = client(&url, RedisFailMode::propagate(), calls.clone());
+        let client = client(&url, RedisFailMode::Propagate, calls.clone());
         for _ in 0..3 {
             let started = Instant::now();
             let result = tokio::time::timeout(Duration::from_secs(5), client.clone().oneshot(1))
@@ -87,7 +87,7 @@ async fn a_stalled_redis_under_closed_refuses_with_its_retry_time() {
     let calls = Arc::new(AtomicUsize::new(0));
     let client = client(
         &stalled_redis(),
-        RedisFailMode::closed(Duration::from_secs(7)),
+        RedisFailMode::Closed(Duration::from_secs(7)),
         calls.clone(),
     );
     let result = tokio::time::timeout(Duration::from_secs(5), client.oneshot(1))

@@ -11,7 +11,7 @@ use tower_bulwark::{
 async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
         .algorithm::<A>()
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     let mut tasks = Vec::new();
@@ -87,7 +87,7 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         .algorithm::<SlidingLog>()
         .prefix("tenant:")
         .hash_tag(HashTag::Fixed("acme".into()))
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     let mut tenant_slots = std::collections::HashSet::new();
@@ -110,7 +110,7 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
     }
     let flushed = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
         .prefix("flushed:")
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     for client in &clients {

@@ -68,7 +68,7 @@ async fn state(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Strin
     parts.join(" ")
 }
 
-fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimiter<A> {
+fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimiter {
     // Ten a month: nothing refills while the test runs.
     let quota = Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap();
     RedisRateLimiter::builder(quota, store.clone())
@@ -78,16 +78,14 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
         // Every decision goes to Redis (none skips it after a failure), so each queues a script.
         .probe_interval(Duration::ZERO)
         .without_refusal_cache()
-        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
         .build()
         .unwrap()
 }
 
 /// Sends `QUEUED` decisions at once; each must come back from the fail mode. Each task answers
 /// whether its decision admitted and how long it took.
-fn queue<A: RedisAlgorithm>(
-    limiter: &RedisRateLimiter<A>,
-) -> Vec<tokio::task::JoinHandle<(bool, Duration)>> {
+fn queue(limiter: &RedisRateLimiter) -> Vec<tokio::task::JoinHandle<(bool, Duration)>> {
     (0..QUEUED)
         .map(|_| {
             let limiter = limiter.clone();
@@ -101,7 +99,7 @@ fn queue<A: RedisAlgorithm>(
 }
 
 /// Admissions until the first refusal.
-async fn admitted_until_refused<A: RedisAlgorithm>(limiter: &RedisRateLimiter<A>) -> usize {
+async fn admitted_until_refused(limiter: &RedisRateLimiter) -> usize {
     let mut admitted = 0;
     while limiter.reserve(&"k", 1).await.unwrap().allowed {
         admitted += 1;
@@ -259,7 +257,7 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
     .timeout(limiter_timeout)
     .probe_interval(Duration::ZERO)
     .without_refusal_cache()
-    .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+    .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     .build()
     .unwrap();
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
@@ -299,14 +297,14 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     let fake = FakeRedis::start("*2\r\n:2\r\n:1000000\r\n");
     let store = RedisStore::connect(&fake.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     let err = limiter.reserve(&"k", 1).await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
-    assert!(failure.is_late(), "{failure}");
+    assert!(matches!(failure, RedisFailure::Late), "{failure}");
     let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-        .fail_mode(RedisFailMode::open())
+        .fail_mode(RedisFailMode::Open)
         .build()
         .unwrap();
     assert!(open.check(&"k").await.unwrap().allowed);
@@ -358,7 +356,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .prefix(tag)
     .timeout(TIMEOUT)
     .without_refusal_cache()
-    .fail_mode(RedisFailMode::propagate())
+    .fail_mode(RedisFailMode::Propagate)
     .build()
     .unwrap();
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);

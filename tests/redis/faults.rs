@@ -83,13 +83,13 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
             .build()
             .unwrap()
     };
-    let closed = build(RedisFailMode::closed(Duration::from_secs(2)), "closed:");
-    let open = build(RedisFailMode::open(), "open:");
+    let closed = build(RedisFailMode::Closed(Duration::from_secs(2)), "closed:");
+    let open = build(RedisFailMode::Open, "open:");
     let fallback = build(
         RedisFailMode::fallback(Quota::per_hour(5).unwrap()),
         "fallback:",
     );
-    let propagate = build(RedisFailMode::propagate(), "propagate:");
+    let propagate = build(RedisFailMode::Propagate, "propagate:");
     let killed = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -165,7 +165,7 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .algorithm::<FixedWindow>()
         .timeout(TIMEOUT)
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
@@ -239,7 +239,7 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
     let build = |limiter: RedisRateLimiterBuilder| {
         limiter
             .without_refusal_cache()
-            .fail_mode(RedisFailMode::propagate())
+            .fail_mode(RedisFailMode::Propagate)
     };
     let gcra = build(RedisRateLimiter::builder(quota, store.clone()))
         .build()
@@ -300,7 +300,7 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
@@ -341,12 +341,12 @@ async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_second(5).unwrap();
     let gcra = RedisRateLimiter::builder(quota, store.clone())
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .build()
         .unwrap();
     let window = RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<FixedWindow>()
-        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
         .build()
         .unwrap();
     assert_eq!(
@@ -356,7 +356,7 @@ async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
     assert_eq!(server.command(&["SET", &window.redis_key("k"), "5"]), "+OK");
     let err = gcra.check(&"k").await.unwrap_err();
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
-    assert!(failure.redis_error().is_some(), "{failure}");
+    assert!(matches!(failure, RedisFailure::Redis(_)), "{failure}");
     assert!(failure.to_string().contains("not a number"), "{failure}");
     let d = window.check(&"k").await.unwrap();
     assert!(!d.allowed, "WRONGTYPE, so the policy refuses");
@@ -376,14 +376,17 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
         let fake = FakeRedis::start(reply);
         let store = RedisStore::connect(&fake.url()).await.unwrap();
         let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-            .fail_mode(RedisFailMode::propagate())
+            .fail_mode(RedisFailMode::Propagate)
             .build()
             .unwrap();
         let err = limiter.reserve(&"k", 1).await.unwrap_err();
         let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
-        assert!(failure.is_bad_reply(), "{reply:?}: {failure}");
+        assert!(
+            matches!(failure, RedisFailure::BadReply(_)),
+            "{reply:?}: {failure}"
+        );
         let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-            .fail_mode(RedisFailMode::open())
+            .fail_mode(RedisFailMode::Open)
             .build()
             .unwrap();
         assert!(open.check(&"k").await.unwrap().allowed);
@@ -435,7 +438,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
         .timeout(TIMEOUT)
-        .fail_mode(RedisFailMode::closed(Duration::from_secs(1)))
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
         .build()
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);

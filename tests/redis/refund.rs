@@ -30,13 +30,13 @@ fn limiter<A: RedisAlgorithm>(
     quota: Quota,
     clock: &ManualClock,
     prefix: &str,
-) -> RedisRateLimiter<A, ManualClock> {
+) -> RedisRateLimiter {
     RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<A>()
         .client_clock(clock.clone())
         .prefix(prefix)
         .without_refusal_cache()
-        .fail_mode(RedisFailMode::propagate())
+        .fail_mode(RedisFailMode::Propagate)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
@@ -513,9 +513,7 @@ async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
 }
 
 /// Admits on `limiter` until it refuses, at the clock's current instant.
-async fn redis_admitted_until_refused<A: RedisAlgorithm>(
-    limiter: &RedisRateLimiter<A, ManualClock>,
-) -> u64 {
+async fn redis_admitted_until_refused(limiter: &RedisRateLimiter) -> u64 {
     let mut n = 0;
     while limiter.reserve(&"k", 1).await.unwrap().allowed {
         n += 1;
