@@ -92,12 +92,13 @@ pub(crate) type OnCallRejected = Box<dyn Fn(&CallRejected<'_>) + Send + Sync>;
 /// Hook run when a permitted call ends, before its permit is given back.
 pub(crate) type OnCallFinished = Box<dyn Fn(&CallFinished<'_>) + Send + Sync>;
 
-/// The hooks of one bulkhead; the ones left out cost a branch and nothing else.
+/// The hooks of one bulkhead, each kind run in the order it was added; the kinds left out cost
+/// a branch and nothing else.
 #[derive(Default)]
 pub(crate) struct Hooks {
-    pub(crate) permitted: Option<OnCallPermitted>,
-    pub(crate) rejected: Option<OnCallRejected>,
-    pub(crate) finished: Option<OnCallFinished>,
+    pub(crate) permitted: Vec<OnCallPermitted>,
+    pub(crate) rejected: Vec<OnCallRejected>,
+    pub(crate) finished: Vec<OnCallFinished>,
 }
 
 /// A view of a bulkhead's state and counters.

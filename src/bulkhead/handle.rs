@@ -167,13 +167,7 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.permitted = Some(match self.hooks.permitted.take() {
-            Some(earlier) => Box::new(move |event: &CallPermitted<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.permitted.push(Box::new(hook));
         self
     }
 
@@ -182,13 +176,7 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.rejected = Some(match self.hooks.rejected.take() {
-            Some(earlier) => Box::new(move |event: &CallRejected<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.rejected.push(Box::new(hook));
         self
     }
 
@@ -198,13 +186,7 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.finished = Some(match self.hooks.finished.take() {
-            Some(earlier) => Box::new(move |event: &CallFinished<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.finished.push(Box::new(hook));
         self
     }
 
@@ -237,9 +219,9 @@ impl fmt::Debug for BulkheadBuilder {
             .field("max_concurrent_calls", &self.max_concurrent_calls)
             .field("max_wait", &self.max_wait)
             .field("queue_capacity", &self.queue_capacity)
-            .field("on_call_permitted", &self.hooks.permitted.is_some())
-            .field("on_call_rejected", &self.hooks.rejected.is_some())
-            .field("on_call_finished", &self.hooks.finished.is_some())
+            .field("on_call_permitted", &self.hooks.permitted.len())
+            .field("on_call_rejected", &self.hooks.rejected.len())
+            .field("on_call_finished", &self.hooks.finished.len())
             .finish()
     }
 }

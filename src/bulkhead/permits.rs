@@ -218,7 +218,7 @@ impl Permits {
     /// Counts a refusal, runs the hook and makes the error.
     pub(crate) fn reject(&self, reason: Rejection) -> BulkheadFull {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        if let Some(hook) = &self.hooks.rejected {
+        for hook in &self.hooks.rejected {
             hook(&CallRejected {
                 bulkhead: &self.name,
                 reason,
@@ -282,7 +282,7 @@ pub(crate) enum Ending {
 pub struct Permit {
     permits: Arc<Permits>,
     permit: Option<OwnedSemaphorePermit>,
-    /// When the permit was granted; `None` when nobody asked for timings.
+    /// When the permit was granted; `None` when no `on_call_finished` hook asked for it.
     started: Option<Instant>,
     /// What the drop reports; the owner updates it as the call moves on. A permit left at
     /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
@@ -297,7 +297,7 @@ impl Permit {
         waited: Duration,
     ) -> Self {
         permits.permitted.fetch_add(1, Ordering::SeqCst);
-        let started = permits.hooks.finished.as_ref().map(|_| Instant::now());
+        let started = (!permits.hooks.finished.is_empty()).then(Instant::now);
         let permit = Self {
             permits,
             permit: Some(permit),
@@ -305,7 +305,7 @@ impl Permit {
             outcome: Ending::Cancelled,
         };
         // The permit exists before the hook runs, so a panicking hook still gives it back.
-        if let Some(hook) = &permit.permits.hooks.permitted {
+        for hook in &permit.permits.hooks.permitted {
             hook(&CallPermitted {
                 bulkhead: &permit.permits.name,
                 waited,
@@ -329,20 +329,21 @@ impl Drop for Permit {
         }
         let permits = &*self.permits;
         let _give_back = GiveBack(permits, self.permit.take());
-        if let Some(hook) = &permits.hooks.finished {
-            let duration = self.started.map_or(Duration::ZERO, |s| s.elapsed());
-            let outcome = match self.outcome {
-                Ending::Success => CallOutcome::Success,
-                Ending::Failure => CallOutcome::Failure,
-                Ending::Panicked => CallOutcome::Panicked,
-                Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
-                Ending::Cancelled => CallOutcome::Cancelled,
-            };
-            hook(&CallFinished {
+        if let Some(started) = self.started {
+            let event = CallFinished {
                 bulkhead: &permits.name,
-                duration,
-                outcome,
-            });
+                duration: started.elapsed(),
+                outcome: match self.outcome {
+                    Ending::Success => CallOutcome::Success,
+                    Ending::Failure => CallOutcome::Failure,
+                    Ending::Panicked => CallOutcome::Panicked,
+                    Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
+                    Ending::Cancelled => CallOutcome::Cancelled,
+                },
+            };
+            for hook in &permits.hooks.finished {
+                hook(&event);
+            }
         }
     }
 }

@@ -45,7 +45,7 @@ pub(super) struct Controller {
     pub(super) control: Mutex<AlgorithmState>,
     /// What a call dropped before its end counts as.
     pub(super) cancelled: Verdict,
-    pub(super) on_limit_changed: Option<OnLimitChanged>,
+    pub(super) on_limit_changed: Vec<OnLimitChanged>,
     #[cfg(feature = "metrics")]
     pub(super) gauge: std::sync::OnceLock<metrics::Gauge>,
 }
@@ -85,7 +85,7 @@ impl Controller {
         self.bulkhead.set_max_concurrent_calls(to);
         #[cfg(feature = "metrics")]
         self.publish_limit(to);
-        if let Some(hook) = &self.on_limit_changed {
+        for hook in &self.on_limit_changed {
             hook(&LimitChanged {
                 bulkhead: self.bulkhead.name(),
                 from,

@@ -67,7 +67,7 @@ impl AdaptiveBulkhead {
             algorithm: BoxedAlgorithm(Box::new(Aimd::default())),
             clock: Box::new(SystemClock::new()),
             cancelled: Verdict::Overloaded,
-            on_limit_changed: None,
+            on_limit_changed: Vec::new(),
         }
     }
 
@@ -131,7 +131,7 @@ pub struct AdaptiveBulkheadBuilder {
     algorithm: BoxedAlgorithm,
     clock: Box<dyn Clock>,
     cancelled: Verdict,
-    on_limit_changed: Option<OnLimitChanged>,
+    on_limit_changed: Vec<OnLimitChanged>,
 }
 
 impl AdaptiveBulkheadBuilder {
@@ -175,13 +175,7 @@ impl AdaptiveBulkheadBuilder {
         mut self,
         hook: impl Fn(&LimitChanged<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.on_limit_changed = Some(match self.on_limit_changed.take() {
-            Some(earlier) => Box::new(move |event: &LimitChanged<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.on_limit_changed.push(Box::new(hook));
         self
     }
 
@@ -246,7 +240,7 @@ impl fmt::Debug for AdaptiveBulkheadBuilder {
             .field("limits", &self.limits)
             .field("algorithm", &self.algorithm)
             .field("cancelled", &self.cancelled)
-            .field("on_limit_changed", &self.on_limit_changed.is_some())
+            .field("on_limit_changed", &self.on_limit_changed.len())
             .finish_non_exhaustive()
     }
 }
