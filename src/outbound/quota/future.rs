@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::error::QuotaExhausted;
-use super::metrics::ClientQuotaMetrics;
+use super::metrics::{ClientQuotaMetrics, Outcome};
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -91,17 +91,17 @@ where
 {
     match decision {
         Err(error) => {
-            metrics.failed();
+            metrics.count(Outcome::Failed);
             State::Refused { error: Some(error) }
         }
         Ok(decision) if !decision.allowed => {
-            metrics.refused();
+            metrics.count(Outcome::Refused);
             State::Refused {
                 error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
             }
         }
         Ok(decision) if decision.wait.is_zero() => {
-            metrics.admitted();
+            metrics.count(Outcome::Admitted);
             State::Running {
                 future: service.call(request),
             }
@@ -171,7 +171,7 @@ where
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     // Leaving `Waiting` keeps the permits: they are due now.
-                    this.metrics.waited();
+                    this.metrics.count(Outcome::Waited);
                     this.state.set(State::Running {
                         future: service.call(request),
                     });
