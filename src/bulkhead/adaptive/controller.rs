@@ -154,14 +154,14 @@ impl Sampler {
         }
         let controller = &*self.controller;
         controller.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match verdict {
-            Verdict::Healthy => {
-                controller.record(self.started, self.in_flight, self.admitted_under, false)
-            }
-            Verdict::Overloaded => {
-                controller.record(self.started, self.in_flight, self.admitted_under, true)
-            }
-            Verdict::Ignored => {}
+        if verdict != Verdict::Ignored {
+            let overloaded = verdict == Verdict::Overloaded;
+            controller.record(
+                self.started,
+                self.in_flight,
+                self.admitted_under,
+                overloaded,
+            );
         }
     }
 }
