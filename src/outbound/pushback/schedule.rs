@@ -49,7 +49,7 @@ impl Refill {
 }
 
 /// When calls may start. Instants are nanoseconds of the pushback's clock.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Schedule {
     pacing: Pacing,
     /// The pushback's `max_hold`: no hold an answer sets lasts longer.
@@ -87,17 +87,7 @@ impl Schedule {
         Self {
             pacing,
             max_hold: saturating_nanos(max_hold),
-            probe_at: 0,
-            hold_until: 0,
-            spent_until: 0,
-            budget: None,
-            window_end: 0,
-            refill: None,
-            spacing: 0,
-            next_slot: 0,
-            in_flight: 0,
-            started: 0,
-            in_force: 0,
+            ..Self::default()
         }
     }
 
