@@ -25,6 +25,7 @@
 //! before it is given back, so a gauge raised by the first and lowered by the second never reads
 //! more than the limit.
 
+use std::fmt;
 use std::time::Duration;
 
 /// How a permitted call ended.
@@ -99,6 +100,16 @@ pub(crate) struct Hooks {
     pub(crate) permitted: Vec<OnCallPermitted>,
     pub(crate) rejected: Vec<OnCallRejected>,
     pub(crate) finished: Vec<OnCallFinished>,
+}
+
+impl fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hooks")
+            .field("on_call_permitted", &self.permitted.len())
+            .field("on_call_rejected", &self.rejected.len())
+            .field("on_call_finished", &self.finished.len())
+            .finish()
+    }
 }
 
 /// A view of a bulkhead's state and counters.

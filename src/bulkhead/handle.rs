@@ -138,6 +138,7 @@ impl fmt::Debug for Bulkhead {
 }
 
 /// Settings of a [`Bulkhead`] not built yet; every method consumes and returns the builder.
+#[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BulkheadBuilder {
     name: Arc<str>,
@@ -209,19 +210,5 @@ impl BulkheadBuilder {
                 builder.hooks,
             )),
         }
-    }
-}
-
-impl fmt::Debug for BulkheadBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BulkheadBuilder")
-            .field("name", &self.name)
-            .field("max_concurrent_calls", &self.max_concurrent_calls)
-            .field("max_wait", &self.max_wait)
-            .field("queue_capacity", &self.queue_capacity)
-            .field("on_call_permitted", &self.hooks.permitted.len())
-            .field("on_call_rejected", &self.hooks.rejected.len())
-            .field("on_call_finished", &self.hooks.finished.len())
-            .finish()
     }
 }

@@ -62,7 +62,6 @@ pub(crate) struct Permits {
     pub(crate) max_wait: Option<Duration>,
     /// `None`: no bound on the number of waiters.
     queue_capacity: Option<usize>,
-    may_wait: bool,
     hooks: Hooks,
 }
 
@@ -97,7 +96,6 @@ impl Permits {
             name,
             max_wait,
             queue_capacity,
-            may_wait: max_wait != Some(Duration::ZERO) && queue_capacity != Some(0),
             hooks,
         }
     }
@@ -134,7 +132,7 @@ impl Permits {
             return Admission::Permitted(permit);
         }
         let capacity = self.queue_capacity.map_or(u64::MAX, |c| c as u64);
-        let has_room = self.may_wait
+        let has_room = self.max_wait != Some(Duration::ZERO)
             && self
                 .waiting
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
