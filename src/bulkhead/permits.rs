@@ -267,15 +267,6 @@ impl fmt::Debug for Waiting {
     }
 }
 
-/// How a call holding a permit stands; what its permit reports when dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ending {
-    Success,
-    Failure,
-    Panicked,
-    Cancelled,
-}
-
 /// The permit of one call; dropping it ends the call and gives the permit back, exactly once.
 pub struct Permit {
     permits: Arc<Permits>,
@@ -284,7 +275,7 @@ pub struct Permit {
     started: Option<Instant>,
     /// What the drop reports; the owner updates it as the call moves on. A permit left at
     /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
-    pub(crate) outcome: Ending,
+    pub(crate) outcome: CallOutcome,
 }
 
 impl Permit {
@@ -300,7 +291,7 @@ impl Permit {
             permits,
             permit: Some(permit),
             started,
-            outcome: Ending::Cancelled,
+            outcome: CallOutcome::Cancelled,
         };
         // The permit exists before the hook runs, so a panicking hook still gives it back.
         for hook in &permit.permits.hooks.permitted {
@@ -332,11 +323,8 @@ impl Drop for Permit {
                 bulkhead: &permits.name,
                 duration: started.elapsed(),
                 outcome: match self.outcome {
-                    Ending::Success => CallOutcome::Success,
-                    Ending::Failure => CallOutcome::Failure,
-                    Ending::Panicked => CallOutcome::Panicked,
-                    Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
-                    Ending::Cancelled => CallOutcome::Cancelled,
+                    CallOutcome::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
+                    outcome => outcome,
                 },
             };
             for hook in &permits.hooks.finished {
@@ -474,7 +462,7 @@ mod model {
                     Op::Finish(n) => {
                         if !held.is_empty() {
                             let mut permit = held.swap_remove(n % held.len());
-                            permit.outcome = Ending::Success;
+                            permit.outcome = CallOutcome::Success;
                             drop(permit);
                             model.held -= 1;
                             model.finished += 1;
