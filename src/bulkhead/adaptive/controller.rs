@@ -56,17 +56,13 @@ impl Controller {
         self.control.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn nanos(&self) -> u64 {
-        self.clock.now()
-    }
-
     /// Feeds one sample to the algorithm and applies the limit it returns.
     fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
         let mut control = self.lock();
         // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
         // order: a sample read before another but recorded after it would otherwise look like a
         // clock that went back, and start its round again.
-        let now = self.nanos();
+        let now = self.clock.now();
         let from = self.limit.load(Ordering::Relaxed);
         let sample = Sample::new(
             Duration::from_nanos(now),
@@ -131,7 +127,7 @@ impl Sampler {
     pub(super) fn start(controller: Arc<Controller>) -> Self {
         let in_flight = controller.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let admitted_under = controller.limit.load(Ordering::Relaxed);
-        let started = controller.nanos();
+        let started = controller.clock.now();
         Self {
             controller,
             started,
