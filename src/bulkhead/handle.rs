@@ -141,7 +141,7 @@ impl fmt::Debug for Bulkhead {
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BulkheadBuilder {
-    name: Arc<str>,
+    pub(super) name: Arc<str>,
     max_concurrent_calls: usize,
     max_wait: Option<Duration>,
     queue_capacity: Option<usize>,
@@ -194,13 +194,9 @@ impl BulkheadBuilder {
     /// Builds the bulkhead. With the `metrics` feature it counts its calls and their durations
     /// through the `metrics` facade (see [`metric_names`](crate::observe::metric_names)).
     pub fn build(self) -> Bulkhead {
-        #[cfg(feature = "metrics")]
-        let builder = {
-            let name = Arc::clone(&self.name);
-            super::metrics::record_calls(self, name)
-        };
-        #[cfg(not(feature = "metrics"))]
         let builder = self;
+        #[cfg(feature = "metrics")]
+        let builder = super::metrics::record_calls(builder);
         Bulkhead {
             permits: Arc::new(Permits::new(
                 builder.name,
