@@ -11,7 +11,10 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::cost::QuotaCost;
 use super::error::QuotaExhausted;
+use super::key::QuotaKey;
+use super::layer::ClientQuotaLayer;
 use super::metrics::{ClientQuotaMetrics, Outcome};
 use crate::{decision::Decision, BoxError, Limiter};
 
@@ -119,26 +122,29 @@ where
     S: Service<Req> + Clone,
     L: Limiter<K>,
 {
-    pub(crate) fn start(
-        name: &Arc<str>,
-        metrics: &ClientQuotaMetrics,
-        limiter: &Arc<L>,
-        key: K,
-        cost: u32,
+    /// Takes the permits `quota` asks for the call, under its key and at its cost.
+    pub(crate) fn start<Q, C>(
+        quota: &ClientQuotaLayer<L, Q, C>,
         service: &mut S,
         request: Req,
-    ) -> Self {
-        let state = match limiter.reserve_now(&key, cost) {
+    ) -> Self
+    where
+        Q: QuotaKey<Req, Key = K>,
+        C: QuotaCost<Req>,
+    {
+        let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
+        let (name, metrics) = (&quota.name, &quota.metrics);
+        let state = match quota.limiter.reserve_now(&key, cost) {
             Some(decision) => state_after(name, metrics, decision, service, request),
             None => State::Reserving {
-                reserve: limiter.reserve(&key, cost),
+                reserve: quota.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
             },
         };
         Self {
             name: name.clone(),
             metrics: metrics.clone(),
-            limiter: Arc::clone(limiter),
+            limiter: Arc::clone(&quota.limiter),
             key,
             cost,
             state,
