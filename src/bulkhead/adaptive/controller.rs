@@ -3,11 +3,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::classify::Verdict;
-use super::limit::{BoxedAlgorithm, Limits, Sample};
+use super::limit::{LimitAlgorithm, Limits, Sample};
 use crate::bulkhead::Bulkhead;
 use crate::clock::Clock;
 
@@ -28,12 +28,6 @@ pub struct LimitChanged<'a> {
 /// Hook run when an adaptive limit moves.
 pub(super) type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
 
-/// The algorithm and the bounds it moves the limit within.
-pub(super) struct AlgorithmState {
-    pub(super) algorithm: BoxedAlgorithm,
-    pub(super) limits: Limits,
-}
-
 /// The state every clone of one adaptive bulkhead shares.
 pub(super) struct Controller {
     pub(super) bulkhead: Bulkhead,
@@ -42,7 +36,9 @@ pub(super) struct Controller {
     /// back, so it never counts more than the semaphore does.
     pub(super) in_flight: AtomicUsize,
     pub(super) limit: AtomicUsize,
-    pub(super) control: Mutex<AlgorithmState>,
+    /// The bounds the algorithm moves the limit within.
+    pub(super) limits: Limits,
+    pub(super) algorithm: Mutex<Box<dyn LimitAlgorithm>>,
     /// What a call dropped before its end counts as.
     pub(super) cancelled: Verdict,
     pub(super) on_limit_changed: Vec<OnLimitChanged>,
@@ -51,14 +47,13 @@ pub(super) struct Controller {
 }
 
 impl Controller {
-    pub(super) fn lock(&self) -> MutexGuard<'_, AlgorithmState> {
-        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
-        self.control.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Feeds one sample to the algorithm and applies the limit it returns.
     fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
-        let mut control = self.lock();
+        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
+        let mut algorithm = self
+            .algorithm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
         // order: a sample read before another but recorded after it would otherwise look like a
         // clock that went back, and start its round again.
@@ -72,8 +67,8 @@ impl Controller {
         )
         .admitted_under(admitted_under)
         .overloaded(overloaded);
-        let AlgorithmState { algorithm, limits } = &mut *control;
-        let to = limits.clamp(algorithm.0.update(&sample, limits));
+        let limits = &self.limits;
+        let to = limits.clamp(algorithm.update(&sample, limits));
         if to == from {
             return;
         }

@@ -1,6 +1,5 @@
 //! Limit algorithms: how finished calls become a new limit.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::error::AdaptiveConfigError;
@@ -473,14 +472,5 @@ impl LimitAlgorithm for Gradient {
             current * (1.0 - self.smoothing) + target * self.smoothing
         };
         self.learnt.update(sample, limits, self.tolerance, decide)
-    }
-}
-
-/// A boxed algorithm, for the bulkhead's state.
-pub(super) struct BoxedAlgorithm(pub(super) Box<dyn LimitAlgorithm>);
-
-impl fmt::Debug for BoxedAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("LimitAlgorithm")
     }
 }
