@@ -158,15 +158,6 @@ impl Permits {
         Box::pin(Arc::clone(&self.semaphore).acquire_owned())
     }
 
-    /// Gives back the permit of a call that has ended; it pays the debt if one is owed.
-    fn release(&self, permit: OwnedSemaphorePermit) {
-        if self.debt.load(Ordering::Acquire) > 0 {
-            drop(self.pay_debt(permit));
-        } else {
-            drop(permit);
-        }
-    }
-
     /// Changes the limit. Raising it pays the debt first and frees the rest at once (to waiters
     /// first); lowering it forgets the free permits at once and owes the rest.
     pub(crate) fn resize(&self, max: usize) {
@@ -311,8 +302,9 @@ impl Drop for Permit {
         impl Drop for GiveBack<'_> {
             fn drop(&mut self) {
                 self.0.finished.fetch_add(1, Ordering::SeqCst);
+                // Pays the debt if one is owed; otherwise the permit goes back to the semaphore.
                 if let Some(permit) = self.1.take() {
-                    self.0.release(permit);
+                    drop(self.0.pay_debt(permit));
                 }
             }
         }
