@@ -162,10 +162,6 @@ impl<A: LimitAlgorithm + ?Sized> LimitAlgorithm for Box<A> {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.min(MAX_RTT).as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// What one round trip's worth of samples showed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Round {
@@ -200,7 +196,7 @@ impl Rounds {
     fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
         let at = saturating_nanos(sample.at);
         // A zero round trip (a coarse clock) still counts, as one nanosecond.
-        let rtt = nanos(sample.rtt).max(1);
+        let rtt = saturating_nanos(sample.rtt.min(MAX_RTT)).max(1);
         if sample.overloaded {
             self.overloaded = true;
         } else {
