@@ -83,11 +83,9 @@ impl Bulkhead {
         queue_capacity: usize,
     ) -> BulkheadBuilder {
         BulkheadBuilder {
-            name: name.into(),
-            max_concurrent_calls,
             max_wait: None,
             queue_capacity: Some(queue_capacity),
-            hooks: Hooks::default(),
+            ..Self::semaphore(name, max_concurrent_calls)
         }
     }
 
