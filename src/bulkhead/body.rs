@@ -7,7 +7,8 @@ use std::task::{ready, Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::permits::{Ending, Permit};
+use super::events::CallOutcome;
+use super::permits::Permit;
 
 pin_project! {
     /// Response body of a [`BulkheadService`](super::BulkheadService) in the
@@ -25,11 +26,11 @@ pin_project! {
 impl<B: Body> BulkheadBody<B> {
     pub(crate) fn new(inner: B, mut permit: Permit) -> Self {
         let permit = if inner.is_end_stream() {
-            permit.outcome = Ending::Success;
+            permit.outcome = CallOutcome::Success;
             drop(permit);
             None
         } else {
-            permit.outcome = Ending::Cancelled;
+            permit.outcome = CallOutcome::Cancelled;
             Some(permit)
         };
         Self { inner, permit }
@@ -47,9 +48,9 @@ impl<B: Body> Body for BulkheadBody<B> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         let ended = match &frame {
-            None => Some(Ending::Success),
-            Some(Err(_)) => Some(Ending::Failure),
-            Some(Ok(_)) if this.inner.is_end_stream() => Some(Ending::Success),
+            None => Some(CallOutcome::Success),
+            Some(Err(_)) => Some(CallOutcome::Failure),
+            Some(Ok(_)) if this.inner.is_end_stream() => Some(CallOutcome::Success),
             Some(Ok(_)) => None,
         };
         if let Some(outcome) = ended {

@@ -25,6 +25,7 @@
 //! before it is given back, so a gauge raised by the first and lowered by the second never reads
 //! more than the limit.
 
+use std::fmt;
 use std::time::Duration;
 
 /// How a permitted call ended.
@@ -92,12 +93,23 @@ pub(crate) type OnCallRejected = Box<dyn Fn(&CallRejected<'_>) + Send + Sync>;
 /// Hook run when a permitted call ends, before its permit is given back.
 pub(crate) type OnCallFinished = Box<dyn Fn(&CallFinished<'_>) + Send + Sync>;
 
-/// The hooks of one bulkhead; the ones left out cost a branch and nothing else.
+/// The hooks of one bulkhead, each kind run in the order it was added; the kinds left out cost
+/// a branch and nothing else.
 #[derive(Default)]
 pub(crate) struct Hooks {
-    pub(crate) permitted: Option<OnCallPermitted>,
-    pub(crate) rejected: Option<OnCallRejected>,
-    pub(crate) finished: Option<OnCallFinished>,
+    pub(crate) permitted: Vec<OnCallPermitted>,
+    pub(crate) rejected: Vec<OnCallRejected>,
+    pub(crate) finished: Vec<OnCallFinished>,
+}
+
+impl fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hooks")
+            .field("on_call_permitted", &self.permitted.len())
+            .field("on_call_rejected", &self.rejected.len())
+            .field("on_call_finished", &self.finished.len())
+            .finish()
+    }
 }
 
 /// A view of a bulkhead's state and counters.

@@ -14,9 +14,9 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::error::BulkheadFull;
-use super::events::Rejection;
+use super::events::{CallOutcome, Rejection};
 use super::mode::{OnResponse, Release};
-use super::permits::{Admission, Ending, Permit, Permits, Waiting};
+use super::permits::{Admission, Permit, Permits, Waiting};
 use crate::BoxError;
 
 /// A call waiting in the queue, with everything it needs to start once it has a permit.
@@ -164,10 +164,10 @@ where
                 StateProj::Running { future, permit } => {
                     let held = permit.as_mut().expect("polled after completion");
                     // Left in place if the inner future panics.
-                    held.outcome = Ending::Panicked;
+                    held.outcome = CallOutcome::Panicked;
                     return match future.poll(cx) {
                         Poll::Pending => {
-                            held.outcome = Ending::Cancelled;
+                            held.outcome = CallOutcome::Cancelled;
                             Poll::Pending
                         }
                         Poll::Ready(Ok(response)) => {
@@ -175,7 +175,7 @@ where
                             Poll::Ready(Ok(M::respond(response, permit)))
                         }
                         Poll::Ready(Err(error)) => {
-                            held.outcome = Ending::Failure;
+                            held.outcome = CallOutcome::Failure;
                             *permit = None;
                             Poll::Ready(Err(error.into()))
                         }

@@ -83,11 +83,9 @@ impl Bulkhead {
         queue_capacity: usize,
     ) -> BulkheadBuilder {
         BulkheadBuilder {
-            name: name.into(),
-            max_concurrent_calls,
             max_wait: None,
             queue_capacity: Some(queue_capacity),
-            hooks: Hooks::default(),
+            ..Self::semaphore(name, max_concurrent_calls)
         }
     }
 
@@ -138,9 +136,10 @@ impl fmt::Debug for Bulkhead {
 }
 
 /// Settings of a [`Bulkhead`] not built yet; every method consumes and returns the builder.
+#[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BulkheadBuilder {
-    name: Arc<str>,
+    pub(super) name: Arc<str>,
     max_concurrent_calls: usize,
     max_wait: Option<Duration>,
     queue_capacity: Option<usize>,
@@ -167,13 +166,7 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.permitted = Some(match self.hooks.permitted.take() {
-            Some(earlier) => Box::new(move |event: &CallPermitted<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.permitted.push(Box::new(hook));
         self
     }
 
@@ -182,13 +175,7 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.rejected = Some(match self.hooks.rejected.take() {
-            Some(earlier) => Box::new(move |event: &CallRejected<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.rejected.push(Box::new(hook));
         self
     }
 
@@ -198,26 +185,16 @@ impl BulkheadBuilder {
         mut self,
         hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.hooks.finished = Some(match self.hooks.finished.take() {
-            Some(earlier) => Box::new(move |event: &CallFinished<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.hooks.finished.push(Box::new(hook));
         self
     }
 
     /// Builds the bulkhead. With the `metrics` feature it counts its calls and their durations
     /// through the `metrics` facade (see [`metric_names`](crate::observe::metric_names)).
     pub fn build(self) -> Bulkhead {
-        #[cfg(feature = "metrics")]
-        let builder = {
-            let name = Arc::clone(&self.name);
-            super::metrics::record_calls(self, name)
-        };
-        #[cfg(not(feature = "metrics"))]
         let builder = self;
+        #[cfg(feature = "metrics")]
+        let builder = super::metrics::record_calls(builder);
         Bulkhead {
             permits: Arc::new(Permits::new(
                 builder.name,
@@ -227,19 +204,5 @@ impl BulkheadBuilder {
                 builder.hooks,
             )),
         }
-    }
-}
-
-impl fmt::Debug for BulkheadBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BulkheadBuilder")
-            .field("name", &self.name)
-            .field("max_concurrent_calls", &self.max_concurrent_calls)
-            .field("max_wait", &self.max_wait)
-            .field("queue_capacity", &self.queue_capacity)
-            .field("on_call_permitted", &self.hooks.permitted.is_some())
-            .field("on_call_rejected", &self.hooks.rejected.is_some())
-            .field("on_call_finished", &self.hooks.finished.is_some())
-            .finish()
     }
 }

@@ -1,6 +1,5 @@
 //! The layer that puts a [`Bulkhead`] in front of a service.
 
-use std::fmt;
 use std::marker::PhantomData;
 
 use tower_layer::Layer;
@@ -47,19 +46,26 @@ use super::service::BulkheadService;
 /// # Ok(())
 /// # }
 /// ```
+#[derive(Clone, Debug)]
 pub struct BulkheadLayer<M = OnResponse> {
     bulkhead: Bulkhead,
     mode: PhantomData<fn() -> M>,
+}
+
+impl<M> BulkheadLayer<M> {
+    fn with_mode(bulkhead: Bulkhead) -> Self {
+        Self {
+            bulkhead,
+            mode: PhantomData,
+        }
+    }
 }
 
 impl BulkheadLayer {
     /// A layer for `bulkhead` whose calls give their permit back when the response future
     /// completes or is dropped.
     pub fn new(bulkhead: Bulkhead) -> Self {
-        Self {
-            bulkhead,
-            mode: PhantomData,
-        }
+        Self::with_mode(bulkhead)
     }
 }
 
@@ -68,28 +74,7 @@ impl BulkheadLayer<OnBodyEnd> {
     /// give their permit back when the response body has been read to its end, has failed, or
     /// is dropped.
     pub fn until_body_end(bulkhead: Bulkhead) -> Self {
-        Self {
-            bulkhead,
-            mode: PhantomData,
-        }
-    }
-}
-
-impl<M> Clone for BulkheadLayer<M> {
-    fn clone(&self) -> Self {
-        Self {
-            bulkhead: self.bulkhead.clone(),
-            mode: PhantomData,
-        }
-    }
-}
-
-impl<M> fmt::Debug for BulkheadLayer<M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BulkheadLayer")
-            .field("bulkhead", &self.bulkhead)
-            .field("mode", &std::any::type_name::<M>())
-            .finish()
+        Self::with_mode(bulkhead)
     }
 }
 

@@ -9,45 +9,42 @@ use super::handle::BulkheadBuilder;
 use crate::observe::metric_names as m;
 
 /// One bulkhead's handles, registered with the recorder at its first call (so the recorder may
-/// be installed after the bulkhead is built) and then used without building keys or allocating.
+/// be installed after the bulkhead is built) and then used without building keys or allocating:
+/// the `permitted`, `rejected` and `finished` counters and the call-duration histogram.
 struct Handles {
     name: Arc<str>,
-    calls: OnceLock<[metrics::Counter; 3]>,
-    duration: OnceLock<metrics::Histogram>,
+    registered: OnceLock<([metrics::Counter; 3], metrics::Histogram)>,
 }
 
 impl Handles {
-    /// The `permitted`, `rejected` and `finished` counters.
-    fn calls(&self) -> &[metrics::Counter; 3] {
-        self.calls.get_or_init(|| {
+    fn get(&self) -> &([metrics::Counter; 3], metrics::Histogram) {
+        self.registered.get_or_init(|| {
             let name = self.name.to_string();
-            ["permitted", "rejected", "finished"].map(|outcome| {
+            let calls = ["permitted", "rejected", "finished"].map(|outcome| {
                 metrics::counter!(m::BULKHEAD_CALLS, "name" => name.clone(), "outcome" => outcome)
-            })
+            });
+            (
+                calls,
+                metrics::histogram!(m::BULKHEAD_DURATION, "name" => name),
+            )
         })
-    }
-
-    fn duration(&self) -> &metrics::Histogram {
-        self.duration.get_or_init(
-            || metrics::histogram!(m::BULKHEAD_DURATION, "name" => self.name.to_string()),
-        )
     }
 }
 
-/// Adds the hooks that record `name`'s calls to `builder`.
-pub(super) fn record_calls(builder: BulkheadBuilder, name: Arc<str>) -> BulkheadBuilder {
+/// Adds the hooks that record the calls of the bulkhead `builder` makes.
+pub(super) fn record_calls(builder: BulkheadBuilder) -> BulkheadBuilder {
     let handles = Arc::new(Handles {
-        name,
-        calls: OnceLock::new(),
-        duration: OnceLock::new(),
+        name: Arc::clone(&builder.name),
+        registered: OnceLock::new(),
     });
     let (permitted, rejected, finished) = (Arc::clone(&handles), Arc::clone(&handles), handles);
     builder
-        .on_call_permitted(move |_: &CallPermitted<'_>| permitted.calls()[0].increment(1))
-        .on_call_rejected(move |_: &CallRejected<'_>| rejected.calls()[1].increment(1))
+        .on_call_permitted(move |_: &CallPermitted<'_>| permitted.get().0[0].increment(1))
+        .on_call_rejected(move |_: &CallRejected<'_>| rejected.get().0[1].increment(1))
         .on_call_finished(move |e: &CallFinished<'_>| {
-            finished.calls()[2].increment(1);
-            finished.duration().record(e.duration.as_secs_f64());
+            let (calls, duration) = finished.get();
+            calls[2].increment(1);
+            duration.record(e.duration.as_secs_f64());
         })
 }
 

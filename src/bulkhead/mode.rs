@@ -3,7 +3,8 @@
 use http_body::Body;
 
 use super::body::BulkheadBody;
-use super::permits::{Ending, Permit};
+use super::events::CallOutcome;
+use super::permits::Permit;
 
 /// When a call through a [`BulkheadService`](super::BulkheadService) gives its permit back, and
 /// so what the service answers: [`OnResponse`] (the default) or [`OnBodyEnd`].
@@ -32,7 +33,7 @@ impl<R> Release<R> for OnResponse {
     type Response = R;
 
     fn respond(response: R, mut permit: Permit) -> R {
-        permit.outcome = Ending::Success;
+        permit.outcome = CallOutcome::Success;
         drop(permit);
         response
     }

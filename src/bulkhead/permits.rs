@@ -62,7 +62,6 @@ pub(crate) struct Permits {
     pub(crate) max_wait: Option<Duration>,
     /// `None`: no bound on the number of waiters.
     queue_capacity: Option<usize>,
-    may_wait: bool,
     hooks: Hooks,
 }
 
@@ -97,7 +96,6 @@ impl Permits {
             name,
             max_wait,
             queue_capacity,
-            may_wait: max_wait != Some(Duration::ZERO) && queue_capacity != Some(0),
             hooks,
         }
     }
@@ -134,7 +132,7 @@ impl Permits {
             return Admission::Permitted(permit);
         }
         let capacity = self.queue_capacity.map_or(u64::MAX, |c| c as u64);
-        let has_room = self.may_wait
+        let has_room = self.max_wait != Some(Duration::ZERO)
             && self
                 .waiting
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -158,15 +156,6 @@ impl Permits {
 
     fn acquire(&self) -> Acquire {
         Box::pin(Arc::clone(&self.semaphore).acquire_owned())
-    }
-
-    /// Gives back the permit of a call that has ended; it pays the debt if one is owed.
-    fn release(&self, permit: OwnedSemaphorePermit) {
-        if self.debt.load(Ordering::Acquire) > 0 {
-            drop(self.pay_debt(permit));
-        } else {
-            drop(permit);
-        }
     }
 
     /// Changes the limit. Raising it pays the debt first and frees the rest at once (to waiters
@@ -218,7 +207,7 @@ impl Permits {
     /// Counts a refusal, runs the hook and makes the error.
     pub(crate) fn reject(&self, reason: Rejection) -> BulkheadFull {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        if let Some(hook) = &self.hooks.rejected {
+        for hook in &self.hooks.rejected {
             hook(&CallRejected {
                 bulkhead: &self.name,
                 reason,
@@ -269,24 +258,15 @@ impl fmt::Debug for Waiting {
     }
 }
 
-/// How a call holding a permit stands; what its permit reports when dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ending {
-    Success,
-    Failure,
-    Panicked,
-    Cancelled,
-}
-
 /// The permit of one call; dropping it ends the call and gives the permit back, exactly once.
 pub struct Permit {
     permits: Arc<Permits>,
     permit: Option<OwnedSemaphorePermit>,
-    /// When the permit was granted; `None` when nobody asked for timings.
+    /// When the permit was granted; `None` when no `on_call_finished` hook asked for it.
     started: Option<Instant>,
     /// What the drop reports; the owner updates it as the call moves on. A permit left at
     /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
-    pub(crate) outcome: Ending,
+    pub(crate) outcome: CallOutcome,
 }
 
 impl Permit {
@@ -297,15 +277,15 @@ impl Permit {
         waited: Duration,
     ) -> Self {
         permits.permitted.fetch_add(1, Ordering::SeqCst);
-        let started = permits.hooks.finished.as_ref().map(|_| Instant::now());
+        let started = (!permits.hooks.finished.is_empty()).then(Instant::now);
         let permit = Self {
             permits,
             permit: Some(permit),
             started,
-            outcome: Ending::Cancelled,
+            outcome: CallOutcome::Cancelled,
         };
         // The permit exists before the hook runs, so a panicking hook still gives it back.
-        if let Some(hook) = &permit.permits.hooks.permitted {
+        for hook in &permit.permits.hooks.permitted {
             hook(&CallPermitted {
                 bulkhead: &permit.permits.name,
                 waited,
@@ -322,27 +302,26 @@ impl Drop for Permit {
         impl Drop for GiveBack<'_> {
             fn drop(&mut self) {
                 self.0.finished.fetch_add(1, Ordering::SeqCst);
+                // Pays the debt if one is owed; otherwise the permit goes back to the semaphore.
                 if let Some(permit) = self.1.take() {
-                    self.0.release(permit);
+                    drop(self.0.pay_debt(permit));
                 }
             }
         }
         let permits = &*self.permits;
         let _give_back = GiveBack(permits, self.permit.take());
-        if let Some(hook) = &permits.hooks.finished {
-            let duration = self.started.map_or(Duration::ZERO, |s| s.elapsed());
-            let outcome = match self.outcome {
-                Ending::Success => CallOutcome::Success,
-                Ending::Failure => CallOutcome::Failure,
-                Ending::Panicked => CallOutcome::Panicked,
-                Ending::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
-                Ending::Cancelled => CallOutcome::Cancelled,
-            };
-            hook(&CallFinished {
+        if let Some(started) = self.started {
+            let event = CallFinished {
                 bulkhead: &permits.name,
-                duration,
-                outcome,
-            });
+                duration: started.elapsed(),
+                outcome: match self.outcome {
+                    CallOutcome::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
+                    outcome => outcome,
+                },
+            };
+            for hook in &permits.hooks.finished {
+                hook(&event);
+            }
         }
     }
 }
@@ -475,7 +454,7 @@ mod model {
                     Op::Finish(n) => {
                         if !held.is_empty() {
                             let mut permit = held.swap_remove(n % held.len());
-                            permit.outcome = Ending::Success;
+                            permit.outcome = CallOutcome::Success;
                             drop(permit);
                             model.held -= 1;
                             model.finished += 1;

@@ -1,6 +1,5 @@
 //! The service that admits calls through a [`Bulkhead`].
 
-use std::fmt;
 use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
@@ -17,6 +16,7 @@ use crate::BoxError;
 /// `poll_ready` only asks the inner service; the permit is taken in `call`. The inner service must
 /// be `Clone` because a call that has to wait takes the readied service with it and starts it
 /// once a permit comes (wrap a service that is not `Clone` in tower's `Buffer`).
+#[derive(Clone, Debug)]
 pub struct BulkheadService<S, M = OnResponse> {
     inner: S,
     bulkhead: Bulkhead,
@@ -35,21 +35,6 @@ impl<S, M> BulkheadService<S, M> {
     /// The bulkhead in front of the inner service.
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
-    }
-}
-
-impl<S: Clone, M> Clone for BulkheadService<S, M> {
-    fn clone(&self) -> Self {
-        Self::new(self.inner.clone(), self.bulkhead.clone())
-    }
-}
-
-impl<S: fmt::Debug, M> fmt::Debug for BulkheadService<S, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BulkheadService")
-            .field("inner", &self.inner)
-            .field("bulkhead", &self.bulkhead)
-            .finish_non_exhaustive()
     }
 }
 

@@ -67,22 +67,13 @@ pub struct HttpOverload {
 }
 
 impl HttpOverload {
-    /// Whether `status` says the dependency is overloaded: 429, 503 or 504.
-    fn is_overload_status(status: StatusCode) -> bool {
-        matches!(
-            status,
-            StatusCode::TOO_MANY_REQUESTS
-                | StatusCode::SERVICE_UNAVAILABLE
-                | StatusCode::GATEWAY_TIMEOUT
-        )
-    }
-
-    /// The verdict on a status code.
+    /// The verdict on a status code: overload for 429, 503 and 504.
     pub fn classify_status(status: StatusCode) -> Verdict {
-        if Self::is_overload_status(status) {
-            Verdict::Overloaded
-        } else {
-            Verdict::Healthy
+        match status {
+            StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT => Verdict::Overloaded,
+            _ => Verdict::Healthy,
         }
     }
 
@@ -168,10 +159,9 @@ impl ClassifyResponse for HttpOverload {
         response: &http::Response<B>,
     ) -> ClassifiedResponse<Self::FailureClass, Self::ClassifyEos> {
         let status = response.status();
-        ClassifiedResponse::Ready(if Self::is_overload_status(status) {
-            Err(OverloadClass::Status(status))
-        } else {
-            Ok(())
+        ClassifiedResponse::Ready(match Self::classify_status(status) {
+            Verdict::Overloaded => Err(OverloadClass::Status(status)),
+            _ => Ok(()),
         })
     }
 

@@ -3,11 +3,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::classify::Verdict;
-use super::limit::{BoxedAlgorithm, Limits, Sample};
+use super::limit::{LimitAlgorithm, Limits, Sample};
 use crate::bulkhead::Bulkhead;
 use crate::clock::Clock;
 
@@ -28,12 +28,6 @@ pub struct LimitChanged<'a> {
 /// Hook run when an adaptive limit moves.
 pub(super) type OnLimitChanged = Box<dyn Fn(&LimitChanged<'_>) + Send + Sync>;
 
-/// The algorithm and the bounds it moves the limit within.
-pub(super) struct AlgorithmState {
-    pub(super) algorithm: BoxedAlgorithm,
-    pub(super) limits: Limits,
-}
-
 /// The state every clone of one adaptive bulkhead shares.
 pub(super) struct Controller {
     pub(super) bulkhead: Bulkhead,
@@ -42,31 +36,28 @@ pub(super) struct Controller {
     /// back, so it never counts more than the semaphore does.
     pub(super) in_flight: AtomicUsize,
     pub(super) limit: AtomicUsize,
-    pub(super) control: Mutex<AlgorithmState>,
+    /// The bounds the algorithm moves the limit within.
+    pub(super) limits: Limits,
+    pub(super) algorithm: Mutex<Box<dyn LimitAlgorithm>>,
     /// What a call dropped before its end counts as.
     pub(super) cancelled: Verdict,
-    pub(super) on_limit_changed: Option<OnLimitChanged>,
+    pub(super) on_limit_changed: Vec<OnLimitChanged>,
     #[cfg(feature = "metrics")]
     pub(super) gauge: std::sync::OnceLock<metrics::Gauge>,
 }
 
 impl Controller {
-    pub(super) fn lock(&self) -> MutexGuard<'_, AlgorithmState> {
-        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
-        self.control.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn nanos(&self) -> u64 {
-        self.clock.now()
-    }
-
     /// Feeds one sample to the algorithm and applies the limit it returns.
     fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
-        let mut control = self.lock();
+        // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
+        let mut algorithm = self
+            .algorithm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
         // order: a sample read before another but recorded after it would otherwise look like a
         // clock that went back, and start its round again.
-        let now = self.nanos();
+        let now = self.clock.now();
         let from = self.limit.load(Ordering::Relaxed);
         let sample = Sample::new(
             Duration::from_nanos(now),
@@ -76,8 +67,8 @@ impl Controller {
         )
         .admitted_under(admitted_under)
         .overloaded(overloaded);
-        let AlgorithmState { algorithm, limits } = &mut *control;
-        let to = limits.clamp(algorithm.0.update(&sample, limits));
+        let limits = &self.limits;
+        let to = limits.clamp(algorithm.update(&sample, limits));
         if to == from {
             return;
         }
@@ -85,7 +76,7 @@ impl Controller {
         self.bulkhead.set_max_concurrent_calls(to);
         #[cfg(feature = "metrics")]
         self.publish_limit(to);
-        if let Some(hook) = &self.on_limit_changed {
+        for hook in &self.on_limit_changed {
             hook(&LimitChanged {
                 bulkhead: self.bulkhead.name(),
                 from,
@@ -131,7 +122,7 @@ impl Sampler {
     pub(super) fn start(controller: Arc<Controller>) -> Self {
         let in_flight = controller.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let admitted_under = controller.limit.load(Ordering::Relaxed);
-        let started = controller.nanos();
+        let started = controller.clock.now();
         Self {
             controller,
             started,
@@ -154,14 +145,14 @@ impl Sampler {
         }
         let controller = &*self.controller;
         controller.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match verdict {
-            Verdict::Healthy => {
-                controller.record(self.started, self.in_flight, self.admitted_under, false)
-            }
-            Verdict::Overloaded => {
-                controller.record(self.started, self.in_flight, self.admitted_under, true)
-            }
-            Verdict::Ignored => {}
+        if verdict != Verdict::Ignored {
+            let overloaded = verdict == Verdict::Overloaded;
+            controller.record(
+                self.started,
+                self.in_flight,
+                self.admitted_under,
+                overloaded,
+            );
         }
     }
 }

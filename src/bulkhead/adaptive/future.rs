@@ -11,7 +11,8 @@ use pin_project_lite::pin_project;
 use super::classify::Classify;
 use super::controller::Sampler;
 use crate::bulkhead::error::BulkheadFull;
-use crate::bulkhead::permits::{Ending, Permit};
+use crate::bulkhead::permits::Permit;
+use crate::bulkhead::CallOutcome;
 use crate::BoxError;
 
 /// What a running call holds. Fields drop in order: the sample is taken (and the limit moved)
@@ -85,12 +86,12 @@ where
                 let running = call.as_mut().expect("polled after completion");
                 // Left in place if the inner future (or the classifier) panics, so that the call
                 // is no sample even when the panic is caught above and the future dropped later.
-                running.permit.outcome = Ending::Panicked;
+                running.permit.outcome = CallOutcome::Panicked;
                 running.sampler.in_poll = true;
                 running.sampler.polled = true;
                 match future.poll(cx) {
                     Poll::Pending => {
-                        running.permit.outcome = Ending::Cancelled;
+                        running.permit.outcome = CallOutcome::Cancelled;
                         running.sampler.in_poll = false;
                         Poll::Pending
                     }
@@ -98,8 +99,8 @@ where
                         let result = result.map_err(Into::into);
                         let verdict = this.classifier.classify(result.as_ref());
                         running.permit.outcome = match result {
-                            Ok(_) => Ending::Success,
-                            Err(_) => Ending::Failure,
+                            Ok(_) => CallOutcome::Success,
+                            Err(_) => CallOutcome::Failure,
                         };
                         let RunningCall { sampler, permit } = call.take().expect("checked above");
                         sampler.finish(verdict);

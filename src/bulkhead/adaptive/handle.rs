@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::classify::Verdict;
-use super::controller::{AlgorithmState, Controller, LimitChanged, OnLimitChanged};
+use super::controller::{Controller, LimitChanged, OnLimitChanged};
 use super::layer::AdaptiveBulkheadLayer;
-use super::limit::{Aimd, BoxedAlgorithm, LimitAlgorithm, Limits};
+use super::limit::{Aimd, LimitAlgorithm, Limits};
 use crate::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
 };
@@ -64,10 +64,10 @@ impl AdaptiveBulkhead {
         AdaptiveBulkheadBuilder {
             inner: Bulkhead::semaphore(name, limits.initial()),
             limits,
-            algorithm: BoxedAlgorithm(Box::new(Aimd::default())),
+            algorithm: Box::new(Aimd::default()),
             clock: Box::new(SystemClock::new()),
             cancelled: Verdict::Overloaded,
-            on_limit_changed: None,
+            on_limit_changed: Vec::new(),
         }
     }
 
@@ -83,7 +83,7 @@ impl AdaptiveBulkhead {
 
     /// The bounds the limit moves within.
     pub fn limits(&self) -> Limits {
-        self.controller.lock().limits
+        self.controller.limits
     }
 
     /// The current figures: free permits, the current limit (`max_allowed_concurrent_calls`) and
@@ -128,10 +128,10 @@ impl fmt::Debug for AdaptiveBulkhead {
 pub struct AdaptiveBulkheadBuilder {
     inner: BulkheadBuilder,
     limits: Limits,
-    algorithm: BoxedAlgorithm,
+    algorithm: Box<dyn LimitAlgorithm>,
     clock: Box<dyn Clock>,
     cancelled: Verdict,
-    on_limit_changed: Option<OnLimitChanged>,
+    on_limit_changed: Vec<OnLimitChanged>,
 }
 
 impl AdaptiveBulkheadBuilder {
@@ -143,7 +143,7 @@ impl AdaptiveBulkheadBuilder {
 
     /// The algorithm that moves the limit (default: [`Aimd`]).
     pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
-        self.algorithm = BoxedAlgorithm(Box::new(algorithm));
+        self.algorithm = Box::new(algorithm);
         self
     }
 
@@ -175,13 +175,7 @@ impl AdaptiveBulkheadBuilder {
         mut self,
         hook: impl Fn(&LimitChanged<'_>) + Send + Sync + 'static,
     ) -> Self {
-        self.on_limit_changed = Some(match self.on_limit_changed.take() {
-            Some(earlier) => Box::new(move |event: &LimitChanged<'_>| {
-                earlier(event);
-                hook(event);
-            }),
-            None => Box::new(hook),
-        });
+        self.on_limit_changed.push(Box::new(hook));
         self
     }
 
@@ -224,10 +218,8 @@ impl AdaptiveBulkheadBuilder {
             clock: self.clock,
             in_flight: AtomicUsize::new(0),
             limit: AtomicUsize::new(initial),
-            control: Mutex::new(AlgorithmState {
-                algorithm: self.algorithm,
-                limits: self.limits,
-            }),
+            limits: self.limits,
+            algorithm: Mutex::new(self.algorithm),
             cancelled: self.cancelled,
             on_limit_changed: self.on_limit_changed,
             #[cfg(feature = "metrics")]
@@ -244,9 +236,8 @@ impl fmt::Debug for AdaptiveBulkheadBuilder {
         f.debug_struct("AdaptiveBulkheadBuilder")
             .field("inner", &self.inner)
             .field("limits", &self.limits)
-            .field("algorithm", &self.algorithm)
             .field("cancelled", &self.cancelled)
-            .field("on_limit_changed", &self.on_limit_changed.is_some())
+            .field("on_limit_changed", &self.on_limit_changed.len())
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,5 @@
 //! Limit algorithms: how finished calls become a new limit.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::error::AdaptiveConfigError;
@@ -163,10 +162,6 @@ impl<A: LimitAlgorithm + ?Sized> LimitAlgorithm for Box<A> {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.min(MAX_RTT).as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// What one round trip's worth of samples showed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Round {
@@ -201,7 +196,7 @@ impl Rounds {
     fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
         let at = saturating_nanos(sample.at);
         // A zero round trip (a coarse clock) still counts, as one nanosecond.
-        let rtt = nanos(sample.rtt).max(1);
+        let rtt = saturating_nanos(sample.rtt.min(MAX_RTT)).max(1);
         if sample.overloaded {
             self.overloaded = true;
         } else {
@@ -257,10 +252,6 @@ struct Baseline {
 const WARM_UP: u32 = 16;
 
 impl Baseline {
-    fn get(&self) -> Option<f64> {
-        self.nanos
-    }
-
     fn learn(&mut self, mean: f64, tolerance: f64, at_min: bool) {
         let base = self.nanos.unwrap_or(mean);
         self.nanos = Some(if self.rounds < WARM_UP {
@@ -290,9 +281,7 @@ impl Baseline {
 pub struct Aimd {
     backoff: f64,
     tolerance: f64,
-    estimate: Option<f64>,
-    rounds: Rounds,
-    baseline: Baseline,
+    learnt: Learnt,
 }
 
 impl Default for Aimd {
@@ -301,9 +290,7 @@ impl Default for Aimd {
         Self {
             backoff: 0.8,
             tolerance: 1.3,
-            estimate: None,
-            rounds: Rounds::default(),
-            baseline: Baseline::default(),
+            learnt: Learnt::default(),
         }
     }
 }
@@ -329,25 +316,6 @@ impl Aimd {
         self.tolerance = check_tolerance(tolerance)?;
         Ok(self)
     }
-
-    fn decide(&mut self, round: Round, current: f64, limits: &Limits) -> f64 {
-        let slow = match (round.mean_rtt, self.baseline.get()) {
-            (Some(mean), Some(base)) => mean > base * self.tolerance,
-            _ => false,
-        };
-        let next = if round.overloaded || slow {
-            current * self.backoff
-        } else if round.in_use {
-            current + 1.0
-        } else {
-            current
-        };
-        if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline
-                .learn(mean, self.tolerance, current <= limits.min() as f64);
-        }
-        limits.clamp_f64(next)
-    }
 }
 
 fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
@@ -361,28 +329,64 @@ fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
     Ok(tolerance)
 }
 
-/// The estimate an algorithm carries over, unless the bulkhead's limit is no longer the one it
-/// came from (the bounds cut it, or it is the first sample).
-fn carried(estimate: Option<f64>, limit: usize, limits: &Limits) -> f64 {
-    match estimate {
-        Some(estimate) if estimate.floor() as usize == limit => estimate,
-        _ => limits.clamp(limit) as f64,
-    }
+/// What an algorithm has learnt so far: its fractional estimate of the limit, the round in
+/// progress and the baseline.
+#[derive(Clone, Debug, Default)]
+struct Learnt {
+    estimate: Option<f64>,
+    rounds: Rounds,
+    baseline: Baseline,
 }
 
-fn whole(estimate: f64, limits: &Limits) -> usize {
-    limits.clamp(estimate.floor() as usize)
+impl Learnt {
+    /// Adds `sample`; when it closes a round, `decide` turns the round, the current estimate and
+    /// the baseline before the round into the next estimate, and the baseline learns the round.
+    /// Returns the limit: the estimate rounded down, within the bounds.
+    fn update(
+        &mut self,
+        sample: &Sample,
+        limits: &Limits,
+        tolerance: f64,
+        decide: impl FnOnce(Round, f64, Option<f64>) -> f64,
+    ) -> usize {
+        // The estimate carried over, unless the bulkhead's limit is no longer the one it came
+        // from (the bounds cut it, or it is the first sample).
+        let current = match self.estimate {
+            Some(estimate) if estimate.floor() as usize == sample.limit => estimate,
+            _ => limits.clamp(sample.limit) as f64,
+        };
+        let next = match self.rounds.add(sample, self.baseline.nanos) {
+            Some(round) => {
+                let next = limits.clamp_f64(decide(round, current, self.baseline.nanos));
+                if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
+                    let at_min = current <= limits.min() as f64;
+                    self.baseline.learn(mean, tolerance, at_min);
+                }
+                next
+            }
+            None => current,
+        };
+        self.estimate = Some(next);
+        limits.clamp(next.floor() as usize)
+    }
 }
 
 impl LimitAlgorithm for Aimd {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
-        let current = carried(self.estimate, sample.limit, limits);
-        let next = match self.rounds.add(sample, self.baseline.get()) {
-            Some(round) => self.decide(round, current, limits),
-            None => current,
+        let decide = |round: Round, current, baseline: Option<f64>| {
+            let slow = match (round.mean_rtt, baseline) {
+                (Some(mean), Some(base)) => mean > base * self.tolerance,
+                _ => false,
+            };
+            if round.overloaded || slow {
+                current * self.backoff
+            } else if round.in_use {
+                current + 1.0
+            } else {
+                current
+            }
         };
-        self.estimate = Some(next);
-        whole(next, limits)
+        self.learnt.update(sample, limits, self.tolerance, decide)
     }
 }
 
@@ -409,9 +413,7 @@ impl LimitAlgorithm for Aimd {
 pub struct Gradient {
     tolerance: f64,
     smoothing: f64,
-    estimate: Option<f64>,
-    rounds: Rounds,
-    baseline: Baseline,
+    learnt: Learnt,
 }
 
 impl Default for Gradient {
@@ -420,9 +422,7 @@ impl Default for Gradient {
         Self {
             tolerance: 1.1,
             smoothing: 0.3,
-            estimate: None,
-            rounds: Rounds::default(),
-            baseline: Baseline::default(),
+            learnt: Learnt::default(),
         }
     }
 }
@@ -447,47 +447,26 @@ impl Gradient {
         self.smoothing = smoothing;
         Ok(self)
     }
-
-    fn decide(&mut self, round: Round, current: f64, limits: &Limits) -> f64 {
-        let gradient = match (round.mean_rtt, round.overloaded) {
-            (Some(short), false) => {
-                let long = self.baseline.get().unwrap_or(short);
-                (self.tolerance * long / short).clamp(0.5, 1.0)
-            }
-            _ => 0.5,
-        };
-        let headroom = if round.in_use && !round.overloaded {
-            current.sqrt()
-        } else {
-            0.0
-        };
-        let target = current * gradient + headroom;
-        let next = current * (1.0 - self.smoothing) + target * self.smoothing;
-        if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-            self.baseline
-                .learn(mean, self.tolerance, current <= limits.min() as f64);
-        }
-        limits.clamp_f64(next)
-    }
 }
 
 impl LimitAlgorithm for Gradient {
     fn update(&mut self, sample: &Sample, limits: &Limits) -> usize {
-        let current = carried(self.estimate, sample.limit, limits);
-        let next = match self.rounds.add(sample, self.baseline.get()) {
-            Some(round) => self.decide(round, current, limits),
-            None => current,
+        let decide = |round: Round, current: f64, baseline: Option<f64>| {
+            let gradient = match (round.mean_rtt, round.overloaded) {
+                (Some(short), false) => {
+                    let long = baseline.unwrap_or(short);
+                    (self.tolerance * long / short).clamp(0.5, 1.0)
+                }
+                _ => 0.5,
+            };
+            let headroom = if round.in_use && !round.overloaded {
+                current.sqrt()
+            } else {
+                0.0
+            };
+            let target = current * gradient + headroom;
+            current * (1.0 - self.smoothing) + target * self.smoothing
         };
-        self.estimate = Some(next);
-        whole(next, limits)
-    }
-}
-
-/// A boxed algorithm, for the bulkhead's state.
-pub(super) struct BoxedAlgorithm(pub(super) Box<dyn LimitAlgorithm>);
-
-impl fmt::Debug for BoxedAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("LimitAlgorithm")
+        self.learnt.update(sample, limits, self.tolerance, decide)
     }
 }

@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use super::dependency::Dependency;
 use super::error::PushedBack;
+use super::metrics::Outcome;
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
@@ -117,13 +118,13 @@ where
         }
         let state = match started {
             Ok(place) => {
-                dependency.metrics.admitted();
+                dependency.metrics.count(Outcome::Admitted);
                 run(dependency, place, service, request)
             }
             Err((now, at)) => {
                 let deadline = now.saturating_add(saturating_nanos(dependency.max_wait));
                 if at > deadline {
-                    dependency.metrics.refused();
+                    dependency.metrics.count(Outcome::Refused);
                     State::Refused {
                         error: Some(PushedBack::new(dependency.name.clone(), span(now, at))),
                     }
@@ -180,7 +181,7 @@ where
                     }
                     match this.dependency.try_start() {
                         Ok(place) => {
-                            this.dependency.metrics.waited();
+                            this.dependency.metrics.count(Outcome::Waited);
                             let Waiting {
                                 mut service,
                                 request,
@@ -193,7 +194,7 @@ where
                             let waited = entry.since.elapsed();
                             if at > entry.deadline || waited >= this.dependency.max_wait {
                                 *waiting = None;
-                                this.dependency.metrics.refused();
+                                this.dependency.metrics.count(Outcome::Refused);
                                 let error =
                                     PushedBack::new(this.dependency.name.clone(), span(now, at));
                                 return Poll::Ready(Err(error.into()));

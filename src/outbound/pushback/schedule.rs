@@ -23,33 +23,24 @@
 
 use std::time::Duration;
 
-use super::answer::{AdvertisedQuota, Answer};
+use super::answer::{Answer, Refill};
 use super::builder::Pacing;
 use crate::clock::saturating_nanos;
 
-/// The quota of every window after the advertised one, in the clock's nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Refill {
-    calls: u64,
-    window: u64,
-}
-
-impl Refill {
-    /// The stricter of two refills, field by field: the fewer calls, over the longer window.
-    /// A refill is stricter than none (without one, calls go freely after the window).
-    fn stricter(a: Option<Self>, b: Option<Self>) -> Option<Self> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(Self {
-                calls: a.calls.min(b.calls),
-                window: a.window.max(b.window),
-            }),
-            (a, b) => a.or(b),
-        }
+/// The stricter of two refills, field by field: the fewer calls, over the longer window. A
+/// refill is stricter than none (without one, calls go freely after the window).
+fn stricter(a: Option<Refill>, b: Option<Refill>) -> Option<Refill> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Refill {
+            calls: a.calls.min(b.calls),
+            window: a.window.max(b.window),
+        }),
+        (a, b) => a.or(b),
     }
 }
 
 /// When calls may start. Instants are nanoseconds of the pushback's clock.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Schedule {
     pacing: Pacing,
     /// The pushback's `max_hold`: no hold an answer sets lasts longer.
@@ -66,7 +57,8 @@ pub(super) struct Schedule {
     /// Calls that may still start before `window_end`; `None` while no quota is known.
     budget: Option<u64>,
     window_end: u64,
-    /// The quota of each window after `window_end`, when the dependency advertised a policy.
+    /// The quota of each window after `window_end`, when the dependency advertised a policy
+    /// (its window read in the clock's nanoseconds when it starts).
     refill: Option<Refill>,
     /// Under [`Pacing::Spread`], the time between two calls, and the earliest next start.
     spacing: u64,
@@ -87,17 +79,7 @@ impl Schedule {
         Self {
             pacing,
             max_hold: saturating_nanos(max_hold),
-            probe_at: 0,
-            hold_until: 0,
-            spent_until: 0,
-            budget: None,
-            window_end: 0,
-            refill: None,
-            spacing: 0,
-            next_slot: 0,
-            in_flight: 0,
-            started: 0,
-            in_force: 0,
+            ..Self::default()
         }
     }
 
@@ -111,11 +93,12 @@ impl Schedule {
             match self.refill {
                 Some(refill) => {
                     let budget = refill.calls.saturating_sub(self.in_flight);
+                    let window = saturating_nanos(refill.window);
                     self.budget = Some(budget);
-                    self.window_end = now.saturating_add(refill.window.max(1));
+                    self.window_end = now.saturating_add(window.max(1));
                     // Under `Spread`, this window's calls are spread over it too.
                     if self.pacing == Pacing::Spread && budget > 0 {
-                        self.spacing = refill.window / budget;
+                        self.spacing = window / budget;
                     }
                 }
                 None => self.budget = None,
@@ -229,7 +212,7 @@ impl Schedule {
             budget: quota.remaining.saturating_sub(others),
             window: saturating_nanos(quota.window),
             window_end: now.saturating_add(saturating_nanos(quota.window)),
-            refill: refill_of(&quota),
+            refill: quota.refill,
         };
         // An answer to a call that started before the one whose answer is in force may have
         // been written first: out of order, it may only tighten what is in force.
@@ -276,12 +259,12 @@ impl Schedule {
             self.window_end = self.window_end.max(advertised.window_end);
             self.spacing = self.spacing.max(advertised.spacing(self.pacing));
         }
-        self.refill = Refill::stricter(self.refill, advertised.refill);
+        self.refill = stricter(self.refill, advertised.refill);
     }
 }
 
 /// An advertised quota as the schedule counts it: the calls left to this client (less those
-/// in flight), in the clock's nanoseconds.
+/// in flight), its window in the clock's nanoseconds, and its refill as advertised.
 struct Advertised {
     budget: u64,
     window: u64,
@@ -297,11 +280,4 @@ impl Advertised {
             _ => 0,
         }
     }
-}
-
-fn refill_of(quota: &AdvertisedQuota) -> Option<Refill> {
-    quota.refill.map(|refill| Refill {
-        calls: refill.calls,
-        window: saturating_nanos(refill.window),
-    })
 }

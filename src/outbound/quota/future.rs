@@ -11,8 +11,11 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::cost::QuotaCost;
 use super::error::QuotaExhausted;
-use super::metrics::ClientQuotaMetrics;
+use super::key::QuotaKey;
+use super::layer::ClientQuotaLayer;
+use super::metrics::{ClientQuotaMetrics, Outcome};
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -91,17 +94,17 @@ where
 {
     match decision {
         Err(error) => {
-            metrics.failed();
+            metrics.count(Outcome::Failed);
             State::Refused { error: Some(error) }
         }
         Ok(decision) if !decision.allowed => {
-            metrics.refused();
+            metrics.count(Outcome::Refused);
             State::Refused {
                 error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
             }
         }
         Ok(decision) if decision.wait.is_zero() => {
-            metrics.admitted();
+            metrics.count(Outcome::Admitted);
             State::Running {
                 future: service.call(request),
             }
@@ -119,26 +122,29 @@ where
     S: Service<Req> + Clone,
     L: Limiter<K>,
 {
-    pub(crate) fn start(
-        name: &Arc<str>,
-        metrics: &ClientQuotaMetrics,
-        limiter: &Arc<L>,
-        key: K,
-        cost: u32,
+    /// Takes the permits `quota` asks for the call, under its key and at its cost.
+    pub(crate) fn start<Q, C>(
+        quota: &ClientQuotaLayer<L, Q, C>,
         service: &mut S,
         request: Req,
-    ) -> Self {
-        let state = match limiter.reserve_now(&key, cost) {
+    ) -> Self
+    where
+        Q: QuotaKey<Req, Key = K>,
+        C: QuotaCost<Req>,
+    {
+        let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
+        let (name, metrics) = (&quota.name, &quota.metrics);
+        let state = match quota.limiter.reserve_now(&key, cost) {
             Some(decision) => state_after(name, metrics, decision, service, request),
             None => State::Reserving {
-                reserve: limiter.reserve(&key, cost),
+                reserve: quota.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
             },
         };
         Self {
             name: name.clone(),
             metrics: metrics.clone(),
-            limiter: Arc::clone(limiter),
+            limiter: Arc::clone(&quota.limiter),
             key,
             cost,
             state,
@@ -171,7 +177,7 @@ where
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     // Leaving `Waiting` keeps the permits: they are due now.
-                    this.metrics.waited();
+                    this.metrics.count(Outcome::Waited);
                     this.state.set(State::Running {
                         future: service.call(request),
                     });

@@ -6,90 +6,59 @@
 //! [`Observed`](crate::observe::Observed) limiter, as every configured one is, under its own
 //! name); these counters are the quota's view: what happened to the calls.
 //!
-//! Without the feature, [`ClientQuotaMetrics`] is an empty type whose methods do nothing.
+//! Without the feature, [`ClientQuotaMetrics`] holds nothing and counts nothing.
 
+use std::sync::Arc;
+
+/// What happened to a call, counted under the `outcome` label.
+#[derive(Clone, Copy)]
+pub(crate) enum Outcome {
+    /// Its permits were there: sent at once.
+    Admitted,
+    /// It waited for its permits and was then sent.
+    Waited,
+    /// Refused with `QuotaExhausted`.
+    Refused,
+    /// The limiter could not decide (its error, such as a cost it can never grant or a store
+    /// that failed under a fail mode that propagates errors).
+    Failed,
+}
+
+/// The `outcome` labels, in the order of [`Outcome`].
 #[cfg(feature = "metrics")]
-mod enabled {
-    use std::sync::{Arc, OnceLock};
+const OUTCOMES: [&str; 4] = ["admitted", "waited", "refused", "failed"];
 
-    use crate::observe::metric_names as m;
+/// One client quota's counters, shared by its layer, services and calls; registered with the
+/// recorder at the first call (so the recorder may be installed after the layer is built) and
+/// then used without building keys or allocating.
+#[derive(Clone)]
+pub(crate) struct ClientQuotaMetrics {
+    #[cfg(feature = "metrics")]
+    counters: Arc<(Arc<str>, std::sync::OnceLock<[metrics::Counter; 4]>)>,
+}
 
-    /// The outcomes of a call, in the order of the handles.
-    const OUTCOMES: [&str; 4] = ["admitted", "waited", "refused", "failed"];
-
-    struct Counters {
-        name: Arc<str>,
-        calls: OnceLock<[metrics::Counter; 4]>,
+impl ClientQuotaMetrics {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(name: &Arc<str>) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            counters: Arc::new((Arc::clone(name), std::sync::OnceLock::new())),
+        }
     }
 
-    /// One client quota's counters, shared by its layer, services and calls; registered with the
-    /// recorder at the first call (so the recorder may be installed after the layer is built)
-    /// and then used without building keys or allocating.
-    #[derive(Clone)]
-    pub(crate) struct ClientQuotaMetrics(Arc<Counters>);
-
-    impl ClientQuotaMetrics {
-        pub(crate) fn new(name: &Arc<str>) -> Self {
-            Self(Arc::new(Counters {
-                name: Arc::clone(name),
-                calls: OnceLock::new(),
-            }))
-        }
-
-        fn count(&self, outcome: usize) {
-            let calls = self.0.calls.get_or_init(|| {
-                let name = self.0.name.to_string();
-                OUTCOMES.map(|outcome| {
-                    metrics::counter!(m::CLIENT_QUOTA_CALLS, "name" => name.clone(), "outcome" => outcome)
+    /// Counts one call under `outcome`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn count(&self, outcome: Outcome) {
+        #[cfg(feature = "metrics")]
+        {
+            let (name, calls) = &*self.counters;
+            let calls = calls.get_or_init(|| {
+                OUTCOMES.map(|label| {
+                    let name = name.to_string();
+                    metrics::counter!(crate::observe::metric_names::CLIENT_QUOTA_CALLS, "name" => name, "outcome" => label)
                 })
             });
-            calls[outcome].increment(1);
-        }
-
-        /// A call whose permits were there: sent at once.
-        pub(crate) fn admitted(&self) {
-            self.count(0);
-        }
-
-        /// A call that waited for its permits and was then sent.
-        pub(crate) fn waited(&self) {
-            self.count(1);
-        }
-
-        /// A call refused with `QuotaExhausted`.
-        pub(crate) fn refused(&self) {
-            self.count(2);
-        }
-
-        /// A call the limiter could not decide (its error, such as a cost it can never grant or
-        /// a store that failed under a fail mode that propagates errors).
-        pub(crate) fn failed(&self) {
-            self.count(3);
+            calls[outcome as usize].increment(1);
         }
     }
 }
-
-#[cfg(not(feature = "metrics"))]
-mod enabled {
-    use std::sync::Arc;
-
-    /// Nothing to record without the `metrics` feature.
-    #[derive(Clone)]
-    pub(crate) struct ClientQuotaMetrics;
-
-    impl ClientQuotaMetrics {
-        pub(crate) fn new(_: &Arc<str>) -> Self {
-            Self
-        }
-
-        pub(crate) fn admitted(&self) {}
-
-        pub(crate) fn waited(&self) {}
-
-        pub(crate) fn refused(&self) {}
-
-        pub(crate) fn failed(&self) {}
-    }
-}
-
-pub(crate) use enabled::ClientQuotaMetrics;

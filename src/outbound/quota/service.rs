@@ -82,17 +82,6 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let quota = &self.quota;
-        let key = quota.key.key(&request);
-        let cost = quota.cost.cost(&request);
-        ResponseFuture::start(
-            &quota.name,
-            &quota.metrics,
-            &quota.limiter,
-            key,
-            cost,
-            &mut self.inner,
-            request,
-        )
+        ResponseFuture::start(&self.quota, &mut self.inner, request)
     }
 }

@@ -87,17 +87,9 @@ pub(crate) struct Refill {
     pub(crate) window: Duration,
 }
 
-impl AdvertisedQuota {
-    /// Orders quotas from the most restrictive: the fewest calls left, and of those the longest
-    /// window.
-    fn restrictiveness(&self) -> (u64, Reverse<Duration>) {
-        (self.remaining, Reverse(self.window))
-    }
-}
-
-/// The most restrictive of `quotas`.
+/// The most restrictive of `quotas`: the fewest calls left, and of those the longest window.
 fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<AdvertisedQuota> {
-    quotas.min_by_key(AdvertisedQuota::restrictiveness)
+    quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.window)))
 }
 
 /// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
