@@ -292,6 +292,7 @@ impl Observations {
 ///
 /// Clones share the counters. The key type must be `Debug` for the refusal event; set
 /// [`hide_keys`](Self::hide_keys) to keep keys out of logs.
+#[derive(Clone)]
 pub struct Observed<L> {
     inner: L,
     observations: Arc<Observations>,
@@ -349,16 +350,6 @@ impl<L> Observed<L> {
         let handles = self.observations.handles();
         handles.available.set(s.available_permissions as f64);
         handles.waiting.set(s.waiting_requests as f64);
-    }
-}
-
-impl<L: Clone> Clone for Observed<L> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            observations: Arc::clone(&self.observations),
-            hide_keys: self.hide_keys,
-        }
     }
 }
 

@@ -38,6 +38,7 @@ use crate::{decision::Decision, Limiter, Quota};
 ///
 /// A name is one to 64 printable ASCII characters (space to `~`), so that it is a valid
 /// Structured Field string and a valid JSON string without surprises.
+#[derive(Clone)]
 pub struct Policy<X, L> {
     pub(crate) name: Box<str>,
     pub(crate) key: X,
@@ -208,19 +209,6 @@ impl<X, L> Policy<X, L> {
     /// The limiter.
     pub fn limiter(&self) -> &L {
         &self.limiter
-    }
-}
-
-impl<X: Clone, L: Clone> Clone for Policy<X, L> {
-    fn clone(&self) -> Self {
-        Self {
-            name: self.name.clone(),
-            key: self.key.clone(),
-            limiter: self.limiter.clone(),
-            cost: self.cost.clone(),
-            count_if: self.count_if.clone(),
-            shadow: self.shadow,
-        }
     }
 }
 
