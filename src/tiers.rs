@@ -120,9 +120,14 @@ where
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        match self.index(key) {
-            Ok(i) => TierFuture::tier(self.tiers[i].1.reserve(key, cost), i),
-            Err(error) => TierFuture::unknown(error),
+        let (future, tier, unknown) = match self.index(key) {
+            Ok(i) => (Some(self.tiers[i].1.reserve(key, cost)), i, None),
+            Err(error) => (None, 0, Some(error)),
+        };
+        TierFuture {
+            future,
+            tier,
+            unknown,
         }
     }
 
@@ -144,47 +149,22 @@ where
 }
 
 pin_project! {
-    /// The future of a [`Tiers`] decision.
+    /// The future of a [`Tiers`] decision: the decision of the key's tier, or the error that
+    /// the key names no tier.
     pub struct TierFuture<F> {
         #[pin]
-        state: TierState<F>,
-    }
-}
-
-pin_project! {
-    #[project = TierProj]
-    enum TierState<F> {
-        // Decided by the key's tier.
-        Tier { #[pin] future: F, tier: usize },
-        // The key names no tier.
-        Unknown { error: Option<UnknownTier> },
-    }
-}
-
-impl<F> TierFuture<F> {
-    fn tier(future: F, tier: usize) -> Self {
-        Self {
-            state: TierState::Tier { future, tier },
-        }
-    }
-
-    fn unknown(error: UnknownTier) -> Self {
-        Self {
-            state: TierState::Unknown { error: Some(error) },
-        }
+        future: Option<F>,
+        tier: usize,
+        unknown: Option<UnknownTier>,
     }
 }
 
 impl<F> fmt::Debug for TierFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.state {
-            TierState::Tier { tier, .. } => {
-                f.debug_struct("TierFuture").field("tier", tier).finish()
-            }
-            TierState::Unknown { error } => {
-                f.debug_struct("TierFuture").field("error", error).finish()
-            }
-        }
+        f.debug_struct("TierFuture")
+            .field("tier", &self.tier)
+            .field("unknown", &self.unknown)
+            .finish_non_exhaustive()
     }
 }
 
@@ -195,14 +175,13 @@ where
     type Output = Result<Decision, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            TierProj::Tier { future, tier } => {
-                let tier = *tier;
-                future
-                    .poll(cx)
-                    .map(|result| result.map(|d| d.in_tier(tier)))
-            }
-            TierProj::Unknown { error } => Poll::Ready(Err(error
+        let this = self.project();
+        match this.future.as_pin_mut() {
+            Some(future) => future
+                .poll(cx)
+                .map(|result| result.map(|d| d.in_tier(*this.tier))),
+            None => Poll::Ready(Err(this
+                .unknown
                 .take()
                 .expect("TierFuture polled after completion")
                 .into())),
