@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::header::FORWARDED;
 use http::HeaderMap;
 
-use super::ip::{Cidr, Prefixes};
+use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
 #[cfg(feature = "axum")]
 use super::{ip::peer_ip, ip::NO_PEER, KeyExtractor};
@@ -112,13 +112,13 @@ impl ForwardedIp {
 
     /// Keys IPv6 clients by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v6(bits);
+        self.prefixes.v6 = mask_v6(bits);
         self
     }
 
     /// Keys IPv4 clients by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v4(bits);
+        self.prefixes.v4 = mask_v4(bits);
         self
     }
 
@@ -199,7 +199,7 @@ fn x_forwarded_for_hops<B>(
     visit: &mut impl FnMut(Hop) -> ControlFlow<B>,
 ) -> ControlFlow<B> {
     for element in line.rsplit(|&b| b == b',') {
-        let element = trim_ows(element);
+        let element = element.trim_ascii();
         if !element.is_empty() {
             visit(Hop::node(element))?;
         }
@@ -350,22 +350,11 @@ fn is_escapable(b: u8) -> bool {
     matches!(b, b'\t' | b' ' | 0x21..=0x7e | 0x80..=0xff)
 }
 
-fn trim_ows(s: &[u8]) -> &[u8] {
-    let end = trim_ows_end(s, s.len());
-    let start = s[..end]
-        .iter()
-        .take_while(|&&b| b == b' ' || b == b'\t')
-        .count();
-    &s[start..end]
-}
-
-/// `end` moved left past any spaces and tabs.
+/// `end` moved left past any white space. Of the bytes `trim_ascii_end` takes for white space,
+/// a header value holds only spaces and tabs (RFC 9110's OWS): `HeaderValue` refuses the
+/// others.
 fn trim_ows_end(s: &[u8], end: usize) -> usize {
-    end - s[..end]
-        .iter()
-        .rev()
-        .take_while(|&&b| b == b' ' || b == b'\t')
-        .count()
+    s[..end].trim_ascii_end().len()
 }
 
 /// An address as proxies write it: `192.0.2.1`, `192.0.2.1:8080`, `2001:db8::1`, `[2001:db8::1]`

@@ -49,29 +49,22 @@ impl KeyExtractor for HeaderKey {
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<HeaderValue, KeyError> {
         let mut values = head.headers.get_all(&self.name).iter();
-        match (values.next(), values.next()) {
+        let why = match (values.next(), values.next()) {
             (Some(value), None) if value.len() > self.max_len => {
-                Err(KeyError::bad_request(format!(
-                    "the `{}` header is longer than {} bytes",
-                    self.name, self.max_len
-                )))
+                format!("is longer than {} bytes", self.max_len)
             }
-            (Some(value), None) if !value.is_empty() => own(value).ok_or_else(|| {
-                KeyError::bad_request(format!("the `{}` header is not a valid value", self.name))
-            }),
-            (Some(_), None) => Err(KeyError::bad_request(format!(
-                "the `{}` header is empty",
-                self.name
-            ))),
-            (None, _) => Err(KeyError::bad_request(format!(
-                "the `{}` header is missing",
-                self.name
-            ))),
-            (Some(_), Some(_)) => Err(KeyError::bad_request(format!(
-                "the `{}` header is sent more than once",
-                self.name
-            ))),
-        }
+            (Some(value), None) if value.is_empty() => "is empty".to_owned(),
+            (Some(value), None) => match own(value) {
+                Some(key) => return Ok(key),
+                None => "is not a valid value".to_owned(),
+            },
+            (None, _) => "is missing".to_owned(),
+            (Some(_), Some(_)) => "is sent more than once".to_owned(),
+        };
+        Err(KeyError::bad_request(format!(
+            "the `{}` header {why}",
+            self.name
+        )))
     }
 }
 
