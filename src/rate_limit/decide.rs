@@ -339,15 +339,11 @@ impl<P: PolicySet> Settlement<P> {
                 true
             });
             if !counts {
+                let report = decision.report();
+                let admission = std::mem::replace(decision, report);
+                let cost = u64::from(limits.policies.refund(i, &self.keys, admission));
                 // The client is told the state as it is now: the permits are back.
-                let cost = u64::from(limits.policies.cost(i, &self.keys));
-                let mut after = decision.report();
-                after.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
-                if let Outcome::Admitted(decision) =
-                    std::mem::replace(outcome, Outcome::Admitted(after))
-                {
-                    limits.policies.refund(i, &self.keys, decision);
-                }
+                decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
                 gave_back = true;
             }
         }

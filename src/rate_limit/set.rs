@@ -55,13 +55,9 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve;
 
-    /// The cost policy `i` found for the request (zero if it found none).
+    /// Gives policy `i`'s admission back; returns the cost the policy found for the request.
     #[doc(hidden)]
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32;
-
-    /// Gives policy `i`'s admission back.
-    #[doc(hidden)]
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision);
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32;
 
     /// Whether `response` counts against policy `i`.
     #[doc(hidden)]
@@ -146,13 +142,10 @@ where
         Box::pin(self.limiter.reserve(key, cost))
     }
 
-    fn cost(&self, _: usize, keys: &Self::Keys) -> u32 {
-        keys.as_ref().map_or(0, |(_, cost)| *cost)
-    }
-
-    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) {
+    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) -> u32 {
         let (key, cost) = slot(keys);
         self.limiter.refund(key, cost, decision);
+        cost
     }
 
     fn counts(&self, _: usize, response: &http::response::Parts) -> bool {
@@ -209,14 +202,7 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.cost(i, &keys.0),
-            Some(j) => self.second.cost(j, &keys.1),
-        }
-    }
-
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
         match i.checked_sub(self.first.count()) {
             None => self.first.refund(i, &keys.0, decision),
             Some(j) => self.second.refund(j, &keys.1, decision),
@@ -277,12 +263,8 @@ where
         self[i].reserve(0, &keys[i])
     }
 
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
-        PolicySet::cost(&self[i], 0, &keys[i])
-    }
-
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
-        self[i].refund(0, &keys[i], decision);
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
+        self[i].refund(0, &keys[i], decision)
     }
 
     fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
