@@ -13,7 +13,7 @@ use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{BoxReserve, PolicySet};
+use super::set::{BoxReserve, PolicyAnswer, PolicySet};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -91,16 +91,14 @@ impl<P: PolicySet> Ledger<P> {
             if i == policies.count() {
                 return self.conclude(head);
             }
-            let answer = match policies.prepare(i, head, &mut self.keys) {
-                Ok(0) => {
+            let answer = match policies.ask(i, head, &mut self.keys) {
+                PolicyAnswer::Free => {
                     self.outcomes.push(Outcome::Skipped);
                     None
                 }
-                Ok(_) => match policies.reserve_now(i, &self.keys) {
-                    Some(result) => self.record(result),
-                    None => return Progress::Reserve(policies.reserve(i, &self.keys)),
-                },
-                Err(error) => self.key_error(&error),
+                PolicyAnswer::Now(result) => self.record(result),
+                PolicyAnswer::Later(reserve) => return Progress::Reserve(reserve),
+                PolicyAnswer::NoKey(error) => self.key_error(&error),
             };
             if let Some(answer) = answer {
                 return Progress::Answer(Box::new(answer));

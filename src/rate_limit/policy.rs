@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::head::RequestHead;
 
 use super::headers::sf_string;
-use super::key::{KeyError, KeyExtractor};
-use super::set::{Chain, Slot};
+use super::key::KeyExtractor;
+use super::set::Chain;
 use crate::{decision::Decision, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a
@@ -269,22 +269,6 @@ where
             self.shadow,
             self.count_if.is_some(),
         )
-    }
-
-    pub(crate) fn prepare_one(
-        &self,
-        head: &RequestHead<'_>,
-        slot: &mut Slot<X::Key>,
-    ) -> Result<u32, KeyError> {
-        let cost = match &self.cost {
-            Cost::Fixed(permits) => *permits,
-            Cost::By(cost) => cost(head),
-        };
-        if cost == 0 {
-            return Ok(0);
-        }
-        *slot = Some((self.key.extract(head)?, cost));
-        Ok(cost)
     }
 }
 
