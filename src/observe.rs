@@ -333,6 +333,12 @@ impl<L> Observed<L> {
         &self.inner
     }
 
+    /// The key as a refusal's event shows it: formatted only when a debug event could be
+    /// emitted and keys are not hidden.
+    fn key_for_event(&self, key: &impl fmt::Debug) -> Option<String> {
+        (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG)).then(|| format!("{key:?}"))
+    }
+
     /// The counters and gauges as they stand.
     pub fn snapshot(&self) -> LimiterSnapshot {
         LimiterSnapshot {
@@ -390,14 +396,6 @@ impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F
             this.observations.record(decision, this.key.as_deref());
         }
         Poll::Ready(result)
-    }
-}
-
-impl<L> Observed<L> {
-    /// The key as a refusal's event shows it: formatted only when a debug event could be
-    /// emitted and keys are not hidden.
-    fn key_for_event(&self, key: &impl fmt::Debug) -> Option<String> {
-        (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG)).then(|| format!("{key:?}"))
     }
 }
 

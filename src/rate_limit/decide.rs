@@ -374,13 +374,11 @@ fn log_key_error(policy: &str, error: &KeyError, mode: FailMode) {
 }
 
 fn key_error_response(error: &KeyError) -> Response<Bytes> {
-    if error.status().is_server_error() {
+    let detail = if error.status().is_server_error() {
         // The reason names server internals; it is in the log, not in the answer.
-        problem_response(
-            error.status(),
-            "The server could not identify the client for rate limiting.",
-        )
+        "The server could not identify the client for rate limiting."
     } else {
-        problem_response(error.status(), error.reason())
-    }
+        error.reason()
+    };
+    problem_response(error.status(), detail)
 }

@@ -88,6 +88,12 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
             shadow: Shadow::Off,
         })
     }
+
+    /// The policy as the layer describes it.
+    pub(crate) fn info(&self) -> PolicyInfo {
+        let quota = self.limiter.quota();
+        PolicyInfo::new(&self.name, quota, self.shadow, self.count_if.is_some())
+    }
 }
 
 impl<L: Limiter<()>> Policy<super::GlobalKey, L> {
@@ -256,21 +262,6 @@ impl fmt::Display for PolicyError {
 }
 
 impl std::error::Error for PolicyError {}
-
-impl<X, L> Policy<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    pub(crate) fn info(&self) -> PolicyInfo {
-        PolicyInfo::new(
-            &self.name,
-            self.limiter.quota(),
-            self.shadow,
-            self.count_if.is_some(),
-        )
-    }
-}
 
 /// One policy as the layer describes it to clients and to its logs.
 #[derive(Clone, Debug)]
