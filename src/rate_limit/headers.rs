@@ -76,15 +76,10 @@ impl AdmittedHeaders {
         let quota = |i: usize| quotas[i];
         let policy = policy_header(settings, outcomes, quota)?;
         let ratelimit = ratelimit_header(&settings.policies, outcomes, false, quota)?;
-        let legacy = if settings.legacy_headers {
-            legacy_values(&settings.policies, outcomes, false).map(Box::new)
-        } else {
-            None
-        };
         Some(Self {
             policy,
             ratelimit,
-            legacy,
+            legacy: legacy_values(settings, outcomes, false).map(Box::new),
         })
     }
 
@@ -94,12 +89,17 @@ impl AdmittedHeaders {
         headers.append(RATELIMIT_POLICY, self.policy);
         headers.append(RATELIMIT, self.ratelimit);
         if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
-            headers.entry(X_RATELIMIT_LIMIT).or_insert(limit);
-            headers.entry(X_RATELIMIT_REMAINING).or_insert(remaining);
-            headers.entry(X_RATELIMIT_RESET).or_insert(reset);
+            insert_legacy(headers, *legacy);
         }
     }
+}
+
+/// Adds the legacy `X-RateLimit-*` fields, unless the response has them already (from an inner
+/// layer): they describe one policy, so they cannot be combined as lists.
+fn insert_legacy(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderValue; 3]) {
+    headers.entry(X_RATELIMIT_LIMIT).or_insert(limit);
+    headers.entry(X_RATELIMIT_REMAINING).or_insert(remaining);
+    headers.entry(X_RATELIMIT_RESET).or_insert(reset);
 }
 
 /// The headers of a refusal: `RateLimit-Policy` (given), `RateLimit` for the violated policies,
@@ -118,12 +118,8 @@ pub(crate) fn refusal_headers(
     if let Some(ratelimit) = ratelimit_header(&settings.policies, outcomes, true, quota) {
         headers.insert(RATELIMIT, ratelimit);
     }
-    if settings.legacy_headers {
-        if let Some([limit, remaining, reset]) = legacy_values(&settings.policies, outcomes, true) {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
-        }
+    if let Some(legacy) = legacy_values(settings, outcomes, true) {
+        insert_legacy(headers, legacy);
     }
 }
 
@@ -312,13 +308,17 @@ fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
 /// refusal the violated one with the longest wait, otherwise the advertised one with the fewest
-/// permits left.
+/// permits left. `None` unless the layer sends them.
 fn legacy_values(
-    policies: &[PolicyInfo],
+    settings: &Settings,
     outcomes: &[Outcome],
     refused: bool,
 ) -> Option<[HeaderValue; 3]> {
-    let decided = policies
+    if !settings.legacy_headers {
+        return None;
+    }
+    let decided = settings
+        .policies
         .iter()
         .zip(outcomes)
         .filter(|(p, _)| p.advertised());
