@@ -75,10 +75,9 @@ pub(crate) struct Ledger<P: PolicySet> {
 impl<P: PolicySet> Ledger<P> {
     /// A ledger for a new request under `limits`.
     pub(crate) fn new(limits: Arc<Limits<P>>) -> Self {
-        let keys = limits.policies.no_keys();
         Self {
             limits,
-            keys,
+            keys: P::Keys::default(),
             outcomes: Outcomes::new(),
         }
     }

@@ -21,7 +21,7 @@ pub type BoxReserve = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + 
 ///
 /// Sealed: its methods are the layer's business.
 pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
-    /// The keys of one request, one slot per policy.
+    /// The keys of one request, one slot per policy (by default, none found yet).
     #[doc(hidden)]
     type Keys: Default + Send + 'static;
 
@@ -32,10 +32,6 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     /// How each policy is described to clients, in order.
     #[doc(hidden)]
     fn describe(&self, out: &mut Vec<PolicyInfo>);
-
-    /// No key yet.
-    #[doc(hidden)]
-    fn no_keys(&self) -> Self::Keys;
 
     /// Asks policy `i` about the request: finds its cost and key (kept in `keys`), then its
     /// limiter's decision.
@@ -125,10 +121,6 @@ where
         out.push(self.info());
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        None
-    }
-
     fn ask(&self, _: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
         let cost = match &self.cost {
             Cost::Fixed(permits) => *permits,
@@ -178,10 +170,6 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         self.second.describe(out);
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        (self.first.no_keys(), self.second.no_keys())
-    }
-
     fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
         match i.checked_sub(self.first.count()) {
             None => self.first.ask(i, head, &mut keys.0),
@@ -229,11 +217,11 @@ where
         out.extend(self.iter().map(Policy::info));
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        (0..Vec::len(self)).map(|_| None).collect()
-    }
-
     fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
+        // Policies are asked in order, the first one first: a slot for each, then.
+        if keys.is_empty() {
+            keys.resize_with(Vec::len(self), || None);
+        }
         self[i].ask(0, head, &mut keys[i])
     }
 
