@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use http::header::FORWARDED;
+use http::header::{HeaderName, FORWARDED};
 use http::HeaderMap;
 
 use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
@@ -15,6 +15,8 @@ use super::KeyError;
 use super::{ip::peer_ip, ip::NO_PEER, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::head::RequestHead;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Which header carries the chain of forwarding proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,19 +144,12 @@ impl ForwardedIp {
                 self.source.header()
             )))),
         };
-        let walk = match self.source {
-            Source::XForwardedFor => headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .rev()
-                .try_for_each(|line| x_forwarded_for_hops(line.as_bytes(), &mut visit)),
-            Source::Forwarded => headers
-                .get_all(FORWARDED)
-                .iter()
-                .rev()
-                .try_for_each(|line| forwarded_hops(line.as_bytes(), &mut visit)),
+        let (name, hops): (_, fn(&[u8], &mut _) -> ControlFlow<_>) = match self.source {
+            Source::XForwardedFor => (X_FORWARDED_FOR, x_forwarded_for_hops),
+            Source::Forwarded => (FORWARDED, forwarded_hops),
         };
-        match walk {
+        let mut lines = headers.get_all(name).iter().rev();
+        match lines.try_for_each(|line| hops(line.as_bytes(), &mut visit)) {
             ControlFlow::Break(found) => found,
             ControlFlow::Continue(()) => Ok(last_trusted),
         }
