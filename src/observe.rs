@@ -212,16 +212,24 @@ impl Observations {
 
     fn record(&self, decision: &Decision, key: Option<&str>) {
         self.available.store(decision.remaining, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.handles().available.set(decision.remaining as f64);
         if decision.allowed {
             self.allowed.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            self.handles().allowed.increment(1);
             if !decision.wait.is_zero() {
                 let now = Instant::now();
                 let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 waiting.outstanding(now);
                 waiting.add(decision.reserved_at, now + decision.wait);
+                #[cfg(feature = "metrics")]
+                self.handles().waiting.set(waiting.total as f64);
             }
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            self.handles().limited.increment(1);
             let retry_after_ms = decision.retry_after.as_nanos().div_ceil(1_000_000);
             tracing::debug!(
                 limiter = %self.name,
@@ -229,19 +237,6 @@ impl Observations {
                 retry_after_ms,
                 "rate limit refused a request"
             );
-        }
-        #[cfg(feature = "metrics")]
-        {
-            let handles = self.handles();
-            if decision.allowed {
-                handles.allowed.increment(1);
-            } else {
-                handles.limited.increment(1);
-            }
-            handles.available.set(decision.remaining as f64);
-            if decision.allowed && !decision.wait.is_zero() {
-                handles.waiting.set(self.waiting_now() as f64);
-            }
         }
     }
 
@@ -255,6 +250,8 @@ impl Observations {
         let _ = self
             .allowed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        #[cfg(feature = "metrics")]
+        self.handles().refunded.increment(1);
         // The gauge shows the latest decision's figure. If that is still this decision's (the
         // usual case: a veto given back at once), its permits are back; a refund of an older
         // decision leaves the latest decision's figure alone.
@@ -262,28 +259,21 @@ impl Observations {
             .remaining
             .saturating_add(u64::from(decision.refundable(cost)))
             .min(decision.limit);
-        let moved = self
-            .available
-            .compare_exchange(
-                decision.remaining,
-                available,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_ok();
+        let moved = self.available.compare_exchange(
+            decision.remaining,
+            available,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        #[cfg(feature = "metrics")]
+        if moved.is_ok() {
+            self.handles().available.set(available as f64);
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = moved;
         if !decision.wait.is_zero() {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             waiting.remove_one(decision.reserved_at);
-        }
-        #[cfg(feature = "metrics")]
-        {
-            let handles = self.handles();
-            handles.refunded.increment(1);
-            if moved {
-                handles.available.set(available as f64);
-            }
         }
     }
 }
