@@ -99,13 +99,6 @@ mod sealed {
 /// What one policy keeps of one request: its key and the cost it was asked for.
 pub(crate) type Slot<K> = Option<(K, u32)>;
 
-fn slot<K>(slot: &Slot<K>) -> (&K, u32) {
-    let (key, cost) = slot
-        .as_ref()
-        .expect("a policy is asked to decide only once its key is found");
-    (key, *cost)
-}
-
 impl<X, L> PolicySet for Policy<X, L>
 where
     X: KeyExtractor,
@@ -141,9 +134,11 @@ where
     }
 
     fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) -> u32 {
-        let (key, cost) = slot(keys);
-        self.limiter.refund(key, cost, decision);
-        cost
+        let (key, cost) = keys
+            .as_ref()
+            .expect("a policy admits a request only once its key is found");
+        self.limiter.refund(key, *cost, decision);
+        *cost
     }
 
     fn counts(&self, _: usize, response: &http::response::Parts) -> bool {

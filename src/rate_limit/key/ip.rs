@@ -135,10 +135,7 @@ impl FromStr for Cidr {
 
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let s = s.trim();
-        let (addr, prefix) = match s.split_once('/') {
-            Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (s, None),
-        };
+        let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
         let address: IpAddr = addr.parse().map_err(|_| CidrError {
             reason: "not an IP address",
         })?;
