@@ -104,6 +104,7 @@ pub struct LimiterSnapshot {
 }
 
 /// What an [`Observed`] limiter has counted, shared by its clones.
+#[derive(Default)]
 struct Observations {
     name: Arc<str>,
     allowed: AtomicU64,
@@ -297,12 +298,7 @@ impl<L> Observed<L> {
             hide_keys: false,
             observations: Arc::new(Observations {
                 name: name.into(),
-                allowed: AtomicU64::new(0),
-                limited: AtomicU64::new(0),
-                available: AtomicU64::new(0),
-                waiting: Mutex::new(Reservations::default()),
-                #[cfg(feature = "metrics")]
-                handles: std::sync::OnceLock::new(),
+                ..Observations::default()
             }),
         }
     }

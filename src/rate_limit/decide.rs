@@ -267,10 +267,9 @@ impl<P: PolicySet> Ledger<P> {
         let mut outcomes = std::mem::take(&mut self.outcomes);
         for (i, outcome) in outcomes.iter_mut().enumerate().rev() {
             if let Outcome::Admitted(decision) = outcome {
-                let report = Outcome::Admitted(decision.report());
-                if let Outcome::Admitted(decision) = std::mem::replace(outcome, report) {
-                    self.limits.policies.refund(i, &self.keys, decision);
-                }
+                let report = decision.report();
+                let admission = std::mem::replace(decision, report);
+                self.limits.policies.refund(i, &self.keys, admission);
             }
         }
         outcomes
