@@ -423,11 +423,9 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         let result = self.inner.reserve_now(key, cost)?;
         if let Ok(decision) = &result {
             // Only a refusal's event names the key.
-            let shown = if decision.allowed {
-                None
-            } else {
-                self.key_for_event(key)
-            };
+            let shown = (!decision.allowed)
+                .then(|| self.key_for_event(key))
+                .flatten();
             self.observations.record(decision, shown.as_deref());
         }
         Some(result)

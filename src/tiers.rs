@@ -113,10 +113,8 @@ where
     }
 
     fn quota_for(&self, key: &K) -> Quota {
-        match self.index(key) {
-            Ok(i) => self.tiers[i].1.quota_for(key),
-            Err(_) => self.quota(),
-        }
+        self.index(key)
+            .map_or_else(|_| self.quota(), |i| self.tiers[i].1.quota_for(key))
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {

@@ -318,12 +318,9 @@ impl<P: PolicySet> Settlement<P> {
         let mut gave_back = false;
         for (i, outcome) in self.outcomes.iter_mut().enumerate().rev() {
             let info = &limits.settings.policies[i];
-            let Outcome::Admitted(decision) = outcome else {
+            let (Outcome::Admitted(decision), true) = (outcome, info.count_if) else {
                 continue;
             };
-            if !info.count_if {
-                continue;
-            }
             let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 limits.policies.counts(i, response)
             }))
