@@ -1,13 +1,9 @@
 //! Quotas that depend on the key: [`Tiers`], one limiter per plan, chosen per request.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
-
+use crate::rate_limit::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// A limiter whose quota depends on the key: each key is decided by the limiter of its tier (an
@@ -106,7 +102,9 @@ where
     T: PartialEq + fmt::Debug + Send + Sync + 'static,
     L: Limiter<K>,
 {
-    type Future = TierFuture<L::Future>;
+    /// Boxed: the decisions of limiters that need I/O, where an allocation is small beside the
+    /// round trip; the others are made at once by `reserve_now`.
+    type Future = BoxReserve;
 
     fn quota(&self) -> Quota {
         self.tiers[0].1.quota()
@@ -118,14 +116,12 @@ where
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        let (future, tier, unknown) = match self.index(key) {
-            Ok(i) => (Some(self.tiers[i].1.reserve(key, cost)), i, None),
-            Err(error) => (None, 0, Some(error)),
-        };
-        TierFuture {
-            future,
-            tier,
-            unknown,
+        match self.index(key) {
+            Ok(i) => {
+                let decision = self.tiers[i].1.reserve(key, cost);
+                Box::pin(async move { decision.await.map(|d| d.in_tier(i)) })
+            }
+            Err(error) => Box::pin(std::future::ready(Err(error.into()))),
         }
     }
 
@@ -142,47 +138,6 @@ where
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
         if let Some((_, limiter)) = self.tiers.get(decision.tier()) {
             limiter.refund(key, cost, decision);
-        }
-    }
-}
-
-pin_project! {
-    /// The future of a [`Tiers`] decision: the decision of the key's tier, or the error that
-    /// the key names no tier.
-    pub struct TierFuture<F> {
-        #[pin]
-        future: Option<F>,
-        tier: usize,
-        unknown: Option<UnknownTier>,
-    }
-}
-
-impl<F> fmt::Debug for TierFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TierFuture")
-            .field("tier", &self.tier)
-            .field("unknown", &self.unknown)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F> Future for TierFuture<F>
-where
-    F: Future<Output = Result<Decision, BoxError>>,
-{
-    type Output = Result<Decision, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        match this.future.as_pin_mut() {
-            Some(future) => future
-                .poll(cx)
-                .map(|result| result.map(|d| d.in_tier(*this.tier))),
-            None => Poll::Ready(Err(this
-                .unknown
-                .take()
-                .expect("TierFuture polled after completion")
-                .into())),
         }
     }
 }
