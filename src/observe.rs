@@ -11,15 +11,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{ready, Context, Poll};
 
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::rate_limit::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The names of every metric the crate records, with their type and labels.
@@ -354,39 +351,10 @@ impl<L> fmt::Debug for Observed<L> {
     }
 }
 
-pin_project! {
-    /// The future of [`Observed::reserve`](Limiter::reserve).
-    pub struct ObservedFuture<F> {
-        #[pin]
-        inner: F,
-        observations: Arc<Observations>,
-        key: Option<String>,
-    }
-}
-
-impl<F> fmt::Debug for ObservedFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ObservedFuture")
-            .field("limiter", &self.observations.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F> {
-    type Output = Result<Decision, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let result = ready!(this.inner.poll(cx));
-        if let Ok(decision) = &result {
-            this.observations.record(decision, this.key.as_deref());
-        }
-        Poll::Ready(result)
-    }
-}
-
 impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
-    type Future = ObservedFuture<L::Future>;
+    /// Boxed: the decisions of limiters that need I/O, where an allocation is small beside the
+    /// round trip; the others are made at once by `reserve_now`.
+    type Future = BoxReserve;
 
     fn quota(&self) -> Quota {
         self.inner.quota()
@@ -411,12 +379,17 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        ObservedFuture {
-            inner: self.inner.reserve(key, cost),
-            observations: Arc::clone(&self.observations),
-            // The decision is not known yet, so the key is kept in case it is a refusal.
-            key: self.key_for_event(key),
-        }
+        let decision = self.inner.reserve(key, cost);
+        let observations = Arc::clone(&self.observations);
+        // The decision is not known yet, so the key is kept in case it is a refusal.
+        let key = self.key_for_event(key);
+        Box::pin(async move {
+            let result = decision.await;
+            if let Ok(decision) = &result {
+                observations.record(decision, key.as_deref());
+            }
+            result
+        })
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
