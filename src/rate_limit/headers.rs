@@ -216,22 +216,15 @@ fn push_item(out: &mut ValueBuf, sf_name: &str, (a, x): (&str, u64), (b, y): (&s
 
 /// The value, or `None` if it is empty.
 fn header_value(bytes: &[u8]) -> Option<HeaderValue> {
-    if bytes.is_empty() {
-        return None;
-    }
-    HeaderValue::from_bytes(bytes).ok()
+    HeaderValue::from_bytes(bytes)
+        .ok()
+        .filter(|value| !value.is_empty())
 }
 
-/// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
-pub(crate) fn sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
+/// `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6): quoted, with `\` and
+/// `"` escaped by a backslash (the backslashes first, so that no escape is escaped again).
+pub(crate) fn sf_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
@@ -355,9 +348,7 @@ mod tests {
 
     #[test]
     fn sf_strings_escape() {
-        let mut s = String::new();
-        sf_string(&mut s, r#"a "b" \c"#);
-        assert_eq!(s, r#""a \"b\" \\c""#);
+        assert_eq!(sf_string(r#"a "b" \c"#), r#""a \"b\" \\c""#);
     }
 
     proptest::proptest! {
@@ -370,8 +361,7 @@ mod tests {
             let mut v = ValueBuf::new();
             let mut expected = String::new();
             for (name, r, t) in &items {
-                let mut sf_name = String::new();
-                sf_string(&mut sf_name, name);
+                let sf_name = sf_string(name);
                 push_item(&mut v, &sf_name, ("r", *r), ("t", *t));
                 if !expected.is_empty() {
                     expected.push_str(", ");

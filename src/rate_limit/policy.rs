@@ -280,11 +280,9 @@ pub struct PolicyInfo {
 
 impl PolicyInfo {
     pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, count_if: bool) -> Self {
-        let mut sf_name = String::with_capacity(name.len() + 2);
-        sf_string(&mut sf_name, name);
         Self {
             name: name.into(),
-            sf_name: sf_name.into_boxed_str(),
+            sf_name: sf_string(name).into_boxed_str(),
             quota,
             shadow,
             count_if,
