@@ -25,15 +25,6 @@ enum Source {
     Forwarded,
 }
 
-impl Source {
-    fn header(self) -> &'static str {
-        match self {
-            Source::XForwardedFor => "X-Forwarded-For",
-            Source::Forwarded => "Forwarded",
-        }
-    }
-}
-
 /// The client address behind reverse proxies that you trust.
 ///
 /// You list the networks of your proxies. When the TCP peer is not in them, the forwarding
@@ -132,6 +123,11 @@ impl ForwardedIp {
         if !trusted(peer) {
             return Ok(peer);
         }
+        // The header's name, as written in a key error, and the reader of its lines.
+        let (name, shown, hops): (_, _, fn(&[u8], &mut _) -> ControlFlow<_>) = match self.source {
+            Source::XForwardedFor => (X_FORWARDED_FOR, "X-Forwarded-For", x_forwarded_for_hops),
+            Source::Forwarded => (FORWARDED, "Forwarded", forwarded_hops),
+        };
         let mut last_trusted = peer;
         let mut visit = |hop: Hop| match hop {
             Hop::Addr(ip) if trusted(ip) => {
@@ -140,13 +136,8 @@ impl ForwardedIp {
             }
             Hop::Addr(ip) => ControlFlow::Break(Ok(ip)),
             Hop::Not(what) => ControlFlow::Break(Err(KeyError::bad_request(format!(
-                "the `{}` header holds {what} where the client's address should be",
-                self.source.header()
+                "the `{shown}` header holds {what} where the client's address should be"
             )))),
-        };
-        let (name, hops): (_, fn(&[u8], &mut _) -> ControlFlow<_>) = match self.source {
-            Source::XForwardedFor => (X_FORWARDED_FOR, x_forwarded_for_hops),
-            Source::Forwarded => (FORWARDED, forwarded_hops),
         };
         let mut lines = headers.get_all(name).iter().rev();
         match lines.try_for_each(|line| hops(line.as_bytes(), &mut visit)) {
