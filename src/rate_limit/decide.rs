@@ -180,18 +180,34 @@ impl<P: PolicySet> Ledger<P> {
     /// granted); otherwise the policy sits the request out.
     fn key_error(&mut self, error: &KeyError) -> Option<Response<Bytes>> {
         let mode = self.limits.settings.key_error_mode;
-        let name = &self.limits.settings.policies[self.outcomes.len()].name;
-        log_key_error(name, error, mode);
-        match mode {
-            FailMode::Open => {
-                self.outcomes.push(Outcome::Skipped);
-                None
-            }
-            FailMode::Closed => {
-                self.refund_all();
-                Some(key_error_response(error))
-            }
+        let policy = &*self.limits.settings.policies[self.outcomes.len()].name;
+        let action = match mode {
+            FailMode::Open => "letting the request through without it",
+            FailMode::Closed => "answering with an error",
+        };
+        let reason = error.reason();
+        // A server-side reason names server internals: it is in the log, not in the answer.
+        let detail = if error.status().is_server_error() {
+            tracing::error!(
+                policy,
+                reason,
+                "rate limit: no key for the request; {action}"
+            );
+            "The server could not identify the client for rate limiting."
+        } else {
+            tracing::debug!(
+                policy,
+                reason,
+                "rate limit: no key for the request; {action}"
+            );
+            reason
+        };
+        if mode == FailMode::Open {
+            self.outcomes.push(Outcome::Skipped);
+            return None;
         }
+        self.refund_all();
+        Some(problem_response(error.status(), detail))
     }
 
     /// What the outcomes come to, once every policy has been asked. A refusal gives every
@@ -346,34 +362,4 @@ impl<P: PolicySet> Settlement<P> {
             });
         }
     }
-}
-
-fn log_key_error(policy: &str, error: &KeyError, mode: FailMode) {
-    let action = match mode {
-        FailMode::Open => "letting the request through without it",
-        FailMode::Closed => "answering with an error",
-    };
-    if error.status().is_server_error() {
-        tracing::error!(
-            policy,
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    } else {
-        tracing::debug!(
-            policy,
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    }
-}
-
-fn key_error_response(error: &KeyError) -> Response<Bytes> {
-    let detail = if error.status().is_server_error() {
-        // The reason names server internals; it is in the log, not in the answer.
-        "The server could not identify the client for rate limiting."
-    } else {
-        error.reason()
-    };
-    problem_response(error.status(), detail)
 }
