@@ -54,25 +54,20 @@ impl KeyExtractor for HeaderKey {
                 format!("is longer than {} bytes", self.max_len)
             }
             (Some(value), None) if value.is_empty() => "is empty".to_owned(),
-            (Some(value), None) => match own(value) {
-                Some(key) => return Ok(key),
-                None => "is not a valid value".to_owned(),
+            // A copy in an allocation of its own length: `HeaderValue::clone` would share the
+            // request's buffer (over HTTP/1, the connection's whole read buffer) for as long as
+            // the key lives. The bytes were a valid value already, so the copy cannot fail.
+            (Some(value), None) => match HeaderValue::from_bytes(value.as_bytes()) {
+                Ok(mut key) => {
+                    key.set_sensitive(value.is_sensitive());
+                    return Ok(key);
+                }
+                Err(_) => "is not a valid value".to_owned(),
             },
             (None, _) => "is missing".to_owned(),
             (Some(_), Some(_)) => "is sent more than once".to_owned(),
         };
-        Err(KeyError::bad_request(format!(
-            "the `{}` header {why}",
-            self.name
-        )))
+        let name = &self.name;
+        Err(KeyError::bad_request(format!("the `{name}` header {why}")))
     }
-}
-
-/// A copy of `value` in an allocation of its own length: `HeaderValue::clone` would share the
-/// request's buffer (over HTTP/1, the connection's whole read buffer) for as long as the key
-/// lives. `None` cannot happen (the bytes were a valid value already).
-fn own(value: &HeaderValue) -> Option<HeaderValue> {
-    let mut copy = HeaderValue::from_bytes(value.as_bytes()).ok()?;
-    copy.set_sensitive(value.is_sensitive());
-    Some(copy)
 }
