@@ -11,15 +11,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{ready, Context, Poll};
 
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::rate_limit::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The names of every metric the crate records, with their type and labels.
@@ -104,6 +101,7 @@ pub struct LimiterSnapshot {
 }
 
 /// What an [`Observed`] limiter has counted, shared by its clones.
+#[derive(Default)]
 struct Observations {
     name: Arc<str>,
     allowed: AtomicU64,
@@ -212,16 +210,24 @@ impl Observations {
 
     fn record(&self, decision: &Decision, key: Option<&str>) {
         self.available.store(decision.remaining, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.handles().available.set(decision.remaining as f64);
         if decision.allowed {
             self.allowed.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            self.handles().allowed.increment(1);
             if !decision.wait.is_zero() {
                 let now = Instant::now();
                 let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 waiting.outstanding(now);
                 waiting.add(decision.reserved_at, now + decision.wait);
+                #[cfg(feature = "metrics")]
+                self.handles().waiting.set(waiting.total as f64);
             }
         } else {
             self.limited.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            self.handles().limited.increment(1);
             let retry_after_ms = decision.retry_after.as_nanos().div_ceil(1_000_000);
             tracing::debug!(
                 limiter = %self.name,
@@ -229,19 +235,6 @@ impl Observations {
                 retry_after_ms,
                 "rate limit refused a request"
             );
-        }
-        #[cfg(feature = "metrics")]
-        {
-            let handles = self.handles();
-            if decision.allowed {
-                handles.allowed.increment(1);
-            } else {
-                handles.limited.increment(1);
-            }
-            handles.available.set(decision.remaining as f64);
-            if decision.allowed && !decision.wait.is_zero() {
-                handles.waiting.set(self.waiting_now() as f64);
-            }
         }
     }
 
@@ -255,6 +248,8 @@ impl Observations {
         let _ = self
             .allowed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        #[cfg(feature = "metrics")]
+        self.handles().refunded.increment(1);
         // The gauge shows the latest decision's figure. If that is still this decision's (the
         // usual case: a veto given back at once), its permits are back; a refund of an older
         // decision leaves the latest decision's figure alone.
@@ -262,28 +257,21 @@ impl Observations {
             .remaining
             .saturating_add(u64::from(decision.refundable(cost)))
             .min(decision.limit);
-        let moved = self
-            .available
-            .compare_exchange(
-                decision.remaining,
-                available,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_ok();
+        let moved = self.available.compare_exchange(
+            decision.remaining,
+            available,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        #[cfg(feature = "metrics")]
+        if moved.is_ok() {
+            self.handles().available.set(available as f64);
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = moved;
         if !decision.wait.is_zero() {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             waiting.remove_one(decision.reserved_at);
-        }
-        #[cfg(feature = "metrics")]
-        {
-            let handles = self.handles();
-            handles.refunded.increment(1);
-            if moved {
-                handles.available.set(available as f64);
-            }
         }
     }
 }
@@ -292,6 +280,7 @@ impl Observations {
 ///
 /// Clones share the counters. The key type must be `Debug` for the refusal event; set
 /// [`hide_keys`](Self::hide_keys) to keep keys out of logs.
+#[derive(Clone)]
 pub struct Observed<L> {
     inner: L,
     observations: Arc<Observations>,
@@ -306,12 +295,7 @@ impl<L> Observed<L> {
             hide_keys: false,
             observations: Arc::new(Observations {
                 name: name.into(),
-                allowed: AtomicU64::new(0),
-                limited: AtomicU64::new(0),
-                available: AtomicU64::new(0),
-                waiting: Mutex::new(Reservations::default()),
-                #[cfg(feature = "metrics")]
-                handles: std::sync::OnceLock::new(),
+                ..Observations::default()
             }),
         }
     }
@@ -330,6 +314,12 @@ impl<L> Observed<L> {
     /// The wrapped limiter.
     pub fn get_ref(&self) -> &L {
         &self.inner
+    }
+
+    /// The key as a refusal's event shows it: formatted only when a debug event could be
+    /// emitted and keys are not hidden.
+    fn key_for_event(&self, key: &impl fmt::Debug) -> Option<String> {
+        (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG)).then(|| format!("{key:?}"))
     }
 
     /// The counters and gauges as they stand.
@@ -352,16 +342,6 @@ impl<L> Observed<L> {
     }
 }
 
-impl<L: Clone> Clone for Observed<L> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            observations: Arc::clone(&self.observations),
-            hide_keys: self.hide_keys,
-        }
-    }
-}
-
 impl<L> fmt::Debug for Observed<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observed")
@@ -371,47 +351,10 @@ impl<L> fmt::Debug for Observed<L> {
     }
 }
 
-pin_project! {
-    /// The future of [`Observed::reserve`](Limiter::reserve).
-    pub struct ObservedFuture<F> {
-        #[pin]
-        inner: F,
-        observations: Arc<Observations>,
-        key: Option<String>,
-    }
-}
-
-impl<F> fmt::Debug for ObservedFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ObservedFuture")
-            .field("limiter", &self.observations.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F: Future<Output = Result<Decision, BoxError>>> Future for ObservedFuture<F> {
-    type Output = Result<Decision, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let result = ready!(this.inner.poll(cx));
-        if let Ok(decision) = &result {
-            this.observations.record(decision, this.key.as_deref());
-        }
-        Poll::Ready(result)
-    }
-}
-
-impl<L> Observed<L> {
-    /// The key as a refusal's event shows it: formatted only when a debug event could be
-    /// emitted and keys are not hidden.
-    fn key_for_event(&self, key: &impl fmt::Debug) -> Option<String> {
-        (!self.hide_keys && tracing::enabled!(tracing::Level::DEBUG)).then(|| format!("{key:?}"))
-    }
-}
-
 impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
-    type Future = ObservedFuture<L::Future>;
+    /// Boxed: the decisions of limiters that need I/O, where an allocation is small beside the
+    /// round trip; the others are made at once by `reserve_now`.
+    type Future = BoxReserve;
 
     fn quota(&self) -> Quota {
         self.inner.quota()
@@ -436,23 +379,26 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        ObservedFuture {
-            inner: self.inner.reserve(key, cost),
-            observations: Arc::clone(&self.observations),
-            // The decision is not known yet, so the key is kept in case it is a refusal.
-            key: self.key_for_event(key),
-        }
+        let decision = self.inner.reserve(key, cost);
+        let observations = Arc::clone(&self.observations);
+        // The decision is not known yet, so the key is kept in case it is a refusal.
+        let key = self.key_for_event(key);
+        Box::pin(async move {
+            let result = decision.await;
+            if let Ok(decision) = &result {
+                observations.record(decision, key.as_deref());
+            }
+            result
+        })
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
         let result = self.inner.reserve_now(key, cost)?;
         if let Ok(decision) = &result {
             // Only a refusal's event names the key.
-            let shown = if decision.allowed {
-                None
-            } else {
-                self.key_for_event(key)
-            };
+            let shown = (!decision.allowed)
+                .then(|| self.key_for_event(key))
+                .flatten();
             self.observations.record(decision, shown.as_deref());
         }
         Some(result)

@@ -1,13 +1,9 @@
 //! Quotas that depend on the key: [`Tiers`], one limiter per plan, chosen per request.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
-
+use crate::rate_limit::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// A limiter whose quota depends on the key: each key is decided by the limiter of its tier (an
@@ -106,23 +102,26 @@ where
     T: PartialEq + fmt::Debug + Send + Sync + 'static,
     L: Limiter<K>,
 {
-    type Future = TierFuture<L::Future>;
+    /// Boxed: the decisions of limiters that need I/O, where an allocation is small beside the
+    /// round trip; the others are made at once by `reserve_now`.
+    type Future = BoxReserve;
 
     fn quota(&self) -> Quota {
         self.tiers[0].1.quota()
     }
 
     fn quota_for(&self, key: &K) -> Quota {
-        match self.index(key) {
-            Ok(i) => self.tiers[i].1.quota_for(key),
-            Err(_) => self.quota(),
-        }
+        self.index(key)
+            .map_or_else(|_| self.quota(), |i| self.tiers[i].1.quota_for(key))
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
         match self.index(key) {
-            Ok(i) => TierFuture::tier(self.tiers[i].1.reserve(key, cost), i),
-            Err(error) => TierFuture::unknown(error),
+            Ok(i) => {
+                let decision = self.tiers[i].1.reserve(key, cost);
+                Box::pin(async move { decision.await.map(|d| d.in_tier(i)) })
+            }
+            Err(error) => Box::pin(std::future::ready(Err(error.into()))),
         }
     }
 
@@ -139,73 +138,6 @@ where
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
         if let Some((_, limiter)) = self.tiers.get(decision.tier()) {
             limiter.refund(key, cost, decision);
-        }
-    }
-}
-
-pin_project! {
-    /// The future of a [`Tiers`] decision.
-    pub struct TierFuture<F> {
-        #[pin]
-        state: TierState<F>,
-    }
-}
-
-pin_project! {
-    #[project = TierProj]
-    enum TierState<F> {
-        // Decided by the key's tier.
-        Tier { #[pin] future: F, tier: usize },
-        // The key names no tier.
-        Unknown { error: Option<UnknownTier> },
-    }
-}
-
-impl<F> TierFuture<F> {
-    fn tier(future: F, tier: usize) -> Self {
-        Self {
-            state: TierState::Tier { future, tier },
-        }
-    }
-
-    fn unknown(error: UnknownTier) -> Self {
-        Self {
-            state: TierState::Unknown { error: Some(error) },
-        }
-    }
-}
-
-impl<F> fmt::Debug for TierFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.state {
-            TierState::Tier { tier, .. } => {
-                f.debug_struct("TierFuture").field("tier", tier).finish()
-            }
-            TierState::Unknown { error } => {
-                f.debug_struct("TierFuture").field("error", error).finish()
-            }
-        }
-    }
-}
-
-impl<F> Future for TierFuture<F>
-where
-    F: Future<Output = Result<Decision, BoxError>>,
-{
-    type Output = Result<Decision, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            TierProj::Tier { future, tier } => {
-                let tier = *tier;
-                future
-                    .poll(cx)
-                    .map(|result| result.map(|d| d.in_tier(tier)))
-            }
-            TierProj::Unknown { error } => Poll::Ready(Err(error
-                .take()
-                .expect("TierFuture polled after completion")
-                .into())),
         }
     }
 }

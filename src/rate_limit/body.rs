@@ -78,11 +78,16 @@ impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
     type Body = RateLimitBody<B>;
 
     fn inner(body: B) -> RateLimitBody<B> {
-        RateLimitBody::inner(body)
+        RateLimitBody {
+            content: Content::Inner { body },
+        }
     }
 
     fn answer(bytes: Bytes) -> RateLimitBody<B> {
-        RateLimitBody::full(bytes)
+        let data = (!bytes.is_empty()).then_some(bytes);
+        RateLimitBody {
+            content: Content::Full { data },
+        }
     }
 }
 
@@ -101,21 +106,6 @@ pin_project! {
     enum Content<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
-    }
-}
-
-impl<B> RateLimitBody<B> {
-    pub(crate) fn inner(body: B) -> Self {
-        Self {
-            content: Content::Inner { body },
-        }
-    }
-
-    pub(crate) fn full(data: Bytes) -> Self {
-        let data = if data.is_empty() { None } else { Some(data) };
-        Self {
-            content: Content::Full { data },
-        }
     }
 }
 

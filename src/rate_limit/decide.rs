@@ -13,7 +13,7 @@ use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{BoxReserve, PolicySet};
+use super::set::{BoxReserve, PolicyAnswer, PolicySet};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -75,10 +75,9 @@ pub(crate) struct Ledger<P: PolicySet> {
 impl<P: PolicySet> Ledger<P> {
     /// A ledger for a new request under `limits`.
     pub(crate) fn new(limits: Arc<Limits<P>>) -> Self {
-        let keys = limits.policies.no_keys();
         Self {
             limits,
-            keys,
+            keys: P::Keys::default(),
             outcomes: Outcomes::new(),
         }
     }
@@ -91,16 +90,14 @@ impl<P: PolicySet> Ledger<P> {
             if i == policies.count() {
                 return self.conclude(head);
             }
-            let answer = match policies.prepare(i, head, &mut self.keys) {
-                Ok(0) => {
+            let answer = match policies.ask(i, head, &mut self.keys) {
+                PolicyAnswer::Free => {
                     self.outcomes.push(Outcome::Skipped);
                     None
                 }
-                Ok(_) => match policies.reserve_now(i, &self.keys) {
-                    Some(result) => self.record(result),
-                    None => return Progress::Reserve(policies.reserve(i, &self.keys)),
-                },
-                Err(error) => self.key_error(&error),
+                PolicyAnswer::Now(result) => self.record(result),
+                PolicyAnswer::Later(reserve) => return Progress::Reserve(reserve),
+                PolicyAnswer::NoKey(error) => self.key_error(&error),
             };
             if let Some(answer) = answer {
                 return Progress::Answer(Box::new(answer));
@@ -183,18 +180,34 @@ impl<P: PolicySet> Ledger<P> {
     /// granted); otherwise the policy sits the request out.
     fn key_error(&mut self, error: &KeyError) -> Option<Response<Bytes>> {
         let mode = self.limits.settings.key_error_mode;
-        let name = &self.limits.settings.policies[self.outcomes.len()].name;
-        log_key_error(name, error, mode);
-        match mode {
-            FailMode::Open => {
-                self.outcomes.push(Outcome::Skipped);
-                None
-            }
-            FailMode::Closed => {
-                self.refund_all();
-                Some(key_error_response(error))
-            }
+        let policy = &*self.limits.settings.policies[self.outcomes.len()].name;
+        let action = match mode {
+            FailMode::Open => "letting the request through without it",
+            FailMode::Closed => "answering with an error",
+        };
+        let reason = error.reason();
+        // A server-side reason names server internals: it is in the log, not in the answer.
+        let detail = if error.status().is_server_error() {
+            tracing::error!(
+                policy,
+                reason,
+                "rate limit: no key for the request; {action}"
+            );
+            "The server could not identify the client for rate limiting."
+        } else {
+            tracing::debug!(
+                policy,
+                reason,
+                "rate limit: no key for the request; {action}"
+            );
+            reason
+        };
+        if mode == FailMode::Open {
+            self.outcomes.push(Outcome::Skipped);
+            return None;
         }
+        self.refund_all();
+        Some(problem_response(error.status(), detail))
     }
 
     /// What the outcomes come to, once every policy has been asked. A refusal gives every
@@ -270,10 +283,9 @@ impl<P: PolicySet> Ledger<P> {
         let mut outcomes = std::mem::take(&mut self.outcomes);
         for (i, outcome) in outcomes.iter_mut().enumerate().rev() {
             if let Outcome::Admitted(decision) = outcome {
-                let report = Outcome::Admitted(decision.report());
-                if let Outcome::Admitted(decision) = std::mem::replace(outcome, report) {
-                    self.limits.policies.refund(i, &self.keys, decision);
-                }
+                let report = decision.report();
+                let admission = std::mem::replace(decision, report);
+                self.limits.policies.refund(i, &self.keys, admission);
             }
         }
         outcomes
@@ -322,12 +334,9 @@ impl<P: PolicySet> Settlement<P> {
         let mut gave_back = false;
         for (i, outcome) in self.outcomes.iter_mut().enumerate().rev() {
             let info = &limits.settings.policies[i];
-            let Outcome::Admitted(decision) = outcome else {
+            let (Outcome::Admitted(decision), true) = (outcome, info.count_if) else {
                 continue;
             };
-            if !info.count_if {
-                continue;
-            }
             let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 limits.policies.counts(i, response)
             }))
@@ -339,15 +348,11 @@ impl<P: PolicySet> Settlement<P> {
                 true
             });
             if !counts {
+                let report = decision.report();
+                let admission = std::mem::replace(decision, report);
+                let cost = u64::from(limits.policies.refund(i, &self.keys, admission));
                 // The client is told the state as it is now: the permits are back.
-                let cost = u64::from(limits.policies.cost(i, &self.keys));
-                let mut after = decision.report();
-                after.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
-                if let Outcome::Admitted(decision) =
-                    std::mem::replace(outcome, Outcome::Admitted(after))
-                {
-                    limits.policies.refund(i, &self.keys, decision);
-                }
+                decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
                 gave_back = true;
             }
         }
@@ -356,37 +361,5 @@ impl<P: PolicySet> Settlement<P> {
                 limits.policies.quota(i, &self.keys)
             });
         }
-    }
-}
-
-fn log_key_error(policy: &str, error: &KeyError, mode: FailMode) {
-    let action = match mode {
-        FailMode::Open => "letting the request through without it",
-        FailMode::Closed => "answering with an error",
-    };
-    if error.status().is_server_error() {
-        tracing::error!(
-            policy,
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    } else {
-        tracing::debug!(
-            policy,
-            reason = error.reason(),
-            "rate limit: no key for the request; {action}"
-        );
-    }
-}
-
-fn key_error_response(error: &KeyError) -> Response<Bytes> {
-    if error.status().is_server_error() {
-        // The reason names server internals; it is in the log, not in the answer.
-        problem_response(
-            error.status(),
-            "The server could not identify the client for rate limiting.",
-        )
-    } else {
-        problem_response(error.status(), error.reason())
     }
 }

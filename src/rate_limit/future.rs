@@ -39,7 +39,7 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, D, P>
+    pub(crate) enum State<F, D, P>
     where
         P: PolicySet,
     {
@@ -68,7 +68,7 @@ pub(crate) struct WaitingRequest<S, ReqBody, P: PolicySet> {
     pub(crate) ledger: Ledger<P>,
 }
 
-type StateOf<S, ReqBody, P> =
+pub(crate) type StateOf<S, ReqBody, P> =
     State<<S as Service<Request<ReqBody>>>::Future, Box<WaitingRequest<S, ReqBody, P>>, P>;
 
 impl<S, ReqBody, P> WaitingRequest<S, ReqBody, P>
@@ -77,7 +77,7 @@ where
     P: PolicySet,
 {
     /// The state the decision's `progress` leads to.
-    fn into_state(self: Box<Self>, progress: Progress) -> StateOf<S, ReqBody, P> {
+    pub(crate) fn into_state(self: Box<Self>, progress: Progress) -> StateOf<S, ReqBody, P> {
         match progress {
             Progress::Reserve(reserve) => State::Reserving {
                 reserve,
@@ -112,36 +112,10 @@ where
     S: Service<Request<ReqBody>>,
     P: PolicySet,
 {
-    /// The inner service's answer, with `headers` added once `settlement` has been applied.
-    pub(crate) fn calling(
-        future: S::Future,
-        headers: Option<AdmittedHeaders>,
-        settlement: Option<Box<Settlement<P>>>,
-    ) -> Self {
+    /// The future in `state`: where the decision in `call` stopped.
+    pub(crate) fn new(state: StateOf<S, ReqBody, P>) -> Self {
         Self {
-            state: State::Calling {
-                future,
-                headers,
-                settlement,
-            },
-            kind: PhantomData,
-        }
-    }
-
-    /// The layer's own answer.
-    pub(crate) fn answering(response: Response<Bytes>) -> Self {
-        Self {
-            state: State::Answering {
-                response: Some(response),
-            },
-            kind: PhantomData,
-        }
-    }
-
-    /// Goes on where the decision in `call` stopped.
-    pub(crate) fn later(request: Box<WaitingRequest<S, ReqBody, P>>, progress: Progress) -> Self {
-        Self {
-            state: request.into_state(progress),
+            state,
             kind: PhantomData,
         }
     }

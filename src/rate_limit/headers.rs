@@ -76,15 +76,10 @@ impl AdmittedHeaders {
         let quota = |i: usize| quotas[i];
         let policy = policy_header(settings, outcomes, quota)?;
         let ratelimit = ratelimit_header(&settings.policies, outcomes, false, quota)?;
-        let legacy = if settings.legacy_headers {
-            legacy_values(&settings.policies, outcomes, false).map(Box::new)
-        } else {
-            None
-        };
         Some(Self {
             policy,
             ratelimit,
-            legacy,
+            legacy: legacy_values(settings, outcomes, false).map(Box::new),
         })
     }
 
@@ -94,12 +89,17 @@ impl AdmittedHeaders {
         headers.append(RATELIMIT_POLICY, self.policy);
         headers.append(RATELIMIT, self.ratelimit);
         if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
-            headers.entry(X_RATELIMIT_LIMIT).or_insert(limit);
-            headers.entry(X_RATELIMIT_REMAINING).or_insert(remaining);
-            headers.entry(X_RATELIMIT_RESET).or_insert(reset);
+            insert_legacy(headers, *legacy);
         }
     }
+}
+
+/// Adds the legacy `X-RateLimit-*` fields, unless the response has them already (from an inner
+/// layer): they describe one policy, so they cannot be combined as lists.
+fn insert_legacy(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderValue; 3]) {
+    headers.entry(X_RATELIMIT_LIMIT).or_insert(limit);
+    headers.entry(X_RATELIMIT_REMAINING).or_insert(remaining);
+    headers.entry(X_RATELIMIT_RESET).or_insert(reset);
 }
 
 /// The headers of a refusal: `RateLimit-Policy` (given), `RateLimit` for the violated policies,
@@ -118,12 +118,8 @@ pub(crate) fn refusal_headers(
     if let Some(ratelimit) = ratelimit_header(&settings.policies, outcomes, true, quota) {
         headers.insert(RATELIMIT, ratelimit);
     }
-    if settings.legacy_headers {
-        if let Some([limit, remaining, reset]) = legacy_values(&settings.policies, outcomes, true) {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
-        }
+    if let Some(legacy) = legacy_values(settings, outcomes, true) {
+        insert_legacy(headers, legacy);
     }
 }
 
@@ -220,22 +216,15 @@ fn push_item(out: &mut ValueBuf, sf_name: &str, (a, x): (&str, u64), (b, y): (&s
 
 /// The value, or `None` if it is empty.
 fn header_value(bytes: &[u8]) -> Option<HeaderValue> {
-    if bytes.is_empty() {
-        return None;
-    }
-    HeaderValue::from_bytes(bytes).ok()
+    HeaderValue::from_bytes(bytes)
+        .ok()
+        .filter(|value| !value.is_empty())
 }
 
-/// Appends `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6).
-pub(crate) fn sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
+/// `s` (printable ASCII) as a Structured Field String (RFC 9651 §4.1.6): quoted, with `\` and
+/// `"` escaped by a backslash (the backslashes first, so that no escape is escaped again).
+pub(crate) fn sf_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
@@ -312,13 +301,17 @@ fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (seconds) of the policy that binds: on a
 /// refusal the violated one with the longest wait, otherwise the advertised one with the fewest
-/// permits left.
+/// permits left. `None` unless the layer sends them.
 fn legacy_values(
-    policies: &[PolicyInfo],
+    settings: &Settings,
     outcomes: &[Outcome],
     refused: bool,
 ) -> Option<[HeaderValue; 3]> {
-    let decided = policies
+    if !settings.legacy_headers {
+        return None;
+    }
+    let decided = settings
+        .policies
         .iter()
         .zip(outcomes)
         .filter(|(p, _)| p.advertised());
@@ -355,9 +348,7 @@ mod tests {
 
     #[test]
     fn sf_strings_escape() {
-        let mut s = String::new();
-        sf_string(&mut s, r#"a "b" \c"#);
-        assert_eq!(s, r#""a \"b\" \\c""#);
+        assert_eq!(sf_string(r#"a "b" \c"#), r#""a \"b\" \\c""#);
     }
 
     proptest::proptest! {
@@ -370,8 +361,7 @@ mod tests {
             let mut v = ValueBuf::new();
             let mut expected = String::new();
             for (name, r, t) in &items {
-                let mut sf_name = String::new();
-                sf_string(&mut sf_name, name);
+                let sf_name = sf_string(name);
                 push_item(&mut v, &sf_name, ("r", *r), ("t", *t));
                 if !expected.is_empty() {
                     expected.push_str(", ");

@@ -186,12 +186,14 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     type Service = RateLimit<S, P, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(
+        let limits = Limits {
+            policies: Arc::clone(&self.policies),
+            settings: Arc::clone(&self.settings),
+        };
+        RateLimit {
             inner,
-            Arc::new(Limits {
-                policies: Arc::clone(&self.policies),
-                settings: Arc::clone(&self.settings),
-            }),
-        )
+            limits: Arc::new(limits),
+            kind: PhantomData,
+        }
     }
 }

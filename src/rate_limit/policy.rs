@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::head::RequestHead;
 
 use super::headers::sf_string;
-use super::key::{KeyError, KeyExtractor};
-use super::set::{Chain, Slot};
+use super::key::KeyExtractor;
+use super::set::Chain;
 use crate::{decision::Decision, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a
@@ -38,6 +38,7 @@ use crate::{decision::Decision, Limiter, Quota};
 ///
 /// A name is one to 64 printable ASCII characters (space to `~`), so that it is a valid
 /// Structured Field string and a valid JSON string without surprises.
+#[derive(Clone)]
 pub struct Policy<X, L> {
     pub(crate) name: Box<str>,
     pub(crate) key: X,
@@ -86,6 +87,12 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
             count_if: None,
             shadow: Shadow::Off,
         })
+    }
+
+    /// The policy as the layer describes it.
+    pub(crate) fn info(&self) -> PolicyInfo {
+        let quota = self.limiter.quota();
+        PolicyInfo::new(&self.name, quota, self.shadow, self.count_if.is_some())
     }
 }
 
@@ -211,19 +218,6 @@ impl<X, L> Policy<X, L> {
     }
 }
 
-impl<X: Clone, L: Clone> Clone for Policy<X, L> {
-    fn clone(&self) -> Self {
-        Self {
-            name: self.name.clone(),
-            key: self.key.clone(),
-            limiter: self.limiter.clone(),
-            cost: self.cost.clone(),
-            count_if: self.count_if.clone(),
-            shadow: self.shadow,
-        }
-    }
-}
-
 impl<X, L> fmt::Debug for Policy<X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = f.debug_struct("Policy");
@@ -269,37 +263,6 @@ impl fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
-impl<X, L> Policy<X, L>
-where
-    X: KeyExtractor,
-    L: Limiter<X::Key>,
-{
-    pub(crate) fn info(&self) -> PolicyInfo {
-        PolicyInfo::new(
-            &self.name,
-            self.limiter.quota(),
-            self.shadow,
-            self.count_if.is_some(),
-        )
-    }
-
-    pub(crate) fn prepare_one(
-        &self,
-        head: &RequestHead<'_>,
-        slot: &mut Slot<X::Key>,
-    ) -> Result<u32, KeyError> {
-        let cost = match &self.cost {
-            Cost::Fixed(permits) => *permits,
-            Cost::By(cost) => cost(head),
-        };
-        if cost == 0 {
-            return Ok(0);
-        }
-        *slot = Some((self.key.extract(head)?, cost));
-        Ok(cost)
-    }
-}
-
 /// One policy as the layer describes it to clients and to its logs.
 #[derive(Clone, Debug)]
 pub struct PolicyInfo {
@@ -317,11 +280,9 @@ pub struct PolicyInfo {
 
 impl PolicyInfo {
     pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, count_if: bool) -> Self {
-        let mut sf_name = String::with_capacity(name.len() + 2);
-        sf_string(&mut sf_name, name);
         Self {
             name: name.into(),
-            sf_name: sf_name.into_boxed_str(),
+            sf_name: sf_string(name).into_boxed_str(),
             quota,
             shadow,
             count_if,

@@ -61,11 +61,7 @@ impl<'a> Refusal<'a> {
     /// ever admit). Admissions listed here have been given back. Shadow policies are listed
     /// too.
     pub fn decisions(&self) -> impl Iterator<Item = (&'a str, Option<&'a Decision>)> + 'a {
-        self.settings
-            .policies
-            .iter()
-            .zip(self.outcomes)
-            .map(|(p, o)| (&*p.name, o.decision()))
+        self.outcomes().map(|(p, o)| (&*p.name, o.decision()))
     }
 
     /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
@@ -115,13 +111,14 @@ impl<'a> Refusal<'a> {
         }
     }
 
+    /// Every policy with its outcome.
+    fn outcomes(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
+        self.settings.policies.iter().zip(self.outcomes)
+    }
+
     /// Enforced (not shadow) policies with their outcomes.
     fn enforced(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
-        self.settings
-            .policies
-            .iter()
-            .zip(self.outcomes)
-            .filter(|(p, _)| p.enforced())
+        self.outcomes().filter(|(p, _)| p.enforced())
     }
 
     fn unadmittable(

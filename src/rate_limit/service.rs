@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::body::{BodyKind, SameBody};
 use super::decide::{Ledger, Progress};
-use super::future::{ResponseFuture, WaitingRequest};
+use super::future::{ResponseFuture, State, WaitingRequest};
 use super::set::PolicySet;
 use super::settings::Limits;
 use crate::head::RequestHead;
@@ -21,20 +21,12 @@ use crate::head::RequestHead;
 /// Its error type is the inner service's: a refusal is a response, not an error. `M` is how its
 /// responses carry their bodies ([`BodyKind`]).
 pub struct RateLimit<S, P, M = SameBody> {
-    inner: S,
-    limits: Arc<Limits<P>>,
-    kind: PhantomData<fn() -> M>,
+    pub(crate) inner: S,
+    pub(crate) limits: Arc<Limits<P>>,
+    pub(crate) kind: PhantomData<fn() -> M>,
 }
 
 impl<S, P, M> RateLimit<S, P, M> {
-    pub(crate) fn new(inner: S, limits: Arc<Limits<P>>) -> Self {
-        Self {
-            inner,
-            limits,
-            kind: PhantomData,
-        }
-    }
-
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -112,7 +104,10 @@ where
             }
             match progress {
                 Progress::Admit => ledger.admit(),
-                Progress::Answer(response) => return ResponseFuture::answering(*response),
+                Progress::Answer(response) => {
+                    let response = Some(*response);
+                    return ResponseFuture::new(State::Answering { response });
+                }
                 progress => {
                     // The future calls the service that `poll_ready` made ready, later, and
                     // leaves a clone in its place (the axum and tower-http convention).
@@ -123,10 +118,14 @@ where
                         request,
                         ledger,
                     });
-                    return ResponseFuture::later(waiting, progress);
+                    return ResponseFuture::new(waiting.into_state(progress));
                 }
             }
         };
-        ResponseFuture::calling(self.inner.call(request), headers, settlement)
+        ResponseFuture::new(State::Calling {
+            future: self.inner.call(request),
+            headers,
+            settlement,
+        })
     }
 }

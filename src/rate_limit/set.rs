@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::key::{KeyError, KeyExtractor};
-use super::policy::{Policy, PolicyInfo};
+use super::policy::{Cost, Policy, PolicyInfo};
 use crate::head::RequestHead;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
@@ -21,7 +21,7 @@ pub type BoxReserve = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + 
 ///
 /// Sealed: its methods are the layer's business.
 pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
-    /// The keys of one request, one slot per policy.
+    /// The keys of one request, one slot per policy (by default, none found yet).
     #[doc(hidden)]
     type Keys: Default + Send + 'static;
 
@@ -33,35 +33,14 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn describe(&self, out: &mut Vec<PolicyInfo>);
 
-    /// No key yet.
+    /// Asks policy `i` about the request: finds its cost and key (kept in `keys`), then its
+    /// limiter's decision.
     #[doc(hidden)]
-    fn no_keys(&self) -> Self::Keys;
+    fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer;
 
-    /// Finds policy `i`'s key and cost for the request (a cost of zero means the policy sits
-    /// this request out).
+    /// Gives policy `i`'s admission back; returns the cost the policy found for the request.
     #[doc(hidden)]
-    fn prepare(
-        &self,
-        i: usize,
-        head: &RequestHead<'_>,
-        keys: &mut Self::Keys,
-    ) -> Result<u32, KeyError>;
-
-    /// Policy `i`'s decision at once, if its limiter can make it so.
-    #[doc(hidden)]
-    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>>;
-
-    /// Policy `i`'s decision, later.
-    #[doc(hidden)]
-    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve;
-
-    /// The cost policy `i` found for the request (zero if it found none).
-    #[doc(hidden)]
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32;
-
-    /// Gives policy `i`'s admission back.
-    #[doc(hidden)]
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision);
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32;
 
     /// Whether `response` counts against policy `i`.
     #[doc(hidden)]
@@ -71,6 +50,25 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     /// limiter's quota if it found none.
     #[doc(hidden)]
     fn quota(&self, i: usize, keys: &Self::Keys) -> Quota;
+}
+
+/// What one policy answers when asked about a request.
+#[doc(hidden)]
+pub enum PolicyAnswer {
+    /// The request costs the policy nothing: the policy sits it out.
+    Free,
+    /// The policy found no key for the request.
+    NoKey(KeyError),
+    /// The limiter's decision, made at once.
+    Now(Result<Decision, BoxError>),
+    /// The limiter's decision, to come (it needs I/O).
+    Later(BoxReserve),
+}
+
+impl fmt::Debug for PolicyAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyAnswer").finish_non_exhaustive()
+    }
 }
 
 /// Two sets of policies, asked in order: the type that [`Policy::and`] builds.
@@ -101,13 +99,6 @@ mod sealed {
 /// What one policy keeps of one request: its key and the cost it was asked for.
 pub(crate) type Slot<K> = Option<(K, u32)>;
 
-fn slot<K>(slot: &Slot<K>) -> (&K, u32) {
-    let (key, cost) = slot
-        .as_ref()
-        .expect("a policy is asked to decide only once its key is found");
-    (key, *cost)
-}
-
 impl<X, L> PolicySet for Policy<X, L>
 where
     X: KeyExtractor,
@@ -123,36 +114,31 @@ where
         out.push(self.info());
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        None
+    fn ask(&self, _: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
+        let cost = match &self.cost {
+            Cost::Fixed(permits) => *permits,
+            Cost::By(cost) => cost(head),
+        };
+        if cost == 0 {
+            return PolicyAnswer::Free;
+        }
+        let key = match self.key.extract(head) {
+            Ok(key) => key,
+            Err(error) => return PolicyAnswer::NoKey(error),
+        };
+        let (key, cost) = keys.insert((key, cost));
+        match self.limiter.reserve_now(key, *cost) {
+            Some(result) => PolicyAnswer::Now(result),
+            None => PolicyAnswer::Later(Box::pin(self.limiter.reserve(key, *cost))),
+        }
     }
 
-    fn prepare(
-        &self,
-        _: usize,
-        head: &RequestHead<'_>,
-        keys: &mut Self::Keys,
-    ) -> Result<u32, KeyError> {
-        self.prepare_one(head, keys)
-    }
-
-    fn reserve_now(&self, _: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
-        let (key, cost) = slot(keys);
-        self.limiter.reserve_now(key, cost)
-    }
-
-    fn reserve(&self, _: usize, keys: &Self::Keys) -> BoxReserve {
-        let (key, cost) = slot(keys);
-        Box::pin(self.limiter.reserve(key, cost))
-    }
-
-    fn cost(&self, _: usize, keys: &Self::Keys) -> u32 {
-        keys.as_ref().map_or(0, |(_, cost)| *cost)
-    }
-
-    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) {
-        let (key, cost) = slot(keys);
-        self.limiter.refund(key, cost, decision);
+    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) -> u32 {
+        let (key, cost) = keys
+            .as_ref()
+            .expect("a policy admits a request only once its key is found");
+        self.limiter.refund(key, *cost, decision);
+        *cost
     }
 
     fn counts(&self, _: usize, response: &http::response::Parts) -> bool {
@@ -179,44 +165,14 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         self.second.describe(out);
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        (self.first.no_keys(), self.second.no_keys())
-    }
-
-    fn prepare(
-        &self,
-        i: usize,
-        head: &RequestHead<'_>,
-        keys: &mut Self::Keys,
-    ) -> Result<u32, KeyError> {
+    fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
         match i.checked_sub(self.first.count()) {
-            None => self.first.prepare(i, head, &mut keys.0),
-            Some(j) => self.second.prepare(j, head, &mut keys.1),
+            None => self.first.ask(i, head, &mut keys.0),
+            Some(j) => self.second.ask(j, head, &mut keys.1),
         }
     }
 
-    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.reserve_now(i, &keys.0),
-            Some(j) => self.second.reserve_now(j, &keys.1),
-        }
-    }
-
-    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.reserve(i, &keys.0),
-            Some(j) => self.second.reserve(j, &keys.1),
-        }
-    }
-
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.cost(i, &keys.0),
-            Some(j) => self.second.cost(j, &keys.1),
-        }
-    }
-
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
         match i.checked_sub(self.first.count()) {
             None => self.first.refund(i, &keys.0, decision),
             Some(j) => self.second.refund(j, &keys.1, decision),
@@ -256,33 +212,16 @@ where
         out.extend(self.iter().map(Policy::info));
     }
 
-    fn no_keys(&self) -> Self::Keys {
-        (0..Vec::len(self)).map(|_| None).collect()
+    fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer {
+        // Policies are asked in order, the first one first: a slot for each, then.
+        if keys.is_empty() {
+            keys.resize_with(Vec::len(self), || None);
+        }
+        self[i].ask(0, head, &mut keys[i])
     }
 
-    fn prepare(
-        &self,
-        i: usize,
-        head: &RequestHead<'_>,
-        keys: &mut Self::Keys,
-    ) -> Result<u32, KeyError> {
-        self[i].prepare_one(head, &mut keys[i])
-    }
-
-    fn reserve_now(&self, i: usize, keys: &Self::Keys) -> Option<Result<Decision, BoxError>> {
-        self[i].reserve_now(0, &keys[i])
-    }
-
-    fn reserve(&self, i: usize, keys: &Self::Keys) -> BoxReserve {
-        self[i].reserve(0, &keys[i])
-    }
-
-    fn cost(&self, i: usize, keys: &Self::Keys) -> u32 {
-        PolicySet::cost(&self[i], 0, &keys[i])
-    }
-
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) {
-        self[i].refund(0, &keys[i], decision);
+    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
+        self[i].refund(0, &keys[i], decision)
     }
 
     fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
@@ -294,38 +233,35 @@ where
     }
 }
 
-trait ErasedLimiter<K>: Send + Sync + 'static {
-    fn quota(&self) -> Quota;
-    fn quota_for(&self, key: &K) -> Quota;
-    fn set_quota(&self, quota: Quota) -> Result<(), BoxError>;
-    fn reserve(&self, key: &K, cost: u32) -> BoxReserve;
-    fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>>;
-    fn refund(&self, key: &K, cost: u32, decision: Decision);
-}
+/// A limiter whose decisions that need I/O come boxed, so that limiters of any type fit behind
+/// one `dyn Limiter<K, Future = BoxReserve>`.
+struct Boxed<L>(L);
 
-impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
+impl<K, L: Limiter<K>> Limiter<K> for Boxed<L> {
+    type Future = BoxReserve;
+
     fn quota(&self) -> Quota {
-        Limiter::quota(self)
+        self.0.quota()
     }
 
     fn quota_for(&self, key: &K) -> Quota {
-        Limiter::quota_for(self, key)
+        self.0.quota_for(key)
     }
 
     fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
-        Limiter::set_quota(self, quota)
+        self.0.set_quota(quota)
     }
 
     fn reserve(&self, key: &K, cost: u32) -> BoxReserve {
-        Box::pin(Limiter::reserve(self, key, cost))
+        Box::pin(self.0.reserve(key, cost))
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
-        Limiter::reserve_now(self, key, cost)
+        self.0.reserve_now(key, cost)
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) {
-        Limiter::refund(self, key, cost, decision)
+        self.0.refund(key, cost, decision)
     }
 }
 
@@ -336,14 +272,14 @@ impl<K, L: Limiter<K>> ErasedLimiter<K> for L {
 /// A limiter that decides at once (see [`Limiter::reserve_now`]) still does so through the box;
 /// one that needs I/O costs one allocation per decision for its boxed future.
 pub struct BoxLimiter<K: 'static> {
-    inner: Arc<dyn ErasedLimiter<K>>,
+    inner: Arc<dyn Limiter<K, Future = BoxReserve>>,
 }
 
 impl<K: 'static> BoxLimiter<K> {
     /// Boxes `limiter`.
     pub fn new<L: Limiter<K>>(limiter: L) -> Self {
         Self {
-            inner: Arc::new(limiter),
+            inner: Arc::new(Boxed(limiter)),
         }
     }
 }

@@ -6,30 +6,23 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use http::header::FORWARDED;
+use http::header::{HeaderName, FORWARDED};
 use http::HeaderMap;
 
-use super::ip::{Cidr, Prefixes};
+use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
 #[cfg(feature = "axum")]
 use super::{ip::peer_ip, ip::NO_PEER, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::head::RequestHead;
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Which header carries the chain of forwarding proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
     XForwardedFor,
     Forwarded,
-}
-
-impl Source {
-    fn header(self) -> &'static str {
-        match self {
-            Source::XForwardedFor => "X-Forwarded-For",
-            Source::Forwarded => "Forwarded",
-        }
-    }
 }
 
 /// The client address behind reverse proxies that you trust.
@@ -112,13 +105,13 @@ impl ForwardedIp {
 
     /// Keys IPv6 clients by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v6(bits);
+        self.prefixes.v6 = mask_v6(bits);
         self
     }
 
     /// Keys IPv4 clients by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v4(bits);
+        self.prefixes.v4 = mask_v4(bits);
         self
     }
 
@@ -130,6 +123,11 @@ impl ForwardedIp {
         if !trusted(peer) {
             return Ok(peer);
         }
+        // The header's name, as written in a key error, and the reader of its lines.
+        let (name, shown, hops): (_, _, fn(&[u8], &mut _) -> ControlFlow<_>) = match self.source {
+            Source::XForwardedFor => (X_FORWARDED_FOR, "X-Forwarded-For", x_forwarded_for_hops),
+            Source::Forwarded => (FORWARDED, "Forwarded", forwarded_hops),
+        };
         let mut last_trusted = peer;
         let mut visit = |hop: Hop| match hop {
             Hop::Addr(ip) if trusted(ip) => {
@@ -138,23 +136,11 @@ impl ForwardedIp {
             }
             Hop::Addr(ip) => ControlFlow::Break(Ok(ip)),
             Hop::Not(what) => ControlFlow::Break(Err(KeyError::bad_request(format!(
-                "the `{}` header holds {what} where the client's address should be",
-                self.source.header()
+                "the `{shown}` header holds {what} where the client's address should be"
             )))),
         };
-        let walk = match self.source {
-            Source::XForwardedFor => headers
-                .get_all("x-forwarded-for")
-                .iter()
-                .rev()
-                .try_for_each(|line| x_forwarded_for_hops(line.as_bytes(), &mut visit)),
-            Source::Forwarded => headers
-                .get_all(FORWARDED)
-                .iter()
-                .rev()
-                .try_for_each(|line| forwarded_hops(line.as_bytes(), &mut visit)),
-        };
-        match walk {
+        let mut lines = headers.get_all(name).iter().rev();
+        match lines.try_for_each(|line| hops(line.as_bytes(), &mut visit)) {
             ControlFlow::Break(found) => found,
             ControlFlow::Continue(()) => Ok(last_trusted),
         }
@@ -199,7 +185,7 @@ fn x_forwarded_for_hops<B>(
     visit: &mut impl FnMut(Hop) -> ControlFlow<B>,
 ) -> ControlFlow<B> {
     for element in line.rsplit(|&b| b == b',') {
-        let element = trim_ows(element);
+        let element = element.trim_ascii();
         if !element.is_empty() {
             visit(Hop::node(element))?;
         }
@@ -350,22 +336,11 @@ fn is_escapable(b: u8) -> bool {
     matches!(b, b'\t' | b' ' | 0x21..=0x7e | 0x80..=0xff)
 }
 
-fn trim_ows(s: &[u8]) -> &[u8] {
-    let end = trim_ows_end(s, s.len());
-    let start = s[..end]
-        .iter()
-        .take_while(|&&b| b == b' ' || b == b'\t')
-        .count();
-    &s[start..end]
-}
-
-/// `end` moved left past any spaces and tabs.
+/// `end` moved left past any white space. Of the bytes `trim_ascii_end` takes for white space,
+/// a header value holds only spaces and tabs (RFC 9110's OWS): `HeaderValue` refuses the
+/// others.
 fn trim_ows_end(s: &[u8], end: usize) -> usize {
-    end - s[..end]
-        .iter()
-        .rev()
-        .take_while(|&&b| b == b' ' || b == b'\t')
-        .count()
+    s[..end].trim_ascii_end().len()
 }
 
 /// An address as proxies write it: `192.0.2.1`, `192.0.2.1:8080`, `2001:db8::1`, `[2001:db8::1]`

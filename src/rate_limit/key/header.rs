@@ -49,37 +49,25 @@ impl KeyExtractor for HeaderKey {
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<HeaderValue, KeyError> {
         let mut values = head.headers.get_all(&self.name).iter();
-        match (values.next(), values.next()) {
+        let why = match (values.next(), values.next()) {
             (Some(value), None) if value.len() > self.max_len => {
-                Err(KeyError::bad_request(format!(
-                    "the `{}` header is longer than {} bytes",
-                    self.name, self.max_len
-                )))
+                format!("is longer than {} bytes", self.max_len)
             }
-            (Some(value), None) if !value.is_empty() => own(value).ok_or_else(|| {
-                KeyError::bad_request(format!("the `{}` header is not a valid value", self.name))
-            }),
-            (Some(_), None) => Err(KeyError::bad_request(format!(
-                "the `{}` header is empty",
-                self.name
-            ))),
-            (None, _) => Err(KeyError::bad_request(format!(
-                "the `{}` header is missing",
-                self.name
-            ))),
-            (Some(_), Some(_)) => Err(KeyError::bad_request(format!(
-                "the `{}` header is sent more than once",
-                self.name
-            ))),
-        }
+            (Some(value), None) if value.is_empty() => "is empty".to_owned(),
+            // A copy in an allocation of its own length: `HeaderValue::clone` would share the
+            // request's buffer (over HTTP/1, the connection's whole read buffer) for as long as
+            // the key lives. The bytes were a valid value already, so the copy cannot fail.
+            (Some(value), None) => match HeaderValue::from_bytes(value.as_bytes()) {
+                Ok(mut key) => {
+                    key.set_sensitive(value.is_sensitive());
+                    return Ok(key);
+                }
+                Err(_) => "is not a valid value".to_owned(),
+            },
+            (None, _) => "is missing".to_owned(),
+            (Some(_), Some(_)) => "is sent more than once".to_owned(),
+        };
+        let name = &self.name;
+        Err(KeyError::bad_request(format!("the `{name}` header {why}")))
     }
-}
-
-/// A copy of `value` in an allocation of its own length: `HeaderValue::clone` would share the
-/// request's buffer (over HTTP/1, the connection's whole read buffer) for as long as the key
-/// lives. `None` cannot happen (the bytes were a valid value already).
-fn own(value: &HeaderValue) -> Option<HeaderValue> {
-    let mut copy = HeaderValue::from_bytes(value.as_bytes()).ok()?;
-    copy.set_sensitive(value.is_sensitive());
-    Some(copy)
 }

@@ -18,8 +18,10 @@ use crate::head::RequestHead;
 /// Kept as masks, made once, so that keying an address is one `and`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Prefixes {
-    v4: u32,
-    v6: u128,
+    /// The mask of IPv4 addresses ([`mask_v4`]).
+    pub(super) v4: u32,
+    /// The mask of IPv6 addresses ([`mask_v6`]).
+    pub(super) v6: u128,
 }
 
 impl Default for Prefixes {
@@ -38,46 +40,30 @@ impl Prefixes {
         }
     }
 
-    pub(super) fn with_v4(self, bits: u8) -> Self {
-        Self {
-            v4: mask_v4(bits),
-            ..self
-        }
-    }
-
-    pub(super) fn with_v6(self, bits: u8) -> Self {
-        Self {
-            v6: mask_v6(bits),
-            ..self
-        }
-    }
-
+    /// The part of `ip` that identifies one client. An IPv4 client seen through a dual-stack
+    /// socket arrives as `::ffff:a.b.c.d`; it is an IPv4 client and is keyed as one (otherwise
+    /// every IPv4 client would share one /64).
     pub(super) fn key(&self, ip: IpAddr) -> IpAddr {
-        match canonical(ip) {
+        match ip.to_canonical() {
             IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from_bits(v4.to_bits() & self.v4)),
             IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & self.v6)),
         }
     }
 }
 
-fn mask_v4(bits: u8) -> u32 {
-    match bits.min(32) {
-        0 => 0,
-        n => u32::MAX << (32 - n),
-    }
+/// The first `bits` bits of an IPv4 address set (a shift by all 32 bits, for a prefix of 0,
+/// leaves none).
+pub(super) fn mask_v4(bits: u8) -> u32 {
+    u32::MAX
+        .checked_shl(32 - u32::from(bits.min(32)))
+        .unwrap_or(0)
 }
 
-fn mask_v6(bits: u8) -> u128 {
-    match bits.min(128) {
-        0 => 0,
-        n => u128::MAX << (128 - n),
-    }
-}
-
-/// An IPv4 client seen through a dual-stack socket arrives as `::ffff:a.b.c.d`; it is an IPv4
-/// client and is keyed as one (otherwise every IPv4 client would share one /64).
-fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
+/// The first `bits` bits of an IPv6 address set.
+pub(super) fn mask_v6(bits: u8) -> u128 {
+    u128::MAX
+        .checked_shl(128 - u32::from(bits.min(128)))
+        .unwrap_or(0)
 }
 
 /// A network in CIDR notation, such as `10.0.0.0/8` or `2001:db8::/32`, used to list trusted
@@ -107,31 +93,24 @@ impl Cidr {
     /// The network of `address` with `prefix` leading bits; an error if the prefix is longer
     /// than the address.
     pub fn new(address: IpAddr, prefix: u8) -> Result<Self, CidrError> {
-        let address = canonical(address);
+        let address = address.to_canonical();
         let max = if address.is_ipv4() { 32 } else { 128 };
         if prefix > max {
             return Err(CidrError {
                 reason: "the prefix is longer than the address",
             });
         }
-        let p = Prefixes::new(prefix, prefix);
         Ok(Self {
-            network: p.key(address),
+            network: Prefixes::new(prefix, prefix).key(address),
             prefix,
         })
     }
 
-    /// Whether `ip` lies in this network.
+    /// Whether `ip` lies in this network: its first `prefix` bits are the network's, and it is
+    /// of the network's family (an IPv4 address masked stays IPv4, so it never equals an IPv6
+    /// network).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.network, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                ip.to_bits() & mask_v4(self.prefix) == net.to_bits()
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                ip.to_bits() & mask_v6(self.prefix) == net.to_bits()
-            }
-            _ => false,
-        }
+        Prefixes::new(self.prefix, self.prefix).key(ip) == self.network
     }
 
     /// The network address.
@@ -156,22 +135,13 @@ impl FromStr for Cidr {
 
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let s = s.trim();
-        let (addr, prefix) = match s.split_once('/') {
-            Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (s, None),
-        };
+        let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
         let address: IpAddr = addr.parse().map_err(|_| CidrError {
             reason: "not an IP address",
         })?;
-        let address = canonical(address);
         let prefix = match prefix {
-            None => {
-                if address.is_ipv4() {
-                    32
-                } else {
-                    128
-                }
-            }
+            None if address.to_canonical().is_ipv4() => 32,
+            None => 128,
             Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
                 p.parse::<u8>().map_err(|_| CidrError {
                     reason: "the prefix is longer than the address",
@@ -228,13 +198,13 @@ impl PeerIp {
 
     /// Keys IPv6 peers by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v6(bits);
+        self.prefixes.v6 = mask_v6(bits);
         self
     }
 
     /// Keys IPv4 peers by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.prefixes = self.prefixes.with_v4(bits);
+        self.prefixes.v4 = mask_v4(bits);
         self
     }
 }
@@ -261,10 +231,8 @@ impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-        match peer_ip(head) {
-            Some(ip) => Ok(self.prefixes.key(ip)),
-            None => Err(KeyError::internal(NO_PEER)),
-        }
+        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
+        Ok(self.prefixes.key(peer))
     }
 }
 

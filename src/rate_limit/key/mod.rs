@@ -89,28 +89,23 @@ pub struct KeyError {
 impl KeyError {
     /// The client sent a request that carries no usable key (answered with `400`).
     pub fn bad_request(reason: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            reason: reason.into(),
-        }
+        Self::with_status(StatusCode::BAD_REQUEST, reason.into())
     }
 
     /// The client must say who it is first: a route limited per API key, called without one
     /// (answered with `401`).
     pub fn unauthorized(reason: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            status: StatusCode::UNAUTHORIZED,
-            reason: reason.into(),
-        }
+        Self::with_status(StatusCode::UNAUTHORIZED, reason.into())
     }
 
     /// The server is not set up to find keys (answered with `500`; the reason is logged, not
     /// sent).
     pub fn internal(reason: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            reason: reason.into(),
-        }
+        Self::with_status(StatusCode::INTERNAL_SERVER_ERROR, reason.into())
+    }
+
+    fn with_status(status: StatusCode, reason: Cow<'static, str>) -> Self {
+        Self { status, reason }
     }
 
     /// The status of the answer; [`bad_request`](Self::bad_request),
