@@ -42,8 +42,9 @@ pub(crate) fn quota_exceeded<'a>(
     if let Some(retry) = retry_after_secs {
         detail.push_str("The request exceeds the quota of ");
         push_names(&mut detail, violated.clone());
-        let unit = if retry == 1 { "second" } else { "seconds" };
-        let _ = write!(detail, "; retry in {retry} {unit}.");
+        detail.push_str("; retry in ");
+        detail.push_str(itoa::Buffer::new().format(retry));
+        detail.push_str(if retry == 1 { " second." } else { " seconds." });
     } else {
         detail.push_str("The request costs more than ");
         push_names(&mut detail, unadmittable.clone().map(|(name, _)| name));
@@ -62,9 +63,10 @@ pub(crate) fn quota_exceeded<'a>(
         detail.push_str("); it will never be admitted.");
     }
     let mut json = String::with_capacity(256);
-    json.push_str("{\"type\":");
-    json_string(&mut json, QUOTA_EXCEEDED);
-    json.push_str(",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":");
+    // The type and title need no escape.
+    json.push_str("{\"type\":\"");
+    json.push_str(QUOTA_EXCEEDED);
+    json.push_str("\",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":");
     json_string(&mut json, &detail);
     json.push_str(",\"violated-policies\":[");
     for (i, name) in violated.enumerate() {
@@ -93,19 +95,27 @@ fn push_names<'a>(out: &mut String, names: impl Iterator<Item = &'a str> + Clone
 /// Appends `s` as a JSON string (RFC 8259 §7), quotes included.
 pub(crate) fn json_string(out: &mut String, s: &str) {
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
+    let mut rest = s;
+    // Runs of text that need no escape are copied whole; every byte that needs one is ASCII, so
+    // the text splits around it at character boundaries.
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| b == b'"' || b == b'\\' || b < 0x20)
+    {
+        out.push_str(&rest[..at]);
+        match rest.as_bytes()[at] {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            control => {
+                let _ = write!(out, "\\u{control:04x}");
             }
-            c => out.push(c),
         }
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
     out.push('"');
 }
 
