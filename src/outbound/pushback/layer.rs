@@ -9,7 +9,7 @@ use crate::clock::SystemClock;
 /// Wraps a service in a [`Pushback`]: calls are held back as the dependency's responses ask.
 ///
 /// Every service this layer makes, and every clone of them, shares the pushback's one state.
-/// The inner service must be `Clone` and answer with a [`ResponseHead`](super::ResponseHead)
+/// The inner service must be `Clone` and answer with a [`ResponseHead`](crate::head::ResponseHead)
 /// (an `http::Response`, a `reqwest::Response`).
 ///
 /// # Errors
