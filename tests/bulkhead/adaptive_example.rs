@@ -9,6 +9,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_adaptive_example_runs_and_reports_measured_ratios() {
+    let _cores = crate::common::process::BOTH_CORES.lock().await;
     let result = example::compare(Duration::from_millis(400), 3, 7).await;
     assert!(result.starts_with("RESULT aimd:"), "{result}");
     let (aimd, gradient) = result.split_once("; gradient:").expect("both algorithms");

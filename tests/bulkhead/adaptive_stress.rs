@@ -28,7 +28,7 @@ use tower_bulwark::bulkhead::{
 };
 use tower_bulwark::BoxError;
 
-use crate::common::process::quiet_panics_starting_with;
+use crate::common::process::{quiet_panics_starting_with, BOTH_CORES};
 use crate::stress::{Kind, CALLS, KINDS, PRODUCERS};
 
 const PANIC_MESSAGE: &str = "adaptive stress: planned panic";
@@ -199,6 +199,7 @@ async fn storm(
     cancelled: Cancelled,
     overload_every: u64,
 ) {
+    let _cores = BOTH_CORES.lock().await;
     quiet_panics_starting_with(PANIC_MESSAGE);
     let seen = Arc::new(Seen::default());
     let (p, r, f, c) = (seen.clone(), seen.clone(), seen.clone(), seen.clone());

@@ -16,7 +16,7 @@ use tower_bulwark::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
 };
 
-use crate::common::process::quiet_panics_starting_with;
+use crate::common::process::{quiet_panics_starting_with, BOTH_CORES};
 
 /// Calls per storm, sent by `PRODUCERS` tasks (also the adaptive bulkhead's storms).
 pub(crate) const CALLS: usize = 4_800;
@@ -131,6 +131,7 @@ fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
 /// Runs `CALLS` calls through `bulkhead`, optionally resizing it meanwhile, and checks the
 /// invariants; `limit` is the highest limit in force at any time.
 async fn storm(bulkhead: Bulkhead, seen: Arc<Seen>, limit: usize, resize_to: &[usize]) {
+    let _cores = BOTH_CORES.lock().await;
     quiet_panics_starting_with(PANIC_MESSAGE);
     let gauge = Gauge::default();
     let svc = ServiceBuilder::new()

@@ -1,5 +1,5 @@
-//! What the tests of one binary share because it belongs to the process: the panic hook and the
-//! `tracing` dispatcher. Each is installed once and serves every test that asks.
+//! What the tests of one binary share because it belongs to the process: the panic hook, the
+//! `tracing` dispatcher and the cores. Each is installed once and serves every test that asks.
 
 use std::sync::{Mutex, Once, PoisonError};
 
@@ -51,3 +51,9 @@ pub fn thread_subscriber(
     tracing::callsite::rebuild_interest_cache();
     guard
 }
+
+/// Tests that keep both cores busy for a while (storms of calls, the adaptive example) take this
+/// in turn: their assertions rely on calls being scheduled in time (an adaptive limit must see
+/// healthy answers to rise), which one of them running beside another on two cores can starve.
+/// Tests of one binary used to be one process each; in one process they run side by side.
+pub static BOTH_CORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
