@@ -54,6 +54,6 @@ pub fn thread_subscriber(
 
 /// Tests that keep both cores busy for a while (storms of calls, the adaptive example) take this
 /// in turn: their assertions rely on calls being scheduled in time (an adaptive limit must see
-/// healthy answers to rise), which one of them running beside another on two cores can starve.
-/// Tests of one binary used to be one process each; in one process they run side by side.
+/// healthy answers to rise), which one of them running beside another on two cores can starve:
+/// the tests of one binary run side by side in one process.
 pub static BOTH_CORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
