@@ -91,15 +91,10 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
     }
 
     /// Takes one permit, waiting up to the quota's `max_wait` for it; dropping the future while
-    /// it waits gives the permit back.
+    /// it waits gives the permit back. For several permits at once, [`acquire`](super::acquire)
+    /// takes a cost.
     pub fn acquire(&self) -> Acquire<'_, (), Self> {
         acquire(self, &(), 1)
-    }
-
-    /// Takes `cost` permits, waiting up to the quota's `max_wait` for them. A cost above the
-    /// capacity fails with [`InsufficientCapacity`].
-    pub fn acquire_n(&self, cost: u32) -> Acquire<'_, (), Self> {
-        acquire(self, &(), cost)
     }
 
     /// The quota it enforces now.

@@ -135,15 +135,10 @@ where
     }
 
     /// Takes one permit for `key`, waiting up to the quota's `max_wait` for it; dropping the
-    /// future while it waits gives the permit back.
+    /// future while it waits gives the permit back. For several permits at once,
+    /// [`acquire`](super::acquire) takes a cost.
     pub fn acquire<'a>(&'a self, key: &'a K) -> Acquire<'a, K, Self> {
         acquire(self, key, 1)
-    }
-
-    /// Takes `cost` permits for `key`, waiting up to the quota's `max_wait` for them. A cost
-    /// above the capacity fails with [`InsufficientCapacity`].
-    pub fn acquire_n<'a>(&'a self, key: &'a K, cost: u32) -> Acquire<'a, K, Self> {
-        acquire(self, key, cost)
     }
 
     /// The quota it enforces now.

@@ -167,9 +167,7 @@ mod set;
 mod settings;
 
 pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
-pub use self::headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
+pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
 #[cfg(feature = "axum")]
 pub use self::key::{ForwardedIp, PeerIp};

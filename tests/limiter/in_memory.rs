@@ -341,7 +341,9 @@ async fn direct_limiter_waits_and_refunds_too() {
     let d = limiter.acquire().await.unwrap();
     assert!(d.allowed);
     assert_eq!(start.elapsed(), Duration::from_millis(500));
-    let err = limiter.acquire_n(3).await.unwrap_err();
+    let err = tower_bulwark::limiter::acquire(&limiter, &(), 3)
+        .await
+        .unwrap_err();
     assert!(
         err.is::<tower_bulwark::limiter::InsufficientCapacity>(),
         "{err}"
