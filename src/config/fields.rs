@@ -139,9 +139,11 @@ impl<'de> Deserialize<'de> for KeyKind {
             "forwarded_ip" => KeyKind::ForwardedIp,
             "global" => KeyKind::Global,
             other => match other.strip_prefix("header:") {
-                Some(name) => KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(
-                    |_| de::Error::custom(format!("`{name}` is not a valid header name")),
-                )?),
+                Some(name) => {
+                    KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(|_| {
+                        de::Error::custom(format!("`{name}` is not a valid header name"))
+                    })?)
+                }
                 None => {
                     return Err(de::Error::custom(format!(
                         "unknown key `{other}`; expected peer_ip, forwarded_ip, header:<name> or \

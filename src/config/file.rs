@@ -277,9 +277,11 @@ impl Config {
         })?;
         each("routes", &mut self.routes, |s, at| s.validate(at))?;
         each("pushbacks", &mut self.pushbacks, |s, at| s.validate(at))?;
-        each("adaptive_bulkheads", &mut self.adaptive_bulkheads, |s, at| {
-            s.validate(at)
-        })?;
+        each(
+            "adaptive_bulkheads",
+            &mut self.adaptive_bulkheads,
+            |s, at| s.validate(at),
+        )?;
         self.check_names()
     }
 
@@ -287,7 +289,8 @@ impl Config {
     /// limiters exist, and no bulkhead of either kind shares a name.
     fn check_names(&self) -> Result<(), ConfigError> {
         // Bulkheads of both kinds report under one metric name, by name: names must differ.
-        if let Some(name) = (self.adaptive_bulkheads.keys()).find(|n| self.bulkheads.contains_key(*n))
+        if let Some(name) =
+            (self.adaptive_bulkheads.keys()).find(|n| self.bulkheads.contains_key(*n))
         {
             return Err(ConfigError::new(
                 format!("adaptive_bulkheads.{name}"),
@@ -338,7 +341,9 @@ impl Config {
                 ),
             ));
         }
-        let burst = limiter.quota(&format!("rate_limiters.{}", quota.limiter))?.burst();
+        let burst = limiter
+            .quota(&format!("rate_limiters.{}", quota.limiter))?
+            .burst();
         if quota.cost.0 > burst {
             return Err(ConfigError::new(
                 format!("{path}.cost"),
@@ -436,7 +441,10 @@ impl RouteSettings {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
         for (i, policy) in self.policies.iter().enumerate() {
-            if self.policies[..i].iter().any(|p| p.limiter == policy.limiter) {
+            if self.policies[..i]
+                .iter()
+                .any(|p| p.limiter == policy.limiter)
+            {
                 return Err(at.err(
                     &format!("policies[{i}]"),
                     format!("names `{}` a second time", policy.limiter),
@@ -481,7 +489,11 @@ impl AdaptiveBulkheadSettings {
         };
         let min = limit(self.min_limit, 1);
         let max = limit(self.max_limit, 256.max(min));
-        (min, limit(self.initial_limit, 8.clamp(min, max.max(min))), max)
+        (
+            min,
+            limit(self.initial_limit, 8.clamp(min, max.max(min))),
+            max,
+        )
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {

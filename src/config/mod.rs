@@ -211,7 +211,10 @@ mod tests {
         assert_eq!(partners.max_keys, Count(5000));
         assert!(partners.hide_keys);
         assert_eq!(config.bulkheads["payment"].queue_capacity, None);
-        assert_eq!(config.bulkheads["inventory"].queue_capacity, Some(Count(16)));
+        assert_eq!(
+            config.bulkheads["inventory"].queue_capacity,
+            Some(Count(16))
+        );
     }
 
     #[test]
@@ -221,8 +224,14 @@ mod tests {
         let proxies = ["10.0.0.0/8", "2001:db8::/32"].map(|c| c.parse().unwrap());
         for (extra, header) in [
             ("", ForwardedHeader::XForwardedFor),
-            ("forwarded_header = \"x-forwarded-for\"\n", ForwardedHeader::XForwardedFor),
-            ("forwarded_header = \"forwarded\"\n", ForwardedHeader::Forwarded),
+            (
+                "forwarded_header = \"x-forwarded-for\"\n",
+                ForwardedHeader::XForwardedFor,
+            ),
+            (
+                "forwarded_header = \"forwarded\"\n",
+                ForwardedHeader::Forwarded,
+            ),
         ] {
             let config = parse(&format!("{base}{extra}"));
             let api = &config.rate_limiters["api"];
@@ -289,9 +298,15 @@ mod tests {
         assert_eq!(defaults.max_wait, Duration::ZERO);
         assert_eq!(defaults.max_hold, DEFAULT_MAX_HOLD);
         assert_eq!(defaults.pacing, PacingKind::UntilSpent);
-        assert_eq!(config.pushbacks["until-spent"].pacing, PacingKind::UntilSpent);
+        assert_eq!(
+            config.pushbacks["until-spent"].pacing,
+            PacingKind::UntilSpent
+        );
         let quota = &config.client_quotas["partner"];
-        assert_eq!((quota.limiter.as_str(), quota.cost), ("partner-quota", Count(1)));
+        assert_eq!(
+            (quota.limiter.as_str(), quota.cost),
+            ("partner-quota", Count(1))
+        );
         assert_eq!(config.client_quotas["partner-bulk"].cost, Count(2));
         // 2^60 ns, `Quota::MAX_SPAN`, is the longest wait.
         let max = Quota::MAX_SPAN.as_nanos();

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use crate::head::RequestHead;
 use http::HeaderValue;
 
+#[cfg(feature = "adaptive")]
+use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
 use super::file::{
     AlgorithmKind, BulkheadSettings, Config, ForwardedHeader, KeyKind, PacingKind,
     PushbackSettings, RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
 };
-#[cfg(feature = "adaptive")]
-use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
@@ -497,7 +497,10 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
 }
 
 fn memory_limiter(s: &RateLimiterSettings, quota: Quota) -> BoxLimiter<ConfigKey> {
-    fn keyed<A: crate::algorithm::Algorithm>(quota: Quota, max_keys: usize) -> BoxLimiter<ConfigKey> {
+    fn keyed<A: crate::algorithm::Algorithm>(
+        quota: Quota,
+        max_keys: usize,
+    ) -> BoxLimiter<ConfigKey> {
         BoxLimiter::new(
             KeyedRateLimiter::<ConfigKey>::builder(quota)
                 .algorithm::<A>()
@@ -618,9 +621,11 @@ fn redis_fail_mode(
 
     Ok(match s.redis_fail_mode.unwrap_or_default() {
         RedisFailModeKind::Open => RedisFailMode::Open,
-        RedisFailModeKind::Closed => {
-            RedisFailMode::Closed(quota.emission_interval().max(std::time::Duration::from_secs(1)))
-        }
+        RedisFailModeKind::Closed => RedisFailMode::Closed(
+            quota
+                .emission_interval()
+                .max(std::time::Duration::from_secs(1)),
+        ),
         RedisFailModeKind::Fallback => {
             let permits = (s.fallback_limit_for_period)
                 .expect("the validation requires fallback_limit_for_period with a fallback")
@@ -667,7 +672,9 @@ fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
 
 fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     let mut builder = match s.queue_capacity {
-        Some(capacity) => Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize),
+        Some(capacity) => {
+            Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
+        }
         None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
     };
     if let Some(wait) = s.max_wait {

@@ -78,9 +78,10 @@ fn every_bad_value_names_its_path() {
         assert_eq!(err.path(), *path, "{body}: {err}");
     }
     // One namespace for both kinds of bulkhead: their metrics and health are keyed by name.
-    let err =
-        Registry::from_toml_str("[bulkheads.p]\nmax_concurrent_calls = 2\n[adaptive_bulkheads.p]\n")
-            .unwrap_err();
+    let err = Registry::from_toml_str(
+        "[bulkheads.p]\nmax_concurrent_calls = 2\n[adaptive_bulkheads.p]\n",
+    )
+    .unwrap_err();
     assert_eq!(err.path(), "adaptive_bulkheads.p");
     assert!(err.message().contains("bulkheads.p"), "{err}");
     // Not a table of instances.

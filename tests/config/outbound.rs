@@ -45,13 +45,19 @@ fn the_sections_parse_with_their_defaults() {
     let registry = Registry::from_toml_str(PARTNER).unwrap();
     for name in ["partner", "defaults"] {
         let pushback = registry.pushback(name).unwrap();
-        assert_eq!((pushback.name(), pushback.held_for()), (name, Duration::ZERO));
+        assert_eq!(
+            (pushback.name(), pushback.held_for()),
+            (name, Duration::ZERO)
+        );
     }
     for name in ["partner", "partner-bulk"] {
         assert!(registry.client_quota_layer(name).is_ok(), "{name}");
     }
     let until_spent = "[pushbacks.p]\npacing = \"until_spent\"\n";
-    assert!(Registry::from_toml_str(until_spent).unwrap().pushback("p").is_ok());
+    assert!(Registry::from_toml_str(until_spent)
+        .unwrap()
+        .pushback("p")
+        .is_ok());
 }
 
 /// The limiter the client quotas below name.
