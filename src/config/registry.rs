@@ -13,8 +13,8 @@ use http::HeaderValue;
 #[cfg(feature = "adaptive")]
 use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
 use super::file::{
-    AlgorithmKind, BulkheadSettings, Config, ForwardedHeader, KeyKind, PacingKind,
-    PushbackSettings, RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
+    AlgorithmKind, BulkheadSettings, Config, KeyKind, PacingKind, PushbackSettings,
+    RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
 };
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
@@ -523,6 +523,7 @@ fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtractor, &'static
         KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
         #[cfg(feature = "axum")]
         KeyKind::ForwardedIp => {
+            use super::file::ForwardedHeader;
             use crate::rate_limit::ForwardedIp;
             // The validation made sure that a forwarded key has proxies.
             let trusted = s.trusted_proxies.iter().flatten().copied();
