@@ -263,25 +263,19 @@ impl InstancePath<'_> {
 impl Config {
     /// Checks every instance and the names they give each other: the one validation pass.
     pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
-        fn each<S>(
-            section: &str,
-            instances: &mut BTreeMap<String, S>,
-            check: impl Fn(&mut S, &InstancePath<'_>) -> Result<(), ConfigError>,
-        ) -> Result<(), ConfigError> {
-            instances
-                .iter_mut()
-                .try_for_each(|(name, s)| check(s, &InstancePath(&format!("{section}.{name}"))))
+        let at = |section: &str, name: &str| format!("{section}.{name}");
+        for (name, s) in &mut self.rate_limiters {
+            s.validate(&InstancePath(&at("rate_limiters", name)))?;
         }
-        each("rate_limiters", &mut self.rate_limiters, |s, at| {
-            s.validate(at)
-        })?;
-        each("routes", &mut self.routes, |s, at| s.validate(at))?;
-        each("pushbacks", &mut self.pushbacks, |s, at| s.validate(at))?;
-        each(
-            "adaptive_bulkheads",
-            &mut self.adaptive_bulkheads,
-            |s, at| s.validate(at),
-        )?;
+        for (name, s) in &self.routes {
+            s.validate(&InstancePath(&at("routes", name)))?;
+        }
+        for (name, s) in &self.pushbacks {
+            s.validate(&InstancePath(&at("pushbacks", name)))?;
+        }
+        for (name, s) in &self.adaptive_bulkheads {
+            s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
+        }
         self.check_names()
     }
 
@@ -436,7 +430,7 @@ impl RateLimiterSettings {
 }
 
 impl RouteSettings {
-    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         if self.policies.is_empty() {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
@@ -462,7 +456,7 @@ impl RouteSettings {
 }
 
 impl PushbackSettings {
-    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         // Bounded as a quota's spans are: no setting may reach the ends of a clock's range.
         for (field, span) in [("max_wait", self.max_wait), ("max_hold", self.max_hold)] {
             if span > Quota::MAX_SPAN {
@@ -496,7 +490,7 @@ impl AdaptiveBulkheadSettings {
         )
     }
 
-    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         if cfg!(not(feature = "adaptive")) {
             return Err(ConfigError::new(
                 at.0,
