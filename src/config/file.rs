@@ -213,9 +213,10 @@ pub(super) struct ClientQuotaSettings {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 pub(super) struct AdaptiveBulkheadSettings {
-    min_limit: Option<Count<MAX_LIMIT>>,
-    initial_limit: Option<Count<MAX_LIMIT>>,
-    max_limit: Option<Count<MAX_LIMIT>>,
+    /// The three limits are filled in by the validation.
+    pub(super) min_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) initial_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) max_limit: Option<Count<MAX_LIMIT>>,
     #[serde(default, deserialize_with = "choice")]
     pub(super) algorithm: AdaptiveAlgorithmKind,
     #[serde(default)]
@@ -273,7 +274,7 @@ impl Config {
         for (name, s) in &self.pushbacks {
             s.validate(&InstancePath(&at("pushbacks", name)))?;
         }
-        for (name, s) in &self.adaptive_bulkheads {
+        for (name, s) in &mut self.adaptive_bulkheads {
             s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
         }
         self.check_names()
@@ -490,7 +491,7 @@ impl AdaptiveBulkheadSettings {
         )
     }
 
-    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         if cfg!(not(feature = "adaptive")) {
             return Err(ConfigError::new(
                 at.0,
@@ -507,6 +508,9 @@ impl AdaptiveBulkheadSettings {
                 format!("is {initial}, outside min_limit..=max_limit ({min}..={max})"),
             ));
         }
+        let count = |n: usize| Some(Count(n as u32));
+        (self.min_limit, self.initial_limit, self.max_limit) =
+            (count(min), count(initial), count(max));
         Ok(())
     }
 }

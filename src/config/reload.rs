@@ -198,20 +198,6 @@ fn same_instances<T: Reloadable>(
     Ok(())
 }
 
-impl Reloadable for AdaptiveBulkheadSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        let ((a_min, a_initial, a_max), (b_min, b_initial, b_max)) = (self.limits(), next.limits());
-        differ("min_limit", &a_min, &b_min)
-            .or_else(|| differ("initial_limit", &a_initial, &b_initial))
-            .or_else(|| differ("max_limit", &a_max, &b_max))
-            .or_else(|| differ("algorithm", &self.algorithm, &next.algorithm))
-            .or_else(|| {
-                let (a, b) = (&self.ignore_cancelled_calls, &next.ignore_cancelled_calls);
-                differ("ignore_cancelled_calls", a, b)
-            })
-    }
-}
-
 /// `Reloadable` for a kind whose listed fields are all fixed: the first that differs.
 macro_rules! fixed_fields {
     ($($kind:ty => [$($field:ident),+];)+) => {$(
@@ -233,5 +219,8 @@ fixed_fields! {
     BulkheadSettings => [max_wait, queue_capacity];
     PushbackSettings => [max_wait, max_hold, pacing];
     ClientQuotaSettings => [limiter, cost];
+    AdaptiveBulkheadSettings => [
+        min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls
+    ];
     RouteSettings => [policies, exempt_networks];
 }

@@ -196,6 +196,15 @@ fn a_reload_keeps_adaptive_bulkheads_and_refuses_to_change_them() {
     // The same file: nothing changes.
     let reloaded = registry.reload_toml_str(FILE).unwrap();
     assert!(reloaded.bulkheads.is_empty());
+    // The defaults written out are the same settings.
+    let written = FILE.replace(
+        "[adaptive_bulkheads.search]\n",
+        "[adaptive_bulkheads.search]\nmin_limit = 1\ninitial_limit = 8\nmax_limit = 256\n",
+    );
+    assert_eq!(
+        registry.reload_toml_str(&written).unwrap(),
+        Default::default()
+    );
     for (from, to, path) in [
         (
             "max_limit = 32",
