@@ -10,9 +10,9 @@ use toml::Spanned;
 
 /// A configuration file that could not be used: where, and what was wrong.
 ///
-/// Read from TOML text, the error carries the line and column of the value at fault (or of the
-/// instance, for a field that is missing); built from a [`Config`](super::Config) made in code,
-/// only the path.
+/// The error carries the line and column of the value at fault in the TOML text (or of the
+/// instance, for a field that is missing); an error reading the file has neither path nor
+/// position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
     path: String,

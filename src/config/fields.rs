@@ -1,6 +1,7 @@
 //! Readers of the file's values that serde's derive cannot write alone: counts with bounds,
-//! choices written only as strings, lists of networks, and a route's policies (a name or a
-//! table). Each checks what its value alone can say, so that toml puts the error at the value.
+//! choices written only as strings, a rate limiter's key, lists of networks, and a route's
+//! policies (a name or a table). Each checks what its value alone can say, so that toml puts
+//! the error at the value.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,13 +9,26 @@ use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 
-use super::file::{PolicyItem, PolicyTable};
-use super::ShadowKind;
+use super::file::{KeyKind, RoutePolicy, ShadowKind};
 use crate::rate_limit::Cidr;
 
 /// A count from 1 to `MAX`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct Count<const MAX: u32 = { u32::MAX }>(pub(super) u32);
+
+impl Count {
+    /// The default cost of a call.
+    pub(super) fn one() -> Self {
+        Count(1)
+    }
+}
+
+/// The number alone, as a reload's error shows it.
+impl<const MAX: u32> fmt::Debug for Count<MAX> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 impl<'de, const MAX: u32> Deserialize<'de> for Count<MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -40,13 +54,22 @@ impl<'de, const MAX: u32> Deserialize<'de> for Count<MAX> {
 
 /// Reads a choice among names, such as `algorithm = "gcra"`, from a string only: serde's enums
 /// would also take a table (`algorithm = { gcra = {} }`), which is no way to write a choice.
-pub(super) fn choice<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+pub(super) fn choice<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
     let name = String::deserialize(d)?;
-    T::deserialize(de::IntoDeserializer::<D::Error>::into_deserializer(name)).map(Some)
+    T::deserialize(de::IntoDeserializer::<D::Error>::into_deserializer(name))
+}
+
+/// [`choice`] for a field that may be left out.
+pub(super) fn some_choice<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    choice(d).map(Some)
 }
 
 /// Reads a section: a table of named instances.
@@ -76,7 +99,7 @@ where
 
 /// Reads a list of networks in CIDR notation. Each item is checked here, after toml has read
 /// it, so that an error is the field's (`trusted_proxies`), whichever item is wrong.
-pub(super) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cidr>>, D::Error> {
+pub(super) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
     struct Cidrs;
     impl<'de> Visitor<'de> for Cidrs {
         type Value = Vec<Cidr>;
@@ -100,34 +123,70 @@ pub(super) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cidr>>
             Ok(out)
         }
     }
-    d.deserialize_seq(Cidrs).map(Some)
+    d.deserialize_seq(Cidrs)
 }
 
-impl<'de> Deserialize<'de> for PolicyItem {
+/// [`cidrs`] for a field whose absence means something else than an empty list.
+pub(super) fn some_cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Cidr>>, D::Error> {
+    cidrs(d).map(Some)
+}
+
+impl<'de> Deserialize<'de> for KeyKind {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Item;
-        impl<'de> Visitor<'de> for Item {
-            type Value = PolicyItem;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a rate limiter name or a table with `limiter`")
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<PolicyItem, E> {
-                Ok(PolicyItem(PolicyTable {
-                    limiter: name.to_owned(),
-                    cost: None,
-                    shadow: ShadowKind::Off,
-                }))
-            }
-
-            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<PolicyItem, M::Error> {
-                let table = PolicyTable::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(PolicyItem(table))
-            }
-        }
-        d.deserialize_any(Item)
+        let text = String::deserialize(d)?;
+        Ok(match text.as_str() {
+            "peer_ip" => KeyKind::PeerIp,
+            "forwarded_ip" => KeyKind::ForwardedIp,
+            "global" => KeyKind::Global,
+            other => match other.strip_prefix("header:") {
+                Some(name) => {
+                    KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(|_| {
+                        de::Error::custom(format!("`{name}` is not a valid header name"))
+                    })?)
+                }
+                None => {
+                    return Err(de::Error::custom(format!(
+                        "unknown key `{other}`; expected peer_ip, forwarded_ip, header:<name> or \
+                         global"
+                    )))
+                }
+            },
+        })
     }
+}
+
+/// Reads a route's policies: each a table, or a rate limiter's name alone (read as a table
+/// naming only `limiter`).
+pub(super) fn policies<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RoutePolicy>, D::Error> {
+    struct PolicyItem(RoutePolicy);
+    impl<'de> Deserialize<'de> for PolicyItem {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Item;
+            impl<'de> Visitor<'de> for Item {
+                type Value = PolicyItem;
+
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a rate limiter name or a table with `limiter`")
+                }
+
+                fn visit_str<E: de::Error>(self, name: &str) -> Result<PolicyItem, E> {
+                    Ok(PolicyItem(RoutePolicy {
+                        limiter: name.to_owned(),
+                        cost: Count::one(),
+                        shadow: ShadowKind::Off,
+                    }))
+                }
+
+                fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<PolicyItem, M::Error> {
+                    let deserializer = de::value::MapAccessDeserializer::new(map);
+                    RoutePolicy::deserialize(deserializer).map(PolicyItem)
+                }
+            }
+            d.deserialize_any(Item)
+        }
+    }
+    let items = Vec::<PolicyItem>::deserialize(d)?;
+    Ok(items.into_iter().map(|PolicyItem(policy)| policy).collect())
 }
 
 impl<'de> Deserialize<'de> for ShadowKind {

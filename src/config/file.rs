@@ -1,47 +1,45 @@
-//! The file as serde reads it, one struct per kind with every field as written, and the one
-//! validation pass that turns it into a [`Config`].
+//! The file as serde reads it, one struct per kind, and the one validation pass over it.
 //!
-//! Required fields are `Option`s, so that a missing one is an error at its own path; the
-//! readers of [`fields`](super::fields) check what one value alone can say (a count's bounds,
-//! a duration's unit).
+//! The registry builds from these structs once they are validated. Fields with a fixed default
+//! take it from serde; the few whose default depends on another field are filled in by the
+//! validation, so that two files meaning the same settings compare equal on a reload.
+//! Required fields that serde alone would report at the instance are `Option`s, so that a
+//! missing one is an error at its own path; the readers of [`fields`](super::fields) check what
+//! one value alone can say (a count's bounds, a duration's unit).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::duration::{optional, with_units};
-use super::fields::{choice, cidrs, instances, Count};
-use super::{
-    AdaptiveAlgorithmKind, AdaptiveBulkheadSettings, AlgorithmKind, BulkheadSettings,
-    ClientQuotaSettings, Config, ConfigError, ForwardedHeader, KeyKind, PushbackSettings,
-    RateLimiterSettings, RedisFailModeKind, RedisSettings, RoutePolicy, RouteSettings, ShadowKind,
-    StoreKind,
-};
+use super::fields::{choice, cidrs, instances, policies, some_choice, some_cidrs, Count};
+use super::ConfigError;
 use crate::limiter::DEFAULT_MAX_KEYS;
-use crate::outbound::pushback::Pacing;
+use crate::outbound::pushback::DEFAULT_MAX_HOLD;
 use crate::rate_limit::Cidr;
 use crate::Quota;
 
-/// The whole file: a table of named instances per kind.
-#[derive(Default, serde::Deserialize)]
+/// The whole file, validated: a table of named instances per kind.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(super) struct File {
+pub(super) struct Config {
     #[serde(deserialize_with = "instances")]
-    rate_limiters: BTreeMap<String, RateLimiterFile>,
+    pub(super) rate_limiters: BTreeMap<String, RateLimiterSettings>,
     #[serde(deserialize_with = "instances")]
-    bulkheads: BTreeMap<String, BulkheadFile>,
+    pub(super) bulkheads: BTreeMap<String, BulkheadSettings>,
     #[serde(deserialize_with = "instances")]
-    routes: BTreeMap<String, RouteFile>,
+    pub(super) routes: BTreeMap<String, RouteSettings>,
     #[serde(deserialize_with = "instances")]
-    pushbacks: BTreeMap<String, PushbackFile>,
+    pub(super) pushbacks: BTreeMap<String, PushbackSettings>,
     #[serde(deserialize_with = "instances")]
-    client_quotas: BTreeMap<String, ClientQuotaFile>,
+    pub(super) client_quotas: BTreeMap<String, ClientQuotaSettings>,
     #[serde(deserialize_with = "instances")]
-    adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadFile>,
+    pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
 }
 
-#[derive(serde::Deserialize)]
+/// `[rate_limiters.NAME]`.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct RateLimiterFile {
+pub(super) struct RateLimiterSettings {
     limit_for_period: Count,
     #[serde(deserialize_with = "with_units")]
     limit_refresh_period: Duration,
@@ -49,107 +47,196 @@ struct RateLimiterFile {
     #[serde(default, deserialize_with = "optional")]
     max_wait: Option<Duration>,
     #[serde(default, deserialize_with = "choice")]
-    algorithm: Option<AlgorithmKind>,
-    key: Option<String>,
-    #[serde(default, deserialize_with = "cidrs")]
-    trusted_proxies: Option<Vec<Cidr>>,
-    #[serde(default, deserialize_with = "choice")]
-    forwarded_header: Option<ForwardedHeader>,
-    max_keys: Option<Count>,
+    pub(super) algorithm: AlgorithmKind,
     #[serde(default)]
-    hide_keys: bool,
+    pub(super) key: KeyKind,
+    /// With `key = "forwarded_ip"` only, and then never empty.
+    #[serde(default, deserialize_with = "some_cidrs")]
+    pub(super) trusted_proxies: Option<Vec<Cidr>>,
+    /// With `key = "forwarded_ip"` only, and then filled in by the validation.
+    #[serde(default, deserialize_with = "some_choice")]
+    pub(super) forwarded_header: Option<ForwardedHeader>,
+    #[serde(default = "default_max_keys")]
+    pub(super) max_keys: Count,
+    #[serde(default)]
+    pub(super) hide_keys: bool,
     #[serde(default, deserialize_with = "choice")]
-    store: Option<StoreName>,
-    redis_url: Option<String>,
-    redis_prefix: Option<String>,
+    pub(super) store: StoreKind,
+    /// With `store = "redis"` only, and then required.
+    pub(super) redis_url: Option<String>,
+    pub(super) redis_prefix: Option<String>,
     #[serde(default, deserialize_with = "optional")]
-    redis_timeout: Option<Duration>,
-    #[serde(default, deserialize_with = "choice")]
-    redis_fail_mode: Option<FailModeName>,
-    fallback_limit_for_period: Option<Count>,
+    pub(super) redis_timeout: Option<Duration>,
+    /// With `store = "redis"` only, and then filled in by the validation.
+    #[serde(default, deserialize_with = "some_choice")]
+    pub(super) redis_fail_mode: Option<RedisFailModeKind>,
+    /// With `redis_fail_mode = "fallback"` only, and then required.
+    pub(super) fallback_limit_for_period: Option<Count>,
 }
 
-#[derive(serde::Deserialize)]
+fn default_max_keys() -> Count {
+    Count(DEFAULT_MAX_KEYS as u32)
+}
+
+/// Which algorithm a rate limiter uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum StoreName {
+pub(super) enum AlgorithmKind {
+    #[default]
+    Gcra,
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+}
+
+/// How a rate limiter finds the key of a request (`key`; read by
+/// [`fields`](super::fields)).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub(super) enum KeyKind {
+    #[default]
+    PeerIp,
+    /// With `trusted_proxies` and `forwarded_header`.
+    ForwardedIp,
+    Header(http::HeaderName),
+    Global,
+}
+
+/// The header that trusted proxies forward the client's address in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub(super) enum ForwardedHeader {
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
+}
+
+/// Where a rate limiter keeps its state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum StoreKind {
+    #[default]
     Memory,
     Redis,
 }
 
-#[derive(serde::Deserialize)]
+/// What a Redis-backed rate limiter does when Redis cannot answer in time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum FailModeName {
+pub(super) enum RedisFailModeKind {
+    #[default]
     Open,
     Closed,
+    /// With `fallback_limit_for_period`.
     Fallback,
 }
 
-#[derive(serde::Deserialize)]
+/// `[bulkheads.NAME]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct BulkheadFile {
-    max_concurrent_calls: Count<MAX_CALLS>,
+pub(super) struct BulkheadSettings {
+    pub(super) max_concurrent_calls: Count<MAX_CALLS>,
+    /// For a semaphore bulkhead zero (refuse at once) when absent, for a queue bulkhead no
+    /// bound.
     #[serde(default, deserialize_with = "optional")]
-    max_wait: Option<Duration>,
-    queue_capacity: Option<Count<MAX_CALLS>>,
+    pub(super) max_wait: Option<Duration>,
+    /// With a value, a queue bulkhead holding up to this many waiting calls.
+    pub(super) queue_capacity: Option<Count<MAX_CALLS>>,
 }
 
-#[derive(serde::Deserialize)]
+/// `[routes.NAME]`: the policies one layer holds, and the networks it exempts.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct RouteFile {
-    policies: Vec<PolicyItem>,
+pub(super) struct RouteSettings {
+    #[serde(deserialize_with = "policies")]
+    pub(super) policies: Vec<RoutePolicy>,
     #[serde(default, deserialize_with = "cidrs")]
-    exempt_networks: Option<Vec<Cidr>>,
+    pub(super) exempt_networks: Vec<Cidr>,
 }
 
-/// One item of a route's `policies`: a table, or a rate limiter's name alone (read as a table
-/// naming only `limiter`).
-pub(super) struct PolicyItem(pub(super) PolicyTable);
-
-#[derive(serde::Deserialize)]
+/// One item of a route's `policies` (a table, or a rate limiter's name alone: read by
+/// [`fields`](super::fields)).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct PolicyTable {
+pub(super) struct RoutePolicy {
     pub(super) limiter: String,
-    pub(super) cost: Option<Count>,
+    #[serde(default = "Count::one")]
+    pub(super) cost: Count,
     #[serde(default)]
     pub(super) shadow: ShadowKind,
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct PushbackFile {
-    #[serde(default, deserialize_with = "optional")]
-    max_wait: Option<Duration>,
-    #[serde(default, deserialize_with = "optional")]
-    max_hold: Option<Duration>,
-    #[serde(default, deserialize_with = "choice")]
-    pacing: Option<PacingName>,
+/// A route policy's shadow mode: `false`, `true` (silent) or `"advertised"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum ShadowKind {
+    #[default]
+    Off,
+    Silent,
+    Advertised,
 }
 
-#[derive(serde::Deserialize)]
+/// `[pushbacks.NAME]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of settings")]
+pub(super) struct PushbackSettings {
+    #[serde(default, deserialize_with = "with_units")]
+    pub(super) max_wait: Duration,
+    #[serde(default = "default_max_hold", deserialize_with = "with_units")]
+    pub(super) max_hold: Duration,
+    #[serde(default, deserialize_with = "choice")]
+    pub(super) pacing: PacingKind,
+}
+
+fn default_max_hold() -> Duration {
+    DEFAULT_MAX_HOLD
+}
+
+/// A pushback's [`Pacing`](crate::outbound::pushback::Pacing), as the file names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum PacingName {
+pub(super) enum PacingKind {
+    #[default]
     UntilSpent,
     Spread,
 }
 
-#[derive(serde::Deserialize)]
+/// `[client_quotas.NAME]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct ClientQuotaFile {
-    limiter: String,
-    cost: Option<Count>,
+pub(super) struct ClientQuotaSettings {
+    pub(super) limiter: String,
+    #[serde(default = "Count::one")]
+    pub(super) cost: Count,
 }
 
-#[derive(serde::Deserialize)]
+/// `[adaptive_bulkheads.NAME]`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
-struct AdaptiveBulkheadFile {
-    min_limit: Option<Count<MAX_LIMIT>>,
-    initial_limit: Option<Count<MAX_LIMIT>>,
-    max_limit: Option<Count<MAX_LIMIT>>,
+pub(super) struct AdaptiveBulkheadSettings {
+    /// The three limits are filled in by the validation.
+    pub(super) min_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) initial_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) max_limit: Option<Count<MAX_LIMIT>>,
     #[serde(default, deserialize_with = "choice")]
-    algorithm: Option<AdaptiveAlgorithmKind>,
+    pub(super) algorithm: AdaptiveAlgorithmKind,
     #[serde(default)]
-    ignore_cancelled_calls: bool,
+    pub(super) ignore_cancelled_calls: bool,
 }
+
+/// The algorithm of an adaptive bulkhead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum AdaptiveAlgorithmKind {
+    #[default]
+    Aimd,
+    Gradient,
+}
+
+/// The bulkheads' bound: the semaphore counts permits in 29 bits.
+const MAX_CALLS: u32 = u32::MAX >> 3;
+
+/// The adaptive bulkheads' bound: their semaphore counts permits in 31 bits.
+const MAX_LIMIT: u32 = u32::MAX >> 1;
 
 /// The path of one instance (`rate_limiters.api`), for errors at its fields.
 struct InstancePath<'a>(&'a str);
@@ -159,11 +246,7 @@ impl InstancePath<'_> {
         ConfigError::new(format!("{}.{field}", self.0), message)
     }
 
-    fn required<T>(&self, field: &str, value: Option<T>) -> Result<T, ConfigError> {
-        value.ok_or_else(|| self.err(field, "is required"))
-    }
-
-    /// `Some` only where `allowed`; otherwise an error naming `field` and where it applies.
+    /// An error naming `field` and where it applies, if it is set where it does not.
     fn only_with<T>(
         &self,
         field: &str,
@@ -178,55 +261,103 @@ impl InstancePath<'_> {
     }
 }
 
-/// The bulkheads' bound: the semaphore counts permits in 29 bits.
-const MAX_CALLS: u32 = u32::MAX >> 3;
-
-/// The adaptive bulkheads' bound: their semaphore counts permits in 31 bits.
-const MAX_LIMIT: u32 = u32::MAX >> 1;
-
-impl File {
+impl Config {
     /// Checks every instance and the names they give each other: the one validation pass.
-    pub(super) fn validate(self) -> Result<Config, ConfigError> {
-        fn each<F, S>(
-            section: &str,
-            files: BTreeMap<String, F>,
-            check: impl Fn(F, &InstancePath<'_>) -> Result<S, ConfigError>,
-        ) -> Result<BTreeMap<String, S>, ConfigError> {
-            files
-                .into_iter()
-                .map(|(name, file)| {
-                    let path = format!("{section}.{name}");
-                    Ok((name, check(file, &InstancePath(&path))?))
-                })
-                .collect()
+    pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
+        let at = |section: &str, name: &str| format!("{section}.{name}");
+        for (name, s) in &mut self.rate_limiters {
+            s.validate(&InstancePath(&at("rate_limiters", name)))?;
         }
-        let config = Config {
-            rate_limiters: each(
-                "rate_limiters",
-                self.rate_limiters,
-                RateLimiterFile::validate,
-            )?,
-            bulkheads: each("bulkheads", self.bulkheads, BulkheadFile::validate)?,
-            routes: each("routes", self.routes, RouteFile::validate)?,
-            pushbacks: each("pushbacks", self.pushbacks, PushbackFile::validate)?,
-            client_quotas: each(
-                "client_quotas",
-                self.client_quotas,
-                ClientQuotaFile::validate,
-            )?,
-            adaptive_bulkheads: each(
-                "adaptive_bulkheads",
-                self.adaptive_bulkheads,
-                AdaptiveBulkheadFile::validate,
-            )?,
-        };
-        config.check_names()?;
-        Ok(config)
+        for (name, s) in &self.routes {
+            s.validate(&InstancePath(&at("routes", name)))?;
+        }
+        for (name, s) in &self.pushbacks {
+            s.validate(&InstancePath(&at("pushbacks", name)))?;
+        }
+        for (name, s) in &mut self.adaptive_bulkheads {
+            s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
+        }
+        self.check_names()
+    }
+
+    /// Checks the names instances give each other: a route's and a client quota's rate
+    /// limiters exist, and no bulkhead of either kind shares a name.
+    fn check_names(&self) -> Result<(), ConfigError> {
+        // Bulkheads of both kinds report under one metric name, by name: names must differ.
+        if let Some(name) =
+            (self.adaptive_bulkheads.keys()).find(|n| self.bulkheads.contains_key(*n))
+        {
+            return Err(ConfigError::new(
+                format!("adaptive_bulkheads.{name}"),
+                format!(
+                    "has the name of `bulkheads.{name}`; a bulkhead's metrics and health are \
+                     keyed by its name, so the two kinds share one namespace"
+                ),
+            ));
+        }
+        for (name, route) in &self.routes {
+            for (i, policy) in route.policies.iter().enumerate() {
+                self.limiter(&format!("routes.{name}.policies[{i}]"), &policy.limiter)?;
+            }
+        }
+        for (name, quota) in &self.client_quotas {
+            self.check_client_quota(name, quota)?;
+        }
+        Ok(())
+    }
+
+    /// Rate limiter `name`, which the setting at `path` names.
+    fn limiter(&self, path: &str, name: &str) -> Result<&RateLimiterSettings, ConfigError> {
+        self.rate_limiters.get(name).ok_or_else(|| {
+            ConfigError::new(
+                path,
+                format!("names `{name}`, which is not under `rate_limiters`"),
+            )
+        })
+    }
+
+    /// A client quota's rate limiter must count every call under one key, and be able to grant
+    /// a call's cost.
+    fn check_client_quota(
+        &self,
+        name: &str,
+        quota: &ClientQuotaSettings,
+    ) -> Result<(), ConfigError> {
+        let path = format!("client_quotas.{name}");
+        let limiter = self.limiter(&format!("{path}.limiter"), &quota.limiter)?;
+        if limiter.key != KeyKind::Global {
+            return Err(ConfigError::new(
+                format!("{path}.limiter"),
+                format!(
+                    "names `{0}`, whose key is not \"global\"; an outbound call has no client to \
+                     key by, so a client quota counts every call under one key: give \
+                     `rate_limiters.{0}` key = \"global\"",
+                    quota.limiter
+                ),
+            ));
+        }
+        let burst = limiter
+            .quota(&format!("rate_limiters.{}", quota.limiter))?
+            .burst();
+        if quota.cost.0 > burst {
+            return Err(ConfigError::new(
+                format!("{path}.cost"),
+                format!(
+                    "is {}, more than the burst of rate limiter `{}` ({burst}): no call could \
+                     ever be sent",
+                    quota.cost.0, quota.limiter,
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
-impl RateLimiterFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<RateLimiterSettings, ConfigError> {
+impl RateLimiterSettings {
+    /// The quota of the limiter at `path`: permits per period, burst and maximum wait, the part
+    /// a reload changes in place. An error only for settings the validation refuses.
+    pub(super) fn quota(&self, path: &str) -> Result<Quota, ConfigError> {
+        let at = InstancePath(path);
         let Count(permits) = self.limit_for_period;
         let mut quota =
             Quota::with_period(permits, self.limit_refresh_period).map_err(|e| {
@@ -245,58 +376,31 @@ impl RateLimiterFile {
                 .with_max_wait(wait)
                 .map_err(|e| at.err("max_wait", e.to_string()))?;
         }
-        Ok(RateLimiterSettings {
-            quota,
-            algorithm: self.algorithm.unwrap_or_default(),
-            key: self.key(at)?,
-            max_keys: (self.max_keys).map_or(DEFAULT_MAX_KEYS, |Count(n)| n as usize),
-            hide_keys: self.hide_keys,
-            store: self.store(at)?,
-        })
+        Ok(quota)
     }
 
-    fn key(&self, at: &InstancePath<'_>) -> Result<KeyKind, ConfigError> {
-        let key = match self.key.as_deref().unwrap_or("peer_ip") {
-            "peer_ip" => KeyKind::PeerIp,
-            "global" => KeyKind::Global,
-            "forwarded_ip" => {
-                // Never trust a forwarding header unless the operator named who may send it.
-                let trusted_proxies =
-                    at.required("trusted_proxies", self.trusted_proxies.clone())?;
-                if trusted_proxies.is_empty() {
-                    return Err(at.err("trusted_proxies", "must name at least one proxy"));
-                }
-                KeyKind::ForwardedIp {
-                    header: self.forwarded_header.unwrap_or_default(),
-                    trusted_proxies,
-                }
-            }
-            other => match other.strip_prefix("header:") {
-                Some(name) => {
-                    KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(|_| {
-                        at.err("key", format!("`{name}` is not a valid header name"))
-                    })?)
-                }
-                None => {
-                    return Err(at.err(
-                        "key",
-                        format!(
-                            "unknown key `{other}`; expected peer_ip, forwarded_ip, \
-                             header:<name> or global"
-                        ),
-                    ))
-                }
-            },
-        };
-        let forwarded = matches!(key, KeyKind::ForwardedIp { .. });
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        self.quota(at.0)?;
+        let forwarded = self.key == KeyKind::ForwardedIp;
         let what = "key = \"forwarded_ip\"";
         at.only_with("trusted_proxies", &self.trusted_proxies, forwarded, what)?;
         at.only_with("forwarded_header", &self.forwarded_header, forwarded, what)?;
-        Ok(key)
+        if forwarded {
+            // Never trust a forwarding header unless the operator named who may send it.
+            match &self.trusted_proxies {
+                None => return Err(at.err("trusted_proxies", "is required")),
+                Some(proxies) if proxies.is_empty() => {
+                    return Err(at.err("trusted_proxies", "must name at least one proxy"))
+                }
+                Some(_) => {}
+            }
+            self.forwarded_header.get_or_insert_default();
+        }
+        self.validate_store(at)
     }
 
-    fn store(&self, at: &InstancePath<'_>) -> Result<StoreKind, ConfigError> {
-        let redis = matches!(self.store, Some(StoreName::Redis));
+    fn validate_store(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        let redis = self.store == StoreKind::Redis;
         let what = "store = \"redis\"";
         at.only_with("redis_url", &self.redis_url, redis, what)?;
         at.only_with("redis_prefix", &self.redis_prefix, redis, what)?;
@@ -305,7 +409,7 @@ impl RateLimiterFile {
         let local = "fallback_limit_for_period";
         at.only_with(local, &self.fallback_limit_for_period, redis, what)?;
         if !redis {
-            return Ok(StoreKind::Memory);
+            return Ok(());
         }
         if cfg!(not(feature = "redis")) {
             return Err(at.err(
@@ -313,143 +417,100 @@ impl RateLimiterFile {
                 "`redis` needs the crate's `redis` feature, which this build lacks",
             ));
         }
-        let fallback = matches!(self.redis_fail_mode, Some(FailModeName::Fallback));
+        let fallback = *self.redis_fail_mode.get_or_insert_default() == RedisFailModeKind::Fallback;
         let what = "redis_fail_mode = \"fallback\"";
         at.only_with(local, &self.fallback_limit_for_period, fallback, what)?;
-        let fail_mode = match self.redis_fail_mode {
-            None | Some(FailModeName::Open) => RedisFailModeKind::Open,
-            Some(FailModeName::Closed) => RedisFailModeKind::Closed,
-            Some(FailModeName::Fallback) => {
-                let Count(permits) = self.fallback_limit_for_period.ok_or_else(|| {
-                    at.err(local, "is required with redis_fail_mode = \"fallback\"")
-                })?;
-                RedisFailModeKind::Fallback(permits)
-            }
-        };
-        Ok(StoreKind::Redis(RedisSettings {
-            url: at.required("redis_url", self.redis_url.clone())?,
-            prefix: self.redis_prefix.clone(),
-            timeout: self.redis_timeout,
-            fail_mode,
-        }))
+        if fallback && self.fallback_limit_for_period.is_none() {
+            return Err(at.err(local, "is required with redis_fail_mode = \"fallback\""));
+        }
+        if self.redis_url.is_none() {
+            return Err(at.err("redis_url", "is required"));
+        }
+        Ok(())
     }
 }
 
-impl BulkheadFile {
-    fn validate(self, _: &InstancePath<'_>) -> Result<BulkheadSettings, ConfigError> {
-        Ok(BulkheadSettings {
-            max_concurrent_calls: self.max_concurrent_calls.0 as usize,
-            max_wait: self.max_wait,
-            queue_capacity: self.queue_capacity.map(|Count(n)| n as usize),
-        })
-    }
-}
-
-impl RouteFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<RouteSettings, ConfigError> {
-        let items = self.policies;
-        if items.is_empty() {
+impl RouteSettings {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        if self.policies.is_empty() {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
-        let mut policies: Vec<RoutePolicy> = Vec::with_capacity(items.len());
-        for (i, PolicyItem(item)) in items.into_iter().enumerate() {
-            let field = format!("policies[{i}]");
-            let policy = RoutePolicy {
-                limiter: item.limiter,
-                cost: item.cost.map_or(1, |Count(n)| n),
-                shadow: item.shadow,
-            };
-            if policies.iter().any(|p| p.limiter == policy.limiter) {
-                return Err(at.err(&field, format!("names `{}` a second time", policy.limiter)));
+        for (i, policy) in self.policies.iter().enumerate() {
+            if self.policies[..i]
+                .iter()
+                .any(|p| p.limiter == policy.limiter)
+            {
+                return Err(at.err(
+                    &format!("policies[{i}]"),
+                    format!("names `{}` a second time", policy.limiter),
+                ));
             }
-            policies.push(policy);
         }
-        let exempt_networks = self.exempt_networks.unwrap_or_default();
-        if !exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
+        if !self.exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
             return Err(at.err(
                 "exempt_networks",
                 "needs the `axum` feature (the TCP peer comes from axum's ConnectInfo)",
             ));
         }
-        Ok(RouteSettings {
-            policies,
-            exempt_networks,
-        })
+        Ok(())
     }
 }
 
-impl PushbackFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<PushbackSettings, ConfigError> {
-        let mut settings = PushbackSettings::default();
+impl PushbackSettings {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         // Bounded as a quota's spans are: no setting may reach the ends of a clock's range.
-        let bounded = |field: &str, span: Duration| match span > Quota::MAX_SPAN {
-            true => Err(at.err(field, "is too long (at most 2^60 ns, about 36.5 years)")),
-            false => Ok(span),
-        };
-        if let Some(wait) = self.max_wait {
-            settings.max_wait = bounded("max_wait", wait)?;
-        }
-        if let Some(hold) = self.max_hold {
-            settings.max_hold = bounded("max_hold", hold)?;
-            if hold.is_zero() {
-                return Err(at.err(
-                    "max_hold",
-                    "must be more than zero: a zero max_hold would cut every hold the \
-                     dependency asks for to nothing",
-                ));
+        for (field, span) in [("max_wait", self.max_wait), ("max_hold", self.max_hold)] {
+            if span > Quota::MAX_SPAN {
+                return Err(at.err(field, "is too long (at most 2^60 ns, about 36.5 years)"));
             }
         }
-        settings.pacing = match self.pacing {
-            None | Some(PacingName::UntilSpent) => Pacing::UntilSpent,
-            Some(PacingName::Spread) => Pacing::Spread,
+        if self.max_hold.is_zero() {
+            return Err(at.err(
+                "max_hold",
+                "must be more than zero: a zero max_hold would cut every hold the dependency \
+                 asks for to nothing",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AdaptiveBulkheadSettings {
+    /// The lowest, initial and highest limit: each as written, or its default within the
+    /// others.
+    pub(super) fn limits(&self) -> (usize, usize, usize) {
+        let limit = |value: Option<Count<MAX_LIMIT>>, default: usize| {
+            value.map_or(default, |Count(n)| n as usize)
         };
-        Ok(settings)
+        let min = limit(self.min_limit, 1);
+        let max = limit(self.max_limit, 256.max(min));
+        (
+            min,
+            limit(self.initial_limit, 8.clamp(min, max.max(min))),
+            max,
+        )
     }
-}
 
-impl ClientQuotaFile {
-    fn validate(self, _: &InstancePath<'_>) -> Result<ClientQuotaSettings, ConfigError> {
-        Ok(ClientQuotaSettings {
-            limiter: self.limiter,
-            cost: self.cost.map_or(1, |Count(n)| n),
-        })
-    }
-}
-
-impl AdaptiveBulkheadFile {
-    fn validate(self, at: &InstancePath<'_>) -> Result<AdaptiveBulkheadSettings, ConfigError> {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         if cfg!(not(feature = "adaptive")) {
             return Err(ConfigError::new(
                 at.0,
                 "an adaptive bulkhead needs the crate's `adaptive` feature, which this build lacks",
             ));
         }
-        let limit = |value: Option<Count<MAX_LIMIT>>, default: usize| {
-            value.map_or(default, |Count(n)| n as usize)
-        };
-        let min_limit = limit(self.min_limit, 1);
-        let max_limit = limit(self.max_limit, 256.max(min_limit));
-        if min_limit > max_limit {
-            return Err(at.err(
-                "min_limit",
-                format!("is {min_limit}, above max_limit ({max_limit})"),
-            ));
+        let (min, initial, max) = self.limits();
+        if min > max {
+            return Err(at.err("min_limit", format!("is {min}, above max_limit ({max})")));
         }
-        let initial_limit = limit(self.initial_limit, 8.clamp(min_limit, max_limit));
-        if !(min_limit..=max_limit).contains(&initial_limit) {
+        if !(min..=max).contains(&initial) {
             return Err(at.err(
                 "initial_limit",
-                format!(
-                    "is {initial_limit}, outside min_limit..=max_limit ({min_limit}..={max_limit})"
-                ),
+                format!("is {initial}, outside min_limit..=max_limit ({min}..={max})"),
             ));
         }
-        Ok(AdaptiveBulkheadSettings {
-            min_limit,
-            initial_limit,
-            max_limit,
-            algorithm: self.algorithm.unwrap_or_default(),
-            ignore_cancelled_calls: self.ignore_cancelled_calls,
-        })
+        let count = |n: usize| Some(Count(n as u32));
+        (self.min_limit, self.initial_limit, self.max_limit) =
+            (count(min), count(initial), count(max));
+        Ok(())
     }
 }

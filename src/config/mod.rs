@@ -86,7 +86,7 @@
 //! | `exempt_networks` | list of CIDRs (feature `axum`) | none |
 //!
 //! Outbound calls to a dependency have two more kinds: a pushback, which holds calls back as
-//! the dependency's `Retry-After` and rate-limit fields ask ([`Registry::pushback_layer`]), and
+//! the dependency's `Retry-After` and rate-limit fields ask ([`Registry::pushback`]), and
 //! a client quota, which applies one of the rate limiters above to the calls
 //! ([`Registry::client_quota_layer`]; see [`outbound`](crate::outbound)):
 //!
@@ -119,7 +119,7 @@
 //! | `cost` | integer ≥ 1, at most the limiter's `burst`: the permits each call takes | 1 |
 //!
 //! With the `adaptive` feature, a bulkhead whose limit follows the dependency
-//! ([`Registry::adaptive_bulkhead_layer`]; see `bulkhead::adaptive`):
+//! ([`Registry::adaptive_bulkhead`]; see `bulkhead::adaptive`):
 //!
 //! ```toml
 //! [adaptive_bulkheads.payment]
@@ -143,14 +143,6 @@
 //! pushback, of a client quota or of an adaptive bulkhead, whose limit moves by itself), or a
 //! bad file, is refused and changes nothing.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Duration;
-
-use crate::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
-use crate::rate_limit::Cidr;
-use crate::Quota;
-
 mod duration;
 mod error;
 mod fields;
@@ -168,348 +160,186 @@ pub use registry::{
 };
 pub use reload::Reloaded;
 
-/// Which algorithm a configured rate limiter uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AlgorithmKind {
-    /// [`Gcra`](crate::algorithm::Gcra), the default.
-    #[default]
-    Gcra,
-    /// [`FixedWindow`](crate::algorithm::FixedWindow).
-    FixedWindow,
-    /// [`SlidingLog`](crate::algorithm::SlidingLog).
-    SlidingLog,
-    /// [`SlidingCounter`](crate::algorithm::SlidingCounter).
-    SlidingCounter,
-}
-
-/// How a configured rate limiter finds the key of a request.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyKind {
-    /// The peer's IP address (IPv6 by /64), the default.
-    #[default]
-    PeerIp,
-    /// The client's IP address (IPv6 by /64) as the trusted proxies forward it, read as
-    /// [`ForwardedIp`](crate::rate_limit::ForwardedIp) reads it: a request from a peer outside
-    /// `trusted_proxies` is keyed by that peer, whatever its header says.
-    ForwardedIp {
-        /// The header the proxies write.
-        header: ForwardedHeader,
-        /// The proxies whose header is believed; never empty.
-        trusted_proxies: Vec<Cidr>,
-    },
-    /// The value of a request header, such as `x-api-key`, at most
-    /// [`HeaderKey::DEFAULT_MAX_LEN`](crate::rate_limit::HeaderKey::DEFAULT_MAX_LEN) bytes.
-    Header(http::HeaderName),
-    /// One key for every request.
-    Global,
-}
-
-/// The header that trusted proxies forward the client's address in (`forwarded_header`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For` (`"x-forwarded-for"`, the default).
-    #[default]
-    #[serde(rename = "x-forwarded-for")]
-    XForwardedFor,
-    /// RFC 7239 `Forwarded`, its `for=` parameters (`"forwarded"`).
-    #[serde(rename = "forwarded")]
-    Forwarded,
-}
-
-/// Where a configured rate limiter keeps its state.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StoreKind {
-    /// In this process's memory (the default).
-    #[default]
-    Memory,
-    /// In Redis, shared by every instance of the service (feature `redis`).
-    Redis(RedisSettings),
-}
-
-/// What a Redis-backed rate limiter does when Redis cannot answer in time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RedisFailModeKind {
-    /// Admit the request (the default): `redis_fail_mode = "open"`.
-    Open,
-    /// Refuse the request: `redis_fail_mode = "closed"`.
-    Closed,
-    /// Decide with a local in-memory limiter admitting this many per period:
-    /// `redis_fail_mode = "fallback"` with `fallback_limit_for_period`.
-    Fallback(u32),
-}
-
-/// The Redis settings of a rate limiter (`store = "redis"`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisSettings {
-    /// The server, such as `redis://127.0.0.1:6379`.
-    pub url: String,
-    /// The prefix of the limiter's keys; the store's default when absent.
-    pub prefix: Option<String>,
-    /// How long a decision may wait for Redis; the store's default when absent.
-    pub timeout: Option<Duration>,
-    /// What to do when Redis cannot answer.
-    pub fail_mode: RedisFailModeKind,
-}
-
-/// The settings of one named rate limiter.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct RateLimiterSettings {
-    /// Permits per period, burst and maximum wait: the part a reload changes in place.
-    pub quota: Quota,
-    /// The algorithm.
-    pub algorithm: AlgorithmKind,
-    /// How the key is found.
-    pub key: KeyKind,
-    /// The most keys held in memory.
-    pub max_keys: usize,
-    /// Whether log events leave client keys out.
-    pub hide_keys: bool,
-    /// Where the state lives.
-    pub store: StoreKind,
-}
-
-/// The settings of one named bulkhead.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BulkheadSettings {
-    /// The most calls in flight at once: the part a reload changes in place.
-    pub max_concurrent_calls: usize,
-    /// How long a call may wait for a permit: for a semaphore bulkhead zero (refuse at once) when
-    /// absent, for a queue bulkhead no bound when absent.
-    pub max_wait: Option<Duration>,
-    /// With a value, a queue bulkhead holding up to this many waiting calls.
-    pub queue_capacity: Option<usize>,
-}
-
-/// A route's rate limiting: the policies one layer holds (each a named rate limiter with its
-/// key, and the cost and shadow mode it has on this route) and the networks it exempts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RouteSettings {
-    /// The policies, in the order the layer asks them.
-    pub policies: Vec<RoutePolicy>,
-    /// Networks whose requests skip every policy (the TCP peer's address).
-    pub exempt_networks: Vec<Cidr>,
-}
-
-/// One policy of a route.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RoutePolicy {
-    /// The rate limiter (a name under `rate_limiters`), which is also the policy's name.
-    pub limiter: String,
-    /// The permits each request of the route costs.
-    pub cost: u32,
-    /// Whether the policy is in shadow mode (decides and counts, never refuses).
-    pub shadow: ShadowKind,
-}
-
-/// A route policy's shadow mode.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ShadowKind {
-    /// Enforced (the default).
-    #[default]
-    Off,
-    /// Never refuses; left out of the rate-limit headers (`shadow = true`).
-    Silent,
-    /// Never refuses; described in the headers as if enforced (`shadow = "advertised"`).
-    Advertised,
-}
-
-/// The settings of one named pushback (`[pushbacks.NAME]`): see
-/// [`Pushback`](crate::outbound::Pushback).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PushbackSettings {
-    /// How long a held call may wait for the hold to end; zero (the default) refuses at once.
-    pub max_wait: Duration,
-    /// The longest hold any response can impose.
-    pub max_hold: Duration,
-    /// How calls are paced by a quota the dependency advertises.
-    pub pacing: Pacing,
-}
-
-impl Default for PushbackSettings {
-    fn default() -> Self {
-        Self {
-            max_wait: Duration::ZERO,
-            max_hold: DEFAULT_MAX_HOLD,
-            pacing: Pacing::default(),
-        }
-    }
-}
-
-/// The settings of one named adaptive bulkhead (`[adaptive_bulkheads.NAME]`, feature
-/// `adaptive`): see `bulkhead::adaptive::AdaptiveBulkhead`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AdaptiveBulkheadSettings {
-    /// The lowest the limit goes.
-    pub min_limit: usize,
-    /// The limit it starts at.
-    pub initial_limit: usize,
-    /// The highest the limit goes.
-    pub max_limit: usize,
-    /// How the limit follows the dependency.
-    pub algorithm: AdaptiveAlgorithmKind,
-    /// Whether a call dropped before it ended (a timeout above) is no sample at all, rather
-    /// than an overload signal.
-    pub ignore_cancelled_calls: bool,
-}
-
-/// The algorithm of an adaptive bulkhead.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AdaptiveAlgorithmKind {
-    /// Additive increase, multiplicative decrease (`aimd`, the default).
-    #[default]
-    Aimd,
-    /// Delay-based (`gradient`).
-    Gradient,
-}
-
-/// The settings of one named client quota (`[client_quotas.NAME]`): a rate limiter applied to
-/// outbound calls, see [`ClientQuotaLayer`](crate::outbound::ClientQuotaLayer).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClientQuotaSettings {
-    /// The rate limiter (a name under `rate_limiters`) whose quota the calls draw on.
-    pub limiter: String,
-    /// The permits each call takes.
-    pub cost: u32,
-}
-
-/// A parsed and validated configuration: named rate limiters, bulkheads and routes.
-#[derive(Clone, Debug, PartialEq, Default)]
-#[non_exhaustive]
-pub struct Config {
-    /// Rate limiters by name.
-    pub rate_limiters: BTreeMap<String, RateLimiterSettings>,
-    /// Bulkheads by name.
-    pub bulkheads: BTreeMap<String, BulkheadSettings>,
-    /// Routes by name: several rate limiters on one layer.
-    pub routes: BTreeMap<String, RouteSettings>,
-    /// Pushbacks by name: outbound calls held back as a dependency asks.
-    pub pushbacks: BTreeMap<String, PushbackSettings>,
-    /// Client quotas by name: a rate limiter applied to outbound calls.
-    pub client_quotas: BTreeMap<String, ClientQuotaSettings>,
-    /// Adaptive bulkheads by name (feature `adaptive`).
-    pub adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
-}
+use file::Config;
 
 impl Config {
-    /// Parses and validates a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the field at fault (`rate_limiters.api.burst`) with its line
-    /// and column: text that is not TOML, an unknown section or field, a value of the wrong
-    /// type or out of range, a duration without a unit, or a name that points nowhere.
-    ///
-    /// ```
-    /// use tower_bulwark::config::Config;
-    ///
-    /// let text = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = 1\n";
-    /// let err = Config::from_toml_str(text).unwrap_err();
-    /// assert_eq!(err.path(), "rate_limiters.api.limit_refresh_period");
-    /// assert_eq!(err.position(), Some((3, 24)));
-    /// assert!(err.message().contains("no unit"));
-    /// ```
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let file: file::File =
+    /// Parses and validates a TOML document; an error names the field at fault with its line
+    /// and column.
+    fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let mut config: Self =
             toml::from_str(text).map_err(|e| ConfigError::from_toml(text, &e))?;
-        file.validate().map_err(|e| e.located_in(text))
+        config.validate().map_err(|e| e.located_in(text))?;
+        Ok(config)
+    }
+}
+
+/// What a file parses into, where the registry's instances do not show it.
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::fields::Count;
+    use super::file::*;
+    use super::Config;
+    use crate::outbound::pushback::DEFAULT_MAX_HOLD;
+    use crate::Quota;
+
+    fn parse(text: &str) -> Config {
+        Config::from_toml_str(text).unwrap()
     }
 
-    /// Reads, parses and validates a TOML file.
-    ///
-    /// # Errors
-    ///
-    /// A file that cannot be read, or one [`from_toml_str`](Self::from_toml_str) refuses.
-    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::from_toml_str(&ConfigError::read(path.as_ref())?)
+    #[test]
+    fn a_good_file_means_what_it_says() {
+        let config = parse(
+            "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             algorithm = \"gcra\"\nkey = \"peer_ip\"\n\
+             [rate_limiters.partners]\nlimit_for_period = 1000\nlimit_refresh_period = \"1h\"\n\
+             algorithm = \"sliding_log\"\nkey = \"header:x-api-key\"\nmax_keys = 5000\n\
+             hide_keys = true\n\
+             [bulkheads.payment]\nmax_concurrent_calls = 2\n\
+             [bulkheads.inventory]\nmax_concurrent_calls = 8\nqueue_capacity = 16\n",
+        );
+        let api = &config.rate_limiters["api"];
+        assert_eq!(api.algorithm, AlgorithmKind::Gcra);
+        assert_eq!(api.key, KeyKind::PeerIp);
+        assert_eq!(api.max_keys, Count(crate::limiter::DEFAULT_MAX_KEYS as u32));
+        assert!(!api.hide_keys);
+        let partners = &config.rate_limiters["partners"];
+        assert_eq!(partners.algorithm, AlgorithmKind::SlidingLog);
+        let header = http::HeaderName::from_static("x-api-key");
+        assert_eq!(partners.key, KeyKind::Header(header));
+        assert_eq!(partners.max_keys, Count(5000));
+        assert!(partners.hide_keys);
+        assert_eq!(config.bulkheads["payment"].queue_capacity, None);
+        assert_eq!(
+            config.bulkheads["inventory"].queue_capacity,
+            Some(Count(16))
+        );
     }
 
-    /// Checks the names instances give each other: a route's and a client quota's rate
-    /// limiters exist, and no bulkhead of either kind shares a name.
-    fn check_names(&self) -> Result<(), ConfigError> {
-        // Bulkheads of both kinds report under one metric name, by name: names must differ.
-        if let Some(name) = self
-            .adaptive_bulkheads
-            .keys()
-            .find(|name| self.bulkheads.contains_key(*name))
-        {
-            return Err(ConfigError::new(
-                format!("adaptive_bulkheads.{name}"),
-                format!(
-                    "has the name of `bulkheads.{name}`; a bulkhead's metrics and health are \
-                     keyed by its name, so the two kinds share one namespace"
-                ),
-            ));
+    #[test]
+    fn a_forwarded_key_reads_its_proxies_and_header() {
+        let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+                    key = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::/32\"]\n";
+        let proxies = ["10.0.0.0/8", "2001:db8::/32"].map(|c| c.parse().unwrap());
+        for (extra, header) in [
+            ("", ForwardedHeader::XForwardedFor),
+            (
+                "forwarded_header = \"x-forwarded-for\"\n",
+                ForwardedHeader::XForwardedFor,
+            ),
+            (
+                "forwarded_header = \"forwarded\"\n",
+                ForwardedHeader::Forwarded,
+            ),
+        ] {
+            let config = parse(&format!("{base}{extra}"));
+            let api = &config.rate_limiters["api"];
+            assert_eq!(api.key, KeyKind::ForwardedIp);
+            assert_eq!(api.trusted_proxies.as_deref(), Some(&proxies[..]));
+            // Filled in when left out, so that a reload sees the same setting either way.
+            assert_eq!(api.forwarded_header, Some(header));
         }
-        for (name, route) in &self.routes {
-            for (i, policy) in route.policies.iter().enumerate() {
-                self.limiter(&format!("routes.{name}.policies[{i}]"), &policy.limiter)?;
-            }
-        }
-        for (name, quota) in &self.client_quotas {
-            self.check_client_quota(name, quota)?;
-        }
-        Ok(())
     }
 
-    /// Rate limiter `name`, which the setting at `path` names.
-    fn limiter(&self, path: &str, name: &str) -> Result<&RateLimiterSettings, ConfigError> {
-        self.rate_limiters.get(name).ok_or_else(|| {
-            ConfigError::new(
-                path,
-                format!("names `{name}`, which is not under `rate_limiters`"),
-            )
-        })
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_settings_are_read() {
+        let config = parse(
+            "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\n\
+             redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3\n\
+             redis_timeout = \"50ms\"\n\
+             [rate_limiters.open]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\n",
+        );
+        let api = &config.rate_limiters["api"];
+        assert_eq!(api.store, StoreKind::Redis);
+        assert_eq!(api.redis_fail_mode, Some(RedisFailModeKind::Fallback));
+        assert_eq!(api.fallback_limit_for_period, Some(Count(3)));
+        assert_eq!(api.redis_timeout, Some(Duration::from_millis(50)));
+        let open = &config.rate_limiters["open"];
+        assert_eq!(open.redis_fail_mode, Some(RedisFailModeKind::Open));
     }
 
-    /// A client quota's rate limiter must count every call under one key, and be able to grant
-    /// a call's cost.
-    fn check_client_quota(
-        &self,
-        name: &str,
-        quota: &ClientQuotaSettings,
-    ) -> Result<(), ConfigError> {
-        let path = format!("client_quotas.{name}");
-        let limiter = self.limiter(&format!("{path}.limiter"), &quota.limiter)?;
-        if limiter.key != KeyKind::Global {
-            return Err(ConfigError::new(
-                format!("{path}.limiter"),
-                format!(
-                    "names `{0}`, whose key is not \"global\"; an outbound call has no client to \
-                     key by, so a client quota counts every call under one key: give \
-                     `rate_limiters.{0}` key = \"global\"",
-                    quota.limiter
-                ),
-            ));
-        }
-        if quota.cost > limiter.quota.burst() {
-            return Err(ConfigError::new(
-                format!("{path}.cost"),
-                format!(
-                    "is {}, more than the burst of rate limiter `{}` ({}): no call could ever be \
-                     sent",
-                    quota.cost,
-                    quota.limiter,
-                    limiter.quota.burst()
-                ),
-            ));
-        }
-        Ok(())
+    #[test]
+    fn adaptive_bulkheads_parse_with_their_defaults() {
+        let config = parse(
+            "[adaptive_bulkheads.payment]\nmin_limit = 2\ninitial_limit = 4\nmax_limit = 32\n\
+             algorithm = \"gradient\"\nignore_cancelled_calls = true\n\
+             [adaptive_bulkheads.search]\n",
+        );
+        let payment = &config.adaptive_bulkheads["payment"];
+        assert_eq!(payment.limits(), (2, 4, 32));
+        assert_eq!(payment.algorithm, AdaptiveAlgorithmKind::Gradient);
+        assert!(payment.ignore_cancelled_calls);
+        let search = &config.adaptive_bulkheads["search"];
+        assert_eq!(search.limits(), (1, 8, 256));
+        assert_eq!(search.algorithm, AdaptiveAlgorithmKind::Aimd);
+        assert!(!search.ignore_cancelled_calls);
+    }
+
+    #[test]
+    fn outbound_sections_parse_with_their_defaults() {
+        let config = parse(
+            "[rate_limiters.partner-quota]\nlimit_for_period = 3\nlimit_refresh_period = \"1h\"\n\
+             key = \"global\"\n\
+             [pushbacks.partner]\nmax_wait = \"2s\"\nmax_hold = \"5m\"\npacing = \"spread\"\n\
+             [pushbacks.defaults]\n\
+             [pushbacks.until-spent]\npacing = \"until_spent\"\n\
+             [client_quotas.partner]\nlimiter = \"partner-quota\"\n\
+             [client_quotas.partner-bulk]\nlimiter = \"partner-quota\"\ncost = 2\n",
+        );
+        let partner = &config.pushbacks["partner"];
+        assert_eq!(partner.max_wait, Duration::from_secs(2));
+        assert_eq!(partner.max_hold, Duration::from_secs(300));
+        assert_eq!(partner.pacing, PacingKind::Spread);
+        let defaults = &config.pushbacks["defaults"];
+        assert_eq!(defaults.max_wait, Duration::ZERO);
+        assert_eq!(defaults.max_hold, DEFAULT_MAX_HOLD);
+        assert_eq!(defaults.pacing, PacingKind::UntilSpent);
+        assert_eq!(
+            config.pushbacks["until-spent"].pacing,
+            PacingKind::UntilSpent
+        );
+        let quota = &config.client_quotas["partner"];
+        assert_eq!(
+            (quota.limiter.as_str(), quota.cost),
+            ("partner-quota", Count(1))
+        );
+        assert_eq!(config.client_quotas["partner-bulk"].cost, Count(2));
+        // 2^60 ns, `Quota::MAX_SPAN`, is the longest wait.
+        let max = Quota::MAX_SPAN.as_nanos();
+        let at_bound = parse(&format!("[pushbacks.p]\nmax_wait = \"{max}ns\"\n"));
+        assert_eq!(at_bound.pushbacks["p"].max_wait, Quota::MAX_SPAN);
+    }
+
+    #[test]
+    fn a_route_parses_into_its_policies() {
+        let config = parse(
+            "[rate_limiters.per-ip]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             [rate_limiters.per-key]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             [rate_limiters.next-quota]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             [routes.search]\npolicies = [\"per-ip\", { limiter = \"per-key\", cost = 5 }, \
+             { limiter = \"next-quota\", shadow = true }]\nexempt_networks = [\"10.0.0.0/8\"]\n\
+             [routes.items]\npolicies = [\"per-ip\", { limiter = \"per-key\", shadow = \
+             \"advertised\" }]\n",
+        );
+        let search = &config.routes["search"];
+        let got: Vec<_> = (search.policies.iter())
+            .map(|p| (p.limiter.as_str(), p.cost.0, p.shadow))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("per-ip", 1, ShadowKind::Off),
+                ("per-key", 5, ShadowKind::Off),
+                ("next-quota", 1, ShadowKind::Silent)
+            ]
+        );
+        assert_eq!(search.exempt_networks.len(), 1);
+        let items = &config.routes["items"];
+        assert_eq!(items.policies[1].shadow, ShadowKind::Advertised);
+        assert!(items.exempt_networks.is_empty());
     }
 }

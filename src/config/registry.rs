@@ -1,4 +1,4 @@
-//! The registry of named instances built from a [`Config`].
+//! The registry of named instances built from a configuration file.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -11,16 +11,17 @@ use crate::head::RequestHead;
 use http::HeaderValue;
 
 #[cfg(feature = "adaptive")]
-use super::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
-use super::{
-    AlgorithmKind, BulkheadSettings, Config, ConfigError, KeyKind, PushbackSettings,
+use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
+use super::file::{
+    AlgorithmKind, BulkheadSettings, Config, KeyKind, PacingKind, PushbackSettings,
     RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
 };
+use super::ConfigError;
 #[cfg(feature = "adaptive")]
-use crate::bulkhead::adaptive::{AdaptiveBulkhead, AdaptiveBulkheadLayer, Aimd, Gradient, Limits};
-use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadLayer};
+use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder};
 use crate::observe::Observed;
-use crate::outbound::pushback::{Pushback, PushbackLayer};
+use crate::outbound::pushback::{Pacing, Pushback};
 use crate::outbound::quota::{ClientQuotaLayer, FixedCost, QuotaKey};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
@@ -148,8 +149,13 @@ type StoreFailures = Arc<dyn Fn() -> u64 + Send + Sync>;
 /// Says why a quota cannot be given to a limiter, if it cannot.
 type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
 
-/// Named rate limiters and bulkheads, built once from a configuration and shared by every layer
-/// taken from it.
+/// Named rate limiters and bulkheads, built once from a TOML file (see [the module](super) for
+/// its fields) and shared by every layer taken from it.
+///
+/// Rate limiters and routes give layers ([`rate_limit_layer`](Self::rate_limit_layer),
+/// [`route_layer`](Self::route_layer)), as client quotas do
+/// ([`client_quota_layer`](Self::client_quota_layer)); bulkheads and pushbacks are instances,
+/// each with its `layer()`.
 ///
 /// ```
 /// use tower_bulwark::config::Registry;
@@ -164,7 +170,7 @@ type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
 ///     max_concurrent_calls = 2
 /// "#)?;
 /// let api = registry.rate_limit_layer("api")?;
-/// let payment = registry.bulkhead_layer("payment")?;
+/// let payment = registry.bulkhead("payment")?.layer();
 /// assert!(registry.rate_limit_layer("nope").is_err());
 /// # let _ = (api, payment);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -201,33 +207,53 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// Builds every instance of `config`.
+    /// Reads, parses, validates and builds a TOML file.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] at the path of the instance that cannot be built: a name given to
-    /// another instance that is not configured (checked as for a file), a rate limiter's name
-    /// that cannot be a policy name, a Redis limiter outside a tokio runtime or with a bad URL,
-    /// adaptive bounds out of order.
-    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
-        Self::from_config_with(config, |_, builder| builder)
+    /// A file that cannot be read, or one [`from_toml_str`](Self::from_toml_str) refuses.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::from_toml_str(&ConfigError::read(path.as_ref())?)
     }
 
-    /// Builds every instance of `config`, passing each bulkhead's builder, with the file's
-    /// settings (and, with the `metrics` feature, the metrics hooks) already applied, through
-    /// `customize` before it is built: the place to add your own event hooks, which run after
-    /// the registry's.
+    /// Parses, validates and builds a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field at fault (`rate_limiters.api.burst`) with its line
+    /// and column: text that is not TOML, an unknown section or field, a value of the wrong
+    /// type or out of range, a duration without a unit, a name that points nowhere, or an
+    /// instance that cannot be built (a name that cannot be a policy name, a Redis limiter
+    /// outside a tokio runtime or with a bad URL).
+    ///
+    /// ```
+    /// use tower_bulwark::config::Registry;
+    ///
+    /// let text = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = 1\n";
+    /// let err = Registry::from_toml_str(text).unwrap_err();
+    /// assert_eq!(err.path(), "rate_limiters.api.limit_refresh_period");
+    /// assert_eq!(err.position(), Some((3, 24)));
+    /// assert!(err.message().contains("no unit"));
+    /// ```
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        Self::from_toml_str_with(text, |_, builder| builder)
+    }
+
+    /// [`from_toml_str`](Self::from_toml_str), passing each bulkhead's builder, with the
+    /// file's settings (and, with the `metrics` feature, the metrics hooks) already applied,
+    /// through `customize` before it is built: the place to add your own event hooks, which
+    /// run after the registry's.
     ///
     /// ```
     /// use std::sync::atomic::{AtomicU64, Ordering};
     /// use std::sync::Arc;
     /// use tower_bulwark::bulkhead::CallRejected;
-    /// use tower_bulwark::config::{Config, Registry};
+    /// use tower_bulwark::config::Registry;
     ///
-    /// let config = Config::from_toml_str("[bulkheads.payment]\nmax_concurrent_calls = 2\n")?;
+    /// let text = "[bulkheads.payment]\nmax_concurrent_calls = 2\n"; // or std::fs::read_to_string
     /// let rejected = Arc::new(AtomicU64::new(0));
     /// let counter = Arc::clone(&rejected);
-    /// let registry = Registry::from_config_with(&config, move |name, builder| {
+    /// let registry = Registry::from_toml_str_with(text, move |name, builder| {
     ///     let counter = Arc::clone(&counter);
     ///     let name = name.to_owned();
     ///     builder.on_call_rejected(move |_: &CallRejected<'_>| {
@@ -238,13 +264,23 @@ impl Registry {
     /// # let _ = registry;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn from_config_with(
-        config: &Config,
+    ///
+    /// # Errors
+    ///
+    /// As [`from_toml_str`](Self::from_toml_str).
+    pub fn from_toml_str_with(
+        text: &str,
+        customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
+    ) -> Result<Self, ConfigError> {
+        let config = Config::from_toml_str(text)?;
+        Self::build(config, customize).map_err(|e| e.located_in(text))
+    }
+
+    /// Builds every instance of a validated `config`.
+    fn build(
+        config: Config,
         mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
     ) -> Result<Self, ConfigError> {
-        // The file's checks of the names instances give each other, for a `Config` built in
-        // code too: below, every name a client quota gives is a limiter.
-        config.check_names()?;
         let limiters = config
             .rate_limiters
             .iter()
@@ -263,6 +299,7 @@ impl Registry {
             .iter()
             .map(|(name, settings)| (name.clone(), build_pushback(name, settings)))
             .collect();
+        // The validation made sure that every client quota names a rate limiter.
         let client_quotas = config
             .client_quotas
             .iter()
@@ -270,7 +307,7 @@ impl Registry {
                 let limiter = limiters[&settings.limiter].limiter.clone();
                 let layer = ClientQuotaLayer::new(name.as_str(), limiter)
                     .key(GlobalConfigKey)
-                    .cost(settings.cost);
+                    .cost(settings.cost.0);
                 (name.clone(), layer)
             })
             .collect();
@@ -288,28 +325,8 @@ impl Registry {
             adaptive_bulkheads,
             client_quotas,
             routes: config.routes.clone(),
-            running: Mutex::new(config.clone()),
+            running: Mutex::new(config),
         })
-    }
-
-    /// Parses, validates and builds a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// A document [`Config::from_toml_str`] refuses, or an instance that cannot be built (a
-    /// name that cannot be a policy name, a Redis limiter outside a tokio runtime), at its path
-    /// with its line and column.
-    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        Self::from_config(&Config::from_toml_str(text)?).map_err(|e| e.located_in(text))
-    }
-
-    /// Reads, parses, validates and builds a TOML file.
-    ///
-    /// # Errors
-    ///
-    /// A file that cannot be read, or one [`from_toml_str`](Self::from_toml_str) refuses.
-    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        Self::from_toml_str(&ConfigError::read(path.as_ref())?)
     }
 
     /// The layer of rate limiter `name`; every layer taken for one name shares its state.
@@ -354,7 +371,7 @@ impl Registry {
         let route = find(&self.routes, "route", name)?;
         let mut policies = Vec::with_capacity(route.policies.len());
         for p in &route.policies {
-            let policy = self.policy(&p.limiter)?.cost(p.cost);
+            let policy = self.policy(&p.limiter)?.cost(p.cost.0);
             policies.push(match p.shadow {
                 ShadowKind::Off => policy,
                 ShadowKind::Silent => policy.shadow(),
@@ -386,42 +403,24 @@ impl Registry {
         Ok(&self.named(name)?.limiter)
     }
 
-    /// Bulkhead `name`, to read its snapshot or resize it.
+    /// Bulkhead `name`: its [`layer`](Bulkhead::layer) (every layer taken from it shares its
+    /// permits), its snapshot, its size.
     pub fn bulkhead(&self, name: &str) -> Result<&Bulkhead, UnknownInstance> {
         find(&self.bulkheads, "bulkhead", name)
     }
 
-    /// The layer of bulkhead `name`.
-    pub fn bulkhead_layer(&self, name: &str) -> Result<BulkheadLayer, UnknownInstance> {
-        Ok(self.bulkhead(name)?.layer())
-    }
-
-    /// Adaptive bulkhead `name` (under `adaptive_bulkheads`), to read its limit or snapshot.
+    /// Adaptive bulkhead `name` (under `adaptive_bulkheads`): its `layer()`, judging answers
+    /// with the default classifier ([`HttpOverload`](crate::bulkhead::adaptive::HttpOverload)),
+    /// or its `layer_with` another; its limit and snapshot. Every layer taken from it shares
+    /// one limit.
     #[cfg(feature = "adaptive")]
     pub fn adaptive_bulkhead(&self, name: &str) -> Result<&AdaptiveBulkhead, UnknownInstance> {
         find(&self.adaptive_bulkheads, "adaptive bulkhead", name)
     }
 
-    /// The layer of adaptive bulkhead `name`, judging answers with the default classifier
-    /// ([`HttpOverload`](crate::bulkhead::adaptive::HttpOverload)); every layer taken for one
-    /// name shares one limit. For another classifier, take the bulkhead with
-    /// [`adaptive_bulkhead`](Self::adaptive_bulkhead) and call its `layer_with`.
-    #[cfg(feature = "adaptive")]
-    pub fn adaptive_bulkhead_layer(
-        &self,
-        name: &str,
-    ) -> Result<AdaptiveBulkheadLayer, UnknownInstance> {
-        Ok(self.adaptive_bulkhead(name)?.layer())
-    }
-
-    /// Pushback `name` (under `pushbacks`), to read how long it holds calls or to
-    /// [`observe`](Pushback::observe) a response obtained without its layer.
-    pub fn pushback(&self, name: &str) -> Result<&Pushback, UnknownInstance> {
-        find(&self.pushbacks, "pushback", name)
-    }
-
-    /// The layer of pushback `name`: every layer taken for one name shares what the
-    /// dependency said.
+    /// Pushback `name` (under `pushbacks`): its [`layer`](Pushback::layer) (every layer taken
+    /// from it shares what the dependency said), how long it holds calls, and
+    /// [`observe`](Pushback::observe) for a response obtained without its layer.
     ///
     /// ```
     /// use tower::ServiceBuilder;
@@ -442,14 +441,14 @@ impl Registry {
     /// // Pushback before the client quota: a call the partner asked you not to make spends no
     /// // permit (see `tower_bulwark::outbound` for the whole order).
     /// let client = ServiceBuilder::new()
-    ///     .layer(registry.pushback_layer("partner")?)
+    ///     .layer(registry.pushback("partner")?.layer())
     ///     .layer(registry.client_quota_layer("partner")?)
     ///     .service(reqwest::Client::new());
     /// # let _ = client;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn pushback_layer(&self, name: &str) -> Result<PushbackLayer, UnknownInstance> {
-        Ok(self.pushback(name)?.layer())
+    pub fn pushback(&self, name: &str) -> Result<&Pushback, UnknownInstance> {
+        find(&self.pushbacks, "pushback", name)
     }
 
     /// The layer of client quota `name` (under `client_quotas`): each call takes the configured
@@ -473,15 +472,16 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
     let path = format!("rate_limiters.{name}");
     crate::rate_limit::check_policy_name(name)
         .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
-    let (limiter, store_failures, quota_check) = match &s.store {
-        StoreKind::Memory => (memory_limiter(s), None, None),
+    let quota = s.quota(&path)?;
+    let (limiter, store_failures, quota_check) = match s.store {
+        StoreKind::Memory => (memory_limiter(s, quota), None, None),
         #[cfg(feature = "redis")]
-        StoreKind::Redis(redis) => {
-            let (limiter, failures, check) = redis_limiter(&path, s, redis)?;
+        StoreKind::Redis => {
+            let (limiter, failures, check) = redis_limiter(&path, s, quota)?;
             (limiter, Some(failures), Some(check))
         }
         #[cfg(not(feature = "redis"))]
-        StoreKind::Redis(_) => {
+        StoreKind::Redis => {
             return Err(ConfigError::new(
                 format!("{path}.store"),
                 "`redis` needs the crate's `redis` feature, which this build lacks",
@@ -490,47 +490,50 @@ fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, Co
     };
     Ok(NamedLimiter {
         limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
-        extractor: key_extractor(&s.key).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
+        extractor: key_extractor(s).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
         store_failures,
         quota_check,
     })
 }
 
-fn memory_limiter(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
-    fn keyed<A: crate::algorithm::Algorithm>(s: &RateLimiterSettings) -> BoxLimiter<ConfigKey> {
+fn memory_limiter(s: &RateLimiterSettings, quota: Quota) -> BoxLimiter<ConfigKey> {
+    fn keyed<A: crate::algorithm::Algorithm>(
+        quota: Quota,
+        max_keys: usize,
+    ) -> BoxLimiter<ConfigKey> {
         BoxLimiter::new(
-            KeyedRateLimiter::<ConfigKey>::builder(s.quota)
+            KeyedRateLimiter::<ConfigKey>::builder(quota)
                 .algorithm::<A>()
-                .max_keys(s.max_keys)
+                .max_keys(max_keys)
                 .build(),
         )
     }
+    let max_keys = s.max_keys.0 as usize;
     match s.algorithm {
-        AlgorithmKind::Gcra => keyed::<Gcra>(s),
-        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(s),
-        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(s),
-        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(s),
+        AlgorithmKind::Gcra => keyed::<Gcra>(quota, max_keys),
+        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(quota, max_keys),
+        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(quota, max_keys),
+        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(quota, max_keys),
     }
 }
 
-fn key_extractor(key: &KeyKind) -> Result<ConfigKeyExtractor, &'static str> {
-    let extract = match key {
+fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtractor, &'static str> {
+    let extract = match &s.key {
         #[cfg(feature = "axum")]
         KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
         #[cfg(feature = "axum")]
-        KeyKind::ForwardedIp {
-            header,
-            trusted_proxies,
-        } => {
+        KeyKind::ForwardedIp => {
+            use super::file::ForwardedHeader;
             use crate::rate_limit::ForwardedIp;
-            let trusted = trusted_proxies.iter().copied();
-            Extract::Forwarded(match header {
-                super::ForwardedHeader::XForwardedFor => ForwardedIp::x_forwarded_for(trusted),
-                super::ForwardedHeader::Forwarded => ForwardedIp::forwarded(trusted),
+            // The validation made sure that a forwarded key has proxies.
+            let trusted = s.trusted_proxies.iter().flatten().copied();
+            Extract::Forwarded(match s.forwarded_header.unwrap_or_default() {
+                ForwardedHeader::XForwardedFor => ForwardedIp::x_forwarded_for(trusted),
+                ForwardedHeader::Forwarded => ForwardedIp::forwarded(trusted),
             })
         }
         #[cfg(not(feature = "axum"))]
-        KeyKind::PeerIp | KeyKind::ForwardedIp { .. } => {
+        KeyKind::PeerIp | KeyKind::ForwardedIp => {
             return Err(
                 "`peer_ip` and `forwarded_ip` read axum's connection info: enable the \
                         `axum` feature",
@@ -557,7 +560,7 @@ impl crate::redis::RedisKey for ConfigKey {
 fn redis_limiter(
     path: &str,
     s: &RateLimiterSettings,
-    redis: &super::RedisSettings,
+    quota: Quota,
 ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
     use crate::redis::{RedisAlgorithm, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore};
 
@@ -567,14 +570,15 @@ fn redis_limiter(
             "a Redis limiter must be built inside a tokio runtime",
         ));
     }
-    let store = RedisStore::connect_lazy(&redis.url)
+    let url = (s.redis_url.as_deref()).expect("the validation requires a Redis store's URL");
+    let store = RedisStore::connect_lazy(url)
         .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
     let mut builder =
-        RedisRateLimiter::builder(s.quota, store).fail_mode(redis_fail_mode(path, s, redis)?);
-    if let Some(prefix) = &redis.prefix {
+        RedisRateLimiter::builder(quota, store).fail_mode(redis_fail_mode(path, s, quota)?);
+    if let Some(prefix) = &s.redis_prefix {
         builder = builder.prefix(prefix.clone());
     }
-    if let Some(timeout) = redis.timeout {
+    if let Some(timeout) = s.redis_timeout {
         builder = builder.timeout(timeout);
     }
     fn build<A: RedisAlgorithm>(
@@ -611,20 +615,23 @@ fn redis_limiter(
 fn redis_fail_mode(
     path: &str,
     s: &RateLimiterSettings,
-    redis: &super::RedisSettings,
+    quota: Quota,
 ) -> Result<crate::redis::RedisFailMode, ConfigError> {
-    use super::RedisFailModeKind;
+    use super::file::RedisFailModeKind;
     use crate::redis::RedisFailMode;
 
-    Ok(match redis.fail_mode {
+    Ok(match s.redis_fail_mode.unwrap_or_default() {
         RedisFailModeKind::Open => RedisFailMode::Open,
         RedisFailModeKind::Closed => RedisFailMode::Closed(
-            s.quota
+            quota
                 .emission_interval()
                 .max(std::time::Duration::from_secs(1)),
         ),
-        RedisFailModeKind::Fallback(permits) => {
-            let local = Quota::with_period(permits, s.quota.period()).map_err(|e| {
+        RedisFailModeKind::Fallback => {
+            let permits = (s.fallback_limit_for_period)
+                .expect("the validation requires fallback_limit_for_period with a fallback")
+                .0;
+            let local = Quota::with_period(permits, quota.period()).map_err(|e| {
                 ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
             })?;
             RedisFailMode::fallback(local)
@@ -637,8 +644,8 @@ fn build_adaptive_bulkhead(
     name: &str,
     s: &AdaptiveBulkheadSettings,
 ) -> Result<AdaptiveBulkhead, ConfigError> {
-    // `Config` checked the bounds; a `Config` built in code may not have been.
-    let limits = Limits::new(s.min_limit, s.initial_limit, s.max_limit)
+    let (min, initial, max) = s.limits();
+    let limits = Limits::new(min, initial, max)
         .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
     let builder = AdaptiveBulkhead::builder(name).limits(limits);
     let builder = match s.algorithm {
@@ -657,14 +664,19 @@ fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
     Pushback::builder(name)
         .max_wait(s.max_wait)
         .max_hold(s.max_hold)
-        .pacing(s.pacing)
+        .pacing(match s.pacing {
+            PacingKind::UntilSpent => Pacing::UntilSpent,
+            PacingKind::Spread => Pacing::Spread,
+        })
         .build()
 }
 
 fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
     let mut builder = match s.queue_capacity {
-        Some(capacity) => Bulkhead::queue(name, s.max_concurrent_calls, capacity),
-        None => Bulkhead::semaphore(name, s.max_concurrent_calls),
+        Some(capacity) => {
+            Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
+        }
+        None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
     };
     if let Some(wait) = s.max_wait {
         builder = builder.max_wait(wait);

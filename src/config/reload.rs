@@ -6,10 +6,11 @@ use std::fmt;
 use std::path::Path;
 use std::sync::PoisonError;
 
-use super::{
-    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, ConfigError, KeyKind,
-    PushbackSettings, RateLimiterSettings, Registry, RouteSettings, StoreKind,
+use super::file::{
+    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, PushbackSettings,
+    RateLimiterSettings, RouteSettings,
 };
+use super::{ConfigError, Registry};
 use crate::Limiter;
 
 /// What a reload applied: the instances whose settings changed, by name, in name order.
@@ -23,8 +24,9 @@ pub struct Reloaded {
 }
 
 impl Registry {
-    /// Applies `config` to the running instances, in place: the layers and services already
-    /// built from them see the change at once, and every key keeps its state.
+    /// Reads the file again and applies it to the running instances, in place: the layers and
+    /// services already built from them see the change at once, and every key keeps its state.
+    /// The way to apply an operator's edit of the file the registry was built from.
     ///
     /// What changes in place: a rate limiter's quota (`limit_for_period`,
     /// `limit_refresh_period`, `burst`, `max_wait`), given to its limiter as
@@ -45,72 +47,6 @@ impl Registry {
     /// place with it. (Build a new registry for those, and take new layers from it.) A Redis
     /// limiter's fail mode keeps what it was built from; Redis limiters in other processes
     /// keep their quota until their own registry reloads (the quota travels with each call).
-    ///
-    /// # Errors
-    ///
-    /// A refused reload, or one with a quota a Redis script cannot run, changes nothing.
-    /// Reloads apply one at a time.
-    pub fn reload_config(&self, config: &Config) -> Result<Reloaded, ConfigError> {
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = &*running;
-        same_instances("rate_limiters", &now.rate_limiters, &config.rate_limiters)?;
-        same_instances("bulkheads", &now.bulkheads, &config.bulkheads)?;
-        same_instances("pushbacks", &now.pushbacks, &config.pushbacks)?;
-        same_instances("client_quotas", &now.client_quotas, &config.client_quotas)?;
-        same_instances(
-            "adaptive_bulkheads",
-            &now.adaptive_bulkheads,
-            &config.adaptive_bulkheads,
-        )?;
-        same_instances("routes", &now.routes, &config.routes)?;
-        let quotas: Vec<_> = config
-            .rate_limiters
-            .iter()
-            .filter(|(name, next)| now.rate_limiters[*name].quota != next.quota)
-            .collect();
-        for (name, next) in &quotas {
-            if let Some(check) = &self.limiters[*name].quota_check {
-                check(&next.quota)
-                    .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e))?;
-            }
-        }
-        // Everything checked: apply.
-        let mut reloaded = Reloaded::default();
-        for (name, next) in quotas {
-            self.limiters[name]
-                .limiter
-                .set_quota(next.quota)
-                .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e.to_string()))?;
-            reloaded.rate_limiters.push(name.clone());
-        }
-        for (name, next) in &config.bulkheads {
-            if now.bulkheads[name].max_concurrent_calls != next.max_concurrent_calls {
-                self.bulkheads[name].set_max_concurrent_calls(next.max_concurrent_calls);
-                reloaded.bulkheads.push(name.clone());
-            }
-        }
-        *running = config.clone();
-        Ok(reloaded)
-    }
-
-    /// [`reload_config`](Self::reload_config) with a TOML document.
-    ///
-    /// # Errors
-    ///
-    /// A document that does not parse or validate is an error as
-    /// [`from_toml_str`](Self::from_toml_str) reports it, and changes nothing; so is a change
-    /// [`reload_config`](Self::reload_config) refuses.
-    pub fn reload_toml_str(&self, text: &str) -> Result<Reloaded, ConfigError> {
-        self.reload_config(&Config::from_toml_str(text)?)
-            .map_err(|e| e.located_in(text))
-    }
-
-    /// [`reload_config`](Self::reload_config) with a TOML file, read again: the way to apply
-    /// an operator's edit of the file the registry was built from.
-    ///
-    /// # Errors
-    ///
-    /// As [`reload_toml_str`](Self::reload_toml_str), and a file that cannot be read.
     ///
     /// ```no_run
     /// use std::sync::Arc;
@@ -133,8 +69,69 @@ impl Registry {
     /// # Ok(())
     /// # }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read, one [`from_toml_str`](Self::from_toml_str) refuses, a
+    /// refused change, or a quota a Redis script cannot run: the error changes nothing.
+    /// Reloads apply one at a time.
     pub fn reload_path(&self, path: impl AsRef<Path>) -> Result<Reloaded, ConfigError> {
         self.reload_toml_str(&ConfigError::read(path.as_ref())?)
+    }
+
+    /// [`reload_path`](Self::reload_path) with a TOML document.
+    ///
+    /// # Errors
+    ///
+    /// As [`reload_path`](Self::reload_path), for a document.
+    pub fn reload_toml_str(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        let config = Config::from_toml_str(text)?;
+        self.reload(config).map_err(|e| e.located_in(text))
+    }
+
+    fn reload(&self, config: Config) -> Result<Reloaded, ConfigError> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = &*running;
+        same_instances("rate_limiters", &now.rate_limiters, &config.rate_limiters)?;
+        same_instances("bulkheads", &now.bulkheads, &config.bulkheads)?;
+        same_instances("pushbacks", &now.pushbacks, &config.pushbacks)?;
+        same_instances("client_quotas", &now.client_quotas, &config.client_quotas)?;
+        same_instances(
+            "adaptive_bulkheads",
+            &now.adaptive_bulkheads,
+            &config.adaptive_bulkheads,
+        )?;
+        same_instances("routes", &now.routes, &config.routes)?;
+        let mut quotas = Vec::new();
+        for (name, next) in &config.rate_limiters {
+            let path = format!("rate_limiters.{name}");
+            let quota = next.quota(&path)?;
+            if now.rate_limiters[name].quota(&path)? == quota {
+                continue;
+            }
+            if let Some(check) = &self.limiters[name].quota_check {
+                check(&quota).map_err(|e| ConfigError::new(path, e))?;
+            }
+            quotas.push((name, quota));
+        }
+        // Everything checked: apply.
+        let mut reloaded = Reloaded::default();
+        for (name, quota) in quotas {
+            self.limiters[name]
+                .limiter
+                .set_quota(quota)
+                .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e.to_string()))?;
+            reloaded.rate_limiters.push(name.clone());
+        }
+        for (name, next) in &config.bulkheads {
+            let size = next.max_concurrent_calls;
+            if now.bulkheads[name].max_concurrent_calls != size {
+                self.bulkheads[name].set_max_concurrent_calls(size.0 as usize);
+                reloaded.bulkheads.push(name.clone());
+            }
+        }
+        *running = config;
+        Ok(reloaded)
     }
 }
 
@@ -201,37 +198,6 @@ fn same_instances<T: Reloadable>(
     Ok(())
 }
 
-impl Reloadable for RateLimiterSettings {
-    fn fixed_change(&self, next: &Self) -> Option<Change> {
-        let key = match (&self.key, &next.key) {
-            (
-                KeyKind::ForwardedIp {
-                    header: a,
-                    trusted_proxies: a_proxies,
-                },
-                KeyKind::ForwardedIp {
-                    header: b,
-                    trusted_proxies: b_proxies,
-                },
-            ) => differ("trusted_proxies", a_proxies, b_proxies)
-                .or_else(|| differ("forwarded_header", a, b)),
-            (a, b) => differ("key", a, b),
-        };
-        let store = match (&self.store, &next.store) {
-            (StoreKind::Redis(a), StoreKind::Redis(b)) => differ("redis_url", &a.url, &b.url)
-                .or_else(|| differ("redis_prefix", &a.prefix, &b.prefix))
-                .or_else(|| differ("redis_timeout", &a.timeout, &b.timeout))
-                .or_else(|| differ("redis_fail_mode", &a.fail_mode, &b.fail_mode)),
-            (a, b) => differ("store", a, b),
-        };
-        differ("algorithm", &self.algorithm, &next.algorithm)
-            .or(key)
-            .or_else(|| differ("max_keys", &self.max_keys, &next.max_keys))
-            .or_else(|| differ("hide_keys", &self.hide_keys, &next.hide_keys))
-            .or(store)
-    }
-}
-
 /// `Reloadable` for a kind whose listed fields are all fixed: the first that differs.
 macro_rules! fixed_fields {
     ($($kind:ty => [$($field:ident),+];)+) => {$(
@@ -243,11 +209,18 @@ macro_rules! fixed_fields {
     )+};
 }
 
-// A bulkhead's `max_concurrent_calls` is the one setting of these kinds that changes in place.
+// A rate limiter's quota and a bulkhead's `max_concurrent_calls` are the settings of these kinds
+// that change in place; the validation filled in the defaults that depend on another field.
 fixed_fields! {
+    RateLimiterSettings => [
+        algorithm, key, trusted_proxies, forwarded_header, max_keys, hide_keys, store, redis_url,
+        redis_prefix, redis_timeout, redis_fail_mode, fallback_limit_for_period
+    ];
     BulkheadSettings => [max_wait, queue_capacity];
     PushbackSettings => [max_wait, max_hold, pacing];
     ClientQuotaSettings => [limiter, cost];
-    AdaptiveBulkheadSettings => [min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls];
+    AdaptiveBulkheadSettings => [
+        min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls
+    ];
     RouteSettings => [policies, exempt_networks];
 }

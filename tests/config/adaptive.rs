@@ -8,7 +8,7 @@ use http::Response;
 use proptest::prelude::*;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::BulkheadFull;
-use tower_bulwark::config::{AdaptiveAlgorithmKind, Config, Registry};
+use tower_bulwark::config::Registry;
 use tower_bulwark::BoxError;
 
 const FILE: &str = r#"
@@ -25,29 +25,21 @@ ignore_cancelled_calls = true
 max_concurrent_calls = 8
 "#;
 
+/// The limits each bulkhead runs with; its algorithm and `ignore_cancelled_calls` are checked
+/// where they are parsed (`config::tests` in the library).
 #[test]
 fn sections_parse_with_their_defaults() {
-    let config = Config::from_toml_str(FILE).unwrap();
-    let payment = &config.adaptive_bulkheads["payment"];
-    assert_eq!(
-        (payment.min_limit, payment.initial_limit, payment.max_limit),
-        (2, 4, 32)
-    );
-    assert_eq!(payment.algorithm, AdaptiveAlgorithmKind::Gradient);
-    assert!(payment.ignore_cancelled_calls);
-    let search = &config.adaptive_bulkheads["search"];
-    assert_eq!(
-        (search.min_limit, search.initial_limit, search.max_limit),
-        (1, 8, 256)
-    );
-    assert_eq!(search.algorithm, AdaptiveAlgorithmKind::Aimd);
-    assert!(!search.ignore_cancelled_calls);
+    let limits = |text: &str, name: &str| {
+        let registry = Registry::from_toml_str(text).unwrap();
+        let limits = registry.adaptive_bulkhead(name).unwrap().limits();
+        (limits.min(), limits.initial(), limits.max())
+    };
+    assert_eq!(limits(FILE, "payment"), (2, 4, 32));
+    assert_eq!(limits(FILE, "search"), (1, 8, 256));
     // A default initial limit stays within bounds the file narrowed.
-    let narrow = Config::from_toml_str("[adaptive_bulkheads.a]\nmax_limit = 3\n").unwrap();
-    assert_eq!(narrow.adaptive_bulkheads["a"].initial_limit, 3);
-    let high = Config::from_toml_str("[adaptive_bulkheads.a]\nmin_limit = 300\n").unwrap();
-    let a = &high.adaptive_bulkheads["a"];
-    assert_eq!((a.min_limit, a.initial_limit, a.max_limit), (300, 300, 300));
+    assert_eq!(limits("[adaptive_bulkheads.a]\nmax_limit = 3\n", "a").1, 3);
+    let high = limits("[adaptive_bulkheads.a]\nmin_limit = 300\n", "a");
+    assert_eq!(high, (300, 300, 300));
 }
 
 #[test]
@@ -82,19 +74,18 @@ fn every_bad_value_names_its_path() {
     ];
     for (body, path) in cases {
         let text = format!("[adaptive_bulkheads.p]\n{body}\n");
-        let err = Config::from_toml_str(&text).unwrap_err();
-        assert_eq!(err.path(), *path, "{body}: {err}");
         let err = Registry::from_toml_str(&text).unwrap_err();
-        assert_eq!(err.path(), *path, "{body} (registry): {err}");
+        assert_eq!(err.path(), *path, "{body}: {err}");
     }
     // One namespace for both kinds of bulkhead: their metrics and health are keyed by name.
-    let err =
-        Config::from_toml_str("[bulkheads.p]\nmax_concurrent_calls = 2\n[adaptive_bulkheads.p]\n")
-            .unwrap_err();
+    let err = Registry::from_toml_str(
+        "[bulkheads.p]\nmax_concurrent_calls = 2\n[adaptive_bulkheads.p]\n",
+    )
+    .unwrap_err();
     assert_eq!(err.path(), "adaptive_bulkheads.p");
     assert!(err.message().contains("bulkheads.p"), "{err}");
     // Not a table of instances.
-    let err = Config::from_toml_str("adaptive_bulkheads = 3\n").unwrap_err();
+    let err = Registry::from_toml_str("adaptive_bulkheads = 3\n").unwrap_err();
     assert_eq!(err.path(), "adaptive_bulkheads");
 }
 
@@ -132,10 +123,10 @@ async fn layers_of_one_name_share_one_limit_and_refuse_with_bulkhead_full() {
     let registry = Registry::from_toml_str(FILE).unwrap();
     let never = || service_fn(|_: ()| std::future::pending::<Result<Response<()>, BoxError>>());
     let mut first = ServiceBuilder::new()
-        .layer(registry.adaptive_bulkhead_layer("payment").unwrap())
+        .layer(registry.adaptive_bulkhead("payment").unwrap().layer())
         .service(never());
     let mut second = ServiceBuilder::new()
-        .layer(registry.adaptive_bulkhead_layer("payment").unwrap())
+        .layer(registry.adaptive_bulkhead("payment").unwrap().layer())
         .service(never());
     // Four in flight through two layers use up the one limit of four.
     let mut held = Vec::new();
@@ -180,7 +171,7 @@ async fn a_configured_limit_falls_when_the_dependency_is_overloaded() {
     )
     .unwrap();
     let mut client = ServiceBuilder::new()
-        .layer(registry.adaptive_bulkhead_layer("gateway").unwrap())
+        .layer(registry.adaptive_bulkhead("gateway").unwrap().layer())
         .service(service_fn(|_: ()| async {
             // A slow, overloaded dependency: every round trip takes a little time.
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -205,6 +196,15 @@ fn a_reload_keeps_adaptive_bulkheads_and_refuses_to_change_them() {
     // The same file: nothing changes.
     let reloaded = registry.reload_toml_str(FILE).unwrap();
     assert!(reloaded.bulkheads.is_empty());
+    // The defaults written out are the same settings.
+    let written = FILE.replace(
+        "[adaptive_bulkheads.search]\n",
+        "[adaptive_bulkheads.search]\nmin_limit = 1\ninitial_limit = 8\nmax_limit = 256\n",
+    );
+    assert_eq!(
+        registry.reload_toml_str(&written).unwrap(),
+        Default::default()
+    );
     for (from, to, path) in [
         (
             "max_limit = 32",

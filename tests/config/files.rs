@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use tower_bulwark::config::{AlgorithmKind, Config, ForwardedHeader, KeyKind, Registry};
-use tower_bulwark::rate_limit::Cidr;
+use tower_bulwark::config::Registry;
+use tower_bulwark::Limiter;
 
 const GOOD: &str = r#"
 [rate_limiters.api]
@@ -32,33 +32,24 @@ max_concurrent_calls = 8
 queue_capacity = 16
 "#;
 
+/// The quotas and sizes the registry's instances run with; the algorithm, key and the rest are
+/// checked where they are parsed (`config::tests` in the library).
 #[test]
 fn a_good_file_means_what_it_says() {
-    let config = Config::from_toml_str(GOOD).unwrap();
-    let api = &config.rate_limiters["api"];
-    assert_eq!(api.quota.permits(), 10);
-    assert_eq!(api.quota.period(), Duration::from_secs(1));
-    assert_eq!(api.quota.max_wait(), Duration::ZERO);
-    assert_eq!(api.algorithm, AlgorithmKind::Gcra);
-    assert_eq!(api.key, KeyKind::PeerIp);
-    assert!(!api.hide_keys);
-    let partners = &config.rate_limiters["partners"];
-    assert_eq!(partners.quota.burst(), 50);
-    assert_eq!(partners.quota.period(), Duration::from_secs(3600));
-    assert_eq!(partners.quota.max_wait(), Duration::from_millis(250));
-    assert_eq!(partners.algorithm, AlgorithmKind::SlidingLog);
-    assert_eq!(
-        partners.key,
-        KeyKind::Header(http::HeaderName::from_static("x-api-key"))
-    );
-    assert_eq!(partners.max_keys, 5000);
-    assert!(partners.hide_keys);
-    let payment = &config.bulkheads["payment"];
-    assert_eq!(payment.max_concurrent_calls, 2);
-    assert_eq!(payment.queue_capacity, None);
-    let inventory = &config.bulkheads["inventory"];
-    assert_eq!(inventory.max_concurrent_calls, 8);
-    assert_eq!(inventory.queue_capacity, Some(16));
+    let registry = Registry::from_toml_str(GOOD).unwrap();
+    let api = registry.rate_limiter("api").unwrap().quota();
+    assert_eq!(api.permits(), 10);
+    assert_eq!(api.period(), Duration::from_secs(1));
+    assert_eq!(api.max_wait(), Duration::ZERO);
+    let partners = registry.rate_limiter("partners").unwrap().quota();
+    assert_eq!(partners.burst(), 50);
+    assert_eq!(partners.period(), Duration::from_secs(3600));
+    assert_eq!(partners.max_wait(), Duration::from_millis(250));
+    let size = |name| {
+        let snapshot = registry.bulkhead(name).unwrap().snapshot();
+        snapshot.max_allowed_concurrent_calls
+    };
+    assert_eq!((size("payment"), size("inventory")), (2, 8));
 }
 
 #[test]
@@ -234,7 +225,7 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
         ("[rate_limiters.api\n".into(), "", ""),
     ];
     for (text, path, message) in cases {
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert!(err.message().contains(message), "{text}\n-> {err}");
         assert!(err.to_string().contains(path), "{err}");
@@ -242,8 +233,8 @@ fn every_bad_file_gets_an_error_naming_where_and_what() {
 }
 
 #[cfg(feature = "redis")]
-#[test]
-fn redis_settings_are_checked() {
+#[tokio::test]
+async fn redis_settings_are_checked() {
     let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\nstore = \"redis\"\n";
     let cases = [
         ("", "rate_limiters.api.redis_url", "is required"),
@@ -280,52 +271,21 @@ fn redis_settings_are_checked() {
     ];
     for (extra, path, message) in cases {
         let text = format!("{base}{extra}\n");
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert!(err.message().contains(message), "{text}\n-> {err}");
     }
-    let ok = Config::from_toml_str(&format!(
+    let ok = Registry::from_toml_str(&format!(
         "{base}redis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3\nredis_timeout = \"50ms\"\n"
     ))
     .unwrap();
-    assert!(matches!(
-        ok.rate_limiters["api"].store,
-        tower_bulwark::config::StoreKind::Redis(_)
-    ));
-}
-
-#[test]
-fn a_forwarded_key_reads_its_proxies_and_header() {
-    let base = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\nkey = \"forwarded_ip\"\ntrusted_proxies = [\"10.0.0.0/8\", \"2001:db8::/32\"]\n";
-    let proxies: Vec<Cidr> = vec![
-        "10.0.0.0/8".parse().unwrap(),
-        "2001:db8::/32".parse().unwrap(),
-    ];
-    for (extra, header) in [
-        ("", ForwardedHeader::XForwardedFor),
-        (
-            "forwarded_header = \"x-forwarded-for\"\n",
-            ForwardedHeader::XForwardedFor,
-        ),
-        (
-            "forwarded_header = \"forwarded\"\n",
-            ForwardedHeader::Forwarded,
-        ),
-    ] {
-        let config = Config::from_toml_str(&format!("{base}{extra}")).unwrap();
-        assert_eq!(
-            config.rate_limiters["api"].key,
-            KeyKind::ForwardedIp {
-                header,
-                trusted_proxies: proxies.clone(),
-            }
-        );
-    }
+    // A limiter in Redis counts the decisions Redis did not give; one in memory has none.
+    assert_eq!(ok.health().rate_limiters[0].store_failures, Some(0));
 }
 
 /// Every error found in TOML text carries the line and column of the value at fault (of the
-/// instance, for a field that is missing), whether toml or the validation found it; an error
-/// of a `Config` built in code has none.
+/// instance, for a field that is missing), whether toml, the validation or the registry found
+/// it.
 #[test]
 fn errors_from_text_name_the_line_and_column() {
     let limiter = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n";
@@ -373,7 +333,7 @@ fn errors_from_text_name_the_line_and_column() {
         ),
     ];
     for (text, path, (line, column)) in cases {
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert_eq!(err.position(), Some((line, column)), "{text}\n-> {err}");
         let shown = err.to_string();
@@ -382,16 +342,11 @@ fn errors_from_text_name_the_line_and_column() {
             "{shown}"
         );
     }
-    // An error of building an instance (a name no header can carry) from text has its
-    // position too; from a `Config` built in code, only its path.
+    // An error of building an instance (a name no header can carry) has its position too.
     let text = "\n[rate_limiters.\"a\\tb\"]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n";
     let err = Registry::from_toml_str(text).unwrap_err();
     assert_eq!(err.path(), "rate_limiters.a\tb", "{err}");
     assert_eq!(err.position(), Some((2, 16)), "{err}");
-    let err = Registry::from_config(&Config::from_toml_str(text).unwrap()).unwrap_err();
-    assert_eq!(err.path(), "rate_limiters.a\tb", "{err}");
-    assert_eq!(err.position(), None, "{err}");
-    assert!(!err.to_string().contains("line"), "{err}");
 }
 
 /// A required field left out is the field's error, placed where its instance is written,
@@ -438,7 +393,7 @@ fn a_missing_field_is_the_field_s_error_wherever_its_instance_is_written() {
         ),
     ];
     for (text, path, position) in cases {
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         assert_eq!(err.path(), path, "{text}\n-> {err}");
         assert_eq!(err.message(), "is required", "{text}\n-> {err}");
         assert_eq!(err.position(), Some(position), "{text}\n-> {err}");
@@ -447,7 +402,7 @@ fn a_missing_field_is_the_field_s_error_wherever_its_instance_is_written() {
 
 #[test]
 fn a_missing_file_is_an_error_naming_it() {
-    let err = Config::from_path("/nonexistent/bulwark.toml").unwrap_err();
+    let err = Registry::from_path("/nonexistent/bulwark.toml").unwrap_err();
     assert!(
         err.to_string().contains("/nonexistent/bulwark.toml"),
         "{err}"

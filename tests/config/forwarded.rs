@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::config::{Config, Registry};
+use tower_bulwark::config::Registry;
 
 const FILE: &str = r#"
 [rate_limiters.xff]
@@ -358,7 +358,7 @@ fn bad_forwarding_values_name_the_field_line_and_column() {
     ];
     for (tail, path, message, (line, column)) in cases {
         let text = format!("{head}{tail}");
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         let shown = err.to_string();
         assert_eq!(err.path(), path, "{text}\n-> {shown}");
         assert!(shown.contains(message), "{text}\n-> {shown}");

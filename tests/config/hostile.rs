@@ -1,6 +1,6 @@
 //! Hostile configuration files: every error names where and what, never a panic.
 
-use tower_bulwark::config::{Config, Registry};
+use tower_bulwark::config::Registry;
 
 const BASE: &str = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n";
 
@@ -28,7 +28,7 @@ fn a_duplicate_key_error_names_where_it_is() {
         ),
     ];
     for (text, culprit) in cases {
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         let shown = err.to_string();
         let line = text
             .lines()
@@ -149,7 +149,7 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         ("[metrics]\nx = 1\n".into(), "metrics"),
     ];
     for (text, path) in field_cases {
-        let result = std::panic::catch_unwind(|| Config::from_toml_str(&text));
+        let result = std::panic::catch_unwind(|| Registry::from_toml_str(&text));
         let err = result
             .unwrap_or_else(|_| panic!("panicked on:\n{text}"))
             .expect_err(&text);
@@ -170,8 +170,7 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         let text = format!(
             "[rate_limiters.\"{name}\"]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n"
         );
-        let config = Config::from_toml_str(&text).unwrap();
-        let err = std::panic::catch_unwind(|| Registry::from_config(&config).map(|_| ()))
+        let err = std::panic::catch_unwind(|| Registry::from_toml_str(&text).map(|_| ()))
             .unwrap_or_else(|_| panic!("panicked on:\n{text}"))
             .expect_err(&text);
         assert!(err.path().starts_with("rate_limiters."), "{err}");
@@ -188,7 +187,7 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
         "=",
         "[a.b.c.d.e.f]",
     ] {
-        let result = std::panic::catch_unwind(|| Config::from_toml_str(text));
+        let result = std::panic::catch_unwind(|| Registry::from_toml_str(text));
         assert!(result.expect(text).is_err(), "{text:?}");
     }
 }

@@ -10,10 +10,8 @@ use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::config::{
-    parse_duration, ClientQuotaSettings, Config, PushbackSettings, Registry, Reloaded,
-};
-use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
+use tower_bulwark::config::{parse_duration, Registry, Reloaded};
+use tower_bulwark::outbound::pushback::DEFAULT_MAX_HOLD;
 use tower_bulwark::outbound::{self, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
 
@@ -40,27 +38,26 @@ limiter = "partner-quota"
 cost = 2
 "#;
 
+/// The outbound instances the file names, each with its name; their settings are checked where
+/// they are parsed (`config::tests` in the library) and by what the layers do below.
 #[test]
 fn the_sections_parse_with_their_defaults() {
-    let config = Config::from_toml_str(PARTNER).unwrap();
-    let partner = &config.pushbacks["partner"];
-    assert_eq!(partner.max_wait, Duration::from_secs(2));
-    assert_eq!(partner.max_hold, Duration::from_secs(300));
-    assert_eq!(partner.pacing, Pacing::Spread);
-    let defaults = &config.pushbacks["defaults"];
-    assert_eq!(*defaults, PushbackSettings::default());
-    assert_eq!(defaults.max_wait, Duration::ZERO);
-    assert_eq!(defaults.max_hold, DEFAULT_MAX_HOLD);
-    assert_eq!(defaults.pacing, Pacing::UntilSpent);
-    let quota: &ClientQuotaSettings = &config.client_quotas["partner"];
-    assert_eq!((quota.limiter.as_str(), quota.cost), ("partner-quota", 1));
-    assert_eq!(config.client_quotas["partner-bulk"].cost, 2);
-
+    let registry = Registry::from_toml_str(PARTNER).unwrap();
+    for name in ["partner", "defaults"] {
+        let pushback = registry.pushback(name).unwrap();
+        assert_eq!(
+            (pushback.name(), pushback.held_for()),
+            (name, Duration::ZERO)
+        );
+    }
+    for name in ["partner", "partner-bulk"] {
+        assert!(registry.client_quota_layer(name).is_ok(), "{name}");
+    }
     let until_spent = "[pushbacks.p]\npacing = \"until_spent\"\n";
-    assert_eq!(
-        Config::from_toml_str(until_spent).unwrap().pushbacks["p"].pacing,
-        Pacing::UntilSpent
-    );
+    assert!(Registry::from_toml_str(until_spent)
+        .unwrap()
+        .pushback("p")
+        .is_ok());
 }
 
 /// The limiter the client quotas below name.
@@ -118,12 +115,10 @@ fn every_bad_value_is_an_error_naming_its_path() {
         } else {
             format!("{body}{LIMITER}")
         };
-        let err = Config::from_toml_str(&text).expect_err(&text);
+        let err = Registry::from_toml_str(&text).expect_err(&text);
         assert_eq!(err.path(), *path, "{text}\n{err}");
         assert!(err.message().contains(fragment), "{text}\n{err}");
         assert!(err.to_string().contains(path), "{err}");
-        // The registry refuses the same file with the same error.
-        assert_eq!(Registry::from_toml_str(&text).unwrap_err(), err);
     }
 }
 
@@ -132,13 +127,11 @@ fn durations_at_the_bound_are_accepted() {
     // 2^60 ns, `Quota::MAX_SPAN`, is the longest; one nanosecond more is refused.
     let max = Quota::MAX_SPAN.as_nanos();
     let ok = format!("[pushbacks.p]\nmax_wait = \"{max}ns\"\nmax_hold = \"{max}ns\"\n");
-    let config = Config::from_toml_str(&ok).unwrap();
-    assert_eq!(config.pushbacks["p"].max_wait, Quota::MAX_SPAN);
     // An unbounded setting builds and serves (no overflow in a deadline or a timer).
-    let registry = Registry::from_config(&config).unwrap();
+    let registry = Registry::from_toml_str(&ok).unwrap();
     assert_eq!(registry.pushback("p").unwrap().held_for(), Duration::ZERO);
     let over = format!("[pushbacks.p]\nmax_hold = \"{}ns\"\n", max + 1);
-    let err = Config::from_toml_str(&over).unwrap_err();
+    let err = Registry::from_toml_str(&over).unwrap_err();
     assert_eq!(err.path(), "pushbacks.p.max_hold");
 }
 
@@ -201,11 +194,9 @@ mod hostile {
         ) {
             let field = ["max_wait", "max_hold", "pacing"][field];
             let text = format!("[pushbacks.{}]\n{field} = {}\n", toml_str(&name), toml_str(&value));
-            match Config::from_toml_str(&text) {
-                Ok(config) => {
-                    let registry = Registry::from_config(&config).unwrap();
+            match Registry::from_toml_str(&text) {
+                Ok(registry) => {
                     prop_assert!(registry.pushback(&name).is_ok());
-                    prop_assert!(registry.pushback_layer(&name).is_ok());
                     prop_assert_eq!(registry.health().pushbacks[0].holding, false);
                 }
                 Err(err) => {
@@ -218,7 +209,7 @@ mod hostile {
             if field != "pacing" {
                 let fits = parse_duration(&value)
                     .is_ok_and(|d| d <= Quota::MAX_SPAN && !(field == "max_hold" && d.is_zero()));
-                prop_assert_eq!(Config::from_toml_str(&text).is_ok(), fits, "{}", text);
+                prop_assert_eq!(Registry::from_toml_str(&text).is_ok(), fits, "{}", text);
             }
         }
 
@@ -235,11 +226,10 @@ mod hostile {
                 toml_str(&name),
                 toml_str(&limiter),
             );
-            match Config::from_toml_str(&text) {
-                Ok(config) => {
+            match Registry::from_toml_str(&text) {
+                Ok(registry) => {
                     prop_assert_eq!(limiter.as_str(), "lim");
                     prop_assert!((1..=4).contains(&cost));
-                    let registry = Registry::from_config(&config).unwrap();
                     prop_assert!(registry.client_quota_layer(&name).is_ok());
                 }
                 Err(err) => {
@@ -333,7 +323,7 @@ fn unknown_names_are_errors_naming_the_kind() {
     let registry = Registry::from_toml_str(PARTNER).unwrap();
     let err = registry.pushback("nope").unwrap_err();
     assert_eq!(err.to_string(), "no pushback named `nope` is configured");
-    assert!(registry.pushback_layer("partner-quota").is_err());
+    assert!(registry.pushback("partner-quota").is_err());
     let err = registry.client_quota_layer("partner-quota").unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -343,12 +333,17 @@ fn unknown_names_are_errors_naming_the_kind() {
     assert_eq!(registry.pushback("partner").unwrap().name(), "partner");
 }
 
+/// Every client quota names a rate limiter the file has: without it, the first to name it is
+/// refused, where it names it.
 #[test]
-fn a_config_built_in_code_naming_no_limiter_is_refused_by_the_registry() {
-    let mut config = Config::from_toml_str(PARTNER).unwrap();
-    config.rate_limiters.clear();
-    let err = Registry::from_config(&config).unwrap_err();
+fn a_file_without_the_client_quota_s_limiter_is_refused() {
+    let without = PARTNER.replace(
+        "[rate_limiters.partner-quota]\nlimit_for_period = 3\nlimit_refresh_period = \"1h\"\nkey = \"global\"\n",
+        "",
+    );
+    let err = Registry::from_toml_str(&without).unwrap_err();
     assert_eq!(err.path(), "client_quotas.partner.limiter");
+    assert_eq!(err.position(), Some((11, 11)), "{err}");
 }
 
 /// The whole outbound stack from the file, around a `reqwest::Client` and a partner on
@@ -367,7 +362,7 @@ async fn a_registry_stack_around_reqwest_obeys_the_partner_and_keeps_its_quota()
         .await;
     let registry = Registry::from_toml_str(PARTNER).unwrap();
     let client = ServiceBuilder::new()
-        .layer(registry.pushback_layer("partner").unwrap())
+        .layer(registry.pushback("partner").unwrap().layer())
         .layer(registry.client_quota_layer("partner").unwrap())
         .service(reqwest::Client::new());
     let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
@@ -429,8 +424,9 @@ async fn configured_max_wait_and_max_hold_apply() {
         })
     };
     let client = registry
-        .pushback_layer("short")
+        .pushback("short")
         .unwrap()
+        .layer()
         .layer(dependency.clone());
     client.clone().oneshot(()).await.unwrap();
     let held = registry.pushback("short").unwrap().held_for();
@@ -447,7 +443,7 @@ async fn configured_max_wait_and_max_hold_apply() {
     // The default `max_hold` (ten minutes) keeps the hour at ten minutes; `max_wait` zero
     // refuses at once.
     answered.store(0, Ordering::SeqCst);
-    let long = registry.pushback_layer("long").unwrap().layer(dependency);
+    let long = registry.pushback("long").unwrap().layer().layer(dependency);
     long.clone().oneshot(()).await.unwrap();
     let held = registry.pushback("long").unwrap().held_for();
     assert!(held > Duration::from_secs(599) && held <= DEFAULT_MAX_HOLD);

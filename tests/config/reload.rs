@@ -319,4 +319,10 @@ fn a_forwarded_key_s_proxies_and_header_cannot_change_in_place() {
         registry.reload_toml_str(before).unwrap(),
         Reloaded::default()
     );
+    // The default header written out is the same setting.
+    let written = format!("{before}forwarded_header = \"x-forwarded-for\"\n");
+    assert_eq!(
+        registry.reload_toml_str(&written).unwrap(),
+        Reloaded::default()
+    );
 }

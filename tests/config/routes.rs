@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::config::{Config, Registry, ShadowKind};
+use tower_bulwark::config::Registry;
 use tower_bulwark::Limiter;
 
 use crate::common::listener;
@@ -54,30 +54,6 @@ async fn get_from(app: &Router, peer: [u8; 4], key: &str) -> http::Response<Body
 
 fn names(response: &http::Response<Body>, header: &str) -> Vec<String> {
     listener::sf_names(response.headers(), header)
-}
-
-#[test]
-fn a_route_parses_into_its_policies() {
-    let config = Config::from_toml_str(FILE).unwrap();
-    let search = &config.routes["search"];
-    let got: Vec<_> = search
-        .policies
-        .iter()
-        .map(|p| (p.limiter.as_str(), p.cost, p.shadow))
-        .collect();
-    assert_eq!(
-        got,
-        [
-            ("per-ip", 1, ShadowKind::Off),
-            ("per-key", 5, ShadowKind::Off),
-            ("next-quota", 1, ShadowKind::Silent)
-        ]
-    );
-    assert_eq!(search.exempt_networks.len(), 1);
-    assert_eq!(
-        config.routes["items"].policies[1].shadow,
-        ShadowKind::Advertised
-    );
 }
 
 #[tokio::test]
@@ -194,7 +170,7 @@ fn bad_routes_are_errors_that_name_the_place() {
         ),
     ];
     for (route, path, message) in cases {
-        let err = Config::from_toml_str(&format!("{limiters}{route}")).unwrap_err();
+        let err = Registry::from_toml_str(&format!("{limiters}{route}")).unwrap_err();
         let text = err.to_string();
         assert!(
             text.contains(path) && text.contains(message),
@@ -203,16 +179,16 @@ fn bad_routes_are_errors_that_name_the_place() {
     }
 }
 
-/// A `Config` built in code gets the file's checks of the names its instances give: a route
-/// naming a rate limiter that is not there is refused when the registry is built.
+/// A file without a rate limiter its routes name is refused at the first route naming it
+/// (routes in name order), where it names it.
 #[test]
-fn a_route_built_in_code_naming_no_limiter_is_refused() {
-    let mut config = Config::from_toml_str(FILE).unwrap();
-    config.rate_limiters.remove("per-key");
-    let err = Registry::from_config(&config).unwrap_err();
+fn a_file_without_a_route_s_limiter_is_refused() {
+    let (before, after) = FILE.split_once("[rate_limiters.per-key]").unwrap();
+    let (_, rest) = after.split_once("\n\n").unwrap();
+    let err = Registry::from_toml_str(&format!("{before}{rest}")).unwrap_err();
     assert_eq!(err.path(), "routes.items.policies[1]", "{err}");
     assert!(err.message().contains("`per-key`"), "{err}");
-    assert_eq!(err.position(), None);
+    assert!(err.position().is_some(), "{err}");
 }
 
 #[test]

@@ -582,22 +582,22 @@ fn two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota
 #[cfg(feature = "config")]
 #[test]
 fn config_refuses_absurd_and_sub_nanosecond_durations() {
-    use tower_bulwark::config::Config;
+    use tower_bulwark::config::Registry;
     let file = |period: &str, max_wait: &str| {
         format!(
             "[rate_limiters.api]\nlimit_for_period = 1\nlimit_refresh_period = \"{period}\"\n\
              max_wait = \"{max_wait}\"\n"
         )
     };
-    let err = Config::from_toml_str(&file("18446744073709551615ns", "0s")).unwrap_err();
+    let err = Registry::from_toml_str(&file("18446744073709551615ns", "0s")).unwrap_err();
     assert!(err.path().ends_with("limit_refresh_period"), "{err}");
     assert!(err.message().contains("2^60"), "{err}");
-    let err = Config::from_toml_str(&file("1s", "0.5ns")).unwrap_err();
+    let err = Registry::from_toml_str(&file("1s", "0.5ns")).unwrap_err();
     assert!(err.path().ends_with("max_wait"), "{err}");
     assert!(err.message().contains("0.5ns"), "{err}");
-    let ok = Config::from_toml_str(&file("1s", "0.5us")).unwrap();
+    let ok = Registry::from_toml_str(&file("1s", "0.5us")).unwrap();
     assert_eq!(
-        ok.rate_limiters["api"].quota.max_wait(),
+        ok.rate_limiter("api").unwrap().quota().max_wait(),
         Duration::from_nanos(500)
     );
 }

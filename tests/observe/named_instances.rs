@@ -96,7 +96,7 @@ async fn calls_through_payment(
         })
     };
     let svc = tower::ServiceBuilder::new()
-        .layer(registry.bulkhead_layer("payment").unwrap())
+        .layer(registry.bulkhead("payment").unwrap().layer())
         .service(inner);
     let mut pending = Vec::new();
     let mut rejected = 0;
@@ -282,7 +282,6 @@ fn unknown_names_are_errors_and_file_instances_behave_like_code_instances() {
         "no rate limiter named `orders` is configured"
     );
     assert!(registry.bulkhead("payment").is_err());
-    assert!(registry.bulkhead_layer("payment").is_err());
 
     runtime().block_on(async {
         let from_file = router(&registry, "api", [203, 0, 113, 9]);
@@ -412,9 +411,8 @@ fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
     let rejected_by = Arc::new(Mutex::new(Vec::new()));
     metrics::with_local_recorder(&recorder, || {
         runtime().block_on(async {
-            let config = tower_bulwark::config::Config::from_toml_str(CONFIG).unwrap();
             let seen = Arc::clone(&rejected_by);
-            let registry = Registry::from_config_with(&config, move |name, builder| {
+            let registry = Registry::from_toml_str_with(CONFIG, move |name, builder| {
                 let seen = Arc::clone(&seen);
                 let name = name.to_owned();
                 builder.on_call_rejected(move |_: &tower_bulwark::bulkhead::CallRejected<'_>| {

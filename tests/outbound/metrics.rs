@@ -366,7 +366,7 @@ limiter = "partner-quota"
                 .await;
             let registry = Registry::from_toml_str(CONFIG).unwrap();
             let client = ServiceBuilder::new()
-                .layer(registry.pushback_layer("partner").unwrap())
+                .layer(registry.pushback("partner").unwrap().layer())
                 .layer(registry.client_quota_layer("partner").unwrap())
                 .service(reqwest::Client::new());
             let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
