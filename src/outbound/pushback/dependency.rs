@@ -10,10 +10,10 @@ use tokio::sync::Notify;
 use super::answer::{self, Answer};
 use super::builder::PushbackBuilder;
 use super::layer::PushbackLayer;
-use super::metrics::PushbackMetrics;
 use super::schedule::Schedule;
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
+use crate::outbound::metrics::PushbackMetrics;
 
 /// What one dependency has said about when to call it, shared by every layer, service and clone
 /// made from it.
@@ -62,7 +62,9 @@ impl<C: Clock> Pushback<C> {
 
     /// A layer that holds calls back as this dependency asks.
     pub fn layer(&self) -> PushbackLayer<C> {
-        PushbackLayer::new(self.clone())
+        PushbackLayer {
+            pushback: self.clone(),
+        }
     }
 
     /// The dependency's name.

@@ -15,10 +15,10 @@ use tower_service::Service;
 
 use super::dependency::Dependency;
 use super::error::PushedBack;
-use super::metrics::Outcome;
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
+use crate::outbound::metrics::Outcome;
 use crate::BoxError;
 
 /// A call counted in flight until it is answered, fails or is dropped.

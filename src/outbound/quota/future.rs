@@ -11,11 +11,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::cost::QuotaCost;
 use super::error::QuotaExhausted;
-use super::key::QuotaKey;
-use super::layer::ClientQuotaLayer;
-use super::metrics::{ClientQuotaMetrics, Outcome};
+use super::layer::Quota;
+use crate::outbound::metrics::Outcome;
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -33,8 +31,6 @@ pin_project! {
         // Admitted; the permits fall due when the sleep ends.
         Waiting {
             sleep: Pin<Box<Sleep>>,
-            // Taken when it is given back, which happens at most once.
-            decision: Option<Decision>,
             call: Option<(S, Req)>,
         },
         Refused { error: Option<BoxError> },
@@ -55,11 +51,11 @@ pin_project! {
         S: Service<Req>,
         L: Limiter<K>,
     {
-        name: Arc<str>,
-        metrics: ClientQuotaMetrics,
-        limiter: Arc<L>,
+        quota: Arc<Quota<L>>,
         key: K,
         cost: u32,
+        // The permits of a call waiting for them: given back if the call is dropped unsent.
+        reserved: Option<Decision>,
         #[pin]
         state: State<S, Req, L::Future>,
     }
@@ -71,10 +67,8 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let StateProj::Waiting { decision, .. } = this.state.project() {
-                if let Some(decision) = decision.take() {
-                    this.limiter.refund(this.key, *this.cost, decision);
-                }
+            if let Some(decision) = this.reserved.take() {
+                this.quota.limiter.refund(this.key, *this.cost, decision);
             }
         }
     }
@@ -82,9 +76,9 @@ pin_project! {
 
 /// What a decision leads to. The readied service is taken out of `service` (a clone left in its
 /// place) only when the call cannot start at once.
-fn state_after<S, Req, F>(
-    name: &Arc<str>,
-    metrics: &ClientQuotaMetrics,
+fn state_after<S, Req, L, F>(
+    quota: &Quota<L>,
+    reserved: &mut Option<Decision>,
     decision: Result<Decision, BoxError>,
     service: &mut S,
     request: Req,
@@ -92,29 +86,27 @@ fn state_after<S, Req, F>(
 where
     S: Service<Req> + Clone,
 {
-    match decision {
-        Err(error) => {
-            metrics.count(Outcome::Failed);
-            State::Refused { error: Some(error) }
-        }
+    let (outcome, state) = match decision {
+        Err(error) => (Outcome::Failed, State::Refused { error: Some(error) }),
         Ok(decision) if !decision.allowed => {
-            metrics.count(Outcome::Refused);
-            State::Refused {
-                error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
-            }
+            let error = QuotaExhausted::new(quota.name.clone(), decision.retry_after);
+            let error = Some(error.into());
+            (Outcome::Refused, State::Refused { error })
         }
         Ok(decision) if decision.wait.is_zero() => {
-            metrics.count(Outcome::Admitted);
-            State::Running {
-                future: service.call(request),
-            }
+            let future = service.call(request);
+            (Outcome::Admitted, State::Running { future })
         }
-        Ok(decision) => State::Waiting {
-            sleep: Box::pin(tokio::time::sleep(decision.wait)),
-            decision: Some(decision),
-            call: Some((mem::replace(service, service.clone()), request)),
-        },
-    }
+        Ok(decision) => {
+            let sleep = Box::pin(tokio::time::sleep(decision.wait));
+            *reserved = Some(decision);
+            let call = Some((mem::replace(service, service.clone()), request));
+            // Counted when the wait ends, and not at all if the call is dropped first.
+            return State::Waiting { sleep, call };
+        }
+    };
+    quota.metrics.count(outcome);
+    state
 }
 
 impl<S, L, K, Req> ResponseFuture<S, L, K, Req>
@@ -122,31 +114,27 @@ where
     S: Service<Req> + Clone,
     L: Limiter<K>,
 {
-    /// Takes the permits `quota` asks for the call, under its key and at its cost.
-    pub(crate) fn start<Q, C>(
-        quota: &ClientQuotaLayer<L, Q, C>,
+    /// Takes `cost` permits of `quota` under `key` for the call.
+    pub(super) fn start(
+        quota: &Arc<Quota<L>>,
+        key: K,
+        cost: u32,
         service: &mut S,
         request: Req,
-    ) -> Self
-    where
-        Q: QuotaKey<Req, Key = K>,
-        C: QuotaCost<Req>,
-    {
-        let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
-        let (name, metrics) = (&quota.name, &quota.metrics);
+    ) -> Self {
+        let mut reserved = None;
         let state = match quota.limiter.reserve_now(&key, cost) {
-            Some(decision) => state_after(name, metrics, decision, service, request),
+            Some(decision) => state_after(quota, &mut reserved, decision, service, request),
             None => State::Reserving {
                 reserve: quota.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
             },
         };
         Self {
-            name: name.clone(),
-            metrics: metrics.clone(),
-            limiter: Arc::clone(&quota.limiter),
+            quota: Arc::clone(quota),
             key,
             cost,
+            reserved,
             state,
         }
     }
@@ -163,33 +151,29 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let next = match this.state.as_mut().project() {
                 StateProj::Reserving { reserve, call } => {
                     let decision = ready!(reserve.poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    let next =
-                        state_after(this.name, this.metrics, decision, &mut service, request);
-                    this.state.set(next);
+                    state_after(this.quota, this.reserved, decision, &mut service, request)
                 }
-                StateProj::Waiting { sleep, call, .. } => {
+                StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
-                    // Leaving `Waiting` keeps the permits: they are due now.
-                    this.metrics.count(Outcome::Waited);
-                    this.state.set(State::Running {
-                        future: service.call(request),
-                    });
+                    this.quota.metrics.count(Outcome::Waited);
+                    let future = service.call(request);
+                    // The permits are due now: the call keeps them.
+                    *this.reserved = None;
+                    State::Running { future }
                 }
                 StateProj::Refused { error } => {
-                    let error = error.take().expect("polled after completion");
-                    return Poll::Ready(Err(error));
+                    return Poll::Ready(Err(error.take().expect("polled after completion")));
                 }
-                StateProj::Running { future } => {
-                    return future.poll(cx).map_err(Into::into);
-                }
-            }
+                StateProj::Running { future } => return future.poll(cx).map_err(Into::into),
+            };
+            this.state.set(next);
         }
     }
 }
@@ -207,7 +191,7 @@ where
             State::Running { .. } => "running",
         };
         f.debug_struct("ResponseFuture")
-            .field("quota", &self.name)
+            .field("quota", &self.quota.name)
             .field("cost", &self.cost)
             .field("state", &state)
             .finish()
