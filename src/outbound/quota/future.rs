@@ -89,7 +89,10 @@ where
     let (outcome, state) = match decision {
         Err(error) => (Outcome::Failed, State::Refused { error: Some(error) }),
         Ok(decision) if !decision.allowed => {
-            let error = QuotaExhausted::new(quota.name.clone(), decision.retry_after);
+            let error = QuotaExhausted {
+                quota: quota.name.clone(),
+                retry_after: decision.retry_after,
+            };
             let error = Some(error.into());
             (Outcome::Refused, State::Refused { error })
         }
