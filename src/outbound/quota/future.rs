@@ -12,7 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::error::QuotaExhausted;
-use super::layer::Quota;
+use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
 use crate::{decision::Decision, BoxError, Limiter};
 
@@ -51,7 +51,7 @@ pin_project! {
         S: Service<Req>,
         L: Limiter<K>,
     {
-        quota: Arc<Quota<L>>,
+        shared: Arc<Shared<L>>,
         key: K,
         cost: u32,
         // The permits of a call waiting for them: given back if the call is dropped unsent.
@@ -68,7 +68,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some(decision) = this.reserved.take() {
-                this.quota.limiter.refund(this.key, *this.cost, decision);
+                this.shared.limiter.refund(this.key, *this.cost, decision);
             }
         }
     }
@@ -77,7 +77,7 @@ pin_project! {
 /// What a decision leads to. The readied service is taken out of `service` (a clone left in its
 /// place) only when the call cannot start at once.
 fn state_after<S, Req, L, F>(
-    quota: &Quota<L>,
+    shared: &Shared<L>,
     reserved: &mut Option<Decision>,
     decision: Result<Decision, BoxError>,
     service: &mut S,
@@ -90,7 +90,7 @@ where
         Err(error) => (Outcome::Failed, State::Refused { error: Some(error) }),
         Ok(decision) if !decision.allowed => {
             let error = QuotaExhausted {
-                quota: quota.name.clone(),
+                quota: shared.name.clone(),
                 retry_after: decision.retry_after,
             };
             let error = Some(error.into());
@@ -108,7 +108,7 @@ where
             return State::Waiting { sleep, call };
         }
     };
-    quota.metrics.count(outcome);
+    shared.metrics.count(outcome);
     state
 }
 
@@ -119,22 +119,22 @@ where
 {
     /// Takes `cost` permits of `quota` under `key` for the call.
     pub(super) fn start(
-        quota: &Arc<Quota<L>>,
+        shared: &Arc<Shared<L>>,
         key: K,
         cost: u32,
         service: &mut S,
         request: Req,
     ) -> Self {
         let mut reserved = None;
-        let state = match quota.limiter.reserve_now(&key, cost) {
-            Some(decision) => state_after(quota, &mut reserved, decision, service, request),
+        let state = match shared.limiter.reserve_now(&key, cost) {
+            Some(decision) => state_after(shared, &mut reserved, decision, service, request),
             None => State::Reserving {
-                reserve: quota.limiter.reserve(&key, cost),
+                reserve: shared.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
             },
         };
         Self {
-            quota: Arc::clone(quota),
+            shared: Arc::clone(shared),
             key,
             cost,
             reserved,
@@ -160,12 +160,12 @@ where
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    state_after(this.quota, this.reserved, decision, &mut service, request)
+                    state_after(this.shared, this.reserved, decision, &mut service, request)
                 }
                 StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
-                    this.quota.metrics.count(Outcome::Waited);
+                    this.shared.metrics.count(Outcome::Waited);
                     let future = service.call(request);
                     // The permits are due now: the call keeps them.
                     *this.reserved = None;
@@ -194,7 +194,7 @@ where
             State::Running { .. } => "running",
         };
         f.debug_struct("ResponseFuture")
-            .field("quota", &self.quota.name)
+            .field("quota", &self.shared.name)
             .field("cost", &self.cost)
             .field("state", &state)
             .finish()

@@ -66,13 +66,13 @@ use crate::{BoxError, Limiter};
 /// # }
 /// ```
 pub struct ClientQuotaLayer<L, K = (), C = u32> {
-    quota: Arc<Quota<L>>,
+    shared: Arc<Shared<L>>,
     key: K,
     cost: C,
 }
 
-/// What every service and call of one layer shares.
-pub(super) struct Quota<L> {
+/// What every service and call of one layer shares: the quota's name, limiter and counters.
+pub(super) struct Shared<L> {
     pub(super) name: Arc<str>,
     pub(super) limiter: L,
     pub(super) metrics: ClientQuotaMetrics,
@@ -85,7 +85,7 @@ impl<L> ClientQuotaLayer<L> {
         let name = name.into();
         let metrics = ClientQuotaMetrics::new(&name);
         Self {
-            quota: Arc::new(Quota {
+            shared: Arc::new(Shared {
                 name,
                 limiter,
                 metrics,
@@ -100,8 +100,8 @@ impl<L, K, C> ClientQuotaLayer<L, K, C> {
     /// Counts each call under the key `key` chooses from the request (a closure
     /// `Fn(&Req) -> Key`, or a [`QuotaKey`]).
     pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C> {
-        let Self { quota, cost, .. } = self;
-        ClientQuotaLayer { quota, key, cost }
+        let Self { shared, cost, .. } = self;
+        ClientQuotaLayer { shared, key, cost }
     }
 
     /// Every call costs `permits`.
@@ -112,20 +112,20 @@ impl<L, K, C> ClientQuotaLayer<L, K, C> {
     /// Each call costs what `cost` says of its request (a closure `Fn(&Req) -> u32`, or a
     /// [`QuotaCost`]).
     pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2> {
-        let Self { quota, key, .. } = self;
-        ClientQuotaLayer { quota, key, cost }
+        let Self { shared, key, .. } = self;
+        ClientQuotaLayer { shared, key, cost }
     }
 
     /// The limiter this layer applies.
     pub fn limiter(&self) -> &L {
-        &self.quota.limiter
+        &self.shared.limiter
     }
 }
 
 impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
     fn clone(&self) -> Self {
         Self {
-            quota: Arc::clone(&self.quota),
+            shared: Arc::clone(&self.shared),
             key: self.key.clone(),
             cost: self.cost.clone(),
         }
@@ -135,8 +135,8 @@ impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
 impl<L: fmt::Debug, K, C> fmt::Debug for ClientQuotaLayer<L, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientQuotaLayer")
-            .field("name", &self.quota.name)
-            .field("limiter", &self.quota.limiter)
+            .field("name", &self.shared.name)
+            .field("limiter", &self.shared.limiter)
             .finish_non_exhaustive()
     }
 }
@@ -198,6 +198,6 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let (key, cost) = (self.quota.key.key(&request), self.quota.cost.cost(&request));
-        ResponseFuture::start(&self.quota.quota, key, cost, &mut self.inner, request)
+        ResponseFuture::start(&self.quota.shared, key, cost, &mut self.inner, request)
     }
 }
