@@ -86,30 +86,35 @@ fn state_after<S, Req, L, F>(
 where
     S: Service<Req> + Clone,
 {
-    let (outcome, state) = match decision {
-        Err(error) => (Outcome::Failed, State::Refused { error: Some(error) }),
+    match decision {
+        Err(error) => {
+            shared.metrics.count(Outcome::Failed);
+            State::Refused { error: Some(error) }
+        }
         Ok(decision) if !decision.allowed => {
+            shared.metrics.count(Outcome::Refused);
             let error = QuotaExhausted {
                 quota: shared.name.clone(),
                 retry_after: decision.retry_after,
             };
-            let error = Some(error.into());
-            (Outcome::Refused, State::Refused { error })
+            State::Refused {
+                error: Some(error.into()),
+            }
         }
         Ok(decision) if decision.wait.is_zero() => {
-            let future = service.call(request);
-            (Outcome::Admitted, State::Running { future })
+            shared.metrics.count(Outcome::Admitted);
+            State::Running {
+                future: service.call(request),
+            }
         }
         Ok(decision) => {
+            // Counted when the wait ends, and not at all if the call is dropped first.
             let sleep = Box::pin(tokio::time::sleep(decision.wait));
             *reserved = Some(decision);
             let call = Some((mem::replace(service, service.clone()), request));
-            // Counted when the wait ends, and not at all if the call is dropped first.
-            return State::Waiting { sleep, call };
+            State::Waiting { sleep, call }
         }
-    };
-    shared.metrics.count(outcome);
-    state
+    }
 }
 
 impl<S, L, K, Req> ResponseFuture<S, L, K, Req>
