@@ -22,7 +22,7 @@ use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
 use crate::bulkhead::{Bulkhead, BulkheadBuilder};
 use crate::observe::Observed;
 use crate::outbound::pushback::{Pacing, Pushback};
-use crate::outbound::quota::{ClientQuotaLayer, FixedCost, QuotaKey};
+use crate::outbound::quota::{ClientQuotaLayer, QuotaKey};
 use crate::rate_limit::{
     BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
 };
@@ -96,8 +96,7 @@ impl<Req> QuotaKey<Req> for GlobalConfigKey {
 
 /// The layer of a configured client quota: its rate limiter, one key for every call, the
 /// configured cost.
-pub type ConfiguredClientQuotaLayer =
-    ClientQuotaLayer<ConfiguredLimiter, GlobalConfigKey, FixedCost>;
+pub type ConfiguredClientQuotaLayer = ClientQuotaLayer<ConfiguredLimiter, GlobalConfigKey>;
 
 /// A name that the configuration does not define.
 #[derive(Clone, Debug, PartialEq, Eq)]

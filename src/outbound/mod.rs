@@ -145,6 +145,7 @@
 //! pushback the answers that asked it to hold and the time it holds for (names in
 //! [`metric_names`](crate::observe::metric_names)).
 
+mod metrics;
 pub mod pushback;
 pub mod quota;
 

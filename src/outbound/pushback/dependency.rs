@@ -9,11 +9,12 @@ use tokio::sync::Notify;
 
 use super::answer::{self, Answer};
 use super::builder::PushbackBuilder;
+use super::error::PushedBack;
 use super::layer::PushbackLayer;
-use super::metrics::PushbackMetrics;
 use super::schedule::Schedule;
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
+use crate::outbound::metrics::{Outcome, PushbackMetrics};
 
 /// What one dependency has said about when to call it, shared by every layer, service and clone
 /// made from it.
@@ -62,7 +63,9 @@ impl<C: Clock> Pushback<C> {
 
     /// A layer that holds calls back as this dependency asks.
     pub fn layer(&self) -> PushbackLayer<C> {
-        PushbackLayer::new(self.clone())
+        PushbackLayer {
+            pushback: self.clone(),
+        }
     }
 
     /// The dependency's name.
@@ -74,8 +77,7 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        let at = self.dependency.schedule().next_start(now);
-        Duration::from_nanos(at.saturating_sub(now))
+        span(now, self.dependency.schedule().next_start(now))
     }
 
     /// Records what `response` says, as the layer does for every response it passes on: for a
@@ -85,6 +87,11 @@ impl<C: Clock> Pushback<C> {
     pub fn observe<R: ResponseHead>(&self, response: &R) {
         self.dependency.observe(response, None);
     }
+}
+
+/// The span from `from` to `to`, instants of the clock: zero when `to` is not later.
+pub(super) fn span(from: u64, to: u64) -> Duration {
+    Duration::from_nanos(to.saturating_sub(from))
 }
 
 /// One dependency as its pushback knows it: its name and settings, and the schedule its answers
@@ -113,6 +120,15 @@ impl<C: Clock> Dependency<C> {
     pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
         let now = self.clock.now();
         self.schedule().try_start(now).map_err(|at| (now, at))
+    }
+
+    /// Refuses a call at `now` that may start at `at` only, later than it may wait for.
+    pub(crate) fn refuse(&self, now: u64, at: u64) -> PushedBack {
+        self.metrics.count(Outcome::Refused);
+        PushedBack {
+            dependency: self.name.clone(),
+            retry_after: span(now, at),
+        }
     }
 
     /// A call started by [`try_start`](Self::try_start) has ended.

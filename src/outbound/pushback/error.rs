@@ -14,18 +14,11 @@ use std::time::Duration;
 /// sent again after [`retry_after`](Self::retry_after).
 #[derive(Clone, Debug)]
 pub struct PushedBack {
-    dependency: Arc<str>,
-    retry_after: Duration,
+    pub(super) dependency: Arc<str>,
+    pub(super) retry_after: Duration,
 }
 
 impl PushedBack {
-    pub(crate) fn new(dependency: Arc<str>, retry_after: Duration) -> Self {
-        Self {
-            dependency,
-            retry_after,
-        }
-    }
-
     /// The name of the dependency that asked for the hold.
     pub fn dependency(&self) -> &str {
         &self.dependency

@@ -6,19 +6,18 @@ use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::dependency::Dependency;
+use super::dependency::{span, Dependency};
 use super::error::PushedBack;
-use super::metrics::Outcome;
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
+use crate::outbound::metrics::Outcome;
 use crate::BoxError;
 
 /// A call counted in flight until it is answered, fails or is dropped.
@@ -81,10 +80,6 @@ pin_project! {
     }
 }
 
-fn span(from: u64, to: u64) -> Duration {
-    Duration::from_nanos(to.saturating_sub(from))
-}
-
 fn run<S: Service<Req>, Req, C: Clock>(
     dependency: &Arc<Dependency<C>>,
     place: u64,
@@ -124,9 +119,8 @@ where
             Err((now, at)) => {
                 let deadline = now.saturating_add(saturating_nanos(dependency.max_wait));
                 if at > deadline {
-                    dependency.metrics.count(Outcome::Refused);
                     State::Refused {
-                        error: Some(PushedBack::new(dependency.name.clone(), span(now, at))),
+                        error: Some(dependency.refuse(now, at)),
                     }
                 } else {
                     // The readied service goes with the call; this handle keeps a clone.
@@ -194,10 +188,7 @@ where
                             let waited = entry.since.elapsed();
                             if at > entry.deadline || waited >= this.dependency.max_wait {
                                 *waiting = None;
-                                this.dependency.metrics.count(Outcome::Refused);
-                                let error =
-                                    PushedBack::new(this.dependency.name.clone(), span(now, at));
-                                return Poll::Ready(Err(error.into()));
+                                return Poll::Ready(Err(this.dependency.refuse(now, at).into()));
                             }
                             // Held again (a newer answer moved the time): sleep until then.
                             let until = span(now, at).min(this.dependency.max_wait - waited);

@@ -1,10 +1,15 @@
-//! The layer that puts a [`Pushback`] in front of a service.
+//! The layer that puts a [`Pushback`] in front of a service, and the service it makes.
+
+use std::task::{Context, Poll};
 
 use tower_layer::Layer;
+use tower_service::Service;
 
 use super::dependency::Pushback;
-use super::service::PushbackService;
-use crate::clock::SystemClock;
+use super::future::ResponseFuture;
+use crate::clock::{Clock, SystemClock};
+use crate::head::ResponseHead;
+use crate::BoxError;
 
 /// Wraps a service in a [`Pushback`]: calls are held back as the dependency's responses ask.
 ///
@@ -49,25 +54,47 @@ use crate::clock::SystemClock;
 /// ```
 #[derive(Clone, Debug)]
 pub struct PushbackLayer<C = SystemClock> {
-    pushback: Pushback<C>,
-}
-
-impl<C> PushbackLayer<C> {
-    /// A layer for `pushback`.
-    pub fn new(pushback: Pushback<C>) -> Self {
-        Self { pushback }
-    }
-
-    /// The pushback this layer applies.
-    pub fn pushback(&self) -> &Pushback<C> {
-        &self.pushback
-    }
+    pub(super) pushback: Pushback<C>,
 }
 
 impl<S, C> Layer<S> for PushbackLayer<C> {
     type Service = PushbackService<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PushbackService::new(inner, self.pushback.clone())
+        PushbackService {
+            inner,
+            pushback: self.pushback.clone(),
+        }
+    }
+}
+
+/// A service behind a [`Pushback`]; made by [`PushbackLayer`].
+///
+/// A call is checked in `call`: sent at once when the dependency allows it, held (up to
+/// `max_wait`) or refused with [`PushedBack`](super::PushedBack) otherwise. The inner service
+/// must be `Clone` because a call that waits takes the readied service with it.
+#[derive(Clone, Debug)]
+pub struct PushbackService<S, C = SystemClock> {
+    inner: S,
+    pushback: Pushback<C>,
+}
+
+impl<S, C, Req> Service<Req> for PushbackService<S, C>
+where
+    S: Service<Req> + Clone,
+    S::Response: ResponseHead,
+    S::Error: Into<BoxError>,
+    C: Clock,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, C, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        ResponseFuture::start(&self.pushback.dependency, &mut self.inner, request)
     }
 }

@@ -100,19 +100,16 @@
 //! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
 //! field that does not parse is ignored whole, as that RFC asks.
 
-mod answer;
+pub(crate) mod answer;
 mod builder;
 mod dependency;
 mod error;
 mod future;
 mod layer;
-mod metrics;
 mod schedule;
-mod service;
 
 pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
-pub use self::layer::PushbackLayer;
-pub use self::service::PushbackService;
+pub use self::layer::{PushbackLayer, PushbackService};

@@ -12,15 +12,11 @@ use std::time::Duration;
 /// sent again after [`retry_after`](Self::retry_after).
 #[derive(Clone, Debug)]
 pub struct QuotaExhausted {
-    quota: Arc<str>,
-    retry_after: Duration,
+    pub(super) quota: Arc<str>,
+    pub(super) retry_after: Duration,
 }
 
 impl QuotaExhausted {
-    pub(crate) fn new(quota: Arc<str>, retry_after: Duration) -> Self {
-        Self { quota, retry_after }
-    }
-
     /// The name of the quota that refused the call.
     pub fn quota(&self) -> &str {
         &self.quota

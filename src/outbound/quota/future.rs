@@ -11,11 +11,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::cost::QuotaCost;
 use super::error::QuotaExhausted;
-use super::key::QuotaKey;
-use super::layer::ClientQuotaLayer;
-use super::metrics::{ClientQuotaMetrics, Outcome};
+use super::layer::Shared;
+use crate::outbound::metrics::Outcome;
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -33,8 +31,6 @@ pin_project! {
         // Admitted; the permits fall due when the sleep ends.
         Waiting {
             sleep: Pin<Box<Sleep>>,
-            // Taken when it is given back, which happens at most once.
-            decision: Option<Decision>,
             call: Option<(S, Req)>,
         },
         Refused { error: Option<BoxError> },
@@ -55,11 +51,11 @@ pin_project! {
         S: Service<Req>,
         L: Limiter<K>,
     {
-        name: Arc<str>,
-        metrics: ClientQuotaMetrics,
-        limiter: Arc<L>,
+        shared: Arc<Shared<L>>,
         key: K,
         cost: u32,
+        // The permits of a call waiting for them: given back if the call is dropped unsent.
+        reserved: Option<Decision>,
         #[pin]
         state: State<S, Req, L::Future>,
     }
@@ -71,10 +67,8 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let StateProj::Waiting { decision, .. } = this.state.project() {
-                if let Some(decision) = decision.take() {
-                    this.limiter.refund(this.key, *this.cost, decision);
-                }
+            if let Some(decision) = this.reserved.take() {
+                this.shared.limiter.refund(this.key, *this.cost, decision);
             }
         }
     }
@@ -82,9 +76,9 @@ pin_project! {
 
 /// What a decision leads to. The readied service is taken out of `service` (a clone left in its
 /// place) only when the call cannot start at once.
-fn state_after<S, Req, F>(
-    name: &Arc<str>,
-    metrics: &ClientQuotaMetrics,
+fn state_after<S, Req, L, F>(
+    shared: &Shared<L>,
+    reserved: &mut Option<Decision>,
     decision: Result<Decision, BoxError>,
     service: &mut S,
     request: Req,
@@ -94,26 +88,32 @@ where
 {
     match decision {
         Err(error) => {
-            metrics.count(Outcome::Failed);
+            shared.metrics.count(Outcome::Failed);
             State::Refused { error: Some(error) }
         }
         Ok(decision) if !decision.allowed => {
-            metrics.count(Outcome::Refused);
+            shared.metrics.count(Outcome::Refused);
+            let error = QuotaExhausted {
+                quota: shared.name.clone(),
+                retry_after: decision.retry_after,
+            };
             State::Refused {
-                error: Some(QuotaExhausted::new(name.clone(), decision.retry_after).into()),
+                error: Some(error.into()),
             }
         }
         Ok(decision) if decision.wait.is_zero() => {
-            metrics.count(Outcome::Admitted);
+            shared.metrics.count(Outcome::Admitted);
             State::Running {
                 future: service.call(request),
             }
         }
-        Ok(decision) => State::Waiting {
-            sleep: Box::pin(tokio::time::sleep(decision.wait)),
-            decision: Some(decision),
-            call: Some((mem::replace(service, service.clone()), request)),
-        },
+        Ok(decision) => {
+            // Counted when the wait ends, and not at all if the call is dropped first.
+            let sleep = Box::pin(tokio::time::sleep(decision.wait));
+            *reserved = Some(decision);
+            let call = Some((mem::replace(service, service.clone()), request));
+            State::Waiting { sleep, call }
+        }
     }
 }
 
@@ -122,31 +122,27 @@ where
     S: Service<Req> + Clone,
     L: Limiter<K>,
 {
-    /// Takes the permits `quota` asks for the call, under its key and at its cost.
-    pub(crate) fn start<Q, C>(
-        quota: &ClientQuotaLayer<L, Q, C>,
+    /// Takes `cost` permits of `quota` under `key` for the call.
+    pub(super) fn start(
+        shared: &Arc<Shared<L>>,
+        key: K,
+        cost: u32,
         service: &mut S,
         request: Req,
-    ) -> Self
-    where
-        Q: QuotaKey<Req, Key = K>,
-        C: QuotaCost<Req>,
-    {
-        let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
-        let (name, metrics) = (&quota.name, &quota.metrics);
-        let state = match quota.limiter.reserve_now(&key, cost) {
-            Some(decision) => state_after(name, metrics, decision, service, request),
+    ) -> Self {
+        let mut reserved = None;
+        let state = match shared.limiter.reserve_now(&key, cost) {
+            Some(decision) => state_after(shared, &mut reserved, decision, service, request),
             None => State::Reserving {
-                reserve: quota.limiter.reserve(&key, cost),
+                reserve: shared.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
             },
         };
         Self {
-            name: name.clone(),
-            metrics: metrics.clone(),
-            limiter: Arc::clone(&quota.limiter),
+            shared: Arc::clone(shared),
             key,
             cost,
+            reserved,
             state,
         }
     }
@@ -163,33 +159,29 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let next = match this.state.as_mut().project() {
                 StateProj::Reserving { reserve, call } => {
                     let decision = ready!(reserve.poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    let next =
-                        state_after(this.name, this.metrics, decision, &mut service, request);
-                    this.state.set(next);
+                    state_after(this.shared, this.reserved, decision, &mut service, request)
                 }
-                StateProj::Waiting { sleep, call, .. } => {
+                StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
-                    // Leaving `Waiting` keeps the permits: they are due now.
-                    this.metrics.count(Outcome::Waited);
-                    this.state.set(State::Running {
-                        future: service.call(request),
-                    });
+                    this.shared.metrics.count(Outcome::Waited);
+                    let future = service.call(request);
+                    // The permits are due now: the call keeps them.
+                    *this.reserved = None;
+                    State::Running { future }
                 }
                 StateProj::Refused { error } => {
-                    let error = error.take().expect("polled after completion");
-                    return Poll::Ready(Err(error));
+                    return Poll::Ready(Err(error.take().expect("polled after completion")));
                 }
-                StateProj::Running { future } => {
-                    return future.poll(cx).map_err(Into::into);
-                }
-            }
+                StateProj::Running { future } => return future.poll(cx).map_err(Into::into),
+            };
+            this.state.set(next);
         }
     }
 }
@@ -207,7 +199,7 @@ where
             State::Running { .. } => "running",
         };
         f.debug_struct("ResponseFuture")
-            .field("quota", &self.name)
+            .field("quota", &self.shared.name)
             .field("cost", &self.cost)
             .field("state", &state)
             .finish()

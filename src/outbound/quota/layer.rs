@@ -1,14 +1,16 @@
-//! The layer that applies a client-side quota to an outbound service.
+//! The layer that applies a client-side quota to an outbound service, and the service it makes.
 
 use std::fmt;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tower_layer::Layer;
+use tower_service::Service;
 
-use super::cost::FixedCost;
-use super::key::OneKey;
-use super::metrics::ClientQuotaMetrics;
-use super::service::ClientQuotaService;
+use super::charge::{QuotaCost, QuotaKey};
+use super::future::ResponseFuture;
+use crate::outbound::metrics::ClientQuotaMetrics;
+use crate::{BoxError, Limiter};
 
 /// Applies a limiter to the calls of an outbound service: each call takes its cost in permits
 /// before it is sent, waiting up to the quota's `max_wait` for them or failing at once with
@@ -63,11 +65,16 @@ use super::service::ClientQuotaService;
 /// # Ok(())
 /// # }
 /// ```
-pub struct ClientQuotaLayer<L, K = OneKey, C = FixedCost> {
+pub struct ClientQuotaLayer<L, K = (), C = u32> {
+    shared: Arc<Shared<L>>,
+    key: K,
+    cost: C,
+}
+
+/// What every service and call of one layer shares: the quota's name, limiter and counters.
+pub(super) struct Shared<L> {
     pub(super) name: Arc<str>,
-    pub(super) limiter: Arc<L>,
-    pub(super) key: K,
-    pub(super) cost: C,
+    pub(super) limiter: L,
     pub(super) metrics: ClientQuotaMetrics,
 }
 
@@ -76,60 +83,51 @@ impl<L> ClientQuotaLayer<L> {
     /// costing one permit.
     pub fn new(name: impl Into<Arc<str>>, limiter: L) -> Self {
         let name = name.into();
+        let metrics = ClientQuotaMetrics::new(&name);
         Self {
-            metrics: ClientQuotaMetrics::new(&name),
-            name,
-            limiter: Arc::new(limiter),
-            key: OneKey,
-            cost: FixedCost::default(),
+            shared: Arc::new(Shared {
+                name,
+                limiter,
+                metrics,
+            }),
+            key: (),
+            cost: 1,
         }
     }
 }
 
 impl<L, K, C> ClientQuotaLayer<L, K, C> {
     /// Counts each call under the key `key` chooses from the request (a closure
-    /// `Fn(&Req) -> Key`, or a [`QuotaKey`](super::QuotaKey)).
+    /// `Fn(&Req) -> Key`, or a [`QuotaKey`]).
     pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C> {
-        ClientQuotaLayer {
-            name: self.name,
-            limiter: self.limiter,
-            key,
-            cost: self.cost,
-            metrics: self.metrics,
-        }
+        let Self { shared, cost, .. } = self;
+        ClientQuotaLayer { shared, key, cost }
     }
 
     /// Every call costs `permits`.
-    pub fn cost(self, permits: u32) -> ClientQuotaLayer<L, K, FixedCost> {
-        self.cost_by(FixedCost::new(permits))
+    pub fn cost(self, permits: u32) -> ClientQuotaLayer<L, K, u32> {
+        self.cost_by(permits)
     }
 
     /// Each call costs what `cost` says of its request (a closure `Fn(&Req) -> u32`, or a
-    /// [`QuotaCost`](super::QuotaCost)).
+    /// [`QuotaCost`]).
     pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2> {
-        ClientQuotaLayer {
-            name: self.name,
-            limiter: self.limiter,
-            key: self.key,
-            cost,
-            metrics: self.metrics,
-        }
+        let Self { shared, key, .. } = self;
+        ClientQuotaLayer { shared, key, cost }
     }
 
     /// The limiter this layer applies.
     pub fn limiter(&self) -> &L {
-        &self.limiter
+        &self.shared.limiter
     }
 }
 
 impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
     fn clone(&self) -> Self {
         Self {
-            name: self.name.clone(),
-            limiter: Arc::clone(&self.limiter),
+            shared: Arc::clone(&self.shared),
             key: self.key.clone(),
             cost: self.cost.clone(),
-            metrics: self.metrics.clone(),
         }
     }
 }
@@ -137,8 +135,8 @@ impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
 impl<L: fmt::Debug, K, C> fmt::Debug for ClientQuotaLayer<L, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientQuotaLayer")
-            .field("name", &self.name)
-            .field("limiter", &self.limiter)
+            .field("name", &self.shared.name)
+            .field("limiter", &self.shared.limiter)
             .finish_non_exhaustive()
     }
 }
@@ -147,6 +145,59 @@ impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
     type Service = ClientQuotaService<S, L, K, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ClientQuotaService::new(inner, self.clone())
+        ClientQuotaService {
+            inner,
+            quota: self.clone(),
+        }
+    }
+}
+
+/// A service behind a client-side quota; made by [`ClientQuotaLayer`].
+///
+/// The permits are taken in `call`, never in `poll_ready`. The inner service must be `Clone`
+/// because a call that waits for its permits takes the readied service with it (a
+/// `reqwest::Client` is a cheap clone).
+pub struct ClientQuotaService<S, L, K, C> {
+    inner: S,
+    quota: ClientQuotaLayer<L, K, C>,
+}
+
+impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            quota: self.quota.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, L: fmt::Debug, K, C> fmt::Debug for ClientQuotaService<S, L, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientQuotaService")
+            .field("inner", &self.inner)
+            .field("quota", &self.quota)
+            .finish()
+    }
+}
+
+impl<S, L, K, C, Req> Service<Req> for ClientQuotaService<S, L, K, C>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: QuotaKey<Req>,
+    C: QuotaCost<Req>,
+    L: Limiter<K::Key>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, L, K::Key, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let (key, cost) = (self.quota.key.key(&request), self.quota.cost.cost(&request));
+        ResponseFuture::start(&self.quota.shared, key, cost, &mut self.inner, request)
     }
 }

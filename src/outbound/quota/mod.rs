@@ -47,17 +47,12 @@
 //!   a limiter that fails (Redis down, under a fail mode that propagates errors) fails the call
 //!   with its error. Neither reaches the dependency.
 
-mod cost;
+mod charge;
 mod error;
 mod future;
-mod key;
 mod layer;
-mod metrics;
-mod service;
 
-pub use self::cost::{FixedCost, QuotaCost};
+pub use self::charge::{QuotaCost, QuotaKey};
 pub use self::error::QuotaExhausted;
 pub use self::future::ResponseFuture;
-pub use self::key::{OneKey, QuotaKey};
-pub use self::layer::ClientQuotaLayer;
-pub use self::service::ClientQuotaService;
+pub use self::layer::{ClientQuotaLayer, ClientQuotaService};

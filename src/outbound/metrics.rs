@@ -1,32 +1,79 @@
-//! A pushback's metrics (feature `metrics`): every [`Pushback`](super::Pushback), built by hand
-//! or from a config file, counts its calls by outcome and the answers that asked it to hold
-//! calls, by what they said. Names and labels are in
-//! [`metric_names`](crate::observe::metric_names).
+//! The outbound layers' metrics (feature `metrics`): every [`Pushback`](super::Pushback) and
+//! [`ClientQuotaLayer`](super::ClientQuotaLayer), built by hand or from a config file, counts
+//! its calls by outcome, and a pushback counts the answers that asked it to hold calls, by what
+//! they said. Names and labels are in [`metric_names`](crate::observe::metric_names).
 //!
-//! Without the feature, [`PushbackMetrics`] holds nothing and records nothing.
+//! The limiter under a client quota counts its own decisions as well (an
+//! [`Observed`](crate::observe::Observed) limiter, as every configured one is, under its own
+//! name); the quota's counters are what happened to the calls.
+//!
+//! Every handle is registered with the recorder at first use (so the recorder may be installed
+//! after the layer is built) and then used without building keys or allocating. Without the
+//! feature, these hold nothing and count nothing.
 
 use std::sync::Arc;
 
-use super::answer::Answer;
+use super::pushback::answer::Answer;
 #[cfg(feature = "metrics")]
-use super::answer::Dialect;
+use super::pushback::answer::Dialect;
 #[cfg(feature = "metrics")]
 use crate::observe::metric_names as m;
+#[cfg(feature = "metrics")]
+use std::sync::OnceLock;
 
 /// What happened to a call, counted under the `outcome` label.
 #[derive(Clone, Copy)]
 pub(crate) enum Outcome {
     /// Sent at once.
     Admitted,
-    /// Sent once the hold it waited for had ended.
+    /// Sent once the hold it waited for had ended, or its permits had fallen due.
     Waited,
-    /// Refused with `PushedBack`, at once or after waiting.
+    /// Refused with `PushedBack` (at once or after waiting) or `QuotaExhausted`.
     Refused,
+    /// A client quota's limiter could not decide (its error, such as a cost it can never grant
+    /// or a store that failed under a fail mode that propagates errors).
+    Failed,
 }
 
 /// The `outcome` labels, in the order of [`Outcome`].
 #[cfg(feature = "metrics")]
-const OUTCOMES: [&str; 3] = ["admitted", "waited", "refused"];
+const OUTCOMES: [&str; 4] = ["admitted", "waited", "refused", "failed"];
+
+/// The counters of `metric` for `name`, one an outcome of the first `N`.
+#[cfg(feature = "metrics")]
+fn call_counters<const N: usize>(metric: &'static str, name: &str) -> [metrics::Counter; N] {
+    std::array::from_fn(
+        |index| metrics::counter!(metric, "name" => name.to_owned(), "outcome" => OUTCOMES[index]),
+    )
+}
+
+/// One client quota's counters, shared by its layer, services and calls.
+pub(crate) struct ClientQuotaMetrics {
+    #[cfg(feature = "metrics")]
+    name: Arc<str>,
+    #[cfg(feature = "metrics")]
+    calls: OnceLock<[metrics::Counter; 4]>,
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+impl ClientQuotaMetrics {
+    pub(crate) fn new(name: &Arc<str>) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            name: Arc::clone(name),
+            #[cfg(feature = "metrics")]
+            calls: OnceLock::new(),
+        }
+    }
+
+    /// Counts one call under `outcome`.
+    pub(crate) fn count(&self, outcome: Outcome) {
+        #[cfg(feature = "metrics")]
+        self.calls
+            .get_or_init(|| call_counters(m::CLIENT_QUOTA_CALLS, &self.name))[outcome as usize]
+            .increment(1);
+    }
+}
 
 /// The holds' counters: a `Retry-After` (or a 429 naming no time) first, then a spent quota
 /// of each dialect, in the order of [`Dialect::ALL`].
@@ -44,19 +91,18 @@ fn hold_reason(index: usize) -> &'static str {
 
 #[cfg(feature = "metrics")]
 struct Handles {
+    /// A pushback fails no call of its own: no `failed` outcome.
     calls: [metrics::Counter; 3],
     holds: [metrics::Counter; HOLD_REASONS],
     held: metrics::Gauge,
 }
 
-/// One pushback's metric handles, registered with the recorder at first use (so the recorder
-/// may be installed after the pushback is built) and then used without building keys or
-/// allocating.
+/// One pushback's metric handles.
 pub(crate) struct PushbackMetrics {
     #[cfg(feature = "metrics")]
     name: Arc<str>,
     #[cfg(feature = "metrics")]
-    handles: std::sync::OnceLock<Handles>,
+    handles: OnceLock<Handles>,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -66,7 +112,7 @@ impl PushbackMetrics {
             #[cfg(feature = "metrics")]
             name: Arc::clone(name),
             #[cfg(feature = "metrics")]
-            handles: std::sync::OnceLock::new(),
+            handles: OnceLock::new(),
         }
     }
 
@@ -75,9 +121,7 @@ impl PushbackMetrics {
         self.handles.get_or_init(|| {
             let name = self.name.to_string();
             Handles {
-                calls: OUTCOMES.map(|outcome| {
-                    metrics::counter!(m::PUSHBACK_CALLS, "name" => name.clone(), "outcome" => outcome)
-                }),
+                calls: call_counters(m::PUSHBACK_CALLS, &name),
                 holds: std::array::from_fn(|index| {
                     metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => hold_reason(index))
                 }),
