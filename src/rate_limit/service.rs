@@ -26,23 +26,6 @@ pub struct RateLimit<S, P, M = SameBody> {
     pub(crate) kind: PhantomData<fn() -> M>,
 }
 
-impl<S, P, M> RateLimit<S, P, M> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, consuming this one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
 impl<S: Clone, P, M> Clone for RateLimit<S, P, M> {
     fn clone(&self) -> Self {
         Self {
