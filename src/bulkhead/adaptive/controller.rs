@@ -1,7 +1,6 @@
 //! What moves an adaptive bulkhead's limit: each call's sample, fed to the algorithm under a
 //! lock, and the limit it returns applied to the bulkhead's permits.
 
-use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -144,16 +143,12 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        let verdict = self.verdict.unwrap_or(
-            if self.permit.outcome == CallOutcome::Panicked
-                || !self.polled
-                || std::thread::panicking()
-            {
-                Verdict::Ignored
-            } else {
-                self.controller.cancelled
-            },
-        );
+        let panicked = self.permit.outcome == CallOutcome::Panicked || std::thread::panicking();
+        let verdict = match self.verdict {
+            Some(verdict) => verdict,
+            None if panicked || !self.polled => Verdict::Ignored,
+            None => self.controller.cancelled,
+        };
         let controller = &*self.controller;
         controller.in_flight.fetch_sub(1, Ordering::Relaxed);
         if verdict != Verdict::Ignored {
@@ -165,13 +160,5 @@ impl Drop for Sampler {
                 overloaded,
             );
         }
-    }
-}
-
-impl fmt::Debug for Sampler {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sampler")
-            .field("bulkhead", &self.controller.bulkhead.name())
-            .finish_non_exhaustive()
     }
 }

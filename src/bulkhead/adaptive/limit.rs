@@ -28,9 +28,17 @@ impl Limits {
             min,
             "at least 1: a limit of zero would refuse every call and never learn again",
         )?;
-        let (bound, expected) = ("at most MAX_CONCURRENT_CALLS (2^31 - 1)", "at most max_limit");
+        let (bound, expected) = (
+            "at most MAX_CONCURRENT_CALLS (2^31 - 1)",
+            "at most max_limit",
+        );
         ensure(max <= MAX_CONCURRENT_CALLS, "max_limit", max, bound)?;
-        ensure(min <= max, "min_limit", format!("{min} (with max_limit {max})"), expected)?;
+        ensure(
+            min <= max,
+            "min_limit",
+            format!("{min} (with max_limit {max})"),
+            expected,
+        )?;
         ensure(
             (min..=max).contains(&initial),
             "initial_limit",
