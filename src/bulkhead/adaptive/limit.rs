@@ -22,28 +22,19 @@ impl Limits {
     /// Checks and keeps the bounds; `min` must be at least 1, `initial` between `min` and `max`,
     /// and `max` at most [`MAX_CONCURRENT_CALLS`].
     pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, AdaptiveConfigError> {
-        ensure(
-            min > 0,
-            "min_limit",
-            min,
-            "at least 1: a limit of zero would refuse every call and never learn again",
-        )?;
-        let (bound, expected) = (
-            "at most MAX_CONCURRENT_CALLS (2^31 - 1)",
-            "at most max_limit",
-        );
-        ensure(max <= MAX_CONCURRENT_CALLS, "max_limit", max, bound)?;
-        ensure(
-            min <= max,
-            "min_limit",
-            format!("{min} (with max_limit {max})"),
-            expected,
-        )?;
+        let zero = "at least 1: a limit of zero would refuse every call and never learn again";
+        ensure(min > 0, "min_limit", min, zero)?;
+        let over = "at most MAX_CONCURRENT_CALLS (2^31 - 1)";
+        ensure(max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
+        let with_max = format!("{min} (with max_limit {max})");
+        ensure(min <= max, "min_limit", with_max, "at most max_limit")?;
+        let with_both = format!("{initial} (with min_limit {min} and max_limit {max})");
+        let between = "between min_limit and max_limit";
         ensure(
             (min..=max).contains(&initial),
             "initial_limit",
-            format!("{initial} (with min_limit {min} and max_limit {max})"),
-            "between min_limit and max_limit",
+            with_both,
+            between,
         )?;
         Ok(Self { min, initial, max })
     }
