@@ -76,7 +76,7 @@ fn bench(c: &mut Criterion) {
         let strict = RedisRateLimiter::builder(one_per_hour, store.clone())
             .prefix("strict:")
             .timeout(Duration::from_secs(5))
-            .without_refusal_cache()
+            .refusal_cache_capacity(0)
             .build()
             .unwrap();
         let strict_cached = RedisRateLimiter::builder(one_per_hour, store.clone())

@@ -17,16 +17,12 @@ use super::{BuildError, HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter
 use crate::clock::{Clock, SystemClock};
 use crate::Quota;
 
-/// The default timeout of one decision.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// The default time during which decisions skip Redis after a failure.
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(250);
-
-/// The default bound on refused keys held by the local cache.
-pub const DEFAULT_REFUSAL_CACHE_CAPACITY: usize = 100_000;
-
 /// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
+///
+/// Until told otherwise it runs GCRA on the server's clock under the prefix
+/// `bulwark:<algorithm>:` with a hash tag per key, waits 100 ms for each decision, admits when
+/// Redis cannot decide ([`RedisFailMode::Open`]), skips Redis for 250 ms after a failure to
+/// reach it, and caches up to 100 000 refused keys.
 pub struct RedisRateLimiterBuilder {
     settings: Settings,
     /// The client clock the scripts read, if they do not read the server's `TIME`.
@@ -44,7 +40,7 @@ struct Settings {
     timeout: Duration,
     fail_mode: RedisFailMode,
     probe_interval: Duration,
-    cache_capacity: Option<usize>,
+    cache_capacity: usize,
 }
 
 impl fmt::Debug for RedisRateLimiterBuilder {
@@ -65,10 +61,10 @@ impl RedisRateLimiterBuilder {
                 script: LimiterScript::Gcra,
                 prefix: None,
                 hash_tag: HashTag::PerKey,
-                timeout: DEFAULT_TIMEOUT,
+                timeout: Duration::from_millis(100),
                 fail_mode: RedisFailMode::default(),
-                probe_interval: DEFAULT_PROBE_INTERVAL,
-                cache_capacity: Some(DEFAULT_REFUSAL_CACHE_CAPACITY),
+                probe_interval: Duration::from_millis(250),
+                cache_capacity: 100_000,
             },
             client_clock: None,
         }
@@ -107,8 +103,7 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// The longest a decision waits for Redis before the fail mode decides (default
-    /// [`DEFAULT_TIMEOUT`]).
+    /// The longest a decision waits for Redis before the fail mode decides (default 100 ms).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
         self
@@ -121,23 +116,17 @@ impl RedisRateLimiterBuilder {
     }
 
     /// After a failure, how long decisions go straight to the fail mode before Redis is
-    /// tried again (default [`DEFAULT_PROBE_INTERVAL`]). While Redis is down this spares every
+    /// tried again (default 250 ms). While Redis is down this spares every
     /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.settings.probe_interval = interval;
         self
     }
 
-    /// The most refused keys the local cache holds (default
-    /// [`DEFAULT_REFUSAL_CACHE_CAPACITY`]).
+    /// The most refused keys the local cache holds (default 100 000); zero turns the cache off,
+    /// so that every request goes to Redis, even for a key known to be refused.
     pub fn refusal_cache_capacity(mut self, capacity: usize) -> Self {
-        self.settings.cache_capacity = Some(capacity);
-        self
-    }
-
-    /// Sends every request to Redis, even for a key known to be refused.
-    pub fn without_refusal_cache(mut self) -> Self {
-        self.settings.cache_capacity = None;
+        self.settings.cache_capacity = capacity;
         self
     }
 
@@ -170,7 +159,8 @@ impl RedisRateLimiterBuilder {
                 timeout: settings.timeout,
                 fail_mode: settings.fail_mode,
                 breaker: Breaker::new(settings.probe_interval),
-                cache: settings.cache_capacity.map(RefusalCache::new),
+                cache: (settings.cache_capacity > 0)
+                    .then(|| RefusalCache::new(settings.cache_capacity)),
                 cached_refusals: AtomicU64::new(0),
                 offset: ClockOffset::default(),
             }),

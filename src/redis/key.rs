@@ -119,29 +119,10 @@ macro_rules! display_keys {
     )*};
 }
 
-display_keys!(
-    str,
-    String,
-    Cow<'_, str>,
-    u8,
-    u16,
-    u32,
-    u64,
-    u128,
-    usize,
-    i8,
-    i16,
-    i32,
-    i64,
-    i128,
-    isize,
-    char,
-    bool,
-    IpAddr,
-    Ipv4Addr,
-    Ipv6Addr,
-    SocketAddr,
-);
+display_keys! {
+    str, String, Cow<'_, str>, char, bool, IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr,
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize,
+}
 
 /// Header bytes as text: visible ASCII as is, anything else (and `\`) escaped as `\xNN`, so
 /// different values never write the same text.

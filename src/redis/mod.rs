@@ -71,8 +71,8 @@
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself.
 //! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
-//!   without a round trip ([`without_refusal_cache`](RedisRateLimiterBuilder::without_refusal_cache)
-//!   turns this off).
+//!   without a round trip (a zero
+//!   [`refusal_cache_capacity`](RedisRateLimiterBuilder::refusal_cache_capacity) turns this off).
 //!
 //! # Limits
 //!
@@ -112,10 +112,7 @@ mod reply;
 mod script;
 mod store;
 
-pub use builder::{
-    RedisRateLimiterBuilder, DEFAULT_PROBE_INTERVAL, DEFAULT_REFUSAL_CACHE_CAPACITY,
-    DEFAULT_TIMEOUT,
-};
+pub use builder::RedisRateLimiterBuilder;
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 pub use future::ReserveFuture;

@@ -54,10 +54,10 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     let Value::Array(items) = value else {
         return Err(bad(format!("expected an array of integers, got {value:?}")));
     };
-    let Some(status) = items.first() else {
-        return Err(bad("an empty array".to_owned()));
-    };
-    let status = int("status", status)?;
+    let status = int(
+        "status",
+        items.first().ok_or_else(|| bad("an empty array".into()))?,
+    )?;
     // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
     let with_tat = quota.script == LimiterScript::Gcra;
     let names: Vec<&str> = match status {
@@ -72,25 +72,17 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         let (expected, got) = (names.len(), items.len());
         return Err(bad(format!("expected {expected} integers, got {got}")));
     }
-    let ints = names
-        .iter()
-        .zip(items)
-        .map(|(name, item)| int(name, item))
-        .collect::<Result<Vec<u64>, _>>()?;
-    // A field the reply does not carry (a window script's `state_after`) is zero.
-    let field = |name: &str| names.iter().position(|&n| n == name).map_or(0, |i| ints[i]);
-    let instant = |name: &str| match field(name) {
+    // Each field by its name, checked; a field the reply does not carry (a window script's
+    // `state_after`) is zero.
+    let field = |name: &str| match names.iter().position(|&n| n == name) {
+        Some(i) => int(name, &items[i]),
+        None => Ok(0),
+    };
+    let instant = |name: &str| match field(name)? {
         instant if instant >= MAX_EXACT => {
             Err(bad(format!("`{name}` is out of range ({instant})")))
         }
         instant => Ok(instant),
-    };
-    let duration = |name: &str| {
-        let ticks = field(name);
-        ticks
-            .checked_mul(quota.tick_nanos)
-            .map(Duration::from_nanos)
-            .ok_or_else(|| bad(format!("`{name}` is out of range ({ticks})")))
     };
     let time = instant("time")?;
     match status {
@@ -98,19 +90,26 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         3 => return Ok(Reply::Refunded(time)),
         _ => {}
     }
-    let remaining = field("remaining");
+    let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
+    let remaining = field("remaining")?;
     let limit = quota.limit;
     if remaining > limit {
         return Err(bad(format!(
             "`remaining` ({remaining}) exceeds the limit ({limit})"
         )));
     }
+    let duration = |name: &str| {
+        let ticks = field(name)?;
+        ticks
+            .checked_mul(quota.tick_nanos)
+            .map(Duration::from_nanos)
+            .ok_or_else(|| bad(format!("`{name}` is out of range ({ticks})")))
+    };
     let (retry_after, reset_after, wait) = (
         duration("retry_after")?,
         duration("reset_after")?,
         duration("wait")?,
     );
-    let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
     let decision = if status == 0 {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {

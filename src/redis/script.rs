@@ -28,11 +28,6 @@ macro_rules! limiter_script {
     };
 }
 
-static GCRA: LazyLock<Script> = limiter_script!("gcra.lua");
-static FIXED_WINDOW: LazyLock<Script> = limiter_script!("fixed_window.lua");
-static SLIDING_LOG: LazyLock<Script> = limiter_script!("sliding_log.lua");
-static SLIDING_COUNTER: LazyLock<Script> = limiter_script!("sliding_counter.lua");
-
 mod sealed {
     /// The script of one algorithm: public in a private module, as the sealed trait that
     /// names it must be.
@@ -73,23 +68,20 @@ macro_rules! redis_algorithms {
 redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter);
 
 impl LimiterScript {
+    /// The script, by the enum's order.
     fn lua(self) -> &'static Script {
-        match self {
-            Self::Gcra => &GCRA,
-            Self::FixedWindow => &FIXED_WINDOW,
-            Self::SlidingLog => &SLIDING_LOG,
-            Self::SlidingCounter => &SLIDING_COUNTER,
-        }
+        static SCRIPTS: [LazyLock<Script>; 4] = [
+            limiter_script!("gcra.lua"),
+            limiter_script!("fixed_window.lua"),
+            limiter_script!("sliding_log.lua"),
+            limiter_script!("sliding_counter.lua"),
+        ];
+        &SCRIPTS[self as usize]
     }
 
-    /// The name used in the default key prefix and in logs.
+    /// The name used in the default key prefix and in logs, by the enum's order.
     pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::Gcra => "gcra",
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingLog => "sliding_log",
-            Self::SlidingCounter => "sliding_counter",
-        }
+        ["gcra", "fixed_window", "sliding_log", "sliding_counter"][self as usize]
     }
 }
 

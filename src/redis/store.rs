@@ -17,9 +17,6 @@ const MANAGER_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
-    /// How long the connection itself waits for a reply before it fails the command, if it does:
-    /// a decision's caller is answered by then at the latest, so its deadline is no later.
-    response_timeout: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -73,12 +70,13 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let urls = urls.into_iter().map(|url| url.as_ref().to_owned());
         let client = redis::cluster::ClusterClient::builder(urls)
             .connection_timeout(Duration::from_secs(1))
             .build()?;
-        let connection = client.get_async_connection().await?;
-        Ok(Self::from_cluster(connection))
+        Ok(Self {
+            connection: Connection::Cluster(client.get_async_connection().await?),
+        })
     }
 
     /// Uses a connection manager configured by hand.
@@ -91,26 +89,18 @@ impl RedisStore {
     pub fn from_manager(manager: ConnectionManager) -> Self {
         Self {
             connection: Connection::Server(manager),
-            response_timeout: Some(MANAGER_RESPONSE_TIMEOUT),
-        }
-    }
-
-    /// Uses a cluster connection configured by hand.
-    ///
-    /// The limiter's timeout is taken as the deadline of each decision: give the cluster client
-    /// no response timeout shorter than it.
-    pub fn from_cluster(connection: ClusterConnection) -> Self {
-        Self {
-            connection: Connection::Cluster(connection),
-            response_timeout: None,
         }
     }
 
     /// The longest a caller of a limiter with `timeout` waits for a reply: the limiter's timeout,
-    /// or the connection's own response timeout if that is shorter.
+    /// or the connection's own response timeout if that is shorter (a decision's caller is
+    /// answered by then at the latest, so its deadline is no later). The cluster client has no
+    /// response timeout shorter than the limiter's.
     pub(crate) fn longest_wait(&self, timeout: Duration) -> Duration {
-        self.response_timeout
-            .map_or(timeout, |response| response.min(timeout))
+        match self.connection {
+            Connection::Server(_) => timeout.min(MANAGER_RESPONSE_TIMEOUT),
+            Connection::Cluster(_) => timeout,
+        }
     }
 
     /// Runs a script: `EVALSHA`, and when the server does not know the script (a restart or

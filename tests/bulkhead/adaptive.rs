@@ -705,7 +705,9 @@ async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("panic")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        .hooks(|events| {
+            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        })
         .build();
     let in_call = ServiceBuilder::new()
         .layer(bulkhead.layer())

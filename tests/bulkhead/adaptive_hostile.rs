@@ -175,7 +175,9 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("caught")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        .hooks(|events| {
+            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        })
         .build();
     let service = ServiceBuilder::new()
         .layer(bulkhead.layer())
@@ -220,7 +222,9 @@ async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() 
     let log = finished.clone();
     let bulkhead = AdaptiveBulkhead::builder("classifier")
         .algorithm(recorder.clone())
-        .on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        .hooks(|events| {
+            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        })
         .build();
     let service = ServiceBuilder::new()
         .layer(

@@ -210,15 +210,18 @@ async fn storm(
     let bulkhead = builder
         .limits(limits)
         .algorithm(algorithm)
-        .on_call_permitted(move |_: &CallPermitted<'_>| {
-            p.permitted.fetch_add(1, Ordering::Relaxed);
-        })
-        .on_call_rejected(move |_: &CallRejected<'_>| {
-            r.rejected.fetch_add(1, Ordering::Relaxed);
-        })
-        .on_call_finished(move |event: &CallFinished<'_>| {
-            f.finished.fetch_add(1, Ordering::Relaxed);
-            f.outcomes.lock().unwrap().push(event.outcome);
+        .hooks(|events| {
+            events
+                .on_call_permitted(move |_: &CallPermitted<'_>| {
+                    p.permitted.fetch_add(1, Ordering::Relaxed);
+                })
+                .on_call_rejected(move |_: &CallRejected<'_>| {
+                    r.rejected.fetch_add(1, Ordering::Relaxed);
+                })
+                .on_call_finished(move |event: &CallFinished<'_>| {
+                    f.finished.fetch_add(1, Ordering::Relaxed);
+                    f.outcomes.lock().unwrap().push(event.outcome);
+                })
         })
         .on_limit_changed(move |event: &LimitChanged<'_>| {
             if event.to > event.from {

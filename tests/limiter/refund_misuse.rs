@@ -375,7 +375,7 @@ async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
             .algorithm::<A>()
             .client_clock(clock.clone())
             .prefix(format!("misuse:{tag}:"))
-            .without_refusal_cache()
+            .refusal_cache_capacity(0)
             .fail_mode(RedisFailMode::Propagate)
             .timeout(Duration::from_secs(5))
             .build()

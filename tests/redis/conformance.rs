@@ -77,7 +77,7 @@ async fn run<A: RedisAlgorithm>(
         .algorithm::<A>()
         .client_clock(clock.clone())
         .prefix(format!("conf:{seed}:"))
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();

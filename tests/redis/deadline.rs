@@ -77,7 +77,7 @@ fn build<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) -> RedisRateLimite
         .timeout(TIMEOUT)
         // Every decision goes to Redis (none skips it after a failure), so each queues a script.
         .probe_interval(Duration::ZERO)
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
         .build()
         .unwrap()
@@ -256,7 +256,7 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
     .prefix("response:")
     .timeout(limiter_timeout)
     .probe_interval(Duration::ZERO)
-    .without_refusal_cache()
+    .refusal_cache_capacity(0)
     .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     .build()
     .unwrap();
@@ -355,7 +355,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .algorithm::<A>()
     .prefix(tag)
     .timeout(TIMEOUT)
-    .without_refusal_cache()
+    .refusal_cache_capacity(0)
     .fail_mode(RedisFailMode::Propagate)
     .build()
     .unwrap();

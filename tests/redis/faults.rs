@@ -238,7 +238,7 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
     let quota = Quota::per_minute(1000).unwrap();
     let build = |limiter: RedisRateLimiterBuilder| {
         limiter
-            .without_refusal_cache()
+            .refusal_cache_capacity(0)
             .fail_mode(RedisFailMode::Propagate)
     };
     let gcra = build(RedisRateLimiter::builder(quota, store.clone()))

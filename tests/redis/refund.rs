@@ -35,7 +35,7 @@ fn limiter<A: RedisAlgorithm>(
         .algorithm::<A>()
         .client_clock(clock.clone())
         .prefix(prefix)
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .fail_mode(RedisFailMode::Propagate)
         .timeout(Duration::from_secs(5))
         .build()

@@ -111,7 +111,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
         .algorithm::<SlidingLog>()
         .client_clock(clock.clone())
         .prefix("exact:")
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .build()
         .unwrap();
     let d = admitted(&exact, "k", 50).await;
@@ -134,7 +134,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
     // mode's admission).
     let limiter = RedisRateLimiter::builder(Quota::per_minute(10).unwrap(), store(&server).await)
         .algorithm::<SlidingLog>()
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .timeout(Duration::from_secs(10))
         .fail_mode(RedisFailMode::Propagate)
         .build()
@@ -281,7 +281,7 @@ async fn a_cached_refusal_needs_no_round_trip() {
     let uncached = RedisRateLimiter::builder(quota, store(&server).await)
         .client_clock(clock.clone())
         .prefix("uncached:")
-        .without_refusal_cache()
+        .refusal_cache_capacity(0)
         .build()
         .unwrap();
     let mut conn = plain(&server).await;

@@ -11,6 +11,19 @@ use crate::bulkhead::BulkheadFull;
 use crate::head::ResponseHead;
 use crate::BoxError;
 
+/// The kinds of `io::Error` that say the dependency timed out or its connection failed.
+const CUT: [io::ErrorKind; 6] = {
+    use io::ErrorKind::*;
+    [
+        TimedOut,
+        ConnectionRefused,
+        ConnectionReset,
+        ConnectionAborted,
+        NotConnected,
+        BrokenPipe,
+    ]
+};
+
 /// What one finished call says about the dependency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
@@ -90,15 +103,7 @@ impl HttpOverload {
                 return Verdict::Overloaded;
             }
             if let Some(error) = error.downcast_ref::<io::Error>() {
-                if matches!(
-                    error.kind(),
-                    io::ErrorKind::TimedOut
-                        | io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionReset
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::NotConnected
-                        | io::ErrorKind::BrokenPipe
-                ) {
+                if CUT.contains(&error.kind()) {
                     return Verdict::Overloaded;
                 }
             }

@@ -1,14 +1,14 @@
 //! What moves an adaptive bulkhead's limit: each call's sample, fed to the algorithm under a
 //! lock, and the limit it returns applied to the bulkhead's permits.
 
-use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::classify::Verdict;
 use super::limit::{LimitAlgorithm, Limits, Sample};
-use crate::bulkhead::Bulkhead;
+use crate::bulkhead::permits::Permit;
+use crate::bulkhead::{Bulkhead, CallOutcome};
 use crate::clock::Clock;
 
 /// The limit of an adaptive bulkhead moved.
@@ -99,27 +99,28 @@ impl Controller {
     }
 }
 
-/// The sample of one admitted call, taken when it ends: by [`finish`](Self::finish) with the
-/// classifier's verdict, or, when it is dropped first, as a cancelled call (or, while the thread
-/// unwinds from a panic or after a panic in its future or classifier, as no sample at all).
+/// One admitted call: its permit and its sample, taken when it ends, with the classifier's
+/// verdict given to [`finish`](Self::finish), or, when it is dropped first, as a cancelled call
+/// (or, while the thread unwinds from a panic or after a panic in its future or classifier, as no
+/// sample at all). The sample is taken, and the limit moved, before the permit is given back.
 pub(super) struct Sampler {
     controller: Arc<Controller>,
     started: u64,
     in_flight: usize,
     /// The limit in force when the call was admitted.
     admitted_under: usize,
-    /// Set while the call's future or the classifier runs: dropped in that state, the call
-    /// panicked (the panic was caught above and the future dropped after the unwinding).
-    pub(super) in_poll: bool,
     /// Set at the call's first poll: a call dropped before it never reached the dependency
     /// (its future had not started), so it says nothing about it.
     pub(super) polled: bool,
-    ended: bool,
+    verdict: Option<Verdict>,
+    /// Left at `Panicked` while the call's future or the classifier runs: dropped in that state,
+    /// the call panicked (the panic was caught above and the future dropped after the unwinding).
+    pub(super) permit: Permit,
 }
 
 impl Sampler {
-    /// Called right after the permit was taken.
-    pub(super) fn start(controller: Arc<Controller>) -> Self {
+    /// Called right after `permit` was taken.
+    pub(super) fn start(controller: Arc<Controller>, permit: Permit) -> Self {
         let in_flight = controller.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let admitted_under = controller.limit.load(Ordering::Relaxed);
         let started = controller.clock.now();
@@ -128,21 +129,26 @@ impl Sampler {
             started,
             in_flight,
             admitted_under,
-            in_poll: false,
             polled: false,
-            ended: false,
+            verdict: None,
+            permit,
         }
     }
 
     /// Ends the call with `verdict`.
     pub(super) fn finish(mut self, verdict: Verdict) {
-        self.end(verdict);
+        self.verdict = Some(verdict);
     }
+}
 
-    fn end(&mut self, verdict: Verdict) {
-        if std::mem::replace(&mut self.ended, true) {
-            return;
-        }
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let panicked = self.permit.outcome == CallOutcome::Panicked || std::thread::panicking();
+        let verdict = match self.verdict {
+            Some(verdict) => verdict,
+            None if panicked || !self.polled => Verdict::Ignored,
+            None => self.controller.cancelled,
+        };
         let controller = &*self.controller;
         controller.in_flight.fetch_sub(1, Ordering::Relaxed);
         if verdict != Verdict::Ignored {
@@ -154,24 +160,5 @@ impl Sampler {
                 overloaded,
             );
         }
-    }
-}
-
-impl Drop for Sampler {
-    fn drop(&mut self) {
-        let verdict = if self.in_poll || !self.polled || std::thread::panicking() {
-            Verdict::Ignored
-        } else {
-            self.controller.cancelled
-        };
-        self.end(verdict);
-    }
-}
-
-impl fmt::Debug for Sampler {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sampler")
-            .field("bulkhead", &self.controller.bulkhead.name())
-            .finish_non_exhaustive()
     }
 }

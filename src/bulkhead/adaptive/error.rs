@@ -12,14 +12,6 @@ pub struct AdaptiveConfigError {
 }
 
 impl AdaptiveConfigError {
-    pub(super) fn new(setting: &'static str, value: String, expected: &'static str) -> Self {
-        Self {
-            setting,
-            value,
-            expected,
-        }
-    }
-
     /// The name of the setting that was refused, such as `min_limit` or `backoff`.
     pub fn setting(&self) -> &str {
         self.setting
@@ -37,3 +29,21 @@ impl fmt::Display for AdaptiveConfigError {
 }
 
 impl std::error::Error for AdaptiveConfigError {}
+
+/// `Ok` if `ok`, otherwise the error that `setting`, given `value`, must be `expected`.
+pub(super) fn ensure(
+    ok: bool,
+    setting: &'static str,
+    value: impl fmt::Display,
+    expected: &'static str,
+) -> Result<(), AdaptiveConfigError> {
+    if ok {
+        return Ok(());
+    }
+    let value = value.to_string();
+    Err(AdaptiveConfigError {
+        setting,
+        value,
+        expected,
+    })
+}

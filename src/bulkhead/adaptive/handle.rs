@@ -8,9 +8,7 @@ use super::classify::Verdict;
 use super::controller::{Controller, LimitChanged, OnLimitChanged};
 use super::layer::AdaptiveBulkheadLayer;
 use super::limit::{Aimd, LimitAlgorithm, Limits};
-use crate::bulkhead::{
-    Bulkhead, BulkheadBuilder, BulkheadSnapshot, CallFinished, CallPermitted, CallRejected,
-};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadSnapshot};
 use crate::clock::{Clock, SystemClock};
 
 /// A named bulkhead whose limit of concurrent calls follows the dependency, shared by every
@@ -99,15 +97,18 @@ impl AdaptiveBulkhead {
         self.controller.bulkhead.publish_gauges();
     }
 
-    /// A layer judging answers with [`HttpOverload`](super::HttpOverload); change it with
-    /// [`AdaptiveBulkheadLayer::classifier`].
+    /// A layer judging answers with [`HttpOverload`](super::HttpOverload); another classifier
+    /// goes to [`layer_with`](Self::layer_with).
     pub fn layer(&self) -> AdaptiveBulkheadLayer {
-        AdaptiveBulkheadLayer::new(self.clone())
+        self.layer_with(super::HttpOverload::default())
     }
 
     /// A layer judging answers with `classifier`.
     pub fn layer_with<C>(&self, classifier: C) -> AdaptiveBulkheadLayer<C> {
-        self.layer().classifier(classifier)
+        AdaptiveBulkheadLayer {
+            bulkhead: self.clone(),
+            classifier: Arc::new(classifier),
+        }
     }
 }
 
@@ -179,31 +180,27 @@ impl AdaptiveBulkheadBuilder {
         self
     }
 
-    /// Runs `hook` each time a call gets a permit (see [`crate::bulkhead::events`]).
-    pub fn on_call_permitted(
-        mut self,
-        hook: impl Fn(&CallPermitted<'_>) + Send + Sync + 'static,
-    ) -> Self {
-        self.inner = self.inner.on_call_permitted(hook);
-        self
-    }
-
-    /// Runs `hook` each time a call is refused.
-    pub fn on_call_rejected(
-        mut self,
-        hook: impl Fn(&CallRejected<'_>) + Send + Sync + 'static,
-    ) -> Self {
-        self.inner = self.inner.on_call_rejected(hook);
-        self
-    }
-
-    /// Runs `hook` each time a permitted call ends, after its sample has been taken and before
-    /// its permit is given back.
-    pub fn on_call_finished(
-        mut self,
-        hook: impl Fn(&CallFinished<'_>) + Send + Sync + 'static,
-    ) -> Self {
-        self.inner = self.inner.on_call_finished(hook);
+    /// Adds call event hooks (see [`crate::bulkhead::events`]) to the bulkhead underneath:
+    /// `hooks` gets its [`BulkheadBuilder`] and returns it with its
+    /// [`on_call_permitted`](BulkheadBuilder::on_call_permitted),
+    /// [`on_call_rejected`](BulkheadBuilder::on_call_rejected) and
+    /// [`on_call_finished`](BulkheadBuilder::on_call_finished) hooks added (the last runs after
+    /// the call's sample has been taken and before its permit is given back). Its
+    /// [`max_wait`](BulkheadBuilder::max_wait) does not apply: an adaptive bulkhead never waits.
+    ///
+    /// ```
+    /// use tower_bulwark::bulkhead::adaptive::AdaptiveBulkhead;
+    /// use tower_bulwark::bulkhead::CallRejected;
+    ///
+    /// let payment = AdaptiveBulkhead::builder("payment")
+    ///     .hooks(|events| {
+    ///         events.on_call_rejected(|e: &CallRejected<'_>| eprintln!("{} is full", e.bulkhead))
+    ///     })
+    ///     .build();
+    /// # drop(payment);
+    /// ```
+    pub fn hooks(mut self, hooks: impl FnOnce(BulkheadBuilder) -> BulkheadBuilder) -> Self {
+        self.inner = hooks(self.inner);
         self
     }
 

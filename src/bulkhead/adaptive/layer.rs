@@ -14,27 +14,14 @@ use super::service::AdaptiveBulkheadService;
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
 pub struct AdaptiveBulkheadLayer<C = HttpOverload> {
-    bulkhead: AdaptiveBulkhead,
-    classifier: Arc<C>,
+    pub(super) bulkhead: AdaptiveBulkhead,
+    pub(super) classifier: Arc<C>,
 }
 
 impl AdaptiveBulkheadLayer {
     /// A layer for `bulkhead` with the default classifier, [`HttpOverload`].
     pub fn new(bulkhead: AdaptiveBulkhead) -> Self {
-        Self {
-            bulkhead,
-            classifier: Arc::new(HttpOverload::default()),
-        }
-    }
-}
-
-impl<C> AdaptiveBulkheadLayer<C> {
-    /// The same layer, judging answers with `classifier` instead.
-    pub fn classifier<D>(self, classifier: D) -> AdaptiveBulkheadLayer<D> {
-        AdaptiveBulkheadLayer {
-            bulkhead: self.bulkhead,
-            classifier: Arc::new(classifier),
-        }
+        bulkhead.layer()
     }
 }
 

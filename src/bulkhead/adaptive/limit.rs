@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::error::AdaptiveConfigError;
+use super::error::{ensure, AdaptiveConfigError};
 use crate::bulkhead::MAX_CONCURRENT_CALLS;
 use crate::clock::saturating_nanos;
 
@@ -22,34 +22,20 @@ impl Limits {
     /// Checks and keeps the bounds; `min` must be at least 1, `initial` between `min` and `max`,
     /// and `max` at most [`MAX_CONCURRENT_CALLS`].
     pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, AdaptiveConfigError> {
-        if min == 0 {
-            return Err(AdaptiveConfigError::new(
-                "min_limit",
-                min.to_string(),
-                "at least 1: a limit of zero would refuse every call and never learn again",
-            ));
-        }
-        if max > MAX_CONCURRENT_CALLS {
-            return Err(AdaptiveConfigError::new(
-                "max_limit",
-                max.to_string(),
-                "at most MAX_CONCURRENT_CALLS (2^31 - 1)",
-            ));
-        }
-        if min > max {
-            return Err(AdaptiveConfigError::new(
-                "min_limit",
-                format!("{min} (with max_limit {max})"),
-                "at most max_limit",
-            ));
-        }
-        if initial < min || initial > max {
-            return Err(AdaptiveConfigError::new(
-                "initial_limit",
-                format!("{initial} (with min_limit {min} and max_limit {max})"),
-                "between min_limit and max_limit",
-            ));
-        }
+        let zero = "at least 1: a limit of zero would refuse every call and never learn again";
+        ensure(min > 0, "min_limit", min, zero)?;
+        let over = "at most MAX_CONCURRENT_CALLS (2^31 - 1)";
+        ensure(max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
+        let with_max = format!("{min} (with max_limit {max})");
+        ensure(min <= max, "min_limit", with_max, "at most max_limit")?;
+        let with_both = format!("{initial} (with min_limit {min} and max_limit {max})");
+        let between = "between min_limit and max_limit";
+        ensure(
+            (min..=max).contains(&initial),
+            "initial_limit",
+            with_both,
+            between,
+        )?;
         Ok(Self { min, initial, max })
     }
 
@@ -298,13 +284,8 @@ impl Default for Aimd {
 impl Aimd {
     /// The factor the limit is multiplied by on overload; strictly between 0 and 1.
     pub fn backoff(mut self, backoff: f64) -> Result<Self, AdaptiveConfigError> {
-        if !(backoff > 0.0 && backoff < 1.0) {
-            return Err(AdaptiveConfigError::new(
-                "backoff",
-                backoff.to_string(),
-                "strictly between 0 and 1",
-            ));
-        }
+        let ok = backoff > 0.0 && backoff < 1.0;
+        ensure(ok, "backoff", backoff, "strictly between 0 and 1")?;
         self.backoff = backoff;
         Ok(self)
     }
@@ -319,13 +300,9 @@ impl Aimd {
 }
 
 fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
-    if !(tolerance >= 1.0 && tolerance.is_finite()) {
-        return Err(AdaptiveConfigError::new(
-            "latency_tolerance",
-            tolerance.to_string(),
-            "a finite number of at least 1",
-        ));
-    }
+    let ok = tolerance >= 1.0 && tolerance.is_finite();
+    let expected = "a finite number of at least 1";
+    ensure(ok, "latency_tolerance", tolerance, expected)?;
     Ok(tolerance)
 }
 
@@ -437,13 +414,8 @@ impl Gradient {
 
     /// How far the limit moves towards each round trip's target; above 0 and at most 1.
     pub fn smoothing(mut self, smoothing: f64) -> Result<Self, AdaptiveConfigError> {
-        if !(smoothing > 0.0 && smoothing <= 1.0) {
-            return Err(AdaptiveConfigError::new(
-                "smoothing",
-                smoothing.to_string(),
-                "above 0 and at most 1",
-            ));
-        }
+        let ok = smoothing > 0.0 && smoothing <= 1.0;
+        ensure(ok, "smoothing", smoothing, "above 0 and at most 1")?;
         self.smoothing = smoothing;
         Ok(self)
     }

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
 use super::controller::Sampler;
-use super::future::{ResponseFuture, RunningCall};
+use super::future::ResponseFuture;
 use super::handle::AdaptiveBulkhead;
 use crate::bulkhead::events::Rejection;
 use crate::bulkhead::permits::Permit;
@@ -77,12 +77,10 @@ where
         let Some(permit) = permits.try_acquire() else {
             return ResponseFuture::rejected(permits.reject(Rejection::NoCapacity), classifier);
         };
-        // Both exist before the inner service is called, so a panicking `call` still gives the
+        // Taken before the inner service is called, so a panicking `call` still gives the
         // permit back (and is no sample).
-        let call = RunningCall {
-            permit: Permit::granted(Arc::clone(permits), permit, Duration::ZERO),
-            sampler: Sampler::start(Arc::clone(controller)),
-        };
+        let permit = Permit::granted(Arc::clone(permits), permit, Duration::ZERO);
+        let call = Sampler::start(Arc::clone(controller), permit);
         let future = self.inner.call(request);
         ResponseFuture::running(future, call, classifier)
     }
