@@ -48,19 +48,14 @@ pub(crate) fn quota_exceeded<'a>(
     } else {
         detail.push_str("The request costs more than ");
         push_names(&mut detail, unadmittable.clone().map(|(name, _)| name));
-        detail.push_str(" can ever admit at once (");
-        for (i, (_, e)) in unadmittable.enumerate() {
-            if i > 0 {
-                detail.push_str("; ");
-            }
-            let _ = write!(
-                detail,
-                "{} permits asked, at most {}",
-                e.requested(),
-                e.capacity()
-            );
-        }
-        detail.push_str("); it will never be admitted.");
+        let asked: Vec<_> = unadmittable
+            .map(|(_, e)| format!("{} permits asked, at most {}", e.requested(), e.capacity()))
+            .collect();
+        let asked = asked.join("; ");
+        let _ = write!(
+            detail,
+            " can ever admit at once ({asked}); it will never be admitted."
+        );
     }
     let mut json = String::with_capacity(256);
     // The type and title need no escape.

@@ -96,9 +96,7 @@ impl Cidr {
         let address = address.to_canonical();
         let max = if address.is_ipv4() { 32 } else { 128 };
         if prefix > max {
-            return Err(CidrError {
-                reason: "the prefix is longer than the address",
-            });
+            return Err(PREFIX_TOO_LONG);
         }
         Ok(Self {
             network: Prefixes::new(prefix, prefix).key(address),
@@ -136,22 +134,14 @@ impl FromStr for Cidr {
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let s = s.trim();
         let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
-        let address: IpAddr = addr.parse().map_err(|_| CidrError {
-            reason: "not an IP address",
-        })?;
+        let address: IpAddr = addr.parse().map_err(|_| CidrError("not an IP address"))?;
         let prefix = match prefix {
             None if address.to_canonical().is_ipv4() => 32,
             None => 128,
             Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
-                p.parse::<u8>().map_err(|_| CidrError {
-                    reason: "the prefix is longer than the address",
-                })?
+                p.parse::<u8>().map_err(|_| PREFIX_TOO_LONG)?
             }
-            Some(_) => {
-                return Err(CidrError {
-                    reason: "the prefix is not a number of bits",
-                })
-            }
+            Some(_) => return Err(CidrError("the prefix is not a number of bits")),
         };
         Self::new(address, prefix)
     }
@@ -159,13 +149,13 @@ impl FromStr for Cidr {
 
 /// A network that could not be parsed or built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CidrError {
-    reason: &'static str,
-}
+pub struct CidrError(&'static str);
+
+const PREFIX_TOO_LONG: CidrError = CidrError("the prefix is longer than the address");
 
 impl fmt::Display for CidrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid network: {}", self.reason)
+        write!(f, "invalid network: {}", self.0)
     }
 }
 
