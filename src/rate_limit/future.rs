@@ -86,14 +86,10 @@ where
                 request: Some(self),
             },
             Progress::Admit => {
-                let WaitingRequest {
-                    mut inner,
-                    request,
-                    mut ledger,
-                } = *self;
-                let (headers, settlement) = ledger.admit();
+                let mut waiting = *self;
+                let (headers, settlement) = waiting.ledger.admit();
                 State::Calling {
-                    future: inner.call(request),
+                    future: waiting.inner.call(waiting.request),
                     headers,
                     settlement,
                 }

@@ -331,13 +331,7 @@ fn legacy_values(
             })
             .min_by_key(|&(_, remaining, reset)| (remaining, std::cmp::Reverse(reset)))
     };
-    binding.map(|(limit, remaining, reset)| {
-        [
-            HeaderValue::from(limit),
-            HeaderValue::from(remaining),
-            HeaderValue::from(reset),
-        ]
-    })
+    binding.map(|(limit, remaining, reset)| [limit, remaining, reset].map(HeaderValue::from))
 }
 
 #[cfg(test)]

@@ -51,11 +51,9 @@ pub(crate) fn quota_exceeded<'a>(
         let asked: Vec<_> = unadmittable
             .map(|(_, e)| format!("{} permits asked, at most {}", e.requested(), e.capacity()))
             .collect();
-        let asked = asked.join("; ");
-        let _ = write!(
-            detail,
-            " can ever admit at once ({asked}); it will never be admitted."
-        );
+        detail.push_str(" can ever admit at once (");
+        detail.push_str(&asked.join("; "));
+        detail.push_str("); it will never be admitted.");
     }
     let mut json = String::with_capacity(256);
     // The type and title need no escape.

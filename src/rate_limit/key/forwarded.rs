@@ -12,7 +12,7 @@ use http::HeaderMap;
 use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
 #[cfg(feature = "axum")]
-use super::{ip::peer_ip, ip::NO_PEER, KeyExtractor};
+use super::{ip::peer_ip, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::head::RequestHead;
 
@@ -152,9 +152,8 @@ impl KeyExtractor for ForwardedIp {
     type Key = IpAddr;
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
-        self.client_ip(peer, head.headers)
-            .map(|ip| self.prefixes.key(ip))
+        let client = self.client_ip(peer_ip(head)?, head.headers)?;
+        Ok(self.prefixes.key(client))
     }
 }
 

@@ -199,30 +199,31 @@ impl PeerIp {
     }
 }
 
+/// The TCP peer's address, from axum's `ConnectInfo` (or `MockConnectInfo`); without either,
+/// the server is set up wrong.
 #[cfg(feature = "axum")]
-pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Option<IpAddr> {
+pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
     use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
     use std::net::SocketAddr;
 
     if let Some(ConnectInfo(addr)) = head.extensions.get::<ConnectInfo<SocketAddr>>() {
-        return Some(addr.ip());
+        return Ok(addr.ip());
     }
-    head.extensions
-        .get::<MockConnectInfo<SocketAddr>>()
-        .map(|MockConnectInfo(addr)| addr.ip())
+    let mock = head.extensions.get::<MockConnectInfo<SocketAddr>>();
+    mock.map(|MockConnectInfo(addr)| addr.ip()).ok_or_else(|| {
+        KeyError::internal(
+            "the request carries no peer address; serve the router with \
+             `into_make_service_with_connect_info::<SocketAddr>()`",
+        )
+    })
 }
-
-#[cfg(feature = "axum")]
-pub(super) const NO_PEER: &str = "the request carries no peer address; serve the router with \
-                       `into_make_service_with_connect_info::<SocketAddr>()`";
 
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
-        Ok(self.prefixes.key(peer))
+        Ok(self.prefixes.key(peer_ip(head)?))
     }
 }
 
