@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(f("for=1.2.3.4;for=5.6.7.8"), [Hop::Not(TWO_FORS)]);
         assert_eq!(f("for=unknown"), [Hop::Not(NOT_AN_ADDRESS)]);
         assert_eq!(f(r#"for="""#), [Hop::Not(NOT_AN_ADDRESS)]);
-        // The issue's attack: the client's unterminated quote no longer swallows the proxy's hop.
+        // A client's unterminated quote does not swallow the hop its proxy appended.
         assert_eq!(
             f(r#"for=10.9.0.1;by=", for=198.51.100.7"#),
             [a("198.51.100.7"), bad]
