@@ -116,13 +116,13 @@ where
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        match self.index(key) {
-            Ok(i) => {
-                let decision = self.tiers[i].1.reserve(key, cost);
-                Box::pin(async move { decision.await.map(|d| d.in_tier(i)) })
-            }
-            Err(error) => Box::pin(std::future::ready(Err(error.into()))),
-        }
+        let tier = self
+            .index(key)
+            .map(|i| (i, self.tiers[i].1.reserve(key, cost)));
+        Box::pin(async move {
+            let (i, decision) = tier?;
+            decision.await.map(|d| d.in_tier(i))
+        })
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {

@@ -26,17 +26,13 @@ pub trait BodyKind<B>: sealed::Sealed {
     /// The body type of the service's responses.
     type Body;
 
-    #[doc(hidden)]
-    fn inner(body: B) -> Self::Body;
-
-    #[doc(hidden)]
-    fn answer(bytes: Bytes) -> Self::Body;
-
     /// The inner service's response, with its body made [`Self::Body`].
     #[doc(hidden)]
-    fn response(response: Response<B>) -> Response<Self::Body> {
-        response.map(Self::inner)
-    }
+    fn response(response: Response<B>) -> Response<Self::Body>;
+
+    /// The body of an answer the layer made itself.
+    #[doc(hidden)]
+    fn answer(bytes: Bytes) -> Self::Body;
 }
 
 /// Responses keep the inner service's body type `B`, and the layer's own answers are made with
@@ -60,27 +56,23 @@ pub struct WrapBody;
 impl<B: From<Bytes>> BodyKind<B> for SameBody {
     type Body = B;
 
-    fn inner(body: B) -> B {
-        body
+    fn response(response: Response<B>) -> Response<B> {
+        // As it is: `map` would take the response apart and build it again.
+        response
     }
 
     fn answer(bytes: Bytes) -> B {
         B::from(bytes)
-    }
-
-    fn response(response: Response<B>) -> Response<B> {
-        // As it is: `map` would take the response apart and build it again.
-        response
     }
 }
 
 impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
     type Body = RateLimitBody<B>;
 
-    fn inner(body: B) -> RateLimitBody<B> {
-        RateLimitBody {
+    fn response(response: Response<B>) -> Response<RateLimitBody<B>> {
+        response.map(|body| RateLimitBody {
             content: Content::Inner { body },
-        }
+        })
     }
 
     fn answer(bytes: Bytes) -> RateLimitBody<B> {

@@ -154,20 +154,18 @@ impl<P: PolicySet> Ledger<P> {
             self.outcomes.push(Outcome::Unadmittable(*too_costly));
             return None;
         }
-        if !info.enforced() || settings.limiter_error_mode == FailMode::Open {
-            tracing::warn!(
-                policy = &*info.name,
-                error = %error,
-                "rate limit: the limiter failed; letting the request through"
-            );
+        let open = !info.enforced() || settings.limiter_error_mode == FailMode::Open;
+        let action = if open {
+            "letting the request through"
+        } else {
+            "answering 503"
+        };
+        let policy = &*info.name;
+        tracing::warn!(policy, %error, "rate limit: the limiter failed; {action}");
+        if open {
             self.outcomes.push(Outcome::Failed);
             return None;
         }
-        tracing::warn!(
-            policy = &*info.name,
-            error = %error,
-            "rate limit: the limiter failed; answering 503"
-        );
         self.refund_all();
         Some(problem_response(
             StatusCode::SERVICE_UNAVAILABLE,

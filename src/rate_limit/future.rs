@@ -32,26 +32,27 @@ pin_project! {
         P: PolicySet,
     {
         #[pin]
-        state: State<S::Future, Box<WaitingRequest<S, ReqBody, P>>, P>,
+        state: State<S, ReqBody, P>,
         kind: PhantomData<fn() -> M>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    pub(crate) enum State<F, D, P>
+    pub(crate) enum State<S, ReqBody, P>
     where
+        S: Service<Request<ReqBody>>,
         P: PolicySet,
     {
         // A policy whose limiter needs I/O is deciding.
-        Reserving { reserve: BoxReserve, request: Option<D> },
+        Reserving { reserve: BoxReserve, request: Option<Box<WaitingRequest<S, ReqBody, P>>> },
         // Every policy admitted; the last permit falls due when the sleep ends.
-        Waiting { sleep: Pin<Box<Sleep>>, request: Option<D> },
+        Waiting { sleep: Pin<Box<Sleep>>, request: Option<Box<WaitingRequest<S, ReqBody, P>>> },
         // The inner service is answering; its response gets the rate-limit headers, and settles
         // what is left to settle.
         Calling {
             #[pin]
-            future: F,
+            future: S::Future,
             headers: Option<AdmittedHeaders>,
             settlement: Option<Box<Settlement<P>>>,
         },
@@ -68,16 +69,13 @@ pub(crate) struct WaitingRequest<S, ReqBody, P: PolicySet> {
     pub(crate) ledger: Ledger<P>,
 }
 
-pub(crate) type StateOf<S, ReqBody, P> =
-    State<<S as Service<Request<ReqBody>>>::Future, Box<WaitingRequest<S, ReqBody, P>>, P>;
-
 impl<S, ReqBody, P> WaitingRequest<S, ReqBody, P>
 where
     S: Service<Request<ReqBody>>,
     P: PolicySet,
 {
     /// The state the decision's `progress` leads to.
-    pub(crate) fn into_state(self: Box<Self>, progress: Progress) -> StateOf<S, ReqBody, P> {
+    pub(crate) fn into_state(self: Box<Self>, progress: Progress) -> State<S, ReqBody, P> {
         match progress {
             Progress::Reserve(reserve) => State::Reserving {
                 reserve,
@@ -88,14 +86,10 @@ where
                 request: Some(self),
             },
             Progress::Admit => {
-                let WaitingRequest {
-                    mut inner,
-                    request,
-                    mut ledger,
-                } = *self;
-                let (headers, settlement) = ledger.admit();
+                let mut waiting = *self;
+                let (headers, settlement) = waiting.ledger.admit();
                 State::Calling {
-                    future: inner.call(request),
+                    future: waiting.inner.call(waiting.request),
                     headers,
                     settlement,
                 }
@@ -113,7 +107,7 @@ where
     P: PolicySet,
 {
     /// The future in `state`: where the decision in `call` stopped.
-    pub(crate) fn new(state: StateOf<S, ReqBody, P>) -> Self {
+    pub(crate) fn new(state: State<S, ReqBody, P>) -> Self {
         Self {
             state,
             kind: PhantomData,

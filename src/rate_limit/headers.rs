@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::decide::Outcome;
 use super::policy::PolicyInfo;
+use super::refusal::Refusal;
 use super::settings::Settings;
 use crate::decision::{ceil_secs, Decision};
 use crate::Quota;
@@ -102,15 +103,13 @@ fn insert_legacy(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderValu
     headers.entry(X_RATELIMIT_RESET).or_insert(reset);
 }
 
-/// The headers of a refusal: `RateLimit-Policy` (given), `RateLimit` for the violated policies,
+/// Adds the headers of `refusal`: its `RateLimit-Policy`, `RateLimit` for the violated policies,
 /// and the legacy ones if they are turned on.
-pub(crate) fn refusal_headers(
-    settings: &Settings,
-    outcomes: &[Outcome],
-    policy: Option<&HeaderValue>,
-    headers: &mut HeaderMap,
-) {
-    if let Some(policy) = policy {
+pub(crate) fn refusal_headers(refusal: &Refusal<'_>, headers: &mut HeaderMap) {
+    let Refusal {
+        settings, outcomes, ..
+    } = *refusal;
+    if let Some(policy) = &refusal.policy_header {
         headers.insert(RATELIMIT_POLICY, policy.clone());
     }
     // A refusal lists only refused decisions, whose values do not depend on the quota.
@@ -332,13 +331,7 @@ fn legacy_values(
             })
             .min_by_key(|&(_, remaining, reset)| (remaining, std::cmp::Reverse(reset)))
     };
-    binding.map(|(limit, remaining, reset)| {
-        [
-            HeaderValue::from(limit),
-            HeaderValue::from(remaining),
-            HeaderValue::from(reset),
-        ]
-    })
+    binding.map(|(limit, remaining, reset)| [limit, remaining, reset].map(HeaderValue::from))
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ impl<P, M> RateLimitLayer<P, M> {
     pub fn exempt_networks(self, networks: impl IntoIterator<Item = super::Cidr>) -> Self {
         let networks: Arc<[super::Cidr]> = networks.into_iter().collect();
         self.exempt(move |head: &RequestHead<'_>| {
-            super::key::peer_ip(head).is_some_and(|ip| networks.iter().any(|net| net.contains(ip)))
+            super::key::peer_ip(head).is_ok_and(|ip| networks.iter().any(|net| net.contains(ip)))
         })
     }
 

@@ -220,19 +220,18 @@ impl<X, L> Policy<X, L> {
 
 impl<X, L> fmt::Debug for Policy<X, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = f.debug_struct("Policy");
-        s.field("name", &self.name)
-            .field("key", &std::any::type_name::<X>());
-        match &self.cost {
-            Cost::Fixed(permits) => s.field("cost", permits),
-            Cost::By(_) => s.field("cost", &"by request"),
+        let cost: &dyn fmt::Debug = match &self.cost {
+            Cost::Fixed(permits) => permits,
+            Cost::By(_) => &"by request",
         };
-        s.field(
-            "counts",
-            &if self.count_if.is_some() { "if" } else { "all" },
-        )
-        .field("shadow", &self.shadow)
-        .finish_non_exhaustive()
+        let counts = if self.count_if.is_some() { "if" } else { "all" };
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("key", &std::any::type_name::<X>())
+            .field("cost", cost)
+            .field("counts", &counts)
+            .field("shadow", &self.shadow)
+            .finish_non_exhaustive()
     }
 }
 

@@ -50,15 +50,9 @@ pub(crate) fn quota_exceeded<'a>(
         push_names(&mut detail, unadmittable.clone().map(|(name, _)| name));
         detail.push_str(" can ever admit at once (");
         for (i, (_, e)) in unadmittable.enumerate() {
-            if i > 0 {
-                detail.push_str("; ");
-            }
-            let _ = write!(
-                detail,
-                "{} permits asked, at most {}",
-                e.requested(),
-                e.capacity()
-            );
+            let separator = if i > 0 { "; " } else { "" };
+            let (asked, most) = (e.requested(), e.capacity());
+            let _ = write!(detail, "{separator}{asked} permits asked, at most {most}");
         }
         detail.push_str("); it will never be admitted.");
     }
@@ -165,5 +159,20 @@ mod tests {
             "The request exceeds the quota of 'per-ip' and 'per \"key\"'; retry in 2 seconds."
         );
         assert_eq!(json["violated-policies"][1], "per \"key\"");
+    }
+
+    #[test]
+    fn an_unadmittable_refusal_names_each_capacity() {
+        let too_costly = [
+            ("a", InsufficientCapacity::new(11, 10)),
+            ("b", InsufficientCapacity::new(5, 4)),
+        ];
+        let body = quota_exceeded(["a", "b"].into_iter(), None, too_costly.into_iter());
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json["detail"],
+            "The request costs more than 'a' and 'b' can ever admit at once (11 permits asked, \
+             at most 10; 5 permits asked, at most 4); it will never be admitted."
+        );
     }
 }

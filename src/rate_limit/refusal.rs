@@ -61,7 +61,10 @@ impl<'a> Refusal<'a> {
     /// ever admit). Admissions listed here have been given back. Shadow policies are listed
     /// too.
     pub fn decisions(&self) -> impl Iterator<Item = (&'a str, Option<&'a Decision>)> + 'a {
-        self.outcomes().map(|(p, o)| (&*p.name, o.decision()))
+        let policies = self.settings.policies.iter();
+        policies
+            .zip(self.outcomes)
+            .map(|(p, o)| (&*p.name, o.decision()))
     }
 
     /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
@@ -72,12 +75,7 @@ impl<'a> Refusal<'a> {
         if let Some(retry) = self.retry_after_secs() {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry));
         }
-        refusal_headers(
-            self.settings,
-            self.outcomes,
-            self.policy_header.as_ref(),
-            &mut headers,
-        );
+        refusal_headers(self, &mut headers);
         headers
     }
 
@@ -111,14 +109,10 @@ impl<'a> Refusal<'a> {
         }
     }
 
-    /// Every policy with its outcome.
-    fn outcomes(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
-        self.settings.policies.iter().zip(self.outcomes)
-    }
-
     /// Enforced (not shadow) policies with their outcomes.
     fn enforced(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
-        self.outcomes().filter(|(p, _)| p.enforced())
+        let policies = self.settings.policies.iter();
+        policies.zip(self.outcomes).filter(|(p, _)| p.enforced())
     }
 
     fn unadmittable(

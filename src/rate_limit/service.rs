@@ -76,11 +76,9 @@ where
             let mut progress = ledger.decide(&head);
             // A limiter that needs I/O is polled once here, so that its work is under way before
             // the response future is first polled.
+            let mut cx = Context::from_waker(Waker::noop());
             while let Progress::Reserve(reserve) = &mut progress {
-                match reserve
-                    .as_mut()
-                    .poll(&mut Context::from_waker(Waker::noop()))
-                {
+                match reserve.as_mut().poll(&mut cx) {
                     Poll::Ready(result) => progress = ledger.resume(result, &head),
                     Poll::Pending => break,
                 }

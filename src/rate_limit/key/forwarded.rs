@@ -12,7 +12,7 @@ use http::HeaderMap;
 use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
 #[cfg(feature = "axum")]
-use super::{ip::peer_ip, ip::NO_PEER, KeyExtractor};
+use super::{ip::peer_ip, KeyExtractor};
 #[cfg(feature = "axum")]
 use crate::head::RequestHead;
 
@@ -152,9 +152,8 @@ impl KeyExtractor for ForwardedIp {
     type Key = IpAddr;
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
-        self.client_ip(peer, head.headers)
-            .map(|ip| self.prefixes.key(ip))
+        let client = self.client_ip(peer_ip(head)?, head.headers)?;
+        Ok(self.prefixes.key(client))
     }
 }
 
@@ -196,17 +195,20 @@ fn x_forwarded_for_hops<B>(
 /// Visits the hops of one `Forwarded` line from right to left, one per element. An element that
 /// does not parse ends the line as one unreadable hop: what lies to its left cannot be told
 /// apart from client-written text.
+///
+/// Of the bytes `trim_ascii_end` takes for white space, a header value holds only spaces and
+/// tabs (RFC 9110's OWS): `HeaderValue` refuses the others.
 fn forwarded_hops<B>(line: &[u8], visit: &mut impl FnMut(Hop) -> ControlFlow<B>) -> ControlFlow<B> {
-    let mut end = line.len();
+    let mut rest = line;
     loop {
-        end = trim_ows_end(line, end);
-        match end.checked_sub(1).map(|i| line[i]) {
+        rest = rest.trim_ascii_end();
+        match rest.split_last() {
             None => return ControlFlow::Continue(()),
-            Some(b',') => end -= 1, // an empty element
-            Some(_) => match forwarded_element(&line[..end]) {
+            Some((b',', before)) => rest = before, // an empty element
+            Some(_) => match forwarded_element(rest) {
                 Some((start, hop)) => {
                     visit(hop)?;
-                    end = start;
+                    rest = &rest[..start];
                 }
                 None => return visit(Hop::Not(MALFORMED)),
             },
@@ -217,29 +219,25 @@ fn forwarded_hops<B>(line: &[u8], visit: &mut impl FnMut(Hop) -> ControlFlow<B>)
 /// Reads the last element of `s` from its right end: where it starts (at 0 or just after a
 /// comma) and its hop, or `None` if it does not parse.
 fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
-    let mut pos = s.len();
+    let mut rest = s;
     let mut fors = 0_u32;
     let mut node = Hop::Not(NO_FOR);
     loop {
-        pos = trim_ows_end(s, pos);
-        match pos.checked_sub(1).map(|i| s[i]) {
-            None | Some(b',') => break,
-            Some(b';') => pos -= 1, // an empty pair, or the separator before one
+        rest = rest.trim_ascii_end();
+        match rest.split_last() {
+            None | Some((b',', _)) => break,
+            Some((b';', before)) => rest = before, // an empty pair, or the separator before one
             Some(_) => {
-                let (start, name, value) = forwarded_pair(&s[..pos])?;
+                let (start, name, value) = forwarded_pair(rest)?;
                 if name.eq_ignore_ascii_case(b"for") {
                     fors += 1;
                     node = Hop::node(&value);
                 }
+                rest = &rest[..start];
                 // Before a pair: white space, then a separator or the start of the line.
-                let before = trim_ows_end(s, start);
-                if !matches!(
-                    before.checked_sub(1).map(|i| s[i]),
-                    None | Some(b',' | b';')
-                ) {
+                if !matches!(rest.trim_ascii_end().last(), None | Some(b',' | b';')) {
                     return None;
                 }
-                pos = start;
             }
         }
     }
@@ -248,7 +246,7 @@ fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
         1 => node,
         _ => Hop::Not(TWO_FORS),
     };
-    Some((pos, hop))
+    Some((rest.len(), hop))
 }
 
 /// A `Forwarded` parameter read from the right: where it starts, its name, its unquoted value.
@@ -259,23 +257,17 @@ fn forwarded_pair(s: &[u8]) -> Option<Pair<'_>> {
     let (value_start, value) = if s.last() == Some(&b'"') {
         quoted_string(s)?
     } else {
-        let start = s.len() - s.iter().rev().take_while(|&&b| is_value_char(b)).count();
-        if start == s.len() {
-            return None;
-        }
-        (start, Cow::Borrowed(&s[start..]))
+        let start = run_start(s, is_value_char);
+        (start < s.len()).then(|| (start, Cow::Borrowed(&s[start..])))?
     };
     let name_end = value_start.checked_sub(1).filter(|&i| s[i] == b'=')?;
-    let name_start = name_end
-        - s[..name_end]
-            .iter()
-            .rev()
-            .take_while(|&&b| is_tchar(b))
-            .count();
-    if name_start == name_end {
-        return None;
-    }
-    Some((name_start, &s[name_start..name_end], value))
+    let name_start = run_start(&s[..name_end], is_tchar);
+    (name_start < name_end).then(|| (name_start, &s[name_start..name_end], value))
+}
+
+/// Where the run of bytes that `f` accepts at the end of `s` starts.
+fn run_start(s: &[u8], f: impl Fn(u8) -> bool) -> usize {
+    s.iter().rposition(|&b| !f(b)).map_or(0, |i| i + 1)
 }
 
 /// Reads the quoted string that ends `s` (its last byte is `"`), from the right: where its
@@ -284,7 +276,7 @@ fn forwarded_pair(s: &[u8]) -> Option<Pair<'_>> {
 /// A quote is escaped exactly when an odd number of backslashes precedes it, so the opening
 /// quote is the nearest one to the left that follows an even number (usually none).
 fn quoted_string(s: &[u8]) -> Option<(usize, Cow<'_, [u8]>)> {
-    let backslashes_before = |i: usize| s[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+    let backslashes_before = |i: usize| i - run_start(&s[..i], |b| b == b'\\');
     let close = s.len() - 1;
     if backslashes_before(close) % 2 == 1 {
         return None; // the last quote is escaped: the string is not closed
@@ -334,13 +326,6 @@ fn is_qdtext(b: u8) -> bool {
 /// A byte that may follow a backslash in a quoted string.
 fn is_escapable(b: u8) -> bool {
     matches!(b, b'\t' | b' ' | 0x21..=0x7e | 0x80..=0xff)
-}
-
-/// `end` moved left past any white space. Of the bytes `trim_ascii_end` takes for white space,
-/// a header value holds only spaces and tabs (RFC 9110's OWS): `HeaderValue` refuses the
-/// others.
-fn trim_ows_end(s: &[u8], end: usize) -> usize {
-    s[..end].trim_ascii_end().len()
 }
 
 /// An address as proxies write it: `192.0.2.1`, `192.0.2.1:8080`, `2001:db8::1`, `[2001:db8::1]`
@@ -472,7 +457,7 @@ mod tests {
         assert_eq!(f("for=1.2.3.4;for=5.6.7.8"), [Hop::Not(TWO_FORS)]);
         assert_eq!(f("for=unknown"), [Hop::Not(NOT_AN_ADDRESS)]);
         assert_eq!(f(r#"for="""#), [Hop::Not(NOT_AN_ADDRESS)]);
-        // The issue's attack: the client's unterminated quote no longer swallows the proxy's hop.
+        // A client's unterminated quote does not swallow the hop its proxy appended.
         assert_eq!(
             f(r#"for=10.9.0.1;by=", for=198.51.100.7"#),
             [a("198.51.100.7"), bad]

@@ -96,9 +96,7 @@ impl Cidr {
         let address = address.to_canonical();
         let max = if address.is_ipv4() { 32 } else { 128 };
         if prefix > max {
-            return Err(CidrError {
-                reason: "the prefix is longer than the address",
-            });
+            return Err(PREFIX_TOO_LONG);
         }
         Ok(Self {
             network: Prefixes::new(prefix, prefix).key(address),
@@ -136,22 +134,14 @@ impl FromStr for Cidr {
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let s = s.trim();
         let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
-        let address: IpAddr = addr.parse().map_err(|_| CidrError {
-            reason: "not an IP address",
-        })?;
+        let address: IpAddr = addr.parse().map_err(|_| CidrError("not an IP address"))?;
         let prefix = match prefix {
             None if address.to_canonical().is_ipv4() => 32,
             None => 128,
             Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
-                p.parse::<u8>().map_err(|_| CidrError {
-                    reason: "the prefix is longer than the address",
-                })?
+                p.parse::<u8>().map_err(|_| PREFIX_TOO_LONG)?
             }
-            Some(_) => {
-                return Err(CidrError {
-                    reason: "the prefix is not a number of bits",
-                })
-            }
+            Some(_) => return Err(CidrError("the prefix is not a number of bits")),
         };
         Self::new(address, prefix)
     }
@@ -159,13 +149,13 @@ impl FromStr for Cidr {
 
 /// A network that could not be parsed or built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CidrError {
-    reason: &'static str,
-}
+pub struct CidrError(&'static str);
+
+const PREFIX_TOO_LONG: CidrError = CidrError("the prefix is longer than the address");
 
 impl fmt::Display for CidrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid network: {}", self.reason)
+        write!(f, "invalid network: {}", self.0)
     }
 }
 
@@ -209,30 +199,31 @@ impl PeerIp {
     }
 }
 
+/// The TCP peer's address, from axum's `ConnectInfo` (or `MockConnectInfo`); without either,
+/// the server is set up wrong.
 #[cfg(feature = "axum")]
-pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Option<IpAddr> {
+pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
     use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
     use std::net::SocketAddr;
 
     if let Some(ConnectInfo(addr)) = head.extensions.get::<ConnectInfo<SocketAddr>>() {
-        return Some(addr.ip());
+        return Ok(addr.ip());
     }
-    head.extensions
-        .get::<MockConnectInfo<SocketAddr>>()
-        .map(|MockConnectInfo(addr)| addr.ip())
+    let mock = head.extensions.get::<MockConnectInfo<SocketAddr>>();
+    mock.map(|MockConnectInfo(addr)| addr.ip()).ok_or_else(|| {
+        KeyError::internal(
+            "the request carries no peer address; serve the router with \
+             `into_make_service_with_connect_info::<SocketAddr>()`",
+        )
+    })
 }
-
-#[cfg(feature = "axum")]
-pub(super) const NO_PEER: &str = "the request carries no peer address; serve the router with \
-                       `into_make_service_with_connect_info::<SocketAddr>()`";
 
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 
     fn extract(&self, head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-        let peer = peer_ip(head).ok_or_else(|| KeyError::internal(NO_PEER))?;
-        Ok(self.prefixes.key(peer))
+        Ok(self.prefixes.key(peer_ip(head)?))
     }
 }
 
