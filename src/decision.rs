@@ -173,18 +173,8 @@ impl Decision {
     ) -> Self {
         Self {
             allowed: false,
-            limit,
-            remaining,
             retry_after: retry_after.max(Duration::from_nanos(1)),
-            reset_after,
-            wait: Duration::ZERO,
-            reserved_at: 0,
-            state_after: 0,
-            source: Source::State,
-            cost: u32::MAX,
-            tier: 0,
-            key: 0,
-            limiter: LimiterId::NONE,
+            ..Self::allowed(limit, remaining, reset_after)
         }
     }
 
@@ -196,19 +186,9 @@ impl Decision {
         reserved_at: u64,
     ) -> Self {
         Self {
-            allowed: true,
-            limit,
-            remaining,
-            retry_after: Duration::ZERO,
-            reset_after,
             wait,
             reserved_at,
-            state_after: 0,
-            source: Source::State,
-            cost: u32::MAX,
-            tier: 0,
-            key: 0,
-            limiter: LimiterId::NONE,
+            ..Self::allowed(limit, remaining, reset_after)
         }
     }
 
