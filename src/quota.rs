@@ -72,6 +72,11 @@ impl Quota {
     }
 
     /// `permits` per `period`. The burst defaults to `permits`, the maximum wait to zero.
+    ///
+    /// # Errors
+    ///
+    /// A [`QuotaError`] naming the field when `permits` is zero or `period` is zero or longer
+    /// than [`MAX_SPAN`](Self::MAX_SPAN). The `per_*` shorthands fail the same way.
     pub fn with_period(permits: u32, period: Duration) -> Result<Self, QuotaError> {
         if permits == 0 {
             return Err(QuotaError::new("permits", "must be at least 1"));
@@ -98,6 +103,11 @@ impl Quota {
     /// Sets how many permits may be taken at once after an idle spell (GCRA's bucket size).
     ///
     /// The window algorithms admit `permits` per window and ignore the burst.
+    ///
+    /// # Errors
+    ///
+    /// A [`QuotaError`] for `burst` when it is zero, or when `burst` emission intervals last
+    /// longer than 2^61 ns (about 73 years).
     pub fn with_burst(mut self, burst: u32) -> Result<Self, QuotaError> {
         if burst == 0 {
             return Err(QuotaError::new("burst", "must be at least 1"));
@@ -114,6 +124,10 @@ impl Quota {
     ///
     /// At most [`MAX_SPAN`](Self::MAX_SPAN), and short enough that the permits it can hold,
     /// `permits · (max_wait / period + 2)`, stay below [`MAX_PERMITS`](Self::MAX_PERMITS).
+    ///
+    /// # Errors
+    ///
+    /// A [`QuotaError`] for `max_wait` when either bound is passed.
     pub fn with_max_wait(mut self, max_wait: Duration) -> Result<Self, QuotaError> {
         let nanos = u64::try_from(max_wait.as_nanos())
             .ok()
