@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::time::Instant;
 
-use crate::rate_limit::BoxReserve;
+use crate::limiter::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The names of every metric the crate records, with their type and labels.

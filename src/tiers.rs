@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::rate_limit::BoxReserve;
+use crate::limiter::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// A limiter whose quota depends on the key: each key is decided by the limiter of its tier (an

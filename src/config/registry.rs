@@ -20,12 +20,11 @@ use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
 use crate::bulkhead::{Bulkhead, BulkheadBuilder};
+use crate::limiter::BoxLimiter;
 use crate::observe::Observed;
 use crate::outbound::pushback::{Pacing, Pushback};
 use crate::outbound::quota::{ClientQuotaLayer, QuotaKey};
-use crate::rate_limit::{
-    BoxLimiter, GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer,
-};
+use crate::rate_limit::{GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer};
 use crate::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     KeyedRateLimiter, Quota,

@@ -35,12 +35,14 @@ use tokio::time::Sleep;
 use crate::algorithm::Algorithm;
 use crate::{BoxError, Quota};
 
+mod boxed;
 mod builder;
 mod direct;
 mod keyed;
 
 pub use crate::decision::{Decision, InsufficientCapacity};
 pub use crate::store::memory::Overflow;
+pub use boxed::{BoxLimiter, BoxReserve};
 pub use builder::{Direct, Keyed, RateLimiterBuilder, DEFAULT_MAX_KEYS};
 pub use direct::DirectRateLimiter;
 pub use keyed::KeyedRateLimiter;

@@ -13,10 +13,11 @@ use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{BoxReserve, PolicyAnswer, PolicySet};
+use super::set::{PolicyAnswer, PolicySet};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
+use crate::limiter::BoxReserve;
 use crate::BoxError;
 
 /// What one policy said about one request.

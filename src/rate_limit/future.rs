@@ -15,8 +15,9 @@ use tower_service::Service;
 use super::body::{BodyKind, SameBody};
 use super::decide::{Ledger, Progress, Settlement};
 use super::headers::AdmittedHeaders;
-use super::set::{BoxReserve, PolicySet};
+use super::set::PolicySet;
 use crate::head::RequestHead;
+use crate::limiter::BoxReserve;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit).

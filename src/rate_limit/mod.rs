@@ -180,5 +180,5 @@ pub(crate) use self::problem::json_string;
 pub use self::problem::QUOTA_EXCEEDED;
 pub use self::refusal::Refusal;
 pub use self::service::RateLimit;
-pub use self::set::{BoxLimiter, BoxReserve, Chain, PolicySet};
+pub use self::set::{Chain, PolicySet};
 pub use self::settings::{FailMode, OnRefusal};

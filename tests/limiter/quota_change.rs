@@ -14,8 +14,9 @@ use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::algorithm::Algorithm;
+use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::observe::Observed;
-use tower_bulwark::rate_limit::{BoxLimiter, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,

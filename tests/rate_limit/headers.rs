@@ -12,7 +12,8 @@ use axum::Router;
 use http::{Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{BoxLimiter, Policy, RateLimitLayer};
+use tower_bulwark::limiter::BoxLimiter;
+use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,

@@ -18,9 +18,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_bulwark::head::RequestHead;
+use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::rate_limit::{
-    BoxLimiter, Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy,
-    PolicySet, RateLimitLayer, Refusal,
+    Cidr, FailMode, ForwardedIp, GlobalKey, HeaderKey, KeyError, PeerIp, Policy, PolicySet,
+    RateLimitLayer, Refusal,
 };
 use tower_bulwark::{
     algorithm::SlidingLog,

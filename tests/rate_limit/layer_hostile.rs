@@ -18,8 +18,9 @@ use axum::Router;
 use http::{Request, StatusCode};
 use tokio::sync::watch;
 use tower::ServiceExt;
+use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::observe::Observed;
-use tower_bulwark::rate_limit::{BoxLimiter, FailMode, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{FailMode, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     clock::{ManualClock, TokioClock},
     limiter::Decision,

@@ -25,9 +25,9 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use proptest::prelude::*;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::head::RequestHead;
+use tower_bulwark::limiter::{BoxLimiter, BoxReserve};
 use tower_bulwark::rate_limit::{
-    BoxLimiter, BoxReserve, FailMode, KeyError, KeyExtractor, PeerIp, Policy, PolicySet, RateLimit,
-    RateLimitLayer,
+    FailMode, KeyError, KeyExtractor, PeerIp, Policy, PolicySet, RateLimit, RateLimitLayer,
 };
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},

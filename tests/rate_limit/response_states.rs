@@ -25,8 +25,9 @@ use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::head::RequestHead;
+use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{BoxLimiter, FailMode, HeaderKey, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{FailMode, HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
