@@ -24,7 +24,6 @@ mod layer_hostile;
 mod permit_accounting;
 #[cfg(feature = "axum")]
 mod policies;
-#[cfg(feature = "axum")]
-mod policies_hostile;
 mod request_head;
 mod response_states;
+mod support;

@@ -1,0 +1,146 @@
+//! Set-ups the rate-limit tests share: in-memory limiters on a manual clock, a limiter whose
+//! store is down, keys and costs read from a header, a peer address, the admitted headers
+//! switched on or off, and readers for what a client gets back (the problem details' violated
+//! policies, `Retry-After`, a `RateLimit` entry's parameter).
+
+// Without the `axum` feature, the modules that use some of these are not built.
+#![allow(dead_code)]
+
+use std::hash::Hash;
+use std::net::SocketAddr;
+
+use axum::body::{to_bytes, Body};
+use http::Response;
+use tower_bulwark::algorithm::Gcra;
+use tower_bulwark::clock::{Clock, ManualClock};
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::limiter::Decision;
+use tower_bulwark::rate_limit::{KeyError, RateLimitLayer};
+use tower_bulwark::{BoxError, KeyedRateLimiter, Quota};
+
+use crate::common::YieldOnce;
+
+/// A GCRA limiter of `quota` per key on `clock`, so that time passes only when the test says.
+pub fn keyed<K: Hash + Eq + Clone + Send + Sync + 'static>(
+    quota: Quota,
+    clock: &ManualClock,
+) -> KeyedRateLimiter<K, Gcra, ManualClock> {
+    KeyedRateLimiter::builder(quota)
+        .clock(clock.clone())
+        .build()
+}
+
+/// How many single permits `limiter` still grants `key` right now (takes them all).
+pub fn drain<C: Clock>(limiter: &KeyedRateLimiter<String, Gcra, C>, key: &str) -> u64 {
+    let key = key.to_string();
+    let mut n = 0;
+    while limiter.check(&key).allowed {
+        n += 1;
+        assert!(n < 1_000_000, "a limiter that never refuses");
+    }
+    n
+}
+
+/// A limiter whose every decision fails, as a Redis limiter whose server is down does. Nothing
+/// is ever granted, so a refund is a bug of the layer: it panics.
+#[derive(Clone, Debug)]
+pub struct Broken(pub Quota);
+
+impl<K> tower_bulwark::Limiter<K> for Broken {
+    type Future = std::future::Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> Quota {
+        self.0
+    }
+
+    fn reserve(&self, _: &K, _: u32) -> Self::Future {
+        std::future::ready(Err("the store is down".into()))
+    }
+
+    fn refund(&self, _: &K, _: u32, _: Decision) {
+        panic!("nothing was granted, nothing may be refunded");
+    }
+}
+
+/// A key extractor: the value of header `name`, or a 400 without it.
+pub fn header_key(
+    name: &'static str,
+) -> impl Fn(&RequestHead<'_>) -> Result<String, KeyError> + Clone + Send + Sync + 'static {
+    move |head: &RequestHead<'_>| {
+        head.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| KeyError::bad_request(format!("no {name}")))
+    }
+}
+
+/// A cost function: the number in header `name`, 1 without it.
+pub fn header_cost(
+    name: impl Into<String>,
+) -> impl Fn(&RequestHead<'_>) -> u32 + Clone + Send + Sync + 'static {
+    let name = name.into();
+    move |head: &RequestHead<'_>| {
+        head.headers
+            .get(name.as_str())
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    }
+}
+
+/// A client's address: `ip` on an ephemeral port.
+pub fn peer(ip: &str) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), 40_000)
+}
+
+/// The layer with the headers of admitted responses on or off.
+pub fn with_admitted_headers<P>(layer: RateLimitLayer<P>, on: bool) -> RateLimitLayer<P> {
+    if on {
+        layer
+    } else {
+        layer.without_admitted_headers()
+    }
+}
+
+/// Pending `n` times (waking itself each time), then ready: a limiter or handler that takes
+/// `n` polls to answer.
+pub async fn yields(n: usize) {
+    for _ in 0..n {
+        YieldOnce::default().await;
+    }
+}
+
+/// The response's body parsed as JSON (the problem details of a refusal).
+pub async fn json(response: Response<Body>) -> serde_json::Value {
+    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// The names in a problem details' `violated-policies`.
+pub fn violated(json: &serde_json::Value) -> Vec<String> {
+    json["violated-policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The response's `Retry-After` in seconds, if it has one.
+pub fn retry_after<B>(response: &Response<B>) -> Option<u64> {
+    response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap())
+}
+
+/// Parameter `name` of a parsed `RateLimit` entry (see `sf_entries`); panics without it.
+pub fn param(entry: &(String, Vec<(String, i64)>), name: &str) -> i64 {
+    entry
+        .1
+        .iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("{entry:?} has no {name}"))
+        .1
+}
