@@ -13,37 +13,14 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
-use tower_bulwark::head::RequestHead;
-use tower_bulwark::rate_limit::{KeyError, Policy, RateLimitLayer};
+use tower_bulwark::clock::{ManualClock, TokioClock};
+use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::{algorithm::Gcra, KeyedRateLimiter, Quota};
 
 use crate::common::{paused_runtime, poll_once};
+use crate::support::{drain, header_key, keyed};
 
 type Keyed<C> = KeyedRateLimiter<String, Gcra, C>;
-
-/// How many single permits `limiter` still grants `key` right now (takes them all).
-fn drain<C: Clock>(limiter: &Keyed<C>, key: &str) -> u64 {
-    let key = key.to_string();
-    let mut n = 0;
-    while limiter.check(&key).allowed {
-        n += 1;
-        assert!(n < 1_000_000, "a limiter that never refuses");
-    }
-    n
-}
-
-fn by_header(
-    name: &'static str,
-) -> impl Fn(&RequestHead<'_>) -> Result<String, KeyError> + Clone + Send + Sync + 'static {
-    move |head: &RequestHead<'_>| {
-        head.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .ok_or_else(|| KeyError::bad_request(format!("no {name}")))
-    }
-}
 
 /// The handler: counts the requests that reach it; `x-fail: 1` answers 500.
 fn handler(
@@ -118,12 +95,7 @@ where
 fn frozen(quota: Quota) -> (Keyed<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1_000));
-    (
-        KeyedRateLimiter::builder(quota)
-            .clock(clock.clone())
-            .build(),
-        clock,
-    )
+    (keyed(quota, &clock), clock)
 }
 
 /// 96 tasks race for a limit of 7 held by one policy (keyed by a tenant shared by all), alone
@@ -141,9 +113,10 @@ async fn racing_tasks_get_exactly_the_limit_through_one_two_and_three_policies()
                 let (tenants, _) = frozen(Quota::per_hour(LIMIT as u32).unwrap());
                 let (users, _) = frozen(Quota::per_hour(LOOSE as u32).unwrap());
                 let (gates, _) = frozen(Quota::per_hour(LOOSE as u32).unwrap());
-                let tenant = Policy::new("tenant", by_header("x-tenant"), tenants.clone()).unwrap();
-                let user = Policy::new("user", by_header("x-user"), users.clone()).unwrap();
-                let gate = Policy::new("gate", by_header("x-gate"), gates.clone()).unwrap();
+                let tenant =
+                    Policy::new("tenant", header_key("x-tenant"), tenants.clone()).unwrap();
+                let user = Policy::new("user", header_key("x-user"), users.clone()).unwrap();
+                let gate = Policy::new("gate", header_key("x-gate"), gates.clone()).unwrap();
                 // The tight policy at position `tight` of `policies`; the vector decides as a
                 // chain of one type.
                 let mut chain = vec![user, gate];
@@ -190,10 +163,10 @@ async fn racing_tasks_with_count_if_spend_exactly_the_counted_responses() {
     for round in 0..6 {
         let (failures, _) = frozen(Quota::per_hour(10).unwrap());
         let (users, _) = frozen(Quota::per_hour(1_000).unwrap());
-        let policies = Policy::new("failures", by_header("x-tenant"), failures.clone())
+        let policies = Policy::new("failures", header_key("x-tenant"), failures.clone())
             .unwrap()
             .count_if(|response| response.status.is_server_error())
-            .and(Policy::new("user", by_header("x-user"), users.clone()).unwrap());
+            .and(Policy::new("user", header_key("x-user"), users.clone()).unwrap());
         let reached = Arc::new(AtomicUsize::new(0));
         let service = RateLimitLayer::new(policies).layer(handler(reached.clone()));
         let statuses = race(service, TASKS, |task| task % 3 == round % 3).await;
@@ -243,12 +216,12 @@ fn a_waiting_request_dropped_after_any_poll_gives_each_permit_back_once() {
                 // The waiting policy's burst is spent: the next request waits 100 ms.
                 assert_eq!(drain(&waiting, "t"), 10);
                 let mut chain = vec![
-                    Policy::new("user", by_header("x-user"), users.clone()).unwrap(),
-                    Policy::new("gate", by_header("x-gate"), gates.clone()).unwrap(),
+                    Policy::new("user", header_key("x-user"), users.clone()).unwrap(),
+                    Policy::new("gate", header_key("x-gate"), gates.clone()).unwrap(),
                 ];
                 chain.insert(
                     waiting_at,
-                    Policy::new("tenant", by_header("x-tenant"), waiting.clone()).unwrap(),
+                    Policy::new("tenant", header_key("x-tenant"), waiting.clone()).unwrap(),
                 );
                 let reached = Arc::new(AtomicUsize::new(0));
                 let service = RateLimitLayer::new(chain).layer(handler(reached.clone()));

@@ -1,7 +1,7 @@
 //! Exemptions: requests that skip every policy reach the service uncounted and carry no
 //! rate-limit headers; everything else is limited as before.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
@@ -13,24 +13,23 @@ use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{Cidr, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Quota};
 
+use crate::support::{keyed, peer};
+
 fn limiter() -> KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock> {
-    KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
-        .clock(ManualClock::new())
-        .build()
+    keyed(Quota::per_hour(1).unwrap(), &ManualClock::new())
 }
 
 fn app(
     layer: RateLimitLayer<
         Policy<PeerIp, KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>>,
     >,
-    peer: &str,
+    client: &str,
 ) -> Router {
-    let peer: SocketAddr = format!("{peer}:4000").parse().unwrap();
     Router::new()
         .route("/health", get(|| async { "up" }))
         .route("/orders", get(|| async { "ok" }))
         .route_layer(layer)
-        .layer(MockConnectInfo(peer))
+        .layer(MockConnectInfo(peer(client)))
 }
 
 async fn get_path(app: &Router, path: &str) -> (StatusCode, bool) {

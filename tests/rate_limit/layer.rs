@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::common::listener::sf_entries;
 use crate::common::poll_once;
+use crate::support::{json, keyed, peer, Broken};
 use axum::body::{to_bytes, Body};
 use axum::extract::connect_info::MockConnectInfo;
 use axum::response::Response;
@@ -31,16 +32,6 @@ use tower_bulwark::{
 };
 
 type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>;
-
-fn ip_limiter(quota: Quota, clock: &ManualClock) -> IpLimiter {
-    KeyedRateLimiter::builder(quota)
-        .clock(clock.clone())
-        .build()
-}
-
-fn peer(ip: &str) -> SocketAddr {
-    SocketAddr::new(ip.parse().unwrap(), 40_000)
-}
 
 fn orders<P: PolicySet>(layer: RateLimitLayer<P>) -> Router {
     Router::new()
@@ -73,7 +64,7 @@ fn params(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
 #[tokio::test]
 async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(10).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
     ));
@@ -107,7 +98,7 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
         sf_entries(&headers, "ratelimit"),
         [("per-ip".to_string(), params(&[("r", 0), ("t", 1)]))]
     );
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    let problem = json(refused).await;
     assert_eq!(
         problem["type"],
         "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -130,7 +121,7 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
 async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_body() {
     let clock = ManualClock::new();
     let name = r#"say "hi" \ twice"#;
-    let limiter = ip_limiter(Quota::per_hour(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_hour(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new(name, PeerIp::new(), limiter).unwrap(),
     ));
@@ -144,7 +135,7 @@ async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_bod
         sf_entries(refused.headers(), "ratelimit"),
         [(name.to_string(), params(&[("r", 0), ("t", 3600)]))]
     );
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    let problem = json(refused).await;
     assert_eq!(
         problem["detail"],
         format!("The request exceeds the quota of '{name}'; retry in 3600 seconds.")
@@ -155,7 +146,7 @@ async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_bod
 #[tokio::test]
 async fn retry_after_rounds_up_and_is_never_zero() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_minute(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_minute(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new("slow", PeerIp::new(), limiter).unwrap(),
     ));
@@ -176,7 +167,7 @@ async fn retry_after_rounds_up_and_is_never_zero() {
 #[tokio::test]
 async fn clients_have_their_own_budgets_and_ipv6_is_keyed_by_its_64() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(2).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
     ));
@@ -222,7 +213,7 @@ async fn clients_have_their_own_budgets_and_ipv6_is_keyed_by_its_64() {
 #[tokio::test]
 async fn a_wider_ipv6_prefix_groups_more_addresses() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new("per-48", PeerIp::new().ipv6_prefix(48), limiter).unwrap(),
     ));
@@ -243,7 +234,7 @@ async fn a_wider_ipv6_prefix_groups_more_addresses() {
 #[tokio::test]
 async fn an_untrusted_peer_cannot_choose_its_key_with_forwarding_headers() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
     let layer = RateLimitLayer::new(
         Policy::new(
             "per-client",
@@ -276,7 +267,7 @@ async fn an_untrusted_peer_cannot_choose_its_key_with_forwarding_headers() {
 #[tokio::test]
 async fn behind_trusted_proxies_the_rightmost_untrusted_address_is_the_client() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
     let trusted: Vec<Cidr> = vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()];
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
@@ -433,8 +424,8 @@ fn malformed_forwarding_headers_never_panic_and_never_choose_the_key() {
 #[tokio::test]
 async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_violated() {
     let clock = ManualClock::new();
-    let per_second = ip_limiter(Quota::per_second(2).unwrap(), &clock);
-    let per_minute = ip_limiter(Quota::per_minute(3).unwrap(), &clock);
+    let per_second = keyed(Quota::per_second(2).unwrap(), &clock);
+    let per_minute = keyed(Quota::per_minute(3).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         Policy::new("per-second", PeerIp::new(), per_second.clone())
             .unwrap()
@@ -463,7 +454,7 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
     for _ in 0..5 {
         let refused = send(&app, client, &[]).await;
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-        let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+        let problem = json(refused).await;
         assert_eq!(
             problem["violated-policies"],
             serde_json::json!(["per-second"])
@@ -483,7 +474,7 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
     let refused = send(&app, client, &[]).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "19");
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    let problem = json(refused).await;
     assert_eq!(
         problem["violated-policies"],
         serde_json::json!(["per-minute"])
@@ -525,7 +516,7 @@ async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
             ("hourly".to_string(), params(&[("r", 0), ("t", 3600)])),
         ]
     );
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    let problem = json(refused).await;
     assert_eq!(
         problem["violated-policies"],
         serde_json::json!(["burst", "hourly"])
@@ -539,8 +530,8 @@ async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
 #[tokio::test]
 async fn routes_carry_their_own_policies_and_unlimited_routes_are_untouched() {
     let clock = ManualClock::new();
-    let strict = ip_limiter(Quota::per_second(1).unwrap(), &clock);
-    let loose = ip_limiter(Quota::per_second(3).unwrap(), &clock);
+    let strict = keyed(Quota::per_second(1).unwrap(), &clock);
+    let loose = keyed(Quota::per_second(3).unwrap(), &clock);
     let app = Router::new()
         .route(
             "/orders",
@@ -679,7 +670,7 @@ async fn responses_keep_the_inner_body_type_and_wrap_body_serves_any_body() {
 #[tokio::test]
 async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(2).unwrap(), &clock);
     let app = orders(
         RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter.clone()).unwrap())
             .without_admitted_headers(),
@@ -708,7 +699,7 @@ async fn headers_on_admission_can_be_turned_off_and_legacy_headers_on() {
 #[tokio::test]
 async fn a_hook_builds_the_refusal() {
     let clock = ManualClock::new();
-    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
     let app = orders(
         RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap()).on_refusal(
             |refusal: &Refusal<'_>| {
@@ -736,7 +727,7 @@ async fn a_hook_builds_the_refusal() {
 async fn a_request_without_a_key_gets_the_documented_answer() {
     let clock = ManualClock::new();
     // No ConnectInfo: the server is set up wrong, 500 with problem+json and no internals.
-    let limiter = ip_limiter(Quota::per_second(1).unwrap(), &clock);
+    let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
@@ -749,7 +740,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
         response.headers()["content-type"],
         "application/problem+json"
     );
-    let problem: serde_json::Value = serde_json::from_slice(&body(response).await).unwrap();
+    let problem = json(response).await;
     assert_eq!(problem["status"], 500);
     assert!(!problem["detail"].as_str().unwrap().contains("ConnectInfo"));
 
@@ -783,7 +774,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
         ));
     let response = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let problem: serde_json::Value = serde_json::from_slice(&body(response).await).unwrap();
+    let problem = json(response).await;
     assert!(problem["detail"].as_str().unwrap().contains("x-api-key"));
     let with_key = |key: &str| {
         Request::get("/orders")
@@ -844,39 +835,16 @@ async fn a_closure_can_be_the_key() {
     assert_eq!(status("/globex/orders").await, StatusCode::OK);
 }
 
-/// A limiter whose backend is down.
-#[derive(Debug)]
-struct Broken {
-    quota: Quota,
-}
-
-impl Limiter<IpAddr> for Broken {
-    type Future = std::future::Ready<Result<Decision, BoxError>>;
-
-    fn quota(&self) -> Quota {
-        self.quota
-    }
-
-    fn reserve(&self, _key: &IpAddr, _cost: u32) -> Self::Future {
-        std::future::ready(Err("connection refused".into()))
-    }
-
-    fn refund(&self, _key: &IpAddr, _cost: u32, _decision: Decision) {}
-}
-
 #[tokio::test]
 async fn a_failing_limiter_answers_503_or_fails_open() {
     let clock = ManualClock::new();
-    let working = ip_limiter(Quota::per_second(5).unwrap(), &clock);
+    let working = keyed(Quota::per_second(5).unwrap(), &clock);
     let quota = Quota::per_second(1).unwrap();
     let layer = |mode| {
         RateLimitLayer::new(
             Policy::new("local", PeerIp::new(), BoxLimiter::new(working.clone()))
                 .unwrap()
-                .and(
-                    Policy::new("shared", PeerIp::new(), BoxLimiter::new(Broken { quota }))
-                        .unwrap(),
-                ),
+                .and(Policy::new("shared", PeerIp::new(), BoxLimiter::new(Broken(quota))).unwrap()),
         )
         .limiter_error_mode(mode)
     };
@@ -1039,8 +1007,8 @@ impl Limiter<IpAddr> for Remote {
 #[tokio::test]
 async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
     let clock = ManualClock::new();
-    let local = ip_limiter(Quota::per_second(5).unwrap(), &clock);
-    let remote_state = ip_limiter(Quota::per_second(2).unwrap(), &clock);
+    let local = keyed(Quota::per_second(5).unwrap(), &clock);
+    let remote_state = keyed(Quota::per_second(2).unwrap(), &clock);
     let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let asked = Arc::new(AtomicUsize::new(0));
     let remote = Remote {
@@ -1062,7 +1030,7 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
     let refused = send(&app, client, &[]).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    let problem: serde_json::Value = serde_json::from_slice(&body(refused).await).unwrap();
+    let problem = json(refused).await;
     assert_eq!(problem["violated-policies"], serde_json::json!(["remote"]));
     // Two local permits spent by the admitted requests; the refused one's was given back.
     assert_eq!(local.check(&client.ip()).remaining, 2);

@@ -2,8 +2,9 @@
 //! mixed failing / refusing / waiting policies, odd policy names on the wire, HEAD requests, and
 //! the observability counters of policies vetoed by another one.
 
-use crate::common::listener::{serve, sf_list};
+use crate::common::listener::{serve, sf_entries, sf_list};
 use crate::common::poll_once;
+use crate::support::Broken;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -39,16 +40,6 @@ fn get_req() -> Request<Body> {
     Request::get("/orders").body(Body::empty()).unwrap()
 }
 
-fn header_list(headers: &http::HeaderMap, name: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let joined = headers
-        .get_all(name)
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect::<Vec<_>>()
-        .join(", ");
-    sf_list(&joined)
-}
-
 /// A limiter that decides only once its gate is open, on a later poll, like a remote one.
 #[derive(Clone)]
 struct Later {
@@ -78,25 +69,6 @@ impl Limiter<IpAddr> for Later {
     fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         Limiter::refund(&self.local, key, cost, decision)
-    }
-}
-
-/// A limiter whose backend is down.
-struct Broken(Quota);
-
-impl Limiter<IpAddr> for Broken {
-    type Future = std::future::Ready<Result<Decision, BoxError>>;
-
-    fn quota(&self) -> Quota {
-        self.0
-    }
-
-    fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
-        std::future::ready(Err("backend down".into()))
-    }
-
-    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {
-        panic!("nothing was granted, nothing may be refunded");
     }
 }
 
@@ -237,14 +209,14 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
     assert_eq!(h["retry-after"], "3600");
     assert_eq!(h["x-ratelimit-reset"], "3600");
     assert_eq!(h["x-ratelimit-remaining"], "0");
-    let policy = header_list(&h, "ratelimit-policy");
+    let policy = sf_entries(&h, "ratelimit-policy");
     assert_eq!(
         policy.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
         ["broken", "refusing", "waiting"]
     );
     // Only the violated policy is listed: the waiting policy's reservation was given back, so
     // its decision no longer describes the key (and its window need not fit under Retry-After).
-    let state = header_list(&h, "ratelimit");
+    let state = sf_entries(&h, "ratelimit");
     assert_eq!(
         state,
         [(
@@ -428,7 +400,7 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
         .layer(MockConnectInfo(client));
     let ok = app.clone().oneshot(get_req()).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
-    let after_ok = header_list(ok.headers(), "ratelimit");
+    let after_ok = sf_entries(ok.headers(), "ratelimit");
     assert_eq!(after_ok[0].0, "wide");
     // Nine left, whole again in 360 s, but nine take 3240 s at 10 per hour.
     assert_eq!(
@@ -439,7 +411,7 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let refused = app.clone().oneshot(get_req()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "3600");
-    let state = header_list(refused.headers(), "ratelimit");
+    let state = sf_entries(refused.headers(), "ratelimit");
     assert_eq!(
         state,
         [(

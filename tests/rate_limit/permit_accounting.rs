@@ -8,6 +8,7 @@
 //! budget, drained permit by permit), never against a fake.
 
 use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
+use crate::support::{drain, header_cost, header_key, keyed, with_admitted_headers, yields};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,38 +75,6 @@ const SKEWS: [i64; 8] = [
     30 * MS,
     -HOUR / 2,
 ];
-
-/// How many single permits `limiter` still grants `key` right now (takes them all).
-fn drain<C: Clock>(
-    limiter: &KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, C>,
-    key: &str,
-) -> u64 {
-    let key = key.to_string();
-    let mut n = 0;
-    while limiter.check(&key).allowed {
-        n += 1;
-        assert!(n < 1_000_000, "a limiter that never refuses");
-    }
-    n
-}
-
-fn header_key(name: &'static str) -> impl Fn(&RequestHead<'_>) -> Result<String, KeyError> + Clone {
-    move |head: &RequestHead<'_>| {
-        head.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .ok_or_else(|| KeyError::bad_request(format!("no {name}")))
-    }
-}
-
-fn cost_header(head: &RequestHead<'_>) -> u32 {
-    head.headers
-        .get("x-cost")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-}
 
 fn request(tenant: &str, gate: &str, cost: u32) -> Request<Body> {
     Request::get("/r")
@@ -437,7 +406,7 @@ fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
             set_skew(0);
             let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
             let layer = RateLimitLayer::new(policy);
-            let layer = headers_if(layer, headers);
+            let layer = with_admitted_headers(layer, headers);
             let app = Router::new()
                 .route("/r", get(|| async { "ok" }))
                 .route_layer(layer);
@@ -469,7 +438,7 @@ fn http_fast_path_with_costs_spends_exactly_the_burst() {
             .build();
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone())
             .unwrap()
-            .cost_by(cost_header);
+            .cost_by(header_cost("x-cost"));
         let app = Router::new()
             .route("/r", get(|| async { "ok" }))
             .route_layer(RateLimitLayer::new(policy).without_admitted_headers());
@@ -517,7 +486,7 @@ fn http_fast_path_with_waits_is_exact_under_contention() {
             .build();
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
         let layer = RateLimitLayer::new(policy);
-        let layer = headers_if(layer, headers);
+        let layer = with_admitted_headers(layer, headers);
         let app = Router::new()
             .route("/r", get(|| async { "ok" }))
             .route_layer(layer);
@@ -563,7 +532,7 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
             .and(Policy::new("gate", header_key("x-gate"), gates.clone()).unwrap());
         for headers in [false, true] {
             let layer = RateLimitLayer::new(policies.clone());
-            let layer = headers_if(layer, headers);
+            let layer = with_admitted_headers(layer, headers);
             let app = Router::new()
                 .route("/r", get(|| async { "ok" }))
                 .route_layer(layer);
@@ -613,7 +582,7 @@ fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
         let gated = seed % 4 < 2;
         let tenant = Policy::new("tenant", header_key("x-tenant"), tenants.clone())
             .unwrap()
-            .cost_by(cost_header);
+            .cost_by(header_cost("x-cost"));
         let app = Router::new().route("/r", get(|| async { "ok" }));
         let app = if gated {
             let policies = tenant.and(
@@ -732,9 +701,7 @@ impl Limiter<String> for Slow {
             (self.inner.clone(), key.clone(), self.pendings, self.fail);
         let decided = Arc::clone(&self.decided);
         Box::pin(async move {
-            for _ in 0..pendings {
-                YieldOnce::default().await;
-            }
+            yields(pendings).await;
             if fail {
                 return Err("the remote limiter is down".into());
             }
@@ -746,15 +713,6 @@ impl Limiter<String> for Slow {
     fn refund(&self, key: &String, cost: u32, decision: Decision) {
         self.inner.refund(key, cost, decision);
     }
-}
-
-fn manual_limiter(
-    clock: &ManualClock,
-    quota: Quota,
-) -> KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock> {
-    KeyedRateLimiter::<String>::builder(quota)
-        .clock(clock.clone())
-        .build()
 }
 
 /// An inner service that counts its calls and answers 200 (or, per the `x-answer` header, a
@@ -806,22 +764,9 @@ fn req(answer: &str) -> Request<Body> {
         .unwrap()
 }
 
-/// The layer with the admitted headers on or off.
-fn headers_if<P>(layer: RateLimitLayer<P>, on: bool) -> RateLimitLayer<P> {
-    if on {
-        layer
-    } else {
-        layer.without_admitted_headers()
-    }
-}
-
 /// A [`Slow`] limiter of 5 per minute on `clock`, pending `pendings` polls, failing if `fails`.
 fn slow_per_minute(clock: &ManualClock, pendings: usize, fails: bool) -> Slow {
-    Slow::new(
-        manual_limiter(clock, Quota::per_minute(5).unwrap()),
-        pendings,
-        fails,
-    )
+    Slow::new(keyed(Quota::per_minute(5).unwrap(), clock), pendings, fails)
 }
 
 fn debug_state(future: &impl std::fmt::Debug) -> String {
@@ -837,13 +782,13 @@ fn dropped_while_a_limiter_is_pending_gives_back_exactly_once() {
     for polls in 0..4 {
         for headers in [false, true] {
             let clock = ManualClock::new();
-            let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+            let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
             let slow = slow_per_minute(&clock, 5, false);
             let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
                 .unwrap()
                 .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
             let layer = RateLimitLayer::new(policies);
-            let layer = headers_if(layer, headers);
+            let layer = with_admitted_headers(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let mut future = Box::pin(service.call(req("200")));
@@ -876,13 +821,13 @@ fn dropped_while_a_limiter_is_pending_gives_back_exactly_once() {
 fn a_deferred_admission_spends_each_permit_once() {
     for headers in [false, true] {
         let clock = ManualClock::new();
-        let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+        let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
         let slow = slow_per_minute(&clock, 2, false);
         let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
             .unwrap()
             .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
         let layer = RateLimitLayer::new(policies);
-        let layer = headers_if(layer, headers);
+        let layer = with_admitted_headers(layer, headers);
         let inner = Inner::default();
         let mut service = layer.layer(inner.clone());
         let mut future = Box::pin(service.call(req("200")));
@@ -919,7 +864,7 @@ fn a_failing_limiter_gives_back_or_spends_exactly_once() {
     ] {
         for slow_first in [false, true] {
             let clock = ManualClock::new();
-            let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+            let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
             let slow = slow_per_minute(&clock, 2, true);
             let fast_policy = Policy::new("fast", header_key("x-tenant"), fast.clone()).unwrap();
             let slow_policy = Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap();
@@ -968,7 +913,7 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
             let layer = RateLimitLayer::new(
                 Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap(),
             );
-            let layer = headers_if(layer, headers);
+            let layer = with_admitted_headers(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let first = service
@@ -1028,12 +973,12 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
 #[tokio::test(start_paused = true)]
 async fn dropped_in_a_wait_reached_through_a_pending_limiter_gives_both_back() {
     let clock = ManualClock::new();
-    let fast = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+    let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
     let waiting_quota = Quota::per_second(1)
         .unwrap()
         .with_max_wait(Duration::from_secs(3))
         .unwrap();
-    let slow = Slow::new(manual_limiter(&clock, waiting_quota), 2, false);
+    let slow = Slow::new(keyed(waiting_quota, &clock), 2, false);
     assert!(slow.inner.check(&"g".to_string()).allowed);
     let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
         .unwrap()
@@ -1073,8 +1018,8 @@ fn an_inner_panic_or_error_spends_the_permit_exactly_once() {
     for answer in ["panic", "error"] {
         for shape in 0..4 {
             let clock = ManualClock::new();
-            let limiter = manual_limiter(&clock, Quota::per_minute(5).unwrap());
-            let other = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+            let limiter = keyed(Quota::per_minute(5).unwrap(), &clock);
+            let other = keyed(Quota::per_minute(5).unwrap(), &clock);
             let inner = Inner::default();
             let one = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
             let mut future: Pin<Box<dyn FutureDebug>> = match shape {
@@ -1164,12 +1109,12 @@ fn count_if_settles_exactly_once() {
     for headers in [false, true] {
         for (answer, left) in [("200", 5u64), ("500", 4), ("drop", 4)] {
             let clock = ManualClock::new();
-            let limiter = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+            let limiter = keyed(Quota::per_minute(5).unwrap(), &clock);
             let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone())
                 .unwrap()
                 .count_if(|parts| parts.status.is_server_error());
             let layer = RateLimitLayer::new(policy);
-            let layer = headers_if(layer, headers);
+            let layer = with_admitted_headers(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
             let mut future =
@@ -1201,7 +1146,7 @@ fn count_if_settles_exactly_once() {
 #[test]
 fn answered_futures_spend_nothing_and_debug_in_every_state() {
     let clock = ManualClock::new();
-    let limiter = manual_limiter(&clock, Quota::per_minute(1).unwrap());
+    let limiter = keyed(Quota::per_minute(1).unwrap(), &clock);
     let inner = Inner::default();
     let layer = RateLimitLayer::new(
         Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap(),
@@ -1231,7 +1176,7 @@ fn answered_futures_spend_nothing_and_debug_in_every_state() {
     assert_eq!(drain(&limiter, "t"), 1);
     // Futures of the fast path dropped before their first poll: the request was handed to
     // the inner service in `call`, so each admitted one is spent, once; refusals spend nothing.
-    let limiter = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+    let limiter = keyed(Quota::per_minute(5).unwrap(), &clock);
     let inner = Inner::default();
     let mut service = RateLimitLayer::new(
         Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap(),
@@ -1253,7 +1198,7 @@ fn a_panic_deciding_after_a_pending_limiter_gives_back() {
     for panicking_cost in [false, true] {
         let clock = ManualClock::new();
         let slow = slow_per_minute(&clock, 2, false);
-        let other = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+        let other = keyed(Quota::per_minute(5).unwrap(), &clock);
         let boom = move |head: &RequestHead<'_>| -> Result<String, KeyError> {
             if !panicking_cost && head.headers.contains_key("x-boom") {
                 panic!("the key extractor panicked");
@@ -1296,7 +1241,7 @@ fn a_panic_deciding_after_a_pending_limiter_gives_back() {
 fn an_inner_call_that_panics_spends_exactly_once() {
     for shape in 0..5 {
         let clock = ManualClock::new();
-        let limiter = manual_limiter(&clock, Quota::per_minute(5).unwrap());
+        let limiter = keyed(Quota::per_minute(5).unwrap(), &clock);
         let slow = slow_per_minute(&clock, 2, false);
         let inner = Inner::default();
         let one = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();

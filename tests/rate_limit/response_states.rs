@@ -6,7 +6,8 @@
 //! Complements `permit_accounting.rs` (exact limits under contention, permit release, keys,
 //! clocks).
 
-use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
+use crate::common::{block_on, paused_runtime, poll_once, Rng};
+use crate::support::{header_cost, keyed, yields};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,12 +36,6 @@ use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 // ---------------------------------------------------------------------------------------------
 
 type Keyed = KeyedRateLimiter<HeaderValue, Gcra, ManualClock>;
-
-fn keyed(clock: &ManualClock, quota: Quota) -> Keyed {
-    KeyedRateLimiter::<HeaderValue>::builder(quota)
-        .clock(clock.clone())
-        .build()
-}
 
 /// The header's values as text, joined as one list.
 fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -74,16 +69,6 @@ async fn answer(headers: HeaderMap) -> StatusCode {
         .map_or(StatusCode::OK, |s| StatusCode::from_u16(s).unwrap())
 }
 
-fn header_cost(name: String) -> impl Fn(&RequestHead<'_>) -> u32 + Send + Sync + 'static {
-    move |head: &RequestHead<'_>| {
-        head.headers
-            .get(name.as_str())
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
-    }
-}
-
 /// A limiter that needs "I/O": `reserve_now` answers `None`, and its future is pending
 /// `pendings` times before the inner limiter decides.
 #[derive(Clone)]
@@ -102,9 +87,7 @@ impl Limiter<HeaderValue> for Slow {
     fn reserve(&self, key: &HeaderValue, cost: u32) -> Self::Future {
         let (inner, key, pendings) = (self.inner.clone(), key.clone(), self.pendings);
         Box::pin(async move {
-            for _ in 0..pendings {
-                YieldOnce::default().await;
-            }
+            yields(pendings).await;
             inner.reserve_now(&key, cost).unwrap()
         })
     }
@@ -163,14 +146,14 @@ fn held_app() -> HeldApp {
     let single = Policy::new(
         one.as_str(),
         key(),
-        keyed(&clock, Quota::per_minute(60).unwrap()),
+        keyed(Quota::per_minute(60).unwrap(), &clock),
     )
     .unwrap()
     .cost_by(cost());
     let chain = Policy::new(
         three[0].as_str(),
         key(),
-        keyed(&clock, Quota::per_minute(60).unwrap()),
+        keyed(Quota::per_minute(60).unwrap(), &clock),
     )
     .unwrap()
     .cost_by(cost())
@@ -178,7 +161,7 @@ fn held_app() -> HeldApp {
         Policy::new(
             three[1].as_str(),
             key(),
-            keyed(&clock, Quota::per_hour(3600).unwrap()),
+            keyed(Quota::per_hour(3600).unwrap(), &clock),
         )
         .unwrap()
         .cost_by(cost()),
@@ -187,7 +170,7 @@ fn held_app() -> HeldApp {
         Policy::new(
             three[2].as_str(),
             key(),
-            keyed(&clock, Quota::per_second(100).unwrap()),
+            keyed(Quota::per_second(100).unwrap(), &clock),
         )
         .unwrap()
         .cost_by(cost()),
@@ -570,8 +553,8 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
                 .collect();
             let clock = ManualClock::new();
             clock.set(Duration::from_secs(1));
-            let reals: Vec<Keyed> = specs.iter().map(|s| keyed(&clock, s.quota)).collect();
-            let twins: Vec<Keyed> = specs.iter().map(|s| keyed(&clock, s.quota)).collect();
+            let reals: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
+            let twins: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
             let policies: Vec<Policy<HeaderKey, BoxLimiter<HeaderValue>>> = specs
                 .iter()
                 .zip(&reals)
@@ -918,8 +901,8 @@ async fn deferred_reserve_wait_call_adds_headers_and_settles_after_the_wait() {
             .unwrap()
             .with_max_wait(Duration::from_secs(2))
             .unwrap();
-        let slow = keyed(&clock, slow_quota);
-        let fast = keyed(&clock, Quota::per_minute(5).unwrap());
+        let slow = keyed(slow_quota, &clock);
+        let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
         let a = HeaderValue::from_static("a");
         if prespent {
             assert!(slow.check(&a).allowed);
@@ -1026,7 +1009,7 @@ async fn poll_after_completion_panics_with_the_documented_message_only() {
     let a = HeaderValue::from_static("a");
     // (layer shape, expected status, expected message)
     for shape in 0..7 {
-        let limiter = keyed(&clock, Quota::per_hour(1).unwrap());
+        let limiter = keyed(Quota::per_hour(1).unwrap(), &clock);
         let inner = ReadyInner::default();
         let one = || Policy::new("one", key0(), limiter.clone()).unwrap();
         let slow = || {
@@ -1086,7 +1069,7 @@ async fn poll_after_completion_panics_with_the_documented_message_only() {
             // A refusal by the second of two policies.
             5 => Box::pin(
                 RateLimitLayer::new(
-                    Policy::new("free", key0(), keyed(&clock, Quota::per_hour(100).unwrap()))
+                    Policy::new("free", key0(), keyed(Quota::per_hour(100).unwrap(), &clock))
                         .unwrap()
                         .and(one()),
                 )

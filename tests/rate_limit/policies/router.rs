@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::extract::MatchedPath;
 use axum::response::Response;
@@ -18,20 +18,12 @@ use tower::ServiceExt;
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
-    algorithm::SlidingLog, clock::ManualClock, limiter::Decision, BoxError, DirectRateLimiter,
-    KeyedRateLimiter, Limiter, Quota,
+    algorithm::SlidingLog, clock::ManualClock, BoxError, DirectRateLimiter, KeyedRateLimiter,
+    Limiter, Quota,
 };
 
 use crate::common::listener;
-
-fn keyed<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
-    quota: Quota,
-    clock: &ManualClock,
-) -> KeyedRateLimiter<K, tower_bulwark::algorithm::Gcra, ManualClock> {
-    KeyedRateLimiter::builder(quota)
-        .clock(clock.clone())
-        .build()
-}
+use crate::support::{json, keyed, peer, Broken};
 
 fn api_key() -> HeaderKey {
     HeaderKey::new(HeaderName::from_static("x-api-key"))
@@ -48,17 +40,11 @@ async fn send(app: &Router, method: &str, path: &str, from: &str, key: Option<&s
             .headers_mut()
             .insert("x-api-key", HeaderValue::from_str(key).unwrap());
     }
-    let from = SocketAddr::new(from.parse().unwrap(), 40_000);
     app.clone()
-        .layer(MockConnectInfo(from))
+        .layer(MockConnectInfo(peer(from)))
         .oneshot(request)
         .await
         .unwrap()
-}
-
-async fn json(response: Response) -> serde_json::Value {
-    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    serde_json::from_slice(&bytes).unwrap()
 }
 
 fn names(response: &Response, header: &str) -> Vec<String> {
@@ -278,9 +264,8 @@ async fn login(app: &Router, ip: &str, password: &str) -> StatusCode {
     let request = Request::post("/login")
         .body(Body::from(format!("password={password}")))
         .unwrap();
-    let from = SocketAddr::new(ip.parse().unwrap(), 40_000);
     app.clone()
-        .layer(MockConnectInfo(from))
+        .layer(MockConnectInfo(peer(ip)))
         .oneshot(request)
         .await
         .unwrap()
@@ -569,21 +554,6 @@ fn shadow_refusals_are_counted_in_metrics() {
             DebugValue::Counter(7)
         )]
     );
-}
-
-/// A limiter whose every decision fails, as a Redis limiter whose server is down does.
-#[derive(Clone)]
-struct Broken(Quota);
-
-impl Limiter<IpAddr> for Broken {
-    type Future = std::future::Ready<Result<Decision, BoxError>>;
-    fn quota(&self) -> Quota {
-        self.0
-    }
-    fn reserve(&self, _: &IpAddr, _: u32) -> Self::Future {
-        std::future::ready(Err("the store is down".into()))
-    }
-    fn refund(&self, _: &IpAddr, _: u32, _: Decision) {}
 }
 
 #[tokio::test]
