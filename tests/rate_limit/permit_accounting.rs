@@ -8,7 +8,7 @@
 //! budget, drained permit by permit), never against a fake.
 
 use crate::common::{block_on, paused_runtime, poll_once, Rng, YieldOnce};
-use crate::support::{drain, header_cost, header_key, keyed, with_admitted_headers, yields};
+use crate::support::{drain, header_cost, header_key, keyed, with_admitted_headers, Slow};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -27,7 +27,7 @@ use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer};
-use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
 // Instruments
@@ -660,61 +660,6 @@ fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
 // 2. The response future: permits released exactly once
 // ---------------------------------------------------------------------------------------------
 
-/// A limiter that decides like a remote one: `reserve_now` is `None`, its future is pending
-/// `pendings` times and then takes the decision from a real in-memory limiter, or fails.
-#[derive(Clone)]
-struct Slow {
-    inner: KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock>,
-    pendings: usize,
-    fail: bool,
-    /// Futures created, and futures that took a decision.
-    made: Arc<AtomicUsize>,
-    decided: Arc<AtomicUsize>,
-}
-
-impl Slow {
-    fn new(
-        inner: KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock>,
-        pendings: usize,
-        fail: bool,
-    ) -> Self {
-        Self {
-            inner,
-            pendings,
-            fail,
-            made: Arc::default(),
-            decided: Arc::default(),
-        }
-    }
-}
-
-impl Limiter<String> for Slow {
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
-
-    fn quota(&self) -> Quota {
-        self.inner.quota()
-    }
-
-    fn reserve(&self, key: &String, cost: u32) -> Self::Future {
-        self.made.fetch_add(1, Ordering::SeqCst);
-        let (inner, key, pendings, fail) =
-            (self.inner.clone(), key.clone(), self.pendings, self.fail);
-        let decided = Arc::clone(&self.decided);
-        Box::pin(async move {
-            yields(pendings).await;
-            if fail {
-                return Err("the remote limiter is down".into());
-            }
-            decided.fetch_add(1, Ordering::SeqCst);
-            inner.reserve_now(&key, cost).unwrap()
-        })
-    }
-
-    fn refund(&self, key: &String, cost: u32, decision: Decision) {
-        self.inner.refund(key, cost, decision);
-    }
-}
-
 /// An inner service that counts its calls and answers 200 (or, per the `x-answer` header, a
 /// given status, a panic in its future, or an error).
 #[derive(Clone, Default)]
@@ -765,7 +710,7 @@ fn req(answer: &str) -> Request<Body> {
 }
 
 /// A [`Slow`] limiter of 5 per minute on `clock`, pending `pendings` polls, failing if `fails`.
-fn slow_per_minute(clock: &ManualClock, pendings: usize, fails: bool) -> Slow {
+fn slow_per_minute(clock: &ManualClock, pendings: usize, fails: bool) -> Slow<String> {
     Slow::new(keyed(Quota::per_minute(5).unwrap(), clock), pendings, fails)
 }
 

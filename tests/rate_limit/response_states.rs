@@ -7,7 +7,7 @@
 //! clocks).
 
 use crate::common::{block_on, paused_runtime, poll_once, Rng};
-use crate::support::{header_cost, keyed, yields};
+use crate::support::{header_cost, keyed, Slow};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -29,7 +29,7 @@ use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{FailMode, HeaderKey, Policy, RateLimitLayer};
-use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
 // Instruments
@@ -67,34 +67,6 @@ async fn answer(headers: HeaderMap) -> StatusCode {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u16>().ok())
         .map_or(StatusCode::OK, |s| StatusCode::from_u16(s).unwrap())
-}
-
-/// A limiter that needs "I/O": `reserve_now` answers `None`, and its future is pending
-/// `pendings` times before the inner limiter decides.
-#[derive(Clone)]
-struct Slow {
-    inner: Keyed,
-    pendings: usize,
-}
-
-impl Limiter<HeaderValue> for Slow {
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
-
-    fn quota(&self) -> Quota {
-        self.inner.quota()
-    }
-
-    fn reserve(&self, key: &HeaderValue, cost: u32) -> Self::Future {
-        let (inner, key, pendings) = (self.inner.clone(), key.clone(), self.pendings);
-        Box::pin(async move {
-            yields(pendings).await;
-            inner.reserve_now(&key, cost).unwrap()
-        })
-    }
-
-    fn refund(&self, key: &HeaderValue, cost: u32, decision: Decision) {
-        self.inner.refund(key, cost, decision);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -561,10 +533,7 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
                 .enumerate()
                 .map(|(i, (spec, real))| {
                     let limiter = if spec.slow {
-                        BoxLimiter::new(Slow {
-                            inner: real.clone(),
-                            pendings: 1,
-                        })
+                        BoxLimiter::new(Slow::new(real.clone(), 1, false))
                     } else {
                         BoxLimiter::new(real.clone())
                     };
@@ -910,10 +879,7 @@ async fn deferred_reserve_wait_call_adds_headers_and_settles_after_the_wait() {
         let policies = Policy::new(
             "slow",
             HeaderKey::new(HeaderName::from_static("x-k0")),
-            Slow {
-                inner: slow.clone(),
-                pendings: 2,
-            },
+            Slow::new(slow.clone(), 2, false),
         )
         .unwrap()
         .and(
@@ -1012,17 +978,7 @@ async fn poll_after_completion_panics_with_the_documented_message_only() {
         let limiter = keyed(Quota::per_hour(1).unwrap(), &clock);
         let inner = ReadyInner::default();
         let one = || Policy::new("one", key0(), limiter.clone()).unwrap();
-        let slow = || {
-            Policy::new(
-                "slow",
-                key0(),
-                Slow {
-                    inner: limiter.clone(),
-                    pendings: 1,
-                },
-            )
-            .unwrap()
-        };
+        let slow = || Policy::new("slow", key0(), Slow::new(limiter.clone(), 1, false)).unwrap();
         let request = if shape == 4 {
             Request::get("/r").body(Body::empty()).unwrap()
         } else {

@@ -6,8 +6,12 @@
 // Without the `axum` feature, the modules that use some of these are not built.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::hash::Hash;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
 use http::Response;
@@ -16,7 +20,7 @@ use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{KeyError, RateLimitLayer};
-use tower_bulwark::{BoxError, KeyedRateLimiter, Quota};
+use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::YieldOnce;
 
@@ -46,7 +50,7 @@ pub fn drain<C: Clock>(limiter: &KeyedRateLimiter<String, Gcra, C>, key: &str) -
 #[derive(Clone, Debug)]
 pub struct Broken(pub Quota);
 
-impl<K> tower_bulwark::Limiter<K> for Broken {
+impl<K> Limiter<K> for Broken {
     type Future = std::future::Ready<Result<Decision, BoxError>>;
 
     fn quota(&self) -> Quota {
@@ -59,6 +63,55 @@ impl<K> tower_bulwark::Limiter<K> for Broken {
 
     fn refund(&self, _: &K, _: u32, _: Decision) {
         panic!("nothing was granted, nothing may be refunded");
+    }
+}
+
+/// A limiter that decides like a remote one: `reserve_now` is `None`, its future is pending
+/// `pendings` times and then takes the decision from a real in-memory limiter, or fails.
+#[derive(Clone)]
+pub struct Slow<K> {
+    pub inner: KeyedRateLimiter<K, Gcra, ManualClock>,
+    pendings: usize,
+    fail: bool,
+    /// Futures that took a decision.
+    pub decided: Arc<AtomicUsize>,
+}
+
+impl<K> Slow<K> {
+    /// Decides with `inner` after `pendings` pending polls, or fails there if `fail`.
+    pub fn new(inner: KeyedRateLimiter<K, Gcra, ManualClock>, pendings: usize, fail: bool) -> Self {
+        Self {
+            inner,
+            pendings,
+            fail,
+            decided: Arc::default(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for Slow<K> {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
+
+    fn quota(&self) -> Quota {
+        self.inner.quota()
+    }
+
+    fn reserve(&self, key: &K, cost: u32) -> Self::Future {
+        let (inner, key, pendings, fail) =
+            (self.inner.clone(), key.clone(), self.pendings, self.fail);
+        let decided = Arc::clone(&self.decided);
+        Box::pin(async move {
+            yields(pendings).await;
+            if fail {
+                return Err("the remote limiter is down".into());
+            }
+            decided.fetch_add(1, Ordering::SeqCst);
+            inner.reserve_now(&key, cost).unwrap()
+        })
+    }
+
+    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+        self.inner.refund(key, cost, decision);
     }
 }
 
