@@ -26,7 +26,7 @@ use crate::support::{header_cost, param, violated, with_admitted_headers};
 /// it, and every header is an RFC 9651 list, with names that need escaping and long enough for
 /// the header to outgrow its inline buffer.
 #[test]
-fn vecs_of_zero_one_and_ten_policies() {
+fn a_vec_of_zero_one_or_ten_policies_spends_only_what_it_admits() {
     let clock = ManualClock::new();
     let inner = Inner::default();
     let none: Vec<Policy<K, Acct>> = Vec::new();
@@ -87,7 +87,7 @@ fn vecs_of_zero_one_and_ten_policies() {
 /// Held: an empty `Vec` chained between two policies counts for nothing, and the indices of
 /// the policies after it stay right.
 #[test]
-fn an_empty_vec_in_the_middle_of_a_chain() {
+fn an_empty_vec_in_a_chain_counts_for_nothing_and_later_policies_keep_their_place() {
     let clock = ManualClock::new();
     let a = log(2, &clock, Mode::Now);
     let c = log(1, &clock, Mode::Later(1));

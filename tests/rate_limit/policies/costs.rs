@@ -86,8 +86,8 @@ fn huge_costs_are_never_admitted_and_spend_nothing() {
     }
 }
 
-/// Promise: "A cost of zero leaves the policy out of the request's decision and its headers".
-/// A policy that a request costs nothing is still listed in that request's `RateLimit-Policy`.
+/// Promise: "A cost of zero leaves the policy out of the request's decision and its headers":
+/// the policy is never asked, and is in neither `RateLimit` nor `RateLimit-Policy`.
 #[test]
 fn a_zero_cost_policy_is_left_out_of_the_requests_headers() {
     let clock = ManualClock::new();
@@ -129,10 +129,9 @@ fn a_request_that_costs_nothing_anywhere_is_uncounted_and_headerless() {
     assert_eq!(inner.calls(), 3);
 }
 
-/// Not a documented promise, but surprising: with one policy, a `cost_by` (and the key
-/// extractor) runs twice for a request whose cost is zero, whose limiter decides later, or
-/// whose key is missing. A cost function with side effects or that is not deterministic sees
-/// each request twice.
+/// Held: with one policy, `cost_by` runs exactly once per request, also when the cost is zero,
+/// when the limiter decides later and when the key is missing, so a cost function with side
+/// effects, or one that is not deterministic, sees each request once.
 #[test]
 fn cost_by_runs_once_per_request() {
     let mut runs = Vec::new();

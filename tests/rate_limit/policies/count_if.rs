@@ -118,8 +118,8 @@ fn count_if_keeps_the_permit_on_error_and_drop_and_refunds_once_otherwise() {
 
 /// Promise (module docs): `RateLimit`'s `r` is the permits left. On a response that a count_if
 /// policy does not count, the permit comes back before the client sees the header, so the header
-/// must not describe the key as if the request had counted (it used to say one attempt fewer on
-/// every successful login). `t` is draft -11's effective window: with the whole quota left, the
+/// describes the key as it is, not as if the request had counted (one attempt fewer on every
+/// successful login). `t` is draft -11's effective window: with the whole quota left, the
 /// quota's own window (here an hour).
 #[test]
 fn the_headers_of_a_response_that_does_not_count_describe_what_is_left() {

@@ -52,12 +52,11 @@ fn a_gcra_admission_vetoed_while_time_passes_is_given_back_exactly() {
 /// Promise (module docs): a refused request "spends nothing (a GCRA policy keeps spent only what
 /// the key's state cannot place: the time elapsed since, when other requests were admitted
 /// meanwhile, ...)". Two policies of one request on one GCRA limiter and key (1 and 5 permits),
-/// vetoed by a third that decides while 30 ms pass, with no other request on the key: the
-/// layer gives back the older admission first, while the younger one (of the same request) is
-/// the key's latest, so the older one is taken for another request's and loses the elapsed
-/// time, and then the younger one, no longer the latest either, loses it again: each refusal
-/// leaves the key 30 ms (of a 100 ms permit) short of a twin that never saw it. Given back
-/// newest first, both would be exact.
+/// vetoed by a third that decides while 30 ms pass, with no other request on the key: a GCRA
+/// refund is exact only for the key's latest admission, so the two must be given back newest
+/// first. In the other order, the older one would pass for another request's and lose the
+/// elapsed time, then the younger one too, leaving the key 30 ms (of a 100 ms permit) short of
+/// a twin that never saw the request, after every refusal.
 #[test]
 fn two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly() {
     let clock = ManualClock::new();
@@ -92,9 +91,9 @@ fn two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly() {
 /// Promise: count_if "gives others their permit back": two count_if policies of one request on
 /// one GCRA key (1 and 5 permits), with time passing between the admissions and the response
 /// (a later policy that decides while the clock moves), and no other request on the key: the
-/// response that counts for neither leaves the key exactly as a twin that never saw it. Same
-/// cause as `two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly`: the
-/// settlement gives back in policy order, the older admission first.
+/// response that counts for neither leaves the key exactly as a twin that never saw it: as in
+/// `two_admissions_of_one_request_on_one_gcra_key_are_given_back_exactly`, the settlement must
+/// give back the newest admission first.
 #[test]
 fn two_count_if_admissions_on_one_gcra_key_are_given_back_exactly() {
     let clock = ManualClock::new();

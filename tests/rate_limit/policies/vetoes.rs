@@ -23,7 +23,7 @@ use crate::support::{param, retry_after, violated};
 /// three policies under `FailMode::Closed` gives back the first's permit and never asks the
 /// third; under `Open` the second sits the request out and stays out of `RateLimit`.
 #[test]
-fn a_key_error_on_the_second_of_three_policies() {
+fn a_key_error_of_the_second_of_three_policies_gives_back_the_first_or_sits_out() {
     for shape in ["chain", "vec"] {
         for mode in [FailMode::Closed, FailMode::Open] {
             for first_mode in [Mode::Now, Mode::Later(1)] {
@@ -85,7 +85,7 @@ fn a_key_error_on_the_second_of_three_policies() {
 /// enforced policy gives back what the others granted; a failing shadow never answers 503,
 /// whichever position the failing policy is in, deciding at once or later.
 #[test]
-fn a_failing_policy_in_every_position() {
+fn a_failing_policy_in_any_position_is_a_503_that_spends_nothing_unless_a_shadow() {
     for position in 0..3 {
         for fail in [Mode::Fail, Mode::LaterFail(1)] {
             for shadow in [false, true] {
@@ -196,11 +196,11 @@ fn the_429_names_every_violated_policy_with_the_longest_retry_after() {
     assert_eq!(free.net("k"), 1);
 }
 
-/// Promise (`Refusal::decisions`): "Admissions listed here have been given back." An
-/// `on_refusal` hook that looks at the admitting policy's limiter sees the refused request's
-/// permit still taken: the 429 is built before the permits are given back.
+/// Held: an `on_refusal` hook sees the admitting policy's decision in `Refusal::decisions`, and
+/// that policy's limiter still holds the refused request's permit: the 429 is built first, and
+/// the permit comes back right after the hook.
 #[test]
-fn the_refusal_hook_sees_the_other_policies_permits_given_back() {
+fn the_refusal_hook_runs_before_the_admissions_it_lists_are_given_back() {
     let clock = ManualClock::new();
     let admits = log(5, &clock, Mode::Now);
     let refuses = log(1, &clock, Mode::Now);
@@ -256,7 +256,7 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
 /// comes back after a response that does not count, the shadow and the failing policy stay out
 /// of the headers.
 #[tokio::test(start_paused = true)]
-async fn every_order_of_a_mixed_chain() {
+async fn a_mixed_chain_in_every_order_is_all_or_nothing() {
     const NAMES: [&str; 6] = ["counted", "shadow", "free", "waiting", "failing", "huge"];
     for with_huge in [false, true] {
         let kinds = if with_huge { 6 } else { 5 };
