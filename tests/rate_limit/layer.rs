@@ -486,9 +486,7 @@ async fn several_policies_a_refused_request_spends_nothing_and_names_what_it_vio
 #[tokio::test]
 async fn two_violated_policies_are_both_named_with_the_longest_retry_after() {
     let clock = ManualClock::new();
-    let a = KeyedRateLimiter::<()>::builder(Quota::per_second(1).unwrap())
-        .clock(clock.clone())
-        .build();
+    let a = keyed::<()>(Quota::per_second(1).unwrap(), &clock);
     let b = KeyedRateLimiter::<()>::builder(Quota::per_hour(1).unwrap())
         .clock(clock.clone())
         .algorithm::<SlidingLog>()
@@ -574,9 +572,7 @@ async fn routes_carry_their_own_policies_and_unlimited_routes_are_untouched() {
 #[tokio::test]
 async fn works_in_a_service_builder_and_clones_share_one_budget() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(3).unwrap())
-        .clock(clock)
-        .build();
+    let limiter = keyed::<()>(Quota::per_second(3).unwrap(), &clock);
     let layer = RateLimitLayer::new(Policy::new("global", GlobalKey, limiter).unwrap());
     async fn hi(_req: Request<Body>) -> Result<Response, std::convert::Infallible> {
         Ok(Response::new(Body::from("hi")))
@@ -604,9 +600,7 @@ async fn responses_keep_the_inner_body_type_and_wrap_body_serves_any_body() {
     use std::convert::Infallible;
 
     let once = || {
-        let limiter = KeyedRateLimiter::<()>::builder(Quota::per_second(1).unwrap())
-            .clock(ManualClock::new())
-            .build();
+        let limiter = keyed::<()>(Quota::per_second(1).unwrap(), &ManualClock::new());
         RateLimitLayer::new(Policy::new("global", GlobalKey, limiter).unwrap())
     };
     // Sends two requests to a service with a budget of one: the status, headers and body of the
@@ -759,16 +753,14 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
     }
 
     // A missing API key is the client's fault: 400, and the reason is told.
-    let keyed = KeyedRateLimiter::builder(Quota::per_second(1).unwrap())
-        .clock(clock.clone())
-        .build();
+    let per_key = keyed(Quota::per_second(1).unwrap(), &clock);
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
             Policy::new(
                 "per-key",
                 HeaderKey::new(http::HeaderName::from_static("x-api-key")),
-                keyed,
+                per_key,
             )
             .unwrap(),
         ));
@@ -808,9 +800,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
 #[tokio::test]
 async fn a_closure_can_be_the_key() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
-        .clock(clock)
-        .build();
+    let limiter = keyed::<String>(Quota::per_second(1).unwrap(), &clock);
     let by_tenant = |head: &RequestHead| {
         head.uri
             .path()

@@ -4,7 +4,7 @@
 
 use crate::common::listener::{serve, sf_entries, sf_list};
 use crate::common::poll_once;
-use crate::support::Broken;
+use crate::support::{keyed, Broken};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -255,11 +255,7 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
     let clock = ManualClock::new();
     let limiters: Vec<_> = names
         .iter()
-        .map(|_| {
-            KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
-                .clock(clock.clone())
-                .build()
-        })
+        .map(|_| keyed::<IpAddr>(Quota::per_hour(1).unwrap(), &clock))
         .collect();
     let layer = RateLimitLayer::new(
         names
@@ -332,14 +328,7 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
 #[tokio::test]
 async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     let clock = ManualClock::new();
-    let observed = |name: &str, quota| {
-        Observed::new(
-            name,
-            KeyedRateLimiter::<IpAddr>::builder(quota)
-                .clock(clock.clone())
-                .build(),
-        )
-    };
+    let observed = |name: &str, quota| Observed::new(name, keyed::<IpAddr>(quota, &clock));
     let wide = observed("wide", Quota::per_hour(10).unwrap());
     let narrow = observed("narrow", Quota::per_hour(1).unwrap());
     let client: SocketAddr = "192.0.2.79:5000".parse().unwrap();
@@ -376,17 +365,14 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
 
 /// Promise (`response.rs`, `Refusal::headers`: the refusal's `RateLimit` lists "the violated
 /// policies only, each with `r=0` and its own wait"; README "one refused by any spends nothing
-/// from the others"). A policy that admitted and was vetoed used to be listed with the state of
-/// its given-back admission, `r` one too low and `t` one interval too long (issue 12); it is now
-/// left out, `Retry-After` covers every window listed, and the limiter shows nothing was spent.
+/// from the others"). A policy that admitted and was vetoed is left out of the 429's `RateLimit`
+/// (listed with the state of its given-back admission, it would show `r` one too low and `t`
+/// one interval too long), `Retry-After` covers every window listed, and the limiter shows
+/// nothing was spent.
 #[tokio::test]
 async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let clock = ManualClock::new();
-    let limiter = |quota| {
-        KeyedRateLimiter::<IpAddr>::builder(quota)
-            .clock(clock.clone())
-            .build()
-    };
+    let limiter = |quota| keyed::<IpAddr>(quota, &clock);
     let wide = limiter(Quota::per_hour(10).unwrap());
     let narrow = limiter(Quota::per_hour(1).unwrap());
     let client: SocketAddr = "192.0.2.80:5000".parse().unwrap();
