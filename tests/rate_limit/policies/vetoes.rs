@@ -196,11 +196,12 @@ fn the_429_names_every_violated_policy_with_the_longest_retry_after() {
     assert_eq!(free.net("k"), 1);
 }
 
-/// Held: an `on_refusal` hook sees the admitting policy's decision in `Refusal::decisions`, and
-/// that policy's limiter still holds the refused request's permit: the 429 is built first, and
-/// the permit comes back right after the hook.
+/// Promise (`Refusal::decisions`): "Admissions listed here have been given back." An
+/// `on_refusal` hook sees the admitting policy's decision listed, and that policy's limiter
+/// already holds only the first request's permit: the refused request's permit came back before
+/// the hook ran (so a hook that panics leaks nothing).
 #[test]
-fn the_refusal_hook_runs_before_the_admissions_it_lists_are_given_back() {
+fn the_refusal_hook_sees_the_admissions_it_lists_given_back() {
     let clock = ManualClock::new();
     let admits = log(5, &clock, Mode::Now);
     let refuses = log(1, &clock, Mode::Now);
@@ -222,13 +223,17 @@ fn the_refusal_hook_runs_before_the_admissions_it_lists_are_given_back() {
     assert_eq!(call(&service, req(&[])).unwrap().status(), StatusCode::OK);
     let refused = call(&service, req(&[])).unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(admits.net("k"), 1, "given back after the hook");
+    assert_eq!(
+        admits.net("k"),
+        1,
+        "only the first request's permit is held"
+    );
     let (admitted, net, left) = seen.lock().unwrap().unwrap();
     assert_eq!(admitted, 1, "the hook sees the admitting policy's decision");
     assert_eq!(
         (net, left),
         (1, 4),
-        "inside the hook, the listed admission has not been given back"
+        "inside the hook, the listed admission has already been given back"
     );
 }
 
