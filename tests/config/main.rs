@@ -7,6 +7,8 @@ mod common;
 #[cfg(all(feature = "config", feature = "adaptive"))]
 mod adaptive;
 #[cfg(feature = "config")]
+mod attack;
+#[cfg(feature = "config")]
 mod files;
 #[cfg(all(feature = "config", feature = "axum"))]
 mod forwarded;
