@@ -6,7 +6,9 @@ mod common;
 
 #[cfg(all(feature = "config", feature = "adaptive"))]
 mod adaptive;
-#[cfg(feature = "config")]
+// The attack builds one file with every kind of instance, adaptive bulkheads and routes with
+// exempt networks among them.
+#[cfg(all(feature = "config", feature = "adaptive", feature = "axum"))]
 mod attack;
 #[cfg(feature = "config")]
 mod files;
