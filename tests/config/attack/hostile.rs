@@ -8,7 +8,7 @@ use super::*;
 enum Mutation {
     DeleteChar(usize),
     InsertChar(usize, char),
-    ReplaceNumber(usize, &'static str),
+    ReplaceValue(usize, &'static str),
     DuplicateLine(usize),
     DeleteLine(usize),
     SwapLines(usize, usize),
@@ -40,7 +40,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         any::<prop::sample::Index>().prop_map(|i| Mutation::DeleteChar(i.index(BASE.len()))),
         (any::<prop::sample::Index>(), chars)
             .prop_map(|(i, c)| Mutation::InsertChar(i.index(BASE.len()), c)),
-        (0..64usize, values).prop_map(|(n, v)| Mutation::ReplaceNumber(n, v)),
+        (0..64usize, values).prop_map(|(n, v)| Mutation::ReplaceValue(n, v)),
         (0..64usize).prop_map(Mutation::DuplicateLine),
         (0..64usize).prop_map(Mutation::DeleteLine),
         (0..64usize, 0..64usize).prop_map(|(a, b)| Mutation::SwapLines(a, b)),
@@ -58,21 +58,20 @@ fn apply(text: &str, mutation: &Mutation) -> String {
         i
     };
     match *mutation {
-        Mutation::DeleteChar(i) if !text.is_empty() => {
-            let i = at(i).min(text.len() - 1);
+        Mutation::DeleteChar(i) => {
             let mut out = text.to_owned();
-            if out.is_char_boundary(i) && i < out.len() {
+            let i = at(i);
+            if i < out.len() {
                 out.remove(i);
             }
             return out;
         }
-        Mutation::DeleteChar(_) => return text.to_owned(),
         Mutation::InsertChar(i, c) => {
             let mut out = text.to_owned();
             out.insert(at(i), c);
             return out;
         }
-        Mutation::ReplaceNumber(k, value) => {
+        Mutation::ReplaceValue(k, value) => {
             // The k-th value after `=` (wrapping round) becomes `value`.
             let targets: Vec<usize> = (0..n).filter(|&i| lines[i].contains(" = ")).collect();
             if let Some(&i) = targets.get(k % targets.len().max(1)) {
