@@ -6,6 +6,10 @@ mod common;
 
 #[cfg(all(feature = "config", feature = "adaptive"))]
 mod adaptive;
+// The attack builds one file with every kind of instance, adaptive bulkheads and routes with
+// exempt networks among them.
+#[cfg(all(feature = "config", feature = "adaptive", feature = "axum"))]
+mod attack;
 #[cfg(feature = "config")]
 mod files;
 #[cfg(all(feature = "config", feature = "axum"))]
