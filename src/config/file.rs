@@ -144,6 +144,22 @@ pub(super) struct BulkheadSettings {
     pub(super) queue_capacity: Option<Count<MAX_CALLS>>,
 }
 
+impl BulkheadSettings {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        if self.max_wait.is_some_and(|wait| wait > Quota::MAX_SPAN) {
+            return Err(at.err(
+                "max_wait",
+                "is too long (at most 2^60 ns, about 36.5 years)",
+            ));
+        }
+        // A semaphore bulkhead's default written in, so that writing it out is no change.
+        if self.queue_capacity.is_none() {
+            self.max_wait.get_or_insert(Duration::ZERO);
+        }
+        Ok(())
+    }
+}
+
 /// `[routes.NAME]`: the policies one layer holds, and the networks it exempts.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
@@ -268,6 +284,9 @@ impl Config {
         for (name, s) in &mut self.rate_limiters {
             s.validate(&InstancePath(&at("rate_limiters", name)))?;
         }
+        for (name, s) in &mut self.bulkheads {
+            s.validate(&InstancePath(&at("bulkheads", name)))?;
+        }
         for (name, s) in &self.routes {
             s.validate(&InstancePath(&at("routes", name)))?;
         }
@@ -297,7 +316,14 @@ impl Config {
         }
         for (name, route) in &self.routes {
             for (i, policy) in route.policies.iter().enumerate() {
-                self.limiter(&format!("routes.{name}.policies[{i}]"), &policy.limiter)?;
+                let path = format!("routes.{name}.policies[{i}]");
+                let limiter = self.limiter(&path, &policy.limiter)?;
+                check_cost(
+                    &format!("{path}.cost"),
+                    policy.cost.0,
+                    &policy.limiter,
+                    limiter,
+                )?;
             }
         }
         for (name, quota) in &self.client_quotas {
@@ -336,21 +362,38 @@ impl Config {
                 ),
             ));
         }
-        let burst = limiter
-            .quota(&format!("rate_limiters.{}", quota.limiter))?
-            .burst();
-        if quota.cost.0 > burst {
-            return Err(ConfigError::new(
-                format!("{path}.cost"),
-                format!(
-                    "is {}, more than the burst of rate limiter `{}` ({burst}): no call could \
-                     ever be sent",
-                    quota.cost.0, quota.limiter,
-                ),
-            ));
-        }
-        Ok(())
+        check_cost(
+            &format!("{path}.cost"),
+            quota.cost.0,
+            &quota.limiter,
+            limiter,
+        )
     }
+}
+
+/// A cost of rate limiter `name` (at `path`) must fit what the limiter can ever grant at once:
+/// its burst with GCRA, its permits per window with the window algorithms.
+fn check_cost(
+    path: &str,
+    cost: u32,
+    name: &str,
+    limiter: &RateLimiterSettings,
+) -> Result<(), ConfigError> {
+    let quota = limiter.quota(&format!("rate_limiters.{name}"))?;
+    let (capacity, what) = match limiter.algorithm {
+        AlgorithmKind::Gcra => (quota.burst(), "burst"),
+        _ => (quota.permits(), "limit_for_period"),
+    };
+    if cost > capacity {
+        return Err(ConfigError::new(
+            path,
+            format!(
+                "is {cost}, more than the {what} of rate limiter `{name}` ({capacity}): it could \
+                 never be granted"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl RateLimiterSettings {

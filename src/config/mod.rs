@@ -63,7 +63,7 @@
 //! | field | type | default |
 //! |---|---|---|
 //! | `max_concurrent_calls` | integer ≥ 1 | required |
-//! | `max_wait` | duration | semaphore: `"0s"` (refuse at once); queue: no bound |
+//! | `max_wait` | duration ≤ 2^60 ns | semaphore: `"0s"` (refuse at once); queue: no bound |
 //! | `queue_capacity` | integer ≥ 1: a queue bulkhead | none: a semaphore bulkhead |
 //!
 //! A route puts several rate limiters on one layer ([`Registry::route_layer`]), each with its
@@ -82,7 +82,7 @@
 //!
 //! | field of a route | type | default |
 //! |---|---|---|
-//! | `policies` | list of rate limiter names, or tables `{ limiter, cost, shadow }`: `cost` an integer ≥ 1 (default 1), `shadow` `true` (never refuses, not in the headers), `"advertised"` (never refuses, in the headers) or `false` | required |
+//! | `policies` | list of rate limiter names, or tables `{ limiter, cost, shadow }`: `cost` an integer ≥ 1 (default 1) and at most what the limiter can grant at once (its `burst` with `gcra`, its `limit_for_period` with a window algorithm), `shadow` `true` (never refuses, not in the headers), `"advertised"` (never refuses, in the headers) or `false` | required |
 //! | `exempt_networks` | list of CIDRs (feature `axum`) | none |
 //!
 //! Outbound calls to a dependency have two more kinds: a pushback, which holds calls back as
@@ -116,7 +116,7 @@
 //! | field of a client quota | type | default |
 //! |---|---|---|
 //! | `limiter` | the name of a rate limiter under `rate_limiters`, with `key = "global"`; its quota (and `max_wait`, and store: memory or Redis) is the client quota's | required |
-//! | `cost` | integer ≥ 1, at most the limiter's `burst`: the permits each call takes | 1 |
+//! | `cost` | integer ≥ 1, at most what the limiter can grant at once (its `burst` with `gcra`, its `limit_for_period` with a window algorithm): the permits each call takes | 1 |
 //!
 //! With the `adaptive` feature, a bulkhead whose limit follows the dependency
 //! ([`Registry::adaptive_bulkhead`]; see `bulkhead::adaptive`):

@@ -179,6 +179,35 @@ fn bad_routes_are_errors_that_name_the_place() {
     }
 }
 
+/// A route's cost must fit what its limiter can ever grant at once (GCRA: the burst; a window
+/// algorithm: the permits per window, whatever the burst says), or every request on the route
+/// would be refused forever; the limit holds at the boundary and across a reload.
+#[test]
+fn a_route_cost_beyond_what_its_limiter_can_grant_is_refused() {
+    let gcra =
+        "[rate_limiters.a]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\nburst = 4\n";
+    let window = "[rate_limiters.a]\nlimit_for_period = 4\nlimit_refresh_period = \"1s\"\n\
+                  burst = 50\nalgorithm = \"sliding_log\"\n";
+    let route =
+        |cost: u32| format!("[routes.r]\npolicies = [{{ limiter = \"a\", cost = {cost} }}]\n");
+    for limiter in [gcra, window] {
+        Registry::from_toml_str(&format!("{limiter}{}", route(4))).unwrap();
+        let err = Registry::from_toml_str(&format!("{limiter}{}", route(5))).unwrap_err();
+        assert_eq!(err.path(), "routes.r.policies[0].cost", "{err}");
+        assert!(err.message().contains("is 5, more than"), "{err}");
+        assert!(err.message().contains("(4)"), "{err}");
+        assert!(err.position().is_some(), "{err}");
+    }
+    // A reload that shrinks the burst under the route's cost is refused and changes nothing.
+    let registry = Registry::from_toml_str(&format!("{gcra}{}", route(4))).unwrap();
+    let smaller = gcra.replace("burst = 4", "burst = 3");
+    let err = registry
+        .reload_toml_str(&format!("{smaller}{}", route(4)))
+        .unwrap_err();
+    assert_eq!(err.path(), "routes.r.policies[0].cost", "{err}");
+    assert_eq!(registry.rate_limiter("a").unwrap().quota().burst(), 4);
+}
+
 /// A file without a rate limiter its routes name is refused at the first route naming it
 /// (routes in name order), where it names it.
 #[test]

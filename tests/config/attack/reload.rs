@@ -240,7 +240,6 @@ fn a_default_written_out_is_no_change() {
 /// Promise: a semaphore bulkhead's `max_wait` defaults to `"0s"`, and a default written out is
 /// no change. Both directions of the reload are refused: `changed from None to Some(0ns)`.
 #[test]
-#[ignore = "defect: reloading a semaphore bulkhead with its default max_wait = \"0s\" written out is refused as a change"]
 fn a_semaphore_bulkhead_s_default_max_wait_written_out_is_no_change() {
     let short = "[bulkheads.b]\nmax_concurrent_calls = 1\n";
     let long = "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = \"0s\"\n";

@@ -99,6 +99,14 @@ fn boundary_values_are_accepted_or_refused_at_their_field() {
             "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = 1\n",
             "bulkheads.b.max_wait",
         ),
+        (
+            "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = \"1152921504606846977ns\"\n",
+            "bulkheads.b.max_wait",
+        ),
+        (
+            "[bulkheads.b]\nmax_concurrent_calls = 1\nqueue_capacity = 1\nmax_wait = \"18446744073709551615ns\"\n",
+            "bulkheads.b.max_wait",
+        ),
         ("[pushbacks.p]\nmax_hold = \"0s\"\n", "pushbacks.p.max_hold"),
         (
             "[pushbacks.p]\nmax_hold = \"1152921504606846977ns\"\n",
@@ -129,6 +137,7 @@ fn boundary_values_are_accepted_or_refused_at_their_field() {
         "[pushbacks.p]\nmax_hold = \"1152921504606846976ns\"\nmax_wait = \"1152921504606846976ns\"\n",
         "[adaptive_bulkheads.a]\nmin_limit = 2147483647\nmax_limit = 2147483647\n",
         "[bulkheads.b]\nmax_concurrent_calls = 1\n",
+        "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = \"1152921504606846976ns\"\n",
     ] {
         Registry::from_toml_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
     }
