@@ -133,7 +133,7 @@
 //! |---|---|---|
 //! | `min_limit` | integer ≥ 1 | 1 |
 //! | `initial_limit` | integer from `min_limit` to `max_limit` | 8 (within the bounds) |
-//! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256 |
+//! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256, or `min_limit` if that is higher |
 //! | `algorithm` | `aimd` (additive increase, multiplicative decrease) or `gradient` (delay-based) | `aimd` |
 //! | `ignore_cancelled_calls` | boolean: a call dropped before it ended is no sample (by default it is an overload signal) | `false` |
 //!
