@@ -16,7 +16,7 @@ use std::time::Duration;
 /// before giving it back.
 ///
 /// [`Limiter::refund`]: crate::Limiter::refund
-#[derive(Debug, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Decision {
     /// Whether the request is admitted (possibly after [`wait`](Self::wait)).
@@ -52,12 +52,28 @@ pub struct Decision {
     /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that made it,
     /// so that a refund goes back to that tier. Zero otherwise.
     pub(crate) tier: u32,
-    /// A fingerprint of the key the decision was made for (a keyed limiter's hash of it), so that
-    /// a refund naming another key gives nothing back. Zero when the limiter has no keys.
-    pub(crate) key: u64,
-    /// The limiter whose state the decision charged, so that a refund to any other limiter gives
-    /// nothing back. [`LimiterId::NONE`] for a decision built by hand.
-    pub(crate) limiter: LimiterId,
+    /// The limiter and key the decision charged, so that a refund elsewhere gives nothing back.
+    pub(crate) origin: Origin,
+}
+
+/// Where a [`Decision`] was made: the limiter whose state it charged ([`LimiterId::NONE`] for a
+/// decision built by hand) and a fingerprint of the key (a keyed limiter's hash of it; zero when
+/// the limiter has no keys).
+///
+/// Two decisions are equal when they say the same and would give back the same to the limiter
+/// that made them, wherever they were made (two limiters given the same requests decide alike,
+/// and limiters of different stores fingerprint one key differently): every origin compares
+/// equal.
+#[derive(Clone, Copy, Debug, Default, Eq)]
+pub(crate) struct Origin {
+    limiter: LimiterId,
+    key: u64,
+}
+
+impl PartialEq for Origin {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Which limiter's state a [`Decision`] charged: one identity per limiter, shared by its clones
@@ -65,7 +81,7 @@ pub struct Decision {
 ///
 /// A counter rather than the address of the limiter's state: an address is reused once a
 /// limiter is dropped, and a decision may outlive the limiter that made it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LimiterId(u64);
 
 impl LimiterId {
@@ -82,41 +98,6 @@ impl LimiterId {
         // Never wraps: a limiter built every nanosecond would take centuries.
         static NEXT: AtomicU64 = AtomicU64::new(2);
         Self(NEXT.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// Two decisions are equal when they say the same and would give back the same to the limiter
-/// that made them; the key's fingerprint and the limiter are not compared (two limiters given
-/// the same requests decide alike, and limiters of different stores fingerprint one key
-/// differently).
-impl PartialEq for Decision {
-    fn eq(&self, other: &Self) -> bool {
-        let Decision {
-            allowed,
-            limit,
-            remaining,
-            retry_after,
-            reset_after,
-            wait,
-            reserved_at,
-            state_after,
-            source,
-            cost,
-            tier,
-            key: _,
-            limiter: _,
-        } = other;
-        self.allowed == *allowed
-            && self.limit == *limit
-            && self.remaining == *remaining
-            && self.retry_after == *retry_after
-            && self.reset_after == *reset_after
-            && self.wait == *wait
-            && self.reserved_at == *reserved_at
-            && self.state_after == *state_after
-            && self.source == *source
-            && self.cost == *cost
-            && self.tier == *tier
     }
 }
 
@@ -158,8 +139,7 @@ impl Decision {
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
-            key: 0,
-            limiter: LimiterId::NONE,
+            origin: Origin::default(),
         }
     }
 
@@ -211,28 +191,27 @@ impl Decision {
             state_after: 0,
             source: Source::State,
             cost: 0,
-            key: 0,
-            limiter: LimiterId::NONE,
+            origin: Origin::default(),
             ..*self
         }
     }
 
     /// This decision, made for the key whose fingerprint is `key`.
     pub(crate) fn for_key(mut self, key: u64) -> Self {
-        self.key = key;
+        self.origin.key = key;
         self
     }
 
     /// This decision, made by `limiter`.
     pub(crate) fn made_by(mut self, limiter: LimiterId) -> Self {
-        self.limiter = limiter;
+        self.origin.limiter = limiter;
         self
     }
 
     /// Whether `limiter` made this decision for the key whose fingerprint is `key`: a refund
     /// gives back nothing else.
     pub(crate) fn is_from(&self, limiter: LimiterId, key: u64) -> bool {
-        self.limiter == limiter && limiter != LimiterId::NONE && self.key == key
+        self.origin.limiter == limiter && limiter != LimiterId::NONE && self.origin.key == key
     }
 
     /// The decision on a request of `cost` permits.
