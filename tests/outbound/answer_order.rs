@@ -147,7 +147,9 @@ fn run(answers: &[Answer], order: &[usize], gaps: &[u64], step: u64, spread: boo
             if now > horizon {
                 break;
             }
-            tokio::time::sleep_until(now).await;
+            // To the nanosecond: a sleep would wake on the timer's next millisecond, after the
+            // instant a refusal names (a slot can end a fraction of a millisecond after it).
+            tokio::time::advance(now.saturating_duration_since(Instant::now())).await;
             if delivery_at == Some(now) {
                 let (_, call) = deliveries[next_delivery];
                 next_delivery += 1;
