@@ -199,33 +199,22 @@ fn nodes(document: &Spanned<DeTable<'_>>) -> Vec<Node> {
     out
 }
 
-/// The line and column (from 1; columns in characters, as an editor shows them) of byte
-/// `offset` in `text`.
 /// The reader places some errors nowhere (keys nested past its depth limit): the first line
 /// whose prefix of the file fails with the same message, found by bisection.
 fn first_failing_line(text: &str, message: &str) -> Option<usize> {
     let ends: Vec<usize> = (text.match_indices('\n').map(|(i, _)| i + 1))
         .chain([text.len()])
         .collect();
-    let fails = |lines: usize| {
-        DeTable::parse(&text[..ends[lines - 1]])
+    let fails = |end: &usize| {
+        DeTable::parse(&text[..*end])
             .is_err_and(|e| e.span().is_none() && e.message().trim_end() == message)
     };
-    let (mut good, mut bad) = (0, ends.len());
-    if !fails(bad) {
-        return None;
-    }
-    while bad - good > 1 {
-        let mid = (good + bad) / 2;
-        if fails(mid) {
-            bad = mid;
-        } else {
-            good = mid;
-        }
-    }
-    Some(bad)
+    let first = ends.partition_point(|end| !fails(end));
+    (first < ends.len()).then_some(first + 1)
 }
 
+/// The line and column (from 1; columns in characters, as an editor shows them) of byte
+/// `offset` in `text`.
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..offset.min(text.len())];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;

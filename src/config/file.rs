@@ -146,11 +146,8 @@ pub(super) struct BulkheadSettings {
 
 impl BulkheadSettings {
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
-        if self.max_wait.is_some_and(|wait| wait > Quota::MAX_SPAN) {
-            return Err(at.err(
-                "max_wait",
-                "is too long (at most 2^60 ns, about 36.5 years)",
-            ));
+        if let Some(wait) = self.max_wait {
+            at.span("max_wait", wait)?;
         }
         // A semaphore bulkhead's default written in, so that writing it out is no change.
         if self.queue_capacity.is_none() {
@@ -260,6 +257,15 @@ struct InstancePath<'a>(&'a str);
 impl InstancePath<'_> {
     fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::new(format!("{}.{field}", self.0), message)
+    }
+
+    /// A span of `field`, bounded as a quota's are: no setting may reach the ends of a clock's
+    /// range.
+    fn span(&self, field: &str, span: Duration) -> Result<(), ConfigError> {
+        if span > Quota::MAX_SPAN {
+            return Err(self.err(field, "is too long (at most 2^60 ns, about 36.5 years)"));
+        }
+        Ok(())
     }
 
     /// An error naming `field` and where it applies, if it is set where it does not.
@@ -501,12 +507,8 @@ impl RouteSettings {
 
 impl PushbackSettings {
     fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
-        // Bounded as a quota's spans are: no setting may reach the ends of a clock's range.
-        for (field, span) in [("max_wait", self.max_wait), ("max_hold", self.max_hold)] {
-            if span > Quota::MAX_SPAN {
-                return Err(at.err(field, "is too long (at most 2^60 ns, about 36.5 years)"));
-            }
-        }
+        at.span("max_wait", self.max_wait)?;
+        at.span("max_hold", self.max_hold)?;
         if self.max_hold.is_zero() {
             return Err(at.err(
                 "max_hold",
