@@ -1,8 +1,9 @@
 //! Pushback under answers delivered in any order (tokio's paused time): calls start, their
 //! answers (`RateLimit` quotas with or without a policy, 429s with `Retry-After`) come back in a
 //! random order at random times, and probe calls keep knocking. Every answer bounds the probes
-//! from its arrival until an answer to a later call arrives: an older answer may only tighten,
-//! so its bound holds too. A refused probe is told when a call can really go: a call made then,
+//! from its arrival until a newer answer arrives (one to a call sent after every answer before
+//! it had arrived): any other answer may only tighten, so its bound holds too. And four workers
+//! call a dependency that counts their calls in an order of its own. A refused probe is told when a call can really go: a call made then,
 //! with nothing new heard in between, reaches the dependency.
 
 use std::future::Future;
@@ -83,6 +84,8 @@ fn answer() -> impl Strategy<Value = Answer> {
 type Call = Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>;
 
 struct Run {
+    /// When each scripted call started.
+    started: Vec<Instant>,
     /// When each probe reached the dependency.
     reached: Vec<Instant>,
     /// Each answer: its call's start order, when it arrived, and what it said.
@@ -113,7 +116,9 @@ fn run(answers: &[Answer], order: &[usize], gaps: &[u64], step: u64, spread: boo
         let client = pushback.layer().layer(dependency);
         // The scripted calls start in order, 10 ms apart, and wait at the dependency.
         let mut calls: Vec<Option<(oneshot::Sender<Response<()>>, Call)>> = Vec::new();
+        let mut started = Vec::new();
         for _ in answers {
+            started.push(Instant::now());
             let (tx, rx) = oneshot::channel();
             let mut call: Call = Box::pin(client.clone().oneshot(rx));
             assert!(
@@ -203,7 +208,11 @@ fn run(answers: &[Answer], order: &[usize], gaps: &[u64], step: u64, spread: boo
             }
         }
         let reached = reached.lock().unwrap().clone();
-        Run { reached, delivered }
+        Run {
+            started,
+            reached,
+            delivered,
+        }
     })
 }
 
@@ -224,14 +233,14 @@ proptest! {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
         let run = run(&answers, &order, &gaps, step, spread);
-        // Each answer bounds the calls from its arrival until its window ends or an answer to
-        // a later call arrives, whichever comes first.
+        // Each answer bounds the calls from its arrival until its window ends or a newer
+        // answer arrives, whichever comes first: one to a call sent after every answer before
+        // it had arrived.
         for (k, (call, arrived, answer)) in run.delivered.iter().enumerate() {
             let (span, most) = answer.bound();
-            let superseded = run.delivered[k + 1..]
-                .iter()
-                .find(|(newer, ..)| newer > call)
-                .map(|(_, at, _)| *at);
+            let superseded = (k + 1..run.delivered.len())
+                .find(|&j| run.started[run.delivered[j].0] > run.delivered[j - 1].1)
+                .map(|j| run.delivered[j].1);
             let end = superseded.map_or(*arrived + span, |at| at.min(*arrived + span));
             let within = run
                 .reached
@@ -301,6 +310,92 @@ fn a_policy_window_with_nothing_to_give_is_part_of_the_wait() {
             told.1, None,
             "q={q} with {in_flight} in flight: told to wait {:?}, then refused again",
             told.0
+        );
+    }
+}
+
+/// What four workers saw of a dependency that counts calls in an order of its own.
+#[derive(Debug)]
+struct Busy {
+    admitted: u64,
+    refused: u64,
+}
+
+/// Four workers call, through the pushback, a dependency that limits them to 5 calls a second
+/// (this crate's own `RateLimitLayer`, whose `RateLimit` fields the pushback reads), over a
+/// path that delays each request and each answer by 0–15 ms at random: the dependency counts
+/// concurrent calls in an order of its own, and their answers come back in yet another. A
+/// worker told to wait sleeps that long and calls again. For `seconds` of tokio's paused time.
+fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower_bulwark::{DirectRateLimiter, Policy, Quota, RateLimitLayer};
+
+    paused_runtime().block_on(async move {
+        let limiter = DirectRateLimiter::builder(Quota::per_second(5).unwrap())
+            .clock(TokioClock::new())
+            .build();
+        let server = RateLimitLayer::new(Policy::global("per-client", limiter).unwrap()).layer(
+            service_fn(|_: http::Request<()>| async {
+                Ok::<_, BoxError>(Response::new(bytes::Bytes::new()))
+            }),
+        );
+        let rng = Arc::new(Mutex::new(crate::common::Rng(seed | 1)));
+        let (admitted, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let path = {
+            let (admitted, refused) = (admitted.clone(), refused.clone());
+            service_fn(move |request: http::Request<()>| {
+                let (server, rng) = (server.clone(), rng.clone());
+                let (admitted, refused) = (admitted.clone(), refused.clone());
+                async move {
+                    let (there, back) = {
+                        let mut rng = rng.lock().unwrap();
+                        (rng.below(15_001), rng.below(15_001))
+                    };
+                    tokio::time::sleep(Duration::from_micros(there)).await;
+                    let response = server.oneshot(request).await?;
+                    match response.status().as_u16() {
+                        200 => admitted.fetch_add(1, Ordering::Relaxed),
+                        _ => refused.fetch_add(1, Ordering::Relaxed),
+                    };
+                    tokio::time::sleep(Duration::from_micros(back)).await;
+                    Ok::<_, BoxError>(response)
+                }
+            })
+        };
+        let pushback = Pushback::builder("partner")
+            .clock(TokioClock::new())
+            .build();
+        let client = pushback.layer().layer(path);
+        let end = Instant::now() + Duration::from_secs(seconds);
+        // The workers run on the test's own task: the runtime has one thread anyway.
+        let worker = |client: tower_bulwark::outbound::pushback::PushbackService<_, _>| async move {
+            while Instant::now() < end {
+                if let Err(err) = client.clone().oneshot(http::Request::new(())).await {
+                    let wait = outbound::retry_after(&*err).expect("only held back");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        futures::future::join_all((0..4).map(|_| worker(client.clone()))).await;
+        Busy {
+            admitted: admitted.load(Ordering::Relaxed),
+            refused: refused.load(Ordering::Relaxed),
+        }
+    })
+}
+
+/// An answer replaces the quota in force only if its call was sent after that quota's answer
+/// was received: with calls counted and answered out of order, no call goes out into a `429`,
+/// and the quota is still used (at least two thirds of the 5 a second).
+#[test]
+fn calls_counted_in_the_dependencys_own_order_never_go_out_into_a_refusal() {
+    const SECONDS: u64 = 10;
+    for seed in 0..200 {
+        let busy = four_workers_through_a_reordering_path(seed, SECONDS);
+        assert_eq!(busy.refused, 0, "seed {seed}: {busy:?}");
+        assert!(
+            busy.admitted * 3 >= 5 * SECONDS * 2,
+            "seed {seed}: the quota went unused: {busy:?}"
         );
     }
 }

@@ -74,9 +74,12 @@
 //!   window until something new is heard: then calls are held for
 //!   [`max_hold`](PushbackBuilder::max_hold) from the last answer or call, and one call goes
 //!   (a probe), so that its answer tells anew.
-//! * Answers may arrive out of order: one to a call that started before the call whose answer
-//!   is in force may have been written first, so it may only tighten what is in force, field
-//!   by field: no more calls left than either answer gave, a window no shorter, a policy no
+//! * Answers may arrive out of order, and a dependency may count concurrent calls in an order
+//!   of its own (a pooled client sends a later call on a warm connection while earlier ones
+//!   still connect). So an answer is newer than the one in force only if its call was sent
+//!   after that one was received; it then replaces it. An answer to a call sent before may
+//!   have been written first, whatever order the calls started in, so it may only tighten what
+//!   is in force, field by field: no more calls left than either answer gave, a window no shorter, a policy no
 //!   looser; when it has nothing left, no call goes until its window ends, and then the answer
 //!   in force applies as it stands. It never loosens or shortens a hold.
 //! * A held call fails at once with [`PushedBack`], which carries the time until a call may

@@ -67,9 +67,11 @@ pub(super) struct Schedule {
     in_flight: u64,
     /// Calls started through the layer so far: the next call's place in the order of starts.
     started: u64,
-    /// The answer whose quota is in force came after every call placed before this had
-    /// started: an answer to one of those may have been written before it, and may only
-    /// tighten it.
+    /// The calls started when the last answer that set or tightened the quota in force was
+    /// received. An answer to one of them was sent before that answer was read, so the
+    /// dependency may have counted it first: it may only tighten what is in force. Only an
+    /// answer to a call started later (sent after every answer in force was received) is newer,
+    /// and replaces it.
     in_force: u64,
 }
 
@@ -193,7 +195,8 @@ impl Schedule {
     }
 
     /// Records an answer at `now`; `own` is the place of the call it answers, `None` for one
-    /// obtained elsewhere (taken as newer than every call started).
+    /// obtained elsewhere (taken as newer than every call started, since nothing says when it
+    /// was sent).
     pub(super) fn apply(&mut self, answer: Answer, now: u64, own: Option<u64>) {
         // Whatever this answer sets ends within `max_hold`: so does the wait for the probe.
         self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
@@ -214,14 +217,14 @@ impl Schedule {
             window_end: now.saturating_add(saturating_nanos(quota.window)),
             refill: quota.refill,
         };
-        // An answer to a call that started before the one whose answer is in force may have
-        // been written first: out of order, it may only tighten what is in force.
+        // An answer to a call sent before the quota in force was last changed may have been
+        // written first, whatever order the calls started in: it may only tighten.
         if own.is_some_and(|place| place < self.in_force) {
             self.tighten(&advertised, now);
         } else {
-            self.in_force = self.in_force.max(own.unwrap_or(self.started));
             self.replace(&advertised, now);
         }
+        self.in_force = self.started;
     }
 
     /// A newer answer's quota replaces the one in force.
