@@ -192,3 +192,23 @@ pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     }
     None
 }
+
+/// Whether `err` (or an error in its [`source`](Error::source) chain) is a refusal by one of
+/// this crate's outbound layers, made before anything was sent: a [`PushedBack`], a
+/// [`QuotaExhausted`], a [`BulkheadFull`](crate::BulkheadFull) or an
+/// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity). A client quota above such a
+/// layer gives the call's permits back.
+pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if err.is::<PushedBack>()
+            || err.is::<QuotaExhausted>()
+            || err.is::<crate::BulkheadFull>()
+            || err.is::<crate::limiter::InsufficientCapacity>()
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}

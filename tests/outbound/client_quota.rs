@@ -205,3 +205,110 @@ async fn it_wraps_a_reqwest_client_directly() {
     assert_eq!(client.oneshot(get("/b")).await.unwrap().status(), 200);
     assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
+
+/// A quota of 10 above a layer that refuses calls itself: each of the crate's refusals below
+/// the quota (a full bulkhead, a pushback hold, a nested quota spent) sent nothing, so the
+/// permit goes back, and the quota still admits exactly 10 calls that reach the dependency.
+/// The dependency's own error keeps the permit: the call reached it.
+#[tokio::test]
+async fn calls_refused_below_the_quota_give_their_permits_back() {
+    use tower_bulwark::bulkhead::Bulkhead;
+    use tower_bulwark::outbound::Pushback;
+
+    let quota = || {
+        DirectRateLimiter::builder(Quota::per_hour(10).unwrap())
+            .clock(ManualClock::new())
+            .build()
+    };
+    let dependency = |calls: Arc<AtomicUsize>| {
+        service_fn(move |fail: bool| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if fail {
+                    Err::<http::Response<()>, BoxError>("the dependency failed".into())
+                } else {
+                    Ok(http::Response::new(()))
+                }
+            }
+        })
+    };
+
+    // A full bulkhead: one slot, taken by a call that waits at the dependency.
+    let limiter = quota();
+    let bulkhead = Bulkhead::semaphore("one", 1).build();
+    let (release, held) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(std::sync::Mutex::new(Some(held)));
+    let client = ClientQuotaLayer::new("partner", limiter.clone()).layer(bulkhead.layer().layer(
+        service_fn(move |hold: bool| {
+            let held = held.clone();
+            async move {
+                if hold {
+                    let held = held.lock().unwrap().take().unwrap();
+                    held.await.ok();
+                }
+                Ok::<_, BoxError>(())
+            }
+        }),
+    ));
+    let mut first = Box::pin(client.clone().oneshot(true));
+    assert!(crate::common::poll_once(first.as_mut()).is_pending());
+    for _ in 0..20 {
+        let err = client.clone().oneshot(false).await.unwrap_err();
+        assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
+    }
+    release.send(()).unwrap();
+    first.await.unwrap();
+    let admitted = (0..20).filter(|_| limiter.check().allowed).count();
+    assert_eq!(admitted, 9, "a quota of 10, one call sent");
+
+    // A pushback hold below the quota: a 429 with `Retry-After: 60`, then refusals.
+    let limiter = quota();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let pushback = Pushback::new("partner");
+    let client = ClientQuotaLayer::new("partner", limiter.clone()).layer(pushback.layer().layer(
+        service_fn({
+            let calls = calls.clone();
+            move |_: bool| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(429)
+                            .header("retry-after", "60")
+                            .body(())
+                            .unwrap(),
+                    )
+                }
+            }
+        }),
+    ));
+    assert_eq!(client.clone().oneshot(false).await.unwrap().status(), 429);
+    for _ in 0..20 {
+        let err = client.clone().oneshot(false).await.unwrap_err();
+        assert!(err.is::<outbound::PushedBack>(), "{err}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!((0..20).filter(|_| limiter.check().allowed).count(), 9);
+
+    // A nested quota of 2 below the quota of 10, and the dependency's own failures.
+    let (outer, inner) = (
+        quota(),
+        DirectRateLimiter::builder(Quota::per_hour(2).unwrap())
+            .clock(ManualClock::new())
+            .build(),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = ClientQuotaLayer::new("outer", outer.clone())
+        .layer(ClientQuotaLayer::new("inner", inner).layer(dependency(calls.clone())));
+    assert!(
+        client.clone().oneshot(true).await.is_err(),
+        "the dependency's failure"
+    );
+    client.clone().oneshot(false).await.unwrap();
+    for _ in 0..20 {
+        let err = client.clone().oneshot(false).await.unwrap_err();
+        assert!(err.is::<QuotaExhausted>(), "{err}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!((0..20).filter(|_| outer.check().allowed).count(), 8);
+}

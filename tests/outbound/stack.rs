@@ -232,8 +232,8 @@ async fn the_bulkhead_refuses_at_once_and_the_refusal_is_neither_retried_nor_a_t
         call.await.unwrap().unwrap();
     }
     assert_eq!(stack.received("/slow").await, 2);
-    // The refused call took a quota permit (it is below the quota) but reached nothing.
-    assert_eq!(stack.quota_left(), 7);
+    // The refused call reached nothing: the quota above the bulkhead has its permit back.
+    assert_eq!(stack.quota_left(), 8);
 }
 
 #[tokio::test]

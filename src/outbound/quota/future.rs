@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
+use crate::outbound::never_sent;
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -56,6 +57,9 @@ pin_project! {
         cost: u32,
         // The permits of a call waiting for them: given back if the call is dropped unsent.
         reserved: Option<Decision>,
+        // The permits of a call sent on to the inner service: given back if it refuses the
+        // call itself, before anything reached the dependency.
+        sent: Option<Decision>,
         #[pin]
         state: State<S, Req, L::Future>,
     }
@@ -79,6 +83,7 @@ pin_project! {
 fn state_after<S, Req, L, F>(
     shared: &Shared<L>,
     reserved: &mut Option<Decision>,
+    sent: &mut Option<Decision>,
     decision: Result<Decision, BoxError>,
     service: &mut S,
     request: Req,
@@ -103,6 +108,7 @@ where
         }
         Ok(decision) if decision.wait.is_zero() => {
             shared.metrics.count(Outcome::Admitted);
+            *sent = Some(decision);
             State::Running {
                 future: service.call(request),
             }
@@ -130,9 +136,11 @@ where
         service: &mut S,
         request: Req,
     ) -> Self {
-        let mut reserved = None;
+        let (mut reserved, mut sent) = (None, None);
         let state = match shared.limiter.reserve_now(&key, cost) {
-            Some(decision) => state_after(shared, &mut reserved, decision, service, request),
+            Some(decision) => {
+                state_after(shared, &mut reserved, &mut sent, decision, service, request)
+            }
             None => State::Reserving {
                 reserve: shared.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
@@ -143,6 +151,7 @@ where
             key,
             cost,
             reserved,
+            sent,
             state,
         }
     }
@@ -165,21 +174,31 @@ where
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    state_after(this.shared, this.reserved, decision, &mut service, request)
+                    let (reserved, sent) = (&mut *this.reserved, &mut *this.sent);
+                    state_after(this.shared, reserved, sent, decision, &mut service, request)
                 }
                 StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     this.shared.metrics.count(Outcome::Waited);
                     let future = service.call(request);
-                    // The permits are due now: the call keeps them.
-                    *this.reserved = None;
+                    // The permits are due now: the call keeps them, unless it is refused below.
+                    *this.sent = this.reserved.take();
                     State::Running { future }
                 }
                 StateProj::Refused { error } => {
                     return Poll::Ready(Err(error.take().expect("polled after completion")));
                 }
-                StateProj::Running { future } => return future.poll(cx).map_err(Into::into),
+                StateProj::Running { future } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let sent = this.sent.take();
+                    if let (Err(error), Some(decision)) = (&result, sent) {
+                        if never_sent(&**error) {
+                            this.shared.limiter.refund(this.key, *this.cost, decision);
+                        }
+                    }
+                    return Poll::Ready(result);
+                }
             };
             this.state.set(next);
         }

@@ -46,6 +46,11 @@
 //! * A cost the quota can never grant fails with [`InsufficientCapacity`](crate::limiter::InsufficientCapacity);
 //!   a limiter that fails (Redis down, under a fail mode that propagates errors) fails the call
 //!   with its error. Neither reaches the dependency.
+//! * A call that one of the crate's layers below the quota refuses before sending it (a
+//!   [`BulkheadFull`](crate::BulkheadFull), a [`PushedBack`](super::PushedBack), a nested
+//!   quota's [`QuotaExhausted`] or `InsufficientCapacity`, found anywhere in the error's chain of
+//!   sources) reached nothing: its permits go back. Any other error keeps them, since the call
+//!   may have reached the dependency; so does a call dropped once it was passed on.
 
 mod charge;
 mod error;
