@@ -67,7 +67,14 @@ impl<'a> From<&'a http::request::Parts> for RequestHead<'a> {
 /// bulkhead's classifier judges.
 ///
 /// Implemented for `http::Response<B>`, `http::response::Parts` and, with the `reqwest`
-/// feature, `reqwest::Response`; implement it for a client of your own.
+/// feature, reqwest 0.13's `Response`; implement it for a client of your own. A `Response` of
+/// another reqwest major converts: `.map_response(http::Response::from)` below the layer.
+#[diagnostic::on_unimplemented(
+    message = "tower-bulwark cannot read the status and headers of `{Self}`",
+    label = "the inner service answers with `{Self}`, which does not implement `ResponseHead`",
+    note = "`ResponseHead` is implemented for `http::Response<B>`, `http::response::Parts` and, with the `reqwest` feature, `reqwest::Response` of reqwest 0.13",
+    note = "with another major of reqwest (check `cargo tree -d -i reqwest`), put `.map_response(http::Response::from)` below this layer, or implement `ResponseHead` for your type"
+)]
 pub trait ResponseHead {
     /// The status code.
     fn status(&self) -> StatusCode;

@@ -996,3 +996,34 @@ impl tower::retry::Policy<reqwest::Request, reqwest::Response, BoxError> for NoR
         request.try_clone()
     }
 }
+
+/// A tower-http 0.7 classifier judges a `reqwest::Client`'s answers as they are, with no
+/// adapter: `StatusInRangeAsFailures` over 500–599 takes a `500` for overload (the default
+/// takes it for a healthy answer), and a `200` for a healthy one.
+#[tokio::test]
+async fn a_tower_http_classifier_judges_a_reqwest_client_as_it_is() {
+    use tower_http::classify::StatusInRangeAsFailures;
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = MockServer::start().await;
+    for (route, status) in [("/ok", 200), ("/failed", 500)] {
+        Mock::given(path(route))
+            .respond_with(ResponseTemplate::new(status))
+            .mount(&server)
+            .await;
+    }
+    let recorder = Recorder::default();
+    let bulkhead = AdaptiveBulkhead::builder("partner")
+        .algorithm(recorder.clone())
+        .build();
+    let client = ServiceBuilder::new()
+        .layer(bulkhead.layer_with(FromTowerHttp(StatusInRangeAsFailures::new(500..=599))))
+        .service(reqwest::Client::new());
+    for route in ["/ok", "/failed", "/ok"] {
+        let url = format!("{}{route}", server.uri()).parse().unwrap();
+        let request = reqwest::Request::new(reqwest::Method::GET, url);
+        client.clone().oneshot(request).await.unwrap();
+    }
+    assert_eq!(recorder.verdicts(), [false, true, false]);
+}

@@ -39,8 +39,14 @@ pub enum Verdict {
 
 /// Decides what a response, or an error of the inner service, says about the dependency.
 ///
-/// Implemented by [`HttpOverload`] (the default), by [`FromTowerHttp`] for any tower-http
+/// Implemented by [`HttpOverload`] (the default), by [`FromTowerHttp`] for any tower-http 0.7
 /// classifier, and by every closure `Fn(Result<&Res, &BoxError>) -> Verdict`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot judge the inner service's answers of type `{Res}`",
+    label = "this classifier does not implement `Classify<{Res}>`",
+    note = "`HttpOverload` judges any `ResponseHead` (`http::Response<B>`, and reqwest 0.13's `Response` with the `reqwest` feature); `FromTowerHttp` wraps tower-http 0.7's classifiers and judges `http::Response<B>`",
+    note = "with another major of reqwest or tower-http (check `cargo tree -d`), convert the answers with `.map_response(http::Response::from)` below the bulkhead, or pass a closure `|result: Result<&{Res}, &BoxError>| -> Verdict`"
+)]
 pub trait Classify<Res>: Send + Sync + 'static {
     /// The verdict on one call's result; the error is the inner service's, boxed.
     fn classify(&self, result: Result<&Res, &BoxError>) -> Verdict;
@@ -185,8 +191,42 @@ impl ClassifyResponse for HttpOverload {
 /// A response whose verdict would come at the end of its stream (gRPC's trailers) is healthy:
 /// the adaptive bulkhead decides when the response head arrives. Errors are judged by
 /// [`HttpOverload`]'s rule, since tower-http's classifiers take every error for a failure.
+///
+/// It judges `http::Response<B>` and, with the `reqwest` feature, reqwest's `Response`, whose
+/// status, version and headers it copies into an `http::Response<()>` for the classifier (one
+/// copy of the header map per call: tower-http's classifiers read only `http` types).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FromTowerHttp<C>(pub C);
+
+impl<C: ClassifyResponse + Clone> FromTowerHttp<C> {
+    fn judge<B>(&self, response: &http::Response<B>) -> Verdict {
+        match self.0.clone().classify_response(response) {
+            ClassifiedResponse::Ready(Err(_)) => Verdict::Overloaded,
+            ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_) => {
+                Verdict::Healthy
+            }
+        }
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl<C> Classify<reqwest::Response> for FromTowerHttp<C>
+where
+    C: ClassifyResponse + Clone + Send + Sync + 'static,
+{
+    fn classify(&self, result: Result<&reqwest::Response, &BoxError>) -> Verdict {
+        match result {
+            Ok(response) => {
+                let mut head = http::Response::new(());
+                *head.status_mut() = response.status();
+                *head.version_mut() = response.version();
+                *head.headers_mut() = response.headers().clone();
+                self.judge(&head)
+            }
+            Err(error) => HttpOverload::classify_error(&**error),
+        }
+    }
+}
 
 impl<C, B> Classify<http::Response<B>> for FromTowerHttp<C>
 where
@@ -194,12 +234,7 @@ where
 {
     fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
         match result {
-            Ok(response) => match self.0.clone().classify_response(response) {
-                ClassifiedResponse::Ready(Err(_)) => Verdict::Overloaded,
-                ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_) => {
-                    Verdict::Healthy
-                }
-            },
+            Ok(response) => self.judge(response),
             Err(error) => HttpOverload::classify_error(&**error),
         }
     }
