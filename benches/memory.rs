@@ -185,7 +185,7 @@ mod listener {
             Keys::HeaderKey => router.route_layer(RateLimitLayer::new(
                 Policy::new(
                     "per-key",
-                    HeaderKey::new(api_key()),
+                    HeaderKey::new(api_key()).unwrap(),
                     KeyedRateLimiter::<HeaderValue>::builder(quota).build(),
                 )
                 .unwrap(),

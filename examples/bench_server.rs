@@ -90,7 +90,7 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
         "bulwark-three" => {
             let per_host = Policy::new(
                 "per-host",
-                HeaderKey::new(HOST),
+                HeaderKey::new(HOST)?,
                 KeyedRateLimiter::new(never),
             )?;
             let all = Policy::global("all", DirectRateLimiter::new(never))?;

@@ -85,7 +85,7 @@ pub fn app<C: Clock + Clone>(clock: C) -> Result<(Router, String), Box<dyn std::
         Policy::new("per-ip", PeerIp::new(), keyed(per_ip_quota, &clock))?.cost_by(route_cost);
 
     // The plan's key is the API key; a planned route without one is a 401.
-    let api_key = HeaderKey::new(X_API_KEY);
+    let api_key = HeaderKey::new(X_API_KEY)?;
     let plan_key = move |request: &RequestHead| {
         if request.headers.contains_key(X_API_KEY) {
             api_key.extract(request)

@@ -16,7 +16,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::http::{HeaderName, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
@@ -40,7 +40,7 @@ async fn start_instance(url: &str, quota: Quota, prefix: &str) -> Result<SocketA
         .build()?;
     let layer = RateLimitLayer::new(Policy::new(
         "per-key",
-        HeaderKey::new(HeaderName::from_static("x-api-key")),
+        HeaderKey::new("x-api-key")?,
         limiter,
     )?);
     let app = Router::new()

@@ -89,8 +89,8 @@ pub use bulkhead::{Bulkhead, BulkheadFull};
 pub use limiter::{DirectRateLimiter, KeyedRateLimiter, Limiter};
 pub use quota::{Quota, QuotaError};
 #[cfg(feature = "axum")]
-pub use rate_limit::PeerIp;
-pub use rate_limit::{Policy, RateLimitLayer};
+pub use rate_limit::{ForwardedIp, PeerIp};
+pub use rate_limit::{GlobalKey, HeaderKey, Policy, RateLimitLayer};
 
 /// The README's Rust snippets, compiled (and, unless marked `no_run`, run) as doctests, so that
 /// what the README shows is what the crate does.

@@ -537,7 +537,7 @@ fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtractor, &'static
                         `axum` feature",
             )
         }
-        KeyKind::Header(h) => Extract::Header(HeaderKey::new(h.clone())),
+        KeyKind::Header(h) => Extract::Header(HeaderKey::for_header(h.clone())),
         KeyKind::Global => Extract::Global,
     };
     Ok(ConfigKeyExtractor(extract))

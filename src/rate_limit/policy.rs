@@ -16,7 +16,6 @@ use crate::{decision::Decision, Limiter, Quota};
 /// ```
 /// use std::net::IpAddr;
 ///
-/// use http::header::HeaderName;
 /// use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
 /// use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 ///
@@ -25,7 +24,7 @@ use crate::{decision::Decision, Limiter, Quota};
 /// let per_ip = Policy::new("per-ip", PeerIp::new(), KeyedRateLimiter::new(Quota::per_second(10)?))?;
 /// let per_key = Policy::new(
 ///     "per-key",
-///     HeaderKey::new(HeaderName::from_static("x-api-key")),
+///     HeaderKey::new("x-api-key")?,
 ///     KeyedRateLimiter::new(Quota::per_day(1000)?),
 /// )?
 /// // A search costs five permits of this policy, anything else one.
@@ -245,18 +244,25 @@ pub(crate) fn check_name(name: &str) -> Result<(), PolicyError> {
     } else {
         return Ok(());
     };
-    Err(PolicyError { reason })
+    Err(PolicyError::new("name", reason))
 }
 
-/// A policy name that cannot be sent in a header.
+/// A policy name that cannot be sent in a header, or a key header name that is not one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyError {
+    what: &'static str,
     reason: &'static str,
+}
+
+impl PolicyError {
+    pub(crate) fn new(what: &'static str, reason: &'static str) -> Self {
+        Self { what, reason }
+    }
 }
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid policy name: it {}", self.reason)
+        write!(f, "invalid policy {}: it {}", self.what, self.reason)
     }
 }
 

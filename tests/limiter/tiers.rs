@@ -9,7 +9,6 @@ use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
@@ -58,12 +57,7 @@ async fn each_key_is_limited_and_advertised_by_its_own_plan() {
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            Policy::new(
-                "plan",
-                HeaderKey::new(HeaderName::from_static("x-api-key")),
-                plans,
-            )
-            .unwrap(),
+            Policy::new("plan", HeaderKey::new("x-api-key").unwrap(), plans).unwrap(),
         ));
     let policy = |r: &http::Response<Body>| {
         listener::sf_list(r.headers()["ratelimit-policy"].to_str().unwrap())
@@ -108,12 +102,7 @@ async fn a_key_that_names_no_plan_is_an_error_not_an_admission() {
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            Policy::new(
-                "plan",
-                HeaderKey::new(HeaderName::from_static("x-api-key")),
-                plans,
-            )
-            .unwrap(),
+            Policy::new("plan", HeaderKey::new("x-api-key").unwrap(), plans).unwrap(),
         ));
     assert_eq!(
         get_with_key(&app, "mallory").await.status(),

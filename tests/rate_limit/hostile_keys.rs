@@ -125,7 +125,7 @@ proptest! {
         ),
         max_len in prop_oneof![Just(None), (0usize..64).prop_map(Some)],
     ) {
-        let mut extractor = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        let mut extractor = HeaderKey::new("x-api-key").unwrap();
         if let Some(bytes) = max_len {
             extractor = extractor.max_len(bytes);
         }

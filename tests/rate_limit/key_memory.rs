@@ -43,6 +43,7 @@ fn a_header_key_owns_its_bytes_instead_of_the_request_buffer() {
             .headers
             .insert(api_key(), slice_of_a_big_buffer(b"key-0001"));
         HeaderKey::new(api_key())
+            .unwrap()
             .extract(&RequestHead::from(&parts))
             .unwrap()
     };
@@ -61,14 +62,14 @@ fn header_values_longer_than_the_limit_are_refused_with_the_limit_named() {
             .into_parts();
         x.extract(&RequestHead::from(&parts))
     };
-    let default = HeaderKey::new(api_key());
+    let default = HeaderKey::new(api_key()).unwrap();
     assert_eq!(HeaderKey::DEFAULT_MAX_LEN, 256);
     assert_eq!(extract(&default, 256).unwrap().len(), 256);
     let err = extract(&default, 257).unwrap_err();
     assert_eq!(err.status(), StatusCode::BAD_REQUEST);
     assert!(err.reason().contains("x-api-key"), "{err}");
     assert!(err.reason().contains("256 bytes"), "{err}");
-    let short = HeaderKey::new(api_key()).max_len(8);
+    let short = HeaderKey::new(api_key()).unwrap().max_len(8);
     assert!(extract(&short, 8).is_ok());
     assert!(extract(&short, 9).unwrap_err().reason().contains("8 bytes"));
 }
@@ -142,7 +143,7 @@ fn app(keys: Keys) -> Router {
         Keys::Header => router.route_layer(RateLimitLayer::new(
             Policy::new(
                 "per-key",
-                HeaderKey::new(api_key()),
+                HeaderKey::new(api_key()).unwrap(),
                 KeyedRateLimiter::<HeaderValue>::builder(quota).build(),
             )
             .unwrap(),

@@ -757,12 +757,7 @@ async fn a_request_without_a_key_gets_the_documented_answer() {
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
-            Policy::new(
-                "per-key",
-                HeaderKey::new(http::HeaderName::from_static("x-api-key")),
-                per_key,
-            )
-            .unwrap(),
+            Policy::new("per-key", HeaderKey::new("x-api-key").unwrap(), per_key).unwrap(),
         ));
     let response = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);

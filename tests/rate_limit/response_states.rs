@@ -20,7 +20,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::algorithm::Gcra;
@@ -113,7 +112,7 @@ fn held_app() -> HeldApp {
         escaped_name("three-b"),
         plain_name("three-c"),
     ];
-    let key = || HeaderKey::new(HeaderName::from_static("x-k"));
+    let key = || HeaderKey::new("x-k").unwrap();
     let cost = || header_cost("x-cost".to_owned());
     let single = Policy::new(
         one.as_str(),
@@ -537,7 +536,7 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
                     } else {
                         BoxLimiter::new(real.clone())
                     };
-                    let key = HeaderKey::new(HeaderName::try_from(format!("x-k{i}")).unwrap());
+                    let key = HeaderKey::new(format!("x-k{i}")).unwrap();
                     let mut policy = Policy::new(format!("p{i}"), key, limiter)
                         .unwrap()
                         .cost_by(header_cost(format!("x-c{i}")));
@@ -878,18 +877,14 @@ async fn deferred_reserve_wait_call_adds_headers_and_settles_after_the_wait() {
         }
         let policies = Policy::new(
             "slow",
-            HeaderKey::new(HeaderName::from_static("x-k0")),
+            HeaderKey::new("x-k0").unwrap(),
             Slow::new(slow.clone(), 2, false),
         )
         .unwrap()
         .and(
-            Policy::new(
-                "fast",
-                HeaderKey::new(HeaderName::from_static("x-k1")),
-                fast.clone(),
-            )
-            .unwrap()
-            .count_if(|parts| parts.status.is_server_error()),
+            Policy::new("fast", HeaderKey::new("x-k1").unwrap(), fast.clone())
+                .unwrap()
+                .count_if(|parts| parts.status.is_server_error()),
         );
         let inner = ReadyInner::default();
         let mut service = RateLimitLayer::new(policies).layer(inner.clone());
@@ -971,7 +966,7 @@ async fn deferred_reserve_wait_call_adds_headers_and_settles_after_the_wait() {
 #[tokio::test(start_paused = true)]
 async fn poll_after_completion_panics_with_the_documented_message_only() {
     let clock = ManualClock::new();
-    let key0 = || HeaderKey::new(HeaderName::from_static("x-k0"));
+    let key0 = || HeaderKey::new("x-k0").unwrap();
     let a = HeaderValue::from_static("a");
     // (layer shape, expected status, expected message)
     for shape in 0..7 {

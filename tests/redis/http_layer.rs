@@ -7,7 +7,7 @@ use crate::common::redis_server::RedisServer;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderName, HeaderValue, Request, StatusCode};
+use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
@@ -15,12 +15,7 @@ use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 fn app<L: Limiter<HeaderValue>>(limiter: L) -> Router {
     let layer = RateLimitLayer::new(
-        Policy::new(
-            "per-key",
-            HeaderKey::new(HeaderName::from_static("x-api-key")),
-            limiter,
-        )
-        .unwrap(),
+        Policy::new("per-key", HeaderKey::new("x-api-key").unwrap(), limiter).unwrap(),
     );
     Router::new()
         .route("/", get(|| async { "ok" }))

@@ -4,6 +4,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use super::{KeyError, KeyExtractor};
 use crate::head::RequestHead;
+use crate::rate_limit::PolicyError;
 
 /// The value of one request header, such as `x-api-key`.
 ///
@@ -28,8 +29,26 @@ impl HeaderKey {
     /// The longest value accepted unless [`max_len`](Self::max_len) says otherwise, in bytes.
     pub const DEFAULT_MAX_LEN: usize = 256;
 
-    /// Keys requests by the value of header `name`.
-    pub fn new(name: HeaderName) -> Self {
+    /// Keys requests by the value of header `name`: a `&str` such as `"x-api-key"` (any case),
+    /// or an `http::HeaderName`.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if `name` is not a valid header field name (RFC 9110's token: no
+    /// spaces, colons or other separators, not empty).
+    pub fn new(name: impl AsRef<[u8]>) -> Result<Self, PolicyError> {
+        match HeaderName::from_bytes(name.as_ref()) {
+            Ok(name) => Ok(Self::for_header(name)),
+            Err(_) => Err(PolicyError::new(
+                "key header",
+                "is not a valid header field name (RFC 9110's token: letters, digits and \
+                 !#$%&'*+-.^_`|~, not empty)",
+            )),
+        }
+    }
+
+    /// Keys requests by the value of header `name`, already a valid field name.
+    pub(crate) fn for_header(name: HeaderName) -> Self {
         Self {
             name,
             max_len: Self::DEFAULT_MAX_LEN,

@@ -12,7 +12,6 @@ use axum::extract::MatchedPath;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use http::header::HeaderName;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::head::RequestHead;
@@ -26,7 +25,7 @@ use crate::common::listener;
 use crate::support::{json, keyed, peer, Broken};
 
 fn api_key() -> HeaderKey {
-    HeaderKey::new(HeaderName::from_static("x-api-key"))
+    HeaderKey::new("x-api-key").unwrap()
 }
 
 async fn send(app: &Router, method: &str, path: &str, from: &str, key: Option<&str>) -> Response {
