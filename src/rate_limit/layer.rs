@@ -80,9 +80,10 @@ impl<P, M> RateLimitLayer<P, M> {
         self
     }
 
-    /// What to do when a limiter returns an error, such as a Redis limiter that cannot reach
-    /// its server ([`FailMode::Closed`] by default: answer `503`). Either way a log line says
-    /// why.
+    /// What to do when a limiter returns an error ([`FailMode::Closed`] by default: answer
+    /// `503`). Either way a log line says why. A Redis limiter that cannot reach its server
+    /// returns an error only under `RedisFailMode::Propagate`; under its other fail modes
+    /// (`Open`, the default, among them) it decides for itself and never gets here.
     pub fn limiter_error_mode(mut self, mode: FailMode) -> Self {
         self.settings_mut().limiter_error_mode = mode;
         self

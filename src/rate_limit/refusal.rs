@@ -103,6 +103,14 @@ impl<'a> Refusal<'a> {
 
     /// The answer to send: the layer's hook's, or the default.
     pub(crate) fn respond(&self) -> Response<Bytes> {
+        // Whatever built the limiters, in code or from a file (whose `Observed` limiters also
+        // log their own refusals, with the key).
+        tracing::debug!(
+            target: "tower_bulwark::rate_limit",
+            policies = ?self.violated_policies().collect::<Vec<_>>(),
+            retry_after_secs = self.retry_after_secs(),
+            "rate limit: refusing the request"
+        );
         match &self.settings.on_refusal {
             Some(hook) => hook.on_refusal(self),
             None => self.default_response(),

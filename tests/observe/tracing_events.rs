@@ -1,5 +1,7 @@
-//! Refusals of named instances as `tracing` events, captured on the test's own thread while the
-//! binary's other tests reach the same call sites on theirs (see `common::process::thread_subscriber`).
+//! Refusals as `tracing` events: each refused request at the layer, whatever built its limiters,
+//! and each refusal of a named instance with its key; captured on the test's own thread while
+//! the binary's other tests reach the same call sites on theirs (see
+//! `common::process::thread_subscriber`).
 
 use std::sync::{Arc, Mutex};
 
@@ -36,8 +38,8 @@ impl std::io::Write for Captured {
     }
 }
 
-#[test]
-fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden() {
+/// What a DEBUG subscriber on this thread writes while `run` runs.
+fn debug_events(run: impl FnOnce()) -> String {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -47,6 +49,57 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
         .finish();
     {
         let _guard = thread_subscriber(subscriber);
+        run();
+    }
+    let text = captured.0.lock().unwrap().clone();
+    String::from_utf8(text).unwrap()
+}
+
+#[test]
+fn a_refused_request_is_a_debug_event_naming_its_policies_with_limiters_built_in_code() {
+    use axum::extract::connect_info::MockConnectInfo;
+    use tower_bulwark::{KeyedRateLimiter, PeerIp, Policy, Quota, RateLimitLayer};
+
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            let per_ip = KeyedRateLimiter::new(Quota::per_hour(2).unwrap());
+            let app = axum::Router::new()
+                .route("/orders", axum::routing::get(|| async { "ok" }))
+                .route_layer(RateLimitLayer::new(
+                    Policy::new("per-ip", PeerIp::new(), per_ip).unwrap(),
+                ))
+                .layer(MockConnectInfo(std::net::SocketAddr::from((
+                    [192, 0, 2, 1],
+                    1,
+                ))));
+            for _ in 0..2 {
+                assert_eq!(get_orders(&app).await, StatusCode::OK);
+            }
+            assert_eq!(get_orders(&app).await, StatusCode::TOO_MANY_REQUESTS);
+        })
+    });
+    let refusals: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("rate limit: refusing the request"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{text}");
+    assert!(refusals[0].contains("DEBUG"), "{}", refusals[0]);
+    assert!(
+        refusals[0].contains(r#"policies=["per-ip"]"#),
+        "{}",
+        refusals[0]
+    );
+    // One permit of two an hour: 30 minutes, less the moment the requests took.
+    assert!(
+        refusals[0].contains("retry_after_secs=1800"),
+        "{}",
+        refusals[0]
+    );
+}
+
+#[test]
+fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden() {
+    let text = debug_events(|| {
         runtime().block_on(async {
             let registry = Registry::from_toml_str(CONFIG).unwrap();
             let api = router(&registry, "api", [198, 51, 100, 23]);
@@ -57,8 +110,7 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
             get_orders(&private).await;
             assert_eq!(get_orders(&private).await, StatusCode::TOO_MANY_REQUESTS);
         });
-    }
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    });
     let refusals: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("rate limit refused a request"))
