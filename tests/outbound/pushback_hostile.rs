@@ -143,6 +143,48 @@ fn a_flood_of_lines_is_ignored_without_quadratic_work() {
     assert_eq!(pushback.held_for(), Duration::ZERO, "over 4 KiB: ignored");
 }
 
+/// "Fields over 4 KiB are ignored": a field of one line up to 4 096 bytes is read, one of
+/// 4 097 is not; over several lines, the ", " that joins them counts.
+#[test]
+fn a_ratelimit_field_is_read_up_to_exactly_4_kib() {
+    let field = |bytes: usize| {
+        let tail = "\";r=0;t=30";
+        format!("\"{}{tail}", "n".repeat(bytes - tail.len() - 1))
+    };
+    for (bytes, held) in [(4_094, true), (4_095, true), (4_096, true), (4_097, false)] {
+        let pushback = Pushback::builder("p").clock(ManualClock::new()).build();
+        let mut response = Response::new(());
+        let value = field(bytes);
+        assert_eq!(value.len(), bytes);
+        response
+            .headers_mut()
+            .insert("ratelimit", HeaderValue::from_str(&value).unwrap());
+        pushback.observe(&response);
+        let expected = if held {
+            Duration::from_secs(30)
+        } else {
+            Duration::ZERO
+        };
+        assert_eq!(pushback.held_for(), expected, "a field of {bytes} bytes");
+    }
+    // Two lines of 2 047 bytes are 4 096 with the separator; of 2 048, 4 098.
+    for (line, held) in [(2_047, true), (2_048, false)] {
+        let pushback = Pushback::builder("p").clock(ManualClock::new()).build();
+        let mut response = Response::new(());
+        for _ in 0..2 {
+            let value = HeaderValue::from_str(&field(line)).unwrap();
+            response.headers_mut().append("ratelimit", value);
+        }
+        pushback.observe(&response);
+        let expected = if held {
+            Duration::from_secs(30)
+        } else {
+            Duration::ZERO
+        };
+        assert_eq!(pushback.held_for(), expected, "two lines of {line} bytes");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 

@@ -250,13 +250,13 @@ impl Reader<'_> {
     fn joined(&self, headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
         let mut joined = Vec::new();
         for (i, value) in headers.get_all(name).iter().enumerate() {
-            if i == MAX_LINES || joined.len() + value.len() + 2 > MAX_FIELD_BYTES {
+            // Lines after the first are joined with ", ", as RFC 9110 combines them.
+            let separator: &[u8] = if i == 0 { b"" } else { b", " };
+            if i == MAX_LINES || joined.len() + separator.len() + value.len() > MAX_FIELD_BYTES {
                 self.malformed(name.as_str(), value.as_bytes());
                 return None;
             }
-            if i > 0 {
-                joined.extend_from_slice(b", ");
-            }
+            joined.extend_from_slice(separator);
             joined.extend_from_slice(value.as_bytes());
         }
         (!joined.is_empty()).then_some(joined)
