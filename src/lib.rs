@@ -3,7 +3,7 @@
 //! Two jobs, and the crate root names only what they need:
 //!
 //! * **Limit a route** per client: a [`RateLimitLayer`] holds one or more [`Policy`]s, each a
-//!   name, a key (the peer's address with [`PeerIp`], an API key, a tenant, anything), a cost and
+//!   name, a key (the peer's address with `PeerIp`, an API key, a tenant, anything), a cost and
 //!   a limiter with its [`Quota`]. A request is admitted only if every policy admits it; a refused
 //!   one gets `429 Too Many Requests` with a `Retry-After` computed from the limiter's state, the
 //!   IETF `RateLimit-Policy`/`RateLimit` headers and an RFC 9457 problem+json body, and spends
@@ -48,7 +48,7 @@
 //!   [`Overflow`](limiter::Overflow) setting; [`algorithm`]: GCRA (the default), fixed window,
 //!   sliding log and sliding counter.
 //! * `redis` (feature `redis`): the same algorithms as Lua scripts in Redis, for a quota shared
-//!   by every instance, with a [`RedisFailMode`](crate::redis::RedisFailMode) for when Redis
+//!   by every instance, with a `RedisFailMode` for when Redis
 //!   cannot answer.
 //! * [`bulkhead`]: the semaphore and queue kinds, layers that hold the permit until the response
 //!   or its body ends, events and snapshots; `bulkhead::adaptive` (feature `adaptive`): a limit

@@ -41,13 +41,13 @@ use crate::{decision::Decision, BoxError, Limiter, Quota};
 /// | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
 ///
 /// Counters and the histogram are recorded as events happen. Gauges are set from each
-/// instance's state when [`Registry::publish_gauges`](crate::config::Registry::publish_gauges)
+/// instance's state when `config::Registry::publish_gauges` (feature `config`)
 /// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
 /// The store failure counter is also brought up to date by `publish_gauges`, from the Redis
 /// limiter's own count.
 ///
 /// Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
-/// gauge is set by [`Pushback::publish_gauges`](crate::outbound::Pushback::publish_gauges)
+/// gauge is set by `outbound::Pushback::publish_gauges` (feature `metrics`)
 /// (which `Registry::publish_gauges` calls for configured ones). A configured client quota's
 /// limiter also records the `bulwark_ratelimiter_*` series under the rate limiter's name.
 pub mod metric_names {

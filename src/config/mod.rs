@@ -47,7 +47,7 @@
 //! | `max_wait` | duration | `"0s"` (refuse at once) |
 //! | `algorithm` | `gcra`, `fixed_window`, `sliding_log`, `sliding_counter` | `gcra` |
 //! | `key` | `peer_ip` (the TCP peer), `forwarded_ip` (the client behind trusted proxies), `header:<name>` (values up to 256 bytes), `global` | `peer_ip` |
-//! | `trusted_proxies` | with `key = "forwarded_ip"`, required: the proxies (list of CIDRs) whose forwarding header is believed; a request from any other peer is keyed by the peer, whatever it wrote (see [`ForwardedIp`](crate::rate_limit::ForwardedIp); an unreadable hop is a `400`) | none |
+//! | `trusted_proxies` | with `key = "forwarded_ip"`, required: the proxies (list of CIDRs) whose forwarding header is believed; a request from any other peer is keyed by the peer, whatever it wrote (see `rate_limit::ForwardedIp`, feature `axum`; an unreadable hop is a `400`) | none |
 //! | `forwarded_header` | with `key = "forwarded_ip"`: `x-forwarded-for`, or `forwarded` (RFC 7239) | `x-forwarded-for` |
 //! | `max_keys` | integer ≥ 1 | 1 000 000 |
 //! | `hide_keys` | boolean: keep client keys out of log events | `false` |
@@ -119,7 +119,7 @@
 //! | `cost` | integer ≥ 1, at most what the limiter can grant at once (its `burst` with `gcra`, its `limit_for_period` with a window algorithm): the permits each call takes | 1 |
 //!
 //! With the `adaptive` feature, a bulkhead whose limit follows the dependency
-//! ([`Registry::adaptive_bulkhead`]; see `bulkhead::adaptive`):
+//! (`Registry::adaptive_bulkhead`, with the `adaptive` feature; see `bulkhead::adaptive`):
 //!
 //! ```toml
 //! [adaptive_bulkheads.payment]

@@ -159,7 +159,7 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     /// Sets this pushback's gauge
     /// [`PUSHBACK_HELD_SECONDS`](crate::observe::metric_names::PUSHBACK_HELD_SECONDS) from
     /// [`held_for`](Self::held_for); call it before rendering a scrape
-    /// ([`Registry::publish_gauges`](crate::config::Registry::publish_gauges) does it for
+    /// (`config::Registry::publish_gauges`, feature `config`, does it for
     /// configured pushbacks). Counters are recorded as calls and answers pass.
     pub fn publish_gauges(&self) {
         let held_for = self.held_for().as_secs_f64();

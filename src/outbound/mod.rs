@@ -139,8 +139,8 @@
 //! # Configuration and metrics
 //!
 //! With the `config` feature, both come from a TOML file by name (`[pushbacks.NAME]`,
-//! `[client_quotas.NAME]`; see [`config`](crate::config)) and
-//! [`Registry`](crate::config::Registry) builds their layers. With the `metrics` feature, every
+//! `[client_quotas.NAME]`; see the `config` module, feature `config`) and
+//! its `Registry` builds their layers. With the `metrics` feature, every
 //! pushback and client quota, built by hand or from a file, counts its calls by outcome, and a
 //! pushback the answers that asked it to hold and the time it holds for (names in
 //! [`metric_names`](crate::observe::metric_names)).

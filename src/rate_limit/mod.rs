@@ -49,13 +49,13 @@
 //!
 //! # Keys
 //!
-//! [`PeerIp`] keys by the TCP peer's address (IPv6 by its /64), [`ForwardedIp`] by the client
+//! `PeerIp` keys by the TCP peer's address (IPv6 by its /64), `ForwardedIp` by the client
 //! behind proxies you trust, [`HeaderKey`] by a header such as `x-api-key`, [`GlobalKey`] puts every
 //! request in one budget, and any closure over the [`RequestHead`](crate::head::RequestHead) can
 //! be a key extractor. A request without a key gets the [`KeyError`]'s status (`400` when the client is at fault, `500`
 //! when the server is set up wrong) with a problem+json body, and a log line with the reason;
 //! [`RateLimitLayer::key_error_mode`] with [`FailMode::Open`] lets such requests through instead,
-//! uncounted. Behind proxies, [`ForwardedIp`] answers `400` when a hop that is not an address
+//! uncounted. Behind proxies, `ForwardedIp` answers `400` when a hop that is not an address
 //! stands between your proxies and the client: its docs say why.
 //!
 //! # The refusal

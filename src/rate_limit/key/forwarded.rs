@@ -28,7 +28,7 @@ enum Source {
 /// The client address behind reverse proxies that you trust.
 ///
 /// You list the networks of your proxies. When the TCP peer is not in them, the forwarding
-/// headers are ignored and the peer is the key, exactly as with [`PeerIp`](super::PeerIp):
+/// headers are ignored and the peer is the key, exactly as with `PeerIp`:
 /// anyone can write `X-Forwarded-For`. When the peer is a trusted proxy, the chain in the header
 /// is read from right to left (each proxy appends the address it saw), over the header's lines
 /// from the last to the first, and the first address that is not a trusted proxy is the client.
@@ -57,7 +57,7 @@ enum Source {
 /// [`RateLimitLayer::key_error_mode(FailMode::Open)`][key_error_mode] such requests pass through
 /// uncounted instead.
 ///
-/// It is a [`KeyExtractor`] with feature `axum` (the peer address comes from `ConnectInfo`);
+/// It is a `KeyExtractor` with feature `axum` (the peer address comes from `ConnectInfo`);
 /// without it, [`client_ip`](Self::client_ip) does the same work for a peer address you supply.
 ///
 /// ```

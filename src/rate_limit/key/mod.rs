@@ -3,7 +3,7 @@
 //! A [`KeyExtractor`] looks at the [request head](RequestHead) (method, URI, headers, extensions;
 //! never the body) and returns a key, or a [`KeyError`] saying why it could not. The crate ships:
 //!
-//! * [`PeerIp`] (feature `axum`): the address of the TCP peer, from axum's `ConnectInfo` (or
+//! * `PeerIp` (feature `axum`): the address of the TCP peer, from axum's `ConnectInfo` (or
 //!   `MockConnectInfo` in tests). IPv6 clients are keyed by their /64 network by default.
 //! * [`ForwardedIp`] (a key extractor with feature `axum`): the client address behind reverse
 //!   proxies that you trust, read from `X-Forwarded-For` or `Forwarded` only when the peer is one
