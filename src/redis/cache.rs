@@ -26,7 +26,7 @@ pub(crate) struct RefusalCache {
 
 #[derive(Clone, Copy, Debug)]
 struct Refusal {
-    /// Until when a request of at least `cost` is refused.
+    /// Until when a request of `cost` is refused.
     until: u64,
     /// When the key is back to its full limit.
     reset_at: u64,
@@ -48,8 +48,9 @@ impl RefusalCache {
 
     /// The refusal of `cost` permits for `key` at `now`, if a known refusal still stands.
     ///
-    /// A cached refusal stands for a request of the same cost or more, while its retry time is
-    /// further away than `max_wait` (once it is within, Redis may grant a reservation).
+    /// A cached refusal stands for a request of the same cost only (a larger one would wait
+    /// longer, by an amount only the algorithm's state tells), while its retry time is further
+    /// away than `max_wait` (once it is within, Redis may grant a reservation).
     pub(crate) fn check(&self, key: &str, cost: u32, now: u64, max_wait: u64) -> Option<Decision> {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let entry = *entries.get(key)?;
@@ -58,7 +59,7 @@ impl RefusalCache {
             return None;
         }
         let left = entry.until - now;
-        if cost < entry.cost || left <= max_wait {
+        if cost != entry.cost || left <= max_wait {
             return None;
         }
         Some(Decision::refused(
@@ -101,14 +102,8 @@ impl RefusalCache {
                 return;
             }
         }
-        match entries.get_mut(key) {
-            // Keep the refusal that says the most: the smaller cost stands for more requests.
-            Some(old) if old.until > now && old.cost < cost => {}
-            Some(old) => *old = refusal,
-            None => {
-                entries.insert(key.to_owned(), refusal);
-            }
-        }
+        // The latest refusal of the key, whatever its cost, replaces the one before.
+        entries.insert(key.to_owned(), refusal);
     }
 
     /// Forgets every refusal (the quota changed, so their retry times may be wrong).
@@ -158,10 +153,14 @@ mod tests {
     }
 
     #[test]
-    fn smaller_costs_and_waiting_callers_go_to_redis() {
+    fn other_costs_and_waiting_callers_go_to_redis() {
         let cache = RefusalCache::new(10);
         cache.insert("a", 3, 0, &refused(100));
         assert!(cache.check("a", 2, 0, 0).is_none());
+        assert!(
+            cache.check("a", 4, 0, 0).is_none(),
+            "a larger cost waits longer"
+        );
         assert!(cache.check("a", 3, 0, 0).is_some());
         assert!(cache.check("a", 3, 0, 100 * MS).is_none());
         assert!(cache.check("a", 3, 50 * MS, 60 * MS).is_none());

@@ -71,7 +71,9 @@
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself.
 //! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
-//!   without a round trip (a zero
+//!   without a round trip, for a request of the same cost (another cost asks Redis, which
+//!   alone knows how long a larger one waits), with the same `retry_after` Redis would give
+//!   (a zero
 //!   [`refusal_cache_capacity`](RedisRateLimiterBuilder::refusal_cache_capacity) turns this off).
 //!
 //! # Limits

@@ -772,3 +772,38 @@ async fn no_client_key_chooses_its_cluster_slot_or_shares_a_key() {
     assert!(!limiter.check(&"a}b").await.unwrap().allowed);
     assert!(limiter.check(&"a%7Db").await.unwrap().allowed);
 }
+
+/// "`retry_after` of a refusal is the exact time until the same request would be admitted":
+/// a refusal cached for a cost of 1 does not answer a cost of 5, which waits longer. 10 per
+/// 100 s, all spent: cost 1 is refused for 10 s, cost 5 for 50 s, as Redis and the in-memory
+/// limiter say; asked again, the cache gives each its own.
+#[tokio::test]
+async fn a_cached_refusal_answers_only_its_own_cost() {
+    let Some(server) = RedisServer::start("a_cached_refusal_answers_only_its_own_cost") else {
+        return;
+    };
+    let clock = ManualClock::new();
+    let quota = Quota::with_period(10, Duration::from_secs(100)).unwrap();
+    let limiter = RedisRateLimiter::builder(quota, store(&server).await)
+        .client_clock(clock.clone())
+        .prefix("costs:")
+        .build()
+        .unwrap();
+    let memory = tower_bulwark::KeyedRateLimiter::<&str>::new(quota);
+    for _ in 0..10 {
+        assert!(limiter.check(&"k").await.unwrap().allowed);
+        assert!(memory.check(&"k").allowed);
+    }
+    let round = |d: Duration| d.as_secs_f64().round() as u64;
+    for _ in 0..2 {
+        let one = limiter.reserve(&"k", 1).await.unwrap();
+        let five = limiter.reserve(&"k", 5).await.unwrap();
+        assert!(!one.allowed && !five.allowed);
+        assert_eq!(round(one.retry_after), 10);
+        assert_eq!(round(five.retry_after), 50);
+        assert_eq!(
+            round(five.retry_after),
+            round(memory.reserve_now(&"k", 5).unwrap().unwrap().retry_after)
+        );
+    }
+}
