@@ -188,11 +188,17 @@ impl Permits {
     /// return after the count; `SeqCst` on the counters lets the loom models see that order).
     /// `finished` is capped at `permitted`, since a call permitted after the first read may
     /// have finished before the last.
+    ///
+    /// The free permits are read under the lock of the limit, which every resize holds while
+    /// it changes the semaphore: read apart, a resize between the two reads showed more free
+    /// permits than the limit.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
-        let max = *self.max.lock().unwrap_or_else(PoisonError::into_inner);
+        let max_lock = self.max.lock().unwrap_or_else(PoisonError::into_inner);
+        let max = *max_lock;
         let permitted = self.permitted.load(Ordering::SeqCst);
         let debt = self.debt.load(Ordering::Acquire) as usize;
         let available = self.semaphore.available_permits().saturating_sub(debt);
+        drop(max_lock);
         let finished = self.finished.load(Ordering::SeqCst).min(permitted);
         BulkheadSnapshot {
             available_concurrent_calls: available,

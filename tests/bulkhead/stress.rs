@@ -358,3 +358,45 @@ async fn each_call_is_admitted_under_the_limit_in_force_through_resizes() {
     assert_eq!(snapshot.queue_depth, 0);
     assert_eq!(snapshot.total_permitted, snapshot.total_finished);
 }
+
+/// "The free permits plus the calls in flight are never above the limit", read while another
+/// thread resizes: with no calls at all, the limit flipping between 6 and 1 and 200 000
+/// snapshots taken meanwhile, no snapshot shows more free permits than its limit (read apart,
+/// one within about a thousand did).
+#[test]
+fn a_snapshot_taken_during_resizes_never_shows_more_free_permits_than_its_limit() {
+    use std::sync::atomic::AtomicBool;
+
+    let bulkhead = Bulkhead::semaphore("flip", 6).build();
+    let done = Arc::new(AtomicBool::new(false));
+    let flips = Arc::new(AtomicUsize::new(0));
+    let flipper = {
+        let (bulkhead, done, flips) = (bulkhead.clone(), done.clone(), flips.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                bulkhead.set_max_concurrent_calls(1);
+                bulkhead.set_max_concurrent_calls(6);
+                flips.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    // At least 200 000 snapshots while at least 1 000 flips happen, however the two threads
+    // are scheduled (bounded, so that a flipper that never runs fails the check below).
+    let mut taken = 0;
+    while (taken < 200_000 || flips.load(Ordering::Relaxed) < 1_000) && taken < 50_000_000 {
+        taken += 1;
+        let snapshot = bulkhead.snapshot();
+        let max = snapshot.max_allowed_concurrent_calls;
+        assert!(
+            snapshot.available_concurrent_calls <= max,
+            "{} free of a limit of {max}",
+            snapshot.available_concurrent_calls
+        );
+    }
+    done.store(true, Ordering::Relaxed);
+    flipper.join().unwrap();
+    assert!(
+        flips.load(Ordering::Relaxed) >= 1_000,
+        "the limit was flipped meanwhile"
+    );
+}
