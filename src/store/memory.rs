@@ -46,7 +46,8 @@ pub enum Overflow {
     /// Refuse requests from new keys until a slot frees; keys already present are unaffected.
     ///
     /// Never forgets a live key, at the price of locking out new clients while the table is full
-    /// (at most until the nearest key goes idle, which the refusal's `retry_after` says).
+    /// (at most until the nearest key goes idle, which the refusal's `retry_after` says; a
+    /// refund that leaves a key idle frees its slot at once).
     RefuseNewKeys,
 }
 
@@ -231,7 +232,7 @@ where
     }
 
     /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
-    /// key's hash, if the key is present.
+    /// key's hash, if the key is present: what a refund does.
     pub(crate) fn with_existing<R>(
         &self,
         key: &K,
@@ -240,10 +241,14 @@ where
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
-        table
+        let found = table
             .keys
             .find(hash, |(k, _)| k == key)
-            .map(|(_, s)| f(&table.context, s, &shard.latest, hash))
+            .map(|(_, s)| f(&table.context, s, &shard.latest, hash));
+        // A refund can make the key idle before the instant the full shard last found for its
+        // first idle key: the next new key looks again.
+        shard.full_until.store(0, Ordering::Relaxed);
+        found
     }
 
     /// Drops every key whose state is idle at `now`, having published `now` as each shard's

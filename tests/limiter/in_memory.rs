@@ -349,3 +349,39 @@ async fn direct_limiter_waits_and_refunds_too() {
         "{err}"
     );
 }
+
+/// "New keys are refused until a slot frees, at most until the nearest key goes idle": a refund
+/// that leaves a key idle frees its slot at once. One slot, one request an hour: key 1 is
+/// admitted and key 2 refused for the hour; key 1's admission is given back (another policy
+/// vetoed it), and a millisecond later key 2 is admitted. Every algorithm.
+#[test]
+fn a_refund_that_leaves_a_key_idle_frees_its_slot_for_new_keys() {
+    fn check<A: Algorithm>() {
+        use tower_bulwark::Limiter;
+        let clock = ManualClock::new();
+        let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_hour(1).unwrap())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(Overflow::RefuseNewKeys)
+            .build();
+        let admitted = limiter.check(&1);
+        assert!(admitted.allowed);
+        let refused = limiter.check(&2);
+        // Until key 1 goes idle: an hour, two windows for the sliding counter.
+        assert!(!refused.allowed && refused.retry_after >= Duration::from_secs(3600));
+        limiter.refund(&1, 1, admitted);
+        clock.advance(Duration::from_millis(1));
+        let next = limiter.check(&2);
+        assert!(
+            next.allowed,
+            "{}: refused for {:?}",
+            std::any::type_name::<A>(),
+            next.retry_after
+        );
+    }
+    check::<Gcra>();
+    check::<FixedWindow>();
+    check::<SlidingLog>();
+    check::<SlidingCounter>();
+}
