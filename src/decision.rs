@@ -88,15 +88,10 @@ impl LimiterId {
     /// No limiter: the identity of a decision built by hand, which no refund accepts.
     pub(crate) const NONE: Self = Self(0);
 
-    /// The Redis limiters: their decisions are told apart by the fingerprint of the Redis key,
-    /// which names the state they charged (limiters of one prefix and store share it).
-    #[cfg(feature = "redis")]
-    pub(crate) const REDIS: Self = Self(1);
-
     /// An identity no other limiter has.
     pub(crate) fn new() -> Self {
         // Never wraps: a limiter built every nanosecond would take centuries.
-        static NEXT: AtomicU64 = AtomicU64::new(2);
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Self(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 }
@@ -218,6 +213,17 @@ impl Decision {
     pub(crate) fn of_cost(mut self, cost: u32) -> Self {
         self.cost = cost;
         self
+    }
+
+    /// Tells this decision apart from the other recent ones of its limiter, as far as what it
+    /// says allows: the key's fingerprint, the instant charged and the state it left (two
+    /// admissions of one key leave different states). Not a hash: equal tags of different
+    /// decisions are possible, only unlikely among the few a gauge compares.
+    pub(crate) fn tag(&self) -> u64 {
+        self.origin.key
+            ^ self.reserved_at.rotate_left(21)
+            ^ self.state_after.rotate_left(42)
+            ^ self.remaining
     }
 
     /// What a refund of this decision may give back: `cost`, but never more than it was

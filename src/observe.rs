@@ -107,6 +107,8 @@ struct Observations {
     allowed: AtomicU64,
     limited: AtomicU64,
     available: AtomicU64,
+    /// The [`tag`](Decision::tag) of the decision whose `remaining` the gauge shows.
+    latest: AtomicU64,
     /// Outstanding reservations.
     waiting: Mutex<Reservations>,
     /// The limiter's metric handles, registered with the recorder at the first decision.
@@ -209,6 +211,7 @@ impl Observations {
     }
 
     fn record(&self, decision: &Decision, key: Option<&str>) {
+        self.latest.store(decision.tag(), Ordering::Relaxed);
         self.available.store(decision.remaining, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.handles().available.set(decision.remaining as f64);
@@ -238,13 +241,10 @@ impl Observations {
         }
     }
 
-    /// Takes back what [`record`](Self::record) counted for an admission that was given back (a
-    /// request another policy refused, a waiter that went away): it no longer counts as
-    /// allowed, its reservation no longer waits, and its permits are available again.
-    fn unrecord(&self, decision: &Decision, cost: u32) {
-        if !decision.allowed {
-            return;
-        }
+    /// Takes back what [`record`](Self::record) counted for an admission that the inner limiter
+    /// took back (a request another policy refused, a waiter that went away): it no longer
+    /// counts as allowed, its reservation no longer waits, and its permits are available again.
+    fn unrecord(&self, decision: &TakenBack) {
         let _ = self
             .allowed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -252,26 +252,54 @@ impl Observations {
         self.handles().refunded.increment(1);
         // The gauge shows the latest decision's figure. If that is still this decision's (the
         // usual case: a veto given back at once), its permits are back; a refund of an older
-        // decision leaves the latest decision's figure alone.
+        // decision, even one that left the same figure, leaves the latest decision's alone.
         let available = decision
             .remaining
-            .saturating_add(u64::from(decision.refundable(cost)))
+            .saturating_add(u64::from(decision.refundable))
             .min(decision.limit);
-        let moved = self.available.compare_exchange(
-            decision.remaining,
-            available,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let moved = if self.latest.load(Ordering::Relaxed) == decision.tag {
+            self.available.compare_exchange(
+                decision.remaining,
+                available,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+        } else {
+            Err(0)
+        };
         #[cfg(feature = "metrics")]
         if moved.is_ok() {
             self.handles().available.set(available as f64);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = moved;
-        if !decision.wait.is_zero() {
+        if decision.waited {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             waiting.remove_one(decision.reserved_at);
+        }
+    }
+}
+
+/// What [`Observations::unrecord`] needs of a decision, read before the decision goes to the
+/// inner limiter's refund (which consumes it).
+struct TakenBack {
+    remaining: u64,
+    limit: u64,
+    refundable: u32,
+    waited: bool,
+    reserved_at: u64,
+    tag: u64,
+}
+
+impl TakenBack {
+    fn of(decision: &Decision, cost: u32) -> Self {
+        Self {
+            remaining: decision.remaining,
+            limit: decision.limit,
+            refundable: decision.refundable(cost),
+            waited: !decision.wait.is_zero(),
+            reserved_at: decision.reserved_at,
+            tag: decision.tag(),
         }
     }
 }
@@ -404,9 +432,15 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         Some(result)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
-        self.observations.unrecord(&decision, cost);
-        self.inner.refund(key, cost, decision);
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
+        let seen = TakenBack::of(&decision, cost);
+        // Only what the inner limiter takes back as its own is uncounted: another limiter's
+        // decision, or one for another key, changed nothing there.
+        let taken = self.inner.refund(key, cost, decision);
+        if taken {
+            self.observations.unrecord(&seen);
+        }
+        taken
     }
 }
 

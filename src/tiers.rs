@@ -135,9 +135,10 @@ where
         }
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
-        if let Some((_, limiter)) = self.tiers.get(decision.tier()) {
-            limiter.refund(key, cost, decision);
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
+        match self.tiers.get(decision.tier()) {
+            Some((_, limiter)) => limiter.refund(key, cost, decision),
+            None => false,
         }
     }
 }

@@ -40,7 +40,7 @@ impl<K, L: Limiter<K>> Limiter<K> for Boxed<L> {
         self.0.reserve_now(key, cost)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         self.0.refund(key, cost, decision)
     }
 }
@@ -103,7 +103,7 @@ impl<K: 'static> Limiter<K> for BoxLimiter<K> {
         self.inner.reserve_now(key, cost)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         self.inner.refund(key, cost, decision)
     }
 }

@@ -134,7 +134,9 @@ where
 {
     /// Hashes keys with `hasher` (foldhash's or ahash's `RandomState`, for instance) instead of
     /// std's `RandomState`. Keys come from clients: a hasher without random keys lets a client
-    /// choose keys that collide in one shard's table.
+    /// choose keys that collide in one shard's table. Refunds also tell keys apart by their
+    /// hash: two keys that collide under `hasher` take back each other's decisions (see
+    /// [`Limiter::refund`](crate::Limiter::refund)).
     pub fn hasher<H2: BuildHasher>(self, hasher: H2) -> RateLimiterBuilder<Keyed<K>, A, C, H2> {
         RateLimiterBuilder {
             quota: self.quota,

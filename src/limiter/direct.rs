@@ -159,13 +159,15 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
         Some(self.decide(cost, true).map_err(Into::into))
     }
 
-    fn refund(&self, _key: &K, cost: u32, decision: Decision) {
-        if decision.allowed && decision.is_from(self.inner.id, 0) {
+    fn refund(&self, _key: &K, cost: u32, decision: Decision) -> bool {
+        let mine = decision.allowed && decision.is_from(self.inner.id, 0);
+        if mine {
             let rule = self.inner.read_rule();
             let now = self.inner.clock.now();
             let cost = decision.refundable(cost);
             rule.algorithm
                 .refund(&self.inner.state, &self.inner.latest, now, cost, &decision);
         }
+        mine
     }
 }

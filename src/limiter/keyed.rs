@@ -265,9 +265,9 @@ where
         Some(self.decide(key, cost, true).map_err(Into::into))
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         if !decision.allowed {
-            return;
+            return false;
         }
         let now = self.inner.clock.now();
         let cost = decision.refundable(cost);
@@ -275,9 +275,12 @@ where
             .store
             .with_existing(key, |rule, s, latest, hash| {
                 // A decision made by another limiter, or for another key, gives nothing back.
-                if decision.is_from(self.inner.id, hash) {
+                let mine = decision.is_from(self.inner.id, hash);
+                if mine {
                     rule.algorithm.refund(s, latest, now, cost, &decision);
                 }
-            });
+                mine
+            })
+            .unwrap_or(false)
     }
 }

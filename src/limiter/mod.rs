@@ -113,8 +113,24 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// [`Tiers`](crate::tiers::Tiers)), or back under another key, it gives nothing back, and
     /// neither does a decision built by hand. Clones of a limiter share its state, so they take
     /// back each other's decisions. No more than the decision took is ever given back, whatever
-    /// `cost` says.
-    fn refund(&self, key: &K, cost: u32, decision: Decision);
+    /// `cost` says, with one exception: GCRA gives back a decision's cost in intervals of the
+    /// quota in force, so after a [`set_quota`](Limiter::set_quota) that lengthens the interval,
+    /// a decision made before the change gives back up to `cost` permits of the new quota,
+    /// more time than it took. Only decisions made before the change and given back after it
+    /// do this, and each at most by its own cost.
+    ///
+    /// A keyed limiter tells a decision's key from another by the key's hash under its
+    /// [`BuildHasher`](std::hash::BuildHasher): given back under a key whose hash is the same,
+    /// a decision is taken back as that key's. With the default hasher (64 bits, random keys)
+    /// that is a chance of 2^-64; a hasher of your own (see
+    /// [`hasher`](crate::limiter::RateLimiterBuilder::hasher)) is trusted to keep keys apart
+    /// as well. The crate itself gives a decision back only under the key it was made for.
+    ///
+    /// Returns whether the decision was taken back: an admission this limiter (or a clone)
+    /// made for `key`, even where the algorithm could give none of its permits back. `false`
+    /// for a refusal, another limiter's or another key's decision, or one built by hand, which
+    /// change nothing. [`Observed`](crate::observe::Observed) counts only what was taken back.
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool;
 }
 
 pin_project! {

@@ -274,16 +274,24 @@ impl Inner {
                 Ok(decision
                     .of_cost(cost)
                     .for_key(fingerprint(&key))
-                    .made_by(crate::decision::LimiterId::REDIS))
+                    .made_by(self.store.id))
             }
             Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
         }
     }
 
+    /// Whether `decision` is an admission of this limiter's for `key` (its Redis key): made in
+    /// Redis through this limiter's store for that key, or by a fail mode.
+    pub(super) fn takes_back(&self, key: &str, decision: &Decision) -> bool {
+        decision.allowed
+            && (decision.source != Source::State
+                || decision.is_from(self.store.id, fingerprint(key)))
+    }
+
     /// Gives `decision` back. At once, a cached refusal of `key` is forgotten (its permits came
     /// back) and a fail mode's decision goes back to the local limiter; what Redis must still be
-    /// told is returned as a call to send. A decision that Redis made for another key gives
-    /// nothing back.
+    /// told is returned as a call to send. A decision that Redis made for another key, or
+    /// through another store, gives nothing back.
     ///
     /// The call tells the script the instant the permits were charged at and the state the
     /// admission left (GCRA gives back only while the key's TAT is still that one), with the
@@ -299,14 +307,10 @@ impl Inner {
         cost: u32,
         decision: Decision,
     ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
-        if !decision.allowed {
+        if !self.takes_back(&key, &decision) {
             return None;
         }
         let made_by_redis = decision.source == Source::State;
-        if made_by_redis && !decision.is_from(crate::decision::LimiterId::REDIS, fingerprint(&key))
-        {
-            return None;
-        }
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
@@ -432,13 +436,15 @@ impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
         self.decision(key, cost, true)
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
+        let mine = self.inner.takes_back(&redis_key, &decision);
         if let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) {
             // Failures are counted and logged inside; nothing waits for the outcome.
             spawn_refund(&redis_key, async move {
                 let _ = in_redis.await;
             });
         }
+        mine
     }
 }

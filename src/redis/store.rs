@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::decision::LimiterId;
+
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisResult, ScriptInvocation, Value};
@@ -13,10 +15,15 @@ const MANAGER_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// A connection to Redis shared by any number of limiters: one server (through a reconnecting
 /// [`ConnectionManager`]) or a Redis Cluster.
 ///
-/// Cloning is cheap; clones share the connection.
+/// Cloning is cheap; clones share the connection, and are one store: limiters built on it with
+/// one prefix share their state and take back each other's decisions. Limiters on stores
+/// connected apart never take back each other's, even on one server with one prefix (the
+/// decision cannot tell which server it was made on).
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
+    /// The identity of the decisions made through this store and its clones.
+    pub(crate) id: LimiterId,
 }
 
 #[derive(Clone)]
@@ -76,6 +83,7 @@ impl RedisStore {
             .build()?;
         Ok(Self {
             connection: Connection::Cluster(client.get_async_connection().await?),
+            id: LimiterId::new(),
         })
     }
 
@@ -89,6 +97,7 @@ impl RedisStore {
     pub fn from_manager(manager: ConnectionManager) -> Self {
         Self {
             connection: Connection::Server(manager),
+            id: LimiterId::new(),
         }
     }
 

@@ -86,8 +86,8 @@ fn a_request_vetoed_by_another_policy_spends_nothing() {
             let g = decide(&gcra, 0, 1);
             match (w.allowed, g.allowed) {
                 (true, true) => admitted += 1,
-                (true, false) => window.refund(&0, 1, w),
-                (false, true) => gcra.refund(&0, 1, g),
+                (true, false) => assert!(window.refund(&0, 1, w)),
+                (false, true) => assert!(gcra.refund(&0, 1, g)),
                 (false, false) => {}
             }
             clock.advance(Duration::from_millis(250));

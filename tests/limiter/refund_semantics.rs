@@ -88,3 +88,73 @@ fn observed_available_follows_the_latest_decision_through_refunds() {
     assert_eq!(l.snapshot().available_permissions, 1);
     assert_eq!(l.snapshot().allowed, 2, "two admissions were given back");
 }
+
+/// `LimiterSnapshot::allowed` counts "decisions that admitted the request and were not given
+/// back": a decision the inner limiter does not take back (another limiter's, one built by
+/// hand, its own under another key) changes no count, gauge or reservation.
+#[test]
+fn observed_counts_only_what_its_limiter_takes_back() {
+    use tower_bulwark::limiter::Decision;
+
+    let clock = ManualClock::new();
+    let quota = Quota::per_minute(4)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(60))
+        .unwrap();
+    let build = || {
+        KeyedRateLimiter::<u64>::builder(quota)
+            .clock(clock.clone())
+            .build()
+    };
+    let observed = Observed::new("api", build());
+    let other = build();
+    for _ in 0..4 {
+        assert!(observed.reserve_now(&1, 1).unwrap().unwrap().allowed);
+    }
+    // A reservation of the observed limiter, due in 15 s: one request waits.
+    let waiting = observed.reserve_now(&1, 1).unwrap().unwrap();
+    assert!(waiting.allowed && !waiting.wait.is_zero());
+    let before = observed.snapshot();
+    assert_eq!((before.allowed, before.waiting_requests), (5, 1));
+
+    // Another limiter's reservation due at the same instant, a hand-built admission, and the
+    // observed limiter's own decision under another key: none is taken back.
+    for _ in 0..4 {
+        other.check(&1);
+    }
+    let foreign = other.reserve_now(&1, 1).unwrap().unwrap();
+    assert_eq!(foreign.wait, waiting.wait);
+    assert!(!observed.refund(&1, 1, foreign));
+    assert!(!observed.refund(&1, 1, Decision::allowed(4, 3, Duration::from_secs(60))));
+    let own = observed.reserve_now(&2, 1).unwrap().unwrap();
+    let after_own = observed.snapshot();
+    assert!(!observed.refund(&3, 1, own));
+    assert_eq!(observed.snapshot(), after_own, "nothing was given back");
+    assert_eq!((after_own.allowed, after_own.waiting_requests), (6, 1));
+
+    // The observed limiter's own reservation is taken back.
+    assert!(observed.refund(&1, 1, waiting));
+    let after = observed.snapshot();
+    assert_eq!((after.allowed, after.waiting_requests), (5, 0));
+}
+
+/// "A refund of an older decision does not change" the gauge, even when the older decision
+/// left the same figure as the latest: key 1 and then key 2 each leave 4 of 5; refunding key
+/// 1's decision leaves the gauge at key 2's 4, and refunding key 2's moves it to 5.
+#[test]
+fn observed_available_tells_apart_decisions_that_left_the_same_figure() {
+    let clock = ManualClock::new();
+    let l = Observed::new(
+        "api",
+        KeyedRateLimiter::<u64>::builder(Quota::per_minute(5).unwrap())
+            .clock(clock.clone())
+            .build(),
+    );
+    let one = l.reserve_now(&1, 1).unwrap().unwrap();
+    let two = l.reserve_now(&2, 1).unwrap().unwrap();
+    assert_eq!((one.remaining, two.remaining), (4, 4));
+    assert!(l.refund(&1, 1, one));
+    assert_eq!(l.snapshot().available_permissions, 4);
+    assert!(l.refund(&2, 1, two));
+    assert_eq!(l.snapshot().available_permissions, 5);
+}

@@ -984,7 +984,7 @@ impl Limiter<IpAddr> for Remote {
         })
     }
 
-    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
         Limiter::refund(&self.local, key, cost, decision)
     }
 }

@@ -66,7 +66,7 @@ impl Limiter<IpAddr> for Later {
         })
     }
 
-    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) {
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         Limiter::refund(&self.local, key, cost, decision)
     }

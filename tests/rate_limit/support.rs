@@ -61,7 +61,7 @@ impl<K> Limiter<K> for Broken {
         std::future::ready(Err("the store is down".into()))
     }
 
-    fn refund(&self, _: &K, _: u32, _: Decision) {
+    fn refund(&self, _: &K, _: u32, _: Decision) -> bool {
         panic!("nothing was granted, nothing may be refunded");
     }
 }
@@ -110,8 +110,8 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for Slow<K> {
         })
     }
 
-    fn refund(&self, key: &K, cost: u32, decision: Decision) {
-        self.inner.refund(key, cost, decision);
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
+        self.inner.refund(key, cost, decision)
     }
 }
 

@@ -615,3 +615,55 @@ async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
     refunds_stay_with_their_key::<SlidingLog>(&store, "log").await;
     refunds_stay_with_their_key::<SlidingCounter>(&store, "counter").await;
 }
+
+/// A decision given back "to another limiter … gives nothing back (each algorithm, in memory
+/// and in Redis)": two Redis servers, one prefix on both. A decision of the limiter on server A
+/// given back to the limiter on server B gives B nothing back, whatever the algorithm; on one
+/// store, a limiter built apart with the same prefix shares the state and takes it back.
+async fn a_refund_across_servers_gives_nothing_back<A: RedisAlgorithm>(
+    a: &RedisServer,
+    b: &RedisServer,
+) {
+    let name = std::any::type_name::<A>();
+    let clock = ManualClock::new();
+    let quota = Quota::per_hour(2).unwrap();
+    let store_a = RedisStore::connect(&a.url()).await.unwrap();
+    let store_b = RedisStore::connect(&b.url()).await.unwrap();
+    let prefix = format!("shared:{name}:");
+    let on_a = limiter::<A>(&store_a, quota, &clock, &prefix);
+    let on_b = limiter::<A>(&store_b, quota, &clock, &prefix);
+    let twin_of_a = limiter::<A>(&store_a, quota, &clock, &prefix);
+    for _ in 0..2 {
+        assert!(on_b.check(&"k").await.unwrap().allowed, "{name}");
+    }
+    let (first, second) = (
+        on_a.check(&"k").await.unwrap(),
+        on_a.check(&"k").await.unwrap(),
+    );
+    assert!(first.allowed && second.allowed, "{name}");
+    on_b.refund_and_wait(&"k", 1, first).await.unwrap();
+    assert!(
+        !on_b.check(&"k").await.unwrap().allowed,
+        "{name}: B got A's permit back"
+    );
+    assert!(!on_a.check(&"k").await.unwrap().allowed, "{name}");
+    twin_of_a.refund_and_wait(&"k", 1, second).await.unwrap();
+    assert!(
+        on_a.check(&"k").await.unwrap().allowed,
+        "{name}: one state on one store"
+    );
+}
+
+#[tokio::test]
+async fn a_refund_across_redis_servers_gives_nothing_back() {
+    let Some(a) = RedisServer::start("a_refund_across_redis_servers_a") else {
+        return;
+    };
+    let Some(b) = RedisServer::start("a_refund_across_redis_servers_b") else {
+        return;
+    };
+    a_refund_across_servers_gives_nothing_back::<Gcra>(&a, &b).await;
+    a_refund_across_servers_gives_nothing_back::<FixedWindow>(&a, &b).await;
+    a_refund_across_servers_gives_nothing_back::<SlidingLog>(&a, &b).await;
+    a_refund_across_servers_gives_nothing_back::<SlidingCounter>(&a, &b).await;
+}

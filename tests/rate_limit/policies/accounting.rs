@@ -202,7 +202,7 @@ impl Limiter<String> for Acct {
         }
     }
 
-    fn refund(&self, key: &String, cost: u32, decision: Decision) {
+    fn refund(&self, key: &String, cost: u32, decision: Decision) -> bool {
         self.books.refunds.fetch_add(1, Ordering::SeqCst);
         if !decision.allowed {
             self.books.bad_refunds.fetch_add(1, Ordering::SeqCst);
@@ -214,7 +214,7 @@ impl Limiter<String> for Acct {
             .unwrap()
             .entry(key.clone())
             .or_default() -= i64::from(cost);
-        self.inner.refund(key, cost, decision);
+        self.inner.refund(key, cost, decision)
     }
 }
 

@@ -142,7 +142,7 @@ impl Limiter<String> for Remote {
         })
     }
 
-    fn refund(&self, key: &String, cost: u32, decision: Decision) {
+    fn refund(&self, key: &String, cost: u32, decision: Decision) -> bool {
         Limiter::refund(&self.acct, key, cost, decision)
     }
 }
