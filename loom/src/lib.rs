@@ -778,6 +778,31 @@ fn bulkhead_raising_the_limit_lets_a_waiter_in() {
     });
 }
 
+/// A queue bulkhead of two permits, both held by the model's own calls, and a caller waiting
+/// on another thread. The model ends its first call (its permit may be handed to the waiter
+/// before the waiter runs), lowers the limit to one, then ends its second call. A waiter
+/// handed a permit the lower limit needs back waits at the head of the line and is let in when
+/// the second call's permit pays the debt: never lost (loom reports a waiter left parked as a
+/// deadlock), never two calls inside once the second has ended, one permit free at the end.
+#[test]
+fn bulkhead_a_waiter_holding_a_permit_a_lowered_limit_needs_is_let_in() {
+    check(2, || {
+        let rig = Arc::new(Rig::new(Bulkhead::queue("loom", 2, 1).build()));
+        let mut svc = rig.service(2);
+        let first = rig.start(&mut svc);
+        let second = rig.start(&mut svc);
+        let waiter = {
+            let rig = rig.clone();
+            thread::spawn(move || rig.call(2))
+        };
+        block_on(first).unwrap();
+        rig.bulkhead.set_max_concurrent_calls(1);
+        block_on(second).unwrap();
+        assert!(waiter.join().unwrap(), "a queued call was refused");
+        rig.assert_settled(1, 3);
+    });
+}
+
 /// A queue bulkhead of one permit, held by the model's own call; one caller waits once and
 /// gives up, another waits to the end, while the held permit comes back, possibly granted to
 /// the one giving up just before it does. That permit is passed on, not lost (the other waiter

@@ -796,3 +796,91 @@ async fn a_queue_with_max_wait_refuses_calls_that_waited_too_long() {
     assert!(matches!(poll!(refused.as_mut()), Poll::Ready(Err(_))));
     assert_eq!(no_queue.snapshot().queue_depth, 0);
 }
+
+/// "Waiters get permits in arrival order", across a lowered limit too, for both kinds: 2 at
+/// once, calls 3, 4 and 5 waiting. Call 1 ends and its permit goes to 3, which has not run yet;
+/// then the limit drops to 1. When 3 is polled it rightly does not start (2 still runs), but
+/// it keeps its place: when 2 ends, 3 starts, not 4; then 4, then 5.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_handed_a_permit_the_lowered_limit_takes_back_keeps_its_place() {
+    for kind in ["queue", "semaphore"] {
+        let bulkhead = match kind {
+            "queue" => Bulkhead::queue("q", 2, 8).build(),
+            _ => Bulkhead::semaphore("s", 2)
+                .max_wait(Duration::from_secs(60))
+                .build(),
+        };
+        let inner = Gated::default();
+        let mut svc = bulkhead.layer().layer(inner.clone());
+        let mut calls: HashMap<u32, _> = (1..=5).map(|id| (id, boxed_call(&mut svc, id))).collect();
+        for id in 1..=5 {
+            let _ = poll!(calls.get_mut(&id).unwrap().as_mut());
+        }
+        assert_eq!(inner.started(), vec![1, 2], "{kind}");
+        inner.finish(1);
+        assert_eq!(calls.remove(&1).unwrap().await.unwrap(), 1);
+        bulkhead.set_max_concurrent_calls(1);
+        for id in 3..=5 {
+            assert!(poll!(calls.get_mut(&id).unwrap().as_mut()).is_pending());
+        }
+        assert_eq!(
+            inner.started(),
+            vec![1, 2],
+            "{kind}: the limit is 1 and 2 runs"
+        );
+        for (ends, starts) in [(2, 3), (3, 4), (4, 5)] {
+            inner.finish(ends);
+            assert_eq!(calls.remove(&ends).unwrap().await.unwrap(), ends);
+            for call in calls.values_mut() {
+                let _ = poll!(call.as_mut());
+            }
+            assert_eq!(
+                inner.started().last(),
+                Some(&starts),
+                "{kind}: after {ends} ended"
+            );
+        }
+        inner.finish(5);
+        calls.remove(&5).unwrap().await.unwrap();
+        assert_eq!(inner.started(), vec![1, 2, 3, 4, 5], "{kind}");
+        let snapshot = bulkhead.snapshot();
+        assert_eq!(snapshot.available_concurrent_calls, 1, "{kind}");
+        assert_eq!(snapshot.queue_depth, 0, "{kind}");
+    }
+}
+
+/// The first waiter leaves (its caller gave up) while it holds a permit that the lowered limit
+/// takes back: nothing leaks, the next waiter takes its place in line, and the limit holds.
+#[tokio::test]
+async fn a_waiter_that_leaves_the_front_of_the_line_passes_its_place_on() {
+    let bulkhead = Bulkhead::queue("q", 2, 8).build();
+    let inner = Gated::default();
+    let mut svc = bulkhead.layer().layer(inner.clone());
+    let mut calls: HashMap<u32, _> = (1..=5).map(|id| (id, boxed_call(&mut svc, id))).collect();
+    for id in 1..=5 {
+        let _ = poll!(calls.get_mut(&id).unwrap().as_mut());
+    }
+    inner.finish(1);
+    calls.remove(&1).unwrap().await.unwrap();
+    bulkhead.set_max_concurrent_calls(1);
+    for id in 3..=5 {
+        assert!(poll!(calls.get_mut(&id).unwrap().as_mut()).is_pending());
+    }
+    drop(calls.remove(&3));
+    inner.finish(2);
+    calls.remove(&2).unwrap().await.unwrap();
+    for call in calls.values_mut() {
+        let _ = poll!(call.as_mut());
+    }
+    assert_eq!(inner.started(), vec![1, 2, 4]);
+    inner.finish(4);
+    calls.remove(&4).unwrap().await.unwrap();
+    let _ = poll!(calls.get_mut(&5).unwrap().as_mut());
+    assert_eq!(inner.started(), vec![1, 2, 4, 5]);
+    inner.finish(5);
+    calls.remove(&5).unwrap().await.unwrap();
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 1);
+    assert_eq!(snapshot.queue_depth, 0);
+    assert_eq!(snapshot.total_permitted, 4);
+}
