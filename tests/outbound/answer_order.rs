@@ -399,3 +399,80 @@ fn calls_counted_in_the_dependencys_own_order_never_go_out_into_a_refusal() {
         );
     }
 }
+
+/// The same over a real listener, as the user who found it ran it: four workers with one
+/// `reqwest::Client` (its pool sends a later call on a warm connection while earlier ones
+/// still connect) call an axum server that allows 5 calls a second in all (`RateLimitLayer`,
+/// whose answers the pushback reads), each request and answer delayed by 0–15 ms there. Over
+/// 3 s, no call goes out into a 429, and at least two thirds of the quota (5 a second after the
+/// burst of 5) is used.
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_with_one_pooled_client_never_call_into_a_refusal() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower_bulwark::{DirectRateLimiter, Policy, Quota, RateLimitLayer};
+
+    let rng = Arc::new(Mutex::new(crate::common::Rng(0x5EED)));
+    let delay = move || {
+        let micros = rng.lock().unwrap().below(15_001);
+        tokio::time::sleep(Duration::from_micros(micros))
+    };
+    let app = axum::Router::new()
+        .route("/items", axum::routing::get(|| async { "items" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::global("all", DirectRateLimiter::new(Quota::per_second(5).unwrap())).unwrap(),
+        ))
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let delay = delay.clone();
+                async move {
+                    delay().await;
+                    let response = next.run(request).await;
+                    delay().await;
+                    response
+                }
+            },
+        ));
+    let addr = crate::common::listener::serve(app).await;
+    let pushback = Pushback::new("partner");
+    let client = pushback.layer().layer(reqwest::Client::new());
+    let url: reqwest::Url = format!("http://{addr}/items").parse().unwrap();
+    let (ok, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let end = Instant::now() + Duration::from_secs(3);
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            let (ok, refused) = (ok.clone(), refused.clone());
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    let request = reqwest::Request::new(reqwest::Method::GET, url.clone());
+                    match client.clone().oneshot(request).await {
+                        Ok(response) if response.status() == 200 => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(response) => {
+                            assert_eq!(response.status(), 429);
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(err) => {
+                            let wait = outbound::retry_after(&*err).expect("held back");
+                            tokio::time::sleep(
+                                wait.min(end.saturating_duration_since(Instant::now())),
+                            )
+                            .await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let (ok, refused) = (ok.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+    assert_eq!(refused, 0, "{ok} admitted, {refused} refused");
+    assert!(
+        ok * 3 >= 2 * (5 + 5 * 2),
+        "the quota went unused: {ok} admitted"
+    );
+}
