@@ -427,11 +427,14 @@ impl<F: Future> NowOrNever for F {}
 // ---------------------------------------------------------------------------------------------
 // Hostile values.
 
-/// Only digits are delta-seconds: a sign, a fraction, hex or a unit is not a number of seconds
-/// (on a 503, which has no fallback hold, it holds nothing); whitespace around digits is fine.
+/// Only digits, with an optional fraction (`2.0`, as Shopify writes it), are seconds: a sign,
+/// hex, an exponent or a unit is not (on a 503, which has no fallback hold, it holds nothing);
+/// whitespace around the number is fine.
 #[test]
-fn retry_after_is_digits_only() {
-    for value in ["+5", "5.5", "-5", "0x10", "5 s", "5s", "", "٥", "1e3"] {
+fn retry_after_is_decimal_seconds_only() {
+    for value in [
+        "+5", "-5", "0x10", "5 s", "5s", "", "٥", "1e3", ".", "5.5.5", "5,5",
+    ] {
         let (pushback, _) = manual();
         let mut answer = response(503, &[]);
         answer.headers_mut().insert(
@@ -444,6 +447,9 @@ fn retry_after_is_digits_only() {
     let (pushback, _) = manual();
     pushback.observe(&response(503, &[("retry-after", " \t7 ")]));
     assert_eq!(pushback.held_for(), Duration::from_secs(7));
+    let (pushback, _) = manual();
+    pushback.observe(&response(503, &[("retry-after", "5.5")]));
+    assert_eq!(pushback.held_for(), Duration::from_millis(5_500));
 }
 
 /// RFC 9110 asks recipients to read the obsolete RFC 850 and asctime forms of an HTTP-date.

@@ -8,6 +8,8 @@ mod counting;
 
 mod answer_order;
 mod client_quota;
+#[cfg(feature = "reqwest")]
+mod dialects;
 mod hostile;
 #[cfg(feature = "metrics")]
 mod metrics;

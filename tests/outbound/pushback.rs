@@ -143,7 +143,7 @@ fn a_far_future_retry_after_is_capped_at_max_hold() {
 
 #[test]
 fn malformed_retry_after_values_hold_only_the_fallback_second_on_a_429() {
-    for value in ["-5", "1.5", "5, 10", "0x10", "ten", "", "+3", "5 s"] {
+    for value in ["-5", "1.5.0", "5, 10", "0x10", "ten", "", "+3", "5 s"] {
         let (pushback, _) = manual("partner");
         pushback.observe(&response(429, &[("retry-after", value)]));
         assert_eq!(pushback.held_for(), Duration::from_secs(1), "{value:?}");

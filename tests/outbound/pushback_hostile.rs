@@ -20,6 +20,18 @@ const FIELDS: &[&str] = &[
     "x-ratelimit-limit",
     "x-ratelimit-remaining",
     "x-ratelimit-reset",
+    "x-ratelimit-reset-after",
+    "retry-after-ms",
+    "ratelimit-remaining",
+    "ratelimit-reset",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-output-tokens-remaining",
+    "anthropic-ratelimit-output-tokens-reset",
 ];
 
 /// Values that look almost right: the shapes a broken or hostile server sends.
@@ -40,12 +52,17 @@ fn value() -> impl Strategy<Value = Vec<u8>> {
         (0u64..1_000_000_000_000_000, 0u64..1_000_000_000_000_000)
             .prop_map(|(q, w)| format!("\"p\";q={q};w={w}").into_bytes()),
         "(\"p\";r=[0-9]{1,3}(, )?){1,200}".prop_map(String::into_bytes),
+        // Decimal seconds, Unix times of every magnitude, Go durations, RFC 3339 times.
+        "[0-9]{0,25}(\\.[0-9]{0,30})?".prop_map(String::into_bytes),
+        "([0-9]{1,22}(\\.[0-9]{0,12})?(h|m|s|ms|us|µs|ns|x)){1,6}".prop_map(String::into_bytes),
+        "[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{0,12})?(Z|[+-][0-9]{2}:[0-9]{2})?"
+            .prop_map(String::into_bytes),
     ]
 }
 
 fn answer() -> impl Strategy<Value = (u16, Vec<(usize, Vec<u8>)>)> {
     (
-        prop_oneof![Just(200u16), Just(429), Just(503), 100u16..600],
+        prop_oneof![Just(200u16), Just(403), Just(429), Just(503), 100u16..600],
         proptest::collection::vec((0..FIELDS.len(), value()), 0..12),
     )
 }

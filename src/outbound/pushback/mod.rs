@@ -45,19 +45,30 @@
 //!
 //! # What is read
 //!
-//! * **`Retry-After`** on a 429 or a 503 (RFC 9110 section 10.2.3): delta-seconds or an
-//!   HTTP-date. A date is read against the response's own `Date` field when it has one (so the
-//!   two clocks need not agree), otherwise against the system time; a date in the past holds
-//!   nothing. A 429 with neither `Retry-After` nor a rate-limit field holds for one second.
-//! * **`RateLimit`** with **`RateLimit-Policy`** (draft-ietf-httpapi-ratelimit-headers-11) on
-//!   any response: each item's `r` (calls left) and `t` (the window they are left for; when it
-//!   is missing, the `w` of the policy of the same name). Of several items the most restrictive
-//!   counts: the fewest calls left, and of those the longest window.
-//! * **`X-RateLimit-Remaining`** and **`X-RateLimit-Reset`**, as one more item.
-//!   `X-RateLimit-Reset` is read as seconds from now below 1 000 000 000 and as a Unix time
-//!   (seconds since 1970) from there on: as seconds from now that would be 31 years, and as a
-//!   Unix time it would be before September 2001. `X-RateLimit-Limit` is not used: it says how
-//!   many calls a window grants, not how long the window is.
+//! * **`Retry-After`** on a 429 or a 503, and on a 403 that carries rate-limit fields
+//!   (GitHub's secondary limits): delta-seconds (decimal ones too, `2.0`, rounded up to the
+//!   nanosecond) or an HTTP-date (RFC 9110 section 10.2.3). **`retry-after-ms`** (OpenAI,
+//!   Azure) counts instead when readable: it is the same hold to the millisecond. A date is
+//!   read against the response's own `Date` field when it has one (so the two clocks need not
+//!   agree), otherwise against the system time; a date in the past holds nothing. A 429 with
+//!   neither `Retry-After` nor a rate-limit field holds for one second.
+//! * Quotas, on any response, in each of these dialects; of all the quotas read, the most
+//!   restrictive counts (the fewest calls left, and of those the longest window):
+//!
+//! | fields | who sends them | what is read |
+//! |---|---|---|
+//! | `RateLimit`, `RateLimit-Policy` | draft-ietf-httpapi-ratelimit-headers-11 | each item's `r` calls left for `t` seconds (or the `w` of the policy of the same name), then the policy's `q` per `w` |
+//! | `X-RateLimit-Remaining` with `X-RateLimit-Reset-After` or `X-RateLimit-Reset` | GitHub, Discord, many more | what is left until the reset: `Reset-After` in decimal seconds when present, else the reset as below |
+//! | `RateLimit-Remaining`, `RateLimit-Reset` | drafts before -07, GitLab | the same |
+//! | `x-ratelimit-{remaining,reset}-requests`, `-tokens` | OpenAI | the requests as a quota; the tokens hold calls once spent; resets are Go durations (`1s`, `6m0s`, `20ms`) |
+//! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{remaining,reset}` | Anthropic | the requests as a quota; each family of tokens holds calls once spent; resets are RFC 3339 times |
+//!
+//!   A reset is a Unix time in milliseconds from 10^12, in seconds from 10^9 (either with a
+//!   fraction: Discord writes `1470173023.123`), and below that seconds (whole or decimal) or a
+//!   Go duration from now: as seconds from now, 10^9 would be 31 years, and a Unix time below it
+//!   would be before September 2001. `X-RateLimit-Limit` is not used: it says how many calls a
+//!   window grants, not how long the window is. A family of tokens says how many calls are
+//!   left only when it is spent: the pushback does not know what a call costs in tokens.
 //!
 //! # How calls are held
 //!

@@ -7,8 +7,11 @@
 //! Every span read here is capped by the pushback's `max_hold`; nothing read from a header can
 //! panic, overflow or make a span longer than that.
 
+mod anthropic;
+mod openai;
 mod ratelimit;
 mod retry_after;
+mod when;
 mod x_ratelimit;
 
 use std::cmp::Reverse;
@@ -33,14 +36,25 @@ const MAX_FIELD_BYTES: usize = 4096;
 pub(crate) enum Dialect {
     /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
     RateLimit,
-    /// `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    /// `X-RateLimit-Remaining` with `X-RateLimit-Reset` or `X-RateLimit-Reset-After` (GitHub,
+    /// Discord and many more), and the `RateLimit-Remaining` and `RateLimit-Reset` of the
+    /// drafts before -07 (GitLab).
     XRateLimit,
+    /// OpenAI's `x-ratelimit-{remaining,reset}-{requests,tokens}`.
+    OpenAi,
+    /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`.
+    Anthropic,
 }
 
 impl Dialect {
     /// Every dialect, in the order of declaration, which is the order they are read in: of
     /// equally restrictive quotas, the first read counts.
-    pub(crate) const ALL: [Self; 2] = [Self::RateLimit, Self::XRateLimit];
+    pub(crate) const ALL: [Self; 4] = [
+        Self::RateLimit,
+        Self::XRateLimit,
+        Self::OpenAi,
+        Self::Anthropic,
+    ];
 
     /// The `reason` label of the holds that a spent quota of this dialect causes.
     #[cfg(feature = "metrics")]
@@ -48,6 +62,8 @@ impl Dialect {
         match self {
             Self::RateLimit => "ratelimit",
             Self::XRateLimit => "x_ratelimit",
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
         }
     }
 
@@ -56,6 +72,8 @@ impl Dialect {
         match self {
             Self::RateLimit => ratelimit::read(reader, headers),
             Self::XRateLimit => x_ratelimit::read(reader, headers),
+            Self::OpenAi => openai::read(reader, headers),
+            Self::Anthropic => anthropic::read(reader, headers),
         }
     }
 }
@@ -87,6 +105,41 @@ pub(crate) struct Refill {
     pub(crate) window: Duration,
 }
 
+/// One limit of a dialect that writes several side by side (requests, tokens), each in a field
+/// of what is left and a field of when it resets.
+struct Family {
+    remaining: HeaderName,
+    reset: HeaderName,
+    /// Whether it counts calls. A family of tokens says how many calls are left only when it
+    /// is spent (none are): while tokens are left, calls go by the other families.
+    counts_calls: bool,
+}
+
+/// The most restrictive quota of `families`, each reset read by `reset` (a field's name and
+/// value, to a span).
+fn most_restrictive_family(
+    reader: &Reader<'_>,
+    headers: &HeaderMap,
+    dialect: Dialect,
+    families: &[Family],
+    reset: impl Fn(&Reader<'_>, &str, &[u8]) -> Option<Duration>,
+) -> Option<AdvertisedQuota> {
+    most_restrictive(families.iter().filter_map(|family| {
+        let remaining = reader.single_number(headers, &family.remaining)?;
+        if !family.counts_calls && remaining > 0 {
+            return None;
+        }
+        let value = reader.single(headers, &family.reset)?;
+        let window = reset(reader, family.reset.as_str(), value)?;
+        Some(AdvertisedQuota {
+            dialect,
+            remaining,
+            window,
+            refill: None,
+        })
+    }))
+}
+
 /// The most restrictive of `quotas`: the fewest calls left, and of those the longest window.
 fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<AdvertisedQuota> {
     quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.window)))
@@ -112,8 +165,11 @@ pub(crate) fn read(
             .iter()
             .filter_map(|dialect| dialect.read(&reader, headers)),
     );
-    let overloaded =
-        status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+    // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
+    // rate-limit fields; any other 403 says nothing about when to call again.
+    let overloaded = status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::SERVICE_UNAVAILABLE
+        || (status == StatusCode::FORBIDDEN && quota.is_some());
     let mut hold = if overloaded {
         retry_after::read(&reader, headers)
     } else {
@@ -176,13 +232,17 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// `seconds` as a span, capped at `max_hold` (logged when capped).
     fn span(&self, field: &str, seconds: u64) -> Duration {
-        let span = Duration::from_secs(seconds);
+        self.capped(field, Duration::from_secs(seconds))
+    }
+
+    /// `span`, capped at `max_hold` (logged when capped).
+    fn capped(&self, field: &str, span: Duration) -> Duration {
         if span > self.max_hold {
             tracing::warn!(
                 target: "tower_bulwark::pushback",
                 dependency = self.dependency,
                 field,
-                seconds,
+                asked = ?span,
                 max_hold = ?self.max_hold,
                 "the dependency asked for a longer hold than max_hold; capped",
             );
@@ -190,6 +250,30 @@ impl Reader<'_> {
         } else {
             span
         }
+    }
+
+    /// The span until a reset written as [`when::reset`] reads it, capped; `None`, logged,
+    /// when it is none of those forms.
+    fn reset(&self, field: &str, value: &[u8]) -> Option<Duration> {
+        match when::reset(value) {
+            Some(when::Reset::In(span)) => Some(self.capped(field, span)),
+            Some(when::Reset::At(at)) => Some(self.until(field, at)),
+            None => {
+                self.malformed(field, value);
+                None
+            }
+        }
+    }
+
+    /// The one line of `name`, if it has exactly one; logged when it has several.
+    fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
+        let mut values = headers.get_all(name).iter();
+        let value = values.next()?;
+        if values.next().is_some() {
+            self.malformed(name.as_str(), value.as_bytes());
+            return None;
+        }
+        Some(value.as_bytes())
     }
 
     /// The span until `at` from the reference time, in whole seconds rounded up: zero for a
@@ -232,15 +316,10 @@ impl Reader<'_> {
     /// The one line of `name` as a whole number; `None`, logged, when it is not one or the
     /// field has several lines.
     fn single_number(&self, headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
-        let mut values = headers.get_all(name).iter();
-        let value = values.next()?;
-        let number = if values.next().is_some() {
-            None
-        } else {
-            whole_number(value.as_bytes())
-        };
+        let value = self.single(headers, name)?;
+        let number = whole_number(value);
         if number.is_none() {
-            self.malformed(name.as_str(), value.as_bytes());
+            self.malformed(name.as_str(), value);
         }
         number
     }

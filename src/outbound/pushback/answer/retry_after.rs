@@ -1,26 +1,49 @@
-//! `Retry-After` (RFC 9110, section 10.2.3): delta-seconds or an HTTP-date.
+//! `Retry-After` (RFC 9110, section 10.2.3): delta-seconds or an HTTP-date; decimal seconds
+//! too (`2.0`, as Shopify writes it), rounded up to the nanosecond. And `retry-after-ms`
+//! (OpenAI, Azure OpenAI): the same hold in milliseconds, which counts instead when readable,
+//! since `Retry-After` beside it is the same time rounded to whole seconds.
 
 use std::time::Duration;
 
-use http::header::{HeaderMap, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderName, RETRY_AFTER};
 
-use super::{whole_number, Reader, MAX_LINES};
+use super::{when, Reader, MAX_LINES};
 
-/// The hold a `Retry-After` asks for. Of several readable lines the longest counts.
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+
+/// The hold a `Retry-After` (or `retry-after-ms`) asks for. Of several readable lines the
+/// longest counts.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Duration> {
+    let millis = longest(reader, headers, &RETRY_AFTER_MS, |value| {
+        let span = when::seconds(value)?;
+        Some(reader.capped("retry-after-ms", span / 1_000))
+    });
+    millis.or_else(|| {
+        longest(reader, headers, &RETRY_AFTER, |value| {
+            match when::seconds(value) {
+                Some(span) => Some(reader.capped("retry-after", span)),
+                None => std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|text| httpdate::parse_http_date(text.trim()).ok())
+                    .map(|at| reader.until("retry-after", at)),
+            }
+        })
+    })
+}
+
+/// The longest span that `read` gives the lines of `name` (at most [`MAX_LINES`]); the lines it
+/// cannot read are logged.
+fn longest(
+    reader: &Reader<'_>,
+    headers: &HeaderMap,
+    name: &HeaderName,
+    read: impl Fn(&[u8]) -> Option<Duration>,
+) -> Option<Duration> {
     let mut hold: Option<Duration> = None;
-    for value in headers.get_all(RETRY_AFTER).iter().take(MAX_LINES) {
-        let span = match whole_number(value.as_bytes()) {
-            Some(seconds) => Some(reader.span("retry-after", seconds)),
-            None => value
-                .to_str()
-                .ok()
-                .and_then(|text| httpdate::parse_http_date(text.trim()).ok())
-                .map(|at| reader.until("retry-after", at)),
-        };
-        match span {
+    for value in headers.get_all(name).iter().take(MAX_LINES) {
+        match read(value.as_bytes()) {
             Some(span) => hold = Some(hold.map_or(span, |h| h.max(span))),
-            None => reader.malformed("retry-after", value.as_bytes()),
+            None => reader.malformed(name.as_str(), value.as_bytes()),
         }
     }
     hold

@@ -1,36 +1,42 @@
-//! The common `X-RateLimit-Remaining` and `X-RateLimit-Reset` fields, which no standard
-//! defines.
+//! The `X-RateLimit-*` fields, which no standard defines, and the `RateLimit-Remaining` and
+//! `RateLimit-Reset` fields of the drafts before -07, which GitLab sends.
 //!
-//! `X-RateLimit-Reset` is read as seconds from now below [`EPOCH_RESET_FROM`] and as a Unix
-//! time from there on. `X-RateLimit-Limit` is not used: it says how many calls a window grants
-//! but not how long the window is, so it grants nothing after the reset.
-
-use std::time::{Duration, SystemTime};
+//! What is left is `X-RateLimit-Remaining` (or `RateLimit-Remaining`). When it resets is
+//! `X-RateLimit-Reset-After` when present (Discord: decimal seconds from now, which no clock
+//! skew moves), else `X-RateLimit-Reset` (or `RateLimit-Reset`), read as `when::reset` says:
+//! a Unix time in seconds (GitHub) or milliseconds, with or without a fraction (Discord), told
+//! apart by magnitude, or seconds or a Go duration from now. `X-RateLimit-Limit` is not used:
+//! it says how many calls a window grants but not how long the window is, so it grants
+//! nothing after the reset.
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{AdvertisedQuota, Dialect, Reader};
+use super::{most_restrictive, AdvertisedQuota, Dialect, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
-/// An `X-RateLimit-Reset` of at least this many seconds is a Unix time (2001-09-09 or later);
-/// a smaller one is a number of seconds from now. No window of a real API lasts 31 years, and
-/// no API answering today sends a reset time before 2001.
-const EPOCH_RESET_FROM: u64 = 1_000_000_000;
-
-/// The quota of `X-RateLimit-Remaining` with `X-RateLimit-Reset`, when both are readable.
+/// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
+/// reset, whichever binds, when readable.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
-    let remaining = reader.single_number(headers, &X_REMAINING)?;
-    let reset = reader.single_number(headers, &X_RESET)?;
-    let window = if reset >= EPOCH_RESET_FROM {
-        match SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(reset)) {
-            Some(at) => reader.until("x-ratelimit-reset", at),
-            None => reader.max_hold,
-        }
-    } else {
-        reader.span("x-ratelimit-reset", reset)
-    };
+    let x = quota(reader, headers, &X_REMAINING, &[&X_RESET_AFTER, &X_RESET]);
+    let drafts = quota(reader, headers, &REMAINING, &[&RESET]);
+    most_restrictive(x.into_iter().chain(drafts))
+}
+
+/// What is left in `remaining`, until the first of `resets` that the response has.
+fn quota(
+    reader: &Reader<'_>,
+    headers: &HeaderMap,
+    remaining: &HeaderName,
+    resets: &[&HeaderName],
+) -> Option<AdvertisedQuota> {
+    let remaining = reader.single_number(headers, remaining)?;
+    let reset = resets.iter().find(|name| headers.contains_key(**name))?;
+    let window = reader.reset(reset.as_str(), reader.single(headers, reset)?)?;
     Some(AdvertisedQuota {
         dialect: Dialect::XRateLimit,
         remaining,

@@ -1,0 +1,303 @@
+//! The ways dependencies write a span or an instant in their rate-limit fields: decimal seconds
+//! (`2.0`, `64.57`), Go durations (`6m0s`, `20ms`, `1h2m3.5s`, as OpenAI writes its resets),
+//! Unix times in seconds or milliseconds, with or without a fraction, and RFC 3339 timestamps
+//! (as Anthropic writes its resets).
+//!
+//! Every reader here takes bytes from the network and answers `None` for anything it does not
+//! recognise: no panic, no overflow (numbers saturate), no allocation.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A reset of at least this many seconds is a Unix time (2001-09-09 or later); a smaller one is
+/// a number of seconds from now. No window of a real API lasts 31 years, and no API answering
+/// today sends a reset time before 2001.
+const EPOCH_SECONDS_FROM: u64 = 1_000_000_000;
+
+/// A reset of at least this many is a Unix time in milliseconds (2001-09-09 or later, read in
+/// milliseconds): as seconds it would be more than 31 000 years away.
+const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
+
+/// A non-negative decimal number (`64`, `64.57`, `.5`): its whole part, saturating, and its
+/// first nine decimals as nanoseconds, rounded up past the ninth. `None` for anything else,
+/// signs and exponents included.
+fn decimal(text: &[u8]) -> Option<(u64, u32)> {
+    let text = text.trim_ascii();
+    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+        Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
+        None => (text, None),
+    };
+    let digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
+    if !digits(whole) || !fraction.is_none_or(digits) {
+        return None;
+    }
+    let fraction = fraction.unwrap_or_default();
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let whole = whole.iter().fold(0u64, |n, &d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    });
+    let mut nanos = 0u32;
+    for i in 0..9 {
+        let digit = fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
+        nanos = nanos * 10 + digit;
+    }
+    let beyond = fraction.iter().skip(9).any(|&d| d != b'0');
+    Some(match nanos + u32::from(beyond) {
+        1_000_000_000 => (whole.saturating_add(1), 0),
+        nanos => (whole, nanos),
+    })
+}
+
+/// Non-negative decimal seconds (`2`, `2.0`, `64.57`), rounded up to the nanosecond.
+pub(super) fn seconds(text: &[u8]) -> Option<Duration> {
+    decimal(text).map(|(whole, nanos)| Duration::new(whole, nanos))
+}
+
+/// A Go duration: one or more numbers, each with a unit (`h`, `m`, `s`, `ms`, `us` or `µs`,
+/// `ns`), such as `1s`, `6m0s`, `20ms` or `1h2m3.5s`. Saturates rather than overflows.
+pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
+    let mut rest = text.trim_ascii();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let number_end = rest
+            .iter()
+            .position(|b| !(b.is_ascii_digit() || *b == b'.'))
+            .filter(|&end| end > 0)?;
+        let (whole, nanos) = decimal(&rest[..number_end])?;
+        rest = &rest[number_end..];
+        let unit_end = rest
+            .iter()
+            .position(|b| b.is_ascii_digit() || *b == b'.')
+            .unwrap_or(rest.len());
+        let nanos_per: u128 = match &rest[..unit_end] {
+            b"h" => 3_600_000_000_000,
+            b"m" => 60_000_000_000,
+            b"s" => 1_000_000_000,
+            b"ms" => 1_000_000,
+            b"us" | [0xC2, 0xB5, b's'] => 1_000,
+            b"ns" => 1,
+            _ => return None,
+        };
+        rest = &rest[unit_end..];
+        // Whole and fraction in the unit's nanoseconds, the fraction rounded up.
+        let span =
+            u128::from(whole) * nanos_per + (u128::from(nanos) * nanos_per).div_ceil(1_000_000_000);
+        let span = u64::try_from(span).map_or(Duration::MAX, Duration::from_nanos);
+        total = total.saturating_add(span);
+    }
+    Some(total)
+}
+
+/// When a reset falls, written as a Unix time (seconds from 10^9, milliseconds from 10^12,
+/// either with a fraction), as seconds from now (whole or decimal), or as a Go duration.
+pub(super) enum Reset {
+    At(SystemTime),
+    In(Duration),
+}
+
+/// Reads a reset as [`Reset`] says; `None` for anything else.
+pub(super) fn reset(text: &[u8]) -> Option<Reset> {
+    let Some((whole, nanos)) = decimal(text) else {
+        return go_duration(text).map(Reset::In);
+    };
+    let since_epoch = if whole >= EPOCH_MILLIS_FROM {
+        let millis = Duration::from_millis(whole);
+        millis.saturating_add(Duration::from_nanos(u64::from(nanos).div_ceil(1_000_000)))
+    } else if whole >= EPOCH_SECONDS_FROM {
+        Duration::new(whole, nanos)
+    } else {
+        return Some(Reset::In(Duration::new(whole, nanos)));
+    };
+    // A time past what `SystemTime` holds is as far away as any hold may be.
+    Some(
+        UNIX_EPOCH
+            .checked_add(since_epoch)
+            .map_or(Reset::In(Duration::MAX), Reset::At),
+    )
+}
+
+/// An RFC 3339 timestamp (`2025-08-21T12:40:59Z`, `2025-08-21T12:40:59.5+02:00`); `None` for
+/// anything else, a date that does not exist included.
+pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
+    let text = text.trim_ascii();
+    let number = |range: std::ops::Range<usize>| -> Option<u64> {
+        let part = text.get(range)?;
+        part.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| part.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+    };
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if separators.iter().any(|&(i, c)| text.get(i) != Some(&c))
+        || !matches!(text.get(10), Some(b'T' | b't' | b' '))
+    {
+        return None;
+    }
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let mut rest = &text[19..];
+    let mut nanos = 0;
+    if let Some(fraction) = rest.strip_prefix(b".") {
+        let end = fraction
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .unwrap_or(fraction.len());
+        nanos = decimal(&rest[..end + 1])?.1;
+        rest = &fraction[end..];
+    }
+    let offset: i64 = match rest {
+        b"Z" | b"z" => 0,
+        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
+            let digits = [*h1, *h2, *m1, *m2];
+            if !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let [h1, h2, m1, m2] = digits.map(|d| i64::from(d - b'0'));
+            let minutes = (h1 * 10 + h2) * 60 + m1 * 10 + m2;
+            if *sign == b'+' {
+                minutes * 60
+            } else {
+                -minutes * 60
+            }
+        }
+        _ => return None,
+    };
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&month)
+        || day == 0
+        || day > days_in_month[month as usize - 1]
+        || hour > 23
+        || minute > 59
+        || second > 60
+        || year < 1970
+    {
+        return None;
+    }
+    // Days since 1970-01-01 of the civil date (the proleptic Gregorian calendar).
+    let days_before_year = (1970..year)
+        .map(|y| {
+            if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) {
+                366
+            } else {
+                365
+            }
+        })
+        .sum::<u64>();
+    let days = days_before_year + days_in_month[..month as usize - 1].iter().sum::<u64>() + day - 1;
+    let local = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    let utc = i64::try_from(local).ok()?.checked_sub(offset)?;
+    UNIX_EPOCH.checked_add(Duration::new(u64::try_from(utc).ok()?, nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_round_up_past_the_nanosecond() {
+        assert_eq!(seconds(b"2.0"), Some(Duration::from_secs(2)));
+        assert_eq!(seconds(b" 64.57 "), Some(Duration::from_millis(64_570)));
+        assert_eq!(seconds(b".5"), Some(Duration::from_millis(500)));
+        assert_eq!(seconds(b"0.0000000001"), Some(Duration::from_nanos(1)));
+        assert_eq!(seconds(b"0.9999999999"), Some(Duration::from_secs(1)));
+        for bad in [
+            &b""[..],
+            b".",
+            b"-1",
+            b"1e3",
+            b"1.2.3",
+            b"1,5",
+            b"+2",
+            b"NaN",
+        ] {
+            assert_eq!(seconds(bad), None, "{bad:?}");
+        }
+        assert_eq!(seconds(&[b'9'; 40]), Some(Duration::new(u64::MAX, 0)));
+    }
+
+    #[test]
+    fn go_durations_as_openai_writes_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration(b"1s"), Some(ms(1_000)));
+        assert_eq!(go_duration(b"6m0s"), Some(ms(360_000)));
+        assert_eq!(go_duration(b"20ms"), Some(ms(20)));
+        assert_eq!(go_duration(b"1h2m3.5s"), Some(ms(3_723_500)));
+        assert_eq!(go_duration(b"1.5us"), Some(Duration::from_nanos(1_500)));
+        assert_eq!(
+            go_duration("3µs".as_bytes()),
+            Some(Duration::from_micros(3))
+        );
+        for bad in [&b""[..], b"1", b"s", b"1x", b"-1s", b"1 s", b"1s2", b"ms"] {
+            assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+        let huge = format!("{}h", "9".repeat(30));
+        assert_eq!(go_duration(huge.as_bytes()), Some(Duration::MAX));
+    }
+
+    #[test]
+    fn resets_are_told_apart_by_magnitude() {
+        let at = |d: Duration| Some(UNIX_EPOCH + d);
+        let read = |text: &[u8]| match reset(text)? {
+            Reset::At(at) => Some(at),
+            Reset::In(_) => None,
+        };
+        let span = |text: &[u8]| match reset(text)? {
+            Reset::In(span) => Some(span),
+            Reset::At(_) => None,
+        };
+        assert_eq!(span(b"30"), Some(Duration::from_secs(30)));
+        assert_eq!(span(b"64.57"), Some(Duration::from_millis(64_570)));
+        assert_eq!(span(b"1s"), Some(Duration::from_secs(1)));
+        assert_eq!(read(b"1470173023"), at(Duration::from_secs(1_470_173_023)));
+        assert_eq!(
+            read(b"1470173023.123"),
+            at(Duration::from_millis(1_470_173_023_123))
+        );
+        assert_eq!(
+            read(b"1470173023123"),
+            at(Duration::from_millis(1_470_173_023_123))
+        );
+        assert!(reset(b"soon").is_none());
+    }
+
+    #[test]
+    fn rfc3339_timestamps_as_anthropic_writes_them() {
+        let at = |s: u64, n: u32| Some(UNIX_EPOCH + Duration::new(s, n));
+        assert_eq!(rfc3339(b"2025-08-21T12:40:59Z"), at(1_755_780_059, 0));
+        assert_eq!(
+            rfc3339(b"2025-08-21T14:40:59.25+02:00"),
+            at(1_755_780_059, 250_000_000)
+        );
+        assert_eq!(rfc3339(b"1970-01-01T00:00:00Z"), at(0, 0));
+        assert_eq!(rfc3339(b"2024-02-29T00:00:00Z"), at(1_709_164_800, 0));
+        for bad in [
+            &b"2025-02-29T00:00:00Z"[..],
+            b"2025-13-01T00:00:00Z",
+            b"2025-08-21T24:00:00Z",
+            b"2025-08-21 12:40:59",
+            b"2025-08-21T12:40:59+2:00",
+            b"1969-12-31T23:59:59Z",
+            b"",
+            b"2025-08-21T12:40:59.Z",
+        ] {
+            assert_eq!(rfc3339(bad), None, "{bad:?}");
+        }
+    }
+}
