@@ -422,3 +422,29 @@ async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
     bad.extend(run::<SlidingCounter>(&store, "counter").await);
     assert!(bad.is_empty(), "{bad:?}");
 }
+
+/// What `Limiter::refund` says of keys that collide: a keyed limiter tells keys apart by their
+/// hash under its hasher. With the default hasher, a decision given back under another key is
+/// not taken back (`false`, nothing freed); with a hasher that gives every key one hash, it is
+/// taken back as the other key's, as the docs warn, for every algorithm.
+#[test]
+fn a_refund_under_another_key_is_told_apart_by_the_limiters_hasher() {
+    fn run<A: Algorithm>() {
+        let (l, _clock) = limiter::<A>();
+        let one = l.check(&1);
+        assert!(one.allowed);
+        assert!(!l.refund(&2, 1, one), "{}: the default hasher", name::<A>());
+        let clock = ManualClock::new();
+        let zero = keyed_zero_hashed::<A>(&clock);
+        let one = zero.check(&1);
+        for _ in 0..5 {
+            zero.check(&2);
+        }
+        assert!(!zero.check(&2).allowed);
+        assert!(zero.refund(&2, 1, one), "{}: one hash for every key", name::<A>());
+    }
+    run::<Gcra>();
+    run::<FixedWindow>();
+    run::<SlidingLog>();
+    run::<SlidingCounter>();
+}
