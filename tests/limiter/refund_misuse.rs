@@ -441,7 +441,11 @@ fn a_refund_under_another_key_is_told_apart_by_the_limiters_hasher() {
             zero.check(&2);
         }
         assert!(!zero.check(&2).allowed);
-        assert!(zero.refund(&2, 1, one), "{}: one hash for every key", name::<A>());
+        assert!(
+            zero.refund(&2, 1, one),
+            "{}: one hash for every key",
+            name::<A>()
+        );
     }
     run::<Gcra>();
     run::<FixedWindow>();

@@ -258,3 +258,50 @@ async fn gitlab_ratelimit_fields() {
         "200 with the quota spent",
     );
 }
+
+/// A dialect of the user's (`PushbackBuilder::dialect`) counts beside the built-in ones: its
+/// spent quota holds calls, its span is capped at `max_hold`, and of its quota and a built-in
+/// one the more restrictive counts.
+#[test]
+fn a_dialect_of_the_users_own_counts_beside_the_built_in_ones() {
+    use tower_bulwark::clock::ManualClock;
+
+    let partner = |max_hold: Duration| {
+        Pushback::builder("partner")
+            .clock(ManualClock::new())
+            .max_hold(max_hold)
+            .dialect(|headers| {
+                let value = headers.get("x-partner-quota")?.to_str().ok()?;
+                let (left, seconds) = value.split_once('/')?;
+                Some((left.parse().ok()?, S(seconds.parse().ok()?)))
+            })
+            .build()
+    };
+    let answer = |fields: &[(&str, &str)]| {
+        let mut response = http::Response::builder();
+        for (name, value) in fields {
+            response = response.header(*name, *value);
+        }
+        response.body(()).unwrap()
+    };
+    let pushback = partner(S(600));
+    pushback.observe(&answer(&[("x-partner-quota", "0/30")]));
+    assert_eq!(pushback.held_for(), S(30));
+    let pushback = partner(S(60));
+    pushback.observe(&answer(&[("x-partner-quota", "0/86400")]));
+    assert_eq!(pushback.held_for(), S(60), "capped at max_hold");
+    let pushback = partner(S(600));
+    pushback.observe(&answer(&[
+        ("x-partner-quota", "5/30"),
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "40"),
+    ]));
+    assert_eq!(pushback.held_for(), S(40), "the built-in quota binds");
+    let pushback = partner(S(600));
+    pushback.observe(&answer(&[("x-partner-quota", "not/ours")]));
+    assert_eq!(
+        pushback.held_for(),
+        Duration::ZERO,
+        "the reader found nothing"
+    );
+}

@@ -145,6 +145,7 @@ fn a_spent_quota_counts_under_the_fields_that_bind() {
         assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 1);
         assert_eq!(pushback_holds(&all, "partner", "openai"), 0);
         assert_eq!(pushback_holds(&all, "partner", "anthropic"), 0);
+        assert_eq!(pushback_holds(&all, "partner", "custom"), 0);
         assert_eq!(pushback_holds(&all, "partner", "ratelimit"), 0);
         partner.observe(&answer(r#""default";r=0;t=10"#));
         let all = series(&snapshotter);
@@ -227,7 +228,7 @@ fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {
             .all(|(_, name, _, _)| name.starts_with("bulwark_pushback_")),
         "{all:?}"
     );
-    assert_eq!(all.len(), 3 + 5 + 1, "{all:?}");
+    assert_eq!(all.len(), 3 + 6 + 1, "{all:?}");
 }
 
 /// A call held within `max_wait` and then sent is `waited`; one whose hold is longer than

@@ -1,8 +1,12 @@
 //! How a [`Pushback`] follows its dependency: [`PushbackBuilder`] and [`Pacing`].
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderMap;
+
+use super::answer::ReadQuota;
 use super::dependency::Pushback;
 use crate::clock::{Clock, SystemClock};
 
@@ -23,13 +27,27 @@ pub enum Pacing {
 }
 
 /// Builds a [`Pushback`]; start with [`Pushback::builder`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PushbackBuilder<C = SystemClock> {
     pub(super) name: Arc<str>,
     pub(super) max_wait: Duration,
     pub(super) max_hold: Duration,
     pub(super) pacing: Pacing,
     pub(super) clock: C,
+    pub(super) dialects: Vec<Arc<ReadQuota>>,
+}
+
+impl<C: fmt::Debug> fmt::Debug for PushbackBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PushbackBuilder")
+            .field("name", &self.name)
+            .field("max_wait", &self.max_wait)
+            .field("max_hold", &self.max_hold)
+            .field("pacing", &self.pacing)
+            .field("clock", &self.clock)
+            .field("dialects", &self.dialects.len())
+            .finish()
+    }
 }
 
 impl Pushback {
@@ -41,6 +59,7 @@ impl Pushback {
             max_hold: DEFAULT_MAX_HOLD,
             pacing: Pacing::default(),
             clock: SystemClock::new(),
+            dialects: Vec::new(),
         }
     }
 
@@ -74,6 +93,39 @@ impl<C: Clock> PushbackBuilder<C> {
         self
     }
 
+    /// Reads a quota in fields of the dependency's own, beside the dialects the pushback knows
+    /// (see the [module docs](super#what-is-read)): `read` returns the calls left and the span
+    /// until they reset, or `None` when the fields are not there. The span is capped at
+    /// [`max_hold`](Self::max_hold); of all the quotas an answer gives, the most restrictive
+    /// counts. Each call adds one more reader.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_bulwark::clock::ManualClock;
+    /// use tower_bulwark::outbound::Pushback;
+    ///
+    /// // A partner that writes `x-partner-quota: 0/30` (calls left / seconds until reset).
+    /// let partner = Pushback::builder("partner")
+    ///     .clock(ManualClock::new())
+    ///     .dialect(|headers| {
+    ///         let value = headers.get("x-partner-quota")?.to_str().ok()?;
+    ///         let (left, seconds) = value.split_once('/')?;
+    ///         Some((left.parse().ok()?, Duration::from_secs(seconds.parse().ok()?)))
+    ///     })
+    ///     .build();
+    /// let answer = http::Response::builder().header("x-partner-quota", "0/30").body(())?;
+    /// partner.observe(&answer);
+    /// assert_eq!(partner.held_for(), Duration::from_secs(30));
+    /// # Ok::<(), http::Error>(())
+    /// ```
+    pub fn dialect(
+        mut self,
+        read: impl Fn(&HeaderMap) -> Option<(u64, Duration)> + Send + Sync + 'static,
+    ) -> Self {
+        self.dialects.push(Arc::new(read));
+        self
+    }
+
     /// Reads time from `clock`. Waits sleep on tokio's timer, so a clock other than
     /// [`SystemClock`] or [`TokioClock`](crate::clock::TokioClock) suits only `max_wait` zero
     /// (a [`ManualClock`](crate::clock::ManualClock) in tests of holds that fail at once).
@@ -84,6 +136,7 @@ impl<C: Clock> PushbackBuilder<C> {
             max_hold: self.max_hold,
             pacing: self.pacing,
             clock,
+            dialects: self.dialects,
         }
     }
 

@@ -56,6 +56,7 @@ impl<C: Clock> Pushback<C> {
                 max_hold: builder.max_hold,
                 clock: builder.clock,
                 schedule: Mutex::new(Schedule::new(builder.pacing, builder.max_hold)),
+                dialects: builder.dialects,
                 sooner: Arc::new(Notify::new()),
             }),
         }
@@ -103,6 +104,8 @@ pub(crate) struct Dependency<C> {
     pub(crate) clock: C,
     schedule: Mutex<Schedule>,
     pub(crate) metrics: PushbackMetrics,
+    /// The user's readers of dialects of their own.
+    dialects: Vec<Arc<answer::ReadQuota>>,
     /// Woken when an answer lets calls start sooner than before, so that waiters go then.
     pub(crate) sooner: Arc<Notify>,
 }
@@ -145,6 +148,7 @@ impl<C: Clock> Dependency<C> {
             response.headers(),
             SystemTime::now(),
             self.max_hold,
+            &self.dialects,
         );
         if answer == Answer::default() {
             return;

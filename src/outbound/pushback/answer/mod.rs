@@ -15,6 +15,7 @@ mod when;
 mod x_ratelimit;
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderName, DATE};
@@ -44,16 +45,19 @@ pub(crate) enum Dialect {
     OpenAi,
     /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-*`.
     Anthropic,
+    /// A reader of the user's own ([`PushbackBuilder::dialect`](super::PushbackBuilder::dialect)).
+    Custom,
 }
 
 impl Dialect {
     /// Every dialect, in the order of declaration, which is the order they are read in: of
     /// equally restrictive quotas, the first read counts.
-    pub(crate) const ALL: [Self; 4] = [
+    pub(crate) const ALL: [Self; 5] = [
         Self::RateLimit,
         Self::XRateLimit,
         Self::OpenAi,
         Self::Anthropic,
+        Self::Custom,
     ];
 
     /// The `reason` label of the holds that a spent quota of this dialect causes.
@@ -64,6 +68,7 @@ impl Dialect {
             Self::XRateLimit => "x_ratelimit",
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
+            Self::Custom => "custom",
         }
     }
 
@@ -74,6 +79,8 @@ impl Dialect {
             Self::XRateLimit => x_ratelimit::read(reader, headers),
             Self::OpenAi => openai::read(reader, headers),
             Self::Anthropic => anthropic::read(reader, headers),
+            // Read by `read` with the readers it is given.
+            Self::Custom => None,
         }
     }
 }
@@ -145,14 +152,20 @@ fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<Adv
     quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.window)))
 }
 
+/// A reader of a dialect of the user's: the calls left and the span until they reset, if the
+/// fields it knows are there.
+pub(crate) type ReadQuota = dyn Fn(&HeaderMap) -> Option<(u64, Duration)> + Send + Sync;
+
 /// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
-/// at `max_hold`. `dependency` names the dependency in logs.
+/// at `max_hold`, with the built-in dialects and the user's `custom` ones. `dependency` names
+/// the dependency in logs.
 pub(crate) fn read(
     dependency: &str,
     status: StatusCode,
     headers: &HeaderMap,
     wall_now: SystemTime,
     max_hold: Duration,
+    custom: &[Arc<ReadQuota>],
 ) -> Answer {
     let reader = Reader {
         dependency,
@@ -160,10 +173,20 @@ pub(crate) fn read(
         // The server's own clock, when it sends one, so that dates are read without clock skew.
         reference: date_of(headers).unwrap_or(wall_now),
     };
+    let custom = custom.iter().filter_map(|read| {
+        let (remaining, window) = read(headers)?;
+        Some(AdvertisedQuota {
+            dialect: Dialect::Custom,
+            remaining,
+            window: reader.capped("a dialect of the user's", window),
+            refill: None,
+        })
+    });
     let quota = most_restrictive(
         Dialect::ALL
             .iter()
-            .filter_map(|dialect| dialect.read(&reader, headers)),
+            .filter_map(|dialect| dialect.read(&reader, headers))
+            .chain(custom),
     );
     // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
     // rate-limit fields; any other 403 says nothing about when to call again.
@@ -360,6 +383,7 @@ mod tests {
             &headers,
             SystemTime::now(),
             Duration::MAX,
+            &[],
         )
         .quota
     }
