@@ -10,6 +10,7 @@ mod answer_order;
 mod client_quota;
 #[cfg(feature = "reqwest")]
 mod dialects;
+mod dialects_hostile;
 mod hostile;
 #[cfg(feature = "metrics")]
 mod metrics;

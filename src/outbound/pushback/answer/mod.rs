@@ -192,7 +192,7 @@ pub(crate) fn read(
     // rate-limit fields; any other 403 says nothing about when to call again.
     let overloaded = status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::SERVICE_UNAVAILABLE
-        || (status == StatusCode::FORBIDDEN && quota.is_some());
+        || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers));
     let mut hold = if overloaded {
         retry_after::read(&reader, headers)
     } else {
@@ -207,6 +207,16 @@ pub(crate) fn read(
         hold = Some(reader.hold_without_time());
     }
     Answer { hold, quota }
+}
+
+/// Whether `headers` carry a field of a rate-limit dialect, readable or not.
+fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str();
+        name.starts_with("ratelimit")
+            || name.starts_with("x-ratelimit-")
+            || name.starts_with("anthropic-ratelimit-")
+    })
 }
 
 /// The `Date` of a response, if it has exactly one readable one.
@@ -288,27 +298,41 @@ impl Reader<'_> {
         }
     }
 
-    /// The one line of `name`, if it has exactly one; logged when it has several.
+    /// The one line of `name`, if it has exactly one of at most 4 KiB; logged when it has
+    /// several or a longer one.
     fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
         let mut values = headers.get_all(name).iter();
         let value = values.next()?;
-        if values.next().is_some() {
+        if values.next().is_some() || value.len() > MAX_FIELD_BYTES {
             self.malformed(name.as_str(), value.as_bytes());
             return None;
         }
         Some(value.as_bytes())
     }
 
-    /// The span until `at` from the reference time, in whole seconds rounded up: zero for a
-    /// time in the past.
+    /// The lines of `name`, unless the field has more than [`MAX_LINES`] or, joined, more than
+    /// [`MAX_FIELD_BYTES`] (then it is ignored whole, logged).
+    fn lines<'h>(
+        &self,
+        headers: &'h HeaderMap,
+        name: &HeaderName,
+    ) -> Option<http::header::GetAll<'h, http::HeaderValue>> {
+        let lines = headers.get_all(name);
+        let (count, bytes) = lines
+            .iter()
+            .fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
+        if count > MAX_LINES || bytes + 2 * count.saturating_sub(1) > MAX_FIELD_BYTES {
+            let first = lines.iter().next().map_or(&b""[..], |v| v.as_bytes());
+            self.malformed(name.as_str(), first);
+            return None;
+        }
+        Some(lines)
+    }
+
+    /// The span until `at` from the reference time, capped: zero for a time in the past.
     fn until(&self, field: &str, at: SystemTime) -> Duration {
         match at.duration_since(self.reference) {
-            Ok(span) => {
-                let seconds = span
-                    .as_secs()
-                    .saturating_add(u64::from(span.subsec_nanos() > 0));
-                self.span(field, seconds)
-            }
+            Ok(span) => self.capped(field, span),
             Err(_) => {
                 tracing::debug!(
                     target: "tower_bulwark::pushback",

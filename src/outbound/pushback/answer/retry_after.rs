@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, RETRY_AFTER};
 
-use super::{when, Reader, MAX_LINES};
+use super::{when, Reader};
 
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
@@ -31,8 +31,8 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Duration>
     })
 }
 
-/// The longest span that `read` gives the lines of `name` (at most [`MAX_LINES`]); the lines it
-/// cannot read are logged.
+/// The longest span that `read` gives the lines of `name`; the lines it cannot read are
+/// logged, and a field of more than 16 lines or 4 KiB is ignored whole.
 fn longest(
     reader: &Reader<'_>,
     headers: &HeaderMap,
@@ -40,7 +40,7 @@ fn longest(
     read: impl Fn(&[u8]) -> Option<Duration>,
 ) -> Option<Duration> {
     let mut hold: Option<Duration> = None;
-    for value in headers.get_all(name).iter().take(MAX_LINES) {
+    for value in reader.lines(headers, name)? {
         match read(value.as_bytes()) {
             Some(span) => hold = Some(hold.map_or(span, |h| h.max(span))),
             None => reader.malformed(name.as_str(), value.as_bytes()),

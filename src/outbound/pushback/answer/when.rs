@@ -78,7 +78,8 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
             b"m" => 60_000_000_000,
             b"s" => 1_000_000_000,
             b"ms" => 1_000_000,
-            b"us" | [0xC2, 0xB5, b's'] => 1_000,
+            // `µs` with the micro sign (U+00B5) or the Greek mu (U+03BC), as Go reads both.
+            b"us" | [0xC2, 0xB5, b's'] | [0xCE, 0xBC, b's'] => 1_000,
             b"ns" => 1,
             _ => return None,
         };
@@ -104,10 +105,18 @@ pub(super) fn reset(text: &[u8]) -> Option<Reset> {
     let Some((whole, nanos)) = decimal(text) else {
         return go_duration(text).map(Reset::In);
     };
-    let since_epoch = if whole >= EPOCH_MILLIS_FROM {
+    // The magnitude is that of the digits written, before any rounding of the fraction
+    // (`999999999.9999999999` is seconds from now, though it rounds up to 10^9).
+    let written = text.trim_ascii();
+    let integer = written.split(|&b| b == b'.').next().unwrap_or_default();
+    let magnitude = integer.iter().fold(0u64, |n, &d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    });
+    let since_epoch = if magnitude >= EPOCH_MILLIS_FROM {
+        // The fraction is of a millisecond.
         let millis = Duration::from_millis(whole);
-        millis.saturating_add(Duration::from_nanos(u64::from(nanos).div_ceil(1_000_000)))
-    } else if whole >= EPOCH_SECONDS_FROM {
+        millis.saturating_add(Duration::from_nanos(u64::from(nanos).div_ceil(1_000)))
+    } else if magnitude >= EPOCH_SECONDS_FROM {
         Duration::new(whole, nanos)
     } else {
         return Some(Reset::In(Duration::new(whole, nanos)));

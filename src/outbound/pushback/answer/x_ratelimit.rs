@@ -2,8 +2,8 @@
 //! `RateLimit-Reset` fields of the drafts before -07, which GitLab sends.
 //!
 //! What is left is `X-RateLimit-Remaining` (or `RateLimit-Remaining`). When it resets is
-//! `X-RateLimit-Reset-After` when present (Discord: decimal seconds from now, which no clock
-//! skew moves), else `X-RateLimit-Reset` (or `RateLimit-Reset`), read as `when::reset` says:
+//! `X-RateLimit-Reset-After` when present and readable (Discord: decimal seconds from now,
+//! whatever their magnitude, which no clock skew moves), else `X-RateLimit-Reset` (or `RateLimit-Reset`), read as `when::reset` says:
 //! a Unix time in seconds (GitHub) or milliseconds, with or without a fraction (Discord), told
 //! apart by magnitude, or seconds or a Go duration from now. `X-RateLimit-Limit` is not used:
 //! it says how many calls a window grants but not how long the window is, so it grants
@@ -11,7 +11,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, AdvertisedQuota, Dialect, Reader};
+use super::{most_restrictive, when, AdvertisedQuota, Dialect, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
@@ -22,21 +22,41 @@ const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 /// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
 /// reset, whichever binds, when readable.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
-    let x = quota(reader, headers, &X_REMAINING, &[&X_RESET_AFTER, &X_RESET]);
-    let drafts = quota(reader, headers, &REMAINING, &[&RESET]);
+    let x = quota(
+        reader,
+        headers,
+        &X_REMAINING,
+        Some(&X_RESET_AFTER),
+        &X_RESET,
+    );
+    let drafts = quota(reader, headers, &REMAINING, None, &RESET);
     most_restrictive(x.into_iter().chain(drafts))
 }
 
-/// What is left in `remaining`, until the first of `resets` that the response has.
+/// What is left in `remaining`, until `reset_after` (seconds from now, whatever their
+/// magnitude) when it is readable, else until `reset`.
 fn quota(
     reader: &Reader<'_>,
     headers: &HeaderMap,
     remaining: &HeaderName,
-    resets: &[&HeaderName],
+    reset_after: Option<&HeaderName>,
+    reset: &HeaderName,
 ) -> Option<AdvertisedQuota> {
     let remaining = reader.single_number(headers, remaining)?;
-    let reset = resets.iter().find(|name| headers.contains_key(**name))?;
-    let window = reader.reset(reset.as_str(), reader.single(headers, reset)?)?;
+    let after = reset_after.and_then(|name| {
+        let value = reader.single(headers, name)?;
+        match when::seconds(value) {
+            Some(span) => Some(reader.capped(name.as_str(), span)),
+            None => {
+                reader.malformed(name.as_str(), value);
+                None
+            }
+        }
+    });
+    let window = match after {
+        Some(window) => window,
+        None => reader.reset(reset.as_str(), reader.single(headers, reset)?)?,
+    };
     Some(AdvertisedQuota {
         dialect: Dialect::XRateLimit,
         remaining,
