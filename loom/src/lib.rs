@@ -780,10 +780,10 @@ fn bulkhead_raising_the_limit_lets_a_waiter_in() {
 
 /// A queue bulkhead of two permits, both held by the model's own calls, and a caller waiting
 /// on another thread. The model ends its first call (its permit may be handed to the waiter
-/// before the waiter runs), lowers the limit to one, then ends its second call. A waiter
-/// handed a permit the lower limit needs back waits at the head of the line and is let in when
-/// the second call's permit pays the debt: never lost (loom reports a waiter left parked as a
-/// deadlock), never two calls inside once the second has ended, one permit free at the end.
+/// before the waiter runs), lowers the limit to one, then ends its second call. A waiter whose
+/// permit pays the lower limit waits again and is let in by the second call's permit: never
+/// lost (loom reports a waiter left parked as a deadlock), never two calls inside once the
+/// second has ended, one permit free at the end.
 #[test]
 fn bulkhead_a_waiter_holding_a_permit_a_lowered_limit_needs_is_let_in() {
     check(2, || {

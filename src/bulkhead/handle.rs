@@ -72,7 +72,8 @@ impl Bulkhead {
 
     /// A queue bulkhead, the async counterpart of Resilience4j's `ThreadPoolBulkhead`: at most
     /// `max_concurrent_calls` calls at once and at most `queue_capacity` more waiting their turn,
-    /// started in arrival order; a call beyond both is refused at once.
+    /// started in arrival order (see the [module docs](super#two-kinds) for a lowered limit); a
+    /// call beyond both is refused at once.
     ///
     /// Queued calls wait as long as it takes unless [`max_wait`](BulkheadBuilder::max_wait)
     /// bounds the wait; a queued call that is dropped leaves the queue. A capacity of zero queues

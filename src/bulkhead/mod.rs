@@ -51,10 +51,12 @@
 //!   (its caller gave up, a timeout fired) leaves the queue at once. A waiting call has not yet
 //!   reached the inner service: it is started only when its permit comes.
 //!
-//! Arrival order holds across [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls)
-//! too: a waiter handed a permit that a lowered limit then needs back keeps its place at the
-//! head of the line, and starts before every call that arrived after it once the calls in
-//! flight are within the new limit.
+//! Arrival order holds while the limit stands still. Across
+//! [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls) lowering the limit below
+//! the calls in flight, it does not quite: a waiter handed a permit that the lower limit then
+//! takes back (a permit owed to the new limit) waits again, behind the calls queued after it,
+//! and its `max_wait` still counts from its arrival. tokio's semaphore, whose queue the
+//! bulkhead uses, cannot put a waiter back at the front. The limit itself is never exceeded.
 //!
 //! # When a call ends
 //!

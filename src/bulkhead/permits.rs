@@ -10,17 +10,10 @@
 //! The debt is a counter beside the semaphore, not under a lock with it, so a permit can reach
 //! the semaphore while debt is owed (returned by a call that read no debt just before a
 //! resize, or passed on by a waiter that gave up after it was granted one). That is why the
-//! debt is also checked where it matters, when a permit is taken: a new call that takes a
-//! permit while debt is owed pays the debt with it and looks for another. The semaphore's
-//! permits (free, granted or held) always number the limit plus the debt.
-//!
-//! A waiter handed a permit while debt is owed keeps it but does not start: it waits in the
-//! front line ([`FrontLine`]) until the permits that come back have paid the debt its permit
-//! stands for, ahead of every waiter still in the semaphore's queue. Sent to the back of that
-//! queue instead, it would start after calls that arrived later. The front line never holds
-//! more waiters than there are permits owed; each payment of the debt lets its first one start.
+//! debt is also checked where it matters, when a permit is taken: a call that takes a permit
+//! while debt is owed pays the debt with it and looks for another. The semaphore's permits
+//! (free, granted or held) always number the limit plus the debt.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +28,7 @@ use super::error::BulkheadFull;
 use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
+use crate::sync::{AtomicU64, Mutex, Ordering, PoisonError};
 
 /// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
 pub const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
@@ -59,9 +52,6 @@ pub(crate) struct Permits {
     debt: AtomicU64,
     /// The limit; resizes take this lock, so that they apply one after the other.
     max: Mutex<usize>,
-    /// Waiters holding a permit that the debt still needs; every decrease of the debt takes
-    /// this lock (after `max`, when both are taken).
-    front: Mutex<FrontLine>,
     /// Calls waiting for a permit.
     waiting: AtomicU64,
     permitted: AtomicU64,
@@ -99,7 +89,6 @@ impl Permits {
             semaphore: Arc::new(Semaphore::new(max)),
             debt: AtomicU64::new(0),
             max: Mutex::new(max),
-            front: Mutex::new(FrontLine::default()),
             waiting: AtomicU64::new(0),
             permitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
@@ -111,37 +100,20 @@ impl Permits {
         }
     }
 
-    fn front(&self) -> MutexGuard<'_, FrontLine> {
-        // Every change under this lock is a few assignments that cannot panic half-way.
-        self.front.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Pays one permit of debt with `permit` if any is owed, letting the first waiter of the
-    /// front line start if the debt no longer needs its permit; otherwise returns the permit.
+    /// Pays one permit of debt with `permit` if any is owed; otherwise gives the permit back.
     fn pay_debt(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
-        if self.debt.load(Ordering::Acquire) == 0 {
-            return Some(permit);
-        }
-        let mut front = self.front();
         let owed = self
             .debt
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
                 debt.checked_sub(1)
             });
         match owed {
-            Ok(debt) => {
+            Ok(_) => {
                 permit.forget();
-                front.release_beyond(debt - 1);
                 None
             }
             Err(_) => Some(permit),
         }
-    }
-
-    /// Gives back a permit that its holder no longer needs: it pays the debt, or goes back to
-    /// the semaphore (and so to the next waiter).
-    fn give_back(&self, permit: OwnedSemaphorePermit) {
-        drop(self.pay_debt(permit));
     }
 
     /// Takes a free permit, if there is one.
@@ -172,7 +144,7 @@ impl Permits {
         }
         let mut waiting = Waiting {
             permits: Arc::clone(self),
-            place: Place::Queued(self.acquire()),
+            acquire: self.acquire(),
         };
         // The first poll takes the place in the semaphore's queue, so that calls wait in the
         // order they were made rather than the order they are first polled.
@@ -193,13 +165,12 @@ impl Permits {
         let mut current = self.max.lock().unwrap_or_else(PoisonError::into_inner);
         if max >= *current {
             let more = (max - *current) as u64;
-            let mut front = self.front();
-            let debt = self.debt.load(Ordering::Acquire);
-            let paid = debt.min(more);
-            self.debt.store(debt - paid, Ordering::Release);
-            // The waiters whose permits paid for what is no longer owed start first.
-            front.release_beyond(debt - paid);
-            drop(front);
+            let paid = self
+                .debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
+                    Some(debt - debt.min(more))
+                })
+                .map_or(0, |debt| debt.min(more));
             self.semaphore.add_permits((more - paid) as usize);
         } else {
             let fewer = *current - max;
@@ -252,52 +223,11 @@ impl Permits {
     }
 }
 
-/// The waiters handed a permit while debt was owed, in the order they were handed it (which
-/// is the order they arrived in): each waits until the debt no longer needs its permit.
-#[derive(Default)]
-struct FrontLine {
-    /// The waiters still held, first first, each with the waker of its last poll.
-    held: VecDeque<(u64, Waker)>,
-    next_ticket: u64,
-}
-
-impl FrontLine {
-    /// Lets the first waiters start while more are held than `debt` permits owed.
-    fn release_beyond(&mut self, debt: u64) {
-        while self.held.len() as u64 > debt {
-            if let Some((_, waker)) = self.held.pop_front() {
-                waker.wake();
-            }
-        }
-    }
-
-    /// Whether the waiter of `ticket` is still held; if so, it is woken by `waker` when it may
-    /// start.
-    fn holds(&mut self, ticket: u64, waker: &Waker) -> bool {
-        match self.held.iter_mut().find(|(t, _)| *t == ticket) {
-            Some((_, held)) => {
-                held.clone_from(waker);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// Where a waiter is: in the semaphore's queue, or in the front line with its permit.
-enum Place {
-    Queued(Acquire),
-    Front {
-        ticket: u64,
-        permit: Option<OwnedSemaphorePermit>,
-    },
-}
-
 /// A call waiting in the queue; dropping it leaves the queue, and a permit granted meanwhile
 /// goes on to the next in line.
 pub(crate) struct Waiting {
     permits: Arc<Permits>,
-    place: Place,
+    acquire: Acquire,
 }
 
 impl Waiting {
@@ -305,45 +235,17 @@ impl Waiting {
         &self.permits
     }
 
-    /// Waits for a permit. A permit that arrives while debt is owed is kept, and the call
-    /// waits in the front line until the debt no longer needs it.
+    /// Waits for a permit. A permit that arrives while debt is owed pays it, and the call
+    /// waits again, at the back of the queue.
     pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<OwnedSemaphorePermit> {
-        match &mut self.place {
-            Place::Queued(acquire) => {
-                let Ok(permit) = ready!(acquire.as_mut().poll(cx)) else {
-                    unreachable!("the semaphore of a bulkhead is never closed")
-                };
-                if self.permits.debt.load(Ordering::Acquire) == 0 {
-                    return Poll::Ready(permit);
-                }
-                let mut front = self.permits.front();
-                let debt = self.permits.debt.load(Ordering::Acquire);
-                if debt == 0 {
-                    return Poll::Ready(permit);
-                }
-                let ticket = front.next_ticket;
-                front.next_ticket += 1;
-                front.held.push_back((ticket, cx.waker().clone()));
-                // One more held than owed: the first of them starts now.
-                front.release_beyond(debt);
-                let held = front.holds(ticket, cx.waker());
-                drop(front);
-                self.place = Place::Front {
-                    ticket,
-                    permit: Some(permit),
-                };
-                if held {
-                    Poll::Pending
-                } else {
-                    self.poll_acquire(cx)
-                }
+        loop {
+            let Ok(permit) = ready!(self.acquire.as_mut().poll(cx)) else {
+                unreachable!("the semaphore of a bulkhead is never closed")
+            };
+            if let Some(permit) = self.permits.pay_debt(permit) {
+                return Poll::Ready(permit);
             }
-            Place::Front { ticket, permit } => {
-                if self.permits.front().holds(*ticket, cx.waker()) {
-                    return Poll::Pending;
-                }
-                Poll::Ready(permit.take().expect("polled after its permit was taken"))
-            }
+            self.acquire = self.permits.acquire();
         }
     }
 }
@@ -351,15 +253,6 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.permits.waiting.fetch_sub(1, Ordering::Relaxed);
-        if let Place::Front { ticket, permit } = &mut self.place {
-            if let Some(permit) = permit.take() {
-                // Out of the front line first, then the permit pays the debt or goes on.
-                let mut front = self.permits.front();
-                front.held.retain(|(t, _)| t != ticket);
-                drop(front);
-                self.permits.give_back(permit);
-            }
-        }
     }
 }
 
@@ -417,7 +310,7 @@ impl Drop for Permit {
                 self.0.finished.fetch_add(1, Ordering::SeqCst);
                 // Pays the debt if one is owed; otherwise the permit goes back to the semaphore.
                 if let Some(permit) = self.1.take() {
-                    self.0.give_back(permit);
+                    drop(self.0.pay_debt(permit));
                 }
             }
         }

@@ -15,4 +15,5 @@ mod adaptive_stress;
 mod behaviour;
 mod hostile;
 mod isolation;
+mod order_hostile;
 mod stress;
