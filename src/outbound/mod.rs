@@ -197,7 +197,8 @@ pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
 /// this crate's outbound layers, made before anything was sent: a [`PushedBack`], a
 /// [`QuotaExhausted`], a [`BulkheadFull`](crate::BulkheadFull) or an
 /// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity). A client quota above such a
-/// layer gives the call's permits back.
+/// layer gives the call's permits back, and a pushback the share of the advertised budget the
+/// call took.
 pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(err) = next {

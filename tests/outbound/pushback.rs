@@ -619,3 +619,44 @@ async fn the_dependencys_own_errors_pass_through_and_stop_counting_in_flight() {
         "nothing in flight was left counted"
     );
 }
+
+/// A call the pushback let go that a layer below refused before sending it (a full bulkhead)
+/// reached nothing: the advertised budget it took goes back. Two calls left for a minute; one
+/// holds the bulkhead's only slot, twenty more are refused by the bulkhead; once the first
+/// ends, one more call goes, and only then is the budget spent.
+#[tokio::test]
+async fn a_call_refused_below_the_pushback_gives_its_budget_back() {
+    use tokio::sync::oneshot;
+    use tower_bulwark::bulkhead::Bulkhead;
+
+    let (pushback, _clock) = manual("partner");
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=2;t=60"#)]));
+    let bulkhead = Bulkhead::semaphore("partner", 1).build();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let inner = {
+        let sent = sent.clone();
+        service_fn(move |gate: Option<oneshot::Receiver<()>>| {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if let Some(gate) = gate {
+                    gate.await.ok();
+                }
+                Ok::<_, BoxError>(response(200, &[]))
+            }
+        })
+    };
+    let client = pushback.layer().layer(bulkhead.layer().layer(inner));
+    let (open, gate) = oneshot::channel();
+    let mut first = Box::pin(client.clone().oneshot(Some(gate)));
+    assert!(crate::common::poll_once(first.as_mut()).is_pending());
+    for _ in 0..20 {
+        let err = client.clone().oneshot(None).await.unwrap_err();
+        assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
+    }
+    open.send(()).unwrap();
+    first.await.unwrap();
+    client.clone().oneshot(None).await.unwrap();
+    let err = client.clone().oneshot(None).await.unwrap_err();
+    assert!(err.is::<PushedBack>(), "the budget of two is spent: {err}");
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+}

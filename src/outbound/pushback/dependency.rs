@@ -118,9 +118,9 @@ impl<C> Dependency<C> {
 }
 
 impl<C: Clock> Dependency<C> {
-    /// Starts a call now, returning its place in the order of starts, or says from when one
-    /// may start: `Err((now, at))`.
-    pub(crate) fn try_start(&self) -> Result<u64, (u64, u64)> {
+    /// Starts a call now, returning its place in the order of starts and whether it took one
+    /// of the advertised budget's calls, or says from when one may start: `Err((now, at))`.
+    pub(crate) fn try_start(&self) -> Result<(u64, bool), (u64, u64)> {
         let now = self.clock.now();
         self.schedule().try_start(now).map_err(|at| (now, at))
     }
@@ -137,6 +137,20 @@ impl<C: Clock> Dependency<C> {
     /// A call started by [`try_start`](Self::try_start) has ended.
     pub(crate) fn finish(&self) {
         self.schedule().finish();
+    }
+
+    /// A call started at `place` was refused below the layer, unsent: what it took of the
+    /// advertised budget goes back, and waiters look again.
+    pub(crate) fn give_back(&self, place: u64, counted: bool) {
+        let now = self.clock.now();
+        let mut schedule = self.schedule();
+        let before = schedule.free_at(now);
+        schedule.give_back(place, counted);
+        let sooner = schedule.free_at(now) < before;
+        drop(schedule);
+        if sooner {
+            self.sooner.notify_waiters();
+        }
     }
 
     /// Records `response`; `own` is the place of the call it answers (still counted in

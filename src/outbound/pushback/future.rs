@@ -18,6 +18,7 @@ use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
 use crate::outbound::metrics::Outcome;
+use crate::outbound::never_sent;
 use crate::BoxError;
 
 /// A call counted in flight until it is answered, fails or is dropped.
@@ -25,6 +26,8 @@ struct InFlight<C: Clock> {
     dependency: Arc<Dependency<C>>,
     /// The call's place in the order of starts.
     place: u64,
+    /// Whether it took one of the advertised budget's calls.
+    counted: bool,
 }
 
 impl<C: Clock> Drop for InFlight<C> {
@@ -82,7 +85,7 @@ pin_project! {
 
 fn run<S: Service<Req>, Req, C: Clock>(
     dependency: &Arc<Dependency<C>>,
-    place: u64,
+    (place, counted): (u64, bool),
     service: &mut S,
     request: Req,
 ) -> State<S, Req, C> {
@@ -90,6 +93,7 @@ fn run<S: Service<Req>, Req, C: Clock>(
     let in_flight = InFlight {
         dependency: Arc::clone(dependency),
         place,
+        counted,
     };
     State::Running {
         future: service.call(request),
@@ -197,13 +201,21 @@ where
                     }
                 }
                 StateProj::Running { future, in_flight } => {
-                    let result = ready!(future.poll(cx));
-                    if let Ok(response) = &result {
-                        let place = in_flight.as_ref().map(|call| call.place);
-                        this.dependency.observe(response, place);
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    match (&result, in_flight.as_ref()) {
+                        (Ok(response), call) => {
+                            this.dependency
+                                .observe(response, call.map(|call| call.place));
+                        }
+                        // Refused below before anything was sent: its share of the budget
+                        // goes back.
+                        (Err(error), Some(call)) if never_sent(&**error) => {
+                            this.dependency.give_back(call.place, call.counted);
+                        }
+                        (Err(_), _) => {}
                     }
                     *in_flight = None;
-                    return Poll::Ready(result.map_err(Into::into));
+                    return Poll::Ready(result);
                 }
             }
         }

@@ -93,6 +93,10 @@
 //!   is in force, field by field: no more calls left than either answer gave, a window no shorter, a policy no
 //!   looser; when it has nothing left, no call goes until its window ends, and then the answer
 //!   in force applies as it stands. It never loosens or shortens a hold.
+//! * A call that one of the crate's layers below refuses before sending it (a
+//!   [`BulkheadFull`](crate::BulkheadFull), a client quota's refusal) reached nothing: the
+//!   call it took of the advertised budget goes back, if the budget in force is still the one
+//!   it took it from.
 //! * A held call fails at once with [`PushedBack`], which carries the time until a call may
 //!   actually go, with nothing new heard in between (the end of whichever of the hold, the
 //!   spent window or the pacing ends last, past windows that give nothing, or the probe),

@@ -67,6 +67,9 @@ pub(super) struct Schedule {
     in_flight: u64,
     /// Calls started through the layer so far: the next call's place in the order of starts.
     started: u64,
+    /// The place of the first call counted against the budget in force (set when an answer
+    /// replaces it or a window rolls): a call placed earlier counted against another one.
+    window_from: u64,
     /// The calls started when the last answer that set or tightened the quota in force was
     /// received. An answer to one of them was sent before that answer was read, so the
     /// dependency may have counted it first: it may only tighten what is in force. Only an
@@ -97,6 +100,7 @@ impl Schedule {
                     let budget = refill.calls.saturating_sub(self.in_flight);
                     let window = saturating_nanos(refill.window);
                     self.budget = Some(budget);
+                    self.window_from = self.started;
                     self.window_end = now.saturating_add(window.max(1));
                     // Under `Spread`, this window's calls are spread over it too.
                     if self.pacing == Pacing::Spread && budget > 0 {
@@ -123,13 +127,15 @@ impl Schedule {
         self.free_at(now)
     }
 
-    /// Starts a call now and returns its place in the order of starts, or returns the earliest
+    /// Starts a call now and returns its place in the order of starts, with whether it took
+    /// one of the budget's calls (a probe may start with none left), or returns the earliest
     /// instant one may start: the same instant [`next_start`](Self::next_start) gives.
-    pub(super) fn try_start(&mut self, now: u64) -> Result<u64, u64> {
+    pub(super) fn try_start(&mut self, now: u64) -> Result<(u64, bool), u64> {
         let at = self.next_start(now);
         if at > now {
             return Err(at);
         }
+        let counted = self.budget.is_some_and(|budget| budget > 0);
         // A probe may start in a window with nothing left.
         if let Some(budget) = &mut self.budget {
             *budget = budget.saturating_sub(1);
@@ -139,7 +145,17 @@ impl Schedule {
         self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
         let place = self.started;
         self.started = self.started.saturating_add(1);
-        Ok(place)
+        Ok((place, counted))
+    }
+
+    /// A call started at `place` was refused below the layer before anything was sent: the
+    /// budget it took goes back, if it took one of the budget in force.
+    pub(super) fn give_back(&mut self, place: u64, counted: bool) {
+        if counted && place >= self.window_from {
+            if let Some(budget) = &mut self.budget {
+                *budget = budget.saturating_add(1);
+            }
+        }
     }
 
     /// A call started by [`try_start`](Self::try_start) has ended.
@@ -230,6 +246,7 @@ impl Schedule {
     /// A newer answer's quota replaces the one in force.
     fn replace(&mut self, advertised: &Advertised, now: u64) {
         self.spent_until = 0;
+        self.window_from = self.started;
         self.budget = Some(advertised.budget);
         self.window_end = advertised.window_end;
         self.refill = advertised.refill;
