@@ -42,7 +42,7 @@ const FAMILIES: [Family; 4] = [
 
 /// The binding quota of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
-    let reset = |reader: &Reader<'_>, field: &str, value: &[u8]| -> Option<Duration> {
+    let reset = |field: &str, value: &[u8]| -> Option<Duration> {
         match when::rfc3339(value) {
             Some(at) => Some(reader.until(field, at)),
             None => {

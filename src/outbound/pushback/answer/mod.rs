@@ -129,7 +129,7 @@ fn most_restrictive_family(
     headers: &HeaderMap,
     dialect: Dialect,
     families: &[Family],
-    reset: impl Fn(&Reader<'_>, &str, &[u8]) -> Option<Duration>,
+    reset: impl Fn(&str, &[u8]) -> Option<Duration>,
 ) -> Option<AdvertisedQuota> {
     most_restrictive(families.iter().filter_map(|family| {
         let remaining = reader.single_number(headers, &family.remaining)?;
@@ -137,7 +137,7 @@ fn most_restrictive_family(
             return None;
         }
         let value = reader.single(headers, &family.reset)?;
-        let window = reset(reader, family.reset.as_str(), value)?;
+        let window = reset(family.reset.as_str(), value)?;
         Some(AdvertisedQuota {
             dialect,
             remaining,
@@ -301,9 +301,9 @@ impl Reader<'_> {
     /// The one line of `name`, if it has exactly one of at most 4 KiB; logged when it has
     /// several or a longer one.
     fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
-        let mut values = headers.get_all(name).iter();
+        let mut values = self.lines(headers, name)?.iter();
         let value = values.next()?;
-        if values.next().is_some() || value.len() > MAX_FIELD_BYTES {
+        if values.next().is_some() {
             self.malformed(name.as_str(), value.as_bytes());
             return None;
         }
@@ -375,14 +375,11 @@ impl Reader<'_> {
     /// too long (logged).
     fn joined(&self, headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
         let mut joined = Vec::new();
-        for (i, value) in headers.get_all(name).iter().enumerate() {
+        for (i, value) in self.lines(headers, name)?.iter().enumerate() {
             // Lines after the first are joined with ", ", as RFC 9110 combines them.
-            let separator: &[u8] = if i == 0 { b"" } else { b", " };
-            if i == MAX_LINES || joined.len() + separator.len() + value.len() > MAX_FIELD_BYTES {
-                self.malformed(name.as_str(), value.as_bytes());
-                return None;
+            if i > 0 {
+                joined.extend_from_slice(b", ");
             }
-            joined.extend_from_slice(separator);
             joined.extend_from_slice(value.as_bytes());
         }
         (!joined.is_empty()).then_some(joined)

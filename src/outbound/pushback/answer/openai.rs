@@ -3,8 +3,6 @@
 //! each reset a Go duration (`1s`, `6m0s`, `20ms`). The requests are a quota of calls; the
 //! tokens hold calls only once they are spent.
 
-use std::time::Duration;
-
 use http::header::{HeaderMap, HeaderName};
 
 use super::{most_restrictive_family, AdvertisedQuota, Dialect, Family, Reader};
@@ -25,8 +23,6 @@ const FAMILIES: [Family; 2] = [
 /// The binding quota of OpenAI's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
     // The resets are durations; `Reader::reset` also takes the plain seconds some proxies send.
-    let reset = |reader: &Reader<'_>, field: &str, value: &[u8]| -> Option<Duration> {
-        reader.reset(field, value)
-    };
+    let reset = |field: &str, value: &[u8]| reader.reset(field, value);
     most_restrictive_family(reader, headers, Dialect::OpenAi, &FAMILIES, reset)
 }

@@ -8,6 +8,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::whole_number;
+
 /// A reset of at least this many seconds is a Unix time (2001-09-09 or later); a smaller one is
 /// a number of seconds from now. No window of a real API lasts 31 years, and no API answering
 /// today sends a reset time before 2001.
@@ -17,9 +19,9 @@ const EPOCH_SECONDS_FROM: u64 = 1_000_000_000;
 /// milliseconds): as seconds it would be more than 31 000 years away.
 const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
 
-/// A non-negative decimal number (`64`, `64.57`, `.5`): its whole part, saturating, and its
-/// first nine decimals as nanoseconds, rounded up past the ninth. `None` for anything else,
-/// signs and exponents included.
+/// A non-negative decimal number (`64`, `64.57`, `.5`): its whole part as written, saturating,
+/// and its fraction in billionths, rounded up past the ninth decimal (so up to 10^9, a whole
+/// one). `None` for anything else, signs and exponents included.
 fn decimal(text: &[u8]) -> Option<(u64, u32)> {
     let text = text.trim_ascii();
     let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
@@ -34,24 +36,32 @@ fn decimal(text: &[u8]) -> Option<(u64, u32)> {
     if whole.is_empty() && fraction.is_empty() {
         return None;
     }
-    let whole = whole.iter().fold(0u64, |n, &d| {
-        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-    });
+    let whole = whole_number(whole).unwrap_or(0);
     let mut nanos = 0u32;
     for i in 0..9 {
         let digit = fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
         nanos = nanos * 10 + digit;
     }
     let beyond = fraction.iter().skip(9).any(|&d| d != b'0');
-    Some(match nanos + u32::from(beyond) {
-        1_000_000_000 => (whole.saturating_add(1), 0),
-        nanos => (whole, nanos),
-    })
+    Some((whole, nanos + u32::from(beyond)))
+}
+
+/// `whole` seconds and `billionths` of one, saturating.
+fn in_seconds(whole: u64, billionths: u32) -> Duration {
+    Duration::from_secs(whole).saturating_add(Duration::from_nanos(u64::from(billionths)))
+}
+
+/// `whole` units of `unit_nanos` nanoseconds and `billionths` of one, the fraction rounded up
+/// to the nanosecond; saturating.
+fn in_unit(whole: u64, billionths: u32, unit_nanos: u128) -> Duration {
+    let nanos = u128::from(whole) * unit_nanos
+        + (u128::from(billionths) * unit_nanos).div_ceil(1_000_000_000);
+    u64::try_from(nanos).map_or(Duration::MAX, Duration::from_nanos)
 }
 
 /// Non-negative decimal seconds (`2`, `2.0`, `64.57`), rounded up to the nanosecond.
 pub(super) fn seconds(text: &[u8]) -> Option<Duration> {
-    decimal(text).map(|(whole, nanos)| Duration::new(whole, nanos))
+    decimal(text).map(|(whole, billionths)| in_seconds(whole, billionths))
 }
 
 /// A Go duration: one or more numbers, each with a unit (`h`, `m`, `s`, `ms`, `us` or `µs`,
@@ -67,7 +77,7 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
             .iter()
             .position(|b| !(b.is_ascii_digit() || *b == b'.'))
             .filter(|&end| end > 0)?;
-        let (whole, nanos) = decimal(&rest[..number_end])?;
+        let (whole, billionths) = decimal(&rest[..number_end])?;
         rest = &rest[number_end..];
         let unit_end = rest
             .iter()
@@ -84,11 +94,7 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
             _ => return None,
         };
         rest = &rest[unit_end..];
-        // Whole and fraction in the unit's nanoseconds, the fraction rounded up.
-        let span =
-            u128::from(whole) * nanos_per + (u128::from(nanos) * nanos_per).div_ceil(1_000_000_000);
-        let span = u64::try_from(span).map_or(Duration::MAX, Duration::from_nanos);
-        total = total.saturating_add(span);
+        total = total.saturating_add(in_unit(whole, billionths, nanos_per));
     }
     Some(total)
 }
@@ -102,24 +108,18 @@ pub(super) enum Reset {
 
 /// Reads a reset as [`Reset`] says; `None` for anything else.
 pub(super) fn reset(text: &[u8]) -> Option<Reset> {
-    let Some((whole, nanos)) = decimal(text) else {
+    let Some((whole, billionths)) = decimal(text) else {
         return go_duration(text).map(Reset::In);
     };
     // The magnitude is that of the digits written, before any rounding of the fraction
     // (`999999999.9999999999` is seconds from now, though it rounds up to 10^9).
-    let written = text.trim_ascii();
-    let integer = written.split(|&b| b == b'.').next().unwrap_or_default();
-    let magnitude = integer.iter().fold(0u64, |n, &d| {
-        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
-    });
-    let since_epoch = if magnitude >= EPOCH_MILLIS_FROM {
+    let since_epoch = if whole >= EPOCH_MILLIS_FROM {
         // The fraction is of a millisecond.
-        let millis = Duration::from_millis(whole);
-        millis.saturating_add(Duration::from_nanos(u64::from(nanos).div_ceil(1_000)))
-    } else if magnitude >= EPOCH_SECONDS_FROM {
-        Duration::new(whole, nanos)
+        in_unit(whole, billionths, 1_000_000)
+    } else if whole >= EPOCH_SECONDS_FROM {
+        in_seconds(whole, billionths)
     } else {
-        return Some(Reset::In(Duration::new(whole, nanos)));
+        return Some(Reset::In(in_seconds(whole, billionths)));
     };
     // A time past what `SystemTime` holds is as far away as any hold may be.
     Some(

@@ -3,9 +3,10 @@
 //!
 //! What is left is `X-RateLimit-Remaining` (or `RateLimit-Remaining`). When it resets is
 //! `X-RateLimit-Reset-After` when present and readable (Discord: decimal seconds from now,
-//! whatever their magnitude, which no clock skew moves), else `X-RateLimit-Reset` (or `RateLimit-Reset`), read as `when::reset` says:
-//! a Unix time in seconds (GitHub) or milliseconds, with or without a fraction (Discord), told
-//! apart by magnitude, or seconds or a Go duration from now. `X-RateLimit-Limit` is not used:
+//! whatever their magnitude, which no clock skew moves), else `X-RateLimit-Reset` (or
+//! `RateLimit-Reset`), read as `when::reset` says: a Unix time in seconds (GitHub) or
+//! milliseconds, with or without a fraction (Discord), told apart by magnitude, or seconds or
+//! a Go duration from now. `X-RateLimit-Limit` is not used:
 //! it says how many calls a window grants but not how long the window is, so it grants
 //! nothing after the reset.
 
