@@ -180,17 +180,21 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 ///
 /// The [module docs](self) show it in a `tower::retry::Policy`.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if let Some(pushed) = err.downcast_ref::<PushedBack>() {
-            return Some(pushed.retry_after());
-        }
-        if let Some(exhausted) = err.downcast_ref::<QuotaExhausted>() {
-            return Some(exhausted.retry_after());
-        }
-        next = err.source();
-    }
-    None
+    chain(err).find_map(|err| {
+        (err.downcast_ref::<PushedBack>()
+            .map(PushedBack::retry_after))
+        .or_else(|| {
+            err.downcast_ref::<QuotaExhausted>()
+                .map(QuotaExhausted::retry_after)
+        })
+    })
+}
+
+/// `err` and the errors of its [`source`](Error::source) chain, outermost first.
+pub(crate) fn chain<'e>(
+    err: &'e (dyn Error + 'static),
+) -> impl Iterator<Item = &'e (dyn Error + 'static)> {
+    std::iter::successors(Some(err), |&err| err.source())
 }
 
 /// Whether `err` (or an error in its [`source`](Error::source) chain) is a refusal by one of
@@ -200,16 +204,10 @@ pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
 /// layer gives the call's permits back, and a pushback the share of the advertised budget the
 /// call took.
 pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
-    let mut next = Some(err);
-    while let Some(err) = next {
-        if err.is::<PushedBack>()
+    chain(err).any(|err| {
+        err.is::<PushedBack>()
             || err.is::<QuotaExhausted>()
             || err.is::<crate::BulkheadFull>()
             || err.is::<crate::limiter::InsufficientCapacity>()
-        {
-            return true;
-        }
-        next = err.source();
-    }
-    false
+    })
 }

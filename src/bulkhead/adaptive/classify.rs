@@ -98,8 +98,7 @@ impl HttpOverload {
 
     /// The verdict on an error of the inner service (see the type's docs for the rule).
     pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
-        let mut cause = Some(error);
-        while let Some(error) = cause {
+        for error in crate::outbound::chain(error) {
             if error.is::<BulkheadFull>() {
                 return Verdict::Ignored;
             }
@@ -127,7 +126,6 @@ impl HttpOverload {
                     return Verdict::Overloaded;
                 }
             }
-            cause = error.source();
         }
         Verdict::Ignored
     }
