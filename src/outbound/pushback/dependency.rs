@@ -142,10 +142,16 @@ impl<C: Clock> Dependency<C> {
     /// A call started at `place` was refused below the layer, unsent: what it took of the
     /// advertised budget goes back, and waiters look again.
     pub(crate) fn give_back(&self, place: u64, counted: bool) {
+        self.change(|schedule, _| schedule.give_back(place, counted));
+    }
+
+    /// Changes the schedule at the clock's now by `change`, and wakes the waiters if calls may
+    /// start sooner than before.
+    fn change(&self, change: impl FnOnce(&mut Schedule, u64)) {
         let now = self.clock.now();
         let mut schedule = self.schedule();
         let before = schedule.free_at(now);
-        schedule.give_back(place, counted);
+        change(&mut schedule, now);
         let sooner = schedule.free_at(now) < before;
         drop(schedule);
         if sooner {
@@ -168,14 +174,6 @@ impl<C: Clock> Dependency<C> {
             return;
         }
         self.metrics.observed(&answer);
-        let now = self.clock.now();
-        let mut schedule = self.schedule();
-        let before = schedule.free_at(now);
-        schedule.apply(answer, now, own);
-        let sooner = schedule.free_at(now) < before;
-        drop(schedule);
-        if sooner {
-            self.sooner.notify_waiters();
-        }
+        self.change(|schedule, now| schedule.apply(answer, now, own));
     }
 }
