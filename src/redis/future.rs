@@ -66,7 +66,7 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Some(in_redis) = inner.refund(key, cost, decision) {
+                if let Some(Some(in_redis)) = inner.refund(key, cost, decision) {
                     // Failures are counted and logged inside.
                     let _ = in_redis.await;
                 }

@@ -221,8 +221,8 @@ impl RedisRateLimiter {
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
         match self.inner.refund(redis_key, cost, decision) {
-            Some(in_redis) => Ok(in_redis.await?),
-            None => Ok(()),
+            Some(Some(in_redis)) => Ok(in_redis.await?),
+            Some(None) | None => Ok(()),
         }
     }
 }
@@ -282,7 +282,7 @@ impl Inner {
 
     /// Whether `decision` is an admission of this limiter's for `key` (its Redis key): made in
     /// Redis through this limiter's store for that key, or by a fail mode.
-    pub(super) fn takes_back(&self, key: &str, decision: &Decision) -> bool {
+    fn takes_back(&self, key: &str, decision: &Decision) -> bool {
         decision.allowed
             && (decision.source != Source::State
                 || decision.is_from(self.store.id, fingerprint(key)))
@@ -291,7 +291,8 @@ impl Inner {
     /// Gives `decision` back. At once, a cached refusal of `key` is forgotten (its permits came
     /// back) and a fail mode's decision goes back to the local limiter; what Redis must still be
     /// told is returned as a call to send. A decision that Redis made for another key, or
-    /// through another store, gives nothing back.
+    /// through another store, gives nothing back: `None` (otherwise `Some`, with the call when
+    /// there is one).
     ///
     /// The call tells the script the instant the permits were charged at and the state the
     /// admission left (GCRA gives back only while the key's TAT is still that one), with the
@@ -306,7 +307,7 @@ impl Inner {
         key: String,
         cost: u32,
         decision: Decision,
-    ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
+    ) -> Option<Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static>> {
         if !self.takes_back(&key, &decision) {
             return None;
         }
@@ -316,7 +317,7 @@ impl Inner {
         }
         if !made_by_redis {
             self.fail_mode.refund(key, cost, decision);
-            return None;
+            return Some(None);
         }
         let refund = Operation::Refund {
             charged_at: decision.reserved_at,
@@ -325,7 +326,7 @@ impl Inner {
         };
         let cost = decision.refundable(cost);
         let inner = Arc::clone(self);
-        Some(async move {
+        Some(Some(async move {
             let quota = inner.quota.load_full();
             let call = async {
                 match inner.run_script(&quota, &key, refund, cost).await? {
@@ -336,7 +337,7 @@ impl Inner {
                 }
             };
             inner.bounded(&quota, &key, call).await
-        })
+        }))
     }
 
     /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
@@ -438,13 +439,15 @@ impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
-        let mine = self.inner.takes_back(&redis_key, &decision);
-        if let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) {
+        let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) else {
+            return false;
+        };
+        if let Some(in_redis) = in_redis {
             // Failures are counted and logged inside; nothing waits for the outcome.
             spawn_refund(&redis_key, async move {
                 let _ = in_redis.await;
             });
         }
-        mine
+        true
     }
 }
