@@ -442,6 +442,11 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         }
         taken
     }
+
+    /// Settles through the wrapped limiter; the admission still counts as allowed.
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        self.inner.settle(key, estimate, decision, cost)
+    }
 }
 
 #[cfg(test)]

@@ -141,6 +141,13 @@ where
             None => false,
         }
     }
+
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        match self.tiers.get(decision.tier()) {
+            Some((_, limiter)) => limiter.settle(key, estimate, decision, cost),
+            None => false,
+        }
+    }
 }
 
 /// A key whose tier function named a tier that the [`Tiers`] does not have.

@@ -191,6 +191,14 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
+    /// next cycles pay, as a reservation's is.
+    fn charge(&self, state: &FixedWindowState, _latest: &LatestReading, now: u64, cost: u32) {
+        let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        self.advance(&mut w, now);
+        w.used = w.used.saturating_add(u64::from(cost));
+    }
+
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
         let w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         let (cycle, used) = self.used_at(&w, now);

@@ -264,6 +264,17 @@ impl Algorithm for Gcra {
             });
     }
 
+    /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
+    fn charge(&self, state: &GcraState, latest: &LatestReading, now: u64, cost: u32) {
+        let now = now.min(MAX_NOW);
+        // Published first, as a decision does: whoever reads the new TAT reads this reading.
+        let now = now.max(latest.publish(now));
+        let debt = self.interval.saturating_mul(u64::from(cost));
+        let _ = (state.tat).fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+            Some(tat.max(now).saturating_add(debt))
+        });
+    }
+
     /// The permits the key still holds (`TAT − now` in intervals, rounded up), then, among keys
     /// holding as many, the one that took them earliest is kept longest.
     fn eviction_rank(&self, state: &GcraState, now: u64) -> u128 {

@@ -93,6 +93,14 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         decision: &Decision,
     );
 
+    /// Charges `cost` permits at `now` whatever the key has left: what an admitted request
+    /// turned out to cost beyond its estimate (see [`Limiter::settle`](crate::Limiter::settle)).
+    /// Never refused: beyond what is left it is debt, which the key's next requests wait for as
+    /// they would for permits it had used (GCRA's TAT runs past the burst, a window's count past
+    /// its limit). The permits count from `now` (or the latest reading, if later), as a request
+    /// of `cost` decided then would; no later admission is undone.
+    fn charge(&self, state: &Self::State, latest: &LatestReading, now: u64, cost: u32);
+
     /// The instant from which `state` carries no information: a key idle since then behaves as a
     /// new key, so the store may drop it without changing any decision. (The store publishes its
     /// own reading to the shard's [`LatestReading`] before it drops keys, so a reading older than

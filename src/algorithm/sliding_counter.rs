@@ -251,6 +251,15 @@ impl Algorithm for SlidingCounter {
         *count = count.saturating_sub(cost);
     }
 
+    /// The count of the window of `now` grows by `cost`, past the limit if it must. The
+    /// counter is approximate: the debt weighs on the estimate as that window's own counts
+    /// do, in full through the window and then as the previous window's share.
+    fn charge(&self, state: &SlidingCounterState, _latest: &LatestReading, now: u64, cost: u32) {
+        let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        self.advance(&mut c, now);
+        c.curr = c.curr.saturating_add(u64::from(cost));
+    }
+
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
         let mut c = *state.0.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.advance(&mut c, now);

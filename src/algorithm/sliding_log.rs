@@ -38,11 +38,16 @@ pub(crate) struct Log {
 
 impl Log {
     fn insert(&mut self, at: u64, cost: u32) {
-        self.total += u64::from(cost);
         let idx = self.entries.partition_point(|&(t, _)| t <= at);
         if idx > 0 && self.entries[idx - 1].0 == at {
-            self.entries[idx - 1].1 += cost;
+            // Charges of debt can pile up on one instant: an entry saturates, and the total
+            // counts what it holds.
+            let entry = &mut self.entries[idx - 1].1;
+            let added = cost.min(u32::MAX - *entry);
+            *entry += added;
+            self.total += u64::from(added);
         } else {
+            self.total += u64::from(cost);
             self.entries.insert(idx, (at, cost));
         }
     }
@@ -241,6 +246,16 @@ impl Algorithm for SlidingLog {
                 log.entries.remove(idx);
             }
             log.total -= u64::from(taken);
+        }
+    }
+
+    /// An entry of `cost` permits at `now`: every window that holds `now` counts them, past
+    /// the limit if it must.
+    fn charge(&self, state: &SlidingLogState, _latest: &LatestReading, now: u64, cost: u32) {
+        let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.advance(&mut log, now);
+        if cost > 0 {
+            log.insert(now, cost);
         }
     }
 

@@ -43,6 +43,10 @@ impl<K, L: Limiter<K>> Limiter<K> for Boxed<L> {
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         self.0.refund(key, cost, decision)
     }
+
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        self.0.settle(key, estimate, decision, cost)
+    }
 }
 
 /// Any [`Limiter`] behind one type, for limiters chosen at run time (as a configuration does):
@@ -105,5 +109,9 @@ impl<K: 'static> Limiter<K> for BoxLimiter<K> {
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         self.inner.refund(key, cost, decision)
+    }
+
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        self.inner.settle(key, estimate, decision, cost)
     }
 }

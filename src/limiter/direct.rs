@@ -170,4 +170,20 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
         }
         mine
     }
+
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        let estimate = decision.refundable(estimate);
+        if cost < estimate {
+            return Limiter::<K>::refund(self, key, estimate - cost, decision);
+        }
+        let mine = decision.allowed && decision.is_from(self.inner.id, 0);
+        if mine {
+            let rule = self.inner.read_rule();
+            let now = self.inner.clock.now();
+            let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
+            rule.algorithm
+                .charge(&self.inner.state, &self.inner.latest, now, debt);
+        }
+        mine
+    }
 }

@@ -283,4 +283,27 @@ where
             })
             .unwrap_or(false)
     }
+
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        let estimate = decision.refundable(estimate);
+        if cost < estimate {
+            return self.refund(key, estimate - cost, decision);
+        }
+        if !decision.allowed {
+            return false;
+        }
+        let now = self.inner.clock.now();
+        self.inner
+            .store
+            .with_existing(key, |rule, s, latest, hash| {
+                let mine = decision.is_from(self.inner.id, hash);
+                if mine {
+                    let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
+                    rule.algorithm.charge(s, latest, now, debt);
+                }
+                mine
+            })
+            // An evicted key forgot the admission, and its debt with it, as eviction forgets.
+            .unwrap_or(false)
+    }
 }

@@ -131,6 +131,27 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// for a refusal, another limiter's or another key's decision, or one built by hand, which
     /// change nothing. [`Observed`](crate::observe::Observed) counts only what was taken back.
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool;
+
+    /// Settles an admission of `estimate` permits to `cost`, what the request turned out to
+    /// cost once its answer came (the tokens an LLM API reports): the difference is given back
+    /// when it cost less, by the rules of [`refund`](Self::refund) (never more than the
+    /// admission took), or charged when it cost more.
+    ///
+    /// A charge is never refused: beyond what the key has left it is debt, which its next
+    /// requests wait for as they would for permits it used. It counts from the instant of the
+    /// settle, and no admission made meanwhile is undone (the quota can be exceeded by the
+    /// requests that were in flight, as with any cost known only afterwards; with an estimate
+    /// that bounds the cost, such as a request's `max_tokens`, it never is). A cost above the
+    /// most one request can take ([`InsufficientCapacity`]'s capacity) is charged as that most.
+    /// The crate's limiters take the estimate from the decision where it is smaller than
+    /// `estimate`, so that a settle never gives back what was not taken.
+    ///
+    /// Returns whether the decision was this limiter's for `key`, as [`refund`](Self::refund)
+    /// does. The default gives back the difference with `refund` and keeps the estimate where
+    /// the request cost more (a limiter of your own charges debt only if it says how).
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && self.refund(key, estimate - cost, decision)
+    }
 }
 
 pin_project! {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::limiter::Change;
 use super::RedisFailure;
 use crate::decision::{Decision, Source};
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
@@ -71,11 +72,15 @@ impl RedisFailMode {
         Ok(decision.of_cost(cost))
     }
 
-    /// Gives a decision that this fail mode took back to its local limiter, if it has one.
-    pub(crate) fn refund(&self, key: String, cost: u32, mut decision: Decision) {
+    /// Gives a decision that this fail mode took back to its local limiter, or settles it
+    /// there, if it has one.
+    pub(super) fn change(&self, key: String, mut decision: Decision, change: Change) {
         if let Self::Fallback(local) = self {
             decision.source = Source::State;
-            local.refund(&key, cost, decision);
+            match change {
+                Change::GiveBack(cost) => local.refund(&key, cost, decision),
+                Change::Charge { estimate, cost } => local.settle(&key, estimate, decision, cost),
+            };
         }
     }
 }

@@ -63,6 +63,13 @@ if op == 'r' then
   return refunded()
 end
 
+if op == 'c' then
+  -- The count of this cycle grows, past the limit if it must: debt the next cycles pay.
+  u = u + cost
+  save()
+  return refunded()
+end
+
 local max_wait = arg5
 if u + cost <= limit then
   u = u + cost

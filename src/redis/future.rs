@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use super::limiter::{spawn_refund, Inner};
+use super::limiter::{spawn_refund, Change, Inner};
 use crate::decision::Decision;
 use crate::BoxError;
 
@@ -66,7 +66,7 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Some(Some(in_redis)) = inner.refund(key, cost, decision) {
+                if let Some(Some(in_redis)) = inner.change(key, decision, Change::GiveBack(cost)) {
                     // Failures are counted and logged inside.
                     let _ = in_redis.await;
                 }

@@ -60,6 +60,13 @@ if op == 'r' then
   return refunded()
 end
 
+if op == 'c' then
+  -- The TAT moves on by the charge, past the burst if it must (as `Gcra::charge`), and no
+  -- further than the arithmetic stays exact (2^53 - 1).
+  save(math.min(math.max(tat, now) + interval * cost, 9007199254740991), now)
+  return refunded()
+end
+
 local max_wait = arg5
 local base = math.max(tat, now)
 local new_tat = base + interval * cost

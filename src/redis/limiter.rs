@@ -220,7 +220,32 @@ impl RedisRateLimiter {
         decision: Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
-        match self.inner.refund(redis_key, cost, decision) {
+        match self
+            .inner
+            .change(redis_key, decision, Change::GiveBack(cost))
+        {
+            Some(Some(in_redis)) => Ok(in_redis.await?),
+            Some(None) | None => Ok(()),
+        }
+    }
+
+    /// Settles an admission of `estimate` permits to `cost`, as [`Limiter::settle`] does, and
+    /// waits until Redis has applied it.
+    ///
+    /// # Errors
+    ///
+    /// The [`RedisFailure`] of a settle that Redis did not apply (counted and logged as a
+    /// failure, and not sent again).
+    pub async fn settle_and_wait<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        estimate: u32,
+        decision: Decision,
+        cost: u32,
+    ) -> Result<(), BoxError> {
+        let redis_key = self.inner.keys.redis_key(key);
+        let change = Change::settle(estimate, &decision, cost);
+        match self.inner.change(redis_key, decision, change) {
             Some(Some(in_redis)) => Ok(in_redis.await?),
             Some(None) | None => Ok(()),
         }
@@ -288,9 +313,9 @@ impl Inner {
                 || decision.is_from(self.store.id, fingerprint(key)))
     }
 
-    /// Gives `decision` back. At once, a cached refusal of `key` is forgotten (its permits came
-    /// back) and a fail mode's decision goes back to the local limiter; what Redis must still be
-    /// told is returned as a call to send. A decision that Redis made for another key, or
+    /// Gives `decision` back, or settles it (see [`Change`]). At once, a cached refusal of `key`
+    /// is forgotten (its permits came back) and a fail mode's decision goes to the local
+    /// limiter; what Redis must still be told is returned as a call to send. A decision that Redis made for another key, or
     /// through another store, gives nothing back: `None` (otherwise `Some`, with the call when
     /// there is one).
     ///
@@ -301,22 +326,27 @@ impl Inner {
     /// take off that admission's permits, from wherever they still count), so applying it late
     /// is as right as applying it at once, and dropping it would leave a refused request's
     /// permits spent. It is sent exactly once per decision (nothing retries it), so a late one
-    /// cannot be applied twice.
-    pub(super) fn refund(
+    /// cannot be applied twice. A charge is the same: a forced admission of the difference, at
+    /// the script's instant, which Redis never refuses.
+    pub(super) fn change(
         self: &Arc<Self>,
         key: String,
-        cost: u32,
         decision: Decision,
+        change: Change,
     ) -> Option<Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static>> {
         if !self.takes_back(&key, &decision) {
             return None;
+        }
+        if matches!(change, Change::Charge { estimate, cost } if cost <= estimate) {
+            // Settled to its estimate: nothing changes.
+            return Some(None);
         }
         let made_by_redis = decision.source == Source::State;
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
         if !made_by_redis {
-            self.fail_mode.refund(key, cost, decision);
+            self.fail_mode.change(key, decision, change);
             return Some(None);
         }
         let refund = Operation::Refund {
@@ -324,15 +354,21 @@ impl Inner {
             left: decision.state_after,
             reserved: !decision.wait.is_zero(),
         };
-        let cost = decision.refundable(cost);
         let inner = Arc::clone(self);
         Some(Some(async move {
             let quota = inner.quota.load_full();
+            let (operation, cost) = match change {
+                Change::GiveBack(cost) => (refund, decision.refundable(cost)),
+                Change::Charge { estimate, cost } => {
+                    let debt = cost.min(quota.capacity).saturating_sub(estimate);
+                    (Operation::Charge, debt)
+                }
+            };
             let call = async {
-                match inner.run_script(&quota, &key, refund, cost).await? {
+                match inner.run_script(&quota, &key, operation, cost).await? {
                     Reply::Refunded(_) => Ok(()),
                     other => Err(RedisFailure::BadReply(format!(
-                        "{other:?} is not the answer to a refund"
+                        "{other:?} is not the answer to a refund or a charge"
                     ))),
                 }
             };
@@ -389,6 +425,28 @@ impl Inner {
     }
 }
 
+/// What becomes of an admission that goes back to its limiter.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Change {
+    /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
+    GiveBack(u32),
+    /// It cost `cost`, more than its `estimate`: the difference is charged.
+    Charge { estimate: u32, cost: u32 },
+}
+
+impl Change {
+    /// What settling `decision`, admitted for `estimate`, to `cost` changes: never more given
+    /// back than the decision took.
+    fn settle(estimate: u32, decision: &Decision, cost: u32) -> Self {
+        let estimate = decision.refundable(estimate);
+        if cost < estimate {
+            Self::GiveBack(estimate - cost)
+        } else {
+            Self::Charge { estimate, cost }
+        }
+    }
+}
+
 /// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
 /// not given back.
 pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
@@ -438,8 +496,21 @@ impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
+        self.send(key, decision, Change::GiveBack(cost))
+    }
+
+    /// A charge is one more script call, sent as a refund is: see [`Limiter::settle`].
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        let change = Change::settle(estimate, &decision, cost);
+        self.send(key, decision, change)
+    }
+}
+
+impl RedisRateLimiter {
+    /// Applies `change` to `decision`, sending what Redis must be told from a spawned task.
+    fn send<K: RedisKey + ?Sized>(&self, key: &K, decision: Decision, change: Change) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
-        let Some(in_redis) = self.inner.refund(redis_key.clone(), cost, decision) else {
+        let Some(in_redis) = self.inner.change(redis_key.clone(), decision, change) else {
             return false;
         };
         if let Some(in_redis) = in_redis {

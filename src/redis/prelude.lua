@@ -5,11 +5,13 @@
 -- are doubles, exact for integers below 2^53; the client checks that every value it sends keeps
 -- the arithmetic below that bound, and the helpers below round exactly like the Rust code.
 --
--- ARGV[1] operation: 'd' decide, 'r' refund
+-- ARGV[1] operation: 'd' decide, 'r' refund, 'c' charge (a forced admission: what a settled
+--         request cost beyond its estimate; never refused, debt beyond what is left)
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
--- ARGV[5] decide: longest wait a caller accepts; refund: instant the admission was charged at
+-- ARGV[5] decide: longest wait a caller accepts; refund: instant the admission was charged at;
+--         charge: 0
 -- ARGV[6] milliseconds added to every expiry: 0 with the server's TIME; with a client clock,
 --         whose pace need not match the server's, a margin so no state expires while it matters
 -- ARGV[7] deadline in the server's TIME (microseconds), or '' for none: a script that runs
@@ -21,7 +23,7 @@
 --   decision: { allowed (0 or 1), remaining, retry_after, reset_after, wait, reserved_at, time }
 --             GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
 --   late:     { 2, time }
---   refund:   { 3, time }
+--   refund or charge: { 3, time }
 
 if redis.replicate_commands then
   -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
@@ -120,7 +122,7 @@ local function decision(allowed, remaining, retry_after, reset_after, wait, rese
   return { allowed, remaining, retry_after, reset_after, wait, reserved_at, server_time }
 end
 
--- The reply of an applied refund.
+-- The reply of an applied refund or charge.
 local function refunded()
   return { 3, server_time }
 end

@@ -99,6 +99,9 @@ pub(crate) enum Operation {
         left: u64,
         reserved: bool,
     },
+    /// Charging the permits at the script's instant, never refused: what an admission cost
+    /// beyond its estimate. A charge has no deadline, as a refund has none.
+    Charge,
 }
 
 /// A quota and the arguments a script takes for it, in the ticks the script works in.
@@ -207,6 +210,7 @@ impl ScriptQuota {
         let (op, wait_or_charged_at, deadline) = match operation {
             Operation::Decide { max_wait, deadline } => ("d", max_wait, deadline.to_string()),
             Operation::Refund { charged_at, .. } => ("r", charged_at, String::new()),
+            Operation::Charge => ("c", 0, String::new()),
         };
         let mut invocation = self.script.lua().prepare_invoke();
         invocation

@@ -100,6 +100,13 @@ if op == 'r' then
   return refunded()
 end
 
+if op == 'c' then
+  -- The count of the window of now grows, past the limit if it must.
+  curr = curr + cost
+  save()
+  return refunded()
+end
+
 local max_wait = arg5
 local here = earliest(prev, curr)
 if here and here <= e then

@@ -94,6 +94,13 @@ if op == 'r' then
   return refunded()
 end
 
+if op == 'c' then
+  -- The charge's permits at now, past the limit if it must.
+  add(now, cost)
+  save()
+  return refunded()
+end
+
 -- The earliest instant t >= now at which `cost` fits, and the count that weighs on an admission
 -- at now (the fullest window containing now), as the in-memory log finds them.
 --

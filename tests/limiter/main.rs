@@ -16,4 +16,5 @@ mod quota_bounds;
 mod quota_change;
 mod refund_misuse;
 mod refund_semantics;
+mod settle;
 mod tiers;

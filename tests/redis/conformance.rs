@@ -57,6 +57,7 @@ struct Exercised {
     reservations: usize,
     immediate_refunds: usize,
     vetoes: usize,
+    settles: [usize; 2],
 }
 
 /// The largest clock a Redis script takes exactly (2^52 ns).
@@ -109,9 +110,18 @@ async fn run<A: RedisAlgorithm>(
                 let now = u64::try_from(clock.elapsed().as_nanos()).unwrap();
                 clock.advance(Duration::from_nanos(by.min(MAX_NOW - now)));
             }
-            // Give back a held admission, as a dropped waiter or a veto does.
+            // Give back a held admission, as a dropped waiter or a veto does, or settle it to
+            // what it cost: less, as much, more, or beyond what one request may take.
             3 if !held.is_empty() => {
                 let (key, cost, m, r) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                if rng.below(2) == 0 {
+                    let actual = rng.below(2 * u64::from(cost) + 2) as u32;
+                    let actual = if rng.below(8) == 0 { u32::MAX } else { actual };
+                    seen.settles[usize::from(actual > cost)] += 1;
+                    memory.settle(&key, cost, m, actual);
+                    redis.settle_and_wait(&key, cost, r, actual).await.unwrap();
+                    continue;
+                }
                 if m.wait.is_zero() {
                     seen.immediate_refunds += 1;
                 }
@@ -163,6 +173,9 @@ async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
             total.reservations += seen.reservations;
             total.immediate_refunds += seen.immediate_refunds;
             total.vetoes += seen.vetoes;
+            for (total, seen) in total.settles.iter_mut().zip(seen.settles) {
+                *total += seen;
+            }
         }
     }
     let name = std::any::type_name::<A>();
@@ -172,6 +185,11 @@ async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
         "{name}: no immediate admission refunded"
     );
     assert!(total.vetoes > 0, "{name}: no veto exercised");
+    assert!(
+        total.settles.iter().all(|&n| n > 0),
+        "{name}: settles to less and to more not both exercised: {:?}",
+        total.settles
+    );
 }
 
 #[tokio::test]

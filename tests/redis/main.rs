@@ -24,4 +24,6 @@ mod http_layer;
 #[cfg(feature = "redis")]
 mod refund;
 #[cfg(feature = "redis")]
+mod settle;
+#[cfg(feature = "redis")]
 mod store;

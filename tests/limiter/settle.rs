@@ -1,0 +1,308 @@
+//! Costs settled after the fact (an LLM API's tokens): a request reserves an estimate and is
+//! settled to what it cost. Exact under concurrency, debt that delays the key and is never lost,
+//! and a model of each key's tokens.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
+use tower_bulwark::{clock::ManualClock, DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
+
+/// Eight threads race on one key of 1 000 tokens a minute with the clock standing still: each
+/// reserves an estimate of up to 50 tokens and settles to a cost of at most that. Whatever the
+/// interleaving, the tokens the key admits in all are exactly its quota: what the settled
+/// requests cost, plus what the key still admits afterwards, is 1 000, no more, no less.
+fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
+    let clock = ManualClock::new();
+    let quota = Quota::per_minute(1000).unwrap();
+    let limiter = KeyedRateLimiter::<&str>::builder(quota)
+        .algorithm::<A>()
+        .clock(clock)
+        .build();
+    let spent = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (limiter, spent, barrier) = (limiter.clone(), spent.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut seed = t * 7919 + 1;
+                barrier.wait();
+                for _ in 0..400 {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let estimate = 1 + (seed >> 33) as u32 % 50;
+                    let cost = (seed >> 13) as u32 % (estimate + 1);
+                    let decision = limiter.check_n(&"tenant", estimate).unwrap();
+                    if decision.allowed {
+                        assert!(limiter.settle(&"tenant", estimate, decision, cost));
+                        spent.fetch_add(u64::from(cost), Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let mut left = 0;
+    while limiter.check(&"tenant").allowed {
+        left += 1;
+    }
+    let name = std::any::type_name::<A>();
+    assert_eq!(
+        spent.load(Ordering::Relaxed) + left,
+        1000,
+        "{name}: settled tokens plus what is left must be the quota"
+    );
+}
+
+#[test]
+fn racing_settles_add_up_to_the_quota_under_gcra() {
+    racing_settles_add_up_to_the_quota::<Gcra>();
+}
+
+#[test]
+fn racing_settles_add_up_to_the_quota_under_the_fixed_window() {
+    racing_settles_add_up_to_the_quota::<FixedWindow>();
+}
+
+#[test]
+fn racing_settles_add_up_to_the_quota_under_the_sliding_log() {
+    racing_settles_add_up_to_the_quota::<SlidingLog>();
+}
+
+#[test]
+fn racing_settles_add_up_to_the_quota_under_the_sliding_counter() {
+    racing_settles_add_up_to_the_quota::<SlidingCounter>();
+}
+
+/// A request that cost more than its estimate leaves debt: the key waits for it, and the refusal
+/// says for how long, to the nanosecond.
+#[test]
+fn a_cost_beyond_what_is_left_is_debt_the_key_waits_for() {
+    let clock = ManualClock::new();
+    // 600 tokens a minute: one every 100 ms.
+    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
+        .clock(clock.clone())
+        .build();
+    let d = limiter.check_n(&1, 500).unwrap();
+    assert!(
+        limiter.settle(&1, 500, d, 500),
+        "the limiter's own decision"
+    );
+    let d = limiter.check_n(&1, 50).unwrap();
+    assert!(limiter.settle(&1, 50, d, 150));
+    // 650 of 600 used: 50 tokens of debt, 5 s, and then the one token asked for.
+    let refused = limiter.check(&1);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_millis(5100));
+    clock.advance(Duration::from_millis(5099));
+    assert!(!limiter.check(&1).allowed);
+    clock.advance(Duration::from_millis(1));
+    assert!(limiter.check(&1).allowed);
+}
+
+/// A cost above the most one request may take is charged as that most, never wrapping, and
+/// never under a key it was not decided for, nor twice.
+#[test]
+fn absurd_and_misdirected_settles_change_what_they_should_and_no_more() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
+        .clock(clock.clone())
+        .build();
+    let other = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
+        .clock(clock.clone())
+        .build();
+    let d = limiter.check_n(&1, 10).unwrap();
+    // Another limiter's decision, another key: nothing changes.
+    assert!(!other.settle(&1, 10, limiter.check_n(&2, 1).unwrap(), u32::MAX));
+    assert!(!limiter.settle(&3, 10, limiter.check_n(&2, 1).unwrap(), u32::MAX));
+    assert_eq!(other.check(&1).remaining, 599);
+    assert!(limiter.settle(&1, 10, d, u32::MAX));
+    // Charged as 600, the capacity: the key is empty, and owes nothing more.
+    let refused = limiter.check(&1);
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_millis(100));
+    // An estimate larger than what the decision took gives back only what it took.
+    let d = limiter.check_n(&2, 5).unwrap();
+    let before = limiter.check(&2).remaining;
+    assert!(limiter.settle(&2, 500, d, 0));
+    assert_eq!(limiter.check(&2).remaining, before + 5 - 1);
+}
+
+/// The same for a direct limiter: one budget, settled.
+#[test]
+fn a_direct_limiter_settles_its_one_budget() {
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(Quota::per_minute(100).unwrap())
+        .algorithm::<FixedWindow>()
+        .clock(clock.clone())
+        .build();
+    let d = limiter.check_n(60).unwrap();
+    assert!(Limiter::<()>::settle(&limiter, &(), 60, d, 20));
+    assert_eq!(limiter.check_n(80).unwrap().remaining, 0);
+    let d = limiter.check_n(1);
+    assert!(!d.unwrap().allowed);
+}
+
+/// What one step of a model sequence does.
+#[derive(Debug, Clone)]
+enum Step {
+    Advance(u64),
+    /// Reserve this estimate.
+    Reserve(u32),
+    /// Settle the held request at this index (mod the count held) to this many eighths of its
+    /// estimate.
+    Settle(usize, u32),
+}
+
+fn steps(eighths: std::ops::RangeInclusive<u32>) -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            (0..40_000u64).prop_map(Step::Advance),
+            (0..3u64).prop_map(Step::Advance),
+            (1..=4u32).prop_map(Step::Reserve),
+            (0..8usize, eighths).prop_map(|(i, e)| Step::Settle(i, e)),
+        ],
+        1..120,
+    )
+}
+
+/// Runs `steps` on a direct limiter of `A` and returns every admitted request as (instant,
+/// final cost): what it settled to, or its estimate if it never settled.
+fn run<A: Algorithm>(q: Quota, steps: Vec<Step>) -> Vec<(u64, u64)> {
+    let clock = ManualClock::new();
+    let limiter = DirectRateLimiter::builder(q)
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build();
+    let mut now = 0u64;
+    let mut admitted: Vec<(u64, u64)> = Vec::new();
+    let mut held: Vec<(usize, u32, tower_bulwark::limiter::Decision)> = Vec::new();
+    for step in steps {
+        match step {
+            Step::Advance(d) => {
+                now += d;
+                clock.advance(Duration::from_nanos(d));
+            }
+            Step::Reserve(estimate) => {
+                if let Ok(d) = limiter.check_n(estimate) {
+                    if d.allowed {
+                        admitted.push((now, u64::from(estimate)));
+                        held.push((admitted.len() - 1, estimate, d));
+                    }
+                }
+            }
+            Step::Settle(i, eighths) if !held.is_empty() => {
+                let (index, estimate, d) = held.swap_remove(i % held.len());
+                let cost = estimate * eighths / 8;
+                assert!(Limiter::<()>::settle(&limiter, &(), estimate, d, cost));
+                admitted[index].1 = u64::from(cost);
+            }
+            Step::Settle(..) => {}
+        }
+    }
+    admitted
+}
+
+/// The most tokens admitted requests cost in any span of `span` nanoseconds that starts at an
+/// admission.
+fn most_in_any_span(admitted: &[(u64, u64)], span: u64) -> u64 {
+    admitted
+        .iter()
+        .map(|&(a, _)| {
+            admitted
+                .iter()
+                .filter(|&&(t, _)| t >= a && t < a + span)
+                .map(|&(_, n)| n)
+                .sum()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Settles to at most the estimate, in any order, at any time: counting every admitted
+    /// request at what it finally cost, no window of any algorithm ever holds more than the
+    /// quota allows (GCRA: burst + S/T over any span S; the fixed window and the sliding
+    /// counter: the limit per cycle; the sliding log: the limit in every sliding window).
+    #[test]
+    fn settled_tokens_never_exceed_the_quota_in_any_window(
+        permits in 1u32..8, burst in 1u32..10, which in 0usize..4, steps in steps(0..=8),
+    ) {
+        let period = 60_000u64;
+        let q = Quota::with_period(permits, Duration::from_nanos(period)).unwrap().with_burst(burst).unwrap();
+        let limit = u64::from(permits);
+        match which {
+            0 => {
+                let admitted = run::<Gcra>(q, steps);
+                let t = q.emission_interval().as_nanos() as u64;
+                for &(a, _) in &admitted {
+                    for &(b, _) in admitted.iter().filter(|&&(b, _)| b >= a) {
+                        let sum: u64 = admitted.iter().filter(|&&(x, _)| x >= a && x <= b).map(|&(_, n)| n).sum();
+                        prop_assert!(sum * t <= (b - a) + u64::from(burst) * t, "{} tokens in [{}, {}]", sum, a, b);
+                    }
+                }
+            }
+            1 | 3 => {
+                let admitted = if which == 1 { run::<FixedWindow>(q, steps) } else { run::<SlidingCounter>(q, steps) };
+                for &(a, _) in &admitted {
+                    let cycle = a / period;
+                    let sum: u64 = admitted.iter().filter(|&&(x, _)| x / period == cycle).map(|&(_, n)| n).sum();
+                    prop_assert!(sum <= limit, "{} tokens in cycle {}", sum, cycle);
+                }
+            }
+            _ => {
+                let admitted = run::<SlidingLog>(q, steps);
+                prop_assert!(most_in_any_span(&admitted, period) <= limit);
+            }
+        }
+    }
+
+    /// GCRA against a leaky bucket of tokens, with settles to the estimate or more: a request
+    /// is admitted exactly when the bucket has room for its estimate, and a settle pours the
+    /// difference in at its own instant, past the brim if it must (debt). Every decision and
+    /// every refusal's `retry_after` match the model: the debt is never lost, nor counted twice.
+    #[test]
+    fn gcra_debt_is_a_leaky_bucket_of_tokens(
+        permits in 1u32..8, burst in 4u32..10, steps in steps(8..=24),
+    ) {
+        let q = Quota::with_period(permits, Duration::from_nanos(60_000)).unwrap().with_burst(burst).unwrap();
+        let t = q.emission_interval().as_nanos() as u64;
+        let clock = ManualClock::new();
+        let limiter = DirectRateLimiter::builder(q).clock(clock.clone()).build();
+        let (mut level, mut last, mut now) = (0u64, 0u64, 0u64);
+        let mut held = Vec::new();
+        for step in steps {
+            level = level.saturating_sub(now - last);
+            last = now;
+            match step {
+                Step::Advance(d) => { now += d; clock.advance(Duration::from_nanos(d)); }
+                Step::Reserve(estimate) => {
+                    let d = limiter.check_n(estimate).unwrap();
+                    let need = u64::from(estimate) * t;
+                    let fits = level + need <= u64::from(burst) * t;
+                    prop_assert_eq!(d.allowed, fits, "level {} need {}", level, need);
+                    if fits {
+                        level += need;
+                        held.push((estimate, d));
+                    } else {
+                        prop_assert_eq!(d.retry_after, Duration::from_nanos(level + need - u64::from(burst) * t));
+                    }
+                }
+                Step::Settle(i, eighths) if !held.is_empty() => {
+                    let (estimate, d) = held.swap_remove(i % held.len());
+                    let cost = (estimate * eighths / 8).min(burst);
+                    prop_assert!(Limiter::<()>::settle(&limiter, &(), estimate, d, cost));
+                    level += u64::from(cost - estimate) * t;
+                }
+                Step::Settle(..) => {}
+            }
+        }
+    }
+}

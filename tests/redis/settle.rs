@@ -1,0 +1,126 @@
+//! Costs settled through a real Redis: tasks racing with estimates and settles on one key get
+//! exactly the quota in tokens, for every algorithm; debt is charged in Redis; a fail mode's
+//! decision settles with its local limiter.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::redis_server::RedisServer;
+use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    clock::ManualClock,
+    Limiter, Quota,
+};
+
+fn limiter<A: RedisAlgorithm>(
+    store: &RedisStore,
+    clock: &ManualClock,
+    prefix: &str,
+) -> RedisRateLimiter {
+    RedisRateLimiter::builder(Quota::per_minute(1000).unwrap(), store.clone())
+        .algorithm::<A>()
+        .client_clock(clock.clone())
+        .prefix(prefix)
+        .fail_mode(RedisFailMode::Propagate)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Sixteen tasks on four limiters (instances) of one Redis race on one key of 1 000 tokens a
+/// minute, the clock standing still: each reserves up to 50 and settles to at most that. The
+/// settled tokens and what the key admits afterwards add up to the quota exactly.
+async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1));
+    let instances: Vec<_> = (0..4)
+        .map(|_| limiter::<A>(store, &clock, prefix))
+        .collect();
+    let spent = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16u64)
+        .map(|t| {
+            let (limiter, spent) = (instances[t as usize % 4].clone(), spent.clone());
+            tokio::spawn(async move {
+                let mut seed = t * 7919 + 1;
+                for _ in 0..40 {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let estimate = 1 + (seed >> 33) as u32 % 50;
+                    let cost = (seed >> 13) as u32 % (estimate + 1);
+                    let decision = limiter.reserve(&"tenant", estimate).await.unwrap();
+                    if decision.allowed {
+                        limiter
+                            .settle_and_wait(&"tenant", estimate, decision, cost)
+                            .await
+                            .unwrap();
+                        spent.fetch_add(u64::from(cost), Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut left = 0;
+    while instances[0].reserve(&"tenant", 1).await.unwrap().allowed {
+        left += 1;
+    }
+    let name = std::any::type_name::<A>();
+    assert_eq!(
+        spent.load(Ordering::Relaxed) + left,
+        1000,
+        "{name}: settled tokens plus what is left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
+    let Some(server) = RedisServer::start("racing_settles_in_redis") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    racing_settles_add_up_to_the_quota::<Gcra>(&store, "gcra:").await;
+    racing_settles_add_up_to_the_quota::<FixedWindow>(&store, "fw:").await;
+    racing_settles_add_up_to_the_quota::<SlidingLog>(&store, "sl:").await;
+    racing_settles_add_up_to_the_quota::<SlidingCounter>(&store, "sc:").await;
+}
+
+/// Debt in Redis: a settle to more than is left delays the key on every instance, by exactly
+/// the tokens owed; the synchronous `settle` sends it from a task of its own.
+#[tokio::test]
+async fn debt_settled_in_redis_delays_every_instance() {
+    let Some(server) = RedisServer::start("debt_settled_in_redis") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1));
+    let (a, b) = (
+        limiter::<Gcra>(&store, &clock, "debt:"),
+        limiter::<Gcra>(&store, &clock, "debt:"),
+    );
+    let d = a.reserve(&"k", 990).await.unwrap();
+    assert!(d.allowed);
+    a.settle_and_wait(&"k", 990, d, 990).await.unwrap();
+    let d = a.reserve(&"k", 10).await.unwrap();
+    assert!(
+        Limiter::<&str>::settle(&a, &"k", 10, d, 70),
+        "its own decision"
+    );
+    // Sent from a spawned task: wait until it lands.
+    let mut refused = b.reserve(&"k", 1).await.unwrap();
+    for _ in 0..100 {
+        if refused.retry_after > Duration::from_secs(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        refused = b.reserve(&"k", 1).await.unwrap();
+    }
+    // 1 060 of 1 000 used: 60 tokens of debt (3.6 s) and then the one asked for (60 ms).
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after, Duration::from_millis(3660));
+}
