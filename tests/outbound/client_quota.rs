@@ -312,3 +312,78 @@ async fn calls_refused_below_the_quota_give_their_permits_back() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!((0..20).filter(|_| outer.check().allowed).count(), 8);
 }
+
+/// Calls to an LLM API through a real `reqwest::Client`, each reserving its request's
+/// `max_tokens` (100) and settled to the `x-usage-total-tokens` the dependency reports (40), 24
+/// of them racing on 1 000 tokens an hour: however many went, the tokens the dependency
+/// reports plus what the quota still grants are exactly the quota. A response without a usage
+/// keeps its estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).insert_header("x-usage-total-tokens", "40"))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(|response: &reqwest::Response| {
+            response
+                .headers()
+                .get("x-usage-total-tokens")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .layer(reqwest::Client::new());
+    let url = server.uri();
+    let handles: Vec<_> = (0..24)
+        .map(|_| {
+            let (mut client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let request = reqwest::Request::new(reqwest::Method::POST, url.parse().unwrap());
+                client.ready().await.unwrap().call(request).await.is_ok()
+            })
+        })
+        .collect();
+    let mut sent = 0u64;
+    for handle in handles {
+        sent += u64::from(handle.await.unwrap());
+    }
+    // At least the ten that fit at 100 each went; refused ones spent nothing.
+    assert!(sent >= 10, "{sent} sent");
+    let mut left = 0;
+    while tokens.check().allowed {
+        left += 1;
+    }
+    assert_eq!(sent * 40 + left, 1000);
+
+    // No usage in the answer: the 100 reserved stay spent.
+    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(|response: &reqwest::Response| {
+            response
+                .headers()
+                .get("x-usage-total-tokens")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .layer(reqwest::Client::new());
+    let request = reqwest::Request::new(reqwest::Method::GET, url.parse().unwrap());
+    client.oneshot(request).await.unwrap();
+    assert_eq!(tokens.check_n(900).unwrap().remaining, 0);
+    assert!(!tokens.check().allowed);
+}

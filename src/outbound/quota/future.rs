@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::charge::QuotaSettle;
 use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
@@ -47,7 +48,7 @@ pin_project! {
     /// permits, waits for them if it must, then runs the call. Dropped while it waits, it gives
     /// the permits back.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, L, K, Req>
+    pub struct ResponseFuture<S, L, K, Req, U = ()>
     where
         S: Service<Req>,
         L: Limiter<K>,
@@ -55,6 +56,8 @@ pin_project! {
         shared: Arc<Shared<L>>,
         key: K,
         cost: u32,
+        // What the response says the call cost.
+        settle: U,
         // The permits of a call waiting for them: given back if the call is dropped unsent.
         reserved: Option<Decision>,
         // The permits of a call sent on to the inner service: given back if it refuses the
@@ -64,7 +67,7 @@ pin_project! {
         state: State<S, Req, L::Future>,
     }
 
-    impl<S, L, K, Req> PinnedDrop for ResponseFuture<S, L, K, Req>
+    impl<S, L, K, Req, U> PinnedDrop for ResponseFuture<S, L, K, Req, U>
     where
         S: Service<Req>,
         L: Limiter<K>,
@@ -123,7 +126,7 @@ where
     }
 }
 
-impl<S, L, K, Req> ResponseFuture<S, L, K, Req>
+impl<S, L, K, Req, U> ResponseFuture<S, L, K, Req, U>
 where
     S: Service<Req> + Clone,
     L: Limiter<K>,
@@ -133,6 +136,7 @@ where
         shared: &Arc<Shared<L>>,
         key: K,
         cost: u32,
+        settle: U,
         service: &mut S,
         request: Req,
     ) -> Self {
@@ -150,6 +154,7 @@ where
             shared: Arc::clone(shared),
             key,
             cost,
+            settle,
             reserved,
             sent,
             state,
@@ -157,11 +162,12 @@ where
     }
 }
 
-impl<S, L, K, Req> Future for ResponseFuture<S, L, K, Req>
+impl<S, L, K, Req, U> Future for ResponseFuture<S, L, K, Req, U>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     L: Limiter<K>,
+    U: QuotaSettle<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
 
@@ -191,10 +197,19 @@ where
                 }
                 StateProj::Running { future } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
-                    let sent = this.sent.take();
-                    if let (Err(error), Some(decision)) = (&result, sent) {
-                        if never_sent(&**error) {
-                            this.shared.limiter.refund(this.key, *this.cost, decision);
+                    let Some(decision) = this.sent.take() else {
+                        return Poll::Ready(result);
+                    };
+                    let limiter = &this.shared.limiter;
+                    match &result {
+                        Err(error) if never_sent(&**error) => {
+                            limiter.refund(this.key, *this.cost, decision);
+                        }
+                        Err(_) => {}
+                        Ok(response) => {
+                            if let Some(cost) = this.settle.settled(response) {
+                                limiter.settle(this.key, *this.cost, decision, cost);
+                            }
                         }
                     }
                     return Poll::Ready(result);
@@ -205,7 +220,7 @@ where
     }
 }
 
-impl<S, L, K, Req> fmt::Debug for ResponseFuture<S, L, K, Req>
+impl<S, L, K, Req, U> fmt::Debug for ResponseFuture<S, L, K, Req, U>
 where
     S: Service<Req>,
     L: Limiter<K>,

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::charge::{QuotaCost, QuotaKey};
+use super::charge::{QuotaCost, QuotaKey, QuotaSettle};
 use super::future::ResponseFuture;
 use crate::outbound::metrics::ClientQuotaMetrics;
 use crate::{BoxError, Limiter};
@@ -65,10 +65,11 @@ use crate::{BoxError, Limiter};
 /// # Ok(())
 /// # }
 /// ```
-pub struct ClientQuotaLayer<L, K = (), C = u32> {
+pub struct ClientQuotaLayer<L, K = (), C = u32, U = ()> {
     shared: Arc<Shared<L>>,
     key: K,
     cost: C,
+    settle: U,
 }
 
 /// What every service and call of one layer shares: the quota's name, limiter and counters.
@@ -92,28 +93,67 @@ impl<L> ClientQuotaLayer<L> {
             }),
             key: (),
             cost: 1,
+            settle: (),
         }
     }
 }
 
-impl<L, K, C> ClientQuotaLayer<L, K, C> {
+impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// Counts each call under the key `key` chooses from the request (a closure
     /// `Fn(&Req) -> Key`, or a [`QuotaKey`]).
-    pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C> {
-        let Self { shared, cost, .. } = self;
-        ClientQuotaLayer { shared, key, cost }
+    pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C, U> {
+        let Self {
+            shared,
+            cost,
+            settle,
+            ..
+        } = self;
+        ClientQuotaLayer {
+            shared,
+            key,
+            cost,
+            settle,
+        }
     }
 
     /// Every call costs `permits`.
-    pub fn cost(self, permits: u32) -> ClientQuotaLayer<L, K, u32> {
+    pub fn cost(self, permits: u32) -> ClientQuotaLayer<L, K, u32, U> {
         self.cost_by(permits)
     }
 
     /// Each call costs what `cost` says of its request (a closure `Fn(&Req) -> u32`, or a
     /// [`QuotaCost`]).
-    pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2> {
-        let Self { shared, key, .. } = self;
-        ClientQuotaLayer { shared, key, cost }
+    pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2, U> {
+        let Self {
+            shared,
+            key,
+            settle,
+            ..
+        } = self;
+        ClientQuotaLayer {
+            shared,
+            key,
+            cost,
+            settle,
+        }
+    }
+
+    /// Settles each call that got a response to the cost `settle` reads from it (a closure
+    /// `Fn(&Resp) -> Option<u32>`, or a [`QuotaSettle`]): the tokens an LLM API reports it
+    /// used, where the call reserved its request's `max_tokens`. The difference is given back
+    /// or charged as debt that the next calls wait for, as [`Limiter::settle`] says. `None`
+    /// (nothing readable), a call that failed, and one dropped before its response keep the
+    /// estimate.
+    pub fn settle_by<U2>(self, settle: U2) -> ClientQuotaLayer<L, K, C, U2> {
+        let Self {
+            shared, key, cost, ..
+        } = self;
+        ClientQuotaLayer {
+            shared,
+            key,
+            cost,
+            settle,
+        }
     }
 
     /// The limiter this layer applies.
@@ -122,17 +162,18 @@ impl<L, K, C> ClientQuotaLayer<L, K, C> {
     }
 }
 
-impl<L, K: Clone, C: Clone> Clone for ClientQuotaLayer<L, K, C> {
+impl<L, K: Clone, C: Clone, U: Clone> Clone for ClientQuotaLayer<L, K, C, U> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
             key: self.key.clone(),
             cost: self.cost.clone(),
+            settle: self.settle.clone(),
         }
     }
 }
 
-impl<L: fmt::Debug, K, C> fmt::Debug for ClientQuotaLayer<L, K, C> {
+impl<L: fmt::Debug, K, C, U> fmt::Debug for ClientQuotaLayer<L, K, C, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientQuotaLayer")
             .field("name", &self.shared.name)
@@ -141,8 +182,8 @@ impl<L: fmt::Debug, K, C> fmt::Debug for ClientQuotaLayer<L, K, C> {
     }
 }
 
-impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
-    type Service = ClientQuotaService<S, L, K, C>;
+impl<S, L, K: Clone, C: Clone, U: Clone> Layer<S> for ClientQuotaLayer<L, K, C, U> {
+    type Service = ClientQuotaService<S, L, K, C, U>;
 
     fn layer(&self, inner: S) -> Self::Service {
         ClientQuotaService {
@@ -157,12 +198,12 @@ impl<S, L, K: Clone, C: Clone> Layer<S> for ClientQuotaLayer<L, K, C> {
 /// The permits are taken in `call`, never in `poll_ready`. The inner service must be `Clone`
 /// because a call that waits for its permits takes the readied service with it (a
 /// `reqwest::Client` is a cheap clone).
-pub struct ClientQuotaService<S, L, K, C> {
+pub struct ClientQuotaService<S, L, K, C, U = ()> {
     inner: S,
-    quota: ClientQuotaLayer<L, K, C>,
+    quota: ClientQuotaLayer<L, K, C, U>,
 }
 
-impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
+impl<S: Clone, L, K: Clone, C: Clone, U: Clone> Clone for ClientQuotaService<S, L, K, C, U> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -171,7 +212,7 @@ impl<S: Clone, L, K: Clone, C: Clone> Clone for ClientQuotaService<S, L, K, C> {
     }
 }
 
-impl<S: fmt::Debug, L: fmt::Debug, K, C> fmt::Debug for ClientQuotaService<S, L, K, C> {
+impl<S: fmt::Debug, L: fmt::Debug, K, C, U> fmt::Debug for ClientQuotaService<S, L, K, C, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientQuotaService")
             .field("inner", &self.inner)
@@ -180,17 +221,18 @@ impl<S: fmt::Debug, L: fmt::Debug, K, C> fmt::Debug for ClientQuotaService<S, L,
     }
 }
 
-impl<S, L, K, C, Req> Service<Req> for ClientQuotaService<S, L, K, C>
+impl<S, L, K, C, U, Req> Service<Req> for ClientQuotaService<S, L, K, C, U>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     K: QuotaKey<Req>,
     C: QuotaCost<Req>,
+    U: QuotaSettle<S::Response> + Clone,
     L: Limiter<K::Key>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, L, K::Key, Req>;
+    type Future = ResponseFuture<S, L, K::Key, Req, U>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -198,6 +240,14 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let (key, cost) = (self.quota.key.key(&request), self.quota.cost.cost(&request));
-        ResponseFuture::start(&self.quota.shared, key, cost, &mut self.inner, request)
+        let settle = self.quota.settle.clone();
+        ResponseFuture::start(
+            &self.quota.shared,
+            key,
+            cost,
+            settle,
+            &mut self.inner,
+            request,
+        )
     }
 }
