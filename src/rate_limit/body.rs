@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::Response;
@@ -26,9 +26,13 @@ pub trait BodyKind<B>: sealed::Sealed {
     /// The body type of the service's responses.
     type Body;
 
-    /// The inner service's response, with its body made [`Self::Body`].
+    /// The inner service's response, with its body made [`Self::Body`], carrying what is left
+    /// to settle when the body ends.
     #[doc(hidden)]
-    fn response(response: Response<B>) -> Response<Self::Body>;
+    fn response(
+        response: Response<B>,
+        settling: Option<Box<dyn sealed::ReadsBody>>,
+    ) -> Response<Self::Body>;
 
     /// The body of an answer the layer made itself.
     #[doc(hidden)]
@@ -56,7 +60,13 @@ pub struct WrapBody;
 impl<B: From<Bytes>> BodyKind<B> for SameBody {
     type Body = B;
 
-    fn response(response: Response<B>) -> Response<B> {
+    fn response(
+        response: Response<B>,
+        settling: Option<Box<dyn sealed::ReadsBody>>,
+    ) -> Response<B> {
+        // The layer refuses to serve body settles without `wrap_body`, so there is none here;
+        // were there one, dropping it keeps the estimates.
+        drop(settling);
         // As it is: `map` would take the response apart and build it again.
         response
     }
@@ -69,9 +79,12 @@ impl<B: From<Bytes>> BodyKind<B> for SameBody {
 impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
     type Body = RateLimitBody<B>;
 
-    fn response(response: Response<B>) -> Response<RateLimitBody<B>> {
+    fn response(
+        response: Response<B>,
+        settling: Option<Box<dyn sealed::ReadsBody>>,
+    ) -> Response<RateLimitBody<B>> {
         response.map(|body| RateLimitBody {
-            content: Content::Inner { body },
+            content: Content::Inner { body, settling },
         })
     }
 
@@ -96,7 +109,7 @@ pin_project! {
     // Whose bytes the body carries.
     #[project = ContentProj]
     enum Content<B> {
-        Inner { #[pin] body: B },
+        Inner { #[pin] body: B, settling: Option<Box<dyn sealed::ReadsBody>> },
         Full { data: Option<Bytes> },
     }
 }
@@ -122,21 +135,35 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().content.project() {
-            ContentProj::Inner { body } => body.poll_frame(cx),
+            ContentProj::Inner { body, settling } => {
+                let frame = ready!(body.poll_frame(cx));
+                if let Some(settle) = settling {
+                    match &frame {
+                        Some(Ok(frame)) => {
+                            if let Some(data) = frame.data_ref() {
+                                settle.feed(data);
+                            }
+                        }
+                        // The end, or a failure: settled now, with what was read.
+                        None | Some(Err(_)) => *settling = None,
+                    }
+                }
+                Poll::Ready(frame)
+            }
             ContentProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.content {
-            Content::Inner { body } => body.is_end_stream(),
+            Content::Inner { body, .. } => body.is_end_stream(),
             Content::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.content {
-            Content::Inner { body } => body.size_hint(),
+            Content::Inner { body, .. } => body.size_hint(),
             Content::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -144,8 +171,16 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
     }
 }
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
+
+    /// What a body whose request settles its cost from the body carries: it reads each data
+    /// frame, and settles when dropped (at the body's end, its failure, or when the body is
+    /// dropped).
+    pub trait ReadsBody: Send {
+        /// Reads the next bytes of the body.
+        fn feed(&mut self, bytes: &[u8]);
+    }
     impl Sealed for super::SameBody {}
     impl Sealed for super::WrapBody {}
 }

@@ -9,12 +9,15 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
+use super::body::sealed::ReadsBody;
 use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
+use super::policy::SettleFrom;
 use super::problem::problem_response;
 use super::refusal::Refusal;
 use super::set::{PolicyAnswer, PolicySet};
 use super::settings::{FailMode, Limits};
+use super::usage::UsageScan;
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
@@ -253,16 +256,19 @@ impl<P: PolicySet> Ledger<P> {
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
             limits.policies.quota(i, &self.keys)
         });
-        let settles = limits.settings.counts_by_outcome
+        let settles = limits.settings.settles
             && (limits.settings.policies.iter())
                 .zip(&self.outcomes)
-                .any(|(info, o)| info.count_if && matches!(o, Outcome::Admitted(_)));
+                .any(|(info, o)| {
+                    info.settles != SettleFrom::Never && matches!(o, Outcome::Admitted(_))
+                });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
             Some(Box::new(Settlement {
                 limits: Arc::clone(&self.limits),
                 keys: std::mem::take(&mut self.keys),
                 outcomes: std::mem::take(&mut self.outcomes),
+                scans: SmallVec::new(),
             }))
         } else {
             self.outcomes.clear();
@@ -307,58 +313,110 @@ impl<P: PolicySet> Drop for Ledger<P> {
     }
 }
 
-/// The admissions of policies that count by outcome, kept until the response says whether the
-/// request counts. This is where whatever is known only from the response is settled. Dropped
-/// without a response (the inner service failed, or the response future was dropped), it keeps
-/// every permit spent.
+/// The admissions of policies that settle after the response, kept until the response (or,
+/// for policies that read their cost in the body, until the body ends) says what the request
+/// cost. This is where whatever is known only from the response is settled. Dropped without a
+/// response (the inner service failed, or the response future was dropped), every estimate
+/// stands; dropped with a body half read, each body policy settles to what it read, if it read
+/// its cost.
 pub(crate) struct Settlement<P: PolicySet> {
     limits: Arc<Limits<P>>,
     keys: P::Keys,
     outcomes: Outcomes,
+    /// The readers of the policies that settle from the body, by policy index.
+    scans: SmallVec<[(usize, UsageScan); 1]>,
 }
 
 impl<P: PolicySet> Settlement<P> {
-    /// Gives back the permits of the policies that `response` does not count against, newest
-    /// first, and brings `headers` (the rate-limit headers of this response) up to date with what
-    /// was given back.
+    /// Settles the policies that read their cost in the response head, newest first, and brings
+    /// `headers` (the rate-limit headers of this response) up to date with what changed. Returns
+    /// what is left to settle when the body ends (the policies that read the body), if anything.
     ///
-    /// A predicate that panics is taken to count the response (the permit stays spent, never
-    /// over-granted), with an `error` log line; the other policies are settled all the same.
+    /// A function that panics leaves the estimate standing (never over-granted), with an
+    /// `error` log line; the other policies are settled all the same.
     pub(crate) fn apply(
-        mut self,
+        mut self: Box<Self>,
         response: &http::response::Parts,
         headers: &mut Option<AdmittedHeaders>,
-    ) {
-        let limits = &*self.limits;
-        let mut gave_back = false;
-        for (i, outcome) in self.outcomes.iter_mut().enumerate().rev() {
-            let info = &limits.settings.policies[i];
-            let (Outcome::Admitted(decision), true) = (outcome, info.count_if) else {
+    ) -> Option<Box<Self>> {
+        let limits = Arc::clone(&self.limits);
+        let mut changed = false;
+        for i in (0..self.outcomes.len()).rev() {
+            if !matches!(self.outcomes[i], Outcome::Admitted(_)) {
                 continue;
-            };
-            let counts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                limits.policies.counts(i, response)
-            }))
-            .unwrap_or_else(|_| {
-                tracing::error!(
-                    policy = &*info.name,
-                    "rate limit: the policy's count_if predicate panicked; the response counts"
-                );
-                true
-            });
-            if !counts {
-                let report = decision.report();
-                let admission = std::mem::replace(decision, report);
-                let cost = u64::from(limits.policies.refund(i, &self.keys, admission));
-                // The client is told the state as it is now: the permits are back.
-                decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
-                gave_back = true;
+            }
+            let info = &limits.settings.policies[i];
+            match info.settles {
+                SettleFrom::Never => {}
+                SettleFrom::Body => {
+                    if let Some(usage) = limits.policies.body_usage(i) {
+                        self.scans.push((i, usage.scan()));
+                    }
+                }
+                SettleFrom::Head => {
+                    let cost = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        limits.policies.settled_cost(i, response)
+                    }))
+                    .unwrap_or_else(|_| {
+                        tracing::error!(
+                            policy = &*info.name,
+                            "rate limit: the policy's settle function panicked; the cost asked \
+                             for stands"
+                        );
+                        None
+                    });
+                    changed |= self.settle(i, cost);
+                }
             }
         }
-        if gave_back && headers.is_some() {
+        if changed && headers.is_some() {
             *headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
                 limits.policies.quota(i, &self.keys)
             });
+        }
+        (!self.scans.is_empty()).then_some(self)
+    }
+
+    /// Settles policy `i`'s admission to `cost` (`None`: the estimate stands, and says so in a
+    /// `debug` line). Returns whether the state the client is told changed.
+    fn settle(&mut self, i: usize, cost: Option<u32>) -> bool {
+        let limits = &*self.limits;
+        let Some(cost) = cost else {
+            tracing::debug!(
+                policy = &*limits.settings.policies[i].name,
+                "rate limit: no cost could be read from the response; the cost asked for stands"
+            );
+            return false;
+        };
+        let Outcome::Admitted(decision) = &mut self.outcomes[i] else {
+            return false;
+        };
+        let report = decision.report();
+        let admission = std::mem::replace(decision, report);
+        let estimate = u64::from(limits.policies.settle(i, &self.keys, admission, cost));
+        // The client is told the state as it is now: the difference is back, or spent.
+        let cost = u64::from(cost);
+        decision.remaining = (decision.remaining + estimate)
+            .saturating_sub(cost)
+            .min(decision.limit);
+        cost != estimate
+    }
+}
+
+impl<P: PolicySet> ReadsBody for Settlement<P> {
+    /// Reads `bytes`, the next of the response body, for the policies that settle from it.
+    fn feed(&mut self, bytes: &[u8]) {
+        for (_, scan) in &mut self.scans {
+            scan.feed(bytes);
+        }
+    }
+}
+
+impl<P: PolicySet> Drop for Settlement<P> {
+    fn drop(&mut self) {
+        for (i, scan) in std::mem::take(&mut self.scans) {
+            let cost = scan.found().map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+            self.settle(i, cost);
         }
     }
 }

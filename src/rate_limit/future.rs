@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::body::sealed::ReadsBody;
 use super::body::{BodyKind, SameBody};
 use super::decide::{Ledger, Progress, Settlement};
 use super::headers::AdmittedHeaders;
@@ -134,15 +135,17 @@ where
                     settlement,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
+                    let mut settling = None;
                     if let Some(settlement) = settlement.take() {
                         let (parts, body) = response.into_parts();
-                        settlement.apply(&parts, headers);
+                        settling = settlement.apply(&parts, headers);
                         response = Response::from_parts(parts, body);
                     }
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(M::response(response)));
+                    let settling = settling.map(|s| s as Box<dyn ReadsBody>);
+                    return Poll::Ready(Ok(M::response(response, settling)));
                 }
                 StateProj::Answering { response } => {
                     let response = response.take().expect(POLLED_AFTER_COMPLETION);

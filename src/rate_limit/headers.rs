@@ -259,8 +259,10 @@ fn advertised_policy(quota: &Quota) -> (u64, u64) {
 
 /// The `(r, t)` of one policy's Service Limit Item, or `None` where the item is left out.
 ///
-/// * A policy that refused this request: `r=0`, and `t` its own `Retry-After`,
-///   `max(1, ceil(retry_after))`: the time until it admits again, so the response's
+/// * A policy that refused this request: `r` the units it has left, fewer than the request's
+///   cost (0 for a request of one permit; for a request of 4 000 tokens, the 2 000 left, in
+///   which a smaller request still fits), and `t` its own `Retry-After`,
+///   `max(1, ceil(retry_after))`: the time until it admits this request, so the response's
 ///   `Retry-After` (the longest of these) never ends before any listed window.
 /// * A policy that admitted, on an admitted response: `r` is the permits left, at most `q`
 ///   (a GCRA burst above `permits` is not reported beyond what the policy advertises), and `t`
@@ -273,7 +275,9 @@ fn advertised_policy(quota: &Quota) -> (u64, u64) {
 ///   response's `Retry-After`, which only the violated policies decide.
 fn service_limit(quota: &Quota, decision: &Decision, refused: bool) -> Option<(u64, u64)> {
     if !decision.allowed {
-        return Some((0, decision.retry_after_secs().min(SF_INTEGER_MAX)));
+        let (q, _) = advertised_policy(quota);
+        let r = decision.remaining.min(q);
+        return Some((r, decision.retry_after_secs().min(SF_INTEGER_MAX)));
     }
     if refused {
         return None;
@@ -337,6 +341,7 @@ fn legacy_values(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rate_limit::policy::SettleFrom;
     use crate::rate_limit::policy::Shadow;
 
     #[test]
@@ -367,7 +372,7 @@ mod tests {
 
     #[test]
     fn the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds() {
-        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, false);
+        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, SettleFrom::Never);
         let ms = std::time::Duration::from_millis;
         let policies = [
             p("a", Quota::per_second(10).unwrap()),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
+use super::policy::SettleFrom;
 use super::service::RateLimit;
 use super::set::PolicySet;
 use super::settings::{FailMode, Limits, OnRefusal, Settings};
@@ -155,7 +156,8 @@ impl<P, M> RateLimitLayer<P, M> {
     ///
     /// Not needed under axum: a route's body is axum's `Body`, and axum boxes any other body
     /// type again on every response.
-    pub fn wrap_body(self) -> RateLimitLayer<P, WrapBody> {
+    pub fn wrap_body(mut self) -> RateLimitLayer<P, WrapBody> {
+        self.settings_mut().wraps_body = true;
         RateLimitLayer {
             policies: self.policies,
             settings: self.settings,
@@ -186,7 +188,23 @@ impl<P, M> fmt::Debug for RateLimitLayer<P, M> {
 impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     type Service = RateLimit<S, P, M>;
 
+    /// # Panics
+    ///
+    /// If a policy settles its cost from the response body
+    /// ([`Policy::settle_from_body`](super::Policy::settle_from_body)) and the layer does not
+    /// carry the body ([`wrap_body`](Self::wrap_body)): the policy's settles would never happen.
     fn layer(&self, inner: S) -> Self::Service {
+        if !self.settings.wraps_body {
+            let reads_body =
+                (self.settings.policies.iter()).find(|p| p.settles == SettleFrom::Body);
+            if let Some(policy) = reads_body {
+                panic!(
+                    "the rate-limit policy `{}` settles its cost from the response body, which \
+                     the layer must carry: call `.wrap_body()` on the `RateLimitLayer`",
+                    policy.name
+                );
+            }
+        }
         let limits = Limits {
             policies: Arc::clone(&self.policies),
             settings: Arc::clone(&self.settings),

@@ -8,6 +8,7 @@ use crate::head::RequestHead;
 use super::headers::sf_string;
 use super::key::KeyExtractor;
 use super::set::Chain;
+use super::usage::BodyUsage;
 use crate::{decision::Decision, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a
@@ -43,7 +44,7 @@ pub struct Policy<X, L> {
     pub(crate) key: X,
     pub(crate) limiter: L,
     pub(crate) cost: Cost,
-    pub(crate) count_if: Option<Arc<CountIf>>,
+    pub(crate) settle: Settle,
     pub(crate) shadow: Shadow,
 }
 
@@ -54,8 +55,37 @@ pub(crate) enum Cost {
     By(Arc<dyn Fn(&RequestHead<'_>) -> u32 + Send + Sync>),
 }
 
-/// Whether a response counts against a policy.
-pub(crate) type CountIf = dyn Fn(&http::response::Parts) -> bool + Send + Sync;
+/// What a response says a request cost (`None`: the estimate stands).
+pub(crate) type SettleBy = dyn Fn(&http::response::Parts) -> Option<u32> + Send + Sync;
+
+/// Whether, and from what, a policy settles a request's cost after its response.
+#[derive(Clone)]
+pub(crate) enum Settle {
+    /// The cost asked for stands.
+    Never,
+    /// The response head says what the request cost.
+    ByHead(Arc<SettleBy>),
+    /// The response body says, once it has streamed by.
+    ByBody(BodyUsage),
+}
+
+/// Where a policy's settled costs come from, as the layer describes the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleFrom {
+    Never,
+    Head,
+    Body,
+}
+
+impl Settle {
+    fn from(&self) -> SettleFrom {
+        match self {
+            Settle::Never => SettleFrom::Never,
+            Settle::ByHead(_) => SettleFrom::Head,
+            Settle::ByBody(_) => SettleFrom::Body,
+        }
+    }
+}
 
 /// Whether a policy may refuse, and whether a shadow policy is advertised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +113,7 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
             key,
             limiter,
             cost: Cost::Fixed(1),
-            count_if: None,
+            settle: Settle::Never,
             shadow: Shadow::Off,
         })
     }
@@ -91,7 +121,7 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
     /// The policy as the layer describes it.
     pub(crate) fn info(&self) -> PolicyInfo {
         let quota = self.limiter.quota();
-        PolicyInfo::new(&self.name, quota, self.shadow, self.count_if.is_some())
+        PolicyInfo::new(&self.name, quota, self.shadow, self.settle.from())
     }
 }
 
@@ -169,11 +199,65 @@ impl<X, L> Policy<X, L> {
     /// instead of answering, or the response future is dropped before the response (the client
     /// went away), its permit stays spent. A policy that counts by outcome keeps the request's key
     /// until the response: one allocation per admitted request.
+    ///
+    /// This is [`settle_by`](Self::settle_by) with a cost of zero for the responses that do not
+    /// count, and replaces any other settle of the policy.
     pub fn count_if(
-        mut self,
+        self,
         counts: impl Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.count_if = Some(Arc::new(counts));
+        self.settle_by(move |response| (!counts(response)).then_some(0))
+    }
+
+    /// Settles each admitted request to the cost its response head reports (a usage header:
+    /// the tokens an LLM API used), where the request first took its cost
+    /// ([`cost`](Self::cost) or [`cost_by`](Self::cost_by): an estimate, such as the request's
+    /// `max_tokens`). The difference is given back, or charged as debt that the key's next
+    /// requests wait for: see [`Limiter::settle`] for the exact rules.
+    ///
+    /// `settled` returns `None` when the response says nothing readable: the estimate stands,
+    /// with a `debug` log line; so it does when the inner service fails, the response future is
+    /// dropped before the response, or `settled` panics (an `error` log line). The rate-limit
+    /// headers of the response tell the state after the settle, in the policy's unit.
+    ///
+    /// ```
+    /// use tower_bulwark::rate_limit::{HeaderKey, Policy};
+    /// use tower_bulwark::{KeyedRateLimiter, Quota};
+    ///
+    /// // 10 000 tokens a minute per API key: reserve the request's declared maximum, settle to
+    /// // what the upstream reports it used.
+    /// let tokens = Policy::new("tokens", HeaderKey::new("x-api-key")?, KeyedRateLimiter::new(Quota::per_minute(10_000)?))?
+    ///     .cost_by(|request| {
+    ///         request.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1000)
+    ///     })
+    ///     .settle_by(|response| {
+    ///         response.headers.get("x-usage-total-tokens")?.to_str().ok()?.parse().ok()
+    ///     });
+    /// # let _ = tokens;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn settle_by(
+        mut self,
+        settled: impl Fn(&http::response::Parts) -> Option<u32> + Send + Sync + 'static,
+    ) -> Self {
+        self.settle = Settle::ByHead(Arc::new(settled));
+        self
+    }
+
+    /// Settles each admitted request, as [`settle_by`](Self::settle_by) does, to the cost its
+    /// response body reports ([`BodyUsage`]: `usage.total_tokens` of a JSON body, or of the last
+    /// server-sent event that has it), read as the body streams by to the client, unchanged and
+    /// never held back or buffered.
+    ///
+    /// The settle happens when the body ends. A body dropped before its end (the client went
+    /// away) settles to the cost read so far, if it was read, and otherwise keeps the estimate;
+    /// so does a body that fails. The rate-limit headers went out before the body and tell the
+    /// state after the estimate.
+    ///
+    /// The layer must carry the body: call [`wrap_body`](super::RateLimitLayer::wrap_body) on
+    /// it (the layer panics when it is applied to a service otherwise, naming the policy).
+    pub fn settle_from_body(mut self, usage: BodyUsage) -> Self {
+        self.settle = Settle::ByBody(usage);
         self
     }
 
@@ -223,12 +307,12 @@ impl<X, L> fmt::Debug for Policy<X, L> {
             Cost::Fixed(permits) => permits,
             Cost::By(_) => &"by request",
         };
-        let counts = if self.count_if.is_some() { "if" } else { "all" };
+        let settles = self.settle.from();
         f.debug_struct("Policy")
             .field("name", &self.name)
             .field("key", &std::any::type_name::<X>())
             .field("cost", cost)
-            .field("counts", &counts)
+            .field("settles", &settles)
             .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
@@ -276,21 +360,20 @@ pub struct PolicyInfo {
     pub(crate) sf_name: Box<str>,
     pub(crate) quota: Quota,
     pub(crate) shadow: Shadow,
-    /// Whether the policy counts only some responses (its admissions are settled after the
-    /// response).
-    pub(crate) count_if: bool,
+    /// Where the policy's admissions are settled from after the response, if they are.
+    pub(crate) settles: SettleFrom,
     #[cfg(feature = "metrics")]
     shadow_refusals: std::sync::OnceLock<metrics::Counter>,
 }
 
 impl PolicyInfo {
-    pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, count_if: bool) -> Self {
+    pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, settles: SettleFrom) -> Self {
         Self {
             name: name.into(),
             sf_name: sf_string(name).into_boxed_str(),
             quota,
             shadow,
-            count_if,
+            settles,
             #[cfg(feature = "metrics")]
             shadow_refusals: std::sync::OnceLock::new(),
         }

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use super::key::{KeyError, KeyExtractor};
-use super::policy::{Cost, Policy, PolicyInfo};
+use super::policy::{Cost, Policy, PolicyInfo, Settle};
+use super::usage::BodyUsage;
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
@@ -35,9 +36,19 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32;
 
-    /// Whether `response` counts against policy `i`.
+    /// What `response` says the request cost policy `i`, if the policy settles from the
+    /// response head and the head says (`None`: the estimate stands).
     #[doc(hidden)]
-    fn counts(&self, i: usize, response: &http::response::Parts) -> bool;
+    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32>;
+
+    /// Where the cost is in the response body, if policy `i` settles from the body.
+    #[doc(hidden)]
+    fn body_usage(&self, i: usize) -> Option<&BodyUsage>;
+
+    /// Settles policy `i`'s admission to `cost`; returns the cost the policy found for the
+    /// request (its estimate).
+    #[doc(hidden)]
+    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32;
 
     /// Policy `i`'s quota for the key it found (the quota its headers advertise), or its
     /// limiter's quota if it found none.
@@ -134,8 +145,26 @@ where
         *cost
     }
 
-    fn counts(&self, _: usize, response: &http::response::Parts) -> bool {
-        self.count_if.as_ref().is_none_or(|counts| counts(response))
+    fn settled_cost(&self, _: usize, response: &http::response::Parts) -> Option<u32> {
+        match &self.settle {
+            Settle::ByHead(settled) => settled(response),
+            Settle::Never | Settle::ByBody(_) => None,
+        }
+    }
+
+    fn body_usage(&self, _: usize) -> Option<&BodyUsage> {
+        match &self.settle {
+            Settle::ByBody(usage) => Some(usage),
+            Settle::Never | Settle::ByHead(_) => None,
+        }
+    }
+
+    fn settle(&self, _: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
+        let (key, estimate) = keys
+            .as_ref()
+            .expect("a policy admits a request only once its key is found");
+        self.limiter.settle(key, *estimate, decision, cost);
+        *estimate
     }
 
     fn quota(&self, _: usize, keys: &Self::Keys) -> Quota {
@@ -172,10 +201,24 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
-    fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
+    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32> {
         match i.checked_sub(self.first.count()) {
-            None => self.first.counts(i, response),
-            Some(j) => self.second.counts(j, response),
+            None => self.first.settled_cost(i, response),
+            Some(j) => self.second.settled_cost(j, response),
+        }
+    }
+
+    fn body_usage(&self, i: usize) -> Option<&BodyUsage> {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.body_usage(i),
+            Some(j) => self.second.body_usage(j),
+        }
+    }
+
+    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
+        match i.checked_sub(self.first.count()) {
+            None => self.first.settle(i, &keys.0, decision, cost),
+            Some(j) => self.second.settle(j, &keys.1, decision, cost),
         }
     }
 
@@ -217,8 +260,16 @@ where
         self[i].refund(0, &keys[i], decision)
     }
 
-    fn counts(&self, i: usize, response: &http::response::Parts) -> bool {
-        self[i].counts(0, response)
+    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32> {
+        self[i].settled_cost(0, response)
+    }
+
+    fn body_usage(&self, i: usize) -> Option<&BodyUsage> {
+        self[i].body_usage(0)
+    }
+
+    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
+        self[i].settle(0, &keys[i], decision, cost)
     }
 
     fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {

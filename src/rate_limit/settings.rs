@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::Response;
 
 use super::headers::PolicyHeaders;
-use super::policy::PolicyInfo;
+use super::policy::{PolicyInfo, SettleFrom};
 use super::refusal::Refusal;
 use crate::head::RequestHead;
 
@@ -82,10 +82,13 @@ pub(crate) struct Settings {
     /// Requests that skip every policy (see
     /// [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
-    /// Whether some policy counts only some responses
-    /// ([`Policy::count_if`](super::Policy::count_if)), so that an admitted request may have
-    /// something to settle after its response.
-    pub(crate) counts_by_outcome: bool,
+    /// Whether some policy settles its admissions after the response
+    /// ([`Policy::count_if`](super::Policy::count_if), [`Policy::settle_by`](super::Policy::settle_by),
+    /// [`Policy::settle_from_body`](super::Policy::settle_from_body)).
+    pub(crate) settles: bool,
+    /// Whether responses carry a [`RateLimitBody`](super::RateLimitBody), which a settle from
+    /// the body needs.
+    pub(crate) wraps_body: bool,
 }
 
 impl Settings {
@@ -93,8 +96,9 @@ impl Settings {
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
         Self {
             policy_headers: PolicyHeaders::new(policies.len()),
-            counts_by_outcome: policies.iter().any(|p| p.count_if),
+            settles: policies.iter().any(|p| p.settles != SettleFrom::Never),
             policies,
+            wraps_body: false,
             admitted_headers: true,
             legacy_headers: false,
             key_error_mode: FailMode::Closed,

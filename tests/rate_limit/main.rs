@@ -21,9 +21,14 @@ mod key_memory;
 mod layer;
 #[cfg(feature = "axum")]
 mod layer_hostile;
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+mod llm_gateway_example;
 mod permit_accounting;
 #[cfg(feature = "axum")]
 mod policies;
 mod request_head;
 mod response_states;
+#[cfg(feature = "axum")]
+mod settle;
 mod support;
+mod usage_scan;

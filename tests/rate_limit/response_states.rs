@@ -467,7 +467,8 @@ enum Modeled {
         key: HeaderValue,
         cost: u32,
     },
-    Refused,
+    /// Refused, with what the policy has left (as its `r`).
+    Refused(u64),
     Unadmittable,
     /// Admitted, then given back (vetoed, or not counted): took part, decides nothing.
     GivenBack,
@@ -637,7 +638,7 @@ async fn run_model(
                         key,
                         cost,
                     },
-                    Ok(_) => Modeled::Refused,
+                    Ok(decision) => Modeled::Refused(decision.remaining.min(specs[i].q)),
                     Err(error) => {
                         assert!(error
                             .downcast_ref::<tower_bulwark::limiter::InsufficientCapacity>()
@@ -650,7 +651,7 @@ async fn run_model(
         let enforced = |i: usize| specs[i].shadow == Shadowing::Off;
         let violated: Vec<usize> = (0..modeled.len())
             .filter(|&i| {
-                enforced(i) && matches!(modeled[i], Modeled::Refused | Modeled::Unadmittable)
+                enforced(i) && matches!(modeled[i], Modeled::Refused(_) | Modeled::Unadmittable)
             })
             .collect();
         let refused = !key_error && !violated.is_empty();
@@ -742,8 +743,11 @@ async fn run_model(
             assert_eq!(headers.contains_key("retry-after"), !never, "{ctx}");
             let listed: Vec<(String, u64)> = violated
                 .iter()
-                .filter(|&&i| matches!(modeled[i], Modeled::Refused))
-                .map(|i| (format!("p{i}"), 0))
+                .filter_map(|&i| match modeled[i] {
+                    // What the refusing policy has left, fewer than the request's cost.
+                    Modeled::Refused(left) => Some((format!("p{i}"), left)),
+                    _ => None,
+                })
                 .collect();
             assert_eq!(got_ratelimit.unwrap_or_default(), listed, "{ctx}");
             assert_eq!(
@@ -759,7 +763,7 @@ async fn run_model(
                 .filter(|&i| advertised(i))
                 .filter_map(|i| match (&modeled[i], reported[i]) {
                     (_, Some(r)) => Some((format!("p{i}"), r)),
-                    (Modeled::Refused, None) => Some((format!("p{i}"), 0)),
+                    (Modeled::Refused(left), None) => Some((format!("p{i}"), *left)),
                     _ => None,
                 })
                 .collect();

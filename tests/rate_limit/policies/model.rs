@@ -372,8 +372,11 @@ fn run_sequence<P: PolicySet>(
                     prop_assert_eq!(retry, longest, "{}", what);
                     prop_assert!(retry.unwrap() >= 1);
                 }
+                // A refusing policy tells what it has left, fewer than the request's cost.
                 for e in &entries {
-                    prop_assert_eq!(param(e, "r"), 0);
+                    let i: usize = e.0[1..].parse().unwrap();
+                    let before = spent_before.get(&(i, key.clone())).copied().unwrap_or(0);
+                    prop_assert_eq!(param(e, "r"), i64::from(cfgs[i].limit - before), "{}", what);
                 }
             }
             Verdict::Admit => {
@@ -398,7 +401,10 @@ fn run_sequence<P: PolicySet>(
                             let spent = if counts { c.cost } else { 0 };
                             Some((format!("p{i}"), i64::from(c.limit - before - spent)))
                         }
-                        Mo::Refused => Some((format!("p{i}"), 0)),
+                        Mo::Refused => {
+                            let before = spent_before.get(&(i, key.clone())).copied().unwrap_or(0);
+                            Some((format!("p{i}"), i64::from(c.limit - before)))
+                        }
                         _ => None,
                     })
                     .collect();

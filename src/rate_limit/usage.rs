@@ -1,0 +1,412 @@
+//! Reading a request's cost (an LLM API's token count) from its response body, as the body
+//! streams by, in a few bytes of state whatever the body holds.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// At most this many keys in a path.
+const MAX_KEYS: usize = 8;
+/// At most this many bytes in a key (so a key's progress fits a `u8`).
+const MAX_KEY_LEN: usize = 64;
+/// Containers nested deeper than this stop the scan: one bit each in `Json::arrays`.
+const MAX_DEPTH: u8 = 64;
+
+/// Where in a response body the cost of a request is read, as the body streams by.
+///
+/// The body is never held: whatever its size and however it is split into chunks, reading it
+/// takes a few dozen bytes of state, and a long string in it (a prompt echoed back) costs
+/// nothing but the time to skip it.
+#[derive(Clone, Debug)]
+pub struct BodyUsage {
+    path: Arc<[Box<str>]>,
+    sse: bool,
+}
+
+impl BodyUsage {
+    /// A JSON body: the non-negative integer at `path` (object keys from the top), e.g.
+    /// `BodyUsage::json(["usage", "total_tokens"])` for OpenAI's chat completions.
+    ///
+    /// Only a plain integer literal counts (`12`, not `-1`, `1.5`, `1e3` or `"12"`), reached
+    /// through objects alone (an array on the way means no value), and the first one found wins.
+    /// A body that stops being JSON is read no further, and what was found before it is kept.
+    ///
+    /// # Errors
+    ///
+    /// [`UsagePathError`] for an empty path, one of more than 8 keys, or a key that is empty or
+    /// longer than 64 bytes.
+    pub fn json<I, S>(path: I) -> Result<Self, UsagePathError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        check(path).map(|path| Self { path, sse: false })
+    }
+
+    /// A server-sent-event stream (`text/event-stream`): each event's `data:` is read as a JSON
+    /// document as [`json`](Self::json) reads a body, and the value at `path` in the last event
+    /// that has one wins (OpenAI's streams put `usage` in the final chunk, before
+    /// `data: [DONE]`). Other fields, comments and data that is not JSON change nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`UsagePathError`] for a path that [`json`](Self::json) refuses.
+    pub fn sse<I, S>(path: I) -> Result<Self, UsagePathError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        check(path).map(|path| Self { path, sse: true })
+    }
+
+    /// A reader for one response body.
+    pub fn scan(&self) -> UsageScan {
+        let (path, json, sse) = (
+            Arc::clone(&self.path),
+            Json::default(),
+            self.sse.then(Sse::default),
+        );
+        UsageScan { path, json, sse }
+    }
+}
+
+fn check<I, S>(path: I) -> Result<Arc<[Box<str>]>, UsagePathError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let keys: Vec<Box<str>> = path
+        .into_iter()
+        .take(MAX_KEYS + 1)
+        .map(|k| k.as_ref().into())
+        .collect();
+    let (key, why) = match keys
+        .iter()
+        .position(|k| k.is_empty() || k.len() > MAX_KEY_LEN)
+    {
+        _ if keys.is_empty() => (None, "has no key"),
+        _ if keys.len() > MAX_KEYS => (None, "has more than 8 keys"),
+        Some(i) if keys[i].is_empty() => (Some(i), "is empty"),
+        Some(i) => (Some(i), "is longer than 64 bytes"),
+        None => return Ok(keys.into()),
+    };
+    Err(UsagePathError { key, why })
+}
+
+/// Why a usage path was refused: it is empty, has more than 8 keys, or has a key that is empty
+/// or longer than 64 bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsagePathError {
+    /// The index of the key at fault, if one is.
+    key: Option<usize>,
+    why: &'static str,
+}
+
+impl fmt::Display for UsagePathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.key {
+            Some(i) => write!(f, "invalid usage path: key {} {}", i + 1, self.why),
+            None => write!(f, "invalid usage path: it {}", self.why),
+        }
+    }
+}
+
+impl std::error::Error for UsagePathError {}
+
+/// The reading of one response body ([`BodyUsage::scan`]): feed it the body's chunks as they
+/// come, then ask what it found. It holds a few dozen bytes whatever the body: a layer of your
+/// own (an outbound body, say) can read a cost as the body streams by, as the rate-limit layer
+/// does.
+#[derive(Debug)]
+pub struct UsageScan {
+    path: Arc<[Box<str>]>,
+    /// The JSON body, or the event stream's current document.
+    json: Json,
+    /// For an event stream: its lines, and the value of the last document that had one.
+    sse: Option<Sse>,
+}
+
+impl UsageScan {
+    /// Reads the next chunk of the body; any split of a body gives the same answer.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            match &mut self.sse {
+                Some(sse) => sse.push(&mut self.json, &self.path, b),
+                None if self.json.found.is_some() => return,
+                None if matches!(self.json.expect, Expect::End | Expect::Failed) => return,
+                None => self.json.push(&self.path, b),
+            }
+        }
+    }
+
+    /// The value found so far: a JSON body's first, or the latest event's that had one.
+    pub fn found(&self) -> Option<u64> {
+        self.json.found.or(self.sse.as_ref().and_then(|s| s.last))
+    }
+}
+
+/// What a line of an event stream may start with: a byte order mark (only the stream's first
+/// line), then the field name `data` and its colon.
+const PREFIX: &[u8; 8] = b"\xEF\xBB\xBFdata:";
+/// `Sse::line` in a `data:` line, after the colon. (The one space the format strips there is
+/// whitespace to JSON anyway.)
+const DATA: u8 = 8;
+/// `Sse::line` in any other line: a comment, another field, a blank line's end.
+const SKIP: u8 = 9;
+
+/// An event stream's lines, decided byte by byte without holding a line.
+#[derive(Debug, Default)]
+struct Sse {
+    /// Below `DATA`, how many bytes of `PREFIX` the line matched: the stream starts at 0, any
+    /// other line at 3.
+    line: u8,
+    /// The last byte was a `\r`: a `\n` right after it ends no second line.
+    cr: bool,
+    last: Option<u64>,
+}
+
+impl Sse {
+    fn push(&mut self, json: &mut Json, path: &[Box<str>], b: u8) {
+        if std::mem::take(&mut self.cr) && b == b'\n' {
+            return;
+        }
+        if b == b'\n' || b == b'\r' {
+            self.cr = b == b'\r';
+            match self.line {
+                // A blank line ends the event, and with it its document.
+                0 | 3 => self.restart(json),
+                // The event's data lines are joined by `\n`, which JSON reads as a space.
+                DATA => json.push(path, b'\n'),
+                _ => {}
+            }
+            self.line = 3;
+            return;
+        }
+        if self.line == 0 && b != PREFIX[0] {
+            self.line = 3;
+        }
+        self.line = match self.line {
+            7 if b == b':' => {
+                // A data line continues the event's document while it is open (a document
+                // across several data lines), and starts a new one otherwise.
+                if json.depth == 0 {
+                    self.restart(json);
+                }
+                DATA
+            }
+            n @ 0..=6 if PREFIX[usize::from(n)] == b => n + 1,
+            DATA => {
+                json.push(path, b);
+                DATA
+            }
+            _ => SKIP,
+        };
+    }
+
+    fn restart(&mut self, json: &mut Json) {
+        self.last = json.found.or(self.last);
+        *json = Json::default();
+    }
+}
+
+/// What the JSON tokenizer expects next, outside a token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Expect {
+    #[default]
+    Value,
+    /// Just after `[`.
+    ValueOrClose,
+    /// Just after `{`.
+    KeyOrClose,
+    Key,
+    Colon,
+    CommaOrClose,
+    /// The top-level value is complete: what follows is ignored.
+    End,
+    /// The document stopped being JSON, or nests too deep: what follows is ignored.
+    Failed,
+}
+
+/// The token being read.
+#[derive(Clone, Copy, Debug, Default)]
+enum Lex {
+    #[default]
+    None,
+    /// A string: how many bytes of the path's next key it matched, while it may be that key;
+    /// and its escape: 5 just after a backslash, 1 to 4 the hex digits of a `\u` still to come.
+    Str(Option<u8>, u8),
+    /// A number: where in its grammar (see [`number`]), and its value while it may still be the
+    /// value looked for.
+    Num(u8, Option<u64>),
+    /// What is left of `true`, `false` or `null`.
+    Word(&'static [u8]),
+}
+
+/// A number's grammar (RFC 8259): where it is after `b`, coming from `at`, or `None` if `b`
+/// is not part of it. 0 is the start, 1 after `-`, 2 a leading `0`, 3 in the integer part, 4
+/// just after `.`, 5 in the fraction, 6 just after `e`, 7 after its sign, 8 in the exponent.
+fn number(at: u8, b: u8) -> Option<u8> {
+    Some(match (at, b) {
+        (0, b'-') => 1,
+        (0 | 1, b'0') => 2,
+        (0 | 1, b'1'..=b'9') | (3, b'0'..=b'9') => 3,
+        (2 | 3, b'.') => 4,
+        (4 | 5, b'0'..=b'9') => 5,
+        (2 | 3 | 5, b'e' | b'E') => 6,
+        (6, b'+' | b'-') => 7,
+        (6..=8, b'0'..=b'9') => 8,
+        _ => return None,
+    })
+}
+
+// A small tokenizer of its own, not a JSON crate's: the push parsers (actson) hand each string
+// over whole, so they buffer it, where this one skips strings byte by byte in constant memory.
+/// A JSON document read one byte at a time, watching for the value at a path.
+#[derive(Clone, Copy, Debug, Default)]
+struct Json {
+    expect: Expect,
+    lex: Lex,
+    /// The open containers; bit `d` of `arrays` says whether the one at depth `d + 1` is an array.
+    depth: u8,
+    arrays: u64,
+    /// How many of the path's keys the open objects matched: the object at depth `matched + 1`
+    /// is the one whose key `path[matched]` is looked for. Always below the path's length.
+    matched: u8,
+    /// The value about to be read is that of the key `path[matched]`.
+    on_key: bool,
+    found: Option<u64>,
+}
+
+impl Json {
+    fn push(&mut self, path: &[Box<str>], b: u8) {
+        self.lex = match self.lex {
+            Lex::None | Lex::Word([]) => return self.structural(path, b),
+            Lex::Str(key, esc) => return self.string(path, key, esc, b),
+            Lex::Word([next, rest @ ..]) if *next == b => Lex::Word(rest),
+            Lex::Word(_) => return self.fail(),
+            Lex::Num(at, value) => match number(at, b) {
+                Some(at) => {
+                    let digit = u64::from(b.wrapping_sub(b'0'));
+                    let value = value.filter(|_| matches!(at, 2 | 3));
+                    Lex::Num(
+                        at,
+                        value.and_then(|v| v.checked_mul(10)?.checked_add(digit)),
+                    )
+                }
+                None if !matches!(at, 2 | 3 | 5 | 8) => return self.fail(),
+                None => {
+                    // The number ends at a delimiter: whitespace, a comma, or the brace that
+                    // closes its object, as in `{"n": 1}` (`012` is no 0 followed by junk).
+                    let delimiter = matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b',' | b'}');
+                    self.found = self.found.or(value.filter(|_| delimiter));
+                    return self.structural(path, b);
+                }
+            },
+        };
+    }
+
+    /// `b` outside a token.
+    fn structural(&mut self, path: &[Box<str>], b: u8) {
+        self.lex = Lex::None;
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            return;
+        }
+        let on_key = std::mem::take(&mut self.on_key);
+        let last = usize::from(self.matched) + 1 == path.len();
+        let value = matches!(self.expect, Expect::Value | Expect::ValueOrClose);
+        match (self.expect, b) {
+            (Expect::End | Expect::Failed, _) => {}
+            (_, b'{') if value => self.begin(Expect::KeyOrClose, on_key && !last),
+            (_, b'[') if value => self.begin(Expect::ValueOrClose, false),
+            (_, b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') if value => {
+                self.lex = match b {
+                    b'"' => Lex::Str(None, 0),
+                    b't' => Lex::Word(b"rue"),
+                    b'f' => Lex::Word(b"alse"),
+                    b'n' => Lex::Word(b"ull"),
+                    _ => Lex::Num(0, (on_key && last).then_some(0)),
+                };
+                self.after_value();
+                if let Lex::Num(..) = self.lex {
+                    self.push(path, b);
+                }
+            }
+            (Expect::ValueOrClose, b']') | (Expect::KeyOrClose, b'}') => self.end(),
+            (Expect::Key | Expect::KeyOrClose, b'"') => {
+                let looked_for = self.found.is_none() && self.depth == self.matched + 1;
+                self.lex = Lex::Str(looked_for.then_some(0), 0);
+                self.expect = Expect::Colon;
+            }
+            (Expect::Colon, b':') => {
+                self.on_key = on_key;
+                self.expect = Expect::Value;
+            }
+            (Expect::CommaOrClose, b',') if self.in_array() => self.expect = Expect::Value,
+            (Expect::CommaOrClose, b',') => self.expect = Expect::Key,
+            (Expect::CommaOrClose, b']') if self.in_array() => self.end(),
+            (Expect::CommaOrClose, b'}') if !self.in_array() => self.end(),
+            _ => self.fail(),
+        }
+    }
+
+    fn string(&mut self, path: &[Box<str>], key: Option<u8>, esc: u8, b: u8) {
+        let wanted = path[usize::from(self.matched)].as_bytes();
+        let (key, esc) = match (esc, b) {
+            (0, b'"') => {
+                self.lex = Lex::None;
+                self.on_key = key.is_some_and(|n| usize::from(n) == wanted.len());
+                return;
+            }
+            // A key with an escape never matches.
+            (0, b'\\') => (None, 5),
+            (0, 0..=0x1f) => return self.fail(),
+            (0, _) => (
+                key.filter(|&n| wanted.get(usize::from(n)) == Some(&b))
+                    .map(|n| n + 1),
+                0,
+            ),
+            (5, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => (None, 0),
+            (5, b'u') => (None, 4),
+            (1..=4, _) if b.is_ascii_hexdigit() => (None, esc - 1),
+            _ => return self.fail(),
+        };
+        self.lex = Lex::Str(key, esc);
+    }
+
+    /// Opens a container; `on_path` when it is the object at the path's next key.
+    fn begin(&mut self, next: Expect, on_path: bool) {
+        if self.depth == MAX_DEPTH {
+            return self.fail();
+        }
+        let array = u64::from(next == Expect::ValueOrClose);
+        self.arrays = (self.arrays & !(1 << self.depth)) | (array << self.depth);
+        self.depth += 1;
+        self.matched += u8::from(on_path);
+        self.expect = next;
+    }
+
+    fn end(&mut self) {
+        if self.matched > 0 && self.depth == self.matched + 1 {
+            self.matched -= 1;
+        }
+        self.depth -= 1;
+        self.after_value();
+    }
+
+    fn in_array(&self) -> bool {
+        self.depth > 0 && self.arrays >> (self.depth - 1) & 1 == 1
+    }
+
+    fn after_value(&mut self) {
+        self.expect = if self.depth == 0 {
+            Expect::End
+        } else {
+            Expect::CommaOrClose
+        };
+    }
+
+    fn fail(&mut self) {
+        self.expect = Expect::Failed;
+        self.lex = Lex::None;
+        self.depth = 0;
+    }
+}

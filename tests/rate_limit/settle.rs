@@ -1,0 +1,243 @@
+//! Costs settled from the response, inbound: a request reserves an estimate (its `max_tokens`)
+//! and is settled to what its response reports, from a usage header, a JSON body or the last
+//! event of a server-sent-event stream, read as the body streams by. Refusals speak in tokens.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tower::{service_fn, Layer, ServiceExt};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::rate_limit::{BodyUsage, Policy, RateLimitLayer};
+use tower_bulwark::Quota;
+
+use crate::support::{drain, header_cost, header_key, keyed, retry_after};
+
+/// A request of `max` tokens for tenant `t`; the handler answers that it used `used`.
+fn request(max: u32, used: u32) -> Request<Body> {
+    Request::builder()
+        .uri("/v1/complete")
+        .header("x-tenant", "t")
+        .header("x-max-tokens", max.to_string())
+        .header("x-used", used.to_string())
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// How the handler reports what a request used.
+#[derive(Clone, Copy)]
+enum Report {
+    Header,
+    Json,
+    /// An event stream, sent in chunks of this many bytes.
+    Sse(usize),
+}
+
+fn handler(
+    report: Report,
+    calls: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    service_fn(move |request: Request<Body>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let used: u32 = request.headers()["x-used"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let response = match report {
+            Report::Header => Response::builder()
+                .header("x-usage-total-tokens", used.to_string())
+                .body(Body::from("done"))
+                .unwrap(),
+            Report::Json => Response::new(Body::from(format!(
+                r#"{{"id":"c1","choices":[{{"text":"a \"usage\":{{\"total_tokens\":1}} echo"}}],"usage":{{"prompt_tokens":1,"total_tokens":{used}}}}}"#
+            ))),
+            Report::Sse(chunk) => {
+                let stream = format!(
+                    "data: {{\"choices\":[{{\"delta\":\"he\"}}]}}\r\n\r\n: keep-alive\r\n\r\n\
+                     data: {{\"choices\":[],\"usage\":{{\"total_tokens\":{used}}}}}\r\n\r\ndata: [DONE]\r\n\r\n"
+                )
+                .into_bytes();
+                let chunks: Vec<Result<Bytes, Infallible>> = stream
+                    .chunks(chunk)
+                    .map(|c| Ok(Bytes::copy_from_slice(c)))
+                    .collect();
+                Response::new(Body::from_stream(futures::stream::iter(chunks)))
+            }
+        };
+        async move { Ok::<_, Infallible>(response) }
+    })
+}
+
+fn tokens_policy(
+    limiter: &tower_bulwark::KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock>,
+    report: Report,
+) -> Policy<
+    impl tower_bulwark::rate_limit::KeyExtractor<Key = String>,
+    impl tower_bulwark::Limiter<String>,
+> {
+    let policy = Policy::new("tokens", header_key("x-tenant"), limiter.clone())
+        .unwrap()
+        .cost_by(header_cost("x-max-tokens"));
+    match report {
+        Report::Header => policy.settle_by(|response| {
+            response
+                .headers
+                .get("x-usage-total-tokens")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        }),
+        Report::Json => {
+            policy.settle_from_body(BodyUsage::json(["usage", "total_tokens"]).unwrap())
+        }
+        Report::Sse(_) => {
+            policy.settle_from_body(BodyUsage::sse(["usage", "total_tokens"]).unwrap())
+        }
+    }
+}
+
+/// 10 000 tokens a minute; each request reserves 1 000 and uses 500: nineteen are admitted, not
+/// ten (the twentieth needs 1 000 where 500 are left), and its refusal speaks in tokens: its
+/// Retry-After is when 500 more are back, 3 s at one token every 6 ms. Whichever way the usage
+/// is reported, and in whatever chunks the body comes.
+#[tokio::test]
+async fn a_tenant_gets_the_tokens_it_used_not_the_tokens_it_asked_for() {
+    for report in [Report::Header, Report::Json, Report::Sse(7), Report::Sse(1)] {
+        let clock = ManualClock::new();
+        let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let service = RateLimitLayer::new(tokens_policy(&limiter, report))
+            .wrap_body()
+            .layer(handler(report, calls.clone()));
+        for i in 0..19 {
+            let response = service.clone().oneshot(request(1000, 500)).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "request {i}");
+            // The body read to its end: the settle happens there.
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert!(!body.is_empty());
+        }
+        let refused = service.clone().oneshot(request(1000, 500)).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(retry_after(&refused), Some(3));
+        let fields = refused.headers()["ratelimit"].to_str().unwrap().to_string();
+        assert!(fields.contains("r=500"), "{fields}");
+        assert_eq!(calls.load(Ordering::SeqCst), 19);
+        assert_eq!(drain(&limiter, "t"), 500);
+    }
+}
+
+/// The admitted response's `RateLimit` field tells the state after a head settle, in tokens.
+#[tokio::test]
+async fn the_admitted_headers_count_in_tokens_after_the_settle() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Header))
+        .layer(handler(Report::Header, Arc::default()));
+    let response = service.clone().oneshot(request(4000, 3000)).await.unwrap();
+    let fields = response.headers()["ratelimit"].to_str().unwrap();
+    assert!(fields.contains("r=7000"), "{fields}");
+    // Debt: 12 000 used of 10 000 on the next; the field says nothing is left.
+    let response = service.clone().oneshot(request(4000, 9000)).await.unwrap();
+    let fields = response.headers()["ratelimit"].to_str().unwrap();
+    assert!(fields.contains("r=0"), "{fields}");
+    // 2 000 tokens of debt (12 s) before the next token: the refusal says 13 s (rounded up).
+    let refused = service.clone().oneshot(request(1, 1)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), Some(13));
+}
+
+/// A body dropped before its end settles to what it had read: an event stream whose usage
+/// event went by settles to it; one dropped before keeps the estimate.
+#[tokio::test]
+async fn a_body_dropped_half_way_settles_to_what_was_read() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Sse(16)))
+        .wrap_body()
+        .layer(handler(Report::Sse(16), Arc::default()));
+    // Read one chunk, then drop: the usage event has not gone by; 1 000 stay spent.
+    let mut body = service
+        .clone()
+        .oneshot(request(1000, 10))
+        .await
+        .unwrap()
+        .into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
+    // Read all but the last chunk (the usage event went by), then drop: settled to 10.
+    let mut body = service
+        .clone()
+        .oneshot(request(1000, 10))
+        .await
+        .unwrap()
+        .into_body();
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        read.extend_from_slice(frame.unwrap().data_ref().unwrap());
+        if read.windows(5).any(|w| w == b"[DONE") {
+            break;
+        }
+    }
+    drop(body);
+    assert_eq!(drain(&limiter, "t"), 10_000 - 1000 - 10);
+}
+
+/// Another policy refuses: the tokens policy's estimate goes back, and no settle follows (the
+/// inner service never ran). A settle function that panics keeps the estimate; one that
+/// finds nothing keeps it too.
+#[tokio::test]
+async fn a_refused_request_settles_nothing_and_a_bad_settle_keeps_the_estimate() {
+    let clock = ManualClock::new();
+    let tokens = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let per_tenant = keyed::<String>(Quota::per_minute(2).unwrap(), &clock);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let policies = tokens_policy(&tokens, Report::Header)
+        .and(Policy::new("requests", header_key("x-tenant"), per_tenant.clone()).unwrap());
+    let service = RateLimitLayer::new(policies).layer(handler(Report::Header, calls.clone()));
+    for _ in 0..2 {
+        let ok = service.clone().oneshot(request(1000, 10)).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+    let refused = service.clone().oneshot(request(1000, 10)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(drain(&tokens, "t"), 10_000 - 20);
+
+    let tokens = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let panics = Policy::new("tokens", header_key("x-tenant"), tokens.clone())
+        .unwrap()
+        .cost_by(header_cost("x-max-tokens"))
+        .settle_by(|response| {
+            if response.headers.contains_key("x-usage-total-tokens") {
+                panic!("a settle function that fails");
+            }
+            None
+        });
+    let service = RateLimitLayer::new(panics).layer(handler(Report::Header, Arc::default()));
+    let response = service.clone().oneshot(request(1000, 10)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(drain(&tokens, "t"), 10_000 - 1000);
+}
+
+/// A body settle without `wrap_body` would never happen: the layer says so when it is applied.
+#[test]
+#[should_panic(expected = "the rate-limit policy `tokens` settles its cost from the response body")]
+fn a_body_settle_without_wrap_body_is_refused_when_the_layer_is_applied() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let _ = RateLimitLayer::new(tokens_policy(&limiter, Report::Json))
+        .layer(handler(Report::Json, Arc::default()));
+}
