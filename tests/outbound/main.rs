@@ -20,3 +20,4 @@ mod pushback;
 mod pushback_hostile;
 #[cfg(feature = "reqwest")]
 mod stack;
+mod tokens;

@@ -66,6 +66,7 @@ impl<C: Clock> Pushback<C> {
     pub fn layer(&self) -> PushbackLayer<C> {
         PushbackLayer {
             pushback: self.clone(),
+            tokens: 0,
         }
     }
 
@@ -78,7 +79,7 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        span(now, self.dependency.schedule().next_start(now))
+        span(now, self.dependency.schedule().next_start(now, 0))
     }
 
     /// Records what `response` says, as the layer does for every response it passes on: for a
@@ -118,11 +119,14 @@ impl<C> Dependency<C> {
 }
 
 impl<C: Clock> Dependency<C> {
-    /// Starts a call now, returning its place in the order of starts and whether it took one
-    /// of the advertised budget's calls, or says from when one may start: `Err((now, at))`.
-    pub(crate) fn try_start(&self) -> Result<(u64, bool), (u64, u64)> {
+    /// Starts a call of `tokens` tokens now, returning its place in the order of starts and
+    /// whether it took one of the advertised budget's calls, or says from when one may start:
+    /// `Err((now, at))`.
+    pub(crate) fn try_start(&self, tokens: u64) -> Result<(u64, bool), (u64, u64)> {
         let now = self.clock.now();
-        self.schedule().try_start(now).map_err(|at| (now, at))
+        self.schedule()
+            .try_start(now, tokens)
+            .map_err(|at| (now, at))
     }
 
     /// Refuses a call at `now` that may start at `at` only, later than it may wait for.
@@ -134,34 +138,35 @@ impl<C: Clock> Dependency<C> {
         }
     }
 
-    /// A call started by [`try_start`](Self::try_start) has ended.
-    pub(crate) fn finish(&self) {
-        self.schedule().finish();
+    /// A call of `tokens` tokens started by [`try_start`](Self::try_start) has ended.
+    pub(crate) fn finish(&self, tokens: u64) {
+        self.schedule().finish(tokens);
     }
 
-    /// A call started at `place` was refused below the layer, unsent: what it took of the
-    /// advertised budget goes back, and waiters look again.
-    pub(crate) fn give_back(&self, place: u64, counted: bool) {
-        self.change(|schedule, _| schedule.give_back(place, counted));
+    /// A call of `tokens` tokens started at `place` was refused below the layer, unsent: what
+    /// it took of the advertised budget goes back, and waiters look again.
+    pub(crate) fn give_back(&self, place: u64, counted: bool, tokens: u64) {
+        self.change(|schedule, _| schedule.give_back(place, counted, tokens));
     }
 
     /// Changes the schedule at the clock's now by `change`, and wakes the waiters if calls may
-    /// start sooner than before.
+    /// start sooner than before, or more tokens are left.
     fn change(&self, change: impl FnOnce(&mut Schedule, u64)) {
         let now = self.clock.now();
         let mut schedule = self.schedule();
-        let before = schedule.free_at(now);
+        let before = (schedule.free_at(now, 0), schedule.tokens_available(now));
         change(&mut schedule, now);
-        let sooner = schedule.free_at(now) < before;
+        let sooner =
+            schedule.free_at(now, 0) < before.0 || schedule.tokens_available(now) > before.1;
         drop(schedule);
         if sooner {
             self.sooner.notify_waiters();
         }
     }
 
-    /// Records `response`; `own` is the place of the call it answers (still counted in
-    /// flight) in the order of starts, `None` for a response obtained elsewhere.
-    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<u64>) {
+    /// Records `response`; `own` is the place in the order of starts and the tokens of the
+    /// call it answers (still counted in flight), `None` for a response obtained elsewhere.
+    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<(u64, u64)>) {
         let answer = answer::read(
             &self.name,
             response.status(),

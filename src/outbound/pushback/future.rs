@@ -28,11 +28,13 @@ struct InFlight<C: Clock> {
     place: u64,
     /// Whether it took one of the advertised budget's calls.
     counted: bool,
+    /// The tokens it may use.
+    tokens: u64,
 }
 
 impl<C: Clock> Drop for InFlight<C> {
     fn drop(&mut self) {
-        self.dependency.finish();
+        self.dependency.finish(self.tokens);
     }
 }
 
@@ -78,6 +80,8 @@ pin_project! {
         C: Clock,
     {
         dependency: Arc<Dependency<C>>,
+        // The tokens the call may use.
+        tokens: u64,
         #[pin]
         state: State<S, Req, C>,
     }
@@ -86,6 +90,7 @@ pin_project! {
 fn run<S: Service<Req>, Req, C: Clock>(
     dependency: &Arc<Dependency<C>>,
     (place, counted): (u64, bool),
+    tokens: u64,
     service: &mut S,
     request: Req,
 ) -> State<S, Req, C> {
@@ -94,6 +99,7 @@ fn run<S: Service<Req>, Req, C: Clock>(
         dependency: Arc::clone(dependency),
         place,
         counted,
+        tokens,
     };
     State::Running {
         future: service.call(request),
@@ -106,19 +112,25 @@ where
     S: Service<Req> + Clone,
     C: Clock,
 {
-    pub(crate) fn start(dependency: &Arc<Dependency<C>>, service: &mut S, request: Req) -> Self {
+    /// The call of `request`, which may use `tokens` tokens of the dependency's.
+    pub(crate) fn start(
+        dependency: &Arc<Dependency<C>>,
+        service: &mut S,
+        request: Req,
+        tokens: u64,
+    ) -> Self {
         let mut sooner = None;
-        let mut started = dependency.try_start();
+        let mut started = dependency.try_start(tokens);
         if started.is_err() {
             // Listen for an answer that lets calls start sooner, then look again: an answer
             // that came between the first look and the listening is not missed.
             sooner = Some(Arc::clone(&dependency.sooner).notified_owned());
-            started = dependency.try_start();
+            started = dependency.try_start(tokens);
         }
         let state = match started {
             Ok(place) => {
                 dependency.metrics.count(Outcome::Admitted);
-                run(dependency, place, service, request)
+                run(dependency, place, tokens, service, request)
             }
             Err((now, at)) => {
                 let deadline = now.saturating_add(saturating_nanos(dependency.max_wait));
@@ -146,6 +158,7 @@ where
         };
         Self {
             dependency: Arc::clone(dependency),
+            tokens,
             state,
         }
     }
@@ -177,7 +190,7 @@ where
                     } else {
                         ready!(entry.sleep.as_mut().poll(cx));
                     }
-                    match this.dependency.try_start() {
+                    match this.dependency.try_start(*this.tokens) {
                         Ok(place) => {
                             this.dependency.metrics.count(Outcome::Waited);
                             let Waiting {
@@ -185,7 +198,8 @@ where
                                 request,
                                 ..
                             } = waiting.take().expect("checked above");
-                            let next = run(this.dependency, place, &mut service, request);
+                            let tokens = *this.tokens;
+                            let next = run(this.dependency, place, tokens, &mut service, request);
                             this.state.set(next);
                         }
                         Err((now, at)) => {
@@ -205,12 +219,12 @@ where
                     match (&result, in_flight.as_ref()) {
                         (Ok(response), call) => {
                             this.dependency
-                                .observe(response, call.map(|call| call.place));
+                                .observe(response, call.map(|call| (call.place, call.tokens)));
                         }
                         // Refused below before anything was sent: its share of the budget
                         // goes back.
                         (Err(error), Some(call)) if never_sent(&**error) => {
-                            this.dependency.give_back(call.place, call.counted);
+                            (this.dependency).give_back(call.place, call.counted, call.tokens);
                         }
                         (Err(_), _) => {}
                     }

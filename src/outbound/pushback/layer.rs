@@ -9,6 +9,7 @@ use super::dependency::Pushback;
 use super::future::ResponseFuture;
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
+use crate::outbound::quota::QuotaCost;
 use crate::BoxError;
 
 /// Wraps a service in a [`Pushback`]: calls are held back as the dependency's responses ask.
@@ -53,17 +54,37 @@ use crate::BoxError;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct PushbackLayer<C = SystemClock> {
+pub struct PushbackLayer<C = SystemClock, T = u32> {
     pub(super) pushback: Pushback<C>,
+    pub(super) tokens: T,
 }
 
-impl<S, C> Layer<S> for PushbackLayer<C> {
-    type Service = PushbackService<S, C>;
+impl<C> PushbackLayer<C> {
+    /// The tokens each call may use of the dependency's token limits (a closure
+    /// `Fn(&Req) -> u32`, or a [`QuotaCost`]): its request's `max_tokens`, say. A call then
+    /// starts only once the dependency's answers say that many tokens are left, or have come
+    /// back (at an even pace up to the limit they advertise, or at their reset). Without it,
+    /// calls take no tokens, and wait only once the dependency says none are left.
+    ///
+    /// The tokens a call took count until its answer tells anew: an answer replaces what is
+    /// known (its own call's tokens included in what it reports), and the other calls in flight
+    /// are taken off what it says is left, as their calls are for a quota of calls.
+    pub fn tokens_by<T>(self, tokens: T) -> PushbackLayer<C, T> {
+        PushbackLayer {
+            pushback: self.pushback,
+            tokens,
+        }
+    }
+}
+
+impl<S, C, T: Clone> Layer<S> for PushbackLayer<C, T> {
+    type Service = PushbackService<S, C, T>;
 
     fn layer(&self, inner: S) -> Self::Service {
         PushbackService {
             inner,
             pushback: self.pushback.clone(),
+            tokens: self.tokens.clone(),
         }
     }
 }
@@ -74,17 +95,19 @@ impl<S, C> Layer<S> for PushbackLayer<C> {
 /// `max_wait`) or refused with [`PushedBack`](super::PushedBack) otherwise. The inner service
 /// must be `Clone` because a call that waits takes the readied service with it.
 #[derive(Clone, Debug)]
-pub struct PushbackService<S, C = SystemClock> {
+pub struct PushbackService<S, C = SystemClock, T = u32> {
     inner: S,
     pushback: Pushback<C>,
+    tokens: T,
 }
 
-impl<S, C, Req> Service<Req> for PushbackService<S, C>
+impl<S, C, T, Req> Service<Req> for PushbackService<S, C, T>
 where
     S: Service<Req> + Clone,
     S::Response: ResponseHead,
     S::Error: Into<BoxError>,
     C: Clock,
+    T: QuotaCost<Req>,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -95,6 +118,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        ResponseFuture::start(&self.pushback.dependency, &mut self.inner, request)
+        let tokens = u64::from(self.tokens.cost(&request));
+        ResponseFuture::start(&self.pushback.dependency, &mut self.inner, request, tokens)
     }
 }

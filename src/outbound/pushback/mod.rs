@@ -60,15 +60,19 @@
 //! | `RateLimit`, `RateLimit-Policy` | draft-ietf-httpapi-ratelimit-headers-11 | each item's `r` calls left for `t` seconds (or the `w` of the policy of the same name), then the policy's `q` per `w` |
 //! | `X-RateLimit-Remaining` with `X-RateLimit-Reset-After` or `X-RateLimit-Reset` | GitHub, Discord, many more | what is left until the reset: `Reset-After` in decimal seconds when present, else the reset as below |
 //! | `RateLimit-Remaining`, `RateLimit-Reset` | drafts before -07, GitLab | the same |
-//! | `x-ratelimit-{remaining,reset}-requests`, `-tokens` | OpenAI | the requests as a quota; the tokens hold calls once spent; resets are Go durations (`1s`, `6m0s`, `20ms`) |
-//! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{remaining,reset}` | Anthropic | the requests as a quota; each family of tokens holds calls once spent; resets are RFC 3339 times |
+//! | `x-ratelimit-{limit,remaining,reset}-requests`, `-tokens` | OpenAI | the requests as a quota; the tokens hold calls once spent, and a call of N tokens until N are left; resets are Go durations (`1s`, `6m0s`, `20ms`) |
+//! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | Anthropic | the requests as a quota; each family of tokens holds calls once spent, and the family with fewest left a call of N tokens until N are left; resets are RFC 3339 times |
 //!
 //!   A reset is a Unix time in milliseconds from 10^12, in seconds from 10^9 (either with a
 //!   fraction: Discord writes `1470173023.123`), and below that seconds (whole or decimal) or a
 //!   Go duration from now: as seconds from now, 10^9 would be 31 years, and a Unix time below it
 //!   would be before September 2001. `X-RateLimit-Limit` is not used: it says how many calls a
 //!   window grants, not how long the window is. A family of tokens says how many calls are
-//!   left only when it is spent: the pushback does not know what a call costs in tokens.
+//!   left only when it is spent; a call's own tokens count when the layer knows them
+//!   ([`PushbackLayer::tokens_by`]): a call of N tokens starts once N are left. Tokens come
+//!   back at an even pace from the answer to the reset, up to the family's `-limit` when it is
+//!   sent (OpenAI's reset is when the limit is whole again), and all at the reset without it.
+//!   What calls in flight took is taken off what an answer says is left, as for calls.
 //!
 //! # How calls are held
 //!
@@ -125,6 +129,7 @@ mod error;
 mod future;
 mod layer;
 mod schedule;
+mod tokens;
 
 pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::dependency::Pushback;

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use super::answer::{Answer, Refill};
 use super::builder::Pacing;
+use super::tokens::TokenRecord;
 use crate::clock::saturating_nanos;
 
 /// The stricter of two refills, field by field: the fewer calls, over the longer window. A
@@ -76,6 +77,10 @@ pub(super) struct Schedule {
     /// answer to a call started later (sent after every answer in force was received) is newer,
     /// and replaces it.
     in_force: u64,
+    /// What the dependency last said of its tokens, while it lasts.
+    tokens: Option<TokenRecord>,
+    /// The tokens of the calls in flight.
+    tokens_in_flight: u64,
 }
 
 impl Schedule {
@@ -119,22 +124,30 @@ impl Schedule {
         if self.hold_until.max(self.spent_until) <= now {
             self.roll(now);
         }
+        if self.tokens.is_some_and(|tokens| !tokens.lasts(now)) {
+            self.tokens = None;
+        }
     }
 
-    /// The earliest instant a call may start, as a call would find it.
-    pub(super) fn next_start(&mut self, now: u64) -> u64 {
+    /// The earliest instant a call of `tokens` tokens may start, as a call would find it.
+    pub(super) fn next_start(&mut self, now: u64, tokens: u64) -> u64 {
         self.settle(now);
-        self.free_at(now)
+        self.free_at(now, tokens)
     }
 
-    /// Starts a call now and returns its place in the order of starts, with whether it took
-    /// one of the budget's calls (a probe may start with none left), or returns the earliest
-    /// instant one may start: the same instant [`next_start`](Self::next_start) gives.
-    pub(super) fn try_start(&mut self, now: u64) -> Result<(u64, bool), u64> {
-        let at = self.next_start(now);
+    /// Starts a call of `tokens` tokens now and returns its place in the order of starts,
+    /// with whether it took one of the budget's calls (a probe may start with none left), or
+    /// returns the earliest instant one may start: the same instant
+    /// [`next_start`](Self::next_start) gives.
+    pub(super) fn try_start(&mut self, now: u64, tokens: u64) -> Result<(u64, bool), u64> {
+        let at = self.next_start(now, tokens);
         if at > now {
             return Err(at);
         }
+        if let Some(record) = &mut self.tokens {
+            record.take(self.started, tokens);
+        }
+        self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens);
         let counted = self.budget.is_some_and(|budget| budget > 0);
         // A probe may start in a window with nothing left.
         if let Some(budget) = &mut self.budget {
@@ -148,25 +161,36 @@ impl Schedule {
         Ok((place, counted))
     }
 
-    /// A call started at `place` was refused below the layer before anything was sent: the
-    /// budget it took goes back, if it took one of the budget in force.
-    pub(super) fn give_back(&mut self, place: u64, counted: bool) {
+    /// A call of `tokens` started at `place` was refused below the layer before anything was
+    /// sent: the budget it took goes back, if it took one of the budget in force, and so do
+    /// its tokens.
+    pub(super) fn give_back(&mut self, place: u64, counted: bool, tokens: u64) {
         if counted && place >= self.window_from {
             if let Some(budget) = &mut self.budget {
                 *budget = budget.saturating_add(1);
             }
         }
+        if let Some(record) = &mut self.tokens {
+            record.give_back(place, tokens);
+        }
     }
 
-    /// A call started by [`try_start`](Self::try_start) has ended.
-    pub(super) fn finish(&mut self) {
+    /// A call of `tokens` tokens started by [`try_start`](Self::try_start) has ended.
+    pub(super) fn finish(&mut self, tokens: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.tokens_in_flight = self.tokens_in_flight.saturating_sub(tokens);
     }
 
-    /// The earliest instant from `now` at which [`try_start`](Self::try_start) admits a call,
-    /// given nothing new is heard: the first instant the windows let one start, or the probe,
-    /// whichever comes first.
-    pub(super) fn free_at(&self, now: u64) -> u64 {
+    /// The tokens a call may take at `now`, as the schedule stands (`u64::MAX` when nothing
+    /// is known of them).
+    pub(super) fn tokens_available(&self, now: u64) -> u64 {
+        self.tokens.map_or(u64::MAX, |record| record.available(now))
+    }
+
+    /// The earliest instant from `now` at which [`try_start`](Self::try_start) admits a call
+    /// of `tokens` tokens, given nothing new is heard: the first instant the windows and the
+    /// tokens let one start, or the probe, whichever comes first.
+    pub(super) fn free_at(&self, now: u64, tokens: u64) -> u64 {
         // From one end of what holds calls to the next, rolling a copy as a call made then
         // would: a few steps at most (a hold, the spent window, the next window's slot), as a
         // window that gives nothing ends the look-ahead.
@@ -174,7 +198,7 @@ impl Schedule {
         let mut at = now;
         loop {
             ahead.settle(at);
-            let until = ahead.held_until(at);
+            let until = ahead.held_until(at, tokens);
             if until <= at {
                 break;
             }
@@ -183,12 +207,16 @@ impl Schedule {
         at.min(self.probe_at.max(now))
     }
 
-    /// Until when the hold, the quota or the pacing keeps a call at `now` from starting, as the
-    /// schedule stands at `now` (no later than `now` when it may start); `u64::MAX` when only
-    /// something new can end it. Each of them holds calls up to the instant given for it, as
-    /// nothing rolls before `window_end`, so no call may start before the latest of them.
-    fn held_until(&self, now: u64) -> u64 {
+    /// Until when the hold, the quota, the pacing or the tokens keep a call of `tokens` at
+    /// `now` from starting, as the schedule stands at `now` (no later than `now` when it may
+    /// start); `u64::MAX` when only something new can end it. Each of them holds calls up to
+    /// the instant given for it, as nothing rolls before `window_end`, so no call may start
+    /// before the latest of them.
+    fn held_until(&self, now: u64, tokens: u64) -> u64 {
         let mut until = self.hold_until.max(self.spent_until);
+        if let Some(record) = &self.tokens {
+            until = until.max(record.free_at(now, tokens));
+        }
         if self.budget.is_some() && self.window_end > now {
             if self.budget == Some(0) {
                 // Every later window gives what the next one gives while nothing new is heard.
@@ -210,10 +238,10 @@ impl Schedule {
         until
     }
 
-    /// Records an answer at `now`; `own` is the place of the call it answers, `None` for one
-    /// obtained elsewhere (taken as newer than every call started, since nothing says when it
-    /// was sent).
-    pub(super) fn apply(&mut self, answer: Answer, now: u64, own: Option<u64>) {
+    /// Records an answer at `now`; `own` is the place and the tokens of the call it answers,
+    /// `None` for one obtained elsewhere (taken as newer than every call started, since
+    /// nothing says when it was sent).
+    pub(super) fn apply(&mut self, answer: Answer, now: u64, own: Option<(u64, u64)>) {
         // Whatever this answer sets ends within `max_hold`: so does the wait for the probe.
         self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
         if let Some(hold) = answer.hold {
@@ -221,6 +249,20 @@ impl Schedule {
                 .hold_until
                 .max(now.saturating_add(saturating_nanos(hold)));
         }
+        if let Some(quota) = answer.tokens {
+            let own_tokens = own.map_or(0, |(_, tokens)| tokens);
+            let others = self.tokens_in_flight.saturating_sub(own_tokens);
+            let record = TokenRecord::new(quota, now, others, self.started);
+            // An older answer (see `in_force` below) may only leave fewer tokens.
+            let older = own.is_some_and(|(place, _)| place < self.in_force);
+            if !older || record.available(now) < self.tokens_available(now) {
+                self.tokens = Some(record);
+                if answer.quota.is_none() {
+                    self.in_force = self.started;
+                }
+            }
+        }
+        let own = own.map(|(place, _)| place);
         let Some(quota) = answer.quota else {
             return;
         };

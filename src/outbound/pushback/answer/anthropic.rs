@@ -1,16 +1,26 @@
 //! Anthropic's fields (docs.anthropic.com/en/api/rate-limits, "Response headers"):
 //! `anthropic-ratelimit-requests-remaining` and `anthropic-ratelimit-requests-reset`, the same
-//! for `-tokens`, `-input-tokens` and `-output-tokens`, each reset an RFC 3339 time. The
-//! requests are a quota of calls; each family of tokens holds calls only once it is spent.
+//! for `-tokens`, `-input-tokens` and `-output-tokens`, each reset an RFC 3339 time, and each
+//! family's `-limit`. The requests are a quota of calls; each family of tokens holds every call
+//! once it is spent, and a call of N tokens until N are back.
 
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive_family, when, AdvertisedQuota, Dialect, Family, Reader};
+use super::{
+    fewest_tokens, most_restrictive_family, when, AdvertisedQuota, Dialect, Family, Reader,
+};
+use crate::outbound::pushback::tokens::TokenQuota;
 
-const fn family(remaining: &'static str, reset: &'static str, counts_calls: bool) -> Family {
+const fn family(
+    limit: &'static str,
+    remaining: &'static str,
+    reset: &'static str,
+    counts_calls: bool,
+) -> Family {
     Family {
+        limit: HeaderName::from_static(limit),
         remaining: HeaderName::from_static(remaining),
         reset: HeaderName::from_static(reset),
         counts_calls,
@@ -19,21 +29,25 @@ const fn family(remaining: &'static str, reset: &'static str, counts_calls: bool
 
 const FAMILIES: [Family; 4] = [
     family(
+        "anthropic-ratelimit-requests-limit",
         "anthropic-ratelimit-requests-remaining",
         "anthropic-ratelimit-requests-reset",
         true,
     ),
     family(
+        "anthropic-ratelimit-tokens-limit",
         "anthropic-ratelimit-tokens-remaining",
         "anthropic-ratelimit-tokens-reset",
         false,
     ),
     family(
+        "anthropic-ratelimit-input-tokens-limit",
         "anthropic-ratelimit-input-tokens-remaining",
         "anthropic-ratelimit-input-tokens-reset",
         false,
     ),
     family(
+        "anthropic-ratelimit-output-tokens-limit",
         "anthropic-ratelimit-output-tokens-remaining",
         "anthropic-ratelimit-output-tokens-reset",
         false,
@@ -42,14 +56,24 @@ const FAMILIES: [Family; 4] = [
 
 /// The binding quota of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
-    let reset = |field: &str, value: &[u8]| -> Option<Duration> {
-        match when::rfc3339(value) {
-            Some(at) => Some(reader.until(field, at)),
-            None => {
-                reader.malformed(field, value);
-                None
-            }
-        }
-    };
+    let reset = |field: &str, value: &[u8]| reset(reader, field, value);
     most_restrictive_family(reader, headers, Dialect::Anthropic, &FAMILIES, reset)
+}
+
+/// The tokens of the family of Anthropic's that has fewest left.
+pub(super) fn tokens(reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
+    fewest_tokens(reader, headers, &FAMILIES, |field, value| {
+        reset(reader, field, value)
+    })
+}
+
+/// A reset: an RFC 3339 instant, read as the span until it.
+fn reset(reader: &Reader<'_>, field: &str, value: &[u8]) -> Option<Duration> {
+    match when::rfc3339(value) {
+        Some(at) => Some(reader.until(field, at)),
+        None => {
+            reader.malformed(field, value);
+            None
+        }
+    }
 }

@@ -21,6 +21,8 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, DATE};
 use http::StatusCode;
 
+use super::tokens::TokenQuota;
+
 /// How long to hold after a 429 that says nothing about when to come back.
 const HOLD_WITHOUT_TIME: Duration = Duration::from_secs(1);
 
@@ -83,6 +85,15 @@ impl Dialect {
             Self::Custom => None,
         }
     }
+
+    /// The tokens this dialect advertises in `headers`, if it speaks of tokens.
+    fn tokens(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
+        match self {
+            Self::OpenAi => openai::tokens(reader, headers),
+            Self::Anthropic => anthropic::tokens(reader, headers),
+            Self::RateLimit | Self::XRateLimit | Self::Custom => None,
+        }
+    }
 }
 
 /// What one response asks of its caller.
@@ -92,6 +103,8 @@ pub(crate) struct Answer {
     pub(crate) hold: Option<Duration>,
     /// The most restrictive quota the response advertises.
     pub(crate) quota: Option<AdvertisedQuota>,
+    /// The limit of tokens with the fewest left, if the response advertises tokens.
+    pub(crate) tokens: Option<TokenQuota>,
 }
 
 /// A quota the dependency advertised: `remaining` calls within `window`, then, when its policy
@@ -115,6 +128,8 @@ pub(crate) struct Refill {
 /// One limit of a dialect that writes several side by side (requests, tokens), each in a field
 /// of what is left and a field of when it resets.
 struct Family {
+    /// The family's limit (read for tokens, which come back at an even pace up to it).
+    limit: HeaderName,
     remaining: HeaderName,
     reset: HeaderName,
     /// Whether it counts calls. A family of tokens says how many calls are left only when it
@@ -145,6 +160,27 @@ fn most_restrictive_family(
             refill: None,
         })
     }))
+}
+
+/// The family of tokens of `families` with the fewest left (of those, the longest reset), each
+/// reset read by `reset`.
+fn fewest_tokens(
+    reader: &Reader<'_>,
+    headers: &HeaderMap,
+    families: &[Family],
+    reset: impl Fn(&str, &[u8]) -> Option<Duration>,
+) -> Option<TokenQuota> {
+    let families = families.iter().filter(|family| !family.counts_calls);
+    let quotas = families.filter_map(|family| {
+        let remaining = reader.single_number(headers, &family.remaining)?;
+        let value = reader.single(headers, &family.reset)?;
+        Some(TokenQuota {
+            remaining,
+            limit: reader.single_number(headers, &family.limit),
+            resets_in: reset(family.reset.as_str(), value)?,
+        })
+    });
+    quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)))
 }
 
 /// The most restrictive of `quotas`: the fewest calls left, and of those the longest window.
@@ -206,7 +242,14 @@ pub(crate) fn read(
         );
         hold = Some(reader.hold_without_time());
     }
-    Answer { hold, quota }
+    let tokens = (Dialect::ALL.iter())
+        .filter_map(|dialect| dialect.tokens(&reader, headers))
+        .min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)));
+    Answer {
+        hold,
+        quota,
+        tokens,
+    }
 }
 
 /// Whether `headers` carry a field of a rate-limit dialect, readable or not.

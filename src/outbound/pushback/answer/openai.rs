@@ -1,19 +1,23 @@
 //! OpenAI's fields (platform.openai.com/docs/guides/rate-limits, "Rate limits in headers"):
 //! `x-ratelimit-remaining-requests` and `x-ratelimit-reset-requests`, the same for `-tokens`,
-//! each reset a Go duration (`1s`, `6m0s`, `20ms`). The requests are a quota of calls; the
-//! tokens hold calls only once they are spent.
+//! each reset a Go duration (`1s`, `6m0s`, `20ms`), and `x-ratelimit-limit-{requests,tokens}`.
+//! The requests are a quota of calls; the tokens hold every call once they are spent, and a
+//! call of N tokens until N are back.
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive_family, AdvertisedQuota, Dialect, Family, Reader};
+use super::{fewest_tokens, most_restrictive_family, AdvertisedQuota, Dialect, Family, Reader};
+use crate::outbound::pushback::tokens::TokenQuota;
 
 const FAMILIES: [Family; 2] = [
     Family {
+        limit: HeaderName::from_static("x-ratelimit-limit-requests"),
         remaining: HeaderName::from_static("x-ratelimit-remaining-requests"),
         reset: HeaderName::from_static("x-ratelimit-reset-requests"),
         counts_calls: true,
     },
     Family {
+        limit: HeaderName::from_static("x-ratelimit-limit-tokens"),
         remaining: HeaderName::from_static("x-ratelimit-remaining-tokens"),
         reset: HeaderName::from_static("x-ratelimit-reset-tokens"),
         counts_calls: false,
@@ -25,4 +29,11 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
     // The resets are durations; `Reader::reset` also takes the plain seconds some proxies send.
     let reset = |field: &str, value: &[u8]| reader.reset(field, value);
     most_restrictive_family(reader, headers, Dialect::OpenAi, &FAMILIES, reset)
+}
+
+/// The tokens of the family of OpenAI's that has fewest left.
+pub(super) fn tokens(reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
+    fewest_tokens(reader, headers, &FAMILIES, |field, value| {
+        reader.reset(field, value)
+    })
 }

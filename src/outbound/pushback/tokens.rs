@@ -1,0 +1,140 @@
+//! What a dependency said of its tokens (OpenAI's and Anthropic's token families), and what
+//! calls took of them since: a call of N tokens (see
+//! [`PushbackLayer::tokens_by`](super::PushbackLayer::tokens_by)) starts once N are left.
+
+use std::time::Duration;
+
+use crate::clock::saturating_nanos;
+
+/// A limit of tokens as one answer states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TokenQuota {
+    pub(crate) remaining: u64,
+    /// The family's limit, when the answer sends it: the tokens come back at an even pace
+    /// until the reset, where the limit is whole again.
+    pub(crate) limit: Option<u64>,
+    pub(crate) resets_in: Duration,
+}
+
+/// The tokens the schedule counts on. Instants are nanoseconds of the pushback's clock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TokenRecord {
+    /// Tokens left when the answer came, less those of the other calls in flight then (the
+    /// dependency may not have counted them yet).
+    left: u64,
+    /// Tokens taken since by calls started from place `from` on.
+    taken: u64,
+    from: u64,
+    limit: Option<u64>,
+    at: u64,
+    full_at: u64,
+}
+
+impl TokenRecord {
+    /// What `quota`, received at `now`, leaves when the other calls in flight hold
+    /// `in_flight` tokens; calls from place `from` on count against it.
+    pub(super) fn new(quota: TokenQuota, now: u64, in_flight: u64, from: u64) -> Self {
+        Self {
+            left: quota.remaining.saturating_sub(in_flight),
+            taken: 0,
+            from,
+            limit: quota.limit,
+            at: now,
+            full_at: now.saturating_add(saturating_nanos(quota.resets_in)),
+        }
+    }
+
+    /// Whether the record still says anything at `now`: past the reset, the limit is whole.
+    pub(super) fn lasts(&self, now: u64) -> bool {
+        now < self.full_at
+    }
+
+    /// The tokens that have come back by `now`, at an even pace over the span to the reset.
+    fn refill(&self, now: u64) -> u64 {
+        match self.limit {
+            Some(limit) if limit > self.left && self.full_at > self.at => {
+                let span = u128::from(self.full_at - self.at);
+                let back =
+                    u128::from(limit - self.left) * u128::from(now.min(self.full_at) - self.at);
+                u64::try_from(back / span).unwrap_or(u64::MAX)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The tokens a call may take at `now` (`now` no earlier than the answer).
+    pub(super) fn available(&self, now: u64) -> u64 {
+        if !self.lasts(now) {
+            return u64::MAX;
+        }
+        (self.left.saturating_add(self.refill(now))).saturating_sub(self.taken)
+    }
+
+    /// The earliest instant from `now` at which a call of `cost` tokens may start: when enough
+    /// have come back, or at the reset.
+    pub(super) fn free_at(&self, now: u64, cost: u64) -> u64 {
+        if cost == 0 || self.available(now) >= cost {
+            return now;
+        }
+        match self.limit {
+            Some(limit) if limit > self.left => {
+                // The least `t` with refill(t) ≥ need, rounded up so that `available` agrees.
+                let need = u128::from(cost.saturating_add(self.taken) - self.left);
+                let span = u128::from(self.full_at - self.at);
+                let after = (need * span).div_ceil(u128::from(limit - self.left));
+                let at = self
+                    .at
+                    .saturating_add(u64::try_from(after).unwrap_or(u64::MAX));
+                at.clamp(now, self.full_at)
+            }
+            _ => self.full_at,
+        }
+    }
+
+    /// A call started at place `place` took `cost` tokens.
+    pub(super) fn take(&mut self, place: u64, cost: u64) {
+        if place >= self.from {
+            self.taken = self.taken.saturating_add(cost);
+        }
+    }
+
+    /// A call started at place `place` was refused below, unsent: its tokens come back.
+    pub(super) fn give_back(&mut self, place: u64, cost: u64) {
+        if place >= self.from {
+            self.taken = self.taken.saturating_sub(cost);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the answer says (a limit below what is left, none, a reset of zero, numbers
+        /// near the top of u64), the instant a call is told is the first at which it fits: it
+        /// fits then (or the record has lapsed), and not a nanosecond sooner.
+        #[test]
+        fn the_instant_a_call_is_told_is_the_first_at_which_it_fits(
+            remaining in prop_oneof![0..2_000u64, Just(u64::MAX)],
+            limit in prop::option::of(prop_oneof![0..20_000u64, Just(u64::MAX)]),
+            resets_in in 0..20_000_000_000u64,
+            at in 0..1u64 << 40,
+            taken in 0..5_000u64,
+            cost in 0..30_000u64,
+            later in 0..20_000_000_000u64,
+        ) {
+            let quota = TokenQuota { remaining, limit, resets_in: Duration::from_nanos(resets_in) };
+            let mut record = TokenRecord::new(quota, at, 0, 0);
+            record.take(0, taken);
+            let now = at + later;
+            let free = record.free_at(now, cost);
+            prop_assert!(free >= now);
+            prop_assert!(!record.lasts(free) || record.available(free) >= cost);
+            if free > now {
+                prop_assert!(record.available(free - 1) < cost, "{free} is not the first");
+            }
+        }
+    }
+}
