@@ -305,3 +305,74 @@ fn a_dialect_of_the_users_own_counts_beside_the_built_in_ones() {
         "the reader found nothing"
     );
 }
+
+/// A 429 with `Retry-After: 5` beside a quota that is spent for a minute, in each family: where
+/// the family's owner gives Retry-After precedence (draft-11's "Client Behavior": it "MUST take
+/// precedence and the reset keyword MAY be ignored"; OpenAI and Anthropic, whose resets say when
+/// a limit is whole again), calls wait 5 s; for `X-RateLimit-*` (GitHub: a spent primary limit
+/// outlasts a secondary limit's Retry-After) the later of the two, 60 s. In each case the
+/// refusal of a call says the same time as `held_for`, and a call then goes.
+#[tokio::test]
+async fn retry_after_takes_precedence_where_the_family_says_so() {
+    use tower_bulwark::clock::ManualClock;
+    use tower_bulwark::outbound::{self, PushedBack};
+
+    let in_60s = rfc3339_in(60);
+    let cases: [(&str, Vec<(&str, String)>, u64); 4] = [
+        (
+            "draft-11",
+            vec![("ratelimit", r#""default";r=0;t=60"#.into())],
+            5,
+        ),
+        (
+            "GitHub",
+            vec![
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", unix_in(60).to_string()),
+            ],
+            60,
+        ),
+        (
+            "OpenAI",
+            vec![
+                ("x-ratelimit-remaining-requests", "0".into()),
+                ("x-ratelimit-reset-requests", "1m0s".into()),
+            ],
+            5,
+        ),
+        (
+            "Anthropic",
+            vec![
+                ("anthropic-ratelimit-requests-remaining", "0".into()),
+                ("anthropic-ratelimit-requests-reset", in_60s.clone()),
+            ],
+            5,
+        ),
+    ];
+    for (family, fields, wait) in cases {
+        let clock = ManualClock::new();
+        let pushback = Pushback::builder("api").clock(clock.clone()).build();
+        let mut answer = http::Response::builder()
+            .status(429)
+            .header("retry-after", "5");
+        for (name, value) in &fields {
+            answer = answer.header(*name, value.as_str());
+        }
+        pushback.observe(&answer.body(()).unwrap());
+        let held = pushback.held_for();
+        let client = pushback.layer().layer(tower::service_fn(|()| async {
+            Ok::<_, tower_bulwark::BoxError>(http::Response::new(()))
+        }));
+        let refused = client.clone().oneshot(()).await.unwrap_err();
+        assert!(refused.is::<PushedBack>(), "{family}");
+        assert_eq!(
+            outbound::retry_after(&*refused),
+            Some(held),
+            "{family}: the refusal says held_for"
+        );
+        // Instants written to the second may lose up to a second.
+        assert_about(held, S(wait), family);
+        clock.advance(held);
+        client.oneshot(()).await.unwrap();
+    }
+}

@@ -76,7 +76,11 @@
 //!
 //! # How calls are held
 //!
-//! * After a `Retry-After`, no call starts until it has passed.
+//! * After a `Retry-After`, no call starts until it has passed. A quota spent on the same
+//!   answer comes back when the `Retry-After` has passed, even if its reset says later, for
+//!   draft-11's `RateLimit` (its "Client Behavior": Retry-After "MUST take precedence"),
+//!   OpenAI's and Anthropic's families; for `X-RateLimit-*`, `RateLimit-*` and dialects of the
+//!   user's, the later of the two counts.
 //! * With an advertised quota, at most `r` calls start within `t`, less the calls already in
 //!   flight when the answer came (they may not have been counted in it yet). When they are
 //!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same

@@ -86,6 +86,23 @@ impl Dialect {
         }
     }
 
+    /// Whether, on an answer that also carries `Retry-After`, the time a spent quota of this
+    /// dialect comes back is Retry-After's rather than its reset's when that is later.
+    ///
+    /// * draft-11's `RateLimit`: yes. Its "Client Behavior" section: Retry-After "MUST take
+    ///   precedence and the reset keyword MAY be ignored".
+    /// * OpenAI's and Anthropic's families: yes. Their resets say when a limit is whole again
+    ///   (OpenAI) or replenished (Anthropic), and Retry-After when this call would succeed
+    ///   (Anthropic: "earlier retries will fail").
+    /// * `X-RateLimit-*` and the older drafts' `RateLimit-*` (GitHub, GitLab, Discord): no, the
+    ///   later of the two counts. A spent primary limit outlasts a secondary limit's shorter
+    ///   Retry-After, and GitHub warns that calls made while limited can get an integration
+    ///   banned.
+    /// * A dialect of the user's: no. Its meaning is unknown, so the later of the two counts.
+    fn yields_to_retry_after(self) -> bool {
+        matches!(self, Self::RateLimit | Self::OpenAi | Self::Anthropic)
+    }
+
     /// The tokens this dialect advertises in `headers`, if it speaks of tokens.
     fn tokens(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
         match self {
@@ -218,7 +235,7 @@ pub(crate) fn read(
             refill: None,
         })
     });
-    let quota = most_restrictive(
+    let mut quota = most_restrictive(
         Dialect::ALL
             .iter()
             .filter_map(|dialect| dialect.read(&reader, headers))
@@ -229,11 +246,29 @@ pub(crate) fn read(
     let overloaded = status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::SERVICE_UNAVAILABLE
         || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers));
-    let mut hold = if overloaded {
+    let retry_after = if overloaded {
         retry_after::read(&reader, headers)
     } else {
         None
     };
+    let mut tokens = (Dialect::ALL.iter())
+        .filter_map(|dialect| dialect.tokens(&reader, headers))
+        .min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)));
+    if let Some(after) = retry_after {
+        // Where a dialect's owner says Retry-After takes precedence over its resets, what the
+        // answer says is spent comes back when Retry-After has passed, even where a reset says
+        // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window.
+        let spent = |quota: &AdvertisedQuota| quota.remaining == 0;
+        let yields = |quota: &AdvertisedQuota| quota.dialect.yields_to_retry_after();
+        if let Some(quota) = quota.as_mut().filter(|quota| spent(quota) && yields(quota)) {
+            quota.window = quota.window.min(after);
+        }
+        // Tokens are OpenAI's and Anthropic's, which both yield.
+        if let Some(tokens) = tokens.as_mut().filter(|tokens| tokens.remaining == 0) {
+            tokens.resets_in = tokens.resets_in.min(after);
+        }
+    }
+    let mut hold = retry_after;
     if hold.is_none() && status == StatusCode::TOO_MANY_REQUESTS && quota.is_none() {
         tracing::debug!(
             target: "tower_bulwark::pushback",
@@ -242,9 +277,6 @@ pub(crate) fn read(
         );
         hold = Some(reader.hold_without_time());
     }
-    let tokens = (Dialect::ALL.iter())
-        .filter_map(|dialect| dialect.tokens(&reader, headers))
-        .min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)));
     Answer {
         hold,
         quota,
