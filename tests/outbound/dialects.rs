@@ -317,8 +317,10 @@ async fn retry_after_takes_precedence_where_the_family_says_so() {
     use tower_bulwark::clock::ManualClock;
     use tower_bulwark::outbound::{self, PushedBack};
 
+    // A family's name, its fields, and the seconds calls wait.
+    type Case = (&'static str, Vec<(&'static str, String)>, u64);
     let in_60s = rfc3339_in(60);
-    let cases: [(&str, Vec<(&str, String)>, u64); 4] = [
+    let cases: [Case; 4] = [
         (
             "draft-11",
             vec![("ratelimit", r#""default";r=0;t=60"#.into())],
