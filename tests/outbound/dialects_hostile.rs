@@ -1620,7 +1620,7 @@ const FIELDS: &[&str] = &[
 ];
 
 /// Near-valid values: the shapes a broken or hostile server sends for these dialects.
-fn hostile_value() -> impl Strategy<Value = Vec<u8>> {
+pub(crate) fn hostile_value() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..48),
         "[0-9]{1,40}".prop_map(String::into_bytes),

@@ -160,3 +160,65 @@ async fn calls_in_flight_hold_their_tokens_and_unsent_calls_give_them_back() {
     a.await.unwrap().unwrap();
     b.await.unwrap().unwrap();
 }
+
+/// The token fields of both families, limits included.
+const TOKEN_FIELDS: [&str; 13] = [
+    "retry-after",
+    "date",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "anthropic-ratelimit-tokens-limit",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-limit",
+    "anthropic-ratelimit-output-tokens-remaining",
+];
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(600))]
+
+    /// Hostile values in the token fields (limits below what is left, absurd resets, bytes of
+    /// any kind), a call of any size: nothing panics, no call is held beyond `max_hold`, and
+    /// the time a refusal gives is exact: a nanosecond sooner the call is refused, then it goes.
+    #[test]
+    fn hostile_token_fields_hold_no_call_beyond_max_hold_and_refusals_are_exact(
+        max_hold_ms in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..10_000_000],
+        status in proptest::prop_oneof![proptest::strategy::Just(200u16), proptest::strategy::Just(429)],
+        fields in proptest::collection::vec(
+            (0..TOKEN_FIELDS.len(), crate::dialects_hostile::hostile_value()),
+            0..10,
+        ),
+        tokens in proptest::prop_oneof![
+            proptest::strategy::Just(0u32), proptest::strategy::Just(1), 2u32..20_000, proptest::strategy::Just(u32::MAX)
+        ],
+    ) {
+        let clock = ManualClock::new();
+        let max_hold = Duration::from_millis(max_hold_ms);
+        let pushback = Pushback::builder("llm").clock(clock.clone()).max_hold(max_hold).build();
+        let mut response = Response::new(());
+        *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        for (field, bytes) in &fields {
+            if let Ok(value) = http::HeaderValue::from_bytes(bytes) {
+                response.headers_mut().append(TOKEN_FIELDS[*field], value);
+            }
+        }
+        pushback.observe(&response);
+        let client = pushback.layer().tokens_by(move |_: &()| tokens).layer(service_fn(|()| async {
+            Ok::<_, BoxError>(Response::new(()))
+        }));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let call = || runtime.block_on(client.clone().oneshot(()));
+        if let Err(refused) = call() {
+            let wait = outbound::retry_after(&*refused).expect("a pushback refusal says when");
+            proptest::prop_assert!(wait > Duration::ZERO && wait <= max_hold, "{:?} against {:?}", wait, max_hold);
+            clock.advance(wait - Duration::from_nanos(1));
+            proptest::prop_assert!(call().is_err(), "a nanosecond before {:?}", wait);
+            clock.advance(Duration::from_nanos(1));
+            proptest::prop_assert!(call().is_ok(), "at {:?}", wait);
+        }
+    }
+}
