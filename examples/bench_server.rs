@@ -24,7 +24,13 @@
 //! * `bulwark-count-if`: `bulwark` counting only server errors (`count_if`), so every admitted
 //!   request's permit is given back after its `200`;
 //! * `bulwark-refuse` / `governor-refuse`: one request per hour, so a client under load is
-//!   refused (the refusal path).
+//!   refused (the refusal path);
+//! * `usage-plain`: the handler answers as an LLM API does, a JSON body with
+//!   `usage.total_tokens` and an `x-usage-total-tokens` header, behind `bulwark` with a cost of
+//!   four, never settled;
+//! * `usage-settle-head`: the same, each request settled to the header (`settle_by`);
+//! * `usage-settle-body`: the same, each request settled to the body's `usage.total_tokens`
+//!   (`settle_from_body`, with `wrap_body`), read as the body goes out.
 //!
 //! The server runs on `BENCH_THREADS` tokio worker threads (default 1) and listens on `ADDR`
 //! (default `127.0.0.1:3000`).
@@ -34,7 +40,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::routing::get;
 use axum::Router;
 use http::header::HOST;
-use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{BodyUsage, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
@@ -121,6 +127,35 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
             hello.route_layer(GovernorLayer::new(config))
         }
         "governor-refuse" => hello.route_layer(governor(None, 1)?),
+        "usage-plain" | "usage-settle-head" | "usage-settle-body" => {
+            let usage = Router::new().route(
+                "/",
+                get(|| async {
+                    (
+                        [
+                            ("content-type", "application/json"),
+                            ("x-usage-total-tokens", "1"),
+                        ],
+                        r#"{"id":"c1","usage":{"total_tokens":1}}"#,
+                    )
+                }),
+            );
+            let policy = per_ip(never)?.cost(4);
+            match variant {
+                "usage-plain" => usage.route_layer(RateLimitLayer::new(policy)),
+                "usage-settle-head" => {
+                    usage.route_layer(RateLimitLayer::new(policy.settle_by(|response| {
+                        let value = response.headers.get("x-usage-total-tokens")?;
+                        value.to_str().ok()?.parse().ok()
+                    })))
+                }
+                _ => {
+                    let body = BodyUsage::json(["usage", "total_tokens"])?;
+                    let policy = policy.settle_from_body(body);
+                    usage.route_layer(RateLimitLayer::new(policy).wrap_body())
+                }
+            }
+        }
         other => return Err(format!("unknown variant {other:?}").into()),
     })
 }

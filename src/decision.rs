@@ -44,6 +44,10 @@ pub struct Decision {
     /// ticks): a refund gives back only while the key's TAT is still this one, that is while
     /// this admission is the key's latest. Zero for a refusal and for the other algorithms.
     pub(crate) state_after: u64,
+    /// For a GCRA admission, the emission interval each of its permits was charged at
+    /// (nanoseconds, or a Redis script's ticks): a refund gives back no more time per permit,
+    /// even after a change of quota lengthened the interval. Zero otherwise.
+    pub(crate) per_permit: u64,
     /// Who took the decision, so that a refund goes back to the state that was charged.
     pub(crate) source: Source,
     /// The permits this decision was asked for (set by the crate's limiters), so that a refund
@@ -131,6 +135,7 @@ impl Decision {
             wait: Duration::ZERO,
             reserved_at: 0,
             state_after: 0,
+            per_permit: 0,
             source: Source::State,
             cost: u32::MAX,
             tier: 0,
@@ -184,6 +189,7 @@ impl Decision {
         Decision {
             reserved_at: 0,
             state_after: 0,
+            per_permit: 0,
             source: Source::State,
             cost: 0,
             origin: Origin::default(),
@@ -238,9 +244,11 @@ impl Decision {
         self
     }
 
-    /// This admission, which left its key's state at `state` (see `state_after`).
-    pub(crate) fn leaving(mut self, state: u64) -> Self {
+    /// This GCRA admission, which left its key's TAT at `state` (see `state_after`), each
+    /// permit charged at `per_permit`.
+    pub(crate) fn leaving(mut self, state: u64, per_permit: u64) -> Self {
         self.state_after = state;
+        self.per_permit = per_permit;
         self
     }
 

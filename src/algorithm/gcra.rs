@@ -123,7 +123,7 @@ impl Gcra {
                 let reset = Duration::from_nanos(new_tat - now);
                 Decision::allowed(limit, remaining, reset)
                     .charged_at(now)
-                    .leaving(new_tat)
+                    .leaving(new_tat, self.interval)
             }
             Verdict::Reserved {
                 now,
@@ -132,7 +132,7 @@ impl Gcra {
             } => {
                 let reset = Duration::from_nanos(new_tat - now);
                 let wait = Duration::from_nanos(allow_at - now);
-                Decision::reserved(limit, 0, reset, wait, allow_at).leaving(new_tat)
+                Decision::reserved(limit, 0, reset, wait, allow_at).leaving(new_tat, self.interval)
             }
             Verdict::Refused {
                 now,
@@ -184,8 +184,9 @@ impl Algorithm for Gcra {
     /// together) the permits a key has used carry over exactly: 9 of 10 used leaves 11 of 20.
     /// When the interval changes, what a key owes carries over as time: the TAT's lead over now
     /// is counted in the new interval. A refund after the change, of a decision made before it,
-    /// gives back `cost` intervals of the new quota (never moving the TAT before the latest
-    /// reading), which is what the key's `cost` permits weigh now.
+    /// gives back `cost` intervals, each the shorter of the old and the new (never moving the
+    /// TAT before the latest reading): no more time than the decision took, nor more than its
+    /// permits weigh now.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
         Self::new(quota, now)
     }
@@ -242,7 +243,9 @@ impl Algorithm for Gcra {
             // Not a GCRA admission.
             return;
         }
-        let give = self.interval.saturating_mul(u64::from(cost));
+        // Never more time per permit than the decision charged: after a change of quota that
+        // lengthened the interval, a permit weighs more than it took.
+        let give = (self.interval.min(decision.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
         let _ = state
             .tat

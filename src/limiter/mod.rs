@@ -113,11 +113,8 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// [`Tiers`](crate::tiers::Tiers)), or back under another key, it gives nothing back, and
     /// neither does a decision built by hand. Clones of a limiter share its state, so they take
     /// back each other's decisions. No more than the decision took is ever given back, whatever
-    /// `cost` says, with one exception: GCRA gives back a decision's cost in intervals of the
-    /// quota in force, so after a [`set_quota`](Limiter::set_quota) that lengthens the interval,
-    /// a decision made before the change gives back up to `cost` permits of the new quota,
-    /// more time than it took. Only decisions made before the change and given back after it
-    /// do this, and each at most by its own cost.
+    /// `cost` says, and whatever [`set_quota`](Limiter::set_quota) changed since: GCRA gives
+    /// back each permit at the shorter of the interval it was charged at and the one in force.
     ///
     /// A keyed limiter tells a decision's key from another by the key's hash under its
     /// [`BuildHasher`](std::hash::BuildHasher): given back under a key whose hash is the same,

@@ -353,6 +353,7 @@ impl Inner {
             charged_at: decision.reserved_at,
             left: decision.state_after,
             reserved: !decision.wait.is_zero(),
+            per_permit: decision.per_permit,
         };
         let inner = Arc::clone(self);
         Some(Some(async move {

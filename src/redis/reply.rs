@@ -115,9 +115,10 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     } else if wait.is_zero() {
         Decision::allowed(limit, remaining, reset_after)
             .charged_at(reserved_at)
-            .leaving(state_after)
+            .leaving(state_after, quota.per_permit())
     } else {
-        Decision::reserved(limit, remaining, reset_after, wait, reserved_at).leaving(state_after)
+        Decision::reserved(limit, remaining, reset_after, wait, reserved_at)
+            .leaving(state_after, quota.per_permit())
     };
     Ok(Reply::Decision(decision, time))
 }
@@ -163,7 +164,7 @@ mod tests {
         let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 100_055, 123])).unwrap();
         let expected = Decision::allowed(10, 9, Duration::from_millis(100))
             .charged_at(55)
-            .leaving(100_055);
+            .leaving(100_055, 0);
         assert_eq!(
             d, expected,
             "an immediate admission keeps the instant it was charged at and the TAT it left"

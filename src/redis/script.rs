@@ -98,6 +98,7 @@ pub(crate) enum Operation {
         charged_at: u64,
         left: u64,
         reserved: bool,
+        per_permit: u64,
     },
     /// Charging the permits at the script's instant, never refused: what an admission cost
     /// beyond its estimate. A charge has no deadline, as a refund has none.
@@ -187,6 +188,15 @@ impl ScriptQuota {
         })
     }
 
+    /// What each permit of a GCRA admission is charged (the emission interval, in ticks); zero
+    /// for the other algorithms.
+    pub(crate) fn per_permit(&self) -> u64 {
+        match self.script {
+            LimiterScript::Gcra => self.args[0],
+            _ => 0,
+        }
+    }
+
     /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
     pub(crate) fn client_clock(&self) -> bool {
         self.tick_nanos == 1
@@ -222,8 +232,16 @@ impl ScriptQuota {
             .arg(wait_or_charged_at)
             .arg(self.ttl_margin_ms)
             .arg(deadline);
-        for arg in &self.args {
-            invocation.arg(*arg);
+        for (i, arg) in self.args.iter().enumerate() {
+            match operation {
+                // GCRA gives back no more per permit than the admission was charged.
+                Operation::Refund { per_permit, .. }
+                    if i == 0 && self.script == LimiterScript::Gcra =>
+                {
+                    invocation.arg((*arg).min(per_permit))
+                }
+                _ => invocation.arg(*arg),
+            };
         }
         if let Operation::Refund { left, reserved, .. } = operation {
             invocation.arg(left).arg(u8::from(reserved));

@@ -306,3 +306,103 @@ proptest! {
         }
     }
 }
+
+/// A settle that races a `set_quota` never over-grants: a GCRA admission of 10 tokens made at
+/// 100 a minute (600 ms each), given back after the quota became 10 a minute (6 s each), gives
+/// back 600 ms a token, what it took, not 6 s. The tokens a key can then take are never more
+/// than what its use leaves under either quota. Across every algorithm, a settle after a change
+/// admits no more than the key's use allows.
+#[test]
+fn a_settle_after_set_quota_never_gives_back_more_than_it_took() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(100).unwrap())
+        .clock(clock.clone())
+        .build();
+    for _ in 0..9 {
+        assert!(limiter.check_n(&1, 10).unwrap().allowed);
+    }
+    let last = limiter.check_n(&1, 10).unwrap();
+    assert!(last.allowed);
+    // 100 of 100 used: the TAT is a minute ahead. At 10 a minute, that is 10 tokens' worth.
+    limiter.set_quota(Quota::per_minute(10).unwrap().with_burst(100).unwrap());
+    // Settled to none: ten tokens at the old 600 ms each go back (6 s), not ten at 6 s (60 s).
+    assert!(limiter.settle(&1, 10, last, 0));
+    // 60 s less the 6 s given back: 54 s owed, nine tokens at 6 s, so 91 of the burst of 100
+    // are left. Had the ten come back at 6 s each, all 100 would be.
+    assert_eq!(drain_n(&limiter, &1), 91);
+
+    for which in 0..4 {
+        let clock = ManualClock::new();
+        let q = Quota::per_minute(100).unwrap();
+        let (check, settle, set): Closures = match which {
+            0 => boxed(
+                KeyedRateLimiter::<u8>::builder(q)
+                    .algorithm::<Gcra>()
+                    .clock(clock.clone())
+                    .build(),
+            ),
+            1 => boxed(
+                KeyedRateLimiter::<u8>::builder(q)
+                    .algorithm::<FixedWindow>()
+                    .clock(clock.clone())
+                    .build(),
+            ),
+            2 => boxed(
+                KeyedRateLimiter::<u8>::builder(q)
+                    .algorithm::<SlidingLog>()
+                    .clock(clock.clone())
+                    .build(),
+            ),
+            _ => boxed(
+                KeyedRateLimiter::<u8>::builder(q)
+                    .algorithm::<SlidingCounter>()
+                    .clock(clock.clone())
+                    .build(),
+            ),
+        };
+        let d = check(40);
+        assert!(d.allowed);
+        // The quota shrinks to 50 a minute; the request is settled to 30 after the change.
+        set(Quota::per_minute(50).unwrap());
+        assert!(settle(40, d, 30));
+        // The window algorithms carry counts over: 30 used of 50 leaves 20. GCRA carries
+        // time: 30 tokens at 600 ms are 18 s, 15 tokens at 1.2 s, which leaves 35. Not one
+        // more: the 10 given back are given at 600 ms each, what they took.
+        let exact = if which == 0 { 35 } else { 20 };
+        let mut more = 0;
+        while check(1).allowed {
+            more += 1;
+            assert!(
+                more <= exact,
+                "algorithm {which}: more than the {exact} the use leaves"
+            );
+        }
+        assert_eq!(more, exact, "algorithm {which}");
+    }
+}
+
+/// A limiter's check, settle and set_quota on key 1.
+type Closures = (
+    Box<dyn Fn(u32) -> tower_bulwark::limiter::Decision>,
+    Box<dyn Fn(u32, tower_bulwark::limiter::Decision, u32) -> bool>,
+    Box<dyn Fn(Quota)>,
+);
+
+/// A keyed limiter of `A` as three closures on key 1.
+fn boxed<A: Algorithm>(limiter: KeyedRateLimiter<u8, A, ManualClock>) -> Closures {
+    let (a, b, c) = (limiter.clone(), limiter.clone(), limiter);
+    (
+        Box::new(move |n| a.check_n(&1, n).unwrap()),
+        Box::new(move |estimate, d, cost| b.settle(&1, estimate, d, cost)),
+        Box::new(move |q| c.set_quota(q)),
+    )
+}
+
+/// How many single tokens `key` still gets now.
+fn drain_n<A: Algorithm>(limiter: &KeyedRateLimiter<u8, A, ManualClock>, key: &u8) -> u32 {
+    let mut n = 0;
+    while limiter.check(key).allowed {
+        n += 1;
+    }
+    n
+}

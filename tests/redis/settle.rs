@@ -124,3 +124,40 @@ async fn debt_settled_in_redis_delays_every_instance() {
     assert!(!refused.allowed);
     assert_eq!(refused.retry_after, Duration::from_millis(3660));
 }
+
+/// In Redis as in memory: a GCRA admission made before a `set_quota` that lengthens the
+/// interval, settled after it, gives back each token at the interval it was charged at.
+#[tokio::test]
+async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
+    let Some(server) = RedisServer::start("settle_after_set_quota_in_redis") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1));
+    let limiter = RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store)
+        .client_clock(clock.clone())
+        .prefix("change:")
+        .fail_mode(RedisFailMode::Propagate)
+        .build()
+        .unwrap();
+    let mut last = None;
+    for _ in 0..10 {
+        let d = limiter.reserve(&"k", 10).await.unwrap();
+        assert!(d.allowed);
+        last = Some(d);
+    }
+    limiter
+        .set_quota(Quota::per_minute(10).unwrap().with_burst(100).unwrap())
+        .unwrap();
+    limiter
+        .settle_and_wait(&"k", 10, last.unwrap(), 0)
+        .await
+        .unwrap();
+    let mut left = 0;
+    while limiter.reserve(&"k", 1).await.unwrap().allowed {
+        left += 1;
+    }
+    // 54 s owed at 6 s a token: 91 of 100 left (100 had the ten come back at 6 s each).
+    assert_eq!(left, 91);
+}
