@@ -164,7 +164,7 @@ mod tests {
         let d = decision(&ints(&[1, 9, 0, 100_000, 0, 55, 100_055, 123])).unwrap();
         let expected = Decision::allowed(10, 9, Duration::from_millis(100))
             .charged_at(55)
-            .leaving(100_055, 0);
+            .leaving(100_055, quota().per_permit());
         assert_eq!(
             d, expected,
             "an immediate admission keeps the instant it was charged at and the TAT it left"
