@@ -138,3 +138,69 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
     );
     assert!(private.contains("key=(hidden)"), "{private}");
 }
+
+/// A usage the policy's settle function cannot read is one `debug` line naming the policy (the
+/// estimate stands); a settle function that panics is one `error` line. Once per request.
+#[test]
+fn an_unreadable_usage_is_one_log_line_naming_the_policy() {
+    use tower::{Layer, ServiceExt};
+    use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
+    use tower_bulwark::{KeyedRateLimiter, Quota};
+
+    let inner = tower::service_fn(|request: http::Request<axum::body::Body>| async move {
+        let usage = request.headers().get("x-answer").cloned();
+        let mut response = http::Response::new(axum::body::Body::empty());
+        if let Some(usage) = usage {
+            response.headers_mut().insert("x-usage-total-tokens", usage);
+        }
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let policy = Policy::new(
+        "llm-tokens",
+        GlobalKey,
+        KeyedRateLimiter::new(Quota::per_minute(1000).unwrap()),
+    )
+    .unwrap()
+    .cost(100)
+    .settle_by(|response| {
+        let value = response
+            .headers
+            .get("x-usage-total-tokens")?
+            .to_str()
+            .ok()?;
+        if value == "panic" {
+            panic!("a settle function that fails");
+        }
+        value.parse().ok()
+    });
+    let service = RateLimitLayer::new(policy).layer(inner);
+    let call = |answer: Option<&'static str>| {
+        let mut request = http::Request::new(axum::body::Body::empty());
+        if let Some(answer) = answer {
+            request
+                .headers_mut()
+                .insert("x-answer", answer.parse().unwrap());
+        }
+        let service = service.clone();
+        runtime().block_on(async move { service.oneshot(request).await.unwrap() });
+    };
+    let unreadable = "no cost could be read from the response; the cost asked for stands";
+    for answer in [None, Some("12.5"), Some("-1"), Some("99999999999")] {
+        let logged = debug_events(|| call(answer));
+        assert_eq!(
+            logged.matches(unreadable).count(),
+            1,
+            "{answer:?}: {logged}"
+        );
+        assert!(logged.contains("llm-tokens"), "{logged}");
+    }
+    let logged = debug_events(|| call(Some("12")));
+    assert!(!logged.contains(unreadable), "{logged}");
+    let logged = debug_events(|| call(Some("panic")));
+    assert_eq!(
+        logged.matches("settle function panicked").count(),
+        1,
+        "{logged}"
+    );
+    assert!(logged.contains("ERROR"), "{logged}");
+}
