@@ -80,6 +80,13 @@ pub trait ResponseHead {
     fn status(&self) -> StatusCode;
     /// The header fields.
     fn headers(&self) -> &HeaderMap;
+
+    /// The response's extensions, where a client quota leaves an
+    /// [`Unsettled`](crate::outbound::quota::Unsettled) for a settle from the body; `None` (the
+    /// default) for a response without them.
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        None
+    }
 }
 
 impl<B> ResponseHead for http::Response<B> {
@@ -89,6 +96,10 @@ impl<B> ResponseHead for http::Response<B> {
 
     fn headers(&self) -> &HeaderMap {
         http::Response::headers(self)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        Some(http::Response::extensions_mut(self))
     }
 }
 
@@ -111,5 +122,9 @@ impl ResponseHead for reqwest::Response {
 
     fn headers(&self) -> &HeaderMap {
         reqwest::Response::headers(self)
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut http::Extensions> {
+        Some(reqwest::Response::extensions_mut(self))
     }
 }

@@ -387,3 +387,58 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     assert_eq!(tokens.check_n(900).unwrap().remaining, 0);
     assert!(!tokens.check().allowed);
 }
+
+/// A cost only the body tells (an LLM API's `usage.total_tokens`): with `SettleLater`, each
+/// `reqwest::Response` carries an `Unsettled`, which the caller settles once it has read the
+/// body (here with the crate's `UsageScan`). Settled calls give back what they did not use,
+/// exactly; a second settle of one call counts for nothing; a call whose `Unsettled` is dropped
+/// keeps its estimate.
+#[tokio::test]
+async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_use() {
+    use tower_bulwark::outbound::quota::{SettleLater, Unsettled};
+    use tower_bulwark::rate_limit::BodyUsage;
+
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_string(r#"{"choices":[{"text":"hi"}],"usage":{"total_tokens":30}}"#),
+        )
+        .mount(&server)
+        .await;
+    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(SettleLater)
+        .layer(reqwest::Client::new());
+    let usage = BodyUsage::json(["usage", "total_tokens"]).unwrap();
+    let url: reqwest::Url = server.uri().parse().unwrap();
+    for call in 0..5 {
+        let request = reqwest::Request::new(reqwest::Method::POST, url.clone());
+        let mut response = client.clone().oneshot(request).await.unwrap();
+        let unsettled = response
+            .extensions_mut()
+            .remove::<Unsettled>()
+            .expect("left with the response");
+        if call == 4 {
+            // Dropped unsettled: this call keeps its 100.
+            drop(unsettled);
+            continue;
+        }
+        let mut scan = usage.scan();
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            scan.feed(&chunk);
+        }
+        let used = u32::try_from(scan.found().unwrap()).unwrap();
+        assert!(unsettled.clone().settle(used));
+        assert!(!unsettled.settle(0), "a call settles once");
+    }
+    // 4 · 30 + 100 = 220 used of 1 000.
+    let mut left = 0;
+    while tokens.check().allowed {
+        left += 1;
+    }
+    assert_eq!(left, 780);
+}

@@ -6,6 +6,9 @@
 //! call's [`Decision`](crate::decision::Decision) until then: see
 //! [`Limiter::settle`](crate::Limiter::settle).
 
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
 /// Chooses the limiter key of an outbound request; implemented for closures `Fn(&Req) -> K`
 /// and for `()`, one key for every call (the whole dependency shares one quota, the default).
 pub trait QuotaKey<Req> {
@@ -50,11 +53,21 @@ impl<Req> QuotaCost<Req> for u32 {
 }
 
 /// What a call turned out to cost, read from its response: implemented for closures
-/// `Fn(&Resp) -> Option<u32>` and for `()`, the cost asked for stands (the default).
+/// `Fn(&Resp) -> Option<u32>`, for [`SettleLater`], and for `()`, the cost asked for stands
+/// (the default).
 pub trait QuotaSettle<Resp> {
+    /// Whether the response carries an [`Unsettled`] in its extensions when
+    /// [`settled`](Self::settled) says nothing.
+    const LATER: bool = false;
+
     /// The cost `response` reports, or `None` if it says nothing readable (the estimate
     /// stands).
     fn settled(&self, response: &Resp) -> Option<u32>;
+
+    /// Leaves `unsettled` with `response`, when [`LATER`](Self::LATER) says so.
+    fn leave(&self, response: &mut Resp, unsettled: Unsettled) {
+        let _ = (response, unsettled);
+    }
 }
 
 impl<Resp, F: Fn(&Resp) -> Option<u32>> QuotaSettle<Resp> for F {
@@ -66,5 +79,60 @@ impl<Resp, F: Fn(&Resp) -> Option<u32>> QuotaSettle<Resp> for F {
 impl<Resp> QuotaSettle<Resp> for () {
     fn settled(&self, _: &Resp) -> Option<u32> {
         None
+    }
+}
+
+/// Settles a call once its response body has been read ([`ClientQuotaLayer::settle_by`](
+/// super::ClientQuotaLayer::settle_by)`(SettleLater)`): each response carries an [`Unsettled`]
+/// in its extensions (`http::Response` and `reqwest::Response` have them; see
+/// [`ResponseHead::extensions_mut`](crate::head::ResponseHead::extensions_mut)), which the caller settles to the cost the body reports
+/// (an LLM API's `usage.total_tokens`; [`UsageScan`](crate::rate_limit::UsageScan) reads it as
+/// the body streams).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SettleLater;
+
+impl<Resp: crate::head::ResponseHead> QuotaSettle<Resp> for SettleLater {
+    const LATER: bool = true;
+
+    fn settled(&self, _: &Resp) -> Option<u32> {
+        None
+    }
+
+    fn leave(&self, response: &mut Resp, unsettled: Unsettled) {
+        // A response without extensions keeps its estimate.
+        if let Some(extensions) = response.extensions_mut() {
+            extensions.insert(unsettled);
+        }
+    }
+}
+
+/// The settle of a call that its response's body will tell: take it from the response's
+/// extensions and [`settle`](Self::settle) it once the cost is known. Dropped (every clone of
+/// it) unsettled, the call's estimate stands.
+#[derive(Clone)]
+pub struct Unsettled(Arc<Mutex<Option<Box<dyn FnOnce(u32) + Send>>>>);
+
+impl Unsettled {
+    /// A settle that runs `settle` with the cost, once.
+    pub(super) fn new(settle: impl FnOnce(u32) + Send + 'static) -> Self {
+        Self(Arc::new(Mutex::new(Some(Box::new(settle)))))
+    }
+
+    /// Settles the call to `cost`, as [`Limiter::settle`](crate::Limiter::settle) does. Only the
+    /// first settle of a call counts (clones share it): returns whether this one did.
+    pub fn settle(&self, cost: u32) -> bool {
+        let settle = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        settle.map(|settle| settle(cost)).is_some()
+    }
+}
+
+impl fmt::Debug for Unsettled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let open = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        f.debug_struct("Unsettled").field("open", &open).finish()
     }
 }

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::charge::QuotaSettle;
+use super::charge::{QuotaSettle, Unsettled};
 use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
@@ -54,7 +54,8 @@ pin_project! {
         L: Limiter<K>,
     {
         shared: Arc<Shared<L>>,
-        key: K,
+        // Taken out only by a settle left for later, once nothing else needs it.
+        key: Option<K>,
         cost: u32,
         // What the response says the call cost.
         settle: U,
@@ -74,8 +75,8 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(decision) = this.reserved.take() {
-                this.shared.limiter.refund(this.key, *this.cost, decision);
+            if let (Some(decision), Some(key)) = (this.reserved.take(), this.key.as_ref()) {
+                this.shared.limiter.refund(key, *this.cost, decision);
             }
         }
     }
@@ -152,7 +153,7 @@ where
         };
         Self {
             shared: Arc::clone(shared),
-            key,
+            key: Some(key),
             cost,
             settle,
             reserved,
@@ -167,6 +168,7 @@ where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     L: Limiter<K>,
+    K: Send + 'static,
     U: QuotaSettle<S::Response>,
 {
     type Output = Result<S::Response, BoxError>;
@@ -196,21 +198,29 @@ where
                     return Poll::Ready(Err(error.take().expect("polled after completion")));
                 }
                 StateProj::Running { future } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
-                    let Some(decision) = this.sent.take() else {
+                    let mut result = ready!(future.poll(cx)).map_err(Into::into);
+                    let (Some(decision), Some(key)) = (this.sent.take(), this.key.take()) else {
                         return Poll::Ready(result);
                     };
-                    let limiter = &this.shared.limiter;
-                    match &result {
+                    let (shared, estimate) = (this.shared, *this.cost);
+                    match &mut result {
                         Err(error) if never_sent(&**error) => {
-                            limiter.refund(this.key, *this.cost, decision);
+                            shared.limiter.refund(&key, estimate, decision);
                         }
                         Err(_) => {}
-                        Ok(response) => {
-                            if let Some(cost) = this.settle.settled(response) {
-                                limiter.settle(this.key, *this.cost, decision, cost);
+                        Ok(response) => match this.settle.settled(response) {
+                            Some(cost) => {
+                                shared.limiter.settle(&key, estimate, decision, cost);
                             }
-                        }
+                            None if U::LATER => {
+                                let shared = Arc::clone(shared);
+                                let unsettled = Unsettled::new(move |cost| {
+                                    shared.limiter.settle(&key, estimate, decision, cost);
+                                });
+                                this.settle.leave(response, unsettled);
+                            }
+                            None => {}
+                        },
                     }
                     return Poll::Ready(result);
                 }

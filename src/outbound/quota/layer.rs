@@ -144,6 +144,10 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// or charged as debt that the next calls wait for, as [`Limiter::settle`] says. `None`
     /// (nothing readable), a call that failed, and one dropped before its response keep the
     /// estimate.
+    ///
+    /// With [`SettleLater`](super::SettleLater), for a cost that only the body tells, each
+    /// response carries an [`Unsettled`](super::Unsettled) in its extensions, to settle once the
+    /// body has been read.
     pub fn settle_by<U2>(self, settle: U2) -> ClientQuotaLayer<L, K, C, U2> {
         let Self {
             shared, key, cost, ..
@@ -229,6 +233,7 @@ where
     C: QuotaCost<Req>,
     U: QuotaSettle<S::Response> + Clone,
     L: Limiter<K::Key>,
+    K::Key: Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;

@@ -57,7 +57,7 @@ mod error;
 mod future;
 mod layer;
 
-pub use self::charge::{QuotaCost, QuotaKey, QuotaSettle};
+pub use self::charge::{QuotaCost, QuotaKey, QuotaSettle, SettleLater, Unsettled};
 pub use self::error::QuotaExhausted;
 pub use self::future::ResponseFuture;
 pub use self::layer::{ClientQuotaLayer, ClientQuotaService};
