@@ -110,7 +110,10 @@ impl<Resp: crate::head::ResponseHead> QuotaSettle<Resp> for SettleLater {
 /// extensions and [`settle`](Self::settle) it once the cost is known. Dropped (every clone of
 /// it) unsettled, the call's estimate stands.
 #[derive(Clone)]
-pub struct Unsettled(Arc<Mutex<Option<Box<dyn FnOnce(u32) + Send>>>>);
+pub struct Unsettled(Arc<Mutex<Option<SettleWith>>>);
+
+/// What settles one call, given its cost.
+type SettleWith = Box<dyn FnOnce(u32) + Send>;
 
 impl Unsettled {
     /// A settle that runs `settle` with the cost, once.
