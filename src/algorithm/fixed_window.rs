@@ -161,13 +161,16 @@ impl Algorithm for FixedWindow {
     /// The state is one count of permits taken, slot after slot, `limit` slots per cycle from
     /// the current one. A charge due in a cycle that has ended is spent: its cycle is history,
     /// and the debt carried out of it (`used_now = max(0, used_then − k·limit)`) holds only
-    /// charges due later, which are still owed. A charge whose permits are the last slots taken
-    /// (it falls due in the last cycle holding charges and lies wholly inside it: any immediate
-    /// admission while no reservation is outstanding, any reservation of one permit due in the
-    /// last such cycle) is given back exactly: `used −= cost` frees the very slots it held. Any
-    /// other charge lies before later ones; freeing the last slots instead would let a new caller
-    /// fall due in a cycle that is already full, so it is kept (the permits are lost, never
-    /// over-granted).
+    /// charges due later, which are still owed. A charge that the count can tell lies wholly
+    /// inside the last cycle holding charges (any immediate admission while no reservation is
+    /// outstanding, any reservation of one permit due in the last such cycle) is given back
+    /// exactly: `used −= cost` frees slots of that cycle, where it held its own. Any other
+    /// charge is kept (the permits are lost, never over-granted): one due in an earlier cycle
+    /// lies before later ones, and a reservation of several permits may begin in the cycle
+    /// before the one it falls due in, which one count cannot tell apart from one that does not;
+    /// freeing the last slots for either would let a new caller fall due in a cycle that is
+    /// already full. (Once such a reservation has fallen due and no other is outstanding, it is
+    /// an admission of its cycle like any other, and is given back exactly.)
     fn refund(
         &self,
         state: &FixedWindowState,

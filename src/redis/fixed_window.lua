@@ -48,10 +48,11 @@ end
 if op == 'r' then
   -- The count is one queue of slots, `limit` per cycle from the current one. A charge (ARGV[5])
   -- due in a cycle that has ended is spent: the debt carried out of it holds only later
-  -- charges. A charge that holds the last slots taken (due in the last cycle with charges and
-  -- wholly inside it) is given back exactly; any other lies before later charges, and freeing
-  -- the last slots instead would let a new caller fall due in a full cycle, so it is kept (lost,
-  -- never over-granted). As in memory.
+  -- charges. A charge the count can tell lies wholly inside the last cycle with charges (any
+  -- immediate admission while no reservation is outstanding, any reservation of one permit due
+  -- in it) is given back exactly; any other is kept (lost, never over-granted): one due earlier
+  -- lies before later charges, and a reservation of several permits may begin in the cycle
+  -- before the one it falls due in. As in memory.
   local charged = idiv(arg5, period)
   if u > 0 and charged >= c then
     local last = c + idiv(u - 1, limit)

@@ -17,4 +17,5 @@ mod quota_change;
 mod refund_misuse;
 mod refund_semantics;
 mod settle;
+mod settle_hostile;
 mod tiers;

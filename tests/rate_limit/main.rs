@@ -30,5 +30,7 @@ mod request_head;
 mod response_states;
 #[cfg(feature = "axum")]
 mod settle;
+#[cfg(feature = "axum")]
+mod settle_hostile;
 mod support;
 mod usage_scan;
