@@ -544,7 +544,7 @@ async fn outbound_settles_give_back_charge_and_count_once() {
         .key(key)
         .cost_by(cost)
         .settle_by(|r: &Response<Body>| r.headers()["x-used"].to_str().ok()?.parse().ok());
-    let client = client.layer(upstream.clone());
+    let client = client.layer(upstream);
     for (est, used) in [("1000", "100"), ("1000", "4294967295")] {
         let request = request(&[("x-est", est), ("x-used", used)]);
         client.clone().oneshot(request).await.unwrap();
