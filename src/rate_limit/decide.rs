@@ -99,9 +99,9 @@ impl<P: PolicySet> Ledger<P> {
                     self.outcomes.push(Outcome::Skipped);
                     None
                 }
-                PolicyAnswer::Now(result) => self.record(result),
+                PolicyAnswer::Now(result) => self.record(result, head),
                 PolicyAnswer::Later(reserve) => return Progress::Reserve(reserve),
-                PolicyAnswer::NoKey(error) => self.key_error(&error),
+                PolicyAnswer::NoKey(error) => self.key_error(&error, head),
             };
             if let Some(answer) = answer {
                 return Progress::Answer(Box::new(answer));
@@ -115,7 +115,7 @@ impl<P: PolicySet> Ledger<P> {
         result: Result<Decision, BoxError>,
         head: &RequestHead<'_>,
     ) -> Progress {
-        match self.record(result) {
+        match self.record(result, head) {
             Some(answer) => Progress::Answer(Box::new(answer)),
             None => self.decide(head),
         }
@@ -124,7 +124,11 @@ impl<P: PolicySet> Ledger<P> {
     /// Records the answer of the policy being asked. Returns the response to send at once when
     /// its limiter failed and the layer fails closed (having given back what the other policies
     /// granted).
-    fn record(&mut self, result: Result<Decision, BoxError>) -> Option<Response<Bytes>> {
+    fn record(
+        &mut self,
+        result: Result<Decision, BoxError>,
+        head: &RequestHead<'_>,
+    ) -> Option<Response<Bytes>> {
         match result {
             Ok(decision) if decision.allowed => {
                 self.outcomes.push(Outcome::Admitted(decision));
@@ -138,13 +142,17 @@ impl<P: PolicySet> Ledger<P> {
                 self.outcomes.push(Outcome::Refused(decision));
                 None
             }
-            Err(error) => self.limiter_error(&error),
+            Err(error) => self.limiter_error(&error, head),
         }
     }
 
     /// Records that the limiter of the policy being asked failed (or was asked for more than it
     /// can ever admit at once). Returns the response to send at once when the layer fails closed.
-    fn limiter_error(&mut self, error: &BoxError) -> Option<Response<Bytes>> {
+    fn limiter_error(
+        &mut self,
+        error: &BoxError,
+        head: &RequestHead<'_>,
+    ) -> Option<Response<Bytes>> {
         let settings = &self.limits.settings;
         let info = &settings.policies[self.outcomes.len()];
         if let Some(too_costly) = error.downcast_ref::<InsufficientCapacity>() {
@@ -171,7 +179,8 @@ impl<P: PolicySet> Ledger<P> {
             return None;
         }
         self.refund_all();
-        Some(problem_response(
+        Some(error_answer(
+            head,
             StatusCode::SERVICE_UNAVAILABLE,
             "The rate limiter is unavailable; retry later.",
         ))
@@ -180,7 +189,7 @@ impl<P: PolicySet> Ledger<P> {
     /// Records that the policy being asked found no key for the request. Returns the response to
     /// send at once when the layer fails closed (having given back what the other policies
     /// granted); otherwise the policy sits the request out.
-    fn key_error(&mut self, error: &KeyError) -> Option<Response<Bytes>> {
+    fn key_error(&mut self, error: &KeyError, head: &RequestHead<'_>) -> Option<Response<Bytes>> {
         let mode = self.limits.settings.key_error_mode;
         let policy = &*self.limits.settings.policies[self.outcomes.len()].name;
         let action = match mode {
@@ -209,7 +218,7 @@ impl<P: PolicySet> Ledger<P> {
             return None;
         }
         self.refund_all();
-        Some(problem_response(error.status(), detail))
+        Some(error_answer(head, error.status(), detail))
     }
 
     /// What the outcomes come to, once every policy has been asked. A refusal gives every
@@ -303,6 +312,17 @@ impl<P: PolicySet> Ledger<P> {
             .filter(|o| matches!(o, Outcome::Admitted(_)))
             .count()
     }
+}
+
+/// The layer's own answer of `status` with `detail` to `request`: a problem+json, or for a gRPC
+/// call the gRPC status that means the same.
+fn error_answer(request: &RequestHead<'_>, status: StatusCode, detail: &str) -> Response<Bytes> {
+    #[cfg(feature = "grpc")]
+    if super::grpc::is_grpc(request) {
+        return super::grpc::error(status, detail);
+    }
+    let _ = request;
+    problem_response(status, detail)
 }
 
 impl<P: PolicySet> Drop for Ledger<P> {

@@ -159,6 +159,8 @@
 mod body;
 mod decide;
 pub mod future;
+#[cfg(feature = "grpc")]
+mod grpc;
 mod headers;
 pub mod key;
 mod layer;

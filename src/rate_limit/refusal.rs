@@ -113,6 +113,8 @@ impl<'a> Refusal<'a> {
         );
         match &self.settings.on_refusal {
             Some(hook) => hook.on_refusal(self),
+            #[cfg(feature = "grpc")]
+            None if super::grpc::is_grpc(&self.request) => super::grpc::refusal(self),
             None => self.default_response(),
         }
     }

@@ -11,6 +11,8 @@ mod counting;
 mod contention;
 #[cfg(feature = "axum")]
 mod exemptions;
+#[cfg(feature = "grpc")]
+mod grpc;
 #[cfg(feature = "axum")]
 mod headers;
 #[cfg(feature = "axum")]

@@ -1,0 +1,272 @@
+//! gRPC calls through the rate-limit layer (feature `grpc`): a tonic server on a real listener,
+//! the canonical `helloworld.Greeter/SayHello` (messages with prost's derive), called by tonic's
+//! client. A refusal is a gRPC `RESOURCE_EXHAUSTED` with the delay in `grpc-retry-pushback-ms`
+//! and a decodable `RetryInfo`, beside a `QuotaFailure` naming the policy; the layer's other
+//! answers are gRPC statuses too.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use tonic::codegen::Service;
+use tonic::transport::{Channel, Server};
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::rate_limit::{
+    GlobalKey, HeaderKey, Policy, PolicySet, RateLimitLayer, WrapBody,
+};
+use tower_bulwark::{KeyedRateLimiter, Quota};
+
+/// `helloworld.HelloRequest { string name = 1; }`
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HelloRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+}
+
+/// `helloworld.HelloReply { string message = 1; }`
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HelloReply {
+    #[prost(string, tag = "1")]
+    pub message: String,
+}
+
+/// The greeter, written as generated code would be: a service of `http` requests that answers
+/// `/helloworld.Greeter/SayHello` and nothing else.
+#[derive(Clone, Default)]
+pub struct Greeter;
+
+impl tonic::server::NamedService for Greeter {
+    const NAME: &'static str = "helloworld.Greeter";
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+struct SayHello;
+
+impl tonic::server::UnaryService<HelloRequest> for SayHello {
+    type Response = HelloReply;
+    type Future = BoxFuture<Result<tonic::Response<HelloReply>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<HelloRequest>) -> Self::Future {
+        let name = request.into_inner().name;
+        Box::pin(async move {
+            Ok(tonic::Response::new(HelloReply {
+                message: format!("Hello {name}!"),
+            }))
+        })
+    }
+}
+
+impl Service<http::Request<tonic::body::Body>> for Greeter {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(async move {
+            if request.uri().path() != "/helloworld.Greeter/SayHello" {
+                return Ok(Status::unimplemented("no such method").into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+            Ok(grpc.unary(SayHello, request).await)
+        })
+    }
+}
+
+/// Serves the greeter behind `layer` on a free loopback port.
+pub async fn serve<P: PolicySet>(layer: RateLimitLayer<P, WrapBody>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tokio_stream_of(listener);
+    tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(Greeter)
+            .serve_with_incoming(incoming),
+    );
+    addr
+}
+
+/// The listener's connections as the stream tonic serves.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
+}
+
+/// One `SayHello` through tonic's client, with `metadata` added.
+pub async fn say_hello(
+    channel: &Channel,
+    metadata: &[(&'static str, &'static str)],
+) -> Result<tonic::Response<HelloReply>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.to_string()))?;
+    let mut request = tonic::Request::new(HelloRequest {
+        name: "bulwark".into(),
+    });
+    for (name, value) in metadata {
+        request.metadata_mut().insert(*name, value.parse().unwrap());
+    }
+    let path = PathAndQuery::from_static("/helloworld.Greeter/SayHello");
+    grpc.unary(request, path, tonic_prost::ProstCodec::default())
+        .await
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Five a minute, then the sixth call is `RESOURCE_EXHAUSTED`: the message names the policy,
+/// `grpc-retry-pushback-ms` is the exact wait in whole milliseconds (12 s, for one call every
+/// 12 s), the details hold a `RetryInfo` of the same delay and a `QuotaFailure` naming the
+/// policy, and the draft-11 fields are in the metadata.
+#[tokio::test]
+async fn the_sixth_rapid_call_is_resource_exhausted_with_its_retry_delay() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_minute(5).unwrap())
+        .clock(clock)
+        .build();
+    let policy = Policy::new("greeter", GlobalKey, limiter).unwrap();
+    let addr = serve(RateLimitLayer::new(policy).wrap_body()).await;
+    let channel = channel(addr).await;
+    for i in 0..5 {
+        let reply = say_hello(&channel, &[]).await.unwrap();
+        assert_eq!(reply.get_ref().message, "Hello bulwark!", "call {i}");
+        assert!(reply.metadata().get("ratelimit").is_some());
+    }
+    let refused = say_hello(&channel, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("greeter"),
+        "{}",
+        refused.message()
+    );
+    let pushback = refused.metadata().get("grpc-retry-pushback-ms").unwrap();
+    assert_eq!(pushback, "12000");
+    let details = refused.get_error_details();
+    let retry = details.retry_info().expect("a RetryInfo");
+    assert_eq!(retry.retry_delay, Some(Duration::from_secs(12)));
+    let quota = details.quota_failure().expect("a QuotaFailure");
+    assert_eq!(quota.violations.len(), 1);
+    assert_eq!(quota.violations[0].subject, "greeter");
+    let fields = refused
+        .metadata()
+        .get("ratelimit")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(fields.contains("\"greeter\";r=0;t=12"), "{fields}");
+}
+
+/// The layer's other answers to a gRPC call are gRPC statuses: a missing key is
+/// `INVALID_ARGUMENT` with the reason; a call costing more than the quota can ever admit is
+/// `RESOURCE_EXHAUSTED` with a negative pushback (do not retry) and no `RetryInfo`.
+#[tokio::test]
+async fn the_layers_other_answers_are_grpc_statuses() {
+    let tenants = Policy::new(
+        "per-tenant",
+        HeaderKey::new("x-tenant").unwrap(),
+        KeyedRateLimiter::new(Quota::per_minute(5).unwrap()),
+    )
+    .unwrap()
+    .cost_by(|request| {
+        if request.headers.contains_key("x-huge") {
+            6
+        } else {
+            1
+        }
+    });
+    let addr = serve(RateLimitLayer::new(tenants).wrap_body()).await;
+    let channel = channel(addr).await;
+    let missing = say_hello(&channel, &[]).await.unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument, "{missing:?}");
+    assert!(
+        missing.message().contains("x-tenant"),
+        "{}",
+        missing.message()
+    );
+    let huge = say_hello(&channel, &[("x-tenant", "a"), ("x-huge", "1")])
+        .await
+        .unwrap_err();
+    assert_eq!(huge.code(), Code::ResourceExhausted);
+    assert_eq!(huge.metadata().get("grpc-retry-pushback-ms").unwrap(), "-1");
+    assert!(huge.get_error_details().retry_info().is_none());
+    assert!(say_hello(&channel, &[("x-tenant", "a")]).await.is_ok());
+}
+
+/// One layer, two kinds of clients: a refused gRPC call (any `application/grpc` content type,
+/// any case, with a `+format` or parameters, and over HTTP/1.1 too) is a trailers-only gRPC
+/// status; a plain HTTP request, or a content type that only starts like gRPC's, the usual 429.
+#[tokio::test]
+async fn grpc_calls_get_grpc_answers_and_plain_http_the_usual_429() {
+    use tower::ServiceExt;
+
+    let limiter = KeyedRateLimiter::<()>::new(Quota::per_hour(1).unwrap());
+    let layer = RateLimitLayer::new(Policy::new("greeter", GlobalKey, limiter).unwrap());
+    let service = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let call = |content_type: Option<&'static str>, version: http::Version| {
+        let mut request = http::Request::builder()
+            .uri("/helloworld.Greeter/SayHello")
+            .version(version);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        service
+            .clone()
+            .oneshot(request.body(axum::body::Body::empty()).unwrap())
+    };
+    assert_eq!(
+        call(None, http::Version::HTTP_2).await.unwrap().status(),
+        200
+    );
+    for content_type in [
+        "application/grpc",
+        "application/grpc+proto",
+        "APPLICATION/GRPC+json",
+        "application/grpc; charset=utf-8",
+    ] {
+        for version in [http::Version::HTTP_2, http::Version::HTTP_11] {
+            let refused = call(Some(content_type), version).await.unwrap();
+            assert_eq!(refused.status(), 200, "{content_type}");
+            assert_eq!(refused.headers()["grpc-status"], "8", "{content_type}");
+            assert!(refused.headers().contains_key("grpc-status-details-bin"));
+            let body = axum::body::to_bytes(refused.into_body(), 1024)
+                .await
+                .unwrap();
+            assert!(body.is_empty(), "trailers-only");
+        }
+    }
+    for content_type in [
+        None,
+        Some("application/grpcx"),
+        Some("application/json"),
+        Some("text/grpc"),
+    ] {
+        let refused = call(content_type, http::Version::HTTP_11).await.unwrap();
+        assert_eq!(refused.status(), 429, "{content_type:?}");
+        assert!(!refused.headers().contains_key("grpc-status"));
+    }
+}
