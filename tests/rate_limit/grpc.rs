@@ -270,3 +270,108 @@ async fn grpc_calls_get_grpc_answers_and_plain_http_the_usual_429() {
         assert!(!refused.headers().contains_key("grpc-status"));
     }
 }
+
+/// Runs `tests/rate_limit/grpc_client.py` (Python's grpcio: gRPC C-core, not tonic) against
+/// `addr` in `mode`, and returns the JSON line it prints; `None` when grpcio is not installed
+/// and the run does not require it (`.ci/run` installs it and sets `BULWARK_REQUIRE_GRPCIO`).
+fn grpcio(addr: SocketAddr, mode: &str) -> Option<serde_json::Value> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/rate_limit/grpc_client.py"
+    );
+    let probe = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_status"])
+        .output();
+    if !probe.is_ok_and(|out| out.status.success()) {
+        assert!(
+            std::env::var_os("BULWARK_REQUIRE_GRPCIO").is_none(),
+            "grpcio is required: pip install grpcio grpcio-status"
+        );
+        eprintln!("skipped: Python's grpcio is not installed");
+        return None;
+    }
+    let out = std::process::Command::new("python3")
+        .args([script, &addr.to_string(), mode])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_str(stdout.trim()).unwrap())
+}
+
+/// A greeter limited to `quota` on a clock that stands still, and the counts of its limiter.
+async fn greeter(
+    quota: Quota,
+) -> (
+    SocketAddr,
+    tower_bulwark::observe::Observed<
+        KeyedRateLimiter<(), tower_bulwark::algorithm::Gcra, ManualClock>,
+    >,
+) {
+    let limiter = KeyedRateLimiter::<()>::builder(quota)
+        .clock(ManualClock::new())
+        .build();
+    let observed = tower_bulwark::observe::Observed::new("greeter", limiter);
+    let policy = Policy::new("greeter", GlobalKey, observed.clone()).unwrap();
+    (
+        serve(RateLimitLayer::new(policy).wrap_body()).await,
+        observed,
+    )
+}
+
+/// A client that is not ours sees the same refusal: grpcio's sixth rapid call is
+/// `RESOURCE_EXHAUSTED`, with the pushback trailer and a `RetryInfo` and `QuotaFailure` it
+/// decodes with Google's own protos.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_sees_resource_exhausted_with_the_pushback_and_a_retry_info() {
+    let (addr, _) = greeter(Quota::per_minute(5).unwrap()).await;
+    let Some(seen) = tokio::task::spawn_blocking(move || grpcio(addr, "rapid"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    assert_eq!(seen["ok"], 5, "{seen}");
+    assert_eq!(seen["code"], "RESOURCE_EXHAUSTED", "{seen}");
+    assert_eq!(seen["pushback"], "12000", "{seen}");
+    assert_eq!(seen["retry_delay_ms"], 12000, "{seen}");
+    assert_eq!(seen["violations"], serde_json::json!(["greeter"]), "{seen}");
+}
+
+/// grpcio's retries (A6): a policy that lists only `UNAVAILABLE` does not retry a refusal (the
+/// limiter sees one attempt); one that lists `RESOURCE_EXHAUSTED` retries once, no sooner than
+/// the pushback said (200 ms at five a second), though its own backoff is 1 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_retries_a_refusal_only_when_told_and_only_after_the_pushback() {
+    let per_second = Quota::per_second(5).unwrap();
+    for (mode, attempts) in [("retry-unavailable", 1), ("retry-exhausted", 2)] {
+        let (addr, observed) = greeter(per_second).await;
+        let channel = channel(addr).await;
+        for _ in 0..5 {
+            say_hello(&channel, &[]).await.unwrap();
+        }
+        let Some(seen) = tokio::task::spawn_blocking(move || grpcio(addr, mode))
+            .await
+            .unwrap()
+        else {
+            return;
+        };
+        assert_eq!(seen["code"], "RESOURCE_EXHAUSTED", "{mode}: {seen}");
+        assert_eq!(
+            observed.snapshot().limited,
+            attempts,
+            "{mode}: attempts refused"
+        );
+        if attempts == 2 {
+            let elapsed = seen["elapsed_ms"].as_f64().unwrap();
+            assert!(
+                elapsed >= 200.0,
+                "{mode}: retried after {elapsed} ms, before the pushback"
+            );
+        }
+    }
+}
