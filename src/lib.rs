@@ -88,7 +88,7 @@ pub mod tiers;
 pub use bulkhead::{Bulkhead, BulkheadFull};
 pub use limiter::{DirectRateLimiter, KeyedRateLimiter, Limiter};
 pub use quota::{Quota, QuotaError};
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 pub use rate_limit::{ForwardedIp, PeerIp};
 pub use rate_limit::{GlobalKey, HeaderKey, Policy, RateLimitLayer};
 

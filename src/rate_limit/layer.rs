@@ -127,9 +127,9 @@ impl<P, M> RateLimitLayer<P, M> {
 
     /// Lets requests whose TCP peer lies in one of `networks` skip every policy, as
     /// [`exempt`](Self::exempt) does (internal networks, your own monitoring). The peer is the
-    /// address the connection came from (axum's `ConnectInfo`), never a forwarding header: behind
-    /// a proxy it is the proxy's.
-    #[cfg(feature = "axum")]
+    /// address the connection came from (axum's `ConnectInfo`, tonic's `TcpConnectInfo`), never a
+    /// forwarding header: behind a proxy it is the proxy's.
+    #[cfg(any(feature = "axum", feature = "grpc"))]
     pub fn exempt_networks(self, networks: impl IntoIterator<Item = super::Cidr>) -> Self {
         let networks: Arc<[super::Cidr]> = networks.into_iter().collect();
         self.exempt(move |head: &RequestHead<'_>| {

@@ -174,8 +174,10 @@ mod usage;
 
 pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
 pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
+#[cfg(feature = "grpc")]
+pub use self::key::GrpcMethod;
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 pub use self::key::{ForwardedIp, PeerIp};
 pub use self::layer::RateLimitLayer;
 #[cfg(feature = "config")]

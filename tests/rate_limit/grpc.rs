@@ -375,3 +375,74 @@ async fn grpcio_retries_a_refusal_only_when_told_and_only_after_the_pushback() {
         }
     }
 }
+
+/// Keys for gRPC: the peer's address from tonic's `TcpConnectInfo` (`PeerIp`, no axum needed),
+/// and the method a call names (`GrpcMethod`): two per method per peer, so `SayHello` is
+/// refused on its third call while another method still has its own budget (answered
+/// `UNIMPLEMENTED` by the server, past the layer). A path that names no method is
+/// `INVALID_ARGUMENT`.
+#[tokio::test]
+async fn calls_are_keyed_by_peer_address_and_by_method() {
+    use tower_bulwark::rate_limit::{GrpcMethod, PeerIp};
+
+    let per_peer = Policy::new(
+        "per-peer",
+        PeerIp::new(),
+        KeyedRateLimiter::new(Quota::per_minute(100).unwrap()),
+    )
+    .unwrap();
+    let per_method = Policy::new(
+        "per-method",
+        GrpcMethod,
+        KeyedRateLimiter::new(Quota::per_minute(2).unwrap()),
+    )
+    .unwrap();
+    let addr = serve(RateLimitLayer::new(per_peer.and(per_method)).wrap_body()).await;
+    let channel = channel(addr).await;
+    for _ in 0..2 {
+        let reply = say_hello(&channel, &[]).await.unwrap();
+        let fields = reply
+            .metadata()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            fields.contains("\"per-peer\""),
+            "keyed by the peer, not refused: {fields}"
+        );
+    }
+    let refused = say_hello(&channel, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("per-method"),
+        "{}",
+        refused.message()
+    );
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    let other = grpc
+        .unary::<HelloRequest, HelloReply, _>(
+            tonic::Request::new(HelloRequest { name: "x".into() }),
+            PathAndQuery::from_static("/helloworld.Greeter/SayGoodbye"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        other.code(),
+        Code::Unimplemented,
+        "its own budget: {other:?}"
+    );
+    grpc.ready().await.unwrap();
+    let nameless = grpc
+        .unary::<HelloRequest, HelloReply, _>(
+            tonic::Request::new(HelloRequest { name: "x".into() }),
+            PathAndQuery::from_static("/no-method"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(nameless.code(), Code::InvalidArgument, "{nameless:?}");
+}

@@ -11,9 +11,9 @@ use http::HeaderMap;
 
 use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 use super::{ip::peer_ip, KeyExtractor};
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 use crate::head::RequestHead;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -147,7 +147,7 @@ impl ForwardedIp {
     }
 }
 
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 impl KeyExtractor for ForwardedIp {
     type Key = IpAddr;
 

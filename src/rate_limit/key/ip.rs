@@ -5,9 +5,9 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 use super::{KeyError, KeyExtractor};
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 use crate::head::RequestHead;
 
 /// How much of an address identifies one client: the whole IPv4 address and the /64 network of
@@ -164,8 +164,8 @@ impl std::error::Error for CidrError {}
 /// The address of the TCP peer, as the server saw the connection.
 ///
 /// Read from axum's `ConnectInfo<SocketAddr>` (serve the router with
-/// `into_make_service_with_connect_info::<SocketAddr>()`), or from `MockConnectInfo<SocketAddr>`
-/// in tests. Without either the request gets [`KeyError::internal`]: the server is set up wrong,
+/// `into_make_service_with_connect_info::<SocketAddr>()`), from `MockConnectInfo<SocketAddr>`
+/// in tests, or (feature `grpc`) from the `TcpConnectInfo` a tonic server gives each request. Without either the request gets [`KeyError::internal`]: the server is set up wrong,
 /// and refusing beats letting every request share, or escape, a budget.
 ///
 /// IPv6 peers are keyed by their /64 network ([`ipv6_prefix`](Self::ipv6_prefix) changes it);
@@ -173,13 +173,13 @@ impl std::error::Error for CidrError {}
 ///
 /// Behind a reverse proxy every request comes from the proxy; use
 /// [`ForwardedIp`](super::ForwardedIp) there.
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PeerIp {
     prefixes: Prefixes,
 }
 
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 impl PeerIp {
     /// The peer's IPv4 address, or its IPv6 /64.
     pub fn new() -> Self {
@@ -199,26 +199,38 @@ impl PeerIp {
     }
 }
 
-/// The TCP peer's address, from axum's `ConnectInfo` (or `MockConnectInfo`); without either,
-/// the server is set up wrong.
-#[cfg(feature = "axum")]
+/// The TCP peer's address, from axum's `ConnectInfo` (or `MockConnectInfo`) or tonic's
+/// `TcpConnectInfo`; without any, the server is set up wrong.
+#[cfg(any(feature = "axum", feature = "grpc"))]
 pub(crate) fn peer_ip(head: &RequestHead<'_>) -> Result<IpAddr, KeyError> {
-    use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
-    use std::net::SocketAddr;
+    #[cfg(feature = "axum")]
+    {
+        use axum::extract::connect_info::{ConnectInfo, MockConnectInfo};
+        use std::net::SocketAddr;
 
-    if let Some(ConnectInfo(addr)) = head.extensions.get::<ConnectInfo<SocketAddr>>() {
-        return Ok(addr.ip());
+        if let Some(ConnectInfo(addr)) = head.extensions.get::<ConnectInfo<SocketAddr>>() {
+            return Ok(addr.ip());
+        }
+        if let Some(MockConnectInfo(addr)) = head.extensions.get::<MockConnectInfo<SocketAddr>>() {
+            return Ok(addr.ip());
+        }
     }
-    let mock = head.extensions.get::<MockConnectInfo<SocketAddr>>();
-    mock.map(|MockConnectInfo(addr)| addr.ip()).ok_or_else(|| {
-        KeyError::internal(
-            "the request carries no peer address; serve the router with \
-             `into_make_service_with_connect_info::<SocketAddr>()`",
-        )
-    })
+    #[cfg(feature = "grpc")]
+    {
+        use tonic::transport::server::TcpConnectInfo;
+
+        let info = head.extensions.get::<TcpConnectInfo>();
+        if let Some(addr) = info.and_then(TcpConnectInfo::remote_addr) {
+            return Ok(addr.ip());
+        }
+    }
+    Err(KeyError::internal(
+        "the request carries no peer address; serve an axum router with \
+         `into_make_service_with_connect_info::<SocketAddr>()`, or a tonic server over TCP",
+    ))
 }
 
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 

@@ -3,12 +3,14 @@
 //! A [`KeyExtractor`] looks at the [request head](RequestHead) (method, URI, headers, extensions;
 //! never the body) and returns a key, or a [`KeyError`] saying why it could not. The crate ships:
 //!
-//! * `PeerIp` (feature `axum`): the address of the TCP peer, from axum's `ConnectInfo` (or
-//!   `MockConnectInfo` in tests). IPv6 clients are keyed by their /64 network by default.
-//! * [`ForwardedIp`] (a key extractor with feature `axum`): the client address behind reverse
+//! * `PeerIp` (feature `axum` or `grpc`): the address of the TCP peer, from axum's
+//!   `ConnectInfo` (or `MockConnectInfo` in tests) or tonic's `TcpConnectInfo`. IPv6 clients are keyed by their /64 network by default.
+//! * [`ForwardedIp`] (a key extractor with feature `axum` or `grpc`): the client address behind reverse
 //!   proxies that you trust, read from `X-Forwarded-For` or `Forwarded` only when the peer is one
 //!   of those proxies.
-//! * [`HeaderKey`]: the value of a request header such as `x-api-key`.
+//! * [`HeaderKey`]: the value of a request header such as `x-api-key` (for a gRPC call, a
+//!   metadata entry).
+//! * `GrpcMethod` (feature `grpc`): the gRPC method a call names.
 //! * [`GlobalKey`]: one key for every request.
 //! * any closure `Fn(&RequestHead) -> Result<K, KeyError>`.
 //!
@@ -40,11 +42,15 @@ use crate::head::RequestHead;
 mod forwarded;
 mod header;
 mod ip;
+#[cfg(feature = "grpc")]
+mod method;
 
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 pub(crate) use self::ip::peer_ip;
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "grpc"))]
 pub use self::ip::PeerIp;
+#[cfg(feature = "grpc")]
+pub use self::method::GrpcMethod;
 pub use self::{
     forwarded::ForwardedIp,
     header::HeaderKey,
