@@ -145,6 +145,8 @@
 //! pushback the answers that asked it to hold and the time it holds for (names in
 //! [`metric_names`](crate::observe::metric_names)).
 
+#[cfg(feature = "grpc")]
+pub(crate) mod grpc;
 mod metrics;
 pub mod pushback;
 pub mod quota;
@@ -157,8 +159,10 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 
 /// The time after which a refused call may be sent again, if `err` (or an error in its
 /// [`source`](Error::source) chain) is a refusal that carries one: [`PushedBack`] or
-/// [`QuotaExhausted`]. `None` for any other error: a timeout, a
-/// [`BulkheadFull`](crate::BulkheadFull), the dependency's own failure.
+/// [`QuotaExhausted`], or (feature `grpc`) a `tonic::Status` of `RESOURCE_EXHAUSTED` or
+/// `UNAVAILABLE` with a `RetryInfo` or a non-negative `grpc-retry-pushback-ms`. `None` for any
+/// other error: a timeout, a [`BulkheadFull`](crate::BulkheadFull), the dependency's own
+/// failure, a gRPC pushback that says not to retry.
 ///
 /// To recognise an error of your own as well, chain it:
 /// `outbound::retry_after(err).or_else(|| err.downcast_ref::<MyError>().map(MyError::wait))`.
@@ -181,12 +185,16 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 /// The [module docs](self) show it in a `tower::retry::Policy`.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     chain(err).find_map(|err| {
-        (err.downcast_ref::<PushedBack>()
+        let ours = (err
+            .downcast_ref::<PushedBack>()
             .map(PushedBack::retry_after))
-        .or_else(|| {
-            err.downcast_ref::<QuotaExhausted>()
-                .map(QuotaExhausted::retry_after)
-        })
+        .or_else(|| (err.downcast_ref::<QuotaExhausted>()).map(QuotaExhausted::retry_after));
+        #[cfg(feature = "grpc")]
+        let ours = ours.or_else(|| {
+            err.downcast_ref::<tonic::Status>()
+                .and_then(grpc::status_delay)
+        });
+        ours
     })
 }
 

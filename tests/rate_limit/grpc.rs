@@ -446,3 +446,143 @@ async fn calls_are_keyed_by_peer_address_and_by_method() {
         .unwrap_err();
     assert_eq!(nameless.code(), Code::InvalidArgument, "{nameless:?}");
 }
+
+/// A tonic client behind `Pushback` obeys a gRPC refusal. The server sends no `RateLimit`
+/// fields on admitted calls (with them, the pushback would hold the sixth call itself), so the
+/// sixth reaches it and gets a trailers-only `RESOURCE_EXHAUSTED`, whose `RetryInfo` holds the
+/// channel for 12 s: the seventh never reaches the server and fails at once with a status
+/// whose source is the `PushedBack`. `outbound::retry_after` reads 12 s from both statuses.
+#[tokio::test]
+async fn a_tonic_client_behind_pushback_holds_calls_for_the_refusals_retry_delay() {
+    use tower_bulwark::outbound::{self, Pushback};
+
+    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_minute(5).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let observed = tower_bulwark::observe::Observed::new("greeter", limiter);
+    let policy = Policy::new("greeter", GlobalKey, observed.clone()).unwrap();
+    let addr = serve(
+        RateLimitLayer::new(policy)
+            .without_admitted_headers()
+            .wrap_body(),
+    )
+    .await;
+    let clock = ManualClock::new();
+    let pushback = Pushback::builder("greeter").clock(clock.clone()).build();
+    let client = tower::Layer::layer(&pushback.layer(), channel(addr).await);
+    let call = || {
+        let mut grpc = tonic::client::Grpc::new(client.clone());
+        async move {
+            grpc.ready()
+                .await
+                .map_err(|e| Status::unknown(e.to_string()))?;
+            let request = tonic::Request::new(HelloRequest { name: "pb".into() });
+            let path = PathAndQuery::from_static("/helloworld.Greeter/SayHello");
+            grpc.unary::<_, HelloReply, _>(request, path, tonic_prost::ProstCodec::default())
+                .await
+        }
+    };
+    for _ in 0..5 {
+        call().await.unwrap();
+    }
+    let refused = call().await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(
+        outbound::retry_after(&refused),
+        Some(Duration::from_secs(12))
+    );
+    assert_eq!(pushback.held_for(), Duration::from_secs(12));
+    let held = call().await.unwrap_err();
+    assert_eq!(
+        outbound::retry_after(&held),
+        Some(Duration::from_secs(12)),
+        "{held:?}"
+    );
+    assert_eq!(
+        observed.snapshot().limited,
+        1,
+        "the held call never reached the server"
+    );
+}
+
+/// What a gRPC answer's headers say, however hostile: the pushback reads a `RetryInfo`, else a
+/// non-negative `grpc-retry-pushback-ms`; a negative or unreadable pushback ("do not retry"),
+/// a status a wait does not end, or a `grpc-status-details-bin` that is not base64 or not a
+/// `Status` sets no hold and never panics; no hold outlasts `max_hold`.
+#[test]
+fn hostile_grpc_answers_set_no_hold_beyond_what_they_say() {
+    use tower_bulwark::outbound::Pushback;
+
+    // The answer's fields, and the hold they set.
+    type Case<'a> = (&'a [(&'a str, &'a [u8])], Duration);
+    let cases: &[Case] = &[
+        (
+            &[("grpc-status", b"8"), ("grpc-retry-pushback-ms", b"1500")],
+            Duration::from_millis(1500),
+        ),
+        (
+            &[("grpc-status", b"14"), ("grpc-retry-pushback-ms", b"20")],
+            Duration::from_millis(20),
+        ),
+        (
+            &[("grpc-status", b"8"), ("grpc-retry-pushback-ms", b"-1")],
+            Duration::ZERO,
+        ),
+        (
+            &[("grpc-status", b"8"), ("grpc-retry-pushback-ms", b"soon")],
+            Duration::ZERO,
+        ),
+        (
+            &[
+                ("grpc-status", b"8"),
+                ("grpc-retry-pushback-ms", b"99999999999999999999"),
+            ],
+            Duration::ZERO,
+        ),
+        (
+            &[("grpc-status", b"13"), ("grpc-retry-pushback-ms", b"1500")],
+            Duration::ZERO,
+        ),
+        (
+            &[("grpc-status", b"0"), ("grpc-retry-pushback-ms", b"1500")],
+            Duration::ZERO,
+        ),
+        (
+            &[
+                ("grpc-status", b"banana"),
+                ("grpc-retry-pushback-ms", b"1500"),
+            ],
+            Duration::ZERO,
+        ),
+        (
+            &[
+                ("grpc-status", b"8"),
+                ("grpc-status-details-bin", b"!!not base64!!"),
+                ("grpc-retry-pushback-ms", b"7"),
+            ],
+            Duration::from_millis(7),
+        ),
+        (
+            &[("grpc-status", b"8"), ("grpc-status-details-bin", b"AAAA")],
+            Duration::ZERO,
+        ),
+        (
+            &[
+                ("grpc-status", b"8"),
+                ("grpc-retry-pushback-ms", b"86400000000"),
+            ],
+            Duration::from_secs(600),
+        ),
+    ];
+    for (headers, expected) in cases {
+        let pushback = Pushback::builder("dep").clock(ManualClock::new()).build();
+        let mut response = http::Response::new(());
+        for (name, value) in *headers {
+            response
+                .headers_mut()
+                .append(*name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        pushback.observe(&response);
+        assert_eq!(pushback.held_for(), *expected, "{headers:?}");
+    }
+}

@@ -251,6 +251,12 @@ pub(crate) fn read(
     } else {
         None
     };
+    // A gRPC answer comes as HTTP 200: its own status says when to call again.
+    #[cfg(feature = "grpc")]
+    let retry_after = retry_after.or_else(|| {
+        let hold = crate::outbound::grpc::hold(headers)?;
+        Some(reader.capped("grpc-retry-pushback-ms", hold))
+    });
     let mut tokens = (Dialect::ALL.iter())
         .filter_map(|dialect| dialect.tokens(&reader, headers))
         .min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)));
