@@ -586,3 +586,29 @@ fn hostile_grpc_answers_set_no_hold_beyond_what_they_say() {
         assert_eq!(pushback.held_for(), *expected, "{headers:?}");
     }
 }
+
+/// The adaptive bulkhead's default classifier judges trailers-only gRPC answers by their
+/// `grpc-status`: `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` bring the limit
+/// down, any other status is a healthy sample, as a plain 200 is.
+#[cfg(feature = "adaptive")]
+#[test]
+fn the_adaptive_bulkheads_classifier_reads_grpc_statuses() {
+    use tower_bulwark::bulkhead::adaptive::{Classify, HttpOverload, Verdict};
+
+    let judge = |status: Option<&str>| {
+        let mut response = http::Response::new(());
+        if let Some(status) = status {
+            response
+                .headers_mut()
+                .insert("grpc-status", status.parse().unwrap());
+        }
+        HttpOverload::default().classify(Ok(&response))
+    };
+    for overload in ["4", "8", "14"] {
+        assert_eq!(judge(Some(overload)), Verdict::Overloaded, "{overload}");
+    }
+    for healthy in ["0", "2", "13", "16", "banana"] {
+        assert_eq!(judge(Some(healthy)), Verdict::Healthy, "{healthy}");
+    }
+    assert_eq!(judge(None), Verdict::Healthy);
+}

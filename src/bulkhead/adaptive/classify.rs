@@ -65,7 +65,10 @@ where
 ///
 /// * Responses: `429 Too Many Requests`, `503 Service Unavailable` and `504 Gateway Timeout` are
 ///   overload; every other status is a healthy latency sample (a `500` is the dependency's own
-///   failure, answered in its own time).
+///   failure, answered in its own time). With the `grpc` feature, a trailers-only gRPC answer
+///   (an HTTP 200 with `grpc-status` in its headers) is judged by that status instead:
+///   `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are overload. (A status in the
+///   trailers of a streamed answer comes after the verdict.)
 /// * Errors: a timeout or a connection that could not be made or was cut — found anywhere in the
 ///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
 ///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's or
@@ -134,9 +137,25 @@ impl HttpOverload {
 impl<R: ResponseHead> Classify<R> for HttpOverload {
     fn classify(&self, result: Result<&R, &BoxError>) -> Verdict {
         match result {
+            #[cfg(feature = "grpc")]
+            Ok(response) if response.headers().contains_key("grpc-status") => {
+                grpc_verdict(response.headers())
+            }
             Ok(response) => Self::classify_status(response.status()),
             Err(error) => Self::classify_error(&**error),
         }
+    }
+}
+
+/// The verdict on a trailers-only gRPC answer (feature `grpc`), by its `grpc-status`:
+/// `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are overload, any other status
+/// is a healthy sample (the dependency answered in its own time).
+#[cfg(feature = "grpc")]
+fn grpc_verdict(headers: &http::HeaderMap) -> Verdict {
+    let code = headers.get("grpc-status").map(|v| v.as_bytes());
+    match code {
+        Some(b"4" | b"8" | b"14") => Verdict::Overloaded,
+        _ => Verdict::Healthy,
     }
 }
 
