@@ -13,6 +13,8 @@ mod contention;
 mod exemptions;
 #[cfg(feature = "grpc")]
 mod grpc;
+#[cfg(feature = "grpc")]
+mod grpc_example;
 #[cfg(feature = "axum")]
 mod headers;
 #[cfg(feature = "axum")]
