@@ -612,3 +612,74 @@ fn the_adaptive_bulkheads_classifier_reads_grpc_statuses() {
     }
     assert_eq!(judge(None), Verdict::Healthy);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    /// Hostile gRPC requests (any content type, HTTP/1.1 or 2, a `grpc-timeout` of any shape, a
+    /// key in metadata of any bytes, no key at all): never a panic; an answer the client can
+    /// read (a gRPC status for a gRPC content type, an HTTP status otherwise); and the key's
+    /// budget spent exactly by the calls that reached the handler.
+    #[test]
+    fn hostile_grpc_requests_get_a_clear_answer_and_spend_only_what_was_admitted(
+        content_type in proptest::option::of(proptest::prop_oneof![
+            proptest::strategy::Just(b"application/grpc".to_vec()),
+            proptest::strategy::Just(b"application/grpc+proto".to_vec()),
+            proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ]),
+        timeout in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24)),
+        tenant in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)),
+        http1 in proptest::prelude::any::<bool>(),
+        calls in 1usize..5,
+    ) {
+        use tower::ServiceExt;
+
+        let limiter = KeyedRateLimiter::<http::HeaderValue>::new(Quota::per_hour(2).unwrap());
+        let policy = Policy::new("per-tenant", HeaderKey::new("x-tenant").unwrap(), limiter.clone()).unwrap();
+        let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = reached.clone();
+        let service = tower::Layer::layer(
+            &RateLimitLayer::new(policy),
+            tower::service_fn(move |_: http::Request<axum::body::Body>| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty())) }
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let grpc_type = content_type.as_deref().is_some_and(|t| {
+            let t = String::from_utf8_lossy(t).to_ascii_lowercase();
+            t == "application/grpc" || t.starts_with("application/grpc+") || t.starts_with("application/grpc;")
+        });
+        let mut key = None;
+        for _ in 0..calls {
+            let mut request = http::Request::new(axum::body::Body::empty());
+            *request.version_mut() = if http1 { http::Version::HTTP_11 } else { http::Version::HTTP_2 };
+            let headers = request.headers_mut();
+            for (name, value) in [("content-type", &content_type), ("grpc-timeout", &timeout), ("x-tenant", &tenant)] {
+                if let Some(value) = value.as_ref().and_then(|v| http::HeaderValue::from_bytes(v).ok()) {
+                    if name == "x-tenant" {
+                        key = Some(value.clone());
+                    }
+                    headers.insert(name, value);
+                }
+            }
+            let response = runtime.block_on(service.clone().oneshot(request)).unwrap();
+            let grpc_status = response.headers().get("grpc-status").cloned();
+            let content_type_is_grpc = response.headers().get("content-type").is_some_and(|v| v == "application/grpc");
+            let handled = response.status() == 200 && grpc_status.is_none();
+            if !handled {
+                // The layer answered: as gRPC exactly when the request was gRPC.
+                proptest::prop_assert_eq!(grpc_status.is_some(), grpc_type, "{:?}", response.headers());
+                proptest::prop_assert_eq!(content_type_is_grpc, grpc_type);
+            }
+        }
+        let reached = reached.load(std::sync::atomic::Ordering::SeqCst);
+        proptest::prop_assert!(reached <= 2);
+        if let Some(key) = key.filter(|k| !k.is_empty() && k.len() <= 256) {
+            // HeaderKey's keys: a value of 1 to 256 bytes (as the layer read it).
+            let mut left = 0;
+            while limiter.check(&key).allowed { left += 1; }
+            proptest::prop_assert_eq!(left + reached, 2, "key {:?}", key);
+        }
+    }
+}
