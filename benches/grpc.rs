@@ -15,10 +15,14 @@ use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
 fn request(grpc: bool) -> Request<Body> {
-    let mut request = Request::post("/helloworld.Greeter/SayHello");
-    if grpc {
-        request = request.header("content-type", "application/grpc");
-    }
+    // Both with a content type, so that they differ only in what it says.
+    let content_type = if grpc {
+        "application/grpc"
+    } else {
+        "application/json"
+    };
+    let request =
+        Request::post("/helloworld.Greeter/SayHello").header("content-type", content_type);
     request.body(Body::empty()).unwrap()
 }
 
