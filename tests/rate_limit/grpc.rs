@@ -683,3 +683,39 @@ proptest::proptest! {
         }
     }
 }
+
+/// A policy name with a `%` in it reaches the client as written: `grpc-message` is
+/// percent-encoded, and the details' `QuotaFailure` names it exactly.
+#[tokio::test]
+async fn a_policy_name_with_a_percent_sign_reaches_the_client_as_written() {
+    use tower::ServiceExt;
+
+    let limiter = KeyedRateLimiter::<()>::new(Quota::per_hour(1).unwrap());
+    let policy = Policy::new("50% of the plan", GlobalKey, limiter).unwrap();
+    let service = tower::Layer::layer(
+        &RateLimitLayer::new(policy),
+        tower::service_fn(|_: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let call = || {
+        let request = http::Request::builder()
+            .header("content-type", "application/grpc")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        service.clone().oneshot(request)
+    };
+    call().await.unwrap();
+    let refused = call().await.unwrap();
+    let status = Status::from_header_map(refused.headers()).unwrap();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status
+            .message()
+            .starts_with("rate limit exceeded: 50% of the plan; retry in "),
+        "{}",
+        status.message()
+    );
+    let quota = status.get_error_details().quota_failure().unwrap().clone();
+    assert_eq!(quota.violations[0].subject, "50% of the plan");
+}
