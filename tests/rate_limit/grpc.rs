@@ -2,16 +2,12 @@
 //! the canonical `helloworld.Greeter/SayHello` (messages with prost's derive), called by tonic's
 //! client. A refusal is a gRPC `RESOURCE_EXHAUSTED` with the delay in `grpc-retry-pushback-ms`
 //! and a decodable `RetryInfo`, beside a `QuotaFailure` naming the policy; the layer's other
-//! answers are gRPC statuses too.
+//! answers are gRPC statuses too. The greeter is `examples/grpc.rs`'s.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use tonic::codegen::Service;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
@@ -21,66 +17,8 @@ use tower_bulwark::rate_limit::{
 };
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
-/// `helloworld.HelloRequest { string name = 1; }`
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct HelloRequest {
-    #[prost(string, tag = "1")]
-    pub name: String,
-}
-
-/// `helloworld.HelloReply { string message = 1; }`
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct HelloReply {
-    #[prost(string, tag = "1")]
-    pub message: String,
-}
-
-/// The greeter, written as generated code would be: a service of `http` requests that answers
-/// `/helloworld.Greeter/SayHello` and nothing else.
-#[derive(Clone, Default)]
-pub struct Greeter;
-
-impl tonic::server::NamedService for Greeter {
-    const NAME: &'static str = "helloworld.Greeter";
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-struct SayHello;
-
-impl tonic::server::UnaryService<HelloRequest> for SayHello {
-    type Response = HelloReply;
-    type Future = BoxFuture<Result<tonic::Response<HelloReply>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<HelloRequest>) -> Self::Future {
-        let name = request.into_inner().name;
-        Box::pin(async move {
-            Ok(tonic::Response::new(HelloReply {
-                message: format!("Hello {name}!"),
-            }))
-        })
-    }
-}
-
-impl Service<http::Request<tonic::body::Body>> for Greeter {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        Box::pin(async move {
-            if request.uri().path() != "/helloworld.Greeter/SayHello" {
-                return Ok(Status::unimplemented("no such method").into_http());
-            }
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
-            Ok(grpc.unary(SayHello, request).await)
-        })
-    }
-}
+// The greeter and its messages are the example's: one copy serves both.
+use crate::grpc_example::grpc::{Greeter, HelloReply, HelloRequest};
 
 /// Serves the greeter behind `layer` on a free loopback port.
 pub async fn serve<P: PolicySet>(layer: RateLimitLayer<P, WrapBody>) -> SocketAddr {

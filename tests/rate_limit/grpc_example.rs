@@ -3,7 +3,7 @@
 
 #[path = "../../examples/grpc.rs"]
 #[allow(dead_code)]
-mod grpc;
+pub(crate) mod grpc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grpc_examples_client_sends_no_call_early() {
