@@ -204,3 +204,40 @@ fn an_unreadable_usage_is_one_log_line_naming_the_policy() {
     );
     assert!(logged.contains("ERROR"), "{logged}");
 }
+
+/// A malformed or absurd field of a family of tokens is one log line, however many readings
+/// use it (the quota of calls, when the tokens are spent, and the tokens themselves).
+#[test]
+fn a_malformed_token_field_is_one_log_line() {
+    use tower_bulwark::outbound::Pushback;
+
+    let observe = |fields: &[(&'static str, &str)]| {
+        let pushback = Pushback::builder("llm")
+            .clock(tower_bulwark::clock::ManualClock::new())
+            .max_hold(std::time::Duration::from_secs(60))
+            .build();
+        let mut response = http::Response::new(());
+        for (name, value) in fields {
+            response.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        debug_events(|| pushback.observe(&response))
+    };
+    let malformed = observe(&[
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "soon"),
+    ]);
+    assert_eq!(
+        malformed.matches("malformed rate-limit field").count(),
+        1,
+        "{malformed}"
+    );
+    let capped = observe(&[
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "6m0s"),
+    ]);
+    assert_eq!(
+        capped.matches("longer hold than max_hold").count(),
+        1,
+        "{capped}"
+    );
+}

@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{
-    fewest_tokens, most_restrictive_family, when, AdvertisedQuota, Dialect, Family, Reader,
-};
-use crate::outbound::pushback::tokens::TokenQuota;
+use super::{read_families, when, Dialect, Family, Read, Reader};
 
 const fn family(
     limit: &'static str,
@@ -55,16 +52,9 @@ const FAMILIES: [Family; 4] = [
 ];
 
 /// The binding quota of Anthropic's families.
-pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let reset = |field: &str, value: &[u8]| reset(reader, field, value);
-    most_restrictive_family(reader, headers, Dialect::Anthropic, &FAMILIES, reset)
-}
-
-/// The tokens of the family of Anthropic's that has fewest left.
-pub(super) fn tokens(reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
-    fewest_tokens(reader, headers, &FAMILIES, |field, value| {
-        reset(reader, field, value)
-    })
+    read_families(reader, headers, Dialect::Anthropic, &FAMILIES, reset)
 }
 
 /// A reset: an RFC 3339 instant, read as the span until it.

@@ -74,15 +74,16 @@ impl Dialect {
         }
     }
 
-    /// The quota this dialect advertises in `headers`, if they have one.
-    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+    /// The quota this dialect advertises in `headers`, if they have one, and its limit of tokens
+    /// with the fewest left, if it speaks of tokens.
+    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Read {
         match self {
-            Self::RateLimit => ratelimit::read(reader, headers),
-            Self::XRateLimit => x_ratelimit::read(reader, headers),
+            Self::RateLimit => (ratelimit::read(reader, headers), None),
+            Self::XRateLimit => (x_ratelimit::read(reader, headers), None),
             Self::OpenAi => openai::read(reader, headers),
             Self::Anthropic => anthropic::read(reader, headers),
             // Read by `read` with the readers it is given.
-            Self::Custom => None,
+            Self::Custom => (None, None),
         }
     }
 
@@ -101,15 +102,6 @@ impl Dialect {
     /// * A dialect of the user's: no. Its meaning is unknown, so the later of the two counts.
     fn yields_to_retry_after(self) -> bool {
         matches!(self, Self::RateLimit | Self::OpenAi | Self::Anthropic)
-    }
-
-    /// The tokens this dialect advertises in `headers`, if it speaks of tokens.
-    fn tokens(self, reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
-        match self {
-            Self::OpenAi => openai::tokens(reader, headers),
-            Self::Anthropic => anthropic::tokens(reader, headers),
-            Self::RateLimit | Self::XRateLimit | Self::Custom => None,
-        }
     }
 }
 
@@ -154,49 +146,55 @@ struct Family {
     counts_calls: bool,
 }
 
-/// The most restrictive quota of `families`, each reset read by `reset` (a field's name and
-/// value, to a span).
-fn most_restrictive_family(
+/// What one dialect's fields say: its most restrictive quota of calls, and its limit of tokens
+/// with the fewest left.
+type Read = (Option<AdvertisedQuota>, Option<TokenQuota>);
+
+/// What `families` say, each field read once (so that a malformed or capped one is logged
+/// once), each reset read by `reset` (a field's name and value, to a span): the most
+/// restrictive quota of calls, a family of tokens counting as one only when it is spent, and the
+/// family of tokens with the fewest left.
+fn read_families(
     reader: &Reader<'_>,
     headers: &HeaderMap,
     dialect: Dialect,
     families: &[Family],
     reset: impl Fn(&str, &[u8]) -> Option<Duration>,
-) -> Option<AdvertisedQuota> {
-    most_restrictive(families.iter().filter_map(|family| {
-        let remaining = reader.single_number(headers, &family.remaining)?;
-        if !family.counts_calls && remaining > 0 {
-            return None;
+) -> Read {
+    let (mut quota, mut tokens) = (None, None);
+    for family in families {
+        let Some(remaining) = reader.single_number(headers, &family.remaining) else {
+            continue;
+        };
+        let Some(value) = reader.single(headers, &family.reset) else {
+            continue;
+        };
+        let Some(window) = reset(family.reset.as_str(), value) else {
+            continue;
+        };
+        if family.counts_calls || remaining == 0 {
+            let read = AdvertisedQuota {
+                dialect,
+                remaining,
+                window,
+                refill: None,
+            };
+            quota = most_restrictive(quota.into_iter().chain([read]));
         }
-        let value = reader.single(headers, &family.reset)?;
-        let window = reset(family.reset.as_str(), value)?;
-        Some(AdvertisedQuota {
-            dialect,
-            remaining,
-            window,
-            refill: None,
-        })
-    }))
+        if !family.counts_calls {
+            let read = TokenQuota {
+                remaining,
+                limit: reader.single_number(headers, &family.limit),
+                resets_in: window,
+            };
+            tokens = fewest_tokens(tokens.into_iter().chain([read]));
+        }
+    }
+    (quota, tokens)
 }
 
-/// The family of tokens of `families` with the fewest left (of those, the longest reset), each
-/// reset read by `reset`.
-fn fewest_tokens(
-    reader: &Reader<'_>,
-    headers: &HeaderMap,
-    families: &[Family],
-    reset: impl Fn(&str, &[u8]) -> Option<Duration>,
-) -> Option<TokenQuota> {
-    let families = families.iter().filter(|family| !family.counts_calls);
-    let quotas = families.filter_map(|family| {
-        let remaining = reader.single_number(headers, &family.remaining)?;
-        let value = reader.single(headers, &family.reset)?;
-        Some(TokenQuota {
-            remaining,
-            limit: reader.single_number(headers, &family.limit),
-            resets_in: reset(family.reset.as_str(), value)?,
-        })
-    });
+/// The limit of tokens with the fewest left, and of those the longest reset.
+fn fewest_tokens(quotas: impl Iterator<Item = TokenQuota>) -> Option<TokenQuota> {
     quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)))
 }
 
@@ -235,10 +233,14 @@ pub(crate) fn read(
             refill: None,
         })
     });
+    let mut tokens = None;
     let mut quota = most_restrictive(
-        Dialect::ALL
-            .iter()
-            .filter_map(|dialect| dialect.read(&reader, headers))
+        (Dialect::ALL.iter())
+            .filter_map(|dialect| {
+                let (quota, read) = dialect.read(&reader, headers);
+                tokens = fewest_tokens(tokens.into_iter().chain(read));
+                quota
+            })
             .chain(custom),
     );
     // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
@@ -257,9 +259,6 @@ pub(crate) fn read(
         let hold = crate::outbound::grpc::hold(headers)?;
         Some(reader.capped("grpc-retry-pushback-ms", hold))
     });
-    let mut tokens = (Dialect::ALL.iter())
-        .filter_map(|dialect| dialect.tokens(&reader, headers))
-        .min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)));
     if let Some(after) = retry_after {
         // Where a dialect's owner says Retry-After takes precedence over its resets, what the
         // answer says is spent comes back when Retry-After has passed, even where a reset says

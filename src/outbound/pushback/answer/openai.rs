@@ -6,8 +6,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{fewest_tokens, most_restrictive_family, AdvertisedQuota, Dialect, Family, Reader};
-use crate::outbound::pushback::tokens::TokenQuota;
+use super::{read_families, Dialect, Family, Read, Reader};
 
 const FAMILIES: [Family; 2] = [
     Family {
@@ -25,15 +24,8 @@ const FAMILIES: [Family; 2] = [
 ];
 
 /// The binding quota of OpenAI's families.
-pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // The resets are durations; `Reader::reset` also takes the plain seconds some proxies send.
     let reset = |field: &str, value: &[u8]| reader.reset(field, value);
-    most_restrictive_family(reader, headers, Dialect::OpenAi, &FAMILIES, reset)
-}
-
-/// The tokens of the family of OpenAI's that has fewest left.
-pub(super) fn tokens(reader: &Reader<'_>, headers: &HeaderMap) -> Option<TokenQuota> {
-    fewest_tokens(reader, headers, &FAMILIES, |field, value| {
-        reader.reset(field, value)
-    })
+    read_families(reader, headers, Dialect::OpenAi, &FAMILIES, reset)
 }
