@@ -8,14 +8,29 @@ use std::sync::Arc;
 ///
 /// The bulkhead services fail with [`BoxError`](crate::BoxError); test for a refusal with
 /// `err.is::<BulkheadFull>()` or get it back with `err.downcast_ref::<BulkheadFull>()`.
+///
+/// With the `grpc` feature, its [`source`](std::error::Error::source) is a `tonic::Status` of
+/// `RESOURCE_EXHAUSTED` naming the bulkhead: tonic looks for a status among an error's sources,
+/// so a bulkhead layered on a tonic server (`Server::builder().layer(bulkhead.body_layer())`)
+/// refuses a call with that status, and a tonic client behind a bulkhead gets it back from the
+/// call, where any other error would be `UNKNOWN`.
 #[derive(Clone, Debug)]
 pub struct BulkheadFull {
     bulkhead: Arc<str>,
+    /// What tonic answers for this error (`Status` is not `Clone`, hence the `Arc`).
+    #[cfg(feature = "grpc")]
+    status: Arc<tonic::Status>,
 }
 
 impl BulkheadFull {
     pub(crate) fn new(bulkhead: Arc<str>) -> Self {
-        Self { bulkhead }
+        Self {
+            #[cfg(feature = "grpc")]
+            status: Arc::new(tonic::Status::resource_exhausted(format!(
+                "bulkhead `{bulkhead}` is full"
+            ))),
+            bulkhead,
+        }
     }
 
     /// The name of the bulkhead that refused the call.
@@ -30,4 +45,9 @@ impl fmt::Display for BulkheadFull {
     }
 }
 
-impl std::error::Error for BulkheadFull {}
+impl std::error::Error for BulkheadFull {
+    #[cfg(feature = "grpc")]
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.status)
+    }
+}

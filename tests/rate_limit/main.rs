@@ -15,6 +15,8 @@ mod exemptions;
 mod grpc;
 #[cfg(feature = "grpc")]
 mod grpc_example;
+#[cfg(feature = "grpc")]
+mod grpc_streaming;
 #[cfg(feature = "axum")]
 mod headers;
 #[cfg(feature = "axum")]
