@@ -14,7 +14,10 @@ use http::uri::PathAndQuery;
 use tonic::codegen::Service;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status, Streaming};
+use tonic_types::{ErrorDetails, StatusExt};
+use tower::Layer;
 use tower_bulwark::clock::ManualClock;
+use tower_bulwark::outbound::{self, Pushback};
 use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
 use tower_bulwark::{Bulkhead, KeyedRateLimiter, Quota};
 
@@ -57,6 +60,34 @@ impl tonic::server::ServerStreamingService<HelloRequest> for Count {
     }
 }
 
+/// One reply, then `RESOURCE_EXHAUSTED` in the trailers, with its delay as the request names it:
+/// `retry-info` a `RetryInfo` of 30 s, `pushback` a `grpc-retry-pushback-ms` of 20 s.
+struct Fail;
+
+impl tonic::server::ServerStreamingService<HelloRequest> for Fail {
+    type Response = HelloReply;
+    type ResponseStream = Replies;
+    type Future = BoxFuture<Result<tonic::Response<Replies>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<HelloRequest>) -> Self::Future {
+        let status = if request.into_inner().name == "retry-info" {
+            let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(30)));
+            Status::with_error_details(Code::ResourceExhausted, "slow down", details)
+        } else {
+            let mut status = Status::resource_exhausted("slow down");
+            (status.metadata_mut()).insert("grpc-retry-pushback-ms", "20000".parse().unwrap());
+            status
+        };
+        let replies = futures::stream::iter([
+            Ok(HelloReply {
+                message: "first".into(),
+            }),
+            Err(status),
+        ]);
+        Box::pin(async move { Ok(tonic::Response::new(Box::pin(replies) as Replies)) })
+    }
+}
+
 struct Echo;
 
 impl tonic::server::StreamingService<HelloRequest> for Echo {
@@ -89,6 +120,7 @@ impl Service<http::Request<tonic::body::Body>> for Streams {
             Ok(match request.uri().path() {
                 "/test.Streams/Count" => grpc.server_streaming(Count, request).await,
                 "/test.Streams/Echo" => grpc.streaming(Echo, request).await,
+                "/test.Streams/Fail" => grpc.server_streaming(Fail, request).await,
                 _ => Status::unimplemented("no such method").into_http(),
             })
         })
@@ -278,4 +310,62 @@ async fn a_server_bulkhead_holds_a_streams_permit_until_it_ends() {
     assert_eq!(snapshot.total_permitted, 4, "{snapshot:?}");
     assert_eq!(snapshot.total_rejected, 4, "{snapshot:?}");
     assert_eq!(snapshot.total_finished, 4, "{snapshot:?}");
+}
+
+/// A `Fail` call through `client`: its first reply, then the status its trailers hold.
+async fn fail<T>(client: T, delay: &str) -> Status
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tower_bulwark::BoxError> + Send,
+    T::Error: Into<tower_bulwark::BoxError>,
+{
+    let mut grpc = tonic::client::Grpc::new(client);
+    grpc.ready().await.map_err(Into::into).unwrap();
+    let request = tonic::Request::new(HelloRequest { name: delay.into() });
+    let path = PathAndQuery::from_static("/test.Streams/Fail");
+    let mut replies = grpc
+        .server_streaming::<_, HelloReply, _>(request, path, tonic_prost::ProstCodec::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replies.message().await.unwrap().unwrap().message, "first");
+    replies.message().await.unwrap_err()
+}
+
+/// A dependency that refuses a call after it has begun to answer says so in trailers: a
+/// pushback that reads them holds calls for the delay of their `RetryInfo`, or of their
+/// `grpc-retry-pushback-ms`, and the next call through it fails at once with the time left; one
+/// that reads heads only has nothing to go by.
+#[tokio::test]
+async fn a_pushback_reading_trailers_holds_calls_for_a_refusal_that_comes_last() {
+    let addr = serve!(tower::layer::util::Identity::new());
+    let channel = connect(addr).await;
+    let clock = ManualClock::new();
+
+    let heads_only = Pushback::builder("heads").clock(clock.clone()).build();
+    let status = fail(heads_only.layer().layer(channel.clone()), "retry-info").await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(heads_only.held_for(), Duration::ZERO);
+
+    for (delay, wait) in [("retry-info", 30), ("pushback", 20)] {
+        let pushback = Pushback::builder("streams").clock(clock.clone()).build();
+        let client = pushback.layer().read_trailers().layer(channel.clone());
+        let status = fail(client.clone(), delay).await;
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert_eq!(pushback.held_for(), Duration::from_secs(wait), "{delay}");
+        let mut grpc = tonic::client::Grpc::new(client);
+        grpc.ready().await.unwrap();
+        let request = tonic::Request::new(HelloRequest { name: "x".into() });
+        let path = PathAndQuery::from_static("/helloworld.Greeter/SayHello");
+        let held = grpc
+            .unary::<_, HelloReply, _>(request, path, tonic_prost::ProstCodec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            outbound::retry_after(&held),
+            Some(Duration::from_secs(wait)),
+            "{held:?}"
+        );
+    }
 }

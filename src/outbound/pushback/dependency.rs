@@ -67,6 +67,7 @@ impl<C: Clock> Pushback<C> {
         PushbackLayer {
             pushback: self.clone(),
             tokens: 0,
+            mode: std::marker::PhantomData,
         }
     }
 
@@ -167,10 +168,21 @@ impl<C: Clock> Dependency<C> {
     /// Records `response`; `own` is the place in the order of starts and the tokens of the
     /// call it answers (still counted in flight), `None` for a response obtained elsewhere.
     pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<(u64, u64)>) {
+        self.observe_fields(response.status(), response.headers(), own);
+    }
+
+    /// Records an answer of `status` with the fields `headers` (its head's, or its trailers'),
+    /// as [`observe`](Self::observe) does.
+    pub(crate) fn observe_fields(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        own: Option<(u64, u64)>,
+    ) {
         let answer = answer::read(
             &self.name,
-            response.status(),
-            response.headers(),
+            status,
+            headers,
             SystemTime::now(),
             self.max_hold,
             &self.dialects,

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tower_service::Service;
 
 use super::dependency::{span, Dependency};
 use super::error::PushedBack;
+use super::trailers::{ReadAnswer, ReadHead, TrailerReader};
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
@@ -74,12 +76,13 @@ pin_project! {
     /// Response future of [`PushbackService`](super::PushbackService): refused, waiting for a
     /// hold to end, or the inner call, whose response is read when it arrives.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, C, Req>
+    pub struct ResponseFuture<S, C, Req, M = ReadHead>
     where
         S: Service<Req>,
         C: Clock,
     {
         dependency: Arc<Dependency<C>>,
+        mode: PhantomData<fn() -> M>,
         // The tokens the call may use.
         tokens: u64,
         #[pin]
@@ -107,7 +110,7 @@ fn run<S: Service<Req>, Req, C: Clock>(
     }
 }
 
-impl<S, C, Req> ResponseFuture<S, C, Req>
+impl<S, C, Req, M> ResponseFuture<S, C, Req, M>
 where
     S: Service<Req> + Clone,
     C: Clock,
@@ -158,20 +161,22 @@ where
         };
         Self {
             dependency: Arc::clone(dependency),
+            mode: PhantomData,
             tokens,
             state,
         }
     }
 }
 
-impl<S, C, Req> Future for ResponseFuture<S, C, Req>
+impl<S, C, Req, M> Future for ResponseFuture<S, C, Req, M>
 where
     S: Service<Req>,
     S::Response: ResponseHead,
     S::Error: Into<BoxError>,
     C: Clock,
+    M: ReadAnswer<S::Response>,
 {
-    type Output = Result<S::Response, BoxError>;
+    type Output = Result<M::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -229,14 +234,19 @@ where
                         (Err(_), _) => {}
                     }
                     *in_flight = None;
-                    return Poll::Ready(result);
+                    let dependency = &*this.dependency;
+                    return Poll::Ready(
+                        result.map(|response| {
+                            M::respond(response, || TrailerReader::new(dependency))
+                        }),
+                    );
                 }
             }
         }
     }
 }
 
-impl<S, C, Req> fmt::Debug for ResponseFuture<S, C, Req>
+impl<S, C, Req, M> fmt::Debug for ResponseFuture<S, C, Req, M>
 where
     S: Service<Req>,
     C: Clock,

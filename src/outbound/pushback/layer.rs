@@ -1,5 +1,6 @@
 //! The layer that puts a [`Pushback`] in front of a service, and the service it makes.
 
+use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use tower_layer::Layer;
@@ -7,6 +8,7 @@ use tower_service::Service;
 
 use super::dependency::Pushback;
 use super::future::ResponseFuture;
+use super::trailers::{ReadAnswer, ReadHead, ReadTrailers};
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
 use crate::outbound::quota::QuotaCost;
@@ -54,9 +56,10 @@ use crate::BoxError;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct PushbackLayer<C = SystemClock, T = u32> {
+pub struct PushbackLayer<C = SystemClock, T = u32, M = ReadHead> {
     pub(super) pushback: Pushback<C>,
     pub(super) tokens: T,
+    pub(super) mode: PhantomData<fn() -> M>,
 }
 
 impl<C> PushbackLayer<C> {
@@ -73,18 +76,34 @@ impl<C> PushbackLayer<C> {
         PushbackLayer {
             pushback: self.pushback,
             tokens,
+            mode: PhantomData,
         }
     }
 }
 
-impl<S, C, T: Clone> Layer<S> for PushbackLayer<C, T> {
-    type Service = PushbackService<S, C, T>;
+impl<C, T> PushbackLayer<C, T> {
+    /// Reads each answer's trailers too, when its body ends with them, as the head is read
+    /// ([`ReadTrailers`]): for a gRPC dependency (a tonic `Channel`), which sends the status
+    /// of a call that has begun to answer, and its delay, in trailers. The services answer
+    /// `http::Response<PushbackBody<B>>`.
+    pub fn read_trailers(self) -> PushbackLayer<C, T, ReadTrailers> {
+        PushbackLayer {
+            pushback: self.pushback,
+            tokens: self.tokens,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<S, C, T: Clone, M> Layer<S> for PushbackLayer<C, T, M> {
+    type Service = PushbackService<S, C, T, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         PushbackService {
             inner,
             pushback: self.pushback.clone(),
             tokens: self.tokens.clone(),
+            mode: PhantomData,
         }
     }
 }
@@ -95,23 +114,25 @@ impl<S, C, T: Clone> Layer<S> for PushbackLayer<C, T> {
 /// `max_wait`) or refused with [`PushedBack`](super::PushedBack) otherwise. The inner service
 /// must be `Clone` because a call that waits takes the readied service with it.
 #[derive(Clone, Debug)]
-pub struct PushbackService<S, C = SystemClock, T = u32> {
+pub struct PushbackService<S, C = SystemClock, T = u32, M = ReadHead> {
     inner: S,
     pushback: Pushback<C>,
     tokens: T,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<S, C, T, Req> Service<Req> for PushbackService<S, C, T>
+impl<S, C, T, M, Req> Service<Req> for PushbackService<S, C, T, M>
 where
     S: Service<Req> + Clone,
     S::Response: ResponseHead,
     S::Error: Into<BoxError>,
     C: Clock,
     T: QuotaCost<Req>,
+    M: ReadAnswer<S::Response>,
 {
-    type Response = S::Response;
+    type Response = M::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, C, Req>;
+    type Future = ResponseFuture<S, C, Req, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)

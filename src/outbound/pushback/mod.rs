@@ -134,9 +134,11 @@ mod future;
 mod layer;
 mod schedule;
 mod tokens;
+mod trailers;
 
 pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
 pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
 pub use self::layer::{PushbackLayer, PushbackService};
+pub use self::trailers::{PushbackBody, ReadAnswer, ReadHead, ReadTrailers};

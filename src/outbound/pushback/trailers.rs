@@ -1,0 +1,144 @@
+//! What a pushback reads of an answer: its head only ([`ReadHead`], the default), or its head and
+//! the trailers that end its body ([`ReadTrailers`], for gRPC, whose status comes last).
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use http::{HeaderMap, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use super::dependency::Dependency;
+use crate::clock::Clock;
+
+/// What a [`PushbackService`](super::PushbackService) reads of each answer, and so what it
+/// answers: [`ReadHead`] (the default) or [`ReadTrailers`].
+pub trait ReadAnswer<R>: sealed::Sealed {
+    /// The service's response type.
+    type Response;
+
+    /// Hands an answer over to the caller, reading its trailers on the way (with the reader
+    /// `trailers` makes) if this mode does.
+    #[doc(hidden)]
+    fn respond(response: R, trailers: impl FnOnce() -> TrailerReader) -> Self::Response;
+}
+
+/// The answer's status and header fields are read when it arrives; its body passes through
+/// untouched. The mode of [`Pushback::layer`](super::Pushback::layer).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadHead;
+
+/// For services that answer with an `http::Response<B>`: the head is read when the answer
+/// arrives, and the trailers when its body ends with them, as the head is; the mode of
+/// [`PushbackLayer::read_trailers`](super::PushbackLayer::read_trailers).
+///
+/// gRPC sends the status of a call that has begun to answer in trailers: a dependency that
+/// refuses a streaming call midway, or a server that always writes its headers first, says
+/// `RESOURCE_EXHAUSTED` and its delay only there. Trailers are read like the head of an answer
+/// obtained elsewhere ([`Pushback::observe`](super::Pushback::observe)): by then the call no
+/// longer counts in flight.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReadTrailers;
+
+impl<R> ReadAnswer<R> for ReadHead {
+    type Response = R;
+
+    fn respond(response: R, _: impl FnOnce() -> TrailerReader) -> R {
+        response
+    }
+}
+
+impl<B: Body> ReadAnswer<http::Response<B>> for ReadTrailers {
+    type Response = http::Response<PushbackBody<B>>;
+
+    fn respond(
+        response: http::Response<B>,
+        trailers: impl FnOnce() -> TrailerReader,
+    ) -> Self::Response {
+        response.map(|inner| PushbackBody {
+            inner,
+            trailers: Some(trailers()),
+        })
+    }
+}
+
+/// Records the trailers of one answer with its dependency.
+pub struct TrailerReader(Arc<dyn ObserveTrailers>);
+
+impl fmt::Debug for TrailerReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TrailerReader")
+    }
+}
+
+impl TrailerReader {
+    pub(crate) fn new<C: Clock>(dependency: &Arc<Dependency<C>>) -> Self {
+        Self(Arc::clone(dependency) as Arc<dyn ObserveTrailers>)
+    }
+}
+
+/// A dependency, whatever its clock.
+pub(crate) trait ObserveTrailers: Send + Sync {
+    /// Records what `trailers` say.
+    fn trailers(&self, trailers: &HeaderMap);
+}
+
+impl<C: Clock> ObserveTrailers for Dependency<C> {
+    fn trailers(&self, trailers: &HeaderMap) {
+        self.observe_fields(StatusCode::OK, trailers, None);
+    }
+}
+
+pin_project! {
+    /// Response body of a [`PushbackService`](super::PushbackService) in the [`ReadTrailers`]
+    /// mode: the frames pass through untouched, and the trailers are read on their way.
+    pub struct PushbackBody<B> {
+        #[pin]
+        inner: B,
+        trailers: Option<TrailerReader>,
+    }
+}
+
+impl<B: Body> Body for PushbackBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let Some(trailers) = frame.as_ref().and_then(|f| f.as_ref().ok()?.trailers_ref()) {
+            // An answer has one trailer section; one more is not read.
+            if let Some(reader) = this.trailers.take() {
+                reader.0.trailers(trailers);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> fmt::Debug for PushbackBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PushbackBody")
+            .field("trailers_read", &self.trailers.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::ReadHead {}
+    impl Sealed for super::ReadTrailers {}
+}
