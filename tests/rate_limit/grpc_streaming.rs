@@ -369,3 +369,70 @@ async fn a_pushback_reading_trailers_holds_calls_for_a_refusal_that_comes_last()
         );
     }
 }
+
+/// A client quota on a tonic `Channel`, keyed by the method a call names (two calls a minute
+/// each), above a client-side bulkhead of one call: a third `SayHello` fails at once with the
+/// `QuotaExhausted` as its status's source and the wait it names, while `Echo` has its own two;
+/// a call the bulkhead refuses (a stream holds its permit) is `RESOURCE_EXHAUSTED` and gives
+/// its quota permit back, since it never went out.
+#[tokio::test]
+async fn a_client_quota_on_a_channel_counts_calls_per_method_and_only_those_sent() {
+    use tower_bulwark::outbound::{ClientQuotaLayer, QuotaExhausted};
+
+    let addr = serve!(tower::layer::util::Identity::new());
+    let limiter = KeyedRateLimiter::<String>::builder(Quota::per_minute(2).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let bulkhead = Bulkhead::semaphore("channel", 1).build();
+    let client = ClientQuotaLayer::new("greeter", limiter)
+        .key(|request: &http::Request<tonic::body::Body>| request.uri().path().to_owned())
+        .layer(bulkhead.body_layer().layer(connect(addr).await));
+    let hello = || {
+        let mut grpc = tonic::client::Grpc::new(client.clone());
+        async move {
+            grpc.ready().await.unwrap();
+            let request = tonic::Request::new(HelloRequest { name: "q".into() });
+            let path = PathAndQuery::from_static("/helloworld.Greeter/SayHello");
+            grpc.unary::<_, HelloReply, _>(request, path, tonic_prost::ProstCodec::default())
+                .await
+        }
+    };
+
+    // An open `Echo` holds the bulkhead's one permit: this `SayHello` never goes out.
+    let mut grpc = tonic::client::Grpc::new(client.clone());
+    grpc.ready().await.unwrap();
+    let (mut sender, messages) = futures::channel::mpsc::channel(4);
+    let path = PathAndQuery::from_static("/test.Streams/Echo");
+    let mut echoes = grpc
+        .streaming::<_, _, HelloReply, _>(
+            tonic::Request::new(messages),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    send(&mut sender, "open").await;
+    assert_eq!(
+        echoes.message().await.unwrap().unwrap().message,
+        "echo open"
+    );
+    let full = hello().await.unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    drop(sender);
+    assert!(read_to_end(echoes).await.is_empty());
+    until_free(&bulkhead).await;
+
+    // The refused call's permit came back: two calls still go.
+    hello().await.unwrap();
+    hello().await.unwrap();
+    let spent = hello().await.unwrap_err();
+    let mut chain = std::iter::successors(Some(&spent as &dyn std::error::Error), |e| e.source());
+    assert!(chain.any(|e| e.is::<QuotaExhausted>()), "{spent:?}");
+    assert_eq!(outbound::retry_after(&spent), Some(Duration::from_secs(30)));
+    assert_eq!(
+        bulkhead.snapshot().total_permitted,
+        3,
+        "the spent call went nowhere"
+    );
+}
