@@ -16,7 +16,7 @@ use base64::Engine;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use tonic::Code;
 
 use super::decide::Outcome;
@@ -26,6 +26,10 @@ use crate::head::RequestHead;
 
 /// gRPC's retry pushback (A6): milliseconds to wait, or a negative value for "do not retry".
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+// Named once: a name given as a `&str` is parsed again at each insert.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_STATUS_DETAILS_BIN: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// Whether `request` is a gRPC call: its content type is `application/grpc`, alone or with a
 /// `+format` or parameters (whatever the HTTP version: an HTTP/1.1 request claiming gRPC is
@@ -62,38 +66,57 @@ fn retry_delay(refusal: &Refusal<'_>) -> Option<Duration> {
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
 ///
 /// Written here rather than through tonic's `Status` and tonic-types' `ErrorDetails`, which
-/// made a refusal cost twice an HTTP refusal (`benches/grpc.rs`): the `google.rpc.Status`
-/// is a few length-delimited fields, written with prost's own encoders.
+/// made a refusal cost twice an HTTP refusal (`benches/grpc.rs`): the message and the
+/// `google.rpc.Status` are each written once into a buffer of their exact size, and handed to
+/// their header values without a copy.
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
-    let violated: Vec<&str> = refusal.violated_policies().collect();
+    let violated = refusal.violated_policies();
     let delay = retry_delay(refusal);
-    let message = match delay {
-        Some(delay) => format!(
-            "rate limit exceeded: {}; retry in {} ms",
-            violated.join(", "),
-            delay.as_millis()
+    let mut millis = itoa::Buffer::new();
+    let (head, tail) = match delay {
+        Some(delay) => (
+            "rate limit exceeded: ",
+            ["; retry in ", millis.format(delay.as_millis()), " ms"],
         ),
-        None => format!(
-            "rate limit exceeded: the call costs more than {} can ever admit",
-            violated.join(", ")
+        None => (
+            "rate limit exceeded: the call costs more than ",
+            [" can ever admit", "", ""],
         ),
     };
-    let details = status_details(&message, delay, &violated);
+    // Of the exact size: a `Bytes` made of a `String` with room to spare would allocate again.
+    let names: usize = violated.clone().map(|name| name.len() + 2).sum();
+    let mut message = String::with_capacity(
+        head.len() + names.saturating_sub(2) + tail.iter().map(|part| part.len()).sum::<usize>(),
+    );
+    message.push_str(head);
+    for (i, name) in violated.clone().enumerate() {
+        if i > 0 {
+            message.push_str(", ");
+        }
+        message.push_str(name);
+    }
+    tail.iter().for_each(|part| message.push_str(part));
+    let details = status_details(&message, delay, violated);
     let mut response = Response::new(Bytes::new());
     // Room for the five gRPC fields and the rate-limit ones, without growing.
     *response.headers_mut() = http::HeaderMap::with_capacity(12);
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert("grpc-status", HeaderValue::from_static("8"));
+    headers.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+    // Into a buffer of the exact size (`encode_string` goes through a chunked encoder).
+    let mut encoded = vec![0; base64::encoded_len(details.len(), false).unwrap_or(0)];
+    let written = STANDARD_NO_PAD.encode_slice(&details, &mut encoded).unwrap_or(0);
+    encoded.truncate(written);
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
+        headers.insert(GRPC_STATUS_DETAILS_BIN, value);
+    }
     // Policy names are printable ASCII: of the message, only `%` needs escaping (gRPC's
     // percent-encoding of `grpc-message`).
-    let escaped = message.replace('%', "%25");
-    if let Ok(value) = HeaderValue::from_str(&escaped) {
-        headers.insert("grpc-message", value);
+    if message.contains('%') {
+        message = message.replace('%', "%25");
     }
-    let encoded = STANDARD_NO_PAD.encode(details);
-    if let Ok(value) = HeaderValue::from_str(&encoded) {
-        headers.insert("grpc-status-details-bin", value);
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(message)) {
+        headers.insert(GRPC_MESSAGE, value);
     }
     // Negative: do not retry (A6), for a call that no wait lets through.
     let pushback = delay.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -102,60 +125,94 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     response
 }
 
-/// A `google.rpc.Status` of `RESOURCE_EXHAUSTED` with `message`, a `RetryInfo` of `delay` and a
-/// `QuotaFailure` naming each `violated` policy, as protobuf.
-fn status_details(message: &str, delay: Option<Duration>, violated: &[&str]) -> Vec<u8> {
-    let mut status = Vec::with_capacity(160 + message.len());
-    encode_key(1, WireType::Varint, &mut status);
-    encode_varint(Code::ResourceExhausted as u64, &mut status);
-    bytes_field(&mut status, 2, message.as_bytes());
-    if let Some(delay) = delay {
-        // google.protobuf.Duration { seconds = 1; nanos = 2 } inside RetryInfo { retry_delay = 1 }.
-        let mut duration = Vec::with_capacity(12);
-        encode_key(1, WireType::Varint, &mut duration);
-        encode_varint(delay.as_secs(), &mut duration);
-        encode_key(2, WireType::Varint, &mut duration);
-        encode_varint(u64::from(delay.subsec_nanos()), &mut duration);
-        let mut retry = Vec::with_capacity(16);
-        bytes_field(&mut retry, 1, &duration);
-        any(
-            &mut status,
-            "type.googleapis.com/google.rpc.RetryInfo",
-            &retry,
-        );
-    }
-    // QuotaFailure { repeated Violation violations = 1 }, Violation { subject = 1; description = 2 }.
-    let mut failure = Vec::with_capacity(64 * violated.len());
-    for name in violated {
-        let mut violation = Vec::with_capacity(name.len() + QUOTA_SPENT.len() + 4);
-        bytes_field(&mut violation, 1, name.as_bytes());
-        bytes_field(&mut violation, 2, QUOTA_SPENT.as_bytes());
-        bytes_field(&mut failure, 1, &violation);
-    }
-    any(
-        &mut status,
-        "type.googleapis.com/google.rpc.QuotaFailure",
-        &failure,
-    );
-    status
-}
+/// `google.rpc.RetryInfo` and `google.rpc.QuotaFailure`, as the type URLs of their `Any`.
+const RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
+const QUOTA_FAILURE: &str = "type.googleapis.com/google.rpc.QuotaFailure";
 
 /// What each violation of a refusal's `QuotaFailure` says.
 const QUOTA_SPENT: &str = "the rate-limit policy's quota is spent";
 
-/// A length-delimited field `tag` holding `bytes`.
-fn bytes_field(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(bytes.len() as u64, buf);
-    buf.extend_from_slice(bytes);
+/// A `google.rpc.Status` of `RESOURCE_EXHAUSTED` with `message`, a `RetryInfo` of `delay` and a
+/// `QuotaFailure` naming each `violated` policy, as protobuf: each message's size is known
+/// before it is written, so one buffer of the exact size holds them all.
+///
+/// `Status { code = 1; message = 2; repeated Any details = 3 }`,
+/// `Any { type_url = 1; value = 2 }`, `RetryInfo { Duration retry_delay = 1 }`,
+/// `Duration { seconds = 1; nanos = 2 }`, `QuotaFailure { repeated Violation violations = 1 }`,
+/// `Violation { subject = 1; description = 2 }`.
+fn status_details<'a>(
+    message: &str,
+    delay: Option<Duration>,
+    violated: impl Iterator<Item = &'a str> + Clone,
+) -> Vec<u8> {
+    let violation = |name: &str| field_len(name.len()) + field_len(QUOTA_SPENT.len());
+    let failure: usize = violated
+        .clone()
+        .map(|name| field_len(violation(name)))
+        .sum();
+    let failure_any = field_len(QUOTA_FAILURE.len()) + field_len(failure);
+    // The duration's size, the `RetryInfo`'s, and its `Any`'s.
+    let retry = delay.map(|delay| {
+        let duration = 2
+            + encoded_len_varint(delay.as_secs())
+            + encoded_len_varint(u64::from(delay.subsec_nanos()));
+        let info = field_len(duration);
+        (
+            delay,
+            duration,
+            info,
+            field_len(RETRY_INFO.len()) + field_len(info),
+        )
+    });
+    let code = Code::ResourceExhausted as u64;
+    let total = 1
+        + encoded_len_varint(code)
+        + field_len(message.len())
+        + retry.map_or(0, |(.., any)| field_len(any))
+        + field_len(failure_any);
+
+    let mut status = Vec::with_capacity(total);
+    encode_key(1, WireType::Varint, &mut status);
+    encode_varint(code, &mut status);
+    bytes_field(&mut status, 2, message.as_bytes());
+    if let Some((delay, duration, info, any)) = retry {
+        length(&mut status, 3, any);
+        bytes_field(&mut status, 1, RETRY_INFO.as_bytes());
+        length(&mut status, 2, info);
+        length(&mut status, 1, duration);
+        encode_key(1, WireType::Varint, &mut status);
+        encode_varint(delay.as_secs(), &mut status);
+        encode_key(2, WireType::Varint, &mut status);
+        encode_varint(u64::from(delay.subsec_nanos()), &mut status);
+    }
+    length(&mut status, 3, failure_any);
+    bytes_field(&mut status, 1, QUOTA_FAILURE.as_bytes());
+    length(&mut status, 2, failure);
+    for name in violated {
+        length(&mut status, 1, violation(name));
+        bytes_field(&mut status, 1, name.as_bytes());
+        bytes_field(&mut status, 2, QUOTA_SPENT.as_bytes());
+    }
+    debug_assert_eq!(status.len(), total);
+    status
 }
 
-/// A `google.protobuf.Any { type_url = 1; value = 2 }` of `value`, as `Status`'s field 3.
-fn any(status: &mut Vec<u8>, type_url: &str, value: &[u8]) {
-    let mut any = Vec::with_capacity(type_url.len() + value.len() + 6);
-    bytes_field(&mut any, 1, type_url.as_bytes());
-    bytes_field(&mut any, 2, value);
-    bytes_field(status, 3, &any);
+/// The size of a length-delimited field of `len` bytes: its key (one byte: every tag here is
+/// below 16), the length, the bytes.
+fn field_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+/// The key and length of a length-delimited field `tag` of `len` bytes, which follow.
+fn length(buf: &mut Vec<u8>, tag: u32, len: usize) {
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+}
+
+/// A length-delimited field `tag` holding `bytes`.
+fn bytes_field(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
+    length(buf, tag, bytes.len());
+    buf.extend_from_slice(bytes);
 }
 
 /// The gRPC answer for what the layer answers over HTTP with `status` and `detail`: no key for
