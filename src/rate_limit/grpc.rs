@@ -105,7 +105,9 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     headers.insert(GRPC_STATUS, HeaderValue::from_static("8"));
     // Into a buffer of the exact size (`encode_string` goes through a chunked encoder).
     let mut encoded = vec![0; base64::encoded_len(details.len(), false).unwrap_or(0)];
-    let written = STANDARD_NO_PAD.encode_slice(&details, &mut encoded).unwrap_or(0);
+    let written = STANDARD_NO_PAD
+        .encode_slice(&details, &mut encoded)
+        .unwrap_or(0);
     encoded.truncate(written);
     if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(encoded)) {
         headers.insert(GRPC_STATUS_DETAILS_BIN, value);

@@ -657,3 +657,71 @@ async fn a_policy_name_with_a_percent_sign_reaches_the_client_as_written() {
     let quota = status.get_error_details().quota_failure().unwrap().clone();
     assert_eq!(quota.violations[0].subject, "50% of the plan");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// The refusal's `grpc-status-details-bin`, written by hand into a buffer of its exact size,
+    /// is a `google.rpc.Status` tonic-types decodes, whatever the policies: one to three names
+    /// of any printable ASCII up to the longest allowed (so that every length of the message
+    /// and the details crosses a varint boundary), periods down to the nanosecond. Its code is
+    /// `RESOURCE_EXHAUSTED`, its message is the `grpc-message` (percent-decoded) as grpcio
+    /// requires, its `RetryInfo` is the `grpc-retry-pushback-ms` and its `QuotaFailure` names
+    /// each refusing policy, in order.
+    #[test]
+    fn the_refusals_details_decode_for_any_policy_names_and_delays(
+        policies in proptest::collection::vec(
+            ("[ -~]{1,64}", 1u64..10_000_000_000_000),
+            1..4,
+        ),
+    ) {
+        use tower::ServiceExt;
+
+        let set: Vec<_> = policies
+            .iter()
+            .map(|(name, nanos)| {
+                let quota = Quota::with_period(1, Duration::from_nanos(*nanos)).unwrap();
+                let limiter = KeyedRateLimiter::<()>::builder(quota).clock(ManualClock::new()).build();
+                Policy::new(name.clone(), GlobalKey, limiter).unwrap()
+            })
+            .collect();
+        let service = tower::Layer::layer(
+            &RateLimitLayer::new(set),
+            tower::service_fn(|_: http::Request<axum::body::Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let call = || {
+            let request = http::Request::builder()
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            runtime.block_on(service.clone().oneshot(request)).unwrap()
+        };
+        call();
+        let refused = call();
+        let headers = refused.headers();
+        proptest::prop_assert_eq!(headers.get("grpc-status").unwrap(), "8");
+        let status = Status::from_header_map(headers).unwrap();
+        let details = <tonic_types::pb::Status as prost::Message>::decode(status.details()).unwrap();
+        proptest::prop_assert_eq!(details.code, Code::ResourceExhausted as i32);
+        proptest::prop_assert_eq!(&details.message, status.message());
+        let names: Vec<&str> = policies.iter().map(|(name, _)| name.as_str()).collect();
+        proptest::prop_assert!(status.message().contains(&names.join(", ")), "{}", status.message());
+        let errors = status.get_error_details();
+        let subjects: Vec<&str> = (errors.quota_failure().unwrap().violations.iter())
+            .map(|v| v.subject.as_str())
+            .collect();
+        proptest::prop_assert_eq!(subjects, names);
+        let pushback: u64 = (headers.get("grpc-retry-pushback-ms").unwrap().to_str().unwrap())
+            .parse()
+            .unwrap();
+        let longest = policies.iter().map(|(_, nanos)| *nanos).max().unwrap();
+        proptest::prop_assert_eq!(pushback, longest.div_ceil(1_000_000));
+        proptest::prop_assert_eq!(
+            errors.retry_info().unwrap().retry_delay,
+            Some(Duration::from_millis(pushback))
+        );
+    }
+}
