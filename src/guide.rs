@@ -294,3 +294,18 @@
 //! | adaptive bulkheads from config | any `min_limit`, `initial_limit`, `max_limit` is built exactly or refused naming the bound, never a panic; every layer of one name shares one limit; a configured limit falls under a dependency answering `503`; a reload refuses any change whole | `tests/config/adaptive.rs` |
 //! | from config | every bad value of a `[pushbacks.*]` or `[client_quotas.*]` table (any text for a duration, a pacing or a limiter's name, under any instance name) is built or refused naming its path, never a panic; a client quota's layers and clones share one quota (in Redis, across registries); a reload changes its limiter's quota under the layers built and refuses any other change whole | `tests/config/outbound.rs` |
 //! | metrics | each pushback and client quota outcome, and each reason for a hold, is counted once per event, built by hand or from a file; the admitted path of both layers allocates nothing | `tests/outbound/metrics.rs` |
+//!
+//! # gRPC
+//!
+//! With the `grpc` feature, the rate-limit layer's own answers to a gRPC call are gRPC statuses,
+//! trailers-only; the outbound layers read a gRPC dependency's; a bulkhead's refusal is a status
+//! tonic answers.
+//!
+//! | promise | proved by |
+//! |---|---|
+//! | tonic and grpcio (C-core, not ours) see `RESOURCE_EXHAUSTED`, the pushback in whole milliseconds, never 0, and a decodable `RetryInfo` on the sixth rapid call; grpcio does not retry a refusal when its policy lists only `UNAVAILABLE`, and with `RESOURCE_EXHAUSTED` waits at least the pushback | `tests/rate_limit/grpc.rs` (`grpcio_*`, `the_sixth_rapid_call_*`) |
+//! | the refusal's `google.rpc.Status` decodes for any policy names and periods; its message is `grpc-message`, as grpcio requires | `the_refusals_details_decode_for_any_policy_names_and_delays` |
+//! | hostile requests (any content type, `grpc-timeout` of any shape, metadata of any bytes, HTTP/1.1 claiming gRPC) get a gRPC answer exactly when they are gRPC, never a panic, and spend only what reached the handler | `hostile_grpc_requests_get_a_clear_answer_and_spend_only_what_was_admitted` |
+//! | a streaming call (server-streaming, bidirectional) is decided once, at its start; a server bulkhead holds its permit until the stream is read to its end or dropped, and refuses others with `RESOURCE_EXHAUSTED` | `tests/rate_limit/grpc_streaming.rs` |
+//! | a pushback holds calls for a gRPC answer's delay, trailers-only or (with `read_trailers`) in trailers; a negative, unreadable or absurd one holds nothing beyond what it says, never a panic | `a_pushback_reading_trailers_holds_calls_for_a_refusal_that_comes_last`, `hostile_grpc_answers_set_no_hold_beyond_what_they_say` |
+//! | a client quota on a `Channel` gives back the permit of a call refused below it | `a_client_quota_on_a_channel_counts_calls_per_method_and_only_those_sent` |
