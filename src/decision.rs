@@ -110,6 +110,9 @@ pub(crate) enum Source {
     /// A Redis limiter's fail mode, while Redis could not decide.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     RedisFailMode,
+    /// A share of a Redis limiter's key leased to this instance; `reserved_at` is the lease.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RedisLease,
 }
 
 /// For the loom models (`loom/`), which check the algorithms through the public API but need to

@@ -13,7 +13,9 @@ use super::key::KeyLayout;
 use super::limiter::Inner;
 use super::offset::ClockOffset;
 use super::script::{LimiterScript, ScriptQuota};
-use super::{BuildError, HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use super::{
+    BuildError, HashTag, Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::Quota;
 
@@ -41,6 +43,7 @@ struct Settings {
     fail_mode: RedisFailMode,
     probe_interval: Duration,
     cache_capacity: usize,
+    lease: Option<Lease>,
 }
 
 impl fmt::Debug for RedisRateLimiterBuilder {
@@ -65,6 +68,7 @@ impl RedisRateLimiterBuilder {
                 fail_mode: RedisFailMode::default(),
                 probe_interval: Duration::from_millis(250),
                 cache_capacity: 100_000,
+                lease: None,
             },
             client_clock: None,
         }
@@ -123,6 +127,37 @@ impl RedisRateLimiterBuilder {
         self
     }
 
+    /// Leases the keys' permits in shares (GCRA only): an instance takes a share of a key's
+    /// burst in one script call and admits from it without a round trip until it is spent or
+    /// its [`length`](Lease::length) is up, so a key with a large quota is not bound by one
+    /// Redis core and its admitted requests do not wait for the network. Exact across
+    /// instances: Redis counts a lease's permits as taken until it comes back or ends, so what
+    /// every instance admits together keeps to the quota.
+    ///
+    /// What it changes:
+    ///
+    /// * A share follows the instance's demand, up to [`max_share`](Lease::max_share) (an eighth
+    ///   of the burst by default): while the instances together want more than the quota, a
+    ///   lease is taken only once half the share can be had, and a refusal's `retry_after` is
+    ///   when that is.
+    /// * An admission's `remaining` is what is left of the instance's share (what it can admit
+    ///   without asking), not what Redis has left for all of them.
+    /// * A refund goes back to the share it came from while that lease lasts; after, the
+    ///   permits stay spent. A settle's debt is taken from the share, or charged in Redis.
+    /// * An instance that dies holding a lease leaves its permits unused until twice the
+    ///   lease's length has passed (the quota is under-used, never over-used).
+    /// * At most 64 instances hold a lease of one key at once; the others are refused until
+    ///   one is given back.
+    ///
+    /// # Errors
+    ///
+    /// [`build`](Self::build) refuses leases with another algorithm than GCRA, a share of 0 or
+    /// above the burst, or a length of zero or too long for the scripts' arithmetic.
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.settings.lease = Some(lease);
+        self
+    }
+
     /// The most refused keys the local cache holds (default 100 000); zero turns the cache off,
     /// so that every request goes to Redis, even for a key known to be refused.
     pub fn refusal_cache_capacity(mut self, capacity: usize) -> Self {
@@ -149,6 +184,10 @@ impl RedisRateLimiterBuilder {
         if settings.timeout.is_zero() {
             return Err(BuildError::new("the timeout must be longer than zero"));
         }
+        let leases = settings
+            .lease
+            .map(|lease| lease.leases(&quota))
+            .transpose()?;
         let clock = self.client_clock;
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
@@ -162,6 +201,7 @@ impl RedisRateLimiterBuilder {
                 cache: (settings.cache_capacity > 0)
                     .then(|| RefusalCache::new(settings.cache_capacity)),
                 cached_refusals: AtomicU64::new(0),
+                leases,
                 offset: ClockOffset::default(),
             }),
         })

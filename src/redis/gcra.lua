@@ -5,32 +5,137 @@
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
 -- it was a reservation (it waited), '0' if it was admitted at once.
+--
+-- Leases (ops 'l' and 'u'): shares of the burst that an instance admits from without asking.
+-- The key then holds ";<id>,<permits>,<end>" after "<tat>:<latest>" for each lease out. While a
+-- lease is out, its permits count as taken at every instant until it ends or comes back: the
+-- key's TAT is at least now + (permits out) * interval, so the permits this key can still hand
+-- out and those in leases are never more than the burst together, and the bucket refills only
+-- below that. A lease that comes back at `now` with `unused` permits leaves the TAT where its
+-- pinning had it at `now`, less the unused ones; one that ends without coming back (its
+-- instance died, or was too late) leaves it where its pinning had it at its end.
+-- 'l': ARGV[4] the fewest permits worth a lease (the cost of the request asking, or more),
+--      ARGV[5] the lease's length in ticks, ARGV[11] the permits wanted (at least ARGV[4]),
+--      ARGV[12] the new lease's id, ARGV[13] the id of a lease given back in the same call ('0'
+--      for none) and ARGV[14] its unused permits. Reply: { 4, permits, end, remaining, time },
+--      or a refusal as a decision's, whose retry_after is when ARGV[4] permits can be had.
+-- 'u': ARGV[11] the unused permits and ARGV[12] the id of the lease that comes back.
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
 local tat, latest = 0, 0
+-- The leases out, by id: { permits, end }.
+local leases, out = {}, 0
+local MAX_LEASES = 64
 do
   local raw = redis.call('GET', key)
   if raw then
-    local t, l = string.match(raw, '^([^:]*):([^:]*)$')
+    local head = string.match(raw, '^[^;]*')
+    local t, l = string.match(head, '^([^:]*):([^:]*)$')
     if t then
       tat, latest = stored(t, 0), stored(l, 0)
     else
-      tat = stored(raw, 0)
+      tat = stored(head, 0)
+    end
+    for id, permits, ends in string.gmatch(raw, ';([^,;]*),([^,;]*),([^,;]*)') do
+      leases[stored(id, 0)] = { stored(permits, 0), stored(ends, 0) }
     end
   end
 end
 now = math.max(now, latest)
 
+-- Leases that ended by `now` stop counting, each at its end, in the order they ended: the TAT
+-- is first raised to where their pinning had it then.
+do
+  local ended = {}
+  for id, lease in pairs(leases) do
+    out = out + lease[1]
+    if lease[2] <= now then
+      table.insert(ended, id)
+    end
+  end
+  table.sort(ended, function(a, b) return leases[a][2] < leases[b][2] end)
+  for _, id in ipairs(ended) do
+    local lease = leases[id]
+    tat = math.max(tat, lease[2] + out * interval)
+    out = out - lease[1]
+    leases[id] = nil
+  end
+end
+
+-- The TAT with the leases out pinned at `now`.
+local function pinned()
+  return math.max(tat, now + out * interval)
+end
+
+-- Gives back the lease `id` with `unused` permits, if it is still out.
+local function give_back(id, unused)
+  local lease = leases[id]
+  if not lease then
+    return
+  end
+  tat = math.max(pinned() - math.min(unused, lease[1]) * interval, now)
+  out = out - lease[1]
+  leases[id] = nil
+end
+
 local function save(t, l)
-  if t > now then
-    redis.call('SET', key, int(t) .. ':' .. int(l))
-    expire_in(key, t - now)
+  local value, last = int(t) .. ':' .. int(l), t
+  for id, lease in pairs(leases) do
+    value = value .. ';' .. int(id) .. ',' .. int(lease[1]) .. ',' .. int(lease[2])
+    last = math.max(last, lease[2])
+  end
+  if last > now then
+    redis.call('SET', key, value)
+    expire_in(key, last - now)
   else
     -- A TAT in the past carries no information.
     redis.call('DEL', key)
   end
+end
+
+if op == 'u' then
+  local unused, id = count_arg(ARGV[11]), count_arg(ARGV[12])
+  if not unused or not id then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+  give_back(id, unused)
+  save(tat, now)
+  return refunded()
+end
+
+if op == 'l' then
+  local length, wanted, id = arg5, count_arg(ARGV[11]), count_arg(ARGV[12])
+  local back, unused = count_arg(ARGV[13]), count_arg(ARGV[14])
+  if not wanted or not id or id == 0 or not back or not unused or wanted < cost or length < 1 then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+  if back > 0 then
+    give_back(back, unused)
+  end
+  local base = pinned()
+  local available = idiv(math.max(now + horizon - base, 0), interval)
+  local count = 0
+  for _ in pairs(leases) do
+    count = count + 1
+  end
+  if available < cost or leases[id] or count >= MAX_LEASES then
+    -- Nothing leased: when `cost` permits can be had (always later than now: the burst
+    -- holds at least the cost, as the client checks). A full table of leases, or an id
+    -- already out, is refused the same way, for now.
+    local wait = math.max(base + interval * cost - horizon - now, 1)
+    if back > 0 then
+      save(tat, now)
+    end
+    return decision(0, available, wait, base - now, 0, 0, 0)
+  end
+  local permits = math.min(wanted, available)
+  tat = base + permits * interval
+  out = out + permits
+  leases[id] = { permits, now + length }
+  save(tat, now)
+  return { 4, permits, now + length, available - permits, server_time }
 end
 
 if op == 'r' then
@@ -63,12 +168,12 @@ end
 if op == 'c' then
   -- The TAT moves on by the charge, past the burst if it must (as `Gcra::charge`), and no
   -- further than the arithmetic stays exact (2^53 - 1).
-  save(math.min(math.max(tat, now) + interval * cost, 9007199254740991), now)
+  save(math.min(pinned() + interval * cost, 9007199254740991), now)
   return refunded()
 end
 
 local max_wait = arg5
-local base = math.max(tat, now)
+local base = pinned()
 local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then

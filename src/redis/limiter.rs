@@ -13,6 +13,7 @@ use super::cache::RefusalCache;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
+use super::lease::{LeaseCounts, Leases};
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
 use super::script::{Operation, ScriptQuota, MAX_NOW};
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     pub(super) breaker: Breaker,
     pub(super) cache: Option<RefusalCache>,
     pub(super) cached_refusals: AtomicU64,
+    /// The shares of keys leased to this instance, when leases are on.
+    pub(super) leases: Option<Leases>,
     /// The offset between `clock` and the server's `TIME`, from the replies so far.
     pub(super) offset: ClockOffset,
 }
@@ -123,6 +126,12 @@ impl RedisRateLimiter {
         self.inner.breaker.failures()
     }
 
+    /// What the leases of this limiter have done ([`lease`](RedisRateLimiterBuilder::lease));
+    /// all zero without them.
+    pub fn lease_counts(&self) -> LeaseCounts {
+        (self.inner.leases.as_ref()).map_or_else(LeaseCounts::default, Leases::counts)
+    }
+
     /// How many refusals were answered from the local cache, without a round trip.
     pub fn cached_refusals(&self) -> u64 {
         self.inner.cached_refusals.load(Ordering::Relaxed)
@@ -184,6 +193,14 @@ impl RedisRateLimiter {
         }
         let max_wait = if wait { quota.max_wait } else { 0 };
         let redis_key = inner.keys.redis_key(key);
+        if let Some(leases) = &inner.leases {
+            let share = leases.existing(&redis_key);
+            let now = inner.clock.now();
+            if let Some(decision) = share.and_then(|s| leases.take(&s, cost, now, quota.gcra())) {
+                let decision = inner.stamp(decision, &redis_key, cost);
+                return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
+            }
+        }
         if let Some(cache) = &inner.cache {
             let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
             if let Some(refusal) = cache.check(&redis_key, cost, inner.clock.now(), max_wait_nanos)
@@ -195,7 +212,12 @@ impl RedisRateLimiter {
         let call = {
             let inner = Arc::clone(inner);
             let key = redis_key.clone();
-            async move { inner.decide(&quota, key, cost, max_wait).await }
+            async move {
+                match &inner.leases {
+                    Some(_) => inner.lease_decide(&quota, key, cost, max_wait).await,
+                    None => inner.decide(&quota, key, cost, max_wait).await,
+                }
+            }
         };
         ReserveFuture(ReserveState::InFlight {
             call: Box::pin(call),
@@ -305,11 +327,99 @@ impl Inner {
         }
     }
 
+    /// Marks `decision` as this limiter's, for `key` (its Redis key), of `cost` permits.
+    fn stamp(&self, decision: Decision, key: &str, cost: u32) -> Decision {
+        (decision.of_cost(cost).for_key(fingerprint(key))).made_by(self.store.id)
+    }
+
+    /// Decides on `cost` permits for `key` from a lease: the share this instance holds, or a
+    /// new one that one script call takes (giving the spent one back), while the key's other
+    /// calls wait for it and then admit from it. A key without room for a share, or a call that
+    /// may wait and finds no lease to be had, is decided as without leases.
+    pub(super) async fn lease_decide(
+        self: &Arc<Self>,
+        quota: &ScriptQuota,
+        key: String,
+        cost: u32,
+        max_wait: u64,
+    ) -> Result<Decision, BoxError> {
+        let leases = self.leases.as_ref().expect("called with leases");
+        let Some(share) = leases.share(&key) else {
+            return self.decide(quota, key, cost, max_wait).await;
+        };
+        let one_at_a_time = share.refill.lock().await;
+        if let Some(decision) = leases.take(&share, cost, self.clock.now(), quota.gcra()) {
+            return Ok(self.stamp(decision, &key, cost));
+        }
+        let sent = self.clock.now();
+        let ask = leases.ask(&share, cost, sent);
+        // Redis keeps a lease twice as long as the instance admits from it, so that a share
+        // given back soon after its end still comes back.
+        let length = u64::try_from(leases.length().as_nanos() * 2).unwrap_or(u64::MAX);
+        let operation = Operation::Lease {
+            length: length.div_ceil(quota.tick_nanos),
+            wanted: ask.wanted,
+            id: ask.id,
+            back: ask.back,
+            unused: ask.unused,
+        };
+        let call = self.run_script(quota, &key, operation, ask.fewest);
+        let decision = match self.bounded(quota, &key, call).await {
+            Ok(Reply::Leased { permits, .. }) => {
+                let permits = u32::try_from(permits).unwrap_or(u32::MAX);
+                let decision = leases.granted(&share, &ask, permits, cost, sent, quota.gcra());
+                drop(one_at_a_time);
+                self.give_back_at_end(key.clone(), ask.id);
+                decision
+            }
+            Ok(Reply::Decision(refused, _)) if !refused.allowed => {
+                drop(one_at_a_time);
+                if max_wait > 0 {
+                    return self.decide(quota, key, cost, max_wait).await;
+                }
+                if let Some(cache) = &self.cache {
+                    cache.insert(&key, cost, self.clock.now(), &refused);
+                }
+                refused
+            }
+            Ok(other) => {
+                let failure = RedisFailure::BadReply(format!("{other:?} is not a lease"));
+                return self.fail_mode.decide(quota.limit, key, cost, failure);
+            }
+            Err(failure) => return self.fail_mode.decide(quota.limit, key, cost, failure),
+        };
+        Ok(self.stamp(decision, &key, cost))
+    }
+
+    /// When the lease `id` of `key` is over, gives its unused permits back to Redis, unless a
+    /// later call has given it back already.
+    ///
+    /// The task holds the limiter weakly: a limiter dropped meanwhile gives nothing back, and
+    /// Redis ends the lease by itself.
+    fn give_back_at_end(self: &Arc<Self>, key: String, id: u64) {
+        let inner = Arc::downgrade(self);
+        let length = self.leases.as_ref().map_or(Duration::ZERO, |l| l.length());
+        tokio::spawn(async move {
+            tokio::time::sleep(length).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let leases = inner.leases.as_ref().expect("spawned with leases");
+            if let Some((id, unused)) = leases.expire(&key, id) {
+                let quota = inner.quota.load_full();
+                let operation = Operation::GiveBackLease { id, unused };
+                let call = inner.run_script(&quota, &key, operation, 0);
+                // Failures are counted and logged inside; the lease ends in Redis anyway.
+                let _ = inner.bounded(&quota, &key, call).await;
+            }
+        });
+    }
+
     /// Whether `decision` is an admission of this limiter's for `key` (its Redis key): made in
     /// Redis through this limiter's store for that key, or by a fail mode.
     fn takes_back(&self, key: &str, decision: &Decision) -> bool {
         decision.allowed
-            && (decision.source != Source::State
+            && (decision.source == Source::RedisFailMode
                 || decision.is_from(self.store.id, fingerprint(key)))
     }
 
@@ -341,13 +451,29 @@ impl Inner {
             // Settled to its estimate: nothing changes.
             return Some(None);
         }
-        let made_by_redis = decision.source == Source::State;
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
-        if !made_by_redis {
-            self.fail_mode.change(key, decision, change);
-            return Some(None);
+        match (decision.source, &self.leases) {
+            (Source::RedisFailMode, _) => {
+                self.fail_mode.change(key, decision, change);
+                return Some(None);
+            }
+            // From a lease: back to its share while it lasts, or a debt taken from it; a debt
+            // the share cannot pay is charged in Redis.
+            (Source::RedisLease, Some(leases)) => match change {
+                Change::GiveBack(cost) => {
+                    leases.refund(&key, decision.reserved_at, decision.refundable(cost));
+                    return Some(None);
+                }
+                Change::Charge { estimate, cost } => {
+                    let debt = cost.saturating_sub(estimate);
+                    if leases.charge(&key, decision.reserved_at, debt, self.clock.now()) {
+                        return Some(None);
+                    }
+                }
+            },
+            _ => {}
         }
         let refund = Operation::Refund {
             charged_at: decision.reserved_at,

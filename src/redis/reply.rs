@@ -26,13 +26,23 @@ pub(crate) enum Reply {
     Late(u64),
     /// A refund was applied.
     Refunded(u64),
+    /// A lease of `permits` until `end` (the script's ticks), `remaining` left in Redis.
+    Leased {
+        permits: u64,
+        end: u64,
+        remaining: u64,
+        time: u64,
+    },
 }
 
 impl Reply {
     /// The server's `TIME` when the script ran, in microseconds.
     pub(crate) fn server_time(&self) -> u64 {
         match *self {
-            Reply::Decision(_, time) | Reply::Late(time) | Reply::Refunded(time) => time,
+            Reply::Decision(_, time)
+            | Reply::Late(time)
+            | Reply::Refunded(time)
+            | Reply::Leased { time, .. } => time,
         }
     }
 }
@@ -66,7 +76,8 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
             .filter(|&name| with_tat || name != "state_after")
             .collect(),
         2 | 3 => vec!["status", "time"],
-        n => return Err(bad(format!("the status is neither 0, 1, 2 nor 3 ({n})"))),
+        4 if with_tat => vec!["status", "permits", "end", "remaining", "time"],
+        n => return Err(bad(format!("the status is not one a script answers ({n})"))),
     };
     if items.len() != names.len() {
         let (expected, got) = (names.len(), items.len());
@@ -88,6 +99,22 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     match status {
         2 => return Ok(Reply::Late(time)),
         3 => return Ok(Reply::Refunded(time)),
+        4 => {
+            let (permits, remaining) = (field("permits")?, field("remaining")?);
+            if permits == 0 || permits.saturating_add(remaining) > quota.limit {
+                return Err(bad(format!(
+                    "a lease of {permits} with {remaining} left exceeds the limit ({})",
+                    quota.limit
+                )));
+            }
+            let end = instant("end")?;
+            return Ok(Reply::Leased {
+                permits,
+                end,
+                remaining,
+                time,
+            });
+        }
         _ => {}
     }
     let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
@@ -222,7 +249,13 @@ mod tests {
             ),
             (ints(&[2]), "expected 2 integers, got 1"),
             (ints(&[3, 1, 2]), "expected 2 integers, got 3"),
-            (ints(&[4, 0]), "the status is neither"),
+            (ints(&[5, 0]), "the status is not one a script answers"),
+            // A lease: status 4, permits, end, remaining, time.
+            (ints(&[4, 0]), "expected 5 integers, got 2"),
+            (ints(&[4, 0, 9, 3, 1]), "a lease of 0 with 3 left"),
+            (ints(&[4, 8, 9, 3, 1]), "exceeds the limit (10)"),
+            (ints(&[4, 2, 1 << 53, 3, 1]), "`end` is out of range"),
+            (ints(&[4, 2, 9, -3, 1]), "`remaining` is negative"),
             (ints(&[-1, 0]), "`status` is negative"),
             (ints(&[2, -5]), "`time` is negative"),
             (ints(&[2, 1 << 53]), "`time` is out of range"),

@@ -103,6 +103,17 @@ pub(crate) enum Operation {
     /// Charging the permits at the script's instant, never refused: what an admission cost
     /// beyond its estimate. A charge has no deadline, as a refund has none.
     Charge,
+    /// A lease of `wanted` permits (at least the call's cost) for `length` ticks under the id
+    /// `id`, giving back `back` (a lease id, 0 for none) with its `unused` permits first.
+    Lease {
+        length: u64,
+        wanted: u32,
+        id: u64,
+        back: u64,
+        unused: u32,
+    },
+    /// The lease `id` comes back with `unused` permits.
+    GiveBackLease { id: u64, unused: u32 },
 }
 
 /// A quota and the arguments a script takes for it, in the ticks the script works in.
@@ -198,6 +209,14 @@ impl ScriptQuota {
     }
 
     /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
+    /// The burst and emission interval (nanoseconds) a lease's decisions report on.
+    pub(crate) fn gcra(&self) -> crate::redis::lease::Gcra {
+        crate::redis::lease::Gcra {
+            limit: self.limit,
+            interval_nanos: self.per_permit().saturating_mul(self.tick_nanos),
+        }
+    }
+
     pub(crate) fn client_clock(&self) -> bool {
         self.tick_nanos == 1
     }
@@ -221,6 +240,8 @@ impl ScriptQuota {
             Operation::Decide { max_wait, deadline } => ("d", max_wait, deadline.to_string()),
             Operation::Refund { charged_at, .. } => ("r", charged_at, String::new()),
             Operation::Charge => ("c", 0, String::new()),
+            Operation::Lease { length, .. } => ("l", length, String::new()),
+            Operation::GiveBackLease { .. } => ("u", 0, String::new()),
         };
         let mut invocation = self.script.lua().prepare_invoke();
         invocation
@@ -243,8 +264,23 @@ impl ScriptQuota {
                 _ => invocation.arg(*arg),
             };
         }
-        if let Operation::Refund { left, reserved, .. } = operation {
-            invocation.arg(left).arg(u8::from(reserved));
+        match operation {
+            Operation::Refund { left, reserved, .. } => {
+                invocation.arg(left).arg(u8::from(reserved));
+            }
+            Operation::Lease {
+                wanted,
+                id,
+                back,
+                unused,
+                ..
+            } => {
+                invocation.arg(wanted).arg(id).arg(back).arg(unused);
+            }
+            Operation::GiveBackLease { id, unused } => {
+                invocation.arg(unused).arg(id);
+            }
+            Operation::Decide { .. } | Operation::Charge => {}
         }
         invocation
     }

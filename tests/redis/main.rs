@@ -22,6 +22,8 @@ mod faults;
 #[cfg(feature = "redis")]
 mod http_layer;
 #[cfg(feature = "redis")]
+mod lease;
+#[cfg(feature = "redis")]
 mod refund;
 #[cfg(feature = "redis")]
 mod settle;

@@ -1,0 +1,360 @@
+//! Leases of a key's permits (GCRA, [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease)):
+//! an instance takes a share of a key's burst from Redis in one script call and admits from it
+//! without asking, until the share is spent or its time is up.
+//!
+//! Redis counts a lease's permits as taken at every instant until the lease comes back or ends
+//! (see `gcra.lua`), so what Redis can still hand out and what the leases hold are never more
+//! than the burst together: the admissions of every instance together keep to the quota, as one
+//! GCRA would. The instance stops admitting from a lease before Redis's end of it can have come
+//! (its own clock, from before the call was sent, less 100 ppm of drift), and gives the unused
+//! permits back when it next asks, or when the lease's time is up.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
+use super::BuildError;
+use crate::decision::{Decision, Source};
+
+/// How a [`RedisRateLimiter`](super::RedisRateLimiter) leases shares of a key's permits; see
+/// [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lease {
+    max_share: Option<u32>,
+    length: Option<Duration>,
+}
+
+impl Lease {
+    /// Leases of at most an eighth of the burst, for a tenth of the quota's period (between a
+    /// millisecond and a second).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most permits one lease holds (at least 1, at most the burst). Each instance's share
+    /// follows its demand up to this: it doubles when a lease is spent before its end, and
+    /// halves when one ends with more than half unused.
+    pub fn max_share(mut self, permits: u32) -> Self {
+        self.max_share = Some(permits);
+        self
+    }
+
+    /// How long an instance admits from one lease. Permits that an instance which died holding
+    /// a lease took out come back to the others when it ends.
+    pub fn length(mut self, length: Duration) -> Self {
+        self.length = Some(length);
+        self
+    }
+}
+
+impl Lease {
+    /// The leases of a limiter of `quota`, checked.
+    pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
+        if quota.script != LimiterScript::Gcra {
+            return Err(BuildError::new(
+                "leases need the GCRA algorithm: a lease's permits count as taken at every \
+                 instant until it ends, which the window algorithms cannot express",
+            ));
+        }
+        let burst = quota.capacity;
+        let max_share = self.max_share.unwrap_or((burst / 8).max(1));
+        if max_share == 0 || max_share > burst {
+            return Err(BuildError::new(
+                "a lease's max_share must be at least 1 and at most the burst",
+            ));
+        }
+        let period = quota.quota.period() / 10;
+        let length = (self.length)
+            .unwrap_or_else(|| period.clamp(Duration::from_millis(1), Duration::from_secs(1)));
+        let nanos = u64::try_from(length.as_nanos()).unwrap_or(u64::MAX);
+        if nanos.div_ceil(quota.tick_nanos) == 0
+            || nanos.saturating_mul(2) / quota.tick_nanos > MAX_TICKS
+        {
+            return Err(BuildError::new(
+                "a lease's length must be longer than zero and, twice over, within the scripts' exact arithmetic",
+            ));
+        }
+        Ok(Leases::new(max_share, nanos))
+    }
+}
+
+/// The most keys whose shares one limiter keeps; a key beyond it is decided in Redis each time.
+const MAX_KEYS: usize = 10_000;
+
+/// One limiter's leases: the settings in force and the share of each key.
+pub(crate) struct Leases {
+    /// The most permits of one lease.
+    max_share: u32,
+    /// How long an instance admits from a lease, in nanoseconds of its clock.
+    length_nanos: u64,
+    shares: Mutex<HashMap<String, Arc<Share>>>,
+    /// Makes lease ids: a random start, then a counter.
+    ids: AtomicU64,
+    counts: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    local: AtomicU64,
+    taken: AtomicU64,
+    given_back: AtomicU64,
+    unused: AtomicU64,
+}
+
+/// What a limiter's leases have done since it was built
+/// ([`RedisRateLimiter::lease_counts`](super::RedisRateLimiter::lease_counts)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseCounts {
+    /// Decisions made from a share, without a round trip.
+    pub local_decisions: u64,
+    /// Leases taken from Redis.
+    pub taken: u64,
+    /// Leases given up: given back when spent or over (by the next call, or at their end).
+    pub given_back: u64,
+    /// Permits those leases gave back unused.
+    pub unused_permits: u64,
+}
+
+/// One key's share: what it holds, and the lock that lets one call at a time ask Redis for the
+/// next (the others wait for it, then admit from what it brought).
+pub(crate) struct Share {
+    held: Mutex<Held>,
+    pub(crate) refill: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    /// The lease's id, 0 for none.
+    id: u64,
+    /// Its permits, and those left.
+    permits: u32,
+    left: u32,
+    /// The instant of the limiter's clock from which nothing is admitted from it.
+    until: u64,
+    /// The permits the next lease asks for.
+    size: u32,
+}
+
+/// What the next lease call of a key asks and gives back.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ask {
+    /// The lease given back (0 for none) and its unused permits.
+    pub(crate) back: u64,
+    pub(crate) unused: u32,
+    /// The permits wanted, and the fewest worth a lease.
+    pub(crate) wanted: u32,
+    pub(crate) fewest: u32,
+    pub(crate) id: u64,
+}
+
+impl Leases {
+    pub(crate) fn new(max_share: u32, length_nanos: u64) -> Self {
+        let start = RandomState::new().hash_one(0u8);
+        Self {
+            max_share,
+            length_nanos,
+            shares: Mutex::default(),
+            ids: AtomicU64::new(start),
+            counts: Counters::default(),
+        }
+    }
+
+    /// `key`'s share, made for it if there is room.
+    pub(crate) fn share(&self, key: &str) -> Option<Arc<Share>> {
+        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(share) = shares.get(key) {
+            return Some(Arc::clone(share));
+        }
+        if shares.len() >= MAX_KEYS {
+            // Shares whose leases are over hold nothing: make room from those.
+            shares.retain(|_, share| Arc::strong_count(share) > 1 || share.held().id != 0);
+            if shares.len() >= MAX_KEYS {
+                return None;
+            }
+        }
+        let share = Arc::new(Share {
+            held: Mutex::default(),
+            refill: tokio::sync::Mutex::const_new(()),
+        });
+        shares.insert(key.to_owned(), Arc::clone(&share));
+        Some(share)
+    }
+
+    /// `key`'s share if it has one already.
+    pub(crate) fn existing(&self, key: &str) -> Option<Arc<Share>> {
+        let shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        shares.get(key).cloned()
+    }
+
+    /// Admits `cost` permits from `share` at `now` if its lease is live and holds them.
+    pub(crate) fn take(&self, share: &Share, cost: u32, now: u64, gcra: Gcra) -> Option<Decision> {
+        let mut held = share.held();
+        if held.id == 0 || now >= held.until || held.left < cost {
+            return None;
+        }
+        held.left -= cost;
+        self.counts.local.fetch_add(1, Ordering::Relaxed);
+        Some(gcra.leased(held.left, held.id))
+    }
+
+    /// What the next lease call for `cost` permits at `now` asks, and gives back: the share
+    /// held is given up at once (nothing more is admitted from it).
+    pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64) -> Ask {
+        let mut held = share.held();
+        let mut size = held.size.max(1);
+        if held.id != 0 {
+            if now < held.until {
+                // Spent before its end: the demand is more than the share.
+                size = size.saturating_mul(2);
+            } else if held.left > held.permits / 2 {
+                size /= 2;
+            }
+        }
+        let wanted = size.clamp(1, self.max_share).max(cost);
+        let ask = Ask {
+            back: held.id,
+            unused: held.left,
+            wanted,
+            fewest: cost.max(wanted / 2),
+            id: self.next_id(),
+        };
+        if held.id != 0 {
+            self.gave_back(held.left);
+        }
+        *held = Held {
+            size: wanted,
+            ..Held::default()
+        };
+        ask
+    }
+
+    /// The lease `ask` asked for was granted: `permits` of them, `cost` of which the asking
+    /// call takes, admitted from until `until` (the instant before the call was sent, plus the
+    /// lease's length less 100 ppm).
+    pub(crate) fn granted(
+        &self,
+        share: &Share,
+        ask: &Ask,
+        permits: u32,
+        cost: u32,
+        sent: u64,
+        gcra: Gcra,
+    ) -> Decision {
+        let mut held = share.held();
+        let margin = self.length_nanos / 10_000 + 1;
+        *held = Held {
+            id: ask.id,
+            permits,
+            left: permits.saturating_sub(cost),
+            until: sent.saturating_add(self.length_nanos.saturating_sub(margin)),
+            size: held.size,
+        };
+        self.counts.taken.fetch_add(1, Ordering::Relaxed);
+        gcra.leased(held.left, ask.id)
+    }
+
+    /// Takes back the share of `key` if it is still the lease `id` after its time: what the
+    /// lease call that gives it back to Redis sends (`None` when there is nothing to send).
+    pub(crate) fn expire(&self, key: &str, id: u64) -> Option<(u64, u32)> {
+        let share = self.existing(key)?;
+        let mut held = share.held();
+        if held.id != id {
+            return None;
+        }
+        let unused = held.left;
+        *held = Held {
+            size: if unused > held.permits / 2 {
+                held.size / 2
+            } else {
+                held.size
+            },
+            ..Held::default()
+        };
+        self.gave_back(unused);
+        Some((id, unused))
+    }
+
+    /// Gives `cost` permits of an admission from the lease `id` back to `key`'s share, if that
+    /// lease is still the one held; otherwise they stay spent (Redis counts them as used).
+    pub(crate) fn refund(&self, key: &str, id: u64, cost: u32) {
+        if let Some(share) = self.existing(key) {
+            let mut held = share.held();
+            if held.id == id {
+                held.left = held.left.saturating_add(cost).min(held.permits);
+            }
+        }
+    }
+
+    /// Takes `debt` more permits from `key`'s share for an admission from the lease `id`, if it
+    /// still holds them; `false` when the debt must be charged in Redis.
+    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> bool {
+        let Some(share) = self.existing(key) else {
+            return false;
+        };
+        let mut held = share.held();
+        if held.id == id && now < held.until && held.left >= debt {
+            held.left -= debt;
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn counts(&self) -> LeaseCounts {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        LeaseCounts {
+            local_decisions: read(&self.counts.local),
+            taken: read(&self.counts.taken),
+            given_back: read(&self.counts.given_back),
+            unused_permits: read(&self.counts.unused),
+        }
+    }
+
+    /// How long, on the limiter's clock, a lease's permits may be admitted from.
+    pub(crate) fn length(&self) -> Duration {
+        Duration::from_nanos(self.length_nanos)
+    }
+
+    fn gave_back(&self, unused: u32) {
+        self.counts.given_back.fetch_add(1, Ordering::Relaxed);
+        (self.counts.unused).fetch_add(u64::from(unused), Ordering::Relaxed);
+    }
+
+    fn next_id(&self) -> u64 {
+        // An odd step visits every value before it repeats; ids stay within Lua's exact
+        // integers and are never 0, which means "none".
+        let id = self.ids.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        (id & ((1 << 53) - 1)).max(1)
+    }
+}
+
+impl Share {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        // Every change to a share is a few assignments that cannot panic half-way.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The quota a lease's decisions report on: its burst and emission interval (nanoseconds).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gcra {
+    pub(crate) limit: u64,
+    pub(crate) interval_nanos: u64,
+}
+
+impl Gcra {
+    /// An admission from the lease `id`, with `left` permits left in it: what an in-memory GCRA
+    /// with that many left would say (the bucket full again after the others come back).
+    fn leased(self, left: u32, id: u64) -> Decision {
+        let missing = self.limit.saturating_sub(u64::from(left));
+        let reset = Duration::from_nanos(missing.saturating_mul(self.interval_nanos));
+        let mut decision = Decision::allowed(self.limit, u64::from(left), reset);
+        decision.source = Source::RedisLease;
+        decision.reserved_at = id;
+        decision
+    }
+}

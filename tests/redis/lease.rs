@@ -1,0 +1,280 @@
+//! Leases of a key's permits across instances (`RedisRateLimiterBuilder::lease`): several
+//! limiters on one Redis, one manual clock, random demand, refunds and instances that die
+//! holding a lease. Whatever they admit together, replayed in time order through one in-memory
+//! GCRA of the same quota, must all be admitted there: no interval sees more than the quota
+//! allows (rate × time + burst).
+
+use std::time::Duration;
+
+use crate::common::redis_server::RedisServer;
+use crate::common::Rng;
+use tower_bulwark::clock::{Clock, ManualClock};
+use tower_bulwark::limiter::Decision;
+use tower_bulwark::redis::{Lease, RedisRateLimiter, RedisStore};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+
+async fn instance(url: &str, quota: Quota, lease: Lease, clock: &ManualClock) -> RedisRateLimiter {
+    let store = RedisStore::connect(url).await.unwrap();
+    RedisRateLimiter::builder(quota, store)
+        .client_clock(clock.clone())
+        .prefix("lease-model:")
+        .lease(lease)
+        .build()
+        .unwrap()
+}
+
+/// What one run admitted, in time order once sorted: (instant, cost).
+struct Run {
+    admitted: Vec<(u64, u32)>,
+    asked: u64,
+    local: u64,
+}
+
+/// `steps` requests on one key from `instances` limiters sharing `clock`, each of a random
+/// cost, at random gaps; some admissions are vetoed (refunded) at once or a little later, and
+/// now and then an instance dies holding its lease and a new one takes its place.
+async fn run(
+    url: &str,
+    quota: Quota,
+    (lease, length): (Lease, Duration),
+    seed: u64,
+    steps: usize,
+) -> Run {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let mut rng = Rng(seed);
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        instances.push(instance(url, quota, lease, &clock).await);
+    }
+    let key = format!("k{seed}");
+    let interval = quota.period().as_nanos() as u64 / u64::from(quota.permits());
+    // Admissions still standing: (instant, cost, the instance that made it, decision).
+    let mut standing: Vec<(u64, u32, usize, Decision)> = Vec::new();
+    let mut generation: Vec<usize> = (0..instances.len()).collect();
+    let mut next_generation = instances.len();
+    let horizon = interval * u64::from(quota.burst());
+    let mut local = 0;
+    let length = length.as_nanos() as u64;
+    // The gaps to come before the random ones resume: an idle time (up to long enough to
+    // refill the burst twice over), one call that takes a share from the refilled burst, a
+    // shorter idle time within that lease, then a flood of three bursts at one instant, from
+    // every instance: where a share held through a refill would show as an excess.
+    let mut planned: Vec<u64> = Vec::new();
+    for _ in 0..steps {
+        let gap = match planned.pop() {
+            Some(gap) => gap,
+            None => match rng.below(20) {
+                0 => {
+                    planned = vec![0; 3 * quota.burst() as usize];
+                    planned.push(rng.below(length));
+                    horizon / 8 + rng.below(2 * horizon)
+                }
+                1..=5 => 0,
+                6..=10 => rng.below(interval / 4 + 1),
+                11..=15 => rng.below(interval + 1),
+                _ => rng.below(4 * interval + 1),
+            },
+        };
+        clock.advance(Duration::from_nanos(gap));
+        let i = rng.below(instances.len() as u64) as usize;
+        match rng.below(40) {
+            0 => {
+                // Dies holding whatever it leased; a new instance takes its place.
+                // Its admissions stand: they happened.
+                local += instances[i].lease_counts().local_decisions;
+                instances[i] = instance(url, quota, lease, &clock).await;
+                generation[i] = next_generation;
+                next_generation += 1;
+                continue;
+            }
+            1 | 2 if !standing.is_empty() => {
+                // A veto of one of this instance's recent admissions.
+                if let Some(at) = standing.iter().rposition(|entry| entry.2 == generation[i]) {
+                    let (_, cost, _, decision) = standing.remove(at);
+                    Limiter::refund(&instances[i], &key, cost, decision);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let cost = 1 + rng.below(3) as u32;
+        let decision = instances[i].check_n(&key, cost).await.unwrap();
+        if decision.allowed {
+            standing.push((clock.now(), cost, generation[i], decision));
+        }
+    }
+    local += instances
+        .iter()
+        .map(|l| l.lease_counts().local_decisions)
+        .sum::<u64>();
+    let mut admitted: Vec<(u64, u32)> = standing.iter().map(|e| (e.0, e.1)).collect();
+    admitted.sort();
+    Run {
+        admitted,
+        asked: steps as u64,
+        local,
+    }
+}
+
+/// Every admission of `admitted`, replayed at its instant through one in-memory GCRA of
+/// `quota`, is admitted there too.
+fn conforms(quota: Quota, admitted: &[(u64, u32)], what: &str) {
+    let clock = ManualClock::new();
+    let model = KeyedRateLimiter::<()>::builder(quota)
+        .clock(clock.clone())
+        .build();
+    let mut at = 0;
+    for (n, &(instant, cost)) in admitted.iter().enumerate() {
+        clock.advance(Duration::from_nanos(instant - at));
+        at = instant;
+        let decision = model.check_n(&(), cost).unwrap();
+        assert!(
+            decision.allowed,
+            "{what}: admission {n} of {} ({cost} at {instant} ns) exceeds the quota",
+            admitted.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_instances_together_never_exceed_the_quota() {
+    let Some(server) = RedisServer::start("leased_instances_together_never_exceed_the_quota")
+    else {
+        return;
+    };
+    let url = server.url();
+    let ms = Duration::from_millis;
+    let lease = |share, length| (Lease::new().max_share(share).length(length), length);
+    let cases = [
+        (
+            Quota::per_second(100).unwrap().with_burst(20).unwrap(),
+            lease(5, ms(30)),
+        ),
+        (
+            Quota::per_second(100).unwrap().with_burst(20).unwrap(),
+            lease(10, ms(400)),
+        ),
+        (Quota::per_second(50).unwrap(), lease(6, ms(5))),
+        (
+            Quota::with_period(7, ms(300))
+                .unwrap()
+                .with_burst(9)
+                .unwrap(),
+            lease(9, ms(100)),
+        ),
+        // The defaults: an eighth of the burst, a tenth of the period.
+        (
+            Quota::per_second(1000).unwrap().with_burst(100).unwrap(),
+            (Lease::new(), ms(100)),
+        ),
+    ];
+    let mut local = 0;
+    for (n, (quota, lease)) in cases.into_iter().enumerate() {
+        for seed in 1..=4 {
+            let seed = n as u64 * 100 + seed;
+            let run = run(&url, quota, lease, seed, 600).await;
+            conforms(quota, &run.admitted, &format!("case {n}, seed {seed}"));
+            assert!(
+                run.admitted.len() > 30,
+                "case {n}, seed {seed}: {} admitted",
+                run.admitted.len()
+            );
+            local += run.local;
+            let _ = run.asked;
+        }
+    }
+    assert!(local > 0, "no decision was made from a lease");
+}
+
+/// The excess leases would make if Redis forgot them: an instance takes a share from a full
+/// burst, and before its lease ends the burst has had time to refill; then every instance
+/// calls at one instant. Redis counts the share as taken all along, so the instant sees the
+/// burst and no more.
+#[tokio::test]
+async fn a_share_held_through_a_refill_is_not_counted_twice() {
+    let Some(server) = RedisServer::start("a_share_held_through_a_refill_is_not_counted_twice")
+    else {
+        return;
+    };
+    let url = server.url();
+    let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
+    let lease = Lease::new().max_share(10).length(Duration::from_secs(1));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let (a, b) = (
+        instance(&url, quota, lease, &clock).await,
+        instance(&url, quota, lease, &clock).await,
+    );
+    // A flood on `a` grows its share to the most (1, 2, 4, 8, then 5 of the 10 it asks).
+    let mut admitted = 0;
+    for _ in 0..40 {
+        admitted += u32::from(a.check(&"k").await.unwrap().allowed);
+    }
+    assert_eq!(admitted, 20, "the burst, from shares");
+    // The burst refills; `a` takes a share of 10 for one call, and holds 9.
+    clock.advance(Duration::from_millis(400));
+    assert!(a.check(&"k").await.unwrap().allowed);
+    // 100 ms: the 10 permits that come back are all Redis may hand out, the other 10 being in
+    // `a`'s share. At one instant, `a` admits its 9 and `b` at most 10 (it takes shares of
+    // 1, 2 and 4, then waits until 4 can be had): never more than the burst with the one
+    // before. Were the share forgotten, this instant would see 29.
+    clock.advance(Duration::from_millis(100));
+    let mut at_once = 0;
+    for _ in 0..40 {
+        at_once += u32::from(a.check(&"k").await.unwrap().allowed);
+        at_once += u32::from(b.check(&"k").await.unwrap().allowed);
+    }
+    assert!((16..=19).contains(&at_once), "{at_once} at one instant");
+    assert!(
+        a.lease_counts().local_decisions >= 9,
+        "{:?}",
+        a.lease_counts()
+    );
+}
+
+/// An instance that spends its share late in its lease and dies: Redis keeps counting the
+/// share until the lease ends, and then as taken at that end, not at the lease's start, so a
+/// flood right after the end cannot add to permits spent just before it.
+#[tokio::test]
+async fn a_share_spent_late_by_an_instance_that_dies_counts_until_its_lease_ends() {
+    let Some(server) = RedisServer::start("a_share_spent_late_by_an_instance_that_dies") else {
+        return;
+    };
+    let url = server.url();
+    // One permit every 10 ms, a burst of 20; leases of 20 ms, which Redis keeps for 40 ms.
+    let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
+    let lease = Lease::new().max_share(10).length(Duration::from_millis(20));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let mut admitted = Vec::new();
+    let dying = instance(&url, quota, lease, &clock).await;
+    // Its share grows to 8 (shares of 1, 2, 4 and 8, each spent at once).
+    for _ in 0..15 {
+        assert!(dying.check(&"k").await.unwrap().allowed);
+        admitted.push((clock.now(), 1));
+    }
+    // The burst refills; one call takes a share of 8 from it; 19 ms later, the 7 left of it
+    // are spent, and the instance dies.
+    clock.advance(Duration::from_millis(300));
+    assert!(dying.check(&"k").await.unwrap().allowed);
+    admitted.push((clock.now(), 1));
+    clock.advance(Duration::from_millis(19));
+    for _ in 0..7 {
+        assert!(dying.check(&"k").await.unwrap().allowed);
+        admitted.push((clock.now(), 1));
+    }
+    assert_eq!(dying.lease_counts().local_decisions, 18);
+    drop(dying);
+    // Just after Redis ends the lease: 12 permits can be had (20, less the 8 counted as taken
+    // at its end), where counting them from its start would give 16, and 7 + 16 in 21 ms is
+    // more than the quota allows (20 + 2).
+    clock.advance(Duration::from_millis(21));
+    let other = instance(&url, quota, lease, &clock).await;
+    let big = other.check_n(&"k", 16).await.unwrap();
+    assert!(!big.allowed, "{big:?}");
+    let fits = other.check_n(&"k", 12).await.unwrap();
+    assert!(fits.allowed, "{fits:?}");
+    admitted.push((clock.now(), 12));
+    conforms(quota, &admitted, "a share spent late");
+}
