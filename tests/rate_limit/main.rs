@@ -16,6 +16,8 @@ mod grpc;
 #[cfg(feature = "grpc")]
 mod grpc_example;
 #[cfg(feature = "grpc")]
+mod grpc_hostile;
+#[cfg(feature = "grpc")]
 mod grpc_streaming;
 #[cfg(feature = "axum")]
 mod headers;
