@@ -14,11 +14,13 @@
 -- below that. A lease that comes back at `now` with `unused` permits leaves the TAT where its
 -- pinning had it at `now`, less the unused ones; one that ends without coming back (its
 -- instance died, or was too late) leaves it where its pinning had it at its end.
--- 'l': ARGV[4] the fewest permits worth a lease (the cost of the request asking, or more),
+-- 'l': ARGV[4] the cost of the call asking,
 --      ARGV[5] the lease's length in ticks, ARGV[11] the permits wanted (at least ARGV[4]),
 --      ARGV[12] the new lease's id, ARGV[13] the id of a lease given back in the same call ('0'
---      for none) and ARGV[14] its unused permits. Reply: { 4, permits, end, remaining, time },
---      or a refusal as a decision's, whose retry_after is when ARGV[4] permits can be had.
+--      for none) and ARGV[14] its unused permits. Reply: { 4, permits, start, end, remaining,
+--      time }, the lease's permits counted as taken from now until its end (Redis keeps it
+--      ARGV[5] from its start); or a refusal as a decision's, when no share starts within a
+--      lease's length, whose retry_after is when ARGV[11] permits can be had.
 -- 'u': ARGV[11] the unused permits and ARGV[12] the id of the lease that comes back.
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
@@ -120,22 +122,32 @@ if op == 'l' then
   for _ in pairs(leases) do
     count = count + 1
   end
-  if available < cost or leases[id] or count >= MAX_LEASES then
-    -- Nothing leased: when `cost` permits can be had (always later than now: the burst
-    -- holds at least the cost, as the client checks). A full table of leases, or an id
-    -- already out, is refused the same way, for now.
-    local wait = math.max(base + interval * cost - horizon - now, 1)
+  -- What can be had now, up to the share wanted, if that is at least the cost of the call
+  -- asking; otherwise the whole share, from when it can be had: a lease that starts later
+  -- (the instance refuses until then, and asks nothing more of Redis), as long as that is
+  -- within the length of a lease (ARGV[5] is twice that): no sooner would the instance's
+  -- demand be known to outlast the wait. While the instances together want more than the quota, the
+  -- leases out keep nothing available, so each lease is a whole share, taken in one call.
+  local permits, start = math.min(wanted, available), now
+  if available < cost then
+    permits, start = wanted, base + interval * wanted - horizon
+  end
+  -- Never more permits in leases than the burst: a lease's permits may all be admitted at
+  -- any instant of its time, and those of leases that start later too.
+  if start - now > length / 2 or out + permits > limit or leases[id] or count >= MAX_LEASES then
+    -- Nothing leased: when the share could be had. A full table of leases, or an id already
+    -- out, is refused the same way.
+    local wait = math.max(base + interval * wanted - horizon - now, 1)
     if back > 0 then
       save(tat, now)
     end
     return decision(0, available, wait, base - now, 0, 0, 0)
   end
-  local permits = math.min(wanted, available)
   tat = base + permits * interval
   out = out + permits
-  leases[id] = { permits, now + length }
+  leases[id] = { permits, start + length }
   save(tat, now)
-  return { 4, permits, now + length, available - permits, server_time }
+  return { 4, permits, start, start + length, math.max(available - permits, 0), server_time }
 end
 
 if op == 'r' then

@@ -100,6 +100,7 @@ pub(crate) struct Leases {
 #[derive(Debug, Default)]
 struct Counters {
     local: AtomicU64,
+    waiting: AtomicU64,
     taken: AtomicU64,
     given_back: AtomicU64,
     unused: AtomicU64,
@@ -110,8 +111,11 @@ struct Counters {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseCounts {
-    /// Decisions made from a share, without a round trip.
+    /// Admissions made from a share, without a round trip.
     pub local_decisions: u64,
+    /// Calls refused without a round trip while the lease they would be admitted from had not
+    /// begun (also counted in [`cached_refusals`](super::RedisRateLimiter::cached_refusals)).
+    pub refused_before_start: u64,
     /// Leases taken from Redis.
     pub taken: u64,
     /// Leases given up: given back when spent or over (by the next call, or at their end).
@@ -134,7 +138,9 @@ struct Held {
     /// Its permits, and those left.
     permits: u32,
     left: u32,
-    /// The instant of the limiter's clock from which nothing is admitted from it.
+    /// The instants of the limiter's clock from which it is admitted from, and from which it
+    /// is not any more.
+    from: u64,
     until: u64,
     /// The permits the next lease asks for.
     size: u32,
@@ -146,9 +152,8 @@ pub(crate) struct Ask {
     /// The lease given back (0 for none) and its unused permits.
     pub(crate) back: u64,
     pub(crate) unused: u32,
-    /// The permits wanted, and the fewest worth a lease.
+    /// The permits wanted.
     pub(crate) wanted: u32,
-    pub(crate) fewest: u32,
     pub(crate) id: u64,
 }
 
@@ -191,14 +196,22 @@ impl Leases {
         shares.get(key).cloned()
     }
 
-    /// Admits `cost` permits from `share` at `now` if its lease is live and holds them.
+    /// Decides on `cost` permits from `share` at `now`: admitted if its lease is live and holds
+    /// them, refused until it starts if it has not yet; `None` when a lease must be asked for.
     pub(crate) fn take(&self, share: &Share, cost: u32, now: u64, gcra: Gcra) -> Option<Decision> {
         let mut held = share.held();
         if held.id == 0 || now >= held.until || held.left < cost {
             return None;
         }
-        held.left -= cost;
+        if now < held.from {
+            // Refused without a round trip, as a cached refusal is.
+            self.counts.waiting.fetch_add(1, Ordering::Relaxed);
+            let wait = Duration::from_nanos(held.from - now);
+            let reset = wait + gcra.refill(held.permits);
+            return Some(Decision::refused(gcra.limit, 0, wait, reset));
+        }
         self.counts.local.fetch_add(1, Ordering::Relaxed);
+        held.left -= cost;
         Some(gcra.leased(held.left, held.id))
     }
 
@@ -220,7 +233,6 @@ impl Leases {
             back: held.id,
             unused: held.left,
             wanted,
-            fewest: cost.max(wanted / 2),
             id: self.next_id(),
         };
         if held.id != 0 {
@@ -233,29 +245,55 @@ impl Leases {
         ask
     }
 
-    /// The lease `ask` asked for was granted: `permits` of them, `cost` of which the asking
-    /// call takes, admitted from until `until` (the instant before the call was sent, plus the
-    /// lease's length less 100 ppm).
+    /// The lease `ask` asked for was granted, `permits` of them from `from` until `until` (the
+    /// limiter's clock); the asking call takes `cost` of them at `now` if it has begun, and is
+    /// refused until then otherwise.
     pub(crate) fn granted(
         &self,
         share: &Share,
         ask: &Ask,
-        permits: u32,
-        cost: u32,
-        sent: u64,
+        (permits, from, until): (u32, u64, u64),
+        (cost, now): (u32, u64),
         gcra: Gcra,
     ) -> Decision {
         let mut held = share.held();
-        let margin = self.length_nanos / 10_000 + 1;
         *held = Held {
             id: ask.id,
             permits,
-            left: permits.saturating_sub(cost),
-            until: sent.saturating_add(self.length_nanos.saturating_sub(margin)),
+            left: permits,
+            from,
+            until,
             size: held.size,
         };
         self.counts.taken.fetch_add(1, Ordering::Relaxed);
-        gcra.leased(held.left, ask.id)
+        drop(held);
+        let decision = self.take(share, cost, now, gcra);
+        if decision.as_ref().is_some_and(|d| d.allowed) {
+            // Admitted by the call that took the lease: not without a round trip.
+            self.counts.local.fetch_sub(1, Ordering::Relaxed);
+        }
+        decision.unwrap_or_else(|| {
+            // A lease over before this call could use it (a clock far off): nothing admitted.
+            Decision::refused(gcra.limit, 0, Duration::ZERO, Duration::ZERO)
+        })
+    }
+
+    /// When a lease granted with `reply` (sent at `sent`, answered at `received`, both on the
+    /// limiter's clock) may be admitted from: from the first instant Redis's start has surely
+    /// come, for the length of a lease, and never past what Redis's end surely has not.
+    pub(crate) fn window(&self, reply: &LeaseReply, sent: u64, received: u64) -> (u64, u64) {
+        let length = self.length_nanos;
+        if reply.client_clock {
+            // The script ran at this clock's reading: its instants are this clock's.
+            return (reply.start, reply.start.saturating_add(length));
+        }
+        // The server read its TIME between `sent` and `received`; clocks drift up to 100 ppm.
+        let nanos = |ticks: u64| ticks.saturating_mul(reply.tick_nanos);
+        let ahead = nanos(reply.start.saturating_sub(reply.time));
+        let from = received.saturating_add(ahead.saturating_add(ahead / 10_000));
+        let to_end = nanos(reply.end.saturating_sub(reply.time));
+        let until = sent.saturating_add(to_end.saturating_sub(to_end / 10_000 + 1));
+        (from, until.min(from.saturating_add(length)))
     }
 
     /// Takes back the share of `key` if it is still the lease `id` after its time: what the
@@ -308,6 +346,7 @@ impl Leases {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         LeaseCounts {
             local_decisions: read(&self.counts.local),
+            refused_before_start: read(&self.counts.waiting),
             taken: read(&self.counts.taken),
             given_back: read(&self.counts.given_back),
             unused_permits: read(&self.counts.unused),
@@ -339,6 +378,17 @@ impl Share {
     }
 }
 
+/// A granted lease as the script answered it, in its ticks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseReply {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    /// The server's `TIME` when the script ran.
+    pub(crate) time: u64,
+    pub(crate) tick_nanos: u64,
+    pub(crate) client_clock: bool,
+}
+
 /// The quota a lease's decisions report on: its burst and emission interval (nanoseconds).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Gcra {
@@ -347,11 +397,16 @@ pub(crate) struct Gcra {
 }
 
 impl Gcra {
+    /// How long `permits` take to come back.
+    fn refill(self, permits: u32) -> Duration {
+        Duration::from_nanos(u64::from(permits).saturating_mul(self.interval_nanos))
+    }
+
     /// An admission from the lease `id`, with `left` permits left in it: what an in-memory GCRA
     /// with that many left would say (the bucket full again after the others come back).
     fn leased(self, left: u32, id: u64) -> Decision {
-        let missing = self.limit.saturating_sub(u64::from(left));
-        let reset = Duration::from_nanos(missing.saturating_mul(self.interval_nanos));
+        let missing = u32::try_from(self.limit.saturating_sub(u64::from(left)));
+        let reset = self.refill(missing.unwrap_or(u32::MAX));
         let mut decision = Decision::allowed(self.limit, u64::from(left), reset);
         decision.source = Source::RedisLease;
         decision.reserved_at = id;

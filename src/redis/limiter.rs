@@ -13,7 +13,7 @@ use super::cache::RefusalCache;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
-use super::lease::{LeaseCounts, Leases};
+use super::lease::{LeaseCounts, LeaseReply, Leases};
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
 use super::script::{Operation, ScriptQuota, MAX_NOW};
@@ -134,7 +134,8 @@ impl RedisRateLimiter {
 
     /// How many refusals were answered from the local cache, without a round trip.
     pub fn cached_refusals(&self) -> u64 {
-        self.inner.cached_refusals.load(Ordering::Relaxed)
+        let before_start = self.lease_counts().refused_before_start;
+        self.inner.cached_refusals.load(Ordering::Relaxed) + before_start
     }
 
     /// The Redis key that holds the state of `key`.
@@ -348,8 +349,17 @@ impl Inner {
             return self.decide(quota, key, cost, max_wait).await;
         };
         let one_at_a_time = share.refill.lock().await;
-        if let Some(decision) = leases.take(&share, cost, self.clock.now(), quota.gcra()) {
+        // The call before this one's turn may have brought a share, or a refusal.
+        let now = self.clock.now();
+        if let Some(decision) = leases.take(&share, cost, now, quota.gcra()) {
             return Ok(self.stamp(decision, &key, cost));
+        }
+        let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
+        if let Some(refusal) =
+            (self.cache.as_ref()).and_then(|c| c.check(&key, cost, now, max_wait_nanos))
+        {
+            self.cached_refusals.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.stamp(refusal, &key, cost));
         }
         let sent = self.clock.now();
         let ask = leases.ask(&share, cost, sent);
@@ -363,13 +373,30 @@ impl Inner {
             back: ask.back,
             unused: ask.unused,
         };
-        let call = self.run_script(quota, &key, operation, ask.fewest);
+        let call = self.run_script(quota, &key, operation, cost);
         let decision = match self.bounded(quota, &key, call).await {
-            Ok(Reply::Leased { permits, .. }) => {
+            Ok(Reply::Leased {
+                permits,
+                start,
+                end,
+                time,
+                ..
+            }) => {
                 let permits = u32::try_from(permits).unwrap_or(u32::MAX);
-                let decision = leases.granted(&share, &ask, permits, cost, sent, quota.gcra());
+                let reply = LeaseReply {
+                    start,
+                    end,
+                    time,
+                    tick_nanos: quota.tick_nanos,
+                    client_clock: quota.client_clock(),
+                };
+                let now = self.clock.now();
+                let (from, until) = leases.window(&reply, sent, now);
+                let grant = (permits, from, until);
+                let decision = leases.granted(&share, &ask, grant, (cost, now), quota.gcra());
                 drop(one_at_a_time);
-                self.give_back_at_end(key.clone(), ask.id);
+                let over_in = Duration::from_nanos(until.saturating_sub(now));
+                self.give_back_at_end(key.clone(), ask.id, over_in);
                 decision
             }
             Ok(Reply::Decision(refused, _)) if !refused.allowed => {
@@ -391,16 +418,15 @@ impl Inner {
         Ok(self.stamp(decision, &key, cost))
     }
 
-    /// When the lease `id` of `key` is over, gives its unused permits back to Redis, unless a
-    /// later call has given it back already.
+    /// When the lease `id` of `key` is over (`over_in` from now), gives its unused permits
+    /// back to Redis, unless a later call has given it back already.
     ///
     /// The task holds the limiter weakly: a limiter dropped meanwhile gives nothing back, and
     /// Redis ends the lease by itself.
-    fn give_back_at_end(self: &Arc<Self>, key: String, id: u64) {
+    fn give_back_at_end(self: &Arc<Self>, key: String, id: u64, over_in: Duration) {
         let inner = Arc::downgrade(self);
-        let length = self.leases.as_ref().map_or(Duration::ZERO, |l| l.length());
         tokio::spawn(async move {
-            tokio::time::sleep(length).await;
+            tokio::time::sleep(over_in).await;
             let Some(inner) = inner.upgrade() else {
                 return;
             };

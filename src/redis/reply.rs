@@ -26,9 +26,11 @@ pub(crate) enum Reply {
     Late(u64),
     /// A refund was applied.
     Refunded(u64),
-    /// A lease of `permits` until `end` (the script's ticks), `remaining` left in Redis.
+    /// A lease of `permits` from `start` until `end` (the script's ticks), `remaining` left in
+    /// Redis.
     Leased {
         permits: u64,
+        start: u64,
         end: u64,
         remaining: u64,
         time: u64,
@@ -76,7 +78,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
             .filter(|&name| with_tat || name != "state_after")
             .collect(),
         2 | 3 => vec!["status", "time"],
-        4 if with_tat => vec!["status", "permits", "end", "remaining", "time"],
+        4 if with_tat => vec!["status", "permits", "start", "end", "remaining", "time"],
         n => return Err(bad(format!("the status is not one a script answers ({n})"))),
     };
     if items.len() != names.len() {
@@ -107,9 +109,15 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
                     quota.limit
                 )));
             }
-            let end = instant("end")?;
+            let (start, end) = (instant("start")?, instant("end")?);
+            if end <= start {
+                return Err(bad(format!(
+                    "a lease that ends ({end}) by its start ({start})"
+                )));
+            }
             return Ok(Reply::Leased {
                 permits,
+                start,
                 end,
                 remaining,
                 time,
@@ -251,11 +259,12 @@ mod tests {
             (ints(&[3, 1, 2]), "expected 2 integers, got 3"),
             (ints(&[5, 0]), "the status is not one a script answers"),
             // A lease: status 4, permits, end, remaining, time.
-            (ints(&[4, 0]), "expected 5 integers, got 2"),
-            (ints(&[4, 0, 9, 3, 1]), "a lease of 0 with 3 left"),
-            (ints(&[4, 8, 9, 3, 1]), "exceeds the limit (10)"),
-            (ints(&[4, 2, 1 << 53, 3, 1]), "`end` is out of range"),
-            (ints(&[4, 2, 9, -3, 1]), "`remaining` is negative"),
+            (ints(&[4, 0]), "expected 6 integers, got 2"),
+            (ints(&[4, 0, 1, 9, 3, 1]), "a lease of 0 with 3 left"),
+            (ints(&[4, 8, 1, 9, 3, 1]), "exceeds the limit (10)"),
+            (ints(&[4, 2, 1, 1 << 53, 3, 1]), "`end` is out of range"),
+            (ints(&[4, 2, 9, 9, 3, 1]), "ends (9) by its start (9)"),
+            (ints(&[4, 2, 1, 9, -3, 1]), "`remaining` is negative"),
             (ints(&[-1, 0]), "`status` is negative"),
             (ints(&[2, -5]), "`time` is negative"),
             (ints(&[2, 1 << 53]), "`time` is out of range"),

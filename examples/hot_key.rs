@@ -1,0 +1,99 @@
+//! One global quota in Redis for every instance of a service, on a key far too hot for one
+//! round trip per request: leases of the quota.
+//!
+//! ```sh
+//! cargo run --release --features redis --example hot_key
+//! ADDR=127.0.0.1:3005 cargo run --release --features redis --example hot_key  # a second copy
+//! ```
+//!
+//! Serves `GET /` on `ADDR` (default 127.0.0.1:3004) under one global policy: a GCRA
+//! `RedisRateLimiter` at `REDIS_URL` (default redis://127.0.0.1:6379) of `QUOTA` requests a
+//! second (default 5000) with a burst of a tenth of that. Each instance leases shares of the
+//! quota and admits from them without a round trip, unless `LEASES=off`. A refusal is the
+//! usual 429. Copies on other ports that share the Redis share the quota, exactly.
+//!
+//! On Ctrl-C (or SIGTERM) it prints what it admitted and what its leases did:
+//! `RESULT admitted=N refused=M local_decisions=L leases=T unused_permits=U`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
+use tower_bulwark::redis::{Lease, RedisRateLimiter, RedisStore};
+use tower_bulwark::{BoxError, Quota};
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3004".into());
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let rate: u32 = std::env::var("QUOTA").map_or(Ok(5000), |q| q.parse())?;
+    let leases = std::env::var("LEASES").map_or(true, |v| v != "off");
+    let quota = Quota::per_second(rate)?.with_burst((rate / 10).max(1))?;
+
+    let store = RedisStore::connect(&url).await?;
+    let mut builder = RedisRateLimiter::builder(quota, store).prefix("hot_key:");
+    if leases {
+        builder = builder.lease(Lease::new());
+    }
+    let limiter = builder.build()?;
+    let policy = Policy::new("global", GlobalKey, limiter.clone())?;
+
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let counted = Arc::clone(&counts);
+    let app = Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .layer(RateLimitLayer::new(policy))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            let counts = Arc::clone(&counted);
+            async move {
+                let response: Response = next.run(request).await;
+                let refused = usize::from(response.status() == 429);
+                counts[refused].fetch_add(1, Ordering::Relaxed);
+                response
+            }
+        }));
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!(
+        "global quota of {rate} a second (burst {}), leases {}",
+        quota.burst(),
+        if leases { "on" } else { "off" }
+    );
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    let leased = limiter.lease_counts();
+    println!(
+        "RESULT admitted={} refused={} local_decisions={} leases={} unused_permits={}",
+        counts[0].load(Ordering::Relaxed),
+        counts[1].load(Ordering::Relaxed),
+        leased.local_decisions,
+        leased.taken,
+        leased.unused_permits,
+    );
+    // Let a lease given back at its end reach Redis before the process goes.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
