@@ -138,6 +138,15 @@ impl RedisServer {
         Some(Self::start_with(&binary, free_port(false), Vec::new()))
     }
 
+    /// A server that writes every change to its append-only file before answering, so that
+    /// a restart finds the state it had.
+    pub fn start_persistent(test: &str) -> Option<Self> {
+        let binary = binary_or_skip(test, "redis-server")?;
+        let extra = ["--appendonly", "yes", "--appendfsync", "always"];
+        let extra = extra.map(String::from).to_vec();
+        Some(Self::start_with(&binary, free_port(false), extra))
+    }
+
     fn start_with(binary: &Path, port: u16, extra: Vec<String>) -> Self {
         let mut server = Self {
             child: None,

@@ -285,3 +285,165 @@ async fn a_share_spent_late_by_an_instance_that_dies_counts_until_its_lease_ends
     admitted.push((clock.now(), 12));
     conforms(quota, &admitted, "a share spent late");
 }
+
+/// Redis goes away and comes back (with its state: an append-only file written before each
+/// answer): while it is away, the shares the instances hold are spent and then the fail mode
+/// (closed) refuses; once it is back, leases go on from the state it kept. Every admission of
+/// the three phases together keeps to the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_keep_to_the_quota_across_a_redis_restart() {
+    use tower_bulwark::redis::RedisFailMode;
+
+    let Some(mut server) =
+        RedisServer::start_persistent("leases_keep_to_the_quota_across_a_redis_restart")
+    else {
+        return;
+    };
+    let quota = Quota::per_second(200).unwrap().with_burst(40).unwrap();
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let limiter = RedisRateLimiter::builder(quota, store)
+            .client_clock(clock.clone())
+            .prefix("lease-restart:")
+            .timeout(Duration::from_millis(30))
+            .probe_interval(Duration::ZERO)
+            .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
+            .lease(Lease::new().max_share(8).length(Duration::from_millis(300)))
+            .build()
+            .unwrap();
+        instances.push(limiter);
+    }
+    let mut rng = Rng(7);
+    let mut admitted = Vec::new();
+    let mut phase = |instances: &Vec<RedisRateLimiter>, steps: usize| {
+        let mut calls = Vec::new();
+        for _ in 0..steps {
+            let gap = [0, 0, 1_000_000, 5_000_000][rng.below(4) as usize];
+            calls.push((gap, rng.below(instances.len() as u64) as usize));
+        }
+        calls
+    };
+    for (step, calls) in [
+        phase(&instances, 300),
+        phase(&instances, 30),
+        phase(&instances, 300),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if step == 1 {
+            server.kill();
+        }
+        if step == 2 {
+            server.restart();
+        }
+        let counts = |instances: &Vec<RedisRateLimiter>| {
+            let all = instances.iter().map(RedisRateLimiter::lease_counts);
+            all.fold((0, 0), |(local, taken), c| {
+                (local + c.local_decisions, taken + c.taken)
+            })
+        };
+        let (local_before, taken_before) = counts(&instances);
+        for (gap, i) in calls {
+            clock.advance(Duration::from_nanos(gap));
+            let decision = instances[i].check(&"k").await.unwrap();
+            if decision.allowed {
+                admitted.push((clock.now(), 1));
+            }
+        }
+        let (local_after, taken_after) = counts(&instances);
+        if step == 1 {
+            assert!(
+                local_after > local_before,
+                "no share was spent while Redis was away"
+            );
+            assert!(
+                instances
+                    .iter()
+                    .map(RedisRateLimiter::failures)
+                    .sum::<u64>()
+                    > 0
+            );
+        }
+        if step == 2 {
+            assert!(
+                local_after > local_before && taken_after > taken_before,
+                "no lease after the restart"
+            );
+        }
+    }
+    conforms(quota, &admitted, "across a restart");
+    assert!(admitted.len() > 100, "{} admitted", admitted.len());
+}
+
+/// 64 tasks on four instances (16 clones each) race at one instant for a burst of 20 that
+/// does not refill in the test's time: together they never get more than 20. The permits a
+/// share holds when its instance's tasks are done come back when its lease is over, and then
+/// the others get them: exactly 20 in all, and no permit twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
+    let Some(server) = RedisServer::start("racing_tasks_on_leased_instances_get_exactly_the_burst")
+    else {
+        return;
+    };
+    let url = server.url();
+    let quota = Quota::per_hour(20).unwrap();
+    let lease = Lease::new().max_share(8).length(Duration::from_millis(100));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        instances.push(instance(&url, quota, lease, &clock).await);
+    }
+    let race = |instances: &[RedisRateLimiter]| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..64 {
+            let limiter = instances[n % 4].clone();
+            tasks.spawn(async move { limiter.check(&"race").await.unwrap().allowed });
+        }
+        tasks
+    };
+    let first: usize = race(&instances)
+        .join_all()
+        .await
+        .into_iter()
+        .filter(|&a| a)
+        .count();
+    assert!(first <= 20, "{first} admitted at one instant");
+    // The leases end (on the clock, and then by their timers): what they held comes back.
+    clock.advance(Duration::from_millis(150));
+    let given_back = |instances: &[RedisRateLimiter]| {
+        instances
+            .iter()
+            .map(|l| l.lease_counts().given_back)
+            .sum::<u64>()
+    };
+    let taken: u64 = instances.iter().map(|l| l.lease_counts().taken).sum();
+    for _ in 0..300 {
+        if given_back(&instances) >= taken {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut total = first;
+    for _ in 0..4 {
+        total += race(&instances)
+            .join_all()
+            .await
+            .into_iter()
+            .filter(|&a| a)
+            .count();
+        clock.advance(Duration::from_millis(150));
+        for _ in 0..300 {
+            let taken: u64 = instances.iter().map(|l| l.lease_counts().taken).sum();
+            if given_back(&instances) >= taken {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(total, 20, "first race {first}");
+}
