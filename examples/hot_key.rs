@@ -28,54 +28,74 @@ use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{Lease, RedisRateLimiter, RedisStore};
 use tower_bulwark::{BoxError, Quota};
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3004".into());
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let rate: u32 = std::env::var("QUOTA").map_or(Ok(5000), |q| q.parse())?;
-    let leases = std::env::var("LEASES").map_or(true, |v| v != "off");
-    let quota = Quota::per_second(rate)?.with_burst((rate / 10).max(1))?;
+/// What one instance admitted and refused.
+#[derive(Clone, Default)]
+pub struct Counts(Arc<[AtomicU64; 2]>);
 
-    let store = RedisStore::connect(&url).await?;
+impl Counts {
+    /// Requests admitted and refused so far.
+    pub fn read(&self) -> (u64, u64) {
+        (
+            self.0[0].load(Ordering::Relaxed),
+            self.0[1].load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One instance: `GET /` under a global GCRA policy of `rate` requests a second (burst a tenth
+/// of it) on a `RedisRateLimiter` at `url`, leasing shares of the quota if `leases`.
+pub async fn app(
+    url: &str,
+    rate: u32,
+    leases: bool,
+) -> Result<(Router, RedisRateLimiter, Counts), BoxError> {
+    let quota = Quota::per_second(rate)?.with_burst((rate / 10).max(1))?;
+    let store = RedisStore::connect(url).await?;
     let mut builder = RedisRateLimiter::builder(quota, store).prefix("hot_key:");
     if leases {
         builder = builder.lease(Lease::new());
     }
     let limiter = builder.build()?;
     let policy = Policy::new("global", GlobalKey, limiter.clone())?;
-
-    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-    let counted = Arc::clone(&counts);
+    let counts = Counts::default();
+    let counted = counts.clone();
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(RateLimitLayer::new(policy))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
-            let counts = Arc::clone(&counted);
+            let counts = counted.clone();
             async move {
                 let response: Response = next.run(request).await;
                 let refused = usize::from(response.status() == 429);
-                counts[refused].fetch_add(1, Ordering::Relaxed);
+                counts.0[refused].fetch_add(1, Ordering::Relaxed);
                 response
             }
         }));
+    Ok((app, limiter, counts))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3004".into());
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let rate: u32 = std::env::var("QUOTA").map_or(Ok(5000), |q| q.parse())?;
+    let leases = std::env::var("LEASES").map_or(true, |v| v != "off");
+    let (app, limiter, counts) = app(&url, rate, leases).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!(
         "global quota of {rate} a second (burst {}), leases {}",
-        quota.burst(),
+        (rate / 10).max(1),
         if leases { "on" } else { "off" }
     );
     println!("listening on {}", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown())
         .await?;
+    let (admitted, refused) = counts.read();
     let leased = limiter.lease_counts();
     println!(
-        "RESULT admitted={} refused={} local_decisions={} leases={} unused_permits={}",
-        counts[0].load(Ordering::Relaxed),
-        counts[1].load(Ordering::Relaxed),
-        leased.local_decisions,
-        leased.taken,
-        leased.unused_permits,
+        "RESULT admitted={admitted} refused={refused} local_decisions={} leases={} unused_permits={}",
+        leased.local_decisions, leased.taken, leased.unused_permits,
     );
     // Let a lease given back at its end reach Redis before the process goes.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -19,6 +19,8 @@ mod conformance;
 mod deadline;
 #[cfg(feature = "redis")]
 mod faults;
+#[cfg(all(feature = "redis", feature = "axum"))]
+mod hot_key_example;
 #[cfg(feature = "redis")]
 mod http_layer;
 #[cfg(feature = "redis")]

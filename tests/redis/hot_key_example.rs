@@ -1,0 +1,65 @@
+//! `examples/hot_key.rs` over real listeners: two instances on one Redis share one global quota
+//! (500 a second, burst 50), flooded by many clients at once for about a second. Together they
+//! admit no more than the quota allows over the flood (rate × time + burst), nearly all of it,
+//! and nearly every admission is made from a lease, without a round trip.
+
+use std::time::{Duration, Instant};
+
+use crate::common::redis_server::RedisServer;
+
+#[path = "../../examples/hot_key.rs"]
+#[allow(dead_code)]
+mod hot_key;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
+    let Some(server) = RedisServer::start("the_hot_key_examples_instances_share_one_quota") else {
+        return;
+    };
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let (app, limiter, counts) = hot_key::app(&server.url(), 500, true).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        instances.push((addr, limiter, counts));
+    }
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let flood = Duration::from_millis(1000);
+    let mut clients = tokio::task::JoinSet::new();
+    for n in 0..16 {
+        let (client, addr) = (client.clone(), instances[n % 2].0);
+        clients.spawn(async move {
+            while started.elapsed() < flood {
+                let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+                assert!(matches!(response.status().as_u16(), 200 | 429));
+            }
+        });
+    }
+    clients.join_all().await;
+    let elapsed = started.elapsed();
+    let (admitted, local): (u64, u64) =
+        instances
+            .iter()
+            .fold((0, 0), |(a, l), (_, limiter, counts)| {
+                (
+                    a + counts.read().0,
+                    l + limiter.lease_counts().local_decisions,
+                )
+            });
+    // The flood began before the first request and ended after the last.
+    let allowed = 500.0 * elapsed.as_secs_f64() + 50.0;
+    assert!(
+        admitted as f64 <= allowed,
+        "{admitted} admitted, at most {allowed:.0} allowed"
+    );
+    assert!(
+        admitted as f64 >= 0.8 * allowed,
+        "{admitted} admitted of {allowed:.0} allowed"
+    );
+    assert!(
+        local as f64 >= 0.9 * admitted as f64,
+        "{local} of {admitted} from leases"
+    );
+}
