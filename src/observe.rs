@@ -29,6 +29,9 @@ use crate::{decision::Decision, BoxError, Limiter, Quota};
 /// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
 /// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
 /// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
+/// | `bulwark_ratelimiter_lease_decisions_total` | counter | `name` | admissions a Redis limiter with leases (`redis::RedisRateLimiterBuilder::lease`) made from a share, without a round trip |
+/// | `bulwark_ratelimiter_leases_total` | counter | `name`, `outcome` = `taken` \| `given_back` | leases a Redis limiter took, and gave up (given back when spent or over) |
+/// | `bulwark_ratelimiter_lease_unused_permits_total` | counter | `name` | permits those leases gave back unused |
 /// | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
 /// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
 /// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
@@ -43,8 +46,8 @@ use crate::{decision::Decision, BoxError, Limiter, Quota};
 /// Counters and the histogram are recorded as events happen. Gauges are set from each
 /// instance's state when `config::Registry::publish_gauges` (feature `config`)
 /// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
-/// The store failure counter is also brought up to date by `publish_gauges`, from the Redis
-/// limiter's own count.
+/// The store failure counter and the lease counters are also brought up to date by
+/// `publish_gauges`, from the Redis limiter's own counts.
 ///
 /// Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
 /// gauge is set by `outbound::Pushback::publish_gauges` (feature `metrics`)
@@ -59,6 +62,13 @@ pub mod metric_names {
     pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
     /// Counter: decisions a shared store (Redis) did not give; the fail mode decided them.
     pub const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
+    /// Counter: admissions made from a lease of a Redis limiter, without a round trip.
+    pub const RATELIMITER_LEASE_DECISIONS: &str = "bulwark_ratelimiter_lease_decisions_total";
+    /// Counter: leases a Redis limiter took and gave up, label `outcome` = `taken` |
+    /// `given_back`.
+    pub const RATELIMITER_LEASES: &str = "bulwark_ratelimiter_leases_total";
+    /// Counter: permits leases gave back unused.
+    pub const RATELIMITER_LEASE_UNUSED: &str = "bulwark_ratelimiter_lease_unused_permits_total";
     /// Counter: requests a shadow policy would have refused (and let through); label `name` =
     /// the policy's name.
     pub const RATELIMIT_SHADOW_REFUSALS: &str = "bulwark_ratelimit_shadow_refusals_total";

@@ -72,6 +72,13 @@ pub(super) struct RateLimiterSettings {
     pub(super) redis_fail_mode: Option<RedisFailModeKind>,
     /// With `redis_fail_mode = "fallback"` only, and then required.
     pub(super) fallback_limit_for_period: Option<Count>,
+    /// With `store = "redis"` only.
+    #[serde(default)]
+    pub(super) redis_leases: bool,
+    /// With `redis_leases = true` only.
+    pub(super) redis_lease_max_share: Option<Count>,
+    #[serde(default, deserialize_with = "optional")]
+    pub(super) redis_lease_length: Option<Duration>,
 }
 
 fn default_max_keys() -> Count {
@@ -457,6 +464,16 @@ impl RateLimiterSettings {
         at.only_with("redis_fail_mode", &self.redis_fail_mode, redis, what)?;
         let local = "fallback_limit_for_period";
         at.only_with(local, &self.fallback_limit_for_period, redis, what)?;
+        let leases = self.redis_leases.then_some(());
+        at.only_with("redis_leases", &leases, redis, what)?;
+        let what = "redis_leases = true";
+        let share = "redis_lease_max_share";
+        at.only_with(share, &self.redis_lease_max_share, self.redis_leases, what)?;
+        let length = "redis_lease_length";
+        at.only_with(length, &self.redis_lease_length, self.redis_leases, what)?;
+        if self.redis_leases && self.algorithm != AlgorithmKind::Gcra {
+            return Err(at.err("redis_leases", "needs algorithm = \"gcra\""));
+        }
         if !redis {
             return Ok(());
         }

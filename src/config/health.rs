@@ -22,7 +22,7 @@ impl Registry {
                         saturated: snapshot.allowed + snapshot.limited > 0
                             && snapshot.available_permissions == 0,
                         snapshot,
-                        store_failures: named.store_failures.as_ref().map(|read| read()),
+                        store_failures: named.store_failures.as_ref().map(|read| read().failures),
                     }
                 })
                 .collect(),
@@ -68,8 +68,23 @@ impl Registry {
         for (name, named) in &self.limiters {
             named.limiter.publish_gauges();
             if let Some(read) = &named.store_failures {
+                let counts = read();
                 metrics::counter!(m::RATELIMITER_STORE_FAILURES, "name" => name.clone())
-                    .absolute(read());
+                    .absolute(counts.failures);
+                #[cfg(feature = "redis")]
+                {
+                    let leases = counts.leases;
+                    metrics::counter!(m::RATELIMITER_LEASE_DECISIONS, "name" => name.clone())
+                        .absolute(leases.local_decisions);
+                    for (outcome, count) in
+                        [("taken", leases.taken), ("given_back", leases.given_back)]
+                    {
+                        metrics::counter!(m::RATELIMITER_LEASES, "name" => name.clone(), "outcome" => outcome)
+                            .absolute(count);
+                    }
+                    metrics::counter!(m::RATELIMITER_LEASE_UNUSED, "name" => name.clone())
+                        .absolute(leases.unused_permits);
+                }
             }
         }
         for bulkhead in self.bulkheads.values() {

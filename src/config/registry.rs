@@ -142,7 +142,16 @@ pub(super) struct NamedLimiter {
 }
 
 /// Reads a shared store's failure count.
-type StoreFailures = Arc<dyn Fn() -> u64 + Send + Sync>;
+type StoreFailures = Arc<dyn Fn() -> StoreCounts + Send + Sync>;
+
+/// What a shared store's limiter counts of its own: failures, and what its leases did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StoreCounts {
+    pub(super) failures: u64,
+    #[cfg(feature = "redis")]
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(super) leases: crate::redis::LeaseCounts,
+}
 
 /// Says why a quota cannot be given to a limiter, if it cannot.
 type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
@@ -579,6 +588,16 @@ fn redis_limiter(
     if let Some(timeout) = s.redis_timeout {
         builder = builder.timeout(timeout);
     }
+    if s.redis_leases {
+        let mut lease = crate::redis::Lease::new();
+        if let Some(share) = s.redis_lease_max_share {
+            lease = lease.max_share(share.0);
+        }
+        if let Some(length) = s.redis_lease_length {
+            lease = lease.length(length);
+        }
+        builder = builder.lease(lease);
+    }
     fn build<A: RedisAlgorithm>(
         path: &str,
         builder: RedisRateLimiterBuilder,
@@ -589,7 +608,10 @@ fn redis_limiter(
         let checked = limiter.clone();
         Ok((
             BoxLimiter::new(limiter),
-            Arc::new(move || counted.failures()),
+            Arc::new(move || StoreCounts {
+                failures: counted.failures(),
+                leases: counted.lease_counts(),
+            }),
             Arc::new(move |quota| {
                 checked
                     .params_for(quota)

@@ -214,7 +214,8 @@ macro_rules! fixed_fields {
 fixed_fields! {
     RateLimiterSettings => [
         algorithm, key, trusted_proxies, forwarded_header, max_keys, hide_keys, store, redis_url,
-        redis_prefix, redis_timeout, redis_fail_mode, fallback_limit_for_period
+        redis_prefix, redis_timeout, redis_fail_mode, fallback_limit_for_period, redis_leases,
+        redis_lease_max_share, redis_lease_length
     ];
     BulkheadSettings => [max_wait, queue_capacity];
     PushbackSettings => [max_wait, max_hold, pacing];

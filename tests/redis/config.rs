@@ -224,3 +224,90 @@ async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_
     assert_eq!(redis_server::key_state(&mut conn, &keys[0]).await, before);
     assert_eq!(admitted(&registry, "unchanged", 5).await, 2);
 }
+
+/// `redis_leases = true`: two registries on one Redis lease shares of one quota and together
+/// admit exactly it (three an hour); the key in Redis holds the leases. Leases with another
+/// algorithm than GCRA, or their settings without `redis_leases`, are refused naming the field.
+#[tokio::test]
+async fn leases_from_the_file_share_one_quota_exactly() {
+    let Some(server) = RedisServer::start("leases_from_the_file_share_one_quota_exactly") else {
+        return;
+    };
+    let config = |extra: &str| {
+        format!(
+            r#"
+            [rate_limiters.shared]
+            limit_for_period = 3
+            limit_refresh_period = "1h"
+            key = "header:x-api-key"
+            store = "redis"
+            redis_url = "{}"
+            redis_prefix = "config-lease:"
+            {extra}
+            "#,
+            server.url()
+        )
+    };
+    let leased =
+        config("redis_leases = true\nredis_lease_max_share = 2\nredis_lease_length = \"1s\"");
+    let registry_a = Registry::from_toml_str(&leased).unwrap();
+    let a = app(&registry_a);
+    let b = app(&Registry::from_toml_str(&leased).unwrap());
+    let mut ok = 0;
+    for i in 0..8 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        if get_orders(app).await == StatusCode::OK {
+            ok += 1;
+        }
+        if i == 0 {
+            // The first call took a lease, which the key in Redis holds until it comes back.
+            let state = server.command(&["GET", "config-lease:{tenant-7}"]);
+            assert!(state.contains(';'), "no lease in {state:?}");
+        }
+    }
+    assert_eq!(ok, 3, "one quota of 3 across both instances");
+    #[cfg(feature = "metrics")]
+    {
+        // `a` took a lease for each of its first two calls.
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || registry_a.publish_gauges());
+        let series: std::collections::HashMap<String, DebugValue> = (snapshotter.snapshot())
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name().contains("lease"))
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> =
+                    key.key().labels().map(|l| l.value().to_owned()).collect();
+                (format!("{} {}", key.key().name(), labels.join(",")), value)
+            })
+            .collect();
+        let counter = |name: &str| series.get(name);
+        assert_eq!(
+            counter("bulwark_ratelimiter_leases_total shared,taken"),
+            Some(&DebugValue::Counter(2)),
+            "{series:?}"
+        );
+        assert!(
+            counter("bulwark_ratelimiter_lease_decisions_total shared").is_some(),
+            "{series:?}"
+        );
+        assert!(counter("bulwark_ratelimiter_lease_unused_permits_total shared").is_some());
+    }
+
+    for (extra, field) in [
+        (
+            "redis_leases = true\nalgorithm = \"sliding_log\"",
+            "redis_leases",
+        ),
+        ("redis_lease_length = \"1s\"", "redis_lease_length"),
+        ("redis_lease_max_share = 2", "redis_lease_max_share"),
+        ("redis_leases = true\nredis_lease_max_share = 9", "shared"),
+    ] {
+        let err = Registry::from_toml_str(&config(extra))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{extra}: {err}");
+    }
+}
