@@ -477,3 +477,66 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     assert_eq!(last.0, tracing::Level::INFO, "{events:?}");
     assert!(last.1.contains("redis answers again"), "{events:?}");
 }
+
+/// A leasing limiter given a lease reply of the wrong shape (a lease of nothing, one beyond the
+/// burst, one that ends by its start, too few fields), or lease state in Redis that this crate
+/// did not write: an error naming what is wrong (or the fail mode's answer), never a panic, and
+/// no share taken.
+#[tokio::test]
+async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
+    use tower_bulwark::redis::Lease;
+
+    let quota = Quota::per_second(5).unwrap();
+    for (reply, what) in [
+        ("*6\r\n:4\r\n:0\r\n:1\r\n:2\r\n:0\r\n:1\r\n", "a lease of 0"),
+        (
+            "*6\r\n:4\r\n:6\r\n:1\r\n:2\r\n:0\r\n:1\r\n",
+            "exceeds the limit",
+        ),
+        ("*6\r\n:4\r\n:2\r\n:5\r\n:5\r\n:0\r\n:1\r\n", "by its start"),
+        (
+            "*5\r\n:4\r\n:2\r\n:1\r\n:2\r\n:1\r\n",
+            "expected 6 integers",
+        ),
+        (
+            "*6\r\n:4\r\n:2\r\n:-1\r\n:2\r\n:0\r\n:1\r\n",
+            "`start` is negative",
+        ),
+    ] {
+        let fake = FakeRedis::start(reply);
+        let store = RedisStore::connect(&fake.url()).await.unwrap();
+        let limiter = RedisRateLimiter::builder(quota, store)
+            .lease(Lease::new())
+            .fail_mode(RedisFailMode::Propagate)
+            .build()
+            .unwrap();
+        let err = limiter.check(&"k").await.unwrap_err();
+        let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
+        assert!(
+            matches!(failure, RedisFailure::BadReply(_)),
+            "{reply:?}: {failure}"
+        );
+        assert!(failure.to_string().contains(what), "{reply:?}: {failure}");
+        assert_eq!(limiter.lease_counts().taken, 0);
+    }
+
+    let Some(server) = RedisServer::start("a_lease_state_of_the_wrong_shape") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(quota, store)
+        .lease(Lease::new())
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    for state in ["5:5;x,1,9", "5:5;1,-2,9", "5:5;1,2,1e300"] {
+        assert_eq!(
+            server.command(&["SET", &limiter.redis_key("k"), state]),
+            "+OK"
+        );
+        let decision = limiter.check(&"k").await.unwrap();
+        assert!(!decision.allowed, "{state}: the fail mode refuses");
+    }
+    assert_eq!(limiter.failures(), 3);
+    assert_eq!(limiter.lease_counts().taken, 0);
+}

@@ -447,3 +447,57 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
     }
     assert_eq!(total, 20, "first race {first}");
 }
+
+/// A quota lowered while shares are out, then a clock that jumps an hour ahead: nothing panics;
+/// at the instant of the change, the instances admit no more than the shares they already held
+/// (at most 8 each) and what the new burst allows; after the jump, what they admit keeps to
+/// the new quota exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_changed_while_shares_are_out_and_a_clock_that_jumps() {
+    let Some(server) = RedisServer::start("a_quota_changed_while_shares_are_out") else {
+        return;
+    };
+    let url = server.url();
+    let before = Quota::per_second(100).unwrap().with_burst(40).unwrap();
+    let after = Quota::per_second(10).unwrap().with_burst(5).unwrap();
+    let lease = Lease::new().max_share(8).length(Duration::from_millis(200));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        instances.push(instance(&url, before, lease, &clock).await);
+    }
+    let flood = |instances: &[RedisRateLimiter], calls: usize| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..calls {
+            let limiter = instances[n % instances.len()].clone();
+            tasks.spawn(async move { limiter.check(&"q").await.unwrap().allowed });
+        }
+        tasks
+    };
+    // Shares out: each instance has taken some, and holds what it has not used.
+    for (n, limiter) in instances.iter().enumerate() {
+        for _ in 0..(2 + n) {
+            assert!(limiter.check(&"q").await.unwrap().allowed);
+        }
+    }
+    for limiter in &instances {
+        limiter.set_quota(after).unwrap();
+    }
+    let at_change = flood(&instances, 200).join_all().await;
+    let admitted = at_change.into_iter().filter(|&a| a).count();
+    assert!(admitted <= 4 * 8 + 5, "{admitted} admitted at the change");
+
+    clock.advance(Duration::from_secs(3600));
+    let mut after_jump = Vec::new();
+    for _ in 0..200 {
+        clock.advance(Duration::from_millis(7));
+        for (n, limiter) in instances.iter().enumerate() {
+            if n % 2 == 0 && limiter.check(&"q").await.unwrap().allowed {
+                after_jump.push((clock.now(), 1));
+            }
+        }
+    }
+    assert!(!after_jump.is_empty());
+    conforms(after, &after_jump, "after the jump");
+}
