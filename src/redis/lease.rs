@@ -56,8 +56,7 @@ impl Lease {
     pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
         if quota.script != LimiterScript::Gcra {
             return Err(BuildError::new(
-                "leases need the GCRA algorithm: a lease's permits count as taken at every \
-                 instant until it ends, which the window algorithms cannot express",
+                "leases need the GCRA algorithm: the window algorithms' scripts keep no leases",
             ));
         }
         let burst = quota.capacity;

@@ -501,3 +501,33 @@ async fn a_quota_changed_while_shares_are_out_and_a_clock_that_jumps() {
     assert!(!after_jump.is_empty());
     conforms(after, &after_jump, "after the jump");
 }
+
+/// Settings a lease cannot have are refused by `build`, each naming what is wrong: another
+/// algorithm than GCRA, a share of nothing or beyond the burst, a length of zero.
+#[tokio::test]
+async fn impossible_lease_settings_are_refused_naming_what_is_wrong() {
+    use tower_bulwark::algorithm::{FixedWindow, SlidingCounter, SlidingLog};
+
+    let store = RedisStore::connect_lazy("redis://127.0.0.1:1").unwrap();
+    let quota = Quota::per_second(10).unwrap();
+    let build = |builder: tower_bulwark::redis::RedisRateLimiterBuilder| {
+        builder.build().map(drop).unwrap_err().to_string()
+    };
+    let builder = || RedisRateLimiter::builder(quota, store.clone());
+    for err in [
+        build(builder().algorithm::<FixedWindow>().lease(Lease::new())),
+        build(builder().algorithm::<SlidingLog>().lease(Lease::new())),
+        build(builder().algorithm::<SlidingCounter>().lease(Lease::new())),
+    ] {
+        assert!(err.contains("GCRA"), "{err}");
+    }
+    for share in [0, 11] {
+        let err = build(builder().lease(Lease::new().max_share(share)));
+        assert!(err.contains("max_share"), "{share}: {err}");
+    }
+    let err = build(builder().lease(Lease::new().length(Duration::ZERO)));
+    assert!(err.contains("length"), "{err}");
+    let long = Lease::new().length(Duration::from_secs(u64::MAX));
+    assert!(build(builder().lease(long)).contains("length"));
+    assert!(builder().lease(Lease::new().max_share(10)).build().is_ok());
+}
