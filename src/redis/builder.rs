@@ -127,32 +127,40 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// Leases the keys' permits in shares (GCRA only): an instance takes a share of a key's
-    /// burst in one script call and admits from it without a round trip until it is spent or
-    /// its [`length`](Lease::length) is up, so a key with a large quota is not bound by one
-    /// Redis core and its admitted requests do not wait for the network. Exact across
-    /// instances: Redis counts a lease's permits as taken until it comes back or ends, so what
-    /// every instance admits together keeps to the quota.
+    /// Leases the keys' permits in shares (GCRA and the fixed window): an instance takes a
+    /// share of a key's burst in one script call and admits from it without a round trip until
+    /// it is spent or its [`length`](Lease::length) is up, so a key with a large quota is not
+    /// bound by one Redis core and its admitted requests do not wait for the network.
+    ///
+    /// Exact across instances. With GCRA, Redis counts a lease's permits as taken at every
+    /// instant until it comes back or ends, and never leases more than the burst; with the
+    /// fixed window, a share is of the current cycle's permits and is admitted from only until
+    /// the cycle ends. Either way, what every instance admits together keeps to the quota.
     ///
     /// What it changes:
     ///
     /// * A share follows the instance's demand, up to [`max_share`](Lease::max_share) (an eighth
-    ///   of the burst by default): while the instances together want more than the quota, a
-    ///   lease is taken only once half the share can be had, and a refusal's `retry_after` is
-    ///   when that is.
+    ///   of the burst by default): it doubles while spent before its end and halves when it
+    ///   ends mostly unused. With GCRA, a share that cannot be had now starts later, within a
+    ///   lease's length: the instance refuses until then, the wait as `retry_after`, and asks
+    ///   Redis nothing more (counted in [`cached_refusals`](RedisRateLimiter::cached_refusals)).
     /// * An admission's `remaining` is what is left of the instance's share (what it can admit
     ///   without asking), not what Redis has left for all of them.
     /// * A refund goes back to the share it came from while that lease lasts; after, the
     ///   permits stay spent. A settle's debt is taken from the share, or charged in Redis.
-    /// * An instance that dies holding a lease leaves its permits unused until twice the
-    ///   lease's length has passed (the quota is under-used, never over-used).
-    /// * At most 64 instances hold a lease of one key at once; the others are refused until
-    ///   one is given back.
+    /// * What a share holds unused goes back when its lease is over (or with the next lease);
+    ///   an instance that dies holding one leaves its permits unused until twice the lease's
+    ///   length has passed (the quota is under-used, never over-used).
+    /// * At most 64 leases of one key are out at once; an instance is refused until one comes
+    ///   back.
+    /// * Calls on one key that find no share wait for one lease call of this instance, then
+    ///   admit from what it brought.
     ///
     /// # Errors
     ///
-    /// [`build`](Self::build) refuses leases with another algorithm than GCRA, a share of 0 or
-    /// above the burst, or a length of zero or too long for the scripts' arithmetic.
+    /// [`build`](Self::build) refuses leases with a sliding algorithm (their scripts keep no
+    /// leases yet), a share of 0 or above the burst, or a length of zero or too long for the
+    /// scripts' arithmetic.
     pub fn lease(mut self, lease: Lease) -> Self {
         self.settings.lease = Some(lease);
         self

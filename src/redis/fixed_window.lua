@@ -3,13 +3,20 @@
 -- l = the latest clock reading; an older reading is decided as of it; d = the period `c` counts
 -- in (absent: the current period).
 -- ARGV[8] period, ARGV[9] limit
+--
+-- Leases (ops 'l' and 'u', arguments as in `gcra.lua`): a share of the current cycle's permits,
+-- counted in `u` at once and admitted from only until the cycle ends, so every cycle admits no
+-- more than its limit, however the instances spend their shares. x = the leases of cycle `c`,
+-- ";<id>,<permits>" each, so that one coming back with unused permits while no debt is carried
+-- gives them back exactly; after its cycle, a lease's permits are spent.
 local key = KEYS[1]
 local period = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd')
+local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
 local latest = stored(state[3], 0)
+local leases = state[5] or ''
 now = math.max(now, latest)
 -- The quota's period changed since the key was written: its count moves, whole, to the cycle of
 -- this period that holds its latest reading, and is refreshed from there like any other.
@@ -22,6 +29,7 @@ local cycle = idiv(now, period)
 if cycle > c then
   u = math.max(u - (cycle - c) * limit, 0)
   c = cycle
+  leases = ''
 end
 
 -- Ticks from now until `n` more cycles have started (the first at the next boundary).
@@ -40,9 +48,62 @@ local function save()
   if u == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period))
+    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', leases)
     expire_in(key, reset_after())
   end
+end
+
+-- Gives back the lease `id` of this cycle with `unused` permits, if it is one and no debt is
+-- carried (a charge beyond the limit holds the last slots; taking earlier ones out would move
+-- it into this cycle).
+local function give_back(id, unused)
+  local entry = ';' .. int(id) .. ','
+  local at = string.find(leases, entry, 1, true)
+  if not at then
+    return
+  end
+  local permits = stored(string.match(leases, '^(%d+)', at + #entry), 0)
+  leases = string.sub(leases, 1, at - 1) .. string.sub(leases, at + #entry + #int(permits))
+  if u <= limit then
+    u = math.max(u - math.min(unused, permits), 0)
+  end
+end
+
+if op == 'u' then
+  local unused, id = count_arg(ARGV[10]), count_arg(ARGV[11])
+  if not unused or not id then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+  give_back(id, unused)
+  save()
+  return refunded()
+end
+
+if op == 'l' then
+  local length, wanted, id = arg5, count_arg(ARGV[10]), count_arg(ARGV[11])
+  local back, unused = count_arg(ARGV[12]), count_arg(ARGV[13])
+  if not wanted or not id or id == 0 or not back or not unused or wanted < cost or length < 1 then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+  if back > 0 then
+    give_back(back, unused)
+  end
+  local available = math.max(limit - u, 0)
+  local _, count = string.gsub(leases, ';', '')
+  if available < cost or count >= 64 or string.find(leases, ';' .. int(id) .. ',', 1, true) then
+    -- Nothing leased: when the next cycles give `cost` permits.
+    if back > 0 then
+      save()
+    end
+    local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
+    return decision(0, available, wait, reset_after(), 0, 0)
+  end
+  local permits = math.min(wanted, available)
+  u = u + permits
+  leases = leases .. ';' .. int(id) .. ',' .. int(permits)
+  save()
+  local ends = math.min(now + length, (c + 1) * period)
+  return { 4, permits, now, ends, limit - u, server_time }
 end
 
 if op == 'r' then

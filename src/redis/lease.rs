@@ -1,4 +1,5 @@
-//! Leases of a key's permits (GCRA, [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease)):
+//! Leases of a key's permits (GCRA and the fixed window,
+//! [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease)):
 //! an instance takes a share of a key's burst from Redis in one script call and admits from it
 //! without asking, until the share is spent or its time is up.
 //!
@@ -54,9 +55,12 @@ impl Lease {
 impl Lease {
     /// The leases of a limiter of `quota`, checked.
     pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
-        if quota.script != LimiterScript::Gcra {
+        if !matches!(
+            quota.script,
+            LimiterScript::Gcra | LimiterScript::FixedWindow
+        ) {
             return Err(BuildError::new(
-                "leases need the GCRA algorithm: the window algorithms' scripts keep no leases",
+                "leases need GCRA or the fixed window: the sliding scripts keep no leases yet",
             ));
         }
         let burst = quota.capacity;
@@ -197,7 +201,13 @@ impl Leases {
 
     /// Decides on `cost` permits from `share` at `now`: admitted if its lease is live and holds
     /// them, refused until it starts if it has not yet; `None` when a lease must be asked for.
-    pub(crate) fn take(&self, share: &Share, cost: u32, now: u64, gcra: Gcra) -> Option<Decision> {
+    pub(crate) fn take(
+        &self,
+        share: &Share,
+        cost: u32,
+        now: u64,
+        quota: LeaseQuota,
+    ) -> Option<Decision> {
         let mut held = share.held();
         if held.id == 0 || now >= held.until || held.left < cost {
             return None;
@@ -206,12 +216,12 @@ impl Leases {
             // Refused without a round trip, as a cached refusal is.
             self.counts.waiting.fetch_add(1, Ordering::Relaxed);
             let wait = Duration::from_nanos(held.from - now);
-            let reset = wait + gcra.refill(held.permits);
-            return Some(Decision::refused(gcra.limit, 0, wait, reset));
+            let reset = wait + quota.refill(held.permits);
+            return Some(Decision::refused(quota.limit, 0, wait, reset));
         }
         self.counts.local.fetch_add(1, Ordering::Relaxed);
         held.left -= cost;
-        Some(gcra.leased(held.left, held.id))
+        Some(quota.leased(held.left, held.id))
     }
 
     /// What the next lease call for `cost` permits at `now` asks, and gives back: the share
@@ -253,7 +263,7 @@ impl Leases {
         ask: &Ask,
         (permits, from, until): (u32, u64, u64),
         (cost, now): (u32, u64),
-        gcra: Gcra,
+        quota: LeaseQuota,
     ) -> Decision {
         let mut held = share.held();
         *held = Held {
@@ -266,14 +276,14 @@ impl Leases {
         };
         self.counts.taken.fetch_add(1, Ordering::Relaxed);
         drop(held);
-        let decision = self.take(share, cost, now, gcra);
+        let decision = self.take(share, cost, now, quota);
         if decision.as_ref().is_some_and(|d| d.allowed) {
             // Admitted by the call that took the lease: not without a round trip.
             self.counts.local.fetch_sub(1, Ordering::Relaxed);
         }
         decision.unwrap_or_else(|| {
             // A lease over before this call could use it (a clock far off): nothing admitted.
-            Decision::refused(gcra.limit, 0, Duration::ZERO, Duration::ZERO)
+            Decision::refused(quota.limit, 0, Duration::ZERO, Duration::ZERO)
         })
     }
 
@@ -284,7 +294,8 @@ impl Leases {
         let length = self.length_nanos;
         if reply.client_clock {
             // The script ran at this clock's reading: its instants are this clock's.
-            return (reply.start, reply.start.saturating_add(length));
+            let until = reply.start.saturating_add(length).min(reply.end);
+            return (reply.start, until);
         }
         // The server read its TIME between `sent` and `received`; clocks drift up to 100 ppm.
         let nanos = |ticks: u64| ticks.saturating_mul(reply.tick_nanos);
@@ -390,12 +401,12 @@ pub(crate) struct LeaseReply {
 
 /// The quota a lease's decisions report on: its burst and emission interval (nanoseconds).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Gcra {
+pub(crate) struct LeaseQuota {
     pub(crate) limit: u64,
     pub(crate) interval_nanos: u64,
 }
 
-impl Gcra {
+impl LeaseQuota {
     /// How long `permits` take to come back.
     fn refill(self, permits: u32) -> Duration {
         Duration::from_nanos(u64::from(permits).saturating_mul(self.interval_nanos))

@@ -197,7 +197,9 @@ impl RedisRateLimiter {
         if let Some(leases) = &inner.leases {
             let share = leases.existing(&redis_key);
             let now = inner.clock.now();
-            if let Some(decision) = share.and_then(|s| leases.take(&s, cost, now, quota.gcra())) {
+            if let Some(decision) =
+                share.and_then(|s| leases.take(&s, cost, now, quota.lease_quota()))
+            {
                 let decision = inner.stamp(decision, &redis_key, cost);
                 return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
             }
@@ -351,7 +353,7 @@ impl Inner {
         let one_at_a_time = share.refill.lock().await;
         // The call before this one's turn may have brought a share, or a refusal.
         let now = self.clock.now();
-        if let Some(decision) = leases.take(&share, cost, now, quota.gcra()) {
+        if let Some(decision) = leases.take(&share, cost, now, quota.lease_quota()) {
             return Ok(self.stamp(decision, &key, cost));
         }
         let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
@@ -393,7 +395,8 @@ impl Inner {
                 let now = self.clock.now();
                 let (from, until) = leases.window(&reply, sent, now);
                 let grant = (permits, from, until);
-                let decision = leases.granted(&share, &ask, grant, (cost, now), quota.gcra());
+                let decision =
+                    leases.granted(&share, &ask, grant, (cost, now), quota.lease_quota());
                 drop(one_at_a_time);
                 let over_in = Duration::from_nanos(until.saturating_sub(now));
                 self.give_back_at_end(key.clone(), ask.id, over_in);

@@ -78,7 +78,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
             .filter(|&name| with_tat || name != "state_after")
             .collect(),
         2 | 3 => vec!["status", "time"],
-        4 if with_tat => vec!["status", "permits", "start", "end", "remaining", "time"],
+        4 => vec!["status", "permits", "start", "end", "remaining", "time"],
         n => return Err(bad(format!("the status is not one a script answers ({n})"))),
     };
     if items.len() != names.len() {

@@ -1,7 +1,8 @@
 //! `examples/hot_key.rs` over real listeners: two instances on one Redis share one global quota
-//! (500 a second, burst 50), flooded by many clients at once for about a second. Together they
-//! admit no more than the quota allows over the flood (rate × time + burst), nearly all of it,
-//! and nearly every admission is made from a lease, without a round trip.
+//! (2 000 a second, burst 200), flooded by many clients at once for about a second. Together
+//! they admit no more than the quota allows over the flood (rate × time + burst), nearly all of
+//! it (or of what the clients asked), and at least 80 % of the admissions are made from leases,
+//! without a round trip.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
     };
     let mut instances = Vec::new();
     for _ in 0..2 {
-        let (app, limiter, counts) = hot_key::app(&server.url(), 500, true).await.unwrap();
+        let (app, limiter, counts) = hot_key::app(&server.url(), 2000, true).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -31,13 +32,16 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
     for n in 0..16 {
         let (client, addr) = (client.clone(), instances[n % 2].0);
         clients.spawn(async move {
+            let mut sent = 0;
             while started.elapsed() < flood {
                 let response = client.get(format!("http://{addr}/")).send().await.unwrap();
                 assert!(matches!(response.status().as_u16(), 200 | 429));
+                sent += 1;
             }
+            sent
         });
     }
-    clients.join_all().await;
+    let sent: u64 = clients.join_all().await.into_iter().sum();
     let elapsed = started.elapsed();
     let (admitted, local): (u64, u64) =
         instances
@@ -49,15 +53,18 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
                 )
             });
     // The flood began before the first request and ended after the last.
-    let allowed = 500.0 * elapsed.as_secs_f64() + 50.0;
+    let allowed = 2000.0 * elapsed.as_secs_f64() + 200.0;
     assert!(
         admitted as f64 <= allowed,
         "{admitted} admitted, at most {allowed:.0} allowed"
     );
+    // Nearly all of the quota, or of what was asked if the clients asked less (a busy machine).
+    let wanted = allowed.min(sent as f64);
     assert!(
-        admitted as f64 >= 0.8 * allowed,
-        "{admitted} admitted of {allowed:.0} allowed"
+        admitted as f64 >= 0.8 * wanted,
+        "{admitted} admitted of {wanted:.0}"
     );
+    // Shares of 25 (an eighth of the burst): one admission in 25 takes a lease.
     assert!(
         local as f64 >= 0.9 * admitted as f64,
         "{local} of {admitted} from leases"

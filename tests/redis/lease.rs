@@ -8,14 +8,26 @@ use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
 use crate::common::Rng;
+use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra};
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{Lease, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 async fn instance(url: &str, quota: Quota, lease: Lease, clock: &ManualClock) -> RedisRateLimiter {
+    instance_of::<Gcra>(url, quota, lease, clock).await
+}
+
+/// A leasing limiter of algorithm `A` on the shared manual clock.
+async fn instance_of<A: RedisAlgorithm>(
+    url: &str,
+    quota: Quota,
+    lease: Lease,
+    clock: &ManualClock,
+) -> RedisRateLimiter {
     let store = RedisStore::connect(url).await.unwrap();
     RedisRateLimiter::builder(quota, store)
+        .algorithm::<A>()
         .client_clock(clock.clone())
         .prefix("lease-model:")
         .lease(lease)
@@ -33,7 +45,7 @@ struct Run {
 /// `steps` requests on one key from `instances` limiters sharing `clock`, each of a random
 /// cost, at random gaps; some admissions are vetoed (refunded) at once or a little later, and
 /// now and then an instance dies holding its lease and a new one takes its place.
-async fn run(
+async fn run<A: RedisAlgorithm>(
     url: &str,
     quota: Quota,
     (lease, length): (Lease, Duration),
@@ -45,7 +57,7 @@ async fn run(
     let mut rng = Rng(seed);
     let mut instances = Vec::new();
     for _ in 0..4 {
-        instances.push(instance(url, quota, lease, &clock).await);
+        instances.push(instance_of::<A>(url, quota, lease, &clock).await);
     }
     let key = format!("k{seed}");
     let interval = quota.period().as_nanos() as u64 / u64::from(quota.permits());
@@ -83,7 +95,7 @@ async fn run(
                 // Dies holding whatever it leased; a new instance takes its place.
                 // Its admissions stand: they happened.
                 local += instances[i].lease_counts().local_decisions;
-                instances[i] = instance(url, quota, lease, &clock).await;
+                instances[i] = instance_of::<A>(url, quota, lease, &clock).await;
                 generation[i] = next_generation;
                 next_generation += 1;
                 continue;
@@ -119,9 +131,15 @@ async fn run(
 
 /// Every admission of `admitted`, replayed at its instant through one in-memory GCRA of
 /// `quota`, is admitted there too.
-fn conforms(quota: Quota, admitted: &[(u64, u32)], what: &str) {
+pub(crate) fn conforms(quota: Quota, admitted: &[(u64, u32)], what: &str) {
+    conforms_to::<Gcra>(quota, admitted, what);
+}
+
+/// As [`conforms`], through one in-memory limiter of algorithm `A`.
+fn conforms_to<A: Algorithm>(quota: Quota, admitted: &[(u64, u32)], what: &str) {
     let clock = ManualClock::new();
     let model = KeyedRateLimiter::<()>::builder(quota)
+        .algorithm::<A>()
         .clock(clock.clone())
         .build();
     let mut at = 0;
@@ -180,7 +198,7 @@ async fn leased_instances_together_never_exceed_the_quota() {
     for (n, (quota, lease)) in cases.into_iter().enumerate() {
         for seed in 1..=8 {
             let seed = n as u64 * 100 + seed;
-            let run = run(&url, quota, lease, seed, 600).await;
+            let run = run::<Gcra>(&url, quota, lease, seed, 600).await;
             conforms(quota, &run.admitted, &format!("case {n}, seed {seed}"));
             assert!(
                 run.admitted.len() > 30,
@@ -189,6 +207,40 @@ async fn leased_instances_together_never_exceed_the_quota() {
             );
             local += run.local;
             let _ = run.asked;
+        }
+    }
+    assert!(local > 0, "no decision was made from a lease");
+}
+
+/// The same model for the fixed window: a share of the current cycle's permits, admitted from
+/// until the cycle ends. Replayed through one in-memory fixed window, every admission of the
+/// four instances is admitted there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_fixed_window_instances_together_never_exceed_the_quota() {
+    let Some(server) = RedisServer::start("leased_fixed_window_instances_together") else {
+        return;
+    };
+    let url = server.url();
+    let ms = Duration::from_millis;
+    let lease = |share, length| (Lease::new().max_share(share).length(length), length);
+    let cases = [
+        (Quota::per_second(20).unwrap(), lease(5, ms(300))),
+        (Quota::with_period(9, ms(250)).unwrap(), lease(9, ms(100))),
+        (Quota::per_second(100).unwrap(), (Lease::new(), ms(100))),
+    ];
+    let mut local = 0;
+    for (n, (quota, lease)) in cases.into_iter().enumerate() {
+        for seed in 1..=8 {
+            let seed = 1000 + n as u64 * 100 + seed;
+            let run = run::<FixedWindow>(&url, quota, lease, seed, 600).await;
+            let what = format!("fixed window case {n}, seed {seed}");
+            conforms_to::<FixedWindow>(quota, &run.admitted, &what);
+            assert!(
+                run.admitted.len() > 30,
+                "{what}: {} admitted",
+                run.admitted.len()
+            );
+            local += run.local;
         }
     }
     assert!(local > 0, "no decision was made from a lease");
@@ -502,11 +554,11 @@ async fn a_quota_changed_while_shares_are_out_and_a_clock_that_jumps() {
     conforms(after, &after_jump, "after the jump");
 }
 
-/// Settings a lease cannot have are refused by `build`, each naming what is wrong: another
-/// algorithm than GCRA, a share of nothing or beyond the burst, a length of zero.
+/// Settings a lease cannot have are refused by `build`, each naming what is wrong: a sliding
+/// algorithm, a share of nothing or beyond the burst, a length of zero or too long.
 #[tokio::test]
 async fn impossible_lease_settings_are_refused_naming_what_is_wrong() {
-    use tower_bulwark::algorithm::{FixedWindow, SlidingCounter, SlidingLog};
+    use tower_bulwark::algorithm::{SlidingCounter, SlidingLog};
 
     let store = RedisStore::connect_lazy("redis://127.0.0.1:1").unwrap();
     let quota = Quota::per_second(10).unwrap();
@@ -515,12 +567,13 @@ async fn impossible_lease_settings_are_refused_naming_what_is_wrong() {
     };
     let builder = || RedisRateLimiter::builder(quota, store.clone());
     for err in [
-        build(builder().algorithm::<FixedWindow>().lease(Lease::new())),
         build(builder().algorithm::<SlidingLog>().lease(Lease::new())),
         build(builder().algorithm::<SlidingCounter>().lease(Lease::new())),
     ] {
-        assert!(err.contains("GCRA"), "{err}");
+        assert!(err.contains("GCRA or the fixed window"), "{err}");
     }
+    let window = builder().algorithm::<FixedWindow>().lease(Lease::new());
+    assert!(window.build().is_ok());
     for share in [0, 11] {
         let err = build(builder().lease(Lease::new().max_share(share)));
         assert!(err.contains("max_share"), "{share}: {err}");
