@@ -471,12 +471,8 @@ impl RateLimiterSettings {
         at.only_with(share, &self.redis_lease_max_share, self.redis_leases, what)?;
         let length = "redis_lease_length";
         at.only_with(length, &self.redis_lease_length, self.redis_leases, what)?;
-        let leased = matches!(
-            self.algorithm,
-            AlgorithmKind::Gcra | AlgorithmKind::FixedWindow
-        );
-        if self.redis_leases && !leased {
-            let why = "needs algorithm = \"gcra\" or \"fixed_window\"";
+        if self.redis_leases && self.algorithm == AlgorithmKind::SlidingLog {
+            let why = "cannot be exact with algorithm = \"sliding_log\"";
             return Err(at.err("redis_leases", why));
         }
         if !redis {

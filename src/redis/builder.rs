@@ -127,15 +127,17 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// Leases the keys' permits in shares (GCRA and the fixed window): an instance takes a
-    /// share of a key's burst in one script call and admits from it without a round trip until
+    /// Leases the keys' permits in shares (GCRA, the fixed window and the sliding counter): an
+    /// instance takes a share of a key's burst in one script call and admits from it without a round trip until
     /// it is spent or its [`length`](Lease::length) is up, so a key with a large quota is not
     /// bound by one Redis core and its admitted requests do not wait for the network.
     ///
     /// Exact across instances. With GCRA, Redis counts a lease's permits as taken at every
     /// instant until it comes back or ends, and never leases more than the burst; with the
-    /// fixed window, a share is of the current cycle's permits and is admitted from only until
-    /// the cycle ends. Either way, what every instance admits together keeps to the quota.
+    /// window algorithms, a share is of what the current window can still admit, counted at
+    /// once, and is admitted from only until the window ends (a permit spent later in a sliding
+    /// counter's window weighs no less than an admission then). Either way, what every
+    /// instance admits together keeps to the quota.
     ///
     /// What it changes:
     ///
@@ -158,9 +160,10 @@ impl RedisRateLimiterBuilder {
     ///
     /// # Errors
     ///
-    /// [`build`](Self::build) refuses leases with a sliding algorithm (their scripts keep no
-    /// leases yet), a share of 0 or above the burst, or a length of zero or too long for the
-    /// scripts' arithmetic.
+    /// [`build`](Self::build) refuses leases with the sliding log (it counts each permit at
+    /// the instant it was admitted, and a share is spent over a lease's length: exact only if
+    /// each permit were counted over that length too), a share of 0 or above the burst, or a
+    /// length of zero or too long for the scripts' arithmetic.
     pub fn lease(mut self, lease: Lease) -> Self {
         self.settings.lease = Some(lease);
         self

@@ -1,4 +1,4 @@
-//! Leases of a key's permits (GCRA and the fixed window,
+//! Leases of a key's permits (GCRA, the fixed window and the sliding counter,
 //! [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease)):
 //! an instance takes a share of a key's burst from Redis in one script call and admits from it
 //! without asking, until the share is spent or its time is up.
@@ -55,12 +55,10 @@ impl Lease {
 impl Lease {
     /// The leases of a limiter of `quota`, checked.
     pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
-        if !matches!(
-            quota.script,
-            LimiterScript::Gcra | LimiterScript::FixedWindow
-        ) {
+        if quota.script == LimiterScript::SlidingLog {
             return Err(BuildError::new(
-                "leases need GCRA or the fixed window: the sliding scripts keep no leases yet",
+                "leases cannot be exact with the sliding log: it counts each permit at the \
+                 instant it was admitted, and a share is spent over a lease's length",
             ));
         }
         let burst = quota.capacity;
