@@ -10,7 +10,9 @@
 //! `RedisRateLimiter` at `REDIS_URL` (default redis://127.0.0.1:6379) of `QUOTA` requests a
 //! second (default 5000) with a burst of a tenth of that. Each instance leases shares of the
 //! quota and admits from them without a round trip, unless `LEASES=off`. A refusal is the
-//! usual 429. Copies on other ports that share the Redis share the quota, exactly.
+//! usual 429. Copies on other ports that share the Redis share the quota, exactly. While Redis
+//! cannot answer, decisions are admitted (the fail mode `open`), or refused with
+//! `FAIL_MODE=closed`, once the shares held are spent.
 //!
 //! On Ctrl-C (or SIGTERM) it prints what it admitted and what its leases did:
 //! `RESULT admitted=N refused=M local_decisions=L leases=T unused_permits=U`.
@@ -25,7 +27,7 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
-use tower_bulwark::redis::{Lease, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{BoxError, Quota};
 
 /// What one instance admitted and refused.
@@ -52,6 +54,10 @@ pub async fn app(
     let quota = Quota::per_second(rate)?.with_burst((rate / 10).max(1))?;
     let store = RedisStore::connect(url).await?;
     let mut builder = RedisRateLimiter::builder(quota, store).prefix("hot_key:");
+    if std::env::var("FAIL_MODE").is_ok_and(|mode| mode == "closed") {
+        // While Redis cannot answer, refuse (after the shares held are spent) rather than admit.
+        builder = builder.fail_mode(RedisFailMode::Closed(Duration::from_secs(1)));
+    }
     if leases {
         builder = builder.lease(Lease::new());
     }
