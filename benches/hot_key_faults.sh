@@ -7,6 +7,7 @@
 # what the quota allows over the run.
 #
 #   benches/hot_key_faults.sh            # QUOTA=5000, DURATION=9
+#   KILL=0 RESTART=0 benches/hot_key_faults.sh   # the same run without the faults
 #
 # Needs `wrk` and `redis-server`.
 set -euo pipefail
@@ -41,11 +42,13 @@ for i in 0 1 2 3; do
   wrks+=($!)
 done
 sleep "$(echo "$DURATION / 3" | bc -l)"
-kill -9 "${pids[0]}"
+[[ "${KILL:-1}" == 1 ]] && kill -9 "${pids[0]}"
 sleep "$(echo "$DURATION / 3" | bc -l)"
-kill -9 "$redis_pid"
-wait "$redis_pid" 2>/dev/null || true
-start_redis
+if [[ "${RESTART:-1}" == 1 ]]; then
+  kill -9 "$redis_pid"
+  wait "$redis_pid" 2>/dev/null || true
+  start_redis
+fi
 wait "${wrks[@]}"
 end=$(date +%s.%N)
 python3 - "$work" "$QUOTA" "$start" "$end" <<'PY'
