@@ -149,7 +149,11 @@ impl RedisRateLimiterBuilder {
     /// * An admission's `remaining` is what is left of the instance's share (what it can admit
     ///   without asking), not what Redis has left for all of them.
     /// * A refund goes back to the share it came from while that lease lasts; after, the
-    ///   permits stay spent. A settle's debt is taken from the share, or charged in Redis.
+    ///   permits stay spent. A settle's debt is taken from the share as far as it holds, and
+    ///   the rest charged in Redis.
+    /// * A call that may wait (a quota's `max_wait`) and finds no share is decided in Redis; a
+    ///   reservation then falls due only after every lease out has ended, since their permits
+    ///   may be spent until then.
     /// * What a share holds unused goes back when its lease is over (or with the next lease);
     ///   an instance that dies holding one leaves its permits unused until twice the lease's
     ///   length has passed (the quota is under-used, never over-used).

@@ -71,11 +71,30 @@ local function pinned()
   return math.max(tat, now + out * interval)
 end
 
--- Gives back the lease `id` with `unused` permits, if it is still out.
+-- The TAT once every lease out has ended without coming back, each counted at its end.
+local function frozen()
+  local t, o, order = tat, out, {}
+  for id in pairs(leases) do
+    table.insert(order, id)
+  end
+  table.sort(order, function(a, b) return leases[a][2] < leases[b][2] end)
+  for _, id in ipairs(order) do
+    t = math.max(t, leases[id][2] + o * interval)
+    o = o - leases[id][1]
+  end
+  return t
+end
+
+-- Gives back the lease `id` with `unused` permits, if it is still out. Under a reservation
+-- still ahead (a TAT past the horizon), nothing comes back, as in memory: the permits would
+-- come before it.
 local function give_back(id, unused)
   local lease = leases[id]
   if not lease then
     return
+  end
+  if tat - horizon > now then
+    unused = 0
   end
   tat = math.max(pinned() - math.min(unused, lease[1]) * interval, now)
   out = out - lease[1]
@@ -191,6 +210,13 @@ local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
   save(new_tat, now)
   return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
+end
+if out > 0 then
+  -- A reservation falls due after every lease out has ended: their permits may be spent until
+  -- then, which pinning them at now does not count.
+  base = math.max(base, frozen())
+  new_tat = base + interval * cost
+  allow_at = math.max(new_tat - horizon, 0)
 end
 local wait = allow_at - now
 if wait <= max_wait then

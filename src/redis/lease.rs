@@ -336,18 +336,21 @@ impl Leases {
         }
     }
 
-    /// Takes `debt` more permits from `key`'s share for an admission from the lease `id`, if it
-    /// still holds them; `false` when the debt must be charged in Redis.
-    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> bool {
+    /// Takes what it can of a `debt` of more permits from `key`'s share, for an admission from
+    /// the lease `id` at `now` (all of it if the share still holds it): the permits taken. The
+    /// rest is charged in Redis, and the share is spent first, so that it admits nothing the
+    /// debt should have waited for.
+    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> u32 {
         let Some(share) = self.existing(key) else {
-            return false;
+            return 0;
         };
         let mut held = share.held();
-        if held.id == id && now < held.until && held.left >= debt {
-            held.left -= debt;
-            return true;
+        if held.id != id || now >= held.until {
+            return 0;
         }
-        false
+        let taken = held.left.min(debt);
+        held.left -= taken;
+        taken
     }
 
     pub(crate) fn counts(&self) -> LeaseCounts {

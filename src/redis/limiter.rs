@@ -471,7 +471,7 @@ impl Inner {
         self: &Arc<Self>,
         key: String,
         decision: Decision,
-        change: Change,
+        mut change: Change,
     ) -> Option<Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static>> {
         if !self.takes_back(&key, &decision) {
             return None;
@@ -497,9 +497,16 @@ impl Inner {
                 }
                 Change::Charge { estimate, cost } => {
                     let debt = cost.saturating_sub(estimate);
-                    if leases.charge(&key, decision.reserved_at, debt, self.clock.now()) {
+                    let now = self.clock.now();
+                    let taken = leases.charge(&key, decision.reserved_at, debt, now);
+                    if taken == debt {
                         return Some(None);
                     }
+                    // What the share could not pay is charged in Redis.
+                    change = Change::Charge {
+                        estimate: estimate + taken,
+                        cost,
+                    };
                 }
             },
             _ => {}

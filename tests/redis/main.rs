@@ -26,6 +26,8 @@ mod http_layer;
 #[cfg(feature = "redis")]
 mod lease;
 #[cfg(feature = "redis")]
+mod lease_hostile;
+#[cfg(feature = "redis")]
 mod refund;
 #[cfg(feature = "redis")]
 mod settle;
