@@ -223,8 +223,10 @@ impl Leases {
     }
 
     /// What the next lease call for `cost` permits at `now` asks, and gives back: the share
-    /// held is given up at once (nothing more is admitted from it).
-    pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64) -> Ask {
+    /// held is given up at once (nothing more is admitted from it). No share is asked beyond
+    /// `capacity`, the burst of the quota in force, which a `set_quota` may have brought below
+    /// `max_share`.
+    pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64, capacity: u32) -> Ask {
         let mut held = share.held();
         let mut size = held.size.max(1);
         if held.id != 0 {
@@ -235,7 +237,7 @@ impl Leases {
                 size /= 2;
             }
         }
-        let wanted = size.clamp(1, self.max_share).max(cost);
+        let wanted = size.clamp(1, self.max_share.min(capacity).max(1)).max(cost);
         let ask = Ask {
             back: held.id,
             unused: held.left,

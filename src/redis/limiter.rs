@@ -364,7 +364,7 @@ impl Inner {
             return Ok(self.stamp(refusal, &key, cost));
         }
         let sent = self.clock.now();
-        let ask = leases.ask(&share, cost, sent);
+        let ask = leases.ask(&share, cost, sent, quota.capacity);
         // Redis keeps a lease twice as long as the instance admits from it, so that a share
         // given back soon after its end still comes back.
         let length = u64::try_from(leases.length().as_nanos() * 2).unwrap_or(u64::MAX);
