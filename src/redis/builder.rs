@@ -151,6 +151,12 @@ impl RedisRateLimiterBuilder {
     /// * A refund goes back to the share it came from while that lease lasts; after, the
     ///   permits stay spent. A settle's debt is taken from the share as far as it holds, and
     ///   the rest charged in Redis.
+    /// * **A limit:** a debt charged in Redis (a settle to more than the estimate, beyond what
+    ///   the settling instance's share holds) does not stop the shares other instances already
+    ///   hold; until their leases end, they may admit up to what they hold beyond the quota in
+    ///   the debt's window (at most `max_share` each). Settles to less are exact. For costs
+    ///   often settled above their estimate (tokens of an LLM API), estimate high, or do not
+    ///   lease.
     /// * A call that may wait (a quota's `max_wait`) and finds no share is decided in Redis; a
     ///   reservation then falls due only after every lease out has ended, since their permits
     ///   may be spent until then.

@@ -28,6 +28,8 @@ mod lease;
 #[cfg(feature = "redis")]
 mod lease_hostile;
 #[cfg(feature = "redis")]
+mod lease_windows;
+#[cfg(feature = "redis")]
 mod refund;
 #[cfg(feature = "redis")]
 mod settle;
