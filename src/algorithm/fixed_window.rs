@@ -11,9 +11,12 @@ use crate::{decision::Decision, Quota};
 /// never build up more than `permits`. A caller willing to wait reserves a permission of a future
 /// cycle, so the available count can go below zero: that debt is paid by the next cycles.
 ///
-/// Guarantee: no cycle admits (or has fall due in it) more than `permits`. Its weakness is the
-/// edge: `permits` at the end of one cycle and `permits` at the start of the next are `2 · permits`
-/// within a short span. The burst setting does not apply.
+/// Guarantee: no cycle hands out more than its `permits`. An admission takes slots of the
+/// current cycle; a reservation takes the slots left in it and the first of the next cycles', and
+/// falls due when the cycle of its last slot begins, so that cycle may see, beside its own
+/// `permits`, the part of a reservation drawn from the cycle before (up to `permits - 1`). Its
+/// weakness is the edge: `permits` at the end of one cycle and `permits` at the start of the next
+/// are `2 · permits` within a short span. The burst setting does not apply.
 ///
 /// A clock reading older than the latest one the key has seen is decided as of that latest
 /// reading (the state keeps it), so a stale reading never lands in a cycle that has ended.
