@@ -4,11 +4,11 @@
 -- in (absent: the current period).
 -- ARGV[8] period, ARGV[9] limit
 --
--- Leases (ops 'l' and 'u', arguments as in `gcra.lua`): a share of the current cycle's permits,
+-- Leases (ops 'l' and 'u', arguments in `prelude.lua`): a share of the current cycle's permits,
 -- counted in `u` at once and admitted from only until the cycle ends, so every cycle admits no
 -- more than its limit, however the instances spend their shares. x = the leases of cycle `c`,
--- ";<id>,<permits>" each, so that one coming back with unused permits while no debt is carried
--- gives them back exactly; after its cycle, a lease's permits are spent.
+-- so that one coming back with unused permits while no debt is carried gives them back
+-- exactly; after its cycle, a lease's permits are spent.
 local key = KEYS[1]
 local period = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
@@ -16,7 +16,7 @@ local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
 local latest = stored(state[3], 0)
-local leases = state[5] or ''
+local leases = read_leases(state[5])
 now = math.max(now, latest)
 -- The quota's period changed since the key was written: its count moves, whole, to the cycle of
 -- this period that holds its latest reading, and is refreshed from there like any other.
@@ -29,7 +29,7 @@ local cycle = idiv(now, period)
 if cycle > c then
   u = math.max(u - (cycle - c) * limit, 0)
   c = cycle
-  leases = ''
+  leases = {}
 end
 
 -- Ticks from now until `n` more cycles have started (the first at the next boundary).
@@ -48,7 +48,7 @@ local function save()
   if u == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', leases)
+    redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', write_leases(leases))
     expire_in(key, reset_after())
   end
 end
@@ -57,42 +57,31 @@ end
 -- carried (a charge beyond the limit holds the last slots; taking earlier ones out would move
 -- it into this cycle).
 local function give_back(id, unused)
-  local entry = ';' .. int(id) .. ','
-  local at = string.find(leases, entry, 1, true)
-  if not at then
+  local lease = leases[id]
+  if not lease then
     return
   end
-  local permits = stored(string.match(leases, '^(%d+)', at + #entry), 0)
-  leases = string.sub(leases, 1, at - 1) .. string.sub(leases, at + #entry + #int(permits))
+  leases[id] = nil
   if u <= limit then
-    u = math.max(u - math.min(unused, permits), 0)
+    u = math.max(u - math.min(unused, lease[1]), 0)
   end
 end
 
 if op == 'u' then
-  local unused, id = count_arg(ARGV[10]), count_arg(ARGV[11])
-  if not unused or not id then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  give_back(id, unused)
+  give_back(lease_back, lease_unused)
   save()
   return refunded()
 end
 
 if op == 'l' then
-  local length, wanted, id = arg5, count_arg(ARGV[10]), count_arg(ARGV[11])
-  local back, unused = count_arg(ARGV[12]), count_arg(ARGV[13])
-  if not wanted or not id or id == 0 or not back or not unused or wanted < cost or length < 1 then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  if back > 0 then
-    give_back(back, unused)
+  local length, wanted = arg5, lease_wanted
+  if lease_back > 0 then
+    give_back(lease_back, lease_unused)
   end
   local available = math.max(limit - u, 0)
-  local _, count = string.gsub(leases, ';', '')
-  if available < cost or count >= 64 or string.find(leases, ';' .. int(id) .. ',', 1, true) then
+  if available < cost or not lease_room(leases) then
     -- Nothing leased: when the next cycles give `cost` permits.
-    if back > 0 then
+    if lease_back > 0 then
       save()
     end
     local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
@@ -100,7 +89,7 @@ if op == 'l' then
   end
   local permits = math.min(wanted, available)
   u = u + permits
-  leases = leases .. ';' .. int(id) .. ',' .. int(permits)
+  leases[lease_id] = { permits, c }
   save()
   local ends = math.min(now + length, (c + 1) * period)
   return { 4, permits, now, ends, limit - u, server_time }

@@ -14,22 +14,16 @@
 -- below that. A lease that comes back at `now` with `unused` permits leaves the TAT where its
 -- pinning had it at `now`, less the unused ones; one that ends without coming back (its
 -- instance died, or was too late) leaves it where its pinning had it at its end.
--- 'l': ARGV[4] the cost of the call asking,
---      ARGV[5] the lease's length in ticks, ARGV[11] the permits wanted (at least ARGV[4]),
---      ARGV[12] the new lease's id, ARGV[13] the id of a lease given back in the same call ('0'
---      for none) and ARGV[14] its unused permits. Reply: { 4, permits, start, end, remaining,
---      time }, the lease's permits counted as taken from now until its end (Redis keeps it
---      ARGV[5] from its start); or a refusal as a decision's, when no share starts within a
---      lease's length, whose retry_after is when ARGV[11] permits can be had.
--- 'u': ARGV[11] the unused permits and ARGV[12] the id of the lease that comes back.
+-- 'l' (arguments in `prelude.lua`): a lease counted as taken from now until its end (Redis
+--      keeps it ARGV[5] from its start); or a refusal as a decision's, when no share starts
+--      within a lease's length, whose retry_after is when the share wanted can be had.
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
 local tat, latest = 0, 0
--- The leases out, by id: { permits, end }.
+-- The leases out, by id: { permits, end }, and their permits.
 local leases, out = {}, 0
-local MAX_LEASES = 64
 do
   local raw = redis.call('GET', key)
   if raw then
@@ -40,31 +34,37 @@ do
     else
       tat = stored(head, 0)
     end
-    for id, permits, ends in string.gmatch(raw, ';([^,;]*),([^,;]*),([^,;]*)') do
-      leases[stored(id, 0)] = { stored(permits, 0), stored(ends, 0) }
-    end
+    leases = read_leases(raw)
   end
 end
 now = math.max(now, latest)
+for _, lease in pairs(leases) do
+  out = out + lease[1]
+end
 
--- Leases that ended by `now` stop counting, each at its end, in the order they ended: the TAT
--- is first raised to where their pinning had it then.
-do
-  local ended = {}
+-- The TAT and the permits out once the leases that end by `by` have, each counted as taken at
+-- its end, in the order they end (dropped from the table if `drop`).
+local function ended_by(by, drop)
+  local t, o, order = tat, out, {}
   for id, lease in pairs(leases) do
-    out = out + lease[1]
-    if lease[2] <= now then
-      table.insert(ended, id)
+    if lease[2] <= by then
+      table.insert(order, id)
     end
   end
-  table.sort(ended, function(a, b) return leases[a][2] < leases[b][2] end)
-  for _, id in ipairs(ended) do
-    local lease = leases[id]
-    tat = math.max(tat, lease[2] + out * interval)
-    out = out - lease[1]
-    leases[id] = nil
+  table.sort(order, function(a, b) return leases[a][2] < leases[b][2] end)
+  for _, id in ipairs(order) do
+    t = math.max(t, leases[id][2] + o * interval)
+    o = o - leases[id][1]
+    if drop then
+      leases[id] = nil
+    end
   end
+  return t, o
 end
+
+-- Leases that ended by `now` stop counting, each at its end: the TAT is first raised to where
+-- their pinning had it then.
+tat, out = ended_by(now, true)
 
 -- The TAT with the leases out pinned at `now`.
 local function pinned()
@@ -73,16 +73,7 @@ end
 
 -- The TAT once every lease out has ended without coming back, each counted at its end.
 local function frozen()
-  local t, o, order = tat, out, {}
-  for id in pairs(leases) do
-    table.insert(order, id)
-  end
-  table.sort(order, function(a, b) return leases[a][2] < leases[b][2] end)
-  for _, id in ipairs(order) do
-    t = math.max(t, leases[id][2] + o * interval)
-    o = o - leases[id][1]
-  end
-  return t
+  return (ended_by(math.huge, false))
 end
 
 -- Gives back the lease `id` with `unused` permits, if it is still out. Under a reservation
@@ -102,13 +93,12 @@ local function give_back(id, unused)
 end
 
 local function save(t, l)
-  local value, last = int(t) .. ':' .. int(l), t
-  for id, lease in pairs(leases) do
-    value = value .. ';' .. int(id) .. ',' .. int(lease[1]) .. ',' .. int(lease[2])
+  local last = t
+  for _, lease in pairs(leases) do
     last = math.max(last, lease[2])
   end
   if last > now then
-    redis.call('SET', key, value)
+    redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases))
     expire_in(key, last - now)
   else
     -- A TAT in the past carries no information.
@@ -117,54 +107,43 @@ local function save(t, l)
 end
 
 if op == 'u' then
-  local unused, id = count_arg(ARGV[11]), count_arg(ARGV[12])
-  if not unused or not id then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  give_back(id, unused)
+  give_back(lease_back, lease_unused)
   save(tat, now)
   return refunded()
 end
 
 if op == 'l' then
-  local length, wanted, id = arg5, count_arg(ARGV[11]), count_arg(ARGV[12])
-  local back, unused = count_arg(ARGV[13]), count_arg(ARGV[14])
-  if not wanted or not id or id == 0 or not back or not unused or wanted < cost or length < 1 then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  if back > 0 then
-    give_back(back, unused)
+  local length, wanted = arg5, lease_wanted
+  if lease_back > 0 then
+    give_back(lease_back, lease_unused)
   end
   local base = pinned()
   local available = idiv(math.max(now + horizon - base, 0), interval)
-  local count = 0
-  for _ in pairs(leases) do
-    count = count + 1
-  end
   -- What can be had now, up to the share wanted, if that is at least the cost of the call
   -- asking; otherwise the whole share, from when it can be had: a lease that starts later
   -- (the instance refuses until then, and asks nothing more of Redis), as long as that is
   -- within the length of a lease (ARGV[5] is twice that): no sooner would the instance's
-  -- demand be known to outlast the wait. While the instances together want more than the quota, the
-  -- leases out keep nothing available, so each lease is a whole share, taken in one call.
+  -- demand be known to outlast the wait. While the instances together want more than the
+  -- quota, the leases out keep nothing available, so each lease is a whole share, taken in one
+  -- call.
   local permits, start = math.min(wanted, available), now
   if available < cost then
     permits, start = wanted, base + interval * wanted - horizon
   end
   -- Never more permits in leases than the burst: a lease's permits may all be admitted at
   -- any instant of its time, and those of leases that start later too.
-  if start - now > length / 2 or out + permits > limit or leases[id] or count >= MAX_LEASES then
+  if start - now > length / 2 or out + permits > limit or not lease_room(leases) then
     -- Nothing leased: when the share could be had. A full table of leases, or an id already
     -- out, is refused the same way.
     local wait = math.max(base + interval * wanted - horizon - now, 1)
-    if back > 0 then
+    if lease_back > 0 then
       save(tat, now)
     end
     return decision(0, available, wait, base - now, 0, 0, 0)
   end
   tat = base + permits * interval
   out = out + permits
-  leases[id] = { permits, start + length }
+  leases[lease_id] = { permits, start + length }
   save(tat, now)
   return { 4, permits, start, start + length, math.max(available - permits, 0), server_time }
 end

@@ -6,24 +6,29 @@
 -- the arithmetic below that bound, and the helpers below round exactly like the Rust code.
 --
 -- ARGV[1] operation: 'd' decide, 'r' refund, 'c' charge (a forced admission: what a settled
---         request cost beyond its estimate; never refused, debt beyond what is left)
+--         request cost beyond its estimate; never refused, debt beyond what is left), 'l'
+--         lease (a share of the permits that an instance admits from without asking), 'u'
+--         give a lease back
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
 -- ARGV[5] decide: longest wait a caller accepts; refund: instant the admission was charged at;
---         charge: 0
+--         charge and give back: 0; lease: how long Redis keeps the lease
 -- ARGV[6] milliseconds added to every expiry: 0 with the server's TIME; with a client clock,
 --         whose pace need not match the server's, a margin so no state expires while it matters
 -- ARGV[7] deadline in the server's TIME (microseconds), or '' for none: a script that runs
 --         later than it changes nothing and answers 'late', since its caller was answered
 --         without it
--- ARGV[8..] the algorithm's own parameters
+-- ARGV[8..] the algorithm's own parameters, then for a lease: the share wanted (at least the
+--         cost, ARGV[4]), the new lease's id, the id of a lease given back in the same call (0
+--         for none) and its unused permits; for a give-back: the unused permits and the id
 --
 -- Replies, every one ending with the server's TIME in microseconds (the client's clock offset):
 --   decision: { allowed (0 or 1), remaining, retry_after, reset_after, wait, reserved_at, time }
 --             GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
 --   late:     { 2, time }
---   refund or charge: { 3, time }
+--   refund, charge or give-back: { 3, time }
+--   lease:    { 4, permits, start, end, remaining, time }
 
 if redis.replicate_commands then
   -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
@@ -130,6 +135,51 @@ end
 if not now or not ticks_per_ms or ticks_per_ms == 0 or not cost or not arg5 or not ttl_margin then
   return redis.error_reply('tower-bulwark: malformed script arguments')
 end
+-- A lease's arguments, the last of ARGV (see above): `lease_back` and `lease_unused` are the
+-- lease that comes back, for a lease and for a give-back alike.
+local lease_wanted, lease_id, lease_back, lease_unused
+if op == 'l' then
+  lease_wanted, lease_id = count_arg(ARGV[#ARGV - 3]), count_arg(ARGV[#ARGV - 2])
+  lease_back, lease_unused = count_arg(ARGV[#ARGV - 1]), count_arg(ARGV[#ARGV])
+  if not lease_wanted or not lease_id or lease_id == 0 or not lease_back or not lease_unused
+      or lease_wanted < cost or arg5 < 1 then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+elseif op == 'u' then
+  lease_unused, lease_back = count_arg(ARGV[#ARGV - 1]), count_arg(ARGV[#ARGV])
+  if not lease_unused or not lease_back then
+    return redis.error_reply('tower-bulwark: malformed script arguments')
+  end
+end
+
+-- The leases a key's state keeps, ";<id>,<permits>,<mark>" each (the mark: when it ends, for
+-- GCRA; the window that counted it, for the window algorithms), by id: { permits, mark }.
+local function read_leases(raw)
+  local leases = {}
+  for id, permits, mark in string.gmatch(raw or '', ';([^,;]*),([^,;]*),([^,;]*)') do
+    leases[stored(id, 0)] = { stored(permits, 0), stored(mark, 0) }
+  end
+  return leases
+end
+
+local function write_leases(leases)
+  local parts = {}
+  for id, lease in pairs(leases) do
+    parts[#parts + 1] = ';' .. int(id) .. ',' .. int(lease[1]) .. ',' .. int(lease[2])
+  end
+  return table.concat(parts)
+end
+
+-- Whether `leases` has room for the new lease: at most 64 out at once, and its id not among
+-- them.
+local function lease_room(leases)
+  local count = 0
+  for _ in pairs(leases) do
+    count = count + 1
+  end
+  return count < 64 and not leases[lease_id]
+end
+
 if deadline and server_time > deadline then
   -- The caller stopped waiting before this script ran: it has its answer, so nothing changes.
   return { 2, server_time }

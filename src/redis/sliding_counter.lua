@@ -4,12 +4,12 @@
 -- window length `w` counts in (absent: the current length).
 -- ARGV[8] window, ARGV[9] limit
 --
--- Leases (ops 'l' and 'u', arguments as in `fixed_window.lua`): a share of the permits the
+-- Leases (ops 'l' and 'u', arguments in `prelude.lua`): a share of the permits the
 -- current window can still admit, counted in `c` at once and admitted from only until the
 -- window ends. A permit spent from it later in the window weighs no less than an admission
 -- then (the previous window's share only shrinks), so every use keeps to the counter's
--- estimate. x = the leases of the current and previous windows, ";<id>,<permits>,<window>"
--- each, so that one coming back gives its unused permits back to the window that counted them.
+-- estimate. x = the leases of the current and previous windows, each with the window that
+-- counted it, so that one coming back gives its unused permits back there.
 local key = KEYS[1]
 local window = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
@@ -38,10 +38,10 @@ elseif gap > 2 then
 end
 w = math.max(w, idx)
 -- Leases of windows before the previous one count nowhere any more.
-local leases = ''
-for id, permits, at in string.gmatch(state[7] or '', ';([^,;]*),([^,;]*),([^,;]*)') do
-  if stored(at, 0) + 1 >= w then
-    leases = leases .. ';' .. int(stored(id, 0)) .. ',' .. int(stored(permits, 0)) .. ',' .. at
+local leases = read_leases(state[7])
+for id, lease in pairs(leases) do
+  if lease[2] + 1 < w then
+    leases[id] = nil
   end
 end
 
@@ -95,7 +95,7 @@ local function save()
   if prev == 0 and curr == 0 and nxt == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', leases)
+    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases))
     expire_in(key, reset_after())
   end
 end
@@ -123,46 +123,34 @@ end
 
 -- Gives back the lease `id` with `unused` permits, to the window that counted it.
 local function give_back(id, unused)
-  local entry = ';' .. int(id) .. ','
-  local at = string.find(leases, entry, 1, true)
-  if not at then
+  local lease = leases[id]
+  if not lease then
     return
   end
-  local permits, idx = string.match(leases, '^(%d+),(%d+)', at + #entry)
-  local stop = at + #entry + #permits + 1 + #idx
-  leases = string.sub(leases, 1, at - 1) .. string.sub(leases, stop)
-  local back = math.min(unused, stored(permits, 0))
-  if stored(idx, 0) == w then
+  leases[id] = nil
+  local back = math.min(unused, lease[1])
+  if lease[2] == w then
     curr = math.max(curr - back, 0)
-  elseif stored(idx, 0) + 1 == w then
+  elseif lease[2] + 1 == w then
     prev = math.max(prev - back, 0)
   end
 end
 
 if op == 'u' then
-  local unused, id = count_arg(ARGV[10]), count_arg(ARGV[11])
-  if not unused or not id then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  give_back(id, unused)
+  give_back(lease_back, lease_unused)
   save()
   return refunded()
 end
 
 if op == 'l' then
-  local length, wanted, id = arg5, count_arg(ARGV[10]), count_arg(ARGV[11])
-  local back, unused = count_arg(ARGV[12]), count_arg(ARGV[13])
-  if not wanted or not id or id == 0 or not back or not unused or wanted < cost or length < 1 then
-    return redis.error_reply('tower-bulwark: malformed script arguments')
-  end
-  if back > 0 then
-    give_back(back, unused)
+  local length, wanted = arg5, lease_wanted
+  if lease_back > 0 then
+    give_back(lease_back, lease_unused)
   end
   local available = remaining()
-  local _, count = string.gsub(leases, ';', '')
-  if available < cost or count >= 64 or string.find(leases, ';' .. int(id) .. ',', 1, true) then
+  if available < cost or not lease_room(leases) then
     -- Nothing leased: when `cost` permits fit, as a decision says.
-    if back > 0 then
+    if lease_back > 0 then
       save()
     end
     local here = earliest(prev, curr)
@@ -176,7 +164,7 @@ if op == 'l' then
   end
   local permits = math.min(wanted, available)
   curr = curr + permits
-  leases = leases .. ';' .. int(id) .. ',' .. int(permits) .. ',' .. int(w)
+  leases[lease_id] = { permits, w }
   save()
   local ends = math.min(now + length, start + window)
   return { 4, permits, now, ends, remaining(), server_time }
