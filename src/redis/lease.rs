@@ -228,30 +228,21 @@ impl Leases {
     /// `max_share`.
     pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64, capacity: u32) -> Ask {
         let mut held = share.held();
-        let mut size = held.size.max(1);
-        if held.id != 0 {
-            if now < held.until {
-                // Spent before its end: the demand is more than the share.
-                size = size.saturating_mul(2);
-            } else if held.left > held.permits / 2 {
-                size /= 2;
-            }
+        let (back, unused) = held.give_up(now);
+        if back != 0 {
+            self.gave_back(unused);
         }
-        let wanted = size.clamp(1, self.max_share.min(capacity).max(1)).max(cost);
-        let ask = Ask {
-            back: held.id,
-            unused: held.left,
+        let wanted = held
+            .size
+            .clamp(1, self.max_share.min(capacity).max(1))
+            .max(cost);
+        held.size = wanted;
+        Ask {
+            back,
+            unused,
             wanted,
             id: self.next_id(),
-        };
-        if held.id != 0 {
-            self.gave_back(held.left);
         }
-        *held = Held {
-            size: wanted,
-            ..Held::default()
-        };
-        ask
     }
 
     /// The lease `ask` asked for was granted, `permits` of them from `from` until `until` (the
@@ -314,17 +305,9 @@ impl Leases {
         if held.id != id {
             return None;
         }
-        let unused = held.left;
-        *held = Held {
-            size: if unused > held.permits / 2 {
-                held.size / 2
-            } else {
-                held.size
-            },
-            ..Held::default()
-        };
-        self.gave_back(unused);
-        Some((id, unused))
+        let given_up = held.give_up(u64::MAX);
+        self.gave_back(given_up.1);
+        Some(given_up)
     }
 
     /// Gives `cost` permits of an admission from the lease `id` back to `key`'s share, if that
@@ -381,6 +364,28 @@ impl Leases {
         // integers and are never 0, which means "none".
         let id = self.ids.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
         (id & ((1 << 53) - 1)).max(1)
+    }
+}
+
+impl Held {
+    /// Gives the lease held up at `now`: its id (0 for none) and unused permits. The next
+    /// share follows the demand this one saw: twice as large if it was spent before its end,
+    /// half as large if it ended with more than half unused.
+    fn give_up(&mut self, now: u64) -> (u64, u32) {
+        let (id, unused) = (self.id, self.left);
+        let mut size = self.size.max(1);
+        if id != 0 {
+            if now < self.until {
+                size = size.saturating_mul(2);
+            } else if unused > self.permits / 2 {
+                size /= 2;
+            }
+        }
+        *self = Held {
+            size,
+            ..Held::default()
+        };
+        (id, unused)
     }
 }
 
