@@ -11,20 +11,28 @@ use std::time::Duration;
 use crate::common::redis_server::RedisServer;
 use crate::common::Rng;
 use crate::lease::conforms;
+use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{Lease, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
 
 /// A leasing instance on the shared clock that never decides by its fail mode: a Redis error
 /// is an error (so no admission here is the fail mode's), after a generous timeout.
-async fn strict(url: &str, quota: Quota, lease: Lease, clock: &ManualClock) -> RedisRateLimiter {
+pub(crate) async fn strict<A: RedisAlgorithm>(
+    url: &str,
+    quota: Quota,
+    lease: Lease,
+    clock: &ManualClock,
+) -> RedisRateLimiter {
     let store = RedisStore::connect(url).await.unwrap();
     RedisRateLimiter::builder(quota, store)
+        .algorithm::<A>()
         .client_clock(clock.clone())
-        .prefix("lease-hostile:")
+        // A prefix of the algorithm's own: the scripts keep different state under one key.
+        .prefix(format!("lease-hostile:{}:", std::any::type_name::<A>()))
         .timeout(Duration::from_secs(5))
         .fail_mode(RedisFailMode::Propagate)
         .lease(lease)
@@ -122,7 +130,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut instances = Vec::new();
     for _ in 0..case.instances {
-        instances.push(strict(url, quota, lease, &clock).await);
+        instances.push(strict::<Gcra>(url, quota, lease, &clock).await);
     }
     let mut generation: Vec<usize> = (0..case.instances).collect();
     let keys: Vec<String> = (0..case.keys).map(|k| format!("s{seed}k{k}")).collect();
@@ -184,7 +192,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
                 // a lowered burst must have a share within it.)
                 local += instances[i].lease_counts().local_decisions;
                 let lease = lease.max_share(case.share.min(burst));
-                instances[i] = strict(url, quota, lease, &clock).await;
+                instances[i] = strict::<Gcra>(url, quota, lease, &clock).await;
                 generation[i] = step + case.instances;
                 log.push((now, format!("{step}: instance {i} replaced")));
             }
@@ -344,7 +352,7 @@ async fn seventy_instances_on_one_key() {
     clock.set(Duration::from_secs(5));
     let mut instances = Vec::new();
     for _ in 0..70 {
-        instances.push(strict(&server.url(), quota, lease, &clock).await);
+        instances.push(strict::<Gcra>(&server.url(), quota, lease, &clock).await);
     }
     let (mut admitted, mut refused) = (Vec::new(), Vec::new());
     for (n, limiter) in instances.iter().enumerate() {
@@ -391,7 +399,7 @@ async fn racing_clones_with_refunds_and_settles() {
     clock.set(Duration::from_secs(1));
     let mut instances = Vec::new();
     for _ in 0..4 {
-        instances.push(strict(&server.url(), quota, lease, &clock).await);
+        instances.push(strict::<Gcra>(&server.url(), quota, lease, &clock).await);
     }
     let (mut rng, mut admitted) = (Rng(99), Vec::new());
     for round in 0..60u64 {
@@ -455,8 +463,12 @@ async fn slow_pair(url: &str, length: u64) -> (ManualClock, RedisRateLimiter, Re
         .length(Duration::from_secs(length));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1000));
-    let a = strict(url, quota, lease, &clock).await;
-    (clock.clone(), a, strict(url, quota, lease, &clock).await)
+    let a = strict::<Gcra>(url, quota, lease, &clock).await;
+    (
+        clock.clone(),
+        a,
+        strict::<Gcra>(url, quota, lease, &clock).await,
+    )
 }
 
 /// `a` takes a share of 10 with a call of 10 and gives back all but `spend` of the call's
@@ -530,7 +542,7 @@ async fn a_share_given_back_beneath_a_reservation_frees_permits_before_it() {
     admitted.push((t + reserved.wait.as_nanos() as u64, 15));
     clock.set(Duration::from_nanos(t + 40 * SEC));
     assert!(!a.check_n(&"k", 20).await.unwrap().allowed);
-    let c = strict(&server.url(), a.quota(), Lease::new().max_share(10), &clock).await;
+    let c = strict::<Gcra>(&server.url(), a.quota(), Lease::new().max_share(10), &clock).await;
     if c.check_n(&"k", 8).await.unwrap().allowed {
         admitted.insert(1, (clock.now(), 8));
     }
@@ -553,7 +565,7 @@ async fn a_debt_charged_in_redis_leaves_the_share_admitting() {
     let lease = Lease::new().max_share(8).length(Duration::from_secs(10));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1000));
-    let a = strict(&server.url(), quota, lease, &clock).await;
+    let a = strict::<Gcra>(&server.url(), quota, lease, &clock).await;
     let memory = KeyedRateLimiter::<()>::builder(quota)
         .clock(clock.clone())
         .build();

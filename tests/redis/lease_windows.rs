@@ -9,32 +9,14 @@ use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
 use crate::common::Rng;
+use crate::lease_hostile::strict;
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, SlidingCounter};
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
-
-/// A leasing instance of `A` on the shared clock that never decides by its fail mode.
-async fn strict<A: RedisAlgorithm>(
-    url: &str,
-    quota: Quota,
-    lease: Lease,
-    clock: &ManualClock,
-) -> RedisRateLimiter {
-    let store = RedisStore::connect(url).await.unwrap();
-    RedisRateLimiter::builder(quota, store)
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(format!("lease-windows:{}:", std::any::type_name::<A>()))
-        .timeout(Duration::from_secs(5))
-        .fail_mode(RedisFailMode::Propagate)
-        .lease(lease)
-        .build()
-        .unwrap()
-}
 
 /// What one event of a key is: an admission, a settle's debt (forced), or a reservation made
 /// with the quota's `max_wait` (replayed as one, at the instant it was asked for).
