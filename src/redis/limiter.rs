@@ -204,13 +204,8 @@ impl RedisRateLimiter {
                 return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
             }
         }
-        if let Some(cache) = &inner.cache {
-            let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
-            if let Some(refusal) = cache.check(&redis_key, cost, inner.clock.now(), max_wait_nanos)
-            {
-                inner.cached_refusals.fetch_add(1, Ordering::Relaxed);
-                return ReserveFuture(ReserveState::Ready(Some(Ok(refusal.of_cost(cost)))));
-            }
+        if let Some(refusal) = inner.cached_refusal(&quota, &redis_key, cost, max_wait) {
+            return ReserveFuture(ReserveState::Ready(Some(Ok(refusal))));
         }
         let call = {
             let inner = Arc::clone(inner);
@@ -330,6 +325,21 @@ impl Inner {
         }
     }
 
+    /// The cached refusal of `cost` permits for `key` (its Redis key), for a call that may wait
+    /// `max_wait` ticks, if one still stands: counted, and answered without a round trip.
+    fn cached_refusal(
+        &self,
+        quota: &ScriptQuota,
+        key: &str,
+        cost: u32,
+        max_wait: u64,
+    ) -> Option<Decision> {
+        let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
+        let refusal = (self.cache.as_ref())?.check(key, cost, self.clock.now(), max_wait_nanos)?;
+        self.cached_refusals.fetch_add(1, Ordering::Relaxed);
+        Some(refusal.of_cost(cost))
+    }
+
     /// Marks `decision` as this limiter's, for `key` (its Redis key), of `cost` permits.
     fn stamp(&self, decision: Decision, key: &str, cost: u32) -> Decision {
         (decision.of_cost(cost).for_key(fingerprint(key))).made_by(self.store.id)
@@ -356,12 +366,8 @@ impl Inner {
         if let Some(decision) = leases.take(&share, cost, now, quota.lease_quota()) {
             return Ok(self.stamp(decision, &key, cost));
         }
-        let max_wait_nanos = max_wait.saturating_mul(quota.tick_nanos);
-        if let Some(refusal) =
-            (self.cache.as_ref()).and_then(|c| c.check(&key, cost, now, max_wait_nanos))
-        {
-            self.cached_refusals.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.stamp(refusal, &key, cost));
+        if let Some(refusal) = self.cached_refusal(quota, &key, cost, max_wait) {
+            return Ok(refusal);
         }
         let sent = self.clock.now();
         let ask = leases.ask(&share, cost, sent, quota.capacity);
