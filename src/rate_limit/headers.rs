@@ -30,17 +30,18 @@ const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
-/// The most policies for which a layer keeps the `RateLimit-Policy` of each set of them (2^6 = 64
-/// values at most); beyond, each response builds its own.
+/// The most policies for which a layer keeps a value of each set of them (2^6 = 64 values at
+/// most, see [`PerSet`]); beyond, each response builds its own.
 const CACHED_SETS: usize = 6;
 
-/// The `RateLimit-Policy` value of each set of a layer's policies (bit `i` of the index: policy
-/// `i` took part), each built when first needed, for the quotas the layer was built with. The
-/// value is the same on every response of a set, so it is written once rather than per response.
+/// A value for each set of a layer's policies (bit `i` of the index: policy `i` is in the set),
+/// each built when first needed: what is the same on every response of a set (its
+/// `RateLimit-Policy`, the constant part of a gRPC refusal) is written once rather than per
+/// response. It holds none for a layer of more than [`CACHED_SETS`] policies.
 #[derive(Clone, Debug)]
-pub(crate) struct PolicyHeaders(Box<[OnceLock<Option<HeaderValue>>]>);
+pub(crate) struct PerSet<T>(Box<[OnceLock<T>]>);
 
-impl PolicyHeaders {
+impl<T> PerSet<T> {
     /// Room for every set of `policies` policies, or none beyond [`CACHED_SETS`].
     pub(crate) fn new(policies: usize) -> Self {
         if policies <= CACHED_SETS {
@@ -48,6 +49,11 @@ impl PolicyHeaders {
         } else {
             Self(Box::default())
         }
+    }
+
+    /// The value of `set`, built by `init` the first time; `None` when the layer keeps none.
+    pub(crate) fn get(&self, set: usize, init: impl FnOnce() -> T) -> Option<&T> {
+        self.0.get(set).map(|cell| cell.get_or_init(init))
     }
 }
 
@@ -124,7 +130,7 @@ pub(crate) fn refusal_headers(refusal: &Refusal<'_>, headers: &mut HeaderMap) {
 
 /// `RateLimit-Policy` for a request: the advertised policies that took part in its decision (not
 /// those that sat it out, at a cost of zero or without a key), with the quotas `quota` gives for
-/// its keys. Taken from the layer's [`PolicyHeaders`] when every quota is the policy's own.
+/// its keys. Taken from the layer's [`PerSet`] when every quota is the policy's own.
 pub(crate) fn policy_header(
     settings: &Settings,
     outcomes: &[Outcome],
@@ -141,10 +147,9 @@ pub(crate) fn policy_header(
             own_quotas &= quota(i) == p.quota;
         }
     }
-    match settings.policy_headers.0.get(set) {
-        Some(cached) if own_quotas => cached
-            .get_or_init(|| policy_value(policies, listed, |i| policies[i].quota))
-            .clone(),
+    let own = || policy_value(policies, listed, |i| policies[i].quota);
+    match own_quotas.then(|| settings.policy_headers.get(set, own)) {
+        Some(Some(cached)) => cached.clone(),
         _ => policy_value(policies, listed, quota),
     }
 }

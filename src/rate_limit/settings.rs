@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderValue, Response};
 
-use super::headers::PolicyHeaders;
+use super::headers::PerSet;
 use super::policy::{PolicyInfo, SettleFrom};
 use super::refusal::Refusal;
 use crate::head::RequestHead;
@@ -34,7 +34,7 @@ pub enum FailMode {
 ///
 /// ```
 /// use bytes::Bytes;
-/// use http::Response;
+/// use http::{HeaderValue, Response};
 /// use tower_bulwark::rate_limit::Refusal;
 ///
 /// // Plain text instead of problem+json, with the same status and headers.
@@ -73,7 +73,10 @@ pub(crate) struct Settings {
     /// Each policy as clients see it, in the layer's order.
     pub(crate) policies: Vec<PolicyInfo>,
     /// `RateLimit-Policy` for each set of policies taking part in a request.
-    pub(crate) policy_headers: PolicyHeaders,
+    pub(crate) policy_headers: PerSet<Option<HeaderValue>>,
+    /// What the gRPC refusals of each set of violated policies share.
+    #[cfg(feature = "grpc")]
+    pub(crate) grpc_refusals: PerSet<super::grpc::Shared>,
     pub(crate) admitted_headers: bool,
     pub(crate) legacy_headers: bool,
     pub(crate) key_error_mode: FailMode,
@@ -95,7 +98,9 @@ impl Settings {
     /// The default settings for these policies.
     pub(crate) fn new(policies: Vec<PolicyInfo>) -> Self {
         Self {
-            policy_headers: PolicyHeaders::new(policies.len()),
+            policy_headers: PerSet::new(policies.len()),
+            #[cfg(feature = "grpc")]
+            grpc_refusals: PerSet::new(policies.len()),
             settles: policies.iter().any(|p| p.settles != SettleFrom::Never),
             policies,
             wraps_body: false,

@@ -647,13 +647,7 @@ async fn a_policy_name_with_a_percent_sign_reaches_the_client_as_written() {
     let refused = call().await.unwrap();
     let status = Status::from_header_map(refused.headers()).unwrap();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    assert!(
-        status
-            .message()
-            .starts_with("rate limit exceeded: 50% of the plan; retry in "),
-        "{}",
-        status.message()
-    );
+    assert_eq!(status.message(), "rate limit exceeded: 50% of the plan");
     let quota = status.get_error_details().quota_failure().unwrap().clone();
     assert_eq!(quota.violations[0].subject, "50% of the plan");
 }

@@ -18,6 +18,8 @@ mod grpc_example;
 #[cfg(feature = "grpc")]
 mod grpc_hostile;
 #[cfg(feature = "grpc")]
+mod grpc_refusals;
+#[cfg(feature = "grpc")]
 mod grpc_streaming;
 #[cfg(feature = "axum")]
 mod headers;
