@@ -224,6 +224,7 @@ impl RedisRateLimiterBuilder {
                 cached_refusals: AtomicU64::new(0),
                 leases,
                 offset: ClockOffset::default(),
+                coalescer: Arc::default(),
             }),
         })
     }

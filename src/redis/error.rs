@@ -11,7 +11,7 @@ use std::time::Duration;
 /// [`RedisFailMode::Propagate`](super::RedisFailMode::Propagate) hands it to the caller, as the
 /// `BoxError` of [`Limiter::reserve`](crate::Limiter::reserve) (test it with
 /// `err.is::<RedisFailure>()`, then match the variant).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum RedisFailure {
     /// No answer within the limiter's timeout.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
+use super::coalesce::Coalescer;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
@@ -51,6 +52,8 @@ pub(crate) struct Inner {
     pub(super) leases: Option<Leases>,
     /// The offset between `clock` and the server's `TIME`, from the replies so far.
     pub(super) offset: ClockOffset,
+    /// The keys with a decision in flight, and the decisions waiting to go with the next.
+    pub(super) coalescer: Arc<Coalescer>,
 }
 
 impl RedisRateLimiter {
@@ -580,13 +583,19 @@ impl Inner {
         if let Some(now) = now.filter(|&now| now > MAX_NOW) {
             return Err(RedisFailure::ClockOutOfRange(now));
         }
-        let invocation = quota.invocation(key, operation, now, cost);
         let sent = self.clock.now();
-        let value = self
-            .store
-            .run(&invocation)
-            .await
-            .map_err(RedisFailure::Redis)?;
+        let value = match operation {
+            Operation::Decide { .. } => {
+                (self.coalescer)
+                    .decide(&self.store, quota, key, operation, now, cost)
+                    .await?
+            }
+            _ => (self
+                .store
+                .run(&quota.invocation(key, operation, now, cost))
+                .await)
+                .map_err(RedisFailure::Redis)?,
+        };
         let received = self.clock.now();
         let reply = parse_reply(&value, quota)?;
         self.offset.observe(sent, received, reply.server_time());

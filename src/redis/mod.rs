@@ -104,6 +104,7 @@
 
 mod builder;
 mod cache;
+mod coalesce;
 mod error;
 mod fail_mode;
 mod future;

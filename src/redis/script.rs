@@ -28,6 +28,33 @@ macro_rules! limiter_script {
     };
 }
 
+/// The batch script of an algorithm: several decisions on one key in one call, each run by the
+/// algorithm's own script, in order, as if it were called alone (its `ARGV` is a parameter that
+/// hides the call's). The call's `ARGV` holds, for each decision, the count of its arguments and
+/// then its arguments; the reply is the list of the decisions' replies.
+macro_rules! batch_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                "local batch, replies, i = ARGV, {}, 1\n",
+                "local function one(ARGV)\n",
+                include_str!("prelude.lua"),
+                include_str!($file),
+                "\nend\n",
+                "while i <= #batch do\n",
+                "  local n = tonumber(batch[i])\n",
+                "  if not n or n < 1 or i + n > #batch then\n",
+                "    return redis.error_reply('tower-bulwark: malformed batch arguments')\n",
+                "  end\n",
+                "  replies[#replies + 1] = one({unpack(batch, i + 1, i + n)})\n",
+                "  i = i + n + 1\n",
+                "end\n",
+                "return replies\n",
+            ))
+        })
+    };
+}
+
 mod sealed {
     /// The script of one algorithm: public in a private module, as the sealed trait that
     /// names it must be.
@@ -75,6 +102,17 @@ impl LimiterScript {
             limiter_script!("fixed_window.lua"),
             limiter_script!("sliding_log.lua"),
             limiter_script!("sliding_counter.lua"),
+        ];
+        &SCRIPTS[self as usize]
+    }
+
+    /// The batch script (see [`batch_script`]), by the enum's order.
+    fn batch_lua(self) -> &'static Script {
+        static SCRIPTS: [LazyLock<Script>; 4] = [
+            batch_script!("gcra.lua"),
+            batch_script!("fixed_window.lua"),
+            batch_script!("sliding_log.lua"),
+            batch_script!("sliding_counter.lua"),
         ];
         &SCRIPTS[self as usize]
     }
@@ -241,6 +279,43 @@ impl ScriptQuota {
         now: Option<u64>,
         cost: u32,
     ) -> ScriptInvocation<'static> {
+        let mut invocation = self.script.lua().prepare_invoke();
+        invocation.key(key);
+        self.push_args(&mut invocation, operation, now, cost);
+        invocation
+    }
+
+    /// One call of the batch script on `key`: each of `decisions` (an operation, a clock
+    /// reading and a cost, with the quota it was asked under) as [`invocation`](Self::invocation)
+    /// would send it alone. Only decisions are batched: they take [`Self::decide_args`]
+    /// arguments each.
+    pub(crate) fn batch_invocation<'a>(
+        &self,
+        key: &str,
+        decisions: impl Iterator<Item = (&'a ScriptQuota, Operation, Option<u64>, u32)>,
+    ) -> ScriptInvocation<'static> {
+        let mut invocation = self.script.batch_lua().prepare_invoke();
+        invocation.key(key);
+        for (quota, operation, now, cost) in decisions {
+            invocation.arg(quota.decide_args());
+            quota.push_args(&mut invocation, operation, now, cost);
+        }
+        invocation
+    }
+
+    /// How many arguments a decision takes: the prelude's seven and the algorithm's own.
+    fn decide_args(&self) -> usize {
+        7 + self.args.len()
+    }
+
+    /// The arguments of `operation` in the order `prelude.lua` reads them.
+    fn push_args(
+        &self,
+        invocation: &mut ScriptInvocation<'static>,
+        operation: Operation,
+        now: Option<u64>,
+        cost: u32,
+    ) {
         let (op, wait_or_charged_at, deadline) = match operation {
             Operation::Decide { max_wait, deadline } => ("d", max_wait, deadline.to_string()),
             Operation::Refund { charged_at, .. } => ("r", charged_at, String::new()),
@@ -248,9 +323,7 @@ impl ScriptQuota {
             Operation::Lease { length, .. } => ("l", length, String::new()),
             Operation::GiveBackLease { .. } => ("u", 0, String::new()),
         };
-        let mut invocation = self.script.lua().prepare_invoke();
         invocation
-            .key(key)
             .arg(op)
             .arg(now.map_or_else(String::new, |now| now.to_string()))
             .arg(self.ticks_per_ms())
@@ -287,7 +360,6 @@ impl ScriptQuota {
             }
             Operation::Decide { .. } | Operation::Charge => {}
         }
-        invocation
     }
 }
 

@@ -11,6 +11,8 @@ mod client_quota;
 mod client_quota_unreachable;
 #[cfg(feature = "redis")]
 mod cluster;
+#[cfg(feature = "redis")]
+mod coalesce;
 #[cfg(all(feature = "config", feature = "redis"))]
 mod config;
 #[cfg(feature = "redis")]
