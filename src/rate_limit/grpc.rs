@@ -21,7 +21,7 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use tonic::Code;
 
 use super::decide::Outcome;
-use super::headers::refusal_headers;
+use super::headers::{refusal_headers, set_index};
 use super::refusal::Refusal;
 use crate::head::RequestHead;
 
@@ -77,7 +77,7 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     let fresh;
     let shared = match delay {
         Some(_) => {
-            let set = violated_set(refusal);
+            let set = set_index(refusal.violated());
             let build = || Shared::new(message(refusal, false), refusal.violated_policies());
             match refusal.settings.grpc_refusals.get(set, build) {
                 Some(shared) => shared,
@@ -95,7 +95,7 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     };
     let mut response = Response::new(Bytes::new());
     // Room for the five gRPC fields and the rate-limit ones, without growing.
-    *response.headers_mut() = http::HeaderMap::with_capacity(7);
+    *response.headers_mut() = http::HeaderMap::with_capacity(12);
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(GRPC_STATUS, HeaderValue::from_static("8"));
@@ -110,17 +110,6 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback));
     refusal_headers(refusal, headers);
     response
-}
-
-/// The set of a refusal's violated policies, as the index of [`PerSet`](super::headers::PerSet).
-fn violated_set(refusal: &Refusal<'_>) -> usize {
-    let policies = refusal.settings.policies.iter();
-    (policies.zip(refusal.outcomes).enumerate())
-        .filter(|(_, (policy, outcome))| {
-            policy.enforced() && matches!(outcome, Outcome::Refused(_) | Outcome::Unadmittable(_))
-        })
-        // Only read as an index while there are at most a few policies.
-        .fold(0, |set, (i, _)| set | 1 << i.min(usize::BITS as usize - 1))
 }
 
 /// The message of a refusal: the violated policies, and for a call that no wait lets through

@@ -57,6 +57,13 @@ impl<T> PerSet<T> {
     }
 }
 
+/// The index in a [`PerSet`] of the set of the policies `members` names (by their places in the
+/// layer).
+pub(crate) fn set_index(members: impl Iterator<Item = usize>) -> usize {
+    // Only read as an index while there are at most `CACHED_SETS` policies.
+    members.fold(0, |set, i| set | 1 << i.min(usize::BITS as usize - 1))
+}
+
 /// The rate-limit headers of an admitted response.
 #[derive(Debug)]
 pub(crate) struct AdmittedHeaders {
@@ -138,15 +145,12 @@ pub(crate) fn policy_header(
 ) -> Option<HeaderValue> {
     let policies = &settings.policies;
     let listed = |i: usize| policies[i].advertised() && took_part(outcomes, i);
-    let mut set = 0usize;
     let mut own_quotas = true;
-    for (i, p) in policies.iter().enumerate() {
-        if listed(i) {
-            // Only read as an index while there are at most `CACHED_SETS` policies.
-            set |= 1 << i.min(usize::BITS as usize - 1);
-            own_quotas &= quota(i) == p.quota;
-        }
-    }
+    let set = set_index(
+        (0..policies.len())
+            .filter(|&i| listed(i))
+            .inspect(|&i| own_quotas &= quota(i) == policies[i].quota),
+    );
     let own = || policy_value(policies, listed, |i| policies[i].quota);
     match own_quotas.then(|| settings.policy_headers.get(set, own)) {
         Some(Some(cached)) => cached.clone(),

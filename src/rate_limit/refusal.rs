@@ -52,7 +52,7 @@ impl<'a> Refusal<'a> {
     /// The names of the policies that refused the request, in the layer's order.
     pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + Clone + 'a {
         self.enforced()
-            .filter(|(_, o)| matches!(o, Outcome::Refused(_) | Outcome::Unadmittable(_)))
+            .filter(|(_, o)| refused_by(o))
             .map(|(p, _)| &*p.name)
     }
 
@@ -119,6 +119,15 @@ impl<'a> Refusal<'a> {
         }
     }
 
+    /// The places in the layer of the policies that refused the request (those
+    /// [`violated_policies`](Self::violated_policies) names).
+    pub(crate) fn violated(&self) -> impl Iterator<Item = usize> + Clone + 'a {
+        let policies = self.settings.policies.iter();
+        (policies.zip(self.outcomes).enumerate())
+            .filter(|(_, (p, o))| p.enforced() && refused_by(o))
+            .map(|(i, _)| i)
+    }
+
     /// Enforced (not shadow) policies with their outcomes.
     fn enforced(&self) -> impl Iterator<Item = (&'a PolicyInfo, &'a Outcome)> + Clone + 'a {
         let policies = self.settings.policies.iter();
@@ -133,6 +142,11 @@ impl<'a> Refusal<'a> {
             _ => None,
         })
     }
+}
+
+/// Whether `outcome` is a policy's refusal: now, or for a cost it can never admit.
+fn refused_by(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Refused(_) | Outcome::Unadmittable(_))
 }
 
 impl fmt::Debug for Refusal<'_> {

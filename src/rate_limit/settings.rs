@@ -34,7 +34,7 @@ pub enum FailMode {
 ///
 /// ```
 /// use bytes::Bytes;
-/// use http::{HeaderValue, Response};
+/// use http::Response;
 /// use tower_bulwark::rate_limit::Refusal;
 ///
 /// // Plain text instead of problem+json, with the same status and headers.

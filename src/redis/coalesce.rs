@@ -104,9 +104,9 @@ impl Coalescer {
                 [] => break,
             };
             let value = store.run(&invocation).await.map_err(RedisFailure::Redis);
-            let replies: Vec<_> = match batch.len() {
+            let replies = match batch.len() {
                 1 => vec![value],
-                n => split(value, n).collect(),
+                n => split(value, n),
             };
             for (queued, reply) in batch.drain(..).zip(replies) {
                 let _ = queued.reply.send(reply);
@@ -126,11 +126,8 @@ impl Coalescer {
 }
 
 /// The replies of a batch of `n` decisions, one for each, or the failure for each.
-fn split(
-    value: Result<Value, RedisFailure>,
-    n: usize,
-) -> impl Iterator<Item = Result<Value, RedisFailure>> {
-    let replies: Vec<_> = match value {
+fn split(value: Result<Value, RedisFailure>, n: usize) -> Vec<Result<Value, RedisFailure>> {
+    match value {
         Ok(Value::Array(items)) if items.len() == n => items.into_iter().map(Ok).collect(),
         Ok(other) => {
             let failure = RedisFailure::BadReply(format!(
@@ -139,8 +136,7 @@ fn split(
             vec![Err(failure); n]
         }
         Err(failure) => vec![Err(failure); n],
-    };
-    replies.into_iter()
+    }
 }
 
 /// What a decision is told whose call went away unanswered (the runtime shut down).

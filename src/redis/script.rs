@@ -95,24 +95,18 @@ macro_rules! redis_algorithms {
 redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter);
 
 impl LimiterScript {
-    /// The script, by the enum's order.
-    fn lua(self) -> &'static Script {
-        static SCRIPTS: [LazyLock<Script>; 4] = [
-            limiter_script!("gcra.lua"),
-            limiter_script!("fixed_window.lua"),
-            limiter_script!("sliding_log.lua"),
-            limiter_script!("sliding_counter.lua"),
-        ];
-        &SCRIPTS[self as usize]
-    }
-
-    /// The batch script (see [`batch_script`]), by the enum's order.
-    fn batch_lua(self) -> &'static Script {
-        static SCRIPTS: [LazyLock<Script>; 4] = [
-            batch_script!("gcra.lua"),
-            batch_script!("fixed_window.lua"),
-            batch_script!("sliding_log.lua"),
-            batch_script!("sliding_counter.lua"),
+    /// The script and the batch script (see [`batch_script`]), by the enum's order.
+    fn scripts(self) -> &'static (LazyLock<Script>, LazyLock<Script>) {
+        macro_rules! both {
+            ($file:literal) => {
+                (limiter_script!($file), batch_script!($file))
+            };
+        }
+        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 4] = [
+            both!("gcra.lua"),
+            both!("fixed_window.lua"),
+            both!("sliding_log.lua"),
+            both!("sliding_counter.lua"),
         ];
         &SCRIPTS[self as usize]
     }
@@ -279,7 +273,7 @@ impl ScriptQuota {
         now: Option<u64>,
         cost: u32,
     ) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.lua().prepare_invoke();
+        let mut invocation = self.script.scripts().0.prepare_invoke();
         invocation.key(key);
         self.push_args(&mut invocation, operation, now, cost);
         invocation
@@ -294,7 +288,7 @@ impl ScriptQuota {
         key: &str,
         decisions: impl Iterator<Item = (&'a ScriptQuota, Operation, Option<u64>, u32)>,
     ) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.batch_lua().prepare_invoke();
+        let mut invocation = self.script.scripts().1.prepare_invoke();
         invocation.key(key);
         for (quota, operation, now, cost) in decisions {
             invocation.arg(quota.decide_args());

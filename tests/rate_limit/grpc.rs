@@ -669,8 +669,6 @@ proptest::proptest! {
             1..4,
         ),
     ) {
-        use tower::ServiceExt;
-
         let set: Vec<_> = policies
             .iter()
             .map(|(name, nanos)| {
@@ -679,20 +677,7 @@ proptest::proptest! {
                 Policy::new(name.clone(), GlobalKey, limiter).unwrap()
             })
             .collect();
-        let service = tower::Layer::layer(
-            &RateLimitLayer::new(set),
-            tower::service_fn(|_: http::Request<axum::body::Body>| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
-            }),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let call = || {
-            let request = http::Request::builder()
-                .header("content-type", "application/grpc")
-                .body(axum::body::Body::empty())
-                .unwrap();
-            runtime.block_on(service.clone().oneshot(request)).unwrap()
-        };
+        let call = crate::grpc_refusals::grpc_calls(set);
         call();
         let refused = call();
         let headers = refused.headers();

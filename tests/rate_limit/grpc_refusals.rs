@@ -8,6 +8,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tower::ServiceExt;
+use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Quota};
@@ -45,6 +46,29 @@ fn read(response: &http::Response<axum::body::Body>) -> Read {
         .parse()
         .unwrap(),
         retry_info: errors.retry_info().map(|info| info.retry_delay.unwrap()),
+    }
+}
+
+/// One gRPC call at a time through a layer of `policies`, on a runtime of its own, for tests that
+/// are not async (proptests).
+pub fn grpc_calls(
+    policies: Vec<Policy<GlobalKey, KeyedRateLimiter<(), Gcra, ManualClock>>>,
+) -> impl Fn() -> http::Response<axum::body::Body> {
+    let service = tower::Layer::layer(
+        &RateLimitLayer::new(policies),
+        tower::service_fn(|_: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    move || {
+        let request = http::Request::builder()
+            .header("content-type", "application/grpc")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        runtime.block_on(service.clone().oneshot(request)).unwrap()
     }
 }
 
@@ -140,21 +164,7 @@ proptest::proptest! {
         let clock = ManualClock::new();
         let quota = Quota::with_period(1, Duration::from_nanos(period_ns)).unwrap();
         let limiter = KeyedRateLimiter::<()>::builder(quota).clock(clock.clone()).build();
-        let policy = Policy::new("p", GlobalKey, limiter).unwrap();
-        let service = tower::Layer::layer(
-            &RateLimitLayer::new(policy),
-            tower::service_fn(|_: http::Request<axum::body::Body>| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
-            }),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let call = || {
-            let request = http::Request::builder()
-                .header("content-type", "application/grpc")
-                .body(axum::body::Body::empty())
-                .unwrap();
-            runtime.block_on(service.clone().oneshot(request)).unwrap()
-        };
+        let call = grpc_calls(vec![Policy::new("p", GlobalKey, limiter).unwrap()]);
         call();
         let mut left = period_ns;
         for step in steps {
