@@ -121,6 +121,7 @@ impl<'a> Refusal<'a> {
 
     /// The places in the layer of the policies that refused the request (those
     /// [`violated_policies`](Self::violated_policies) names).
+    #[cfg(feature = "grpc")]
     pub(crate) fn violated(&self) -> impl Iterator<Item = usize> + Clone + 'a {
         let policies = self.settings.policies.iter();
         (policies.zip(self.outcomes).enumerate())
