@@ -27,14 +27,18 @@ local leases, out = {}, 0
 do
   local raw = redis.call('GET', key)
   if raw then
-    local head = string.match(raw, '^[^;]*')
-    local t, l = string.match(head, '^([^:]*):([^:]*)$')
+    local t, l, rest = string.match(raw, '^([^:;]*):([^:;]*)(.*)$')
     if t then
       tat, latest = stored(t, 0), stored(l, 0)
     else
-      tat = stored(head, 0)
+      tat, rest = stored(raw, 0), ''
     end
-    leases = read_leases(raw)
+    if rest ~= '' then
+      if string.byte(rest) ~= 59 then
+        error('tower-bulwark: the state of ' .. key .. ' is not one this crate wrote')
+      end
+      leases = read_leases(rest)
+    end
   end
 end
 now = math.max(now, latest)
@@ -51,7 +55,9 @@ local function ended_by(by, drop)
       table.insert(order, id)
     end
   end
-  table.sort(order, function(a, b) return leases[a][2] < leases[b][2] end)
+  if #order > 1 then
+    table.sort(order, function(a, b) return leases[a][2] < leases[b][2] end)
+  end
   for _, id in ipairs(order) do
     t = math.max(t, leases[id][2] + o * interval)
     o = o - leases[id][1]
@@ -98,8 +104,7 @@ local function save(t, l)
     last = math.max(last, lease[2])
   end
   if last > now then
-    redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases))
-    expire_in(key, last - now)
+    redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
   else
     -- A TAT in the past carries no information.
     redis.call('DEL', key)

@@ -363,7 +363,7 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
 }
 
 /// State that this crate did not write (a fraction, a negative, an infinity, NaN, a huge
-/// exponent) is an error, never a decision built on it.
+/// exponent, a field too many) is an error, never a decision built on it.
 #[tokio::test]
 async fn stored_state_that_is_not_an_exact_count_is_an_error() {
     let Some(server) = RedisServer::start("corrupt_state_is_an_error") else {
@@ -389,6 +389,15 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
             command.push(bad.into());
             cases.push((name, command));
         }
+    }
+    // GCRA's "<tat>:<latest>;<lease>...": a third field, a lease of a fraction, a bad latest.
+    for bad in [
+        "5000:5000:1",
+        "5000:5000;1,2,0.5",
+        "5000:1e300",
+        "5000:5000x;1,2,3",
+    ] {
+        cases.push(("gcra", vec!["SET".into(), gcra.redis_key("k"), bad.into()]));
     }
     // The log's scores: a permit's score that is read (the newest), and its `hw` member.
     for (score, member) in [
@@ -423,7 +432,7 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
         let err = result.expect_err(&format!("{args:?}: a decision"));
         let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
         assert!(
-            failure.to_string().contains("not a number"),
+            failure.to_string().contains("this crate wrote"),
             "{args:?}: {failure}"
         );
         server.command(&["DEL", args[1]]);
