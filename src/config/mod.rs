@@ -58,7 +58,7 @@
 //! | `redis_fail_mode` | `open` (admit), `closed` (refuse), or `fallback` (decide with a local limiter) while Redis cannot answer | `open` |
 //! | `fallback_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `fallback` | required with `fallback` |
 //! | `redis_leases` | boolean: lease shares of each key's permits (not with `sliding_log`; see `redis::RedisRateLimiterBuilder::lease`) | `false` |
-//! | `redis_lease_max_share` | with `redis_leases`: integer ≥ 1, at most the burst | an eighth of the burst |
+//! | `redis_lease_max_share` | with `redis_leases`: integer ≥ 1, at most the burst | a quarter of the burst |
 //! | `redis_lease_length` | with `redis_leases`: duration | a tenth of the period, from 1 ms to 1 s |
 //!
 //! Fields of a bulkhead:

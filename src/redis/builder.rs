@@ -141,7 +141,7 @@ impl RedisRateLimiterBuilder {
     ///
     /// What it changes:
     ///
-    /// * A share follows the instance's demand, up to [`max_share`](Lease::max_share) (an eighth
+    /// * A share follows the instance's demand, up to [`max_share`](Lease::max_share) (a quarter
     ///   of the burst by default): it doubles while spent before its end and halves when it
     ///   ends mostly unused. With GCRA, a share that cannot be had now starts later, within a
     ///   lease's length: the instance refuses until then, the wait as `retry_after`, and asks

@@ -30,8 +30,8 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Leases of at most an eighth of the burst, for a tenth of the quota's period (between a
-    /// millisecond and a second).
+    /// Leases of at most a quarter of the burst, for a tenth of the quota's period (between a
+    /// millisecond and a second): four instances at full demand can hold the whole burst.
     pub fn new() -> Self {
         Self::default()
     }
@@ -62,7 +62,7 @@ impl Lease {
             ));
         }
         let burst = quota.capacity;
-        let max_share = self.max_share.unwrap_or((burst / 8).max(1));
+        let max_share = self.max_share.unwrap_or((burst / 4).max(1));
         if max_share == 0 || max_share > burst {
             return Err(BuildError::new(
                 "a lease's max_share must be at least 1 and at most the burst",

@@ -64,7 +64,7 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
         admitted as f64 >= 0.8 * wanted,
         "{admitted} admitted of {wanted:.0}"
     );
-    // Shares grow to 25 (an eighth of the burst) from 1 by doubling: in a flood this short, a
+    // Shares grow to 50 (a quarter of the burst) from 1 by doubling: in a flood this short, a
     // few of the first leases are small (`benches/hot_key.sh` measures the long run).
     assert!(
         local as f64 >= 0.8 * admitted as f64,

@@ -190,7 +190,7 @@ async fn leased_instances_together_never_exceed_the_quota() {
                 .unwrap(),
             lease(9, ms(100)),
         ),
-        // The defaults: an eighth of the burst, a tenth of the period.
+        // The defaults: a quarter of the burst, a tenth of the period.
         (
             Quota::per_second(1000).unwrap().with_burst(100).unwrap(),
             (Lease::new(), ms(100)),
