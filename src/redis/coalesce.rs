@@ -8,13 +8,17 @@
 //! call: batching adds no wait, and under load a key costs Redis one script call per round trip
 //! instead of one per decision.
 //!
-//! The calls on a key run as a task of their own, so every decision is answered whatever
-//! becomes of the others' callers (gone, or not polling); one whose caller went away before its
-//! call is not sent.
+//! The first decision on a key no one is deciding on makes the call itself. Those queued behind
+//! it are sent by a task of their own, which also awaits that first call, so every decision is
+//! answered whatever becomes of the others' callers (gone, or not polling); one whose caller
+//! went away before its call is not sent.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use futures_util::future::{FutureExt, Shared};
 use redis::Value;
 use tokio::sync::oneshot;
 
@@ -22,14 +26,26 @@ use super::error::RedisFailure;
 use super::script::{Operation, ScriptQuota};
 use super::store::RedisStore;
 
-/// The keys whose call is in flight, each with the decisions waiting for the next one.
-#[derive(Debug, Default)]
+/// A script call in flight, which its caller and the task sending the decisions queued behind
+/// it can both await: whichever polls it drives it.
+type Call = Shared<Pin<Box<dyn Future<Output = Result<Value, RedisFailure>> + Send>>>;
+
+/// The keys whose call is in flight.
+#[derive(Default)]
 pub(super) struct Coalescer {
-    in_flight: Mutex<HashMap<String, Vec<Queued>>>,
+    in_flight: Mutex<HashMap<String, InFlight>>,
+}
+
+/// A key's call in flight and the decisions waiting for the next one.
+struct InFlight {
+    /// The call its first decision's caller made.
+    first: Call,
+    queue: Vec<Queued>,
+    /// Whether a task sends the key's next calls: once one is queued, until none is.
+    sending: bool,
 }
 
 /// A decision waiting for its key's next call, and where its reply goes.
-#[derive(Debug)]
 struct Queued {
     quota: ScriptQuota,
     operation: Operation,
@@ -38,8 +54,14 @@ struct Queued {
     reply: oneshot::Sender<Result<Value, RedisFailure>>,
 }
 
+impl std::fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer").finish_non_exhaustive()
+    }
+}
+
 impl Coalescer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Queued>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, InFlight>> {
         // The map stays whole whatever panicked while it was held: each change is one call.
         self.in_flight
             .lock()
@@ -57,71 +79,133 @@ impl Coalescer {
         now: Option<u64>,
         cost: u32,
     ) -> Result<Value, RedisFailure> {
-        let (reply, answer) = oneshot::channel();
-        let queued = Queued {
-            quota: quota.clone(),
-            operation,
-            now,
-            cost,
-            reply,
-        };
-        let first = {
+        // Queued behind the key's call in flight, or the call this caller makes.
+        let queued = {
             let mut in_flight = self.lock();
             match in_flight.get_mut(key) {
-                Some(queue) => {
-                    queue.push(queued);
-                    None
+                Some(entry) => {
+                    let (reply, answer) = oneshot::channel();
+                    entry.queue.push(Queued {
+                        quota: quota.clone(),
+                        operation,
+                        now,
+                        cost,
+                        reply,
+                    });
+                    if !entry.sending {
+                        entry.sending = true;
+                        let first = entry.first.clone();
+                        let sender =
+                            Arc::clone(self).send_queued(store.clone(), key.to_owned(), first);
+                        spawn(sender);
+                    }
+                    Err(answer)
                 }
                 None => {
-                    in_flight.insert(key.to_owned(), Vec::new());
-                    Some(queued)
+                    let invocation = quota.invocation(key, operation, now, cost);
+                    let store = store.clone();
+                    let call: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
+                        store.run(&invocation).await.map_err(RedisFailure::Redis)
+                    });
+                    let call = call.shared();
+                    let entry = InFlight {
+                        first: call.clone(),
+                        queue: Vec::new(),
+                        sending: false,
+                    };
+                    in_flight.insert(key.to_owned(), entry);
+                    Ok(call)
                 }
             }
         };
-        if let Some(first) = first {
-            let calls = Arc::clone(self).calls(store.clone(), key.to_owned(), first);
-            // A task of its own: the decisions waiting on the key must not depend on this
-            // caller's future being polled, or kept, until they are answered.
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(calls)),
-                Err(_) => calls.await,
+        match queued {
+            Err(answer) => answer.await.unwrap_or_else(|_| Err(gone())),
+            Ok(call) => {
+                // The caller makes the key's call and no task is spawned for it: a task for every
+                // call cost a whole decision 4.4 % more instructions in the client (callgrind,
+                // 64 tasks deciding on their own keys: 40.2k a decision, against 38.5k).
+                let _turn = Turn {
+                    coalescer: self,
+                    key,
+                    call: call.clone(),
+                };
+                call.await
             }
         }
-        answer.await.unwrap_or_else(|_| Err(gone()))
     }
 
-    /// The calls on `key` from `first` on: each sends every decision queued by the time the
-    /// previous one answered, until none is waiting.
-    async fn calls(self: Arc<Self>, store: RedisStore, key: String, first: Queued) {
-        let mut batch = vec![first];
-        loop {
+    /// Sends the decisions queued on `key` once its first call has answered, each call every
+    /// one queued by the time the previous one answered, until none is waiting.
+    async fn send_queued(self: Arc<Self>, store: RedisStore, key: String, first: Call) {
+        // Its reply is its caller's; the queue's turn comes after it, however it ended.
+        let _ = first.await;
+        while let Some(batch) = self.next_batch(&key) {
             let invocation = match batch.as_slice() {
                 [one] => (one.quota).invocation(&key, one.operation, one.now, one.cost),
                 [first, ..] => first.quota.batch_invocation(
                     &key,
                     (batch.iter()).map(|q| (&q.quota, q.operation, q.now, q.cost)),
                 ),
-                [] => break,
+                [] => unreachable!("a batch holds at least one decision"),
             };
             let value = store.run(&invocation).await.map_err(RedisFailure::Redis);
             let replies = match batch.len() {
                 1 => vec![value],
                 n => split(value, n),
             };
-            for (queued, reply) in batch.drain(..).zip(replies) {
+            for (queued, reply) in batch.into_iter().zip(replies) {
                 let _ = queued.reply.send(reply);
             }
-            let mut in_flight = self.lock();
-            let queue = in_flight.get_mut(&key).map(std::mem::take);
-            // Those gone while they waited are not sent.
-            batch = (queue.into_iter().flatten())
-                .filter(|q| !q.reply.is_closed())
-                .collect();
-            if batch.is_empty() {
-                in_flight.remove(&key);
-                return;
-            }
         }
+    }
+
+    /// The decisions queued on `key` whose callers still wait, to be sent next; `None`, and the
+    /// key free, when there are none.
+    fn next_batch(&self, key: &str) -> Option<Vec<Queued>> {
+        let mut in_flight = self.lock();
+        let queue = in_flight
+            .get_mut(key)
+            .map(|entry| std::mem::take(&mut entry.queue));
+        // Those gone while they waited are not sent.
+        let batch: Vec<Queued> = (queue.into_iter().flatten())
+            .filter(|q| !q.reply.is_closed())
+            .collect();
+        if batch.is_empty() {
+            in_flight.remove(key);
+            return None;
+        }
+        Some(batch)
+    }
+}
+
+/// The first decision's caller's hold on its key: however its call ends (answered, timed out,
+/// its future dropped), the key is free again, unless decisions queued behind it, whose task
+/// then frees it after them.
+struct Turn<'a> {
+    coalescer: &'a Coalescer,
+    key: &'a str,
+    /// The call, to tell the key's entry from a later one's (made after the queue behind it
+    /// was sent while this caller's future waited unpolled).
+    call: Call,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.coalescer.lock();
+        let ours = |entry: &InFlight| entry.first.ptr_eq(&self.call) && !entry.sending;
+        if in_flight.get(self.key).is_some_and(ours) {
+            in_flight.remove(self.key);
+        }
+    }
+}
+
+/// Runs the sending of a key's queued decisions as a task of its own, so that none of them
+/// depends on another caller's future being polled, or kept, until it is answered. Without a
+/// runtime (only while one shuts down) it is dropped, and with it their replies: each is told
+/// its call went away.
+fn spawn(sender: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn(sender));
     }
 }
 

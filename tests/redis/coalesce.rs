@@ -222,6 +222,52 @@ async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
     assert_eq!(remaining, Some(expected), "{kept_admitted} kept admissions");
 }
 
+/// The first decision on a key makes its call from its caller's future, and those queued behind
+/// it do not wait for that future to be polled again: with the first held unpolled (as a caller
+/// awaiting its futures one after another does), each later one is answered, in one more call,
+/// and the first is too when it is polled at last.
+#[tokio::test(flavor = "current_thread")]
+async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
+    let Some(server) = RedisServer::start("queued_behind_an_unpolled_first") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
+        .refusal_cache_capacity(0)
+        .fail_mode(RedisFailMode::Propagate)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let check = |limiter: &RedisRateLimiter| -> Decision {
+        let limiter = limiter.clone();
+        Box::pin(async move { limiter.check(&"k").await })
+    };
+    for round in 0..5 {
+        let mut first = check(&limiter);
+        assert!(
+            poll_once(first.as_mut()).is_pending(),
+            "round {round}: the first call is sent"
+        );
+        let mut later: Vec<Decision> = (0..3).map(|_| check(&limiter)).collect();
+        for decision in &mut later {
+            assert!(
+                poll_once(decision.as_mut()).is_pending(),
+                "round {round}: queued"
+            );
+        }
+        for decision in later {
+            let decision = tokio::time::timeout(Duration::from_secs(5), decision)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: waited on the unpolled first call"))
+                .unwrap();
+            assert!(decision.allowed, "round {round}");
+        }
+        assert!(first.await.unwrap().allowed, "round {round}");
+    }
+    let left = limiter.check(&"k").await.unwrap().remaining;
+    assert_eq!(left, 1000 - 21, "every decision spent one permit");
+}
+
 /// A batch answered with a reply of the wrong shape (here every call gets one integer): each
 /// decision in it gets a failure that says what was wrong, none panics, none waits for ever.
 #[tokio::test(flavor = "current_thread")]
