@@ -266,6 +266,31 @@ async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
     }
     let left = limiter.check(&"k").await.unwrap().remaining;
     assert_eq!(left, 1000 - 21, "every decision spent one permit");
+
+    // A first caller polled again only after the queue behind it was sent, and a later call
+    // made on the key, leaves that later call's hold alone: those queued behind the later one
+    // still go together, in one call.
+    let mut first = check(&limiter);
+    assert!(poll_once(first.as_mut()).is_pending());
+    let mut queued = check(&limiter);
+    assert!(poll_once(queued.as_mut()).is_pending());
+    assert!(queued.await.unwrap().allowed);
+    let calls = evalsha_calls(&server);
+    let mut later = check(&limiter);
+    assert!(
+        poll_once(later.as_mut()).is_pending(),
+        "the later call is sent"
+    );
+    assert!(first.await.unwrap().allowed);
+    let behind: Vec<Decision> = (0..3).map(|_| check(&limiter)).collect();
+    let (behind, later) = futures::join!(futures::future::join_all(behind), later);
+    assert!(later.unwrap().allowed);
+    assert!(behind.into_iter().all(|d| d.unwrap().allowed));
+    assert_eq!(
+        evalsha_calls(&server) - calls,
+        2,
+        "the later call, then the three behind it in one call"
+    );
 }
 
 /// A batch answered with a reply of the wrong shape (here every call gets one integer): each
