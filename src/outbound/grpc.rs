@@ -8,8 +8,8 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::{alphabet, Engine};
 use http::HeaderMap;
+use prost::Message;
 use tonic::Code;
-use tonic_types::StatusExt;
 
 /// `grpc-status-details-bin` as gRPC writes it: standard base64, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -25,11 +25,7 @@ fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration
     if !matches!(code, Code::ResourceExhausted | Code::Unavailable) {
         return None;
     }
-    let status = tonic::Status::with_details(code, "", bytes::Bytes::copy_from_slice(details));
-    if let Some(delay) = status
-        .get_details_retry_info()
-        .and_then(|info| info.retry_delay)
-    {
+    if let Some(delay) = retry_info_delay(details) {
         return Some(delay);
     }
     let millis = std::str::from_utf8(pushback?)
@@ -38,6 +34,26 @@ fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration
         .parse::<u64>()
         .ok()?;
     Some(Duration::from_millis(millis))
+}
+
+/// The delay of the first `google.rpc.RetryInfo` in `details` (a serialized `google.rpc.Status`),
+/// if it has one: zero for a negative one, as gRPC reads it. Decoded here rather than by
+/// `tonic_types::StatusExt`, whose conversion of the delay negates `i64::MIN` seconds (a panic
+/// where overflow is checked, a hold of zero where not).
+fn retry_info_delay(details: &[u8]) -> Option<Duration> {
+    const RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
+    let status = tonic_types::pb::Status::decode(details).ok()?;
+    let info = status
+        .details
+        .iter()
+        .find(|any| any.type_url == RETRY_INFO)?;
+    let delay = tonic_types::pb::RetryInfo::decode(info.value.as_slice())
+        .ok()?
+        .retry_delay?;
+    // In i128, whatever the two fields hold (their signs may even differ): exact, no overflow.
+    let nanos = i128::from(delay.seconds) * 1_000_000_000 + i128::from(delay.nanos);
+    let nanos = u64::try_from(nanos.max(0)).unwrap_or(u64::MAX);
+    Some(Duration::from_nanos(nanos))
 }
 
 /// The delay a trailers-only gRPC answer's headers ask for, if they hold a `grpc-status` that

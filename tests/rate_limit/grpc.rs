@@ -512,6 +512,76 @@ fn hostile_grpc_answers_set_no_hold_beyond_what_they_say() {
             Duration::from_secs(600),
         ),
     ];
+    // `RetryInfo` delays of any seconds and nanoseconds, signs mixed: read whole, negative as
+    // none, capped at `max_hold` (600 s by default); never a panic (this build checks overflow),
+    // from a trailers-only answer and from a `tonic::Status` alike.
+    let retry_info = |seconds: i64, nanos: i32| {
+        let delay = prost_types::Duration { seconds, nanos };
+        let info = tonic_types::pb::RetryInfo {
+            retry_delay: Some(delay),
+        };
+        let details = tonic_types::pb::Status {
+            code: 8,
+            message: String::new(),
+            details: vec![prost_types::Any {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                value: prost::Message::encode_to_vec(&info),
+            }],
+        };
+        prost::Message::encode_to_vec(&details)
+    };
+    // (seconds, nanoseconds, what `retry_after` reads, what the pushback holds)
+    let delays = [
+        (i64::MIN, 0, Duration::ZERO, Duration::ZERO),
+        (i64::MIN, i32::MIN, Duration::ZERO, Duration::ZERO),
+        (-5, 0, Duration::ZERO, Duration::ZERO),
+        (0, -1, Duration::ZERO, Duration::ZERO),
+        (
+            2,
+            -500_000_000,
+            Duration::from_millis(1500),
+            Duration::from_millis(1500),
+        ),
+        (
+            3,
+            250_000_000,
+            Duration::from_millis(3250),
+            Duration::from_millis(3250),
+        ),
+        (
+            i64::MAX,
+            i32::MAX,
+            Duration::from_nanos(u64::MAX),
+            Duration::from_secs(600),
+        ),
+    ];
+    for (seconds, nanos, read, held) in delays {
+        let details = retry_info(seconds, nanos);
+        let status = Status::with_details(Code::ResourceExhausted, "", details.clone().into());
+        let error: tower_bulwark::BoxError = Box::new(status);
+        let said = tower_bulwark::outbound::retry_after(&*error);
+        assert_eq!(
+            said,
+            Some(read),
+            "tonic::Status with {seconds} s {nanos} ns"
+        );
+        let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &details);
+        let pushback = Pushback::builder("dep").clock(ManualClock::new()).build();
+        let mut response = http::Response::new(());
+        response
+            .headers_mut()
+            .insert("grpc-status", "8".parse().unwrap());
+        let value = http::HeaderValue::from_str(&encoded).unwrap();
+        response
+            .headers_mut()
+            .insert("grpc-status-details-bin", value);
+        pushback.observe(&response);
+        assert_eq!(
+            pushback.held_for(),
+            held,
+            "details with {seconds} s {nanos} ns"
+        );
+    }
     for (headers, expected) in cases {
         let pushback = Pushback::builder("dep").clock(ManualClock::new()).build();
         let mut response = http::Response::new(());
