@@ -374,17 +374,8 @@ impl<P: PolicySet> Settlement<P> {
                     }
                 }
                 SettleFrom::Head => {
-                    let cost = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        limits.policies.settled_cost(i, response)
-                    }))
-                    .unwrap_or_else(|_| {
-                        tracing::error!(
-                            policy = &*info.name,
-                            "rate limit: the policy's settle function panicked; the cost asked \
-                             for stands"
-                        );
-                        None
-                    });
+                    let cost =
+                        super::read_cost(&info.name, || limits.policies.settled_cost(i, response));
                     changed |= self.settle(i, cost);
                 }
             }

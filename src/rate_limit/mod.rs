@@ -190,4 +190,5 @@ pub use self::refusal::Refusal;
 pub use self::service::RateLimit;
 pub use self::set::{Chain, PolicySet};
 pub use self::settings::{FailMode, OnRefusal};
+pub(crate) use self::usage::read_cost;
 pub use self::usage::{BodyUsage, UsagePathError, UsageScan};

@@ -4,6 +4,19 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// What `read`, a user's function reading a cost from an answer, returns; `None` (the cost asked
+/// for stands) where it panics, with an `error` line naming the `limit` it settles. The one
+/// rule for every settle function, inbound and outbound: a panic in it reaches no caller.
+pub(crate) fn read_cost(limit: &str, read: impl FnOnce() -> Option<u32>) -> Option<u32> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
+        tracing::error!(
+            limit,
+            "the settle function panicked; the cost asked for stands"
+        );
+        None
+    })
+}
+
 /// At most this many keys in a path.
 const MAX_KEYS: usize = 8;
 /// At most this many bytes in a key (so a key's progress fits a `u8`).

@@ -317,7 +317,8 @@ async fn calls_refused_below_the_quota_give_their_permits_back() {
 /// `max_tokens` (100) and settled to the `x-usage-total-tokens` the dependency reports (40), 24
 /// of them racing on 1 000 tokens an hour: however many went, the tokens the dependency
 /// reports plus what the quota still grants are exactly the quota. A response without a usage
-/// keeps its estimate.
+/// keeps its estimate, and so does one whose settle function panics, which still reaches its
+/// caller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     let server = MockServer::start().await;
@@ -385,6 +386,23 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     let request = reqwest::Request::new(reqwest::Method::GET, url.parse().unwrap());
     client.oneshot(request).await.unwrap();
     assert_eq!(tokens.check_n(900).unwrap().remaining, 0);
+    assert!(!tokens.check().allowed);
+
+    // A settle function that panics: the caller gets its response all the same, and the 100
+    // reserved stay spent, as inbound.
+    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(|_: &reqwest::Response| -> Option<u32> { panic!("a settle that panics") })
+        .layer(reqwest::Client::new());
+    for _ in 0..3 {
+        let request = reqwest::Request::new(reqwest::Method::POST, url.parse().unwrap());
+        let response = client.clone().oneshot(request).await.unwrap();
+        assert!(response.status().is_success());
+    }
+    assert_eq!(tokens.check_n(700).unwrap().remaining, 0);
     assert!(!tokens.check().allowed);
 }
 

@@ -16,6 +16,7 @@ use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
 use crate::outbound::never_sent;
+use crate::rate_limit::read_cost;
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {
@@ -208,19 +209,21 @@ where
                             shared.limiter.refund(&key, estimate, decision);
                         }
                         Err(_) => {}
-                        Ok(response) => match this.settle.settled(response) {
-                            Some(cost) => {
-                                shared.limiter.settle(&key, estimate, decision, cost);
-                            }
-                            None if U::LATER => {
-                                let shared = Arc::clone(shared);
-                                let unsettled = Unsettled::new(move |cost| {
+                        Ok(response) => {
+                            match read_cost(&shared.name, || this.settle.settled(response)) {
+                                Some(cost) => {
                                     shared.limiter.settle(&key, estimate, decision, cost);
-                                });
-                                this.settle.leave(response, unsettled);
+                                }
+                                None if U::LATER => {
+                                    let shared = Arc::clone(shared);
+                                    let unsettled = Unsettled::new(move |cost| {
+                                        shared.limiter.settle(&key, estimate, decision, cost);
+                                    });
+                                    this.settle.leave(response, unsettled);
+                                }
+                                None => {}
                             }
-                            None => {}
-                        },
+                        }
                     }
                     return Poll::Ready(result);
                 }
