@@ -310,8 +310,9 @@ fn a_dialect_of_the_users_own_counts_beside_the_built_in_ones() {
 /// the family's owner gives Retry-After precedence (draft-11's "Client Behavior": it "MUST take
 /// precedence and the reset keyword MAY be ignored"; OpenAI and Anthropic, whose resets say when
 /// a limit is whole again), calls wait 5 s; for `X-RateLimit-*` (GitHub: a spent primary limit
-/// outlasts a secondary limit's Retry-After) the later of the two, 60 s. In each case the
-/// refusal of a call says the same time as `held_for`, and a call then goes.
+/// outlasts a secondary limit's Retry-After) the later of the two, 60 s, also beside a family
+/// that yields and whose own reset is later still. In each case the refusal of a call says the
+/// same time as `held_for`, and a call then goes.
 #[tokio::test]
 async fn retry_after_takes_precedence_where_the_family_says_so() {
     use tower_bulwark::clock::ManualClock;
@@ -320,7 +321,8 @@ async fn retry_after_takes_precedence_where_the_family_says_so() {
     // A family's name, its fields, and the seconds calls wait.
     type Case = (&'static str, Vec<(&'static str, String)>, u64);
     let in_60s = rfc3339_in(60);
-    let cases: [Case; 4] = [
+    let in_120s = rfc3339_in(120);
+    let cases: [Case; 7] = [
         (
             "draft-11",
             vec![("ratelimit", r#""default";r=0;t=60"#.into())],
@@ -349,6 +351,37 @@ async fn retry_after_takes_precedence_where_the_family_says_so() {
                 ("anthropic-ratelimit-requests-reset", in_60s.clone()),
             ],
             5,
+        ),
+        // Two families in one answer: the one that does not yield keeps its later reset,
+        // whatever the one that yields says beyond it.
+        (
+            "draft-11 and X-RateLimit",
+            vec![
+                ("ratelimit", r#""p";r=0;t=120"#.into()),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset-after", "60".into()),
+            ],
+            60,
+        ),
+        (
+            "OpenAI and GitHub",
+            vec![
+                ("x-ratelimit-remaining-requests", "0".into()),
+                ("x-ratelimit-reset-requests", "2m0s".into()),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", unix_in(60).to_string()),
+            ],
+            60,
+        ),
+        (
+            "Anthropic and GitLab",
+            vec![
+                ("anthropic-ratelimit-requests-remaining", "0".into()),
+                ("anthropic-ratelimit-requests-reset", in_120s.clone()),
+                ("ratelimit-remaining", "0".into()),
+                ("ratelimit-reset", unix_in(60).to_string()),
+            ],
+            60,
         ),
     ];
     for (family, fields, wait) in cases {

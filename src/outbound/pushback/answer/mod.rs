@@ -224,25 +224,6 @@ pub(crate) fn read(
         // The server's own clock, when it sends one, so that dates are read without clock skew.
         reference: date_of(headers).unwrap_or(wall_now),
     };
-    let custom = custom.iter().filter_map(|read| {
-        let (remaining, window) = read(headers)?;
-        Some(AdvertisedQuota {
-            dialect: Dialect::Custom,
-            remaining,
-            window: reader.capped("a dialect of the user's", window),
-            refill: None,
-        })
-    });
-    let mut tokens = None;
-    let mut quota = most_restrictive(
-        (Dialect::ALL.iter())
-            .filter_map(|dialect| {
-                let (quota, read) = dialect.read(&reader, headers);
-                tokens = fewest_tokens(tokens.into_iter().chain(read));
-                quota
-            })
-            .chain(custom),
-    );
     // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
     // rate-limit fields; any other 403 says nothing about when to call again.
     let overloaded = status == StatusCode::TOO_MANY_REQUESTS
@@ -259,17 +240,42 @@ pub(crate) fn read(
         let hold = crate::outbound::grpc::hold(headers)?;
         Some(reader.capped("grpc-retry-pushback-ms", hold))
     });
-    if let Some(after) = retry_after {
-        // Where a dialect's owner says Retry-After takes precedence over its resets, what the
-        // answer says is spent comes back when Retry-After has passed, even where a reset says
-        // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window.
-        let spent = |quota: &AdvertisedQuota| quota.remaining == 0;
-        let yields = |quota: &AdvertisedQuota| quota.dialect.yields_to_retry_after();
-        if let Some(quota) = quota.as_mut().filter(|quota| spent(quota) && yields(quota)) {
-            quota.window = quota.window.min(after);
+    // Where a dialect's owner says Retry-After takes precedence over its resets, what the
+    // answer says is spent comes back when Retry-After has passed, even where a reset says
+    // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window. Each
+    // dialect's quota is cut so before the most restrictive is chosen: a dialect that does not
+    // yield keeps its later reset, whichever dialects share the answer.
+    let precedence = |mut quota: AdvertisedQuota| {
+        if let Some(after) = retry_after {
+            if quota.remaining == 0 && quota.dialect.yields_to_retry_after() {
+                quota.window = quota.window.min(after);
+            }
         }
-        // Tokens are OpenAI's and Anthropic's, which both yield.
-        if let Some(tokens) = tokens.as_mut().filter(|tokens| tokens.remaining == 0) {
+        quota
+    };
+    let custom = custom.iter().filter_map(|read| {
+        let (remaining, window) = read(headers)?;
+        Some(AdvertisedQuota {
+            dialect: Dialect::Custom,
+            remaining,
+            window: reader.capped("a dialect of the user's", window),
+            refill: None,
+        })
+    });
+    let mut tokens = None;
+    let quota = most_restrictive(
+        (Dialect::ALL.iter())
+            .filter_map(|dialect| {
+                let (quota, read) = dialect.read(&reader, headers);
+                tokens = fewest_tokens(tokens.into_iter().chain(read));
+                quota
+            })
+            .chain(custom)
+            .map(precedence),
+    );
+    // Tokens are OpenAI's and Anthropic's, which both yield.
+    if let (Some(after), Some(tokens)) = (retry_after, tokens.as_mut()) {
+        if tokens.remaining == 0 {
             tokens.resets_in = tokens.resets_in.min(after);
         }
     }
