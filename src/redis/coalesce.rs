@@ -80,6 +80,9 @@ impl Coalescer {
         cost: u32,
     ) -> Result<Value, RedisFailure> {
         // Queued behind the key's call in flight, or the call this caller makes.
+        // Spawned once the map is unlocked: a task dropped at once (no runtime, or one shutting
+        // down) frees the key as it drops, which takes the lock.
+        let mut sending = None;
         let queued = {
             let mut in_flight = self.lock();
             match in_flight.get_mut(key) {
@@ -94,10 +97,11 @@ impl Coalescer {
                     });
                     if !entry.sending {
                         entry.sending = true;
-                        let first = entry.first.clone();
-                        let sender =
-                            Arc::clone(self).send_queued(store.clone(), key.to_owned(), first);
-                        spawn(sender);
+                        sending = Some(Sending {
+                            coalescer: Arc::clone(self),
+                            key: key.to_owned(),
+                            first: entry.first.clone(),
+                        });
                     }
                     Err(answer)
                 }
@@ -118,6 +122,9 @@ impl Coalescer {
                 }
             }
         };
+        if let Some(sending) = sending {
+            spawn(sending.run(store.clone()));
+        }
         match queued {
             Err(answer) => answer.await.unwrap_or_else(|_| Err(gone())),
             Ok(call) => {
@@ -130,31 +137,6 @@ impl Coalescer {
                     call: call.clone(),
                 };
                 call.await
-            }
-        }
-    }
-
-    /// Sends the decisions queued on `key` once its first call has answered, each call every
-    /// one queued by the time the previous one answered, until none is waiting.
-    async fn send_queued(self: Arc<Self>, store: RedisStore, key: String, first: Call) {
-        // Its reply is its caller's; the queue's turn comes after it, however it ended.
-        let _ = first.await;
-        while let Some(batch) = self.next_batch(&key) {
-            let invocation = match batch.as_slice() {
-                [one] => (one.quota).invocation(&key, one.operation, one.now, one.cost),
-                [first, ..] => first.quota.batch_invocation(
-                    &key,
-                    (batch.iter()).map(|q| (&q.quota, q.operation, q.now, q.cost)),
-                ),
-                [] => unreachable!("a batch holds at least one decision"),
-            };
-            let value = store.run(&invocation).await.map_err(RedisFailure::Redis);
-            let replies = match batch.len() {
-                1 => vec![value],
-                n => split(value, n),
-            };
-            for (queued, reply) in batch.into_iter().zip(replies) {
-                let _ = queued.reply.send(reply);
             }
         }
     }
@@ -175,6 +157,56 @@ impl Coalescer {
             return None;
         }
         Some(batch)
+    }
+}
+
+/// The task sending a key's queued decisions, and its hold on the key: however the task ends
+/// (done, or dropped unpolled or mid-call because its runtime shut down), the key is free
+/// again afterwards and no decision queued on it waits for an answer that cannot come (each
+/// dropped from the queue is told its call went away).
+struct Sending {
+    coalescer: Arc<Coalescer>,
+    key: String,
+    /// The key's first call, which tells the key's entry from a later one's.
+    first: Call,
+}
+
+impl Sending {
+    /// Sends the decisions queued on the key once its first call has answered, each call every
+    /// one queued by the time the previous one answered, until none is waiting.
+    async fn run(self, store: RedisStore) {
+        // Its reply is its caller's; the queue's turn comes after it, however it ended.
+        let _ = self.first.clone().await;
+        let key = &self.key;
+        while let Some(batch) = self.coalescer.next_batch(key) {
+            let invocation = match batch.as_slice() {
+                [one] => (one.quota).invocation(key, one.operation, one.now, one.cost),
+                [first, ..] => first.quota.batch_invocation(
+                    key,
+                    (batch.iter()).map(|q| (&q.quota, q.operation, q.now, q.cost)),
+                ),
+                [] => unreachable!("a batch holds at least one decision"),
+            };
+            let value = store.run(&invocation).await.map_err(RedisFailure::Redis);
+            let replies = match batch.len() {
+                1 => vec![value],
+                n => split(value, n),
+            };
+            for (queued, reply) in batch.into_iter().zip(replies) {
+                let _ = queued.reply.send(reply);
+            }
+        }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        // Done, the task freed the key itself (`next_batch`); a later entry is not ours.
+        let mut in_flight = self.coalescer.lock();
+        let ours = |entry: &InFlight| entry.first.ptr_eq(&self.first) && entry.sending;
+        if in_flight.get(&self.key).is_some_and(ours) {
+            in_flight.remove(&self.key);
+        }
     }
 }
 
@@ -201,8 +233,8 @@ impl Drop for Turn<'_> {
 
 /// Runs the sending of a key's queued decisions as a task of its own, so that none of them
 /// depends on another caller's future being polled, or kept, until it is answered. Without a
-/// runtime (only while one shuts down) it is dropped, and with it their replies: each is told
-/// its call went away.
+/// runtime, or on one that shuts down before or while it runs, it is dropped, and with it their
+/// replies: each is told its call went away, and the key is free (see [`Sending`]).
 fn spawn(sender: impl Future<Output = ()> + Send + 'static) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         drop(runtime.spawn(sender));

@@ -315,3 +315,64 @@ async fn a_batch_reply_of_the_wrong_shape_fails_each_of_its_decisions_clearly() 
         );
     }
 }
+
+/// A runtime that shuts down while decisions are queued on a key (its sending task spawned
+/// there, never polled, or polled and awaiting a call Redis holds back) leaves the key free:
+/// the limiter, shared with another runtime, answers every later decision on the key.
+#[test]
+fn a_runtime_shut_down_while_decisions_wait_on_a_key_leaves_it_free() {
+    let Some(server) = RedisServer::start("runtime_shut_down_mid_call") else {
+        return;
+    };
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = main.block_on(async {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
+            .client_clock(ManualClock::new())
+            .refusal_cache_capacity(0)
+            .fail_mode(RedisFailMode::Propagate)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    });
+    for task_polled in [false, true] {
+        let short = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        if task_polled {
+            // The first call is held back past the runtime's end.
+            server.command(&["CLIENT", "PAUSE", "600"]);
+        }
+        short.block_on(async {
+            let mut first = Box::pin(limiter.check(&"k"));
+            let mut second = Box::pin(limiter.check(&"k"));
+            assert!(poll_once(first.as_mut()).is_pending());
+            assert!(
+                poll_once(second.as_mut()).is_pending(),
+                "queued behind the first"
+            );
+            if task_polled {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        drop(short);
+        main.block_on(async {
+            if task_polled {
+                // Past the pause, which the store's own timeout would otherwise report.
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+            for i in 0..10 {
+                let decision = tokio::time::timeout(Duration::from_secs(5), limiter.check(&"k"))
+                    .await
+                    .unwrap_or_else(|_| panic!("decision {i} on the key was never answered"))
+                    .unwrap();
+                assert!(decision.allowed);
+            }
+        });
+    }
+}
