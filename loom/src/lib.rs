@@ -147,6 +147,10 @@ impl Shard {
     fn tat(&self, g: &Gcra, key: usize) -> u64 {
         g.idle_at(&self.keys[key])
     }
+
+    fn charge(&self, g: &Gcra, key: usize, now: u64, cost: u32) {
+        g.charge(&self.keys[key], &self.latest, now, cost);
+    }
 }
 
 /// GCRA's promise over the admitted decisions that were not given back (`seen`), whatever the
@@ -347,6 +351,39 @@ fn gcra_refund_racing_a_reservation() {
             next.allowed && next.due <= 3 * T,
             "more than the refunded slot lost: {seen:#?}"
         );
+    });
+}
+
+/// A give-back behind a settle's debt races a reservation (issue 35, item 1). Burst 1: X
+/// admitted at 0 (TAT T), then a settle charges one permit of debt (TAT 2T, past the horizon).
+/// A gives X back while B reserves the slot after the debt (due 2T). Debt holds no caller's
+/// slot, so X comes back whole when it goes first (B is then due at T); but once B holds 2T, a
+/// give-back that moved the TAT back would hand B's slot to the next caller. Whatever the
+/// order, the next caller is due after B, and the debt and the reservations keep the promise.
+#[test]
+fn gcra_give_back_behind_debt_racing_a_reservation() {
+    check(PREEMPTIONS, || {
+        let g = gcra(1);
+        let shard = Arc::new(Shard::default());
+        let x = shard.decide(&g, 0, 0, 0);
+        assert!(x.allowed);
+        shard.charge(&g, 0, 0, 1);
+        let debt = Seen::of(0, &x);
+        let giver = {
+            let shard = shard.clone();
+            thread::spawn(move || shard.refund(&g, 0, 0, &x))
+        };
+        let waiter = {
+            let shard = shard.clone();
+            thread::spawn(move || Seen::of(0, &shard.decide(&g, 0, 0, 3 * T)))
+        };
+        giver.join().unwrap();
+        let b = waiter.join().unwrap();
+        let next = Seen::of(0, &shard.decide(&g, 0, 0, 3 * T));
+        // X's permit is counted as the debt's: one permit charged at 0 either way.
+        let seen = [debt, b, next];
+        assert!(b.allowed && next.allowed, "{seen:#?}");
+        assert_gcra_promise(1, shard.tat(&g, 0), &seen);
     });
 }
 

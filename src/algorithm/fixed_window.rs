@@ -37,6 +37,9 @@ pub(crate) struct Window {
     pub(crate) used: u64,
     /// The latest clock reading seen; earlier readings are decided as of it.
     pub(crate) latest: u64,
+    /// The latest instant a reservation falls due: until then, a count above the limit may
+    /// hold the slots of a waiting caller; afterwards it is only debt (a settle's overrun).
+    pub(crate) reserved_until: u64,
 }
 
 impl FixedWindow {
@@ -74,6 +77,10 @@ impl FixedWindow {
     fn advance(&self, w: &mut Window, now: u64) -> u64 {
         let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
+        if w.used <= self.limit {
+            // A reservation ahead holds slots beyond the limit: none is outstanding.
+            w.reserved_until = 0;
+        }
         now
     }
 
@@ -101,6 +108,7 @@ impl FixedWindow {
         let wait = self.until_cycles(cycle, now, cycles);
         if wait <= max_wait {
             w.used += cost;
+            w.reserved_until = w.reserved_until.max(now + wait);
             return Decision::reserved(
                 self.limit,
                 0,
@@ -167,7 +175,10 @@ impl Algorithm for FixedWindow {
     /// charges due later, which are still owed. A charge that the count can tell lies wholly
     /// inside the last cycle holding charges (any immediate admission while no reservation is
     /// outstanding, any reservation of one permit due in the last such cycle) is given back
-    /// exactly: `used −= cost` frees slots of that cycle, where it held its own. Any other
+    /// exactly: `used −= cost` frees slots of that cycle, where it held its own; so is any
+    /// immediate admission of the current cycle while no reservation is outstanding, whatever
+    /// debt a settle left beyond it (debt holds no caller's slot, and lowering it loses
+    /// nothing the key used). Any other
     /// charge is kept (the permits are lost, never over-granted): one due in an earlier cycle
     /// lies before later ones, and a reservation of several permits may begin in the cycle
     /// before the one it falls due in, which one count cannot tell apart from one that does not;
@@ -184,7 +195,7 @@ impl Algorithm for FixedWindow {
     ) {
         let reserved_at = decision.reserved_at;
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.advance(&mut w, now);
+        let now = self.advance(&mut w, now);
         let charged = self.cycle_of(reserved_at);
         if w.used == 0 || charged < w.cycle {
             return;
@@ -192,7 +203,10 @@ impl Algorithm for FixedWindow {
         let cost = u64::from(cost);
         let last = w.cycle + (w.used - 1) / self.limit;
         let whole_in_last = w.used <= self.limit || cost == 1;
-        if charged == last && whole_in_last {
+        // With no reservation outstanding, what lies beyond the limit is debt, which holds no
+        // caller's slot: an immediate admission of this cycle comes back whole.
+        let only_debt_after = decision.wait.is_zero() && w.reserved_until <= now;
+        if (charged == last && whole_in_last) || (charged == w.cycle && only_debt_after) {
             w.used = w.used.saturating_sub(cost);
         }
     }

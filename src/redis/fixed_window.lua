@@ -1,7 +1,8 @@
 -- Fixed window with Resilience4j's cycles, counted from tick zero, on one hash:
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles),
 -- l = the latest clock reading; an older reading is decided as of it; d = the period `c` counts
--- in (absent: the current period).
+-- in (absent: the current period); v = the latest instant a reservation falls due (until then a
+-- count above the limit may hold a waiting caller's slots; afterwards it is only debt).
 -- ARGV[8] period, ARGV[9] limit
 --
 -- Leases (ops 'l' and 'u', arguments in `prelude.lua`): a share of the current cycle's permits,
@@ -12,11 +13,12 @@
 local key = KEYS[1]
 local period = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x')
+local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x', 'v')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
 local latest = stored(state[3], 0)
 local leases = read_leases(state[5])
+local reserved_until = stored(state[6], 0)
 now = math.max(now, latest)
 -- The quota's period changed since the key was written: its count moves, whole, to the cycle of
 -- this period that holds its latest reading, and is refreshed from there like any other.
@@ -49,6 +51,12 @@ local function save()
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', write_leases(leases))
+    -- A reservation ahead holds slots beyond the limit: with none, nothing is outstanding.
+    if u > limit and reserved_until > now then
+      redis.call('HSET', key, 'v', int(reserved_until))
+    elseif state[6] then
+      redis.call('HDEL', key, 'v')
+    end
     expire_in(key, reset_after())
   end
 end
@@ -102,11 +110,14 @@ if op == 'r' then
   -- immediate admission while no reservation is outstanding, any reservation of one permit due
   -- in it) is given back exactly; any other is kept (lost, never over-granted): one due earlier
   -- lies before later charges, and a reservation of several permits may begin in the cycle
-  -- before the one it falls due in. As in memory.
+  -- before the one it falls due in. An immediate admission (ARGV[11] '0') of this cycle while
+  -- no reservation is outstanding comes back whole whatever debt a settle left beyond it: debt
+  -- holds no caller's slot. As in memory.
   local charged = idiv(arg5, period)
   if u > 0 and charged >= c then
     local last = c + idiv(u - 1, limit)
-    if charged == last and (u <= limit or cost == 1) then
+    local only_debt_after = ARGV[11] == '0' and reserved_until <= now
+    if (charged == last and (u <= limit or cost == 1)) or (charged == c and only_debt_after) then
       u = math.max(u - cost, 0)
     end
   end
@@ -130,6 +141,7 @@ end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then
   u = u + cost
+  reserved_until = math.max(reserved_until, now + wait)
   save()
   return decision(1, 0, 0, reset_after(), wait, now + wait)
 end

@@ -1,7 +1,9 @@
 -- GCRA on one key holding "<tat>:<latest>": the theoretical arrival time (TAT), and the latest
 -- clock reading that admitted or gave back (a key holding "<tat>" alone is read with no latest
--- reading). A reading older than `latest` (a stale client clock, a server clock stepped back) is
--- decided as of `latest`, as the in-memory GCRA does.
+-- reading), then ":<reserved>" while a reservation is outstanding: the latest instant one falls
+-- due (until then a TAT beyond the horizon may hold a waiting caller's slot; afterwards it is
+-- debt, which a give-back may lower). A reading older than `latest` (a stale client clock, a
+-- server clock stepped back) is decided as of `latest`, as the in-memory GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
 -- it was a reservation (it waited), '0' if it was admitted at once.
@@ -21,7 +23,7 @@ local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
-local tat, latest = 0, 0
+local tat, latest, reserved_until = 0, 0, 0
 -- The leases out, by id: { permits, end }, and their permits.
 local leases, out = {}, 0
 do
@@ -30,6 +32,11 @@ do
     local t, l, rest = string.match(raw, '^([^:;]*):([^:;]*)(.*)$')
     if t then
       tat, latest = stored(t, 0), stored(l, 0)
+      if string.byte(rest) == 58 then
+        local r
+        r, rest = string.match(rest, '^:([^:;]*)(.*)$')
+        reserved_until = stored(r, 0)
+      end
     else
       tat, rest = stored(raw, 0), ''
     end
@@ -82,9 +89,9 @@ local function frozen()
   return (ended_by(math.huge, false))
 end
 
--- Gives back the lease `id` with `unused` permits, if it is still out. Under a reservation
--- still ahead (a TAT past the horizon), nothing comes back, as in memory: the permits would
--- come before it.
+-- Gives back the lease `id` with `unused` permits, if it is still out. Under a TAT past the
+-- horizon (a reservation still ahead, or debt that other instances' shares were leased
+-- beside), nothing comes back: the permits would come before it.
 local function give_back(id, unused)
   local lease = leases[id]
   if not lease then
@@ -104,7 +111,12 @@ local function save(t, l)
     last = math.max(last, lease[2])
   end
   if last > now then
-    redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
+    -- No reservation falls due after the TAT's lead over the horizon (see `reserved_ahead`).
+    local reserved = ''
+    if math.min(reserved_until, t - horizon) > now then
+      reserved = ':' .. int(math.min(reserved_until, t - horizon))
+    end
+    redis.call('SET', key, int(t) .. ':' .. int(l) .. reserved .. write_leases(leases), 'PX', expiry_ms(last - now))
   else
     -- A TAT in the past carries no information.
     redis.call('DEL', key)
@@ -156,7 +168,7 @@ end
 if op == 'r' then
   -- As the in-memory GCRA gives back (see `Gcra::refund`): `cost` intervals while the refunded
   -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11]); when later
-  -- admissions moved the TAT on but none of them, nor this one, is a reservation still ahead,
+  -- admissions or debt moved the TAT on but no reservation is still ahead and this one was not one,
   -- `cost` intervals less the time elapsed since this one was charged (ARGV[5]); otherwise
   -- nothing. Never below the latest reading.
   local left = count_arg(ARGV[11])
@@ -169,7 +181,7 @@ if op == 'r' then
     local back = 0
     if tat == left then
       back = give
-    elseif reserved == '0' and tat - horizon <= now then
+    elseif reserved == '0' and math.min(reserved_until, tat - horizon) <= now then
       back = math.max(give - math.max(now - arg5, 0), 0)
     end
     if back > 0 then
@@ -204,6 +216,7 @@ if out > 0 then
 end
 local wait = allow_at - now
 if wait <= max_wait then
+  reserved_until = math.max(reserved_until, allow_at)
   save(new_tat, now)
   return decision(1, 0, 0, new_tat - now, wait, allow_at, new_tat)
 end

@@ -11,9 +11,10 @@ use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, Sli
 use tower_bulwark::{clock::ManualClock, DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
 /// Eight threads race on one key of 1 000 tokens a minute with the clock standing still: each
-/// reserves an estimate of up to 50 tokens and settles to a cost of at most that. Whatever the
-/// interleaving, the tokens the key admits in all are exactly its quota: what the settled
-/// requests cost, plus what the key still admits afterwards, is 1 000, no more, no less.
+/// reserves an estimate of up to 50 tokens and settles to a cost of up to twice that, so that
+/// give-backs land behind other requests' debt. Whatever the interleaving, the tokens the key
+/// admits in all are exactly its quota: what the settled requests cost, plus what the key still
+/// admits afterwards, is 1 000, no more, no less (or nothing is left, once they cost more).
 fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
     let clock = ManualClock::new();
     let quota = Quota::per_minute(1000).unwrap();
@@ -34,7 +35,7 @@ fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
                     let estimate = 1 + (seed >> 33) as u32 % 50;
-                    let cost = (seed >> 13) as u32 % (estimate + 1);
+                    let cost = (seed >> 13) as u32 % (2 * estimate + 1);
                     let decision = limiter.check_n(&"tenant", estimate).unwrap();
                     if decision.allowed {
                         assert!(limiter.settle(&"tenant", estimate, decision, cost));
@@ -52,11 +53,41 @@ fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
         left += 1;
     }
     let name = std::any::type_name::<A>();
+    let spent = spent.load(Ordering::Relaxed);
     assert_eq!(
-        spent.load(Ordering::Relaxed) + left,
-        1000,
-        "{name}: settled tokens plus what is left must be the quota"
+        left,
+        1000u64.saturating_sub(spent),
+        "{name}: settled tokens ({spent}) plus what is left must be the quota"
     );
+}
+
+/// A give-back behind another request's debt is not lost. 1 000 tokens a minute, the clock
+/// standing still: A takes 100, B takes 100, B settles to 950 (debt beyond the quota), A settles
+/// to 10. 960 used: 40 are left and no 41st, under every algorithm.
+fn a_give_back_behind_debt_is_exact<A: Algorithm>() {
+    let clock = ManualClock::new();
+    let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_minute(1000).unwrap())
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build();
+    let name = std::any::type_name::<A>();
+    let a = limiter.check_n(&"k", 100).unwrap();
+    let b = limiter.check_n(&"k", 100).unwrap();
+    assert!(a.allowed && b.allowed, "{name}");
+    assert!(limiter.settle(&"k", 100, b, 950), "{name}");
+    assert!(limiter.settle(&"k", 100, a, 10), "{name}");
+    let forty = limiter.check_n(&"k", 40).unwrap();
+    assert!(forty.allowed, "{name}: 40 left");
+    assert_eq!(forty.remaining, 0, "{name}");
+    assert!(!limiter.check(&"k").allowed, "{name}: no 41st");
+}
+
+#[test]
+fn a_give_back_behind_debt_is_exact_under_every_algorithm() {
+    a_give_back_behind_debt_is_exact::<Gcra>();
+    a_give_back_behind_debt_is_exact::<FixedWindow>();
+    a_give_back_behind_debt_is_exact::<SlidingLog>();
+    a_give_back_behind_debt_is_exact::<SlidingCounter>();
 }
 
 #[test]

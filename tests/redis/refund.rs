@@ -390,9 +390,12 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
             cases.push((name, command));
         }
     }
-    // GCRA's "<tat>:<latest>;<lease>...": a third field, a lease of a fraction, a bad latest.
+    // GCRA's "<tat>:<latest>[:<reserved>];<lease>...": a fourth field, a reservation's instant
+    // or a lease of a fraction, a bad latest.
     for bad in [
-        "5000:5000:1",
+        "5000:5000:1:2",
+        "5000:5000:0.5",
+        "5000:5000:;1,2,3",
         "5000:5000;1,2,0.5",
         "5000:1e300",
         "5000:5000x;1,2,3",
