@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::Quota;
+
 /// The answer to one request for permits: admitted or not, and the state that a client should be
 /// told about.
 ///
@@ -200,6 +202,35 @@ impl Decision {
         }
     }
 
+    /// What this admission tells a client once settled from `estimate` permits to `cost` under
+    /// `quota` (`gcra`: it was GCRA's), as the key holds it after the settle, where the report
+    /// said the state after the estimate: the difference is back in (or out of) `remaining`,
+    /// and `reset_after` moves by the time it weighs. For GCRA, whose reset is the TAT's lead,
+    /// that is the difference's intervals, exact. For the windows, whose reset is the end of the
+    /// window the request counts in, it stays, but for what a settle charges beyond what was
+    /// left: debt that the next windows pay, each `permits` of it one period further (exact for
+    /// the fixed window; for the sliding ones, whose debt leaves with the window it was charged
+    /// in, a reset no earlier than the key's).
+    pub(crate) fn settle_report(&mut self, estimate: u64, cost: u64, quota: &Quota, gcra: bool) {
+        let ns = |nanos: u128| Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        if gcra {
+            let interval = u128::from(quota.emission_interval_nanos());
+            let weight = |permits: u64| ns(u128::from(permits) * interval);
+            self.reset_after = if cost >= estimate {
+                self.reset_after.saturating_add(weight(cost - estimate))
+            } else {
+                self.reset_after.saturating_sub(weight(estimate - cost))
+            };
+        } else if let Some(debt) = cost.checked_sub(estimate + self.remaining) {
+            let windows = debt.div_ceil(u64::from(quota.permits()));
+            let period = ns(u128::from(windows) * u128::from(quota.period_nanos()));
+            self.reset_after = self.reset_after.saturating_add(period);
+        }
+        self.remaining = (self.remaining + estimate)
+            .saturating_sub(cost)
+            .min(self.limit);
+    }
+
     /// This decision, made for the key whose fingerprint is `key`.
     pub(crate) fn for_key(mut self, key: u64) -> Self {
         self.origin.key = key;
@@ -314,6 +345,41 @@ impl Error for InsufficientCapacity {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_settle_moves_the_reset_only_by_the_periods_its_debt_takes() {
+        let quota = Quota::per_second(10).unwrap();
+        let admitted = || Decision::allowed(10, 2, Duration::from_millis(500));
+        // Within what was left: the window the request counts in still ends in 500 ms.
+        let mut within = admitted();
+        within.settle_report(3, 5, &quota, false);
+        assert_eq!(
+            (within.remaining, within.reset_after),
+            (0, Duration::from_millis(500))
+        );
+        let mut back = admitted();
+        back.settle_report(3, 0, &quota, false);
+        assert_eq!(
+            (back.remaining, back.reset_after),
+            (5, Duration::from_millis(500))
+        );
+        // 15 beyond what was left: two more periods.
+        let mut debt = admitted();
+        debt.settle_report(3, 20, &quota, false);
+        assert_eq!(
+            (debt.remaining, debt.reset_after),
+            (0, Duration::from_millis(2500))
+        );
+        // GCRA: a tenth of a second a permit, either way, never below zero.
+        let mut gcra = admitted();
+        gcra.settle_report(3, 1, &quota, true);
+        assert_eq!(
+            (gcra.remaining, gcra.reset_after),
+            (4, Duration::from_millis(300))
+        );
+        gcra.settle_report(9, 0, &quota, true);
+        assert_eq!(gcra.reset_after, Duration::ZERO);
+    }
 
     #[test]
     fn retry_after_secs_rounds_up_and_is_never_zero() {

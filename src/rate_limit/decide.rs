@@ -402,15 +402,13 @@ impl<P: PolicySet> Settlement<P> {
         let Outcome::Admitted(decision) = &mut self.outcomes[i] else {
             return false;
         };
-        let report = decision.report();
+        let (report, gcra) = (decision.report(), decision.state_after != 0);
         let admission = std::mem::replace(decision, report);
         let estimate = u64::from(limits.policies.settle(i, &self.keys, admission, cost));
         // The client is told the state as it is now: the difference is back, or spent.
-        let cost = u64::from(cost);
-        decision.remaining = (decision.remaining + estimate)
-            .saturating_sub(cost)
-            .min(decision.limit);
-        cost != estimate
+        let quota = limits.policies.quota(i, &self.keys);
+        decision.settle_report(estimate, u64::from(cost), &quota, gcra);
+        u64::from(cost) != estimate
     }
 }
 

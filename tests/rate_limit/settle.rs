@@ -159,6 +159,52 @@ async fn the_admitted_headers_count_in_tokens_after_the_settle() {
     assert_eq!(retry_after(&refused), Some(13));
 }
 
+/// The admitted response's `RateLimit` field tells when the key is whole again after the
+/// settle, not after the estimate: 10 000 tokens a minute (6 ms a token). 9 000 used: `t=54`.
+/// A request of 1 000 settled to 100 leaves 9 100 used, 54.6 s: `r=900;t=55` (the estimate
+/// alone said 60). One of 100 settled to 900 leaves 10 000 used: `r=0;t=60` (the estimate alone
+/// said 55); 60 ms later, one of 10 settled to 2 000 leaves 1 990 of debt: `t=72`, and the next
+/// refusal waits for it.
+#[tokio::test]
+async fn the_headers_after_a_settle_tell_when_the_key_is_whole_again() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Header))
+        .layer(handler(Report::Header, Arc::default()));
+    let field =
+        |response: &Response<Body>| response.headers()["ratelimit"].to_str().unwrap().to_owned();
+    let response = service.clone().oneshot(request(9000, 9000)).await.unwrap();
+    assert!(
+        field(&response).ends_with("r=1000;t=54"),
+        "{}",
+        field(&response)
+    );
+    let response = service.clone().oneshot(request(1000, 100)).await.unwrap();
+    assert!(
+        field(&response).ends_with("r=900;t=55"),
+        "{}",
+        field(&response)
+    );
+    let response = service.clone().oneshot(request(100, 900)).await.unwrap();
+    assert!(
+        field(&response).ends_with("r=0;t=60"),
+        "{}",
+        field(&response)
+    );
+    // Let 10 tokens come back (60 ms), then settle 10 to 2 000.
+    clock.advance(std::time::Duration::from_millis(60));
+    let response = service.clone().oneshot(request(10, 2000)).await.unwrap();
+    assert!(
+        field(&response).ends_with("r=0;t=72"),
+        "{}",
+        field(&response)
+    );
+    let refused = service.clone().oneshot(request(1, 1)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 1 990 tokens of debt (11.94 s) and the one asked for: 12 s.
+    assert_eq!(retry_after(&refused), Some(12));
+}
+
 /// A body dropped before its end settles to what it had read: an event stream whose usage
 /// event went by settles to it; one dropped before keeps the estimate.
 #[tokio::test]
