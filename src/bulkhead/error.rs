@@ -17,19 +17,17 @@ use std::sync::Arc;
 #[derive(Clone, Debug)]
 pub struct BulkheadFull {
     bulkhead: Arc<str>,
-    /// What tonic answers for this error (`Status` is not `Clone`, hence the `Arc`).
+    /// What tonic answers for this error, built when tonic first asks.
     #[cfg(feature = "grpc")]
-    status: Arc<tonic::Status>,
+    status: crate::rate_limit::grpc::LazyStatus,
 }
 
 impl BulkheadFull {
     pub(crate) fn new(bulkhead: Arc<str>) -> Self {
         Self {
-            #[cfg(feature = "grpc")]
-            status: Arc::new(tonic::Status::resource_exhausted(format!(
-                "bulkhead `{bulkhead}` is full"
-            ))),
             bulkhead,
+            #[cfg(feature = "grpc")]
+            status: Default::default(),
         }
     }
 
@@ -48,6 +46,10 @@ impl fmt::Display for BulkheadFull {
 impl std::error::Error for BulkheadFull {
     #[cfg(feature = "grpc")]
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.status)
+        let build = || {
+            let code = tonic::Code::ResourceExhausted;
+            crate::rate_limit::grpc::status_of(code, self.to_string(), None)
+        };
+        Some(self.status.get_or(build))
     }
 }

@@ -20,7 +20,6 @@ use http::{Response, StatusCode};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use tonic::Code;
 
-use super::decide::Outcome;
 use super::headers::{refusal_headers, set_index};
 use super::refusal::Refusal;
 use crate::head::RequestHead;
@@ -46,19 +45,10 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
         && matches!(value.get(prefix.len()), None | Some(b'+' | b';'))
 }
 
-/// The exact wait of a refusal, the longest of the violated policies', rounded up to whole
-/// milliseconds and never zero (as `Retry-After` is never zero); `None` when no wait helps.
+/// The exact wait of a refusal, rounded up to whole milliseconds and never zero (as
+/// `Retry-After` is never zero); `None` when no wait helps.
 fn retry_delay(refusal: &Refusal<'_>) -> Option<Duration> {
-    refusal.retry_after_secs()?;
-    let longest = (refusal.settings.policies.iter())
-        .zip(refusal.outcomes)
-        .filter(|(policy, _)| policy.enforced())
-        .filter_map(|(_, outcome)| match outcome {
-            Outcome::Refused(decision) => Some(decision.retry_after),
-            _ => None,
-        })
-        .max()?;
-    let millis = longest.as_nanos().div_ceil(1_000_000).max(1);
+    let millis = refusal.retry_after()?.as_nanos().div_ceil(1_000_000).max(1);
     Some(Duration::from_millis(
         u64::try_from(millis).unwrap_or(u64::MAX),
     ))
@@ -298,7 +288,51 @@ pub(crate) fn error(status: StatusCode, detail: &str) -> Response<Bytes> {
         StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
         _ => Code::Internal,
     };
-    answer(tonic::Status::new(code, detail))
+    answer(status_of(code, detail.to_owned(), None))
+}
+
+/// The gRPC status of an answer of the crate's, the one way every answer but the rate-limit
+/// refusal (written above, for its cost) is built: `code` with `message` and, when a wait ends
+/// it, that wait in a `google.rpc.RetryInfo` of its details and in `grpc-retry-pushback-ms`
+/// (gRPC's retry design, A6), rounded up to whole milliseconds as a refusal's is.
+pub(crate) fn status_of(
+    code: Code,
+    message: String,
+    retry_after: Option<Duration>,
+) -> tonic::Status {
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    let Some(wait) = retry_after else {
+        return tonic::Status::new(code, message);
+    };
+    let millis = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    let delay = Duration::from_millis(millis);
+    let details = ErrorDetails::with_retry_info(Some(delay));
+    let mut status = tonic::Status::with_error_details(code, message, details);
+    let pushback = i64::try_from(millis).unwrap_or(i64::MAX);
+    status
+        .metadata_mut()
+        .insert("grpc-retry-pushback-ms", pushback.into());
+    status
+}
+
+/// The gRPC status of an error of the crate's (a full bulkhead, a spent client quota, a call
+/// held for a dependency), built the first time tonic looks for it among the error's sources,
+/// so that an error no gRPC client sees costs nothing more. A clone starts without it.
+#[derive(Debug, Default)]
+pub(crate) struct LazyStatus(OnceLock<tonic::Status>);
+
+impl LazyStatus {
+    /// The status, built by `build` if this is the first time it is asked for.
+    pub(crate) fn get_or(&self, build: impl FnOnce() -> tonic::Status) -> &tonic::Status {
+        self.0.get_or_init(build)
+    }
+}
+
+impl Clone for LazyStatus {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 /// `status` as a trailers-only response: HTTP 200, the status in the headers, no body.

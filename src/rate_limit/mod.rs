@@ -160,7 +160,7 @@ mod body;
 mod decide;
 pub mod future;
 #[cfg(feature = "grpc")]
-mod grpc;
+pub(crate) mod grpc;
 mod headers;
 pub mod key;
 mod layer;

@@ -2,6 +2,7 @@
 //! headers and a problem+json body. An [`OnRefusal`](super::OnRefusal) hook renders it otherwise.
 
 use std::fmt;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -49,6 +50,21 @@ impl<'a> Refusal<'a> {
             .max()
     }
 
+    /// The exact wait until the request could be admitted: the longest of the violated
+    /// policies' `retry_after` (what [`retry_after_secs`](Self::retry_after_secs) rounds up);
+    /// `None` when no wait would help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        if self.unadmittable().next().is_some() {
+            return None;
+        }
+        self.enforced()
+            .filter_map(|(_, o)| match o {
+                Outcome::Refused(d) => Some(d.retry_after),
+                _ => None,
+            })
+            .max()
+    }
+
     /// The names of the policies that refused the request, in the layer's order.
     pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + Clone + 'a {
         self.enforced()
@@ -91,8 +107,14 @@ impl<'a> Refusal<'a> {
     }
 
     /// The default answer: `429 Too Many Requests` with [`headers`](Self::headers) and
-    /// [`problem_json`](Self::problem_json).
+    /// [`problem_json`](Self::problem_json); for a gRPC call (feature `grpc`), the trailers-only
+    /// `RESOURCE_EXHAUSTED` with the wait in `grpc-retry-pushback-ms` and a `RetryInfo`, so a
+    /// hook that answers only some requests itself falls back to what the layer would send.
     pub fn default_response(&self) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if super::grpc::is_grpc(&self.request) {
+            return super::grpc::refusal(self);
+        }
         let mut response = Response::new(self.problem_json());
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let mut headers = self.headers();
@@ -113,8 +135,6 @@ impl<'a> Refusal<'a> {
         );
         match &self.settings.on_refusal {
             Some(hook) => hook.on_refusal(self),
-            #[cfg(feature = "grpc")]
-            None if super::grpc::is_grpc(&self.request) => super::grpc::refusal(self),
             None => self.default_response(),
         }
     }

@@ -114,6 +114,40 @@ async fn the_sixth_rapid_call_is_resource_exhausted_with_its_retry_delay() {
     assert!(fields.contains("\"greeter\";r=0;t=12"), "{fields}");
 }
 
+/// A refusal hook that answers only some requests itself falls back to the layer's answer with
+/// `Refusal::default_response`: for a gRPC call, the same `RESOURCE_EXHAUSTED` with its
+/// `RetryInfo` as without a hook, and `Refusal::retry_after` is the exact wait (12 s).
+#[tokio::test]
+async fn a_refusal_hook_falls_back_to_the_grpc_answer() {
+    use std::sync::{Arc, Mutex};
+    use tower_bulwark::rate_limit::Refusal;
+
+    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_minute(5).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let policy = Policy::new("greeter", GlobalKey, limiter).unwrap();
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let layer = RateLimitLayer::new(policy)
+        .on_refusal(move |refusal: &Refusal<'_>| {
+            seen.lock().unwrap().push(refusal.retry_after());
+            refusal.default_response()
+        })
+        .wrap_body();
+    let channel = channel(serve(layer).await).await;
+    for _ in 0..5 {
+        say_hello(&channel, &[]).await.unwrap();
+    }
+    let refused = say_hello(&channel, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let retry = refused.get_error_details().retry_info().cloned();
+    assert_eq!(
+        retry.and_then(|r| r.retry_delay),
+        Some(Duration::from_secs(12))
+    );
+    assert_eq!(*waits.lock().unwrap(), [Some(Duration::from_secs(12))]);
+}
+
 /// The layer's other answers to a gRPC call are gRPC statuses: a missing key is
 /// `INVALID_ARGUMENT` with the reason; a call costing more than the quota can ever admit is
 /// `RESOURCE_EXHAUSTED` with a negative pushback (do not retry) and no `RetryInfo`.
@@ -388,8 +422,9 @@ async fn calls_are_keyed_by_peer_address_and_by_method() {
 /// A tonic client behind `Pushback` obeys a gRPC refusal. The server sends no `RateLimit`
 /// fields on admitted calls (with them, the pushback would hold the sixth call itself), so the
 /// sixth reaches it and gets a trailers-only `RESOURCE_EXHAUSTED`, whose `RetryInfo` holds the
-/// channel for 12 s: the seventh never reaches the server and fails at once with a status
-/// whose source is the `PushedBack`. `outbound::retry_after` reads 12 s from both statuses.
+/// channel for 12 s: the seventh never reaches the server and fails at once with the
+/// `PushedBack`'s status, `UNAVAILABLE` with a `RetryInfo` of 12 s. `outbound::retry_after`
+/// reads 12 s from both statuses.
 #[tokio::test]
 async fn a_tonic_client_behind_pushback_holds_calls_for_the_refusals_retry_delay() {
     use tower_bulwark::outbound::{self, Pushback};
@@ -431,15 +466,62 @@ async fn a_tonic_client_behind_pushback_holds_calls_for_the_refusals_retry_delay
     );
     assert_eq!(pushback.held_for(), Duration::from_secs(12));
     let held = call().await.unwrap_err();
+    assert_eq!(held.code(), Code::Unavailable, "{held:?}");
     assert_eq!(
         outbound::retry_after(&held),
         Some(Duration::from_secs(12)),
         "{held:?}"
     );
     assert_eq!(
+        held.get_details_retry_info()
+            .and_then(|info| info.retry_delay),
+        Some(Duration::from_secs(12))
+    );
+    assert_eq!(
         observed.snapshot().limited,
         1,
         "the held call never reached the server"
+    );
+}
+
+/// A tonic client behind a client-side quota of one call a minute: the second call never
+/// leaves, and tonic hands back the `QuotaExhausted`'s status, `RESOURCE_EXHAUSTED` with the
+/// wait (a minute) in a `RetryInfo` and `grpc-retry-pushback-ms`, not `UNKNOWN`.
+#[tokio::test]
+async fn a_tonic_client_behind_a_client_quota_gets_resource_exhausted_with_the_wait() {
+    use tower_bulwark::outbound::quota::ClientQuotaLayer;
+
+    let open = KeyedRateLimiter::<()>::new(Quota::per_second(1000).unwrap());
+    let addr =
+        serve(RateLimitLayer::new(Policy::new("open", GlobalKey, open).unwrap()).wrap_body()).await;
+    let quota = tower_bulwark::DirectRateLimiter::builder(Quota::per_minute(1).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let layer = ClientQuotaLayer::new("greeter", quota);
+    let client = tower::Layer::layer(&layer, channel(addr).await);
+    let call = || {
+        let mut grpc = tonic::client::Grpc::new(client.clone());
+        async move {
+            grpc.ready().await.map_err(Status::from_error)?;
+            let request = tonic::Request::new(HelloRequest { name: "q".into() });
+            let path = PathAndQuery::from_static("/helloworld.Greeter/SayHello");
+            grpc.unary::<_, HelloReply, _>(request, path, tonic_prost::ProstCodec::default())
+                .await
+        }
+    };
+    call().await.unwrap();
+    let refused = call().await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("greeter"), "{refused:?}");
+    assert_eq!(
+        refused
+            .get_details_retry_info()
+            .and_then(|info| info.retry_delay),
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(
+        refused.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "60000"
     );
 }
 

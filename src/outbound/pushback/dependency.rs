@@ -136,6 +136,8 @@ impl<C: Clock> Dependency<C> {
         PushedBack {
             dependency: self.name.clone(),
             retry_after: span(now, at),
+            #[cfg(feature = "grpc")]
+            status: Default::default(),
         }
     }
 

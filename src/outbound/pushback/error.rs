@@ -12,10 +12,17 @@ use std::time::Duration;
 /// `err.is::<PushedBack>()`. It is neither a timeout nor a
 /// [`BulkheadFull`](crate::BulkheadFull): the call never reached the dependency, and it may be
 /// sent again after [`retry_after`](Self::retry_after).
+///
+/// With the `grpc` feature, its [`source`](std::error::Error::source) is a `tonic::Status` of
+/// `UNAVAILABLE` (the dependency asked not to be called for now) with the wait in a `RetryInfo`
+/// and `grpc-retry-pushback-ms`: a tonic client behind the pushback gets that status back from
+/// the call, where any other error would be `UNKNOWN`.
 #[derive(Clone, Debug)]
 pub struct PushedBack {
     pub(super) dependency: Arc<str>,
     pub(super) retry_after: Duration,
+    #[cfg(feature = "grpc")]
+    pub(super) status: crate::rate_limit::grpc::LazyStatus,
 }
 
 impl PushedBack {
@@ -42,4 +49,13 @@ impl fmt::Display for PushedBack {
     }
 }
 
-impl std::error::Error for PushedBack {}
+impl std::error::Error for PushedBack {
+    #[cfg(feature = "grpc")]
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let build = || {
+            let (code, wait) = (tonic::Code::Unavailable, Some(self.retry_after));
+            crate::rate_limit::grpc::status_of(code, self.to_string(), wait)
+        };
+        Some(self.status.get_or(build))
+    }
+}

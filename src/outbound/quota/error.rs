@@ -10,10 +10,17 @@ use std::time::Duration;
 /// The services fail with [`BoxError`](crate::BoxError); test for it with
 /// `err.is::<QuotaExhausted>()`. The refusal spent nothing of the quota, and the call may be
 /// sent again after [`retry_after`](Self::retry_after).
+///
+/// With the `grpc` feature, its [`source`](std::error::Error::source) is a `tonic::Status` of
+/// `RESOURCE_EXHAUSTED` with the wait in a `RetryInfo` and `grpc-retry-pushback-ms`: a tonic
+/// client behind the quota gets that status back from the call, where any other error would be
+/// `UNKNOWN`.
 #[derive(Clone, Debug)]
 pub struct QuotaExhausted {
     pub(super) quota: Arc<str>,
     pub(super) retry_after: Duration,
+    #[cfg(feature = "grpc")]
+    pub(super) status: crate::rate_limit::grpc::LazyStatus,
 }
 
 impl QuotaExhausted {
@@ -39,4 +46,13 @@ impl fmt::Display for QuotaExhausted {
     }
 }
 
-impl std::error::Error for QuotaExhausted {}
+impl std::error::Error for QuotaExhausted {
+    #[cfg(feature = "grpc")]
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let build = || {
+            let (code, wait) = (tonic::Code::ResourceExhausted, Some(self.retry_after));
+            crate::rate_limit::grpc::status_of(code, self.to_string(), wait)
+        };
+        Some(self.status.get_or(build))
+    }
+}

@@ -106,6 +106,8 @@ where
             let error = QuotaExhausted {
                 quota: shared.name.clone(),
                 retry_after: decision.retry_after,
+                #[cfg(feature = "grpc")]
+                status: Default::default(),
             };
             State::Refused {
                 error: Some(error.into()),
