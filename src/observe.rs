@@ -252,20 +252,25 @@ impl Observations {
     }
 
     /// Takes back what [`record`](Self::record) counted for an admission that the inner limiter
-    /// took back (a request another policy refused, a waiter that went away): it no longer
-    /// counts as allowed, its reservation no longer waits, and its permits are available again.
+    /// settled. Given back whole (a request another policy refused, a waiter that went away), it
+    /// no longer counts as allowed and its reservation no longer waits; either way its permits
+    /// gauge moves by what was given back or charged.
     fn unrecord(&self, decision: &TakenBack) {
-        let _ = self
-            .allowed
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        #[cfg(feature = "metrics")]
-        self.handles().refunded.increment(1);
+        if decision.whole {
+            let _ = (self.allowed)
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            #[cfg(feature = "metrics")]
+            self.handles().refunded.increment(1);
+            if decision.waited {
+                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                waiting.remove_one(decision.reserved_at);
+            }
+        }
         // The gauge shows the latest decision's figure. If that is still this decision's (the
-        // usual case: a veto given back at once), its permits are back; a refund of an older
-        // decision, even one that left the same figure, leaves the latest decision's alone.
-        let available = decision
-            .remaining
-            .saturating_add(u64::from(decision.refundable))
+        // usual case: a veto given back at once), it moves; a settle of an older decision, even
+        // one that left the same figure, leaves the latest decision's alone.
+        let available = (decision.remaining + u64::from(decision.estimate))
+            .saturating_sub(u64::from(decision.cost))
             .min(decision.limit);
         let moved = if self.latest.load(Ordering::Relaxed) == decision.tag {
             self.available.compare_exchange(
@@ -283,30 +288,32 @@ impl Observations {
         }
         #[cfg(not(feature = "metrics"))]
         let _ = moved;
-        if decision.waited {
-            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.remove_one(decision.reserved_at);
-        }
     }
 }
 
-/// What [`Observations::unrecord`] needs of a decision, read before the decision goes to the
-/// inner limiter's refund (which consumes it).
+/// What [`Observations::unrecord`] needs of a settled decision, read before the decision goes
+/// to the inner limiter's settle (which consumes it).
 struct TakenBack {
     remaining: u64,
     limit: u64,
-    refundable: u32,
+    /// What the decision took, of the estimate settled.
+    estimate: u32,
+    cost: u32,
+    /// Given back whole (a refund): the admission no longer counts.
+    whole: bool,
     waited: bool,
     reserved_at: u64,
     tag: u64,
 }
 
 impl TakenBack {
-    fn of(decision: &Decision, cost: u32) -> Self {
+    fn of(decision: &Decision, estimate: u32, cost: u32, whole: bool) -> Self {
         Self {
             remaining: decision.remaining,
             limit: decision.limit,
-            refundable: decision.refundable(cost),
+            estimate: decision.refundable(estimate),
+            cost,
+            whole,
             waited: !decision.wait.is_zero(),
             reserved_at: decision.reserved_at,
             tag: decision.tag(),
@@ -442,10 +449,11 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         Some(result)
     }
 
+    /// Gives back through the wrapped limiter, and takes back what the decision counted, as if
+    /// it had never been made. Only what the inner limiter takes back as its own is uncounted:
+    /// another limiter's decision, or one for another key, changed nothing there.
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        let seen = TakenBack::of(&decision, cost);
-        // Only what the inner limiter takes back as its own is uncounted: another limiter's
-        // decision, or one for another key, changed nothing there.
+        let seen = TakenBack::of(&decision, cost, 0, true);
         let taken = self.inner.refund(key, cost, decision);
         if taken {
             self.observations.unrecord(&seen);
@@ -453,9 +461,16 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
         taken
     }
 
-    /// Settles through the wrapped limiter; the admission still counts as allowed.
+    /// Settles through the wrapped limiter. The admission still counts as allowed, and the
+    /// permits gauge moves by what the settle gave back or charged while the decision is still
+    /// the latest.
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        self.inner.settle(key, estimate, decision, cost)
+        let seen = TakenBack::of(&decision, estimate, cost, false);
+        let taken = self.inner.settle(key, estimate, decision, cost);
+        if taken {
+            self.observations.unrecord(&seen);
+        }
+        taken
     }
 }
 

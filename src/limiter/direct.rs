@@ -5,7 +5,7 @@ use std::future::{ready, Ready};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use super::builder::{Direct, RateLimiterBuilder};
-use super::{acquire, Acquire, Limiter, Rule};
+use super::{acquire, Acquire, Change, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
@@ -159,30 +159,18 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
         Some(self.decide(cost, true).map_err(Into::into))
     }
 
-    fn refund(&self, _key: &K, cost: u32, decision: Decision) -> bool {
-        let mine = decision.allowed && decision.is_from(self.inner.id, 0);
-        if mine {
-            let rule = self.inner.read_rule();
-            let now = self.inner.clock.now();
-            let cost = decision.refundable(cost);
-            rule.algorithm
-                .refund(&self.inner.state, &self.inner.latest, now, cost, &decision);
-        }
-        mine
+    fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
+        Limiter::settle(self, key, cost, decision, 0)
     }
 
-    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        let estimate = decision.refundable(estimate);
-        if cost < estimate {
-            return Limiter::<K>::refund(self, key, estimate - cost, decision);
-        }
+    fn settle(&self, _key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
         let mine = decision.allowed && decision.is_from(self.inner.id, 0);
         if mine {
             let rule = self.inner.read_rule();
             let now = self.inner.clock.now();
-            let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
-            rule.algorithm
-                .charge(&self.inner.state, &self.inner.latest, now, debt);
+            let (state, latest) = (&self.inner.state, &self.inner.latest);
+            let change = Change::settle(estimate, &decision, cost);
+            change.apply(&rule.algorithm, state, latest, now, &decision);
         }
         mine
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use super::builder::{Keyed, RateLimiterBuilder};
-use super::{acquire, Acquire, Limiter, Rule};
+use super::{acquire, Acquire, Change, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
@@ -266,44 +266,26 @@ where
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        if !decision.allowed {
-            return false;
-        }
-        let now = self.inner.clock.now();
-        let cost = decision.refundable(cost);
-        self.inner
-            .store
-            .with_existing(key, |rule, s, latest, hash| {
-                // A decision made by another limiter, or for another key, gives nothing back.
-                let mine = decision.is_from(self.inner.id, hash);
-                if mine {
-                    rule.algorithm.refund(s, latest, now, cost, &decision);
-                }
-                mine
-            })
-            .unwrap_or(false)
+        Limiter::settle(self, key, cost, decision, 0)
     }
 
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        let estimate = decision.refundable(estimate);
-        if cost < estimate {
-            return self.refund(key, estimate - cost, decision);
-        }
         if !decision.allowed {
             return false;
         }
         let now = self.inner.clock.now();
+        let change = Change::settle(estimate, &decision, cost);
         self.inner
             .store
             .with_existing(key, |rule, s, latest, hash| {
+                // A decision made by another limiter, or for another key, changes nothing.
                 let mine = decision.is_from(self.inner.id, hash);
                 if mine {
-                    let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
-                    rule.algorithm.charge(s, latest, now, debt);
+                    change.apply(&rule.algorithm, s, latest, now, &decision);
                 }
                 mine
             })
-            // An evicted key forgot the admission, and its debt with it, as eviction forgets.
+            // An evicted key forgot the admission (and a debt with it), as eviction forgets.
             .unwrap_or(false)
     }
 }

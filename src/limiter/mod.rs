@@ -143,12 +143,15 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// The crate's limiters take the estimate from the decision where it is smaller than
     /// `estimate`, so that a settle never gives back what was not taken.
     ///
-    /// Returns whether the decision was this limiter's for `key`, as [`refund`](Self::refund)
-    /// does. The default gives back the difference with `refund` and keeps the estimate where
-    /// the request cost more (a limiter of your own charges debt only if it says how).
-    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        cost < estimate && self.refund(key, estimate - cost, decision)
-    }
+    /// No default: a limiter of your own, or a wrapper of one, says what a settle does, and
+    /// cannot leave a charge out by forgetting to forward it. (The crate's limiters give back
+    /// a refund as a settle to zero: one rule for both.)
+    ///
+    /// Returns whether the decision was this limiter's for `key`: an admission this limiter (or
+    /// a clone) made for `key`, even where the algorithm could give none of its permits back.
+    /// `false` for a refusal, another limiter's or another key's decision, or one built by
+    /// hand, which change nothing.
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool;
 }
 
 pin_project! {
@@ -290,6 +293,51 @@ impl<A: Algorithm> Rule<A> {
             Err(InsufficientCapacity::new(cost, capacity))
         } else {
             Ok(())
+        }
+    }
+}
+
+/// What settling an admission changes, the one rule for every limiter (in memory, in Redis, in
+/// its fail mode): never more given back than the admission took, and a charge beyond it no
+/// more than one request may take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Change {
+    /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
+    GiveBack(u32),
+    /// It cost `cost`, more than (or as much as) its `estimate`: the difference is charged.
+    Charge { estimate: u32, cost: u32 },
+}
+
+impl Change {
+    /// What settling `decision`, admitted for `estimate`, to `cost` changes.
+    pub(crate) fn settle(estimate: u32, decision: &Decision, cost: u32) -> Self {
+        let estimate = decision.refundable(estimate);
+        if cost < estimate {
+            Self::GiveBack(estimate - cost)
+        } else {
+            Self::Charge { estimate, cost }
+        }
+    }
+
+    /// Applies this change to `state` of `algorithm` at `now`, for `decision`, which the caller
+    /// made sure is the state's own: the give-back by the algorithm's refund rules, the charge
+    /// as debt up to the algorithm's capacity.
+    pub(crate) fn apply<A: Algorithm>(
+        self,
+        algorithm: &A,
+        state: &A::State,
+        latest: &crate::algorithm::LatestReading,
+        now: u64,
+        decision: &Decision,
+    ) {
+        match self {
+            Self::GiveBack(cost) => algorithm.refund(state, latest, now, cost, decision),
+            Self::Charge { estimate, cost } => {
+                let debt = cost.min(algorithm.capacity()).saturating_sub(estimate);
+                if debt > 0 {
+                    algorithm.charge(state, latest, now, debt);
+                }
+            }
         }
     }
 }

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::limiter::Change;
 use super::RedisFailure;
 use crate::decision::{Decision, Source};
+use crate::limiter::Change;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 /// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply

@@ -6,8 +6,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use super::limiter::{spawn_refund, Change, Inner};
+use super::limiter::{spawn_refund, Inner};
 use crate::decision::Decision;
+use crate::limiter::Change;
 use crate::BoxError;
 
 /// The future of a [`RedisRateLimiter`](super::RedisRateLimiter) decision: ready at once for a

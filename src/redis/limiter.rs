@@ -23,6 +23,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::decision::{Decision, InsufficientCapacity, Source};
+use crate::limiter::Change;
 use crate::{BoxError, Limiter, Quota};
 
 /// A limiter whose state lives in Redis, shared by every instance that uses the same Redis and
@@ -600,28 +601,6 @@ impl Inner {
         let reply = parse_reply(&value, quota)?;
         self.offset.observe(sent, received, reply.server_time());
         Ok(reply)
-    }
-}
-
-/// What becomes of an admission that goes back to its limiter.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Change {
-    /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
-    GiveBack(u32),
-    /// It cost `cost`, more than its `estimate`: the difference is charged.
-    Charge { estimate: u32, cost: u32 },
-}
-
-impl Change {
-    /// What settling `decision`, admitted for `estimate`, to `cost` changes: never more given
-    /// back than the decision took.
-    fn settle(estimate: u32, decision: &Decision, cost: u32) -> Self {
-        let estimate = decision.refundable(estimate);
-        if cost < estimate {
-            Self::GiveBack(estimate - cost)
-        } else {
-            Self::Charge { estimate, cost }
-        }
     }
 }
 

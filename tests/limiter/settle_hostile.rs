@@ -208,8 +208,9 @@ fn a_settle_goes_to_the_tier_that_decided_even_after_the_key_moved() {
     }
 }
 
-/// Every wrapper settles through to the limiter it wraps: debt is charged, not dropped by the
-/// trait's default (which only gives back), and a refund gives back.
+/// Every wrapper settles through to the limiter it wraps (the trait has no default for it, so
+/// none can drop a charge): debt is charged, and a refund gives back. `Observed` keeps counting
+/// a settled admission as allowed, and its gauge follows the settle.
 #[test]
 fn wrappers_charge_debt_through_to_the_limiter() {
     fn check<L: Limiter<u64>>(what: &str, wrapper: L, inner: &Keyed<Gcra>) {
@@ -231,6 +232,17 @@ fn wrappers_charge_debt_through_to_the_limiter() {
     assert!(!refused.allowed && !observed.settle(&1, 5, refused, 0));
     let snapshot = observed.snapshot();
     assert_eq!((snapshot.allowed, snapshot.limited), (2, 1), "{snapshot:?}");
+    // Its permits gauge follows a settle of the latest decision: 10 a minute, 4 taken (6 left),
+    // settled to 1 (9 left); 2 taken (7 left), settled to 9 (nothing left).
+    let observed = Observed::new("o", fresh::<Gcra>(per_min(10)).0);
+    let gauge = |o: &Observed<_>| o.snapshot().available_permissions;
+    let d = reserve(&observed, 1, 4);
+    assert_eq!(gauge(&observed), 6);
+    assert!(observed.settle(&1, 4, d, 1));
+    assert_eq!(gauge(&observed), 9);
+    let d = reserve(&observed, 1, 2);
+    assert!(observed.settle(&1, 2, d, 9));
+    assert_eq!(gauge(&observed), 0);
     let l = fresh::<Gcra>(per_min(10)).0;
     check("BoxLimiter", BoxLimiter::new(l.clone()), &l);
     let l = fresh::<Gcra>(per_min(10)).0;

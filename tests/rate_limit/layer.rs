@@ -987,6 +987,12 @@ impl Limiter<IpAddr> for Remote {
     fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
         Limiter::refund(&self.local, key, cost, decision)
     }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &IpAddr, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
 }
 
 #[tokio::test]

@@ -70,6 +70,12 @@ impl Limiter<IpAddr> for Later {
         self.refunds.fetch_add(1, Ordering::SeqCst);
         Limiter::refund(&self.local, key, cost, decision)
     }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &IpAddr, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
 }
 
 /// Held: README "Several policies ... one refused by any spends nothing from the others" and

@@ -64,6 +64,12 @@ impl<K> Limiter<K> for Broken {
     fn refund(&self, _: &K, _: u32, _: Decision) -> bool {
         panic!("nothing was granted, nothing may be refunded");
     }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
 }
 
 /// A limiter that decides like a remote one: `reserve_now` is `None`, its future is pending
@@ -112,6 +118,12 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for Slow<K> {
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         self.inner.refund(key, cost, decision)
+    }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
     }
 }
 

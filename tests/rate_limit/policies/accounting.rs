@@ -216,6 +216,12 @@ impl Limiter<String> for Acct {
             .or_default() -= i64::from(cost);
         self.inner.refund(key, cost, decision)
     }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &String, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
 }
 
 /// A sliding log of `limit` per hour on a manual clock: exact refunds, frozen time.

@@ -145,6 +145,12 @@ impl Limiter<String> for Remote {
     fn refund(&self, key: &String, cost: u32, decision: Decision) -> bool {
         Limiter::refund(&self.acct, key, cost, decision)
     }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &String, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
 }
 
 /// The caller's side of a remote decision: dropped before it hands the decision over, it gives
