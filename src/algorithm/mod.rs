@@ -25,10 +25,14 @@ mod gcra;
 mod sliding_counter;
 mod sliding_log;
 
-pub use fixed_window::{FixedWindow, FixedWindowState};
-pub use gcra::{Gcra, GcraState};
-pub use sliding_counter::{SlidingCounter, SlidingCounterState};
-pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use sliding_counter::SlidingCounter;
+pub use sliding_log::SlidingLog;
+// Each algorithm's state is its own: the limiters keep it, and no user names it (the loom
+// models, built with `--cfg loom`, do).
+#[cfg(loom)]
+pub use {fixed_window::FixedWindowState, gcra::GcraState};
 
 /// A rate limiting algorithm over an in-memory state of type [`State`](Self::State).
 ///

@@ -158,8 +158,8 @@ pub use duration::parse_duration;
 pub use error::ConfigError;
 pub use health::{BulkheadHealth, Health, LimiterHealth, PushbackHealth};
 pub use registry::{
-    ConfigKey, ConfigKeyExtractor, ConfiguredClientQuotaLayer, ConfiguredLimiter, ConfiguredPolicy,
-    ConfiguredRateLimitLayer, GlobalConfigKey, Registry, UnknownInstance,
+    ConfigKey, ConfiguredClientQuotaLayer, ConfiguredLimiter, ConfiguredPolicy,
+    ConfiguredRateLimitLayer, Registry, UnknownInstance,
 };
 pub use reload::Reloaded;
 

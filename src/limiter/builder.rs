@@ -16,7 +16,7 @@ use crate::store::memory::{MemoryStore, Overflow};
 use crate::Quota;
 
 /// The default bound on keys of a keyed limiter.
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// What a [`RateLimiterBuilder`] builds: a [`DirectRateLimiter`], which has no keys.
 #[derive(Debug, Clone, Copy)]
@@ -40,9 +40,9 @@ impl<K> Clone for Keyed<K> {
 
 impl<K> Copy for Keyed<K> {}
 
-/// The settings of an in-memory limiter; start with [`DirectRateLimiter::builder`] (`L` is then
-/// [`Direct`]) or [`KeyedRateLimiter::builder`] (`L` is [`Keyed<K>`] for keys of type `K`), and
-/// finish with `build`.
+/// The settings of an in-memory limiter; start with [`DirectRateLimiter::builder`] or
+/// [`KeyedRateLimiter::builder`] (`L` marks which, and for keys their type), and finish with
+/// `build`.
 ///
 /// `A` is the algorithm, `C` the clock and, for a keyed limiter, `H` how keys are hashed: std's
 /// [`RandomState`] (SipHash under random keys, so clients cannot choose keys that collide) unless
@@ -148,7 +148,7 @@ where
         }
     }
 
-    /// The most keys held in memory (default [`DEFAULT_MAX_KEYS`]).
+    /// The most keys held in memory (default one million).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -47,8 +47,7 @@ impl<K, A: Algorithm, C, H> KeyedInner<K, A, C, H> {
 }
 
 impl<K: Hash + Eq + Clone> KeyedRateLimiter<K> {
-    /// A GCRA limiter per key on the system clock, holding at most
-    /// [`DEFAULT_MAX_KEYS`](super::DEFAULT_MAX_KEYS) keys.
+    /// A GCRA limiter per key on the system clock, holding at most a million keys.
     pub fn new(quota: Quota) -> Self {
         Self::builder(quota).build()
     }

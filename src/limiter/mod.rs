@@ -43,7 +43,8 @@ mod keyed;
 pub use crate::decision::{Decision, InsufficientCapacity};
 pub use crate::store::memory::Overflow;
 pub use boxed::{BoxLimiter, BoxReserve};
-pub use builder::{Direct, Keyed, RateLimiterBuilder, DEFAULT_MAX_KEYS};
+pub use builder::RateLimiterBuilder;
+pub(crate) use builder::DEFAULT_MAX_KEYS;
 pub use direct::DirectRateLimiter;
 pub use keyed::KeyedRateLimiter;
 

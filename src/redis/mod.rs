@@ -119,7 +119,7 @@ mod store;
 pub use builder::RedisRateLimiterBuilder;
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
-pub use future::ReserveFuture;
+
 pub use key::{HashTag, RedisKey};
 pub use lease::{Lease, LeaseCounts};
 pub use limiter::RedisRateLimiter;

@@ -350,7 +350,11 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
     fn what_a_request_touches_of_a_shard_is_one_cache_line() {
-        type GcraShard = Shard<u32, crate::algorithm::GcraState, std::sync::Arc<()>>;
+        type GcraShard = Shard<
+            u32,
+            <crate::algorithm::Gcra as crate::algorithm::Algorithm>::State,
+            std::sync::Arc<()>,
+        >;
         let end = std::mem::offset_of!(GcraShard, latest) + size_of::<LatestReading>();
         assert!(end <= 64, "the latest reading ends at byte {end}");
     }

@@ -11,7 +11,6 @@ use crate::common::process::thread_subscriber;
 use crate::common::redis_server::{FakeRedis, RedisServer};
 use tower_bulwark::redis::{
     RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore,
-    ReserveFuture,
 };
 use tower_bulwark::{
     algorithm::{FixedWindow, SlidingCounter, SlidingLog},
@@ -256,6 +255,7 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
         .algorithm::<SlidingCounter>()
         .build()
         .unwrap();
+    type ReserveFuture = <RedisRateLimiter as Limiter<&'static str>>::Future;
     let all: [&dyn Limiter<&str, Future = ReserveFuture>; 4] = [&gcra, &window, &log, &counter];
     let admit_one_each = || async {
         for limiter in all {
