@@ -44,6 +44,7 @@ pub use crate::decision::{Decision, InsufficientCapacity};
 pub use crate::store::memory::Overflow;
 pub use boxed::{BoxLimiter, BoxReserve};
 pub use builder::RateLimiterBuilder;
+#[cfg(feature = "config")]
 pub(crate) use builder::DEFAULT_MAX_KEYS;
 pub use direct::DirectRateLimiter;
 pub use keyed::KeyedRateLimiter;
