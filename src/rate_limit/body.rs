@@ -10,7 +10,7 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-/// How a [`RateLimit`](super::RateLimit) service's responses carry their bodies: the inner
+/// How a [`RateLimitService`](super::RateLimitService) service's responses carry their bodies: the inner
 /// service's own body type ([`SameBody`], the default) or a [`RateLimitBody`] around it
 /// ([`WrapBody`], from [`RateLimitLayer::wrap_body`](super::RateLimitLayer::wrap_body)).
 ///

@@ -1,4 +1,4 @@
-//! The response future of [`RateLimit`](super::RateLimit).
+//! The response future of [`RateLimitService`](super::RateLimitService).
 
 use std::fmt;
 use std::future::Future;
@@ -21,7 +21,7 @@ use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
 
 pin_project! {
-    /// The response future of [`RateLimit`](super::RateLimit).
+    /// The response future of [`RateLimitService`](super::RateLimitService).
     ///
     /// When every limiter decides at once (the in-memory ones always do) the decision is made in
     /// `call` and this future drives the inner service, or carries the layer's answer. Otherwise

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
 use super::policy::SettleFrom;
-use super::service::RateLimit;
+use super::service::RateLimitService;
 use super::set::PolicySet;
 use super::settings::{FailMode, Limits, OnRefusal, Settings};
 use crate::head::RequestHead;
@@ -186,7 +186,7 @@ impl<P, M> fmt::Debug for RateLimitLayer<P, M> {
 }
 
 impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
-    type Service = RateLimit<S, P, M>;
+    type Service = RateLimitService<S, P, M>;
 
     /// # Panics
     ///
@@ -209,7 +209,7 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
             policies: Arc::clone(&self.policies),
             settings: Arc::clone(&self.settings),
         };
-        RateLimit {
+        RateLimitService {
             inner,
             limits: Arc::new(limits),
             kind: PhantomData,

@@ -187,7 +187,7 @@ pub use self::policy::{Policy, PolicyError};
 pub(crate) use self::problem::json_string;
 pub use self::problem::QUOTA_EXCEEDED;
 pub use self::refusal::Refusal;
-pub use self::service::RateLimit;
+pub use self::service::RateLimitService;
 pub use self::set::{Chain, PolicySet};
 pub use self::settings::{FailMode, OnRefusal};
 pub(crate) use self::usage::read_cost;

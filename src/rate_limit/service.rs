@@ -20,13 +20,13 @@ use crate::head::RequestHead;
 ///
 /// Its error type is the inner service's: a refusal is a response, not an error. `M` is how its
 /// responses carry their bodies ([`BodyKind`]).
-pub struct RateLimit<S, P, M = SameBody> {
+pub struct RateLimitService<S, P, M = SameBody> {
     pub(crate) inner: S,
     pub(crate) limits: Arc<Limits<P>>,
     pub(crate) kind: PhantomData<fn() -> M>,
 }
 
-impl<S: Clone, P, M> Clone for RateLimit<S, P, M> {
+impl<S: Clone, P, M> Clone for RateLimitService<S, P, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -36,16 +36,16 @@ impl<S: Clone, P, M> Clone for RateLimit<S, P, M> {
     }
 }
 
-impl<S: fmt::Debug, P, M> fmt::Debug for RateLimit<S, P, M> {
+impl<S: fmt::Debug, P, M> fmt::Debug for RateLimitService<S, P, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
+        f.debug_struct("RateLimitService")
             .field("inner", &self.inner)
             .field("settings", &self.limits.settings)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, P, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, P, M>
+impl<S, P, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S, P, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     P: PolicySet,

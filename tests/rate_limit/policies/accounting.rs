@@ -19,7 +19,7 @@ use tower_bulwark::algorithm::SlidingLog;
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::{BoxLimiter, BoxReserve};
 use tower_bulwark::rate_limit::{
-    KeyError, KeyExtractor, Policy, PolicySet, RateLimit, RateLimitLayer,
+    KeyError, KeyExtractor, Policy, PolicySet, RateLimitLayer, RateLimitService,
 };
 use tower_bulwark::{
     clock::{Clock, ManualClock},
@@ -354,13 +354,13 @@ pub fn policy(i: usize, acct: &Acct) -> Policy<K, Acct> {
     Policy::new(format!("p{i}"), K(i), acct.clone()).unwrap()
 }
 
-pub fn svc<P: PolicySet>(layer: RateLimitLayer<P>, inner: &Inner) -> RateLimit<Inner, P> {
+pub fn svc<P: PolicySet>(layer: RateLimitLayer<P>, inner: &Inner) -> RateLimitService<Inner, P> {
     layer.layer(inner.clone())
 }
 
 /// Calls the service once and drives the response future to its end.
 pub fn call<P: PolicySet>(
-    svc: &RateLimit<Inner, P>,
+    svc: &RateLimitService<Inner, P>,
     request: Request<Body>,
 ) -> Result<Response<Body>, &'static str> {
     let mut svc = svc.clone();
