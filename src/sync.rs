@@ -1,5 +1,5 @@
 //! The atomics and the mutex of the parts that threads share without a lock of their own: the
-//! bulkhead's resize debt and the GCRA and fixed-window states.
+//! bulkhead's excess of permits after a resize and the GCRA and fixed-window states.
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
 //! checker sees every access and explores the interleavings (the models in `loom/src/lib.rs`, run

@@ -1,5 +1,5 @@
 //! Model checking, with loom, of the state that tower-bulwark's threads share without a lock of
-//! their own: the bulkhead's resize debt beside tokio's semaphore, the GCRA compare-and-swap loop and the fixed-window
+//! their own: the bulkhead's excess of permits after a resize beside tokio's semaphore, the GCRA compare-and-swap loop and the fixed-window
 //! transition, each under clock readings that threads take at different times.
 //!
 //! Loom runs each model under every interleaving of its threads (up to a bound on preemptions),
@@ -765,11 +765,11 @@ fn bulkhead_never_more_calls_than_permits() {
 }
 
 /// The limit goes from 2 to 1 while two calls may be in flight, then the thread that lowered it
-/// makes a call of its own: that call never finds another inside (the debt of the lowering is
+/// makes a call of its own: that call never finds another inside (the excess of the lowering is
 /// paid by the calls in flight before any new one is admitted), and once all have ended exactly
-/// one permit is free: the debt was neither forgotten nor paid twice.
+/// one permit is free: the excess was neither forgotten nor retired twice.
 #[test]
-fn bulkhead_lowering_the_limit_keeps_exact_debt() {
+fn bulkhead_lowering_the_limit_keeps_exact_excess() {
     check(PREEMPTIONS, || {
         let rig = Arc::new(Rig::new(Bulkhead::semaphore("loom", 2).build()));
         let threads: Vec<_> = (0..2)

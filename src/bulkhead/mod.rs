@@ -190,7 +190,7 @@
 //!
 //! The permits are tokio's [`Semaphore`](tokio::sync::Semaphore)'s, and a call holds its permit
 //! the way tower's `ConcurrencyLimit` does. Besides, each call counts itself as permitted and as
-//! finished on two shared counters and reads the resize debt; the hooks that were not set cost a
+//! finished on two shared counters and reads the resize excess; the hooks that were not set cost a
 //! branch, and the clock is read only when `on_call_finished` is set. A call that waits boxes
 //! its wait for the semaphore.
 

@@ -1,18 +1,18 @@
-//! The permits of one bulkhead, shared by every clone: tokio's semaphore, and a debt for a limit
+//! The permits of one bulkhead, shared by every clone: tokio's semaphore, and an excess for a limit
 //! lowered below the calls in flight.
 //!
 //! tokio's [`Semaphore`] gives permits in arrival order and lets us add and forget permits; what
 //! it cannot do is take back a permit that a call holds. So lowering the limit forgets the free
-//! permits at once and records the rest as a debt, which the permits that come back pay off:
-//! a permit returned while debt is owed is forgotten instead of returned, and raising the limit
-//! pays the debt before it adds permits.
+//! permits at once and records the rest as an excess, which the permits that come back retire:
+//! a permit returned while an excess remains is forgotten instead of returned, and raising the limit
+//! retires the excess before it adds permits.
 //!
-//! The debt is a counter beside the semaphore, not under a lock with it, so a permit can reach
-//! the semaphore while debt is owed (returned by a call that read no debt just before a
+//! The excess is a counter beside the semaphore, not under a lock with it, so a permit can reach
+//! the semaphore while an excess remains (returned by a call that read no excess just before a
 //! resize, or passed on by a waiter that gave up after it was granted one). That is why the
-//! debt is also checked where it matters, when a permit is taken: a call that takes a permit
-//! while debt is owed pays the debt with it and looks for another. The semaphore's permits
-//! (free, granted or held) always number the limit plus the debt.
+//! excess is also checked where it matters, when a permit is taken: a call that takes a permit
+//! while an excess remains retires one of it and looks for another. The semaphore's permits
+//! (free, granted or held) always number the limit plus the excess.
 
 use std::fmt;
 use std::future::Future;
@@ -44,12 +44,12 @@ pub(crate) enum Admission {
     Rejected,
 }
 
-/// The permits, the debt, the counters and the settings of one bulkhead.
+/// The permits, the excess, the counters and the settings of one bulkhead.
 pub(crate) struct Permits {
     semaphore: Arc<Semaphore>,
     /// Permits to forget as they come back, owed since the limit was lowered below the calls in
     /// flight.
-    debt: AtomicU64,
+    excess: AtomicU64,
     /// The limit; resizes take this lock, so that they apply one after the other.
     max: Mutex<usize>,
     /// Calls waiting for a permit.
@@ -87,7 +87,7 @@ impl Permits {
         let max = max.min(MAX_CONCURRENT_CALLS);
         Self {
             semaphore: Arc::new(Semaphore::new(max)),
-            debt: AtomicU64::new(0),
+            excess: AtomicU64::new(0),
             max: Mutex::new(max),
             waiting: AtomicU64::new(0),
             permitted: AtomicU64::new(0),
@@ -100,12 +100,12 @@ impl Permits {
         }
     }
 
-    /// Pays one permit of debt with `permit` if any is owed; otherwise gives the permit back.
-    fn pay_debt(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
+    /// Retires one permit of the excess with `permit` if any remains; otherwise gives the permit back.
+    fn retire_excess(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
         let owed = self
-            .debt
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
-                debt.checked_sub(1)
+            .excess
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |excess| {
+                excess.checked_sub(1)
             });
         match owed {
             Ok(_) => {
@@ -120,7 +120,7 @@ impl Permits {
     pub(crate) fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
         loop {
             let permit = Arc::clone(&self.semaphore).try_acquire_owned().ok()?;
-            if let Some(permit) = self.pay_debt(permit) {
+            if let Some(permit) = self.retire_excess(permit) {
                 return Some(permit);
             }
         }
@@ -158,24 +158,24 @@ impl Permits {
         Box::pin(Arc::clone(&self.semaphore).acquire_owned())
     }
 
-    /// Changes the limit. Raising it pays the debt first and frees the rest at once (to waiters
+    /// Changes the limit. Raising it retires the excess first and frees the rest at once (to waiters
     /// first); lowering it forgets the free permits at once and owes the rest.
     pub(crate) fn resize(&self, max: usize) {
         let max = max.min(MAX_CONCURRENT_CALLS);
         let mut current = self.max.lock().unwrap_or_else(PoisonError::into_inner);
         if max >= *current {
             let more = (max - *current) as u64;
-            let paid = self
-                .debt
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |debt| {
-                    Some(debt - debt.min(more))
+            let retired = self
+                .excess
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |excess| {
+                    Some(excess - excess.min(more))
                 })
-                .map_or(0, |debt| debt.min(more));
-            self.semaphore.add_permits((more - paid) as usize);
+                .map_or(0, |excess| excess.min(more));
+            self.semaphore.add_permits((more - retired) as usize);
         } else {
             let fewer = *current - max;
             let forgotten = self.semaphore.forget_permits(fewer);
-            self.debt
+            self.excess
                 .fetch_add((fewer - forgotten) as u64, Ordering::AcqRel);
         }
         *current = max;
@@ -196,8 +196,8 @@ impl Permits {
         let max_lock = self.max.lock().unwrap_or_else(PoisonError::into_inner);
         let max = *max_lock;
         let permitted = self.permitted.load(Ordering::SeqCst);
-        let debt = self.debt.load(Ordering::Acquire) as usize;
-        let available = self.semaphore.available_permits().saturating_sub(debt);
+        let excess = self.excess.load(Ordering::Acquire) as usize;
+        let available = self.semaphore.available_permits().saturating_sub(excess);
         drop(max_lock);
         let finished = self.finished.load(Ordering::SeqCst).min(permitted);
         BulkheadSnapshot {
@@ -235,14 +235,14 @@ impl Waiting {
         &self.permits
     }
 
-    /// Waits for a permit. A permit that arrives while debt is owed pays it, and the call
+    /// Waits for a permit. A permit that arrives while an excess remains retires it, and the call
     /// waits again, at the back of the queue.
     pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<OwnedSemaphorePermit> {
         loop {
             let Ok(permit) = ready!(self.acquire.as_mut().poll(cx)) else {
                 unreachable!("the semaphore of a bulkhead is never closed")
             };
-            if let Some(permit) = self.permits.pay_debt(permit) {
+            if let Some(permit) = self.permits.retire_excess(permit) {
                 return Poll::Ready(permit);
             }
             self.acquire = self.permits.acquire();
@@ -308,9 +308,9 @@ impl Drop for Permit {
         impl Drop for GiveBack<'_> {
             fn drop(&mut self) {
                 self.0.finished.fetch_add(1, Ordering::SeqCst);
-                // Pays the debt if one is owed; otherwise the permit goes back to the semaphore.
+                // Retires one permit of the excess if any remains; otherwise the permit goes back to the semaphore.
                 if let Some(permit) = self.1.take() {
-                    drop(self.0.pay_debt(permit));
+                    drop(self.0.retire_excess(permit));
                 }
             }
         }
@@ -370,12 +370,12 @@ mod model {
     }
 
     /// What the design says: the semaphore's free permits, the waiters in order (each with
-    /// whether a permit was handed to it), the debt and the calls holding a permit.
+    /// whether a permit was handed to it), the excess and the calls holding a permit.
     #[derive(Default)]
     struct Model {
         max: usize,
         free: usize,
-        debt: usize,
+        excess: usize,
         held: usize,
         queue: VecDeque<(u64, bool)>,
         permitted: u64,
@@ -392,23 +392,23 @@ mod model {
             }
         }
 
-        /// A call's permit comes back: it pays the debt, or reaches the semaphore.
+        /// A call's permit comes back: it retires the excess, or reaches the semaphore.
         fn release(&mut self) {
-            if self.debt > 0 {
-                self.debt -= 1;
+            if self.excess > 0 {
+                self.excess -= 1;
             } else {
                 self.give();
             }
         }
 
-        /// Takes free permits, paying the debt with them, until one is left for the call.
+        /// Takes free permits, retiring the excess with them, until one is left for the call.
         fn try_acquire(&mut self) -> bool {
             while self.free > 0 {
                 self.free -= 1;
-                if self.debt == 0 {
+                if self.excess == 0 {
                     return true;
                 }
-                self.debt -= 1;
+                self.excess -= 1;
             }
             false
         }
@@ -472,15 +472,15 @@ mod model {
                         let old = model.max;
                         model.max = new;
                         if new >= old {
-                            let paid = (new - old).min(model.debt);
-                            model.debt -= paid;
-                            for _ in 0..new - old - paid {
+                            let retired = (new - old).min(model.excess);
+                            model.excess -= retired;
+                            for _ in 0..new - old - retired {
                                 model.give();
                             }
                         } else {
                             let forgotten = (old - new).min(model.free);
                             model.free -= forgotten;
-                            model.debt += old - new - forgotten;
+                            model.excess += old - new - forgotten;
                         }
                     }
                     Op::Poll(n) => {
@@ -490,11 +490,11 @@ mod model {
                             let at = model.queue.iter().position(|(w, _)| *w == id).unwrap();
                             let ready = waiting[i].1.poll_acquire(&mut cx);
                             if model.queue[at].1 {
-                                // A permit handed over while debt is owed pays it; the call
+                                // A permit handed over while an excess remains retires it; the call
                                 // waits again, at the back.
                                 model.queue.remove(at);
-                                if model.debt > 0 {
-                                    model.debt -= 1;
+                                if model.excess > 0 {
+                                    model.excess -= 1;
                                     model.queue.push_back((id, false));
                                     if model.try_acquire() {
                                         model.queue.pop_back();
@@ -520,7 +520,7 @@ mod model {
                             let at = model.queue.iter().position(|(w, _)| *w == id).unwrap();
                             let (_, granted) = model.queue.remove(at).unwrap();
                             // A permit handed to a waiter that leaves goes back to the
-                            // semaphore as it is, debt or not.
+                            // semaphore as it is, excess or not.
                             if granted {
                                 model.give();
                             }
@@ -530,7 +530,7 @@ mod model {
                 let snapshot = permits.snapshot();
                 prop_assert_eq!(
                     snapshot.available_concurrent_calls,
-                    model.free.saturating_sub(model.debt)
+                    model.free.saturating_sub(model.excess)
                 );
                 prop_assert_eq!(snapshot.max_allowed_concurrent_calls, model.max);
                 prop_assert_eq!(snapshot.queue_depth, model.queue.len());
@@ -540,7 +540,7 @@ mod model {
                 prop_assert_eq!(held.len(), model.held);
                 // Every permit is in one place: free, handed to a waiter, or held.
                 let granted = model.queue.iter().filter(|(_, g)| *g).count();
-                prop_assert_eq!(model.free + granted + model.held, model.max + model.debt);
+                prop_assert_eq!(model.free + granted + model.held, model.max + model.excess);
             }
             // Once every call has ended and every waiter left, the limit is free again.
             drop(waiting);

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::charge::{QuotaSettle, Unsettled};
+use super::counting::{QuotaSettle, Unsettled};
 use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;

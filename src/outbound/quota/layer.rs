@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::charge::{QuotaCost, QuotaKey, QuotaSettle};
+use super::counting::{QuotaCost, QuotaKey, QuotaSettle};
 use super::future::ResponseFuture;
 use crate::outbound::metrics::ClientQuotaMetrics;
 use crate::{BoxError, Limiter};

@@ -52,12 +52,12 @@
 //!   sources) reached nothing: its permits go back. Any other error keeps them, since the call
 //!   may have reached the dependency; so does a call dropped once it was passed on.
 
-mod charge;
+mod counting;
 mod error;
 mod future;
 mod layer;
 
-pub use self::charge::{QuotaCost, QuotaKey, QuotaSettle, SettleLater, Unsettled};
+pub use self::counting::{QuotaCost, QuotaKey, QuotaSettle, SettleLater, Unsettled};
 pub use self::error::QuotaExhausted;
 pub use self::future::ResponseFuture;
 pub use self::layer::{ClientQuotaLayer, ClientQuotaService};

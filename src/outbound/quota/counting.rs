@@ -1,4 +1,4 @@
-//! How a call is charged: under which key, how many permits it takes before it is sent, and
+//! How a call is counted: under which key, how many permits it takes before it is sent, and
 //! what it turned out to cost once its response came.
 //!
 //! A cost known only from the response (the tokens of an LLM API) is reserved as an estimate
