@@ -192,7 +192,7 @@ pub async fn start(addr: SocketAddr) -> Result<SocketAddr, BoxError> {
     };
     let client: Upstream = tower::util::BoxCloneSyncService::new(
         ServiceBuilder::new()
-            .layer(Pushback::new("upstream").layer().tokens_by(max_tokens))
+            .layer(Pushback::new("upstream").layer().cost_by(max_tokens))
             .layer(
                 ClientQuotaLayer::new(
                     "upstream-tokens",

@@ -44,7 +44,7 @@ async fn a_call_of_n_tokens_waits_until_n_are_back() {
     let counted = calls.clone();
     let client = pushback
         .layer()
-        .tokens_by(tokens_of)
+        .cost_by(tokens_of)
         .layer(service_fn(move |_: u32| {
             counted.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, BoxError>(Response::new(())) }
@@ -77,7 +77,7 @@ async fn without_a_limit_tokens_come_back_at_the_reset() {
     let pushback = Pushback::builder("claude").clock(clock.clone()).build();
     let client = pushback
         .layer()
-        .tokens_by(tokens_of)
+        .cost_by(tokens_of)
         .layer(service_fn(|_: u32| async {
             Ok::<_, BoxError>(Response::new(()))
         }));
@@ -129,7 +129,7 @@ async fn calls_in_flight_hold_their_tokens_and_unsent_calls_give_them_back() {
     let (release, gate) = tokio::sync::watch::channel(false);
     let client = pushback
         .layer()
-        .tokens_by(tokens_of)
+        .cost_by(tokens_of)
         .layer(service_fn(move |n: u32| {
             let mut gate = gate.clone();
             async move {
@@ -207,7 +207,7 @@ proptest::proptest! {
             }
         }
         pushback.observe(&response);
-        let client = pushback.layer().tokens_by(move |_: &()| tokens).layer(service_fn(|()| async {
+        let client = pushback.layer().cost_by(move |_: &()| tokens).layer(service_fn(|()| async {
             Ok::<_, BoxError>(Response::new(()))
         }));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();

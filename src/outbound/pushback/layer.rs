@@ -63,8 +63,8 @@ pub struct PushbackLayer<C = SystemClock, T = u32, M = ReadHead> {
 }
 
 impl<C> PushbackLayer<C> {
-    /// The tokens each call may use of the dependency's token limits (a closure
-    /// `Fn(&Req) -> u32`, or a [`QuotaCost`]): its request's `max_tokens`, say. A call then
+    /// The cost of each call in the dependency's tokens, as a client quota's `cost_by` is (a
+    /// closure `Fn(&Req) -> u32`, or a [`QuotaCost`]): its request's `max_tokens`, say. A call then
     /// starts only once the dependency's answers say that many tokens are left, or have come
     /// back (at an even pace up to the limit they advertise, or at their reset). Without it,
     /// calls take no tokens, and wait only once the dependency says none are left.
@@ -72,7 +72,7 @@ impl<C> PushbackLayer<C> {
     /// The tokens a call took count until its answer tells anew: an answer replaces what is
     /// known (its own call's tokens included in what it reports), and the other calls in flight
     /// are taken off what it says is left, as their calls are for a quota of calls.
-    pub fn tokens_by<T>(self, tokens: T) -> PushbackLayer<C, T> {
+    pub fn cost_by<T>(self, tokens: T) -> PushbackLayer<C, T> {
         PushbackLayer {
             pushback: self.pushback,
             tokens,

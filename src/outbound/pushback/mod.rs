@@ -69,7 +69,7 @@
 //!   would be before September 2001. `X-RateLimit-Limit` is not used: it says how many calls a
 //!   window grants, not how long the window is. A family of tokens says how many calls are
 //!   left only when it is spent; a call's own tokens count when the layer knows them
-//!   ([`PushbackLayer::tokens_by`]): a call of N tokens starts once N are left. Tokens come
+//!   ([`PushbackLayer::cost_by`]): a call of N tokens starts once N are left. Tokens come
 //!   back at an even pace from the answer to the reset, up to the family's `-limit` when it is
 //!   sent (OpenAI's reset is when the limit is whole again), and all at the reset without it.
 //!   What calls in flight took is taken off what an answer says is left, as for calls.

@@ -1,6 +1,6 @@
 //! What a dependency said of its tokens (OpenAI's and Anthropic's token families), and what
 //! calls took of them since: a call of N tokens (see
-//! [`PushbackLayer::tokens_by`](super::PushbackLayer::tokens_by)) starts once N are left.
+//! [`PushbackLayer::cost_by`](super::PushbackLayer::cost_by)) starts once N are left.
 
 use std::time::Duration;
 
