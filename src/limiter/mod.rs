@@ -305,7 +305,7 @@ impl<A: Algorithm> Rule<A> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Change {
     /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
-    GiveBack(u32),
+    Refund(u32),
     /// It cost `cost`, more than (or as much as) its `estimate`: the difference is charged.
     Charge { estimate: u32, cost: u32 },
 }
@@ -315,7 +315,7 @@ impl Change {
     pub(crate) fn settle(estimate: u32, decision: &Decision, cost: u32) -> Self {
         let estimate = decision.refundable(estimate);
         if cost < estimate {
-            Self::GiveBack(estimate - cost)
+            Self::Refund(estimate - cost)
         } else {
             Self::Charge { estimate, cost }
         }
@@ -333,7 +333,7 @@ impl Change {
         decision: &Decision,
     ) {
         match self {
-            Self::GiveBack(cost) => algorithm.refund(state, latest, now, cost, decision),
+            Self::Refund(cost) => algorithm.refund(state, latest, now, cost, decision),
             Self::Charge { estimate, cost } => {
                 let debt = cost.min(algorithm.capacity()).saturating_sub(estimate);
                 if debt > 0 {

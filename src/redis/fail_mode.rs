@@ -78,7 +78,7 @@ impl RedisFailMode {
         if let Self::Fallback(local) = self {
             decision.source = Source::State;
             match change {
-                Change::GiveBack(cost) => local.refund(&key, cost, decision),
+                Change::Refund(cost) => local.refund(&key, cost, decision),
                 Change::Charge { estimate, cost } => local.settle(&key, estimate, decision, cost),
             };
         }

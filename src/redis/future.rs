@@ -67,7 +67,7 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Some(Some(in_redis)) = inner.change(key, decision, Change::GiveBack(cost)) {
+                if let Some(Some(in_redis)) = inner.change(key, decision, Change::Refund(cost)) {
                     // Failures are counted and logged inside.
                     let _ = in_redis.await;
                 }

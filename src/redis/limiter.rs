@@ -246,7 +246,7 @@ impl RedisRateLimiter {
         let redis_key = self.inner.keys.redis_key(key);
         match self
             .inner
-            .change(redis_key, decision, Change::GiveBack(cost))
+            .change(redis_key, decision, Change::Refund(cost))
         {
             Some(Some(in_redis)) => Ok(in_redis.await?),
             Some(None) | None => Ok(()),
@@ -501,7 +501,7 @@ impl Inner {
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
             // the share cannot pay is charged in Redis.
             (Source::RedisLease, Some(leases)) => match change {
-                Change::GiveBack(cost) => {
+                Change::Refund(cost) => {
                     leases.refund(&key, decision.reserved_at, decision.refundable(cost));
                     return Some(None);
                 }
@@ -531,7 +531,7 @@ impl Inner {
         Some(Some(async move {
             let quota = inner.quota.load_full();
             let (operation, cost) = match change {
-                Change::GiveBack(cost) => (refund, decision.refundable(cost)),
+                Change::Refund(cost) => (refund, decision.refundable(cost)),
                 Change::Charge { estimate, cost } => {
                     let debt = cost.min(quota.capacity).saturating_sub(estimate);
                     (Operation::Charge, debt)
@@ -653,7 +653,7 @@ impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        self.send(key, decision, Change::GiveBack(cost))
+        self.send(key, decision, Change::Refund(cost))
     }
 
     /// A charge is one more script call, sent as a refund is: see [`Limiter::settle`].
