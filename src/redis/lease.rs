@@ -93,6 +93,10 @@ pub(crate) struct Leases {
     /// How long an instance admits from a lease, in nanoseconds of its clock.
     length_nanos: u64,
     shares: Mutex<HashMap<String, Arc<Share>>>,
+    /// New keys turned away since the full table was last swept for shares that hold nothing:
+    /// it is swept again only after `MAX_KEYS / 4` more, so that a table full of live shares
+    /// costs a new key one lookup, not a walk of ten thousand entries under the lock.
+    turned_away: AtomicU64,
     /// Makes lease ids: a random start, then a counter.
     ids: AtomicU64,
     counts: Counters,
@@ -165,6 +169,7 @@ impl Leases {
             max_share,
             length_nanos,
             shares: Mutex::default(),
+            turned_away: AtomicU64::new(0),
             ids: AtomicU64::new(start),
             counts: Counters::default(),
         }
@@ -177,11 +182,17 @@ impl Leases {
             return Some(Arc::clone(share));
         }
         if shares.len() >= MAX_KEYS {
-            // Shares whose leases are over hold nothing: make room from those.
+            // Shares whose leases are over hold nothing: make room from those, once for each
+            // quarter of the table's keys turned away (the first of them included).
+            let turned_away = self.turned_away.fetch_add(1, Ordering::Relaxed);
+            if turned_away % (MAX_KEYS as u64 / 4) != 0 {
+                return None;
+            }
             shares.retain(|_, share| Arc::strong_count(share) > 1 || share.held().id != 0);
             if shares.len() >= MAX_KEYS {
                 return None;
             }
+            self.turned_away.store(0, Ordering::Relaxed);
         }
         let share = Arc::new(Share {
             held: Mutex::default(),
@@ -429,5 +440,32 @@ impl LeaseQuota {
         decision.source = Source::RedisLease;
         decision.reserved_at = id;
         decision
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table full of shares in use turns new keys away (they are decided in Redis). It is
+    /// swept for shares that hold nothing at the first key turned away and then once for each
+    /// quarter of the table turned away, never for every key: room freed meanwhile is found at
+    /// the next sweep.
+    #[test]
+    fn a_full_table_is_swept_once_for_a_quarter_of_its_keys_turned_away() {
+        let leases = Leases::new(10, 1_000_000);
+        let in_use: Vec<_> = (0..MAX_KEYS)
+            .map(|i| leases.share(&i.to_string()).unwrap())
+            .collect();
+        assert!(leases.share("new").is_none(), "swept, but all are in use");
+        drop(in_use);
+        for i in 1..MAX_KEYS / 4 {
+            assert!(
+                leases.share(&format!("new {i}")).is_none(),
+                "{i}: not swept"
+            );
+        }
+        assert!(leases.share("last").is_some(), "swept: room for it");
+        assert!(leases.share("one more").is_some());
     }
 }

@@ -244,10 +244,7 @@ impl RedisRateLimiter {
         decision: Decision,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
-        match self
-            .inner
-            .change(redis_key, decision, Change::Refund(cost))
-        {
+        match self.inner.change(redis_key, decision, Change::Refund(cost)) {
             Some(Some(in_redis)) => Ok(in_redis.await?),
             Some(None) | None => Ok(()),
         }
