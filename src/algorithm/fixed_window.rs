@@ -24,6 +24,10 @@ use crate::{decision::Decision, Quota};
 pub struct FixedWindow {
     limit: u64,
     timeline: Timeline,
+    /// The longest wait the quota lets a request reserve.
+    max_wait: u64,
+    /// See [`reservations_end`](super::reservations_end).
+    reservations_end: u64,
 }
 
 /// The per-key state of [`FixedWindow`]: the last cycle seen and the permissions used in it.
@@ -37,9 +41,6 @@ pub(crate) struct Window {
     pub(crate) used: u64,
     /// The latest clock reading seen; earlier readings are decided as of it.
     pub(crate) latest: u64,
-    /// The latest instant a reservation falls due: until then, a count above the limit may
-    /// hold the slots of a waiting caller; afterwards it is only debt (a settle's overrun).
-    pub(crate) reserved_until: u64,
 }
 
 impl FixedWindow {
@@ -77,10 +78,6 @@ impl FixedWindow {
     fn advance(&self, w: &mut Window, now: u64) -> u64 {
         let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
-        if w.used <= self.limit {
-            // A reservation ahead holds slots beyond the limit: none is outstanding.
-            w.reserved_until = 0;
-        }
         now
     }
 
@@ -108,7 +105,6 @@ impl FixedWindow {
         let wait = self.until_cycles(cycle, now, cycles);
         if wait <= max_wait {
             w.used += cost;
-            w.reserved_until = w.reserved_until.max(now + wait);
             return Decision::reserved(
                 self.limit,
                 0,
@@ -133,6 +129,8 @@ impl Algorithm for FixedWindow {
         Self {
             limit: u64::from(quota.permits()),
             timeline: Timeline::new(epoch, quota.period_nanos()),
+            max_wait: quota.max_wait_nanos(),
+            reservations_end: super::reservations_end(quota, None),
         }
     }
 
@@ -144,9 +142,12 @@ impl Algorithm for FixedWindow {
     /// after it last the new period. So the cycle of the change admits at most the larger of the
     /// two limits, and no cycle starts afresh because of the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        let before = (self.max_wait, self.reservations_end, now);
         Self {
             limit: u64::from(quota.permits()),
             timeline: self.timeline.with_period(quota.period_nanos(), now),
+            max_wait: quota.max_wait_nanos(),
+            reservations_end: super::reservations_end(quota, Some(before)),
         }
     }
 
@@ -176,9 +177,9 @@ impl Algorithm for FixedWindow {
     /// inside the last cycle holding charges (any immediate admission while no reservation is
     /// outstanding, any reservation of one permit due in the last such cycle) is given back
     /// exactly: `used −= cost` frees slots of that cycle, where it held its own; so is any
-    /// immediate admission of the current cycle while no reservation is outstanding, whatever
-    /// debt a settle left beyond it (debt holds no caller's slot, and lowering it loses
-    /// nothing the key used). Any other
+    /// immediate admission of the current cycle under a quota that lets no request wait (since
+    /// the latest reservation an earlier quota allowed fell due), whatever debt a settle left
+    /// past the limit (debt holds no caller's slot). Any other
     /// charge is kept (the permits are lost, never over-granted): one due in an earlier cycle
     /// lies before later ones, and a reservation of several permits may begin in the cycle
     /// before the one it falls due in, which one count cannot tell apart from one that does not;
@@ -203,9 +204,9 @@ impl Algorithm for FixedWindow {
         let cost = u64::from(cost);
         let last = w.cycle + (w.used - 1) / self.limit;
         let whole_in_last = w.used <= self.limit || cost == 1;
-        // With no reservation outstanding, what lies beyond the limit is debt, which holds no
-        // caller's slot: an immediate admission of this cycle comes back whole.
-        let only_debt_after = decision.wait.is_zero() && w.reserved_until <= now;
+        // With no reservation that can be ahead, what lies past the limit is debt, which holds
+        // no caller's slot: an immediate admission of this cycle comes back whole.
+        let only_debt_after = decision.wait.is_zero() && now >= self.reservations_end;
         if (charged == last && whole_in_last) || (charged == w.cycle && only_debt_after) {
             w.used = w.used.saturating_sub(cost);
         }

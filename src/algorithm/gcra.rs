@@ -1,4 +1,4 @@
-use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering, PoisonError};
+use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{Algorithm, LatestReading};
@@ -25,21 +25,17 @@ pub struct Gcra {
     /// `burst · interval`: how far ahead of now the TAT may run.
     horizon: u64,
     burst: u32,
+    /// The longest wait the quota lets a request reserve.
+    max_wait: u64,
+    /// See [`reservations_end`].
+    reservations_end: u64,
 }
 
-/// The per-key state of [`Gcra`]: the theoretical arrival time, the one word an admission
-/// writes, and the instant the key's latest reservation falls due, which only reservations and
-/// give-backs take. (The latest clock reading, which a stale reading is decided as of, is the
-/// [`LatestReading`] the key shares.)
+/// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
+/// reading, which a stale reading is decided as of, is the [`LatestReading`] the key shares.)
 #[derive(Debug, Default)]
 pub struct GcraState {
     tat: AtomicU64,
-    /// The latest instant a reservation on this key falls due. While it is ahead, a TAT beyond
-    /// the horizon may hold a slot a waiting caller was promised; once it has passed, what lies
-    /// beyond the horizon is debt (a settle's overrun), which a give-back may lower. Locked by
-    /// reservations and give-backs (rare), never by immediate admissions: a give-back reads it
-    /// and moves the TAT with no reservation in between.
-    reserved_until: Mutex<u64>,
 }
 
 impl GcraState {
@@ -80,13 +76,6 @@ impl Gcra {
         )
     }
 
-    /// The latest instant a reservation on the key may still fall due, given its TAT `tat` and
-    /// its latest reservation's instant: no later than either, since each reservation falls
-    /// due `horizon` before the TAT it left, and the TAT goes back only by a give-back.
-    fn reserved_ahead(&self, reserved_until: u64, tat: u64) -> u64 {
-        reserved_until.min(tat.saturating_sub(self.horizon))
-    }
-
     /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT.
     fn charge(
         &self,
@@ -102,20 +91,12 @@ impl Gcra {
         // that never go backwards.
         let mut tat = state.tat.load(Ordering::Acquire);
         let mut seen = latest.get();
-        // Held by a reservation, from before it reads the TAT it moves.
-        let mut reservations: Option<MutexGuard<'_, u64>> = None;
         loop {
             let at = now.max(seen);
             let (verdict, new_tat) = self.verdict(tat, at, cost, max_wait);
             let Some(new_tat) = new_tat else {
                 return verdict;
             };
-            if matches!(verdict, Verdict::Reserved { .. }) && reservations.is_none() {
-                reservations = Some(lock(state));
-                tat = state.tat.load(Ordering::Acquire);
-                seen = latest.get();
-                continue;
-            }
             if now > seen {
                 // Publish this reading before changing the TAT. If someone published a later
                 // one meanwhile, decide again as of it.
@@ -128,14 +109,7 @@ impl Gcra {
                 .tat
                 .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    if let (Verdict::Reserved { allow_at, .. }, Some(until)) =
-                        (verdict, reservations.as_mut())
-                    {
-                        **until = (**until).max(allow_at);
-                    }
-                    return verdict;
-                }
+                Ok(_) => return verdict,
                 Err(actual) => {
                     tat = actual;
                     seen = latest.get();
@@ -181,15 +155,6 @@ impl Gcra {
     }
 }
 
-/// The key's lock of reservations and give-backs (whole whatever panicked while it was held:
-/// each change is one store).
-fn lock(state: &GcraState) -> MutexGuard<'_, u64> {
-    state
-        .reserved_until
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-}
-
 /// What [`Gcra`] decided on one request, as of `now`.
 #[derive(Clone, Copy)]
 enum Verdict {
@@ -215,6 +180,8 @@ impl Algorithm for Gcra {
             interval,
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
+            max_wait: quota.max_wait_nanos(),
+            reservations_end: super::reservations_end(quota, None),
         }
     }
 
@@ -227,7 +194,11 @@ impl Algorithm for Gcra {
     /// TAT before the latest reading): no more time than the decision took, nor more than its
     /// permits weigh now.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
+        let before = (self.max_wait, self.reservations_end, now);
+        Self {
+            reservations_end: super::reservations_end(quota, Some(before)),
+            ..Self::new(quota, now)
+        }
     }
 
     fn capacity(&self) -> u32 {
@@ -254,16 +225,21 @@ impl Algorithm for Gcra {
     ///   is spent; the latest reading is the key's [`LatestReading`], which other keys of its
     ///   shard may have moved on). Exact: the key decides as if the request had never been
     ///   made.
-    /// * A later admission (or a settle's debt) moved the TAT on, but no reservation waits for
-    ///   a slot ahead of the latest reading and this decision was immediate: the TAT goes back
-    ///   by `cost · T` less the time elapsed between this decision and the latest reading. What the request added to the TAT is at least that much (idle time since can
+    /// * A later admission (or a settle's debt) moved the TAT on, this decision was immediate,
+    ///   and no reservation can wait for a slot ahead of the latest reading: none is past the
+    ///   horizon (the TAT is within `burst · T` of the latest reading), or the quota lets no
+    ///   request wait (`max_wait` zero, the default, since the latest reservation any earlier
+    ///   quota allowed fell due), so what lies past the horizon is debt. The TAT goes back by
+    ///   `cost · T` less the time elapsed between this decision and the latest reading. What the request added to the TAT is at least that much (idle time since can
     ///   only have absorbed part of it), so the key never decides more generously than if the
     ///   request had never been made; at the same instant it is exact. This is what keeps a
     ///   shared key (a tenant, a route) from being drained by requests another policy refuses
     ///   while other requests are admitted in between.
-    /// * Otherwise (a reservation is outstanding after the decision): nothing. Moving the TAT
-    ///   back would hand the next caller a slot that a later reservation already holds (two
-    ///   permits due at once with a burst of one), so the permits stay spent.
+    /// * Otherwise (a reservation may be outstanding after the decision): nothing. Moving the
+    ///   TAT back would hand the next caller a slot that a later reservation already holds (two
+    ///   permits due at once with a burst of one), so the permits stay spent. The state cannot
+    ///   tell a reservation from debt, and telling them apart per key would cost a word a key;
+    ///   a quota that lets requests wait keeps such a give-back.
     fn refund(
         &self,
         state: &GcraState,
@@ -285,8 +261,6 @@ impl Algorithm for Gcra {
         // lengthened the interval, a permit weighs more than it took.
         let give = (self.interval.min(decision.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
-        let mut reserved_until = lock(state);
-        let mut moved_to = None;
         let _ = state
             .tat
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
@@ -298,19 +272,16 @@ impl Algorithm for Gcra {
                 }
                 let back = if tat == left {
                     give
-                } else if immediate && self.reserved_ahead(*reserved_until, tat) <= latest {
+                } else if immediate
+                    && (tat.saturating_sub(self.horizon) <= latest
+                        || latest >= self.reservations_end)
+                {
                     give.saturating_sub(latest.saturating_sub(decision.reserved_at))
                 } else {
                     0
                 };
-                moved_to = (back > 0).then(|| tat.saturating_sub(back).max(latest));
-                moved_to
+                (back > 0).then(|| tat.saturating_sub(back).max(latest))
             });
-        if let Some(tat) = moved_to {
-            // What is still reserved falls due by the new TAT's lead over the horizon, as the
-            // Redis script keeps it.
-            *reserved_until = self.reserved_ahead(*reserved_until, tat);
-        }
     }
 
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.

@@ -153,6 +153,24 @@ impl LatestReading {
     }
 }
 
+/// The instant from which no reservation of a limiter under `quota` can still be ahead (an
+/// algorithm's refund then reads what lies past the limit as debt): never while the quota lets
+/// requests wait; after a quota that did, the change (`before`: the old quota's `max_wait`, its
+/// own such instant, and the change's instant) plus that `max_wait`, when the latest reservation
+/// it allowed falls due; otherwise from the start. Reservations come only from the quota's
+/// `max_wait`: an algorithm driven by hand with a longer wait than its quota's gives up this
+/// reading (its refunds may then hand out a slot a reservation holds).
+pub(crate) fn reservations_end(quota: &Quota, before: Option<(u64, u64, u64)>) -> u64 {
+    if quota.max_wait_nanos() > 0 {
+        return u64::MAX;
+    }
+    match before {
+        Some((max_wait, end, now)) if end == u64::MAX => now.saturating_add(max_wait),
+        Some((_, end, _)) => end,
+        None => 0,
+    }
+}
+
 /// How the window algorithms cut time into numbered windows: windows of `period` counted from the
 /// limiter's creation, and after a change of period, the numbering carried on across it.
 ///

@@ -6,7 +6,8 @@
 -- server clock stepped back) is decided as of `latest`, as the in-memory GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
--- it was a reservation (it waited), '0' if it was admitted at once.
+-- it was a reservation (it waited), '0' if it was admitted at once, 'd' if at once under a
+-- quota that lets no request wait.
 --
 -- Leases (ops 'l' and 'u'): shares of the burst that an instance admits from without asking.
 -- The key then holds ";<id>,<permits>,<end>" after "<tat>:<latest>" for each lease out. While a
@@ -168,12 +169,13 @@ end
 if op == 'r' then
   -- As the in-memory GCRA gives back (see `Gcra::refund`): `cost` intervals while the refunded
   -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11]); when later
-  -- admissions or debt moved the TAT on but no reservation is still ahead and this one was not one,
+  -- admissions or debt moved the TAT on, this one was immediate and no reservation can be ahead
+  -- (none past the horizon, or the quota lets none wait and the key holds none of another's),
   -- `cost` intervals less the time elapsed since this one was charged (ARGV[5]); otherwise
   -- nothing. Never below the latest reading.
   local left = count_arg(ARGV[11])
   local reserved = ARGV[12]
-  if not left or (reserved ~= '0' and reserved ~= '1') then
+  if not left or (reserved ~= '0' and reserved ~= '1' and reserved ~= 'd') then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
   if tat > now and left > 0 then
@@ -181,7 +183,7 @@ if op == 'r' then
     local back = 0
     if tat == left then
       back = give
-    elseif reserved == '0' and math.min(reserved_until, tat - horizon) <= now then
+    elseif reserved ~= '1' and (tat - horizon <= now or (reserved == 'd' and reserved_until <= now)) then
       back = math.max(give - math.max(now - arg5, 0), 0)
     end
     if back > 0 then
