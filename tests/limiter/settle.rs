@@ -82,6 +82,35 @@ fn a_give_back_behind_debt_is_exact<A: Algorithm>() {
     assert!(!limiter.check(&"k").allowed, "{name}: no 41st");
 }
 
+/// Where requests may wait, GCRA cannot tell a settle's debt from a waiter's slot: a give-back
+/// behind debt is kept. After the quota changes to one that lets none wait, it is still kept
+/// until the latest reservation the old quota allowed has fallen due (its `max_wait`, 1 s,
+/// after the change), and then comes back less the second that passed: 40 left, as above.
+#[test]
+fn a_give_back_behind_debt_is_kept_while_a_reservation_may_be_ahead() {
+    let waiting = Quota::per_minute(1000)
+        .unwrap()
+        .with_max_wait(std::time::Duration::from_secs(1))
+        .unwrap();
+    for wait_out in [false, true] {
+        let clock = ManualClock::new();
+        let limiter = KeyedRateLimiter::<&str>::builder(waiting)
+            .clock(clock.clone())
+            .build();
+        let a = limiter.check_n(&"k", 100).unwrap();
+        let b = limiter.check_n(&"k", 100).unwrap();
+        assert!(limiter.settle(&"k", 100, b, 950));
+        limiter.set_quota(Quota::per_minute(1000).unwrap());
+        if wait_out {
+            clock.advance(std::time::Duration::from_secs(1));
+        }
+        assert!(limiter.settle(&"k", 100, a, 10));
+        let left = limiter.check_n(&"k", 40).unwrap();
+        assert_eq!(left.allowed, wait_out, "waited out: {wait_out}");
+        assert!(!limiter.check(&"k").allowed);
+    }
+}
+
 #[test]
 fn a_give_back_behind_debt_is_exact_under_every_algorithm() {
     a_give_back_behind_debt_is_exact::<Gcra>();
