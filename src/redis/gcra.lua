@@ -33,7 +33,7 @@ do
     local t, l, rest = string.match(raw, '^([^:;]*):([^:;]*)(.*)$')
     if t then
       tat, latest = stored(t, 0), stored(l, 0)
-      if string.byte(rest) == 58 then
+      if rest ~= '' and string.byte(rest) == 58 then
         local r
         r, rest = string.match(rest, '^:([^:;]*)(.*)$')
         reserved_until = stored(r, 0)
@@ -102,6 +102,7 @@ local function give_back(id, unused)
     unused = 0
   end
   tat = math.max(pinned() - math.min(unused, lease[1]) * interval, now)
+  reserved_until = math.min(reserved_until, tat - horizon)
   out = out - lease[1]
   leases[id] = nil
 end
@@ -112,12 +113,13 @@ local function save(t, l)
     last = math.max(last, lease[2])
   end
   if last > now then
-    -- No reservation falls due after the TAT's lead over the horizon (see `reserved_ahead`).
-    local reserved = ''
-    if math.min(reserved_until, t - horizon) > now then
-      reserved = ':' .. int(math.min(reserved_until, t - horizon))
+    -- A reservation ahead is kept as its instant (brought back to the TAT less the horizon
+    -- where a give-back moved the TAT back: no reservation falls due after that).
+    if reserved_until > now then
+      redis.call('SET', key, int(t) .. ':' .. int(l) .. ':' .. int(reserved_until) .. write_leases(leases), 'PX', expiry_ms(last - now))
+    else
+      redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
     end
-    redis.call('SET', key, int(t) .. ':' .. int(l) .. reserved .. write_leases(leases), 'PX', expiry_ms(last - now))
   else
     -- A TAT in the past carries no information.
     redis.call('DEL', key)
@@ -188,6 +190,7 @@ if op == 'r' then
     end
     if back > 0 then
       tat = math.max(tat - back, now)
+      reserved_until = math.min(reserved_until, tat - horizon)
     end
     save(tat, now)
   end
