@@ -15,7 +15,7 @@ use super::key::KeyError;
 use super::policy::SettleFrom;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{PolicyAnswer, PolicySet};
+use super::set::{BodyScan, CostInHead, PolicyAnswer, PolicySet, QuotaOf, Refund, SettleTo};
 use super::settings::{FailMode, Limits};
 use super::usage::UsageScan;
 use crate::decision::{Decision, InsufficientCapacity};
@@ -246,7 +246,7 @@ impl<P: PolicySet> Ledger<P> {
                 request: *head,
                 outcomes: &outcomes,
                 policy_header: policy_header(&limits.settings, &outcomes, |i| {
-                    limits.policies.quota(i, &self.keys)
+                    limits.policies.visit(i, &self.keys, QuotaOf)
                 }),
             };
             Progress::Answer(Box::new(refusal.respond()))
@@ -263,7 +263,7 @@ impl<P: PolicySet> Ledger<P> {
     pub(crate) fn admit(&mut self) -> (Option<AdmittedHeaders>, Option<Box<Settlement<P>>>) {
         let limits = &*self.limits;
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
-            limits.policies.quota(i, &self.keys)
+            limits.policies.visit(i, &self.keys, QuotaOf)
         });
         let settles = limits.settings.settles
             && (limits.settings.policies.iter())
@@ -299,7 +299,7 @@ impl<P: PolicySet> Ledger<P> {
             if let Outcome::Admitted(decision) = outcome {
                 let report = decision.report();
                 let admission = std::mem::replace(decision, report);
-                self.limits.policies.refund(i, &self.keys, admission);
+                self.limits.policies.visit(i, &self.keys, Refund(admission));
             }
         }
         outcomes
@@ -369,20 +369,21 @@ impl<P: PolicySet> Settlement<P> {
             match info.settles {
                 SettleFrom::Never => {}
                 SettleFrom::Body => {
-                    if let Some(usage) = limits.policies.body_usage(i) {
-                        self.scans.push((i, usage.scan()));
+                    if let Some(scan) = limits.policies.visit(i, &self.keys, BodyScan) {
+                        self.scans.push((i, scan));
                     }
                 }
                 SettleFrom::Head => {
-                    let cost =
-                        super::read_cost(&info.name, || limits.policies.settled_cost(i, response));
+                    let cost = super::read_cost(&info.name, || {
+                        limits.policies.visit(i, &self.keys, CostInHead(response))
+                    });
                     changed |= self.settle(i, cost);
                 }
             }
         }
         if changed && headers.is_some() {
             *headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
-                limits.policies.quota(i, &self.keys)
+                limits.policies.visit(i, &self.keys, QuotaOf)
             });
         }
         (!self.scans.is_empty()).then_some(self)
@@ -404,9 +405,13 @@ impl<P: PolicySet> Settlement<P> {
         };
         let (report, gcra) = (decision.report(), decision.state_after != 0);
         let admission = std::mem::replace(decision, report);
-        let estimate = u64::from(limits.policies.settle(i, &self.keys, admission, cost));
+        let estimate = u64::from(
+            limits
+                .policies
+                .visit(i, &self.keys, SettleTo(admission, cost)),
+        );
         // The client is told the state as it is now: the difference is back, or spent.
-        let quota = limits.policies.quota(i, &self.keys);
+        let quota = limits.policies.visit(i, &self.keys, QuotaOf);
         decision.settle_report(estimate, u64::from(cost), &quota, gcra);
         u64::from(cost) != estimate
     }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::key::{KeyError, KeyExtractor};
 use super::policy::{Cost, Policy, PolicyInfo, Settle};
-use super::usage::BodyUsage;
+use super::usage::UsageScan;
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
@@ -32,28 +32,24 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer;
 
-    /// Gives policy `i`'s admission back; returns the cost the policy found for the request.
+    /// Hands policy `i`, with what it keeps of the request, to `visit`: everything the layer
+    /// does to one policy but asking it goes through here, so that a new thing to do is one
+    /// [`Visit`] and no new method of every set.
     #[doc(hidden)]
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32;
+    fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output;
+}
 
-    /// What `response` says the request cost policy `i`, if the policy settles from the
-    /// response head and the head says (`None`: the estimate stands).
-    #[doc(hidden)]
-    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32>;
+/// Something the layer does to one policy of a set, whatever the policy's key and limiter
+/// types: give its admission back, settle it, read its quota or how it settles.
+pub trait Visit {
+    /// What it gives back.
+    type Output;
 
-    /// Where the cost is in the response body, if policy `i` settles from the body.
-    #[doc(hidden)]
-    fn body_usage(&self, i: usize) -> Option<&BodyUsage>;
-
-    /// Settles policy `i`'s admission to `cost`; returns the cost the policy found for the
-    /// request (its estimate).
-    #[doc(hidden)]
-    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32;
-
-    /// Policy `i`'s quota for the key it found (the quota its headers advertise), or its
-    /// limiter's quota if it found none.
-    #[doc(hidden)]
-    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota;
+    /// Does it to `policy`, whose key and cost for the request are in `slot` (once asked).
+    fn visit<X, L>(self, policy: &Policy<X, L>, slot: &Slot<X::Key>) -> Self::Output
+    where
+        X: KeyExtractor,
+        L: Limiter<X::Key>;
 }
 
 /// What one policy answers when asked about a request.
@@ -137,41 +133,8 @@ where
         }
     }
 
-    fn refund(&self, _: usize, keys: &Self::Keys, decision: Decision) -> u32 {
-        let (key, cost) = keys
-            .as_ref()
-            .expect("a policy admits a request only once its key is found");
-        self.limiter.refund(key, *cost, decision);
-        *cost
-    }
-
-    fn settled_cost(&self, _: usize, response: &http::response::Parts) -> Option<u32> {
-        match &self.settle {
-            Settle::ByHead(settled) => settled(response),
-            Settle::Never | Settle::ByBody(_) => None,
-        }
-    }
-
-    fn body_usage(&self, _: usize) -> Option<&BodyUsage> {
-        match &self.settle {
-            Settle::ByBody(usage) => Some(usage),
-            Settle::Never | Settle::ByHead(_) => None,
-        }
-    }
-
-    fn settle(&self, _: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
-        let (key, estimate) = keys
-            .as_ref()
-            .expect("a policy admits a request only once its key is found");
-        self.limiter.settle(key, *estimate, decision, cost);
-        *estimate
-    }
-
-    fn quota(&self, _: usize, keys: &Self::Keys) -> Quota {
-        match keys {
-            Some((key, _)) => self.limiter.quota_for(key),
-            None => self.limiter.quota(),
-        }
+    fn visit<V: Visit>(&self, _: usize, keys: &Self::Keys, visit: V) -> V::Output {
+        visit.visit(self, keys)
     }
 }
 
@@ -194,38 +157,10 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
         }
     }
 
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
+    fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output {
         match i.checked_sub(self.first.count()) {
-            None => self.first.refund(i, &keys.0, decision),
-            Some(j) => self.second.refund(j, &keys.1, decision),
-        }
-    }
-
-    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32> {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.settled_cost(i, response),
-            Some(j) => self.second.settled_cost(j, response),
-        }
-    }
-
-    fn body_usage(&self, i: usize) -> Option<&BodyUsage> {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.body_usage(i),
-            Some(j) => self.second.body_usage(j),
-        }
-    }
-
-    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.settle(i, &keys.0, decision, cost),
-            Some(j) => self.second.settle(j, &keys.1, decision, cost),
-        }
-    }
-
-    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
-        match i.checked_sub(self.first.count()) {
-            None => self.first.quota(i, &keys.0),
-            Some(j) => self.second.quota(j, &keys.1),
+            None => self.first.visit(i, &keys.0, visit),
+            Some(j) => self.second.visit(j, &keys.1, visit),
         }
     }
 }
@@ -256,23 +191,101 @@ where
         self[i].ask(0, head, &mut keys[i])
     }
 
-    fn refund(&self, i: usize, keys: &Self::Keys, decision: Decision) -> u32 {
-        self[i].refund(0, &keys[i], decision)
+    fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output {
+        visit.visit(&self[i], &keys[i])
     }
+}
 
-    fn settled_cost(&self, i: usize, response: &http::response::Parts) -> Option<u32> {
-        self[i].settled_cost(0, response)
-    }
+/// Gives the admission back; answers the cost the policy asked for.
+pub(crate) struct Refund(pub(crate) Decision);
 
-    fn body_usage(&self, i: usize) -> Option<&BodyUsage> {
-        self[i].body_usage(0)
-    }
+impl Visit for Refund {
+    type Output = u32;
 
-    fn settle(&self, i: usize, keys: &Self::Keys, decision: Decision, cost: u32) -> u32 {
-        self[i].settle(0, &keys[i], decision, cost)
+    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
+        self,
+        p: &Policy<X, L>,
+        slot: &Slot<X::Key>,
+    ) -> u32 {
+        let (key, cost) = asked(slot);
+        p.limiter.refund(key, *cost, self.0);
+        *cost
     }
+}
 
-    fn quota(&self, i: usize, keys: &Self::Keys) -> Quota {
-        self[i].quota(0, &keys[i])
+/// Settles the admission to `cost`; answers the estimate the policy asked for.
+pub(crate) struct SettleTo(pub(crate) Decision, pub(crate) u32);
+
+impl Visit for SettleTo {
+    type Output = u32;
+
+    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
+        self,
+        p: &Policy<X, L>,
+        slot: &Slot<X::Key>,
+    ) -> u32 {
+        let (key, estimate) = asked(slot);
+        p.limiter.settle(key, *estimate, self.0, self.1);
+        *estimate
     }
+}
+
+/// The policy's quota for the key it found (what its headers advertise), or its limiter's.
+pub(crate) struct QuotaOf;
+
+impl Visit for QuotaOf {
+    type Output = Quota;
+
+    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
+        self,
+        p: &Policy<X, L>,
+        slot: &Slot<X::Key>,
+    ) -> Quota {
+        match slot {
+            Some((key, _)) => p.limiter.quota_for(key),
+            None => p.limiter.quota(),
+        }
+    }
+}
+
+/// What the response head says the request cost, for a policy that settles from it.
+pub(crate) struct CostInHead<'r>(pub(crate) &'r http::response::Parts);
+
+impl Visit for CostInHead<'_> {
+    type Output = Option<u32>;
+
+    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
+        self,
+        p: &Policy<X, L>,
+        _: &Slot<X::Key>,
+    ) -> Option<u32> {
+        match &p.settle {
+            Settle::ByHead(settled) => settled(self.0),
+            Settle::Never | Settle::ByBody(_) => None,
+        }
+    }
+}
+
+/// A reader of the response body, for a policy that settles from it.
+pub(crate) struct BodyScan;
+
+impl Visit for BodyScan {
+    type Output = Option<UsageScan>;
+
+    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
+        self,
+        p: &Policy<X, L>,
+        _: &Slot<X::Key>,
+    ) -> Option<UsageScan> {
+        match &p.settle {
+            Settle::ByBody(usage) => Some(usage.scan()),
+            Settle::Never | Settle::ByHead(_) => None,
+        }
+    }
+}
+
+/// The key and cost of a policy that admitted the request.
+fn asked<K>(slot: &Slot<K>) -> &(K, u32) {
+    slot.as_ref()
+        .expect("a policy admits a request only once its key is found")
 }
