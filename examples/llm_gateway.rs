@@ -29,7 +29,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
-use tower_bulwark::rate_limit::{BodyUsage, KeyError, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{KeyError, Policy, RateLimitLayer};
+use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{BoxError, DirectRateLimiter, KeyedRateLimiter, Quota};
 
 /// Tokens per minute for each API key, at the gateway.

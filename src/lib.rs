@@ -83,6 +83,7 @@ pub mod redis;
 mod store;
 mod sync;
 pub mod tiers;
+pub mod usage;
 
 // The crate root names the two core jobs; everything else lives in its module.
 pub use bulkhead::{Bulkhead, BulkheadFull};

@@ -17,10 +17,10 @@ use super::problem::problem_response;
 use super::refusal::Refusal;
 use super::set::{BodyScan, CostInHead, PolicyAnswer, PolicySet, QuotaOf, Refund, SettleTo};
 use super::settings::{FailMode, Limits};
-use super::usage::UsageScan;
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
+use crate::usage::UsageScan;
 use crate::BoxError;
 
 /// What one policy said about one request.
@@ -374,7 +374,7 @@ impl<P: PolicySet> Settlement<P> {
                     }
                 }
                 SettleFrom::Head => {
-                    let cost = super::read_cost(&info.name, || {
+                    let cost = crate::usage::read_cost(&info.name, || {
                         limits.policies.visit(i, &self.keys, CostInHead(response))
                     });
                     changed |= self.settle(i, cost);

@@ -123,7 +123,7 @@
 //!   predicate that panics counts the response, with an `error` log line.
 //! * [`Policy::settle_by`] and [`Policy::settle_from_body`] settle a cost known only from the
 //!   answer (an LLM API's tokens): the request reserves its estimate, and is settled to what the
-//!   response head, or its body as it streams by ([`BodyUsage`]), says it cost.
+//!   response head, or its body as it streams by ([`BodyUsage`](crate::usage::BodyUsage)), says it cost.
 //! * [`Policy::shadow`] decides and counts but never refuses: an `info` log line and a metric say
 //!   what it would have refused, so a new limit can be watched before it is enforced.
 //!
@@ -170,7 +170,6 @@ mod refusal;
 mod service;
 mod set;
 mod settings;
-mod usage;
 
 pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
 pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
@@ -190,5 +189,3 @@ pub use self::refusal::Refusal;
 pub use self::service::RateLimitService;
 pub use self::set::{Chain, PolicySet};
 pub use self::settings::{FailMode, OnRefusal};
-pub(crate) use self::usage::read_cost;
-pub use self::usage::{BodyUsage, UsagePathError, UsageScan};

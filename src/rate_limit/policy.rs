@@ -8,7 +8,7 @@ use crate::head::RequestHead;
 use super::headers::sf_string;
 use super::key::KeyExtractor;
 use super::set::Chain;
-use super::usage::BodyUsage;
+use crate::usage::BodyUsage;
 use crate::{decision::Decision, Limiter, Quota};
 
 /// One rate limit on a route: a name that clients see, a [`KeyExtractor`] that says whom a

@@ -4,9 +4,9 @@ use std::fmt;
 
 use super::key::{KeyError, KeyExtractor};
 use super::policy::{Cost, Policy, PolicyInfo, Settle};
-use super::usage::UsageScan;
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
+use crate::usage::UsageScan;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The policies of one layer: one [`Policy`], several chained with

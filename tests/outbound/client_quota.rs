@@ -414,7 +414,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
 #[tokio::test]
 async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_use() {
     use tower_bulwark::outbound::quota::{SettleLater, Unsettled};
-    use tower_bulwark::rate_limit::BodyUsage;
+    use tower_bulwark::usage::BodyUsage;
 
     let server = MockServer::start().await;
     Mock::given(method("POST"))

@@ -12,7 +12,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::clock::ManualClock;
-use tower_bulwark::rate_limit::{BodyUsage, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
+use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::Quota;
 
 use crate::support::{drain, header_cost, header_key, keyed, retry_after};

@@ -16,7 +16,8 @@ use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::algorithm::{Algorithm, Gcra, SlidingLog};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::BoxLimiter;
-use tower_bulwark::rate_limit::{BodyUsage, KeyExtractor, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{KeyExtractor, Policy, RateLimitLayer};
+use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{BoxError, KeyedRateLimiter, Quota};
 
 use crate::common::poll_once;

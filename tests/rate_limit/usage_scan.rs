@@ -5,7 +5,7 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
-use tower_bulwark::rate_limit::{BodyUsage, UsageScan};
+use tower_bulwark::usage::{BodyUsage, UsageScan};
 
 const TOTAL: [&str; 2] = ["usage", "total_tokens"];
 

@@ -86,7 +86,7 @@ impl<Resp> QuotaSettle<Resp> for () {
 /// super::ClientQuotaLayer::settle_by)`(SettleLater)`): each response carries an [`Unsettled`]
 /// in its extensions (`http::Response` and `reqwest::Response` have them; see
 /// [`ResponseHead::extensions_mut`](crate::head::ResponseHead::extensions_mut)), which the caller settles to the cost the body reports
-/// (an LLM API's `usage.total_tokens`; [`UsageScan`](crate::rate_limit::UsageScan) reads it as
+/// (an LLM API's `usage.total_tokens`; [`UsageScan`](crate::usage::UsageScan) reads it as
 /// the body streams).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SettleLater;

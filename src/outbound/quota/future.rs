@@ -16,7 +16,7 @@ use super::error::QuotaExhausted;
 use super::layer::Shared;
 use crate::outbound::metrics::Outcome;
 use crate::outbound::never_sent;
-use crate::rate_limit::read_cost;
+use crate::usage::read_cost;
 use crate::{decision::Decision, BoxError, Limiter};
 
 pin_project! {

@@ -1,5 +1,9 @@
 //! Reading a request's cost (an LLM API's token count) from its response body, as the body
-//! streams by, in a few bytes of state whatever the body holds.
+//! streams by, in a few bytes of state whatever the body holds: inbound for a policy that
+//! settles from the body ([`Policy::settle_from_body`](crate::rate_limit::Policy::settle_from_body)),
+//! outbound for a call settled once its body is read
+//! ([`Unsettled`](crate::outbound::quota::Unsettled)); and the one rule for a user's function
+//! that reads a cost, both ways.
 
 use std::fmt;
 use std::sync::Arc;
