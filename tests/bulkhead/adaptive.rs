@@ -2,7 +2,6 @@
 //! on a manual clock, the classifier (with a real `reqwest` client against a `wiremock` server on
 //! 127.0.0.1), and the bulkhead properties that must hold as for every bulkhead.
 
-use std::future::Future;
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,24 +10,17 @@ use futures::poll;
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
-    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Classify, FromTowerHttp, Gradient,
-    HttpOverload, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict, MAX_RTT,
+    AdaptiveBulkhead, Aimd, Classify, FromTowerHttp, Gradient, HttpOverload, LimitAlgorithm,
+    LimitChanged, Limits, Sample, Verdict, MAX_RTT,
 };
 use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
+use super::adaptive_support::{gated, limits, ms, with_changes, Recorder};
 use crate::common::response;
 
 const MS: Duration = Duration::from_millis(1);
-
-fn ms(n: u64) -> Duration {
-    MS * n as u32
-}
-
-fn limits(min: usize, initial: usize, max: usize) -> Limits {
-    Limits::new(min, initial, max).expect("valid limits")
-}
 
 /// Feeds samples `(at ms, rtt ms, in flight, overloaded)` to `algorithm`, carrying the limit as
 /// the bulkhead would, and returns the limit after each.
@@ -451,28 +443,6 @@ fn any_tower_http_classifier_can_decide() {
     ));
 }
 
-/// An algorithm that records what it is given and never moves the limit.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Sample>>>);
-
-impl LimitAlgorithm for Recorder {
-    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
-        self.0.lock().unwrap().push(*sample);
-        sample.limit
-    }
-}
-
-impl Recorder {
-    fn verdicts(&self) -> Vec<bool> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|s| s.overloaded)
-            .collect()
-    }
-}
-
 #[tokio::test]
 async fn a_real_reqwest_client_against_wiremock_is_classified() {
     use wiremock::matchers::path;
@@ -548,32 +518,6 @@ async fn a_real_reqwest_client_against_wiremock_is_classified() {
 }
 
 // ---- The bulkhead's properties ----
-
-/// An inner service whose calls end when the test sends them a status (or drops the sender).
-fn gated() -> impl Service<
-    oneshot::Receiver<u16>,
-    Response = http::Response<()>,
-    Error = BoxError,
-    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
-> + Clone {
-    service_fn(|gate: oneshot::Receiver<u16>| async move {
-        let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
-        Ok::<_, BoxError>(response(status, &[]))
-    })
-}
-
-/// Each change of the limit, as (from, to).
-type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
-
-/// Builds the bulkhead with a hook that logs each change of the limit.
-fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    let bulkhead = builder
-        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
-        .build();
-    (bulkhead, seen)
-}
 
 #[tokio::test]
 async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample() {

@@ -11,58 +11,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
-    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Gradient, LimitAlgorithm, LimitChanged,
-    Limits, Sample, Verdict,
+    AdaptiveBulkhead, Aimd, Gradient, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict,
 };
 use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
+use super::adaptive_support::{gated, limits, ms, with_changes, ChangeLog, Recorder};
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn limits(min: usize, initial: usize, max: usize) -> Limits {
-    Limits::new(min, initial, max).expect("valid limits")
-}
-
-/// An inner service whose calls end when the test sends them a status.
-fn gated() -> impl Service<
-    oneshot::Receiver<u16>,
-    Response = http::Response<()>,
-    Error = BoxError,
-    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
-> + Clone {
-    service_fn(|gate: oneshot::Receiver<u16>| async move {
-        let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
-        Ok::<_, BoxError>(response(status, &[]))
-    })
-}
-
-type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
-
-fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
-    let seen = ChangeLog::default();
-    let log = seen.clone();
-    let bulkhead = builder
-        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
-        .build();
-    (bulkhead, seen)
-}
-
-/// An algorithm that records every sample and never moves the limit.
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Sample>>>);
-
-impl LimitAlgorithm for Recorder {
-    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
-        self.0.lock().unwrap().push(*sample);
-        sample.limit
-    }
-}
 
 // ---- Samples that lie: calls admitted under a higher limit ----
 

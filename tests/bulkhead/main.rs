@@ -12,6 +12,8 @@ mod adaptive_example;
 mod adaptive_hostile;
 #[cfg(feature = "adaptive")]
 mod adaptive_stress;
+#[cfg(feature = "adaptive")]
+mod adaptive_support;
 mod behaviour;
 mod hostile;
 mod isolation;

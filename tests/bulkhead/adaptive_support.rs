@@ -1,0 +1,71 @@
+//! What the adaptive bulkhead's tests share: limits and spans, a gated inner service, a log of
+//! the limit's changes, and an algorithm that records its samples.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tower::{service_fn, Service};
+use tower_bulwark::bulkhead::adaptive::{
+    AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitAlgorithm, LimitChanged, Limits, Sample,
+};
+use tower_bulwark::BoxError;
+
+use crate::common::response;
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn limits(min: usize, initial: usize, max: usize) -> Limits {
+    Limits::new(min, initial, max).expect("valid limits")
+}
+
+/// An inner service whose calls end when the test sends them a status (or drops the sender).
+pub fn gated() -> impl Service<
+    oneshot::Receiver<u16>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Future<Output = Result<http::Response<()>, BoxError>> + Send,
+> + Clone {
+    service_fn(|gate: oneshot::Receiver<u16>| async move {
+        let status = gate.await.map_err(|_| BoxError::from("gate dropped"))?;
+        Ok::<_, BoxError>(response(status, &[]))
+    })
+}
+
+/// Each change of the limit, as (from, to).
+pub type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
+
+/// Builds the bulkhead with a hook that logs each change of the limit.
+pub fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, ChangeLog) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let bulkhead = builder
+        .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
+        .build();
+    (bulkhead, seen)
+}
+
+/// An algorithm that records what it is given and never moves the limit.
+#[derive(Clone, Default)]
+pub struct Recorder(pub Arc<Mutex<Vec<Sample>>>);
+
+impl LimitAlgorithm for Recorder {
+    fn update(&mut self, sample: &Sample, _: &Limits) -> usize {
+        self.0.lock().unwrap().push(*sample);
+        sample.limit
+    }
+}
+
+impl Recorder {
+    pub fn verdicts(&self) -> Vec<bool> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.overloaded)
+            .collect()
+    }
+}
