@@ -11,6 +11,8 @@ mod client_quota;
 #[cfg(feature = "reqwest")]
 mod dialects;
 mod dialects_hostile;
+mod dialects_mixed_hostile;
+mod dialects_support;
 mod hostile;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -18,6 +20,7 @@ mod metrics;
 mod partner_api_example;
 mod pushback;
 mod pushback_hostile;
+mod retry_after_hostile;
 #[cfg(feature = "reqwest")]
 mod stack;
 mod tokens;

@@ -189,7 +189,7 @@ proptest::proptest! {
         max_hold_ms in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..10_000_000],
         status in proptest::prop_oneof![proptest::strategy::Just(200u16), proptest::strategy::Just(429)],
         fields in proptest::collection::vec(
-            (0..TOKEN_FIELDS.len(), crate::dialects_hostile::hostile_value()),
+            (0..TOKEN_FIELDS.len(), crate::dialects_mixed_hostile::hostile_value()),
             0..10,
         ),
         tokens in proptest::prop_oneof![
