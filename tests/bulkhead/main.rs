@@ -18,4 +18,7 @@ mod behaviour;
 mod hostile;
 mod isolation;
 mod order_hostile;
+mod order_model;
+mod order_storms;
+mod order_support;
 mod stress;

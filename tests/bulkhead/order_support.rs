@@ -1,0 +1,169 @@
+//! What the attacks on the bulkheads' order, limit and release share: a gated inner service that
+//! counts the calls inside it, and the calls driven by hand.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tower::Service;
+use tower_bulwark::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadService, ResponseFuture};
+use tower_bulwark::BoxError;
+
+use crate::common::poll_once;
+
+/// What a planned panic of the inner service says.
+pub(crate) const PANIC_MESSAGE: &str = "attack_order: planned panic";
+
+// ---------------------------------------------------------------------------------------------
+// A gated inner service (after `behaviour.rs`), which also counts the calls inside it.
+
+pub(crate) enum Gate {
+    Ok,
+    Err,
+    Panic,
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct Gated {
+    pub(crate) state: Arc<Mutex<GatedState>>,
+    /// Inner calls started and neither completed nor dropped.
+    pub(crate) live: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+pub(crate) struct GatedState {
+    pub(crate) started: Vec<u32>,
+    pub(crate) gates: HashMap<u32, oneshot::Sender<Gate>>,
+    /// Calls whose `call` panics.
+    pub(crate) panic_on_call: Vec<u32>,
+}
+
+/// Counts one live inner call; lowered when the inner future completes or is dropped.
+pub(crate) struct Live(pub(crate) Arc<AtomicUsize>, pub(crate) bool);
+
+impl Live {
+    pub(crate) fn done(&mut self) {
+        if !self.1 {
+            self.1 = true;
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl Gated {
+    pub(crate) fn started(&self) -> Vec<u32> {
+        self.state.lock().unwrap().started.clone()
+    }
+
+    pub(crate) fn has_started(&self, id: u32) -> bool {
+        self.state.lock().unwrap().started.contains(&id)
+    }
+
+    pub(crate) fn open(&self, id: u32, gate: Gate) {
+        let tx = self
+            .state
+            .lock()
+            .unwrap()
+            .gates
+            .remove(&id)
+            .expect("call started");
+        let _ = tx.send(gate);
+    }
+
+    pub(crate) fn finish(&self, id: u32) {
+        self.open(id, Gate::Ok);
+    }
+}
+
+impl Service<u32> for Gated {
+    type Response = u32;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<u32, io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, id: u32) -> Self::Future {
+        let panics = self.state.lock().unwrap().panic_on_call.contains(&id);
+        if panics {
+            panic!("{PANIC_MESSAGE} in call {id}");
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = self.state.lock().unwrap();
+            state.started.push(id);
+            state.gates.insert(id, tx);
+        }
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let mut live = Live(self.live.clone(), false);
+        Box::pin(async move {
+            let gate = rx.await;
+            live.done();
+            match gate {
+                Ok(Gate::Ok) => Ok(id),
+                Ok(Gate::Err) => Err(io::Error::other("downstream broke")),
+                Ok(Gate::Panic) => panic!("{PANIC_MESSAGE}"),
+                Err(_) => Err(io::Error::other("gate dropped")),
+            }
+        })
+    }
+}
+
+pub(crate) type Svc = BulkheadService<Gated>;
+pub(crate) type Call = Pin<Box<ResponseFuture<Gated, u32>>>;
+
+pub(crate) fn call(svc: &mut Svc, id: u32) -> Call {
+    Box::pin(svc.call(id))
+}
+
+/// Polls once with a waker that does nothing; `Err` if the poll panicked.
+pub(crate) fn poll_call(call: &mut Call) -> Result<Poll<Result<u32, BoxError>>, ()> {
+    catch_unwind(AssertUnwindSafe(|| poll_once(call.as_mut()))).map_err(|_| ())
+}
+
+pub(crate) fn pending(call: &mut Call) -> bool {
+    matches!(poll_call(call), Ok(Poll::Pending))
+}
+
+/// Both kinds, built with `limit`: a queue of 16 places, and a semaphore whose callers may wait.
+pub(crate) fn kinds(limit: usize) -> [(&'static str, BulkheadBuilder); 2] {
+    [
+        ("queue", Bulkhead::queue("q", limit, 16)),
+        (
+            "semaphore",
+            Bulkhead::semaphore("s", limit).max_wait(Duration::from_secs(600)),
+        ),
+    ]
+}
+
+/// Ends a running call with a response and drives its future to the end.
+pub(crate) fn end(inner: &Gated, calls: &mut HashMap<u32, Call>, id: u32) {
+    inner.finish(id);
+    let mut fut = calls.remove(&id).unwrap();
+    match poll_call(&mut fut) {
+        Ok(Poll::Ready(Ok(got))) => assert_eq!(got, id),
+        _ => panic!("call {id} did not end with its response"),
+    }
+}
+
+pub(crate) fn assert_idle(bulkhead: &Bulkhead, limit: usize, what: &str) {
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.max_allowed_concurrent_calls, limit, "{what}");
+    assert_eq!(snapshot.available_concurrent_calls, limit, "{what}");
+    assert_eq!(snapshot.queue_depth, 0, "{what}");
+    assert_eq!(snapshot.total_permitted, snapshot.total_finished, "{what}");
+}
