@@ -24,10 +24,8 @@ use crate::{decision::Decision, Quota};
 pub struct FixedWindow {
     limit: u64,
     timeline: Timeline,
-    /// The longest wait the quota lets a request reserve.
-    max_wait: u64,
-    /// See [`reservations_end`](super::reservations_end).
-    reservations_end: u64,
+    /// Whether a reservation may be ahead (its refunds need to know).
+    reservations: super::Reservations,
 }
 
 /// The per-key state of [`FixedWindow`]: the last cycle seen and the permissions used in it.
@@ -129,8 +127,7 @@ impl Algorithm for FixedWindow {
         Self {
             limit: u64::from(quota.permits()),
             timeline: Timeline::new(epoch, quota.period_nanos()),
-            max_wait: quota.max_wait_nanos(),
-            reservations_end: super::reservations_end(quota, None),
+            reservations: super::Reservations::new(quota),
         }
     }
 
@@ -142,12 +139,10 @@ impl Algorithm for FixedWindow {
     /// after it last the new period. So the cycle of the change admits at most the larger of the
     /// two limits, and no cycle starts afresh because of the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        let before = (self.max_wait, self.reservations_end, now);
         Self {
             limit: u64::from(quota.permits()),
             timeline: self.timeline.with_period(quota.period_nanos(), now),
-            max_wait: quota.max_wait_nanos(),
-            reservations_end: super::reservations_end(quota, Some(before)),
+            reservations: self.reservations.changed_to(quota, now),
         }
     }
 
@@ -206,7 +201,7 @@ impl Algorithm for FixedWindow {
         let whole_in_last = w.used <= self.limit || cost == 1;
         // With no reservation that can be ahead, what lies past the limit is debt, which holds
         // no caller's slot: an immediate admission of this cycle comes back whole.
-        let only_debt_after = decision.wait.is_zero() && now >= self.reservations_end;
+        let only_debt_after = decision.wait.is_zero() && self.reservations.none_ahead_of(now);
         if (charged == last && whole_in_last) || (charged == w.cycle && only_debt_after) {
             w.used = w.used.saturating_sub(cost);
         }

@@ -25,10 +25,8 @@ pub struct Gcra {
     /// `burst · interval`: how far ahead of now the TAT may run.
     horizon: u64,
     burst: u32,
-    /// The longest wait the quota lets a request reserve.
-    max_wait: u64,
-    /// See [`reservations_end`].
-    reservations_end: u64,
+    /// Whether a reservation may be ahead (its refunds need to know).
+    reservations: super::Reservations,
 }
 
 /// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
@@ -180,8 +178,7 @@ impl Algorithm for Gcra {
             interval,
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
-            max_wait: quota.max_wait_nanos(),
-            reservations_end: super::reservations_end(quota, None),
+            reservations: super::Reservations::new(quota),
         }
     }
 
@@ -194,9 +191,8 @@ impl Algorithm for Gcra {
     /// TAT before the latest reading): no more time than the decision took, nor more than its
     /// permits weigh now.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        let before = (self.max_wait, self.reservations_end, now);
         Self {
-            reservations_end: super::reservations_end(quota, Some(before)),
+            reservations: self.reservations.changed_to(quota, now),
             ..Self::new(quota, now)
         }
     }
@@ -274,7 +270,7 @@ impl Algorithm for Gcra {
                     give
                 } else if immediate
                     && (tat.saturating_sub(self.horizon) <= latest
-                        || latest >= self.reservations_end)
+                        || self.reservations.none_ahead_of(latest))
                 {
                     give.saturating_sub(latest.saturating_sub(decision.reserved_at))
                 } else {
