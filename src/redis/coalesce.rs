@@ -141,6 +141,16 @@ impl Coalescer {
         }
     }
 
+    /// Frees `key` if its entry is the one whose first call is `first` and whose queue is (with
+    /// `sending`) or is not (without) being sent: the hold of whoever ends, and no later one's.
+    fn release(&self, key: &str, first: &Call, sending: bool) {
+        let mut in_flight = self.lock();
+        let ours = |entry: &InFlight| entry.first.ptr_eq(first) && entry.sending == sending;
+        if in_flight.get(key).is_some_and(ours) {
+            in_flight.remove(key);
+        }
+    }
+
     /// The decisions queued on `key` whose callers still wait, to be sent next; `None`, and the
     /// key free, when there are none.
     fn next_batch(&self, key: &str) -> Option<Vec<Queued>> {
@@ -202,11 +212,7 @@ impl Sending {
 impl Drop for Sending {
     fn drop(&mut self) {
         // Done, the task freed the key itself (`next_batch`); a later entry is not ours.
-        let mut in_flight = self.coalescer.lock();
-        let ours = |entry: &InFlight| entry.first.ptr_eq(&self.first) && entry.sending;
-        if in_flight.get(&self.key).is_some_and(ours) {
-            in_flight.remove(&self.key);
-        }
+        self.coalescer.release(&self.key, &self.first, true);
     }
 }
 
@@ -223,11 +229,7 @@ struct Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut in_flight = self.coalescer.lock();
-        let ours = |entry: &InFlight| entry.first.ptr_eq(&self.call) && !entry.sending;
-        if in_flight.get(self.key).is_some_and(ours) {
-            in_flight.remove(self.key);
-        }
+        self.coalescer.release(self.key, &self.call, false);
     }
 }
 
