@@ -46,10 +46,6 @@ impl fmt::Display for BulkheadFull {
 impl std::error::Error for BulkheadFull {
     #[cfg(feature = "grpc")]
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let build = || {
-            let code = tonic::Code::ResourceExhausted;
-            crate::rate_limit::grpc::status_of(code, self.to_string(), None)
-        };
-        Some(self.status.get_or(build))
+        self.status.of(self, tonic::Code::ResourceExhausted, None)
     }
 }

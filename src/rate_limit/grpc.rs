@@ -323,9 +323,18 @@ pub(crate) fn status_of(
 pub(crate) struct LazyStatus(OnceLock<tonic::Status>);
 
 impl LazyStatus {
-    /// The status, built by `build` if this is the first time it is asked for.
-    pub(crate) fn get_or(&self, build: impl FnOnce() -> tonic::Status) -> &tonic::Status {
-        self.0.get_or_init(build)
+    /// The status of `error`, built by [`status_of`] with `code`, the error's message and
+    /// `retry_after` the first time it is asked for: what the error's `source` is.
+    pub(crate) fn of(
+        &self,
+        error: &impl std::fmt::Display,
+        code: Code,
+        retry_after: Option<Duration>,
+    ) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(
+            self.0
+                .get_or_init(|| status_of(code, error.to_string(), retry_after)),
+        )
     }
 }
 

@@ -52,10 +52,7 @@ impl fmt::Display for PushedBack {
 impl std::error::Error for PushedBack {
     #[cfg(feature = "grpc")]
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let build = || {
-            let (code, wait) = (tonic::Code::Unavailable, Some(self.retry_after));
-            crate::rate_limit::grpc::status_of(code, self.to_string(), wait)
-        };
-        Some(self.status.get_or(build))
+        self.status
+            .of(self, tonic::Code::Unavailable, Some(self.retry_after))
     }
 }
