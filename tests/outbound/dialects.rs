@@ -56,24 +56,8 @@ fn assert_about(held: Duration, expected: Duration, case: &str) {
 
 /// An RFC 3339 time `ahead` seconds from now, in UTC.
 fn rfc3339_in(ahead: u64) -> String {
-    let secs = unix_in(ahead);
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date of a day count (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3_600,
-        rest % 3_600 / 60,
-        rest % 60
-    )
+    let unix = i64::try_from(unix_in(ahead)).unwrap();
+    crate::dialects_support::rfc3339(unix, "", 0)
 }
 
 const S: fn(u64) -> Duration = Duration::from_secs;
