@@ -116,25 +116,14 @@ impl Seen {
 // GCRA
 // ---------------------------------------------------------------------------------------------
 
-/// One permit a second, `burst` at once, under a quota that lets requests wait (up to ten
-/// seconds: the models reserve with waits of their own within that), so that a refund reads a
-/// TAT past the horizon as a reservation that may be ahead.
+/// One permit a second, `burst` at once, under a quota that lets requests wait up to ten seconds
+/// (the models reserve with waits of their own within that).
 fn gcra(burst: u32) -> Gcra {
     let quota = Quota::with_period(1, Duration::from_secs(1))
         .unwrap()
         .with_burst(burst)
         .unwrap()
         .with_max_wait(Duration::from_secs(10))
-        .unwrap();
-    Gcra::new(&quota, 0)
-}
-
-/// The same, under a quota that lets no request wait (the default): a TAT past the horizon is
-/// a settle's debt.
-fn gcra_without_waits(burst: u32) -> Gcra {
-    let quota = Quota::with_period(1, Duration::from_secs(1))
-        .unwrap()
-        .with_burst(burst)
         .unwrap();
     Gcra::new(&quota, 0)
 }
@@ -369,7 +358,7 @@ fn gcra_refund_racing_a_reservation() {
 }
 
 /// A give-back behind a settle's debt races an admission at a later reading (issue 35, item
-/// 1), under a quota that lets no request wait. Burst 1: X admitted at 0 (TAT T), then a settle
+/// 1). Burst 1: X admitted at 0 (TAT T), then a settle
 /// charges one permit of debt (TAT 2T, past the horizon). A gives X back while B decides at T.
 /// X comes back whole when A goes first (B is then admitted at T); after B's reading, the
 /// second that passed has paid X's permit and nothing comes back. Either way the debt and the
@@ -377,7 +366,7 @@ fn gcra_refund_racing_a_reservation() {
 #[test]
 fn gcra_give_back_behind_debt_racing_a_later_reading() {
     check(PREEMPTIONS, || {
-        let g = gcra_without_waits(1);
+        let g = gcra(1);
         let shard = Arc::new(Shard::default());
         let x = shard.decide(&g, 0, 0, 0);
         assert!(x.allowed);
@@ -396,6 +385,36 @@ fn gcra_give_back_behind_debt_racing_a_later_reading() {
         let b = later.join().unwrap();
         let next = Seen::of(T, &shard.decide(&g, 0, T, 0));
         let seen = [debt, b, next];
+        assert_gcra_promise(1, shard.tat(&g, 0), &seen);
+    });
+}
+
+/// A give-back behind a settle's debt races a waiter's reservation (issue 35, item 1). Burst 1:
+/// X admitted at 0 (TAT T), a settle's debt of one permit (TAT 2T). A gives X back while W
+/// reserves at 0. A first: X comes back whole and W falls due at T. W first: W holds the slot
+/// from 2T and marks the key, so X's permit stays spent; moving the TAT back would let the next
+/// waiter fall due at 2T beside W. Either way the next waiter falls due after W.
+#[test]
+fn gcra_give_back_behind_debt_racing_a_waiter() {
+    check(PREEMPTIONS, || {
+        let g = gcra(1);
+        let shard = Arc::new(Shard::default());
+        let x = shard.decide(&g, 0, 0, 0);
+        assert!(x.allowed);
+        shard.charge(&g, 0, 0, 1);
+        let debt = Seen::of(0, &x);
+        let giver = {
+            let shard = shard.clone();
+            thread::spawn(move || shard.refund(&g, 0, 0, &x))
+        };
+        let waiter = {
+            let shard = shard.clone();
+            thread::spawn(move || Seen::of(0, &shard.decide(&g, 0, 0, 5 * T)))
+        };
+        giver.join().unwrap();
+        let w = waiter.join().unwrap();
+        let next = Seen::of(0, &shard.decide(&g, 0, 0, 5 * T));
+        let seen = [debt, w, next];
         assert_gcra_promise(1, shard.tat(&g, 0), &seen);
     });
 }

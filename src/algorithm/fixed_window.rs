@@ -24,8 +24,6 @@ use crate::{decision::Decision, Quota};
 pub struct FixedWindow {
     limit: u64,
     timeline: Timeline,
-    /// Whether a reservation may be ahead (its refunds need to know).
-    reservations: super::Reservations,
 }
 
 /// The per-key state of [`FixedWindow`]: the last cycle seen and the permissions used in it.
@@ -39,6 +37,9 @@ pub(crate) struct Window {
     pub(crate) used: u64,
     /// The latest clock reading seen; earlier readings are decided as of it.
     pub(crate) latest: u64,
+    /// The latest instant a reservation falls due: until then a count above the limit may hold
+    /// a waiting caller's slots; afterwards what lies above it is debt.
+    pub(crate) reserved_until: u64,
 }
 
 impl FixedWindow {
@@ -103,6 +104,7 @@ impl FixedWindow {
         let wait = self.until_cycles(cycle, now, cycles);
         if wait <= max_wait {
             w.used += cost;
+            w.reserved_until = w.reserved_until.max(now + wait);
             return Decision::reserved(
                 self.limit,
                 0,
@@ -127,7 +129,6 @@ impl Algorithm for FixedWindow {
         Self {
             limit: u64::from(quota.permits()),
             timeline: Timeline::new(epoch, quota.period_nanos()),
-            reservations: super::Reservations::new(quota),
         }
     }
 
@@ -142,7 +143,6 @@ impl Algorithm for FixedWindow {
         Self {
             limit: u64::from(quota.permits()),
             timeline: self.timeline.with_period(quota.period_nanos(), now),
-            reservations: self.reservations.changed_to(quota, now),
         }
     }
 
@@ -172,9 +172,8 @@ impl Algorithm for FixedWindow {
     /// inside the last cycle holding charges (any immediate admission while no reservation is
     /// outstanding, any reservation of one permit due in the last such cycle) is given back
     /// exactly: `used −= cost` frees slots of that cycle, where it held its own; so is any
-    /// immediate admission of the current cycle under a quota that lets no request wait (since
-    /// the latest reservation an earlier quota allowed fell due), whatever debt a settle left
-    /// past the limit (debt holds no caller's slot). Any other
+    /// immediate admission of the current cycle while no reservation of the key is still to fall
+    /// due, whatever debt a settle left past the limit (debt holds no caller's slot). Any other
     /// charge is kept (the permits are lost, never over-granted): one due in an earlier cycle
     /// lies before later ones, and a reservation of several permits may begin in the cycle
     /// before the one it falls due in, which one count cannot tell apart from one that does not;
@@ -201,7 +200,7 @@ impl Algorithm for FixedWindow {
         let whole_in_last = w.used <= self.limit || cost == 1;
         // With no reservation that can be ahead, what lies past the limit is debt, which holds
         // no caller's slot: an immediate admission of this cycle comes back whole.
-        let only_debt_after = decision.wait.is_zero() && self.reservations.none_ahead_of(now);
+        let only_debt_after = decision.wait.is_zero() && w.reserved_until <= now;
         if (charged == last && whole_in_last) || (charged == w.cycle && only_debt_after) {
             w.used = w.used.saturating_sub(cost);
         }

@@ -25,21 +25,39 @@ pub struct Gcra {
     /// `burst · interval`: how far ahead of now the TAT may run.
     horizon: u64,
     burst: u32,
-    /// Whether a reservation may be ahead (its refunds need to know).
-    reservations: super::Reservations,
 }
+
+/// The top bit of a key's state word, beside its TAT: set while the TAT lies past the horizon
+/// and a reservation made since the key was last within its burst may hold a waiting caller's
+/// slot there. Clear past the horizon, what lies there is a settle's debt, which a give-back may
+/// lower. One bit of the word the key has anyway: telling the two apart costs no memory.
+const WAITER: u64 = 1 << 63;
+
+/// The latest TAT the word holds beside [`WAITER`]: 2^63 − 1 ns, some 292 years, past the
+/// 2^62 ns at which time stands still.
+const MAX_TAT: u64 = WAITER - 1;
 
 /// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
 /// reading, which a stale reading is decided as of, is the [`LatestReading`] the key shares.)
 #[derive(Debug, Default)]
 pub struct GcraState {
+    /// The TAT, and [`WAITER`].
     tat: AtomicU64,
 }
 
 impl GcraState {
     /// The theoretical arrival time: the instant at which the key's bucket is full again.
     pub fn tat(&self) -> u64 {
-        self.tat.load(Ordering::Acquire)
+        self.tat.load(Ordering::Acquire) & MAX_TAT
+    }
+}
+
+/// The word for `tat`, with [`WAITER`] if `waiter` and the TAT lies past `horizon` from `now`.
+fn word(tat: u64, waiter: bool, now: u64, horizon: u64) -> u64 {
+    if waiter && tat.saturating_sub(horizon) > now {
+        tat | WAITER
+    } else {
+        tat
     }
 }
 
@@ -48,7 +66,9 @@ impl Gcra {
     /// admitted.
     fn verdict(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Verdict, Option<u64>) {
         let base = tat.max(now);
-        let new_tat = base.saturating_add(self.interval.saturating_mul(u64::from(cost)));
+        let new_tat = base
+            .saturating_add(self.interval.saturating_mul(u64::from(cost)))
+            .min(MAX_TAT);
         let allow_at = new_tat.saturating_sub(self.horizon);
         if allow_at <= now {
             return (Verdict::Admitted { now, new_tat }, Some(new_tat));
@@ -87,14 +107,17 @@ impl Gcra {
         // The TAT first, then the latest reading: whoever changed the TAT we read published its
         // reading before, so `seen` covers it and the admissions of a key decide at instants
         // that never go backwards.
-        let mut tat = state.tat.load(Ordering::Acquire);
+        let mut current = state.tat.load(Ordering::Acquire);
         let mut seen = latest.get();
         loop {
             let at = now.max(seen);
-            let (verdict, new_tat) = self.verdict(tat, at, cost, max_wait);
+            let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
             let Some(new_tat) = new_tat else {
                 return verdict;
             };
+            // A reservation marks the key; an admission within the burst clears the mark.
+            let reserved = matches!(verdict, Verdict::Reserved { .. });
+            let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
             if now > seen {
                 // Publish this reading before changing the TAT. If someone published a later
                 // one meanwhile, decide again as of it.
@@ -105,11 +128,11 @@ impl Gcra {
             }
             match state
                 .tat
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return verdict,
                 Err(actual) => {
-                    tat = actual;
+                    current = actual;
                     seen = latest.get();
                 }
             }
@@ -178,7 +201,6 @@ impl Algorithm for Gcra {
             interval,
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
-            reservations: super::Reservations::new(quota),
         }
     }
 
@@ -191,10 +213,7 @@ impl Algorithm for Gcra {
     /// TAT before the latest reading): no more time than the decision took, nor more than its
     /// permits weigh now.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self {
-            reservations: self.reservations.changed_to(quota, now),
-            ..Self::new(quota, now)
-        }
+        Self::new(quota, now)
     }
 
     fn capacity(&self) -> u32 {
@@ -222,20 +241,20 @@ impl Algorithm for Gcra {
     ///   shard may have moved on). Exact: the key decides as if the request had never been
     ///   made.
     /// * A later admission (or a settle's debt) moved the TAT on, this decision was immediate,
-    ///   and no reservation can wait for a slot ahead of the latest reading: none is past the
-    ///   horizon (the TAT is within `burst · T` of the latest reading), or the quota lets no
-    ///   request wait (`max_wait` zero, the default, since the latest reservation any earlier
-    ///   quota allowed fell due), so what lies past the horizon is debt. The TAT goes back by
-    ///   `cost · T` less the time elapsed between this decision and the latest reading. What the request added to the TAT is at least that much (idle time since can
-    ///   only have absorbed part of it), so the key never decides more generously than if the
-    ///   request had never been made; at the same instant it is exact. This is what keeps a
-    ///   shared key (a tenant, a route) from being drained by requests another policy refuses
-    ///   while other requests are admitted in between.
-    /// * Otherwise (a reservation may be outstanding after the decision): nothing. Moving the
-    ///   TAT back would hand the next caller a slot that a later reservation already holds (two
-    ///   permits due at once with a burst of one), so the permits stay spent. The state cannot
-    ///   tell a reservation from debt, and telling them apart per key would cost a word a key;
-    ///   a quota that lets requests wait keeps such a give-back.
+    ///   and no waiting caller holds a slot ahead of the latest reading: none is past the
+    ///   horizon (the TAT is within `burst · T` of the latest reading), or no reservation was
+    ///   made on the key since it was last within its burst (the state word's top bit says so),
+    ///   so what lies past the horizon is debt. The TAT goes back by `cost · T` less the time
+    ///   elapsed between this decision and the latest reading. What the request added to the
+    ///   TAT is at least that much (idle time since can only have absorbed part of it), so the
+    ///   key never decides more generously than if the request had never been made; at the
+    ///   same instant it is exact. This is what keeps a shared key (a tenant, a route) from
+    ///   being drained by requests another policy refuses, or settles to less, while other
+    ///   requests are admitted in between.
+    /// * Otherwise (a reservation made since the key was last within its burst may still hold
+    ///   a slot past the horizon): nothing. Moving the TAT back would hand the next caller a
+    ///   slot that a waiter already holds (two permits due at once with a burst of one), so the
+    ///   permits stay spent, until the key is within its burst again.
     fn refund(
         &self,
         state: &GcraState,
@@ -259,7 +278,8 @@ impl Algorithm for Gcra {
         let immediate = decision.wait.is_zero();
         let _ = state
             .tat
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
                 // Read after the TAT: whoever moved the TAT published its reading first.
                 let latest = latest.get();
                 if tat <= latest {
@@ -268,15 +288,13 @@ impl Algorithm for Gcra {
                 }
                 let back = if tat == left {
                     give
-                } else if immediate
-                    && (tat.saturating_sub(self.horizon) <= latest
-                        || self.reservations.none_ahead_of(latest))
-                {
+                } else if immediate && (tat.saturating_sub(self.horizon) <= latest || !waiter) {
                     give.saturating_sub(latest.saturating_sub(decision.reserved_at))
                 } else {
                     0
                 };
-                (back > 0).then(|| tat.saturating_sub(back).max(latest))
+                let tat = tat.saturating_sub(back).max(latest);
+                (back > 0).then(|| word(tat, waiter, latest, self.horizon))
             });
     }
 
@@ -286,15 +304,19 @@ impl Algorithm for Gcra {
         // Published first, as a decision does: whoever reads the new TAT reads this reading.
         let now = now.max(latest.publish(now));
         let debt = self.interval.saturating_mul(u64::from(cost));
-        let _ = (state.tat).fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-            Some(tat.max(now).saturating_add(debt))
+        let _ = (state.tat).fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+            let tat = (current & MAX_TAT)
+                .max(now)
+                .saturating_add(debt)
+                .min(MAX_TAT);
+            Some(word(tat, current & WAITER != 0, now, self.horizon))
         });
     }
 
     /// The permits the key still holds (`TAT − now` in intervals, rounded up), then, among keys
     /// holding as many, the one that took them earliest is kept longest.
     fn eviction_rank(&self, state: &GcraState, now: u64) -> u128 {
-        let ahead = state.tat.load(Ordering::Acquire).saturating_sub(now);
+        let ahead = state.tat().saturating_sub(now);
         super::rank(ahead.div_ceil(self.interval), ahead)
     }
 
@@ -303,7 +325,7 @@ impl Algorithm for Gcra {
         // stays in the shard's word when the key is dropped, and the store publishes its own
         // reading there first, so a stale reading that reaches the fresh key is decided as of
         // an instant no earlier than the drop, where the old TAT weighed nothing.
-        state.tat.load(Ordering::Acquire)
+        state.tat()
     }
 }
 

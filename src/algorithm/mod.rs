@@ -153,52 +153,6 @@ impl LatestReading {
     }
 }
 
-/// Whether a reservation of a limiter may still be ahead, which GCRA's and the fixed window's
-/// refunds need: past the limit, a key's state holds either debt (a settle's overrun), which a
-/// give-back may lower, or a waiter's slot, which it must not hand out, and only the quota says
-/// which. Reservations come only from the quota's `max_wait`: an algorithm driven by hand with a
-/// longer wait than its quota's gives up this reading (its refunds may then hand out a slot a
-/// reservation holds).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Reservations {
-    /// The quota's `max_wait`.
-    max_wait: u64,
-    /// The instant from which none can be ahead: never (`u64::MAX`) while the quota lets
-    /// requests wait; after a quota that did, its change plus that quota's `max_wait`, when the
-    /// latest reservation it allowed falls due; otherwise from the start.
-    end: u64,
-}
-
-impl Reservations {
-    /// Under `quota`, from the start.
-    pub(crate) fn new(quota: &Quota) -> Self {
-        let max_wait = quota.max_wait_nanos();
-        let end = if max_wait > 0 { u64::MAX } else { 0 };
-        Self { max_wait, end }
-    }
-
-    /// Under `quota` from `now`, carrying on from these.
-    pub(crate) fn changed_to(self, quota: &Quota, now: u64) -> Self {
-        let next = Self::new(quota);
-        match (next.end, self.end) {
-            (u64::MAX, _) => next,
-            (_, u64::MAX) => Self {
-                end: now.saturating_add(self.max_wait),
-                ..next
-            },
-            _ => Self {
-                end: self.end,
-                ..next
-            },
-        }
-    }
-
-    /// Whether none can be ahead of the reading `latest`.
-    pub(crate) fn none_ahead_of(self, latest: u64) -> bool {
-        latest >= self.end
-    }
-}
-
 /// How the window algorithms cut time into numbered windows: windows of `period` counted from the
 /// limiter's creation, and after a change of period, the numbering carried on across it.
 ///

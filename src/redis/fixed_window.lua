@@ -110,14 +110,13 @@ if op == 'r' then
   -- immediate admission while no reservation is outstanding, any reservation of one permit due
   -- in it) is given back exactly; any other is kept (lost, never over-granted): one due earlier
   -- lies before later charges, and a reservation of several permits may begin in the cycle
-  -- before the one it falls due in. An immediate admission of this cycle under a quota that
-  -- lets no request wait (ARGV[11] 'd'), while no reservation of another instance's is ahead,
-  -- comes back whole whatever debt a settle left beyond it: debt holds no caller's slot. As in
-  -- memory.
+  -- before the one it falls due in. An immediate admission of this cycle (ARGV[11] '0'), while
+  -- no reservation of the key is still to fall due, comes back whole whatever debt a settle left
+  -- beyond it: debt holds no caller's slot. As in memory.
   local charged = idiv(arg5, period)
   if u > 0 and charged >= c then
     local last = c + idiv(u - 1, limit)
-    local only_debt_after = ARGV[11] == 'd' and reserved_until <= now
+    local only_debt_after = ARGV[11] == '0' and reserved_until <= now
     if (charged == last and (u <= limit or cost == 1)) or (charged == c and only_debt_after) then
       u = math.max(u - cost, 0)
     end

@@ -1,13 +1,13 @@
 -- GCRA on one key holding "<tat>:<latest>": the theoretical arrival time (TAT), and the latest
 -- clock reading that admitted or gave back (a key holding "<tat>" alone is read with no latest
--- reading), then ":<reserved>" while a reservation is outstanding: the latest instant one falls
--- due (until then a TAT beyond the horizon may hold a waiting caller's slot; afterwards it is
--- debt, which a give-back may lower). A reading older than `latest` (a stale client clock, a
--- server clock stepped back) is decided as of `latest`, as the in-memory GCRA does.
+-- reading), then ":1" while the TAT lies beyond the horizon and a reservation made since the key
+-- was last within its burst (or a lease that starts later) may hold a slot there; beyond the
+-- horizon without it lies debt, which a give-back may lower (the in-memory GCRA's `WAITER`
+-- bit). A reading older than `latest` (a stale client clock, a server clock stepped back) is
+-- decided as of `latest`, as the in-memory GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
--- it was a reservation (it waited), '0' if it was admitted at once, 'd' if at once under a
--- quota that lets no request wait.
+-- it was a reservation (it waited), '0' if it was admitted at once.
 --
 -- Leases (ops 'l' and 'u'): shares of the burst that an instance admits from without asking.
 -- The key then holds ";<id>,<permits>,<end>" after "<tat>:<latest>" for each lease out. While a
@@ -24,7 +24,7 @@ local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
-local tat, latest, reserved_until = 0, 0, 0
+local tat, latest, waiter = 0, 0, false
 -- The leases out, by id: { permits, end }, and their permits.
 local leases, out = {}, 0
 do
@@ -36,7 +36,7 @@ do
       if rest ~= '' and string.byte(rest) == 58 then
         local r
         r, rest = string.match(rest, '^:([^:;]*)(.*)$')
-        reserved_until = stored(r, 0)
+        waiter = stored(r, 0) > 0
       end
     else
       tat, rest = stored(raw, 0), ''
@@ -102,7 +102,6 @@ local function give_back(id, unused)
     unused = 0
   end
   tat = math.max(pinned() - math.min(unused, lease[1]) * interval, now)
-  reserved_until = math.min(reserved_until, tat - horizon)
   out = out - lease[1]
   leases[id] = nil
 end
@@ -113,10 +112,9 @@ local function save(t, l)
     last = math.max(last, lease[2])
   end
   if last > now then
-    -- A reservation ahead is kept as its instant (brought back to the TAT less the horizon
-    -- where a give-back moved the TAT back: no reservation falls due after that).
-    if reserved_until > now then
-      redis.call('SET', key, int(t) .. ':' .. int(l) .. ':' .. int(reserved_until) .. write_leases(leases), 'PX', expiry_ms(last - now))
+    -- The mark of a waiter's slot lasts while the TAT lies beyond the horizon.
+    if waiter and t - horizon > now then
+      redis.call('SET', key, int(t) .. ':' .. int(l) .. ':1' .. write_leases(leases), 'PX', expiry_ms(last - now))
     else
       redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
     end
@@ -162,6 +160,8 @@ if op == 'l' then
     return decision(0, available, wait, base - now, 0, 0, 0)
   end
   tat = base + permits * interval
+  -- A share that starts later holds slots beyond the horizon, as a waiter's reservation does.
+  waiter = waiter or start > now
   out = out + permits
   leases[lease_id] = { permits, start + length }
   save(tat, now)
@@ -171,13 +171,13 @@ end
 if op == 'r' then
   -- As the in-memory GCRA gives back (see `Gcra::refund`): `cost` intervals while the refunded
   -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11]); when later
-  -- admissions or debt moved the TAT on, this one was immediate and no reservation can be ahead
-  -- (none past the horizon, or the quota lets none wait and the key holds none of another's),
-  -- `cost` intervals less the time elapsed since this one was charged (ARGV[5]); otherwise
-  -- nothing. Never below the latest reading.
+  -- admissions or debt moved the TAT on, this one was immediate and no waiter can hold a slot
+  -- ahead (none past the horizon, or the key is not marked), `cost` intervals less the time
+  -- elapsed since this one was charged (ARGV[5]); otherwise nothing. Never below the latest
+  -- reading.
   local left = count_arg(ARGV[11])
   local reserved = ARGV[12]
-  if not left or (reserved ~= '0' and reserved ~= '1' and reserved ~= 'd') then
+  if not left or (reserved ~= '0' and reserved ~= '1') then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
   if tat > now and left > 0 then
@@ -185,12 +185,11 @@ if op == 'r' then
     local back = 0
     if tat == left then
       back = give
-    elseif reserved ~= '1' and (tat - horizon <= now or (reserved == 'd' and reserved_until <= now)) then
+    elseif reserved == '0' and (tat - horizon <= now or not waiter) then
       back = math.max(give - math.max(now - arg5, 0), 0)
     end
     if back > 0 then
       tat = math.max(tat - back, now)
-      reserved_until = math.min(reserved_until, tat - horizon)
     end
     save(tat, now)
   end
@@ -221,7 +220,7 @@ if out > 0 then
 end
 local wait = allow_at - now
 if wait <= max_wait then
-  reserved_until = math.max(reserved_until, allow_at)
+  waiter = true
   save(new_tat, now)
   return decision(1, 0, 0, new_tat - now, wait, allow_at, new_tat)
 end

@@ -338,15 +338,8 @@ impl ScriptQuota {
         }
         match operation {
             Operation::Refund { left, reserved, .. } => {
-                // '1': the admission waited; '0': it did not, and the quota lets requests wait;
-                // 'd': it did not, and the quota lets none wait, so what lies past the limit is
-                // debt, unless a reservation of another instance's is ahead (the key says).
-                let how = match (reserved, self.max_wait > 0) {
-                    (true, _) => "1",
-                    (false, true) => "0",
-                    (false, false) => "d",
-                };
-                invocation.arg(left).arg(how);
+                // '1': the admission waited; '0': it was admitted at once.
+                invocation.arg(left).arg(if reserved { "1" } else { "0" });
             }
             Operation::Lease {
                 wanted,

@@ -19,7 +19,17 @@ fn limiter<A: RedisAlgorithm>(
     clock: &ManualClock,
     prefix: &str,
 ) -> RedisRateLimiter {
-    RedisRateLimiter::builder(Quota::per_minute(1000).unwrap(), store.clone())
+    limiter_of::<A>(Quota::per_minute(1000).unwrap(), store, clock, prefix)
+}
+
+/// [`limiter`] under `quota`.
+fn limiter_of<A: RedisAlgorithm>(
+    quota: Quota,
+    store: &RedisStore,
+    clock: &ManualClock,
+    prefix: &str,
+) -> RedisRateLimiter {
+    RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<A>()
         .client_clock(clock.clone())
         .prefix(prefix)
@@ -80,24 +90,59 @@ async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStor
 }
 
 /// A give-back behind another request's debt is not lost, in Redis as in memory: A takes 100,
-/// B takes 100, B settles to 950, A settles to 10; 40 are left and no 41st.
+/// B takes 100, B settles to 950, A settles to 10; 40 are left and no 41st, whether or not the
+/// quota lets requests wait (none waited).
 async fn a_give_back_behind_debt_is_exact<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    let waiting = Quota::per_minute(1000)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(90))
+        .unwrap();
+    for (quota, prefix) in [
+        (Quota::per_minute(1000).unwrap(), format!("{prefix}now:")),
+        (waiting, format!("{prefix}wait:")),
+    ] {
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(1));
+        let limiter = limiter_of::<A>(quota, store, &clock, &prefix);
+        let name = std::any::type_name::<A>();
+        let a = limiter.reserve(&"k", 100).await.unwrap();
+        let b = limiter.reserve(&"k", 100).await.unwrap();
+        assert!(a.allowed && b.allowed, "{name}");
+        limiter.settle_and_wait(&"k", 100, b, 950).await.unwrap();
+        limiter.settle_and_wait(&"k", 100, a, 10).await.unwrap();
+        let forty = limiter.reserve(&"k", 40).await.unwrap();
+        assert!(forty.allowed && forty.wait.is_zero(), "{name}: 40 left");
+        assert_eq!(forty.remaining, 0, "{name}");
+        let next = limiter.reserve(&"k", 1).await.unwrap();
+        assert!(!next.allowed || !next.wait.is_zero(), "{name}: no 41st");
+    }
+}
+
+/// Behind a waiter's slot a give-back is kept, in Redis as in memory (see the in-memory twin):
+/// A takes 100, B 900, W waits for one, B settles to 950, A to 10; the key is whole again only
+/// after the 1 051 permits charged.
+async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
+    store: &RedisStore,
+    prefix: &str,
+    whole_after: Duration,
+) {
+    let quota = Quota::per_minute(1000)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(90))
+        .unwrap();
     let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
-    let limiter = limiter::<A>(store, &clock, prefix);
+    let limiter = limiter_of::<A>(quota, store, &clock, prefix);
     let name = std::any::type_name::<A>();
     let a = limiter.reserve(&"k", 100).await.unwrap();
-    let b = limiter.reserve(&"k", 100).await.unwrap();
-    assert!(a.allowed && b.allowed, "{name}");
-    limiter.settle_and_wait(&"k", 100, b, 950).await.unwrap();
+    let b = limiter.reserve(&"k", 900).await.unwrap();
+    assert!(a.wait.is_zero() && b.allowed && b.wait.is_zero(), "{name}");
+    let waiter = limiter.reserve(&"k", 1).await.unwrap();
+    assert!(waiter.allowed && !waiter.wait.is_zero(), "{name}");
+    limiter.settle_and_wait(&"k", 900, b, 950).await.unwrap();
     limiter.settle_and_wait(&"k", 100, a, 10).await.unwrap();
-    let forty = limiter.reserve(&"k", 40).await.unwrap();
-    assert!(forty.allowed, "{name}: 40 left");
-    assert_eq!(forty.remaining, 0, "{name}");
-    assert!(
-        !limiter.reserve(&"k", 1).await.unwrap().allowed,
-        "{name}: no 41st"
-    );
+    let whole = limiter.check_n(&"k", 1000).await.unwrap();
+    assert!(!whole.allowed, "{name}");
+    assert_eq!(whole.retry_after, whole_after, "{name}: A's give-back kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,6 +159,10 @@ async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
     a_give_back_behind_debt_is_exact::<FixedWindow>(&store, "debt-fw:").await;
     a_give_back_behind_debt_is_exact::<SlidingLog>(&store, "debt-sl:").await;
     a_give_back_behind_debt_is_exact::<SlidingCounter>(&store, "debt-sc:").await;
+    let gcra_whole = Duration::from_millis(63_060);
+    a_give_back_behind_a_waiter_is_kept::<Gcra>(&store, "waiter-gcra:", gcra_whole).await;
+    let fw_whole = Duration::from_secs(120);
+    a_give_back_behind_a_waiter_is_kept::<FixedWindow>(&store, "waiter-fw:", fw_whole).await;
 }
 
 /// Debt in Redis: a settle to more than is left delays the key on every instance, by exactly
