@@ -146,6 +146,7 @@
 //! pushback, of a client quota or of an adaptive bulkhead, whose limit moves by itself), or a
 //! bad file, is refused and changes nothing.
 
+mod build;
 mod duration;
 mod error;
 mod fields;
@@ -153,6 +154,7 @@ mod file;
 mod health;
 mod registry;
 mod reload;
+mod validate;
 
 pub use duration::parse_duration;
 pub use error::ConfigError;

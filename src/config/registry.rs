@@ -10,25 +10,18 @@ use std::sync::{Arc, Mutex};
 use crate::head::RequestHead;
 use http::HeaderValue;
 
-#[cfg(feature = "adaptive")]
-use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
-use super::file::{
-    AlgorithmKind, BulkheadSettings, Config, KeyKind, PacingKind, PushbackSettings,
-    RateLimiterSettings, RouteSettings, ShadowKind, StoreKind,
-};
+use super::build::*;
+use super::file::{Config, RouteSettings, ShadowKind};
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
-use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
+use crate::bulkhead::adaptive::AdaptiveBulkhead;
 use crate::bulkhead::{Bulkhead, BulkheadBuilder};
 use crate::limiter::BoxLimiter;
 use crate::observe::Observed;
-use crate::outbound::pushback::{Pacing, Pushback};
+use crate::outbound::pushback::Pushback;
 use crate::outbound::quota::{ClientQuotaLayer, QuotaKey};
 use crate::rate_limit::{GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer};
-use crate::{
-    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
-    KeyedRateLimiter, Quota,
-};
+use crate::Quota;
 
 /// The key of a rate limiter built from configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -43,7 +36,7 @@ pub enum ConfigKey {
 }
 
 #[derive(Clone, Debug)]
-enum Extract {
+pub(super) enum Extract {
     #[cfg(feature = "axum")]
     Peer(crate::rate_limit::PeerIp),
     #[cfg(feature = "axum")]
@@ -54,7 +47,7 @@ enum Extract {
 
 /// The key extractor that a configured rate limiter uses, chosen by its `key` field.
 #[derive(Clone, Debug)]
-pub struct ConfigKeyExtractor(Extract);
+pub struct ConfigKeyExtractor(pub(super) Extract);
 
 impl KeyExtractor for ConfigKeyExtractor {
     type Key = ConfigKey;
@@ -133,7 +126,7 @@ fn find<'a, T>(
 
 pub(super) struct NamedLimiter {
     pub(super) limiter: ConfiguredLimiter,
-    extractor: ConfigKeyExtractor,
+    pub(super) extractor: ConfigKeyExtractor,
     /// For a limiter whose state lives in a shared store (Redis): how many decisions the store
     /// did not give.
     pub(super) store_failures: Option<StoreFailures>,
@@ -142,7 +135,7 @@ pub(super) struct NamedLimiter {
 }
 
 /// Reads a shared store's failure count.
-type StoreFailures = Arc<dyn Fn() -> StoreCounts + Send + Sync>;
+pub(super) type StoreFailures = Arc<dyn Fn() -> StoreCounts + Send + Sync>;
 
 /// What a shared store's limiter counts of its own: failures, and what its leases did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -154,7 +147,7 @@ pub(super) struct StoreCounts {
 }
 
 /// Says why a quota cannot be given to a limiter, if it cannot.
-type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
+pub(super) type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
 
 /// Named rate limiters and bulkheads, built once from a TOML file (see [the module](super) for
 /// its fields) and shared by every layer taken from it.
@@ -473,233 +466,4 @@ impl Registry {
     fn named(&self, name: &str) -> Result<&NamedLimiter, UnknownInstance> {
         find(&self.limiters, "rate limiter", name)
     }
-}
-
-fn build_limiter(name: &str, s: &RateLimiterSettings) -> Result<NamedLimiter, ConfigError> {
-    let path = format!("rate_limiters.{name}");
-    crate::rate_limit::check_policy_name(name)
-        .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
-    let quota = s.quota(&path)?;
-    let (limiter, store_failures, quota_check) = match s.store {
-        StoreKind::Memory => (memory_limiter(s, quota), None, None),
-        #[cfg(feature = "redis")]
-        StoreKind::Redis => {
-            let (limiter, failures, check) = redis_limiter(&path, s, quota)?;
-            (limiter, Some(failures), Some(check))
-        }
-        #[cfg(not(feature = "redis"))]
-        StoreKind::Redis => {
-            return Err(ConfigError::new(
-                format!("{path}.store"),
-                "`redis` needs the crate's `redis` feature, which this build lacks",
-            ))
-        }
-    };
-    Ok(NamedLimiter {
-        limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
-        extractor: key_extractor(s).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
-        store_failures,
-        quota_check,
-    })
-}
-
-fn memory_limiter(s: &RateLimiterSettings, quota: Quota) -> BoxLimiter<ConfigKey> {
-    fn keyed<A: crate::algorithm::Algorithm>(
-        quota: Quota,
-        max_keys: usize,
-    ) -> BoxLimiter<ConfigKey> {
-        BoxLimiter::new(
-            KeyedRateLimiter::<ConfigKey>::builder(quota)
-                .algorithm::<A>()
-                .max_keys(max_keys)
-                .build(),
-        )
-    }
-    let max_keys = s.max_keys.0 as usize;
-    match s.algorithm {
-        AlgorithmKind::Gcra => keyed::<Gcra>(quota, max_keys),
-        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(quota, max_keys),
-        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(quota, max_keys),
-        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(quota, max_keys),
-    }
-}
-
-fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtractor, &'static str> {
-    let extract = match &s.key {
-        #[cfg(feature = "axum")]
-        KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
-        #[cfg(feature = "axum")]
-        KeyKind::ForwardedIp => {
-            use super::file::ForwardedHeader;
-            use crate::rate_limit::ForwardedIp;
-            // The validation made sure that a forwarded key has proxies.
-            let trusted = s.trusted_proxies.iter().flatten().copied();
-            Extract::Forwarded(match s.forwarded_header.unwrap_or_default() {
-                ForwardedHeader::XForwardedFor => ForwardedIp::x_forwarded_for(trusted),
-                ForwardedHeader::Forwarded => ForwardedIp::forwarded(trusted),
-            })
-        }
-        #[cfg(not(feature = "axum"))]
-        KeyKind::PeerIp | KeyKind::ForwardedIp => {
-            return Err(
-                "`peer_ip` and `forwarded_ip` read axum's connection info: enable the \
-                        `axum` feature",
-            )
-        }
-        KeyKind::Header(h) => Extract::Header(HeaderKey::for_header(h.clone())),
-        KeyKind::Global => Extract::Global,
-    };
-    Ok(ConfigKeyExtractor(extract))
-}
-
-#[cfg(feature = "redis")]
-impl crate::redis::RedisKey for ConfigKey {
-    fn write_redis_key(&self, out: &mut String) {
-        match self {
-            ConfigKey::Ip(ip) => ip.write_redis_key(out),
-            ConfigKey::Header(value) => value.write_redis_key(out),
-            ConfigKey::Global => out.push_str("global"),
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-fn redis_limiter(
-    path: &str,
-    s: &RateLimiterSettings,
-    quota: Quota,
-) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-    use crate::redis::{RedisAlgorithm, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore};
-
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(ConfigError::new(
-            format!("{path}.store"),
-            "a Redis limiter must be built inside a tokio runtime",
-        ));
-    }
-    let url = (s.redis_url.as_deref()).expect("the validation requires a Redis store's URL");
-    let store = RedisStore::connect_lazy(url)
-        .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
-    let mut builder =
-        RedisRateLimiter::builder(quota, store).fail_mode(redis_fail_mode(path, s, quota)?);
-    if let Some(prefix) = &s.redis_prefix {
-        builder = builder.prefix(prefix.clone());
-    }
-    if let Some(timeout) = s.redis_timeout {
-        builder = builder.timeout(timeout);
-    }
-    if s.redis_leases {
-        let mut lease = crate::redis::Lease::new();
-        if let Some(share) = s.redis_lease_max_share {
-            lease = lease.max_share(share.0);
-        }
-        if let Some(length) = s.redis_lease_length {
-            lease = lease.length(length);
-        }
-        builder = builder.lease(lease);
-    }
-    fn build<A: RedisAlgorithm>(
-        path: &str,
-        builder: RedisRateLimiterBuilder,
-    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-        let limiter = (builder.algorithm::<A>().build())
-            .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
-        let counted = limiter.clone();
-        let checked = limiter.clone();
-        Ok((
-            BoxLimiter::new(limiter),
-            Arc::new(move || StoreCounts {
-                failures: counted.failures(),
-                leases: counted.lease_counts(),
-            }),
-            Arc::new(move |quota| {
-                checked
-                    .params_for(quota)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }),
-        ))
-    }
-    match s.algorithm {
-        AlgorithmKind::Gcra => build::<Gcra>(path, builder),
-        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, builder),
-        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, builder),
-        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, builder),
-    }
-}
-
-/// What a Redis limiter does when Redis cannot answer: a refusal tells the client to come back
-/// after one emission interval (at least a second); a fallback decides with a local quota of
-/// the same period.
-#[cfg(feature = "redis")]
-fn redis_fail_mode(
-    path: &str,
-    s: &RateLimiterSettings,
-    quota: Quota,
-) -> Result<crate::redis::RedisFailMode, ConfigError> {
-    use super::file::RedisFailModeKind;
-    use crate::redis::RedisFailMode;
-
-    Ok(match s.redis_fail_mode.unwrap_or_default() {
-        RedisFailModeKind::Open => RedisFailMode::Open,
-        RedisFailModeKind::Closed => RedisFailMode::Closed(
-            quota
-                .emission_interval()
-                .max(std::time::Duration::from_secs(1)),
-        ),
-        RedisFailModeKind::Fallback => {
-            let permits = (s.fallback_limit_for_period)
-                .expect("the validation requires fallback_limit_for_period with a fallback")
-                .0;
-            let local = Quota::with_period(permits, quota.period()).map_err(|e| {
-                ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
-            })?;
-            RedisFailMode::fallback(local)
-        }
-    })
-}
-
-#[cfg(feature = "adaptive")]
-fn build_adaptive_bulkhead(
-    name: &str,
-    s: &AdaptiveBulkheadSettings,
-) -> Result<AdaptiveBulkhead, ConfigError> {
-    let (min, initial, max) = s.limits();
-    let limits = Limits::new(min, initial, max)
-        .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
-    let builder = AdaptiveBulkhead::builder(name).limits(limits);
-    let builder = match s.algorithm {
-        AdaptiveAlgorithmKind::Aimd => builder.algorithm(Aimd::default()),
-        AdaptiveAlgorithmKind::Gradient => builder.algorithm(Gradient::default()),
-    };
-    let builder = if s.ignore_cancelled_calls {
-        builder.ignore_cancelled_calls()
-    } else {
-        builder
-    };
-    Ok(builder.build())
-}
-
-fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
-    Pushback::builder(name)
-        .max_wait(s.max_wait)
-        .max_hold(s.max_hold)
-        .pacing(match s.pacing {
-            PacingKind::UntilSpent => Pacing::UntilSpent,
-            PacingKind::Spread => Pacing::Spread,
-        })
-        .build()
-}
-
-fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
-    let mut builder = match s.queue_capacity {
-        Some(capacity) => {
-            Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
-        }
-        None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
-    };
-    if let Some(wait) = s.max_wait {
-        builder = builder.max_wait(wait);
-    }
-    builder
 }

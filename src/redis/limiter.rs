@@ -14,7 +14,7 @@ use super::coalesce::Coalescer;
 use super::fail_mode::Breaker;
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
-use super::lease::{LeaseCounts, LeaseReply, Leases};
+use super::lease::{LeaseCounts, Leases};
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
 use super::script::{Operation, ScriptQuota, MAX_NOW};
@@ -328,7 +328,7 @@ impl Inner {
 
     /// The cached refusal of `cost` permits for `key` (its Redis key), for a call that may wait
     /// `max_wait` ticks, if one still stands: counted, and answered without a round trip.
-    fn cached_refusal(
+    pub(super) fn cached_refusal(
         &self,
         quota: &ScriptQuota,
         key: &str,
@@ -342,113 +342,8 @@ impl Inner {
     }
 
     /// Marks `decision` as this limiter's, for `key` (its Redis key), of `cost` permits.
-    fn stamp(&self, decision: Decision, key: &str, cost: u32) -> Decision {
+    pub(super) fn stamp(&self, decision: Decision, key: &str, cost: u32) -> Decision {
         (decision.of_cost(cost).for_key(fingerprint(key))).made_by(self.store.id)
-    }
-
-    /// Decides on `cost` permits for `key` from a lease: the share this instance holds, or a
-    /// new one that one script call takes (giving the spent one back), while the key's other
-    /// calls wait for it and then admit from it. A key without room for a share, or a call that
-    /// may wait and finds no lease to be had, is decided as without leases.
-    pub(super) async fn lease_decide(
-        self: &Arc<Self>,
-        quota: &ScriptQuota,
-        key: String,
-        cost: u32,
-        max_wait: u64,
-    ) -> Result<Decision, BoxError> {
-        let leases = self.leases.as_ref().expect("called with leases");
-        let Some(share) = leases.share(&key) else {
-            return self.decide(quota, key, cost, max_wait).await;
-        };
-        let one_at_a_time = share.refill.lock().await;
-        // The call before this one's turn may have brought a share, or a refusal.
-        let now = self.clock.now();
-        if let Some(decision) = leases.take(&share, cost, now, quota.lease_quota()) {
-            return Ok(self.stamp(decision, &key, cost));
-        }
-        if let Some(refusal) = self.cached_refusal(quota, &key, cost, max_wait) {
-            return Ok(refusal);
-        }
-        let sent = self.clock.now();
-        let ask = leases.ask(&share, cost, sent, quota.capacity);
-        // Redis keeps a lease twice as long as the instance admits from it, so that a share
-        // given back soon after its end still comes back.
-        let length = u64::try_from(leases.length().as_nanos() * 2).unwrap_or(u64::MAX);
-        let operation = Operation::Lease {
-            length: length.div_ceil(quota.tick_nanos),
-            wanted: ask.wanted,
-            id: ask.id,
-            back: ask.back,
-            unused: ask.unused,
-        };
-        let call = self.run_script(quota, &key, operation, cost);
-        let decision = match self.bounded(quota, &key, call).await {
-            Ok(Reply::Leased {
-                permits,
-                start,
-                end,
-                time,
-                ..
-            }) => {
-                let permits = u32::try_from(permits).unwrap_or(u32::MAX);
-                let reply = LeaseReply {
-                    start,
-                    end,
-                    time,
-                    tick_nanos: quota.tick_nanos,
-                    client_clock: quota.client_clock(),
-                };
-                let now = self.clock.now();
-                let (from, until) = leases.window(&reply, sent, now);
-                let grant = (permits, from, until);
-                let decision =
-                    leases.granted(&share, &ask, grant, (cost, now), quota.lease_quota());
-                drop(one_at_a_time);
-                let over_in = Duration::from_nanos(until.saturating_sub(now));
-                self.give_back_at_end(key.clone(), ask.id, over_in);
-                decision
-            }
-            Ok(Reply::Decision(refused, _)) if !refused.allowed => {
-                drop(one_at_a_time);
-                if max_wait > 0 {
-                    return self.decide(quota, key, cost, max_wait).await;
-                }
-                if let Some(cache) = &self.cache {
-                    cache.insert(&key, cost, self.clock.now(), &refused);
-                }
-                refused
-            }
-            Ok(other) => {
-                let failure = RedisFailure::BadReply(format!("{other:?} is not a lease"));
-                return self.fail_mode.decide(quota.limit, key, cost, failure);
-            }
-            Err(failure) => return self.fail_mode.decide(quota.limit, key, cost, failure),
-        };
-        Ok(self.stamp(decision, &key, cost))
-    }
-
-    /// When the lease `id` of `key` is over (`over_in` from now), gives its unused permits
-    /// back to Redis, unless a later call has given it back already.
-    ///
-    /// The task holds the limiter weakly: a limiter dropped meanwhile gives nothing back, and
-    /// Redis ends the lease by itself.
-    fn give_back_at_end(self: &Arc<Self>, key: String, id: u64, over_in: Duration) {
-        let inner = Arc::downgrade(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(over_in).await;
-            let Some(inner) = inner.upgrade() else {
-                return;
-            };
-            let leases = inner.leases.as_ref().expect("spawned with leases");
-            if let Some((id, unused)) = leases.expire(&key, id) {
-                let quota = inner.quota.load_full();
-                let operation = Operation::GiveBackLease { id, unused };
-                let call = inner.run_script(&quota, &key, operation, 0);
-                // Failures are counted and logged inside; the lease ends in Redis anyway.
-                let _ = inner.bounded(&quota, &key, call).await;
-            }
-        });
     }
 
     /// Whether `decision` is an admission of this limiter's for `key` (its Redis key): made in
@@ -548,7 +443,7 @@ impl Inner {
 
     /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
     /// limiter's timeout; the breaker counts and logs a failure for `key`.
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         quota: &ScriptQuota,
         key: &str,
@@ -570,7 +465,7 @@ impl Inner {
 
     /// One script call and its reply, which also tells the offset between the clocks. With a
     /// client clock, the script decides at its reading; otherwise at the server's `TIME`.
-    async fn run_script(
+    pub(super) async fn run_script(
         &self,
         quota: &ScriptQuota,
         key: &str,

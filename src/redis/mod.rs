@@ -110,6 +110,7 @@ mod fail_mode;
 mod future;
 mod key;
 mod lease;
+mod leased;
 mod limiter;
 mod offset;
 mod reply;

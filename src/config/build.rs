@@ -1,0 +1,259 @@
+//! Each kind of instance built from its validated settings, for the [`Registry`](super::Registry).
+
+#[cfg(feature = "redis")]
+use std::sync::Arc;
+
+#[cfg(feature = "adaptive")]
+use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
+use super::file::{
+    AlgorithmKind, BulkheadSettings, KeyKind, PacingKind, PushbackSettings, RateLimiterSettings,
+    StoreKind,
+};
+use super::ConfigError;
+#[cfg(feature = "adaptive")]
+use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
+use crate::bulkhead::{Bulkhead, BulkheadBuilder};
+use crate::limiter::BoxLimiter;
+use crate::observe::Observed;
+use crate::outbound::pushback::{Pacing, Pushback};
+use crate::rate_limit::HeaderKey;
+use crate::{
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    KeyedRateLimiter, Quota,
+};
+
+use super::registry::{ConfigKey, ConfigKeyExtractor, Extract, NamedLimiter};
+#[cfg(feature = "redis")]
+use super::registry::{QuotaCheck, StoreCounts, StoreFailures};
+
+pub(super) fn build_limiter(
+    name: &str,
+    s: &RateLimiterSettings,
+) -> Result<NamedLimiter, ConfigError> {
+    let path = format!("rate_limiters.{name}");
+    crate::rate_limit::check_policy_name(name)
+        .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
+    let quota = s.quota(&path)?;
+    let (limiter, store_failures, quota_check) = match s.store {
+        StoreKind::Memory => (memory_limiter(s, quota), None, None),
+        #[cfg(feature = "redis")]
+        StoreKind::Redis => {
+            let (limiter, failures, check) = redis_limiter(&path, s, quota)?;
+            (limiter, Some(failures), Some(check))
+        }
+        #[cfg(not(feature = "redis"))]
+        StoreKind::Redis => {
+            return Err(ConfigError::new(
+                format!("{path}.store"),
+                "`redis` needs the crate's `redis` feature, which this build lacks",
+            ))
+        }
+    };
+    Ok(NamedLimiter {
+        limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
+        extractor: key_extractor(s).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
+        store_failures,
+        quota_check,
+    })
+}
+
+pub(super) fn memory_limiter(s: &RateLimiterSettings, quota: Quota) -> BoxLimiter<ConfigKey> {
+    fn keyed<A: crate::algorithm::Algorithm>(
+        quota: Quota,
+        max_keys: usize,
+    ) -> BoxLimiter<ConfigKey> {
+        BoxLimiter::new(
+            KeyedRateLimiter::<ConfigKey>::builder(quota)
+                .algorithm::<A>()
+                .max_keys(max_keys)
+                .build(),
+        )
+    }
+    let max_keys = s.max_keys.0 as usize;
+    match s.algorithm {
+        AlgorithmKind::Gcra => keyed::<Gcra>(quota, max_keys),
+        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(quota, max_keys),
+        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(quota, max_keys),
+        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(quota, max_keys),
+    }
+}
+
+pub(super) fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtractor, &'static str> {
+    let extract = match &s.key {
+        #[cfg(feature = "axum")]
+        KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
+        #[cfg(feature = "axum")]
+        KeyKind::ForwardedIp => {
+            use super::file::ForwardedHeader;
+            use crate::rate_limit::ForwardedIp;
+            // The validation made sure that a forwarded key has proxies.
+            let trusted = s.trusted_proxies.iter().flatten().copied();
+            Extract::Forwarded(match s.forwarded_header.unwrap_or_default() {
+                ForwardedHeader::XForwardedFor => ForwardedIp::x_forwarded_for(trusted),
+                ForwardedHeader::Forwarded => ForwardedIp::forwarded(trusted),
+            })
+        }
+        #[cfg(not(feature = "axum"))]
+        KeyKind::PeerIp | KeyKind::ForwardedIp => {
+            return Err(
+                "`peer_ip` and `forwarded_ip` read axum's connection info: enable the \
+                        `axum` feature",
+            )
+        }
+        KeyKind::Header(h) => Extract::Header(HeaderKey::for_header(h.clone())),
+        KeyKind::Global => Extract::Global,
+    };
+    Ok(ConfigKeyExtractor(extract))
+}
+
+#[cfg(feature = "redis")]
+impl crate::redis::RedisKey for ConfigKey {
+    fn write_redis_key(&self, out: &mut String) {
+        match self {
+            ConfigKey::Ip(ip) => ip.write_redis_key(out),
+            ConfigKey::Header(value) => value.write_redis_key(out),
+            ConfigKey::Global => out.push_str("global"),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+pub(super) fn redis_limiter(
+    path: &str,
+    s: &RateLimiterSettings,
+    quota: Quota,
+) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
+    use crate::redis::{RedisAlgorithm, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore};
+
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(ConfigError::new(
+            format!("{path}.store"),
+            "a Redis limiter must be built inside a tokio runtime",
+        ));
+    }
+    let url = (s.redis_url.as_deref()).expect("the validation requires a Redis store's URL");
+    let store = RedisStore::connect_lazy(url)
+        .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
+    let mut builder =
+        RedisRateLimiter::builder(quota, store).fail_mode(redis_fail_mode(path, s, quota)?);
+    if let Some(prefix) = &s.redis_prefix {
+        builder = builder.prefix(prefix.clone());
+    }
+    if let Some(timeout) = s.redis_timeout {
+        builder = builder.timeout(timeout);
+    }
+    if s.redis_leases {
+        let mut lease = crate::redis::Lease::new();
+        if let Some(share) = s.redis_lease_max_share {
+            lease = lease.max_share(share.0);
+        }
+        if let Some(length) = s.redis_lease_length {
+            lease = lease.length(length);
+        }
+        builder = builder.lease(lease);
+    }
+    fn build<A: RedisAlgorithm>(
+        path: &str,
+        builder: RedisRateLimiterBuilder,
+    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
+        let limiter = (builder.algorithm::<A>().build())
+            .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
+        let counted = limiter.clone();
+        let checked = limiter.clone();
+        Ok((
+            BoxLimiter::new(limiter),
+            Arc::new(move || StoreCounts {
+                failures: counted.failures(),
+                leases: counted.lease_counts(),
+            }),
+            Arc::new(move |quota| {
+                checked
+                    .params_for(quota)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+        ))
+    }
+    match s.algorithm {
+        AlgorithmKind::Gcra => build::<Gcra>(path, builder),
+        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, builder),
+        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, builder),
+        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, builder),
+    }
+}
+
+/// What a Redis limiter does when Redis cannot answer: a refusal tells the client to come back
+/// after one emission interval (at least a second); a fallback decides with a local quota of
+/// the same period.
+#[cfg(feature = "redis")]
+pub(super) fn redis_fail_mode(
+    path: &str,
+    s: &RateLimiterSettings,
+    quota: Quota,
+) -> Result<crate::redis::RedisFailMode, ConfigError> {
+    use super::file::RedisFailModeKind;
+    use crate::redis::RedisFailMode;
+
+    Ok(match s.redis_fail_mode.unwrap_or_default() {
+        RedisFailModeKind::Open => RedisFailMode::Open,
+        RedisFailModeKind::Closed => RedisFailMode::Closed(
+            quota
+                .emission_interval()
+                .max(std::time::Duration::from_secs(1)),
+        ),
+        RedisFailModeKind::Fallback => {
+            let permits = (s.fallback_limit_for_period)
+                .expect("the validation requires fallback_limit_for_period with a fallback")
+                .0;
+            let local = Quota::with_period(permits, quota.period()).map_err(|e| {
+                ConfigError::new(format!("{path}.fallback_limit_for_period"), e.to_string())
+            })?;
+            RedisFailMode::fallback(local)
+        }
+    })
+}
+
+#[cfg(feature = "adaptive")]
+pub(super) fn build_adaptive_bulkhead(
+    name: &str,
+    s: &AdaptiveBulkheadSettings,
+) -> Result<AdaptiveBulkhead, ConfigError> {
+    let (min, initial, max) = s.limits();
+    let limits = Limits::new(min, initial, max)
+        .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
+    let builder = AdaptiveBulkhead::builder(name).limits(limits);
+    let builder = match s.algorithm {
+        AdaptiveAlgorithmKind::Aimd => builder.algorithm(Aimd::default()),
+        AdaptiveAlgorithmKind::Gradient => builder.algorithm(Gradient::default()),
+    };
+    let builder = if s.ignore_cancelled_calls {
+        builder.ignore_cancelled_calls()
+    } else {
+        builder
+    };
+    Ok(builder.build())
+}
+
+pub(super) fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
+    Pushback::builder(name)
+        .max_wait(s.max_wait)
+        .max_hold(s.max_hold)
+        .pacing(match s.pacing {
+            PacingKind::UntilSpent => Pacing::UntilSpent,
+            PacingKind::Spread => Pacing::Spread,
+        })
+        .build()
+}
+
+pub(super) fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
+    let mut builder = match s.queue_capacity {
+        Some(capacity) => {
+            Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
+        }
+        None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
+    };
+    if let Some(wait) = s.max_wait {
+        builder = builder.max_wait(wait);
+    }
+    builder
+}

@@ -1,0 +1,343 @@
+//! The one validation pass over the file's structs ([`file`](super::file)): every instance's
+//! fields against each other and against their bounds, and the names instances give each other.
+//! The defaults that depend on another field are filled in here.
+
+use std::time::Duration;
+
+use super::fields::Count;
+use super::file::*;
+use super::ConfigError;
+use crate::Quota;
+
+/// The path of one instance (`rate_limiters.api`), for errors at its fields.
+struct InstancePath<'a>(&'a str);
+
+impl InstancePath<'_> {
+    fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(format!("{}.{field}", self.0), message)
+    }
+
+    /// A span of `field`, bounded as a quota's are: no setting may reach the ends of a clock's
+    /// range.
+    fn span(&self, field: &str, span: Duration) -> Result<(), ConfigError> {
+        if span > Quota::MAX_SPAN {
+            return Err(self.err(field, "is too long (at most 2^60 ns, about 36.5 years)"));
+        }
+        Ok(())
+    }
+
+    /// An error naming `field` and where it applies, if it is set where it does not.
+    fn only_with<T>(
+        &self,
+        field: &str,
+        value: &Option<T>,
+        allowed: bool,
+        what: &str,
+    ) -> Result<(), ConfigError> {
+        match value {
+            Some(_) if !allowed => Err(self.err(field, format!("applies only to {what}"))),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl BulkheadSettings {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        if let Some(wait) = self.max_wait {
+            at.span("max_wait", wait)?;
+        }
+        // A semaphore bulkhead's default written in, so that writing it out is no change.
+        if self.queue_capacity.is_none() {
+            self.max_wait.get_or_insert(Duration::ZERO);
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Checks every instance and the names they give each other: the one validation pass.
+    pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
+        let at = |section: &str, name: &str| format!("{section}.{name}");
+        for (name, s) in &mut self.rate_limiters {
+            s.validate(&InstancePath(&at("rate_limiters", name)))?;
+        }
+        for (name, s) in &mut self.bulkheads {
+            s.validate(&InstancePath(&at("bulkheads", name)))?;
+        }
+        for (name, s) in &self.routes {
+            s.validate(&InstancePath(&at("routes", name)))?;
+        }
+        for (name, s) in &self.pushbacks {
+            s.validate(&InstancePath(&at("pushbacks", name)))?;
+        }
+        for (name, s) in &mut self.adaptive_bulkheads {
+            s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
+        }
+        self.check_names()
+    }
+
+    /// Checks the names instances give each other: a route's and a client quota's rate
+    /// limiters exist, and no bulkhead of either kind shares a name.
+    fn check_names(&self) -> Result<(), ConfigError> {
+        // Bulkheads of both kinds report under one metric name, by name: names must differ.
+        if let Some(name) =
+            (self.adaptive_bulkheads.keys()).find(|n| self.bulkheads.contains_key(*n))
+        {
+            return Err(ConfigError::new(
+                format!("adaptive_bulkheads.{name}"),
+                format!(
+                    "has the name of `bulkheads.{name}`; a bulkhead's metrics and health are \
+                     keyed by its name, so the two kinds share one namespace"
+                ),
+            ));
+        }
+        for (name, route) in &self.routes {
+            for (i, policy) in route.policies.iter().enumerate() {
+                let path = format!("routes.{name}.policies[{i}]");
+                let limiter = self.limiter(&path, &policy.limiter)?;
+                check_cost(
+                    &format!("{path}.cost"),
+                    policy.cost.0,
+                    &policy.limiter,
+                    limiter,
+                )?;
+            }
+        }
+        for (name, quota) in &self.client_quotas {
+            self.check_client_quota(name, quota)?;
+        }
+        Ok(())
+    }
+
+    /// Rate limiter `name`, which the setting at `path` names.
+    fn limiter(&self, path: &str, name: &str) -> Result<&RateLimiterSettings, ConfigError> {
+        self.rate_limiters.get(name).ok_or_else(|| {
+            ConfigError::new(
+                path,
+                format!("names `{name}`, which is not under `rate_limiters`"),
+            )
+        })
+    }
+
+    /// A client quota's rate limiter must count every call under one key, and be able to grant
+    /// a call's cost.
+    fn check_client_quota(
+        &self,
+        name: &str,
+        quota: &ClientQuotaSettings,
+    ) -> Result<(), ConfigError> {
+        let path = format!("client_quotas.{name}");
+        let limiter = self.limiter(&format!("{path}.limiter"), &quota.limiter)?;
+        if limiter.key != KeyKind::Global {
+            return Err(ConfigError::new(
+                format!("{path}.limiter"),
+                format!(
+                    "names `{0}`, whose key is not \"global\"; an outbound call has no client to \
+                     key by, so a client quota counts every call under one key: give \
+                     `rate_limiters.{0}` key = \"global\"",
+                    quota.limiter
+                ),
+            ));
+        }
+        check_cost(
+            &format!("{path}.cost"),
+            quota.cost.0,
+            &quota.limiter,
+            limiter,
+        )
+    }
+}
+
+/// A cost of rate limiter `name` (at `path`) must fit what the limiter can ever grant at once:
+/// its burst with GCRA, its permits per window with the window algorithms.
+fn check_cost(
+    path: &str,
+    cost: u32,
+    name: &str,
+    limiter: &RateLimiterSettings,
+) -> Result<(), ConfigError> {
+    let quota = limiter.quota(&format!("rate_limiters.{name}"))?;
+    let (capacity, what) = match limiter.algorithm {
+        AlgorithmKind::Gcra => (quota.burst(), "burst"),
+        _ => (quota.permits(), "limit_for_period"),
+    };
+    if cost > capacity {
+        return Err(ConfigError::new(
+            path,
+            format!(
+                "is {cost}, more than the {what} of rate limiter `{name}` ({capacity}): it could \
+                 never be granted"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl RateLimiterSettings {
+    /// The quota of the limiter at `path`: permits per period, burst and maximum wait, the part
+    /// a reload changes in place. An error only for settings the validation refuses.
+    pub(super) fn quota(&self, path: &str) -> Result<Quota, ConfigError> {
+        let at = InstancePath(path);
+        let Count(permits) = self.limit_for_period;
+        let mut quota =
+            Quota::with_period(permits, self.limit_refresh_period).map_err(|e| {
+                match e.field() {
+                    "period" => at.err("limit_refresh_period", e.to_string()),
+                    _ => at.err("limit_for_period", e.to_string()),
+                }
+            })?;
+        if let Some(Count(burst)) = self.burst {
+            quota = quota
+                .with_burst(burst)
+                .map_err(|e| at.err("burst", e.to_string()))?;
+        }
+        if let Some(wait) = self.max_wait {
+            quota = quota
+                .with_max_wait(wait)
+                .map_err(|e| at.err("max_wait", e.to_string()))?;
+        }
+        Ok(quota)
+    }
+
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        self.quota(at.0)?;
+        let forwarded = self.key == KeyKind::ForwardedIp;
+        let what = "key = \"forwarded_ip\"";
+        at.only_with("trusted_proxies", &self.trusted_proxies, forwarded, what)?;
+        at.only_with("forwarded_header", &self.forwarded_header, forwarded, what)?;
+        if forwarded {
+            // Never trust a forwarding header unless the operator named who may send it.
+            match &self.trusted_proxies {
+                None => return Err(at.err("trusted_proxies", "is required")),
+                Some(proxies) if proxies.is_empty() => {
+                    return Err(at.err("trusted_proxies", "must name at least one proxy"))
+                }
+                Some(_) => {}
+            }
+            self.forwarded_header.get_or_insert_default();
+        }
+        self.validate_store(at)
+    }
+
+    fn validate_store(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        let redis = self.store == StoreKind::Redis;
+        let what = "store = \"redis\"";
+        at.only_with("redis_url", &self.redis_url, redis, what)?;
+        at.only_with("redis_prefix", &self.redis_prefix, redis, what)?;
+        at.only_with("redis_timeout", &self.redis_timeout, redis, what)?;
+        at.only_with("redis_fail_mode", &self.redis_fail_mode, redis, what)?;
+        let local = "fallback_limit_for_period";
+        at.only_with(local, &self.fallback_limit_for_period, redis, what)?;
+        let leases = self.redis_leases.then_some(());
+        at.only_with("redis_leases", &leases, redis, what)?;
+        let what = "redis_leases = true";
+        let share = "redis_lease_max_share";
+        at.only_with(share, &self.redis_lease_max_share, self.redis_leases, what)?;
+        let length = "redis_lease_length";
+        at.only_with(length, &self.redis_lease_length, self.redis_leases, what)?;
+        if self.redis_leases && self.algorithm == AlgorithmKind::SlidingLog {
+            let why = "cannot be exact with algorithm = \"sliding_log\"";
+            return Err(at.err("redis_leases", why));
+        }
+        if !redis {
+            return Ok(());
+        }
+        if cfg!(not(feature = "redis")) {
+            return Err(at.err(
+                "store",
+                "`redis` needs the crate's `redis` feature, which this build lacks",
+            ));
+        }
+        let fallback = *self.redis_fail_mode.get_or_insert_default() == RedisFailModeKind::Fallback;
+        let what = "redis_fail_mode = \"fallback\"";
+        at.only_with(local, &self.fallback_limit_for_period, fallback, what)?;
+        if fallback && self.fallback_limit_for_period.is_none() {
+            return Err(at.err(local, "is required with redis_fail_mode = \"fallback\""));
+        }
+        if self.redis_url.is_none() {
+            return Err(at.err("redis_url", "is required"));
+        }
+        Ok(())
+    }
+}
+
+impl RouteSettings {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        if self.policies.is_empty() {
+            return Err(at.err("policies", "must name at least one rate limiter"));
+        }
+        for (i, policy) in self.policies.iter().enumerate() {
+            if self.policies[..i]
+                .iter()
+                .any(|p| p.limiter == policy.limiter)
+            {
+                return Err(at.err(
+                    &format!("policies[{i}]"),
+                    format!("names `{}` a second time", policy.limiter),
+                ));
+            }
+        }
+        if !self.exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
+            return Err(at.err(
+                "exempt_networks",
+                "needs the `axum` feature (the TCP peer comes from axum's ConnectInfo)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl PushbackSettings {
+    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        at.span("max_wait", self.max_wait)?;
+        at.span("max_hold", self.max_hold)?;
+        if self.max_hold.is_zero() {
+            return Err(at.err(
+                "max_hold",
+                "must be more than zero: a zero max_hold would cut every hold the dependency \
+                 asks for to nothing",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AdaptiveBulkheadSettings {
+    /// The lowest, initial and highest limit: each as written, or its default within the
+    /// others.
+    pub(super) fn limits(&self) -> (usize, usize, usize) {
+        let limit = |value: Option<Count<MAX_LIMIT>>, default: usize| {
+            value.map_or(default, |Count(n)| n as usize)
+        };
+        let min = limit(self.min_limit, 1);
+        let max = limit(self.max_limit, 256.max(min));
+        (
+            min,
+            limit(self.initial_limit, 8.clamp(min, max.max(min))),
+            max,
+        )
+    }
+
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        if cfg!(not(feature = "adaptive")) {
+            return Err(ConfigError::new(
+                at.0,
+                "an adaptive bulkhead needs the crate's `adaptive` feature, which this build lacks",
+            ));
+        }
+        let (min, initial, max) = self.limits();
+        if min > max {
+            return Err(at.err("min_limit", format!("is {min}, above max_limit ({max})")));
+        }
+        if !(min..=max).contains(&initial) {
+            return Err(at.err(
+                "initial_limit",
+                format!("is {initial}, outside min_limit..=max_limit ({min}..={max})"),
+            ));
+        }
+        let count = |n: usize| Some(Count(n as u32));
+        (self.min_limit, self.initial_limit, self.max_limit) =
+            (count(min), count(initial), count(max));
+        Ok(())
+    }
+}
