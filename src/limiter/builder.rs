@@ -115,7 +115,7 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<Direct, A, C> {
         let epoch = self.clock.now();
         DirectRateLimiter {
             inner: Arc::new(DirectInner {
-                rule: RwLock::new(Rule::new(self.quota, epoch)),
+                rule: arc_swap::ArcSwap::from_pointee(Rule::new(self.quota, epoch)),
                 state: A::State::default(),
                 latest: LatestReading::default(),
                 clock: self.clock,
