@@ -34,6 +34,7 @@ mod layer_hostile;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod llm_gateway_example;
 mod permit_accounting;
+mod permit_accounting_future;
 #[cfg(feature = "axum")]
 mod policies;
 mod request_head;
