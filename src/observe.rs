@@ -3,11 +3,48 @@
 //! [`Observed`] wraps any [`Limiter`] with a name. It counts decisions by outcome, remembers what
 //! the latest decision left, counts requests waiting for a reservation, and emits a `tracing`
 //! debug event on every refusal with the instance name, the key (unless keys are hidden) and the
-//! retry delay. With the `metrics` feature it also feeds the `metrics` facade; the names are
-//! listed in [`metric_names`].
+//! retry delay. With the `metrics` feature it also feeds the `metrics` facade, under the
+//! [names below](#metric-names).
 //!
 //! Bulkheads report through their own hooks and snapshot (see [`crate::bulkhead`]); the
 //! configuration registry wires both to metrics.
+//!
+//! ## Metric names
+//!
+//! Every metric the crate records, with its type and labels.
+//!
+//! Every series carries the label `name`, the instance name.
+//!
+//! | name | type | labels | meaning |
+//! |---|---|---|---|
+//! | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` \| `refunded` | decisions by outcome; `refunded` counts admissions given back (another policy refused the request, or its waiter went away), so requests admitted in the end are `allowed − refunded` |
+//! | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
+//! | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
+//! | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
+//! | `bulwark_ratelimiter_lease_decisions_total` | counter | `name` | admissions a Redis limiter with leases (`redis::RedisRateLimiterBuilder::lease`) made from a share, without a round trip |
+//! | `bulwark_ratelimiter_leases_total` | counter | `name`, `outcome` = `taken` \| `given_back` | leases a Redis limiter took, and gave up (given back when spent or over) |
+//! | `bulwark_ratelimiter_lease_unused_permits_total` | counter | `name` | permits those leases gave back unused |
+//! | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
+//! | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
+//! | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
+//! | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit; an adaptive bulkhead (feature `adaptive`) also sets it each time its limit moves |
+//! | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
+//! | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
+//! | `bulwark_pushback_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` | calls through a [pushback](crate::outbound::Pushback): sent at once, sent after waiting for a hold to end, or refused with [`PushedBack`](crate::outbound::PushedBack) (at once or after waiting); a call dropped while it waits is not counted |
+//! | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the fields of the quota that binds (`RateLimit`, or `X-RateLimit-Remaining` with `-Reset`); an answer saying both counts under each |
+//! | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
+//! | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
+//!
+//! Counters and the histogram are recorded as events happen. Gauges are set from each
+//! instance's state when `config::Registry::publish_gauges` (feature `config`)
+//! runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
+//! The store failure counter and the lease counters are also brought up to date by
+//! `publish_gauges`, from the Redis limiter's own counts.
+//!
+//! Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
+//! gauge is set by `outbound::Pushback::publish_gauges` (feature `metrics`)
+//! (which `Registry::publish_gauges` calls for configured ones). A configured client quota's
+//! limiter also records the `bulwark_ratelimiter_*` series under the rate limiter's name.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -19,79 +56,49 @@ use tokio::time::Instant;
 use crate::limiter::BoxReserve;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
-/// The names of every metric the crate records, with their type and labels.
-///
-/// Every series carries the label `name`, the instance name.
-///
-/// | name | type | labels | meaning |
-/// |---|---|---|---|
-/// | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` \| `refunded` | decisions by outcome; `refunded` counts admissions given back (another policy refused the request, or its waiter went away), so requests admitted in the end are `allowed − refunded` |
-/// | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
-/// | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
-/// | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
-/// | `bulwark_ratelimiter_lease_decisions_total` | counter | `name` | admissions a Redis limiter with leases (`redis::RedisRateLimiterBuilder::lease`) made from a share, without a round trip |
-/// | `bulwark_ratelimiter_leases_total` | counter | `name`, `outcome` = `taken` \| `given_back` | leases a Redis limiter took, and gave up (given back when spent or over) |
-/// | `bulwark_ratelimiter_lease_unused_permits_total` | counter | `name` | permits those leases gave back unused |
-/// | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
-/// | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
-/// | `bulwark_bulkhead_available_concurrent_calls` | gauge | `name` | free permits |
-/// | `bulwark_bulkhead_max_allowed_concurrent_calls` | gauge | `name` | the current limit; an adaptive bulkhead (feature `adaptive`) also sets it each time its limit moves |
-/// | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
-/// | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
-/// | `bulwark_pushback_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` | calls through a [pushback](crate::outbound::Pushback): sent at once, sent after waiting for a hold to end, or refused with [`PushedBack`](crate::outbound::PushedBack) (at once or after waiting); a call dropped while it waits is not counted |
-/// | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the fields of the quota that binds (`RateLimit`, or `X-RateLimit-Remaining` with `-Reset`); an answer saying both counts under each |
-/// | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
-/// | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
-///
-/// Counters and the histogram are recorded as events happen. Gauges are set from each
-/// instance's state when `config::Registry::publish_gauges` (feature `config`)
-/// runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
-/// The store failure counter and the lease counters are also brought up to date by
-/// `publish_gauges`, from the Redis limiter's own counts.
-///
-/// Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
-/// gauge is set by `outbound::Pushback::publish_gauges` (feature `metrics`)
-/// (which `Registry::publish_gauges` calls for configured ones). A configured client quota's
-/// limiter also records the `bulwark_ratelimiter_*` series under the rate limiter's name.
-pub mod metric_names {
+/// The names of the metrics, as the table in the [module docs](self) gives them.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) mod metric_names {
     /// Counter: rate limiter decisions, label `outcome` = `allowed` | `limited`.
-    pub const RATELIMITER_CALLS: &str = "bulwark_ratelimiter_calls_total";
+    pub(crate) const RATELIMITER_CALLS: &str = "bulwark_ratelimiter_calls_total";
     /// Gauge: permits left after the latest decision.
-    pub const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
+    pub(crate) const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
     /// Gauge: requests holding a reservation not yet due.
-    pub const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
+    pub(crate) const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
     /// Counter: decisions a shared store (Redis) did not give; the fail mode decided them.
-    pub const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
+    pub(crate) const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
     /// Counter: admissions made from a lease of a Redis limiter, without a round trip.
-    pub const RATELIMITER_LEASE_DECISIONS: &str = "bulwark_ratelimiter_lease_decisions_total";
+    pub(crate) const RATELIMITER_LEASE_DECISIONS: &str =
+        "bulwark_ratelimiter_lease_decisions_total";
     /// Counter: leases a Redis limiter took and gave up, label `outcome` = `taken` |
     /// `given_back`.
-    pub const RATELIMITER_LEASES: &str = "bulwark_ratelimiter_leases_total";
+    pub(crate) const RATELIMITER_LEASES: &str = "bulwark_ratelimiter_leases_total";
     /// Counter: permits leases gave back unused.
-    pub const RATELIMITER_LEASE_UNUSED: &str = "bulwark_ratelimiter_lease_unused_permits_total";
+    pub(crate) const RATELIMITER_LEASE_UNUSED: &str =
+        "bulwark_ratelimiter_lease_unused_permits_total";
     /// Counter: requests a shadow policy would have refused (and let through); label `name` =
     /// the policy's name.
-    pub const RATELIMIT_SHADOW_REFUSALS: &str = "bulwark_ratelimit_shadow_refusals_total";
+    pub(crate) const RATELIMIT_SHADOW_REFUSALS: &str = "bulwark_ratelimit_shadow_refusals_total";
     /// Counter: bulkhead calls, label `outcome` = `permitted` | `rejected` | `finished`.
-    pub const BULKHEAD_CALLS: &str = "bulwark_bulkhead_calls_total";
+    pub(crate) const BULKHEAD_CALLS: &str = "bulwark_bulkhead_calls_total";
     /// Gauge: free bulkhead permits.
-    pub const BULKHEAD_AVAILABLE: &str = "bulwark_bulkhead_available_concurrent_calls";
+    pub(crate) const BULKHEAD_AVAILABLE: &str = "bulwark_bulkhead_available_concurrent_calls";
     /// Gauge: the bulkhead's current limit.
-    pub const BULKHEAD_MAX: &str = "bulwark_bulkhead_max_allowed_concurrent_calls";
+    pub(crate) const BULKHEAD_MAX: &str = "bulwark_bulkhead_max_allowed_concurrent_calls";
     /// Gauge: calls waiting for a bulkhead permit.
-    pub const BULKHEAD_QUEUE: &str = "bulwark_bulkhead_queue_depth";
+    pub(crate) const BULKHEAD_QUEUE: &str = "bulwark_bulkhead_queue_depth";
     /// Histogram: seconds each permitted bulkhead call held its permit.
-    pub const BULKHEAD_DURATION: &str = "bulwark_bulkhead_call_duration_seconds";
+    pub(crate) const BULKHEAD_DURATION: &str = "bulwark_bulkhead_call_duration_seconds";
     /// Counter: calls through a pushback, label `outcome` = `admitted` | `waited` | `refused`.
-    pub const PUSHBACK_CALLS: &str = "bulwark_pushback_calls_total";
+    pub(crate) const PUSHBACK_CALLS: &str = "bulwark_pushback_calls_total";
     /// Counter: answers that asked a pushback to hold calls, label `reason` = `retry_after` |
     /// `ratelimit` | `x_ratelimit`.
-    pub const PUSHBACK_HOLDS: &str = "bulwark_pushback_holds_total";
+    pub(crate) const PUSHBACK_HOLDS: &str = "bulwark_pushback_holds_total";
     /// Gauge: seconds until a pushback lets a call go.
-    pub const PUSHBACK_HELD_SECONDS: &str = "bulwark_pushback_held_seconds";
+    pub(crate) const PUSHBACK_HELD_SECONDS: &str = "bulwark_pushback_held_seconds";
     /// Counter: calls through a client quota, label `outcome` = `admitted` | `waited` |
     /// `refused` | `failed`.
-    pub const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
+    pub(crate) const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
 }
 
 /// A point-in-time view of an observed rate limiter.

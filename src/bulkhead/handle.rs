@@ -191,7 +191,7 @@ impl BulkheadBuilder {
     }
 
     /// Builds the bulkhead. With the `metrics` feature it counts its calls and their durations
-    /// through the `metrics` facade (see [`metric_names`](crate::observe::metric_names)).
+    /// through the `metrics` facade (see [the metric names](crate::observe#metric-names)).
     pub fn build(self) -> Bulkhead {
         let builder = self;
         #[cfg(feature = "metrics")]

@@ -1,6 +1,6 @@
 //! A bulkhead's metrics (feature `metrics`): every bulkhead, built by hand or from a config
 //! file, counts its calls and their durations through the `metrics` facade. Names and types are
-//! in [`metric_names`](crate::observe::metric_names).
+//! in [the metric names](crate::observe#metric-names).
 
 use std::sync::{Arc, OnceLock};
 

@@ -61,7 +61,7 @@ impl Registry {
 
     /// Sets every instance's gauges in the `metrics` facade from its current state; call it
     /// before rendering a scrape. Counters and the call-duration histogram are recorded as
-    /// events happen. See [`metric_names`](crate::observe::metric_names).
+    /// events happen. See [the metric names](crate::observe#metric-names).
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
         use crate::observe::metric_names as m;

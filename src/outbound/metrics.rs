@@ -1,7 +1,7 @@
 //! The outbound layers' metrics (feature `metrics`): every [`Pushback`](super::Pushback) and
 //! [`ClientQuotaLayer`](super::ClientQuotaLayer), built by hand or from a config file, counts
 //! its calls by outcome, and a pushback counts the answers that asked it to hold calls, by what
-//! they said. Names and labels are in [`metric_names`](crate::observe::metric_names).
+//! they said. Names and labels are in [the metric names](crate::observe#metric-names).
 //!
 //! The limiter under a client quota counts its own decisions as well (an
 //! [`Observed`](crate::observe::Observed) limiter, as every configured one is, under its own
@@ -157,7 +157,7 @@ impl PushbackMetrics {
 #[cfg(feature = "metrics")]
 impl<C: crate::clock::Clock> super::Pushback<C> {
     /// Sets this pushback's gauge
-    /// [`PUSHBACK_HELD_SECONDS`](crate::observe::metric_names::PUSHBACK_HELD_SECONDS) from
+    /// `bulwark_pushback_held_seconds` from
     /// [`held_for`](Self::held_for); call it before rendering a scrape
     /// (`config::Registry::publish_gauges`, feature `config`, does it for
     /// configured pushbacks). Counters are recorded as calls and answers pass.

@@ -143,7 +143,7 @@
 //! its `Registry` builds their layers. With the `metrics` feature, every
 //! pushback and client quota, built by hand or from a file, counts its calls by outcome, and a
 //! pushback the answers that asked it to hold and the time it holds for (names in
-//! [`metric_names`](crate::observe::metric_names)).
+//! [the metric names](crate::observe#metric-names)).
 
 #[cfg(feature = "grpc")]
 pub(crate) mod grpc;

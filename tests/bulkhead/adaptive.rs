@@ -734,7 +734,6 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
 #[test]
 fn the_limit_gauge_follows_the_limit_as_it_moves() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_bulwark::observe::metric_names as m;
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -744,7 +743,7 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
             .into_vec()
             .into_iter()
             .find(|(key, ..)| {
-                key.key().name() == m::BULKHEAD_MAX
+                key.key().name() == "bulwark_bulkhead_max_allowed_concurrent_calls"
                     && key
                         .key()
                         .labels()

@@ -675,13 +675,12 @@ fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_hea
 
 // ---- Metrics ----
 
-/// Promise (module docs, `metric_names`): with `metrics`, the limit gauge follows the limit as
+/// Promise (the `observe` docs, "Metric names"): with `metrics`, the limit gauge follows the limit as
 /// it moves, down and up, and calls are counted as for every bulkhead (a refusal as `rejected`).
 #[cfg(feature = "metrics")]
 #[test]
 fn the_gauge_follows_every_move_and_calls_are_counted() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_bulwark::observe::metric_names as m;
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -738,7 +737,7 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
                 clock.advance(ms(10));
                 tx.send(503).unwrap();
                 call.await.unwrap();
-                let gauge = read(m::BULKHEAD_MAX, None);
+                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
                 if bulkhead.limit() != last {
                     last = bulkhead.limit();
                     seen.push((last, gauge));
@@ -760,7 +759,7 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
                     tx.send(200).unwrap();
                     call.await.unwrap();
                 }
-                let gauge = read(m::BULKHEAD_MAX, None);
+                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
                 if bulkhead.limit() != last {
                     last = bulkhead.limit();
                     seen.push((last, gauge));
@@ -775,16 +774,16 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
             }
             let snapshot = bulkhead.snapshot();
             assert_eq!(
-                read(m::BULKHEAD_CALLS, Some("permitted")),
+                read("bulwark_bulkhead_calls_total", Some("permitted")),
                 Some(snapshot.total_permitted as f64)
             );
             assert_eq!(
-                read(m::BULKHEAD_CALLS, Some("rejected")),
+                read("bulwark_bulkhead_calls_total", Some("rejected")),
                 Some(snapshot.total_rejected as f64)
             );
             assert!(snapshot.total_rejected > 0);
             assert_eq!(
-                read(m::BULKHEAD_CALLS, Some("finished")),
+                read("bulwark_bulkhead_calls_total", Some("finished")),
                 Some(snapshot.total_finished as f64)
             );
         });

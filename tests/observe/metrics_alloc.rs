@@ -4,7 +4,7 @@
 use crate::counting;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tower_bulwark::observe::{metric_names as m, Observed};
+use tower_bulwark::observe::Observed;
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 #[test]
@@ -43,7 +43,7 @@ fn decisions_record_metrics_without_allocating() {
             .iter()
             .find_map(|(key, _, _, value)| {
                 let key = key.key();
-                let wanted = key.name() == m::RATELIMITER_CALLS
+                let wanted = key.name() == "bulwark_ratelimiter_calls_total"
                     && key
                         .labels()
                         .any(|l| l.key() == "outcome" && l.value() == outcome);
@@ -116,19 +116,27 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
         });
     });
     let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |outcome: &str| match series(&snapshot, m::BULKHEAD_CALLS, ("outcome", outcome)) {
+    let counter = |outcome: &str| match series(
+        &snapshot,
+        "bulwark_bulkhead_calls_total",
+        ("outcome", outcome),
+    ) {
         Some(DebugValue::Counter(n)) => *n,
         other => panic!("{outcome}: {other:?}"),
     };
     assert_eq!(counter("permitted"), 1_002);
     assert_eq!(counter("finished"), 1_002);
     assert_eq!(counter("rejected"), 1);
-    match series(&snapshot, m::BULKHEAD_DURATION, ("name", "payment")) {
+    match series(
+        &snapshot,
+        "bulwark_bulkhead_call_duration_seconds",
+        ("name", "payment"),
+    ) {
         Some(DebugValue::Histogram(values)) => assert_eq!(values.len(), 1_002),
         other => panic!("duration: {other:?}"),
     }
     assert!(matches!(
-        series(&snapshot, m::BULKHEAD_MAX, ("name", "payment")),
+        series(&snapshot, "bulwark_bulkhead_max_allowed_concurrent_calls", ("name", "payment")),
         Some(DebugValue::Gauge(v)) if v.into_inner() == 1.0
     ));
 }

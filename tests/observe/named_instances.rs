@@ -16,7 +16,6 @@ use tower::{service_fn, Service, ServiceExt};
 use tower_bulwark::config::Registry;
 
 use crate::orders::{get_orders, router, runtime};
-use tower_bulwark::observe::metric_names as m;
 use tower_bulwark::BulkheadFull;
 
 const CONFIG: &str = r#"
@@ -147,15 +146,15 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
                 let gauge =
                     |name, label| value(&during[..], MetricKind::Gauge, name, &[("name", label)]);
                 assert_eq!(
-                    gauge(m::BULKHEAD_AVAILABLE, "payment"),
+                    gauge("bulwark_bulkhead_available_concurrent_calls", "payment"),
                     Some(&DebugValue::Gauge(0.0.into()))
                 );
                 assert_eq!(
-                    gauge(m::BULKHEAD_MAX, "payment"),
+                    gauge("bulwark_bulkhead_max_allowed_concurrent_calls", "payment"),
                     Some(&DebugValue::Gauge(2.0.into()))
                 );
                 assert_eq!(
-                    gauge(m::BULKHEAD_QUEUE, "payment"),
+                    gauge("bulwark_bulkhead_queue_depth", "payment"),
                     Some(&DebugValue::Gauge(0.0.into()))
                 );
             }
@@ -172,14 +171,14 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     let counter = |name, labels: &[(&str, &str)]| value(&during, MetricKind::Counter, name, labels);
     assert_eq!(
         counter(
-            m::RATELIMITER_CALLS,
+            "bulwark_ratelimiter_calls_total",
             &[("name", "api"), ("outcome", "allowed")]
         ),
         Some(&DebugValue::Counter(10))
     );
     assert_eq!(
         counter(
-            m::RATELIMITER_CALLS,
+            "bulwark_ratelimiter_calls_total",
             &[("name", "api"), ("outcome", "limited")]
         ),
         Some(&DebugValue::Counter(1))
@@ -188,7 +187,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
         value(
             &during,
             MetricKind::Gauge,
-            m::RATELIMITER_AVAILABLE,
+            "bulwark_ratelimiter_available_permissions",
             &[("name", "api")]
         ),
         Some(&DebugValue::Gauge(0.0.into()))
@@ -197,7 +196,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
         value(
             &during,
             MetricKind::Gauge,
-            m::RATELIMITER_WAITING,
+            "bulwark_ratelimiter_waiting_requests",
             &[("name", "api")]
         ),
         Some(&DebugValue::Gauge(0.0.into()))
@@ -205,7 +204,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     for (outcome, n) in [("permitted", 2), ("rejected", 4)] {
         assert_eq!(
             counter(
-                m::BULKHEAD_CALLS,
+                "bulwark_bulkhead_calls_total",
                 &[("name", "payment"), ("outcome", outcome)]
             ),
             Some(&DebugValue::Counter(n)),
@@ -216,7 +215,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
         value(
             &after,
             MetricKind::Counter,
-            m::BULKHEAD_CALLS,
+            "bulwark_bulkhead_calls_total",
             &[("name", "payment"), ("outcome", "finished")]
         ),
         Some(&DebugValue::Counter(2))
@@ -225,7 +224,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
         value(
             &after,
             MetricKind::Gauge,
-            m::BULKHEAD_AVAILABLE,
+            "bulwark_bulkhead_available_concurrent_calls",
             &[("name", "payment")]
         ),
         Some(&DebugValue::Gauge(2.0.into()))
@@ -233,7 +232,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     match value(
         &after,
         MetricKind::Histogram,
-        m::BULKHEAD_DURATION,
+        "bulwark_bulkhead_call_duration_seconds",
         &[("name", "payment")],
     ) {
         Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 2),
@@ -377,7 +376,7 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     let series = |outcome: &str| {
         let prefix = format!(
             "{}{{name=\"api\",outcome=\"{outcome}\"}} ",
-            m::RATELIMITER_CALLS
+            "bulwark_ratelimiter_calls_total"
         );
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
@@ -387,7 +386,7 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     assert_eq!(series("allowed"), ok);
     assert_eq!(series("limited"), limited);
     // The file's pushback has its gauge, published with the others: nothing held.
-    let held = format!("{}{{name=\"partner\"}} 0", m::PUSHBACK_HELD_SECONDS);
+    let held = format!("{}{{name=\"partner\"}} 0", "bulwark_pushback_held_seconds");
     assert!(text.lines().any(|l| l == held), "no `{held}` in\n{text}");
     let health = client
         .get(format!("http://{base}/health"))
@@ -436,7 +435,7 @@ fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
         value(
             &counters,
             MetricKind::Counter,
-            m::BULKHEAD_CALLS,
+            "bulwark_bulkhead_calls_total",
             &[("name", "payment"), ("outcome", outcome)],
         )
     };

@@ -13,7 +13,6 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::clock::{ManualClock, TokioClock};
-use tower_bulwark::observe::metric_names as m;
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{limiter::InsufficientCapacity, BoxError, DirectRateLimiter, Quota};
 
@@ -73,7 +72,7 @@ fn gauge(all: &Series, name: &str, labels: &[(&str, &str)]) -> f64 {
 fn pushback_calls(all: &Series, name: &str, outcome: &str) -> u64 {
     counter(
         all,
-        m::PUSHBACK_CALLS,
+        "bulwark_pushback_calls_total",
         &[("name", name), ("outcome", outcome)],
     )
 }
@@ -81,7 +80,7 @@ fn pushback_calls(all: &Series, name: &str, outcome: &str) -> u64 {
 fn pushback_holds(all: &Series, name: &str, reason: &str) -> u64 {
     counter(
         all,
-        m::PUSHBACK_HOLDS,
+        "bulwark_pushback_holds_total",
         &[("name", name), ("reason", reason)],
     )
 }
@@ -89,7 +88,7 @@ fn pushback_holds(all: &Series, name: &str, reason: &str) -> u64 {
 fn quota_calls(all: &Series, name: &str, outcome: &str) -> u64 {
     counter(
         all,
-        m::CLIENT_QUOTA_CALLS,
+        "bulwark_client_quota_calls_total",
         &[("name", name), ("outcome", outcome)],
     )
 }
@@ -186,7 +185,11 @@ fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {
             partner.publish_gauges();
             let all = series(&snapshotter);
             assert_eq!(
-                gauge(&all, m::PUSHBACK_HELD_SECONDS, &[("name", "partner")]),
+                gauge(
+                    &all,
+                    "bulwark_pushback_held_seconds",
+                    &[("name", "partner")]
+                ),
                 5.0
             );
             assert_eq!(pushback_calls(&all, "partner", "admitted"), 1);
@@ -219,7 +222,11 @@ fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {
     assert_eq!(pushback_holds(&all, "partner", "openai"), 0);
     assert_eq!(pushback_holds(&all, "partner", "anthropic"), 0);
     assert_eq!(
-        gauge(&all, m::PUSHBACK_HELD_SECONDS, &[("name", "partner")]),
+        gauge(
+            &all,
+            "bulwark_pushback_held_seconds",
+            &[("name", "partner")]
+        ),
         0.0
     );
     // Nothing else is recorded: no other series and no other labels.
@@ -403,14 +410,18 @@ limiter = "partner-quota"
     assert_eq!(pushback_holds(&all, "partner", "retry_after"), 1);
     // Remaining 9 of an unknown window holds nothing.
     assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 0);
-    let held = gauge(&all, m::PUSHBACK_HELD_SECONDS, &[("name", "partner")]);
+    let held = gauge(
+        &all,
+        "bulwark_pushback_held_seconds",
+        &[("name", "partner")],
+    );
     assert!(held > 28.0 && held <= 30.0, "{held}");
     assert_eq!(quota_calls(&all, "partner", "admitted"), 2);
     assert_eq!(quota_calls(&all, "partner", "refused"), 1);
     let limiter = |outcome| {
         counter(
             &all,
-            m::RATELIMITER_CALLS,
+            "bulwark_ratelimiter_calls_total",
             &[("name", "partner-quota"), ("outcome", outcome)],
         )
     };

@@ -118,7 +118,7 @@
 //! move, with the sample that caused it. With the `metrics` feature the gauge
 //! `bulwark_bulkhead_max_allowed_concurrent_calls{name}` follows the limit as it moves, and the
 //! calls are counted as for every bulkhead (see
-//! [`metric_names`](crate::observe::metric_names)).
+//! [the metric names](crate::observe#metric-names)).
 //!
 //! # Cost
 //!
