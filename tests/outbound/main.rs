@@ -14,6 +14,10 @@ mod dialects_hostile;
 mod dialects_mixed_hostile;
 mod dialects_support;
 mod hostile;
+mod hostile_client_quota;
+mod hostile_in_flight;
+mod hostile_refusal_times;
+mod hostile_support;
 #[cfg(feature = "metrics")]
 mod metrics;
 #[cfg(all(feature = "axum", feature = "reqwest"))]

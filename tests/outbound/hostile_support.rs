@@ -1,0 +1,97 @@
+//! What the attacks on the outbound layers share: a `Pushback` on a `ManualClock`, a dependency
+//! whose answers a test sends in the order it chooses, calls started and polled by hand, the
+//! time a refused call is told, and a dependency that echoes its call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Response;
+use tokio::sync::oneshot;
+use tower::{service_fn, Service, ServiceExt};
+use tower_bulwark::outbound::{self, Pushback, PushedBack};
+use tower_bulwark::{clock::ManualClock, BoxError};
+
+pub(crate) fn manual() -> (Pushback<ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    (
+        Pushback::builder("partner").clock(clock.clone()).build(),
+        clock,
+    )
+}
+
+/// A dependency that answers each call with the response sent on the call's own channel, so
+/// that a test chooses the order in which answers arrive. Counts the calls that reach it.
+pub(crate) fn scripted(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<
+    oneshot::Receiver<Response<()>>,
+    Response = Response<()>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    service_fn(move |answer: oneshot::Receiver<Response<()>>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, BoxError>(answer.await?) }
+    })
+}
+
+/// Starts a call through `client` and polls it once so that it is at the dependency.
+pub(crate) async fn start<S>(
+    client: &S,
+) -> (
+    oneshot::Sender<Response<()>>,
+    Pin<Box<impl Future<Output = Result<Response<()>, BoxError>>>>,
+)
+where
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
+{
+    let (tx, rx) = oneshot::channel();
+    let mut call = Box::pin(client.clone().oneshot(rx));
+    assert!(futures::poll!(&mut call).is_pending());
+    (tx, call)
+}
+
+pub(crate) fn is_pushed_back(result: Result<Response<()>, BoxError>) -> Option<Duration> {
+    let err = result.err()?;
+    assert!(err.is::<PushedBack>(), "{err}");
+    outbound::retry_after(&*err)
+}
+
+/// A new call through `client`, which must be refused at once: the time it is told to wait.
+pub(crate) fn refused<S>(client: &S) -> Duration
+where
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
+{
+    let (_tx, rx) = oneshot::channel();
+    match client.clone().oneshot(rx).now_or_never_pending() {
+        Some(result) => is_pushed_back(result).expect("refused"),
+        None => panic!("the call reached the dependency"),
+    }
+}
+
+/// Polls a future once: its output if it is ready, `None` if it is pending (a call that reached
+/// the dependency).
+pub(crate) trait NowOrNever: Future + Sized {
+    fn now_or_never_pending(self) -> Option<Self::Output> {
+        let mut fut = Box::pin(self);
+        let waker = futures::task::noop_waker();
+        match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        }
+    }
+}
+impl<F: Future> NowOrNever for F {}
+
+pub(crate) fn echo(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<u32, Response = u32, Error = BoxError, Future: Send> + Clone {
+    service_fn(move |n: u32| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, BoxError>(n) }
+    })
+}
