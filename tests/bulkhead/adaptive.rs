@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, Aimd, Classify, FromTowerHttp, Gradient, HttpOverload, LimitAlgorithm,
-    LimitChanged, Limits, Sample, Verdict, MAX_RTT,
+    LimitChanged, Limits, Sample, Verdict,
 };
 use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
 use tower_bulwark::clock::ManualClock;
@@ -213,12 +213,12 @@ fn absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages()
             limit = algorithm.update(&sample, &bounds);
         }
         assert_eq!(limit, 8);
-        // An enormous round trip counts as MAX_RTT: the round it opens ends MAX_RTT later, not
-        // in 584 years.
+        // An enormous round trip counts as 2^40 ns (`Sample::rtt`): the round it opens ends that
+        // much later, not in 584 years.
         let mut algorithm = Box::new(Aimd::default());
         let huge = Sample::new(ms(1), Duration::MAX, 8, 8);
         assert_eq!(algorithm.update(&huge, &bounds), 8);
-        let after = Sample::new(ms(1) + MAX_RTT, ms(10), 8, 8);
+        let after = Sample::new(ms(1) + Duration::from_nanos(1 << 40), ms(10), 8, 8);
         assert_eq!(algorithm.update(&after, &bounds), 9);
         // Instants at the end of time and going backwards: no panic, the limit stays in bounds.
         for at in [Duration::MAX, Duration::ZERO, Duration::MAX, ms(5)] {

@@ -8,7 +8,7 @@ use crate::clock::saturating_nanos;
 
 /// The longest round trip an algorithm takes at face value, 2^40 ns (about 18 minutes). A longer
 /// one (a broken clock, `Duration::MAX`) is taken as this, so that no window lasts for ages.
-pub const MAX_RTT: Duration = Duration::from_nanos(1 << 40);
+pub(crate) const MAX_RTT: Duration = Duration::from_nanos(1 << 40);
 
 /// The bounds of an adaptive limit and where it starts: `1 <= min <= initial <= max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,9 @@ impl Default for Limits {
 pub struct Sample {
     /// When the call ended, as clock time since the clock's origin.
     pub at: Duration,
-    /// How long the call held its permit.
+    /// How long the call held its permit. The algorithms take at most 2^40 ns (about 18
+    /// minutes) at face value: a longer one (a broken clock, `Duration::MAX`) counts as that
+    /// long, so that no window lasts for ages.
     pub rtt: Duration,
     /// Calls holding a permit when this one was admitted, itself included.
     pub in_flight: usize,

@@ -143,5 +143,5 @@ pub use error::AdaptiveConfigError;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
 pub use layer::AdaptiveBulkheadLayer;
-pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample, MAX_RTT};
+pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};
 pub use service::AdaptiveBulkheadService;
