@@ -31,6 +31,12 @@ mod key_memory;
 mod layer;
 #[cfg(feature = "axum")]
 mod layer_hostile;
+#[cfg(feature = "axum")]
+mod layer_keys;
+#[cfg(feature = "axum")]
+mod layer_support;
+#[cfg(feature = "axum")]
+mod layer_waits;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod llm_gateway_example;
 mod permit_accounting;

@@ -1,0 +1,329 @@
+//! RateLimitLayer through axum's router with `oneshot` on tokio's paused clock, where a decision
+//! takes time: a request that waits for its permit (and gives it back when dropped), limiters
+//! that decide on a later poll, and with headers off every algorithm waiting, refusing and
+//! counting exactly.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::poll_once;
+use crate::support::{json, keyed, peer};
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_bulwark::limiter::BoxLimiter;
+use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{
+    algorithm::SlidingLog,
+    clock::{ManualClock, TokioClock},
+    limiter::Decision,
+    BoxError, KeyedRateLimiter, Limiter, Quota,
+};
+
+use super::layer_support::*;
+
+type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>;
+
+/// Counts the requests that reach the handler.
+fn counting_app(
+    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>,
+) -> (Router, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = Router::new()
+        .route(
+            "/orders",
+            get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "ok" }
+            }),
+        )
+        .route_layer(RateLimitLayer::new(
+            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
+        ))
+        .layer(MockConnectInfo(peer("192.0.2.200")));
+    (app, hits)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_for_its_permit_then_proceeds() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(1))
+        .unwrap();
+    let limiter = KeyedRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let (app, hits) = counting_app(limiter);
+    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The second permit falls due in one second: the request waits for it, then passes.
+    let waited = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(waited.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // Two permits ahead would be a wait of two seconds, more than `max_wait`: refused at once.
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let mut third = Box::pin(app.clone().oneshot(get()));
+    assert!(poll_once(Pin::new(&mut third)).is_pending());
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(2),
+        "refused without waiting"
+    );
+    drop(third);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_waiting_request_gives_its_permit_back() {
+    let quota = Quota::per_second(1)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(1))
+        .unwrap();
+    let limiter = KeyedRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    let (app, hits) = counting_app(limiter);
+    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    assert_eq!(
+        app.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // This one holds the next permit and waits for it...
+    let mut waiting = Box::pin(app.clone().oneshot(get()));
+    assert!(poll_once(Pin::new(&mut waiting)).is_pending());
+    // ...so another would have to wait two seconds, and is refused.
+    let refused = app.clone().oneshot(get()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // The waiting client goes away: its permit comes back, and the next request gets it.
+    drop(waiting);
+    let mut next = Box::pin(app.clone().oneshot(get()));
+    assert!(
+        poll_once(Pin::new(&mut next)).is_pending(),
+        "it waits for the returned permit"
+    );
+    let start = tokio::time::Instant::now();
+    assert_eq!(next.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "the dropped request never reached the handler"
+    );
+}
+
+/// A limiter that answers like a remote one: the decision arrives on a later poll, and only once
+/// `open` is set.
+struct Remote {
+    local: IpLimiter,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    asked: Arc<AtomicUsize>,
+}
+
+impl Limiter<IpAddr> for Remote {
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
+
+    fn quota(&self) -> Quota {
+        Limiter::<IpAddr>::quota(&self.local)
+    }
+
+    fn reserve(&self, key: &IpAddr, cost: u32) -> Self::Future {
+        let local = self.local.clone();
+        let open = self.open.clone();
+        let key = *key;
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            while !open.load(Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+            Limiter::reserve(&local, &key, cost).await
+        })
+    }
+
+    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
+        Limiter::refund(&self.local, key, cost, decision)
+    }
+
+    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
+    /// less goes back through `refund`, and nothing is charged.
+    fn settle(&self, key: &IpAddr, estimate: u32, decision: Decision, cost: u32) -> bool {
+        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
+    }
+}
+
+#[tokio::test]
+async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
+    let clock = ManualClock::new();
+    let local = keyed(Quota::per_second(5).unwrap(), &clock);
+    let remote_state = keyed(Quota::per_second(2).unwrap(), &clock);
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let remote = Remote {
+        local: remote_state.clone(),
+        open: open.clone(),
+        asked: asked.clone(),
+    };
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("local", PeerIp::new(), BoxLimiter::new(local.clone()))
+                .unwrap()
+                .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(remote)).unwrap()),
+        ));
+    let client = peer("192.0.2.33");
+    let ok = send(&app, client, &[]).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(body(ok).await, "ok");
+    assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
+    let refused = send(&app, client, &[]).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let problem = json(refused).await;
+    assert_eq!(problem["violated-policies"], serde_json::json!(["remote"]));
+    // Two local permits spent by the admitted requests; the refused one's was given back.
+    assert_eq!(local.check(&client.ip()).remaining, 2);
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
+
+    // A request whose remote decision is still out when the client goes away gives back the
+    // local permit it already holds.
+    open.store(false, Ordering::SeqCst);
+    let other = peer("192.0.2.34");
+    let mut request = Request::get("/orders").body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(other));
+    let mut in_flight = Box::pin(app.clone().oneshot(request));
+    assert!(poll_once(Pin::new(&mut in_flight)).is_pending());
+    assert!(poll_once(Pin::new(&mut in_flight)).is_pending());
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        4,
+        "the remote policy is being asked"
+    );
+    let probe = local.check(&other.ip());
+    assert_eq!(probe.remaining, 3, "one local permit is held");
+    // The probe goes back, so the held permit is the key's latest admission again (a GCRA
+    // refund gives back only that one).
+    Limiter::refund(&local, &other.ip(), 1, probe);
+    drop(in_flight);
+    assert_eq!(
+        local.check(&other.ip()).remaining,
+        4,
+        "and given back: only this check holds a permit"
+    );
+}
+
+/// With headers off, one policy takes the shortest way (the limiter only says whether the
+/// permits were taken at once). Every algorithm must still wait, refuse and count exactly there:
+/// 3 at once, a 4th that waits for its permit, a 5th refused with `Retry-After`, and 300
+/// concurrent requests racing for the 37 permits of another key get exactly 37.
+#[tokio::test(start_paused = true)]
+async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
+    use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
+
+    async fn run<A: Algorithm>(name: &str) {
+        let quota = Quota::per_second(3)
+            .unwrap()
+            .with_max_wait(Duration::from_millis(400))
+            .unwrap();
+        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
+            .algorithm::<A>()
+            .clock(TokioClock::new())
+            .build();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = Router::new()
+            .route(
+                "/orders",
+                get(move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async { "ok" }
+                }),
+            )
+            .route_layer(
+                RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
+                    .without_admitted_headers(),
+            );
+        let from = |ip: &str| app.clone().layer(MockConnectInfo(peer(ip)));
+        let request = || Request::get("/orders").body(Body::empty()).unwrap();
+        let client = "192.0.2.10";
+        for _ in 0..3 {
+            let ok = from(client).oneshot(request()).await.unwrap();
+            assert_eq!(ok.status(), StatusCode::OK, "{name}");
+            assert!(!ok.headers().contains_key("ratelimit"), "{name}");
+        }
+        // The algorithms that can reserve a later permit make the 4th wait for it (the window
+        // algorithms, whose next permit is a window away, refuse it); the 5th, at the same
+        // instant, would wait past `max_wait` and is refused at once.
+        let start = tokio::time::Instant::now();
+        let fourth = tokio::spawn(from(client).oneshot(request()));
+        tokio::task::yield_now().await;
+        let fifth = from(client).oneshot(request()).await.unwrap();
+        assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        assert!(fifth.headers().contains_key("retry-after"), "{name}");
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "{name}: refused without waiting"
+        );
+        let fourth = fourth.await.unwrap().unwrap();
+        if fourth.status() == StatusCode::OK {
+            assert!(start.elapsed() > Duration::ZERO, "{name}: admitted at once");
+            assert!(start.elapsed() <= Duration::from_millis(400), "{name}");
+        } else {
+            assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS, "{name}");
+        }
+        let admitted_so_far = hits.load(Ordering::SeqCst);
+
+        // 300 requests of one client at once, for a fresh budget of 37.
+        let quota = Quota::per_hour(37).unwrap();
+        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
+            .algorithm::<A>()
+            .clock(TokioClock::new())
+            .build();
+        let app = Router::new()
+            .route("/orders", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
+                    .without_admitted_headers(),
+            )
+            .layer(MockConnectInfo(peer("192.0.2.11")));
+        let tasks: Vec<_> = (0..300)
+            .map(|_| tokio::spawn(app.clone().oneshot(request())))
+            .collect();
+        let mut ok = 0;
+        for task in tasks {
+            let response = task.await.unwrap().unwrap();
+            match response.status() {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{name}: {other}"),
+            }
+        }
+        assert_eq!(ok, 37, "{name}");
+        assert!((3..=4).contains(&admitted_so_far), "{name}");
+    }
+    run::<Gcra>("gcra").await;
+    run::<FixedWindow>("fixed window").await;
+    run::<SlidingLog>("sliding log").await;
+    run::<SlidingCounter>("sliding counter").await;
+}
