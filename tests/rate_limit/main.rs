@@ -45,6 +45,9 @@ mod permit_accounting_future;
 mod policies;
 mod request_head;
 mod response_states;
+mod response_states_future;
+mod response_states_ledger;
+mod response_states_support;
 #[cfg(feature = "axum")]
 mod settle;
 #[cfg(feature = "axum")]
