@@ -191,7 +191,7 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
     assert_eq!(
-        limiter.failures() + strict.failures() + strict_cached.failures(),
+        limiter.counts().failures + strict.counts().failures + strict_cached.counts().failures,
         0
     );
     drop(server);

@@ -98,10 +98,10 @@ async fn main() -> Result<(), BoxError> {
         .with_graceful_shutdown(shutdown())
         .await?;
     let (admitted, refused) = counts.read();
-    let leased = limiter.lease_counts();
+    let leased = limiter.counts();
     println!(
         "RESULT admitted={admitted} refused={refused} local_decisions={} leases={} unused_permits={}",
-        leased.local_decisions, leased.taken, leased.unused_permits,
+        leased.lease_decisions, leased.leases_taken, leased.lease_unused_permits,
     );
     // Let a lease given back at its end reach Redis before the process goes.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -163,8 +163,8 @@ pub(super) fn redis_limiter(
         Ok((
             BoxLimiter::new(limiter),
             Arc::new(move || StoreCounts {
-                failures: counted.failures(),
-                leases: counted.lease_counts(),
+                failures: counted.counts().failures,
+                leases: counted.counts(),
             }),
             Arc::new(move |quota| {
                 checked

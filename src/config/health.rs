@@ -75,15 +75,16 @@ impl Registry {
                 {
                     let leases = counts.leases;
                     metrics::counter!(m::RATELIMITER_LEASE_DECISIONS, "name" => name.clone())
-                        .absolute(leases.local_decisions);
-                    for (outcome, count) in
-                        [("taken", leases.taken), ("given_back", leases.given_back)]
-                    {
+                        .absolute(leases.lease_decisions);
+                    for (outcome, count) in [
+                        ("taken", leases.leases_taken),
+                        ("given_back", leases.leases_given_back),
+                    ] {
                         metrics::counter!(m::RATELIMITER_LEASES, "name" => name.clone(), "outcome" => outcome)
                             .absolute(count);
                     }
                     metrics::counter!(m::RATELIMITER_LEASE_UNUSED, "name" => name.clone())
-                        .absolute(leases.unused_permits);
+                        .absolute(leases.lease_unused_permits);
                 }
             }
         }

@@ -143,7 +143,7 @@ pub(super) struct StoreCounts {
     pub(super) failures: u64,
     #[cfg(feature = "redis")]
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(super) leases: crate::redis::LeaseCounts,
+    pub(super) leases: crate::redis::RedisCounts,
 }
 
 /// Says why a quota cannot be given to a limiter, if it cannot.

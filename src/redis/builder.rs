@@ -145,7 +145,7 @@ impl RedisRateLimiterBuilder {
     ///   of the burst by default): it doubles while spent before its end and halves when it
     ///   ends mostly unused. With GCRA, a share that cannot be had now starts later, within a
     ///   lease's length: the instance refuses until then, the wait as `retry_after`, and asks
-    ///   Redis nothing more (counted in [`cached_refusals`](RedisRateLimiter::cached_refusals)).
+    ///   Redis nothing more (counted in `cached_refusals` of [`RedisRateLimiter::counts`]).
     /// * An admission's `remaining` is what is left of the instance's share (what it can admit
     ///   without asking), not what Redis has left for all of them.
     /// * A refund goes back to the share it came from while that lease lasts; after, the

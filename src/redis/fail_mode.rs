@@ -14,7 +14,7 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply
 /// was not a decision.
 ///
-/// Every such failure is counted ([`RedisRateLimiter::failures`](super::RedisRateLimiter::failures))
+/// Every such failure is counted (`failures` of [`RedisRateLimiter::counts`](super::RedisRateLimiter::counts))
 /// and logged whatever the fail mode.
 #[derive(Clone, Default)]
 pub enum RedisFailMode {

@@ -111,22 +111,15 @@ struct Counters {
     unused: AtomicU64,
 }
 
-/// What a limiter's leases have done since it was built
-/// ([`RedisRateLimiter::lease_counts`](super::RedisRateLimiter::lease_counts)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LeaseCounts {
-    /// Admissions made from a share, without a round trip.
-    pub local_decisions: u64,
-    /// Calls refused without a round trip while the lease they would be admitted from had not
-    /// begun (also counted in [`cached_refusals`](super::RedisRateLimiter::cached_refusals)).
-    pub refused_before_start: u64,
-    /// Leases taken from Redis.
-    pub taken: u64,
-    /// Leases given up: given back when spent or over (by the next call, or at their end).
-    pub given_back: u64,
-    /// Permits those leases gave back unused.
-    pub unused_permits: u64,
+/// What a limiter's leases have done since it was built (read by
+/// [`RedisRateLimiter::counts`](super::RedisRateLimiter::counts)).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LeaseCounts {
+    pub(crate) local_decisions: u64,
+    pub(crate) refused_before_start: u64,
+    pub(crate) taken: u64,
+    pub(crate) given_back: u64,
+    pub(crate) unused_permits: u64,
 }
 
 /// One key's share: what it holds, and the lock that lets one call at a time ask Redis for the

@@ -26,6 +26,32 @@ use crate::decision::{Decision, InsufficientCapacity, Source};
 use crate::limiter::Change;
 use crate::{BoxError, Limiter, Quota};
 
+/// What a [`RedisRateLimiter`] has counted of its own since it was built
+/// ([`RedisRateLimiter::counts`]); the lease counts are zero without
+/// [leases](RedisRateLimiterBuilder::lease).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisCounts {
+    /// Decisions Redis did not give (timeouts, errors, bad replies, and decisions taken without
+    /// asking during a [`probe_interval`](RedisRateLimiterBuilder::probe_interval)): the fail
+    /// mode decided each.
+    pub failures: u64,
+    /// Refusals answered without a round trip: from the cache of refusals, or while the lease
+    /// a call would be admitted from had not begun.
+    pub cached_refusals: u64,
+    /// Admissions made from a lease's share, without a round trip.
+    pub lease_decisions: u64,
+    /// Calls refused without a round trip while the lease they would be admitted from had not
+    /// begun (also counted in `cached_refusals`).
+    pub refused_before_lease: u64,
+    /// Leases taken from Redis.
+    pub leases_taken: u64,
+    /// Leases given up: given back when spent or over (by the next call, or at their end).
+    pub leases_given_back: u64,
+    /// Permits those leases gave back unused.
+    pub lease_unused_permits: u64,
+}
+
 /// A limiter whose state lives in Redis, shared by every instance that uses the same Redis and
 /// key prefix. Cheap to clone; clones share everything.
 ///
@@ -122,24 +148,20 @@ impl RedisRateLimiter {
         ScriptQuota::new(current.script, *quota, current.client_clock()).map_err(BuildError::new)
     }
 
-    /// How many decisions Redis did not give since the limiter was built (timeouts, errors, bad
-    /// replies, and decisions taken without asking during a
-    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval)); the fail mode decided
-    /// each.
-    pub fn failures(&self) -> u64 {
-        self.inner.breaker.failures()
-    }
-
-    /// What the leases of this limiter have done ([`lease`](RedisRateLimiterBuilder::lease));
-    /// all zero without them.
-    pub fn lease_counts(&self) -> LeaseCounts {
-        (self.inner.leases.as_ref()).map_or_else(LeaseCounts::default, Leases::counts)
-    }
-
-    /// How many refusals were answered from the local cache, without a round trip.
-    pub fn cached_refusals(&self) -> u64 {
-        let before_start = self.lease_counts().refused_before_start;
-        self.inner.cached_refusals.load(Ordering::Relaxed) + before_start
+    /// What this limiter and its clones have counted since it was built: failures, refusals
+    /// answered without a round trip, and what its leases did.
+    pub fn counts(&self) -> RedisCounts {
+        let leases = (self.inner.leases.as_ref()).map_or_else(LeaseCounts::default, Leases::counts);
+        RedisCounts {
+            failures: self.inner.breaker.failures(),
+            cached_refusals: self.inner.cached_refusals.load(Ordering::Relaxed)
+                + leases.refused_before_start,
+            lease_decisions: leases.local_decisions,
+            refused_before_lease: leases.refused_before_start,
+            leases_taken: leases.taken,
+            leases_given_back: leases.given_back,
+            lease_unused_permits: leases.unused_permits,
+        }
     }
 
     /// The Redis key that holds the state of `key`.

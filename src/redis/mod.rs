@@ -65,7 +65,7 @@
 //!   what its admission took, and each is sent once.
 //! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
 //!   a timeout, a connection error or a reply that is not a decision is counted
-//!   ([`RedisRateLimiter::failures`]), logged with `tracing` and decided by the
+//!   (`failures` of [`RedisRateLimiter::counts`]), logged with `tracing` and decided by the
 //!   [`RedisFailMode`]. After a timeout or a connection error, decisions go straight to the
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
@@ -122,7 +122,7 @@ pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 
 pub use key::{HashTag, RedisKey};
-pub use lease::{Lease, LeaseCounts};
-pub use limiter::RedisRateLimiter;
+pub use lease::Lease;
+pub use limiter::{RedisCounts, RedisRateLimiter};
 pub use script::RedisAlgorithm;
 pub use store::RedisStore;

@@ -117,7 +117,7 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         assert!(flushed.check(client).await.unwrap().allowed, "{client}");
         assert!(tenant.check(client).await.unwrap().allowed, "{client}");
     }
-    assert_eq!(flushed.failures() + tenant.failures(), 0);
+    assert_eq!(flushed.counts().failures + tenant.counts().failures, 0);
 
     // An admission given back in the cluster is there to take again.
     let decision = flushed.check(&clients[0]).await.unwrap();

@@ -151,10 +151,10 @@ async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes(
         assert!(took <= TIMEOUT + SLACK, "answered at the timeout: {took:?}");
     }
     for failures in [
-        gcra.failures(),
-        window.failures(),
-        log.failures(),
-        counter.failures(),
+        gcra.counts().failures,
+        window.counts().failures,
+        log.counts().failures,
+        counter.counts().failures,
     ] {
         assert_eq!(failures, QUEUED as u64, "every queued decision timed out");
     }
@@ -308,7 +308,7 @@ async fn a_late_reply_is_a_failure_decided_by_the_policy() {
         .build()
         .unwrap();
     assert!(open.check(&"k").await.unwrap().allowed);
-    assert_eq!(open.failures(), 1);
+    assert_eq!(open.counts().failures, 1);
 }
 
 /// A key's state without the latest clock reading that every script records (GCRA's

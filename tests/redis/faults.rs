@@ -133,7 +133,7 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
         sum.errors_after_kill += out.errors_after_kill;
     }
     for limiter in limiters {
-        assert!(limiter.failures() > 0, "{limiter:?}");
+        assert!(limiter.counts().failures > 0, "{limiter:?}");
     }
     // 8 keys × 40 decisions after the kill for each policy. A request sent just before the kill
     // can still be answered by redis, so the counts are checked per policy's own rule.
@@ -173,7 +173,7 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
         limiter.check(&"k").await.unwrap().allowed,
         "a flushed script cache is reloaded (NOSCRIPT, then load and run)"
     );
-    assert_eq!(limiter.failures(), 0);
+    assert_eq!(limiter.counts().failures, 0);
 
     server.restart();
     let key = limiter.redis_key("k");
@@ -284,10 +284,10 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
         );
     }
     let failures = [
-        gcra.failures(),
-        window.failures(),
-        log.failures(),
-        counter.failures(),
+        gcra.counts().failures,
+        window.counts().failures,
+        log.counts().failures,
+        counter.counts().failures,
     ];
     assert_eq!(failures, [0; 4]);
 }
@@ -360,7 +360,7 @@ async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
     assert!(failure.to_string().contains("not a number"), "{failure}");
     let d = window.check(&"k").await.unwrap();
     assert!(!d.allowed, "WRONGTYPE, so the policy refuses");
-    assert_eq!(window.failures(), 1);
+    assert_eq!(window.counts().failures, 1);
 }
 
 #[tokio::test]
@@ -390,7 +390,7 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
             .build()
             .unwrap();
         assert!(open.check(&"k").await.unwrap().allowed);
-        assert_eq!(open.failures(), 1);
+        assert_eq!(open.counts().failures, 1);
     }
 }
 
@@ -450,7 +450,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     for _ in 0..3 {
         assert!(!limiter.check(&"k").await.unwrap().allowed);
     }
-    assert_eq!(limiter.failures(), 3);
+    assert_eq!(limiter.counts().failures, 3);
     {
         let events = recorder.0.lock().unwrap();
         let levels: Vec<_> = events.iter().map(|(level, _)| *level).collect();
@@ -517,7 +517,7 @@ async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
             "{reply:?}: {failure}"
         );
         assert!(failure.to_string().contains(what), "{reply:?}: {failure}");
-        assert_eq!(limiter.lease_counts().taken, 0);
+        assert_eq!(limiter.counts().leases_taken, 0);
     }
 
     let Some(server) = RedisServer::start("a_lease_state_of_the_wrong_shape") else {
@@ -537,6 +537,6 @@ async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
         let decision = limiter.check(&"k").await.unwrap();
         assert!(!decision.allowed, "{state}: the fail mode refuses");
     }
-    assert_eq!(limiter.failures(), 3);
-    assert_eq!(limiter.lease_counts().taken, 0);
+    assert_eq!(limiter.counts().failures, 3);
+    assert_eq!(limiter.counts().leases_taken, 0);
 }

@@ -43,15 +43,11 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
     }
     let sent: u64 = clients.join_all().await.into_iter().sum();
     let elapsed = started.elapsed();
-    let (admitted, local): (u64, u64) =
-        instances
-            .iter()
-            .fold((0, 0), |(a, l), (_, limiter, counts)| {
-                (
-                    a + counts.read().0,
-                    l + limiter.lease_counts().local_decisions,
-                )
-            });
+    let (admitted, local): (u64, u64) = instances
+        .iter()
+        .fold((0, 0), |(a, l), (_, limiter, counts)| {
+            (a + counts.read().0, l + limiter.counts().lease_decisions)
+        });
     // The flood began before the first request and ended after the last.
     let allowed = 2000.0 * elapsed.as_secs_f64() + 200.0;
     assert!(

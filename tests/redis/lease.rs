@@ -96,7 +96,7 @@ async fn run<A: RedisAlgorithm>(
             0 => {
                 // Dies holding whatever it leased; a new instance takes its place.
                 // Its admissions stand: they happened.
-                local += instances[i].lease_counts().local_decisions;
+                local += instances[i].counts().lease_decisions;
                 instances[i] = instance_of::<A>(url, quota, lease, &clock).await;
                 generation[i] = next_generation;
                 next_generation += 1;
@@ -120,7 +120,7 @@ async fn run<A: RedisAlgorithm>(
     }
     local += instances
         .iter()
-        .map(|l| l.lease_counts().local_decisions)
+        .map(|l| l.counts().lease_decisions)
         .sum::<u64>();
     let mut admitted: Vec<(u64, u32)> = standing.iter().map(|e| (e.0, e.1)).collect();
     admitted.sort();
@@ -297,11 +297,7 @@ async fn a_share_held_through_a_refill_is_not_counted_twice() {
         at_once += u32::from(b.check(&"k").await.unwrap().allowed);
     }
     assert!((16..=19).contains(&at_once), "{at_once} at one instant");
-    assert!(
-        a.lease_counts().local_decisions >= 9,
-        "{:?}",
-        a.lease_counts()
-    );
+    assert!(a.counts().lease_decisions >= 9, "{:?}", a.counts());
 }
 
 /// An instance that spends its share late in its lease and dies: Redis keeps counting the
@@ -335,7 +331,7 @@ async fn a_share_spent_late_by_an_instance_that_dies_counts_until_its_lease_ends
         assert!(dying.check(&"k").await.unwrap().allowed);
         admitted.push((clock.now(), 1));
     }
-    assert_eq!(dying.lease_counts().local_decisions, 18);
+    assert_eq!(dying.counts().lease_decisions, 18);
     drop(dying);
     // Just after Redis ends the lease: 12 permits can be had (20, less the 8 counted as taken
     // at its end), where counting them from its start would give 16, and 7 + 16 in 21 ms is
@@ -405,9 +401,9 @@ async fn leases_keep_to_the_quota_across_a_redis_restart() {
             server.restart();
         }
         let counts = |instances: &Vec<RedisRateLimiter>| {
-            let all = instances.iter().map(RedisRateLimiter::lease_counts);
+            let all = instances.iter().map(RedisRateLimiter::counts);
             all.fold((0, 0), |(local, taken), c| {
-                (local + c.local_decisions, taken + c.taken)
+                (local + c.lease_decisions, taken + c.leases_taken)
             })
         };
         let (local_before, taken_before) = counts(&instances);
@@ -427,7 +423,7 @@ async fn leases_keep_to_the_quota_across_a_redis_restart() {
             assert!(
                 instances
                     .iter()
-                    .map(RedisRateLimiter::failures)
+                    .map(|instance| instance.counts().failures)
                     .sum::<u64>()
                     > 0
             );
@@ -482,10 +478,10 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
     let given_back = |instances: &[RedisRateLimiter]| {
         instances
             .iter()
-            .map(|l| l.lease_counts().given_back)
+            .map(|l| l.counts().leases_given_back)
             .sum::<u64>()
     };
-    let taken: u64 = instances.iter().map(|l| l.lease_counts().taken).sum();
+    let taken: u64 = instances.iter().map(|l| l.counts().leases_taken).sum();
     for _ in 0..300 {
         if given_back(&instances) >= taken {
             break;
@@ -502,7 +498,7 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
             .count();
         clock.advance(Duration::from_millis(150));
         for _ in 0..300 {
-            let taken: u64 = instances.iter().map(|l| l.lease_counts().taken).sum();
+            let taken: u64 = instances.iter().map(|l| l.counts().leases_taken).sum();
             if given_back(&instances) >= taken {
                 break;
             }

@@ -190,7 +190,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
             1 | 2 => {
                 // Dies holding whatever it leased; its admissions stand. (A new instance of
                 // a lowered burst must have a share within it.)
-                local += instances[i].lease_counts().local_decisions;
+                local += instances[i].counts().lease_decisions;
                 let lease = lease.max_share(case.share.min(burst));
                 instances[i] = strict::<Gcra>(url, quota, lease, &clock).await;
                 generation[i] = step + case.instances;
@@ -253,13 +253,13 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
             }
             call => {
                 let reserve = case.reserve && (23..=30).contains(&call);
-                let before = instances[i].lease_counts().local_decisions;
+                let before = instances[i].counts().lease_decisions;
                 let decision = if reserve {
                     Limiter::reserve(&instances[i], key, cost).await.unwrap()
                 } else {
                     instances[i].check_n(key, cost).await.unwrap()
                 };
-                let shared = instances[i].lease_counts().local_decisions > before;
+                let shared = instances[i].counts().lease_decisions > before;
                 let wait = decision.wait.as_nanos() as u64;
                 let (allowed, retry) = (decision.allowed, decision.retry_after);
                 let what = if reserve { "reserves" } else { "checks" };
@@ -289,7 +289,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
     );
     local
         + (instances.iter())
-            .map(|l| l.lease_counts().local_decisions)
+            .map(|l| l.counts().lease_decisions)
             .sum::<u64>()
 }
 
@@ -442,10 +442,7 @@ async fn racing_clones_with_refunds_and_settles() {
         clock.advance(Duration::from_nanos(rng.pick(&gap)));
     }
     conforms(quota, &admitted, "racing clones");
-    let local: u64 = instances
-        .iter()
-        .map(|l| l.lease_counts().local_decisions)
-        .sum();
+    let local: u64 = instances.iter().map(|l| l.counts().lease_decisions).sum();
     assert!(
         admitted.len() > 100 && local > 100,
         "{} admitted, {local} local",

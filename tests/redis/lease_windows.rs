@@ -234,13 +234,13 @@ async fn hostile<A: RedisAlgorithm + Algorithm>(url: &str, case: Case, seed: u64
             }
             call => {
                 let reserve = reserves && call >= 80;
-                let before = instances[i].lease_counts().local_decisions;
+                let before = instances[i].counts().lease_decisions;
                 let decision = if reserve {
                     Limiter::reserve(&instances[i], &key, cost).await.unwrap()
                 } else {
                     instances[i].check_n(&key, cost).await.unwrap()
                 };
-                let shared = instances[i].lease_counts().local_decisions > before;
+                let shared = instances[i].counts().lease_decisions > before;
                 let wait = decision.wait.as_nanos() as u64;
                 let (allowed, retry) = (decision.allowed, decision.retry_after);
                 let what = if reserve { "reserves" } else { "checks" };

@@ -300,15 +300,15 @@ async fn a_cached_refusal_needs_no_round_trip() {
     let local = cached.check(&"k").await.unwrap();
     assert!(!local.allowed, "refused from the cache");
     assert_eq!(local.retry_after, Duration::from_millis(600));
-    assert_eq!(cached.cached_refusals(), 1);
+    assert_eq!(cached.counts().cached_refusals, 1);
     assert!(uncached.check(&"k").await.unwrap().allowed, "asked redis");
-    assert_eq!(uncached.cached_refusals(), 0);
+    assert_eq!(uncached.counts().cached_refusals, 0);
     // Another key is not affected.
     assert!(cached.check(&"other").await.unwrap().allowed);
     // Once the retry time has come, the cached limiter asks Redis again.
     clock.advance(Duration::from_millis(600));
     assert!(cached.check(&"k").await.unwrap().allowed);
-    assert_eq!(cached.cached_refusals(), 1);
+    assert_eq!(cached.counts().cached_refusals, 1);
 }
 
 /// A cached refusal stands only while it is true: giving an admission of the key back forgets
@@ -335,12 +335,12 @@ async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
         !limiter.check(&"k").await.unwrap().allowed,
         "refused from the cache"
     );
-    assert_eq!(limiter.cached_refusals(), 1);
+    assert_eq!(limiter.counts().cached_refusals, 1);
 
     limiter.refund_and_wait(&"k", 1, admitted).await.unwrap();
     let again = limiter.check(&"k").await.unwrap();
     assert!(again.allowed, "the permit given back is there at once");
-    assert_eq!(limiter.cached_refusals(), 1);
+    assert_eq!(limiter.counts().cached_refusals, 1);
 
     assert!(
         !limiter.check(&"k").await.unwrap().allowed,
@@ -350,15 +350,19 @@ async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
     // gone before `refund` returns either way.
     Limiter::refund(&limiter, &"k", 1, again);
     let _ = limiter.check(&"k").await.unwrap();
-    assert_eq!(limiter.cached_refusals(), 1, "asked redis after the refund");
+    assert_eq!(
+        limiter.counts().cached_refusals,
+        1,
+        "asked redis after the refund"
+    );
 
     assert!(limiter.check(&"other").await.unwrap().allowed);
     assert!(!limiter.check(&"other").await.unwrap().allowed);
     limiter.set_quota(Quota::per_second(1).unwrap()).unwrap();
-    let cached = limiter.cached_refusals();
+    let cached = limiter.counts().cached_refusals;
     let _ = limiter.check(&"other").await.unwrap();
     assert_eq!(
-        limiter.cached_refusals(),
+        limiter.counts().cached_refusals,
         cached,
         "asked redis after the change"
     );
@@ -499,13 +503,13 @@ async fn policies_decide_when_redis_is_unreachable() {
     let d = d.unwrap();
     assert!(d.allowed);
     assert_eq!(d.remaining, 9);
-    assert_eq!(open.failures(), 1);
+    assert_eq!(open.counts().failures, 1);
 
     let (closed, d) = timed(build(RedisFailMode::Closed(Duration::from_secs(3)))).await;
     let d = d.unwrap();
     assert!(!d.allowed);
     assert_eq!(d.retry_after, Duration::from_secs(3));
-    assert_eq!(closed.failures(), 1);
+    assert_eq!(closed.counts().failures, 1);
 
     let (propagate, err) = timed(build(RedisFailMode::Propagate)).await;
     let err = err.unwrap_err();
@@ -514,7 +518,7 @@ async fn policies_decide_when_redis_is_unreachable() {
         matches!(failure, RedisFailure::Redis(_) | RedisFailure::Timeout(_)),
         "{failure}"
     );
-    assert_eq!(propagate.failures(), 1);
+    assert_eq!(propagate.counts().failures, 1);
     // Within the probe interval after a connection failure, Redis is not asked at all.
     let err = propagate.check(&"k").await.unwrap_err();
     assert!(
@@ -524,7 +528,7 @@ async fn policies_decide_when_redis_is_unreachable() {
         ),
         "{err}"
     );
-    assert_eq!(propagate.failures(), 2);
+    assert_eq!(propagate.counts().failures, 2);
     let eager = RedisRateLimiter::builder(quota, RedisStore::connect_lazy(&url).unwrap())
         .timeout(Duration::from_millis(200))
         .probe_interval(Duration::ZERO)
@@ -552,7 +556,7 @@ async fn policies_decide_when_redis_is_unreachable() {
         [true, true, false],
         "the local quota of two per minute"
     );
-    assert_eq!(fallback.failures(), 3);
+    assert_eq!(fallback.counts().failures, 3);
 }
 
 #[tokio::test]
@@ -664,7 +668,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
         Duration::from_secs(1),
         "the trait's refund reached it too"
     );
-    assert_eq!(limiter.failures(), 3);
+    assert_eq!(limiter.counts().failures, 3);
 }
 
 /// The scripts' integer helpers, run by Redis's Lua on values of the sizes they meet (server
