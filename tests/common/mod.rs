@@ -88,3 +88,16 @@ pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
     }
     builder.body(()).unwrap()
 }
+
+/// `quota` with a request waiting up to `max_wait` for its permits.
+pub fn waits_up_to(
+    quota: tower_bulwark::Quota,
+    max_wait: std::time::Duration,
+) -> tower_bulwark::Quota {
+    quota.with_max_wait(max_wait).unwrap()
+}
+
+/// `quota` in bursts of `burst` permits.
+pub fn in_bursts_of(quota: tower_bulwark::Quota, burst: u32) -> tower_bulwark::Quota {
+    quota.with_burst(burst).unwrap()
+}

@@ -5,6 +5,7 @@
 //! Nothing here sleeps to pass: the test waits, with a deadline, for a state it can observe.
 
 use crate::common::listener::serve;
+use crate::common::waits_up_to;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -53,10 +54,7 @@ async fn status_of(mut stream: TcpStream) -> String {
 async fn a_client_that_hangs_up_while_waiting_gives_its_reservation_back() {
     let clock = ManualClock::new();
     // One per minute, waits up to a minute: the second request waits (the clock never moves).
-    let quota = Quota::per_minute(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(60))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_minute(1).unwrap(), Duration::from_secs(60));
     let limiter = Observed::new(
         "wait",
         KeyedRateLimiter::<IpAddr>::builder(quota)

@@ -6,6 +6,7 @@
 //! whose reading each thread chooses, to reproduce a thread that read the clock and then lost the
 //! race to one that read it later. No test sleeps.
 
+use crate::common::waits_up_to;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -129,10 +130,7 @@ fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
 
 /// One permit a second, burst 1, waits up to 10 s, on a manual clock.
 fn one_a_second(clock: &ManualClock) -> KeyedRateLimiter<u64, Gcra, ManualClock> {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(10))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     keyed::<Gcra, _>(quota, clock.clone())
 }
 
@@ -306,10 +304,7 @@ fn sliding_counter_admits_steady_traffic_below_the_rate_for_small_limits() {
 /// waiter gives its reservation back: the next caller takes the free slot at 1 s, not one at 3 s.
 #[test]
 fn sliding_log_reuses_a_refunded_reservation_slot() {
-    let quota = Quota::per_second(2)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(10))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(2).unwrap(), Duration::from_secs(10));
     let limiter = keyed::<SlidingLog, _>(quota, ManualClock::new());
     assert!(decide(&limiter, 1, 1).allowed);
     assert!(decide(&limiter, 1, 1).allowed);
@@ -336,10 +331,7 @@ fn a_clock_near_u64_max_never_wraps_admits_everything_or_panics() {
             if built_near_max {
                 clock.set(Duration::from_nanos(u64::MAX - 5 * S));
             }
-            let quota = Quota::per_minute(5)
-                .unwrap()
-                .with_max_wait(Duration::from_secs(30))
-                .unwrap();
+            let quota = waits_up_to(Quota::per_minute(5).unwrap(), Duration::from_secs(30));
             let limiter = keyed::<A, _>(quota, clock.clone());
             clock.set(Duration::from_nanos(u64::MAX - 3 * S));
             let mut admitted = 0;
@@ -376,10 +368,10 @@ fn absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
     fn run<A: Algorithm>() {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(1_000_000));
-        let quota = Quota::with_period(2, Quota::MAX_SPAN)
-            .unwrap()
-            .with_max_wait(Quota::MAX_SPAN)
-            .unwrap();
+        let quota = waits_up_to(
+            Quota::with_period(2, Quota::MAX_SPAN).unwrap(),
+            Quota::MAX_SPAN,
+        );
         let limiter = keyed::<A, _>(quota, clock.clone());
         let admitted = (0..40).filter(|_| decide(&limiter, 1, 1).allowed).count();
         // Two at once and, waiting up to a period, those of the next period(s).
@@ -445,10 +437,7 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     fn run<A: Algorithm>() {
         const THREADS: u64 = 24;
         for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
-            let quota = Quota::per_minute(5)
-                .unwrap()
-                .with_max_wait(max_wait)
-                .unwrap();
+            let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
             let expected = {
                 let clock = ManualClock::new();
                 let limiter = keyed::<A, _>(quota, clock.clone());
@@ -516,10 +505,7 @@ fn two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota
                 .build()
         };
         for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
-            let quota = Quota::per_minute(5)
-                .unwrap()
-                .with_max_wait(max_wait)
-                .unwrap();
+            let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
             let expected = {
                 let clock = ManualClock::new();
                 let limiter = keyed::<A, _>(quota, clock.clone());

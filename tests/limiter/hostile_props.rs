@@ -2,6 +2,7 @@
 //! small limits, each algorithm against a simple model or against a twin that never saw the
 //! refunded request.
 
+use crate::common::{in_bursts_of, waits_up_to};
 use std::cell::Cell;
 
 use proptest::prelude::*;
@@ -70,12 +71,13 @@ fn ops(period: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn quota(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
-    Quota::with_period(permits, std::time::Duration::from_nanos(period))
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
-        .with_max_wait(std::time::Duration::from_nanos(max_wait))
-        .unwrap()
+    waits_up_to(
+        in_bursts_of(
+            Quota::with_period(permits, std::time::Duration::from_nanos(period)).unwrap(),
+            burst,
+        ),
+        std::time::Duration::from_nanos(max_wait),
+    )
 }
 
 /// Runs `ops` on a limiter that sees the vetoed requests and on a twin that does not: every

@@ -1,5 +1,6 @@
 //! The in-memory limiters through their public API, with a manual clock: no test sleeps.
 
+use crate::common::{in_bursts_of, waits_up_to};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
@@ -201,12 +202,10 @@ fn weighted_requests_and_costs_beyond_capacity() {
 #[test]
 fn a_refused_request_retried_after_retry_after_is_admitted() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<u8>::builder(
-        Quota::with_period(3, Duration::from_millis(900))
-            .unwrap()
-            .with_burst(2)
-            .unwrap(),
-    )
+    let limiter = KeyedRateLimiter::<u8>::builder(in_bursts_of(
+        Quota::with_period(3, Duration::from_millis(900)).unwrap(),
+        2,
+    ))
     .clock(clock.clone())
     .build();
     for _ in 0..50 {
@@ -260,10 +259,7 @@ fn refuse_new_keys_when_full_tells_when_room_frees() {
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_admitted_exactly_when_its_reservation_falls_due() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(2))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2));
     let limiter = KeyedRateLimiter::<u8>::builder(quota)
         .clock(TokioClock::new())
         .build();
@@ -302,10 +298,7 @@ async fn a_waiter_is_admitted_exactly_when_its_reservation_falls_due() {
 async fn a_dropped_waiter_gives_its_permit_back() {
     async fn run<A: Algorithm>() {
         let name = std::any::type_name::<A>();
-        let quota = Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(5))
-            .unwrap();
+        let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
         let limiter = KeyedRateLimiter::<&str>::builder(quota)
             .algorithm::<A>()
             .clock(TokioClock::new())
@@ -327,10 +320,7 @@ async fn a_dropped_waiter_gives_its_permit_back() {
 
 #[tokio::test(start_paused = true)]
 async fn direct_limiter_waits_and_refunds_too() {
-    let quota = Quota::per_second(2)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(500))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(2).unwrap(), Duration::from_millis(500));
     let limiter = DirectRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();

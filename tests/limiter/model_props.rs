@@ -1,6 +1,7 @@
 //! Property tests: each algorithm against a simple reference model, over random sequences of
 //! checks and clock moves.
 
+use crate::common::in_bursts_of;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -32,10 +33,10 @@ fn ops(period: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn quota(permits: u32, period: u64, burst: u32) -> Quota {
-    Quota::with_period(permits, Duration::from_nanos(period))
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
+    in_bursts_of(
+        Quota::with_period(permits, Duration::from_nanos(period)).unwrap(),
+        burst,
+    )
 }
 
 proptest! {

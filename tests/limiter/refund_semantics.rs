@@ -1,6 +1,7 @@
 //! Refund semantics that a legitimate caller (the HTTP layer's veto path) relies on, and what
 //! `Observed` reports after a refund.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
@@ -97,10 +98,7 @@ fn observed_counts_only_what_its_limiter_takes_back() {
     use tower_bulwark::limiter::Decision;
 
     let clock = ManualClock::new();
-    let quota = Quota::per_minute(4)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(60))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_minute(4).unwrap(), Duration::from_secs(60));
     let build = || {
         KeyedRateLimiter::<u64>::builder(quota)
             .clock(clock.clone())

@@ -2,6 +2,7 @@
 //! settled to what it cost. Exact under concurrency, debt that delays the key and is never lost,
 //! and a model of each key's tokens.
 
+use crate::common::waits_up_to;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -92,10 +93,7 @@ fn a_give_back_behind_debt_is_exact_on<A: Algorithm>(
 
 /// 1 000 a minute that lets a request wait up to `wait`.
 fn waiting(wait: Duration) -> Quota {
-    Quota::per_minute(1000)
-        .unwrap()
-        .with_max_wait(wait)
-        .unwrap()
+    waits_up_to(Quota::per_minute(1000).unwrap(), wait)
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Memory held by the observability wrapper under a flood of waiting requests, measured with a
 //! counting allocator (per thread: the runtime runs on the test's own thread).
 
+use crate::common::{in_bursts_of, waits_up_to};
 use crate::counting;
 
 use std::time::Duration;
@@ -20,12 +21,10 @@ async fn completed_waits_leave_no_memory_behind() {
     const N: u64 = 100_000;
     let clock = ManualClock::new();
     // One permit per millisecond, no burst, waits up to 10 ms.
-    let quota = Quota::per_second(1000)
-        .unwrap()
-        .with_burst(1)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(10))
-        .unwrap();
+    let quota = waits_up_to(
+        in_bursts_of(Quota::per_second(1000).unwrap(), 1),
+        Duration::from_millis(10),
+    );
     let limiter = Observed::new(
         "flood",
         DirectRateLimiter::builder(quota)

@@ -2,6 +2,7 @@
 //! give their reservation back when dropped, keys and costs, and a `reqwest::Client` wrapped
 //! directly.
 
+use crate::common::waits_up_to;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,10 +89,7 @@ async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(1500))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_millis(1500));
     let limiter = DirectRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();
@@ -115,10 +113,7 @@ async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiter_gives_its_reservation_back() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(1500))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_millis(1500));
     let limiter = DirectRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();

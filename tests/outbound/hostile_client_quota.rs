@@ -2,6 +2,7 @@
 //! the permits, refusals found through tower's wrappers, and waiters dropped half-way. Time is
 //! tokio's paused timer; no test sleeps to pass.
 
+use crate::common::{in_bursts_of, waits_up_to};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +24,10 @@ use super::hostile_support::*;
 /// the dependency, and it carries no retry time (waiting would not help).
 #[tokio::test(start_paused = true)]
 async fn a_cost_above_capacity_fails_at_once_without_a_retry_time() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_burst(3)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(3600))
-        .unwrap();
+    let quota = waits_up_to(
+        in_bursts_of(Quota::per_second(1).unwrap(), 3),
+        Duration::from_secs(3600),
+    );
     let limiter = DirectRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();
@@ -146,10 +145,7 @@ async fn retry_after_through_tower_wrappers_and_source_chains() {
 /// their reservation back exactly once: the permits after them are as if they never came.
 #[tokio::test(start_paused = true)]
 async fn dropped_waiters_give_back_exactly_once() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(10))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let limiter = DirectRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();

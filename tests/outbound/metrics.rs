@@ -2,6 +2,7 @@
 //! answers that asked it to hold and why, and the time it holds for; a client quota's calls by
 //! outcome. Layers built by hand and from a config file record the same series.
 
+use crate::common::waits_up_to;
 use crate::counting;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -286,12 +287,10 @@ fn a_hand_built_client_quota_counts_each_outcome() {
     metrics::with_local_recorder(&recorder, || {
         current_thread().block_on(async {
             // One per second, waiting up to one second for it.
-            let limiter = DirectRateLimiter::builder(
-                Quota::per_second(1)
-                    .unwrap()
-                    .with_max_wait(Duration::from_secs(1))
-                    .unwrap(),
-            )
+            let limiter = DirectRateLimiter::builder(waits_up_to(
+                Quota::per_second(1).unwrap(),
+                Duration::from_secs(1),
+            ))
             .clock(TokioClock::new())
             .build();
             let layer = ClientQuotaLayer::new("partner", limiter);

@@ -5,6 +5,7 @@
 //!
 //! Each test shows one layer doing its part in that position, counted at the mock.
 
+use crate::common::waits_up_to;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -186,10 +187,7 @@ async fn a_held_call_spends_no_quota_and_takes_no_bulkhead_permit() {
 #[tokio::test]
 async fn the_quota_waits_without_a_bulkhead_permit_and_retry_waits_out_its_refusals() {
     let stack = stack(Settings {
-        quota: Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_millis(1500))
-            .unwrap(),
+        quota: waits_up_to(Quota::per_second(1).unwrap(), Duration::from_millis(1500)),
         ..Settings::default()
     })
     .await;

@@ -17,7 +17,7 @@ use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::{algorithm::Gcra, KeyedRateLimiter, Quota};
 
-use crate::common::{paused_runtime, poll_once};
+use crate::common::{paused_runtime, poll_once, waits_up_to};
 use crate::support::{drain, header_key, keyed};
 
 type Keyed<C> = KeyedRateLimiter<String, Gcra, C>;
@@ -193,10 +193,7 @@ async fn racing_tasks_with_count_if_spend_exactly_the_counted_responses() {
 /// included); once the handler is called (answered or not), exactly one permit of each is spent.
 #[test]
 fn a_waiting_request_dropped_after_any_poll_gives_each_permit_back_once() {
-    let quota = Quota::per_second(10)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(500))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(500));
     for waiting_at in 0..3usize {
         let (mut completed_at, mut first_reached) = (None, None);
         for polls in 0..64usize {

@@ -3,7 +3,7 @@
 //! the observability counters of policies vetoed by another one.
 
 use crate::common::listener::{serve, sf_entries, sf_list};
-use crate::common::poll_once;
+use crate::common::{poll_once, waits_up_to};
 use crate::support::{keyed, Broken};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -87,12 +87,10 @@ impl Limiter<IpAddr> for Later {
 async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once() {
     let wide = tokio_limiter(Quota::per_hour(10).unwrap());
     let remote_state = tokio_limiter(Quota::per_hour(5).unwrap());
-    let waiting = tokio_limiter(
-        Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(1))
-            .unwrap(),
-    );
+    let waiting = tokio_limiter(waits_up_to(
+        Quota::per_second(1).unwrap(),
+        Duration::from_secs(1),
+    ));
     let (open, gate) = watch::channel(true);
     let later = Later {
         local: remote_state.clone(),
@@ -173,12 +171,10 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
 #[tokio::test(start_paused = true)]
 async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
     let refusing = tokio_limiter(Quota::per_hour(1).unwrap());
-    let waiting = tokio_limiter(
-        Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(5))
-            .unwrap(),
-    );
+    let waiting = tokio_limiter(waits_up_to(
+        Quota::per_second(1).unwrap(),
+        Duration::from_secs(5),
+    ));
     let client: SocketAddr = "192.0.2.78:5000".parse().unwrap();
     let ip = client.ip();
     // Spend both, so the request is refused by one and would wait on the other.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::poll_once;
+use crate::common::{poll_once, waits_up_to};
 use crate::support::{json, keyed, peer};
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
@@ -54,10 +54,7 @@ fn counting_app(
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_for_its_permit_then_proceeds() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(1))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
     let limiter = KeyedRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();
@@ -93,10 +90,7 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_a_waiting_request_gives_its_permit_back() {
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(1))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
     let limiter = KeyedRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build();
@@ -241,10 +235,7 @@ async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
     use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
 
     async fn run<A: Algorithm>(name: &str) {
-        let quota = Quota::per_second(3)
-            .unwrap()
-            .with_max_wait(Duration::from_millis(400))
-            .unwrap();
+        let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_millis(400));
         let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
             .algorithm::<A>()
             .clock(TokioClock::new())

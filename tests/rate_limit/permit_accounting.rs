@@ -6,7 +6,7 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
-use crate::common::{paused_runtime, Rng};
+use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
 use crate::support::{drain, header_cost, header_key, with_admitted_headers};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -236,10 +236,7 @@ fn reservations_are_exact_under_contention() {
     for round in 0..50 {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(7));
-        let quota = Quota::per_second(10)
-            .unwrap()
-            .with_max_wait(Duration::from_millis(500))
-            .unwrap();
+        let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(500));
         let limiter = KeyedRateLimiter::<String>::builder(quota)
             .clock(clock.clone())
             .build();
@@ -472,10 +469,7 @@ fn http_fast_path_with_waits_is_exact_under_contention() {
     for headers in [false, true] {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(5));
-        let quota = Quota::per_second(10)
-            .unwrap()
-            .with_max_wait(Duration::from_millis(400))
-            .unwrap();
+        let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(400));
         let limiter = KeyedRateLimiter::<String>::builder(quota)
             .clock(clock.clone())
             .build();
@@ -557,12 +551,10 @@ fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
     for seed in 1..=12u64 {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(1));
-        let quota = Quota::per_second(4)
-            .unwrap()
-            .with_burst(3)
-            .unwrap()
-            .with_max_wait(Duration::from_millis(600))
-            .unwrap();
+        let quota = waits_up_to(
+            in_bursts_of(Quota::per_second(4).unwrap(), 3),
+            Duration::from_millis(600),
+        );
         let tenants = KeyedRateLimiter::<String>::builder(quota)
             .clock(clock.clone())
             .build();

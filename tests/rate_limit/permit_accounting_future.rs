@@ -5,7 +5,7 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
-use crate::common::{block_on, poll_once, YieldOnce};
+use crate::common::{block_on, poll_once, waits_up_to, YieldOnce};
 use crate::support::{drain, header_key, keyed, with_admitted_headers, Slow};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -215,10 +215,7 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
     for (polls, sleep_ms) in [(0u64, 0u64), (1, 0), (1, 300), (3, 999)] {
         for headers in [false, true] {
             let clock = TokioClock::new();
-            let quota = Quota::per_second(1)
-                .unwrap()
-                .with_max_wait(Duration::from_secs(5))
-                .unwrap();
+            let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
             let limiter = KeyedRateLimiter::<String>::builder(quota)
                 .clock(clock)
                 .build();
@@ -286,10 +283,7 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
 async fn dropped_in_a_wait_reached_through_a_pending_limiter_gives_both_back() {
     let clock = ManualClock::new();
     let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
-    let waiting_quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(3))
-        .unwrap();
+    let waiting_quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(3));
     let slow = Slow::new(keyed(waiting_quota, &clock), 2, false);
     assert!(slow.inner.check(&"g".to_string()).allowed);
     let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())

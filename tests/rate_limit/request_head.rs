@@ -4,7 +4,7 @@
 //! handler gets, the handler gets the body unchanged on the admitted and on the waiting path,
 //! and a closure that panics keeps no permit.
 
-use crate::common::listener;
+use crate::common::{in_bursts_of, listener, waits_up_to};
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -300,12 +300,10 @@ async fn closures_see_exactly_the_request_the_handler_gets_with_its_body_on_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closures_see_the_request_and_the_body_is_unchanged_when_the_request_waits() {
     let log = Arc::new(Log::default());
-    let quota = Quota::per_second(2)
-        .unwrap()
-        .with_burst(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(5))
-        .unwrap();
+    let quota = waits_up_to(
+        in_bursts_of(Quota::per_second(2).unwrap(), 1),
+        Duration::from_secs(5),
+    );
     let addr = listener::serve(app(recording_layer(quota, &log), &log)).await;
     let first = body(10, 4);
     let large = body(4 << 20, 5);
@@ -437,10 +435,7 @@ async fn a_panicking_closure_keeps_no_permit_through_a_real_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_closure_keeps_no_reservation_of_a_waiting_policy() {
     for which in [Boom::Key, Boom::Cost] {
-        let quota = Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(10))
-            .unwrap();
+        let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
         let addr = listener::serve(panicking_app(quota, which)).await;
         assert_eq!(plain(addr).await, 200);
         for _ in 0..3 {

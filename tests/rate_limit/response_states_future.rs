@@ -2,7 +2,7 @@
 //! waits and calls with headers settled after `count_if`, and a poll after completion that panics
 //! with the documented message (or the inner future's own) while Debug works in every state.
 
-use crate::common::{block_on, poll_once};
+use crate::common::{block_on, poll_once, waits_up_to};
 use crate::support::{keyed, Slow};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -96,10 +96,7 @@ fn two_header_request(answer: u16) -> Request<Body> {
 async fn deferred_reserve_wait_call_adds_headers_and_settles_after_the_wait() {
     for (answer, prespent) in [(200u16, true), (500, true), (200, false), (500, false)] {
         let clock = ManualClock::new();
-        let slow_quota = Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(2))
-            .unwrap();
+        let slow_quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2));
         let slow = keyed(slow_quota, &clock);
         let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
         let a = HeaderValue::from_static("a");

@@ -2,7 +2,7 @@
 //! limiters that decide later, missing keys, exempt paths) decides all-or-nothing exactly as a
 //! twin model does, with the exact remainings in its headers.
 
-use crate::common::{paused_runtime, Rng};
+use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
 use crate::support::{header_cost, keyed, Slow};
 use std::time::Duration;
 
@@ -51,12 +51,10 @@ fn random_spec(rng: &mut Rng, plain: bool) -> Spec {
         }
         // Waits: a burst of two, then reservations up to two seconds ahead.
         1 => (
-            Quota::per_second(1)
-                .unwrap()
-                .with_burst(2)
-                .unwrap()
-                .with_max_wait(Duration::from_secs(2))
-                .unwrap(),
+            waits_up_to(
+                in_bursts_of(Quota::per_second(1).unwrap(), 2),
+                Duration::from_secs(2),
+            ),
             1,
         ),
         _ => (Quota::per_minute(3).unwrap().with_burst(5).unwrap(), 3),

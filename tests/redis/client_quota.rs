@@ -1,6 +1,7 @@
 //! A client-side quota in Redis: two clients built separately (as two instances of a service
 //! would be), each with its own connection and limiter, share one quota for the partner.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
@@ -103,10 +104,10 @@ async fn a_waiter_dropped_in_one_instance_leaves_its_permit_for_the_other() {
         .mount(&partner)
         .await;
     // One call per 2 s, and a caller may wait up to 3 s.
-    let quota = Quota::with_period(1, Duration::from_secs(2))
-        .unwrap()
-        .with_max_wait(Duration::from_secs(3))
-        .unwrap();
+    let quota = waits_up_to(
+        Quota::with_period(1, Duration::from_secs(2)).unwrap(),
+        Duration::from_secs(3),
+    );
     let first = instance(&redis, quota).await;
     let second = instance(&redis, quota).await;
     first.clone().oneshot(get(&partner)).await.unwrap();

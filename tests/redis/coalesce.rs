@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::redis_server::{FakeRedis, RedisServer};
-use crate::common::{poll_once, Rng};
+use crate::common::{poll_once, waits_up_to, Rng};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -31,10 +31,7 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 /// rounds: every decision is the in-memory limiter's for the same requests in the same order,
 /// field for field, and they took fewer script calls than decisions.
 async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, seed: u64) {
-    let quota = Quota::per_second(20)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(300))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(20).unwrap(), Duration::from_millis(300));
     let clock = ManualClock::new();
     let memory = KeyedRateLimiter::<String>::builder(quota)
         .algorithm::<A>()

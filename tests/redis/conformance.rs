@@ -2,6 +2,7 @@
 //! Redis limiter, on one manual clock, must give the same decisions, field for field, refunds
 //! included: of reservations and of immediate admissions, at once (a veto) or later.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
@@ -36,18 +37,9 @@ fn quotas() -> Vec<Quota> {
         // An emission interval that does not divide evenly (333 333 334 ns).
         Quota::with_period(3, ms(1000)).unwrap(),
         Quota::per_second(4).unwrap().with_burst(7).unwrap(),
-        Quota::per_second(2)
-            .unwrap()
-            .with_max_wait(ms(1500))
-            .unwrap(),
-        Quota::with_period(10, ms(250))
-            .unwrap()
-            .with_max_wait(ms(600))
-            .unwrap(),
-        Quota::with_period(1, ms(700))
-            .unwrap()
-            .with_max_wait(ms(2000))
-            .unwrap(),
+        waits_up_to(Quota::per_second(2).unwrap(), ms(1500)),
+        waits_up_to(Quota::with_period(10, ms(250)).unwrap(), ms(600)),
+        waits_up_to(Quota::with_period(1, ms(700)).unwrap(), ms(2000)),
     ]
 }
 
@@ -235,10 +227,10 @@ async fn conform_at_the_bounds<A: RedisAlgorithm>(store: &RedisStore, base_seed:
     let period = Duration::from_nanos((1 << 50) - 1);
     let quotas = [
         Quota::with_period(3, period).unwrap(),
-        Quota::with_period(3, period - Duration::from_nanos(3))
-            .unwrap()
-            .with_max_wait(period / 2)
-            .unwrap(),
+        waits_up_to(
+            Quota::with_period(3, period - Duration::from_nanos(3)).unwrap(),
+            period / 2,
+        ),
     ];
     for (i, quota) in quotas.into_iter().enumerate() {
         for round in 0..2 {

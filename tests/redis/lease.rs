@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::Rng;
+use crate::common::{in_bursts_of, Rng};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
@@ -184,10 +184,7 @@ async fn leased_instances_together_never_exceed_the_quota() {
         ),
         (Quota::per_second(50).unwrap(), lease(6, ms(5))),
         (
-            Quota::with_period(7, ms(300))
-                .unwrap()
-                .with_burst(9)
-                .unwrap(),
+            in_bursts_of(Quota::with_period(7, ms(300)).unwrap(), 9),
             lease(9, ms(100)),
         ),
         // The defaults: a quarter of the burst, a tenth of the period.

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::Rng;
+use crate::common::{in_bursts_of, Rng};
 use crate::lease::conforms;
 use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::{Clock, ManualClock};
@@ -41,10 +41,7 @@ pub(crate) async fn strict<A: RedisAlgorithm>(
 }
 
 fn per_second(permits: u32, burst: u32) -> Quota {
-    Quota::per_second(permits)
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
+    in_bursts_of(Quota::per_second(permits).unwrap(), burst)
 }
 
 /// What happened on one key, in the order it happened: (instant, permits, forced). A forced

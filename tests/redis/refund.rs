@@ -2,6 +2,7 @@
 //! exactly as it was, for every algorithm, whether it was admitted at once or reserved, and
 //! whether the refund comes at once or later; hostile state is refused, not believed.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use crate::common::redis_server::{key_state, RedisServer};
@@ -89,10 +90,7 @@ const SCENARIOS: &[Scenario] = &[
 async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = plain(server).await;
-    let quota = Quota::per_second(3)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(2))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     for (i, s) in SCENARIOS.iter().enumerate() {
         let clock = ManualClock::new();
         let vetoed = limiter::<A>(&store, quota, &clock, &format!("{tag}:{i}:v:"));
@@ -185,10 +183,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = plain(&server).await;
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(10))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
     let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:reserved:");
     let key = gcra.redis_key("k");
@@ -226,10 +221,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(10))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
     let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:vetoed:");
     let first = gcra.reserve(&"k", 1).await.unwrap();
@@ -448,10 +440,7 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
 async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = plain(server).await;
-    let quota = Quota::per_second(3)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(2))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
     let fresh = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:s:"));

@@ -2,6 +2,7 @@
 //! exactly the quota in tokens, for every algorithm; debt is charged in Redis; a fail mode's
 //! decision settles with its local limiter.
 
+use crate::common::waits_up_to;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,10 +94,7 @@ async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStor
 /// B takes 100, B settles to 950, A settles to 10; 40 are left and no 41st, whether or not the
 /// quota lets requests wait (none waited).
 async fn a_give_back_behind_debt_is_exact<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
-    let waiting = Quota::per_minute(1000)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(90))
-        .unwrap();
+    let waiting = waits_up_to(Quota::per_minute(1000).unwrap(), Duration::from_secs(90));
     for (quota, prefix) in [
         (Quota::per_minute(1000).unwrap(), format!("{prefix}now:")),
         (waiting, format!("{prefix}wait:")),
@@ -126,10 +124,7 @@ async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
     prefix: &str,
     whole_after: Duration,
 ) {
-    let quota = Quota::per_minute(1000)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(90))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_minute(1000).unwrap(), Duration::from_secs(90));
     let clock = ManualClock::new();
     let limiter = limiter_of::<A>(quota, store, &clock, prefix);
     let name = std::any::type_name::<A>();

@@ -1,6 +1,6 @@
 //! The Redis store through the public API, each test against its own `redis-server`.
 
-use crate::common::redis_server;
+use crate::common::{redis_server, waits_up_to};
 
 use std::time::Duration;
 
@@ -154,10 +154,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
 
 async fn exercise<A: RedisAlgorithm>(server: &RedisServer, prefix: &str) -> Vec<String> {
     // Minutes, so no key expires before the test reads it, even on a stalled machine.
-    let quota = Quota::per_minute(2)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(150))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_minute(2).unwrap(), Duration::from_secs(150));
     let limiter = RedisRateLimiter::builder(quota, store(server).await)
         .algorithm::<A>()
         .prefix(prefix)
@@ -369,10 +366,7 @@ async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
 }
 
 async fn reservations<A: RedisAlgorithm>(server: &RedisServer, clock: &ManualClock) {
-    let quota = Quota::per_second(2)
-        .unwrap()
-        .with_max_wait(Duration::from_millis(2500))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(2).unwrap(), Duration::from_millis(2500));
     let limiter = RedisRateLimiter::builder(quota, store(server).await)
         .algorithm::<A>()
         .client_clock(clock.clone())
@@ -425,10 +419,7 @@ async fn refund_gives_a_reservation_back_in_redis() {
         return;
     };
     let clock = ManualClock::new();
-    let quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(5))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
     let limiter = RedisRateLimiter::builder(quota, store(&server).await)
         .algorithm::<SlidingLog>()
         .client_clock(clock.clone())
@@ -634,10 +625,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
         listener.local_addr().unwrap().port()
     };
     let clock = ManualClock::new();
-    let local_quota = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(5))
-        .unwrap();
+    let local_quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
     let local = KeyedRateLimiter::<String>::builder(local_quota)
         .clock(clock.clone())
         .build();

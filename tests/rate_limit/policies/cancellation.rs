@@ -20,7 +20,7 @@ use tower_bulwark::{
 };
 
 use super::accounting::{log, policy, req, sliding_log, svc, Acct, Inner, Mode, K};
-use crate::common::poll_once;
+use crate::common::{poll_once, waits_up_to};
 
 /// Promise: permits are given back exactly once whatever happens: a chain of a count_if policy
 /// that decides later, a waiting policy (`max_wait`), a shadow with a wait, and a policy that
@@ -32,10 +32,7 @@ async fn dropped_after_every_poll_gives_back_exactly_once() {
     let mut completed = false;
     for drop_after in 0..40 {
         let tokio_log = |quota: Quota, mode: Mode| sliding_log(quota, TokioClock::new(), mode);
-        let waits = Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(2))
-            .unwrap();
+        let waits = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2));
         let counted = tokio_log(Quota::per_hour(5).unwrap(), Mode::Later(2));
         let waiting = tokio_log(waits, Mode::Now);
         let shadow_wait = tokio_log(waits, Mode::Later(1));
@@ -200,10 +197,7 @@ async fn a_remote_policy_under_a_timeout_gives_everything_back() {
         delay: Duration::from_millis(50),
     };
     let waiting = sliding_log(
-        Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(10))
-            .unwrap(),
+        waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10)),
         TokioClock::new(),
         Mode::Now,
     );
@@ -281,10 +275,10 @@ async fn timeouts_at_every_await_point_under_concurrency_keep_the_books_exact() 
         delay: Duration::from_millis(3),
     };
     let waiting = sliding_log(
-        Quota::with_period(4, Duration::from_millis(20))
-            .unwrap()
-            .with_max_wait(Duration::from_millis(30))
-            .unwrap(),
+        waits_up_to(
+            Quota::with_period(4, Duration::from_millis(20)).unwrap(),
+            Duration::from_millis(30),
+        ),
         TokioClock::new(),
         Mode::Now,
     );

@@ -14,7 +14,7 @@ use tower_bulwark::{
 
 use super::accounting::{call, log, policy, req, sliding_log, svc, Inner, Mode};
 use crate::common::listener::{sf_entries, sf_names};
-use crate::common::poll_once;
+use crate::common::{poll_once, waits_up_to};
 use crate::support::param;
 
 /// Promise: count_if with a waiting policy: the request waits for its reservation, and when
@@ -23,10 +23,7 @@ use crate::support::param;
 #[tokio::test(start_paused = true)]
 async fn a_waiting_count_if_reservation_is_given_back_when_it_does_not_count() {
     let clock = TokioClock::new();
-    let waits = Quota::per_second(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(5))
-        .unwrap();
+    let waits = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
     let waiting = sliding_log(waits, clock, Mode::Now);
     let veto = sliding_log(Quota::per_hour(2).unwrap(), clock, Mode::Later(1));
     let inner = Inner::default();

@@ -3,6 +3,7 @@
 //! as a twin that never saw the request; a fixed-window reservation straddling two cycles stays
 //! spent, never granted twice.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -136,10 +137,7 @@ fn two_count_if_admissions_on_one_gcra_key_are_given_back_exactly() {
 #[test]
 fn a_vetoed_fixed_window_reservation_straddling_two_cycles_stays_spent() {
     let clock = ManualClock::new();
-    let quota = Quota::per_second(2)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(2))
-        .unwrap();
+    let quota = waits_up_to(Quota::per_second(2).unwrap(), Duration::from_secs(2));
     let window = Acct::new(
         KeyedRateLimiter::<String>::builder(quota)
             .algorithm::<FixedWindow>()

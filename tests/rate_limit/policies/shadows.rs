@@ -2,6 +2,7 @@
 //! refuse, never answer 503; a silent one stays out of every header, an advertised one is in
 //! them as if enforced; both count only admitted requests.
 
+use crate::common::waits_up_to;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -20,10 +21,7 @@ use crate::support::{param, violated};
 /// enforced policy that does not wait beside it.
 #[tokio::test(start_paused = true)]
 async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
-    let waits = Quota::per_hour(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(3 * 3600))
-        .unwrap();
+    let waits = waits_up_to(Quota::per_hour(1).unwrap(), Duration::from_secs(3 * 3600));
     let make = || gcra(waits, TokioClock::new(), Mode::Now);
     let lone = make();
     let inner = Inner::default();
@@ -74,10 +72,7 @@ async fn a_lone_waiting_shadow_never_makes_a_request_wait() {
 #[tokio::test(start_paused = true)]
 async fn shadows_never_refuse_never_wait_never_503_and_stay_out_of_headers() {
     let clock = ManualClock::new();
-    let waits = Quota::per_hour(1)
-        .unwrap()
-        .with_max_wait(Duration::from_secs(7200))
-        .unwrap();
+    let waits = waits_up_to(Quota::per_hour(1).unwrap(), Duration::from_secs(7200));
     let waiting = |mode| sliding_log(waits, clock.clone(), mode);
     let silent_wait = waiting(Mode::Now);
     let adv_wait = waiting(Mode::Later(1));

@@ -2,6 +2,7 @@
 //! nothing under the others, in every position and every order of a mixed set of policies, and
 //! the 429 names exactly the policies that refused, with the longest `Retry-After`.
 
+use crate::common::waits_up_to;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -271,10 +272,7 @@ async fn a_mixed_chain_in_every_order_is_all_or_nothing() {
                 .map(|kind| match NAMES[kind] {
                     "counted" => log(5, &clock, Mode::Later(1)),
                     "waiting" => sliding_log(
-                        Quota::per_second(1)
-                            .unwrap()
-                            .with_max_wait(Duration::from_secs(2))
-                            .unwrap(),
+                        waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2)),
                         TokioClock::new(),
                         Mode::Now,
                     ),
