@@ -195,6 +195,7 @@ pub(super) fn redis_fail_mode(
     use crate::redis::RedisFailMode;
 
     Ok(match s.redis_fail_mode.unwrap_or_default() {
+        RedisFailModeKind::Local => RedisFailMode::Local,
         RedisFailModeKind::Open => RedisFailMode::Open,
         RedisFailModeKind::Closed => RedisFailMode::Closed(
             quota

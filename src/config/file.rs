@@ -131,6 +131,7 @@ pub(super) enum StoreKind {
 #[serde(rename_all = "snake_case")]
 pub(super) enum RedisFailModeKind {
     #[default]
+    Local,
     Open,
     Closed,
     /// With `fallback_limit_for_period`.

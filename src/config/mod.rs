@@ -55,7 +55,7 @@
 //! | `redis_url` | `redis://host:port` | required with `store = "redis"` |
 //! | `redis_prefix` | key prefix | `bulwark:<algorithm>:` |
 //! | `redis_timeout` | duration: how long a decision may wait for Redis | the store's default |
-//! | `redis_fail_mode` | `open` (admit), `closed` (refuse), or `fallback` (decide with a local limiter) while Redis cannot answer | `open` |
+//! | `redis_fail_mode` | `local` (decide with a local limiter of the instance's own quota: each instance admits at most the quota while Redis cannot answer), `open` (admit), `closed` (refuse), or `fallback` (decide with a local limiter of `fallback_limit_for_period`) while Redis cannot answer | `local` |
 //! | `fallback_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `fallback` | required with `fallback` |
 //! | `redis_leases` | boolean: lease shares of each key's permits (not with `sliding_log`; see `redis::RedisRateLimiterBuilder::lease`) | `false` |
 //! | `redis_lease_max_share` | with `redis_leases`: integer ≥ 1, at most the burst | a quarter of the burst |
@@ -255,14 +255,19 @@ mod tests {
              store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\n\
              redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3\n\
              redis_timeout = \"50ms\"\n\
+             [rate_limiters.local]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
+             store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\n\
              [rate_limiters.open]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
-             store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\n",
+             store = \"redis\"\nredis_url = \"redis://127.0.0.1/\"\nredis_fail_mode = \"open\"\n",
         );
         let api = &config.rate_limiters["api"];
         assert_eq!(api.store, StoreKind::Redis);
         assert_eq!(api.redis_fail_mode, Some(RedisFailModeKind::Fallback));
         assert_eq!(api.fallback_limit_for_period, Some(Count(3)));
         assert_eq!(api.redis_timeout, Some(Duration::from_millis(50)));
+        // Left out, the fail mode is the local limiter (filled in by the validation).
+        let local = &config.rate_limiters["local"];
+        assert_eq!(local.redis_fail_mode, Some(RedisFailModeKind::Local));
         let open = &config.rate_limiters["open"];
         assert_eq!(open.redis_fail_mode, Some(RedisFailModeKind::Open));
     }

@@ -22,8 +22,9 @@ use crate::Quota;
 /// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
 ///
 /// Until told otherwise it runs GCRA on the server's clock under the prefix
-/// `bulwark:<algorithm>:` with a hash tag per key, waits 100 ms for each decision, admits when
-/// Redis cannot decide ([`RedisFailMode::Open`]), skips Redis for 250 ms after a failure to
+/// `bulwark:<algorithm>:` with a hash tag per key, waits 100 ms for each decision, decides with a
+/// local limiter of its own quota when Redis cannot ([`RedisFailMode::Local`]), skips Redis for
+/// 250 ms after a failure to
 /// reach it, and caches up to 100 000 refused keys.
 pub struct RedisRateLimiterBuilder {
     settings: Settings,
@@ -113,7 +114,7 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// What to decide when Redis cannot (default [`RedisFailMode::Open`]).
+    /// What to decide when Redis cannot (default [`RedisFailMode::Local`]).
     pub fn fail_mode(mut self, fail_mode: RedisFailMode) -> Self {
         self.settings.fail_mode = fail_mode;
         self
@@ -209,15 +210,20 @@ impl RedisRateLimiterBuilder {
             .lease
             .map(|lease| lease.leases(&quota))
             .transpose()?;
-        let clock = self.client_clock;
+        let clock: Arc<dyn Clock> = match self.client_clock {
+            Some(clock) => Arc::from(clock),
+            None => Arc::new(SystemClock::new()),
+        };
+        let (fail_mode, local) = settings.fail_mode.resolved(settings.quota, &clock);
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 store: settings.store,
                 quota: ArcSwap::from_pointee(quota),
-                clock: clock.unwrap_or_else(|| Box::new(SystemClock::new())),
+                clock,
                 keys,
                 timeout: settings.timeout,
-                fail_mode: settings.fail_mode,
+                fail_mode,
+                local,
                 breaker: Breaker::new(settings.probe_interval),
                 cache: (settings.cache_capacity > 0)
                     .then(|| RefusalCache::new(settings.cache_capacity)),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::RedisFailure;
+use crate::clock::Clock;
 use crate::decision::{Decision, Source};
 use crate::limiter::Change;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
@@ -18,9 +19,22 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// and logged whatever the fail mode.
 #[derive(Clone, Default)]
 pub enum RedisFailMode {
-    /// Admits the request (the default): availability first. The decision reports the full limit
-    /// minus the cost as remaining, since nothing better is known.
+    /// Decides with an in-memory GCRA limiter of the Redis limiter's own quota (the default),
+    /// one per limiter and its clones, keyed by the Redis key, on the limiter's clock (its
+    /// [`client_clock`](super::RedisRateLimiterBuilder::client_clock), else the system clock),
+    /// following [`set_quota`](super::RedisRateLimiter::set_quota).
+    ///
+    /// The bound of an outage: while Redis cannot answer, each instance admits a key at most
+    /// its quota, as if it alone used it. `N` instances together admit at most `N` times the
+    /// quota (`N` bursts at once, then `N` times the rate) where the quota alone would have
+    /// been admitted: bounded, never more. For fewer, give each instance a share of the quota
+    /// with [`fallback`](Self::fallback); for none, [`Closed`](Self::Closed). The local
+    /// limiter knows nothing of what Redis admitted before the outage, and Redis nothing of
+    /// what it admitted during it.
     #[default]
+    Local,
+    /// Admits the request: availability first, at any rate. The decision reports the full
+    /// limit minus the cost as remaining, since nothing better is known.
     Open,
     /// Refuses the request, telling the client to come back after this long.
     Closed(Duration),
@@ -33,6 +47,9 @@ pub enum RedisFailMode {
 
 /// A local limiter that decides for Redis, keyed by the Redis key.
 type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
+
+/// The local limiter of [`RedisFailMode::Local`].
+pub(crate) type DefaultLocal = KeyedRateLimiter<String, crate::algorithm::Gcra, Arc<dyn Clock>>;
 
 impl RedisFailMode {
     /// Decides with a local in-memory GCRA limiter of its own `quota`, for example the global
@@ -66,10 +83,31 @@ impl RedisFailMode {
             }
             Self::Closed(retry_after) => Decision::refused(limit, 0, *retry_after, *retry_after),
             Self::Fallback(local) => local.reserve(&key, cost).into_inner()?,
-            Self::Propagate => return Err(failure.into()),
+            // A built limiter holds `Local` as the `Fallback` to its own local limiter
+            // (`resolved`); this arm is never reached, and hands the failure on if it were.
+            Self::Local | Self::Propagate => return Err(failure.into()),
         };
         decision.source = Source::RedisFailMode;
         Ok(decision.of_cost(cost))
+    }
+
+    /// This fail mode as a limiter of `quota` on `clock` keeps it: [`Local`](Self::Local) as the
+    /// [`Fallback`](Self::Fallback) to a local limiter of its own, which is returned too (the
+    /// limiter hands it each new quota); any other as it is.
+    pub(crate) fn resolved(
+        self,
+        quota: Quota,
+        clock: &Arc<dyn Clock>,
+    ) -> (Self, Option<DefaultLocal>) {
+        match self {
+            Self::Local => {
+                let local = KeyedRateLimiter::<String>::builder(quota)
+                    .clock(Arc::clone(clock))
+                    .build();
+                (Self::fallback_to(local.clone()), Some(local))
+            }
+            other => (other, None),
+        }
     }
 
     /// Gives a decision that this fail mode took back to its local limiter, or settles it
@@ -88,6 +126,7 @@ impl RedisFailMode {
 impl fmt::Debug for RedisFailMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Local => f.write_str("RedisFailMode::Local"),
             Self::Open => f.write_str("RedisFailMode::Open"),
             Self::Closed(retry) => write!(f, "RedisFailMode::Closed({retry:?})"),
             Self::Fallback(limiter) => f

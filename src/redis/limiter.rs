@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
 use super::coalesce::Coalescer;
-use super::fail_mode::Breaker;
+use super::fail_mode::{Breaker, DefaultLocal};
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
 use super::lease::{LeaseCounts, Leases};
@@ -68,10 +68,12 @@ pub(crate) struct Inner {
     pub(super) store: RedisStore,
     /// The quota and the script arguments made from it, replaced as one.
     pub(super) quota: ArcSwap<ScriptQuota>,
-    pub(super) clock: Box<dyn Clock>,
+    pub(super) clock: Arc<dyn Clock>,
     pub(super) keys: KeyLayout,
     pub(super) timeout: Duration,
     pub(super) fail_mode: RedisFailMode,
+    /// The local limiter of [`RedisFailMode::Local`], which `set_quota` keeps on the quota.
+    pub(super) local: Option<DefaultLocal>,
     pub(super) breaker: Breaker,
     pub(super) cache: Option<RefusalCache>,
     pub(super) cached_refusals: AtomicU64,
@@ -125,7 +127,8 @@ impl RedisRateLimiter {
     /// process only: each instance that shares the keys must be told (every instance's limiter
     /// must call this, or be rebuilt from the same configuration). Until they all are, each
     /// decides with its own quota against the shared state. Refusals cached here are
-    /// forgotten; the fail mode's local limiter keeps its own quota.
+    /// forgotten. The local limiter of [`RedisFailMode::Local`] (the default) takes the new
+    /// quota too; one given with [`RedisFailMode::fallback`] keeps its own.
     ///
     /// [`KeyedRateLimiter::set_quota`]: crate::KeyedRateLimiter::set_quota
     ///
@@ -136,6 +139,9 @@ impl RedisRateLimiter {
     pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
         let script_quota = self.params_for(&quota)?;
         self.inner.quota.store(Arc::new(script_quota));
+        if let Some(local) = &self.inner.local {
+            local.set_quota(quota);
+        }
         if let Some(cache) = &self.inner.cache {
             cache.clear();
         }

@@ -32,6 +32,8 @@ mod lease_hostile;
 #[cfg(feature = "redis")]
 mod lease_windows;
 #[cfg(feature = "redis")]
+mod outage;
+#[cfg(feature = "redis")]
 mod refund;
 #[cfg(feature = "redis")]
 mod settle;
