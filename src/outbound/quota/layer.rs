@@ -102,18 +102,7 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// Counts each call under the key `key` chooses from the request (a closure
     /// `Fn(&Req) -> Key`, or a [`QuotaKey`]).
     pub fn key<K2>(self, key: K2) -> ClientQuotaLayer<L, K2, C, U> {
-        let Self {
-            shared,
-            cost,
-            settle,
-            ..
-        } = self;
-        ClientQuotaLayer {
-            shared,
-            key,
-            cost,
-            settle,
-        }
+        self.map_parts(|_, cost, settle| (key, cost, settle))
     }
 
     /// Every call costs `permits`.
@@ -124,18 +113,7 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// Each call costs what `cost` says of its request (a closure `Fn(&Req) -> u32`, or a
     /// [`QuotaCost`]).
     pub fn cost_by<C2>(self, cost: C2) -> ClientQuotaLayer<L, K, C2, U> {
-        let Self {
-            shared,
-            key,
-            settle,
-            ..
-        } = self;
-        ClientQuotaLayer {
-            shared,
-            key,
-            cost,
-            settle,
-        }
+        self.map_parts(|key, _, settle| (key, cost, settle))
     }
 
     /// Settles each call that got a response to the cost `settle` reads from it (a closure
@@ -149,11 +127,18 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// response carries an [`Unsettled`](super::Unsettled) in its extensions, to settle once the
     /// body has been read.
     pub fn settle_by<U2>(self, settle: U2) -> ClientQuotaLayer<L, K, C, U2> {
-        let Self {
-            shared, key, cost, ..
-        } = self;
+        self.map_parts(|key, cost, _| (key, cost, settle))
+    }
+
+    /// The layer with the same quota, and the key, cost and settle that `f` makes of this
+    /// one's: the one home of the setters that change the type of one of them.
+    fn map_parts<K2, C2, U2>(
+        self,
+        f: impl FnOnce(K, C, U) -> (K2, C2, U2),
+    ) -> ClientQuotaLayer<L, K2, C2, U2> {
+        let (key, cost, settle) = f(self.key, self.cost, self.settle);
         ClientQuotaLayer {
-            shared,
+            shared: self.shared,
             key,
             cost,
             settle,
