@@ -1,27 +1,16 @@
 //! The local cache of refusals: a key that Redis refused is refused here until its retry time.
 
-use std::collections::HashMap;
-#[cfg(test)]
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use super::key_table::KeyTable;
 use crate::decision::Decision;
 
-/// Refused keys, each with the instant (limiter clock, nanoseconds) until which it stays refused.
+/// Refused keys, each with the instant (limiter clock, nanoseconds) until which it stays refused;
+/// a full cache is swept for refusals that have ended (see [`KeyTable`]), and a refusal that
+/// finds no room goes to Redis next time, which is still correct.
 #[derive(Debug)]
 pub(crate) struct RefusalCache {
-    entries: Mutex<HashMap<String, Refusal>>,
-    capacity: usize,
-    /// While the cache is full of live refusals: the instant the first of them ends. Until then
-    /// a new refusal is not cached, without scanning the whole cache again (under a flood of
-    /// refused keys every refusal would otherwise scan it, holding the lock every decision
-    /// needs).
-    full_until: AtomicU64,
-    /// How many times the cache was scanned for ended refusals (for the tests).
-    #[cfg(test)]
-    scans: AtomicUsize,
+    entries: KeyTable<Refusal>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -38,11 +27,7 @@ struct Refusal {
 impl RefusalCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
-            capacity,
-            full_until: AtomicU64::new(0),
-            #[cfg(test)]
-            scans: AtomicUsize::new(0),
+            entries: KeyTable::new(capacity),
         }
     }
 
@@ -52,7 +37,7 @@ impl RefusalCache {
     /// longer, by an amount only the algorithm's state tells), while its retry time is further
     /// away than `max_wait` (once it is within, Redis may grant a reservation).
     pub(crate) fn check(&self, key: &str, cost: u32, now: u64, max_wait: u64) -> Option<Decision> {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self.entries.lock();
         let entry = *entries.get(key)?;
         if entry.until <= now {
             entries.remove(key);
@@ -80,43 +65,22 @@ impl RefusalCache {
             limit: decision.limit,
             remaining: decision.remaining,
         };
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.len() >= self.capacity && !entries.contains_key(key) {
-            if now < self.full_until.load(Ordering::Relaxed) {
-                // Still full of live refusals: this one goes to Redis next time, which is
-                // still correct.
-                return;
-            }
-            #[cfg(test)]
-            self.scans.fetch_add(1, Ordering::Relaxed);
-            let mut first_end = u64::MAX;
-            entries.retain(|_, r| {
-                let live = r.until > now;
-                if live {
-                    first_end = first_end.min(r.until);
-                }
-                live
-            });
-            if entries.len() >= self.capacity {
-                self.full_until.store(first_end, Ordering::Relaxed);
-                return;
-            }
+        let mut entries = self.entries.lock();
+        let live = |r: &Refusal| r.until > now;
+        if let Some(entry) = self.entries.entry(&mut entries, key, || refusal, live) {
+            // The latest refusal of the key, whatever its cost, replaces the one before.
+            *entry = refusal;
         }
-        // The latest refusal of the key, whatever its cost, replaces the one before.
-        entries.insert(key.to_owned(), refusal);
     }
 
     /// Forgets every refusal (the quota changed, so their retry times may be wrong).
     pub(crate) fn clear(&self) {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.clear();
-        self.full_until.store(0, Ordering::Relaxed);
+        self.entries.lock().clear();
     }
 
     /// Forgets `key` (its permits were given back, so a refusal may be too pessimistic).
     pub(crate) fn forget(&self, key: &str) {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.remove(key);
+        self.entries.lock().remove(key);
     }
 }
 
@@ -184,10 +148,12 @@ mod tests {
         assert!(cache.check("b", 1, 20 * MS, 0).is_some());
     }
 
-    /// A flood of refused keys into a cache full of live refusals costs one scan until the
-    /// first of them ends, not one per refusal (each scan holds the lock every decision needs).
+    /// A flood of refused keys into a cache full of live refusals sweeps it once for each
+    /// quarter of its capacity turned away, not once per refusal (each sweep holds the lock
+    /// every decision needs); a refusal that has ended makes room at the next sweep.
     #[test]
-    fn a_full_cache_is_scanned_once_until_a_refusal_ends() {
+    fn a_full_cache_is_swept_once_for_a_quarter_of_its_capacity_turned_away() {
+        use std::sync::atomic::Ordering;
         let cache = RefusalCache::new(100);
         for k in 0..100 {
             cache.insert(&format!("held{k}"), 1, 0, &refused(1_000 + k));
@@ -195,15 +161,16 @@ mod tests {
         for k in 0..10_000 {
             cache.insert(&format!("flood{k}"), 1, MS, &refused(1_000));
         }
-        assert_eq!(cache.scans.load(Ordering::Relaxed), 1);
+        assert_eq!(cache.entries.sweeps.load(Ordering::Relaxed), 400);
         assert!(
             cache.check("held0", 1, MS, 0).is_some(),
             "the held refusals stand"
         );
-        // Once the first refusal ends, the next insert scans again and takes its place.
-        cache.insert("late", 1, 1_000 * MS, &refused(1_000));
-        assert_eq!(cache.scans.load(Ordering::Relaxed), 2);
-        assert!(cache.check("late", 1, 1_000 * MS, 0).is_some());
+        // Once the first refusal ends, a sweep takes its place.
+        for k in 0..25 {
+            cache.insert(&format!("late{k}"), 1, 1_000 * MS, &refused(1_000));
+        }
+        assert!((0..25).any(|k| cache.check(&format!("late{k}"), 1, 1_000 * MS, 0).is_some()));
         assert!(cache.check("held0", 1, 1_000 * MS, 0).is_none(), "ended");
     }
 }

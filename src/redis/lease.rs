@@ -11,12 +11,12 @@
 //! permits back when it next asks, or when the lease's time is up.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use super::key_table::KeyTable;
 use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
 use super::BuildError;
 use crate::decision::{Decision, Source};
@@ -92,11 +92,8 @@ pub(crate) struct Leases {
     max_share: u32,
     /// How long an instance admits from a lease, in nanoseconds of its clock.
     length_nanos: u64,
-    shares: Mutex<HashMap<String, Arc<Share>>>,
-    /// New keys turned away since the full table was last swept for shares that hold nothing:
-    /// it is swept again only after `MAX_KEYS / 4` more, so that a table full of live shares
-    /// costs a new key one lookup, not a walk of ten thousand entries under the lock.
-    turned_away: AtomicU64,
+    /// Each key's share; a full table is swept for shares that hold nothing.
+    shares: KeyTable<Arc<Share>>,
     /// Makes lease ids: a random start, then a counter.
     ids: AtomicU64,
     counts: Counters,
@@ -161,8 +158,7 @@ impl Leases {
         Self {
             max_share,
             length_nanos,
-            shares: Mutex::default(),
-            turned_away: AtomicU64::new(0),
+            shares: KeyTable::new(MAX_KEYS),
             ids: AtomicU64::new(start),
             counts: Counters::default(),
         }
@@ -170,35 +166,23 @@ impl Leases {
 
     /// `key`'s share, made for it if there is room.
     pub(crate) fn share(&self, key: &str) -> Option<Arc<Share>> {
-        let mut shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(share) = shares.get(key) {
-            return Some(Arc::clone(share));
-        }
-        if shares.len() >= MAX_KEYS {
-            // Shares whose leases are over hold nothing: make room from those, once for each
-            // quarter of the table's keys turned away (the first of them included).
-            let turned_away = self.turned_away.fetch_add(1, Ordering::Relaxed);
-            if turned_away % (MAX_KEYS as u64 / 4) != 0 {
-                return None;
-            }
-            shares.retain(|_, share| Arc::strong_count(share) > 1 || share.held().id != 0);
-            if shares.len() >= MAX_KEYS {
-                return None;
-            }
-            self.turned_away.store(0, Ordering::Relaxed);
-        }
-        let share = Arc::new(Share {
-            held: Mutex::default(),
-            refill: tokio::sync::Mutex::const_new(()),
-        });
-        shares.insert(key.to_owned(), Arc::clone(&share));
-        Some(share)
+        let mut shares = self.shares.lock();
+        let make = || {
+            Arc::new(Share {
+                held: Mutex::default(),
+                refill: tokio::sync::Mutex::const_new(()),
+            })
+        };
+        // Shares whose leases are over, and that no call holds, hold nothing.
+        let live = |share: &Arc<Share>| Arc::strong_count(share) > 1 || share.held().id != 0;
+        self.shares
+            .entry(&mut shares, key, make, live)
+            .map(|share| Arc::clone(share))
     }
 
     /// `key`'s share if it has one already.
     pub(crate) fn existing(&self, key: &str) -> Option<Arc<Share>> {
-        let shares = self.shares.lock().unwrap_or_else(PoisonError::into_inner);
-        shares.get(key).cloned()
+        self.shares.lock().get(key).cloned()
     }
 
     /// Decides on `cost` permits from `share` at `now`: admitted if its lease is live and holds

@@ -109,6 +109,7 @@ mod error;
 mod fail_mode;
 mod future;
 mod key;
+mod key_table;
 mod lease;
 mod leased;
 mod limiter;
