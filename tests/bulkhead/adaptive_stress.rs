@@ -12,24 +12,24 @@
 //! back exactly once and every ending gave exactly the sample it should.
 
 use std::collections::BTreeMap;
-use std::future::{pending, Future};
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, Aimd, Gradient, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::{
-    BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
-};
+use tower_bulwark::bulkhead::CallOutcome;
 use tower_bulwark::BoxError;
 
 use crate::common::process::{quiet_panics_starting_with, BOTH_CORES};
-use crate::stress::{Kind, CALLS, KINDS, PRODUCERS};
+use crate::stress::{
+    assert_every_outcome_seen, assert_the_hooks_agree, hooked, produce, Kind, Seen, CALLS,
+};
 
 const PANIC_MESSAGE: &str = "adaptive stress: planned panic";
 
@@ -156,30 +156,14 @@ impl Service<(Kind, usize)> for Inner {
     }
 
     fn call(&mut self, (kind, from): (Kind, usize)) -> Self::Future {
-        if let Kind::PanicInCall = kind {
-            panic!("{PANIC_MESSAGE} in call");
-        }
-        let inside = self.tracker.enter(from);
-        Box::pin(async move {
-            let _inside = inside;
-            tokio::task::yield_now().await;
-            match kind {
-                Kind::Complete => Ok(()),
-                Kind::Fail => Err(io::Error::other("planned failure")),
-                Kind::PanicInFuture => panic!("{PANIC_MESSAGE} in future"),
-                Kind::PanicInCall => unreachable!("panicked in call"),
-                Kind::Dropped | Kind::Hang => pending().await,
-            }
-        })
+        kind.panic_in_call(PANIC_MESSAGE);
+        kind.end(self.tracker.enter(from), PANIC_MESSAGE)
     }
 }
 
+/// The limit's moves that the hook saw.
 #[derive(Default)]
-struct Seen {
-    permitted: AtomicU64,
-    rejected: AtomicU64,
-    finished: AtomicU64,
-    outcomes: Mutex<Vec<CallOutcome>>,
+struct Moves {
     ups: AtomicUsize,
     downs: AtomicUsize,
 }
@@ -202,7 +186,8 @@ async fn storm(
     let _cores = BOTH_CORES.lock().await;
     quiet_panics_starting_with(PANIC_MESSAGE);
     let seen = Arc::new(Seen::default());
-    let (p, r, f, c) = (seen.clone(), seen.clone(), seen.clone(), seen.clone());
+    let moves = Arc::new(Moves::default());
+    let c = moves.clone();
     let mut builder = AdaptiveBulkhead::builder("stress");
     if cancelled == Cancelled::Ignore {
         builder = builder.ignore_cancelled_calls();
@@ -210,19 +195,7 @@ async fn storm(
     let bulkhead = builder
         .limits(limits)
         .algorithm(algorithm)
-        .hooks(|events| {
-            events
-                .on_call_permitted(move |_: &CallPermitted<'_>| {
-                    p.permitted.fetch_add(1, Ordering::Relaxed);
-                })
-                .on_call_rejected(move |_: &CallRejected<'_>| {
-                    r.rejected.fetch_add(1, Ordering::Relaxed);
-                })
-                .on_call_finished(move |event: &CallFinished<'_>| {
-                    f.finished.fetch_add(1, Ordering::Relaxed);
-                    f.outcomes.lock().unwrap().push(event.outcome);
-                })
-        })
+        .hooks(|events| hooked(events, &seen))
         .on_limit_changed(move |event: &LimitChanged<'_>| {
             if event.to > event.from {
                 c.ups.fetch_add(1, Ordering::Relaxed);
@@ -255,39 +228,7 @@ async fn storm(
             tracker: tracker.clone(),
         });
 
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|producer| {
-            // Each producer its own clone of the service: one limit for all of them.
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let mut refused = 0u64;
-                for i in 0..CALLS / PRODUCERS {
-                    let kind = KINDS[(i + producer) % KINDS.len()];
-                    let task = tokio::spawn(svc.clone().oneshot(kind));
-                    if let Kind::Dropped = kind {
-                        for _ in 0..(i % 3) {
-                            tokio::task::yield_now().await;
-                        }
-                        task.abort();
-                    }
-                    match task.await {
-                        Ok(Err(err)) if err.is::<BulkheadFull>() => refused += 1,
-                        Ok(Err(err)) => assert!(
-                            err.is::<io::Error>() || err.is::<tower::timeout::error::Elapsed>(),
-                            "unexpected error: {err}"
-                        ),
-                        Ok(Ok(())) => {}
-                        Err(join) => assert!(join.is_panic() || join.is_cancelled()),
-                    }
-                }
-                refused
-            })
-        })
-        .collect();
-    let mut refused = 0;
-    for producer in producers {
-        refused += producer.await.unwrap();
-    }
+    let refused = produce(svc).await;
 
     let ledger = tracker.0.lock().unwrap();
     assert!(
@@ -301,8 +242,8 @@ async fn storm(
     );
     assert!(ledger.entered > 0);
     assert!(ledger.peak >= 2, "the storm never overlapped calls");
-    let ups = seen.ups.load(Ordering::Relaxed);
-    let downs = seen.downs.load(Ordering::Relaxed);
+    let ups = moves.ups.load(Ordering::Relaxed);
+    let downs = moves.downs.load(Ordering::Relaxed);
     assert!(
         ups > 0 && downs > 0,
         "the limit must move both ways: {ups} up, {downs} down"
@@ -314,31 +255,15 @@ async fn storm(
         snapshot.available_concurrent_calls, snapshot.max_allowed_concurrent_calls,
         "a permit leaked or was given back twice: {snapshot:?}"
     );
-    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
-    assert_eq!(
-        snapshot.total_permitted,
-        seen.permitted.load(Ordering::Relaxed)
+    assert_the_hooks_agree(
+        &snapshot,
+        [&seen.permitted, &seen.finished, &seen.rejected],
+        refused,
     );
-    assert_eq!(
-        snapshot.total_finished,
-        seen.finished.load(Ordering::Relaxed)
-    );
-    assert_eq!(
-        snapshot.total_rejected,
-        seen.rejected.load(Ordering::Relaxed)
-    );
-    assert!(snapshot.total_rejected >= refused);
     // Calls aborted before their first poll never reach the bulkhead.
     assert!(snapshot.total_permitted + snapshot.total_rejected <= CALLS as u64);
     let outcomes = seen.outcomes.lock().unwrap();
-    for outcome in [
-        CallOutcome::Success,
-        CallOutcome::Failure,
-        CallOutcome::Panicked,
-        CallOutcome::Cancelled,
-    ] {
-        assert!(outcomes.contains(&outcome), "{outcome:?} never seen");
-    }
+    assert_every_outcome_seen(&outcomes);
     // Every ending gave exactly one sample, but a panic (none) and, when they are ignored, a
     // cancellation (none).
     let count = |outcome: CallOutcome| outcomes.iter().filter(|o| **o == outcome).count() as u64;

@@ -13,8 +13,11 @@ use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::{
-    Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected,
+    Bulkhead, BulkheadBuilder, BulkheadFull, BulkheadSnapshot, CallFinished, CallOutcome,
+    CallPermitted, CallRejected,
 };
+
+use tower_bulwark::BoxError;
 
 use crate::common::process::{quiet_panics_starting_with, BOTH_CORES};
 
@@ -34,6 +37,36 @@ pub(crate) enum Kind {
     Dropped,
     /// Never answers: cut by the timeout layer above the bulkhead.
     Hang,
+}
+
+impl Kind {
+    /// What an inner service's `call` does first: panics (with `message`) for `PanicInCall`.
+    pub(crate) fn panic_in_call(self, message: &str) {
+        if let Kind::PanicInCall = self {
+            panic!("{message} in call");
+        }
+    }
+
+    /// An inner service's future for a call of this kind, which holds `inside` (what counts the
+    /// call inside the service) until it ends: after one yield it answers, fails, panics (with
+    /// `message`) or never ends.
+    pub(crate) fn end<T: Send + 'static>(
+        self,
+        inside: T,
+        message: &'static str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), io::Error>> + Send>> {
+        Box::pin(async move {
+            let _inside = inside;
+            tokio::task::yield_now().await;
+            match self {
+                Kind::Complete => Ok(()),
+                Kind::Fail => Err(io::Error::other("planned failure")),
+                Kind::PanicInFuture => panic!("{message} in future"),
+                Kind::PanicInCall => unreachable!("panicked in call"),
+                Kind::Dropped | Kind::Hang => pending().await,
+            }
+        })
+    }
 }
 
 pub(crate) const KINDS: [Kind; 6] = [
@@ -85,34 +118,27 @@ impl Service<Kind> for Inner {
     }
 
     fn call(&mut self, kind: Kind) -> Self::Future {
-        if let Kind::PanicInCall = kind {
-            panic!("{PANIC_MESSAGE} in call");
-        }
-        let inside = self.gauge.enter();
-        Box::pin(async move {
-            let _inside = inside;
-            tokio::task::yield_now().await;
-            match kind {
-                Kind::Complete => Ok(()),
-                Kind::Fail => Err(io::Error::other("planned failure")),
-                Kind::PanicInFuture => panic!("{PANIC_MESSAGE} in future"),
-                Kind::PanicInCall => unreachable!("panicked in call"),
-                Kind::Dropped | Kind::Hang => pending().await,
-            }
-        })
+        kind.panic_in_call(PANIC_MESSAGE);
+        kind.end(self.gauge.enter(), PANIC_MESSAGE)
     }
 }
 
 /// What the hooks saw.
 #[derive(Default)]
-struct Seen {
-    permitted: AtomicU64,
-    rejected: AtomicU64,
-    finished: AtomicU64,
-    outcomes: Mutex<Vec<CallOutcome>>,
+pub(crate) struct Seen {
+    pub(crate) permitted: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) finished: AtomicU64,
+    pub(crate) outcomes: Mutex<Vec<CallOutcome>>,
 }
 
 fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
+    hooked(builder, seen).build()
+}
+
+/// `builder` with hooks that count into `seen` the calls permitted, rejected and finished, and
+/// each call's outcome.
+pub(crate) fn hooked(builder: BulkheadBuilder, seen: &Arc<Seen>) -> BulkheadBuilder {
     let (p, r, f) = (seen.clone(), seen.clone(), seen.clone());
     builder
         .on_call_permitted(move |_: &CallPermitted<'_>| {
@@ -125,7 +151,76 @@ fn observed(builder: BulkheadBuilder, seen: &Arc<Seen>) -> Bulkhead {
             f.finished.fetch_add(1, Ordering::Relaxed);
             f.outcomes.lock().unwrap().push(event.outcome);
         })
-        .build()
+}
+
+/// `CALLS` calls of every kind from `PRODUCERS` producers at once, each its own clone of `svc`
+/// (one limit for all of them), each making its calls one after another and dropping some while
+/// they run. Returns how many were refused with `BulkheadFull`; any other error is the inner
+/// service's or a timeout.
+pub(crate) async fn produce<S>(svc: S) -> u64
+where
+    S: Service<Kind, Response = (), Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|producer| {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let mut refused = 0u64;
+                for i in 0..CALLS / PRODUCERS {
+                    let kind = KINDS[(i + producer) % KINDS.len()];
+                    let task = tokio::spawn(svc.clone().oneshot(kind));
+                    if let Kind::Dropped = kind {
+                        for _ in 0..(i % 3) {
+                            tokio::task::yield_now().await;
+                        }
+                        task.abort();
+                    }
+                    match task.await {
+                        Ok(Err(err)) if err.is::<BulkheadFull>() => refused += 1,
+                        Ok(Err(err)) => assert!(
+                            err.is::<io::Error>() || err.is::<tower::timeout::error::Elapsed>(),
+                            "unexpected error: {err}"
+                        ),
+                        Ok(Ok(())) => {}
+                        Err(join) => assert!(join.is_panic() || join.is_cancelled()),
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for producer in producers {
+        refused += producer.await.unwrap();
+    }
+    refused
+}
+
+/// After a storm: every call permitted has finished, and the snapshot counts exactly what the
+/// hooks saw (`permitted`, `finished`, `rejected`), at least the `refused` the callers met.
+pub(crate) fn assert_the_hooks_agree(
+    snapshot: &BulkheadSnapshot,
+    [permitted, finished, rejected]: [&AtomicU64; 3],
+    refused: u64,
+) {
+    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
+    assert_eq!(snapshot.total_permitted, permitted.load(Ordering::Relaxed));
+    assert_eq!(snapshot.total_finished, finished.load(Ordering::Relaxed));
+    assert_eq!(snapshot.total_rejected, rejected.load(Ordering::Relaxed));
+    assert!(snapshot.total_rejected >= refused);
+}
+
+/// After a storm: calls ended in every way the hooks tell.
+pub(crate) fn assert_every_outcome_seen(outcomes: &[CallOutcome]) {
+    for outcome in [
+        CallOutcome::Success,
+        CallOutcome::Failure,
+        CallOutcome::Panicked,
+        CallOutcome::Cancelled,
+    ] {
+        assert!(outcomes.contains(&outcome), "{outcome:?} never seen");
+    }
 }
 
 /// Runs `CALLS` calls through `bulkhead`, optionally resizing it meanwhile, and checks the
@@ -168,38 +263,7 @@ async fn storm(bulkhead: Bulkhead, seen: Arc<Seen>, limit: usize, resize_to: &[u
 
     // Many more callers than permits, each making its calls one after another, so that permits
     // keep changing hands while calls end in every way.
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|producer| {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let mut refused = 0u64;
-                for i in 0..CALLS / PRODUCERS {
-                    let kind = KINDS[(i + producer) % KINDS.len()];
-                    let task = tokio::spawn(svc.clone().oneshot(kind));
-                    if let Kind::Dropped = kind {
-                        for _ in 0..(i % 3) {
-                            tokio::task::yield_now().await;
-                        }
-                        task.abort();
-                    }
-                    match task.await {
-                        Ok(Err(err)) if err.is::<BulkheadFull>() => refused += 1,
-                        Ok(Err(err)) => assert!(
-                            err.is::<io::Error>() || err.is::<tower::timeout::error::Elapsed>(),
-                            "unexpected error: {err}"
-                        ),
-                        Ok(Ok(())) => {}
-                        Err(join) => assert!(join.is_panic() || join.is_cancelled()),
-                    }
-                }
-                refused
-            })
-        })
-        .collect();
-    let mut refused = 0;
-    for producer in producers {
-        refused += producer.await.unwrap();
-    }
+    let refused = produce(svc).await;
     resizer.await.unwrap();
 
     let peak = gauge.peak.load(Ordering::SeqCst);
@@ -212,30 +276,14 @@ async fn storm(bulkhead: Bulkhead, seen: Arc<Seen>, limit: usize, resize_to: &[u
         "a permit leaked or was given back twice: {snapshot:?}"
     );
     assert_eq!(snapshot.queue_depth, 0);
-    assert_eq!(snapshot.total_permitted, snapshot.total_finished);
-    assert_eq!(
-        snapshot.total_permitted,
-        seen.permitted.load(Ordering::Relaxed)
+    assert_the_hooks_agree(
+        &snapshot,
+        [&seen.permitted, &seen.finished, &seen.rejected],
+        refused,
     );
-    assert_eq!(
-        snapshot.total_finished,
-        seen.finished.load(Ordering::Relaxed)
-    );
-    assert_eq!(
-        snapshot.total_rejected,
-        seen.rejected.load(Ordering::Relaxed)
-    );
-    assert!(snapshot.total_rejected >= refused);
     assert!(snapshot.total_permitted + snapshot.total_rejected <= (CALLS + KINDS.len()) as u64);
     let outcomes = seen.outcomes.lock().unwrap();
-    for outcome in [
-        CallOutcome::Success,
-        CallOutcome::Failure,
-        CallOutcome::Panicked,
-        CallOutcome::Cancelled,
-    ] {
-        assert!(outcomes.contains(&outcome), "{outcome:?} never seen");
-    }
+    assert_every_outcome_seen(&outcomes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
