@@ -94,51 +94,6 @@ impl Gcra {
         )
     }
 
-    /// Decides on `cost` permits at `now` and, when admitted, moves the key's TAT.
-    fn charge(
-        &self,
-        state: &GcraState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Verdict {
-        let now = now.min(MAX_NOW);
-        // The TAT first, then the latest reading: whoever changed the TAT we read published its
-        // reading before, so `seen` covers it and the admissions of a key decide at instants
-        // that never go backwards.
-        let mut current = state.tat.load(Ordering::Acquire);
-        let mut seen = latest.get();
-        loop {
-            let at = now.max(seen);
-            let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
-            let Some(new_tat) = new_tat else {
-                return verdict;
-            };
-            // A reservation marks the key; an admission within the burst clears the mark.
-            let reserved = matches!(verdict, Verdict::Reserved { .. });
-            let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
-            if now > seen {
-                // Publish this reading before changing the TAT. If someone published a later
-                // one meanwhile, decide again as of it.
-                seen = latest.publish(now);
-                if seen > now {
-                    continue;
-                }
-            }
-            match state
-                .tat
-                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return verdict,
-                Err(actual) => {
-                    current = actual;
-                    seen = latest.get();
-                }
-            }
-        }
-    }
-
     /// The decision that tells a client what `verdict` means.
     fn decision(&self, verdict: Verdict) -> Decision {
         let limit = u64::from(self.burst);
@@ -220,6 +175,8 @@ impl Algorithm for Gcra {
         self.burst
     }
 
+    /// Moves the key's TAT by compare-and-swap when the request is admitted, having published
+    /// the reading it decided at.
     fn decide(
         &self,
         state: &GcraState,
@@ -228,7 +185,40 @@ impl Algorithm for Gcra {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let verdict = self.charge(state, latest, now, cost, max_wait);
+        let now = now.min(MAX_NOW);
+        // The TAT first, then the latest reading: whoever changed the TAT we read published its
+        // reading before, so `seen` covers it and the admissions of a key decide at instants
+        // that never go backwards.
+        let mut current = state.tat.load(Ordering::Acquire);
+        let mut seen = latest.get();
+        let verdict = loop {
+            let at = now.max(seen);
+            let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
+            let Some(new_tat) = new_tat else {
+                break verdict;
+            };
+            // A reservation marks the key; an admission within the burst clears the mark.
+            let reserved = matches!(verdict, Verdict::Reserved { .. });
+            let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
+            if now > seen {
+                // Publish this reading before changing the TAT. If someone published a later
+                // one meanwhile, decide again as of it.
+                seen = latest.publish(now);
+                if seen > now {
+                    continue;
+                }
+            }
+            match state
+                .tat
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break verdict,
+                Err(actual) => {
+                    current = actual;
+                    seen = latest.get();
+                }
+            }
+        };
         self.decision(verdict)
     }
 
