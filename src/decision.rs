@@ -350,33 +350,21 @@ mod tests {
     fn a_window_settle_moves_the_reset_only_by_the_periods_its_debt_takes() {
         let quota = Quota::per_second(10).unwrap();
         let admitted = || Decision::allowed(10, 2, Duration::from_millis(500));
+        let settled = |estimate, cost, gcra| {
+            let mut decision = admitted();
+            decision.settle_report(estimate, cost, &quota, gcra);
+            (decision.remaining, decision.reset_after)
+        };
+        let ms = Duration::from_millis;
         // Within what was left: the window the request counts in still ends in 500 ms.
-        let mut within = admitted();
-        within.settle_report(3, 5, &quota, false);
-        assert_eq!(
-            (within.remaining, within.reset_after),
-            (0, Duration::from_millis(500))
-        );
-        let mut back = admitted();
-        back.settle_report(3, 0, &quota, false);
-        assert_eq!(
-            (back.remaining, back.reset_after),
-            (5, Duration::from_millis(500))
-        );
+        assert_eq!(settled(3, 5, false), (0, ms(500)));
+        assert_eq!(settled(3, 0, false), (5, ms(500)));
         // 15 beyond what was left: two more periods.
-        let mut debt = admitted();
-        debt.settle_report(3, 20, &quota, false);
-        assert_eq!(
-            (debt.remaining, debt.reset_after),
-            (0, Duration::from_millis(2500))
-        );
+        assert_eq!(settled(3, 20, false), (0, ms(2500)));
         // GCRA: a tenth of a second a permit, either way, never below zero.
+        assert_eq!(settled(3, 1, true), (4, ms(300)));
         let mut gcra = admitted();
         gcra.settle_report(3, 1, &quota, true);
-        assert_eq!(
-            (gcra.remaining, gcra.reset_after),
-            (4, Duration::from_millis(300))
-        );
         gcra.settle_report(9, 0, &quota, true);
         assert_eq!(gcra.reset_after, Duration::ZERO);
     }
