@@ -219,6 +219,13 @@ pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
 mod tests {
     use super::*;
 
+    /// Asserts that `parse` reads none of `texts`.
+    fn rejects<T: std::fmt::Debug>(parse: impl Fn(&[u8]) -> Option<T>, texts: &[&[u8]]) {
+        for text in texts {
+            assert!(parse(text).is_none(), "{text:?}");
+        }
+    }
+
     #[test]
     fn decimals_round_up_past_the_nanosecond() {
         assert_eq!(seconds(b"2.0"), Some(Duration::from_secs(2)));
@@ -226,18 +233,19 @@ mod tests {
         assert_eq!(seconds(b".5"), Some(Duration::from_millis(500)));
         assert_eq!(seconds(b"0.0000000001"), Some(Duration::from_nanos(1)));
         assert_eq!(seconds(b"0.9999999999"), Some(Duration::from_secs(1)));
-        for bad in [
-            &b""[..],
-            b".",
-            b"-1",
-            b"1e3",
-            b"1.2.3",
-            b"1,5",
-            b"+2",
-            b"NaN",
-        ] {
-            assert_eq!(seconds(bad), None, "{bad:?}");
-        }
+        rejects(
+            seconds,
+            &[
+                &b""[..],
+                b".",
+                b"-1",
+                b"1e3",
+                b"1.2.3",
+                b"1,5",
+                b"+2",
+                b"NaN",
+            ],
+        );
         assert_eq!(seconds(&[b'9'; 40]), Some(Duration::new(u64::MAX, 0)));
     }
 
@@ -253,9 +261,10 @@ mod tests {
             go_duration("3µs".as_bytes()),
             Some(Duration::from_micros(3))
         );
-        for bad in [&b""[..], b"1", b"s", b"1x", b"-1s", b"1 s", b"1s2", b"ms"] {
-            assert_eq!(go_duration(bad), None, "{bad:?}");
-        }
+        rejects(
+            go_duration,
+            &[&b""[..], b"1", b"s", b"1x", b"-1s", b"1 s", b"1s2", b"ms"],
+        );
         let huge = format!("{}h", "9".repeat(30));
         assert_eq!(go_duration(huge.as_bytes()), Some(Duration::MAX));
     }
@@ -296,17 +305,18 @@ mod tests {
         );
         assert_eq!(rfc3339(b"1970-01-01T00:00:00Z"), at(0, 0));
         assert_eq!(rfc3339(b"2024-02-29T00:00:00Z"), at(1_709_164_800, 0));
-        for bad in [
-            &b"2025-02-29T00:00:00Z"[..],
-            b"2025-13-01T00:00:00Z",
-            b"2025-08-21T24:00:00Z",
-            b"2025-08-21 12:40:59",
-            b"2025-08-21T12:40:59+2:00",
-            b"1969-12-31T23:59:59Z",
-            b"",
-            b"2025-08-21T12:40:59.Z",
-        ] {
-            assert_eq!(rfc3339(bad), None, "{bad:?}");
-        }
+        rejects(
+            rfc3339,
+            &[
+                &b"2025-02-29T00:00:00Z"[..],
+                b"2025-13-01T00:00:00Z",
+                b"2025-08-21T24:00:00Z",
+                b"2025-08-21 12:40:59",
+                b"2025-08-21T12:40:59+2:00",
+                b"1969-12-31T23:59:59Z",
+                b"",
+                b"2025-08-21T12:40:59.Z",
+            ],
+        );
     }
 }
