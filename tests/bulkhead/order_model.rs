@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tower::Layer;
-use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull, CallFinished, CallPermitted};
+use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull};
 
 use crate::common::paused_runtime;
 use crate::common::process::quiet_panics_starting_with;
@@ -148,15 +148,7 @@ impl World {
         if let Some(ms) = setup.max_wait_ms {
             builder = builder.max_wait(Duration::from_millis(ms));
         }
-        let (p, f) = (permitted_hook.clone(), finished_hook.clone());
-        let bulkhead = builder
-            .on_call_permitted(move |_: &CallPermitted<'_>| {
-                p.fetch_add(1, Ordering::SeqCst);
-            })
-            .on_call_finished(move |_: &CallFinished<'_>| {
-                f.fetch_add(1, Ordering::SeqCst);
-            })
-            .build();
+        let bulkhead = counting_calls(builder, &permitted_hook, &finished_hook);
         let inner = Gated::default();
         let svc = bulkhead.layer().layer(inner.clone());
         World {

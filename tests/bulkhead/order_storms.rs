@@ -10,9 +10,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tower::{Layer, Service, ServiceExt};
-use tower_bulwark::bulkhead::{
-    Bulkhead, BulkheadBuilder, BulkheadFull, CallFinished, CallPermitted,
-};
+use tower_bulwark::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadFull};
 
 use crate::common::Rng;
 
@@ -95,15 +93,7 @@ fn storm(builder: BulkheadBuilder, seed: u64) {
     let began = std::time::Instant::now();
     let permitted = Arc::new(AtomicU64::new(0));
     let finished = Arc::new(AtomicU64::new(0));
-    let (p, f) = (permitted.clone(), finished.clone());
-    let bulkhead = builder
-        .on_call_permitted(move |_: &CallPermitted<'_>| {
-            p.fetch_add(1, Ordering::SeqCst);
-        })
-        .on_call_finished(move |_: &CallFinished<'_>| {
-            f.fetch_add(1, Ordering::SeqCst);
-        })
-        .build();
+    let bulkhead = counting_calls(builder, &permitted, &finished);
     let first = bulkhead.snapshot().max_allowed_concurrent_calls;
     let limits = Arc::new(Limits {
         values: (0..=MAX_SETS + 1).map(|_| AtomicUsize::new(0)).collect(),

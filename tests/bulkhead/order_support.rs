@@ -6,14 +6,16 @@ use std::future::Future;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tower::Service;
-use tower_bulwark::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadService, ResponseFuture};
+use tower_bulwark::bulkhead::{
+    Bulkhead, BulkheadBuilder, BulkheadService, CallFinished, CallPermitted, ResponseFuture,
+};
 use tower_bulwark::BoxError;
 
 use crate::common::poll_once;
@@ -166,4 +168,22 @@ pub(crate) fn assert_idle(bulkhead: &Bulkhead, limit: usize, what: &str) {
     assert_eq!(snapshot.available_concurrent_calls, limit, "{what}");
     assert_eq!(snapshot.queue_depth, 0, "{what}");
     assert_eq!(snapshot.total_permitted, snapshot.total_finished, "{what}");
+}
+
+/// `builder` built with hooks that count the calls permitted in `permitted` and the calls
+/// finished in `finished`.
+pub(crate) fn counting_calls(
+    builder: BulkheadBuilder,
+    permitted: &Arc<AtomicU64>,
+    finished: &Arc<AtomicU64>,
+) -> Bulkhead {
+    let (p, f) = (permitted.clone(), finished.clone());
+    builder
+        .on_call_permitted(move |_: &CallPermitted<'_>| {
+            p.fetch_add(1, Ordering::SeqCst);
+        })
+        .on_call_finished(move |_: &CallFinished<'_>| {
+            f.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
 }
