@@ -57,46 +57,14 @@ async fn racing_tasks_with_a_remote_count_if_policy_put_exactly_the_limit_in_the
     let clock = ManualClock::new();
     let wide = log(1000, &clock, Mode::Now);
     let remote = log(LIMIT as u32, &clock, Mode::Later(2));
-    let (gate_tx, gate) = tokio::sync::watch::channel(None::<StatusCode>);
-    let entered = Arc::new(AtomicUsize::new(0));
-    let counter = entered.clone();
-    let app = Router::new()
-        .route(
-            "/login",
-            get(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let mut gate = gate.clone();
-                async move { gate.wait_for(Option::is_some).await.unwrap().unwrap() }
-            }),
-        )
-        .route_layer(RateLimitLayer::new(
-            policy(0, &wide)
-                .count_if(|r| r.status != StatusCode::OK)
-                .and(policy(1, &remote).count_if(|r| r.status == StatusCode::UNAUTHORIZED)),
-        ));
+    let (login, gate_tx, entered) = gated_login();
+    let app = login.route_layer(RateLimitLayer::new(
+        policy(0, &wide)
+            .count_if(|r| r.status != StatusCode::OK)
+            .and(policy(1, &remote).count_if(|r| r.status == StatusCode::UNAUTHORIZED)),
+    ));
     for (round, status) in [(0, StatusCode::OK), (1, StatusCode::UNAUTHORIZED)] {
-        gate_tx.send_replace(None);
-        entered.store(0, Ordering::SeqCst);
-        let refused = Arc::new(AtomicUsize::new(0));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (app, refused) = (app.clone(), refused.clone());
-                tokio::spawn(async move {
-                    let request = Request::get("/login").body(Body::empty()).unwrap();
-                    let response = app.oneshot(request).await.unwrap();
-                    if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                        refused.fetch_add(1, Ordering::SeqCst);
-                    }
-                    response.status()
-                })
-            })
-            .collect();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while entered.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst) < TASKS {
-            assert!(std::time::Instant::now() < deadline, "round {round} hangs");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        assert_eq!(entered.load(Ordering::SeqCst), LIMIT, "round {round}");
+        let tasks = start_round(&app, &gate_tx, &entered, round, (TASKS, LIMIT)).await;
         assert_eq!(
             wide.net("k"),
             LIMIT as i64,
@@ -129,21 +97,8 @@ async fn race<A: Algorithm>() {
         .algorithm::<SlidingLog>()
         .clock(clock.clone())
         .build();
-    let (gate_tx, gate) = tokio::sync::watch::channel(None::<StatusCode>);
-    let entered = Arc::new(AtomicUsize::new(0));
-    let counter = entered.clone();
-    let app = Router::new()
-        .route(
-            "/login",
-            get(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let mut gate = gate.clone();
-                async move {
-                    let status = *gate.wait_for(Option::is_some).await.unwrap();
-                    status.unwrap()
-                }
-            }),
-        )
+    let (login, gate_tx, entered) = gated_login();
+    let app = login
         .route_layer(RateLimitLayer::new(
             Policy::new("failures", PeerIp::new(), per_ip)
                 .unwrap()
@@ -162,28 +117,7 @@ async fn race<A: Algorithm>() {
         .layer(MockConnectInfo(SocketAddr::from(([198, 51, 100, 4], 1))));
 
     for (round, status) in [(0, StatusCode::OK), (1, StatusCode::UNAUTHORIZED)] {
-        gate_tx.send_replace(None);
-        entered.store(0, Ordering::SeqCst);
-        let refused = Arc::new(AtomicUsize::new(0));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (app, refused) = (app.clone(), refused.clone());
-                tokio::spawn(async move {
-                    let request = Request::get("/login").body(Body::empty()).unwrap();
-                    let response = app.oneshot(request).await.unwrap();
-                    if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                        refused.fetch_add(1, Ordering::SeqCst);
-                    }
-                    response.status()
-                })
-            })
-            .collect();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while entered.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst) < TASKS {
-            assert!(std::time::Instant::now() < deadline, "round {round} hangs");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        assert_eq!(entered.load(Ordering::SeqCst), LIMIT, "round {round}");
+        let tasks = start_round(&app, &gate_tx, &entered, round, (TASKS, LIMIT)).await;
         gate_tx.send_replace(Some(status));
         let mut got = HashMap::new();
         for t in tasks {
@@ -211,4 +145,61 @@ async fn race<A: Algorithm>() {
         left += 1;
     }
     assert_eq!(left, 1000 - LIMIT);
+}
+
+/// Round `round` of a race: closes the gate, sends `tasks` requests to `/login` at once through
+/// `app`, and waits until each is either in the handler (counted in `entered`) or refused;
+/// exactly `limit` must be in the handler. Returns the tasks, each ending with its response's
+/// status once the gate opens.
+async fn start_round(
+    app: &Router,
+    gate_tx: &tokio::sync::watch::Sender<Option<StatusCode>>,
+    entered: &AtomicUsize,
+    round: u32,
+    (tasks, limit): (usize, usize),
+) -> Vec<tokio::task::JoinHandle<StatusCode>> {
+    gate_tx.send_replace(None);
+    entered.store(0, Ordering::SeqCst);
+    let refused = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (app, refused) = (app.clone(), refused.clone());
+            tokio::spawn(async move {
+                let request = Request::get("/login").body(Body::empty()).unwrap();
+                let response = app.oneshot(request).await.unwrap();
+                if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                    refused.fetch_add(1, Ordering::SeqCst);
+                }
+                response.status()
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while entered.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst) < tasks {
+        assert!(std::time::Instant::now() < deadline, "round {round} hangs");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), limit, "round {round}");
+    handles
+}
+
+/// A `/login` route whose handler counts the requests that reach it and answers, once the gate
+/// is open, the status sent on it; with the gate's sender and the count.
+fn gated_login() -> (
+    Router,
+    tokio::sync::watch::Sender<Option<StatusCode>>,
+    Arc<AtomicUsize>,
+) {
+    let (gate_tx, gate) = tokio::sync::watch::channel(None::<StatusCode>);
+    let entered = Arc::new(AtomicUsize::new(0));
+    let counter = entered.clone();
+    let login = Router::new().route(
+        "/login",
+        get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut gate = gate.clone();
+            async move { gate.wait_for(Option::is_some).await.unwrap().unwrap() }
+        }),
+    );
+    (login, gate_tx, entered)
 }
