@@ -57,6 +57,15 @@ pub(crate) struct ShardFull {
     pub(crate) free_at: u64,
 }
 
+/// How [`MemoryStore::with`] makes room for a new key in a full shard, handed whole to the
+/// insert: `now` reads the clock, `idle_at` tells which states may be dropped at that time, and
+/// `rank` which live ones to evict first (lowest first).
+struct Room<N, I, Rk> {
+    now: N,
+    idle_at: I,
+    rank: Rk,
+}
+
 /// In this order (`repr(C)`): the lock with the table's header, then the latest reading, fill
 /// the first cache line on 64-bit Linux, which is all a request for a known key touches here;
 /// `full_until`, read only under the write lock, goes on the second.
@@ -173,22 +182,26 @@ where
                 return f(&table.context, state, &shard.latest, hash);
             }
         }
-        self.insert(shard, hash, key, now, idle_at, rank, f, full)
+        let room = Room { now, idle_at, rank };
+        self.insert(shard, hash, key, room, f, full)
     }
 
     /// The rest of [`with`](Self::with), for a key that was not found under the read lock.
-    #[allow(clippy::too_many_arguments)]
-    fn insert<R>(
+    fn insert<R, N, I, Rk>(
         &self,
         shard: &Shard<K, S, G>,
         hash: u64,
         key: &K,
-        now: impl FnOnce() -> u64,
-        idle_at: impl Fn(&G, &S) -> u64,
-        rank: impl Fn(&G, &S, u64) -> u128,
+        room: Room<N, I, Rk>,
         f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
         full: impl FnOnce(&G, ShardFull, u64) -> R,
-    ) -> R {
+    ) -> R
+    where
+        N: FnOnce() -> u64,
+        I: Fn(&G, &S) -> u64,
+        Rk: Fn(&G, &S, u64) -> u128,
+    {
+        let Room { now, idle_at, rank } = room;
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         let Table { context, keys } = &mut *guard;
         let context = &*context;
