@@ -318,6 +318,23 @@ async fn hostile_policy_names_survive_the_wire_and_head_gets_no_body() {
     assert!(head.bytes().await.unwrap().is_empty());
 }
 
+/// `/orders` behind one layer of two policies keyed by the peer address, `wide` then `narrow`,
+/// for requests from `client`.
+fn wide_then_narrow<L>(wide: L, narrow: L, client: SocketAddr) -> Router
+where
+    L: Limiter<IpAddr> + Clone + Send + Sync + 'static,
+    L::Future: Send,
+{
+    Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("wide", PeerIp::new(), wide)
+                .unwrap()
+                .and(Policy::new("narrow", PeerIp::new(), narrow).unwrap()),
+        ))
+        .layer(MockConnectInfo(client))
+}
+
 /// Promise (`observe` docs, `LimiterSnapshot::allowed`: "Decisions that admitted the request";
 /// metric `bulwark_ratelimiter_calls_total{outcome="allowed"}`; `available_permissions`:
 /// "Permits left after the latest decision"): with two observed policies in one layer, a request
@@ -334,14 +351,7 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     let wide = observed("wide", Quota::per_hour(10).unwrap());
     let narrow = observed("narrow", Quota::per_hour(1).unwrap());
     let client: SocketAddr = "192.0.2.79:5000".parse().unwrap();
-    let app = Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            Policy::new("wide", PeerIp::new(), wide.clone())
-                .unwrap()
-                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
-        ))
-        .layer(MockConnectInfo(client));
+    let app = wide_then_narrow(wide.clone(), narrow.clone(), client);
     let mut statuses = Vec::new();
     for _ in 0..3 {
         statuses.push(app.clone().oneshot(get_req()).await.unwrap().status());
@@ -378,14 +388,7 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let wide = limiter(Quota::per_hour(10).unwrap());
     let narrow = limiter(Quota::per_hour(1).unwrap());
     let client: SocketAddr = "192.0.2.80:5000".parse().unwrap();
-    let app = Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            Policy::new("wide", PeerIp::new(), wide.clone())
-                .unwrap()
-                .and(Policy::new("narrow", PeerIp::new(), narrow.clone()).unwrap()),
-        ))
-        .layer(MockConnectInfo(client));
+    let app = wide_then_narrow(wide.clone(), narrow.clone(), client);
     let ok = app.clone().oneshot(get_req()).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
     let after_ok = sf_entries(ok.headers(), "ratelimit");
