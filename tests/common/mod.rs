@@ -101,3 +101,51 @@ pub fn waits_up_to(
 pub fn in_bursts_of(quota: tower_bulwark::Quota, burst: u32) -> tower_bulwark::Quota {
     quota.with_burst(burst).unwrap()
 }
+
+/// A limiter of one budget for `quota` on tokio's clock (paused time moves it).
+pub fn tokio_direct(
+    quota: tower_bulwark::Quota,
+) -> tower_bulwark::DirectRateLimiter<
+    tower_bulwark::algorithm::Gcra,
+    tower_bulwark::clock::TokioClock,
+> {
+    tower_bulwark::DirectRateLimiter::builder(quota)
+        .clock(tower_bulwark::clock::TokioClock::new())
+        .build()
+}
+
+/// A GCRA limiter with a budget per key of type `K` for `quota`, on tokio's clock (paused time
+/// moves it).
+pub fn tokio_keyed<K: std::hash::Hash + Eq + Clone>(
+    quota: tower_bulwark::Quota,
+) -> tower_bulwark::KeyedRateLimiter<
+    K,
+    tower_bulwark::algorithm::Gcra,
+    tower_bulwark::clock::TokioClock,
+> {
+    tokio_keyed_with::<K, tower_bulwark::algorithm::Gcra>(quota)
+}
+
+/// A limiter of algorithm `A` with a budget per key of type `K` for `quota`, on tokio's clock
+/// (paused time moves it).
+pub fn tokio_keyed_with<K: std::hash::Hash + Eq + Clone, A: tower_bulwark::algorithm::Algorithm>(
+    quota: tower_bulwark::Quota,
+) -> tower_bulwark::KeyedRateLimiter<K, A, tower_bulwark::clock::TokioClock> {
+    tower_bulwark::KeyedRateLimiter::<K>::builder(quota)
+        .algorithm::<A>()
+        .clock(tower_bulwark::clock::TokioClock::new())
+        .build()
+}
+
+/// The error `service` answers `request` with; panics if it answers `Ok`.
+pub async fn refusal<S, R>(service: &S, request: R) -> tower_bulwark::BoxError
+where
+    S: tower::Service<R> + Clone,
+    S::Error: Into<tower_bulwark::BoxError>,
+{
+    use tower::ServiceExt;
+    match service.clone().oneshot(request).await {
+        Ok(_) => panic!("answered where a refusal was expected"),
+        Err(err) => err.into(),
+    }
+}

@@ -1,13 +1,13 @@
 //! The in-memory limiters through their public API, with a manual clock: no test sleeps.
 
-use crate::common::{in_bursts_of, waits_up_to};
+use crate::common::{in_bursts_of, tokio_direct, tokio_keyed, tokio_keyed_with, waits_up_to};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
-    clock::{ManualClock, TokioClock},
+    clock::ManualClock,
     limiter::Overflow,
     DirectRateLimiter, KeyedRateLimiter, Quota,
 };
@@ -260,9 +260,7 @@ fn refuse_new_keys_when_full_tells_when_room_frees() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_admitted_exactly_when_its_reservation_falls_due() {
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2));
-    let limiter = KeyedRateLimiter::<u8>::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_keyed::<u8>(quota);
     let start = tokio::time::Instant::now();
     assert!(limiter.acquire(&7).await.unwrap().allowed);
     assert_eq!(start.elapsed(), Duration::ZERO);
@@ -299,10 +297,7 @@ async fn a_dropped_waiter_gives_its_permit_back() {
     async fn run<A: Algorithm>() {
         let name = std::any::type_name::<A>();
         let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
-        let limiter = KeyedRateLimiter::<&str>::builder(quota)
-            .algorithm::<A>()
-            .clock(TokioClock::new())
-            .build();
+        let limiter = tokio_keyed_with::<&str, A>(quota);
         let start = tokio::time::Instant::now();
         assert!(limiter.acquire(&"k").await.unwrap().allowed);
         // This waiter gives up after 100 ms; its future is dropped while it waits.
@@ -321,9 +316,7 @@ async fn a_dropped_waiter_gives_its_permit_back() {
 #[tokio::test(start_paused = true)]
 async fn direct_limiter_waits_and_refunds_too() {
     let quota = waits_up_to(Quota::per_second(2).unwrap(), Duration::from_millis(500));
-    let limiter = DirectRateLimiter::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_direct(quota);
     let start = tokio::time::Instant::now();
     assert!(limiter.acquire().await.unwrap().allowed);
     assert!(limiter.acquire().await.unwrap().allowed);

@@ -22,7 +22,7 @@ use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
 use tower_bulwark::BoxError;
 
-use crate::common::{paused_runtime, poll_once, response};
+use crate::common::{paused_runtime, poll_once, response, tokio_direct};
 
 /// What one scripted call's answer says.
 #[derive(Clone, Debug)]
@@ -328,12 +328,10 @@ struct Busy {
 /// worker told to wait sleeps that long and calls again. For `seconds` of tokio's paused time.
 fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_bulwark::{DirectRateLimiter, Policy, Quota, RateLimitLayer};
+    use tower_bulwark::{Policy, Quota, RateLimitLayer};
 
     paused_runtime().block_on(async move {
-        let limiter = DirectRateLimiter::builder(Quota::per_second(5).unwrap())
-            .clock(TokioClock::new())
-            .build();
+        let limiter = tokio_direct(Quota::per_second(5).unwrap());
         let server = RateLimitLayer::new(Policy::global("per-client", limiter).unwrap()).layer(
             service_fn(|_: http::Request<()>| async {
                 Ok::<_, BoxError>(Response::new(bytes::Bytes::new()))

@@ -12,10 +12,7 @@ use tokio::sync::oneshot;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
 use tower_bulwark::outbound::{self, Pushback};
-use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    BoxError,
-};
+use tower_bulwark::{clock::ManualClock, BoxError};
 
 use crate::common::response;
 
@@ -143,10 +140,7 @@ async fn a_newer_answer_still_replaces_an_older_one() {
 /// answer's second has passed.
 #[tokio::test(start_paused = true)]
 async fn an_older_spent_answer_does_not_shrink_a_newer_window() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(1))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(1));
     let start = tokio::time::Instant::now();
     let reached = Arc::new(Mutex::new(Vec::new()));
     let calls = Arc::new(AtomicUsize::new(0));

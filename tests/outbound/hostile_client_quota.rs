@@ -2,7 +2,7 @@
 //! the permits, refusals found through tower's wrappers, and waiters dropped half-way. Time is
 //! tokio's paused timer; no test sleeps to pass.
 
-use crate::common::{in_bursts_of, waits_up_to};
+use crate::common::{in_bursts_of, tokio_direct, waits_up_to};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +10,7 @@ use std::time::Duration;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
 use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    limiter::InsufficientCapacity,
-    BoxError, DirectRateLimiter, Quota,
+    clock::ManualClock, limiter::InsufficientCapacity, BoxError, DirectRateLimiter, Quota,
 };
 
 use super::hostile_support::*;
@@ -28,9 +26,7 @@ async fn a_cost_above_capacity_fails_at_once_without_a_retry_time() {
         in_bursts_of(Quota::per_second(1).unwrap(), 3),
         Duration::from_secs(3600),
     );
-    let limiter = DirectRateLimiter::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_direct(quota);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("partner", limiter)
         .cost(4)
@@ -112,9 +108,7 @@ impl std::error::Error for Wrapped {
 /// wrappers deep; a timeout of its own is not a refusal.
 #[tokio::test(start_paused = true)]
 async fn retry_after_through_tower_wrappers_and_source_chains() {
-    let limiter = DirectRateLimiter::builder(Quota::per_second(2).unwrap().with_burst(1).unwrap())
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_direct(Quota::per_second(2).unwrap().with_burst(1).unwrap());
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ServiceBuilder::new()
         .timeout(Duration::from_secs(1))
@@ -146,9 +140,7 @@ async fn retry_after_through_tower_wrappers_and_source_chains() {
 #[tokio::test(start_paused = true)]
 async fn dropped_waiters_give_back_exactly_once() {
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
-    let limiter = DirectRateLimiter::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_direct(quota);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("partner", limiter).layer(echo(calls.clone()));
     client.clone().oneshot(0).await.unwrap();

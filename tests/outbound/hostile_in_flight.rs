@@ -27,10 +27,7 @@ use super::hostile_support::*;
 /// an answer saying 2 left lets exactly 2 calls go.
 #[tokio::test(start_paused = true)]
 async fn every_ending_releases_a_call_in_flight_exactly_once() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(5));
     let calls = Arc::new(AtomicUsize::new(0));
     #[derive(Clone, Copy, Debug)]
     enum How {

@@ -222,10 +222,7 @@ async fn a_retry_policy_comes_back_once_when_the_call_can_go() {
     assert_eq!(retries.load(Ordering::SeqCst), 2);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
-    let waiting = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(120))
-        .build();
+    let waiting = tokio_waiting_up_to(Duration::from_secs(120));
     waiting.observe(&the_429());
     let client = waiting.layer().layer(service_fn(|()| async {
         Ok::<_, BoxError>(response(200, &[]))
@@ -273,10 +270,7 @@ async fn a_quota_exhausted_retry_after_is_exact_for_a_costly_call() {
 /// the older answer gave, and calls made after it do not overtake it.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(60))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(60));
     let calls = Arc::new(AtomicUsize::new(0));
     let client = pushback.layer().layer(scripted(calls.clone()));
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=30"#)]));

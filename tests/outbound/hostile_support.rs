@@ -13,14 +13,27 @@ use http::Response;
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceExt};
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
-use tower_bulwark::{clock::ManualClock, BoxError};
+use tower_bulwark::{
+    clock::{ManualClock, TokioClock},
+    BoxError,
+};
 
+/// A `Pushback` for "partner" on a `ManualClock`, and the clock.
 pub(crate) fn manual() -> (Pushback<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
     (
         Pushback::builder("partner").clock(clock.clone()).build(),
         clock,
     )
+}
+
+/// A `Pushback` for "partner" on tokio's clock whose calls wait up to `max_wait` for a hold to
+/// end.
+pub(crate) fn tokio_waiting_up_to(max_wait: Duration) -> Pushback<TokioClock> {
+    Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_wait(max_wait)
+        .build()
 }
 
 /// A dependency that answers each call with the response sent on the call's own channel, so

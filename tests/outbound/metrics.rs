@@ -2,7 +2,7 @@
 //! answers that asked it to hold and why, and the time it holds for; a client quota's calls by
 //! outcome. Layers built by hand and from a config file record the same series.
 
-use crate::common::waits_up_to;
+use crate::common::{tokio_direct, waits_up_to};
 use crate::counting;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -287,12 +287,10 @@ fn a_hand_built_client_quota_counts_each_outcome() {
     metrics::with_local_recorder(&recorder, || {
         current_thread().block_on(async {
             // One per second, waiting up to one second for it.
-            let limiter = DirectRateLimiter::builder(waits_up_to(
+            let limiter = tokio_direct(waits_up_to(
                 Quota::per_second(1).unwrap(),
                 Duration::from_secs(1),
-            ))
-            .clock(TokioClock::new())
-            .build();
+            ));
             let layer = ClientQuotaLayer::new("partner", limiter);
             let dependency = {
                 let sent = Arc::clone(&sent);
@@ -384,11 +382,8 @@ limiter = "partner-quota"
             assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 200);
             assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 429);
             // Held by the pushback: refused there, the quota untouched.
-            assert!(client
-                .clone()
-                .oneshot(get())
+            assert!(crate::common::refusal(&client, get())
                 .await
-                .unwrap_err()
                 .is::<PushedBack>());
             // Without the pushback, the quota of two is spent.
             let bare = registry

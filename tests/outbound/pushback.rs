@@ -15,6 +15,7 @@ use tower_bulwark::{
     BoxError, BulkheadFull,
 };
 
+use super::hostile_support::tokio_waiting_up_to;
 use crate::common::response;
 
 fn manual(name: &str) -> (Pushback<ManualClock>, ManualClock) {
@@ -225,12 +226,7 @@ async fn after_the_window_the_policy_quota_is_granted_again() {
             ("ratelimit", r#""p";r=0;t=4"#),
         ],
     ));
-    assert!(client
-        .clone()
-        .oneshot(())
-        .await
-        .unwrap_err()
-        .is::<PushedBack>());
+    assert!(crate::common::refusal(&client, ()).await.is::<PushedBack>());
     clock.advance(Duration::from_secs(4));
     for window in 0..3 {
         for _ in 0..3 {
@@ -412,10 +408,7 @@ fn recording_dependency(
 #[tokio::test(start_paused = true)]
 async fn after_a_429_no_task_reaches_the_dependency_before_the_hold_ends() {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(5));
     let client = pushback
         .layer()
         .layer(recording_dependency(arrivals.clone()));
@@ -472,10 +465,7 @@ async fn after_a_429_without_max_wait_every_task_fails_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_longer_than_max_wait_is_refused_at_once_and_a_dropped_waiter_reaches_nothing() {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(1))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(1));
     let client = pushback
         .layer()
         .layer(recording_dependency(arrivals.clone()));
@@ -506,10 +496,7 @@ fn the_headers_of_an_http_parts_are_read_too() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_whose_hold_is_extended_past_max_wait_is_refused_when_it_wakes() {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(3))
-        .build();
+    let pushback = tokio_waiting_up_to(Duration::from_secs(3));
     let client = pushback
         .layer()
         .layer(recording_dependency(arrivals.clone()));
@@ -606,12 +593,7 @@ async fn the_dependencys_own_errors_pass_through_and_stop_counting_in_flight() {
         assert_eq!(err.to_string(), "connection refused");
         assert_eq!(outbound::retry_after(&*err), None);
     }
-    assert!(client
-        .clone()
-        .oneshot(())
-        .await
-        .unwrap_err()
-        .is::<PushedBack>());
+    assert!(crate::common::refusal(&client, ()).await.is::<PushedBack>());
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=10"#)]));
     assert_eq!(
         client.oneshot(()).await.unwrap_err().to_string(),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{poll_once, waits_up_to};
+use crate::common::{poll_once, tokio_keyed, tokio_keyed_with, waits_up_to};
 use crate::support::{json, keyed, peer};
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
@@ -55,9 +55,7 @@ fn counting_app(
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_for_its_permit_then_proceeds() {
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
-    let limiter = KeyedRateLimiter::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_keyed(quota);
     let (app, hits) = counting_app(limiter);
     let get = || Request::get("/orders").body(Body::empty()).unwrap();
     let start = tokio::time::Instant::now();
@@ -91,9 +89,7 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_waiting_request_gives_its_permit_back() {
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
-    let limiter = KeyedRateLimiter::builder(quota)
-        .clock(TokioClock::new())
-        .build();
+    let limiter = tokio_keyed(quota);
     let (app, hits) = counting_app(limiter);
     let get = || Request::get("/orders").body(Body::empty()).unwrap();
     assert_eq!(
@@ -236,10 +232,7 @@ async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
 
     async fn run<A: Algorithm>(name: &str) {
         let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_millis(400));
-        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
-            .algorithm::<A>()
-            .clock(TokioClock::new())
-            .build();
+        let limiter = tokio_keyed_with::<IpAddr, A>(quota);
         let hits = Arc::new(AtomicUsize::new(0));
         let counter = hits.clone();
         let app = Router::new()
@@ -287,10 +280,7 @@ async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
 
         // 300 requests of one client at once, for a fresh budget of 37.
         let quota = Quota::per_hour(37).unwrap();
-        let limiter = KeyedRateLimiter::<IpAddr>::builder(quota)
-            .algorithm::<A>()
-            .clock(TokioClock::new())
-            .build();
+        let limiter = tokio_keyed_with::<IpAddr, A>(quota);
         let app = Router::new()
             .route("/orders", get(|| async { "ok" }))
             .route_layer(
