@@ -11,8 +11,8 @@
 //! second (default 5000) with a burst of a tenth of that. Each instance leases shares of the
 //! quota and admits from them without a round trip, unless `LEASES=off`. A refusal is the
 //! usual 429. Copies on other ports that share the Redis share the quota, exactly. While Redis
-//! cannot answer, decisions are admitted (the fail mode `open`), or refused with
-//! `FAIL_MODE=closed`, once the shares held are spent.
+//! cannot answer, each copy decides with a local limiter of the quota (the default fail mode,
+//! `local`), or refuses with `FAIL_MODE=closed`, once the shares held are spent.
 //!
 //! On Ctrl-C (or SIGTERM) it prints what it admitted and what its leases did:
 //! `RESULT admitted=N refused=M local_decisions=L leases=T unused_permits=U`.
@@ -55,7 +55,8 @@ pub async fn app(
     let store = RedisStore::connect(url).await?;
     let mut builder = RedisRateLimiter::builder(quota, store).prefix("hot_key:");
     if std::env::var("FAIL_MODE").is_ok_and(|mode| mode == "closed") {
-        // While Redis cannot answer, refuse (after the shares held are spent) rather than admit.
+        // While Redis cannot answer, refuse (after the shares held are spent) rather than decide
+        // with a local limiter.
         builder = builder.fail_mode(RedisFailMode::Closed(Duration::from_secs(1)));
     }
     if leases {
