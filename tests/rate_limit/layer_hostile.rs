@@ -5,28 +5,24 @@
 use crate::common::listener::{serve, sf_entries, sf_list};
 use crate::common::{poll_once, waits_up_to};
 use crate::support::{keyed, Broken};
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
-use tokio::sync::watch;
+use http::StatusCode;
 use tower::ServiceExt;
 use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{FailMode, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     clock::{ManualClock, TokioClock},
-    limiter::Decision,
-    BoxError, KeyedRateLimiter, Limiter, Quota,
+    KeyedRateLimiter, Limiter, Quota,
 };
+
+use super::layer_support::{counted_orders, get_orders, Later};
 
 type Tokio = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>;
 
@@ -34,48 +30,6 @@ fn tokio_limiter(quota: Quota) -> Tokio {
     KeyedRateLimiter::builder(quota)
         .clock(TokioClock::new())
         .build()
-}
-
-fn get_req() -> Request<Body> {
-    Request::get("/orders").body(Body::empty()).unwrap()
-}
-
-/// A limiter that decides only once its gate is open, on a later poll, like a remote one.
-#[derive(Clone)]
-struct Later {
-    local: Tokio,
-    gate: watch::Receiver<bool>,
-    asked: Arc<AtomicUsize>,
-    refunds: Arc<AtomicUsize>,
-}
-
-impl Limiter<IpAddr> for Later {
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
-
-    fn quota(&self) -> Quota {
-        Limiter::<IpAddr>::quota(&self.local)
-    }
-
-    fn reserve(&self, key: &IpAddr, cost: u32) -> Self::Future {
-        self.asked.fetch_add(1, Ordering::SeqCst);
-        let (local, mut gate, key) = (self.local.clone(), self.gate.clone(), *key);
-        Box::pin(async move {
-            tokio::task::yield_now().await;
-            gate.wait_for(|open| *open).await.unwrap();
-            Limiter::reserve(&local, &key, cost).await
-        })
-    }
-
-    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        Limiter::refund(&self.local, key, cost, decision)
-    }
-
-    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
-    /// less goes back through `refund`, and nothing is charged.
-    fn settle(&self, key: &IpAddr, estimate: u32, decision: Decision, cost: u32) -> bool {
-        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
-    }
 }
 
 /// Held: README "Several policies ... one refused by any spends nothing from the others" and
@@ -91,44 +45,25 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
         Quota::per_second(1).unwrap(),
         Duration::from_secs(1),
     ));
-    let (open, gate) = watch::channel(true);
-    let later = Later {
-        local: remote_state.clone(),
-        gate,
-        asked: Arc::new(AtomicUsize::new(0)),
-        refunds: Arc::new(AtomicUsize::new(0)),
-    };
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
+    let (later, open) = Later::new(remote_state.clone());
     let client: SocketAddr = "192.0.2.77:5000".parse().unwrap();
-    let app = Router::new()
-        .route(
-            "/orders",
-            get(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { "ok" }
-            }),
-        )
-        .route_layer(RateLimitLayer::new(
-            Policy::new("wide", PeerIp::new(), BoxLimiter::new(wide.clone()))
-                .unwrap()
-                .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(later.clone())).unwrap())
-                .and(
-                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
-                        .unwrap(),
-                ),
-        ))
-        .layer(MockConnectInfo(client));
+    let (app, hits) = counted_orders(RateLimitLayer::new(
+        Policy::new("wide", PeerIp::new(), BoxLimiter::new(wide.clone()))
+            .unwrap()
+            .and(Policy::new("remote", PeerIp::new(), BoxLimiter::new(later.clone())).unwrap())
+            .and(Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone())).unwrap()),
+    ));
+    let app = app.layer(MockConnectInfo(client));
 
     let start = tokio::time::Instant::now();
     assert_eq!(
-        app.clone().oneshot(get_req()).await.unwrap().status(),
+        app.clone().oneshot(get_orders()).await.unwrap().status(),
         StatusCode::OK
     );
 
     // Dropped while the remote policy decides: `wide` was granted, `waiting` not yet asked.
     open.send_replace(false);
-    let mut reserving = Box::pin(app.clone().oneshot(get_req()));
+    let mut reserving = Box::pin(app.clone().oneshot(get_orders()));
     assert!(poll_once(reserving.as_mut()).is_pending());
     assert!(poll_once(reserving.as_mut()).is_pending());
     drop(reserving);
@@ -140,7 +75,7 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
 
     // Dropped while waiting for `waiting`'s permit, after the deferred decision.
     open.send_replace(true);
-    let mut waiter = Box::pin(app.clone().oneshot(get_req()));
+    let mut waiter = Box::pin(app.clone().oneshot(get_orders()));
     for _ in 0..8 {
         assert!(poll_once(waiter.as_mut()).is_pending());
         tokio::task::yield_now().await;
@@ -155,7 +90,7 @@ async fn three_policies_dropped_at_each_await_point_give_every_permit_back_once(
 
     // The next request waits one second (its own permit), not two.
     assert_eq!(
-        app.clone().oneshot(get_req()).await.unwrap().status(),
+        app.clone().oneshot(get_orders()).await.unwrap().status(),
         StatusCode::OK
     );
     assert_eq!(start.elapsed(), Duration::from_secs(1));
@@ -204,7 +139,7 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
         )
         .layer(MockConnectInfo(client));
     let start = tokio::time::Instant::now();
-    let refused = app.clone().oneshot(get_req()).await.unwrap();
+    let refused = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO, "refused at once");
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = refused.headers().clone();
@@ -354,7 +289,7 @@ async fn a_request_refused_by_another_policy_is_not_counted_allowed() {
     let app = wide_then_narrow(wide.clone(), narrow.clone(), client);
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        statuses.push(app.clone().oneshot(get_req()).await.unwrap().status());
+        statuses.push(app.clone().oneshot(get_orders()).await.unwrap().status());
     }
     assert_eq!(
         statuses,
@@ -389,7 +324,7 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
     let narrow = limiter(Quota::per_hour(1).unwrap());
     let client: SocketAddr = "192.0.2.80:5000".parse().unwrap();
     let app = wide_then_narrow(wide.clone(), narrow.clone(), client);
-    let ok = app.clone().oneshot(get_req()).await.unwrap();
+    let ok = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(ok.status(), StatusCode::OK);
     let after_ok = sf_entries(ok.headers(), "ratelimit");
     assert_eq!(after_ok[0].0, "wide");
@@ -399,7 +334,7 @@ async fn a_refusal_reports_the_real_state_of_the_policies_it_did_not_spend() {
         [("r".to_string(), 9), ("t".to_string(), 3240)]
     );
 
-    let refused = app.clone().oneshot(get_req()).await.unwrap();
+    let refused = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "3600");
     let state = sf_entries(refused.headers(), "ratelimit");

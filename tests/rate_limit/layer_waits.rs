@@ -3,7 +3,6 @@
 //! that decide on a later poll, and with headers off every algorithm waiting, refusing and
 //! counting exactly.
 
-use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,63 +19,43 @@ use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::limiter::BoxLimiter;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{
-    algorithm::SlidingLog,
-    clock::{ManualClock, TokioClock},
-    limiter::Decision,
-    BoxError, KeyedRateLimiter, Limiter, Quota,
-};
+use tower_bulwark::{algorithm::SlidingLog, clock::ManualClock, Limiter, Quota};
 
 use super::layer_support::*;
 
-type IpLimiter = KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, ManualClock>;
-
-/// Counts the requests that reach the handler.
-fn counting_app(
-    limiter: KeyedRateLimiter<IpAddr, tower_bulwark::algorithm::Gcra, TokioClock>,
-) -> (Router, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
-    let app = Router::new()
-        .route(
-            "/orders",
-            get(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { "ok" }
-            }),
-        )
-        .route_layer(RateLimitLayer::new(
-            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
-        ))
-        .layer(MockConnectInfo(peer("192.0.2.200")));
-    (app, hits)
+/// The `/orders` route of one request a second per peer, a request waiting up to a second for
+/// its permit, sent from one peer on tokio's clock; and the count of the requests that reach its
+/// handler.
+fn one_a_second_waiting_app() -> (Router, Arc<AtomicUsize>) {
+    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
+    let (app, hits) = counted_orders(RateLimitLayer::new(
+        Policy::new("per-ip", PeerIp::new(), tokio_keyed::<IpAddr>(quota)).unwrap(),
+    ));
+    (app.layer(MockConnectInfo(peer("192.0.2.200"))), hits)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_for_its_permit_then_proceeds() {
-    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
-    let limiter = tokio_keyed(quota);
-    let (app, hits) = counting_app(limiter);
-    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    let (app, hits) = one_a_second_waiting_app();
     let start = tokio::time::Instant::now();
     assert_eq!(
-        app.clone().oneshot(get()).await.unwrap().status(),
+        app.clone().oneshot(get_orders()).await.unwrap().status(),
         StatusCode::OK
     );
     assert_eq!(start.elapsed(), Duration::ZERO);
     // The second permit falls due in one second: the request waits for it, then passes.
-    let waited = app.clone().oneshot(get()).await.unwrap();
+    let waited = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(waited.status(), StatusCode::OK);
     assert_eq!(start.elapsed(), Duration::from_secs(1));
     assert_eq!(hits.load(Ordering::SeqCst), 2);
     // Two permits ahead would be a wait of two seconds, more than `max_wait`: refused at once.
     assert_eq!(
-        app.clone().oneshot(get()).await.unwrap().status(),
+        app.clone().oneshot(get_orders()).await.unwrap().status(),
         StatusCode::OK
     );
-    let mut third = Box::pin(app.clone().oneshot(get()));
+    let mut third = Box::pin(app.clone().oneshot(get_orders()));
     assert!(poll_once(Pin::new(&mut third)).is_pending());
-    let refused = app.clone().oneshot(get()).await.unwrap();
+    let refused = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         start.elapsed(),
@@ -88,25 +67,22 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_a_waiting_request_gives_its_permit_back() {
-    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(1));
-    let limiter = tokio_keyed(quota);
-    let (app, hits) = counting_app(limiter);
-    let get = || Request::get("/orders").body(Body::empty()).unwrap();
+    let (app, hits) = one_a_second_waiting_app();
     assert_eq!(
-        app.clone().oneshot(get()).await.unwrap().status(),
+        app.clone().oneshot(get_orders()).await.unwrap().status(),
         StatusCode::OK
     );
 
     // This one holds the next permit and waits for it...
-    let mut waiting = Box::pin(app.clone().oneshot(get()));
+    let mut waiting = Box::pin(app.clone().oneshot(get_orders()));
     assert!(poll_once(Pin::new(&mut waiting)).is_pending());
     // ...so another would have to wait two seconds, and is refused.
-    let refused = app.clone().oneshot(get()).await.unwrap();
+    let refused = app.clone().oneshot(get_orders()).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
 
     // The waiting client goes away: its permit comes back, and the next request gets it.
     drop(waiting);
-    let mut next = Box::pin(app.clone().oneshot(get()));
+    let mut next = Box::pin(app.clone().oneshot(get_orders()));
     assert!(
         poll_once(Pin::new(&mut next)).is_pending(),
         "it waits for the returned permit"
@@ -121,58 +97,13 @@ async fn dropping_a_waiting_request_gives_its_permit_back() {
     );
 }
 
-/// A limiter that answers like a remote one: the decision arrives on a later poll, and only once
-/// `open` is set.
-struct Remote {
-    local: IpLimiter,
-    open: Arc<std::sync::atomic::AtomicBool>,
-    asked: Arc<AtomicUsize>,
-}
-
-impl Limiter<IpAddr> for Remote {
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, BoxError>> + Send>>;
-
-    fn quota(&self) -> Quota {
-        Limiter::<IpAddr>::quota(&self.local)
-    }
-
-    fn reserve(&self, key: &IpAddr, cost: u32) -> Self::Future {
-        let local = self.local.clone();
-        let open = self.open.clone();
-        let key = *key;
-        self.asked.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            tokio::task::yield_now().await;
-            while !open.load(Ordering::SeqCst) {
-                tokio::task::yield_now().await;
-            }
-            Limiter::reserve(&local, &key, cost).await
-        })
-    }
-
-    fn refund(&self, key: &IpAddr, cost: u32, decision: Decision) -> bool {
-        Limiter::refund(&self.local, key, cost, decision)
-    }
-
-    /// As a limiter of its own that gives back only by refunds: the difference of a settle to
-    /// less goes back through `refund`, and nothing is charged.
-    fn settle(&self, key: &IpAddr, estimate: u32, decision: Decision, cost: u32) -> bool {
-        cost < estimate && Limiter::refund(self, key, estimate - cost, decision)
-    }
-}
-
 #[tokio::test]
 async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
     let clock = ManualClock::new();
     let local = keyed(Quota::per_second(5).unwrap(), &clock);
     let remote_state = keyed(Quota::per_second(2).unwrap(), &clock);
-    let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let asked = Arc::new(AtomicUsize::new(0));
-    let remote = Remote {
-        local: remote_state.clone(),
-        open: open.clone(),
-        asked: asked.clone(),
-    };
+    let (remote, open) = Later::new(remote_state.clone());
+    let asked = remote.asked.clone();
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
@@ -195,7 +126,7 @@ async fn limiters_that_decide_later_are_awaited_and_refunded_like_the_others() {
 
     // A request whose remote decision is still out when the client goes away gives back the
     // local permit it already holds.
-    open.store(false, Ordering::SeqCst);
+    open.send_replace(false);
     let other = peer("192.0.2.34");
     let mut request = Request::get("/orders").body(Body::empty()).unwrap();
     request
@@ -233,20 +164,10 @@ async fn with_headers_off_every_algorithm_waits_refuses_and_counts_exactly() {
     async fn run<A: Algorithm>(name: &str) {
         let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_millis(400));
         let limiter = tokio_keyed_with::<IpAddr, A>(quota);
-        let hits = Arc::new(AtomicUsize::new(0));
-        let counter = hits.clone();
-        let app = Router::new()
-            .route(
-                "/orders",
-                get(move || {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    async { "ok" }
-                }),
-            )
-            .route_layer(
-                RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
-                    .without_admitted_headers(),
-            );
+        let (app, hits) = counted_orders(
+            RateLimitLayer::new(Policy::new("per-ip", PeerIp::new(), limiter).unwrap())
+                .without_admitted_headers(),
+        );
         let from = |ip: &str| app.clone().layer(MockConnectInfo(peer(ip)));
         let request = || Request::get("/orders").body(Body::empty()).unwrap();
         let client = "192.0.2.10";
