@@ -149,3 +149,39 @@ where
         Err(err) => err.into(),
     }
 }
+
+/// Calls the generic function `f` once for each algorithm, GCRA, fixed window, sliding log and
+/// sliding counter in that order, with the same arguments: `for_every_algorithm!(f)`,
+/// `for_every_algorithm!(f(a, b))`, `for_every_algorithm!(f(a, b).await)`. With
+/// `prefixed "p": f(a).await` each call also gets a last argument naming its algorithm after
+/// `p` ("p" then `gcra:`, `fw:`, `log:`, `sc:`), for Redis keys apart; with `tagged: f(a).await`
+/// that name alone.
+#[allow(unused_macros)]
+macro_rules! for_every_algorithm {
+    (tagged: $f:ident($($arg:expr),*).await) => {
+        for_every_algorithm!(prefixed "": $f($($arg),*).await)
+    };
+    (prefixed $prefix:literal: $f:ident($($arg:expr),*).await) => {
+        $f::<tower_bulwark::algorithm::Gcra>($($arg,)* concat!($prefix, "gcra:")).await;
+        $f::<tower_bulwark::algorithm::FixedWindow>($($arg,)* concat!($prefix, "fw:")).await;
+        $f::<tower_bulwark::algorithm::SlidingLog>($($arg,)* concat!($prefix, "log:")).await;
+        $f::<tower_bulwark::algorithm::SlidingCounter>($($arg,)* concat!($prefix, "sc:")).await;
+    };
+    ($f:ident($($arg:expr),*).await) => {
+        $f::<tower_bulwark::algorithm::Gcra>($($arg),*).await;
+        $f::<tower_bulwark::algorithm::FixedWindow>($($arg),*).await;
+        $f::<tower_bulwark::algorithm::SlidingLog>($($arg),*).await;
+        $f::<tower_bulwark::algorithm::SlidingCounter>($($arg),*).await;
+    };
+    ($f:ident($($arg:expr),*)) => {
+        $f::<tower_bulwark::algorithm::Gcra>($($arg),*);
+        $f::<tower_bulwark::algorithm::FixedWindow>($($arg),*);
+        $f::<tower_bulwark::algorithm::SlidingLog>($($arg),*);
+        $f::<tower_bulwark::algorithm::SlidingCounter>($($arg),*);
+    };
+    ($f:ident) => {
+        for_every_algorithm!($f())
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use for_every_algorithm;

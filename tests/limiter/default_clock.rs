@@ -3,6 +3,7 @@
 //! often), and real limiters on the default clock raced by sixteen threads; and limiters raced by
 //! sixteen threads whose clocks disagree, as cores whose counters are out of step would.
 
+use crate::common::for_every_algorithm;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -10,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tower_bulwark::{
-    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    algorithm::Algorithm,
     clock::{Clock, SystemClock},
     DirectRateLimiter, KeyedRateLimiter, Quota,
 };
@@ -122,10 +123,7 @@ fn direct_race<A: Algorithm>() {
 
 #[test]
 fn sixteen_threads_racing_a_direct_limiter_on_the_default_clock_get_exactly_the_quota() {
-    direct_race::<Gcra>();
-    direct_race::<FixedWindow>();
-    direct_race::<SlidingLog>();
-    direct_race::<SlidingCounter>();
+    for_every_algorithm!(direct_race);
 }
 
 fn keyed_race<A: Algorithm>() {
@@ -160,10 +158,7 @@ fn keyed_race<A: Algorithm>() {
 
 #[test]
 fn sixteen_threads_racing_a_keyed_limiter_on_the_default_clock_get_exactly_the_quota_per_key() {
-    keyed_race::<Gcra>();
-    keyed_race::<FixedWindow>();
-    keyed_race::<SlidingLog>();
-    keyed_race::<SlidingCounter>();
+    for_every_algorithm!(keyed_race);
 }
 
 /// A GCRA limiter of 2000 per second (burst 2000) on the default clock, hammered by sixteen
@@ -311,14 +306,8 @@ fn keyed_race_on_skewed_clocks<A: Algorithm>() {
 /// limiter out of order: every algorithm admits exactly the quota, direct and per key.
 #[test]
 fn sixteen_threads_on_cores_out_of_step_get_exactly_the_quota() {
-    direct_race_on_skewed_clocks::<Gcra>();
-    direct_race_on_skewed_clocks::<FixedWindow>();
-    direct_race_on_skewed_clocks::<SlidingLog>();
-    direct_race_on_skewed_clocks::<SlidingCounter>();
-    keyed_race_on_skewed_clocks::<Gcra>();
-    keyed_race_on_skewed_clocks::<FixedWindow>();
-    keyed_race_on_skewed_clocks::<SlidingLog>();
-    keyed_race_on_skewed_clocks::<SlidingCounter>();
+    for_every_algorithm!(direct_race_on_skewed_clocks);
+    for_every_algorithm!(keyed_race_on_skewed_clocks);
 }
 
 /// A GCRA limiter of 2000 per second (burst 2000) on cores out of step, hammered by sixteen

@@ -6,6 +6,7 @@
 //! whose reading each thread chooses, to reproduce a thread that read the clock and then lost the
 //! race to one that read it later. No test sleeps.
 
+use crate::common::for_every_algorithm;
 use crate::common::waits_up_to;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +15,7 @@ use std::thread;
 use std::time::Duration;
 
 use tower_bulwark::{
-    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    algorithm::{Algorithm, Gcra, SlidingCounter, SlidingLog},
     clock::{Clock, ManualClock},
     limiter::{Decision, Overflow},
     DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
@@ -57,16 +58,6 @@ fn keyed<A: Algorithm, C: Clock>(quota: Quota, clock: C) -> KeyedRateLimiter<u64
 
 fn decide<L: Limiter<u64>>(limiter: &L, key: u64, cost: u32) -> Decision {
     limiter.reserve_now(&key, cost).unwrap().unwrap()
-}
-
-/// Runs `check` for every algorithm.
-macro_rules! for_every_algorithm {
-    ($f:ident) => {
-        $f::<Gcra>();
-        $f::<FixedWindow>();
-        $f::<SlidingLog>();
-        $f::<SlidingCounter>();
-    };
 }
 
 // ---- item 5: a refused request still spent window permits ----

@@ -1,5 +1,6 @@
 //! The in-memory limiters through their public API, with a manual clock: no test sleeps.
 
+use crate::common::for_every_algorithm;
 use crate::common::{in_bursts_of, tokio_direct, tokio_keyed, tokio_keyed_with, waits_up_to};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -146,10 +147,7 @@ fn keyed_exact_under_contention<A: Algorithm>() {
 
 #[test]
 fn keyed_limiter_gives_each_key_exactly_its_limit_under_contention() {
-    keyed_exact_under_contention::<Gcra>();
-    keyed_exact_under_contention::<FixedWindow>();
-    keyed_exact_under_contention::<SlidingLog>();
-    keyed_exact_under_contention::<SlidingCounter>();
+    for_every_algorithm!(keyed_exact_under_contention);
 }
 
 #[test]
@@ -363,8 +361,5 @@ fn a_refund_that_leaves_a_key_idle_frees_its_slot_for_new_keys() {
             next.retry_after
         );
     }
-    check::<Gcra>();
-    check::<FixedWindow>();
-    check::<SlidingLog>();
-    check::<SlidingCounter>();
+    for_every_algorithm!(check);
 }

@@ -3,14 +3,11 @@
 //! reservations and refunds: no panic (debug builds check overflow), a refusal's `retry_after` is
 //! never zero, and at one instant without waiting no more than the capacity is admitted.
 
+use crate::common::for_every_algorithm;
 use crate::common::Rng;
 use std::time::Duration;
 
-use tower_bulwark::{
-    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
-    clock::ManualClock,
-    KeyedRateLimiter, Limiter, Quota,
-};
+use tower_bulwark::{algorithm::Algorithm, clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 fn quotas(rng: &mut Rng) -> Option<Quota> {
     let span = Quota::MAX_SPAN.as_nanos() as u64;
@@ -96,9 +93,6 @@ fn run<A: Algorithm>(seed: u64) {
 fn quotas_and_clocks_at_the_bounds_never_panic_nor_refuse_with_zero_retry_after() {
     for seed in 1..=8u64 {
         let s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        run::<Gcra>(s);
-        run::<FixedWindow>(s);
-        run::<SlidingLog>(s);
-        run::<SlidingCounter>(s);
+        for_every_algorithm!(run(s));
     }
 }

@@ -2,6 +2,7 @@
 //! racing changes never admit more than the larger quota allows; a layer built before a change
 //! advertises the new quota; a Redis limiter's change applies to its script calls.
 
+use crate::common::for_every_algorithm;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,10 +77,7 @@ fn nine_of_ten_then_twenty<A: Algorithm>() {
 
 #[test]
 fn a_key_keeps_what_it_used_when_its_quota_grows_for_every_algorithm() {
-    nine_of_ten_then_twenty::<Gcra>();
-    nine_of_ten_then_twenty::<FixedWindow>();
-    nine_of_ten_then_twenty::<SlidingLog>();
-    nine_of_ten_then_twenty::<SlidingCounter>();
+    for_every_algorithm!(nine_of_ten_then_twenty);
 }
 
 /// 9 of 10 used, then the quota drops to 5: nothing is left now.
@@ -97,10 +95,7 @@ fn nine_of_ten_then_five<A: Algorithm>() {
 
 #[test]
 fn a_key_that_used_more_than_a_lowered_quota_is_refused_for_every_algorithm() {
-    nine_of_ten_then_five::<Gcra>();
-    nine_of_ten_then_five::<FixedWindow>();
-    nine_of_ten_then_five::<SlidingLog>();
-    nine_of_ten_then_five::<SlidingCounter>();
+    for_every_algorithm!(nine_of_ten_then_five);
 }
 
 #[test]
@@ -243,10 +238,7 @@ fn racing_changes_at_one_instant<A: Algorithm>() {
 
 #[test]
 fn decisions_racing_quota_changes_add_up_to_exactly_the_larger_quota() {
-    racing_changes_at_one_instant::<Gcra>();
-    racing_changes_at_one_instant::<FixedWindow>();
-    racing_changes_at_one_instant::<SlidingLog>();
-    racing_changes_at_one_instant::<SlidingCounter>();
+    for_every_algorithm!(racing_changes_at_one_instant);
 }
 
 /// Time runs on while the period flips between 1 s and 2 s (10 and 20 permits): over the whole
@@ -297,10 +289,7 @@ fn racing_changes_while_time_runs<A: Algorithm>() {
 
 #[test]
 fn decisions_racing_period_changes_while_time_runs_stay_bounded() {
-    racing_changes_while_time_runs::<Gcra>();
-    racing_changes_while_time_runs::<FixedWindow>();
-    racing_changes_while_time_runs::<SlidingLog>();
-    racing_changes_while_time_runs::<SlidingCounter>();
+    for_every_algorithm!(racing_changes_while_time_runs);
 }
 
 #[test]
@@ -432,10 +421,7 @@ mod redis_store {
             return;
         };
         let store = RedisStore::connect(&server.url()).await.unwrap();
-        nine_of_ten_then_twenty::<Gcra>(&store, "gcra:").await;
-        nine_of_ten_then_twenty::<FixedWindow>(&store, "fw:").await;
-        nine_of_ten_then_twenty::<SlidingLog>(&store, "log:").await;
-        nine_of_ten_then_twenty::<SlidingCounter>(&store, "sc:").await;
+        for_every_algorithm!(tagged: nine_of_ten_then_twenty(&store).await);
     }
 
     /// A longer period must not strand a window key in a window that lies years away.

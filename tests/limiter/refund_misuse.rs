@@ -9,6 +9,7 @@
 //! share its state and take back each other's decisions. Each algorithm, in memory here and in
 //! Redis in `tests/redis/refund.rs`.
 
+use crate::common::for_every_algorithm;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
@@ -447,8 +448,5 @@ fn a_refund_under_another_key_is_told_apart_by_the_limiters_hasher() {
             name::<A>()
         );
     }
-    run::<Gcra>();
-    run::<FixedWindow>();
-    run::<SlidingLog>();
-    run::<SlidingCounter>();
+    for_every_algorithm!(run);
 }

@@ -2,6 +2,7 @@
 //! settled to what it cost. Exact under concurrency, debt that delays the key and is never lost,
 //! and a model of each key's tokens.
 
+use crate::common::for_every_algorithm;
 use crate::common::waits_up_to;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -102,10 +103,7 @@ fn a_give_back_behind_debt_is_exact_under_every_algorithm() {
         Quota::per_minute(1000).unwrap(),
         waiting(Duration::from_secs(90)),
     ] {
-        a_give_back_behind_debt_is_exact::<Gcra>(quota);
-        a_give_back_behind_debt_is_exact::<FixedWindow>(quota);
-        a_give_back_behind_debt_is_exact::<SlidingLog>(quota);
-        a_give_back_behind_debt_is_exact::<SlidingCounter>(quota);
+        for_every_algorithm!(a_give_back_behind_debt_is_exact(quota));
     }
 }
 

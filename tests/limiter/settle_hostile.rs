@@ -2,6 +2,7 @@
 //! every span, decisions of other keys, limiters and tiers, settles of reservations that wait,
 //! of admissions whose time has passed, racing quota changes and stale clock readings.
 
+use crate::common::for_every_algorithm;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -55,16 +56,6 @@ fn name<A>() -> &'static str {
     std::any::type_name::<A>().rsplit("::").next().unwrap()
 }
 
-/// Runs the generic test `$f` for every algorithm.
-macro_rules! each {
-    ($f:ident) => {
-        $f::<Gcra>();
-        $f::<FixedWindow>();
-        $f::<SlidingLog>();
-        $f::<SlidingCounter>();
-    };
-}
-
 /// An estimate larger than what was taken gives back only what was taken; a smaller one is
 /// what the settle counts from (the docs: the estimate is the decision's where it is smaller);
 /// a cost of `u32::MAX` is charged as the capacity, so two periods later the key is whole.
@@ -87,7 +78,7 @@ fn estimates_that_lie_are_held_to_what_the_decision_took() {
             assert_eq!(drain(&l, 1), 10, "{who}: settle({estimate}, {cost}), later");
         }
     }
-    each!(run);
+    for_every_algorithm!(run);
 }
 
 /// A thousand admissions of one permit under a quota of `u32::MAX`, each settled to `u32::MAX`
@@ -111,7 +102,7 @@ fn debt_piled_past_u32_never_wraps_into_room() {
         let two = one || who == "SlidingCounter";
         assert_eq!(l.check(&1).allowed, two, "{who} after two periods");
     }
-    each!(run);
+    for_every_algorithm!(run);
 }
 
 /// A period of `Quota::MAX_SPAN` (2^60 ns) and 64 admissions each settled to `u32::MAX`: 4 096
@@ -139,7 +130,7 @@ fn debt_of_more_time_than_u64_nanoseconds_holds() {
             "{who} in period 2"
         );
     }
-    each!(run);
+    for_every_algorithm!(run);
 }
 
 /// Refusals, another limiter's or key's decision, a decision built by hand: settling them
@@ -179,7 +170,7 @@ fn foreign_refused_and_forged_decisions_settle_nothing_either_way() {
         assert!(l.clone().settle(&4, 4, d, 0));
         assert_eq!(drain(&l, 4), 10, "{who}: a clone's settle");
     }
-    each!(run);
+    for_every_algorithm!(run);
 }
 
 /// A key that moves to another tier between its admission and the settle: the settle goes to
@@ -281,7 +272,7 @@ fn settles_of_reservations_never_hand_out_a_held_slot() {
         assert!(l.settle(&k, 2, r, 0));
         assert_eq!(drain(&l, k), 2, "{who}: settled once due");
     }
-    each!(run);
+    for_every_algorithm!(run);
     // GCRA, exactly: one a second, burst 5; d0 takes 3 and another 2 now, r1 is due at 1 s,
     // r2 at 2 s.
     let quota = Quota::per_second(1).unwrap().with_burst(5).unwrap();

@@ -2,6 +2,7 @@
 //! script call: each decided in order inside it, exactly as alone, in fewer calls, and whatever
 //! becomes of the callers (dropped before, during or after their call) the key's turn passes on.
 
+use crate::common::for_every_algorithm;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -133,10 +134,7 @@ async fn racing_tasks_get_exactly_the_limit_in_fewer_calls() {
         assert_eq!(allowed, 50, "{name}");
         assert!(calls < 200, "{name}: {calls} calls for 400 decisions");
     }
-    race::<Gcra>(&server).await;
-    race::<FixedWindow>(&server).await;
-    race::<SlidingLog>(&server).await;
-    race::<SlidingCounter>(&server).await;
+    for_every_algorithm!(race(&server).await);
 }
 
 type Decision = Pin<

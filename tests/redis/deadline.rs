@@ -2,6 +2,7 @@
 //! are sent, each answered by the fail mode at its timeout; when Redis resumes, the queued
 //! scripts must change nothing.
 
+use crate::common::for_every_algorithm;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -417,8 +418,5 @@ async fn abandoned_decisions_spend_nothing_in_any_algorithm() {
     let Some(server) = RedisServer::start("abandoned_decisions_spend_nothing") else {
         return;
     };
-    abandoned_decisions_spend_nothing::<Gcra>(&server, "gone:gcra:").await;
-    abandoned_decisions_spend_nothing::<FixedWindow>(&server, "gone:fw:").await;
-    abandoned_decisions_spend_nothing::<SlidingLog>(&server, "gone:log:").await;
-    abandoned_decisions_spend_nothing::<SlidingCounter>(&server, "gone:sc:").await;
+    for_every_algorithm!(prefixed "gone:": abandoned_decisions_spend_nothing(&server).await);
 }

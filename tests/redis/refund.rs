@@ -2,6 +2,7 @@
 //! exactly as it was, for every algorithm, whether it was admitted at once or reserved, and
 //! whether the refund comes at once or later; hostile state is refused, not believed.
 
+use crate::common::for_every_algorithm;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
@@ -481,10 +482,7 @@ async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() 
     let Some(server) = RedisServer::start("stale_reads_every_algorithm") else {
         return;
     };
-    stale_reads_decide_as_of_the_latest::<Gcra>(&server, "gcra").await;
-    stale_reads_decide_as_of_the_latest::<FixedWindow>(&server, "fw").await;
-    stale_reads_decide_as_of_the_latest::<SlidingLog>(&server, "log").await;
-    stale_reads_decide_as_of_the_latest::<SlidingCounter>(&server, "sc").await;
+    for_every_algorithm!(tagged: stale_reads_decide_as_of_the_latest(&server).await);
 }
 
 /// The sliding counter in Redis admits steady traffic below the rate for small limits (the
@@ -611,10 +609,7 @@ async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    refunds_stay_with_their_key::<Gcra>(&store, "gcra").await;
-    refunds_stay_with_their_key::<FixedWindow>(&store, "fixed").await;
-    refunds_stay_with_their_key::<SlidingLog>(&store, "log").await;
-    refunds_stay_with_their_key::<SlidingCounter>(&store, "counter").await;
+    for_every_algorithm!(tagged: refunds_stay_with_their_key(&store).await);
 }
 
 /// A decision given back "to another limiter … gives nothing back (each algorithm, in memory
@@ -663,8 +658,5 @@ async fn a_refund_across_redis_servers_gives_nothing_back() {
     let Some(b) = RedisServer::start("a_refund_across_redis_servers_b") else {
         return;
     };
-    a_refund_across_servers_gives_nothing_back::<Gcra>(&a, &b).await;
-    a_refund_across_servers_gives_nothing_back::<FixedWindow>(&a, &b).await;
-    a_refund_across_servers_gives_nothing_back::<SlidingLog>(&a, &b).await;
-    a_refund_across_servers_gives_nothing_back::<SlidingCounter>(&a, &b).await;
+    for_every_algorithm!(a_refund_across_servers_gives_nothing_back(&a, &b).await);
 }

@@ -2,6 +2,7 @@
 //! exactly the quota in tokens, for every algorithm; debt is charged in Redis; a fail mode's
 //! decision settles with its local limiter.
 
+use crate::common::for_every_algorithm;
 use crate::common::waits_up_to;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
-    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    algorithm::{FixedWindow, Gcra},
     clock::ManualClock,
     Limiter, Quota,
 };
@@ -146,14 +147,8 @@ async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    racing_settles_add_up_to_the_quota::<Gcra>(&store, "gcra:").await;
-    racing_settles_add_up_to_the_quota::<FixedWindow>(&store, "fw:").await;
-    racing_settles_add_up_to_the_quota::<SlidingLog>(&store, "sl:").await;
-    racing_settles_add_up_to_the_quota::<SlidingCounter>(&store, "sc:").await;
-    a_give_back_behind_debt_is_exact::<Gcra>(&store, "debt-gcra:").await;
-    a_give_back_behind_debt_is_exact::<FixedWindow>(&store, "debt-fw:").await;
-    a_give_back_behind_debt_is_exact::<SlidingLog>(&store, "debt-sl:").await;
-    a_give_back_behind_debt_is_exact::<SlidingCounter>(&store, "debt-sc:").await;
+    for_every_algorithm!(tagged: racing_settles_add_up_to_the_quota(&store).await);
+    for_every_algorithm!(prefixed "debt-": a_give_back_behind_debt_is_exact(&store).await);
     let gcra_whole = Duration::from_millis(63_060);
     a_give_back_behind_a_waiter_is_kept::<Gcra>(&store, "waiter-gcra:", gcra_whole).await;
     let fw_whole = Duration::from_secs(120);

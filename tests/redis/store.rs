@@ -1,5 +1,6 @@
 //! The Redis store through the public API, each test against its own `redis-server`.
 
+use crate::common::for_every_algorithm;
 use crate::common::{redis_server, waits_up_to};
 
 use std::time::Duration;
@@ -407,10 +408,7 @@ async fn reservations_within_max_wait_for_every_algorithm() {
         return;
     };
     let clock = ManualClock::new();
-    reservations::<Gcra>(&server, &clock).await;
-    reservations::<FixedWindow>(&server, &clock).await;
-    reservations::<SlidingLog>(&server, &clock).await;
-    reservations::<SlidingCounter>(&server, &clock).await;
+    for_every_algorithm!(reservations(&server, &clock).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
