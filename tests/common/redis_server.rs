@@ -385,3 +385,37 @@ pub async fn key_state(conn: &mut redis::aio::MultiplexedConnection, key: &str) 
     }
     out
 }
+
+/// Whether a Redis limiter keeps refusals in its local cache (the default) or asks Redis for
+/// every decision.
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy)]
+pub enum Refusals {
+    Cached,
+    Uncached,
+}
+
+/// A Redis limiter of algorithm `A` for `quota` on `store`, its keys under `prefix`, reading the
+/// client clock `clock`, that fails with Redis's error (neither open nor closed) and waits up to
+/// 5 s for an answer, its refusals cached or not.
+#[cfg(feature = "redis")]
+pub fn propagating_limiter<A: tower_bulwark::redis::RedisAlgorithm>(
+    store: &tower_bulwark::redis::RedisStore,
+    quota: tower_bulwark::Quota,
+    clock: &tower_bulwark::clock::ManualClock,
+    prefix: &str,
+    refusals: Refusals,
+) -> tower_bulwark::redis::RedisRateLimiter {
+    let builder = tower_bulwark::redis::RedisRateLimiter::builder(quota, store.clone())
+        .algorithm::<A>()
+        .client_clock(clock.clone())
+        .prefix(prefix)
+        .fail_mode(tower_bulwark::redis::RedisFailMode::Propagate)
+        .timeout(Duration::from_secs(5));
+    match refusals {
+        Refusals::Cached => builder,
+        Refusals::Uncached => builder.refusal_cache_capacity(0),
+    }
+    .build()
+    .unwrap()
+}

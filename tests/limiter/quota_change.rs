@@ -371,24 +371,8 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 #[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use crate::common::redis_server::RedisServer;
-    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
-
-    fn limiter<A: RedisAlgorithm>(
-        store: &RedisStore,
-        quota: Quota,
-        clock: &ManualClock,
-        prefix: &str,
-    ) -> RedisRateLimiter {
-        RedisRateLimiter::builder(quota, store.clone())
-            .algorithm::<A>()
-            .client_clock(clock.clone())
-            .prefix(prefix)
-            .fail_mode(RedisFailMode::Propagate)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap()
-    }
+    use crate::common::redis_server::{propagating_limiter, RedisServer, Refusals};
+    use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 
     async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
         let mut count = 0;
@@ -403,7 +387,13 @@ mod redis_store {
     async fn nine_of_ten_then_twenty<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(1_000));
-        let limiter = limiter::<A>(store, per(10, Duration::from_secs(1)), &clock, prefix);
+        let limiter = propagating_limiter::<A>(
+            store,
+            per(10, Duration::from_secs(1)),
+            &clock,
+            prefix,
+            Refusals::Cached,
+        );
         assert_eq!(admitted(&limiter, "k", 9).await, 9);
         // A refusal is cached; the change must forget it.
         let other = limiter.clone();
@@ -428,7 +418,13 @@ mod redis_store {
     async fn longer_period_stays_sane<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(1_000_000));
-        let limiter = limiter::<A>(store, per(5, Duration::from_secs(1)), &clock, prefix);
+        let limiter = propagating_limiter::<A>(
+            store,
+            per(5, Duration::from_secs(1)),
+            &clock,
+            prefix,
+            Refusals::Cached,
+        );
         assert_eq!(admitted(&limiter, "k", 3).await, 3);
         limiter.set_quota(per(5, Duration::from_secs(60))).unwrap();
         // The 3 stay counted in the minute that holds them.
@@ -463,7 +459,8 @@ mod redis_store {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let clock = ManualClock::new();
         let q = per(10, Duration::from_secs(1));
-        let limiter = limiter::<SlidingCounter>(&store, q, &clock, "bad:");
+        let limiter =
+            propagating_limiter::<SlidingCounter>(&store, q, &clock, "bad:", Refusals::Cached);
         let huge = per(u32::MAX, Quota::MAX_SPAN);
         assert!(limiter.set_quota(huge).is_err());
         assert_eq!(limiter.quota(), q);

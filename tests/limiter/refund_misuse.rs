@@ -366,21 +366,20 @@ fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
+    use crate::common::redis_server::{propagating_limiter, Refusals};
     use std::collections::hash_map::DefaultHasher;
-    use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+    use tower_bulwark::redis::{RedisAlgorithm, RedisStore};
 
     async fn run<A: RedisAlgorithm>(store: &RedisStore, tag: &str) -> Option<String> {
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(1));
-        let redis = RedisRateLimiter::builder(five_per_hour(), store.clone())
-            .algorithm::<A>()
-            .client_clock(clock.clone())
-            .prefix(format!("misuse:{tag}:"))
-            .refusal_cache_capacity(0)
-            .fail_mode(RedisFailMode::Propagate)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
+        let redis = propagating_limiter::<A>(
+            store,
+            five_per_hour(),
+            &clock,
+            &format!("misuse:{tag}:"),
+            Refusals::Uncached,
+        );
         let same_fingerprint = KeyedRateLimiter::<String>::builder(five_per_hour())
             .algorithm::<A>()
             .clock(clock.clone())

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::redis_server::{FakeRedis, RedisServer};
+use crate::common::redis_server::{propagating_limiter, FakeRedis, RedisServer, Refusals};
 use crate::common::{poll_once, waits_up_to, Rng};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -39,15 +39,13 @@ async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, se
         .clock(clock.clone())
         .build();
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let redis = RedisRateLimiter::builder(quota, store)
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(format!("batch:{seed}:"))
-        .refusal_cache_capacity(0)
-        .fail_mode(RedisFailMode::Propagate)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let redis = propagating_limiter::<A>(
+        &store,
+        quota,
+        &clock,
+        &format!("batch:{seed}:"),
+        Refusals::Uncached,
+    );
     let mut rng = Rng(seed);
     let (mut decisions, calls_before) = (0, evalsha_calls(server));
     for round in 0..40 {

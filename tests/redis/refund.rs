@@ -6,11 +6,9 @@ use crate::common::for_every_algorithm;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
-use crate::common::redis_server::{key_state, RedisServer};
+use crate::common::redis_server::{key_state, propagating_limiter, RedisServer, Refusals};
 use redis::aio::MultiplexedConnection;
-use tower_bulwark::redis::{
-    RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
-};
+use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
@@ -24,23 +22,6 @@ async fn plain(server: &RedisServer) -> MultiplexedConnection {
         .unwrap()
         .get_multiplexed_async_connection()
         .await
-        .unwrap()
-}
-
-fn limiter<A: RedisAlgorithm>(
-    store: &RedisStore,
-    quota: Quota,
-    clock: &ManualClock,
-    prefix: &str,
-) -> RedisRateLimiter {
-    RedisRateLimiter::builder(quota, store.clone())
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(prefix)
-        .refusal_cache_capacity(0)
-        .fail_mode(RedisFailMode::Propagate)
-        .timeout(Duration::from_secs(5))
-        .build()
         .unwrap()
 }
 
@@ -94,8 +75,20 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     for (i, s) in SCENARIOS.iter().enumerate() {
         let clock = ManualClock::new();
-        let vetoed = limiter::<A>(&store, quota, &clock, &format!("{tag}:{i}:v:"));
-        let twin = limiter::<A>(&store, quota, &clock, &format!("{tag}:{i}:t:"));
+        let vetoed = propagating_limiter::<A>(
+            &store,
+            quota,
+            &clock,
+            &format!("{tag}:{i}:v:"),
+            Refusals::Uncached,
+        );
+        let twin = propagating_limiter::<A>(
+            &store,
+            quota,
+            &clock,
+            &format!("{tag}:{i}:t:"),
+            Refusals::Uncached,
+        );
         let (vkey, tkey) = (vetoed.redis_key("k"), twin.redis_key("k"));
         let context = format!("{tag}: {}", s.name);
         for &(at, cost) in s.history {
@@ -186,7 +179,13 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     let mut conn = plain(&server).await;
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
-    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:reserved:");
+    let gcra = propagating_limiter::<Gcra>(
+        &store,
+        quota,
+        &clock,
+        "latest:reserved:",
+        Refusals::Uncached,
+    );
     let key = gcra.redis_key("k");
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
     let a = gcra.reserve(&"k", 1).await.unwrap();
@@ -224,7 +223,8 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
-    let gcra = limiter::<Gcra>(&store, quota, &clock, "latest:vetoed:");
+    let gcra =
+        propagating_limiter::<Gcra>(&store, quota, &clock, "latest:vetoed:", Refusals::Uncached);
     let first = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_millis(500));
     let later = gcra.reserve(&"k", 1).await.unwrap();
@@ -247,11 +247,12 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
-    let gcra = limiter::<Gcra>(
+    let gcra = propagating_limiter::<Gcra>(
         &store,
         Quota::per_second(1).unwrap(),
         &clock,
         "latest:late:",
+        Refusals::Uncached,
     );
     let a = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_secs(1));
@@ -267,7 +268,13 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
 async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
-    let window = limiter::<A>(&store, Quota::per_minute(5).unwrap(), &clock, tag);
+    let window = propagating_limiter::<A>(
+        &store,
+        Quota::per_minute(5).unwrap(),
+        &clock,
+        tag,
+        Refusals::Uncached,
+    );
     let second = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
         .clock(clock.clone())
         .build();
@@ -315,8 +322,20 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
     let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
-    let fresh = limiter::<SlidingLog>(&store, quota, &fresh_clock, "stale:");
-    let stale = limiter::<SlidingLog>(&store, quota, &stale_clock, "stale:");
+    let fresh = propagating_limiter::<SlidingLog>(
+        &store,
+        quota,
+        &fresh_clock,
+        "stale:",
+        Refusals::Uncached,
+    );
+    let stale = propagating_limiter::<SlidingLog>(
+        &store,
+        quota,
+        &stale_clock,
+        "stale:",
+        Refusals::Uncached,
+    );
     let key = fresh.redis_key("k");
     let mut admitted_at = Vec::new();
     let mut record = |members: &[String]| {
@@ -366,10 +385,13 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
-    let gcra = limiter::<Gcra>(&store, quota, &clock, "bad:gcra:");
-    let window = limiter::<FixedWindow>(&store, quota, &clock, "bad:fw:");
-    let counter = limiter::<SlidingCounter>(&store, quota, &clock, "bad:sc:");
-    let log = limiter::<SlidingLog>(&store, quota, &clock, "bad:log:");
+    let gcra = propagating_limiter::<Gcra>(&store, quota, &clock, "bad:gcra:", Refusals::Uncached);
+    let window =
+        propagating_limiter::<FixedWindow>(&store, quota, &clock, "bad:fw:", Refusals::Uncached);
+    let counter =
+        propagating_limiter::<SlidingCounter>(&store, quota, &clock, "bad:sc:", Refusals::Uncached);
+    let log =
+        propagating_limiter::<SlidingLog>(&store, quota, &clock, "bad:log:", Refusals::Uncached);
     let mut cases: Vec<(&str, Vec<String>)> = Vec::new();
     for bad in ["1.5", "-3", "inf", "nan", "1e300", "-inf"] {
         cases.push(("gcra", vec!["SET".into(), gcra.redis_key("k"), bad.into()]));
@@ -444,9 +466,27 @@ async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisSe
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
-    let fresh = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:s:"));
-    let stale = limiter::<A>(&store, quota, &stale_clock, &format!("{tag}:s:"));
-    let twin = limiter::<A>(&store, quota, &fresh_clock, &format!("{tag}:t:"));
+    let fresh = propagating_limiter::<A>(
+        &store,
+        quota,
+        &fresh_clock,
+        &format!("{tag}:s:"),
+        Refusals::Uncached,
+    );
+    let stale = propagating_limiter::<A>(
+        &store,
+        quota,
+        &stale_clock,
+        &format!("{tag}:s:"),
+        Refusals::Uncached,
+    );
+    let twin = propagating_limiter::<A>(
+        &store,
+        quota,
+        &fresh_clock,
+        &format!("{tag}:t:"),
+        Refusals::Uncached,
+    );
     for (step, &(fresh_ms, stale_ms, cost)) in [
         (100, 0, 1),
         (1_200, 900, 1),
@@ -496,8 +536,13 @@ async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
     for (permits, requests) in [(1u32, 30u64), (2, 50)] {
         let clock = ManualClock::new();
         let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
-        let limiter =
-            limiter::<SlidingCounter>(&store, quota, &clock, &format!("steady{permits}:"));
+        let limiter = propagating_limiter::<SlidingCounter>(
+            &store,
+            quota,
+            &clock,
+            &format!("steady{permits}:"),
+            Refusals::Uncached,
+        );
         // Evenly spaced at 90 % of the rate.
         let gap = Duration::from_secs(3600) / permits * 10 / 9;
         let mut refused = 0;
@@ -535,9 +580,12 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
     for gap_ms in [0u64, 30] {
         let clock = ManualClock::new();
         let prefix = |p: &str| format!("shared:{gap_ms}:{p}:");
-        let vetoed = limiter::<Gcra>(&store, quota, &clock, &prefix("v"));
-        let twin = limiter::<Gcra>(&store, quota, &clock, &prefix("t"));
-        let kept = limiter::<Gcra>(&store, quota, &clock, &prefix("k"));
+        let vetoed =
+            propagating_limiter::<Gcra>(&store, quota, &clock, &prefix("v"), Refusals::Uncached);
+        let twin =
+            propagating_limiter::<Gcra>(&store, quota, &clock, &prefix("t"), Refusals::Uncached);
+        let kept =
+            propagating_limiter::<Gcra>(&store, quota, &clock, &prefix("k"), Refusals::Uncached);
         for _ in 0..4 {
             let refused_elsewhere = vetoed.reserve(&"k", 1).await.unwrap();
             assert!(refused_elsewhere.allowed);
@@ -573,7 +621,13 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(1));
     let quota = Quota::per_minute(3).unwrap();
-    let redis = limiter::<A>(store, quota, &clock, &format!("own-key:{tag}:"));
+    let redis = propagating_limiter::<A>(
+        store,
+        quota,
+        &clock,
+        &format!("own-key:{tag}:"),
+        Refusals::Uncached,
+    );
     let memory = KeyedRateLimiter::<&str>::builder(quota)
         .clock(clock.clone())
         .build();
@@ -626,9 +680,9 @@ async fn a_refund_across_servers_gives_nothing_back<A: RedisAlgorithm>(
     let store_a = RedisStore::connect(&a.url()).await.unwrap();
     let store_b = RedisStore::connect(&b.url()).await.unwrap();
     let prefix = format!("shared:{name}:");
-    let on_a = limiter::<A>(&store_a, quota, &clock, &prefix);
-    let on_b = limiter::<A>(&store_b, quota, &clock, &prefix);
-    let twin_of_a = limiter::<A>(&store_a, quota, &clock, &prefix);
+    let on_a = propagating_limiter::<A>(&store_a, quota, &clock, &prefix, Refusals::Uncached);
+    let on_b = propagating_limiter::<A>(&store_b, quota, &clock, &prefix, Refusals::Uncached);
+    let twin_of_a = propagating_limiter::<A>(&store_a, quota, &clock, &prefix, Refusals::Uncached);
     for _ in 0..2 {
         assert!(on_b.check(&"k").await.unwrap().allowed, "{name}");
     }

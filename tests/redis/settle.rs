@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{propagating_limiter, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra},
@@ -21,24 +21,13 @@ fn limiter<A: RedisAlgorithm>(
     clock: &ManualClock,
     prefix: &str,
 ) -> RedisRateLimiter {
-    limiter_of::<A>(Quota::per_minute(1000).unwrap(), store, clock, prefix)
-}
-
-/// [`limiter`] under `quota`.
-fn limiter_of<A: RedisAlgorithm>(
-    quota: Quota,
-    store: &RedisStore,
-    clock: &ManualClock,
-    prefix: &str,
-) -> RedisRateLimiter {
-    RedisRateLimiter::builder(quota, store.clone())
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(prefix)
-        .fail_mode(RedisFailMode::Propagate)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
+    propagating_limiter::<A>(
+        store,
+        Quota::per_minute(1000).unwrap(),
+        clock,
+        prefix,
+        Refusals::Cached,
+    )
 }
 
 /// Sixteen tasks on four limiters (instances) of one Redis race on one key of 1 000 tokens a
@@ -102,7 +91,7 @@ async fn a_give_back_behind_debt_is_exact<A: RedisAlgorithm>(store: &RedisStore,
     ] {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(1));
-        let limiter = limiter_of::<A>(quota, store, &clock, &prefix);
+        let limiter = propagating_limiter::<A>(store, quota, &clock, &prefix, Refusals::Cached);
         let name = std::any::type_name::<A>();
         let a = limiter.reserve(&"k", 100).await.unwrap();
         let b = limiter.reserve(&"k", 100).await.unwrap();
@@ -127,7 +116,7 @@ async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
 ) {
     let quota = waits_up_to(Quota::per_minute(1000).unwrap(), Duration::from_secs(90));
     let clock = ManualClock::new();
-    let limiter = limiter_of::<A>(quota, store, &clock, prefix);
+    let limiter = propagating_limiter::<A>(store, quota, &clock, prefix, Refusals::Cached);
     let name = std::any::type_name::<A>();
     let a = limiter.reserve(&"k", 100).await.unwrap();
     let b = limiter.reserve(&"k", 900).await.unwrap();
