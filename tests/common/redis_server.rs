@@ -132,6 +132,16 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// A server of its own for `test` and a store connected to it: `start` and a connection.
+    #[cfg(feature = "redis")]
+    pub async fn with_store(test: &str) -> Option<(Self, tower_bulwark::redis::RedisStore)> {
+        let server = Self::start(test)?;
+        let store = tower_bulwark::redis::RedisStore::connect(&server.url())
+            .await
+            .unwrap();
+        Some((server, store))
+    }
+
     /// Starts a server, or returns `None` when the test must be skipped.
     pub fn start(test: &str) -> Option<Self> {
         let binary = binary_or_skip(test, "redis-server")?;

@@ -407,10 +407,9 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_redis_limiter_keeps_each_key_s_use_across_a_change() {
-        let Some(server) = RedisServer::start("quota_change::redis") else {
+        let Some((_server, store)) = RedisServer::with_store("quota_change::redis").await else {
             return;
         };
-        let store = RedisStore::connect(&server.url()).await.unwrap();
         for_every_algorithm!(tagged: nine_of_ten_then_twenty(&store).await);
     }
 
@@ -442,10 +441,10 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_longer_period_in_redis_keeps_the_count_and_ends_in_time() {
-        let Some(server) = RedisServer::start("quota_change::redis_period") else {
+        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_period").await
+        else {
             return;
         };
-        let store = RedisStore::connect(&server.url()).await.unwrap();
         longer_period_stays_sane::<FixedWindow>(&store, "fw:").await;
         longer_period_stays_sane::<SlidingCounter>(&store, "sc:").await;
         longer_period_stays_sane::<SlidingLog>(&store, "log:").await;
@@ -453,10 +452,10 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_quota_the_scripts_cannot_run_is_refused_and_changes_nothing() {
-        let Some(server) = RedisServer::start("quota_change::redis_refused") else {
+        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_refused").await
+        else {
             return;
         };
-        let store = RedisStore::connect(&server.url()).await.unwrap();
         let clock = ManualClock::new();
         let q = per(10, Duration::from_secs(1));
         let limiter =

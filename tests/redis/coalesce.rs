@@ -146,10 +146,10 @@ type Decision = Pin<
 /// admissions spent.
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
-    let Some(server) = RedisServer::start("decisions_dropped_at_any_point") else {
+    let Some((_server, store)) = RedisServer::with_store("decisions_dropped_at_any_point").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     let limiter = RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
         .client_clock(clock.clone())
@@ -221,10 +221,10 @@ async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
 /// and the first is too when it is polled at last.
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
-    let Some(server) = RedisServer::start("queued_behind_an_unpolled_first") else {
+    let Some((server, store)) = RedisServer::with_store("queued_behind_an_unpolled_first").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
         .refusal_cache_capacity(0)
         .fail_mode(RedisFailMode::Propagate)

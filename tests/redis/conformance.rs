@@ -186,37 +186,41 @@ async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
 
 #[tokio::test]
 async fn gcra_in_redis_decides_as_in_memory() {
-    let Some(server) = RedisServer::start("gcra_in_redis_decides_as_in_memory") else {
+    let Some((_server, store)) =
+        RedisServer::with_store("gcra_in_redis_decides_as_in_memory").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     conform::<Gcra>(&store, 1).await;
 }
 
 #[tokio::test]
 async fn fixed_window_in_redis_decides_as_in_memory() {
-    let Some(server) = RedisServer::start("fixed_window_in_redis_decides_as_in_memory") else {
+    let Some((_server, store)) =
+        RedisServer::with_store("fixed_window_in_redis_decides_as_in_memory").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     conform::<FixedWindow>(&store, 2).await;
 }
 
 #[tokio::test]
 async fn sliding_log_in_redis_decides_as_in_memory() {
-    let Some(server) = RedisServer::start("sliding_log_in_redis_decides_as_in_memory") else {
+    let Some((_server, store)) =
+        RedisServer::with_store("sliding_log_in_redis_decides_as_in_memory").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     conform::<SlidingLog>(&store, 3).await;
 }
 
 #[tokio::test]
 async fn sliding_counter_in_redis_decides_as_in_memory() {
-    let Some(server) = RedisServer::start("sliding_counter_in_redis_decides_as_in_memory") else {
+    let Some((_server, store)) =
+        RedisServer::with_store("sliding_counter_in_redis_decides_as_in_memory").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     conform::<SlidingCounter>(&store, 4).await;
 }
 
@@ -243,10 +247,9 @@ async fn conform_at_the_bounds<A: RedisAlgorithm>(store: &RedisStore, base_seed:
 
 #[tokio::test]
 async fn every_algorithm_decides_as_in_memory_at_the_bounds_of_exact_arithmetic() {
-    let Some(server) = RedisServer::start("conformance_at_the_bounds") else {
+    let Some((_server, store)) = RedisServer::with_store("conformance_at_the_bounds").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     conform_at_the_bounds::<Gcra>(&store, 11).await;
     conform_at_the_bounds::<FixedWindow>(&store, 12).await;
     conform_at_the_bounds::<SlidingLog>(&store, 13).await;

@@ -111,10 +111,11 @@ async fn admitted_until_refused(limiter: &RedisRateLimiter) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes() {
-    let Some(server) = RedisServer::start("decisions_queued_while_redis_was_stopped") else {
+    let Some((server, store)) =
+        RedisServer::with_store("decisions_queued_while_redis_was_stopped").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let gcra = build::<Gcra>(&store, "stop:gcra:");
     let window = build::<FixedWindow>(&store, "stop:fw:");
     let log = build::<SlidingLog>(&store, "stop:log:");
@@ -245,10 +246,10 @@ async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
 /// script held up between the two changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connections_response_timeout_bounds_the_deadline() {
-    let Some(server) = RedisServer::start("the_connections_response_timeout") else {
+    let Some((server, store)) = RedisServer::with_store("the_connections_response_timeout").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter_timeout = Duration::from_secs(3);
     let limiter = RedisRateLimiter::builder(
         Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap(),

@@ -225,10 +225,10 @@ async fn calls(conn: &mut redis::aio::MultiplexedConnection, commands: &[&str]) 
 /// `EVALSHA` again, for every algorithm, without a failure.
 #[tokio::test]
 async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
-    let Some(server) = RedisServer::start("each_decision_is_one_evalsha") else {
+    let Some((server, store)) = RedisServer::with_store("each_decision_is_one_evalsha").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -335,10 +335,11 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
 
 #[tokio::test]
 async fn state_of_the_wrong_type_is_an_error_not_a_panic() {
-    let Some(server) = RedisServer::start("state_of_the_wrong_type_is_an_error") else {
+    let Some((server, store)) =
+        RedisServer::with_store("state_of_the_wrong_type_is_an_error").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_second(5).unwrap();
     let gcra = RedisRateLimiter::builder(quota, store.clone())
         .fail_mode(RedisFailMode::Propagate)
@@ -520,10 +521,10 @@ async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
         assert_eq!(limiter.counts().leases_taken, 0);
     }
 
-    let Some(server) = RedisServer::start("a_lease_state_of_the_wrong_shape") else {
+    let Some((server, store)) = RedisServer::with_store("a_lease_state_of_the_wrong_shape").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let limiter = RedisRateLimiter::builder(quota, store)
         .lease(Lease::new())
         .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))

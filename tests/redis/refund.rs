@@ -172,10 +172,10 @@ async fn a_vetoed_request_leaves_the_sliding_counter_state_as_it_was() {
 /// instant with a burst of one. A's permits stay spent; the latest one's refund is exact.
 #[tokio::test]
 async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds() {
-    let Some(server) = RedisServer::start("gcra_refund_of_the_latest_only") else {
+    let Some((server, store)) = RedisServer::with_store("gcra_refund_of_the_latest_only").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = plain(&server).await;
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
@@ -217,10 +217,10 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
 /// gave the next caller a slot at 1.5 s, half a second after the reservation's.
 #[tokio::test]
 async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent() {
-    let Some(server) = RedisServer::start("gcra_veto_behind_a_reservation") else {
+    let Some((_server, store)) = RedisServer::with_store("gcra_veto_behind_a_reservation").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
     let gcra =
@@ -242,10 +242,9 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
 /// and B holds the next one, so a third caller at 1 s is refused.
 #[tokio::test]
 async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
-    let Some(server) = RedisServer::start("gcra_late_refund") else {
+    let Some((_server, store)) = RedisServer::with_store("gcra_late_refund").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     let gcra = propagating_limiter::<Gcra>(
         &store,
@@ -314,10 +313,9 @@ async fn refusals_of_another_policy_do_not_drain_the_redis_window() {
 /// not let the sliding log admit more than its limit in any window.
 #[tokio::test]
 async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
-    let Some(server) = RedisServer::start("stale_sliding_log") else {
+    let Some((server, store)) = RedisServer::with_store("stale_sliding_log").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let mut conn = plain(&server).await;
     let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
     let fresh_clock = ManualClock::new();
@@ -378,10 +376,9 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
 /// exponent, a field too many) is an error, never a decision built on it.
 #[tokio::test]
 async fn stored_state_that_is_not_an_exact_count_is_an_error() {
-    let Some(server) = RedisServer::start("corrupt_state_is_an_error") else {
+    let Some((server, store)) = RedisServer::with_store("corrupt_state_is_an_error").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
@@ -529,10 +526,10 @@ async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() 
 /// previous window's share is rounded down, as in memory).
 #[tokio::test]
 async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
-    let Some(server) = RedisServer::start("sliding_counter_steady_traffic") else {
+    let Some((_server, store)) = RedisServer::with_store("sliding_counter_steady_traffic").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     for (permits, requests) in [(1u32, 30u64), (2, 50)] {
         let clock = ManualClock::new();
         let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
@@ -572,10 +569,9 @@ async fn redis_admitted_until_refused(limiter: &RedisRateLimiter) -> u64 {
 /// the time elapsed, with time between), as in memory.
 #[tokio::test]
 async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_admitted() {
-    let Some(server) = RedisServer::start("gcra_shared_key_refusals") else {
+    let Some((_server, store)) = RedisServer::with_store("gcra_shared_key_refusals").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_second(10).unwrap();
     for gap_ms in [0u64, 30] {
         let clock = ManualClock::new();
@@ -659,10 +655,9 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
 
 #[tokio::test]
 async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
-    let Some(server) = RedisServer::start("refund_other_key") else {
+    let Some((_server, store)) = RedisServer::with_store("refund_other_key").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     for_every_algorithm!(tagged: refunds_stay_with_their_key(&store).await);
 }
 

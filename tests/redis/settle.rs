@@ -132,10 +132,9 @@ async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
-    let Some(server) = RedisServer::start("racing_settles_in_redis") else {
+    let Some((_server, store)) = RedisServer::with_store("racing_settles_in_redis").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     for_every_algorithm!(tagged: racing_settles_add_up_to_the_quota(&store).await);
     for_every_algorithm!(prefixed "debt-": a_give_back_behind_debt_is_exact(&store).await);
     let gcra_whole = Duration::from_millis(63_060);
@@ -148,10 +147,9 @@ async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
 /// the tokens owed; the synchronous `settle` sends it from a task of its own.
 #[tokio::test]
 async fn debt_settled_in_redis_delays_every_instance() {
-    let Some(server) = RedisServer::start("debt_settled_in_redis") else {
+    let Some((_server, store)) = RedisServer::with_store("debt_settled_in_redis").await else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1));
     let (a, b) = (
@@ -184,10 +182,10 @@ async fn debt_settled_in_redis_delays_every_instance() {
 /// interval, settled after it, gives back each token at the interval it was charged at.
 #[tokio::test]
 async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
-    let Some(server) = RedisServer::start("settle_after_set_quota_in_redis") else {
+    let Some((_server, store)) = RedisServer::with_store("settle_after_set_quota_in_redis").await
+    else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store)
