@@ -28,28 +28,23 @@ use super::order_support::*;
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
     for (kind, builder) in kinds(3) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=5).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=5);
         assert_eq!(inner.started(), vec![1, 2, 3], "{kind}");
         end(&inner, &mut calls, 1);
         end(&inner, &mut calls, 2);
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&5).unwrap()), "{kind}");
-        assert!(pending(calls.get_mut(&4).unwrap()), "{kind}");
+        assert_pending(&mut calls, [5, 4], kind);
         assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 3 runs, limit 1");
         end(&inner, &mut calls, 3);
-        for id in [5, 4] {
-            assert!(pending(calls.get_mut(&id).unwrap()), "{kind}");
-        }
+        assert_pending(&mut calls, [5, 4], kind);
         assert_eq!(
             inner.started(),
             vec![1, 2, 3, 4],
             "{kind}: 4 arrived before 5 and must start first"
         );
         end(&inner, &mut calls, 4);
-        assert!(pending(calls.get_mut(&5).unwrap()));
+        assert_pending(&mut calls, [5], kind);
         end(&inner, &mut calls, 5);
         assert_idle(&bulkhead, 1, kind);
     }
@@ -62,27 +57,22 @@ async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
     for (kind, builder) in kinds(2) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=4).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=4);
         end(&inner, &mut calls, 1);
         end(&inner, &mut calls, 2);
         bulkhead.set_max_concurrent_calls(0);
-        assert!(pending(calls.get_mut(&4).unwrap()));
-        assert!(pending(calls.get_mut(&3).unwrap()));
+        assert_pending(&mut calls, [4, 3], kind);
         assert_eq!(inner.started(), vec![1, 2], "{kind}: limit 0");
         bulkhead.set_max_concurrent_calls(1);
-        for id in [4, 3] {
-            assert!(pending(calls.get_mut(&id).unwrap()));
-        }
+        assert_pending(&mut calls, [4, 3], kind);
         assert_eq!(
             inner.started(),
             vec![1, 2, 3],
             "{kind}: 3 is the head of the line"
         );
         end(&inner, &mut calls, 3);
-        assert!(pending(calls.get_mut(&4).unwrap()));
+        assert_pending(&mut calls, [4], kind);
         end(&inner, &mut calls, 4);
         assert_idle(&bulkhead, 1, kind);
     }
@@ -94,31 +84,21 @@ async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_order() {
     for (kind, builder) in kinds(2) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=6).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=6);
         end(&inner, &mut calls, 1);
         bulkhead.set_max_concurrent_calls(0);
-        for id in 3..=6 {
-            assert!(pending(calls.get_mut(&id).unwrap()));
-        }
+        assert_pending(&mut calls, 3..=6, kind);
         bulkhead.set_max_concurrent_calls(2);
-        for id in 3..=6 {
-            assert!(pending(calls.get_mut(&id).unwrap()));
-        }
+        assert_pending(&mut calls, 3..=6, kind);
         assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 2 runs, limit 2");
         bulkhead.set_max_concurrent_calls(1);
         end(&inner, &mut calls, 2);
-        for id in 4..=6 {
-            assert!(pending(calls.get_mut(&id).unwrap()));
-        }
+        assert_pending(&mut calls, 4..=6, kind);
         assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 3 runs, limit 1");
         for (ends, starts) in [(3, 4), (4, 5), (5, 6)] {
             end(&inner, &mut calls, ends);
-            for id in (starts..=6).rev() {
-                assert!(pending(calls.get_mut(&id).unwrap()));
-            }
+            assert_pending(&mut calls, (starts..=6).rev(), kind);
             assert_eq!(inner.started().last(), Some(&starts), "{kind}");
         }
         end(&inner, &mut calls, 6);
@@ -135,24 +115,22 @@ async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_ord
 #[tokio::test(start_paused = true)]
 async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_again() {
     for (kind, builder) in kinds(2) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=3).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=3);
         end(&inner, &mut calls, 1);
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&3).unwrap()));
+        assert_pending(&mut calls, [3], kind);
         assert_eq!(inner.started(), vec![1, 2], "{kind}");
         end(&inner, &mut calls, 2);
         bulkhead.set_max_concurrent_calls(0);
-        assert!(pending(calls.get_mut(&3).unwrap()));
+        assert_pending(&mut calls, [3], kind);
         assert_eq!(
             inner.started(),
             vec![1, 2],
             "{kind}: limit 0, yet call 3 reached the inner service after the limit was set"
         );
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&3).unwrap()));
+        assert_pending(&mut calls, [3], kind);
         end(&inner, &mut calls, 3);
         assert_idle(&bulkhead, 1, kind);
     }
@@ -163,17 +141,15 @@ async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_ag
 #[tokio::test(start_paused = true)]
 async fn a_waiter_handed_a_permit_but_not_polled_does_not_start_beyond_a_lowered_limit() {
     for (kind, builder) in kinds(1) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=2).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=2);
         end(&inner, &mut calls, 1);
         bulkhead.set_max_concurrent_calls(0);
-        assert!(pending(calls.get_mut(&2).unwrap()));
+        assert_pending(&mut calls, [2], kind);
         assert_eq!(inner.started(), vec![1], "{kind}");
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&2).unwrap()));
+        assert_pending(&mut calls, [2], kind);
         assert_eq!(inner.started(), vec![1, 2], "{kind}");
         end(&inner, &mut calls, 2);
         assert_idle(&bulkhead, 1, kind);
@@ -189,17 +165,15 @@ async fn a_waiter_handed_a_permit_but_not_polled_does_not_start_beyond_a_lowered
 #[tokio::test(start_paused = true)]
 async fn a_waiter_leaving_with_a_permit_does_not_strand_the_head_of_the_line() {
     for (kind, builder) in kinds(3) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=5).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=5);
         end(&inner, &mut calls, 1);
         end(&inner, &mut calls, 2);
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&4).unwrap()));
+        assert_pending(&mut calls, [4], kind);
         drop(calls.remove(&5));
         end(&inner, &mut calls, 3);
-        assert!(pending(calls.get_mut(&4).unwrap()));
+        assert_pending(&mut calls, [4], kind);
         let snapshot = bulkhead.snapshot();
         assert_eq!(
             inner.started(),
@@ -215,16 +189,13 @@ async fn a_waiter_leaving_with_a_permit_does_not_strand_the_head_of_the_line() {
 /// nothing was in flight for almost all of its wait.
 #[tokio::test(start_paused = true)]
 async fn a_stranded_head_of_line_is_refused_at_max_wait_with_capacity_free() {
-    let bulkhead = Bulkhead::semaphore("s", 3)
-        .max_wait(Duration::from_secs(1))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
-    let mut calls: HashMap<u32, Call> = (1..=5).map(|id| (id, call(&mut svc, id))).collect();
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::semaphore("s", 3).max_wait(Duration::from_secs(1)));
+    let mut calls = calls_of(&mut svc, 1..=5);
     end(&inner, &mut calls, 1);
     end(&inner, &mut calls, 2);
     bulkhead.set_max_concurrent_calls(1);
-    assert!(pending(calls.get_mut(&4).unwrap()));
+    assert_pending(&mut calls, [4], "");
     drop(calls.remove(&5));
     end(&inner, &mut calls, 3);
     tokio::time::advance(Duration::from_secs(1)).await;
@@ -275,11 +246,8 @@ async fn a_waiter_dropped_anywhere_releases_exactly_once() {
     ] {
         for (kind, builder) in kinds(2) {
             let what = format!("{kind}, dropped {at:?}");
-            let bulkhead = builder.build();
-            let inner = Gated::default();
-            let mut svc = bulkhead.layer().layer(inner.clone());
-            let mut calls: HashMap<u32, Call> =
-                (1..=4).map(|id| (id, call(&mut svc, id))).collect();
+            let (bulkhead, inner, mut svc) = gated(builder);
+            let mut calls = calls_of(&mut svc, 1..=4);
             match at {
                 Unpolled => {}
                 Waiting => assert!(pending(calls.get_mut(&3).unwrap())),
@@ -287,14 +255,14 @@ async fn a_waiter_dropped_anywhere_releases_exactly_once() {
                 HeldForLoweredLimit | LetGoUnpolled => {
                     end(&inner, &mut calls, 1);
                     bulkhead.set_max_concurrent_calls(1);
-                    assert!(pending(calls.get_mut(&3).unwrap()));
+                    assert_pending(&mut calls, [3], kind);
                     if let LetGoUnpolled = at {
                         end(&inner, &mut calls, 2);
                     }
                 }
                 Running => {
                     end(&inner, &mut calls, 1);
-                    assert!(pending(calls.get_mut(&3).unwrap()));
+                    assert_pending(&mut calls, [3], kind);
                     assert!(inner.has_started(3), "{what}");
                 }
             }
@@ -305,7 +273,7 @@ async fn a_waiter_dropped_anywhere_releases_exactly_once() {
                     end(&inner, &mut calls, id);
                 }
             }
-            assert!(pending(calls.get_mut(&4).unwrap()), "{what}");
+            assert_pending(&mut calls, [4], &what);
             assert!(inner.has_started(4), "{what}: 4 should run");
             assert!(
                 !inner.started().contains(&3) || matches!(at, Running),
@@ -336,9 +304,7 @@ async fn max_wait_counts_from_arrival_and_refuses_exactly_at_the_deadline() {
             Bulkhead::queue("q", 1, 4).max_wait(Duration::from_millis(100)),
         ),
     ] {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
+        let (bulkhead, inner, mut svc) = gated(builder);
         let _running = call(&mut svc, 1);
         let mut waiter = call(&mut svc, 2);
         tokio::time::advance(Duration::from_millis(60)).await;
@@ -376,18 +342,14 @@ async fn max_wait_counts_from_arrival_and_refuses_exactly_at_the_deadline() {
 /// permit back (paying the debt): the limit then holds and the bulkhead ends idle.
 #[tokio::test(start_paused = true)]
 async fn max_wait_is_kept_by_a_waiter_held_for_a_lowered_limit() {
-    let bulkhead = Bulkhead::semaphore("s", 2)
-        .max_wait(Duration::from_millis(100))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
-    let mut calls: HashMap<u32, Call> = (1..=4).map(|id| (id, call(&mut svc, id))).collect();
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::semaphore("s", 2).max_wait(Duration::from_millis(100)));
+    let mut calls = calls_of(&mut svc, 1..=4);
     end(&inner, &mut calls, 1);
     bulkhead.set_max_concurrent_calls(1);
-    assert!(pending(calls.get_mut(&3).unwrap()));
+    assert_pending(&mut calls, [3], "");
     tokio::time::advance(Duration::from_millis(99)).await;
-    assert!(pending(calls.get_mut(&3).unwrap()));
-    assert!(pending(calls.get_mut(&4).unwrap()));
+    assert_pending(&mut calls, [3, 4], "");
     tokio::time::advance(Duration::from_millis(1)).await;
     for id in [3, 4] {
         let mut fut = calls.remove(&id).unwrap();
@@ -409,9 +371,7 @@ async fn max_wait_is_kept_by_a_waiter_held_for_a_lowered_limit() {
 #[tokio::test(start_paused = true)]
 async fn a_max_wait_of_years_is_not_cut_short() {
     let year = Duration::from_secs(365 * 24 * 3600);
-    let bulkhead = Bulkhead::semaphore("s", 1).max_wait(year * 5).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (_bulkhead, _inner, mut svc) = gated(Bulkhead::semaphore("s", 1).max_wait(year * 5));
     let _running = call(&mut svc, 1);
     let mut waiter = call(&mut svc, 2);
     assert!(pending(&mut waiter));
@@ -431,11 +391,8 @@ async fn a_max_wait_of_years_is_not_cut_short() {
 /// A `max_wait` below tokio's millisecond tick: the refusal comes at or after the deadline.
 #[tokio::test(start_paused = true)]
 async fn a_sub_millisecond_max_wait_is_not_cut_short() {
-    let bulkhead = Bulkhead::semaphore("s", 1)
-        .max_wait(Duration::from_micros(1500))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (_bulkhead, _inner, mut svc) =
+        gated(Bulkhead::semaphore("s", 1).max_wait(Duration::from_micros(1500)));
     let _running = call(&mut svc, 1);
     let start = tokio::time::Instant::now();
     let mut waiter = call(&mut svc, 2);
@@ -471,25 +428,17 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
         ),
         ("queue", Bulkhead::queue("q", 0, 3)),
     ] {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=3).map(|id| (id, call(&mut svc, id))).collect();
-        for id in (1..=3).rev() {
-            assert!(pending(calls.get_mut(&id).unwrap()), "{kind}");
-        }
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=3);
+        assert_pending(&mut calls, (1..=3).rev(), kind);
         assert_eq!(bulkhead.snapshot().queue_depth, 3, "{kind}");
         assert!(inner.started().is_empty(), "{kind}");
         bulkhead.set_max_concurrent_calls(1);
-        for id in (1..=3).rev() {
-            assert!(pending(calls.get_mut(&id).unwrap()), "{kind}");
-        }
+        assert_pending(&mut calls, (1..=3).rev(), kind);
         assert_eq!(inner.started(), vec![1], "{kind}");
         bulkhead.set_max_concurrent_calls(0);
         end(&inner, &mut calls, 1);
-        for id in (2..=3).rev() {
-            assert!(pending(calls.get_mut(&id).unwrap()), "{kind}");
-        }
+        assert_pending(&mut calls, (2..=3).rev(), kind);
         assert_eq!(inner.started(), vec![1], "{kind}: back at 0");
         tokio::time::advance(Duration::from_millis(100)).await;
         for id in 2..=3 {
@@ -515,23 +464,21 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn a_polled_head_of_line_starts_under_a_lowered_limit_with_nothing_in_flight() {
     for (kind, builder) in kinds(2) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=4).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=4);
         end(&inner, &mut calls, 1);
         end(&inner, &mut calls, 2);
         bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(calls.get_mut(&3).unwrap()));
+        assert_pending(&mut calls, [3], kind);
         assert_eq!(
             inner.started(),
             vec![1, 2, 3],
             "{kind}: 0 in flight, limit 1, head of the line polled (snapshot {:?})",
             bulkhead.snapshot()
         );
-        assert!(pending(calls.get_mut(&4).unwrap()));
+        assert_pending(&mut calls, [4], kind);
         end(&inner, &mut calls, 3);
-        assert!(pending(calls.get_mut(&4).unwrap()));
+        assert_pending(&mut calls, [4], kind);
         end(&inner, &mut calls, 4);
         assert_idle(&bulkhead, 1, kind);
     }
@@ -543,9 +490,7 @@ async fn a_polled_head_of_line_starts_under_a_lowered_limit_with_nothing_in_flig
 #[tokio::test(start_paused = true)]
 async fn resizes_alone_never_let_a_waiter_start_beyond_limit_zero() {
     for (kind, builder) in kinds(0) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
+        let (bulkhead, inner, mut svc) = gated(builder);
         let mut one = call(&mut svc, 1);
         bulkhead.set_max_concurrent_calls(1);
         bulkhead.set_max_concurrent_calls(0);
@@ -570,10 +515,8 @@ async fn resizes_alone_never_let_a_waiter_start_beyond_limit_zero() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_task_does_not_strand_the_head_of_the_line() {
     for (kind, builder) in kinds(3) {
-        let bulkhead = builder.build();
-        let inner = Gated::default();
-        let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=3).map(|id| (id, call(&mut svc, id))).collect();
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let mut calls = calls_of(&mut svc, 1..=3);
         let mut tasks = HashMap::new();
         for id in [4, 5] {
             tasks.insert(id, tokio::spawn(svc.clone().oneshot(id)));
@@ -680,12 +623,12 @@ async fn a_panic_in_the_inner_call_of_a_waiter_releases_its_permit() {
         let inner = Gated::default();
         inner.state.lock().unwrap().panic_on_call.extend([2, 4]);
         let mut svc = bulkhead.layer().layer(inner.clone());
-        let mut calls: HashMap<u32, Call> = (1..=3).map(|id| (id, call(&mut svc, id))).collect();
+        let mut calls = calls_of(&mut svc, 1..=3);
         end(&inner, &mut calls, 1);
         let mut two = calls.remove(&2).unwrap();
         assert!(poll_call(&mut two).is_err(), "{kind}: 2's call panics");
         drop(two);
-        assert!(pending(calls.get_mut(&3).unwrap()), "{kind}");
+        assert_pending(&mut calls, [3], kind);
         assert_eq!(inner.started(), vec![1, 3], "{kind}");
         end(&inner, &mut calls, 3);
         let panicked = catch_unwind(AssertUnwindSafe(|| drop(svc.call(4))));

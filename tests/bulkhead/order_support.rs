@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::ops::RangeInclusive;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tower::Service;
+use tower::{Layer, Service};
 use tower_bulwark::bulkhead::{
     Bulkhead, BulkheadBuilder, BulkheadService, CallFinished, CallPermitted, ResponseFuture,
 };
@@ -130,6 +131,31 @@ pub(crate) type Call = Pin<Box<ResponseFuture<Gated, u32>>>;
 
 pub(crate) fn call(svc: &mut Svc, id: u32) -> Call {
     Box::pin(svc.call(id))
+}
+
+/// `builder` built around a fresh gated service: the bulkhead, the gated service, and the
+/// bulkhead's service around it.
+pub(crate) fn gated(builder: BulkheadBuilder) -> (Bulkhead, Gated, Svc) {
+    let bulkhead = builder.build();
+    let inner = Gated::default();
+    let svc = bulkhead.layer().layer(inner.clone());
+    (bulkhead, inner, svc)
+}
+
+/// The calls `ids` made through `svc` in that order (none polled yet), by id.
+pub(crate) fn calls_of(svc: &mut Svc, ids: RangeInclusive<u32>) -> HashMap<u32, Call> {
+    ids.map(|id| (id, call(svc, id))).collect()
+}
+
+/// Polls the calls `ids` in that order and asserts that each is still pending.
+pub(crate) fn assert_pending(
+    calls: &mut HashMap<u32, Call>,
+    ids: impl IntoIterator<Item = u32>,
+    what: &str,
+) {
+    for id in ids {
+        assert!(pending(calls.get_mut(&id).unwrap()), "{what} (call {id})");
+    }
 }
 
 /// Polls once with a waker that does nothing; `Err` if the poll panicked.
