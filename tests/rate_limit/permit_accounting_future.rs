@@ -5,7 +5,7 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
-use crate::common::{block_on, poll_once, waits_up_to, YieldOnce};
+use crate::common::{block_on, poll_once, tokio_keyed, waits_up_to, YieldOnce};
 use crate::support::{drain, header_key, keyed, with_admitted_headers, Slow};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,9 +18,12 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
-use tower_bulwark::clock::{ManualClock, TokioClock};
+use tower_bulwark::algorithm::Gcra;
+use tower_bulwark::clock::ManualClock;
 use tower_bulwark::head::RequestHead;
-use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{
+    FailMode, KeyError, Policy, PolicySet, RateLimitLayer, RateLimitService,
+};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
@@ -81,6 +84,42 @@ fn slow_per_minute(clock: &ManualClock, pendings: usize, fails: bool) -> Slow<St
     Slow::new(keyed(Quota::per_minute(5).unwrap(), clock), pendings, fails)
 }
 
+/// A fast policy, 5 a minute per `x-tenant` on `clock`, then `slow` per `x-gate`, in one layer
+/// (its admitted headers on or off) around a fresh [`Inner`]: the fast policy's limiter, the
+/// inner service and the layer's service.
+fn fast_then_slow(
+    clock: &ManualClock,
+    slow: &Slow<String>,
+    headers: bool,
+) -> (
+    KeyedRateLimiter<String, Gcra, ManualClock>,
+    Inner,
+    RateLimitService<Inner, impl PolicySet>,
+) {
+    let fast = keyed(Quota::per_minute(5).unwrap(), clock);
+    let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
+        .unwrap()
+        .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
+    let inner = Inner::default();
+    let layer = with_admitted_headers(RateLimitLayer::new(policies), headers);
+    (fast, inner.clone(), layer.layer(inner))
+}
+
+/// Waits for `service` to be ready, then sends it `req("200")` and waits for the answer.
+async fn ready_then_call<S>(service: &mut S) -> S::Response
+where
+    S: Service<Request<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(req("200"))
+        .await
+        .unwrap()
+}
+
 fn debug_state(future: &impl std::fmt::Debug) -> String {
     format!("{future:?}")
 }
@@ -94,15 +133,8 @@ fn dropped_while_a_limiter_is_pending_gives_back_exactly_once() {
     for polls in 0..4 {
         for headers in [false, true] {
             let clock = ManualClock::new();
-            let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
             let slow = slow_per_minute(&clock, 5, false);
-            let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
-                .unwrap()
-                .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
-            let layer = RateLimitLayer::new(policies);
-            let layer = with_admitted_headers(layer, headers);
-            let inner = Inner::default();
-            let mut service = layer.layer(inner.clone());
+            let (fast, inner, mut service) = fast_then_slow(&clock, &slow, headers);
             let mut future = Box::pin(service.call(req("200")));
             let debug = debug_state(&future);
             assert!(
@@ -133,15 +165,8 @@ fn dropped_while_a_limiter_is_pending_gives_back_exactly_once() {
 fn a_deferred_admission_spends_each_permit_once() {
     for headers in [false, true] {
         let clock = ManualClock::new();
-        let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
         let slow = slow_per_minute(&clock, 2, false);
-        let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
-            .unwrap()
-            .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
-        let layer = RateLimitLayer::new(policies);
-        let layer = with_admitted_headers(layer, headers);
-        let inner = Inner::default();
-        let mut service = layer.layer(inner.clone());
+        let (fast, inner, mut service) = fast_then_slow(&clock, &slow, headers);
         let mut future = Box::pin(service.call(req("200")));
         let response = loop {
             match poll_once(future.as_mut()) {
@@ -214,24 +239,15 @@ fn a_failing_limiter_gives_back_or_spends_exactly_once() {
 async fn dropped_during_the_wait_gives_the_slot_back() {
     for (polls, sleep_ms) in [(0u64, 0u64), (1, 0), (1, 300), (3, 999)] {
         for headers in [false, true] {
-            let clock = TokioClock::new();
             let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
-            let limiter = KeyedRateLimiter::<String>::builder(quota)
-                .clock(clock)
-                .build();
+            let limiter = tokio_keyed::<String>(quota);
             let layer = RateLimitLayer::new(
                 Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap(),
             );
             let layer = with_admitted_headers(layer, headers);
             let inner = Inner::default();
             let mut service = layer.layer(inner.clone());
-            let first = service
-                .ready()
-                .await
-                .unwrap()
-                .call(req("200"))
-                .await
-                .unwrap();
+            let first = ready_then_call(&mut service).await;
             assert_eq!(first.status(), StatusCode::OK);
             let start = tokio::time::Instant::now();
             let mut waiting = Box::pin(service.ready().await.unwrap().call(req("200")));
@@ -258,13 +274,7 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
             );
             limiter.refund(&"t".to_string(), 1, again);
             // Driven to the end, the next waiter is called when its slot falls due.
-            let response = service
-                .ready()
-                .await
-                .unwrap()
-                .call(req("200"))
-                .await
-                .unwrap();
+            let response = ready_then_call(&mut service).await;
             assert_eq!(response.status(), StatusCode::OK);
             assert_eq!(response.headers().contains_key("ratelimit"), headers);
             assert_eq!(start.elapsed(), Duration::from_secs(1), "polls {polls}");
@@ -282,15 +292,10 @@ async fn dropped_during_the_wait_gives_the_slot_back() {
 #[tokio::test(start_paused = true)]
 async fn dropped_in_a_wait_reached_through_a_pending_limiter_gives_both_back() {
     let clock = ManualClock::new();
-    let fast = keyed(Quota::per_minute(5).unwrap(), &clock);
     let waiting_quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(3));
     let slow = Slow::new(keyed(waiting_quota, &clock), 2, false);
     assert!(slow.inner.check(&"g".to_string()).allowed);
-    let policies = Policy::new("fast", header_key("x-tenant"), fast.clone())
-        .unwrap()
-        .and(Policy::new("slow", header_key("x-gate"), slow.clone()).unwrap());
-    let inner = Inner::default();
-    let mut service = RateLimitLayer::new(policies).layer(inner.clone());
+    let (fast, inner, mut service) = fast_then_slow(&clock, &slow, true);
     let mut future = Box::pin(service.call(req("200")));
     let mut states = Vec::new();
     for _ in 0..4 {
