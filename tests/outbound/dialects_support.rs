@@ -29,13 +29,10 @@ pub(crate) const SATURATED: Duration = Duration::MAX;
 /// 2001-09-09T01:46:40Z, Unix time 10^9, as an HTTP-date.
 pub(crate) const D1E9: &str = "Sun, 09 Sep 2001 01:46:40 GMT";
 
+/// A `Pushback` for "attack" holding calls at most `max_hold`, on a `ManualClock`, and the
+/// clock.
 pub(crate) fn make(max_hold: Duration) -> (Pushback<ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    let pushback = Pushback::builder("attack")
-        .clock(clock.clone())
-        .max_hold(max_hold)
-        .build();
-    (pushback, clock)
+    super::hostile_support::on_manual_clock(Pushback::builder("attack").max_hold(max_hold))
 }
 
 pub(crate) fn answer(status: u16, headers: &[(&str, &[u8])]) -> Response<()> {

@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use tokio::sync::oneshot;
 use tower::{service_fn, Layer, ServiceExt};
+use tower_bulwark::outbound;
 use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
-use tower_bulwark::outbound::{self, Pushback};
-use tower_bulwark::{clock::ManualClock, BoxError};
+use tower_bulwark::BoxError;
 
 use crate::common::response;
 
@@ -27,8 +27,7 @@ use super::hostile_support::*;
 #[tokio::test]
 async fn an_older_lenient_answer_does_not_lift_an_exhausted_quota() {
     let (pushback, clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     let (early_tx, early) = start(&client).await;
     let (late_tx, late) = start(&client).await;
     late_tx
@@ -52,8 +51,7 @@ async fn an_older_lenient_answer_does_not_lift_an_exhausted_quota() {
 #[tokio::test]
 async fn an_older_answer_does_not_shorten_an_exhausted_window() {
     let (pushback, clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     let (early_tx, early) = start(&client).await;
     let (late_tx, late) = start(&client).await;
     late_tx
@@ -73,8 +71,7 @@ async fn an_older_answer_does_not_shorten_an_exhausted_window() {
 #[tokio::test]
 async fn an_older_stricter_answer_still_tightens() {
     let (pushback, _clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, _) = scripted_client(&pushback);
     let (early_tx, early) = start(&client).await;
     let (late_tx, late) = start(&client).await;
     late_tx
@@ -93,8 +90,7 @@ async fn an_older_stricter_answer_still_tightens() {
 #[tokio::test]
 async fn a_newer_answer_lifts_what_an_older_one_spent() {
     let (pushback, _clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     let (early_tx, early) = start(&client).await;
     let (late_tx, late) = start(&client).await;
     late_tx
@@ -118,8 +114,7 @@ async fn a_newer_answer_lifts_what_an_older_one_spent() {
 #[tokio::test]
 async fn a_newer_answer_still_replaces_an_older_one() {
     let (pushback, _clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, _) = scripted_client(&pushback);
     let (tx, call) = start(&client).await;
     tx.send(response(200, &[("ratelimit", r#""p";r=0;t=60"#)]))
         .unwrap();
@@ -258,8 +253,7 @@ async fn an_older_answer_tightens_field_by_field() {
     ];
     for (newer, older, seconds, most) in cases {
         let (pushback, clock) = manual();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let client = pushback.layer().layer(scripted(calls.clone()));
+        let (client, calls) = scripted_client(&pushback);
         let (older_tx, older_call) = start(&client).await;
         let (newer_tx, newer_call) = start(&client).await;
         newer_tx.send(response(200, newer)).unwrap();
@@ -291,13 +285,8 @@ async fn an_older_answer_tightens_field_by_field() {
 /// 60 s: the next call is due 600 ms later, not 60 s.
 #[tokio::test]
 async fn spread_follows_a_newer_looser_answer() {
-    let clock = ManualClock::new();
-    let pushback = Pushback::builder("partner")
-        .clock(clock.clone())
-        .pacing(Pacing::Spread)
-        .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (pushback, clock) = manual_with(Pacing::Spread);
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=60"#)]));
     let (tx, call) = start(&client).await;
     tx.send(response(200, &[("ratelimit", r#""p";r=100;t=60"#)]))
@@ -319,8 +308,7 @@ async fn spread_follows_a_newer_looser_answer() {
 #[tokio::test]
 async fn held_for_agrees_with_what_the_next_call_meets() {
     let (pushback, clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, _) = scripted_client(&pushback);
     let (_slow_tx, slow) = start(&client).await;
     let (tx, call) = start(&client).await;
     tx.send(response(

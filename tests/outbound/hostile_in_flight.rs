@@ -165,8 +165,7 @@ async fn absurd_durations_neither_overflow_nor_send() {
         .max_wait(Duration::MAX)
         .max_hold(Duration::MAX)
         .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(
         429,
         &[("retry-after", "9999999999999999999999999999999999999999")],

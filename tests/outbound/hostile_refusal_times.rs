@@ -57,8 +57,7 @@ async fn a_pushed_back_retry_after_is_exact() {
             .clock(clock.clone())
             .pacing(pacing)
             .build();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let client = pushback.layer().layer(scripted(calls.clone()));
+        let (client, _) = scripted_client(&pushback);
         pushback.observe(&response(status, headers));
         // Spend what may go at once.
         let mut answered = Vec::new();
@@ -91,8 +90,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
         .clock(clock.clone())
         .max_hold(Duration::from_secs(30))
         .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(
         200,
         &[
@@ -127,8 +125,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
 #[tokio::test]
 async fn a_refusal_carries_the_longest_of_the_holds() {
     let (pushback, clock) = manual();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(
         429,
         &[
@@ -271,8 +268,7 @@ async fn a_quota_exhausted_retry_after_is_exact_for_a_costly_call() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
     let pushback = tokio_waiting_up_to(Duration::from_secs(60));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=30"#)]));
     let (first_tx, first) = start(&client).await;
     // The quota is spent: the next call waits for the window, 30 s away.
@@ -298,13 +294,8 @@ async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
 /// the windows a policy grants after the advertised one as well as in that one.
 #[tokio::test]
 async fn spread_paces_the_windows_a_policy_grants_too() {
-    let clock = ManualClock::new();
-    let pushback = Pushback::builder("partner")
-        .clock(clock.clone())
-        .pacing(Pacing::Spread)
-        .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = pushback.layer().layer(scripted(calls.clone()));
+    let (pushback, clock) = manual_with(Pacing::Spread);
+    let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(
         200,
         &[

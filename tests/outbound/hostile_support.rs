@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use http::Response;
 use tokio::sync::oneshot;
+use tower::Layer;
 use tower::{service_fn, Service, ServiceExt};
+use tower_bulwark::clock::Clock;
+use tower_bulwark::outbound::pushback::{Pacing, PushbackBuilder};
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
 use tower_bulwark::{
     clock::{ManualClock, TokioClock},
@@ -20,11 +23,18 @@ use tower_bulwark::{
 
 /// A `Pushback` for "partner" on a `ManualClock`, and the clock.
 pub(crate) fn manual() -> (Pushback<ManualClock>, ManualClock) {
+    on_manual_clock(Pushback::builder("partner"))
+}
+
+/// [`manual`] pacing the calls a window grants by `pacing`.
+pub(crate) fn manual_with(pacing: Pacing) -> (Pushback<ManualClock>, ManualClock) {
+    on_manual_clock(Pushback::builder("partner").pacing(pacing))
+}
+
+/// `builder` built on a new `ManualClock`, and the clock.
+pub(crate) fn on_manual_clock(builder: PushbackBuilder) -> (Pushback<ManualClock>, ManualClock) {
     let clock = ManualClock::new();
-    (
-        Pushback::builder("partner").clock(clock.clone()).build(),
-        clock,
-    )
+    (builder.clock(clock.clone()).build(), clock)
 }
 
 /// A `Pushback` for "partner" on tokio's clock whose calls wait up to `max_wait` for a hold to
@@ -50,6 +60,23 @@ pub(crate) fn scripted(
         calls.fetch_add(1, Ordering::SeqCst);
         async move { Ok::<_, BoxError>(answer.await?) }
     })
+}
+
+/// A client through `pushback` to a [`scripted`] dependency, and the count of the calls that
+/// reach the dependency.
+pub(crate) fn scripted_client<C: Clock + Clone>(
+    pushback: &Pushback<C>,
+) -> (
+    impl Service<
+            oneshot::Receiver<Response<()>>,
+            Response = Response<()>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone,
+    Arc<AtomicUsize>,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    (pushback.layer().layer(scripted(calls.clone())), calls)
 }
 
 /// Starts a call through `client` and polls it once so that it is at the dependency.

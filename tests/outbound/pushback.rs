@@ -15,7 +15,7 @@ use tower_bulwark::{
     BoxError, BulkheadFull,
 };
 
-use super::hostile_support::tokio_waiting_up_to;
+use super::hostile_support::{manual_with, tokio_waiting_up_to};
 use crate::common::response;
 
 fn manual(name: &str) -> (Pushback<ManualClock>, ManualClock) {
@@ -346,11 +346,7 @@ async fn calls_in_flight_are_counted_against_the_advertised_remainder() {
 
 #[tokio::test]
 async fn spread_pacing_spaces_the_calls_left_over_the_window() {
-    let clock = ManualClock::new();
-    let pushback = Pushback::builder("partner")
-        .clock(clock.clone())
-        .pacing(Pacing::Spread)
-        .build();
+    let (pushback, clock) = manual_with(Pacing::Spread);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = pushback.layer().layer(plain_dependency(calls.clone()));
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
