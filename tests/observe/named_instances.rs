@@ -15,24 +15,8 @@ use metrics_util::{CompositeKey, MetricKind};
 use tower::{service_fn, Service, ServiceExt};
 use tower_bulwark::config::Registry;
 
-use crate::orders::{get_orders, router, runtime};
+use crate::orders::{get_orders, router, runtime, ORDERS_CONFIG};
 use tower_bulwark::BulkheadFull;
-
-const CONFIG: &str = r#"
-[rate_limiters.api]
-limit_for_period = 10
-limit_refresh_period = "1h"
-key = "peer_ip"
-
-[rate_limiters.private]
-limit_for_period = 1
-limit_refresh_period = "1h"
-key = "peer_ip"
-hide_keys = true
-
-[bulkheads.payment]
-max_concurrent_calls = 2
-"#;
 
 /// The value of one series in a debugging snapshot, by name and labels.
 fn value<'a>(
@@ -121,7 +105,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     let held = Arc::new(Mutex::new(Vec::new()));
     metrics::with_local_recorder(&recorder, || {
         runtime().block_on(async {
-            let registry = Registry::from_toml_str(CONFIG).unwrap();
+            let registry = Registry::from_toml_str(ORDERS_CONFIG).unwrap();
             let app = router(&registry, "api", [203, 0, 113, 7]);
             let mut statuses = Vec::new();
             for _ in 0..11 {
@@ -243,7 +227,7 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
 #[test]
 fn health_stays_up_while_saturated_and_shows_the_saturation() {
     runtime().block_on(async {
-        let registry = Registry::from_toml_str(CONFIG).unwrap();
+        let registry = Registry::from_toml_str(ORDERS_CONFIG).unwrap();
         let before: serde_json::Value = serde_json::from_str(&registry.health().to_json()).unwrap();
         assert_eq!(before["status"], "UP");
         assert_eq!(before["rateLimiters"]["api"]["saturated"], false);
@@ -411,7 +395,7 @@ fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
     metrics::with_local_recorder(&recorder, || {
         runtime().block_on(async {
             let seen = Arc::clone(&rejected_by);
-            let registry = Registry::from_toml_str_with(CONFIG, move |name, builder| {
+            let registry = Registry::from_toml_str_with(ORDERS_CONFIG, move |name, builder| {
                 let seen = Arc::clone(&seen);
                 let name = name.to_owned();
                 builder.on_call_rejected(move |_: &tower_bulwark::bulkhead::CallRejected<'_>| {

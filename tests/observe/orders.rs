@@ -11,6 +11,24 @@ use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::config::Registry;
 
+/// The registry of the observed app: rate limiters `api` (10 an hour per peer) and `private` (1
+/// an hour per peer, its keys hidden), and the bulkhead `payment` (2 calls at once).
+pub const ORDERS_CONFIG: &str = r#"
+[rate_limiters.api]
+limit_for_period = 10
+limit_refresh_period = "1h"
+key = "peer_ip"
+
+[rate_limiters.private]
+limit_for_period = 1
+limit_refresh_period = "1h"
+key = "peer_ip"
+hide_keys = true
+
+[bulkheads.payment]
+max_concurrent_calls = 2
+"#;
+
 /// A runtime on the calling thread, so that the test's thread sees every event and allocation.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

@@ -9,20 +9,7 @@ use http::StatusCode;
 use tower_bulwark::config::Registry;
 
 use crate::common::process::thread_subscriber;
-use crate::orders::{get_orders, router, runtime};
-
-const CONFIG: &str = r#"
-[rate_limiters.api]
-limit_for_period = 10
-limit_refresh_period = "1h"
-key = "peer_ip"
-
-[rate_limiters.private]
-limit_for_period = 1
-limit_refresh_period = "1h"
-key = "peer_ip"
-hide_keys = true
-"#;
+use crate::orders::{get_orders, router, runtime, ORDERS_CONFIG};
 
 /// Collects what a `tracing` subscriber writes.
 #[derive(Clone, Default)]
@@ -101,7 +88,7 @@ fn a_refused_request_is_a_debug_event_naming_its_policies_with_limiters_built_in
 fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden() {
     let text = debug_events(|| {
         runtime().block_on(async {
-            let registry = Registry::from_toml_str(CONFIG).unwrap();
+            let registry = Registry::from_toml_str(ORDERS_CONFIG).unwrap();
             let api = router(&registry, "api", [198, 51, 100, 23]);
             for _ in 0..11 {
                 get_orders(&api).await;
