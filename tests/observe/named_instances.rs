@@ -43,6 +43,11 @@ fn value<'a>(
     })
 }
 
+/// The body of a GET of `url` through `client`, as text.
+async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 fn snapshot(
     snapshotter: &Snapshotter,
 ) -> Vec<(
@@ -152,67 +157,29 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
 
     let during = std::mem::take(&mut *held.lock().unwrap());
     let after = snapshot(&snapshotter);
-    let counter = |name, labels: &[(&str, &str)]| value(&during, MetricKind::Counter, name, labels);
-    assert_eq!(
-        counter(
-            "bulwark_ratelimiter_calls_total",
-            &[("name", "api"), ("outcome", "allowed")]
-        ),
-        Some(&DebugValue::Counter(10))
-    );
-    assert_eq!(
-        counter(
-            "bulwark_ratelimiter_calls_total",
-            &[("name", "api"), ("outcome", "limited")]
-        ),
-        Some(&DebugValue::Counter(1))
-    );
-    assert_eq!(
-        value(
-            &during,
-            MetricKind::Gauge,
-            "bulwark_ratelimiter_available_permissions",
-            &[("name", "api")]
-        ),
-        Some(&DebugValue::Gauge(0.0.into()))
-    );
-    assert_eq!(
-        value(
-            &during,
-            MetricKind::Gauge,
-            "bulwark_ratelimiter_waiting_requests",
-            &[("name", "api")]
-        ),
-        Some(&DebugValue::Gauge(0.0.into()))
-    );
-    for (outcome, n) in [("permitted", 2), ("rejected", 4)] {
+    use DebugValue::{Counter, Gauge};
+    let (counter, gauge) = (MetricKind::Counter, MetricKind::Gauge);
+    let rl_calls = "bulwark_ratelimiter_calls_total";
+    let bh_calls = "bulwark_bulkhead_calls_total";
+    let (api, payment) = (("name", "api"), ("name", "payment"));
+    #[rustfmt::skip]
+    let expected: [(_, _, _, &[(&str, &str)], _); 8] = [
+        (&during, counter, rl_calls, &[api, ("outcome", "allowed")], Counter(10)),
+        (&during, counter, rl_calls, &[api, ("outcome", "limited")], Counter(1)),
+        (&during, gauge, "bulwark_ratelimiter_available_permissions", &[api], Gauge(0.0.into())),
+        (&during, gauge, "bulwark_ratelimiter_waiting_requests", &[api], Gauge(0.0.into())),
+        (&during, counter, bh_calls, &[payment, ("outcome", "permitted")], Counter(2)),
+        (&during, counter, bh_calls, &[payment, ("outcome", "rejected")], Counter(4)),
+        (&after, counter, bh_calls, &[payment, ("outcome", "finished")], Counter(2)),
+        (&after, gauge, "bulwark_bulkhead_available_concurrent_calls", &[payment], Gauge(2.0.into())),
+    ];
+    for (values, kind, name, labels, value_wanted) in expected {
         assert_eq!(
-            counter(
-                "bulwark_bulkhead_calls_total",
-                &[("name", "payment"), ("outcome", outcome)]
-            ),
-            Some(&DebugValue::Counter(n)),
-            "{outcome}"
+            value(values, kind, name, labels),
+            Some(&value_wanted),
+            "{name} {labels:?}"
         );
     }
-    assert_eq!(
-        value(
-            &after,
-            MetricKind::Counter,
-            "bulwark_bulkhead_calls_total",
-            &[("name", "payment"), ("outcome", "finished")]
-        ),
-        Some(&DebugValue::Counter(2))
-    );
-    assert_eq!(
-        value(
-            &after,
-            MetricKind::Gauge,
-            "bulwark_bulkhead_available_concurrent_calls",
-            &[("name", "payment")]
-        ),
-        Some(&DebugValue::Gauge(2.0.into()))
-    );
     match value(
         &after,
         MetricKind::Histogram,
@@ -349,14 +316,7 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
         limited > 0,
         "a burst of 25 against 10 per second is refused in part"
     );
-    let text = client
-        .get(format!("http://{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client, &format!("http://{base}/metrics")).await;
     let series = |outcome: &str| {
         let prefix = format!(
             "{}{{name=\"api\",outcome=\"{outcome}\"}} ",
@@ -372,14 +332,7 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
     // The file's pushback has its gauge, published with the others: nothing held.
     let held = format!("{}{{name=\"partner\"}} 0", "bulwark_pushback_held_seconds");
     assert!(text.lines().any(|l| l == held), "no `{held}` in\n{text}");
-    let health = client
-        .get(format!("http://{base}/health"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let health = get_text(&client, &format!("http://{base}/health")).await;
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["status"], "UP");
     assert_eq!(health["rateLimiters"]["api"]["limitedCalls"], limited);
