@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
 use crate::common::{in_bursts_of, Rng};
+use crate::lease_hostile::{strict, strict_instances};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
@@ -15,26 +16,7 @@ use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 async fn instance(url: &str, quota: Quota, lease: Lease, clock: &ManualClock) -> RedisRateLimiter {
-    instance_of::<Gcra>(url, quota, lease, clock).await
-}
-
-/// A leasing limiter of algorithm `A` on the shared manual clock.
-async fn instance_of<A: RedisAlgorithm>(
-    url: &str,
-    quota: Quota,
-    lease: Lease,
-    clock: &ManualClock,
-) -> RedisRateLimiter {
-    let store = RedisStore::connect(url).await.unwrap();
-    // A prefix of the algorithm's own: the scripts keep different state under one key.
-    let prefix = format!("lease-model:{}:", std::any::type_name::<A>());
-    RedisRateLimiter::builder(quota, store)
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(prefix)
-        .lease(lease)
-        .build()
-        .unwrap()
+    strict::<Gcra>(url, quota, lease, clock).await
 }
 
 /// What one run admitted, in time order once sorted: (instant, cost).
@@ -57,10 +39,7 @@ async fn run<A: RedisAlgorithm>(
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(1));
     let mut rng = Rng(seed);
-    let mut instances = Vec::new();
-    for _ in 0..4 {
-        instances.push(instance_of::<A>(url, quota, lease, &clock).await);
-    }
+    let mut instances = strict_instances::<A>(4, url, quota, lease, &clock).await;
     let key = format!("k{seed}");
     let interval = quota.period().as_nanos() as u64 / u64::from(quota.permits());
     // Admissions still standing: (instant, cost, the instance that made it, decision).
@@ -97,7 +76,7 @@ async fn run<A: RedisAlgorithm>(
                 // Dies holding whatever it leased; a new instance takes its place.
                 // Its admissions stand: they happened.
                 local += instances[i].counts().lease_decisions;
-                instances[i] = instance_of::<A>(url, quota, lease, &clock).await;
+                instances[i] = strict::<A>(url, quota, lease, &clock).await;
                 generation[i] = next_generation;
                 next_generation += 1;
                 continue;

@@ -19,8 +19,9 @@ use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
 
-/// A leasing instance on the shared clock that never decides by its fail mode: a Redis error
-/// is an error (so no admission here is the fail mode's), after a generous timeout.
+/// A leasing instance of algorithm `A` on the shared clock that never decides by its fail mode:
+/// a Redis error is an error (so no admission here is the fail mode's), after a generous
+/// timeout. The model tests of `lease.rs` use it too.
 pub(crate) async fn strict<A: RedisAlgorithm>(
     url: &str,
     quota: Quota,
@@ -38,6 +39,21 @@ pub(crate) async fn strict<A: RedisAlgorithm>(
         .lease(lease)
         .build()
         .unwrap()
+}
+
+/// `n` instances of [`strict`], connected one after the other.
+pub(crate) async fn strict_instances<A: RedisAlgorithm>(
+    n: usize,
+    url: &str,
+    quota: Quota,
+    lease: Lease,
+    clock: &ManualClock,
+) -> Vec<RedisRateLimiter> {
+    let mut instances = Vec::new();
+    for _ in 0..n {
+        instances.push(strict::<A>(url, quota, lease, clock).await);
+    }
+    instances
 }
 
 fn per_second(permits: u32, burst: u32) -> Quota {
@@ -125,10 +141,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
         clock.advance(Duration::from_nanos(seed * 7_777_777)); // else from zero
     }
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut instances = Vec::new();
-    for _ in 0..case.instances {
-        instances.push(strict::<Gcra>(url, quota, lease, &clock).await);
-    }
+    let mut instances = strict_instances::<Gcra>(case.instances, url, quota, lease, &clock).await;
     let mut generation: Vec<usize> = (0..case.instances).collect();
     let keys: Vec<String> = (0..case.keys).map(|k| format!("s{seed}k{k}")).collect();
     let mut events: Vec<Events> = vec![Vec::new(); case.keys];
@@ -347,10 +360,7 @@ async fn seventy_instances_on_one_key() {
     let lease = Lease::new().max_share(1).length(Duration::from_secs(10));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(5));
-    let mut instances = Vec::new();
-    for _ in 0..70 {
-        instances.push(strict::<Gcra>(&server.url(), quota, lease, &clock).await);
-    }
+    let instances = strict_instances::<Gcra>(70, &server.url(), quota, lease, &clock).await;
     let (mut admitted, mut refused) = (Vec::new(), Vec::new());
     for (n, limiter) in instances.iter().enumerate() {
         match limiter.check(&"hot").await.unwrap().allowed {
@@ -394,10 +404,7 @@ async fn racing_clones_with_refunds_and_settles() {
         .length(Duration::from_nanos(length));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1));
-    let mut instances = Vec::new();
-    for _ in 0..4 {
-        instances.push(strict::<Gcra>(&server.url(), quota, lease, &clock).await);
-    }
+    let instances = strict_instances::<Gcra>(4, &server.url(), quota, lease, &clock).await;
     let (mut rng, mut admitted) = (Rng(99), Vec::new());
     for round in 0..60u64 {
         let mut tasks = tokio::task::JoinSet::new();

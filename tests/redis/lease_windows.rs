@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
 use crate::common::Rng;
-use crate::lease_hostile::strict;
+use crate::lease_hostile::{strict, strict_instances};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, SlidingCounter};
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
@@ -159,10 +159,7 @@ async fn hostile<A: RedisAlgorithm + Algorithm>(url: &str, case: Case, seed: u64
         clock.advance(Duration::from_nanos(seed * 7_777_777_777));
     }
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut instances = Vec::new();
-    for _ in 0..count {
-        instances.push(strict::<A>(url, quota, lease, &clock).await);
-    }
+    let mut instances = strict_instances::<A>(count, url, quota, lease, &clock).await;
     let mut generation: Vec<usize> = (0..count).collect();
     let key = format!("s{seed}");
     let mut events: Events = Vec::new();
@@ -358,10 +355,7 @@ async fn many_instances<A: RedisAlgorithm + Algorithm>(url: &str) {
     let lease = Lease::new().max_share(2).length(secs(30));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1000) - Duration::from_nanos(1));
-    let mut instances = Vec::new();
-    for _ in 0..70 {
-        instances.push(strict::<A>(url, quota, lease, &clock).await);
-    }
+    let instances = strict_instances::<A>(70, url, quota, lease, &clock).await;
     let mut events = Vec::new();
     for round in 0..6u64 {
         for (n, limiter) in instances.iter().enumerate() {
@@ -395,10 +389,7 @@ async fn racing_clones<A: RedisAlgorithm + Algorithm>(url: &str) {
     let lease = Lease::new().max_share(8).length(secs(25));
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(600));
-    let mut instances = Vec::new();
-    for _ in 0..4 {
-        instances.push(strict::<A>(url, quota, lease, &clock).await);
-    }
+    let instances = strict_instances::<A>(4, url, quota, lease, &clock).await;
     let mut events = Vec::new();
     // Offsets into the windows of the instants raced at, from the 10th window on.
     const M: u64 = 60 * SEC;
