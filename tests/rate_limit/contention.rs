@@ -18,22 +18,13 @@ use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::{algorithm::Gcra, KeyedRateLimiter, Quota};
 
 use crate::common::{paused_runtime, poll_once, waits_up_to};
-use crate::support::{drain, header_key, keyed};
+use crate::support::{drain, header_key, keyed, Handler};
 
 type Keyed<C> = KeyedRateLimiter<String, Gcra, C>;
 
 /// The handler: counts the requests that reach it; `x-fail: 1` answers 500.
-fn handler(
-    reached: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-       + Send
-       + 'static {
-    service_fn(move |request: Request<Body>| {
+fn handler(reached: Arc<AtomicUsize>) -> Handler {
+    Handler::new(service_fn(move |request: Request<Body>| {
         reached.fetch_add(1, Ordering::SeqCst);
         let fail = request.headers().contains_key("x-fail");
         async move {
@@ -50,7 +41,7 @@ fn handler(
                     .unwrap(),
             )
         }
-    })
+    }))
 }
 
 fn request(task: usize, fail: bool) -> Request<Body> {

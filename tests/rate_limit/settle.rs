@@ -16,7 +16,7 @@ use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::Quota;
 
-use crate::support::{drain, header_cost, header_key, keyed, retry_after};
+use crate::support::{drain, header_cost, header_key, keyed, retry_after, Handler};
 
 /// A request of `max` tokens for tenant `t`; the handler answers that it used `used`.
 fn request(max: u32, used: u32) -> Request<Body> {
@@ -38,18 +38,8 @@ enum Report {
     Sse(usize),
 }
 
-fn handler(
-    report: Report,
-    calls: Arc<AtomicUsize>,
-) -> impl tower::Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-       + Send
-       + 'static {
-    service_fn(move |request: Request<Body>| {
+fn handler(report: Report, calls: Arc<AtomicUsize>) -> Handler {
+    Handler::new(service_fn(move |request: Request<Body>| {
         calls.fetch_add(1, Ordering::SeqCst);
         let used: u32 = request.headers()["x-used"]
             .to_str()
@@ -78,7 +68,7 @@ fn handler(
             }
         };
         async move { Ok::<_, Infallible>(response) }
-    })
+    }))
 }
 
 fn tokens_policy(

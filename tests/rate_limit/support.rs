@@ -24,6 +24,10 @@ use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::YieldOnce;
 
+/// A handler as the layer's tests write one: an HTTP service that never fails, boxed.
+pub type Handler =
+    tower::util::BoxCloneSyncService<http::Request<Body>, Response<Body>, std::convert::Infallible>;
+
 /// A GCRA limiter of `quota` per key on `clock`, so that time passes only when the test says.
 pub fn keyed<K: Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
