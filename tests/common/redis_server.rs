@@ -429,3 +429,27 @@ pub fn propagating_limiter<A: tower_bulwark::redis::RedisAlgorithm>(
     .build()
     .unwrap()
 }
+
+/// The error that a limiter of 5 a second on `fake`, propagating failures, gets for a
+/// reservation; after it, a limiter that fails open on the same server admits a check and
+/// counts its one failure.
+#[cfg(feature = "redis")]
+pub async fn failure_then_open(fake: &FakeRedis) -> tower_bulwark::BoxError {
+    use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+    use tower_bulwark::{Limiter, Quota};
+    let store = RedisStore::connect(&fake.url()).await.unwrap();
+    let limiter = |mode| {
+        RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
+            .fail_mode(mode)
+            .build()
+            .unwrap()
+    };
+    let err = limiter(RedisFailMode::Propagate)
+        .reserve(&"k", 1)
+        .await
+        .unwrap_err();
+    let open = limiter(RedisFailMode::Open);
+    assert!(open.check(&"k").await.unwrap().allowed);
+    assert_eq!(open.counts().failures, 1);
+    err
+}

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::poll_once;
-use crate::common::redis_server::{key_state, FakeRedis, RedisServer};
+use crate::common::redis_server::{failure_then_open, key_state, FakeRedis, RedisServer};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -297,20 +297,9 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
 #[tokio::test]
 async fn a_late_reply_is_a_failure_decided_by_the_policy() {
     let fake = FakeRedis::start("*2\r\n:2\r\n:1000000\r\n");
-    let store = RedisStore::connect(&fake.url()).await.unwrap();
-    let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store.clone())
-        .fail_mode(RedisFailMode::Propagate)
-        .build()
-        .unwrap();
-    let err = limiter.reserve(&"k", 1).await.unwrap_err();
+    let err = failure_then_open(&fake).await;
     let failure = err.downcast_ref::<RedisFailure>().expect("a RedisFailure");
     assert!(matches!(failure, RedisFailure::Late), "{failure}");
-    let open = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store)
-        .fail_mode(RedisFailMode::Open)
-        .build()
-        .unwrap();
-    assert!(open.check(&"k").await.unwrap().allowed);
-    assert_eq!(open.counts().failures, 1);
 }
 
 /// A key's state without the latest clock reading that every script records (GCRA's
