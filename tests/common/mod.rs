@@ -185,3 +185,15 @@ macro_rules! for_every_algorithm {
 }
 #[allow(unused_imports)]
 pub(crate) use for_every_algorithm;
+
+/// Asserts that the tokens a key still admits, `left`, and those its racing requests settled,
+/// `spent`, add up to its quota of `quota` tokens (none when `spent` is more), for the
+/// algorithm `A`.
+pub fn assert_settled_plus_left_is_the_quota<A>(quota: u64, spent: u64, left: u64) {
+    let name = std::any::type_name::<A>();
+    assert_eq!(
+        left,
+        quota.saturating_sub(spent),
+        "{name}: settled tokens ({spent}) plus what is left must be the quota"
+    );
+}

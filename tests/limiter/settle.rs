@@ -3,7 +3,7 @@
 //! and a model of each key's tokens.
 
 use crate::common::for_every_algorithm;
-use crate::common::waits_up_to;
+use crate::common::{assert_settled_plus_left_is_the_quota, waits_up_to};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -54,13 +54,7 @@ fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
     while limiter.check(&"tenant").allowed {
         left += 1;
     }
-    let name = std::any::type_name::<A>();
-    let spent = spent.load(Ordering::Relaxed);
-    assert_eq!(
-        left,
-        1000u64.saturating_sub(spent),
-        "{name}: settled tokens ({spent}) plus what is left must be the quota"
-    );
+    assert_settled_plus_left_is_the_quota::<A>(1000, spent.load(Ordering::Relaxed), left);
 }
 
 /// A give-back behind another request's debt is not lost. 1 000 tokens a minute, the clock

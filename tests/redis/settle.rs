@@ -3,7 +3,7 @@
 //! decision settles with its local limiter.
 
 use crate::common::for_every_algorithm;
-use crate::common::waits_up_to;
+use crate::common::{assert_settled_plus_left_is_the_quota, waits_up_to};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,13 +71,7 @@ async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStor
     while instances[0].reserve(&"tenant", 1).await.unwrap().allowed {
         left += 1;
     }
-    let name = std::any::type_name::<A>();
-    let spent = spent.load(Ordering::Relaxed);
-    assert_eq!(
-        left,
-        1000u64.saturating_sub(spent),
-        "{name}: settled tokens ({spent}) plus what is left"
-    );
+    assert_settled_plus_left_is_the_quota::<A>(1000, spent.load(Ordering::Relaxed), left);
 }
 
 /// A give-back behind another request's debt is not lost, in Redis as in memory: A takes 100,
