@@ -64,7 +64,8 @@ pub async fn say_hello(
         .await
 }
 
-async fn channel(addr: SocketAddr) -> Channel {
+/// A gRPC channel connected to the server at `addr`.
+pub(crate) async fn channel(addr: SocketAddr) -> Channel {
     Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()

@@ -425,14 +425,9 @@ macro_rules! serve {
         let routes = tonic::service::Routes::new(Streams($gauge)).add_service(Greeter);
         let server = Server::builder().layer($layer).add_routes(routes);
         tokio::spawn(server.serve_with_incoming(incoming));
-        let channels = futures::future::join_all((0..$n).map(|_| connect(addr)));
+        let channels = futures::future::join_all((0..$n).map(|_| crate::grpc::channel(addr)));
         (addr, channels.await)
     }};
-}
-
-async fn connect(addr: std::net::SocketAddr) -> Channel {
-    let endpoint = Channel::from_shared(format!("http://{addr}")).unwrap();
-    endpoint.connect().await.unwrap()
 }
 
 /// Waits, a bounded time, until `done` (the server frees a stream's permit in its own task).
@@ -641,7 +636,7 @@ async fn a_server_bulkhead_gives_every_streams_permit_back_once_under_a_storm() 
     tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let streams = runtime.block_on(async {
-            let channel = connect(addr).await;
+            let channel = crate::grpc::channel(addr).await;
             let mut hang = open(channel.clone(), "Hang", "").await.unwrap();
             let mut count = open(channel.clone(), "Count", "1000000").await.unwrap();
             let (mut sender, mut echoes) = echo(&channel).await.unwrap();

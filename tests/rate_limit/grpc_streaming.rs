@@ -4,7 +4,6 @@
 //! its end or dropped; a call the full bulkhead refuses is `RESOURCE_EXHAUSTED`.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -127,14 +126,6 @@ impl Service<http::Request<tonic::body::Body>> for Streams {
     }
 }
 
-async fn connect(addr: SocketAddr) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
-
 /// A `Count` of `n` replies.
 async fn count(channel: &Channel, n: usize) -> Result<Streaming<HelloReply>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel.clone());
@@ -232,7 +223,7 @@ async fn a_streaming_call_is_decided_once_at_its_start() {
         .build();
     let layer = RateLimitLayer::new(Policy::new("calls", GlobalKey, limiter).unwrap());
     let addr = serve!(layer.wrap_body());
-    let channel = connect(addr).await;
+    let channel = crate::grpc::channel(addr).await;
 
     let counted = read_to_end(count(&channel, 50).await.unwrap()).await;
     assert_eq!(counted.len(), 50);
@@ -261,7 +252,7 @@ async fn a_streaming_call_is_decided_once_at_its_start() {
 async fn a_server_bulkhead_holds_a_streams_permit_until_it_ends() {
     let bulkhead = Bulkhead::semaphore("streams", 1).build();
     let addr = serve!(bulkhead.body_layer());
-    let channel = connect(addr).await;
+    let channel = crate::grpc::channel(addr).await;
 
     let (mut sender, mut echoes) = echo(&channel).await.unwrap();
     send(&mut sender, "open").await;
@@ -340,7 +331,7 @@ where
 #[tokio::test]
 async fn a_pushback_reading_trailers_holds_calls_for_a_refusal_that_comes_last() {
     let addr = serve!(tower::layer::util::Identity::new());
-    let channel = connect(addr).await;
+    let channel = crate::grpc::channel(addr).await;
     let clock = ManualClock::new();
 
     let heads_only = Pushback::builder("heads").clock(clock.clone()).build();
@@ -386,7 +377,11 @@ async fn a_client_quota_on_a_channel_counts_calls_per_method_and_only_those_sent
     let bulkhead = Bulkhead::semaphore("channel", 1).build();
     let client = ClientQuotaLayer::new("greeter", limiter)
         .key(|request: &http::Request<tonic::body::Body>| request.uri().path().to_owned())
-        .layer(bulkhead.body_layer().layer(connect(addr).await));
+        .layer(
+            bulkhead
+                .body_layer()
+                .layer(crate::grpc::channel(addr).await),
+        );
     let hello = || {
         let mut grpc = tonic::client::Grpc::new(client.clone());
         async move {
