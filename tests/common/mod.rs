@@ -197,3 +197,33 @@ pub fn assert_settled_plus_left_is_the_quota<A>(quota: u64, spent: u64, left: u6
         "{name}: settled tokens ({spent}) plus what is left must be the quota"
     );
 }
+
+/// Asserts what refunds of requests refused elsewhere gave back, `gap_ms` after they were
+/// decided: with them the key admitted `vetoed` more, its twin that never saw those requests
+/// `twin`, and one that kept them `kept`. At one instant the refunds are exact; later they give
+/// back something, never more than if the refused requests had never come.
+pub fn assert_refunds_between(gap_ms: u64, vetoed: u64, twin: u64, kept: u64) {
+    let (v, t, k) = (vetoed, twin, kept);
+    if gap_ms == 0 {
+        assert_eq!(v, t, "at one instant the refunds are exact");
+    } else {
+        assert!(
+            v <= t,
+            "never more than if the refused requests had never come: {v} > {t}"
+        );
+        assert!(
+            v > k,
+            "the refunds gave back something: {v} against {k} without them"
+        );
+    }
+}
+
+/// The `RateLimit-Policy` field of `response` (empty if it has none), and its status.
+pub fn status_and_policy<B>(response: &http::Response<B>) -> (http::StatusCode, String) {
+    let policy = response
+        .headers()
+        .get("ratelimit-policy")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (response.status(), policy)
+}

@@ -113,12 +113,7 @@ async fn call(app: &Router) -> (StatusCode, String) {
         .oneshot(Request::get("/").body(Body::empty()).unwrap())
         .await
         .unwrap();
-    let policy = response
-        .headers()
-        .get("ratelimit-policy")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (response.status(), policy)
+    crate::common::status_and_policy(&response)
 }
 
 #[tokio::test]

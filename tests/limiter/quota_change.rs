@@ -320,12 +320,7 @@ async fn policy_header(app: &Router) -> (StatusCode, String) {
         .oneshot(request)
         .await
         .unwrap();
-    let header = response
-        .headers()
-        .get("ratelimit-policy")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    (response.status(), header)
+    crate::common::status_and_policy(&response)
 }
 
 #[tokio::test]
