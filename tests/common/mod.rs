@@ -227,3 +227,25 @@ pub fn status_and_policy<B>(response: &http::Response<B>) -> (http::StatusCode, 
         .unwrap_or_default();
     (response.status(), policy)
 }
+
+/// A GCRA limiter of one budget for `quota` on `clock` (a clone of it: a manual or skewed
+/// clock of the test's).
+pub fn direct_on<C: tower_bulwark::clock::Clock + Clone>(
+    quota: tower_bulwark::Quota,
+    clock: &C,
+) -> tower_bulwark::DirectRateLimiter<tower_bulwark::algorithm::Gcra, C> {
+    tower_bulwark::DirectRateLimiter::builder(quota)
+        .clock(clock.clone())
+        .build()
+}
+
+/// A GCRA limiter with a budget per key of type `K` for `quota` on `clock` (a clone of it: a
+/// manual or skewed clock of the test's).
+pub fn keyed_on<K: std::hash::Hash + Eq + Clone, C: tower_bulwark::clock::Clock + Clone>(
+    quota: tower_bulwark::Quota,
+    clock: &C,
+) -> tower_bulwark::KeyedRateLimiter<K, tower_bulwark::algorithm::Gcra, C> {
+    tower_bulwark::KeyedRateLimiter::<K>::builder(quota)
+        .clock(clock.clone())
+        .build()
+}

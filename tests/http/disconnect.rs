@@ -4,6 +4,7 @@
 //!
 //! Nothing here sleeps to pass: the test waits, with a deadline, for a state it can observe.
 
+use crate::common::keyed_on;
 use crate::common::listener::serve;
 use crate::common::waits_up_to;
 use std::net::{IpAddr, SocketAddr};
@@ -17,7 +18,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
-use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 
 /// Waits until `done` holds, checking between short pauses; fails after ten seconds.
 async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
@@ -55,12 +56,7 @@ async fn a_client_that_hangs_up_while_waiting_gives_its_reservation_back() {
     let clock = ManualClock::new();
     // One per minute, waits up to a minute: the second request waits (the clock never moves).
     let quota = waits_up_to(Quota::per_minute(1).unwrap(), Duration::from_secs(60));
-    let limiter = Observed::new(
-        "wait",
-        KeyedRateLimiter::<IpAddr>::builder(quota)
-            .clock(clock.clone())
-            .build(),
-    );
+    let limiter = Observed::new("wait", keyed_on::<IpAddr, _>(quota, &clock));
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(

@@ -1,6 +1,7 @@
 //! The in-memory limiters through their public API, with a manual clock: no test sleeps.
 
 use crate::common::for_every_algorithm;
+use crate::common::keyed_on;
 use crate::common::{in_bursts_of, tokio_direct, tokio_keyed, tokio_keyed_with, waits_up_to};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -166,9 +167,7 @@ fn clones_share_one_state() {
 #[test]
 fn weighted_requests_and_costs_beyond_capacity() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<&str>::builder(Quota::per_second(10).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on::<&str, _>(Quota::per_second(10).unwrap(), &clock);
     let d = limiter.check_n(&"k", 7).unwrap();
     assert!(d.allowed);
     assert_eq!(d.remaining, 3);
@@ -200,12 +199,13 @@ fn weighted_requests_and_costs_beyond_capacity() {
 #[test]
 fn a_refused_request_retried_after_retry_after_is_admitted() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<u8>::builder(in_bursts_of(
-        Quota::with_period(3, Duration::from_millis(900)).unwrap(),
-        2,
-    ))
-    .clock(clock.clone())
-    .build();
+    let limiter = keyed_on::<u8, _>(
+        in_bursts_of(
+            Quota::with_period(3, Duration::from_millis(900)).unwrap(),
+            2,
+        ),
+        &clock,
+    );
     for _ in 0..50 {
         let d = limiter.check(&1);
         if !d.allowed {

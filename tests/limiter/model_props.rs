@@ -1,6 +1,7 @@
 //! Property tests: each algorithm against a simple reference model, over random sequences of
 //! checks and clock moves.
 
+use crate::common::direct_on;
 use crate::common::in_bursts_of;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -52,7 +53,7 @@ proptest! {
         let q = quota(permits, period, burst);
         let t = q.emission_interval().as_nanos() as u64;
         let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(q).clock(clock.clone()).build();
+        let limiter = direct_on(q, &clock);
         let (mut level, mut last, mut now) = (0u64, 0u64, 0u64);
         let mut admitted: Vec<(u64, u64)> = Vec::new();
         for op in ops {

@@ -3,6 +3,7 @@
 //! advertises the new quota; a Redis limiter's change applies to its script calls.
 
 use crate::common::for_every_algorithm;
+use crate::common::keyed_on;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -326,9 +327,7 @@ async fn policy_header(app: &Router) -> (StatusCode, String) {
 #[tokio::test]
 async fn a_layer_built_before_a_change_advertises_the_new_quota() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::builder(per(2, Duration::from_secs(1)))
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on(per(2, Duration::from_secs(1)), &clock);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(

@@ -1,11 +1,12 @@
 //! Refund semantics that a legitimate caller (the HTTP layer's veto path) relies on, and what
 //! `Observed` reports after a refund.
 
+use crate::common::keyed_on;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 
 /// The guide, GCRA row: "When later admissions moved the TAT on but none of them is a reservation
 /// still ahead ..., an immediate admission gives back its cost less the time elapsed since it was
@@ -18,9 +19,7 @@ use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 #[test]
 fn a_gcra_admission_filling_the_burst_gives_back_cost_less_elapsed() {
     let clock = ManualClock::new();
-    let l = KeyedRateLimiter::<u64>::builder(Quota::per_minute(4).unwrap())
-        .clock(clock.clone())
-        .build();
+    let l = keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock);
     clock.advance(Duration::from_secs(1));
     assert!(l.check(&1).allowed);
     assert!(l.check(&1).allowed);
@@ -41,9 +40,7 @@ fn a_gcra_admission_filling_the_burst_gives_back_cost_less_elapsed() {
 #[test]
 fn a_gcra_admission_short_of_the_burst_gives_back_cost_less_elapsed() {
     let clock = ManualClock::new();
-    let l = KeyedRateLimiter::<u64>::builder(Quota::per_minute(4).unwrap())
-        .clock(clock.clone())
-        .build();
+    let l = keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock);
     clock.advance(Duration::from_secs(1));
     assert!(l.check(&1).allowed);
     assert!(l.check(&1).allowed);
@@ -66,9 +63,7 @@ fn observed_available_follows_the_latest_decision_through_refunds() {
     let clock = ManualClock::new();
     let l = Observed::new(
         "api",
-        KeyedRateLimiter::<u64>::builder(Quota::per_minute(4).unwrap())
-            .clock(clock.clone())
-            .build(),
+        keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock),
     );
     clock.advance(Duration::from_secs(1));
     let first = l.reserve_now(&1, 1).unwrap().unwrap();
@@ -99,11 +94,7 @@ fn observed_counts_only_what_its_limiter_takes_back() {
 
     let clock = ManualClock::new();
     let quota = waits_up_to(Quota::per_minute(4).unwrap(), Duration::from_secs(60));
-    let build = || {
-        KeyedRateLimiter::<u64>::builder(quota)
-            .clock(clock.clone())
-            .build()
-    };
+    let build = || keyed_on::<u64, _>(quota, &clock);
     let observed = Observed::new("api", build());
     let other = build();
     for _ in 0..4 {
@@ -144,9 +135,7 @@ fn observed_available_tells_apart_decisions_that_left_the_same_figure() {
     let clock = ManualClock::new();
     let l = Observed::new(
         "api",
-        KeyedRateLimiter::<u64>::builder(Quota::per_minute(5).unwrap())
-            .clock(clock.clone())
-            .build(),
+        keyed_on::<u64, _>(Quota::per_minute(5).unwrap(), &clock),
     );
     let one = l.reserve_now(&1, 1).unwrap().unwrap();
     let two = l.reserve_now(&2, 1).unwrap().unwrap();

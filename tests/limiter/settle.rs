@@ -4,6 +4,7 @@
 
 use crate::common::for_every_algorithm;
 use crate::common::{assert_settled_plus_left_is_the_quota, waits_up_to};
+use crate::common::{direct_on, keyed_on};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -172,9 +173,7 @@ fn racing_settles_add_up_to_the_quota_under_the_sliding_counter() {
 fn a_cost_beyond_what_is_left_is_debt_the_key_waits_for() {
     let clock = ManualClock::new();
     // 600 tokens a minute: one every 100 ms.
-    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on::<u8, _>(Quota::per_minute(600).unwrap(), &clock);
     let d = limiter.check_n(&1, 500).unwrap();
     assert!(
         limiter.settle(&1, 500, d, 500),
@@ -197,12 +196,8 @@ fn a_cost_beyond_what_is_left_is_debt_the_key_waits_for() {
 #[test]
 fn absurd_and_misdirected_settles_change_what_they_should_and_no_more() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
-        .clock(clock.clone())
-        .build();
-    let other = KeyedRateLimiter::<u8>::builder(Quota::per_minute(600).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on::<u8, _>(Quota::per_minute(600).unwrap(), &clock);
+    let other = keyed_on::<u8, _>(Quota::per_minute(600).unwrap(), &clock);
     let d = limiter.check_n(&1, 10).unwrap();
     // Another limiter's decision, another key: nothing changes.
     assert!(!other.settle(&1, 10, limiter.check_n(&2, 1).unwrap(), u32::MAX));
@@ -362,7 +357,7 @@ proptest! {
         let q = Quota::with_period(permits, Duration::from_nanos(60_000)).unwrap().with_burst(burst).unwrap();
         let t = q.emission_interval().as_nanos() as u64;
         let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(q).clock(clock.clone()).build();
+        let limiter = direct_on(q, &clock);
         let (mut level, mut last, mut now) = (0u64, 0u64, 0u64);
         let mut held = Vec::new();
         for step in steps {
@@ -402,9 +397,7 @@ proptest! {
 #[test]
 fn a_settle_after_set_quota_never_gives_back_more_than_it_took() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<u8>::builder(Quota::per_minute(100).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on::<u8, _>(Quota::per_minute(100).unwrap(), &clock);
     for _ in 0..9 {
         assert!(limiter.check_n(&1, 10).unwrap().allowed);
     }

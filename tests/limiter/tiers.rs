@@ -1,6 +1,7 @@
 //! Tiers: a quota per key, chosen at decision time (an API key's plan), advertised in the
 //! headers of that key's responses; refunds go back to the tier that decided.
 
+use crate::common::keyed_on;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -20,9 +21,7 @@ use crate::common::listener;
 type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn keyed(quota: Quota, clock: &ManualClock) -> Keyed {
-    KeyedRateLimiter::builder(quota)
-        .clock(clock.clone())
-        .build()
+    keyed_on(quota, &clock)
 }
 
 fn plan_of(key: &HeaderValue) -> &'static str {

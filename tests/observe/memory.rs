@@ -1,13 +1,14 @@
 //! Memory held by the observability wrapper under a flood of waiting requests, measured with a
 //! counting allocator (per thread: the runtime runs on the test's own thread).
 
+use crate::common::direct_on;
 use crate::common::{in_bursts_of, waits_up_to};
 use crate::counting;
 
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{clock::ManualClock, DirectRateLimiter, Limiter, Quota};
+use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 
 /// Promise (task brief / DESIGN.md "Hostile conditions are the normal case ... key floods
 /// arrive"; `observe` docs: `waiting_requests` counts "requests holding a reservation that has
@@ -25,12 +26,7 @@ async fn completed_waits_leave_no_memory_behind() {
         in_bursts_of(Quota::per_second(1000).unwrap(), 1),
         Duration::from_millis(10),
     );
-    let limiter = Observed::new(
-        "flood",
-        DirectRateLimiter::builder(quota)
-            .clock(clock.clone())
-            .build(),
-    );
+    let limiter = Observed::new("flood", direct_on(quota, &clock));
     // Warm up whatever is allocated once.
     for _ in 0..4 {
         clock.advance(Duration::from_millis(2));

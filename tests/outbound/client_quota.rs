@@ -2,6 +2,7 @@
 //! give their reservation back when dropped, keys and costs, and a `reqwest::Client` wrapped
 //! directly.
 
+use crate::common::{direct_on, keyed_on};
 use crate::common::{tokio_direct, waits_up_to};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -60,9 +61,7 @@ async fn n_tasks_racing_for_l_permits_get_exactly_l() {
 #[tokio::test]
 async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
     let clock = ManualClock::new();
-    let limiter = DirectRateLimiter::builder(Quota::per_second(2).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = direct_on(Quota::per_second(2).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
     client.clone().oneshot(1).await.unwrap();
@@ -128,9 +127,7 @@ async fn a_dropped_waiter_gives_its_reservation_back() {
 #[tokio::test]
 async fn keys_and_costs_come_from_the_request() {
     let clock = ManualClock::new();
-    let limiter = KeyedRateLimiter::<&'static str>::builder(Quota::per_minute(10).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = keyed_on::<&'static str, _>(Quota::per_minute(10).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("per-tenant", limiter)
         .key(|n: &u32| if n % 2 == 0 { "even" } else { "odd" })

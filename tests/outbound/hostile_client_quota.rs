@@ -2,6 +2,7 @@
 //! the permits, refusals found through tower's wrappers, and waiters dropped half-way. Time is
 //! tokio's paused timer; no test sleeps to pass.
 
+use crate::common::direct_on;
 use crate::common::{in_bursts_of, tokio_direct, waits_up_to};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -44,9 +45,7 @@ async fn a_cost_above_capacity_fails_at_once_without_a_retry_time() {
 #[tokio::test]
 async fn a_readied_clone_never_called_holds_nothing() {
     let clock = ManualClock::new();
-    let limiter = DirectRateLimiter::builder(Quota::per_second(1).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = direct_on(Quota::per_second(1).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("partner", limiter).layer(echo(calls.clone()));
     for _ in 0..10 {

@@ -3,6 +3,7 @@
 //! several holds, through a retry policy, and a `QuotaExhausted`'s for a costly call. Time is a
 //! `ManualClock` or tokio's paused timer; no test sleeps to pass.
 
+use crate::common::direct_on;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback};
 use tower_bulwark::{
     clock::{ManualClock, TokioClock},
-    BoxError, DirectRateLimiter, Quota,
+    BoxError, Quota,
 };
 
 use crate::common::response;
@@ -241,9 +242,7 @@ async fn a_retry_policy_comes_back_once_when_the_call_can_go() {
 #[tokio::test]
 async fn a_quota_exhausted_retry_after_is_exact_for_a_costly_call() {
     let clock = ManualClock::new();
-    let limiter = DirectRateLimiter::builder(Quota::per_second(2).unwrap().with_burst(5).unwrap())
-        .clock(clock.clone())
-        .build();
+    let limiter = direct_on(Quota::per_second(2).unwrap().with_burst(5).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
     let client = ClientQuotaLayer::new("partner", limiter)
         .cost(3)

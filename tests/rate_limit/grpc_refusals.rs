@@ -3,6 +3,7 @@
 //! every other way: another set of policies, another delay, a call that no wait lets through.
 //! Each refusal must say its own policies and its own delay, never a value kept from another.
 
+use crate::common::keyed_on;
 use std::time::Duration;
 
 use tonic::{Code, Status};
@@ -87,11 +88,7 @@ fn expected(message: &str, subjects: &[&str], pushback_ms: i64) -> Read {
 #[tokio::test]
 async fn each_refusal_says_its_own_policies_and_delay() {
     let clock = ManualClock::new();
-    let limiter = |quota| {
-        KeyedRateLimiter::<()>::builder(quota)
-            .clock(clock.clone())
-            .build()
-    };
+    let limiter = |quota| keyed_on::<(), _>(quota, &clock);
     let a = Policy::new("a", GlobalKey, limiter(Quota::per_hour(1).unwrap()))
         .unwrap()
         .cost_by(|request| match request.headers.get("x-a") {
@@ -163,7 +160,7 @@ proptest::proptest! {
     ) {
         let clock = ManualClock::new();
         let quota = Quota::with_period(1, Duration::from_nanos(period_ns)).unwrap();
-        let limiter = KeyedRateLimiter::<()>::builder(quota).clock(clock.clone()).build();
+        let limiter = keyed_on::<(), _>(quota, &clock);
         let call = grpc_calls(vec![Policy::new("p", GlobalKey, limiter).unwrap()]);
         call();
         let mut left = period_ns;

@@ -6,6 +6,7 @@
 //! Every count is checked against the real limiter's state afterwards (what is left of the
 //! budget, drained permit by permit), never against a fake.
 
+use crate::common::keyed_on;
 use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
 use crate::support::{drain, header_cost, header_key, with_admitted_headers};
 use std::cell::Cell;
@@ -22,7 +23,7 @@ use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
-use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{Limiter, Quota};
 
 // ---------------------------------------------------------------------------------------------
 // Instruments
@@ -142,9 +143,7 @@ fn check_admits_exactly_the_limit_under_contention() {
     for (round, limit) in [1u32, 2, 7, 10, 64].repeat(20).into_iter().enumerate() {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(1_000));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(limit).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(limit).unwrap(), &clock);
         let key = format!("hot-{round}");
         let barrier = Arc::new(Barrier::new(8));
         let decisions: Vec<Decision> = (0..8)
@@ -186,9 +185,7 @@ fn reserve_with_costs_spends_exactly_the_burst_under_contention() {
     for round in 0..100u64 {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(50));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(25).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(25).unwrap(), &clock);
         let key = format!("costly-{round}");
         let barrier = Arc::new(Barrier::new(8));
         let admitted: u64 = (0..8u64)
@@ -237,9 +234,7 @@ fn reservations_are_exact_under_contention() {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(7));
         let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(500));
-        let limiter = KeyedRateLimiter::<String>::builder(quota)
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(quota, &clock);
         let key = format!("waiters-{round}");
         let barrier = Arc::new(Barrier::new(8));
         let mut waits: Vec<Duration> = (0..8)
@@ -273,9 +268,7 @@ fn reservations_are_exact_under_contention() {
 fn stale_readings_between_threads_admit_exactly_the_rest() {
     for (round, cost) in (0..40u64).map(|r| (r, [1u32, 1, 2, 3][r as usize % 4])) {
         let clock = SkewClock::at(Duration::from_secs(10_000));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(10).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(10).unwrap(), &clock);
         let key = format!("stale-{round}");
         // The key sees the latest reading any thread will make (49 ms ahead) and spends one.
         set_skew(49 * MS);
@@ -335,9 +328,7 @@ const NEAR_SKEWS: [i64; 8] = [0, 49 * MS, 10 * MS, 30 * MS, 5 * MS, 20 * MS, 40 
 fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
     for round in 0..30u64 {
         let clock = SkewClock::at(Duration::from_secs(30_000));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(10).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(10).unwrap(), &clock);
         let key = format!("fresh-{round}");
         let barrier = Arc::new(Barrier::new(8));
         let admitted: usize = (0..8)
@@ -365,9 +356,7 @@ fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
     }
     for round in 0..8u64 {
         let clock = SkewClock::at(Duration::from_secs(40_000));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(10).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(10).unwrap(), &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
         let app = Router::new()
             .route("/r", get(|| async { "ok" }))
@@ -390,9 +379,7 @@ fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
     for headers in [false, true] {
         for round in 0..10 {
             let clock = SkewClock::at(Duration::from_secs(20_000));
-            let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(10).unwrap())
-                .clock(clock.clone())
-                .build();
+            let limiter = keyed_on::<String, _>(Quota::per_second(10).unwrap(), &clock);
             set_skew(49 * MS);
             assert!(limiter.check(&"t".to_string()).allowed);
             set_skew(0);
@@ -425,9 +412,7 @@ fn http_fast_path_with_costs_spends_exactly_the_burst() {
     for round in 0..12u64 {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(3));
-        let limiter = KeyedRateLimiter::<String>::builder(Quota::per_second(30).unwrap())
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(Quota::per_second(30).unwrap(), &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone())
             .unwrap()
             .cost_by(header_cost("x-cost"));
@@ -470,9 +455,7 @@ fn http_fast_path_with_waits_is_exact_under_contention() {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(5));
         let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(400));
-        let limiter = KeyedRateLimiter::<String>::builder(quota)
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed_on::<String, _>(quota, &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
         let layer = RateLimitLayer::new(policy);
         let layer = with_admitted_headers(layer, headers);
@@ -507,12 +490,8 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
     for cost in [1u32, 5] {
         let clock = ManualClock::new();
         clock.set(Duration::from_secs(100));
-        let tenants = KeyedRateLimiter::<String>::builder(Quota::per_hour(100).unwrap())
-            .clock(clock.clone())
-            .build();
-        let gates = KeyedRateLimiter::<String>::builder(Quota::per_hour(3).unwrap())
-            .clock(clock.clone())
-            .build();
+        let tenants = keyed_on::<String, _>(Quota::per_hour(100).unwrap(), &clock);
+        let gates = keyed_on::<String, _>(Quota::per_hour(3).unwrap(), &clock);
         // The closed gate is spent before the race.
         while gates.check(&"closed".to_string()).allowed {}
         let policies = Policy::new("tenant", header_key("x-tenant"), tenants.clone())
@@ -555,15 +534,9 @@ fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
             in_bursts_of(Quota::per_second(4).unwrap(), 3),
             Duration::from_millis(600),
         );
-        let tenants = KeyedRateLimiter::<String>::builder(quota)
-            .clock(clock.clone())
-            .build();
-        let twin = KeyedRateLimiter::<String>::builder(quota)
-            .clock(clock.clone())
-            .build();
-        let gates = KeyedRateLimiter::<String>::builder(Quota::per_hour(1).unwrap())
-            .clock(clock.clone())
-            .build();
+        let tenants = keyed_on::<String, _>(quota, &clock);
+        let twin = keyed_on::<String, _>(quota, &clock);
+        let gates = keyed_on::<String, _>(Quota::per_hour(1).unwrap(), &clock);
         assert!(gates.check(&"closed".to_string()).allowed);
         let headers = seed % 2 == 0;
         let gated = seed % 4 < 2;

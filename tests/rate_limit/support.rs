@@ -6,6 +6,7 @@
 // Without the `axum` feature, the modules that use some of these are not built.
 #![allow(dead_code)]
 
+use crate::common::keyed_on;
 use std::future::Future;
 use std::hash::Hash;
 use std::net::SocketAddr;
@@ -33,9 +34,7 @@ pub fn keyed<K: Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
     clock: &ManualClock,
 ) -> KeyedRateLimiter<K, Gcra, ManualClock> {
-    KeyedRateLimiter::builder(quota)
-        .clock(clock.clone())
-        .build()
+    keyed_on(quota, &clock)
 }
 
 /// How many single permits `limiter` still grants `key` right now (takes them all).

@@ -1,6 +1,7 @@
 //! The Redis limiter behind the HTTP layer: the same 429, `Retry-After`, `RateLimit` headers and
 //! problem body as the in-memory limiter gives, request for request.
 
+use crate::common::keyed_on;
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
@@ -11,7 +12,7 @@ use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
-use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 
 fn app<L: Limiter<HeaderValue>>(limiter: L) -> Router {
     let layer = RateLimitLayer::new(
@@ -49,9 +50,7 @@ async fn a_redis_refusal_is_the_same_429_as_in_memory() {
     };
     let clock = ManualClock::new();
     let quota = Quota::per_second(2).unwrap();
-    let memory = app(KeyedRateLimiter::<HeaderValue>::builder(quota)
-        .clock(clock.clone())
-        .build());
+    let memory = app(keyed_on::<HeaderValue, _>(quota, &clock));
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let redis = app(RedisRateLimiter::builder(quota, store)
         .client_clock(clock.clone())

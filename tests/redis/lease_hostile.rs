@@ -6,6 +6,7 @@
 //! be admitted there: no interval sees more than rate × time + burst. (Written by an attacker
 //! who had not seen the code; its first run found four ways past the quota, all fixed.)
 
+use crate::common::keyed_on;
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
@@ -15,7 +16,7 @@ use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
-use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -567,9 +568,7 @@ async fn a_debt_charged_in_redis_leaves_the_share_admitting() {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1000));
     let a = strict::<Gcra>(&server.url(), quota, lease, &clock).await;
-    let memory = KeyedRateLimiter::<()>::builder(quota)
-        .clock(clock.clone())
-        .build();
+    let memory = keyed_on::<(), _>(quota, &clock);
     let taken = memory.check_n(&(), 8).unwrap();
     assert!(taken.allowed && Limiter::refund(&memory, &(), 8, taken));
     let one = memory.check_n(&(), 1).unwrap();

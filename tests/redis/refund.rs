@@ -3,6 +3,7 @@
 //! whether the refund comes at once or later; hostile state is refused, not believed.
 
 use crate::common::for_every_algorithm;
+use crate::common::keyed_on;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, Redis
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
-    KeyedRateLimiter, Limiter, Quota,
+    Limiter, Quota,
 };
 
 const MS: u64 = 1_000_000;
@@ -274,9 +275,7 @@ async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usi
         tag,
         Refusals::Uncached,
     );
-    let second = KeyedRateLimiter::<String>::builder(Quota::per_second(1).unwrap())
-        .clock(clock.clone())
-        .build();
+    let second = keyed_on::<String, _>(Quota::per_second(1).unwrap(), &clock);
     let mut admitted = 0;
     for i in 0..20u64 {
         clock.set(Duration::from_millis(250 * i));
@@ -616,9 +615,7 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
         &format!("own-key:{tag}:"),
         Refusals::Uncached,
     );
-    let memory = KeyedRateLimiter::<&str>::builder(quota)
-        .clock(clock.clone())
-        .build();
+    let memory = keyed_on::<&str, _>(quota, &clock);
     for _ in 0..3 {
         assert!(redis.reserve(&"a", 1).await.unwrap().allowed, "{tag}");
     }

@@ -1,6 +1,7 @@
 //! The Redis store through the public API, each test against its own `redis-server`.
 
 use crate::common::for_every_algorithm;
+use crate::common::keyed_on;
 use crate::common::{redis_server, waits_up_to};
 
 use std::time::Duration;
@@ -13,7 +14,7 @@ use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
     limiter::{acquire, Decision},
-    KeyedRateLimiter, Limiter, Quota,
+    Limiter, Quota,
 };
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -624,9 +625,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
     };
     let clock = ManualClock::new();
     let local_quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
-    let local = KeyedRateLimiter::<String>::builder(local_quota)
-        .clock(clock.clone())
-        .build();
+    let local = keyed_on::<String, _>(local_quota, &clock);
     let limiter = RedisRateLimiter::builder(
         Quota::per_second(100).unwrap(),
         RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}/")).unwrap(),

@@ -2,6 +2,7 @@
 //! deciding later like a remote store): exactly the limit reaches the handler, and the permits of
 //! responses that do not count come back for exactly the limit more.
 
+use crate::common::keyed_on;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,9 +91,7 @@ async fn race<A: Algorithm>() {
         .algorithm::<A>()
         .clock(clock.clone())
         .build();
-    let shadow = KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
-        .clock(clock.clone())
-        .build();
+    let shadow = keyed_on::<IpAddr, _>(Quota::per_hour(1).unwrap(), &clock);
     let global = tower_bulwark::DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
         .algorithm::<SlidingLog>()
         .clock(clock.clone())

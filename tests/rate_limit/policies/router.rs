@@ -1,6 +1,7 @@
 //! Policies v2: each policy with its own key, cost, counting rule and shadow mode, on one layer,
 //! through axum's router with `oneshot` and a manual clock (no listener, no sleeps).
 
+use crate::common::direct_on;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -99,9 +100,7 @@ async fn a_refusal_by_one_key_spends_nothing_under_the_others() {
     let clock = ManualClock::new();
     let per_ip = keyed::<IpAddr>(Quota::per_hour(100).unwrap(), &clock);
     let per_key = keyed::<HeaderValue>(Quota::per_hour(1).unwrap(), &clock);
-    let all = DirectRateLimiter::builder(Quota::per_hour(100).unwrap())
-        .clock(clock.clone())
-        .build();
+    let all = direct_on(Quota::per_hour(100).unwrap(), &clock);
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
         .route_layer(RateLimitLayer::new(
