@@ -13,11 +13,14 @@ use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, Aimd, Classify, FromTowerHttp, Gradient, HttpOverload, LimitAlgorithm,
     LimitChanged, Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome, MAX_CONCURRENT_CALLS};
+use tower_bulwark::bulkhead::{BulkheadFull, MAX_CONCURRENT_CALLS};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
-use super::adaptive_support::{gated, limits, ms, with_changes, Recorder};
+use super::adaptive_support::{
+    assert_panics_were_no_samples, gated, limits, ms, on_manual_clock, recording, with_changes,
+    Recorder,
+};
 use crate::common::response;
 
 const MS: Duration = Duration::from_millis(1);
@@ -571,12 +574,8 @@ async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sampl
 
 #[tokio::test]
 async fn two_clones_share_one_adaptive_limit() {
-    let clock = ManualClock::new();
-    let (bulkhead, seen) = with_changes(
-        AdaptiveBulkhead::builder("shared")
-            .limits(limits(1, 5, 10))
-            .clock(clock.clone()),
-    );
+    let (builder, clock) = on_manual_clock("shared", limits(1, 5, 10));
+    let (bulkhead, seen) = with_changes(builder);
     let inner = gated();
     let layer = bulkhead.layer();
     let mut a = ServiceBuilder::new()
@@ -644,15 +643,7 @@ async fn a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample
 
 #[tokio::test]
 async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
-    let recorder = Recorder::default();
-    let finished = Arc::new(Mutex::new(Vec::new()));
-    let log = finished.clone();
-    let bulkhead = AdaptiveBulkhead::builder("panic")
-        .algorithm(recorder.clone())
-        .hooks(|events| {
-            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
-        })
-        .build();
+    let (bulkhead, recorder, finished) = recording("panic");
     let in_call = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(service_fn(|panic_in_call: bool| {
@@ -674,23 +665,13 @@ async fn a_panicking_call_gives_its_permit_back_and_is_no_sample() {
         let caught = futures::FutureExt::catch_unwind(outcome).await;
         assert!(caught.is_err());
     }
-    assert!(recorder.0.lock().unwrap().is_empty());
-    assert_eq!(
-        *finished.lock().unwrap(),
-        [CallOutcome::Panicked, CallOutcome::Panicked]
-    );
-    let snapshot = bulkhead.snapshot();
-    assert_eq!(snapshot.available_concurrent_calls, 8);
-    assert_eq!(snapshot.total_finished, 2);
+    assert_panics_were_no_samples(&bulkhead, &recorder, &finished, 2);
 }
 
 #[tokio::test]
 async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end() {
-    let clock = ManualClock::new();
-    let bulkhead = AdaptiveBulkhead::builder("shrink")
-        .limits(limits(1, 10, 10))
-        .clock(clock.clone())
-        .build();
+    let (builder, clock) = on_manual_clock("shrink", limits(1, 10, 10));
+    let bulkhead = builder.build();
     let inner = gated();
     let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
     // Ten calls in flight; the first two end with 503 one round trip apart, so the limit falls
@@ -759,11 +740,8 @@ fn the_limit_gauge_follows_the_limit_as_it_moves() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let clock = ManualClock::new();
-            let bulkhead = AdaptiveBulkhead::builder("gauged")
-                .limits(limits(1, 10, 10))
-                .clock(clock.clone())
-                .build();
+            let (builder, clock) = on_manual_clock("gauged", limits(1, 10, 10));
+            let bulkhead = builder.build();
             let mut client = ServiceBuilder::new()
                 .layer(bulkhead.layer())
                 .service(service_fn(|status: u16| async move {

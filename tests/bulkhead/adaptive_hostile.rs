@@ -13,11 +13,14 @@ use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, Aimd, Gradient, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
+use tower_bulwark::bulkhead::BulkheadFull;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
-use super::adaptive_support::{gated, limits, ms, with_changes, ChangeLog, Recorder};
+use super::adaptive_support::{
+    assert_panics_were_no_samples, gated, limits, ms, on_manual_clock, recording, with_changes,
+    ChangeLog, Recorder,
+};
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
 
@@ -30,10 +33,7 @@ use crate::common::response;
 #[tokio::test]
 async fn calls_admitted_under_a_higher_limit_do_not_make_the_lowered_limit_grow() {
     for gradient in [false, true] {
-        let clock = ManualClock::new();
-        let mut builder = AdaptiveBulkhead::builder("stale")
-            .limits(limits(1, 10, 100))
-            .clock(clock.clone());
+        let (mut builder, clock) = on_manual_clock("stale", limits(1, 10, 100));
         if gradient {
             builder = builder.algorithm(Gradient::default());
         }
@@ -127,15 +127,7 @@ async fn a_call_admitted_at_the_limit_is_use_even_after_the_limit_rose() {
 #[tokio::test]
 async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
     quiet_panics_starting_with("attack:");
-    let recorder = Recorder::default();
-    let finished = Arc::new(Mutex::new(Vec::new()));
-    let log = finished.clone();
-    let bulkhead = AdaptiveBulkhead::builder("caught")
-        .algorithm(recorder.clone())
-        .hooks(|events| {
-            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
-        })
-        .build();
+    let (bulkhead, recorder, finished) = recording("caught");
     let service = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(service_fn(|panic: bool| async move {
@@ -155,18 +147,7 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
     assert!(polled.is_err());
     drop(call);
 
-    assert!(
-        recorder.0.lock().unwrap().is_empty(),
-        "a caught panic gave a sample: {:?}",
-        recorder.0.lock().unwrap()
-    );
-    assert_eq!(
-        *finished.lock().unwrap(),
-        [CallOutcome::Panicked, CallOutcome::Panicked]
-    );
-    let snapshot = bulkhead.snapshot();
-    assert_eq!(snapshot.available_concurrent_calls, 8);
-    assert_eq!(snapshot.total_finished, 2);
+    assert_panics_were_no_samples(&bulkhead, &recorder, &finished, 2);
 }
 
 /// A classifier that panics, caught above: no sample, the permit back exactly once, and the
@@ -174,15 +155,7 @@ async fn a_panic_caught_above_the_bulkhead_is_no_sample() {
 #[tokio::test]
 async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() {
     quiet_panics_starting_with("attack:");
-    let recorder = Recorder::default();
-    let finished = Arc::new(Mutex::new(Vec::new()));
-    let log = finished.clone();
-    let bulkhead = AdaptiveBulkhead::builder("classifier")
-        .algorithm(recorder.clone())
-        .hooks(|events| {
-            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
-        })
-        .build();
+    let (bulkhead, recorder, finished) = recording("classifier");
     let service = ServiceBuilder::new()
         .layer(
             bulkhead.layer_with(|_: Result<&http::Response<()>, &BoxError>| -> Verdict {
@@ -197,12 +170,8 @@ async fn a_panicking_classifier_caught_above_is_no_sample_and_loses_no_permit() 
             futures::FutureExt::catch_unwind(AssertUnwindSafe(service.clone().oneshot(()))).await;
         assert!(caught.is_err());
     }
-    assert!(recorder.0.lock().unwrap().is_empty());
-    assert_eq!(*finished.lock().unwrap(), [CallOutcome::Panicked; 3]);
-    let snapshot = bulkhead.snapshot();
-    assert_eq!(snapshot.available_concurrent_calls, 8);
-    assert_eq!(snapshot.total_permitted, 3);
-    assert_eq!(snapshot.total_finished, 3);
+    assert_panics_were_no_samples(&bulkhead, &recorder, &finished, 3);
+    assert_eq!(bulkhead.snapshot().total_permitted, 3);
 }
 
 // ---- Absurd instants ----
@@ -258,10 +227,7 @@ fn one_absurd_instant_does_not_freeze_the_limit() {
 #[tokio::test]
 async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
     for gradient in [false, true] {
-        let clock = ManualClock::new();
-        let mut builder = AdaptiveBulkhead::builder("light")
-            .limits(limits(1, 4, 256))
-            .clock(clock.clone());
+        let (mut builder, clock) = on_manual_clock("light", limits(1, 4, 256));
         if gradient {
             builder = builder.algorithm(Gradient::default());
         }
@@ -293,12 +259,8 @@ async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
 /// once.
 #[tokio::test]
 async fn a_flood_of_samples_at_one_instant_moves_the_limit_at_most_once() {
-    let clock = ManualClock::new();
-    let (bulkhead, changes) = with_changes(
-        AdaptiveBulkhead::builder("flood")
-            .limits(limits(1, 1000, 5000))
-            .clock(clock.clone()),
-    );
+    let (builder, clock) = on_manual_clock("flood", limits(1, 1000, 5000));
+    let (bulkhead, changes) = with_changes(builder);
     let mut client = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(gated());
@@ -720,11 +682,8 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let clock = ManualClock::new();
-            let bulkhead = AdaptiveBulkhead::builder("metered")
-                .limits(limits(1, 5, 10))
-                .clock(clock.clone())
-                .build();
+            let (builder, clock) = on_manual_clock("metered", limits(1, 5, 10));
+            let bulkhead = builder.build();
             let mut client = ServiceBuilder::new()
                 .layer(bulkhead.layer())
                 .service(gated());
@@ -796,12 +755,8 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
 /// of 100 down to about 11.
 #[tokio::test]
 async fn calls_dropped_before_their_first_poll_are_no_sample() {
-    let clock = ManualClock::new();
-    let (bulkhead, changes) = with_changes(
-        AdaptiveBulkhead::builder("unpolled")
-            .limits(limits(1, 100, 100))
-            .clock(clock.clone()),
-    );
+    let (builder, clock) = on_manual_clock("unpolled", limits(1, 100, 100));
+    let (bulkhead, changes) = with_changes(builder);
     let mut client = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(gated());

@@ -10,6 +10,8 @@ use tower::{service_fn, Service};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitAlgorithm, LimitChanged, Limits, Sample,
 };
+use tower_bulwark::bulkhead::{CallFinished, CallOutcome};
+use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use crate::common::response;
@@ -20,6 +22,16 @@ pub fn ms(n: u64) -> Duration {
 
 pub fn limits(min: usize, initial: usize, max: usize) -> Limits {
     Limits::new(min, initial, max).expect("valid limits")
+}
+
+/// A builder of the adaptive bulkhead `name` within `limits` on a new `ManualClock`, and the
+/// clock.
+pub fn on_manual_clock(name: &str, limits: Limits) -> (AdaptiveBulkheadBuilder, ManualClock) {
+    let clock = ManualClock::new();
+    let builder = AdaptiveBulkhead::builder(name)
+        .limits(limits)
+        .clock(clock.clone());
+    (builder, clock)
 }
 
 /// An inner service whose calls end when the test sends them a status (or drops the sender).
@@ -46,6 +58,44 @@ pub fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, Chan
         .on_limit_changed(move |e: &LimitChanged<'_>| log.lock().unwrap().push((e.from, e.to)))
         .build();
     (bulkhead, seen)
+}
+
+/// The outcome of each call as it finished.
+pub type Outcomes = Arc<Mutex<Vec<CallOutcome>>>;
+
+/// The adaptive bulkhead `name` whose algorithm records its samples and never moves the limit,
+/// and whose hook logs each call's outcome as it finishes: the bulkhead, the recorder and the
+/// outcomes.
+pub fn recording(name: &str) -> (AdaptiveBulkhead, Recorder, Outcomes) {
+    let recorder = Recorder::default();
+    let finished = Outcomes::default();
+    let log = finished.clone();
+    let bulkhead = AdaptiveBulkhead::builder(name)
+        .algorithm(recorder.clone())
+        .hooks(|events| {
+            events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
+        })
+        .build();
+    (bulkhead, recorder, finished)
+}
+
+/// Asserts that the `n` calls through a bulkhead of [`recording`] (limit 8) all panicked and
+/// were no sample, and that each gave its permit back: every permit is free, `n` finished.
+pub fn assert_panics_were_no_samples(
+    bulkhead: &AdaptiveBulkhead,
+    recorder: &Recorder,
+    finished: &Outcomes,
+    n: usize,
+) {
+    assert!(
+        recorder.0.lock().unwrap().is_empty(),
+        "a panic gave a sample: {:?}",
+        recorder.0.lock().unwrap()
+    );
+    assert_eq!(*finished.lock().unwrap(), vec![CallOutcome::Panicked; n]);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(snapshot.available_concurrent_calls, 8);
+    assert_eq!(snapshot.total_finished, n as u64);
 }
 
 /// An algorithm that records what it is given and never moves the limit.
