@@ -4,83 +4,21 @@
 //! state and counts, never from a sleep.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::poll;
-use tokio::sync::oneshot;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::{
     Bulkhead, BulkheadFull, CallFinished, CallOutcome, CallPermitted, CallRejected, Rejection,
 };
 use tower_bulwark::BoxError;
 
-/// An inner service whose calls end only when the test says so, and which records the order in
-/// which calls reached it.
-#[derive(Clone, Default)]
-struct Gated {
-    state: Arc<Mutex<GatedState>>,
-}
-
-#[derive(Default)]
-struct GatedState {
-    started: Vec<u32>,
-    gates: HashMap<u32, oneshot::Sender<Result<u32, io::Error>>>,
-    polled_ready: usize,
-}
-
-impl Gated {
-    fn started(&self) -> Vec<u32> {
-        self.state.lock().unwrap().started.clone()
-    }
-
-    fn finish(&self, id: u32) {
-        let gate = self
-            .state
-            .lock()
-            .unwrap()
-            .gates
-            .remove(&id)
-            .expect("call started");
-        gate.send(Ok(id)).unwrap();
-    }
-
-    fn fail(&self, id: u32) {
-        let gate = self
-            .state
-            .lock()
-            .unwrap()
-            .gates
-            .remove(&id)
-            .expect("call started");
-        gate.send(Err(io::Error::other("downstream broke")))
-            .unwrap();
-    }
-}
-
-impl Service<u32> for Gated {
-    type Response = u32;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<u32, io::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
-        self.state.lock().unwrap().polled_ready += 1;
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, id: u32) -> Self::Future {
-        let (tx, rx) = oneshot::channel();
-        let mut state = self.state.lock().unwrap();
-        state.started.push(id);
-        state.gates.insert(id, tx);
-        Box::pin(async move { rx.await.expect("gate kept") })
-    }
-}
+use super::order_support::{gated, Gated};
 
 fn boxed_call<S>(svc: &mut S, id: u32) -> Pin<Box<S::Future>>
 where
@@ -150,9 +88,7 @@ async fn clones_and_layers_share_one_limit() {
 
 #[tokio::test]
 async fn refusal_is_told_apart_from_the_inner_error() {
-    let bulkhead = Bulkhead::semaphore("payment", 1).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::semaphore("payment", 1));
 
     let mut failing = boxed_call(&mut svc, 1);
     let refused = svc.call(2).await.unwrap_err();
@@ -237,11 +173,8 @@ async fn a_panicking_call_returns_its_permit() {
 
 #[tokio::test(start_paused = true)]
 async fn waiters_get_permits_in_arrival_order() {
-    let bulkhead = Bulkhead::semaphore("payment", 1)
-        .max_wait(Duration::from_secs(60))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::semaphore("payment", 1).max_wait(Duration::from_secs(60)));
 
     let mut running = boxed_call(&mut svc, 0);
     let mut waiters: Vec<_> = (1..=5).map(|id| boxed_call(&mut svc, id)).collect();
@@ -342,9 +275,7 @@ async fn without_max_wait_a_refusal_is_immediate() {
 
 #[tokio::test]
 async fn queue_starts_calls_in_order_and_refuses_beyond_capacity_at_once() {
-    let bulkhead = Bulkhead::queue("reports", 2, 3).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::queue("reports", 2, 3));
 
     let mut running: Vec<_> = (1..=2).map(|id| boxed_call(&mut svc, id)).collect();
     let mut queued: Vec<_> = (3..=5).map(|id| boxed_call(&mut svc, id)).collect();
@@ -394,9 +325,7 @@ async fn queue_starts_calls_in_order_and_refuses_beyond_capacity_at_once() {
 
 #[tokio::test]
 async fn a_dropped_queued_call_leaves_the_queue() {
-    let bulkhead = Bulkhead::queue("reports", 1, 2).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::queue("reports", 1, 2));
 
     let running = boxed_call(&mut svc, 1);
     let mut second = boxed_call(&mut svc, 2);
@@ -431,9 +360,7 @@ async fn a_dropped_queued_call_leaves_the_queue() {
 
 #[tokio::test]
 async fn shrinking_never_admits_beyond_the_new_limit() {
-    let bulkhead = Bulkhead::semaphore("payment", 4).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::semaphore("payment", 4));
     let mut running: HashMap<u32, _> = (1..=4).map(|id| (id, boxed_call(&mut svc, id))).collect();
 
     bulkhead.set_max_concurrent_calls(2);
@@ -474,11 +401,8 @@ async fn shrinking_never_admits_beyond_the_new_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn growing_lets_waiters_in_at_once() {
-    let bulkhead = Bulkhead::semaphore("payment", 1)
-        .max_wait(Duration::from_secs(10))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::semaphore("payment", 1).max_wait(Duration::from_secs(10)));
     let _running = boxed_call(&mut svc, 1);
     let mut waiting: Vec<_> = (2..=4).map(|id| boxed_call(&mut svc, id)).collect();
     for call in &mut waiting {
@@ -754,11 +678,8 @@ mod with_retry {
 
 #[tokio::test(start_paused = true)]
 async fn a_queue_with_max_wait_refuses_calls_that_waited_too_long() {
-    let bulkhead = Bulkhead::queue("reports", 1, 4)
-        .max_wait(Duration::from_secs(1))
-        .build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::queue("reports", 1, 4).max_wait(Duration::from_secs(1)));
     let running = boxed_call(&mut svc, 1);
     let mut late = boxed_call(&mut svc, 2);
     assert!(poll!(late.as_mut()).is_pending());
@@ -845,9 +766,7 @@ async fn a_waiter_whose_permit_pays_a_lowered_limit_waits_again_and_the_limit_ho
 /// takes back: nothing leaks, the next waiter takes its place in line, and the limit holds.
 #[tokio::test]
 async fn a_waiter_that_leaves_the_front_of_the_line_passes_its_place_on() {
-    let bulkhead = Bulkhead::queue("q", 2, 8).build();
-    let inner = Gated::default();
-    let mut svc = bulkhead.layer().layer(inner.clone());
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::queue("q", 2, 8));
     let mut calls: HashMap<u32, _> = (1..=5).map(|id| (id, boxed_call(&mut svc, id))).collect();
     for id in 1..=5 {
         let _ = poll!(calls.get_mut(&id).unwrap().as_mut());

@@ -25,7 +25,7 @@ use crate::common::poll_once;
 pub(crate) const PANIC_MESSAGE: &str = "attack_order: planned panic";
 
 // ---------------------------------------------------------------------------------------------
-// A gated inner service (after `behaviour.rs`), which also counts the calls inside it.
+// A gated inner service (also `behaviour.rs`'s), which also counts the calls inside it.
 
 pub(crate) enum Gate {
     Ok,
@@ -46,6 +46,8 @@ pub(crate) struct GatedState {
     pub(crate) gates: HashMap<u32, oneshot::Sender<Gate>>,
     /// Calls whose `call` panics.
     pub(crate) panic_on_call: Vec<u32>,
+    /// How many times `poll_ready` was called.
+    pub(crate) polled_ready: usize,
 }
 
 /// Counts one live inner call; lowered when the inner future completes or is dropped.
@@ -89,6 +91,10 @@ impl Gated {
     pub(crate) fn finish(&self, id: u32) {
         self.open(id, Gate::Ok);
     }
+
+    pub(crate) fn fail(&self, id: u32) {
+        self.open(id, Gate::Err);
+    }
 }
 
 impl Service<u32> for Gated {
@@ -97,6 +103,7 @@ impl Service<u32> for Gated {
     type Future = Pin<Box<dyn Future<Output = Result<u32, io::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), io::Error>> {
+        self.state.lock().unwrap().polled_ready += 1;
         Poll::Ready(Ok(()))
     }
 
