@@ -114,6 +114,17 @@ impl Service<u32> for Gated {
     }
 }
 
+/// Readies `svc`, calls it with `n` and polls the call once: it must still be pending.
+async fn pending_call<S>(svc: &mut S, n: u32) -> Pin<Box<S::Future>>
+where
+    S: Service<u32>,
+    S::Error: std::fmt::Debug,
+{
+    let mut call = Box::pin(svc.ready().await.unwrap().call(n));
+    assert!(poll_once(call.as_mut()).is_pending());
+    call
+}
+
 /// Promise (DESIGN.md): "Bad input gets a clear error, never a panic"; the builder's
 /// `max_wait` is "How long a call may wait for a permit before it is refused" and takes any
 /// `Duration`. `Duration::MAX` is the natural "wait as long as it takes" for a semaphore
@@ -128,8 +139,7 @@ async fn a_huge_max_wait_waits_instead_of_panicking() {
         let bulkhead = builder.build();
         let gated = Gated::default();
         let mut svc = bulkhead.layer().layer(gated.clone());
-        let mut first = Box::pin(svc.ready().await.unwrap().call(1));
-        assert!(poll_once(first.as_mut()).is_pending());
+        let first = pending_call(&mut svc, 1).await;
         let mut second = Box::pin(svc.ready().await.unwrap().call(2));
         let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             poll_once(second.as_mut()).is_pending()
@@ -193,10 +203,8 @@ async fn panicking_hooks_give_the_permit_back_exactly_once() {
         .build();
     let gated = Gated::default();
     let mut svc = bulkhead.layer().layer(gated.clone());
-    let mut first = Box::pin(svc.ready().await.unwrap().call(1));
-    assert!(poll_once(first.as_mut()).is_pending());
-    let mut second = Box::pin(svc.ready().await.unwrap().call(2));
-    assert!(poll_once(second.as_mut()).is_pending());
+    let first = pending_call(&mut svc, 1).await;
+    let mut second = pending_call(&mut svc, 2).await;
     assert_eq!(bulkhead.snapshot().queue_depth, 1);
     armed.store(true, Ordering::SeqCst);
     gated.open_all();
@@ -224,14 +232,10 @@ async fn a_granted_but_unpolled_waiter_passes_its_permit_on() {
         .build();
     let gated = Gated::default();
     let mut svc = bulkhead.layer().layer(gated.clone());
-    let mut first = Box::pin(svc.ready().await.unwrap().call(1));
-    assert!(poll_once(first.as_mut()).is_pending());
-    let mut second = Box::pin(svc.ready().await.unwrap().call(2));
-    assert!(poll_once(second.as_mut()).is_pending());
-    let mut third = Box::pin(svc.ready().await.unwrap().call(3));
-    assert!(poll_once(third.as_mut()).is_pending());
-    let mut fourth = Box::pin(svc.ready().await.unwrap().call(4));
-    assert!(poll_once(fourth.as_mut()).is_pending());
+    let first = pending_call(&mut svc, 1).await;
+    let second = pending_call(&mut svc, 2).await;
+    let mut third = pending_call(&mut svc, 3).await;
+    let fourth = pending_call(&mut svc, 4).await;
     assert_eq!(bulkhead.snapshot().queue_depth, 3);
     // Raising the limit grants `second` at once; it is dropped without seeing it.
     bulkhead.set_max_concurrent_calls(2);
@@ -265,11 +269,9 @@ async fn a_permit_left_by_a_waiter_pays_a_lowered_limit_before_the_next_waiter_s
     let gated = Gated::default();
     let mut svc = bulkhead.layer().layer(gated.clone());
     let first = Box::pin(svc.ready().await.unwrap().call(1));
-    let mut second = Box::pin(svc.ready().await.unwrap().call(2));
-    assert!(poll_once(second.as_mut()).is_pending());
+    let second = pending_call(&mut svc, 2).await;
     let leaver = Box::pin(svc.ready().await.unwrap().call(3));
-    let mut stayer = Box::pin(svc.ready().await.unwrap().call(4));
-    assert!(poll_once(stayer.as_mut()).is_pending());
+    let mut stayer = pending_call(&mut svc, 4).await;
     assert_eq!(gated.gates.lock().unwrap().len(), 2, "first and second run");
     assert_eq!(bulkhead.snapshot().queue_depth, 2);
 

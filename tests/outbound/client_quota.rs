@@ -297,6 +297,38 @@ async fn calls_refused_below_the_quota_give_their_permits_back() {
     assert_eq!((0..20).filter(|_| outer.check().allowed).count(), 8);
 }
 
+/// A budget of 1 000 tokens an hour on a clock that stands still.
+#[cfg(feature = "reqwest")]
+fn thousand_tokens_an_hour() -> DirectRateLimiter<tower_bulwark::algorithm::Gcra, ManualClock> {
+    direct_on(Quota::per_hour(1000).unwrap(), &ManualClock::new())
+}
+
+/// A `reqwest` client whose calls are estimated at 100 tokens of [`thousand_tokens_an_hour`] and
+/// settled to what the response's `x-usage-total-tokens` says; and the budget.
+#[cfg(feature = "reqwest")]
+fn settled_by_usage_header() -> (
+    DirectRateLimiter<tower_bulwark::algorithm::Gcra, ManualClock>,
+    impl Service<reqwest::Request, Response = reqwest::Response, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+) {
+    let tokens = thousand_tokens_an_hour();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(|response: &reqwest::Response| {
+            response
+                .headers()
+                .get("x-usage-total-tokens")?
+                .to_str()
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .layer(reqwest::Client::new());
+    (tokens, client)
+}
+
 /// Calls to an LLM API through a real `reqwest::Client`, each reserving its request's
 /// `max_tokens` (100) and settled to the `x-usage-total-tokens` the dependency reports (40), 24
 /// of them racing on 1 000 tokens an hour: however many went, the tokens the dependency
@@ -314,21 +346,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
         .respond_with(ResponseTemplate::new(200))
         .mount(&server)
         .await;
-    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
-        .clock(ManualClock::new())
-        .build();
-    let client = ClientQuotaLayer::new("llm", tokens.clone())
-        .cost(100)
-        .settle_by(|response: &reqwest::Response| {
-            response
-                .headers()
-                .get("x-usage-total-tokens")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()
-        })
-        .layer(reqwest::Client::new());
+    let (tokens, client) = settled_by_usage_header();
     let url = server.uri();
     let handles: Vec<_> = (0..24)
         .map(|_| {
@@ -352,21 +370,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     assert_eq!(sent * 40 + left, 1000);
 
     // No usage in the answer: the 100 reserved stay spent.
-    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
-        .clock(ManualClock::new())
-        .build();
-    let client = ClientQuotaLayer::new("llm", tokens.clone())
-        .cost(100)
-        .settle_by(|response: &reqwest::Response| {
-            response
-                .headers()
-                .get("x-usage-total-tokens")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()
-        })
-        .layer(reqwest::Client::new());
+    let (tokens, client) = settled_by_usage_header();
     let request = reqwest::Request::new(reqwest::Method::GET, url.parse().unwrap());
     client.oneshot(request).await.unwrap();
     assert_eq!(tokens.check_n(900).unwrap().remaining, 0);
@@ -374,9 +378,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
 
     // A settle function that panics: the caller gets its response all the same, and the 100
     // reserved stay spent, as inbound.
-    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
-        .clock(ManualClock::new())
-        .build();
+    let tokens = thousand_tokens_an_hour();
     let client = ClientQuotaLayer::new("llm", tokens.clone())
         .cost(100)
         .settle_by(|_: &reqwest::Response| -> Option<u32> { panic!("a settle that panics") })
@@ -408,9 +410,7 @@ async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_u
         )
         .mount(&server)
         .await;
-    let tokens = DirectRateLimiter::builder(Quota::per_hour(1000).unwrap())
-        .clock(ManualClock::new())
-        .build();
+    let tokens = thousand_tokens_an_hour();
     let client = ClientQuotaLayer::new("llm", tokens.clone())
         .cost(100)
         .settle_by(SettleLater)
