@@ -249,3 +249,16 @@ pub fn keyed_on<K: std::hash::Hash + Eq + Clone, C: tower_bulwark::clock::Clock 
         .clock(clock.clone())
         .build()
 }
+
+/// Asserts that each of `n` calls of `request()` through `service` is refused with
+/// `BulkheadFull`.
+pub async fn assert_bulkhead_full<S, R>(service: &S, request: impl Fn() -> R, n: usize)
+where
+    S: tower::Service<R> + Clone,
+    S::Error: Into<tower_bulwark::BoxError>,
+{
+    for _ in 0..n {
+        let err = refusal(service, request()).await;
+        assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
+    }
+}

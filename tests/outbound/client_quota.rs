@@ -236,10 +236,7 @@ async fn calls_refused_below_the_quota_give_their_permits_back() {
     ));
     let mut first = Box::pin(client.clone().oneshot(true));
     assert!(crate::common::poll_once(first.as_mut()).is_pending());
-    for _ in 0..20 {
-        let err = client.clone().oneshot(false).await.unwrap_err();
-        assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
-    }
+    crate::common::assert_bulkhead_full(&client, || false, 20).await;
     release.send(()).unwrap();
     first.await.unwrap();
     let admitted = (0..20).filter(|_| limiter.check().allowed).count();

@@ -627,10 +627,7 @@ async fn a_call_refused_below_the_pushback_gives_its_budget_back() {
     let (open, gate) = oneshot::channel();
     let mut first = Box::pin(client.clone().oneshot(Some(gate)));
     assert!(crate::common::poll_once(first.as_mut()).is_pending());
-    for _ in 0..20 {
-        let err = client.clone().oneshot(None).await.unwrap_err();
-        assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
-    }
+    crate::common::assert_bulkhead_full(&client, || None, 20).await;
     open.send(()).unwrap();
     first.await.unwrap();
     client.clone().oneshot(None).await.unwrap();
