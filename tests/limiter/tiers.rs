@@ -21,7 +21,7 @@ use crate::common::listener;
 type Keyed = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, ManualClock>;
 
 fn keyed(quota: Quota, clock: &ManualClock) -> Keyed {
-    keyed_on(quota, &clock)
+    keyed_on(quota, clock)
 }
 
 fn plan_of(key: &HeaderValue) -> &'static str {

@@ -34,7 +34,7 @@ pub fn keyed<K: Hash + Eq + Clone + Send + Sync + 'static>(
     quota: Quota,
     clock: &ManualClock,
 ) -> KeyedRateLimiter<K, Gcra, ManualClock> {
-    keyed_on(quota, &clock)
+    keyed_on(quota, clock)
 }
 
 /// How many single permits `limiter` still grants `key` right now (takes them all).
