@@ -295,14 +295,12 @@ async fn calls_refused_below_the_quota_give_their_permits_back() {
 }
 
 /// A budget of 1 000 tokens an hour on a clock that stands still.
-#[cfg(feature = "reqwest")]
 fn thousand_tokens_an_hour() -> DirectRateLimiter<tower_bulwark::algorithm::Gcra, ManualClock> {
     direct_on(Quota::per_hour(1000).unwrap(), &ManualClock::new())
 }
 
 /// A `reqwest` client whose calls are estimated at 100 tokens of [`thousand_tokens_an_hour`] and
 /// settled to what the response's `x-usage-total-tokens` says; and the budget.
-#[cfg(feature = "reqwest")]
 fn settled_by_usage_header() -> (
     DirectRateLimiter<tower_bulwark::algorithm::Gcra, ManualClock>,
     impl Service<reqwest::Request, Response = reqwest::Response, Error = BoxError, Future: Send>
