@@ -1,14 +1,15 @@
 //! Checks per second under contention, against governor in the same run: a direct limiter, one
-//! hot key of a keyed limiter, and 100 000 keys, from 1 thread up to 16 (as many as the machine
-//! has cores, no more).
+//! hot key of a keyed limiter (on a quota that never refuses, and on quotas of 5 000, 50 000 and
+//! 500 000 a second that the threads far exceed), and 100 000 keys, from 1 thread up to 16 (as
+//! many as the machine has cores, no more).
 //!
 //! ```sh
 //! cargo bench --bench contention -- --warm-up-time 1 --measurement-time 2
 //! python3 benches/contention_table.py   # the ratios, from criterion's estimates
 //! ```
 //!
-//! Every thread calls the public API in a loop on a quota that never refuses, so every check
-//! takes the admitting (writing) path, the one that contends; criterion reports the time per
+//! Every thread calls the public API in a loop; on a quota that never refuses every check takes
+//! the admitting (writing) path, the one that contends; criterion reports the time per
 //! check over all threads together (its reciprocal is the throughput printed as elements per
 //! second). `THREADS=1,2,4` in the environment picks the thread counts.
 
@@ -121,6 +122,25 @@ fn hot_key(c: &mut Criterion) {
     );
 }
 
+/// One hot key under quotas the threads far exceed: most checks are refusals, which write
+/// nothing shared (governor's and ours alike).
+fn hot_key_at_quotas(c: &mut Criterion) {
+    for per_second in [5_000, 50_000, 500_000] {
+        let ours = KeyedRateLimiter::<u32>::new(Quota::per_second(per_second).unwrap());
+        let gov = governor::RateLimiter::keyed(governor::Quota::per_second(
+            NonZeroU32::new(per_second).unwrap(),
+        ));
+        let bulwark: Check = Arc::new(move |_| {
+            black_box(ours.check(&7));
+        });
+        let governor: Check = Arc::new(move |_| {
+            let _ = black_box(gov.check_key(&7u32));
+        });
+        let group = format!("contention_hot_key_{per_second}");
+        contend(c, &group, &[("bulwark", bulwark), ("governor", governor)]);
+    }
+}
+
 fn many_keys(c: &mut Criterion) {
     // Keys visited in a scattered order so that caches flatter neither side.
     let key_of = |i: u64| ((i.wrapping_mul(2_654_435_761)) % u64::from(KEYS)) as u32;
@@ -143,7 +163,7 @@ fn many_keys(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, direct, hot_key, many_keys);
+criterion_group!(benches, direct, hot_key, hot_key_at_quotas, many_keys);
 
 fn main() {
     benches();

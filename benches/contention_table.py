@@ -14,6 +14,9 @@ from pathlib import Path
 GROUPS = {
     "contention_direct": "direct limiter",
     "contention_hot_key": "one hot key",
+    "contention_hot_key_5000": "one hot key, 5 000 a second",
+    "contention_hot_key_50000": "one hot key, 50 000 a second",
+    "contention_hot_key_500000": "one hot key, 500 000 a second",
     "contention_100k_keys": "100 000 keys",
 }
 
