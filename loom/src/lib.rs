@@ -365,27 +365,33 @@ fn gcra_refund_racing_a_reservation() {
 /// admissions keep the promise.
 #[test]
 fn gcra_give_back_behind_debt_racing_a_later_reading() {
-    check(PREEMPTIONS, || {
+    give_back_behind_debt_racing(T, 0);
+}
+
+/// Burst 1: X admitted at 0 (TAT T), a settle's debt of one permit (TAT 2T); a thread gives X
+/// back at 0 while another decides at `at`, waiting up to `max_wait`; then a third decision at
+/// the same. X's permit is counted as the debt's (one permit charged at 0 either way), and the
+/// debt and the admissions keep the promise.
+fn give_back_behind_debt_racing(at: u64, max_wait: u64) {
+    check(PREEMPTIONS, move || {
         let g = gcra(1);
         let shard = Arc::new(Shard::default());
         let x = shard.decide(&g, 0, 0, 0);
         assert!(x.allowed);
         shard.charge(&g, 0, 0, 1);
-        // X's permit is counted as the debt's: one permit charged at 0 either way.
         let debt = Seen::of(0, &x);
         let giver = {
             let shard = shard.clone();
             thread::spawn(move || shard.refund(&g, 0, 0, &x))
         };
-        let later = {
+        let racer = {
             let shard = shard.clone();
-            thread::spawn(move || Seen::of(T, &shard.decide(&g, 0, T, 0)))
+            thread::spawn(move || Seen::of(at, &shard.decide(&g, 0, at, max_wait)))
         };
         giver.join().unwrap();
-        let b = later.join().unwrap();
-        let next = Seen::of(T, &shard.decide(&g, 0, T, 0));
-        let seen = [debt, b, next];
-        assert_gcra_promise(1, shard.tat(&g, 0), &seen);
+        let raced = racer.join().unwrap();
+        let next = Seen::of(at, &shard.decide(&g, 0, at, max_wait));
+        assert_gcra_promise(1, shard.tat(&g, 0), &[debt, raced, next]);
     });
 }
 
@@ -396,27 +402,7 @@ fn gcra_give_back_behind_debt_racing_a_later_reading() {
 /// waiter fall due at 2T beside W. Either way the next waiter falls due after W.
 #[test]
 fn gcra_give_back_behind_debt_racing_a_waiter() {
-    check(PREEMPTIONS, || {
-        let g = gcra(1);
-        let shard = Arc::new(Shard::default());
-        let x = shard.decide(&g, 0, 0, 0);
-        assert!(x.allowed);
-        shard.charge(&g, 0, 0, 1);
-        let debt = Seen::of(0, &x);
-        let giver = {
-            let shard = shard.clone();
-            thread::spawn(move || shard.refund(&g, 0, 0, &x))
-        };
-        let waiter = {
-            let shard = shard.clone();
-            thread::spawn(move || Seen::of(0, &shard.decide(&g, 0, 0, 5 * T)))
-        };
-        giver.join().unwrap();
-        let w = waiter.join().unwrap();
-        let next = Seen::of(0, &shard.decide(&g, 0, 0, 5 * T));
-        let seen = [debt, w, next];
-        assert_gcra_promise(1, shard.tat(&g, 0), &seen);
-    });
+    give_back_behind_debt_racing(0, 5 * T);
 }
 
 /// A permit refused by another policy goes back (issue 11, item 5) while a caller whose clock
