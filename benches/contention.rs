@@ -13,12 +13,15 @@
 //! check over all threads together (its reciprocal is the throughput printed as elements per
 //! second). `THREADS=1,2,4` in the environment picks the thread counts.
 
+#[path = "support/threaded.rs"]
+mod threaded;
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use threaded::threaded;
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 
 const KEYS: u32 = 100_000;
@@ -41,32 +44,6 @@ fn thread_counts() -> Vec<usize> {
         .into_iter()
         .filter(|&n| n <= cores)
         .collect()
-}
-
-/// Runs `iters` calls of `f` split over `threads` threads released together, and returns the
-/// wall time: the time per call is then wall / iters, the reciprocal of the total throughput.
-fn threaded(iters: u64, threads: usize, f: impl Fn(u64) + Send + Sync + 'static) -> Duration {
-    let f = Arc::new(f);
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let per = iters.div_ceil(threads as u64);
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (f, barrier) = (Arc::clone(&f), Arc::clone(&barrier));
-            std::thread::spawn(move || {
-                barrier.wait();
-                let base = t as u64 * per;
-                for i in 0..per {
-                    f(base + i);
-                }
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed()
 }
 
 /// One contender's check, called with the index of the call.

@@ -28,13 +28,17 @@
 //! done
 //! ```
 
+#[path = "support/threaded.rs"]
+mod threaded;
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
+use threaded::threaded;
 use tower_bulwark::{
     clock::{Clock, InstantClock, ManualClock, SystemClock},
     DirectRateLimiter, KeyedRateLimiter, Quota,
@@ -49,33 +53,6 @@ fn wide_quota() -> Quota {
 
 fn governor_quota() -> governor::Quota {
     governor::Quota::per_second(NonZeroU32::new(u32::MAX).unwrap())
-}
-
-/// Runs `iters` calls of `f` split over `threads` threads released together, and returns the
-/// wall time: the time per call is then wall / iters, i.e. the reciprocal of total throughput.
-fn threaded(iters: u64, threads: usize, f: impl Fn(u64) + Send + Sync + 'static) -> Duration {
-    let f = Arc::new(f);
-    let barrier = Arc::new(Barrier::new(threads + 1));
-    let per = iters / threads as u64;
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let f = Arc::clone(&f);
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                barrier.wait();
-                let base = t as u64 * per;
-                for i in 0..per {
-                    f(base + i);
-                }
-            })
-        })
-        .collect();
-    barrier.wait();
-    let start = Instant::now();
-    for h in handles {
-        h.join().unwrap();
-    }
-    start.elapsed()
 }
 
 fn direct(c: &mut Criterion) {
