@@ -35,31 +35,64 @@ pub struct Decision {
     /// For an admission that holds a reservation, how long the caller must wait before it
     /// proceeds. Zero for an immediate admission and for a refusal.
     pub wait: Duration,
-    /// For an admission, the instant (limiter clock, nanoseconds) at which its permits were
-    /// charged: for an immediate admission, the instant the decision was made as of (the clock
-    /// reading, or the latest reading of the key, or for GCRA of its shard, if that was later);
-    /// for a reservation, the instant it falls due.
-    /// [`Algorithm::refund`](crate::algorithm::Algorithm::refund) uses it to give back exactly
-    /// what the admission took. Zero for a refusal.
-    pub(crate) reserved_at: u64,
-    /// For a GCRA admission, the TAT it left the key with (nanoseconds, or a Redis script's
-    /// ticks): a refund gives back only while the key's TAT is still this one, that is while
-    /// this admission is the key's latest. Zero for a refusal and for the other algorithms.
-    pub(crate) state_after: u64,
-    /// For a GCRA admission, the emission interval each of its permits was charged at
-    /// (nanoseconds, or a Redis script's ticks): a refund gives back no more time per permit,
-    /// even after a change of quota lengthened the interval. Zero otherwise.
-    pub(crate) per_permit: u64,
-    /// Who took the decision, so that a refund goes back to the state that was charged.
-    pub(crate) source: Source,
+    /// What giving this admission back needs, and no client does.
+    pub(crate) admission: Admission,
+}
+
+/// What a give-back (a refund, or a settle) of an admission needs: who made it, for which key,
+/// of how many permits, and what it took, by who took it. The crate's own: a decision built by
+/// hand carries an empty one, which no limiter takes back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Admission {
+    /// The limiter and key the decision charged, so that a refund elsewhere gives nothing back.
+    pub(crate) origin: Origin,
     /// The permits this decision was asked for (set by the crate's limiters), so that a refund
     /// never gives back more than the admission took, whatever cost its caller names.
     pub(crate) cost: u32,
-    /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that made it,
-    /// so that a refund goes back to that tier. Zero otherwise.
+    /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that
+    /// made it, so that a refund goes back to that tier. Zero otherwise.
     pub(crate) tier: u32,
-    /// The limiter and key the decision charged, so that a refund elsewhere gives nothing back.
-    pub(crate) origin: Origin,
+    /// What the admission took, and from what.
+    pub(crate) taken: Taken,
+}
+
+/// What an admission took, one variant per place a give-back goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Nothing: a refusal, or a decision built by hand.
+    #[default]
+    Nothing,
+    /// Permits of the limiter's own state, in memory or in a Redis script.
+    State(Charged),
+    /// Permits of a Redis limiter's fail mode, while Redis could not decide: a give-back goes to
+    /// its local limiter (as `State`), never to Redis.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RedisFailMode(Charged),
+    /// Permits of a share of a Redis limiter's key leased to this instance: a give-back goes to
+    /// that lease's share while it lasts.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RedisLease {
+        /// The lease the permits came from.
+        lease: u64,
+    },
+}
+
+/// Where in its state an admission's permits were charged: what the algorithm's refund reads
+/// to give back exactly what the admission took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Charged {
+    /// The instant (limiter clock, nanoseconds, or a Redis script's ticks) at which the permits
+    /// were charged: for an immediate admission, the instant the decision was made as of (the
+    /// clock reading, or the latest reading of the key, or for GCRA of its shard, if that was
+    /// later); for a reservation, the instant it falls due.
+    pub(crate) at: u64,
+    /// For GCRA, the TAT the admission left the key with: a refund gives back only while the
+    /// key's TAT is still this one, that is while this admission is the key's latest. Zero for
+    /// the other algorithms.
+    pub(crate) tat: u64,
+    /// For GCRA, the emission interval each permit was charged at: a refund gives back no more
+    /// time per permit, even after a change of quota lengthened the interval. Zero otherwise.
+    pub(crate) per_permit: u64,
 }
 
 /// Where a [`Decision`] was made: the limiter whose state it charged ([`LimiterId::NONE`] for a
@@ -102,21 +135,6 @@ impl LimiterId {
     }
 }
 
-/// Who took a [`Decision`]: the limiter's own state, or a Redis limiter's fail mode (whose
-/// refund goes to its local limiter, never to Redis).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// The limiter's own state (in memory, or a Redis script).
-    #[default]
-    State,
-    /// A Redis limiter's fail mode, while Redis could not decide.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    RedisFailMode,
-    /// A share of a Redis limiter's key leased to this instance; `reserved_at` is the lease.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    RedisLease,
-}
-
 /// For the loom models (`loom/`), which check the algorithms through the public API but need to
 /// know when a decision took effect: a stale reading is decided as of a later one.
 #[cfg(loom)]
@@ -124,7 +142,7 @@ impl Decision {
     /// The instant the permits were charged at, as the crate-private field says; zero for a
     /// refusal.
     pub fn charge_instant(&self) -> u64 {
-        self.reserved_at
+        self.charged().at
     }
 }
 
@@ -138,13 +156,10 @@ impl Decision {
             retry_after: Duration::ZERO,
             reset_after,
             wait: Duration::ZERO,
-            reserved_at: 0,
-            state_after: 0,
-            per_permit: 0,
-            source: Source::State,
-            cost: u32::MAX,
-            tier: 0,
-            origin: Origin::default(),
+            admission: Admission {
+                cost: u32::MAX,
+                ..Admission::default()
+            },
         }
     }
 
@@ -172,32 +187,31 @@ impl Decision {
     ) -> Self {
         Self {
             wait,
-            reserved_at,
             ..Self::allowed(limit, remaining, reset_after)
         }
+        .charged_at(reserved_at)
     }
 
     /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
     pub(crate) fn in_tier(mut self, index: usize) -> Self {
-        self.tier = u32::try_from(index).unwrap_or(u32::MAX);
+        self.admission.tier = u32::try_from(index).unwrap_or(u32::MAX);
         self
     }
 
     /// The tier that made this decision (see [`in_tier`](Self::in_tier)).
     pub(crate) fn tier(&self) -> usize {
-        self.tier as usize
+        self.admission.tier as usize
     }
 
     /// What this decision tells a client, as a decision that gives nothing back: for the
     /// crate's own bookkeeping once the decision itself has been consumed by a refund.
     pub(crate) fn report(&self) -> Decision {
         Decision {
-            reserved_at: 0,
-            state_after: 0,
-            per_permit: 0,
-            source: Source::State,
-            cost: 0,
-            origin: Origin::default(),
+            admission: Admission {
+                cost: 0,
+                tier: self.admission.tier,
+                ..Admission::default()
+            },
             ..*self
         }
     }
@@ -233,25 +247,26 @@ impl Decision {
 
     /// This decision, made for the key whose fingerprint is `key`.
     pub(crate) fn for_key(mut self, key: u64) -> Self {
-        self.origin.key = key;
+        self.admission.origin.key = key;
         self
     }
 
     /// This decision, made by `limiter`.
     pub(crate) fn made_by(mut self, limiter: LimiterId) -> Self {
-        self.origin.limiter = limiter;
+        self.admission.origin.limiter = limiter;
         self
     }
 
     /// Whether `limiter` made this decision for the key whose fingerprint is `key`: a refund
     /// gives back nothing else.
     pub(crate) fn is_from(&self, limiter: LimiterId, key: u64) -> bool {
-        self.origin.limiter == limiter && limiter != LimiterId::NONE && self.origin.key == key
+        let origin = self.admission.origin;
+        origin.limiter == limiter && limiter != LimiterId::NONE && origin.key == key
     }
 
     /// The decision on a request of `cost` permits.
     pub(crate) fn of_cost(mut self, cost: u32) -> Self {
-        self.cost = cost;
+        self.admission.cost = cost;
         self
     }
 
@@ -260,30 +275,47 @@ impl Decision {
     /// admissions of one key leave different states). Not a hash: equal tags of different
     /// decisions are possible, only unlikely among the few a gauge compares.
     pub(crate) fn tag(&self) -> u64 {
-        self.origin.key
-            ^ self.reserved_at.rotate_left(21)
-            ^ self.state_after.rotate_left(42)
+        let charged = self.charged();
+        self.admission.origin.key
+            ^ charged.at.rotate_left(21)
+            ^ charged.tat.rotate_left(42)
             ^ self.remaining
     }
 
     /// What a refund of this decision may give back: `cost`, but never more than it was
     /// decided on.
     pub(crate) fn refundable(&self, cost: u32) -> u32 {
-        cost.min(self.cost)
+        cost.min(self.admission.cost)
     }
 
-    /// This admission with its permits charged at `at` (see `reserved_at`).
+    /// This admission, its permits charged to the limiter's state at `at` (see [`Charged`]).
     pub(crate) fn charged_at(mut self, at: u64) -> Self {
-        self.reserved_at = at;
+        self.admission.taken = Taken::State(Charged {
+            at,
+            ..self.charged()
+        });
         self
     }
 
-    /// This GCRA admission, which left its key's TAT at `state` (see `state_after`), each
-    /// permit charged at `per_permit`.
-    pub(crate) fn leaving(mut self, state: u64, per_permit: u64) -> Self {
-        self.state_after = state;
-        self.per_permit = per_permit;
+    /// This GCRA admission, which left its key's TAT at `tat`, each permit charged at
+    /// `per_permit` (see [`Charged`]).
+    pub(crate) fn leaving(mut self, tat: u64, per_permit: u64) -> Self {
+        let at = self.charged().at;
+        self.admission.taken = Taken::State(Charged {
+            at,
+            tat,
+            per_permit,
+        });
         self
+    }
+
+    /// Where this admission's permits were charged, by the limiter's own state or a fail mode's
+    /// local limiter; all zero for anything else.
+    pub(crate) fn charged(&self) -> Charged {
+        match self.admission.taken {
+            Taken::State(charged) | Taken::RedisFailMode(charged) => charged,
+            Taken::Nothing | Taken::RedisLease { .. } => Charged::default(),
+        }
     }
 
     /// `Retry-After` in whole seconds as the crate sends it: `max(1, ceil(retry_after))`, or zero

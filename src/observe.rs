@@ -22,7 +22,7 @@
 //! | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
 //! | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
 //! | `bulwark_ratelimiter_lease_decisions_total` | counter | `name` | admissions a Redis limiter with leases (`redis::RedisRateLimiterBuilder::lease`) made from a share, without a round trip |
-//! | `bulwark_ratelimiter_leases_total` | counter | `name`, `outcome` = `taken` \| `given_back` | leases a Redis limiter took, and gave up (given back when spent or over) |
+//! | `bulwark_ratelimiter_leases_total` | counter | `name`, `outcome` = `taken` \| `ended` | leases a Redis limiter took, and ended (when spent or over; the unused permits go back to Redis) |
 //! | `bulwark_ratelimiter_lease_unused_permits_total` | counter | `name` | permits those leases gave back unused |
 //! | `bulwark_ratelimit_shadow_refusals_total` | counter | `name` (the policy's) | requests a [shadow](crate::rate_limit::Policy::shadow) policy would have refused and the layer let through |
 //! | `bulwark_bulkhead_calls_total` | counter | `name`, `outcome` = `permitted` \| `rejected` \| `finished` | calls by outcome |
@@ -70,8 +70,7 @@ pub(crate) mod metric_names {
     /// Counter: admissions made from a lease of a Redis limiter, without a round trip.
     pub(crate) const RATELIMITER_LEASE_DECISIONS: &str =
         "bulwark_ratelimiter_lease_decisions_total";
-    /// Counter: leases a Redis limiter took and gave up, label `outcome` = `taken` |
-    /// `given_back`.
+    /// Counter: leases a Redis limiter took and ended, label `outcome` = `taken` | `ended`.
     pub(crate) const RATELIMITER_LEASES: &str = "bulwark_ratelimiter_leases_total";
     /// Counter: permits leases gave back unused.
     pub(crate) const RATELIMITER_LEASE_UNUSED: &str =
@@ -240,7 +239,7 @@ impl Observations {
                 let now = Instant::now();
                 let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
                 waiting.outstanding(now);
-                waiting.add(decision.reserved_at, now + decision.wait);
+                waiting.add(decision.charged().at, now + decision.wait);
                 #[cfg(feature = "metrics")]
                 self.handles().waiting.set(waiting.total as f64);
             }
@@ -322,7 +321,7 @@ impl TakenBack {
             cost,
             whole,
             waited: !decision.wait.is_zero(),
-            reserved_at: decision.reserved_at,
+            reserved_at: decision.charged().at,
             tag: decision.tag(),
         }
     }

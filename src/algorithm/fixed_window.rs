@@ -188,7 +188,7 @@ impl Algorithm for FixedWindow {
         cost: u32,
         decision: &Decision,
     ) {
-        let reserved_at = decision.reserved_at;
+        let reserved_at = decision.charged().at;
         let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.advance(&mut w, now);
         let charged = self.cycle_of(reserved_at);

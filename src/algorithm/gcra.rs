@@ -257,14 +257,15 @@ impl Algorithm for Gcra {
         if now > latest.get() {
             latest.publish(now);
         }
-        let left = decision.state_after;
+        let charged = decision.charged();
+        let left = charged.tat;
         if left == 0 {
             // Not a GCRA admission.
             return;
         }
         // Never more time per permit than the decision charged: after a change of quota that
         // lengthened the interval, a permit weighs more than it took.
-        let give = (self.interval.min(decision.per_permit)).saturating_mul(u64::from(cost));
+        let give = (self.interval.min(charged.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
         let _ = state
             .tat
@@ -279,7 +280,7 @@ impl Algorithm for Gcra {
                 let back = if tat == left {
                     give
                 } else if immediate && (tat.saturating_sub(self.horizon) <= latest || !waiter) {
-                    give.saturating_sub(latest.saturating_sub(decision.reserved_at))
+                    give.saturating_sub(latest.saturating_sub(charged.at))
                 } else {
                     0
                 };

@@ -234,7 +234,7 @@ impl Algorithm for SlidingCounter {
         cost: u32,
         decision: &Decision,
     ) {
-        let reserved_at = decision.reserved_at;
+        let reserved_at = decision.charged().at;
         let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut c, now);
         let idx = self.timeline.window_of(reserved_at);

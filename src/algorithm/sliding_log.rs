@@ -235,7 +235,7 @@ impl Algorithm for SlidingLog {
         cost: u32,
         decision: &Decision,
     ) {
-        let reserved_at = decision.reserved_at;
+        let reserved_at = decision.charged().at;
         let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
         self.advance(&mut log, now);
         let idx = log.entries.partition_point(|&(t, _)| t < reserved_at);

@@ -78,7 +78,7 @@ impl Registry {
                         .absolute(leases.lease_decisions);
                     for (outcome, count) in [
                         ("taken", leases.leases_taken),
-                        ("given_back", leases.leases_given_back),
+                        ("ended", leases.leases_ended),
                     ] {
                         metrics::counter!(m::RATELIMITER_LEASES, "name" => name.clone(), "outcome" => outcome)
                             .absolute(count);

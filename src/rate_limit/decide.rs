@@ -403,7 +403,7 @@ impl<P: PolicySet> Settlement<P> {
         let Outcome::Admitted(decision) = &mut self.outcomes[i] else {
             return false;
         };
-        let (report, gcra) = (decision.report(), decision.state_after != 0);
+        let (report, gcra) = (decision.report(), decision.charged().tat != 0);
         let admission = std::mem::replace(decision, report);
         let estimate = u64::from(
             limits

@@ -123,7 +123,11 @@ impl Coalescer {
             }
         };
         if let Some(sending) = sending {
-            spawn(sending.run(store.clone()));
+            // A task of its own, so that no decision depends on another caller's future being
+            // polled, or kept, until it is answered. Without a runtime, or on one that shuts
+            // down before or while it runs, it is dropped, and with it the replies: each is told
+            // its call went away, and the key is free (see [`Sending`]).
+            super::spawn(sending.run(store.clone()));
         }
         match queued {
             Err(answer) => answer.await.unwrap_or_else(|_| Err(gone())),
@@ -230,16 +234,6 @@ struct Turn<'a> {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         self.coalescer.release(self.key, &self.call, false);
-    }
-}
-
-/// Runs the sending of a key's queued decisions as a task of its own, so that none of them
-/// depends on another caller's future being polled, or kept, until it is answered. Without a
-/// runtime, or on one that shuts down before or while it runs, it is dropped, and with it their
-/// replies: each is told its call went away, and the key is free (see [`Sending`]).
-fn spawn(sender: impl Future<Output = ()> + Send + 'static) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        drop(runtime.spawn(sender));
     }
 }
 

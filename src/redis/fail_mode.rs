@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::RedisFailure;
 use crate::clock::Clock;
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Taken};
 use crate::limiter::Change;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
@@ -87,7 +87,7 @@ impl RedisFailMode {
             // (`resolved`); this arm is never reached, and hands the failure on if it were.
             Self::Local | Self::Propagate => return Err(failure.into()),
         };
-        decision.source = Source::RedisFailMode;
+        decision.admission.taken = Taken::RedisFailMode(decision.charged());
         Ok(decision.of_cost(cost))
     }
 
@@ -114,7 +114,7 @@ impl RedisFailMode {
     /// there, if it has one.
     pub(super) fn change(&self, key: String, mut decision: Decision, change: Change) {
         if let Self::Fallback(local) = self {
-            decision.source = Source::State;
+            decision.admission.taken = Taken::State(decision.charged());
             match change {
                 Change::Refund(cost) => local.refund(&key, cost, decision),
                 Change::Charge { estimate, cost } => local.settle(&key, estimate, decision, cost),

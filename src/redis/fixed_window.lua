@@ -5,7 +5,7 @@
 -- count above the limit may hold a waiting caller's slots; afterwards it is only debt).
 -- ARGV[8] period, ARGV[9] limit
 --
--- Leases (ops 'l' and 'u', arguments in `prelude.lua`): a share of the current cycle's permits,
+-- Leases (ops 'l' and 'e', arguments in `prelude.lua`): a share of the current cycle's permits,
 -- counted in `u` at once and admitted from only until the cycle ends, so every cycle admits no
 -- more than its limit, however the instances spend their shares. x = the leases of cycle `c`,
 -- so that one coming back with unused permits while no debt is carried gives them back
@@ -61,10 +61,10 @@ local function save()
   end
 end
 
--- Gives back the lease `id` of this cycle with `unused` permits, if it is one and no debt is
+-- Ends the lease `id`, its `unused` permits back in this cycle, if it is one of it and no debt is
 -- carried (a charge beyond the limit holds the last slots; taking earlier ones out would move
 -- it into this cycle).
-local function give_back(id, unused)
+local function end_lease(id, unused)
   local lease = leases[id]
   if not lease then
     return
@@ -75,8 +75,8 @@ local function give_back(id, unused)
   end
 end
 
-if op == 'u' then
-  give_back(lease_back, lease_unused)
+if op == 'e' then
+  end_lease(lease_back, lease_unused)
   save()
   return refunded()
 end
@@ -84,7 +84,7 @@ end
 if op == 'l' then
   local length, wanted = arg5, lease_wanted
   if lease_back > 0 then
-    give_back(lease_back, lease_unused)
+    end_lease(lease_back, lease_unused)
   end
   local available = math.max(limit - u, 0)
   if available < cost or not lease_room(leases) then
@@ -93,14 +93,14 @@ if op == 'l' then
       save()
     end
     local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
-    return decision(0, available, wait, reset_after(), 0, 0)
+    return decision(REFUSED, available, wait, reset_after(), 0, 0)
   end
   local permits = math.min(wanted, available)
   u = u + permits
   leases[lease_id] = { permits, c }
   save()
   local ends = math.min(now + length, (c + 1) * period)
-  return { 4, permits, now, ends, limit - u, server_time }
+  return { LEASED, permits, now, ends, limit - u, server_time }
 end
 
 if op == 'r' then
@@ -136,13 +136,13 @@ local max_wait = arg5
 if u + cost <= limit then
   u = u + cost
   save()
-  return decision(1, limit - u, 0, reset_after(), 0, now)
+  return decision(ADMITTED, limit - u, 0, reset_after(), 0, now)
 end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then
   u = u + cost
   reserved_until = math.max(reserved_until, now + wait)
   save()
-  return decision(1, 0, 0, reset_after(), wait, now + wait)
+  return decision(ADMITTED, 0, 0, reset_after(), wait, now + wait)
 end
-return decision(0, math.max(limit - u, 0), wait, reset_after(), 0, 0)
+return decision(REFUSED, math.max(limit - u, 0), wait, reset_after(), 0, 0)

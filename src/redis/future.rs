@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use super::limiter::{spawn_refund, Inner};
+use super::limiter::{spawn_refund, Inner, Refund};
 use crate::decision::Decision;
 use crate::limiter::Change;
 use crate::BoxError;
@@ -67,9 +67,9 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Some(Some(in_redis)) = inner.change(key, decision, Change::Refund(cost)) {
+                if let Refund::InRedis(call) = inner.change(key, decision, Change::Refund(cost)) {
                     // Failures are counted and logged inside.
-                    let _ = in_redis.await;
+                    let _ = call.await;
                 }
             }
         });

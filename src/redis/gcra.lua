@@ -9,7 +9,7 @@
 -- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
 -- it was a reservation (it waited), '0' if it was admitted at once.
 --
--- Leases (ops 'l' and 'u'): shares of the burst that an instance admits from without asking.
+-- Leases (ops 'l' and 'e'): shares of the burst that an instance admits from without asking.
 -- The key then holds ";<id>,<permits>,<end>" after "<tat>:<latest>" for each lease out. While a
 -- lease is out, its permits count as taken at every instant until it ends or comes back: the
 -- key's TAT is at least now + (permits out) * interval, so the permits this key can still hand
@@ -90,10 +90,10 @@ local function frozen()
   return (ended_by(math.huge, false))
 end
 
--- Gives back the lease `id` with `unused` permits, if it is still out. Under a TAT past the
+-- Ends the lease `id`, its `unused` permits back, if it is still out. Under a TAT past the
 -- horizon (a reservation still ahead, or debt that other instances' shares were leased
 -- beside), nothing comes back: the permits would come before it.
-local function give_back(id, unused)
+local function end_lease(id, unused)
   local lease = leases[id]
   if not lease then
     return
@@ -124,8 +124,8 @@ local function save(t, l)
   end
 end
 
-if op == 'u' then
-  give_back(lease_back, lease_unused)
+if op == 'e' then
+  end_lease(lease_back, lease_unused)
   save(tat, now)
   return refunded()
 end
@@ -133,7 +133,7 @@ end
 if op == 'l' then
   local length, wanted = arg5, lease_wanted
   if lease_back > 0 then
-    give_back(lease_back, lease_unused)
+    end_lease(lease_back, lease_unused)
   end
   local base = pinned()
   local available = idiv(math.max(now + horizon - base, 0), interval)
@@ -157,7 +157,7 @@ if op == 'l' then
     if lease_back > 0 then
       save(tat, now)
     end
-    return decision(0, available, wait, base - now, 0, 0, 0)
+    return decision(REFUSED, available, wait, base - now, 0, 0, 0)
   end
   tat = base + permits * interval
   -- A share that starts later holds slots beyond the horizon, as a waiter's reservation does.
@@ -165,7 +165,7 @@ if op == 'l' then
   out = out + permits
   leases[lease_id] = { permits, start + length }
   save(tat, now)
-  return { 4, permits, start, start + length, math.max(available - permits, 0), server_time }
+  return { LEASED, permits, start, start + length, math.max(available - permits, 0), server_time }
 end
 
 if op == 'r' then
@@ -209,7 +209,7 @@ local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
   save(new_tat, now)
-  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
+  return decision(ADMITTED, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
 end
 if out > 0 then
   -- A reservation falls due after every lease out has ended: their permits may be spent until
@@ -222,7 +222,7 @@ local wait = allow_at - now
 if wait <= max_wait then
   waiter = true
   save(new_tat, now)
-  return decision(1, 0, 0, new_tat - now, wait, allow_at, new_tat)
+  return decision(ADMITTED, 0, 0, new_tat - now, wait, allow_at, new_tat)
 end
 local remaining = idiv(math.max(now + horizon - base, 0), interval)
-return decision(0, remaining, wait, base - now, 0, 0, 0)
+return decision(REFUSED, remaining, wait, base - now, 0, 0, 0)

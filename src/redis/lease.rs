@@ -19,7 +19,7 @@ use std::time::Duration;
 use super::key_table::KeyTable;
 use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
 use super::BuildError;
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Taken};
 
 /// How a [`RedisRateLimiter`](super::RedisRateLimiter) leases shares of a key's permits; see
 /// [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease).
@@ -104,7 +104,7 @@ struct Counters {
     local: AtomicU64,
     waiting: AtomicU64,
     taken: AtomicU64,
-    given_back: AtomicU64,
+    ended: AtomicU64,
     unused: AtomicU64,
 }
 
@@ -115,7 +115,7 @@ pub(crate) struct LeaseCounts {
     pub(crate) local_decisions: u64,
     pub(crate) refused_before_start: u64,
     pub(crate) taken: u64,
-    pub(crate) given_back: u64,
+    pub(crate) ended: u64,
     pub(crate) unused_permits: u64,
 }
 
@@ -144,7 +144,7 @@ struct Held {
 /// What the next lease call of a key asks and gives back.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ask {
-    /// The lease given back (0 for none) and its unused permits.
+    /// The lease that ends with this call (0 for none) and its unused permits.
     pub(crate) back: u64,
     pub(crate) unused: u32,
     /// The permits wanted.
@@ -216,9 +216,9 @@ impl Leases {
     /// `max_share`.
     pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64, capacity: u32) -> Ask {
         let mut held = share.held();
-        let (back, unused) = held.give_up(now);
+        let (back, unused) = held.end(now);
         if back != 0 {
-            self.gave_back(unused);
+            self.count_ended(unused);
         }
         let wanted = held
             .size
@@ -285,17 +285,17 @@ impl Leases {
         (from, until.min(from.saturating_add(length)))
     }
 
-    /// Takes back the share of `key` if it is still the lease `id` after its time: what the
-    /// lease call that gives it back to Redis sends (`None` when there is nothing to send).
-    pub(crate) fn expire(&self, key: &str, id: u64) -> Option<(u64, u32)> {
+    /// Ends the lease `id` of `key` after its time, if the share still holds it: what the call
+    /// that gives its unused permits back to Redis sends (`None` when there is nothing to send).
+    pub(crate) fn end(&self, key: &str, id: u64) -> Option<(u64, u32)> {
         let share = self.existing(key)?;
         let mut held = share.held();
         if held.id != id {
             return None;
         }
-        let given_up = held.give_up(u64::MAX);
-        self.gave_back(given_up.1);
-        Some(given_up)
+        let ended = held.end(u64::MAX);
+        self.count_ended(ended.1);
+        Some(ended)
     }
 
     /// Gives `cost` permits of an admission from the lease `id` back to `key`'s share, if that
@@ -332,7 +332,7 @@ impl Leases {
             local_decisions: read(&self.counts.local),
             refused_before_start: read(&self.counts.waiting),
             taken: read(&self.counts.taken),
-            given_back: read(&self.counts.given_back),
+            ended: read(&self.counts.ended),
             unused_permits: read(&self.counts.unused),
         }
     }
@@ -342,8 +342,8 @@ impl Leases {
         Duration::from_nanos(self.length_nanos)
     }
 
-    fn gave_back(&self, unused: u32) {
-        self.counts.given_back.fetch_add(1, Ordering::Relaxed);
+    fn count_ended(&self, unused: u32) {
+        self.counts.ended.fetch_add(1, Ordering::Relaxed);
         (self.counts.unused).fetch_add(u64::from(unused), Ordering::Relaxed);
     }
 
@@ -356,10 +356,10 @@ impl Leases {
 }
 
 impl Held {
-    /// Gives the lease held up at `now`: its id (0 for none) and unused permits. The next
+    /// Ends the lease held at `now`: its id (0 for none) and unused permits. The next
     /// share follows the demand this one saw: twice as large if it was spent before its end,
     /// half as large if it ended with more than half unused.
-    fn give_up(&mut self, now: u64) -> (u64, u32) {
+    fn end(&mut self, now: u64) -> (u64, u32) {
         let (id, unused) = (self.id, self.left);
         let mut size = self.size.max(1);
         if id != 0 {
@@ -414,8 +414,7 @@ impl LeaseQuota {
         let missing = u32::try_from(self.limit.saturating_sub(u64::from(left)));
         let reset = self.refill(missing.unwrap_or(u32::MAX));
         let mut decision = Decision::allowed(self.limit, u64::from(left), reset);
-        decision.source = Source::RedisLease;
-        decision.reserved_at = id;
+        decision.admission.taken = Taken::RedisLease { lease: id };
         decision
     }
 }

@@ -102,15 +102,15 @@ impl Inner {
     /// Redis ends the lease by itself.
     fn give_back_at_end(self: &Arc<Self>, key: String, id: u64, over_in: Duration) {
         let inner = Arc::downgrade(self);
-        tokio::spawn(async move {
+        super::spawn(async move {
             tokio::time::sleep(over_in).await;
             let Some(inner) = inner.upgrade() else {
                 return;
             };
             let leases = inner.leases.as_ref().expect("spawned with leases");
-            if let Some((id, unused)) = leases.expire(&key, id) {
+            if let Some((id, unused)) = leases.end(&key, id) {
                 let quota = inner.quota.load_full();
-                let operation = Operation::GiveBackLease { id, unused };
+                let operation = Operation::EndLease { id, unused };
                 let call = inner.run_script(&quota, &key, operation, 0);
                 // Failures are counted and logged inside; the lease ends in Redis anyway.
                 let _ = inner.bounded(&quota, &key, call).await;

@@ -22,7 +22,7 @@ use super::{
     BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
 use crate::clock::Clock;
-use crate::decision::{Decision, InsufficientCapacity, Source};
+use crate::decision::{Decision, InsufficientCapacity, Taken};
 use crate::limiter::Change;
 use crate::{BoxError, Limiter, Quota};
 
@@ -46,8 +46,9 @@ pub struct RedisCounts {
     pub refused_before_lease: u64,
     /// Leases taken from Redis.
     pub leases_taken: u64,
-    /// Leases given up: given back when spent or over (by the next call, or at their end).
-    pub leases_given_back: u64,
+    /// Leases ended: when spent or over (by the next call, or at their time), their unused
+    /// permits back in Redis.
+    pub leases_ended: u64,
     /// Permits those leases gave back unused.
     pub lease_unused_permits: u64,
 }
@@ -165,7 +166,7 @@ impl RedisRateLimiter {
             lease_decisions: leases.local_decisions,
             refused_before_lease: leases.refused_before_start,
             leases_taken: leases.taken,
-            leases_given_back: leases.given_back,
+            leases_ended: leases.ended,
             lease_unused_permits: leases.unused_permits,
         }
     }
@@ -273,8 +274,8 @@ impl RedisRateLimiter {
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
         match self.inner.change(redis_key, decision, Change::Refund(cost)) {
-            Some(Some(in_redis)) => Ok(in_redis.await?),
-            Some(None) | None => Ok(()),
+            Refund::InRedis(call) => Ok(call.await?),
+            Refund::Done | Refund::NotOurs => Ok(()),
         }
     }
 
@@ -295,8 +296,8 @@ impl RedisRateLimiter {
         let redis_key = self.inner.keys.redis_key(key);
         let change = Change::settle(estimate, &decision, cost);
         match self.inner.change(redis_key, decision, change) {
-            Some(Some(in_redis)) => Ok(in_redis.await?),
-            Some(None) | None => Ok(()),
+            Refund::InRedis(call) => Ok(call.await?),
+            Refund::Done | Refund::NotOurs => Ok(()),
         }
     }
 }
@@ -378,15 +379,14 @@ impl Inner {
     /// Redis through this limiter's store for that key, or by a fail mode.
     fn takes_back(&self, key: &str, decision: &Decision) -> bool {
         decision.allowed
-            && (decision.source == Source::RedisFailMode
+            && (matches!(decision.admission.taken, Taken::RedisFailMode(_))
                 || decision.is_from(self.store.id, fingerprint(key)))
     }
 
     /// Gives `decision` back, or settles it (see [`Change`]). At once, a cached refusal of `key`
     /// is forgotten (its permits came back) and a fail mode's decision goes to the local
-    /// limiter; what Redis must still be told is returned as a call to send. A decision that Redis made for another key, or
-    /// through another store, gives nothing back: `None` (otherwise `Some`, with the call when
-    /// there is one).
+    /// limiter; what Redis must still be told is returned as a call to send. A decision that
+    /// Redis made for another key, or through another store, gives nothing back.
     ///
     /// The call tells the script the instant the permits were charged at and the state the
     /// admission left (GCRA gives back only while the key's TAT is still that one), with the
@@ -402,35 +402,35 @@ impl Inner {
         key: String,
         decision: Decision,
         mut change: Change,
-    ) -> Option<Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static>> {
+    ) -> Refund<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
         if !self.takes_back(&key, &decision) {
-            return None;
+            return Refund::NotOurs;
         }
         if matches!(change, Change::Charge { estimate, cost } if cost <= estimate) {
             // Settled to its estimate: nothing changes.
-            return Some(None);
+            return Refund::Done;
         }
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
-        match (decision.source, &self.leases) {
-            (Source::RedisFailMode, _) => {
+        match (decision.admission.taken, &self.leases) {
+            (Taken::RedisFailMode(_), _) => {
                 self.fail_mode.change(key, decision, change);
-                return Some(None);
+                return Refund::Done;
             }
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
             // the share cannot pay is charged in Redis.
-            (Source::RedisLease, Some(leases)) => match change {
+            (Taken::RedisLease { lease }, Some(leases)) => match change {
                 Change::Refund(cost) => {
-                    leases.refund(&key, decision.reserved_at, decision.refundable(cost));
-                    return Some(None);
+                    leases.refund(&key, lease, decision.refundable(cost));
+                    return Refund::Done;
                 }
                 Change::Charge { estimate, cost } => {
                     let debt = cost.saturating_sub(estimate);
                     let now = self.clock.now();
-                    let taken = leases.charge(&key, decision.reserved_at, debt, now);
+                    let taken = leases.charge(&key, lease, debt, now);
                     if taken == debt {
-                        return Some(None);
+                        return Refund::Done;
                     }
                     // What the share could not pay is charged in Redis.
                     change = Change::Charge {
@@ -441,14 +441,15 @@ impl Inner {
             },
             _ => {}
         }
+        let charged = decision.charged();
         let refund = Operation::Refund {
-            charged_at: decision.reserved_at,
-            left: decision.state_after,
+            charged_at: charged.at,
+            left: charged.tat,
             reserved: !decision.wait.is_zero(),
-            per_permit: decision.per_permit,
+            per_permit: charged.per_permit,
         };
         let inner = Arc::clone(self);
-        Some(Some(async move {
+        Refund::InRedis(async move {
             let quota = inner.quota.load_full();
             let (operation, cost) = match change {
                 Change::Refund(cost) => (refund, decision.refundable(cost)),
@@ -459,14 +460,14 @@ impl Inner {
             };
             let call = async {
                 match inner.run_script(&quota, &key, operation, cost).await? {
-                    Reply::Refunded(_) => Ok(()),
+                    Reply::Applied(_) => Ok(()),
                     other => Err(RedisFailure::BadReply(format!(
                         "{other:?} is not the answer to a refund or a charge"
                     ))),
                 }
             };
             inner.bounded(&quota, &key, call).await
-        }))
+        })
     }
 
     /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
@@ -524,16 +525,25 @@ impl Inner {
     }
 }
 
+/// What giving a decision back (or settling it) did at once, and what is left for Redis.
+pub(super) enum Refund<F> {
+    /// The decision is not this limiter's for the key: nothing changes.
+    NotOurs,
+    /// Applied already: to a lease's share or the fail mode's local limiter, or nothing to do.
+    Done,
+    /// Redis must still be told: the script call to send, exactly once.
+    InRedis(F),
+}
+
 /// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
 /// not given back.
 pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(task)),
-        Err(_) => tracing::warn!(
+    if !super::spawn(task) {
+        tracing::warn!(
             target: "tower_bulwark::redis",
             key,
             "a refund outside a tokio runtime; nothing is given back",
-        ),
+        );
     }
 }
 
@@ -587,15 +597,16 @@ impl RedisRateLimiter {
     /// Applies `change` to `decision`, sending what Redis must be told from a spawned task.
     fn send<K: RedisKey + ?Sized>(&self, key: &K, decision: Decision, change: Change) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
-        let Some(in_redis) = self.inner.change(redis_key.clone(), decision, change) else {
-            return false;
-        };
-        if let Some(in_redis) = in_redis {
-            // Failures are counted and logged inside; nothing waits for the outcome.
-            spawn_refund(&redis_key, async move {
-                let _ = in_redis.await;
-            });
+        match self.inner.change(redis_key.clone(), decision, change) {
+            Refund::NotOurs => false,
+            Refund::Done => true,
+            Refund::InRedis(call) => {
+                // Failures are counted and logged inside; nothing waits for the outcome.
+                spawn_refund(&redis_key, async move {
+                    let _ = call.await;
+                });
+                true
+            }
         }
-        true
     }
 }

@@ -127,3 +127,12 @@ pub use lease::Lease;
 pub use limiter::{RedisCounts, RedisRateLimiter};
 pub use script::RedisAlgorithm;
 pub use store::RedisStore;
+
+/// Starts `task` on the current tokio runtime, if there is one, and says whether it did: the one
+/// way the Redis limiter starts work that nobody waits for (a give-back, a key's batch of
+/// decisions, the end of a lease). Without a runtime, `task` is dropped.
+fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> bool {
+    tokio::runtime::Handle::try_current()
+        .map(|runtime| drop(runtime.spawn(task)))
+        .is_ok()
+}

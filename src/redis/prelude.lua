@@ -7,8 +7,8 @@
 --
 -- ARGV[1] operation: 'd' decide, 'r' refund, 'c' charge (a forced admission: what a settled
 --         request cost beyond its estimate; never refused, debt beyond what is left), 'l'
---         lease (a share of the permits that an instance admits from without asking), 'u'
---         give a lease back
+--         lease (a share of the permits that an instance admits from without asking), 'e' end
+--         a lease (its unused permits go back)
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
@@ -20,15 +20,19 @@
 --         later than it changes nothing and answers 'late', since its caller was answered
 --         without it
 -- ARGV[8..] the algorithm's own parameters, then for a lease: the share wanted (at least the
---         cost, ARGV[4]), the new lease's id, the id of a lease given back in the same call (0
---         for none) and its unused permits; for a give-back: the unused permits and the id
+--         cost, ARGV[4]), the new lease's id, the id of a lease ended in the same call (0 for
+--         none) and its unused permits; for an end: the unused permits and the id
 --
--- Replies, every one ending with the server's TIME in microseconds (the client's clock offset):
---   decision: { allowed (0 or 1), remaining, retry_after, reset_after, wait, reserved_at, time }
+-- Replies, each led by its status and ending with the server's TIME in microseconds (the
+-- client's clock offset):
+--   decision: { REFUSED or ADMITTED, remaining, retry_after, reset_after, wait, reserved_at, time }
 --             GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
---   late:     { 2, time }
---   refund, charge or give-back: { 3, time }
---   lease:    { 4, permits, start, end, remaining, time }
+--   late:     { LATE, time }
+--   refund, charge or lease end: { APPLIED, time }
+--   lease:    { LEASED, permits, start, end, remaining, time }
+
+-- The statuses, the same numbers as `Status` in src/redis/reply.rs.
+local REFUSED, ADMITTED, LATE, APPLIED, LEASED = 0, 1, 2, 3, 4
 
 if redis.replicate_commands then
   -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
@@ -132,14 +136,14 @@ end
 
 -- The reply of an applied refund or charge.
 local function refunded()
-  return { 3, server_time }
+  return { APPLIED, server_time }
 end
 
 if not now or not ticks_per_ms or ticks_per_ms == 0 or not cost or not arg5 or not ttl_margin then
   return redis.error_reply('tower-bulwark: malformed script arguments')
 end
 -- A lease's arguments, the last of ARGV (see above): `lease_back` and `lease_unused` are the
--- lease that comes back, for a lease and for a give-back alike.
+-- lease that ends, for a lease and for an end alike.
 local lease_wanted, lease_id, lease_back, lease_unused
 if op == 'l' then
   lease_wanted, lease_id = count_arg(ARGV[#ARGV - 3]), count_arg(ARGV[#ARGV - 2])
@@ -148,7 +152,7 @@ if op == 'l' then
       or lease_wanted < cost or arg5 < 1 then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
-elseif op == 'u' then
+elseif op == 'e' then
   lease_unused, lease_back = count_arg(ARGV[#ARGV - 1]), count_arg(ARGV[#ARGV])
   if not lease_unused or not lease_back then
     return redis.error_reply('tower-bulwark: malformed script arguments')
@@ -185,5 +189,5 @@ end
 
 if deadline and server_time > deadline then
   -- The caller stopped waiting before this script ran: it has its answer, so nothing changes.
-  return { 2, server_time }
+  return { LATE, server_time }
 end

@@ -1,10 +1,10 @@
 //! What a script answers, read without trusting it: a reply of the wrong shape, type or range
 //! is an error that names what is wrong, never a panic.
 //!
-//! A decision is an array of seven non-negative integers: allowed (0 or 1), remaining,
-//! retry_after, reset_after, wait, reserved_at (the instant the permits were charged at) and the
-//! server's time, the durations in ticks. GCRA's has eight: the TAT an admission left (zero for
-//! a refusal) comes before the time. "Late" is `[2, time]`, an applied refund `[3, time]`.
+//! Every reply is an array of non-negative integers led by its [`Status`]. A decision has seven:
+//! the status (refused or admitted), remaining, retry_after, reset_after, wait, reserved_at (the
+//! instant the permits were charged at) and the server's time, the durations in ticks. GCRA's
+//! has eight: the TAT an admission left (zero for a refusal) comes before the time.
 
 use std::time::Duration;
 
@@ -24,8 +24,8 @@ pub(crate) enum Reply {
     Decision(Decision, u64),
     /// The script ran after its deadline and changed nothing.
     Late(u64),
-    /// A refund was applied.
-    Refunded(u64),
+    /// A refund, a charge or a lease's give-back was applied.
+    Applied(u64),
     /// A lease of `permits` from `start` until `end` (the script's ticks), `remaining` left in
     /// Redis.
     Leased {
@@ -43,9 +43,41 @@ impl Reply {
         match *self {
             Reply::Decision(_, time)
             | Reply::Late(time)
-            | Reply::Refunded(time)
+            | Reply::Applied(time)
             | Reply::Leased { time, .. } => time,
         }
+    }
+}
+
+/// The status that leads a script's reply: the numbers of the constants of the same names in
+/// `prelude.lua`, which every script answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    /// A decision that refuses: `[0, remaining, retry_after, reset_after, wait, reserved_at,
+    /// (state_after,) time]`.
+    Refused = 0,
+    /// A decision that admits, in the same shape.
+    Admitted = 1,
+    /// The script ran after its deadline and changed nothing: `[2, time]`.
+    Late = 2,
+    /// A refund, a charge or a lease's give-back was applied: `[3, time]`.
+    Applied = 3,
+    /// A lease: `[4, permits, start, end, remaining, time]`.
+    Leased = 4,
+}
+
+impl Status {
+    /// The status a reply leads with, if it is one.
+    fn of(code: u64) -> Option<Self> {
+        [
+            Self::Refused,
+            Self::Admitted,
+            Self::Late,
+            Self::Applied,
+            Self::Leased,
+        ]
+        .into_iter()
+        .find(|&status| status as u64 == code)
     }
 }
 
@@ -72,14 +104,15 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     )?;
     // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
     let with_tat = quota.script == LimiterScript::Gcra;
+    let status = Status::of(status)
+        .ok_or_else(|| bad(format!("the status is not one a script answers ({status})")))?;
     let names: Vec<&str> = match status {
-        0 | 1 => DECISION
+        Status::Refused | Status::Admitted => DECISION
             .into_iter()
             .filter(|&name| with_tat || name != "state_after")
             .collect(),
-        2 | 3 => vec!["status", "time"],
-        4 => vec!["status", "permits", "start", "end", "remaining", "time"],
-        n => return Err(bad(format!("the status is not one a script answers ({n})"))),
+        Status::Late | Status::Applied => vec!["status", "time"],
+        Status::Leased => vec!["status", "permits", "start", "end", "remaining", "time"],
     };
     if items.len() != names.len() {
         let (expected, got) = (names.len(), items.len());
@@ -99,9 +132,9 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     };
     let time = instant("time")?;
     match status {
-        2 => return Ok(Reply::Late(time)),
-        3 => return Ok(Reply::Refunded(time)),
-        4 => {
+        Status::Late => return Ok(Reply::Late(time)),
+        Status::Applied => return Ok(Reply::Applied(time)),
+        Status::Leased => {
             let (permits, remaining) = (field("permits")?, field("remaining")?);
             if permits == 0 || permits.saturating_add(remaining) > quota.limit {
                 return Err(bad(format!(
@@ -123,7 +156,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
                 time,
             });
         }
-        _ => {}
+        Status::Refused | Status::Admitted => {}
     }
     let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
     let remaining = field("remaining")?;
@@ -145,7 +178,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         duration("reset_after")?,
         duration("wait")?,
     );
-    let decision = if status == 0 {
+    let decision = if status == Status::Refused {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {
         Decision::allowed(limit, remaining, reset_after)
@@ -209,13 +242,13 @@ mod tests {
         assert_eq!(d.retry_after, Duration::from_millis(50));
         let d = decision(&ints(&[1, 0, 0, 1_000_000, 20, 77, 1_000_077, 123])).unwrap();
         assert_eq!(d.wait, Duration::from_micros(20));
-        assert_eq!(d.reserved_at, 77);
-        assert_eq!(d.state_after, 1_000_077);
+        assert_eq!(d.charged().at, 77);
+        assert_eq!(d.charged().tat, 1_000_077);
         let q = quota();
         assert_eq!(parse_reply(&ints(&[2, 99]), &q).unwrap(), Reply::Late(99));
         assert_eq!(
             parse_reply(&ints(&[3, 98]), &q).unwrap(),
-            Reply::Refunded(98)
+            Reply::Applied(98)
         );
         // The other algorithms answer with seven integers and leave no TAT.
         let fw = ScriptQuota::new(
@@ -226,8 +259,8 @@ mod tests {
         .unwrap();
         match parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 123]), &fw).unwrap() {
             Reply::Decision(d, 123) => {
-                assert_eq!(d.reserved_at, 55);
-                assert_eq!(d.state_after, 0);
+                assert_eq!(d.charged().at, 55);
+                assert_eq!(d.charged().tat, 0);
             }
             other => panic!("not a decision: {other:?}"),
         }

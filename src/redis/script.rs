@@ -145,7 +145,7 @@ pub(crate) enum Operation {
         unused: u32,
     },
     /// The lease `id` comes back with `unused` permits.
-    GiveBackLease { id: u64, unused: u32 },
+    EndLease { id: u64, unused: u32 },
 }
 
 /// A quota and the arguments a script takes for it, in the ticks the script works in.
@@ -315,7 +315,7 @@ impl ScriptQuota {
             Operation::Refund { charged_at, .. } => ("r", charged_at, String::new()),
             Operation::Charge => ("c", 0, String::new()),
             Operation::Lease { length, .. } => ("l", length, String::new()),
-            Operation::GiveBackLease { .. } => ("u", 0, String::new()),
+            Operation::EndLease { .. } => ("e", 0, String::new()),
         };
         invocation
             .arg(op)
@@ -350,7 +350,7 @@ impl ScriptQuota {
             } => {
                 invocation.arg(wanted).arg(id).arg(back).arg(unused);
             }
-            Operation::GiveBackLease { id, unused } => {
+            Operation::EndLease { id, unused } => {
                 invocation.arg(unused).arg(id);
             }
             Operation::Decide { .. } | Operation::Charge => {}

@@ -4,7 +4,7 @@
 -- window length `w` counts in (absent: the current length).
 -- ARGV[8] window, ARGV[9] limit
 --
--- Leases (ops 'l' and 'u', arguments in `prelude.lua`): a share of the permits the
+-- Leases (ops 'l' and 'e', arguments in `prelude.lua`): a share of the permits the
 -- current window can still admit, counted in `c` at once and admitted from only until the
 -- window ends. A permit spent from it later in the window weighs no less than an admission
 -- then (the previous window's share only shrinks), so every use keeps to the counter's
@@ -121,8 +121,8 @@ if op == 'c' then
   return refunded()
 end
 
--- Gives back the lease `id` with `unused` permits, to the window that counted it.
-local function give_back(id, unused)
+-- Ends the lease `id`, its `unused` permits back in the window that counted it.
+local function end_lease(id, unused)
   local lease = leases[id]
   if not lease then
     return
@@ -136,8 +136,8 @@ local function give_back(id, unused)
   end
 end
 
-if op == 'u' then
-  give_back(lease_back, lease_unused)
+if op == 'e' then
+  end_lease(lease_back, lease_unused)
   save()
   return refunded()
 end
@@ -145,7 +145,7 @@ end
 if op == 'l' then
   local length, wanted = arg5, lease_wanted
   if lease_back > 0 then
-    give_back(lease_back, lease_unused)
+    end_lease(lease_back, lease_unused)
   end
   local available = remaining()
   if available < cost or not lease_room(leases) then
@@ -160,14 +160,14 @@ if op == 'l' then
     else
       wait = window - e + (earliest(curr, nxt) or window)
     end
-    return decision(0, available, math.max(wait, 1), reset_after(), 0, 0)
+    return decision(REFUSED, available, math.max(wait, 1), reset_after(), 0, 0)
   end
   local permits = math.min(wanted, available)
   curr = curr + permits
   leases[lease_id] = { permits, w }
   save()
   local ends = math.min(now + length, start + window)
-  return { 4, permits, now, ends, remaining(), server_time }
+  return { LEASED, permits, now, ends, remaining(), server_time }
 end
 
 local max_wait = arg5
@@ -175,7 +175,7 @@ local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
   save()
-  return decision(1, remaining(), 0, reset_after(), 0, now)
+  return decision(ADMITTED, remaining(), 0, reset_after(), 0, now)
 end
 local admit_at, which
 if here then
@@ -196,6 +196,6 @@ if wait <= max_wait and which < 2 then
     nxt = nxt + cost
   end
   save()
-  return decision(1, 0, 0, reset_after(), wait, admit_at)
+  return decision(ADMITTED, 0, 0, reset_after(), wait, admit_at)
 end
-return decision(0, remaining(), wait, reset_after(), 0, 0)
+return decision(REFUSED, remaining(), wait, reset_after(), 0, 0)

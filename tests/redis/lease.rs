@@ -451,15 +451,15 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
     assert!(first <= 20, "{first} admitted at one instant");
     // The leases end (on the clock, and then by their timers): what they held comes back.
     clock.advance(Duration::from_millis(150));
-    let given_back = |instances: &[RedisRateLimiter]| {
+    let ended = |instances: &[RedisRateLimiter]| {
         instances
             .iter()
-            .map(|l| l.counts().leases_given_back)
+            .map(|l| l.counts().leases_ended)
             .sum::<u64>()
     };
     let taken: u64 = instances.iter().map(|l| l.counts().leases_taken).sum();
     for _ in 0..300 {
-        if given_back(&instances) >= taken {
+        if ended(&instances) >= taken {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -475,7 +475,7 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
         clock.advance(Duration::from_millis(150));
         for _ in 0..300 {
             let taken: u64 = instances.iter().map(|l| l.counts().leases_taken).sum();
-            if given_back(&instances) >= taken {
+            if ended(&instances) >= taken {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
