@@ -93,14 +93,14 @@ if op == 'l' then
       save()
     end
     local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
-    return decision(REFUSED, available, wait, reset_after(), 0, 0)
+    return decision(0, available, wait, reset_after(), 0, 0)
   end
   local permits = math.min(wanted, available)
   u = u + permits
   leases[lease_id] = { permits, c }
   save()
   local ends = math.min(now + length, (c + 1) * period)
-  return { LEASED, permits, now, ends, limit - u, server_time }
+  return { 4, permits, now, ends, limit - u, server_time }
 end
 
 if op == 'r' then
@@ -136,13 +136,13 @@ local max_wait = arg5
 if u + cost <= limit then
   u = u + cost
   save()
-  return decision(ADMITTED, limit - u, 0, reset_after(), 0, now)
+  return decision(1, limit - u, 0, reset_after(), 0, now)
 end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then
   u = u + cost
   reserved_until = math.max(reserved_until, now + wait)
   save()
-  return decision(ADMITTED, 0, 0, reset_after(), wait, now + wait)
+  return decision(1, 0, 0, reset_after(), wait, now + wait)
 end
-return decision(REFUSED, math.max(limit - u, 0), wait, reset_after(), 0, 0)
+return decision(0, math.max(limit - u, 0), wait, reset_after(), 0, 0)

@@ -157,7 +157,7 @@ if op == 'l' then
     if lease_back > 0 then
       save(tat, now)
     end
-    return decision(REFUSED, available, wait, base - now, 0, 0, 0)
+    return decision(0, available, wait, base - now, 0, 0, 0)
   end
   tat = base + permits * interval
   -- A share that starts later holds slots beyond the horizon, as a waiter's reservation does.
@@ -165,7 +165,7 @@ if op == 'l' then
   out = out + permits
   leases[lease_id] = { permits, start + length }
   save(tat, now)
-  return { LEASED, permits, start, start + length, math.max(available - permits, 0), server_time }
+  return { 4, permits, start, start + length, math.max(available - permits, 0), server_time }
 end
 
 if op == 'r' then
@@ -209,7 +209,7 @@ local new_tat = base + interval * cost
 local allow_at = math.max(new_tat - horizon, 0)
 if allow_at <= now then
   save(new_tat, now)
-  return decision(ADMITTED, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
+  return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now, new_tat)
 end
 if out > 0 then
   -- A reservation falls due after every lease out has ended: their permits may be spent until
@@ -222,7 +222,7 @@ local wait = allow_at - now
 if wait <= max_wait then
   waiter = true
   save(new_tat, now)
-  return decision(ADMITTED, 0, 0, new_tat - now, wait, allow_at, new_tat)
+  return decision(1, 0, 0, new_tat - now, wait, allow_at, new_tat)
 end
 local remaining = idiv(math.max(now + horizon - base, 0), interval)
-return decision(REFUSED, remaining, wait, base - now, 0, 0, 0)
+return decision(0, remaining, wait, base - now, 0, 0, 0)

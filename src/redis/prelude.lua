@@ -23,16 +23,14 @@
 --         cost, ARGV[4]), the new lease's id, the id of a lease ended in the same call (0 for
 --         none) and its unused permits; for an end: the unused permits and the id
 --
--- Replies, each led by its status and ending with the server's TIME in microseconds (the
--- client's clock offset):
---   decision: { REFUSED or ADMITTED, remaining, retry_after, reset_after, wait, reserved_at, time }
---             GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
---   late:     { LATE, time }
---   refund, charge or lease end: { APPLIED, time }
---   lease:    { LEASED, permits, start, end, remaining, time }
-
--- The statuses, the same numbers as `Status` in src/redis/reply.rs.
-local REFUSED, ADMITTED, LATE, APPLIED, LEASED = 0, 1, 2, 3, 4
+-- Replies, each led by its status (the numbers of `Status` in src/redis/reply.rs; literals
+-- here, since a Lua local costs every call instructions) and ending with the server's TIME in
+-- microseconds (the client's clock offset):
+--   decision: { 0 refused or 1 admitted, remaining, retry_after, reset_after, wait, reserved_at,
+--             time }; GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
+--   late:     { 2, time }
+--   refund, charge or lease end (applied): { 3, time }
+--   lease:    { 4, permits, start, end, remaining, time }
 
 if redis.replicate_commands then
   -- Redis 3.2 and 4 need effects replication to write after reading TIME; later it is a no-op.
@@ -136,7 +134,7 @@ end
 
 -- The reply of an applied refund or charge.
 local function refunded()
-  return { APPLIED, server_time }
+  return { 3, server_time }
 end
 
 if not now or not ticks_per_ms or ticks_per_ms == 0 or not cost or not arg5 or not ttl_margin then
@@ -189,5 +187,5 @@ end
 
 if deadline and server_time > deadline then
   -- The caller stopped waiting before this script ran: it has its answer, so nothing changes.
-  return { LATE, server_time }
+  return { 2, server_time }
 end

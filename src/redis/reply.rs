@@ -49,8 +49,8 @@ impl Reply {
     }
 }
 
-/// The status that leads a script's reply: the numbers of the constants of the same names in
-/// `prelude.lua`, which every script answers with.
+/// The status that leads a script's reply: the numbers of `prelude.lua`'s table of replies,
+/// which every script answers with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
     /// A decision that refuses: `[0, remaining, retry_after, reset_after, wait, reserved_at,

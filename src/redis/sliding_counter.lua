@@ -160,14 +160,14 @@ if op == 'l' then
     else
       wait = window - e + (earliest(curr, nxt) or window)
     end
-    return decision(REFUSED, available, math.max(wait, 1), reset_after(), 0, 0)
+    return decision(0, available, math.max(wait, 1), reset_after(), 0, 0)
   end
   local permits = math.min(wanted, available)
   curr = curr + permits
   leases[lease_id] = { permits, w }
   save()
   local ends = math.min(now + length, start + window)
-  return { LEASED, permits, now, ends, remaining(), server_time }
+  return { 4, permits, now, ends, remaining(), server_time }
 end
 
 local max_wait = arg5
@@ -175,7 +175,7 @@ local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
   save()
-  return decision(ADMITTED, remaining(), 0, reset_after(), 0, now)
+  return decision(1, remaining(), 0, reset_after(), 0, now)
 end
 local admit_at, which
 if here then
@@ -196,6 +196,6 @@ if wait <= max_wait and which < 2 then
     nxt = nxt + cost
   end
   save()
-  return decision(ADMITTED, 0, 0, reset_after(), wait, admit_at)
+  return decision(1, 0, 0, reset_after(), wait, admit_at)
 end
-return decision(REFUSED, remaining(), wait, reset_after(), 0, 0)
+return decision(0, remaining(), wait, reset_after(), 0, 0)

@@ -199,13 +199,13 @@ local wait = admit_at - now
 if wait == 0 then
   add(now, cost)
   save()
-  return decision(ADMITTED, limit - need_now - cost, 0, reset_after(), 0, now)
+  return decision(1, limit - need_now - cost, 0, reset_after(), 0, now)
 end
 if wait <= max_wait then
   add(admit_at, cost)
   save()
-  return decision(ADMITTED, 0, 0, reset_after(), wait, admit_at)
+  return decision(1, 0, 0, reset_after(), wait, admit_at)
 end
 -- Refused, but this script may have pruned: the latest `now` must be kept all the same.
 save()
-return decision(REFUSED, math.max(limit - need_now, 0), wait, reset_after(), 0, 0)
+return decision(0, math.max(limit - need_now, 0), wait, reset_after(), 0, 0)
