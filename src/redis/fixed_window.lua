@@ -82,10 +82,9 @@ if op == 'e' then
 end
 
 if op == 'l' then
+  -- The lease this call ends, if it names one (id 0: none).
+  end_lease(lease_back, lease_unused)
   local length, wanted = arg5, lease_wanted
-  if lease_back > 0 then
-    end_lease(lease_back, lease_unused)
-  end
   local available = math.max(limit - u, 0)
   if available < cost or not lease_room(leases) then
     -- Nothing leased: when the next cycles give `cost` permits.

@@ -131,10 +131,9 @@ if op == 'e' then
 end
 
 if op == 'l' then
+  -- The lease this call ends, if it names one (id 0: none).
+  end_lease(lease_back, lease_unused)
   local length, wanted = arg5, lease_wanted
-  if lease_back > 0 then
-    end_lease(lease_back, lease_unused)
-  end
   local base = pinned()
   local available = idiv(math.max(now + horizon - base, 0), interval)
   -- What can be had now, up to the share wanted, if that is at least the cost of the call
