@@ -15,7 +15,7 @@ use super::key::KeyError;
 use super::policy::SettleFrom;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{BodyScan, CostInHead, PolicyAnswer, PolicySet, QuotaOf, Refund, SettleTo};
+use super::set::{BodyScan, CostInHead, PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -299,7 +299,7 @@ impl<P: PolicySet> Ledger<P> {
             if let Outcome::Admitted(decision) = outcome {
                 let report = decision.report();
                 let admission = std::mem::replace(decision, report);
-                self.limits.policies.visit(i, &self.keys, Refund(admission));
+                (self.limits.policies).visit(i, &self.keys, RefundOrSettle(admission, None));
             }
         }
         outcomes
@@ -405,11 +405,11 @@ impl<P: PolicySet> Settlement<P> {
         };
         let (report, gcra) = (decision.report(), decision.charged().tat != 0);
         let admission = std::mem::replace(decision, report);
-        let estimate = u64::from(
-            limits
-                .policies
-                .visit(i, &self.keys, SettleTo(admission, cost)),
-        );
+        let estimate = u64::from(limits.policies.visit(
+            i,
+            &self.keys,
+            RefundOrSettle(admission, Some(cost)),
+        ));
         // The client is told the state as it is now: the difference is back, or spent.
         let quota = limits.policies.visit(i, &self.keys, QuotaOf);
         decision.settle_report(estimate, u64::from(cost), &quota, gcra);

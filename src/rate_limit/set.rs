@@ -196,10 +196,11 @@ where
     }
 }
 
-/// Gives the admission back; answers the cost the policy asked for.
-pub(crate) struct Refund(pub(crate) Decision);
+/// Gives the admission back (`None`), or settles it to a cost; answers the cost the policy
+/// asked for.
+pub(crate) struct RefundOrSettle(pub(crate) Decision, pub(crate) Option<u32>);
 
-impl Visit for Refund {
+impl Visit for RefundOrSettle {
     type Output = u32;
 
     fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
@@ -207,26 +208,12 @@ impl Visit for Refund {
         p: &Policy<X, L>,
         slot: &Slot<X::Key>,
     ) -> u32 {
-        let (key, cost) = asked(slot);
-        p.limiter.refund(key, *cost, self.0);
-        *cost
-    }
-}
-
-/// Settles the admission to `cost`; answers the estimate the policy asked for.
-pub(crate) struct SettleTo(pub(crate) Decision, pub(crate) u32);
-
-impl Visit for SettleTo {
-    type Output = u32;
-
-    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
-        self,
-        p: &Policy<X, L>,
-        slot: &Slot<X::Key>,
-    ) -> u32 {
-        let (key, estimate) = asked(slot);
-        p.limiter.settle(key, *estimate, self.0, self.1);
-        *estimate
+        let (key, asked) = asked(slot);
+        match self.1 {
+            None => p.limiter.refund(key, *asked, self.0),
+            Some(cost) => p.limiter.settle(key, *asked, self.0, cost),
+        };
+        *asked
     }
 }
 
