@@ -111,6 +111,16 @@ impl fmt::Display for UnknownInstance {
 
 impl Error for UnknownInstance {}
 
+/// Each instance of a section built by `build`, under its name.
+fn build_each<T, U>(
+    instances: &BTreeMap<String, T>,
+    mut build: impl FnMut(&str, &T) -> Result<U, ConfigError>,
+) -> Result<BTreeMap<String, U>, ConfigError> {
+    (instances.iter())
+        .map(|(name, settings)| Ok((name.clone(), build(name, settings)?)))
+        .collect()
+}
+
 /// Instance `name` of a kind, or the error naming what was asked for.
 fn find<'a, T>(
     instances: &'a BTreeMap<String, T>,
@@ -274,42 +284,20 @@ impl Registry {
         config: Config,
         mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
     ) -> Result<Self, ConfigError> {
-        let limiters = config
-            .rate_limiters
-            .iter()
-            .map(|(name, settings)| Ok((name.clone(), build_limiter(name, settings)?)))
-            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
-        let bulkheads = config
-            .bulkheads
-            .iter()
-            .map(|(name, settings)| {
-                let builder = customize(name, bulkhead_builder(name, settings));
-                (name.clone(), builder.build())
-            })
-            .collect();
-        let pushbacks = config
-            .pushbacks
-            .iter()
-            .map(|(name, settings)| (name.clone(), build_pushback(name, settings)))
-            .collect();
+        let limiters = build_each(&config.rate_limiters, build_limiter)?;
+        let bulkheads = build_each(&config.bulkheads, |name, s| {
+            Ok(customize(name, bulkhead_builder(name, s)).build())
+        })?;
+        let pushbacks = build_each(&config.pushbacks, |name, s| Ok(build_pushback(name, s)))?;
         // The validation made sure that every client quota names a rate limiter.
-        let client_quotas = config
-            .client_quotas
-            .iter()
-            .map(|(name, settings)| {
-                let limiter = limiters[&settings.limiter].limiter.clone();
-                let layer = ClientQuotaLayer::new(name.as_str(), limiter)
-                    .key(GlobalConfigKey)
-                    .cost(settings.cost.0);
-                (name.clone(), layer)
-            })
-            .collect();
+        let client_quotas = build_each(&config.client_quotas, |name, s| {
+            let limiter = limiters[&s.limiter].limiter.clone();
+            Ok(ClientQuotaLayer::new(name, limiter)
+                .key(GlobalConfigKey)
+                .cost(s.cost.0))
+        })?;
         #[cfg(feature = "adaptive")]
-        let adaptive_bulkheads = config
-            .adaptive_bulkheads
-            .iter()
-            .map(|(name, settings)| Ok((name.clone(), build_adaptive_bulkhead(name, settings)?)))
-            .collect::<Result<_, ConfigError>>()?;
+        let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
         Ok(Self {
             limiters,
             bulkheads,
