@@ -221,15 +221,11 @@ impl Permits {
 /// A call waiting in the queue; dropping it leaves the queue, and a permit granted meanwhile
 /// goes on to the next in line.
 pub(crate) struct Waiting {
-    permits: Arc<Permits>,
+    pub(crate) permits: Arc<Permits>,
     acquire: Acquire,
 }
 
 impl Waiting {
-    pub(crate) fn permits(&self) -> &Arc<Permits> {
-        &self.permits
-    }
-
     /// Waits for a permit. A permit that arrives while an excess remains retires it, and the call
     /// waits again, at the back of the queue.
     pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<OwnedSemaphorePermit> {
