@@ -133,7 +133,7 @@ where
                             // `Duration::MAX`) is no bound at all.
                             let Some(until) = entry
                                 .waiting
-                                .permits()
+                                .permits
                                 .max_wait
                                 .and_then(|max_wait| entry.since.checked_add(max_wait))
                             else {
@@ -144,7 +144,7 @@ where
                                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                             ready!(deadline.as_mut().poll(cx));
                             // Leaving the queue passes on a permit granted since the poll above.
-                            let permits = Arc::clone(entry.waiting.permits());
+                            let permits = Arc::clone(&entry.waiting.permits);
                             *queued = None;
                             return Poll::Ready(Err(permits.reject(Rejection::WaitElapsed).into()));
                         }
@@ -156,7 +156,7 @@ where
                         request,
                         ..
                     } = queued.take().expect("checked above");
-                    let permits = Arc::clone(waiting.permits());
+                    let permits = Arc::clone(&waiting.permits);
                     drop(waiting);
                     let permit = Permit::granted(permits, permit, since.elapsed());
                     state.set(run(&mut service, request, permit));

@@ -141,10 +141,10 @@ impl fmt::Debug for Bulkhead {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct BulkheadBuilder {
     pub(super) name: Arc<str>,
-    max_concurrent_calls: usize,
-    max_wait: Option<Duration>,
-    queue_capacity: Option<usize>,
-    hooks: Hooks,
+    pub(super) max_concurrent_calls: usize,
+    pub(super) max_wait: Option<Duration>,
+    pub(super) queue_capacity: Option<usize>,
+    pub(super) hooks: Hooks,
 }
 
 impl BulkheadBuilder {
@@ -197,13 +197,7 @@ impl BulkheadBuilder {
         #[cfg(feature = "metrics")]
         let builder = super::metrics::record_calls(builder);
         Bulkhead {
-            permits: Arc::new(Permits::new(
-                builder.name,
-                builder.max_concurrent_calls,
-                builder.max_wait,
-                builder.queue_capacity,
-                builder.hooks,
-            )),
+            permits: Arc::new(Permits::new(builder)),
         }
     }
 }

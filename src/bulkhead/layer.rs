@@ -82,6 +82,10 @@ impl<S, M> Layer<S> for BulkheadLayer<M> {
     type Service = BulkheadService<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        BulkheadService::new(inner, self.bulkhead.clone())
+        BulkheadService {
+            inner,
+            bulkhead: self.bulkhead.clone(),
+            mode: PhantomData,
+        }
     }
 }

@@ -28,6 +28,7 @@ use super::error::BulkheadFull;
 use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
+use super::handle::BulkheadBuilder;
 use crate::sync::{AtomicU64, Mutex, Ordering, PoisonError};
 
 /// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
@@ -77,14 +78,8 @@ impl fmt::Debug for Permits {
 }
 
 impl Permits {
-    pub(crate) fn new(
-        name: Arc<str>,
-        max: usize,
-        max_wait: Option<Duration>,
-        queue_capacity: Option<usize>,
-        hooks: Hooks,
-    ) -> Self {
-        let max = max.min(MAX_CONCURRENT_CALLS);
+    pub(crate) fn new(builder: BulkheadBuilder) -> Self {
+        let max = builder.max_concurrent_calls.min(MAX_CONCURRENT_CALLS);
         Self {
             semaphore: Arc::new(Semaphore::new(max)),
             excess: AtomicU64::new(0),
@@ -93,10 +88,10 @@ impl Permits {
             permitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
-            name,
-            max_wait,
-            queue_capacity,
-            hooks,
+            name: builder.name,
+            max_wait: builder.max_wait,
+            queue_capacity: builder.queue_capacity,
+            hooks: builder.hooks,
         }
     }
 
@@ -226,15 +221,11 @@ impl Permits {
 /// A call waiting in the queue; dropping it leaves the queue, and a permit granted meanwhile
 /// goes on to the next in line.
 pub(crate) struct Waiting {
-    permits: Arc<Permits>,
+    pub(crate) permits: Arc<Permits>,
     acquire: Acquire,
 }
 
 impl Waiting {
-    pub(crate) fn permits(&self) -> &Arc<Permits> {
-        &self.permits
-    }
-
     /// Waits for a permit. A permit that arrives while an excess remains retires it, and the call
     /// waits again, at the back of the queue.
     pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<OwnedSemaphorePermit> {
@@ -253,14 +244,6 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.permits.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl fmt::Debug for Waiting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Waiting")
-            .field("bulkhead", &self.permits.name)
-            .finish_non_exhaustive()
     }
 }
 
@@ -421,7 +404,12 @@ mod model {
             capacity in prop_oneof![Just(None), (0usize..4).prop_map(Some)],
             ops in proptest::collection::vec(op(), 1..120),
         ) {
-            let permits = Arc::new(Permits::new("model".into(), max, None, capacity, Hooks::default()));
+            // No bound on the wait, and on the queue without a capacity.
+            let builder = match capacity {
+                Some(capacity) => crate::bulkhead::Bulkhead::queue("model", max, capacity),
+                None => crate::bulkhead::Bulkhead::semaphore("model", max).max_wait(Duration::MAX),
+            };
+            let permits = Arc::new(Permits::new(builder));
             let mut model = Model { max, free: max, ..Model::default() };
             let mut held: Vec<Permit> = Vec::new();
             let mut waiting: Vec<(u64, Waiting)> = Vec::new();
@@ -553,7 +541,7 @@ mod model {
 
     #[test]
     fn limits_above_the_maximum_are_lowered() {
-        let permits = Permits::new("test".into(), usize::MAX, None, None, Hooks::default());
+        let permits = Permits::new(crate::bulkhead::Bulkhead::semaphore("test", usize::MAX));
         assert_eq!(
             permits.snapshot().max_allowed_concurrent_calls,
             MAX_CONCURRENT_CALLS

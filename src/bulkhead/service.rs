@@ -18,20 +18,12 @@ use crate::BoxError;
 /// once a permit comes (wrap a service that is not `Clone` in tower's `Buffer`).
 #[derive(Clone, Debug)]
 pub struct BulkheadService<S, M = OnResponse> {
-    inner: S,
-    bulkhead: Bulkhead,
-    mode: PhantomData<fn() -> M>,
+    pub(super) inner: S,
+    pub(super) bulkhead: Bulkhead,
+    pub(super) mode: PhantomData<fn() -> M>,
 }
 
 impl<S, M> BulkheadService<S, M> {
-    pub(crate) fn new(inner: S, bulkhead: Bulkhead) -> Self {
-        Self {
-            inner,
-            bulkhead,
-            mode: PhantomData,
-        }
-    }
-
     /// The bulkhead in front of the inner service.
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead

@@ -1,8 +1,5 @@
 //! Each kind of instance built from its validated settings, for the [`Registry`](super::Registry).
 
-#[cfg(feature = "redis")]
-use std::sync::Arc;
-
 #[cfg(feature = "adaptive")]
 use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
 use super::file::{
@@ -23,8 +20,6 @@ use crate::{
 };
 
 use super::registry::{ConfigKey, ConfigKeyExtractor, Extract, NamedLimiter};
-#[cfg(feature = "redis")]
-use super::registry::{QuotaCheck, StoreCounts, StoreFailures};
 
 pub(super) fn build_limiter(
     name: &str,
@@ -34,26 +29,22 @@ pub(super) fn build_limiter(
     crate::rate_limit::check_policy_name(name)
         .map_err(|e| ConfigError::new(path.clone(), e.to_string()))?;
     let quota = s.quota(&path)?;
-    let (limiter, store_failures, quota_check) = match s.store {
-        StoreKind::Memory => (memory_limiter(s, quota), None, None),
+    #[cfg(feature = "redis")]
+    let mut redis = None;
+    let limiter = match s.store {
+        StoreKind::Memory => memory_limiter(s, quota),
         #[cfg(feature = "redis")]
-        StoreKind::Redis => {
-            let (limiter, failures, check) = redis_limiter(&path, s, quota)?;
-            (limiter, Some(failures), Some(check))
-        }
+        StoreKind::Redis => BoxLimiter::new(redis.insert(redis_limiter(&path, s, quota)?).clone()),
         #[cfg(not(feature = "redis"))]
         StoreKind::Redis => {
-            return Err(ConfigError::new(
-                format!("{path}.store"),
-                "`redis` needs the crate's `redis` feature, which this build lacks",
-            ))
+            unreachable!("the validation refuses a Redis store without the feature")
         }
     };
     Ok(NamedLimiter {
+        #[cfg(feature = "redis")]
+        redis,
         limiter: Observed::new(name, limiter).hide_keys(s.hide_keys),
         extractor: key_extractor(s).map_err(|e| ConfigError::new(format!("{path}.key"), e))?,
-        store_failures,
-        quota_check,
     })
 }
 
@@ -122,8 +113,8 @@ pub(super) fn redis_limiter(
     path: &str,
     s: &RateLimiterSettings,
     quota: Quota,
-) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-    use crate::redis::{RedisAlgorithm, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore};
+) -> Result<crate::redis::RedisRateLimiter, ConfigError> {
+    use crate::redis::{RedisRateLimiter, RedisStore};
 
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(ConfigError::new(
@@ -152,34 +143,13 @@ pub(super) fn redis_limiter(
         }
         builder = builder.lease(lease);
     }
-    fn build<A: RedisAlgorithm>(
-        path: &str,
-        builder: RedisRateLimiterBuilder,
-    ) -> Result<(BoxLimiter<ConfigKey>, StoreFailures, QuotaCheck), ConfigError> {
-        let limiter = (builder.algorithm::<A>().build())
-            .map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))?;
-        let counted = limiter.clone();
-        let checked = limiter.clone();
-        Ok((
-            BoxLimiter::new(limiter),
-            Arc::new(move || StoreCounts {
-                failures: counted.counts().failures,
-                leases: counted.counts(),
-            }),
-            Arc::new(move |quota| {
-                checked
-                    .params_for(quota)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }),
-        ))
-    }
-    match s.algorithm {
-        AlgorithmKind::Gcra => build::<Gcra>(path, builder),
-        AlgorithmKind::FixedWindow => build::<FixedWindow>(path, builder),
-        AlgorithmKind::SlidingLog => build::<SlidingLog>(path, builder),
-        AlgorithmKind::SlidingCounter => build::<SlidingCounter>(path, builder),
-    }
+    let builder = match s.algorithm {
+        AlgorithmKind::Gcra => builder.algorithm::<Gcra>(),
+        AlgorithmKind::FixedWindow => builder.algorithm::<FixedWindow>(),
+        AlgorithmKind::SlidingLog => builder.algorithm::<SlidingLog>(),
+        AlgorithmKind::SlidingCounter => builder.algorithm::<SlidingCounter>(),
+    };
+    (builder.build()).map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))
 }
 
 /// What a Redis limiter does when Redis cannot answer: a refusal tells the client to come back

@@ -86,12 +86,8 @@ where
             f.write_str("a table of named instances")
         }
 
-        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-            let mut out = BTreeMap::new();
-            while let Some((name, settings)) = map.next_entry()? {
-                out.insert(name, settings);
-            }
-            Ok(out)
+        fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<Self::Value, M::Error> {
+            BTreeMap::deserialize(de::value::MapAccessDeserializer::new(map))
         }
     }
     d.deserialize_map(Instances(PhantomData))

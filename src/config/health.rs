@@ -11,6 +11,10 @@ impl Registry {
     /// bulkhead with every permit taken), so it is reported as saturated and `UP`: an
     /// orchestrator that restarted a service for it would make the peak worse.
     pub fn health(&self) -> Health {
+        let bulkheads = (self.bulkheads.iter()).map(|(name, b)| (name, b.snapshot()));
+        #[cfg(feature = "adaptive")]
+        let bulkheads =
+            bulkheads.chain((self.adaptive_bulkheads.iter()).map(|(name, b)| (name, b.snapshot())));
         Health {
             rate_limiters: self
                 .limiters
@@ -22,15 +26,16 @@ impl Registry {
                         saturated: snapshot.allowed + snapshot.limited > 0
                             && snapshot.available_permissions == 0,
                         snapshot,
-                        store_failures: named.store_failures.as_ref().map(|read| read().failures),
+                        store_failures: named.store_failures(),
                     }
                 })
                 .collect(),
-            bulkheads: self
-                .bulkheads
-                .iter()
-                .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()))
-                .chain(self.adaptive_health())
+            bulkheads: bulkheads
+                .map(|(name, snapshot)| BulkheadHealth {
+                    name: name.clone(),
+                    saturated: snapshot.available_concurrent_calls == 0,
+                    snapshot,
+                })
                 .collect(),
             pushbacks: self
                 .pushbacks
@@ -47,45 +52,32 @@ impl Registry {
         }
     }
 
-    /// The health entries of the adaptive bulkheads, listed with the others.
-    fn adaptive_health(&self) -> impl Iterator<Item = BulkheadHealth> + '_ {
-        #[cfg(feature = "adaptive")]
-        let entries = self
-            .adaptive_bulkheads
-            .iter()
-            .map(|(name, bulkhead)| bulkhead_health(name, &bulkhead.snapshot()));
-        #[cfg(not(feature = "adaptive"))]
-        let entries = std::iter::empty();
-        entries
-    }
-
     /// Sets every instance's gauges in the `metrics` facade from its current state; call it
     /// before rendering a scrape. Counters and the call-duration histogram are recorded as
     /// events happen. See [the metric names](crate::observe#metric-names).
     #[cfg(feature = "metrics")]
     pub fn publish_gauges(&self) {
-        use crate::observe::metric_names as m;
-        for (name, named) in &self.limiters {
+        for named in self.limiters.values() {
             named.limiter.publish_gauges();
-            if let Some(read) = &named.store_failures {
-                let counts = read();
+        }
+        #[cfg(feature = "redis")]
+        for (name, named) in &self.limiters {
+            use crate::observe::metric_names as m;
+            if let Some(redis) = &named.redis {
+                let counts = redis.counts();
                 metrics::counter!(m::RATELIMITER_STORE_FAILURES, "name" => name.clone())
                     .absolute(counts.failures);
-                #[cfg(feature = "redis")]
-                {
-                    let leases = counts.leases;
-                    metrics::counter!(m::RATELIMITER_LEASE_DECISIONS, "name" => name.clone())
-                        .absolute(leases.lease_decisions);
-                    for (outcome, count) in [
-                        ("taken", leases.leases_taken),
-                        ("ended", leases.leases_ended),
-                    ] {
-                        metrics::counter!(m::RATELIMITER_LEASES, "name" => name.clone(), "outcome" => outcome)
-                            .absolute(count);
-                    }
-                    metrics::counter!(m::RATELIMITER_LEASE_UNUSED, "name" => name.clone())
-                        .absolute(leases.lease_unused_permits);
+                metrics::counter!(m::RATELIMITER_LEASE_DECISIONS, "name" => name.clone())
+                    .absolute(counts.lease_decisions);
+                for (outcome, count) in [
+                    ("taken", counts.leases_taken),
+                    ("ended", counts.leases_ended),
+                ] {
+                    metrics::counter!(m::RATELIMITER_LEASES, "name" => name.clone(), "outcome" => outcome)
+                        .absolute(count);
                 }
+                metrics::counter!(m::RATELIMITER_LEASE_UNUSED, "name" => name.clone())
+                    .absolute(counts.lease_unused_permits);
             }
         }
         for bulkhead in self.bulkheads.values() {
@@ -98,14 +90,6 @@ impl Registry {
         for bulkhead in self.adaptive_bulkheads.values() {
             bulkhead.publish_gauges();
         }
-    }
-}
-
-fn bulkhead_health(name: &str, s: &crate::bulkhead::BulkheadSnapshot) -> BulkheadHealth {
-    BulkheadHealth {
-        name: name.to_owned(),
-        saturated: s.available_concurrent_calls == 0,
-        snapshot: *s,
     }
 }
 

@@ -5,7 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::head::RequestHead;
 use http::HeaderValue;
@@ -21,7 +21,6 @@ use crate::observe::Observed;
 use crate::outbound::pushback::Pushback;
 use crate::outbound::quota::{ClientQuotaLayer, QuotaKey};
 use crate::rate_limit::{GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer};
-use crate::Quota;
 
 /// The key of a rate limiter built from configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -112,6 +111,16 @@ impl fmt::Display for UnknownInstance {
 
 impl Error for UnknownInstance {}
 
+/// Each instance of a section built by `build`, under its name.
+fn build_each<T, U>(
+    instances: &BTreeMap<String, T>,
+    mut build: impl FnMut(&str, &T) -> Result<U, ConfigError>,
+) -> Result<BTreeMap<String, U>, ConfigError> {
+    (instances.iter())
+        .map(|(name, settings)| Ok((name.clone(), build(name, settings)?)))
+        .collect()
+}
+
 /// Instance `name` of a kind, or the error naming what was asked for.
 fn find<'a, T>(
     instances: &'a BTreeMap<String, T>,
@@ -127,27 +136,21 @@ fn find<'a, T>(
 pub(super) struct NamedLimiter {
     pub(super) limiter: ConfiguredLimiter,
     pub(super) extractor: ConfigKeyExtractor,
-    /// For a limiter whose state lives in a shared store (Redis): how many decisions the store
-    /// did not give.
-    pub(super) store_failures: Option<StoreFailures>,
-    /// For a limiter whose quota must fit a store's bounds (Redis): why a quota does not.
-    pub(super) quota_check: Option<QuotaCheck>,
-}
-
-/// Reads a shared store's failure count.
-pub(super) type StoreFailures = Arc<dyn Fn() -> StoreCounts + Send + Sync>;
-
-/// What a shared store's limiter counts of its own: failures, and what its leases did.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct StoreCounts {
-    pub(super) failures: u64,
+    /// For a limiter whose state lives in Redis, the same limiter: its counts (how many
+    /// decisions Redis did not give, what its leases did), and the bounds a quota must fit.
     #[cfg(feature = "redis")]
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(super) leases: crate::redis::RedisCounts,
+    pub(super) redis: Option<crate::redis::RedisRateLimiter>,
 }
 
-/// Says why a quota cannot be given to a limiter, if it cannot.
-pub(super) type QuotaCheck = Arc<dyn Fn(&Quota) -> Result<(), String> + Send + Sync>;
+impl NamedLimiter {
+    /// How many decisions the limiter's shared store (Redis) did not give; `None` in memory.
+    pub(super) fn store_failures(&self) -> Option<u64> {
+        #[cfg(feature = "redis")]
+        return self.redis.as_ref().map(|redis| redis.counts().failures);
+        #[cfg(not(feature = "redis"))]
+        None
+    }
+}
 
 /// Named rate limiters and bulkheads, built once from a TOML file (see [the module](super) for
 /// its fields) and shared by every layer taken from it.
@@ -281,42 +284,20 @@ impl Registry {
         config: Config,
         mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
     ) -> Result<Self, ConfigError> {
-        let limiters = config
-            .rate_limiters
-            .iter()
-            .map(|(name, settings)| Ok((name.clone(), build_limiter(name, settings)?)))
-            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
-        let bulkheads = config
-            .bulkheads
-            .iter()
-            .map(|(name, settings)| {
-                let builder = customize(name, bulkhead_builder(name, settings));
-                (name.clone(), builder.build())
-            })
-            .collect();
-        let pushbacks = config
-            .pushbacks
-            .iter()
-            .map(|(name, settings)| (name.clone(), build_pushback(name, settings)))
-            .collect();
+        let limiters = build_each(&config.rate_limiters, build_limiter)?;
+        let bulkheads = build_each(&config.bulkheads, |name, s| {
+            Ok(customize(name, bulkhead_builder(name, s)).build())
+        })?;
+        let pushbacks = build_each(&config.pushbacks, |name, s| Ok(build_pushback(name, s)))?;
         // The validation made sure that every client quota names a rate limiter.
-        let client_quotas = config
-            .client_quotas
-            .iter()
-            .map(|(name, settings)| {
-                let limiter = limiters[&settings.limiter].limiter.clone();
-                let layer = ClientQuotaLayer::new(name.as_str(), limiter)
-                    .key(GlobalConfigKey)
-                    .cost(settings.cost.0);
-                (name.clone(), layer)
-            })
-            .collect();
+        let client_quotas = build_each(&config.client_quotas, |name, s| {
+            let limiter = limiters[&s.limiter].limiter.clone();
+            Ok(ClientQuotaLayer::new(name, limiter)
+                .key(GlobalConfigKey)
+                .cost(s.cost.0))
+        })?;
         #[cfg(feature = "adaptive")]
-        let adaptive_bulkheads = config
-            .adaptive_bulkheads
-            .iter()
-            .map(|(name, settings)| Ok((name.clone(), build_adaptive_bulkhead(name, settings)?)))
-            .collect::<Result<_, ConfigError>>()?;
+        let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
         Ok(Self {
             limiters,
             bulkheads,

@@ -109,8 +109,11 @@ impl Registry {
             if now.rate_limiters[name].quota(&path)? == quota {
                 continue;
             }
-            if let Some(check) = &self.limiters[name].quota_check {
-                check(&quota).map_err(|e| ConfigError::new(path, e))?;
+            #[cfg(feature = "redis")]
+            if let Some(redis) = &self.limiters[name].redis {
+                redis
+                    .params_for(&quota)
+                    .map_err(|e| ConfigError::new(path, e.to_string()))?;
             }
             quotas.push((name, quota));
         }

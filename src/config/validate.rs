@@ -77,7 +77,7 @@ impl Config {
     }
 
     /// Checks the names instances give each other: a route's and a client quota's rate
-    /// limiters exist, and no bulkhead of either kind shares a name.
+    /// limiters exist and can grant their cost, and no bulkhead of either kind shares a name.
     fn check_names(&self) -> Result<(), ConfigError> {
         // Bulkheads of both kinds report under one metric name, by name: names must differ.
         if let Some(name) =
@@ -93,18 +93,27 @@ impl Config {
         }
         for (name, route) in &self.routes {
             for (i, policy) in route.policies.iter().enumerate() {
-                let path = format!("routes.{name}.policies[{i}]");
-                let limiter = self.limiter(&path, &policy.limiter)?;
-                check_cost(
-                    &format!("{path}.cost"),
-                    policy.cost.0,
-                    &policy.limiter,
-                    limiter,
-                )?;
+                let at = format!("routes.{name}.policies[{i}]");
+                let limiter = self.limiter(&at, &policy.limiter)?;
+                check_cost(&at, policy.cost, &policy.limiter, limiter)?;
             }
         }
+        // A client quota's rate limiter must count every call under one key.
         for (name, quota) in &self.client_quotas {
-            self.check_client_quota(name, quota)?;
+            let at = format!("client_quotas.{name}");
+            let limiter = self.limiter(&format!("{at}.limiter"), &quota.limiter)?;
+            if limiter.key != KeyKind::Global {
+                return Err(ConfigError::new(
+                    format!("{at}.limiter"),
+                    format!(
+                        "names `{0}`, whose key is not \"global\"; an outbound call has no client to \
+                         key by, so a client quota counts every call under one key: give \
+                         `rate_limiters.{0}` key = \"global\"",
+                        quota.limiter
+                    ),
+                ));
+            }
+            check_cost(&at, quota.cost, &quota.limiter, limiter)?;
         }
         Ok(())
     }
@@ -118,41 +127,13 @@ impl Config {
             )
         })
     }
-
-    /// A client quota's rate limiter must count every call under one key, and be able to grant
-    /// a call's cost.
-    fn check_client_quota(
-        &self,
-        name: &str,
-        quota: &ClientQuotaSettings,
-    ) -> Result<(), ConfigError> {
-        let path = format!("client_quotas.{name}");
-        let limiter = self.limiter(&format!("{path}.limiter"), &quota.limiter)?;
-        if limiter.key != KeyKind::Global {
-            return Err(ConfigError::new(
-                format!("{path}.limiter"),
-                format!(
-                    "names `{0}`, whose key is not \"global\"; an outbound call has no client to \
-                     key by, so a client quota counts every call under one key: give \
-                     `rate_limiters.{0}` key = \"global\"",
-                    quota.limiter
-                ),
-            ));
-        }
-        check_cost(
-            &format!("{path}.cost"),
-            quota.cost.0,
-            &quota.limiter,
-            limiter,
-        )
-    }
 }
 
-/// A cost of rate limiter `name` (at `path`) must fit what the limiter can ever grant at once:
-/// its burst with GCRA, its permits per window with the window algorithms.
+/// The cost (at `{at}.cost`) of rate limiter `name` must fit what the limiter can ever grant at
+/// once: its burst with GCRA, its permits per window with the window algorithms.
 fn check_cost(
-    path: &str,
-    cost: u32,
+    at: &str,
+    Count(cost): Count,
     name: &str,
     limiter: &RateLimiterSettings,
 ) -> Result<(), ConfigError> {
@@ -163,7 +144,7 @@ fn check_cost(
     };
     if cost > capacity {
         return Err(ConfigError::new(
-            path,
+            format!("{at}.cost"),
             format!(
                 "is {cost}, more than the {what} of rate limiter `{name}` ({capacity}): it could \
                  never be granted"

@@ -216,12 +216,13 @@ impl ClassifyResponse for HttpOverload {
 pub struct FromTowerHttp<C>(pub C);
 
 impl<C: ClassifyResponse + Clone> FromTowerHttp<C> {
-    fn judge<B>(&self, response: &http::Response<B>) -> Verdict {
-        match self.0.clone().classify_response(response) {
-            ClassifiedResponse::Ready(Err(_)) => Verdict::Overloaded,
-            ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_) => {
+    fn judge<B>(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
+        match result.map(|response| self.0.clone().classify_response(response)) {
+            Ok(ClassifiedResponse::Ready(Err(_))) => Verdict::Overloaded,
+            Ok(ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_)) => {
                 Verdict::Healthy
             }
+            Err(error) => HttpOverload::classify_error(&**error),
         }
     }
 }
@@ -232,16 +233,14 @@ where
     C: ClassifyResponse + Clone + Send + Sync + 'static,
 {
     fn classify(&self, result: Result<&reqwest::Response, &BoxError>) -> Verdict {
-        match result {
-            Ok(response) => {
-                let mut head = http::Response::new(());
-                *head.status_mut() = response.status();
-                *head.version_mut() = response.version();
-                *head.headers_mut() = response.headers().clone();
-                self.judge(&head)
-            }
-            Err(error) => HttpOverload::classify_error(&**error),
-        }
+        let head = result.map(|response| {
+            let mut head = http::Response::new(());
+            *head.status_mut() = response.status();
+            *head.version_mut() = response.version();
+            *head.headers_mut() = response.headers().clone();
+            head
+        });
+        self.judge(head.as_ref().map_err(|error| *error))
     }
 }
 
@@ -250,9 +249,6 @@ where
     C: ClassifyResponse + Clone + Send + Sync + 'static,
 {
     fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
-        match result {
-            Ok(response) => self.judge(response),
-            Err(error) => HttpOverload::classify_error(&**error),
-        }
+        self.judge(result)
     }
 }

@@ -46,6 +46,10 @@ impl<S, C> Layer<S> for AdaptiveBulkheadLayer<C> {
     type Service = AdaptiveBulkheadService<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveBulkheadService::new(inner, self.bulkhead.clone(), Arc::clone(&self.classifier))
+        AdaptiveBulkheadService {
+            inner,
+            bulkhead: self.bulkhead.clone(),
+            classifier: Arc::clone(&self.classifier),
+        }
     }
 }

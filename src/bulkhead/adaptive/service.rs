@@ -21,19 +21,9 @@ use crate::BoxError;
 /// `poll_ready` only asks the inner service; the permit is taken in `call`, and a call that
 /// finds the limit reached is refused at once with [`BulkheadFull`](crate::bulkhead::BulkheadFull).
 pub struct AdaptiveBulkheadService<S, C = HttpOverload> {
-    inner: S,
-    bulkhead: AdaptiveBulkhead,
-    classifier: Arc<C>,
-}
-
-impl<S, C> AdaptiveBulkheadService<S, C> {
-    pub(super) fn new(inner: S, bulkhead: AdaptiveBulkhead, classifier: Arc<C>) -> Self {
-        Self {
-            inner,
-            bulkhead,
-            classifier,
-        }
-    }
+    pub(super) inner: S,
+    pub(super) bulkhead: AdaptiveBulkhead,
+    pub(super) classifier: Arc<C>,
 }
 
 impl<S: Clone, C> Clone for AdaptiveBulkheadService<S, C> {
