@@ -148,23 +148,8 @@ fn a_give_back_behind_a_waiter_is_kept_under_gcra_and_the_fixed_window() {
 }
 
 #[test]
-fn racing_settles_add_up_to_the_quota_under_gcra() {
-    racing_settles_add_up_to_the_quota::<Gcra>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_fixed_window() {
-    racing_settles_add_up_to_the_quota::<FixedWindow>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_sliding_log() {
-    racing_settles_add_up_to_the_quota::<SlidingLog>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_sliding_counter() {
-    racing_settles_add_up_to_the_quota::<SlidingCounter>();
+fn racing_settles_add_up_to_the_quota_under_every_algorithm() {
+    for_every_algorithm!(racing_settles_add_up_to_the_quota);
 }
 
 /// A request that cost more than its estimate leaves debt: the key waits for it, and the refusal
