@@ -63,9 +63,7 @@ async fn a_pushed_back_retry_after_is_exact() {
         // Spend what may go at once.
         let mut answered = Vec::new();
         while pushback.held_for().is_zero() {
-            let (tx, call) = start(&client).await;
-            tx.send(response(200, &[])).unwrap();
-            answered.push(call.await.unwrap());
+            answered.push(answer_call(start(&client).await, response(200, &[])).await);
         }
         for _ in 0..rounds {
             let wait = refused(&client);
@@ -73,9 +71,7 @@ async fn a_pushed_back_retry_after_is_exact() {
             clock.advance(wait - Duration::from_nanos(1));
             assert_eq!(refused(&client), Duration::from_nanos(1), "{headers:?}");
             clock.advance(Duration::from_nanos(1));
-            let (tx, call) = start(&client).await;
-            tx.send(response(200, &[])).unwrap();
-            call.await.unwrap();
+            answer_call(start(&client).await, response(200, &[])).await;
         }
     }
 }
@@ -112,9 +108,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
         .unwrap();
     probe.await.unwrap();
     for _ in 0..2 {
-        let (tx, call) = start(&client).await;
-        tx.send(response(200, &[])).unwrap();
-        call.await.unwrap();
+        answer_call(start(&client).await, response(200, &[])).await;
     }
     assert_eq!(refused(&client), Duration::from_secs(10));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -305,9 +299,7 @@ async fn spread_paces_the_windows_a_policy_grants_too() {
     assert_eq!(refused(&client), Duration::from_secs(1));
     clock.advance(Duration::from_secs(1));
     for _ in 0..4 {
-        let (tx, call) = start(&client).await;
-        tx.send(response(200, &[])).unwrap();
-        call.await.unwrap();
+        answer_call(start(&client).await, response(200, &[])).await;
         assert_eq!(refused(&client), Duration::from_secs(2));
         clock.advance(Duration::from_secs(2));
     }

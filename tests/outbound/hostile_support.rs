@@ -95,6 +95,31 @@ where
     (tx, call)
 }
 
+/// Answers a call [`start`]ed, `(tx, call)`, with `answer`, and waits for what the client
+/// returns.
+pub(crate) async fn answer_call<F>(
+    (tx, call): (oneshot::Sender<Response<()>>, F),
+    answer: Response<()>,
+) -> Response<()>
+where
+    F: Future<Output = Result<Response<()>, BoxError>>,
+{
+    tx.send(answer).unwrap();
+    call.await.unwrap()
+}
+
+/// Starts two calls through `client` and answers them out of order: the newer first, with
+/// `newer`, then the older, with `older`.
+pub(crate) async fn answer_out_of_order<S>(client: &S, newer: Response<()>, older: Response<()>)
+where
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
+{
+    let older_call = start(client).await;
+    let newer_call = start(client).await;
+    answer_call(newer_call, newer).await;
+    answer_call(older_call, older).await;
+}
+
 pub(crate) fn is_pushed_back(result: Result<Response<()>, BoxError>) -> Option<Duration> {
     let err = result.err()?;
     assert!(err.is::<PushedBack>(), "{err}");
