@@ -80,6 +80,13 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A manual clock already moved to `at` (a reading far from zero, as a real clock's is).
+pub fn manual_clock_at(at: std::time::Duration) -> tower_bulwark::clock::ManualClock {
+    let clock = tower_bulwark::clock::ManualClock::new();
+    clock.set(at);
+    clock
+}
+
 /// A response with `status`, the header fields `headers` and no body, as a dependency answers.
 pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
     let mut builder = http::Response::builder().status(status);
