@@ -7,6 +7,7 @@
 //! race to one that read it later. No test sleeps.
 
 use crate::common::for_every_algorithm;
+use crate::common::manual_clock_at;
 use crate::common::waits_up_to;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -357,8 +358,7 @@ fn absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
     assert_eq!(err.field(), "period");
     assert!(err.to_string().contains("2^60"), "{err}");
     fn run<A: Algorithm>() {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(1_000_000));
+        let clock = manual_clock_at(Duration::from_secs(1_000_000));
         let quota = waits_up_to(
             Quota::with_period(2, Quota::MAX_SPAN).unwrap(),
             Quota::MAX_SPAN,

@@ -2,6 +2,7 @@
 //! limiters that decide later, missing keys, exempt paths) decides all-or-nothing exactly as a
 //! twin model does, with the exact remainings in its headers.
 
+use crate::common::manual_clock_at;
 use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
 use crate::support::{header_cost, keyed, Slow};
 use std::time::Duration;
@@ -126,8 +127,7 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
             let specs: Vec<Spec> = (0..n)
                 .map(|_| random_spec(&mut rng, n == 1 && seed < 3))
                 .collect();
-            let clock = ManualClock::new();
-            clock.set(Duration::from_secs(1));
+            let clock = manual_clock_at(Duration::from_secs(1));
             let reals: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
             let twins: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
             let policies: Vec<Policy<HeaderKey, BoxLimiter<HeaderValue>>> = specs

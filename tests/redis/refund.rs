@@ -7,6 +7,7 @@ use crate::common::keyed_on;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::{key_state, propagating_limiter, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
@@ -346,8 +347,7 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
     let Some((server, store)) = RedisServer::with_store("corrupt_state_is_an_error").await else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(5));
+    let clock = manual_clock_at(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
     let gcra = propagating_limiter::<Gcra>(&store, quota, &clock, "bad:gcra:", Refusals::Uncached);
     let window =

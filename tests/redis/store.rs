@@ -6,6 +6,7 @@ use crate::common::{redis_server, waits_up_to};
 
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -47,8 +48,7 @@ async fn seed_fixed_window_three_per_minute() {
     let Some(server) = RedisServer::start("seed_fixed_window_three_per_minute") else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(3600) + Duration::from_millis(1500));
+    let clock = manual_clock_at(Duration::from_secs(3600) + Duration::from_millis(1500));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store(&server).await)
         .algorithm::<FixedWindow>()
         .client_clock(clock.clone())
@@ -110,8 +110,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
     };
     let quota = Quota::per_second(10).unwrap();
     // The same instant for all fifty, on a client clock.
-    let clock = ManualClock::new();
-    clock.set(Duration::from_millis(7));
+    let clock = manual_clock_at(Duration::from_millis(7));
     let exact = RedisRateLimiter::builder(quota, store(&server).await)
         .algorithm::<SlidingLog>()
         .client_clock(clock.clone())
