@@ -282,8 +282,7 @@ async fn held_for_agrees_with_what_the_next_call_meets() {
     let (pushback, clock) = manual();
     let (client, _) = scripted_client(&pushback);
     let (_slow_tx, slow) = start(&client).await;
-    let policy = ("ratelimit-policy", r#""p";q=1;w=10"#);
-    let exhausted = response(200, &[policy, ("ratelimit", r#""p";r=0;t=1"#)]);
+    let exhausted = spent_for_a_second_under(r#""p";q=1;w=10"#);
     answer_call(start(&client).await, exhausted).await;
     clock.advance(Duration::from_secs(1));
     let said = pushback.held_for();

@@ -88,13 +88,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
         .max_hold(Duration::from_secs(30))
         .build();
     let (client, calls) = scripted_client(&pushback);
-    pushback.observe(&response(
-        200,
-        &[
-            ("ratelimit", r#""p";r=0;t=1"#),
-            ("ratelimit-policy", r#""p";q=0;w=10"#),
-        ],
-    ));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
     assert_eq!(refused(&client), Duration::from_secs(30));
     clock.advance(Duration::from_secs(30) - Duration::from_nanos(1));
     assert_eq!(refused(&client), Duration::from_nanos(1));
@@ -289,13 +283,7 @@ async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
 async fn spread_paces_the_windows_a_policy_grants_too() {
     let (pushback, clock) = manual_with(Pacing::Spread);
     let (client, calls) = scripted_client(&pushback);
-    pushback.observe(&response(
-        200,
-        &[
-            ("ratelimit-policy", r#""p";q=4;w=8"#),
-            ("ratelimit", r#""p";r=0;t=1"#),
-        ],
-    ));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=4;w=8"#));
     assert_eq!(refused(&client), Duration::from_secs(1));
     clock.advance(Duration::from_secs(1));
     for _ in 0..4 {

@@ -108,6 +108,18 @@ where
     call.await.unwrap()
 }
 
+/// A 200 whose `RateLimit` field says nothing is left for a second, under the
+/// `RateLimit-Policy` `policy` for the windows after.
+pub(crate) fn spent_for_a_second_under(policy: &str) -> Response<()> {
+    crate::common::response(
+        200,
+        &[
+            ("ratelimit-policy", policy),
+            ("ratelimit", r#""p";r=0;t=1"#),
+        ],
+    )
+}
+
 /// Starts two calls through `client` and answers them out of order: the newer first, with
 /// `newer`, then the older, with `older`.
 pub(crate) async fn answer_out_of_order<S>(client: &S, newer: Response<()>, older: Response<()>)
