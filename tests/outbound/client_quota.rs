@@ -29,23 +29,19 @@ fn counting(
     })
 }
 
-/// A client of "partner" through a client quota on `limiter`, over a [`counting`] dependency;
-/// and the count of the calls that reach it.
+/// A client of "partner" through a client quota on `limiter`, over a [`counting`] dependency
+/// that counts the calls reaching it in `calls`.
 fn partner_client<L>(
     limiter: L,
-) -> (
-    ClientQuotaService<
-        impl Service<u32, Response = u32, Error = BoxError, Future: Send> + Clone,
-        L,
-        (),
-        u32,
-        (),
-    >,
-    Arc<AtomicUsize>,
-) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
-    (client, calls)
+    calls: &Arc<AtomicUsize>,
+) -> ClientQuotaService<
+    impl Service<u32, Response = u32, Error = BoxError, Future: Send> + Clone,
+    L,
+    (),
+    u32,
+    (),
+> {
+    ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -54,7 +50,8 @@ async fn n_tasks_racing_for_l_permits_get_exactly_l() {
         let limiter = DirectRateLimiter::builder(Quota::per_hour(limit).unwrap())
             .clock(ManualClock::new())
             .build();
-        let (client, calls) = partner_client(limiter);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let client = partner_client(limiter, &calls);
         let barrier = Arc::new(tokio::sync::Barrier::new(tasks as usize));
         let handles: Vec<_> = (0..tasks)
             .map(|i| {
@@ -82,7 +79,8 @@ async fn n_tasks_racing_for_l_permits_get_exactly_l() {
 async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
     let clock = ManualClock::new();
     let limiter = direct_on(Quota::per_second(2).unwrap(), &clock);
-    let (client, calls) = partner_client(limiter);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = partner_client(limiter, &calls);
     client.clone().oneshot(1).await.unwrap();
     client.clone().oneshot(2).await.unwrap();
     // Refused a hundred times: if any of them spent a permit, the next would come later.
@@ -114,7 +112,8 @@ fn one_a_second_waiting_up_to_1500ms() -> DirectRateLimiter<Gcra, TokioClock> {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
-    let (client, calls) = partner_client(one_a_second_waiting_up_to_1500ms());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = partner_client(one_a_second_waiting_up_to_1500ms(), &calls);
     let start = tokio::time::Instant::now();
     client.clone().oneshot(1).await.unwrap();
     client.clone().oneshot(2).await.unwrap();
@@ -133,7 +132,8 @@ async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiter_gives_its_reservation_back() {
-    let (client, calls) = partner_client(one_a_second_waiting_up_to_1500ms());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let client = partner_client(one_a_second_waiting_up_to_1500ms(), &calls);
     client.clone().oneshot(1).await.unwrap();
     // Reserves the permit due in 1 s, then is cut by a timeout after 300 ms.
     let cut = tokio::time::timeout(Duration::from_millis(300), client.clone().oneshot(2)).await;

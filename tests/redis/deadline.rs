@@ -351,7 +351,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .fail_mode(RedisFailMode::Propagate)
     .build()
     .unwrap();
-    let (key, mut conn, before) = one_admitted(&limiter, &server).await;
+    let (key, mut conn, before) = one_admitted(&limiter, server).await;
 
     // Dropped after 0, 1, 2, ... polls, with the runtime free to move the request on between
     // polls (a fraction of a round trip each), until the decision completes before the drop.
