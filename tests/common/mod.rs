@@ -80,6 +80,25 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The next racing request of a settle race, drawn from `seed` (a linear congruential
+/// sequence, stepped once): its estimate, 1 to 50 tokens, and the cost it settles to, 0 to
+/// twice the estimate.
+pub fn next_estimate_and_cost(seed: &mut u64) -> (u32, u32) {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let estimate = 1 + (*seed >> 33) as u32 % 50;
+    let cost = (*seed >> 13) as u32 % (2 * estimate + 1);
+    (estimate, cost)
+}
+
+/// A manual clock already moved to `at` (a reading far from zero, as a real clock's is).
+pub fn manual_clock_at(at: std::time::Duration) -> tower_bulwark::clock::ManualClock {
+    let clock = tower_bulwark::clock::ManualClock::new();
+    clock.set(at);
+    clock
+}
+
 /// A response with `status`, the header fields `headers` and no body, as a dependency answers.
 pub fn response(status: u16, headers: &[(&str, &str)]) -> http::Response<()> {
     let mut builder = http::Response::builder().status(status);

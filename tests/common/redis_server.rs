@@ -196,6 +196,17 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// A plain connection to the server of its own, beside any store (to read and write keys
+    /// as another client would).
+    #[cfg(feature = "redis")]
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port

@@ -9,13 +9,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use axum::body::Body;
-use axum::extract::connect_info::MockConnectInfo;
-use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use http::StatusCode;
 use tower_bulwark::config::Registry;
+
+use super::support::{get_from_peer, routed};
 
 const FILE: &str = r#"
 [rate_limiters.xff]
@@ -43,23 +41,17 @@ const STRANGER: &str = "203.0.113.5";
 
 /// A fresh registry's route (`xff` or `rfc`): every case starts with every budget whole.
 fn route(name: &str) -> Router {
-    let registry = Registry::from_toml_str(FILE).unwrap();
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(registry.route_layer(name).unwrap())
+    routed(&Registry::from_toml_str(FILE).unwrap(), name)
 }
 
 async fn send(app: &Router, peer: &str, header: Option<(&str, &str)>) -> StatusCode {
-    let mut request = Request::get("/");
-    if let Some((name, value)) = header {
-        request = request.header(name, value);
-    }
     let peer: IpAddr = peer.parse().unwrap();
-    app.clone()
-        .layer(MockConnectInfo(SocketAddr::new(peer, 4000)))
-        .oneshot(request.body(Body::empty()).unwrap())
+    let headers: &[(&str, &str)] = match &header {
+        Some(field) => std::slice::from_ref(field),
+        None => &[],
+    };
+    get_from_peer(app, SocketAddr::new(peer, 4000), headers)
         .await
-        .unwrap()
         .status()
 }
 

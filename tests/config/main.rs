@@ -22,3 +22,5 @@ mod outbound;
 mod reload;
 #[cfg(feature = "config")]
 mod routes;
+#[cfg(feature = "config")]
+mod support;

@@ -3,6 +3,7 @@
 //! place, and any bad file, is refused and changes nothing.
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use axum::body::Body;
 use axum::routing::get;
@@ -12,14 +13,24 @@ use tower::ServiceExt;
 use tower_bulwark::config::{ConfigKey, Registry, Reloaded};
 use tower_bulwark::{limiter::Decision, Limiter};
 
-const BEFORE: &str = r#"
+/// A registry's file: `api` at `api_limit` per `api_period`, `windows` (a fixed window) at
+/// `windows_limit` an hour, the bulkhead `payment` at `payment_calls` calls; `steady` (a
+/// sliding log at 5 an hour) and `inventory` (8 calls, a queue of 16) always as here.
+fn registry_file(
+    api_limit: u32,
+    api_period: &str,
+    windows_limit: u32,
+    payment_calls: u32,
+) -> String {
+    format!(
+        r#"
 [rate_limiters.api]
-limit_for_period = 10
-limit_refresh_period = "1h"
+limit_for_period = {api_limit}
+limit_refresh_period = "{api_period}"
 key = "global"
 
 [rate_limiters.windows]
-limit_for_period = 10
+limit_for_period = {windows_limit}
 limit_refresh_period = "1h"
 algorithm = "fixed_window"
 key = "global"
@@ -31,40 +42,21 @@ algorithm = "sliding_log"
 key = "global"
 
 [bulkheads.payment]
-max_concurrent_calls = 2
+max_concurrent_calls = {payment_calls}
 
 [bulkheads.inventory]
 max_concurrent_calls = 8
 queue_capacity = 16
-"#;
+"#
+    )
+}
+
+/// The file the tests start from: `api` and `windows` at 10 an hour, `payment` at 2 calls.
+static BEFORE: LazyLock<String> = LazyLock::new(|| registry_file(10, "1h", 10, 2));
 
 /// `BEFORE` with `api` at 20 per 2 h (the same emission interval), `windows` at 20 per hour and
 /// `payment` at 5 calls; `steady` and `inventory` as they were.
-const AFTER: &str = r#"
-[rate_limiters.api]
-limit_for_period = 20
-limit_refresh_period = "2h"
-key = "global"
-
-[rate_limiters.windows]
-limit_for_period = 20
-limit_refresh_period = "1h"
-algorithm = "fixed_window"
-key = "global"
-
-[rate_limiters.steady]
-limit_for_period = 5
-limit_refresh_period = "1h"
-algorithm = "sliding_log"
-key = "global"
-
-[bulkheads.payment]
-max_concurrent_calls = 5
-
-[bulkheads.inventory]
-max_concurrent_calls = 8
-queue_capacity = 16
-"#;
+static AFTER: LazyLock<String> = LazyLock::new(|| registry_file(20, "2h", 20, 5));
 
 /// A file of its own for each test, removed when dropped.
 struct File(PathBuf);
@@ -118,7 +110,7 @@ async fn call(app: &Router) -> (StatusCode, String) {
 
 #[tokio::test]
 async fn a_reload_applies_changed_quotas_in_place_and_leaves_the_rest_alone() {
-    let file = File::new("applies", BEFORE);
+    let file = File::new("applies", &BEFORE);
     let registry = Registry::from_path(&file.0).unwrap();
     // A layer built before the reload, and state in every limiter.
     let app = app(&registry);
@@ -129,7 +121,7 @@ async fn a_reload_applies_changed_quotas_in_place_and_leaves_the_rest_alone() {
     assert_eq!(admitted(&registry, "steady", 3), 3);
     let steady_before = registry.rate_limiter("steady").unwrap().snapshot();
 
-    file.write(AFTER);
+    file.write(&AFTER);
     let reloaded = registry.reload_path(&file.0).unwrap();
     let mut expected = Reloaded::default();
     expected.rate_limiters = vec!["api".to_owned(), "windows".to_owned()];
@@ -155,25 +147,20 @@ async fn a_reload_applies_changed_quotas_in_place_and_leaves_the_rest_alone() {
     assert!(next.allowed);
     assert_eq!((next.limit, next.remaining), (5, 1));
     // Bulkheads: the changed one resized, the other as it was.
-    assert_eq!(
-        registry
-            .bulkhead("payment")
-            .unwrap()
-            .snapshot()
-            .max_allowed_concurrent_calls,
-        5
-    );
-    assert_eq!(
-        registry
-            .bulkhead("inventory")
-            .unwrap()
-            .snapshot()
-            .max_allowed_concurrent_calls,
-        8
-    );
+    assert_eq!(bulkhead_size(&registry, "payment"), 5);
+    assert_eq!(bulkhead_size(&registry, "inventory"), 8);
     // Reloading the same file again changes nothing.
     assert_eq!(registry.reload_path(&file.0).unwrap(), Reloaded::default());
     assert!(!decide(&registry, "windows").allowed);
+}
+
+/// How many calls the bulkhead `name` of `registry` lets run at once.
+fn bulkhead_size(registry: &Registry, name: &str) -> usize {
+    registry
+        .bulkhead(name)
+        .unwrap()
+        .snapshot()
+        .max_allowed_concurrent_calls
 }
 
 /// Asserts that `registry` still runs `BEFORE`: every quota as it was, and the state of `api`
@@ -186,21 +173,14 @@ fn still_running_before(registry: &Registry, remaining: u64) {
             "{name}"
         );
     }
-    assert_eq!(
-        registry
-            .bulkhead("payment")
-            .unwrap()
-            .snapshot()
-            .max_allowed_concurrent_calls,
-        2
-    );
+    assert_eq!(bulkhead_size(registry, "payment"), 2);
     let next = decide(registry, "api");
     assert_eq!((next.limit, next.remaining), (10, remaining));
 }
 
 #[test]
 fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
-    let file = File::new("bad", BEFORE);
+    let file = File::new("bad", &BEFORE);
     let registry = Registry::from_path(&file.0).unwrap();
     assert_eq!(admitted(&registry, "api", 3), 3);
 
@@ -226,7 +206,7 @@ fn a_bad_file_changes_nothing_and_says_where_it_is_wrong() {
 
 #[test]
 fn changes_that_cannot_apply_in_place_refuse_the_whole_reload() {
-    let file = File::new("refused", BEFORE);
+    let file = File::new("refused", &BEFORE);
     let registry = Registry::from_path(&file.0).unwrap();
     assert_eq!(admitted(&registry, "api", 3), 3);
     let cases = [
@@ -253,11 +233,17 @@ fn changes_that_cannot_apply_in_place_refuse_the_whole_reload() {
             "bulkheads.inventory.queue_capacity",
         ),
         (
-            format!("{AFTER}\n[rate_limiters.new]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n"),
+            format!(
+                "{}\n[rate_limiters.new]\nlimit_for_period = 1\nlimit_refresh_period = \"1s\"\n",
+                *AFTER
+            ),
             "rate_limiters.new",
         ),
         (
-            AFTER.replace("[bulkheads.inventory]\nmax_concurrent_calls = 8\nqueue_capacity = 16\n", ""),
+            AFTER.replace(
+                "[bulkheads.inventory]\nmax_concurrent_calls = 8\nqueue_capacity = 16\n",
+                "",
+            ),
             "bulkheads.inventory",
         ),
     ];
@@ -271,7 +257,7 @@ fn changes_that_cannot_apply_in_place_refuse_the_whole_reload() {
     }
     // The file as it was is no change at all.
     assert_eq!(
-        registry.reload_toml_str(BEFORE).unwrap(),
+        registry.reload_toml_str(&BEFORE).unwrap(),
         Reloaded::default()
     );
 }

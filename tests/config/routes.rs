@@ -4,14 +4,12 @@
 use std::net::SocketAddr;
 
 use axum::body::Body;
-use axum::extract::connect_info::MockConnectInfo;
-use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use http::StatusCode;
 use tower_bulwark::config::Registry;
 use tower_bulwark::Limiter;
 
+use super::support::{get_from_peer, routed};
 use crate::common::listener;
 
 const FILE: &str = r#"
@@ -40,16 +38,9 @@ exempt_networks = ["10.0.0.0/8"]
 policies = ["per-ip", { limiter = "per-key", shadow = "advertised" }]
 "#;
 
+/// The response of `app` to a GET of `/` with the API key `key`, from `peer`.
 async fn get_from(app: &Router, peer: [u8; 4], key: &str) -> http::Response<Body> {
-    let request = Request::get("/")
-        .header("x-api-key", key)
-        .body(Body::empty())
-        .unwrap();
-    app.clone()
-        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
-        .oneshot(request)
-        .await
-        .unwrap()
+    get_from_peer(app, SocketAddr::from((peer, 4000)), &[("x-api-key", key)]).await
 }
 
 fn names(response: &http::Response<Body>, header: &str) -> Vec<String> {
@@ -59,9 +50,7 @@ fn names(response: &http::Response<Body>, header: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_configured_route_charges_each_policy_its_cost_under_its_own_key() {
     let registry = Registry::from_toml_str(FILE).unwrap();
-    let search = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(registry.route_layer("search").unwrap());
+    let search = routed(&registry, "search");
     // The key's 12 permits hold two searches of 5; the third is refused by `per-key` only.
     for i in 0..2 {
         let ok = get_from(&search, [192, 0, 2, 1], "k1").await;
@@ -85,9 +74,7 @@ async fn a_configured_route_charges_each_policy_its_cost_under_its_own_key() {
 #[tokio::test]
 async fn exempt_networks_skip_every_policy_of_the_route() {
     let registry = Registry::from_toml_str(FILE).unwrap();
-    let search = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(registry.route_layer("search").unwrap());
+    let search = routed(&registry, "search");
     for _ in 0..20 {
         let response = get_from(&search, [10, 1, 2, 3], "internal").await;
         assert_eq!(response.status(), StatusCode::OK);
@@ -100,11 +87,7 @@ async fn exempt_networks_skip_every_policy_of_the_route() {
 #[tokio::test]
 async fn routes_share_their_rate_limiters() {
     let registry = Registry::from_toml_str(FILE).unwrap();
-    let app = |route: &str| {
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(registry.route_layer(route).unwrap())
-    };
+    let app = |route: &str| routed(&registry, route);
     let (search, items) = (app("search"), app("items"));
     assert_eq!(
         get_from(&search, [192, 0, 2, 9], "k").await.status(),
@@ -269,32 +252,21 @@ policies = ["by-xff"]
 policies = ["by-forwarded"]
 "#;
 
+/// The status `app` answers a GET of `/` with, from `peer`, with the header `header: value`.
 async fn forwarded_from(
     app: &Router,
     peer: [u8; 4],
     header: &str,
     value: &str,
 ) -> http::StatusCode {
-    let request = Request::get("/")
-        .header(header, value)
-        .body(Body::empty())
-        .unwrap();
-    app.clone()
-        .layer(MockConnectInfo(SocketAddr::from((peer, 4000))))
-        .oneshot(request)
-        .await
-        .unwrap()
-        .status()
+    let peer = SocketAddr::from((peer, 4000));
+    get_from_peer(app, peer, &[(header, value)]).await.status()
 }
 
 #[tokio::test]
 async fn a_forwarded_key_gives_each_client_behind_the_balancer_its_own_budget() {
     let registry = Registry::from_toml_str(BEHIND_BALANCER).unwrap();
-    let app = |route: &str| {
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(registry.route_layer(route).unwrap())
-    };
+    let app = |route: &str| routed(&registry, route);
     let balancer = [10, 0, 0, 2];
     for (app, header, prefix) in [
         (app("xff"), "x-forwarded-for", ""),

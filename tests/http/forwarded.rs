@@ -137,19 +137,16 @@ async fn an_unreadable_hop_is_a_400_naming_the_header_or_passes_uncounted_when_o
     let limiter = KeyedRateLimiter::<IpAddr>::builder(Quota::per_minute(1).unwrap())
         .clock(ManualClock::new())
         .build();
+    let per_client = Policy::new(
+        "per-client",
+        ForwardedIp::forwarded(trusted()),
+        limiter.clone(),
+    )
+    .unwrap();
+    let failing_open = RateLimitLayer::new(per_client).key_error_mode(FailMode::Open);
     let open = Router::new()
         .route("/", get(|| async { "ok" }))
-        .route_layer(
-            RateLimitLayer::new(
-                Policy::new(
-                    "per-client",
-                    ForwardedIp::forwarded(trusted()),
-                    limiter.clone(),
-                )
-                .unwrap(),
-            )
-            .key_error_mode(FailMode::Open),
-        )
+        .route_layer(failing_open)
         .layer(MockConnectInfo(SocketAddr::from(([10, 0, 0, 2], 443))));
     for _ in 0..3 {
         let status = open.clone().oneshot(request()).await.unwrap().status();

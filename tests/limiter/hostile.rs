@@ -7,6 +7,7 @@
 //! race to one that read it later. No test sleeps.
 
 use crate::common::for_every_algorithm;
+use crate::common::manual_clock_at;
 use crate::common::waits_up_to;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -357,8 +358,7 @@ fn absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
     assert_eq!(err.field(), "period");
     assert!(err.to_string().contains("2^60"), "{err}");
     fn run<A: Algorithm>() {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(1_000_000));
+        let clock = manual_clock_at(Duration::from_secs(1_000_000));
         let quota = waits_up_to(
             Quota::with_period(2, Quota::MAX_SPAN).unwrap(),
             Quota::MAX_SPAN,
@@ -418,6 +418,67 @@ fn a_key_flood_never_hands_a_limited_client_a_fresh_quota() {
 
 // ---- concurrency: OS threads released together, readings stale and out of order ----
 
+/// `threads` readings drawn in turn from a manual clock at 1 s that moves 1 µs between draws,
+/// handed out in a permuted order that changes with `round`.
+fn permuted_readings(threads: u64, round: u64) -> Vec<u64> {
+    let manual = ManualClock::new();
+    manual.set(Duration::from_secs(1));
+    let mut readings = vec![0; threads as usize];
+    for i in 0..threads {
+        readings[((i * 7 + round) % threads) as usize] = manual.now();
+        manual.advance(Duration::from_micros(1));
+    }
+    readings
+}
+
+/// How many of `requests` requests of key 1 one thread admits, deciding them all at the latest
+/// of the readings [`permuted_readings`] draws for `threads` threads.
+fn admitted_at_the_latest_reading<A: Algorithm>(
+    quota: Quota,
+    threads: u64,
+    requests: u64,
+) -> usize {
+    let clock = ManualClock::new();
+    let limiter = keyed::<A, _>(quota, clock.clone());
+    clock.set(Duration::from_secs(1) + Duration::from_micros(threads));
+    (0..requests)
+        .filter(|_| decide(&limiter, 1, 1).allowed)
+        .count()
+}
+
+/// One OS thread per reading of `readings`, released together by a barrier, each deciding one
+/// request with its reading on `limiter` (on the [`ScriptedClock`]); the threads take turns
+/// between the keys 1 to `keys`. Answers how many each key admitted.
+fn race_with_readings<L>(limiter: &L, readings: Vec<u64>, keys: usize) -> Vec<usize>
+where
+    L: Limiter<u64> + Clone + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(readings.len()));
+    let admitted: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..keys).map(|_| AtomicUsize::new(0)).collect());
+    let handles: Vec<_> = readings
+        .into_iter()
+        .enumerate()
+        .map(|(i, reading)| {
+            let barrier = Arc::clone(&barrier);
+            let admitted = Arc::clone(&admitted);
+            let limiter = limiter.clone();
+            thread::spawn(move || {
+                let key = i % keys;
+                ScriptedClock::set(reading);
+                barrier.wait();
+                if decide(&limiter, key as u64 + 1, 1).allowed {
+                    admitted[key].fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
 /// `threads` OS threads race, released together by a barrier. Each decides with a reading drawn
 /// from a shared [`ManualClock`] at a different moment (it moves 1 µs between draws), handed out
 /// so that the order of the readings is not the order of the threads: the readings reach the
@@ -429,47 +490,13 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
         const THREADS: u64 = 24;
         for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
             let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
-            let expected = {
-                let clock = ManualClock::new();
-                let limiter = keyed::<A, _>(quota, clock.clone());
-                clock.set(Duration::from_secs(1) + Duration::from_micros(THREADS));
-                (0..THREADS)
-                    .filter(|_| decide(&limiter, 1, 1).allowed)
-                    .count()
-            };
+            let expected = admitted_at_the_latest_reading::<A>(quota, THREADS, THREADS);
             for round in 0..20u64 {
                 ScriptedClock::set(0);
                 let limiter = keyed::<A, _>(quota, ScriptedClock);
-                let manual = ManualClock::new();
-                manual.set(Duration::from_secs(1));
-                let mut readings = vec![0; THREADS as usize];
-                for i in 0..THREADS {
-                    // Draw in turn; hand out in a permuted order that changes with the round.
-                    readings[((i * 7 + round) % THREADS) as usize] = manual.now();
-                    manual.advance(Duration::from_micros(1));
-                }
-                let barrier = Arc::new(Barrier::new(THREADS as usize));
-                let admitted = Arc::new(AtomicUsize::new(0));
-                let handles: Vec<_> = readings
-                    .into_iter()
-                    .map(|reading| {
-                        let barrier = Arc::clone(&barrier);
-                        let admitted = Arc::clone(&admitted);
-                        let limiter = limiter.clone();
-                        thread::spawn(move || {
-                            ScriptedClock::set(reading);
-                            barrier.wait();
-                            if decide(&limiter, 1, 1).allowed {
-                                admitted.fetch_add(1, Ordering::Relaxed);
-                            }
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    h.join().unwrap();
-                }
+                let admitted = race_with_readings(&limiter, permuted_readings(THREADS, round), 1);
                 assert_eq!(
-                    admitted.load(Ordering::Relaxed),
+                    admitted[0],
                     expected,
                     "{} max_wait {max_wait:?} round {round}",
                     name::<A>()
@@ -497,50 +524,15 @@ fn two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota
         };
         for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
             let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
-            let expected = {
-                let clock = ManualClock::new();
-                let limiter = keyed::<A, _>(quota, clock.clone());
-                clock.set(Duration::from_secs(1) + Duration::from_micros(THREADS));
-                (0..THREADS / 2)
-                    .filter(|_| decide(&limiter, 1, 1).allowed)
-                    .count()
-            };
+            let expected = admitted_at_the_latest_reading::<A>(quota, THREADS, THREADS / 2);
             assert!(expected >= 5, "{}", name::<A>());
             for round in 0..20u64 {
                 ScriptedClock::set(0);
                 let limiter = keyed_in_one_shard(quota, ScriptedClock);
-                let manual = ManualClock::new();
-                manual.set(Duration::from_secs(1));
-                let mut readings = vec![0; THREADS as usize];
-                for i in 0..THREADS {
-                    readings[((i * 7 + round) % THREADS) as usize] = manual.now();
-                    manual.advance(Duration::from_micros(1));
-                }
-                let barrier = Arc::new(Barrier::new(THREADS as usize));
-                let admitted: Arc<[AtomicUsize; 2]> = Arc::default();
-                let handles: Vec<_> = readings
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, reading)| {
-                        let barrier = Arc::clone(&barrier);
-                        let admitted = Arc::clone(&admitted);
-                        let limiter = limiter.clone();
-                        thread::spawn(move || {
-                            let key = i % 2;
-                            ScriptedClock::set(reading);
-                            barrier.wait();
-                            if decide(&limiter, key as u64 + 1, 1).allowed {
-                                admitted[key].fetch_add(1, Ordering::Relaxed);
-                            }
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    h.join().unwrap();
-                }
-                for (key, admitted) in admitted.iter().enumerate() {
+                let admitted = race_with_readings(&limiter, permuted_readings(THREADS, round), 2);
+                for (key, admitted) in admitted.into_iter().enumerate() {
                     assert_eq!(
-                        admitted.load(Ordering::Relaxed),
+                        admitted,
                         expected,
                         "{} max_wait {max_wait:?} round {round} key {}",
                         name::<A>(),

@@ -14,14 +14,19 @@ use tower_bulwark::{
     DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 
+/// A limiter of algorithm `A` for 10 a second on `clock`.
+fn ten_per_second<A: Algorithm>(clock: &ManualClock) -> DirectRateLimiter<A, ManualClock> {
+    DirectRateLimiter::builder(Quota::per_second(10).unwrap())
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build()
+}
+
 #[test]
 fn resilience4j_scenario_ten_per_second_then_refused_then_admitted() {
     fn run<A: Algorithm>() {
         let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(Quota::per_second(10).unwrap())
-            .algorithm::<A>()
-            .clock(clock.clone())
-            .build();
+        let limiter = ten_per_second::<A>(&clock);
         for i in 0..10 {
             assert!(
                 limiter.check().allowed,
@@ -44,10 +49,7 @@ fn resilience4j_scenario_ten_per_second_then_refused_then_admitted() {
     // (⌊10 · W / W⌋ = 10), so one second after the burst it refuses; a nanosecond later the
     // previous window's share rounds down to 9 and one more fits.
     let clock = ManualClock::new();
-    let limiter = DirectRateLimiter::builder(Quota::per_second(10).unwrap())
-        .algorithm::<SlidingCounter>()
-        .clock(clock.clone())
-        .build();
+    let limiter = ten_per_second::<SlidingCounter>(&clock);
     for _ in 0..10 {
         assert!(limiter.check().allowed);
     }

@@ -10,6 +10,7 @@
 //! as it goes) must see each clock's readings never go backwards, and each clock's readings
 //! stay in its own time base (a clock created later never reads ahead of an older one).
 
+use crate::common::manual_clock_at;
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Barrier};
@@ -21,8 +22,7 @@ use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 fn one_per_hour<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>(
 ) -> KeyedRateLimiter<K, tower_bulwark::algorithm::Gcra, ManualClock> {
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(10));
+    let clock = manual_clock_at(Duration::from_secs(10));
     KeyedRateLimiter::<K>::builder(Quota::per_hour(1).unwrap())
         .clock(clock)
         .build()
@@ -166,8 +166,7 @@ proptest! {
 /// 5, for each of 200 keys (short, 32-byte and long), with every key's budget its own.
 #[test]
 fn equal_keys_share_exactly_one_budget_under_contention() {
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(10));
+    let clock = manual_clock_at(Duration::from_secs(10));
     let limiter = KeyedRateLimiter::<(String, IpAddr)>::builder(Quota::per_hour(5).unwrap())
         .clock(clock)
         .build();

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tower_bulwark::{
-    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
+    limiter::Decision,
     DirectRateLimiter, Quota,
 };
 
@@ -40,6 +41,62 @@ fn quota(permits: u32, period: u64, burst: u32) -> Quota {
     )
 }
 
+/// A limiter of algorithm `A` for `quota` on `clock`.
+fn direct_with<A: Algorithm>(
+    quota: Quota,
+    clock: &ManualClock,
+) -> DirectRateLimiter<A, ManualClock> {
+    DirectRateLimiter::builder(quota)
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build()
+}
+
+/// Plays `ops` on `clock` (`AdvancePeriod` moves it by exactly `period`), calling
+/// `check(now, cost)` for each check, `now` being the nanoseconds the ops have moved the clock
+/// so far; stops at the first failure `check` answers.
+fn replay(
+    ops: Vec<Op>,
+    period: u64,
+    clock: &ManualClock,
+    mut check: impl FnMut(u64, u32) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut now = 0u64;
+    for op in ops {
+        let d = match op {
+            Op::Advance(d) => d,
+            Op::AdvancePeriod => period,
+            Op::Check(cost) => {
+                check(now, cost)?;
+                continue;
+            }
+        };
+        now += d;
+        clock.advance(Duration::from_nanos(d));
+    }
+    Ok(())
+}
+
+/// Plays `ops` against a limiter of algorithm `A` admitting `permits` per `period` ns in bursts
+/// of 1, calling `decided(now, cost, decision)` for each check (see [`replay`]) of a cost the
+/// limiter can ever admit; a larger cost must be an error.
+fn replay_window<A: Algorithm>(
+    permits: u32,
+    period: u64,
+    ops: Vec<Op>,
+    mut decided: impl FnMut(u64, u32, Decision) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let limiter = direct_with::<A>(quota(permits, period, 1), &clock);
+    replay(ops, period, &clock, |now, cost| {
+        let Ok(d) = limiter.check_n(cost) else {
+            prop_assert!(cost > permits);
+            return Ok(());
+        };
+        decided(now, cost, d)
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -54,39 +111,30 @@ proptest! {
         let t = q.emission_interval().as_nanos() as u64;
         let clock = ManualClock::new();
         let limiter = direct_on(q, &clock);
-        let (mut level, mut last, mut now) = (0u64, 0u64, 0u64);
+        let (mut level, mut last) = (0u64, 0u64);
         let mut admitted: Vec<(u64, u64)> = Vec::new();
-        for op in ops {
-            let op = match op {
-                Op::AdvancePeriod => Op::Advance(period),
-                op => op,
-            };
-            match op {
-                Op::Advance(d) => { now += d; clock.advance(Duration::from_nanos(d)); }
-                Op::AdvancePeriod => unreachable!(),
-                Op::Check(cost) => {
-                    level = level.saturating_sub(now - last);
-                    last = now;
-                    let need = u64::from(cost) * t;
-                    let got = limiter.check_n(cost);
-                    if cost > burst {
-                        prop_assert!(got.is_err());
-                        continue;
-                    }
-                    let d = got.unwrap();
-                    let fits = level + need <= u64::from(burst) * t;
-                    prop_assert_eq!(d.allowed, fits, "level {} need {}", level, need);
-                    if fits {
-                        level += need;
-                        prop_assert_eq!(d.remaining, (u64::from(burst) * t - level) / t);
-                        admitted.push((now, u64::from(cost)));
-                    } else {
-                        let retry = level + need - u64::from(burst) * t;
-                        prop_assert_eq!(d.retry_after, Duration::from_nanos(retry));
-                    }
-                }
+        replay(ops, period, &clock, |now, cost| {
+            level = level.saturating_sub(now - last);
+            last = now;
+            let need = u64::from(cost) * t;
+            let got = limiter.check_n(cost);
+            if cost > burst {
+                prop_assert!(got.is_err());
+                return Ok(());
             }
-        }
+            let d = got.unwrap();
+            let fits = level + need <= u64::from(burst) * t;
+            prop_assert_eq!(d.allowed, fits, "level {} need {}", level, need);
+            if fits {
+                level += need;
+                prop_assert_eq!(d.remaining, (u64::from(burst) * t - level) / t);
+                admitted.push((now, u64::from(cost)));
+            } else {
+                let retry = level + need - u64::from(burst) * t;
+                prop_assert_eq!(d.retry_after, Duration::from_nanos(retry));
+            }
+            Ok(())
+        })?;
         for i in 0..admitted.len() {
             let mut sum = 0;
             for j in i..admitted.len() {
@@ -102,41 +150,22 @@ proptest! {
     fn fixed_window_matches_counts_per_cycle(
         permits in 1u32..6, period in 1_000u64..20_000, ops in ops(20_000, 3),
     ) {
-        let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(quota(permits, period, 1))
-            .algorithm::<FixedWindow>()
-            .clock(clock.clone())
-            .build();
         let limit = u64::from(permits);
         let mut used: HashMap<u64, u64> = HashMap::new();
-        let mut now = 0u64;
-        for op in ops {
-            let op = match op {
-                Op::AdvancePeriod => Op::Advance(period),
-                op => op,
-            };
-            match op {
-                Op::Advance(d) => { now += d; clock.advance(Duration::from_nanos(d)); }
-                Op::AdvancePeriod => unreachable!(),
-                Op::Check(cost) => {
-                    let Ok(d) = limiter.check_n(cost) else {
-                        prop_assert!(cost > permits);
-                        continue;
-                    };
-                    let cycle = now / period;
-                    let count = used.entry(cycle).or_default();
-                    let fits = *count + u64::from(cost) <= limit;
-                    prop_assert_eq!(d.allowed, fits);
-                    if fits {
-                        *count += u64::from(cost);
-                        prop_assert_eq!(d.remaining, limit - *count);
-                    } else {
-                        prop_assert_eq!(d.retry_after, Duration::from_nanos((cycle + 1) * period - now));
-                    }
-                    prop_assert!(*count <= limit);
-                }
+        replay_window::<FixedWindow>(permits, period, ops, |now, cost, d| {
+            let cycle = now / period;
+            let count = used.entry(cycle).or_default();
+            let fits = *count + u64::from(cost) <= limit;
+            prop_assert_eq!(d.allowed, fits);
+            if fits {
+                *count += u64::from(cost);
+                prop_assert_eq!(d.remaining, limit - *count);
+            } else {
+                prop_assert_eq!(d.retry_after, Duration::from_nanos((cycle + 1) * period - now));
             }
-        }
+            prop_assert!(*count <= limit);
+            Ok(())
+        })?;
     }
 
     /// Sliding log against a plain list of admissions: exact, and never more than the limit in
@@ -145,44 +174,25 @@ proptest! {
     fn sliding_log_matches_a_list_of_admissions(
         permits in 1u32..6, period in 1_000u64..20_000, ops in ops(20_000, 3),
     ) {
-        let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(quota(permits, period, 1))
-            .algorithm::<SlidingLog>()
-            .clock(clock.clone())
-            .build();
         let limit = u64::from(permits);
         let mut log: Vec<(u64, u64)> = Vec::new();
         let in_window = |log: &[(u64, u64)], at: u64| -> u64 {
             log.iter().filter(|&&(t, _)| t + period > at).map(|&(_, n)| n).sum()
         };
-        let mut now = 0u64;
-        for op in ops {
-            let op = match op {
-                Op::AdvancePeriod => Op::Advance(period),
-                op => op,
-            };
-            match op {
-                Op::Advance(d) => { now += d; clock.advance(Duration::from_nanos(d)); }
-                Op::AdvancePeriod => unreachable!(),
-                Op::Check(cost) => {
-                    let Ok(d) = limiter.check_n(cost) else {
-                        prop_assert!(cost > permits);
-                        continue;
-                    };
-                    let cost = u64::from(cost);
-                    let fits = in_window(&log, now) + cost <= limit;
-                    prop_assert_eq!(d.allowed, fits);
-                    if fits {
-                        log.push((now, cost));
-                        prop_assert_eq!(d.remaining, limit - in_window(&log, now));
-                    } else {
-                        let at = now + d.retry_after.as_nanos() as u64;
-                        prop_assert!(in_window(&log, at) + cost <= limit, "admitted at retry time");
-                        prop_assert!(in_window(&log, at - 1) + cost > limit, "not a nanosecond sooner");
-                    }
-                }
+        replay_window::<SlidingLog>(permits, period, ops, |now, cost, d| {
+            let cost = u64::from(cost);
+            let fits = in_window(&log, now) + cost <= limit;
+            prop_assert_eq!(d.allowed, fits);
+            if fits {
+                log.push((now, cost));
+                prop_assert_eq!(d.remaining, limit - in_window(&log, now));
+            } else {
+                let at = now + d.retry_after.as_nanos() as u64;
+                prop_assert!(in_window(&log, at) + cost <= limit, "admitted at retry time");
+                prop_assert!(in_window(&log, at - 1) + cost > limit, "not a nanosecond sooner");
             }
-        }
+            Ok(())
+        })?;
         for &(a, _) in &log {
             prop_assert!(log.iter().filter(|&&(t, _)| t <= a && t + period > a).map(|&(_, n)| n).sum::<u64>() <= limit);
         }
@@ -195,46 +205,27 @@ proptest! {
     fn sliding_counter_matches_the_weighted_estimate(
         permits in 1u32..6, period in 1_000u64..20_000, ops in ops(20_000, 3),
     ) {
-        let clock = ManualClock::new();
-        let limiter = DirectRateLimiter::builder(quota(permits, period, 1))
-            .algorithm::<SlidingCounter>()
-            .clock(clock.clone())
-            .build();
         let limit = u64::from(permits);
         let mut counts: HashMap<u64, u64> = HashMap::new();
         let mut admitted: Vec<(u64, u64)> = Vec::new();
-        let mut now = 0u64;
-        for op in ops {
-            let op = match op {
-                Op::AdvancePeriod => Op::Advance(period),
-                op => op,
-            };
-            match op {
-                Op::Advance(d) => { now += d; clock.advance(Duration::from_nanos(d)); }
-                Op::AdvancePeriod => unreachable!(),
-                Op::Check(cost) => {
-                    let Ok(d) = limiter.check_n(cost) else {
-                        prop_assert!(cost > permits);
-                        continue;
-                    };
-                    let cost = u64::from(cost);
-                    let w = now / period;
-                    let e = now % period;
-                    let prev = if w == 0 { 0 } else { counts.get(&(w - 1)).copied().unwrap_or(0) };
-                    let curr = counts.get(&w).copied().unwrap_or(0);
-                    // The previous window's share is rounded down.
-                    let share = prev * (period - e) / period;
-                    let fits = share + curr + cost <= limit;
-                    prop_assert_eq!(d.allowed, fits, "prev {} curr {} e {}", prev, curr, e);
-                    if fits {
-                        *counts.entry(w).or_default() += cost;
-                        admitted.push((now, cost));
-                    } else {
-                        prop_assert!(d.retry_after > Duration::ZERO);
-                    }
-                }
+        replay_window::<SlidingCounter>(permits, period, ops, |now, cost, d| {
+            let cost = u64::from(cost);
+            let w = now / period;
+            let e = now % period;
+            let prev = if w == 0 { 0 } else { counts.get(&(w - 1)).copied().unwrap_or(0) };
+            let curr = counts.get(&w).copied().unwrap_or(0);
+            // The previous window's share is rounded down.
+            let share = prev * (period - e) / period;
+            let fits = share + curr + cost <= limit;
+            prop_assert_eq!(d.allowed, fits, "prev {} curr {} e {}", prev, curr, e);
+            if fits {
+                *counts.entry(w).or_default() += cost;
+                admitted.push((now, cost));
+            } else {
+                prop_assert!(d.retry_after > Duration::ZERO);
             }
-        }
+            Ok(())
+        })?;
         prop_assert!(counts.values().all(|&c| c <= limit));
         for &(a, _) in &admitted {
             let in_window: u64 = admitted.iter().filter(|&&(t, _)| t <= a && t + period > a).map(|&(_, n)| n).sum();
@@ -250,29 +241,20 @@ proptest! {
     ) {
         let q = quota(permits, period, burst);
         let clock = ManualClock::new();
-        let check: Box<dyn Fn() -> tower_bulwark::limiter::Decision> = match which {
-            0 => { let l = DirectRateLimiter::builder(q).algorithm::<Gcra>().clock(clock.clone()).build(); Box::new(move || l.check()) }
-            1 => { let l = DirectRateLimiter::builder(q).algorithm::<FixedWindow>().clock(clock.clone()).build(); Box::new(move || l.check()) }
-            2 => { let l = DirectRateLimiter::builder(q).algorithm::<SlidingLog>().clock(clock.clone()).build(); Box::new(move || l.check()) }
-            _ => { let l = DirectRateLimiter::builder(q).algorithm::<SlidingCounter>().clock(clock.clone()).build(); Box::new(move || l.check()) }
+        let check: Box<dyn Fn() -> Decision> = match which {
+            0 => { let l = direct_with::<Gcra>(q, &clock); Box::new(move || l.check()) }
+            1 => { let l = direct_with::<FixedWindow>(q, &clock); Box::new(move || l.check()) }
+            2 => { let l = direct_with::<SlidingLog>(q, &clock); Box::new(move || l.check()) }
+            _ => { let l = direct_with::<SlidingCounter>(q, &clock); Box::new(move || l.check()) }
         };
-        for op in ops {
-            let op = match op {
-                Op::AdvancePeriod => Op::Advance(period),
-                op => op,
-            };
-            match op {
-                Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
-                Op::AdvancePeriod => unreachable!(),
-                Op::Check(_) => {
-                    let d = check();
-                    if !d.allowed {
-                        prop_assert!(d.retry_after > Duration::ZERO);
-                        clock.advance(d.retry_after);
-                        prop_assert!(check().allowed, "admitted after {:?}", d.retry_after);
-                    }
-                }
+        replay(ops, period, &clock, |_, _| {
+            let d = check();
+            if !d.allowed {
+                prop_assert!(d.retry_after > Duration::ZERO);
+                clock.advance(d.retry_after);
+                prop_assert!(check().allowed, "admitted after {:?}", d.retry_after);
             }
-        }
+            Ok(())
+        })?;
     }
 }

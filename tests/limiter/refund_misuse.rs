@@ -39,62 +39,59 @@ fn admitted_now<A: Algorithm>(l: &KeyedRateLimiter<u64, A, ManualClock>, key: u6
     (0..10).filter(|_| l.check(&key).allowed).count()
 }
 
-macro_rules! each {
-    ($run:ident) => {{
-        let mut bad = Vec::new();
-        if let Some(b) = $run::<Gcra>() {
-            bad.push(b);
-        }
-        if let Some(b) = $run::<FixedWindow>() {
-            bad.push(b);
-        }
-        if let Some(b) = $run::<SlidingLog>() {
-            bad.push(b);
-        }
-        if let Some(b) = $run::<SlidingCounter>() {
-            bad.push(b);
-        }
-        bad
+/// Runs `run::<A>()` for every algorithm `A` (it answers what the limiter admits afterwards)
+/// and asserts that each admits `expected` (a pair where the run answers for a direct and a
+/// keyed limiter), naming every algorithm that does not.
+macro_rules! assert_each_admits {
+    ($run:ident, $expected:expr) => {{
+        let got = [
+            (name::<Gcra>(), $run::<Gcra>()),
+            (name::<FixedWindow>(), $run::<FixedWindow>()),
+            (name::<SlidingLog>(), $run::<SlidingLog>()),
+            (name::<SlidingCounter>(), $run::<SlidingCounter>()),
+        ];
+        let bad: Vec<String> = got
+            .iter()
+            .filter(|(_, admitted)| *admitted != $expected)
+            .map(|(algorithm, admitted)| format!("{algorithm}: {admitted:?} admitted"))
+            .collect();
+        assert!(bad.is_empty(), "{bad:?}");
     }};
 }
 
 /// Four admitted; the last (cost 1) given back with a cost of 3: one permit is free, not three.
 #[test]
 fn a_refund_with_a_larger_cost_frees_only_what_was_charged() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let (l, _clock) = limiter::<A>();
         let mut last = None;
         for _ in 0..4 {
             last = Some(l.check(&1));
         }
         l.refund(&1, 3, last.unwrap());
-        let got = admitted_now(&l, 1);
-        (got != 1).then(|| format!("{}: {got} admitted", name::<A>()))
+        admitted_now(&l, 1)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 1);
 }
 
 /// Key 1 spends its quota; key 2's admission is given back to key 1: key 1 gains nothing.
 #[test]
 fn a_decision_given_back_to_another_key_frees_nothing_there() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let (l, _clock) = limiter::<A>();
         assert_eq!(admitted_now(&l, 1), 4);
         let other = l.check(&2);
         assert!(other.allowed);
         l.refund(&1, 1, other);
-        let got = admitted_now(&l, 1);
-        (got != 0).then(|| format!("{}: {got} admitted", name::<A>()))
+        admitted_now(&l, 1)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 0);
 }
 
 /// Held: a refusal given back (any number of times) frees nothing.
 #[test]
 fn a_refusal_given_back_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let (l, _clock) = limiter::<A>();
         assert_eq!(admitted_now(&l, 1), 4);
         for _ in 0..3 {
@@ -102,11 +99,9 @@ fn a_refusal_given_back_frees_nothing() {
             assert!(!refused.allowed);
             l.refund(&1, 4, refused);
         }
-        let got = admitted_now(&l, 1);
-        (got != 0).then(|| format!("{}: {got} admitted", name::<A>()))
+        admitted_now(&l, 1)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 0);
 }
 
 /// Five per hour: nothing refills during a test.
@@ -151,24 +146,49 @@ fn keyed_admits<A: Algorithm>(l: &ZeroHashed<A>, key: u64) -> usize {
     (0..10).filter(|_| l.check(&key).allowed).count()
 }
 
+/// Spends three permits of a limiter through `check`, asserting each is admitted.
+fn spend_three(mut check: impl FnMut() -> Decision) {
+    for _ in 0..3 {
+        assert!(check().allowed);
+    }
+}
+
+/// Admits three through `spend` and takes three through `take` in step, at one instant (so
+/// two limiters built alike end in the same state), and answers the last decision of `take`.
+fn last_of_three_in_step(
+    mut spend: impl FnMut() -> Decision,
+    mut take: impl FnMut() -> Decision,
+) -> Decision {
+    let mut last = None;
+    for _ in 0..3 {
+        assert!(spend().allowed);
+        last = Some(take());
+    }
+    last.unwrap()
+}
+
+/// Gives the admission `decision` (of another limiter) back to the direct limiter `b`, with a
+/// cost of 1, and answers how many `b` admits then.
+fn direct_admits_after_refund<A: Algorithm>(
+    b: &DirectRateLimiter<A, ManualClock>,
+    decision: Decision,
+) -> usize {
+    assert!(decision.allowed);
+    Limiter::<()>::refund(b, &(), 1, decision);
+    direct_admits(b)
+}
+
 /// Two direct limiters `a` and `b` of 5 per hour, `b` having admitted 3: an admission of `a`
 /// given to `b` leaves `b` its 2 permits, not 3.
 #[test]
 fn a_direct_limiters_decision_given_to_another_direct_limiter_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (a, b) = (direct::<A>(&clock), direct::<A>(&clock));
-        for _ in 0..3 {
-            assert!(b.check().allowed);
-        }
-        let from_a = a.check();
-        assert!(from_a.allowed);
-        Limiter::<()>::refund(&b, &(), 1, from_a);
-        let got = direct_admits(&b);
-        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+        spend_three(|| b.check());
+        direct_admits_after_refund(&b, a.check())
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 2);
 }
 
 /// The hardest case for a check by state alone: `a` and `b` built alike on one clock, each
@@ -176,83 +196,60 @@ fn a_direct_limiters_decision_given_to_another_direct_limiter_frees_nothing() {
 /// GCRA, the very TAT `b` holds). Given to `b`, it still frees nothing.
 #[test]
 fn a_decision_matching_another_limiters_state_exactly_frees_nothing_there() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (a, b) = (direct::<A>(&clock), direct::<A>(&clock));
-        let mut last_of_a = None;
-        for _ in 0..3 {
-            assert!(b.check().allowed);
-            last_of_a = Some(a.check());
-        }
-        Limiter::<()>::refund(&b, &(), 1, last_of_a.unwrap());
-        let got = direct_admits(&b);
-        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+        let last_of_a = last_of_three_in_step(|| b.check(), || a.check());
+        Limiter::<()>::refund(&b, &(), 1, last_of_a);
+        direct_admits(&b)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 2);
 }
 
 /// A keyed limiter's admission given to a direct limiter frees nothing, even when the keyed
 /// limiter fingerprints its key as zero, as a direct limiter does.
 #[test]
 fn a_keyed_decision_given_to_a_direct_limiter_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (keyed, b) = (keyed_zero_hashed::<A>(&clock), direct::<A>(&clock));
-        for _ in 0..3 {
-            assert!(b.check().allowed);
-        }
-        let from_keyed = keyed.check(&7);
-        assert!(from_keyed.allowed);
-        Limiter::<()>::refund(&b, &(), 1, from_keyed);
-        let got = direct_admits(&b);
-        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+        spend_three(|| b.check());
+        direct_admits_after_refund(&b, keyed.check(&7))
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 2);
 }
 
 /// A direct limiter's admission given to a keyed limiter frees nothing, even when the keyed
 /// limiter fingerprints every key as zero, as the direct limiter's decision says.
 #[test]
 fn a_direct_decision_given_to_a_keyed_limiter_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (a, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
-        for _ in 0..3 {
-            assert!(keyed.check(&7).allowed);
-        }
+        spend_three(|| keyed.check(&7));
         let from_a = a.check();
         assert!(from_a.allowed);
         keyed.refund(&7, 1, from_a);
-        let got = keyed_admits(&keyed, 7);
-        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+        keyed_admits(&keyed, 7)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 2);
 }
 
 /// Two keyed limiters that fingerprint the key alike (same hasher, same key, same state): the
 /// admission of one given to the other frees nothing.
 #[test]
 fn a_keyed_decision_given_to_another_keyed_limiter_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (a, b) = (
             keyed_zero_hashed::<A>(&clock),
             keyed_zero_hashed::<A>(&clock),
         );
-        let mut last_of_a = None;
-        for _ in 0..3 {
-            assert!(b.check(&7).allowed);
-            last_of_a = Some(a.check(&7));
-        }
-        b.refund(&7, 1, last_of_a.unwrap());
-        let got = keyed_admits(&b, 7);
-        (got != 2).then(|| format!("{}: {got} admitted", name::<A>()))
+        let last_of_a = last_of_three_in_step(|| b.check(&7), || a.check(&7));
+        b.refund(&7, 1, last_of_a);
+        keyed_admits(&b, 7)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 2);
 }
 
 /// Decisions built by hand (`Decision::allowed`) belong to no limiter: given to a direct or a
@@ -260,36 +257,27 @@ fn a_keyed_decision_given_to_another_keyed_limiter_frees_nothing() {
 /// says), they free nothing.
 #[test]
 fn a_decision_built_by_hand_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> (usize, usize) {
         let clock = ManualClock::new();
         let (b, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
-        for _ in 0..3 {
-            assert!(b.check().allowed);
-            assert!(keyed.check(&7).allowed);
-        }
+        spend_three(|| b.check());
+        spend_three(|| keyed.check(&7));
         for cost in [1, 3, u32::MAX] {
             let built = Decision::allowed(5, 4, Duration::from_secs(720));
             Limiter::<()>::refund(&b, &(), cost, built);
             let built = Decision::allowed(5, 4, Duration::from_secs(720));
             keyed.refund(&7, cost, built);
         }
-        let (direct_got, keyed_got) = (direct_admits(&b), keyed_admits(&keyed, 7));
-        (direct_got != 2 || keyed_got != 2).then(|| {
-            format!(
-                "{}: {direct_got} admitted by the direct limiter, {keyed_got} by the keyed one",
-                name::<A>()
-            )
-        })
+        (direct_admits(&b), keyed_admits(&keyed, 7))
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, (2, 2));
 }
 
 /// Clones share their limiter's state, so they share its identity: an admission made through
 /// one clone and given back through another frees its permit, direct and keyed.
 #[test]
 fn clones_of_a_limiter_take_back_each_others_decisions() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> (usize, usize) {
         let clock = ManualClock::new();
         let (b, keyed) = (direct::<A>(&clock), keyed_zero_hashed::<A>(&clock));
         let (b_clone, keyed_clone) = (b.clone(), keyed.clone());
@@ -301,16 +289,9 @@ fn clones_of_a_limiter_take_back_each_others_decisions() {
         }
         Limiter::<()>::refund(&b_clone, &(), 1, last.unwrap());
         keyed_clone.refund(&7, 1, last_keyed.unwrap());
-        let (direct_got, keyed_got) = (direct_admits(&b), keyed_admits(&keyed, 7));
-        (direct_got != 3 || keyed_got != 3).then(|| {
-            format!(
-                "{}: {direct_got} admitted by the direct limiter, {keyed_got} by the keyed one",
-                name::<A>()
-            )
-        })
+        (direct_admits(&b), keyed_admits(&keyed, 7))
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, (3, 3));
 }
 
 fn plans<A: Algorithm>(clock: &ManualClock) -> Tiers<u64, &'static str, ZeroHashed<A>> {
@@ -337,7 +318,7 @@ fn tier_admits<A: Algorithm>(tiers: &Tiers<u64, &'static str, ZeroHashed<A>>, ke
 ///   (so the two above are refused for who made them, not for how they travel).
 #[test]
 fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
-    fn run<A: Algorithm>() -> Option<String> {
+    fn run<A: Algorithm>() -> usize {
         let clock = ManualClock::new();
         let (tiers, other_tiers) = (plans::<A>(&clock), plans::<A>(&clock));
         let pro = tiers.get(&"pro").unwrap();
@@ -351,11 +332,9 @@ fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
         tiers.refund(&7, 1, from_pro);
         tiers.refund(&7, 1, from_other_tiers);
         tiers.refund(&7, 1, own.unwrap());
-        let got = tier_admits(&tiers, 7);
-        (got != 3).then(|| format!("{}: {got} admitted", name::<A>()))
+        tier_admits(&tiers, 7)
     }
-    let bad = each!(run);
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_each_admits!(run, 3);
 }
 
 /// A Redis limiter tells its decisions apart by the fingerprint of the Redis key they charged.

@@ -6,7 +6,7 @@ use crate::common::waits_up_to;
 use std::time::Duration;
 
 use tower_bulwark::observe::Observed;
-use tower_bulwark::{clock::ManualClock, Limiter, Quota};
+use tower_bulwark::{algorithm::Gcra, clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
 /// The guide, GCRA row: "When later admissions moved the TAT on but none of them is a reservation
 /// still ahead ..., an immediate admission gives back its cost less the time elapsed since it was
@@ -18,40 +18,47 @@ use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 /// 30 s - 15 s = one permit. It gives back none. (Never an over-grant: the loss is the client's.)
 #[test]
 fn a_gcra_admission_filling_the_burst_gives_back_cost_less_elapsed() {
+    assert!(
+        admits_after_vetoing_a(Duration::ZERO),
+        "A's cost (30 s) less the 15 s elapsed should be free again"
+    );
+}
+
+/// The sequence of the tests here, on a GCRA limiter of 4 a minute: at 1 s, two admissions of
+/// cost 1; `a_later` after them, A of cost 2 (immediate); 15 s later, B of cost 1 (immediate);
+/// then A is given back. Answers whether the key admits one more then.
+fn admits_after_vetoing_a(a_later: Duration) -> bool {
     let clock = ManualClock::new();
     let l = keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock);
     clock.advance(Duration::from_secs(1));
     assert!(l.check(&1).allowed);
     assert!(l.check(&1).allowed);
+    clock.advance(a_later);
     let a = l.check_n(&1, 2).unwrap();
     assert!(a.allowed && a.wait.is_zero());
     clock.advance(Duration::from_secs(15));
     let b = l.check(&1);
     assert!(b.allowed && b.wait.is_zero());
     l.refund(&1, 2, a);
-    assert!(
-        l.check(&1).allowed,
-        "A's cost (30 s) less the 15 s elapsed should be free again"
-    );
+    l.check(&1).allowed
 }
 
 /// Control for the test above: the same sequence with A one nanosecond short of filling the burst
 /// (it is charged 1 ns later, so the fill is not exact) gives back as documented.
 #[test]
 fn a_gcra_admission_short_of_the_burst_gives_back_cost_less_elapsed() {
-    let clock = ManualClock::new();
-    let l = keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock);
-    clock.advance(Duration::from_secs(1));
-    assert!(l.check(&1).allowed);
-    assert!(l.check(&1).allowed);
-    clock.advance(Duration::from_nanos(1));
-    let a = l.check_n(&1, 2).unwrap();
-    assert!(a.allowed && a.wait.is_zero());
-    clock.advance(Duration::from_secs(15));
-    let b = l.check(&1);
-    assert!(b.allowed && b.wait.is_zero());
-    l.refund(&1, 2, a);
-    assert!(l.check(&1).allowed);
+    assert!(admits_after_vetoing_a(Duration::from_nanos(1)));
+}
+
+/// A GCRA limiter of `permits` a minute on `clock`, observed under the name "api".
+fn observed_per_minute(
+    permits: u32,
+    clock: &ManualClock,
+) -> Observed<KeyedRateLimiter<u64, Gcra, ManualClock>> {
+    Observed::new(
+        "api",
+        keyed_on::<u64, _>(Quota::per_minute(permits).unwrap(), clock),
+    )
 }
 
 /// `LimiterSnapshot::available_permissions`: "Permits left after the latest decision, for that
@@ -61,10 +68,7 @@ fn a_gcra_admission_short_of_the_burst_gives_back_cost_less_elapsed() {
 #[test]
 fn observed_available_follows_the_latest_decision_through_refunds() {
     let clock = ManualClock::new();
-    let l = Observed::new(
-        "api",
-        keyed_on::<u64, _>(Quota::per_minute(4).unwrap(), &clock),
-    );
+    let l = observed_per_minute(4, &clock);
     clock.advance(Duration::from_secs(1));
     let first = l.reserve_now(&1, 1).unwrap().unwrap();
     assert_eq!(first.remaining, 3);
@@ -133,10 +137,7 @@ fn observed_counts_only_what_its_limiter_takes_back() {
 #[test]
 fn observed_available_tells_apart_decisions_that_left_the_same_figure() {
     let clock = ManualClock::new();
-    let l = Observed::new(
-        "api",
-        keyed_on::<u64, _>(Quota::per_minute(5).unwrap(), &clock),
-    );
+    let l = observed_per_minute(5, &clock);
     let one = l.reserve_now(&1, 1).unwrap().unwrap();
     let two = l.reserve_now(&2, 1).unwrap().unwrap();
     assert_eq!((one.remaining, two.remaining), (4, 4));

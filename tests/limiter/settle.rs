@@ -3,6 +3,7 @@
 //! and a model of each key's tokens.
 
 use crate::common::for_every_algorithm;
+use crate::common::next_estimate_and_cost;
 use crate::common::{assert_settled_plus_left_is_the_quota, waits_up_to};
 use crate::common::{direct_on, keyed_on};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,11 +35,7 @@ fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
                 let mut seed = t * 7919 + 1;
                 barrier.wait();
                 for _ in 0..400 {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let estimate = 1 + (seed >> 33) as u32 % 50;
-                    let cost = (seed >> 13) as u32 % (2 * estimate + 1);
+                    let (estimate, cost) = next_estimate_and_cost(&mut seed);
                     let decision = limiter.check_n(&"tenant", estimate).unwrap();
                     if decision.allowed {
                         assert!(limiter.settle(&"tenant", estimate, decision, cost));
@@ -148,23 +145,8 @@ fn a_give_back_behind_a_waiter_is_kept_under_gcra_and_the_fixed_window() {
 }
 
 #[test]
-fn racing_settles_add_up_to_the_quota_under_gcra() {
-    racing_settles_add_up_to_the_quota::<Gcra>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_fixed_window() {
-    racing_settles_add_up_to_the_quota::<FixedWindow>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_sliding_log() {
-    racing_settles_add_up_to_the_quota::<SlidingLog>();
-}
-
-#[test]
-fn racing_settles_add_up_to_the_quota_under_the_sliding_counter() {
-    racing_settles_add_up_to_the_quota::<SlidingCounter>();
+fn racing_settles_add_up_to_the_quota_under_every_algorithm() {
+    for_every_algorithm!(racing_settles_add_up_to_the_quota);
 }
 
 /// A request that cost more than its estimate leaves debt: the key waits for it, and the refusal

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::outbound::quota::QuotaExhausted;
+use tower_bulwark::outbound::quota::{ClientQuotaService, QuotaExhausted};
 use tower_bulwark::outbound::{self, ClientQuotaLayer};
 use tower_bulwark::{
-    clock::ManualClock, limiter::InsufficientCapacity, BoxError, DirectRateLimiter,
-    KeyedRateLimiter, Quota,
+    algorithm::Gcra,
+    clock::{ManualClock, TokioClock},
+    limiter::InsufficientCapacity,
+    BoxError, DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -27,6 +29,21 @@ fn counting(
     })
 }
 
+/// A client of "partner" through a client quota on `limiter`, over a [`counting`] dependency
+/// that counts the calls reaching it in `calls`.
+fn partner_client<L>(
+    limiter: L,
+    calls: &Arc<AtomicUsize>,
+) -> ClientQuotaService<
+    impl Service<u32, Response = u32, Error = BoxError, Future: Send> + Clone,
+    L,
+    (),
+    u32,
+    (),
+> {
+    ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn n_tasks_racing_for_l_permits_get_exactly_l() {
     for (tasks, limit) in [(400u32, 50u32), (64, 1), (100, 99)] {
@@ -34,7 +51,7 @@ async fn n_tasks_racing_for_l_permits_get_exactly_l() {
             .clock(ManualClock::new())
             .build();
         let calls = Arc::new(AtomicUsize::new(0));
-        let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+        let client = partner_client(limiter, &calls);
         let barrier = Arc::new(tokio::sync::Barrier::new(tasks as usize));
         let handles: Vec<_> = (0..tasks)
             .map(|i| {
@@ -63,7 +80,7 @@ async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
     let clock = ManualClock::new();
     let limiter = direct_on(Quota::per_second(2).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
-    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    let client = partner_client(limiter, &calls);
     client.clone().oneshot(1).await.unwrap();
     client.clone().oneshot(2).await.unwrap();
     // Refused a hundred times: if any of them spent a permit, the next would come later.
@@ -85,12 +102,18 @@ async fn a_refusal_spends_nothing_and_names_the_quota_and_the_time() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+/// A limiter of one permit a second on tokio's clock, a call waiting up to 1.5 s for its permit.
+fn one_a_second_waiting_up_to_1500ms() -> DirectRateLimiter<Gcra, TokioClock> {
+    tokio_direct(waits_up_to(
+        Quota::per_second(1).unwrap(),
+        Duration::from_millis(1500),
+    ))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
-    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_millis(1500));
-    let limiter = tokio_direct(quota);
     let calls = Arc::new(AtomicUsize::new(0));
-    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    let client = partner_client(one_a_second_waiting_up_to_1500ms(), &calls);
     let start = tokio::time::Instant::now();
     client.clone().oneshot(1).await.unwrap();
     client.clone().oneshot(2).await.unwrap();
@@ -109,10 +132,8 @@ async fn a_call_waits_up_to_max_wait_and_later_ones_fail_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiter_gives_its_reservation_back() {
-    let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_millis(1500));
-    let limiter = tokio_direct(quota);
     let calls = Arc::new(AtomicUsize::new(0));
-    let client = ClientQuotaLayer::new("partner", limiter).layer(counting(calls.clone()));
+    let client = partner_client(one_a_second_waiting_up_to_1500ms(), &calls);
     client.clone().oneshot(1).await.unwrap();
     // Reserves the permit due in 1 s, then is cut by a timeout after 300 ms.
     let cut = tokio::time::timeout(Duration::from_millis(300), client.clone().oneshot(2)).await;

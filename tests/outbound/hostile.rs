@@ -16,6 +16,7 @@ use tower_bulwark::BoxError;
 
 use crate::common::response;
 
+use super::dialects_support::held_with;
 use super::hostile_support::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -28,17 +29,12 @@ use super::hostile_support::*;
 async fn an_older_lenient_answer_does_not_lift_an_exhausted_quota() {
     let (pushback, clock) = manual();
     let (client, calls) = scripted_client(&pushback);
-    let (early_tx, early) = start(&client).await;
-    let (late_tx, late) = start(&client).await;
-    late_tx
-        .send(response(429, &[("ratelimit", r#""p";r=0;t=60"#)]))
-        .unwrap();
-    assert_eq!(late.await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    let early = start(&client).await;
+    let late = start(&client).await;
+    let late = answer_call(late, response(429, &[("ratelimit", r#""p";r=0;t=60"#)])).await;
+    assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(pushback.held_for(), Duration::from_secs(60));
-    early_tx
-        .send(response(200, &[("ratelimit", r#""p";r=5;t=60"#)]))
-        .unwrap();
-    early.await.unwrap();
+    answer_call(early, response(200, &[("ratelimit", r#""p";r=5;t=60"#)])).await;
     assert_eq!(pushback.held_for(), Duration::from_secs(60));
     assert_eq!(refused(&client), Duration::from_secs(60));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -52,16 +48,12 @@ async fn an_older_lenient_answer_does_not_lift_an_exhausted_quota() {
 async fn an_older_answer_does_not_shorten_an_exhausted_window() {
     let (pushback, clock) = manual();
     let (client, calls) = scripted_client(&pushback);
-    let (early_tx, early) = start(&client).await;
-    let (late_tx, late) = start(&client).await;
-    late_tx
-        .send(response(200, &[("ratelimit", r#""p";r=0;t=60"#)]))
-        .unwrap();
-    late.await.unwrap();
-    early_tx
-        .send(response(200, &[("ratelimit", r#""p";r=0;t=1"#)]))
-        .unwrap();
-    early.await.unwrap();
+    answer_out_of_order(
+        &client,
+        response(200, &[("ratelimit", r#""p";r=0;t=60"#)]),
+        response(200, &[("ratelimit", r#""p";r=0;t=1"#)]),
+    )
+    .await;
     clock.advance(Duration::from_secs(1));
     assert_eq!(refused(&client), Duration::from_secs(59));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -72,16 +64,12 @@ async fn an_older_answer_does_not_shorten_an_exhausted_window() {
 async fn an_older_stricter_answer_still_tightens() {
     let (pushback, _clock) = manual();
     let (client, _) = scripted_client(&pushback);
-    let (early_tx, early) = start(&client).await;
-    let (late_tx, late) = start(&client).await;
-    late_tx
-        .send(response(200, &[("ratelimit", r#""p";r=50;t=60"#)]))
-        .unwrap();
-    late.await.unwrap();
-    early_tx
-        .send(response(200, &[("ratelimit", r#""p";r=0;t=30"#)]))
-        .unwrap();
-    early.await.unwrap();
+    answer_out_of_order(
+        &client,
+        response(200, &[("ratelimit", r#""p";r=50;t=60"#)]),
+        response(200, &[("ratelimit", r#""p";r=0;t=30"#)]),
+    )
+    .await;
     assert_eq!(pushback.held_for(), Duration::from_secs(30));
 }
 
@@ -91,22 +79,16 @@ async fn an_older_stricter_answer_still_tightens() {
 async fn a_newer_answer_lifts_what_an_older_one_spent() {
     let (pushback, _clock) = manual();
     let (client, calls) = scripted_client(&pushback);
-    let (early_tx, early) = start(&client).await;
-    let (late_tx, late) = start(&client).await;
-    late_tx
-        .send(response(200, &[("ratelimit", r#""p";r=50;t=60"#)]))
-        .unwrap();
-    late.await.unwrap();
-    early_tx
-        .send(response(200, &[("ratelimit", r#""p";r=0;t=30"#)]))
-        .unwrap();
-    early.await.unwrap();
+    answer_out_of_order(
+        &client,
+        response(200, &[("ratelimit", r#""p";r=50;t=60"#)]),
+        response(200, &[("ratelimit", r#""p";r=0;t=30"#)]),
+    )
+    .await;
     assert_eq!(refused(&client), Duration::from_secs(30));
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=10;t=60"#)]));
     assert_eq!(pushback.held_for(), Duration::ZERO);
-    let (tx, call) = start(&client).await;
-    tx.send(response(200, &[])).unwrap();
-    call.await.unwrap();
+    answer_call(start(&client).await, response(200, &[])).await;
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
@@ -115,17 +97,16 @@ async fn a_newer_answer_lifts_what_an_older_one_spent() {
 async fn a_newer_answer_still_replaces_an_older_one() {
     let (pushback, _clock) = manual();
     let (client, _) = scripted_client(&pushback);
-    let (tx, call) = start(&client).await;
-    tx.send(response(200, &[("ratelimit", r#""p";r=0;t=60"#)]))
-        .unwrap();
-    call.await.unwrap();
+    answer_call(
+        start(&client).await,
+        response(200, &[("ratelimit", r#""p";r=0;t=60"#)]),
+    )
+    .await;
     assert_eq!(pushback.held_for(), Duration::from_secs(60));
     // An answer obtained elsewhere, after it, says the window has reset.
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=10;t=60"#)]));
     assert_eq!(pushback.held_for(), Duration::ZERO);
-    let (tx, call) = start(&client).await;
-    tx.send(response(200, &[])).unwrap();
-    call.await.unwrap();
+    answer_call(start(&client).await, response(200, &[])).await;
 }
 
 /// The answer to call 0 (`r=0;t=1`) arrives after call 1's newer `r=5;t=10`. The older answer
@@ -254,12 +235,7 @@ async fn an_older_answer_tightens_field_by_field() {
     for (newer, older, seconds, most) in cases {
         let (pushback, clock) = manual();
         let (client, calls) = scripted_client(&pushback);
-        let (older_tx, older_call) = start(&client).await;
-        let (newer_tx, newer_call) = start(&client).await;
-        newer_tx.send(response(200, newer)).unwrap();
-        newer_call.await.unwrap();
-        older_tx.send(response(200, older)).unwrap();
-        older_call.await.unwrap();
+        answer_out_of_order(&client, response(200, newer), response(200, older)).await;
         let before = calls.load(Ordering::SeqCst);
         // A call every 100 ms: each either reaches the dependency or is refused at once.
         for _ in 0..seconds * 10 {
@@ -288,16 +264,12 @@ async fn spread_follows_a_newer_looser_answer() {
     let (pushback, clock) = manual_with(Pacing::Spread);
     let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=1;t=60"#)]));
-    let (tx, call) = start(&client).await;
-    tx.send(response(200, &[("ratelimit", r#""p";r=100;t=60"#)]))
-        .unwrap();
-    call.await.unwrap();
+    let looser = response(200, &[("ratelimit", r#""p";r=100;t=60"#)]);
+    answer_call(start(&client).await, looser).await;
     assert!(pushback.held_for() <= Duration::from_millis(600));
     clock.advance(Duration::from_millis(600));
     assert_eq!(pushback.held_for(), Duration::ZERO);
-    let (tx, call) = start(&client).await;
-    tx.send(response(200, &[])).unwrap();
-    call.await.unwrap();
+    answer_call(start(&client).await, response(200, &[])).await;
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -310,16 +282,8 @@ async fn held_for_agrees_with_what_the_next_call_meets() {
     let (pushback, clock) = manual();
     let (client, _) = scripted_client(&pushback);
     let (_slow_tx, slow) = start(&client).await;
-    let (tx, call) = start(&client).await;
-    tx.send(response(
-        200,
-        &[
-            ("ratelimit-policy", r#""p";q=1;w=10"#),
-            ("ratelimit", r#""p";r=0;t=1"#),
-        ],
-    ))
-    .unwrap();
-    call.await.unwrap();
+    let exhausted = spent_for_a_second_under(r#""p";q=1;w=10"#);
+    answer_call(start(&client).await, exhausted).await;
     clock.advance(Duration::from_secs(1));
     let said = pushback.held_for();
     let (_tx, rx) = oneshot::channel();
@@ -352,12 +316,14 @@ fn retry_after_is_decimal_seconds_only() {
         pushback.observe(&answer);
         assert_eq!(pushback.held_for(), Duration::ZERO, "{value:?}");
     }
-    let (pushback, _) = manual();
-    pushback.observe(&response(503, &[("retry-after", " \t7 ")]));
-    assert_eq!(pushback.held_for(), Duration::from_secs(7));
-    let (pushback, _) = manual();
-    pushback.observe(&response(503, &[("retry-after", "5.5")]));
-    assert_eq!(pushback.held_for(), Duration::from_millis(5_500));
+    assert_eq!(
+        held_with(DEFAULT_MAX_HOLD, 503, &[("retry-after", " \t7 ")]),
+        Duration::from_secs(7)
+    );
+    assert_eq!(
+        held_with(DEFAULT_MAX_HOLD, 503, &[("retry-after", "5.5")]),
+        Duration::from_millis(5_500)
+    );
 }
 
 /// RFC 9110 asks recipients to read the obsolete RFC 850 and asctime forms of an HTTP-date.
@@ -368,15 +334,12 @@ fn retry_after_dates_in_obsolete_formats_are_read() {
         "Sunday, 06-Nov-94 08:49:37 GMT",
         "Sun Nov  6 08:49:37 1994",
     ] {
-        let (pushback, _) = manual();
-        pushback.observe(&response(
-            429,
-            &[
-                ("date", "Sun, 06 Nov 1994 08:49:07 GMT"),
-                ("retry-after", value),
-            ],
-        ));
-        assert_eq!(pushback.held_for(), Duration::from_secs(30), "{value:?}");
+        let answered = [
+            ("date", "Sun, 06 Nov 1994 08:49:07 GMT"),
+            ("retry-after", value),
+        ];
+        let held = held_with(DEFAULT_MAX_HOLD, 429, &answered);
+        assert_eq!(held, Duration::from_secs(30), "{value:?}");
     }
 }
 
@@ -390,22 +353,24 @@ fn a_lying_date_field_holds_no_longer_than_max_hold() {
         "Fri, 31 Dec 9999 23:59:59 GMT",
         "not a date",
     ] {
-        let (pushback, _) = manual();
-        pushback.observe(&response(
+        let held = held_with(
+            DEFAULT_MAX_HOLD,
             429,
             &[("date", date), ("retry-after", soon.as_str())],
-        ));
-        assert!(pushback.held_for() <= DEFAULT_MAX_HOLD, "{date}");
+        );
+        assert!(held <= DEFAULT_MAX_HOLD, "{date}");
     }
-    let (pushback, _) = manual();
-    pushback.observe(&response(
-        429,
-        &[
-            ("date", "Thu, 01 Jan 1970 00:00:00 GMT"),
-            ("retry-after", soon.as_str()),
-        ],
-    ));
-    assert_eq!(pushback.held_for(), DEFAULT_MAX_HOLD);
+    assert_eq!(
+        held_with(
+            DEFAULT_MAX_HOLD,
+            429,
+            &[
+                ("date", "Thu, 01 Jan 1970 00:00:00 GMT"),
+                ("retry-after", soon.as_str()),
+            ]
+        ),
+        DEFAULT_MAX_HOLD
+    );
 }
 
 /// `t=0`, `w=0`, `r` above `q`, a repeated parameter (the last one counts, RFC 9651).
@@ -433,33 +398,39 @@ fn degenerate_ratelimit_values() {
 /// Around the seconds / Unix-time boundary of `X-RateLimit-Reset`.
 #[test]
 fn x_ratelimit_reset_around_the_boundary() {
-    let (pushback, _) = manual();
-    pushback.observe(&response(
-        200,
-        &[
-            ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", "999999999"),
-        ],
-    ));
-    assert_eq!(pushback.held_for(), DEFAULT_MAX_HOLD);
-    let (pushback, _) = manual();
-    pushback.observe(&response(
-        200,
-        &[
-            ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", "1000000000"),
-        ],
-    ));
-    assert_eq!(pushback.held_for(), Duration::ZERO);
+    assert_eq!(
+        held_with(
+            DEFAULT_MAX_HOLD,
+            200,
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "999999999"),
+            ]
+        ),
+        DEFAULT_MAX_HOLD
+    );
+    assert_eq!(
+        held_with(
+            DEFAULT_MAX_HOLD,
+            200,
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1000000000"),
+            ]
+        ),
+        Duration::ZERO
+    );
     // Against the server's own Date: 2001-09-09T01:46:40Z is 1 000 000 000.
-    let (pushback, _) = manual();
-    pushback.observe(&response(
-        200,
-        &[
-            ("date", "Sun, 09 Sep 2001 01:46:40 GMT"),
-            ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", "1000000045"),
-        ],
-    ));
-    assert_eq!(pushback.held_for(), Duration::from_secs(45));
+    assert_eq!(
+        held_with(
+            DEFAULT_MAX_HOLD,
+            200,
+            &[
+                ("date", "Sun, 09 Sep 2001 01:46:40 GMT"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1000000045"),
+            ]
+        ),
+        Duration::from_secs(45)
+    );
 }

@@ -63,9 +63,7 @@ async fn a_pushed_back_retry_after_is_exact() {
         // Spend what may go at once.
         let mut answered = Vec::new();
         while pushback.held_for().is_zero() {
-            let (tx, call) = start(&client).await;
-            tx.send(response(200, &[])).unwrap();
-            answered.push(call.await.unwrap());
+            answered.push(answer_call(start(&client).await, response(200, &[])).await);
         }
         for _ in 0..rounds {
             let wait = refused(&client);
@@ -73,9 +71,7 @@ async fn a_pushed_back_retry_after_is_exact() {
             clock.advance(wait - Duration::from_nanos(1));
             assert_eq!(refused(&client), Duration::from_nanos(1), "{headers:?}");
             clock.advance(Duration::from_nanos(1));
-            let (tx, call) = start(&client).await;
-            tx.send(response(200, &[])).unwrap();
-            call.await.unwrap();
+            answer_call(start(&client).await, response(200, &[])).await;
         }
     }
 }
@@ -92,13 +88,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
         .max_hold(Duration::from_secs(30))
         .build();
     let (client, calls) = scripted_client(&pushback);
-    pushback.observe(&response(
-        200,
-        &[
-            ("ratelimit", r#""p";r=0;t=1"#),
-            ("ratelimit-policy", r#""p";q=0;w=10"#),
-        ],
-    ));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
     assert_eq!(refused(&client), Duration::from_secs(30));
     clock.advance(Duration::from_secs(30) - Duration::from_nanos(1));
     assert_eq!(refused(&client), Duration::from_nanos(1));
@@ -112,9 +102,7 @@ async fn a_policy_that_grants_nothing_holds_calls_until_a_probe_after_max_hold()
         .unwrap();
     probe.await.unwrap();
     for _ in 0..2 {
-        let (tx, call) = start(&client).await;
-        tx.send(response(200, &[])).unwrap();
-        call.await.unwrap();
+        answer_call(start(&client).await, response(200, &[])).await;
     }
     assert_eq!(refused(&client), Duration::from_secs(10));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -295,19 +283,11 @@ async fn a_waiter_goes_when_a_newer_answer_ends_its_hold() {
 async fn spread_paces_the_windows_a_policy_grants_too() {
     let (pushback, clock) = manual_with(Pacing::Spread);
     let (client, calls) = scripted_client(&pushback);
-    pushback.observe(&response(
-        200,
-        &[
-            ("ratelimit-policy", r#""p";q=4;w=8"#),
-            ("ratelimit", r#""p";r=0;t=1"#),
-        ],
-    ));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=4;w=8"#));
     assert_eq!(refused(&client), Duration::from_secs(1));
     clock.advance(Duration::from_secs(1));
     for _ in 0..4 {
-        let (tx, call) = start(&client).await;
-        tx.send(response(200, &[])).unwrap();
-        call.await.unwrap();
+        answer_call(start(&client).await, response(200, &[])).await;
         assert_eq!(refused(&client), Duration::from_secs(2));
         clock.advance(Duration::from_secs(2));
     }

@@ -95,6 +95,43 @@ where
     (tx, call)
 }
 
+/// Answers a call [`start`]ed, `(tx, call)`, with `answer`, and waits for what the client
+/// returns.
+pub(crate) async fn answer_call<F>(
+    (tx, call): (oneshot::Sender<Response<()>>, F),
+    answer: Response<()>,
+) -> Response<()>
+where
+    F: Future<Output = Result<Response<()>, BoxError>>,
+{
+    tx.send(answer).unwrap();
+    call.await.unwrap()
+}
+
+/// A 200 whose `RateLimit` field says nothing is left for a second, under the
+/// `RateLimit-Policy` `policy` for the windows after.
+pub(crate) fn spent_for_a_second_under(policy: &str) -> Response<()> {
+    crate::common::response(
+        200,
+        &[
+            ("ratelimit-policy", policy),
+            ("ratelimit", r#""p";r=0;t=1"#),
+        ],
+    )
+}
+
+/// Starts two calls through `client` and answers them out of order: the newer first, with
+/// `newer`, then the older, with `older`.
+pub(crate) async fn answer_out_of_order<S>(client: &S, newer: Response<()>, older: Response<()>)
+where
+    S: Service<oneshot::Receiver<Response<()>>, Response = Response<()>, Error = BoxError> + Clone,
+{
+    let older_call = start(client).await;
+    let newer_call = start(client).await;
+    answer_call(newer_call, newer).await;
+    answer_call(older_call, older).await;
+}
+
 pub(crate) fn is_pushed_back(result: Result<Response<()>, BoxError>) -> Option<Duration> {
     let err = result.err()?;
     assert!(err.is::<PushedBack>(), "{err}");

@@ -17,6 +17,7 @@ use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
 use tower_bulwark::{algorithm::Gcra, KeyedRateLimiter, Quota};
 
+use crate::common::manual_clock_at;
 use crate::common::{paused_runtime, poll_once, waits_up_to};
 use crate::support::{drain, header_key, keyed, Handler};
 
@@ -84,8 +85,7 @@ where
 }
 
 fn frozen(quota: Quota) -> (Keyed<ManualClock>, ManualClock) {
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1_000));
+    let clock = manual_clock_at(Duration::from_secs(1_000));
     (keyed(quota, &clock), clock)
 }
 

@@ -24,10 +24,7 @@ use super::layer_support::*;
 #[tokio::test]
 async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
     let clock = ManualClock::new();
-    let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
-    let app = orders(RateLimitLayer::new(
-        Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
-    ));
+    let app = orders_per_peer("per-ip", Quota::per_second(10).unwrap(), &clock);
     let client = peer("203.0.113.9");
 
     for i in 0..10 {
@@ -81,10 +78,7 @@ async fn ten_pass_the_eleventh_is_refused_and_a_second_later_one_passes() {
 async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_body() {
     let clock = ManualClock::new();
     let name = r#"say "hi" \ twice"#;
-    let limiter = keyed(Quota::per_hour(1).unwrap(), &clock);
-    let app = orders(RateLimitLayer::new(
-        Policy::new(name, PeerIp::new(), limiter).unwrap(),
-    ));
+    let app = orders_per_peer(name, Quota::per_hour(1).unwrap(), &clock);
     let client = peer("198.51.100.4");
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
 
@@ -106,10 +100,7 @@ async fn a_policy_name_with_quotes_and_backslashes_is_escaped_in_headers_and_bod
 #[tokio::test]
 async fn retry_after_rounds_up_and_is_never_zero() {
     let clock = ManualClock::new();
-    let limiter = keyed(Quota::per_minute(1).unwrap(), &clock);
-    let app = orders(RateLimitLayer::new(
-        Policy::new("slow", PeerIp::new(), limiter).unwrap(),
-    ));
+    let app = orders_per_peer("slow", Quota::per_minute(1).unwrap(), &clock);
     let client = peer("198.51.100.1");
     assert_eq!(send(&app, client, &[]).await.status(), StatusCode::OK);
     clock.advance(Duration::from_millis(500));

@@ -115,28 +115,17 @@ async fn an_erroring_a_refusing_and_a_waiting_policy_give_one_clean_429() {
     // Spend both, so the request is refused by one and would wait on the other.
     assert!(refusing.check(&ip).allowed);
     assert!(waiting.check(&ip).allowed);
+    let broken = BoxLimiter::new(Broken(Quota::per_second(3).unwrap()));
+    let policies = Policy::new("broken", PeerIp::new(), broken)
+        .unwrap()
+        .and(Policy::new("refusing", PeerIp::new(), BoxLimiter::new(refusing.clone())).unwrap())
+        .and(Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone())).unwrap());
+    let layer = RateLimitLayer::new(policies)
+        .limiter_error_mode(FailMode::Open)
+        .with_legacy_headers();
     let app = Router::new()
         .route("/orders", get(|| async { "ok" }))
-        .route_layer(
-            RateLimitLayer::new(
-                Policy::new(
-                    "broken",
-                    PeerIp::new(),
-                    BoxLimiter::new(Broken(Quota::per_second(3).unwrap())),
-                )
-                .unwrap()
-                .and(
-                    Policy::new("refusing", PeerIp::new(), BoxLimiter::new(refusing.clone()))
-                        .unwrap(),
-                )
-                .and(
-                    Policy::new("waiting", PeerIp::new(), BoxLimiter::new(waiting.clone()))
-                        .unwrap(),
-                ),
-            )
-            .limiter_error_mode(FailMode::Open)
-            .with_legacy_headers(),
-        )
+        .route_layer(layer)
         .layer(MockConnectInfo(client));
     let start = tokio::time::Instant::now();
     let refused = app.clone().oneshot(get_orders()).await.unwrap();

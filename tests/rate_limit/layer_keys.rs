@@ -22,10 +22,7 @@ use super::layer_support::*;
 #[tokio::test]
 async fn clients_have_their_own_budgets_and_ipv6_is_keyed_by_its_64() {
     let clock = ManualClock::new();
-    let limiter = keyed(Quota::per_second(2).unwrap(), &clock);
-    let app = orders(RateLimitLayer::new(
-        Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
-    ));
+    let app = orders_per_peer("per-ip", Quota::per_second(2).unwrap(), &clock);
     for client in ["192.0.2.1", "192.0.2.2"] {
         for _ in 0..2 {
             assert_eq!(send(&app, peer(client), &[]).await.status(), StatusCode::OK);

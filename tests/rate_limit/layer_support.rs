@@ -17,14 +17,23 @@ use bytes::Bytes;
 use http::Request;
 use tokio::sync::watch;
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{PolicySet, RateLimitLayer};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::rate_limit::{PeerIp, Policy, PolicySet, RateLimitLayer};
 use tower_bulwark::{limiter::Decision, BoxError, Limiter, Quota};
+
+use crate::support::keyed;
 
 /// The `/orders` route behind `layer`.
 pub(crate) fn orders<P: PolicySet>(layer: RateLimitLayer<P>) -> Router {
     Router::new()
         .route("/orders", get(|| async { "ok" }))
         .route_layer(layer)
+}
+
+/// The `/orders` route behind one policy, `name`, of `quota` on `clock` per peer address.
+pub(crate) fn orders_per_peer(name: &str, quota: Quota, clock: &ManualClock) -> Router {
+    let per_peer = Policy::new(name, PeerIp::new(), keyed(quota, clock)).unwrap();
+    orders(RateLimitLayer::new(per_peer))
 }
 
 /// The `/orders` route behind `layer`, and the count of the requests that reach its handler.

@@ -23,6 +23,19 @@ use tower_bulwark::{algorithm::SlidingLog, clock::ManualClock, Limiter, Quota};
 
 use super::layer_support::*;
 
+/// The status `app` answers a GET of `/orders` with.
+async fn status_of(app: &Router) -> StatusCode {
+    app.clone().oneshot(get_orders()).await.unwrap().status()
+}
+
+/// A GET of `/orders` through `app`, polled once: it holds a permit that is not yet due and
+/// waits for it.
+fn waiting_for_a_permit(app: &Router) -> impl std::future::Future + Unpin {
+    let mut request = Box::pin(app.clone().oneshot(get_orders()));
+    assert!(poll_once(Pin::new(&mut request)).is_pending());
+    request
+}
+
 /// The `/orders` route of one request a second per peer, a request waiting up to a second for
 /// its permit, sent from one peer on tokio's clock; and the count of the requests that reach its
 /// handler.
@@ -38,10 +51,7 @@ fn one_a_second_waiting_app() -> (Router, Arc<AtomicUsize>) {
 async fn a_request_waits_for_its_permit_then_proceeds() {
     let (app, hits) = one_a_second_waiting_app();
     let start = tokio::time::Instant::now();
-    assert_eq!(
-        app.clone().oneshot(get_orders()).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app).await, StatusCode::OK);
     assert_eq!(start.elapsed(), Duration::ZERO);
     // The second permit falls due in one second: the request waits for it, then passes.
     let waited = app.clone().oneshot(get_orders()).await.unwrap();
@@ -49,14 +59,9 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
     assert_eq!(start.elapsed(), Duration::from_secs(1));
     assert_eq!(hits.load(Ordering::SeqCst), 2);
     // Two permits ahead would be a wait of two seconds, more than `max_wait`: refused at once.
-    assert_eq!(
-        app.clone().oneshot(get_orders()).await.unwrap().status(),
-        StatusCode::OK
-    );
-    let mut third = Box::pin(app.clone().oneshot(get_orders()));
-    assert!(poll_once(Pin::new(&mut third)).is_pending());
-    let refused = app.clone().oneshot(get_orders()).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status_of(&app).await, StatusCode::OK);
+    let third = waiting_for_a_permit(&app);
+    assert_eq!(status_of(&app).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(2),
@@ -68,17 +73,12 @@ async fn a_request_waits_for_its_permit_then_proceeds() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_waiting_request_gives_its_permit_back() {
     let (app, hits) = one_a_second_waiting_app();
-    assert_eq!(
-        app.clone().oneshot(get_orders()).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(status_of(&app).await, StatusCode::OK);
 
     // This one holds the next permit and waits for it...
-    let mut waiting = Box::pin(app.clone().oneshot(get_orders()));
-    assert!(poll_once(Pin::new(&mut waiting)).is_pending());
+    let waiting = waiting_for_a_permit(&app);
     // ...so another would have to wait two seconds, and is refused.
-    let refused = app.clone().oneshot(get_orders()).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status_of(&app).await, StatusCode::TOO_MANY_REQUESTS);
 
     // The waiting client goes away: its permit comes back, and the next request gets it.
     drop(waiting);

@@ -7,7 +7,7 @@
 //! budget, drained permit by permit), never against a fake.
 
 use crate::common::keyed_on;
-use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
+use crate::common::{in_bursts_of, manual_clock_at, paused_runtime, waits_up_to, Rng};
 use crate::support::{drain, header_cost, header_key, with_admitted_headers};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +19,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::clock::{Clock, ManualClock};
+use tower_bulwark::clock::Clock;
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
@@ -132,6 +132,20 @@ fn ok_count(results: &[Raced]) -> usize {
         .count()
 }
 
+/// An app answering "ok" at `/r` behind `layer`.
+fn ok_at_r<L>(layer: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<Request<Body>> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Response: axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Error: Into<std::convert::Infallible> + 'static,
+    <L::Service as tower::Service<Request<Body>>>::Future: Send + 'static,
+{
+    Router::new()
+        .route("/r", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exact limits under contention
 // ---------------------------------------------------------------------------------------------
@@ -141,8 +155,7 @@ fn ok_count(results: &[Raced]) -> usize {
 #[test]
 fn check_admits_exactly_the_limit_under_contention() {
     for (round, limit) in [1u32, 2, 7, 10, 64].repeat(20).into_iter().enumerate() {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(1_000));
+        let clock = manual_clock_at(Duration::from_secs(1_000));
         let limiter = keyed_on::<String, _>(Quota::per_second(limit).unwrap(), &clock);
         let key = format!("hot-{round}");
         let barrier = Arc::new(Barrier::new(8));
@@ -183,8 +196,7 @@ fn check_admits_exactly_the_limit_under_contention() {
 #[test]
 fn reserve_with_costs_spends_exactly_the_burst_under_contention() {
     for round in 0..100u64 {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(50));
+        let clock = manual_clock_at(Duration::from_secs(50));
         let limiter = keyed_on::<String, _>(Quota::per_second(25).unwrap(), &clock);
         let key = format!("costly-{round}");
         let barrier = Arc::new(Barrier::new(8));
@@ -231,8 +243,7 @@ fn reserve_with_costs_spends_exactly_the_burst_under_contention() {
 #[test]
 fn reservations_are_exact_under_contention() {
     for round in 0..50 {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(7));
+        let clock = manual_clock_at(Duration::from_secs(7));
         let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(500));
         let limiter = keyed_on::<String, _>(quota, &clock);
         let key = format!("waiters-{round}");
@@ -358,9 +369,7 @@ fn out_of_order_readings_on_a_fresh_key_admit_exactly_the_burst() {
         let clock = SkewClock::at(Duration::from_secs(40_000));
         let limiter = keyed_on::<String, _>(Quota::per_second(10).unwrap(), &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
-        let app = Router::new()
-            .route("/r", get(|| async { "ok" }))
-            .route_layer(RateLimitLayer::new(policy).without_admitted_headers());
+        let app = ok_at_r(RateLimitLayer::new(policy).without_admitted_headers());
         let key = format!("fresh-{round}");
         // Each racing thread reads at a near skew (race_http sets SKEWS; override per request).
         let results = race_http(app, 8, 4, move |t, _| {
@@ -384,11 +393,7 @@ fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
             assert!(limiter.check(&"t".to_string()).allowed);
             set_skew(0);
             let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
-            let layer = RateLimitLayer::new(policy);
-            let layer = with_admitted_headers(layer, headers);
-            let app = Router::new()
-                .route("/r", get(|| async { "ok" }))
-                .route_layer(layer);
+            let app = ok_at_r(with_admitted_headers(RateLimitLayer::new(policy), headers));
             let results = race_http(app, 8, 6, |_, _| request("t", "-", 1));
             assert_eq!(ok_count(&results), 9, "headers {headers}, round {round}");
             for (status, retry, _) in &results {
@@ -410,15 +415,12 @@ fn http_layer_admits_exactly_the_limit_under_contention_and_stale_clocks() {
 #[test]
 fn http_fast_path_with_costs_spends_exactly_the_burst() {
     for round in 0..12u64 {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(3));
+        let clock = manual_clock_at(Duration::from_secs(3));
         let limiter = keyed_on::<String, _>(Quota::per_second(30).unwrap(), &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone())
             .unwrap()
             .cost_by(header_cost("x-cost"));
-        let app = Router::new()
-            .route("/r", get(|| async { "ok" }))
-            .route_layer(RateLimitLayer::new(policy).without_admitted_headers());
+        let app = ok_at_r(RateLimitLayer::new(policy).without_admitted_headers());
         // A cost of 31 can never fit: refused, nothing spent.
         let too_big = paused_runtime()
             .block_on(app.clone().oneshot(request("t", "-", 31)))
@@ -452,16 +454,11 @@ fn http_fast_path_with_costs_spends_exactly_the_burst() {
 #[test]
 fn http_fast_path_with_waits_is_exact_under_contention() {
     for headers in [false, true] {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(5));
+        let clock = manual_clock_at(Duration::from_secs(5));
         let quota = waits_up_to(Quota::per_second(10).unwrap(), Duration::from_millis(400));
         let limiter = keyed_on::<String, _>(quota, &clock);
         let policy = Policy::new("tenant", header_key("x-tenant"), limiter.clone()).unwrap();
-        let layer = RateLimitLayer::new(policy);
-        let layer = with_admitted_headers(layer, headers);
-        let app = Router::new()
-            .route("/r", get(|| async { "ok" }))
-            .route_layer(layer);
+        let app = ok_at_r(with_admitted_headers(RateLimitLayer::new(policy), headers));
         let results = race_http(app, 8, 4, |_, _| request("t", "-", 1));
         assert_eq!(ok_count(&results), 14, "headers {headers}");
         // Each admitted request waited exactly its reservation: 0 for ten, then 100 ms to
@@ -488,8 +485,7 @@ fn http_fast_path_with_waits_is_exact_under_contention() {
 #[test]
 fn a_veto_leaves_the_first_policy_untouched_under_contention() {
     for cost in [1u32, 5] {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(100));
+        let clock = manual_clock_at(Duration::from_secs(100));
         let tenants = keyed_on::<String, _>(Quota::per_hour(100).unwrap(), &clock);
         let gates = keyed_on::<String, _>(Quota::per_hour(3).unwrap(), &clock);
         // The closed gate is spent before the race.
@@ -499,11 +495,10 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
             .cost(cost)
             .and(Policy::new("gate", header_key("x-gate"), gates.clone()).unwrap());
         for headers in [false, true] {
-            let layer = RateLimitLayer::new(policies.clone());
-            let layer = with_admitted_headers(layer, headers);
-            let app = Router::new()
-                .route("/r", get(|| async { "ok" }))
-                .route_layer(layer);
+            let app = ok_at_r(with_admitted_headers(
+                RateLimitLayer::new(policies.clone()),
+                headers,
+            ));
             let results = race_http(app.clone(), 8, 5, |_, _| request("t", "closed", 1));
             assert_eq!(ok_count(&results), 0);
             let results = race_http(app, 8, 5, move |_, _| {
@@ -528,8 +523,7 @@ fn a_veto_leaves_the_first_policy_untouched_under_contention() {
 #[test]
 fn the_layer_decides_as_a_twin_that_saw_only_unvetoed_requests() {
     for seed in 1..=12u64 {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(1));
+        let clock = manual_clock_at(Duration::from_secs(1));
         let quota = waits_up_to(
             in_bursts_of(Quota::per_second(4).unwrap(), 3),
             Duration::from_millis(600),

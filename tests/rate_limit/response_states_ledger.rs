@@ -2,6 +2,7 @@
 //! limiters that decide later, missing keys, exempt paths) decides all-or-nothing exactly as a
 //! twin model does, with the exact remainings in its headers.
 
+use crate::common::manual_clock_at;
 use crate::common::{in_bursts_of, paused_runtime, waits_up_to, Rng};
 use crate::support::{header_cost, keyed, Slow};
 use std::time::Duration;
@@ -88,6 +89,21 @@ enum Modeled {
     GivenBack,
 }
 
+impl Modeled {
+    /// Gives an admission back to its twin limiter `twin`, leaving it `GivenBack`.
+    fn give_back_to(&mut self, twin: &Keyed) {
+        let Modeled::Admitted {
+            decision,
+            key,
+            cost,
+        } = std::mem::replace(self, Modeled::GivenBack)
+        else {
+            unreachable!("only an admission is given back")
+        };
+        twin.refund(&key, cost, decision);
+    }
+}
+
 /// Layers of 1, 2, 4, 5 and 8 policies (inside and past the ledger's four inline slots), each
 /// policy with a random quota (some that make requests wait), shadow mode (silent or advertised), `count_if`, a limiter that decides
 /// later or at once; requests with random costs (0 skips, 9 can never be admitted), missing
@@ -111,8 +127,7 @@ fn every_layer_shape_decides_all_or_nothing_as_the_model_does() {
             let specs: Vec<Spec> = (0..n)
                 .map(|_| random_spec(&mut rng, n == 1 && seed < 3))
                 .collect();
-            let clock = ManualClock::new();
-            clock.set(Duration::from_secs(1));
+            let clock = manual_clock_at(Duration::from_secs(1));
             let reals: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
             let twins: Vec<Keyed> = specs.iter().map(|s| keyed(s.quota, &clock)).collect();
             let policies: Vec<Policy<HeaderKey, BoxLimiter<HeaderValue>>> = specs
@@ -249,15 +264,7 @@ async fn run_model(
         if key_error || refused {
             for i in (0..modeled.len()).rev() {
                 if let Modeled::Admitted { .. } = modeled[i] {
-                    let Modeled::Admitted {
-                        decision,
-                        key,
-                        cost,
-                    } = std::mem::replace(&mut modeled[i], Modeled::GivenBack)
-                    else {
-                        unreachable!()
-                    };
-                    twins[i].refund(&key, cost, decision);
+                    modeled[i].give_back_to(&twins[i]);
                 }
             }
         } else {
@@ -274,15 +281,7 @@ async fn run_model(
                 let mut remaining = remaining;
                 if specs[i].count_if && answer != 500 {
                     remaining = (remaining + u64::from(cost)).min(limit);
-                    let Modeled::Admitted {
-                        decision,
-                        key,
-                        cost,
-                    } = std::mem::replace(&mut modeled[i], Modeled::GivenBack)
-                    else {
-                        unreachable!()
-                    };
-                    twins[i].refund(&key, cost, decision);
+                    modeled[i].give_back_to(&twins[i]);
                 }
                 reported[i] = Some(remaining.min(specs[i].q));
             }

@@ -100,6 +100,47 @@ fn tokens_policy(
     }
 }
 
+/// A limiter of 10 000 tokens a minute per tenant, on `clock`.
+fn ten_thousand_a_minute(
+    clock: &ManualClock,
+) -> tower_bulwark::KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock> {
+    keyed::<String>(Quota::per_minute(10_000).unwrap(), clock)
+}
+
+/// The tokens policy on `limiter` over a handler that reports usage in a header.
+fn reported_in_a_header(
+    limiter: &tower_bulwark::KeyedRateLimiter<String, tower_bulwark::algorithm::Gcra, ManualClock>,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = Response<Body>,
+    Error = impl std::fmt::Debug,
+    Future = impl Send,
+> + Clone {
+    RateLimitLayer::new(tokens_policy(limiter, Report::Header))
+        .layer(handler(Report::Header, Arc::default()))
+}
+
+/// Asserts that `service` refuses a request of 1 token with a `Retry-After` of `secs`.
+async fn assert_refused_for<S>(service: &S, secs: u64)
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let refused = service.clone().oneshot(request(1, 1)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), Some(secs));
+}
+
+/// The `RateLimit` field of the response `service` answers `request` with.
+async fn ratelimit_field<S>(service: &S, request: Request<Body>) -> String
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let response = service.clone().oneshot(request).await.unwrap();
+    response.headers()["ratelimit"].to_str().unwrap().to_owned()
+}
+
 /// 10 000 tokens a minute; each request reserves 1 000 and uses 500: nineteen are admitted, not
 /// ten (the twentieth needs 1 000 where 500 are left), and its refusal speaks in tokens: its
 /// Retry-After is when 500 more are back, 3 s at one token every 6 ms. Whichever way the usage
@@ -108,7 +149,7 @@ fn tokens_policy(
 async fn a_tenant_gets_the_tokens_it_used_not_the_tokens_it_asked_for() {
     for report in [Report::Header, Report::Json, Report::Sse(7), Report::Sse(1)] {
         let clock = ManualClock::new();
-        let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+        let limiter = ten_thousand_a_minute(&clock);
         let calls = Arc::new(AtomicUsize::new(0));
         let service = RateLimitLayer::new(tokens_policy(&limiter, report))
             .wrap_body()
@@ -134,20 +175,15 @@ async fn a_tenant_gets_the_tokens_it_used_not_the_tokens_it_asked_for() {
 #[tokio::test]
 async fn the_admitted_headers_count_in_tokens_after_the_settle() {
     let clock = ManualClock::new();
-    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
-    let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Header))
-        .layer(handler(Report::Header, Arc::default()));
-    let response = service.clone().oneshot(request(4000, 3000)).await.unwrap();
-    let fields = response.headers()["ratelimit"].to_str().unwrap();
-    assert!(fields.contains("r=7000"), "{fields}");
-    // Debt: 12 000 used of 10 000 on the next; the field says nothing is left.
-    let response = service.clone().oneshot(request(4000, 9000)).await.unwrap();
-    let fields = response.headers()["ratelimit"].to_str().unwrap();
-    assert!(fields.contains("r=0"), "{fields}");
+    let limiter = ten_thousand_a_minute(&clock);
+    let service = reported_in_a_header(&limiter);
+    // Debt: 12 000 used of 10 000 on the second; the field says nothing is left.
+    for (max, used, left) in [(4000, 3000, "r=7000"), (4000, 9000, "r=0")] {
+        let fields = ratelimit_field(&service, request(max, used)).await;
+        assert!(fields.contains(left), "{fields}");
+    }
     // 2 000 tokens of debt (12 s) before the next token: the refusal says 13 s (rounded up).
-    let refused = service.clone().oneshot(request(1, 1)).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(retry_after(&refused), Some(13));
+    assert_refused_for(&service, 13).await;
 }
 
 /// The admitted response's `RateLimit` field tells when the key is whole again after the
@@ -159,41 +195,22 @@ async fn the_admitted_headers_count_in_tokens_after_the_settle() {
 #[tokio::test]
 async fn the_headers_after_a_settle_tell_when_the_key_is_whole_again() {
     let clock = ManualClock::new();
-    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
-    let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Header))
-        .layer(handler(Report::Header, Arc::default()));
-    let field =
-        |response: &Response<Body>| response.headers()["ratelimit"].to_str().unwrap().to_owned();
-    let response = service.clone().oneshot(request(9000, 9000)).await.unwrap();
-    assert!(
-        field(&response).ends_with("r=1000;t=54"),
-        "{}",
-        field(&response)
-    );
-    let response = service.clone().oneshot(request(1000, 100)).await.unwrap();
-    assert!(
-        field(&response).ends_with("r=900;t=55"),
-        "{}",
-        field(&response)
-    );
-    let response = service.clone().oneshot(request(100, 900)).await.unwrap();
-    assert!(
-        field(&response).ends_with("r=0;t=60"),
-        "{}",
-        field(&response)
-    );
+    let limiter = ten_thousand_a_minute(&clock);
+    let service = reported_in_a_header(&limiter);
+    for (max, used, state) in [
+        (9000, 9000, "r=1000;t=54"),
+        (1000, 100, "r=900;t=55"),
+        (100, 900, "r=0;t=60"),
+    ] {
+        let field = ratelimit_field(&service, request(max, used)).await;
+        assert!(field.ends_with(state), "{field}");
+    }
     // Let 10 tokens come back (60 ms), then settle 10 to 2 000.
     clock.advance(std::time::Duration::from_millis(60));
-    let response = service.clone().oneshot(request(10, 2000)).await.unwrap();
-    assert!(
-        field(&response).ends_with("r=0;t=72"),
-        "{}",
-        field(&response)
-    );
-    let refused = service.clone().oneshot(request(1, 1)).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let field = ratelimit_field(&service, request(10, 2000)).await;
+    assert!(field.ends_with("r=0;t=72"), "{field}");
     // 1 990 tokens of debt (11.94 s) and the one asked for: 12 s.
-    assert_eq!(retry_after(&refused), Some(12));
+    assert_refused_for(&service, 12).await;
 }
 
 /// A body dropped before its end settles to what it had read: an event stream whose usage
@@ -201,26 +218,20 @@ async fn the_headers_after_a_settle_tell_when_the_key_is_whole_again() {
 #[tokio::test]
 async fn a_body_dropped_half_way_settles_to_what_was_read() {
     let clock = ManualClock::new();
-    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let limiter = ten_thousand_a_minute(&clock);
     let service = RateLimitLayer::new(tokens_policy(&limiter, Report::Sse(16)))
         .wrap_body()
         .layer(handler(Report::Sse(16), Arc::default()));
+    let body_of_a_request = || async {
+        let response = service.clone().oneshot(request(1000, 10)).await.unwrap();
+        response.into_body()
+    };
     // Read one chunk, then drop: the usage event has not gone by; 1 000 stay spent.
-    let mut body = service
-        .clone()
-        .oneshot(request(1000, 10))
-        .await
-        .unwrap()
-        .into_body();
+    let mut body = body_of_a_request().await;
     body.frame().await.unwrap().unwrap();
     drop(body);
     // Read all but the last chunk (the usage event went by), then drop: settled to 10.
-    let mut body = service
-        .clone()
-        .oneshot(request(1000, 10))
-        .await
-        .unwrap()
-        .into_body();
+    let mut body = body_of_a_request().await;
     let mut read = Vec::new();
     while let Some(frame) = body.frame().await {
         read.extend_from_slice(frame.unwrap().data_ref().unwrap());
@@ -238,7 +249,7 @@ async fn a_body_dropped_half_way_settles_to_what_was_read() {
 #[tokio::test]
 async fn a_refused_request_settles_nothing_and_a_bad_settle_keeps_the_estimate() {
     let clock = ManualClock::new();
-    let tokens = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let tokens = ten_thousand_a_minute(&clock);
     let per_tenant = keyed::<String>(Quota::per_minute(2).unwrap(), &clock);
     let calls = Arc::new(AtomicUsize::new(0));
     let policies = tokens_policy(&tokens, Report::Header)
@@ -253,7 +264,7 @@ async fn a_refused_request_settles_nothing_and_a_bad_settle_keeps_the_estimate()
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(drain(&tokens, "t"), 10_000 - 20);
 
-    let tokens = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let tokens = ten_thousand_a_minute(&clock);
     let panics = Policy::new("tokens", header_key("x-tenant"), tokens.clone())
         .unwrap()
         .cost_by(header_cost("x-max-tokens"))
@@ -274,7 +285,7 @@ async fn a_refused_request_settles_nothing_and_a_bad_settle_keeps_the_estimate()
 #[should_panic(expected = "the rate-limit policy `tokens` settles its cost from the response body")]
 fn a_body_settle_without_wrap_body_is_refused_when_the_layer_is_applied() {
     let clock = ManualClock::new();
-    let limiter = keyed::<String>(Quota::per_minute(10_000).unwrap(), &clock);
+    let limiter = ten_thousand_a_minute(&clock);
     let _ = RateLimitLayer::new(tokens_policy(&limiter, Report::Json))
         .layer(handler(Report::Json, Arc::default()));
 }

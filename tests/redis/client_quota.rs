@@ -40,17 +40,23 @@ fn get(server: &MockServer) -> reqwest::Request {
     reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap())
 }
 
+/// A partner API (a wiremock server) that answers every GET with a 200.
+async fn partner_answering_200() -> MockServer {
+    let partner = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&partner)
+        .await;
+    partner
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_separately_built_clients_share_one_quota_exactly() {
     let Some(redis) = RedisServer::start("two_separately_built_clients_share_one_quota_exactly")
     else {
         return;
     };
-    let partner = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&partner)
-        .await;
+    let partner = partner_answering_200().await;
     let quota = Quota::per_hour(25).unwrap();
     let first = instance(&redis, quota).await;
     let second = instance(&redis, quota).await;
@@ -98,11 +104,7 @@ async fn a_waiter_dropped_in_one_instance_leaves_its_permit_for_the_other() {
     else {
         return;
     };
-    let partner = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&partner)
-        .await;
+    let partner = partner_answering_200().await;
     // One call per 2 s, and a caller may wait up to 3 s.
     let quota = waits_up_to(
         Quota::with_period(1, Duration::from_secs(2)).unwrap(),

@@ -26,38 +26,50 @@ async fn get_orders(app: &Router) -> StatusCode {
     app.clone().oneshot(req).await.unwrap().status()
 }
 
+/// Calls number `calls` of a tenant, even ones to `a` and odd ones to `b`: how many were
+/// answered OK.
+async fn ok_taking_turns(a: &Router, b: &Router, calls: std::ops::Range<usize>) -> usize {
+    let mut ok = 0;
+    for i in calls {
+        let app = if i % 2 == 0 { a } else { b };
+        if get_orders(app).await == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    ok
+}
+
 #[tokio::test]
 async fn two_registries_on_one_redis_share_one_quota() {
     let Some(server) = RedisServer::start("two_registries_on_one_redis_share_one_quota") else {
         return;
     };
-    let config = format!(
-        r#"
-        [rate_limiters.shared]
-        limit_for_period = 3
-        limit_refresh_period = "1h"
-        algorithm = "sliding_log"
-        key = "header:x-api-key"
-        store = "redis"
-        redis_url = "{}"
-        redis_prefix = "config-test:"
-        "#,
-        server.url()
-    );
+    let extra = "algorithm = \"sliding_log\"\nredis_prefix = \"config-test:\"";
+    let config = shared_on_redis(&server.url(), extra);
     // Two instances of a service, each with its own registry and connection.
     let a = app(&Registry::from_toml_str(&config).unwrap());
     let b = app(&Registry::from_toml_str(&config).unwrap());
-    let mut ok = 0;
-    for i in 0..8 {
-        let app = if i % 2 == 0 { &a } else { &b };
-        if get_orders(app).await == StatusCode::OK {
-            ok += 1;
-        }
-    }
+    let ok = ok_taking_turns(&a, &b, 0..8).await;
     assert_eq!(ok, 3, "one quota of 3 across both instances");
     // The state lives in Redis under the configured prefix (the reply's first line counts keys).
     let keys = server.command(&["KEYS", "config-test:*{tenant-7}*"]);
     assert!(keys.starts_with('*') && keys != "*0", "{keys}");
+}
+
+/// A file of one rate limiter, `shared`, of 3 an hour keyed by `x-api-key`, in the Redis at
+/// `url`, with the further settings `extra` (TOML lines).
+fn shared_on_redis(url: &str, extra: &str) -> String {
+    format!(
+        r#"
+        [rate_limiters.shared]
+        limit_for_period = 3
+        limit_refresh_period = "1h"
+        key = "header:x-api-key"
+        store = "redis"
+        redis_url = "{url}"
+        {extra}
+        "#
+    )
 }
 
 #[tokio::test]
@@ -68,20 +80,9 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
         .local_addr()
         .unwrap()
         .port();
-    let config = |policy: &str| {
-        format!(
-            r#"
-            [rate_limiters.shared]
-            limit_for_period = 3
-            limit_refresh_period = "1h"
-            key = "header:x-api-key"
-            store = "redis"
-            redis_url = "redis://127.0.0.1:{port}/"
-            redis_timeout = "200ms"
-            {policy}
-            "#
-        )
-    };
+    let url = format!("redis://127.0.0.1:{port}/");
+    let config =
+        |policy: &str| shared_on_redis(&url, &format!("redis_timeout = \"200ms\"\n{policy}"));
     let open_registry = Registry::from_toml_str(&config("redis_fail_mode = \"open\"")).unwrap();
     let closed_registry = Registry::from_toml_str(&config("redis_fail_mode = \"closed\"")).unwrap();
     let open = app(&open_registry);
@@ -180,11 +181,7 @@ async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_
         )
     };
     let registry = Registry::from_toml_str(&config(10)).unwrap();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = server.connection().await;
     async fn admitted(registry: &Registry, name: &str, n: usize) -> usize {
         let limiter = registry.rate_limiter(name).unwrap();
         let mut count = 0;
@@ -233,38 +230,19 @@ async fn leases_from_the_file_share_one_quota_exactly() {
     let Some(server) = RedisServer::start("leases_from_the_file_share_one_quota_exactly") else {
         return;
     };
-    let config = |extra: &str| {
-        format!(
-            r#"
-            [rate_limiters.shared]
-            limit_for_period = 3
-            limit_refresh_period = "1h"
-            key = "header:x-api-key"
-            store = "redis"
-            redis_url = "{}"
-            redis_prefix = "config-lease:"
-            {extra}
-            "#,
-            server.url()
-        )
-    };
+    let url = server.url();
+    let config =
+        |extra: &str| shared_on_redis(&url, &format!("redis_prefix = \"config-lease:\"\n{extra}"));
     let leased =
         config("redis_leases = true\nredis_lease_max_share = 2\nredis_lease_length = \"1s\"");
     let registry_a = Registry::from_toml_str(&leased).unwrap();
     let a = app(&registry_a);
     let b = app(&Registry::from_toml_str(&leased).unwrap());
-    let mut ok = 0;
-    for i in 0..8 {
-        let app = if i % 2 == 0 { &a } else { &b };
-        if get_orders(app).await == StatusCode::OK {
-            ok += 1;
-        }
-        if i == 0 {
-            // The first call took a lease, which the key in Redis holds until it comes back.
-            let state = server.command(&["GET", "config-lease:{tenant-7}"]);
-            assert!(state.contains(';'), "no lease in {state:?}");
-        }
-    }
+    let mut ok = ok_taking_turns(&a, &b, 0..1).await;
+    // The first call took a lease, which the key in Redis holds until it comes back.
+    let state = server.command(&["GET", "config-lease:{tenant-7}"]);
+    assert!(state.contains(';'), "no lease in {state:?}");
+    ok += ok_taking_turns(&a, &b, 1..8).await;
     assert_eq!(ok, 3, "one quota of 3 across both instances");
     #[cfg(feature = "metrics")]
     {

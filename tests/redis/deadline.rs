@@ -131,11 +131,7 @@ async fn decisions_queued_while_redis_was_stopped_spend_nothing_when_it_resumes(
         log.redis_key("k"),
         counter.redis_key("k"),
     ];
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = server.connection().await;
     let mut before = Vec::new();
     for key in &keys {
         before.push(state(&mut conn, key).await);
@@ -192,6 +188,37 @@ async fn refused_by_the_fail_mode(task: tokio::task::JoinHandle<(bool, Duration)
 
 /// Waits until a decision on another key comes from Redis (the fail mode refuses, a fresh key is
 /// admitted): the resumed server has then run the scripts queued before it.
+/// Admits one request of key `k` on `limiter`: its Redis key, a plain connection to `server`
+/// and the key's state then.
+async fn one_admitted(
+    limiter: &RedisRateLimiter,
+    server: &RedisServer,
+) -> (String, redis::aio::MultiplexedConnection, String) {
+    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
+    let key = limiter.redis_key("k");
+    let mut conn = server.connection().await;
+    let before = state(&mut conn, &key).await;
+    (key, conn, before)
+}
+
+/// Once Redis answers again (see [`barrier`]), asserts that the scripts the stall held up
+/// changed nothing: the key's state is still `before` and the quota of 10 is whole but for the
+/// one admitted.
+async fn assert_nothing_spent(
+    limiter: &RedisRateLimiter,
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    before: &str,
+) {
+    barrier(limiter).await;
+    assert_eq!(state(conn, key).await, before, "nothing spent");
+    assert_eq!(
+        admitted_until_refused(limiter).await,
+        9,
+        "the quota is whole"
+    );
+}
+
 async fn barrier(limiter: &RedisRateLimiter) {
     let give_up = Instant::now() + Duration::from_secs(10);
     while !limiter.reserve(&"barrier", 1).await.unwrap().allowed {
@@ -217,14 +244,7 @@ async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
         .await
         .unwrap();
     let limiter = build::<Gcra>(&RedisStore::from_manager(manager), "stall:");
-    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
-    let key = limiter.redis_key("k");
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let before = state(&mut conn, &key).await;
+    let (key, mut conn, before) = one_admitted(&limiter, &server).await;
 
     let stopped = Stopped::stop(pid(&server));
     for task in queue(&limiter) {
@@ -232,13 +252,7 @@ async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
         assert!(took <= TIMEOUT + SLACK, "answered at the timeout: {took:?}");
     }
     drop(stopped);
-    barrier(&limiter).await;
-    assert_eq!(state(&mut conn, &key).await, before, "nothing spent");
-    assert_eq!(
-        admitted_until_refused(&limiter).await,
-        9,
-        "the quota is whole"
-    );
+    assert_nothing_spent(&limiter, &mut conn, &key, &before).await;
 }
 
 /// A limiter whose timeout is longer than its connection's response timeout (500 ms) has its
@@ -262,14 +276,7 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
     .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))
     .build()
     .unwrap();
-    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
-    let key = limiter.redis_key("k");
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let before = state(&mut conn, &key).await;
+    let (key, mut conn, before) = one_admitted(&limiter, &server).await;
 
     let stopped = Stopped::stop(pid(&server));
     let started = Instant::now();
@@ -283,13 +290,7 @@ async fn the_connections_response_timeout_bounds_the_deadline() {
     // Held up past the connection's response timeout, well within the limiter's.
     tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
     drop(stopped);
-    barrier(&limiter).await;
-    assert_eq!(state(&mut conn, &key).await, before, "nothing spent");
-    assert_eq!(
-        admitted_until_refused(&limiter).await,
-        9,
-        "the quota is whole"
-    );
+    assert_nothing_spent(&limiter, &mut conn, &key, &before).await;
 }
 
 /// A server that always answers "late" makes the decision a failure (after one retry with the
@@ -350,14 +351,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
     .fail_mode(RedisFailMode::Propagate)
     .build()
     .unwrap();
-    assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
-    let key = limiter.redis_key("k");
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let before = state(&mut conn, &key).await;
+    let (key, mut conn, before) = one_admitted(&limiter, server).await;
 
     // Dropped after 0, 1, 2, ... polls, with the runtime free to move the request on between
     // polls (a fraction of a round trip each), until the decision completes before the drop.

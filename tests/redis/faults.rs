@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use crate::common::process::thread_subscriber;
 use crate::common::redis_server::{failure_then_open, FakeRedis, RedisServer};
 use tower_bulwark::redis::{
-    RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder, RedisStore,
+    RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder,
+    RedisStore,
 };
 use tower_bulwark::{
-    algorithm::{FixedWindow, SlidingCounter, SlidingLog},
+    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
     Limiter, Quota,
 };
 
@@ -65,6 +66,51 @@ async fn hammer(
         }
     }
     out
+}
+
+/// A limiter of algorithm `A` for 3 a minute on `server`, with the tests' timeout, whose
+/// failures are errors.
+async fn propagating_three_a_minute<A: RedisAlgorithm>(server: &RedisServer) -> RedisRateLimiter {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
+        .algorithm::<A>()
+        .timeout(TIMEOUT)
+        .fail_mode(RedisFailMode::Propagate)
+        .build()
+        .unwrap()
+}
+
+/// What errors a limiter may answer while it reconnects.
+#[derive(Clone, Copy, PartialEq)]
+enum Errors {
+    /// Only `RedisFailure`s (asserted).
+    OnlyRedisFailures,
+    /// Any error.
+    Any,
+}
+
+/// Checks key `k` on `limiter` (of 3) until the server it reconnects to answers, within 15 s,
+/// every error before that being of the kind `errors` allows; asserts that the answer is an
+/// admission from a fresh state.
+async fn assert_a_fresh_state_once_reconnected(limiter: &RedisRateLimiter, errors: Errors) {
+    let start = Instant::now();
+    let decision = loop {
+        match limiter.check(&"k").await {
+            Ok(d) => break d,
+            Err(err) => {
+                if errors == Errors::OnlyRedisFailures {
+                    assert!(err.is::<RedisFailure>(), "{err}");
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,13 +206,7 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
     let Some(mut server) = RedisServer::start("decisions_resume_after_a_restart") else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
-        .algorithm::<FixedWindow>()
-        .timeout(TIMEOUT)
-        .fail_mode(RedisFailMode::Propagate)
-        .build()
-        .unwrap();
+    let limiter = propagating_three_a_minute::<FixedWindow>(&server).await;
     assert!(limiter.check(&"k").await.unwrap().allowed);
     assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "+OK");
     assert!(
@@ -182,22 +222,7 @@ async fn decisions_resume_after_a_restart_empties_the_script_cache() {
         ":0",
         "a new, empty server"
     );
-    let start = Instant::now();
-    let decision = loop {
-        match limiter.check(&"k").await {
-            Ok(d) => break d,
-            Err(err) => {
-                assert!(err.is::<RedisFailure>(), "{err}");
-                assert!(
-                    start.elapsed() < Duration::from_secs(15),
-                    "no reconnection: {err}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    assert!(decision.allowed);
-    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
+    assert_a_fresh_state_once_reconnected(&limiter, Errors::OnlyRedisFailures).await;
     assert_eq!(server.command(&["EXISTS", &key]), ":1");
 }
 
@@ -229,11 +254,7 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
     else {
         return;
     };
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = server.connection().await;
     let quota = Quota::per_minute(1000).unwrap();
     let build = |limiter: RedisRateLimiterBuilder| {
         limiter
@@ -297,12 +318,7 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
     let Some(mut server) = RedisServer::start("decisions_resume_after_a_long_outage") else {
         return;
     };
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store)
-        .timeout(TIMEOUT)
-        .fail_mode(RedisFailMode::Propagate)
-        .build()
-        .unwrap();
+    let limiter = propagating_three_a_minute::<Gcra>(&server).await;
     assert!(limiter.check(&"k").await.unwrap().allowed);
     server.kill();
     // Requests keep coming during an outage that outlasts the connection's own retries
@@ -316,21 +332,7 @@ async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.restart();
-    let start = Instant::now();
-    let decision = loop {
-        match limiter.check(&"k").await {
-            Ok(d) => break d,
-            Err(err) => {
-                assert!(
-                    start.elapsed() < Duration::from_secs(15),
-                    "no reconnection: {err}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    assert!(decision.allowed);
-    assert_eq!(decision.remaining, 2, "a fresh state on the new server");
+    assert_a_fresh_state_once_reconnected(&limiter, Errors::Any).await;
 }
 
 #[tokio::test]

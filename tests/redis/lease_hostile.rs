@@ -9,6 +9,7 @@
 use crate::common::keyed_on;
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::RedisServer;
 use crate::common::{in_bursts_of, Rng};
 use crate::lease::conforms;
@@ -359,8 +360,7 @@ async fn seventy_instances_on_one_key() {
     };
     let quota = Quota::per_hour(100).unwrap();
     let lease = Lease::new().max_share(1).length(Duration::from_secs(10));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(5));
+    let clock = manual_clock_at(Duration::from_secs(5));
     let instances = strict_instances::<Gcra>(70, &server.url(), quota, lease, &clock).await;
     let (mut admitted, mut refused) = (Vec::new(), Vec::new());
     for (n, limiter) in instances.iter().enumerate() {
@@ -403,8 +403,7 @@ async fn racing_clones_with_refunds_and_settles() {
     let lease = Lease::new()
         .max_share(8)
         .length(Duration::from_nanos(length));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let instances = strict_instances::<Gcra>(4, &server.url(), quota, lease, &clock).await;
     let (mut rng, mut admitted) = (Rng(99), Vec::new());
     for round in 0..60u64 {
@@ -463,8 +462,7 @@ async fn slow_pair(url: &str, length: u64) -> (ManualClock, RedisRateLimiter, Re
     let lease = Lease::new()
         .max_share(10)
         .length(Duration::from_secs(length));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1000));
+    let clock = manual_clock_at(Duration::from_secs(1000));
     let a = strict::<Gcra>(url, quota, lease, &clock).await;
     (
         clock.clone(),
@@ -565,8 +563,7 @@ async fn a_debt_charged_in_redis_leaves_the_share_admitting() {
     };
     let quota = per_second(100, 20);
     let lease = Lease::new().max_share(8).length(Duration::from_secs(10));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1000));
+    let clock = manual_clock_at(Duration::from_secs(1000));
     let a = strict::<Gcra>(&server.url(), quota, lease, &clock).await;
     let memory = keyed_on::<(), _>(quota, &clock);
     let taken = memory.check_n(&(), 8).unwrap();

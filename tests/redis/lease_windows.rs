@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::RedisServer;
 use crate::common::Rng;
 use crate::lease_hostile::{strict, strict_instances};
@@ -318,8 +319,7 @@ hostile_tests! {
 async fn debt_beside_a_share<A: RedisAlgorithm + Algorithm>(url: &str) {
     let quota = Quota::with_period(10, secs(100)).unwrap();
     let lease = Lease::new().max_share(8).length(secs(50));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1000));
+    let clock = manual_clock_at(Duration::from_secs(1000));
     let (a, b) = (
         strict::<A>(url, quota, lease, &clock).await,
         strict::<A>(url, quota, lease, &clock).await,
@@ -353,8 +353,7 @@ async fn many_instances<A: RedisAlgorithm + Algorithm>(url: &str) {
     let quota = Quota::with_period(100, secs(100)).unwrap();
     let quota = quota.with_max_wait(secs(150)).unwrap();
     let lease = Lease::new().max_share(2).length(secs(30));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1000) - Duration::from_nanos(1));
+    let clock = manual_clock_at(Duration::from_secs(1000) - Duration::from_nanos(1));
     let instances = strict_instances::<A>(70, url, quota, lease, &clock).await;
     let mut events = Vec::new();
     for round in 0..6u64 {
@@ -387,8 +386,7 @@ async fn many_instances<A: RedisAlgorithm + Algorithm>(url: &str) {
 async fn racing_clones<A: RedisAlgorithm + Algorithm>(url: &str) {
     let quota = Quota::with_period(30, secs(60)).unwrap();
     let lease = Lease::new().max_share(8).length(secs(25));
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(600));
+    let clock = manual_clock_at(Duration::from_secs(600));
     let instances = strict_instances::<A>(4, url, quota, lease, &clock).await;
     let mut events = Vec::new();
     // Offsets into the windows of the instants raced at, from the 10th window on.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::RedisServer;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
@@ -53,8 +54,7 @@ async fn a_killed_redis_under_the_default_fail_mode_admits_at_most_the_quota_per
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let instances: Vec<_> = (0..2)
         .map(|_| {
             RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store.clone())

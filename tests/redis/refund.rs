@@ -7,8 +7,8 @@ use crate::common::keyed_on;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::{key_state, propagating_limiter, RedisServer, Refusals};
-use redis::aio::MultiplexedConnection;
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
@@ -17,14 +17,6 @@ use tower_bulwark::{
 };
 
 const MS: u64 = 1_000_000;
-
-async fn plain(server: &RedisServer) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
 
 /// One veto: the history both limiters see, the vetoed request (instant, cost) and the instant
 /// its refund arrives.
@@ -69,10 +61,11 @@ const SCENARIOS: &[Scenario] = &[
 ];
 
 /// The vetoed limiter and its twin, which never saw the vetoed request, must hold the same state
-/// and then give the same decisions.
+/// and then give the same decisions. `tag` (`gcra:`, ...) names the algorithm and keeps its
+/// keys apart.
 async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let mut conn = plain(server).await;
+    let mut conn = server.connection().await;
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     for (i, s) in SCENARIOS.iter().enumerate() {
         let clock = ManualClock::new();
@@ -80,18 +73,18 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             &store,
             quota,
             &clock,
-            &format!("{tag}:{i}:v:"),
+            &format!("{tag}{i}:v:"),
             Refusals::Uncached,
         );
         let twin = propagating_limiter::<A>(
             &store,
             quota,
             &clock,
-            &format!("{tag}:{i}:t:"),
+            &format!("{tag}{i}:t:"),
             Refusals::Uncached,
         );
         let (vkey, tkey) = (vetoed.redis_key("k"), twin.redis_key("k"));
-        let context = format!("{tag}: {}", s.name);
+        let context = format!("{tag} {}", s.name);
         for &(at, cost) in s.history {
             clock.set(Duration::from_nanos(at * MS));
             let a = vetoed.reserve(&"k", cost).await.unwrap();
@@ -136,35 +129,11 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
 }
 
 #[tokio::test]
-async fn a_vetoed_request_leaves_the_gcra_state_as_it_was() {
-    let Some(server) = RedisServer::start("vetoed_gcra") else {
+async fn a_vetoed_request_leaves_the_state_as_it_was_for_every_algorithm() {
+    let Some(server) = RedisServer::start("vetoed") else {
         return;
     };
-    vetoes_leave_no_trace::<Gcra>(&server, "gcra").await;
-}
-
-#[tokio::test]
-async fn a_vetoed_request_leaves_the_fixed_window_state_as_it_was() {
-    let Some(server) = RedisServer::start("vetoed_fixed_window") else {
-        return;
-    };
-    vetoes_leave_no_trace::<FixedWindow>(&server, "fw").await;
-}
-
-#[tokio::test]
-async fn a_vetoed_request_leaves_the_sliding_log_state_as_it_was() {
-    let Some(server) = RedisServer::start("vetoed_sliding_log") else {
-        return;
-    };
-    vetoes_leave_no_trace::<SlidingLog>(&server, "log").await;
-}
-
-#[tokio::test]
-async fn a_vetoed_request_leaves_the_sliding_counter_state_as_it_was() {
-    let Some(server) = RedisServer::start("vetoed_sliding_counter") else {
-        return;
-    };
-    vetoes_leave_no_trace::<SlidingCounter>(&server, "sc").await;
+    for_every_algorithm!(tagged: vetoes_leave_no_trace(&server).await);
 }
 
 /// GCRA in Redis gives back only the key's latest admission. One permit a second, burst 1, all
@@ -177,7 +146,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     else {
         return;
     };
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
     let gcra = propagating_limiter::<Gcra>(
@@ -315,7 +284,7 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
     let Some((server, store)) = RedisServer::with_store("stale_sliding_log").await else {
         return;
     };
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
@@ -378,8 +347,7 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
     let Some((server, store)) = RedisServer::with_store("corrupt_state_is_an_error").await else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(5));
+    let clock = manual_clock_at(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
     let gcra = propagating_limiter::<Gcra>(&store, quota, &clock, "bad:gcra:", Refusals::Uncached);
     let window =
@@ -458,7 +426,7 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
 /// same state after it.
 async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisServer, tag: &str) {
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let mut conn = plain(server).await;
+    let mut conn = server.connection().await;
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();

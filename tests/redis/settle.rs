@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
+use crate::common::next_estimate_and_cost;
 use crate::common::redis_server::{propagating_limiter, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
@@ -35,8 +37,7 @@ fn limiter<A: RedisAlgorithm>(
 /// settled tokens and what the key admits afterwards add up to the quota exactly (nothing is
 /// left once they cost more).
 async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let instances: Vec<_> = (0..4)
         .map(|_| limiter::<A>(store, &clock, prefix))
         .collect();
@@ -47,11 +48,7 @@ async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStor
             tokio::spawn(async move {
                 let mut seed = t * 7919 + 1;
                 for _ in 0..40 {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let estimate = 1 + (seed >> 33) as u32 % 50;
-                    let cost = (seed >> 13) as u32 % (2 * estimate + 1);
+                    let (estimate, cost) = next_estimate_and_cost(&mut seed);
                     let decision = limiter.reserve(&"tenant", estimate).await.unwrap();
                     if decision.allowed {
                         limiter
@@ -83,8 +80,7 @@ async fn a_give_back_behind_debt_is_exact<A: RedisAlgorithm>(store: &RedisStore,
         (Quota::per_minute(1000).unwrap(), format!("{prefix}now:")),
         (waiting, format!("{prefix}wait:")),
     ] {
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(1));
+        let clock = manual_clock_at(Duration::from_secs(1));
         let limiter = propagating_limiter::<A>(store, quota, &clock, &prefix, Refusals::Cached);
         let name = std::any::type_name::<A>();
         let a = limiter.reserve(&"k", 100).await.unwrap();
@@ -144,8 +140,7 @@ async fn debt_settled_in_redis_delays_every_instance() {
     let Some((_server, store)) = RedisServer::with_store("debt_settled_in_redis").await else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let (a, b) = (
         limiter::<Gcra>(&store, &clock, "debt:"),
         limiter::<Gcra>(&store, &clock, "debt:"),
@@ -180,8 +175,7 @@ async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
     else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store)
         .client_clock(clock.clone())
         .prefix("change:")

@@ -6,6 +6,7 @@ use crate::common::{redis_server, waits_up_to};
 
 use std::time::Duration;
 
+use crate::common::manual_clock_at;
 use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -23,12 +24,15 @@ async fn store(server: &RedisServer) -> RedisStore {
         .expect("connect to the test server")
 }
 
-async fn plain(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+/// On a limiter whose next slot of key `k` is 1 s away: reserves it, gives it back, and reserves
+/// again, asserting both wait 1 s (`again` says why the second must); answers the second.
+async fn reserved_again_after_a_refund(limiter: &RedisRateLimiter, again: &str) -> Decision {
+    let reserved = limiter.reserve(&"k", 1).await.unwrap();
+    assert_eq!(reserved.wait, Duration::from_secs(1));
+    limiter.refund_and_wait(&"k", 1, reserved).await.unwrap();
+    let reserved_again = limiter.reserve(&"k", 1).await.unwrap();
+    assert_eq!(reserved_again.wait, Duration::from_secs(1), "{again}");
+    reserved_again
 }
 
 async fn admitted<L: Limiter<String>>(limiter: &L, key: &str, n: usize) -> Vec<Decision> {
@@ -44,8 +48,7 @@ async fn seed_fixed_window_three_per_minute() {
     let Some(server) = RedisServer::start("seed_fixed_window_three_per_minute") else {
         return;
     };
-    let clock = ManualClock::new();
-    clock.set(Duration::from_secs(3600) + Duration::from_millis(1500));
+    let clock = manual_clock_at(Duration::from_secs(3600) + Duration::from_millis(1500));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store(&server).await)
         .algorithm::<FixedWindow>()
         .client_clock(clock.clone())
@@ -107,8 +110,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
     };
     let quota = Quota::per_second(10).unwrap();
     // The same instant for all fifty, on a client clock.
-    let clock = ManualClock::new();
-    clock.set(Duration::from_millis(7));
+    let clock = manual_clock_at(Duration::from_millis(7));
     let exact = RedisRateLimiter::builder(quota, store(&server).await)
         .algorithm::<SlidingLog>()
         .client_clock(clock.clone())
@@ -120,7 +122,7 @@ async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
     assert_eq!(d.iter().filter(|d| d.allowed).count(), 10);
     assert!(d[..10].iter().all(|d| d.allowed));
     assert_eq!(d[10].retry_after, Duration::from_secs(1));
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     // Permits have scores >= 0; the one other member (`hw`, the latest instant seen) is below.
     let members: u64 = redis::cmd("ZCOUNT")
         .arg(exact.redis_key("k"))
@@ -178,7 +180,7 @@ async fn exercise<A: RedisAlgorithm>(server: &RedisServer, prefix: &str) -> Vec<
     let key = limiter.redis_key("fresh");
     let pttl: u64 = redis::cmd("PTTL")
         .arg(&key)
-        .query_async(&mut plain(server).await)
+        .query_async(&mut server.connection().await)
         .await
         .unwrap();
     let reset = d.reset_after.as_millis() as u64;
@@ -200,7 +202,7 @@ async fn every_key_written_has_an_expiry() {
     expected.extend(exercise::<FixedWindow>(&server, "fw:").await);
     expected.extend(exercise::<SlidingLog>(&server, "log:").await);
     expected.extend(exercise::<SlidingCounter>(&server, "sc:").await);
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut conn)
@@ -283,7 +285,7 @@ async fn a_cached_refusal_needs_no_round_trip() {
         .refusal_cache_capacity(0)
         .build()
         .unwrap();
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     for limiter in [&cached, &uncached] {
         assert!(limiter.check(&"k").await.unwrap().allowed);
         let refused = limiter.check(&"k").await.unwrap();
@@ -427,15 +429,7 @@ async fn refund_gives_a_reservation_back_in_redis() {
         .unwrap();
     let zcard = || server.command(&["ZCOUNT", &limiter.redis_key("k"), "0", "+inf"]);
     assert!(limiter.reserve(&"k", 1).await.unwrap().allowed);
-    let reserved = limiter.reserve(&"k", 1).await.unwrap();
-    assert_eq!(reserved.wait, Duration::from_secs(1));
-    limiter.refund_and_wait(&"k", 1, reserved).await.unwrap();
-    let again = limiter.reserve(&"k", 1).await.unwrap();
-    assert_eq!(
-        again.wait,
-        Duration::from_secs(1),
-        "the same slot, not a later one"
-    );
+    let again = reserved_again_after_a_refund(&limiter, "the same slot, not a later one").await;
 
     // Through the trait: the refund is sent from a task; the slot comes back shortly after.
     Limiter::refund(&limiter, &"k", 1, again);
@@ -637,15 +631,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
     let first = limiter.reserve(&"k", 1).await.unwrap();
     assert!(first.allowed && first.wait.is_zero());
     assert_eq!(first.limit, 1, "the local limiter's decision");
-    let reserved = limiter.reserve(&"k", 1).await.unwrap();
-    assert_eq!(reserved.wait, Duration::from_secs(1));
-    limiter.refund_and_wait(&"k", 1, reserved).await.unwrap();
-    let again = limiter.reserve(&"k", 1).await.unwrap();
-    assert_eq!(
-        again.wait,
-        Duration::from_secs(1),
-        "the local slot came back"
-    );
+    let again = reserved_again_after_a_refund(&limiter, "the local slot came back").await;
     Limiter::refund(&limiter, &"k", 1, again);
     let after = local.reserve(&limiter.redis_key("k"), 1).await.unwrap();
     assert_eq!(
@@ -703,7 +689,7 @@ async fn lua_integer_arithmetic_is_exact() {
     for (a, b) in &pairs {
         invocation.arg(a).arg(b);
     }
-    let mut conn = plain(&server).await;
+    let mut conn = server.connection().await;
     let results: Vec<String> = invocation.invoke_async(&mut conn).await.unwrap();
     assert_eq!(results.len(), pairs.len());
     for ((a, b), got) in pairs.iter().zip(results) {

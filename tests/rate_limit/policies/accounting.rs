@@ -229,6 +229,19 @@ pub fn log(limit: u32, clock: &ManualClock, mode: Mode) -> Acct {
     sliding_log(Quota::per_hour(limit).unwrap(), clock.clone(), mode)
 }
 
+/// Two sliding logs on one new manual clock, of `first` and `second` permits an hour, deciding
+/// as `first_mode` and `second_mode`.
+pub fn two_logs(
+    (first, first_mode): (u32, Mode),
+    (second, second_mode): (u32, Mode),
+) -> (Acct, Acct) {
+    let clock = ManualClock::new();
+    (
+        log(first, &clock, first_mode),
+        log(second, &clock, second_mode),
+    )
+}
+
 /// A sliding log of `quota` on `clock` (exact refunds).
 pub fn sliding_log(quota: Quota, clock: impl Clock, mode: Mode) -> Acct {
     Acct::new(

@@ -9,7 +9,7 @@ use http::StatusCode;
 use tower_bulwark::rate_limit::{FailMode, RateLimitLayer};
 use tower_bulwark::{clock::ManualClock, Quota};
 
-use super::accounting::{body_json, call, gcra, log, policy, req, svc, Inner, Mode};
+use super::accounting::{body_json, call, gcra, log, policy, req, svc, two_logs, Inner, Mode};
 use crate::common::listener::sf_names;
 use crate::support::{header_cost, retry_after, violated};
 
@@ -90,9 +90,7 @@ fn huge_costs_are_never_admitted_and_spend_nothing() {
 /// the policy is never asked, and is in neither `RateLimit` nor `RateLimit-Policy`.
 #[test]
 fn a_zero_cost_policy_is_left_out_of_the_requests_headers() {
-    let clock = ManualClock::new();
-    let paid = log(5, &clock, Mode::Now);
-    let free = log(5, &clock, Mode::Now);
+    let (paid, free) = two_logs((5, Mode::Now), (5, Mode::Now));
     let service = svc(
         RateLimitLayer::new(policy(0, &paid).and(policy(1, &free).cost(0))),
         &Inner::default(),
@@ -111,9 +109,7 @@ fn a_zero_cost_policy_is_left_out_of_the_requests_headers() {
 /// Held: a request that costs every policy nothing is admitted uncounted and without headers.
 #[test]
 fn a_request_that_costs_nothing_anywhere_is_uncounted_and_headerless() {
-    let clock = ManualClock::new();
-    let a = log(1, &clock, Mode::Now);
-    let b = log(1, &clock, Mode::Later(1));
+    let (a, b) = two_logs((1, Mode::Now), (1, Mode::Later(1)));
     let inner = Inner::default();
     let service = svc(
         RateLimitLayer::new(policy(0, &a).cost(0).and(policy(1, &b).cost_by(|_| 0))),

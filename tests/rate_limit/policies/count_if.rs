@@ -12,7 +12,7 @@ use tower_bulwark::{
     Quota,
 };
 
-use super::accounting::{call, log, policy, req, sliding_log, svc, Inner, Mode};
+use super::accounting::{call, log, policy, req, sliding_log, svc, two_logs, Inner, Mode};
 use crate::common::listener::{sf_entries, sf_names};
 use crate::common::{poll_once, waits_up_to};
 use crate::support::param;
@@ -77,9 +77,7 @@ async fn a_waiting_count_if_reservation_is_given_back_when_it_does_not_count() {
 /// not count; the headers of the admitted response still parse.
 #[test]
 fn count_if_keeps_the_permit_on_error_and_drop_and_refunds_once_otherwise() {
-    let clock = ManualClock::new();
-    let a = log(10, &clock, Mode::Later(1));
-    let b = log(10, &clock, Mode::Now);
+    let (a, b) = two_logs((10, Mode::Later(1)), (10, Mode::Now));
     let inner = Inner::default();
     let service = svc(
         RateLimitLayer::new(

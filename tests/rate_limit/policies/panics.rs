@@ -7,10 +7,45 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use http::{Response, StatusCode};
 use tower::Service;
 use tower_bulwark::clock::ManualClock;
-use tower_bulwark::rate_limit::RateLimitLayer;
+use tower_bulwark::head::RequestHead;
+use tower_bulwark::rate_limit::{PolicySet, RateLimitLayer, RateLimitService};
 
-use super::accounting::{call, log, policy, req, svc, Inner, Mode};
+use super::accounting::{call, log, policy, req, svc, two_logs, Acct, Inner, Mode};
 use crate::common::poll_once;
+
+/// A cost of 1 that panics for a request with an `x-boom` field.
+fn cost_panicking_on_x_boom(parts: &RequestHead<'_>) -> u32 {
+    assert!(!parts.headers.contains_key("x-boom"), "cost_by panics");
+    1
+}
+
+/// Two policies of 5 an hour, the first deciding as `first_mode`, the second (deciding at once)
+/// with a cost that panics on `x-boom` and a key that panics on `x-panic-key`: the first
+/// policy's limiter, the service over both, and the inner service.
+fn first_and_a_panicking_second(
+    first_mode: Mode,
+) -> (Acct, RateLimitService<Inner, impl PolicySet + Clone>, Inner) {
+    let clock = ManualClock::new();
+    let first = log(5, &clock, first_mode);
+    let second = log(5, &clock, Mode::Now);
+    let inner = Inner::default();
+    let policies = policy(0, &first).and(policy(1, &second).cost_by(cost_panicking_on_x_boom));
+    let service = svc(RateLimitLayer::new(policies), &inner);
+    (first, service, inner)
+}
+
+/// Whether calling `service` with a request of the header fields `fields` panics (what the
+/// call returns, if anything, dropped at once).
+fn call_panics<S: Service<http::Request<axum::body::Body>> + Clone>(
+    service: &S,
+    fields: &[(&str, &str)],
+) -> bool {
+    catch_unwind(AssertUnwindSafe(|| {
+        let mut s = service.clone();
+        drop(s.call(req(fields)));
+    }))
+    .is_err()
+}
 
 /// Promise: "permits are released/refunded exactly once whatever happens". A `cost_by` that
 /// panics for the second policy, after the first admitted the request, while the layer decides
@@ -18,22 +53,11 @@ use crate::common::poll_once;
 /// that never got anywhere.
 #[test]
 fn a_cost_by_panic_in_call_gives_back_what_earlier_policies_granted() {
-    let clock = ManualClock::new();
-    let first = log(5, &clock, Mode::Now);
-    let second = log(5, &clock, Mode::Now);
-    let inner = Inner::default();
-    let service = svc(
-        RateLimitLayer::new(policy(0, &first).and(policy(1, &second).cost_by(|parts| {
-            assert!(!parts.headers.contains_key("x-boom"), "cost_by panics");
-            1
-        }))),
-        &inner,
+    let (first, service, inner) = first_and_a_panicking_second(Mode::Now);
+    assert!(
+        call_panics(&service, &[("x-boom", "1")]),
+        "the cost function panicked"
     );
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let mut s = service.clone();
-        drop(s.call(req(&[("x-boom", "1")])));
-    }));
-    assert!(panicked.is_err(), "the cost function panicked");
     assert_eq!(inner.calls(), 0);
     assert_eq!(
         first.net("k"),
@@ -46,18 +70,8 @@ fn a_cost_by_panic_in_call_gives_back_what_earlier_policies_granted() {
 /// Same promise, with the panic in the second policy's key extractor.
 #[test]
 fn a_key_extractor_panic_in_call_gives_back_what_earlier_policies_granted() {
-    let clock = ManualClock::new();
-    let first = log(5, &clock, Mode::Now);
-    let second = log(5, &clock, Mode::Now);
-    let service = svc(
-        RateLimitLayer::new(policy(0, &first).and(policy(1, &second))),
-        &Inner::default(),
-    );
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let mut s = service.clone();
-        drop(s.call(req(&[("x-panic-key", "1")])));
-    }));
-    assert!(panicked.is_err());
+    let (first, service, _) = first_and_a_panicking_second(Mode::Now);
+    assert!(call_panics(&service, &[("x-panic-key", "1")]));
     assert_eq!(first.net("k"), 0, "the first policy's permit leaked");
 }
 
@@ -65,9 +79,7 @@ fn a_key_extractor_panic_in_call_gives_back_what_earlier_policies_granted() {
 /// policies' permits are given back.
 #[test]
 fn an_on_refusal_hook_panic_gives_back_what_the_other_policies_granted() {
-    let clock = ManualClock::new();
-    let admits = log(5, &clock, Mode::Now);
-    let refuses = log(1, &clock, Mode::Now);
+    let (admits, refuses) = two_logs((5, Mode::Now), (1, Mode::Now));
     let service = svc(
         RateLimitLayer::new(policy(0, &admits).and(policy(1, &refuses).cost(1))).on_refusal(
             |_: &tower_bulwark::rate_limit::Refusal<'_>| -> Response<bytes::Bytes> {
@@ -83,11 +95,7 @@ fn an_on_refusal_hook_panic_gives_back_what_the_other_policies_granted() {
         "the first request is admitted"
     );
     let before = admits.net("k");
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let mut s = service.clone();
-        drop(s.call(req(&[])));
-    }));
-    assert!(panicked.is_err());
+    assert!(call_panics(&service, &[]));
     assert_eq!(
         admits.net("k"),
         before,
@@ -100,17 +108,7 @@ fn an_on_refusal_hook_panic_gives_back_what_the_other_policies_granted() {
 #[test]
 fn a_panic_while_the_future_decides_gives_back_once_on_drop() {
     for panic_in in ["cost", "key"] {
-        let clock = ManualClock::new();
-        let first = log(5, &clock, Mode::Later(2));
-        let second = log(5, &clock, Mode::Now);
-        let inner = Inner::default();
-        let service = svc(
-            RateLimitLayer::new(policy(0, &first).and(policy(1, &second).cost_by(|parts| {
-                assert!(!parts.headers.contains_key("x-boom"), "cost_by panics");
-                1
-            }))),
-            &inner,
-        );
+        let (first, service, inner) = first_and_a_panicking_second(Mode::Later(2));
         let header = if panic_in == "cost" {
             ("x-boom", "1")
         } else {
@@ -140,9 +138,7 @@ fn a_panic_while_the_future_decides_gives_back_once_on_drop() {
 #[test]
 fn a_panicking_count_if_predicate_never_keeps_another_policys_permit() {
     for panicking_first in [false, true] {
-        let clock = ManualClock::new();
-        let never = log(5, &clock, Mode::Now);
-        let boom = log(5, &clock, Mode::Now);
+        let (never, boom) = two_logs((5, Mode::Now), (5, Mode::Now));
         let never_counts = policy(0, &never).count_if(|_| false);
         let panics = policy(1, &boom).count_if(|_| panic!("the predicate panics"));
         let layer = if panicking_first {

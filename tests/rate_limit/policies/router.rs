@@ -556,20 +556,14 @@ fn shadow_refusals_are_counted_in_metrics() {
 
 #[tokio::test]
 async fn a_failing_shadow_policy_never_answers_503() {
+    let broken = Broken(Quota::per_second(1).unwrap());
+    let shadow = Policy::new("broken", PeerIp::new(), broken)
+        .unwrap()
+        .shadow();
+    let failing_closed = RateLimitLayer::new(shadow).limiter_error_mode(FailMode::Closed);
     let app = Router::new()
         .route("/items", get(|| async { "ok" }))
-        .route_layer(
-            RateLimitLayer::new(
-                Policy::new(
-                    "broken",
-                    PeerIp::new(),
-                    Broken(Quota::per_second(1).unwrap()),
-                )
-                .unwrap()
-                .shadow(),
-            )
-            .limiter_error_mode(FailMode::Closed),
-        );
+        .route_layer(failing_closed);
     for _ in 0..3 {
         assert_eq!(
             send(&app, "GET", "/items", "192.0.2.63", None)

@@ -15,7 +15,7 @@ use tower_bulwark::{
 };
 
 use super::accounting::{
-    body_json, call, log, policy, req, sliding_log, svc, Acct, Inner, Mode, K,
+    body_json, call, log, policy, req, sliding_log, svc, two_logs, Acct, Inner, Mode, K,
 };
 use crate::common::listener::{sf_entries, sf_names};
 use crate::support::{param, retry_after, violated};
@@ -203,9 +203,7 @@ fn the_429_names_every_violated_policy_with_the_longest_retry_after() {
 /// the hook ran (so a hook that panics leaks nothing).
 #[test]
 fn the_refusal_hook_sees_the_admissions_it_lists_given_back() {
-    let clock = ManualClock::new();
-    let admits = log(5, &clock, Mode::Now);
-    let refuses = log(1, &clock, Mode::Now);
+    let (admits, refuses) = two_logs((5, Mode::Now), (1, Mode::Now));
     let seen = Arc::new(Mutex::new(None));
     let (watch, record) = (admits.clone(), seen.clone());
     let service = svc(
