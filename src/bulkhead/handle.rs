@@ -120,13 +120,13 @@ impl Bulkhead {
 
     /// A layer that holds each permit until the response future completes or is dropped.
     pub fn layer(&self) -> BulkheadLayer {
-        BulkheadLayer::new(self.clone())
+        BulkheadLayer::with_mode(self.clone())
     }
 
-    /// A layer that holds each permit until the `http::Response` body has been read to its end
-    /// or dropped.
+    /// A layer, in front of a service answering `http::Response<B>`, that holds each permit
+    /// until the response body has been read to its end, has failed, or is dropped.
     pub fn body_layer(&self) -> BulkheadLayer<OnBodyEnd> {
-        BulkheadLayer::until_body_end(self.clone())
+        BulkheadLayer::with_mode(self.clone())
     }
 }
 

@@ -5,12 +5,11 @@ use std::marker::PhantomData;
 use tower_layer::Layer;
 
 use super::handle::Bulkhead;
-use super::mode::{OnBodyEnd, OnResponse};
+use super::mode::OnResponse;
 use super::service::BulkheadService;
 
 /// Wraps a service in a [`Bulkhead`]; `M` says when each call gives its permit back:
-/// [`OnResponse`] (made by [`new`](BulkheadLayer::new) and [`Bulkhead::layer`]) or
-/// [`OnBodyEnd`] (made by [`until_body_end`](BulkheadLayer::until_body_end) and
+/// [`OnResponse`] (made by [`Bulkhead::layer`]) or [`OnBodyEnd`](super::OnBodyEnd) (made by
 /// [`Bulkhead::body_layer`]).
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
@@ -29,13 +28,13 @@ use super::service::BulkheadService;
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_bulwark::bulkhead::{Bulkhead, BulkheadLayer};
+/// use tower_bulwark::bulkhead::Bulkhead;
 /// use tower_bulwark::BoxError;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), BoxError> {
 /// let reports = Bulkhead::semaphore("reports", 1).build();
-/// let client = BulkheadLayer::until_body_end(reports.clone()).layer(service_fn(|_: ()| async {
+/// let client = reports.body_layer().layer(service_fn(|_: ()| async {
 ///     Ok::<_, BoxError>(http::Response::new(Full::new(Bytes::from_static(b"report"))))
 /// }));
 /// let response = client.oneshot(()).await?;
@@ -53,28 +52,12 @@ pub struct BulkheadLayer<M = OnResponse> {
 }
 
 impl<M> BulkheadLayer<M> {
-    fn with_mode(bulkhead: Bulkhead) -> Self {
+    /// A layer for `bulkhead` in the mode `M`.
+    pub(super) fn with_mode(bulkhead: Bulkhead) -> Self {
         Self {
             bulkhead,
             mode: PhantomData,
         }
-    }
-}
-
-impl BulkheadLayer {
-    /// A layer for `bulkhead` whose calls give their permit back when the response future
-    /// completes or is dropped.
-    pub fn new(bulkhead: Bulkhead) -> Self {
-        Self::with_mode(bulkhead)
-    }
-}
-
-impl BulkheadLayer<OnBodyEnd> {
-    /// A layer for `bulkhead` in front of a service answering `http::Response<B>`, whose calls
-    /// give their permit back when the response body has been read to its end, has failed, or
-    /// is dropped.
-    pub fn until_body_end(bulkhead: Bulkhead) -> Self {
-        Self::with_mode(bulkhead)
     }
 }
 

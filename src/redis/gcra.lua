@@ -137,14 +137,14 @@ if op == 'l' then
   local base = pinned()
   local available = idiv(math.max(now + horizon - base, 0), interval)
   -- What can be had now, up to the share wanted, if that is at least the cost of the call
-  -- asking; otherwise the whole share, from when it can be had: a lease that starts later
-  -- (the instance refuses until then, and asks nothing more of Redis), as long as that is
-  -- within the length of a lease (ARGV[5] is twice that): no sooner would the instance's
-  -- demand be known to outlast the wait. While the instances together want more than the
-  -- quota, the leases out keep nothing available, so each lease is a whole share, taken in one
-  -- call.
+  -- asking and half the share; otherwise the whole share, from when it can be had: a lease
+  -- that starts later (the instance refuses until then, and asks nothing more of Redis), as
+  -- long as that is within the length of a lease (ARGV[5] is twice that): no sooner would the
+  -- instance's demand be known to outlast the wait. While the instances together want more
+  -- than the quota, what accrues between two calls is a sliver, so each lease is a whole share
+  -- taken in one call: the calls a second follow the shares, not the rate.
   local permits, start = math.min(wanted, available), now
-  if available < cost then
+  if available < cost or available * 2 < wanted then
     permits, start = wanted, base + interval * wanted - horizon
   end
   -- Never more permits in leases than the burst: a lease's permits may all be admitted at

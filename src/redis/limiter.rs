@@ -259,28 +259,9 @@ impl RedisRateLimiter {
         })
     }
 
-    /// Gives back an admitted decision, as [`Limiter::refund`] does, and waits until Redis has
-    /// applied it. A decision taken by the fail mode goes back to the local limiter.
-    ///
-    /// # Errors
-    ///
-    /// The [`RedisFailure`] of a refund that Redis did not apply (it is counted and logged as a
-    /// failure, and not sent again).
-    pub async fn refund_and_wait<K: RedisKey + ?Sized>(
-        &self,
-        key: &K,
-        cost: u32,
-        decision: Decision,
-    ) -> Result<(), BoxError> {
-        let redis_key = self.inner.keys.redis_key(key);
-        match self.inner.change(redis_key, decision, Change::Refund(cost)) {
-            Refund::InRedis(call) => Ok(call.await?),
-            Refund::Done | Refund::NotOurs => Ok(()),
-        }
-    }
-
     /// Settles an admission of `estimate` permits to `cost`, as [`Limiter::settle`] does, and
-    /// waits until Redis has applied it.
+    /// waits until Redis has applied it; a settle to zero gives the admission back, as
+    /// [`Limiter::refund`] does.
     ///
     /// # Errors
     ///

@@ -87,9 +87,10 @@
 //!   counter).
 //! * With the server's clock, times are whole microseconds: intervals and periods are rounded up
 //!   to the microsecond (never exceeding the rate), `max_wait` down.
-//! * [`Limiter::refund`](crate::Limiter::refund) is synchronous, so it sends its script from a spawned task (it needs a
-//!   tokio runtime; outside one it logs and gives nothing back). Use
-//!   [`RedisRateLimiter::refund_and_wait`] to await it.
+//! * [`Limiter::refund`](crate::Limiter::refund) and [`Limiter::settle`](crate::Limiter::settle)
+//!   are synchronous, so they send their script from a spawned task (it needs a tokio runtime;
+//!   outside one it logs and gives nothing back). Use [`RedisRateLimiter::settle_and_wait`] to
+//!   await it (to zero for a refund).
 //! * A cached refusal is not revised when another instance gives permits back: such a key may be
 //!   refused locally until its original retry time.
 //! * The deadline is as good as the clocks: the offset allows 100 ppm of drift between replies,

@@ -374,12 +374,15 @@ async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
         for _ in 0..3 {
             let from_memory = same_fingerprint.check(&redis_key);
             assert!(from_memory.allowed);
-            redis.refund_and_wait(&"k", 1, from_memory).await.unwrap();
+            redis
+                .settle_and_wait(&"k", 1, from_memory, 0)
+                .await
+                .unwrap();
         }
         let built = Decision::allowed(5, 4, Duration::from_secs(720));
-        redis.refund_and_wait(&"k", 1, built).await.unwrap();
+        redis.settle_and_wait(&"k", 1, built, 0).await.unwrap();
         redis
-            .refund_and_wait(&"k", 1, direct.check())
+            .settle_and_wait(&"k", 1, direct.check(), 0)
             .await
             .unwrap();
         let mut got = 0;

@@ -123,7 +123,7 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
     let decision = flushed.check(&clients[0]).await.unwrap();
     assert_eq!(decision.remaining, 1);
     flushed
-        .refund_and_wait(&clients[0], 1, decision)
+        .settle_and_wait(&clients[0], 1, decision, 0)
         .await
         .unwrap();
     assert_eq!(flushed.check(&clients[0]).await.unwrap().remaining, 1);

@@ -206,7 +206,7 @@ async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
     for _ in 0..500 {
         let now = limiter.check_n(&"k", 1).await.unwrap();
         remaining = Some(now.remaining + 1);
-        limiter.refund_and_wait(&"k", 1, now).await.unwrap();
+        limiter.settle_and_wait(&"k", 1, now, 0).await.unwrap();
         if remaining == Some(expected) {
             break;
         }

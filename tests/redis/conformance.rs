@@ -118,7 +118,7 @@ async fn run<A: RedisAlgorithm>(
                     seen.immediate_refunds += 1;
                 }
                 memory.refund(&key, cost, m);
-                redis.refund_and_wait(&key, cost, r).await.unwrap();
+                redis.settle_and_wait(&key, cost, r, 0).await.unwrap();
             }
             // Another policy vetoes the request: whatever it was granted goes back at once.
             4 => {
@@ -129,7 +129,7 @@ async fn run<A: RedisAlgorithm>(
                 if m.allowed {
                     seen.vetoes += 1;
                     memory.refund(&key, cost, m);
-                    redis.refund_and_wait(&key, cost, r).await.unwrap();
+                    redis.settle_and_wait(&key, cost, r, 0).await.unwrap();
                 }
             }
             op => {

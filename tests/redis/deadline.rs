@@ -362,7 +362,7 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
             if let std::task::Poll::Ready(result) = poll_once(std::pin::Pin::new(&mut future)) {
                 let decision = result.unwrap();
                 assert!(decision.allowed);
-                limiter.refund_and_wait(&"k", 1, decision).await.unwrap();
+                limiter.settle_and_wait(&"k", 1, decision, 0).await.unwrap();
                 completed = true;
                 break;
             }

@@ -234,6 +234,53 @@ async fn leased_window_instances_together_never_exceed_the_quota() {
     );
 }
 
+/// Uneven demand: one instance asks for a permit every millisecond, ten times the quota, and
+/// another once every 50 ms. What the quiet one does not use goes to the busy one within a
+/// lease's length: together they use at least 95 % of the quota over ten seconds, and every
+/// admission keeps to the quota. The quiet one is not starved: it gets at least a fifth of its
+/// calls, twice the tenth it would get if every call competed alike in one GCRA.
+#[tokio::test]
+async fn a_busy_instance_gets_what_a_quiet_one_leaves() {
+    let Some(server) = RedisServer::start("a_busy_instance_gets_what_a_quiet_one_leaves") else {
+        return;
+    };
+    let url = server.url();
+    let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
+    let lease = Lease::new()
+        .max_share(10)
+        .length(Duration::from_millis(100));
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(1));
+    let busy = instance(&url, quota, lease, &clock).await;
+    let quiet = instance(&url, quota, lease, &clock).await;
+    let (mut admitted, mut quiet_asked, mut quiet_admitted) = (Vec::new(), 0, 0);
+    for step in 0..10_000u64 {
+        clock.advance(Duration::from_millis(1));
+        if busy.check(&"k").await.unwrap().allowed {
+            admitted.push((clock.now(), 1));
+        }
+        if step % 50 == 0 {
+            quiet_asked += 1;
+            if quiet.check(&"k").await.unwrap().allowed {
+                admitted.push((clock.now(), 1));
+                quiet_admitted += 1;
+            }
+        }
+    }
+    conforms(quota, &admitted, "uneven demand");
+    // 10 s at 100 a second, and the burst of 20 at the start.
+    let allowed = 1_020;
+    assert!(
+        admitted.len() * 100 >= allowed * 95,
+        "{} of {allowed} used ({quiet_admitted} by the quiet one)",
+        admitted.len()
+    );
+    assert!(
+        quiet_admitted * 5 >= quiet_asked,
+        "the quiet one got {quiet_admitted} of {quiet_asked}"
+    );
+}
+
 /// The excess leases would make if Redis forgot them: an instance takes a share from a full
 /// burst, and before its lease ends the burst has had time to refill; then every instance
 /// calls at one instant. Redis counts the share as taken all along, so the instant sees the
@@ -364,7 +411,8 @@ async fn leases_keep_to_the_quota_across_a_redis_restart() {
     };
     for (step, calls) in [
         phase(&instances, 300),
-        phase(&instances, 30),
+        // Long enough for the shares held when Redis goes away to end (300 ms).
+        phase(&instances, 300),
         phase(&instances, 300),
     ]
     .into_iter()

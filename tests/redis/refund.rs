@@ -102,7 +102,7 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
             "{context}: it spent"
         );
         clock.set(Duration::from_nanos(s.refund_at * MS));
-        vetoed.refund_and_wait(&"k", s.veto.1, d).await.unwrap();
+        vetoed.settle_and_wait(&"k", s.veto.1, d, 0).await.unwrap();
         if s.refund_at == s.veto.0 {
             assert_eq!(
                 key_state(&mut conn, &vkey).await,
@@ -165,7 +165,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
         (Duration::from_secs(1), Duration::from_secs(2))
     );
     let state = key_state(&mut conn, &key).await;
-    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
+    gcra.settle_and_wait(&"k", 1, a, 0).await.unwrap();
     assert_eq!(
         key_state(&mut conn, &key).await,
         state,
@@ -174,7 +174,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(c.wait, Duration::from_secs(3), "not B's slot at 2 s: {c:?}");
     // C is the latest: its refund restores the state exactly, and the next caller takes its slot.
-    gcra.refund_and_wait(&"k", 1, c).await.unwrap();
+    gcra.settle_and_wait(&"k", 1, c, 0).await.unwrap();
     assert_eq!(key_state(&mut conn, &key).await, state);
     assert_eq!(
         gcra.reserve(&"k", 1).await.unwrap().wait,
@@ -199,7 +199,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
     clock.set(Duration::from_millis(500));
     let later = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(later.wait, Duration::from_millis(500));
-    gcra.refund_and_wait(&"k", 1, first).await.unwrap();
+    gcra.settle_and_wait(&"k", 1, first, 0).await.unwrap();
     let next = gcra.reserve(&"k", 1).await.unwrap();
     assert_eq!(
         next.wait,
@@ -226,7 +226,7 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     let a = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_secs(1));
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
-    gcra.refund_and_wait(&"k", 1, a).await.unwrap();
+    gcra.settle_and_wait(&"k", 1, a, 0).await.unwrap();
     let c = gcra.reserve(&"k", 1).await.unwrap();
     assert!(!c.allowed, "{c:?}");
     assert_eq!(c.retry_after, Duration::from_secs(1));
@@ -257,7 +257,7 @@ async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usi
         }
         // The layer's veto: whatever was granted goes back.
         if a.allowed {
-            window.refund_and_wait(&key, 1, a).await.unwrap();
+            window.settle_and_wait(&key, 1, a, 0).await.unwrap();
         }
         if b.allowed {
             second.refund(&key, 1, b);
@@ -558,7 +558,7 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
             assert!(twin.reserve(&"k", 1).await.unwrap().allowed);
             assert!(kept.reserve(&"k", 1).await.unwrap().allowed);
             vetoed
-                .refund_and_wait(&"k", 1, refused_elsewhere)
+                .settle_and_wait(&"k", 1, refused_elsewhere, 0)
                 .await
                 .unwrap();
         }
@@ -589,10 +589,13 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
     }
     let other = redis.reserve(&"b", 1).await.unwrap();
     assert!(other.allowed);
-    redis.refund_and_wait(&"a", 1, other).await.unwrap();
+    redis.settle_and_wait(&"a", 1, other, 0).await.unwrap();
     let from_memory = memory.check(&"a");
     assert!(from_memory.allowed);
-    redis.refund_and_wait(&"a", 1, from_memory).await.unwrap();
+    redis
+        .settle_and_wait(&"a", 1, from_memory, 0)
+        .await
+        .unwrap();
     assert!(
         !redis.reserve(&"a", 1).await.unwrap().allowed,
         "{tag}: a refund under another key or from another limiter freed a permit of `a`"
@@ -603,7 +606,7 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
     }
     let last = redis.reserve(&"b", 1).await.unwrap();
     assert!(last.allowed);
-    redis.refund_and_wait(&"b", 1, last).await.unwrap();
+    redis.settle_and_wait(&"b", 1, last, 0).await.unwrap();
     assert!(
         redis.reserve(&"b", 1).await.unwrap().allowed,
         "{tag}: b's own refund gave nothing back"
@@ -643,13 +646,13 @@ async fn a_refund_across_servers_gives_nothing_back<A: RedisAlgorithm>(
         on_a.check(&"k").await.unwrap(),
     );
     assert!(first.allowed && second.allowed, "{name}");
-    on_b.refund_and_wait(&"k", 1, first).await.unwrap();
+    on_b.settle_and_wait(&"k", 1, first, 0).await.unwrap();
     assert!(
         !on_b.check(&"k").await.unwrap().allowed,
         "{name}: B got A's permit back"
     );
     assert!(!on_a.check(&"k").await.unwrap().allowed, "{name}");
-    twin_of_a.refund_and_wait(&"k", 1, second).await.unwrap();
+    twin_of_a.settle_and_wait(&"k", 1, second, 0).await.unwrap();
     assert!(
         on_a.check(&"k").await.unwrap().allowed,
         "{name}: one state on one store"

@@ -29,7 +29,7 @@ async fn store(server: &RedisServer) -> RedisStore {
 async fn reserved_again_after_a_refund(limiter: &RedisRateLimiter, again: &str) -> Decision {
     let reserved = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(reserved.wait, Duration::from_secs(1));
-    limiter.refund_and_wait(&"k", 1, reserved).await.unwrap();
+    limiter.settle_and_wait(&"k", 1, reserved, 0).await.unwrap();
     let reserved_again = limiter.reserve(&"k", 1).await.unwrap();
     assert_eq!(reserved_again.wait, Duration::from_secs(1), "{again}");
     reserved_again
@@ -172,7 +172,7 @@ async fn exercise<A: RedisAlgorithm>(server: &RedisServer, prefix: &str) -> Vec<
         }
         // The third one was a reservation; give one back, which rewrites the key.
         let d = limiter.reserve(&key, 1).await.unwrap();
-        limiter.refund_and_wait(&key, 1, d).await.unwrap();
+        limiter.settle_and_wait(&key, 1, d, 0).await.unwrap();
         keys.push(limiter.redis_key(key));
     }
     // The expiry is the moment the state stops mattering: the decision's reset_after.
@@ -338,7 +338,7 @@ async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
     );
     assert_eq!(limiter.counts().cached_refusals, 1);
 
-    limiter.refund_and_wait(&"k", 1, admitted).await.unwrap();
+    limiter.settle_and_wait(&"k", 1, admitted, 0).await.unwrap();
     let again = limiter.check(&"k").await.unwrap();
     assert!(again.allowed, "the permit given back is there at once");
     assert_eq!(limiter.counts().cached_refusals, 1);

@@ -9,20 +9,14 @@ use super::classify::HttpOverload;
 use super::handle::AdaptiveBulkhead;
 use super::service::AdaptiveBulkheadService;
 
-/// Wraps a service in an [`AdaptiveBulkhead`]; each permit is held until the response future
+/// Wraps a service in an [`AdaptiveBulkhead`] (made by [`AdaptiveBulkhead::layer`] and
+/// [`layer_with`](AdaptiveBulkhead::layer_with)); each permit is held until the response future
 /// completes or is dropped, and each ending is judged by the classifier `C`.
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
 pub struct AdaptiveBulkheadLayer<C = HttpOverload> {
     pub(super) bulkhead: AdaptiveBulkhead,
     pub(super) classifier: Arc<C>,
-}
-
-impl AdaptiveBulkheadLayer {
-    /// A layer for `bulkhead` with the default classifier, [`HttpOverload`].
-    pub fn new(bulkhead: AdaptiveBulkhead) -> Self {
-        bulkhead.layer()
-    }
 }
 
 impl<C> Clone for AdaptiveBulkheadLayer<C> {

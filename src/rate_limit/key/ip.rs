@@ -128,16 +128,6 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         Prefixes::new(self.prefix, self.prefix).key(ip) == self.network
     }
-
-    /// The network address.
-    pub fn network(&self) -> IpAddr {
-        self.network
-    }
-
-    /// The prefix length in bits.
-    pub fn prefix(&self) -> u8 {
-        self.prefix
-    }
 }
 
 impl fmt::Display for Cidr {
@@ -290,7 +280,7 @@ pub(super) mod tests {
         assert!(!net.contains(ip("192.168.2.1")));
         assert!(!net.contains(ip("2001:db8::1")));
         let host: Cidr = "2001:db8::1".parse().unwrap();
-        assert_eq!(host.prefix(), 128);
+        assert_eq!(host.to_string(), "2001:db8::1/128");
         assert!(host.contains(ip("2001:db8::1")));
         assert!(!host.contains(ip("2001:db8::2")));
         let all: Cidr = "::/0".parse().unwrap();
