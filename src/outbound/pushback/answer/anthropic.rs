@@ -4,8 +4,6 @@
 //! family's `-limit`. The requests are a quota of calls; each family of tokens holds every call
 //! once it is spent, and a call of N tokens until N are back.
 
-use std::time::Duration;
-
 use http::header::{HeaderMap, HeaderName};
 
 use super::{read_families, when, Dialect, Family, Read, Reader};
@@ -53,17 +51,9 @@ const FAMILIES: [Family; 4] = [
 
 /// The binding quota of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
-    let reset = |field: &str, value: &[u8]| reset(reader, field, value);
+    // A reset is an RFC 3339 instant, read as the span until it.
+    let reset = |field: &str, value: &[u8]| {
+        Some(reader.until(field, reader.parsed(field, value, when::rfc3339)?))
+    };
     read_families(reader, headers, Dialect::Anthropic, &FAMILIES, reset)
-}
-
-/// A reset: an RFC 3339 instant, read as the span until it.
-fn reset(reader: &Reader<'_>, field: &str, value: &[u8]) -> Option<Duration> {
-    match when::rfc3339(value) {
-        Some(at) => Some(reader.until(field, at)),
-        None => {
-            reader.malformed(field, value);
-            None
-        }
-    }
 }

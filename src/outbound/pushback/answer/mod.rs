@@ -374,14 +374,25 @@ impl Reader<'_> {
     /// The span until a reset written as [`when::reset`] reads it, capped; `None`, logged,
     /// when it is none of those forms.
     fn reset(&self, field: &str, value: &[u8]) -> Option<Duration> {
-        match when::reset(value) {
-            Some(when::Reset::In(span)) => Some(self.capped(field, span)),
-            Some(when::Reset::At(at)) => Some(self.until(field, at)),
-            None => {
-                self.malformed(field, value);
-                None
-            }
+        Some(match self.parsed(field, value, when::reset)? {
+            when::Reset::In(span) => self.capped(field, span),
+            when::Reset::At(at) => self.until(field, at),
+        })
+    }
+
+    /// What `parse` reads of `value`, the value of `field`; `None`, logged, when it reads
+    /// nothing.
+    fn parsed<T>(
+        &self,
+        field: &str,
+        value: &[u8],
+        parse: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> Option<T> {
+        let parsed = parse(value);
+        if parsed.is_none() {
+            self.malformed(field, value);
         }
+        parsed
     }
 
     /// The one line of `name`, if it has exactly one of at most 4 KiB; logged when it has
@@ -449,25 +460,19 @@ impl Reader<'_> {
     /// The one line of `name` as a whole number; `None`, logged, when it is not one or the
     /// field has several lines.
     fn single_number(&self, headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
-        let value = self.single(headers, name)?;
-        let number = whole_number(value);
-        if number.is_none() {
-            self.malformed(name.as_str(), value);
-        }
-        number
+        self.parsed(name.as_str(), self.single(headers, name)?, whole_number)
     }
 
     /// The field `name`, its lines joined by commas (RFC 9651), or `None` when it is absent or
     /// too long (logged).
     fn joined(&self, headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
-        let mut joined = Vec::new();
-        for (i, value) in self.lines(headers, name)?.iter().enumerate() {
-            // Lines after the first are joined with ", ", as RFC 9110 combines them.
-            if i > 0 {
-                joined.extend_from_slice(b", ");
-            }
-            joined.extend_from_slice(value.as_bytes());
-        }
+        let lines: Vec<&[u8]> = self
+            .lines(headers, name)?
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        // Lines after the first are joined with ", ", as RFC 9110 combines them.
+        let joined = lines.join(&b", "[..]);
         (!joined.is_empty()).then_some(joined)
     }
 }

@@ -65,19 +65,16 @@ fn items(reader: &Reader<'_>, headers: &HeaderMap, name: &HeaderName) -> Vec<sfv
     let Some(field) = reader.joined(headers, name) else {
         return Vec::new();
     };
-    match sfv::Parser::new(&field).parse::<sfv::List>() {
-        Ok(list) => list
-            .into_iter()
-            .filter_map(|entry| match entry {
-                sfv::ListEntry::Item(item) => Some(item),
-                sfv::ListEntry::InnerList(_) => None,
-            })
-            .collect(),
-        Err(_) => {
-            reader.malformed(name.as_str(), &field);
-            Vec::new()
-        }
-    }
+    let parse = |field: &[u8]| sfv::Parser::new(field).parse::<sfv::List>().ok();
+    let list = reader
+        .parsed(name.as_str(), &field, parse)
+        .unwrap_or_default();
+    (list.into_iter())
+        .filter_map(|entry| match entry {
+            sfv::ListEntry::Item(item) => Some(item),
+            sfv::ListEntry::InnerList(_) => None,
+        })
+        .collect()
 }
 
 /// The name of the policy an Item is about: its value, if that is a String or a Token.

@@ -45,14 +45,8 @@ fn quota(
 ) -> Option<AdvertisedQuota> {
     let remaining = reader.single_number(headers, remaining)?;
     let after = reset_after.and_then(|name| {
-        let value = reader.single(headers, name)?;
-        match when::seconds(value) {
-            Some(span) => Some(reader.capped(name.as_str(), span)),
-            None => {
-                reader.malformed(name.as_str(), value);
-                None
-            }
-        }
+        let span = reader.parsed(name.as_str(), reader.single(headers, name)?, when::seconds)?;
+        Some(reader.capped(name.as_str(), span))
     });
     let window = match after {
         Some(window) => window,
