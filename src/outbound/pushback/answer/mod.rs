@@ -33,8 +33,8 @@ const MAX_LINES: usize = 16;
 const MAX_FIELD_BYTES: usize = 4096;
 
 /// A way dependencies write their quota in response fields. Reading one more is a module with
-/// a `read` function, a variant here and its arms in [`read`](Self::read) and
-/// [`label`](Self::label).
+/// a `read` function, a variant here (before `Custom`, the last), its reader in [`READERS`] and
+/// its label in the metrics' `HOLD_REASONS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
@@ -51,42 +51,18 @@ pub(crate) enum Dialect {
     Custom,
 }
 
+/// The readers of the built-in dialects, in the order of their declaration, which is the order
+/// they are read in: of equally restrictive quotas, the first read counts. Each gives the
+/// quota its dialect advertises in the fields, if they have one, and its limit of tokens with
+/// the fewest left, if it speaks of tokens.
+const READERS: [fn(&Reader<'_>, &HeaderMap) -> Read; 4] = [
+    ratelimit::read,
+    x_ratelimit::read,
+    openai::read,
+    anthropic::read,
+];
+
 impl Dialect {
-    /// Every dialect, in the order of declaration, which is the order they are read in: of
-    /// equally restrictive quotas, the first read counts.
-    pub(crate) const ALL: [Self; 5] = [
-        Self::RateLimit,
-        Self::XRateLimit,
-        Self::OpenAi,
-        Self::Anthropic,
-        Self::Custom,
-    ];
-
-    /// The `reason` label of the holds that a spent quota of this dialect causes.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::RateLimit => "ratelimit",
-            Self::XRateLimit => "x_ratelimit",
-            Self::OpenAi => "openai",
-            Self::Anthropic => "anthropic",
-            Self::Custom => "custom",
-        }
-    }
-
-    /// The quota this dialect advertises in `headers`, if they have one, and its limit of tokens
-    /// with the fewest left, if it speaks of tokens.
-    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Read {
-        match self {
-            Self::RateLimit => (ratelimit::read(reader, headers), None),
-            Self::XRateLimit => (x_ratelimit::read(reader, headers), None),
-            Self::OpenAi => openai::read(reader, headers),
-            Self::Anthropic => anthropic::read(reader, headers),
-            // Read by `read` with the readers it is given.
-            Self::Custom => (None, None),
-        }
-    }
-
     /// Whether, on an answer that also carries `Retry-After`, the time a spent quota of this
     /// dialect comes back is Retry-After's rather than its reset's when that is later.
     ///
@@ -264,9 +240,9 @@ pub(crate) fn read(
     });
     let mut tokens = None;
     let quota = most_restrictive(
-        (Dialect::ALL.iter())
-            .filter_map(|dialect| {
-                let (quota, read) = dialect.read(&reader, headers);
+        (READERS.iter())
+            .filter_map(|read_dialect| {
+                let (quota, read) = read_dialect(&reader, headers);
                 tokens = fewest_tokens(tokens.into_iter().chain(read));
                 quota
             })

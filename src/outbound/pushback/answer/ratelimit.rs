@@ -8,14 +8,14 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, AdvertisedQuota, Dialect, Reader, Refill};
+use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// The most restrictive quota of the `RateLimit` items, with their policies' windows and
 /// refills.
-pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let policies = items(reader, headers, &RATELIMIT_POLICY);
     let policy_of = |name: Option<&str>| {
         policies
@@ -57,7 +57,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
                 refill,
             })
         });
-    most_restrictive(quotas)
+    (most_restrictive(quotas), None)
 }
 
 /// The Items of the List in field `name`; none when it is absent, too long or malformed.
