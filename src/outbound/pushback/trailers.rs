@@ -87,7 +87,7 @@ pub(crate) trait ObserveTrailers: Send + Sync {
 
 impl<C: Clock> ObserveTrailers for Dependency<C> {
     fn trailers(&self, trailers: &HeaderMap) {
-        self.observe_fields(StatusCode::OK, trailers, None);
+        self.observe(StatusCode::OK, trailers, None);
     }
 }
 
