@@ -6,47 +6,13 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{read_families, when, Dialect, Family, Read, Reader};
-
-const fn family(
-    limit: &'static str,
-    remaining: &'static str,
-    reset: &'static str,
-    counts_calls: bool,
-) -> Family {
-    Family {
-        limit: HeaderName::from_static(limit),
-        remaining: HeaderName::from_static(remaining),
-        reset: HeaderName::from_static(reset),
-        counts_calls,
-    }
-}
+use super::{family, read_families, when, Dialect, Family, Read, Reader};
 
 const FAMILIES: [Family; 4] = [
-    family(
-        "anthropic-ratelimit-requests-limit",
-        "anthropic-ratelimit-requests-remaining",
-        "anthropic-ratelimit-requests-reset",
-        true,
-    ),
-    family(
-        "anthropic-ratelimit-tokens-limit",
-        "anthropic-ratelimit-tokens-remaining",
-        "anthropic-ratelimit-tokens-reset",
-        false,
-    ),
-    family(
-        "anthropic-ratelimit-input-tokens-limit",
-        "anthropic-ratelimit-input-tokens-remaining",
-        "anthropic-ratelimit-input-tokens-reset",
-        false,
-    ),
-    family(
-        "anthropic-ratelimit-output-tokens-limit",
-        "anthropic-ratelimit-output-tokens-remaining",
-        "anthropic-ratelimit-output-tokens-reset",
-        false,
-    ),
+    family!("anthropic-ratelimit-requests-", "", counts_calls: true),
+    family!("anthropic-ratelimit-tokens-", "", counts_calls: false),
+    family!("anthropic-ratelimit-input-tokens-", "", counts_calls: false),
+    family!("anthropic-ratelimit-output-tokens-", "", counts_calls: false),
 ];
 
 /// The binding quota of Anthropic's families.

@@ -122,6 +122,20 @@ struct Family {
     counts_calls: bool,
 }
 
+/// The [`Family`] of the fields `{before}limit{after}`, `{before}remaining{after}` and
+/// `{before}reset{after}`, as a constant.
+macro_rules! family {
+    ($before:literal, $after:literal, counts_calls: $counts_calls:literal) => {
+        Family {
+            limit: HeaderName::from_static(concat!($before, "limit", $after)),
+            remaining: HeaderName::from_static(concat!($before, "remaining", $after)),
+            reset: HeaderName::from_static(concat!($before, "reset", $after)),
+            counts_calls: $counts_calls,
+        }
+    };
+}
+use family;
+
 /// What one dialect's fields say: its most restrictive quota of calls, and its limit of tokens
 /// with the fewest left.
 type Read = (Option<AdvertisedQuota>, Option<TokenQuota>);
