@@ -298,23 +298,20 @@ fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
 /// The `Date` of a response, if it has exactly one readable one.
 fn date_of(headers: &HeaderMap) -> Option<SystemTime> {
     let mut values = headers.get_all(DATE).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
+    let (Some(value), None) = (values.next(), values.next()) else {
         return None;
-    }
+    };
     httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
 }
 
 /// A header value shortened and escaped for a log line.
 fn shown(value: &[u8]) -> String {
     let end = value.len().min(64);
-    let mut text = String::from_utf8_lossy(&value[..end])
-        .escape_debug()
-        .to_string();
-    if value.len() > end {
-        text.push('…');
-    }
-    text
+    let more = if value.len() > end { "…" } else { "" };
+    format!(
+        "{}{more}",
+        String::from_utf8_lossy(&value[..end]).escape_debug()
+    )
 }
 
 /// Non-negative whole seconds or a count, saturating: `None` unless `text` is one or more ASCII
