@@ -152,16 +152,13 @@ fn read_families(
     reset: impl Fn(&str, &[u8]) -> Option<Duration>,
 ) -> Read {
     let (mut quota, mut tokens) = (None, None);
-    for family in families {
-        let Some(remaining) = reader.single_number(headers, &family.remaining) else {
-            continue;
-        };
-        let Some(value) = reader.single(headers, &family.reset) else {
-            continue;
-        };
-        let Some(window) = reset(family.reset.as_str(), value) else {
-            continue;
-        };
+    let readable = families.iter().filter_map(|family| {
+        let remaining = reader.single_number(headers, &family.remaining)?;
+        let value = reader.single(headers, &family.reset)?;
+        let window = reset(family.reset.as_str(), value)?;
+        Some((family, remaining, window))
+    });
+    for (family, remaining, window) in readable {
         if family.counts_calls || remaining == 0 {
             let read = AdvertisedQuota {
                 dialect,
@@ -219,11 +216,9 @@ pub(crate) fn read(
     let overloaded = status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::SERVICE_UNAVAILABLE
         || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers));
-    let retry_after = if overloaded {
-        retry_after::read(&reader, headers)
-    } else {
-        None
-    };
+    let retry_after = overloaded
+        .then(|| retry_after::read(&reader, headers))
+        .flatten();
     // A gRPC answer comes as HTTP 200: its own status says when to call again.
     #[cfg(feature = "grpc")]
     let retry_after = retry_after.or_else(|| {
@@ -336,11 +331,6 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// `seconds` as a span, capped at `max_hold` (logged when capped).
-    fn span(&self, field: &str, seconds: u64) -> Duration {
-        self.capped(field, Duration::from_secs(seconds))
-    }
-
     /// `span`, capped at `max_hold` (logged when capped).
     fn capped(&self, field: &str, span: Duration) -> Duration {
         if span > self.max_hold {

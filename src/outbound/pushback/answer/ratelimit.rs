@@ -6,6 +6,8 @@
 //! item of the same name gives `q` calls per `w` seconds. A field that does not parse is ignored
 //! whole, as RFC 9651 asks; parameters other than Integers are ignored.
 
+use std::time::Duration;
+
 use http::header::{HeaderMap, HeaderName};
 
 use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
@@ -40,12 +42,12 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
                 let window = non_negative(policy, "w").filter(|&w| w > 0)?;
                 Some(Refill {
                     calls,
-                    window: reader.span("ratelimit-policy", window),
+                    window: reader.capped("ratelimit-policy", Duration::from_secs(window)),
                 })
             });
             let window = integer(&item, "t").or_else(|| integer(policy?, "w"));
             let window = match window.and_then(|t| u64::try_from(t).ok()) {
-                Some(t) => reader.span("ratelimit", t),
+                Some(t) => reader.capped("ratelimit", Duration::from_secs(t)),
                 None if remaining == 0 => reader.hold_without_time(),
                 // Calls left, but no window to spread them over: nothing to pace by.
                 None => return None,
