@@ -142,7 +142,7 @@ impl Schedule {
             return Err(at);
         }
         if let Some(record) = &mut self.tokens {
-            record.take(self.started, tokens);
+            record.take(tokens);
         }
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens);
         let counted = self.budget.is_some_and(|budget| budget > 0);
