@@ -231,11 +231,9 @@ where
                     }
                     *in_flight = None;
                     let dependency = &*this.dependency;
-                    return Poll::Ready(
-                        result.map(|response| {
-                            M::respond(response, || TrailerReader::new(dependency))
-                        }),
-                    );
+                    return Poll::Ready(result.map(|response| {
+                        M::respond(response, || TrailerReader(dependency.clone()))
+                    }));
                 }
             }
         }
