@@ -24,24 +24,15 @@ const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
 /// one). `None` for anything else, signs and exponents included.
 fn decimal(text: &[u8]) -> Option<(u64, u32)> {
     let text = text.trim_ascii();
-    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
-        Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
-        None => (text, None),
-    };
-    let digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
-    if !digits(whole) || !fraction.is_none_or(digits) {
-        return None;
-    }
-    let fraction = fraction.unwrap_or_default();
-    if whole.is_empty() && fraction.is_empty() {
+    let mut parts = text.splitn(2, |&b| b == b'.');
+    let (whole, fraction) = (parts.next()?, parts.next().unwrap_or_default());
+    let all_digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
+    if !all_digits(whole) || !all_digits(fraction) || (whole.is_empty() && fraction.is_empty()) {
         return None;
     }
     let whole = whole_number(whole).unwrap_or(0);
-    let mut nanos = 0u32;
-    for i in 0..9 {
-        let digit = fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
-        nanos = nanos * 10 + digit;
-    }
+    let digit = |i: usize| fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
+    let nanos = (0..9).fold(0, |nanos, i| nanos * 10 + digit(i));
     let beyond = fraction.iter().skip(9).any(|&d| d != b'0');
     Some((whole, nanos + u32::from(beyond)))
 }
