@@ -103,6 +103,18 @@ pub(crate) struct AdvertisedQuota {
     pub(crate) refill: Option<Refill>,
 }
 
+impl AdvertisedQuota {
+    /// `remaining` calls of `dialect` within `window`, and nothing known after it.
+    fn new(dialect: Dialect, remaining: u64, window: Duration) -> Self {
+        Self {
+            dialect,
+            remaining,
+            window,
+            refill: None,
+        }
+    }
+}
+
 /// The quota of every window after the advertised one: `calls` in each `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refill {
@@ -160,12 +172,7 @@ fn read_families(
     });
     for (family, remaining, window) in readable {
         if family.counts_calls || remaining == 0 {
-            let read = AdvertisedQuota {
-                dialect,
-                remaining,
-                window,
-                refill: None,
-            };
+            let read = AdvertisedQuota::new(dialect, remaining, window);
             quota = most_restrictive(quota.into_iter().chain([read]));
         }
         if !family.counts_calls {
@@ -240,12 +247,8 @@ pub(crate) fn read(
     };
     let custom = custom.iter().filter_map(|read| {
         let (remaining, window) = read(headers)?;
-        Some(AdvertisedQuota {
-            dialect: Dialect::Custom,
-            remaining,
-            window: reader.capped("a dialect of the user's", window),
-            refill: None,
-        })
+        let window = reader.capped("a dialect of the user's", window);
+        Some(AdvertisedQuota::new(Dialect::Custom, remaining, window))
     });
     let mut tokens = None;
     let quota = most_restrictive(
@@ -282,12 +285,10 @@ pub(crate) fn read(
 
 /// Whether `headers` carry a field of a rate-limit dialect, readable or not.
 fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| {
-        let name = name.as_str();
-        name.starts_with("ratelimit")
-            || name.starts_with("x-ratelimit-")
-            || name.starts_with("anthropic-ratelimit-")
-    })
+    let prefixes = ["ratelimit", "x-ratelimit-", "anthropic-ratelimit-"];
+    headers
+        .keys()
+        .any(|name| prefixes.iter().any(|p| name.as_str().starts_with(p)))
 }
 
 /// The `Date` of a response, if it has exactly one readable one.

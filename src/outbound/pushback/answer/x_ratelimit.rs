@@ -52,10 +52,5 @@ fn quota(
         Some(window) => window,
         None => reader.reset(reset.as_str(), reader.single(headers, reset)?)?,
     };
-    Some(AdvertisedQuota {
-        dialect: Dialect::XRateLimit,
-        remaining,
-        window,
-        refill: None,
-    })
+    Some(AdvertisedQuota::new(Dialect::XRateLimit, remaining, window))
 }
