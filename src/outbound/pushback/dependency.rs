@@ -4,7 +4,7 @@
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
@@ -183,14 +183,7 @@ impl<C: Clock> Dependency<C> {
         headers: &http::HeaderMap,
         own: Option<(u64, u64)>,
     ) {
-        let answer = answer::read(
-            &self.name,
-            status,
-            headers,
-            SystemTime::now(),
-            self.max_hold,
-            &self.dialects,
-        );
+        let answer = answer::read(&self.name, status, headers, self.max_hold, &self.dialects);
         if answer == Answer::default() {
             return;
         }

@@ -201,14 +201,13 @@ fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<Adv
 /// fields it knows are there.
 pub(crate) type ReadQuota = dyn Fn(&HeaderMap) -> Option<(u64, Duration)> + Send + Sync;
 
-/// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
+/// Reads `status` and `headers` as of now (by the system time), capping every span
 /// at `max_hold`, with the built-in dialects and the user's `custom` ones. `dependency` names
 /// the dependency in logs.
 pub(crate) fn read(
     dependency: &str,
     status: StatusCode,
     headers: &HeaderMap,
-    wall_now: SystemTime,
     max_hold: Duration,
     custom: &[Arc<ReadQuota>],
 ) -> Answer {
@@ -216,7 +215,7 @@ pub(crate) fn read(
         dependency,
         max_hold,
         // The server's own clock, when it sends one, so that dates are read without clock skew.
-        reference: date_of(headers).unwrap_or(wall_now),
+        reference: date_of(headers).unwrap_or_else(SystemTime::now),
     };
     // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
     // rate-limit fields; any other 403 says nothing about when to call again.
@@ -467,15 +466,7 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        read(
-            "p",
-            StatusCode::OK,
-            &headers,
-            SystemTime::now(),
-            Duration::MAX,
-            &[],
-        )
-        .quota
+        read("p", StatusCode::OK, &headers, Duration::MAX, &[]).quota
     }
 
     #[test]
