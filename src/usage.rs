@@ -77,12 +77,11 @@ impl BodyUsage {
 
     /// A reader for one response body.
     pub fn scan(&self) -> UsageScan {
-        let (path, json, sse) = (
-            Arc::clone(&self.path),
-            Json::default(),
-            self.sse.then(Sse::default),
-        );
-        UsageScan { path, json, sse }
+        UsageScan {
+            path: Arc::clone(&self.path),
+            json: Json::default(),
+            sse: self.sse.then(Sse::default),
+        }
     }
 }
 
@@ -148,8 +147,7 @@ impl UsageScan {
         for &b in bytes {
             match &mut self.sse {
                 Some(sse) => sse.push(&mut self.json, &self.path, b),
-                None if self.json.found.is_some() => return,
-                None if matches!(self.json.expect, Expect::End | Expect::Failed) => return,
+                None if self.json.found.is_some() || self.json.expect == Expect::Done => return,
                 None => self.json.push(&self.path, b),
             }
         }
@@ -237,10 +235,9 @@ enum Expect {
     Key,
     Colon,
     CommaOrClose,
-    /// The top-level value is complete: what follows is ignored.
-    End,
-    /// The document stopped being JSON, or nests too deep: what follows is ignored.
-    Failed,
+    /// The top-level value is complete, or the document stopped being JSON or nests too deep:
+    /// what follows is ignored.
+    Done,
 }
 
 /// The token being read.
@@ -331,7 +328,7 @@ impl Json {
         let last = usize::from(self.matched) + 1 == path.len();
         let value = matches!(self.expect, Expect::Value | Expect::ValueOrClose);
         match (self.expect, b) {
-            (Expect::End | Expect::Failed, _) => {}
+            (Expect::Done, _) => {}
             (_, b'{') if value => self.begin(Expect::KeyOrClose, on_key && !last),
             (_, b'[') if value => self.begin(Expect::ValueOrClose, false),
             (_, b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n') if value => {
@@ -415,14 +412,14 @@ impl Json {
 
     fn after_value(&mut self) {
         self.expect = if self.depth == 0 {
-            Expect::End
+            Expect::Done
         } else {
             Expect::CommaOrClose
         };
     }
 
     fn fail(&mut self) {
-        self.expect = Expect::Failed;
+        self.expect = Expect::Done;
         self.lex = Lex::None;
         self.depth = 0;
     }

@@ -25,15 +25,10 @@ fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration
     if !matches!(code, Code::ResourceExhausted | Code::Unavailable) {
         return None;
     }
-    if let Some(delay) = retry_info_delay(details) {
-        return Some(delay);
-    }
-    let millis = std::str::from_utf8(pushback?)
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(Duration::from_millis(millis))
+    retry_info_delay(details).or_else(|| {
+        let millis = std::str::from_utf8(pushback?).ok()?.trim().parse().ok()?;
+        Some(Duration::from_millis(millis))
+    })
 }
 
 /// The delay of the first `google.rpc.RetryInfo` in `details` (a serialized `google.rpc.Status`),

@@ -75,25 +75,23 @@ impl ClientQuotaMetrics {
     }
 }
 
-/// The holds' counters: a `Retry-After` (or a 429 naming no time) first, then a spent quota
-/// of each dialect, in the order of [`Dialect::ALL`].
+/// The `reason` labels of the holds' counters: a `Retry-After` (or a 429 naming no time) first,
+/// then a spent quota of each dialect, in the order [`Dialect`] declares them (`Custom` last).
 #[cfg(feature = "metrics")]
-const HOLD_REASONS: usize = 1 + Dialect::ALL.len();
-
-/// The `reason` label of the hold counted at `index`.
-#[cfg(feature = "metrics")]
-fn hold_reason(index: usize) -> &'static str {
-    match index.checked_sub(1) {
-        None => "retry_after",
-        Some(dialect) => Dialect::ALL[dialect].label(),
-    }
-}
+const HOLD_REASONS: [&str; 2 + Dialect::Custom as usize] = [
+    "retry_after",
+    "ratelimit",
+    "x_ratelimit",
+    "openai",
+    "anthropic",
+    "custom",
+];
 
 #[cfg(feature = "metrics")]
 struct Handles {
     /// A pushback fails no call of its own: no `failed` outcome.
     calls: [metrics::Counter; 3],
-    holds: [metrics::Counter; HOLD_REASONS],
+    holds: [metrics::Counter; HOLD_REASONS.len()],
     held: metrics::Gauge,
 }
 
@@ -122,8 +120,8 @@ impl PushbackMetrics {
             let name = self.name.to_string();
             Handles {
                 calls: call_counters(m::PUSHBACK_CALLS, &name),
-                holds: std::array::from_fn(|index| {
-                    metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => hold_reason(index))
+                holds: HOLD_REASONS.map(|reason| {
+                    metrics::counter!(m::PUSHBACK_HOLDS, "name" => name.clone(), "reason" => reason)
                 }),
                 held: metrics::gauge!(m::PUSHBACK_HELD_SECONDS, "name" => name.clone()),
             }
@@ -147,7 +145,7 @@ impl PushbackMetrics {
                 .quota
                 .filter(|quota| quota.remaining == 0 && !quota.window.is_zero());
             if let Some(quota) = spent {
-                // `Dialect::ALL` lists the variants in the order of declaration.
+                // `HOLD_REASONS` lists the dialects in the order of declaration.
                 self.handles().holds[1 + quota.dialect as usize].increment(1);
             }
         }

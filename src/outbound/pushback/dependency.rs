@@ -2,9 +2,11 @@
 //! [`Dependency`] record behind it.
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use super::answer::{self, Answer};
@@ -88,7 +90,7 @@ impl<C: Clock> Pushback<C> {
     /// dependency. Calls in flight through the layer are counted against an advertised quota;
     /// this call is not one of them.
     pub fn observe<R: ResponseHead>(&self, response: &R) {
-        self.dependency.observe(response, None);
+        (self.dependency).observe(response.status(), response.headers(), None);
     }
 }
 
@@ -109,7 +111,7 @@ pub(crate) struct Dependency<C> {
     /// The user's readers of dialects of their own.
     dialects: Vec<Arc<answer::ReadQuota>>,
     /// Woken when an answer lets calls start sooner than before, so that waiters go then.
-    pub(crate) sooner: Arc<Notify>,
+    sooner: Arc<Notify>,
 }
 
 impl<C> Dependency<C> {
@@ -141,6 +143,11 @@ impl<C: Clock> Dependency<C> {
         }
     }
 
+    /// Ready at the next answer that lets calls start sooner.
+    pub(crate) fn listen(&self) -> Pin<Box<OwnedNotified>> {
+        Box::pin(Arc::clone(&self.sooner).notified_owned())
+    }
+
     /// A call of `tokens` tokens started by [`try_start`](Self::try_start) has ended.
     pub(crate) fn finish(&self, tokens: u64) {
         self.schedule().finish(tokens);
@@ -167,28 +174,16 @@ impl<C: Clock> Dependency<C> {
         }
     }
 
-    /// Records `response`; `own` is the place in the order of starts and the tokens of the
-    /// call it answers (still counted in flight), `None` for a response obtained elsewhere.
-    pub(crate) fn observe<R: ResponseHead>(&self, response: &R, own: Option<(u64, u64)>) {
-        self.observe_fields(response.status(), response.headers(), own);
-    }
-
-    /// Records an answer of `status` with the fields `headers` (its head's, or its trailers'),
-    /// as [`observe`](Self::observe) does.
-    pub(crate) fn observe_fields(
+    /// Records an answer of `status` with the fields `headers` (its head's, or its trailers');
+    /// `own` is the place in the order of starts and the tokens of the call it answers (still
+    /// counted in flight), `None` for an answer obtained elsewhere.
+    pub(crate) fn observe(
         &self,
         status: http::StatusCode,
         headers: &http::HeaderMap,
         own: Option<(u64, u64)>,
     ) {
-        let answer = answer::read(
-            &self.name,
-            status,
-            headers,
-            SystemTime::now(),
-            self.max_hold,
-            &self.dialects,
-        );
+        let answer = answer::read(&self.name, status, headers, self.max_hold, &self.dialects);
         if answer == Answer::default() {
             return;
         }

@@ -123,13 +123,12 @@ where
         tokens: u64,
     ) -> Self {
         let mut sooner = None;
-        let mut started = dependency.try_start(tokens);
-        if started.is_err() {
+        let started = dependency.try_start(tokens).or_else(|_| {
             // Listen for an answer that lets calls start sooner, then look again: an answer
             // that came between the first look and the listening is not missed.
-            sooner = Some(Arc::clone(&dependency.sooner).notified_owned());
-            started = dependency.try_start(tokens);
-        }
+            sooner = Some(dependency.listen());
+            dependency.try_start(tokens)
+        });
         let state = match started {
             Ok(place) => {
                 dependency.metrics.count(Outcome::Admitted);
@@ -151,9 +150,7 @@ where
                             deadline,
                             service,
                             request,
-                            sooner: Box::pin(sooner.unwrap_or_else(|| {
-                                Arc::clone(&dependency.sooner).notified_owned()
-                            })),
+                            sooner: sooner.unwrap_or_else(|| dependency.listen()),
                         }),
                     }
                 }
@@ -190,8 +187,7 @@ where
                     let entry = waiting.as_mut().expect("polled after completion");
                     if entry.sooner.as_mut().poll(cx).is_ready() {
                         // A newer answer moved the time closer: try again now.
-                        let sooner = Arc::clone(&this.dependency.sooner).notified_owned();
-                        entry.sooner = Box::pin(sooner);
+                        entry.sooner = this.dependency.listen();
                     } else {
                         ready!(entry.sleep.as_mut().poll(cx));
                     }
@@ -223,8 +219,8 @@ where
                     let result = ready!(future.poll(cx)).map_err(Into::into);
                     match (&result, in_flight.as_ref()) {
                         (Ok(response), call) => {
-                            this.dependency
-                                .observe(response, call.map(|call| (call.place, call.tokens)));
+                            let own = call.map(|call| (call.place, call.tokens));
+                            (this.dependency).observe(response.status(), response.headers(), own);
                         }
                         // Refused below before anything was sent: its share of the budget
                         // goes back.
@@ -235,11 +231,9 @@ where
                     }
                     *in_flight = None;
                     let dependency = &*this.dependency;
-                    return Poll::Ready(
-                        result.map(|response| {
-                            M::respond(response, || TrailerReader::new(dependency))
-                        }),
-                    );
+                    return Poll::Ready(result.map(|response| {
+                        M::respond(response, || TrailerReader(dependency.clone()))
+                    }));
                 }
             }
         }

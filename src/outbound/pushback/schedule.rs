@@ -97,7 +97,6 @@ impl Schedule {
     /// calls still in flight (which may land in it); with nothing known, no quota.
     fn roll(&mut self, now: u64) {
         if self.budget.is_some() && self.window_end <= now {
-            self.spacing = 0;
             // The next window is taken to start now, which ends it no earlier than the
             // dependency's (whose window ended at `window_end` or before).
             match self.refill {
@@ -108,11 +107,9 @@ impl Schedule {
                     self.window_from = self.started;
                     self.window_end = now.saturating_add(window.max(1));
                     // Under `Spread`, this window's calls are spread over it too.
-                    if self.pacing == Pacing::Spread && budget > 0 {
-                        self.spacing = window / budget;
-                    }
+                    self.spacing = spacing(self.pacing, window, budget);
                 }
-                None => self.budget = None,
+                None => (self.budget, self.spacing) = (None, 0),
             }
         }
     }
@@ -145,7 +142,7 @@ impl Schedule {
             return Err(at);
         }
         if let Some(record) = &mut self.tokens {
-            record.take(self.started, tokens);
+            record.take(tokens);
         }
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens);
         let counted = self.budget.is_some_and(|budget| budget > 0);
@@ -269,10 +266,12 @@ impl Schedule {
         self.roll(now);
         // Calls in flight other than this one may not have been counted in `r` yet.
         let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
+        let budget = quota.remaining.saturating_sub(others);
+        let window = saturating_nanos(quota.window);
         let advertised = Advertised {
-            budget: quota.remaining.saturating_sub(others),
-            window: saturating_nanos(quota.window),
-            window_end: now.saturating_add(saturating_nanos(quota.window)),
+            budget,
+            spacing: spacing(self.pacing, window, budget),
+            window_end: now.saturating_add(window),
             refill: quota.refill,
         };
         // An answer to a call sent before the quota in force was last changed may have been
@@ -292,7 +291,7 @@ impl Schedule {
         self.budget = Some(advertised.budget);
         self.window_end = advertised.window_end;
         self.refill = advertised.refill;
-        self.spacing = advertised.spacing(self.pacing);
+        self.spacing = advertised.spacing;
         if self.spacing == 0 {
             self.next_slot = 0;
         } else {
@@ -319,27 +318,26 @@ impl Schedule {
         } else {
             self.budget = Some(budget.min(advertised.budget));
             self.window_end = self.window_end.max(advertised.window_end);
-            self.spacing = self.spacing.max(advertised.spacing(self.pacing));
+            self.spacing = self.spacing.max(advertised.spacing);
         }
         self.refill = stricter(self.refill, advertised.refill);
     }
 }
 
 /// An advertised quota as the schedule counts it: the calls left to this client (less those
-/// in flight), its window in the clock's nanoseconds, and its refill as advertised.
+/// in flight), the time between two of them under the pacing, the end of its window in the
+/// clock's nanoseconds, and its refill as advertised.
 struct Advertised {
     budget: u64,
-    window: u64,
+    spacing: u64,
     window_end: u64,
     refill: Option<Refill>,
 }
 
-impl Advertised {
-    /// The time between two calls under `pacing`.
-    fn spacing(&self, pacing: Pacing) -> u64 {
-        match pacing {
-            Pacing::Spread if self.budget > 0 => self.window / self.budget,
-            _ => 0,
-        }
+/// The time between two calls under `pacing`, for `budget` calls within `window`.
+fn spacing(pacing: Pacing, window: u64, budget: u64) -> u64 {
+    match pacing {
+        Pacing::Spread if budget > 0 => window / budget,
+        _ => 0,
     }
 }

@@ -91,11 +91,9 @@ impl TokenRecord {
         }
     }
 
-    /// A call started at place `place` took `cost` tokens.
-    pub(super) fn take(&mut self, place: u64, cost: u64) {
-        if place >= self.from {
-            self.taken = self.taken.saturating_add(cost);
-        }
+    /// A call started now (so after every call placed before `from`) took `cost` tokens.
+    pub(super) fn take(&mut self, cost: u64) {
+        self.taken = self.taken.saturating_add(cost);
     }
 
     /// A call started at place `place` was refused below, unsent: its tokens come back.
@@ -127,7 +125,7 @@ mod tests {
         ) {
             let quota = TokenQuota { remaining, limit, resets_in: Duration::from_nanos(resets_in) };
             let mut record = TokenRecord::new(quota, at, 0, 0);
-            record.take(0, taken);
+            record.take(taken);
             let now = at + later;
             let free = record.free_at(now, cost);
             prop_assert!(free >= now);

@@ -65,17 +65,11 @@ impl<B: Body> ReadAnswer<http::Response<B>> for ReadTrailers {
 }
 
 /// Records the trailers of one answer with its dependency.
-pub struct TrailerReader(Arc<dyn ObserveTrailers>);
+pub struct TrailerReader(pub(super) Arc<dyn ObserveTrailers>);
 
 impl fmt::Debug for TrailerReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TrailerReader")
-    }
-}
-
-impl TrailerReader {
-    pub(crate) fn new<C: Clock>(dependency: &Arc<Dependency<C>>) -> Self {
-        Self(Arc::clone(dependency) as Arc<dyn ObserveTrailers>)
     }
 }
 
@@ -87,7 +81,7 @@ pub(crate) trait ObserveTrailers: Send + Sync {
 
 impl<C: Clock> ObserveTrailers for Dependency<C> {
     fn trailers(&self, trailers: &HeaderMap) {
-        self.observe_fields(StatusCode::OK, trailers, None);
+        self.observe(StatusCode::OK, trailers, None);
     }
 }
 

@@ -60,11 +60,9 @@ pin_project! {
         cost: u32,
         // What the response says the call cost.
         settle: U,
-        // The permits of a call waiting for them: given back if the call is dropped unsent.
-        reserved: Option<Decision>,
-        // The permits of a call sent on to the inner service: given back if it refuses the
-        // call itself, before anything reached the dependency.
-        sent: Option<Decision>,
+        // The call's permits: given back if it is dropped while it waits for them, or if the
+        // inner service refuses it itself, before anything reached the dependency.
+        held: Option<Decision>,
         #[pin]
         state: State<S, Req, L::Future>,
     }
@@ -76,7 +74,8 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let (Some(decision), Some(key)) = (this.reserved.take(), this.key.as_ref()) {
+            let waiting = matches!(*this.state, State::Waiting { .. });
+            if let (true, Some(decision), Some(key)) = (waiting, this.held.take(), &this.key) {
                 this.shared.limiter.refund(key, *this.cost, decision);
             }
         }
@@ -87,8 +86,7 @@ pin_project! {
 /// place) only when the call cannot start at once.
 fn state_after<S, Req, L, F>(
     shared: &Shared<L>,
-    reserved: &mut Option<Decision>,
-    sent: &mut Option<Decision>,
+    held: &mut Option<Decision>,
     decision: Result<Decision, BoxError>,
     service: &mut S,
     request: Req,
@@ -115,7 +113,7 @@ where
         }
         Ok(decision) if decision.wait.is_zero() => {
             shared.metrics.count(Outcome::Admitted);
-            *sent = Some(decision);
+            *held = Some(decision);
             State::Running {
                 future: service.call(request),
             }
@@ -123,7 +121,7 @@ where
         Ok(decision) => {
             // Counted when the wait ends, and not at all if the call is dropped first.
             let sleep = Box::pin(tokio::time::sleep(decision.wait));
-            *reserved = Some(decision);
+            *held = Some(decision);
             let call = Some((mem::replace(service, service.clone()), request));
             State::Waiting { sleep, call }
         }
@@ -144,11 +142,9 @@ where
         service: &mut S,
         request: Req,
     ) -> Self {
-        let (mut reserved, mut sent) = (None, None);
+        let mut held = None;
         let state = match shared.limiter.reserve_now(&key, cost) {
-            Some(decision) => {
-                state_after(shared, &mut reserved, &mut sent, decision, service, request)
-            }
+            Some(decision) => state_after(shared, &mut held, decision, service, request),
             None => State::Reserving {
                 reserve: shared.limiter.reserve(&key, cost),
                 call: Some((mem::replace(service, service.clone()), request)),
@@ -159,8 +155,7 @@ where
             key: Some(key),
             cost,
             settle,
-            reserved,
-            sent,
+            held,
             state,
         }
     }
@@ -185,24 +180,23 @@ where
                     let (mut service, request) = call.take().expect("polled after completion");
                     // A call that must wait takes the readied service; the clone `state_after`
                     // leaves behind is dropped with this scope.
-                    let (reserved, sent) = (&mut *this.reserved, &mut *this.sent);
-                    state_after(this.shared, reserved, sent, decision, &mut service, request)
+                    state_after(this.shared, this.held, decision, &mut service, request)
                 }
                 StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
                     this.shared.metrics.count(Outcome::Waited);
-                    let future = service.call(request);
                     // The permits are due now: the call keeps them, unless it is refused below.
-                    *this.sent = this.reserved.take();
-                    State::Running { future }
+                    State::Running {
+                        future: service.call(request),
+                    }
                 }
                 StateProj::Refused { error } => {
                     return Poll::Ready(Err(error.take().expect("polled after completion")));
                 }
                 StateProj::Running { future } => {
                     let mut result = ready!(future.poll(cx)).map_err(Into::into);
-                    let (Some(decision), Some(key)) = (this.sent.take(), this.key.take()) else {
+                    let (Some(decision), Some(key)) = (this.held.take(), this.key.take()) else {
                         return Poll::Ready(result);
                     };
                     let (shared, estimate) = (this.shared, *this.cost);

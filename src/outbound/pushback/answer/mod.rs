@@ -33,8 +33,8 @@ const MAX_LINES: usize = 16;
 const MAX_FIELD_BYTES: usize = 4096;
 
 /// A way dependencies write their quota in response fields. Reading one more is a module with
-/// a `read` function, a variant here and its arms in [`read`](Self::read) and
-/// [`label`](Self::label).
+/// a `read` function, a variant here (before `Custom`, the last), its reader in [`READERS`] and
+/// its label in the metrics' `HOLD_REASONS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
@@ -51,42 +51,18 @@ pub(crate) enum Dialect {
     Custom,
 }
 
+/// The readers of the built-in dialects, in the order of their declaration, which is the order
+/// they are read in: of equally restrictive quotas, the first read counts. Each gives the
+/// quota its dialect advertises in the fields, if they have one, and its limit of tokens with
+/// the fewest left, if it speaks of tokens.
+const READERS: [fn(&Reader<'_>, &HeaderMap) -> Read; 4] = [
+    ratelimit::read,
+    x_ratelimit::read,
+    openai::read,
+    anthropic::read,
+];
+
 impl Dialect {
-    /// Every dialect, in the order of declaration, which is the order they are read in: of
-    /// equally restrictive quotas, the first read counts.
-    pub(crate) const ALL: [Self; 5] = [
-        Self::RateLimit,
-        Self::XRateLimit,
-        Self::OpenAi,
-        Self::Anthropic,
-        Self::Custom,
-    ];
-
-    /// The `reason` label of the holds that a spent quota of this dialect causes.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::RateLimit => "ratelimit",
-            Self::XRateLimit => "x_ratelimit",
-            Self::OpenAi => "openai",
-            Self::Anthropic => "anthropic",
-            Self::Custom => "custom",
-        }
-    }
-
-    /// The quota this dialect advertises in `headers`, if they have one, and its limit of tokens
-    /// with the fewest left, if it speaks of tokens.
-    fn read(self, reader: &Reader<'_>, headers: &HeaderMap) -> Read {
-        match self {
-            Self::RateLimit => (ratelimit::read(reader, headers), None),
-            Self::XRateLimit => (x_ratelimit::read(reader, headers), None),
-            Self::OpenAi => openai::read(reader, headers),
-            Self::Anthropic => anthropic::read(reader, headers),
-            // Read by `read` with the readers it is given.
-            Self::Custom => (None, None),
-        }
-    }
-
     /// Whether, on an answer that also carries `Retry-After`, the time a spent quota of this
     /// dialect comes back is Retry-After's rather than its reset's when that is later.
     ///
@@ -127,6 +103,18 @@ pub(crate) struct AdvertisedQuota {
     pub(crate) refill: Option<Refill>,
 }
 
+impl AdvertisedQuota {
+    /// `remaining` calls of `dialect` within `window`, and nothing known after it.
+    fn new(dialect: Dialect, remaining: u64, window: Duration) -> Self {
+        Self {
+            dialect,
+            remaining,
+            window,
+            refill: None,
+        }
+    }
+}
+
 /// The quota of every window after the advertised one: `calls` in each `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refill {
@@ -146,6 +134,20 @@ struct Family {
     counts_calls: bool,
 }
 
+/// The [`Family`] of the fields `{before}limit{after}`, `{before}remaining{after}` and
+/// `{before}reset{after}`, as a constant.
+macro_rules! family {
+    ($before:literal, $after:literal, counts_calls: $counts_calls:literal) => {
+        Family {
+            limit: HeaderName::from_static(concat!($before, "limit", $after)),
+            remaining: HeaderName::from_static(concat!($before, "remaining", $after)),
+            reset: HeaderName::from_static(concat!($before, "reset", $after)),
+            counts_calls: $counts_calls,
+        }
+    };
+}
+use family;
+
 /// What one dialect's fields say: its most restrictive quota of calls, and its limit of tokens
 /// with the fewest left.
 type Read = (Option<AdvertisedQuota>, Option<TokenQuota>);
@@ -162,23 +164,15 @@ fn read_families(
     reset: impl Fn(&str, &[u8]) -> Option<Duration>,
 ) -> Read {
     let (mut quota, mut tokens) = (None, None);
-    for family in families {
-        let Some(remaining) = reader.single_number(headers, &family.remaining) else {
-            continue;
-        };
-        let Some(value) = reader.single(headers, &family.reset) else {
-            continue;
-        };
-        let Some(window) = reset(family.reset.as_str(), value) else {
-            continue;
-        };
+    let readable = families.iter().filter_map(|family| {
+        let remaining = reader.single_number(headers, &family.remaining)?;
+        let value = reader.single(headers, &family.reset)?;
+        let window = reset(family.reset.as_str(), value)?;
+        Some((family, remaining, window))
+    });
+    for (family, remaining, window) in readable {
         if family.counts_calls || remaining == 0 {
-            let read = AdvertisedQuota {
-                dialect,
-                remaining,
-                window,
-                refill: None,
-            };
+            let read = AdvertisedQuota::new(dialect, remaining, window);
             quota = most_restrictive(quota.into_iter().chain([read]));
         }
         if !family.counts_calls {
@@ -207,14 +201,13 @@ fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<Adv
 /// fields it knows are there.
 pub(crate) type ReadQuota = dyn Fn(&HeaderMap) -> Option<(u64, Duration)> + Send + Sync;
 
-/// Reads `status` and `headers` as of `wall_now` (the reader's system time), capping every span
+/// Reads `status` and `headers` as of now (by the system time), capping every span
 /// at `max_hold`, with the built-in dialects and the user's `custom` ones. `dependency` names
 /// the dependency in logs.
 pub(crate) fn read(
     dependency: &str,
     status: StatusCode,
     headers: &HeaderMap,
-    wall_now: SystemTime,
     max_hold: Duration,
     custom: &[Arc<ReadQuota>],
 ) -> Answer {
@@ -222,18 +215,16 @@ pub(crate) fn read(
         dependency,
         max_hold,
         // The server's own clock, when it sends one, so that dates are read without clock skew.
-        reference: date_of(headers).unwrap_or(wall_now),
+        reference: date_of(headers).unwrap_or_else(SystemTime::now),
     };
     // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
     // rate-limit fields; any other 403 says nothing about when to call again.
     let overloaded = status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::SERVICE_UNAVAILABLE
         || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers));
-    let retry_after = if overloaded {
-        retry_after::read(&reader, headers)
-    } else {
-        None
-    };
+    let retry_after = overloaded
+        .then(|| retry_after::read(&reader, headers))
+        .flatten();
     // A gRPC answer comes as HTTP 200: its own status says when to call again.
     #[cfg(feature = "grpc")]
     let retry_after = retry_after.or_else(|| {
@@ -255,18 +246,14 @@ pub(crate) fn read(
     };
     let custom = custom.iter().filter_map(|read| {
         let (remaining, window) = read(headers)?;
-        Some(AdvertisedQuota {
-            dialect: Dialect::Custom,
-            remaining,
-            window: reader.capped("a dialect of the user's", window),
-            refill: None,
-        })
+        let window = reader.capped("a dialect of the user's", window);
+        Some(AdvertisedQuota::new(Dialect::Custom, remaining, window))
     });
     let mut tokens = None;
     let quota = most_restrictive(
-        (Dialect::ALL.iter())
-            .filter_map(|dialect| {
-                let (quota, read) = dialect.read(&reader, headers);
+        (READERS.iter())
+            .filter_map(|read_dialect| {
+                let (quota, read) = read_dialect(&reader, headers);
                 tokens = fewest_tokens(tokens.into_iter().chain(read));
                 quota
             })
@@ -297,34 +284,29 @@ pub(crate) fn read(
 
 /// Whether `headers` carry a field of a rate-limit dialect, readable or not.
 fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| {
-        let name = name.as_str();
-        name.starts_with("ratelimit")
-            || name.starts_with("x-ratelimit-")
-            || name.starts_with("anthropic-ratelimit-")
-    })
+    let prefixes = ["ratelimit", "x-ratelimit-", "anthropic-ratelimit-"];
+    headers
+        .keys()
+        .any(|name| prefixes.iter().any(|p| name.as_str().starts_with(p)))
 }
 
 /// The `Date` of a response, if it has exactly one readable one.
 fn date_of(headers: &HeaderMap) -> Option<SystemTime> {
     let mut values = headers.get_all(DATE).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
+    let (Some(value), None) = (values.next(), values.next()) else {
         return None;
-    }
+    };
     httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
 }
 
 /// A header value shortened and escaped for a log line.
 fn shown(value: &[u8]) -> String {
     let end = value.len().min(64);
-    let mut text = String::from_utf8_lossy(&value[..end])
-        .escape_debug()
-        .to_string();
-    if value.len() > end {
-        text.push('…');
-    }
-    text
+    let more = if value.len() > end { "…" } else { "" };
+    format!(
+        "{}{more}",
+        String::from_utf8_lossy(&value[..end]).escape_debug()
+    )
 }
 
 /// Non-negative whole seconds or a count, saturating: `None` unless `text` is one or more ASCII
@@ -349,11 +331,6 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// `seconds` as a span, capped at `max_hold` (logged when capped).
-    fn span(&self, field: &str, seconds: u64) -> Duration {
-        self.capped(field, Duration::from_secs(seconds))
-    }
-
     /// `span`, capped at `max_hold` (logged when capped).
     fn capped(&self, field: &str, span: Duration) -> Duration {
         if span > self.max_hold {
@@ -374,14 +351,25 @@ impl Reader<'_> {
     /// The span until a reset written as [`when::reset`] reads it, capped; `None`, logged,
     /// when it is none of those forms.
     fn reset(&self, field: &str, value: &[u8]) -> Option<Duration> {
-        match when::reset(value) {
-            Some(when::Reset::In(span)) => Some(self.capped(field, span)),
-            Some(when::Reset::At(at)) => Some(self.until(field, at)),
-            None => {
-                self.malformed(field, value);
-                None
-            }
+        Some(match self.parsed(field, value, when::reset)? {
+            when::Reset::In(span) => self.capped(field, span),
+            when::Reset::At(at) => self.until(field, at),
+        })
+    }
+
+    /// What `parse` reads of `value`, the value of `field`; `None`, logged, when it reads
+    /// nothing.
+    fn parsed<T>(
+        &self,
+        field: &str,
+        value: &[u8],
+        parse: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> Option<T> {
+        let parsed = parse(value);
+        if parsed.is_none() {
+            self.malformed(field, value);
         }
+        parsed
     }
 
     /// The one line of `name`, if it has exactly one of at most 4 KiB; logged when it has
@@ -449,25 +437,19 @@ impl Reader<'_> {
     /// The one line of `name` as a whole number; `None`, logged, when it is not one or the
     /// field has several lines.
     fn single_number(&self, headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
-        let value = self.single(headers, name)?;
-        let number = whole_number(value);
-        if number.is_none() {
-            self.malformed(name.as_str(), value);
-        }
-        number
+        self.parsed(name.as_str(), self.single(headers, name)?, whole_number)
     }
 
     /// The field `name`, its lines joined by commas (RFC 9651), or `None` when it is absent or
     /// too long (logged).
     fn joined(&self, headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
-        let mut joined = Vec::new();
-        for (i, value) in self.lines(headers, name)?.iter().enumerate() {
-            // Lines after the first are joined with ", ", as RFC 9110 combines them.
-            if i > 0 {
-                joined.extend_from_slice(b", ");
-            }
-            joined.extend_from_slice(value.as_bytes());
-        }
+        let lines: Vec<&[u8]> = self
+            .lines(headers, name)?
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        // Lines after the first are joined with ", ", as RFC 9110 combines them.
+        let joined = lines.join(&b", "[..]);
         (!joined.is_empty()).then_some(joined)
     }
 }
@@ -484,15 +466,7 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        read(
-            "p",
-            StatusCode::OK,
-            &headers,
-            SystemTime::now(),
-            Duration::MAX,
-            &[],
-        )
-        .quota
+        read("p", StatusCode::OK, &headers, Duration::MAX, &[]).quota
     }
 
     #[test]

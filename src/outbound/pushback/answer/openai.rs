@@ -6,21 +6,11 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{read_families, Dialect, Family, Read, Reader};
+use super::{family, read_families, Dialect, Family, Read, Reader};
 
 const FAMILIES: [Family; 2] = [
-    Family {
-        limit: HeaderName::from_static("x-ratelimit-limit-requests"),
-        remaining: HeaderName::from_static("x-ratelimit-remaining-requests"),
-        reset: HeaderName::from_static("x-ratelimit-reset-requests"),
-        counts_calls: true,
-    },
-    Family {
-        limit: HeaderName::from_static("x-ratelimit-limit-tokens"),
-        remaining: HeaderName::from_static("x-ratelimit-remaining-tokens"),
-        reset: HeaderName::from_static("x-ratelimit-reset-tokens"),
-        counts_calls: false,
-    },
+    family!("x-ratelimit-", "-requests", counts_calls: true),
+    family!("x-ratelimit-", "-tokens", counts_calls: false),
 ];
 
 /// The binding quota of OpenAI's families.

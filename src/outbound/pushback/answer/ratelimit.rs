@@ -6,16 +6,18 @@
 //! item of the same name gives `q` calls per `w` seconds. A field that does not parse is ignored
 //! whole, as RFC 9651 asks; parameters other than Integers are ignored.
 
+use std::time::Duration;
+
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, AdvertisedQuota, Dialect, Reader, Refill};
+use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// The most restrictive quota of the `RateLimit` items, with their policies' windows and
 /// refills.
-pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let policies = items(reader, headers, &RATELIMIT_POLICY);
     let policy_of = |name: Option<&str>| {
         policies
@@ -40,12 +42,12 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
                 let window = non_negative(policy, "w").filter(|&w| w > 0)?;
                 Some(Refill {
                     calls,
-                    window: reader.span("ratelimit-policy", window),
+                    window: reader.capped("ratelimit-policy", Duration::from_secs(window)),
                 })
             });
             let window = integer(&item, "t").or_else(|| integer(policy?, "w"));
             let window = match window.and_then(|t| u64::try_from(t).ok()) {
-                Some(t) => reader.span("ratelimit", t),
+                Some(t) => reader.capped("ratelimit", Duration::from_secs(t)),
                 None if remaining == 0 => reader.hold_without_time(),
                 // Calls left, but no window to spread them over: nothing to pace by.
                 None => return None,
@@ -57,7 +59,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
                 refill,
             })
         });
-    most_restrictive(quotas)
+    (most_restrictive(quotas), None)
 }
 
 /// The Items of the List in field `name`; none when it is absent, too long or malformed.
@@ -65,19 +67,16 @@ fn items(reader: &Reader<'_>, headers: &HeaderMap, name: &HeaderName) -> Vec<sfv
     let Some(field) = reader.joined(headers, name) else {
         return Vec::new();
     };
-    match sfv::Parser::new(&field).parse::<sfv::List>() {
-        Ok(list) => list
-            .into_iter()
-            .filter_map(|entry| match entry {
-                sfv::ListEntry::Item(item) => Some(item),
-                sfv::ListEntry::InnerList(_) => None,
-            })
-            .collect(),
-        Err(_) => {
-            reader.malformed(name.as_str(), &field);
-            Vec::new()
-        }
-    }
+    let parse = |field: &[u8]| sfv::Parser::new(field).parse::<sfv::List>().ok();
+    let list = reader
+        .parsed(name.as_str(), &field, parse)
+        .unwrap_or_default();
+    (list.into_iter())
+        .filter_map(|entry| match entry {
+            sfv::ListEntry::Item(item) => Some(item),
+            sfv::ListEntry::InnerList(_) => None,
+        })
+        .collect()
 }
 
 /// The name of the policy an Item is about: its value, if that is a String or a Token.

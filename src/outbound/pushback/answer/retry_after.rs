@@ -39,12 +39,7 @@ fn longest(
     name: &HeaderName,
     read: impl Fn(&[u8]) -> Option<Duration>,
 ) -> Option<Duration> {
-    let mut hold: Option<Duration> = None;
-    for value in reader.lines(headers, name)? {
-        match read(value.as_bytes()) {
-            Some(span) => hold = Some(hold.map_or(span, |h| h.max(span))),
-            None => reader.malformed(name.as_str(), value.as_bytes()),
-        }
-    }
-    hold
+    (reader.lines(headers, name)?.iter())
+        .filter_map(|value| reader.parsed(name.as_str(), value.as_bytes(), &read))
+        .max()
 }

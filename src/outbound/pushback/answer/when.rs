@@ -24,24 +24,15 @@ const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
 /// one). `None` for anything else, signs and exponents included.
 fn decimal(text: &[u8]) -> Option<(u64, u32)> {
     let text = text.trim_ascii();
-    let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
-        Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
-        None => (text, None),
-    };
-    let digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
-    if !digits(whole) || !fraction.is_none_or(digits) {
-        return None;
-    }
-    let fraction = fraction.unwrap_or_default();
-    if whole.is_empty() && fraction.is_empty() {
+    let mut parts = text.splitn(2, |&b| b == b'.');
+    let (whole, fraction) = (parts.next()?, parts.next().unwrap_or_default());
+    let all_digits = |part: &[u8]| part.iter().all(u8::is_ascii_digit);
+    if !all_digits(whole) || !all_digits(fraction) || (whole.is_empty() && fraction.is_empty()) {
         return None;
     }
     let whole = whole_number(whole).unwrap_or(0);
-    let mut nanos = 0u32;
-    for i in 0..9 {
-        let digit = fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
-        nanos = nanos * 10 + digit;
-    }
+    let digit = |i: usize| fraction.get(i).map_or(0, |d| u32::from(d - b'0'));
+    let nanos = (0..9).fold(0, |nanos, i| nanos * 10 + digit(i));
     let beyond = fraction.iter().skip(9).any(|&d| d != b'0');
     Some((whole, nanos + u32::from(beyond)))
 }
@@ -129,16 +120,25 @@ pub(super) fn reset(text: &[u8]) -> Option<Reset> {
     )
 }
 
+/// The days of each month of a common year.
+const DAYS_IN_MONTH: [u64; 12] = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+
+/// `text` as a number, if it is ASCII digits only (at most four here: no overflow).
+fn digits(text: &[u8]) -> Option<u64> {
+    (text.iter().all(u8::is_ascii_digit))
+        .then(|| text.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
+}
+
+/// The leap years of the Gregorian calendar from year 1 to `year`.
+fn leap_years_to(year: u64) -> u64 {
+    year / 4 - year / 100 + year / 400
+}
+
 /// An RFC 3339 timestamp (`2025-08-21T12:40:59Z`, `2025-08-21T12:40:59.5+02:00`); `None` for
 /// anything else, a date that does not exist included.
 pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
     let text = text.trim_ascii();
-    let number = |range: std::ops::Range<usize>| -> Option<u64> {
-        let part = text.get(range)?;
-        part.iter()
-            .all(u8::is_ascii_digit)
-            .then(|| part.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0')))
-    };
+    let number = |range: std::ops::Range<usize>| digits(text.get(range)?);
     let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
     if separators.iter().any(|&(i, c)| text.get(i) != Some(&c))
         || !matches!(text.get(10), Some(b'T' | b't' | b' '))
@@ -157,41 +157,18 @@ pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
         nanos = decimal(&rest[..end + 1])?.1;
         rest = &fraction[end..];
     }
-    let offset: i64 = match rest {
+    let offset = match rest {
         b"Z" | b"z" => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let digits = [*h1, *h2, *m1, *m2];
-            if !digits.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            let [h1, h2, m1, m2] = digits.map(|d| i64::from(d - b'0'));
-            let minutes = (h1 * 10 + h2) * 60 + m1 * 10 + m2;
-            if *sign == b'+' {
-                minutes * 60
-            } else {
-                -minutes * 60
-            }
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let minutes = digits(&rest[1..3])? * 60 + digits(&rest[4..6])?;
+            i64::try_from(minutes).ok()? * if *sign == b'+' { 60 } else { -60 }
         }
         _ => return None,
     };
     let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let days_in_month = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
+    let days_in = |month: u64| DAYS_IN_MONTH[month as usize - 1] + u64::from(month == 2 && leap);
     if !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in_month[month as usize - 1]
+        || !(1..=days_in(month)).contains(&day)
         || hour > 23
         || minute > 59
         || second > 60
@@ -200,16 +177,8 @@ pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
         return None;
     }
     // Days since 1970-01-01 of the civil date (the proleptic Gregorian calendar).
-    let days_before_year = (1970..year)
-        .map(|y| {
-            if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) {
-                366
-            } else {
-                365
-            }
-        })
-        .sum::<u64>();
-    let days = days_before_year + days_in_month[..month as usize - 1].iter().sum::<u64>() + day - 1;
+    let days_before_year = 365 * (year - 1970) + leap_years_to(year - 1) - leap_years_to(1969);
+    let days = days_before_year + (1..month).map(days_in).sum::<u64>() + day - 1;
     let local = days * 86_400 + hour * 3_600 + minute * 60 + second;
     let utc = i64::try_from(local).ok()?.checked_sub(offset)?;
     UNIX_EPOCH.checked_add(Duration::new(u64::try_from(utc).ok()?, nanos))

@@ -12,7 +12,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, when, AdvertisedQuota, Dialect, Reader};
+use super::{most_restrictive, when, AdvertisedQuota, Dialect, Read, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
@@ -22,7 +22,7 @@ const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
 /// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
 /// reset, whichever binds, when readable.
-pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<AdvertisedQuota> {
+pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let x = quota(
         reader,
         headers,
@@ -31,7 +31,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Advertise
         &X_RESET,
     );
     let drafts = quota(reader, headers, &REMAINING, None, &RESET);
-    most_restrictive(x.into_iter().chain(drafts))
+    (most_restrictive(x.into_iter().chain(drafts)), None)
 }
 
 /// What is left in `remaining`, until `reset_after` (seconds from now, whatever their
@@ -45,23 +45,12 @@ fn quota(
 ) -> Option<AdvertisedQuota> {
     let remaining = reader.single_number(headers, remaining)?;
     let after = reset_after.and_then(|name| {
-        let value = reader.single(headers, name)?;
-        match when::seconds(value) {
-            Some(span) => Some(reader.capped(name.as_str(), span)),
-            None => {
-                reader.malformed(name.as_str(), value);
-                None
-            }
-        }
+        let span = reader.parsed(name.as_str(), reader.single(headers, name)?, when::seconds)?;
+        Some(reader.capped(name.as_str(), span))
     });
     let window = match after {
         Some(window) => window,
         None => reader.reset(reset.as_str(), reader.single(headers, reset)?)?,
     };
-    Some(AdvertisedQuota {
-        dialect: Dialect::XRateLimit,
-        remaining,
-        window,
-        refill: None,
-    })
+    Some(AdvertisedQuota::new(Dialect::XRateLimit, remaining, window))
 }
