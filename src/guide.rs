@@ -74,8 +74,9 @@
 //! | sliding log | when the newest permit leaves the window | at least that; with nothing left, later than the oldest permit leaving, when the next is admitted | 2 per minute: `r=1;t=60`, then `r=0;t=60` |
 //! | sliding counter | when the current window's weight has slid out: up to two periods | at least that | 2 per minute: `r=1;t=120` |
 //!
-//! On a **refusal** `RateLimit` lists only the violated policies, each with `r=0` and `t` its own
-//! wait, `max(1, ceil(retry_after))`; `Retry-After` is the longest of those, so it never points
+//! On a **refusal** `RateLimit` lists only the violated policies, each with `r` what it has left
+//! (less than the request's cost: `"tokens";r=270;t=3` for a request of 410 tokens) and `t` its
+//! own wait, `max(1, ceil(retry_after))`; `Retry-After` is the longest of those, so it never points
 //! before the end of a listed window (section 6). A policy that admitted the request and was
 //! vetoed by another is left out: its admission was given back, so its decision no longer
 //! describes the key, and a window it listed would have had to end before `Retry-After`, which
