@@ -350,8 +350,7 @@ fn legacy_values(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limit::policy::SettleFrom;
-    use crate::rate_limit::policy::Shadow;
+    use crate::rate_limit::policy::{Settle, Shadow};
 
     #[test]
     fn sf_strings_escape() {
@@ -381,7 +380,7 @@ mod tests {
 
     #[test]
     fn the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds() {
-        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, SettleFrom::Never);
+        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, Settle::Never);
         let ms = std::time::Duration::from_millis;
         let policies = [
             p("a", Quota::per_second(10).unwrap()),
