@@ -13,7 +13,7 @@ use super::headers::refusal_headers;
 use super::policy::PolicyInfo;
 use super::problem::{quota_exceeded, PROBLEM_JSON};
 use super::settings::Settings;
-use crate::decision::{Decision, InsufficientCapacity};
+use crate::decision::{ceil_secs, Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 
 /// A refused request, as the [`OnRefusal`](super::OnRefusal) hook sees it.
@@ -39,15 +39,8 @@ impl<'a> Refusal<'a> {
     /// lists only the violated policies, so `Retry-After` never points before the end of any of
     /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
     pub fn retry_after_secs(&self) -> Option<u64> {
-        if self.unadmittable().next().is_some() {
-            return None;
-        }
-        self.enforced()
-            .filter_map(|(_, o)| match o {
-                Outcome::Refused(d) => Some(d.retry_after_secs()),
-                _ => None,
-            })
-            .max()
+        // Rounding up is monotonic: the longest wait rounded is the longest of those rounded.
+        self.retry_after().map(|wait| ceil_secs(wait).max(1))
     }
 
     /// The exact wait until the request could be admitted: the longest of the violated
