@@ -283,19 +283,18 @@ fn advertised_policy(quota: &Quota) -> (u64, u64) {
 ///   decision no longer describes the key, and a window it listed would have to end before the
 ///   response's `Retry-After`, which only the violated policies decide.
 fn service_limit(quota: &Quota, decision: &Decision, refused: bool) -> Option<(u64, u64)> {
-    if !decision.allowed {
-        let (q, _) = advertised_policy(quota);
-        let r = decision.remaining.min(q);
-        return Some((r, decision.retry_after_secs().min(SF_INTEGER_MAX)));
-    }
-    if refused {
+    if refused && decision.allowed {
         return None;
     }
     let (q, w) = advertised_policy(quota);
     let r = decision.remaining.min(q);
-    // `q ≥ 1` (see `advertised_policy`).
-    let earn = mul_div_ceil(r, w, q);
-    let t = ceil_secs(decision.reset_after).max(earn).max(1);
+    let t = if decision.allowed {
+        // `q ≥ 1` (see `advertised_policy`).
+        let earn = mul_div_ceil(r, w, q);
+        ceil_secs(decision.reset_after).max(earn).max(1)
+    } else {
+        decision.retry_after_secs()
+    };
     Some((r, t.min(SF_INTEGER_MAX)))
 }
 
