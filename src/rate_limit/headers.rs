@@ -144,7 +144,9 @@ pub(crate) fn policy_header(
     quota: impl Fn(usize) -> Quota,
 ) -> Option<HeaderValue> {
     let policies = &settings.policies;
-    let listed = |i: usize| policies[i].advertised() && took_part(outcomes, i);
+    // Not those that sat the decision out, at a cost of zero or without a key.
+    let took_part = |i| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
+    let listed = |i: usize| policies[i].advertised() && took_part(i);
     let mut own_quotas = true;
     let set = set_index(
         (0..policies.len())
@@ -233,12 +235,6 @@ fn header_value(bytes: &[u8]) -> Option<HeaderValue> {
 /// `"` escaped by a backslash (the backslashes first, so that no escape is escaped again).
 pub(crate) fn sf_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
-/// sitting it out, at a cost of zero or without a key).
-fn took_part(outcomes: &[Outcome], i: usize) -> bool {
-    !matches!(outcomes.get(i), None | Some(Outcome::Skipped))
 }
 
 /// The `(q, w)` a policy advertises in `RateLimit-Policy`.

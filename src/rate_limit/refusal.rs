@@ -60,9 +60,8 @@ impl<'a> Refusal<'a> {
 
     /// The names of the policies that refused the request, in the layer's order.
     pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + Clone + 'a {
-        self.enforced()
-            .filter(|(_, o)| refused_by(o))
-            .map(|(p, _)| &*p.name)
+        let policies = &self.settings.policies;
+        self.violated().map(move |i| &*policies[i].name)
     }
 
     /// Every policy's name with its decision (`None` where the policy made none: its limiter
@@ -134,7 +133,6 @@ impl<'a> Refusal<'a> {
 
     /// The places in the layer of the policies that refused the request (those
     /// [`violated_policies`](Self::violated_policies) names).
-    #[cfg(feature = "grpc")]
     pub(crate) fn violated(&self) -> impl Iterator<Item = usize> + Clone + 'a {
         let policies = self.settings.policies.iter();
         (policies.zip(self.outcomes).enumerate())
