@@ -12,10 +12,10 @@ use smallvec::SmallVec;
 use super::body::sealed::ReadsBody;
 use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
-use super::policy::SettleFrom;
+use super::policy::Settle;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{BodyScan, CostInHead, PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle};
+use super::set::{PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -269,7 +269,7 @@ impl<P: PolicySet> Ledger<P> {
             && (limits.settings.policies.iter())
                 .zip(&self.outcomes)
                 .any(|(info, o)| {
-                    info.settles != SettleFrom::Never && matches!(o, Outcome::Admitted(_))
+                    !matches!(info.settle, Settle::Never) && matches!(o, Outcome::Admitted(_))
                 });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
@@ -366,17 +366,11 @@ impl<P: PolicySet> Settlement<P> {
                 continue;
             }
             let info = &limits.settings.policies[i];
-            match info.settles {
-                SettleFrom::Never => {}
-                SettleFrom::Body => {
-                    if let Some(scan) = limits.policies.visit(i, &self.keys, BodyScan) {
-                        self.scans.push((i, scan));
-                    }
-                }
-                SettleFrom::Head => {
-                    let cost = crate::usage::read_cost(&info.name, || {
-                        limits.policies.visit(i, &self.keys, CostInHead(response))
-                    });
+            match &info.settle {
+                Settle::Never => {}
+                Settle::ByBody(usage) => self.scans.push((i, usage.scan())),
+                Settle::ByHead(settled) => {
+                    let cost = crate::usage::read_cost(&info.name, || settled(response));
                     changed |= self.settle(i, cost);
                 }
             }

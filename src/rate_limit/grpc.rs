@@ -45,13 +45,9 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
         && matches!(value.get(prefix.len()), None | Some(b'+' | b';'))
 }
 
-/// The exact wait of a refusal, rounded up to whole milliseconds and never zero (as
-/// `Retry-After` is never zero); `None` when no wait helps.
-fn retry_delay(refusal: &Refusal<'_>) -> Option<Duration> {
-    let millis = refusal.retry_after()?.as_nanos().div_ceil(1_000_000).max(1);
-    Some(Duration::from_millis(
-        u64::try_from(millis).unwrap_or(u64::MAX),
-    ))
+/// `wait` in whole milliseconds, rounded up (saturating).
+fn ceil_millis(wait: Duration) -> u64 {
+    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
@@ -63,25 +59,23 @@ fn retry_delay(refusal: &Refusal<'_>) -> Option<Duration> {
 /// its delay: with the status written in full each time, a refusal cost 1.31 times an HTTP
 /// refusal; kept, 0.98.
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
-    let delay = retry_delay(refusal);
-    let fresh;
-    let shared = match delay {
-        Some(_) => {
-            let set = set_index(refusal.violated());
-            let build = || Shared::new(message(refusal, false), refusal.violated_policies());
-            match refusal.settings.grpc_refusals.get(set, build) {
-                Some(shared) => shared,
-                None => {
-                    fresh = build();
-                    &fresh
-                }
-            }
-        }
-        // A call that no wait lets through: rare, and said otherwise.
-        None => {
-            fresh = Shared::new(message(refusal, true), refusal.violated_policies());
-            &fresh
-        }
+    // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
+    // never zero); `None` when no wait helps.
+    let delay = (refusal.retry_after()).map(|wait| Duration::from_millis(ceil_millis(wait).max(1)));
+    let build = || {
+        Shared::new(
+            message(refusal, delay.is_none()),
+            refusal.violated_policies(),
+        )
+    };
+    // A call that no wait lets through is rare, and said otherwise: its status is not kept.
+    let kept = (delay.is_some())
+        .then(|| (refusal.settings.grpc_refusals).get(set_index(refusal.violated()), build))
+        .flatten();
+    let mut fresh = None;
+    let shared: &Shared = match kept {
+        Some(shared) => shared,
+        None => fresh.insert(build()),
     };
     let mut response = Response::new(Bytes::new());
     // Room for the five gRPC fields and the rate-limit ones, without growing.
@@ -288,24 +282,24 @@ pub(crate) fn error(status: StatusCode, detail: &str) -> Response<Bytes> {
         StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
         _ => Code::Internal,
     };
-    answer(status_of(code, detail.to_owned(), None))
+    // Trailers-only: HTTP 200, the status in the headers, no body.
+    let mut response = tonic::Status::new(code, detail).into_http::<Bytes>();
+    // The status itself, which tonic keeps in the extensions, is not the layer's to hand on.
+    response.extensions_mut().clear();
+    response
 }
 
-/// The gRPC status of an answer of the crate's, the one way every answer but the rate-limit
-/// refusal (written above, for its cost) is built: `code` with `message` and, when a wait ends
-/// it, that wait in a `google.rpc.RetryInfo` of its details and in `grpc-retry-pushback-ms`
-/// (gRPC's retry design, A6), rounded up to whole milliseconds as a refusal's is.
-pub(crate) fn status_of(
-    code: Code,
-    message: String,
-    retry_after: Option<Duration>,
-) -> tonic::Status {
+/// The gRPC status of an error of the crate's other layers (see [`LazyStatus`]): `code` with
+/// `message` and, when a wait ends it, that wait in a `google.rpc.RetryInfo` of its details and
+/// in `grpc-retry-pushback-ms` (gRPC's retry design, A6), rounded up to whole milliseconds as a
+/// refusal's is.
+fn status_of(code: Code, message: String, retry_after: Option<Duration>) -> tonic::Status {
     use tonic_types::{ErrorDetails, StatusExt};
 
     let Some(wait) = retry_after else {
         return tonic::Status::new(code, message);
     };
-    let millis = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    let millis = ceil_millis(wait);
     let delay = Duration::from_millis(millis);
     let details = ErrorDetails::with_retry_info(Some(delay));
     let mut status = tonic::Status::with_error_details(code, message, details);
@@ -342,12 +336,4 @@ impl Clone for LazyStatus {
     fn clone(&self) -> Self {
         Self::default()
     }
-}
-
-/// `status` as a trailers-only response: HTTP 200, the status in the headers, no body.
-fn answer(status: tonic::Status) -> Response<Bytes> {
-    let mut response = status.into_http::<Bytes>();
-    // The status itself, which tonic keeps in the extensions, is not the layer's to hand on.
-    response.extensions_mut().clear();
-    response
 }

@@ -144,7 +144,9 @@ pub(crate) fn policy_header(
     quota: impl Fn(usize) -> Quota,
 ) -> Option<HeaderValue> {
     let policies = &settings.policies;
-    let listed = |i: usize| policies[i].advertised() && took_part(outcomes, i);
+    // Not those that sat the decision out, at a cost of zero or without a key.
+    let took_part = |i| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
+    let listed = |i: usize| policies[i].advertised() && took_part(i);
     let mut own_quotas = true;
     let set = set_index(
         (0..policies.len())
@@ -235,12 +237,6 @@ pub(crate) fn sf_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// Whether the policy at `i` took part in the decision whose outcomes these are (rather than
-/// sitting it out, at a cost of zero or without a key).
-fn took_part(outcomes: &[Outcome], i: usize) -> bool {
-    !matches!(outcomes.get(i), None | Some(Outcome::Skipped))
-}
-
 /// The `(q, w)` a policy advertises in `RateLimit-Policy`.
 ///
 /// Draft-ietf-httpapi-ratelimit-headers-11 allows only whole seconds in `w`, so `w` is the
@@ -283,19 +279,18 @@ fn advertised_policy(quota: &Quota) -> (u64, u64) {
 ///   decision no longer describes the key, and a window it listed would have to end before the
 ///   response's `Retry-After`, which only the violated policies decide.
 fn service_limit(quota: &Quota, decision: &Decision, refused: bool) -> Option<(u64, u64)> {
-    if !decision.allowed {
-        let (q, _) = advertised_policy(quota);
-        let r = decision.remaining.min(q);
-        return Some((r, decision.retry_after_secs().min(SF_INTEGER_MAX)));
-    }
-    if refused {
+    if refused && decision.allowed {
         return None;
     }
     let (q, w) = advertised_policy(quota);
     let r = decision.remaining.min(q);
-    // `q ≥ 1` (see `advertised_policy`).
-    let earn = mul_div_ceil(r, w, q);
-    let t = ceil_secs(decision.reset_after).max(earn).max(1);
+    let t = if decision.allowed {
+        // `q ≥ 1` (see `advertised_policy`).
+        let earn = mul_div_ceil(r, w, q);
+        ceil_secs(decision.reset_after).max(earn).max(1)
+    } else {
+        decision.retry_after_secs()
+    };
     Some((r, t.min(SF_INTEGER_MAX)))
 }
 
@@ -350,8 +345,7 @@ fn legacy_values(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limit::policy::SettleFrom;
-    use crate::rate_limit::policy::Shadow;
+    use crate::rate_limit::policy::{Settle, Shadow};
 
     #[test]
     fn sf_strings_escape() {
@@ -381,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_policy_header_states_each_quota_at_its_real_rate_in_whole_seconds() {
-        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, SettleFrom::Never);
+        let p = |n: &str, q| PolicyInfo::new(n, q, Shadow::Off, Settle::Never);
         let ms = std::time::Duration::from_millis;
         let policies = [
             p("a", Quota::per_second(10).unwrap()),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::body::{SameBody, WrapBody};
-use super::policy::SettleFrom;
+use super::policy::Settle;
 use super::service::RateLimitService;
 use super::set::PolicySet;
 use super::settings::{FailMode, Limits, OnRefusal, Settings};
@@ -196,7 +196,7 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     fn layer(&self, inner: S) -> Self::Service {
         if !self.settings.wraps_body {
             let reads_body =
-                (self.settings.policies.iter()).find(|p| p.settles == SettleFrom::Body);
+                (self.settings.policies.iter()).find(|p| matches!(p.settle, Settle::ByBody(_)));
             if let Some(policy) = reads_body {
                 panic!(
                     "the rate-limit policy `{}` settles its cost from the response body, which \

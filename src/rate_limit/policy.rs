@@ -69,21 +69,14 @@ pub(crate) enum Settle {
     ByBody(BodyUsage),
 }
 
-/// Where a policy's settled costs come from, as the layer describes the policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SettleFrom {
-    Never,
-    Head,
-    Body,
-}
-
-impl Settle {
-    fn from(&self) -> SettleFrom {
-        match self {
-            Settle::Never => SettleFrom::Never,
-            Settle::ByHead(_) => SettleFrom::Head,
-            Settle::ByBody(_) => SettleFrom::Body,
-        }
+/// Says where the costs come from: `Never`, `Head` or `Body`.
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Settle::Never => "Never",
+            Settle::ByHead(_) => "Head",
+            Settle::ByBody(_) => "Body",
+        })
     }
 }
 
@@ -121,7 +114,7 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
     /// The policy as the layer describes it.
     pub(crate) fn info(&self) -> PolicyInfo {
         let quota = self.limiter.quota();
-        PolicyInfo::new(&self.name, quota, self.shadow, self.settle.from())
+        PolicyInfo::new(&self.name, quota, self.shadow, self.settle.clone())
     }
 }
 
@@ -307,12 +300,11 @@ impl<X, L> fmt::Debug for Policy<X, L> {
             Cost::Fixed(permits) => permits,
             Cost::By(_) => &"by request",
         };
-        let settles = self.settle.from();
         f.debug_struct("Policy")
             .field("name", &self.name)
             .field("key", &std::any::type_name::<X>())
             .field("cost", cost)
-            .field("settles", &settles)
+            .field("settles", &self.settle)
             .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
@@ -360,20 +352,20 @@ pub struct PolicyInfo {
     pub(crate) sf_name: Box<str>,
     pub(crate) quota: Quota,
     pub(crate) shadow: Shadow,
-    /// Where the policy's admissions are settled from after the response, if they are.
-    pub(crate) settles: SettleFrom,
+    /// Whether, and from what, the policy's admissions are settled after the response.
+    pub(crate) settle: Settle,
     #[cfg(feature = "metrics")]
     shadow_refusals: std::sync::OnceLock<metrics::Counter>,
 }
 
 impl PolicyInfo {
-    pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, settles: SettleFrom) -> Self {
+    pub(crate) fn new(name: &str, quota: Quota, shadow: Shadow, settle: Settle) -> Self {
         Self {
             name: name.into(),
             sf_name: sf_string(name).into_boxed_str(),
             quota,
             shadow,
-            settles,
+            settle,
             #[cfg(feature = "metrics")]
             shadow_refusals: std::sync::OnceLock::new(),
         }

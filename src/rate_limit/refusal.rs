@@ -13,7 +13,7 @@ use super::headers::refusal_headers;
 use super::policy::PolicyInfo;
 use super::problem::{quota_exceeded, PROBLEM_JSON};
 use super::settings::Settings;
-use crate::decision::{Decision, InsufficientCapacity};
+use crate::decision::{ceil_secs, Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 
 /// A refused request, as the [`OnRefusal`](super::OnRefusal) hook sees it.
@@ -39,15 +39,8 @@ impl<'a> Refusal<'a> {
     /// lists only the violated policies, so `Retry-After` never points before the end of any of
     /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
     pub fn retry_after_secs(&self) -> Option<u64> {
-        if self.unadmittable().next().is_some() {
-            return None;
-        }
-        self.enforced()
-            .filter_map(|(_, o)| match o {
-                Outcome::Refused(d) => Some(d.retry_after_secs()),
-                _ => None,
-            })
-            .max()
+        // Rounding up is monotonic: the longest wait rounded is the longest of those rounded.
+        self.retry_after().map(|wait| ceil_secs(wait).max(1))
     }
 
     /// The exact wait until the request could be admitted: the longest of the violated
@@ -67,9 +60,8 @@ impl<'a> Refusal<'a> {
 
     /// The names of the policies that refused the request, in the layer's order.
     pub fn violated_policies(&self) -> impl Iterator<Item = &'a str> + Clone + 'a {
-        self.enforced()
-            .filter(|(_, o)| refused_by(o))
-            .map(|(p, _)| &*p.name)
+        let policies = &self.settings.policies;
+        self.violated().map(move |i| &*policies[i].name)
     }
 
     /// Every policy's name with its decision (`None` where the policy made none: its limiter
@@ -141,7 +133,6 @@ impl<'a> Refusal<'a> {
 
     /// The places in the layer of the policies that refused the request (those
     /// [`violated_policies`](Self::violated_policies) names).
-    #[cfg(feature = "grpc")]
     pub(crate) fn violated(&self) -> impl Iterator<Item = usize> + Clone + 'a {
         let policies = self.settings.policies.iter();
         (policies.zip(self.outcomes).enumerate())

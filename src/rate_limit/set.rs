@@ -3,10 +3,9 @@
 use std::fmt;
 
 use super::key::{KeyError, KeyExtractor};
-use super::policy::{Cost, Policy, PolicyInfo, Settle};
+use super::policy::{Cost, Policy, PolicyInfo};
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
-use crate::usage::UsageScan;
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The policies of one layer: one [`Policy`], several chained with
@@ -40,7 +39,7 @@ pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
 }
 
 /// Something the layer does to one policy of a set, whatever the policy's key and limiter
-/// types: give its admission back, settle it, read its quota or how it settles.
+/// types: give its admission back, settle it, read its quota.
 pub trait Visit {
     /// What it gives back.
     type Output;
@@ -208,7 +207,8 @@ impl Visit for RefundOrSettle {
         p: &Policy<X, L>,
         slot: &Slot<X::Key>,
     ) -> u32 {
-        let (key, asked) = asked(slot);
+        let (key, asked) =
+            (slot.as_ref()).expect("a policy admits a request only once its key is found");
         match self.1 {
             None => p.limiter.refund(key, *asked, self.0),
             Some(cost) => p.limiter.settle(key, *asked, self.0, cost),
@@ -233,46 +233,4 @@ impl Visit for QuotaOf {
             None => p.limiter.quota(),
         }
     }
-}
-
-/// What the response head says the request cost, for a policy that settles from it.
-pub(crate) struct CostInHead<'r>(pub(crate) &'r http::response::Parts);
-
-impl Visit for CostInHead<'_> {
-    type Output = Option<u32>;
-
-    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
-        self,
-        p: &Policy<X, L>,
-        _: &Slot<X::Key>,
-    ) -> Option<u32> {
-        match &p.settle {
-            Settle::ByHead(settled) => settled(self.0),
-            Settle::Never | Settle::ByBody(_) => None,
-        }
-    }
-}
-
-/// A reader of the response body, for a policy that settles from it.
-pub(crate) struct BodyScan;
-
-impl Visit for BodyScan {
-    type Output = Option<UsageScan>;
-
-    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
-        self,
-        p: &Policy<X, L>,
-        _: &Slot<X::Key>,
-    ) -> Option<UsageScan> {
-        match &p.settle {
-            Settle::ByBody(usage) => Some(usage.scan()),
-            Settle::Never | Settle::ByHead(_) => None,
-        }
-    }
-}
-
-/// The key and cost of a policy that admitted the request.
-fn asked<K>(slot: &Slot<K>) -> &(K, u32) {
-    slot.as_ref()
-        .expect("a policy admits a request only once its key is found")
 }

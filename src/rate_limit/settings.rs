@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use super::headers::PerSet;
-use super::policy::{PolicyInfo, SettleFrom};
+use super::policy::{PolicyInfo, Settle};
 use super::refusal::Refusal;
 use crate::head::RequestHead;
 
@@ -101,7 +101,7 @@ impl Settings {
             policy_headers: PerSet::new(policies.len()),
             #[cfg(feature = "grpc")]
             grpc_refusals: PerSet::new(policies.len()),
-            settles: policies.iter().any(|p| p.settles != SettleFrom::Never),
+            settles: policies.iter().any(|p| !matches!(p.settle, Settle::Never)),
             policies,
             wraps_body: false,
             admitted_headers: true,
