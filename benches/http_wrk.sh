@@ -4,9 +4,14 @@
 #
 #   benches/http_wrk.sh                 # defaults: 3 rounds of 5 s per variant, 32 connections
 #   ROUNDS=1 DURATION=10s benches/http_wrk.sh
+#   SERVER_THREADS=2 VARIANTS="bulwark governor-headers" benches/http_wrk.sh
 #
 # Needs `wrk` (Debian: apt-get install wrk). The server runs on one tokio worker thread pinned to
 # CPU 0 and wrk on one thread pinned to CPU 1 (when `taskset` exists), so the two do not compete.
+# With SERVER_THREADS=n the server runs n worker threads on CPUs 0 to n-1, and wrk n threads
+# beside them (on the last CPU, or sharing the server's where the machine has no more): every
+# request from the one client address, so one hot key under n threads. The CPU per request is
+# the server's own, whatever wrk shares with it.
 # Variants are run in interleaved rounds; each one's median and its best round are reported, with
 # the ratios of both (medians even out background load; best rounds sidestep the two-cluster
 # spread some virtual machines show, see BENCHMARKS.md).
@@ -17,6 +22,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-32}
 ADDR=${ADDR:-127.0.0.1:3917}
+SERVER_THREADS=${SERVER_THREADS:-1}
 # VARIANTS="none bulwark" runs only those (the ratios that need a missing variant are skipped).
 read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare governor governor-headers bulwark-refuse governor-refuse}"
 
@@ -24,8 +30,11 @@ command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"
 cargo build --release --example bench_server >&2
 SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
 
-# `taskset -c N` where it exists; it execs its command, so `$!` is the server itself.
-if command -v taskset >/dev/null; then ON_CPU0=(taskset -c 0); ON_CPU1=(taskset -c 1); else ON_CPU0=(); ON_CPU1=(); fi
+# `taskset -c CPUS` where it exists; it execs its command, so `$!` is the server itself.
+cpus=$(nproc)
+server_cpus="0-$((SERVER_THREADS - 1))"
+wrk_cpus=$((SERVER_THREADS < cpus ? SERVER_THREADS : cpus - 1))
+if command -v taskset >/dev/null; then ON_CPU0=(taskset -c "$server_cpus"); ON_CPU1=(taskset -c "$wrk_cpus"); else ON_CPU0=(); ON_CPU1=(); fi
 
 results=$(mktemp)
 server_pid=""
@@ -42,17 +51,17 @@ run_variant() { # variant -> sets RPS, NON2XX and CPU_US
     echo "something already listens on $ADDR; set ADDR" >&2
     exit 1
   fi
-  BENCH_THREADS=1 "${ON_CPU0[@]}" "$SERVER" "$variant" "$ADDR" >/dev/null &
+  BENCH_THREADS=$SERVER_THREADS "${ON_CPU0[@]}" "$SERVER" "$variant" "$ADDR" >/dev/null &
   server_pid=$!
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://$ADDR/" && break
     sleep 0.05
   done
   # Warm up (and, for the refusal variants, spend the one permit).
-  "${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
+  "${ON_CPU1[@]}" wrk -t"$SERVER_THREADS" -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
   local out cpu_before cpu_after
   cpu_before=$(cpu_ticks "$server_pid")
-  out=$("${ON_CPU1[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
+  out=$("${ON_CPU1[@]}" wrk -t"$SERVER_THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
   cpu_after=$(cpu_ticks "$server_pid")
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
@@ -108,7 +117,7 @@ ratios() { # names of two associative arrays: requests/s and CPU per request, by
 
 declare -A rps cpu best_rps best_cpu
 echo
-echo "wrk -t1 -c$CONNECTIONS -d$DURATION, $ROUNDS round(s): median, and best round"
+echo "$SERVER_THREADS server thread(s), wrk -t$SERVER_THREADS -c$CONNECTIONS -d$DURATION, $ROUNDS round(s): median, and best round"
 for variant in "${VARIANTS[@]}"; do
   rps[$variant]=$(median "$variant" 2)
   cpu[$variant]=$(median "$variant" 3)
