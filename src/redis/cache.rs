@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::key_table::KeyTable;
+use crate::clock::saturating_nanos;
 use crate::decision::Decision;
 
 /// Refused keys, each with the instant (limiter clock, nanoseconds) until which it stays refused;
@@ -57,10 +58,9 @@ impl RefusalCache {
 
     /// Remembers that Redis refused `cost` permits for `key`, with `decision`, at `now`.
     pub(crate) fn insert(&self, key: &str, cost: u32, now: u64, decision: &Decision) {
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let refusal = Refusal {
-            until: now.saturating_add(nanos(decision.retry_after)),
-            reset_at: now.saturating_add(nanos(decision.reset_after)),
+            until: now.saturating_add(saturating_nanos(decision.retry_after)),
+            reset_at: now.saturating_add(saturating_nanos(decision.reset_after)),
             cost,
             limit: decision.limit,
             remaining: decision.remaining,

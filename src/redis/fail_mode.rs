@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::RedisFailure;
-use crate::clock::Clock;
+use crate::clock::{saturating_nanos, Clock};
 use crate::decision::{Decision, Taken};
 use crate::limiter::Change;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
@@ -161,7 +161,7 @@ impl Breaker {
             failures: AtomicU64::new(0),
             down: AtomicBool::new(false),
             origin: Instant::now(),
-            probe_interval: u64::try_from(probe_interval.as_nanos()).unwrap_or(u64::MAX),
+            probe_interval: saturating_nanos(probe_interval),
             skip_until: AtomicU64::new(0),
         }
     }
@@ -175,7 +175,7 @@ impl Breaker {
     }
 
     fn elapsed(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        saturating_nanos(self.origin.elapsed())
     }
 
     /// Whether Redis failed to answer less than a probe interval ago.

@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::key_table::KeyTable;
 use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
 use super::BuildError;
+use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
 
 /// How a [`RedisRateLimiter`](super::RedisRateLimiter) leases shares of a key's permits; see
@@ -71,7 +72,7 @@ impl Lease {
         let period = quota.quota.period() / 10;
         let length = (self.length)
             .unwrap_or_else(|| period.clamp(Duration::from_millis(1), Duration::from_secs(1)));
-        let nanos = u64::try_from(length.as_nanos()).unwrap_or(u64::MAX);
+        let nanos = saturating_nanos(length);
         if nanos.div_ceil(quota.tick_nanos) == 0
             || nanos.saturating_mul(2) / quota.tick_nanos > MAX_TICKS
         {
@@ -91,7 +92,7 @@ pub(crate) struct Leases {
     /// The most permits of one lease.
     max_share: u32,
     /// How long an instance admits from a lease, in nanoseconds of its clock.
-    length_nanos: u64,
+    pub(super) length_nanos: u64,
     /// Each key's share; a full table is swept for shares that hold nothing.
     shares: KeyTable<Arc<Share>>,
     /// Makes lease ids: a random start, then a counter.
@@ -335,11 +336,6 @@ impl Leases {
             ended: read(&self.counts.ended),
             unused_permits: read(&self.counts.unused),
         }
-    }
-
-    /// How long, on the limiter's clock, a lease's permits may be admitted from.
-    pub(crate) fn length(&self) -> Duration {
-        Duration::from_nanos(self.length_nanos)
     }
 
     fn count_ended(&self, unused: u32) {

@@ -41,7 +41,7 @@ impl Inner {
         let ask = leases.ask(&share, cost, sent, quota.capacity);
         // Redis keeps a lease twice as long as the instance admits from it, so that a share
         // given back soon after its end still comes back.
-        let length = u64::try_from(leases.length().as_nanos() * 2).unwrap_or(u64::MAX);
+        let length = leases.length_nanos.saturating_mul(2);
         let operation = Operation::Lease {
             length: length.div_ceil(quota.tick_nanos),
             wanted: ask.wanted,

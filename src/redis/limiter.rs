@@ -21,7 +21,7 @@ use super::script::{Operation, ScriptQuota, MAX_NOW};
 use super::{
     BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
-use crate::clock::Clock;
+use crate::clock::{saturating_nanos, Clock};
 use crate::decision::{Decision, InsufficientCapacity, Taken};
 use crate::limiter::Change;
 use crate::{BoxError, Limiter, Quota};
@@ -296,8 +296,7 @@ impl Inner {
         max_wait: u64,
     ) -> Result<Decision, BoxError> {
         // The caller is answered when the limiter's timeout or the connection's runs out.
-        let longest_wait = self.store.longest_wait(self.timeout).as_nanos();
-        let longest_wait = u64::try_from(longest_wait).unwrap_or(u64::MAX);
+        let longest_wait = saturating_nanos(self.store.longest_wait(self.timeout));
         let answered_by = self.clock.now().saturating_add(longest_wait);
         let asked = self.bounded(quota, &key, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
