@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::key_table::KeyTable;
 use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
-use super::BuildError;
+use super::{BuildError, RedisCounts};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
 
@@ -51,9 +51,7 @@ impl Lease {
         self.length = Some(length);
         self
     }
-}
 
-impl Lease {
     /// The leases of a limiter of `quota`, checked.
     pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
         if quota.script == LimiterScript::SlidingLog {
@@ -107,17 +105,6 @@ struct Counters {
     taken: AtomicU64,
     ended: AtomicU64,
     unused: AtomicU64,
-}
-
-/// What a limiter's leases have done since it was built (read by
-/// [`RedisRateLimiter::counts`](super::RedisRateLimiter::counts)).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct LeaseCounts {
-    pub(crate) local_decisions: u64,
-    pub(crate) refused_before_start: u64,
-    pub(crate) taken: u64,
-    pub(crate) ended: u64,
-    pub(crate) unused_permits: u64,
 }
 
 /// One key's share: what it holds, and the lock that lets one call at a time ask Redis for the
@@ -286,15 +273,17 @@ impl Leases {
         (from, until.min(from.saturating_add(length)))
     }
 
+    /// Applies `change` to what `key`'s share holds if it still holds the lease `id`.
+    fn with_lease<R>(&self, key: &str, id: u64, change: impl FnOnce(&mut Held) -> R) -> Option<R> {
+        let share = self.existing(key)?;
+        let mut held = share.held();
+        (held.id == id).then(|| change(&mut held))
+    }
+
     /// Ends the lease `id` of `key` after its time, if the share still holds it: what the call
     /// that gives its unused permits back to Redis sends (`None` when there is nothing to send).
     pub(crate) fn end(&self, key: &str, id: u64) -> Option<(u64, u32)> {
-        let share = self.existing(key)?;
-        let mut held = share.held();
-        if held.id != id {
-            return None;
-        }
-        let ended = held.end(u64::MAX);
+        let ended = self.with_lease(key, id, |held| held.end(u64::MAX))?;
         self.count_ended(ended.1);
         Some(ended)
     }
@@ -302,12 +291,9 @@ impl Leases {
     /// Gives `cost` permits of an admission from the lease `id` back to `key`'s share, if that
     /// lease is still the one held; otherwise they stay spent (Redis counts them as used).
     pub(crate) fn refund(&self, key: &str, id: u64, cost: u32) {
-        if let Some(share) = self.existing(key) {
-            let mut held = share.held();
-            if held.id == id {
-                held.left = held.left.saturating_add(cost).min(held.permits);
-            }
-        }
+        self.with_lease(key, id, |held| {
+            held.left = held.left.saturating_add(cost).min(held.permits);
+        });
     }
 
     /// Takes what it can of a `debt` of more permits from `key`'s share, for an admission from
@@ -315,26 +301,29 @@ impl Leases {
     /// rest is charged in Redis, and the share is spent first, so that it admits nothing the
     /// debt should have waited for.
     pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> u32 {
-        let Some(share) = self.existing(key) else {
-            return 0;
+        let charge = |held: &mut Held| {
+            let taken = if now < held.until {
+                held.left.min(debt)
+            } else {
+                0
+            };
+            held.left -= taken;
+            taken
         };
-        let mut held = share.held();
-        if held.id != id || now >= held.until {
-            return 0;
-        }
-        let taken = held.left.min(debt);
-        held.left -= taken;
-        taken
+        self.with_lease(key, id, charge).unwrap_or(0)
     }
 
-    pub(crate) fn counts(&self) -> LeaseCounts {
+    /// What these leases have done since they were made: the lease counts of
+    /// [`RedisRateLimiter::counts`](super::RedisRateLimiter::counts), the others zero.
+    pub(crate) fn counts(&self) -> RedisCounts {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        LeaseCounts {
-            local_decisions: read(&self.counts.local),
-            refused_before_start: read(&self.counts.waiting),
-            taken: read(&self.counts.taken),
-            ended: read(&self.counts.ended),
-            unused_permits: read(&self.counts.unused),
+        RedisCounts {
+            lease_decisions: read(&self.counts.local),
+            refused_before_lease: read(&self.counts.waiting),
+            leases_taken: read(&self.counts.taken),
+            leases_ended: read(&self.counts.ended),
+            lease_unused_permits: read(&self.counts.unused),
+            ..RedisCounts::default()
         }
     }
 

@@ -14,7 +14,7 @@ use super::coalesce::Coalescer;
 use super::fail_mode::{Breaker, DefaultLocal};
 use super::future::{ReserveFuture, ReserveState};
 use super::key::{fingerprint, KeyLayout};
-use super::lease::{LeaseCounts, Leases};
+use super::lease::Leases;
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
 use super::script::{Operation, ScriptQuota, MAX_NOW};
@@ -158,17 +158,12 @@ impl RedisRateLimiter {
     /// What this limiter and its clones have counted since it was built: failures, refusals
     /// answered without a round trip, and what its leases did.
     pub fn counts(&self) -> RedisCounts {
-        let leases = (self.inner.leases.as_ref()).map_or_else(LeaseCounts::default, Leases::counts);
-        RedisCounts {
-            failures: self.inner.breaker.failures(),
-            cached_refusals: self.inner.cached_refusals.load(Ordering::Relaxed)
-                + leases.refused_before_start,
-            lease_decisions: leases.local_decisions,
-            refused_before_lease: leases.refused_before_start,
-            leases_taken: leases.taken,
-            leases_ended: leases.ended,
-            lease_unused_permits: leases.unused_permits,
-        }
+        let mut counts =
+            (self.inner.leases.as_ref()).map_or_else(RedisCounts::default, Leases::counts);
+        counts.failures = self.inner.breaker.failures();
+        counts.cached_refusals =
+            self.inner.cached_refusals.load(Ordering::Relaxed) + counts.refused_before_lease;
+        counts
     }
 
     /// The Redis key that holds the state of `key`.
