@@ -254,21 +254,27 @@ impl Leases {
         })
     }
 
-    /// When a lease granted with `reply` (sent at `sent`, answered at `received`, both on the
-    /// limiter's clock) may be admitted from: from the first instant Redis's start has surely
-    /// come, for the length of a lease, and never past what Redis's end surely has not.
-    pub(crate) fn window(&self, reply: &LeaseReply, sent: u64, received: u64) -> (u64, u64) {
+    /// When a lease that the script of `quota` granted from `start` until `end`, at the server's
+    /// `time` (its ticks), may be admitted from, the call sent at `sent` and answered at
+    /// `received` (the limiter's clock): from the first instant Redis's start has surely come,
+    /// for the length of a lease, and never past what Redis's end surely has not.
+    pub(crate) fn window(
+        &self,
+        quota: &ScriptQuota,
+        (start, end, time): (u64, u64, u64),
+        sent: u64,
+        received: u64,
+    ) -> (u64, u64) {
         let length = self.length_nanos;
-        if reply.client_clock {
+        if quota.client_clock() {
             // The script ran at this clock's reading: its instants are this clock's.
-            let until = reply.start.saturating_add(length).min(reply.end);
-            return (reply.start, until);
+            return (start, start.saturating_add(length).min(end));
         }
         // The server read its TIME between `sent` and `received`; clocks drift up to 100 ppm.
-        let nanos = |ticks: u64| ticks.saturating_mul(reply.tick_nanos);
-        let ahead = nanos(reply.start.saturating_sub(reply.time));
+        let nanos = |ticks: u64| ticks.saturating_mul(quota.tick_nanos);
+        let ahead = nanos(start.saturating_sub(time));
         let from = received.saturating_add(ahead.saturating_add(ahead / 10_000));
-        let to_end = nanos(reply.end.saturating_sub(reply.time));
+        let to_end = nanos(end.saturating_sub(time));
         let until = sent.saturating_add(to_end.saturating_sub(to_end / 10_000 + 1));
         (from, until.min(from.saturating_add(length)))
     }
@@ -367,17 +373,6 @@ impl Share {
         // Every change to a share is a few assignments that cannot panic half-way.
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// A granted lease as the script answered it, in its ticks.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LeaseReply {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    /// The server's `TIME` when the script ran.
-    pub(crate) time: u64,
-    pub(crate) tick_nanos: u64,
-    pub(crate) client_clock: bool,
 }
 
 /// The quota a lease's decisions report on: its burst and emission interval (nanoseconds).

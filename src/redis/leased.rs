@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease::LeaseReply;
 use super::limiter::Inner;
 use super::reply::Reply;
 use super::script::{Operation, ScriptQuota};
@@ -59,15 +58,8 @@ impl Inner {
                 ..
             }) => {
                 let permits = u32::try_from(permits).unwrap_or(u32::MAX);
-                let reply = LeaseReply {
-                    start,
-                    end,
-                    time,
-                    tick_nanos: quota.tick_nanos,
-                    client_clock: quota.client_clock(),
-                };
                 let now = self.clock.now();
-                let (from, until) = leases.window(&reply, sent, now);
+                let (from, until) = leases.window(quota, (start, end, time), sent, now);
                 let grant = (permits, from, until);
                 let decision =
                     leases.granted(&share, &ask, grant, (cost, now), quota.lease_quota());
