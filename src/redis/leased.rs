@@ -73,9 +73,7 @@ impl Inner {
                 if max_wait > 0 {
                     return self.decide(quota, key, cost, max_wait).await;
                 }
-                if let Some(cache) = &self.cache {
-                    cache.insert(&key, cost, self.clock.now(), &refused);
-                }
+                self.cache_refusal(&key, cost, &refused);
                 refused
             }
             Ok(other) => {

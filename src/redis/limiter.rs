@@ -316,15 +316,8 @@ impl Inner {
         });
         match asked.await {
             Ok(decision) => {
-                if !decision.allowed {
-                    if let Some(cache) = &self.cache {
-                        cache.insert(&key, cost, self.clock.now(), &decision);
-                    }
-                }
-                Ok(decision
-                    .of_cost(cost)
-                    .for_key(fingerprint(&key))
-                    .made_by(self.store.id))
+                self.cache_refusal(&key, cost, &decision);
+                Ok(self.stamp(decision, &key, cost))
             }
             Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
         }
@@ -343,6 +336,13 @@ impl Inner {
         let refusal = (self.cache.as_ref())?.check(key, cost, self.clock.now(), max_wait_nanos)?;
         self.cached_refusals.fetch_add(1, Ordering::Relaxed);
         Some(refusal.of_cost(cost))
+    }
+
+    /// Caches `decision` of `cost` permits for `key` (its Redis key) if Redis refused it.
+    pub(super) fn cache_refusal(&self, key: &str, cost: u32, decision: &Decision) {
+        if let (false, Some(cache)) = (decision.allowed, &self.cache) {
+            cache.insert(key, cost, self.clock.now(), decision);
+        }
     }
 
     /// Marks `decision` as this limiter's, for `key` (its Redis key), of `cost` permits.
