@@ -257,11 +257,15 @@ impl Observations {
         }
     }
 
-    /// Takes back what [`record`](Self::record) counted for an admission that the inner limiter
-    /// settled. Given back whole (a request another policy refused, a waiter that went away), it
-    /// no longer counts as allowed and its reservation no longer waits; either way its permits
-    /// gauge moves by what was given back or charged.
-    fn unrecord(&self, decision: &TakenBack) {
+    /// Takes back what [`record`](Self::record) counted for an admission, if the inner limiter
+    /// `taken` it back (settled it), and returns `taken`. Given back whole (a request another
+    /// policy refused, a waiter that went away), it no longer counts as allowed and its
+    /// reservation no longer waits; either way its permits gauge moves by what was given back or
+    /// charged.
+    fn unrecord(&self, taken: bool, decision: &TakenBack) -> bool {
+        if !taken {
+            return false;
+        }
         if decision.whole {
             let _ = (self.allowed)
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -275,25 +279,21 @@ impl Observations {
         // The gauge shows the latest decision's figure. If that is still this decision's (the
         // usual case: a veto given back at once), it moves; a settle of an older decision, even
         // one that left the same figure, leaves the latest decision's alone.
-        let available = (decision.remaining + u64::from(decision.estimate))
-            .saturating_sub(u64::from(decision.cost))
-            .min(decision.limit);
-        let moved = if self.latest.load(Ordering::Relaxed) == decision.tag {
-            self.available.compare_exchange(
-                decision.remaining,
-                available,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-        } else {
-            Err(0)
-        };
-        #[cfg(feature = "metrics")]
-        if moved.is_ok() {
-            self.handles().available.set(available as f64);
+        let latest = self.latest.load(Ordering::Relaxed) == decision.tag;
+        if latest
+            && (self.available)
+                .compare_exchange(
+                    decision.remaining,
+                    decision.available,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            #[cfg(feature = "metrics")]
+            self.handles().available.set(decision.available as f64);
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = moved;
+        true
     }
 }
 
@@ -301,10 +301,8 @@ impl Observations {
 /// to the inner limiter's settle (which consumes it).
 struct TakenBack {
     remaining: u64,
-    limit: u64,
-    /// What the decision took, of the estimate settled.
-    estimate: u32,
-    cost: u32,
+    /// The permits left once the settle gave back or charged the difference.
+    available: u64,
     /// Given back whole (a refund): the admission no longer counts.
     whole: bool,
     waited: bool,
@@ -313,12 +311,14 @@ struct TakenBack {
 }
 
 impl TakenBack {
+    /// `decision`, of which `estimate` permits are settled to `cost`.
     fn of(decision: &Decision, estimate: u32, cost: u32, whole: bool) -> Self {
+        let estimate = u64::from(decision.refundable(estimate));
         Self {
             remaining: decision.remaining,
-            limit: decision.limit,
-            estimate: decision.refundable(estimate),
-            cost,
+            available: (decision.remaining + estimate)
+                .saturating_sub(u64::from(cost))
+                .min(decision.limit),
             whole,
             waited: !decision.wait.is_zero(),
             reserved_at: decision.charged().at,
@@ -460,11 +460,7 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     /// another limiter's decision, or one for another key, changed nothing there.
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
         let seen = TakenBack::of(&decision, cost, 0, true);
-        let taken = self.inner.refund(key, cost, decision);
-        if taken {
-            self.observations.unrecord(&seen);
-        }
-        taken
+        (self.observations).unrecord(self.inner.refund(key, cost, decision), &seen)
     }
 
     /// Settles through the wrapped limiter. The admission still counts as allowed, and the
@@ -472,11 +468,7 @@ impl<K: fmt::Debug, L: Limiter<K>> Limiter<K> for Observed<L> {
     /// the latest.
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
         let seen = TakenBack::of(&decision, estimate, cost, false);
-        let taken = self.inner.settle(key, estimate, decision, cost);
-        if taken {
-            self.observations.unrecord(&seen);
-        }
-        taken
+        (self.observations).unrecord(self.inner.settle(key, estimate, decision, cost), &seen)
     }
 }
 
