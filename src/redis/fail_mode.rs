@@ -149,8 +149,8 @@ pub(crate) struct Breaker {
     /// The origin of the breaker's own real-time clock: Redis availability is a matter of real
     /// time, whatever clock the decisions use.
     origin: Instant,
-    /// Nanoseconds after a failure to reach Redis during which it is not asked.
-    probe_interval: u64,
+    /// How long after a failure to reach Redis it is not asked.
+    pub(crate) probe_interval: Duration,
     /// Until when (nanoseconds since `origin`) decisions skip Redis.
     skip_until: AtomicU64,
 }
@@ -161,13 +161,9 @@ impl Breaker {
             failures: AtomicU64::new(0),
             down: AtomicBool::new(false),
             origin: Instant::now(),
-            probe_interval: saturating_nanos(probe_interval),
+            probe_interval,
             skip_until: AtomicU64::new(0),
         }
-    }
-
-    pub(crate) fn probe_interval(&self) -> Duration {
-        Duration::from_nanos(self.probe_interval)
     }
 
     pub(crate) fn failures(&self) -> u64 {
@@ -199,7 +195,9 @@ impl Breaker {
     pub(crate) fn failed(&self, key: &str, failure: &RedisFailure, fail_mode: &RedisFailMode) {
         let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failure.is_unavailable() {
-            let until = self.elapsed().saturating_add(self.probe_interval);
+            let until = self
+                .elapsed()
+                .saturating_add(saturating_nanos(self.probe_interval));
             self.skip_until.fetch_max(until, Ordering::Relaxed);
         }
         if self.down.swap(true, Ordering::Relaxed) {

@@ -49,7 +49,7 @@ impl<V> KeyTable<V> {
         entries: &'a mut HashMap<String, V>,
         key: &str,
         make: impl FnOnce() -> V,
-        live: impl FnMut(&V) -> bool,
+        mut live: impl FnMut(&V) -> bool,
     ) -> Option<&'a mut V> {
         if !entries.contains_key(key) && entries.len() >= self.capacity {
             let turned_away = self.turned_away.fetch_add(1, Ordering::Relaxed);
@@ -58,7 +58,6 @@ impl<V> KeyTable<V> {
             }
             #[cfg(test)]
             self.sweeps.fetch_add(1, Ordering::Relaxed);
-            let mut live = live;
             entries.retain(|_, value| live(value));
             if entries.len() >= self.capacity {
                 return None;

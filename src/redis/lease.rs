@@ -109,6 +109,7 @@ struct Counters {
 
 /// One key's share: what it holds, and the lock that lets one call at a time ask Redis for the
 /// next (the others wait for it, then admit from what it brought).
+#[derive(Default)]
 pub(crate) struct Share {
     held: Mutex<Held>,
     pub(crate) refill: tokio::sync::Mutex<()>,
@@ -155,16 +156,10 @@ impl Leases {
     /// `key`'s share, made for it if there is room.
     pub(crate) fn share(&self, key: &str) -> Option<Arc<Share>> {
         let mut shares = self.shares.lock();
-        let make = || {
-            Arc::new(Share {
-                held: Mutex::default(),
-                refill: tokio::sync::Mutex::const_new(()),
-            })
-        };
         // Shares whose leases are over, and that no call holds, hold nothing.
         let live = |share: &Arc<Share>| Arc::strong_count(share) > 1 || share.held().id != 0;
         self.shares
-            .entry(&mut shares, key, make, live)
+            .entry(&mut shares, key, Arc::default, live)
             .map(|share| Arc::clone(share))
     }
 

@@ -535,7 +535,7 @@ impl fmt::Debug for RedisRateLimiter {
             .field("hash_tag", &inner.keys.hash_tag)
             .field("timeout", &inner.timeout)
             .field("policy", &inner.fail_mode)
-            .field("probe_interval", &inner.breaker.probe_interval())
+            .field("probe_interval", &inner.breaker.probe_interval)
             .field("refusal_cache", &inner.cache.is_some())
             .field("failures", &inner.breaker.failures())
             .finish()

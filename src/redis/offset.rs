@@ -66,13 +66,10 @@ impl ClockOffset {
             None => new,
             // The clocks moved apart: what was known no longer holds.
             Some(old) if upper < old.at(sent) => new,
+            // The tighter at the later of their instants; the new one if they tie.
             Some(old) => {
                 let t = old.at.max(new.at);
-                if new.at(t) >= old.at(t) {
-                    new
-                } else {
-                    old
-                }
+                std::cmp::max_by_key(old, new, |bound| bound.at(t))
             }
         });
     }
@@ -82,9 +79,7 @@ impl ClockOffset {
     pub(crate) fn server_deadline(&self, local: u64) -> Option<u64> {
         let bound = (*self.bound.lock().unwrap_or_else(PoisonError::into_inner))?;
         let server = i128::from(local) + bound.at(local);
-        Some(
-            u64::try_from(server.div_euclid(1000)).unwrap_or(if server < 0 { 0 } else { u64::MAX }),
-        )
+        Some(u64::try_from(server.div_euclid(1000).max(0)).unwrap_or(u64::MAX))
     }
 }
 
