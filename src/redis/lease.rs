@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::key_table::KeyTable;
-use super::script::{LimiterScript, ScriptQuota, MAX_TICKS};
+use super::script::{LimiterScript, Operation, ScriptQuota, MAX_TICKS};
 use super::{BuildError, RedisCounts};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
@@ -90,7 +90,7 @@ pub(crate) struct Leases {
     /// The most permits of one lease.
     max_share: u32,
     /// How long an instance admits from a lease, in nanoseconds of its clock.
-    pub(super) length_nanos: u64,
+    length_nanos: u64,
     /// Each key's share; a full table is swept for shares that hold nothing.
     shares: KeyTable<Arc<Share>>,
     /// Makes lease ids: a random start, then a counter.
@@ -128,17 +128,6 @@ struct Held {
     until: u64,
     /// The permits the next lease asks for.
     size: u32,
-}
-
-/// What the next lease call of a key asks and gives back.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Ask {
-    /// The lease that ends with this call (0 for none) and its unused permits.
-    pub(crate) back: u64,
-    pub(crate) unused: u32,
-    /// The permits wanted.
-    pub(crate) wanted: u32,
-    pub(crate) id: u64,
 }
 
 impl Leases {
@@ -193,11 +182,17 @@ impl Leases {
         Some(quota.leased(held.left, held.id))
     }
 
-    /// What the next lease call for `cost` permits at `now` asks, and gives back: the share
-    /// held is given up at once (nothing more is admitted from it). No share is asked beyond
-    /// `capacity`, the burst of the quota in force, which a `set_quota` may have brought below
-    /// `max_share`.
-    pub(crate) fn ask(&self, share: &Share, cost: u32, now: u64, capacity: u32) -> Ask {
+    /// The next lease call for `cost` permits at `now` with `quota` (the quota in force), and
+    /// the id of the lease it asks for: it gives back the share held, which is given up at once
+    /// (nothing more is admitted from it). No share is asked beyond the quota's burst, which a
+    /// `set_quota` may have brought below `max_share`.
+    pub(crate) fn ask(
+        &self,
+        share: &Share,
+        cost: u32,
+        now: u64,
+        quota: &ScriptQuota,
+    ) -> (Operation, u64) {
         let mut held = share.held();
         let (back, unused) = held.end(now);
         if back != 0 {
@@ -205,31 +200,40 @@ impl Leases {
         }
         let wanted = held
             .size
-            .clamp(1, self.max_share.min(capacity).max(1))
+            .clamp(1, self.max_share.min(quota.capacity).max(1))
             .max(cost);
         held.size = wanted;
-        Ask {
+        let id = self.next_id();
+        // Redis keeps a lease twice as long as the instance admits from it, so that a share
+        // given back soon after its end still comes back.
+        let length = self
+            .length_nanos
+            .saturating_mul(2)
+            .div_ceil(quota.tick_nanos);
+        let operation = Operation::Lease {
+            length,
+            wanted,
+            id,
             back,
             unused,
-            wanted,
-            id: self.next_id(),
-        }
+        };
+        (operation, id)
     }
 
-    /// The lease `ask` asked for was granted, `permits` of them from `from` until `until` (the
-    /// limiter's clock); the asking call takes `cost` of them at `now` if it has begun, and is
-    /// refused until then otherwise.
+    /// The lease `id` that `ask` asked for was granted, `permits` of them from `from` until
+    /// `until` (the limiter's clock); the asking call takes `cost` of them at `now` if it has
+    /// begun, and is refused until then otherwise.
     pub(crate) fn granted(
         &self,
         share: &Share,
-        ask: &Ask,
+        id: u64,
         (permits, from, until): (u32, u64, u64),
         (cost, now): (u32, u64),
         quota: LeaseQuota,
     ) -> Decision {
         let mut held = share.held();
         *held = Held {
-            id: ask.id,
+            id,
             permits,
             left: permits,
             from,

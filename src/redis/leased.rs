@@ -37,17 +37,7 @@ impl Inner {
             return Ok(refusal);
         }
         let sent = self.clock.now();
-        let ask = leases.ask(&share, cost, sent, quota.capacity);
-        // Redis keeps a lease twice as long as the instance admits from it, so that a share
-        // given back soon after its end still comes back.
-        let length = leases.length_nanos.saturating_mul(2);
-        let operation = Operation::Lease {
-            length: length.div_ceil(quota.tick_nanos),
-            wanted: ask.wanted,
-            id: ask.id,
-            back: ask.back,
-            unused: ask.unused,
-        };
+        let (operation, id) = leases.ask(&share, cost, sent, quota);
         let call = self.run_script(quota, &key, operation, cost);
         let decision = match self.bounded(quota, &key, call).await {
             Ok(Reply::Leased {
@@ -61,11 +51,10 @@ impl Inner {
                 let now = self.clock.now();
                 let (from, until) = leases.window(quota, (start, end, time), sent, now);
                 let grant = (permits, from, until);
-                let decision =
-                    leases.granted(&share, &ask, grant, (cost, now), quota.lease_quota());
+                let decision = leases.granted(&share, id, grant, (cost, now), quota.lease_quota());
                 drop(one_at_a_time);
                 let over_in = Duration::from_nanos(until.saturating_sub(now));
-                self.give_back_at_end(key.clone(), ask.id, over_in);
+                self.give_back_at_end(key.clone(), id, over_in);
                 decision
             }
             Ok(Reply::Decision(refused, _)) if !refused.allowed => {
