@@ -29,7 +29,7 @@ use crate::Quota;
 pub struct RedisRateLimiterBuilder {
     settings: Settings,
     /// The client clock the scripts read, if they do not read the server's `TIME`.
-    client_clock: Option<Box<dyn Clock>>,
+    client_clock: Option<Arc<dyn Clock>>,
 }
 
 /// The settings that print (a clock does not).
@@ -90,7 +90,7 @@ impl RedisRateLimiterBuilder {
     /// clock need not run at the server's pace, every key is kept a minute longer than the clock
     /// says.
     pub fn client_clock(mut self, clock: impl Clock) -> Self {
-        self.client_clock = Some(Box::new(clock));
+        self.client_clock = Some(Arc::new(clock));
         self
     }
 
@@ -213,10 +213,9 @@ impl RedisRateLimiterBuilder {
             .lease
             .map(|lease| lease.leases(&quota))
             .transpose()?;
-        let clock: Arc<dyn Clock> = match self.client_clock {
-            Some(clock) => Arc::from(clock),
-            None => Arc::new(SystemClock::new()),
-        };
+        let clock = self
+            .client_clock
+            .unwrap_or_else(|| Arc::new(SystemClock::new()));
         let (fail_mode, local) = settings.fail_mode.resolved(settings.quota, &clock);
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {

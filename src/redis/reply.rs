@@ -69,15 +69,14 @@ enum Status {
 impl Status {
     /// The status a reply leads with, if it is one.
     fn of(code: u64) -> Option<Self> {
-        [
-            Self::Refused,
-            Self::Admitted,
-            Self::Late,
-            Self::Applied,
-            Self::Leased,
-        ]
-        .into_iter()
-        .find(|&status| status as u64 == code)
+        Some(match code {
+            0 => Self::Refused,
+            1 => Self::Admitted,
+            2 => Self::Late,
+            3 => Self::Applied,
+            4 => Self::Leased,
+            _ => return None,
+        })
     }
 }
 

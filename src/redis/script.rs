@@ -22,36 +22,35 @@ pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
 /// The largest `now` a script may be given, in ticks.
 pub(crate) const MAX_NOW: u64 = 1 << 52;
 
-macro_rules! limiter_script {
+/// The script of an algorithm and its batch script: several decisions on one key in one call,
+/// each run by the algorithm's own script, in order, as if it were called alone (its `ARGV` is a
+/// parameter that hides the call's). The call's `ARGV` holds, for each decision, the count of its
+/// arguments and then its arguments; the reply is the list of the decisions' replies.
+macro_rules! scripts {
     ($file:literal) => {
-        LazyLock::new(|| Script::new(concat!(include_str!("prelude.lua"), include_str!($file))))
-    };
-}
-
-/// The batch script of an algorithm: several decisions on one key in one call, each run by the
-/// algorithm's own script, in order, as if it were called alone (its `ARGV` is a parameter that
-/// hides the call's). The call's `ARGV` holds, for each decision, the count of its arguments and
-/// then its arguments; the reply is the list of the decisions' replies.
-macro_rules! batch_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                "local batch, replies, i = ARGV, {}, 1\n",
-                "local function one(ARGV)\n",
-                include_str!("prelude.lua"),
-                include_str!($file),
-                "\nend\n",
-                "while i <= #batch do\n",
-                "  local n = tonumber(batch[i])\n",
-                "  if not n or n < 1 or i + n > #batch then\n",
-                "    return redis.error_reply('tower-bulwark: malformed batch arguments')\n",
-                "  end\n",
-                "  replies[#replies + 1] = one({unpack(batch, i + 1, i + n)})\n",
-                "  i = i + n + 1\n",
-                "end\n",
-                "return replies\n",
-            ))
-        })
+        (
+            LazyLock::new(|| {
+                Script::new(concat!(include_str!("prelude.lua"), include_str!($file)))
+            }),
+            LazyLock::new(|| {
+                Script::new(concat!(
+                    "local batch, replies, i = ARGV, {}, 1\n",
+                    "local function one(ARGV)\n",
+                    include_str!("prelude.lua"),
+                    include_str!($file),
+                    "\nend\n",
+                    "while i <= #batch do\n",
+                    "  local n = tonumber(batch[i])\n",
+                    "  if not n or n < 1 or i + n > #batch then\n",
+                    "    return redis.error_reply('tower-bulwark: malformed batch arguments')\n",
+                    "  end\n",
+                    "  replies[#replies + 1] = one({unpack(batch, i + 1, i + n)})\n",
+                    "  i = i + n + 1\n",
+                    "end\n",
+                    "return replies\n",
+                ))
+            }),
+        )
     };
 }
 
@@ -95,18 +94,13 @@ macro_rules! redis_algorithms {
 redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter);
 
 impl LimiterScript {
-    /// The script and the batch script (see [`batch_script`]), by the enum's order.
+    /// The script and the batch script (see [`scripts!`]), by the enum's order.
     fn scripts(self) -> &'static (LazyLock<Script>, LazyLock<Script>) {
-        macro_rules! both {
-            ($file:literal) => {
-                (limiter_script!($file), batch_script!($file))
-            };
-        }
         static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 4] = [
-            both!("gcra.lua"),
-            both!("fixed_window.lua"),
-            both!("sliding_log.lua"),
-            both!("sliding_counter.lua"),
+            scripts!("gcra.lua"),
+            scripts!("fixed_window.lua"),
+            scripts!("sliding_log.lua"),
+            scripts!("sliding_counter.lua"),
         ];
         &SCRIPTS[self as usize]
     }
@@ -240,7 +234,6 @@ impl ScriptQuota {
         }
     }
 
-    /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
     /// The limit and the time one permit takes to come back (nanoseconds; for the fixed
     /// window, the period's share of one) that a lease's decisions report on.
     pub(crate) fn lease_quota(&self) -> crate::redis::lease::LeaseQuota {
@@ -254,6 +247,7 @@ impl ScriptQuota {
         }
     }
 
+    /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
     pub(crate) fn client_clock(&self) -> bool {
         self.tick_nanos == 1
     }
