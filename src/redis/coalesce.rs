@@ -14,11 +14,9 @@
 //! went away before its call is not sent.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use futures_util::future::{FutureExt, Shared};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::Value;
 use tokio::sync::oneshot;
 
@@ -28,7 +26,7 @@ use super::store::RedisStore;
 
 /// A script call in flight, which its caller and the task sending the decisions queued behind
 /// it can both await: whichever polls it drives it.
-type Call = Shared<Pin<Box<dyn Future<Output = Result<Value, RedisFailure>> + Send>>>;
+type Call = Shared<BoxFuture<'static, Result<Value, RedisFailure>>>;
 
 /// The keys whose call is in flight.
 #[derive(Default)]
@@ -52,12 +50,6 @@ struct Queued {
     now: Option<u64>,
     cost: u32,
     reply: oneshot::Sender<Result<Value, RedisFailure>>,
-}
-
-impl std::fmt::Debug for Coalescer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Coalescer").finish_non_exhaustive()
-    }
 }
 
 impl Coalescer {
@@ -108,10 +100,9 @@ impl Coalescer {
                 None => {
                     let invocation = quota.invocation(key, operation, now, cost);
                     let store = store.clone();
-                    let call: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
-                        store.run(&invocation).await.map_err(RedisFailure::Redis)
-                    });
-                    let call = call.shared();
+                    let call =
+                        async move { store.run(&invocation).await.map_err(RedisFailure::Redis) };
+                    let call = call.boxed().shared();
                     let entry = InFlight {
                         first: call.clone(),
                         queue: Vec::new(),
