@@ -164,7 +164,7 @@ impl Leases {
         share: &Share,
         cost: u32,
         now: u64,
-        quota: LeaseQuota,
+        quota: &ScriptQuota,
     ) -> Option<Decision> {
         let mut held = share.held();
         if held.id == 0 || now >= held.until || held.left < cost {
@@ -229,7 +229,7 @@ impl Leases {
         id: u64,
         (permits, from, until): (u32, u64, u64),
         (cost, now): (u32, u64),
-        quota: LeaseQuota,
+        quota: &ScriptQuota,
     ) -> Decision {
         let mut held = share.held();
         *held = Held {
@@ -374,22 +374,22 @@ impl Share {
     }
 }
 
-/// The quota a lease's decisions report on: its burst and emission interval (nanoseconds).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LeaseQuota {
-    pub(crate) limit: u64,
-    pub(crate) interval_nanos: u64,
-}
-
-impl LeaseQuota {
-    /// How long `permits` take to come back.
-    fn refill(self, permits: u32) -> Duration {
-        Duration::from_nanos(u64::from(permits).saturating_mul(self.interval_nanos))
+/// What a lease's decisions report on: the quota's limit, and the time its permits take to come
+/// back.
+impl ScriptQuota {
+    /// How long `permits` take to come back: each an emission interval, or for the window
+    /// algorithms the period's share of one.
+    fn refill(&self, permits: u32) -> Duration {
+        let interval = match self.script {
+            LimiterScript::Gcra => self.per_permit().saturating_mul(self.tick_nanos),
+            _ => self.quota.period_nanos() / self.limit.max(1),
+        };
+        Duration::from_nanos(u64::from(permits).saturating_mul(interval))
     }
 
     /// An admission from the lease `id`, with `left` permits left in it: what an in-memory GCRA
     /// with that many left would say (the bucket full again after the others come back).
-    fn leased(self, left: u32, id: u64) -> Decision {
+    fn leased(&self, left: u32, id: u64) -> Decision {
         let missing = u32::try_from(self.limit.saturating_sub(u64::from(left)));
         let reset = self.refill(missing.unwrap_or(u32::MAX));
         let mut decision = Decision::allowed(self.limit, u64::from(left), reset);

@@ -30,7 +30,7 @@ impl Inner {
         let one_at_a_time = share.refill.lock().await;
         // The call before this one's turn may have brought a share, or a refusal.
         let now = self.clock.now();
-        if let Some(decision) = leases.take(&share, cost, now, quota.lease_quota()) {
+        if let Some(decision) = leases.take(&share, cost, now, quota) {
             return Ok(self.stamp(decision, &key, cost));
         }
         if let Some(refusal) = self.cached_refusal(quota, &key, cost, max_wait) {
@@ -51,7 +51,7 @@ impl Inner {
                 let now = self.clock.now();
                 let (from, until) = leases.window(quota, (start, end, time), sent, now);
                 let grant = (permits, from, until);
-                let decision = leases.granted(&share, id, grant, (cost, now), quota.lease_quota());
+                let decision = leases.granted(&share, id, grant, (cost, now), quota);
                 drop(one_at_a_time);
                 let over_in = Duration::from_nanos(until.saturating_sub(now));
                 self.give_back_at_end(key.clone(), id, over_in);

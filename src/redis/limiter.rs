@@ -225,9 +225,7 @@ impl RedisRateLimiter {
         if let Some(leases) = &inner.leases {
             let share = leases.existing(&redis_key);
             let now = inner.clock.now();
-            if let Some(decision) =
-                share.and_then(|s| leases.take(&s, cost, now, quota.lease_quota()))
-            {
+            if let Some(decision) = share.and_then(|s| leases.take(&s, cost, now, &quota)) {
                 let decision = inner.stamp(decision, &redis_key, cost);
                 return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
             }

@@ -234,19 +234,6 @@ impl ScriptQuota {
         }
     }
 
-    /// The limit and the time one permit takes to come back (nanoseconds; for the fixed
-    /// window, the period's share of one) that a lease's decisions report on.
-    pub(crate) fn lease_quota(&self) -> crate::redis::lease::LeaseQuota {
-        let interval = match self.script {
-            LimiterScript::Gcra => self.per_permit().saturating_mul(self.tick_nanos),
-            _ => self.quota.period_nanos() / self.limit.max(1),
-        };
-        crate::redis::lease::LeaseQuota {
-            limit: self.limit,
-            interval_nanos: interval,
-        }
-    }
-
     /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
     pub(crate) fn client_clock(&self) -> bool {
         self.tick_nanos == 1
