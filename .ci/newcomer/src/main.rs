@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_bulwark::bulkhead::adaptive::{AdaptiveBulkhead, FromTowerHttp, Limits};
+use tower_bulwark::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, FromTowerHttp, Limits};
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback};
 use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
@@ -55,9 +55,12 @@ async fn main() -> Result<(), BoxError> {
         wait.as_secs()
     );
 
-    // The adaptive bulkhead's default classifier on a `reqwest::Client`.
+    // The adaptive bulkhead's default classifier on a `reqwest::Client`. Its latency signal is
+    // turned off: this checks what the classifier makes of a 500, and a round slowed by a busy
+    // machine would count as overload (a mean latency past 1.3 times the baseline, by default).
     let payment = AdaptiveBulkhead::builder("payment")
         .limits(Limits::new(2, 8, 64)?)
+        .algorithm(Aimd::default().latency_tolerance(1_000.0)?)
         .build();
     let adaptive = ServiceBuilder::new()
         .layer(payment.layer())
