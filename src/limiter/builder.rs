@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::direct::{DirectInner, DirectRateLimiter};
 use super::keyed::{KeyedInner, KeyedRateLimiter};
 use super::Rule;
-use crate::algorithm::{Algorithm, Gcra, LatestReading};
+use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::LimiterId;
 use crate::store::memory::{MemoryStore, Overflow};
@@ -116,8 +116,7 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<Direct, A, C> {
         DirectRateLimiter {
             inner: Arc::new(DirectInner {
                 rule: arc_swap::ArcSwap::from_pointee(Rule::new(self.quota, epoch)),
-                state: A::State::default(),
-                latest: LatestReading::default(),
+                written: Default::default(),
                 clock: self.clock,
                 id: LimiterId::new(),
             }),
