@@ -9,7 +9,10 @@ use tower_bulwark::{
 };
 
 async fn per_client<A: RedisAlgorithm>(store: &RedisStore, clients: &[String]) -> Vec<String> {
-    let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store.clone())
+    // Per hour: a fixed window ends on the hour of the server's clock, so a window that ended
+    // while the test ran (a minute's would, once a minute) would admit a fourth call and leave
+    // its key expired.
+    let limiter = RedisRateLimiter::builder(Quota::per_hour(3).unwrap(), store.clone())
         .algorithm::<A>()
         .fail_mode(RedisFailMode::Propagate)
         .build()
