@@ -271,15 +271,18 @@ impl Decision {
     }
 
     /// Tells this decision apart from the other recent ones of its limiter, as far as what it
-    /// says allows: the key's fingerprint, the instant charged and the state it left (two
-    /// admissions of one key leave different states). Not a hash: equal tags of different
-    /// decisions are possible, only unlikely among the few a gauge compares.
+    /// says allows: the key's fingerprint, the instant charged (for a lease's admission, its
+    /// lease) and the state it left (two admissions of one key leave different states). Not a
+    /// hash: equal tags of different decisions are possible, only unlikely among the few a gauge
+    /// compares.
     pub(crate) fn tag(&self) -> u64 {
-        let charged = self.charged();
-        self.admission.origin.key
-            ^ charged.at.rotate_left(21)
-            ^ charged.tat.rotate_left(42)
-            ^ self.remaining
+        // A lease's admissions are told apart by their lease, as others by the instant charged.
+        let (at, tat) = match self.admission.taken {
+            Taken::State(c) | Taken::RedisFailMode(c) => (c.at, c.tat),
+            Taken::RedisLease { lease } => (lease, 0),
+            Taken::Nothing => (0, 0),
+        };
+        self.admission.origin.key ^ at.rotate_left(21) ^ tat.rotate_left(42) ^ self.remaining
     }
 
     /// What a refund of this decision may give back: `cost`, but never more than it was
@@ -399,6 +402,17 @@ mod tests {
         gcra.settle_report(3, 1, &quota, true);
         gcra.settle_report(9, 0, &quota, true);
         assert_eq!(gcra.reset_after, Duration::ZERO);
+    }
+
+    #[test]
+    fn admissions_of_two_leases_are_told_apart() {
+        let leased = |lease| {
+            let mut d = Decision::allowed(10, 3, Duration::ZERO).for_key(7);
+            d.admission.taken = Taken::RedisLease { lease };
+            d
+        };
+        assert_ne!(leased(1).tag(), leased(2).tag());
+        assert_eq!(leased(1).tag(), leased(1).tag());
     }
 
     #[test]
