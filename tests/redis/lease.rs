@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::{in_bursts_of, Rng};
+use crate::common::{in_bursts_of, manual_clock_at, Rng};
 use crate::lease_hostile::{strict, strict_instances};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
 use tower_bulwark::clock::{Clock, ManualClock};
@@ -36,8 +36,7 @@ async fn run<A: RedisAlgorithm>(
     seed: u64,
     steps: usize,
 ) -> Run {
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let mut rng = Rng(seed);
     let mut instances = strict_instances::<A>(4, url, quota, lease, &clock).await;
     let key = format!("k{seed}");
@@ -249,8 +248,7 @@ async fn a_busy_instance_gets_what_a_quiet_one_leaves() {
     let lease = Lease::new()
         .max_share(10)
         .length(Duration::from_millis(100));
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let busy = instance(&url, quota, lease, &clock).await;
     let quiet = instance(&url, quota, lease, &clock).await;
     let (mut admitted, mut quiet_asked, mut quiet_admitted) = (Vec::new(), 0, 0);
@@ -294,8 +292,7 @@ async fn a_share_held_through_a_refill_is_not_counted_twice() {
     let url = server.url();
     let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
     let lease = Lease::new().max_share(10).length(Duration::from_secs(1));
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let (a, b) = (
         instance(&url, quota, lease, &clock).await,
         instance(&url, quota, lease, &clock).await,
@@ -335,8 +332,7 @@ async fn a_share_spent_late_by_an_instance_that_dies_counts_until_its_lease_ends
     // One permit every 10 ms, a burst of 20; leases of 20 ms, which Redis keeps for 40 ms.
     let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
     let lease = Lease::new().max_share(10).length(Duration::from_millis(20));
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let mut admitted = Vec::new();
     let dying = instance(&url, quota, lease, &clock).await;
     // Its share grows to 8 (shares of 1, 2, 4 and 8, each spent at once).
@@ -383,8 +379,7 @@ async fn leases_keep_to_the_quota_across_a_redis_restart() {
         return;
     };
     let quota = Quota::per_second(200).unwrap().with_burst(40).unwrap();
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let mut instances = Vec::new();
     for _ in 0..3 {
         let store = RedisStore::connect(&server.url()).await.unwrap();
@@ -476,8 +471,7 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
     let url = server.url();
     let quota = Quota::per_hour(20).unwrap();
     let lease = Lease::new().max_share(8).length(Duration::from_millis(100));
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let mut instances = Vec::new();
     for _ in 0..4 {
         instances.push(instance(&url, quota, lease, &clock).await);
@@ -545,8 +539,7 @@ async fn a_quota_changed_while_shares_are_out_and_a_clock_that_jumps() {
     let before = Quota::per_second(100).unwrap().with_burst(40).unwrap();
     let after = Quota::per_second(10).unwrap().with_burst(5).unwrap();
     let lease = Lease::new().max_share(8).length(Duration::from_millis(200));
-    let clock = ManualClock::new();
-    clock.advance(Duration::from_secs(1));
+    let clock = manual_clock_at(Duration::from_secs(1));
     let mut instances = Vec::new();
     for _ in 0..4 {
         instances.push(instance(&url, before, lease, &clock).await);
