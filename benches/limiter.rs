@@ -45,6 +45,8 @@ use tower_bulwark::{
 };
 
 const KEYS: u32 = 100_000;
+/// The one key of the `hot` counts.
+const HOT_KEY: u32 = 7;
 
 fn wide_quota() -> Quota {
     // Never refuses during a bench run: every check takes the admitting (writing) path.
@@ -203,7 +205,8 @@ fn floor_slot(key: u32) -> usize {
 }
 
 /// Runs `checks` checks of contender `check` on this thread (see the module's docs): `direct`,
-/// `keyed` (100 000 keys, visited as in `keyed_100k`) or `governor-direct`, `governor-keyed`;
+/// `keyed` (100 000 keys, visited as in `keyed_100k`), `hot` (one key) or `governor-direct`,
+/// `governor-keyed`, `governor-hot`;
 /// the bulwark ones take a clock suffix, `-system`, `-instant` or `-manual` (a clock that stands
 /// still, to count the limiter's own instructions).
 fn count(check: &str, checks: u64) {
@@ -227,6 +230,14 @@ fn count(check: &str, checks: u64) {
             }
         }};
     }
+    macro_rules! hot {
+        ($l:expr) => {{
+            let l = $l;
+            for _ in 0..checks {
+                black_box(l.check(&HOT_KEY));
+            }
+        }};
+    }
     let builder = || DirectRateLimiter::builder(wide_quota());
     let keyed_builder = || KeyedRateLimiter::<u32>::builder(wide_quota());
     match check {
@@ -236,6 +247,8 @@ fn count(check: &str, checks: u64) {
         "keyed-system" => keyed!(keyed_builder().build()),
         "keyed-instant" => keyed!(keyed_builder().clock(InstantClock::new()).build()),
         "keyed-manual" => keyed!(keyed_builder().clock(ManualClock::new()).build()),
+        "hot-system" => hot!(keyed_builder().build()),
+        "hot-manual" => hot!(keyed_builder().clock(ManualClock::new()).build()),
         "governor-direct" => {
             let l = governor::RateLimiter::direct(governor_quota());
             for _ in 0..checks {
@@ -251,7 +264,44 @@ fn count(check: &str, checks: u64) {
                 let _ = black_box(l.check_key(&key_of(i)));
             }
         }
+        "governor-hot" => {
+            let l = governor::RateLimiter::keyed(governor_quota());
+            for _ in 0..checks {
+                let _ = black_box(l.check_key(&HOT_KEY));
+            }
+        }
         other => panic!("unknown CHECK {other:?}"),
+    }
+}
+
+/// `checks` checks from each of `threads` threads on one limiter: `hot-system`, `direct-system`,
+/// `governor-hot` or `governor-direct`.
+fn count_shared(check: &str, checks: u64, threads: usize) {
+    let run = |f: &(dyn Fn() + Sync)| {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| (0..checks).for_each(|_| f()));
+            }
+        })
+    };
+    match check {
+        "hot-system" => {
+            let l = KeyedRateLimiter::<u32>::new(wide_quota());
+            run(&|| drop(black_box(l.check(&HOT_KEY))));
+        }
+        "direct-system" => {
+            let l = DirectRateLimiter::new(wide_quota());
+            run(&|| drop(black_box(l.check())));
+        }
+        "governor-hot" => {
+            let l = governor::RateLimiter::keyed(governor_quota());
+            run(&|| drop(black_box(l.check_key(&HOT_KEY))));
+        }
+        "governor-direct" => {
+            let l = governor::RateLimiter::direct(governor_quota());
+            run(&|| drop(black_box(l.check())));
+        }
+        other => panic!("unknown CHECK {other:?} for COUNT_THREADS"),
     }
 }
 
@@ -278,7 +328,14 @@ fn main() {
     if let Ok(checks) = std::env::var("CHECKS") {
         let checks = checks.parse().expect("CHECKS is a number");
         let check = std::env::var("CHECK").unwrap_or_else(|_| "direct-manual".to_owned());
-        count(&check, checks);
+        // `COUNT_THREADS=n` runs the count on n threads at once, each `checks` checks on its own
+        // limiter.s clone... of one shared limiter (for `perf stat` of cycles under contention).
+        let threads: usize = std::env::var("COUNT_THREADS").map_or(1, |n| n.parse().unwrap());
+        if threads == 1 {
+            count(&check, checks);
+        } else {
+            count_shared(&check, checks, threads);
+        }
         return;
     }
     benches();
