@@ -84,12 +84,7 @@ impl Quota {
         if period.is_zero() {
             return Err(QuotaError::new("period", "must be longer than zero"));
         }
-        let period_nanos = u64::try_from(period.as_nanos())
-            .ok()
-            .filter(|&p| p <= MAX_SPAN_NANOS)
-            .ok_or_else(|| {
-                QuotaError::new("period", "is too long (at most 2^60 ns, about 36.5 years)")
-            })?;
+        let period_nanos = span_nanos("period", period)?;
         let quota = Self {
             permits,
             period_nanos,
@@ -129,15 +124,7 @@ impl Quota {
     ///
     /// A [`QuotaError`] for `max_wait` when either bound is passed.
     pub fn with_max_wait(mut self, max_wait: Duration) -> Result<Self, QuotaError> {
-        let nanos = u64::try_from(max_wait.as_nanos())
-            .ok()
-            .filter(|&w| w <= MAX_SPAN_NANOS)
-            .ok_or_else(|| {
-                QuotaError::new(
-                    "max_wait",
-                    "is too long (at most 2^60 ns, about 36.5 years)",
-                )
-            })?;
+        let nanos = span_nanos("max_wait", max_wait)?;
         let held = (u128::from(nanos / self.period_nanos) + 2) * u128::from(self.permits);
         if held > u128::from(Self::MAX_PERMITS) {
             return Err(QuotaError::new(
@@ -204,6 +191,14 @@ impl Quota {
 
 /// [`Quota::MAX_SPAN`] in nanoseconds.
 const MAX_SPAN_NANOS: u64 = 1 << 60;
+
+/// `span` in nanoseconds, or the error naming `field` when it is longer than
+/// [`Quota::MAX_SPAN`].
+fn span_nanos(field: &'static str, span: Duration) -> Result<u64, QuotaError> {
+    let too_long = QuotaError::new(field, "is too long (at most 2^60 ns, about 36.5 years)");
+    let nanos = u64::try_from(span.as_nanos()).ok();
+    nanos.filter(|&n| n <= MAX_SPAN_NANOS).ok_or(too_long)
+}
 
 /// A quota value that cannot be used, naming the field and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -136,17 +136,12 @@ where
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        match self.tiers.get(decision.tier()) {
-            Some((_, limiter)) => limiter.refund(key, cost, decision),
-            None => false,
-        }
+        (self.tiers.get(decision.tier())).is_some_and(|(_, l)| l.refund(key, cost, decision))
     }
 
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        match self.tiers.get(decision.tier()) {
-            Some((_, limiter)) => limiter.settle(key, estimate, decision, cost),
-            None => false,
-        }
+        let tier = self.tiers.get(decision.tier());
+        tier.is_some_and(|(_, l)| l.settle(key, estimate, decision, cost))
     }
 }
 

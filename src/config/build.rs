@@ -193,15 +193,13 @@ pub(super) fn build_adaptive_bulkhead(
     let limits = Limits::new(min, initial, max)
         .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
     let builder = AdaptiveBulkhead::builder(name).limits(limits);
-    let builder = match s.algorithm {
+    let mut builder = match s.algorithm {
         AdaptiveAlgorithmKind::Aimd => builder.algorithm(Aimd::default()),
         AdaptiveAlgorithmKind::Gradient => builder.algorithm(Gradient::default()),
     };
-    let builder = if s.ignore_cancelled_calls {
-        builder.ignore_cancelled_calls()
-    } else {
-        builder
-    };
+    if s.ignore_cancelled_calls {
+        builder = builder.ignore_cancelled_calls();
+    }
     Ok(builder.build())
 }
 

@@ -9,8 +9,8 @@ use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 
-use super::file::{KeyKind, RoutePolicy, ShadowKind};
-use crate::rate_limit::Cidr;
+use super::file::{KeyKind, RoutePolicy};
+use crate::rate_limit::{Cidr, Shadow};
 
 /// A count from 1 to `MAX`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -169,7 +169,7 @@ pub(super) fn policies<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RoutePolic
                     Ok(PolicyItem(RoutePolicy {
                         limiter: name.to_owned(),
                         cost: Count::one(),
-                        shadow: ShadowKind::Off,
+                        shadow: Shadow::Off,
                     }))
                 }
 
@@ -185,32 +185,32 @@ pub(super) fn policies<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RoutePolic
     Ok(items.into_iter().map(|PolicyItem(policy)| policy).collect())
 }
 
-impl<'de> Deserialize<'de> for ShadowKind {
+impl<'de> Deserialize<'de> for Shadow {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Shadow;
-        impl Visitor<'_> for Shadow {
-            type Value = ShadowKind;
+        struct Mode;
+        impl Visitor<'_> for Mode {
+            type Value = Shadow;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("true, false or \"advertised\"")
             }
 
-            fn visit_bool<E: de::Error>(self, shadow: bool) -> Result<ShadowKind, E> {
+            fn visit_bool<E: de::Error>(self, shadow: bool) -> Result<Shadow, E> {
                 Ok(match shadow {
-                    true => ShadowKind::Silent,
-                    false => ShadowKind::Off,
+                    true => Shadow::Silent,
+                    false => Shadow::Off,
                 })
             }
 
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<ShadowKind, E> {
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Shadow, E> {
                 match s {
-                    "advertised" => Ok(ShadowKind::Advertised),
+                    "advertised" => Ok(Shadow::Advertised),
                     other => Err(E::custom(format!(
                         "must be true, false or \"advertised\", not \"{other}\""
                     ))),
                 }
             }
         }
-        d.deserialize_any(Shadow)
+        d.deserialize_any(Mode)
     }
 }

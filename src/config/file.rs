@@ -14,7 +14,7 @@ use super::duration::{optional, with_units};
 use super::fields::{choice, cidrs, instances, policies, some_choice, some_cidrs, Count};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::outbound::pushback::DEFAULT_MAX_HOLD;
-use crate::rate_limit::Cidr;
+use crate::rate_limit::{Cidr, Shadow};
 
 /// The whole file, validated: a table of named instances per kind.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
@@ -170,16 +170,7 @@ pub(super) struct RoutePolicy {
     #[serde(default = "Count::one")]
     pub(super) cost: Count,
     #[serde(default)]
-    pub(super) shadow: ShadowKind,
-}
-
-/// A route policy's shadow mode: `false`, `true` (silent) or `"advertised"`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) enum ShadowKind {
-    #[default]
-    Off,
-    Silent,
-    Advertised,
+    pub(super) shadow: Shadow,
 }
 
 /// `[pushbacks.NAME]`.

@@ -187,6 +187,7 @@ mod tests {
     use super::file::*;
     use super::Config;
     use crate::outbound::pushback::DEFAULT_MAX_HOLD;
+    use crate::rate_limit::Shadow;
     use crate::Quota;
 
     fn parse(text: &str) -> Config {
@@ -342,14 +343,14 @@ mod tests {
         assert_eq!(
             got,
             [
-                ("per-ip", 1, ShadowKind::Off),
-                ("per-key", 5, ShadowKind::Off),
-                ("next-quota", 1, ShadowKind::Silent)
+                ("per-ip", 1, Shadow::Off),
+                ("per-key", 5, Shadow::Off),
+                ("next-quota", 1, Shadow::Silent)
             ]
         );
         assert_eq!(search.exempt_networks.len(), 1);
         let items = &config.routes["items"];
-        assert_eq!(items.policies[1].shadow, ShadowKind::Advertised);
+        assert_eq!(items.policies[1].shadow, Shadow::Advertised);
         assert!(items.exempt_networks.is_empty());
     }
 }

@@ -11,7 +11,7 @@ use crate::head::RequestHead;
 use http::HeaderValue;
 
 use super::build::*;
-use super::file::{Config, RouteSettings, ShadowKind};
+use super::file::{Config, RouteSettings};
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -352,12 +352,9 @@ impl Registry {
         let route = find(&self.routes, "route", name)?;
         let mut policies = Vec::with_capacity(route.policies.len());
         for p in &route.policies {
-            let policy = self.policy(&p.limiter)?.cost(p.cost.0);
-            policies.push(match p.shadow {
-                ShadowKind::Off => policy,
-                ShadowKind::Silent => policy.shadow(),
-                ShadowKind::Advertised => policy.shadow_advertised(),
-            });
+            let mut policy = self.policy(&p.limiter)?.cost(p.cost.0);
+            policy.shadow = p.shadow;
+            policies.push(policy);
         }
         let layer = RateLimitLayer::new(policies);
         #[cfg(feature = "axum")]

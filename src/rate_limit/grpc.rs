@@ -52,12 +52,12 @@ fn ceil_millis(wait: Duration) -> u64 {
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
 ///
-/// Written here rather than through tonic's `Status` and tonic-types' `ErrorDetails`, which
-/// made a refusal cost twice an HTTP refusal (`benches/grpc_instructions.sh`). What all refusals
-/// of one set of violated policies share (the message, and the `google.rpc.Status` up to its
-/// `RetryInfo`'s delay, already in base64) is kept by the layer, so that a refusal encodes only
-/// its delay: with the status written in full each time, a refusal cost 1.31 times an HTTP
-/// refusal; kept, 0.98.
+/// Written here rather than through tonic's `Status` and tonic-types' `ErrorDetails` each time,
+/// which made a refusal cost twice an HTTP refusal (`benches/grpc_instructions.sh`). What all
+/// refusals of one set of violated policies share (the message, and the `google.rpc.Status` up
+/// to its `RetryInfo`'s delay, already in base64) is built once and kept by the layer, so that a
+/// refusal encodes only its delay: with the status written in full each time, a refusal cost
+/// 1.31 times an HTTP refusal; kept, 0.98.
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.
@@ -100,20 +100,11 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
 /// (`never`), that it costs too much. Policy names are printable ASCII: of the message, only `%`
 /// needs escaping (gRPC's percent-encoding of `grpc-message`), which the caller does.
 fn message(refusal: &Refusal<'_>, never: bool) -> String {
-    let mut message = String::from("rate limit exceeded: ");
-    if never {
-        message.push_str("the call costs more than ");
+    let names = refusal.violated_policies().collect::<Vec<_>>().join(", ");
+    match never {
+        true => format!("rate limit exceeded: the call costs more than {names} can ever admit"),
+        false => format!("rate limit exceeded: {names}"),
     }
-    for (i, name) in refusal.violated_policies().enumerate() {
-        if i > 0 {
-            message.push_str(", ");
-        }
-        message.push_str(name);
-    }
-    if never {
-        message.push_str(" can ever admit");
-    }
-    message
 }
 
 /// What every refusal of one set of violated policies says alike: its `grpc-message`, and its
@@ -131,7 +122,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new<'a>(message: String, violated: impl Iterator<Item = &'a str> + Clone) -> Self {
+    fn new<'a>(message: String, violated: impl Iterator<Item = &'a str>) -> Self {
         let status = status_prefix(&message, violated).into();
         let message = message.replace('%', "%25");
         Self {
@@ -198,9 +189,8 @@ impl Aligned {
     }
 }
 
-/// `google.rpc.RetryInfo` and `google.rpc.QuotaFailure`, as the type URLs of their `Any`.
+/// `google.rpc.RetryInfo`, as the type URL of its `Any`.
 const RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
-const QUOTA_FAILURE: &str = "type.googleapis.com/google.rpc.QuotaFailure";
 
 /// The sizes of a `Duration { seconds = 1; nanos = 2 }` with both fields: a key and a varint of
 /// one byte each at least; at most ten bytes of seconds and five of nanoseconds.
@@ -211,36 +201,16 @@ const DURATION_MAX: usize = 1 + 10 + 1 + 5;
 const QUOTA_SPENT: &str = "the rate-limit policy's quota is spent";
 
 /// A `google.rpc.Status` of `RESOURCE_EXHAUSTED` with `message` and a `QuotaFailure` naming each
-/// `violated` policy, as protobuf: each message's size is known before it is written, so one
-/// buffer of the exact size holds them all. A `RetryInfo` may follow.
-///
-/// `Status { code = 1; message = 2; repeated Any details = 3 }`,
-/// `Any { type_url = 1; value = 2 }`, `QuotaFailure { repeated Violation violations = 1 }`,
-/// `Violation { subject = 1; description = 2 }`.
-fn status_prefix<'a>(message: &str, violated: impl Iterator<Item = &'a str> + Clone) -> Vec<u8> {
-    let violation = |name: &str| field_len(name.len()) + field_len(QUOTA_SPENT.len());
-    let failure: usize = violated
-        .clone()
-        .map(|name| field_len(violation(name)))
-        .sum();
-    let failure_any = field_len(QUOTA_FAILURE.len()) + field_len(failure);
-    let code = Code::ResourceExhausted as u64;
-    let total = 1 + encoded_len_varint(code) + field_len(message.len()) + field_len(failure_any);
+/// `violated` policy, as protobuf, encoded by tonic-types (once per set of violated policies, see
+/// [`Shared`]). A `RetryInfo` may follow: a decoder reads the repeated `details` in any order.
+fn status_prefix<'a>(message: &str, violated: impl Iterator<Item = &'a str>) -> Vec<u8> {
+    use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 
-    let mut status = Vec::with_capacity(total);
-    encode_key(1, WireType::Varint, &mut status);
-    encode_varint(code, &mut status);
-    bytes_field(&mut status, 2, message.as_bytes());
-    length(&mut status, 3, failure_any);
-    bytes_field(&mut status, 1, QUOTA_FAILURE.as_bytes());
-    length(&mut status, 2, failure);
-    for name in violated {
-        length(&mut status, 1, violation(name));
-        bytes_field(&mut status, 1, name.as_bytes());
-        bytes_field(&mut status, 2, QUOTA_SPENT.as_bytes());
-    }
-    debug_assert_eq!(status.len(), total);
-    status
+    let violations: Vec<_> =
+        (violated.map(|name| QuotaViolation::new(name, QUOTA_SPENT))).collect();
+    let details = ErrorDetails::with_quota_failure(violations);
+    let status = tonic::Status::with_error_details(Code::ResourceExhausted, message, details);
+    status.details().to_vec()
 }
 
 /// A `Status` detail `RetryInfo { Duration retry_delay = 1 }` up to the fields of its

@@ -180,7 +180,7 @@ pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtracto
 pub use self::key::{ForwardedIp, PeerIp};
 pub use self::layer::RateLimitLayer;
 #[cfg(feature = "config")]
-pub(crate) use self::policy::check_name as check_policy_name;
+pub(crate) use self::policy::{check_name as check_policy_name, Shadow};
 pub use self::policy::{Policy, PolicyError};
 #[cfg(feature = "config")]
 pub(crate) use self::problem::json_string;

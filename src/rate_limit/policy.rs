@@ -80,10 +80,12 @@ impl fmt::Debug for Settle {
     }
 }
 
-/// Whether a policy may refuse, and whether a shadow policy is advertised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whether a policy may refuse, and whether a shadow policy is advertised (a route's `shadow`
+/// in a configuration file: `false`, `true` or `"advertised"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Shadow {
     /// The policy refuses what it does not admit.
+    #[default]
     Off,
     /// The policy never refuses; it is left out of the rate-limit headers.
     Silent,

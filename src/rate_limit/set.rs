@@ -44,11 +44,9 @@ pub trait Visit {
     /// What it gives back.
     type Output;
 
-    /// Does it to `policy`, whose key and cost for the request are in `slot` (once asked).
-    fn visit<X, L>(self, policy: &Policy<X, L>, slot: &Slot<X::Key>) -> Self::Output
-    where
-        X: KeyExtractor,
-        L: Limiter<X::Key>;
+    /// Does it to a policy's `limiter`, whose key and cost for the request are in `slot` (once
+    /// asked).
+    fn visit<K, L: Limiter<K>>(self, limiter: &L, slot: &Slot<K>) -> Self::Output;
 }
 
 /// What one policy answers when asked about a request.
@@ -133,7 +131,7 @@ where
     }
 
     fn visit<V: Visit>(&self, _: usize, keys: &Self::Keys, visit: V) -> V::Output {
-        visit.visit(self, keys)
+        visit.visit(&self.limiter, keys)
     }
 }
 
@@ -191,7 +189,7 @@ where
     }
 
     fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output {
-        visit.visit(&self[i], &keys[i])
+        visit.visit(&self[i].limiter, &keys[i])
     }
 }
 
@@ -202,16 +200,12 @@ pub(crate) struct RefundOrSettle(pub(crate) Decision, pub(crate) Option<u32>);
 impl Visit for RefundOrSettle {
     type Output = u32;
 
-    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
-        self,
-        p: &Policy<X, L>,
-        slot: &Slot<X::Key>,
-    ) -> u32 {
+    fn visit<K, L: Limiter<K>>(self, limiter: &L, slot: &Slot<K>) -> u32 {
         let (key, asked) =
             (slot.as_ref()).expect("a policy admits a request only once its key is found");
         match self.1 {
-            None => p.limiter.refund(key, *asked, self.0),
-            Some(cost) => p.limiter.settle(key, *asked, self.0, cost),
+            None => limiter.refund(key, *asked, self.0),
+            Some(cost) => limiter.settle(key, *asked, self.0, cost),
         };
         *asked
     }
@@ -223,14 +217,10 @@ pub(crate) struct QuotaOf;
 impl Visit for QuotaOf {
     type Output = Quota;
 
-    fn visit<X: KeyExtractor, L: Limiter<X::Key>>(
-        self,
-        p: &Policy<X, L>,
-        slot: &Slot<X::Key>,
-    ) -> Quota {
+    fn visit<K, L: Limiter<K>>(self, limiter: &L, slot: &Slot<K>) -> Quota {
         match slot {
-            Some((key, _)) => p.limiter.quota_for(key),
-            None => p.limiter.quota(),
+            Some((key, _)) => limiter.quota_for(key),
+            None => limiter.quota(),
         }
     }
 }
