@@ -222,26 +222,16 @@ impl RedisRateLimiter {
         }
         let max_wait = if wait { quota.max_wait } else { 0 };
         let redis_key = inner.keys.redis_key(key);
-        if let Some(leases) = &inner.leases {
-            let share = leases.existing(&redis_key);
-            let now = inner.clock.now();
-            if let Some(decision) = share.and_then(|s| leases.take(&s, cost, now, &quota)) {
-                let decision = inner.stamp(decision, &redis_key, cost);
-                return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
-            }
-        }
-        if let Some(refusal) = inner.cached_refusal(&quota, &redis_key, cost, max_wait) {
-            return ReserveFuture(ReserveState::Ready(Some(Ok(refusal))));
+        // Decided without a round trip: from the share of a lease held, or a cached refusal.
+        let at_once = (inner.share_decision(&quota, &redis_key, cost))
+            .or_else(|| inner.cached_refusal(&quota, &redis_key, cost, max_wait));
+        if let Some(decision) = at_once {
+            return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
         }
         let call = {
             let inner = Arc::clone(inner);
             let key = redis_key.clone();
-            async move {
-                match &inner.leases {
-                    Some(_) => inner.lease_decide(&quota, key, cost, max_wait).await,
-                    None => inner.decide(&quota, key, cost, max_wait).await,
-                }
-            }
+            async move { (inner.lease_decide(&quota, key, cost, max_wait)).await }
         };
         ReserveFuture(ReserveState::InFlight {
             call: Box::pin(call),
