@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use super::limiter::{spawn_refund, Inner, Refund};
+use super::limiter::{spawn_refund, Inner};
 use crate::decision::Decision;
 use crate::limiter::Change;
 use crate::BoxError;
@@ -67,7 +67,7 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Refund::InRedis(call) = inner.change(key, decision, Change::Refund(cost)) {
+                if let Some(call) = inner.change(key, decision, Change::Refund(cost)) {
                     // Failures are counted and logged inside.
                     let _ = call.await;
                 }

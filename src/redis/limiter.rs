@@ -222,26 +222,16 @@ impl RedisRateLimiter {
         }
         let max_wait = if wait { quota.max_wait } else { 0 };
         let redis_key = inner.keys.redis_key(key);
-        if let Some(leases) = &inner.leases {
-            let share = leases.existing(&redis_key);
-            let now = inner.clock.now();
-            if let Some(decision) = share.and_then(|s| leases.take(&s, cost, now, &quota)) {
-                let decision = inner.stamp(decision, &redis_key, cost);
-                return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
-            }
-        }
-        if let Some(refusal) = inner.cached_refusal(&quota, &redis_key, cost, max_wait) {
-            return ReserveFuture(ReserveState::Ready(Some(Ok(refusal))));
+        // Decided without a round trip: from the share of a lease held, or a cached refusal.
+        let at_once = (inner.share_decision(&quota, &redis_key, cost))
+            .or_else(|| inner.cached_refusal(&quota, &redis_key, cost, max_wait));
+        if let Some(decision) = at_once {
+            return ReserveFuture(ReserveState::Ready(Some(Ok(decision))));
         }
         let call = {
             let inner = Arc::clone(inner);
             let key = redis_key.clone();
-            async move {
-                match &inner.leases {
-                    Some(_) => inner.lease_decide(&quota, key, cost, max_wait).await,
-                    None => inner.decide(&quota, key, cost, max_wait).await,
-                }
-            }
+            async move { (inner.lease_decide(&quota, key, cost, max_wait)).await }
         };
         ReserveFuture(ReserveState::InFlight {
             call: Box::pin(call),
@@ -269,10 +259,10 @@ impl RedisRateLimiter {
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
         let change = Change::settle(estimate, &decision, cost);
-        match self.inner.change(redis_key, decision, change) {
-            Refund::InRedis(call) => Ok(call.await?),
-            Refund::Done | Refund::NotOurs => Ok(()),
+        if let Some(call) = self.inner.change(redis_key, decision, change) {
+            call.await?;
         }
+        Ok(())
     }
 }
 
@@ -357,9 +347,10 @@ impl Inner {
     }
 
     /// Gives `decision` back, or settles it (see [`Change`]). At once, a cached refusal of `key`
-    /// is forgotten (its permits came back) and a fail mode's decision goes to the local
-    /// limiter; what Redis must still be told is returned as a call to send. A decision that
-    /// Redis made for another key, or through another store, gives nothing back.
+    /// is forgotten (its permits came back), a fail mode's decision goes to the local limiter
+    /// and a lease's to its share; what Redis must still be told is returned as a call to send,
+    /// exactly once. A decision that Redis made for another key, or through another store,
+    /// gives nothing back (see [`takes_back`](Self::takes_back)).
     ///
     /// The call tells the script the instant the permits were charged at and the state the
     /// admission left (GCRA gives back only while the key's TAT is still that one), with the
@@ -375,13 +366,13 @@ impl Inner {
         key: String,
         decision: Decision,
         mut change: Change,
-    ) -> Refund<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
         if !self.takes_back(&key, &decision) {
-            return Refund::NotOurs;
+            return None;
         }
         if matches!(change, Change::Charge { estimate, cost } if cost <= estimate) {
             // Settled to its estimate: nothing changes.
-            return Refund::Done;
+            return None;
         }
         if let Some(cache) = &self.cache {
             cache.forget(&key);
@@ -389,21 +380,21 @@ impl Inner {
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
                 self.fail_mode.change(key, decision, change);
-                return Refund::Done;
+                return None;
             }
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
             // the share cannot pay is charged in Redis.
             (Taken::RedisLease { lease }, Some(leases)) => match change {
                 Change::Refund(cost) => {
                     leases.refund(&key, lease, decision.refundable(cost));
-                    return Refund::Done;
+                    return None;
                 }
                 Change::Charge { estimate, cost } => {
                     let debt = cost.saturating_sub(estimate);
                     let now = self.clock.now();
                     let taken = leases.charge(&key, lease, debt, now);
                     if taken == debt {
-                        return Refund::Done;
+                        return None;
                     }
                     // What the share could not pay is charged in Redis.
                     change = Change::Charge {
@@ -422,7 +413,7 @@ impl Inner {
             per_permit: charged.per_permit,
         };
         let inner = Arc::clone(self);
-        Refund::InRedis(async move {
+        Some(async move {
             let quota = inner.quota.load_full();
             let (operation, cost) = match change {
                 Change::Refund(cost) => (refund, decision.refundable(cost)),
@@ -498,16 +489,6 @@ impl Inner {
     }
 }
 
-/// What giving a decision back (or settling it) did at once, and what is left for Redis.
-pub(super) enum Refund<F> {
-    /// The decision is not this limiter's for the key: nothing changes.
-    NotOurs,
-    /// Applied already: to a lease's share or the fail mode's local limiter, or nothing to do.
-    Done,
-    /// Redis must still be told: the script call to send, exactly once.
-    InRedis(F),
-}
-
 /// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
 /// not given back.
 pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
@@ -570,16 +551,15 @@ impl RedisRateLimiter {
     /// Applies `change` to `decision`, sending what Redis must be told from a spawned task.
     fn send<K: RedisKey + ?Sized>(&self, key: &K, decision: Decision, change: Change) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
-        match self.inner.change(redis_key.clone(), decision, change) {
-            Refund::NotOurs => false,
-            Refund::Done => true,
-            Refund::InRedis(call) => {
-                // Failures are counted and logged inside; nothing waits for the outcome.
-                spawn_refund(&redis_key, async move {
-                    let _ = call.await;
-                });
-                true
-            }
+        if !self.inner.takes_back(&redis_key, &decision) {
+            return false;
         }
+        if let Some(call) = self.inner.change(redis_key.clone(), decision, change) {
+            // Failures are counted and logged inside; nothing waits for the outcome.
+            spawn_refund(&redis_key, async move {
+                let _ = call.await;
+            });
+        }
+        true
     }
 }

@@ -112,7 +112,6 @@ mod future;
 mod key;
 mod key_table;
 mod lease;
-mod leased;
 mod limiter;
 mod offset;
 mod reply;

@@ -23,7 +23,7 @@
 --         cost, ARGV[4]), the new lease's id, the id of a lease ended in the same call (0 for
 --         none) and its unused permits; for an end: the unused permits and the id
 --
--- Replies, each led by its status (the numbers of `Status` in src/redis/reply.rs; literals
+-- Replies, each led by its status (`Reply` in src/redis/reply.rs reads them; literals
 -- here, since a Lua local costs every call instructions) and ending with the server's TIME in
 -- microseconds (the client's clock offset):
 --   decision: { 0 refused or 1 admitted, remaining, retry_after, reset_after, wait, reserved_at,

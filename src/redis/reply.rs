@@ -1,10 +1,11 @@
 //! What a script answers, read without trusting it: a reply of the wrong shape, type or range
 //! is an error that names what is wrong, never a panic.
 //!
-//! Every reply is an array of non-negative integers led by its [`Status`]. A decision has seven:
-//! the status (refused or admitted), remaining, retry_after, reset_after, wait, reserved_at (the
-//! instant the permits were charged at) and the server's time, the durations in ticks. GCRA's
-//! has eight: the TAT an admission left (zero for a refusal) comes before the time.
+//! Every reply is an array of non-negative integers led by its status (see [`Reply`]). A
+//! decision has seven: the status (refused or admitted), remaining, retry_after, reset_after,
+//! wait, reserved_at (the instant the permits were charged at) and the server's time, the
+//! durations in ticks. GCRA's has eight: the TAT an admission left (zero for a refusal) comes
+//! before the time.
 
 use std::time::Duration;
 
@@ -17,17 +18,19 @@ use crate::decision::Decision;
 /// The largest instant a reply may carry: beyond it Lua's arithmetic was not exact.
 const MAX_EXACT: u64 = 1 << 53;
 
-/// A script's reply, each with the server's `TIME` (microseconds) at which the script ran.
+/// A script's reply, each with the server's `TIME` (microseconds) at which the script ran. The
+/// status that leads the reply (the numbers `prelude.lua` answers with) tells which.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Reply {
-    /// A decision.
+    /// A decision: `[0 refused or 1 admitted, remaining, retry_after, reset_after, wait,
+    /// reserved_at, (state_after,) time]`.
     Decision(Decision, u64),
-    /// The script ran after its deadline and changed nothing.
+    /// The script ran after its deadline and changed nothing: `[2, time]`.
     Late(u64),
-    /// A refund, a charge or a lease's give-back was applied.
+    /// A refund, a charge or a lease's give-back was applied: `[3, time]`.
     Applied(u64),
     /// A lease of `permits` from `start` until `end` (the script's ticks), `remaining` left in
-    /// Redis.
+    /// Redis: `[4, permits, start, end, remaining, time]`.
     Leased {
         permits: u64,
         start: u64,
@@ -46,37 +49,6 @@ impl Reply {
             | Reply::Applied(time)
             | Reply::Leased { time, .. } => time,
         }
-    }
-}
-
-/// The status that leads a script's reply: the numbers of `prelude.lua`'s table of replies,
-/// which every script answers with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
-    /// A decision that refuses: `[0, remaining, retry_after, reset_after, wait, reserved_at,
-    /// (state_after,) time]`.
-    Refused = 0,
-    /// A decision that admits, in the same shape.
-    Admitted = 1,
-    /// The script ran after its deadline and changed nothing: `[2, time]`.
-    Late = 2,
-    /// A refund, a charge or a lease's give-back was applied: `[3, time]`.
-    Applied = 3,
-    /// A lease: `[4, permits, start, end, remaining, time]`.
-    Leased = 4,
-}
-
-impl Status {
-    /// The status a reply leads with, if it is one.
-    fn of(code: u64) -> Option<Self> {
-        Some(match code {
-            0 => Self::Refused,
-            1 => Self::Admitted,
-            2 => Self::Late,
-            3 => Self::Applied,
-            4 => Self::Leased,
-            _ => return None,
-        })
     }
 }
 
@@ -103,15 +75,17 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     )?;
     // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
     let with_tat = quota.script == LimiterScript::Gcra;
-    let status = Status::of(status)
-        .ok_or_else(|| bad(format!("the status is not one a script answers ({status})")))?;
     let names: Vec<&str> = match status {
-        Status::Refused | Status::Admitted => DECISION
+        0 | 1 => DECISION
             .into_iter()
             .filter(|&name| with_tat || name != "state_after")
             .collect(),
-        Status::Late | Status::Applied => vec!["status", "time"],
-        Status::Leased => vec!["status", "permits", "start", "end", "remaining", "time"],
+        2 | 3 => vec!["status", "time"],
+        4 => vec!["status", "permits", "start", "end", "remaining", "time"],
+        _ => {
+            let what = format!("the status is not one a script answers ({status})");
+            return Err(bad(what));
+        }
     };
     if items.len() != names.len() {
         let (expected, got) = (names.len(), items.len());
@@ -131,9 +105,9 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     };
     let time = instant("time")?;
     match status {
-        Status::Late => return Ok(Reply::Late(time)),
-        Status::Applied => return Ok(Reply::Applied(time)),
-        Status::Leased => {
+        2 => return Ok(Reply::Late(time)),
+        3 => return Ok(Reply::Applied(time)),
+        4 => {
             let (permits, remaining) = (field("permits")?, field("remaining")?);
             if permits == 0 || permits.saturating_add(remaining) > quota.limit {
                 return Err(bad(format!(
@@ -155,7 +129,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
                 time,
             });
         }
-        Status::Refused | Status::Admitted => {}
+        _ => {}
     }
     let (reserved_at, state_after) = (instant("reserved_at")?, instant("state_after")?);
     let remaining = field("remaining")?;
@@ -177,7 +151,7 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         duration("reset_after")?,
         duration("wait")?,
     );
-    let decision = if status == Status::Refused {
+    let decision = if status == 0 {
         Decision::refused(limit, remaining, retry_after, reset_after)
     } else if wait.is_zero() {
         Decision::allowed(limit, remaining, reset_after)

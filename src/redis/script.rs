@@ -25,7 +25,8 @@ pub(crate) const MAX_NOW: u64 = 1 << 52;
 /// The script of an algorithm and its batch script: several decisions on one key in one call,
 /// each run by the algorithm's own script, in order, as if it were called alone (its `ARGV` is a
 /// parameter that hides the call's). The call's `ARGV` holds, for each decision, the count of its
-/// arguments and then its arguments; the reply is the list of the decisions' replies.
+/// arguments and then its arguments; the reply is the list of the decisions' replies (the loop
+/// that runs them is `batch.lua`).
 macro_rules! scripts {
     ($file:literal) => {
         (
@@ -34,20 +35,10 @@ macro_rules! scripts {
             }),
             LazyLock::new(|| {
                 Script::new(concat!(
-                    "local batch, replies, i = ARGV, {}, 1\n",
-                    "local function one(ARGV)\n",
+                    "local batch, replies, i = ARGV, {}, 1\nlocal function one(ARGV)\n",
                     include_str!("prelude.lua"),
                     include_str!($file),
-                    "\nend\n",
-                    "while i <= #batch do\n",
-                    "  local n = tonumber(batch[i])\n",
-                    "  if not n or n < 1 or i + n > #batch then\n",
-                    "    return redis.error_reply('tower-bulwark: malformed batch arguments')\n",
-                    "  end\n",
-                    "  replies[#replies + 1] = one({unpack(batch, i + 1, i + n)})\n",
-                    "  i = i + n + 1\n",
-                    "end\n",
-                    "return replies\n",
+                    include_str!("batch.lua"),
                 ))
             }),
         )
@@ -291,21 +282,40 @@ impl ScriptQuota {
         now: Option<u64>,
         cost: u32,
     ) {
-        let (op, wait_or_charged_at, deadline) = match operation {
-            Operation::Decide { max_wait, deadline } => ("d", max_wait, deadline.to_string()),
-            Operation::Refund { charged_at, .. } => ("r", charged_at, String::new()),
-            Operation::Charge => ("c", 0, String::new()),
-            Operation::Lease { length, .. } => ("l", length, String::new()),
-            Operation::EndLease { .. } => ("e", 0, String::new()),
+        // The operation, ARGV[5], the deadline, and the arguments after the algorithm's own.
+        let (op, arg5, deadline, tail) = match operation {
+            Operation::Decide { max_wait, deadline } => ("d", max_wait, Some(deadline), &[][..]),
+            // '1': the admission waited; '0': it was admitted at once.
+            Operation::Refund {
+                charged_at,
+                left,
+                reserved,
+                ..
+            } => ("r", charged_at, None, &[left, u64::from(reserved)][..]),
+            Operation::Charge => ("c", 0, None, &[][..]),
+            Operation::Lease {
+                length,
+                wanted,
+                id,
+                back,
+                unused,
+            } => (
+                "l",
+                length,
+                None,
+                &[wanted.into(), id, back, unused.into()][..],
+            ),
+            Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),
         };
+        let text = |n: Option<u64>| n.map_or_else(String::new, |n| n.to_string());
         invocation
             .arg(op)
-            .arg(now.map_or_else(String::new, |now| now.to_string()))
+            .arg(text(now))
             .arg(self.ticks_per_ms())
             .arg(cost)
-            .arg(wait_or_charged_at)
+            .arg(arg5)
             .arg(self.ttl_margin_ms)
-            .arg(deadline);
+            .arg(text(deadline));
         for (i, arg) in self.args.iter().enumerate() {
             match operation {
                 // GCRA gives back no more per permit than the admission was charged.
@@ -317,25 +327,7 @@ impl ScriptQuota {
                 _ => invocation.arg(*arg),
             };
         }
-        match operation {
-            Operation::Refund { left, reserved, .. } => {
-                // '1': the admission waited; '0': it was admitted at once.
-                invocation.arg(left).arg(if reserved { "1" } else { "0" });
-            }
-            Operation::Lease {
-                wanted,
-                id,
-                back,
-                unused,
-                ..
-            } => {
-                invocation.arg(wanted).arg(id).arg(back).arg(unused);
-            }
-            Operation::EndLease { id, unused } => {
-                invocation.arg(unused).arg(id);
-            }
-            Operation::Decide { .. } | Operation::Charge => {}
-        }
+        invocation.arg(tail);
     }
 }
 
