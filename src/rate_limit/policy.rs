@@ -136,8 +136,9 @@ impl<X, L> Policy<X, L> {
     /// Every request costs `permits` (one by default). A cost of zero leaves the policy out of
     /// the request's decision and its headers.
     ///
-    /// A cost above what the limiter can ever hold at once (its burst) is refused with a `429`
-    /// that says the request can never be admitted, without a `Retry-After`.
+    /// A cost above what the limiter can ever hold at once (its burst) is refused with a `413
+    /// Content Too Large` that says the request can never be admitted and the largest cost the
+    /// policy admits, without a `Retry-After` (a `429` would be retried, in vain).
     pub fn cost(mut self, permits: u32) -> Self {
         self.cost = Cost::Fixed(permits);
         self

@@ -30,37 +30,45 @@ pub(crate) fn problem_response(status: StatusCode, detail: &str) -> Response<Byt
     response
 }
 
-/// The body of a refusal: a problem of type [`QUOTA_EXCEEDED`] naming the `violated` policies.
-/// With `retry_after_secs` its detail says when to come back; without, that the request costs
-/// more than the `unadmittable` policies can ever admit at once.
-pub(crate) fn quota_exceeded<'a>(
+/// The body of a refusal, naming the `violated` policies. With `retry_after_secs`, a problem of
+/// type [`QUOTA_EXCEEDED`] (status 429) whose detail says when to come back. Without, the request
+/// costs more than the `unadmittable` policies can ever admit at once, which no wait mends: a
+/// `413 Content Too Large` problem (type `about:blank`, as RFC 9457 gives a status with no more
+/// semantics than its own) whose `largest-cost` is the most the strictest of them admits.
+pub(crate) fn refusal_problem<'a>(
     violated: impl Iterator<Item = &'a str> + Clone,
     retry_after_secs: Option<u64>,
     unadmittable: impl Iterator<Item = (&'a str, InsufficientCapacity)> + Clone,
 ) -> Bytes {
     let mut detail = String::new();
+    let mut json = String::with_capacity(256);
+    // The types and titles need no escape.
     if let Some(retry) = retry_after_secs {
         detail.push_str("The request exceeds the quota of ");
         push_names(&mut detail, violated.clone());
         detail.push_str("; retry in ");
         detail.push_str(itoa::Buffer::new().format(retry));
         detail.push_str(if retry == 1 { " second." } else { " seconds." });
+        json.push_str("{\"type\":\"");
+        json.push_str(QUOTA_EXCEEDED);
+        json.push_str("\",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":");
     } else {
         detail.push_str("The request costs more than ");
         push_names(&mut detail, unadmittable.clone().map(|(name, _)| name));
         detail.push_str(" can ever admit at once (");
-        for (i, (_, e)) in unadmittable.enumerate() {
+        for (i, (_, e)) in unadmittable.clone().enumerate() {
             let separator = if i > 0 { "; " } else { "" };
             let (asked, most) = (e.requested(), e.capacity());
             let _ = write!(detail, "{separator}{asked} permits asked, at most {most}");
         }
         detail.push_str("); it will never be admitted.");
+        let largest = unadmittable.map(|(_, e)| e.capacity()).min().unwrap_or(0);
+        let _ = write!(
+            json,
+            "{{\"type\":\"about:blank\",\"title\":\"Content Too Large\",\"status\":413,\
+             \"largest-cost\":{largest},\"detail\":"
+        );
     }
-    let mut json = String::with_capacity(256);
-    // The type and title need no escape.
-    json.push_str("{\"type\":\"");
-    json.push_str(QUOTA_EXCEEDED);
-    json.push_str("\",\"title\":\"Quota Exceeded\",\"status\":429,\"detail\":");
     json_string(&mut json, &detail);
     json.push_str(",\"violated-policies\":[");
     for (i, name) in violated.enumerate() {
@@ -149,7 +157,7 @@ mod tests {
     #[test]
     fn a_refusal_body_is_the_registered_problem() {
         let names = ["per-ip", "per \"key\""];
-        let body = quota_exceeded(names.into_iter(), Some(2), std::iter::empty());
+        let body = refusal_problem(names.into_iter(), Some(2), std::iter::empty());
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["type"], QUOTA_EXCEEDED);
         assert_eq!(json["title"], "Quota Exceeded");
@@ -162,13 +170,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unadmittable_refusal_names_each_capacity() {
+    fn an_unadmittable_refusal_is_content_too_large_naming_each_capacity() {
         let too_costly = [
             ("a", InsufficientCapacity::new(11, 10)),
             ("b", InsufficientCapacity::new(5, 4)),
         ];
-        let body = quota_exceeded(["a", "b"].into_iter(), None, too_costly.into_iter());
+        let body = refusal_problem(["a", "b"].into_iter(), None, too_costly.into_iter());
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], "about:blank");
+        assert_eq!(json["title"], "Content Too Large");
+        assert_eq!(json["status"], 413);
+        assert_eq!(json["largest-cost"], 4, "the strictest policy's capacity");
+        assert_eq!(json["violated-policies"], serde_json::json!(["a", "b"]));
         assert_eq!(
             json["detail"],
             "The request costs more than 'a' and 'b' can ever admit at once (11 permits asked, \

@@ -11,7 +11,7 @@ use http::{HeaderMap, Response, StatusCode};
 use super::decide::Outcome;
 use super::headers::refusal_headers;
 use super::policy::PolicyInfo;
-use super::problem::{quota_exceeded, PROBLEM_JSON};
+use super::problem::{refusal_problem, PROBLEM_JSON};
 use super::settings::Settings;
 use crate::decision::{ceil_secs, Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -87,11 +87,14 @@ impl<'a> Refusal<'a> {
         headers
     }
 
-    /// The default body: an RFC 9457 problem of type
-    /// [`QUOTA_EXCEEDED`](super::QUOTA_EXCEEDED), with `violated-policies`.
+    /// The default body: an RFC 9457 problem naming the `violated-policies`. Of type
+    /// [`QUOTA_EXCEEDED`](super::QUOTA_EXCEEDED) (status 429) when a wait helps; when none does
+    /// (the request costs more than a violated policy can ever admit at once), of type
+    /// `about:blank` with status 413 and `largest-cost`, the most the strictest such policy
+    /// admits.
     pub fn problem_json(&self) -> Bytes {
         let unadmittable = self.unadmittable().map(|(p, e)| (&*p.name, e));
-        quota_exceeded(
+        refusal_problem(
             self.violated_policies(),
             self.retry_after_secs(),
             unadmittable,
@@ -99,16 +102,22 @@ impl<'a> Refusal<'a> {
     }
 
     /// The default answer: `429 Too Many Requests` with [`headers`](Self::headers) and
-    /// [`problem_json`](Self::problem_json); for a gRPC call (feature `grpc`), the trailers-only
-    /// `RESOURCE_EXHAUSTED` with the wait in `grpc-retry-pushback-ms` and a `RetryInfo`, so a
-    /// hook that answers only some requests itself falls back to what the layer would send.
+    /// [`problem_json`](Self::problem_json), or `413 Content Too Large` when no wait helps (see
+    /// [`retry_after`](Self::retry_after)): clients retry a 429, and a request that can never be
+    /// admitted must not be retried as it is. For a gRPC call (feature `grpc`), the
+    /// trailers-only `RESOURCE_EXHAUSTED` with the wait in `grpc-retry-pushback-ms` (`-1`, do not
+    /// retry, when no wait helps) and a `RetryInfo`, so a hook that answers only some requests
+    /// itself falls back to what the layer would send.
     pub fn default_response(&self) -> Response<Bytes> {
         #[cfg(feature = "grpc")]
         if super::grpc::is_grpc(&self.request) {
             return super::grpc::refusal(self);
         }
         let mut response = Response::new(self.problem_json());
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.status_mut() = match self.retry_after() {
+            Some(_) => StatusCode::TOO_MANY_REQUESTS,
+            None => StatusCode::PAYLOAD_TOO_LARGE,
+        };
         let mut headers = self.headers();
         headers.insert(CONTENT_TYPE, PROBLEM_JSON);
         *response.headers_mut() = headers;

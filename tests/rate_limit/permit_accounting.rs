@@ -425,7 +425,7 @@ fn http_fast_path_with_costs_spends_exactly_the_burst() {
         let too_big = paused_runtime()
             .block_on(app.clone().oneshot(request("t", "-", 31)))
             .unwrap();
-        assert_eq!(too_big.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert!(too_big.headers().get("retry-after").is_none());
         let costs: Arc<Vec<u32>> = {
             let mut rng = Rng(0xC0FFEE + round);

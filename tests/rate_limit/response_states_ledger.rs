@@ -319,14 +319,19 @@ async fn run_model(
             assert_eq!(got_ratelimit, None, "{ctx}");
         } else if refused {
             refusals += 1;
-            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{ctx}");
             let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let names: Vec<String> = violated.iter().map(|i| format!("p{i}")).collect();
             assert_eq!(json["violated-policies"], serde_json::json!(names), "{ctx}");
-            // No `Retry-After` only when a violated policy can never admit the request.
+            // A 413 without `Retry-After` exactly when a violated policy can never admit the
+            // request; a 429 with one otherwise.
             let never = violated
                 .iter()
                 .any(|&i| matches!(modeled[i], Modeled::Unadmittable));
+            let expected = match never {
+                true => StatusCode::PAYLOAD_TOO_LARGE,
+                false => StatusCode::TOO_MANY_REQUESTS,
+            };
+            assert_eq!(status, expected, "{ctx}");
             assert_eq!(headers.contains_key("retry-after"), !never, "{ctx}");
             let listed: Vec<(String, u64)> = violated
                 .iter()

@@ -52,7 +52,7 @@ fn huge_costs_are_never_admitted_and_spend_nothing() {
                 );
                 continue;
             }
-            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+            assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE, "{what}");
             assert_eq!(retry_after(&response), None, "{what}: no Retry-After");
             assert!(
                 sf_names(response.headers(), "ratelimit").is_empty(),
@@ -167,7 +167,7 @@ fn cost_by_runs_once_per_request() {
 
 /// Promise: "A cost above what the limiter can ever hold at once (its burst)" is never
 /// admitted: a GCRA quota of 10 per second with a burst of 2 admits a cost of 2 and answers a
-/// cost of 3 with a 429 without `Retry-After` that spends nothing.
+/// cost of 3 with a 413 without `Retry-After` that spends nothing.
 #[test]
 fn a_cost_above_a_gcra_burst_below_its_permits_is_never_admitted() {
     let clock = ManualClock::new();
@@ -182,7 +182,7 @@ fn a_cost_above_a_gcra_burst_below_its_permits_is_never_admitted() {
         &Inner::default(),
     );
     let refused = call(&service, req(&[("x-cost", "3")])).unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(retry_after(&refused), None);
     assert_eq!(violated(&body_json(refused)), ["p1"]);
     assert_eq!((other.net("k"), gcra.net("k")), (0, 0));

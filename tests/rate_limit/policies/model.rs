@@ -342,7 +342,6 @@ fn run_sequence<P: PolicySet>(
                 prop_assert!(headers.get("ratelimit").is_none());
             }
             Verdict::TooMany => {
-                prop_assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{}", what);
                 let enforced = |o: &[Mo]| -> Vec<String> {
                     cfgs.iter()
                         .zip(&outcomes)
@@ -351,6 +350,12 @@ fn run_sequence<P: PolicySet>(
                         .map(|(i, _)| format!("p{i}"))
                         .collect()
                 };
+                // A 413 when a violated policy can never admit the request, a 429 otherwise.
+                let status = match enforced(&[Mo::Unadmittable]).is_empty() {
+                    true => StatusCode::TOO_MANY_REQUESTS,
+                    false => StatusCode::PAYLOAD_TOO_LARGE,
+                };
+                prop_assert_eq!(response.status(), status, "{}", what);
                 let json = body_json(response);
                 prop_assert_eq!(
                     violated(&json),

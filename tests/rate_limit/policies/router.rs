@@ -208,13 +208,16 @@ async fn a_cost_above_the_burst_is_refused_as_never_admissible_and_spends_nothin
         ));
     let ip = "203.0.113.50";
     // `other` admits the first request, `small` can never admit it: the request is refused at
-    // once, with no `Retry-After` (no wait would help), and `other` keeps its permit.
+    // once, with a `413` that clients do not retry and no `Retry-After` (no wait would help),
+    // and `other` keeps its permit.
     let start = tokio::time::Instant::now();
     let refused = send(&app, "POST", "/bulk", ip, None).await;
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert!(refused.headers().get("retry-after").is_none());
     let problem = json(refused).await;
+    assert_eq!(problem["status"], 413);
+    assert_eq!(problem["largest-cost"], 10, "the most `small` ever admits");
     assert_eq!(problem["violated-policies"], serde_json::json!(["small"]));
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("never be admitted"), "{detail}");

@@ -327,7 +327,7 @@ async fn a_mixed_chain_in_every_order_is_all_or_nothing() {
                 assert_eq!(a.bad_refunds(), 0, "{what}");
             }
             if with_huge {
-                assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+                assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE, "{what}");
                 assert_eq!(waited, Duration::ZERO, "{what}: a refused request waited");
                 assert_eq!(retry_after(&response), None, "{what}");
                 assert!(response.headers().get("x-ratelimit-limit").is_none());
