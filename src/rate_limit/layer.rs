@@ -154,8 +154,11 @@ impl<P, M> RateLimitLayer<P, M> {
     /// body ([`WrapBody`]), so the inner service may have any body type, not only one made from
     /// `Bytes`: tower-http's body wrappers, boxed bodies.
     ///
-    /// Not needed under axum: a route's body is axum's `Body`, and axum boxes any other body
-    /// type again on every response.
+    /// Needed, under axum too, by a policy that settles from the body
+    /// ([`Policy::settle_from_body`](super::Policy::settle_from_body)): the layer's body reads
+    /// it as it streams by, and building the service without it panics with that advice.
+    /// Otherwise not needed under axum: a route's body is axum's `Body`, and axum boxes any
+    /// other body type again on every response.
     pub fn wrap_body(mut self) -> RateLimitLayer<P, WrapBody> {
         self.settings_mut().wraps_body = true;
         RateLimitLayer {
