@@ -154,10 +154,10 @@ async fn complete(State((client, url)): State<(Upstream, String)>, request: Requ
     }
 }
 
-/// The gateway's own error answer: it used no tokens, and says so where the rate limit reads
-/// usage, so the request's reservation goes back.
+/// The gateway's own error answer: an error that reports no usage costs the key nothing, so
+/// the request's reservation goes back.
 fn error(status: StatusCode, message: &str, retry_after: Duration) -> Response {
-    let body = serde_json::json!({"error": {"message": message}, "usage": {"total_tokens": 0}});
+    let body = serde_json::json!({"error": {"message": message}});
     let mut response = (status, Json(body)).into_response();
     let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     response

@@ -30,6 +30,14 @@ const MAX_DEPTH: u8 = 64;
 
 /// Where in a response body the cost of a request is read, as the body streams by.
 ///
+/// One path reads both shapes of an answer: where the crate reads a response itself (a policy's
+/// [`settle_from_body`](crate::rate_limit::Policy::settle_from_body)), a `Content-Type` of
+/// `text/event-stream` is read as events ([`sse`](Self::sse)) and a JSON one
+/// (`application/json`, or any `+json`) as one document ([`json`](Self::json)), whichever of
+/// the two made the `BodyUsage`: that constructor names the shape of answers whose type says
+/// neither. So one policy settles a route that answers `"stream": true` with events and the
+/// rest with JSON. [`scan`](Self::scan) reads the constructor's shape.
+///
 /// The body is never held: whatever its size and however it is split into chunks, reading it
 /// takes a few dozen bytes of state, and a long string in it (a prompt echoed back) costs
 /// nothing but the time to skip it.
@@ -75,12 +83,37 @@ impl BodyUsage {
         check(path).map(|path| Self { path, sse: true })
     }
 
-    /// A reader for one response body.
+    /// A reader for one response body, in the shape its constructor names.
     pub fn scan(&self) -> UsageScan {
+        self.scan_as(self.sse)
+    }
+
+    /// A reader for the body of an answer with these `headers`: in the shape its `Content-Type`
+    /// names, else in the constructor's (see [`BodyUsage`]).
+    pub(crate) fn scan_answer(&self, headers: &http::HeaderMap) -> UsageScan {
+        let essence = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(str::trim)
+            .unwrap_or_default();
+        let is = |name: &str| essence.eq_ignore_ascii_case(name);
+        // A structured syntax suffix (RFC 6839) after a type of at least one byte.
+        let suffix = essence.len().saturating_sub(5);
+        let json = is("application/json")
+            || (suffix > 0 && essence.as_bytes()[suffix..].eq_ignore_ascii_case(b"+json"));
+        self.scan_as(if is("text/event-stream") {
+            true
+        } else {
+            self.sse && !json
+        })
+    }
+
+    fn scan_as(&self, sse: bool) -> UsageScan {
         UsageScan {
             path: Arc::clone(&self.path),
             json: Json::default(),
-            sse: self.sse.then(Sse::default),
+            sse: sse.then(Sse::default),
         }
     }
 }
@@ -422,5 +455,60 @@ impl Json {
         self.expect = Expect::Done;
         self.lex = Lex::None;
         self.depth = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+
+    /// The shape an answer with `content_type` is read in, by a `BodyUsage` made by `sse` or
+    /// `json`: whether an event stream's usage is found.
+    fn reads_events(content_type: Option<&[u8]>, sse: bool) -> bool {
+        let path = ["usage", "total_tokens"];
+        let usage = if sse {
+            BodyUsage::sse(path)
+        } else {
+            BodyUsage::json(path)
+        }
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        if let Some(value) = content_type {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_bytes(value).unwrap());
+        }
+        let mut scan = usage.scan_answer(&headers);
+        scan.feed(b"data: {\"usage\":{\"total_tokens\":7}}\n\ndata: [DONE]\n\n");
+        scan.found() == Some(7)
+    }
+
+    #[test]
+    fn the_content_type_names_the_shape_and_the_constructor_the_rest() {
+        for sse in [false, true] {
+            for events in [
+                &b"text/event-stream"[..],
+                b"TEXT/Event-Stream ; charset=utf-8",
+            ] {
+                assert!(reads_events(Some(events), sse), "{sse} {events:?}");
+            }
+            for json in [
+                &b"application/json"[..],
+                b"application/problem+json",
+                b"x/y+JSON;q",
+            ] {
+                assert!(!reads_events(Some(json), sse), "{sse} {json:?}");
+            }
+            // Neither, unreadable or absent: the constructor's shape.
+            for other in [
+                &b""[..],
+                b"+json",
+                b"json",
+                b"text/event-streams",
+                b"\xff\xfe+json",
+            ] {
+                assert_eq!(reads_events(Some(other), sse), sse, "{sse} {other:?}");
+            }
+            assert_eq!(reads_events(None, sse), sse);
+        }
     }
 }

@@ -343,8 +343,9 @@ pub(crate) struct Settlement<P: PolicySet> {
     limits: Arc<Limits<P>>,
     keys: P::Keys,
     outcomes: Outcomes,
-    /// The readers of the policies that settle from the body, by policy index.
-    scans: SmallVec<[(usize, UsageScan); 1]>,
+    /// The readers of the policies that settle from the body, by policy index, with the cost
+    /// of a body that says none: zero for an error answer, else none (the estimate stands).
+    scans: SmallVec<[(usize, UsageScan, Option<u32>); 1]>,
 }
 
 impl<P: PolicySet> Settlement<P> {
@@ -368,7 +369,14 @@ impl<P: PolicySet> Settlement<P> {
             let info = &limits.settings.policies[i];
             match &info.settle {
                 Settle::Never => {}
-                Settle::ByBody(usage) => self.scans.push((i, usage.scan())),
+                Settle::ByBody(usage) => {
+                    // An error answer (the service's own refusal, or a failure before the
+                    // upstream answered) used nothing, unless its body says otherwise.
+                    let error =
+                        response.status.is_client_error() || response.status.is_server_error();
+                    let scan = usage.scan_answer(&response.headers);
+                    self.scans.push((i, scan, error.then_some(0)));
+                }
                 Settle::ByHead(settled) => {
                     let cost = crate::usage::read_cost(&info.name, || settled(response));
                     changed |= self.settle(i, cost);
@@ -414,7 +422,7 @@ impl<P: PolicySet> Settlement<P> {
 impl<P: PolicySet> ReadsBody for Settlement<P> {
     /// Reads `bytes`, the next of the response body, for the policies that settle from it.
     fn feed(&mut self, bytes: &[u8]) {
-        for (_, scan) in &mut self.scans {
+        for (_, scan, _) in &mut self.scans {
             scan.feed(bytes);
         }
     }
@@ -422,9 +430,9 @@ impl<P: PolicySet> ReadsBody for Settlement<P> {
 
 impl<P: PolicySet> Drop for Settlement<P> {
     fn drop(&mut self) {
-        for (i, scan) in std::mem::take(&mut self.scans) {
+        for (i, scan, unsaid) in std::mem::take(&mut self.scans) {
             let cost = scan.found().map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-            self.settle(i, cost);
+            self.settle(i, cost.or(unsaid));
         }
     }
 }

@@ -245,9 +245,15 @@ impl<X, L> Policy<X, L> {
     /// server-sent event that has it), read as the body streams by to the client, unchanged and
     /// never held back or buffered.
     ///
+    /// The answer's `Content-Type` says how to read it: an event stream as events, JSON as one
+    /// document, whichever constructor made `usage` (see [`BodyUsage`]), so one policy settles
+    /// a route that streams some answers and not others.
+    ///
     /// The settle happens when the body ends. A body dropped before its end (the client went
     /// away) settles to the cost read so far, if it was read, and otherwise keeps the estimate;
-    /// so does a body that fails. The rate-limit headers went out before the body and tell the
+    /// so does a body that fails. An error answer (status 400 and up: the service's own
+    /// refusal, or a failure before the upstream was reached, streamed or not) that reports no
+    /// usage settles to zero, as LLM APIs charge no tokens for a failed request. The rate-limit headers went out before the body and tell the
     /// state after the estimate.
     ///
     /// The layer must carry the body: call [`wrap_body`](super::RateLimitLayer::wrap_body) on

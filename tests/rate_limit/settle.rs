@@ -289,3 +289,96 @@ fn a_body_settle_without_wrap_body_is_refused_when_the_layer_is_applied() {
     let _ = RateLimitLayer::new(tokens_policy(&limiter, Report::Json))
         .layer(handler(Report::Json, Arc::default()));
 }
+
+/// An answer in one of the shapes an LLM route gives, with its `Content-Type`: JSON, an event
+/// stream, or the service's own error (JSON or streamed) that reports no usage.
+fn shaped_answer(shape: &str, used: u32) -> Response<Body> {
+    let (status, content_type, body) = match shape {
+        "json" => (
+            StatusCode::OK,
+            "Application/JSON",
+            format!(r#"{{"usage":{{"total_tokens":{used}}}}}"#),
+        ),
+        "sse" => (
+            StatusCode::OK,
+            "text/event-stream; charset=utf-8",
+            format!(
+                "data: {{\"choices\":[]}}\n\ndata: {{\"usage\":{{\"total_tokens\":{used}}}}}\n\n\
+                 data: [DONE]\n\n"
+            ),
+        ),
+        "error-json" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "application/problem+json",
+            r#"{"title":"client quota spent"}"#.to_owned(),
+        ),
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/event-stream",
+            "data: {\"error\":\"upstream unavailable\"}\n\n".to_owned(),
+        ),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// One policy, one path, on a route that answers JSON or an event stream (`"stream": true`):
+/// each answer is read in the shape its `Content-Type` names, whichever constructor made the
+/// `BodyUsage`, and moves the key by what it used. The service's own error answers, streamed
+/// or not, report no usage and cost nothing (no trick in the error body).
+#[tokio::test]
+async fn one_policy_settles_json_and_event_streams_and_an_error_costs_nothing() {
+    let total = ["usage", "total_tokens"];
+    for usage in [
+        BodyUsage::json(total).unwrap(),
+        BodyUsage::sse(total).unwrap(),
+    ] {
+        let clock = ManualClock::new();
+        let limiter = ten_thousand_a_minute(&clock);
+        let policy = Policy::new("tokens", header_key("x-tenant"), limiter.clone())
+            .unwrap()
+            .cost_by(header_cost("x-max-tokens"))
+            .settle_from_body(usage.clone());
+        let service = RateLimitLayer::new(policy)
+            .wrap_body()
+            .layer(Handler::new(service_fn(|request: Request<Body>| {
+                let shape = request.headers()["x-shape"].to_str().unwrap().to_owned();
+                let used = request.headers()["x-used"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                async move { Ok::<_, Infallible>(shaped_answer(&shape, used)) }
+            })));
+        let mut left: u64 = 10_000;
+        for (shape, used) in [
+            ("json", 300),
+            ("sse", 200),
+            ("error-json", 0),
+            ("error-sse", 0),
+        ] {
+            let mut request = request(1000, used);
+            request
+                .headers_mut()
+                .insert("x-shape", shape.parse().unwrap());
+            let response = service.clone().oneshot(request).await.unwrap();
+            response.into_body().collect().await.unwrap();
+            left -= u64::from(used);
+            let mut probe = self::request(1, 1);
+            probe
+                .headers_mut()
+                .insert("x-shape", "json".parse().unwrap());
+            let probe = service.clone().oneshot(probe).await.unwrap();
+            let after = probe.headers()["ratelimit"].to_str().unwrap().to_owned();
+            left -= 1;
+            assert!(
+                after.contains(&format!("r={left};")),
+                "{usage:?} {shape}: {after}"
+            );
+        }
+        assert_eq!(drain(&limiter, "t"), left, "{usage:?}");
+    }
+}
