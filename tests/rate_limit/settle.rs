@@ -312,6 +312,11 @@ fn shaped_answer(shape: &str, used: u32) -> Response<Body> {
             "application/problem+json",
             r#"{"title":"client quota spent"}"#.to_owned(),
         ),
+        "error-with-usage" => (
+            StatusCode::BAD_GATEWAY,
+            "application/json",
+            format!(r#"{{"error":"cut short","usage":{{"total_tokens":{used}}}}}"#),
+        ),
         _ => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/event-stream",
@@ -328,7 +333,8 @@ fn shaped_answer(shape: &str, used: u32) -> Response<Body> {
 /// One policy, one path, on a route that answers JSON or an event stream (`"stream": true`):
 /// each answer is read in the shape its `Content-Type` names, whichever constructor made the
 /// `BodyUsage`, and moves the key by what it used. The service's own error answers, streamed
-/// or not, report no usage and cost nothing (no trick in the error body).
+/// or not, report no usage and cost nothing (no trick in the error body); an error that reports
+/// usage (an upstream cut short) costs what it reports.
 #[tokio::test]
 async fn one_policy_settles_json_and_event_streams_and_an_error_costs_nothing() {
     let total = ["usage", "total_tokens"];
@@ -359,6 +365,7 @@ async fn one_policy_settles_json_and_event_streams_and_an_error_costs_nothing() 
             ("sse", 200),
             ("error-json", 0),
             ("error-sse", 0),
+            ("error-with-usage", 70),
         ] {
             let mut request = request(1000, used);
             request
