@@ -1,4 +1,6 @@
-//! A response body that holds its call's permit until the body ends.
+//! A response body that shows its frames, on their way, to what waits for its end: a
+//! bulkhead's permit ([`BulkheadBody`](super::BulkheadBody)) and a pushback's reader of
+//! trailers ([`PushbackBody`](crate::outbound::pushback::PushbackBody)).
 
 use std::fmt;
 use std::pin::Pin;
@@ -10,34 +12,45 @@ use pin_project_lite::pin_project;
 use super::events::CallOutcome;
 use super::permits::Permit;
 
+/// Response body of a [`BulkheadService`](super::BulkheadService) in the
+/// [`OnBodyEnd`](super::OnBodyEnd) mode.
+///
+/// It gives the permit back when the inner body reports its end, fails, or is dropped,
+/// whichever comes first; the frames themselves pass through untouched.
+pub type BulkheadBody<B> = WatchedBody<B, Permit>;
+
 pin_project! {
-    /// Response body of a [`BulkheadService`](super::BulkheadService) in the
-    /// [`OnBodyEnd`](super::OnBodyEnd) mode.
-    ///
-    /// It gives the permit back when the inner body reports its end, fails, or is dropped,
-    /// whichever comes first; the frames themselves pass through untouched.
-    pub struct BulkheadBody<B> {
+    /// A response body whose frames pass through untouched, each shown on its way to the
+    /// [`Watch`] `W` until it has seen what it waits for; `W` is dropped then.
+    pub struct WatchedBody<B, W> {
         #[pin]
-        inner: B,
-        permit: Option<Permit>,
+        pub(crate) inner: B,
+        pub(crate) watch: Option<W>,
     }
 }
 
-impl<B: Body> BulkheadBody<B> {
-    pub(crate) fn new(inner: B, mut permit: Permit) -> Self {
-        let permit = if inner.is_end_stream() {
-            permit.outcome = CallOutcome::Success;
-            drop(permit);
-            None
-        } else {
-            permit.outcome = CallOutcome::Cancelled;
-            Some(permit)
+/// What a [`WatchedBody`] shows its frames to.
+pub trait Watch {
+    /// Sees one frame polled from the body (`None` at its end; `end` when the body reports its
+    /// end after it) and says whether it has seen what it waited for.
+    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
+}
+
+/// A call's permit waits for the end of its body: read to its end, or failed. A body dropped
+/// before either gives the permit back as `Cancelled`.
+impl Watch for Permit {
+    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
+        self.outcome = match frame {
+            None => CallOutcome::Success,
+            Some(Err(_)) => CallOutcome::Failure,
+            Some(Ok(_)) if end => CallOutcome::Success,
+            Some(Ok(_)) => return false,
         };
-        Self { inner, permit }
+        true
     }
 }
 
-impl<B: Body> Body for BulkheadBody<B> {
+impl<B: Body, W: Watch> Body for WatchedBody<B, W> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -47,15 +60,9 @@ impl<B: Body> Body for BulkheadBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let ended = match &frame {
-            None => Some(CallOutcome::Success),
-            Some(Err(_)) => Some(CallOutcome::Failure),
-            Some(Ok(_)) if this.inner.is_end_stream() => Some(CallOutcome::Success),
-            Some(Ok(_)) => None,
-        };
-        if let Some(outcome) = ended {
-            if let Some(mut permit) = this.permit.take() {
-                permit.outcome = outcome;
+        if let Some(watch) = this.watch {
+            if watch.seen(frame.as_ref(), this.inner.is_end_stream()) {
+                *this.watch = None;
             }
         }
         Poll::Ready(frame)
@@ -70,10 +77,10 @@ impl<B: Body> Body for BulkheadBody<B> {
     }
 }
 
-impl<B> fmt::Debug for BulkheadBody<B> {
+impl<B, W: fmt::Debug> fmt::Debug for WatchedBody<B, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BulkheadBody")
-            .field("holds_permit", &self.permit.is_some())
+        f.debug_struct("WatchedBody")
+            .field("watch", &self.watch)
             .finish_non_exhaustive()
     }
 }

@@ -197,7 +197,7 @@
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub mod adaptive;
-mod body;
+pub(crate) mod body;
 mod error;
 pub mod events;
 mod future;

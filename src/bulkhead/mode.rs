@@ -42,8 +42,18 @@ impl<R> Release<R> for OnResponse {
 impl<B: Body> Release<http::Response<B>> for OnBodyEnd {
     type Response = http::Response<BulkheadBody<B>>;
 
-    fn respond(response: http::Response<B>, permit: Permit) -> Self::Response {
-        response.map(|body| BulkheadBody::new(body, permit))
+    fn respond(response: http::Response<B>, mut permit: Permit) -> Self::Response {
+        response.map(|inner| {
+            // A body already at its end ends the call now.
+            let ended = inner.is_end_stream();
+            permit.outcome = if ended {
+                CallOutcome::Success
+            } else {
+                CallOutcome::Cancelled
+            };
+            let watch = (!ended).then_some(permit);
+            BulkheadBody { inner, watch }
+        })
     }
 }
 
