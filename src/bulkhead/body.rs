@@ -77,10 +77,10 @@ impl<B: Body, W: Watch> Body for WatchedBody<B, W> {
     }
 }
 
-impl<B, W: fmt::Debug> fmt::Debug for WatchedBody<B, W> {
+impl<B, W> fmt::Debug for WatchedBody<B, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WatchedBody")
-            .field("watch", &self.watch)
+            .field("watching", &self.watch.is_some())
             .finish_non_exhaustive()
     }
 }

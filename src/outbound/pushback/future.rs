@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::dependency::{span, Dependency};
 use super::error::PushedBack;
-use super::trailers::{ReadAnswer, ReadHead, TrailerReader};
+use super::trailers::{ReadAnswer, ReadHead};
 use crate::clock::saturating_nanos;
 use crate::clock::Clock;
 use crate::head::ResponseHead;
@@ -231,9 +231,9 @@ where
                     }
                     *in_flight = None;
                     let dependency = &*this.dependency;
-                    return Poll::Ready(result.map(|response| {
-                        M::respond(response, || TrailerReader(dependency.clone()))
-                    }));
+                    return Poll::Ready(
+                        result.map(|response| M::respond(response, || dependency.clone())),
+                    );
                 }
             }
         }

@@ -1,7 +1,6 @@
 //! What a pushback reads of an answer: its head only ([`ReadHead`], the default), or its head and
 //! the trailers that end its body ([`ReadTrailers`], for gRPC, whose status comes last).
 
-use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
@@ -63,16 +62,10 @@ impl<B: Body> ReadAnswer<http::Response<B>> for ReadTrailers {
 }
 
 /// Records the trailers of one answer with its dependency.
-pub struct TrailerReader(pub(super) Arc<dyn ObserveTrailers>);
-
-impl fmt::Debug for TrailerReader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TrailerReader")
-    }
-}
+pub(crate) type TrailerReader = Arc<dyn ObserveTrailers>;
 
 /// A dependency, whatever its clock.
-pub(crate) trait ObserveTrailers: Send + Sync {
+pub trait ObserveTrailers: Send + Sync {
     /// Records what `trailers` say.
     fn trailers(&self, trailers: &HeaderMap);
 }
@@ -92,7 +85,7 @@ pub type PushbackBody<B> = WatchedBody<B, TrailerReader>;
 impl Watch for TrailerReader {
     fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, _: bool) -> bool {
         let trailers = frame.and_then(|frame| frame.as_ref().ok()?.trailers_ref());
-        trailers.map(|trailers| self.0.trailers(trailers)).is_some()
+        trailers.map(|trailers| self.trailers(trailers)).is_some()
     }
 }
 
