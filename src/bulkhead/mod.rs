@@ -207,7 +207,6 @@ mod layer;
 mod metrics;
 mod mode;
 mod permits;
-mod service;
 
 pub use body::BulkheadBody;
 pub use error::BulkheadFull;
@@ -216,7 +215,6 @@ pub use events::{
 };
 pub use future::ResponseFuture;
 pub use handle::{Bulkhead, BulkheadBuilder};
-pub use layer::BulkheadLayer;
+pub use layer::{BulkheadLayer, BulkheadService};
 pub use mode::{OnBodyEnd, OnResponse, Release};
 pub use permits::MAX_CONCURRENT_CALLS;
-pub use service::BulkheadService;
