@@ -197,7 +197,6 @@
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub mod adaptive;
-pub(crate) mod body;
 mod error;
 pub mod events;
 mod future;
@@ -205,10 +204,9 @@ mod handle;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod mode;
+pub(crate) mod mode;
 mod permits;
 
-pub use body::BulkheadBody;
 pub use error::BulkheadFull;
 pub use events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Rejection,
@@ -216,5 +214,5 @@ pub use events::{
 pub use future::ResponseFuture;
 pub use handle::{Bulkhead, BulkheadBuilder};
 pub use layer::{BulkheadLayer, BulkheadService};
-pub use mode::{OnBodyEnd, OnResponse, Release};
+pub use mode::{BulkheadBody, OnBodyEnd, OnResponse, Release};
 pub use permits::MAX_CONCURRENT_CALLS;

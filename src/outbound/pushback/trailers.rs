@@ -7,7 +7,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame};
 
 use super::dependency::Dependency;
-use crate::bulkhead::body::{Watch, WatchedBody};
+use crate::bulkhead::mode::{Watch, WatchedBody};
 use crate::clock::Clock;
 
 /// What a [`PushbackService`](super::PushbackService) reads of each answer, and so what it
