@@ -16,21 +16,13 @@ use std::sync::Arc;
 /// call, where any other error would be `UNKNOWN`.
 #[derive(Clone, Debug)]
 pub struct BulkheadFull {
-    bulkhead: Arc<str>,
+    pub(super) bulkhead: Arc<str>,
     /// What tonic answers for this error, built when tonic first asks.
     #[cfg(feature = "grpc")]
-    status: crate::rate_limit::grpc::LazyStatus,
+    pub(super) status: crate::rate_limit::grpc::LazyStatus,
 }
 
 impl BulkheadFull {
-    pub(crate) fn new(bulkhead: Arc<str>) -> Self {
-        Self {
-            bulkhead,
-            #[cfg(feature = "grpc")]
-            status: Default::default(),
-        }
-    }
-
     /// The name of the bulkhead that refused the call.
     pub fn bulkhead(&self) -> &str {
         &self.bulkhead

@@ -1,12 +1,15 @@
-//! The layer that puts a [`Bulkhead`] in front of a service.
+//! The layer that puts a [`Bulkhead`] in front of a service, and the service it makes.
 
 use std::marker::PhantomData;
+use std::task::{Context, Poll};
 
 use tower_layer::Layer;
+use tower_service::Service;
 
+use super::future::ResponseFuture;
 use super::handle::Bulkhead;
-use super::mode::OnResponse;
-use super::service::BulkheadService;
+use super::mode::{OnResponse, Release};
+use crate::BoxError;
 
 /// Wraps a service in a [`Bulkhead`]; `M` says when each call gives its permit back:
 /// [`OnResponse`] (made by [`Bulkhead::layer`]) or [`OnBodyEnd`](super::OnBodyEnd) (made by
@@ -70,5 +73,44 @@ impl<S, M> Layer<S> for BulkheadLayer<M> {
             bulkhead: self.bulkhead.clone(),
             mode: PhantomData,
         }
+    }
+}
+
+/// A service behind a [`Bulkhead`]; made by [`BulkheadLayer`](super::BulkheadLayer). `M` says
+/// when each call gives its permit back ([`Release`]).
+///
+/// `poll_ready` only asks the inner service; the permit is taken in `call`. The inner service must
+/// be `Clone` because a call that has to wait takes the readied service with it and starts it
+/// once a permit comes (wrap a service that is not `Clone` in tower's `Buffer`).
+#[derive(Clone, Debug)]
+pub struct BulkheadService<S, M = OnResponse> {
+    inner: S,
+    bulkhead: Bulkhead,
+    mode: PhantomData<fn() -> M>,
+}
+
+impl<S, M> BulkheadService<S, M> {
+    /// The bulkhead in front of the inner service.
+    pub fn bulkhead(&self) -> &Bulkhead {
+        &self.bulkhead
+    }
+}
+
+impl<S, M, Req> Service<Req> for BulkheadService<S, M>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    M: Release<S::Response>,
+{
+    type Response = M::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, Req, M>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        ResponseFuture::start(&self.bulkhead.permits, &mut self.inner, request)
     }
 }

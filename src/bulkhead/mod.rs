@@ -197,7 +197,6 @@
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub mod adaptive;
-mod body;
 mod error;
 pub mod events;
 mod future;
@@ -205,18 +204,15 @@ mod handle;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
-mod mode;
+pub(crate) mod mode;
 mod permits;
-mod service;
 
-pub use body::BulkheadBody;
 pub use error::BulkheadFull;
 pub use events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Rejection,
 };
 pub use future::ResponseFuture;
 pub use handle::{Bulkhead, BulkheadBuilder};
-pub use layer::BulkheadLayer;
-pub use mode::{OnBodyEnd, OnResponse, Release};
+pub use layer::{BulkheadLayer, BulkheadService};
+pub use mode::{BulkheadBody, OnBodyEnd, OnResponse, Release};
 pub use permits::MAX_CONCURRENT_CALLS;
-pub use service::BulkheadService;

@@ -214,7 +214,11 @@ impl Permits {
                 reason,
             });
         }
-        BulkheadFull::new(self.name.clone())
+        BulkheadFull {
+            bulkhead: self.name.clone(),
+            #[cfg(feature = "grpc")]
+            status: Default::default(),
+        }
     }
 }
 

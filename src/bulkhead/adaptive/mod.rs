@@ -135,13 +135,11 @@ mod future;
 mod handle;
 mod layer;
 mod limit;
-mod service;
 
 pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict};
 pub use controller::LimitChanged;
 pub use error::AdaptiveConfigError;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
-pub use layer::AdaptiveBulkheadLayer;
+pub use layer::{AdaptiveBulkheadLayer, AdaptiveBulkheadService};
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};
-pub use service::AdaptiveBulkheadService;

@@ -15,9 +15,8 @@ use tower_service::Service;
 
 use super::dependency::{span, Dependency};
 use super::error::PushedBack;
-use super::trailers::{ReadAnswer, ReadHead, TrailerReader};
-use crate::clock::saturating_nanos;
-use crate::clock::Clock;
+use super::trailers::{ReadAnswer, ReadHead};
+use crate::clock::{saturating_nanos, Clock};
 use crate::head::ResponseHead;
 use crate::outbound::metrics::Outcome;
 use crate::outbound::never_sent;
@@ -231,9 +230,9 @@ where
                     }
                     *in_flight = None;
                     let dependency = &*this.dependency;
-                    return Poll::Ready(result.map(|response| {
-                        M::respond(response, || TrailerReader(dependency.clone()))
-                    }));
+                    return Poll::Ready(
+                        result.map(|response| M::respond(response, || dependency.clone())),
+                    );
                 }
             }
         }

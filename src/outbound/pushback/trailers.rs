@@ -1,16 +1,13 @@
 //! What a pushback reads of an answer: its head only ([`ReadHead`], the default), or its head and
 //! the trailers that end its body ([`ReadTrailers`], for gRPC, whose status comes last).
 
-use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 
 use http::{HeaderMap, StatusCode};
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::{Body, Frame};
 
 use super::dependency::Dependency;
+use crate::bulkhead::mode::{Watch, WatchedBody};
 use crate::clock::Clock;
 
 /// What a [`PushbackService`](super::PushbackService) reads of each answer, and so what it
@@ -59,22 +56,16 @@ impl<B: Body> ReadAnswer<http::Response<B>> for ReadTrailers {
     ) -> Self::Response {
         response.map(|inner| PushbackBody {
             inner,
-            trailers: Some(trailers()),
+            watch: Some(trailers()),
         })
     }
 }
 
 /// Records the trailers of one answer with its dependency.
-pub struct TrailerReader(pub(super) Arc<dyn ObserveTrailers>);
-
-impl fmt::Debug for TrailerReader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TrailerReader")
-    }
-}
+pub(crate) type TrailerReader = Arc<dyn ObserveTrailers>;
 
 /// A dependency, whatever its clock.
-pub(crate) trait ObserveTrailers: Send + Sync {
+pub trait ObserveTrailers: Send + Sync {
     /// Records what `trailers` say.
     fn trailers(&self, trailers: &HeaderMap);
 }
@@ -85,49 +76,16 @@ impl<C: Clock> ObserveTrailers for Dependency<C> {
     }
 }
 
-pin_project! {
-    /// Response body of a [`PushbackService`](super::PushbackService) in the [`ReadTrailers`]
-    /// mode: the frames pass through untouched, and the trailers are read on their way.
-    pub struct PushbackBody<B> {
-        #[pin]
-        inner: B,
-        trailers: Option<TrailerReader>,
-    }
-}
+/// Response body of a [`PushbackService`](super::PushbackService) in the [`ReadTrailers`]
+/// mode: the frames pass through untouched, and the trailers are read on their way.
+pub type PushbackBody<B> = WatchedBody<B, TrailerReader>;
 
-impl<B: Body> Body for PushbackBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
-        if let Some(trailers) = frame.as_ref().and_then(|f| f.as_ref().ok()?.trailers_ref()) {
-            // An answer has one trailer section; one more is not read.
-            if let Some(reader) = this.trailers.take() {
-                reader.0.trailers(trailers);
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B> fmt::Debug for PushbackBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PushbackBody")
-            .field("trailers_read", &self.trailers.is_none())
-            .finish_non_exhaustive()
+/// The reader waits for the answer's trailers: an answer has one trailer section, and one more
+/// is not read.
+impl Watch for TrailerReader {
+    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, _: bool) -> bool {
+        let trailers = frame.and_then(|frame| frame.as_ref().ok()?.trailers_ref());
+        trailers.map(|trailers| self.trailers(trailers)).is_some()
     }
 }
 
