@@ -1,7 +1,8 @@
 //! When a call gives its permit back: the mode of a bulkhead's layer and services, and the body
 //! that holds the permit until its end. That body shows its frames, on their way, to whatever
-//! waits for its end: a bulkhead's permit ([`BulkheadBody`]) and a pushback's reader of trailers
-//! ([`PushbackBody`](crate::outbound::pushback::PushbackBody)).
+//! waits for its end: a bulkhead's permit ([`BulkheadBody`]), a pushback's reader of trailers
+//! ([`PushbackBody`](crate::outbound::pushback::PushbackBody)) and a client quota's settle from
+//! the body.
 
 use std::fmt;
 use std::pin::Pin;
@@ -85,13 +86,13 @@ pin_project! {
 pub trait Watch {
     /// Sees one frame polled from the body (`None` at its end; `end` when the body reports its
     /// end after it) and says whether it has seen what it waited for.
-    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
+    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
 }
 
 /// A call's permit waits for the end of its body: read to its end, or failed. A body dropped
 /// before either gives the permit back as `Cancelled`.
 impl Watch for Permit {
-    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
+    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
         self.outcome = match frame {
             None => CallOutcome::Success,
             Some(Err(_)) => CallOutcome::Failure,

@@ -26,5 +26,7 @@ mod pushback;
 mod pushback_hostile;
 mod retry_after_hostile;
 #[cfg(feature = "reqwest")]
+mod settle_from_body;
+#[cfg(feature = "reqwest")]
 mod stack;
 mod tokens;

@@ -83,7 +83,7 @@ pub type PushbackBody<B> = WatchedBody<B, TrailerReader>;
 /// The reader waits for the answer's trailers: an answer has one trailer section, and one more
 /// is not read.
 impl Watch for TrailerReader {
-    fn seen<D, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, _: bool) -> bool {
+    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, _: bool) -> bool {
         let trailers = frame.and_then(|frame| frame.as_ref().ok()?.trailers_ref());
         trailers.map(|trailers| self.trailers(trailers)).is_some()
     }

@@ -123,9 +123,13 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// (nothing readable), a call that failed, and one dropped before its response keep the
     /// estimate.
     ///
-    /// With [`SettleLater`](super::SettleLater), for a cost that only the body tells, each
-    /// response carries an [`Unsettled`](super::Unsettled) in its extensions, to settle once the
-    /// body has been read.
+    /// For a cost that only the body tells, a [`BodyUsage`](crate::usage::BodyUsage) settles a
+    /// `reqwest::Client`'s call (feature `reqwest`) from the body as the caller reads it, JSON
+    /// or an event stream by the answer's `Content-Type`, as an inbound policy's
+    /// [`settle_from_body`](crate::rate_limit::Policy::settle_from_body) does. For any other
+    /// response, with [`SettleLater`](super::SettleLater) each response carries an
+    /// [`Unsettled`](super::Unsettled) in its extensions, to settle once the body has been
+    /// read.
     pub fn settle_by<U2>(self, settle: U2) -> ClientQuotaLayer<L, K, C, U2> {
         self.map_parts(|key, cost, _| (key, cost, settle))
     }

@@ -52,6 +52,8 @@
 //!   sources) reached nothing: its permits go back. Any other error keeps them, since the call
 //!   may have reached the dependency; so does a call dropped once it was passed on.
 
+#[cfg(feature = "reqwest")]
+mod body;
 mod counting;
 mod error;
 mod future;

@@ -1,0 +1,128 @@
+//! A client quota settled from the answer's body as the caller reads it
+//! (`ClientQuotaLayer::settle_by(BodyUsage)`, for a `reqwest::Client`): JSON or an event stream
+//! by the answer's `Content-Type`, an error that reports no usage costs nothing, a body dropped
+//! unread keeps the estimate, and the caller gets the answer as the dependency sent it.
+
+use crate::common::direct_on;
+use tower::{Layer, Service, ServiceExt};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::outbound::ClientQuotaLayer;
+use tower_bulwark::usage::BodyUsage;
+use tower_bulwark::{algorithm::Gcra, BoxError, DirectRateLimiter, Quota};
+use wiremock::matchers::path;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const EVENTS: &str = "data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"total_tokens\":40}}\n\ndata: [DONE]\n\n";
+
+/// A mock LLM API: `/json` used 30 tokens, `/sse` streams 40, `/busy` is its own 503 without
+/// usage, `/cut` a 502 that reports 20.
+async fn upstream() -> MockServer {
+    let server = MockServer::start().await;
+    let answers = [
+        (
+            "/json",
+            200,
+            "application/json",
+            r#"{"usage":{"total_tokens":30}}"#,
+        ),
+        ("/sse", 200, "text/event-stream", EVENTS),
+        ("/busy", 503, "application/json", r#"{"error":"busy"}"#),
+        (
+            "/cut",
+            502,
+            "application/json",
+            r#"{"error":"cut","usage":{"total_tokens":20}}"#,
+        ),
+    ];
+    for (at, status, content_type, body) in answers {
+        Mock::given(path(at))
+            .respond_with(ResponseTemplate::new(status).set_body_raw(body, content_type))
+            .mount(&server)
+            .await;
+    }
+    server
+}
+
+/// 1 000 tokens an hour on a clock that stands still, and a `reqwest` client estimating each
+/// call at 100 and settling it from its body.
+fn client() -> (
+    DirectRateLimiter<Gcra, ManualClock>,
+    impl Service<reqwest::Request, Response = reqwest::Response, Error = BoxError, Future: Send> + Clone,
+) {
+    let tokens = direct_on(Quota::per_hour(1000).unwrap(), &ManualClock::new());
+    let usage = BodyUsage::json(["usage", "total_tokens"]).unwrap();
+    let client = ClientQuotaLayer::new("llm", tokens.clone())
+        .cost(100)
+        .settle_by(usage)
+        .layer(reqwest::Client::new());
+    (tokens, client)
+}
+
+fn post(server: &MockServer, at: &str) -> reqwest::Request {
+    let url = format!("{}{at}", server.uri()).parse().unwrap();
+    reqwest::Request::new(reqwest::Method::POST, url)
+}
+
+/// What the limiter has left: every permit taken until it refuses.
+fn left(tokens: &DirectRateLimiter<Gcra, ManualClock>) -> u32 {
+    let mut left = 0;
+    while tokens.check().allowed {
+        left += 1;
+    }
+    left
+}
+
+#[tokio::test]
+async fn each_answer_settles_to_what_its_body_reports_json_or_events() {
+    let server = upstream().await;
+    let (tokens, client) = client();
+    for (at, status, body) in [
+        ("/json", 200, r#"{"usage":{"total_tokens":30}}"#),
+        ("/sse", 200, EVENTS),
+        ("/busy", 503, r#"{"error":"busy"}"#),
+        (
+            "/cut",
+            502,
+            r#"{"error":"cut","usage":{"total_tokens":20}}"#,
+        ),
+    ] {
+        let response = client.clone().oneshot(post(&server, at)).await.unwrap();
+        assert_eq!(response.status(), status, "{at}");
+        assert_eq!(response.url().path(), at, "{at}: the URL stays");
+        let content_type = response.headers()["content-type"].to_str().unwrap();
+        assert!(!content_type.is_empty(), "{at}: the headers stay");
+        assert_eq!(
+            response.text().await.unwrap(),
+            body,
+            "{at}: the body passes unchanged"
+        );
+    }
+    // A body never read keeps its estimate: 30 + 40 + 0 + 20 + 100 used.
+    let unread = client
+        .clone()
+        .oneshot(post(&server, "/json"))
+        .await
+        .unwrap();
+    drop(unread);
+    assert_eq!(left(&tokens), 1000 - 190);
+}
+
+/// Calls racing on one quota, each read in pieces: each settles to what it used, exactly.
+#[tokio::test]
+async fn racing_calls_each_settle_to_what_they_used() {
+    let server = upstream().await;
+    let (tokens, client) = client();
+    let calls = (0..8).map(|i| {
+        let client = client.clone();
+        let request = post(&server, if i % 2 == 0 { "/json" } else { "/sse" });
+        tokio::spawn(async move {
+            let mut response = client.oneshot(request).await.unwrap();
+            while response.chunk().await.unwrap().is_some() {}
+        })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        call.await.unwrap();
+    }
+    assert_eq!(left(&tokens), 1000 - 4 * 30 - 4 * 40);
+}
