@@ -126,3 +126,93 @@ async fn racing_calls_each_settle_to_what_they_used() {
     }
     assert_eq!(left(&tokens), 1000 - 4 * 30 - 4 * 40);
 }
+
+/// A dependency answering `status` with `content_type` and a body of `pieces`, the last of
+/// which is an error when `fails`: a `reqwest::Response` built from an `http` one, as a mock
+/// client service would give it.
+fn answering(
+    status: u16,
+    content_type: &'static str,
+    pieces: Vec<Vec<u8>>,
+    fails: bool,
+) -> impl Service<reqwest::Request, Response = reqwest::Response, Error = BoxError, Future: Send> + Clone
+{
+    tower::service_fn(move |_: reqwest::Request| {
+        let mut frames: Vec<Result<http_body::Frame<bytes::Bytes>, std::io::Error>> = pieces
+            .iter()
+            .map(|piece| Ok(http_body::Frame::data(bytes::Bytes::from(piece.clone()))))
+            .collect();
+        if fails {
+            frames.push(Err(std::io::Error::other("the connection was cut")));
+        }
+        let stream = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        let body = reqwest::Body::wrap(stream);
+        let response = http::Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(body)
+            .unwrap();
+        async move { Ok::<_, BoxError>(reqwest::Response::from(response)) }
+    })
+}
+
+/// The event stream of [`EVENTS`] cut into pieces at `cuts` (byte offsets, any order).
+fn cut(text: &str, cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
+    at.extend([0, text.len()]);
+    at.sort_unstable();
+    at.dedup();
+    at.windows(2)
+        .map(|w| text.as_bytes()[w[0]..w[1]].to_vec())
+        .collect()
+}
+
+/// Reads `frames` frames of the call's body (all of them with `usize::MAX`), then drops it;
+/// returns whether the body ended or failed on the way.
+async fn read_then_drop(
+    service: impl Service<reqwest::Request, Response = reqwest::Response, Error = BoxError>,
+    frames: usize,
+) -> bool {
+    let request = reqwest::Request::new(
+        reqwest::Method::POST,
+        "http://127.0.0.1:9/".parse().unwrap(),
+    );
+    let mut response = service.oneshot(request).await.unwrap();
+    for _ in 0..frames {
+        match response.chunk().await {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return true,
+        }
+    }
+    false
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Whatever pieces the body comes in, wherever the caller stops reading (or the body
+    /// fails), the call settles to the usage if it went by, to zero for an error answer that
+    /// said none, and otherwise keeps its estimate of 100: never more, never less.
+    #[test]
+    fn a_call_settles_to_what_went_by_whatever_the_pieces_and_the_stop(
+        cuts in proptest::collection::vec(0usize..200, 0..12),
+        stop in 0usize..16,
+        fails: bool,
+        error: bool,
+    ) {
+        let pieces = cut(EVENTS, &cuts);
+        let (tokens, _) = client();
+        let status = if error { 503 } else { 200 };
+        let service = ClientQuotaLayer::new("llm", tokens.clone())
+            .cost(100)
+            .settle_by(BodyUsage::json(["usage", "total_tokens"]).unwrap())
+            .layer(answering(status, "text/event-stream", pieces.clone(), fails));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(read_then_drop(service, stop));
+        // The usage went by with the byte that ends its number.
+        let usage_end = EVENTS.find("40}").unwrap() + 3;
+        let read: usize = pieces.iter().take(stop).map(Vec::len).sum();
+        let expected = if read >= usage_end { 40 } else if error { 0 } else { 100 };
+        proptest::prop_assert_eq!(left(&tokens), 1000 - expected, "read {} of {:?}", read, pieces);
+    }
+}
