@@ -20,11 +20,13 @@ use std::fmt;
 use crate::sync::{AtomicU64, Ordering};
 use crate::{decision::Decision, Quota};
 
+mod concurrency;
 mod fixed_window;
 mod gcra;
 mod sliding_counter;
 mod sliding_log;
 
+pub(crate) use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use sliding_counter::SlidingCounter;

@@ -273,11 +273,27 @@ impl<P: PolicySet> Ledger<P> {
                 });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
+            // The holds go back whenever the request ends, with an answer or without.
+            let scans = (limits
+                .settings
+                .policies
+                .iter()
+                .zip(&self.outcomes)
+                .enumerate())
+            .filter(|(_, (info, o))| {
+                matches!(info.settle, Settle::Held) && matches!(o, Outcome::Admitted(_))
+            })
+            .map(|(policy, _)| BodyWait {
+                policy,
+                scan: None,
+                unsaid: Some(0),
+            })
+            .collect();
             Some(Box::new(Settlement {
                 limits: Arc::clone(&self.limits),
                 keys: std::mem::take(&mut self.keys),
                 outcomes: std::mem::take(&mut self.outcomes),
-                scans: SmallVec::new(),
+                scans,
             }))
         } else {
             self.outcomes.clear();
@@ -343,9 +359,18 @@ pub(crate) struct Settlement<P: PolicySet> {
     limits: Arc<Limits<P>>,
     keys: P::Keys,
     outcomes: Outcomes,
-    /// The readers of the policies that settle from the body, by policy index, with the cost
-    /// of a body that says none: zero for an error answer, else none (the estimate stands).
-    scans: SmallVec<[(usize, UsageScan, Option<u32>); 1]>,
+    /// What waits for the body's end.
+    scans: SmallVec<[BodyWait; 1]>,
+}
+
+/// A policy's admission waiting for the body's end: the reader of a policy that settles from
+/// the body, with the cost of a body that says none (zero for an error answer, else none: the
+/// estimate stands); or no reader and zero, a concurrent policy's hold, given back whole
+/// whenever the request ends.
+struct BodyWait {
+    policy: usize,
+    scan: Option<UsageScan>,
+    unsaid: Option<u32>,
 }
 
 impl<P: PolicySet> Settlement<P> {
@@ -368,14 +393,18 @@ impl<P: PolicySet> Settlement<P> {
             }
             let info = &limits.settings.policies[i];
             match &info.settle {
-                Settle::Never => {}
+                Settle::Never | Settle::Held => {}
                 Settle::ByBody(usage) => {
                     // An error answer (the service's own refusal, or a failure before the
                     // upstream answered) used nothing, unless its body says otherwise.
                     let error =
                         response.status.is_client_error() || response.status.is_server_error();
                     let scan = usage.scan_answer(&response.headers);
-                    self.scans.push((i, scan, error.then_some(0)));
+                    self.scans.push(BodyWait {
+                        policy: i,
+                        scan: Some(scan),
+                        unsaid: error.then_some(0),
+                    });
                 }
                 Settle::ByHead(settled) => {
                     let cost = crate::usage::read_cost(&info.name, || settled(response));
@@ -422,7 +451,7 @@ impl<P: PolicySet> Settlement<P> {
 impl<P: PolicySet> ReadsBody for Settlement<P> {
     /// Reads `bytes`, the next of the response body, for the policies that settle from it.
     fn feed(&mut self, bytes: &[u8]) {
-        for (_, scan, _) in &mut self.scans {
+        for scan in self.scans.iter_mut().filter_map(|wait| wait.scan.as_mut()) {
             scan.feed(bytes);
         }
     }
@@ -430,9 +459,10 @@ impl<P: PolicySet> ReadsBody for Settlement<P> {
 
 impl<P: PolicySet> Drop for Settlement<P> {
     fn drop(&mut self) {
-        for (i, scan, unsaid) in std::mem::take(&mut self.scans) {
-            let cost = scan.found().map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-            self.settle(i, cost.or(unsaid));
+        for wait in std::mem::take(&mut self.scans) {
+            let found = wait.scan.and_then(|scan| scan.found());
+            let cost = found.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+            self.settle(wait.policy, cost.or(wait.unsaid));
         }
     }
 }

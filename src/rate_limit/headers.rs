@@ -9,7 +9,7 @@ use http::HeaderMap;
 use smallvec::SmallVec;
 
 use super::decide::Outcome;
-use super::policy::PolicyInfo;
+use super::policy::{PolicyInfo, Settle};
 use super::refusal::Refusal;
 use super::settings::Settings;
 use crate::decision::{ceil_secs, Decision};
@@ -169,9 +169,14 @@ fn policy_value(
 ) -> Option<HeaderValue> {
     let mut value = ValueBuf::new();
     for (i, p) in policies.iter().enumerate() {
-        if listed(i) {
+        if listed(i) && matches!(p.settle, Settle::Held) {
+            // Requests in flight: no window (draft-11, section 5.1's `qu`).
+            let q = u64::from(quota(i).burst());
+            push_item(&mut value, &p.sf_name, &[("q", q)]);
+            value.extend_from_slice(b";qu=\"concurrent-requests\"");
+        } else if listed(i) {
             let (q, w) = advertised_policy(&quota(i));
-            push_item(&mut value, &p.sf_name, ("q", q), ("w", w));
+            push_item(&mut value, &p.sf_name, &[("q", q), ("w", w)]);
         }
     }
     header_value(&value)
@@ -195,11 +200,14 @@ fn ratelimit_header(
         if !p.advertised() || (refused && !p.enforced()) {
             continue;
         }
-        let limit = o
-            .decision()
-            .and_then(|d| service_limit(&quota(i), d, refused));
-        if let Some((r, t)) = limit {
-            push_item(&mut value, &p.sf_name, ("r", r), ("t", t));
+        let Some(decision) = o.decision() else {
+            continue;
+        };
+        if matches!(p.settle, Settle::Held) {
+            // Slots, not a rate: what is left, and no time.
+            push_item(&mut value, &p.sf_name, &[("r", decision.remaining)]);
+        } else if let Some((r, t)) = service_limit(&quota(i), decision, refused) {
+            push_item(&mut value, &p.sf_name, &[("r", r), ("t", t)]);
         }
     }
     header_value(&value)
@@ -211,12 +219,12 @@ type ValueBuf = SmallVec<[u8; 128]>;
 
 /// Appends one list item, `"name";<a>=<x>;<b>=<y>`, after `", "` if the list is not empty.
 /// `sf_name` is the name already written as a Structured Field String.
-fn push_item(out: &mut ValueBuf, sf_name: &str, (a, x): (&str, u64), (b, y): (&str, u64)) {
+fn push_item(out: &mut ValueBuf, sf_name: &str, params: &[(&str, u64)]) {
     if !out.is_empty() {
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(sf_name.as_bytes());
-    for (key, n) in [(a, x), (b, y)] {
+    for &(key, n) in params {
         out.push(b';');
         out.extend_from_slice(key.as_bytes());
         out.push(b'=');
@@ -363,7 +371,7 @@ mod tests {
             let mut expected = String::new();
             for (name, r, t) in &items {
                 let sf_name = sf_string(name);
-                push_item(&mut v, &sf_name, ("r", *r), ("t", *t));
+                push_item(&mut v, &sf_name, &[("r", *r), ("t", *t)]);
                 if !expected.is_empty() {
                     expected.push_str(", ");
                 }

@@ -194,16 +194,22 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     /// # Panics
     ///
     /// If a policy settles its cost from the response body
-    /// ([`Policy::settle_from_body`](super::Policy::settle_from_body)) and the layer does not
-    /// carry the body ([`wrap_body`](Self::wrap_body)): the policy's settles would never happen.
+    /// ([`Policy::settle_from_body`](super::Policy::settle_from_body)) or holds its requests
+    /// until the body ends ([`Policy::concurrent`](super::Policy::concurrent)) and the layer does
+    /// not carry the body ([`wrap_body`](Self::wrap_body)): the policy's settles would never
+    /// happen.
     fn layer(&self, inner: S) -> Self::Service {
         if !self.settings.wraps_body {
-            let reads_body =
-                (self.settings.policies.iter()).find(|p| matches!(p.settle, Settle::ByBody(_)));
-            if let Some(policy) = reads_body {
+            let waits_for_body = (self.settings.policies.iter())
+                .find(|p| matches!(p.settle, Settle::ByBody(_) | Settle::Held));
+            if let Some(policy) = waits_for_body {
+                let what = match policy.settle {
+                    Settle::Held => "holds its requests' slots until the response body ends",
+                    _ => "settles its cost from the response body",
+                };
                 panic!(
-                    "the rate-limit policy `{}` settles its cost from the response body, which \
-                     the layer must carry: call `.wrap_body()` on the `RateLimitLayer`",
+                    "the rate-limit policy `{}` {what}, which the layer must carry: call \
+                     `.wrap_body()` on the `RateLimitLayer`",
                     policy.name
                 );
             }

@@ -157,6 +157,7 @@
 //! answers with a [`RateLimitBody`] around it.
 
 mod body;
+mod concurrent;
 mod decide;
 pub mod future;
 #[cfg(feature = "grpc")]
@@ -172,6 +173,7 @@ mod set;
 mod settings;
 
 pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
+pub use self::concurrent::ConcurrencyLimiter;
 pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
 #[cfg(feature = "grpc")]
 pub use self::key::GrpcMethod;

@@ -67,6 +67,9 @@ pub(crate) enum Settle {
     ByHead(Arc<SettleBy>),
     /// The response body says, once it has streamed by.
     ByBody(BodyUsage),
+    /// Nothing is settled: the admission is held until the response body ends, fails or is
+    /// dropped (or the request ends without one), then given back whole ([`Policy::concurrent`]).
+    Held,
 }
 
 /// Says where the costs come from: `Never`, `Head` or `Body`.
@@ -76,6 +79,7 @@ impl fmt::Debug for Settle {
             Settle::Never => "Never",
             Settle::ByHead(_) => "Head",
             Settle::ByBody(_) => "Body",
+            Settle::Held => "Held",
         })
     }
 }
@@ -236,7 +240,10 @@ impl<X, L> Policy<X, L> {
         mut self,
         settled: impl Fn(&http::response::Parts) -> Option<u32> + Send + Sync + 'static,
     ) -> Self {
-        self.settle = Settle::ByHead(Arc::new(settled));
+        // A concurrent policy keeps its hold (see `Policy::concurrent`).
+        if !matches!(self.settle, Settle::Held) {
+            self.settle = Settle::ByHead(Arc::new(settled));
+        }
         self
     }
 
@@ -259,7 +266,9 @@ impl<X, L> Policy<X, L> {
     /// The layer must carry the body: call [`wrap_body`](super::RateLimitLayer::wrap_body) on
     /// it (the layer panics when it is applied to a service otherwise, naming the policy).
     pub fn settle_from_body(mut self, usage: BodyUsage) -> Self {
-        self.settle = Settle::ByBody(usage);
+        if !matches!(self.settle, Settle::Held) {
+            self.settle = Settle::ByBody(usage);
+        }
         self
     }
 

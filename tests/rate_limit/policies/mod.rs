@@ -6,6 +6,7 @@
 mod accounting;
 mod cancellation;
 mod composition;
+mod concurrent;
 mod costs;
 mod count_if;
 mod model;
