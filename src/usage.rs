@@ -511,4 +511,27 @@ mod tests {
             assert_eq!(reads_events(None, sse), sse);
         }
     }
+
+    proptest::proptest! {
+        /// Any bytes a header may carry as a `Content-Type` pick one of the two shapes, without
+        /// a panic: events exactly when the type is `text/event-stream`.
+        #[test]
+        fn any_content_type_picks_a_shape_without_a_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            sse: bool,
+        ) {
+            let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+                return Ok(());
+            };
+            let events = value.to_str().ok().and_then(|v| v.split(';').next()).map(str::trim);
+            let is_events = events.is_some_and(|e| e.eq_ignore_ascii_case("text/event-stream"));
+            let read = reads_events(Some(&bytes), sse);
+            if is_events {
+                proptest::prop_assert!(read);
+            }
+            if read && !sse {
+                proptest::prop_assert!(is_events);
+            }
+        }
+    }
 }
