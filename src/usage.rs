@@ -88,9 +88,13 @@ impl BodyUsage {
         self.scan_as(self.sse)
     }
 
-    /// A reader for the body of an answer with these `headers`: in the shape its `Content-Type`
-    /// names, else in the constructor's (see [`BodyUsage`]).
-    pub(crate) fn scan_answer(&self, headers: &http::HeaderMap) -> UsageScan {
+    /// The crate's reader for the body of an answer of `status` with these `headers`: in the
+    /// shape its `Content-Type` names, else in the constructor's (see [`BodyUsage`]).
+    pub(crate) fn scan_answer(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) -> AnswerScan {
         let essence = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -102,11 +106,18 @@ impl BodyUsage {
         let suffix = essence.len().saturating_sub(5);
         let json = is("application/json")
             || (suffix > 0 && essence.as_bytes()[suffix..].eq_ignore_ascii_case(b"+json"));
-        self.scan_as(if is("text/event-stream") {
+        let scan = self.scan_as(if is("text/event-stream") {
             true
         } else {
             self.sse && !json
-        })
+        });
+        // An error answer (a refusal, or a failure before the work was done) used nothing,
+        // unless its body says otherwise.
+        let error = status.is_client_error() || status.is_server_error();
+        AnswerScan {
+            scan,
+            unsaid: error.then_some(0),
+        }
     }
 
     fn scan_as(&self, sse: bool) -> UsageScan {
@@ -115,6 +126,33 @@ impl BodyUsage {
             json: Json::default(),
             sse: sse.then(Sse::default),
         }
+    }
+}
+
+/// The crate's reading of one answer's body, inbound ([`Policy::settle_from_body`](
+/// crate::rate_limit::Policy::settle_from_body)) and outbound (a client quota settled by a
+/// [`BodyUsage`]): the one rule of what an answer cost.
+#[derive(Debug)]
+pub(crate) struct AnswerScan {
+    scan: UsageScan,
+    /// The cost of an answer whose body reports none: zero for an error answer, else none.
+    unsaid: Option<u32>,
+}
+
+impl AnswerScan {
+    /// Reads the next bytes of the body.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        self.scan.feed(bytes);
+    }
+
+    /// What the answer cost as far as it was read: the usage found (at most `u32::MAX`), else
+    /// zero for an error answer, else `None` (the estimate stands).
+    pub(crate) fn cost(&self) -> Option<u32> {
+        let found = self
+            .scan
+            .found()
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        found.or(self.unsaid)
     }
 }
 
@@ -477,9 +515,9 @@ mod tests {
         if let Some(value) = content_type {
             headers.insert(CONTENT_TYPE, HeaderValue::from_bytes(value).unwrap());
         }
-        let mut scan = usage.scan_answer(&headers);
+        let mut scan = usage.scan_answer(http::StatusCode::OK, &headers);
         scan.feed(b"data: {\"usage\":{\"total_tokens\":7}}\n\ndata: [DONE]\n\n");
-        scan.found() == Some(7)
+        scan.cost() == Some(7)
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
-use crate::usage::UsageScan;
+use crate::usage::AnswerScan;
 use crate::BoxError;
 
 /// What one policy said about one request.
@@ -283,11 +283,7 @@ impl<P: PolicySet> Ledger<P> {
             .filter(|(_, (info, o))| {
                 matches!(info.settle, Settle::Held) && matches!(o, Outcome::Admitted(_))
             })
-            .map(|(policy, _)| BodyWait {
-                policy,
-                scan: None,
-                unsaid: Some(0),
-            })
+            .map(|(policy, _)| BodyWait { policy, scan: None })
             .collect();
             Some(Box::new(Settlement {
                 limits: Arc::clone(&self.limits),
@@ -364,13 +360,10 @@ pub(crate) struct Settlement<P: PolicySet> {
 }
 
 /// A policy's admission waiting for the body's end: the reader of a policy that settles from
-/// the body, with the cost of a body that says none (zero for an error answer, else none: the
-/// estimate stands); or no reader and zero, a concurrent policy's hold, given back whole
-/// whenever the request ends.
+/// the body, or none for a concurrent policy's hold, given back whole whenever the request ends.
 struct BodyWait {
     policy: usize,
-    scan: Option<UsageScan>,
-    unsaid: Option<u32>,
+    scan: Option<AnswerScan>,
 }
 
 impl<P: PolicySet> Settlement<P> {
@@ -395,15 +388,10 @@ impl<P: PolicySet> Settlement<P> {
             match &info.settle {
                 Settle::Never | Settle::Held => {}
                 Settle::ByBody(usage) => {
-                    // An error answer (the service's own refusal, or a failure before the
-                    // upstream answered) used nothing, unless its body says otherwise.
-                    let error =
-                        response.status.is_client_error() || response.status.is_server_error();
-                    let scan = usage.scan_answer(&response.headers);
+                    let scan = usage.scan_answer(response.status, &response.headers);
                     self.scans.push(BodyWait {
                         policy: i,
                         scan: Some(scan),
-                        unsaid: error.then_some(0),
                     });
                 }
                 Settle::ByHead(settled) => {
@@ -460,9 +448,9 @@ impl<P: PolicySet> ReadsBody for Settlement<P> {
 impl<P: PolicySet> Drop for Settlement<P> {
     fn drop(&mut self) {
         for wait in std::mem::take(&mut self.scans) {
-            let found = wait.scan.and_then(|scan| scan.found());
-            let cost = found.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-            self.settle(wait.policy, cost.or(wait.unsaid));
+            // A hold goes back whole.
+            let cost = wait.scan.map_or(Some(0), |scan| scan.cost());
+            self.settle(wait.policy, cost);
         }
     }
 }

@@ -169,12 +169,15 @@ fn policy_value(
 ) -> Option<HeaderValue> {
     let mut value = ValueBuf::new();
     for (i, p) in policies.iter().enumerate() {
-        if listed(i) && matches!(p.settle, Settle::Held) {
+        if !listed(i) {
+            continue;
+        }
+        if matches!(p.settle, Settle::Held) {
             // Requests in flight: no window (draft-11, section 5.1's `qu`).
             let q = u64::from(quota(i).burst());
             push_item(&mut value, &p.sf_name, &[("q", q)]);
             value.extend_from_slice(b";qu=\"concurrent-requests\"");
-        } else if listed(i) {
+        } else {
             let (q, w) = advertised_policy(&quota(i));
             push_item(&mut value, &p.sf_name, &[("q", q), ("w", w)]);
         }

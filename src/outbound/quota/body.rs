@@ -10,7 +10,7 @@ use reqwest::ResponseBuilderExt;
 
 use super::counting::{QuotaSettle, Unsettled};
 use crate::bulkhead::mode::{Watch, WatchedBody};
-use crate::usage::{BodyUsage, UsageScan};
+use crate::usage::{AnswerScan, BodyUsage};
 
 /// Settles each call to the cost its `reqwest::Response`'s body reports, read as the caller
 /// reads the body, unchanged: `ClientQuotaLayer::settle_by(BodyUsage::json(["usage",
@@ -29,11 +29,9 @@ impl QuotaSettle<reqwest::Response> for BodyUsage {
     }
 
     fn leave(&self, response: &mut reqwest::Response, unsettled: Unsettled) {
-        let status = response.status();
         let watch = SettleFromBody {
-            scan: self.scan_answer(response.headers()),
+            scan: self.scan_answer(response.status(), response.headers()),
             unsettled,
-            unsaid: (status.is_client_error() || status.is_server_error()).then_some(0),
         };
         let placeholder = reqwest::Response::from(http::Response::new(reqwest::Body::from("")));
         let taken = std::mem::replace(response, placeholder);
@@ -54,10 +52,8 @@ impl QuotaSettle<reqwest::Response> for BodyUsage {
 /// The settle of one call, waiting for its body: settled when dropped, at the body's end or
 /// before.
 struct SettleFromBody {
-    scan: UsageScan,
+    scan: AnswerScan,
     unsettled: Unsettled,
-    /// The cost of a body that reports none: zero for an error answer, else none.
-    unsaid: Option<u32>,
 }
 
 impl Watch for SettleFromBody {
@@ -79,11 +75,7 @@ impl Watch for SettleFromBody {
 
 impl Drop for SettleFromBody {
     fn drop(&mut self) {
-        let found = self
-            .scan
-            .found()
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-        if let Some(cost) = found.or(self.unsaid) {
+        if let Some(cost) = self.scan.cost() {
             self.unsettled.settle(cost);
         }
     }
