@@ -54,6 +54,10 @@ pub(crate) struct Admission {
     pub(crate) tier: u32,
     /// What the admission took, and from what.
     pub(crate) taken: Taken,
+    /// Whether the admission holds its estimate until it is settled or given back
+    /// ([`Metered`](crate::algorithm::Metered)): the crate's layers then settle it whatever
+    /// ends the request.
+    pub(crate) holding: bool,
 }
 
 /// What an admission took, one variant per place a give-back goes to.
@@ -190,6 +194,18 @@ impl Decision {
             ..Self::allowed(limit, remaining, reset_after)
         }
         .charged_at(reserved_at)
+    }
+
+    /// This admission, holding its estimate until it is settled or given back.
+    pub(crate) fn holding(mut self) -> Self {
+        self.admission.holding = true;
+        self
+    }
+
+    /// Whether this admission holds its estimate until it is settled or given back: whatever
+    /// ends the request, the crate settles it (to the estimate, where nothing says otherwise).
+    pub(crate) fn holds(&self) -> bool {
+        self.admission.holding
     }
 
     /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.

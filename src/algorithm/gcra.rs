@@ -35,7 +35,7 @@ const WAITER: u64 = 1 << 63;
 
 /// The latest TAT the word holds beside [`WAITER`]: 2^63 − 1 ns, some 292 years, past the
 /// 2^62 ns at which time stands still.
-const MAX_TAT: u64 = WAITER - 1;
+pub(super) const MAX_TAT: u64 = WAITER - 1;
 
 /// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
 /// reading, which a stale reading is decided as of, is the [`LatestReading`] the key shares.)
@@ -62,9 +62,26 @@ fn word(tat: u64, waiter: bool, now: u64, horizon: u64) -> u64 {
 }
 
 impl Gcra {
+    /// The emission interval `T`: the nanoseconds one permit weighs.
+    pub(super) fn interval(&self) -> u64 {
+        self.interval
+    }
+
+    /// The TAT after `cost` permits charged at `at` on a key whose TAT is `tat`.
+    pub(super) fn charged(&self, tat: u64, at: u64, cost: u32) -> u64 {
+        let weight = self.interval.saturating_mul(u64::from(cost));
+        tat.max(at).saturating_add(weight).min(MAX_TAT)
+    }
+
     /// What the algorithm decides on a key whose TAT is `tat` at `now`, and the new TAT when
     /// admitted.
-    fn verdict(&self, tat: u64, now: u64, cost: u32, max_wait: u64) -> (Verdict, Option<u64>) {
+    pub(super) fn verdict(
+        &self,
+        tat: u64,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> (Verdict, Option<u64>) {
         let base = tat.max(now);
         let new_tat = base
             .saturating_add(self.interval.saturating_mul(u64::from(cost)))
@@ -95,7 +112,7 @@ impl Gcra {
     }
 
     /// The decision that tells a client what `verdict` means.
-    fn decision(&self, verdict: Verdict) -> Decision {
+    pub(super) fn decision(&self, verdict: Verdict) -> Decision {
         let limit = u64::from(self.burst);
         match verdict {
             Verdict::Admitted { now, new_tat } => {
@@ -133,7 +150,7 @@ impl Gcra {
 
 /// What [`Gcra`] decided on one request, as of `now`.
 #[derive(Clone, Copy)]
-enum Verdict {
+pub(super) enum Verdict {
     /// Admitted at once; the key's TAT becomes `new_tat`.
     Admitted { now: u64, new_tat: u64 },
     /// Admitted from `allow_at`; the key's TAT becomes `new_tat`.
@@ -294,12 +311,8 @@ impl Algorithm for Gcra {
         let now = now.min(MAX_NOW);
         // Published first, as a decision does: whoever reads the new TAT reads this reading.
         let now = now.max(latest.publish(now));
-        let debt = self.interval.saturating_mul(u64::from(cost));
         let _ = (state.tat).fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-            let tat = (current & MAX_TAT)
-                .max(now)
-                .saturating_add(debt)
-                .min(MAX_TAT);
+            let tat = self.charged(current & MAX_TAT, now, cost);
             Some(word(tat, current & WAITER != 0, now, self.horizon))
         });
     }

@@ -3,6 +3,7 @@
 //! | algorithm | state per key | precision | refund |
 //! |---|---|---|---|
 //! | [`Gcra`] (default) | TAT, updated by compare-and-swap (the latest reading: [`LatestReading`], one per shard) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
+//! | [`Metered`] (for costs settled later) | settled TAT + permits held by requests in flight + latest reading | exact, smooth; settles exact | yes, exactly |
 //! | [`FixedWindow`] | cycle + permits used + latest reading | exact per window, bursty at edges | the last slots taken |
 //! | [`SlidingLog`] | one entry per admission time + latest reading | exact | yes, exactly |
 //! | [`SlidingCounter`] | three counters + latest reading | approximate (see its docs) | yes, exactly |
@@ -23,12 +24,14 @@ use crate::{decision::Decision, Quota};
 mod concurrency;
 mod fixed_window;
 mod gcra;
+mod metered;
 mod sliding_counter;
 mod sliding_log;
 
 pub(crate) use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
+pub use metered::{Metered, MeteredState};
 pub use sliding_counter::SlidingCounter;
 pub use sliding_log::SlidingLog;
 // Each algorithm's state is its own: the limiters keep it, and no user names it (the loom
@@ -106,6 +109,31 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// its limit). The permits count from `now` (or the latest reading, if later), as a request
     /// of `cost` decided then would; no later admission is undone.
     fn charge(&self, state: &Self::State, latest: &LatestReading, now: u64, cost: u32);
+
+    /// Settles `decision`, an admission of `estimate` permits (no more than it was decided
+    /// on), which turned out to cost `cost`: see [`Limiter::settle`](crate::Limiter::settle).
+    ///
+    /// The default gives back `estimate − cost` by the rules of [`refund`](Self::refund), or
+    /// charges what the request cost beyond its estimate, up to the
+    /// [`capacity`](Self::capacity), by those of [`charge`](Self::charge).
+    fn settle(
+        &self,
+        state: &Self::State,
+        latest: &LatestReading,
+        now: u64,
+        decision: &Decision,
+        estimate: u32,
+        cost: u32,
+    ) {
+        if cost < estimate {
+            self.refund(state, latest, now, estimate - cost, decision);
+        } else {
+            let debt = cost.min(self.capacity()).saturating_sub(estimate);
+            if debt > 0 {
+                self.charge(state, latest, now, debt);
+            }
+        }
+    }
 
     /// The instant from which `state` carries no information: a key idle since then behaves as a
     /// new key, so the store may drop it without changing any decision. (The store publishes its

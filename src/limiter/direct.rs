@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Guard};
 
 use super::builder::{Direct, RateLimiterBuilder};
-use super::{acquire, Acquire, Change, Limiter, Rule};
+use super::{acquire, Acquire, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
@@ -185,8 +185,8 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
             let rule = self.inner.read_rule();
             let now = self.inner.clock.now();
             let (state, latest) = (&self.inner.written.state, &self.inner.written.latest);
-            let change = Change::settle(estimate, &decision, cost);
-            change.apply(&rule.algorithm, state, latest, now, &decision);
+            let estimate = decision.refundable(estimate);
+            (rule.algorithm).settle(state, latest, now, &decision, estimate, cost);
         }
         mine
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use super::builder::{Keyed, RateLimiterBuilder};
-use super::{acquire, Acquire, Change, Limiter, Rule};
+use super::{acquire, Acquire, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
@@ -273,14 +273,14 @@ where
             return false;
         }
         let now = self.inner.clock.now();
-        let change = Change::settle(estimate, &decision, cost);
+        let estimate = decision.refundable(estimate);
         self.inner
             .store
             .with_existing(key, |rule, s, latest, hash| {
                 // A decision made by another limiter, or for another key, changes nothing.
                 let mine = decision.is_from(self.inner.id, hash);
                 if mine {
-                    change.apply(&rule.algorithm, s, latest, now, &decision);
+                    (rule.algorithm).settle(s, latest, now, &decision, estimate, cost);
                 }
                 mine
             })

@@ -134,7 +134,9 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// Settles an admission of `estimate` permits to `cost`, what the request turned out to
     /// cost once its answer came (the tokens an LLM API reports): the difference is given back
     /// when it cost less, by the rules of [`refund`](Self::refund) (never more than the
-    /// admission took), or charged when it cost more.
+    /// admission took), or charged when it cost more. Under
+    /// [`Metered`](crate::algorithm::Metered) the settle is exact: the estimate held since the
+    /// admission is released and the cost charged as of the admission.
     ///
     /// A charge is never refused: beyond what the key has left it is debt, which its next
     /// requests wait for as they would for permits it used. It counts from the instant of the
@@ -299,9 +301,9 @@ impl<A: Algorithm> Rule<A> {
     }
 }
 
-/// What settling an admission changes, the one rule for every limiter (in memory, in Redis, in
-/// its fail mode): never more given back than the admission took, and a charge beyond it no
-/// more than one request may take.
+/// What settling an admission changes in a Redis script, by the rule of
+/// [`Algorithm::settle`]'s default: never more given back than the admission took, and a charge
+/// beyond it no more than one request may take.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Change {
     /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
@@ -318,28 +320,6 @@ impl Change {
             Self::Refund(estimate - cost)
         } else {
             Self::Charge { estimate, cost }
-        }
-    }
-
-    /// Applies this change to `state` of `algorithm` at `now`, for `decision`, which the caller
-    /// made sure is the state's own: the give-back by the algorithm's refund rules, the charge
-    /// as debt up to the algorithm's capacity.
-    pub(crate) fn apply<A: Algorithm>(
-        self,
-        algorithm: &A,
-        state: &A::State,
-        latest: &crate::algorithm::LatestReading,
-        now: u64,
-        decision: &Decision,
-    ) {
-        match self {
-            Self::Refund(cost) => algorithm.refund(state, latest, now, cost, decision),
-            Self::Charge { estimate, cost } => {
-                let debt = cost.min(algorithm.capacity()).saturating_sub(estimate);
-                if debt > 0 {
-                    algorithm.charge(state, latest, now, debt);
-                }
-            }
         }
     }
 }

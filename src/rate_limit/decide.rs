@@ -15,7 +15,7 @@ use super::key::KeyError;
 use super::policy::Settle;
 use super::problem::problem_response;
 use super::refusal::Refusal;
-use super::set::{PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle};
+use super::set::{PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle, SettleTo};
 use super::settings::{FailMode, Limits};
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
@@ -265,11 +265,16 @@ impl<P: PolicySet> Ledger<P> {
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
             limits.policies.visit(i, &self.keys, QuotaOf)
         });
-        let settles = limits.settings.settles
-            && (limits.settings.policies.iter())
+        // A policy that settles, or an admission that holds its estimate until it is settled.
+        let settles =
+            (limits.settings.policies.iter())
                 .zip(&self.outcomes)
-                .any(|(info, o)| {
-                    !matches!(info.settle, Settle::Never) && matches!(o, Outcome::Admitted(_))
+                .any(|(info, o)| match o {
+                    Outcome::Admitted(d) => {
+                        d.holds()
+                            || (limits.settings.settles && !matches!(info.settle, Settle::Never))
+                    }
+                    _ => false,
                 });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
@@ -311,7 +316,11 @@ impl<P: PolicySet> Ledger<P> {
             if let Outcome::Admitted(decision) = outcome {
                 let report = decision.report();
                 let admission = std::mem::replace(decision, report);
-                (self.limits.policies).visit(i, &self.keys, RefundOrSettle(admission, None));
+                (self.limits.policies).visit(
+                    i,
+                    &self.keys,
+                    RefundOrSettle(admission, SettleTo::Refund),
+                );
             }
         }
         outcomes
@@ -350,7 +359,8 @@ impl<P: PolicySet> Drop for Ledger<P> {
 /// cost. This is where whatever is known only from the response is settled. Dropped without a
 /// response (the inner service failed, or the response future was dropped), every estimate
 /// stands; dropped with a body half read, each body policy settles to what it read, if it read
-/// its cost.
+/// its cost. An admission that holds its estimate until it is settled is settled, to its
+/// estimate where nothing else was read, whatever ends the request.
 pub(crate) struct Settlement<P: PolicySet> {
     limits: Arc<Limits<P>>,
     keys: P::Keys,
@@ -386,7 +396,10 @@ impl<P: PolicySet> Settlement<P> {
             }
             let info = &limits.settings.policies[i];
             match &info.settle {
-                Settle::Never | Settle::Held => {}
+                Settle::Never => {
+                    self.settle(i, None);
+                }
+                Settle::Held => {}
                 Settle::ByBody(usage) => {
                     let scan = usage.scan_answer(response.status, &response.headers);
                     self.scans.push(BodyWait {
@@ -408,18 +421,27 @@ impl<P: PolicySet> Settlement<P> {
         (!self.scans.is_empty()).then_some(self)
     }
 
-    /// Settles policy `i`'s admission to `cost` (`None`: the estimate stands, and says so in a
-    /// `debug` line). Returns whether the state the client is told changed.
+    /// Settles policy `i`'s admission to `cost` (`None`: the estimate stands, and for a policy
+    /// that settles says so in a `debug` line). Returns whether the state the client is told
+    /// changed.
     fn settle(&mut self, i: usize, cost: Option<u32>) -> bool {
         let limits = &*self.limits;
-        let Some(cost) = cost else {
-            tracing::debug!(
-                policy = &*limits.settings.policies[i].name,
-                "rate limit: no cost could be read from the response; the cost asked for stands"
-            );
+        let Outcome::Admitted(decision) = &mut self.outcomes[i] else {
             return false;
         };
-        let Outcome::Admitted(decision) = &mut self.outcomes[i] else {
+        let Some(cost) = cost else {
+            if !matches!(limits.settings.policies[i].settle, Settle::Never) {
+                tracing::debug!(
+                    policy = &*limits.settings.policies[i].name,
+                    "rate limit: no cost could be read from the response; the cost asked for \
+                     stands"
+                );
+            }
+            if decision.holds() {
+                let admission = std::mem::replace(decision, decision.report());
+                let policy = RefundOrSettle(admission, SettleTo::Estimate);
+                limits.policies.visit(i, &self.keys, policy);
+            }
             return false;
         };
         let (report, gcra) = (decision.report(), decision.charged().tat != 0);
@@ -427,7 +449,7 @@ impl<P: PolicySet> Settlement<P> {
         let estimate = u64::from(limits.policies.visit(
             i,
             &self.keys,
-            RefundOrSettle(admission, Some(cost)),
+            RefundOrSettle(admission, SettleTo::Cost(cost)),
         ));
         // The client is told the state as it is now: the difference is back, or spent.
         let quota = limits.policies.visit(i, &self.keys, QuotaOf);
@@ -451,6 +473,12 @@ impl<P: PolicySet> Drop for Settlement<P> {
             // A hold goes back whole.
             let cost = wait.scan.map_or(Some(0), |scan| scan.cost());
             self.settle(wait.policy, cost);
+        }
+        // What still holds its estimate (no response came, or no cost was read) settles to it.
+        for i in 0..self.outcomes.len() {
+            if matches!(&self.outcomes[i], Outcome::Admitted(d) if d.holds()) {
+                self.settle(i, None);
+            }
         }
     }
 }

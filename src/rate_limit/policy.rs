@@ -213,7 +213,9 @@ impl<X, L> Policy<X, L> {
     /// the tokens an LLM API used), where the request first took its cost
     /// ([`cost`](Self::cost) or [`cost_by`](Self::cost_by): an estimate, such as the request's
     /// `max_tokens`). The difference is given back, or charged as debt that the key's next
-    /// requests wait for: see [`Limiter::settle`] for the exact rules.
+    /// requests wait for: see [`Limiter::settle`] for the exact rules. Build the limiter with
+    /// [`Metered`](crate::algorithm::Metered) for settles that are exact however many requests
+    /// are in flight and however long they take.
     ///
     /// `settled` returns `None` when the response says nothing readable: the estimate stands,
     /// with a `debug` log line; so it does when the inner service fails, the response future is

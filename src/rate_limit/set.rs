@@ -193,9 +193,19 @@ where
     }
 }
 
-/// Gives the admission back (`None`), or settles it to a cost; answers the cost the policy
-/// asked for.
-pub(crate) struct RefundOrSettle(pub(crate) Decision, pub(crate) Option<u32>);
+/// Gives an admission back, or settles it; answers the cost the policy asked for.
+pub(crate) struct RefundOrSettle(pub(crate) Decision, pub(crate) SettleTo);
+
+/// What an admission is settled to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SettleTo {
+    /// Nothing: it is given back ([`Limiter::refund`]).
+    Refund,
+    /// What the request turned out to cost.
+    Cost(u32),
+    /// The cost the policy asked for: the estimate stands.
+    Estimate,
+}
 
 impl Visit for RefundOrSettle {
     type Output = u32;
@@ -204,8 +214,9 @@ impl Visit for RefundOrSettle {
         let (key, asked) =
             (slot.as_ref()).expect("a policy admits a request only once its key is found");
         match self.1 {
-            None => limiter.refund(key, *asked, self.0),
-            Some(cost) => limiter.settle(key, *asked, self.0, cost),
+            SettleTo::Refund => limiter.refund(key, *asked, self.0),
+            SettleTo::Cost(cost) => limiter.settle(key, *asked, self.0, cost),
+            SettleTo::Estimate => limiter.settle(key, *asked, self.0, *asked),
         };
         *asked
     }

@@ -10,6 +10,7 @@ mod hostile;
 mod hostile_props;
 mod in_memory;
 mod keys_and_clocks;
+mod metered;
 mod model_props;
 mod quota_bounds;
 #[cfg(feature = "axum")]

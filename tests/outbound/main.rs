@@ -19,6 +19,7 @@ mod hostile_in_flight;
 mod hostile_refusal_times;
 mod hostile_support;
 #[cfg(feature = "metrics")]
+mod metered;
 mod metrics;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod partner_api_example;

@@ -110,28 +110,51 @@ impl<Resp: crate::head::ResponseHead> QuotaSettle<Resp> for SettleLater {
 /// extensions and [`settle`](Self::settle) it once the cost is known. Dropped (every clone of
 /// it) unsettled, the call's estimate stands.
 #[derive(Clone)]
-pub struct Unsettled(Arc<Mutex<Option<SettleWith>>>);
+pub struct Unsettled(Arc<Pending>);
 
-/// What settles one call, given its cost.
-type SettleWith = Box<dyn FnOnce(u32) + Send>;
+/// What settles one call, given its cost (`None`: the estimate stands).
+type SettleWith = Box<dyn FnOnce(Option<u32>) + Send>;
+
+/// The settle of a call not made yet; dropped so (with the last clone of its [`Unsettled`]), it
+/// runs with the estimate standing, which a limiter holding the estimate until the settle
+/// ([`Metered`](crate::algorithm::Metered)) needs to hear.
+struct Pending(Mutex<Option<SettleWith>>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let settle = self
+            .0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(settle) = settle {
+            settle(None);
+        }
+    }
+}
 
 impl Unsettled {
-    /// A settle that runs `settle` with the cost, once.
-    pub(super) fn new(settle: impl FnOnce(u32) + Send + 'static) -> Self {
-        Self(Arc::new(Mutex::new(Some(Box::new(settle)))))
+    /// A settle that runs `settle` once: with the cost, or with `None` when every clone is
+    /// dropped unsettled.
+    pub(super) fn new(settle: impl FnOnce(Option<u32>) + Send + 'static) -> Self {
+        Self(Arc::new(Pending(Mutex::new(Some(Box::new(settle))))))
     }
 
     /// Settles the call to `cost`, as [`Limiter::settle`](crate::Limiter::settle) does. Only the
     /// first settle of a call counts (clones share it): returns whether this one did.
     pub fn settle(&self, cost: u32) -> bool {
-        let settle = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-        settle.map(|settle| settle(cost)).is_some()
+        let settle = (self.0)
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        settle.map(|settle| settle(Some(cost))).is_some()
     }
 }
 
 impl fmt::Debug for Unsettled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let open = self
+        let open = (self.0)
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

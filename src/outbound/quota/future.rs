@@ -74,9 +74,14 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            let waiting = matches!(*this.state, State::Waiting { .. });
-            if let (true, Some(decision), Some(key)) = (waiting, this.held.take(), &this.key) {
+            let (Some(decision), Some(key)) = (this.held.take(), &this.key) else {
+                return;
+            };
+            if matches!(*this.state, State::Waiting { .. }) {
                 this.shared.limiter.refund(key, *this.cost, decision);
+            } else {
+                // Dropped with the call under way: the estimate stands.
+                settle(&this.shared.limiter, key, *this.cost, decision, None);
             }
         }
     }
@@ -204,20 +209,17 @@ where
                         Err(error) if never_sent(&**error) => {
                             shared.limiter.refund(&key, estimate, decision);
                         }
-                        Err(_) => {}
+                        Err(_) => settle(&shared.limiter, &key, estimate, decision, None),
                         Ok(response) => {
                             match read_cost(&shared.name, || this.settle.settled(response)) {
-                                Some(cost) => {
-                                    shared.limiter.settle(&key, estimate, decision, cost);
-                                }
                                 None if U::LATER => {
                                     let shared = Arc::clone(shared);
                                     let unsettled = Unsettled::new(move |cost| {
-                                        shared.limiter.settle(&key, estimate, decision, cost);
+                                        settle(&shared.limiter, &key, estimate, decision, cost);
                                     });
                                     this.settle.leave(response, unsettled);
                                 }
-                                None => {}
+                                cost => settle(&shared.limiter, &key, estimate, decision, cost),
                             }
                         }
                     }
@@ -227,6 +229,22 @@ where
             this.state.set(next);
         }
     }
+}
+
+/// Settles `decision`, a call's admission of `estimate` permits, to `cost`; with no cost, the
+/// estimate stands, which only an admission that holds it until its settle needs to be told.
+fn settle<K, L: Limiter<K>>(
+    limiter: &L,
+    key: &K,
+    estimate: u32,
+    decision: Decision,
+    cost: Option<u32>,
+) {
+    match cost {
+        Some(cost) => limiter.settle(key, estimate, decision, cost),
+        None if decision.holds() => limiter.settle(key, estimate, decision, estimate),
+        None => false,
+    };
 }
 
 impl<S, L, K, Req, U> fmt::Debug for ResponseFuture<S, L, K, Req, U>

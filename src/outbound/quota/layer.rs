@@ -119,9 +119,10 @@ impl<L, K, C, U> ClientQuotaLayer<L, K, C, U> {
     /// Settles each call that got a response to the cost `settle` reads from it (a closure
     /// `Fn(&Resp) -> Option<u32>`, or a [`QuotaSettle`]): the tokens an LLM API reports it
     /// used, where the call reserved its request's `max_tokens`. The difference is given back
-    /// or charged as debt that the next calls wait for, as [`Limiter::settle`] says. `None`
-    /// (nothing readable), a call that failed, and one dropped before its response keep the
-    /// estimate.
+    /// or charged as debt that the next calls wait for, as [`Limiter::settle`] says (exactly,
+    /// for a limiter built with [`Metered`](crate::algorithm::Metered), however many calls are
+    /// in flight). `None` (nothing readable), a call that failed, and one dropped before its
+    /// response keep the estimate.
     ///
     /// For a cost that only the body tells, a [`BodyUsage`](crate::usage::BodyUsage) settles a
     /// `reqwest::Client`'s call (feature `reqwest`) from the body as the caller reads it, JSON

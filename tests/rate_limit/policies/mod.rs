@@ -9,6 +9,7 @@ mod composition;
 mod concurrent;
 mod costs;
 mod count_if;
+mod metered;
 mod model;
 mod panics;
 mod races;

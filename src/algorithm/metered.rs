@@ -1,0 +1,171 @@
+//! GCRA for costs settled after the answer: each admission's estimate is held aside, out of
+//! what the key has left, until the request settles, and the settled cost is then charged as of
+//! the admission.
+
+use std::sync::{Mutex, PoisonError};
+
+use super::gcra::{Gcra, MAX_TAT};
+use super::{Algorithm, LatestReading};
+use crate::{decision::Decision, Quota};
+
+/// GCRA whose settles are exact, for policies whose cost is known only from the answer (the
+/// tokens an LLM API reports): settled permits plus what a key has left is what the quota
+/// allows, for any number of requests in flight and however long each takes.
+///
+/// Under [`Gcra`] an admission moves the key's TAT by its estimate at once, and the estimate
+/// drains with time like any use; a settle to less then gives back the difference less the time
+/// that has passed since (unless the admission is still the key's latest), because a TAT cannot
+/// tell how much of it was idle time that absorbed part of the estimate. Concurrent or long
+/// requests get little back. `Metered` keeps two numbers per key instead: the TAT of what has
+/// been settled, and the permits *held* by admissions not settled yet. A request is admitted as
+/// GCRA admits it on a TAT of `max(TAT, now) + held · T`; its estimate is added to the held
+/// permits. Its settle takes the estimate back out of them and charges what it cost, up to the
+/// estimate, as of the instant it was admitted (the TAT becomes `max(TAT, admitted) + cost · T`):
+/// exactly what the key would hold had the request asked for its true cost, or less generous
+/// where settles of other requests came in between. A cost above the estimate is debt, charged
+/// from the settle as [`Gcra`] charges it.
+///
+/// The held permits do not drain with time: while requests are in flight, their estimates are
+/// out of the key's budget. A refusal's wait (`Retry-After`) is how long until the request fits
+/// were the requests in flight to settle at once to their estimates; when they settle to less
+/// it fits sooner, and while they stay in flight it may be refused again.
+///
+/// Every admission must end in a settle or a give-back ([`Limiter::settle`],
+/// [`Limiter::refund`]): until then its estimate stays held. The crate's layers see to that,
+/// whatever ends the request (an error, a panic, a dropped body or future); a caller of the
+/// limiter itself must too. A key holding permits is never dropped as idle.
+///
+/// [`Limiter::settle`]: crate::Limiter::settle
+/// [`Limiter::refund`]: crate::Limiter::refund
+#[derive(Clone, Copy, Debug)]
+pub struct Metered(Gcra);
+
+/// The per-key state of [`Metered`]: the TAT of what has been settled, the permits held by
+/// admissions in flight, and the latest clock reading seen (an earlier one is decided as of
+/// it).
+#[derive(Debug, Default)]
+pub struct MeteredState(Mutex<Meter>);
+
+#[derive(Debug, Default)]
+struct Meter {
+    tat: u64,
+    held: u64,
+    latest: u64,
+}
+
+impl MeteredState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Meter> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Metered {
+    /// The TAT GCRA decides on at `now`: the settled one, then the held permits after it.
+    fn ahead(&self, meter: &Meter, now: u64) -> u64 {
+        let held = self.0.interval().saturating_mul(meter.held);
+        meter.tat.max(now).saturating_add(held).min(MAX_TAT)
+    }
+}
+
+impl Algorithm for Metered {
+    type State = MeteredState;
+
+    fn new(quota: &Quota, epoch: u64) -> Self {
+        Self(Gcra::new(quota, epoch))
+    }
+
+    /// As [`Gcra`]: the settled TAT stays, and the held permits are counted in the new quota.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self::new(quota, now)
+    }
+
+    fn capacity(&self) -> u32 {
+        self.0.capacity()
+    }
+
+    fn decide(
+        &self,
+        state: &MeteredState,
+        _latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
+        let mut meter = state.lock();
+        let now = super::advance_latest(&mut meter.latest, now);
+        let (verdict, admitted) = self.0.verdict(self.ahead(&meter, now), now, cost, max_wait);
+        if admitted.is_some() {
+            meter.held += u64::from(cost);
+        }
+        let decision = self.0.decision(verdict);
+        if admitted.is_some() {
+            decision.holding()
+        } else {
+            decision
+        }
+    }
+
+    /// A settle to zero: the `cost` held goes back, and nothing is charged.
+    fn refund(
+        &self,
+        state: &MeteredState,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        decision: &Decision,
+    ) {
+        self.settle(state, latest, now, decision, cost, 0);
+    }
+
+    /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
+    fn charge(&self, state: &MeteredState, _latest: &LatestReading, now: u64, cost: u32) {
+        let mut meter = state.lock();
+        let now = super::advance_latest(&mut meter.latest, now);
+        meter.tat = self.0.charged(meter.tat, now, cost);
+    }
+
+    /// Takes `estimate` out of the held permits and charges `cost`: up to the estimate as of the
+    /// instant the admission was charged at, beyond it (up to the capacity) from `now`.
+    fn settle(
+        &self,
+        state: &MeteredState,
+        _latest: &LatestReading,
+        now: u64,
+        decision: &Decision,
+        estimate: u32,
+        cost: u32,
+    ) {
+        let mut meter = state.lock();
+        let now = super::advance_latest(&mut meter.latest, now);
+        meter.held = meter.held.saturating_sub(u64::from(estimate));
+        let used = cost.min(estimate);
+        if used > 0 {
+            meter.tat = self.0.charged(meter.tat, decision.charged().at, used);
+        }
+        let debt = cost.min(self.capacity()).saturating_sub(estimate);
+        if debt > 0 {
+            meter.tat = self.0.charged(meter.tat, now, debt);
+        }
+    }
+
+    /// Past the settled TAT, with nothing held.
+    fn idle_at(&self, state: &MeteredState) -> u64 {
+        let meter = state.lock();
+        if meter.held > 0 {
+            u64::MAX
+        } else {
+            meter.tat
+        }
+    }
+
+    /// The permits held and those the settled TAT still weighs, then as [`Gcra`] ranks.
+    ///
+    /// A key evicted while it holds permits (only when every key in the store holds more)
+    /// forgets them, as eviction forgets; a settle that comes for it afterwards, under the same
+    /// key, can take at most its own estimate out of what the key's new admissions hold.
+    fn eviction_rank(&self, state: &MeteredState, now: u64) -> u128 {
+        let meter = state.lock();
+        let ahead = self.ahead(&meter, now).saturating_sub(now);
+        super::rank(ahead.div_ceil(self.0.interval()), ahead)
+    }
+}
