@@ -304,6 +304,7 @@ impl<A: Algorithm> Rule<A> {
 /// What settling an admission changes in a Redis script, by the rule of
 /// [`Algorithm::settle`]'s default: never more given back than the admission took, and a charge
 /// beyond it no more than one request may take.
+#[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Change {
     /// `cost` of its permits go back (a refund, or a settle to less than the estimate).
@@ -312,6 +313,7 @@ pub(crate) enum Change {
     Charge { estimate: u32, cost: u32 },
 }
 
+#[cfg(feature = "redis")]
 impl Change {
     /// What settling `decision`, admitted for `estimate`, to `cost` changes.
     pub(crate) fn settle(estimate: u32, decision: &Decision, cost: u32) -> Self {
