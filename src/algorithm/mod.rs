@@ -31,7 +31,7 @@ mod sliding_log;
 pub(crate) use concurrency::Concurrency;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
-pub use metered::{Metered, MeteredState};
+pub use metered::Metered;
 pub use sliding_counter::SlidingCounter;
 pub use sliding_log::SlidingLog;
 // Each algorithm's state is its own: the limiters keep it, and no user names it (the loom
