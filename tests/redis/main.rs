@@ -13,6 +13,8 @@ mod client_quota_unreachable;
 mod cluster;
 #[cfg(feature = "redis")]
 mod coalesce;
+#[cfg(feature = "redis")]
+mod concurrency;
 #[cfg(all(feature = "config", feature = "redis"))]
 mod config;
 #[cfg(feature = "redis")]
