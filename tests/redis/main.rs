@@ -15,6 +15,8 @@ mod cluster;
 mod coalesce;
 #[cfg(feature = "redis")]
 mod concurrency;
+#[cfg(all(feature = "redis", feature = "axum"))]
+mod concurrency_layer;
 #[cfg(all(feature = "config", feature = "redis"))]
 mod config;
 #[cfg(feature = "redis")]
