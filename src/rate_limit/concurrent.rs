@@ -1,47 +1,89 @@
-//! A limit of requests in flight per key, as a policy: [`Policy::concurrent`].
+//! A limit of requests in flight per key, as a policy: [`Policy::concurrent`], in memory, and
+//! `Policy::concurrent_in_redis` (feature `redis`), shared by every instance.
 
-use std::future::Ready;
 use std::hash::Hash;
 
 use super::policy::{Policy, PolicyError, Settle};
 use super::KeyExtractor;
 use crate::algorithm::Concurrency;
 use crate::decision::Decision;
+use crate::limiter::BoxReserve;
+#[cfg(feature = "redis")]
+use crate::limiter::Change;
+#[cfg(feature = "redis")]
+use crate::redis::RedisRateLimiterBuilder;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
-/// The limiter of a [`Policy::concurrent`]: at most a number of requests in flight per key,
-/// each holding its slot until its response body ends or is dropped. Built only by that
-/// policy, which gives every slot back exactly once.
+/// The limiter of a [`Policy::concurrent`] or a `Policy::concurrent_in_redis`: at most a
+/// number of requests in flight per key, each holding its slot until its response body ends or
+/// is dropped. Built only by those policies, which give every slot back exactly once.
 #[derive(Clone, Debug)]
-pub struct ConcurrencyLimiter<K>(KeyedRateLimiter<K, Concurrency>);
+pub struct ConcurrencyLimiter<K>(Slots<K>);
+
+/// Where the slots are kept.
+#[derive(Clone, Debug)]
+enum Slots<K> {
+    Memory(KeyedRateLimiter<K, Concurrency>),
+    #[cfg(feature = "redis")]
+    Redis(crate::redis::RedisSlots<K>),
+}
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLimiter<K> {
-    type Future = Ready<Result<Decision, BoxError>>;
+    /// Boxed: a decision in Redis needs I/O; one in memory is made at once, by
+    /// [`reserve_now`](Limiter::reserve_now).
+    type Future = BoxReserve;
 
     /// The requests in flight allowed per key, as `permits` (and burst) of a quota whose period
     /// plays no part.
     fn quota(&self) -> Quota {
-        self.0.quota()
+        match &self.0 {
+            Slots::Memory(memory) => memory.quota(),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => redis.quota(),
+        }
     }
 
     fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
-        Limiter::set_quota(&self.0, quota)
+        match &self.0 {
+            Slots::Memory(memory) => Limiter::set_quota(memory, quota),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => redis.set_quota(quota),
+        }
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
-        self.0.reserve(key, cost)
+        match &self.0 {
+            Slots::Memory(memory) => Box::pin(memory.reserve(key, cost)),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => redis.reserve(key, cost),
+        }
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
-        self.0.reserve_now(key, cost)
+        match &self.0 {
+            Slots::Memory(memory) => memory.reserve_now(key, cost),
+            #[cfg(feature = "redis")]
+            Slots::Redis(_) => None,
+        }
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        self.0.refund(key, cost, decision)
+        match &self.0 {
+            Slots::Memory(memory) => memory.refund(key, cost, decision),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => redis.give_back(key, decision, Change::Refund(cost)),
+        }
     }
 
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        self.0.settle(key, estimate, decision, cost)
+        match &self.0 {
+            Slots::Memory(memory) => memory.settle(key, estimate, decision, cost),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => {
+                let change = Change::settle(estimate, &decision, cost);
+                redis.give_back(key, decision, change)
+            }
+        }
     }
 }
 
@@ -59,6 +101,9 @@ where
     /// window (draft-ietf-httpapi-ratelimit-headers-11): `"name";q=4;qu="concurrent-requests"`
     /// and `"name";r=2`. At most a million keys are held, those with nothing in flight dropped
     /// first.
+    ///
+    /// The slots are this process's; `concurrent_in_redis` (feature `redis`) keeps them in
+    /// Redis, shared by every instance.
     ///
     /// The layer must carry the body: call [`wrap_body`](super::RateLimitLayer::wrap_body).
     /// A concurrent policy keeps its hold: [`count_if`](Self::count_if),
@@ -89,7 +134,104 @@ where
         let limiter = KeyedRateLimiter::builder(quota)
             .algorithm::<Concurrency>()
             .build();
-        let mut policy = Policy::new(name, key, ConcurrencyLimiter(limiter))?;
+        let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Memory(limiter)))?;
+        policy.settle = Settle::Held;
+        Ok(policy)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<X> Policy<X, ConcurrencyLimiter<X::Key>>
+where
+    X: KeyExtractor,
+    X::Key: crate::redis::RedisKey + Hash + Eq + Clone + Sync,
+{
+    /// [`Policy::concurrent`] with its slots in Redis: at most `in_flight` requests of each key
+    /// at once across every instance that shares the Redis and the key prefix. A slot is held
+    /// and given back, and the headers and refusals say what they say, as in memory
+    /// (`qu="concurrent-requests"`, `Retry-After: 1`).
+    ///
+    /// `redis` brings the connection and those settings of a Redis limiter that apply here:
+    /// the [`prefix`](RedisRateLimiterBuilder::prefix) (default `bulwark:concurrency:`; give
+    /// each policy its own), the [`hash_tag`](RedisRateLimiterBuilder::hash_tag), the
+    /// [`timeout`](RedisRateLimiterBuilder::timeout) of each call, the
+    /// [`fail_mode`](RedisRateLimiterBuilder::fail_mode) and its
+    /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval), a
+    /// [`client_clock`](RedisRateLimiterBuilder::client_clock) (for tests) and the
+    /// [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry). Its quota, algorithm and refusal
+    /// cache play no part. Every instance must be given the same `in_flight` (each sends its
+    /// own with each decision), as a [`set_quota`](Limiter::set_quota) must reach them all.
+    ///
+    /// * **Atomic, by ids.** Each key is one sorted set. An admission takes its slots in one
+    ///   script call, each a member named by an id no other admission has and scored by when
+    ///   it expires. A give-back removes those members by their ids, in one call sent once from
+    ///   a task of its own: one that arrives late, or twice, frees no other request's slot.
+    /// * **A dead instance's slots come back** at most
+    ///   [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry) (30 s by default) after its
+    ///   last renewal. Each instance renews all of its live slots every third of the expiry,
+    ///   in one call (one per hash slot in a Redis Cluster; a call carries at most 3 000
+    ///   arguments, three a request and one a key, so thousands of requests in flight take a
+    ///   few), so a request of any length keeps its slot while its instance
+    ///   reaches Redis. It loses it only if every renewal fails for about two thirds of the
+    ///   expiry (Redis unreachable or stalled from this instance that long): the slot then
+    ///   stops counting, and another request may take it while this one runs.
+    /// * **Redis down or stalling.** A decision waits at most the timeout; then the fail mode
+    ///   decides, as for a [`RedisRateLimiter`](crate::redis::RedisRateLimiter), and for a
+    ///   probe interval after a failure to reach Redis it decides without asking.
+    ///   [`RedisFailMode::Local`](crate::redis::RedisFailMode::Local), the default, is an
+    ///   in-memory limit of `in_flight` per key in each instance (N instances admit at most N
+    ///   × `in_flight` per key while Redis is away); `Open`, `Closed`, `Fallback` (the limiter
+    ///   given decides; its decisions are given back to it) and `Propagate` (the layer's
+    ///   [`limiter_error_mode`](super::RateLimitLayer::limiter_error_mode) answers) are as
+    ///   documented there. The slots of a call that failed or timed out are given back by their
+    ///   ids, in case it ran. A give-back that cannot reach Redis is not sent again: its slots
+    ///   come back when they expire, as a dead instance's do.
+    /// * A Redis that restarts empty (or fails over to a replica behind it) has forgotten the
+    ///   slots taken before: renewals never bring back a slot that Redis does not hold, so until
+    ///   the requests then in flight end, a key may have up to twice `in_flight` in flight.
+    /// * A reply of the wrong shape or type is a
+    ///   [`RedisFailure::BadReply`](crate::redis::RedisFailure::BadReply) that says what is
+    ///   wrong; a key that holds another type fails with Redis's `WRONGTYPE` error. The fail
+    ///   mode decides either.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
+    /// use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
+    /// use tower_bulwark::Quota;
+    ///
+    /// # async fn run() -> Result<(), tower_bulwark::BoxError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// // The quota of the builder plays no part: four streams at once per API key, in all.
+    /// let redis = RedisRateLimiter::builder(Quota::per_second(1)?, store)
+    ///     .prefix("streams:")
+    ///     .slot_expiry(Duration::from_secs(20));
+    /// let streams = Policy::concurrent_in_redis("streams", HeaderKey::new("x-api-key")?, 4, redis)?;
+    /// let layer = RateLimitLayer::new(streams).wrap_body();
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`PolicyError`] for a bad name or an `in_flight` of zero, as
+    /// [`concurrent`](Self::concurrent); a [`BuildError`](crate::redis::BuildError) for Redis
+    /// settings that cannot work: a prefix or hash tag holding a brace, a zero timeout, a slot
+    /// expiry under a millisecond or beyond the scripts' exact arithmetic, or a
+    /// [`lease`](RedisRateLimiterBuilder::lease) (a concurrent policy holds slots, it leases
+    /// no permits).
+    pub fn concurrent_in_redis(
+        name: impl Into<String>,
+        key: X,
+        in_flight: u32,
+        redis: RedisRateLimiterBuilder,
+    ) -> Result<Self, BoxError> {
+        if in_flight == 0 {
+            return Err(PolicyError::new("in_flight", "must be at least 1").into());
+        }
+        let slots = crate::redis::RedisSlots::new(in_flight, redis)?;
+        let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Redis(slots)))?;
         policy.settle = Settle::Held;
         Ok(policy)
     }

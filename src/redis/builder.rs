@@ -19,7 +19,9 @@ use super::{
 use crate::clock::{Clock, SystemClock};
 use crate::Quota;
 
-/// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`].
+/// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`]. A
+/// [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis) takes them
+/// too, for the settings that apply to it.
 ///
 /// Until told otherwise it runs GCRA on the server's clock under the prefix
 /// `bulwark:<algorithm>:` with a hash tag per key, waits 100 ms for each decision, decides with a
@@ -27,24 +29,26 @@ use crate::Quota;
 /// 250 ms after a failure to
 /// reach it, and caches up to 100 000 refused keys.
 pub struct RedisRateLimiterBuilder {
-    settings: Settings,
+    pub(super) settings: Settings,
     /// The client clock the scripts read, if they do not read the server's `TIME`.
-    client_clock: Option<Arc<dyn Clock>>,
+    pub(super) client_clock: Option<Arc<dyn Clock>>,
 }
 
-/// The settings that print (a clock does not).
+/// The settings that print (a clock does not). A concurrent policy in Redis
+/// (`concurrency.rs`) reads those it uses.
 #[derive(Debug)]
-struct Settings {
+pub(super) struct Settings {
     quota: Quota,
-    store: RedisStore,
+    pub(super) store: RedisStore,
     script: LimiterScript,
-    prefix: Option<String>,
-    hash_tag: HashTag,
-    timeout: Duration,
-    fail_mode: RedisFailMode,
-    probe_interval: Duration,
+    pub(super) prefix: Option<String>,
+    pub(super) hash_tag: HashTag,
+    pub(super) timeout: Duration,
+    pub(super) fail_mode: RedisFailMode,
+    pub(super) probe_interval: Duration,
     cache_capacity: usize,
-    lease: Option<Lease>,
+    pub(super) lease: Option<Lease>,
+    pub(super) slot_expiry: Duration,
 }
 
 impl fmt::Debug for RedisRateLimiterBuilder {
@@ -70,6 +74,7 @@ impl RedisRateLimiterBuilder {
                 probe_interval: Duration::from_millis(250),
                 cache_capacity: 100_000,
                 lease: None,
+                slot_expiry: Duration::from_secs(30),
             },
             client_clock: None,
         }
@@ -180,6 +185,18 @@ impl RedisRateLimiterBuilder {
     /// length of zero or too long for the scripts' arithmetic.
     pub fn lease(mut self, lease: Lease) -> Self {
         self.settings.lease = Some(lease);
+        self
+    }
+
+    /// For [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis)
+    /// only: how long a request's slot stays taken in Redis unless its instance renews it
+    /// (default 30 s). An instance renews all of its live slots in one call every third of
+    /// this, so a request of any length keeps its slot; the slots of an instance that died
+    /// (or of a give-back that never reached Redis) come back at most this long after their
+    /// last renewal. At least a millisecond, and within the scripts' exact arithmetic: about
+    /// 35 years on the server's clock, 13 days on a [`client_clock`](Self::client_clock).
+    pub fn slot_expiry(mut self, expiry: Duration) -> Self {
+        self.settings.slot_expiry = expiry;
         self
     }
 

@@ -70,6 +70,12 @@
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself.
+//! * **Requests in flight too.**
+//!   [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis) keeps a
+//!   concurrent policy's slots in Redis, with the connection and settings of a
+//!   [`RedisRateLimiterBuilder`]: one sorted set per key, slots taken and given back by their
+//!   ids in one script call each, renewed while their requests live, and back at most a
+//!   [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry) after their instance's last renewal.
 //! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
 //!   without a round trip, for a request of the same cost (another cost asks Redis, which
 //!   alone knows how long a larger one waits), with the same `retry_after` Redis would give
@@ -106,6 +112,8 @@
 mod builder;
 mod cache;
 mod coalesce;
+mod concurrency;
+mod concurrency_script;
 mod error;
 mod fail_mode;
 mod future;
@@ -119,6 +127,7 @@ mod script;
 mod store;
 
 pub use builder::RedisRateLimiterBuilder;
+pub(crate) use concurrency::RedisSlots;
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 

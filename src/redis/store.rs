@@ -116,6 +116,11 @@ impl RedisStore {
         }
     }
 
+    /// Whether this is a Redis Cluster, where one script call takes only keys of one slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
+    }
+
     /// Runs a script: `EVALSHA`, and when the server does not know the script (a restart or
     /// `SCRIPT FLUSH` empties its cache), `SCRIPT LOAD` and `EVALSHA` again. The client's
     /// [`ScriptInvocation`] does both; in a cluster, on the node of the script's key.

@@ -13,6 +13,10 @@ mod client_quota_unreachable;
 mod cluster;
 #[cfg(feature = "redis")]
 mod coalesce;
+#[cfg(feature = "redis")]
+mod concurrency;
+#[cfg(all(feature = "redis", feature = "axum"))]
+mod concurrency_layer;
 #[cfg(all(feature = "config", feature = "redis"))]
 mod config;
 #[cfg(feature = "redis")]

@@ -1,0 +1,271 @@
+//! `Policy::concurrent_in_redis` behind the HTTP layer: whatever ends a request (its body read
+//! to the end or dropped, the handler's error, a body that fails, a panic, the request dropped
+//! at any await point) gives its slot back exactly once; and over real listeners, two instances
+//! share one key's slots for `reqwest` clients reading streamed bodies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy, RateLimitLayer};
+use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::Quota;
+
+use crate::common::listener::serve;
+use crate::common::redis_server::{eventually, RedisServer};
+
+const KEY: &str = "c:{t}";
+
+/// Four streams of each tenant at once, in the Redis of `store`; failures are errors.
+fn streams(store: &RedisStore) -> Policy<HeaderKey, ConcurrencyLimiter<http::HeaderValue>> {
+    let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store.clone())
+        .client_clock(ManualClock::new())
+        .prefix("c:")
+        .timeout(Duration::from_secs(5))
+        .fail_mode(RedisFailMode::Propagate);
+    let key = HeaderKey::new("x-tenant").unwrap();
+    Policy::concurrent_in_redis("streams", key, 4, redis).unwrap()
+}
+
+fn held(server: &RedisServer) -> u64 {
+    let reply = server.command(&["ZCARD", KEY]);
+    reply.trim_start_matches(':').parse().unwrap()
+}
+
+/// A body that sends one chunk, then holds until `ends` has a permit for it (or fails after
+/// its chunk, for `cut`).
+fn held_body(ends: Arc<Semaphore>, cut: bool) -> Body {
+    let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("a")) });
+    let rest = futures::stream::once(async move {
+        if cut {
+            return Err(std::io::Error::other("cut"));
+        }
+        ends.acquire().await.unwrap().forget();
+        Ok(Bytes::from("b"))
+    });
+    Body::from_stream(futures::StreamExt::chain(first, rest))
+}
+
+/// A request of tenant `t` saying how the handler answers it.
+fn request(how: &str) -> Request<Body> {
+    Request::builder()
+        .uri("/stream")
+        .header("x-tenant", "t")
+        .header("x-how", how)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// A handler that streams a held body; `x-how: fail` fails, `cut` sends a body that fails,
+/// `panic` panics, `hang` never answers.
+fn handler(
+    ends: Arc<Semaphore>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
+{
+    service_fn(move |request: Request<Body>| {
+        let ends = Arc::clone(&ends);
+        async move {
+            let how = request.headers()["x-how"].to_str().unwrap().to_owned();
+            match how.as_str() {
+                "fail" => return Err(std::io::Error::other("the upstream is gone")),
+                "panic" => panic!("a handler that panics"),
+                "hang" => std::future::pending::<()>().await,
+                _ => {}
+            }
+            Ok(Response::new(held_body(ends, how == "cut")))
+        }
+    })
+}
+
+/// Three streams held open, then a request that ends some other way: once its give-back has
+/// reached Redis, three slots are held, not two (it freed its own slot, no other), so exactly
+/// one more stream fits. The same after requests dropped at every point of their decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_a_request_ends_gives_its_own_slot_back_once() {
+    let Some((server, store)) = RedisServer::with_store("every_way_a_request_ends").await else {
+        return;
+    };
+    crate::common::process::quiet_panics_starting_with("a handler that panics");
+    let ends = Arc::new(Semaphore::new(0));
+    let service = RateLimitLayer::new(streams(&store))
+        .wrap_body()
+        .layer(handler(Arc::clone(&ends)));
+    let call = |how: &str| service.clone().oneshot(request(how));
+    for how in ["read", "fail", "cut", "panic", "hang", "dropped-body"] {
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            open.push(call("stream").await.unwrap());
+        }
+        match how {
+            "read" => {
+                let response = call("stream").await.unwrap();
+                ends.add_permits(1);
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                assert_eq!(body, "ab");
+            }
+            "fail" => assert!(call(how).await.is_err()),
+            "cut" => {
+                let body = call(how).await.unwrap().into_body();
+                assert!(body.collect().await.is_err(), "the body fails");
+            }
+            "panic" => assert!(tokio::spawn(call(how)).await.unwrap_err().is_panic()),
+            "hang" => {
+                let hung = tokio::spawn(call(how));
+                eventually("the hung request admitted", Duration::from_secs(10), || {
+                    held(&server) == 4
+                })
+                .await;
+                hung.abort();
+                assert!(hung.await.unwrap_err().is_cancelled());
+            }
+            _ => drop(call("stream").await.unwrap()),
+        }
+        eventually(
+            &format!("{how}: its slot back"),
+            Duration::from_secs(10),
+            || held(&server) == 3,
+        )
+        .await;
+        let fourth = call("stream").await.unwrap();
+        assert_eq!(fourth.status(), StatusCode::OK, "{how}");
+        let fifth = call("stream").await.unwrap();
+        assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS, "{how}");
+        drop((open, fourth));
+        eventually("every slot back", Duration::from_secs(10), || {
+            held(&server) == 0
+        })
+        .await;
+    }
+    // Requests dropped after 0 to 11 polls: before their call, while it is in flight, after it.
+    for polls in 0..12 {
+        let mut request = std::pin::pin!(call("hang"));
+        for _ in 0..polls {
+            let _ = crate::common::poll_once(request.as_mut());
+            tokio::task::yield_now().await;
+        }
+    }
+    // Their calls and give-backs may still be on their way: once they have all landed,
+    // exactly four streams fit (a slot lost would keep a fourth out for good).
+    let start = Instant::now();
+    loop {
+        let mut open = Vec::new();
+        for _ in 0..4 {
+            open.push(call("stream").await.unwrap());
+        }
+        if open.iter().all(|r| r.status() == StatusCode::OK) {
+            let fifth = call("stream").await.unwrap();
+            assert_eq!(fifth.status(), StatusCode::TOO_MANY_REQUESTS);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a slot never came back"
+        );
+        drop(open);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An instance: `/stream` answers with a held body, behind four streams per tenant in Redis.
+async fn instance(server: &RedisServer, ends: &Arc<Semaphore>) -> String {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let ends = Arc::clone(ends);
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let ends = Arc::clone(&ends);
+                async move { held_body(ends, false) }
+            }),
+        )
+        .layer(RateLimitLayer::new(streams(&store)).wrap_body());
+    format!("http://{}/stream", serve(app).await)
+}
+
+fn header(response: &reqwest::Response, name: &str) -> String {
+    response.headers()[name].to_str().unwrap().to_owned()
+}
+
+/// Two instances over real listeners, one Redis, four streams of tenant `t` at once in all:
+/// `reqwest` clients reading streamed bodies get four, each told what is left; the fifth is
+/// refused with `qu="concurrent-requests"` and `Retry-After: 1`; a stream read to its end, or
+/// dropped by its client half-way, frees its slot for the other instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_a_keys_slots_over_real_listeners() {
+    let Some(server) = RedisServer::start("two_instances_share_a_keys_slots") else {
+        return;
+    };
+    let ends = Arc::new(Semaphore::new(0));
+    let (a, b) = (
+        instance(&server, &ends).await,
+        instance(&server, &ends).await,
+    );
+    let client = reqwest::Client::new();
+    let get = |url: &str| client.get(url).header("x-tenant", "t").send();
+    let mut open = Vec::new();
+    for (url, left) in [(&a, 3), (&a, 2), (&a, 1), (&b, 0)] {
+        let mut response = get(url).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            header(&response, "ratelimit"),
+            format!("\"streams\";r={left}")
+        );
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            "\"streams\";q=4;qu=\"concurrent-requests\""
+        );
+        assert_eq!(response.chunk().await.unwrap().unwrap(), "a", "streaming");
+        open.push(response);
+    }
+    for url in [&a, &b] {
+        let refused = get(url).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&refused, "retry-after"), "1");
+        assert_eq!(header(&refused, "ratelimit"), "\"streams\";r=0");
+        assert!(header(&refused, "ratelimit-policy").contains("qu=\"concurrent-requests\""));
+    }
+    // Read to its end on instance a: its slot goes to instance b.
+    ends.add_permits(1);
+    let mut ended = open.remove(0);
+    assert_eq!(ended.chunk().await.unwrap().unwrap(), "b");
+    assert!(ended.chunk().await.unwrap().is_none());
+    open.push(admitted_eventually(&server, || get(&b)).await);
+    // Dropped by its client half-way on instance b: its slot goes to instance a.
+    drop(open.pop());
+    open.push(admitted_eventually(&server, || get(&a)).await);
+    assert_eq!(
+        get(&b).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(held(&server), 4);
+}
+
+/// The first response of `send()` that is admitted, once the slot freed has reached Redis
+/// (bounded: ten seconds).
+async fn admitted_eventually<F>(server: &RedisServer, send: impl Fn() -> F) -> reqwest::Response
+where
+    F: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+{
+    let start = Instant::now();
+    loop {
+        if held(server) < 4 {
+            let response = send().await.unwrap();
+            if response.status() == StatusCode::OK {
+                return response;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no slot came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
