@@ -52,6 +52,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_bulwark::algorithm::Metered;
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::InsufficientCapacity;
 use tower_bulwark::outbound::{retry_after, ClientQuotaLayer, Pushback};
@@ -133,16 +134,22 @@ fn env_or<T: FromStr>(name: &str, default: T, expected: &str) -> Result<T, BoxEr
     }
 }
 
-/// The per-key token limiter: a minute's tokens at once, then an even pace.
+/// The per-key token limiter: a minute's tokens at once, then an even pace; `Metered`, so that
+/// the settles of requests in flight together are exact.
 fn key_tokens(per_minute: u32) -> Result<impl Limiter<String> + Clone, BoxError> {
-    Ok(KeyedRateLimiter::new(Quota::per_minute(per_minute)?))
+    let quota = Quota::per_minute(per_minute)?;
+    Ok(KeyedRateLimiter::builder(quota)
+        .algorithm::<Metered>()
+        .build())
 }
 
 /// The gateway's client quota of the upstream's tokens: as the upstream counts them, with a
-/// wait of up to [`QUOTA_WAIT`].
+/// wait of up to [`QUOTA_WAIT`]; `Metered`, as the per-key limiter.
 fn upstream_tokens(per_minute: u32) -> Result<impl Limiter<()> + Clone, BoxError> {
     let quota = Quota::per_minute(per_minute)?.with_max_wait(QUOTA_WAIT)?;
-    Ok(DirectRateLimiter::new(quota))
+    Ok(DirectRateLimiter::builder(quota)
+        .algorithm::<Metered>()
+        .build())
 }
 
 /// A completion request, as the gateway and the upstream read it.
