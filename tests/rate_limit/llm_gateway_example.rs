@@ -148,9 +148,9 @@ async fn the_mock_upstream_answers_429_with_openais_fields_past_its_quota() {
 }
 
 /// The upstream allows 6 000 tokens a minute (100 a second), all at once to a fresh gateway. A
-/// call it cannot take within 5 s is the gateway's own 503 at once, streamed or not, with
+/// call it cannot take soon (within 2 s) is the gateway's own 503 at once, streamed or not, with
 /// `Retry-After`; it charges the key nothing and never reaches the upstream. A call it can take
-/// within 5 s waits.
+/// soon waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstreams_quota_is_kept_with_503s_that_charge_the_key_nothing() {
     let addr = gateway(|s| {
@@ -168,7 +168,7 @@ async fn the_upstreams_quota_is_kept_with_503s_that_charge_the_key_nothing() {
         let refused = complete(addr, Some("a"), 5000, stream).await;
         assert_eq!(refused.status(), 503, "stream: {stream}");
         let retry: u64 = header(&refused, "retry-after").parse().unwrap();
-        assert!(retry > 5, "Retry-After: {retry}");
+        assert!((15..=20).contains(&retry), "Retry-After: {retry}");
         // About 7 000 are left before its own reservation of 5 000.
         assert!(left(&refused, "tokens") < 3000, "after its own reservation");
         let body = refused.text().await.unwrap();
@@ -180,13 +180,13 @@ async fn the_upstreams_quota_is_kept_with_503s_that_charge_the_key_nothing() {
         "the 503s charged nothing: {before} then {after}"
     );
 
-    // 3 100 need about 100 more: a second's wait, within the 5 s.
-    let waited = complete(addr, Some("b"), 3100, true).await;
+    // 3 050 need about 50 more: half a second's wait.
+    let waited = complete(addr, Some("b"), 3050, true).await;
     assert_eq!(waited.status(), 200);
     waited.bytes().await.unwrap();
     let stats = stats(addr).await;
     assert_eq!(stats["upstream_calls"], 4, "{stats}");
-    assert_eq!(stats["upstream_tokens"], 3000 + 1550, "{stats}");
+    assert_eq!(stats["upstream_tokens"], 3000 + 1525, "{stats}");
     assert_eq!(stats["upstream_429"], 0, "{stats}");
 }
 
@@ -282,24 +282,25 @@ async fn four_of_six_streams_are_admitted_and_a_slot_frees_when_one_ends() {
 }
 
 /// A short run of the load driver: 4 keys keep 4 to 8 streams in flight for 4 s against an
-/// upstream of 3 000 tokens a minute (a burst of 3 000, then 50 a second), asking for far more
-/// (`max_tokens` 32, 16 used, a stream of 50 ms): the upstream never answers 429, and serves
-/// at least 95 % of what it allows over the run.
+/// upstream of 6 000 tokens a minute (a burst of 6 000, then 100 a second), asking for far more
+/// (`max_tokens` 32, 16 used, a stream of 20 ms): the upstream never answers 429, and serves
+/// at least 95 % of what it allows over the run (0.978 to 0.983 in six runs beside two
+/// processes spinning on the machine's two cores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_load_the_upstream_serves_what_it_allows_without_a_429() {
     let addr = gateway(|s| {
-        s.upstream_tpm = 3000;
-        s.stream = Duration::from_millis(50);
+        s.upstream_tpm = 6000;
+        s.stream = Duration::from_millis(20);
     })
     .await;
     let load = Load {
         keys: 4,
         resting: 4,
-        rest: Duration::from_millis(50),
+        rest: Duration::from_millis(20),
         max_tokens: 32,
         run: Duration::from_secs(4),
     };
-    let figures = llm_gateway_load::drive(addr, 3000, &load).await.unwrap();
+    let figures = llm_gateway_load::drive(addr, 6000, &load).await.unwrap();
     eprintln!("{figures:?}, served {:.3}", figures.served_share());
     assert_eq!(figures.upstream_429, 0, "{figures:?}");
     assert!(figures.served_share() >= 0.95, "{figures:?}");
