@@ -14,7 +14,9 @@
 //! 60 000), a client quota reserves each call's `max_tokens` and settles it to the usage in the
 //! body, and a pushback reads the upstream's `x-ratelimit-*-tokens` headers. When they cannot
 //! take a call, at once or within 2 s, the gateway answers its own `503` with `Retry-After`;
-//! a `503` reports no usage, so the key gets its reservation back.
+//! a `503` reports no usage, so the key gets its reservation back. Both token limiters use the
+//! `Metered` algorithm: a settle charges what a request used as of its admission, so nothing is
+//! lost however many requests are in flight and however long they stream.
 //!
 //! The mock upstream uses exactly `max_tokens / 2` tokens a call, takes `STREAM_MS` over an
 //! answer (default 1000), streamed or not, and answers `429` when the gateway goes over its
@@ -262,11 +264,8 @@ struct MaxTokens(u32);
 async fn read_max_tokens(request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let Ok(bytes) = to_bytes(body, 64 * 1024).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the body is over 64 KiB",
-            None,
-        );
+        let status = StatusCode::PAYLOAD_TOO_LARGE;
+        return error(status, "the body is over 64 KiB", None);
     };
     match serde_json::from_slice::<Completion>(&bytes) {
         Ok(completion) if completion.max_tokens > 0 => {
@@ -442,15 +441,10 @@ pub async fn start(settings: &Settings) -> Result<SocketAddr, BoxError> {
 async fn main() -> Result<(), BoxError> {
     let settings = Settings::from_env()?;
     let addr = start(&settings).await?;
-    let Settings {
-        per_key,
-        upstream_tpm,
-        max_concurrent,
-        stream,
-        ..
-    } = settings;
-    println!("per API key: {max_concurrent} requests in flight, {per_key} tokens a minute");
-    println!("upstream: {upstream_tpm} tokens a minute in all, {stream:?} an answer");
+    let (in_flight, tpm) = (settings.max_concurrent, settings.per_key);
+    println!("per API key: {in_flight} requests in flight, {tpm} tokens a minute");
+    let (tpm, stream) = (settings.upstream_tpm, settings.stream);
+    println!("upstream: {tpm} tokens a minute in all, {stream:?} an answer");
     println!("listening on {addr}");
     std::future::pending::<()>().await;
     Ok(())
