@@ -49,13 +49,14 @@ impl TokenRecord {
         now < self.full_at
     }
 
-    /// The tokens that have come back by `now`, at an even pace over the span to the reset.
+    /// The tokens that have come back by `now`, at an even pace over the span to the reset. A
+    /// reading older than the answer (taken before another thread recorded it) finds none back.
     fn refill(&self, now: u64) -> u64 {
         match self.limit {
             Some(limit) if limit > self.left && self.full_at > self.at => {
                 let span = u128::from(self.full_at - self.at);
-                let back =
-                    u128::from(limit - self.left) * u128::from(now.min(self.full_at) - self.at);
+                let elapsed = now.min(self.full_at).saturating_sub(self.at);
+                let back = u128::from(limit - self.left) * u128::from(elapsed);
                 u64::try_from(back / span).unwrap_or(u64::MAX)
             }
             _ => 0,
@@ -133,6 +134,26 @@ mod tests {
             if free > now {
                 prop_assert!(record.available(free - 1) < cost, "{free} is not the first");
             }
+        }
+
+        /// A reading older than the answer, which a thread took before another recorded the
+        /// answer, sees what the answer said and nothing come back since, and a call that does
+        /// not fit is told the instant a reading at the answer is told; never a panic.
+        #[test]
+        fn a_reading_older_than_the_answer_sees_nothing_come_back(
+            remaining in 0..2_000u64,
+            limit in prop::option::of(0..20_000u64),
+            resets_in in 1..20_000_000_000u64,
+            at in 1u64 << 30..1u64 << 40,
+            earlier in 1..1u64 << 30,
+            cost in 0..30_000u64,
+        ) {
+            let quota = TokenQuota { remaining, limit, resets_in: Duration::from_nanos(resets_in) };
+            let record = TokenRecord::new(quota, at, 0, 0);
+            let stale = at - earlier;
+            prop_assert_eq!(record.available(stale), record.available(at));
+            let told = if record.available(at) >= cost { stale } else { record.free_at(at, cost) };
+            prop_assert_eq!(record.free_at(stale, cost), told);
         }
     }
 }
