@@ -207,8 +207,11 @@ fn ratelimit_header(
             continue;
         };
         if matches!(p.settle, Settle::Held) {
-            // Slots, not a rate: what is left, and no time.
-            push_item(&mut value, &p.sf_name, &[("r", decision.remaining)]);
+            // Slots, not a rate: what is left, and no time; on a refusal, only when it refused
+            // (a slot it granted went back).
+            if !(refused && decision.allowed) {
+                push_item(&mut value, &p.sf_name, &[("r", decision.remaining)]);
+            }
         } else if let Some((r, t)) = service_limit(&quota(i), decision, refused) {
             push_item(&mut value, &p.sf_name, &[("r", r), ("t", t)]);
         }

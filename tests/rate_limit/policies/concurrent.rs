@@ -216,3 +216,30 @@ fn a_hold_without_wrap_body_is_refused_when_the_layer_is_applied() {
     let policy = Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap();
     let _ = RateLimitLayer::new(policy).layer(handler(Arc::new(Semaphore::new(0))));
 }
+
+/// A request refused by another policy gave its slot back: the refusal's `RateLimit` lists the
+/// policy that refused and leaves the concurrent one out (its slot count is the one the previous
+/// answer told), as it leaves out a rate policy that admitted.
+#[tokio::test]
+async fn a_refusal_by_another_policy_leaves_the_slots_out_of_ratelimit() {
+    use http::HeaderValue;
+    use tower_bulwark::{KeyedRateLimiter, Quota};
+    let tokens = KeyedRateLimiter::<HeaderValue>::new(Quota::per_minute(100).unwrap());
+    let policies = Policy::new("tokens", HeaderKey::new("x-tenant").unwrap(), tokens)
+        .unwrap()
+        .cost(100)
+        .and(Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap());
+    let service = RateLimitLayer::new(policies)
+        .wrap_body()
+        .layer(handler(Arc::new(Semaphore::new(0))));
+    let first = service.clone().oneshot(request("stream")).await.unwrap();
+    assert_eq!(
+        header(&first, "ratelimit"),
+        "\"tokens\";r=0;t=60, \"streams\";r=3"
+    );
+    let refused = service.clone().oneshot(request("stream")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let field = header(&refused, "ratelimit");
+    assert!(field.starts_with("\"tokens\";r=0;t="), "{field}");
+    assert!(!field.contains("streams"), "{field}");
+}
