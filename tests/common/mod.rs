@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // Not every test binary uses every helper.
 
+pub mod held_stream;
 pub mod listener;
 pub mod process;
 pub mod redis_server;

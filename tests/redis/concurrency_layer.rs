@@ -10,10 +10,10 @@ use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
@@ -40,50 +40,12 @@ fn held(server: &RedisServer) -> u64 {
     reply.trim_start_matches(':').parse().unwrap()
 }
 
-/// A body that sends one chunk, then holds until `ends` has a permit for it (or fails after
-/// its chunk, for `cut`).
-fn held_body(ends: Arc<Semaphore>, cut: bool) -> Body {
-    let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("a")) });
-    let rest = futures::stream::once(async move {
-        if cut {
-            return Err(std::io::Error::other("cut"));
-        }
-        ends.acquire().await.unwrap().forget();
-        Ok(Bytes::from("b"))
-    });
-    Body::from_stream(futures::StreamExt::chain(first, rest))
+/// A body that sends `a`, then holds until `ends` lets it send `b`.
+fn held_body(ends: Arc<Semaphore>) -> Body {
+    crate::common::held_stream::held_body(ends, Bytes::from("a"), Bytes::from("b"), false)
 }
 
-/// A request of tenant `t` saying how the handler answers it.
-fn request(how: &str) -> Request<Body> {
-    Request::builder()
-        .uri("/stream")
-        .header("x-tenant", "t")
-        .header("x-how", how)
-        .body(Body::empty())
-        .unwrap()
-}
-
-/// A handler that streams a held body; `x-how: fail` fails, `cut` sends a body that fails,
-/// `panic` panics, `hang` never answers.
-fn handler(
-    ends: Arc<Semaphore>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
-{
-    service_fn(move |request: Request<Body>| {
-        let ends = Arc::clone(&ends);
-        async move {
-            let how = request.headers()["x-how"].to_str().unwrap().to_owned();
-            match how.as_str() {
-                "fail" => return Err(std::io::Error::other("the upstream is gone")),
-                "panic" => panic!("a handler that panics"),
-                "hang" => std::future::pending::<()>().await,
-                _ => {}
-            }
-            Ok(Response::new(held_body(ends, how == "cut")))
-        }
-    })
-}
+use crate::common::held_stream::{plain_handler as handler, request};
 
 /// Three streams held open, then a request that ends some other way: once its give-back has
 /// reached Redis, three slots are held, not two (it freed its own slot, no other), so exactly
@@ -183,7 +145,7 @@ async fn instance(server: &RedisServer, ends: &Arc<Semaphore>) -> String {
             "/stream",
             get(move || {
                 let ends = Arc::clone(&ends);
-                async move { held_body(ends, false) }
+                async move { held_body(ends) }
             }),
         )
         .layer(RateLimitLayer::new(streams(&store)).wrap_body());

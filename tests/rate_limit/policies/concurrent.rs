@@ -4,54 +4,13 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 
-/// A request of tenant `t` saying how the handler answers it.
-fn request(how: &str) -> Request<Body> {
-    Request::builder()
-        .uri("/stream")
-        .header("x-tenant", "t")
-        .header("x-how", how)
-        .body(Body::empty())
-        .unwrap()
-}
-
-/// A handler that streams one chunk, then holds the body open until `ends` has a permit for
-/// it; `x-how: fail` fails instead of answering, `x-how: cut` sends a body that fails after a
-/// chunk, `x-how: panic` panics, `x-how: hang` never answers.
-fn handler(
-    ends: Arc<Semaphore>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
-{
-    service_fn(move |request: Request<Body>| {
-        let ends = Arc::clone(&ends);
-        async move {
-            let how = request.headers()["x-how"].to_str().unwrap().to_owned();
-            match how.as_str() {
-                "fail" => return Err(std::io::Error::other("the upstream is gone")),
-                "panic" => panic!("a handler that panics"),
-                "hang" => std::future::pending::<()>().await,
-                _ => {}
-            }
-            let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("a")) });
-            let rest = futures::stream::once(async move {
-                if how == "cut" {
-                    return Err(std::io::Error::other("cut"));
-                }
-                ends.acquire().await.unwrap().forget();
-                Ok(Bytes::from("b"))
-            });
-            Ok(Response::new(Body::from_stream(futures::StreamExt::chain(
-                first, rest,
-            ))))
-        }
-    })
-}
+use crate::common::held_stream::{plain_handler as handler, request};
 
 /// At most four streams of tenant `t` at once, over [`handler`].
 fn streams(

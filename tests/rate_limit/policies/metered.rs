@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
@@ -42,44 +42,26 @@ fn request(max: u32, used: u32, how: &str) -> Request<Body> {
         .unwrap()
 }
 
-/// An event stream that sends a first event, holds until `ends` has a permit for it, then
-/// reports its usage and ends. `x-how: fail` fails instead of answering, `cut` fails after the
-/// first event, `panic` panics, `hang` never answers, `silent` ends without reporting usage.
+/// An event stream (`crate::common::held_stream`) that sends a first event, holds until `ends`
+/// lets it end, then reports the request's `x-used` (none with `x-how: silent`) and ends.
 fn handler(
     ends: Arc<Semaphore>,
 ) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
 {
-    service_fn(move |request: Request<Body>| {
-        let ends = Arc::clone(&ends);
-        let header = |name: &str| request.headers()[name].to_str().unwrap().to_owned();
-        let (how, used) = (header("x-how"), header("x-used"));
-        async move {
-            match how.as_str() {
-                "fail" => return Err(std::io::Error::other("the upstream is gone")),
-                "panic" => panic!("a handler that panics"),
-                "hang" => std::future::pending::<()>().await,
-                _ => {}
-            }
-            let first = futures::stream::once(async {
-                Ok::<_, std::io::Error>(Bytes::from("data: {\"choices\":[]}\n\n"))
-            });
-            let rest = futures::stream::once(async move {
-                if how == "cut" {
-                    return Err(std::io::Error::other("cut"));
-                }
-                ends.acquire().await.unwrap().forget();
-                let usage = if how == "silent" {
-                    String::new()
-                } else {
-                    format!("data: {{\"usage\":{{\"total_tokens\":{used}}}}}\n\n")
-                };
-                Ok(Bytes::from(usage + "data: [DONE]\n\n"))
-            });
-            let body = Body::from_stream(futures::StreamExt::chain(first, rest));
-            Ok(Response::builder()
-                .header("content-type", "text/event-stream")
-                .body(body)
-                .unwrap())
+    crate::common::held_stream::handler(ends, |headers| {
+        let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+        let usage = if header("x-how") == "silent" {
+            String::new()
+        } else {
+            format!(
+                "data: {{\"usage\":{{\"total_tokens\":{}}}}}\n\n",
+                header("x-used")
+            )
+        };
+        crate::common::held_stream::Answer {
+            content_type: Some("text/event-stream"),
+            first: Bytes::from("data: {\"choices\":[]}\n\n"),
+            last: Bytes::from(usage + "data: [DONE]\n\n"),
         }
     })
 }

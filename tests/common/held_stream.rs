@@ -1,0 +1,87 @@
+//! A handler whose answers stream until the test lets them end, and that ends a request however
+//! the request asks (`x-how`): the one shape of service the tests of holds (concurrent slots,
+//! metered estimates, in memory and in Redis) attack.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use tokio::sync::Semaphore;
+use tower::{service_fn, Service};
+
+/// What a streamed answer sends: its `Content-Type` (if any), a first chunk at once, and a
+/// last one once the test lets the stream end.
+pub struct Answer {
+    pub content_type: Option<&'static str>,
+    pub first: Bytes,
+    pub last: Bytes,
+}
+
+/// A body that sends `first`, then holds until `ends` has a permit for it and sends `last`;
+/// with `cut`, it fails after its first chunk instead.
+pub fn held_body(ends: Arc<Semaphore>, first: Bytes, last: Bytes, cut: bool) -> Body {
+    let first = futures::stream::once(async { Ok::<_, std::io::Error>(first) });
+    let rest = futures::stream::once(async move {
+        if cut {
+            return Err(std::io::Error::other("cut"));
+        }
+        ends.acquire().await.unwrap().forget();
+        Ok(last)
+    });
+    Body::from_stream(futures::StreamExt::chain(first, rest))
+}
+
+/// A handler that answers with [`held_body`] as `answer` shapes it from the request's headers;
+/// `x-how: fail` fails instead of answering, `cut` sends a body that fails after its first
+/// chunk, `panic` panics, `hang` never answers.
+pub fn handler(
+    ends: Arc<Semaphore>,
+    answer: fn(&HeaderMap) -> Answer,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
+{
+    service_fn(move |request: Request<Body>| {
+        let ends = Arc::clone(&ends);
+        let how = request.headers()["x-how"].to_str().unwrap().to_owned();
+        let shape = answer(request.headers());
+        async move {
+            match how.as_str() {
+                "fail" => return Err(std::io::Error::other("the upstream is gone")),
+                "panic" => panic!("a handler that panics"),
+                "hang" => std::future::pending::<()>().await,
+                _ => {}
+            }
+            let body = held_body(ends, shape.first, shape.last, how == "cut");
+            let mut response = Response::new(body);
+            if let Some(content_type) = shape.content_type {
+                let value = http::HeaderValue::from_static(content_type);
+                response
+                    .headers_mut()
+                    .insert(http::header::CONTENT_TYPE, value);
+            }
+            Ok(response)
+        }
+    })
+}
+
+/// [`handler`] with the plain answer: `a`, then `b`.
+pub fn plain_handler(
+    ends: Arc<Semaphore>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
+{
+    handler(ends, |_| Answer {
+        content_type: None,
+        first: Bytes::from("a"),
+        last: Bytes::from("b"),
+    })
+}
+
+/// A request of tenant `t` (header `x-tenant`) saying how the handler answers it.
+pub fn request(how: &str) -> Request<Body> {
+    Request::builder()
+        .uri("/stream")
+        .header("x-tenant", "t")
+        .header("x-how", how)
+        .body(Body::empty())
+        .unwrap()
+}
