@@ -79,6 +79,13 @@ pub(crate) enum Taken {
         /// The lease the permits came from.
         lease: u64,
     },
+    /// An estimate a Redis key holds for a [`Metered`](crate::algorithm::Metered) admission
+    /// until it is settled: a settle or give-back names the hold.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RedisHold {
+        /// The hold's id in the key's state.
+        hold: u64,
+    },
 }
 
 /// Where in its state an admission's permits were charged: what the algorithm's refund reads
@@ -292,10 +299,12 @@ impl Decision {
     /// hash: equal tags of different decisions are possible, only unlikely among the few a gauge
     /// compares.
     pub(crate) fn tag(&self) -> u64 {
-        // A lease's admissions are told apart by their lease, as others by the instant charged.
+        // A lease's admissions are told apart by their lease, a hold's by its id, as others by
+        // the instant charged.
         let (at, tat) = match self.admission.taken {
             Taken::State(c) | Taken::RedisFailMode(c) => (c.at, c.tat),
             Taken::RedisLease { lease } => (lease, 0),
+            Taken::RedisHold { hold } => (hold, 0),
             Taken::Nothing => (0, 0),
         };
         self.admission.origin.key ^ at.rotate_left(21) ^ tat.rotate_left(42) ^ self.remaining
@@ -333,7 +342,9 @@ impl Decision {
     pub(crate) fn charged(&self) -> Charged {
         match self.admission.taken {
             Taken::State(charged) | Taken::RedisFailMode(charged) => charged,
-            Taken::Nothing | Taken::RedisLease { .. } => Charged::default(),
+            Taken::Nothing | Taken::RedisLease { .. } | Taken::RedisHold { .. } => {
+                Charged::default()
+            }
         }
     }
 

@@ -35,6 +35,18 @@ use crate::{decision::Decision, Quota};
 /// whatever ends the request (an error, a panic, a dropped body or future); a caller of the
 /// limiter itself must too. A key holding permits is never dropped as idle.
 ///
+/// In Redis (`RedisRateLimiterBuilder::algorithm`, feature `redis`) the script decides and
+/// settles as this does, with the same answers: each admission's hold is kept in the key under
+/// an id of its own (its estimate, the instant it was charged at, when it expires), and its
+/// settle names it, so settles are as exact across instances, and one whose hold is gone
+/// (settled already, or expired) gives nothing back and charges only what the request cost
+/// beyond its estimate. A hold never settled (its instance died) stands once
+/// `RedisRateLimiterBuilder::hold_for` has passed (10 minutes by default): its estimate is
+/// charged as of its admission, never more generous than its settle would have been. A key
+/// keeps at most 256 holds; a decision that finds them all taken is refused, for a second at
+/// least. While Redis cannot answer, the default fail mode decides and settles with an
+/// in-memory `Metered`.
+///
 /// [`Limiter::settle`]: crate::Limiter::settle
 /// [`Limiter::refund`]: crate::Limiter::refund
 #[derive(Clone, Copy, Debug)]

@@ -9,8 +9,6 @@ use crate::algorithm::Concurrency;
 use crate::decision::Decision;
 use crate::limiter::BoxReserve;
 #[cfg(feature = "redis")]
-use crate::limiter::Change;
-#[cfg(feature = "redis")]
 use crate::redis::RedisRateLimiterBuilder;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
@@ -71,7 +69,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.refund(key, cost, decision),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.give_back(key, decision, Change::Refund(cost)),
+            Slots::Redis(redis) => redis.give_back(key, decision, cost, 0),
         }
     }
 
@@ -79,10 +77,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.settle(key, estimate, decision, cost),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => {
-                let change = Change::settle(estimate, &decision, cost);
-                redis.give_back(key, decision, change)
-            }
+            Slots::Redis(redis) => redis.give_back(key, decision, estimate, cost),
         }
     }
 }

@@ -12,7 +12,7 @@ use super::fail_mode::Breaker;
 use super::key::KeyLayout;
 use super::limiter::Inner;
 use super::offset::ClockOffset;
-use super::script::{LimiterScript, ScriptQuota};
+use super::script::{LimiterScript, ScriptQuota, DEFAULT_HOLD_FOR};
 use super::{
     BuildError, HashTag, Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore,
 };
@@ -41,6 +41,7 @@ pub(super) struct Settings {
     quota: Quota,
     pub(super) store: RedisStore,
     script: LimiterScript,
+    hold_for: Duration,
     pub(super) prefix: Option<String>,
     pub(super) hash_tag: HashTag,
     pub(super) timeout: Duration,
@@ -67,6 +68,7 @@ impl RedisRateLimiterBuilder {
                 quota,
                 store,
                 script: LimiterScript::Gcra,
+                hold_for: DEFAULT_HOLD_FOR,
                 prefix: None,
                 hash_tag: HashTag::PerKey,
                 timeout: Duration::from_millis(100),
@@ -81,9 +83,32 @@ impl RedisRateLimiterBuilder {
     }
 
     /// Uses algorithm `A` instead of GCRA: [`FixedWindow`](crate::algorithm::FixedWindow),
-    /// [`SlidingLog`](crate::algorithm::SlidingLog) or [`SlidingCounter`](crate::algorithm::SlidingCounter).
+    /// [`SlidingLog`](crate::algorithm::SlidingLog), [`SlidingCounter`](crate::algorithm::SlidingCounter)
+    /// or [`Metered`](crate::algorithm::Metered).
     pub fn algorithm<A: RedisAlgorithm>(mut self) -> Self {
         self.settings.script = A::SCRIPT;
+        self
+    }
+
+    /// With [`Metered`](crate::algorithm::Metered) (the other algorithms hold nothing): how
+    /// long a key holds an admission's estimate that is never settled (default 10 minutes),
+    /// between a second and a day.
+    ///
+    /// Every admission holds its estimate in Redis until it is settled or given back, which
+    /// the crate's layers see to whatever ends the request. A hold still there after this long
+    /// (its instance died, its give-back never reached Redis, or the decision's reply came
+    /// after the limiter's timeout) is charged its whole estimate as of its admission, then
+    /// dropped: the estimate stands, never more generous than the settle would have been. A
+    /// live request that lasts longer loses its hold the same way; its settle, when it comes,
+    /// gives nothing back, and still charges what it cost beyond its estimate. Choose a bound
+    /// above the longest request you serve. A key keeps at most 256 holds: a decision that
+    /// finds them all taken is refused (nothing left, `retry_after` a second at least) until
+    /// one settles or expires.
+    ///
+    /// Metered limiters refuse [leases](Self::lease): an admission from a share would hold
+    /// nothing in Redis.
+    pub fn hold_for(mut self, hold_for: Duration) -> Self {
+        self.settings.hold_for = hold_for;
         self
     }
 
@@ -181,8 +206,9 @@ impl RedisRateLimiterBuilder {
     ///
     /// [`build`](Self::build) refuses leases with the sliding log (it counts each permit at
     /// the instant it was admitted, and a share is spent over a lease's length: exact only if
-    /// each permit were counted over that length too), a share of 0 or above the burst, or a
-    /// length of zero or too long for the scripts' arithmetic.
+    /// each permit were counted over that length too) and with `Metered` (an admission from a
+    /// share would hold no estimate in Redis), a share of 0 or above the burst, or a length of
+    /// zero or too long for the scripts' arithmetic.
     pub fn lease(mut self, lease: Lease) -> Self {
         self.settings.lease = Some(lease);
         self
@@ -213,12 +239,19 @@ impl RedisRateLimiterBuilder {
     ///
     /// A [`BuildError`] naming the setting that cannot work: a quota whose arithmetic would
     /// leave Lua's exact integers (see the module's limits), a prefix or fixed hash tag holding
-    /// a brace, or a zero timeout.
+    /// a brace, a zero timeout, a [`hold_for`](Self::hold_for) under a second or over a day,
+    /// or [leases](Self::lease) that cannot be exact.
     pub fn build(self) -> Result<RedisRateLimiter, BuildError> {
         let settings = self.settings;
         let script = settings.script;
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&settings.hold_for) {
+            return Err(BuildError::new(
+                "hold_for must be between a second and a day",
+            ));
+        }
         let quota = ScriptQuota::new(script, settings.quota, self.client_clock.is_some())
-            .map_err(BuildError::new)?;
+            .map_err(BuildError::new)?
+            .holding_for(settings.hold_for);
         let prefix = settings
             .prefix
             .unwrap_or_else(|| format!("bulwark:{}:", script.name()));
@@ -233,7 +266,7 @@ impl RedisRateLimiterBuilder {
         let clock = self
             .client_clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()));
-        let (fail_mode, local) = settings.fail_mode.resolved(settings.quota, &clock);
+        let (fail_mode, local) = settings.fail_mode.resolved(settings.quota, &clock, script);
         Ok(RedisRateLimiter {
             inner: Arc::new(Inner {
                 store: settings.store,

@@ -33,7 +33,7 @@ use super::{
 use crate::algorithm::Concurrency;
 use crate::clock::Clock;
 use crate::decision::{Decision, InsufficientCapacity, LimiterId, Taken};
-use crate::limiter::{BoxReserve, Change};
+use crate::limiter::BoxReserve;
 use crate::{BoxError, KeyedRateLimiter, Quota};
 
 /// What a refusal says to wait: when a slot frees is not known, so the least `Retry-After`.
@@ -164,11 +164,12 @@ impl<K> RedisSlots<K> {
         })
     }
 
-    /// Applies `change` to `decision` of `key`: what a refund or a settle gives back goes back
-    /// (a charge changes nothing: a slot has no debt). Whether the decision was this limiter's.
-    pub(crate) fn give_back(&self, key: &K, decision: Decision, change: Change) -> bool {
+    /// Settles `decision` of `key`, admitted for `estimate` slots, to `cost`: the slots beyond
+    /// `cost` go back (a refund settles to zero; a cost above the estimate changes nothing: a
+    /// slot has no debt). Whether the decision was this limiter's.
+    pub(crate) fn give_back(&self, key: &K, decision: Decision, estimate: u32, cost: u32) -> bool {
         let key = (self.redis_key)(&self.slots.keys, key);
-        self.slots.give_back(key, decision, change)
+        self.slots.give_back(key, decision, estimate, cost)
     }
 }
 
@@ -256,21 +257,28 @@ impl Slots {
     }
 
     /// See [`RedisSlots::give_back`].
-    fn give_back(self: &Arc<Self>, key: String, decision: Decision, change: Change) -> bool {
+    fn give_back(
+        self: &Arc<Self>,
+        key: String,
+        decision: Decision,
+        estimate: u32,
+        cost: u32,
+    ) -> bool {
         if !decision.allowed {
             return false;
         }
         if matches!(decision.admission.taken, Taken::RedisFailMode(_)) {
-            self.fail_mode.change(key, decision, change);
+            self.fail_mode.change(key, decision, estimate, cost);
             return true;
         }
         if !decision.is_from(self.id, fingerprint(&key)) {
             return false;
         }
-        let Change::Refund(cost) = change else {
+        // Slots have no debt: what a settle names beyond them is nothing to give back.
+        let cost = decision.refundable(estimate.saturating_sub(cost));
+        if cost == 0 {
             return true;
-        };
-        let cost = decision.refundable(cost);
+        }
         let seq = decision.charged().at;
         // The first `cost` of the slots it still holds leave the live ones, at once.
         let released = {
@@ -454,7 +462,7 @@ impl Drop for Acquire {
         let (slots, key, cost) = (Arc::clone(&self.slots), self.key.clone(), self.cost);
         spawn_refund(&self.key, async move {
             if let Ok(decision) = call.await {
-                slots.give_back(key, decision, Change::Refund(cost));
+                slots.give_back(key, decision, cost, 0);
             }
         });
     }

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::script::LimiterScript;
 use super::RedisFailure;
+use crate::algorithm::Metered;
 use crate::clock::{saturating_nanos, Clock};
 use crate::decision::{Decision, Taken};
-use crate::limiter::Change;
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 /// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply
@@ -19,10 +20,12 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// and logged whatever the fail mode.
 #[derive(Clone, Default)]
 pub enum RedisFailMode {
-    /// Decides with an in-memory GCRA limiter of the Redis limiter's own quota (the default),
-    /// one per limiter and its clones, keyed by the Redis key, on the limiter's clock (its
+    /// Decides with an in-memory limiter of the Redis limiter's own quota (the default), one
+    /// per limiter and its clones, keyed by the Redis key, on the limiter's clock (its
     /// [`client_clock`](super::RedisRateLimiterBuilder::client_clock), else the system clock),
-    /// following [`set_quota`](super::RedisRateLimiter::set_quota).
+    /// following [`set_quota`](super::RedisRateLimiter::set_quota): GCRA, or
+    /// [`Metered`](crate::algorithm::Metered) for a metered limiter (its admissions hold their
+    /// estimates there, and settle there, as in Redis).
     ///
     /// The bound of an outage: while Redis cannot answer, each instance admits a key at most
     /// its quota, as if it alone used it. `N` instances together admit at most `N` times the
@@ -49,7 +52,7 @@ pub enum RedisFailMode {
 type LocalLimiter = dyn Limiter<String, Future = Ready<Result<Decision, BoxError>>>;
 
 /// The local limiter of [`RedisFailMode::Local`].
-pub(crate) type DefaultLocal = KeyedRateLimiter<String, crate::algorithm::Gcra, Arc<dyn Clock>>;
+pub(crate) type DefaultLocal = Arc<LocalLimiter>;
 
 impl RedisFailMode {
     /// Decides with a local in-memory GCRA limiter of its own `quota`, for example the global
@@ -91,34 +94,37 @@ impl RedisFailMode {
         Ok(decision.of_cost(cost))
     }
 
-    /// This fail mode as a limiter of `quota` on `clock` keeps it: [`Local`](Self::Local) as the
-    /// [`Fallback`](Self::Fallback) to a local limiter of its own, which is returned too (the
-    /// limiter hands it each new quota); any other as it is.
+    /// This fail mode as a limiter of `quota` on `clock` running `script` keeps it:
+    /// [`Local`](Self::Local) as the [`Fallback`](Self::Fallback) to a local limiter of its
+    /// own (`Metered` for the metered script, else GCRA), which is returned too (the limiter
+    /// hands it each new quota); any other as it is.
     pub(crate) fn resolved(
         self,
         quota: Quota,
         clock: &Arc<dyn Clock>,
+        script: LimiterScript,
     ) -> (Self, Option<DefaultLocal>) {
-        match self {
-            Self::Local => {
-                let local = KeyedRateLimiter::<String>::builder(quota)
-                    .clock(Arc::clone(clock))
-                    .build();
-                (Self::fallback_to(local.clone()), Some(local))
-            }
-            other => (other, None),
+        if !matches!(self, Self::Local) {
+            return (self, None);
         }
+        let builder = KeyedRateLimiter::<String>::builder(quota).clock(Arc::clone(clock));
+        let local: DefaultLocal = match script {
+            LimiterScript::Metered => Arc::new(builder.algorithm::<Metered>().build()),
+            _ => Arc::new(builder.build()),
+        };
+        (Self::Fallback(Arc::clone(&local)), Some(local))
     }
 
-    /// Gives a decision that this fail mode took back to its local limiter, or settles it
-    /// there, if it has one.
-    pub(super) fn change(&self, key: String, mut decision: Decision, change: Change) {
+    /// Settles a decision that this fail mode took, admitted for `estimate` permits, to `cost`
+    /// with its local limiter, if it has one: a give-back (to zero) as its refund.
+    pub(super) fn change(&self, key: String, mut decision: Decision, estimate: u32, cost: u32) {
         if let Self::Fallback(local) = self {
             decision.admission.taken = Taken::State(decision.charged());
-            match change {
-                Change::Refund(cost) => local.refund(&key, cost, decision),
-                Change::Charge { estimate, cost } => local.settle(&key, estimate, decision, cost),
-            };
+            if cost == 0 {
+                local.refund(&key, estimate, decision);
+            } else {
+                local.settle(&key, estimate, decision, cost);
+            }
         }
     }
 }

@@ -8,7 +8,6 @@ use std::task::{ready, Context, Poll};
 
 use super::limiter::{spawn_refund, Inner};
 use crate::decision::Decision;
-use crate::limiter::Change;
 use crate::BoxError;
 
 /// The future of a [`RedisRateLimiter`](super::RedisRateLimiter) decision: ready at once for a
@@ -67,7 +66,7 @@ impl Drop for ReserveFuture {
         };
         spawn_refund(&key.clone(), async move {
             if let Ok(decision) = call.await {
-                if let Some(call) = inner.change(key, decision, Change::Refund(cost)) {
+                if let Some(call) = inner.change(key, decision, cost, 0) {
                     // Failures are counted and logged inside.
                     let _ = call.await;
                 }

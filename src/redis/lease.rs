@@ -66,6 +66,12 @@ impl Lease {
                  instant it was admitted, and a share is spent over a lease's length",
             ));
         }
+        if quota.script == LimiterScript::Metered {
+            return Err(BuildError::new(
+                "leases cannot be exact with Metered: an admission from a share holds no \
+                 estimate in Redis, so its settle could not be charged as of the admission",
+            ));
+        }
         let burst = quota.capacity;
         let max_share = self.max_share.unwrap_or((burst / 4).max(1));
         if max_share == 0 || max_share > burst {

@@ -1,10 +1,12 @@
 //! The limiter: its public face, and the decisions and refunds that go through Redis (each
 //! script call bounded in time), its fail mode or its cache of refusals.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -17,7 +19,7 @@ use super::key::{fingerprint, KeyLayout};
 use super::lease::Leases;
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
-use super::script::{Operation, ScriptQuota, MAX_NOW};
+use super::script::{LimiterScript, Operation, ScriptQuota, MAX_NOW};
 use super::{
     BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
@@ -141,7 +143,8 @@ impl RedisRateLimiter {
         let script_quota = self.params_for(&quota)?;
         self.inner.quota.store(Arc::new(script_quota));
         if let Some(local) = &self.inner.local {
-            local.set_quota(quota);
+            // An in-memory limiter takes any quota.
+            let _ = local.set_quota(quota);
         }
         if let Some(cache) = &self.inner.cache {
             cache.clear();
@@ -152,7 +155,7 @@ impl RedisRateLimiter {
     /// The script arguments for `quota`, or why it cannot run in this limiter's scripts.
     pub(crate) fn params_for(&self, quota: &Quota) -> Result<ScriptQuota, BuildError> {
         let current = self.inner.quota.load();
-        ScriptQuota::new(current.script, *quota, current.client_clock()).map_err(BuildError::new)
+        current.with_quota(*quota).map_err(BuildError::new)
     }
 
     /// What this limiter and its clones have counted since it was built: failures, refusals
@@ -258,8 +261,7 @@ impl RedisRateLimiter {
         cost: u32,
     ) -> Result<(), BoxError> {
         let redis_key = self.inner.keys.redis_key(key);
-        let change = Change::settle(estimate, &decision, cost);
-        if let Some(call) = self.inner.change(redis_key, decision, change) {
+        if let Some(call) = self.inner.change(redis_key, decision, estimate, cost) {
             call.await?;
         }
         Ok(())
@@ -281,6 +283,12 @@ impl Inner {
         // The caller is answered when the limiter's timeout or the connection's runs out.
         let longest_wait = saturating_nanos(self.store.longest_wait(self.timeout));
         let answered_by = self.clock.now().saturating_add(longest_wait);
+        // A metered admission holds its estimate under an id of its own, however its call goes
+        // (alone, or in a batch with others on the key).
+        let hold = match quota.script {
+            LimiterScript::Metered => next_hold(),
+            _ => 0,
+        };
         let asked = self.bounded(quota, &key, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
@@ -289,7 +297,11 @@ impl Inner {
                 // Before any reply, a deadline already past: the script answers at once with
                 // the server's time and changes nothing (see `offset`).
                 let deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
-                let operation = Operation::Decide { max_wait, deadline };
+                let operation = Operation::Decide {
+                    max_wait,
+                    deadline,
+                    hold,
+                };
                 match self.run_script(quota, &key, operation, cost).await? {
                     Reply::Decision(decision, _) => return Ok(decision),
                     Reply::Late(_) => {}
@@ -303,8 +315,12 @@ impl Inner {
             Err(RedisFailure::Late)
         });
         match asked.await {
-            Ok(decision) => {
+            Ok(mut decision) => {
                 self.cache_refusal(&key, cost, &decision);
+                if hold != 0 && decision.allowed {
+                    decision.admission.taken = Taken::RedisHold { hold };
+                    decision = decision.holding();
+                }
                 Ok(self.stamp(decision, &key, cost))
             }
             Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
@@ -346,11 +362,14 @@ impl Inner {
                 || decision.is_from(self.store.id, fingerprint(key)))
     }
 
-    /// Gives `decision` back, or settles it (see [`Change`]). At once, a cached refusal of `key`
-    /// is forgotten (its permits came back), a fail mode's decision goes to the local limiter
-    /// and a lease's to its share; what Redis must still be told is returned as a call to send,
-    /// exactly once. A decision that Redis made for another key, or through another store,
-    /// gives nothing back (see [`takes_back`](Self::takes_back)).
+    /// Settles `decision`, admitted for `estimate` permits, to `cost` (a give-back settles to
+    /// zero). At once, a cached refusal of `key` is forgotten (its permits came back), a fail
+    /// mode's decision goes to the local limiter and a lease's to its share; what Redis must
+    /// still be told is returned as a call to send, exactly once: a [`Metered`] hold's settle,
+    /// or the [`Change`] of the other scripts. A decision that Redis made for another key, or
+    /// through another store, gives nothing back (see [`takes_back`](Self::takes_back)).
+    ///
+    /// [`Metered`]: crate::algorithm::Metered
     ///
     /// The call tells the script the instant the permits were charged at and the state the
     /// admission left (GCRA gives back only while the key's TAT is still that one), with the
@@ -365,13 +384,22 @@ impl Inner {
         self: &Arc<Self>,
         key: String,
         decision: Decision,
-        mut change: Change,
+        estimate: u32,
+        cost: u32,
     ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
         if !self.takes_back(&key, &decision) {
             return None;
         }
-        if matches!(change, Change::Charge { estimate, cost } if cost <= estimate) {
-            // Settled to its estimate: nothing changes.
+        let mut change = Change::settle(estimate, &decision, cost);
+        let hold = match decision.admission.taken {
+            Taken::RedisHold { hold } => Some(hold),
+            _ => None,
+        };
+        if !decision.holds()
+            && matches!(change, Change::Charge { estimate, cost } if cost <= estimate)
+        {
+            // Settled to its estimate: nothing changes (a held estimate is still released, in
+            // Redis or by a fail mode's local limiter).
             return None;
         }
         if let Some(cache) = &self.cache {
@@ -379,7 +407,7 @@ impl Inner {
         }
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
-                self.fail_mode.change(key, decision, change);
+                self.fail_mode.change(key, decision, estimate, cost);
                 return None;
             }
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
@@ -415,9 +443,14 @@ impl Inner {
         let inner = Arc::clone(self);
         Some(async move {
             let quota = inner.quota.load_full();
-            let (operation, cost) = match change {
-                Change::Refund(cost) => (refund, decision.refundable(cost)),
-                Change::Charge { estimate, cost } => {
+            let (operation, cost) = match (hold, change) {
+                // The hold is released and `cost` charged, in the script (`metered.lua`).
+                (Some(hold), _) => {
+                    let estimate = decision.refundable(estimate);
+                    (Operation::Settle { hold, estimate }, cost)
+                }
+                (None, Change::Refund(cost)) => (refund, decision.refundable(cost)),
+                (None, Change::Charge { estimate, cost }) => {
                     let debt = cost.min(quota.capacity).saturating_sub(estimate);
                     (Operation::Charge, debt)
                 }
@@ -489,6 +522,17 @@ impl Inner {
     }
 }
 
+/// The id of the next [`Metered`](crate::algorithm::Metered) hold this process makes: a random
+/// start, then an odd step, which visits every id before it repeats. Ids stay within Lua's exact
+/// integers and are never 0 (no hold); two processes' holds on one key meet with a chance of
+/// about one in 2^53 per pair.
+fn next_hold() -> u64 {
+    static NEXT: LazyLock<AtomicU64> =
+        LazyLock::new(|| AtomicU64::new(RandomState::new().hash_one(0u8)));
+    let id = NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    (id & ((1 << 53) - 1)).max(1)
+}
+
 /// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
 /// not given back.
 pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
@@ -536,25 +580,35 @@ impl<K: RedisKey> Limiter<K> for RedisRateLimiter {
         self.decision(key, cost, true)
     }
 
+    /// A settle to zero.
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        self.send(key, decision, Change::Refund(cost))
+        self.send(key, decision, cost, 0)
     }
 
     /// A charge is one more script call, sent as a refund is: see [`Limiter::settle`].
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        let change = Change::settle(estimate, &decision, cost);
-        self.send(key, decision, change)
+        self.send(key, decision, estimate, cost)
     }
 }
 
 impl RedisRateLimiter {
-    /// Applies `change` to `decision`, sending what Redis must be told from a spawned task.
-    fn send<K: RedisKey + ?Sized>(&self, key: &K, decision: Decision, change: Change) -> bool {
+    /// Settles `decision` of `estimate` permits to `cost`, sending what Redis must be told from
+    /// a spawned task.
+    fn send<K: RedisKey + ?Sized>(
+        &self,
+        key: &K,
+        decision: Decision,
+        estimate: u32,
+        cost: u32,
+    ) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
         if !self.inner.takes_back(&redis_key, &decision) {
             return false;
         }
-        if let Some(call) = self.inner.change(redis_key.clone(), decision, change) {
+        if let Some(call) = self
+            .inner
+            .change(redis_key.clone(), decision, estimate, cost)
+        {
             // Failures are counted and logged inside; nothing waits for the outcome.
             spawn_refund(&redis_key, async move {
                 let _ = call.await;

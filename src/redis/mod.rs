@@ -1,7 +1,7 @@
 //! Limiter state in Redis (or Valkey): one quota across every instance of a service.
 //!
 //! The in-memory limiters limit per process; with N replicas behind a load balancer a quota of 10
-//! becomes up to 10·N. A [`RedisRateLimiter`] keeps the state of the same four algorithms in
+//! becomes up to 10·N. A [`RedisRateLimiter`] keeps the state of the same algorithms in
 //! Redis instead, so every instance that shares the Redis draws from one budget per key. It is a
 //! [`Limiter`](crate::Limiter) like the others, so a [`RateLimitLayer`](crate::RateLimitLayer) takes it as it is.
 //!

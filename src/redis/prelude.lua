@@ -8,12 +8,12 @@
 -- ARGV[1] operation: 'd' decide, 'r' refund, 'c' charge (a forced admission: what a settled
 --         request cost beyond its estimate; never refused, debt beyond what is left), 'l'
 --         lease (a share of the permits that an instance admits from without asking), 'e' end
---         a lease (its unused permits go back)
+--         a lease (its unused permits go back), 's' settle a metered hold (`metered.lua`)
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits
 -- ARGV[5] decide: longest wait a caller accepts; refund: instant the admission was charged at;
---         charge and give back: 0; lease: how long Redis keeps the lease
+--         charge and give back: 0; lease: how long Redis keeps the lease; settle: the estimate
 -- ARGV[6] milliseconds added to every expiry: 0 with the server's TIME; with a client clock,
 --         whose pace need not match the server's, a margin so no state expires while it matters
 -- ARGV[7] deadline in the server's TIME (microseconds), or '' for none: a script that runs

@@ -4,10 +4,12 @@
 //! describes its own arguments and the state it keeps.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use crate::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog};
+use crate::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
+use crate::clock::saturating_nanos;
 use crate::Quota;
 
 /// The largest tick count a script may see: the arithmetic stays exact in Lua's doubles (53 bits)
@@ -21,6 +23,10 @@ pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
 
 /// The largest `now` a script may be given, in ticks.
 pub(crate) const MAX_NOW: u64 = 1 << 52;
+
+/// How long a [`Metered`] key holds an estimate that is never settled, unless the builder says
+/// otherwise ([`hold_for`](super::RedisRateLimiterBuilder::hold_for)).
+pub(crate) const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(600);
 
 /// The script of an algorithm and its batch script: several decisions on one key in one call,
 /// each run by the algorithm's own script, in order, as if it were called alone (its `ARGV` is a
@@ -55,6 +61,7 @@ mod sealed {
         FixedWindow,
         SlidingLog,
         SlidingCounter,
+        Metered,
     }
 
     /// Keeps [`RedisAlgorithm`](super::RedisAlgorithm) to the crate's own algorithms.
@@ -69,8 +76,9 @@ pub(crate) use sealed::LimiterScript;
 
 /// An algorithm of the crate that also runs in Redis, as one Lua script.
 ///
-/// Implemented for [`Gcra`], [`FixedWindow`], [`SlidingLog`] and [`SlidingCounter`]; it cannot be
-/// implemented outside the crate, since every script must match its in-memory twin exactly.
+/// Implemented for [`Gcra`], [`FixedWindow`], [`SlidingLog`], [`SlidingCounter`] and
+/// [`Metered`]; it cannot be implemented outside the crate, since every script must match its
+/// in-memory twin exactly.
 pub trait RedisAlgorithm: Algorithm + sealed::Sealed {}
 
 macro_rules! redis_algorithms {
@@ -82,23 +90,30 @@ macro_rules! redis_algorithms {
     )*};
 }
 
-redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter);
+redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter, Metered);
 
 impl LimiterScript {
     /// The script and the batch script (see [`scripts!`]), by the enum's order.
     fn scripts(self) -> &'static (LazyLock<Script>, LazyLock<Script>) {
-        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 4] = [
+        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 5] = [
             scripts!("gcra.lua"),
             scripts!("fixed_window.lua"),
             scripts!("sliding_log.lua"),
             scripts!("sliding_counter.lua"),
+            scripts!("metered.lua"),
         ];
         &SCRIPTS[self as usize]
     }
 
     /// The name used in the default key prefix and in logs, by the enum's order.
     pub(crate) fn name(self) -> &'static str {
-        ["gcra", "fixed_window", "sliding_log", "sliding_counter"][self as usize]
+        [
+            "gcra",
+            "fixed_window",
+            "sliding_log",
+            "sliding_counter",
+            "metered",
+        ][self as usize]
     }
 }
 
@@ -106,8 +121,13 @@ impl LimiterScript {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Operation {
     /// A decision that waits at most `max_wait` ticks for a reservation. A script that runs after
-    /// `deadline` (the server's `TIME`, microseconds) changes nothing and answers "late".
-    Decide { max_wait: u64, deadline: u64 },
+    /// `deadline` (the server's `TIME`, microseconds) changes nothing and answers "late". For
+    /// [`Metered`], `hold` is the id its admission's hold takes (0 for the other scripts).
+    Decide {
+        max_wait: u64,
+        deadline: u64,
+        hold: u64,
+    },
     /// Giving back an admission whose permits were charged at `charged_at`, which left the key
     /// at `left` (GCRA's TAT, zero for the other algorithms) and which `reserved` a later
     /// instant. A refund has no deadline.
@@ -131,6 +151,9 @@ pub(crate) enum Operation {
     },
     /// The lease `id` comes back with `unused` permits.
     EndLease { id: u64, unused: u32 },
+    /// The [`Metered`] hold `hold` of `estimate` permits settles to the call's cost. A settle
+    /// has no deadline, as a refund has none.
+    Settle { hold: u64, estimate: u32 },
 }
 
 /// A quota and the arguments a script takes for it, in the ticks the script works in.
@@ -142,7 +165,8 @@ pub(crate) struct ScriptQuota {
     pub(crate) tick_nanos: u64,
     /// Milliseconds added to every key expiry (see [`CLIENT_CLOCK_TTL_MARGIN_MS`]).
     ttl_margin_ms: u64,
-    /// The algorithm's own arguments (ARGV[8..]).
+    /// The algorithm's own arguments (ARGV[8..]); for [`Metered`], the last is how long a hold
+    /// lasts.
     args: Vec<u64>,
     /// The quota's `max_wait`, in ticks, rounded down (never wait longer than allowed).
     pub(crate) max_wait: u64,
@@ -170,7 +194,7 @@ impl ScriptQuota {
             return Err("the quota's max_wait is too long for the redis store");
         }
         let (args, limit, capacity) = match script {
-            LimiterScript::Gcra => {
+            LimiterScript::Gcra | LimiterScript::Metered => {
                 let interval = quota
                     .period_nanos()
                     .div_ceil(permits.saturating_mul(tick_nanos));
@@ -182,7 +206,11 @@ impl ScriptQuota {
                     );
                 }
                 let limit = u64::from(burst);
-                (vec![interval, horizon, limit], limit, burst)
+                let mut args = vec![interval, horizon, limit];
+                if script == LimiterScript::Metered {
+                    args.push(saturating_nanos(DEFAULT_HOLD_FOR) / tick_nanos);
+                }
+                (args, limit, burst)
             }
             LimiterScript::FixedWindow | LimiterScript::SlidingLog => {
                 if period > MAX_TICKS {
@@ -214,6 +242,25 @@ impl ScriptQuota {
             limit,
             capacity,
         })
+    }
+
+    /// The arguments for `quota` on the same script and clock, [`Metered`] holds lasting as
+    /// long: what a `set_quota` sends from then on, or why `quota` cannot run in the scripts.
+    pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, &'static str> {
+        let mut next = Self::new(self.script, quota, self.client_clock())?;
+        if self.script == LimiterScript::Metered {
+            next.args[3] = self.args[3];
+        }
+        Ok(next)
+    }
+
+    /// These arguments with the holds of [`Metered`] lasting `hold_for`, rounded up to a tick
+    /// (the builder checks the bounds); the other scripts hold nothing.
+    pub(crate) fn holding_for(mut self, hold_for: Duration) -> Self {
+        if self.script == LimiterScript::Metered {
+            self.args[3] = saturating_nanos(hold_for).div_ceil(self.tick_nanos);
+        }
+        self
     }
 
     /// What each permit of a GCRA admission is charged (the emission interval, in ticks); zero
@@ -263,15 +310,17 @@ impl ScriptQuota {
         let mut invocation = self.script.scripts().1.prepare_invoke();
         invocation.key(key);
         for (quota, operation, now, cost) in decisions {
-            invocation.arg(quota.decide_args());
+            invocation.arg(quota.decide_args(operation));
             quota.push_args(&mut invocation, operation, now, cost);
         }
         invocation
     }
 
-    /// How many arguments a decision takes: the prelude's seven and the algorithm's own.
-    fn decide_args(&self) -> usize {
-        7 + self.args.len()
+    /// How many arguments a decision takes: the prelude's seven, the algorithm's own, and the
+    /// id of a [`Metered`] hold.
+    fn decide_args(&self, operation: Operation) -> usize {
+        let hold = matches!(operation, Operation::Decide { hold, .. } if hold != 0);
+        7 + self.args.len() + usize::from(hold)
     }
 
     /// The arguments of `operation` in the order `prelude.lua` reads them.
@@ -284,7 +333,15 @@ impl ScriptQuota {
     ) {
         // The operation, ARGV[5], the deadline, and the arguments after the algorithm's own.
         let (op, arg5, deadline, tail) = match operation {
-            Operation::Decide { max_wait, deadline } => ("d", max_wait, Some(deadline), &[][..]),
+            Operation::Decide {
+                max_wait,
+                deadline,
+                hold,
+            } => {
+                // A metered decision names its hold; the others have no tail.
+                let has_hold = usize::from(hold != 0);
+                ("d", max_wait, Some(deadline), &[hold][..has_hold])
+            }
             // '1': the admission waited; '0': it was admitted at once.
             Operation::Refund {
                 charged_at,
@@ -306,6 +363,7 @@ impl ScriptQuota {
                 &[wanted.into(), id, back, unused.into()][..],
             ),
             Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),
+            Operation::Settle { hold, estimate } => ("s", estimate.into(), None, &[hold][..]),
         };
         let text = |n: Option<u64>| n.map_or_else(String::new, |n| n.to_string());
         invocation

@@ -1,6 +1,8 @@
 //! One suite, two stores: the same sequences of requests against the in-memory limiter and the
 //! Redis limiter, on one manual clock, must give the same decisions, field for field, refunds
-//! included: of reservations and of immediate admissions, at once (a veto) or later.
+//! included: of reservations and of immediate admissions, at once (a veto) or later. `Metered`'s
+//! admissions name their hold in Redis and their state in memory: what they tell the client is
+//! compared, and the decisions after each settle say whether the settles agreed.
 
 use crate::common::waits_up_to;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use crate::common::redis_server::RedisServer;
 use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
-    algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
+    algorithm::{FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog},
     clock::ManualClock,
     limiter::Decision,
     KeyedRateLimiter, Limiter, Quota,
@@ -72,11 +74,21 @@ async fn run<A: RedisAlgorithm>(
         .prefix(format!("conf:{seed}:"))
         .refusal_cache_capacity(0)
         .timeout(Duration::from_secs(5))
+        // No metered hold expires in a sequence: memory has no such bound.
+        .hold_for(Duration::from_secs(86_400))
         .build()
         .unwrap();
-    let capacity = match std::any::type_name::<A>() {
-        name if name.ends_with("Gcra") => quota.burst(),
+    let name = std::any::type_name::<A>();
+    let capacity = match name {
+        name if name.ends_with("Gcra") || name.ends_with("Metered") => quota.burst(),
         _ => quota.permits(),
+    };
+    let same = |m: &Decision, r: &Decision, context: &str| {
+        if name.ends_with("Metered") {
+            assert_eq!(says(m), says(r), "memory vs redis: {context}");
+        } else {
+            assert_eq!(m, r, "memory vs redis: {context}");
+        }
     };
     let period = u64::try_from(quota.period().as_nanos()).unwrap();
     // Both limiters count from the clock's zero (the in-memory one from its creation).
@@ -125,7 +137,7 @@ async fn run<A: RedisAlgorithm>(
                 let cost = 1 + rng.below(u64::from(capacity.min(3))) as u32;
                 let m = memory.reserve(&key, cost).await.unwrap();
                 let r = redis.reserve(&key, cost).await.unwrap();
-                assert_eq!(m, r, "memory vs redis: {context}, vetoed cost {cost}");
+                same(&m, &r, &format!("{context}, vetoed cost {cost}"));
                 if m.allowed {
                     seen.vetoes += 1;
                     memory.refund(&key, cost, m);
@@ -143,7 +155,7 @@ async fn run<A: RedisAlgorithm>(
                     let r = redis.reserve(&key, cost).await.unwrap();
                     (m, r)
                 };
-                assert_eq!(m, r, "memory vs redis: {context}, cost {cost}");
+                same(&m, &r, &format!("{context}, cost {cost}"));
                 if !m.wait.is_zero() {
                     seen.reservations += 1;
                 }
@@ -154,6 +166,20 @@ async fn run<A: RedisAlgorithm>(
         }
     }
     seen
+}
+
+/// What a decision tells its client.
+fn says(d: &Decision) -> (bool, u64, u64, Duration, Duration, Duration) {
+    let Decision {
+        allowed,
+        limit,
+        remaining,
+        retry_after,
+        reset_after,
+        wait,
+        ..
+    } = *d;
+    (allowed, limit, remaining, retry_after, reset_after, wait)
 }
 
 async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
@@ -212,6 +238,16 @@ async fn sliding_log_in_redis_decides_as_in_memory() {
         return;
     };
     conform::<SlidingLog>(&store, 3).await;
+}
+
+#[tokio::test]
+async fn metered_in_redis_decides_and_settles_as_in_memory() {
+    let Some((_server, store)) =
+        RedisServer::with_store("metered_in_redis_decides_as_in_memory").await
+    else {
+        return;
+    };
+    conform::<Metered>(&store, 5).await;
 }
 
 #[tokio::test]

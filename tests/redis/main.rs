@@ -36,6 +36,10 @@ mod lease_hostile;
 #[cfg(feature = "redis")]
 mod lease_windows;
 #[cfg(feature = "redis")]
+mod metered;
+#[cfg(all(feature = "redis", feature = "axum"))]
+mod metered_layer;
+#[cfg(feature = "redis")]
 mod outage;
 #[cfg(feature = "redis")]
 mod refund;
