@@ -12,7 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::head::RequestHead;
 
 /// The guarantee of `Critical` by default: the share of the limit lower classes never take.
-pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.5;
+pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.6;
 /// The guarantee of `Default` by default: the share of the limit `Sheddable` never takes.
 pub const DEFAULT_DEFAULT_GUARANTEE: f64 = 0.1;
 
@@ -120,7 +120,7 @@ impl OverloadBuilder {
     }
 
     /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
-    /// take it (defaults: 0.5 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
+    /// take it (defaults: 0.6 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
     /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
     pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, OverloadConfigError> {
         let what = "at least 0 and below 1";

@@ -73,7 +73,7 @@
 //! * [`Gradient`](crate::bulkhead::adaptive::Gradient) with its defaults: a tolerance of 1.1
 //!   times the baseline latency, so the lower classes are kept near the service's capacity.
 //! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16.
-//! * Guarantees: half of the limit for `Critical`
+//! * Guarantees: 0.6 of the limit for `Critical`
 //!   ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth for `Default`
 //!   ([`DEFAULT_DEFAULT_GUARANTEE`]).
 //! * No queue; every request is `Default`.
