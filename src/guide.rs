@@ -256,6 +256,32 @@
 //! held. How the defaults do against a dependency whose capacity changes is measured by
 //! `examples/adaptive.rs` (see `BENCHMARKS.md`).
 
+//! # Overload protection
+//!
+//! [`Overload`](crate::overload::Overload) (feature `adaptive`) keeps the requests in flight of a
+//! whole service at one adaptive limit and sheds the lowest class first
+//! (`tests/overload/`):
+//!
+//! * **Ceilings.** A request of a class is admitted only while the requests in flight, all
+//!   classes together and it excluded, are below its class's ceiling: the limit for `Critical`,
+//!   the limit less the guarantees of the classes above for the others. With the limit fixed at
+//!   10 and a guarantee of 0.2 for `Critical`, forty racing requests of each class, twenty times
+//!   over, never give the lower classes more than 8 together, and `Critical` its 2 whatever the
+//!   flood (`classes.rs`).
+//! * **A shed request spends nothing.** It never reaches the inner service, and is answered at
+//!   once: `503` with `Retry-After` (the latency's slow average in whole seconds, at least 1) and
+//!   a problem+json body, or gRPC `UNAVAILABLE` with the same delay (`answers.rs`); a queued one
+//!   after at most `max_wait` (`queue.rs`, on tokio's paused clock).
+//! * **The limit follows latency.** With the default delay-based `Gradient`, a service whose
+//!   latency triples brings the limit below half of what it was, and latency back at its
+//!   baseline brings it up again (`limit.rs`, on a manual clock). A request that fails gives no
+//!   sample.
+//! * **One permit, given back once.** Whatever ends a request (its body read, failed or dropped
+//!   half way, an error, a panic, its future dropped before its first poll, in the queue, after
+//!   it was granted a place but before it woke, or while the service runs), the requests in
+//!   flight come back to zero, never below: `cancellation.rs`, with 400 requests cancelled at
+//!   random points.
+//!
 //! # Outbound: pushback and client quotas
 //!
 //! [`Pushback`](crate::outbound::Pushback) obeys what a dependency says;

@@ -57,6 +57,8 @@
 //!   when the dependency says so (`Retry-After`, `RateLimit` headers), and
 //!   [`ClientQuotaLayer`](outbound::ClientQuotaLayer) keeps to a quota of your own for it (in
 //!   memory or Redis).
+//! * `overload` (feature `adaptive`): protects the service itself, one limit of requests in
+//!   flight that follows its latency, shedding the least important requests first (`503`).
 //! * [`clock`]: time is injected; tests move a [`ManualClock`](clock::ManualClock) by hand and
 //!   never sleep. [`observe`]: metric and event names. `config` (feature `config`): named
 //!   instances and routes from a TOML file, reloadable.
@@ -76,6 +78,9 @@ pub mod head;
 pub mod limiter;
 pub mod observe;
 pub mod outbound;
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub mod overload;
 mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]

@@ -34,12 +34,17 @@
 //! | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the fields of the quota that binds (`RateLimit`, or `X-RateLimit-Remaining` with `-Reset`); an answer saying both counts under each |
 //! | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
 //! | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
-//!
+//! | `bulwark_overload_limit` | gauge | `name` | an overload protection's limit of requests in flight (feature `adaptive`) |
+//! | `bulwark_overload_in_flight` | gauge | `name` | requests it holds in flight, until their bodies end |
+//! | `bulwark_overload_queue_depth` | gauge | `name` | requests waiting in its queue |
+//! | `bulwark_overload_requests_total` | counter | `name`, `outcome` = `admitted` \| `shed`, `priority` = `critical` \| `default` \| `sheddable` | requests admitted (at once or from the queue) and shed, by class |//!
 //! Counters and the histogram are recorded as events happen. Gauges are set from each
 //! instance's state when `config::Registry::publish_gauges` (feature `config`)
 //! runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
 //! The store failure counter and the lease counters are also brought up to date by
 //! `publish_gauges`, from the Redis limiter's own counts.
+//!
+//! An overload protection sets its gauges as its state changes.
 //!
 //! Pushbacks and client quotas record whether built by hand or from a config file; a pushback's
 //! gauge is set by `outbound::Pushback::publish_gauges` (feature `metrics`)
@@ -98,6 +103,14 @@ pub(crate) mod metric_names {
     /// Counter: calls through a client quota, label `outcome` = `admitted` | `waited` |
     /// `refused` | `failed`.
     pub(crate) const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
+    /// Gauge: an overload protection's limit.
+    pub(crate) const OVERLOAD_LIMIT: &str = "bulwark_overload_limit";
+    /// Gauge: requests in flight under an overload protection.
+    pub(crate) const OVERLOAD_IN_FLIGHT: &str = "bulwark_overload_in_flight";
+    /// Gauge: requests waiting in an overload protection's queue.
+    pub(crate) const OVERLOAD_QUEUE: &str = "bulwark_overload_queue_depth";
+    /// Counter: requests by outcome (`admitted` | `shed`) and `priority`.
+    pub(crate) const OVERLOAD_REQUESTS: &str = "bulwark_overload_requests_total";
 }
 
 /// A point-in-time view of an observed rate limiter.

@@ -280,6 +280,20 @@ fn status_of(code: Code, message: String, retry_after: Option<Duration>) -> toni
     status
 }
 
+/// The trailers-only gRPC answer of [`status_of`]`(code, message, retry_after)` (HTTP 200, the
+/// status in the headers): how the overload protection answers a call it sheds.
+#[cfg(feature = "adaptive")]
+pub(crate) fn status_response(
+    code: Code,
+    message: String,
+    retry_after: Option<Duration>,
+) -> Response<Bytes> {
+    let mut response = status_of(code, message, retry_after).into_http::<Bytes>();
+    // The status itself, which tonic keeps in the extensions, is not the layer's to hand on.
+    response.extensions_mut().clear();
+    response
+}
+
 /// The gRPC status of an error of the crate's (a full bulkhead, a spent client quota, a call
 /// held for a dependency), built the first time tonic looks for it among the error's sources,
 /// so that an error no gRPC client sees costs nothing more. A clone starts without it.

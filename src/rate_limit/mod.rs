@@ -186,6 +186,8 @@ pub(crate) use self::policy::{check_name as check_policy_name, Shadow};
 pub use self::policy::{Policy, PolicyError};
 #[cfg(feature = "config")]
 pub(crate) use self::problem::json_string;
+#[cfg(feature = "adaptive")]
+pub(crate) use self::problem::problem_response;
 pub use self::problem::QUOTA_EXCEEDED;
 pub use self::refusal::Refusal;
 pub use self::service::RateLimitService;

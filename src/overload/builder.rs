@@ -1,0 +1,249 @@
+//! The handle of one overload protection, its builder, and the error of a bad setting.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::service::OverloadLayer;
+use super::state::{PriorityBy, QueueSettings, Shared};
+use super::Priority;
+use crate::bulkhead::adaptive::{Gradient, LimitAlgorithm, Limits};
+use crate::clock::{Clock, SystemClock};
+use crate::head::RequestHead;
+
+/// The guarantee of `Critical` by default: the share of the limit lower classes never take.
+pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.6;
+/// The guarantee of `Default` by default: the share of the limit `Sheddable` never takes.
+pub const DEFAULT_DEFAULT_GUARANTEE: f64 = 0.1;
+
+/// A named overload protection: one adaptive limit of requests in flight for a whole service,
+/// shared by every clone and every service made from it. See the [module docs](super).
+#[derive(Clone)]
+pub struct Overload {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Overload {
+    /// A builder for a protection named `name`, with the defaults the [module
+    /// docs](super#defaults) give.
+    pub fn builder(name: impl Into<Arc<str>>) -> OverloadBuilder {
+        let mut guarantees = [0.0; 3];
+        guarantees[Priority::Critical.index()] = DEFAULT_CRITICAL_GUARANTEE;
+        guarantees[Priority::Default.index()] = DEFAULT_DEFAULT_GUARANTEE;
+        OverloadBuilder {
+            name: name.into(),
+            limits: default_limits(),
+            algorithm: Box::new(Gradient::default()),
+            priority_by: Box::new(|_: &RequestHead<'_>| Priority::Default),
+            guarantees,
+            queue: None,
+            clock: Box::new(SystemClock::new()),
+        }
+    }
+
+    /// The protection's name, as given to its builder.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The current limit of requests in flight, all classes together.
+    pub fn limit(&self) -> usize {
+        self.shared.limit()
+    }
+
+    /// The requests in flight now: admitted, and whose response body has not ended.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight()
+    }
+
+    /// The most requests in flight, all classes together, under which a request of `class` is
+    /// admitted while the limit is what it is now.
+    pub fn ceiling(&self, class: Priority) -> usize {
+        self.shared.ceiling(class, self.limit())
+    }
+
+    /// A layer for HTTP services (axum routers and routes among them).
+    pub fn layer(&self) -> OverloadLayer {
+        OverloadLayer {
+            overload: self.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Overload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Overload")
+            .field("name", &self.name())
+            .field("limit", &self.limit())
+            .field("in_flight", &self.in_flight())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The limits by default: from 8 to 1000, starting at 16.
+fn default_limits() -> Limits {
+    Limits::new(8, 16, 1000).unwrap_or_default()
+}
+
+/// Settings of an [`Overload`] not built yet; every method consumes and returns the builder.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct OverloadBuilder {
+    name: Arc<str>,
+    limits: Limits,
+    algorithm: Box<dyn LimitAlgorithm>,
+    priority_by: PriorityBy,
+    guarantees: [f64; 3],
+    queue: Option<QueueSettings>,
+    clock: Box<dyn Clock>,
+}
+
+impl OverloadBuilder {
+    /// The bounds and starting point of the limit (default: 8 to 1000, starting at 16).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The algorithm that moves the limit (default: [`Gradient`] with its defaults).
+    pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
+        self.algorithm = Box::new(algorithm);
+        self
+    }
+
+    /// How a request's class is found (default: every request is [`Priority::Default`]).
+    pub fn priority_by(
+        mut self,
+        priority_by: impl Fn(&RequestHead<'_>) -> Priority + Send + Sync + 'static,
+    ) -> Self {
+        self.priority_by = Box::new(priority_by);
+        self
+    }
+
+    /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
+    /// take it (defaults: 0.6 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
+    /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
+    pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, OverloadConfigError> {
+        let what = "at least 0 and below 1";
+        ensure((0.0..1.0).contains(&share), "guarantee", share, what)?;
+        let lowest = "0 for sheddable, which has no class below it";
+        ensure(
+            class != Priority::Sheddable || share == 0.0,
+            "guarantee",
+            share,
+            lowest,
+        )?;
+        self.guarantees[class.index()] = share;
+        let total: f64 = self.guarantees.iter().sum();
+        ensure(
+            total < 1.0,
+            "guarantee",
+            total,
+            "below 1 for all classes together",
+        )?;
+        Ok(self)
+    }
+
+    /// Lets a request that finds its class's ceiling reached wait, instead of being shed at once:
+    /// at most `capacity` wait, highest class first and then in arrival order, each for at most
+    /// `max_wait` (on tokio's clock). A full queue sheds its lowest-class waiter for a newcomer of
+    /// a higher class, else the newcomer. Off by default; `max_wait` at most a minute.
+    pub fn queue(
+        mut self,
+        capacity: usize,
+        max_wait: Duration,
+    ) -> Result<Self, OverloadConfigError> {
+        let ms = max_wait.as_millis();
+        ensure(
+            max_wait <= Duration::from_secs(60),
+            "max_wait",
+            format!("{ms} ms"),
+            "at most 60 s",
+        )?;
+        self.queue = Some(QueueSettings { capacity, max_wait });
+        Ok(self)
+    }
+
+    /// The clock latencies are measured with (default: [`SystemClock`]); a
+    /// [`ManualClock`](crate::clock::ManualClock) makes tests exact.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// Builds the protection.
+    pub fn build(self) -> Overload {
+        let share = |class: Priority| self.guarantees[class.index()];
+        let critical = share(Priority::Critical);
+        let mut reserved = [0.0; 3];
+        reserved[Priority::Default.index()] = critical;
+        reserved[Priority::Sheddable.index()] = critical + share(Priority::Default);
+        let shared = Shared::new(
+            self.name,
+            self.clock,
+            self.limits,
+            self.algorithm,
+            reserved,
+            self.priority_by,
+            self.queue,
+        );
+        Overload {
+            shared: Arc::new(shared),
+        }
+    }
+}
+
+impl fmt::Debug for OverloadBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadBuilder")
+            .field("name", &self.name)
+            .field("limits", &self.limits)
+            .field("guarantees", &self.guarantees)
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A setting of an [`Overload`] was out of range; the message names the setting, the value given
+/// and what was expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverloadConfigError {
+    setting: &'static str,
+    value: String,
+    expected: &'static str,
+}
+
+impl OverloadConfigError {
+    /// The name of the setting that was refused: `guarantee` or `max_wait`.
+    pub fn setting(&self) -> &str {
+        self.setting
+    }
+}
+
+impl fmt::Display for OverloadConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            setting,
+            value,
+            expected,
+        } = self;
+        write!(f, "overload: `{setting}` must be {expected}, got {value}")
+    }
+}
+
+impl std::error::Error for OverloadConfigError {}
+
+fn ensure(
+    ok: bool,
+    setting: &'static str,
+    value: impl fmt::Display,
+    expected: &'static str,
+) -> Result<(), OverloadConfigError> {
+    match ok {
+        true => Ok(()),
+        false => Err(OverloadConfigError {
+            setting,
+            value: value.to_string(),
+            expected,
+        }),
+    }
+}

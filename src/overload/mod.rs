@@ -1,0 +1,171 @@
+//! Overload protection (feature `adaptive`): one limit of requests in flight for the whole
+//! service, following its measured latency, that sheds the least important requests first.
+//!
+//! Rate limits keep each client within its quota; nothing in them stops more well-behaved
+//! traffic than the service can serve, all clients within their quotas together. Then latency
+//! grows for everyone until timeouts turn it into an outage. An [`Overload`] keeps the requests
+//! in flight at a limit that a delay-based [`LimitAlgorithm`](crate::bulkhead::adaptive::LimitAlgorithm)
+//! moves with the latency it measures, and admits by [`Priority`]: each class below `Critical`
+//! finds a lower ceiling, so when the service is full the lower classes are shed first, and a
+//! class keeps a guaranteed share of the limit that the lower ones never take.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tower_bulwark::overload::{Overload, Priority};
+//!
+//! let overload = Overload::builder("api")
+//!     .priority_by(|head| {
+//!         let value = head.headers.get("x-priority").and_then(|v| v.to_str().ok());
+//!         value.map_or(Priority::Default, Priority::from_header_value)
+//!     })
+//!     .build();
+//! let app: Router = Router::new()
+//!     .route("/work", get(|| async { "done" }))
+//!     .layer(overload.layer());
+//! # drop(app);
+//! ```
+//!
+//! # Why a layer of its own
+//!
+//! A rate-limit policy judges one client against its quota and answers `429`: the excess is the
+//! client's own. Overload judges the whole service against what it can serve now and answers
+//! `503`: the state is the service's. It needs a latency sample from every admitted request and
+//! one limit shared by all of them, which no rate-limit policy has, so it is a layer of its own,
+//! placed outside the rate limits (a request a quota refuses costs the service nothing).
+//!
+//! # Admission
+//!
+//! A request of class `c` is admitted if the requests in flight, all classes together and it
+//! excluded, are below the ceiling of `c`: the limit for [`Priority::Critical`], and for the
+//! others the limit less the guarantees of the classes above, rounded to the nearest whole
+//! request ([`OverloadBuilder::guarantee`]). With a limit of 10 and a guarantee of 0.2 for
+//! `Critical`, the lower classes never hold more than 8 together, and `Critical` always finds 2.
+//!
+//! Otherwise the request is shed at once, never reaching the inner service and spending
+//! nothing; or, with a [queue](OverloadBuilder::queue), it waits until its ceiling lets it in,
+//! highest class first, or until `max_wait` passes.
+//!
+//! A request holds its permit until its response body ends, fails or is dropped, so a streaming
+//! answer counts while it streams. The permit is given back exactly once whatever ends the
+//! request: the body's end, its failure or drop, an error of the inner service, a panic, or the
+//! response future dropped at any await (in the queue, or while the inner service runs).
+//!
+//! # The limit
+//!
+//! Each admitted request gives the algorithm one sample when its response head is ready: its
+//! latency from admission (not from arrival: time in the queue is not the service's), the
+//! requests in flight when it was admitted, and its class's ceiling then. A request whose inner
+//! service fails or panics, or whose future is dropped first, gives none. A sample "found the
+//! limit reached" when it took the last place under its class's ceiling, so the lower classes'
+//! flood is what lets a delay-based limit grow, until their latency rises above its tolerance.
+//!
+//! # Shed answers
+//!
+//! `503 Service Unavailable` with `Retry-After` and an RFC 9457 problem (`about:blank`, status
+//! 503, a `detail` naming the protection and the wait). The wait is the slow average of the
+//! admitted requests' latency (each sample moves it a sixteenth of the way), in whole seconds
+//! rounded up, at least one. A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the
+//! same wait in `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo`, as the crate's other gRPC
+//! answers give a delay.
+//!
+//! # Defaults
+//!
+//! * [`Gradient`](crate::bulkhead::adaptive::Gradient) with its defaults: a tolerance of 1.1
+//!   times the baseline latency, so the lower classes are kept near the service's capacity.
+//! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16.
+//! * Guarantees: 0.6 of the limit for `Critical`
+//!   ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth for `Default`
+//!   ([`DEFAULT_DEFAULT_GUARANTEE`]).
+//! * No queue; every request is `Default`.
+//!
+//! # Watching it
+//!
+//! [`Overload::limit`], [`Overload::in_flight`] and [`Overload::ceiling`]. With the `metrics`
+//! feature, gauges of the limit, the requests in flight and the queue, and counters of the
+//! requests admitted and shed by class (see [the metric names](crate::observe#metric-names)). A
+//! `tracing` debug event for each shed request and each move of the limit.
+
+mod answer;
+mod builder;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod service;
+mod state;
+
+pub use builder::{
+    Overload, OverloadBuilder, OverloadConfigError, DEFAULT_CRITICAL_GUARANTEE,
+    DEFAULT_DEFAULT_GUARANTEE,
+};
+pub use service::{OverloadBody, OverloadLayer, OverloadService, ResponseFuture};
+
+/// How important a request is: lower classes are shed first.
+///
+/// Ordered: `Sheddable < Default < Critical`.
+///
+/// ```
+/// use tower_bulwark::overload::Priority;
+///
+/// assert!(Priority::Critical > Priority::Default);
+/// assert_eq!(Priority::from_header_value("CRITICAL"), Priority::Critical);
+/// assert_eq!("sheddable".parse(), Ok(Priority::Sheddable));
+/// assert_eq!(Priority::from_header_value("urgent!"), Priority::Default);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Shed first: prefetching, batch work, anything retried later at no cost.
+    Sheddable,
+    /// Everything not marked otherwise.
+    #[default]
+    Default,
+    /// Shed last, with a guaranteed share of the limit: health checks, checkouts.
+    Critical,
+}
+
+impl Priority {
+    /// Every class, highest first, in the order of their indexes.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const ALL: [Priority; 3] =
+        [Priority::Critical, Priority::Default, Priority::Sheddable];
+
+    /// The class a header value names, `critical`, `default` or `sheddable` in any case;
+    /// anything else is `Default`.
+    pub fn from_header_value(value: &str) -> Self {
+        value.parse().unwrap_or_default()
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Priority::Critical => 0,
+            Priority::Default => 1,
+            Priority::Sheddable => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for Priority {
+    type Err = UnknownPriority;
+
+    /// `critical`, `default` or `sheddable`, in any case.
+    fn from_str(value: &str) -> Result<Self, UnknownPriority> {
+        let value = value.trim();
+        let is = |name: &str| value.eq_ignore_ascii_case(name);
+        match () {
+            _ if is("critical") => Ok(Priority::Critical),
+            _ if is("default") => Ok(Priority::Default),
+            _ if is("sheddable") => Ok(Priority::Sheddable),
+            _ => Err(UnknownPriority),
+        }
+    }
+}
+
+/// A name that is none of `critical`, `default` and `sheddable`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownPriority;
+
+impl std::fmt::Display for UnknownPriority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a priority is one of critical, default and sheddable")
+    }
+}
+
+impl std::error::Error for UnknownPriority {}

@@ -1,0 +1,232 @@
+//! The layer, its service and the body of its responses.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::state::{Entry, Permit, Shared};
+use super::{Overload, Priority};
+use crate::bulkhead::mode::{Watch, WatchedBody};
+use crate::head::RequestHead;
+
+/// Puts an [`Overload`] protection in front of an HTTP service; made by [`Overload::layer`].
+///
+/// Every service it makes, and every clone of them, shares the protection's one limit.
+#[derive(Clone)]
+pub struct OverloadLayer {
+    pub(super) overload: Overload,
+}
+
+impl fmt::Debug for OverloadLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadLayer")
+            .field("overload", &self.overload)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for OverloadLayer {
+    type Service = OverloadService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        OverloadService {
+            inner,
+            shared: Arc::clone(&self.overload.shared),
+        }
+    }
+}
+
+/// An HTTP service behind an [`Overload`] protection; made by [`OverloadLayer`].
+///
+/// `poll_ready` only asks the inner service. `call` admits, queues or sheds the request at once;
+/// a shed request never reaches the inner service.
+#[derive(Clone)]
+pub struct OverloadService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for OverloadService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadService")
+            .field("inner", &self.inner)
+            .field("overload", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The response future of an [`OverloadService`]: boxed, as it may wait in the queue before it
+/// calls the inner service.
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<OverloadBody<B>>, E>> + Send>>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for OverloadService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<OverloadBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let head = RequestHead::from(&request);
+        let class = (self.shared.priority_by)(&head);
+        let grpc = super::answer::is_grpc(&head);
+        let shared = Arc::clone(&self.shared);
+        let shed = move |shared: &Shared| {
+            tracing::debug!(overload = %shared.name, priority = class.as_str(), "request shed");
+            #[cfg(feature = "metrics")]
+            shared.metrics.count(false, class);
+            super::answer::shed(shared, grpc)
+        };
+        match shared.enter(class) {
+            Entry::Admitted(permit) => {
+                let called = self.inner.call(request);
+                Box::pin(serve(called, permit))
+            }
+            Entry::Shed => {
+                let response = shed(&shared);
+                Box::pin(std::future::ready(Ok(response)))
+            }
+            Entry::Queued(waiting) => {
+                // The service that was polled ready waits with the request; a clone stays.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let max_wait = shared.queue.map(|q| q.max_wait).unwrap_or_default();
+                Box::pin(async move {
+                    match waiting.admitted(max_wait).await {
+                        Some(permit) => serve(inner.call(request), permit).await,
+                        None => Ok(shed(&shared)),
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Runs an admitted request: its sample when the response head is ready, its permit in the body.
+/// An error gives the permit back with no sample; so do a panic and a drop, by unwinding.
+async fn serve<F, B, E>(called: F, permit: Permit) -> Result<Response<OverloadBody<B>>, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body,
+{
+    #[cfg(feature = "metrics")]
+    permit.count_admitted();
+    let response = called.await?;
+    permit.record();
+    Ok(response.map(|body| {
+        // A body already at its end ends the request now.
+        let permit = (!body.is_end_stream()).then_some(permit);
+        OverloadBody {
+            content: Content::Inner {
+                body: WatchedBody {
+                    inner: body,
+                    watch: permit,
+                },
+            },
+        }
+    }))
+}
+
+impl<B> From<Bytes> for OverloadBody<B> {
+    /// The body of an answer the layer made itself.
+    fn from(bytes: Bytes) -> Self {
+        let data = (!bytes.is_empty()).then_some(bytes);
+        Self {
+            content: Content::Answer { data },
+        }
+    }
+}
+
+/// A request's permit waits for the end of its body: read to its end, failed, or dropped.
+impl Watch for Permit {
+    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
+        !matches!(frame, Some(Ok(_))) || end
+    }
+}
+
+pin_project! {
+    /// The response body of an [`OverloadService`]: the inner service's body, holding the
+    /// request's permit until it ends, fails or is dropped; or the body of a shed answer.
+    pub struct OverloadBody<B> {
+        #[pin]
+        content: Content<B>,
+    }
+}
+
+pin_project! {
+    #[project = ContentProj]
+    enum Content<B> {
+        Inner { #[pin] body: WatchedBody<B, Permit> },
+        Answer { data: Option<Bytes> },
+    }
+}
+
+impl<B> fmt::Debug for OverloadBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.content {
+            Content::Inner { body } => f.debug_tuple("OverloadBody").field(body).finish(),
+            Content::Answer { .. } => f.write_str("OverloadBody::Answer"),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for OverloadBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().content.project() {
+            ContentProj::Inner { body } => body.poll_frame(cx),
+            ContentProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.content {
+            Content::Inner { body } => body.is_end_stream(),
+            Content::Answer { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.content {
+            Content::Inner { body } => body.size_hint(),
+            Content::Answer { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+impl Priority {
+    /// The name of the class, as metrics and events label it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Default => "default",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The state every clone of one [`Overload`](super::Overload) shares: the requests in flight, the
+//! limit and its algorithm, the queue; and the permit an admitted request holds.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::Priority;
+use crate::bulkhead::adaptive::{LimitAlgorithm, Limits, Sample};
+use crate::clock::Clock;
+use crate::head::RequestHead;
+
+/// Picks a request's class.
+pub(super) type PriorityBy = Box<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
+
+/// The opt-in queue: how many requests may wait, and for how long at most.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QueueSettings {
+    pub(super) capacity: usize,
+    pub(super) max_wait: Duration,
+}
+
+/// Where a waiter stands: its class first (highest first), then its arrival.
+type QueueKey = (Reverse<Priority>, u64);
+
+/// What changes under the lock.
+struct State {
+    in_flight: usize,
+    limit: usize,
+    algorithm: Box<dyn LimitAlgorithm>,
+    waiters: BTreeMap<QueueKey, oneshot::Sender<Permit>>,
+    arrivals: u64,
+    /// A slow average of the admitted requests' latency, in nanoseconds: what `Retry-After` says.
+    latency: Option<f64>,
+}
+
+/// The settings and state of one overload protection, shared by its clones, layers and services.
+pub(super) struct Shared {
+    pub(super) name: Arc<str>,
+    pub(super) clock: Box<dyn Clock>,
+    pub(super) limits: Limits,
+    /// For each class (by [`Priority::index`]), the share of the limit it may not take: the sum
+    /// of the guarantees of the classes above it.
+    pub(super) reserved: [f64; 3],
+    pub(super) priority_by: PriorityBy,
+    pub(super) queue: Option<QueueSettings>,
+    state: Mutex<State>,
+    /// Mirrors of the state's figures, read without the lock.
+    limit: AtomicUsize,
+    in_flight: AtomicUsize,
+    #[cfg(feature = "metrics")]
+    pub(super) metrics: super::metrics::Metrics,
+}
+
+/// How a request entered: admitted at once, waiting in the queue, or shed.
+pub(super) enum Entry {
+    Admitted(Permit),
+    Queued(Waiting),
+    Shed,
+}
+
+impl Shared {
+    pub(super) fn new(
+        name: Arc<str>,
+        clock: Box<dyn Clock>,
+        limits: Limits,
+        algorithm: Box<dyn LimitAlgorithm>,
+        reserved: [f64; 3],
+        priority_by: PriorityBy,
+        queue: Option<QueueSettings>,
+    ) -> Self {
+        let state = State {
+            in_flight: 0,
+            limit: limits.initial(),
+            algorithm,
+            waiters: BTreeMap::new(),
+            arrivals: 0,
+            latency: None,
+        };
+        Self {
+            #[cfg(feature = "metrics")]
+            metrics: super::metrics::Metrics::new(&name),
+            name,
+            clock,
+            limits,
+            reserved,
+            priority_by,
+            queue,
+            state: Mutex::new(state),
+            limit: AtomicUsize::new(limits.initial()),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    pub(super) fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The most requests in flight, all classes together, under which `class` is admitted at
+    /// `limit`: the limit less the guarantees of the classes above, rounded to the nearest.
+    pub(super) fn ceiling(&self, class: Priority, limit: usize) -> usize {
+        let reserved = (limit as f64 * self.reserved[class.index()]).round() as usize;
+        limit.saturating_sub(reserved)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing under the lock panics midway through a change; a panicking algorithm leaves
+        // the limit as it was.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits a request of `class` at once, queues it, or sheds it.
+    pub(super) fn enter(self: &Arc<Self>, class: Priority) -> Entry {
+        let mut state = self.lock();
+        if state.in_flight < self.ceiling(class, state.limit) {
+            return Entry::Admitted(self.admit(&mut state, class));
+        }
+        let Some(queue) = self.queue.filter(|q| q.capacity > 0) else {
+            return Entry::Shed;
+        };
+        if state.waiters.len() >= queue.capacity {
+            // The last waiter is the lowest class's latest arrival: it makes room for a
+            // newcomer of a higher class (dropping its sender sheds it), or the newcomer is shed.
+            match state.waiters.last_key_value() {
+                Some((&(Reverse(last), _), _)) if last < class => state.waiters.pop_last(),
+                _ => return Entry::Shed,
+            };
+        }
+        let key = (Reverse(class), state.arrivals);
+        state.arrivals += 1;
+        let (sender, receiver) = oneshot::channel();
+        state.waiters.insert(key, sender);
+        self.publish(&state);
+        Entry::Queued(Waiting {
+            shared: Arc::clone(self),
+            key,
+            receiver,
+        })
+    }
+
+    /// Counts one more request in flight and hands it its permit.
+    fn admit(self: &Arc<Self>, state: &mut State, class: Priority) -> Permit {
+        state.in_flight += 1;
+        self.publish(state);
+        Permit {
+            shared: Some(Arc::clone(self)),
+            class,
+            started: self.clock.now(),
+            in_flight: state.in_flight,
+            ceiling: self.ceiling(class, state.limit),
+        }
+    }
+
+    /// Admits the waiters at the head of the queue while their class's ceiling lets them in.
+    /// A class ranks above every class whose ceiling is lower, so the first waiter that does not
+    /// fit ends the round.
+    fn admit_waiters(self: &Arc<Self>, state: &mut State) {
+        while let Some(entry) = state.waiters.first_entry() {
+            let Reverse(class) = entry.key().0;
+            if state.in_flight >= self.ceiling(class, state.limit) {
+                break;
+            }
+            let sender = entry.remove();
+            let permit = self.admit(state, class);
+            if let Err(mut permit) = sender.send(permit) {
+                // The waiter went away: its slot is taken back here, under the lock.
+                permit.shared = None;
+                state.in_flight -= 1;
+            }
+        }
+        self.publish(state);
+    }
+
+    /// Gives one slot back and admits whom it lets in.
+    fn release(self: &Arc<Self>) {
+        let mut state = self.lock();
+        state.in_flight -= 1;
+        self.admit_waiters(&mut state);
+    }
+
+    /// Feeds the sample of a request whose response head is ready to the algorithm, and applies
+    /// the limit it returns.
+    fn record(self: &Arc<Self>, permit: &Permit) {
+        let mut state = self.lock();
+        let now = self.clock.now();
+        let rtt = now.saturating_sub(permit.started);
+        let from = state.limit;
+        let sample = Sample::new(
+            Duration::from_nanos(now),
+            Duration::from_nanos(rtt),
+            permit.in_flight,
+            from,
+        )
+        .admitted_under(permit.ceiling);
+        let latency = state
+            .latency
+            .map_or(rtt as f64, |l| l + (rtt as f64 - l) / 16.0);
+        state.latency = Some(latency);
+        let to = self
+            .limits
+            .clamp(state.algorithm.update(&sample, &self.limits));
+        if to != from {
+            state.limit = to;
+            tracing::debug!(overload = %self.name, from, to, "overload limit changed");
+            self.admit_waiters(&mut state);
+        }
+    }
+
+    /// How long a shed request should wait before it tries again: the slow average of the
+    /// admitted requests' latency, in whole seconds rounded up, at least one.
+    pub(super) fn retry_after(&self) -> Duration {
+        let latency = self.lock().latency.unwrap_or(0.0);
+        Duration::from_secs(((latency / 1e9).ceil() as u64).max(1))
+    }
+
+    /// Sets the mirrors (and the gauges) from the state.
+    fn publish(&self, state: &State) {
+        self.limit.store(state.limit, Ordering::Relaxed);
+        self.in_flight.store(state.in_flight, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.metrics
+            .gauges(state.limit, state.in_flight, state.waiters.len());
+    }
+}
+
+/// One admitted request's slot, given back exactly once when dropped (at the body's end, or
+/// whatever ends the request before).
+pub(super) struct Permit {
+    /// `None` once the slot was taken back under the lock.
+    shared: Option<Arc<Shared>>,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    class: Priority,
+    started: u64,
+    /// Requests in flight at admission, this one included.
+    in_flight: usize,
+    /// Its class's ceiling at admission.
+    ceiling: usize,
+}
+
+impl Permit {
+    /// Counts the request as admitted in its class.
+    #[cfg(feature = "metrics")]
+    pub(super) fn count_admitted(&self) {
+        if let Some(shared) = &self.shared {
+            shared.metrics.count(true, self.class);
+        }
+    }
+
+    /// Gives the algorithm this request's sample: its response head is ready.
+    pub(super) fn record(&self) {
+        if let Some(shared) = &self.shared {
+            shared.record(self);
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release();
+        }
+    }
+}
+
+/// A request waiting in the queue; dropped, it leaves the queue (and a permit granted meanwhile
+/// is given back by the channel dropping it).
+pub(super) struct Waiting {
+    shared: Arc<Shared>,
+    key: QueueKey,
+    receiver: oneshot::Receiver<Permit>,
+}
+
+impl Waiting {
+    /// Waits until admitted (`Some`), or shed: pushed out by a higher class, or `max_wait` over.
+    pub(super) async fn admitted(mut self, max_wait: Duration) -> Option<Permit> {
+        match tokio::time::timeout(max_wait, &mut self.receiver).await {
+            Ok(permit) => permit.ok(),
+            Err(_) => {
+                self.leave();
+                // Admitted in the instant the wait ended: it goes in.
+                self.receiver.try_recv().ok()
+            }
+        }
+    }
+
+    fn leave(&self) {
+        let mut state = self.shared.lock();
+        if state.waiters.remove(&self.key).is_some() {
+            self.shared.publish(&state);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}

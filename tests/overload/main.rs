@@ -1,0 +1,12 @@
+//! Overload protection (feature `adaptive`): the limit under a step in latency, the classes'
+//! ceilings under floods, the permit given back once whatever ends a request, the queue, and the
+//! shed answers over HTTP, gRPC and a real listener.
+
+#![cfg(feature = "adaptive")]
+
+mod answers;
+mod cancellation;
+mod classes;
+mod limit;
+mod queue;
+mod support;

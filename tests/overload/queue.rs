@@ -1,0 +1,120 @@
+//! The opt-in queue: highest class first, then arrival order; a full queue sheds its lowest
+//! waiter for a higher newcomer, else the newcomer; a waiter is shed after `max_wait` (on
+//! tokio's paused clock: no real wait).
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use tower::ServiceExt;
+use tower_bulwark::overload::Priority;
+
+use crate::support::{fixed, gated, request};
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_admitted_highest_class_first_then_in_arrival_order() {
+    let overload = fixed(1).queue(8, Duration::from_secs(60)).unwrap().build();
+    let (service, gated, mut entered) = gated(&overload);
+    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    entered.recv().await.unwrap();
+    let order = [
+        Priority::Sheddable,
+        Priority::Default,
+        Priority::Critical,
+        Priority::Default,
+        Priority::Critical,
+    ];
+    let mut waiting = Vec::new();
+    for (i, class) in order.into_iter().enumerate() {
+        let request = request(class);
+        let mut call = Box::pin(service.clone().oneshot(request));
+        assert!((&mut call).now_or_never().is_none());
+        waiting.push(tokio::spawn(
+            async move { (i, call.await.map(|r| r.status())) },
+        ));
+    }
+    tokio::task::yield_now().await;
+    gated.gate.add_permits(1);
+    drop(first.await.unwrap().unwrap());
+    let mut served = Vec::new();
+    for _ in 0..order.len() {
+        served.push(entered.recv().await.unwrap());
+        gated.gate.add_permits(1);
+    }
+    assert_eq!(
+        served,
+        [
+            Priority::Critical,
+            Priority::Critical,
+            Priority::Default,
+            Priority::Default,
+            Priority::Sheddable
+        ]
+    );
+    for task in waiting {
+        let (_, response) = task.await.unwrap();
+        assert_eq!(response.unwrap(), 200);
+    }
+    assert_eq!(overload.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_sheds_its_lowest_waiter_for_a_higher_newcomer_else_the_newcomer() {
+    let overload = fixed(1).queue(2, Duration::from_secs(60)).unwrap().build();
+    let (service, _gated, mut entered) = gated(&overload);
+    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    entered.recv().await.unwrap();
+    let sheddable = tokio::spawn(service.clone().oneshot(request(Priority::Sheddable)));
+    let default = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    tokio::task::yield_now().await;
+    // Full: a sheddable newcomer ranks no higher than the lowest waiter, so it is shed.
+    let newcomer = service
+        .clone()
+        .oneshot(request(Priority::Sheddable))
+        .await
+        .unwrap();
+    assert_eq!(newcomer.status(), 503);
+    // A critical one takes the sheddable waiter's place; that waiter is answered at once.
+    let critical = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
+    let pushed_out = sheddable.await.unwrap().unwrap();
+    assert_eq!(pushed_out.status(), 503);
+    assert!(!default.is_finished() && !critical.is_finished());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_shed_when_max_wait_passes() {
+    let overload = fixed(1)
+        .queue(2, Duration::from_millis(200))
+        .unwrap()
+        .build();
+    let (service, _gated, mut entered) = gated(&overload);
+    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    entered.recv().await.unwrap();
+    let started = tokio::time::Instant::now();
+    let response = service
+        .clone()
+        .oneshot(request(Priority::Critical))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+    assert_eq!(overload.in_flight(), 1);
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_setting() {
+    let err = fixed(1).guarantee(Priority::Critical, 1.0).unwrap_err();
+    assert_eq!(err.setting(), "guarantee");
+    assert!(fixed(1).guarantee(Priority::Critical, f64::NAN).is_err());
+    assert!(fixed(1).guarantee(Priority::Critical, -0.1).is_err());
+    assert!(fixed(1).guarantee(Priority::Sheddable, 0.1).is_err());
+    let both = fixed(1)
+        .guarantee(Priority::Critical, 0.6)
+        .unwrap()
+        .guarantee(Priority::Default, 0.4);
+    assert_eq!(
+        both.unwrap_err().to_string(),
+        "overload: `guarantee` must be below 1 for all classes together, got 1"
+    );
+    let err = fixed(1).queue(1, Duration::from_secs(61)).unwrap_err();
+    assert_eq!(err.setting(), "max_wait");
+}

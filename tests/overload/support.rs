@@ -1,0 +1,83 @@
+//! A service whose requests wait at a gate the test opens, counting the requests that reach it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use tokio::sync::{mpsc, Semaphore};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::Limits;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::overload::{Overload, OverloadBuilder, Priority};
+
+pub type Svc = BoxCloneService<http::Request<Body>, http::Response<Body>, std::convert::Infallible>;
+
+/// The inner service: each request reports its class on `entered`, counts itself in `reached`
+/// and waits for a permit of `gate`.
+#[derive(Clone)]
+pub struct Gated {
+    pub gate: Arc<Semaphore>,
+    pub reached: Arc<AtomicUsize>,
+    pub entered: Arc<mpsc::UnboundedSender<Priority>>,
+}
+
+/// A protection of a fixed `limit` whose classes come from `x-priority`, on a manual clock,
+/// without guarantees.
+pub fn fixed(limit: usize) -> OverloadBuilder {
+    let no_guarantees = |builder: OverloadBuilder| {
+        let builder = builder.guarantee(Priority::Critical, 0.0).unwrap();
+        builder.guarantee(Priority::Default, 0.0).unwrap()
+    };
+    no_guarantees(Overload::builder("api"))
+        .limits(Limits::new(limit, limit, limit).unwrap())
+        .clock(ManualClock::new())
+        .priority_by(|head| {
+            let value = head.headers.get("x-priority").and_then(|v| v.to_str().ok());
+            value.map_or(Priority::Default, Priority::from_header_value)
+        })
+}
+
+/// `overload` in front of a gated service; the receiver hears of each request that reached it.
+pub fn gated(overload: &Overload) -> (Svc, Gated, mpsc::UnboundedReceiver<Priority>) {
+    let (sender, entered) = mpsc::unbounded_channel();
+    let gated = Gated {
+        gate: Arc::new(Semaphore::new(0)),
+        reached: Arc::new(AtomicUsize::new(0)),
+        entered: Arc::new(sender),
+    };
+    let state = gated.clone();
+    let inner = tower::service_fn(move |request: http::Request<Body>| {
+        let state = state.clone();
+        async move {
+            state.reached.fetch_add(1, Ordering::SeqCst);
+            let class = request
+                .headers()
+                .get("x-priority")
+                .and_then(|v| v.to_str().ok());
+            let _ = state
+                .entered
+                .send(class.map_or(Priority::Default, Priority::from_header_value));
+            state.gate.acquire().await.unwrap().forget();
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("done")))
+        }
+    });
+    let service = overload
+        .layer()
+        .layer(inner)
+        .map_response(|r| r.map(Body::new));
+    (BoxCloneService::new(service), gated, entered)
+}
+
+/// A request of `class`.
+pub fn request(class: Priority) -> http::Request<Body> {
+    let name = match class {
+        Priority::Critical => "critical",
+        Priority::Default => "default",
+        Priority::Sheddable => "sheddable",
+    };
+    http::Request::get("/work")
+        .header("x-priority", name)
+        .body(Body::empty())
+        .unwrap()
+}
