@@ -258,7 +258,7 @@
 
 //! # Overload protection
 //!
-//! [`Overload`](crate::overload::Overload) (feature `adaptive`) keeps the requests in flight of a
+//! `overload::Overload` (feature `adaptive`) keeps the requests in flight of a
 //! whole service at one adaptive limit and sheds the lowest class first
 //! (`tests/overload/`):
 //!
