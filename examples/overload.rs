@@ -188,7 +188,7 @@ pub fn priority(head: &tower_bulwark::head::RequestHead<'_>) -> Priority {
 
 /// The protection, with the class from `x-priority`.
 ///
-/// Critical requests keep 0.8 of the limit and default ones 0.05 more (the defaults are 0.6 and
+/// Critical requests keep 0.85 of the limit and default ones 0.05 more (the defaults are 0.6 and
 /// 0.1): under a flood the delay-based limit holds the lower classes near the service's capacity,
 /// so it is the share critical keeps above them that takes in a burst of critical requests. The
 /// limit starts at 64 (16 by default), above what the lower classes need below capacity, so that
@@ -199,7 +199,7 @@ pub fn priority(head: &tower_bulwark::head::RequestHead<'_>) -> Priority {
 pub fn protection() -> Overload {
     Overload::builder("work")
         .priority_by(priority)
-        .guarantee(Priority::Critical, 0.8)
+        .guarantee(Priority::Critical, 0.85)
         .and_then(|builder| builder.guarantee(Priority::Default, 0.05))
         .expect("guarantees below 1 together")
         .limits(Limits::new(8, 64, 1000).expect("8 <= 64 <= 1000"))
