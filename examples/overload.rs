@@ -193,9 +193,10 @@ pub fn priority(head: &tower_bulwark::head::RequestHead<'_>) -> Priority {
 /// so it is the share critical keeps above them that takes in a burst of critical requests. The
 /// limit starts at 64 (16 by default), above what the lower classes need below capacity, so that
 /// none of them is shed while the limit grows to it; a flood from the start is found by the
-/// probe of the first crowded round trip. `Gradient` probing every 100 round trips as by
-/// default, with a latency tolerance of 1.3 (1.1 by default), which keeps the limit steadier
-/// when critical requests alone slow the service.
+/// probe of the first crowded round trip. `Gradient` with the baseline's period as by default
+/// ([`PROBE_EVERY`] round trips) and a latency tolerance of 1.3 (1.1 by default), which keeps
+/// the limit steadier when critical requests alone slow the service: at 1.2 the limit came down
+/// far enough under 10 times the capacity to shed over 1 % of the critical requests.
 pub fn protection() -> Overload {
     Overload::builder("work")
         .priority_by(priority)
@@ -203,7 +204,7 @@ pub fn protection() -> Overload {
         .and_then(|builder| builder.guarantee(Priority::Default, 0.05))
         .expect("guarantees below 1 together")
         .limits(Limits::new(8, 64, 1000).expect("8 <= 64 <= 1000"))
-        .algorithm(gradient().expect("a tolerance above 1 and a period of 100"))
+        .algorithm(gradient().expect("a tolerance above 1 and a period above 0"))
         .build()
 }
 

@@ -80,7 +80,7 @@ impl fmt::Debug for Overload {
     }
 }
 
-/// The algorithm by default: [`Gradient`] with its defaults, probing for its baseline every
+/// The algorithm by default: [`Gradient`] with its defaults, its baseline from periods of
 /// [`PROBE_EVERY`] round trips.
 fn default_algorithm() -> Gradient {
     let gradient = Gradient::default();
@@ -91,7 +91,7 @@ fn default_algorithm() -> Gradient {
 }
 
 /// The period of the default algorithm's baseline, in round trips ([`Gradient::probe_every`]).
-pub const PROBE_EVERY: u32 = 100;
+pub const PROBE_EVERY: u32 = 300;
 
 /// The limits by default: from 8 to 1000, starting at 16.
 fn default_limits() -> Limits {
