@@ -176,7 +176,7 @@ pub async fn drive(addr: SocketAddr, load: &Load) -> Figures {
                 Some((503, retry_after)) => {
                     figures.shed.push(latency);
                     let seconds = retry_after.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-                    if !seconds.is_some_and(|s| s >= 1) {
+                    if seconds.is_none_or(|s| s < 1) {
                         figures.shed_without_retry_after += 1;
                     }
                 }
