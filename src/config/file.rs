@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::duration::{optional, with_units};
+pub(super) use super::overload::OverloadSettings;
+
 use super::fields::{choice, cidrs, instances, policies, some_choice, some_cidrs, Count};
 use crate::limiter::DEFAULT_MAX_KEYS;
 use crate::outbound::pushback::DEFAULT_MAX_HOLD;
@@ -32,6 +34,8 @@ pub(super) struct Config {
     pub(super) client_quotas: BTreeMap<String, ClientQuotaSettings>,
     #[serde(deserialize_with = "instances")]
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
+    #[serde(deserialize_with = "instances")]
+    pub(super) overload: BTreeMap<String, OverloadSettings>,
 }
 
 /// `[rate_limiters.NAME]`.

@@ -140,11 +140,31 @@
 //! | `algorithm` | `aimd` (additive increase, multiplicative decrease) or `gradient` (delay-based) | `aimd` |
 //! | `ignore_cancelled_calls` | boolean: a call dropped before it ended is no sample (by default it is an overload signal) | `false` |
 //!
+//! With the `adaptive` feature, an overload protection of the whole service
+//! (`Registry::overload`; see `overload`), each request's class read from a header:
+//!
+//! ```toml
+//! [overload.api]
+//! critical_guarantee = 0.6
+//! priority_header = "x-priority"  # critical | default | sheddable; absent or other: default
+//! queue_capacity = 32             # with max_wait: wait instead of being shed at once
+//! max_wait = "100ms"
+//! ```
+//!
+//! | field of an overload protection | type | default |
+//! |---|---|---|
+//! | `min_limit`, `initial_limit`, `max_limit` | integers, `1 <= min_limit <= initial_limit <= max_limit <= 2^31 - 1`: the bounds of the limit of requests in flight and where it starts | 8, 16, 1000 |
+//! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take | 0.6 |
+//! | `default_guarantee` | number from 0, below 1 with `critical_guarantee`: the share `sheddable` never takes besides | 0.1 |
+//! | `priority_header` | a header name: the header whose value names the class | `"x-priority"` |
+//! | `queue_capacity` | integer ≥ 1, with `max_wait`: requests that may wait for a place | none (shed at once) |
+//! | `max_wait` | duration ≤ 60 s, with `queue_capacity`: the longest a request waits | none |
+//!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
 //! bulkhead sizes apply in place, under the layers already built, and every key keeps its state
 //! (a client quota's limiter included); a change that cannot apply in place (any setting of a
-//! pushback, of a client quota or of an adaptive bulkhead, whose limit moves by itself), or a
-//! bad file, is refused and changes nothing.
+//! pushback, of a client quota, of an adaptive bulkhead or of an overload protection, whose
+//! limits move by themselves), or a bad file, is refused and changes nothing.
 
 mod build;
 mod duration;
@@ -152,6 +172,7 @@ mod error;
 mod fields;
 mod file;
 mod health;
+mod overload;
 mod registry;
 mod reload;
 mod validate;

@@ -12,6 +12,8 @@ use http::HeaderValue;
 
 use super::build::*;
 use super::file::{Config, RouteSettings};
+#[cfg(feature = "adaptive")]
+use super::overload::build_overload;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -20,6 +22,8 @@ use crate::limiter::BoxLimiter;
 use crate::observe::Observed;
 use crate::outbound::pushback::Pushback;
 use crate::outbound::quota::{ClientQuotaLayer, QuotaKey};
+#[cfg(feature = "adaptive")]
+use crate::overload::Overload;
 use crate::rate_limit::{GlobalKey, HeaderKey, KeyError, KeyExtractor, Policy, RateLimitLayer};
 
 /// The key of a rate limiter built from configuration.
@@ -185,6 +189,8 @@ pub struct Registry {
     pub(super) pushbacks: BTreeMap<String, Pushback>,
     #[cfg(feature = "adaptive")]
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkhead>,
+    #[cfg(feature = "adaptive")]
+    overload: BTreeMap<String, Overload>,
     /// Each client quota's layer, built once so that its metrics handles are shared by every
     /// layer taken for it.
     client_quotas: BTreeMap<String, ConfiguredClientQuotaLayer>,
@@ -199,7 +205,8 @@ impl fmt::Debug for Registry {
         out.field("rate_limiters", &self.limiters.keys().collect::<Vec<_>>())
             .field("bulkheads", &self.bulkheads);
         #[cfg(feature = "adaptive")]
-        out.field("adaptive_bulkheads", &self.adaptive_bulkheads);
+        out.field("adaptive_bulkheads", &self.adaptive_bulkheads)
+            .field("overload", &self.overload);
         out.field("pushbacks", &self.pushbacks)
             .field(
                 "client_quotas",
@@ -298,12 +305,16 @@ impl Registry {
         })?;
         #[cfg(feature = "adaptive")]
         let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
+        #[cfg(feature = "adaptive")]
+        let overload = build_each(&config.overload, build_overload)?;
         Ok(Self {
             limiters,
             bulkheads,
             pushbacks,
             #[cfg(feature = "adaptive")]
             adaptive_bulkheads,
+            #[cfg(feature = "adaptive")]
+            overload,
             client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config),
@@ -394,6 +405,13 @@ impl Registry {
     #[cfg(feature = "adaptive")]
     pub fn adaptive_bulkhead(&self, name: &str) -> Result<&AdaptiveBulkhead, UnknownInstance> {
         find(&self.adaptive_bulkheads, "adaptive bulkhead", name)
+    }
+
+    /// Overload protection `name` (under `overload`): its `layer()`, limit and ceilings. Every
+    /// layer taken from it shares one limit.
+    #[cfg(feature = "adaptive")]
+    pub fn overload(&self, name: &str) -> Result<&Overload, UnknownInstance> {
+        find(&self.overload, "overload protection", name)
     }
 
     /// Pushback `name` (under `pushbacks`): its [`layer`](Pushback::layer) (every layer taken

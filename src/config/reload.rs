@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::PoisonError;
 
 use super::file::{
-    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, PushbackSettings,
-    RateLimiterSettings, RouteSettings,
+    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, OverloadSettings,
+    PushbackSettings, RateLimiterSettings, RouteSettings,
 };
 use super::{ConfigError, Registry};
 use crate::Limiter;
@@ -101,6 +101,7 @@ impl Registry {
             &now.adaptive_bulkheads,
             &config.adaptive_bulkheads,
         )?;
+        same_instances("overload", &now.overload, &config.overload)?;
         same_instances("routes", &now.routes, &config.routes)?;
         let mut quotas = Vec::new();
         for (name, next) in &config.rate_limiters {
@@ -227,4 +228,8 @@ fixed_fields! {
         min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls
     ];
     RouteSettings => [policies, exempt_networks];
+    OverloadSettings => [
+        min_limit, initial_limit, max_limit, critical_guarantee, default_guarantee,
+        priority_header, queue_capacity, max_wait
+    ];
 }

@@ -73,6 +73,9 @@ impl Config {
         for (name, s) in &mut self.adaptive_bulkheads {
             s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
         }
+        for (name, s) in &self.overload {
+            s.validate(&at("overload", name))?;
+        }
         self.check_names()
     }
 

@@ -33,7 +33,7 @@ impl Overload {
         OverloadBuilder {
             name: name.into(),
             limits: default_limits(),
-            algorithm: Box::new(Gradient::default()),
+            algorithm: Box::new(default_algorithm()),
             priority_by: Box::new(|_: &RequestHead<'_>| Priority::Default),
             guarantees,
             queue: None,
@@ -79,6 +79,19 @@ impl fmt::Debug for Overload {
             .finish_non_exhaustive()
     }
 }
+
+/// The algorithm by default: [`Gradient`] with its defaults, its baseline from periods of
+/// [`PROBE_EVERY`] round trips.
+fn default_algorithm() -> Gradient {
+    let gradient = Gradient::default();
+    gradient
+        .clone()
+        .probe_every(PROBE_EVERY)
+        .unwrap_or(gradient)
+}
+
+/// The period of the default algorithm's baseline, in round trips ([`Gradient::probe_every`]).
+pub const PROBE_EVERY: u32 = 300;
 
 /// The limits by default: from 8 to 1000, starting at 16.
 fn default_limits() -> Limits {

@@ -71,7 +71,12 @@
 //! # Defaults
 //!
 //! * [`Gradient`](crate::bulkhead::adaptive::Gradient) with its defaults: a tolerance of 1.1
-//!   times the baseline latency, so the lower classes are kept near the service's capacity.
+//!   times the baseline latency, so the lower classes are kept near the service's capacity; its
+//!   baseline is the lowest latency of the round trips run with at most the minimum limit in
+//!   flight over two periods of [`PROBE_EVERY`] (300) round trips, probed for at the minimum
+//!   limit when there was none
+//!   ([`Gradient::probe_every`](crate::bulkhead::adaptive::Gradient::probe_every)), so that a
+//!   flood from the start does not pass its own queueing off as the service's latency.
 //! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16.
 //! * Guarantees: 0.6 of the limit for `Critical`
 //!   ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth for `Default`
@@ -94,7 +99,7 @@ mod state;
 
 pub use builder::{
     Overload, OverloadBuilder, OverloadConfigError, DEFAULT_CRITICAL_GUARANTEE,
-    DEFAULT_DEFAULT_GUARANTEE,
+    DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
 };
 pub use service::{OverloadBody, OverloadLayer, OverloadService, ResponseFuture};
 

@@ -98,3 +98,71 @@ async fn a_request_that_fails_gives_no_sample() {
     assert_eq!(overload.limit(), 4, "errors moved the limit");
     assert_eq!(overload.in_flight(), 0);
 }
+
+/// A flood from the start on a service that serves 8 requests at `work` and slows beyond as a
+/// processor shared by all (a wave of `n` takes `work × n / 8`): each wave holds the whole limit.
+/// `work` is `W` for the first `slower_after` waves and `2W` after. Returns the limit after each
+/// wave.
+async fn flood_from_the_start(
+    algorithm: Gradient,
+    waves: usize,
+    slower_after: usize,
+) -> Vec<usize> {
+    let clock = ManualClock::new();
+    let overload = fixed(16)
+        .limits(Limits::new(8, 16, 1000).unwrap())
+        .algorithm(algorithm)
+        .clock(clock.clone())
+        .build();
+    let (service, gated, mut entered) = gated(&overload);
+    let mut limits = Vec::new();
+    for i in 0..waves {
+        let work = if i < slower_after { W } else { 2 * W };
+        let latency = work * overload.limit().max(8) as u32 / 8;
+        limits.push(wave(&overload, &service, &gated, &clock, latency, &mut entered).await);
+    }
+    limits
+}
+
+// With a baseline of W, the limit settles where `limit × (1 - 1.1 × W / latency) = sqrt(limit)`
+// and `latency = W × limit / 8`: `limit - sqrt(limit) = 8.8`, about 12.3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_from_the_start_finds_the_no_load_latency_by_probing() {
+    let probing = Gradient::default().probe_every(100).unwrap();
+    let limits = flood_from_the_start(probing, 80, 80).await;
+    assert_eq!(
+        limits[1], 8,
+        "the first crowded round trip starts a probe: {limits:?}"
+    );
+    assert!(
+        limits[40..].iter().all(|l| (11..=14).contains(l)),
+        "settles near 12.3: {limits:?}"
+    );
+    // The baseline learnt slowly from every round trip takes in the flood's queueing: it
+    // settles at about 2.5 times the no-load latency, and the limit with it.
+    let learning = flood_from_the_start(Gradient::default(), 80, 80).await;
+    assert!(
+        learning[40..].iter().all(|&l| l >= 25),
+        "the slow baseline: {learning:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_baseline_is_measured_again_after_two_periods_without_an_uncrowded_round_trip() {
+    // Twice the work from wave 40: the old baseline (W) is forgotten within two periods of 10
+    // round trips, a probe measures 2W, and the limit settles as before.
+    let probing = Gradient::default().probe_every(10).unwrap();
+    let limits = flood_from_the_start(probing, 120, 40).await;
+    assert!(
+        limits[40..70].contains(&8),
+        "a probe after the slowdown: {limits:?}"
+    );
+    assert!(
+        limits[90..]
+            .iter()
+            .filter(|l| (11..=14).contains(*l))
+            .count()
+            >= 25,
+        "settles near 12.3 again: {limits:?}"
+    );
+}

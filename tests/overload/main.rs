@@ -7,6 +7,7 @@
 mod answers;
 mod cancellation;
 mod classes;
+mod example;
 mod limit;
 mod queue;
 mod support;

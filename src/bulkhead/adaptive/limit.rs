@@ -159,6 +159,9 @@ struct Round {
     overloaded: bool,
     /// Whether some call of the round was admitted with the limit in force then reached.
     in_use: bool,
+    /// Whether some call of the round was admitted with more calls in flight than the minimum
+    /// limit.
+    crowded: bool,
 }
 
 /// Groups samples into rounds of one round trip each, so that an algorithm decides at most once
@@ -178,10 +181,11 @@ struct Rounds {
     healthy: u64,
     overloaded: bool,
     in_use: bool,
+    crowded: bool,
 }
 
 impl Rounds {
-    fn add(&mut self, sample: &Sample, baseline: Option<f64>) -> Option<Round> {
+    fn add(&mut self, sample: &Sample, baseline: Option<f64>, min: usize) -> Option<Round> {
         let at = saturating_nanos(sample.at);
         // A zero round trip (a coarse clock) still counts, as one nanosecond.
         let rtt = saturating_nanos(sample.rtt.min(MAX_RTT)).max(1);
@@ -192,6 +196,7 @@ impl Rounds {
             self.healthy += 1;
         }
         self.in_use |= sample.found_limit_reached();
+        self.crowded |= sample.in_flight > min;
         let Some(end) = self.end else {
             self.length = rtt;
             self.end = Some(at.saturating_add(rtt));
@@ -211,6 +216,7 @@ impl Rounds {
             mean_rtt: (self.healthy > 0).then(|| self.rtt_sum / self.healthy as f64),
             overloaded: self.overloaded,
             in_use: self.in_use,
+            crowded: self.crowded,
         };
         if let Some(mean) = round.mean_rtt {
             // Within 1..=MAX_RTT, as every sample and so the baseline was.
@@ -308,13 +314,61 @@ fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
     Ok(tolerance)
 }
 
+/// The baseline of [`Gradient::probe_every`]: the lowest mean latency of the uncrowded rounds
+/// (every call admitted with at most the minimum limit in flight) over the last two periods of
+/// `every` rounds, and the limit to go back to after a probe.
+#[derive(Clone, Copy, Debug)]
+struct Lowest {
+    every: u32,
+    /// Rounds closed in the current period.
+    rounds: u32,
+    current: Option<f64>,
+    previous: Option<f64>,
+    /// While probing: the estimate the limit had when the probe began.
+    resume: Option<f64>,
+}
+
+impl Lowest {
+    fn nanos(&self) -> Option<f64> {
+        match (self.current, self.previous) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Learns `round` and returns the estimate after it: `next` as the algorithm decided, or the
+    /// minimum while no baseline is known (a probe), or after a probe the estimate it began at.
+    fn after(&mut self, round: &Round, current: f64, next: f64, min: f64) -> f64 {
+        if let (Some(mean), false, false) = (round.mean_rtt, round.crowded, round.overloaded) {
+            self.current = Some(self.current.map_or(mean, |lowest| lowest.min(mean)));
+        }
+        self.rounds += 1;
+        if self.rounds >= self.every {
+            self.rounds = 0;
+            self.previous = self.current.take();
+        }
+        match (self.nanos(), self.resume) {
+            (None, resume) => {
+                self.resume = Some(resume.unwrap_or(current));
+                min
+            }
+            (Some(_), Some(resume)) => {
+                self.resume = None;
+                resume
+            }
+            (Some(_), None) => next,
+        }
+    }
+}
+
 /// What an algorithm has learnt so far: its fractional estimate of the limit, the round in
-/// progress and the baseline.
+/// progress and the baseline (the slow one, or the lowest with [`Gradient::probe_every`]).
 #[derive(Clone, Debug, Default)]
 struct Learnt {
     estimate: Option<f64>,
     rounds: Rounds,
     baseline: Baseline,
+    lowest: Option<Lowest>,
 }
 
 impl Learnt {
@@ -334,14 +388,23 @@ impl Learnt {
             Some(estimate) if estimate.floor() as usize == sample.limit => estimate,
             _ => limits.clamp(sample.limit) as f64,
         };
-        let next = match self.rounds.add(sample, self.baseline.nanos) {
+        let baseline = match &self.lowest {
+            Some(lowest) => lowest.nanos(),
+            None => self.baseline.nanos,
+        };
+        let next = match self.rounds.add(sample, baseline, limits.min()) {
             Some(round) => {
-                let next = limits.clamp_f64(decide(round, current, self.baseline.nanos));
-                if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
-                    let at_min = current <= limits.min() as f64;
-                    self.baseline.learn(mean, tolerance, at_min);
+                let next = limits.clamp_f64(decide(round, current, baseline));
+                let min = limits.min() as f64;
+                match &mut self.lowest {
+                    Some(lowest) => limits.clamp_f64(lowest.after(&round, current, next, min)),
+                    None => {
+                        if let (Some(mean), false) = (round.mean_rtt, round.overloaded) {
+                            self.baseline.learn(mean, tolerance, current <= min);
+                        }
+                        next
+                    }
                 }
-                next
             }
             None => current,
         };
@@ -372,8 +435,9 @@ impl LimitAlgorithm for Aimd {
 /// A delay-based [`LimitAlgorithm`] after Netflix's Gradient2: the limit follows the ratio of
 /// the no-load latency to the latency now.
 ///
-/// At the end of each round trip, with `long` the slowly learnt baseline and `short` the round
-/// trip's mean latency:
+/// At the end of each round trip, with `long` the baseline (slowly learnt from the round trips
+/// within the tolerance of it, or the lowest latency found by probing with
+/// [`probe_every`](Self::probe_every)) and `short` the round trip's mean latency:
 ///
 /// * `gradient = clamp(tolerance × long / short, 0.5, 1)` (0.5 when a call in it was an
 ///   overload signal, `tolerance` 1.1 by default);
@@ -419,6 +483,28 @@ impl Gradient {
         let ok = smoothing > 0.0 && smoothing <= 1.0;
         ensure(ok, "smoothing", smoothing, "above 0 and at most 1")?;
         self.smoothing = smoothing;
+        Ok(self)
+    }
+
+    /// Takes the baseline from the least loaded round trips and probes for it, instead of
+    /// learning it slowly from every round trip (off by default; `rounds` at least 1).
+    ///
+    /// A round trip is uncrowded when every call in it was admitted with at most the minimum
+    /// limit in flight. The baseline is the lowest mean latency of the uncrowded round trips
+    /// over the last two periods of `rounds` round trips, so it follows a service that became
+    /// slower within two periods. When there was none for that long (at the start, or under a
+    /// flood that keeps the limit above its minimum), the limit drops to its minimum until a
+    /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
+    /// never lets a round trip run at the no-load latency by itself, still finds it.
+    pub fn probe_every(mut self, rounds: u32) -> Result<Self, AdaptiveConfigError> {
+        ensure(rounds > 0, "probe_every", rounds, "at least 1 round trip")?;
+        self.learnt.lowest = Some(Lowest {
+            every: rounds,
+            rounds: 0,
+            current: None,
+            previous: None,
+            resume: None,
+        });
         Ok(self)
     }
 }

@@ -1,0 +1,228 @@
+//! `[overload.NAME]`: an overload protection of the whole service, each request's class read
+//! from a header.
+
+use std::time::Duration;
+
+use super::duration::optional;
+use super::fields::Count;
+use super::file::MAX_LIMIT;
+use super::ConfigError;
+
+/// `[overload.NAME]`.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of settings")]
+pub(super) struct OverloadSettings {
+    #[serde(default = "eight")]
+    pub(super) min_limit: Count<MAX_LIMIT>,
+    #[serde(default = "sixteen")]
+    pub(super) initial_limit: Count<MAX_LIMIT>,
+    #[serde(default = "thousand")]
+    pub(super) max_limit: Count<MAX_LIMIT>,
+    #[serde(default = "critical")]
+    pub(super) critical_guarantee: f64,
+    #[serde(default = "default")]
+    pub(super) default_guarantee: f64,
+    #[serde(default = "x_priority")]
+    pub(super) priority_header: String,
+    pub(super) queue_capacity: Option<Count>,
+    #[serde(default, deserialize_with = "optional")]
+    pub(super) max_wait: Option<Duration>,
+}
+
+fn eight() -> Count<MAX_LIMIT> {
+    Count(8)
+}
+fn sixteen() -> Count<MAX_LIMIT> {
+    Count(16)
+}
+fn thousand() -> Count<MAX_LIMIT> {
+    Count(1000)
+}
+fn critical() -> f64 {
+    0.6
+}
+fn default() -> f64 {
+    0.1
+}
+fn x_priority() -> String {
+    "x-priority".into()
+}
+
+impl OverloadSettings {
+    /// Checks what the builder would refuse, naming the field at `path`.
+    pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        let err =
+            |field: &str, message: String| ConfigError::new(format!("{path}.{field}"), message);
+        if cfg!(not(feature = "adaptive")) {
+            let lacks = "an overload protection needs the crate's `adaptive` feature, which this build lacks";
+            return Err(ConfigError::new(path, lacks));
+        }
+        let (min, initial, max) = (self.min_limit.0, self.initial_limit.0, self.max_limit.0);
+        if min > max {
+            return Err(err(
+                "min_limit",
+                format!("is {min}, above max_limit ({max})"),
+            ));
+        }
+        if !(min..=max).contains(&initial) {
+            let outside = format!("is {initial}, outside min_limit..=max_limit ({min}..={max})");
+            return Err(err("initial_limit", outside));
+        }
+        let share = |field, share: f64| match (0.0..1.0).contains(&share) {
+            true => Ok(()),
+            false => Err(err(
+                field,
+                format!("is {share}; a share is at least 0 and below 1"),
+            )),
+        };
+        share("critical_guarantee", self.critical_guarantee)?;
+        share("default_guarantee", self.default_guarantee)?;
+        let total = self.critical_guarantee + self.default_guarantee;
+        if total >= 1.0 {
+            let over = format!("makes {total} with critical_guarantee; together below 1");
+            return Err(err("default_guarantee", over));
+        }
+        if let Err(e) = http::HeaderName::from_bytes(self.priority_header.as_bytes()) {
+            return Err(err("priority_header", format!("is not a header name: {e}")));
+        }
+        match (self.queue_capacity, self.max_wait) {
+            (Some(_), None) => Err(err("max_wait", "is required with queue_capacity".into())),
+            (None, Some(_)) => Err(err("queue_capacity", "is required with max_wait".into())),
+            (_, Some(wait)) if wait > Duration::from_secs(60) => {
+                Err(err("max_wait", format!("is {wait:?}, above 60 s")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The protection `s` describes (validated).
+#[cfg(feature = "adaptive")]
+pub(super) fn build_overload(
+    name: &str,
+    s: &OverloadSettings,
+) -> Result<crate::overload::Overload, ConfigError> {
+    use crate::bulkhead::adaptive::Limits;
+    use crate::overload::{Overload, Priority};
+
+    let at =
+        |e: &dyn std::fmt::Display| ConfigError::new(format!("overload.{name}"), e.to_string());
+    let limits = Limits::new(
+        s.min_limit.0 as usize,
+        s.initial_limit.0 as usize,
+        s.max_limit.0 as usize,
+    )
+    .map_err(|e| at(&e))?;
+    let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| at(&e))?;
+    let mut builder = Overload::builder(name)
+        .limits(limits)
+        .guarantee(Priority::Critical, s.critical_guarantee)
+        .and_then(|b| b.guarantee(Priority::Default, s.default_guarantee))
+        .map_err(|e| at(&e))?
+        .priority_by(move |head| {
+            let value = head.headers.get(&header).and_then(|v| v.to_str().ok());
+            value.map_or(Priority::Default, Priority::from_header_value)
+        });
+    if let (Some(capacity), Some(wait)) = (s.queue_capacity, s.max_wait) {
+        builder = builder
+            .queue(capacity.0 as usize, wait)
+            .map_err(|e| at(&e))?;
+    }
+    Ok(builder.build())
+}
+
+#[cfg(all(test, feature = "adaptive"))]
+mod tests {
+    use crate::config::Registry;
+    use crate::overload::Priority;
+
+    #[test]
+    fn an_overload_section_builds_with_its_defaults_or_its_settings() {
+        let text = "[overload.api]\n\
+                    [overload.checkout]\nmin_limit = 4\ninitial_limit = 10\nmax_limit = 50\n\
+                    critical_guarantee = 0.5\ndefault_guarantee = 0.2\npriority_header = \"x-class\"\n\
+                    queue_capacity = 16\nmax_wait = \"100ms\"\n";
+        let registry = Registry::from_toml_str(text).unwrap();
+        let api = registry.overload("api").unwrap();
+        assert_eq!(api.limit(), 16);
+        assert_eq!(api.ceiling(Priority::Default), 16 - 10);
+        let checkout = registry.overload("checkout").unwrap();
+        assert_eq!(checkout.limit(), 10);
+        assert_eq!(checkout.ceiling(Priority::Default), 5);
+        assert_eq!(checkout.ceiling(Priority::Sheddable), 3);
+        assert!(registry.overload("nope").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_class_comes_from_the_configured_header() {
+        use tower::{Layer, Service, ServiceExt};
+        let text = "[overload.api]\nmin_limit = 3\ninitial_limit = 3\nmax_limit = 3\n\
+                    critical_guarantee = 0.34\ndefault_guarantee = 0.0\npriority_header = \"X-Class\"\n";
+        let registry = Registry::from_toml_str(text).unwrap();
+        let overload = registry.overload("api").unwrap();
+        assert_eq!(overload.ceiling(Priority::Default), 2);
+        let held = tower::service_fn(|_: http::Request<String>| {
+            std::future::pending::<Result<http::Response<String>, std::convert::Infallible>>()
+        });
+        let mut service = overload.layer().layer(held);
+        let request = |name: &str, value: &str| {
+            let request = http::Request::get("/").header(name, value);
+            request.body(String::new()).unwrap()
+        };
+        let _first = service.call(request("x-class", "default"));
+        let _second = service.call(request("x-other", "critical"));
+        assert_eq!(overload.in_flight(), 2);
+        let third = service
+            .ready()
+            .await
+            .unwrap()
+            .call(request("x-priority", "critical"));
+        assert_eq!(
+            third.await.unwrap().status(),
+            503,
+            "x-priority is not the header"
+        );
+        let _fourth = service.call(request("x-class", "critical"));
+        assert_eq!(overload.in_flight(), 3, "critical by x-class");
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_field() {
+        let cases = [
+            ("min_limit = 0", "min_limit"),
+            ("min_limit = 20", "min_limit"),
+            ("initial_limit = 2000", "initial_limit"),
+            ("critical_guarantee = 1.0", "critical_guarantee"),
+            ("critical_guarantee = -0.1", "critical_guarantee"),
+            (
+                "critical_guarantee = 0.7\ndefault_guarantee = 0.3",
+                "default_guarantee",
+            ),
+            ("priority_header = \"x priority\"", "priority_header"),
+            ("queue_capacity = 4", "max_wait"),
+            ("max_wait = \"1s\"", "queue_capacity"),
+            ("queue_capacity = 4\nmax_wait = \"2m\"", "max_wait"),
+            ("critical_guarantee = \"high\"", "critical_guarantee"),
+            ("limit = 3", "limit"),
+        ];
+        for (body, field) in cases {
+            let text = format!("[overload.api]\n{body}\n");
+            let err = Registry::from_toml_str(&text).unwrap_err();
+            assert!(
+                err.path().starts_with("overload.api") && err.to_string().contains(field),
+                "{body}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reload_refuses_a_changed_overload_and_keeps_an_unchanged_one() {
+        let registry = Registry::from_toml_str("[overload.api]\nmax_limit = 100\n").unwrap();
+        let same = registry.reload_toml_str("[overload.api]\nmax_limit = 100\n");
+        assert!(same.is_ok(), "{same:?}");
+        let err = (registry.reload_toml_str("[overload.api]\nmax_limit = 200\n")).unwrap_err();
+        assert_eq!(err.path(), "overload.api.max_limit");
+        let err = registry.reload_toml_str("").unwrap_err();
+        assert_eq!(err.path(), "overload.api");
+    }
+}
