@@ -32,7 +32,8 @@
 //!
 //! The critical p99 at 4x is close to its bound of 150 ms in every run (143 to 155 ms in five):
 //! critical requests alone, arriving at random at 80 % of the capacity, already queue to a p99
-//! of about 130 ms on this processor-sharing service.
+//! of 125 to 133 ms on this processor-sharing service (a simulation of that queue without
+//! HTTP), which leaves the lower classes little room.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
