@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! cargo run --release --all-features --example overload
-//! # capacity: 8 requests at 50 ms each (160 a second); protection on
+//! # capacity: 8 requests at 50ms each (160 a second); protection on
 //! # listening on 127.0.0.1:3006
 //! curl -si -H 'x-priority: critical' http://127.0.0.1:3006/work
 //! # 200, "done"
