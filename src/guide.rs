@@ -226,7 +226,7 @@
 //! | algorithm | down | up | per round at most |
 //! |---|---|---|---|
 //! | AIMD (default) | × `backoff` (0.8) if a sample of the round was overload or its mean round trip exceeds `latency_tolerance` (1.3) × the baseline | + 1 if some call of the round was admitted with the limit reached | one step |
-//! | Gradient | towards `limit × max(0.5, min(1, tolerance × baseline / mean))` (tolerance 1.1; 0.5 with an overload sample) | plus `sqrt(limit)` of headroom while in use and without overload | `smoothing` (0.3) of the way to the target |
+//! | Gradient | towards `limit × max(0.5, min(1, tolerance × baseline / mean))` (tolerance 1.1; 0.5 with an overload sample) | plus `sqrt(limit)` of headroom while in use and without overload | `smoothing` (0.3) of the way to the target; with `probe_every(n)`, the baseline is the lowest latency of uncrowded round trips over the last `2n`, probed for at the minimum limit when none was seen |
 //!
 //! Limits are kept as fractions and shown rounded down; every result is clamped to
 //! `min..=max`, which `Limits::new` checks (`1 <= min <= initial <= max <= 2^31 - 1`; anything
