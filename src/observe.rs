@@ -70,13 +70,17 @@ pub(crate) mod metric_names {
     pub(crate) const RATELIMITER_AVAILABLE: &str = "bulwark_ratelimiter_available_permissions";
     /// Gauge: requests holding a reservation not yet due.
     pub(crate) const RATELIMITER_WAITING: &str = "bulwark_ratelimiter_waiting_requests";
+    #[cfg(all(feature = "redis", feature = "config"))] // Read by the config's registry.
     /// Counter: decisions a shared store (Redis) did not give; the fail mode decided them.
     pub(crate) const RATELIMITER_STORE_FAILURES: &str = "bulwark_ratelimiter_store_failures_total";
+    #[cfg(all(feature = "redis", feature = "config"))] // Read by the config's registry.
     /// Counter: admissions made from a lease of a Redis limiter, without a round trip.
     pub(crate) const RATELIMITER_LEASE_DECISIONS: &str =
         "bulwark_ratelimiter_lease_decisions_total";
+    #[cfg(all(feature = "redis", feature = "config"))] // Read by the config's registry.
     /// Counter: leases a Redis limiter took and ended, label `outcome` = `taken` | `ended`.
     pub(crate) const RATELIMITER_LEASES: &str = "bulwark_ratelimiter_leases_total";
+    #[cfg(all(feature = "redis", feature = "config"))] // Read by the config's registry.
     /// Counter: permits leases gave back unused.
     pub(crate) const RATELIMITER_LEASE_UNUSED: &str =
         "bulwark_ratelimiter_lease_unused_permits_total";
@@ -103,12 +107,16 @@ pub(crate) mod metric_names {
     /// Counter: calls through a client quota, label `outcome` = `admitted` | `waited` |
     /// `refused` | `failed`.
     pub(crate) const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
+    #[cfg(feature = "adaptive")]
     /// Gauge: an overload protection's limit.
     pub(crate) const OVERLOAD_LIMIT: &str = "bulwark_overload_limit";
+    #[cfg(feature = "adaptive")]
     /// Gauge: requests in flight under an overload protection.
     pub(crate) const OVERLOAD_IN_FLIGHT: &str = "bulwark_overload_in_flight";
+    #[cfg(feature = "adaptive")]
     /// Gauge: requests waiting in an overload protection's queue.
     pub(crate) const OVERLOAD_QUEUE: &str = "bulwark_overload_queue_depth";
+    #[cfg(feature = "adaptive")]
     /// Counter: requests by outcome (`admitted` | `shed`) and `priority`.
     pub(crate) const OVERLOAD_REQUESTS: &str = "bulwark_overload_requests_total";
 }
