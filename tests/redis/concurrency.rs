@@ -281,43 +281,6 @@ async fn a_live_request_keeps_its_slots_past_the_expiry_renewed_in_one_call_for_
     }
 }
 
-/// Counts the events of the Redis limiter whose message holds `what`.
-#[derive(Clone)]
-struct Recorder {
-    what: &'static str,
-    seen: Arc<AtomicUsize>,
-}
-
-struct Message<'a>(&'a mut String);
-
-impl tracing::field::Visit for Message<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Recorder {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target() == "tower_bulwark::redis"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut message = String::new();
-        event.record(&mut Message(&mut message));
-        if message.contains(self.what) {
-            self.seen.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// Give-backs sent while Redis is down fail, and are not sent again once it is back (its state
 /// kept on disk): the slots stay held until they expire, then come back.
 #[tokio::test]
@@ -325,10 +288,7 @@ async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire()
     let Some(mut server) = RedisServer::start_persistent("a_give_back_that_cannot_reach") else {
         return;
     };
-    let failed = Recorder {
-        what: "did not reach redis",
-        seen: Arc::default(),
-    };
+    let failed = crate::faults::Recorder::default();
     // The test and its give-backs' tasks run on this thread.
     let _guard = crate::common::process::thread_subscriber(failed.clone());
     let clock = ManualClock::new();
@@ -342,7 +302,7 @@ async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire()
     assert!(instance.limiter().refund(&tenant(), 1, first));
     assert!(instance.limiter().settle(&tenant(), 1, second, 0));
     eventually("both give-backs failed", Duration::from_secs(20), || {
-        failed.seen.load(Ordering::SeqCst) == 2
+        failed.count("did not reach redis") == 2
     })
     .await;
     server.restart();
@@ -359,7 +319,7 @@ async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire()
         let decision = other.limiter().reserve(&tenant(), 1).await.unwrap();
         assert!(decision.allowed, "back once expired");
     }
-    assert_eq!(failed.seen.load(Ordering::SeqCst), 2);
+    assert_eq!(failed.count("did not reach redis"), 2);
 }
 
 /// With Redis gone, the fail mode decides: `Local` keeps the limit per key in this instance and

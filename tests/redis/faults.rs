@@ -388,7 +388,15 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
 
 /// A subscriber that keeps the level and message of every event of the Redis limiter.
 #[derive(Clone, Default)]
-struct Recorder(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+pub(crate) struct Recorder(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+impl Recorder {
+    /// How many of the events recorded so far have a message that contains `what`.
+    pub(crate) fn count(&self, what: &str) -> usize {
+        let events = self.0.lock().unwrap();
+        events.iter().filter(|(_, m)| m.contains(what)).count()
+    }
+}
 
 struct Message<'a>(&'a mut String);
 
