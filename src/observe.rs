@@ -34,6 +34,8 @@
 //! | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the fields of the quota that binds (`RateLimit`, or `X-RateLimit-Remaining` with `-Reset`); an answer saying both counts under each |
 //! | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
 //! | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
+//! | `bulwark_retry_attempts_total` | counter | `name`, `kind` = `first` \| `retry` | attempts through a [retry layer](crate::outbound) (feature `adaptive`): each call's first, and each retry sent |
+//! | `bulwark_retry_skipped_total` | counter | `name`, `reason` = `budget` \| `wait` | retries of transient answers not made: the budget held none, or the answer asked for a longer wait than `max_wait`; the call ended with that answer |
 //! | `bulwark_overload_limit` | gauge | `name` | an overload protection's limit of requests in flight (feature `adaptive`) |
 //! | `bulwark_overload_in_flight` | gauge | `name` | requests it holds in flight, until their bodies end |
 //! | `bulwark_overload_queue_depth` | gauge | `name` | requests waiting in its queue |
@@ -107,6 +109,12 @@ pub(crate) mod metric_names {
     /// Counter: calls through a client quota, label `outcome` = `admitted` | `waited` |
     /// `refused` | `failed`.
     pub(crate) const CLIENT_QUOTA_CALLS: &str = "bulwark_client_quota_calls_total";
+    #[cfg(feature = "adaptive")]
+    /// Counter: attempts through a retry layer, by `kind` (`first` | `retry`).
+    pub(crate) const RETRY_ATTEMPTS: &str = "bulwark_retry_attempts_total";
+    #[cfg(feature = "adaptive")]
+    /// Counter: retries not made, by `reason` (`budget` | `wait`).
+    pub(crate) const RETRY_SKIPPED: &str = "bulwark_retry_skipped_total";
     #[cfg(feature = "adaptive")]
     /// Gauge: an overload protection's limit.
     pub(crate) const OVERLOAD_LIMIT: &str = "bulwark_overload_limit";

@@ -164,3 +164,53 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
         self.dependency.metrics.handles().held.set(held_for);
     }
 }
+
+/// One retry handle's counters (feature `adaptive`): attempts by kind, retries not made by
+/// reason.
+#[cfg(feature = "adaptive")]
+pub(crate) struct RetryMetrics {
+    #[cfg(feature = "metrics")]
+    name: Arc<str>,
+    /// `first`, `retry`; then `budget`, `wait`.
+    #[cfg(feature = "metrics")]
+    handles: OnceLock<([metrics::Counter; 2], [metrics::Counter; 2])>,
+}
+
+#[cfg(feature = "adaptive")]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+impl RetryMetrics {
+    pub(crate) fn new(name: &Arc<str>) -> Self {
+        Self {
+            #[cfg(feature = "metrics")]
+            name: Arc::clone(name),
+            #[cfg(feature = "metrics")]
+            handles: OnceLock::new(),
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn handles(&self) -> &([metrics::Counter; 2], [metrics::Counter; 2]) {
+        self.handles.get_or_init(|| {
+            let name = &*self.name;
+            let attempts = ["first", "retry"].map(|kind| {
+                metrics::counter!(m::RETRY_ATTEMPTS, "name" => name.to_owned(), "kind" => kind)
+            });
+            let skipped = ["budget", "wait"].map(|reason| {
+                metrics::counter!(m::RETRY_SKIPPED, "name" => name.to_owned(), "reason" => reason)
+            });
+            (attempts, skipped)
+        })
+    }
+
+    /// Counts one attempt of `kind`.
+    pub(crate) fn attempt(&self, kind: super::retry::Attempt) {
+        #[cfg(feature = "metrics")]
+        self.handles().0[kind as usize].increment(1);
+    }
+
+    /// Counts one retry not made, for `reason`.
+    pub(crate) fn skipped(&self, reason: super::retry::Skipped) {
+        #[cfg(feature = "metrics")]
+        self.handles().1[reason as usize].increment(1);
+    }
+}

@@ -150,6 +150,9 @@ pub(crate) mod grpc;
 mod metrics;
 pub mod pushback;
 pub mod quota;
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub mod retry;
 
 use std::error::Error;
 use std::time::Duration;

@@ -25,7 +25,13 @@ mod metrics;
 mod partner_api_example;
 mod pushback;
 mod pushback_hostile;
+#[cfg(feature = "adaptive")]
+mod retry;
 mod retry_after_hostile;
+#[cfg(feature = "adaptive")]
+mod retry_budget;
+#[cfg(all(feature = "adaptive", feature = "reqwest"))]
+mod retry_stack;
 #[cfg(feature = "reqwest")]
 mod settle_from_body;
 #[cfg(feature = "reqwest")]

@@ -282,6 +282,15 @@ pub(crate) fn read(
     }
 }
 
+/// How long an answer of `status` and `headers` asks every call to wait, read as [`read`]
+/// reads it but uncapped (`max_hold` is the pushback's, not the caller's): the longer of its
+/// hold and the window of a quota it says is spent. What a retry of the call waits at least.
+pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
+    let answer = read(dependency, status, headers, Duration::MAX, &[]);
+    let spent = (answer.quota.filter(|quota| quota.remaining == 0)).map(|quota| quota.window);
+    answer.hold.max(spent).unwrap_or_default()
+}
+
 /// Whether `headers` carry a field of a rate-limit dialect, readable or not.
 fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
     let prefixes = ["ratelimit", "x-ratelimit-", "anthropic-ratelimit-"];

@@ -1,0 +1,311 @@
+//! [`Retry`], the handle every layer and clone of one dependency's retries shares, its
+//! [`RetryBuilder`], and [`RetryConfigError`].
+
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Method};
+
+use super::budget::{Budget, ONE};
+use super::layer::RetryLayer;
+use crate::bulkhead::adaptive::HttpOverload;
+use crate::clock::{saturating_nanos, Clock, SystemClock};
+use crate::outbound::metrics::RetryMetrics;
+
+/// Decides whether a request may be sent twice, by its method and headers.
+pub(super) type SafeToRetry = dyn Fn(&Method, &HeaderMap) -> bool + Send + Sync;
+
+/// The retries of one dependency: their settings and the budget every clone shares.
+///
+/// Clones share the budget, as clones of a [`Pushback`](crate::outbound::Pushback) share what
+/// the dependency said: build one per dependency and take its [`layer`](Self::layer) wherever a
+/// client of it is built. See the [module docs](super) for what is retried, when, and how often.
+#[derive(Clone)]
+pub struct Retry {
+    pub(super) shared: Arc<Shared>,
+}
+
+/// What every clone of a [`Retry`] shares.
+pub(super) struct Shared {
+    pub(super) name: Arc<str>,
+    pub(super) base: Duration,
+    pub(super) cap: Duration,
+    pub(super) max_attempts: u32,
+    pub(super) max_wait: Duration,
+    pub(super) safe_to_retry: Arc<SafeToRetry>,
+    pub(super) budget: Budget,
+    pub(super) metrics: RetryMetrics,
+}
+
+impl Shared {
+    /// The backoff before retry number `retry` (1 for the first): full jitter, a uniformly
+    /// random span from zero to `base × 2^(retry − 1)`, capped at `cap`.
+    pub(super) fn backoff(&self, retry: u32) -> Duration {
+        let ceiling = saturating_nanos(self.base)
+            .saturating_mul(1u64 << (retry - 1).min(63))
+            .min(saturating_nanos(self.cap));
+        // std's per-process random keys, a new one each call: randomness without a dependency.
+        let random = RandomState::new().hash_one(retry);
+        Duration::from_nanos(random % ceiling.saturating_add(1))
+    }
+}
+
+impl fmt::Debug for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shared = &self.shared;
+        f.debug_struct("Retry")
+            .field("name", &shared.name)
+            .field("base", &shared.base)
+            .field("cap", &shared.cap)
+            .field("max_attempts", &shared.max_attempts)
+            .field("max_wait", &shared.max_wait)
+            .field("budget_available", &self.budget_available())
+            .finish()
+    }
+}
+
+impl Retry {
+    /// A builder for the retries of the dependency `name` (named in events and metrics).
+    pub fn builder(name: impl Into<Arc<str>>) -> RetryBuilder {
+        RetryBuilder {
+            name: name.into(),
+            base: DEFAULT_BASE,
+            cap: DEFAULT_CAP,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_wait: DEFAULT_MAX_WAIT,
+            ratio: DEFAULT_RATIO,
+            min_per_second: DEFAULT_MIN_PER_SECOND,
+            window: DEFAULT_WINDOW,
+            safe_to_retry: Arc::new(idempotent),
+            clock: Box::new(SystemClock::new()),
+        }
+    }
+
+    /// A layer that retries calls with [`HttpOverload`] judging which answers are transient.
+    pub fn layer(&self) -> RetryLayer {
+        self.layer_with(HttpOverload::default())
+    }
+
+    /// A layer that retries calls whose answers `classifier` judges
+    /// [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded).
+    pub fn layer_with<K>(&self, classifier: K) -> RetryLayer<K> {
+        RetryLayer {
+            retry: self.clone(),
+            classifier: Arc::new(classifier),
+        }
+    }
+
+    /// The dependency's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The whole retries the budget would grant now.
+    pub fn budget_available(&self) -> u64 {
+        self.shared.budget.available()
+    }
+}
+
+/// The default [`backoff`](RetryBuilder::backoff) base: 50 ms.
+pub const DEFAULT_BASE: Duration = Duration::from_millis(50);
+/// The default [`backoff`](RetryBuilder::backoff) cap: 1 s.
+pub const DEFAULT_CAP: Duration = Duration::from_secs(1);
+/// The default [`max_attempts`](RetryBuilder::max_attempts): 3, the first and two retries.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// The default [`max_wait`](RetryBuilder::max_wait): 5 s.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+/// The default [`budget`](RetryBuilder::budget) ratio: a retry for every five first attempts.
+pub const DEFAULT_RATIO: f64 = 0.2;
+/// The default [`budget`](RetryBuilder::budget) floor: 3 retries a second.
+pub const DEFAULT_MIN_PER_SECOND: u32 = 3;
+/// The default [`budget`](RetryBuilder::budget) window: 10 s.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+
+/// The most [`max_attempts`](RetryBuilder::max_attempts) may be.
+const MOST_ATTEMPTS: u32 = 10;
+/// The longest backoff cap, budget window and `max_wait`: an hour.
+const LONGEST: Duration = Duration::from_secs(3600);
+
+/// The default rule of what may be sent twice: the idempotent methods of RFC 9110 (GET, HEAD,
+/// OPTIONS, TRACE, PUT, DELETE), and a request of any method that carries an
+/// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header: the dependency answers a
+/// repeat of the key with the first answer).
+pub fn idempotent(method: &Method, headers: &HeaderMap) -> bool {
+    method.is_idempotent() || headers.contains_key("idempotency-key")
+}
+
+/// Builds a [`Retry`]; start with [`Retry::builder`].
+pub struct RetryBuilder {
+    name: Arc<str>,
+    base: Duration,
+    cap: Duration,
+    max_attempts: u32,
+    max_wait: Duration,
+    ratio: f64,
+    min_per_second: u32,
+    window: Duration,
+    safe_to_retry: Arc<SafeToRetry>,
+    clock: Box<dyn Clock>,
+}
+
+impl fmt::Debug for RetryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBuilder")
+            .field("name", &self.name)
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryBuilder {
+    /// The backoff before each retry (defaults [`DEFAULT_BASE`], [`DEFAULT_CAP`]): full jitter, a
+    /// random span from zero to `base × 2^(n − 1)` before retry `n`, at most `cap`. A retry
+    /// waits longer when the answer asks for longer (see [`max_wait`](Self::max_wait)).
+    ///
+    /// # Errors
+    ///
+    /// `base` above `cap`, or `cap` above an hour.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Result<Self, RetryConfigError> {
+        check(base <= cap, "base", format_args!("{base:?}"), "at most cap")?;
+        check(cap <= LONGEST, "cap", format_args!("{cap:?}"), "at most 1h")?;
+        (self.base, self.cap) = (base, cap);
+        Ok(self)
+    }
+
+    /// The most attempts of one call, the first included (default [`DEFAULT_MAX_ATTEMPTS`]; 1
+    /// makes no retry).
+    ///
+    /// # Errors
+    ///
+    /// Zero, or more than 10.
+    pub fn max_attempts(mut self, attempts: u32) -> Result<Self, RetryConfigError> {
+        let ok = (1..=MOST_ATTEMPTS).contains(&attempts);
+        check(ok, "max_attempts", attempts, "from 1 to 10")?;
+        self.max_attempts = attempts;
+        Ok(self)
+    }
+
+    /// The longest a retry waits for the time an answer or a refusal asks for (default
+    /// [`DEFAULT_MAX_WAIT`]). When it asks for longer, no retry is made: the call ends with that
+    /// answer or error, and the time it carries is the caller's to keep.
+    ///
+    /// # Errors
+    ///
+    /// More than an hour.
+    pub fn max_wait(mut self, max_wait: Duration) -> Result<Self, RetryConfigError> {
+        let ok = max_wait <= LONGEST;
+        check(ok, "max_wait", format_args!("{max_wait:?}"), "at most 1h")?;
+        self.max_wait = max_wait;
+        Ok(self)
+    }
+
+    /// The retry budget (defaults [`DEFAULT_RATIO`], [`DEFAULT_MIN_PER_SECOND`],
+    /// [`DEFAULT_WINDOW`]): each first attempt deposits `ratio` of a retry (to the millionth),
+    /// `min_per_second` retries a second come with no deposit, and both last `window`.
+    ///
+    /// # Errors
+    ///
+    /// A `ratio` that is not a number from 0 to 10, or a `window` under 10 ms or over an hour.
+    pub fn budget(
+        mut self,
+        ratio: f64,
+        min_per_second: u32,
+        window: Duration,
+    ) -> Result<Self, RetryConfigError> {
+        check(
+            (0.0..=10.0).contains(&ratio),
+            "ratio",
+            ratio,
+            "from 0 to 10",
+        )?;
+        let ok = (Duration::from_millis(10)..=LONGEST).contains(&window);
+        check(ok, "window", format_args!("{window:?}"), "from 10ms to 1h")?;
+        (self.ratio, self.min_per_second, self.window) = (ratio, min_per_second, window);
+        Ok(self)
+    }
+
+    /// Which requests may be sent more than once, by method and headers (default
+    /// [`idempotent`]). A request it refuses is sent once.
+    pub fn safe_to_retry(
+        mut self,
+        rule: impl Fn(&Method, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.safe_to_retry = Arc::new(rule);
+        self
+    }
+
+    /// Reads the budget's time from `clock` (default [`SystemClock`]). Backoffs and waits
+    /// sleep on tokio's timer.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// Builds the handle.
+    pub fn build(self) -> Retry {
+        // In range, checked by `budget`: at most 10 × ONE.
+        let deposit = (self.ratio * ONE as f64).round() as u64;
+        let window = saturating_nanos(self.window);
+        let budget = Budget::new(deposit, self.min_per_second, window, self.clock);
+        Retry {
+            shared: Arc::new(Shared {
+                metrics: RetryMetrics::new(&self.name),
+                name: self.name,
+                base: self.base,
+                cap: self.cap,
+                max_attempts: self.max_attempts,
+                max_wait: self.max_wait,
+                safe_to_retry: self.safe_to_retry,
+                budget,
+            }),
+        }
+    }
+}
+
+/// A setting of a [`RetryBuilder`] was out of range; the message names the setting, the value
+/// given and what was expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryConfigError {
+    setting: &'static str,
+    value: String,
+    expected: &'static str,
+}
+
+impl RetryConfigError {
+    /// The name of the setting that was refused, such as `max_attempts` or `ratio`.
+    pub fn setting(&self) -> &str {
+        self.setting
+    }
+}
+
+impl fmt::Display for RetryConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            setting,
+            value,
+            expected,
+        } = self;
+        write!(f, "retry: `{setting}` must be {expected}, got {value}")
+    }
+}
+
+impl std::error::Error for RetryConfigError {}
+
+/// `Ok` if `ok`, otherwise the error that `setting`, given `value`, must be `expected`.
+fn check(
+    ok: bool,
+    setting: &'static str,
+    value: impl fmt::Display,
+    expected: &'static str,
+) -> Result<(), RetryConfigError> {
+    match ok {
+        true => Ok(()),
+        false => Err(RetryConfigError {
+            setting,
+            value: value.to_string(),
+            expected,
+        }),
+    }
+}

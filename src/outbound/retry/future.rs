@@ -1,0 +1,158 @@
+//! One call through the retry layer: its attempts, the backoffs between them, and what each
+//! retry takes of the budget.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::builder::Shared;
+use super::layer::RetryRequest;
+use crate::bulkhead::adaptive::{Classify, Verdict};
+use crate::head::ResponseHead;
+use crate::outbound::pushback::answer;
+use crate::outbound::{never_sent, retry_after};
+use crate::BoxError;
+
+/// The kind of an attempt, counted under the `kind` label.
+#[derive(Clone, Copy)]
+pub(crate) enum Attempt {
+    First,
+    Retry,
+}
+
+/// Why a retry was not made, counted under the `reason` label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Skipped {
+    /// The budget held no retry.
+    Budget,
+    /// The answer or refusal asked for a longer wait than `max_wait`.
+    Wait,
+}
+
+/// A retry taken from the budget and not sent yet: given back if it is dropped unsent (the
+/// call's future dropped during the backoff, or the service failing to get ready).
+struct Withdrawal<'a> {
+    shared: &'a Shared,
+    epoch: Option<u64>,
+}
+
+impl Withdrawal<'_> {
+    /// The retry is on its way: it stays withdrawn.
+    fn sent(mut self) {
+        self.epoch = None;
+    }
+}
+
+impl Drop for Withdrawal<'_> {
+    fn drop(&mut self) {
+        if let Some(epoch) = self.epoch {
+            self.shared.budget.give_back(epoch);
+        }
+    }
+}
+
+/// The wait a retry of `result` needs at least, if `result` is transient: an answer `K` judges
+/// [`Verdict::Overloaded`], waiting what the answer asks (`Retry-After`, a spent quota, a gRPC
+/// pushback: read as the pushback reads them, uncapped); an error that names a time to come
+/// back ([`retry_after`]: the crate's refusals below, a gRPC status with a delay), waiting
+/// that; or another error `K` judges overloaded, waiting nothing. A refusal below that names no
+/// time (a full bulkhead) is never retried.
+fn transient<Res, K>(
+    shared: &Shared,
+    classifier: &K,
+    result: &Result<Res, BoxError>,
+) -> Option<Duration>
+where
+    Res: ResponseHead,
+    K: Classify<Res>,
+{
+    match result {
+        Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded)
+            .then(|| answer::wait(&shared.name, response.status(), response.headers())),
+        Err(error) => retry_after(&**error).or_else(|| {
+            let overloaded = classifier.classify(Err(error)) == Verdict::Overloaded;
+            (overloaded && !never_sent(&**error)).then_some(Duration::ZERO)
+        }),
+    }
+}
+
+/// The call: `first`, the first attempt, already sent; then, while `spare` holds a copy of the
+/// request and the result is transient, a retry on `service` after the backoff, if the wait
+/// asked is within `max_wait` and the budget grants it.
+///
+/// Cancellation: the first attempt's deposit was made when the call was, and stays. A retry is
+/// withdrawn from the budget before its backoff and stays withdrawn once it is handed to the
+/// service; dropped before that (during the backoff, or while the service gets ready), it is
+/// given back and nothing more is sent. Dropped during an attempt, the attempt is dropped with
+/// it and no other is made.
+pub(super) async fn serve<S, K, Req>(
+    first: S::Future,
+    mut service: S,
+    mut spare: Option<Req>,
+    shared: Arc<Shared>,
+    classifier: Arc<K>,
+) -> Result<S::Response, BoxError>
+where
+    Req: RetryRequest,
+    S: Service<Req>,
+    S::Response: ResponseHead,
+    S::Error: Into<BoxError>,
+    K: Classify<S::Response>,
+{
+    let mut result = first.await.map_err(Into::into);
+    let mut retries = 0;
+    while let Some(request) = spare.take() {
+        let Some(asked) = transient(&shared, &*classifier, &result) else {
+            break;
+        };
+        if asked > shared.max_wait {
+            skipped(&shared, Skipped::Wait, asked);
+            break;
+        }
+        let Some(epoch) = shared.budget.withdraw() else {
+            skipped(&shared, Skipped::Budget, asked);
+            break;
+        };
+        let withdrawal = Withdrawal {
+            shared: &shared,
+            epoch: Some(epoch),
+        };
+        retries += 1;
+        let backoff = shared.backoff(retries);
+        tokio::time::sleep(backoff.max(asked)).await;
+        if let Err(error) = poll_fn(|cx| service.poll_ready(cx)).await {
+            let error: BoxError = error.into();
+            tracing::debug!(
+                target: "tower_bulwark::retry",
+                dependency = &*shared.name,
+                %error,
+                "the service failed to get ready for a retry; the last answer stands",
+            );
+            break;
+        }
+        if retries + 1 < shared.max_attempts {
+            spare = request.try_clone();
+        }
+        let attempt = service.call(request);
+        withdrawal.sent();
+        shared.metrics.attempt(Attempt::Retry);
+        result = attempt.await.map_err(Into::into);
+    }
+    result
+}
+
+/// A retry not made for `reason`, `asked` being what the answer asked to wait: an event and a
+/// count.
+fn skipped(shared: &Shared, reason: Skipped, asked: Duration) {
+    shared.metrics.skipped(reason);
+    tracing::debug!(
+        target: "tower_bulwark::retry",
+        dependency = &*shared.name,
+        ?reason,
+        ?asked,
+        max_wait = ?shared.max_wait,
+        "retry not made; the last answer stands",
+    );
+}

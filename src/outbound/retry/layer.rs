@@ -1,0 +1,160 @@
+//! The layer that retries a dependency's calls, its service, and [`RetryRequest`], what it
+//! needs of a request.
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, Method};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::builder::Retry;
+use super::future::{serve, Attempt};
+use crate::bulkhead::adaptive::{Classify, HttpOverload};
+use crate::head::ResponseHead;
+use crate::BoxError;
+
+/// A request the retry layer can judge and send again.
+///
+/// Implemented for `http::Request<B>` with a `Clone` body (`String`, `Bytes`, `Full<Bytes>`)
+/// and, with the `reqwest` feature, for `reqwest::Request` (whose body clones unless it is a
+/// stream).
+pub trait RetryRequest: Sized {
+    /// The request's method.
+    fn method(&self) -> &Method;
+    /// The request's headers.
+    fn headers(&self) -> &HeaderMap;
+    /// A copy to send again, or `None` when the request cannot be copied (a streamed body):
+    /// then it is sent once.
+    fn try_clone(&self) -> Option<Self>;
+}
+
+impl<B: Clone> RetryRequest for http::Request<B> {
+    fn method(&self) -> &Method {
+        self.method()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers()
+    }
+    fn try_clone(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl RetryRequest for reqwest::Request {
+    fn method(&self) -> &Method {
+        self.method()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers()
+    }
+    fn try_clone(&self) -> Option<Self> {
+        self.try_clone()
+    }
+}
+
+/// Retries the calls of the service it wraps (made by [`Retry::layer`] and
+/// [`layer_with`](Retry::layer_with)), `K` judging which answers are transient.
+///
+/// Every service this layer makes, and every clone of them, shares the [`Retry`]'s budget.
+pub struct RetryLayer<K = HttpOverload> {
+    pub(super) retry: Retry,
+    pub(super) classifier: Arc<K>,
+}
+
+impl<K> Clone for RetryLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            retry: self.retry.clone(),
+            classifier: Arc::clone(&self.classifier),
+        }
+    }
+}
+
+impl<K> fmt::Debug for RetryLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K> Layer<S> for RetryLayer<K> {
+    type Service = RetryService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A service whose calls are retried; made by [`RetryLayer`].
+///
+/// The inner service must be `Clone`: a call takes the readied service with it, to call it
+/// again for each retry once it is ready.
+pub struct RetryService<S, K = HttpOverload> {
+    inner: S,
+    layer: RetryLayer<K>,
+}
+
+impl<S: Clone, K> Clone for RetryService<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for RetryService<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryService")
+            .field("inner", &self.inner)
+            .field("retry", &self.layer.retry)
+            .finish()
+    }
+}
+
+/// The response future of [`RetryService`]: the first attempt, then each backoff and retry.
+pub type ResponseFuture<Res> = Pin<Box<dyn Future<Output = Result<Res, BoxError>> + Send>>;
+
+impl<S, K, Req> Service<Req> for RetryService<S, K>
+where
+    Req: RetryRequest + Send + 'static,
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: ResponseHead + Send + 'static,
+    S::Error: Into<BoxError>,
+    K: Classify<S::Response>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let shared = Arc::clone(&self.layer.retry.shared);
+        // The readied service goes with the call; this handle keeps a clone.
+        let clone = self.inner.clone();
+        let mut service = mem::replace(&mut self.inner, clone);
+        let spare = (shared.max_attempts > 1
+            && (shared.safe_to_retry)(request.method(), request.headers()))
+        .then(|| request.try_clone())
+        .flatten();
+        shared.budget.deposit();
+        shared.metrics.attempt(Attempt::First);
+        let first = service.call(request);
+        let classifier = Arc::clone(&self.layer.classifier);
+        Box::pin(serve(first, service, spare, shared, classifier))
+    }
+}

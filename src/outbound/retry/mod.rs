@@ -1,0 +1,105 @@
+//! Retries (feature `adaptive`): a call sent again when its answer was transient, as late as
+//! the dependency asked, and only as often as a budget shared by every clone allows.
+//!
+//! A retry loop without a budget multiplies a dependency's load by its attempts exactly when
+//! the dependency can least take it. A [`Retry`] retries a call only when all of these hold:
+//!
+//! * **it is safe to send twice**: by default its method is idempotent (GET, HEAD, OPTIONS,
+//!   TRACE, PUT, DELETE) or it carries an `Idempotency-Key` header; another rule is a
+//!   [`safe_to_retry`](RetryBuilder::safe_to_retry) predicate on the method and headers (a
+//!   predicate rather than a request extension, since `reqwest::Request` keeps its extensions
+//!   to itself). The request must also be copyable ([`RetryRequest`]): an `http::Request<B>`
+//!   whose body is `Clone`, or (feature `reqwest`) a `reqwest::Request` whose body is not a
+//!   stream. Any other request is sent once.
+//! * **the answer is transient**: the classifier ([`HttpOverload`](crate::bulkhead::adaptive::HttpOverload)
+//!   by default, the adaptive bulkhead's: 429, 503, 504, timeouts, connection failures, a
+//!   trailers-only gRPC `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED`; any
+//!   [`Classify`](crate::bulkhead::adaptive::Classify) of yours through
+//!   [`layer_with`](Retry::layer_with)) judges it
+//!   [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded), or it is an error that names
+//!   when to come back ([`retry_after`](super::retry_after): a [`PushedBack`](super::PushedBack)
+//!   or [`QuotaExhausted`](super::QuotaExhausted) of a layer below, a gRPC status with a delay).
+//!   A refusal below that names no time, such as a [`BulkheadFull`](crate::BulkheadFull), is
+//!   never retried: trying again at once would only meet it again.
+//! * **the wait asked is at most [`max_wait`](RetryBuilder::max_wait)**: a retry never leaves
+//!   before the answer's `Retry-After` (delta-seconds, decimal seconds or an HTTP-date),
+//!   `retry-after-ms`, gRPC `RetryInfo` or `grpc-retry-pushback-ms`, the window of a quota it
+//!   says is spent (all read as the [pushback](super::pushback) reads them, a 429 naming no
+//!   time asking one second), or an error's `retry_after`. When that is longer than
+//!   `max_wait`, no retry is made and the call ends with the answer or error as it came.
+//!   Malformed values are ignored as the pushback ignores them; a huge one is longer than any
+//!   `max_wait`; none panics.
+//! * **the budget holds a retry**: each call deposits `ratio` of a retry (default 0.2, counted
+//!   to the millionth in integers, so that five calls make exactly one retry), each retry
+//!   withdraws one, `min_per_second` retries a second (default 3) come with no deposit, and
+//!   both expire after `window` (default 10 s), so an idle spell banks nothing. Retries are at
+//!   most `ratio` times the calls plus `min_per_second` for each second: at 100 calls a second
+//!   and the defaults, 23 retries a second, so attempts stay under 1.25 per call however many
+//!   calls fail.
+//!
+//! A retry waits the longer of what was asked and a backoff: full jitter, a random span up to
+//! `base × 2^(n − 1)` before retry `n`, at most `cap` (defaults 50 ms and 1 s), and a call
+//! makes at most [`max_attempts`](RetryBuilder::max_attempts) attempts (default 3). A retry
+//! refused by the budget or not made for a long wait ends the call with the last answer or
+//! error unchanged, with an event (`debug`, target `tower_bulwark::retry`) and a count
+//! (`bulwark_retry_skipped_total`, feature `metrics`).
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_bulwark::clock::TokioClock;
+//! use tower_bulwark::outbound::retry::Retry;
+//! use tower_bulwark::BoxError;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), BoxError> {
+//! let calls = Arc::new(AtomicUsize::new(0));
+//! let seen = calls.clone();
+//! // A dependency that answers its first call with `429` and `Retry-After: 2`.
+//! let dependency = service_fn(move |_: http::Request<String>| {
+//!     let n = seen.fetch_add(1, Ordering::SeqCst);
+//!     async move {
+//!         let status = if n == 0 { 429 } else { 200 };
+//!         let response = http::Response::builder().status(status).header("retry-after", "2");
+//!         Ok::<_, BoxError>(response.body(())?)
+//!     }
+//! });
+//! let partner = Retry::builder("partner").clock(TokioClock::new()).build();
+//! let client = partner.layer().layer(dependency);
+//!
+//! let start = tokio::time::Instant::now();
+//! let response = client.oneshot(http::Request::get("/").body(String::new())?).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! // Not a moment before the two seconds asked (the backoff is at most one).
+//! assert_eq!(start.elapsed(), Duration::from_secs(2));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Cancellation
+//!
+//! A call deposits into the budget when it is made, once. A retry is withdrawn when it is
+//! decided, before its backoff, and stays withdrawn once it is handed to the service. A
+//! response future dropped during the backoff (or while the service gets ready) gives that
+//! retry back and sends nothing more; dropped during an attempt, it drops the attempt and makes
+//! no other.
+//!
+//! # Where it goes
+//!
+//! Outermost in the [outbound stack](super#the-order-of-layers): each attempt passes every
+//! layer below again, so a retry waits in no queue of theirs and is refused as any call is.
+
+mod budget;
+mod builder;
+mod future;
+mod layer;
+
+pub use self::builder::{
+    idempotent, Retry, RetryBuilder, RetryConfigError, DEFAULT_BASE, DEFAULT_CAP,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_WAIT, DEFAULT_MIN_PER_SECOND, DEFAULT_RATIO, DEFAULT_WINDOW,
+};
+pub(crate) use self::future::{Attempt, Skipped};
+pub use self::layer::{ResponseFuture, RetryLayer, RetryRequest, RetryService};

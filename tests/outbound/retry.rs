@@ -1,0 +1,305 @@
+//! The retry layer around `service_fn` dependencies, on tokio's paused time: what is retried
+//! (safe requests, transient answers), when (never before the dependency's `Retry-After` or
+//! gRPC pushback, after a jittered backoff), what is not (a wait longer than `max_wait`, a full
+//! bulkhead below), and hostile `Retry-After` values.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderMap, Method, Request, Response};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::Verdict;
+use tower_bulwark::bulkhead::Bulkhead;
+use tower_bulwark::clock::TokioClock;
+use tower_bulwark::outbound::retry::{Retry, RetryBuilder, RetryRequest};
+use tower_bulwark::outbound::Pushback;
+use tower_bulwark::{BoxError, BulkheadFull};
+
+use tokio::time::Instant;
+
+/// The instants, from the test's start, at which a dependency received each call.
+#[derive(Clone, Default)]
+pub(crate) struct Calls(Arc<Mutex<Vec<Duration>>>);
+
+impl Calls {
+    pub(crate) fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    pub(crate) fn at(&self) -> Vec<Duration> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A dependency that answers its calls with `answers` in turn (status and headers), then 200s,
+/// recording when each came.
+pub(crate) fn scripted(
+    answers: Vec<(u16, Vec<(&'static str, &'static str)>)>,
+) -> (
+    impl Service<Request<String>, Response = Response<()>, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    Calls,
+) {
+    let calls = Calls::default();
+    let (seen, start) = (calls.clone(), Instant::now());
+    let answers = Arc::new(Mutex::new(answers.into_iter()));
+    let service = service_fn(move |_: Request<String>| {
+        seen.0.lock().unwrap().push(start.elapsed());
+        let (status, headers) = answers.lock().unwrap().next().unwrap_or((200, vec![]));
+        async move {
+            let mut response = Response::builder().status(status);
+            for (name, value) in headers {
+                response = response.header(name, value);
+            }
+            Ok::<_, BoxError>(response.body(())?)
+        }
+    });
+    (service, calls)
+}
+
+pub(crate) fn get() -> Request<String> {
+    Request::get("http://partner/").body(String::new()).unwrap()
+}
+
+pub(crate) fn retry() -> RetryBuilder {
+    Retry::builder("partner").clock(TokioClock::new())
+}
+
+/// A 429 with `Retry-After: 3`: the retry leaves three seconds after the answer, not a moment
+/// sooner (its backoff, at most 50 ms, is shorter), and its answer is the call's.
+#[tokio::test(start_paused = true)]
+async fn a_retry_never_leaves_before_retry_after() {
+    let (dependency, calls) = scripted(vec![(429, vec![("retry-after", "3")])]);
+    let client = retry().build().layer().layer(dependency);
+    let response = client.oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.at(), [Duration::ZERO, Duration::from_secs(3)]);
+}
+
+/// An HTTP-date and `retry-after-ms` are read as the pushback reads them.
+#[tokio::test(start_paused = true)]
+async fn retry_after_as_a_date_or_in_milliseconds() {
+    let (dependency, calls) = scripted(vec![
+        (503, vec![("retry-after-ms", "1500"), ("retry-after", "2")]),
+        (
+            429,
+            vec![
+                ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                ("retry-after", "Sun, 06 Nov 1994 08:49:41 GMT"),
+            ],
+        ),
+    ]);
+    let client = retry().build().layer().layer(dependency);
+    let response = client.oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let at = calls.at();
+    assert_eq!(at[1], Duration::from_millis(1500));
+    assert_eq!(at[2] - at[1], Duration::from_secs(4));
+}
+
+/// A trailers-only gRPC `UNAVAILABLE` with `grpc-retry-pushback-ms`: retried after the pushback.
+#[cfg(feature = "grpc")]
+#[tokio::test(start_paused = true)]
+async fn a_retry_never_leaves_before_a_grpc_pushback() {
+    let (dependency, calls) = scripted(vec![(
+        200,
+        vec![("grpc-status", "14"), ("grpc-retry-pushback-ms", "2500")],
+    )]);
+    let client = retry().build().layer().layer(dependency);
+    client.oneshot(get()).await.unwrap();
+    assert_eq!(calls.at(), [Duration::ZERO, Duration::from_millis(2500)]);
+}
+
+/// A wait asked beyond `max_wait` is not waited for: the answer comes back as it came, at once,
+/// and the budget is untouched.
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_max_wait_ends_the_call_with_the_answer() {
+    let (dependency, calls) = scripted(vec![(429, vec![("retry-after", "6")])]);
+    let partner = retry()
+        .max_wait(Duration::from_secs(5))
+        .unwrap()
+        .budget(0.0, 2, Duration::from_secs(1))
+        .unwrap()
+        .build();
+    let start = Instant::now();
+    let response = partner
+        .layer()
+        .layer(dependency)
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "6");
+    assert_eq!((calls.count(), start.elapsed()), (1, Duration::ZERO));
+    assert_eq!(partner.budget_available(), 2);
+}
+
+/// Always overloaded: exactly `max_attempts`, each retry after a backoff of full jitter (at
+/// most `base × 2^(n − 1)`), then the last answer.
+#[tokio::test(start_paused = true)]
+async fn attempts_stop_at_max_attempts_after_bounded_backoffs() {
+    let (dependency, calls) = scripted(vec![(503, vec![]); 10]);
+    let partner = retry()
+        .max_attempts(4)
+        .unwrap()
+        .backoff(Duration::from_millis(100), Duration::from_millis(300))
+        .unwrap()
+        .build();
+    let response = partner
+        .layer()
+        .layer(dependency)
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    let at = calls.at();
+    assert_eq!(at.len(), 4);
+    for (n, ceiling) in [(1, 100), (2, 200), (3, 300)] {
+        let gap = at[n] - at[n - 1];
+        assert!(gap <= Duration::from_millis(ceiling), "{n}: {gap:?}");
+    }
+}
+
+/// Only safe requests are sent twice: a POST is sent once, unless it carries an
+/// `Idempotency-Key` or a rule of the user's says it may.
+#[tokio::test(start_paused = true)]
+async fn a_post_is_not_retried_unless_marked() {
+    let post = || Request::post("http://partner/orders");
+    let once = |builder: RetryBuilder, request: Request<String>| async move {
+        let (dependency, calls) = scripted(vec![(503, vec![])]);
+        let response = builder
+            .build()
+            .layer()
+            .layer(dependency)
+            .oneshot(request)
+            .await;
+        (response.unwrap().status().as_u16(), calls.count())
+    };
+    let body = || "{}".to_owned();
+    assert_eq!(once(retry(), post().body(body()).unwrap()).await, (503, 1));
+    let keyed = post().header("idempotency-key", "8e03978e").body(body());
+    assert_eq!(once(retry(), keyed.unwrap()).await, (200, 2));
+    let rule = |method: &Method, _: &HeaderMap| method == Method::POST;
+    let marked = once(retry().safe_to_retry(rule), post().body(body()).unwrap());
+    assert_eq!(marked.await, (200, 2));
+    let nothing = |_: &Method, _: &HeaderMap| false;
+    assert_eq!(once(retry().safe_to_retry(nothing), get()).await, (503, 1));
+}
+
+/// A request that cannot be copied is sent once.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_copied_is_sent_once() {
+    struct Streamed(Method, HeaderMap);
+    impl RetryRequest for Streamed {
+        fn method(&self) -> &Method {
+            &self.0
+        }
+        fn headers(&self) -> &HeaderMap {
+            &self.1
+        }
+        fn try_clone(&self) -> Option<Self> {
+            None
+        }
+    }
+    let (dependency, calls) = scripted(vec![(503, vec![])]);
+    let dependency = dependency.map_request(|_: Streamed| get());
+    let request = Streamed(Method::GET, HeaderMap::new());
+    let response = retry()
+        .build()
+        .layer()
+        .layer(dependency)
+        .oneshot(request)
+        .await;
+    assert_eq!(
+        (response.unwrap().status().as_u16(), calls.count()),
+        (503, 1)
+    );
+}
+
+/// A classifier of the user's replaces the default: here a 500 is transient and a 503 not.
+#[tokio::test(start_paused = true)]
+async fn a_classifier_of_the_users_decides_what_is_transient() {
+    let judge = |result: Result<&Response<()>, &BoxError>| match result {
+        Ok(response) if response.status() == 500 => Verdict::Overloaded,
+        _ => Verdict::Healthy,
+    };
+    let (dependency, calls) = scripted(vec![(500, vec![]), (503, vec![])]);
+    let client = retry().build().layer_with(judge).layer(dependency);
+    assert_eq!(client.oneshot(get()).await.unwrap().status(), 503);
+    assert_eq!(calls.count(), 2);
+}
+
+/// A pushback below refuses the call with 2 s to go: the retry waits those 2 s and the call
+/// goes through. A full bulkhead below names no time: never retried.
+#[tokio::test(start_paused = true)]
+async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
+    let (dependency, calls) = scripted(vec![]);
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .build();
+    pushback.observe(
+        &Response::builder()
+            .status(429)
+            .header("retry-after", "2")
+            .body(())
+            .unwrap(),
+    );
+    let client = retry()
+        .build()
+        .layer()
+        .layer(pushback.layer().layer(dependency.clone()));
+    client.oneshot(get()).await.unwrap();
+    assert_eq!(calls.at(), [Duration::from_secs(2)]);
+
+    let bulkhead = Bulkhead::semaphore("partner", 1).build();
+    let pending =
+        service_fn(|_: Request<String>| std::future::pending::<Result<Response<()>, BoxError>>());
+    let mut held = bulkhead.layer().layer(pending);
+    let _holding = held.ready().await.unwrap().call(get());
+    let partner = retry().build();
+    let client = partner.layer().layer(bulkhead.layer().layer(dependency));
+    let err = client.oneshot(get()).await.unwrap_err();
+    assert!(err.is::<BulkheadFull>(), "{err}");
+    assert_eq!(calls.count(), 1);
+    assert_eq!(partner.budget_available(), 30, "nothing withdrawn");
+}
+
+/// Hostile `Retry-After` values: none panics. A huge delay or a far date is longer than any
+/// `max_wait` (not retried); a negative or garbage one is ignored as the pushback ignores it (a
+/// 429 then asks one second, a 503 nothing); a date in the past asks nothing.
+#[tokio::test(start_paused = true)]
+async fn hostile_retry_after_values_are_handled_as_documented() {
+    let cases: [(u16, &'static str, Option<Duration>); 8] = [
+        (429, "99999999999999999999999999", None),
+        (503, "18446744073709551616", None),
+        (429, "Fri, 31 Dec 9999 23:59:59 GMT", None),
+        (429, "-5", Some(Duration::from_secs(1))),
+        (429, "soon", Some(Duration::from_secs(1))),
+        (503, "-1", Some(Duration::ZERO)),
+        (503, "1e3", Some(Duration::ZERO)),
+        (503, "Thu, 01 Jan 1970 00:00:00 GMT", Some(Duration::ZERO)),
+    ];
+    for (status, value, retried_after) in cases {
+        let (dependency, calls) = scripted(vec![(status, vec![("retry-after", value)])]);
+        let partner = retry()
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .unwrap()
+            .build();
+        let response = partner
+            .layer()
+            .layer(dependency)
+            .oneshot(get())
+            .await
+            .unwrap();
+        let at = calls.at();
+        match retried_after {
+            None => assert_eq!(
+                (response.status().as_u16(), at.len()),
+                (status, 1),
+                "{value}"
+            ),
+            Some(wait) => assert_eq!(at, [Duration::ZERO, wait], "{value}"),
+        }
+    }
+}

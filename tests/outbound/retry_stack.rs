@@ -1,0 +1,120 @@
+//! The retry layer on top of the outbound stack, around a real `reqwest::Client` and a mock
+//! server on 127.0.0.1:
+//!
+//! retry → pushback → bulkhead → timeout → client
+//!
+//! Waits here are the dependency's own (a second at most) and asserted only as lower bounds.
+
+use std::time::{Duration, Instant};
+
+use tower::timeout::TimeoutLayer;
+use tower::{Layer, ServiceExt};
+use tower_bulwark::bulkhead::Bulkhead;
+use tower_bulwark::outbound::retry::Retry;
+use tower_bulwark::outbound::Pushback;
+use tower_bulwark::BoxError;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+struct Stack {
+    server: MockServer,
+    retry: Retry,
+}
+
+impl Stack {
+    async fn new() -> Self {
+        let server = MockServer::start().await;
+        Mock::given(path("/limited"))
+            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(path("/flaky"))
+            .respond_with(ResponseTemplate::new(503))
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(path("/silent"))
+            .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200))
+            .with_priority(10)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(503))
+            .with_priority(10)
+            .mount(&server)
+            .await;
+        let retry = Retry::builder("partner").build();
+        Self { server, retry }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        route: &str,
+    ) -> Result<reqwest::Response, BoxError> {
+        let client =
+            self.retry
+                .layer()
+                .layer(Pushback::builder("partner").build().layer().layer(
+                    Bulkhead::semaphore("partner", 4).build().layer().layer(
+                        TimeoutLayer::new(Duration::from_millis(200)).layer(reqwest::Client::new()),
+                    ),
+                ));
+        let url = format!("{}{route}", self.server.uri()).parse().unwrap();
+        client.oneshot(reqwest::Request::new(method, url)).await
+    }
+
+    async fn received(&self, route: &str) -> usize {
+        let requests = self.server.received_requests().await.unwrap();
+        requests.iter().filter(|r| r.url.path() == route).count()
+    }
+}
+
+/// A 429 with `Retry-After: 1`: the retry leaves after that second, passes the pushback (which
+/// holds calls for the same second) and succeeds; two calls reached the server.
+#[tokio::test]
+async fn a_429_is_retried_after_its_retry_after_through_the_pushback() {
+    let stack = Stack::new().await;
+    let start = Instant::now();
+    let response = stack.call(reqwest::Method::GET, "/limited").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(stack.received("/limited").await, 2);
+}
+
+/// A 503 on a GET is retried; on a POST it is not.
+#[tokio::test]
+async fn a_503_is_retried_for_a_get_and_not_for_a_post() {
+    let stack = Stack::new().await;
+    let response = stack.call(reqwest::Method::GET, "/flaky").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(stack.received("/flaky").await, 2);
+    let response = stack.call(reqwest::Method::POST, "/order").await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(stack.received("/order").await, 1);
+}
+
+/// A dependency that accepts calls and never answers: the timeout at the bottom cuts each
+/// attempt, its `Elapsed` is transient, and the call ends after its three attempts with it.
+#[tokio::test]
+async fn a_silent_dependency_is_cut_by_the_timeout_and_retried() {
+    let stack = Stack::new().await;
+    let err = stack
+        .call(reqwest::Method::GET, "/silent")
+        .await
+        .unwrap_err();
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
+    assert_eq!(stack.received("/silent").await, 3);
+}
