@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::duration::{optional, with_units};
 pub(super) use super::overload::OverloadSettings;
+pub(super) use super::retry::RetrySettings;
 
 use super::fields::{choice, cidrs, instances, policies, some_choice, some_cidrs, Count};
 use crate::limiter::DEFAULT_MAX_KEYS;
@@ -36,6 +37,8 @@ pub(super) struct Config {
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
     #[serde(deserialize_with = "instances")]
     pub(super) overload: BTreeMap<String, OverloadSettings>,
+    #[serde(deserialize_with = "instances")]
+    pub(super) retries: BTreeMap<String, RetrySettings>,
 }
 
 /// `[rate_limiters.NAME]`.

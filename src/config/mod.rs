@@ -160,11 +160,31 @@
 //! | `queue_capacity` | integer ≥ 1, with `max_wait`: requests that may wait for a place | none (shed at once) |
 //! | `max_wait` | duration ≤ 60 s, with `queue_capacity`: the longest a request waits | none |
 //!
+//! With the `adaptive` feature, the retries of a dependency with their budget
+//! (`Registry::retry`; see `outbound::retry`):
+//!
+//! ```toml
+//! [retries.partner]
+//! max_attempts = 3                # the first attempt and two retries
+//! max_wait = "5s"                 # a longer Retry-After ends the call with its answer
+//! ratio = 0.2                     # retries: at most a fifth of the calls...
+//! min_per_second = 3              # ...plus 3 a second
+//! ```
+//!
+//! | field of retries | type | default |
+//! |---|---|---|
+//! | `max_attempts` | integer from 1 to 10: attempts of one call, the first included | 3 |
+//! | `base`, `cap` | durations, `base <= cap <= 1h`: the backoff before retry n is random up to `base × 2^(n − 1)`, at most `cap` | `"50ms"`, `"1s"` |
+//! | `max_wait` | duration ≤ 1 h: the longest a retry waits for the time an answer or refusal asks | `"5s"` |
+//! | `ratio` | number from 0 to 10: the retry each call deposits in the budget | 0.2 |
+//! | `min_per_second` | integer ≥ 0: retries a second the budget grants with no deposit | 3 |
+//! | `window` | duration from 10 ms to 1 h: how long deposits last | `"10s"` |
+//!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and
 //! bulkhead sizes apply in place, under the layers already built, and every key keeps its state
 //! (a client quota's limiter included); a change that cannot apply in place (any setting of a
-//! pushback, of a client quota, of an adaptive bulkhead or of an overload protection, whose
-//! limits move by themselves), or a bad file, is refused and changes nothing.
+//! pushback, of a client quota, of an adaptive bulkhead, of an overload protection, whose
+//! limits move by themselves, or of retries), or a bad file, is refused and changes nothing.
 
 mod build;
 mod duration;
@@ -175,6 +195,7 @@ mod health;
 mod overload;
 mod registry;
 mod reload;
+mod retry;
 mod validate;
 
 pub use duration::parse_duration;

@@ -14,6 +14,8 @@ use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
 use super::overload::build_overload;
+#[cfg(feature = "adaptive")]
+use super::retry::build_retry;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -191,6 +193,8 @@ pub struct Registry {
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkhead>,
     #[cfg(feature = "adaptive")]
     overload: BTreeMap<String, Overload>,
+    #[cfg(feature = "adaptive")]
+    retries: BTreeMap<String, crate::outbound::retry::Retry>,
     /// Each client quota's layer, built once so that its metrics handles are shared by every
     /// layer taken for it.
     client_quotas: BTreeMap<String, ConfiguredClientQuotaLayer>,
@@ -206,7 +210,8 @@ impl fmt::Debug for Registry {
             .field("bulkheads", &self.bulkheads);
         #[cfg(feature = "adaptive")]
         out.field("adaptive_bulkheads", &self.adaptive_bulkheads)
-            .field("overload", &self.overload);
+            .field("overload", &self.overload)
+            .field("retries", &self.retries);
         out.field("pushbacks", &self.pushbacks)
             .field(
                 "client_quotas",
@@ -307,6 +312,8 @@ impl Registry {
         let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
         #[cfg(feature = "adaptive")]
         let overload = build_each(&config.overload, build_overload)?;
+        #[cfg(feature = "adaptive")]
+        let retries = build_each(&config.retries, build_retry)?;
         Ok(Self {
             limiters,
             bulkheads,
@@ -315,6 +322,8 @@ impl Registry {
             adaptive_bulkheads,
             #[cfg(feature = "adaptive")]
             overload,
+            #[cfg(feature = "adaptive")]
+            retries,
             client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config),
@@ -412,6 +421,13 @@ impl Registry {
     #[cfg(feature = "adaptive")]
     pub fn overload(&self, name: &str) -> Result<&Overload, UnknownInstance> {
         find(&self.overload, "overload protection", name)
+    }
+
+    /// Retries `name` (under `retries`): their `layer()` (every layer taken from them shares
+    /// one budget).
+    #[cfg(feature = "adaptive")]
+    pub fn retry(&self, name: &str) -> Result<&crate::outbound::retry::Retry, UnknownInstance> {
+        find(&self.retries, "retries", name)
     }
 
     /// Pushback `name` (under `pushbacks`): its [`layer`](Pushback::layer) (every layer taken

@@ -8,7 +8,7 @@ use std::sync::PoisonError;
 
 use super::file::{
     AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, OverloadSettings,
-    PushbackSettings, RateLimiterSettings, RouteSettings,
+    PushbackSettings, RateLimiterSettings, RetrySettings, RouteSettings,
 };
 use super::{ConfigError, Registry};
 use crate::Limiter;
@@ -102,6 +102,7 @@ impl Registry {
             &config.adaptive_bulkheads,
         )?;
         same_instances("overload", &now.overload, &config.overload)?;
+        same_instances("retries", &now.retries, &config.retries)?;
         same_instances("routes", &now.routes, &config.routes)?;
         let mut quotas = Vec::new();
         for (name, next) in &config.rate_limiters {
@@ -232,4 +233,5 @@ fixed_fields! {
         min_limit, initial_limit, max_limit, critical_guarantee, default_guarantee,
         priority_header, queue_capacity, max_wait
     ];
+    RetrySettings => [max_attempts, base, cap, max_wait, ratio, min_per_second, window];
 }

@@ -165,15 +165,23 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     }
 }
 
-/// One retry handle's counters (feature `adaptive`): attempts by kind, retries not made by
-/// reason.
+/// A retry layer's series: attempts by kind, then retries not made by reason, in the order of
+/// `Attempt` and `Skipped`.
+#[cfg(all(feature = "adaptive", feature = "metrics"))]
+const RETRY_SERIES: [(&str, &str, &str); 4] = [
+    (m::RETRY_ATTEMPTS, "kind", "first"),
+    (m::RETRY_ATTEMPTS, "kind", "retry"),
+    (m::RETRY_SKIPPED, "reason", "budget"),
+    (m::RETRY_SKIPPED, "reason", "wait"),
+];
+
+/// One retry handle's counters (feature `adaptive`).
 #[cfg(feature = "adaptive")]
 pub(crate) struct RetryMetrics {
     #[cfg(feature = "metrics")]
     name: Arc<str>,
-    /// `first`, `retry`; then `budget`, `wait`.
     #[cfg(feature = "metrics")]
-    handles: OnceLock<([metrics::Counter; 2], [metrics::Counter; 2])>,
+    counters: OnceLock<[metrics::Counter; RETRY_SERIES.len()]>,
 }
 
 #[cfg(feature = "adaptive")]
@@ -184,33 +192,28 @@ impl RetryMetrics {
             #[cfg(feature = "metrics")]
             name: Arc::clone(name),
             #[cfg(feature = "metrics")]
-            handles: OnceLock::new(),
+            counters: OnceLock::new(),
         }
     }
 
-    #[cfg(feature = "metrics")]
-    fn handles(&self) -> &([metrics::Counter; 2], [metrics::Counter; 2]) {
-        self.handles.get_or_init(|| {
-            let name = &*self.name;
-            let attempts = ["first", "retry"].map(|kind| {
-                metrics::counter!(m::RETRY_ATTEMPTS, "name" => name.to_owned(), "kind" => kind)
-            });
-            let skipped = ["budget", "wait"].map(|reason| {
-                metrics::counter!(m::RETRY_SKIPPED, "name" => name.to_owned(), "reason" => reason)
-            });
-            (attempts, skipped)
-        })
+    /// Counts one event of the series at `index` in [`RETRY_SERIES`].
+    fn count(&self, index: usize) {
+        #[cfg(feature = "metrics")]
+        self.counters.get_or_init(|| {
+            RETRY_SERIES.map(|(metric, label, value)| {
+                metrics::counter!(metric, "name" => self.name.to_string(), label => value)
+            })
+        })[index]
+            .increment(1);
     }
 
     /// Counts one attempt of `kind`.
     pub(crate) fn attempt(&self, kind: super::retry::Attempt) {
-        #[cfg(feature = "metrics")]
-        self.handles().0[kind as usize].increment(1);
+        self.count(kind as usize);
     }
 
     /// Counts one retry not made, for `reason`.
     pub(crate) fn skipped(&self, reason: super::retry::Skipped) {
-        #[cfg(feature = "metrics")]
-        self.handles().1[reason as usize].increment(1);
+        self.count(2 + reason as usize);
     }
 }

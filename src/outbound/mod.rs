@@ -1,6 +1,6 @@
 //! Outbound calls: respect the dependency, and keep to your own quota for it.
 //!
-//! Two layers complete the [bulkhead](crate::bulkhead) on the way out of a service:
+//! These layers complete the [bulkhead](crate::bulkhead) on the way out of a service:
 //!
 //! * [`Pushback`] ([`pushback`] module) obeys the dependency: after a `429` or `503` with
 //!   `Retry-After`, or once the quota it advertises in `RateLimit` or `X-RateLimit-*` fields is
@@ -9,24 +9,31 @@
 //! * [`ClientQuotaLayer`] ([`quota`] module) keeps to a quota of your own for the dependency
 //!   ("5 000 calls per hour to the partner"), in memory or in Redis so that every instance
 //!   shares it, failing with [`QuotaExhausted`] or waiting up to the quota's `max_wait`.
+//! * `Retry` (`retry` module, feature `adaptive`) sends a call again when its answer was
+//!   transient, never sooner than the dependency asked, within a budget every clone shares.
 //!
 //! # The order of layers
 //!
 //! From the caller down to the client:
 //!
 //! ```text
-//! retry → timeout → pushback → client quota → bulkhead → client
+//! retry → breaker → pushback → client quota → bulkhead → timeout → client
 //! ```
 //!
-//! * **retry** outermost, so that it sees every refusal below and can wait for its
-//!   [`retry_after`] before trying again.
-//! * **timeout** next: it bounds each attempt, the waits in the layers below included, and
-//!   cutting an attempt gives back whatever it held (a reservation, a bulkhead permit).
+//! * **retry** outermost, so that it sees every refusal and failure below and each of its
+//!   attempts passes every layer below again: the breaker judges it, the pushback holds it, the
+//!   quota charges it, as any call.
+//! * **breaker** next: it judges each attempt, not the retried whole, and when it is open an
+//!   attempt fails at once, spending nothing below.
 //! * **pushback** before the quota: a call the dependency has asked you not to make spends no
 //!   permit of your quota.
 //! * **client quota** before the bulkhead: a call waiting for its permits holds no bulkhead
 //!   permit, so the bulkhead counts only calls that are really on their way.
-//! * **bulkhead** next to the client: it caps the calls in flight at the dependency.
+//! * **bulkhead** next: it caps the calls in flight at the dependency.
+//! * **timeout** innermost: it bounds each attempt's time at the dependency, its `Elapsed` is
+//!   a failure the breaker and the retry see (the default classifier takes it for overload),
+//!   and cutting an attempt gives back the bulkhead permit it held. A deadline for the whole
+//!   call, retries and waits included, is a second timeout above the retry.
 //!
 //! A call that has passed the pushback and then waits below it (for a quota permit within
 //! `max_wait`, in a bulkhead's queue) is sent when its turn comes, even if the dependency asked
@@ -41,108 +48,48 @@
 //! use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
 //! use tower_bulwark::{DirectRateLimiter, Quota};
 //!
-//! # fn main() -> Result<(), tower_bulwark::QuotaError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let partner = Pushback::builder("partner").max_wait(Duration::from_secs(2)).build();
 //! let quota = DirectRateLimiter::new(
 //!     Quota::per_hour(5_000)?.with_max_wait(Duration::from_secs(1))?,
 //! );
 //! let bulkhead = Bulkhead::semaphore("partner", 16).build();
 //! let client = ServiceBuilder::new()
-//!     .timeout(Duration::from_secs(5))
 //!     .layer(partner.layer())
 //!     .layer(ClientQuotaLayer::new("partner", quota))
 //!     .layer(bulkhead.layer())
+//!     .timeout(Duration::from_secs(5))
 //!     .service(reqwest::Client::new());
+//! // With the `adaptive` feature, the retries go on top.
+//! # #[cfg(feature = "adaptive")]
+//! let retries = tower_bulwark::outbound::retry::Retry::builder("partner").build();
+//! # #[cfg(feature = "adaptive")]
+//! let client = tower::Layer::layer(&retries.layer(), client);
 //! # let _ = client;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! `tests/outbound/stack.rs` builds exactly this stack around a `reqwest::Client` and a mock
-//! server and shows each layer doing its part there.
+//! `tests/outbound/stack.rs` builds the stack below the retry around a `reqwest::Client` and a
+//! mock server and shows each layer doing its part there; `tests/outbound/retry_stack.rs` puts
+//! the retry layer on top.
 //!
 //! # Retrying after the time the dependency gave
 //!
 //! Every refusal of these layers carries the time after which the call may go:
 //! [`retry_after`] finds it in an error (or in any error whose [`source`](std::error::Error::source)
-//! chain holds one). A `tower::retry::Policy` that waits that long:
+//! chain holds one). The retry layer waits for it (and for a `Retry-After` or gRPC pushback in
+//! an answer) before it tries again; a `tower::retry::Policy` of your own can read the same
+//! times through [`retry_after`].
 //!
-//! ```
-//! use std::time::Duration;
-//! use std::sync::atomic::{AtomicUsize, Ordering};
-//! use std::sync::Arc;
-//! use http::{Response, StatusCode};
-//! use tower::retry::Policy;
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_bulwark::head::ResponseHead;
-//! use tower_bulwark::outbound::{self, Pushback};
-//! use tower_bulwark::{BoxError, clock::TokioClock};
-//!
-//! /// Retries a 429 or 503 at once (the pushback below holds it for the time the dependency
-//! /// gave) and a refusal after its `retry_after`, at most `attempts` times.
-//! #[derive(Clone)]
-//! struct HonourRetryAfter {
-//!     attempts: usize,
-//! }
-//!
-//! impl<Req: Clone, Res: ResponseHead> Policy<Req, Res, BoxError> for HonourRetryAfter {
-//!     type Future = tokio::time::Sleep;
-//!
-//!     fn retry(&mut self, _: &mut Req, result: &mut Result<Res, BoxError>) -> Option<Self::Future> {
-//!         let wait = match result {
-//!             Ok(response) => match response.status() {
-//!                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Duration::ZERO,
-//!                 _ => return None,
-//!             },
-//!             Err(err) => outbound::retry_after(&**err)?,
-//!         };
-//!         self.attempts = self.attempts.checked_sub(1)?;
-//!         Some(tokio::time::sleep(wait))
-//!     }
-//!
-//!     fn clone_request(&mut self, request: &Req) -> Option<Req> {
-//!         Some(request.clone())
-//!     }
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), BoxError> {
-//! let calls = Arc::new(AtomicUsize::new(0));
-//! let seen = calls.clone();
-//! // A dependency that answers its first call with `429` and `Retry-After: 2`.
-//! let dependency = service_fn(move |_: ()| {
-//!     let n = seen.fetch_add(1, Ordering::SeqCst);
-//!     async move {
-//!         let mut response = Response::builder();
-//!         if n == 0 {
-//!             response = response.status(429).header("retry-after", "2");
-//!         }
-//!         Ok::<_, BoxError>(response.body(())?)
-//!     }
-//! });
-//! let partner = Pushback::builder("partner").clock(TokioClock::new()).build();
-//! let client = ServiceBuilder::new()
-//!     .retry(HonourRetryAfter { attempts: 3 })
-//!     .layer(partner.layer())
-//!     .service(dependency);
-//!
-//! let start = tokio::time::Instant::now();
-//! let response = client.oneshot(()).await?;
-//! assert_eq!(response.status(), StatusCode::OK);
-//! // The 429, then the retry refused by the pushback with 2 s to go, then the call after them.
-//! assert_eq!(calls.load(Ordering::SeqCst), 2);
-//! assert_eq!(start.elapsed(), Duration::from_secs(2));
-//! # Ok(())
-//! # }
-//! ```
-
 //! # Configuration and metrics
 //!
-//! With the `config` feature, both come from a TOML file by name (`[pushbacks.NAME]`,
-//! `[client_quotas.NAME]`; see the `config` module, feature `config`) and
+//! With the `config` feature, they come from a TOML file by name (`[pushbacks.NAME]`,
+//! `[client_quotas.NAME]`, `[retries.NAME]`; see the `config` module, feature `config`) and
 //! its `Registry` builds their layers. With the `metrics` feature, every
-//! pushback and client quota, built by hand or from a file, counts its calls by outcome, and a
-//! pushback the answers that asked it to hold and the time it holds for (names in
+//! pushback and client quota, built by hand or from a file, counts its calls by outcome, a
+//! pushback the answers that asked it to hold and the time it holds for, and a retry layer its
+//! attempts and the retries it did not make (names in
 //! [the metric names](crate::observe#metric-names)).
 
 #[cfg(feature = "grpc")]
@@ -185,7 +132,7 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 /// assert_eq!(when_to_retry(&timeout), None);
 /// ```
 ///
-/// The [module docs](self) show it in a `tower::retry::Policy`.
+/// The `retry` module's layer (feature `adaptive`) waits for it before it tries again.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     chain(err).find_map(|err| {
         let ours = (err

@@ -282,12 +282,12 @@ impl RetryConfigError {
 
 impl fmt::Display for RetryConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self {
-            setting,
-            value,
-            expected,
-        } = self;
-        write!(f, "retry: `{setting}` must be {expected}, got {value}")
+        let (setting, expected) = (self.setting, self.expected);
+        write!(
+            f,
+            "retry: `{setting}` must be {expected}, got {}",
+            self.value
+        )
     }
 }
 
@@ -300,12 +300,10 @@ fn check(
     value: impl fmt::Display,
     expected: &'static str,
 ) -> Result<(), RetryConfigError> {
-    match ok {
-        true => Ok(()),
-        false => Err(RetryConfigError {
-            setting,
-            value: value.to_string(),
-            expected,
-        }),
-    }
+    let value = value.to_string();
+    ok.then_some(()).ok_or(RetryConfigError {
+        setting,
+        value,
+        expected,
+    })
 }

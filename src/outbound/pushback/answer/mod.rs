@@ -285,6 +285,7 @@ pub(crate) fn read(
 /// How long an answer of `status` and `headers` asks every call to wait, read as [`read`]
 /// reads it but uncapped (`max_hold` is the pushback's, not the caller's): the longer of its
 /// hold and the window of a quota it says is spent. What a retry of the call waits at least.
+#[cfg(feature = "adaptive")]
 pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
     let answer = read(dependency, status, headers, Duration::MAX, &[]);
     let spent = (answer.quota.filter(|quota| quota.remaining == 0)).map(|quota| quota.window);
