@@ -274,6 +274,29 @@ async fn dropped_while_the_service_gets_ready() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// A retry that a full bulkhead below refuses before sending it reached nothing: its
+/// withdrawal is given back, and the bulkhead's refusal (which names no time) ends the call.
+#[tokio::test(start_paused = true)]
+async fn a_retry_refused_below_before_it_was_sent_is_given_back() {
+    let (dependency, calls) = first_fails_then_hangs();
+    let bulkhead = tower_bulwark::bulkhead::Bulkhead::semaphore("partner", 1).build();
+    let partner = one_per_call();
+    let below = bulkhead.layer().layer(dependency);
+    let mut call = Box::pin(partner.layer().layer(below.clone()).oneshot(get()));
+    assert!(poll_once(call.as_mut()).is_pending());
+    assert_eq!(partner.budget_available(), 0, "withdrawn for the retry");
+    // Another call, straight to the bulkhead, takes its one place and hangs there.
+    let mut other = Box::pin(below.oneshot(get()));
+    assert!(poll_once(other.as_mut()).is_pending());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let err = call.await.unwrap_err();
+    assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
+    assert_eq!(
+        (calls.load(Ordering::SeqCst), partner.budget_available()),
+        (2, 1)
+    );
+}
+
 /// The counters: attempts by kind, and retries not made, by reason.
 #[cfg(feature = "metrics")]
 #[test]

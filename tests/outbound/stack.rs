@@ -1,9 +1,11 @@
-//! The outbound stack in its documented order, around a real `reqwest::Client` and a mock
-//! server on 127.0.0.1:
+//! The outbound stack below the retry layer, around a real `reqwest::Client` and a mock server
+//! on 127.0.0.1, with a hand-written `tower::retry::Policy` on top and the timeout above the
+//! pushback, so that it bounds each attempt's waits below too:
 //!
-//! retry → timeout → pushback → client quota → bulkhead → client
+//! retry policy → timeout → pushback → client quota → bulkhead → client
 //!
 //! Each test shows one layer doing its part in that position, counted at the mock.
+//! `retry_stack.rs` puts the crate's retry layer on the documented order, timeout innermost.
 
 use crate::common::waits_up_to;
 use std::time::{Duration, Instant};

@@ -39,9 +39,9 @@ struct Withdrawal<'a> {
 }
 
 impl Withdrawal<'_> {
-    /// The retry is on its way: it stays withdrawn.
-    fn sent(mut self) {
-        self.epoch = None;
+    /// The retry is on its way: it stays withdrawn, unless a layer below refuses it unsent.
+    fn sent(mut self) -> u64 {
+        self.epoch.take().expect("a withdrawal is sent once")
     }
 }
 
@@ -84,9 +84,9 @@ where
 ///
 /// Cancellation: the first attempt's deposit was made when the call was, and stays. A retry is
 /// withdrawn from the budget before its backoff and stays withdrawn once it is handed to the
-/// service; dropped before that (during the backoff, or while the service gets ready), it is
-/// given back and nothing more is sent. Dropped during an attempt, the attempt is dropped with
-/// it and no other is made.
+/// service, unless a layer below refuses it unsent; dropped before that (during the backoff, or
+/// while the service gets ready), it is given back and nothing more is sent. Dropped during an
+/// attempt, the attempt is dropped with it and no other is made.
 pub(super) async fn serve<S, K, Req>(
     first: S::Future,
     mut service: S,
@@ -136,9 +136,13 @@ where
             spare = request.try_clone();
         }
         let attempt = service.call(request);
-        withdrawal.sent();
+        let epoch = withdrawal.sent();
         shared.metrics.attempt(Attempt::Retry);
         result = attempt.await.map_err(Into::into);
+        // Refused below before it was sent (a full bulkhead, a hold): it reached nothing.
+        if matches!(&result, Err(error) if never_sent(&**error)) {
+            shared.budget.give_back(epoch);
+        }
     }
     result
 }

@@ -82,10 +82,11 @@
 //! # Cancellation
 //!
 //! A call deposits into the budget when it is made, once. A retry is withdrawn when it is
-//! decided, before its backoff, and stays withdrawn once it is handed to the service. A
-//! response future dropped during the backoff (or while the service gets ready) gives that
-//! retry back and sends nothing more; dropped during an attempt, it drops the attempt and makes
-//! no other.
+//! decided, before its backoff, and stays withdrawn once it is handed to the service, unless a
+//! layer of the crate below refuses it before sending it (a full bulkhead, a pushback's hold):
+//! then it reached nothing and is given back. A response future dropped during the backoff (or
+//! while the service gets ready) gives that retry back and sends nothing more; dropped during
+//! an attempt, it drops the attempt and makes no other.
 //!
 //! # Where it goes
 //!
