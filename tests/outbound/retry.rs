@@ -111,6 +111,23 @@ async fn a_retry_never_leaves_before_a_grpc_pushback() {
     assert_eq!(calls.at(), [Duration::ZERO, Duration::from_millis(2500)]);
 }
 
+/// A negative or unreadable `grpc-retry-pushback-ms` says not to retry (gRPC's A6): the call
+/// ends with that answer.
+#[cfg(feature = "grpc")]
+#[tokio::test(start_paused = true)]
+async fn a_grpc_pushback_that_says_not_to_retry_is_obeyed() {
+    for value in ["-1", "soon"] {
+        let (dependency, calls) = scripted(vec![(
+            200,
+            vec![("grpc-status", "14"), ("grpc-retry-pushback-ms", value)],
+        )]);
+        let client = retry().build().layer().layer(dependency);
+        let response = client.oneshot(get()).await.unwrap();
+        assert_eq!(response.headers()["grpc-status"], "14");
+        assert_eq!(calls.count(), 1, "{value}");
+    }
+}
+
 /// A wait asked beyond `max_wait` is not waited for: the answer comes back as it came, at once,
 /// and the budget is untouched.
 #[tokio::test(start_paused = true)]

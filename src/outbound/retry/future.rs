@@ -55,7 +55,8 @@ impl Drop for Withdrawal<'_> {
 
 /// The wait a retry of `result` needs at least, if `result` is transient: an answer `K` judges
 /// [`Verdict::Overloaded`], waiting what the answer asks (`Retry-After`, a spent quota, a gRPC
-/// pushback: read as the pushback reads them, uncapped); an error that names a time to come
+/// pushback: read as the pushback reads them, uncapped; unless a gRPC pushback says not to
+/// retry); an error that names a time to come
 /// back ([`retry_after`]: the crate's refusals below, a gRPC status with a delay), waiting
 /// that; or another error `K` judges overloaded, waiting nothing. A refusal below that names no
 /// time (a full bulkhead) is never retried.
@@ -69,6 +70,7 @@ where
     K: Classify<Res>,
 {
     match result {
+        Ok(response) if forbids_retry(response.headers()) => None,
         Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded)
             .then(|| answer::wait(&shared.name, response.status(), response.headers())),
         Err(error) => retry_after(&**error).or_else(|| {
@@ -76,6 +78,16 @@ where
             (overloaded && !never_sent(&**error)).then_some(Duration::ZERO)
         }),
     }
+}
+
+/// Whether the answer says not to retry: a `grpc-retry-pushback-ms` that is not a count of
+/// milliseconds (negative, or unreadable), as gRPC's retry design (A6) reads it.
+fn forbids_retry(headers: &http::HeaderMap) -> bool {
+    let pushback = headers.get("grpc-retry-pushback-ms");
+    pushback.is_some_and(|v| {
+        v.to_str()
+            .map_or(true, |t| t.trim().parse::<u64>().is_err())
+    })
 }
 
 /// The call: `first`, the first attempt, already sent; then, while `spare` holds a copy of the
