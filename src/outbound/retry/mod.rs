@@ -23,10 +23,12 @@
 //!   never retried: trying again at once would only meet it again.
 //! * **the wait asked is at most [`max_wait`](RetryBuilder::max_wait)**: a retry never leaves
 //!   before the answer's `Retry-After` (delta-seconds, decimal seconds or an HTTP-date),
-//!   `retry-after-ms`, gRPC `RetryInfo` or `grpc-retry-pushback-ms`, the window of a quota it
-//!   says is spent (all read as the [pushback](super::pushback) reads them, a 429 naming no
-//!   time asking one second), or an error's `retry_after`. When that is longer than
-//!   `max_wait`, no retry is made and the call ends with the answer or error as it came.
+//!   `retry-after-ms`, gRPC `RetryInfo` or `grpc-retry-pushback-ms` (feature `grpc`), the
+//!   window of a quota it says is spent (all read as the [pushback](super::pushback) reads
+//!   them, a 429 naming no time asking one second), or an error's `retry_after`. When that is
+//!   longer than `max_wait`, no retry is made and the call ends with the answer or error as it
+//!   came; so it does when a `grpc-retry-pushback-ms` is negative or unreadable, which in
+//!   gRPC's retry design (A6) says not to retry.
 //!   Malformed values are ignored as the pushback ignores them; a huge one is longer than any
 //!   `max_wait`; none panics.
 //! * **the budget holds a retry**: each call deposits `ratio` of a retry (default 0.2, counted
