@@ -9,5 +9,6 @@ mod cancellation;
 mod classes;
 mod example;
 mod limit;
+mod metrics;
 mod queue;
 mod support;
