@@ -4,6 +4,9 @@
 
 #![cfg(feature = "adaptive")]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod answers;
 mod cancellation;
 mod classes;

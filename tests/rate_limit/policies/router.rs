@@ -514,7 +514,7 @@ async fn an_advertised_shadow_policy_tells_the_client_what_would_happen() {
 #[cfg(feature = "metrics")]
 #[test]
 fn shadow_refusals_are_counted_in_metrics() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let clock = ManualClock::new();
@@ -534,27 +534,11 @@ fn shadow_refusals_are_counted_in_metrics() {
             }
         })
     });
-    let counted: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "bulwark_ratelimit_shadow_refusals_total")
-        .map(|(key, _, _, value)| {
-            let labels: Vec<_> = key
-                .key()
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            (labels, value)
-        })
-        .collect();
-    assert_eq!(
-        counted,
-        vec![(
-            vec![("name".to_owned(), "candidate".to_owned())],
-            DebugValue::Counter(7)
-        )]
-    );
+    let all = crate::common::recorded::series(&snapshotter);
+    let name = "bulwark_ratelimit_shadow_refusals_total";
+    let counted = crate::common::recorded::counter(&all, name, &[("name", "candidate")]);
+    assert_eq!(counted, 7);
+    assert_eq!(all.iter().filter(|(_, n, ..)| n == name).count(), 1);
 }
 
 #[tokio::test]
