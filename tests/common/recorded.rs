@@ -62,6 +62,13 @@ pub fn gauge(all: &Series, name: &str, labels: &[(&str, &str)]) -> f64 {
     }
 }
 
+/// Every series `run` recorded, on a recorder of its own installed on this thread while it runs.
+pub fn recorded_by(run: impl FnOnce()) -> Series {
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, run);
+    series(&recorder.snapshotter())
+}
+
 /// Runs `test` on `runtime` with a recorder of its own installed on this thread, which the
 /// test reads through the snapshotter it is given; returns what the test returned and every
 /// series as the recorder has them at its end (a counter: what it counted since the test's

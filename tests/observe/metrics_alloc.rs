@@ -3,7 +3,7 @@
 
 use crate::counting;
 
-use crate::common::recorded::{counter, find, gauge, series};
+use crate::common::recorded::{counter, find, gauge, recorded_by};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use tower_bulwark::observe::Observed;
@@ -13,9 +13,7 @@ use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 fn decisions_record_metrics_without_allocating() {
     const KEYS: u64 = 4;
     const PER_KEY: u64 = 1_000;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         // Time stands still: each key gets its 500 and is refused after that.
         let limiter = Observed::new(
             "api",
@@ -39,7 +37,6 @@ fn decisions_record_metrics_without_allocating() {
             PER_KEY * KEYS
         );
     });
-    let all = series(&snapshotter);
     let calls = |outcome| {
         let labels = [("name", "api"), ("outcome", outcome)];
         counter(&all, "bulwark_ratelimiter_calls_total", &labels)
@@ -56,12 +53,10 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
     use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull};
     use tower_bulwark::BoxError;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         runtime.block_on(async {
             let payment = Bulkhead::semaphore("payment", 1).build();
             let mut client = tower::ServiceBuilder::new()
@@ -84,7 +79,6 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
             assert_eq!(per_call, 0, "allocations per call through the bulkhead");
         });
     });
-    let all = series(&snapshotter);
     let payment = ("name", "payment");
     let calls = |outcome| {
         let labels = [payment, ("outcome", outcome)];

@@ -115,12 +115,8 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
     }
     #[cfg(feature = "metrics")]
     {
-        use crate::common::recorded::{counter, series};
-        use metrics_util::debugging::DebuggingRecorder;
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || closed_registry.publish_gauges());
-        let all = series(&snapshotter);
+        use crate::common::recorded::{counter, recorded_by};
+        let all = recorded_by(|| closed_registry.publish_gauges());
         let failures = "bulwark_ratelimiter_store_failures_total";
         assert_eq!(counter(&all, failures, &[("name", "shared")]), 4, "{all:?}");
     }
@@ -243,12 +239,9 @@ async fn leases_from_the_file_share_one_quota_exactly() {
     #[cfg(feature = "metrics")]
     {
         // `a` took a lease for each of its first two calls.
-        use crate::common::recorded::{counter, find, series};
-        use metrics_util::{debugging::DebuggingRecorder, MetricKind};
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || registry_a.publish_gauges());
-        let all = series(&snapshotter);
+        use crate::common::recorded::{counter, find, recorded_by};
+        use metrics_util::MetricKind;
+        let all = recorded_by(|| registry_a.publish_gauges());
         let leases = "bulwark_ratelimiter_leases_total";
         let taken = [("name", "shared"), ("outcome", "taken")];
         assert_eq!(counter(&all, leases, &taken), 2, "{all:?}");

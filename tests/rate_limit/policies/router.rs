@@ -514,9 +514,7 @@ async fn an_advertised_shadow_policy_tells_the_client_what_would_happen() {
 #[cfg(feature = "metrics")]
 #[test]
 fn shadow_refusals_are_counted_in_metrics() {
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    use crate::common::recorded::{counter, recorded_by};
     let clock = ManualClock::new();
     let shadow = keyed::<IpAddr>(Quota::per_hour(3).unwrap(), &clock);
     let app = Router::new()
@@ -526,7 +524,7 @@ fn shadow_refusals_are_counted_in_metrics() {
                 .unwrap()
                 .shadow(),
         ));
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         futures::executor::block_on(async {
             for _ in 0..10 {
                 let response = send(&app, "GET", "/items", "192.0.2.62", None).await;
@@ -534,9 +532,8 @@ fn shadow_refusals_are_counted_in_metrics() {
             }
         })
     });
-    let all = crate::common::recorded::series(&snapshotter);
     let name = "bulwark_ratelimit_shadow_refusals_total";
-    let counted = crate::common::recorded::counter(&all, name, &[("name", "candidate")]);
+    let counted = counter(&all, name, &[("name", "candidate")]);
     assert_eq!(counted, 7);
     assert_eq!(all.iter().filter(|(_, n, ..)| n == name).count(), 1);
 }
