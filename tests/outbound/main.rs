@@ -20,6 +20,7 @@ mod hostile_refusal_times;
 mod hostile_support;
 #[cfg(feature = "metrics")]
 mod metered;
+#[cfg(feature = "metrics")]
 mod metrics;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod partner_api_example;
