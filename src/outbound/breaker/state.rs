@@ -10,7 +10,7 @@ use super::builder::{BreakerState, Settings, Window};
 use super::error::BreakerOpen;
 use super::metrics::{BreakerMetrics, Outcome};
 use crate::bulkhead::adaptive::Verdict;
-use crate::clock::{saturating_nanos, Clock};
+use crate::clock::{saturating_nanos, Clock, MAX_NOW};
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
@@ -123,7 +123,9 @@ impl Shared {
         // Every change below is made whole before anything can panic: a poisoned lock still
         // guards a consistent state.
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = self.clock.now();
+        // Readings past `MAX_NOW` stand still there, as everywhere in the crate: an open
+        // breaker stays open rather than its `until` wrapping.
+        let now = self.clock.now().min(MAX_NOW);
         if let Phase::Open { until } = inner.phase {
             if now >= until {
                 let probes = Phase::HalfOpen {
@@ -225,7 +227,8 @@ impl Shared {
     }
 
     fn opened(&self, now: u64) -> Phase {
-        let until = now.saturating_add(saturating_nanos(self.settings.open_for));
+        // At most 2^62 + 2^60 ns: no overflow.
+        let until = now + saturating_nanos(self.settings.open_for);
         Phase::Open { until }
     }
 
