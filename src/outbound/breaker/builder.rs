@@ -12,6 +12,9 @@ use crate::bulkhead::adaptive::HttpOverload;
 use crate::clock::{Clock, SystemClock};
 use crate::Quota;
 
+/// The default of [`BreakerBuilder::minimum_calls`].
+const DEFAULT_MINIMUM_CALLS: u32 = 20;
+
 /// The most calls, or seconds, a [`Window`] may span: a count window keeps one entry per call.
 pub const MAX_WINDOW: u32 = 100_000;
 
@@ -61,12 +64,8 @@ impl Settings {
             Window::Calls(n) => ("window_calls", n, true),
             Window::Seconds(n) => ("window_seconds", n, false),
         };
-        ensure(
-            (1..=MAX_WINDOW).contains(&size),
-            field,
-            size,
-            "from 1 to 100000",
-        )?;
+        let within = (1..=MAX_WINDOW).contains(&size);
+        ensure(within, field, size, "from 1 to 100000")?;
         let minimum = self.minimum_calls;
         let (ok, expected) = match count {
             true => (minimum <= size, "at least 1 and at most the window's calls"),
@@ -75,12 +74,8 @@ impl Settings {
         ensure(minimum >= 1 && ok, "minimum_calls", minimum, expected)?;
         let rate = |rate: f64| rate > 0.0 && rate <= 1.0;
         let expected = "above 0 and at most 1";
-        ensure(
-            rate(self.failure_rate),
-            "failure_rate",
-            self.failure_rate,
-            expected,
-        )?;
+        let failure = self.failure_rate;
+        ensure(rate(failure), "failure_rate", failure, expected)?;
         let slow = self.slow_call_rate;
         ensure(rate(slow), "slow_call_rate", slow, expected)?;
         let span = |span: Duration| !span.is_zero() && span <= Quota::MAX_SPAN;
@@ -113,13 +108,14 @@ impl Breaker {
             name: name.into(),
             settings: Settings {
                 window: Window::Calls(100),
-                minimum_calls: 20,
+                minimum_calls: DEFAULT_MINIMUM_CALLS,
                 failure_rate: 0.5,
                 slow_call_rate: 1.0,
                 slow_call_duration: Duration::from_secs(10),
                 open_for: Duration::from_secs(1),
                 half_open_calls: 10,
             },
+            minimum_calls: None,
             clock: Box::new(SystemClock::new()),
         }
     }
@@ -173,6 +169,8 @@ impl fmt::Debug for Breaker {
 pub struct BreakerBuilder {
     name: Arc<str>,
     settings: Settings,
+    /// As set; by default [`DEFAULT_MINIMUM_CALLS`], or a smaller count window's calls.
+    minimum_calls: Option<u32>,
     clock: Box<dyn Clock>,
 }
 
@@ -183,10 +181,11 @@ impl BreakerBuilder {
         self
     }
 
-    /// The fewest calls in the window for the breaker to open (default 20; at most the
-    /// window's calls for [`Window::Calls`]): below it, no rate opens the breaker.
+    /// The fewest calls in the window for the breaker to open (default 20, or the window's
+    /// calls if a [`Window::Calls`] holds fewer; set, at most those): below it, no rate opens
+    /// the breaker.
     pub fn minimum_calls(mut self, calls: u32) -> Self {
-        self.settings.minimum_calls = calls;
+        self.minimum_calls = Some(calls);
         self
     }
 
@@ -241,7 +240,12 @@ impl BreakerBuilder {
     /// seconds or above [`MAX_WINDOW`], `minimum_calls` of 0 or above a count window, a rate
     /// that is not above 0 and at most 1 (NaN included), a duration of zero or above 2^60 ns,
     /// `half_open_calls` of 0.
-    pub fn build(self) -> Result<Breaker, BreakerConfigError> {
+    pub fn build(mut self) -> Result<Breaker, BreakerConfigError> {
+        let fewest = match self.settings.window {
+            Window::Calls(n) => n.min(DEFAULT_MINIMUM_CALLS),
+            Window::Seconds(_) => DEFAULT_MINIMUM_CALLS,
+        };
+        self.settings.minimum_calls = self.minimum_calls.unwrap_or(fewest);
         self.settings.check()?;
         let shared = Shared::new(self.name, self.settings, self.clock);
         Ok(Breaker {
@@ -255,6 +259,7 @@ impl fmt::Debug for BreakerBuilder {
         f.debug_struct("BreakerBuilder")
             .field("name", &self.name)
             .field("settings", &self.settings)
+            .field("minimum_calls", &self.minimum_calls)
             .finish_non_exhaustive()
     }
 }

@@ -92,12 +92,10 @@ pub(super) fn ensure(
     value: impl fmt::Debug,
     expected: &'static str,
 ) -> Result<(), BreakerConfigError> {
-    match ok {
-        true => Ok(()),
-        false => Err(BreakerConfigError {
-            setting,
-            value: format!("{value:?}"),
-            expected,
-        }),
-    }
+    let value = format!("{value:?}");
+    ok.then_some(()).ok_or(BreakerConfigError {
+        setting,
+        value,
+        expected,
+    })
 }

@@ -105,15 +105,14 @@ where
         let classifier = Arc::clone(&self.layer.classifier);
         // Taken before the inner service is called, so a panicking `call` still frees a
         // probe's place (and counts for nothing).
-        let ticket = match self.layer.breaker.shared.admit() {
-            Ok(ticket) => ticket,
-            Err(refused) => return ResponseFuture::refused(refused, classifier),
+        let (future, ticket, refused) = match self.layer.breaker.shared.admit() {
+            Ok(ticket) => (Some(self.inner.call(request)), Some(ticket), None),
+            Err(refused) => (None, None, Some(refused)),
         };
-        let future = self.inner.call(request);
         ResponseFuture {
-            future: Some(future),
-            ticket: Some(ticket),
-            refused: None,
+            future,
+            ticket,
+            refused,
             classifier,
         }
     }
@@ -130,17 +129,6 @@ pin_project! {
         ticket: Option<Ticket>,
         refused: Option<BreakerOpen>,
         classifier: Arc<K>,
-    }
-}
-
-impl<F, K> ResponseFuture<F, K> {
-    fn refused(refused: BreakerOpen, classifier: Arc<K>) -> Self {
-        Self {
-            future: None,
-            ticket: None,
-            refused: Some(refused),
-            classifier,
-        }
     }
 }
 

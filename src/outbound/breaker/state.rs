@@ -235,9 +235,9 @@ impl Shared {
     /// Moves to `phase`, with an event saying why (the rates of `tally`).
     fn transition(&self, inner: &mut Inner, phase: Phase, now: u64, tally: Tally) {
         inner.epoch += 1;
-        let from = state_name(&inner.phase);
+        let (from, _) = label(&inner.phase);
         inner.phase = phase;
-        let to = state_name(&inner.phase);
+        let (to, gauge) = label(&inner.phase);
         let (failure_rate, slow_call_rate) = tally.rates();
         let name = &*self.name;
         match inner.phase {
@@ -251,30 +251,22 @@ impl Shared {
                 failure_rate, slow_call_rate, "circuit breaker is {to}"
             ),
         }
-        self.metrics.state(state_gauge(&inner.phase));
+        self.metrics.state(gauge);
     }
 
     #[cfg(feature = "metrics")]
     pub(super) fn publish_state(&self) {
-        let phase = state_gauge(&self.lock().0.phase);
-        self.metrics.state(phase);
+        let (_, gauge) = label(&self.lock().0.phase);
+        self.metrics.state(gauge);
     }
 }
 
-fn state_name(phase: &Phase) -> &'static str {
+/// The state's name in events, and its value in the state gauge.
+fn label(phase: &Phase) -> (&'static str, u8) {
     match phase {
-        Phase::Closed(_) => "closed",
-        Phase::Open { .. } => "open",
-        Phase::HalfOpen { .. } => "half-open",
-    }
-}
-
-/// The value of the state gauge: 0 closed, 1 open, 2 half-open.
-fn state_gauge(phase: &Phase) -> u8 {
-    match phase {
-        Phase::Closed(_) => 0,
-        Phase::Open { .. } => 1,
-        Phase::HalfOpen { .. } => 2,
+        Phase::Closed(_) => ("closed", 0),
+        Phase::Open { .. } => ("open", 1),
+        Phase::HalfOpen { .. } => ("half-open", 2),
     }
 }
 
