@@ -435,3 +435,39 @@ fn each_transition_is_an_event_and_the_metrics_follow_the_calls() {
     assert_eq!(calls, want.map(|(k, n)| (k.to_owned(), n)).into());
     assert_eq!(state, Some(0.0), "closed again");
 }
+
+/// A clock the test sets to any reading, backwards too.
+#[derive(Clone, Default)]
+struct Jumpy(Arc<std::sync::atomic::AtomicU64>);
+
+impl tower_bulwark::clock::Clock for Jumpy {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn a_clock_that_jumps_back_never_panics_nor_shortens_the_open_time() {
+    let clock = Jumpy::default();
+    let at = |secs: u64| clock.0.store(secs * 1_000_000_000, Ordering::SeqCst);
+    let breaker = Breaker::builder("partner")
+        .window(Window::Seconds(5))
+        .minimum_calls(3)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (client, _) = answering(&breaker);
+    for secs in [100, 3, 50] {
+        at(secs);
+        through(&client, 503).await;
+    }
+    // Three failures, read at 100 s, 3 s and 50 s: the window holds them all, none panics.
+    assert_eq!(breaker.state(), open_until(51.0));
+    at(10);
+    assert_eq!(
+        refused(&client).await.retry_after(),
+        Duration::from_secs(41)
+    );
+    at(51);
+    assert_eq!(breaker.state(), BreakerState::HalfOpen);
+}

@@ -225,3 +225,42 @@ async fn a_probe_that_never_answers_is_cut_by_the_timeout_below_and_reopens_it()
         }
     );
 }
+
+#[tokio::test]
+async fn a_probe_that_panics_in_call_or_in_its_future_frees_its_place() {
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+    use tower::Service;
+
+    crate::common::process::quiet_panics_starting_with("breaker test: planned panic");
+    let clock = ManualClock::new();
+    let breaker = builder("partner", &clock, 2)
+        .half_open_calls(1)
+        .build()
+        .unwrap();
+    open_then_half_open(&breaker, &clock).await;
+    // 1: panics in `call`; 2: panics when its future is polled; 3: answers 200.
+    let dependency = service_fn(|how: u8| {
+        assert!(how != 1, "breaker test: planned panic in call");
+        async move {
+            assert!(how != 2, "breaker test: planned panic in the future");
+            Ok::<_, BoxError>(Response::new(()))
+        }
+    });
+    let mut client = breaker.layer().layer(dependency);
+    let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| client.call(1)));
+    assert!(panicked.is_err());
+    let panicked = AssertUnwindSafe(client.call(2)).catch_unwind().await;
+    assert!(panicked.is_err());
+    assert_eq!(
+        breaker.state(),
+        BreakerState::HalfOpen,
+        "neither was counted"
+    );
+    client.call(3).await.unwrap();
+    assert_eq!(
+        breaker.state(),
+        BreakerState::Closed,
+        "the place was free for the third"
+    );
+}
