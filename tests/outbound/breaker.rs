@@ -411,7 +411,7 @@ fn each_transition_is_an_event_and_the_metrics_follow_the_calls() {
     });
     let events = events.0.lock().unwrap().clone();
     assert_eq!(events.len(), 3, "{events:#?}");
-    assert!(events[0].starts_with("WARN message=circuit breaker opened breaker=\"events\" from=\"closed\" to=\"open\" calls=4 failure_rate=0.75 slow_call_rate=0.0 open_for=1s"), "{}", events[0]);
+    assert!(events[0].starts_with("WARN message=circuit breaker opened breaker=\"events\" from=\"closed\" to=\"open\" calls=4 failure_rate=0.75 slow_call_rate=0.0 open_for=1s until=1s"), "{}", events[0]);
     assert!(events[1].starts_with("INFO message=circuit breaker is half-open breaker=\"events\" from=\"open\" to=\"half-open\""), "{}", events[1]);
     assert!(
         events[2].contains("to=\"closed\" calls=2 failure_rate=0.0"),

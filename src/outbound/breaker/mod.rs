@@ -100,7 +100,7 @@
 //! [`Breaker::state`] says where it stands. Each transition is a `tracing` event on the target
 //! `tower_bulwark::breaker` (`warn` when it opens, `info` otherwise) with the breaker's name,
 //! the states, the calls counted with their failure and slow-call rates, and, when it opens,
-//! `open_for`. With the `metrics` feature, `bulwark_breaker_state{name}` (0 closed, 1 open, 2
+//! `open_for` and `until` (as in [`BreakerState::Open`]). With the `metrics` feature, `bulwark_breaker_state{name}` (0 closed, 1 open, 2
 //! half-open) and `bulwark_breaker_calls_total{name, outcome}` (`success`, `failure`, `slow`,
 //! `refused`) follow it (see [the metric names](crate::observe#metric-names)). With the
 //! `config` feature, breakers come from a file's `[breakers.NAME]` tables.

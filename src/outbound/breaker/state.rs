@@ -244,7 +244,7 @@ impl Shared {
             Phase::Open { until } => tracing::warn!(
                 target: "tower_bulwark::breaker", breaker = name, from, to, calls = tally.calls,
                 failure_rate, slow_call_rate, open_for = ?Duration::from_nanos(until - now),
-                "circuit breaker opened"
+                until = ?Duration::from_nanos(until), "circuit breaker opened"
             ),
             _ => tracing::info!(
                 target: "tower_bulwark::breaker", breaker = name, from, to, calls = tally.calls,
