@@ -3,12 +3,8 @@
 //! recorder at first use, so the recorder may be installed after the breaker is built. Without
 //! the feature, these hold nothing and count nothing.
 
-use std::sync::Arc;
-
-#[cfg(feature = "metrics")]
-use crate::observe::metric_names::{BREAKER_CALLS, BREAKER_STATE};
-
-/// What happened to a call, counted under the `outcome` label.
+/// What happened to a call, counted under the `outcome` label, in this order: `success`,
+/// `failure`, `slow`, `refused`.
 #[derive(Clone, Copy)]
 pub(super) enum Outcome {
     /// Counted, neither failed nor slow.
@@ -21,55 +17,43 @@ pub(super) enum Outcome {
     Refused,
 }
 
-/// The `outcome` labels, in the order of [`Outcome`].
+/// The state gauge and the counters of calls by [`Outcome`].
 #[cfg(feature = "metrics")]
-const OUTCOMES: [&str; 4] = ["success", "failure", "slow", "refused"];
+type Handles = (metrics::Gauge, [metrics::Counter; 4]);
 
-#[cfg(feature = "metrics")]
-struct Handles {
-    state: metrics::Gauge,
-    calls: [metrics::Counter; 4],
-}
-
+/// One breaker's handles, shared by its layers, services and calls.
+#[derive(Default)]
 pub(super) struct BreakerMetrics {
-    #[cfg(feature = "metrics")]
-    name: Arc<str>,
     #[cfg(feature = "metrics")]
     handles: std::sync::OnceLock<Handles>,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 impl BreakerMetrics {
-    pub(super) fn new(name: &Arc<str>) -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            name: Arc::clone(name),
-            #[cfg(feature = "metrics")]
-            handles: std::sync::OnceLock::new(),
-        }
-    }
-
     #[cfg(feature = "metrics")]
-    fn handles(&self) -> &Handles {
+    fn handles(&self, name: &str) -> &Handles {
+        use crate::observe::metric_names::{BREAKER_CALLS, BREAKER_STATE};
         self.handles.get_or_init(|| {
-            let name = || self.name.to_string();
-            Handles {
-                state: metrics::gauge!(BREAKER_STATE, "name" => name()),
-                calls: OUTCOMES
-                    .map(|outcome| metrics::counter!(BREAKER_CALLS, "name" => name(), "outcome" => outcome)),
-            }
+            let outcomes = ["success", "failure", "slow", "refused"];
+            let calls = outcomes.map(|outcome| {
+                metrics::counter!(BREAKER_CALLS, "name" => name.to_owned(), "outcome" => outcome)
+            });
+            (
+                metrics::gauge!(BREAKER_STATE, "name" => name.to_owned()),
+                calls,
+            )
         })
     }
 
-    /// Counts one call under `outcome`.
-    pub(super) fn count(&self, outcome: Outcome) {
+    /// Counts one call of breaker `name` under `outcome`.
+    pub(super) fn count(&self, name: &str, outcome: Outcome) {
         #[cfg(feature = "metrics")]
-        self.handles().calls[outcome as usize].increment(1);
+        self.handles(name).1[outcome as usize].increment(1);
     }
 
-    /// Sets the state gauge: 0 closed, 1 open, 2 half-open.
-    pub(super) fn state(&self, state: u8) {
+    /// Sets the state gauge of breaker `name`: 0 closed, 1 open, 2 half-open.
+    pub(super) fn state(&self, name: &str, state: u8) {
         #[cfg(feature = "metrics")]
-        self.handles().state.set(f64::from(state));
+        self.handles(name).0.set(f64::from(state));
     }
 }

@@ -109,7 +109,7 @@ impl Shared {
             epoch: 0,
         };
         Self {
-            metrics: BreakerMetrics::new(&name),
+            metrics: BreakerMetrics::default(),
             name,
             settings,
             clock,
@@ -163,7 +163,7 @@ impl Shared {
         };
         drop(inner);
         if let Some(nanos) = retry_after {
-            self.metrics.count(Outcome::Refused);
+            self.metrics.count(&self.name, Outcome::Refused);
             return Err(BreakerOpen {
                 breaker: Arc::clone(&self.name),
                 retry_after: Duration::from_nanos(nanos),
@@ -222,7 +222,7 @@ impl Shared {
                 (_, 1) => Outcome::Slow,
                 _ => Outcome::Success,
             };
-            self.metrics.count(outcome);
+            self.metrics.count(&self.name, outcome);
         }
     }
 
@@ -251,13 +251,13 @@ impl Shared {
                 failure_rate, slow_call_rate, "circuit breaker is {to}"
             ),
         }
-        self.metrics.state(gauge);
+        self.metrics.state(&self.name, gauge);
     }
 
     #[cfg(feature = "metrics")]
     pub(super) fn publish_state(&self) {
         let (_, gauge) = label(&self.lock().0.phase);
-        self.metrics.state(gauge);
+        self.metrics.state(&self.name, gauge);
     }
 }
 
