@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use crate::head::RequestHead;
 use http::HeaderValue;
 
+#[cfg(feature = "adaptive")]
+use super::breaker::build_breaker;
 use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
@@ -191,6 +193,8 @@ pub struct Registry {
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkhead>,
     #[cfg(feature = "adaptive")]
     overload: BTreeMap<String, Overload>,
+    #[cfg(feature = "adaptive")]
+    pub(super) breakers: BTreeMap<String, crate::outbound::Breaker>,
     /// Each client quota's layer, built once so that its metrics handles are shared by every
     /// layer taken for it.
     client_quotas: BTreeMap<String, ConfiguredClientQuotaLayer>,
@@ -206,7 +210,8 @@ impl fmt::Debug for Registry {
             .field("bulkheads", &self.bulkheads);
         #[cfg(feature = "adaptive")]
         out.field("adaptive_bulkheads", &self.adaptive_bulkheads)
-            .field("overload", &self.overload);
+            .field("overload", &self.overload)
+            .field("breakers", &self.breakers);
         out.field("pushbacks", &self.pushbacks)
             .field(
                 "client_quotas",
@@ -307,6 +312,8 @@ impl Registry {
         let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
         #[cfg(feature = "adaptive")]
         let overload = build_each(&config.overload, build_overload)?;
+        #[cfg(feature = "adaptive")]
+        let breakers = build_each(&config.breakers, build_breaker)?;
         Ok(Self {
             limiters,
             bulkheads,
@@ -315,6 +322,8 @@ impl Registry {
             adaptive_bulkheads,
             #[cfg(feature = "adaptive")]
             overload,
+            #[cfg(feature = "adaptive")]
+            breakers,
             client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config),
@@ -412,6 +421,13 @@ impl Registry {
     #[cfg(feature = "adaptive")]
     pub fn overload(&self, name: &str) -> Result<&Overload, UnknownInstance> {
         find(&self.overload, "overload protection", name)
+    }
+
+    /// Circuit breaker `name` (under `breakers`): its `layer()` and `state()`. Every layer
+    /// taken from it shares one state.
+    #[cfg(feature = "adaptive")]
+    pub fn breaker(&self, name: &str) -> Result<&crate::outbound::Breaker, UnknownInstance> {
+        find(&self.breakers, "circuit breaker", name)
     }
 
     /// Pushback `name` (under `pushbacks`): its [`layer`](Pushback::layer) (every layer taken
