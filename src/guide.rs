@@ -325,6 +325,29 @@
 //! | from config | every bad value of a `[pushbacks.*]` or `[client_quotas.*]` table (any text for a duration, a pacing or a limiter's name, under any instance name) is built or refused naming its path, never a panic; a client quota's layers and clones share one quota (in Redis, across registries); a reload changes its limiter's quota under the layers built and refuses any other change whole | `tests/config/outbound.rs` |
 //! | metrics | each pushback and client quota outcome, and each reason for a hold, is counted once per event, built by hand or from a file; the admitted path of both layers allocates nothing | `tests/outbound/metrics.rs` |
 //!
+//! # Outbound: the circuit breaker
+//!
+//! `outbound::breaker::Breaker` (feature `adaptive`) counts each call's verdict from the
+//! adaptive bulkhead's classifier over a window and fails calls fast while the dependency is
+//! failing (`tests/outbound/breaker*.rs`, `tests/config/breaker.rs`):
+//!
+//! | guarantee | proved by |
+//! |---|---|
+//! | closed, it opens when the window holds at least `minimum_calls` and the failure rate or the slow-call rate reaches its threshold, not before: 35 % failures stay closed at 50 %, 5 failures of the last 10 open it, 4 do not; a `500` is an answer, not a failure | `thirty_five_percent_failures_stay_below_a_fifty_percent_threshold`, `it_opens_exactly_at_the_threshold_once_the_window_holds_minimum_calls`, `a_500_and_other_statuses_are_the_dependencys_answers_not_failures` |
+//! | a call longer than `slow_call_duration` on the breaker's clock is slow (exactly the threshold is not), and slow calls open it at their own rate | `slow_calls_open_it_at_the_slow_call_rate` |
+//! | a time window counts the calls that ended in its last N whole seconds, and forgets them after | `a_time_window_forgets_calls_older_than_its_seconds` |
+//! | open, every call fails at once with `BreakerOpen`, the dependency not called, carrying the time left to the nanosecond, which `outbound::retry_after` reads; a tonic client gets `UNAVAILABLE` with the delay in a `RetryInfo` and `grpc-retry-pushback-ms` | `open_it_fails_fast_without_the_dependency_and_says_until_when`, `a_tonic_client_behind_an_open_breaker_gets_unavailable_with_the_delay` |
+//! | half-open, exactly `half_open_calls` probes go, whoever races: 64 tasks, 5 probes, 20 rounds; when they have all ended it closes with an empty window if their rates are below the thresholds, and opens again otherwise | `racing_tasks_get_exactly_the_half_open_calls`, `successful_probes_close_it_with_an_empty_window_and_failed_ones_reopen_it` |
+//! | a call dropped before its answer, before or after its first poll, counts for nothing, and a probe's place is freed exactly once; so is one whose error the classifier ignores | `a_probe_dropped_at_any_point_frees_its_place_exactly_once`, `a_probe_whose_dependency_fails_without_a_verdict_frees_its_place`, `calls_ignored_by_the_classifier_are_not_counted` |
+//! | a dependency that accepts calls and never answers is cut by the timeout below the breaker, and opens it as failures do, probes included | `a_dependency_that_never_answers_is_cut_by_the_timeout_and_opens_it`, `a_probe_that_never_answers_is_cut_by_the_timeout_below_and_reopens_it` |
+//! | in the stack (breaker → pushback → client quota → bulkhead → timeout → `reqwest::Client`), the refusals of the layers below (`PushedBack`, `QuotaExhausted`, `BulkheadFull`) are not counted; a dead dependency gets no call while open, and probes close it once it is healthy | `refusals_of_the_layers_below_are_not_counted`, `a_dead_dependency_opens_it_then_probes_find_it_healthy_again` |
+//! | every setting out of range (a rate that is NaN, infinite, 0 or above 1, a window of 0 or over 100 000, a zero or absurd duration, no probes), in code or in `[breakers.NAME]`, is refused naming it; a clock at the end of time keeps it open without wrapping | `bad_settings_are_refused_naming_the_setting`, `every_bad_value_is_refused_naming_its_field`, `a_clock_at_the_end_of_time_keeps_it_open_without_wrapping` |
+//! | each transition is one `tracing` event with the rates; the state gauge and the calls by outcome follow | `each_transition_is_an_event_and_the_metrics_follow_the_calls` |
+//!
+//! The defaults (the last 100 calls, at least 20, 50 % failures, open for 1 s, 10 probes) let
+//! at most 10 calls reach a dead dependency for each second it stays open, whatever the rate of
+//! requests, and close it within about a second of the dependency being healthy again.
+//!
 //! # Outbound: retries
 //!
 //! With the `adaptive` feature, `outbound::retry::Retry` sends a call again when it is safe

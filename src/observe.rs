@@ -39,7 +39,10 @@
 //! | `bulwark_overload_limit` | gauge | `name` | an overload protection's limit of requests in flight (feature `adaptive`) |
 //! | `bulwark_overload_in_flight` | gauge | `name` | requests it holds in flight, until their bodies end |
 //! | `bulwark_overload_queue_depth` | gauge | `name` | requests waiting in its queue |
-//! | `bulwark_overload_requests_total` | counter | `name`, `outcome` = `admitted` \| `shed`, `priority` = `critical` \| `default` \| `sheddable` | requests admitted (at once or from the queue) and shed, by class |//!
+//! | `bulwark_overload_requests_total` | counter | `name`, `outcome` = `admitted` \| `shed`, `priority` = `critical` \| `default` \| `sheddable` | requests admitted (at once or from the queue) and shed, by class |
+//! | `bulwark_breaker_state` | gauge | `name` | a [circuit breaker](crate::outbound)'s state (feature `adaptive`): 0 closed, 1 open, 2 half-open; set at each transition |
+//! | `bulwark_breaker_calls_total` | counter | `name`, `outcome` = `success` \| `failure` \| `slow` \| `refused` | calls through it: counted in its window (a failure, slow or not; slow, not failed; neither), or refused with `BreakerOpen`; calls not counted (ignored by the classifier, dropped) are not |
+//!
 //! Counters and the histogram are recorded as events happen. Gauges are set from each
 //! instance's state when `config::Registry::publish_gauges` (feature `config`)
 //! runs (call it before rendering a scrape), and the rate limiter gauges also after each decision.
@@ -127,6 +130,13 @@ pub(crate) mod metric_names {
     #[cfg(feature = "adaptive")]
     /// Counter: requests by outcome (`admitted` | `shed`) and `priority`.
     pub(crate) const OVERLOAD_REQUESTS: &str = "bulwark_overload_requests_total";
+    #[cfg(feature = "adaptive")]
+    /// Gauge: a circuit breaker's state, 0 closed, 1 open, 2 half-open.
+    pub(crate) const BREAKER_STATE: &str = "bulwark_breaker_state";
+    #[cfg(feature = "adaptive")]
+    /// Counter: calls through a circuit breaker, label `outcome` = `success` | `failure` |
+    /// `slow` | `refused`.
+    pub(crate) const BREAKER_CALLS: &str = "bulwark_breaker_calls_total";
 }
 
 /// A point-in-time view of an observed rate limiter.

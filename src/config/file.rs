@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub(super) use super::breaker::BreakerSettings;
 use super::duration::{optional, with_units};
 pub(super) use super::overload::OverloadSettings;
 pub(super) use super::retry::RetrySettings;
@@ -37,6 +38,8 @@ pub(super) struct Config {
     pub(super) adaptive_bulkheads: BTreeMap<String, AdaptiveBulkheadSettings>,
     #[serde(deserialize_with = "instances")]
     pub(super) overload: BTreeMap<String, OverloadSettings>,
+    #[serde(deserialize_with = "instances")]
+    pub(super) breakers: BTreeMap<String, BreakerSettings>,
     #[serde(deserialize_with = "instances")]
     pub(super) retries: BTreeMap<String, RetrySettings>,
 }

@@ -90,6 +90,10 @@ impl Registry {
         for bulkhead in self.adaptive_bulkheads.values() {
             bulkhead.publish_gauges();
         }
+        #[cfg(feature = "adaptive")]
+        for breaker in self.breakers.values() {
+            breaker.publish_gauges();
+        }
     }
 }
 

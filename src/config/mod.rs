@@ -160,6 +160,29 @@
 //! | `queue_capacity` | integer ≥ 1, with `max_wait`: requests that may wait for a place | none (shed at once) |
 //! | `max_wait` | duration ≤ 60 s, with `queue_capacity`: the longest a request waits | none |
 //!
+//! With the `adaptive` feature, a circuit breaker in front of a dependency
+//! (`Registry::breaker`; see `outbound::breaker`); a field left out keeps the builder's
+//! default:
+//!
+//! ```toml
+//! [breakers.partner]
+//! window_calls = 100              # or window_seconds = 10, not both
+//! minimum_calls = 20
+//! failure_rate = 0.5
+//! open_for = "1s"
+//! half_open_calls = 10
+//! ```
+//!
+//! | field of a circuit breaker | type | default |
+//! |---|---|---|
+//! | `window_calls` | integer from 1 to 100 000: the rates are taken over the last calls counted | 100 |
+//! | `window_seconds` | integer from 1 to 100 000: the rates are taken over the calls that ended in the last seconds | none |
+//! | `minimum_calls` | integer ≥ 1, at most `window_calls`: the fewest calls in the window for it to open | 20, or `window_calls` if fewer |
+//! | `failure_rate`, `slow_call_rate` | numbers above 0, at most 1: the share of failed, or slow, calls that opens it | 0.5, 1 |
+//! | `slow_call_duration` | duration above zero, ≤ 2^60 ns: a call longer than this is slow | `"10s"` |
+//! | `open_for` | duration above zero, ≤ 2^60 ns: how long it stays open before probing | `"1s"` |
+//! | `half_open_calls` | integer ≥ 1: the probes that decide whether it closes | 10 |
+//!
 //! With the `adaptive` feature, the retries of a dependency with their budget
 //! (`Registry::retry`; see `outbound::retry`):
 //!
@@ -184,8 +207,10 @@
 //! bulkhead sizes apply in place, under the layers already built, and every key keeps its state
 //! (a client quota's limiter included); a change that cannot apply in place (any setting of a
 //! pushback, of a client quota, of an adaptive bulkhead, of an overload protection, whose
-//! limits move by themselves, or of retries), or a bad file, is refused and changes nothing.
+//! limits move by themselves, of a circuit breaker or of retries), or a bad file, is refused
+//! and changes nothing.
 
+mod breaker;
 mod build;
 mod duration;
 mod error;

@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use crate::head::RequestHead;
 use http::HeaderValue;
 
+#[cfg(feature = "adaptive")]
+use super::breaker::build_breaker;
 use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
@@ -194,6 +196,8 @@ pub struct Registry {
     #[cfg(feature = "adaptive")]
     overload: BTreeMap<String, Overload>,
     #[cfg(feature = "adaptive")]
+    pub(super) breakers: BTreeMap<String, crate::outbound::Breaker>,
+    #[cfg(feature = "adaptive")]
     retries: BTreeMap<String, crate::outbound::retry::Retry>,
     /// Each client quota's layer, built once so that its metrics handles are shared by every
     /// layer taken for it.
@@ -211,6 +215,7 @@ impl fmt::Debug for Registry {
         #[cfg(feature = "adaptive")]
         out.field("adaptive_bulkheads", &self.adaptive_bulkheads)
             .field("overload", &self.overload)
+            .field("breakers", &self.breakers)
             .field("retries", &self.retries);
         out.field("pushbacks", &self.pushbacks)
             .field(
@@ -313,6 +318,8 @@ impl Registry {
         #[cfg(feature = "adaptive")]
         let overload = build_each(&config.overload, build_overload)?;
         #[cfg(feature = "adaptive")]
+        let breakers = build_each(&config.breakers, build_breaker)?;
+        #[cfg(feature = "adaptive")]
         let retries = build_each(&config.retries, build_retry)?;
         Ok(Self {
             limiters,
@@ -322,6 +329,8 @@ impl Registry {
             adaptive_bulkheads,
             #[cfg(feature = "adaptive")]
             overload,
+            #[cfg(feature = "adaptive")]
+            breakers,
             #[cfg(feature = "adaptive")]
             retries,
             client_quotas,
@@ -421,6 +430,13 @@ impl Registry {
     #[cfg(feature = "adaptive")]
     pub fn overload(&self, name: &str) -> Result<&Overload, UnknownInstance> {
         find(&self.overload, "overload protection", name)
+    }
+
+    /// Circuit breaker `name` (under `breakers`): its `layer()` and `state()`. Every layer
+    /// taken from it shares one state.
+    #[cfg(feature = "adaptive")]
+    pub fn breaker(&self, name: &str) -> Result<&crate::outbound::Breaker, UnknownInstance> {
+        find(&self.breakers, "circuit breaker", name)
     }
 
     /// Retries `name` (under `retries`): their `layer()` (every layer taken from them shares

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::PoisonError;
 
 use super::file::{
-    AdaptiveBulkheadSettings, BulkheadSettings, ClientQuotaSettings, Config, OverloadSettings,
-    PushbackSettings, RateLimiterSettings, RetrySettings, RouteSettings,
+    AdaptiveBulkheadSettings, BreakerSettings, BulkheadSettings, ClientQuotaSettings, Config,
+    OverloadSettings, PushbackSettings, RateLimiterSettings, RetrySettings, RouteSettings,
 };
 use super::{ConfigError, Registry};
 use crate::Limiter;
@@ -102,6 +102,7 @@ impl Registry {
             &config.adaptive_bulkheads,
         )?;
         same_instances("overload", &now.overload, &config.overload)?;
+        same_instances("breakers", &now.breakers, &config.breakers)?;
         same_instances("retries", &now.retries, &config.retries)?;
         same_instances("routes", &now.routes, &config.routes)?;
         let mut quotas = Vec::new();
@@ -232,6 +233,10 @@ fixed_fields! {
     OverloadSettings => [
         min_limit, initial_limit, max_limit, critical_guarantee, default_guarantee,
         priority_header, queue_capacity, max_wait
+    ];
+    BreakerSettings => [
+        window_calls, window_seconds, minimum_calls, failure_rate, slow_call_rate,
+        slow_call_duration, open_for, half_open_calls
     ];
     RetrySettings => [max_attempts, base, cap, max_wait, ratio, min_per_second, window];
 }

@@ -76,6 +76,9 @@ impl Config {
         for (name, s) in &self.overload {
             s.validate(&at("overload", name))?;
         }
+        for (name, s) in &self.breakers {
+            s.validate(name)?;
+        }
         for (name, s) in &self.retries {
             s.validate(&at("retries", name))?;
         }

@@ -9,6 +9,9 @@
 //! * [`ClientQuotaLayer`] ([`quota`] module) keeps to a quota of your own for the dependency
 //!   ("5 000 calls per hour to the partner"), in memory or in Redis so that every instance
 //!   shares it, failing with [`QuotaExhausted`] or waiting up to the quota's `max_wait`.
+//! * `Breaker` (`breaker` module, feature `adaptive`) is a circuit breaker: when too many
+//!   recent calls failed or were slow, calls fail at once with `BreakerOpen` for a while, then
+//!   a few probes decide whether it closes.
 //! * `Retry` (`retry` module, feature `adaptive`) sends a call again when its answer was
 //!   transient, never sooner than the dependency asked, within a budget every clone shares.
 //!
@@ -92,6 +95,9 @@
 //! attempts and the retries it did not make (names in
 //! [the metric names](crate::observe#metric-names)).
 
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub mod breaker;
 #[cfg(feature = "grpc")]
 pub(crate) mod grpc;
 mod metrics;
@@ -104,12 +110,15 @@ pub mod retry;
 use std::error::Error;
 use std::time::Duration;
 
+#[cfg(feature = "adaptive")]
+pub use self::breaker::{Breaker, BreakerLayer, BreakerOpen};
 pub use self::pushback::{Pushback, PushbackLayer, PushedBack};
 pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 
 /// The time after which a refused call may be sent again, if `err` (or an error in its
-/// [`source`](Error::source) chain) is a refusal that carries one: [`PushedBack`] or
-/// [`QuotaExhausted`], or (feature `grpc`) a `tonic::Status` of `RESOURCE_EXHAUSTED` or
+/// [`source`](Error::source) chain) is a refusal that carries one: [`PushedBack`],
+/// [`QuotaExhausted`] or (feature `adaptive`) a circuit breaker's `BreakerOpen`, or (feature
+/// `grpc`) a `tonic::Status` of `RESOURCE_EXHAUSTED` or
 /// `UNAVAILABLE` with a `RetryInfo` or a non-negative `grpc-retry-pushback-ms`. `None` for any
 /// other error: a timeout, a [`BulkheadFull`](crate::BulkheadFull), the dependency's own
 /// failure, a gRPC pushback that says not to retry.
@@ -139,6 +148,9 @@ pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
             .downcast_ref::<PushedBack>()
             .map(PushedBack::retry_after))
         .or_else(|| (err.downcast_ref::<QuotaExhausted>()).map(QuotaExhausted::retry_after));
+        #[cfg(feature = "adaptive")]
+        let ours =
+            ours.or_else(|| (err.downcast_ref::<BreakerOpen>()).map(BreakerOpen::retry_after));
         #[cfg(feature = "grpc")]
         let ours = ours.or_else(|| {
             err.downcast_ref::<tonic::Status>()
@@ -158,14 +170,18 @@ pub(crate) fn chain<'e>(
 /// Whether `err` (or an error in its [`source`](Error::source) chain) is a refusal by one of
 /// this crate's outbound layers, made before anything was sent: a [`PushedBack`], a
 /// [`QuotaExhausted`], a [`BulkheadFull`](crate::BulkheadFull) or an
-/// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity). A client quota above such a
+/// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity) or (feature `adaptive`) a
+/// `BreakerOpen`. A client quota above such a
 /// layer gives the call's permits back, and a pushback the share of the advertised budget the
 /// call took.
 pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
     chain(err).any(|err| {
-        err.is::<PushedBack>()
+        let ours = err.is::<PushedBack>()
             || err.is::<QuotaExhausted>()
             || err.is::<crate::BulkheadFull>()
-            || err.is::<crate::limiter::InsufficientCapacity>()
+            || err.is::<crate::limiter::InsufficientCapacity>();
+        #[cfg(feature = "adaptive")]
+        let ours = ours || err.is::<BreakerOpen>();
+        ours
     })
 }

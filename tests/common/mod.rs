@@ -2,7 +2,7 @@
 //! with one await point, polling by hand, a runtime with paused time and a dependency's answer
 //! here; an HTTP listener and the rate-limit headers parsed in [`listener`]; the panic hook and
 //! the `tracing` dispatcher that a binary's tests share in [`process`]; private Redis servers in
-//! [`redis_server`]. Each binary's `main.rs` takes them with
+//! [`redis_server`]; what a test's own `metrics` recorder saw in `recorded`. Each binary's `main.rs` takes them with
 //! `#[path = "../common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Not every test binary uses every helper.
@@ -10,6 +10,8 @@
 pub mod held_stream;
 pub mod listener;
 pub mod process;
+#[cfg(feature = "metrics")]
+pub mod recorded;
 pub mod redis_server;
 
 use std::future::Future;

@@ -1,11 +1,13 @@
 //! Configuration files: what they mean, hostile input, rate limiters with routes, adaptive
-//! bulkheads and outbound layers from a file, and reloads.
+//! bulkheads, circuit breakers and outbound layers from a file, and reloads.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 #[cfg(all(feature = "config", feature = "adaptive"))]
 mod adaptive;
+#[cfg(all(feature = "config", feature = "adaptive"))]
+mod breaker;
 // The attack builds one file with every kind of instance, adaptive bulkheads and routes with
 // exempt networks among them.
 #[cfg(all(feature = "config", feature = "adaptive", feature = "axum"))]

@@ -3,7 +3,9 @@
 
 use crate::counting;
 
+use crate::common::recorded::{counter, find, gauge, recorded_by};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 
@@ -11,9 +13,7 @@ use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
 fn decisions_record_metrics_without_allocating() {
     const KEYS: u64 = 4;
     const PER_KEY: u64 = 1_000;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         // Time stands still: each key gets its 500 and is refused after that.
         let limiter = Observed::new(
             "api",
@@ -37,46 +37,12 @@ fn decisions_record_metrics_without_allocating() {
             PER_KEY * KEYS
         );
     });
-    let snapshot = snapshotter.snapshot().into_vec();
-    let calls = |outcome: &str| {
-        snapshot
-            .iter()
-            .find_map(|(key, _, _, value)| {
-                let key = key.key();
-                let wanted = key.name() == "bulwark_ratelimiter_calls_total"
-                    && key
-                        .labels()
-                        .any(|l| l.key() == "outcome" && l.value() == outcome);
-                match value {
-                    DebugValue::Counter(n) if wanted => Some(*n),
-                    _ => None,
-                }
-            })
-            .unwrap_or(0)
+    let calls = |outcome| {
+        let labels = [("name", "api"), ("outcome", outcome)];
+        counter(&all, "bulwark_ratelimiter_calls_total", &labels)
     };
     assert_eq!(calls("allowed"), 500 * KEYS, "the metrics were recorded");
     assert_eq!(calls("limited"), (PER_KEY - 500) * KEYS);
-}
-
-/// The value of the series `name` whose labels include `label`, from a debugging snapshot.
-fn series<'a>(
-    snapshot: &'a [(
-        metrics_util::CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    name: &str,
-    label: (&str, &str),
-) -> Option<&'a DebugValue> {
-    snapshot.iter().find_map(|(key, _, _, value)| {
-        let key = key.key();
-        (key.name() == name
-            && key
-                .labels()
-                .any(|l| l.key() == label.0 && l.value() == label.1))
-        .then_some(value)
-    })
 }
 
 /// A bulkhead built by hand (not from a config file) counts its calls too, and a call through
@@ -87,12 +53,10 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
     use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull};
     use tower_bulwark::BoxError;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         runtime.block_on(async {
             let payment = Bulkhead::semaphore("payment", 1).build();
             let mut client = tower::ServiceBuilder::new()
@@ -115,30 +79,21 @@ fn a_bulkhead_built_by_hand_records_its_calls_without_allocating() {
             assert_eq!(per_call, 0, "allocations per call through the bulkhead");
         });
     });
-    let snapshot = snapshotter.snapshot().into_vec();
-    let counter = |outcome: &str| match series(
-        &snapshot,
-        "bulwark_bulkhead_calls_total",
-        ("outcome", outcome),
-    ) {
-        Some(DebugValue::Counter(n)) => *n,
-        other => panic!("{outcome}: {other:?}"),
+    let payment = ("name", "payment");
+    let calls = |outcome| {
+        let labels = [payment, ("outcome", outcome)];
+        counter(&all, "bulwark_bulkhead_calls_total", &labels)
     };
-    assert_eq!(counter("permitted"), 1_002);
-    assert_eq!(counter("finished"), 1_002);
-    assert_eq!(counter("rejected"), 1);
-    match series(
-        &snapshot,
-        "bulwark_bulkhead_call_duration_seconds",
-        ("name", "payment"),
-    ) {
+    assert_eq!(calls("permitted"), 1_002);
+    assert_eq!(calls("finished"), 1_002);
+    assert_eq!(calls("rejected"), 1);
+    let durations = "bulwark_bulkhead_call_duration_seconds";
+    match find(&all, MetricKind::Histogram, durations, &[payment]) {
         Some(DebugValue::Histogram(values)) => assert_eq!(values.len(), 1_002),
         other => panic!("duration: {other:?}"),
     }
-    assert!(matches!(
-        series(&snapshot, "bulwark_bulkhead_max_allowed_concurrent_calls", ("name", "payment")),
-        Some(DebugValue::Gauge(v)) if v.into_inner() == 1.0
-    ));
+    let size = "bulwark_bulkhead_max_allowed_concurrent_calls";
+    assert_eq!(gauge(&all, size, &[payment]), 1.0);
 }
 
 /// Allocations per request through a `RateLimitLayer` whose policy's limiter is observed (the

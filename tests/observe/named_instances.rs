@@ -10,53 +10,18 @@ use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use metrics_util::{CompositeKey, MetricKind};
+use metrics_util::debugging::DebugValue;
+use metrics_util::MetricKind;
 use tower::{service_fn, Service, ServiceExt};
 use tower_bulwark::config::Registry;
 
+use crate::common::recorded::{find, on_own_recorder, series};
 use crate::orders::{get_orders, router, runtime, ORDERS_CONFIG};
 use tower_bulwark::BulkheadFull;
-
-/// The value of one series in a debugging snapshot, by name and labels.
-fn value<'a>(
-    snapshot: &'a [(
-        CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    kind: MetricKind,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> Option<&'a DebugValue> {
-    snapshot.iter().find_map(|(key, _, _, v)| {
-        let k = key.key();
-        let matches = key.kind() == kind
-            && k.name() == name
-            && labels.iter().all(|(l, want)| {
-                k.labels()
-                    .any(|lab| lab.key() == *l && lab.value() == *want)
-            })
-            && k.labels().count() == labels.len();
-        matches.then_some(v)
-    })
-}
 
 /// The body of a GET of `url` through `client`, as text.
 async fn get_text(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
-}
-
-fn snapshot(
-    snapshotter: &Snapshotter,
-) -> Vec<(
-    CompositeKey,
-    Option<metrics::Unit>,
-    Option<metrics::SharedString>,
-    DebugValue,
-)> {
-    snapshotter.snapshot().into_vec()
 }
 
 /// A call through the bulkhead that has not ended.
@@ -105,58 +70,50 @@ async fn calls_through_payment(
 
 #[test]
 fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let held = Arc::new(Mutex::new(Vec::new()));
-    metrics::with_local_recorder(&recorder, || {
-        runtime().block_on(async {
-            let registry = Registry::from_toml_str(ORDERS_CONFIG).unwrap();
-            let app = router(&registry, "api", [203, 0, 113, 7]);
-            let mut statuses = Vec::new();
-            for _ in 0..11 {
-                statuses.push(get_orders(&app).await);
-            }
-            assert_eq!(
-                statuses.iter().filter(|s| **s == StatusCode::OK).count(),
-                10
-            );
-            assert_eq!(statuses[10], StatusCode::TOO_MANY_REQUESTS);
+    let (during, after) = on_own_recorder(&runtime(), |snapshotter| async move {
+        let registry = Registry::from_toml_str(ORDERS_CONFIG).unwrap();
+        let app = router(&registry, "api", [203, 0, 113, 7]);
+        let mut statuses = Vec::new();
+        for _ in 0..11 {
+            statuses.push(get_orders(&app).await);
+        }
+        assert_eq!(
+            statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+            10
+        );
+        assert_eq!(statuses[10], StatusCode::TOO_MANY_REQUESTS);
 
-            // Six calls against a bulkhead of two; the two admitted hold their permits until
-            // the gate opens.
-            let (gate, calls, rejected) = calls_through_payment(&registry, 6).await;
-            assert_eq!((calls.len(), rejected), (2, 4));
-            registry.publish_gauges();
-            // The debugging recorder hands counters over when snapshotted: this one holds
-            // everything up to here, the final one what happened after.
-            *held.lock().unwrap() = snapshot(&snapshotter);
-            {
-                let during = held.lock().unwrap();
-                let gauge =
-                    |name, label| value(&during[..], MetricKind::Gauge, name, &[("name", label)]);
-                assert_eq!(
-                    gauge("bulwark_bulkhead_available_concurrent_calls", "payment"),
-                    Some(&DebugValue::Gauge(0.0.into()))
-                );
-                assert_eq!(
-                    gauge("bulwark_bulkhead_max_allowed_concurrent_calls", "payment"),
-                    Some(&DebugValue::Gauge(2.0.into()))
-                );
-                assert_eq!(
-                    gauge("bulwark_bulkhead_queue_depth", "payment"),
-                    Some(&DebugValue::Gauge(0.0.into()))
-                );
-            }
-            gate.add_permits(2);
-            for call in calls {
-                assert_eq!(call.await.unwrap(), "paid");
-            }
-            registry.publish_gauges();
-        })
+        // Six calls against a bulkhead of two; the two admitted hold their permits until
+        // the gate opens.
+        let (gate, calls, rejected) = calls_through_payment(&registry, 6).await;
+        assert_eq!((calls.len(), rejected), (2, 4));
+        registry.publish_gauges();
+        // The debugging recorder hands counters over when snapshotted: this one holds
+        // everything up to here, the final one what happened after.
+        let during = series(&snapshotter);
+        {
+            let gauge = |name, label| find(&during, MetricKind::Gauge, name, &[("name", label)]);
+            assert_eq!(
+                gauge("bulwark_bulkhead_available_concurrent_calls", "payment"),
+                Some(&DebugValue::Gauge(0.0.into()))
+            );
+            assert_eq!(
+                gauge("bulwark_bulkhead_max_allowed_concurrent_calls", "payment"),
+                Some(&DebugValue::Gauge(2.0.into()))
+            );
+            assert_eq!(
+                gauge("bulwark_bulkhead_queue_depth", "payment"),
+                Some(&DebugValue::Gauge(0.0.into()))
+            );
+        }
+        gate.add_permits(2);
+        for call in calls {
+            assert_eq!(call.await.unwrap(), "paid");
+        }
+        registry.publish_gauges();
+        during
     });
 
-    let during = std::mem::take(&mut *held.lock().unwrap());
-    let after = snapshot(&snapshotter);
     use DebugValue::{Counter, Gauge};
     let (counter, gauge) = (MetricKind::Counter, MetricKind::Gauge);
     let rl_calls = "bulwark_ratelimiter_calls_total";
@@ -175,12 +132,12 @@ fn eleven_requests_against_ten_and_a_bulkhead_run_give_exact_metrics() {
     ];
     for (values, kind, name, labels, value_wanted) in expected {
         assert_eq!(
-            value(values, kind, name, labels),
+            find(values, kind, name, labels),
             Some(&value_wanted),
             "{name} {labels:?}"
         );
     }
-    match value(
+    match find(
         &after,
         MetricKind::Histogram,
         "bulwark_bulkhead_call_duration_seconds",
@@ -342,34 +299,29 @@ async fn the_example_serves_metrics_that_match_what_the_client_saw() {
 
 #[test]
 fn hooks_a_user_adds_to_a_configured_bulkhead_run_beside_its_metrics() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let rejected_by = Arc::new(Mutex::new(Vec::new()));
-    metrics::with_local_recorder(&recorder, || {
-        runtime().block_on(async {
-            let seen = Arc::clone(&rejected_by);
-            let registry = Registry::from_toml_str_with(ORDERS_CONFIG, move |name, builder| {
-                let seen = Arc::clone(&seen);
-                let name = name.to_owned();
-                builder.on_call_rejected(move |_: &tower_bulwark::bulkhead::CallRejected<'_>| {
-                    seen.lock().unwrap().push(name.clone());
-                })
+    let ((), counters) = on_own_recorder(&runtime(), |_| async {
+        let seen = Arc::clone(&rejected_by);
+        let registry = Registry::from_toml_str_with(ORDERS_CONFIG, move |name, builder| {
+            let seen = Arc::clone(&seen);
+            let name = name.to_owned();
+            builder.on_call_rejected(move |_: &tower_bulwark::bulkhead::CallRejected<'_>| {
+                seen.lock().unwrap().push(name.clone());
             })
-            .unwrap();
-            // Two calls hold the bulkhead's two permits; three more are refused.
-            let (gate, held, rejected) = calls_through_payment(&registry, 5).await;
-            assert_eq!(rejected, 3);
-            assert_eq!(held.len(), 2);
-            gate.add_permits(2);
-            for call in held {
-                assert_eq!(call.await.unwrap(), "paid");
-            }
         })
+        .unwrap();
+        // Two calls hold the bulkhead's two permits; three more are refused.
+        let (gate, held, rejected) = calls_through_payment(&registry, 5).await;
+        assert_eq!(rejected, 3);
+        assert_eq!(held.len(), 2);
+        gate.add_permits(2);
+        for call in held {
+            assert_eq!(call.await.unwrap(), "paid");
+        }
     });
     assert_eq!(*rejected_by.lock().unwrap(), vec!["payment"; 3]);
-    let counters = snapshot(&snapshotter);
     let counter = |outcome| {
-        value(
+        find(
             &counters,
             MetricKind::Counter,
             "bulwark_bulkhead_calls_total",

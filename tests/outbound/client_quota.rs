@@ -413,6 +413,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
 /// body (here with the crate's `UsageScan`). Settled calls give back what they did not use,
 /// exactly; a second settle of one call counts for nothing; a call whose `Unsettled` is dropped
 /// keeps its estimate.
+#[cfg(feature = "reqwest")]
 #[tokio::test]
 async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_use() {
     use tower_bulwark::outbound::quota::{SettleLater, Unsettled};

@@ -1,4 +1,4 @@
-//! The outbound layers: pushback, client quotas, the documented stack around a `reqwest`
+//! The outbound layers: pushback, client quotas, the circuit breaker, the documented stack around a `reqwest`
 //! client, their metrics (counted by this binary's allocator), and the `partner_api` example.
 
 #[path = "../common/mod.rs"]
@@ -7,6 +7,14 @@ mod common;
 mod counting;
 
 mod answer_order;
+#[cfg(feature = "adaptive")]
+mod breaker;
+#[cfg(all(feature = "adaptive", feature = "grpc"))]
+mod breaker_grpc;
+#[cfg(feature = "adaptive")]
+mod breaker_probes;
+#[cfg(all(feature = "adaptive", feature = "reqwest"))]
+mod breaker_stack;
 mod client_quota;
 #[cfg(feature = "reqwest")]
 mod dialects;
@@ -20,6 +28,7 @@ mod hostile_refusal_times;
 mod hostile_support;
 #[cfg(feature = "metrics")]
 mod metered;
+#[cfg(feature = "metrics")]
 mod metrics;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod partner_api_example;

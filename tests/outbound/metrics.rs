@@ -2,6 +2,7 @@
 //! answers that asked it to hold and why, and the time it holds for; a client quota's calls by
 //! outcome. Layers built by hand and from a config file record the same series.
 
+use crate::common::recorded::{counter, gauge, on_own_recorder, runtime, series, Series};
 use crate::common::{tokio_direct, waits_up_to};
 use crate::counting;
 
@@ -10,64 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use metrics_util::MetricKind;
+
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{limiter::InsufficientCapacity, BoxError, DirectRateLimiter, Quota};
-
-/// Every series of a snapshot as (kind, name, sorted labels, value).
-type Series = Vec<(MetricKind, String, Vec<(String, String)>, DebugValue)>;
-
-fn series(snapshotter: &Snapshotter) -> Series {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let mut labels: Vec<_> = key
-                .key()
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            (key.kind(), key.key().name().to_owned(), labels, value)
-        })
-        .collect()
-}
-
-/// The value of the series `name` with exactly `labels`.
-fn find<'a>(
-    all: &'a Series,
-    kind: MetricKind,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> Option<&'a DebugValue> {
-    let mut want: Vec<(String, String)> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    want.sort();
-    all.iter()
-        .find(|(k, n, l, _)| *k == kind && n == name && *l == want)
-        .map(|(_, _, _, v)| v)
-}
-
-fn counter(all: &Series, name: &str, labels: &[(&str, &str)]) -> u64 {
-    match find(all, MetricKind::Counter, name, labels) {
-        Some(DebugValue::Counter(n)) => *n,
-        None => 0,
-        other => panic!("{name} {labels:?}: {other:?}"),
-    }
-}
-
-fn gauge(all: &Series, name: &str, labels: &[(&str, &str)]) -> f64 {
-    match find(all, MetricKind::Gauge, name, labels) {
-        Some(DebugValue::Gauge(v)) => v.into_inner(),
-        other => panic!("{name} {labels:?}: {other:?}"),
-    }
-}
 
 /// A pushback's calls with `outcome`.
 fn pushback_calls(all: &Series, name: &str, outcome: &str) -> u64 {
@@ -126,9 +74,7 @@ fn scripted(
 /// `x_ratelimit` hold; nothing left in both, a `ratelimit` one (read first of equals).
 #[test]
 fn a_spent_quota_counts_under_the_fields_that_bind() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    on_own_recorder(&runtime(), |snapshotter| async move {
         let partner = Pushback::builder("partner")
             .clock(ManualClock::new())
             .build();
@@ -157,63 +103,58 @@ fn a_spent_quota_counts_under_the_fields_that_bind() {
 /// Each reason a dependency gives, and each outcome of a call, counted once per event.
 #[test]
 fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        current_thread().block_on(async {
-            let clock = ManualClock::new();
-            let partner = Pushback::builder("partner").clock(clock.clone()).build();
-            let client = partner.layer().layer(scripted(vec![
-                (429, vec![("retry-after", "5")]),
-                (200, vec![("ratelimit", "\"default\";r=0;t=10")]),
-                (
-                    200,
-                    vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "7")],
-                ),
-                // A 503 without Retry-After asks for nothing; a 200 with calls left neither.
-                (503, vec![]),
-                (200, vec![("ratelimit", "\"default\";r=5;t=10")]),
-            ]));
-            let call = || client.clone().oneshot(());
+    let ((), all) = on_own_recorder(&current_thread(), |snapshotter| async move {
+        let clock = ManualClock::new();
+        let partner = Pushback::builder("partner").clock(clock.clone()).build();
+        let client = partner.layer().layer(scripted(vec![
+            (429, vec![("retry-after", "5")]),
+            (200, vec![("ratelimit", "\"default\";r=0;t=10")]),
+            (
+                200,
+                vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "7")],
+            ),
+            // A 503 without Retry-After asks for nothing; a 200 with calls left neither.
+            (503, vec![]),
+            (200, vec![("ratelimit", "\"default\";r=5;t=10")]),
+        ]));
+        let call = || client.clone().oneshot(());
 
-            assert_eq!(
-                call().await.unwrap().status(),
-                StatusCode::TOO_MANY_REQUESTS
-            );
-            assert!(call().await.unwrap_err().is::<PushedBack>());
-            // The hold is the gauge's value when it is published. (A debugging snapshot takes
-            // the counters' values and sets them back to zero: later ones count from here.)
-            partner.publish_gauges();
-            let all = series(&snapshotter);
-            assert_eq!(
-                gauge(
-                    &all,
-                    "bulwark_pushback_held_seconds",
-                    &[("name", "partner")]
-                ),
-                5.0
-            );
-            assert_eq!(pushback_calls(&all, "partner", "admitted"), 1);
-            assert_eq!(pushback_calls(&all, "partner", "refused"), 1);
-            assert_eq!(pushback_holds(&all, "partner", "retry_after"), 1);
-            clock.advance(Duration::from_secs(5));
-            call().await.unwrap(); // r=0;t=10
-            assert!(call().await.unwrap_err().is::<PushedBack>());
-            assert!(call().await.unwrap_err().is::<PushedBack>());
-            clock.advance(Duration::from_secs(10));
-            call().await.unwrap(); // x-ratelimit 0, 7 s
-            assert!(call().await.unwrap_err().is::<PushedBack>());
-            clock.advance(Duration::from_secs(7));
-            assert_eq!(
-                call().await.unwrap().status(),
-                StatusCode::SERVICE_UNAVAILABLE
-            );
-            call().await.unwrap(); // r=5
-            partner.publish_gauges();
-        })
+        assert_eq!(
+            call().await.unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert!(call().await.unwrap_err().is::<PushedBack>());
+        // The hold is the gauge's value when it is published. (A debugging snapshot takes
+        // the counters' values and sets them back to zero: later ones count from here.)
+        partner.publish_gauges();
+        let all = series(&snapshotter);
+        assert_eq!(
+            gauge(
+                &all,
+                "bulwark_pushback_held_seconds",
+                &[("name", "partner")]
+            ),
+            5.0
+        );
+        assert_eq!(pushback_calls(&all, "partner", "admitted"), 1);
+        assert_eq!(pushback_calls(&all, "partner", "refused"), 1);
+        assert_eq!(pushback_holds(&all, "partner", "retry_after"), 1);
+        clock.advance(Duration::from_secs(5));
+        call().await.unwrap(); // r=0;t=10
+        assert!(call().await.unwrap_err().is::<PushedBack>());
+        assert!(call().await.unwrap_err().is::<PushedBack>());
+        clock.advance(Duration::from_secs(10));
+        call().await.unwrap(); // x-ratelimit 0, 7 s
+        assert!(call().await.unwrap_err().is::<PushedBack>());
+        clock.advance(Duration::from_secs(7));
+        assert_eq!(
+            call().await.unwrap().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        call().await.unwrap(); // r=5
+        partner.publish_gauges();
     });
     // Since the snapshot above.
-    let all = series(&snapshotter);
     assert_eq!(pushback_calls(&all, "partner", "admitted"), 4);
     assert_eq!(pushback_calls(&all, "partner", "refused"), 3);
     assert_eq!(pushback_calls(&all, "partner", "waited"), 0);
@@ -243,34 +184,29 @@ fn a_hand_built_pushback_counts_calls_and_holds_by_reason() {
 /// `max_wait` is `refused`.
 #[test]
 fn a_pushback_that_waits_counts_the_wait() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        current_thread().block_on(async {
-            let partner = Pushback::builder("waiting")
-                .clock(TokioClock::new())
-                .max_wait(Duration::from_secs(2))
-                .build();
-            let client = partner.layer().layer(scripted(vec![
-                (429, vec![("retry-after", "1")]),
-                (429, vec![("retry-after", "2")]),
-                (429, vec![("retry-after", "5")]),
-            ]));
-            // The 429, then a call that waits out its second and meets the next 429.
-            client.clone().oneshot(()).await.unwrap();
-            let start = tokio::time::Instant::now();
-            let second = client.clone().oneshot(()).await.unwrap();
-            assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
-            assert_eq!(start.elapsed(), Duration::from_secs(1));
-            // Held two seconds now: within max_wait, so this one waits and is sent.
-            client.clone().oneshot(()).await.unwrap();
-            assert_eq!(start.elapsed(), Duration::from_secs(3));
-            // Held five seconds, beyond max_wait: refused at once.
-            assert!(client.oneshot(()).await.unwrap_err().is::<PushedBack>());
-            assert_eq!(start.elapsed(), Duration::from_secs(3));
-        })
+    let ((), all) = on_own_recorder(&current_thread(), |_| async {
+        let partner = Pushback::builder("waiting")
+            .clock(TokioClock::new())
+            .max_wait(Duration::from_secs(2))
+            .build();
+        let client = partner.layer().layer(scripted(vec![
+            (429, vec![("retry-after", "1")]),
+            (429, vec![("retry-after", "2")]),
+            (429, vec![("retry-after", "5")]),
+        ]));
+        // The 429, then a call that waits out its second and meets the next 429.
+        client.clone().oneshot(()).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let second = client.clone().oneshot(()).await.unwrap();
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        // Held two seconds now: within max_wait, so this one waits and is sent.
+        client.clone().oneshot(()).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        // Held five seconds, beyond max_wait: refused at once.
+        assert!(client.oneshot(()).await.unwrap_err().is::<PushedBack>());
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
     });
-    let all = series(&snapshotter);
     assert_eq!(pushback_calls(&all, "waiting", "admitted"), 1);
     assert_eq!(pushback_calls(&all, "waiting", "waited"), 2);
     assert_eq!(pushback_calls(&all, "waiting", "refused"), 1);
@@ -281,49 +217,44 @@ fn a_pushback_that_waits_counts_the_wait() {
 /// refused, failed by the limiter (a cost it can never grant).
 #[test]
 fn a_hand_built_client_quota_counts_each_outcome() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let sent = Arc::new(AtomicUsize::new(0));
-    metrics::with_local_recorder(&recorder, || {
-        current_thread().block_on(async {
-            // One per second, waiting up to one second for it.
-            let limiter = tokio_direct(waits_up_to(
-                Quota::per_second(1).unwrap(),
-                Duration::from_secs(1),
-            ));
-            let layer = ClientQuotaLayer::new("partner", limiter);
-            let dependency = {
-                let sent = Arc::clone(&sent);
-                service_fn(move |()| {
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    async { Ok::<_, BoxError>(()) }
-                })
-            };
-            let client = layer.layer(dependency.clone());
+    let ((), all) = on_own_recorder(&current_thread(), |_| async {
+        // One per second, waiting up to one second for it.
+        let limiter = tokio_direct(waits_up_to(
+            Quota::per_second(1).unwrap(),
+            Duration::from_secs(1),
+        ));
+        let layer = ClientQuotaLayer::new("partner", limiter);
+        let dependency = {
+            let sent = Arc::clone(&sent);
+            service_fn(move |()| {
+                sent.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, BoxError>(()) }
+            })
+        };
+        let client = layer.layer(dependency.clone());
 
-            client.clone().oneshot(()).await.unwrap(); // admitted
-                                                       // Two calls at once: the first waits a second for its permit, the second's would
-                                                       // come in two, beyond max_wait.
-            let (waited, refused) =
-                tokio::join!(client.clone().oneshot(()), client.clone().oneshot(()));
-            waited.unwrap();
-            assert!(refused.unwrap_err().is::<QuotaExhausted>());
-            // A layer of five permits a call on the same quota (and the same name) fails:
-            // the quota can never grant it.
-            let costly = layer.clone().cost(5).layer(dependency);
-            assert!(costly
-                .oneshot(())
-                .await
-                .unwrap_err()
-                .is::<InsufficientCapacity>());
-            // A waiting call dropped before its permit falls due is not counted.
-            let mut dropped = Box::pin(client.clone().oneshot(()));
-            assert!(futures::poll!(&mut dropped).is_pending());
-            drop(dropped);
-        })
+        client.clone().oneshot(()).await.unwrap(); // admitted
+                                                   // Two calls at once: the first waits a second for its permit, the second's would
+                                                   // come in two, beyond max_wait.
+        let (waited, refused) =
+            tokio::join!(client.clone().oneshot(()), client.clone().oneshot(()));
+        waited.unwrap();
+        assert!(refused.unwrap_err().is::<QuotaExhausted>());
+        // A layer of five permits a call on the same quota (and the same name) fails:
+        // the quota can never grant it.
+        let costly = layer.clone().cost(5).layer(dependency);
+        assert!(costly
+            .oneshot(())
+            .await
+            .unwrap_err()
+            .is::<InsufficientCapacity>());
+        // A waiting call dropped before its permit falls due is not counted.
+        let mut dropped = Box::pin(client.clone().oneshot(()));
+        assert!(futures::poll!(&mut dropped).is_pending());
+        drop(dropped);
     });
     assert_eq!(sent.load(Ordering::SeqCst), 2);
-    let all = series(&snapshotter);
     assert_eq!(quota_calls(&all, "partner", "admitted"), 1);
     assert_eq!(quota_calls(&all, "partner", "waited"), 1);
     assert_eq!(quota_calls(&all, "partner", "refused"), 1);
@@ -353,52 +284,41 @@ key = "global"
 [client_quotas.partner]
 limiter = "partner-quota"
 "#;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let server = MockServer::start().await;
-            Mock::given(method("GET"))
-                .respond_with(
-                    ResponseTemplate::new(200).insert_header("x-ratelimit-remaining", "9"),
-                )
-                .up_to_n_times(1)
-                .mount(&server)
-                .await;
-            Mock::given(method("GET"))
-                .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "30"))
-                .mount(&server)
-                .await;
-            let registry = Registry::from_toml_str(CONFIG).unwrap();
-            let client = ServiceBuilder::new()
-                .layer(registry.pushback("partner").unwrap().layer())
-                .layer(registry.client_quota_layer("partner").unwrap())
-                .service(reqwest::Client::new());
-            let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
-            assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 200);
-            assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 429);
-            // Held by the pushback: refused there, the quota untouched.
-            assert!(crate::common::refusal(&client, get())
-                .await
-                .is::<PushedBack>());
-            // Without the pushback, the quota of two is spent.
-            let bare = registry
-                .client_quota_layer("partner")
-                .unwrap()
-                .layer(reqwest::Client::new());
-            assert!(bare
-                .oneshot(get())
-                .await
-                .unwrap_err()
-                .is::<QuotaExhausted>());
-            registry.publish_gauges();
-        })
+    let ((), all) = on_own_recorder(&runtime(), |_| async {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200).insert_header("x-ratelimit-remaining", "9"))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "30"))
+            .mount(&server)
+            .await;
+        let registry = Registry::from_toml_str(CONFIG).unwrap();
+        let client = ServiceBuilder::new()
+            .layer(registry.pushback("partner").unwrap().layer())
+            .layer(registry.client_quota_layer("partner").unwrap())
+            .service(reqwest::Client::new());
+        let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
+        assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 200);
+        assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 429);
+        // Held by the pushback: refused there, the quota untouched.
+        assert!(crate::common::refusal(&client, get())
+            .await
+            .is::<PushedBack>());
+        // Without the pushback, the quota of two is spent.
+        let bare = registry
+            .client_quota_layer("partner")
+            .unwrap()
+            .layer(reqwest::Client::new());
+        assert!(bare
+            .oneshot(get())
+            .await
+            .unwrap_err()
+            .is::<QuotaExhausted>());
+        registry.publish_gauges();
     });
-    let all = series(&snapshotter);
     assert_eq!(pushback_calls(&all, "partner", "admitted"), 2);
     assert_eq!(pushback_calls(&all, "partner", "refused"), 1);
     assert_eq!(pushback_holds(&all, "partner", "retry_after"), 1);
@@ -426,37 +346,32 @@ limiter = "partner-quota"
 /// registered at the first call and used as they are after that.
 #[test]
 fn admitted_calls_record_without_allocating() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    const CALLS: u64 = 1_000;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    const CALLS: u64 = 1_000;
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let partner = Pushback::builder("partner")
-                .clock(ManualClock::new())
-                .build();
-            let limiter = DirectRateLimiter::builder(Quota::per_second(1_000_000).unwrap())
-                .clock(ManualClock::new())
-                .build();
-            let mut client = tower::ServiceBuilder::new()
-                .layer(partner.layer())
-                .layer(ClientQuotaLayer::new("partner", limiter))
-                .service(service_fn(|()| async {
-                    Ok::<_, BoxError>(Response::new(()))
-                }));
-            // The first call registers the handles.
+    let ((), all) = on_own_recorder(&runtime, |_| async {
+        let partner = Pushback::builder("partner")
+            .clock(ManualClock::new())
+            .build();
+        let limiter = DirectRateLimiter::builder(Quota::per_second(1_000_000).unwrap())
+            .clock(ManualClock::new())
+            .build();
+        let mut client = tower::ServiceBuilder::new()
+            .layer(partner.layer())
+            .layer(ClientQuotaLayer::new("partner", limiter))
+            .service(service_fn(|()| async {
+                Ok::<_, BoxError>(Response::new(()))
+            }));
+        // The first call registers the handles.
+        client.ready().await.unwrap().call(()).await.unwrap();
+        let before = counting::allocations();
+        for _ in 0..CALLS {
             client.ready().await.unwrap().call(()).await.unwrap();
-            let before = counting::allocations();
-            for _ in 0..CALLS {
-                client.ready().await.unwrap().call(()).await.unwrap();
-            }
-            let spent = counting::allocations() - before;
-            assert_eq!(spent, 0, "{spent} allocations for {CALLS} calls");
-        })
+        }
+        let spent = counting::allocations() - before;
+        assert_eq!(spent, 0, "{spent} allocations for {CALLS} calls");
     });
-    let all = series(&snapshotter);
     assert_eq!(pushback_calls(&all, "partner", "admitted"), CALLS + 1);
     assert_eq!(quota_calls(&all, "partner", "admitted"), CALLS + 1);
 }

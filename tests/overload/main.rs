@@ -4,10 +4,14 @@
 
 #![cfg(feature = "adaptive")]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 mod answers;
 mod cancellation;
 mod classes;
 mod example;
 mod limit;
+mod metrics;
 mod queue;
 mod support;

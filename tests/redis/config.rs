@@ -115,18 +115,10 @@ async fn the_failure_policy_from_the_file_answers_when_redis_is_down() {
     }
     #[cfg(feature = "metrics")]
     {
-        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || closed_registry.publish_gauges());
-        let failures: Vec<_> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(key, ..)| key.key().name() == "bulwark_ratelimiter_store_failures_total")
-            .map(|(.., value)| value)
-            .collect();
-        assert_eq!(failures, vec![DebugValue::Counter(4)]);
+        use crate::common::recorded::{counter, recorded_by};
+        let all = recorded_by(|| closed_registry.publish_gauges());
+        let failures = "bulwark_ratelimiter_store_failures_total";
+        assert_eq!(counter(&all, failures, &[("name", "shared")]), 4, "{all:?}");
     }
 }
 
@@ -247,31 +239,19 @@ async fn leases_from_the_file_share_one_quota_exactly() {
     #[cfg(feature = "metrics")]
     {
         // `a` took a lease for each of its first two calls.
-        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || registry_a.publish_gauges());
-        let series: std::collections::HashMap<String, DebugValue> = (snapshotter.snapshot())
-            .into_vec()
-            .into_iter()
-            .filter(|(key, ..)| key.key().name().contains("lease"))
-            .map(|(key, _, _, value)| {
-                let labels: Vec<String> =
-                    key.key().labels().map(|l| l.value().to_owned()).collect();
-                (format!("{} {}", key.key().name(), labels.join(",")), value)
-            })
-            .collect();
-        let counter = |name: &str| series.get(name);
-        assert_eq!(
-            counter("bulwark_ratelimiter_leases_total shared,taken"),
-            Some(&DebugValue::Counter(2)),
-            "{series:?}"
-        );
-        assert!(
-            counter("bulwark_ratelimiter_lease_decisions_total shared").is_some(),
-            "{series:?}"
-        );
-        assert!(counter("bulwark_ratelimiter_lease_unused_permits_total shared").is_some());
+        use crate::common::recorded::{counter, find, recorded_by};
+        use metrics_util::MetricKind;
+        let all = recorded_by(|| registry_a.publish_gauges());
+        let leases = "bulwark_ratelimiter_leases_total";
+        let taken = [("name", "shared"), ("outcome", "taken")];
+        assert_eq!(counter(&all, leases, &taken), 2, "{all:?}");
+        for name in [
+            "bulwark_ratelimiter_lease_decisions_total",
+            "bulwark_ratelimiter_lease_unused_permits_total",
+        ] {
+            let found = find(&all, MetricKind::Counter, name, &[("name", "shared")]);
+            assert!(found.is_some(), "{name}: {all:?}");
+        }
     }
 
     for (extra, field) in [

@@ -7,7 +7,6 @@ use std::io;
 use http::StatusCode;
 use tower_http::classify::{ClassifiedResponse, ClassifyResponse, NeverClassifyEos};
 
-use crate::bulkhead::BulkheadFull;
 use crate::head::ResponseHead;
 use crate::BoxError;
 
@@ -75,9 +74,9 @@ where
 ///   tower's `Elapsed` (a `TimeoutLayer` below the bulkhead), or (feature `reqwest`) as a
 ///   `reqwest::Error` that is a timeout or a connect error or as hyper's "connection closed
 ///   before message completed" (the dependency closed the connection without a whole answer)
-///   — is overload. A [`BulkheadFull`] from a bulkhead
-///   further in, and every other error, is ignored: it says nothing about the dependency's
-///   latency.
+///   — is overload. A refusal by one of the crate's layers further in (a [`BulkheadFull`](crate::BulkheadFull), a
+///   `PushedBack`, a `QuotaExhausted`, a `BreakerOpen`), and every other error, is ignored: it
+///   says nothing about the dependency's latency.
 ///
 /// It judges any [`ResponseHead`]: `http::Response<B>`, `http::response::Parts` and, with the
 /// `reqwest` feature, `reqwest::Response`, so it works for `reqwest::Client` as it is. It is
@@ -101,10 +100,12 @@ impl HttpOverload {
 
     /// The verdict on an error of the inner service (see the type's docs for the rule).
     pub fn classify_error(error: &(dyn Error + 'static)) -> Verdict {
+        // A refusal by the crate's own layers below reached nothing: whatever else its chain
+        // holds (a gRPC status, say), it says nothing of the dependency.
+        if crate::outbound::never_sent(error) {
+            return Verdict::Ignored;
+        }
         for error in crate::outbound::chain(error) {
-            if error.is::<BulkheadFull>() {
-                return Verdict::Ignored;
-            }
             if error.is::<tokio::time::error::Elapsed>()
                 || error.is::<tower::timeout::error::Elapsed>()
             {

@@ -514,9 +514,7 @@ async fn an_advertised_shadow_policy_tells_the_client_what_would_happen() {
 #[cfg(feature = "metrics")]
 #[test]
 fn shadow_refusals_are_counted_in_metrics() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    use crate::common::recorded::{counter, recorded_by};
     let clock = ManualClock::new();
     let shadow = keyed::<IpAddr>(Quota::per_hour(3).unwrap(), &clock);
     let app = Router::new()
@@ -526,7 +524,7 @@ fn shadow_refusals_are_counted_in_metrics() {
                 .unwrap()
                 .shadow(),
         ));
-    metrics::with_local_recorder(&recorder, || {
+    let all = recorded_by(|| {
         futures::executor::block_on(async {
             for _ in 0..10 {
                 let response = send(&app, "GET", "/items", "192.0.2.62", None).await;
@@ -534,27 +532,10 @@ fn shadow_refusals_are_counted_in_metrics() {
             }
         })
     });
-    let counted: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "bulwark_ratelimit_shadow_refusals_total")
-        .map(|(key, _, _, value)| {
-            let labels: Vec<_> = key
-                .key()
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            (labels, value)
-        })
-        .collect();
-    assert_eq!(
-        counted,
-        vec![(
-            vec![("name".to_owned(), "candidate".to_owned())],
-            DebugValue::Counter(7)
-        )]
-    );
+    let name = "bulwark_ratelimit_shadow_refusals_total";
+    let counted = counter(&all, name, &[("name", "candidate")]);
+    assert_eq!(counted, 7);
+    assert_eq!(all.iter().filter(|(_, n, ..)| n == name).count(), 1);
 }
 
 #[tokio::test]

@@ -1,0 +1,87 @@
+//! `[breakers.NAME]`: a circuit breaker in front of a dependency (feature `adaptive`).
+//!
+//! A field left out keeps the builder's default; the builder's own check is the validation, so
+//! a bad value is refused by the same rule as in code, at the field of the same name.
+
+use std::time::Duration;
+
+use super::duration::optional;
+use super::fields::Count;
+use super::ConfigError;
+
+/// `[breakers.NAME]`.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of settings")]
+pub(super) struct BreakerSettings {
+    pub(super) window_calls: Option<Count>,
+    pub(super) window_seconds: Option<Count>,
+    pub(super) minimum_calls: Option<Count>,
+    pub(super) failure_rate: Option<f64>,
+    pub(super) slow_call_rate: Option<f64>,
+    #[serde(default, deserialize_with = "optional")]
+    pub(super) slow_call_duration: Option<Duration>,
+    #[serde(default, deserialize_with = "optional")]
+    pub(super) open_for: Option<Duration>,
+    pub(super) half_open_calls: Option<Count>,
+}
+
+impl BreakerSettings {
+    /// Checks what the builder would refuse, naming the field under `breakers.{name}`.
+    pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        if cfg!(not(feature = "adaptive")) {
+            let lacks =
+                "a circuit breaker needs the crate's `adaptive` feature, which this build lacks";
+            return Err(ConfigError::new(format!("breakers.{name}"), lacks));
+        }
+        if self.window_calls.is_some() && self.window_seconds.is_some() {
+            let both = "is given with window_calls; a window counts calls or seconds, not both";
+            return Err(ConfigError::new(
+                format!("breakers.{name}.window_seconds"),
+                both,
+            ));
+        }
+        #[cfg(feature = "adaptive")]
+        build_breaker(name, self)?;
+        Ok(())
+    }
+}
+
+/// The breaker `s` describes (validated); a setting the builder refuses is an error at its
+/// field.
+#[cfg(feature = "adaptive")]
+pub(super) fn build_breaker(
+    name: &str,
+    s: &BreakerSettings,
+) -> Result<crate::outbound::Breaker, ConfigError> {
+    use crate::outbound::breaker::Window;
+
+    let mut builder = crate::outbound::Breaker::builder(name);
+    if let Some(n) = s.window_calls {
+        builder = builder.window(Window::Calls(n.0));
+    }
+    if let Some(n) = s.window_seconds {
+        builder = builder.window(Window::Seconds(n.0));
+    }
+    if let Some(n) = s.minimum_calls {
+        builder = builder.minimum_calls(n.0);
+    }
+    if let Some(rate) = s.failure_rate {
+        builder = builder.failure_rate(rate);
+    }
+    if let Some(rate) = s.slow_call_rate {
+        builder = builder.slow_call_rate(rate);
+    }
+    if let Some(span) = s.slow_call_duration {
+        builder = builder.slow_call_duration(span);
+    }
+    if let Some(span) = s.open_for {
+        builder = builder.open_for(span);
+    }
+    if let Some(n) = s.half_open_calls {
+        builder = builder.half_open_calls(n.0);
+    }
+    let at = |e: crate::outbound::breaker::BreakerConfigError| {
+        ConfigError::new(format!("breakers.{name}.{}", e.setting()), e.to_string())
+    };
+    builder.build().map_err(at)
+}

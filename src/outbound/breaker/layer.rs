@@ -1,0 +1,165 @@
+//! The layer that puts a [`Breaker`] in front of a service, the service it makes, and its
+//! response future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::builder::Breaker;
+use super::error::BreakerOpen;
+use super::state::Ticket;
+use crate::bulkhead::adaptive::{Classify, HttpOverload};
+use crate::BoxError;
+
+/// Wraps a service in a [`Breaker`] (made by [`Breaker::layer`] and
+/// [`layer_with`](Breaker::layer_with)); each call's ending is judged by the classifier `K`.
+///
+/// Every service this layer makes, and every clone of them, shares the breaker's one state.
+///
+/// # Errors
+///
+/// The services fail with a [`BoxError`](crate::BoxError) holding either
+/// [`BreakerOpen`](super::BreakerOpen), for a call refused without calling the inner service,
+/// or the inner service's own error, passed through.
+pub struct BreakerLayer<K = HttpOverload> {
+    pub(super) breaker: Breaker,
+    pub(super) classifier: Arc<K>,
+}
+
+impl<K> Clone for BreakerLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            breaker: self.breaker.clone(),
+            classifier: Arc::clone(&self.classifier),
+        }
+    }
+}
+
+impl<K> fmt::Debug for BreakerLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerLayer")
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K> Layer<S> for BreakerLayer<K> {
+    type Service = BreakerService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        BreakerService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A service behind a [`Breaker`]; made by [`BreakerLayer`].
+///
+/// `poll_ready` only asks the inner service; the breaker decides in `call`, and a call it
+/// refuses fails at once with [`BreakerOpen`](super::BreakerOpen), the inner service not called.
+pub struct BreakerService<S, K = HttpOverload> {
+    inner: S,
+    layer: BreakerLayer<K>,
+}
+
+impl<S: Clone, K> Clone for BreakerService<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for BreakerService<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerService")
+            .field("inner", &self.inner)
+            .field("breaker", &self.layer.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, Req> Service<Req> for BreakerService<S, K>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    K: Classify<S::Response>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, K>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let classifier = Arc::clone(&self.layer.classifier);
+        // Taken before the inner service is called, so a panicking `call` still frees a
+        // probe's place (and counts for nothing).
+        let (future, ticket, refused) = match self.layer.breaker.shared.admit() {
+            Ok(ticket) => (Some(self.inner.call(request)), Some(ticket), None),
+            Err(refused) => (None, None, Some(refused)),
+        };
+        ResponseFuture {
+            future,
+            ticket,
+            refused,
+            classifier,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`BreakerService`]: when the inner call ends, the classifier's verdict
+    /// on it is counted; dropped before that, the call counts for nothing.
+    pub struct ResponseFuture<F, K> {
+        // Fields drop in order: a cut call's inner future is gone before its ticket reports.
+        // Both `None` for a refused call, which holds its error until polled.
+        #[pin]
+        future: Option<F>,
+        ticket: Option<Ticket>,
+        refused: Option<BreakerOpen>,
+        classifier: Arc<K>,
+    }
+}
+
+impl<F, K, T, E> Future for ResponseFuture<F, K>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+    K: Classify<T>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(future) = this.future.as_pin_mut() else {
+            let refused = this.refused.take().expect("polled after completion");
+            return Poll::Ready(Err(refused.into()));
+        };
+        let result = match future.poll(cx) {
+            Poll::Ready(result) => result.map_err(Into::into),
+            Poll::Pending => return Poll::Pending,
+        };
+        // Taken out before the classifier runs: if it panics, the call counts for nothing.
+        if let Some(mut ticket) = this.ticket.take() {
+            ticket.verdict = this.classifier.classify(result.as_ref());
+        }
+        Poll::Ready(result)
+    }
+}
+
+impl<F, K> fmt::Debug for ResponseFuture<F, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
