@@ -42,7 +42,7 @@ impl RetrySettings {
     /// Checks what the builder would refuse, naming the field at `path`.
     pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
         #[cfg(feature = "adaptive")]
-        return self.builder(path).map(drop);
+        return self.build(path).map(drop);
         #[cfg(not(feature = "adaptive"))]
         Err(ConfigError::new(
             path,
@@ -50,19 +50,17 @@ impl RetrySettings {
         ))
     }
 
-    /// The builder of the retries, or the error naming the field it refuses.
+    /// The retries, or the error naming the field the builder refuses.
     #[cfg(feature = "adaptive")]
-    fn builder(&self, path: &str) -> Result<crate::outbound::retry::RetryBuilder, ConfigError> {
-        let at = |e: crate::outbound::retry::RetryConfigError| {
-            ConfigError::new(format!("{path}.{}", e.setting()), e.to_string())
-        };
+    fn build(&self, path: &str) -> Result<crate::outbound::retry::Retry, ConfigError> {
         let name = path.strip_prefix("retries.").unwrap_or(path);
-        crate::outbound::retry::Retry::builder(name)
+        (crate::outbound::retry::Retry::builder(name))
             .max_attempts(self.max_attempts)
-            .and_then(|b| b.backoff(self.base, self.cap))
-            .and_then(|b| b.max_wait(self.max_wait))
-            .and_then(|b| b.budget(self.ratio, self.min_per_second, self.window))
-            .map_err(at)
+            .backoff(self.base, self.cap)
+            .max_wait(self.max_wait)
+            .budget(self.ratio, self.min_per_second, self.window)
+            .build()
+            .map_err(|e| ConfigError::new(format!("{path}.{}", e.setting()), e.to_string()))
     }
 }
 
@@ -72,7 +70,7 @@ pub(super) fn build_retry(
     name: &str,
     s: &RetrySettings,
 ) -> Result<crate::outbound::retry::Retry, ConfigError> {
-    Ok(s.builder(&format!("retries.{name}"))?.build())
+    s.build(&format!("retries.{name}"))
 }
 
 #[cfg(feature = "adaptive")]

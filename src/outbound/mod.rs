@@ -65,7 +65,7 @@
 //!     .service(reqwest::Client::new());
 //! // With the `adaptive` feature, the retries go on top.
 //! # #[cfg(feature = "adaptive")]
-//! let retries = tower_bulwark::outbound::retry::Retry::builder("partner").build();
+//! let retries = tower_bulwark::outbound::retry::Retry::builder("partner").build()?;
 //! # #[cfg(feature = "adaptive")]
 //! let client = tower::Layer::layer(&retries.layer(), client);
 //! # let _ = client;

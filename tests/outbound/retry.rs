@@ -71,7 +71,7 @@ pub(crate) fn retry() -> RetryBuilder {
 #[tokio::test(start_paused = true)]
 async fn a_retry_never_leaves_before_retry_after() {
     let (dependency, calls) = scripted(vec![(429, vec![("retry-after", "3")])]);
-    let client = retry().build().layer().layer(dependency);
+    let client = retry().build().unwrap().layer().layer(dependency);
     let response = client.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(calls.at(), [Duration::ZERO, Duration::from_secs(3)]);
@@ -90,7 +90,7 @@ async fn retry_after_as_a_date_or_in_milliseconds() {
             ],
         ),
     ]);
-    let client = retry().build().layer().layer(dependency);
+    let client = retry().build().unwrap().layer().layer(dependency);
     let response = client.oneshot(get()).await.unwrap();
     assert_eq!(response.status(), 200);
     let at = calls.at();
@@ -106,7 +106,7 @@ async fn a_retry_never_leaves_before_a_grpc_pushback() {
         200,
         vec![("grpc-status", "14"), ("grpc-retry-pushback-ms", "2500")],
     )]);
-    let client = retry().build().layer().layer(dependency);
+    let client = retry().build().unwrap().layer().layer(dependency);
     client.oneshot(get()).await.unwrap();
     assert_eq!(calls.at(), [Duration::ZERO, Duration::from_millis(2500)]);
 }
@@ -121,7 +121,7 @@ async fn a_grpc_pushback_that_says_not_to_retry_is_obeyed() {
             200,
             vec![("grpc-status", "14"), ("grpc-retry-pushback-ms", value)],
         )]);
-        let client = retry().build().layer().layer(dependency);
+        let client = retry().build().unwrap().layer().layer(dependency);
         let response = client.oneshot(get()).await.unwrap();
         assert_eq!(response.headers()["grpc-status"], "14");
         assert_eq!(calls.count(), 1, "{value}");
@@ -135,10 +135,9 @@ async fn a_wait_longer_than_max_wait_ends_the_call_with_the_answer() {
     let (dependency, calls) = scripted(vec![(429, vec![("retry-after", "6")])]);
     let partner = retry()
         .max_wait(Duration::from_secs(5))
-        .unwrap()
         .budget(0.0, 2, Duration::from_secs(1))
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     let start = Instant::now();
     let response = partner
         .layer()
@@ -159,10 +158,9 @@ async fn attempts_stop_at_max_attempts_after_bounded_backoffs() {
     let (dependency, calls) = scripted(vec![(503, vec![]); 10]);
     let partner = retry()
         .max_attempts(4)
-        .unwrap()
         .backoff(Duration::from_millis(100), Duration::from_millis(300))
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     let response = partner
         .layer()
         .layer(dependency)
@@ -187,6 +185,7 @@ async fn a_post_is_not_retried_unless_marked() {
         let (dependency, calls) = scripted(vec![(503, vec![])]);
         let response = builder
             .build()
+            .unwrap()
             .layer()
             .layer(dependency)
             .oneshot(request)
@@ -224,6 +223,7 @@ async fn a_request_that_cannot_be_copied_is_sent_once() {
     let request = Streamed(Method::GET, HeaderMap::new());
     let response = retry()
         .build()
+        .unwrap()
         .layer()
         .layer(dependency)
         .oneshot(request)
@@ -242,7 +242,7 @@ async fn a_classifier_of_the_users_decides_what_is_transient() {
         _ => Verdict::Healthy,
     };
     let (dependency, calls) = scripted(vec![(500, vec![]), (503, vec![])]);
-    let client = retry().build().layer_with(judge).layer(dependency);
+    let client = retry().build().unwrap().layer_with(judge).layer(dependency);
     assert_eq!(client.oneshot(get()).await.unwrap().status(), 503);
     assert_eq!(calls.count(), 2);
 }
@@ -264,6 +264,7 @@ async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
     );
     let client = retry()
         .build()
+        .unwrap()
         .layer()
         .layer(pushback.layer().layer(dependency.clone()));
     client.oneshot(get()).await.unwrap();
@@ -274,7 +275,7 @@ async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
         service_fn(|_: Request<String>| std::future::pending::<Result<Response<()>, BoxError>>());
     let mut held = bulkhead.layer().layer(pending);
     let _holding = held.ready().await.unwrap().call(get());
-    let partner = retry().build();
+    let partner = retry().build().unwrap();
     let client = partner.layer().layer(bulkhead.layer().layer(dependency));
     let err = client.oneshot(get()).await.unwrap_err();
     assert!(err.is::<BulkheadFull>(), "{err}");
@@ -301,8 +302,8 @@ async fn hostile_retry_after_values_are_handled_as_documented() {
         let (dependency, calls) = scripted(vec![(status, vec![("retry-after", value)])]);
         let partner = retry()
             .backoff(Duration::ZERO, Duration::ZERO)
-            .unwrap()
-            .build();
+            .build()
+            .unwrap();
         let response = partner
             .layer()
             .layer(dependency)
@@ -319,4 +320,59 @@ async fn hostile_retry_after_values_are_handled_as_documented() {
             Some(wait) => assert_eq!(at, [Duration::ZERO, wait], "{value}"),
         }
     }
+}
+
+/// Every setting out of range is refused by `build`, naming it and the value given.
+#[test]
+fn bad_settings_are_refused_naming_the_setting() {
+    let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+    let cases: [(RetryBuilder, &str); 9] = [
+        (
+            retry().max_attempts(0),
+            "`max_attempts` must be from 1 to 10, got 0",
+        ),
+        (
+            retry().max_attempts(11),
+            "`max_attempts` must be from 1 to 10, got 11",
+        ),
+        (
+            retry().backoff(2 * second, second),
+            "`base` must be at most cap, got 2s",
+        ),
+        (
+            retry().backoff(second, hour * 2),
+            "`cap` must be at most 1h, got 7200s",
+        ),
+        (
+            retry().max_wait(Duration::MAX),
+            "`max_wait` must be at most 1h",
+        ),
+        (
+            retry().budget(f64::NAN, 3, second),
+            "`ratio` must be from 0 to 10, got NaN",
+        ),
+        (
+            retry().budget(-0.1, 3, second),
+            "`ratio` must be from 0 to 10, got -0.1",
+        ),
+        (
+            retry().budget(0.2, 3, Duration::from_millis(9)),
+            "`window` must be from 10ms to 1h",
+        ),
+        (
+            retry().budget(0.2, 3, hour + second),
+            "`window` must be from 10ms to 1h",
+        ),
+    ];
+    for (builder, message) in cases {
+        let err = builder.build().unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!("retry: {message}")),
+            "{err}"
+        );
+    }
+    let extremes = retry().max_attempts(10).backoff(hour, hour).max_wait(hour);
+    let extremes = extremes.budget(10.0, u32::MAX, hour).build().unwrap();
+    // The floor of an hour at u32::MAX a second, counted without overflow.
+    assert_eq!(extremes.budget_available(), u64::from(u32::MAX) * 3600);
 }

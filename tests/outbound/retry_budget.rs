@@ -64,14 +64,14 @@ async fn offer(partner: &Retry, failing: u64) -> Run {
 /// attempts with the budget, 1.23 a call; 4 440 without.)
 #[tokio::test(start_paused = true)]
 async fn with_35_percent_failing_attempts_stay_under_1_25_per_call() {
-    let run = offer(&retry().build(), 35).await;
+    let run = offer(&retry().build().unwrap(), 35).await;
     assert!(run.attempts * 100 <= run.calls * 125, "{run:?}");
     // Retries were made up to the budget: 0.2 × 3000 and the floor's 3 a second.
     assert!(run.attempts >= run.calls + 600, "{run:?}");
     let unbounded = retry()
         .budget(10.0, 3, Duration::from_secs(10))
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     let run = offer(&unbounded, 35).await;
     assert!(run.attempts * 10 > run.calls * 14, "{run:?}");
 }
@@ -80,14 +80,14 @@ async fn with_35_percent_failing_attempts_stay_under_1_25_per_call() {
 /// 1.25 attempts per call.
 #[tokio::test(start_paused = true)]
 async fn a_flaky_dependency_is_hidden_within_1_25_attempts_per_call() {
-    let run = offer(&retry().build(), 10).await;
+    let run = offer(&retry().build().unwrap(), 10).await;
     assert!(run.succeeded * 100 >= run.calls * 99, "{run:?}");
     assert!(run.attempts * 100 <= run.calls * 125, "{run:?}");
 }
 
 fn frozen(clock: &ManualClock) -> RetryBuilder {
     let builder = Retry::builder("partner").clock(clock.clone());
-    builder.backoff(Duration::ZERO, Duration::ZERO).unwrap()
+    builder.backoff(Duration::ZERO, Duration::ZERO)
 }
 
 /// A ratio of 0.1 is exactly one retry per ten calls: 29 calls give 2 retries, 30 give 3, not a
@@ -96,10 +96,8 @@ fn frozen(clock: &ManualClock) -> RetryBuilder {
 #[tokio::test(start_paused = true)]
 async fn a_fractional_ratio_grants_exactly_its_share() {
     let clock = ManualClock::new();
-    let budget = frozen(&clock)
-        .budget(0.1, 0, Duration::from_secs(10))
-        .unwrap();
-    let partner = budget.build();
+    let budget = frozen(&clock).budget(0.1, 0, Duration::from_secs(10));
+    let partner = budget.build().unwrap();
     let (dependency, calls) = scripted([vec![(200, vec![]); 30], vec![(503, vec![]); 20]].concat());
     let client = partner.layer().layer(dependency);
     for n in 1..=30 {
@@ -119,8 +117,8 @@ async fn deposits_expire_after_the_window_and_the_floor_comes_back() {
     let clock = ManualClock::new();
     let partner = frozen(&clock)
         .budget(0.2, 1, Duration::from_secs(10))
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     let (dependency, _) = scripted(vec![]);
     let client = partner.layer().layer(dependency);
     for _ in 0..100 {
@@ -146,8 +144,8 @@ async fn clones_racing_for_a_budget_of_l_retries_get_exactly_l() {
     let clock = ManualClock::new();
     let partner = frozen(&clock)
         .budget(0.0, 4, Duration::from_secs(5))
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     let (dependency, calls) = scripted(vec![(503, vec![]); 1000]);
     let mut racing = tokio::task::JoinSet::new();
     for _ in 0..200 {
@@ -187,8 +185,8 @@ fn first_fails_then_hangs() -> (
 fn one_per_call() -> Retry {
     retry()
         .budget(1.0, 0, Duration::from_secs(10))
-        .unwrap()
         .build()
+        .unwrap()
 }
 
 /// Dropped during its first attempt: the deposit stays, nothing is withdrawn, nothing follows.
@@ -308,8 +306,8 @@ fn attempts_and_retries_not_made_are_counted() {
         crate::common::paused_runtime().block_on(async {
             let partner = retry()
                 .budget(0.0, 1, Duration::from_secs(1))
-                .unwrap()
-                .build();
+                .build()
+                .unwrap();
             let (dependency, _) = scripted(vec![
                 (503, vec![]),
                 (503, vec![]),
@@ -372,8 +370,8 @@ fn a_retry_not_made_is_a_debug_event_with_its_reason() {
         crate::common::paused_runtime().block_on(async {
             let partner = retry()
                 .budget(0.0, 0, Duration::from_secs(1))
-                .unwrap()
-                .build();
+                .build()
+                .unwrap();
             let (dependency, _) = scripted(vec![(503, vec![]), (429, vec![("retry-after", "60")])]);
             let client = partner.layer().layer(dependency);
             client.clone().oneshot(get()).await.unwrap();

@@ -1,17 +1,16 @@
 //! The retry layer on top of the outbound stack, around a real `reqwest::Client` and a mock
 //! server on 127.0.0.1:
 //!
-//! retry → pushback → bulkhead → timeout → client
+//! retry → breaker → pushback → bulkhead → timeout → client
 //!
 //! Waits here are the dependency's own (a second at most) and asserted only as lower bounds.
 
 use std::time::{Duration, Instant};
 
-use tower::timeout::TimeoutLayer;
-use tower::{Layer, ServiceExt};
+use tower::ServiceExt;
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::outbound::retry::Retry;
-use tower_bulwark::outbound::Pushback;
+use tower_bulwark::outbound::{Breaker, Pushback};
 use tower_bulwark::BoxError;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -19,6 +18,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 struct Stack {
     server: MockServer,
     retry: Retry,
+    breaker: Breaker,
 }
 
 impl Stack {
@@ -51,8 +51,13 @@ impl Stack {
             .with_priority(10)
             .mount(&server)
             .await;
-        let retry = Retry::builder("partner").build();
-        Self { server, retry }
+        let retry = Retry::builder("partner").build().unwrap();
+        let breaker = Breaker::builder("partner").build().unwrap();
+        Self {
+            server,
+            retry,
+            breaker,
+        }
     }
 
     async fn call(
@@ -60,14 +65,14 @@ impl Stack {
         method: reqwest::Method,
         route: &str,
     ) -> Result<reqwest::Response, BoxError> {
-        let client =
-            self.retry
-                .layer()
-                .layer(Pushback::builder("partner").build().layer().layer(
-                    Bulkhead::semaphore("partner", 4).build().layer().layer(
-                        TimeoutLayer::new(Duration::from_millis(200)).layer(reqwest::Client::new()),
-                    ),
-                ));
+        // Built with `ServiceBuilder`, outermost first, as the `outbound` module documents.
+        let client = tower::ServiceBuilder::new()
+            .layer(self.retry.layer())
+            .layer(self.breaker.layer())
+            .layer(Pushback::builder("partner").build().layer())
+            .layer(Bulkhead::semaphore("partner", 4).build().layer())
+            .timeout(Duration::from_millis(200))
+            .service(reqwest::Client::new());
         let url = format!("{}{route}", self.server.uri()).parse().unwrap();
         client.oneshot(reqwest::Request::new(method, url)).await
     }

@@ -123,8 +123,6 @@ pub const DEFAULT_MIN_PER_SECOND: u32 = 3;
 /// The default [`budget`](RetryBuilder::budget) window: 10 s.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
-/// The most [`max_attempts`](RetryBuilder::max_attempts) may be.
-const MOST_ATTEMPTS: u32 = 10;
 /// The longest backoff cap, budget window and `max_wait`: an hour.
 const LONGEST: Duration = Duration::from_secs(3600);
 
@@ -161,69 +159,36 @@ impl fmt::Debug for RetryBuilder {
 
 impl RetryBuilder {
     /// The backoff before each retry (defaults [`DEFAULT_BASE`], [`DEFAULT_CAP`]): full jitter, a
-    /// random span from zero to `base × 2^(n − 1)` before retry `n`, at most `cap`. A retry
-    /// waits longer when the answer asks for longer (see [`max_wait`](Self::max_wait)).
-    ///
-    /// # Errors
-    ///
-    /// `base` above `cap`, or `cap` above an hour.
-    pub fn backoff(mut self, base: Duration, cap: Duration) -> Result<Self, RetryConfigError> {
-        check(base <= cap, "base", format_args!("{base:?}"), "at most cap")?;
-        check(cap <= LONGEST, "cap", format_args!("{cap:?}"), "at most 1h")?;
+    /// random span from zero to `base × 2^(n − 1)` before retry `n`, at most `cap` (`base` at
+    /// most `cap`, `cap` at most an hour). A retry waits longer when the answer asks for longer
+    /// (see [`max_wait`](Self::max_wait)).
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
         (self.base, self.cap) = (base, cap);
-        Ok(self)
+        self
     }
 
-    /// The most attempts of one call, the first included (default [`DEFAULT_MAX_ATTEMPTS`]; 1
-    /// makes no retry).
-    ///
-    /// # Errors
-    ///
-    /// Zero, or more than 10.
-    pub fn max_attempts(mut self, attempts: u32) -> Result<Self, RetryConfigError> {
-        let ok = (1..=MOST_ATTEMPTS).contains(&attempts);
-        check(ok, "max_attempts", attempts, "from 1 to 10")?;
+    /// The most attempts of one call, from 1 to 10, the first included (default
+    /// [`DEFAULT_MAX_ATTEMPTS`]; 1 makes no retry).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
-        Ok(self)
+        self
     }
 
-    /// The longest a retry waits for the time an answer or a refusal asks for (default
-    /// [`DEFAULT_MAX_WAIT`]). When it asks for longer, no retry is made: the call ends with that
-    /// answer or error, and the time it carries is the caller's to keep.
-    ///
-    /// # Errors
-    ///
-    /// More than an hour.
-    pub fn max_wait(mut self, max_wait: Duration) -> Result<Self, RetryConfigError> {
-        let ok = max_wait <= LONGEST;
-        check(ok, "max_wait", format_args!("{max_wait:?}"), "at most 1h")?;
+    /// The longest a retry waits for the time an answer or a refusal asks for, at most an hour
+    /// (default [`DEFAULT_MAX_WAIT`]). When it asks for longer, no retry is made: the call ends
+    /// with that answer or error, and the time it carries is the caller's to keep.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
-        Ok(self)
+        self
     }
 
     /// The retry budget (defaults [`DEFAULT_RATIO`], [`DEFAULT_MIN_PER_SECOND`],
-    /// [`DEFAULT_WINDOW`]): each first attempt deposits `ratio` of a retry (to the millionth),
-    /// `min_per_second` retries a second come with no deposit, and both last `window`.
-    ///
-    /// # Errors
-    ///
-    /// A `ratio` that is not a number from 0 to 10, or a `window` under 10 ms or over an hour.
-    pub fn budget(
-        mut self,
-        ratio: f64,
-        min_per_second: u32,
-        window: Duration,
-    ) -> Result<Self, RetryConfigError> {
-        check(
-            (0.0..=10.0).contains(&ratio),
-            "ratio",
-            ratio,
-            "from 0 to 10",
-        )?;
-        let ok = (Duration::from_millis(10)..=LONGEST).contains(&window);
-        check(ok, "window", format_args!("{window:?}"), "from 10ms to 1h")?;
+    /// [`DEFAULT_WINDOW`]): each first attempt deposits `ratio` of a retry (from 0 to 10, to the
+    /// millionth), `min_per_second` retries a second come with no deposit, and both last
+    /// `window` (from 10 ms to an hour).
+    pub fn budget(mut self, ratio: f64, min_per_second: u32, window: Duration) -> Self {
         (self.ratio, self.min_per_second, self.window) = (ratio, min_per_second, window);
-        Ok(self)
+        self
     }
 
     /// Which requests may be sent more than once, by method and headers (default
@@ -244,12 +209,41 @@ impl RetryBuilder {
     }
 
     /// Builds the handle.
-    pub fn build(self) -> Retry {
-        // In range, checked by `budget`: at most 10 × ONE.
+    ///
+    /// # Errors
+    ///
+    /// A [`RetryConfigError`] naming the first setting out of range: `max_attempts` of 0 or
+    /// above 10, a `base` above `cap`, a `cap` or `max_wait` above an hour, a `ratio` that is
+    /// not from 0 to 10 (NaN included), a `window` under 10 ms or above an hour.
+    pub fn build(self) -> Result<Retry, RetryConfigError> {
+        let attempts = self.max_attempts;
+        check(
+            (1..=10).contains(&attempts),
+            "max_attempts",
+            attempts,
+            "from 1 to 10",
+        )?;
+        check(self.base <= self.cap, "base", self.base, "at most cap")?;
+        check(self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
+        check(
+            self.max_wait <= LONGEST,
+            "max_wait",
+            self.max_wait,
+            "at most 1h",
+        )?;
+        check(
+            (0.0..=10.0).contains(&self.ratio),
+            "ratio",
+            self.ratio,
+            "from 0 to 10",
+        )?;
+        let window = (Duration::from_millis(10)..=LONGEST).contains(&self.window);
+        check(window, "window", self.window, "from 10ms to 1h")?;
+        // At most 10 × ONE: no rounding can reach the limits of u64.
         let deposit = (self.ratio * ONE as f64).round() as u64;
         let window = saturating_nanos(self.window);
         let budget = Budget::new(deposit, self.min_per_second, window, self.clock);
-        Retry {
+        Ok(Retry {
             shared: Arc::new(Shared {
                 metrics: RetryMetrics::new(&self.name),
                 name: self.name,
@@ -260,7 +254,7 @@ impl RetryBuilder {
                 safe_to_retry: self.safe_to_retry,
                 budget,
             }),
-        }
+        })
     }
 }
 
@@ -274,7 +268,8 @@ pub struct RetryConfigError {
 }
 
 impl RetryConfigError {
-    /// The name of the setting that was refused, such as `max_attempts` or `ratio`.
+    /// The name of the setting that was refused, such as `max_attempts` or `ratio`: the
+    /// argument of the builder's method, and the field of the configuration file.
     pub fn setting(&self) -> &str {
         self.setting
     }
@@ -297,10 +292,10 @@ impl std::error::Error for RetryConfigError {}
 fn check(
     ok: bool,
     setting: &'static str,
-    value: impl fmt::Display,
+    value: impl fmt::Debug,
     expected: &'static str,
 ) -> Result<(), RetryConfigError> {
-    let value = value.to_string();
+    let value = format!("{value:?}");
     ok.then_some(()).ok_or(RetryConfigError {
         setting,
         value,

@@ -68,7 +68,7 @@
 //!         Ok::<_, BoxError>(response.body(())?)
 //!     }
 //! });
-//! let partner = Retry::builder("partner").clock(TokioClock::new()).build();
+//! let partner = Retry::builder("partner").clock(TokioClock::new()).build()?;
 //! let client = partner.layer().layer(dependency);
 //!
 //! let start = tokio::time::Instant::now();
