@@ -283,6 +283,33 @@ async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
     assert_eq!(partner.budget_available(), 30, "nothing withdrawn");
 }
 
+/// An open breaker below fails the call fast, and the retry layer does not wait out its time:
+/// one attempt, at once, the budget untouched.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_below_is_not_retried() {
+    use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, Window};
+    let (dependency, calls) = scripted(vec![(503, vec![]); 2]);
+    let breaker = Breaker::builder("partner")
+        .window(Window::Calls(2))
+        .minimum_calls(2);
+    let breaker = breaker.clock(TokioClock::new()).build().unwrap();
+    let below = breaker.layer().layer(dependency);
+    for _ in 0..2 {
+        below.clone().oneshot(get()).await.unwrap();
+    }
+    let partner = retry().build().unwrap();
+    let start = Instant::now();
+    let err = partner
+        .layer()
+        .layer(below)
+        .oneshot(get())
+        .await
+        .unwrap_err();
+    assert!(err.is::<BreakerOpen>(), "{err}");
+    assert_eq!((calls.count(), start.elapsed()), (2, Duration::ZERO));
+    assert_eq!(partner.budget_available(), 30);
+}
+
 /// Hostile `Retry-After` values: none panics. A huge delay or a far date is longer than any
 /// `max_wait` (not retried); a negative or garbage one is ignored as the pushback ignores it (a
 /// 429 then asks one second, a 503 nothing); a date in the past asks nothing.

@@ -12,7 +12,7 @@ use super::layer::RetryRequest;
 use crate::bulkhead::adaptive::{Classify, Verdict};
 use crate::head::ResponseHead;
 use crate::outbound::pushback::answer;
-use crate::outbound::{never_sent, retry_after};
+use crate::outbound::{chain, never_sent, retry_after, BreakerOpen};
 use crate::BoxError;
 
 /// The kind of an attempt, counted under the `kind` label.
@@ -59,7 +59,7 @@ impl Drop for Withdrawal<'_> {
 /// retry); an error that names a time to come
 /// back ([`retry_after`]: the crate's refusals below, a gRPC status with a delay), waiting
 /// that; or another error `K` judges overloaded, waiting nothing. A refusal below that names no
-/// time (a full bulkhead) is never retried.
+/// time (a full bulkhead), or an open breaker's, is never retried.
 fn transient<Res, K>(
     shared: &Shared,
     classifier: &K,
@@ -71,6 +71,9 @@ where
 {
     match result {
         Ok(response) if forbids_retry(response.headers()) => None,
+        // An open breaker fails calls fast on purpose; after its time it is half-open, where
+        // all but a few probes are refused again.
+        Err(error) if chain(&**error).any(|e| e.is::<BreakerOpen>()) => None,
         Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded)
             .then(|| answer::wait(&shared.name, response.status(), response.headers())),
         Err(error) => retry_after(&**error).or_else(|| {

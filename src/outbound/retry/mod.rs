@@ -20,7 +20,10 @@
 //!   when to come back ([`retry_after`](super::retry_after): a [`PushedBack`](super::PushedBack)
 //!   or [`QuotaExhausted`](super::QuotaExhausted) of a layer below, a gRPC status with a delay).
 //!   A refusal below that names no time, such as a [`BulkheadFull`](crate::BulkheadFull), is
-//!   never retried: trying again at once would only meet it again.
+//!   never retried: trying again at once would only meet it again. Nor is an open circuit
+//!   breaker's [`BreakerOpen`](super::BreakerOpen), though it names one: the breaker fails
+//!   calls fast on purpose, and after its time it is half-open, where all but a few probes are
+//!   refused again.
 //! * **the wait asked is at most [`max_wait`](RetryBuilder::max_wait)**: a retry never leaves
 //!   before the answer's `Retry-After` (delta-seconds, decimal seconds or an HTTP-date),
 //!   `retry-after-ms`, gRPC `RetryInfo` or `grpc-retry-pushback-ms` (feature `grpc`), the
