@@ -16,8 +16,6 @@ use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
 use super::overload::build_overload;
-#[cfg(feature = "adaptive")]
-use super::retry::build_retry;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -320,7 +318,9 @@ impl Registry {
         #[cfg(feature = "adaptive")]
         let breakers = build_each(&config.breakers, build_breaker)?;
         #[cfg(feature = "adaptive")]
-        let retries = build_each(&config.retries, build_retry)?;
+        let retries = build_each(&config.retries, |name, s| {
+            s.build(&format!("retries.{name}"))
+        })?;
         Ok(Self {
             limiters,
             bulkheads,

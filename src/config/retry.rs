@@ -50,9 +50,10 @@ impl RetrySettings {
         ))
     }
 
-    /// The retries, or the error naming the field the builder refuses.
+    /// The retries at `path` (`retries.NAME`), or the error naming the field the builder
+    /// refuses.
     #[cfg(feature = "adaptive")]
-    fn build(&self, path: &str) -> Result<crate::outbound::retry::Retry, ConfigError> {
+    pub(super) fn build(&self, path: &str) -> Result<crate::outbound::retry::Retry, ConfigError> {
         let name = path.strip_prefix("retries.").unwrap_or(path);
         (crate::outbound::retry::Retry::builder(name))
             .max_attempts(self.max_attempts)
@@ -62,15 +63,6 @@ impl RetrySettings {
             .build()
             .map_err(|e| ConfigError::new(format!("{path}.{}", e.setting()), e.to_string()))
     }
-}
-
-/// The retries `s` describes (validated).
-#[cfg(feature = "adaptive")]
-pub(super) fn build_retry(
-    name: &str,
-    s: &RetrySettings,
-) -> Result<crate::outbound::retry::Retry, ConfigError> {
-    s.build(&format!("retries.{name}"))
 }
 
 #[cfg(feature = "adaptive")]

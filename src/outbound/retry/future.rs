@@ -137,16 +137,11 @@ where
         retries += 1;
         let backoff = shared.backoff(retries);
         tokio::time::sleep(backoff.max(asked)).await;
-        if let Err(error) = poll_fn(|cx| service.poll_ready(cx)).await {
-            let error: BoxError = error.into();
-            tracing::debug!(
-                target: "tower_bulwark::retry",
-                dependency = &*shared.name,
-                %error,
-                "the service failed to get ready for a retry; the last answer stands",
-            );
-            break;
-        }
+        // A service that fails to get ready ends the call with its error, as tower's retry
+        // does; the retry, unsent, goes back.
+        poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
         if retries + 1 < shared.max_attempts {
             spare = request.try_clone();
         }

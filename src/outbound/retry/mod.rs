@@ -47,7 +47,8 @@
 //! makes at most [`max_attempts`](RetryBuilder::max_attempts) attempts (default 3). A retry
 //! refused by the budget or not made for a long wait ends the call with the last answer or
 //! error unchanged, with an event (`debug`, target `tower_bulwark::retry`) and a count
-//! (`bulwark_retry_skipped_total`, feature `metrics`).
+//! (`bulwark_retry_skipped_total`, feature `metrics`). A service that fails to get ready for a
+//! retry ends the call with its error, as tower's retry does.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
