@@ -30,6 +30,8 @@ mod hostile_support;
 mod metered;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(all(feature = "adaptive", feature = "axum", feature = "reqwest"))]
+mod outage_example;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod partner_api_example;
 mod pushback;

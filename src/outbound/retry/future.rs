@@ -136,7 +136,9 @@ where
         };
         retries += 1;
         let backoff = shared.backoff(retries);
-        tokio::time::sleep(backoff.max(asked)).await;
+        // The backoff after what was asked, not within it: calls held by one answer (a 429 for
+        // every caller, a pushback's hold) then come back spread over the backoff, not at once.
+        tokio::time::sleep(asked.saturating_add(backoff)).await;
         // A service that fails to get ready ends the call with its error, as tower's retry
         // does; the retry, unsent, goes back.
         poll_fn(|cx| service.poll_ready(cx))
