@@ -31,7 +31,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tower_bulwark::bulkhead::adaptive::{AdaptiveConfigError, Gradient, Limits};
+use tower_bulwark::bulkhead::adaptive::{Gradient, Limits};
 use tower_bulwark::overload::{Overload, Priority, PROBE_EVERY};
 use tower_bulwark::BoxError;
 
@@ -208,7 +208,7 @@ pub fn protection() -> Overload {
         .build()
 }
 
-fn gradient() -> Result<Gradient, AdaptiveConfigError> {
+fn gradient() -> Result<Gradient, tower_bulwark::SettingError> {
     Gradient::default()
         .latency_tolerance(1.3)?
         .probe_every(PROBE_EVERY)

@@ -230,7 +230,7 @@
 //!
 //! Limits are kept as fractions and shown rounded down; every result is clamped to
 //! `min..=max`, which `Limits::new` checks (`1 <= min <= initial <= max <= 2^31 - 1`; anything
-//! else is an `AdaptiveConfigError` naming the setting). Algorithm settings out of range
+//! else is a `SettingError` naming the setting). Algorithm settings out of range
 //! (a backoff outside (0, 1), a tolerance below 1 or not finite, a smoothing outside (0, 1]) are
 //! errors too.
 //!

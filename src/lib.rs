@@ -85,6 +85,8 @@ mod quota;
 pub mod rate_limit;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "adaptive")]
+mod setting;
 mod store;
 mod sync;
 pub mod tiers;
@@ -97,6 +99,9 @@ pub use quota::{Quota, QuotaError};
 #[cfg(any(feature = "axum", feature = "grpc"))]
 pub use rate_limit::{ForwardedIp, PeerIp};
 pub use rate_limit::{GlobalKey, HeaderKey, Policy, RateLimitLayer};
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub use setting::SettingError;
 
 /// The README's Rust snippets, compiled (and, unless marked `no_run`, run) as doctests, so that
 /// what the README shows is what the crate does.

@@ -80,7 +80,7 @@ pub(super) fn build_breaker(
     if let Some(n) = s.half_open_calls {
         builder = builder.half_open_calls(n.0);
     }
-    let at = |e: crate::outbound::breaker::BreakerConfigError| {
+    let at = |e: crate::SettingError| {
         ConfigError::new(format!("breakers.{name}.{}", e.setting()), e.to_string())
     };
     builder.build().map_err(at)

@@ -1,6 +1,8 @@
 //! The handle of one overload protection, its builder, and the error of a bad setting.
 
 use std::fmt;
+
+use crate::setting::SettingError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,7 +137,7 @@ impl OverloadBuilder {
     /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
     /// take it (defaults: 0.6 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
     /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
-    pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, OverloadConfigError> {
+    pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, SettingError> {
         let what = "at least 0 and below 1";
         ensure((0.0..1.0).contains(&share), "guarantee", share, what)?;
         let lowest = "0 for sheddable, which has no class below it";
@@ -160,11 +162,7 @@ impl OverloadBuilder {
     /// at most `capacity` wait, highest class first and then in arrival order, each for at most
     /// `max_wait` (on tokio's clock). A full queue sheds its lowest-class waiter for a newcomer of
     /// a higher class, else the newcomer. Off by default; `max_wait` at most a minute.
-    pub fn queue(
-        mut self,
-        capacity: usize,
-        max_wait: Duration,
-    ) -> Result<Self, OverloadConfigError> {
+    pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
         let ms = max_wait.as_millis();
         ensure(
             max_wait <= Duration::from_secs(60),
@@ -216,47 +214,14 @@ impl fmt::Debug for OverloadBuilder {
     }
 }
 
-/// A setting of an [`Overload`] was out of range; the message names the setting, the value given
-/// and what was expected.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OverloadConfigError {
-    setting: &'static str,
-    value: String,
-    expected: &'static str,
-}
-
-impl OverloadConfigError {
-    /// The name of the setting that was refused: `guarantee` or `max_wait`.
-    pub fn setting(&self) -> &str {
-        self.setting
-    }
-}
-
-impl fmt::Display for OverloadConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self {
-            setting,
-            value,
-            expected,
-        } = self;
-        write!(f, "overload: `{setting}` must be {expected}, got {value}")
-    }
-}
-
-impl std::error::Error for OverloadConfigError {}
+/// What this builder builds, in its errors.
+const OF: &str = "overload";
 
 fn ensure(
     ok: bool,
     setting: &'static str,
-    value: impl fmt::Display,
+    value: impl fmt::Debug,
     expected: &'static str,
-) -> Result<(), OverloadConfigError> {
-    match ok {
-        true => Ok(()),
-        false => Err(OverloadConfigError {
-            setting,
-            value: value.to_string(),
-            expected,
-        }),
-    }
+) -> Result<(), SettingError> {
+    crate::setting::ensure(OF, ok, setting, value, expected)
 }

@@ -98,8 +98,7 @@ mod service;
 mod state;
 
 pub use builder::{
-    Overload, OverloadBuilder, OverloadConfigError, DEFAULT_CRITICAL_GUARANTEE,
-    DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
+    Overload, OverloadBuilder, DEFAULT_CRITICAL_GUARANTEE, DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
 };
 pub use service::{OverloadBody, OverloadLayer, OverloadService, ResponseFuture};
 

@@ -113,7 +113,7 @@ fn bad_settings_are_refused_naming_the_setting() {
         .guarantee(Priority::Default, 0.4);
     assert_eq!(
         both.unwrap_err().to_string(),
-        "overload: `guarantee` must be below 1 for all classes together, got 1"
+        "overload: `guarantee` must be below 1 for all classes together, got 1.0"
     );
     let err = fixed(1).queue(1, Duration::from_secs(61)).unwrap_err();
     assert_eq!(err.setting(), "max_wait");

@@ -23,7 +23,7 @@ use crate::clock::{Clock, SystemClock};
 /// Its services fail with [`BoxError`](crate::BoxError): a call that finds the limit reached
 /// holds a [`BulkheadFull`](crate::bulkhead::BulkheadFull); any other error is the inner
 /// service's. Building its [`Limits`] and algorithms checks their settings and returns an
-/// [`AdaptiveConfigError`](super::AdaptiveConfigError) for one out of range.
+/// [`SettingError`](crate::SettingError) for one out of range.
 ///
 /// # Examples
 ///

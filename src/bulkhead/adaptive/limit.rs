@@ -2,7 +2,19 @@
 
 use std::time::Duration;
 
-use super::error::{ensure, AdaptiveConfigError};
+use crate::setting::SettingError;
+
+/// What the settings of this module build, in their errors.
+const OF: &str = "adaptive bulkhead";
+
+fn ensure(
+    ok: bool,
+    setting: &'static str,
+    value: impl std::fmt::Debug,
+    expected: &'static str,
+) -> Result<(), SettingError> {
+    crate::setting::ensure(OF, ok, setting, value, expected)
+}
 use crate::bulkhead::MAX_CONCURRENT_CALLS;
 use crate::clock::saturating_nanos;
 
@@ -21,7 +33,7 @@ pub struct Limits {
 impl Limits {
     /// Checks and keeps the bounds; `min` must be at least 1, `initial` between `min` and `max`,
     /// and `max` at most [`MAX_CONCURRENT_CALLS`].
-    pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, AdaptiveConfigError> {
+    pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, SettingError> {
         let zero = "at least 1: a limit of zero would refuse every call and never learn again";
         ensure(min > 0, "min_limit", min, zero)?;
         let over = "at most MAX_CONCURRENT_CALLS (2^31 - 1)";
@@ -291,7 +303,7 @@ impl Default for Aimd {
 
 impl Aimd {
     /// The factor the limit is multiplied by on overload; strictly between 0 and 1.
-    pub fn backoff(mut self, backoff: f64) -> Result<Self, AdaptiveConfigError> {
+    pub fn backoff(mut self, backoff: f64) -> Result<Self, SettingError> {
         let ok = backoff > 0.0 && backoff < 1.0;
         ensure(ok, "backoff", backoff, "strictly between 0 and 1")?;
         self.backoff = backoff;
@@ -301,13 +313,13 @@ impl Aimd {
     /// How many times its baseline a round trip's mean latency may reach before it counts as
     /// overload; at least 1, and finite (`f64::INFINITY` is refused: use a large value to turn
     /// the latency signal off).
-    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, AdaptiveConfigError> {
+    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, SettingError> {
         self.tolerance = check_tolerance(tolerance)?;
         Ok(self)
     }
 }
 
-fn check_tolerance(tolerance: f64) -> Result<f64, AdaptiveConfigError> {
+fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
     let ok = tolerance >= 1.0 && tolerance.is_finite();
     let expected = "a finite number of at least 1";
     ensure(ok, "latency_tolerance", tolerance, expected)?;
@@ -473,13 +485,13 @@ impl Default for Gradient {
 impl Gradient {
     /// How many times its baseline the latency may reach before the limit shrinks; at least 1
     /// and finite.
-    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, AdaptiveConfigError> {
+    pub fn latency_tolerance(mut self, tolerance: f64) -> Result<Self, SettingError> {
         self.tolerance = check_tolerance(tolerance)?;
         Ok(self)
     }
 
     /// How far the limit moves towards each round trip's target; above 0 and at most 1.
-    pub fn smoothing(mut self, smoothing: f64) -> Result<Self, AdaptiveConfigError> {
+    pub fn smoothing(mut self, smoothing: f64) -> Result<Self, SettingError> {
         let ok = smoothing > 0.0 && smoothing <= 1.0;
         ensure(ok, "smoothing", smoothing, "above 0 and at most 1")?;
         self.smoothing = smoothing;
@@ -496,7 +508,7 @@ impl Gradient {
     /// flood that keeps the limit above its minimum), the limit drops to its minimum until a
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
     /// never lets a round trip run at the no-load latency by itself, still finds it.
-    pub fn probe_every(mut self, rounds: u32) -> Result<Self, AdaptiveConfigError> {
+    pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
         ensure(rounds > 0, "probe_every", rounds, "at least 1 round trip")?;
         self.learnt.lowest = Some(Lowest {
             every: rounds,

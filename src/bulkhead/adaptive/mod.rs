@@ -130,7 +130,6 @@
 
 mod classify;
 mod controller;
-mod error;
 mod future;
 mod handle;
 mod layer;
@@ -138,7 +137,6 @@ mod limit;
 
 pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict};
 pub use controller::LimitChanged;
-pub use error::AdaptiveConfigError;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
 pub use layer::{AdaptiveBulkheadLayer, AdaptiveBulkheadService};

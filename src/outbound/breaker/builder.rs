@@ -5,26 +5,38 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::{ensure, BreakerConfigError};
 use super::layer::BreakerLayer;
 use super::state::Shared;
 use crate::bulkhead::adaptive::HttpOverload;
 use crate::clock::{Clock, SystemClock};
+use crate::setting::SettingError;
 use crate::Quota;
+
+/// What this builder builds, in its errors.
+const OF: &str = "circuit breaker";
+
+fn ensure(
+    ok: bool,
+    setting: &'static str,
+    value: impl fmt::Debug,
+    expected: &'static str,
+) -> Result<(), SettingError> {
+    crate::setting::ensure(OF, ok, setting, value, expected)
+}
 
 /// The default of [`BreakerBuilder::minimum_calls`].
 const DEFAULT_MINIMUM_CALLS: u32 = 20;
 
 /// The most calls, or seconds, a [`Window`] may span: a count window keeps one entry per call.
-pub const MAX_WINDOW: u32 = 100_000;
+const MAX_WINDOW: u32 = 100_000;
 
 /// Which calls the failure and slow-call rates are taken over while the breaker is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Window {
-    /// The last `n` calls counted (from 1 to [`MAX_WINDOW`]).
+    /// The last `n` calls counted (from 1 to 100 000).
     Calls(u32),
     /// The calls counted that ended in the last `n` seconds of the breaker's clock (from 1 to
-    /// [`MAX_WINDOW`]): the current whole second since the clock's origin and the `n − 1`
+    /// 100 000): the current whole second since the clock's origin and the `n − 1`
     /// before it.
     Seconds(u32),
 }
@@ -59,7 +71,7 @@ pub(super) struct Settings {
 }
 
 impl Settings {
-    fn check(&self) -> Result<(), BreakerConfigError> {
+    fn check(&self) -> Result<(), SettingError> {
         let (field, size, count) = match self.window {
             Window::Calls(n) => ("window_calls", n, true),
             Window::Seconds(n) => ("window_seconds", n, false),
@@ -236,11 +248,11 @@ impl BreakerBuilder {
     ///
     /// # Errors
     ///
-    /// A [`BreakerConfigError`] naming the first setting out of range: a window of 0 calls or
-    /// seconds or above [`MAX_WINDOW`], `minimum_calls` of 0 or above a count window, a rate
+    /// A [`SettingError`] naming the first setting out of range: a window of 0 calls or
+    /// seconds or above 100 000, `minimum_calls` of 0 or above a count window, a rate
     /// that is not above 0 and at most 1 (NaN included), a duration of zero or above 2^60 ns,
     /// `half_open_calls` of 0.
-    pub fn build(mut self) -> Result<Breaker, BreakerConfigError> {
+    pub fn build(mut self) -> Result<Breaker, SettingError> {
         let fewest = match self.settings.window {
             Window::Calls(n) => n.min(DEFAULT_MINIMUM_CALLS),
             Window::Seconds(_) => DEFAULT_MINIMUM_CALLS,

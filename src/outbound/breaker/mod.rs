@@ -111,6 +111,6 @@ mod layer;
 mod metrics;
 mod state;
 
-pub use self::builder::{Breaker, BreakerBuilder, BreakerState, Window, MAX_WINDOW};
-pub use self::error::{BreakerConfigError, BreakerOpen};
+pub use self::builder::{Breaker, BreakerBuilder, BreakerState, Window};
+pub use self::error::BreakerOpen;
 pub use self::layer::{BreakerLayer, BreakerService, ResponseFuture};

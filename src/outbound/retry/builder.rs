@@ -1,5 +1,5 @@
 //! [`Retry`], the handle every layer and clone of one dependency's retries shares, its
-//! [`RetryBuilder`], and [`RetryConfigError`].
+//! [`RetryBuilder`], and [`SettingError`].
 
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
@@ -13,6 +13,19 @@ use super::layer::RetryLayer;
 use crate::bulkhead::adaptive::HttpOverload;
 use crate::clock::{saturating_nanos, Clock, SystemClock};
 use crate::outbound::metrics::RetryMetrics;
+use crate::setting::SettingError;
+
+/// What this builder builds, in its errors.
+const OF: &str = "retry";
+
+fn ensure(
+    ok: bool,
+    setting: &'static str,
+    value: impl fmt::Debug,
+    expected: &'static str,
+) -> Result<(), SettingError> {
+    crate::setting::ensure(OF, ok, setting, value, expected)
+}
 
 /// Decides whether a request may be sent twice, by its method and headers.
 pub(super) type SafeToRetry = dyn Fn(&Method, &HeaderMap) -> bool + Send + Sync;
@@ -109,19 +122,19 @@ impl Retry {
 }
 
 /// The default [`backoff`](RetryBuilder::backoff) base: 50 ms.
-pub const DEFAULT_BASE: Duration = Duration::from_millis(50);
+pub(crate) const DEFAULT_BASE: Duration = Duration::from_millis(50);
 /// The default [`backoff`](RetryBuilder::backoff) cap: 1 s.
-pub const DEFAULT_CAP: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_CAP: Duration = Duration::from_secs(1);
 /// The default [`max_attempts`](RetryBuilder::max_attempts): 3, the first and two retries.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// The default [`max_wait`](RetryBuilder::max_wait): 5 s.
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 /// The default [`budget`](RetryBuilder::budget) ratio: a retry for every five first attempts.
-pub const DEFAULT_RATIO: f64 = 0.2;
+pub(crate) const DEFAULT_RATIO: f64 = 0.2;
 /// The default [`budget`](RetryBuilder::budget) floor: 3 retries a second.
-pub const DEFAULT_MIN_PER_SECOND: u32 = 3;
+pub(crate) const DEFAULT_MIN_PER_SECOND: u32 = 3;
 /// The default [`budget`](RetryBuilder::budget) window: 10 s.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
 /// The longest backoff cap, budget window and `max_wait`: an hour.
 const LONGEST: Duration = Duration::from_secs(3600);
@@ -158,7 +171,7 @@ impl fmt::Debug for RetryBuilder {
 }
 
 impl RetryBuilder {
-    /// The backoff before each retry (defaults [`DEFAULT_BASE`], [`DEFAULT_CAP`]): full jitter, a
+    /// The backoff before each retry (defaults 50 ms and 1 s): full jitter, a
     /// random span from zero to `base × 2^(n − 1)` before retry `n`, at most `cap` (`base` at
     /// most `cap`, `cap` at most an hour). A retry waits longer when the answer asks for longer
     /// (see [`max_wait`](Self::max_wait)).
@@ -168,22 +181,21 @@ impl RetryBuilder {
     }
 
     /// The most attempts of one call, from 1 to 10, the first included (default
-    /// [`DEFAULT_MAX_ATTEMPTS`]; 1 makes no retry).
+    /// 3; 1 makes no retry).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
     }
 
     /// The longest a retry waits for the time an answer or a refusal asks for, at most an hour
-    /// (default [`DEFAULT_MAX_WAIT`]). When it asks for longer, no retry is made: the call ends
+    /// (default 5 s). When it asks for longer, no retry is made: the call ends
     /// with that answer or error, and the time it carries is the caller's to keep.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
     }
 
-    /// The retry budget (defaults [`DEFAULT_RATIO`], [`DEFAULT_MIN_PER_SECOND`],
-    /// [`DEFAULT_WINDOW`]): each first attempt deposits `ratio` of a retry (from 0 to 10, to the
+    /// The retry budget (defaults 0.2, 3 and 10 s): each first attempt deposits `ratio` of a retry (from 0 to 10, to the
     /// millionth), `min_per_second` retries a second come with no deposit, and both last
     /// `window` (from 10 ms to an hour).
     pub fn budget(mut self, ratio: f64, min_per_second: u32, window: Duration) -> Self {
@@ -212,33 +224,33 @@ impl RetryBuilder {
     ///
     /// # Errors
     ///
-    /// A [`RetryConfigError`] naming the first setting out of range: `max_attempts` of 0 or
+    /// A [`SettingError`] naming the first setting out of range: `max_attempts` of 0 or
     /// above 10, a `base` above `cap`, a `cap` or `max_wait` above an hour, a `ratio` that is
     /// not from 0 to 10 (NaN included), a `window` under 10 ms or above an hour.
-    pub fn build(self) -> Result<Retry, RetryConfigError> {
+    pub fn build(self) -> Result<Retry, SettingError> {
         let attempts = self.max_attempts;
-        check(
+        ensure(
             (1..=10).contains(&attempts),
             "max_attempts",
             attempts,
             "from 1 to 10",
         )?;
-        check(self.base <= self.cap, "base", self.base, "at most cap")?;
-        check(self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
-        check(
+        ensure(self.base <= self.cap, "base", self.base, "at most cap")?;
+        ensure(self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
+        ensure(
             self.max_wait <= LONGEST,
             "max_wait",
             self.max_wait,
             "at most 1h",
         )?;
-        check(
+        ensure(
             (0.0..=10.0).contains(&self.ratio),
             "ratio",
             self.ratio,
             "from 0 to 10",
         )?;
         let window = (Duration::from_millis(10)..=LONGEST).contains(&self.window);
-        check(window, "window", self.window, "from 10ms to 1h")?;
+        ensure(window, "window", self.window, "from 10ms to 1h")?;
         // At most 10 × ONE: no rounding can reach the limits of u64.
         let deposit = (self.ratio * ONE as f64).round() as u64;
         let window = saturating_nanos(self.window);
@@ -256,49 +268,4 @@ impl RetryBuilder {
             }),
         })
     }
-}
-
-/// A setting of a [`RetryBuilder`] was out of range; the message names the setting, the value
-/// given and what was expected.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RetryConfigError {
-    setting: &'static str,
-    value: String,
-    expected: &'static str,
-}
-
-impl RetryConfigError {
-    /// The name of the setting that was refused, such as `max_attempts` or `ratio`: the
-    /// argument of the builder's method, and the field of the configuration file.
-    pub fn setting(&self) -> &str {
-        self.setting
-    }
-}
-
-impl fmt::Display for RetryConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (setting, expected) = (self.setting, self.expected);
-        write!(
-            f,
-            "retry: `{setting}` must be {expected}, got {}",
-            self.value
-        )
-    }
-}
-
-impl std::error::Error for RetryConfigError {}
-
-/// `Ok` if `ok`, otherwise the error that `setting`, given `value`, must be `expected`.
-fn check(
-    ok: bool,
-    setting: &'static str,
-    value: impl fmt::Debug,
-    expected: &'static str,
-) -> Result<(), RetryConfigError> {
-    let value = format!("{value:?}");
-    ok.then_some(()).ok_or(RetryConfigError {
-        setting,
-        value,
-        expected,
-    })
 }

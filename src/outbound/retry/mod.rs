@@ -106,9 +106,12 @@ mod builder;
 mod future;
 mod layer;
 
-pub use self::builder::{
-    idempotent, Retry, RetryBuilder, RetryConfigError, DEFAULT_BASE, DEFAULT_CAP,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_WAIT, DEFAULT_MIN_PER_SECOND, DEFAULT_RATIO, DEFAULT_WINDOW,
+pub use self::builder::{idempotent, Retry, RetryBuilder};
+// The configuration file spells the defaults out; a test of it checks them against these.
+#[cfg(test)]
+pub(crate) use self::builder::{
+    DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_WAIT, DEFAULT_MIN_PER_SECOND,
+    DEFAULT_RATIO, DEFAULT_WINDOW,
 };
 pub(crate) use self::future::{Attempt, Skipped};
 pub use self::layer::{ResponseFuture, RetryLayer, RetryRequest, RetryService};
