@@ -122,7 +122,10 @@
 //! `retry → timeout → bulkhead → client`. Then the timeout covers both the wait for a permit and
 //! the call, and cutting the call gives the permit back; each attempt of the retry takes its own
 //! permit and none is held while the retry backs off. Do not retry a [`BulkheadFull`] at once:
-//! the bulkhead refused because the dependency is already saturated.
+//! the bulkhead refused because the dependency is already saturated. (The whole
+//! [outbound stack](crate::outbound#the-order-of-layers) puts the timeout below the bulkhead
+//! instead, to bound each attempt at the dependency; the wait for a permit is then bounded by
+//! the bulkhead's own `max_wait`.)
 //!
 //! ```
 //! use std::future;

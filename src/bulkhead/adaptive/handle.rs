@@ -158,9 +158,8 @@ impl AdaptiveBulkheadBuilder {
     /// Calls dropped before their end (a timeout above the bulkhead, a `select!` that lost, a
     /// client that went away) are no sample at all, instead of the default: an overload signal.
     ///
-    /// The default suits the documented order, `retry → timeout → pushback → client quota →
-    /// adaptive bulkhead → client`, in which a timeout reaches the bulkhead only as a dropped
-    /// call. Ignore them when calls are
+    /// The default suits a timeout above the bulkhead (a deadline for the whole call), which
+    /// reaches the bulkhead only as a dropped call. Ignore them when calls are
     /// often cancelled for reasons that have nothing to do with the dependency (hedged
     /// requests, say). A dropped call is never a healthy sample: its round trip is unknown.
     pub fn ignore_cancelled_calls(mut self) -> Self {

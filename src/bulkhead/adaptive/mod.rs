@@ -104,9 +104,10 @@
 //! * A call is admitted only while the calls holding a permit, itself included, are at most the
 //!   limit at that instant. When the limit comes down below the calls in flight, nothing new
 //!   is admitted until enough of them have ended.
-//! * A call dropped before its end is an overload signal by default (in the documented order,
-//!   `retry → timeout → pushback → client quota → adaptive bulkhead → client`, that is how a
-//!   timeout reaches it), or no sample with
+//! * A call dropped before its end is an overload signal by default (that is how a timeout
+//!   above the bulkhead, a deadline for the whole call, reaches it; in the
+//!   [outbound stack's order](crate::outbound#the-order-of-layers) the timeout is below it, and
+//!   its `Elapsed` is an overload answer with its round trip), or no sample with
 //!   [`ignore_cancelled_calls`](AdaptiveBulkheadBuilder::ignore_cancelled_calls); never a
 //!   fast, healthy one. A call dropped before it was first polled never reached the
 //!   dependency, and a call that panicked says nothing about it: neither is a sample.
