@@ -110,6 +110,8 @@ impl LimitAlgorithm for Recorder {
 }
 
 impl Recorder {
+    /// Each sample's overload verdict (the tests that read it need `reqwest`).
+    #[cfg(feature = "reqwest")]
     pub fn verdicts(&self) -> Vec<bool> {
         self.0
             .lock()

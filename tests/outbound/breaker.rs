@@ -4,11 +4,10 @@
 //! refused naming the setting; its events and metrics follow each transition.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::clock::{ManualClock, TokioClock};
@@ -354,86 +353,6 @@ async fn a_clock_at_the_end_of_time_keeps_it_open_without_wrapping() {
         refused(&client).await.retry_after(),
         Duration::from_nanos(1 << 60)
     );
-}
-
-/// The events of target `tower_bulwark::breaker`, each as its level and fields.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-struct Fields<'a>(&'a mut String);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={value:?}", field.name()));
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target() == "tower_bulwark::breaker"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = event.metadata().level().to_string();
-        event.record(&mut Fields(&mut line));
-        self.0.lock().unwrap().push(line);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[cfg(feature = "metrics")]
-#[test]
-fn each_transition_is_an_event_and_the_metrics_follow_the_calls() {
-    let events = Events::default();
-    let _guard = crate::common::process::thread_subscriber(events.clone());
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = crate::common::paused_runtime();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let clock = ManualClock::new();
-            let breaker = builder("events", &clock, 4).build().unwrap();
-            let (client, _) = answering(&breaker);
-            for status in [200, 503, 503, 503] {
-                through(&client, status).await;
-            }
-            refused(&client).await;
-            clock.advance(Duration::from_secs(1));
-            through(&client, 200).await;
-            through(&client, 200).await;
-            assert_eq!(breaker.state(), BreakerState::Closed);
-        })
-    });
-    let events = events.0.lock().unwrap().clone();
-    assert_eq!(events.len(), 3, "{events:#?}");
-    assert!(events[0].starts_with("WARN message=circuit breaker opened breaker=\"events\" from=\"closed\" to=\"open\" calls=4 failure_rate=0.75 slow_call_rate=0.0 open_for=1s until=1s"), "{}", events[0]);
-    assert!(events[1].starts_with("INFO message=circuit breaker is half-open breaker=\"events\" from=\"open\" to=\"half-open\""), "{}", events[1]);
-    assert!(
-        events[2].contains("to=\"closed\" calls=2 failure_rate=0.0"),
-        "{}",
-        events[2]
-    );
-
-    let mut calls = std::collections::BTreeMap::new();
-    let mut state = None;
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let labels: Vec<_> = key.key().labels().map(|l| l.value().to_owned()).collect();
-        match (key.key().name(), value) {
-            ("bulwark_breaker_calls_total", DebugValue::Counter(n)) => {
-                calls.insert(labels[1].clone(), n);
-            }
-            ("bulwark_breaker_state", DebugValue::Gauge(v)) => state = Some(v.into_inner()),
-            _ => {}
-        }
-    }
-    let want = [("failure", 3), ("refused", 1), ("slow", 0), ("success", 3)];
-    assert_eq!(calls, want.map(|(k, n)| (k.to_owned(), n)).into());
-    assert_eq!(state, Some(0.0), "closed again");
 }
 
 /// A clock the test sets to any reading, backwards too.

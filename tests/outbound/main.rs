@@ -9,6 +9,8 @@ mod counting;
 mod answer_order;
 #[cfg(feature = "adaptive")]
 mod breaker;
+#[cfg(feature = "metrics")]
+mod breaker_events;
 #[cfg(all(feature = "adaptive", feature = "grpc"))]
 mod breaker_grpc;
 #[cfg(feature = "adaptive")]
