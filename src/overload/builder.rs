@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::setting::SettingError;
+use crate::setting::{ensure, SettingError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,9 +139,10 @@ impl OverloadBuilder {
     /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
     pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, SettingError> {
         let what = "at least 0 and below 1";
-        ensure((0.0..1.0).contains(&share), "guarantee", share, what)?;
+        ensure(OF, (0.0..1.0).contains(&share), "guarantee", share, what)?;
         let lowest = "0 for sheddable, which has no class below it";
         ensure(
+            OF,
             class != Priority::Sheddable || share == 0.0,
             "guarantee",
             share,
@@ -150,6 +151,7 @@ impl OverloadBuilder {
         self.guarantees[class.index()] = share;
         let total: f64 = self.guarantees.iter().sum();
         ensure(
+            OF,
             total < 1.0,
             "guarantee",
             total,
@@ -165,6 +167,7 @@ impl OverloadBuilder {
     pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
         let ms = max_wait.as_millis();
         ensure(
+            OF,
             max_wait <= Duration::from_secs(60),
             "max_wait",
             format!("{ms} ms"),
@@ -216,12 +219,3 @@ impl fmt::Debug for OverloadBuilder {
 
 /// What this builder builds, in its errors.
 const OF: &str = "overload";
-
-fn ensure(
-    ok: bool,
-    setting: &'static str,
-    value: impl fmt::Debug,
-    expected: &'static str,
-) -> Result<(), SettingError> {
-    crate::setting::ensure(OF, ok, setting, value, expected)
-}

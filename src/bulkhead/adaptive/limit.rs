@@ -2,19 +2,11 @@
 
 use std::time::Duration;
 
-use crate::setting::SettingError;
+use crate::setting::{ensure, SettingError};
 
 /// What the settings of this module build, in their errors.
 const OF: &str = "adaptive bulkhead";
 
-fn ensure(
-    ok: bool,
-    setting: &'static str,
-    value: impl std::fmt::Debug,
-    expected: &'static str,
-) -> Result<(), SettingError> {
-    crate::setting::ensure(OF, ok, setting, value, expected)
-}
 use crate::bulkhead::MAX_CONCURRENT_CALLS;
 use crate::clock::saturating_nanos;
 
@@ -35,14 +27,15 @@ impl Limits {
     /// and `max` at most [`MAX_CONCURRENT_CALLS`].
     pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, SettingError> {
         let zero = "at least 1: a limit of zero would refuse every call and never learn again";
-        ensure(min > 0, "min_limit", min, zero)?;
+        ensure(OF, min > 0, "min_limit", min, zero)?;
         let over = "at most MAX_CONCURRENT_CALLS (2^31 - 1)";
-        ensure(max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
+        ensure(OF, max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
         let with_max = format!("{min} (with max_limit {max})");
-        ensure(min <= max, "min_limit", with_max, "at most max_limit")?;
+        ensure(OF, min <= max, "min_limit", with_max, "at most max_limit")?;
         let with_both = format!("{initial} (with min_limit {min} and max_limit {max})");
         let between = "between min_limit and max_limit";
         ensure(
+            OF,
             (min..=max).contains(&initial),
             "initial_limit",
             with_both,
@@ -305,7 +298,7 @@ impl Aimd {
     /// The factor the limit is multiplied by on overload; strictly between 0 and 1.
     pub fn backoff(mut self, backoff: f64) -> Result<Self, SettingError> {
         let ok = backoff > 0.0 && backoff < 1.0;
-        ensure(ok, "backoff", backoff, "strictly between 0 and 1")?;
+        ensure(OF, ok, "backoff", backoff, "strictly between 0 and 1")?;
         self.backoff = backoff;
         Ok(self)
     }
@@ -322,7 +315,7 @@ impl Aimd {
 fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
     let ok = tolerance >= 1.0 && tolerance.is_finite();
     let expected = "a finite number of at least 1";
-    ensure(ok, "latency_tolerance", tolerance, expected)?;
+    ensure(OF, ok, "latency_tolerance", tolerance, expected)?;
     Ok(tolerance)
 }
 
@@ -493,7 +486,7 @@ impl Gradient {
     /// How far the limit moves towards each round trip's target; above 0 and at most 1.
     pub fn smoothing(mut self, smoothing: f64) -> Result<Self, SettingError> {
         let ok = smoothing > 0.0 && smoothing <= 1.0;
-        ensure(ok, "smoothing", smoothing, "above 0 and at most 1")?;
+        ensure(OF, ok, "smoothing", smoothing, "above 0 and at most 1")?;
         self.smoothing = smoothing;
         Ok(self)
     }
@@ -509,7 +502,13 @@ impl Gradient {
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
     /// never lets a round trip run at the no-load latency by itself, still finds it.
     pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
-        ensure(rounds > 0, "probe_every", rounds, "at least 1 round trip")?;
+        ensure(
+            OF,
+            rounds > 0,
+            "probe_every",
+            rounds,
+            "at least 1 round trip",
+        )?;
         self.learnt.lowest = Some(Lowest {
             every: rounds,
             rounds: 0,

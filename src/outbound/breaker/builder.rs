@@ -9,20 +9,11 @@ use super::layer::BreakerLayer;
 use super::state::Shared;
 use crate::bulkhead::adaptive::HttpOverload;
 use crate::clock::{Clock, SystemClock};
-use crate::setting::SettingError;
+use crate::setting::{ensure, SettingError};
 use crate::Quota;
 
 /// What this builder builds, in its errors.
 const OF: &str = "circuit breaker";
-
-fn ensure(
-    ok: bool,
-    setting: &'static str,
-    value: impl fmt::Debug,
-    expected: &'static str,
-) -> Result<(), SettingError> {
-    crate::setting::ensure(OF, ok, setting, value, expected)
-}
 
 /// The default of [`BreakerBuilder::minimum_calls`].
 const DEFAULT_MINIMUM_CALLS: u32 = 20;
@@ -77,26 +68,26 @@ impl Settings {
             Window::Seconds(n) => ("window_seconds", n, false),
         };
         let within = (1..=MAX_WINDOW).contains(&size);
-        ensure(within, field, size, "from 1 to 100000")?;
+        ensure(OF, within, field, size, "from 1 to 100000")?;
         let minimum = self.minimum_calls;
         let (ok, expected) = match count {
             true => (minimum <= size, "at least 1 and at most the window's calls"),
             false => (true, "at least 1"),
         };
-        ensure(minimum >= 1 && ok, "minimum_calls", minimum, expected)?;
+        ensure(OF, minimum >= 1 && ok, "minimum_calls", minimum, expected)?;
         let rate = |rate: f64| rate > 0.0 && rate <= 1.0;
         let expected = "above 0 and at most 1";
         let failure = self.failure_rate;
-        ensure(rate(failure), "failure_rate", failure, expected)?;
+        ensure(OF, rate(failure), "failure_rate", failure, expected)?;
         let slow = self.slow_call_rate;
-        ensure(rate(slow), "slow_call_rate", slow, expected)?;
+        ensure(OF, rate(slow), "slow_call_rate", slow, expected)?;
         let span = |span: Duration| !span.is_zero() && span <= Quota::MAX_SPAN;
         let expected = "above zero and at most 2^60 ns (about 36.5 years)";
         let slow = self.slow_call_duration;
-        ensure(span(slow), "slow_call_duration", slow, expected)?;
-        ensure(span(self.open_for), "open_for", self.open_for, expected)?;
+        ensure(OF, span(slow), "slow_call_duration", slow, expected)?;
+        ensure(OF, span(self.open_for), "open_for", self.open_for, expected)?;
         let probes = self.half_open_calls;
-        ensure(probes >= 1, "half_open_calls", probes, "at least 1")
+        ensure(OF, probes >= 1, "half_open_calls", probes, "at least 1")
     }
 }
 

@@ -13,19 +13,10 @@ use super::layer::RetryLayer;
 use crate::bulkhead::adaptive::HttpOverload;
 use crate::clock::{saturating_nanos, Clock, SystemClock};
 use crate::outbound::metrics::RetryMetrics;
-use crate::setting::SettingError;
+use crate::setting::{ensure, SettingError};
 
 /// What this builder builds, in its errors.
 const OF: &str = "retry";
-
-fn ensure(
-    ok: bool,
-    setting: &'static str,
-    value: impl fmt::Debug,
-    expected: &'static str,
-) -> Result<(), SettingError> {
-    crate::setting::ensure(OF, ok, setting, value, expected)
-}
 
 /// Decides whether a request may be sent twice, by its method and headers.
 pub(super) type SafeToRetry = dyn Fn(&Method, &HeaderMap) -> bool + Send + Sync;
@@ -230,27 +221,30 @@ impl RetryBuilder {
     pub fn build(self) -> Result<Retry, SettingError> {
         let attempts = self.max_attempts;
         ensure(
+            OF,
             (1..=10).contains(&attempts),
             "max_attempts",
             attempts,
             "from 1 to 10",
         )?;
-        ensure(self.base <= self.cap, "base", self.base, "at most cap")?;
-        ensure(self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
+        ensure(OF, self.base <= self.cap, "base", self.base, "at most cap")?;
+        ensure(OF, self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
         ensure(
+            OF,
             self.max_wait <= LONGEST,
             "max_wait",
             self.max_wait,
             "at most 1h",
         )?;
         ensure(
+            OF,
             (0.0..=10.0).contains(&self.ratio),
             "ratio",
             self.ratio,
             "from 0 to 10",
         )?;
         let window = (Duration::from_millis(10)..=LONGEST).contains(&self.window);
-        ensure(window, "window", self.window, "from 10ms to 1h")?;
+        ensure(OF, window, "window", self.window, "from 10ms to 1h")?;
         // At most 10 × ONE: no rounding can reach the limits of u64.
         let deposit = (self.ratio * ONE as f64).round() as u64;
         let window = saturating_nanos(self.window);
