@@ -68,12 +68,16 @@ impl Settings {
     /// A message naming the variable whose value is not what it should be.
     pub fn from_env() -> Result<Self, BoxError> {
         let default = Self::default();
-        let count = |name: &str, default: u32| -> Result<u32, BoxError> {
+        // Bounded so that the schedule's interval stays above zero and the count fits.
+        let count = |name: &str, default: u32, most: u32| -> Result<u32, BoxError> {
             match std::env::var(name) {
                 Err(_) => Ok(default),
                 Ok(value) => match value.trim().parse() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(format!("{name}={value:?}: expected a whole number above 0").into()),
+                    Ok(n) if (1..=most).contains(&n) => Ok(n),
+                    _ => Err(
+                        format!("{name}={value:?}: expected a whole number from 1 to {most}")
+                            .into(),
+                    ),
                 },
             }
         };
@@ -85,9 +89,19 @@ impl Settings {
         };
         let url = std::env::var("DEPENDENCY_URL").unwrap_or(default.url);
         reqwest::Url::parse(&url).map_err(|e| format!("DEPENDENCY_URL={url:?}: {e}"))?;
+        let (offered, secs) = (
+            count("OFFERED", default.offered, 100_000)?,
+            count("SECS", default.secs, 86_400)?,
+        );
+        // Each request keeps a record until the end.
+        if u64::from(offered) * u64::from(secs) > 10_000_000 {
+            return Err(
+                format!("OFFERED={offered} SECS={secs}: at most 10 000 000 requests").into(),
+            );
+        }
         Ok(Self {
-            offered: count("OFFERED", default.offered)?,
-            secs: count("SECS", default.secs)?,
+            offered,
+            secs,
             url,
             retry,
         })
