@@ -285,8 +285,8 @@ async fn main() -> Result<(), BoxError> {
         .transpose()
         .map_err(|e| format!("PHASE_SECS: {e}"))?
         .unwrap_or(6);
-    if phase_secs < 4 {
-        return Err("PHASE_SECS: at least 4 (the dead phase's check starts 2 s in)".into());
+    if !(4..=3600).contains(&phase_secs) {
+        return Err("PHASE_SECS: from 4 (the dead phase's check starts 2 s in) to 3600".into());
     }
     let phase = Duration::from_secs(phase_secs);
     if let Ok(addr) = std::env::var("SERVE_ON") {
