@@ -95,10 +95,7 @@ impl Retry {
     /// A layer that retries calls whose answers `classifier` judges
     /// [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded).
     pub fn layer_with<K>(&self, classifier: K) -> RetryLayer<K> {
-        RetryLayer {
-            retry: self.clone(),
-            classifier: Arc::new(classifier),
-        }
+        RetryLayer::new(self.clone(), classifier)
     }
 
     /// The dependency's name.
