@@ -248,7 +248,7 @@ impl RetryBuilder {
         let budget = Budget::new(deposit, self.min_per_second, window, self.clock);
         Ok(Retry {
             shared: Arc::new(Shared {
-                metrics: RetryMetrics::new(&self.name),
+                metrics: RetryMetrics::default(),
                 name: self.name,
                 base: self.base,
                 cap: self.cap,

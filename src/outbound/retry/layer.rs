@@ -98,7 +98,7 @@ where
         .then(|| request.try_clone())
         .flatten();
         shared.budget.deposit();
-        shared.metrics.attempt(Attempt::First);
+        shared.metrics.attempt(&shared.name, Attempt::First);
         let first = service.call(request);
         let classifier = Arc::clone(&self.layer.classifier);
         Box::pin(serve(first, service, spare, shared, classifier))
