@@ -53,33 +53,18 @@ pub(super) fn build_breaker(
     name: &str,
     s: &BreakerSettings,
 ) -> Result<crate::outbound::Breaker, ConfigError> {
-    use crate::outbound::breaker::Window;
+    use super::build::Given;
+    use crate::outbound::breaker::{Breaker, BreakerBuilder as B, Window};
 
-    let mut builder = crate::outbound::Breaker::builder(name);
-    if let Some(n) = s.window_calls {
-        builder = builder.window(Window::Calls(n.0));
-    }
-    if let Some(n) = s.window_seconds {
-        builder = builder.window(Window::Seconds(n.0));
-    }
-    if let Some(n) = s.minimum_calls {
-        builder = builder.minimum_calls(n.0);
-    }
-    if let Some(rate) = s.failure_rate {
-        builder = builder.failure_rate(rate);
-    }
-    if let Some(rate) = s.slow_call_rate {
-        builder = builder.slow_call_rate(rate);
-    }
-    if let Some(span) = s.slow_call_duration {
-        builder = builder.slow_call_duration(span);
-    }
-    if let Some(span) = s.open_for {
-        builder = builder.open_for(span);
-    }
-    if let Some(n) = s.half_open_calls {
-        builder = builder.half_open_calls(n.0);
-    }
+    let builder = Breaker::builder(name)
+        .given(s.window_calls, |b, n| b.window(Window::Calls(n.0)))
+        .given(s.window_seconds, |b, n| b.window(Window::Seconds(n.0)))
+        .given(s.minimum_calls, |b, n| b.minimum_calls(n.0))
+        .given(s.failure_rate, B::failure_rate)
+        .given(s.slow_call_rate, B::slow_call_rate)
+        .given(s.slow_call_duration, B::slow_call_duration)
+        .given(s.open_for, B::open_for)
+        .given(s.half_open_calls, |b, n| b.half_open_calls(n.0));
     let at = |e: crate::SettingError| {
         ConfigError::new(format!("breakers.{name}.{}", e.setting()), e.to_string())
     };

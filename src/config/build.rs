@@ -21,6 +21,20 @@ use crate::{
 
 use super::registry::{ConfigKey, ConfigKeyExtractor, Extract, NamedLimiter};
 
+/// A builder's setting applied where the file gives it: a field left out keeps the builder's
+/// default.
+pub(super) trait Given: Sized {
+    /// The builder with `set` applied to `value`, if the file gives one.
+    fn given<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => set(self, value),
+            None => self,
+        }
+    }
+}
+
+impl<B> Given for B {}
+
 pub(super) fn build_limiter(
     name: &str,
     s: &RateLimiterSettings,
@@ -125,22 +139,14 @@ pub(super) fn redis_limiter(
     let url = (s.redis_url.as_deref()).expect("the validation requires a Redis store's URL");
     let store = RedisStore::connect_lazy(url)
         .map_err(|e| ConfigError::new(format!("{path}.redis_url"), e.to_string()))?;
-    let mut builder =
-        RedisRateLimiter::builder(quota, store).fail_mode(redis_fail_mode(path, s, quota)?);
-    if let Some(prefix) = &s.redis_prefix {
-        builder = builder.prefix(prefix.clone());
-    }
-    if let Some(timeout) = s.redis_timeout {
-        builder = builder.timeout(timeout);
-    }
+    let mut builder = RedisRateLimiter::builder(quota, store)
+        .fail_mode(redis_fail_mode(path, s, quota)?)
+        .given(s.redis_prefix.clone(), |b, prefix| b.prefix(prefix))
+        .given(s.redis_timeout, |b, timeout| b.timeout(timeout));
     if s.redis_leases {
-        let mut lease = crate::redis::Lease::new();
-        if let Some(share) = s.redis_lease_max_share {
-            lease = lease.max_share(share.0);
-        }
-        if let Some(length) = s.redis_lease_length {
-            lease = lease.length(length);
-        }
+        let lease = crate::redis::Lease::new()
+            .given(s.redis_lease_max_share, |b, share| b.max_share(share.0))
+            .given(s.redis_lease_length, |b, length| b.length(length));
         builder = builder.lease(lease);
     }
     let builder = match s.algorithm {
@@ -215,14 +221,11 @@ pub(super) fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
 }
 
 pub(super) fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
-    let mut builder = match s.queue_capacity {
+    let builder = match s.queue_capacity {
         Some(capacity) => {
             Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
         }
         None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
     };
-    if let Some(wait) = s.max_wait {
-        builder = builder.max_wait(wait);
-    }
-    builder
+    builder.given(s.max_wait, BulkheadBuilder::max_wait)
 }

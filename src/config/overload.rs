@@ -10,42 +10,33 @@ use super::ConfigError;
 
 /// `[overload.NAME]`.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a table of settings")]
+#[serde(deny_unknown_fields, default, expecting = "a table of settings")]
 pub(super) struct OverloadSettings {
-    #[serde(default = "eight")]
     pub(super) min_limit: Count<MAX_LIMIT>,
-    #[serde(default = "sixteen")]
     pub(super) initial_limit: Count<MAX_LIMIT>,
-    #[serde(default = "thousand")]
     pub(super) max_limit: Count<MAX_LIMIT>,
-    #[serde(default = "critical")]
     pub(super) critical_guarantee: f64,
-    #[serde(default = "default")]
     pub(super) default_guarantee: f64,
-    #[serde(default = "x_priority")]
     pub(super) priority_header: String,
     pub(super) queue_capacity: Option<Count>,
-    #[serde(default, deserialize_with = "optional")]
+    #[serde(deserialize_with = "optional")]
     pub(super) max_wait: Option<Duration>,
 }
 
-fn eight() -> Count<MAX_LIMIT> {
-    Count(8)
-}
-fn sixteen() -> Count<MAX_LIMIT> {
-    Count(16)
-}
-fn thousand() -> Count<MAX_LIMIT> {
-    Count(1000)
-}
-fn critical() -> f64 {
-    0.6
-}
-fn default() -> f64 {
-    0.1
-}
-fn x_priority() -> String {
-    "x-priority".into()
+/// A field left out keeps its default.
+impl Default for OverloadSettings {
+    fn default() -> Self {
+        Self {
+            min_limit: Count(8),
+            initial_limit: Count(16),
+            max_limit: Count(1000),
+            critical_guarantee: 0.6,
+            default_guarantee: 0.1,
+            priority_header: "x-priority".into(),
+            queue_capacity: None,
+            max_wait: None,
+        }
+    }
 }
 
 impl OverloadSettings {

@@ -8,10 +8,8 @@
 //! name); the quota's counters are what happened to the calls.
 //!
 //! Every handle is registered with the recorder at first use (so the recorder may be installed
-//! after the layer is built) and then used without building keys or allocating. Without the
-//! feature, these hold nothing and count nothing.
-
-use std::sync::Arc;
+//! after the layer is built), under the name its owner passes in, and then used without building
+//! keys or allocating. Without the feature, these hold nothing and count nothing.
 
 use super::pushback::answer::Answer;
 #[cfg(feature = "metrics")]
@@ -48,29 +46,19 @@ fn call_counters<const N: usize>(metric: &'static str, name: &str) -> [metrics::
 }
 
 /// One client quota's counters, shared by its layer, services and calls.
+#[derive(Default)]
 pub(crate) struct ClientQuotaMetrics {
-    #[cfg(feature = "metrics")]
-    name: Arc<str>,
     #[cfg(feature = "metrics")]
     calls: OnceLock<[metrics::Counter; 4]>,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 impl ClientQuotaMetrics {
-    pub(crate) fn new(name: &Arc<str>) -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            name: Arc::clone(name),
-            #[cfg(feature = "metrics")]
-            calls: OnceLock::new(),
-        }
-    }
-
-    /// Counts one call under `outcome`.
-    pub(crate) fn count(&self, outcome: Outcome) {
+    /// Counts one call of quota `name` under `outcome`.
+    pub(crate) fn count(&self, name: &str, outcome: Outcome) {
         #[cfg(feature = "metrics")]
         self.calls
-            .get_or_init(|| call_counters(m::CLIENT_QUOTA_CALLS, &self.name))[outcome as usize]
+            .get_or_init(|| call_counters(m::CLIENT_QUOTA_CALLS, name))[outcome as usize]
             .increment(1);
     }
 }
@@ -96,28 +84,19 @@ struct Handles {
 }
 
 /// One pushback's metric handles.
+#[derive(Default)]
 pub(crate) struct PushbackMetrics {
-    #[cfg(feature = "metrics")]
-    name: Arc<str>,
     #[cfg(feature = "metrics")]
     handles: OnceLock<Handles>,
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 impl PushbackMetrics {
-    pub(crate) fn new(name: &Arc<str>) -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            name: Arc::clone(name),
-            #[cfg(feature = "metrics")]
-            handles: OnceLock::new(),
-        }
-    }
-
+    /// The handles of pushback `name`.
     #[cfg(feature = "metrics")]
-    fn handles(&self) -> &Handles {
+    fn handles(&self, name: &str) -> &Handles {
         self.handles.get_or_init(|| {
-            let name = self.name.to_string();
+            let name = name.to_owned();
             Handles {
                 calls: call_counters(m::PUSHBACK_CALLS, &name),
                 holds: HOLD_REASONS.map(|reason| {
@@ -128,25 +107,25 @@ impl PushbackMetrics {
         })
     }
 
-    /// Counts one call under `outcome`.
-    pub(crate) fn count(&self, outcome: Outcome) {
+    /// Counts one call of pushback `name` under `outcome`.
+    pub(crate) fn count(&self, name: &str, outcome: Outcome) {
         #[cfg(feature = "metrics")]
-        self.handles().calls[outcome as usize].increment(1);
+        self.handles(name).calls[outcome as usize].increment(1);
     }
 
-    /// A response read, with what it asked: a hold, a spent quota, or both.
-    pub(crate) fn observed(&self, answer: &Answer) {
+    /// A response read by pushback `name`, with what it asked: a hold, a spent quota, or both.
+    pub(crate) fn observed(&self, name: &str, answer: &Answer) {
         #[cfg(feature = "metrics")]
         {
             if answer.hold.is_some_and(|hold| !hold.is_zero()) {
-                self.handles().holds[0].increment(1);
+                self.handles(name).holds[0].increment(1);
             }
             let spent = answer
                 .quota
                 .filter(|quota| quota.remaining == 0 && !quota.window.is_zero());
             if let Some(quota) = spent {
                 // `HOLD_REASONS` lists the dialects in the order of declaration.
-                self.handles().holds[1 + quota.dialect as usize].increment(1);
+                self.handles(name).holds[1 + quota.dialect as usize].increment(1);
             }
         }
     }
@@ -161,7 +140,12 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     /// configured pushbacks). Counters are recorded as calls and answers pass.
     pub fn publish_gauges(&self) {
         let held_for = self.held_for().as_secs_f64();
-        self.dependency.metrics.handles().held.set(held_for);
+        let dependency = &self.dependency;
+        dependency
+            .metrics
+            .handles(&dependency.name)
+            .held
+            .set(held_for);
     }
 }
 
@@ -177,9 +161,8 @@ const RETRY_SERIES: [(&str, &str, &str); 4] = [
 
 /// One retry handle's counters (feature `adaptive`).
 #[cfg(feature = "adaptive")]
+#[derive(Default)]
 pub(crate) struct RetryMetrics {
-    #[cfg(feature = "metrics")]
-    name: Arc<str>,
     #[cfg(feature = "metrics")]
     counters: OnceLock<[metrics::Counter; RETRY_SERIES.len()]>,
 }
@@ -187,33 +170,24 @@ pub(crate) struct RetryMetrics {
 #[cfg(feature = "adaptive")]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 impl RetryMetrics {
-    pub(crate) fn new(name: &Arc<str>) -> Self {
-        Self {
-            #[cfg(feature = "metrics")]
-            name: Arc::clone(name),
-            #[cfg(feature = "metrics")]
-            counters: OnceLock::new(),
-        }
-    }
-
-    /// Counts one event of the series at `index` in [`RETRY_SERIES`].
-    fn count(&self, index: usize) {
+    /// Counts one event of retries `name` in the series at `index` in [`RETRY_SERIES`].
+    fn count(&self, name: &str, index: usize) {
         #[cfg(feature = "metrics")]
         self.counters.get_or_init(|| {
             RETRY_SERIES.map(|(metric, label, value)| {
-                metrics::counter!(metric, "name" => self.name.to_string(), label => value)
+                metrics::counter!(metric, "name" => name.to_owned(), label => value)
             })
         })[index]
             .increment(1);
     }
 
-    /// Counts one attempt of `kind`.
-    pub(crate) fn attempt(&self, kind: super::retry::Attempt) {
-        self.count(kind as usize);
+    /// Counts one attempt of retries `name` of `kind`.
+    pub(crate) fn attempt(&self, name: &str, kind: super::retry::Attempt) {
+        self.count(name, kind as usize);
     }
 
-    /// Counts one retry not made, for `reason`.
-    pub(crate) fn skipped(&self, reason: super::retry::Skipped) {
-        self.count(2 + reason as usize);
+    /// Counts one retry of retries `name` not made, for `reason`.
+    pub(crate) fn skipped(&self, name: &str, reason: super::retry::Skipped) {
+        self.count(name, 2 + reason as usize);
     }
 }

@@ -141,22 +141,12 @@ impl OverloadBuilder {
         let what = "at least 0 and below 1";
         ensure(OF, (0.0..1.0).contains(&share), "guarantee", share, what)?;
         let lowest = "0 for sheddable, which has no class below it";
-        ensure(
-            OF,
-            class != Priority::Sheddable || share == 0.0,
-            "guarantee",
-            share,
-            lowest,
-        )?;
+        let sheddable_takes_none = class != Priority::Sheddable || share == 0.0;
+        ensure(OF, sheddable_takes_none, "guarantee", share, lowest)?;
         self.guarantees[class.index()] = share;
         let total: f64 = self.guarantees.iter().sum();
-        ensure(
-            OF,
-            total < 1.0,
-            "guarantee",
-            total,
-            "below 1 for all classes together",
-        )?;
+        let together = "below 1 for all classes together";
+        ensure(OF, total < 1.0, "guarantee", total, together)?;
         Ok(self)
     }
 
@@ -166,13 +156,8 @@ impl OverloadBuilder {
     /// a higher class, else the newcomer. Off by default; `max_wait` at most a minute.
     pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
         let ms = max_wait.as_millis();
-        ensure(
-            OF,
-            max_wait <= Duration::from_secs(60),
-            "max_wait",
-            format!("{ms} ms"),
-            "at most 60 s",
-        )?;
+        let within = max_wait <= Duration::from_secs(60);
+        ensure(OF, within, "max_wait", format!("{ms} ms"), "at most 60 s")?;
         self.queue = Some(QueueSettings { capacity, max_wait });
         Ok(self)
     }

@@ -21,17 +21,9 @@ use crate::head::RequestHead;
 /// Puts an [`Overload`] protection in front of an HTTP service; made by [`Overload::layer`].
 ///
 /// Every service it makes, and every clone of them, shares the protection's one limit.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct OverloadLayer {
     pub(super) overload: Overload,
-}
-
-impl fmt::Debug for OverloadLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OverloadLayer")
-            .field("overload", &self.overload)
-            .finish()
-    }
 }
 
 impl<S> Layer<S> for OverloadLayer {

@@ -105,10 +105,7 @@ impl AdaptiveBulkhead {
 
     /// A layer judging answers with `classifier`.
     pub fn layer_with<C>(&self, classifier: C) -> AdaptiveBulkheadLayer<C> {
-        AdaptiveBulkheadLayer {
-            bulkhead: self.clone(),
-            classifier: Arc::new(classifier),
-        }
+        AdaptiveBulkheadLayer::new(self.clone(), classifier)
     }
 }
 

@@ -1,4 +1,6 @@
-//! The layer that puts an [`AdaptiveBulkhead`] in front of a service, and the service it makes.
+//! The layer that puts an [`AdaptiveBulkhead`] in front of a service, and the service it makes;
+//! [`ClassifiedLayer`] and [`ClassifiedService`], the shape they share with the retries' and the
+//! circuit breaker's.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,55 +18,67 @@ use crate::bulkhead::events::Rejection;
 use crate::bulkhead::permits::Permit;
 use crate::BoxError;
 
-/// Wraps a service in an [`AdaptiveBulkhead`] (made by [`AdaptiveBulkhead::layer`] and
-/// [`layer_with`](AdaptiveBulkhead::layer_with)); each permit is held until the response future
-/// completes or is dropped, and each ending is judged by the classifier `C`.
+/// A layer of a handle `H` (an [`AdaptiveBulkhead`], a
+/// [`Retry`](crate::outbound::retry::Retry), a [`Breaker`](crate::outbound::Breaker)) and the
+/// classifier `K` that judges the answers of the services it makes.
 ///
-/// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
-pub struct AdaptiveBulkheadLayer<C = HttpOverload> {
-    pub(super) bulkhead: AdaptiveBulkhead,
-    pub(super) classifier: Arc<C>,
+/// Each layer and service clones the handle, whose clones share one state; the classifier is
+/// shared behind an `Arc`, so neither needs `K: Clone`. Named by its handle's alias:
+/// [`AdaptiveBulkheadLayer`], [`RetryLayer`](crate::outbound::retry::RetryLayer),
+/// [`BreakerLayer`](crate::outbound::BreakerLayer).
+pub struct ClassifiedLayer<H, K> {
+    pub(crate) handle: H,
+    pub(crate) classifier: Arc<K>,
 }
 
-impl<C> Clone for AdaptiveBulkheadLayer<C> {
+impl<H, K> ClassifiedLayer<H, K> {
+    /// The layer of `handle`, judging answers with `classifier`.
+    pub(crate) fn new(handle: H, classifier: K) -> Self {
+        Self {
+            handle,
+            classifier: Arc::new(classifier),
+        }
+    }
+}
+
+impl<H: Clone, K> Clone for ClassifiedLayer<H, K> {
     fn clone(&self) -> Self {
         Self {
-            bulkhead: self.bulkhead.clone(),
+            handle: self.handle.clone(),
             classifier: Arc::clone(&self.classifier),
         }
     }
 }
 
-impl<C> fmt::Debug for AdaptiveBulkheadLayer<C> {
+impl<H: fmt::Debug, K> fmt::Debug for ClassifiedLayer<H, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveBulkheadLayer")
-            .field("bulkhead", &self.bulkhead)
+        f.debug_struct("ClassifiedLayer")
+            .field("handle", &self.handle)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, C> Layer<S> for AdaptiveBulkheadLayer<C> {
-    type Service = AdaptiveBulkheadService<S, C>;
+impl<S, H: Clone, K> Layer<S> for ClassifiedLayer<H, K> {
+    type Service = ClassifiedService<S, H, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveBulkheadService {
+        ClassifiedService {
             inner,
             layer: self.clone(),
         }
     }
 }
 
-/// A service behind an [`AdaptiveBulkhead`]; made by
-/// [`AdaptiveBulkheadLayer`](super::AdaptiveBulkheadLayer).
-///
-/// `poll_ready` only asks the inner service; the permit is taken in `call`, and a call that
-/// finds the limit reached is refused at once with [`BulkheadFull`](crate::bulkhead::BulkheadFull).
-pub struct AdaptiveBulkheadService<S, C = HttpOverload> {
-    inner: S,
-    layer: AdaptiveBulkheadLayer<C>,
+/// A service behind the handle `H` of a [`ClassifiedLayer`], which made it. Named by its
+/// handle's alias: [`AdaptiveBulkheadService`],
+/// [`RetryService`](crate::outbound::retry::RetryService),
+/// [`BreakerService`](crate::outbound::breaker::BreakerService).
+pub struct ClassifiedService<S, H, K> {
+    pub(crate) inner: S,
+    pub(crate) layer: ClassifiedLayer<H, K>,
 }
 
-impl<S: Clone, C> Clone for AdaptiveBulkheadService<S, C> {
+impl<S: Clone, H: Clone, K> Clone for ClassifiedService<S, H, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -73,14 +87,28 @@ impl<S: Clone, C> Clone for AdaptiveBulkheadService<S, C> {
     }
 }
 
-impl<S: fmt::Debug, C> fmt::Debug for AdaptiveBulkheadService<S, C> {
+impl<S: fmt::Debug, H: fmt::Debug, K> fmt::Debug for ClassifiedService<S, H, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveBulkheadService")
+        f.debug_struct("ClassifiedService")
             .field("inner", &self.inner)
-            .field("bulkhead", &self.layer.bulkhead)
+            .field("handle", &self.layer.handle)
             .finish_non_exhaustive()
     }
 }
+
+/// Wraps a service in an [`AdaptiveBulkhead`] (made by [`AdaptiveBulkhead::layer`] and
+/// [`layer_with`](AdaptiveBulkhead::layer_with)); each permit is held until the response future
+/// completes or is dropped, and each ending is judged by the classifier `C`.
+///
+/// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
+pub type AdaptiveBulkheadLayer<C = HttpOverload> = ClassifiedLayer<AdaptiveBulkhead, C>;
+
+/// A service behind an [`AdaptiveBulkhead`]; made by
+/// [`AdaptiveBulkheadLayer`](super::AdaptiveBulkheadLayer).
+///
+/// `poll_ready` only asks the inner service; the permit is taken in `call`, and a call that
+/// finds the limit reached is refused at once with [`BulkheadFull`](crate::bulkhead::BulkheadFull).
+pub type AdaptiveBulkheadService<S, C = HttpOverload> = ClassifiedService<S, AdaptiveBulkhead, C>;
 
 impl<S, C, Req> Service<Req> for AdaptiveBulkheadService<S, C>
 where
@@ -97,7 +125,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let controller = &self.layer.bulkhead.controller;
+        let controller = &self.layer.handle.controller;
         let permits = &controller.bulkhead.permits;
         let classifier = Arc::clone(&self.layer.classifier);
         // An adaptive bulkhead never queues: a call that finds no free permit is refused.

@@ -32,15 +32,10 @@ impl Limits {
         ensure(OF, max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
         let with_max = format!("{min} (with max_limit {max})");
         ensure(OF, min <= max, "min_limit", with_max, "at most max_limit")?;
+        let between = (min..=max).contains(&initial);
         let with_both = format!("{initial} (with min_limit {min} and max_limit {max})");
-        let between = "between min_limit and max_limit";
-        ensure(
-            OF,
-            (min..=max).contains(&initial),
-            "initial_limit",
-            with_both,
-            between,
-        )?;
+        let expected = "between min_limit and max_limit";
+        ensure(OF, between, "initial_limit", with_both, expected)?;
         Ok(Self { min, initial, max })
     }
 
@@ -502,13 +497,8 @@ impl Gradient {
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
     /// never lets a round trip run at the no-load latency by itself, still finds it.
     pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
-        ensure(
-            OF,
-            rounds > 0,
-            "probe_every",
-            rounds,
-            "at least 1 round trip",
-        )?;
+        let expected = "at least 1 round trip";
+        ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
         self.learnt.lowest = Some(Lowest {
             every: rounds,
             rounds: 0,

@@ -140,5 +140,7 @@ pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict
 pub use controller::LimitChanged;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
-pub use layer::{AdaptiveBulkheadLayer, AdaptiveBulkheadService};
+pub use layer::{
+    AdaptiveBulkheadLayer, AdaptiveBulkheadService, ClassifiedLayer, ClassifiedService,
+};
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};

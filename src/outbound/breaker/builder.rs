@@ -143,10 +143,7 @@ impl Breaker {
     /// A layer judging answers with `classifier` (any
     /// [`Classify`](crate::bulkhead::adaptive::Classify), as for an adaptive bulkhead).
     pub fn layer_with<K>(&self, classifier: K) -> BreakerLayer<K> {
-        BreakerLayer {
-            breaker: self.clone(),
-            classifier: Arc::new(classifier),
-        }
+        BreakerLayer::new(self.clone(), classifier)
     }
 
     /// Sets the breaker's state gauge (`bulwark_breaker_state`) from its current state; the

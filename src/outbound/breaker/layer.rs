@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
-use tower_layer::Layer;
 use tower_service::Service;
 
 use super::builder::Breaker;
 use super::error::BreakerOpen;
 use super::state::Ticket;
-use crate::bulkhead::adaptive::{Classify, HttpOverload};
+use crate::bulkhead::adaptive::{ClassifiedLayer, ClassifiedService, Classify, HttpOverload};
 use crate::BoxError;
 
 /// Wraps a service in a [`Breaker`] (made by [`Breaker::layer`] and
@@ -27,65 +26,13 @@ use crate::BoxError;
 /// The services fail with a [`BoxError`](crate::BoxError) holding either
 /// [`BreakerOpen`](super::BreakerOpen), for a call refused without calling the inner service,
 /// or the inner service's own error, passed through.
-pub struct BreakerLayer<K = HttpOverload> {
-    pub(super) breaker: Breaker,
-    pub(super) classifier: Arc<K>,
-}
-
-impl<K> Clone for BreakerLayer<K> {
-    fn clone(&self) -> Self {
-        Self {
-            breaker: self.breaker.clone(),
-            classifier: Arc::clone(&self.classifier),
-        }
-    }
-}
-
-impl<K> fmt::Debug for BreakerLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerLayer")
-            .field("breaker", &self.breaker)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, K> Layer<S> for BreakerLayer<K> {
-    type Service = BreakerService<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        BreakerService {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
+pub type BreakerLayer<K = HttpOverload> = ClassifiedLayer<Breaker, K>;
 
 /// A service behind a [`Breaker`]; made by [`BreakerLayer`].
 ///
 /// `poll_ready` only asks the inner service; the breaker decides in `call`, and a call it
 /// refuses fails at once with [`BreakerOpen`](super::BreakerOpen), the inner service not called.
-pub struct BreakerService<S, K = HttpOverload> {
-    inner: S,
-    layer: BreakerLayer<K>,
-}
-
-impl<S: Clone, K> Clone for BreakerService<S, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K> fmt::Debug for BreakerService<S, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerService")
-            .field("inner", &self.inner)
-            .field("breaker", &self.layer.breaker)
-            .finish_non_exhaustive()
-    }
-}
+pub type BreakerService<S, K = HttpOverload> = ClassifiedService<S, Breaker, K>;
 
 impl<S, K, Req> Service<Req> for BreakerService<S, K>
 where
@@ -105,7 +52,7 @@ where
         let classifier = Arc::clone(&self.layer.classifier);
         // Taken before the inner service is called, so a panicking `call` still frees a
         // probe's place (and counts for nothing).
-        let (future, ticket, refused) = match self.layer.breaker.shared.admit() {
+        let (future, ticket, refused) = match self.layer.handle.shared.admit() {
             Ok(ticket) => (Some(self.inner.call(request)), Some(ticket), None),
             Err(refused) => (None, None, Some(refused)),
         };

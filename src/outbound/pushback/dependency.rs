@@ -52,7 +52,7 @@ impl<C: Clock> Pushback<C> {
     pub(super) fn from_builder(builder: PushbackBuilder<C>) -> Self {
         Self {
             dependency: Arc::new(Dependency {
-                metrics: PushbackMetrics::new(&builder.name),
+                metrics: PushbackMetrics::default(),
                 name: builder.name,
                 max_wait: builder.max_wait,
                 max_hold: builder.max_hold,
@@ -134,7 +134,7 @@ impl<C: Clock> Dependency<C> {
 
     /// Refuses a call at `now` that may start at `at` only, later than it may wait for.
     pub(crate) fn refuse(&self, now: u64, at: u64) -> PushedBack {
-        self.metrics.count(Outcome::Refused);
+        self.metrics.count(&self.name, Outcome::Refused);
         PushedBack {
             dependency: self.name.clone(),
             retry_after: span(now, at),
@@ -187,7 +187,7 @@ impl<C: Clock> Dependency<C> {
         if answer == Answer::default() {
             return;
         }
-        self.metrics.observed(&answer);
+        self.metrics.observed(&self.name, &answer);
         self.change(|schedule, now| schedule.apply(answer, now, own));
     }
 }

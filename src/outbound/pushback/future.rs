@@ -130,7 +130,9 @@ where
         });
         let state = match started {
             Ok(place) => {
-                dependency.metrics.count(Outcome::Admitted);
+                dependency
+                    .metrics
+                    .count(&dependency.name, Outcome::Admitted);
                 run(dependency, place, tokens, service, request)
             }
             Err((now, at)) => {
@@ -192,7 +194,9 @@ where
                     }
                     match this.dependency.try_start(*this.tokens) {
                         Ok(place) => {
-                            this.dependency.metrics.count(Outcome::Waited);
+                            this.dependency
+                                .metrics
+                                .count(&this.dependency.name, Outcome::Waited);
                             let Waiting {
                                 mut service,
                                 request,

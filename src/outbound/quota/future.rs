@@ -101,11 +101,11 @@ where
 {
     match decision {
         Err(error) => {
-            shared.metrics.count(Outcome::Failed);
+            shared.metrics.count(&shared.name, Outcome::Failed);
             State::Refused { error: Some(error) }
         }
         Ok(decision) if !decision.allowed => {
-            shared.metrics.count(Outcome::Refused);
+            shared.metrics.count(&shared.name, Outcome::Refused);
             let error = QuotaExhausted {
                 quota: shared.name.clone(),
                 retry_after: decision.retry_after,
@@ -117,7 +117,7 @@ where
             }
         }
         Ok(decision) if decision.wait.is_zero() => {
-            shared.metrics.count(Outcome::Admitted);
+            shared.metrics.count(&shared.name, Outcome::Admitted);
             *held = Some(decision);
             State::Running {
                 future: service.call(request),
@@ -190,7 +190,9 @@ where
                 StateProj::Waiting { sleep, call } => {
                     ready!(sleep.as_mut().poll(cx));
                     let (mut service, request) = call.take().expect("polled after completion");
-                    this.shared.metrics.count(Outcome::Waited);
+                    this.shared
+                        .metrics
+                        .count(&this.shared.name, Outcome::Waited);
                     // The permits are due now: the call keeps them, unless it is refused below.
                     State::Running {
                         future: service.call(request),

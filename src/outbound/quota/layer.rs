@@ -83,13 +83,11 @@ impl<L> ClientQuotaLayer<L> {
     /// A quota named `name` (in errors) enforced by `limiter`, one key for every call, each call
     /// costing one permit.
     pub fn new(name: impl Into<Arc<str>>, limiter: L) -> Self {
-        let name = name.into();
-        let metrics = ClientQuotaMetrics::new(&name);
         Self {
             shared: Arc::new(Shared {
-                name,
+                name: name.into(),
                 limiter,
-                metrics,
+                metrics: ClientQuotaMetrics::default(),
             }),
             key: (),
             cost: 1,

@@ -95,10 +95,7 @@ impl Retry {
     /// A layer that retries calls whose answers `classifier` judges
     /// [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded).
     pub fn layer_with<K>(&self, classifier: K) -> RetryLayer<K> {
-        RetryLayer {
-            retry: self.clone(),
-            classifier: Arc::new(classifier),
-        }
+        RetryLayer::new(self.clone(), classifier)
     }
 
     /// The dependency's name.
@@ -220,29 +217,14 @@ impl RetryBuilder {
     /// not from 0 to 10 (NaN included), a `window` under 10 ms or above an hour.
     pub fn build(self) -> Result<Retry, SettingError> {
         let attempts = self.max_attempts;
-        ensure(
-            OF,
-            (1..=10).contains(&attempts),
-            "max_attempts",
-            attempts,
-            "from 1 to 10",
-        )?;
+        let within = (1..=10).contains(&attempts);
+        ensure(OF, within, "max_attempts", attempts, "from 1 to 10")?;
         ensure(OF, self.base <= self.cap, "base", self.base, "at most cap")?;
         ensure(OF, self.cap <= LONGEST, "cap", self.cap, "at most 1h")?;
-        ensure(
-            OF,
-            self.max_wait <= LONGEST,
-            "max_wait",
-            self.max_wait,
-            "at most 1h",
-        )?;
-        ensure(
-            OF,
-            (0.0..=10.0).contains(&self.ratio),
-            "ratio",
-            self.ratio,
-            "from 0 to 10",
-        )?;
+        let max_wait = self.max_wait;
+        ensure(OF, max_wait <= LONGEST, "max_wait", max_wait, "at most 1h")?;
+        let ratio = (0.0..=10.0).contains(&self.ratio);
+        ensure(OF, ratio, "ratio", self.ratio, "from 0 to 10")?;
         let window = (Duration::from_millis(10)..=LONGEST).contains(&self.window);
         ensure(OF, window, "window", self.window, "from 10ms to 1h")?;
         // At most 10 × ONE: no rounding can reach the limits of u64.
@@ -251,7 +233,7 @@ impl RetryBuilder {
         let budget = Budget::new(deposit, self.min_per_second, window, self.clock);
         Ok(Retry {
             shared: Arc::new(Shared {
-                metrics: RetryMetrics::new(&self.name),
+                metrics: RetryMetrics::default(),
                 name: self.name,
                 base: self.base,
                 cap: self.cap,

@@ -149,7 +149,7 @@ where
         }
         let attempt = service.call(request);
         let epoch = withdrawal.sent();
-        shared.metrics.attempt(Attempt::Retry);
+        shared.metrics.attempt(&shared.name, Attempt::Retry);
         result = attempt.await.map_err(Into::into);
         // Refused below before it was sent (a full bulkhead, a hold): it reached nothing.
         if matches!(&result, Err(error) if never_sent(&**error)) {
@@ -162,7 +162,7 @@ where
 /// A retry not made for `reason`, `asked` being what the answer asked to wait: an event and a
 /// count.
 fn skipped(shared: &Shared, reason: Skipped, asked: Duration) {
-    shared.metrics.skipped(reason);
+    shared.metrics.skipped(&shared.name, reason);
     tracing::debug!(
         target: "tower_bulwark::retry",
         dependency = &*shared.name,

@@ -1,7 +1,6 @@
 //! The layer that retries a dependency's calls, its service, and [`RetryRequest`], what it
 //! needs of a request.
 
-use std::fmt;
 use std::future::Future;
 use std::mem;
 use std::pin::Pin;
@@ -9,12 +8,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderMap, Method};
-use tower_layer::Layer;
 use tower_service::Service;
 
 use super::builder::Retry;
 use super::future::{serve, Attempt};
-use crate::bulkhead::adaptive::{Classify, HttpOverload};
+use crate::bulkhead::adaptive::{ClassifiedLayer, ClassifiedService, Classify, HttpOverload};
 use crate::head::ResponseHead;
 use crate::BoxError;
 
@@ -62,65 +60,13 @@ impl RetryRequest for reqwest::Request {
 /// [`layer_with`](Retry::layer_with)), `K` judging which answers are transient.
 ///
 /// Every service this layer makes, and every clone of them, shares the [`Retry`]'s budget.
-pub struct RetryLayer<K = HttpOverload> {
-    pub(super) retry: Retry,
-    pub(super) classifier: Arc<K>,
-}
-
-impl<K> Clone for RetryLayer<K> {
-    fn clone(&self) -> Self {
-        Self {
-            retry: self.retry.clone(),
-            classifier: Arc::clone(&self.classifier),
-        }
-    }
-}
-
-impl<K> fmt::Debug for RetryLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryLayer")
-            .field("retry", &self.retry)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, K> Layer<S> for RetryLayer<K> {
-    type Service = RetryService<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RetryService {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
+pub type RetryLayer<K = HttpOverload> = ClassifiedLayer<Retry, K>;
 
 /// A service whose calls are retried; made by [`RetryLayer`].
 ///
 /// The inner service must be `Clone`: a call takes the readied service with it, to call it
 /// again for each retry once it is ready.
-pub struct RetryService<S, K = HttpOverload> {
-    inner: S,
-    layer: RetryLayer<K>,
-}
-
-impl<S: Clone, K> Clone for RetryService<S, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K> fmt::Debug for RetryService<S, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryService")
-            .field("inner", &self.inner)
-            .field("retry", &self.layer.retry)
-            .finish()
-    }
-}
+pub type RetryService<S, K = HttpOverload> = ClassifiedService<S, Retry, K>;
 
 /// The response future of [`RetryService`]: the first attempt, then each backoff and retry.
 pub type ResponseFuture<Res> = Pin<Box<dyn Future<Output = Result<Res, BoxError>> + Send>>;
@@ -143,7 +89,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let shared = Arc::clone(&self.layer.retry.shared);
+        let shared = Arc::clone(&self.layer.handle.shared);
         // The readied service goes with the call; this handle keeps a clone.
         let clone = self.inner.clone();
         let mut service = mem::replace(&mut self.inner, clone);
@@ -152,7 +98,7 @@ where
         .then(|| request.try_clone())
         .flatten();
         shared.budget.deposit();
-        shared.metrics.attempt(Attempt::First);
+        shared.metrics.attempt(&shared.name, Attempt::First);
         let first = service.call(request);
         let classifier = Arc::clone(&self.layer.classifier);
         Box::pin(serve(first, service, spare, shared, classifier))
