@@ -4,7 +4,7 @@
 use crate::counting;
 
 use crate::common::recorded::{counter, find, gauge, recorded_by};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 use metrics_util::MetricKind;
 use tower_bulwark::observe::Observed;
 use tower_bulwark::{clock::ManualClock, KeyedRateLimiter, Limiter, Quota};
@@ -182,6 +182,7 @@ impl tower::Service<http::Request<()>> for Inner {
 #[cfg(feature = "axum")]
 #[test]
 fn the_layers_admitted_path_allocates_nothing_but_its_headers() {
+    use metrics_util::debugging::DebuggingRecorder;
     use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
     use tower_bulwark::DirectRateLimiter;
 

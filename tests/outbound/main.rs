@@ -9,7 +9,7 @@ mod counting;
 mod answer_order;
 #[cfg(feature = "adaptive")]
 mod breaker;
-#[cfg(feature = "metrics")]
+#[cfg(all(feature = "adaptive", feature = "metrics"))]
 mod breaker_events;
 #[cfg(all(feature = "adaptive", feature = "grpc"))]
 mod breaker_grpc;
@@ -28,7 +28,7 @@ mod hostile_client_quota;
 mod hostile_in_flight;
 mod hostile_refusal_times;
 mod hostile_support;
-#[cfg(feature = "metrics")]
+#[cfg(all(feature = "metrics", feature = "reqwest"))]
 mod metered;
 #[cfg(feature = "metrics")]
 mod metrics;
