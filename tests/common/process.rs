@@ -1,7 +1,7 @@
 //! What the tests of one binary share because it belongs to the process: the panic hook, the
 //! `tracing` dispatcher and the cores. Each is installed once and serves every test that asks.
 
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::{Arc, Mutex, Once, PoisonError};
 
 /// Keeps the panics a test plans, those whose message starts with `prefix`, out of the test
 /// output; any other panic is still reported. One hook serves every prefix of the binary.
@@ -57,3 +57,34 @@ pub fn thread_subscriber(
 /// healthy answers to rise), which one of them running beside another on two cores can starve:
 /// the tests of one binary run side by side in one process.
 pub static BOTH_CORES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Collects what a `tracing` subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a DEBUG subscriber on this thread writes while `run` runs.
+pub fn debug_events(run: impl FnOnce()) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    {
+        let _guard = thread_subscriber(subscriber);
+        run();
+    }
+    let text = captured.0.lock().unwrap().clone();
+    String::from_utf8(text).unwrap()
+}

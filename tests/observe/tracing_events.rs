@@ -3,44 +3,11 @@
 //! the binary's other tests reach the same call sites on theirs (see
 //! `common::process::thread_subscriber`).
 
-use std::sync::{Arc, Mutex};
-
 use http::StatusCode;
 use tower_bulwark::config::Registry;
 
-use crate::common::process::thread_subscriber;
+use crate::common::process::debug_events;
 use crate::orders::{get_orders, router, runtime, ORDERS_CONFIG};
-
-/// Collects what a `tracing` subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// What a DEBUG subscriber on this thread writes while `run` runs.
-fn debug_events(run: impl FnOnce()) -> String {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    {
-        let _guard = thread_subscriber(subscriber);
-        run();
-    }
-    let text = captured.0.lock().unwrap().clone();
-    String::from_utf8(text).unwrap()
-}
 
 #[test]
 fn a_refused_request_is_a_debug_event_naming_its_policies_with_limiters_built_in_code() {

@@ -340,33 +340,11 @@ fn attempts_and_retries_not_made_are_counted() {
     assert_eq!(seen, want);
 }
 
-/// Collects what a `tracing` subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A retry not made is a `debug` event on `tower_bulwark::retry` naming the dependency and the
 /// reason: the budget, or a wait longer than `max_wait` (with the wait asked).
 #[test]
 fn a_retry_not_made_is_a_debug_event_with_its_reason() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    {
-        let _guard = crate::common::process::thread_subscriber(subscriber);
+    let text = crate::common::process::debug_events(|| {
         crate::common::paused_runtime().block_on(async {
             let partner = retry()
                 .budget(0.0, 0, Duration::from_secs(1))
@@ -377,8 +355,7 @@ fn a_retry_not_made_is_a_debug_event_with_its_reason() {
             client.clone().oneshot(get()).await.unwrap();
             client.oneshot(get()).await.unwrap();
         });
-    }
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    });
     let events: Vec<_> = text
         .lines()
         .filter(|l| l.contains("retry not made"))
