@@ -64,6 +64,20 @@ pub(crate) fn after(waited: Duration, asked: Duration, n: u32) -> bool {
     waited >= asked && waited <= asked + Duration::from_millis(50 << (n - 1))
 }
 
+/// One GET through `partner`'s layer around `dependency`, which must answer.
+async fn call<S>(partner: &Retry, dependency: S) -> Response<()>
+where
+    S: Service<Request<String>, Response = Response<()>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    partner
+        .layer()
+        .layer(dependency)
+        .oneshot(get())
+        .await
+        .unwrap()
+}
+
 pub(crate) fn get() -> Request<String> {
     Request::get("http://partner/").body(String::new()).unwrap()
 }
@@ -149,12 +163,7 @@ async fn a_wait_longer_than_max_wait_ends_the_call_with_the_answer() {
         .build()
         .unwrap();
     let start = Instant::now();
-    let response = partner
-        .layer()
-        .layer(dependency)
-        .oneshot(get())
-        .await
-        .unwrap();
+    let response = call(&partner, dependency).await;
     assert_eq!(response.status(), 429);
     assert_eq!(response.headers()["retry-after"], "6");
     assert_eq!((calls.count(), start.elapsed()), (1, Duration::ZERO));
@@ -171,12 +180,7 @@ async fn attempts_stop_at_max_attempts_after_bounded_backoffs() {
         .backoff(Duration::from_millis(100), Duration::from_millis(300))
         .build()
         .unwrap();
-    let response = partner
-        .layer()
-        .layer(dependency)
-        .oneshot(get())
-        .await
-        .unwrap();
+    let response = call(&partner, dependency).await;
     assert_eq!(response.status(), 503);
     let at = calls.at();
     assert_eq!(at.len(), 4);
@@ -343,12 +347,7 @@ async fn hostile_retry_after_values_are_handled_as_documented() {
             .backoff(Duration::ZERO, Duration::ZERO)
             .build()
             .unwrap();
-        let response = partner
-            .layer()
-            .layer(dependency)
-            .oneshot(get())
-            .await
-            .unwrap();
+        let response = call(&partner, dependency).await;
         let at = calls.at();
         match retried_after {
             None => assert_eq!(
