@@ -65,8 +65,5 @@ pub(super) fn build_breaker(
         .given(s.slow_call_duration, B::slow_call_duration)
         .given(s.open_for, B::open_for)
         .given(s.half_open_calls, |b, n| b.half_open_calls(n.0));
-    let at = |e: crate::SettingError| {
-        ConfigError::new(format!("breakers.{name}.{}", e.setting()), e.to_string())
-    };
-    builder.build().map_err(at)
+    (builder.build()).map_err(|e| ConfigError::setting(&format!("breakers.{name}"), &e))
 }

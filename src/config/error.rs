@@ -29,6 +29,13 @@ impl ConfigError {
         }
     }
 
+    /// A builder's refusal of a setting, at the field of the same name under `path` (the
+    /// builders name their settings as the file names its fields).
+    #[cfg(feature = "adaptive")]
+    pub(crate) fn setting(path: &str, error: &crate::SettingError) -> Self {
+        Self::new(format!("{path}.{}", error.setting()), error.to_string())
+    }
+
     /// The text of the file at `path`, or the error naming the file that cannot be read.
     pub(crate) fn read(path: &std::path::Path) -> Result<String, Self> {
         std::fs::read_to_string(path)

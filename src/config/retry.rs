@@ -61,7 +61,7 @@ impl RetrySettings {
             .max_wait(self.max_wait)
             .budget(self.ratio, self.min_per_second, self.window)
             .build()
-            .map_err(|e| ConfigError::new(format!("{path}.{}", e.setting()), e.to_string()))
+            .map_err(|e| ConfigError::setting(path, &e))
     }
 }
 

@@ -1,4 +1,4 @@
-//! The error of a call the breaker refused, and of a breaker's bad setting.
+//! The error of a call the breaker refused.
 
 use std::fmt;
 use std::sync::Arc;
