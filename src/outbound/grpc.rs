@@ -11,6 +11,8 @@ use http::HeaderMap;
 use prost::Message;
 use tonic::Code;
 
+use crate::head::{GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_STATUS_DETAILS_BIN};
+
 /// `grpc-status-details-bin` as gRPC writes it: standard base64, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
     &alphabet::STANDARD,
@@ -54,16 +56,16 @@ fn retry_info_delay(details: &[u8]) -> Option<Duration> {
 /// The delay a trailers-only gRPC answer's headers ask for, if they hold a `grpc-status` that
 /// asks for one. A `grpc-status-details-bin` that is not base64 or not a `Status` is ignored.
 pub(crate) fn hold(headers: &HeaderMap) -> Option<Duration> {
-    let code = Code::from_bytes(headers.get("grpc-status")?.as_bytes());
-    let details = headers.get("grpc-status-details-bin");
+    let code = Code::from_bytes(headers.get(GRPC_STATUS)?.as_bytes());
+    let details = headers.get(GRPC_STATUS_DETAILS_BIN);
     let details = details.and_then(|value| BASE64.decode(value.as_bytes()).ok());
-    let pushback = headers.get("grpc-retry-pushback-ms").map(|v| v.as_bytes());
+    let pushback = headers.get(GRPC_RETRY_PUSHBACK_MS).map(|v| v.as_bytes());
     delay(code, details.as_deref().unwrap_or_default(), pushback)
 }
 
 /// The delay a `tonic::Status` asks for, as [`hold`] reads it from headers.
 pub(crate) fn status_delay(status: &tonic::Status) -> Option<Duration> {
-    let pushback = status.metadata().get("grpc-retry-pushback-ms");
+    let pushback = status.metadata().get(GRPC_RETRY_PUSHBACK_MS.as_str());
     delay(
         status.code(),
         status.details(),

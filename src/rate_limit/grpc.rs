@@ -15,21 +15,16 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use base64::Engine;
 use bytes::{BufMut, Bytes};
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 use tonic::Code;
 
 use super::headers::{refusal_headers, set_index};
 use super::refusal::Refusal;
-use crate::head::RequestHead;
-
-/// gRPC's retry pushback (A6): milliseconds to wait, or a negative value for "do not retry".
-const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-// Named once: a name given as a `&str` is parsed again at each insert.
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-const GRPC_STATUS_DETAILS_BIN: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+use crate::head::{
+    RequestHead, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_STATUS_DETAILS_BIN,
+};
 
 /// Whether `request` is a gRPC call: its content type is `application/grpc`, alone or with a
 /// `+format` or parameters (whatever the HTTP version: an HTTP/1.1 request claiming gRPC is

@@ -139,7 +139,7 @@ impl<R: ResponseHead> Classify<R> for HttpOverload {
     fn classify(&self, result: Result<&R, &BoxError>) -> Verdict {
         match result {
             #[cfg(feature = "grpc")]
-            Ok(response) if response.headers().contains_key("grpc-status") => {
+            Ok(response) if response.headers().contains_key(crate::head::GRPC_STATUS) => {
                 grpc_verdict(response.headers())
             }
             Ok(response) => Self::classify_status(response.status()),
@@ -153,7 +153,7 @@ impl<R: ResponseHead> Classify<R> for HttpOverload {
 /// is a healthy sample (the dependency answered in its own time).
 #[cfg(feature = "grpc")]
 fn grpc_verdict(headers: &http::HeaderMap) -> Verdict {
-    let code = headers.get("grpc-status").map(|v| v.as_bytes());
+    let code = headers.get(crate::head::GRPC_STATUS).map(|v| v.as_bytes());
     match code {
         Some(b"4" | b"8" | b"14") => Verdict::Overloaded,
         _ => Verdict::Healthy,

@@ -70,12 +70,13 @@ where
     K: Classify<Res>,
 {
     match result {
-        Ok(response) if forbids_retry(response.headers()) => None,
         // An open breaker fails calls fast on purpose; after its time it is half-open, where
         // all but a few probes are refused again.
         Err(error) if chain(&**error).any(|e| e.is::<BreakerOpen>()) => None,
-        Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded)
-            .then(|| answer::wait(&shared.name, response.status(), response.headers())),
+        // A gRPC pushback that says not to retry is read only where a retry is in question.
+        Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded
+            && !forbids_retry(response.headers()))
+        .then(|| answer::wait(&shared.name, response.status(), response.headers())),
         Err(error) => retry_after(&**error).or_else(|| {
             let overloaded = classifier.classify(Err(error)) == Verdict::Overloaded;
             (overloaded && !never_sent(&**error)).then_some(Duration::ZERO)
@@ -86,7 +87,7 @@ where
 /// Whether the answer says not to retry: a `grpc-retry-pushback-ms` that is not a count of
 /// milliseconds (negative, or unreadable), as gRPC's retry design (A6) reads it.
 fn forbids_retry(headers: &http::HeaderMap) -> bool {
-    let pushback = headers.get("grpc-retry-pushback-ms");
+    let pushback = headers.get(crate::head::GRPC_RETRY_PUSHBACK_MS);
     pushback.is_some_and(|v| {
         v.to_str()
             .map_or(true, |t| t.trim().parse::<u64>().is_err())
