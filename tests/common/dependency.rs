@@ -20,20 +20,6 @@ pub async fn mount(server: &MockServer, matcher: impl Match + 'static, answer: R
         .await;
 }
 
-/// The pushback and the client quota named `name` in `registry`, in that order around a
-/// `reqwest::Client`.
-#[cfg(all(feature = "config", feature = "reqwest"))]
-pub fn configured_client(
-    registry: &tower_bulwark::config::Registry,
-    name: &str,
-) -> tower::util::BoxCloneService<reqwest::Request, reqwest::Response, tower_bulwark::BoxError> {
-    let client = tower::ServiceBuilder::new()
-        .layer(registry.pushback(name).unwrap().layer())
-        .layer(registry.client_quota_layer(name).unwrap())
-        .service(reqwest::Client::new());
-    tower::util::BoxCloneService::new(client)
-}
-
 /// Has `server` answer the first request `matcher` matches with `answer`, before any other
 /// answer mounted for it; later ones go to those.
 pub async fn mount_once(
@@ -60,4 +46,18 @@ pub async fn mount_fallback(
 pub async fn received(server: &MockServer, route: &str) -> usize {
     let requests = server.received_requests().await.unwrap();
     requests.iter().filter(|r| r.url.path() == route).count()
+}
+
+/// The pushback and the client quota named `name` in `registry`, in that order around a
+/// `reqwest::Client`.
+#[cfg(all(feature = "config", feature = "reqwest"))]
+pub fn configured_client(
+    registry: &tower_bulwark::config::Registry,
+    name: &str,
+) -> tower::util::BoxCloneService<reqwest::Request, reqwest::Response, tower_bulwark::BoxError> {
+    let client = tower::ServiceBuilder::new()
+        .layer(registry.pushback(name).unwrap().layer())
+        .layer(registry.client_quota_layer(name).unwrap())
+        .service(reqwest::Client::new());
+    tower::util::BoxCloneService::new(client)
 }

@@ -1,5 +1,7 @@
 //! What the tests of one binary share because it belongs to the process: the panic hook, the
 //! `tracing` dispatcher and the cores. Each is installed once and serves every test that asks.
+//! With them, what a test's own `tracing` subscriber on its thread saw: the text a DEBUG one
+//! writes ([`debug_events`]), or the events of one target ([`TargetEvents`]).
 
 use std::sync::{Arc, Mutex, Once, PoisonError};
 
