@@ -40,7 +40,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::routing::get;
 use axum::Router;
 use http::header::HOST;
-use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{GlobalKey, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -100,7 +100,7 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
                 HeaderKey::new(HOST)?,
                 KeyedRateLimiter::new(never),
             )?;
-            let all = Policy::global("all", DirectRateLimiter::new(never))?;
+            let all = Policy::new("all", GlobalKey, DirectRateLimiter::new(never))?;
             hello.route_layer(RateLimitLayer::new(per_ip(never)?.and(per_host).and(all)))
         }
         "bulwark-cost-by" => {

@@ -111,7 +111,7 @@ use std::error::Error;
 use std::time::Duration;
 
 #[cfg(feature = "adaptive")]
-pub use self::breaker::{Breaker, BreakerLayer, BreakerOpen};
+pub use self::breaker::{Breaker, BreakerOpen};
 pub use self::pushback::{Pushback, PushbackLayer, PushedBack};
 pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 

@@ -96,13 +96,11 @@ impl<P, M> RateLimitLayer<P, M> {
     ///
     /// ```
     /// use tower_bulwark::head::RequestHead;
-    /// use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
+    /// use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
     /// use tower_bulwark::{DirectRateLimiter, Quota};
     ///
-    /// let layer = RateLimitLayer::new(Policy::global(
-    ///     "all",
-    ///     DirectRateLimiter::new(Quota::per_second(100)?),
-    /// )?)
+    /// let limiter = DirectRateLimiter::new(Quota::per_second(100)?);
+    /// let layer = RateLimitLayer::new(Policy::new("all", GlobalKey, limiter)?)
     /// .exempt(|head: &RequestHead| head.uri.path() == "/health");
     /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(())

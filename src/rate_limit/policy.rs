@@ -17,7 +17,7 @@ use crate::{decision::Decision, Limiter, Quota};
 /// ```
 /// use std::net::IpAddr;
 ///
-/// use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
+/// use tower_bulwark::rate_limit::{GlobalKey, HeaderKey, PeerIp, Policy, RateLimitLayer};
 /// use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 ///
 /// // Ten per second per client IP, a thousand per day per API key, 500 per second in all:
@@ -30,7 +30,7 @@ use crate::{decision::Decision, Limiter, Quota};
 /// )?
 /// // A search costs five permits of this policy, anything else one.
 /// .cost_by(|request| if request.uri.path() == "/search" { 5 } else { 1 });
-/// let all = Policy::global("all", DirectRateLimiter::new(Quota::per_second(500)?))?;
+/// let all = Policy::new("all", GlobalKey, DirectRateLimiter::new(Quota::per_second(500)?))?;
 /// let layer = RateLimitLayer::new(per_ip.and(per_key).and(all));
 /// # let _ = layer;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -121,18 +121,6 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
     pub(crate) fn info(&self) -> PolicyInfo {
         let quota = self.limiter.quota();
         PolicyInfo::new(&self.name, quota, self.shadow, self.settle.clone())
-    }
-}
-
-impl<L: Limiter<()>> Policy<super::GlobalKey, L> {
-    /// A policy that puts every request in one budget ([`GlobalKey`](super::GlobalKey)): a cap
-    /// on the whole route.
-    ///
-    /// # Errors
-    ///
-    /// [`PolicyError`] for a name that [`new`](Self::new) refuses.
-    pub fn global(name: impl Into<String>, limiter: L) -> Result<Self, PolicyError> {
-        Self::new(name, super::GlobalKey, limiter)
     }
 }
 

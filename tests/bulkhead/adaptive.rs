@@ -21,6 +21,7 @@ use super::adaptive_support::{
     assert_panics_were_no_samples, gated, limits, ms, on_manual_clock, recording, with_changes,
     Recorder,
 };
+use crate::common::dependency::answering;
 use crate::common::response;
 
 const MS: Duration = Duration::from_millis(1);
@@ -448,25 +449,19 @@ fn any_tower_http_classifier_can_decide() {
 
 #[tokio::test]
 async fn a_real_reqwest_client_against_wiremock_is_classified() {
-    use wiremock::matchers::path;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::ResponseTemplate;
 
-    let server = MockServer::start().await;
-    for (route, status) in [
-        ("/ok", 200),
-        ("/busy", 503),
-        ("/slow-down", 429),
-        ("/broken", 500),
-    ] {
-        Mock::given(path(route))
-            .respond_with(ResponseTemplate::new(status))
-            .mount(&server)
-            .await;
-    }
-    Mock::given(path("/hang"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
-        .mount(&server)
-        .await;
+    let server = answering([
+        ("/ok", ResponseTemplate::new(200)),
+        ("/busy", ResponseTemplate::new(503)),
+        ("/slow-down", ResponseTemplate::new(429)),
+        ("/broken", ResponseTemplate::new(500)),
+        (
+            "/hang",
+            ResponseTemplate::new(200).set_delay(Duration::from_secs(30)),
+        ),
+    ])
+    .await;
     // A port nobody listens on.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -839,22 +834,17 @@ async fn in_the_documented_stack_a_timeout_above_and_503s_below_are_overload() {
     use tower_bulwark::limiter::DirectRateLimiter;
     use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
     use tower_bulwark::Quota;
-    use wiremock::matchers::path;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::ResponseTemplate;
 
-    let server = MockServer::start().await;
-    Mock::given(path("/slow"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
-        .mount(&server)
-        .await;
-    Mock::given(path("/busy"))
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
-    Mock::given(path("/ok"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = answering([
+        (
+            "/slow",
+            ResponseTemplate::new(200).set_delay(Duration::from_secs(30)),
+        ),
+        ("/busy", ResponseTemplate::new(503)),
+        ("/ok", ResponseTemplate::new(200)),
+    ])
+    .await;
 
     // retry → timeout → pushback → client quota → adaptive bulkhead → client
     let recorder = Recorder::default();
@@ -924,16 +914,13 @@ impl tower::retry::Policy<reqwest::Request, reqwest::Response, BoxError> for NoR
 #[tokio::test]
 async fn a_tower_http_classifier_judges_a_reqwest_client_as_it_is() {
     use tower_http::classify::StatusInRangeAsFailures;
-    use wiremock::matchers::path;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::ResponseTemplate;
 
-    let server = MockServer::start().await;
-    for (route, status) in [("/ok", 200), ("/failed", 500)] {
-        Mock::given(path(route))
-            .respond_with(ResponseTemplate::new(status))
-            .mount(&server)
-            .await;
-    }
+    let server = answering([
+        ("/ok", ResponseTemplate::new(200)),
+        ("/failed", ResponseTemplate::new(500)),
+    ])
+    .await;
     let recorder = Recorder::default();
     let bulkhead = AdaptiveBulkhead::builder("partner")
         .algorithm(recorder.clone())

@@ -11,18 +11,34 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{
-    AdaptiveBulkhead, Aimd, Gradient, LimitAlgorithm, LimitChanged, Limits, Sample, Verdict,
+    AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Gradient, LimitAlgorithm, LimitChanged,
+    Limits, Sample, Verdict,
 };
 use tower_bulwark::bulkhead::BulkheadFull;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
-    assert_panics_were_no_samples, gated, limits, ms, on_manual_clock, recording, with_changes,
-    ChangeLog, Recorder,
+    assert_panics_were_no_samples, gated, gated_client, limits, ms, on_manual_clock, recording,
+    with_changes, ChangeLog, Recorder,
 };
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
+
+/// The builder of [`on_manual_clock`], on Gradient where `gradient` says so (AIMD, the default,
+/// where not), and its clock.
+fn aimd_or_gradient(
+    name: &str,
+    limits: Limits,
+    gradient: bool,
+) -> (AdaptiveBulkheadBuilder, ManualClock) {
+    let (builder, clock) = on_manual_clock(name, limits);
+    if gradient {
+        (builder.algorithm(Gradient::default()), clock)
+    } else {
+        (builder, clock)
+    }
+}
 
 // ---- Samples that lie: calls admitted under a higher limit ----
 
@@ -33,14 +49,8 @@ use crate::common::response;
 #[tokio::test]
 async fn calls_admitted_under_a_higher_limit_do_not_make_the_lowered_limit_grow() {
     for gradient in [false, true] {
-        let (mut builder, clock) = on_manual_clock("stale", limits(1, 10, 100));
-        if gradient {
-            builder = builder.algorithm(Gradient::default());
-        }
-        let (bulkhead, changes) = with_changes(builder);
-        let mut client = ServiceBuilder::new()
-            .layer(bulkhead.layer())
-            .service(gated());
+        let (builder, clock) = aimd_or_gradient("stale", limits(1, 10, 100), gradient);
+        let (bulkhead, changes, mut client) = gated_client(builder);
         // Nine calls in flight under a limit of 10: the limit is never reached.
         let mut calls: Vec<_> = (0..9)
             .map(|_| {
@@ -227,14 +237,8 @@ fn one_absurd_instant_does_not_freeze_the_limit() {
 #[tokio::test]
 async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
     for gradient in [false, true] {
-        let (mut builder, clock) = on_manual_clock("light", limits(1, 4, 256));
-        if gradient {
-            builder = builder.algorithm(Gradient::default());
-        }
-        let (bulkhead, changes) = with_changes(builder);
-        let mut client = ServiceBuilder::new()
-            .layer(bulkhead.layer())
-            .service(gated());
+        let (builder, clock) = aimd_or_gradient("light", limits(1, 4, 256), gradient);
+        let (bulkhead, changes, mut client) = gated_client(builder);
         for _ in 0..2_000 {
             // Three calls of four at once, then they end.
             let gates: Vec<_> = (0..3)
@@ -260,10 +264,7 @@ async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
 #[tokio::test]
 async fn a_flood_of_samples_at_one_instant_moves_the_limit_at_most_once() {
     let (builder, clock) = on_manual_clock("flood", limits(1, 1000, 5000));
-    let (bulkhead, changes) = with_changes(builder);
-    let mut client = ServiceBuilder::new()
-        .layer(bulkhead.layer())
-        .service(gated());
+    let (bulkhead, changes, mut client) = gated_client(builder);
     for status in [200, 200, 503] {
         let n = bulkhead.limit();
         let gates: Vec<_> = (0..n)
@@ -756,10 +757,7 @@ fn the_gauge_follows_every_move_and_calls_are_counted() {
 #[tokio::test]
 async fn calls_dropped_before_their_first_poll_are_no_sample() {
     let (builder, clock) = on_manual_clock("unpolled", limits(1, 100, 100));
-    let (bulkhead, changes) = with_changes(builder);
-    let mut client = ServiceBuilder::new()
-        .layer(bulkhead.layer())
-        .service(gated());
+    let (bulkhead, changes, mut client) = gated_client(builder);
     for _ in 0..10 {
         let (_gate, rx) = oneshot::channel::<u16>();
         let call = client.ready().await.unwrap().call(rx);

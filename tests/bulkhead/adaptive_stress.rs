@@ -175,14 +175,18 @@ enum Cancelled {
     Ignore,
 }
 
-async fn storm(
-    algorithm: impl LimitAlgorithm,
-    tracker: Tracker,
-    samples: Arc<AtomicU64>,
+/// Storms an adaptive bulkhead within `limits` on the algorithm `algorithm` makes of the
+/// tracker of calls in flight and the count of samples it is to keep up to date, and asserts
+/// what must hold after it.
+async fn storm<A: LimitAlgorithm>(
     limits: Limits,
+    algorithm: impl FnOnce(Tracker, Arc<AtomicU64>) -> A,
     cancelled: Cancelled,
     overload_every: u64,
 ) {
+    let tracker = Tracker::new(limits.initial());
+    let samples = Arc::new(AtomicU64::new(0));
+    let algorithm = algorithm(tracker.clone(), samples.clone());
     let _cores = BOTH_CORES.lock().await;
     quiet_panics_starting_with(PANIC_MESSAGE);
     let seen = Arc::new(Seen::default());
@@ -277,40 +281,38 @@ async fn storm(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_jumping_on_every_sample_never_over_admits_nor_leaks() {
-    let limits = Limits::new(1, 6, 12).unwrap();
-    let tracker = Tracker::new(limits.initial());
-    let samples = Arc::new(AtomicU64::new(0));
-    let chaos = Chaos {
+    let chaos = |tracker, samples| Chaos {
         state: 0x2545_F491_4F6C_DD1D,
-        tracker: tracker.clone(),
-        samples: samples.clone(),
+        tracker,
+        samples,
     };
-    storm(chaos, tracker, samples, limits, Cancelled::Overload, 1).await;
+    let limits = Limits::new(1, 6, 12).unwrap();
+    storm(limits, chaos, Cancelled::Overload, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aimd_under_a_storm_never_over_admits_nor_leaks() {
-    let limits = Limits::new(1, 8, 16).unwrap();
-    let tracker = Tracker::new(limits.initial());
-    let samples = Arc::new(AtomicU64::new(0));
-    let aimd = Reporting {
+    let aimd = |tracker, samples| Reporting {
         algorithm: Aimd::default(),
-        tracker: tracker.clone(),
-        samples: samples.clone(),
+        tracker,
+        samples,
     };
-    storm(aimd, tracker, samples, limits, Cancelled::Overload, 1).await;
+    storm(Limits::new(1, 8, 16).unwrap(), aimd, Cancelled::Overload, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gradient_under_a_storm_never_over_admits_nor_leaks() {
-    let limits = Limits::new(2, 8, 16).unwrap();
-    let tracker = Tracker::new(limits.initial());
-    let samples = Arc::new(AtomicU64::new(0));
     // Round trips here are scheduling noise; only errors should bring the limit down.
-    let gradient = Reporting {
+    let gradient = |tracker, samples| Reporting {
         algorithm: Gradient::default().latency_tolerance(1e9).unwrap(),
-        tracker: tracker.clone(),
-        samples: samples.clone(),
+        tracker,
+        samples,
     };
-    storm(gradient, tracker, samples, limits, Cancelled::Ignore, 8).await;
+    storm(
+        Limits::new(2, 8, 16).unwrap(),
+        gradient,
+        Cancelled::Ignore,
+        8,
+    )
+    .await;
 }

@@ -60,6 +60,22 @@ pub fn with_changes(builder: AdaptiveBulkheadBuilder) -> (AdaptiveBulkhead, Chan
     (bulkhead, seen)
 }
 
+/// The bulkhead `builder` builds, with its changes logged by [`with_changes`], the log, and a
+/// client of [`gated`] calls through it.
+pub fn gated_client(
+    builder: AdaptiveBulkheadBuilder,
+) -> (
+    AdaptiveBulkhead,
+    ChangeLog,
+    impl Service<oneshot::Receiver<u16>, Response = http::Response<()>, Error = BoxError>,
+) {
+    let (bulkhead, changes) = with_changes(builder);
+    let client = tower::ServiceBuilder::new()
+        .layer(bulkhead.layer())
+        .service(gated());
+    (bulkhead, changes, client)
+}
+
 /// The outcome of each call as it finished.
 pub type Outcomes = Arc<Mutex<Vec<CallOutcome>>>;
 

@@ -85,3 +85,25 @@ pub fn request(how: &str) -> Request<Body> {
         .body(Body::empty())
         .unwrap()
 }
+
+/// Asserts that the policy `streams`, four streams at once per tenant (`Policy::concurrent`),
+/// admitted a stream with `status` and `headers`, and told it `left` are left.
+pub fn assert_stream_admitted(status: http::StatusCode, headers: &HeaderMap, left: u64) {
+    let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(header("ratelimit"), format!("\"streams\";r={left}"));
+    assert_eq!(
+        header("ratelimit-policy"),
+        "\"streams\";q=4;qu=\"concurrent-requests\""
+    );
+}
+
+/// Asserts that the policy `streams` refused a stream at once with `status` and `headers`,
+/// telling it `qu="concurrent-requests"` and to come back in a second.
+pub fn assert_stream_refused(status: http::StatusCode, headers: &HeaderMap) {
+    let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+    assert_eq!(status, http::StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header("retry-after"), "1");
+    assert_eq!(header("ratelimit"), "\"streams\";r=0");
+    assert!(header("ratelimit-policy").contains("qu=\"concurrent-requests\""));
+}

@@ -1,12 +1,14 @@
 //! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
 //! with one await point, polling by hand, a runtime with paused time and a dependency's answer
-//! here; an HTTP listener and the rate-limit headers parsed in [`listener`]; the panic hook and
-//! the `tracing` dispatcher that a binary's tests share in [`process`]; private Redis servers in
-//! [`redis_server`]; what a test's own `metrics` recorder saw in `recorded`. Each binary's `main.rs` takes them with
+//! here; a mock dependency in [`dependency`]; an HTTP listener and the rate-limit headers parsed
+//! in [`listener`]; the panic hook and the `tracing` dispatcher that a binary's tests share in
+//! [`process`]; private Redis servers in [`redis_server`]; what a test's own `metrics` recorder
+//! saw in `recorded`. Each binary's `main.rs` takes them with
 //! `#[path = "../common/mod.rs"] mod common;`.
 
 #![allow(dead_code)] // Not every test binary uses every helper.
 
+pub mod dependency;
 pub mod held_stream;
 pub mod listener;
 pub mod process;
@@ -283,4 +285,26 @@ where
         let err = refusal(service, request()).await;
         assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
     }
+}
+
+/// How many times in a row `admit` answers true: what a limiter whose check `admit` makes still
+/// admits now (it takes them all).
+pub fn admitted_until_refused(mut admit: impl FnMut() -> bool) -> u64 {
+    let mut n = 0;
+    while admit() {
+        n += 1;
+        assert!(n < 1_000_000, "a limiter that never refuses");
+    }
+    n
+}
+
+/// What each of `threads` returned, once all of them have ended (a panic in one fails the test).
+pub fn joined<T>(threads: Vec<std::thread::JoinHandle<T>>) -> Vec<T> {
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Asserts that at least `least` has passed since `start`: a wait the dependency asked for, kept.
+pub fn assert_waited_since(start: std::time::Instant, least: std::time::Duration) {
+    let waited = start.elapsed();
+    assert!(waited >= least, "waited {waited:?}, not {least:?}");
 }

@@ -1,5 +1,7 @@
 //! What the tests of one binary share because it belongs to the process: the panic hook, the
 //! `tracing` dispatcher and the cores. Each is installed once and serves every test that asks.
+//! With them, what a test's own `tracing` subscriber on its thread saw: the text a DEBUG one
+//! writes ([`debug_events`]), or the events of one target ([`TargetEvents`]).
 
 use std::sync::{Arc, Mutex, Once, PoisonError};
 
@@ -87,4 +89,71 @@ pub fn debug_events(run: impl FnOnce()) -> String {
     }
     let text = captured.0.lock().unwrap().clone();
     String::from_utf8(text).unwrap()
+}
+
+/// The lines of `text` (what [`debug_events`] captured) that contain `needle`.
+pub fn lines_with<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.contains(needle)).collect()
+}
+
+/// Asserts that `needle` stands in `text` exactly once.
+pub fn assert_once(text: &str, needle: &str) {
+    assert_eq!(text.matches(needle).count(), 1, "{needle:?} once in {text}");
+}
+
+/// The events of one `tracing` target that a test's own subscriber saw (install it with
+/// [`thread_subscriber`]): each its level and its fields, ` name=value` each.
+#[derive(Clone)]
+pub struct TargetEvents {
+    target: &'static str,
+    seen: Arc<Mutex<Vec<(tracing::Level, String)>>>,
+}
+
+impl TargetEvents {
+    /// A subscriber to the events of `target`, none seen yet.
+    pub fn new(target: &'static str) -> Self {
+        let seen = Arc::default();
+        Self { target, seen }
+    }
+
+    /// The events seen so far, in order.
+    pub fn seen(&self) -> Vec<(tracing::Level, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many of the events seen so far have fields that contain `what`.
+    pub fn count(&self, what: &str) -> usize {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(_, fields)| fields.contains(what))
+            .count()
+    }
+}
+
+/// Writes each field of an event as ` name=value`.
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for TargetEvents {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == self.target
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = String::new();
+        event.record(&mut Fields(&mut fields));
+        let level = *event.metadata().level();
+        self.seen.lock().unwrap().push((level, fields));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }

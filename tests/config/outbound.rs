@@ -351,20 +351,16 @@ fn a_file_without_the_client_quota_s_limiter_is_refused() {
 #[cfg(feature = "reqwest")]
 #[tokio::test]
 async fn a_registry_stack_around_reqwest_obeys_the_partner_and_keeps_its_quota() {
-    use tower::ServiceBuilder;
-    use wiremock::matchers::method;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use crate::common::dependency::{answering, configured_client};
+    use wiremock::ResponseTemplate;
 
-    let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "30"))
-        .mount(&server)
-        .await;
+    let server = answering([(
+        "/",
+        ResponseTemplate::new(429).insert_header("retry-after", "30"),
+    )])
+    .await;
     let registry = Registry::from_toml_str(PARTNER).unwrap();
-    let client = ServiceBuilder::new()
-        .layer(registry.pushback("partner").unwrap().layer())
-        .layer(registry.client_quota_layer("partner").unwrap())
-        .service(reqwest::Client::new());
+    let client = configured_client(&registry, "partner");
     let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
 
     let response = client.clone().oneshot(get()).await.unwrap();

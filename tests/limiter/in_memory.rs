@@ -74,11 +74,8 @@ fn race(threads: usize, f: impl Fn(usize) -> bool + Send + Sync + 'static) -> us
             })
         })
         .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .filter(|&allowed| allowed)
-        .count()
+    let allowed = crate::common::joined(handles);
+    allowed.into_iter().filter(|&allowed| allowed).count()
 }
 
 fn exact_under_contention<A: Algorithm>(refill: Duration) {

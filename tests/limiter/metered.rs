@@ -143,13 +143,8 @@ fn racing_holds_and_settles_add_up_to_the_quota() {
             })
         })
         .collect();
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    let mut left = 0;
-    while limiter.check(&"a").allowed {
-        left += 1;
-    }
+    crate::common::joined(threads);
+    let left = crate::common::admitted_until_refused(|| limiter.check(&"a").allowed);
     let spent = u64::from(spent.load(Ordering::Relaxed));
     assert_settled_plus_left_is_the_quota::<Metered>(1000, spent, left);
     assert_eq!(held.load(Ordering::Relaxed), 1000);

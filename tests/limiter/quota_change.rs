@@ -6,7 +6,6 @@ use crate::common::for_every_algorithm;
 use crate::common::keyed_on;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -193,6 +192,26 @@ fn a_change_through_the_boxed_and_observed_limiter_reaches_the_limiter() {
     assert_eq!(admitted(&limiter, 7, 10), 3);
 }
 
+/// Runs `flip` while `threads` threads each call `decide` with their index, over and over until
+/// `flip` has returned: the permits the calls answered that they took, in all.
+fn taken_while(threads: u64, decide: impl Fn(u64) -> u64 + Sync, flip: impl FnOnce()) -> u64 {
+    let taken = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (taken, done, decide) = (&taken, &done, &decide);
+            s.spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    taken.fetch_add(decide(t), Ordering::Relaxed);
+                }
+            });
+        }
+        flip();
+        done.store(true, Ordering::Relaxed);
+    });
+    taken.into_inner()
+}
+
 /// Threads take single permits and pairs of one key, at one instant, while another thread
 /// flips the quota between 10 per second and 20 per 2 s (the same emission interval, so that
 /// GCRA counts exactly too): the key never holds more than 20, and once the quota stays at 20,
@@ -203,31 +222,20 @@ fn racing_changes_at_one_instant<A: Algorithm>() {
     let small = per(10, Duration::from_secs(1));
     let large = per(20, Duration::from_secs(2));
     let limiter = keyed::<A>(small, &clock);
-    let taken = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let deciders: Vec<_> = (0..3)
-        .map(|t| {
-            let limiter = limiter.clone();
-            let taken = Arc::clone(&taken);
-            let done = Arc::clone(&done);
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    let cost = 1 + (t % 2);
-                    if limiter.check_n(&1, cost).unwrap().allowed {
-                        taken.fetch_add(u64::from(cost), Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for i in 0..2_000 {
-        limiter.set_quota(if i % 2 == 0 { large } else { small });
-    }
-    done.store(true, Ordering::Relaxed);
-    for d in deciders {
-        d.join().unwrap();
-    }
-    let during = taken.load(Ordering::Relaxed) as u32;
+    let decide = |t: u64| {
+        let cost = 1 + (t % 2) as u32;
+        let allowed = limiter.check_n(&1, cost).unwrap().allowed;
+        if allowed {
+            u64::from(cost)
+        } else {
+            0
+        }
+    };
+    let during = taken_while(3, decide, || {
+        for i in 0..2_000 {
+            limiter.set_quota(if i % 2 == 0 { large } else { small });
+        }
+    }) as u32;
     let name = std::any::type_name::<A>();
     assert!(
         during <= 20,
@@ -250,37 +258,17 @@ fn racing_changes_while_time_runs<A: Algorithm>() {
     let small = per(10, Duration::from_secs(1));
     let large = per(20, Duration::from_secs(2));
     let limiter = keyed::<A>(small, &clock);
-    let admitted_total = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let deciders: Vec<_> = (0..2)
-        .map(|_| {
-            let limiter = limiter.clone();
-            let admitted_total = Arc::clone(&admitted_total);
-            let done = Arc::clone(&done);
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    for key in 0..4 {
-                        if limiter.check(&key).allowed {
-                            admitted_total.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
+    let decide = |_| (0..4).filter(|key| limiter.check(key).allowed).count() as u64;
     let steps = 3_000u64;
     let step = Duration::from_millis(7);
-    for i in 0..steps {
-        clock.advance(step);
-        limiter.set_quota(if i % 3 == 0 { large } else { small });
-    }
-    done.store(true, Ordering::Relaxed);
-    for d in deciders {
-        d.join().unwrap();
-    }
+    let total = taken_while(2, decide, || {
+        for i in 0..steps {
+            clock.advance(step);
+            limiter.set_quota(if i % 3 == 0 { large } else { small });
+        }
+    });
     let span = step.as_millis() as u64 * steps;
     let bound = 4 * 20 * (span / 1000 + 2);
-    let total = admitted_total.load(Ordering::Relaxed);
     assert!(
         total <= bound,
         "{}: {total} admitted over {span} ms, more than {bound}",
@@ -378,16 +366,23 @@ mod redis_store {
         count
     }
 
-    async fn nine_of_ten_then_twenty<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    /// A limiter of `A` in Redis, its refusals cached, for `permits` a second, on a manual clock
+    /// `at` seconds from its origin, and the clock.
+    fn per_second_at<A: RedisAlgorithm>(
+        store: &RedisStore,
+        permits: u32,
+        at: u64,
+        prefix: &str,
+    ) -> (RedisRateLimiter, ManualClock) {
         let clock = ManualClock::new();
-        clock.advance(Duration::from_secs(1_000));
-        let limiter = propagating_limiter::<A>(
-            store,
-            per(10, Duration::from_secs(1)),
-            &clock,
-            prefix,
-            Refusals::Cached,
-        );
+        clock.advance(Duration::from_secs(at));
+        let quota = per(permits, Duration::from_secs(1));
+        let limiter = propagating_limiter::<A>(store, quota, &clock, prefix, Refusals::Cached);
+        (limiter, clock)
+    }
+
+    async fn nine_of_ten_then_twenty<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+        let (limiter, _clock) = per_second_at::<A>(store, 10, 1_000, prefix);
         assert_eq!(admitted(&limiter, "k", 9).await, 9);
         // A refusal is cached; the change must forget it.
         let other = limiter.clone();
@@ -409,15 +404,7 @@ mod redis_store {
 
     /// A longer period must not strand a window key in a window that lies years away.
     async fn longer_period_stays_sane<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
-        let clock = ManualClock::new();
-        clock.advance(Duration::from_secs(1_000_000));
-        let limiter = propagating_limiter::<A>(
-            store,
-            per(5, Duration::from_secs(1)),
-            &clock,
-            prefix,
-            Refusals::Cached,
-        );
+        let (limiter, clock) = per_second_at::<A>(store, 5, 1_000_000, prefix);
         assert_eq!(admitted(&limiter, "k", 3).await, 3);
         limiter.set_quota(per(5, Duration::from_secs(60))).unwrap();
         // The 3 stay counted in the minute that holds them.

@@ -45,13 +45,8 @@ fn racing_settles_add_up_to_the_quota<A: Algorithm>() {
             })
         })
         .collect();
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    let mut left = 0;
-    while limiter.check(&"tenant").allowed {
-        left += 1;
-    }
+    crate::common::joined(threads);
+    let left = crate::common::admitted_until_refused(|| limiter.check(&"tenant").allowed);
     assert_settled_plus_left_is_the_quota::<A>(1000, spent.load(Ordering::Relaxed), left);
 }
 

@@ -183,7 +183,7 @@ impl tower::Service<http::Request<()>> for Inner {
 #[test]
 fn the_layers_admitted_path_allocates_nothing_but_its_headers() {
     use metrics_util::debugging::DebuggingRecorder;
-    use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+    use tower_bulwark::rate_limit::{GlobalKey, PeerIp, Policy, RateLimitLayer};
     use tower_bulwark::DirectRateLimiter;
 
     let recorder = DebuggingRecorder::new();
@@ -200,8 +200,9 @@ fn the_layers_admitted_path_allocates_nothing_but_its_headers() {
             .unwrap()
         };
         let all = || {
-            Policy::global(
+            Policy::new(
                 "all",
+                GlobalKey,
                 Observed::new(
                     "all",
                     DirectRateLimiter::new(Quota::per_second(1_000_000).unwrap()),

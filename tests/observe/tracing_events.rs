@@ -6,7 +6,7 @@
 use http::StatusCode;
 use tower_bulwark::config::Registry;
 
-use crate::common::process::debug_events;
+use crate::common::process::{assert_once, debug_events, lines_with};
 use crate::orders::{get_orders, router, runtime, ORDERS_CONFIG};
 
 #[test]
@@ -32,10 +32,7 @@ fn a_refused_request_is_a_debug_event_naming_its_policies_with_limiters_built_in
             assert_eq!(get_orders(&app).await, StatusCode::TOO_MANY_REQUESTS);
         })
     });
-    let refusals: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("rate limit: refusing the request"))
-        .collect();
+    let refusals = lines_with(&text, "rate limit: refusing the request");
     assert_eq!(refusals.len(), 1, "{text}");
     assert!(refusals[0].contains("DEBUG"), "{}", refusals[0]);
     assert!(
@@ -65,10 +62,7 @@ fn each_refusal_is_a_debug_event_with_name_key_and_delay_unless_keys_are_hidden(
             assert_eq!(get_orders(&private).await, StatusCode::TOO_MANY_REQUESTS);
         });
     });
-    let refusals: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("rate limit refused a request"))
-        .collect();
+    let refusals = lines_with(&text, "rate limit refused a request");
     assert_eq!(refusals.len(), 2, "{text}");
     let api = refusals.iter().find(|l| l.contains("limiter=api")).unwrap();
     assert!(api.contains("DEBUG"), "{api}");
@@ -151,11 +145,7 @@ fn an_unreadable_usage_is_one_log_line_naming_the_policy() {
     let logged = debug_events(|| call(Some("12")));
     assert!(!logged.contains(unreadable), "{logged}");
     let logged = debug_events(|| call(Some("panic")));
-    assert_eq!(
-        logged.matches("settle function panicked").count(),
-        1,
-        "{logged}"
-    );
+    assert_once(&logged, "settle function panicked");
     assert!(logged.contains("ERROR"), "{logged}");
 }
 
@@ -180,18 +170,10 @@ fn a_malformed_token_field_is_one_log_line() {
         ("x-ratelimit-remaining-tokens", "0"),
         ("x-ratelimit-reset-tokens", "soon"),
     ]);
-    assert_eq!(
-        malformed.matches("malformed rate-limit field").count(),
-        1,
-        "{malformed}"
-    );
+    assert_once(&malformed, "malformed rate-limit field");
     let capped = observe(&[
         ("x-ratelimit-remaining-tokens", "0"),
         ("x-ratelimit-reset-tokens", "6m0s"),
     ]);
-    assert_eq!(
-        capped.matches("longer hold than max_hold").count(),
-        1,
-        "{capped}"
-    );
+    assert_once(&capped, "longer hold than max_hold");
 }

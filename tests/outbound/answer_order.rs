@@ -328,15 +328,14 @@ struct Busy {
 /// worker told to wait sleeps that long and calls again. For `seconds` of tokio's paused time.
 fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_bulwark::{Policy, Quota, RateLimitLayer};
+    use tower_bulwark::{GlobalKey, Policy, Quota, RateLimitLayer};
 
     paused_runtime().block_on(async move {
         let limiter = tokio_direct(Quota::per_second(5).unwrap());
-        let server = RateLimitLayer::new(Policy::global("per-client", limiter).unwrap()).layer(
-            service_fn(|_: http::Request<()>| async {
+        let server = RateLimitLayer::new(Policy::new("per-client", GlobalKey, limiter).unwrap())
+            .layer(service_fn(|_: http::Request<()>| async {
                 Ok::<_, BoxError>(Response::new(bytes::Bytes::new()))
-            }),
-        );
+            }));
         let rng = Arc::new(Mutex::new(crate::common::Rng(seed | 1)));
         let (admitted, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let path = {
@@ -408,7 +407,7 @@ fn calls_counted_in_the_dependencys_own_order_never_go_out_into_a_refusal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_with_one_pooled_client_never_call_into_a_refusal() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_bulwark::{DirectRateLimiter, Policy, Quota, RateLimitLayer};
+    use tower_bulwark::{DirectRateLimiter, GlobalKey, Policy, Quota, RateLimitLayer};
 
     let rng = Arc::new(Mutex::new(crate::common::Rng(0x5EED)));
     let delay = move || {
@@ -418,7 +417,12 @@ async fn workers_with_one_pooled_client_never_call_into_a_refusal() {
     let app = axum::Router::new()
         .route("/items", axum::routing::get(|| async { "items" }))
         .route_layer(RateLimitLayer::new(
-            Policy::global("all", DirectRateLimiter::new(Quota::per_second(5).unwrap())).unwrap(),
+            Policy::new(
+                "all",
+                GlobalKey,
+                DirectRateLimiter::new(Quota::per_second(5).unwrap()),
+            )
+            .unwrap(),
         ))
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {

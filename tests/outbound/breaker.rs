@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::Response;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_bulwark::clock::{ManualClock, TokioClock};
+use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
 use tower_bulwark::outbound::breaker::{
     Breaker, BreakerBuilder, BreakerOpen, BreakerState, Window,
 };
@@ -33,6 +33,25 @@ pub(crate) fn answering(breaker: &Breaker) -> (Client, Arc<AtomicUsize>) {
         BoxCloneService::new(breaker.layer().layer(dependency)),
         reached,
     )
+}
+
+/// The breaker `partner` on `clock` with a window of the last `seconds`, opening once it holds
+/// `minimum` calls.
+fn time_window(clock: impl Clock, seconds: u32, minimum: u32) -> Breaker {
+    Breaker::builder("partner")
+        .window(Window::Seconds(seconds))
+        .minimum_calls(minimum)
+        .clock(clock)
+        .build()
+        .unwrap()
+}
+
+/// The breaker `partner` of [`builder`] on `clock` and `calls`, and an [`answering`] client
+/// through it, with its counter.
+fn answering_breaker(clock: &ManualClock, calls: u32) -> (Breaker, Client, Arc<AtomicUsize>) {
+    let breaker = builder("partner", clock, calls).build().unwrap();
+    let (client, reached) = answering(&breaker);
+    (breaker, client, reached)
 }
 
 /// A breaker named `name` on `clock` with a count window of `calls`, all needed, and 2 probes.
@@ -67,8 +86,7 @@ fn open_until(secs: f64) -> BreakerState {
 #[tokio::test]
 async fn thirty_five_percent_failures_stay_below_a_fifty_percent_threshold() {
     let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 20).build().unwrap();
-    let (client, reached) = answering(&breaker);
+    let (breaker, client, reached) = answering_breaker(&clock, 20);
     // 7 failures in 20 calls, spread out, over and over: 35 %, never 50 %.
     for round in 0..5 {
         for i in 0..20 {
@@ -82,8 +100,7 @@ async fn thirty_five_percent_failures_stay_below_a_fifty_percent_threshold() {
 #[tokio::test]
 async fn it_opens_exactly_at_the_threshold_once_the_window_holds_minimum_calls() {
     let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 10).build().unwrap();
-    let (client, _) = answering(&breaker);
+    let (breaker, client, _) = answering_breaker(&clock, 10);
     // Below `minimum_calls`, even nine failures in nine calls open nothing.
     for _ in 0..9 {
         through(&client, 503).await;
@@ -91,8 +108,7 @@ async fn it_opens_exactly_at_the_threshold_once_the_window_holds_minimum_calls()
     assert_eq!(breaker.state(), BreakerState::Closed);
     // Fresh breaker: 6 successes then 4 failures, 40 %; the next failure pushes the oldest
     // success out of the window of 10: 5 of 10, exactly 50 %.
-    let breaker = builder("partner", &clock, 10).build().unwrap();
-    let (sliding, _) = answering(&breaker);
+    let (breaker, sliding, _) = answering_breaker(&clock, 10);
     for status in [200, 200, 200, 200, 200, 200, 503, 429, 504, 503] {
         through(&sliding, status).await;
     }
@@ -104,8 +120,7 @@ async fn it_opens_exactly_at_the_threshold_once_the_window_holds_minimum_calls()
 #[tokio::test]
 async fn a_500_and_other_statuses_are_the_dependencys_answers_not_failures() {
     let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 4).build().unwrap();
-    let (client, _) = answering(&breaker);
+    let (breaker, client, _) = answering_breaker(&clock, 4);
     for status in [500, 404, 400, 502, 500, 500] {
         through(&client, status).await;
     }
@@ -149,32 +164,24 @@ async fn slow_calls_open_it_at_the_slow_call_rate() {
 
 #[tokio::test]
 async fn a_time_window_forgets_calls_older_than_its_seconds() {
-    let window = |clock: &ManualClock| {
-        Breaker::builder("partner")
-            .window(Window::Seconds(10))
-            .minimum_calls(4)
-            .clock(clock.clone())
-            .build()
-            .unwrap()
+    // A breaker of a 10 s window that saw three failures in second 0, its clock and client.
+    let three_failed = || async {
+        let clock = ManualClock::new();
+        let breaker = time_window(clock.clone(), 10, 4);
+        let (client, _) = answering(&breaker);
+        for _ in 0..3 {
+            through(&client, 503).await;
+        }
+        (clock, breaker, client)
     };
     // Three failures in second 0 are still in the window at 9.999 s: the fourth opens it.
-    let clock = ManualClock::new();
-    let breaker = window(&clock);
-    let (client, _) = answering(&breaker);
-    for _ in 0..3 {
-        through(&client, 503).await;
-    }
+    let (clock, breaker, client) = three_failed().await;
     clock.advance(Duration::from_millis(9_999));
     through(&client, 503).await;
     assert_eq!(breaker.state(), open_until(10.999));
 
     // At 10 s, second 0 has left the window: three more failures are three of three.
-    let clock = ManualClock::new();
-    let breaker = window(&clock);
-    let (later, _) = answering(&breaker);
-    for _ in 0..3 {
-        through(&later, 503).await;
-    }
+    let (clock, breaker, later) = three_failed().await;
     clock.advance(Duration::from_secs(10));
     for _ in 0..3 {
         through(&later, 503).await;
@@ -369,12 +376,7 @@ impl tower_bulwark::clock::Clock for Jumpy {
 async fn a_clock_that_jumps_back_never_panics_nor_shortens_the_open_time() {
     let clock = Jumpy::default();
     let at = |secs: u64| clock.0.store(secs * 1_000_000_000, Ordering::SeqCst);
-    let breaker = Breaker::builder("partner")
-        .window(Window::Seconds(5))
-        .minimum_calls(3)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let breaker = time_window(clock.clone(), 5, 3);
     let (client, _) = answering(&breaker);
     for secs in [100, 3, 50] {
         at(secs);

@@ -1,7 +1,6 @@
 //! A circuit breaker's events and metrics (feature `metrics`): one `tracing` event per
 //! transition, and the calls by outcome and the state as a recorder sees them.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_util::debugging::DebuggingRecorder;
@@ -9,41 +8,12 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::outbound::breaker::BreakerState;
 
 use crate::breaker::{answering, builder, refused, through};
+use crate::common::process::TargetEvents;
 use crate::common::recorded::{counter, gauge, series};
-
-/// The events of target `tower_bulwark::breaker`, each as its level and fields.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-struct Fields<'a>(&'a mut String);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={value:?}", field.name()));
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target() == "tower_bulwark::breaker"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = event.metadata().level().to_string();
-        event.record(&mut Fields(&mut line));
-        self.0.lock().unwrap().push(line);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
 
 #[test]
 fn each_transition_is_an_event_and_the_metrics_follow_the_calls() {
-    let events = Events::default();
+    let events = TargetEvents::new("tower_bulwark::breaker");
     let _guard = crate::common::process::thread_subscriber(events.clone());
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -63,7 +33,9 @@ fn each_transition_is_an_event_and_the_metrics_follow_the_calls() {
             assert_eq!(breaker.state(), BreakerState::Closed);
         })
     });
-    let events = events.0.lock().unwrap().clone();
+    let events: Vec<String> = (events.seen().into_iter())
+        .map(|(level, fields)| format!("{level}{fields}"))
+        .collect();
     assert_eq!(events.len(), 3, "{events:#?}");
     assert!(events[0].starts_with("WARN message=circuit breaker opened breaker=\"events\" from=\"closed\" to=\"open\" calls=4 failure_rate=0.75 slow_call_rate=0.0 open_for=1s until=1s"), "{}", events[0]);
     assert!(events[1].starts_with("INFO message=circuit breaker is half-open breaker=\"events\" from=\"open\" to=\"half-open\""), "{}", events[1]);

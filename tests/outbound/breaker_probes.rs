@@ -49,6 +49,15 @@ async fn open_then_half_open(breaker: &Breaker, clock: &ManualClock) {
     assert_eq!(breaker.state(), BreakerState::HalfOpen);
 }
 
+/// A breaker of two calls, half-open (two probes), and a [`held`] client through it.
+async fn half_open_and_held() -> (Breaker, Held, Arc<AtomicUsize>) {
+    let clock = ManualClock::new();
+    let breaker = builder("partner", &clock, 2).build().unwrap();
+    open_then_half_open(&breaker, &clock).await;
+    let (client, reached) = held(&breaker);
+    (breaker, client, reached)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_tasks_get_exactly_the_half_open_calls() {
     const TASKS: usize = 64;
@@ -127,10 +136,7 @@ async fn refused(client: &Held) -> bool {
 
 #[tokio::test]
 async fn a_probe_dropped_at_any_point_frees_its_place_exactly_once() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
-    open_then_half_open(&breaker, &clock).await;
-    let (client, reached) = held(&breaker);
+    let (breaker, client, reached) = half_open_and_held().await;
 
     // Two probes in flight, inside the dependency; a third call is refused.
     let (first_answer, question) = oneshot::channel();
@@ -171,10 +177,7 @@ async fn a_probe_dropped_at_any_point_frees_its_place_exactly_once() {
 
 #[tokio::test]
 async fn a_probe_whose_dependency_fails_without_a_verdict_frees_its_place() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
-    open_then_half_open(&breaker, &clock).await;
-    let (client, reached) = held(&breaker);
+    let (breaker, client, reached) = half_open_and_held().await;
     for _ in 0..5 {
         // The sender dropped: the dependency fails with an error that says nothing of its load.
         let (_, question) = oneshot::channel();

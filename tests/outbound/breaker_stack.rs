@@ -17,7 +17,9 @@ use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState, Windo
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
 use wiremock::matchers::path;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
+
+use crate::common::dependency::{answering, mount};
 
 type Client = BoxCloneService<reqwest::Request, reqwest::Response, BoxError>;
 
@@ -54,13 +56,25 @@ async fn received(server: &MockServer) -> usize {
     server.received_requests().await.unwrap().len()
 }
 
+/// Asserts that `client` refuses each of ten GETs of `route` with the error `E`.
+async fn assert_ten_refused<E: std::error::Error + 'static>(
+    client: &Client,
+    server: &MockServer,
+    route: &str,
+) {
+    for _ in 0..10 {
+        let err = client
+            .clone()
+            .oneshot(get(server, route))
+            .await
+            .unwrap_err();
+        assert!(err.is::<E>(), "{err}");
+    }
+}
+
 #[tokio::test]
 async fn a_dead_dependency_opens_it_then_probes_find_it_healthy_again() {
-    let server = MockServer::start().await;
-    Mock::given(path("/"))
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = answering([("/", ResponseTemplate::new(503))]).await;
     let clock = ManualClock::new();
     let breaker = breaker(&clock);
     let client = stack(&breaker, 1_000, Duration::from_secs(5));
@@ -83,10 +97,7 @@ async fn a_dead_dependency_opens_it_then_probes_find_it_healthy_again() {
 
     // Healthy again: after `open_for`, three probes succeed and it closes.
     server.reset().await;
-    Mock::given(path("/"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    mount(&server, path("/"), ResponseTemplate::new(200)).await;
     clock.advance(Duration::from_secs(1));
     for _ in 0..10 {
         let response = client.clone().oneshot(get(&server, "/")).await.unwrap();
@@ -97,11 +108,8 @@ async fn a_dead_dependency_opens_it_then_probes_find_it_healthy_again() {
 
 #[tokio::test]
 async fn a_dependency_that_never_answers_is_cut_by_the_timeout_and_opens_it() {
-    let server = MockServer::start().await;
-    Mock::given(path("/hang"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(60)))
-        .mount(&server)
-        .await;
+    let hang = ResponseTemplate::new(200).set_delay(Duration::from_secs(60));
+    let server = answering([("/hang", hang)]).await;
     let clock = ManualClock::new();
     let breaker = breaker(&clock);
     let client = stack(&breaker, 1_000, Duration::from_millis(100));
@@ -125,15 +133,14 @@ async fn a_dependency_that_never_answers_is_cut_by_the_timeout_and_opens_it() {
 
 #[tokio::test]
 async fn refusals_of_the_layers_below_are_not_counted() {
-    let server = MockServer::start().await;
-    Mock::given(path("/limited"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "60"))
-        .mount(&server)
-        .await;
-    Mock::given(path("/busy"))
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = answering([
+        (
+            "/limited",
+            ResponseTemplate::new(429).insert_header("retry-after", "60"),
+        ),
+        ("/busy", ResponseTemplate::new(503)),
+    ])
+    .await;
     let clock = ManualClock::new();
 
     // One 429, then the pushback holds every call: one failure counted, no more.
@@ -145,14 +152,7 @@ async fn refusals_of_the_layers_below_are_not_counted() {
         .await
         .unwrap();
     assert_eq!(response.status(), 429);
-    for _ in 0..10 {
-        let err = client
-            .clone()
-            .oneshot(get(&server, "/limited"))
-            .await
-            .unwrap_err();
-        assert!(err.is::<PushedBack>(), "{err}");
-    }
+    assert_ten_refused::<PushedBack>(&client, &server, "/limited").await;
     assert_eq!(limited.state(), BreakerState::Closed);
 
     // One 503, then the client quota (one call an hour) refuses every call.
@@ -160,14 +160,7 @@ async fn refusals_of_the_layers_below_are_not_counted() {
     let client = stack(&busy, 1, Duration::from_secs(5));
     let response = client.clone().oneshot(get(&server, "/busy")).await.unwrap();
     assert_eq!(response.status(), 503);
-    for _ in 0..10 {
-        let err = client
-            .clone()
-            .oneshot(get(&server, "/busy"))
-            .await
-            .unwrap_err();
-        assert!(err.is::<QuotaExhausted>(), "{err}");
-    }
+    assert_ten_refused::<QuotaExhausted>(&client, &server, "/busy").await;
     assert_eq!(busy.state(), BreakerState::Closed);
     assert_eq!(received(&server).await, 2);
 }

@@ -2,7 +2,8 @@
 //! give their reservation back when dropped, keys and costs, and a `reqwest::Client` wrapped
 //! directly.
 
-use crate::common::{direct_on, keyed_on};
+use crate::common::dependency::mount;
+use crate::common::{admitted_until_refused, direct_on, keyed_on};
 use crate::common::{tokio_direct, waits_up_to};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -185,10 +186,7 @@ async fn keys_and_costs_come_from_the_request() {
 #[tokio::test]
 async fn it_wraps_a_reqwest_client_directly() {
     let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    mount(&server, method("GET"), ResponseTemplate::new(200)).await;
     let limiter = KeyedRateLimiter::<String>::builder(Quota::per_hour(3).unwrap())
         .clock(ManualClock::new())
         .build();
@@ -354,14 +352,9 @@ fn settled_by_usage_header() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200).insert_header("x-usage-total-tokens", "40"))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let used_40 = ResponseTemplate::new(200).insert_header("x-usage-total-tokens", "40");
+    mount(&server, method("POST"), used_40).await;
+    mount(&server, method("GET"), ResponseTemplate::new(200)).await;
     let (tokens, client) = settled_by_usage_header();
     let url = server.uri();
     let handles: Vec<_> = (0..24)
@@ -379,10 +372,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
     }
     // At least the ten that fit at 100 each went; refused ones spent nothing.
     assert!(sent >= 10, "{sent} sent");
-    let mut left = 0;
-    while tokens.check().allowed {
-        left += 1;
-    }
+    let left = admitted_until_refused(|| tokens.check().allowed);
     assert_eq!(sent * 40 + left, 1000);
 
     // No usage in the answer: the 100 reserved stay spent.
@@ -455,9 +445,6 @@ async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_u
         assert!(!unsettled.settle(0), "a call settles once");
     }
     // 4 · 30 + 100 = 220 used of 1 000.
-    let mut left = 0;
-    while tokens.check().allowed {
-        left += 1;
-    }
+    let left = admitted_until_refused(|| tokens.check().allowed);
     assert_eq!(left, 780);
 }

@@ -7,10 +7,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common::dependency::mount;
 use tower::{Layer, ServiceExt};
 use tower_bulwark::outbound::Pushback;
 use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 /// How long the pushback holds calls after one answer of `status` with `headers`.
 async fn held_after<N: AsRef<str>>(status: u16, headers: &[(N, String)]) -> Duration {
@@ -19,10 +20,7 @@ async fn held_after<N: AsRef<str>>(status: u16, headers: &[(N, String)]) -> Dura
     for (name, value) in headers {
         answer = answer.append_header(name.as_ref(), value.as_str());
     }
-    Mock::given(method("GET"))
-        .respond_with(answer)
-        .mount(&server)
-        .await;
+    mount(&server, method("GET"), answer).await;
     let pushback = Pushback::new("api");
     let client = pushback.layer().layer(reqwest::Client::new());
     let url = server.uri().parse().unwrap();

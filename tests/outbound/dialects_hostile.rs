@@ -104,13 +104,7 @@ fn reset_magnitudes_exactly() {
 /// Resets as Go durations from now, in both families of fields.
 #[test]
 fn resets_as_go_durations() {
-    let cases: &[(&str, Duration)] = &[
-        ("1s", S(1)),
-        ("6m0s", S(360)),
-        ("20ms", MS(20)),
-        ("1h2m3.5s", MS(3_723_500)),
-    ];
-    for (reset, expected) in cases {
+    for (reset, expected) in &go_durations()[..4] {
         for (remaining, reset_field) in [
             ("x-ratelimit-remaining", "x-ratelimit-reset"),
             ("ratelimit-remaining", "ratelimit-reset"),
@@ -240,10 +234,9 @@ fn an_unreadable_reset_after_leaves_the_reset_to_count() {
 // ---------------------------------------------------------------------------------------------
 // OpenAI.
 
-/// Go durations, to the nanosecond, in either OpenAI family.
-#[test]
-fn openai_go_durations_exactly() {
-    let cases: &[(&str, Duration)] = &[
+/// Go durations and the spans they write, to the nanosecond.
+fn go_durations() -> Vec<(&'static str, Duration)> {
+    vec![
         ("1s", S(1)),
         ("6m0s", S(360)),
         ("20ms", MS(20)),
@@ -267,14 +260,19 @@ fn openai_go_durations_exactly() {
             "1s1ms1us1ns",
             S(1) + MS(1) + Duration::from_micros(1) + NS(1),
         ),
-    ];
-    for (reset, expected) in cases {
+    ]
+}
+
+/// Go durations, to the nanosecond, in either OpenAI family.
+#[test]
+fn openai_go_durations_exactly() {
+    for (reset, expected) in go_durations() {
         for family in ["requests", "tokens"] {
             let remaining = format!("x-ratelimit-remaining-{family}");
             let reset_field = format!("x-ratelimit-reset-{family}");
             assert_eq!(
                 held_with(HUGE, 200, &[(&remaining, "0"), (&reset_field, reset)]),
-                *expected,
+                expected,
                 "{reset_field}: {reset}"
             );
         }

@@ -10,39 +10,10 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::outbound::ClientQuotaLayer;
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{BoxError, DirectRateLimiter, Limiter, Quota};
-use wiremock::matchers::path;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::settle_from_body::upstream;
 
 type Tokens = DirectRateLimiter<Metered, ManualClock>;
-
-/// A mock LLM API: `/json` used 30 tokens, `/sse` streams 40, `/busy` is its own 503 without
-/// usage, `/slow` answers after a minute.
-async fn upstream() -> MockServer {
-    let server = MockServer::start().await;
-    let events =
-        "data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_tokens\":40}}\n\ndata: [DONE]\n\n";
-    let answers = [
-        (
-            "/json",
-            200,
-            "application/json",
-            r#"{"usage":{"total_tokens":30}}"#,
-        ),
-        ("/sse", 200, "text/event-stream", events),
-        ("/busy", 503, "application/json", r#"{"error":"busy"}"#),
-    ];
-    for (at, status, content_type, body) in answers {
-        Mock::given(path(at))
-            .respond_with(ResponseTemplate::new(status).set_body_raw(body, content_type))
-            .mount(&server)
-            .await;
-    }
-    Mock::given(path("/slow"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(60)))
-        .mount(&server)
-        .await;
-    server
-}
 
 /// 1 000 tokens an hour, settled exactly, on `clock`.
 fn tokens(clock: &ManualClock) -> Tokens {

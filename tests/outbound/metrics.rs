@@ -268,7 +268,7 @@ fn a_hand_built_client_quota_counts_each_outcome() {
 #[cfg(all(feature = "config", feature = "reqwest"))]
 #[test]
 fn configured_layers_record_under_their_names() {
-    use tower::ServiceBuilder;
+    use crate::common::dependency::{configured_client, mount};
     use tower_bulwark::config::Registry;
     use wiremock::matchers::method;
     use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -291,15 +291,10 @@ limiter = "partner-quota"
             .up_to_n_times(1)
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "30"))
-            .mount(&server)
-            .await;
+        let limited = ResponseTemplate::new(429).insert_header("retry-after", "30");
+        mount(&server, method("GET"), limited).await;
         let registry = Registry::from_toml_str(CONFIG).unwrap();
-        let client = ServiceBuilder::new()
-            .layer(registry.pushback("partner").unwrap().layer())
-            .layer(registry.client_quota_layer("partner").unwrap())
-            .service(reqwest::Client::new());
+        let client = configured_client(&registry, "partner");
         let get = || reqwest::Request::new(reqwest::Method::GET, server.uri().parse().unwrap());
         assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 200);
         assert_eq!(client.clone().oneshot(get()).await.unwrap().status(), 429);

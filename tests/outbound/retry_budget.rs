@@ -6,6 +6,8 @@
 use crate::common::{poll_once, Rng};
 use crate::retry::{get, retry, scripted};
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -189,6 +191,35 @@ fn one_per_call() -> Retry {
         .unwrap()
 }
 
+/// The attempts the dependency counted in `calls`, and the retries `partner`'s budget holds.
+fn sent_and_left(calls: &AtomicUsize, partner: &Retry) -> (usize, u64) {
+    (calls.load(Ordering::SeqCst), partner.budget_available())
+}
+
+/// A call of `get()` through `client`, polled once: it waits.
+fn waiting_call<S: Service<Request<String>>>(
+    client: S,
+) -> Pin<Box<tower::util::Oneshot<S, Request<String>>>> {
+    let mut call = Box::pin(client.oneshot(get()));
+    assert!(poll_once(call.as_mut()).is_pending());
+    call
+}
+
+/// Drops `call`, then asserts that `partner`'s budget holds `available` at once, and that a
+/// minute later the dependency has counted `attempts` in `calls`, no more.
+async fn assert_dropped(
+    call: impl Future,
+    partner: &Retry,
+    available: u64,
+    calls: &AtomicUsize,
+    attempts: usize,
+) {
+    drop(call);
+    assert_eq!(partner.budget_available(), available);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), attempts);
+}
+
 /// Dropped during its first attempt: the deposit stays, nothing is withdrawn, nothing follows.
 #[tokio::test(start_paused = true)]
 async fn dropped_during_the_first_attempt() {
@@ -199,12 +230,8 @@ async fn dropped_during_the_first_attempt() {
         std::future::pending::<Result<Response<()>, BoxError>>()
     });
     let partner = one_per_call();
-    let mut call = Box::pin(partner.layer().layer(hangs).oneshot(get()));
-    assert!(poll_once(call.as_mut()).is_pending());
-    drop(call);
-    assert_eq!(partner.budget_available(), 1);
-    tokio::time::advance(Duration::from_secs(60)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let call = waiting_call(partner.layer().layer(hangs));
+    assert_dropped(call, &partner, 1, &calls, 1).await;
 }
 
 /// Dropped during the backoff: the retry withdrawn for it is given back, and it is never sent.
@@ -212,16 +239,9 @@ async fn dropped_during_the_first_attempt() {
 async fn dropped_during_the_backoff() {
     let (dependency, calls) = first_fails_then_hangs();
     let partner = one_per_call();
-    let mut call = Box::pin(partner.layer().layer(dependency).oneshot(get()));
-    assert!(poll_once(call.as_mut()).is_pending());
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), partner.budget_available()),
-        (1, 0)
-    );
-    drop(call);
-    assert_eq!(partner.budget_available(), 1);
-    tokio::time::advance(Duration::from_secs(60)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let call = waiting_call(partner.layer().layer(dependency));
+    assert_eq!(sent_and_left(&calls, &partner), (1, 0));
+    assert_dropped(call, &partner, 1, &calls, 1).await;
 }
 
 /// Dropped during the retry: the retry was sent, so it stays withdrawn; no third attempt.
@@ -229,20 +249,13 @@ async fn dropped_during_the_backoff() {
 async fn dropped_during_the_retry() {
     let (dependency, calls) = first_fails_then_hangs();
     let partner = one_per_call();
-    let mut call = Box::pin(partner.layer().layer(dependency).oneshot(get()));
-    assert!(poll_once(call.as_mut()).is_pending());
+    let mut call = waiting_call(partner.layer().layer(dependency));
     tokio::time::advance(Duration::from_secs(2)).await;
     assert!(poll_once(call.as_mut()).is_pending());
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), partner.budget_available()),
-        (2, 0)
-    );
+    assert_eq!(sent_and_left(&calls, &partner), (2, 0));
     drop(call);
     tokio::time::advance(Duration::from_secs(60)).await;
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), partner.budget_available()),
-        (2, 0)
-    );
+    assert_eq!(sent_and_left(&calls, &partner), (2, 0));
 }
 
 /// Dropped while the service below gets ready for the retry (a concurrency limit of one, held
@@ -254,17 +267,12 @@ async fn dropped_while_the_service_gets_ready() {
     let client = partner
         .layer()
         .layer(ConcurrencyLimitLayer::new(1).layer(dependency));
-    let mut call = Box::pin(client.clone().oneshot(get()));
-    assert!(poll_once(call.as_mut()).is_pending());
+    let mut call = waiting_call(client.clone());
     // Another call takes the one place below and hangs there.
-    let mut other = Box::pin(client.oneshot(get()));
-    assert!(poll_once(other.as_mut()).is_pending());
+    let other = waiting_call(client);
     tokio::time::advance(Duration::from_secs(2)).await;
     assert!(poll_once(call.as_mut()).is_pending());
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), partner.budget_available()),
-        (2, 1)
-    );
+    assert_eq!(sent_and_left(&calls, &partner), (2, 1));
     drop(call);
     assert_eq!(partner.budget_available(), 2);
     drop(other);
@@ -280,19 +288,14 @@ async fn a_retry_refused_below_before_it_was_sent_is_given_back() {
     let bulkhead = tower_bulwark::bulkhead::Bulkhead::semaphore("partner", 1).build();
     let partner = one_per_call();
     let below = bulkhead.layer().layer(dependency);
-    let mut call = Box::pin(partner.layer().layer(below.clone()).oneshot(get()));
-    assert!(poll_once(call.as_mut()).is_pending());
+    let call = waiting_call(partner.layer().layer(below.clone()));
     assert_eq!(partner.budget_available(), 0, "withdrawn for the retry");
     // Another call, straight to the bulkhead, takes its one place and hangs there.
-    let mut other = Box::pin(below.oneshot(get()));
-    assert!(poll_once(other.as_mut()).is_pending());
+    let _other = waiting_call(below);
     tokio::time::advance(Duration::from_secs(2)).await;
     let err = call.await.unwrap_err();
     assert!(err.is::<tower_bulwark::BulkheadFull>(), "{err}");
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), partner.budget_available()),
-        (2, 1)
-    );
+    assert_eq!(sent_and_left(&calls, &partner), (2, 1));
 }
 
 /// The counters: attempts by kind, and retries not made, by reason.
@@ -356,10 +359,7 @@ fn a_retry_not_made_is_a_debug_event_with_its_reason() {
             client.oneshot(get()).await.unwrap();
         });
     });
-    let events: Vec<_> = text
-        .lines()
-        .filter(|l| l.contains("retry not made"))
-        .collect();
+    let events = crate::common::process::lines_with(&text, "retry not made");
     assert_eq!(events.len(), 2, "{text}");
     for (event, reason) in events
         .iter()

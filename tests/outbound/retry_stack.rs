@@ -13,7 +13,10 @@ use tower_bulwark::outbound::retry::Retry;
 use tower_bulwark::outbound::{Breaker, Pushback};
 use tower_bulwark::BoxError;
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
+
+use crate::common::assert_waited_since;
+use crate::common::dependency::{mount, mount_fallback, mount_once, received};
 
 struct Stack {
     server: MockServer,
@@ -24,33 +27,13 @@ struct Stack {
 impl Stack {
     async fn new() -> Self {
         let server = MockServer::start().await;
-        Mock::given(path("/limited"))
-            .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
-            .up_to_n_times(1)
-            .with_priority(1)
-            .mount(&server)
-            .await;
-        Mock::given(path("/flaky"))
-            .respond_with(ResponseTemplate::new(503))
-            .up_to_n_times(1)
-            .with_priority(1)
-            .mount(&server)
-            .await;
-        Mock::given(path("/silent"))
-            .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
-            .with_priority(1)
-            .mount(&server)
-            .await;
-        Mock::given(method("GET"))
-            .respond_with(ResponseTemplate::new(200))
-            .with_priority(10)
-            .mount(&server)
-            .await;
-        Mock::given(method("POST"))
-            .respond_with(ResponseTemplate::new(503))
-            .with_priority(10)
-            .mount(&server)
-            .await;
+        let limited = ResponseTemplate::new(429).insert_header("retry-after", "1");
+        mount_once(&server, path("/limited"), limited).await;
+        mount_once(&server, path("/flaky"), ResponseTemplate::new(503)).await;
+        let silent = ResponseTemplate::new(200).set_delay(Duration::from_secs(30));
+        mount(&server, path("/silent"), silent).await;
+        mount_fallback(&server, method("GET"), ResponseTemplate::new(200)).await;
+        mount_fallback(&server, method("POST"), ResponseTemplate::new(503)).await;
         let retry = Retry::builder("partner").build().unwrap();
         let breaker = Breaker::builder("partner").build().unwrap();
         Self {
@@ -78,8 +61,7 @@ impl Stack {
     }
 
     async fn received(&self, route: &str) -> usize {
-        let requests = self.server.received_requests().await.unwrap();
-        requests.iter().filter(|r| r.url.path() == route).count()
+        received(&self.server, route).await
     }
 }
 
@@ -91,11 +73,7 @@ async fn a_429_is_retried_after_its_retry_after_through_the_pushback() {
     let start = Instant::now();
     let response = stack.call(reqwest::Method::GET, "/limited").await.unwrap();
     assert_eq!(response.status(), 200);
-    assert!(
-        start.elapsed() >= Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
+    assert_waited_since(start, Duration::from_secs(1));
     assert_eq!(stack.received("/limited").await, 2);
 }
 

@@ -3,6 +3,7 @@
 //! by the answer's `Content-Type`, an error that reports no usage costs nothing, a body dropped
 //! unread keeps the estimate, and the caller gets the answer as the dependency sent it.
 
+use crate::common::dependency::mount;
 use crate::common::direct_on;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::clock::ManualClock;
@@ -10,14 +11,14 @@ use tower_bulwark::outbound::ClientQuotaLayer;
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{algorithm::Gcra, BoxError, DirectRateLimiter, Quota};
 use wiremock::matchers::path;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 const EVENTS: &str = "data: {\"choices\":[{\"delta\":\"hi\"}]}\n\n\
                       data: {\"choices\":[],\"usage\":{\"total_tokens\":40}}\n\ndata: [DONE]\n\n";
 
 /// A mock LLM API: `/json` used 30 tokens, `/sse` streams 40, `/busy` is its own 503 without
-/// usage, `/cut` a 502 that reports 20.
-async fn upstream() -> MockServer {
+/// usage, `/cut` a 502 that reports 20, `/slow` answers after a minute.
+pub(crate) async fn upstream() -> MockServer {
     let server = MockServer::start().await;
     let answers = [
         (
@@ -36,11 +37,11 @@ async fn upstream() -> MockServer {
         ),
     ];
     for (at, status, content_type, body) in answers {
-        Mock::given(path(at))
-            .respond_with(ResponseTemplate::new(status).set_body_raw(body, content_type))
-            .mount(&server)
-            .await;
+        let answer = ResponseTemplate::new(status).set_body_raw(body, content_type);
+        mount(&server, path(at), answer).await;
     }
+    let slow = ResponseTemplate::new(200).set_delay(std::time::Duration::from_secs(60));
+    mount(&server, path("/slow"), slow).await;
     server
 }
 

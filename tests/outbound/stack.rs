@@ -7,7 +7,8 @@
 //! Each test shows one layer doing its part in that position, counted at the mock.
 //! `retry_stack.rs` puts the crate's retry layer on the documented order, timeout innermost.
 
-use crate::common::waits_up_to;
+use crate::common::dependency::{mount, mount_fallback, mount_once, received};
+use crate::common::{assert_waited_since, waits_up_to};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -18,7 +19,7 @@ use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, BulkheadFull, DirectRateLimiter, Quota};
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 /// Retries a 429 or 503 at once (the pushback below holds it), and a refusal that carries a
 /// retry time after that time, if it is at most `longest`; at most `attempts` times.
@@ -80,28 +81,13 @@ impl Default for Settings {
 async fn stack(settings: Settings) -> Stack {
     let server = MockServer::start().await;
     // `/limited` answers its first call with a 429 and `Retry-After: 1`, then 200s.
-    Mock::given(method("GET"))
-        .and(path("/limited"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/long"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "5"))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/slow"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_millis(700)))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .with_priority(10)
-        .mount(&server)
-        .await;
+    let limited = ResponseTemplate::new(429).insert_header("retry-after", "1");
+    mount_once(&server, path("/limited"), limited).await;
+    let long = ResponseTemplate::new(429).insert_header("retry-after", "5");
+    mount(&server, path("/long"), long).await;
+    let slow = ResponseTemplate::new(200).set_delay(Duration::from_millis(700));
+    mount(&server, path("/slow"), slow).await;
+    mount_fallback(&server, method("GET"), ResponseTemplate::new(200)).await;
 
     let pushback = Pushback::builder("partner")
         .max_wait(settings.pushback_wait)
@@ -137,8 +123,7 @@ impl Stack {
     }
 
     async fn received(&self, route: &str) -> usize {
-        let requests = self.server.received_requests().await.unwrap();
-        requests.iter().filter(|r| r.url.path() == route).count()
+        received(&self.server, route).await
     }
 
     /// The permits left in the client quota (taking one to read it).
@@ -155,11 +140,7 @@ async fn pushback_holds_the_retry_of_a_429_and_retry_sends_it_after_retry_after(
     assert_eq!(response.status(), 200);
     // Three attempts: the 429, the retry refused by the pushback (it never left the process),
     // and the call after Retry-After.
-    assert!(
-        start.elapsed() >= Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
+    assert_waited_since(start, Duration::from_secs(1));
     assert_eq!(stack.received("/limited").await, 2);
     // Two permits spent: the refused attempt spent none.
     assert_eq!(stack.quota_left(), 8);
@@ -205,11 +186,7 @@ async fn the_quota_waits_without_a_bulkhead_permit_and_retry_waits_out_its_refus
     let start = Instant::now();
     let third = stack.call("/c").await.unwrap();
     assert_eq!(third.status(), 200);
-    assert!(
-        start.elapsed() >= Duration::from_millis(1500),
-        "{:?}",
-        start.elapsed()
-    );
+    assert_waited_since(start, Duration::from_millis(1500));
     waiting.await.unwrap().unwrap();
     assert_eq!(stack.received("/b").await, 1);
     assert_eq!(stack.received("/c").await, 1);

@@ -13,7 +13,7 @@ use http::{Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
 use tower_bulwark::limiter::BoxLimiter;
-use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::ManualClock,
@@ -75,7 +75,7 @@ fn route(policies: &[(&str, Alg, Quota)], clock: &ManualClock) -> Route {
         policies
             .iter()
             .zip(&limiters)
-            .map(|(&(name, _, _), l)| Policy::global(name, l.clone()).unwrap())
+            .map(|(&(name, _, _), l)| Policy::new(name, GlobalKey, l.clone()).unwrap())
             .collect::<Vec<_>>(),
     );
     let app = Router::new()
@@ -127,6 +127,14 @@ impl Answer {
             "{self:?}"
         );
         Some((params[0].1, params[1].1))
+    }
+
+    /// Asserts that this is a refusal by policy `p`, nothing left, whose `t` and `Retry-After`
+    /// are both `secs`.
+    fn assert_refused_for(&self, secs: i64) {
+        assert_eq!(self.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(self.rt("p"), Some((0, secs)));
+        assert_eq!(self.retry_after, Some(secs));
     }
 
     /// The whole `RateLimit` field as `(name, r, t)`.
@@ -243,10 +251,7 @@ async fn a_burst_above_the_permits_never_reports_more_than_q() {
     let tenth = call(&app).await;
     assert_eq!(tenth.status, StatusCode::OK);
     assert_eq!(tenth.rt("p"), Some((0, 10)));
-    let refused = call(&app).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.rt("p"), Some((0, 1)));
-    assert_eq!(refused.retry_after, Some(1));
+    call(&app).await.assert_refused_for(1);
 }
 
 /// Defect 3: 1000 per hour after one request said `r=999;t=4` (999 requests in 4 s, 250 a
@@ -304,10 +309,7 @@ async fn a_fixed_window_reports_its_cycle_end_capped_by_the_rate() {
         assert_eq!(call(&app).await.status, StatusCode::OK);
     }
     // All ten spent at 50 s: nothing left until the cycle ends at 60 s.
-    let refused = call(&app).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.rt("p"), Some((0, 10)));
-    assert_eq!(refused.retry_after, Some(10));
+    call(&app).await.assert_refused_for(10);
 }
 
 /// The sliding log and the sliding counter late in their window: a permit taken 50 s ago

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::util::MapRequestLayer;
 use tower_bulwark::head::RequestHead;
-use tower_bulwark::rate_limit::{KeyError, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{GlobalKey, KeyError, Policy, RateLimitLayer};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Quota};
 
 /// Set by a layer before the rate limit.
@@ -378,7 +378,7 @@ fn panicking_app(quota: Quota, boom: Boom) -> Router {
         }
         1
     });
-    let first = Policy::global("all", DirectRateLimiter::new(quota)).unwrap();
+    let first = Policy::new("all", GlobalKey, DirectRateLimiter::new(quota)).unwrap();
     let layer = RateLimitLayer::new(first.and(second)).exempt(move |head: &RequestHead<'_>| {
         if matches!(boom, Boom::Exempt) && head.headers.contains_key("x-boom") {
             panic!("exemption panics");

@@ -80,40 +80,17 @@ fn held_app() -> HeldApp {
         escaped_name("three-b"),
         plain_name("three-c"),
     ];
-    let key = || HeaderKey::new("x-k").unwrap();
-    let cost = || header_cost("x-cost".to_owned());
-    let single = Policy::new(
-        one.as_str(),
-        key(),
-        keyed(Quota::per_minute(60).unwrap(), &clock),
-    )
-    .unwrap()
-    .cost_by(cost());
-    let chain = Policy::new(
-        three[0].as_str(),
-        key(),
-        keyed(Quota::per_minute(60).unwrap(), &clock),
-    )
-    .unwrap()
-    .cost_by(cost())
-    .and(
-        Policy::new(
-            three[1].as_str(),
-            key(),
-            keyed(Quota::per_hour(3600).unwrap(), &clock),
-        )
-        .unwrap()
-        .cost_by(cost()),
-    )
-    .and(
-        Policy::new(
-            three[2].as_str(),
-            key(),
-            keyed(Quota::per_second(100).unwrap(), &clock),
-        )
-        .unwrap()
-        .cost_by(cost()),
-    );
+    // A policy named `name` of `quota`, keyed by `x-k` and costing what `x-cost` says.
+    let policy = |name: &str, quota: Quota| {
+        let limiter = keyed(quota, &clock);
+        Policy::new(name, HeaderKey::new("x-k").unwrap(), limiter)
+            .unwrap()
+            .cost_by(header_cost("x-cost".to_owned()))
+    };
+    let single = policy(&one, Quota::per_minute(60).unwrap());
+    let chain = policy(&three[0], Quota::per_minute(60).unwrap())
+        .and(policy(&three[1], Quota::per_hour(3600).unwrap()))
+        .and(policy(&three[2], Quota::per_second(100).unwrap()));
     let app = Router::new()
         .route(
             "/one",

@@ -1,6 +1,7 @@
 //! A client-side quota in Redis: two clients built separately (as two instances of a service
 //! would be), each with its own connection and limiter, share one quota for the partner.
 
+use crate::common::dependency::mount;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{BoxError, Quota};
 use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 /// One "instance": its own Redis connection, limiter and reqwest client.
 async fn instance(
@@ -43,10 +44,7 @@ fn get(server: &MockServer) -> reqwest::Request {
 /// A partner API (a wiremock server) that answers every GET with a 200.
 async fn partner_answering_200() -> MockServer {
     let partner = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&partner)
-        .await;
+    mount(&partner, method("GET"), ResponseTemplate::new(200)).await;
     partner
 }
 

@@ -288,7 +288,7 @@ async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire()
     let Some(mut server) = RedisServer::start_persistent("a_give_back_that_cannot_reach") else {
         return;
     };
-    let failed = crate::faults::Recorder::default();
+    let failed = crate::common::process::TargetEvents::new("tower_bulwark::redis");
     // The test and its give-backs' tasks run on this thread.
     let _guard = crate::common::process::thread_subscriber(failed.clone());
     let clock = ManualClock::new();

@@ -45,7 +45,9 @@ fn held_body(ends: Arc<Semaphore>) -> Body {
     crate::common::held_stream::held_body(ends, Bytes::from("a"), Bytes::from("b"), false)
 }
 
-use crate::common::held_stream::{plain_handler as handler, request};
+use crate::common::held_stream::{
+    assert_stream_admitted, assert_stream_refused, plain_handler as handler, request,
+};
 
 /// Three streams held open, then a request that ends some other way: once its give-back has
 /// reached Redis, three slots are held, not two (it freed its own slot, no other), so exactly
@@ -152,10 +154,6 @@ async fn instance(server: &RedisServer, ends: &Arc<Semaphore>) -> String {
     format!("http://{}/stream", serve(app).await)
 }
 
-fn header(response: &reqwest::Response, name: &str) -> String {
-    response.headers()[name].to_str().unwrap().to_owned()
-}
-
 /// Two instances over real listeners, one Redis, four streams of tenant `t` at once in all:
 /// `reqwest` clients reading streamed bodies get four, each told what is left; the fifth is
 /// refused with `qu="concurrent-requests"` and `Retry-After: 1`; a stream read to its end, or
@@ -175,24 +173,13 @@ async fn two_instances_share_a_keys_slots_over_real_listeners() {
     let mut open = Vec::new();
     for (url, left) in [(&a, 3), (&a, 2), (&a, 1), (&b, 0)] {
         let mut response = get(url).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(
-            header(&response, "ratelimit"),
-            format!("\"streams\";r={left}")
-        );
-        assert_eq!(
-            header(&response, "ratelimit-policy"),
-            "\"streams\";q=4;qu=\"concurrent-requests\""
-        );
+        assert_stream_admitted(response.status(), response.headers(), left);
         assert_eq!(response.chunk().await.unwrap().unwrap(), "a", "streaming");
         open.push(response);
     }
     for url in [&a, &b] {
         let refused = get(url).await.unwrap();
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(header(&refused, "retry-after"), "1");
-        assert_eq!(header(&refused, "ratelimit"), "\"streams\";r=0");
-        assert!(header(&refused, "ratelimit-policy").contains("qu=\"concurrent-requests\""));
+        assert_stream_refused(refused.status(), refused.headers());
     }
     // Read to its end on instance a: its slot goes to instance b.
     ends.add_permits(1);

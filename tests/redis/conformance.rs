@@ -182,12 +182,17 @@ fn says(d: &Decision) -> (bool, u64, u64, Duration, Duration, Duration) {
     (allowed, limit, remaining, retry_after, reset_after, wait)
 }
 
-async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
+/// Replays seeded runs of `A` on each quota against a Redis server of the test's own, named
+/// `test`, and asserts that each kind of step was exercised.
+async fn conform<A: RedisAlgorithm>(test: &str, base_seed: u64) {
+    let Some((_server, store)) = RedisServer::with_store(test).await else {
+        return;
+    };
     let mut total = Exercised::default();
     for (i, quota) in quotas().into_iter().enumerate() {
         for round in 0..3 {
             let seed = base_seed * 1000 + (i as u64) * 10 + round + 1;
-            let seen = run::<A>(store, quota, seed, 0).await;
+            let seen = run::<A>(&store, quota, seed, 0).await;
             total.reservations += seen.reservations;
             total.immediate_refunds += seen.immediate_refunds;
             total.vetoes += seen.vetoes;
@@ -212,52 +217,27 @@ async fn conform<A: RedisAlgorithm>(store: &RedisStore, base_seed: u64) {
 
 #[tokio::test]
 async fn gcra_in_redis_decides_as_in_memory() {
-    let Some((_server, store)) =
-        RedisServer::with_store("gcra_in_redis_decides_as_in_memory").await
-    else {
-        return;
-    };
-    conform::<Gcra>(&store, 1).await;
+    conform::<Gcra>("gcra_in_redis_decides_as_in_memory", 1).await;
 }
 
 #[tokio::test]
 async fn fixed_window_in_redis_decides_as_in_memory() {
-    let Some((_server, store)) =
-        RedisServer::with_store("fixed_window_in_redis_decides_as_in_memory").await
-    else {
-        return;
-    };
-    conform::<FixedWindow>(&store, 2).await;
+    conform::<FixedWindow>("fixed_window_in_redis_decides_as_in_memory", 2).await;
 }
 
 #[tokio::test]
 async fn sliding_log_in_redis_decides_as_in_memory() {
-    let Some((_server, store)) =
-        RedisServer::with_store("sliding_log_in_redis_decides_as_in_memory").await
-    else {
-        return;
-    };
-    conform::<SlidingLog>(&store, 3).await;
+    conform::<SlidingLog>("sliding_log_in_redis_decides_as_in_memory", 3).await;
 }
 
 #[tokio::test]
 async fn metered_in_redis_decides_and_settles_as_in_memory() {
-    let Some((_server, store)) =
-        RedisServer::with_store("metered_in_redis_decides_as_in_memory").await
-    else {
-        return;
-    };
-    conform::<Metered>(&store, 5).await;
+    conform::<Metered>("metered_in_redis_decides_as_in_memory", 5).await;
 }
 
 #[tokio::test]
 async fn sliding_counter_in_redis_decides_as_in_memory() {
-    let Some((_server, store)) =
-        RedisServer::with_store("sliding_counter_in_redis_decides_as_in_memory").await
-    else {
-        return;
-    };
-    conform::<SlidingCounter>(&store, 4).await;
+    conform::<SlidingCounter>("sliding_counter_in_redis_decides_as_in_memory", 4).await;
 }
 
 /// Near the bounds of exact arithmetic in Lua's doubles: a clock close to 2^52 ns and periods of

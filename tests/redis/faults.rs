@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::process::thread_subscriber;
+use crate::common::process::{thread_subscriber, TargetEvents};
 use crate::common::redis_server::{failure_then_open, FakeRedis, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder,
@@ -386,53 +386,12 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
     }
 }
 
-/// A subscriber that keeps the level and message of every event of the Redis limiter.
-#[derive(Clone, Default)]
-pub(crate) struct Recorder(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
-
-impl Recorder {
-    /// How many of the events recorded so far have a message that contains `what`.
-    pub(crate) fn count(&self, what: &str) -> usize {
-        let events = self.0.lock().unwrap();
-        events.iter().filter(|(_, m)| m.contains(what)).count()
-    }
-}
-
-struct Message<'a>(&'a mut String);
-
-impl tracing::field::Visit for Message<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Recorder {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target() == "tower_bulwark::redis"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut message = String::new();
-        event.record(&mut Message(&mut message));
-        let level = *event.metadata().level();
-        self.0.lock().unwrap().push((level, message));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 #[tokio::test]
 async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     let Some(mut server) = RedisServer::start("failures_are_logged") else {
         return;
     };
-    let recorder = Recorder::default();
+    let recorder = TargetEvents::new("tower_bulwark::redis");
     // The test runs on one thread, so a thread-local default subscriber sees every event.
     let _guard = thread_subscriber(recorder.clone());
     let store = RedisStore::connect(&server.url()).await.unwrap();
@@ -443,7 +402,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
         .unwrap();
     assert!(limiter.check(&"k").await.unwrap().allowed);
     assert!(
-        recorder.0.lock().unwrap().is_empty(),
+        recorder.seen().is_empty(),
         "nothing to say while redis answers"
     );
     server.kill();
@@ -452,7 +411,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
     }
     assert_eq!(limiter.counts().failures, 3);
     {
-        let events = recorder.0.lock().unwrap();
+        let events = recorder.seen();
         let levels: Vec<_> = events.iter().map(|(level, _)| *level).collect();
         assert_eq!(
             levels,
@@ -472,7 +431,7 @@ async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
         assert!(start.elapsed() < Duration::from_secs(15), "no reconnection");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let events = recorder.0.lock().unwrap();
+    let events = recorder.seen();
     let last = events.last().unwrap();
     assert_eq!(last.0, tracing::Level::INFO, "{events:?}");
     assert!(last.1.contains("redis answers again"), "{events:?}");

@@ -15,9 +15,9 @@ use crate::bulkhead::CallOutcome;
 use crate::BoxError;
 
 pin_project! {
-    /// Response future of [`AdaptiveBulkheadService`](super::AdaptiveBulkheadService): when the
-    /// inner call ends it is classified into a sample, then its permit is given back; dropped
-    /// before that, it gives the permit back and counts as a cancelled call.
+    /// Response future of a [`ClassifiedService`](super::ClassifiedService) behind an adaptive
+    /// bulkhead: when the inner call ends it is classified into a sample, then its permit is
+    /// given back; dropped before that, it gives the permit back and counts as a cancelled call.
     pub struct ResponseFuture<F, C> {
         // Fields drop in order: a cut call's inner future is gone before its permit frees.
         // Both `None` for a refused call, which holds its error until polled.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::classify::Verdict;
 use super::controller::{Controller, LimitChanged, OnLimitChanged};
-use super::layer::AdaptiveBulkheadLayer;
+use super::layer::ClassifiedLayer;
 use super::limit::{Aimd, LimitAlgorithm, Limits};
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadSnapshot};
 use crate::clock::{Clock, SystemClock};
@@ -99,13 +99,13 @@ impl AdaptiveBulkhead {
 
     /// A layer judging answers with [`HttpOverload`](super::HttpOverload); another classifier
     /// goes to [`layer_with`](Self::layer_with).
-    pub fn layer(&self) -> AdaptiveBulkheadLayer {
+    pub fn layer(&self) -> ClassifiedLayer<Self> {
         self.layer_with(super::HttpOverload::default())
     }
 
     /// A layer judging answers with `classifier`.
-    pub fn layer_with<C>(&self, classifier: C) -> AdaptiveBulkheadLayer<C> {
-        AdaptiveBulkheadLayer::new(self.clone(), classifier)
+    pub fn layer_with<C>(&self, classifier: C) -> ClassifiedLayer<Self, C> {
+        ClassifiedLayer::new(self.clone(), classifier)
     }
 }
 

@@ -22,11 +22,11 @@ use crate::BoxError;
 /// [`Retry`](crate::outbound::retry::Retry), a [`Breaker`](crate::outbound::Breaker)) and the
 /// classifier `K` that judges the answers of the services it makes.
 ///
-/// Each layer and service clones the handle, whose clones share one state; the classifier is
-/// shared behind an `Arc`, so neither needs `K: Clone`. Named by its handle's alias:
-/// [`AdaptiveBulkheadLayer`], [`RetryLayer`](crate::outbound::retry::RetryLayer),
-/// [`BreakerLayer`](crate::outbound::BreakerLayer).
-pub struct ClassifiedLayer<H, K> {
+/// Each layer and service clones the handle, whose clones share one state (an adaptive
+/// bulkhead's one limit, a retry's budget, a breaker's state); the classifier is shared behind an
+/// `Arc`, so neither needs `K: Clone`. Made by each handle's `layer` (judging by
+/// [`HttpOverload`]) and `layer_with` (judging by a classifier of yours).
+pub struct ClassifiedLayer<H, K = HttpOverload> {
     pub(crate) handle: H,
     pub(crate) classifier: Arc<K>,
 }
@@ -69,11 +69,19 @@ impl<S, H: Clone, K> Layer<S> for ClassifiedLayer<H, K> {
     }
 }
 
-/// A service behind the handle `H` of a [`ClassifiedLayer`], which made it. Named by its
-/// handle's alias: [`AdaptiveBulkheadService`],
-/// [`RetryService`](crate::outbound::retry::RetryService),
-/// [`BreakerService`](crate::outbound::breaker::BreakerService).
-pub struct ClassifiedService<S, H, K> {
+/// A service behind the handle `H` of a [`ClassifiedLayer`], which made it.
+///
+/// `poll_ready` only asks the inner service; the handle decides in `call`, and fails with a
+/// [`BoxError`](crate::BoxError) holding the inner service's error or its own refusal:
+///
+/// - behind an [`AdaptiveBulkhead`], the permit is taken in `call` and held until the response
+///   future completes or is dropped; a call that finds the limit reached is refused at once with
+///   [`BulkheadFull`](crate::bulkhead::BulkheadFull);
+/// - behind a [`Breaker`](crate::outbound::Breaker), a call the breaker refuses fails at once
+///   with [`BreakerOpen`](crate::outbound::BreakerOpen), the inner service not called;
+/// - behind a [`Retry`](crate::outbound::retry::Retry), the inner service must be `Clone`: a
+///   call takes the readied service with it, to call it again for each retry once it is ready.
+pub struct ClassifiedService<S, H, K = HttpOverload> {
     pub(crate) inner: S,
     pub(crate) layer: ClassifiedLayer<H, K>,
 }
@@ -96,21 +104,7 @@ impl<S: fmt::Debug, H: fmt::Debug, K> fmt::Debug for ClassifiedService<S, H, K> 
     }
 }
 
-/// Wraps a service in an [`AdaptiveBulkhead`] (made by [`AdaptiveBulkhead::layer`] and
-/// [`layer_with`](AdaptiveBulkhead::layer_with)); each permit is held until the response future
-/// completes or is dropped, and each ending is judged by the classifier `C`.
-///
-/// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
-pub type AdaptiveBulkheadLayer<C = HttpOverload> = ClassifiedLayer<AdaptiveBulkhead, C>;
-
-/// A service behind an [`AdaptiveBulkhead`]; made by
-/// [`AdaptiveBulkheadLayer`](super::AdaptiveBulkheadLayer).
-///
-/// `poll_ready` only asks the inner service; the permit is taken in `call`, and a call that
-/// finds the limit reached is refused at once with [`BulkheadFull`](crate::bulkhead::BulkheadFull).
-pub type AdaptiveBulkheadService<S, C = HttpOverload> = ClassifiedService<S, AdaptiveBulkhead, C>;
-
-impl<S, C, Req> Service<Req> for AdaptiveBulkheadService<S, C>
+impl<S, C, Req> Service<Req> for ClassifiedService<S, AdaptiveBulkhead, C>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,

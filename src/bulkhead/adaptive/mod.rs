@@ -140,7 +140,5 @@ pub use classify::{Classify, FromTowerHttp, HttpOverload, OverloadClass, Verdict
 pub use controller::LimitChanged;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
-pub use layer::{
-    AdaptiveBulkheadLayer, AdaptiveBulkheadService, ClassifiedLayer, ClassifiedService,
-};
+pub use layer::{ClassifiedLayer, ClassifiedService};
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};

@@ -5,9 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::layer::BreakerLayer;
 use super::state::Shared;
-use crate::bulkhead::adaptive::HttpOverload;
+use crate::bulkhead::adaptive::{ClassifiedLayer, HttpOverload};
 use crate::clock::{Clock, SystemClock};
 use crate::setting::{ensure, SettingError};
 use crate::Quota;
@@ -136,14 +135,14 @@ impl Breaker {
 
     /// A layer judging answers with [`HttpOverload`]; another classifier goes to
     /// [`layer_with`](Self::layer_with).
-    pub fn layer(&self) -> BreakerLayer {
+    pub fn layer(&self) -> ClassifiedLayer<Self> {
         self.layer_with(HttpOverload::default())
     }
 
     /// A layer judging answers with `classifier` (any
     /// [`Classify`](crate::bulkhead::adaptive::Classify), as for an adaptive bulkhead).
-    pub fn layer_with<K>(&self, classifier: K) -> BreakerLayer<K> {
-        BreakerLayer::new(self.clone(), classifier)
+    pub fn layer_with<K>(&self, classifier: K) -> ClassifiedLayer<Self, K> {
+        ClassifiedLayer::new(self.clone(), classifier)
     }
 
     /// Sets the breaker's state gauge (`bulwark_breaker_state`) from its current state; the

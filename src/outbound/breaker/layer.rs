@@ -13,28 +13,10 @@ use tower_service::Service;
 use super::builder::Breaker;
 use super::error::BreakerOpen;
 use super::state::Ticket;
-use crate::bulkhead::adaptive::{ClassifiedLayer, ClassifiedService, Classify, HttpOverload};
+use crate::bulkhead::adaptive::{ClassifiedService, Classify};
 use crate::BoxError;
 
-/// Wraps a service in a [`Breaker`] (made by [`Breaker::layer`] and
-/// [`layer_with`](Breaker::layer_with)); each call's ending is judged by the classifier `K`.
-///
-/// Every service this layer makes, and every clone of them, shares the breaker's one state.
-///
-/// # Errors
-///
-/// The services fail with a [`BoxError`](crate::BoxError) holding either
-/// [`BreakerOpen`](super::BreakerOpen), for a call refused without calling the inner service,
-/// or the inner service's own error, passed through.
-pub type BreakerLayer<K = HttpOverload> = ClassifiedLayer<Breaker, K>;
-
-/// A service behind a [`Breaker`]; made by [`BreakerLayer`].
-///
-/// `poll_ready` only asks the inner service; the breaker decides in `call`, and a call it
-/// refuses fails at once with [`BreakerOpen`](super::BreakerOpen), the inner service not called.
-pub type BreakerService<S, K = HttpOverload> = ClassifiedService<S, Breaker, K>;
-
-impl<S, K, Req> Service<Req> for BreakerService<S, K>
+impl<S, K, Req> Service<Req> for ClassifiedService<S, Breaker, K>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
@@ -66,7 +48,7 @@ where
 }
 
 pin_project! {
-    /// Response future of [`BreakerService`]: when the inner call ends, the classifier's verdict
+    /// Response future of a [`ClassifiedService`] behind a [`Breaker`]: when the inner call ends, the classifier's verdict
     /// on it is counted; dropped before that, the call counts for nothing.
     pub struct ResponseFuture<F, K> {
         // Fields drop in order: a cut call's inner future is gone before its ticket reports.

@@ -9,8 +9,7 @@ use std::time::Duration;
 use http::{HeaderMap, Method};
 
 use super::budget::{Budget, ONE};
-use super::layer::RetryLayer;
-use crate::bulkhead::adaptive::HttpOverload;
+use crate::bulkhead::adaptive::{ClassifiedLayer, HttpOverload};
 use crate::clock::{saturating_nanos, Clock, SystemClock};
 use crate::outbound::metrics::RetryMetrics;
 use crate::setting::{ensure, SettingError};
@@ -88,14 +87,14 @@ impl Retry {
     }
 
     /// A layer that retries calls with [`HttpOverload`] judging which answers are transient.
-    pub fn layer(&self) -> RetryLayer {
+    pub fn layer(&self) -> ClassifiedLayer<Self> {
         self.layer_with(HttpOverload::default())
     }
 
     /// A layer that retries calls whose answers `classifier` judges
     /// [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded).
-    pub fn layer_with<K>(&self, classifier: K) -> RetryLayer<K> {
-        RetryLayer::new(self.clone(), classifier)
+    pub fn layer_with<K>(&self, classifier: K) -> ClassifiedLayer<Self, K> {
+        ClassifiedLayer::new(self.clone(), classifier)
     }
 
     /// The dependency's name.

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::builder::Retry;
 use super::future::{serve, Attempt};
-use crate::bulkhead::adaptive::{ClassifiedLayer, ClassifiedService, Classify, HttpOverload};
+use crate::bulkhead::adaptive::{ClassifiedService, Classify};
 use crate::head::ResponseHead;
 use crate::BoxError;
 
@@ -56,22 +56,7 @@ impl RetryRequest for reqwest::Request {
     }
 }
 
-/// Retries the calls of the service it wraps (made by [`Retry::layer`] and
-/// [`layer_with`](Retry::layer_with)), `K` judging which answers are transient.
-///
-/// Every service this layer makes, and every clone of them, shares the [`Retry`]'s budget.
-pub type RetryLayer<K = HttpOverload> = ClassifiedLayer<Retry, K>;
-
-/// A service whose calls are retried; made by [`RetryLayer`].
-///
-/// The inner service must be `Clone`: a call takes the readied service with it, to call it
-/// again for each retry once it is ready.
-pub type RetryService<S, K = HttpOverload> = ClassifiedService<S, Retry, K>;
-
-/// The response future of [`RetryService`]: the first attempt, then each backoff and retry.
-pub type ResponseFuture<Res> = Pin<Box<dyn Future<Output = Result<Res, BoxError>> + Send>>;
-
-impl<S, K, Req> Service<Req> for RetryService<S, K>
+impl<S, K, Req> Service<Req> for ClassifiedService<S, Retry, K>
 where
     Req: RetryRequest + Send + 'static,
     S: Service<Req> + Clone + Send + 'static,
@@ -82,7 +67,8 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Response>;
+    /// The first attempt, then each backoff and retry.
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)

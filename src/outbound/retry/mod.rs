@@ -114,4 +114,4 @@ pub(crate) use self::builder::{
     DEFAULT_RATIO, DEFAULT_WINDOW,
 };
 pub(crate) use self::future::{Attempt, Skipped};
-pub use self::layer::{ResponseFuture, RetryLayer, RetryRequest, RetryService};
+pub use self::layer::RetryRequest;

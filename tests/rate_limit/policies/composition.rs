@@ -9,7 +9,7 @@ use http::{Response, StatusCode};
 use proptest::prelude::*;
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::BoxLimiter;
-use tower_bulwark::rate_limit::{FailMode, KeyError, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{FailMode, GlobalKey, KeyError, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingLog},
     clock::ManualClock,
@@ -187,7 +187,7 @@ proptest! {
             Policy::new("api", key, limiter()).unwrap().cost_by(header_cost("x-cost")).count_if(counted)
         };
         let never = DirectRateLimiter::new(Quota::per_second(1).unwrap());
-        let skipped = Policy::global("never", never).unwrap().cost(0);
+        let skipped = Policy::new("never", GlobalKey, never).unwrap().cost(0);
         let inner = Inner::default();
         let alone = svc(with_admitted_headers(RateLimitLayer::new(one()), headers_on), &inner);
         let vec = svc(with_admitted_headers(RateLimitLayer::new(vec![one()]), headers_on), &inner);

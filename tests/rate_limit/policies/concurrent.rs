@@ -10,7 +10,9 @@ use tokio::sync::Semaphore;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 
-use crate::common::held_stream::{plain_handler as handler, request};
+use crate::common::held_stream::{
+    assert_stream_admitted, assert_stream_refused, plain_handler as handler, request,
+};
 
 /// At most four streams of tenant `t` at once, over [`handler`].
 fn streams(
@@ -41,23 +43,12 @@ async fn four_of_six_streams_are_admitted_and_a_slot_frees_when_one_ends() {
     let mut open = Vec::new();
     for left in [3, 2, 1, 0] {
         let response = service.clone().oneshot(request("stream")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(
-            header(&response, "ratelimit"),
-            format!("\"streams\";r={left}")
-        );
-        assert_eq!(
-            header(&response, "ratelimit-policy"),
-            "\"streams\";q=4;qu=\"concurrent-requests\""
-        );
+        assert_stream_admitted(response.status(), response.headers(), left);
         open.push(response);
     }
     for _ in 0..2 {
         let refused = service.clone().oneshot(request("stream")).await.unwrap();
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(header(&refused, "retry-after"), "1");
-        assert_eq!(header(&refused, "ratelimit"), "\"streams\";r=0");
-        assert!(header(&refused, "ratelimit-policy").contains("qu=\"concurrent-requests\""));
+        assert_stream_refused(refused.status(), refused.headers());
     }
     // One stream read to its end frees its slot; one dropped half-way frees its own.
     ends.add_permits(1);

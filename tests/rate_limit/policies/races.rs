@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_bulwark::rate_limit::{PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{GlobalKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingLog},
     clock::ManualClock,
@@ -108,7 +108,7 @@ async fn race<A: Algorithm>() {
                         .shadow(),
                 )
                 .and(
-                    Policy::global("all", global.clone())
+                    Policy::new("all", GlobalKey, global.clone())
                         .unwrap()
                         .count_if(|r| r.status != StatusCode::OK),
                 ),

@@ -16,7 +16,7 @@ use axum::Router;
 use http::{HeaderValue, Request, StatusCode};
 use tower::ServiceExt;
 use tower_bulwark::head::RequestHead;
-use tower_bulwark::rate_limit::{FailMode, HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{FailMode, GlobalKey, HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{
     algorithm::SlidingLog, clock::ManualClock, BoxError, DirectRateLimiter, KeyedRateLimiter,
     Limiter, Quota,
@@ -107,7 +107,7 @@ async fn a_refusal_by_one_key_spends_nothing_under_the_others() {
             Policy::new("per-ip", PeerIp::new(), per_ip.clone())
                 .unwrap()
                 .and(Policy::new("per-key", api_key(), per_key.clone()).unwrap())
-                .and(Policy::global("all", all.clone()).unwrap()),
+                .and(Policy::new("all", GlobalKey, all.clone()).unwrap()),
         ));
     assert_eq!(
         send(&app, "GET", "/items", "192.0.2.9", Some("k"))
@@ -607,7 +607,7 @@ async fn rate_limit_policy_names_the_policies_that_took_part_whatever_their_numb
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            Policy::global(format!("p{i}"), l.clone())
+            Policy::new(format!("p{i}"), GlobalKey, l.clone())
                 .unwrap()
                 .cost_by(move |request| {
                     let skip = request.headers.get("x-skip").and_then(|v| v.to_str().ok());

@@ -11,9 +11,7 @@ use std::time::Duration;
 use http::header::{HeaderMap, HeaderName};
 
 use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
-
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+use crate::rate_limit::{RATELIMIT, RATELIMIT_POLICY};
 
 /// The most restrictive quota of the `RateLimit` items, with their policies' windows and
 /// refills.
