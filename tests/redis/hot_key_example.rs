@@ -43,16 +43,24 @@ async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
     }
     let sent: u64 = clients.join_all().await.into_iter().sum();
     let elapsed = started.elapsed();
-    let (admitted, local): (u64, u64) = instances
-        .iter()
-        .fold((0, 0), |(a, l), (_, limiter, counts)| {
-            (a + counts.read().0, l + limiter.counts().lease_decisions)
-        });
-    // The flood began before the first request and ended after the last.
+    let (admitted, local, failures): (u64, u64, u64) =
+        instances
+            .iter()
+            .fold((0, 0, 0), |(a, l, f), (_, limiter, counts)| {
+                let redis = limiter.counts();
+                (
+                    a + counts.read().0,
+                    l + redis.lease_decisions,
+                    f + redis.failures,
+                )
+            });
+    // The flood began before the first request and ended after the last. A decision Redis did
+    // not give in time (a machine so busy that a call outlives the 100 ms timeout) is the fail
+    // mode's, `Local` by default, outside the shared quota: each may have admitted one more.
     let allowed = 2000.0 * elapsed.as_secs_f64() + 200.0;
     assert!(
-        admitted as f64 <= allowed,
-        "{admitted} admitted, at most {allowed:.0} allowed"
+        admitted as f64 <= allowed + failures as f64,
+        "{admitted} admitted, at most {allowed:.0} allowed (and {failures} decided by the fail mode)"
     );
     // Nearly all of the quota, or of what was asked if the clients asked less (a busy machine).
     let wanted = allowed.min(sent as f64);
