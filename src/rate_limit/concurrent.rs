@@ -7,6 +7,8 @@ use super::policy::{Policy, PolicyError, Settle};
 use super::KeyExtractor;
 use crate::algorithm::Concurrency;
 use crate::decision::Decision;
+#[cfg(feature = "redis")]
+use crate::limiter::BoxLimiter;
 use crate::limiter::BoxReserve;
 #[cfg(feature = "redis")]
 use crate::redis::RedisRateLimiterBuilder;
@@ -16,14 +18,15 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// number of requests in flight per key, each holding its slot until its response body ends or
 /// is dropped. Built only by those policies, which give every slot back exactly once.
 #[derive(Clone, Debug)]
-pub struct ConcurrencyLimiter<K>(Slots<K>);
+pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 
 /// Where the slots are kept.
 #[derive(Clone, Debug)]
-enum Slots<K> {
+enum Slots<K: 'static> {
     Memory(KeyedRateLimiter<K, Concurrency>),
+    /// A [`RedisRateLimiter`](crate::redis::RedisRateLimiter) of the `Concurrency` script.
     #[cfg(feature = "redis")]
-    Redis(crate::redis::RedisSlots<K>),
+    Redis(BoxLimiter<K>),
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLimiter<K> {
@@ -61,7 +64,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.reserve_now(key, cost),
             #[cfg(feature = "redis")]
-            Slots::Redis(_) => None,
+            Slots::Redis(redis) => redis.reserve_now(key, cost),
         }
     }
 
@@ -69,7 +72,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.refund(key, cost, decision),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.give_back(key, decision, cost, 0),
+            Slots::Redis(redis) => redis.refund(key, cost, decision),
         }
     }
 
@@ -77,7 +80,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.settle(key, estimate, decision, cost),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.give_back(key, decision, estimate, cost),
+            Slots::Redis(redis) => redis.settle(key, estimate, decision, cost),
         }
     }
 }
@@ -225,7 +228,7 @@ where
         if in_flight == 0 {
             return Err(PolicyError::new("in_flight", "must be at least 1").into());
         }
-        let slots = crate::redis::RedisSlots::new(in_flight, redis)?;
+        let slots = BoxLimiter::new(redis.concurrent(in_flight)?);
         let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Redis(slots)))?;
         policy.settle = Settle::Held;
         Ok(policy)

@@ -112,11 +112,10 @@
 mod builder;
 mod cache;
 mod coalesce;
-mod concurrency;
-mod concurrency_script;
 mod error;
 mod fail_mode;
 mod future;
+mod hold;
 mod key;
 mod key_table;
 mod lease;
@@ -127,7 +126,6 @@ mod script;
 mod store;
 
 pub use builder::RedisRateLimiterBuilder;
-pub(crate) use concurrency::RedisSlots;
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 
