@@ -10,8 +10,8 @@
 -- estimate back out and charges the settled cost, up to the estimate, as of the instant the
 -- hold was charged at; a cost beyond the estimate (up to the burst) is debt, charged from now.
 -- A settle naming a hold that is no longer here (settled already, or expired) charges only
--- that debt. A hold not settled by its expiry (an instance that died, a request that outlived
--- the bound) is charged its whole estimate as of its admission, then dropped: the estimate
+-- that debt. A hold not settled by its expiry (an instance that died, or whose renewals did not
+-- reach Redis) is charged its whole estimate as of its admission, then dropped: the estimate
 -- stands. At most 256 holds are kept per key: a decision that finds them all taken (or its id
 -- already among them) is refused, its retry_after at least a second.
 --
