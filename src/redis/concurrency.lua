@@ -8,9 +8,9 @@
 -- script with Redis's WRONGTYPE error.
 --
 -- ARGV[8] the most slots the key holds, ARGV[9] how long a slot lasts unless renewed (ticks);
--- then for a decision ARGV[10] the id of its hold. A give-back has ARGV[5] the slots it gives
--- back, ARGV[10] the hold's id and ARGV[11] the slots the hold had; a renewal has its holds from
--- ARGV[10] (see holds.lua).
+-- then for a decision ARGV[10] the id of its hold. A give-back has ARGV[4] the slots the hold
+-- had (in the place of a cost: a slot has none), ARGV[5] those it gives back and ARGV[10] the
+-- hold's id; a renewal has its holds from ARGV[10] (see holds.lua).
 local key = KEYS[1]
 local limit, hold_for = count_arg(ARGV[8]), count_arg(ARGV[9])
 local hold_id = count_arg(ARGV[10])
@@ -63,12 +63,11 @@ end
 local name = int(hold_id) .. ':'
 
 if op == 's' then
-  local had = count_arg(ARGV[11])
-  if not had or arg5 > had then
+  if arg5 > cost then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
   local members = {}
-  for n = had - arg5 + 1, had do
+  for n = cost - arg5 + 1, cost do
     members[#members + 1] = name .. n
   end
   chunked('ZREM', members)

@@ -407,6 +407,7 @@ impl Inner {
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
+        // A hold's settle: the call, and the cost it charges.
         let mut settle = None;
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
@@ -416,15 +417,16 @@ impl Inner {
             // A metered hold settles whole, whether still live here or not; a concurrent
             // policy's gives back the slots it still has, never more (a slot has no debt).
             (Taken::RedisHold { hold }, _) => {
-                let estimate = decision.refundable(estimate);
                 settle = Some(match change {
                     Change::Refund(back) if !decision.holds() => {
                         let had = self.holds.release(&key, hold, back)?;
-                        (hold, back.min(had), had, 0)
+                        let estimate = back.min(had);
+                        (Operation::Settle { hold, estimate }, had)
                     }
                     _ => {
                         self.holds.release(&key, hold, u32::MAX);
-                        (hold, estimate, 0, cost)
+                        let estimate = decision.refundable(estimate);
+                        (Operation::Settle { hold, estimate }, cost)
                     }
                 });
             }
@@ -462,15 +464,7 @@ impl Inner {
         Some(async move {
             let quota = inner.quota.load_full();
             let (operation, cost) = match (settle, change) {
-                // The hold gives back `estimate` and is charged `cost`, in the script.
-                (Some((hold, estimate, had, cost)), _) => (
-                    Operation::Settle {
-                        hold,
-                        estimate,
-                        had,
-                    },
-                    cost,
-                ),
+                (Some(settle), _) => settle,
                 (None, Change::Refund(cost)) => (refund, decision.refundable(cost)),
                 (None, Change::Charge { estimate, cost }) => {
                     let debt = cost.min(quota.capacity).saturating_sub(estimate);

@@ -164,9 +164,9 @@ pub(crate) enum Operation {
     /// The lease `id` comes back with `unused` permits.
     EndLease { id: u64, unused: u32 },
     /// The hold `hold` settles: [`Metered`]'s, of `estimate` permits, to the call's cost; a
-    /// concurrent policy's, which had `had` slots, gives back its last `estimate`. A settle has
-    /// no deadline, as a refund has none.
-    Settle { hold: u64, estimate: u32, had: u32 },
+    /// concurrent policy's gives back its last `estimate` slots of the call's cost (the slots
+    /// it had: a slot has no cost to settle to). A settle has no deadline, as a refund has none.
+    Settle { hold: u64, estimate: u32 },
     /// Each hold named after the arguments is renewed (see [`ScriptQuota::renewal`]).
     Renew,
 }
@@ -405,11 +405,7 @@ impl ScriptQuota {
                 &[wanted.into(), id, back, unused.into()][..],
             ),
             Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),
-            Operation::Settle {
-                hold,
-                estimate,
-                had,
-            } => ("s", estimate.into(), None, &[hold, had.into()][..]),
+            Operation::Settle { hold, estimate } => ("s", estimate.into(), None, &[hold][..]),
             Operation::Renew => ("k", 0, None, &[][..]),
         };
         let text = |n: Option<u64>| n.map_or_else(String::new, |n| n.to_string());
