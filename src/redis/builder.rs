@@ -100,7 +100,9 @@ impl RedisRateLimiterBuilder {
     /// call every third of this bound (one per hash slot in a Redis Cluster; a call carries at
     /// most 3 000 arguments, so thousands of requests in flight take a few). So a request of
     /// any length keeps its hold while its instance reaches Redis; it loses it only if every
-    /// renewal fails for about two thirds of the bound. A hold no live instance renews (its
+    /// renewal fails for about two thirds of the bound. (An admission made through the
+    /// [`Limiter`](crate::Limiter) methods directly and never settled nor given back is
+    /// renewed as long as its limiter lives.) A hold no live instance renews (its
     /// instance died, its give-back never reached Redis, or the decision's reply came after
     /// the limiter's timeout) ends this long after its last renewal: a concurrent policy's
     /// slot frees; a metered estimate is charged whole as of its admission, then dropped (the
