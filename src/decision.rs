@@ -79,8 +79,9 @@ pub(crate) enum Taken {
         /// The lease the permits came from.
         lease: u64,
     },
-    /// An estimate a Redis key holds for a [`Metered`](crate::algorithm::Metered) admission
-    /// until it is settled: a settle or give-back names the hold.
+    /// What a Redis key holds for an admission under an id until it is settled or given back
+    /// (a [`Metered`](crate::algorithm::Metered) estimate, a concurrent policy's slots),
+    /// renewed while its instance lives: a settle or give-back names the hold.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     RedisHold {
         /// The hold's id in the key's state.

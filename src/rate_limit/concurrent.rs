@@ -7,6 +7,8 @@ use super::policy::{Policy, PolicyError, Settle};
 use super::KeyExtractor;
 use crate::algorithm::Concurrency;
 use crate::decision::Decision;
+#[cfg(feature = "redis")]
+use crate::limiter::BoxLimiter;
 use crate::limiter::BoxReserve;
 #[cfg(feature = "redis")]
 use crate::redis::RedisRateLimiterBuilder;
@@ -16,14 +18,15 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// number of requests in flight per key, each holding its slot until its response body ends or
 /// is dropped. Built only by those policies, which give every slot back exactly once.
 #[derive(Clone, Debug)]
-pub struct ConcurrencyLimiter<K>(Slots<K>);
+pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 
 /// Where the slots are kept.
 #[derive(Clone, Debug)]
-enum Slots<K> {
+enum Slots<K: 'static> {
     Memory(KeyedRateLimiter<K, Concurrency>),
+    /// A [`RedisRateLimiter`](crate::redis::RedisRateLimiter) of the `Concurrency` script.
     #[cfg(feature = "redis")]
-    Redis(crate::redis::RedisSlots<K>),
+    Redis(BoxLimiter<K>),
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLimiter<K> {
@@ -61,7 +64,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.reserve_now(key, cost),
             #[cfg(feature = "redis")]
-            Slots::Redis(_) => None,
+            Slots::Redis(redis) => redis.reserve_now(key, cost),
         }
     }
 
@@ -69,7 +72,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.refund(key, cost, decision),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.give_back(key, decision, cost, 0),
+            Slots::Redis(redis) => redis.refund(key, cost, decision),
         }
     }
 
@@ -77,7 +80,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
         match &self.0 {
             Slots::Memory(memory) => memory.settle(key, estimate, decision, cost),
             #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.give_back(key, decision, estimate, cost),
+            Slots::Redis(redis) => redis.settle(key, estimate, decision, cost),
         }
     }
 }
@@ -146,41 +149,44 @@ where
     /// and given back, and the headers and refusals say what they say, as in memory
     /// (`qu="concurrent-requests"`, `Retry-After: 1`).
     ///
-    /// `redis` brings the connection and those settings of a Redis limiter that apply here:
-    /// the [`prefix`](RedisRateLimiterBuilder::prefix) (default `bulwark:concurrency:`; give
-    /// each policy its own), the [`hash_tag`](RedisRateLimiterBuilder::hash_tag), the
-    /// [`timeout`](RedisRateLimiterBuilder::timeout) of each call, the
+    /// The slots are kept by a [`RedisRateLimiter`](crate::redis::RedisRateLimiter) built
+    /// from `redis`, running the algorithm of in-flight requests (`Concurrency`) in place of
+    /// the builder's: at most `in_flight` slots per key, whatever the builder's quota. Its
+    /// other settings apply as they do to any Redis limiter: the
+    /// [`prefix`](RedisRateLimiterBuilder::prefix) (default `bulwark:concurrency:`; give each
+    /// policy its own), the [`hash_tag`](RedisRateLimiterBuilder::hash_tag), the
+    /// [`timeout`](RedisRateLimiterBuilder::timeout), the
     /// [`fail_mode`](RedisRateLimiterBuilder::fail_mode) and its
     /// [`probe_interval`](RedisRateLimiterBuilder::probe_interval), a
-    /// [`client_clock`](RedisRateLimiterBuilder::client_clock) (for tests) and the
-    /// [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry). Its quota, algorithm and refusal
-    /// cache play no part. Every instance must be given the same `in_flight` (each sends its
-    /// own with each decision), as a [`set_quota`](Limiter::set_quota) must reach them all.
+    /// [`client_clock`](RedisRateLimiterBuilder::client_clock) (for tests) and
+    /// [`hold_for`](RedisRateLimiterBuilder::hold_for). It caches no refusals (a refusal's
+    /// second is no time at which a slot frees). Every instance must be given the same
+    /// `in_flight` (each sends its own with each decision), as a
+    /// [`set_quota`](Limiter::set_quota) must reach them all.
     ///
     /// * **Atomic, by ids.** Each key is one sorted set. An admission takes its slots in one
-    ///   script call, each a member named by an id no other admission has and scored by when
-    ///   it expires. A give-back removes those members by their ids, in one call sent once from
-    ///   a task of its own: one that arrives late, or twice, frees no other request's slot.
+    ///   script call, as a hold: members named by an id no other admission has, scored by when
+    ///   they expire. A give-back removes those members by their names, in one call sent once
+    ///   from a task of its own: one that arrives late, or twice, frees no other request's slot.
     /// * **A dead instance's slots come back** at most
-    ///   [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry) (30 s by default) after its
-    ///   last renewal. Each instance renews all of its live slots every third of the expiry,
-    ///   in one call (one per hash slot in a Redis Cluster; a call carries at most 3 000
-    ///   arguments, three a request and one a key, so thousands of requests in flight take a
-    ///   few), so a request of any length keeps its slot while its instance
-    ///   reaches Redis. It loses it only if every renewal fails for about two thirds of the
-    ///   expiry (Redis unreachable or stalled from this instance that long): the slot then
-    ///   stops counting, and another request may take it while this one runs.
+    ///   [`hold_for`](RedisRateLimiterBuilder::hold_for) (30 s by default) after its last
+    ///   renewal: each instance renews all of its live holds every third of it, in one call,
+    ///   so a request of any length keeps its slot while its instance reaches Redis (see
+    ///   `hold_for` for the bound). It loses it only if every renewal fails for about two
+    ///   thirds of `hold_for` (Redis unreachable or stalled from this instance that long): the
+    ///   slot then stops counting, and another request may take it while this one runs.
     /// * **Redis down or stalling.** A decision waits at most the timeout; then the fail mode
-    ///   decides, as for a [`RedisRateLimiter`](crate::redis::RedisRateLimiter), and for a
+    ///   decides, as for any [`RedisRateLimiter`](crate::redis::RedisRateLimiter), and for a
     ///   probe interval after a failure to reach Redis it decides without asking.
     ///   [`RedisFailMode::Local`](crate::redis::RedisFailMode::Local), the default, is an
     ///   in-memory limit of `in_flight` per key in each instance (N instances admit at most N
     ///   × `in_flight` per key while Redis is away); `Open`, `Closed`, `Fallback` (the limiter
     ///   given decides; its decisions are given back to it) and `Propagate` (the layer's
     ///   [`limiter_error_mode`](super::RateLimitLayer::limiter_error_mode) answers) are as
-    ///   documented there. The slots of a call that failed or timed out are given back by their
-    ///   ids, in case it ran. A give-back that cannot reach Redis is not sent again: its slots
-    ///   come back when they expire, as a dead instance's do.
+    ///   documented there. A decision that Redis runs after its caller was answered (a stall)
+    ///   changes nothing; one whose reply comes back too late holds its slots until they
+    ///   expire. A give-back that cannot reach Redis is not sent again: its slots come back
+    ///   when they expire, as a dead instance's do.
     /// * A Redis that restarts empty (or fails over to a replica behind it) has forgotten the
     ///   slots taken before: renewals never bring back a slot that Redis does not hold, so until
     ///   the requests then in flight end, a key may have up to twice `in_flight` in flight.
@@ -200,7 +206,7 @@ where
     /// // The quota of the builder plays no part: four streams at once per API key, in all.
     /// let redis = RedisRateLimiter::builder(Quota::per_second(1)?, store)
     ///     .prefix("streams:")
-    ///     .slot_expiry(Duration::from_secs(20));
+    ///     .hold_for(Duration::from_secs(20));
     /// let streams = Policy::concurrent_in_redis("streams", HeaderKey::new("x-api-key")?, 4, redis)?;
     /// let layer = RateLimitLayer::new(streams).wrap_body();
     /// # let _ = layer;
@@ -212,8 +218,8 @@ where
     ///
     /// A [`PolicyError`] for a bad name or an `in_flight` of zero, as
     /// [`concurrent`](Self::concurrent); a [`BuildError`](crate::redis::BuildError) for Redis
-    /// settings that cannot work: a prefix or hash tag holding a brace, a zero timeout, a slot
-    /// expiry under a millisecond or beyond the scripts' exact arithmetic, or a
+    /// settings that cannot work: a prefix or hash tag holding a brace, a zero timeout, a
+    /// [`hold_for`](RedisRateLimiterBuilder::hold_for) under a second or over a day, or a
     /// [`lease`](RedisRateLimiterBuilder::lease) (a concurrent policy holds slots, it leases
     /// no permits).
     pub fn concurrent_in_redis(
@@ -225,7 +231,7 @@ where
         if in_flight == 0 {
             return Err(PolicyError::new("in_flight", "must be at least 1").into());
         }
-        let slots = crate::redis::RedisSlots::new(in_flight, redis)?;
+        let slots = BoxLimiter::new(redis.concurrent(in_flight)?);
         let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Redis(slots)))?;
         policy.settle = Settle::Held;
         Ok(policy)

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 
 use super::cache::RefusalCache;
 use super::fail_mode::Breaker;
+use super::hold::Holds;
 use super::key::KeyLayout;
 use super::limiter::Inner;
 use super::offset::ClockOffset;
@@ -21,7 +22,7 @@ use crate::Quota;
 
 /// Settings of a [`RedisRateLimiter`]; start with [`RedisRateLimiter::builder`]. A
 /// [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis) takes them
-/// too, for the settings that apply to it.
+/// too, and builds the limiter of its slots with them.
 ///
 /// Until told otherwise it runs GCRA on the server's clock under the prefix
 /// `bulwark:<algorithm>:` with a hash tag per key, waits 100 ms for each decision, decides with a
@@ -29,27 +30,25 @@ use crate::Quota;
 /// 250 ms after a failure to
 /// reach it, and caches up to 100 000 refused keys.
 pub struct RedisRateLimiterBuilder {
-    pub(super) settings: Settings,
+    settings: Settings,
     /// The client clock the scripts read, if they do not read the server's `TIME`.
-    pub(super) client_clock: Option<Arc<dyn Clock>>,
+    client_clock: Option<Arc<dyn Clock>>,
 }
 
-/// The settings that print (a clock does not). A concurrent policy in Redis
-/// (`concurrency.rs`) reads those it uses.
+/// The settings that print (a clock does not).
 #[derive(Debug)]
-pub(super) struct Settings {
+struct Settings {
     quota: Quota,
-    pub(super) store: RedisStore,
+    store: RedisStore,
     script: LimiterScript,
     hold_for: Duration,
-    pub(super) prefix: Option<String>,
-    pub(super) hash_tag: HashTag,
-    pub(super) timeout: Duration,
-    pub(super) fail_mode: RedisFailMode,
-    pub(super) probe_interval: Duration,
+    prefix: Option<String>,
+    hash_tag: HashTag,
+    timeout: Duration,
+    fail_mode: RedisFailMode,
+    probe_interval: Duration,
     cache_capacity: usize,
-    pub(super) lease: Option<Lease>,
-    pub(super) slot_expiry: Duration,
+    lease: Option<Lease>,
 }
 
 impl fmt::Debug for RedisRateLimiterBuilder {
@@ -76,7 +75,6 @@ impl RedisRateLimiterBuilder {
                 probe_interval: Duration::from_millis(250),
                 cache_capacity: 100_000,
                 lease: None,
-                slot_expiry: Duration::from_secs(30),
             },
             client_clock: None,
         }
@@ -90,22 +88,30 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// With [`Metered`](crate::algorithm::Metered) (the other algorithms hold nothing): how
-    /// long a key holds an admission's estimate that is never settled (default 10 minutes),
-    /// between a second and a day.
+    /// For the algorithms whose admissions hold what they took until they are given back
+    /// ([`Metered`](crate::algorithm::Metered)'s estimates, and the slots of a
+    /// [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis); the
+    /// other algorithms hold nothing): how long a hold lasts unless its instance renews it
+    /// (default 30 s), between a second and a day.
     ///
-    /// Every admission holds its estimate in Redis until it is settled or given back, which
-    /// the crate's layers see to whatever ends the request. A hold still there after this long
-    /// (its instance died, its give-back never reached Redis, or the decision's reply came
-    /// after the limiter's timeout) is charged its whole estimate as of its admission, then
-    /// dropped: the estimate stands, never more generous than the settle would have been. A
-    /// live request that lasts longer loses its hold the same way; its settle, when it comes,
-    /// gives nothing back, and still charges what it cost beyond its estimate. Choose a bound
-    /// above the longest request you serve. A key keeps at most 256 holds: a decision that
-    /// finds them all taken is refused (nothing left, `retry_after` a second at least) until
-    /// one settles or expires.
+    /// Every admission holds what it took in Redis, under an id of its own, until it is
+    /// settled or given back, which the crate's layers see to whatever ends the request. While
+    /// the request lives, its instance renews the hold: all of the instance's live holds in one
+    /// call every third of this bound (one per hash slot in a Redis Cluster; a call carries at
+    /// most 3 000 arguments, so thousands of requests in flight take a few). So a request of
+    /// any length keeps its hold while its instance reaches Redis; it loses it only if every
+    /// renewal fails for about two thirds of the bound. (An admission made through the
+    /// [`Limiter`](crate::Limiter) methods directly and never settled nor given back is
+    /// renewed as long as its limiter lives.) A hold no live instance renews (its
+    /// instance died, its give-back never reached Redis, or the decision's reply came after
+    /// the limiter's timeout) ends this long after its last renewal: a concurrent policy's
+    /// slot frees; a metered estimate is charged whole as of its admission, then dropped (the
+    /// estimate stands, never more generous than the settle would have been; the settle, if
+    /// it comes, gives nothing back and still charges what it cost beyond its estimate). A
+    /// metered key keeps at most 256 holds: a decision that finds them all taken is refused
+    /// (nothing left, `retry_after` a second at least) until one settles or expires.
     ///
-    /// Metered limiters refuse [leases](Self::lease): an admission from a share would hold
+    /// Limiters that hold refuse [leases](Self::lease): an admission from a share would hold
     /// nothing in Redis.
     pub fn hold_for(mut self, hold_for: Duration) -> Self {
         self.settings.hold_for = hold_for;
@@ -214,23 +220,22 @@ impl RedisRateLimiterBuilder {
         self
     }
 
-    /// For [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis)
-    /// only: how long a request's slot stays taken in Redis unless its instance renews it
-    /// (default 30 s). An instance renews all of its live slots in one call every third of
-    /// this, so a request of any length keeps its slot; the slots of an instance that died
-    /// (or of a give-back that never reached Redis) come back at most this long after their
-    /// last renewal. At least a millisecond, and within the scripts' exact arithmetic: about
-    /// 35 years on the server's clock, 13 days on a [`client_clock`](Self::client_clock).
-    pub fn slot_expiry(mut self, expiry: Duration) -> Self {
-        self.settings.slot_expiry = expiry;
-        self
-    }
-
     /// The most refused keys the local cache holds (default 100 000); zero turns the cache off,
     /// so that every request goes to Redis, even for a key known to be refused.
     pub fn refusal_cache_capacity(mut self, capacity: usize) -> Self {
         self.settings.cache_capacity = capacity;
         self
+    }
+
+    /// The limiter of a concurrent policy's slots: at most `in_flight` requests of a key at
+    /// once ([`Concurrency`](crate::algorithm::Concurrency)), whatever quota this builder was
+    /// given, and no cache of refusals (a refusal's second is no time at which a slot frees).
+    pub(crate) fn concurrent(mut self, in_flight: u32) -> Result<RedisRateLimiter, BuildError> {
+        self.settings.quota = Quota::per_second(in_flight)
+            .map_err(|_| BuildError::new("a concurrent policy needs at least one slot"))?;
+        self.settings.script = LimiterScript::Concurrency;
+        self.settings.cache_capacity = 0;
+        self.build()
     }
 
     /// Builds the limiter.
@@ -268,7 +273,7 @@ impl RedisRateLimiterBuilder {
             .unwrap_or_else(|| Arc::new(SystemClock::new()));
         let (fail_mode, local) = settings.fail_mode.resolved(settings.quota, &clock, script);
         Ok(RedisRateLimiter {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|inner| Inner {
                 store: settings.store,
                 quota: ArcSwap::from_pointee(quota),
                 clock,
@@ -283,6 +288,7 @@ impl RedisRateLimiterBuilder {
                 leases,
                 offset: ClockOffset::default(),
                 coalescer: Arc::default(),
+                holds: Holds::new(inner.clone(), settings.hold_for),
             }),
         })
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::script::LimiterScript;
 use super::RedisFailure;
-use crate::algorithm::Metered;
+use crate::algorithm::{Concurrency, Metered};
 use crate::clock::{saturating_nanos, Clock};
 use crate::decision::{Decision, Taken};
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
@@ -25,7 +25,8 @@ pub enum RedisFailMode {
     /// [`client_clock`](super::RedisRateLimiterBuilder::client_clock), else the system clock),
     /// following [`set_quota`](super::RedisRateLimiter::set_quota): GCRA, or
     /// [`Metered`](crate::algorithm::Metered) for a metered limiter (its admissions hold their
-    /// estimates there, and settle there, as in Redis).
+    /// estimates there, and settle there, as in Redis), or the limit of requests in flight
+    /// per key for a [concurrent policy](crate::rate_limit::Policy::concurrent_in_redis).
     ///
     /// The bound of an outage: while Redis cannot answer, each instance admits a key at most
     /// its quota, as if it alone used it. `N` instances together admit at most `N` times the
@@ -96,8 +97,8 @@ impl RedisFailMode {
 
     /// This fail mode as a limiter of `quota` on `clock` running `script` keeps it:
     /// [`Local`](Self::Local) as the [`Fallback`](Self::Fallback) to a local limiter of its
-    /// own (`Metered` for the metered script, else GCRA), which is returned too (the limiter
-    /// hands it each new quota); any other as it is.
+    /// own (the script's algorithm for `Metered` and `Concurrency`, else GCRA), which is
+    /// returned too (the limiter hands it each new quota); any other as it is.
     pub(crate) fn resolved(
         self,
         quota: Quota,
@@ -110,6 +111,7 @@ impl RedisFailMode {
         let builder = KeyedRateLimiter::<String>::builder(quota).clock(Arc::clone(clock));
         let local: DefaultLocal = match script {
             LimiterScript::Metered => Arc::new(builder.algorithm::<Metered>().build()),
+            LimiterScript::Concurrency => Arc::new(builder.algorithm::<Concurrency>().build()),
             _ => Arc::new(builder.build()),
         };
         (Self::Fallback(Arc::clone(&local)), Some(local))

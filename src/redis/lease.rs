@@ -72,6 +72,11 @@ impl Lease {
                  estimate in Redis, so its settle could not be charged as of the admission",
             ));
         }
+        if quota.script == LimiterScript::Concurrency {
+            return Err(BuildError::new(
+                "a concurrent policy holds slots, it leases no permits",
+            ));
+        }
         let burst = quota.capacity;
         let max_share = self.max_share.unwrap_or((burst / 4).max(1));
         if max_share == 0 || max_share > burst {

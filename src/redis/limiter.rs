@@ -1,12 +1,10 @@
 //! The limiter: its public face, and the decisions and refunds that go through Redis (each
 //! script call bounded in time), its fail mode or its cache of refusals.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -15,6 +13,7 @@ use super::cache::RefusalCache;
 use super::coalesce::Coalescer;
 use super::fail_mode::{Breaker, DefaultLocal};
 use super::future::{ReserveFuture, ReserveState};
+use super::hold::{next_hold, Holds};
 use super::key::{fingerprint, KeyLayout};
 use super::lease::Leases;
 use super::offset::ClockOffset;
@@ -86,6 +85,8 @@ pub(crate) struct Inner {
     pub(super) offset: ClockOffset,
     /// The keys with a decision in flight, and the decisions waiting to go with the next.
     pub(super) coalescer: Arc<Coalescer>,
+    /// The holds of this instance's admissions, renewed while they live.
+    pub(super) holds: Holds,
 }
 
 impl RedisRateLimiter {
@@ -283,12 +284,9 @@ impl Inner {
         // The caller is answered when the limiter's timeout or the connection's runs out.
         let longest_wait = saturating_nanos(self.store.longest_wait(self.timeout));
         let answered_by = self.clock.now().saturating_add(longest_wait);
-        // A metered admission holds its estimate under an id of its own, however its call goes
-        // (alone, or in a batch with others on the key).
-        let hold = match quota.script {
-            LimiterScript::Metered => next_hold(),
-            _ => 0,
-        };
+        // An admission of a script that holds takes its hold under an id of its own, however
+        // its call goes (alone, or in a batch with others on the key).
+        let hold = if quota.script.holds() { next_hold() } else { 0 };
         let asked = self.bounded(quota, &key, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
@@ -319,7 +317,13 @@ impl Inner {
                 self.cache_refusal(&key, cost, &decision);
                 if hold != 0 && decision.allowed {
                     decision.admission.taken = Taken::RedisHold { hold };
-                    decision = decision.holding();
+                    if quota.script == LimiterScript::Metered {
+                        // Settled whatever ends the request: its estimate, at least.
+                        decision = decision.holding();
+                    }
+                    if cost > 0 {
+                        self.holds.take(&key, hold, cost);
+                    }
                 }
                 Ok(self.stamp(decision, &key, cost))
             }
@@ -364,10 +368,12 @@ impl Inner {
 
     /// Settles `decision`, admitted for `estimate` permits, to `cost` (a give-back settles to
     /// zero). At once, a cached refusal of `key` is forgotten (its permits came back), a fail
-    /// mode's decision goes to the local limiter and a lease's to its share; what Redis must
-    /// still be told is returned as a call to send, exactly once: a [`Metered`] hold's settle,
-    /// or the [`Change`] of the other scripts. A decision that Redis made for another key, or
-    /// through another store, gives nothing back (see [`takes_back`](Self::takes_back)).
+    /// mode's decision goes to the local limiter, a lease's to its share, and a hold leaves the
+    /// live ones (see `hold.rs`); what Redis must still be told is returned as a call to send,
+    /// exactly once: a hold's settle ([`Metered`]'s, whole, to `cost`; a concurrent policy's
+    /// slots beyond `cost`, those it still has), or the [`Change`] of the other scripts. A
+    /// decision that Redis made for another key, or through another store, gives nothing back
+    /// (see [`takes_back`](Self::takes_back)).
     ///
     /// [`Metered`]: crate::algorithm::Metered
     ///
@@ -391,10 +397,6 @@ impl Inner {
             return None;
         }
         let mut change = Change::settle(estimate, &decision, cost);
-        let hold = match decision.admission.taken {
-            Taken::RedisHold { hold } => Some(hold),
-            _ => None,
-        };
         if !decision.holds()
             && matches!(change, Change::Charge { estimate, cost } if cost <= estimate)
         {
@@ -405,10 +407,28 @@ impl Inner {
         if let Some(cache) = &self.cache {
             cache.forget(&key);
         }
+        // A hold's settle: the call, and the cost it charges.
+        let mut settle = None;
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
                 self.fail_mode.change(key, decision, estimate, cost);
                 return None;
+            }
+            // A metered hold settles whole, whether still live here or not; a concurrent
+            // policy's gives back the slots it still has, never more (a slot has no debt).
+            (Taken::RedisHold { hold }, _) => {
+                settle = Some(match change {
+                    Change::Refund(back) if !decision.holds() => {
+                        let had = self.holds.release(&key, hold, back)?;
+                        let estimate = back.min(had);
+                        (Operation::Settle { hold, estimate }, had)
+                    }
+                    _ => {
+                        self.holds.release(&key, hold, u32::MAX);
+                        let estimate = decision.refundable(estimate);
+                        (Operation::Settle { hold, estimate }, cost)
+                    }
+                });
             }
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
             // the share cannot pay is charged in Redis.
@@ -443,12 +463,8 @@ impl Inner {
         let inner = Arc::clone(self);
         Some(async move {
             let quota = inner.quota.load_full();
-            let (operation, cost) = match (hold, change) {
-                // The hold is released and `cost` charged, in the script (`metered.lua`).
-                (Some(hold), _) => {
-                    let estimate = decision.refundable(estimate);
-                    (Operation::Settle { hold, estimate }, cost)
-                }
+            let (operation, cost) = match (settle, change) {
+                (Some(settle), _) => settle,
                 (None, Change::Refund(cost)) => (refund, decision.refundable(cost)),
                 (None, Change::Charge { estimate, cost }) => {
                     let debt = cost.min(quota.capacity).saturating_sub(estimate);
@@ -520,17 +536,6 @@ impl Inner {
         self.offset.observe(sent, received, reply.server_time());
         Ok(reply)
     }
-}
-
-/// The id of the next [`Metered`](crate::algorithm::Metered) hold this process makes: a random
-/// start, then an odd step, which visits every id before it repeats. Ids stay within Lua's exact
-/// integers and are never 0 (no hold); two processes' holds on one key meet with a chance of
-/// about one in 2^53 per pair.
-fn next_hold() -> u64 {
-    static NEXT: LazyLock<AtomicU64> =
-        LazyLock::new(|| AtomicU64::new(RandomState::new().hash_one(0u8)));
-    let id = NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-    (id & ((1 << 53) - 1)).max(1)
 }
 
 /// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
@@ -610,8 +615,15 @@ impl RedisRateLimiter {
             .change(redis_key.clone(), decision, estimate, cost)
         {
             // Failures are counted and logged inside; nothing waits for the outcome.
-            spawn_refund(&redis_key, async move {
-                let _ = call.await;
+            spawn_refund(&redis_key.clone(), async move {
+                if let Err(failure) = call.await {
+                    tracing::debug!(
+                        target: "tower_bulwark::redis",
+                        key = redis_key, error = %failure,
+                        "a give-back or settle did not reach redis and is not sent again; a \
+                         hold it ended ends at its expiry",
+                    );
+                }
             });
         }
         true

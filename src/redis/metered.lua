@@ -10,21 +10,25 @@
 -- estimate back out and charges the settled cost, up to the estimate, as of the instant the
 -- hold was charged at; a cost beyond the estimate (up to the burst) is debt, charged from now.
 -- A settle naming a hold that is no longer here (settled already, or expired) charges only
--- that debt. A hold not settled by its expiry (an instance that died, a request that outlived
--- the bound) is charged its whole estimate as of its admission, then dropped: the estimate
+-- that debt. A hold not settled by its expiry (an instance that died, or whose renewals did not
+-- reach Redis) is charged its whole estimate as of its admission, then dropped: the estimate
 -- stands. At most 256 holds are kept per key: a decision that finds them all taken (or its id
 -- already among them) is refused, its retry_after at least a second.
+--
+-- A renewal ('k') moves the expiry of each hold it names to `hold_for` from now, never earlier.
 --
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst, ARGV[11] how
 -- long a hold lasts (ticks); then for a decision ARGV[12] the id of its hold. A settle ('s')
 -- has ARGV[4] the cost it settles to, ARGV[5] the estimate its admission held, ARGV[12] the id.
+-- A renewal has its holds from ARGV[12] (see holds.lua).
 local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
 local hold_for = tonumber(ARGV[11])
 local hold_id = ARGV[12] and count_arg(ARGV[12])
-if (op ~= 'd' and op ~= 's') or not hold_id or hold_id == 0 then
+local renewals = op == 'k' and renewed(12)
+if not renewals and ((op ~= 'd' and op ~= 's') or not hold_id or hold_id == 0) then
   return redis.error_reply('tower-bulwark: malformed script arguments')
 end
 -- The largest TAT the arithmetic keeps exact.
@@ -106,6 +110,18 @@ local function save()
   else
     redis.call('DEL', key)
   end
+end
+
+if renewals then
+  for _, renewal in ipairs(renewals) do
+    local hold = holds[renewal[1]]
+    if hold then
+      hold[3] = math.max(hold[3], now + hold_for)
+      last_expiry = math.max(last_expiry, hold[3])
+    end
+  end
+  save()
+  return refunded()
 end
 
 if op == 's' then

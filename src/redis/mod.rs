@@ -70,12 +70,15 @@
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself.
-//! * **Requests in flight too.**
-//!   [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis) keeps a
-//!   concurrent policy's slots in Redis, with the connection and settings of a
-//!   [`RedisRateLimiterBuilder`]: one sorted set per key, slots taken and given back by their
-//!   ids in one script call each, renewed while their requests live, and back at most a
-//!   [`slot_expiry`](RedisRateLimiterBuilder::slot_expiry) after their instance's last renewal.
+//! * **Holds, renewed while they live.** The algorithms whose admissions hold what they took
+//!   until it is given back ([`Metered`](crate::algorithm::Metered)'s estimates, and the slots
+//!   of [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis), the
+//!   limit of requests in flight per key) keep each admission's hold in its key under an id
+//!   no other admission has, with an expiry. A give-back or settle names its hold, so one that
+//!   arrives late or twice touches no other request's. The instance renews all of its live
+//!   holds in one call (per cluster slot) every third of
+//!   [`hold_for`](RedisRateLimiterBuilder::hold_for); a hold no live instance renews ends at
+//!   its expiry: a slot frees, an estimate stands, charged as of its admission.
 //! * **Refusals are cached.** A key that Redis refused is refused locally until its retry time,
 //!   without a round trip, for a request of the same cost (another cost asks Redis, which
 //!   alone knows how long a larger one waits), with the same `retry_after` Redis would give
@@ -112,11 +115,10 @@
 mod builder;
 mod cache;
 mod coalesce;
-mod concurrency;
-mod concurrency_script;
 mod error;
 mod fail_mode;
 mod future;
+mod hold;
 mod key;
 mod key_table;
 mod lease;
@@ -127,7 +129,6 @@ mod script;
 mod store;
 
 pub use builder::RedisRateLimiterBuilder;
-pub(crate) use concurrency::RedisSlots;
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 

@@ -8,7 +8,8 @@
 -- ARGV[1] operation: 'd' decide, 'r' refund, 'c' charge (a forced admission: what a settled
 --         request cost beyond its estimate; never refused, debt beyond what is left), 'l'
 --         lease (a share of the permits that an instance admits from without asking), 'e' end
---         a lease (its unused permits go back), 's' settle a metered hold (`metered.lua`)
+--         a lease (its unused permits go back), 's' settle a hold, 'k' renew holds (the
+--         scripts that hold: `holds.lua`)
 -- ARGV[2] now in ticks, or '' to read the server's TIME (in microseconds)
 -- ARGV[3] ticks per millisecond (for key expiries)
 -- ARGV[4] cost in permits

@@ -24,26 +24,28 @@ pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
 /// The largest `now` a script may be given, in ticks.
 pub(crate) const MAX_NOW: u64 = 1 << 52;
 
-/// How long a [`Metered`] key holds an estimate that is never settled, unless the builder says
-/// otherwise ([`hold_for`](super::RedisRateLimiterBuilder::hold_for)).
-pub(crate) const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(600);
+/// How long a hold lasts unless its instance renews it, unless the builder says otherwise
+/// ([`hold_for`](super::RedisRateLimiterBuilder::hold_for)).
+pub(crate) const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
 
 /// The script of an algorithm and its batch script: several decisions on one key in one call,
 /// each run by the algorithm's own script, in order, as if it were called alone (its `ARGV` is a
 /// parameter that hides the call's). The call's `ARGV` holds, for each decision, the count of its
 /// arguments and then its arguments; the reply is the list of the decisions' replies (the loop
 /// that runs them is `batch.lua`).
+/// The scripts of the algorithms that hold also take `holds.lua`, after the prelude.
 macro_rules! scripts {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         (
             LazyLock::new(|| {
-                Script::new(concat!(include_str!("prelude.lua"), include_str!($file)))
+                Script::new(concat!(include_str!("prelude.lua"), $(include_str!($file)),+))
             }),
             LazyLock::new(|| {
                 Script::new(concat!(
-                    "local batch, replies, i = ARGV, {}, 1\nlocal function one(ARGV)\n",
+                    "local batch, keys, replies, i = ARGV, KEYS, {}, 1\n",
+                    "local function one(ARGV, KEYS)\n",
                     include_str!("prelude.lua"),
-                    include_str!($file),
+                    $(include_str!($file),)+
                     include_str!("batch.lua"),
                 ))
             }),
@@ -62,6 +64,7 @@ mod sealed {
         SlidingLog,
         SlidingCounter,
         Metered,
+        Concurrency,
     }
 
     /// Keeps [`RedisAlgorithm`](super::RedisAlgorithm) to the crate's own algorithms.
@@ -95,12 +98,13 @@ redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter, Metered);
 impl LimiterScript {
     /// The script and the batch script (see [`scripts!`]), by the enum's order.
     fn scripts(self) -> &'static (LazyLock<Script>, LazyLock<Script>) {
-        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 5] = [
+        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 6] = [
             scripts!("gcra.lua"),
             scripts!("fixed_window.lua"),
             scripts!("sliding_log.lua"),
             scripts!("sliding_counter.lua"),
-            scripts!("metered.lua"),
+            scripts!("holds.lua", "metered.lua"),
+            scripts!("holds.lua", "concurrency.lua"),
         ];
         &SCRIPTS[self as usize]
     }
@@ -113,7 +117,14 @@ impl LimiterScript {
             "sliding_log",
             "sliding_counter",
             "metered",
+            "concurrency",
         ][self as usize]
+    }
+
+    /// Whether its admissions hold what they took under an id until they are given back, or
+    /// expire unless renewed: [`Metered`]'s estimates, a concurrent policy's slots.
+    pub(crate) fn holds(self) -> bool {
+        matches!(self, Self::Metered | Self::Concurrency)
     }
 }
 
@@ -121,8 +132,9 @@ impl LimiterScript {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Operation {
     /// A decision that waits at most `max_wait` ticks for a reservation. A script that runs after
-    /// `deadline` (the server's `TIME`, microseconds) changes nothing and answers "late". For
-    /// [`Metered`], `hold` is the id its admission's hold takes (0 for the other scripts).
+    /// `deadline` (the server's `TIME`, microseconds) changes nothing and answers "late". For a
+    /// script that [holds](LimiterScript::holds), `hold` is the id its admission's hold takes
+    /// (0 for the other scripts).
     Decide {
         max_wait: u64,
         deadline: u64,
@@ -151,9 +163,12 @@ pub(crate) enum Operation {
     },
     /// The lease `id` comes back with `unused` permits.
     EndLease { id: u64, unused: u32 },
-    /// The [`Metered`] hold `hold` of `estimate` permits settles to the call's cost. A settle
-    /// has no deadline, as a refund has none.
+    /// The hold `hold` settles: [`Metered`]'s, of `estimate` permits, to the call's cost; a
+    /// concurrent policy's gives back its last `estimate` slots of the call's cost (the slots
+    /// it had: a slot has no cost to settle to). A settle has no deadline, as a refund has none.
     Settle { hold: u64, estimate: u32 },
+    /// Each hold named after the arguments is renewed (see [`ScriptQuota::renewal`]).
+    Renew,
 }
 
 /// A quota and the arguments a script takes for it, in the ticks the script works in.
@@ -165,8 +180,8 @@ pub(crate) struct ScriptQuota {
     pub(crate) tick_nanos: u64,
     /// Milliseconds added to every key expiry (see [`CLIENT_CLOCK_TTL_MARGIN_MS`]).
     ttl_margin_ms: u64,
-    /// The algorithm's own arguments (ARGV[8..]); for [`Metered`], the last is how long a hold
-    /// lasts.
+    /// The algorithm's own arguments (ARGV[8..]); for a script that holds, the last is how long
+    /// a hold lasts unless renewed.
     args: Vec<u64>,
     /// The quota's `max_wait`, in ticks, rounded down (never wait longer than allowed).
     pub(crate) max_wait: u64,
@@ -193,7 +208,7 @@ impl ScriptQuota {
         if max_wait > MAX_TICKS {
             return Err("the quota's max_wait is too long for the redis store");
         }
-        let (args, limit, capacity) = match script {
+        let (mut args, limit, capacity) = match script {
             LimiterScript::Gcra | LimiterScript::Metered => {
                 let interval = quota
                     .period_nanos()
@@ -206,11 +221,11 @@ impl ScriptQuota {
                     );
                 }
                 let limit = u64::from(burst);
-                let mut args = vec![interval, horizon, limit];
-                if script == LimiterScript::Metered {
-                    args.push(saturating_nanos(DEFAULT_HOLD_FOR) / tick_nanos);
-                }
-                (args, limit, burst)
+                (vec![interval, horizon, limit], limit, burst)
+            }
+            LimiterScript::Concurrency => {
+                let burst = quota.burst();
+                (vec![u64::from(burst)], u64::from(burst), burst)
             }
             LimiterScript::FixedWindow | LimiterScript::SlidingLog => {
                 if period > MAX_TICKS {
@@ -228,6 +243,9 @@ impl ScriptQuota {
                 (vec![period, permits], permits, quota.permits())
             }
         };
+        if script.holds() {
+            args.push(saturating_nanos(DEFAULT_HOLD_FOR) / tick_nanos);
+        }
         Ok(Self {
             quota,
             script,
@@ -244,21 +262,26 @@ impl ScriptQuota {
         })
     }
 
-    /// The arguments for `quota` on the same script and clock, [`Metered`] holds lasting as
-    /// long: what a `set_quota` sends from then on, or why `quota` cannot run in the scripts.
+    /// The arguments for `quota` on the same script and clock, holds lasting as long: what a
+    /// `set_quota` sends from then on, or why `quota` cannot run in the scripts.
     pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, &'static str> {
-        let mut next = Self::new(self.script, quota, self.client_clock())?;
-        if self.script == LimiterScript::Metered {
-            next.args[3] = self.args[3];
-        }
-        Ok(next)
+        let next = Self::new(self.script, quota, self.client_clock())?;
+        Ok(next.holding_for_ticks(self.args.last().copied()))
     }
 
-    /// These arguments with the holds of [`Metered`] lasting `hold_for`, rounded up to a tick
-    /// (the builder checks the bounds); the other scripts hold nothing.
-    pub(crate) fn holding_for(mut self, hold_for: Duration) -> Self {
-        if self.script == LimiterScript::Metered {
-            self.args[3] = saturating_nanos(hold_for).div_ceil(self.tick_nanos);
+    /// These arguments with holds lasting `hold_for` unless renewed, rounded up to a tick (the
+    /// builder checks the bounds); the other scripts hold nothing.
+    pub(crate) fn holding_for(self, hold_for: Duration) -> Self {
+        let ticks = saturating_nanos(hold_for).div_ceil(self.tick_nanos);
+        self.holding_for_ticks(Some(ticks))
+    }
+
+    fn holding_for_ticks(mut self, ticks: Option<u64>) -> Self {
+        if let (true, Some(ticks)) = (self.script.holds(), ticks) {
+            *self
+                .args
+                .last_mut()
+                .expect("a script that holds has arguments") = ticks;
         }
         self
     }
@@ -317,10 +340,29 @@ impl ScriptQuota {
     }
 
     /// How many arguments a decision takes: the prelude's seven, the algorithm's own, and the
-    /// id of a [`Metered`] hold.
+    /// id of its hold, for a script that holds.
     fn decide_args(&self, operation: Operation) -> usize {
         let hold = matches!(operation, Operation::Decide { hold, .. } if hold != 0);
         7 + self.args.len() + usize::from(hold)
+    }
+
+    /// One renewal call of the batch script on `holds`, each key with its holds (their ids and
+    /// the units each still has), at `now` (see `holds.lua`).
+    pub(crate) fn renewal(
+        &self,
+        holds: &[super::hold::KeyHolds],
+        now: Option<u64>,
+    ) -> ScriptInvocation<'static> {
+        let mut invocation = self.script.scripts().1.prepare_invoke();
+        for (key, held) in holds {
+            invocation.key(key);
+            invocation.arg(7 + self.args.len() + 2 * held.len());
+            self.push_args(&mut invocation, Operation::Renew, now, 0);
+            for &(id, units) in held {
+                invocation.arg(id).arg(units);
+            }
+        }
+        invocation
     }
 
     /// The arguments of `operation` in the order `prelude.lua` reads them.
@@ -338,7 +380,7 @@ impl ScriptQuota {
                 deadline,
                 hold,
             } => {
-                // A metered decision names its hold; the others have no tail.
+                // A decision of a script that holds names its hold; the others have no tail.
                 let has_hold = usize::from(hold != 0);
                 ("d", max_wait, Some(deadline), &[hold][..has_hold])
             }
@@ -364,6 +406,7 @@ impl ScriptQuota {
             ),
             Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),
             Operation::Settle { hold, estimate } => ("s", estimate.into(), None, &[hold][..]),
+            Operation::Renew => ("k", 0, None, &[][..]),
         };
         let text = |n: Option<u64>| n.map_or_else(String::new, |n| n.to_string());
         invocation
@@ -410,6 +453,16 @@ mod tests {
         assert_eq!(nanos.ttl_margin_ms, CLIENT_CLOCK_TTL_MARGIN_MS);
         let fw = ScriptQuota::new(LimiterScript::FixedWindow, q, false).unwrap();
         assert_eq!(fw.args, [1_000_000, 3]);
+        // A script that holds ends with how long a hold lasts, in its ticks, rounded up.
+        let hold_for = Duration::from_nanos(1_499_999_999);
+        let slots = ScriptQuota::new(LimiterScript::Concurrency, q, false).unwrap();
+        assert_eq!(slots.holding_for(hold_for).args, [3, 1_500_000]);
+        let slots = ScriptQuota::new(LimiterScript::Concurrency, q, true).unwrap();
+        let slots = slots.holding_for(hold_for);
+        assert_eq!(slots.args, [3, 1_499_999_999]);
+        // A new quota keeps how long holds last.
+        let four = Quota::per_second(4).unwrap();
+        assert_eq!(slots.with_quota(four).unwrap().args, [4, 1_499_999_999]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `Metered` in Redis: each admission holds its estimate in the key under an id of its own until
 //! it settles, so settled tokens plus what is left is the quota, across instances, however many
-//! requests are in flight; a dead instance's holds expire after `hold_for` and leave their
-//! estimates charged; a settle is never applied twice.
+//! requests are in flight; a live instance renews its holds, a dead instance's expire after
+//! `hold_for` and leave their estimates charged; a settle is never applied twice.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -221,6 +221,52 @@ async fn a_dead_instance_holds_expire_after_hold_for_and_leave_the_estimate_char
     // The twin never took the second 100: the expired one stands (100) and 150 of debt.
     let twin_left = drain(&twin, "k").await;
     assert_eq!(drain(&fresh, "k").await, twin_left - 100 - 150);
+}
+
+/// The expiry of each hold the Redis key of `key` keeps now, in the client clock's ticks.
+fn hold_expiries(server: &RedisServer, limiter: &RedisRateLimiter, key: &str) -> Vec<u64> {
+    let state = server.command(&["GET", &limiter.redis_key(&key)]);
+    (state.split(';').skip(1))
+        .map(|hold| hold.rsplit(',').next().unwrap().trim().parse().unwrap())
+        .collect()
+}
+
+/// A live instance renews its holds every third of `hold_for`: its request's hold outlives
+/// `hold_for` and is still given back whole when it settles, while the hold of an instance
+/// that died (dropped, so nothing renews it) stands at its expiry, its estimate charged as of
+/// its admission.
+#[tokio::test]
+async fn a_live_hold_is_renewed_past_hold_for_and_a_dead_instances_stands_at_its_expiry() {
+    let Some((server, store)) = RedisServer::with_store("metered_renewed").await else {
+        return;
+    };
+    use tower_bulwark::clock::Clock;
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_hour(3600).unwrap();
+    let second = Duration::from_secs(1);
+    let live = metered(&store, quota, &clock, "renew:", second);
+    let dead = metered(&store, quota, &clock, "renew:", second);
+    let kept = live.check_n(&"k", 100).await.unwrap();
+    let lost = dead.check_n(&"k", 100).await.unwrap();
+    assert!(kept.allowed && lost.allowed);
+    drop(dead);
+    for round in 0..2 {
+        // Past the dead hold's expiry in the second round: a renewal, which moves the live
+        // hold's expiry a second past the clock, charges the dead one and drops it.
+        clock.advance(Duration::from_millis(600));
+        let renewed = clock.now() + 1_000_000_000;
+        eventually("the live hold renewed", Duration::from_secs(10), || {
+            hold_expiries(&server, &live, "k").contains(&renewed)
+        })
+        .await;
+        assert_eq!(holds(&server, &live, "k"), 2 - round, "round {round}");
+    }
+    // 1.2 s after both admissions: the live hold, renewed, gives back all it held.
+    live.settle_and_wait(&"k", 100, kept, 0).await.unwrap();
+    assert_eq!(holds(&server, &live, "k"), 0);
+    let charged_then = 3600 - 100 + 1;
+    let now = live.check_n(&"k", 1).await.unwrap();
+    assert_eq!(now.remaining, charged_then - 1, "the dead hold's 100 stand");
 }
 
 /// A key whose state this crate did not write fails the decision, and a settle on it, with an
