@@ -305,6 +305,16 @@ impl Aimd {
         self.tolerance = check_tolerance(tolerance)?;
         Ok(self)
     }
+
+    /// Takes the baseline from the least loaded round trips and probes for it, as
+    /// [`Gradient::probe_every`] does, instead of learning it slowly from the round trips within
+    /// the tolerance of it (off by default; `rounds` at least 1). Without it, a flood from the
+    /// start passes its own queueing off as the baseline, and the limit settles with the
+    /// latency at `latency_tolerance` times that.
+    pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
+        self.learnt.probe_every(rounds)?;
+        Ok(self)
+    }
 }
 
 fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
@@ -372,6 +382,21 @@ struct Learnt {
 }
 
 impl Learnt {
+    /// Takes the baseline from the lowest uncrowded round trips, probing for it
+    /// ([`Gradient::probe_every`]).
+    fn probe_every(&mut self, rounds: u32) -> Result<(), SettingError> {
+        let expected = "at least 1 round trip";
+        ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
+        self.lowest = Some(Lowest {
+            every: rounds,
+            rounds: 0,
+            current: None,
+            previous: None,
+            resume: None,
+        });
+        Ok(())
+    }
+
     /// Adds `sample`; when it closes a round, `decide` turns the round, the current estimate and
     /// the baseline before the round into the next estimate, and the baseline learns the round.
     /// Returns the limit: the estimate rounded down, within the bounds.
@@ -497,15 +522,7 @@ impl Gradient {
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
     /// never lets a round trip run at the no-load latency by itself, still finds it.
     pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
-        let expected = "at least 1 round trip";
-        ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
-        self.learnt.lowest = Some(Lowest {
-            every: rounds,
-            rounds: 0,
-            current: None,
-            previous: None,
-            resume: None,
-        });
+        self.learnt.probe_every(rounds)?;
         Ok(self)
     }
 }
