@@ -25,17 +25,19 @@ pub(super) struct OverloadSettings {
     pub(super) max_wait: Option<Duration>,
 }
 
-/// A field left out keeps its default.
+/// A field left out keeps its default: the builder's (`overload::DEFAULT_*`, which a build
+/// without `adaptive` cannot name; `an_overload_section_builds_with_its_defaults_or_its_settings`
+/// checks they agree).
 impl Default for OverloadSettings {
     fn default() -> Self {
         Self {
             min_limit: Count(8),
             initial_limit: Count(16),
             max_limit: Count(1000),
-            probe_every: Count(crate::overload::PROBE_EVERY),
-            critical_guarantee: crate::overload::DEFAULT_CRITICAL_GUARANTEE,
-            default_guarantee: crate::overload::DEFAULT_DEFAULT_GUARANTEE,
-            critical_borrowing: crate::overload::DEFAULT_CRITICAL_BORROWING,
+            probe_every: Count(300),
+            critical_guarantee: 0.3,
+            default_guarantee: 0.1,
+            critical_borrowing: 3.0,
             priority_header: "x-priority".into(),
             queue_capacity: None,
             max_wait: None,

@@ -118,6 +118,7 @@ mod metrics;
 mod service;
 mod state;
 
+#[cfg(feature = "config")]
 pub(crate) use builder::default_algorithm;
 pub use builder::{
     Overload, OverloadBuilder, DEFAULT_CRITICAL_BORROWING, DEFAULT_CRITICAL_GUARANTEE,
