@@ -157,7 +157,7 @@ impl Shared {
             class,
             started: self.clock.now(),
             in_flight: state.in_flight,
-            ceiling: self.ceiling(class, state.limit),
+            ceiling: self.ceiling(class, state.limit).min(state.limit),
         }
     }
 
@@ -243,7 +243,8 @@ pub(super) struct Permit {
     started: u64,
     /// Requests in flight at admission, this one included.
     in_flight: usize,
-    /// Its class's ceiling at admission.
+    /// Its class's ceiling at admission, at most the limit then: a critical request admitted
+    /// above the limit found it reached.
     ceiling: usize,
 }
 

@@ -208,3 +208,45 @@ async fn aimd_probing_measures_the_baseline_again_after_a_step_in_latency() {
         "held at the capacity on the new baseline: {limits:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_ends_while_critical_requests_borrow_above_the_minimum() {
+    // Waves of critical requests that fill their ceiling, three times the limit, each answered
+    // after W: a probe at the minimum of 2 runs with 6 in flight, more than the minimum, and
+    // still ends, since every request of it was admitted under the minimum limit.
+    let clock = ManualClock::new();
+    let aimd = Aimd::default().latency_tolerance(1.1).unwrap();
+    let overload = fixed(8)
+        .critical_borrowing(3.0)
+        .unwrap()
+        .limits(Limits::new(2, 8, 100).unwrap())
+        .algorithm(aimd.probe_every(5).unwrap())
+        .clock(clock.clone())
+        .build();
+    let (service, gated, mut entered) = gated(&overload);
+    let mut limits = Vec::new();
+    for _ in 0..40 {
+        let n = overload.ceiling(Priority::Critical);
+        let calls: Vec<_> = (0..n)
+            .map(|_| tokio::spawn(service.clone().oneshot(request(Priority::Critical))))
+            .collect();
+        for _ in 0..n {
+            entered.recv().await.unwrap();
+        }
+        clock.advance(W);
+        gated.gate.add_permits(n);
+        for call in calls {
+            assert_eq!(call.await.unwrap().unwrap().status(), 200);
+        }
+        limits.push(overload.limit());
+    }
+    assert_eq!(
+        limits[1], 2,
+        "the first crowded round trip starts a probe: {limits:?}"
+    );
+    let probing = limits.iter().filter(|&&l| l == 2).count();
+    assert!(
+        probing <= 8 && limits[39] > 30,
+        "each probe ends, and the limit grows between them: {limits:?}"
+    );
+}

@@ -160,7 +160,7 @@ struct Round {
     /// Whether some call of the round was admitted with the limit in force then reached.
     in_use: bool,
     /// Whether some call of the round was admitted with more calls in flight than the minimum
-    /// limit.
+    /// limit, under a limit above the minimum.
     crowded: bool,
 }
 
@@ -196,7 +196,7 @@ impl Rounds {
             self.healthy += 1;
         }
         self.in_use |= sample.found_limit_reached();
-        self.crowded |= sample.in_flight > min;
+        self.crowded |= sample.in_flight > min && sample.admission_limit > min;
         let Some(end) = self.end else {
             self.length = rtt;
             self.end = Some(at.saturating_add(rtt));
@@ -325,8 +325,8 @@ fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
 }
 
 /// The baseline of [`Gradient::probe_every`]: the lowest mean latency of the uncrowded rounds
-/// (every call admitted with at most the minimum limit in flight) over the last two periods of
-/// `every` rounds, and the limit to go back to after a probe.
+/// (every call admitted with at most the minimum limit in flight, or under the minimum limit)
+/// over the last two periods of `every` rounds, and the limit to go back to after a probe.
 #[derive(Clone, Copy, Debug)]
 struct Lowest {
     every: u32,
@@ -515,7 +515,9 @@ impl Gradient {
     /// learning it slowly from every round trip (off by default; `rounds` at least 1).
     ///
     /// A round trip is uncrowded when every call in it was admitted with at most the minimum
-    /// limit in flight. The baseline is the lowest mean latency of the uncrowded round trips
+    /// limit in flight, or under the minimum limit itself: a caller that lets some calls go
+    /// above the limit, as [`Overload`](crate::overload::Overload)'s critical requests do, can
+    /// do no less than hold the limit at its minimum. The baseline is the lowest mean latency of the uncrowded round trips
     /// over the last two periods of `rounds` round trips, so it follows a service that became
     /// slower within two periods. When there was none for that long (at the start, or under a
     /// flood that keeps the limit above its minimum), the limit drops to its minimum until a
