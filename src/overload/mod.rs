@@ -93,11 +93,12 @@
 //!   the start does not pass its own queueing off as the service's latency.
 //! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16. The minimum
 //!   is at most what the service serves at full speed (above it, the lower classes are admitted
-//!   into queueing); below it, a probe measures the baseline with critical requests borrowing
-//!   above the minimum, which costs them some latency and the lower classes some goodput (in a
-//!   simulation of the example with a minimum of 2: a goodput of 85 %, not 92 %). The limit
-//!   grows by one request a round trip, so a service that serves many more than 16 at full
-//!   speed sheds some of its lower classes in its first seconds under load.
+//!   into queueing). Far below it, critical requests borrowing above the minimum keep a probe's
+//!   round trips crowded, and the probe ends after 10 of them with the lowest: a baseline
+//!   measured under some load (in a simulation of the example with `CAPACITY=32`, a goodput of
+//!   85 % at 4 and 10 times the capacity, critical requests 99.4 %). The limit grows by one
+//!   request a round trip, so a service that serves many more than 16 at full speed sheds some
+//!   of its lower classes in its first seconds under load.
 //! * `Critical` borrows up to 3 times the limit ([`DEFAULT_CRITICAL_BORROWING`]): a limit
 //!   that keeps the lower classes at no-load latency is far too low for a burst of critical
 //!   requests, which arrive at random; 3 times the limit serves them at most about 3 times

@@ -160,7 +160,7 @@ struct Round {
     /// Whether some call of the round was admitted with the limit in force then reached.
     in_use: bool,
     /// Whether some call of the round was admitted with more calls in flight than the minimum
-    /// limit, under a limit above the minimum.
+    /// limit.
     crowded: bool,
 }
 
@@ -196,7 +196,7 @@ impl Rounds {
             self.healthy += 1;
         }
         self.in_use |= sample.found_limit_reached();
-        self.crowded |= sample.in_flight > min && sample.admission_limit > min;
+        self.crowded |= sample.in_flight > min;
         let Some(end) = self.end else {
             self.length = rtt;
             self.end = Some(at.saturating_add(rtt));
@@ -325,8 +325,8 @@ fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
 }
 
 /// The baseline of [`Gradient::probe_every`]: the lowest mean latency of the uncrowded rounds
-/// (every call admitted with at most the minimum limit in flight, or under the minimum limit)
-/// over the last two periods of `every` rounds, and the limit to go back to after a probe.
+/// (every call admitted with at most the minimum limit in flight) over the last two periods of
+/// `every` rounds, and the limit to go back to after a probe.
 #[derive(Clone, Copy, Debug)]
 struct Lowest {
     every: u32,
@@ -336,7 +336,13 @@ struct Lowest {
     previous: Option<f64>,
     /// While probing: the estimate the limit had when the probe began.
     resume: Option<f64>,
+    /// While probing: the round trips probed, and the lowest mean latency among them.
+    probed: (u32, Option<f64>),
 }
+
+/// The most round trips a probe waits for an uncrowded one; then the lowest of its round trips
+/// stands in for the baseline.
+const PROBE_ROUNDS: u32 = 10;
 
 impl Lowest {
     fn nanos(&self) -> Option<f64> {
@@ -349,8 +355,20 @@ impl Lowest {
     /// Learns `round` and returns the estimate after it: `next` as the algorithm decided, or the
     /// minimum while no baseline is known (a probe), or after a probe the estimate it began at.
     fn after(&mut self, round: &Round, current: f64, next: f64, min: f64) -> f64 {
-        if let (Some(mean), false, false) = (round.mean_rtt, round.crowded, round.overloaded) {
-            self.current = Some(self.current.map_or(mean, |lowest| lowest.min(mean)));
+        let healthy = round.mean_rtt.filter(|_| !round.overloaded);
+        let lowest = |low: Option<f64>, mean: f64| Some(low.map_or(mean, |low| low.min(mean)));
+        if let (Some(mean), false) = (healthy, round.crowded) {
+            self.current = lowest(self.current, mean);
+        }
+        if self.resume.is_some() {
+            // Calls that may go above the limit (an overload's critical requests) can keep
+            // every round trip of a probe crowded: after PROBE_ROUNDS, its lowest stands in.
+            let (rounds, low) = self.probed;
+            let low = healthy.map_or(low, |mean| lowest(low, mean));
+            self.probed = (rounds + 1, low);
+            if rounds + 1 >= PROBE_ROUNDS && self.nanos().is_none() {
+                self.current = low;
+            }
         }
         self.rounds += 1;
         if self.rounds >= self.every {
@@ -364,6 +382,7 @@ impl Lowest {
             }
             (Some(_), Some(resume)) => {
                 self.resume = None;
+                self.probed = (0, None);
                 resume
             }
             (Some(_), None) => next,
@@ -393,6 +412,7 @@ impl Learnt {
             current: None,
             previous: None,
             resume: None,
+            probed: (0, None),
         });
         Ok(())
     }
@@ -515,14 +535,15 @@ impl Gradient {
     /// learning it slowly from every round trip (off by default; `rounds` at least 1).
     ///
     /// A round trip is uncrowded when every call in it was admitted with at most the minimum
-    /// limit in flight, or under the minimum limit itself: a caller that lets some calls go
-    /// above the limit, as [`Overload`](crate::overload::Overload)'s critical requests do, can
-    /// do no less than hold the limit at its minimum. The baseline is the lowest mean latency of the uncrowded round trips
+    /// limit in flight. The baseline is the lowest mean latency of the uncrowded round trips
     /// over the last two periods of `rounds` round trips, so it follows a service that became
     /// slower within two periods. When there was none for that long (at the start, or under a
     /// flood that keeps the limit above its minimum), the limit drops to its minimum until a
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
-    /// never lets a round trip run at the no-load latency by itself, still finds it.
+    /// never lets a round trip run at the no-load latency by itself, still finds it. A probe
+    /// lasts at most 10 round trips: then the lowest mean latency among them stands in, as when
+    /// calls that may go above the limit (an [`Overload`](crate::overload::Overload)'s critical
+    /// requests) keep more than the minimum in flight on their own.
     pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
         self.learnt.probe_every(rounds)?;
         Ok(self)
