@@ -21,8 +21,8 @@
 //! body. `examples/overload_load.rs` drives it with open-loop load at 0.9, 4 and 10 times its
 //! capacity and reports each class's success and latency. The protection is the library's
 //! defaults with the class from `x-priority`, and holds issue 39's targets with them: at 4
-//! times the capacity, 99.8 % or more of the critical requests served with a p99 of 123 to
-//! 134 ms (the bound is 150), a goodput above 90 % of the capacity (that file's header has the
+//! times the capacity, 99.8 % or more of the critical requests served with a p99 of 128 to
+//! 137 ms (the bound is 150), a goodput of 93 % of the capacity (that file's header has the
 //! figures).
 
 use std::collections::BTreeMap;
