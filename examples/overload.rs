@@ -19,7 +19,11 @@
 //!
 //! Under load, a shed request is answered at once with `503`, a `Retry-After` and a problem
 //! body. `examples/overload_load.rs` drives it with open-loop load at 0.9, 4 and 10 times its
-//! capacity and reports each class's success and latency.
+//! capacity and reports each class's success and latency. The protection is the library's
+//! defaults with the class from `x-priority`, and holds issue 39's targets with them: at 4
+//! times the capacity, 99.8 % or more of the critical requests served with a p99 of 128 to
+//! 137 ms (the bound is 150), a goodput of 93 % of the capacity (that file's header has the
+//! figures).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,8 +35,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tower_bulwark::bulkhead::adaptive::{Gradient, Limits};
-use tower_bulwark::overload::{Overload, Priority, PROBE_EVERY};
+use tower_bulwark::overload::{Overload, Priority};
 use tower_bulwark::BoxError;
 
 /// The example's settings, from the environment.
@@ -186,32 +189,9 @@ pub fn priority(head: &tower_bulwark::head::RequestHead<'_>) -> Priority {
     value.map_or(Priority::Default, Priority::from_header_value)
 }
 
-/// The protection, with the class from `x-priority`.
-///
-/// Critical requests keep 0.85 of the limit and default ones 0.05 more (the defaults are 0.6 and
-/// 0.1): under a flood the delay-based limit holds the lower classes near the service's capacity,
-/// so it is the share critical keeps above them that takes in a burst of critical requests. The
-/// limit starts at 64 (16 by default), above what the lower classes need below capacity, so that
-/// none of them is shed while the limit grows to it; a flood from the start is found by the
-/// probe of the first crowded round trip. `Gradient` with the baseline's period as by default
-/// ([`PROBE_EVERY`] round trips) and a latency tolerance of 1.3 (1.1 by default), which keeps
-/// the limit steadier when critical requests alone slow the service: at 1.2 the limit came down
-/// far enough under 10 times the capacity to shed over 1 % of the critical requests.
+/// The protection, with the class from `x-priority` and every other setting as by default.
 pub fn protection() -> Overload {
-    Overload::builder("work")
-        .priority_by(priority)
-        .guarantee(Priority::Critical, 0.85)
-        .and_then(|builder| builder.guarantee(Priority::Default, 0.05))
-        .expect("guarantees below 1 together")
-        .limits(Limits::new(8, 64, 1000).expect("8 <= 64 <= 1000"))
-        .algorithm(gradient().expect("a tolerance above 1 and a period above 0"))
-        .build()
-}
-
-fn gradient() -> Result<Gradient, tower_bulwark::SettingError> {
-    Gradient::default()
-        .latency_tolerance(1.3)?
-        .probe_every(PROBE_EVERY)
+    Overload::builder("work").priority_by(priority).build()
 }
 
 /// `GET /work` on `processor`, behind `overload` when there is one.

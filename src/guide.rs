@@ -225,8 +225,8 @@
 //!
 //! | algorithm | down | up | per round at most |
 //! |---|---|---|---|
-//! | AIMD (default) | × `backoff` (0.8) if a sample of the round was overload or its mean round trip exceeds `latency_tolerance` (1.3) × the baseline | + 1 if some call of the round was admitted with the limit reached | one step |
-//! | Gradient | towards `limit × max(0.5, min(1, tolerance × baseline / mean))` (tolerance 1.1; 0.5 with an overload sample) | plus `sqrt(limit)` of headroom while in use and without overload | `smoothing` (0.3) of the way to the target; with `probe_every(n)`, the baseline is the lowest latency of uncrowded round trips over the last `2n`, probed for at the minimum limit when none was seen |
+//! | AIMD (default) | × `backoff` (0.8) if a sample of the round was overload or its mean round trip exceeds `latency_tolerance` (1.3) × the baseline | + 1 if some call of the round was admitted with the limit reached | one step; with `probe_every(n)`, the baseline as Gradient's |
+//! | Gradient | towards `limit × max(0.5, min(1, tolerance × baseline / mean))` (tolerance 1.1; 0.5 with an overload sample) | plus `sqrt(limit)` of headroom while in use and without overload | `smoothing` (0.3) of the way to the target; with `probe_every(n)`, the baseline is the lowest latency of uncrowded round trips over the last `2n`, probed for at the minimum limit when none was seen (for at most 10 round trips, whose lowest then stands in) |
 //!
 //! Limits are kept as fractions and shown rounded down; every result is clamped to
 //! `min..=max`, which `Limits::new` checks (`1 <= min <= initial <= max <= 2^31 - 1`; anything
@@ -263,19 +263,25 @@
 //! (`tests/overload/`):
 //!
 //! * **Ceilings.** A request of a class is admitted only while the requests in flight, all
-//!   classes together and it excluded, are below its class's ceiling: the limit for `Critical`,
-//!   the limit less the guarantees of the classes above for the others. With the limit fixed at
-//!   10 and a guarantee of 0.2 for `Critical`, forty racing requests of each class, twenty times
-//!   over, never give the lower classes more than 8 together, and `Critical` its 2 whatever the
-//!   flood (`classes.rs`).
+//!   classes together and it excluded, are below its class's ceiling: the limit times
+//!   `critical_borrowing` for `Critical` (3 by default, 1 holds it at the limit), the limit less
+//!   the guarantees of the classes above for the others. With the limit fixed at 10 and a
+//!   guarantee of 0.2 for `Critical`, forty racing requests of each class, twenty times over,
+//!   never give the lower classes more than 8 together, and `Critical` its 2 whatever the flood;
+//!   borrowing 2.5 times the limit, exactly 25 are in flight, the lower classes still at most 8
+//!   (`classes.rs`).
 //! * **A shed request spends nothing.** It never reaches the inner service, and is answered at
 //!   once: `503` with `Retry-After` (the latency's slow average in whole seconds, at least 1) and
 //!   a problem+json body, or gRPC `UNAVAILABLE` with the same delay (`answers.rs`); a queued one
 //!   after at most `max_wait` (`queue.rs`, on tokio's paused clock).
-//! * **The limit follows latency.** With the default delay-based `Gradient`, a service whose
-//!   latency triples brings the limit below half of what it was, and latency back at its
-//!   baseline brings it up again (`limit.rs`, on a manual clock). A request that fails gives no
-//!   sample.
+//! * **The limit follows latency.** With `Gradient`, a service whose latency triples brings the
+//!   limit below half of what it was, and latency back at its baseline brings it up again. With
+//!   the default `Aimd` (tolerance 1.1, baseline probed for every 300 round trips), a flood from
+//!   the start on a service that serves 8 at full speed is held at 8 to 10 in flight, where a
+//!   baseline learnt slowly would take the flood's queueing for the service's latency (16 to
+//!   21); after a step to twice the latency, the baseline is measured again within two periods;
+//!   critical requests borrowing above a minimum of 2 keep a probe's round trips crowded, and it
+//!   ends after 10 of them, the limit back where it was (`limit.rs`, on a manual clock). A request that fails gives no sample.
 //! * **One permit, given back once.** Whatever ends a request (its body read, failed or dropped
 //!   half way, an error, a panic, its future dropped before its first poll, in the queue, after
 //!   it was granted a place but before it woke, or while the service runs), the requests in

@@ -196,12 +196,20 @@ pub(super) fn build_adaptive_bulkhead(
     s: &AdaptiveBulkheadSettings,
 ) -> Result<AdaptiveBulkhead, ConfigError> {
     let (min, initial, max) = s.limits();
-    let limits = Limits::new(min, initial, max)
-        .map_err(|e| ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string()))?;
-    let builder = AdaptiveBulkhead::builder(name).limits(limits);
-    let mut builder = match s.algorithm {
-        AdaptiveAlgorithmKind::Aimd => builder.algorithm(Aimd::default()),
-        AdaptiveAlgorithmKind::Gradient => builder.algorithm(Gradient::default()),
+    let at = |e: crate::SettingError| {
+        ConfigError::new(format!("adaptive_bulkheads.{name}"), e.to_string())
+    };
+    let builder =
+        AdaptiveBulkhead::builder(name).limits(Limits::new(min, initial, max).map_err(at)?);
+    let mut builder = match (s.algorithm, s.probe_every) {
+        (AdaptiveAlgorithmKind::Aimd, None) => builder.algorithm(Aimd::default()),
+        (AdaptiveAlgorithmKind::Aimd, Some(n)) => {
+            builder.algorithm(Aimd::default().probe_every(n.0).map_err(at)?)
+        }
+        (AdaptiveAlgorithmKind::Gradient, None) => builder.algorithm(Gradient::default()),
+        (AdaptiveAlgorithmKind::Gradient, Some(n)) => {
+            builder.algorithm(Gradient::default().probe_every(n.0).map_err(at)?)
+        }
     };
     if s.ignore_cancelled_calls {
         builder = builder.ignore_cancelled_calls();

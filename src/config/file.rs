@@ -228,6 +228,8 @@ pub(super) struct AdaptiveBulkheadSettings {
     #[serde(default, deserialize_with = "choice")]
     pub(super) algorithm: AdaptiveAlgorithmKind,
     #[serde(default)]
+    pub(super) probe_every: Option<Count>,
+    #[serde(default)]
     pub(super) ignore_cancelled_calls: bool,
 }
 

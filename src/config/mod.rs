@@ -138,6 +138,7 @@
 //! | `initial_limit` | integer from `min_limit` to `max_limit` | 8 (within the bounds) |
 //! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256, or `min_limit` if that is higher |
 //! | `algorithm` | `aimd` (additive increase, multiplicative decrease) or `gradient` (delay-based) | `aimd` |
+//! | `probe_every` | integer ≥ 1: the algorithm's baseline is the lowest latency of the uncrowded round trips over two periods of this many, probed for at `min_limit` when there was none (`Aimd::probe_every`, `Gradient::probe_every`) | none (a baseline learnt slowly) |
 //! | `ignore_cancelled_calls` | boolean: a call dropped before it ended is no sample (by default it is an overload signal) | `false` |
 //!
 //! With the `adaptive` feature, an overload protection of the whole service
@@ -145,7 +146,7 @@
 //!
 //! ```toml
 //! [overload.api]
-//! critical_guarantee = 0.6
+//! critical_guarantee = 0.3
 //! priority_header = "x-priority"  # critical | default | sheddable; absent or other: default
 //! queue_capacity = 32             # with max_wait: wait instead of being shed at once
 //! max_wait = "100ms"
@@ -154,8 +155,10 @@
 //! | field of an overload protection | type | default |
 //! |---|---|---|
 //! | `min_limit`, `initial_limit`, `max_limit` | integers, `1 <= min_limit <= initial_limit <= max_limit <= 2^31 - 1`: the bounds of the limit of requests in flight and where it starts | 8, 16, 1000 |
-//! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take | 0.6 |
+//! | `probe_every` | integer ≥ 1: the period, in round trips, of the limit's baseline, probed for at `min_limit` when there was none (`Aimd::probe_every`) | 300 |
+//! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take | 0.3 |
 //! | `default_guarantee` | number from 0, below 1 with `critical_guarantee`: the share `sheddable` never takes besides | 0.1 |
+//! | `critical_borrowing` | number from 1 to 100: `critical`'s ceiling in times the limit | 3 |
 //! | `priority_header` | a header name: the header whose value names the class | `"x-priority"` |
 //! | `queue_capacity` | integer ≥ 1, with `max_wait`: requests that may wait for a place | none (shed at once) |
 //! | `max_wait` | duration ≤ 60 s, with `queue_capacity`: the longest a request waits | none |
@@ -344,16 +347,18 @@ mod tests {
     fn adaptive_bulkheads_parse_with_their_defaults() {
         let config = parse(
             "[adaptive_bulkheads.payment]\nmin_limit = 2\ninitial_limit = 4\nmax_limit = 32\n\
-             algorithm = \"gradient\"\nignore_cancelled_calls = true\n\
+             algorithm = \"gradient\"\nignore_cancelled_calls = true\nprobe_every = 20\n\
              [adaptive_bulkheads.search]\n",
         );
         let payment = &config.adaptive_bulkheads["payment"];
         assert_eq!(payment.limits(), (2, 4, 32));
         assert_eq!(payment.algorithm, AdaptiveAlgorithmKind::Gradient);
+        assert_eq!(payment.probe_every, Some(Count(20)));
         assert!(payment.ignore_cancelled_calls);
         let search = &config.adaptive_bulkheads["search"];
         assert_eq!(search.limits(), (1, 8, 256));
         assert_eq!(search.algorithm, AdaptiveAlgorithmKind::Aimd);
+        assert_eq!(search.probe_every, None);
         assert!(!search.ignore_cancelled_calls);
     }
 

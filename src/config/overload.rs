@@ -15,23 +15,29 @@ pub(super) struct OverloadSettings {
     pub(super) min_limit: Count<MAX_LIMIT>,
     pub(super) initial_limit: Count<MAX_LIMIT>,
     pub(super) max_limit: Count<MAX_LIMIT>,
+    pub(super) probe_every: Count,
     pub(super) critical_guarantee: f64,
     pub(super) default_guarantee: f64,
+    pub(super) critical_borrowing: f64,
     pub(super) priority_header: String,
     pub(super) queue_capacity: Option<Count>,
     #[serde(deserialize_with = "optional")]
     pub(super) max_wait: Option<Duration>,
 }
 
-/// A field left out keeps its default.
+/// A field left out keeps its default: the builder's (`overload::DEFAULT_*`, which a build
+/// without `adaptive` cannot name; `an_overload_section_builds_with_its_defaults_or_its_settings`
+/// checks they agree).
 impl Default for OverloadSettings {
     fn default() -> Self {
         Self {
             min_limit: Count(8),
             initial_limit: Count(16),
             max_limit: Count(1000),
-            critical_guarantee: 0.6,
+            probe_every: Count(300),
+            critical_guarantee: 0.3,
             default_guarantee: 0.1,
+            critical_borrowing: 3.0,
             priority_header: "x-priority".into(),
             queue_capacity: None,
             max_wait: None,
@@ -68,6 +74,10 @@ impl OverloadSettings {
         };
         share("critical_guarantee", self.critical_guarantee)?;
         share("default_guarantee", self.default_guarantee)?;
+        if !(1.0..=100.0).contains(&self.critical_borrowing) {
+            let outside = format!("is {}; from 1 to 100", self.critical_borrowing);
+            return Err(err("critical_borrowing", outside));
+        }
         let total = self.critical_guarantee + self.default_guarantee;
         if total >= 1.0 {
             let over = format!("makes {total} with critical_guarantee; together below 1");
@@ -94,7 +104,7 @@ pub(super) fn build_overload(
     s: &OverloadSettings,
 ) -> Result<crate::overload::Overload, ConfigError> {
     use crate::bulkhead::adaptive::Limits;
-    use crate::overload::{Overload, Priority};
+    use crate::overload::{default_algorithm, Overload, Priority};
 
     let at =
         |e: &dyn std::fmt::Display| ConfigError::new(format!("overload.{name}"), e.to_string());
@@ -107,8 +117,10 @@ pub(super) fn build_overload(
     let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| at(&e))?;
     let mut builder = Overload::builder(name)
         .limits(limits)
+        .algorithm(default_algorithm(s.probe_every.0).map_err(|e| at(&e))?)
         .guarantee(Priority::Critical, s.critical_guarantee)
         .and_then(|b| b.guarantee(Priority::Default, s.default_guarantee))
+        .and_then(|b| b.critical_borrowing(s.critical_borrowing))
         .map_err(|e| at(&e))?
         .priority_by(move |head| {
             let value = head.headers.get(&header).and_then(|v| v.to_str().ok());
@@ -132,15 +144,22 @@ mod tests {
         let text = "[overload.api]\n\
                     [overload.checkout]\nmin_limit = 4\ninitial_limit = 10\nmax_limit = 50\n\
                     critical_guarantee = 0.5\ndefault_guarantee = 0.2\npriority_header = \"x-class\"\n\
-                    queue_capacity = 16\nmax_wait = \"100ms\"\n";
+                    queue_capacity = 16\nmax_wait = \"100ms\"\ncritical_borrowing = 1.5\n\
+                    probe_every = 50\n";
         let registry = Registry::from_toml_str(text).unwrap();
         let api = registry.overload("api").unwrap();
         assert_eq!(api.limit(), 16);
-        assert_eq!(api.ceiling(Priority::Default), 16 - 10);
+        assert_eq!(api.ceiling(Priority::Default), 16 - 5, "a guarantee of 0.3");
+        assert_eq!(
+            api.ceiling(Priority::Critical),
+            48,
+            "borrowing 3 times the limit"
+        );
         let checkout = registry.overload("checkout").unwrap();
         assert_eq!(checkout.limit(), 10);
         assert_eq!(checkout.ceiling(Priority::Default), 5);
         assert_eq!(checkout.ceiling(Priority::Sheddable), 3);
+        assert_eq!(checkout.ceiling(Priority::Critical), 15);
         assert!(registry.overload("nope").is_err());
     }
 
@@ -194,6 +213,9 @@ mod tests {
             ("max_wait = \"1s\"", "queue_capacity"),
             ("queue_capacity = 4\nmax_wait = \"2m\"", "max_wait"),
             ("critical_guarantee = \"high\"", "critical_guarantee"),
+            ("critical_borrowing = 0.5", "critical_borrowing"),
+            ("critical_borrowing = 101.0", "critical_borrowing"),
+            ("probe_every = 0", "probe_every"),
             ("limit = 3", "limit"),
         ];
         for (body, field) in cases {

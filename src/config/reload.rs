@@ -227,12 +227,12 @@ fixed_fields! {
     PushbackSettings => [max_wait, max_hold, pacing];
     ClientQuotaSettings => [limiter, cost];
     AdaptiveBulkheadSettings => [
-        min_limit, initial_limit, max_limit, algorithm, ignore_cancelled_calls
+        min_limit, initial_limit, max_limit, algorithm, probe_every, ignore_cancelled_calls
     ];
     RouteSettings => [policies, exempt_networks];
     OverloadSettings => [
-        min_limit, initial_limit, max_limit, critical_guarantee, default_guarantee,
-        priority_header, queue_capacity, max_wait
+        min_limit, initial_limit, max_limit, probe_every, critical_guarantee, default_guarantee,
+        critical_borrowing, priority_header, queue_capacity, max_wait
     ];
     BreakerSettings => [
         window_calls, window_seconds, minimum_calls, failure_rate, slow_call_rate,

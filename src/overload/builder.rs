@@ -9,12 +9,12 @@ use std::time::Duration;
 use super::service::OverloadLayer;
 use super::state::{PriorityBy, QueueSettings, Shared};
 use super::Priority;
-use crate::bulkhead::adaptive::{Gradient, LimitAlgorithm, Limits};
+use crate::bulkhead::adaptive::{Aimd, LimitAlgorithm, Limits};
 use crate::clock::{Clock, SystemClock};
 use crate::head::RequestHead;
 
 /// The guarantee of `Critical` by default: the share of the limit lower classes never take.
-pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.6;
+pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.3;
 /// The guarantee of `Default` by default: the share of the limit `Sheddable` never takes.
 pub const DEFAULT_DEFAULT_GUARANTEE: f64 = 0.1;
 
@@ -35,9 +35,10 @@ impl Overload {
         OverloadBuilder {
             name: name.into(),
             limits: default_limits(),
-            algorithm: Box::new(default_algorithm()),
+            algorithm: Box::new(default_algorithm(PROBE_EVERY).unwrap_or_default()),
             priority_by: Box::new(|_: &RequestHead<'_>| Priority::Default),
             guarantees,
+            borrowing: DEFAULT_CRITICAL_BORROWING,
             queue: None,
             clock: Box::new(SystemClock::new()),
         }
@@ -48,7 +49,8 @@ impl Overload {
         &self.shared.name
     }
 
-    /// The current limit of requests in flight, all classes together.
+    /// The current limit of requests in flight, all classes together, which only `Critical` may
+    /// go above ([`OverloadBuilder::critical_borrowing`]).
     pub fn limit(&self) -> usize {
         self.shared.limit()
     }
@@ -82,18 +84,19 @@ impl fmt::Debug for Overload {
     }
 }
 
-/// The algorithm by default: [`Gradient`] with its defaults, its baseline from periods of
-/// [`PROBE_EVERY`] round trips.
-fn default_algorithm() -> Gradient {
-    let gradient = Gradient::default();
-    gradient
-        .clone()
-        .probe_every(PROBE_EVERY)
-        .unwrap_or(gradient)
+/// The algorithm by default: [`Aimd`] with a latency tolerance of 1.1, its baseline from periods
+/// of `probe_every` round trips ([`PROBE_EVERY`] by default).
+pub(crate) fn default_algorithm(probe_every: u32) -> Result<Aimd, SettingError> {
+    Aimd::default()
+        .latency_tolerance(1.1)?
+        .probe_every(probe_every)
 }
 
-/// The period of the default algorithm's baseline, in round trips ([`Gradient::probe_every`]).
+/// The period of the default algorithm's baseline, in round trips ([`Aimd::probe_every`]).
 pub const PROBE_EVERY: u32 = 300;
+
+/// How far `Critical` may go above the limit by default: its ceiling is 3 times the limit.
+pub const DEFAULT_CRITICAL_BORROWING: f64 = 3.0;
 
 /// The limits by default: from 8 to 1000, starting at 16.
 fn default_limits() -> Limits {
@@ -108,6 +111,7 @@ pub struct OverloadBuilder {
     algorithm: Box<dyn LimitAlgorithm>,
     priority_by: PriorityBy,
     guarantees: [f64; 3],
+    borrowing: f64,
     queue: Option<QueueSettings>,
     clock: Box<dyn Clock>,
 }
@@ -119,7 +123,8 @@ impl OverloadBuilder {
         self
     }
 
-    /// The algorithm that moves the limit (default: [`Gradient`] with its defaults).
+    /// The algorithm that moves the limit (default: [`Aimd`] with a latency tolerance of 1.1 and
+    /// its baseline probed for every [`PROBE_EVERY`] round trips).
     pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
         self.algorithm = Box::new(algorithm);
         self
@@ -135,7 +140,7 @@ impl OverloadBuilder {
     }
 
     /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
-    /// take it (defaults: 0.6 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
+    /// take it (defaults: 0.3 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
     /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
     pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, SettingError> {
         let what = "at least 0 and below 1";
@@ -147,6 +152,22 @@ impl OverloadBuilder {
         let total: f64 = self.guarantees.iter().sum();
         let together = "below 1 for all classes together";
         ensure(OF, total < 1.0, "guarantee", total, together)?;
+        Ok(self)
+    }
+
+    /// How far `Critical` may go above the limit: its ceiling is `factor` times the limit,
+    /// rounded (default [`DEFAULT_CRITICAL_BORROWING`], 3; 1 holds it at the limit). At least 1
+    /// and at most 100.
+    ///
+    /// The limit follows the latency of every class, so it settles where the service is barely
+    /// busier than at its no-load latency; a burst of critical requests above it is better
+    /// served slower than shed. On a service that shares its processors, `factor` times the
+    /// limit in flight runs about `factor` times slower: the factor bounds how slow a burst of
+    /// critical requests may make the service before they too are shed.
+    pub fn critical_borrowing(mut self, factor: f64) -> Result<Self, SettingError> {
+        let ok = (1.0..=100.0).contains(&factor);
+        ensure(OF, ok, "critical_borrowing", factor, "from 1 to 100")?;
+        self.borrowing = factor;
         Ok(self)
     }
 
@@ -174,6 +195,7 @@ impl OverloadBuilder {
         let share = |class: Priority| self.guarantees[class.index()];
         let critical = share(Priority::Critical);
         let mut reserved = [0.0; 3];
+        reserved[Priority::Critical.index()] = 1.0 - self.borrowing;
         reserved[Priority::Default.index()] = critical;
         reserved[Priority::Sheddable.index()] = critical + share(Priority::Default);
         let shared = Shared::new(
@@ -197,6 +219,7 @@ impl fmt::Debug for OverloadBuilder {
             .field("name", &self.name)
             .field("limits", &self.limits)
             .field("guarantees", &self.guarantees)
+            .field("borrowing", &self.borrowing)
             .field("queue", &self.queue)
             .finish_non_exhaustive()
     }

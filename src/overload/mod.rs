@@ -6,8 +6,9 @@
 //! grows for everyone until timeouts turn it into an outage. An [`Overload`] keeps the requests
 //! in flight at a limit that a delay-based [`LimitAlgorithm`](crate::bulkhead::adaptive::LimitAlgorithm)
 //! moves with the latency it measures, and admits by [`Priority`]: each class below `Critical`
-//! finds a lower ceiling, so when the service is full the lower classes are shed first, and a
-//! class keeps a guaranteed share of the limit that the lower ones never take.
+//! finds a lower ceiling, so when the service is full the lower classes are shed first, a class
+//! keeps a guaranteed share of the limit that the lower ones never take, and `Critical` may
+//! borrow above the limit.
 //!
 //! ```
 //! use axum::{routing::get, Router};
@@ -36,10 +37,12 @@
 //! # Admission
 //!
 //! A request of class `c` is admitted if the requests in flight, all classes together and it
-//! excluded, are below the ceiling of `c`: the limit for [`Priority::Critical`], and for the
+//! excluded, are below the ceiling of `c`: for [`Priority::Critical`] the limit times what it
+//! may borrow above it ([`OverloadBuilder::critical_borrowing`], 3 by default), and for the
 //! others the limit less the guarantees of the classes above, rounded to the nearest whole
 //! request ([`OverloadBuilder::guarantee`]). With a limit of 10 and a guarantee of 0.2 for
-//! `Critical`, the lower classes never hold more than 8 together, and `Critical` always finds 2.
+//! `Critical`, the lower classes never hold more than 8 together, and `Critical` always finds 2,
+//! and up to 30 in flight with the others while it borrows.
 //!
 //! Otherwise the request is shed at once, never reaching the inner service and spending
 //! nothing; or, with a [queue](OverloadBuilder::queue), it waits until its ceiling lets it in,
@@ -54,10 +57,11 @@
 //!
 //! Each admitted request gives the algorithm one sample when its response head is ready: its
 //! latency from admission (not from arrival: time in the queue is not the service's), the
-//! requests in flight when it was admitted, and its class's ceiling then. A request whose inner
-//! service fails or panics, or whose future is dropped first, gives none. A sample "found the
-//! limit reached" when it took the last place under its class's ceiling, so the lower classes'
-//! flood is what lets a delay-based limit grow, until their latency rises above its tolerance.
+//! requests in flight when it was admitted, and its class's ceiling then (at most the limit).
+//! A request whose inner service fails or panics, or whose future is dropped first, gives none.
+//! A sample "found the limit reached" when it took the last place under its class's ceiling, or
+//! went above the limit, so the lower classes' flood, or critical requests borrowing, is what
+//! lets a delay-based limit grow, until their latency rises above its tolerance.
 //!
 //! # Shed answers
 //!
@@ -70,17 +74,38 @@
 //!
 //! # Defaults
 //!
-//! * [`Gradient`](crate::bulkhead::adaptive::Gradient) with its defaults: a tolerance of 1.1
-//!   times the baseline latency, so the lower classes are kept near the service's capacity; its
-//!   baseline is the lowest latency of the round trips run with at most the minimum limit in
-//!   flight over two periods of [`PROBE_EVERY`] (300) round trips, probed for at the minimum
-//!   limit when there was none
-//!   ([`Gradient::probe_every`](crate::bulkhead::adaptive::Gradient::probe_every)), so that a
-//!   flood from the start does not pass its own queueing off as the service's latency.
-//! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16.
-//! * Guarantees: 0.6 of the limit for `Critical`
-//!   ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth for `Default`
-//!   ([`DEFAULT_DEFAULT_GUARANTEE`]).
+//! They hold issue 39's targets on `examples/overload.rs`, which sets nothing else (its header
+//! has the figures): a service that serves 8 requests at full speed and slows beyond as a
+//! shared processor, flooded at 4 and 10 times what it serves with critical requests at 80 % of
+//! it.
+//!
+//! * [`Aimd`](crate::bulkhead::adaptive::Aimd) with a latency tolerance of 1.1 (the adaptive
+//!   bulkhead's is 1.3): the limit comes down whenever a round trip's mean latency is 10 % above
+//!   the baseline, so the lower classes are kept where the service is barely busier than at no
+//!   load. A bulkhead protects the caller and tolerates a busy dependency; here the service's
+//!   own latency is what is protected, and every 10 % of it the lower classes add is paid by the
+//!   critical requests too. `Gradient` settles with `sqrt(limit)` requests queued, 1.4 to 1.7
+//!   times the baseline latency at the limits this service needs, which the critical requests'
+//!   p99 cannot afford. The baseline is the lowest latency of the round trips run with at most
+//!   the minimum limit in flight over two periods of [`PROBE_EVERY`] (300) round trips, probed
+//!   for at the minimum limit when there was none
+//!   ([`Aimd::probe_every`](crate::bulkhead::adaptive::Aimd::probe_every)), so that a flood from
+//!   the start does not pass its own queueing off as the service's latency.
+//! * [`Limits`](crate::bulkhead::adaptive::Limits) from 8 to 1000, starting at 16. The minimum
+//!   is at most what the service serves at full speed (above it, the lower classes are admitted
+//!   into queueing). Far below it, critical requests borrowing above the minimum keep a probe's
+//!   round trips crowded, and the probe ends after 10 of them with the lowest: a baseline
+//!   measured under some load (in a simulation of the example with `CAPACITY=32`, a goodput of
+//!   85 % at 4 and 10 times the capacity, critical requests 99.4 %). The limit grows by one
+//!   request a round trip, so a service that serves many more than 16 at full speed sheds some
+//!   of its lower classes in its first seconds under load.
+//! * `Critical` borrows up to 3 times the limit ([`DEFAULT_CRITICAL_BORROWING`]): a limit
+//!   that keeps the lower classes at no-load latency is far too low for a burst of critical
+//!   requests, which arrive at random; 3 times the limit serves them at most about 3 times
+//!   slower, and sheds the rare burst beyond.
+//! * Guarantees: 0.3 of the limit for `Critical` ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth
+//!   for `Default` ([`DEFAULT_DEFAULT_GUARANTEE`]): under a flood the lower classes keep to 0.7
+//!   and 0.6 of the limit, leaving the rest for critical requests before they need to borrow.
 //! * No queue; every request is `Default`.
 //!
 //! # Watching it
@@ -97,8 +122,11 @@ mod metrics;
 mod service;
 mod state;
 
+#[cfg(feature = "config")]
+pub(crate) use builder::default_algorithm;
 pub use builder::{
-    Overload, OverloadBuilder, DEFAULT_CRITICAL_GUARANTEE, DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
+    Overload, OverloadBuilder, DEFAULT_CRITICAL_BORROWING, DEFAULT_CRITICAL_GUARANTEE,
+    DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
 };
 pub use service::{OverloadBody, OverloadLayer, OverloadService, ResponseFuture};
 

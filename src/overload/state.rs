@@ -44,7 +44,8 @@ pub(super) struct Shared {
     pub(super) clock: Box<dyn Clock>,
     pub(super) limits: Limits,
     /// For each class (by [`Priority::index`]), the share of the limit it may not take: the sum
-    /// of the guarantees of the classes above it.
+    /// of the guarantees of the classes above it; for `Critical`, negative: what it may borrow
+    /// above the limit.
     pub(super) reserved: [f64; 3],
     pub(super) priority_by: PriorityBy,
     pub(super) queue: Option<QueueSettings>,
@@ -105,10 +106,11 @@ impl Shared {
     }
 
     /// The most requests in flight, all classes together, under which `class` is admitted at
-    /// `limit`: the limit less the guarantees of the classes above, rounded to the nearest.
+    /// `limit`: the limit less the guarantees of the classes above, rounded to the nearest, or
+    /// for `Critical` the limit times its borrowing.
     pub(super) fn ceiling(&self, class: Priority, limit: usize) -> usize {
-        let reserved = (limit as f64 * self.reserved[class.index()]).round() as usize;
-        limit.saturating_sub(reserved)
+        let reserved = (limit as f64 * self.reserved[class.index()]).round();
+        (limit as f64 - reserved) as usize
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -155,7 +157,7 @@ impl Shared {
             class,
             started: self.clock.now(),
             in_flight: state.in_flight,
-            ceiling: self.ceiling(class, state.limit),
+            ceiling: self.ceiling(class, state.limit).min(state.limit),
         }
     }
 
@@ -241,7 +243,8 @@ pub(super) struct Permit {
     started: u64,
     /// Requests in flight at admission, this one included.
     in_flight: usize,
-    /// Its class's ceiling at admission.
+    /// Its class's ceiling at admission, at most the limit then: a critical request admitted
+    /// above the limit found it reached.
     ceiling: usize,
 }
 

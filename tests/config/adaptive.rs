@@ -63,6 +63,8 @@ fn every_bad_value_names_its_path() {
         ),
         ("algorithm = \"vegas\"", "adaptive_bulkheads.p.algorithm"),
         ("algorithm = 1", "adaptive_bulkheads.p.algorithm"),
+        ("probe_every = 0", "adaptive_bulkheads.p.probe_every"),
+        ("probe_every = 2.5", "adaptive_bulkheads.p.probe_every"),
         (
             "ignore_cancelled_calls = \"yes\"",
             "adaptive_bulkheads.p.ignore_cancelled_calls",

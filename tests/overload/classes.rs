@@ -10,10 +10,11 @@ use crate::support::{fixed, gated, request};
 
 const CLASSES: [Priority; 3] = [Priority::Critical, Priority::Default, Priority::Sheddable];
 
-/// Floods a protection of limit 10 with `per_class` racing requests of each class; returns how
-/// many of each class reached the service, once every request was admitted or shed.
-async fn flood(guarantees: &[(Priority, f64)], per_class: usize) -> [usize; 3] {
-    let mut builder = fixed(10);
+/// Floods a protection of limit 10 (`Critical` borrowing up to `borrowing` times it) with
+/// `per_class` racing requests of each class; returns how many of each class reached the
+/// service, once every request was admitted or shed.
+async fn flood(guarantees: &[(Priority, f64)], borrowing: f64, per_class: usize) -> [usize; 3] {
+    let mut builder = fixed(10).critical_borrowing(borrowing).unwrap();
     for &(class, share) in guarantees {
         builder = builder.guarantee(class, share).unwrap();
     }
@@ -62,7 +63,7 @@ fn index(class: Priority) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lower_classes_never_take_the_critical_guarantee() {
     for _ in 0..20 {
-        let [critical, default, sheddable] = flood(&[(Priority::Critical, 0.2)], 40).await;
+        let [critical, default, sheddable] = flood(&[(Priority::Critical, 0.2)], 1.0, 40).await;
         assert!(default + sheddable <= 8, "{default} + {sheddable}");
         assert!(critical >= 2, "critical got {critical}");
         assert_eq!(critical + default + sheddable, 10);
@@ -70,10 +71,20 @@ async fn lower_classes_never_take_the_critical_guarantee() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn critical_borrows_up_to_its_factor_of_the_limit_and_no_lower_class_does() {
+    for _ in 0..20 {
+        let [critical, default, sheddable] = flood(&[(Priority::Critical, 0.2)], 2.5, 40).await;
+        assert!(default + sheddable <= 8, "{default} + {sheddable}");
+        assert!(critical >= 17, "critical got {critical}");
+        assert_eq!(critical + default + sheddable, 25);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_class_finds_its_own_ceiling() {
     let guarantees = [(Priority::Critical, 0.2), (Priority::Default, 0.3)];
     for _ in 0..20 {
-        let [critical, default, sheddable] = flood(&guarantees, 40).await;
+        let [critical, default, sheddable] = flood(&guarantees, 1.0, 40).await;
         assert!(sheddable <= 5, "sheddable got {sheddable}");
         assert!(default + sheddable <= 8, "{default} + {sheddable}");
         assert_eq!(critical + default + sheddable, 10);
@@ -83,7 +94,7 @@ async fn each_class_finds_its_own_ceiling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_guarantees_every_class_shares_the_limit() {
     let guarantees = [(Priority::Critical, 0.0), (Priority::Default, 0.0)];
-    let reached = flood(&guarantees, 40).await;
+    let reached = flood(&guarantees, 1.0, 40).await;
     assert_eq!(reached.iter().sum::<usize>(), 10);
 }
 

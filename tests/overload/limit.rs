@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tower::ServiceExt;
-use tower_bulwark::bulkhead::adaptive::{Gradient, Limits};
+use tower_bulwark::bulkhead::adaptive::{Aimd, Gradient, LimitAlgorithm, Limits};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::overload::{Overload, Priority};
 
@@ -104,7 +104,7 @@ async fn a_request_that_fails_gives_no_sample() {
 /// `work` is `W` for the first `slower_after` waves and `2W` after. Returns the limit after each
 /// wave.
 async fn flood_from_the_start(
-    algorithm: Gradient,
+    algorithm: impl LimitAlgorithm,
     waves: usize,
     slower_after: usize,
 ) -> Vec<usize> {
@@ -164,5 +164,89 @@ async fn the_baseline_is_measured_again_after_two_periods_without_an_uncrowded_r
             .count()
             >= 25,
         "settles near 12.3 again: {limits:?}"
+    );
+}
+
+// AIMD with a tolerance of 1.1 holds the limit where the latency is about 1.1 times the
+// baseline: at 8 a wave takes W and the limit grows; at 9 it takes 9/8 W, 1.125 times the
+// baseline, and the limit backs off to its minimum, one wave late (a round trip closes when the
+// next wave ends), so from 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aimd_probing_finds_the_no_load_latency_under_a_flood_from_the_start() {
+    let aimd = || Aimd::default().latency_tolerance(1.1).unwrap();
+    let limits = flood_from_the_start(aimd().probe_every(100).unwrap(), 80, 80).await;
+    assert_eq!(
+        limits[1], 8,
+        "the first crowded round trip starts a probe: {limits:?}"
+    );
+    assert!(
+        limits[20..].iter().all(|l| (8..=10).contains(l)),
+        "kept at the service's capacity: {limits:?}"
+    );
+    // The baseline learnt slowly takes in the flood's queueing from the start (16 in flight, twice
+    // the no-load latency), and the limit stays where that queueing is.
+    let learning = flood_from_the_start(aimd(), 80, 80).await;
+    assert!(
+        learning[20..].iter().all(|&l| l >= 14),
+        "the slow baseline: {learning:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aimd_probing_measures_the_baseline_again_after_a_step_in_latency() {
+    // Twice the work from wave 40: against the old baseline (W) every wave is slow, and the limit
+    // stays at its minimum; once two periods of 10 round trips have passed without one as fast as
+    // W, the baseline is 2W and the limit is held at the capacity again, as before the step.
+    let aimd = Aimd::default().latency_tolerance(1.1).unwrap();
+    let limits = flood_from_the_start(aimd.probe_every(10).unwrap(), 120, 40).await;
+    assert!(
+        limits[40..50].iter().all(|&l| l == 8),
+        "the slower service at the minimum: {limits:?}"
+    );
+    assert!(
+        limits[60..].iter().all(|l| (8..=10).contains(l)) && limits[60..].contains(&10),
+        "held at the capacity on the new baseline: {limits:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_ends_while_critical_requests_borrow_above_the_minimum() {
+    // Waves of critical requests that fill their ceiling, three times the limit, each answered
+    // after W: a probe at the minimum of 2 runs with 6 in flight, so none of its round trips is
+    // uncrowded; after 10 of them the lowest stands in for the baseline, and the limit goes
+    // back where it was.
+    let clock = ManualClock::new();
+    let aimd = Aimd::default().latency_tolerance(1.1).unwrap();
+    let overload = fixed(8)
+        .critical_borrowing(3.0)
+        .unwrap()
+        .limits(Limits::new(2, 8, 100).unwrap())
+        .algorithm(aimd.probe_every(5).unwrap())
+        .clock(clock.clone())
+        .build();
+    let (service, gated, mut entered) = gated(&overload);
+    let mut limits = Vec::new();
+    for _ in 0..40 {
+        let n = overload.ceiling(Priority::Critical);
+        let calls: Vec<_> = (0..n)
+            .map(|_| tokio::spawn(service.clone().oneshot(request(Priority::Critical))))
+            .collect();
+        for _ in 0..n {
+            entered.recv().await.unwrap();
+        }
+        clock.advance(W);
+        gated.gate.add_permits(n);
+        for call in calls {
+            assert_eq!(call.await.unwrap().unwrap().status(), 200);
+        }
+        limits.push(overload.limit());
+    }
+    assert!(
+        limits[1..11].iter().all(|&l| l == 2),
+        "a probe of 10 round trips: {limits:?}"
+    );
+    assert!(
+        limits[11] == 8 && limits[19] > 8,
+        "back where it was, and growing: {limits:?}"
     );
 }

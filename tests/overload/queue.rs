@@ -117,4 +117,8 @@ fn bad_settings_are_refused_naming_the_setting() {
     );
     let err = fixed(1).queue(1, Duration::from_secs(61)).unwrap_err();
     assert_eq!(err.setting(), "max_wait");
+    for factor in [0.99, 101.0, f64::NAN, f64::INFINITY] {
+        let err = fixed(1).critical_borrowing(factor).unwrap_err();
+        assert_eq!(err.setting(), "critical_borrowing", "{factor}");
+    }
 }

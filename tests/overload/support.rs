@@ -23,11 +23,12 @@ pub struct Gated {
 }
 
 /// A protection of a fixed `limit` whose classes come from `x-priority`, on a manual clock,
-/// without guarantees.
+/// without guarantees, and with `Critical` held at the limit (no borrowing).
 pub fn fixed(limit: usize) -> OverloadBuilder {
     let no_guarantees = |builder: OverloadBuilder| {
         let builder = builder.guarantee(Priority::Critical, 0.0).unwrap();
-        builder.guarantee(Priority::Default, 0.0).unwrap()
+        let builder = builder.guarantee(Priority::Default, 0.0).unwrap();
+        builder.critical_borrowing(1.0).unwrap()
     };
     no_guarantees(Overload::builder("api"))
         .limits(Limits::new(limit, limit, limit).unwrap())

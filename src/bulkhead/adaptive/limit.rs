@@ -305,6 +305,16 @@ impl Aimd {
         self.tolerance = check_tolerance(tolerance)?;
         Ok(self)
     }
+
+    /// Takes the baseline from the least loaded round trips and probes for it, as
+    /// [`Gradient::probe_every`] does, instead of learning it slowly from the round trips within
+    /// the tolerance of it (off by default; `rounds` at least 1). Without it, a flood from the
+    /// start passes its own queueing off as the baseline, and the limit settles with the
+    /// latency at `latency_tolerance` times that.
+    pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
+        self.learnt.probe_every(rounds)?;
+        Ok(self)
+    }
 }
 
 fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
@@ -326,7 +336,13 @@ struct Lowest {
     previous: Option<f64>,
     /// While probing: the estimate the limit had when the probe began.
     resume: Option<f64>,
+    /// While probing: the round trips probed, and the lowest mean latency among them.
+    probed: (u32, Option<f64>),
 }
+
+/// The most round trips a probe waits for an uncrowded one; then the lowest of its round trips
+/// stands in for the baseline.
+const PROBE_ROUNDS: u32 = 10;
 
 impl Lowest {
     fn nanos(&self) -> Option<f64> {
@@ -339,8 +355,20 @@ impl Lowest {
     /// Learns `round` and returns the estimate after it: `next` as the algorithm decided, or the
     /// minimum while no baseline is known (a probe), or after a probe the estimate it began at.
     fn after(&mut self, round: &Round, current: f64, next: f64, min: f64) -> f64 {
-        if let (Some(mean), false, false) = (round.mean_rtt, round.crowded, round.overloaded) {
-            self.current = Some(self.current.map_or(mean, |lowest| lowest.min(mean)));
+        let healthy = round.mean_rtt.filter(|_| !round.overloaded);
+        let lowest = |low: Option<f64>, mean: f64| Some(low.map_or(mean, |low| low.min(mean)));
+        if let (Some(mean), false) = (healthy, round.crowded) {
+            self.current = lowest(self.current, mean);
+        }
+        if self.resume.is_some() {
+            // Calls that may go above the limit (an overload's critical requests) can keep
+            // every round trip of a probe crowded: after PROBE_ROUNDS, its lowest stands in.
+            let (rounds, low) = self.probed;
+            let low = healthy.map_or(low, |mean| lowest(low, mean));
+            self.probed = (rounds + 1, low);
+            if rounds + 1 >= PROBE_ROUNDS && self.nanos().is_none() {
+                self.current = low;
+            }
         }
         self.rounds += 1;
         if self.rounds >= self.every {
@@ -354,6 +382,7 @@ impl Lowest {
             }
             (Some(_), Some(resume)) => {
                 self.resume = None;
+                self.probed = (0, None);
                 resume
             }
             (Some(_), None) => next,
@@ -372,6 +401,22 @@ struct Learnt {
 }
 
 impl Learnt {
+    /// Takes the baseline from the lowest uncrowded round trips, probing for it
+    /// ([`Gradient::probe_every`]).
+    fn probe_every(&mut self, rounds: u32) -> Result<(), SettingError> {
+        let expected = "at least 1 round trip";
+        ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
+        self.lowest = Some(Lowest {
+            every: rounds,
+            rounds: 0,
+            current: None,
+            previous: None,
+            resume: None,
+            probed: (0, None),
+        });
+        Ok(())
+    }
+
     /// Adds `sample`; when it closes a round, `decide` turns the round, the current estimate and
     /// the baseline before the round into the next estimate, and the baseline learns the round.
     /// Returns the limit: the estimate rounded down, within the bounds.
@@ -495,17 +540,12 @@ impl Gradient {
     /// slower within two periods. When there was none for that long (at the start, or under a
     /// flood that keeps the limit above its minimum), the limit drops to its minimum until a
     /// round trip is uncrowded, then goes back to where it was. So a flood from the start, which
-    /// never lets a round trip run at the no-load latency by itself, still finds it.
+    /// never lets a round trip run at the no-load latency by itself, still finds it. A probe
+    /// lasts at most 10 round trips: then the lowest mean latency among them stands in, as when
+    /// calls that may go above the limit (an [`Overload`](crate::overload::Overload)'s critical
+    /// requests) keep more than the minimum in flight on their own.
     pub fn probe_every(mut self, rounds: u32) -> Result<Self, SettingError> {
-        let expected = "at least 1 round trip";
-        ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
-        self.learnt.lowest = Some(Lowest {
-            every: rounds,
-            rounds: 0,
-            current: None,
-            previous: None,
-            resume: None,
-        });
+        self.learnt.probe_every(rounds)?;
         Ok(self)
     }
 }
