@@ -128,21 +128,35 @@ async fn flood_from_the_start(
 // and `latency = W × limit / 8`: `limit - sqrt(limit) = 8.8`, about 12.3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_from_the_start_finds_the_no_load_latency_by_probing() {
+    // The baseline learnt slowly from every round trip takes in the flood's queueing: it
+    // settles at about 2.5 times the no-load latency, and the limit with it.
     let probing = Gradient::default().probe_every(100).unwrap();
+    probing_finds_the_no_load_latency(probing, Gradient::default(), 40, 11..=14, 25).await;
+}
+
+/// Under a flood from the start, `probing` starts a probe at the first crowded round trip and
+/// keeps the limit within `settled` from wave `from`, where `learning` (the same algorithm
+/// without probes) takes the flood's queueing for its baseline and stays at `learning_at_least`
+/// or above.
+async fn probing_finds_the_no_load_latency<A: LimitAlgorithm>(
+    probing: A,
+    learning: A,
+    from: usize,
+    settled: std::ops::RangeInclusive<usize>,
+    learning_at_least: usize,
+) {
     let limits = flood_from_the_start(probing, 80, 80).await;
     assert_eq!(
         limits[1], 8,
         "the first crowded round trip starts a probe: {limits:?}"
     );
     assert!(
-        limits[40..].iter().all(|l| (11..=14).contains(l)),
-        "settles near 12.3: {limits:?}"
+        limits[from..].iter().all(|l| settled.contains(l)),
+        "settles within {settled:?}: {limits:?}"
     );
-    // The baseline learnt slowly from every round trip takes in the flood's queueing: it
-    // settles at about 2.5 times the no-load latency, and the limit with it.
-    let learning = flood_from_the_start(Gradient::default(), 80, 80).await;
+    let learning = flood_from_the_start(learning, 80, 80).await;
     assert!(
-        learning[40..].iter().all(|&l| l >= 25),
+        learning[from..].iter().all(|&l| l >= learning_at_least),
         "the slow baseline: {learning:?}"
     );
 }
@@ -173,23 +187,11 @@ async fn the_baseline_is_measured_again_after_two_periods_without_an_uncrowded_r
 // next wave ends), so from 10.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aimd_probing_finds_the_no_load_latency_under_a_flood_from_the_start() {
+    // Kept at the service's capacity; the baseline learnt slowly takes in the flood's queueing
+    // from the start (16 in flight, twice the no-load latency), and the limit stays there.
     let aimd = || Aimd::default().latency_tolerance(1.1).unwrap();
-    let limits = flood_from_the_start(aimd().probe_every(100).unwrap(), 80, 80).await;
-    assert_eq!(
-        limits[1], 8,
-        "the first crowded round trip starts a probe: {limits:?}"
-    );
-    assert!(
-        limits[20..].iter().all(|l| (8..=10).contains(l)),
-        "kept at the service's capacity: {limits:?}"
-    );
-    // The baseline learnt slowly takes in the flood's queueing from the start (16 in flight, twice
-    // the no-load latency), and the limit stays where that queueing is.
-    let learning = flood_from_the_start(aimd(), 80, 80).await;
-    assert!(
-        learning[20..].iter().all(|&l| l >= 14),
-        "the slow baseline: {learning:?}"
-    );
+    probing_finds_the_no_load_latency(aimd().probe_every(100).unwrap(), aimd(), 20, 8..=10, 14)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
