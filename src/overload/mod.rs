@@ -128,7 +128,7 @@ pub use builder::{
     Overload, OverloadBuilder, DEFAULT_CRITICAL_BORROWING, DEFAULT_CRITICAL_GUARANTEE,
     DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
 };
-pub use service::{OverloadBody, OverloadLayer, OverloadService, ResponseFuture};
+pub use service::{OverloadBody, OverloadLayer, OverloadService};
 
 /// How important a request is: lower classes are shed first.
 ///

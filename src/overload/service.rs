@@ -58,7 +58,7 @@ impl<S: fmt::Debug> fmt::Debug for OverloadService<S> {
 
 /// The response future of an [`OverloadService`]: boxed, as it may wait in the queue before it
 /// calls the inner service.
-pub type ResponseFuture<B, E> =
+type ResponseFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<OverloadBody<B>>, E>> + Send>>;
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for OverloadService<S>
