@@ -14,9 +14,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::head::RequestHead;
 
 /// The guarantee of `Critical` by default: the share of the limit lower classes never take.
-pub const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.3;
+const DEFAULT_CRITICAL_GUARANTEE: f64 = 0.3;
 /// The guarantee of `Default` by default: the share of the limit `Sheddable` never takes.
-pub const DEFAULT_DEFAULT_GUARANTEE: f64 = 0.1;
+const DEFAULT_DEFAULT_GUARANTEE: f64 = 0.1;
 
 /// A named overload protection: one adaptive limit of requests in flight for a whole service,
 /// shared by every clone and every service made from it. See the [module docs](super).
@@ -85,7 +85,7 @@ impl fmt::Debug for Overload {
 }
 
 /// The algorithm by default: [`Aimd`] with a latency tolerance of 1.1, its baseline from periods
-/// of `probe_every` round trips ([`PROBE_EVERY`] by default).
+/// of `probe_every` round trips (300 by default).
 pub(crate) fn default_algorithm(probe_every: u32) -> Result<Aimd, SettingError> {
     Aimd::default()
         .latency_tolerance(1.1)?
@@ -93,10 +93,10 @@ pub(crate) fn default_algorithm(probe_every: u32) -> Result<Aimd, SettingError> 
 }
 
 /// The period of the default algorithm's baseline, in round trips ([`Aimd::probe_every`]).
-pub const PROBE_EVERY: u32 = 300;
+const PROBE_EVERY: u32 = 300;
 
 /// How far `Critical` may go above the limit by default: its ceiling is 3 times the limit.
-pub const DEFAULT_CRITICAL_BORROWING: f64 = 3.0;
+const DEFAULT_CRITICAL_BORROWING: f64 = 3.0;
 
 /// The limits by default: from 8 to 1000, starting at 16.
 fn default_limits() -> Limits {
@@ -124,7 +124,7 @@ impl OverloadBuilder {
     }
 
     /// The algorithm that moves the limit (default: [`Aimd`] with a latency tolerance of 1.1 and
-    /// its baseline probed for every [`PROBE_EVERY`] round trips).
+    /// its baseline probed for every 300 round trips).
     pub fn algorithm(mut self, algorithm: impl LimitAlgorithm) -> Self {
         self.algorithm = Box::new(algorithm);
         self
@@ -156,7 +156,7 @@ impl OverloadBuilder {
     }
 
     /// How far `Critical` may go above the limit: its ceiling is `factor` times the limit,
-    /// rounded (default [`DEFAULT_CRITICAL_BORROWING`], 3; 1 holds it at the limit). At least 1
+    /// rounded (default 3; 1 holds it at the limit). At least 1
     /// and at most 100.
     ///
     /// The limit follows the latency of every class, so it settles where the service is barely

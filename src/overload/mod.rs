@@ -87,7 +87,7 @@
 //!   critical requests too. `Gradient` settles with `sqrt(limit)` requests queued, 1.4 to 1.7
 //!   times the baseline latency at the limits this service needs, which the critical requests'
 //!   p99 cannot afford. The baseline is the lowest latency of the round trips run with at most
-//!   the minimum limit in flight over two periods of [`PROBE_EVERY`] (300) round trips, probed
+//!   the minimum limit in flight over two periods of 300 round trips, probed
 //!   for at the minimum limit when there was none
 //!   ([`Aimd::probe_every`](crate::bulkhead::adaptive::Aimd::probe_every)), so that a flood from
 //!   the start does not pass its own queueing off as the service's latency.
@@ -99,12 +99,12 @@
 //!   85 % at 4 and 10 times the capacity, critical requests 99.4 %). The limit grows by one
 //!   request a round trip, so a service that serves many more than 16 at full speed sheds some
 //!   of its lower classes in its first seconds under load.
-//! * `Critical` borrows up to 3 times the limit ([`DEFAULT_CRITICAL_BORROWING`]): a limit
+//! * `Critical` borrows up to 3 times the limit: a limit
 //!   that keeps the lower classes at no-load latency is far too low for a burst of critical
 //!   requests, which arrive at random; 3 times the limit serves them at most about 3 times
 //!   slower, and sheds the rare burst beyond.
-//! * Guarantees: 0.3 of the limit for `Critical` ([`DEFAULT_CRITICAL_GUARANTEE`]) and a tenth
-//!   for `Default` ([`DEFAULT_DEFAULT_GUARANTEE`]): under a flood the lower classes keep to 0.7
+//! * Guarantees: 0.3 of the limit for `Critical` and a tenth
+//!   for `Default`: under a flood the lower classes keep to 0.7
 //!   and 0.6 of the limit, leaving the rest for critical requests before they need to borrow.
 //! * No queue; every request is `Default`.
 //!
@@ -124,10 +124,7 @@ mod state;
 
 #[cfg(feature = "config")]
 pub(crate) use builder::default_algorithm;
-pub use builder::{
-    Overload, OverloadBuilder, DEFAULT_CRITICAL_BORROWING, DEFAULT_CRITICAL_GUARANTEE,
-    DEFAULT_DEFAULT_GUARANTEE, PROBE_EVERY,
-};
+pub use builder::{Overload, OverloadBuilder};
 pub use service::{OverloadBody, OverloadLayer, OverloadService};
 
 /// How important a request is: lower classes are shed first.
