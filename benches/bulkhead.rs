@@ -13,13 +13,15 @@
 //! no-op waker (all contenders answer at once here: the limit is far above the callers). The
 //! limit is 1024 so that nothing is refused and every contender does the same work per call.
 
+#[path = "support/calls.rs"]
+mod calls;
+
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
-use std::sync::Barrier;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
 
+use calls::{get, loopback_server, on_threads};
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service};
@@ -68,43 +70,6 @@ fn one_call<S: Service<u64>>(service: &mut S, cx: &mut Context<'_>, n: u64) {
             Poll::Pending => std::hint::spin_loop(),
         }
     }
-}
-
-/// Runs `iters` calls on each of `threads` threads, all sharing one limit; returns the slowest
-/// thread's time, so the figure is the time per call while the others call too.
-fn run_threads<S>(
-    runtime: &tokio::runtime::Handle,
-    service: &S,
-    threads: usize,
-    iters: u64,
-) -> Duration
-where
-    S: Service<u64> + Clone + Send,
-{
-    let barrier = Barrier::new(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let mut service = service.clone();
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    let _runtime = runtime.enter();
-                    let mut cx = Context::from_waker(Waker::noop());
-                    barrier.wait();
-                    let start = Instant::now();
-                    for n in 0..iters {
-                        one_call(&mut service, &mut cx, n);
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|handle| handle.join().unwrap())
-            .max()
-            .unwrap()
-    })
 }
 
 fn bench_all(c: &mut Criterion) {
@@ -191,40 +156,17 @@ fn bench_all(c: &mut Criterion) {
     let mut group = c.benchmark_group("bulkhead/2 threads");
     group.bench_function("tower ConcurrencyLimit", |b| {
         let service = tower_limit();
-        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
+        b.iter_custom(|iters| on_threads(runtime.handle(), &service, 2, iters, one_call))
     });
     group.bench_function("tower-bulwark Bulkhead", |b| {
         let service = ours();
-        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
+        b.iter_custom(|iters| on_threads(runtime.handle(), &service, 2, iters, one_call))
     });
     group.bench_function("tower-resilience Bulkhead", |b| {
         let service = resilience();
-        b.iter_custom(|iters| run_threads(runtime.handle(), &service, 2, iters))
+        b.iter_custom(|iters| on_threads(runtime.handle(), &service, 2, iters, one_call))
     });
     group.finish();
-}
-
-/// Serves `GET /` with a short body on a loopback port of `runtime`; returns its URL.
-fn loopback_server(runtime: &tokio::runtime::Runtime) -> String {
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}/", listener.local_addr().unwrap());
-    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
-/// One `GET` through `service`, body read to its end.
-async fn get<S>(service: &mut S, client: &reqwest::Client, url: &str)
-where
-    S: Service<reqwest::Request, Response = reqwest::Response>,
-    S::Error: std::fmt::Debug,
-{
-    use tower::ServiceExt;
-    let request = client.get(url).build().unwrap();
-    let response = service.ready().await.unwrap().call(request).await.unwrap();
-    black_box(response.bytes().await.unwrap());
 }
 
 fn bench_reqwest(c: &mut Criterion) {

@@ -24,15 +24,19 @@
 //! done
 //! ```
 
+#[path = "support/calls.rs"]
+mod calls;
+
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use calls::{get, loopback_server, on_threads};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
@@ -189,38 +193,6 @@ fn opened<S: Service<Request<()>>>(build: impl Fn(Dependency) -> S, cx: &mut Con
     service
 }
 
-/// Runs `iters` calls on each of two threads, each on a clone of `service` (one budget, one
-/// breaker); returns the slower thread's time, the time per call while the other calls too.
-fn two_threads<S>(runtime: &tokio::runtime::Handle, service: &S, iters: u64) -> Duration
-where
-    S: Service<Request<()>> + Clone + Send,
-{
-    let barrier = Barrier::new(2);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let mut service = service.clone();
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    let _runtime = runtime.enter();
-                    let mut cx = Context::from_waker(Waker::noop());
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        one_call(&mut service, &mut cx);
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    })
-}
-
 type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
 fn one_thread<S: Service<Request<()>>>(
@@ -247,7 +219,11 @@ fn threads<S: Service<Request<()>> + Clone + Send>(
 ) {
     let service = build(Dependency::default());
     group.bench_function(name, |b| {
-        b.iter_custom(|iters| two_threads(runtime, &service, iters))
+        b.iter_custom(|iters| {
+            on_threads(runtime, &service, 2, iters, |s, cx, _| {
+                one_call(s, cx);
+            })
+        })
     });
 }
 
@@ -302,29 +278,6 @@ fn count(calls: u64) {
     let _guard = runtime.enter();
     let wanted = std::env::var("CALL").expect("CALL names a contender");
     each_contender!(count_if, &wanted, calls);
-}
-
-/// Serves `GET /` with a short body on a loopback port of `runtime`; returns its URL.
-fn loopback_server(runtime: &tokio::runtime::Runtime) -> String {
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}/", listener.local_addr().unwrap());
-    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
-/// One `GET` through `service`, body read to its end.
-async fn get<S>(service: &mut S, client: &reqwest::Client, url: &str)
-where
-    S: Service<reqwest::Request, Response = reqwest::Response>,
-    S::Error: std::fmt::Debug,
-{
-    use tower::ServiceExt;
-    let request = client.get(url).build().unwrap();
-    let response = service.ready().await.unwrap().call(request).await.unwrap();
-    black_box(response.bytes().await.unwrap());
 }
 
 /// What a caller feels: a `reqwest` call over loopback, bare and through a retry layer above a
