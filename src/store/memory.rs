@@ -12,8 +12,8 @@
 //! takes them all, only to insert or evict), and the latest reading has a cache line of its own.
 //! With std's `RwLock`, one reader count and the latest reading beside the table's header, two
 //! threads checking one hot key wrote the line that each of them reads for every lookup: a
-//! quarter to a half of governor's checks a second; with them apart, 1.2 to 2.2 times
-//! (`WHICH=hot` in `examples/contention_pairs.rs`, 2 threads).
+//! quarter to a half of governor's checks a second; with them apart, 1.3 to 2 times
+//! (`PAIRED=20 THREADS=2 cargo bench --bench contention -- hot_key`).
 //!
 //! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
 //! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
