@@ -74,3 +74,49 @@ fn a_flood_of_one_request_keys_keeps_a_client_limited_to_ten_a_minute() {
     assert!(!flood_frees_limited_client::<SlidingLog>(quota, 10));
     assert!(!flood_frees_limited_client::<SlidingCounter>(quota, 10));
 }
+
+/// The flood and the limited client race, each on threads of its own (more threads than the
+/// shard lock has reader locks, so readers share them): eight threads flood a one-shard store
+/// with fresh keys, inserting and evicting under the write lock, while eight others ask for the
+/// client's key. The client gets exactly its quota, never a permit more, and is still limited
+/// once the flood ends.
+#[test]
+fn a_flood_racing_a_client_on_many_threads_leaves_it_exactly_its_quota() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    let quota = Quota::per_minute(10).unwrap();
+    for round in 0..5u64 {
+        let limiter = KeyedRateLimiter::<u64>::builder(quota)
+            .clock(ManualClock::new())
+            .max_keys(64)
+            .build();
+        let client = u64::MAX;
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(16));
+        let threads: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (limiter, admitted, barrier) =
+                    (limiter.clone(), Arc::clone(&admitted), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    for i in 0..2_000u64 {
+                        if t % 2 == 0 {
+                            if limiter.check(&client).allowed {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                        } else {
+                            limiter.check(&((round << 40) | (t << 20) | i));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), 10, "round {round}");
+        assert!(!limiter.check(&client).allowed, "round {round}");
+        assert!(limiter.len() <= 64, "round {round}: {} keys", limiter.len());
+    }
+}
