@@ -381,14 +381,25 @@ mod tests {
 
     #[test]
     #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-    fn what_a_request_touches_of_a_shard_is_one_cache_line() {
+    fn what_a_request_reads_of_a_shard_is_one_cache_line_and_what_it_writes_another() {
+        type GcraTable = Table<
+            u32,
+            <crate::algorithm::Gcra as crate::algorithm::Algorithm>::State,
+            std::sync::Arc<()>,
+        >;
         type GcraShard = Shard<
             u32,
             <crate::algorithm::Gcra as crate::algorithm::Algorithm>::State,
             std::sync::Arc<()>,
         >;
-        let end = std::mem::offset_of!(GcraShard, latest) + size_of::<LatestReading>();
-        assert!(end <= 64, "the latest reading ends at byte {end}");
+        let read = size_of::<ShardedLock<GcraTable>>();
+        assert!(
+            read <= 64,
+            "the lock and the table's header take {read} bytes"
+        );
+        let written = std::mem::offset_of!(GcraShard, latest);
+        assert_eq!(written, 64, "the latest reading starts at byte {written}");
+        assert_eq!(std::mem::offset_of!(GcraShard, full_until), 128);
     }
 
     #[test]
