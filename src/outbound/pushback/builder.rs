@@ -11,7 +11,7 @@ use super::dependency::Pushback;
 use crate::clock::{Clock, SystemClock};
 
 /// The default [`max_hold`](PushbackBuilder::max_hold): ten minutes.
-pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(600);
 
 /// How calls are paced by the quota a dependency advertises (`r` calls left within `t`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl Pushback {
     }
 
     /// A pushback for `name` with the defaults: no waiting, holds of at most
-    /// [`DEFAULT_MAX_HOLD`], [`Pacing::UntilSpent`].
+    /// ten minutes, [`Pacing::UntilSpent`].
     pub fn new(name: impl Into<Arc<str>>) -> Self {
         Self::builder(name).build()
     }
@@ -79,7 +79,7 @@ impl<C: Clock> PushbackBuilder<C> {
         self
     }
 
-    /// The longest hold any response can impose (default [`DEFAULT_MAX_HOLD`]): a longer
+    /// The longest hold any response can impose (default ten minutes): a longer
     /// `Retry-After` or window is cut to this, and logged. It is also the longest calls are held
     /// by a policy that gives nothing: this long after the last answer or call, one call goes.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {

@@ -136,7 +136,8 @@ mod schedule;
 mod tokens;
 mod trailers;
 
-pub use self::builder::{Pacing, PushbackBuilder, DEFAULT_MAX_HOLD};
+pub(crate) use self::builder::DEFAULT_MAX_HOLD;
+pub use self::builder::{Pacing, PushbackBuilder};
 pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
