@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use http::{Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::config::{parse_duration, Registry, Reloaded};
-use tower_bulwark::outbound::pushback::DEFAULT_MAX_HOLD;
+/// The pushback's default `max_hold`, as `PushbackBuilder::max_hold`'s docs say: ten minutes.
+const DEFAULT_MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(600);
 use tower_bulwark::outbound::{self, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
 

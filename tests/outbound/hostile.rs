@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::DEFAULT_MAX_HOLD;
 use http::StatusCode;
 use tokio::sync::oneshot;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::outbound;
-use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
+use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::BoxError;
 
 use crate::common::response;

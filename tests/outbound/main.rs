@@ -3,6 +3,9 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+
+/// The pushback's default `max_hold`, as `PushbackBuilder::max_hold`'s docs say: ten minutes.
+const DEFAULT_MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(600);
 #[path = "../common/counting.rs"]
 mod counting;
 

@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::DEFAULT_MAX_HOLD;
 use http::{HeaderMap, Response, StatusCode};
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::outbound::pushback::{Pacing, DEFAULT_MAX_HOLD};
+use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
 use tower_bulwark::{
     clock::{ManualClock, TokioClock},

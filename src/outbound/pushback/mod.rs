@@ -136,6 +136,7 @@ mod schedule;
 mod tokens;
 mod trailers;
 
+#[cfg(feature = "config")]
 pub(crate) use self::builder::DEFAULT_MAX_HOLD;
 pub use self::builder::{Pacing, PushbackBuilder};
 pub use self::dependency::Pushback;
