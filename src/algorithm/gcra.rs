@@ -1,7 +1,7 @@
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading};
+use super::{with, Algorithm, LatestReading};
 use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
@@ -17,8 +17,9 @@ use crate::{decision::Decision, Quota};
 ///
 /// Clock readings that arrive out of order (a thread read the clock, then lost the race to one
 /// that read it later) are decided as of the latest reading published to the key's
-/// [`LatestReading`] (shared by the keys of a shard): a stale reading neither admits more nor
-/// less than a fresh one.
+/// [`LatestReading`] (shared by the keys of a shard; a direct limiter's holds its one key's
+/// word too, so that one compare-and-swap changes both): a stale reading neither admits more
+/// nor less than a fresh one.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,
@@ -59,6 +60,92 @@ fn word(tat: u64, waiter: bool, now: u64, horizon: u64) -> u64 {
     } else {
         tat
     }
+}
+
+/// A key's state word and the latest reading it is decided as of, where they live: apart (a key
+/// of a keyed limiter's shard: the reading is published, then the word changed), or together in
+/// one 128-bit word (a direct limiter's key: one compare-and-swap changes both; see
+/// [`LatestReading`]). GCRA's decisions, refunds and charges go through it alike.
+enum Words<'a> {
+    Apart(&'a AtomicU64, &'a LatestReading),
+    Together(&'a portable_atomic::AtomicU128),
+}
+
+impl<'a> Words<'a> {
+    fn of(state: &'a GcraState, latest: &'a LatestReading) -> Self {
+        latest
+            .pair()
+            .map_or(Words::Apart(&state.tat, latest), Words::Together)
+    }
+
+    /// The word, then the latest reading: whoever changed the word we read published its
+    /// reading before, so the reading covers it.
+    fn load(&self) -> (u64, u64) {
+        match self {
+            Words::Apart(word, latest) => {
+                let current = word.load(Ordering::Acquire);
+                (current, latest.get())
+            }
+            Words::Together(pair) => split(pair.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Replaces the word `current`, read with the latest reading `seen`, by `new`, decided at
+    /// `now` or `seen`, whichever is later. Otherwise answers the word and the reading to decide
+    /// on again: someone changed the word, or published a reading later than `now` meanwhile.
+    fn replace(&self, current: u64, seen: u64, new: u64, now: u64) -> Result<(), (u64, u64)> {
+        match self {
+            Words::Apart(word, latest) => {
+                if now > seen {
+                    // Published before the word changes.
+                    let before = latest.publish(now);
+                    if before > now {
+                        return Err((current, before));
+                    }
+                }
+                let swapped =
+                    word.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire);
+                swapped.map(drop).map_err(|actual| (actual, latest.get()))
+            }
+            Words::Together(pair) => {
+                let (old, new) = (with(current, seen), with(new, now.max(seen)));
+                let swapped =
+                    pair.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire);
+                swapped.map(drop).map_err(split)
+            }
+        }
+    }
+
+    /// Publishes `now`, then changes the word to what `change` makes of it and of the latest
+    /// reading (the later of `now` and any other), unless `change` answers `None`.
+    fn update(&self, now: u64, mut change: impl FnMut(u64, u64) -> Option<u64>) {
+        match self {
+            Words::Apart(word, latest) => {
+                if now > latest.get() {
+                    latest.publish(now);
+                }
+                // The reading is read after the word: whoever moved the word published first.
+                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                    change(current, latest.get())
+                });
+            }
+            Words::Together(pair) => {
+                let _ = pair.fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
+                    let (current, seen) = split(both);
+                    let reading = seen.max(now);
+                    match change(current, reading) {
+                        Some(new) => Some(with(new, reading)),
+                        None => (reading > seen).then(|| with(current, reading)),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// A word and a latest reading, from the pair that holds both.
+fn split(both: u128) -> (u64, u64) {
+    (both as u64, (both >> 64) as u64)
 }
 
 impl Gcra {
@@ -203,11 +290,8 @@ impl Algorithm for Gcra {
         max_wait: u64,
     ) -> Decision {
         let now = now.min(MAX_NOW);
-        // The TAT first, then the latest reading: whoever changed the TAT we read published its
-        // reading before, so `seen` covers it and the admissions of a key decide at instants
-        // that never go backwards.
-        let mut current = state.tat.load(Ordering::Acquire);
-        let mut seen = latest.get();
+        let words = Words::of(state, latest);
+        let (mut current, mut seen) = words.load();
         let verdict = loop {
             let at = now.max(seen);
             let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
@@ -217,23 +301,9 @@ impl Algorithm for Gcra {
             // A reservation marks the key; an admission within the burst clears the mark.
             let reserved = matches!(verdict, Verdict::Reserved { .. });
             let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
-            if now > seen {
-                // Publish this reading before changing the TAT. If someone published a later
-                // one meanwhile, decide again as of it.
-                seen = latest.publish(now);
-                if seen > now {
-                    continue;
-                }
-            }
-            match state
-                .tat
-                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break verdict,
-                Err(actual) => {
-                    current = actual;
-                    seen = latest.get();
-                }
+            match words.replace(current, seen, new, now) {
+                Ok(()) => break verdict,
+                Err((actual, latest)) => (current, seen) = (actual, latest),
             }
         };
         self.decision(verdict)
@@ -271,47 +341,40 @@ impl Algorithm for Gcra {
         decision: &Decision,
     ) {
         let now = now.min(MAX_NOW);
-        if now > latest.get() {
-            latest.publish(now);
-        }
         let charged = decision.charged();
         let left = charged.tat;
         if left == 0 {
-            // Not a GCRA admission.
+            // Not a GCRA admission: only the reading is published.
+            Words::of(state, latest).update(now, |_, _| None);
             return;
         }
         // Never more time per permit than the decision charged: after a change of quota that
         // lengthened the interval, a permit weighs more than it took.
         let give = (self.interval.min(charged.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
-        let _ = state
-            .tat
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
-                // Read after the TAT: whoever moved the TAT published its reading first.
-                let latest = latest.get();
-                if tat <= latest {
-                    // Nothing ahead of the latest reading: nothing to give back.
-                    return None;
-                }
-                let back = if tat == left {
-                    give
-                } else if immediate && (tat.saturating_sub(self.horizon) <= latest || !waiter) {
-                    give.saturating_sub(latest.saturating_sub(charged.at))
-                } else {
-                    0
-                };
-                let tat = tat.saturating_sub(back).max(latest);
-                (back > 0).then(|| word(tat, waiter, latest, self.horizon))
-            });
+        Words::of(state, latest).update(now, |current, latest| {
+            let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
+            if tat <= latest {
+                // Nothing ahead of the latest reading: nothing to give back.
+                return None;
+            }
+            let back = if tat == left {
+                give
+            } else if immediate && (tat.saturating_sub(self.horizon) <= latest || !waiter) {
+                give.saturating_sub(latest.saturating_sub(charged.at))
+            } else {
+                0
+            };
+            let tat = tat.saturating_sub(back).max(latest);
+            (back > 0).then(|| word(tat, waiter, latest, self.horizon))
+        });
     }
 
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
     fn charge(&self, state: &GcraState, latest: &LatestReading, now: u64, cost: u32) {
         let now = now.min(MAX_NOW);
         // Published first, as a decision does: whoever reads the new TAT reads this reading.
-        let now = now.max(latest.publish(now));
-        let _ = (state.tat).fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+        Words::of(state, latest).update(now, |current, now| {
             let tat = self.charged(current & MAX_TAT, now, cost);
             Some(word(tat, current & WAITER != 0, now, self.horizon))
         });

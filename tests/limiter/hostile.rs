@@ -507,6 +507,32 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     for_every_algorithm!(run);
 }
 
+/// The same race on a direct limiter, whose one key keeps its GCRA word and its latest reading
+/// in one word that one compare-and-swap changes (a keyed limiter's keys publish the reading,
+/// then change the word): exactly as many admitted as one thread at the latest reading admits.
+#[test]
+fn racing_threads_with_stale_readings_get_exactly_a_direct_limiters_limit() {
+    fn run<A: Algorithm>() {
+        const THREADS: u64 = 24;
+        for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
+            let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
+            let expected = admitted_at_the_latest_reading::<A>(quota, THREADS, THREADS);
+            for round in 0..20u64 {
+                ScriptedClock::set(0);
+                let builder = DirectRateLimiter::builder(quota).algorithm::<A>();
+                let limiter = builder.clock(ScriptedClock).build();
+                let admitted = race_with_readings(&limiter, permuted_readings(THREADS, round), 1);
+                let name = name::<A>();
+                assert_eq!(
+                    admitted[0], expected,
+                    "{name} max_wait {max_wait:?} round {round}"
+                );
+            }
+        }
+    }
+    for_every_algorithm!(run);
+}
+
 /// The same race over two keys of one shard (a store of 16 keys has one shard), the threads
 /// taking turns between them: the keys share the shard's latest reading, so each key's stale
 /// readings are decided as of readings the other key published. Each key still gets exactly

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use tower_bulwark::{
     algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter, SlidingLog},
     clock::{Clock, ManualClock},
+    limiter::BoxLimiter,
     limiter::Decision,
     DirectRateLimiter, KeyedRateLimiter, Limiter, Quota,
 };
@@ -31,12 +32,17 @@ impl Clock for ScriptedClock {
     }
 }
 
-fn limiter<A: Algorithm>(quota: Quota) -> KeyedRateLimiter<u8, A, ScriptedClock> {
+/// A keyed limiter, or with `direct` a direct one (whose one key keeps its GCRA word and its
+/// latest reading in one word, where a keyed limiter's keys share their shard's reading).
+fn limiter<A: Algorithm>(quota: Quota, direct: bool) -> BoxLimiter<u8> {
     set(0);
-    KeyedRateLimiter::<u8>::builder(quota)
-        .algorithm::<A>()
-        .clock(ScriptedClock)
-        .build()
+    if direct {
+        let builder = DirectRateLimiter::builder(quota).algorithm::<A>();
+        BoxLimiter::new(builder.clock(ScriptedClock).build())
+    } else {
+        let builder = KeyedRateLimiter::<u8>::builder(quota).algorithm::<A>();
+        BoxLimiter::new(builder.clock(ScriptedClock).build())
+    }
 }
 
 fn decide<L: Limiter<u8>>(l: &L, cost: u32) -> Decision {
@@ -83,8 +89,13 @@ fn quota(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
 /// Runs `ops` on a limiter that sees the vetoed requests and on a twin that does not: every
 /// decision both see must be identical. A veto's reading is remembered as a floor for later
 /// readings (the vetoed request told its limiter the time; the twin never heard it).
-fn veto_is_as_if_never_made<A: Algorithm>(q: Quota, ops: &[Op], one_permit_waits: bool) {
-    let (a, b) = (limiter::<A>(q), limiter::<A>(q));
+fn veto_is_as_if_never_made<A: Algorithm>(
+    q: Quota,
+    ops: &[Op],
+    one_permit_waits: bool,
+    direct: bool,
+) {
+    let (a, b) = (limiter::<A>(q, direct), limiter::<A>(q, direct));
     let (mut fresh, mut floor) = (1_000_000u64, 0u64);
     let reading = |fresh: u64, stale: u64, floor: u64| fresh.saturating_sub(stale).max(floor);
     for op in ops {
@@ -123,7 +134,7 @@ proptest! {
     fn a_veto_leaves_every_limiter_as_if_never_made(
         permits in 1u32..6, period in 1_000u64..20_000, burst in 1u32..8,
         wait_periods in prop_oneof![Just(0u64), 0..3u64], which in 0usize..4,
-        ops in ops(20_000, 3),
+        ops in ops(20_000, 3), direct in any::<bool>(),
     ) {
         let q = quota(permits, period, burst, wait_periods * period + wait_periods * 7);
         let ops: Vec<Op> = ops
@@ -135,10 +146,10 @@ proptest! {
             })
             .collect();
         match which {
-            0 => veto_is_as_if_never_made::<Gcra>(q, &ops, false),
-            1 => veto_is_as_if_never_made::<FixedWindow>(q, &ops, true),
-            2 => veto_is_as_if_never_made::<SlidingLog>(q, &ops, false),
-            _ => veto_is_as_if_never_made::<SlidingCounter>(q, &ops, false),
+            0 => veto_is_as_if_never_made::<Gcra>(q, &ops, false, direct),
+            1 => veto_is_as_if_never_made::<FixedWindow>(q, &ops, true, direct),
+            2 => veto_is_as_if_never_made::<SlidingLog>(q, &ops, false, direct),
+            _ => veto_is_as_if_never_made::<SlidingCounter>(q, &ops, false, direct),
         }
     }
 
@@ -152,11 +163,12 @@ proptest! {
     fn gcra_never_over_admits_whatever_is_given_back(
         permits in 1u32..6, period in 1_000u64..20_000, burst in 1u32..5,
         wait_periods in prop_oneof![Just(0u64), 0..4u64], ops in ops(20_000, 3),
+        direct in any::<bool>(),
     ) {
         let q = quota(permits, period, burst, wait_periods * period);
         let t = q.emission_interval().as_nanos() as u64;
         let horizon = u64::from(burst) * t;
-        let l = limiter::<Gcra>(q);
+        let l = limiter::<Gcra>(q, direct);
         // (due, cost, decision) of every admission not given back (a refused give-back too:
         // its caller does not use the permits either), and the latest reading.
         let mut held: Vec<(u64, u64, Decision)> = Vec::new();
@@ -214,7 +226,7 @@ proptest! {
         ops in ops(20_000, 3),
     ) {
         let max_wait = wait_periods * period / 2;
-        let l = limiter::<SlidingLog>(quota(permits, period, 1, max_wait));
+        let l = limiter::<SlidingLog>(quota(permits, period, 1, max_wait), false);
         let limit = u64::from(permits);
         // The model: (instant, cost) of every admission still held, and the latest reading.
         let mut log: Vec<(u64, u64)> = Vec::new();
