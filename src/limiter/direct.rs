@@ -32,8 +32,8 @@ pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
 /// limiter has one per shard), on cache lines of their own (two, as the adjacent-line
 /// prefetcher pairs them), so that the fields every check only reads (the rule, the clock) are
 /// not fetched again after each write by another thread. The latest reading is one that holds a
-/// key's word too ([`LatestReading`]): GCRA keeps the key's TAT there, beside the reading, and
-/// leaves `state` at its default.
+/// key's word too ([`LatestReading`]): GCRA keeps the key's state word there, beside the
+/// reading (its `Debug` shows both), and leaves `state` at its default.
 #[derive(Debug)]
 #[repr(align(128))]
 pub(super) struct Written<S> {
