@@ -19,7 +19,7 @@ use tower_bulwark::{
     BoxError, DirectRateLimiter, KeyedRateLimiter, Quota,
 };
 use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 fn counting(
     calls: Arc<AtomicUsize>,
@@ -408,6 +408,7 @@ async fn racing_calls_settled_from_the_dependencys_usage_add_up_to_the_quota() {
 async fn a_call_settled_later_from_its_body_gives_back_exactly_what_it_did_not_use() {
     use tower_bulwark::outbound::quota::{SettleLater, Unsettled};
     use tower_bulwark::usage::BodyUsage;
+    use wiremock::Mock;
 
     let server = MockServer::start().await;
     Mock::given(method("POST"))
