@@ -483,7 +483,9 @@ where
 /// from a shared [`ManualClock`] at a different moment (it moves 1 µs between draws), handed out
 /// so that the order of the readings is not the order of the threads: the readings reach the
 /// state stale and out of order. Exactly as many are admitted as one thread deciding the same
-/// requests at the latest reading admits.
+/// requests at the latest reading admits: on a keyed limiter's key, and on a direct limiter,
+/// whose one key keeps its GCRA word and its latest reading in one word that one
+/// compare-and-swap changes (a shard's keys publish the reading, then change the word).
 #[test]
 fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     fn run<A: Algorithm>() {
@@ -493,40 +495,16 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
             let expected = admitted_at_the_latest_reading::<A>(quota, THREADS, THREADS);
             for round in 0..20u64 {
                 ScriptedClock::set(0);
-                let limiter = keyed::<A, _>(quota, ScriptedClock);
-                let admitted = race_with_readings(&limiter, permuted_readings(THREADS, round), 1);
-                assert_eq!(
-                    admitted[0],
-                    expected,
-                    "{} max_wait {max_wait:?} round {round}",
-                    name::<A>()
-                );
-            }
-        }
-    }
-    for_every_algorithm!(run);
-}
-
-/// The same race on a direct limiter, whose one key keeps its GCRA word and its latest reading
-/// in one word that one compare-and-swap changes (a keyed limiter's keys publish the reading,
-/// then change the word): exactly as many admitted as one thread at the latest reading admits.
-#[test]
-fn racing_threads_with_stale_readings_get_exactly_a_direct_limiters_limit() {
-    fn run<A: Algorithm>() {
-        const THREADS: u64 = 24;
-        for max_wait in [Duration::ZERO, Duration::from_secs(60)] {
-            let quota = waits_up_to(Quota::per_minute(5).unwrap(), max_wait);
-            let expected = admitted_at_the_latest_reading::<A>(quota, THREADS, THREADS);
-            for round in 0..20u64 {
-                ScriptedClock::set(0);
-                let builder = DirectRateLimiter::builder(quota).algorithm::<A>();
-                let limiter = builder.clock(ScriptedClock).build();
-                let admitted = race_with_readings(&limiter, permuted_readings(THREADS, round), 1);
+                let keyed = keyed::<A, _>(quota, ScriptedClock);
+                let direct = DirectRateLimiter::builder(quota).algorithm::<A>();
+                let direct = direct.clock(ScriptedClock).build();
+                let admitted = [
+                    race_with_readings(&keyed, permuted_readings(THREADS, round), 1)[0],
+                    race_with_readings(&direct, permuted_readings(THREADS, round), 1)[0],
+                ];
                 let name = name::<A>();
-                assert_eq!(
-                    admitted[0], expected,
-                    "{name} max_wait {max_wait:?} round {round}"
-                );
+                let context = format!("{name} max_wait {max_wait:?} round {round}");
+                assert_eq!(admitted, [expected; 2], "keyed, direct: {context}");
             }
         }
     }
