@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use calls::{get, loopback_server, on_threads};
+use calls::{on_threads, Loopback};
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service};
@@ -170,28 +170,15 @@ fn bench_all(c: &mut Criterion) {
 }
 
 fn bench_reqwest(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = loopback_server(&runtime);
-    let client = reqwest::Client::new();
-
+    let loopback = Loopback::start();
     let mut group = c.benchmark_group("bulkhead/reqwest over loopback");
-    group.bench_function("bare client", |b| {
-        let mut service = client.clone();
-        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+    loopback.bench(&mut group, "bare client", || loopback.client());
+    loopback.bench(&mut group, "tower ConcurrencyLimit", || {
+        ConcurrencyLimitLayer::new(LIMIT).layer(loopback.client())
     });
-    group.bench_function("tower ConcurrencyLimit", |b| {
-        let mut service = ConcurrencyLimitLayer::new(LIMIT).layer(client.clone());
-        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
-    });
-    group.bench_function("tower-bulwark Bulkhead", |b| {
-        let mut service = Bulkhead::semaphore("bench", LIMIT)
-            .build()
-            .layer()
-            .layer(client.clone());
-        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+    loopback.bench(&mut group, "tower-bulwark Bulkhead", || {
+        let bulkhead = Bulkhead::semaphore("bench", LIMIT).build();
+        bulkhead.layer().layer(loopback.client())
     });
     group.finish();
 }

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use calls::{get, loopback_server, on_threads};
+use calls::{on_threads, Loopback};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
@@ -283,26 +283,16 @@ fn count(calls: u64) {
 /// What a caller feels: a `reqwest` call over loopback, bare and through a retry layer above a
 /// circuit breaker (the order the `outbound` docs give).
 fn bench_reqwest(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = loopback_server(&runtime);
-    let client = reqwest::Client::new();
-
+    let loopback = Loopback::start();
     let mut group = c.benchmark_group("resilience/reqwest over loopback");
-    group.bench_function("bare client", |b| {
-        let mut service = client.clone();
-        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
-    });
-    group.bench_function("tower-bulwark Retry and Breaker", |b| {
+    loopback.bench(&mut group, "bare client", || loopback.client());
+    loopback.bench(&mut group, "tower-bulwark Retry and Breaker", || {
         let retry = Retry::builder("bench").build().unwrap();
         let breaker = Breaker::builder("bench").build().unwrap();
-        let mut service = tower::ServiceBuilder::new()
+        tower::ServiceBuilder::new()
             .layer(retry.layer())
             .layer(breaker.layer())
-            .service(client.clone());
-        b.iter(|| runtime.block_on(get(&mut service, &client, &url)))
+            .service(loopback.client())
     });
     group.finish();
 }

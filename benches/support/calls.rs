@@ -43,25 +43,66 @@ pub fn on_threads<S: Clone + Send>(
     })
 }
 
-/// Serves `GET /` with a short body on a loopback port of `runtime`; returns its URL.
-pub fn loopback_server(runtime: &tokio::runtime::Runtime) -> String {
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}/", listener.local_addr().unwrap());
-    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+/// A server answering `GET /` with a short body on a loopback port, and a `reqwest` client: a
+/// service is measured by the time of one whole `GET` through it.
+pub struct Loopback {
+    runtime: tokio::runtime::Runtime,
+    url: String,
+    client: reqwest::Client,
 }
 
-/// One `GET` through `service`, body read to its end.
-pub async fn get<S>(service: &mut S, client: &reqwest::Client, url: &str)
-where
-    S: Service<reqwest::Request, Response = reqwest::Response>,
-    S::Error: std::fmt::Debug,
-{
-    use tower::ServiceExt;
-    let request = client.get(url).build().unwrap();
-    let response = service.ready().await.unwrap().call(request).await.unwrap();
-    black_box(response.bytes().await.unwrap());
+impl Loopback {
+    /// Starts the server on a runtime of its own.
+    pub fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = reqwest::Client::new();
+        Self {
+            runtime,
+            url,
+            client,
+        }
+    }
+
+    /// The client, for a service to wrap.
+    pub fn client(&self) -> reqwest::Client {
+        self.client.clone()
+    }
+
+    /// Benchmarks, as `name` in `group`, one `GET` through the service `make` builds (the body
+    /// read to its end).
+    pub fn bench<S>(
+        &self,
+        group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+        name: &str,
+        make: impl Fn() -> S,
+    ) where
+        S: Service<reqwest::Request, Response = reqwest::Response>,
+        S::Error: std::fmt::Debug,
+    {
+        group.bench_function(name, |b| {
+            let mut service = make();
+            b.iter(|| self.runtime.block_on(self.get(&mut service)))
+        });
+    }
+
+    /// One `GET` through `service`, body read to its end.
+    async fn get<S>(&self, service: &mut S)
+    where
+        S: Service<reqwest::Request, Response = reqwest::Response>,
+        S::Error: std::fmt::Debug,
+    {
+        use tower::ServiceExt;
+        let request = self.client.get(&self.url).build().unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        black_box(response.bytes().await.unwrap());
+    }
 }
