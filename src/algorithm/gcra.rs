@@ -1,7 +1,7 @@
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{with, Algorithm, LatestReading};
+use super::{joined, split, Algorithm, LatestReading};
 use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
@@ -108,7 +108,7 @@ impl<'a> Words<'a> {
                 swapped.map(drop).map_err(|actual| (actual, latest.get()))
             }
             Words::Together(pair) => {
-                let (old, new) = (with(current, seen), with(new, now.max(seen)));
+                let (old, new) = (joined(current, seen), joined(new, now.max(seen)));
                 let swapped =
                     pair.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire);
                 swapped.map(drop).map_err(split)
@@ -134,18 +134,13 @@ impl<'a> Words<'a> {
                     let (current, seen) = split(both);
                     let reading = seen.max(now);
                     match change(current, reading) {
-                        Some(new) => Some(with(new, reading)),
-                        None => (reading > seen).then(|| with(current, reading)),
+                        Some(new) => Some(joined(new, reading)),
+                        None => (reading > seen).then(|| joined(current, reading)),
                     }
                 });
             }
         }
     }
-}
-
-/// A word and a latest reading, from the pair that holds both.
-fn split(both: u128) -> (u64, u64) {
-    (both as u64, (both >> 64) as u64)
 }
 
 impl Gcra {

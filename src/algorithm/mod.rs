@@ -183,7 +183,7 @@ impl fmt::Debug for LatestReading {
         let mut out = f.debug_struct("LatestReading");
         out.field("reading", &self.get());
         if let Some(pair) = self.pair() {
-            out.field("word", &(pair.load(Ordering::Acquire) as u64));
+            out.field("word", &split(pair.load(Ordering::Acquire)).0);
         }
         out.finish()
     }
@@ -208,7 +208,7 @@ impl LatestReading {
     pub fn get(&self) -> u64 {
         match &self.0 {
             Latest::Alone(reading) => reading.load(Ordering::Acquire),
-            Latest::WithWord(pair) => (pair.load(Ordering::Acquire) >> 64) as u64,
+            Latest::WithWord(pair) => split(pair.load(Ordering::Acquire)).1,
         }
     }
 
@@ -218,9 +218,12 @@ impl LatestReading {
         match &self.0 {
             Latest::Alone(reading) => reading.fetch_max(now, Ordering::AcqRel),
             Latest::WithWord(pair) => {
-                let raise = |p: u128| ((p >> 64) < u128::from(now)).then(|| with(p as u64, now));
+                let raise = |both| {
+                    let (word, reading) = split(both);
+                    (reading < now).then(|| joined(word, now))
+                };
                 let before = pair.fetch_update(Ordering::AcqRel, Ordering::Acquire, raise);
-                (before.unwrap_or_else(|p| p) >> 64) as u64
+                split(before.unwrap_or_else(|both| both)).1
             }
         }
     }
@@ -244,9 +247,14 @@ impl LatestReading {
     }
 }
 
-/// The pair of a GCRA word (low half) and a latest reading (high half).
-pub(crate) fn with(word: u64, reading: u64) -> u128 {
+/// The word that holds a GCRA word (low half) and a latest reading (high half).
+pub(crate) fn joined(word: u64, reading: u64) -> u128 {
     u128::from(word) | (u128::from(reading) << 64)
+}
+
+/// The GCRA word and the latest reading that `both` holds (see [`joined`]).
+pub(crate) fn split(both: u128) -> (u64, u64) {
+    (both as u64, (both >> 64) as u64)
 }
 
 /// How the window algorithms cut time into numbered windows: windows of `period` counted from the
