@@ -170,9 +170,9 @@ fn all(c: &mut Criterion) {
 criterion_group!(benches, all);
 
 /// Runs `rounds` rounds of `calls` checks a thread on `threads` threads, the two contenders
-/// alternating; returns each contender's times of its rounds (the first two rounds, a warm-up,
-/// left out).
-fn alternate(pair: [Check; 2], threads: usize, rounds: usize, calls: u64) -> [Vec<f64>; 2] {
+/// alternating; returns each contender's times of its rounds (its first two, a warm-up, left
+/// out).
+fn alternate(pair: Pair, threads: usize, rounds: usize, calls: u64) -> [Vec<f64>; 2] {
     let barrier = Arc::new(Barrier::new(threads + 1));
     let workers: Vec<_> = (0..threads)
         .map(|t| {
