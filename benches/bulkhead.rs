@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use calls::{on_threads, Loopback};
+use calls::{on_threads, runtime, Loopback};
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service};
@@ -74,10 +74,7 @@ fn one_call<S: Service<u64>>(service: &mut S, cx: &mut Context<'_>, n: u64) {
 
 fn bench_all(c: &mut Criterion) {
     // tower-resilience's bulkhead reads tokio's clock; give it a runtime context.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let _guard = runtime.enter();
 
     let ours = || {

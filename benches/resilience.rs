@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use calls::{on_threads, Loopback};
+use calls::{on_threads, runtime, Loopback};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
@@ -229,10 +229,7 @@ fn threads<S: Service<Request<()>> + Clone + Send>(
 
 fn bench_all(c: &mut Criterion) {
     // The retry layers sleep on tokio's timer (never here: nothing fails); give them a context.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let _guard = runtime.enter();
 
     let mut group = c.benchmark_group("resilience/one thread");
@@ -271,10 +268,7 @@ fn count_if<S: Service<Request<()>>>(
 }
 
 fn count(calls: u64) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let _guard = runtime.enter();
     let wanted = std::env::var("CALL").expect("CALL names a contender");
     each_contender!(count_if, &wanted, calls);

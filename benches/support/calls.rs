@@ -43,6 +43,14 @@ pub fn on_threads<S: Clone + Send>(
     })
 }
 
+/// A tokio runtime on the calling thread, with its I/O and timers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A server answering `GET /` with a short body on a loopback port, and a `reqwest` client: a
 /// service is measured by the time of one whole `GET` through it.
 pub struct Loopback {
@@ -54,10 +62,7 @@ pub struct Loopback {
 impl Loopback {
     /// Starts the server on a runtime of its own.
     pub fn start() -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
