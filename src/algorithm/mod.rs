@@ -42,8 +42,10 @@ pub use {fixed_window::FixedWindowState, gcra::GcraState};
 /// A rate limiting algorithm over an in-memory state of type [`State`](Self::State).
 ///
 /// Implementations keep their state behind interior mutability (an atomic or a mutex), so that one
-/// state can be shared by every clone of a limiter.
-pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
+/// state can be shared by every clone of a limiter. The algorithm itself is the parameters it
+/// derives from a quota: `Copy`, as a direct limiter copies it out for each decision (a read
+/// that writes nothing, where a shared pointer's count or guard is written by every check).
+pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
     /// The state kept per key; `Default` is the state of a key never seen.
     type State: Default + fmt::Debug + Send + Sync + 'static;
 

@@ -115,7 +115,8 @@ impl<A: Algorithm, C: Clock> RateLimiterBuilder<Direct, A, C> {
         let epoch = self.clock.now();
         DirectRateLimiter {
             inner: Arc::new(DirectInner {
-                rule: arc_swap::ArcSwap::from_pointee(Rule::new(self.quota, epoch)),
+                rule: crossbeam_utils::atomic::AtomicCell::new(Rule::new(self.quota, epoch)),
+                changing: Default::default(),
                 written: Default::default(),
                 clock: self.clock,
                 id: LimiterId::new(),

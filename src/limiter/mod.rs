@@ -267,7 +267,7 @@ pub fn acquire<'a, K, L: Limiter<K>>(limiter: &'a L, key: &'a K, cost: u32) -> A
 
 /// A quota and the algorithm built for it: the rule a limiter decides by, replaced as one so
 /// that no decision ever pairs one quota with another's algorithm.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Rule<A> {
     quota: Quota,
     algorithm: A,

@@ -215,34 +215,48 @@ fn taken_while(threads: u64, decide: impl Fn(u64) -> u64 + Sync, flip: impl FnOn
 /// Threads take single permits and pairs of one key, at one instant, while another thread
 /// flips the quota between 10 per second and 20 per 2 s (the same emission interval, so that
 /// GCRA counts exactly too): the key never holds more than 20, and once the quota stays at 20,
-/// what it took during the race and what is left add up to exactly 20.
+/// what it took during the race and what is left add up to exactly 20. On a keyed limiter's key
+/// (the rule under its shard's lock) and on a direct limiter (the rule copied out of its cell).
 fn racing_changes_at_one_instant<A: Algorithm>() {
     let clock = ManualClock::new();
     clock.advance(250 * MS);
     let small = per(10, Duration::from_secs(1));
-    let large = per(20, Duration::from_secs(2));
-    let limiter = keyed::<A>(small, &clock);
-    let decide = |t: u64| {
-        let cost = 1 + (t % 2) as u32;
-        let allowed = limiter.check_n(&1, cost).unwrap().allowed;
-        if allowed {
-            u64::from(cost)
+    let keyed = keyed::<A>(small, &clock);
+    let direct = DirectRateLimiter::builder(small).algorithm::<A>();
+    let direct = direct.clock(clock.clone()).build();
+    let name = std::any::type_name::<A>();
+    race_changes(&keyed, &format!("keyed, {name}"));
+    race_changes(&direct, &format!("direct, {name}"));
+}
+
+fn race_changes(limiter: &impl Limiter<u32>, context: &str) {
+    let (small, large) = (limiter.quota(), per(20, Duration::from_secs(2)));
+    let take = |cost: u32| {
+        let decision = limiter.reserve_now(&1, cost).unwrap().unwrap();
+        if decision.allowed {
+            cost
         } else {
             0
         }
     };
-    let during = taken_while(3, decide, || {
-        for i in 0..2_000 {
-            limiter.set_quota(if i % 2 == 0 { large } else { small });
-        }
-    }) as u32;
-    let name = std::any::type_name::<A>();
+    let during = taken_while(
+        3,
+        |t| u64::from(take(1 + (t % 2) as u32)),
+        || {
+            for i in 0..2_000 {
+                limiter
+                    .set_quota(if i % 2 == 0 { large } else { small })
+                    .unwrap();
+            }
+        },
+    ) as u32;
     assert!(
         during <= 20,
-        "{name}: {during} permits taken during the changes"
+        "{context}: {during} permits taken during the changes"
     );
-    limiter.set_quota(large);
-    assert_eq!(during + admitted(&limiter, 1, 100), 20, "{name}");
+    limiter.set_quota(large).unwrap();
+    let after: u32 = (0..100).map(|_| take(1)).sum();
+    assert_eq!(during + after, 20, "{context}");
 }
 
 #[test]
