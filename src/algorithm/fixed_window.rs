@@ -1,4 +1,4 @@
-use crate::sync::{Mutex, PoisonError};
+use crate::sync::{lock, Mutex};
 use std::time::Duration;
 
 use super::{Algorithm, LatestReading, Timeline};
@@ -158,8 +158,7 @@ impl Algorithm for FixedWindow {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.step(&mut w, now, cost, max_wait)
+        self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
     /// Gives back the permits of an admission charged at `reserved_at`, as far as the count can
@@ -189,7 +188,7 @@ impl Algorithm for FixedWindow {
         decision: &Decision,
     ) {
         let reserved_at = decision.charged().at;
-        let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut w = lock(&state.0);
         let now = self.advance(&mut w, now);
         let charged = self.cycle_of(reserved_at);
         if w.used == 0 || charged < w.cycle {
@@ -209,13 +208,13 @@ impl Algorithm for FixedWindow {
     /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
     /// next cycles pay, as a reservation's is.
     fn charge(&self, state: &FixedWindowState, _latest: &LatestReading, now: u64, cost: u32) {
-        let mut w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut w = lock(&state.0);
         self.advance(&mut w, now);
         w.used = w.used.saturating_add(u64::from(cost));
     }
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
-        let w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let w = lock(&state.0);
         let (cycle, used) = self.used_at(&w, now);
         let idle = if used == 0 {
             0
@@ -227,7 +226,7 @@ impl Algorithm for FixedWindow {
     }
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {
-        let w = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let w = lock(&state.0);
         if w.used == 0 {
             0
         } else {

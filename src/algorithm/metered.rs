@@ -2,10 +2,9 @@
 //! what the key has left, until the request settles, and the settled cost is then charged as of
 //! the admission.
 
-use std::sync::{Mutex, PoisonError};
-
 use super::gcra::{Gcra, MAX_TAT};
 use super::{Algorithm, LatestReading};
+use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
 /// GCRA whose settles are exact, for policies whose cost is known only from the answer (the
@@ -65,12 +64,6 @@ struct Meter {
     latest: u64,
 }
 
-impl MeteredState {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Meter> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 impl Metered {
     /// The TAT GCRA decides on at `now`: the settled one, then the held permits after it.
     fn ahead(&self, meter: &Meter, now: u64) -> u64 {
@@ -103,7 +96,7 @@ impl Algorithm for Metered {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let mut meter = state.lock();
+        let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         let (verdict, admitted) = self.0.verdict(self.ahead(&meter, now), now, cost, max_wait);
         if admitted.is_some() {
@@ -131,7 +124,7 @@ impl Algorithm for Metered {
 
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
     fn charge(&self, state: &MeteredState, _latest: &LatestReading, now: u64, cost: u32) {
-        let mut meter = state.lock();
+        let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         meter.tat = self.0.charged(meter.tat, now, cost);
     }
@@ -147,7 +140,7 @@ impl Algorithm for Metered {
         estimate: u32,
         cost: u32,
     ) {
-        let mut meter = state.lock();
+        let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         meter.held = meter.held.saturating_sub(u64::from(estimate));
         let used = cost.min(estimate);
@@ -162,7 +155,7 @@ impl Algorithm for Metered {
 
     /// Past the settled TAT, with nothing held.
     fn idle_at(&self, state: &MeteredState) -> u64 {
-        let meter = state.lock();
+        let meter = lock(&state.0);
         if meter.held > 0 {
             u64::MAX
         } else {
@@ -176,7 +169,7 @@ impl Algorithm for Metered {
     /// forgets them, as eviction forgets; a settle that comes for it afterwards, under the same
     /// key, can take at most its own estimate out of what the key's new admissions hold.
     fn eviction_rank(&self, state: &MeteredState, now: u64) -> u128 {
-        let meter = state.lock();
+        let meter = lock(&state.0);
         let ahead = self.ahead(&meter, now).saturating_sub(now);
         super::rank(ahead.div_ceil(self.0.interval()), ahead)
     }

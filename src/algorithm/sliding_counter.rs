@@ -1,7 +1,7 @@
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Algorithm, LatestReading, Timeline};
+use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
 /// The sliding-window counter: two fixed-window counters blended into an estimate.
@@ -219,8 +219,7 @@ impl Algorithm for SlidingCounter {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.step(&mut c, now, cost, max_wait)
+        self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
     /// Subtracts `cost` from the count of the window that holds `reserved_at` (the previous,
@@ -235,7 +234,7 @@ impl Algorithm for SlidingCounter {
         decision: &Decision,
     ) {
         let reserved_at = decision.charged().at;
-        let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = lock(&state.0);
         self.advance(&mut c, now);
         let idx = self.timeline.window_of(reserved_at);
         let cost = u64::from(cost);
@@ -255,13 +254,13 @@ impl Algorithm for SlidingCounter {
     /// counter is approximate: the debt weighs on the estimate as that window's own counts
     /// do, in full through the window and then as the previous window's share.
     fn charge(&self, state: &SlidingCounterState, _latest: &LatestReading, now: u64, cost: u32) {
-        let mut c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = lock(&state.0);
         self.advance(&mut c, now);
         c.curr = c.curr.saturating_add(u64::from(cost));
     }
 
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
-        let mut c = *state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = *lock(&state.0);
         let now = self.advance(&mut c, now);
         let e = now.saturating_sub(self.window_start(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
@@ -269,7 +268,7 @@ impl Algorithm for SlidingCounter {
     }
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
-        let c = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = lock(&state.0);
         self.idle_from(&c)
     }
 }

@@ -1,8 +1,8 @@
 use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Algorithm, LatestReading};
+use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
 /// The sliding-window log: exact, at the price of memory.
@@ -219,8 +219,7 @@ impl Algorithm for SlidingLog {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
-        self.step(&mut log, now, cost, max_wait)
+        self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
     /// Removes `cost` from the entry at `reserved_at` if it is still held: exact, whether the
@@ -236,7 +235,7 @@ impl Algorithm for SlidingLog {
         decision: &Decision,
     ) {
         let reserved_at = decision.charged().at;
-        let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut log = lock(&state.0);
         self.advance(&mut log, now);
         let idx = log.entries.partition_point(|&(t, _)| t < reserved_at);
         if let Some(entry) = log.entries.get_mut(idx).filter(|e| e.0 == reserved_at) {
@@ -252,7 +251,7 @@ impl Algorithm for SlidingLog {
     /// An entry of `cost` permits at `now`: every window that holds `now` counts them, past
     /// the limit if it must.
     fn charge(&self, state: &SlidingLogState, _latest: &LatestReading, now: u64, cost: u32) {
-        let mut log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut log = lock(&state.0);
         let now = self.advance(&mut log, now);
         if cost > 0 {
             log.insert(now, cost);
@@ -260,14 +259,14 @@ impl Algorithm for SlidingLog {
     }
 
     fn idle_at(&self, state: &SlidingLogState) -> u64 {
-        let log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = lock(&state.0);
         log.entries
             .back()
             .map_or(0, |&(t, _)| t.saturating_add(self.window))
     }
 
     fn eviction_rank(&self, state: &SlidingLogState, now: u64) -> u128 {
-        let log = state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = lock(&state.0);
         let now = super::as_of(now, log.latest);
         let gone: u64 = log
             .entries

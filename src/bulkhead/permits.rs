@@ -29,7 +29,7 @@ use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
 use super::handle::BulkheadBuilder;
-use crate::sync::{AtomicU64, Mutex, Ordering, PoisonError};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
 pub const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
@@ -157,7 +157,7 @@ impl Permits {
     /// first); lowering it forgets the free permits at once and owes the rest.
     pub(crate) fn resize(&self, max: usize) {
         let max = max.min(MAX_CONCURRENT_CALLS);
-        let mut current = self.max.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut current = lock(&self.max);
         if max >= *current {
             let more = (max - *current) as u64;
             let retired = self
@@ -188,7 +188,7 @@ impl Permits {
     /// it changes the semaphore: read apart, a resize between the two reads showed more free
     /// permits than the limit.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
-        let max_lock = self.max.lock().unwrap_or_else(PoisonError::into_inner);
+        let max_lock = lock(&self.max);
         let max = *max_lock;
         let permitted = self.permitted.load(Ordering::SeqCst);
         let excess = self.excess.load(Ordering::Acquire) as usize;
