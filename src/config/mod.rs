@@ -248,7 +248,8 @@ impl Config {
     }
 }
 
-/// What a file parses into, where the registry's instances do not show it.
+/// What a file parses into, where the registry's instances do not show it; and the check of
+/// bad values that the sections' own tests share.
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -262,6 +263,19 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         Config::from_toml_str(text).unwrap()
+    }
+
+    /// Checks that each case, the body of the section `[section]` beside the field its error
+    /// must name, is refused by the registry at that section with an error naming the field.
+    pub(super) fn assert_refused_naming_field(section: &str, cases: &[(&str, &str)]) {
+        for (body, field) in cases {
+            let text = format!("[{section}]\n{body}\n");
+            let err = super::Registry::from_toml_str(&text).unwrap_err();
+            assert!(
+                err.path().starts_with(section) && err.to_string().contains(field),
+                "{body}: {err}"
+            );
+        }
     }
 
     #[test]

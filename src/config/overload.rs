@@ -218,14 +218,7 @@ mod tests {
             ("probe_every = 0", "probe_every"),
             ("limit = 3", "limit"),
         ];
-        for (body, field) in cases {
-            let text = format!("[overload.api]\n{body}\n");
-            let err = Registry::from_toml_str(&text).unwrap_err();
-            assert!(
-                err.path().starts_with("overload.api") && err.to_string().contains(field),
-                "{body}: {err}"
-            );
-        }
+        crate::config::tests::assert_refused_naming_field("overload.api", &cases);
     }
 
     #[test]

@@ -119,14 +119,7 @@ mod tests {
             ("window = \"2h\"", "window"),
             ("attempts = 3", "attempts"),
         ];
-        for (body, field) in cases {
-            let text = format!("[retries.partner]\n{body}\n");
-            let err = Registry::from_toml_str(&text).unwrap_err();
-            assert!(
-                err.path().starts_with("retries.partner") && err.to_string().contains(field),
-                "{body}: {err}"
-            );
-        }
+        crate::config::tests::assert_refused_naming_field("retries.partner", &cases);
     }
 
     #[test]
