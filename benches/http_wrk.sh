@@ -9,7 +9,7 @@
 # Needs `wrk` (Debian: apt-get install wrk). The server runs on one tokio worker thread pinned to
 # CPU 0 and wrk on one thread pinned to CPU 1 (when `taskset` exists), so the two do not compete.
 # With SERVER_THREADS=n the server runs n worker threads on CPUs 0 to n-1, and wrk n threads
-# beside them (on the last CPU, or sharing the server's where the machine has no more): every
+# beside them (on the CPUs left, or on the last one where the machine has no more): every
 # request from the one client address, so one hot key under n threads. The CPU per request is
 # the server's own, whatever wrk shares with it.
 # Variants are run in interleaved rounds; each one's median and its best round are reported, with
@@ -26,20 +26,30 @@ SERVER_THREADS=${SERVER_THREADS:-1}
 # VARIANTS="none bulwark" runs only those (the ratios that need a missing variant are skipped).
 read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare governor governor-headers bulwark-refuse governor-refuse}"
 
-command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
-cargo build --release --example bench_server >&2
-SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
+# WRK=path and SERVER=path (a bench_server built before, as benches/scale.sh carries them to a
+# machine without cargo) skip the build.
+WRK=${WRK:-wrk}
+command -v "$WRK" >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+if [[ -z "${SERVER:-}" ]]; then
+  cargo build --release --example bench_server >&2
+  SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
+fi
 
-# `taskset -c CPUS` where it exists; it execs its command, so `$!` is the server itself.
+# `taskset -c CPUS` where it exists and works (a sandbox may refuse to pin); it execs its command, so `$!` is the server itself.
 cpus=$(nproc)
 server_cpus="0-$((SERVER_THREADS - 1))"
-wrk_cpus=$((SERVER_THREADS < cpus ? SERVER_THREADS : cpus - 1))
-if command -v taskset >/dev/null; then ON_CPU0=(taskset -c "$server_cpus"); ON_CPU1=(taskset -c "$wrk_cpus"); else ON_CPU0=(); ON_CPU1=(); fi
+# wrk on the CPUs the server leaves, or on the last one where it leaves none.
+if ((SERVER_THREADS < cpus - 1)); then wrk_cpus="$SERVER_THREADS-$((cpus - 1))"; else wrk_cpus=$((cpus - 1)); fi
+if command -v taskset >/dev/null && taskset -c 0 true 2>/dev/null; then ON_CPU0=(taskset -c "$server_cpus"); ON_CPU1=(taskset -c "$wrk_cpus"); else ON_CPU0=(); ON_CPU1=(); fi
 
 results=$(mktemp)
 server_pid=""
 cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null || true; rm -f "$results"; }
 trap cleanup EXIT
+
+listening() { # whether something accepts connections on $ADDR (bash's /dev/tcp: no curl needed)
+  (exec 3<>"/dev/tcp/${ADDR%:*}/${ADDR##*:}") 2>/dev/null
+}
 
 cpu_ticks() { # pid -> utime + stime of the process, in clock ticks
   awk '{print $14 + $15}' "/proc/$1/stat"
@@ -47,21 +57,21 @@ cpu_ticks() { # pid -> utime + stime of the process, in clock ticks
 
 run_variant() { # variant -> sets RPS, NON2XX and CPU_US
   local variant=$1
-  if curl -s -o /dev/null "http://$ADDR/"; then
+  if listening; then
     echo "something already listens on $ADDR; set ADDR" >&2
     exit 1
   fi
   BENCH_THREADS=$SERVER_THREADS "${ON_CPU0[@]}" "$SERVER" "$variant" "$ADDR" >/dev/null &
   server_pid=$!
   for _ in $(seq 1 100); do
-    curl -s -o /dev/null "http://$ADDR/" && break
+    listening && break
     sleep 0.05
   done
   # Warm up (and, for the refusal variants, spend the one permit).
-  "${ON_CPU1[@]}" wrk -t"$SERVER_THREADS" -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
+  "${ON_CPU1[@]}" "$WRK" -t"$SERVER_THREADS" -c"$CONNECTIONS" -d1s "http://$ADDR/" >/dev/null
   local out cpu_before cpu_after
   cpu_before=$(cpu_ticks "$server_pid")
-  out=$("${ON_CPU1[@]}" wrk -t"$SERVER_THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
+  out=$("${ON_CPU1[@]}" "$WRK" -t"$SERVER_THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://$ADDR/")
   cpu_after=$(cpu_ticks "$server_pid")
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
