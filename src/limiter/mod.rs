@@ -185,6 +185,9 @@ pin_project! {
 pin_project! {
     #[project = AcquireProj]
     enum AcquireState<F> {
+        // Not polled yet: the limiter is asked on the first poll, so that a future dropped
+        // unpolled (a `select!` branch never reached) takes no permit.
+        Start,
         Reserving { #[pin] reserve: F },
         Waiting { #[pin] sleep: Sleep, decision: Option<Decision> },
         Done,
@@ -194,6 +197,7 @@ pin_project! {
 impl<K, L: Limiter<K>> fmt::Debug for Acquire<'_, K, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
+            AcquireState::Start => "not polled",
             AcquireState::Reserving { .. } => "reserving",
             AcquireState::Waiting { .. } => "waiting",
             AcquireState::Done => "done",
@@ -212,6 +216,10 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                AcquireProj::Start => {
+                    let reserve = this.limiter.reserve(this.key, *this.cost);
+                    this.state.set(AcquireState::Reserving { reserve });
+                }
                 AcquireProj::Reserving { reserve } => {
                     let decision = match ready!(reserve.poll(cx)) {
                         Ok(decision) => decision,
@@ -248,8 +256,9 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
 
 /// Reserves `cost` permits of `limiter` for `key` and waits until they fall due.
 ///
-/// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. If the
-/// returned future is dropped while it waits, the reservation is given back.
+/// Resolves to the decision: admitted (after waiting, if it had to) or refused at once. The
+/// limiter is asked on the first poll: a future dropped before it takes nothing, and one dropped
+/// while it waits gives its reservation back.
 ///
 /// # Errors
 ///
@@ -259,9 +268,7 @@ pub fn acquire<'a, K, L: Limiter<K>>(limiter: &'a L, key: &'a K, cost: u32) -> A
         limiter,
         key,
         cost,
-        state: AcquireState::Reserving {
-            reserve: limiter.reserve(key, cost),
-        },
+        state: AcquireState::Start,
     }
 }
 
