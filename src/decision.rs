@@ -102,8 +102,9 @@ pub(crate) struct Charged {
     /// later); for a reservation, the instant it falls due.
     pub(crate) at: u64,
     /// For GCRA, the TAT the admission left the key with: a refund gives back only while the
-    /// key's TAT is still this one, that is while this admission is the key's latest. Zero for
-    /// the other algorithms.
+    /// key's TAT is still this one, that is while this admission is the key's latest. For the
+    /// sliding counter, one more than the number of the window its permits were counted in
+    /// ([`Decision::counted_in`]). Zero for the other algorithms.
     pub(crate) tat: u64,
     /// For GCRA, the emission interval each permit was charged at: a refund gives back no more
     /// time per permit, even after a change of quota lengthened the interval. Zero otherwise.
@@ -342,6 +343,21 @@ impl Decision {
             per_permit,
         });
         self
+    }
+
+    /// This sliding-counter admission, its permits counted in window `window`.
+    pub(crate) fn counted_in(mut self, window: u64) -> Self {
+        let charged = self.charged();
+        self.admission.taken = Taken::State(Charged {
+            tat: window.saturating_add(1),
+            ..charged
+        });
+        self
+    }
+
+    /// The window a sliding-counter admission was counted in; `None` for any other decision.
+    pub(crate) fn counted_window(&self) -> Option<u64> {
+        self.charged().tat.checked_sub(1)
     }
 
     /// Where this admission's permits were charged, by the limiter's own state or a fail mode's

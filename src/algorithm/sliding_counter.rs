@@ -144,7 +144,8 @@ impl SlidingCounter {
         if earliest_here.is_some_and(|at| at <= e) {
             c.curr += cost;
             return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now))
-                .charged_at(now);
+                .charged_at(now)
+                .counted_in(c.window);
         }
         let in_this = earliest_here.map(|at| (start + at, 0));
         let next_start = self.window_start(c.window + 1);
@@ -172,7 +173,8 @@ impl SlidingCounter {
                 self.reset_after(c, now),
                 Duration::from_nanos(wait),
                 admit_at,
-            );
+            )
+            .counted_in(c.window + which);
         }
         Decision::refused(
             self.limit,
@@ -222,9 +224,11 @@ impl Algorithm for SlidingCounter {
         self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
-    /// Subtracts `cost` from the count of the window that holds `reserved_at` (the previous,
-    /// the current or the next): exact, whether the instant is past or future, since each count
-    /// is a plain sum. A window older than the previous one weighs on no decision any more.
+    /// Subtracts `cost` from the count of the window the admission was counted in (the
+    /// previous, the current or the next): exact, whether it is past or future, since each count
+    /// is a plain sum. A window older than the previous one weighs on no decision any more. The
+    /// decision names its window, not only its instant: a change of period numbers instants
+    /// anew (a reservation due in the next window may fall in the one in progress after it).
     fn refund(
         &self,
         state: &SlidingCounterState,
@@ -233,10 +237,11 @@ impl Algorithm for SlidingCounter {
         cost: u32,
         decision: &Decision,
     ) {
-        let reserved_at = decision.charged().at;
+        let Some(idx) = decision.counted_window() else {
+            return;
+        };
         let mut c = lock(&state.0);
         self.advance(&mut c, now);
-        let idx = self.timeline.window_of(reserved_at);
         let cost = u64::from(cost);
         let count = if idx + 1 == c.window {
             &mut c.prev
