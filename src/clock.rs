@@ -12,7 +12,10 @@
 //! Little: no clock read by several threads delivers its readings in order, because a thread
 //! that read the clock can lose the race to one that read it later. So every algorithm decides a
 //! reading older than the latest its state has seen as of that latest reading: a stale or
-//! out-of-order reading admits neither more nor less than an in-order one would. A clock whose
+//! out-of-order reading admits neither more nor less than an in-order one would. (GCRA's state
+//! sees the readings that changed it: a refusal changes nothing and records nothing, so a
+//! reading older than a refused one is decided as of itself, which refuses where a fresh one
+//! might admit, never the other way round.) A clock whose
 //! readings differ a little between processor cores is just another source of such readings. A
 //! clock that runs fast or slow makes every limit fast or slow by as much; one that stops stops
 //! replenishment.

@@ -11,7 +11,8 @@
 //! An algorithm never reads a clock and never does I/O: the limiter passes `now` in. Readings may
 //! arrive out of order between threads; each algorithm decides a reading older than the latest
 //! its key has seen as of that latest reading (GCRA as of the latest reading of the
-//! [`LatestReading`] its key shares, the others as of the latest their key's state keeps).
+//! [`LatestReading`] its key shares, which the readings that admit, give back or charge publish,
+//! not a refusal's; the others as of the latest their key's state keeps, a refusal's too).
 //! Readings beyond 2^62 ns are taken as 2^62 ns
 //! (time stands still there; nothing wraps). The same transitions are implemented in Lua for the
 //! Redis store, and a conformance suite holds the two to the same answers.
