@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attack_direct;
 mod default_clock;
 mod eviction;
 mod hostile;

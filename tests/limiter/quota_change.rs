@@ -270,9 +270,11 @@ fn decisions_made_while_the_rule_changes_are_of_one_quota<A: Algorithm>() {
     let direct = DirectRateLimiter::builder(small).algorithm::<A>();
     let direct = direct.clock(clock.clone()).build();
     let name = std::any::type_name::<A>();
+    let started = AtomicU64::new(0);
     let checked = taken_while(
         3,
         |_| {
+            started.fetch_add(1, Ordering::Relaxed);
             clock.advance(MS);
             let decision = direct.check();
             assert!(
@@ -282,6 +284,11 @@ fn decisions_made_while_the_rule_changes_are_of_one_quota<A: Algorithm>() {
             1
         },
         || {
+            // The checkers are running before the first change (on two busy cores they may not
+            // be yet).
+            while started.load(Ordering::Relaxed) < 10 {
+                std::thread::yield_now();
+            }
             for i in 0..20_000 {
                 direct.set_quota(if i % 2 == 0 { large } else { small });
             }

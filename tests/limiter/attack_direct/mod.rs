@@ -1,0 +1,190 @@
+//! Attacks on `DirectRateLimiter` after its rework: the quota and algorithm copied out of a
+//! sequence lock (crossbeam's `AtomicCell`) on every decision, `set_quota` building the next
+//! pair under a mutex (reading the clock before it takes the mutex), and GCRA's word beside the
+//! latest reading in one 128-bit word. Each test names the promise it attacks.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::Poll;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_bulwark::algorithm::{
+    Algorithm, FixedWindow, Gcra, LatestReading, Metered, SlidingCounter, SlidingLog,
+};
+use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
+use tower_bulwark::limiter::{acquire, Decision, InsufficientCapacity};
+use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
+
+use crate::common::process::quiet_panics_starting_with;
+use crate::common::{paused_runtime, poll_once, Rng};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+/// The four algorithms of `for_every_algorithm!`, as plain functions.
+macro_rules! four {
+    ($f:ident) => {
+        [
+            $f::<Gcra> as fn(),
+            $f::<FixedWindow>,
+            $f::<SlidingLog>,
+            $f::<SlidingCounter>,
+        ]
+    };
+}
+
+/// The four algorithms of `for_every_algorithm!`, then `Metered`, as plain functions, for
+/// [`each_reporting_all`].
+macro_rules! five {
+    ($f:ident) => {
+        [&four!($f)[..], &[$f::<Metered> as fn()]].concat()
+    };
+}
+
+/// What was `taken` and what is left now add up to `quota`.
+fn assert_taken_and_left_are<A: Algorithm, C: Clock>(
+    limiter: &DirectRateLimiter<A, C>,
+    taken: u64,
+    quota: u64,
+) {
+    let left = drain(limiter);
+    assert_eq!(
+        taken + left,
+        quota,
+        "{}: {taken} taken, {left} left",
+        name::<A>()
+    );
+}
+
+/// One `#[test]` per `name: runs`, running the runs with [`each_reporting_all`].
+macro_rules! attack_tests {
+    ($($(#[$attr:meta])* $name:ident: $runs:expr),* $(,)?) => {
+        $(
+            #[test]
+            $(#[$attr])*
+            fn $name() {
+                each_reporting_all(&$runs);
+            }
+        )*
+    };
+}
+
+/// Runs every one of `runs` (one per algorithm), then fails with the failures of all of them:
+/// one algorithm's failure does not hide another's.
+fn each_reporting_all(runs: &[fn()]) {
+    let failures: Vec<String> = runs
+        .iter()
+        .filter_map(|run| {
+            std::panic::catch_unwind(run).err().map(|e| {
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            })
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} failed:\n{}",
+        failures.len(),
+        runs.len(),
+        failures.join("\n")
+    );
+}
+
+/// Spins until `counter` reaches `n`: the racing threads have started.
+fn wait_until(counter: &AtomicU64, n: u64) {
+    while counter.load(Ordering::Relaxed) < n {
+        std::thread::yield_now();
+    }
+}
+
+fn quota(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
+    Quota::with_period(permits, Duration::from_nanos(period))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+        .with_max_wait(Duration::from_nanos(max_wait))
+        .unwrap()
+}
+
+fn name<A>() -> &'static str {
+    let full = std::any::type_name::<A>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
+fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C> {
+    DirectRateLimiter::builder(q)
+        .algorithm::<A>()
+        .clock(clock)
+        .build()
+}
+
+/// Checks of one permit at the current reading until one is refused: how many were admitted.
+fn drain<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u64 {
+    let mut n = 0;
+    while l.check().allowed {
+        n += 1;
+        assert!(n < 1_000_000, "{}: never refused", name::<A>());
+    }
+    n
+}
+
+fn capacity<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u32 {
+    l.check_n(u32::MAX).unwrap_err().capacity()
+}
+
+fn refund<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>, cost: u32, d: Decision) -> bool {
+    Limiter::<()>::refund(l, &(), cost, d)
+}
+
+fn settle<A: Algorithm, C: Clock>(
+    l: &DirectRateLimiter<A, C>,
+    estimate: u32,
+    d: Decision,
+    cost: u32,
+) -> bool {
+    Limiter::<()>::settle(l, &(), estimate, d, cost)
+}
+
+fn reserve<A: Algorithm, C: Clock>(
+    l: &DirectRateLimiter<A, C>,
+    cost: u32,
+) -> Result<Decision, String> {
+    Limiter::<()>::reserve_now(l, &(), cost)
+        .expect("an in-memory limiter answers at once")
+        .map_err(|e| e.to_string())
+}
+
+/// A clock whose reading the test dials, backwards too: stale and out-of-order readings.
+#[derive(Clone, Default)]
+struct Dial(Arc<AtomicU64>);
+
+impl Dial {
+    fn at(n: u64) -> Self {
+        let dial = Self::default();
+        dial.set(n);
+        dial
+    }
+
+    fn set(&self, n: u64) {
+        self.0.store(n, Ordering::SeqCst);
+    }
+}
+
+impl Clock for Dial {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether `A` is GCRA or GCRA with held estimates (whose limit is the burst).
+fn is_gcra<A>() -> bool {
+    let n = name::<A>();
+    n == "Gcra" || n == "Metered"
+}
+
+mod give_backs;
+mod races;
