@@ -94,7 +94,12 @@ pub(crate) enum Taken {
 
 /// Where in its state an admission's permits were charged: what the algorithm's refund reads
 /// to give back exactly what the admission took.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// Two are equal when they charged the same instant at the same rate and, for GCRA, left the
+/// same TAT: a sliding counter's window number is its store's own count (memory counts from
+/// the limiter's creation and its changes of period, a Redis script from tick zero), as a key's
+/// fingerprint is (see [`Origin`]).
+#[derive(Clone, Copy, Debug, Default, Eq)]
 pub(crate) struct Charged {
     /// The instant (limiter clock, nanoseconds, or a Redis script's ticks) at which the permits
     /// were charged: for an immediate admission, the instant the decision was made as of (the
@@ -109,6 +114,15 @@ pub(crate) struct Charged {
     /// For GCRA, the emission interval each permit was charged at: a refund gives back no more
     /// time per permit, even after a change of quota lengthened the interval. Zero otherwise.
     pub(crate) per_permit: u64,
+}
+
+impl PartialEq for Charged {
+    fn eq(&self, other: &Self) -> bool {
+        let gcra = self.per_permit != 0;
+        self.at == other.at
+            && self.per_permit == other.per_permit
+            && (!gcra || self.tat == other.tat)
+    }
 }
 
 /// Where a [`Decision`] was made: the limiter whose state it charged ([`LimiterId::NONE`] for a
