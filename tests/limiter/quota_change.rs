@@ -488,6 +488,52 @@ mod redis_store {
         longer_period_stays_sane::<SlidingLog>(&store, "log:").await;
     }
 
+    /// The sliding counter's reservation into the next window, the period then lengthened, and
+    /// the reservation given back: never more admitted than by a twin key that never reserved
+    /// (in memory, `attack_a_reservation_given_back_after_the_period_grew…`).
+    #[tokio::test]
+    #[ignore = "known bug: the Redis sliding counter maps a give-back's instant through the window length in force (sliding_counter.lua, at_idx), which a change of period renumbers; see the closing note of 2026-12-05"]
+    async fn a_sliding_counter_reservation_given_back_after_a_longer_period_frees_no_slot() {
+        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_sc_refund").await
+        else {
+            return;
+        };
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_millis(1_000_500));
+        let with_wait = |period| {
+            per(10, period)
+                .with_max_wait(Duration::from_secs(1))
+                .unwrap()
+        };
+        let limiter = propagating_limiter::<SlidingCounter>(
+            &store,
+            with_wait(Duration::from_secs(1)),
+            &clock,
+            "scr:",
+            Refusals::Uncached,
+        );
+        for key in ["k", "twin"] {
+            assert_eq!(admitted(&limiter, key, 10).await, 10);
+        }
+        let waiter = limiter.reserve(&"k".to_owned(), 1).await.unwrap();
+        assert!(waiter.allowed && !waiter.wait.is_zero(), "{waiter:?}");
+        limiter
+            .set_quota(with_wait(Duration::from_secs(4)))
+            .unwrap();
+        limiter.settle_and_wait("k", 1, waiter, 0).await.unwrap();
+        for step in 0..20 {
+            let (got, twin) = (
+                admitted(&limiter, "k", 20).await,
+                admitted(&limiter, "twin", 20).await,
+            );
+            assert!(
+                got <= twin,
+                "step {step}: {got} admitted, {twin} by the twin"
+            );
+            clock.advance(Duration::from_millis(250));
+        }
+    }
+
     #[tokio::test]
     async fn a_quota_the_scripts_cannot_run_is_refused_and_changes_nothing() {
         let Some((_server, store)) = RedisServer::with_store("quota_change::redis_refused").await
