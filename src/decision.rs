@@ -116,12 +116,19 @@ pub(crate) struct Charged {
     pub(crate) per_permit: u64,
 }
 
+impl Charged {
+    /// Whether GCRA (or Metered, in memory) made this charge: only it charges at a per-permit
+    /// interval.
+    pub(crate) fn by_gcra(&self) -> bool {
+        self.per_permit != 0
+    }
+}
+
 impl PartialEq for Charged {
     fn eq(&self, other: &Self) -> bool {
-        let gcra = self.per_permit != 0;
         self.at == other.at
             && self.per_permit == other.per_permit
-            && (!gcra || self.tat == other.tat)
+            && (!self.by_gcra() || self.tat == other.tat)
     }
 }
 

@@ -21,7 +21,6 @@ use std::sync::PoisonError;
 /// Locks `mutex`, and goes on with it even if a thread panicked while it held the lock: what
 /// these locks guard is counts and instants, which a panic leaves readable (at worst one change
 /// short), and a limiter or bulkhead must not fail every later call because one call panicked.
-#[inline]
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

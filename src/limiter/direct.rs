@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::{ready, Ready};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crossbeam_utils::atomic::AtomicCell;
 
@@ -11,6 +11,7 @@ use super::{acquire, Acquire, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
+use crate::sync::{lock, Mutex};
 use crate::{BoxError, Quota};
 
 /// One limit shared by every caller: a process-wide cap.
@@ -147,11 +148,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         // Built before it is stored (a panic leaves the old pair in place, whole), from the pair
         // it replaces, under the lock that orders changes (a poisoned one held nothing half
         // done: the store is the change's one write).
-        let _changing = self
-            .inner
-            .changing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _changing = lock(&self.inner.changing);
         let next = self.inner.rule.load().changed_to(quota, now);
         self.inner.rule.store(next);
     }

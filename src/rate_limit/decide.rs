@@ -444,7 +444,7 @@ impl<P: PolicySet> Settlement<P> {
             }
             return false;
         };
-        let (report, gcra) = (decision.report(), decision.charged().per_permit != 0);
+        let (report, gcra) = (decision.report(), decision.charged().by_gcra());
         let admission = std::mem::replace(decision, report);
         let estimate = u64::from(limits.policies.visit(
             i,
