@@ -133,7 +133,16 @@ pub fn tokio_direct(
     tower_bulwark::algorithm::Gcra,
     tower_bulwark::clock::TokioClock,
 > {
+    tokio_direct_with::<tower_bulwark::algorithm::Gcra>(quota)
+}
+
+/// A limiter of algorithm `A` with one budget for `quota`, on tokio's clock (paused time moves
+/// it).
+pub fn tokio_direct_with<A: tower_bulwark::algorithm::Algorithm>(
+    quota: tower_bulwark::Quota,
+) -> tower_bulwark::DirectRateLimiter<A, tower_bulwark::clock::TokioClock> {
     tower_bulwark::DirectRateLimiter::builder(quota)
+        .algorithm::<A>()
         .clock(tower_bulwark::clock::TokioClock::new())
         .build()
 }

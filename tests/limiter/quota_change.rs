@@ -259,49 +259,6 @@ fn race_changes(limiter: &impl Limiter<u32>, context: &str) {
     assert_eq!(during + after, 20, "{context}");
 }
 
-/// Threads check a direct limiter, each decision asserting that it was made by one whole
-/// quota, while another thread flips the quota between a small and a large one whose every
-/// figure differs (limit, interval, burst): a decision that paired one quota's figures with the
-/// other's would tell a limit of neither, or more remaining than its limit.
-fn decisions_made_while_the_rule_changes_are_of_one_quota<A: Algorithm>() {
-    let clock = ManualClock::new();
-    let small = per(10, Duration::from_secs(1));
-    let large = per(1_000, Duration::from_secs(3));
-    let direct = DirectRateLimiter::builder(small).algorithm::<A>();
-    let direct = direct.clock(clock.clone()).build();
-    let name = std::any::type_name::<A>();
-    let started = AtomicU64::new(0);
-    let checked = taken_while(
-        3,
-        |_| {
-            started.fetch_add(1, Ordering::Relaxed);
-            clock.advance(MS);
-            let decision = direct.check();
-            assert!(
-                [10, 1_000].contains(&decision.limit) && decision.remaining <= decision.limit,
-                "{name}: {decision:?}"
-            );
-            1
-        },
-        || {
-            // The checkers are running before the first change (on two busy cores they may not
-            // be yet).
-            while started.load(Ordering::Relaxed) < 10 {
-                std::thread::yield_now();
-            }
-            for i in 0..20_000 {
-                direct.set_quota(if i % 2 == 0 { large } else { small });
-            }
-        },
-    );
-    assert!(checked > 0, "{name}: no decision raced the changes");
-}
-
-#[test]
-fn decisions_racing_changes_of_a_direct_limiters_quota_are_each_of_one_quota() {
-    for_every_algorithm!(decisions_made_while_the_rule_changes_are_of_one_quota);
-}
-
 #[test]
 fn decisions_racing_quota_changes_add_up_to_exactly_the_larger_quota() {
     for_every_algorithm!(racing_changes_at_one_instant);

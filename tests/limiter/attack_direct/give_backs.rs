@@ -247,11 +247,6 @@ async fn acquire_dropped_at_every_poll<A: Algorithm>() {
 
 /// The `Acquire` future's `must_use` says "futures do nothing unless polled": dropped before its
 /// first poll (a `select!` whose other branch was ready), it keeps no permit nobody will use.
-/// A direct limiter on tokio's clock (paused in these tests).
-fn tokio_direct<A: Algorithm>(q: Quota) -> DirectRateLimiter<A, TokioClock> {
-    direct(q, TokioClock::new())
-}
-
 /// Both `acquire`s below, each on a runtime of its own whose clock is paused.
 fn paused_acquire_dropped_before_its_first_poll<A: Algorithm>() {
     paused_runtime().block_on(acquire_dropped_before_its_first_poll::<A>());
@@ -262,7 +257,7 @@ async fn acquire_dropped_before_its_first_poll<A: Algorithm>() {
     let q = quota(2, S, 2, 5 * S);
     let n = name::<A>();
     // A reservation: the burst is spent, then an `acquire` that would wait is dropped unpolled.
-    let (a, twin) = (tokio_direct::<A>(q), tokio_direct::<A>(q));
+    let (a, twin) = (tokio_direct_with::<A>(q), tokio_direct_with::<A>(q));
     let (first, twin_first) = (a.check_n(2).unwrap(), twin.check_n(2).unwrap());
     assert!(first.allowed && twin_first.allowed);
     drop(a.acquire());
@@ -285,7 +280,7 @@ async fn acquire_dropped_before_its_first_poll<A: Algorithm>() {
 async fn acquire_admitted_at_once_dropped_before_its_first_poll<A: Algorithm>() {
     let q = quota(2, S, 2, 5 * S);
     let n = name::<A>();
-    let (a, twin) = (tokio_direct::<A>(q), tokio_direct::<A>(q));
+    let (a, twin) = (tokio_direct_with::<A>(q), tokio_direct_with::<A>(q));
     drop(acquire(&a, &(), 1));
     let (got, twin_got) = (drain(&a), drain(&twin));
     assert_eq!(
