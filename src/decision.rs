@@ -109,7 +109,9 @@ pub(crate) struct Charged {
     /// For GCRA, the TAT the admission left the key with: a refund gives back only while the
     /// key's TAT is still this one, that is while this admission is the key's latest. For the
     /// sliding counter, one more than the number of the window its permits were counted in
-    /// ([`Decision::counted_in`]). Zero for the other algorithms.
+    /// ([`Decision::counted_in`]); in Redis, one more than the number of times a change of
+    /// period had renumbered the key's windows (a give-back after another renumbering gives
+    /// nothing back). Zero for the other algorithms.
     pub(crate) tat: u64,
     /// For GCRA, the emission interval each permit was charged at: a refund gives back no more
     /// time per permit, even after a change of quota lengthened the interval. Zero otherwise.

@@ -28,7 +28,8 @@
 -- here, since a Lua local costs every call instructions) and ending with the server's TIME in
 -- microseconds (the client's clock offset):
 --   decision: { 0 refused or 1 admitted, remaining, retry_after, reset_after, wait, reserved_at,
---             time }; GCRA: { ..., reserved_at, state_after (the TAT an admission left), time }
+--             time }; GCRA and the sliding counter: { ..., reserved_at, state_after (what an
+--             admission left: the TAT; the windows' renumbering plus one), time }
 --   late:     { 2, time }
 --   refund, charge or lease end (applied): { 3, time }
 --   lease:    { 4, permits, start, end, remaining, time }
@@ -124,8 +125,9 @@ local function stored(value, default)
   return n
 end
 
--- The decision as the client parses it: seven integers, or eight for GCRA, whose decisions
--- also carry the TAT an admission left (zero for a refusal) before the time.
+-- The decision as the client parses it: seven integers, or eight for GCRA and the sliding
+-- counter, whose decisions also carry what an admission left (zero for a refusal) before the
+-- time.
 local function decision(allowed, remaining, retry_after, reset_after, wait, reserved_at, state_after)
   if state_after then
     return { allowed, remaining, retry_after, reset_after, wait, reserved_at, state_after, server_time }

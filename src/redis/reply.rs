@@ -4,8 +4,9 @@
 //! Every reply is an array of non-negative integers led by its status (see [`Reply`]). A
 //! decision has seven: the status (refused or admitted), remaining, retry_after, reset_after,
 //! wait, reserved_at (the instant the permits were charged at) and the server's time, the
-//! durations in ticks. GCRA's has eight: the TAT an admission left (zero for a refusal) comes
-//! before the time.
+//! durations in ticks. GCRA's and the sliding counter's have eight: what the admission left
+//! (GCRA's TAT; the sliding counter's renumbering, plus one), zero for a refusal, comes before
+//! the time.
 
 use std::time::Duration;
 
@@ -52,7 +53,8 @@ impl Reply {
     }
 }
 
-/// The fields of a decision, in order; only GCRA's carry `state_after`.
+/// The fields of a decision, in order; only GCRA's and the sliding counter's carry
+/// `state_after`.
 const DECISION: [&str; 8] = [
     "status",
     "remaining",
@@ -73,12 +75,16 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         "status",
         items.first().ok_or_else(|| bad("an empty array".into()))?,
     )?;
-    // GCRA's decisions carry the TAT an admission left; the other scripts' do not.
-    let with_tat = quota.script == LimiterScript::Gcra;
+    // GCRA's decisions carry the TAT an admission left, the sliding counter's the renumbering
+    // of its windows it was counted under; the other scripts' carry neither.
+    let with_state_after = matches!(
+        quota.script,
+        LimiterScript::Gcra | LimiterScript::SlidingCounter
+    );
     let names: Vec<&str> = match status {
         0 | 1 => DECISION
             .into_iter()
-            .filter(|&name| with_tat || name != "state_after")
+            .filter(|&name| with_state_after || name != "state_after")
             .collect(),
         2 | 3 => vec!["status", "time"],
         4 => vec!["status", "permits", "start", "end", "remaining", "time"],
@@ -238,6 +244,18 @@ mod tests {
             other => panic!("not a decision: {other:?}"),
         }
         assert!(parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 0, 123]), &fw).is_err());
+        // The sliding counter's carry the renumbering of its windows, plus one.
+        let sc = ScriptQuota::new(
+            LimiterScript::SlidingCounter,
+            Quota::per_second(10).unwrap(),
+            false,
+        )
+        .unwrap();
+        match parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 3, 123]), &sc).unwrap() {
+            Reply::Decision(d, 123) => assert_eq!((d.charged().at, d.charged().tat), (55, 3)),
+            other => panic!("not a decision: {other:?}"),
+        }
+        assert!(parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 123]), &sc).is_err());
     }
 
     #[test]

@@ -141,8 +141,8 @@ pub(crate) enum Operation {
         hold: u64,
     },
     /// Giving back an admission whose permits were charged at `charged_at`, which left the key
-    /// at `left` (GCRA's TAT, zero for the other algorithms) and which `reserved` a later
-    /// instant. A refund has no deadline.
+    /// at `left` (GCRA's TAT, the sliding counter's renumbering plus one, zero for the others)
+    /// and which `reserved` a later instant. A refund has no deadline.
     Refund {
         charged_at: u64,
         left: u64,

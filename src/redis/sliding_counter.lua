@@ -1,8 +1,10 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window, l = the latest clock reading (an
 -- older reading is decided as of it, so it never lands in a window that has rolled away), d = the
--- window length `w` counts in (absent: the current length).
--- ARGV[8] window, ARGV[9] limit
+-- window length `w` counts in (absent: the current length), g = how many times a change of
+-- length renumbered the windows (absent: none).
+-- ARGV[8] window, ARGV[9] limit; for a give-back, ARGV[10] one more than the renumbering its
+-- admission was counted under (its decision's `state_after`; 0: unknown, taken as the current)
 --
 -- Leases (ops 'l' and 'e', arguments in `prelude.lua`): a share of the permits the
 -- current window can still admit, counted in `c` at once and admitted from only until the
@@ -13,17 +15,30 @@
 local key = KEYS[1]
 local window = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l', 'd', 'x')
+local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l', 'd', 'x', 'g')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)
 local curr = stored(state[3], 0)
 local nxt = stored(state[4], 0)
 local latest = stored(state[5], 0)
+local g = stored(state[8], 0)
 now = math.max(now, latest)
+local leases = read_leases(state[7])
 -- The quota's period changed since the key was written: its counters move, as they are, to the
--- window of this length that holds its latest reading, and roll on from there.
+-- window of this length that holds its latest reading, and roll on from there. The leases' marks
+-- move with them; a decision's instant, which the client holds, cannot, so a give-back tells
+-- which renumbering counted it (g).
 if stored(state[6], window) ~= window then
-  w = idiv(latest, window)
+  local renumbered = idiv(latest, window)
+  for id, lease in pairs(leases) do
+    local mark = lease[2] + renumbered - w
+    if mark < 0 then
+      leases[id] = nil
+    else
+      lease[2] = mark
+    end
+  end
+  w, g = renumbered, g + 1
 end
 
 -- Roll the counters forward to the window holding now.
@@ -38,7 +53,6 @@ elseif gap > 2 then
 end
 w = math.max(w, idx)
 -- Leases of windows before the previous one count nowhere any more.
-local leases = read_leases(state[7])
 for id, lease in pairs(leases) do
   if lease[2] + 1 < w then
     leases[id] = nil
@@ -95,20 +109,25 @@ local function save()
   if prev == 0 and curr == 0 and nxt == 0 then
     redis.call('DEL', key)
   else
-    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases))
+    redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases), 'g', int(g))
     expire_in(key, reset_after())
   end
 end
 
 if op == 'r' then
-  -- Whichever window the admission was charged to, if it still counts: past or future.
-  local at_idx = idiv(arg5, window)
-  if at_idx + 1 == w then
-    prev = math.max(prev - cost, 0)
-  elseif at_idx == w then
-    curr = math.max(curr - cost, 0)
-  elseif at_idx == w + 1 then
-    nxt = math.max(nxt - cost, 0)
+  -- Whichever window the admission was charged to, if it still counts: past or future. Its
+  -- instant names that window only in the numbering it was counted under: after a renumbering
+  -- nothing comes back (never more than was taken; a change of period is rare).
+  local counted_under = count_arg(ARGV[10]) or 0
+  if counted_under == 0 or counted_under == g + 1 then
+    local at_idx = idiv(arg5, window)
+    if at_idx + 1 == w then
+      prev = math.max(prev - cost, 0)
+    elseif at_idx == w then
+      curr = math.max(curr - cost, 0)
+    elseif at_idx == w + 1 then
+      nxt = math.max(nxt - cost, 0)
+    end
   end
   save()
   return refunded()
@@ -159,7 +178,7 @@ if op == 'l' then
     else
       wait = window - e + (earliest(curr, nxt) or window)
     end
-    return decision(0, available, math.max(wait, 1), reset_after(), 0, 0)
+    return decision(0, available, math.max(wait, 1), reset_after(), 0, 0, 0)
   end
   local permits = math.min(wanted, available)
   curr = curr + permits
@@ -174,7 +193,7 @@ local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
   save()
-  return decision(1, remaining(), 0, reset_after(), 0, now)
+  return decision(1, remaining(), 0, reset_after(), 0, now, g + 1)
 end
 local admit_at, which
 if here then
@@ -195,6 +214,6 @@ if wait <= max_wait and which < 2 then
     nxt = nxt + cost
   end
   save()
-  return decision(1, 0, 0, reset_after(), wait, admit_at)
+  return decision(1, 0, 0, reset_after(), wait, admit_at, g + 1)
 end
-return decision(0, remaining(), wait, reset_after(), 0, 0)
+return decision(0, remaining(), wait, reset_after(), 0, 0, 0)

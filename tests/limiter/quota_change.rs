@@ -449,7 +449,6 @@ mod redis_store {
     /// the reservation given back: never more admitted than by a twin key that never reserved
     /// (in memory, `attack_a_reservation_given_back_after_the_period_grew…`).
     #[tokio::test]
-    #[ignore = "known bug: the Redis sliding counter maps a give-back's instant through the window length in force (sliding_counter.lua, at_idx), which a change of period renumbers; see the closing note of 2026-12-05"]
     async fn a_sliding_counter_reservation_given_back_after_a_longer_period_frees_no_slot() {
         let Some((_server, store)) = RedisServer::with_store("quota_change::redis_sc_refund").await
         else {

@@ -414,6 +414,36 @@ async fn racing_clones<A: RedisAlgorithm + Algorithm>(url: &str) {
     assert!(events.len() > 30, "{} admitted", events.len());
 }
 
+/// A sliding counter's share ended after a change of period renumbered the key's windows gives
+/// its unused permits back to the window that counted them, which the renumbering moved: of
+/// shares of 1, 2 and 4 (7 counted), 4 spent; the period quadrupled; the next lease call ends
+/// the share, so 6 more fit the window (10 in all), and a limiter without leases finds it full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_ended_after_a_change_of_period_gives_back_to_its_window() {
+    let Some(server) = RedisServer::start("lease_windows::renumbered") else {
+        return;
+    };
+    let lease = Lease::new().max_share(8).length(secs(50));
+    let clock = manual_clock_at(Duration::from_secs(1000));
+    let (a, b) = (
+        strict::<SlidingCounter>(&server.url(), per(10, 100), lease, &clock).await,
+        strict::<SlidingCounter>(&server.url(), per(10, 400), Lease::new(), &clock).await,
+    );
+    for _ in 0..4 {
+        assert!(a.check(&"k").await.unwrap().allowed);
+    }
+    a.set_quota(per(10, 400)).unwrap();
+    // Past the share's end (50 s), within the window of 400 s that holds 1000 s.
+    clock.advance(secs(51));
+    let six = a.check_n(&"k", 6).await.unwrap();
+    assert!(
+        six.allowed,
+        "the 3 unused permits did not come back: {six:?}"
+    );
+    let full = b.check_n(&"k", 1).await.unwrap();
+    assert!(!full.allowed, "10 admitted and 1 more: {full:?}");
+}
+
 /// Tests of a scenario for both window algorithms, each on its own Redis.
 macro_rules! both_windows {
     ($($(#[$attr:meta])* $name:ident: $scenario:ident;)*) => {$(
