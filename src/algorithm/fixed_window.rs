@@ -73,10 +73,13 @@ impl FixedWindow {
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
-    /// the latest reading seen, which it then becomes; and the state refreshed to it.
-    fn advance(&self, w: &mut Window, now: u64) -> u64 {
+    /// the latest reading seen, which it then becomes; and the state refreshed to it, the
+    /// reading published to `latest` when that starts a cycle (see [`super::publish_roll`]).
+    fn advance(&self, w: &mut Window, now: u64, latest: &LatestReading) -> u64 {
         let now = super::advance_latest(&mut w.latest, now);
+        let cycle = w.cycle;
         self.refresh(w, now);
+        super::publish_roll(latest, cycle != w.cycle, now);
         now
     }
 
@@ -88,8 +91,15 @@ impl FixedWindow {
         (cycle, w.used.saturating_sub(granted))
     }
 
-    pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
-        let now = self.advance(w, now);
+    fn step(
+        &self,
+        w: &mut Window,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
+        let now = self.advance(w, now, latest);
         let cost = u64::from(cost);
         let cycle = w.cycle;
         let reset = |used: u64| {
@@ -153,12 +163,12 @@ impl Algorithm for FixedWindow {
     fn decide(
         &self,
         state: &FixedWindowState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        self.step(&mut lock(&state.0), now, cost, max_wait)
+        self.step(&mut lock(&state.0), latest, now, cost, max_wait)
     }
 
     /// Gives back the permits of an admission charged at `reserved_at`, as far as the count can
@@ -182,14 +192,14 @@ impl Algorithm for FixedWindow {
     fn refund(
         &self,
         state: &FixedWindowState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
         let reserved_at = decision.charged().at;
         let mut w = lock(&state.0);
-        let now = self.advance(&mut w, now);
+        let now = self.advance(&mut w, now, latest);
         let charged = self.cycle_of(reserved_at);
         if w.used == 0 || charged < w.cycle {
             return;
@@ -207,9 +217,9 @@ impl Algorithm for FixedWindow {
 
     /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
     /// next cycles pay, as a reservation's is.
-    fn charge(&self, state: &FixedWindowState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &FixedWindowState, latest: &LatestReading, now: u64, cost: u32) {
         let mut w = lock(&state.0);
-        self.advance(&mut w, now);
+        self.advance(&mut w, now, latest);
         w.used = w.used.saturating_add(u64::from(cost));
     }
 

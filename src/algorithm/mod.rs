@@ -63,7 +63,9 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
     /// Algorithms whose state holds instants (GCRA's TAT, the sliding log's admission times)
     /// need nothing more than [`new`](Self::new). Window algorithms count windows from an
     /// epoch; theirs must continue the count, so that the window in progress keeps its number
-    /// (and its counts) across the change.
+    /// (and its counts) across the change. `now` is no earlier than the latest reading the
+    /// keys published to their [`LatestReading`] (the crate's limiters take the later of the
+    /// two), which a window algorithm's key does when a reading starts its window.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self
     where
         Self: Sized;
@@ -168,8 +170,9 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// reading that some thread took for a key of the same shard, so the request is decided as if
 /// it had arrived at that instant (for a fresh reading, a few microseconds later at most: the
 /// gap between two threads' readings), and a stale reading admits neither more nor less than a
-/// fresh one. The window algorithms and the
-/// sliding log keep their latest reading in their own (locked) state and leave this one alone.
+/// fresh one. The window algorithms and the sliding log keep their latest reading in their own
+/// (locked) state; the window algorithms publish here only the reading that starts a key's
+/// window, which a change of period numbers the windows on from.
 ///
 /// A direct limiter's one is made to hold its key's GCRA word too, beside the reading in one
 /// 128-bit word: an admission then changes both with one compare-and-swap, where a key of a
@@ -346,6 +349,17 @@ fn as_of(now: u64, latest: u64) -> u64 {
 }
 
 /// [`as_of`], and the key's latest reading moved on to it.
+/// Publishes `now` to `latest` when it started a key's window (`rolled`): a change of period
+/// numbers the windows on from the latest reading published (the limiters' `set_quota`), so
+/// the window in progress keeps its number and its count even when the change read the clock
+/// before a key moved into it. Once a window and key, not every check: a shard's keys share
+/// the line.
+fn publish_roll(latest: &LatestReading, rolled: bool, now: u64) {
+    if rolled && now > latest.get() {
+        latest.publish(now);
+    }
+}
+
 fn advance_latest(latest: &mut u64, now: u64) -> u64 {
     *latest = as_of(now, *latest);
     *latest

@@ -99,10 +99,13 @@ impl SlidingCounter {
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
-    /// the latest reading seen, which it then becomes; the windows rolled to it.
-    fn advance(&self, c: &mut Counters, now: u64) -> u64 {
+    /// the latest reading seen, which it then becomes; the windows rolled to it, the reading
+    /// published to `latest` when that starts a window (see [`super::publish_roll`]).
+    fn advance(&self, c: &mut Counters, now: u64, latest: &LatestReading) -> u64 {
         let now = super::advance_latest(&mut c.latest, now);
+        let window = c.window;
         self.roll(c, now);
+        super::publish_roll(latest, window != c.window, now);
         now
     }
 
@@ -125,8 +128,15 @@ impl SlidingCounter {
         Duration::from_nanos(self.idle_from(c).saturating_sub(now))
     }
 
-    pub(crate) fn step(&self, c: &mut Counters, now: u64, cost: u32, max_wait: u64) -> Decision {
-        let now = self.advance(c, now);
+    fn step(
+        &self,
+        c: &mut Counters,
+        latest: &LatestReading,
+        now: u64,
+        cost: u32,
+        max_wait: u64,
+    ) -> Decision {
+        let now = self.advance(c, now, latest);
         let cost = u64::from(cost);
         let start = self.window_start(c.window);
         let len = self.timeline.length_of(c.window);
@@ -216,12 +226,12 @@ impl Algorithm for SlidingCounter {
     fn decide(
         &self,
         state: &SlidingCounterState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        self.step(&mut lock(&state.0), now, cost, max_wait)
+        self.step(&mut lock(&state.0), latest, now, cost, max_wait)
     }
 
     /// Subtracts `cost` from the count of the window the admission was counted in (the
@@ -232,7 +242,7 @@ impl Algorithm for SlidingCounter {
     fn refund(
         &self,
         state: &SlidingCounterState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
@@ -241,7 +251,7 @@ impl Algorithm for SlidingCounter {
             return;
         };
         let mut c = lock(&state.0);
-        self.advance(&mut c, now);
+        self.advance(&mut c, now, latest);
         let cost = u64::from(cost);
         let count = if idx + 1 == c.window {
             &mut c.prev
@@ -258,15 +268,16 @@ impl Algorithm for SlidingCounter {
     /// The count of the window of `now` grows by `cost`, past the limit if it must. The
     /// counter is approximate: the debt weighs on the estimate as that window's own counts
     /// do, in full through the window and then as the previous window's share.
-    fn charge(&self, state: &SlidingCounterState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &SlidingCounterState, latest: &LatestReading, now: u64, cost: u32) {
         let mut c = lock(&state.0);
-        self.advance(&mut c, now);
+        self.advance(&mut c, now, latest);
         c.curr = c.curr.saturating_add(u64::from(cost));
     }
 
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
         let mut c = *lock(&state.0);
-        let now = self.advance(&mut c, now);
+        let now = super::advance_latest(&mut c.latest, now);
+        self.roll(&mut c, now);
         let e = now.saturating_sub(self.window_start(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
         super::rank(held, self.idle_from(&c).saturating_sub(now))
