@@ -2,7 +2,7 @@ use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{joined, split, Algorithm, LatestReading};
-use crate::clock::MAX_NOW;
+use crate::clock::{saturating_nanos, MAX_NOW};
 use crate::{decision::Decision, Quota};
 
 /// The Generic Cell Rate Algorithm: the default.
@@ -307,13 +307,16 @@ impl Algorithm for Gcra {
     /// Gives back what `decision` took, as far as the key's state can say where it lies; never
     /// more.
     ///
-    /// * The decision is still the key's latest admission (the key's TAT is the one it left):
-    ///   the TAT goes back by `cost · T`, never below the latest reading (time that has passed
-    ///   is spent; the latest reading is the key's [`LatestReading`], which other keys of its
-    ///   shard may have moved on). Exact: the key decides as if the request had never been
-    ///   made.
-    /// * A later admission (or a settle's debt) moved the TAT on, this decision was immediate,
-    ///   and no waiting caller holds a slot ahead of the latest reading: none is past the
+    /// * The decision is still the key's latest admission (the key's TAT is the one it left,
+    ///   and no give-back of the key's shard has moved a TAT back since the decision was made,
+    ///   which could have let later admissions bring it back to that value): the TAT goes back
+    ///   by `cost · T`, never below the latest reading (time that has passed is spent; the
+    ///   latest reading is the key's [`LatestReading`], which other keys of its shard may have
+    ///   moved on). Exact: the key decides as if the request had never been made.
+    /// * Not known to be the latest (a later admission or a settle's debt moved the TAT on, or
+    ///   a give-back of this kind moved a TAT of the shard back at or after the decision's
+    ///   reading), this decision was immediate, and no waiting caller holds a slot ahead of
+    ///   the latest reading: none is past the
     ///   horizon (the TAT is within `burst · T` of the latest reading), or no reservation was
     ///   made on the key since it was last within its burst (the state word's top bit says so),
     ///   so what lies past the horizon is debt. The TAT goes back by `cost · T` less the time
@@ -347,21 +350,28 @@ impl Algorithm for Gcra {
         // lengthened the interval, a permit weighs more than it took.
         let give = (self.interval.min(charged.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
-        Words::of(state, latest).update(now, |current, latest| {
+        // The reading the decision was made at (a reservation's charge falls due `wait` later).
+        let decided_at = charged.at.saturating_sub(saturating_nanos(decision.wait));
+        Words::of(state, latest).update(now, |current, reading| {
             let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
-            if tat <= latest {
+            if tat <= reading {
                 // Nothing ahead of the latest reading: nothing to give back.
                 return None;
             }
-            let back = if tat == left {
+            let back = if tat == left && !latest.moved_back_since(decided_at) {
                 give
-            } else if immediate && (tat.saturating_sub(self.horizon) <= latest || !waiter) {
-                give.saturating_sub(latest.saturating_sub(charged.at))
+            } else if immediate && (tat.saturating_sub(self.horizon) <= reading || !waiter) {
+                let back = give.saturating_sub(reading.saturating_sub(charged.at));
+                if back > 0 {
+                    // Before the TAT moves: whoever sees it moved sees this too.
+                    latest.moved_back(reading);
+                }
+                back
             } else {
                 0
             };
-            let tat = tat.saturating_sub(back).max(latest);
-            (back > 0).then(|| word(tat, waiter, latest, self.horizon))
+            let tat = tat.saturating_sub(back).max(reading);
+            (back > 0).then(|| word(tat, waiter, reading, self.horizon))
         });
     }
 

@@ -182,12 +182,20 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// runs of both builds: `PAIRED=20 THREADS=2 cargo bench --bench contention -- direct`). A
 /// shard's keys keep their words apart: 16 bytes a key, not 8, would cost memory.
 #[derive(Default)]
-pub struct LatestReading(Latest);
+pub struct LatestReading {
+    latest: Latest,
+    /// One more than the latest reading at which a GCRA give-back moved a key's TAT back while
+    /// a later admission of the key stood ([`Gcra`]'s refund), zero for none: from then on a
+    /// TAT equal to the one an earlier admission left no longer says that admission is the
+    /// key's latest (the TAT may have come back to it). Written and read only by give-backs.
+    moved_back_at: AtomicU64,
+}
 
 impl fmt::Debug for LatestReading {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut out = f.debug_struct("LatestReading");
         out.field("reading", &self.get());
+        out.field("moved_back_at", &self.moved_back_at.load(Ordering::Relaxed));
         if let Some(pair) = self.pair() {
             out.field("word", &split(pair.load(Ordering::Acquire)).0);
         }
@@ -212,7 +220,7 @@ impl Default for Latest {
 impl LatestReading {
     /// The latest reading published (0 before any).
     pub fn get(&self) -> u64 {
-        match &self.0 {
+        match &self.latest {
             Latest::Alone(reading) => reading.load(Ordering::Acquire),
             Latest::WithWord(pair) => split(pair.load(Ordering::Acquire)).1,
         }
@@ -221,7 +229,7 @@ impl LatestReading {
     /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
     /// was before (`now` was published if that is not later than `now`).
     pub(crate) fn publish(&self, now: u64) -> u64 {
-        match &self.0 {
+        match &self.latest {
             Latest::Alone(reading) => reading.fetch_max(now, Ordering::AcqRel),
             Latest::WithWord(pair) => {
                 let raise = |both| {
@@ -240,16 +248,34 @@ impl LatestReading {
         if cfg!(loom) {
             Self::default()
         } else {
-            Self(Latest::WithWord(portable_atomic::AtomicU128::new(0)))
+            Self {
+                latest: Latest::WithWord(portable_atomic::AtomicU128::new(0)),
+                moved_back_at: AtomicU64::new(0),
+            }
         }
     }
 
     /// The word that holds this reading and a key's GCRA word, if this one does.
     pub(crate) fn pair(&self) -> Option<&portable_atomic::AtomicU128> {
-        match &self.0 {
+        match &self.latest {
             Latest::Alone(_) => None,
             Latest::WithWord(pair) => Some(pair),
         }
+    }
+}
+
+impl LatestReading {
+    /// Records that a give-back at `reading` moves a key's TAT back while a later admission of
+    /// the key stands; published before the TAT moves.
+    pub(crate) fn moved_back(&self, reading: u64) {
+        // One more than the reading: zero is "never".
+        self.moved_back_at.fetch_max(reading + 1, Ordering::AcqRel);
+    }
+
+    /// Whether a give-back moved a key's TAT back at or after `reading` (see
+    /// [`moved_back`](Self::moved_back)).
+    pub(crate) fn moved_back_since(&self, reading: u64) -> bool {
+        self.moved_back_at.load(Ordering::Acquire) > reading
     }
 }
 

@@ -3,11 +3,16 @@
 -- reading), then ":1" while the TAT lies beyond the horizon and a reservation made since the key
 -- was last within its burst (or a lease that starts later) may hold a slot there; beyond the
 -- horizon without it lies debt, which a give-back may lower (the in-memory GCRA's `WAITER`
--- bit). A reading older than `latest` (a stale client clock, a server clock stepped back) is
--- decided as of `latest`, as the in-memory GCRA does.
+-- bit); then, once a give-back moved the TAT back under a later admission, ":<m>" after the
+-- mark ("0" without it), m one more than the latest reading it did so at (the in-memory
+-- `LatestReading::moved_back`): an admission decided no later than that is not taken for the
+-- key's latest because the TAT came back to the value it left. A reading older than `latest` (a
+-- stale client clock, a server clock stepped back) is decided as of `latest`, as the in-memory
+-- GCRA does.
 -- ARGV[8] emission interval, ARGV[9] horizon (burst * interval), ARGV[10] burst; for a refund,
--- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] '1' if
--- it was a reservation (it waited), '0' if it was admitted at once.
+-- ARGV[11] the TAT the refunded admission left (its decision's eighth item) and ARGV[12] how
+-- long it waited (0: admitted at once; ARGV[5], the instant it was charged at, less that is
+-- when it was decided).
 --
 -- Leases (ops 'l' and 'e'): shares of the burst that an instance admits from without asking.
 -- The key then holds ";<id>,<permits>,<end>" after "<tat>:<latest>" for each lease out. While a
@@ -24,7 +29,7 @@ local key = KEYS[1]
 local interval = tonumber(ARGV[8])
 local horizon = tonumber(ARGV[9])
 local limit = tonumber(ARGV[10])
-local tat, latest, waiter = 0, 0, false
+local tat, latest, waiter, moved = 0, 0, false, 0
 -- The leases out, by id: { permits, end }, and their permits.
 local leases, out = {}, 0
 do
@@ -37,6 +42,10 @@ do
         local r
         r, rest = string.match(rest, '^:([^:;]*)(.*)$')
         waiter = stored(r, 0) > 0
+        if rest ~= '' and string.byte(rest) == 58 then
+          r, rest = string.match(rest, '^:([^:;]*)(.*)$')
+          moved = stored(r, 0)
+        end
       end
     else
       tat, rest = stored(raw, 0), ''
@@ -113,7 +122,11 @@ local function save(t, l)
   end
   if last > now then
     -- The mark of a waiter's slot lasts while the TAT lies beyond the horizon.
-    if waiter and t - horizon > now then
+    local marked = waiter and t - horizon > now
+    if moved > 0 then
+      local mark = marked and ':1:' or ':0:'
+      redis.call('SET', key, int(t) .. ':' .. int(l) .. mark .. int(moved) .. write_leases(leases), 'PX', expiry_ms(last - now))
+    elseif marked then
       redis.call('SET', key, int(t) .. ':' .. int(l) .. ':1' .. write_leases(leases), 'PX', expiry_ms(last - now))
     else
       redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
@@ -169,23 +182,26 @@ end
 
 if op == 'r' then
   -- As the in-memory GCRA gives back (see `Gcra::refund`): `cost` intervals while the refunded
-  -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11]); when later
-  -- admissions or debt moved the TAT on, this one was immediate and no waiter can hold a slot
-  -- ahead (none past the horizon, or the key is not marked), `cost` intervals less the time
-  -- elapsed since this one was charged (ARGV[5]); otherwise nothing. Never below the latest
-  -- reading.
+  -- admission is still the key's latest (the key's TAT is the one it left, ARGV[11], and no
+  -- give-back moved it back since the admission was decided); when later admissions or debt
+  -- moved the TAT on, this one was immediate and no waiter can hold a slot ahead (none past the
+  -- horizon, or the key is not marked), `cost` intervals less the time elapsed since this one
+  -- was charged (ARGV[5]); otherwise nothing. Never below the latest reading.
   local left = count_arg(ARGV[11])
-  local reserved = ARGV[12]
-  if not left or (reserved ~= '0' and reserved ~= '1') then
+  local waited = count_arg(ARGV[12])
+  if not left or not waited or waited > arg5 then
     return redis.error_reply('tower-bulwark: malformed script arguments')
   end
   if tat > now and left > 0 then
     local give = interval * cost
     local back = 0
-    if tat == left then
+    if tat == left and moved <= arg5 - waited then
       back = give
-    elseif reserved == '0' and (tat - horizon <= now or not waiter) then
+    elseif waited == 0 and (tat - horizon <= now or not waiter) then
       back = math.max(give - math.max(now - arg5, 0), 0)
+      if back > 0 then
+        moved = math.max(moved, now + 1)
+      end
     end
     if back > 0 then
       tat = math.max(tat - back, now)

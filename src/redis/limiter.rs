@@ -457,7 +457,7 @@ impl Inner {
         let refund = Operation::Refund {
             charged_at: charged.at,
             left: charged.tat,
-            reserved: !decision.wait.is_zero(),
+            waited: saturating_nanos(decision.wait),
             per_permit: charged.per_permit,
         };
         let inner = Arc::clone(self);

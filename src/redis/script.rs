@@ -142,11 +142,12 @@ pub(crate) enum Operation {
     },
     /// Giving back an admission whose permits were charged at `charged_at`, which left the key
     /// at `left` (GCRA's TAT, the sliding counter's renumbering plus one, zero for the others)
-    /// and which `reserved` a later instant. A refund has no deadline.
+    /// and which `waited` nanoseconds for them (zero: admitted at once; the decision was made
+    /// `waited` before `charged_at`). A refund has no deadline.
     Refund {
         charged_at: u64,
         left: u64,
-        reserved: bool,
+        waited: u64,
         per_permit: u64,
     },
     /// Charging the permits at the script's instant, never refused: what an admission cost
@@ -384,13 +385,14 @@ impl ScriptQuota {
                 let has_hold = usize::from(hold != 0);
                 ("d", max_wait, Some(deadline), &[hold][..has_hold])
             }
-            // '1': the admission waited; '0': it was admitted at once.
+            // How long the admission waited, in ticks (a wait is a whole number of them); '0':
+            // it was admitted at once.
             Operation::Refund {
                 charged_at,
                 left,
-                reserved,
+                waited,
                 ..
-            } => ("r", charged_at, None, &[left, u64::from(reserved)][..]),
+            } => ("r", charged_at, None, &[left, waited / self.tick_nanos][..]),
             Operation::Charge => ("c", 0, None, &[][..]),
             Operation::Lease {
                 length,

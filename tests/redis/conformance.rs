@@ -64,10 +64,17 @@ async fn run<A: RedisAlgorithm>(
     start: u64,
 ) -> Exercised {
     let clock = ManualClock::new();
-    let memory = KeyedRateLimiter::<String>::builder(quota)
-        .algorithm::<A>()
-        .clock(clock.clone())
-        .build();
+    // One in-memory limiter a key: a Redis key is alone in its state, where a keyed limiter's
+    // keys share their shard's latest reading and what its give-backs publish there.
+    let memories: Vec<KeyedRateLimiter<String, A, ManualClock>> = (0..3)
+        .map(|_| {
+            KeyedRateLimiter::<String>::builder(quota)
+                .algorithm::<A>()
+                .clock(clock.clone())
+                .build()
+        })
+        .collect();
+    let memory_of = |key: &str| &memories[usize::from(key.as_bytes()[0] - b'a')];
     let redis = RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<A>()
         .client_clock(clock.clone())
@@ -122,36 +129,36 @@ async fn run<A: RedisAlgorithm>(
                     let actual = rng.below(2 * u64::from(cost) + 2) as u32;
                     let actual = if rng.below(8) == 0 { u32::MAX } else { actual };
                     seen.settles[usize::from(actual > cost)] += 1;
-                    memory.settle(&key, cost, m, actual);
+                    memory_of(&key).settle(&key, cost, m, actual);
                     redis.settle_and_wait(&key, cost, r, actual).await.unwrap();
                     continue;
                 }
                 if m.wait.is_zero() {
                     seen.immediate_refunds += 1;
                 }
-                memory.refund(&key, cost, m);
+                memory_of(&key).refund(&key, cost, m);
                 redis.settle_and_wait(&key, cost, r, 0).await.unwrap();
             }
             // Another policy vetoes the request: whatever it was granted goes back at once.
             4 => {
                 let cost = 1 + rng.below(u64::from(capacity.min(3))) as u32;
-                let m = memory.reserve(&key, cost).await.unwrap();
+                let m = memory_of(&key).reserve(&key, cost).await.unwrap();
                 let r = redis.reserve(&key, cost).await.unwrap();
                 same(&m, &r, &format!("{context}, vetoed cost {cost}"));
                 if m.allowed {
                     seen.vetoes += 1;
-                    memory.refund(&key, cost, m);
+                    memory_of(&key).refund(&key, cost, m);
                     redis.settle_and_wait(&key, cost, r, 0).await.unwrap();
                 }
             }
             op => {
                 let cost = 1 + rng.below(u64::from(capacity.min(3))) as u32;
                 let (m, r) = if op % 2 == 0 {
-                    let m = memory.check_n(&key, cost).unwrap();
+                    let m = memory_of(&key).check_n(&key, cost).unwrap();
                     let r = redis.check_n(&key, cost).await.unwrap();
                     (m, r)
                 } else {
-                    let m = memory.reserve(&key, cost).await.unwrap();
+                    let m = memory_of(&key).reserve(&key, cost).await.unwrap();
                     let r = redis.reserve(&key, cost).await.unwrap();
                     (m, r)
                 };

@@ -232,6 +232,40 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     assert_eq!(c.retry_after, Duration::from_secs(1));
 }
 
+/// In Redis as in memory (`attack_gcra_refunds_on_a_coarse_clock_…`): 3 then 1 permit at 0 s,
+/// the 3 given back at 1 s, 2 at 2 s, which brings the TAT back to the value the 1 left; the 1
+/// given back then. The key admits at 2 s no more than a twin that only ever took the 2.
+#[tokio::test]
+async fn a_gcra_refund_whose_tat_came_back_in_redis_is_never_more_generous_than_a_twin() {
+    let Some((_server, store)) = RedisServer::with_store("gcra_tat_came_back").await else {
+        return;
+    };
+    let clock = ManualClock::new();
+    let quota = Quota::per_second(1).unwrap().with_burst(200).unwrap();
+    let gcra = propagating_limiter::<Gcra>(&store, quota, &clock, "back:", Refusals::Uncached);
+    let three = gcra.check_n(&"k", 3).await.unwrap();
+    let one = gcra.check_n(&"k", 1).await.unwrap();
+    assert!(three.allowed && one.allowed);
+    clock.set(Duration::from_secs(1));
+    gcra.settle_and_wait(&"k", 3, three, 0).await.unwrap();
+    clock.set(Duration::from_secs(2));
+    assert!(gcra.check_n(&"k", 2).await.unwrap().allowed);
+    assert!(gcra.check_n(&"twin", 2).await.unwrap().allowed);
+    gcra.settle_and_wait(&"k", 1, one, 0).await.unwrap();
+    let mut counts = [0, 0];
+    for (key, count) in ["k", "twin"].into_iter().zip(&mut counts) {
+        while gcra.check(&key).await.unwrap().allowed {
+            *count += 1;
+        }
+    }
+    assert!(
+        counts[0] <= counts[1],
+        "{} admitted, {} by the twin",
+        counts[0],
+        counts[1]
+    );
+}
+
 /// Two policies, the window in Redis: 5 a minute (Redis) and 1 a second (in memory), 4 requests
 /// a second for 5 s. A request refused by one policy gives back what the other took.
 async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {
@@ -369,10 +403,12 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
             cases.push((name, command));
         }
     }
-    // GCRA's "<tat>:<latest>[:<reserved>];<lease>...": a fourth field, a reservation's instant
-    // or a lease of a fraction, a bad latest.
+    // GCRA's "<tat>:<latest>[:<reserved>[:<moved back>]];<lease>...": a fifth field, a mark or
+    // a reading moved back at or a lease of a fraction, a bad latest.
     for bad in [
-        "5000:5000:1:2",
+        "5000:5000:1:2:3",
+        "5000:5000:1:0.5",
+        "5000:5000:0:-2",
         "5000:5000:0.5",
         "5000:5000:;1,2,3",
         "5000:5000;1,2,0.5",

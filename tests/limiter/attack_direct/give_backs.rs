@@ -656,7 +656,6 @@ fn stale_reading_after_a_refusal<A: Algorithm>() {
 attack_tests! {
     attack_a_refund_two_windows_back_across_a_period_change_gives_back_nothing: four!(refund_two_windows_back_across_a_period_change),
     attack_a_reservation_given_back_after_the_period_grew_frees_no_slot_of_the_window_in_progress: four!(reservation_refunded_after_the_period_grew),
-    #[ignore = "known bug: a GCRA refund whose TAT an admission after it brought back to the value it left takes the exact branch (gcra.rs refund, `tat == left`), at one instant reading of a manual or coarse clock; see the closing note of 2026-12-05"]
     attack_a_refund_whose_tat_came_back_gives_back_no_more_than_a_twin_never_asked: four!(refund_of_an_admission_whose_tat_came_back),
     attack_a_set_quota_preempted_after_reading_the_clock_admits_no_more_than_the_larger_quota: five!(preempted_set_quota),
     attack_a_keyed_set_quota_preempted_after_reading_the_clock_admits_no_more_than_the_larger_quota: five!(preempted_set_quota_keyed),

@@ -181,5 +181,6 @@ fn is_gcra<A>() -> bool {
     n == "Gcra" || n == "Metered"
 }
 
+mod coarse_refunds;
 mod give_backs;
 mod races;
