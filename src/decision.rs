@@ -96,9 +96,9 @@ pub(crate) enum Taken {
 /// to give back exactly what the admission took.
 ///
 /// Two are equal when they charged the same instant at the same rate and, for GCRA, left the
-/// same TAT: a sliding counter's window number is its store's own count (memory counts from
-/// the limiter's creation and its changes of period, a Redis script from tick zero), as a key's
-/// fingerprint is (see [`Origin`]).
+/// same TAT: a window algorithm's numbering is its store's own count (memory from the
+/// limiter's creation and its changes of period, a Redis script its key's renumberings), as a
+/// key's fingerprint is (see [`Origin`]).
 #[derive(Clone, Copy, Debug, Default, Eq)]
 pub(crate) struct Charged {
     /// The instant (limiter clock, nanoseconds, or a Redis script's ticks) at which the permits
@@ -108,29 +108,39 @@ pub(crate) struct Charged {
     pub(crate) at: u64,
     /// For GCRA, the TAT the admission left the key with: a refund gives back only while the
     /// key's TAT is still this one, that is while this admission is the key's latest. For the
-    /// sliding counter, one more than the number of the window its permits were counted in
-    /// ([`Decision::counted_in`]); in Redis, one more than the number of times a change of
-    /// period had renumbered the key's windows (a give-back after another renumbering gives
-    /// nothing back). Zero for the other algorithms.
+    /// window algorithms in memory, one more than the number of the window its permits were
+    /// counted in ([`Decision::counted_in`]); for the sliding counter in Redis, one more than the
+    /// numbering of the key's windows (see `sliding_counter.lua`). A give-back under another
+    /// numbering gives nothing back. Zero for the sliding log.
     pub(crate) tat: u64,
     /// For GCRA, the emission interval each permit was charged at: a refund gives back no more
-    /// time per permit, even after a change of quota lengthened the interval. Zero otherwise.
+    /// time per permit, even after a change of quota lengthened the interval. For a window
+    /// algorithm in memory, [`COUNTED_UNDER`] beside the number of changes of period the
+    /// numbering of windows went through before the admission ([`Decision::counted_in`]). Zero
+    /// otherwise.
     pub(crate) per_permit: u64,
 }
+
+/// The top bit of [`Charged::per_permit`], which no emission interval reaches (a quota's spans
+/// stay below 2^62 ns): set, the rest is the numbering a window algorithm's admission was
+/// counted under. One word of the charge tells both, which keeps a decision within 128 bytes.
+const COUNTED_UNDER: u64 = 1 << 63;
 
 impl Charged {
     /// Whether GCRA (or Metered, in memory) made this charge: only it charges at a per-permit
     /// interval.
     pub(crate) fn by_gcra(&self) -> bool {
-        self.per_permit != 0
+        self.per_permit != 0 && self.per_permit & COUNTED_UNDER == 0
     }
 }
 
 impl PartialEq for Charged {
+    /// Equal when they charged the same instant, and for GCRA at the same rate, leaving the same
+    /// TAT.
     fn eq(&self, other: &Self) -> bool {
         self.at == other.at
-            && self.per_permit == other.per_permit
-            && (!self.by_gcra() || self.tat == other.tat)
+            && self.by_gcra() == other.by_gcra()
+            && (!self.by_gcra() || (self.tat == other.tat && self.per_permit == other.per_permit))
     }
 }
 
@@ -368,19 +378,26 @@ impl Decision {
         self
     }
 
-    /// This sliding-counter admission, its permits counted in window `window`.
-    pub(crate) fn counted_in(mut self, window: u64) -> Self {
+    /// This window algorithm's admission, its permits counted in window `window` of the
+    /// numbering that `generation` changes of period made.
+    pub(crate) fn counted_in(mut self, window: u64, generation: u64) -> Self {
         let charged = self.charged();
         self.admission.taken = Taken::State(Charged {
             tat: window.saturating_add(1),
+            per_permit: COUNTED_UNDER | generation,
             ..charged
         });
         self
     }
 
-    /// The window a sliding-counter admission was counted in; `None` for any other decision.
-    pub(crate) fn counted_window(&self) -> Option<u64> {
-        self.charged().tat.checked_sub(1)
+    /// The window a window algorithm's admission was counted in and the numbering it was
+    /// counted under (see [`counted_in`](Self::counted_in)); `None` for any other decision.
+    pub(crate) fn counted_window(&self) -> Option<(u64, u64)> {
+        let charged = self.charged();
+        let generation = charged.per_permit & !COUNTED_UNDER;
+        (charged.per_permit & COUNTED_UNDER != 0)
+            .then(|| Some((charged.tat.checked_sub(1)?, generation)))
+            .flatten()
     }
 
     /// Where this admission's permits were charged, by the limiter's own state or a fail mode's

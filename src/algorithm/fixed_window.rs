@@ -40,6 +40,9 @@ pub(crate) struct Window {
     /// The latest instant a reservation falls due: until then a count above the limit may hold
     /// a waiting caller's slots; afterwards what lies above it is debt.
     pub(crate) reserved_until: u64,
+    /// One more than the reading at which a change of period last numbered `cycle` anew, zero
+    /// for never (see [`Timeline::renumber`]).
+    pub(crate) renumbered: u64,
 }
 
 impl FixedWindow {
@@ -73,13 +76,12 @@ impl FixedWindow {
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
-    /// the latest reading seen, which it then becomes; and the state refreshed to it, the
-    /// reading published to `latest` when that starts a cycle (see [`super::publish_roll`]).
-    fn advance(&self, w: &mut Window, now: u64, latest: &LatestReading) -> u64 {
+    /// the latest reading seen, which it then becomes; and the state, numbered by this timeline
+    /// (see [`Timeline::numbered`]), refreshed to it.
+    fn advance(&self, w: &mut Window, now: u64) -> u64 {
+        (self.timeline).renumber(&mut w.cycle, &mut w.renumbered, w.latest);
         let now = super::advance_latest(&mut w.latest, now);
-        let cycle = w.cycle;
         self.refresh(w, now);
-        super::publish_roll(latest, cycle != w.cycle, now);
         now
     }
 
@@ -87,19 +89,16 @@ impl FixedWindow {
     /// the state (for ranking a key).
     fn used_at(&self, w: &Window, now: u64) -> (u64, u64) {
         let cycle = self.cycle_of(super::as_of(now, w.latest));
-        let granted = cycle.saturating_sub(w.cycle).saturating_mul(self.limit);
+        let mut numbered = *w;
+        (self.timeline).renumber(&mut numbered.cycle, &mut numbered.renumbered, w.latest);
+        let granted = cycle
+            .saturating_sub(numbered.cycle)
+            .saturating_mul(self.limit);
         (cycle, w.used.saturating_sub(granted))
     }
 
-    fn step(
-        &self,
-        w: &mut Window,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Decision {
-        let now = self.advance(w, now, latest);
+    pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
+        let now = self.advance(w, now);
         let cost = u64::from(cost);
         let cycle = w.cycle;
         let reset = |used: u64| {
@@ -108,7 +107,8 @@ impl FixedWindow {
         if w.used + cost <= self.limit {
             w.used += cost;
             return Decision::allowed(self.limit, self.limit - w.used, reset(w.used))
-                .charged_at(now);
+                .charged_at(now)
+                .counted_in(w.cycle, self.timeline.generation());
         }
         let cycles = (w.used + cost - self.limit).div_ceil(self.limit);
         let wait = self.until_cycles(cycle, now, cycles);
@@ -121,7 +121,8 @@ impl FixedWindow {
                 reset(w.used),
                 Duration::from_nanos(wait),
                 now + wait,
-            );
+            )
+            .counted_in(self.cycle_of(now + wait), self.timeline.generation());
         }
         Decision::refused(
             self.limit,
@@ -150,9 +151,17 @@ impl Algorithm for FixedWindow {
     /// after it last the new period. So the cycle of the change admits at most the larger of the
     /// two limits, and no cycle starts afresh because of the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        let limit = u64::from(quota.permits());
+        let timeline = self.timeline.with_period(quota.period_nanos(), now);
+        // A new limit under the same period is a change all the same (see `refund`).
+        let unchanged = timeline.generation() == self.timeline.generation();
         Self {
-            limit: u64::from(quota.permits()),
-            timeline: self.timeline.with_period(quota.period_nanos(), now),
+            limit,
+            timeline: if limit != self.limit && unchanged {
+                timeline.renewed()
+            } else {
+                timeline
+            },
         }
     }
 
@@ -163,12 +172,12 @@ impl Algorithm for FixedWindow {
     fn decide(
         &self,
         state: &FixedWindowState,
-        latest: &LatestReading,
+        _latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        self.step(&mut lock(&state.0), latest, now, cost, max_wait)
+        self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
     /// Gives back the permits of an admission charged at `reserved_at`, as far as the count can
@@ -192,15 +201,23 @@ impl Algorithm for FixedWindow {
     fn refund(
         &self,
         state: &FixedWindowState,
-        latest: &LatestReading,
+        _latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
-        let reserved_at = decision.charged().at;
         let mut w = lock(&state.0);
-        let now = self.advance(&mut w, now, latest);
-        let charged = self.cycle_of(reserved_at);
+        let now = self.advance(&mut w, now);
+        // Under a numbering that no longer names its cycle (a change of period since), nothing
+        // comes back; nor for a reservation after a change of the limit or the period: its
+        // slots lie where the limits of the cycles before it put them.
+        let Some(charged) = self.timeline.counted_window(decision, w.renumbered) else {
+            return;
+        };
+        let counted_under = decision.counted_window().map(|(_, generation)| generation);
+        if !decision.wait.is_zero() && counted_under != Some(self.timeline.generation()) {
+            return;
+        }
         if w.used == 0 || charged < w.cycle {
             return;
         }
@@ -217,9 +234,9 @@ impl Algorithm for FixedWindow {
 
     /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
     /// next cycles pay, as a reservation's is.
-    fn charge(&self, state: &FixedWindowState, latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &FixedWindowState, _latest: &LatestReading, now: u64, cost: u32) {
         let mut w = lock(&state.0);
-        self.advance(&mut w, now, latest);
+        self.advance(&mut w, now);
         w.used = w.used.saturating_add(u64::from(cost));
     }
 
@@ -240,7 +257,9 @@ impl Algorithm for FixedWindow {
         if w.used == 0 {
             0
         } else {
-            self.cycle_start(w.cycle + w.used.div_ceil(self.limit))
+            let mut numbered = *w;
+            (self.timeline).renumber(&mut numbered.cycle, &mut numbered.renumbered, w.latest);
+            self.cycle_start(numbered.cycle + w.used.div_ceil(self.limit))
         }
     }
 }

@@ -63,9 +63,7 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
     /// Algorithms whose state holds instants (GCRA's TAT, the sliding log's admission times)
     /// need nothing more than [`new`](Self::new). Window algorithms count windows from an
     /// epoch; theirs must continue the count, so that the window in progress keeps its number
-    /// (and its counts) across the change. `now` is no earlier than the latest reading the
-    /// keys published to their [`LatestReading`] (the crate's limiters take the later of the
-    /// two), which a window algorithm's key does when a reading starts its window.
+    /// (and its counts) across the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self
     where
         Self: Sized;
@@ -170,9 +168,8 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// reading that some thread took for a key of the same shard, so the request is decided as if
 /// it had arrived at that instant (for a fresh reading, a few microseconds later at most: the
 /// gap between two threads' readings), and a stale reading admits neither more nor less than a
-/// fresh one. The window algorithms and the sliding log keep their latest reading in their own
-/// (locked) state; the window algorithms publish here only the reading that starts a key's
-/// window, which a change of period numbers the windows on from.
+/// fresh one. The window algorithms and the
+/// sliding log keep their latest reading in their own (locked) state and leave this one alone.
 ///
 /// A direct limiter's one is made to hold its key's GCRA word too, beside the reading in one
 /// 128-bit word: an admission then changes both with one compare-and-swap, where a key of a
@@ -298,12 +295,26 @@ pub(crate) fn split(both: u128) -> (u64, u64) {
 /// number: it ends one new period after its own start, or at the change if that instant has
 /// already passed. Instants before `first_start` all fall in the window before `first` (only
 /// stale readings and old charges land there; every window before `first` has ended).
+///
+/// A key whose latest reading is past the change yet whose window was numbered before it (the
+/// change read the clock, then lost the CPU while the key moved on; or a direct limiter's check
+/// decided by the rule it had copied before the change was stored) is numbered anew when next
+/// touched ([`renumber`](Self::renumber)): its counts move, as they are, to the window that
+/// holds its latest reading, as the Redis scripts move theirs. A give-back goes back to the
+/// window its admission was counted in only while that window's number still names it
+/// ([`counted_window`](Self::counted_window)): not once a change numbered the admission's
+/// instant anew (a reservation due past the change), nor once its key's counts moved.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timeline {
     first: u64,
     first_start: u64,
     next_start: u64,
     period: u64,
+    /// How many changes the numbering went through.
+    generation: u64,
+    /// The last window whose number the latest change kept naming the same stretch of time
+    /// (the window in progress then; every window, for a change of the limit alone).
+    kept_through: u64,
 }
 
 impl Timeline {
@@ -315,6 +326,8 @@ impl Timeline {
             first_start: epoch,
             next_start: epoch.saturating_add(period),
             period,
+            generation: 0,
+            kept_through: u64::MAX,
         }
     }
 
@@ -325,6 +338,7 @@ impl Timeline {
         if period == self.period {
             return *self;
         }
+        let generation = self.generation + 1;
         let now = now.clamp(self.first_start, crate::clock::MAX_NOW);
         let first = self.window_of(now);
         let first_start = self.start_of(first);
@@ -333,7 +347,56 @@ impl Timeline {
             first_start,
             next_start: first_start.saturating_add(period).max(now),
             period,
+            generation,
+            kept_through: first,
         }
+    }
+
+    /// The same windows, counted as a change all the same: what the fixed window makes of a
+    /// change of its limit, which moves the slots of the cycles ahead.
+    pub(crate) fn renewed(&self) -> Self {
+        Self {
+            generation: self.generation + 1,
+            kept_through: u64::MAX,
+            ..*self
+        }
+    }
+
+    /// How many changes the numbering went through: what an admission is counted under
+    /// ([`Decision::counted_in`]).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Numbers a key's window (`window`, its latest reading `latest`) by this timeline: the
+    /// window that holds that reading, if it is no earlier than the window in progress at the
+    /// latest change (before it, both numberings agree; a key untouched since has ended its
+    /// window); its counts stay as they are. `renumbered`, one more than the reading at which
+    /// the key's window last changed number this way (zero: never), is then `latest + 1`.
+    pub(crate) fn renumber(&self, window: &mut u64, renumbered: &mut u64, latest: u64) {
+        if latest >= self.first_start {
+            let numbered = self.window_of(latest);
+            if numbered != *window {
+                (*window, *renumbered) = (numbered, latest + 1);
+            }
+        }
+    }
+
+    /// The window `decision`'s permits were counted in, if its number still names them: it was
+    /// counted under this numbering, or under the one before it in a window the change kept
+    /// (after a change of period, no later than the one then in progress: a later one's number
+    /// now names another stretch of time); the window that holds the instant they were charged
+    /// at is that one; and the decision was made after its key's counts last moved
+    /// (`renumbered`, see [`renumber`](Self::renumber)). After two changes, nothing names it.
+    pub(crate) fn counted_window(&self, decision: &Decision, renumbered: u64) -> Option<u64> {
+        let charged = decision.charged();
+        let (window, generation) = decision.counted_window()?;
+        let kept = generation == self.generation
+            || (generation + 1 == self.generation && window <= self.kept_through);
+        let decided_at = charged
+            .at
+            .saturating_sub(crate::clock::saturating_nanos(decision.wait));
+        (kept && self.window_of(charged.at) == window && decided_at >= renumbered).then_some(window)
     }
 
     /// The number of the window that holds instant `at`.
@@ -375,17 +438,6 @@ fn as_of(now: u64, latest: u64) -> u64 {
 }
 
 /// [`as_of`], and the key's latest reading moved on to it.
-/// Publishes `now` to `latest` when it started a key's window (`rolled`): a change of period
-/// numbers the windows on from the latest reading published (the limiters' `set_quota`), so
-/// the window in progress keeps its number and its count even when the change read the clock
-/// before a key moved into it. Once a window and key, not every check: a shard's keys share
-/// the line.
-fn publish_roll(latest: &LatestReading, rolled: bool, now: u64) {
-    if rolled && now > latest.get() {
-        latest.publish(now);
-    }
-}
-
 fn advance_latest(latest: &mut u64, now: u64) -> u64 {
     *latest = as_of(now, *latest);
     *latest

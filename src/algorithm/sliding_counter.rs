@@ -47,6 +47,9 @@ pub(crate) struct Counters {
     pub(crate) next: u64,
     /// The latest clock reading seen; earlier readings are decided as of it.
     pub(crate) latest: u64,
+    /// One more than the reading at which a change of period last numbered `window` anew,
+    /// zero for never (see [`Timeline::renumber`]).
+    pub(crate) renumbered: u64,
 }
 
 impl SlidingCounter {
@@ -99,13 +102,12 @@ impl SlidingCounter {
     }
 
     /// The reading `now`, clamped to the instants the arithmetic covers and to no earlier than
-    /// the latest reading seen, which it then becomes; the windows rolled to it, the reading
-    /// published to `latest` when that starts a window (see [`super::publish_roll`]).
-    fn advance(&self, c: &mut Counters, now: u64, latest: &LatestReading) -> u64 {
+    /// the latest reading seen, which it then becomes; the windows, numbered by this timeline
+    /// (see [`Timeline::numbered`]), rolled to it.
+    fn advance(&self, c: &mut Counters, now: u64) -> u64 {
+        (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
         let now = super::advance_latest(&mut c.latest, now);
-        let window = c.window;
         self.roll(c, now);
-        super::publish_roll(latest, window != c.window, now);
         now
     }
 
@@ -128,22 +130,13 @@ impl SlidingCounter {
         Duration::from_nanos(self.idle_from(c).saturating_sub(now))
     }
 
-    fn step(
-        &self,
-        c: &mut Counters,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Decision {
-        let now = self.advance(c, now, latest);
+    pub(crate) fn step(&self, c: &mut Counters, now: u64, cost: u32, max_wait: u64) -> Decision {
+        let now = self.advance(c, now);
         let cost = u64::from(cost);
         let start = self.window_start(c.window);
         let len = self.timeline.length_of(c.window);
         // `now` is never before the window the state has rolled to (it is at least the latest
-        // reading, from which that window was computed) but after a change of period, whose
-        // window numbering carries on from the change, a state may hold a window that starts a
-        // little later: it is decided as at that window's start.
+        // reading, from which that window was computed), but saturating all the same.
         let now = now.max(start);
         let e = now - start;
         let remaining = |c: &Counters| {
@@ -155,7 +148,7 @@ impl SlidingCounter {
             c.curr += cost;
             return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now))
                 .charged_at(now)
-                .counted_in(c.window);
+                .counted_in(c.window, self.timeline.generation());
         }
         let in_this = earliest_here.map(|at| (start + at, 0));
         let next_start = self.window_start(c.window + 1);
@@ -184,7 +177,7 @@ impl SlidingCounter {
                 Duration::from_nanos(wait),
                 admit_at,
             )
-            .counted_in(c.window + which);
+            .counted_in(c.window + which, self.timeline.generation());
         }
         Decision::refused(
             self.limit,
@@ -226,32 +219,33 @@ impl Algorithm for SlidingCounter {
     fn decide(
         &self,
         state: &SlidingCounterState,
-        latest: &LatestReading,
+        _latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        self.step(&mut lock(&state.0), latest, now, cost, max_wait)
+        self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
     /// Subtracts `cost` from the count of the window the admission was counted in (the
     /// previous, the current or the next): exact, whether it is past or future, since each count
     /// is a plain sum. A window older than the previous one weighs on no decision any more. The
-    /// decision names its window, not only its instant: a change of period numbers instants
-    /// anew (a reservation due in the next window may fall in the one in progress after it).
+    /// admission's instant names its window only under the numbering it was counted under: a
+    /// change of period numbers instants anew (a reservation due in the next window may fall in
+    /// the one in progress after it), so after one nothing comes back.
     fn refund(
         &self,
         state: &SlidingCounterState,
-        latest: &LatestReading,
+        _latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
-        let Some(idx) = decision.counted_window() else {
+        let mut c = lock(&state.0);
+        self.advance(&mut c, now);
+        let Some(idx) = self.timeline.counted_window(decision, c.renumbered) else {
             return;
         };
-        let mut c = lock(&state.0);
-        self.advance(&mut c, now, latest);
         let cost = u64::from(cost);
         let count = if idx + 1 == c.window {
             &mut c.prev
@@ -268,23 +262,23 @@ impl Algorithm for SlidingCounter {
     /// The count of the window of `now` grows by `cost`, past the limit if it must. The
     /// counter is approximate: the debt weighs on the estimate as that window's own counts
     /// do, in full through the window and then as the previous window's share.
-    fn charge(&self, state: &SlidingCounterState, latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &SlidingCounterState, _latest: &LatestReading, now: u64, cost: u32) {
         let mut c = lock(&state.0);
-        self.advance(&mut c, now, latest);
+        self.advance(&mut c, now);
         c.curr = c.curr.saturating_add(u64::from(cost));
     }
 
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
         let mut c = *lock(&state.0);
-        let now = super::advance_latest(&mut c.latest, now);
-        self.roll(&mut c, now);
+        let now = self.advance(&mut c, now);
         let e = now.saturating_sub(self.window_start(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
         super::rank(held, self.idle_from(&c).saturating_sub(now))
     }
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
-        let c = lock(&state.0);
+        let mut c = *lock(&state.0);
+        (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
         self.idle_from(&c)
     }
 }

@@ -149,12 +149,6 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         // it replaces, under the lock that orders changes (a poisoned one held nothing half
         // done: the store is the change's one write).
         let _changing = lock(&self.inner.changing);
-        // As of no earlier than the key's latest reading: a window algorithm publishes there
-        // the reading that starts the key's window, so a reading older than that (this thread
-        // lost the CPU after reading the clock) never numbers that window anew. A check that
-        // read the old pair may still start a window between this reading and the store below:
-        // a change as late as that one is what the limiter then applies.
-        let now = now.max(self.inner.written.latest.get());
         let next = self.inner.rule.load().changed_to(quota, now);
         self.inner.rule.store(next);
     }

@@ -215,14 +215,8 @@ where
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let now = self.inner.clock.now();
-        // Each shard's rule carries on from its own, as of no earlier than its latest reading:
-        // a window algorithm publishes there the reading that starts a key's window, so a
-        // reading older than that (this thread lost the CPU after reading the clock) never
-        // numbers that window anew. The shard's lock holds its keys still meanwhile.
-        self.inner
-            .store
-            .change_context(|rule, latest| Arc::new(rule.changed_to(quota, now.max(latest))));
         let changed = Arc::new(self.inner.current_rule().changed_to(quota, now));
+        self.inner.store.set_context(&changed);
         *self
             .inner
             .current

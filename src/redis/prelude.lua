@@ -29,7 +29,7 @@
 -- microseconds (the client's clock offset):
 --   decision: { 0 refused or 1 admitted, remaining, retry_after, reset_after, wait, reserved_at,
 --             time }; GCRA and the sliding counter: { ..., reserved_at, state_after (what an
---             admission left: the TAT; the windows' renumbering plus one), time }
+--             admission left: the TAT; the windows' numbering plus one), time }
 --   late:     { 2, time }
 --   refund, charge or lease end (applied): { 3, time }
 --   lease:    { 4, permits, start, end, remaining, time }

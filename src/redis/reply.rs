@@ -5,7 +5,7 @@
 //! decision has seven: the status (refused or admitted), remaining, retry_after, reset_after,
 //! wait, reserved_at (the instant the permits were charged at) and the server's time, the
 //! durations in ticks. GCRA's and the sliding counter's have eight: what the admission left
-//! (GCRA's TAT; the sliding counter's renumbering, plus one), zero for a refusal, comes before
+//! (GCRA's TAT; the sliding counter's numbering of windows, plus one), zero for a refusal, comes before
 //! the time.
 
 use std::time::Duration;
@@ -244,7 +244,7 @@ mod tests {
             other => panic!("not a decision: {other:?}"),
         }
         assert!(parse_reply(&ints(&[1, 9, 0, 100_000, 0, 55, 0, 123]), &fw).is_err());
-        // The sliding counter's carry the renumbering of its windows, plus one.
+        // The sliding counter's carry the numbering of its windows, plus one.
         let sc = ScriptQuota::new(
             LimiterScript::SlidingCounter,
             Quota::per_second(10).unwrap(),

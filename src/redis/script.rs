@@ -141,7 +141,7 @@ pub(crate) enum Operation {
         hold: u64,
     },
     /// Giving back an admission whose permits were charged at `charged_at`, which left the key
-    /// at `left` (GCRA's TAT, the sliding counter's renumbering plus one, zero for the others)
+    /// at `left` (GCRA's TAT, the sliding counter's numbering plus one, zero for the others)
     /// and which `waited` nanoseconds for them (zero: admitted at once; the decision was made
     /// `waited` before `charged_at`). A refund has no deadline.
     Refund {

@@ -1,9 +1,11 @@
 -- Sliding-window counter on one hash: w = index of the current window (from tick zero),
 -- p, c, n = permits of the previous, current and next window, l = the latest clock reading (an
 -- older reading is decided as of it, so it never lands in a window that has rolled away), d = the
--- window length `w` counts in (absent: the current length), g = how many times a change of
--- length renumbered the windows (absent: none).
--- ARGV[8] window, ARGV[9] limit; for a give-back, ARGV[10] one more than the renumbering its
+-- window length `w` counts in (absent: the current length), g = the numbering the windows
+-- hold: the reading the key was written first at, raised past it at every renumbering by a
+-- change of length (absent: 0), so that neither a renumbering nor a key deleted and written
+-- anew gives a numbering an earlier decision was counted under.
+-- ARGV[8] window, ARGV[9] limit; for a give-back, ARGV[10] one more than the numbering its
 -- admission was counted under (its decision's `state_after`; 0: unknown, taken as the current)
 --
 -- Leases (ops 'l' and 'e', arguments in `prelude.lua`): a share of the permits the
@@ -23,11 +25,14 @@ local nxt = stored(state[4], 0)
 local latest = stored(state[5], 0)
 local g = stored(state[8], 0)
 now = math.max(now, latest)
+if not state[1] then
+  g = now
+end
 local leases = read_leases(state[7])
 -- The quota's period changed since the key was written: its counters move, as they are, to the
 -- window of this length that holds its latest reading, and roll on from there. The leases' marks
 -- move with them; a decision's instant, which the client holds, cannot, so a give-back tells
--- which renumbering counted it (g).
+-- which numbering counted it (g).
 if stored(state[6], window) ~= window then
   local renumbered = idiv(latest, window)
   for id, lease in pairs(leases) do
@@ -38,7 +43,7 @@ if stored(state[6], window) ~= window then
       lease[2] = mark
     end
   end
-  w, g = renumbered, g + 1
+  w, g = renumbered, math.max(g + 1, latest)
 end
 
 -- Roll the counters forward to the window holding now.

@@ -109,7 +109,7 @@ struct Table<K, S, G> {
 }
 
 /// A bounded, sharded map from key to algorithm state, with a context per shard (see
-/// [`change_context`](Self::change_context)), hashing keys with `H`.
+/// [`set_context`](Self::set_context)), hashing keys with `H`.
 pub(crate) struct MemoryStore<K, S, G, H> {
     hasher: H,
     shards: Box<[Shard<K, S, G>]>,
@@ -294,14 +294,12 @@ where
         }
     }
 
-    /// Gives every shard the context `change` makes of its own and of its latest reading, one
-    /// shard at a time, each while nobody reads it: a reader of a shard sees the old context or
-    /// the new one, never a state without its context, and no key of the shard moves on while
-    /// the reading is read and the context changed.
-    pub(crate) fn change_context(&self, change: impl Fn(&G, u64) -> G) {
+    /// Gives every shard `context`, one shard at a time, each while nobody reads it: a reader
+    /// of a shard sees the old context or the new one, never a state without its context.
+    pub(crate) fn set_context(&self, context: &G) {
         for shard in self.shards.iter() {
             let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
-            table.context = change(&table.context, shard.latest.0.get());
+            table.context = context.clone();
             // The instant a full shard frees was computed with the old context.
             shard.full_until.store(0, Ordering::Relaxed);
         }
