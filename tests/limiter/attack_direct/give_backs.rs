@@ -121,30 +121,6 @@ fn refund_of_an_admission_whose_tat_came_back<A: Algorithm>() {
 // 9. `set_quota` preempted between its clock reading and its store (a monotonic clock; the
 //    thread just loses the CPU) while checks move on: no more than the larger quota.
 
-thread_local! {
-    static GATED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A manual clock that, read once by a thread that armed it, holds that thread (after the
-/// reading, before it returns) until the test lets it go: a preemption at the worst moment.
-#[derive(Clone)]
-struct GateClock {
-    time: ManualClock,
-    read: Arc<Barrier>,
-    go: Arc<Barrier>,
-}
-
-impl Clock for GateClock {
-    fn now(&self) -> u64 {
-        let now = self.time.now();
-        if GATED.with(|g| g.replace(false)) {
-            self.read.wait();
-            self.go.wait();
-        }
-        now
-    }
-}
-
 fn preempted_set_quota<A: Algorithm>() {
     preempted_change::<A, _>(
         |clock| direct::<A, _>(quota(10, 10 * S, 10, 0), clock),
@@ -179,29 +155,21 @@ fn preempted_change<A: Algorithm, L: Clone + Send>(
     drain: impl Fn(&L) -> u64,
 ) {
     let time = ManualClock::new();
-    let clock = GateClock {
-        time: time.clone(),
-        read: Arc::new(Barrier::new(2)),
-        go: Arc::new(Barrier::new(2)),
-    };
+    let clock = GateClock::new(&time);
     let limiter = build(clock.clone());
     time.set(Duration::from_millis(500));
     let faster = quota(10, S, 10, 0);
-    let admitted = std::thread::scope(|s| {
-        let changer = limiter.clone();
-        let handle = s.spawn(move || {
-            GATED.with(|g| g.set(true));
-            set_quota(&changer, faster);
-        });
-        clock.read.wait();
-        // The change read 0.5 s and lost the CPU; time runs on to 50.5 s and the key is drained
-        // under the quota still in force.
-        time.set(Duration::from_millis(50_500));
-        let before = drain(&limiter);
-        clock.go.wait();
-        handle.join().unwrap();
-        before
-    });
+    let changer = limiter.clone();
+    let (admitted, ()) = while_held(
+        &clock,
+        move || set_quota(&changer, faster),
+        || {
+            // The change read 0.5 s and lost the CPU; time runs on to 50.5 s and the key is
+            // drained under the quota still in force.
+            time.set(Duration::from_millis(50_500));
+            drain(&limiter)
+        },
+    );
     assert_eq!(quota_of(&limiter), faster);
     // Same instant, 50.5 s: the window in progress (under either quota) already gave 10.
     let again = drain(&limiter);

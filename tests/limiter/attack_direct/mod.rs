@@ -183,4 +183,58 @@ fn is_gcra<A>() -> bool {
 
 mod coarse_refunds;
 mod give_backs;
+mod period;
 mod races;
+
+thread_local! {
+    static GATED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A manual clock that, read once by a thread that armed it, holds that thread (after the
+/// reading, before it returns) until the test lets it go: a preemption at the worst moment.
+#[derive(Clone)]
+struct GateClock {
+    time: ManualClock,
+    read: Arc<Barrier>,
+    go: Arc<Barrier>,
+}
+
+impl GateClock {
+    fn new(time: &ManualClock) -> Self {
+        Self {
+            time: time.clone(),
+            read: Arc::new(Barrier::new(2)),
+            go: Arc::new(Barrier::new(2)),
+        }
+    }
+}
+
+impl Clock for GateClock {
+    fn now(&self) -> u64 {
+        let now = self.time.now();
+        if GATED.with(|g| g.replace(false)) {
+            self.read.wait();
+            self.go.wait();
+        }
+        now
+    }
+}
+
+/// Runs `gated` on a thread whose first clock reading holds it; `meanwhile` runs while it is
+/// held; returns what `meanwhile` returned once `gated` finished, and what `gated` did.
+fn while_held<T, R: Send>(
+    clock: &GateClock,
+    gated: impl FnOnce() -> R + Send,
+    meanwhile: impl FnOnce() -> T,
+) -> (T, R) {
+    std::thread::scope(|s| {
+        let handle = s.spawn(move || {
+            GATED.with(|g| g.set(true));
+            gated()
+        });
+        clock.read.wait();
+        let out = meanwhile();
+        clock.go.wait();
+        (out, handle.join().unwrap())
+    })
+}

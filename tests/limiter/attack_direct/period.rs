@@ -1,41 +1,10 @@
-//! Attacks on the window algorithms' numbering across a change of period (`Timeline`, the
-//! reading a key publishes when it starts a window, `set_quota` building from the later of its
-//! clock reading and that published reading). Each test asserts what a user relies on: across a
-//! change, the window in progress admits no more than the larger of the two limits, and a give-back
-//! never leaves a limiter ahead of a twin that never made the request.
+//! Attacks on the window algorithms' numbering across a change of period (`Timeline`: the change
+//! carries the numbering on, a key numbered before it but read past it is numbered anew, a
+//! give-back goes back only while its window's number names it). Each test asserts what a user
+//! relies on: across a change, the window in progress admits no more than the larger of the two
+//! limits, and a give-back never leaves a limiter ahead of a twin that never made the request.
 
-use std::cell::Cell;
-use std::sync::{Arc, Barrier};
-use std::time::Duration;
-
-use tower_bulwark::algorithm::{Algorithm, FixedWindow, SlidingCounter};
-use tower_bulwark::clock::{Clock, ManualClock};
-use tower_bulwark::limiter::Decision;
-use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
-
-use crate::common::{admitted_until_refused, Rng};
-
-const MS: u64 = 1_000_000;
-const S: u64 = 1_000_000_000;
-
-fn quota(permits: u32, period: u64, max_wait: u64) -> Quota {
-    Quota::with_period(permits, Duration::from_nanos(period))
-        .unwrap()
-        .with_max_wait(Duration::from_nanos(max_wait))
-        .unwrap()
-}
-
-fn name<A>() -> &'static str {
-    let full = std::any::type_name::<A>();
-    full.rsplit("::").next().unwrap_or(full)
-}
-
-fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C> {
-    DirectRateLimiter::builder(q)
-        .algorithm::<A>()
-        .clock(clock)
-        .build()
-}
+use super::*;
 
 fn keyed<A: Algorithm, C: Clock>(
     q: Quota,
@@ -47,10 +16,6 @@ fn keyed<A: Algorithm, C: Clock>(
         .clock(clock)
         .max_keys(max_keys)
         .build()
-}
-
-fn drain<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u64 {
-    admitted_until_refused(|| l.check().allowed)
 }
 
 fn drain_key<A: Algorithm, C: Clock>(l: &KeyedRateLimiter<u32, A, C>, key: u32) -> u64 {
@@ -82,10 +47,10 @@ macro_rules! windows {
 
 fn change_at_the_instant_of_a_drain_direct<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = direct::<A, _>(quota(10, 10 * S, 0), clock.clone());
+    let l = direct::<A, _>(quota(10, 10 * S, 10, 0), clock.clone());
     at(&clock, 5 * S);
     let before = drain(&l);
-    l.set_quota(quota(10, S, 0));
+    l.set_quota(quota(10, S, 10, 0));
     let after = drain(&l);
     assert!(
         before + after <= 10,
@@ -97,10 +62,10 @@ fn change_at_the_instant_of_a_drain_direct<A: Algorithm>() {
 
 fn change_at_the_instant_of_a_drain_keyed<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = keyed::<A, _>(quota(10, 10 * S, 0), clock.clone(), 1024);
+    let l = keyed::<A, _>(quota(10, 10 * S, 10, 0), clock.clone(), 1024);
     at(&clock, 5 * S);
     let before = drain_key(&l, 7);
-    l.set_quota(quota(10, S, 0));
+    l.set_quota(quota(10, S, 10, 0));
     let after = drain_key(&l, 7);
     assert!(
         before + after <= 10,
@@ -114,65 +79,12 @@ fn change_at_the_instant_of_a_drain_keyed<A: Algorithm>() {
 //    already were in (no window starts, so nothing is published), some keys also roll into a
 //    window first; then the change is stored and the same instant is checked again.
 
-thread_local! {
-    static GATED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A manual clock that, read once by a thread that armed it, holds that thread right after the
-/// reading until the test lets it go.
-#[derive(Clone)]
-struct GateClock {
-    time: ManualClock,
-    read: Arc<Barrier>,
-    go: Arc<Barrier>,
-}
-
-impl GateClock {
-    fn new(time: &ManualClock) -> Self {
-        Self {
-            time: time.clone(),
-            read: Arc::new(Barrier::new(2)),
-            go: Arc::new(Barrier::new(2)),
-        }
-    }
-}
-
-impl Clock for GateClock {
-    fn now(&self) -> u64 {
-        let now = self.time.now();
-        if GATED.with(|g| g.replace(false)) {
-            self.read.wait();
-            self.go.wait();
-        }
-        now
-    }
-}
-
-/// Runs `gated` on a thread whose first clock reading holds it; `meanwhile` runs while it is
-/// held; returns what `meanwhile` returned once `gated` finished.
-fn while_held<T, R: Send>(
-    clock: &GateClock,
-    gated: impl FnOnce() -> R + Send,
-    meanwhile: impl FnOnce() -> T,
-) -> (T, R) {
-    std::thread::scope(|s| {
-        let handle = s.spawn(move || {
-            GATED.with(|g| g.set(true));
-            gated()
-        });
-        clock.read.wait();
-        let out = meanwhile();
-        clock.go.wait();
-        (out, handle.join().unwrap())
-    })
-}
-
 fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
     let time = ManualClock::new();
     let clock = GateClock::new(&time);
-    let l = direct::<A, _>(quota(10, 10 * S, 0), clock.clone());
+    let l = direct::<A, _>(quota(10, 10 * S, 10, 0), clock.clone());
     at(&time, 500 * MS);
-    let faster = quota(10, S, 0);
+    let faster = quota(10, S, 10, 0);
     let (before, ()) = while_held(
         &clock,
         || l.set_quota(faster),
@@ -197,7 +109,7 @@ fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
 fn stale_change_then_drain_in_the_same_window_keyed<A: Algorithm>() {
     let time = ManualClock::new();
     let clock = GateClock::new(&time);
-    let l = keyed::<A, _>(quota(10, 10 * S, 0), clock.clone(), 1 << 16);
+    let l = keyed::<A, _>(quota(10, 10 * S, 10, 0), clock.clone(), 1 << 16);
     let keys = 0..256u32;
     at(&time, 500 * MS);
     for k in keys.clone() {
@@ -207,7 +119,7 @@ fn stale_change_then_drain_in_the_same_window_keyed<A: Algorithm>() {
     for k in keys.clone().filter(|k| k % 2 == 0) {
         assert!(l.check(&k).allowed);
     }
-    let faster = quota(10, S, 0);
+    let faster = quota(10, S, 10, 0);
     let (before, ()) = while_held(
         &clock,
         || l.set_quota(faster),
@@ -236,9 +148,9 @@ fn stale_change_then_drain_in_the_same_window_keyed<A: Algorithm>() {
 fn check_by_the_old_rule_after_the_change<A: Algorithm>() {
     let time = ManualClock::new();
     let clock = GateClock::new(&time);
-    let l = direct::<A, _>(quota(10, S, 0), clock.clone());
+    let l = direct::<A, _>(quota(10, S, 10, 0), clock.clone());
     at(&time, 1_500 * MS);
-    let slower = quota(10, 10 * S, 0);
+    let slower = quota(10, 10 * S, 10, 0);
     let (first, held) = while_held(
         &clock,
         || l.check().allowed,
@@ -263,7 +175,7 @@ fn check_by_the_old_rule_after_the_change<A: Algorithm>() {
 
 fn reservation_given_back_after_its_instant_under_a_shorter_period<A: Algorithm>() {
     let clock = ManualClock::new();
-    let q = quota(10, 10 * S, 20 * S);
+    let q = quota(10, 10 * S, 10, 20 * S);
     let (a, twin) = (
         direct::<A, _>(q, clock.clone()),
         direct::<A, _>(q, clock.clone()),
@@ -272,7 +184,7 @@ fn reservation_given_back_after_its_instant_under_a_shorter_period<A: Algorithm>
     let (mut got, mut twin_got) = (drain(&a), drain(&twin));
     let waiter = Limiter::<()>::reserve_now(&a, &(), 1).unwrap().unwrap();
     assert!(waiter.allowed && !waiter.wait.is_zero(), "{waiter:?}");
-    let shorter = quota(10, S, 20 * S);
+    let shorter = quota(10, S, 10, 20 * S);
     [&a, &twin].iter().for_each(|l| l.set_quota(shorter));
     at(&clock, 10_500 * MS);
     got += drain(&a);
@@ -294,14 +206,14 @@ fn reservation_given_back_after_its_instant_under_a_shorter_period<A: Algorithm>
 
 fn random_changes_and_a_give_back<A: Algorithm>() {
     let quotas = [
-        quota(10, S, 3 * S),
-        quota(10, 4 * S, 3 * S),
-        quota(6, 2 * S, 3 * S),
-        quota(10, 250 * MS, 3 * S),
-        quota(12, 3 * S, 3 * S),
+        quota(10, S, 10, 3 * S),
+        quota(10, 4 * S, 10, 3 * S),
+        quota(6, 2 * S, 6, 3 * S),
+        quota(10, 250 * MS, 10, 3 * S),
+        quota(12, 3 * S, 12, 3 * S),
         // The limit alone changed against one above.
-        quota(4, S, 3 * S),
-        quota(20, 4 * S, 3 * S),
+        quota(4, S, 4, 3 * S),
+        quota(20, 4 * S, 20, 3 * S),
     ];
     for seed in 1..=300u64 {
         let mut rng = Rng(seed);
@@ -362,10 +274,14 @@ fn random_changes_and_a_give_back<A: Algorithm>() {
 
 fn back_and_forth_at_one_instant<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = direct::<A, _>(quota(10, 10 * S, 0), clock.clone());
+    let l = direct::<A, _>(quota(10, 10 * S, 10, 0), clock.clone());
     at(&clock, 12 * S);
     let mut total = drain(&l);
-    for q in [quota(10, S, 0), quota(10, 10 * S, 0), quota(10, 30 * S, 0)] {
+    for q in [
+        quota(10, S, 10, 0),
+        quota(10, 10 * S, 10, 0),
+        quota(10, 30 * S, 10, 0),
+    ] {
         l.set_quota(q);
     }
     at(&clock, 12 * S + 1);
@@ -386,7 +302,7 @@ fn back_and_forth_at_one_instant<A: Algorithm>() {
 
 fn shards_racing_changes_at_one_instant<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = keyed::<A, _>(quota(8, 10 * S, 0), clock.clone(), 1 << 16);
+    let l = keyed::<A, _>(quota(8, 10 * S, 8, 0), clock.clone(), 1 << 16);
     at(&clock, 3 * S);
     let keys = 512u32;
     let admitted: Vec<std::sync::atomic::AtomicU64> =
@@ -396,7 +312,7 @@ fn shards_racing_changes_at_one_instant<A: Algorithm>() {
         s.spawn(move || {
             for i in 0..200 {
                 let period = if i % 2 == 0 { 20 * S } else { 10 * S };
-                changer.set_quota(quota(8, period, 0));
+                changer.set_quota(quota(8, period, 8, 0));
             }
         });
         for t in 0..2u32 {
