@@ -168,8 +168,12 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// reading that some thread took for a key of the same shard, so the request is decided as if
 /// it had arrived at that instant (for a fresh reading, a few microseconds later at most: the
 /// gap between two threads' readings), and a stale reading admits neither more nor less than a
-/// fresh one. The window algorithms and the
-/// sliding log keep their latest reading in their own (locked) state and leave this one alone.
+/// fresh one. The window algorithms and the sliding log keep their latest reading in their own
+/// (locked) state and leave this one alone.
+///
+/// Beside the reading, GCRA's give-backs keep the latest reading at which one of them moved a
+/// key's TAT back under a later admission: from then on, an earlier admission is no longer told
+/// to be its key's latest by the TAT it left (see [`Gcra`]'s refund).
 ///
 /// A direct limiter's one is made to hold its key's GCRA word too, beside the reading in one
 /// 128-bit word: an admission then changes both with one compare-and-swap, where a key of a
