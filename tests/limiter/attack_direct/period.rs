@@ -48,25 +48,25 @@ macro_rules! windows {
 fn change_at_the_instant_of_a_drain_direct<A: Algorithm>() {
     let clock = ManualClock::new();
     let l = direct::<A, _>(quota(10, 10 * S, 10, 0), clock.clone());
-    at(&clock, 5 * S);
-    let before = drain(&l);
-    l.set_quota(quota(10, S, 10, 0));
-    let after = drain(&l);
-    assert!(
-        before + after <= 10,
-        "{}: {before} admitted at 5 s, then {after} more at 5 s once the period went from 10 s \
-         to 1 s (larger limit 10)",
-        name::<A>()
-    );
+    change_at_the_instant_of_a_drain::<A>(&clock, || drain(&l), |q| l.set_quota(q));
 }
 
 fn change_at_the_instant_of_a_drain_keyed<A: Algorithm>() {
     let clock = ManualClock::new();
     let l = keyed::<A, _>(quota(10, 10 * S, 10, 0), clock.clone(), 1024);
-    at(&clock, 5 * S);
-    let before = drain_key(&l, 7);
-    l.set_quota(quota(10, S, 10, 0));
-    let after = drain_key(&l, 7);
+    change_at_the_instant_of_a_drain::<A>(&clock, || drain_key(&l, 7), |q| l.set_quota(q));
+}
+
+/// 10 per 10 s, drained at 5 s, the period then 1 s at 5 s, drained again.
+fn change_at_the_instant_of_a_drain<A: Algorithm>(
+    clock: &ManualClock,
+    drain: impl Fn() -> u64,
+    set_quota: impl Fn(Quota),
+) {
+    at(clock, 5 * S);
+    let before = drain();
+    set_quota(quota(10, S, 10, 0));
+    let after = drain();
     assert!(
         before + after <= 10,
         "{}: {before} admitted at 5 s, then {after} more at 5 s once the period went from 10 s \
@@ -76,8 +76,8 @@ fn change_at_the_instant_of_a_drain_keyed<A: Algorithm>() {
 }
 
 // 2. `set_quota` reads the clock, loses the CPU; keys are drained later in the window they
-//    already were in (no window starts, so nothing is published), some keys also roll into a
-//    window first; then the change is stored and the same instant is checked again.
+//    already were in, some keys also roll into a window first; then the change is stored and
+//    the same instant is checked again.
 
 fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
     let time = ManualClock::new();
@@ -89,7 +89,7 @@ fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
         &clock,
         || l.set_quota(faster),
         || {
-            // Still window 0 of 10 s: no window starts, nothing is published.
+            // Still window 0 of 10 s.
             at(&time, 5_500 * MS);
             drain(&l)
         },
@@ -103,9 +103,9 @@ fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
     );
 }
 
-/// Keys of every shard of a keyed limiter (64 shards): even keys rolled into window 1 at 10.5 s
-/// (each shard's latest reading is then 10.5 s), every key drained at 15.5 s, while a change that
-/// read 10.5 s was held. Once it is stored, no key admits more at 15.5 s.
+/// Keys of every shard of a keyed limiter (64 shards): even keys rolled into window 1 at 10.5 s,
+/// every key drained at 15.5 s, while a change that read 10.5 s was held. Once it is stored, no
+/// key admits more at 15.5 s.
 fn stale_change_then_drain_in_the_same_window_keyed<A: Algorithm>() {
     let time = ManualClock::new();
     let clock = GateClock::new(&time);
