@@ -5,6 +5,7 @@
 mod common;
 
 mod attack_direct;
+mod attack_two;
 mod default_clock;
 mod eviction;
 mod hostile;

@@ -8,6 +8,7 @@
 mod common;
 
 mod attack_period;
+mod attack_two;
 mod client_quota;
 mod client_quota_unreachable;
 mod cluster;

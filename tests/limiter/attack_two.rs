@@ -1,0 +1,639 @@
+//! Second attack on the give-backs: GCRA's "the key's latest admission" test (its TAT and the
+//! shard's moved-back mark) under settles to more, quota changes, stale readings, several keys of
+//! one shard and threads; the window algorithms' renumbering under keyed limiters, threads, limit
+//! changes, boundaries and a full shard. Each test asserts a promise a user relies on.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
+use tower_bulwark::clock::{Clock, ManualClock};
+use tower_bulwark::limiter::{Decision, Overflow};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+
+use crate::common::{admitted_until_refused, joined, Rng};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+/// A clock whose reading the test dials, backwards too.
+#[derive(Clone, Default)]
+struct Dial(Arc<AtomicU64>);
+
+impl Dial {
+    fn set(&self, n: u64) {
+        self.0.store(n, Ordering::SeqCst);
+    }
+}
+
+impl Clock for Dial {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn gq(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
+    Quota::with_period(permits, Duration::from_nanos(period))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+        .with_max_wait(Duration::from_nanos(max_wait))
+        .unwrap()
+}
+
+fn wq(permits: u32, period: u64, max_wait: u64) -> Quota {
+    Quota::with_period(permits, Duration::from_nanos(period))
+        .unwrap()
+        .with_max_wait(Duration::from_nanos(max_wait))
+        .unwrap()
+}
+
+fn name<A>() -> &'static str {
+    let full = std::any::type_name::<A>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
+/// A keyed limiter of one shard (fewer than 2048 keys), or a full one under `overflow`.
+fn keyed<A: Algorithm, C: Clock>(
+    q: Quota,
+    clock: C,
+    max_keys: usize,
+    overflow: Overflow,
+) -> KeyedRateLimiter<u32, A, C> {
+    KeyedRateLimiter::<u32>::builder(q)
+        .algorithm::<A>()
+        .clock(clock)
+        .max_keys(max_keys)
+        .overflow(overflow)
+        .build()
+}
+
+fn reserve<A: Algorithm, C: Clock>(
+    l: &KeyedRateLimiter<u32, A, C>,
+    key: u32,
+    cost: u32,
+) -> Option<Decision> {
+    Limiter::reserve_now(l, &key, cost)
+        .expect("in memory")
+        .ok()
+        .filter(|d| d.allowed)
+}
+
+fn drain_key<A: Algorithm, C: Clock>(l: &KeyedRateLimiter<u32, A, C>, key: u32) -> u64 {
+    admitted_until_refused(|| l.check(&key).allowed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. GCRA: any schedule of admissions, reservations, refunds, settles both ways, quota changes
+//    (of the interval too) and stale readings, on three keys of one shard, is never more
+//    generous than a replay of only what was not given back (settled ones at what they cost,
+//    debts charged when they were).
+
+#[derive(Clone, Debug)]
+enum G {
+    /// Advance (quarter seconds), staleness of the reading (quarter seconds), key, cost.
+    Ask(u64, u64, u32, u32),
+    /// Advance, staleness, which admission, settled to (0: a refund; more than the estimate:
+    /// a debt, settled at the fresh reading).
+    Back(u64, u64, usize, u32),
+    /// Advance, staleness, which quota.
+    Set(u64, u64, usize),
+}
+
+fn g_step() -> impl Strategy<Value = G> {
+    prop_oneof![
+        4 => (0..3u64, 0..3u64, 0..3u32, 1..4u32).prop_map(|(a, s, k, c)| G::Ask(a, s, k, c)),
+        3 => (0..3u64, 0..3u64, 0..64usize, 0..6u32).prop_map(|(a, s, n, t)| G::Back(a, s, n, t)),
+        1 => (0..3u64, 0..3u64, 0..4usize).prop_map(|(a, s, q)| G::Set(a, s, q)),
+    ]
+}
+
+fn g_quotas() -> [Quota; 4] {
+    [
+        gq(1, S, 3, 2 * S),
+        gq(2, S, 4, S),
+        gq(1, 2 * S, 2, 4 * S),
+        gq(1, S, 6, 0),
+    ]
+}
+
+/// What the replay makes, at the (fresh) reading of the step that made it in the original.
+enum Ev {
+    Admit {
+        id: usize,
+        at: u64,
+        key: u32,
+    },
+    Charge {
+        id: usize,
+        at: u64,
+        estimate: u32,
+        cost: u32,
+    },
+    Set {
+        q: usize,
+    },
+}
+
+fn run_gcra(steps: &[G], keys: u32) {
+    let quotas = g_quotas();
+    let dial = Dial::default();
+    let a = keyed::<Gcra, _>(quotas[0], dial.clone(), 1000, Overflow::default());
+    // (key, estimate, replayed cost (0: given back), the decision while not settled).
+    let mut made: Vec<(u32, u32, u32, Option<Decision>)> = Vec::new();
+    let mut evs = Vec::new();
+    let mut log = Vec::new();
+    let mut now = 0;
+    // The shard's latest reading: what admissions, give-backs and charges published.
+    let mut latest = 0;
+    let mut cur = 0;
+    for s in steps {
+        let (G::Ask(adv, stale, ..) | G::Back(adv, stale, ..) | G::Set(adv, stale, _)) = *s;
+        now += adv * 250 * MS;
+        let reading = now.saturating_sub(stale * 250 * MS);
+        dial.set(reading);
+        match *s {
+            G::Ask(_, _, key, cost) => {
+                let key = key % keys;
+                if let Some(d) = reserve(&a, key, cost) {
+                    log.push(format!(
+                        "{now} (read {reading}): key {key} asks {cost}: {d:?}"
+                    ));
+                    // Decided as of the latest reading, where it is later.
+                    latest = latest.max(reading);
+                    evs.push(Ev::Admit {
+                        id: made.len(),
+                        at: latest,
+                        key,
+                    });
+                    made.push((key, cost, cost, Some(d)));
+                }
+            }
+            G::Back(_, _, n, to) if !made.is_empty() => {
+                let i = n % made.len();
+                let (key, estimate, _, ref mut d) = made[i];
+                let Some(d) = d.take() else { continue };
+                if to > estimate {
+                    // A debt: at the fresh reading, as the replay charges it.
+                    dial.set(now);
+                    Limiter::settle(&a, &key, estimate, d, to);
+                    if to.min(quotas[cur].burst()) > estimate {
+                        // A debt was charged (and its reading published).
+                        latest = now;
+                    }
+                    evs.push(Ev::Charge {
+                        id: i,
+                        at: now,
+                        estimate,
+                        cost: to,
+                    });
+                } else {
+                    Limiter::settle(&a, &key, estimate, d, to);
+                    if to < estimate {
+                        // A give-back publishes its reading.
+                        latest = latest.max(reading);
+                    }
+                    made[i].2 = to;
+                }
+                log.push(format!(
+                    "{now} (read {}): #{i} settled {estimate} -> {to}",
+                    dial.now()
+                ));
+            }
+            G::Back(..) => {}
+            G::Set(_, _, q) => {
+                cur = q;
+                a.set_quota(quotas[q]);
+                evs.push(Ev::Set { q });
+                log.push(format!("{now} (read {reading}): quota #{q}"));
+            }
+        }
+    }
+    let clock = Dial::default();
+    let replay = keyed::<Gcra, _>(quotas[0], clock.clone(), 1000, Overflow::default());
+    let mut replayed: Vec<Option<Decision>> = (0..made.len()).map(|_| None).collect();
+    for ev in &evs {
+        match *ev {
+            Ev::Admit { id, at, key } => {
+                let cost = made[id].2;
+                if cost > 0 {
+                    clock.set(at);
+                    let d = reserve(&replay, key, cost);
+                    assert!(
+                        d.is_some(),
+                        "#{id} (key {key}, {cost} at {at}) refused by the replay:\n{}",
+                        log.join("\n")
+                    );
+                    replayed[id] = d;
+                }
+            }
+            Ev::Charge {
+                id,
+                at,
+                estimate,
+                cost,
+            } => {
+                clock.set(at);
+                let d = replayed[id].take().unwrap();
+                Limiter::settle(&replay, &made[id].0, estimate, d, cost);
+            }
+            Ev::Set { q } => replay.set_quota(quotas[q]),
+        }
+    }
+    dial.set(now);
+    clock.set(now);
+    for key in 0..keys {
+        let (got, twin) = (drain_key(&a, key), drain_key(&replay, key));
+        assert!(
+            got <= twin,
+            "key {key}: {got} admitted at the end, {twin} by the replay:\n{}",
+            log.join("\n")
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn attack_two_gcra_settles_both_ways_quota_changes_and_stale_readings_on_one_key(
+        steps in proptest::collection::vec(g_step(), 1..40)
+    ) {
+        run_gcra(&steps, 1);
+    }
+
+    #[test]
+    fn attack_two_gcra_settles_both_ways_quota_changes_and_stale_readings_on_three_keys_of_a_shard(
+        steps in proptest::collection::vec(g_step(), 1..50)
+    ) {
+        run_gcra(&steps, 3);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. GCRA under threads: workers admit, refund and settle (both ways) on three keys of one
+//    shard while another thread moves the clock on. What each key kept (admissions not given
+//    back, settled ones at their cost) and what it admits at the end never exceed
+//    burst + elapsed / T.
+
+#[test]
+fn attack_two_gcra_threads_refunding_while_others_admit_never_pass_the_rate() {
+    const T: u64 = 10 * MS;
+    const BURST: u32 = 4;
+    for round in 0..20u64 {
+        let clock = ManualClock::new();
+        let l = Arc::new(keyed::<Gcra, _>(
+            gq(1, T, BURST, 0),
+            clock.clone(),
+            1000,
+            Overflow::default(),
+        ));
+        let kept: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+        let done = Arc::new(AtomicBool::new(false));
+        let start = Arc::new(Barrier::new(5));
+        let mut threads = Vec::new();
+        for w in 0..4u64 {
+            let (l, kept, done, start) = (l.clone(), kept.clone(), done.clone(), start.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut rng = Rng(round * 31 + w + 1);
+                let mut held: Vec<(u32, u32, Decision)> = Vec::new();
+                start.wait();
+                while !done.load(Ordering::Relaxed) {
+                    let key = rng.below(3) as u32;
+                    let cost = 1 + rng.below(2) as u32;
+                    if let Ok(d) = l.check_n(&key, cost) {
+                        if d.allowed {
+                            kept[key as usize].fetch_add(u64::from(cost), Ordering::SeqCst);
+                            held.push((key, cost, d));
+                        }
+                    }
+                    if !held.is_empty() && rng.below(2) == 0 {
+                        let i = rng.below(held.len() as u64) as usize;
+                        let (key, cost, d) = held.swap_remove(i);
+                        let to = rng.below(u64::from(cost) + 1) as u32;
+                        Limiter::settle(&*l, &key, cost, d, to);
+                        let kept = &kept[key as usize];
+                        // Settled to less (a debt may pass the rate: it is never refused).
+                        kept.fetch_sub(u64::from(cost - to), Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        let end = 300 * MS;
+        start.wait();
+        let mut now = 0;
+        while now < end {
+            now += MS / 2;
+            clock.set(Duration::from_nanos(now));
+            std::thread::yield_now();
+        }
+        done.store(true, Ordering::Relaxed);
+        joined(threads);
+        for key in 0..3u32 {
+            let k = kept[key as usize].load(Ordering::SeqCst);
+            let more = drain_key(&*l, key);
+            let bound = u64::from(BURST) + end / T;
+            assert!(
+                k + more <= bound,
+                "round {round} key {key}: {k} kept + {more} admitted at the end, over \
+                 {bound} (burst {BURST} + {end} ns / {T})"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Windows under threads at one instant: workers check, reserve and give back on 16 keys
+//    while another thread changes the quota (periods and limits) over and over, the clock
+//    standing still. No key keeps more immediate admissions, with what it admits afterwards,
+//    than the largest limit.
+
+fn threads_at_one_instant<A: Algorithm>() {
+    let quotas = [
+        wq(5, S, 3 * S),
+        wq(8, 2 * S, 3 * S),
+        wq(5, 700 * MS, 3 * S),
+        wq(8, 10 * S, 3 * S),
+        wq(3, S, 3 * S),
+        wq(8, S, 0),
+    ];
+    for round in 0..30u64 {
+        let clock = ManualClock::new();
+        // Past the first windows, so that a change can end the window in progress at once.
+        clock.set(Duration::from_nanos(5 * S + 300 * MS + round * 37 * MS));
+        let l = Arc::new(keyed::<A, _>(
+            quotas[0],
+            clock.clone(),
+            1000,
+            Overflow::default(),
+        ));
+        let kept: Arc<Vec<AtomicU64>> = Arc::new((0..16).map(|_| AtomicU64::new(0)).collect());
+        let done = Arc::new(AtomicBool::new(false));
+        let start = Arc::new(Barrier::new(5));
+        let mut threads = Vec::new();
+        for w in 0..4u64 {
+            let (l, kept, done, start) = (l.clone(), kept.clone(), done.clone(), start.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut rng = Rng(round * 131 + w + 7);
+                let mut held: Vec<(u32, Decision)> = Vec::new();
+                start.wait();
+                while !done.load(Ordering::Relaxed) {
+                    let key = rng.below(16) as u32;
+                    if let Some(d) = reserve(&l, key, 1) {
+                        if d.wait.is_zero() {
+                            kept[key as usize].fetch_add(1, Ordering::SeqCst);
+                        }
+                        held.push((key, d));
+                    }
+                    if !held.is_empty() && rng.below(3) == 0 {
+                        let i = rng.below(held.len() as u64) as usize;
+                        let (key, d) = held.swap_remove(i);
+                        if d.wait.is_zero() {
+                            kept[key as usize].fetch_sub(1, Ordering::SeqCst);
+                        }
+                        Limiter::refund(&*l, &key, 1, d);
+                    }
+                }
+            }));
+        }
+        start.wait();
+        let mut rng = Rng(round + 1000);
+        for _ in 0..200 {
+            l.set_quota(quotas[rng.below(quotas.len() as u64) as usize]);
+            std::thread::yield_now();
+        }
+        done.store(true, Ordering::Relaxed);
+        joined(threads);
+        for key in 0..16u32 {
+            let k = kept[key as usize].load(Ordering::SeqCst);
+            let more = drain_key(&*l, key);
+            assert!(
+                k + more <= 8,
+                "{} round {round} key {key}: {k} kept + {more} admitted at one instant, the \
+                 largest limit 8",
+                name::<A>()
+            );
+        }
+    }
+}
+
+#[test]
+fn attack_two_fixed_window_threads_changing_quotas_at_one_instant() {
+    threads_at_one_instant::<FixedWindow>();
+}
+
+#[test]
+fn attack_two_sliding_counter_threads_changing_quotas_at_one_instant() {
+    threads_at_one_instant::<SlidingCounter>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Windows, one thread: a keyed limiter against a twin that never made the requests given
+//    back, through changes of period and of the limit alone, at window boundaries ±1 ns, with
+//    reservations, refunds, settles and stale readings, on keys of a shard that may be full
+//    (new keys refused, idle ones dropped). Drained at every step, the limiter never admits
+//    more than the twin.
+
+fn twin_schedule<A: Algorithm>(max_keys: usize, seeds: std::ops::RangeInclusive<u64>) {
+    let quotas = [
+        wq(10, S, 3 * S),
+        wq(4, S, 3 * S),
+        wq(10, 4 * S, 3 * S),
+        wq(6, 2 * S, 3 * S),
+        wq(10, 250 * MS, 3 * S),
+        wq(20, 4 * S, 3 * S),
+        wq(3, 2 * S, 3 * S),
+    ];
+    for seed in seeds {
+        let mut rng = Rng(seed);
+        let dial = Dial::default();
+        let a = keyed::<A, _>(quotas[0], dial.clone(), max_keys, Overflow::RefuseNewKeys);
+        let twin = keyed::<A, _>(quotas[0], dial.clone(), 1000, Overflow::RefuseNewKeys);
+        let mut now = rng.below(3 * S);
+        let mut log = vec![];
+        let (mut got, mut twin_got) = (0u64, 0u64);
+        // Requests of the limiter the twin never makes, awaiting their give-back.
+        let mut pending: Vec<(u32, u32, u32, Decision)> = vec![];
+        for i in 0..14 {
+            now += rng.pick(&[
+                0,
+                1,
+                100 * MS,
+                250 * MS - 1,
+                500 * MS,
+                S - 1,
+                S,
+                S + 1,
+                2 * S,
+            ]);
+            let stale = rng.pick(&[0, 0, 0, 1, 300 * MS]);
+            dial.set(now.saturating_sub(stale));
+            match rng.below(6) {
+                0 | 1 => {
+                    let q = rng.pick(&quotas);
+                    a.set_quota(q);
+                    twin.set_quota(q);
+                    log.push(format!(
+                        "{now}-{stale}: set {}/{:?}",
+                        q.permits(),
+                        q.period()
+                    ));
+                }
+                2 | 3 => {
+                    let key = rng.below(3) as u32;
+                    let cost = 1 + rng.below(3) as u32;
+                    let immediate = rng.below(2) == 0;
+                    let d = if immediate {
+                        a.check_n(&key, cost).ok().filter(|d| d.allowed)
+                    } else {
+                        reserve(&a, key, cost)
+                    };
+                    log.push(format!("{now}-{stale}: key {key} asks {cost}: {d:?}"));
+                    if let Some(d) = d {
+                        // What it will keep; the twin asks for that alone, now.
+                        let to = if immediate {
+                            rng.pick(&[0, 0, cost / 2])
+                        } else {
+                            0
+                        };
+                        if to > 0 {
+                            got += u64::from(to);
+                            if twin.check_n(&key, to).unwrap().allowed {
+                                twin_got += u64::from(to);
+                            }
+                        }
+                        pending.push((key, cost, to, d));
+                    }
+                }
+                _ => {
+                    if !pending.is_empty() {
+                        let j = rng.below(pending.len() as u64) as usize;
+                        let (key, cost, to, d) = pending.swap_remove(j);
+                        Limiter::settle(&a, &key, cost, d, to);
+                        log.push(format!("{now}-{stale}: key {key} settles {cost} -> {to}"));
+                    }
+                }
+            }
+            dial.set(now);
+            for key in 0..3u32 {
+                got += drain_key(&a, key);
+                twin_got += drain_key(&twin, key);
+            }
+            log.push(format!("{now}: {got} against {twin_got}"));
+            assert!(
+                got <= twin_got,
+                "{} max_keys {max_keys} seed {seed} step {i}: {got} admitted, {twin_got} by a \
+                 twin that never made the requests given back; schedule:\n{}",
+                name::<A>(),
+                log.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn attack_two_fixed_window_keyed_twin_through_changes_at_boundaries() {
+    twin_schedule::<FixedWindow>(1000, 1..=400);
+}
+
+#[test]
+fn attack_two_sliding_counter_keyed_twin_through_changes_at_boundaries() {
+    twin_schedule::<SlidingCounter>(1000, 1..=400);
+}
+
+#[test]
+fn attack_two_fixed_window_full_shard_twin_through_changes() {
+    twin_schedule::<FixedWindow>(2, 1..=400);
+}
+
+#[test]
+fn attack_two_sliding_counter_full_shard_twin_through_changes() {
+    twin_schedule::<SlidingCounter>(2, 1..=400);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A limit raised (same period) while reservations stand in the cycles ahead: each cycle
+//    after the change holds what falls due in it and what it admits at once, no more than the
+//    larger limit (the reservations' permits count against the new quota as used).
+
+fn raised_limit_with_reservations_ahead<A: Algorithm>() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_nanos(S / 2));
+    let l = keyed::<A, _>(wq(10, S, 3 * S), clock.clone(), 1000, Overflow::default());
+    let mut due_in = [0u64; 6];
+    due_in[0] += drain_key(&l, 0);
+    // Reservations of one permit until refused, each counted in the cycle it falls due in.
+    while let Some(d) = reserve(&l, 0, 1) {
+        let at = S / 2 + d.wait.as_nanos() as u64;
+        due_in[(at / S) as usize] += 1;
+    }
+    l.set_quota(wq(20, S, 3 * S));
+    for cycle in 1..5u64 {
+        clock.set(Duration::from_nanos(cycle * S));
+        let now = drain_key(&l, 0);
+        let used = due_in[cycle as usize] + now;
+        assert!(
+            used <= 20,
+            "{}: cycle {cycle} holds {} reservations due in it and admits {now} more at its \
+             start: {used} under limits 10 then 20 (reservations due by cycle: {due_in:?})",
+            name::<A>(),
+            due_in[cycle as usize]
+        );
+    }
+}
+
+#[test]
+#[ignore = "known bug: limit 10 -> 20 (1 s) at 0.5 s, 10 reserved due in each of cycles 1..3: cycle 3 holds 10 due + 20 admitted at 3 s = 30 > 20"]
+fn attack_two_fixed_window_raised_limit_with_reservations_ahead() {
+    raised_limit_with_reservations_ahead::<FixedWindow>();
+}
+
+#[test]
+fn attack_two_sliding_counter_raised_limit_with_reservations_ahead() {
+    raised_limit_with_reservations_ahead::<SlidingCounter>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A key evicted (its shard full of keys holding more) and recreated at the instant of an
+//    admission it made before: that admission's give-back finds a state it never counted in,
+//    and must give nothing (a twin key that never made it admits 10 there).
+
+fn give_back_after_eviction<A: Algorithm>() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_nanos(1000 * S + S / 2));
+    let l = keyed::<A, _>(gq(10, S, 10, 0), clock.clone(), 2, Overflow::default());
+    let first = l.check(&0);
+    assert!(first.allowed);
+    assert_eq!(drain_key(&l, 1), 10);
+    // Key 2 evicts key 0 (one permit held against ten), then key 0 evicts key 2.
+    assert_eq!(drain_key(&l, 2), 10);
+    let fresh = drain_key(&l, 0);
+    Limiter::refund(&l, &0, 1, first);
+    let more = drain_key(&l, 0);
+    assert!(
+        fresh + more <= 10,
+        "{}: key 0 evicted and recreated at its admission's instant admits {fresh}, then {more} \
+         more once that admission is given back (a twin key that never made it: 10)",
+        name::<A>()
+    );
+}
+
+#[test]
+#[ignore = "known bug: GCRA 10/s burst 10: key 0 takes 1 at 1000.5 s, evicted by keys 1 and 2 (10 each), recreated and drained (10), the first given back (partial path, 0 ns elapsed): 1 more, 11 vs 10"]
+fn attack_two_gcra_give_back_after_its_key_was_evicted_and_recreated() {
+    give_back_after_eviction::<Gcra>();
+}
+
+#[test]
+#[ignore = "known bug: FixedWindow 10/s: key 0 takes 1 at 1000.5 s, evicted, recreated and drained (10), the first given back into the fresh window: 1 more, 11 vs 10"]
+fn attack_two_fixed_window_give_back_after_its_key_was_evicted_and_recreated() {
+    give_back_after_eviction::<FixedWindow>();
+}
+
+#[test]
+#[ignore = "known bug: SlidingCounter 10/s: key 0 takes 1 at 1000.5 s, evicted, recreated and drained (10), the first given back into the fresh window: 1 more, 11 vs 10"]
+fn attack_two_sliding_counter_give_back_after_its_key_was_evicted_and_recreated() {
+    give_back_after_eviction::<SlidingCounter>();
+}
