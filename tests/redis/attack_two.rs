@@ -317,3 +317,54 @@ async fn attack_two_redis_gcra_random_schedules_against_a_replay() {
         }
     }
 }
+
+// 6. The period shortened (1 s to 500 ms, limit 10) while reservations stand ahead: each new
+//    window holds what falls due in it and what it admits after the change, no more than 10.
+
+async fn shortened_period_with_reservations_ahead<A: RedisAlgorithm>(name: &str) {
+    const HALF: u64 = S / 2;
+    let Some(server) = RedisServer::start(name) else {
+        return;
+    };
+    let base = 1000 * S;
+    let clock = manual_clock_at(Duration::from_nanos(base + HALF));
+    let l = limiter::<A>(&server.url(), quota(10, S, 10, 3 * S), &clock, name).await;
+    drain(&l, "k").await;
+    let mut due_in = [0u64; 12];
+    loop {
+        let d = tower_bulwark::Limiter::reserve(&l, &"k", 1).await.unwrap();
+        if !d.allowed {
+            break;
+        }
+        due_in[((HALF + d.wait.as_nanos() as u64) / HALF) as usize] += 1;
+    }
+    l.set_quota(quota(10, HALF, 10, 3 * S)).unwrap();
+    let mut admitted = [0u64; 12];
+    for step in 4..20u64 {
+        let now = step * HALF / 2;
+        at(&clock, base + now);
+        admitted[(now / HALF) as usize] += drain(&l, "k").await;
+    }
+    for w in 2..10 {
+        assert!(
+            due_in[w] + admitted[w] <= 10,
+            "{name}: the window of 500 ms from {} ms holds {} reservations due in it and admits \
+             {} after the change (limit 10; due: {due_in:?}, admitted: {admitted:?})",
+            w as u64 * 500,
+            due_in[w],
+            admitted[w]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known bug: fixed window 10 per 1 s at 1000.5 s, 10 admitted and 30 reserved (due 1001, 1002, 1003 s), period 500 ms: window [1003 s, 1003.5 s) holds 10 due + 10 admitted = 20 > 10"]
+async fn attack_two_redis_fixed_window_shortened_period_with_reservations_ahead() {
+    shortened_period_with_reservations_ahead::<FixedWindow>("attack_two_fixed_shortened").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_two_redis_sliding_counter_shortened_period_with_reservations_ahead() {
+    shortened_period_with_reservations_ahead::<SlidingCounter>("attack_two_sliding_shortened")
+        .await;
+}
