@@ -400,6 +400,13 @@ impl Decision {
             .flatten()
     }
 
+    /// The instant this admission was decided at: the instant it was charged at, less its
+    /// wait (a reservation's charge falls due that much later).
+    pub(crate) fn decided_at(&self) -> u64 {
+        let wait = crate::clock::saturating_nanos(self.wait);
+        self.charged().at.saturating_sub(wait)
+    }
+
     /// Where this admission's permits were charged, by the limiter's own state or a fail mode's
     /// local limiter; all zero for anything else.
     pub(crate) fn charged(&self) -> Charged {

@@ -147,6 +147,17 @@
 //! algorithm above), with one exception: a quota of one request under the fixed window or the
 //! sliding counter, where a limited client and a flood's key hold the same single permit of the
 //! same window and either may be evicted (see [`Overflow`](crate::limiter::Overflow)).
+//!
+//! An evicted key gives away what it held, and one more thing today: a give-back of one of its
+//! admissions that arrives after the key was written anew reaches the new state, which never
+//! held it (up to that admission's cost more than the new key's quota; the ignored
+//! `attack_two_*_give_back_after_its_key_was_evicted_and_recreated`). The same holds for a Redis
+//! key deleted outside the crate (by hand, or by a `maxmemory` eviction policy) and written anew
+//! at the same instant. Known limits as well, each an ignored test with its numbers in
+//! `tests/limiter/attack_two.rs` and `tests/redis/attack_two.rs`: a fixed window's reservations
+//! ahead of a change of its limit or period count in the cycles the new quota spreads them to,
+//! not the ones they fall due in (up to the reserved permits more in one cycle), and so does a
+//! sliding counter's next window when the period shortens, in memory.
 
 //! # Time
 //!

@@ -2,7 +2,7 @@ use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{joined, split, Algorithm, LatestReading};
-use crate::clock::{saturating_nanos, MAX_NOW};
+use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
 /// The Generic Cell Rate Algorithm: the default.
@@ -350,8 +350,7 @@ impl Algorithm for Gcra {
         // lengthened the interval, a permit weighs more than it took.
         let give = (self.interval.min(charged.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
-        // The reading the decision was made at (a reservation's charge falls due `wait` later).
-        let decided_at = charged.at.saturating_sub(saturating_nanos(decision.wait));
+        let decided_at = decision.decided_at();
         Words::of(state, latest).update(now, |current, reading| {
             let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
             if tat <= reading {

@@ -185,18 +185,34 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 #[derive(Default)]
 pub struct LatestReading {
     latest: Latest,
-    /// One more than the latest reading at which a GCRA give-back moved a key's TAT back while
-    /// a later admission of the key stood ([`Gcra`]'s refund), zero for none: from then on a
-    /// TAT equal to the one an earlier admission left no longer says that admission is the
-    /// key's latest (the TAT may have come back to it). Written and read only by give-backs.
-    moved_back_at: AtomicU64,
+    /// The latest reading at which a GCRA give-back moved a key's TAT back while a later
+    /// admission of the key stood ([`Gcra`]'s refund): from then on a TAT equal to the one an
+    /// earlier admission left no longer says that admission is the key's latest (the TAT may
+    /// have come back to it). Written and read only by give-backs.
+    moved_back: Mark,
+}
+
+/// The latest of the readings recorded, or none: one more than it, zero for none.
+#[derive(Default)]
+struct Mark(AtomicU64);
+
+impl Mark {
+    /// Records `reading`, if it is the latest.
+    fn record(&self, reading: u64) {
+        self.0.fetch_max(reading + 1, Ordering::AcqRel);
+    }
+
+    /// Whether a reading at or after `reading` was recorded.
+    fn since(&self, reading: u64) -> bool {
+        self.0.load(Ordering::Acquire) > reading
+    }
 }
 
 impl fmt::Debug for LatestReading {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut out = f.debug_struct("LatestReading");
         out.field("reading", &self.get());
-        out.field("moved_back_at", &self.moved_back_at.load(Ordering::Relaxed));
+        out.field("moved_back", &self.moved_back.0.load(Ordering::Relaxed));
         if let Some(pair) = self.pair() {
             out.field("word", &split(pair.load(Ordering::Acquire)).0);
         }
@@ -251,7 +267,7 @@ impl LatestReading {
         } else {
             Self {
                 latest: Latest::WithWord(portable_atomic::AtomicU128::new(0)),
-                moved_back_at: AtomicU64::new(0),
+                moved_back: Mark::default(),
             }
         }
     }
@@ -269,14 +285,13 @@ impl LatestReading {
     /// Records that a give-back at `reading` moves a key's TAT back while a later admission of
     /// the key stands; published before the TAT moves.
     pub(crate) fn moved_back(&self, reading: u64) {
-        // One more than the reading: zero is "never".
-        self.moved_back_at.fetch_max(reading + 1, Ordering::AcqRel);
+        self.moved_back.record(reading);
     }
 
     /// Whether a give-back moved a key's TAT back at or after `reading` (see
     /// [`moved_back`](Self::moved_back)).
     pub(crate) fn moved_back_since(&self, reading: u64) -> bool {
-        self.moved_back_at.load(Ordering::Acquire) > reading
+        self.moved_back.since(reading)
     }
 }
 
@@ -397,10 +412,8 @@ impl Timeline {
         let (window, generation) = decision.counted_window()?;
         let kept = generation == self.generation
             || (generation + 1 == self.generation && window <= self.kept_through);
-        let decided_at = charged
-            .at
-            .saturating_sub(crate::clock::saturating_nanos(decision.wait));
-        (kept && self.window_of(charged.at) == window && decided_at >= renumbered).then_some(window)
+        (kept && self.window_of(charged.at) == window && decision.decided_at() >= renumbered)
+            .then_some(window)
     }
 
     /// The number of the window that holds instant `at`.
