@@ -121,6 +121,18 @@ pub fn waits_up_to(
     quota.with_max_wait(max_wait).unwrap()
 }
 
+/// `permits` every `period` nanoseconds, in bursts of `burst`, a request waiting up to
+/// `max_wait` nanoseconds.
+pub fn quota_ns(permits: u32, period: u64, burst: u32, max_wait: u64) -> tower_bulwark::Quota {
+    use std::time::Duration;
+    tower_bulwark::Quota::with_period(permits, Duration::from_nanos(period))
+        .unwrap()
+        .with_burst(burst)
+        .unwrap()
+        .with_max_wait(Duration::from_nanos(max_wait))
+        .unwrap()
+}
+
 /// `quota` in bursts of `burst` permits.
 pub fn in_bursts_of(quota: tower_bulwark::Quota, burst: u32) -> tower_bulwark::Quota {
     quota.with_burst(burst).unwrap()

@@ -5,7 +5,6 @@
 mod common;
 
 mod attack_direct;
-mod attack_two;
 mod default_clock;
 mod eviction;
 mod hostile;

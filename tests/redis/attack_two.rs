@@ -2,29 +2,24 @@
 //! client whose clock is behind) and recreated at the instant of an admission made before, whose
 //! give-back must then find nothing to give (GCRA: the TAT it left; the sliding counter: its
 //! numbering `g`); a limit raised while fixed-window reservations stand ahead; GCRA schedules of
-//! admissions, give-backs, debts and quota changes against a replay of what was kept.
+//! admissions, give-backs, debts and quota changes against a replay of what was kept. And the
+//! first attack's: the sliding counter's numbering and leases' window marks across changes of
+//! period.
 
 use std::time::Duration;
 
+use crate::common::quota_ns as quota;
 use crate::common::redis_server::RedisServer;
 use crate::common::{manual_clock_at, Rng};
+use crate::lease_hostile::strict;
 use tower_bulwark::algorithm::{FixedWindow, Gcra, SlidingCounter};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::Quota;
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
-
-fn quota(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
-    Quota::with_period(permits, Duration::from_nanos(period))
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
-        .with_max_wait(Duration::from_nanos(max_wait))
-        .unwrap()
-}
 
 async fn limiter<A: RedisAlgorithm>(
     url: &str,
@@ -369,4 +364,134 @@ async fn attack_two_redis_fixed_window_shortened_period_with_reservations_ahead(
 async fn attack_two_redis_sliding_counter_shortened_period_with_reservations_ahead() {
     shortened_period_with_reservations_ahead::<SlidingCounter>("attack_two_sliding_shortened")
         .await;
+}
+
+// Changes of period: the sliding counter's numbering (`g`, a decision's `state_after`) and
+// leases' window marks. A give-back or a lease's end never frees more than the admission or the
+// lease took in the window that counted it.
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn per(permits: u32, period: Duration) -> Quota {
+    Quota::with_period(permits, period).unwrap()
+}
+
+/// An admission under windows of 1 s; two windows on, its key ends: a give-back of another
+/// admission leaves every count zero, so the script deletes the key (and its numbering `g`), or
+/// the test deletes it, standing in for its expiry. The period becomes 100 s (the window
+/// [1000 s, 1100 s) holds the first admission's instant); 10 are admitted there; then the first
+/// admission is given back. It was counted in a window of 1 s long gone: nothing may come back.
+async fn give_back_after_the_key_ended(tag: &str, expired: bool) {
+    let Some(server) = RedisServer::start(tag) else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_millis(1_000_500));
+    let l = limiter::<SlidingCounter>(&server.url(), per(10, secs(1)), &clock, "period").await;
+    let first = l.check(&"k").await.unwrap();
+    let second = l.check(&"k").await.unwrap();
+    assert!(first.allowed && second.allowed);
+    clock.advance(secs(2));
+    if expired {
+        delete(&server, &l, "k").await;
+    } else {
+        // Two windows on: the counts weigh nothing; this give-back leaves them zero.
+        l.settle_and_wait(&"k", 1, second, 0).await.unwrap();
+    }
+    l.set_quota(per(10, secs(100))).unwrap();
+    let fresh = drain(&l, "k").await;
+    l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
+    let more = drain(&l, "k").await;
+    assert!(
+        fresh + more <= 10,
+        "{fresh} admitted at 1002.5 s under windows of 100 s, then {more} more once an admission \
+         of a window of 1 s (1000 s) was given back, the key {} between (limit 10)",
+        if expired { "expired" } else { "deleted" }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_period_give_back_after_the_key_was_deleted_and_the_period_changed() {
+    give_back_after_the_key_ended("attack_period::deleted", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_period_give_back_after_the_key_expired_and_the_period_changed() {
+    give_back_after_the_key_ended("attack_period::expired", true).await;
+}
+
+/// Windows of 100 s, then 10 s, then 100 s again, the key touched under each (two
+/// renumberings); a request under each numbering, all given back after the last: at every step
+/// the key has admitted (what stays admitted) no more than a twin key that never made them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_period_give_backs_across_two_changes_of_period() {
+    let Some(server) = RedisServer::start("attack_period::two_changes") else {
+        return;
+    };
+    let clock = manual_clock_at(secs(1010));
+    let l = limiter::<SlidingCounter>(&server.url(), per(10, secs(100)), &clock, "period").await;
+    let (mut got, mut twin_got) = (0, 0);
+    let mut given = vec![];
+    for (cost, period, at) in [(3, 100, 1010), (2, 10, 1025), (1, 100, 1030)] {
+        l.set_quota(per(10, secs(period))).unwrap();
+        clock.set(secs(at));
+        let d = l.check_n(&"k", cost).await.unwrap();
+        if d.allowed {
+            given.push((cost, d));
+        }
+        got += drain(&l, "k").await;
+        twin_got += drain(&l, "twin").await;
+        assert!(got <= twin_got, "at {at} s: {got} against {twin_got}");
+    }
+    for (cost, d) in given {
+        l.settle_and_wait(&"k", cost, d, 0).await.unwrap();
+    }
+    for at in [1030, 1060, 1099, 1100, 1150, 1200] {
+        clock.set(secs(at));
+        got += drain(&l, "k").await;
+        twin_got += drain(&l, "twin").await;
+        assert!(
+            got <= twin_got,
+            "at {at} s: {got} admitted by a key whose requests (under three numberings) were \
+             given back, {twin_got} by a twin that never made them"
+        );
+    }
+}
+
+/// A lease of windows of 100 s (shares of 1, 2 and 4: 7 counted, 4 spent), the period then
+/// 400 s and back to 100 s, the key touched by another instance under each: once the share is
+/// ended, the window [1000 s, 1100 s) never admits more than 10 in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_period_lease_ended_across_two_changes_of_period() {
+    let Some(server) = RedisServer::start("attack_period::lease_two") else {
+        return;
+    };
+    let lease = Lease::new().max_share(8).length(secs(50));
+    let clock = manual_clock_at(secs(1000));
+    let (a, b) = (
+        strict::<SlidingCounter>(&server.url(), per(10, secs(100)), lease, &clock).await,
+        strict::<SlidingCounter>(&server.url(), per(10, secs(100)), Lease::new(), &clock).await,
+    );
+    let mut admitted = 0;
+    for _ in 0..4 {
+        assert!(a.check(&"k").await.unwrap().allowed);
+        admitted += 1;
+    }
+    for (period, at) in [(400, 1010), (100, 1020)] {
+        a.set_quota(per(10, secs(period))).unwrap();
+        b.set_quota(per(10, secs(period))).unwrap();
+        clock.set(secs(at));
+        admitted += u64::from(b.check(&"k").await.unwrap().allowed);
+    }
+    // Past the share's end: the next lease call ends it.
+    clock.set(secs(1051));
+    for _ in 0..12 {
+        admitted += u64::from(a.check(&"k").await.unwrap().allowed);
+        admitted += u64::from(b.check(&"k").await.unwrap().allowed);
+    }
+    assert!(
+        admitted <= 10,
+        "{admitted} admitted in [1000 s, 1100 s) through two changes of period (limit 10)"
+    );
 }

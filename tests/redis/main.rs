@@ -7,7 +7,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod attack_period;
 mod attack_two;
 mod client_quota;
 mod client_quota_unreachable;

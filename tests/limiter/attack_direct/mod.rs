@@ -18,6 +18,7 @@ use tower_bulwark::limiter::{acquire, Decision, InsufficientCapacity};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::process::quiet_panics_starting_with;
+use crate::common::quota_ns as quota;
 use crate::common::{admitted_until_refused, paused_runtime, poll_once, tokio_direct_with, Rng};
 
 const MS: u64 = 1_000_000;
@@ -101,15 +102,6 @@ fn wait_until(counter: &AtomicU64, n: u64) {
     }
 }
 
-fn quota(permits: u32, period: u64, burst: u32, max_wait: u64) -> Quota {
-    Quota::with_period(permits, Duration::from_nanos(period))
-        .unwrap()
-        .with_burst(burst)
-        .unwrap()
-        .with_max_wait(Duration::from_nanos(max_wait))
-        .unwrap()
-}
-
 fn name<A>() -> &'static str {
     let full = std::any::type_name::<A>();
     full.rsplit("::").next().unwrap_or(full)
@@ -185,6 +177,7 @@ mod coarse_refunds;
 mod give_backs;
 mod period;
 mod races;
+mod second;
 
 thread_local! {
     static GATED: Cell<bool> = const { Cell::new(false) };
