@@ -394,10 +394,13 @@ impl Decision {
     /// counted under (see [`counted_in`](Self::counted_in)); `None` for any other decision.
     pub(crate) fn counted_window(&self) -> Option<(u64, u64)> {
         let charged = self.charged();
-        let generation = charged.per_permit & !COUNTED_UNDER;
-        (charged.per_permit & COUNTED_UNDER != 0)
-            .then(|| Some((charged.tat.checked_sub(1)?, generation)))
-            .flatten()
+        if charged.per_permit & COUNTED_UNDER == 0 {
+            return None;
+        }
+        Some((
+            charged.tat.checked_sub(1)?,
+            charged.per_permit & !COUNTED_UNDER,
+        ))
     }
 
     /// The instant this admission was decided at: the instant it was charged at, less its

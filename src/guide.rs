@@ -154,10 +154,10 @@
 //! `attack_two_*_give_back_after_its_key_was_evicted_and_recreated`). The same holds for a Redis
 //! key deleted outside the crate (by hand, or by a `maxmemory` eviction policy) and written anew
 //! at the same instant. Known limits as well, each an ignored test with its numbers in
-//! `tests/limiter/attack_direct/second.rs` and `tests/redis/attack_two.rs`: a fixed window's reservations
-//! ahead of a change of its limit or period count in the cycles the new quota spreads them to,
-//! not the ones they fall due in (up to the reserved permits more in one cycle), and so does a
-//! sliding counter's next window when the period shortens, in memory.
+//! `tests/limiter/attack_direct/second.rs` and `tests/redis/attack_two.rs`: a fixed window's
+//! reservations ahead of a change of its limit or period count in the cycles the new quota
+//! spreads them to, not the ones they fall due in (up to the reserved permits more in one
+//! cycle), and so does a sliding counter's next window when the period shortens, in memory.
 
 //! # Time
 //!

@@ -89,11 +89,8 @@ impl FixedWindow {
     /// the state (for ranking a key).
     fn used_at(&self, w: &Window, now: u64) -> (u64, u64) {
         let cycle = self.cycle_of(super::as_of(now, w.latest));
-        let mut numbered = *w;
-        (self.timeline).renumber(&mut numbered.cycle, &mut numbered.renumbered, w.latest);
-        let granted = cycle
-            .saturating_sub(numbered.cycle)
-            .saturating_mul(self.limit);
+        let numbered = self.timeline.numbered(w.cycle, w.latest);
+        let granted = cycle.saturating_sub(numbered).saturating_mul(self.limit);
         (cycle, w.used.saturating_sub(granted))
     }
 
@@ -211,11 +208,11 @@ impl Algorithm for FixedWindow {
         // Under a numbering that no longer names its cycle (a change of period since), nothing
         // comes back; nor for a reservation after a change of the limit or the period: its
         // slots lie where the limits of the cycles before it put them.
-        let Some(charged) = self.timeline.counted_window(decision, w.renumbered) else {
+        let Some((charged, generation)) = self.timeline.counted_window(decision, w.renumbered)
+        else {
             return;
         };
-        let counted_under = decision.counted_window().map(|(_, generation)| generation);
-        if !decision.wait.is_zero() && counted_under != Some(self.timeline.generation()) {
+        if !decision.wait.is_zero() && generation != self.timeline.generation() {
             return;
         }
         if w.used == 0 || charged < w.cycle {
@@ -257,9 +254,8 @@ impl Algorithm for FixedWindow {
         if w.used == 0 {
             0
         } else {
-            let mut numbered = *w;
-            (self.timeline).renumber(&mut numbered.cycle, &mut numbered.renumbered, w.latest);
-            self.cycle_start(numbered.cycle + w.used.div_ceil(self.limit))
+            let cycle = self.timeline.numbered(w.cycle, w.latest);
+            self.cycle_start(cycle + w.used.div_ceil(self.limit))
         }
     }
 }

@@ -387,17 +387,25 @@ impl Timeline {
         self.generation
     }
 
-    /// Numbers a key's window (`window`, its latest reading `latest`) by this timeline: the
-    /// window that holds that reading, if it is no earlier than the window in progress at the
-    /// latest change (before it, both numberings agree; a key untouched since has ended its
-    /// window); its counts stay as they are. `renumbered`, one more than the reading at which
-    /// the key's window last changed number this way (zero: never), is then `latest + 1`.
-    pub(crate) fn renumber(&self, window: &mut u64, renumbered: &mut u64, latest: u64) {
+    /// The number this timeline gives a key's window (`window`, its latest reading `latest`):
+    /// the window that holds that reading, if it is no earlier than the window in progress at
+    /// the latest change (before it, both numberings agree; a key untouched since has ended its
+    /// window), or `window` as it is.
+    pub(crate) fn numbered(&self, window: u64, latest: u64) -> u64 {
         if latest >= self.first_start {
-            let numbered = self.window_of(latest);
-            if numbered != *window {
-                (*window, *renumbered) = (numbered, latest + 1);
-            }
+            self.window_of(latest)
+        } else {
+            window
+        }
+    }
+
+    /// Numbers a key's window by this timeline ([`numbered`](Self::numbered)); its counts stay
+    /// as they are. `renumbered`, one more than the reading at which the key's window last
+    /// changed number this way (zero: never), is then `latest + 1`.
+    pub(crate) fn renumber(&self, window: &mut u64, renumbered: &mut u64, latest: u64) {
+        let numbered = self.numbered(*window, latest);
+        if numbered != *window {
+            (*window, *renumbered) = (numbered, latest + 1);
         }
     }
 
@@ -407,13 +415,18 @@ impl Timeline {
     /// now names another stretch of time); the window that holds the instant they were charged
     /// at is that one; and the decision was made after its key's counts last moved
     /// (`renumbered`, see [`renumber`](Self::renumber)). After two changes, nothing names it.
-    pub(crate) fn counted_window(&self, decision: &Decision, renumbered: u64) -> Option<u64> {
-        let charged = decision.charged();
+    /// With the window, the numbering the admission was counted under.
+    pub(crate) fn counted_window(
+        &self,
+        decision: &Decision,
+        renumbered: u64,
+    ) -> Option<(u64, u64)> {
         let (window, generation) = decision.counted_window()?;
         let kept = generation == self.generation
             || (generation + 1 == self.generation && window <= self.kept_through);
-        (kept && self.window_of(charged.at) == window && decision.decided_at() >= renumbered)
-            .then_some(window)
+        let at = decision.charged().at;
+        (kept && self.window_of(at) == window && decision.decided_at() >= renumbered)
+            .then_some((window, generation))
     }
 
     /// The number of the window that holds instant `at`.

@@ -243,7 +243,7 @@ impl Algorithm for SlidingCounter {
     ) {
         let mut c = lock(&state.0);
         self.advance(&mut c, now);
-        let Some(idx) = self.timeline.counted_window(decision, c.renumbered) else {
+        let Some((idx, _)) = self.timeline.counted_window(decision, c.renumbered) else {
             return;
         };
         let cost = u64::from(cost);
@@ -278,7 +278,7 @@ impl Algorithm for SlidingCounter {
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
         let mut c = *lock(&state.0);
-        (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
+        c.window = self.timeline.numbered(c.window, c.latest);
         self.idle_from(&c)
     }
 }

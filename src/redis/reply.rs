@@ -5,8 +5,8 @@
 //! decision has seven: the status (refused or admitted), remaining, retry_after, reset_after,
 //! wait, reserved_at (the instant the permits were charged at) and the server's time, the
 //! durations in ticks. GCRA's and the sliding counter's have eight: what the admission left
-//! (GCRA's TAT; the sliding counter's numbering of windows, plus one), zero for a refusal, comes before
-//! the time.
+//! (GCRA's TAT; the sliding counter's numbering of windows, plus one), zero for a refusal,
+//! comes before the time.
 
 use std::time::Duration;
 
@@ -75,8 +75,8 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
         "status",
         items.first().ok_or_else(|| bad("an empty array".into()))?,
     )?;
-    // GCRA's decisions carry the TAT an admission left, the sliding counter's the renumbering
-    // of its windows it was counted under; the other scripts' carry neither.
+    // GCRA's decisions carry the TAT an admission left, the sliding counter's the numbering of
+    // windows it was counted under; the other scripts' carry neither.
     let with_state_after = matches!(
         quota.script,
         LimiterScript::Gcra | LimiterScript::SlidingCounter
