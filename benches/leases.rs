@@ -8,6 +8,9 @@
 //! cargo bench --features redis --bench leases            # SECS=3 QUOTAS=5000,50000,500000
 //! ```
 //!
+//! `WORKERS` sets the runtime's threads (2 by default); with more, the tasks ask as fast as Redis
+//! answers.
+//!
 //! The bench starts its own `redis-server` on a free port (and skips, saying why, when there is
 //! none). Script calls are Redis's own count (`INFO commandstats`, `evalsha` and `eval`).
 
@@ -112,8 +115,9 @@ fn main() {
         .split(',')
         .map(|q| q.trim().parse().unwrap())
         .collect();
+    let workers = std::env::var("WORKERS").map_or(2, |n| n.parse().unwrap());
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();

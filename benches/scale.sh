@@ -2,7 +2,8 @@
 # The multi-core figures of issue 37 in one run, for a machine with many cores and no Rust
 # toolchain (a lent one): checks per second by threads against governor (benches/contention.rs,
 # alternating rounds), and whole requests at several server threads against tower_governor
-# (benches/http_wrk.sh), each writing its output to $OUT (or ./scale-out).
+# (benches/http_wrk.sh), and leased limiters on one hot key in Redis by quota (benches/leases.rs,
+# with as many runtime threads as cores), each writing its output to $OUT (or ./scale-out).
 #
 #   benches/scale.sh prepare   # here: builds the binaries and copies them, with wrk and the
 #                              # libraries it loads, into .scale/ (ignored by git; carry it)
@@ -18,16 +19,25 @@ prepare() {
   local target=${CARGO_TARGET_DIR:-target}
   cargo bench --bench contention --no-run >&2
   cargo build --release --example bench_server >&2
+  cargo bench --features redis --bench leases --no-run >&2
   rm -rf "$CARRIED" && mkdir -p "$CARRIED/lib"
   # The bench binary is the newest contention-<hash> executable cargo left.
   local bench
   bench=$(find "$target/release/deps" -maxdepth 1 -type f -executable -name 'contention-*' -printf '%T@ %p\n' |
     sort -n | tail -n 1 | cut -d' ' -f2)
   cp "$bench" "$CARRIED/contention"
+  bench=$(find "$target/release/deps" -maxdepth 1 -type f -executable -name 'leases-*' -printf '%T@ %p\n' |
+    sort -n | tail -n 1 | cut -d' ' -f2)
+  cp "$bench" "$CARRIED/leases"
+  mkdir -p "$CARRIED/bin"
+  cp "$(command -v redis-server)" "$CARRIED/bin/redis-server"
   cp "$target/release/examples/bench_server" "$CARRIED/bench_server"
   cp "$(command -v wrk)" "$CARRIED/wrk"
   # wrk's own libraries, which a bare machine may lack (the C library it finds there).
   ldd "$(command -v wrk)" | awk '/=> \// {print $3}' | grep -E 'luajit|ssl|crypto' |
+    xargs -r -I{} cp -L {} "$CARRIED/lib/"
+  # redis-server's, likewise, but for the C library and its loader.
+  ldd "$(command -v redis-server)" | awk '/=> \// {print $3}' | grep -vE '/lib(c|m)\.so' |
     xargs -r -I{} cp -L {} "$CARRIED/lib/"
   du -sh "$CARRIED" >&2
 }
@@ -51,6 +61,10 @@ run() {
   # library; these were built against this one's, glibc 2.34 or later).
   local libs=""
   if ldd "$CARRIED/wrk" | grep -q 'not found'; then libs="$PWD/$CARRIED/lib"; fi
+  local redis_libs=""
+  if ldd "$CARRIED/bin/redis-server" | grep -q 'not found'; then redis_libs="$PWD/$CARRIED/lib"; fi
+  PATH="$PWD/$CARRIED/bin:$PATH" LD_LIBRARY_PATH="$redis_libs" WORKERS=$cores SECS=${SECS:-3} \
+    "$CARRIED/leases" 2>&1 | tee "$out/leases.txt"
   for server_threads in ${SERVER_THREADS_LIST:-1 8}; do
     ((server_threads < cores)) || continue
     ROUNDS=${ROUNDS:-2} LD_LIBRARY_PATH="$libs" SERVER="$CARRIED/bench_server" WRK="$CARRIED/wrk" \

@@ -134,8 +134,8 @@
 //! # Memory and eviction
 //!
 //! A [`KeyedRateLimiter`](crate::KeyedRateLimiter) holds at most `max_keys` keys (default one
-//! million; `BENCHMARKS.md` measures about 52 bytes per key for IPv4 keys under GCRA, whose state
-//! was then two `u64`s; it is now one, the TAT, and the latest reading is one word per shard). A
+//! million; `BENCHMARKS.md` measures about 69 bytes per key for IPv4 keys under GCRA, whose state
+//! is one 128-bit word: the TAT and the key's latest reading). A
 //! key whose state has gone idle (for GCRA: its
 //! TAT is in the past) behaves exactly like a key never seen, so dropping it changes no decision;
 //! the store drops idle keys first whenever a shard is full, and

@@ -1,7 +1,9 @@
-use crate::sync::{AtomicU64, Ordering};
+#[cfg(loom)]
+use crate::sync::AtomicU64;
+use crate::sync::Ordering;
 use std::time::Duration;
 
-use super::{joined, split, Algorithm, LatestReading};
+use super::{Algorithm, LatestReading};
 use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
@@ -16,10 +18,9 @@ use crate::{decision::Decision, Quota};
 /// Guarantee: over any span of length `S`, a key is admitted at most `burst + S / T` permits.
 ///
 /// Clock readings that arrive out of order (a thread read the clock, then lost the race to one
-/// that read it later) are decided as of the latest reading published to the key's
-/// [`LatestReading`] (shared by the keys of a shard; a direct limiter's holds its one key's
-/// word too, so that one compare-and-swap changes both): a stale reading neither admits more
-/// nor less than a fresh one.
+/// that read it later) are decided as of the latest reading the key has seen, kept beside its
+/// TAT so that one compare-and-swap changes both (see [`LatestReading`]): a stale reading
+/// neither admits more nor less than a fresh one.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,
@@ -38,18 +39,28 @@ const WAITER: u64 = 1 << 63;
 /// 2^62 ns at which time stands still.
 pub(super) const MAX_TAT: u64 = WAITER - 1;
 
-/// The per-key state of [`Gcra`]: the theoretical arrival time, one word. (The latest clock
-/// reading, which a stale reading is decided as of, is the [`LatestReading`] the key shares.)
+/// The per-key state of [`Gcra`]: the theoretical arrival time and, beside it in one 128-bit
+/// word, the latest clock reading the key has seen, so that an admission changes both with one
+/// compare-and-swap (see [`LatestReading`] for why the reading is kept at all). Under loom,
+/// whose models have no 128-bit atomics, the reading is the shard's alone.
 #[derive(Debug, Default)]
 pub struct GcraState {
+    /// The TAT and [`WAITER`] (low half), the key's latest reading (high half): see [`joined`].
+    #[cfg(not(loom))]
+    both: portable_atomic::AtomicU128,
     /// The TAT, and [`WAITER`].
+    #[cfg(loom)]
     tat: AtomicU64,
 }
 
 impl GcraState {
     /// The theoretical arrival time: the instant at which the key's bucket is full again.
     pub fn tat(&self) -> u64 {
-        self.tat.load(Ordering::Acquire) & MAX_TAT
+        #[cfg(not(loom))]
+        let word = split(self.both.load(Ordering::Acquire)).0;
+        #[cfg(loom)]
+        let word = self.tat.load(Ordering::Acquire);
+        word & MAX_TAT
     }
 }
 
@@ -62,56 +73,115 @@ fn word(tat: u64, waiter: bool, now: u64, horizon: u64) -> u64 {
     }
 }
 
-/// A key's state word and the latest reading it is decided as of, where they live: apart (a key
-/// of a keyed limiter's shard: the reading is published, then the word changed), or together in
-/// one 128-bit word (a direct limiter's key: one compare-and-swap changes both; see
-/// [`LatestReading`]). GCRA's decisions, refunds and charges go through it alike.
+/// The word that holds a GCRA word (low half) and a latest reading (high half).
+#[cfg(not(loom))]
+fn joined(word: u64, reading: u64) -> u128 {
+    u128::from(word) | (u128::from(reading) << 64)
+}
+
+/// The GCRA word and the latest reading that `both` holds (see [`joined`]).
+#[cfg(not(loom))]
+fn split(both: u128) -> (u64, u64) {
+    (both as u64, (both >> 64) as u64)
+}
+
+/// A key's state word and the latest reading it is decided as of, where they live: together in
+/// one 128-bit word, with the shard's reading as a floor (the store publishes its reading there
+/// before it drops keys, so a key made afresh is decided as of no earlier an instant), or, under
+/// loom, apart (the reading is the shard's: it is published, then the word changed). GCRA's
+/// decisions, refunds and charges go through it alike.
 enum Words<'a> {
+    #[cfg(loom)]
     Apart(&'a AtomicU64, &'a LatestReading),
-    Together(&'a portable_atomic::AtomicU128),
+    #[cfg(not(loom))]
+    Together(&'a portable_atomic::AtomicU128, &'a LatestReading),
+}
+
+/// A key's state word and the reading it is decided as of, as one load found them (`both`: the
+/// whole 128-bit word, which a compare-and-swap expects).
+#[derive(Clone, Copy)]
+struct Loaded {
+    word: u64,
+    seen: u64,
+    #[cfg_attr(loom, allow(dead_code))]
+    both: u128,
 }
 
 impl<'a> Words<'a> {
     fn of(state: &'a GcraState, latest: &'a LatestReading) -> Self {
-        latest
-            .pair()
-            .map_or(Words::Apart(&state.tat, latest), Words::Together)
+        #[cfg(not(loom))]
+        return Words::Together(&state.both, latest);
+        #[cfg(loom)]
+        return Words::Apart(&state.tat, latest);
     }
 
     /// The word, then the latest reading: whoever changed the word we read published its
     /// reading before, so the reading covers it.
-    fn load(&self) -> (u64, u64) {
+    fn load(&self) -> Loaded {
         match self {
+            #[cfg(loom)]
             Words::Apart(word, latest) => {
-                let current = word.load(Ordering::Acquire);
-                (current, latest.get())
+                let word = word.load(Ordering::Acquire);
+                Loaded {
+                    word,
+                    seen: latest.get(),
+                    both: 0,
+                }
             }
-            Words::Together(pair) => split(pair.load(Ordering::Acquire)),
+            #[cfg(not(loom))]
+            Words::Together(pair, floor) => Self::loaded(pair.load(Ordering::Acquire), floor),
         }
     }
 
-    /// Replaces the word `current`, read with the latest reading `seen`, by `new`, decided at
-    /// `now` or `seen`, whichever is later. Otherwise answers the word and the reading to decide
-    /// on again: someone changed the word, or published a reading later than `now` meanwhile.
-    fn replace(&self, current: u64, seen: u64, new: u64, now: u64) -> Result<(), (u64, u64)> {
+    #[cfg(not(loom))]
+    fn loaded(both: u128, floor: &LatestReading) -> Loaded {
+        let (word, reading) = split(both);
+        Loaded {
+            word,
+            seen: reading.max(floor.get()),
+            both,
+        }
+    }
+
+    /// Replaces the word of `loaded` by `new`, decided at `now` or its reading, whichever is
+    /// later. Otherwise answers the word and the reading to decide on again: someone changed the
+    /// word, or published a reading later than `now` meanwhile.
+    fn replace(&self, loaded: Loaded, new: u64, now: u64) -> Result<(), Loaded> {
         match self {
+            #[cfg(loom)]
             Words::Apart(word, latest) => {
-                if now > seen {
+                if now > loaded.seen {
                     // Published before the word changes.
                     let before = latest.publish(now);
                     if before > now {
-                        return Err((current, before));
+                        return Err(Loaded {
+                            seen: before,
+                            ..loaded
+                        });
                     }
                 }
-                let swapped =
-                    word.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire);
-                swapped.map(drop).map_err(|actual| (actual, latest.get()))
+                let swapped = word.compare_exchange_weak(
+                    loaded.word,
+                    new,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                swapped.map(drop).map_err(|word| Loaded {
+                    word,
+                    seen: latest.get(),
+                    both: 0,
+                })
             }
-            Words::Together(pair) => {
-                let (old, new) = (joined(current, seen), joined(new, now.max(seen)));
-                let swapped =
-                    pair.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire);
-                swapped.map(drop).map_err(split)
+            #[cfg(not(loom))]
+            Words::Together(pair, floor) => {
+                let new = joined(new, now.max(loaded.seen));
+                let swapped = pair.compare_exchange_weak(
+                    loaded.both,
+                    new,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                swapped.map(drop).map_err(|both| Self::loaded(both, floor))
             }
         }
     }
@@ -120,6 +190,7 @@ impl<'a> Words<'a> {
     /// reading (the later of `now` and any other), unless `change` answers `None`.
     fn update(&self, now: u64, mut change: impl FnMut(u64, u64) -> Option<u64>) {
         match self {
+            #[cfg(loom)]
             Words::Apart(word, latest) => {
                 if now > latest.get() {
                     latest.publish(now);
@@ -129,10 +200,12 @@ impl<'a> Words<'a> {
                     change(current, latest.get())
                 });
             }
-            Words::Together(pair) => {
+            #[cfg(not(loom))]
+            Words::Together(pair, floor) => {
+                let floor = floor.get();
                 let _ = pair.fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
                     let (current, seen) = split(both);
-                    let reading = seen.max(now);
+                    let reading = seen.max(now).max(floor);
                     match change(current, reading) {
                         Some(new) => Some(joined(new, reading)),
                         None => (reading > seen).then(|| joined(current, reading)),
@@ -286,9 +359,9 @@ impl Algorithm for Gcra {
     ) -> Decision {
         let now = now.min(MAX_NOW);
         let words = Words::of(state, latest);
-        let (mut current, mut seen) = words.load();
+        let mut loaded = words.load();
         let verdict = loop {
-            let at = now.max(seen);
+            let (current, at) = (loaded.word, now.max(loaded.seen));
             let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
             let Some(new_tat) = new_tat else {
                 break verdict;
@@ -296,9 +369,9 @@ impl Algorithm for Gcra {
             // A reservation marks the key; an admission within the burst clears the mark.
             let reserved = matches!(verdict, Verdict::Reserved { .. });
             let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
-            match words.replace(current, seen, new, now) {
+            match words.replace(loaded, new, now) {
                 Ok(()) => break verdict,
-                Err((actual, latest)) => (current, seen) = (actual, latest),
+                Err(again) => loaded = again,
             }
         };
         self.decision(verdict)
@@ -392,11 +465,15 @@ impl Algorithm for Gcra {
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {
-        // Past the TAT the bucket is full. The latest reading is not the key's to keep: it
-        // stays in the shard's word when the key is dropped, and the store publishes its own
-        // reading there first, so a stale reading that reaches the fresh key is decided as of
-        // an instant no earlier than the drop, where the old TAT weighed nothing.
-        state.tat()
+        // Past the TAT the bucket is full, and past the key's latest reading (under loom the
+        // shard's) that reading tells nothing more: the store publishes its own reading to the
+        // shard's before it drops the key, the floor of every key made afresh, so a stale
+        // reading that reaches the fresh key is decided as of an instant no earlier than the
+        // drop, where the old state weighed nothing.
+        #[cfg(not(loom))]
+        return split(state.both.load(Ordering::Acquire)).1.max(state.tat());
+        #[cfg(loom)]
+        return state.tat();
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! | algorithm | state per key | precision | refund |
 //! |---|---|---|---|
-//! | [`Gcra`] (default) | TAT, updated by compare-and-swap (the latest reading: [`LatestReading`], one per shard) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
+//! | [`Gcra`] (default) | TAT and the key's latest reading, one 128-bit word updated by compare-and-swap (see [`LatestReading`]) | exact, smooth | yes (see [`Gcra`]'s `refund`) |
 //! | [`Metered`] (for costs settled later) | settled TAT + permits held by requests in flight + latest reading | exact, smooth; settles exact | yes, exactly |
 //! | [`FixedWindow`] | cycle + permits used + latest reading | exact per window, bursty at edges | the last slots taken |
 //! | [`SlidingLog`] | one entry per admission time + latest reading | exact | yes, exactly |
@@ -160,31 +160,28 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// The latest clock reading that a group of keys has seen: one per shard of a keyed limiter's
 /// store, shared by every key of the shard, and one for a direct limiter's single key.
 ///
-/// [`Gcra`] keeps its latest reading here rather than in each key's state, which keeps a key's
-/// state to one word (a table entry of a `u32` key and its state is then 16 bytes, not 24, and
-/// the hot path touches less memory). A reading is published here (only when it is later than
-/// the one already here) before the TAT it decided on is changed, so whoever changed a TAT
-/// published its reading first. A reading older than the one here is decided as of it: a real
-/// reading that some thread took for a key of the same shard, so the request is decided as if
-/// it had arrived at that instant (for a fresh reading, a few microseconds later at most: the
-/// gap between two threads' readings), and a stale reading admits neither more nor less than a
-/// fresh one. The window algorithms and the sliding log keep their latest reading in their own
-/// (locked) state and leave this one alone.
+/// A reading older than a key's latest is decided as of it: a real reading that some thread
+/// took, so the request is decided as if it had arrived at that instant (for a fresh reading, a
+/// few microseconds later at most: the gap between two threads' readings), and a stale reading
+/// admits neither more nor less than a fresh one. [`Gcra`] keeps each key's latest reading in
+/// the key's state, beside its TAT in one 128-bit word, so that an admission changes both with
+/// one compare-and-swap; the group's reading is the floor under every key's, which the store
+/// raises to its own reading before it drops keys, so that a reading older than the drop that
+/// reaches a key made afresh is decided as of the drop, as it would have been on the dropped
+/// state. (With the reading one word per shard, which every admission of the shard's keys
+/// published before changing its TAT, two lines moved a check: one hot key from 16 threads
+/// made 0.47 of governor's checks a second, against 1.17 for the direct limiter, which already
+/// kept one word; see BENCHMARKS.md.) The window algorithms and the sliding log keep their
+/// latest reading in their own (locked) state and leave this one alone. Under loom, whose
+/// models have no 128-bit atomics, GCRA keeps its keys' readings here, publishing each before
+/// it changes a TAT.
 ///
 /// Beside the reading, GCRA's give-backs keep the latest reading at which one of them moved a
 /// key's TAT back under a later admission: from then on, an earlier admission is no longer told
 /// to be its key's latest by the TAT it left (see [`Gcra`]'s refund).
-///
-/// A direct limiter's one is made to hold its key's GCRA word too, beside the reading in one
-/// 128-bit word: an admission then changes both with one compare-and-swap, where a key of a
-/// shard publishes the reading and then changes its word, two writes that another thread can
-/// come between, so that the line moves twice a check (from two threads, 0.55 to 0.62 of
-/// governor's direct checks a second with two writes, 0.82 to 1.04 with one, in alternating
-/// runs of both builds: `PAIRED=20 THREADS=2 cargo bench --bench contention -- direct`). A
-/// shard's keys keep their words apart: 16 bytes a key, not 8, would cost memory.
 #[derive(Default)]
 pub struct LatestReading {
-    latest: Latest,
+    latest: AtomicU64,
     /// The latest reading at which a GCRA give-back moved a key's TAT back while a later
     /// admission of the key stood ([`Gcra`]'s refund): from then on a TAT equal to the one an
     /// earlier admission left no longer says that admission is the key's latest (the TAT may
@@ -210,78 +207,25 @@ impl Mark {
 
 impl fmt::Debug for LatestReading {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = f.debug_struct("LatestReading");
-        out.field("reading", &self.get());
-        out.field("moved_back", &self.moved_back.0.load(Ordering::Relaxed));
-        if let Some(pair) = self.pair() {
-            out.field("word", &split(pair.load(Ordering::Acquire)).0);
-        }
-        out.finish()
-    }
-}
-
-/// Where the latest reading lives.
-enum Latest {
-    /// Alone: the keys' states are elsewhere.
-    Alone(AtomicU64),
-    /// The high half of one word whose low half is the one key's GCRA word.
-    WithWord(portable_atomic::AtomicU128),
-}
-
-impl Default for Latest {
-    fn default() -> Self {
-        Self::Alone(AtomicU64::new(0))
+        f.debug_struct("LatestReading")
+            .field("reading", &self.get())
+            .field("moved_back", &self.moved_back.0.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
 impl LatestReading {
     /// The latest reading published (0 before any).
     pub fn get(&self) -> u64 {
-        match &self.latest {
-            Latest::Alone(reading) => reading.load(Ordering::Acquire),
-            Latest::WithWord(pair) => split(pair.load(Ordering::Acquire)).1,
-        }
+        self.latest.load(Ordering::Acquire)
     }
 
     /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
     /// was before (`now` was published if that is not later than `now`).
     pub(crate) fn publish(&self, now: u64) -> u64 {
-        match &self.latest {
-            Latest::Alone(reading) => reading.fetch_max(now, Ordering::AcqRel),
-            Latest::WithWord(pair) => {
-                let raise = |both| {
-                    let (word, reading) = split(both);
-                    (reading < now).then(|| joined(word, now))
-                };
-                let before = pair.fetch_update(Ordering::AcqRel, Ordering::Acquire, raise);
-                split(before.unwrap_or_else(|both| both)).1
-            }
-        }
+        self.latest.fetch_max(now, Ordering::AcqRel)
     }
 
-    /// A latest reading that also holds a direct limiter's GCRA word (see above). The loom
-    /// models check the two words apart, so under loom it is one.
-    pub(crate) fn with_word() -> Self {
-        if cfg!(loom) {
-            Self::default()
-        } else {
-            Self {
-                latest: Latest::WithWord(portable_atomic::AtomicU128::new(0)),
-                moved_back: Mark::default(),
-            }
-        }
-    }
-
-    /// The word that holds this reading and a key's GCRA word, if this one does.
-    pub(crate) fn pair(&self) -> Option<&portable_atomic::AtomicU128> {
-        match &self.latest {
-            Latest::Alone(_) => None,
-            Latest::WithWord(pair) => Some(pair),
-        }
-    }
-}
-
-impl LatestReading {
     /// Records that a give-back at `reading` moves a key's TAT back while a later admission of
     /// the key stands; published before the TAT moves.
     pub(crate) fn moved_back(&self, reading: u64) {
@@ -293,16 +237,6 @@ impl LatestReading {
     pub(crate) fn moved_back_since(&self, reading: u64) -> bool {
         self.moved_back.since(reading)
     }
-}
-
-/// The word that holds a GCRA word (low half) and a latest reading (high half).
-pub(crate) fn joined(word: u64, reading: u64) -> u128 {
-    u128::from(word) | (u128::from(reading) << 64)
-}
-
-/// The GCRA word and the latest reading that `both` holds (see [`joined`]).
-pub(crate) fn split(both: u128) -> (u64, u64) {
-    (both as u64, (both >> 64) as u64)
 }
 
 /// How the window algorithms cut time into numbered windows: windows of `period` counted from the

@@ -30,25 +30,15 @@ pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
 }
 
 /// What every check of a direct limiter writes: the key's state and its latest reading (a keyed
-/// limiter has one per shard), on cache lines of their own (two, as the adjacent-line
+/// limiter's shards have one each), on cache lines of their own (two, as the adjacent-line
 /// prefetcher pairs them), so that the fields every check only reads (the rule, the clock) are
-/// not fetched again after each write by another thread. The latest reading is one that holds a
-/// key's word too ([`LatestReading`]): GCRA keeps the key's state word there, beside the
-/// reading (its `Debug` shows both), and leaves `state` at its default.
-#[derive(Debug)]
+/// not fetched again after each write by another thread. (GCRA keeps the key's latest reading in
+/// its state, beside the TAT: see [`LatestReading`].)
+#[derive(Debug, Default)]
 #[repr(align(128))]
 pub(super) struct Written<S> {
     pub(super) state: S,
     pub(super) latest: LatestReading,
-}
-
-impl<S: Default> Default for Written<S> {
-    fn default() -> Self {
-        Self {
-            state: S::default(),
-            latest: LatestReading::with_word(),
-        }
-    }
 }
 
 /// What every clone of a [`DirectRateLimiter`] shares.

@@ -3,13 +3,13 @@
 //! Keys are spread over a power-of-two number of shards, each a hash table behind a
 //! reader-writer lock. A request for a key already present takes only the read lock; the
 //! algorithm then updates that key's state through its own atomic or mutex, so two keys in one
-//! shard never wait on each other for longer than a table lookup. Each shard also keeps the
-//! latest clock reading its keys have seen ([`LatestReading`]), so that GCRA's per-key state is
-//! one word.
+//! shard never wait on each other for longer than a table lookup. Each shard also keeps a
+//! latest clock reading ([`LatestReading`]): the floor under its keys' own, raised before keys
+//! are dropped.
 //!
 //! What one request writes, it writes away from what every other request only reads: the lock
 //! is crossbeam's `ShardedLock`, whose readers each take a lock of their own thread's (a write
-//! takes them all, only to insert or evict), and the latest reading has a cache line of its own.
+//! takes them all, only to insert or evict), and the shard's reading has a cache line of its own.
 //! With std's `RwLock`, one reader count and the latest reading beside the table's header, two
 //! threads checking one hot key wrote the line that each of them reads for every lookup: a
 //! quarter to a half of governor's checks a second; with them apart, 1.3 to 2 times
@@ -87,13 +87,14 @@ struct OwnLine<T>(T);
 
 /// One shard, in this order (`repr(C)`): its lock (whose readers' counts live elsewhere, one per
 /// thread) with the table's header, which a request for a known key only reads, on the first
-/// cache line; its latest reading, which such a request writes, on the second; `full_until`,
-/// read only under the write lock, on the third.
+/// cache line; its latest reading, which such a request reads (GCRA's keys hold their own;
+/// loom's models and give-backs write the shard's), on the second; `full_until`, read only under
+/// the write lock, on the third.
 #[repr(C, align(64))]
 struct Shard<K, S, G> {
     table: ShardedLock<Table<K, S, G>>,
-    /// The latest clock reading of the shard's keys, shared by all of them (see
-    /// [`LatestReading`]): a word per shard costs a key nothing in the table.
+    /// The floor under the latest readings of the shard's keys, raised before keys are
+    /// dropped, and its give-backs' mark (see [`LatestReading`]).
     latest: OwnLine<LatestReading>,
     /// Under [`Overflow::RefuseNewKeys`], while the shard is full: the instant its first key goes
     /// idle. Until then new keys are refused without scanning the shard again.

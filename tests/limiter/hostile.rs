@@ -483,9 +483,9 @@ where
 /// from a shared [`ManualClock`] at a different moment (it moves 1 µs between draws), handed out
 /// so that the order of the readings is not the order of the threads: the readings reach the
 /// state stale and out of order. Exactly as many are admitted as one thread deciding the same
-/// requests at the latest reading admits: on a keyed limiter's key, and on a direct limiter,
-/// whose one key keeps its GCRA word and its latest reading in one word that one
-/// compare-and-swap changes (a shard's keys publish the reading, then change the word).
+/// requests at the latest reading admits: on a keyed limiter's key and on a direct limiter's
+/// (a GCRA key keeps its word and its latest reading in one word that one compare-and-swap
+/// changes; the loom models check the two apart, the reading published, then the word changed).
 #[test]
 fn racing_threads_with_stale_readings_get_exactly_the_limit() {
     fn run<A: Algorithm>() {
@@ -512,9 +512,9 @@ fn racing_threads_with_stale_readings_get_exactly_the_limit() {
 }
 
 /// The same race over two keys of one shard (a store of 16 keys has one shard), the threads
-/// taking turns between them: the keys share the shard's latest reading, so each key's stale
-/// readings are decided as of readings the other key published. Each key still gets exactly
-/// its quota, as one thread deciding its requests at the latest reading would.
+/// taking turns between them: the keys share the shard's floor reading and its give-backs'
+/// mark, and the window algorithms' shard locks. Each key still gets exactly its quota, as one
+/// thread deciding its requests at the latest reading would.
 #[test]
 fn two_keys_of_one_shard_with_interleaved_stale_readings_get_exactly_their_quota_each() {
     fn run<A: Algorithm>() {

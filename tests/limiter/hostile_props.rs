@@ -32,8 +32,7 @@ impl Clock for ScriptedClock {
     }
 }
 
-/// A keyed limiter, or with `direct` a direct one (whose one key keeps its GCRA word and its
-/// latest reading in one word, where a keyed limiter's keys share their shard's reading).
+/// A keyed limiter, or with `direct` a direct one (a store of shards beside one key alone).
 fn limiter<A: Algorithm>(quota: Quota, direct: bool) -> BoxLimiter<u8> {
     set(0);
     if direct {

@@ -65,7 +65,7 @@ async fn run<A: RedisAlgorithm>(
 ) -> Exercised {
     let clock = ManualClock::new();
     // One in-memory limiter a key: a Redis key is alone in its state, where a keyed limiter's
-    // keys share their shard's latest reading and what its give-backs publish there.
+    // keys share what their shard's give-backs publish (the mark of a TAT moved back).
     let memories: Vec<KeyedRateLimiter<String, A, ManualClock>> = (0..3)
         .map(|_| {
             KeyedRateLimiter::<String>::builder(quota)

@@ -149,8 +149,8 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
     let mut evs = Vec::new();
     let mut log = Vec::new();
     let mut now = 0;
-    // The shard's latest reading: what admissions, give-backs and charges published.
-    let mut latest = 0;
+    // Each key's latest reading: what its admissions, give-backs and charges published.
+    let mut latest = vec![0; keys as usize];
     let mut cur = 0;
     for s in steps {
         let (G::Ask(adv, stale, ..) | G::Back(adv, stale, ..) | G::Set(adv, stale, _)) = *s;
@@ -164,11 +164,12 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
                     log.push(format!(
                         "{now} (read {reading}): key {key} asks {cost}: {d:?}"
                     ));
-                    // Decided as of the latest reading, where it is later.
-                    latest = latest.max(reading);
+                    // Decided as of the key's latest reading, where it is later.
+                    let latest = &mut latest[key as usize];
+                    *latest = (*latest).max(reading);
                     evs.push(Ev::Admit {
                         id: made.len(),
-                        at: latest,
+                        at: *latest,
                         key,
                     });
                     made.push((key, cost, cost, Some(d)));
@@ -184,7 +185,7 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
                     a.settle(key, estimate, d, to);
                     if to.min(quotas[cur].burst()) > estimate {
                         // A debt was charged (and its reading published).
-                        latest = now;
+                        latest[key as usize] = now;
                     }
                     evs.push(Ev::Charge {
                         id: i,
@@ -196,7 +197,8 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
                     a.settle(key, estimate, d, to);
                     if to < estimate {
                         // A give-back publishes its reading.
-                        latest = latest.max(reading);
+                        let latest = &mut latest[key as usize];
+                        *latest = (*latest).max(reading);
                     }
                     made[i].2 = to;
                 }
@@ -669,4 +671,59 @@ attack_tests! {
     attack_two_fixed_window_shortened_period_with_reservations_ahead: [(|| shortened_period_with_reservations_ahead::<FixedWindow>()) as fn()],
     #[ignore = "known bug: 10 per 1 s from 0.5 s, 10 admitted and 10 reserved (due 1.5 s to 2.5 s), period 500 ms at 0.5 s: window [2 s, 2.5 s) holds 5 due + 8 admitted = 13 > 10"]
     attack_two_sliding_counter_shortened_period_with_reservations_ahead: [(|| shortened_period_with_reservations_ahead::<SlidingCounter>()) as fn()],
+}
+
+/// A GCRA key keeps its latest reading beside its TAT; the shard's reading is the floor under a
+/// key made afresh. A reading older than a drop that reaches the key made again after it is
+/// decided as of the drop: two requests that both arrive after the drop, one carrying a reading
+/// taken before it, get one permit between them with a burst of one, not two.
+#[test]
+fn a_stale_reading_that_reaches_a_key_made_again_after_a_drop_is_decided_as_of_the_drop() {
+    let dial = Dial::default();
+    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
+        .clock(dial.clone())
+        .build();
+    assert!(limiter.check(&1).allowed);
+    dial.set(10 * S);
+    limiter.retain_recent();
+    assert!(limiter.is_empty(), "idle since 1 s");
+    // A thread read the clock at 0.5 s and reaches the key only now.
+    dial.set(S / 2);
+    let stale = limiter.check(&1);
+    assert!(stale.allowed);
+    dial.set(10 * S);
+    assert!(
+        !limiter.check(&1).allowed,
+        "the stale request took the permit of 10 s"
+    );
+}
+
+/// A key whose latest reading runs past its TAT (a give-back with nothing left to give
+/// publishes its reading) is not idle before that reading: a sweep by a thread whose reading is
+/// older keeps it, so a stale reading that reaches it later is still decided as of the key's.
+#[test]
+fn a_key_is_not_dropped_before_its_latest_reading() {
+    let dial = Dial::default();
+    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
+        .clock(dial.clone())
+        .build();
+    let first = limiter.check(&1);
+    assert!(first.allowed);
+    dial.set(10 * S);
+    // Nothing to give back at 10 s (the TAT, 1 s, has passed), but the key has seen 10 s.
+    assert!(Limiter::refund(&limiter, &1, 1, first));
+    dial.set(5 * S);
+    limiter.retain_recent();
+    assert_eq!(
+        limiter.len(),
+        1,
+        "the key has seen 10 s; the sweep read 5 s"
+    );
+    dial.set(6 * S);
+    assert!(limiter.check(&1).allowed, "decided as of 10 s");
+    dial.set(10 * S);
+    assert!(
+        !limiter.check(&1).allowed,
+        "the request read at 6 s took the permit of 10 s"
+    );
 }
