@@ -1,5 +1,6 @@
 //! The atomics and the mutex of the parts that threads share without a lock of their own: the
-//! bulkhead's excess of permits after a resize and the algorithms' states.
+//! bulkhead's excess of permits after a resize and the algorithms' states (GCRA's 128-bit word
+//! among them).
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
 //! checker sees every access and explores the interleavings (the models in `loom/src/lib.rs`, run
@@ -14,6 +15,57 @@ pub(crate) use loom::sync::{Mutex, MutexGuard};
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
+
+/// A 128-bit atomic: `portable-atomic`'s (one `cmpxchg16b` on x86-64), or under loom, which has
+/// none, one made of loom's mutex, so that the models see every access to GCRA's word.
+#[cfg(not(loom))]
+pub(crate) use portable_atomic::AtomicU128;
+
+/// Loom's stand-in for a 128-bit atomic: each operation is one critical section of a mutex,
+/// which loom schedules as it does an atomic's access.
+#[cfg(loom)]
+#[derive(Debug, Default)]
+pub(crate) struct AtomicU128(Mutex<u128>);
+
+#[cfg(loom)]
+impl AtomicU128 {
+    pub(crate) fn load(&self, _: Ordering) -> u128 {
+        *lock(&self.0)
+    }
+
+    pub(crate) fn compare_exchange_weak(
+        &self,
+        current: u128,
+        new: u128,
+        _: Ordering,
+        _: Ordering,
+    ) -> Result<u128, u128> {
+        let mut value = lock(&self.0);
+        if *value == current {
+            *value = new;
+            Ok(current)
+        } else {
+            Err(*value)
+        }
+    }
+
+    pub(crate) fn fetch_update(
+        &self,
+        _: Ordering,
+        _: Ordering,
+        mut f: impl FnMut(u128) -> Option<u128>,
+    ) -> Result<u128, u128> {
+        let mut value = lock(&self.0);
+        let before = *value;
+        match f(before) {
+            Some(new) => {
+                *value = new;
+                Ok(before)
+            }
+            None => Err(before),
+        }
+    }
+}
 
 // Either way the lock reports poisoning with `std`'s types.
 use std::sync::PoisonError;

@@ -130,8 +130,9 @@ fn gcra(burst: u32) -> Gcra {
 
 const T: u64 = S;
 
-/// The keys of one shard as the keyed store holds them: a GCRA state per key, and one latest
-/// reading that they all share (`LatestReading`), which a stale reading is decided as of.
+/// The keys of one shard as the keyed store holds them: a GCRA state per key (its TAT and its
+/// latest reading, which a stale reading is decided as of, in one word), and the shard's
+/// `LatestReading` that they share (the floor under their readings, and give-backs' mark).
 #[derive(Default)]
 struct Shard {
     keys: [GcraState; 2],
@@ -222,8 +223,8 @@ fn gcra_racing_threads_get_exactly_the_burst() {
 
 /// `threads` threads decide once for each of `waits` (their `max_wait`s) on clock readings that
 /// the model moves on meanwhile, from 0 to T to 2T, so a thread may decide on a reading older
-/// than the TAT another has already stored (or than the reading another published for the
-/// shard), and retry its compare-and-swap on it. With `two_keys`, the threads take turns
+/// than the TAT (and the reading) another has already stored, and retry its compare-and-swap
+/// on it. With `two_keys`, the threads take turns
 /// between the two keys of the shard (thread `i`'s `j`-th decision is for key `(i + j) % 2`):
 /// each key keeps its own promise while the other key's readings move the shared one on.
 fn gcra_stale_reads(
@@ -267,7 +268,8 @@ fn gcra_stale_reads(
 /// instant from 0 to T, in any order, each key's requests fit its burst, so all three are
 /// admitted. Decided at its own reading after the reading T had set key 0's TAT to 2T, the
 /// stale reading 0 would be refused (its permit due at T, a second ahead of it): it must be
-/// decided as of T, the latest reading of the shard, whichever key published it.
+/// decided as of T, the latest reading of its key, while the other key's reading moves on
+/// beside it.
 #[test]
 fn gcra_stale_readings_on_two_keys_of_a_shard_are_decided_as_of_the_latest() {
     check(PREEMPTIONS, || {
@@ -416,9 +418,8 @@ fn gcra_refund_of_an_admission_racing_a_newer_clock_read() {
     gcra_refund_racing_a_newer_reading(0);
 }
 
-/// The same race with B on the other key of the shard: B's newer reading moves on the latest
-/// reading that A's key shares, so A's refund gives back no time before it, and A's key keeps
-/// its promise.
+/// The same race with B on the other key of the shard: B's newer reading is B's key's alone,
+/// and A's key keeps its promise.
 #[test]
 fn gcra_refund_racing_a_newer_clock_read_on_another_key_of_the_shard() {
     gcra_refund_racing_a_newer_reading(1);

@@ -1,6 +1,4 @@
-#[cfg(loom)]
-use crate::sync::AtomicU64;
-use crate::sync::Ordering;
+use crate::sync::{AtomicU128, Ordering};
 use std::time::Duration;
 
 use super::{Algorithm, LatestReading};
@@ -41,26 +39,22 @@ pub(super) const MAX_TAT: u64 = WAITER - 1;
 
 /// The per-key state of [`Gcra`]: the theoretical arrival time and, beside it in one 128-bit
 /// word, the latest clock reading the key has seen, so that an admission changes both with one
-/// compare-and-swap (see [`LatestReading`] for why the reading is kept at all). Under loom,
-/// whose models have no 128-bit atomics, the reading is the shard's alone.
+/// compare-and-swap (see [`LatestReading`] for why the reading is kept at all).
 #[derive(Debug, Default)]
 pub struct GcraState {
     /// The TAT and [`WAITER`] (low half), the key's latest reading (high half): see [`joined`].
-    #[cfg(not(loom))]
-    both: portable_atomic::AtomicU128,
-    /// The TAT, and [`WAITER`].
-    #[cfg(loom)]
-    tat: AtomicU64,
+    both: AtomicU128,
 }
 
 impl GcraState {
     /// The theoretical arrival time: the instant at which the key's bucket is full again.
     pub fn tat(&self) -> u64 {
-        #[cfg(not(loom))]
-        let word = split(self.both.load(Ordering::Acquire)).0;
-        #[cfg(loom)]
-        let word = self.tat.load(Ordering::Acquire);
-        word & MAX_TAT
+        self.load().0 & MAX_TAT
+    }
+
+    /// The word (the TAT and [`WAITER`]) and the key's latest reading.
+    fn load(&self) -> (u64, u64) {
+        split(self.both.load(Ordering::Acquire))
     }
 }
 
@@ -73,146 +67,76 @@ fn word(tat: u64, waiter: bool, now: u64, horizon: u64) -> u64 {
     }
 }
 
-/// The word that holds a GCRA word (low half) and a latest reading (high half).
-#[cfg(not(loom))]
+/// The 128-bit word of a GCRA word (low half) and a latest reading (high half).
 fn joined(word: u64, reading: u64) -> u128 {
     u128::from(word) | (u128::from(reading) << 64)
 }
 
 /// The GCRA word and the latest reading that `both` holds (see [`joined`]).
-#[cfg(not(loom))]
 fn split(both: u128) -> (u64, u64) {
     (both as u64, (both >> 64) as u64)
 }
 
-/// A key's state word and the latest reading it is decided as of, where they live: together in
-/// one 128-bit word, with the shard's reading as a floor (the store publishes its reading there
-/// before it drops keys, so a key made afresh is decided as of no earlier an instant), or, under
-/// loom, apart (the reading is the shard's: it is published, then the word changed). GCRA's
-/// decisions, refunds and charges go through it alike.
-enum Words<'a> {
-    #[cfg(loom)]
-    Apart(&'a AtomicU64, &'a LatestReading),
-    #[cfg(not(loom))]
-    Together(&'a portable_atomic::AtomicU128, &'a LatestReading),
-}
-
-/// A key's state word and the reading it is decided as of, as one load found them (`both`: the
-/// whole 128-bit word, which a compare-and-swap expects).
+/// A key's word and the reading it is decided as of, as one load found them: the key's own
+/// reading or the floor under it, the shard's (the store publishes its reading there before it
+/// drops keys, so a key made afresh is decided as of no earlier an instant). `both` is the
+/// whole 128-bit word, which a compare-and-swap expects.
 #[derive(Clone, Copy)]
 struct Loaded {
     word: u64,
     seen: u64,
-    #[cfg_attr(loom, allow(dead_code))]
     both: u128,
 }
 
-impl<'a> Words<'a> {
-    fn of(state: &'a GcraState, latest: &'a LatestReading) -> Self {
-        #[cfg(not(loom))]
-        return Words::Together(&state.both, latest);
-        #[cfg(loom)]
-        return Words::Apart(&state.tat, latest);
-    }
-
-    /// The word, then the latest reading: whoever changed the word we read published its
-    /// reading before, so the reading covers it.
-    fn load(&self) -> Loaded {
-        match self {
-            #[cfg(loom)]
-            Words::Apart(word, latest) => {
-                let word = word.load(Ordering::Acquire);
-                Loaded {
-                    word,
-                    seen: latest.get(),
-                    both: 0,
-                }
-            }
-            #[cfg(not(loom))]
-            Words::Together(pair, floor) => Self::loaded(pair.load(Ordering::Acquire), floor),
-        }
-    }
-
-    #[cfg(not(loom))]
-    fn loaded(both: u128, floor: &LatestReading) -> Loaded {
+impl Loaded {
+    fn of(both: u128, floor: &LatestReading) -> Self {
         let (word, reading) = split(both);
-        Loaded {
+        Self {
             word,
             seen: reading.max(floor.get()),
             both,
         }
     }
+}
 
+impl GcraState {
     /// Replaces the word of `loaded` by `new`, decided at `now` or its reading, whichever is
-    /// later. Otherwise answers the word and the reading to decide on again: someone changed the
-    /// word, or published a reading later than `now` meanwhile.
-    fn replace(&self, loaded: Loaded, new: u64, now: u64) -> Result<(), Loaded> {
-        match self {
-            #[cfg(loom)]
-            Words::Apart(word, latest) => {
-                if now > loaded.seen {
-                    // Published before the word changes.
-                    let before = latest.publish(now);
-                    if before > now {
-                        return Err(Loaded {
-                            seen: before,
-                            ..loaded
-                        });
-                    }
-                }
-                let swapped = word.compare_exchange_weak(
-                    loaded.word,
-                    new,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-                swapped.map(drop).map_err(|word| Loaded {
-                    word,
-                    seen: latest.get(),
-                    both: 0,
-                })
-            }
-            #[cfg(not(loom))]
-            Words::Together(pair, floor) => {
-                let new = joined(new, now.max(loaded.seen));
-                let swapped = pair.compare_exchange_weak(
-                    loaded.both,
-                    new,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-                swapped.map(drop).map_err(|both| Self::loaded(both, floor))
-            }
-        }
+    /// later. Otherwise answers the word and the reading to decide on again: someone changed
+    /// them meanwhile.
+    fn replace(
+        &self,
+        loaded: Loaded,
+        new: u64,
+        now: u64,
+        floor: &LatestReading,
+    ) -> Result<(), Loaded> {
+        let new = joined(new, now.max(loaded.seen));
+        self.both
+            .compare_exchange_weak(loaded.both, new, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(|both| Loaded::of(both, floor))
     }
 
-    /// Publishes `now`, then changes the word to what `change` makes of it and of the latest
-    /// reading (the later of `now` and any other), unless `change` answers `None`.
-    fn update(&self, now: u64, mut change: impl FnMut(u64, u64) -> Option<u64>) {
-        match self {
-            #[cfg(loom)]
-            Words::Apart(word, latest) => {
-                if now > latest.get() {
-                    latest.publish(now);
+    /// Changes the word to what `change` makes of it and of the latest reading (the later of
+    /// `now`, the key's and the floor), unless `change` answers `None`; the reading is kept
+    /// either way.
+    fn update(
+        &self,
+        now: u64,
+        floor: &LatestReading,
+        mut change: impl FnMut(u64, u64) -> Option<u64>,
+    ) {
+        let floor = floor.get();
+        let _ = self
+            .both
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
+                let (current, seen) = split(both);
+                let reading = seen.max(now).max(floor);
+                match change(current, reading) {
+                    Some(new) => Some(joined(new, reading)),
+                    None => (reading > seen).then(|| joined(current, reading)),
                 }
-                // The reading is read after the word: whoever moved the word published first.
-                let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                    change(current, latest.get())
-                });
-            }
-            #[cfg(not(loom))]
-            Words::Together(pair, floor) => {
-                let floor = floor.get();
-                let _ = pair.fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
-                    let (current, seen) = split(both);
-                    let reading = seen.max(now).max(floor);
-                    match change(current, reading) {
-                        Some(new) => Some(joined(new, reading)),
-                        None => (reading > seen).then(|| joined(current, reading)),
-                    }
-                });
-            }
-        }
+            });
     }
 }
 
@@ -358,8 +282,7 @@ impl Algorithm for Gcra {
         max_wait: u64,
     ) -> Decision {
         let now = now.min(MAX_NOW);
-        let words = Words::of(state, latest);
-        let mut loaded = words.load();
+        let mut loaded = Loaded::of(state.both.load(Ordering::Acquire), latest);
         let verdict = loop {
             let (current, at) = (loaded.word, now.max(loaded.seen));
             let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
@@ -369,7 +292,7 @@ impl Algorithm for Gcra {
             // A reservation marks the key; an admission within the burst clears the mark.
             let reserved = matches!(verdict, Verdict::Reserved { .. });
             let new = word(new_tat, reserved || current & WAITER != 0, at, self.horizon);
-            match words.replace(loaded, new, now) {
+            match state.replace(loaded, new, now, latest) {
                 Ok(()) => break verdict,
                 Err(again) => loaded = again,
             }
@@ -416,7 +339,7 @@ impl Algorithm for Gcra {
         let left = charged.tat;
         if left == 0 {
             // Not a GCRA admission: only the reading is published.
-            Words::of(state, latest).update(now, |_, _| None);
+            state.update(now, latest, |_, _| None);
             return;
         }
         // Never more time per permit than the decision charged: after a change of quota that
@@ -424,7 +347,7 @@ impl Algorithm for Gcra {
         let give = (self.interval.min(charged.per_permit)).saturating_mul(u64::from(cost));
         let immediate = decision.wait.is_zero();
         let decided_at = decision.decided_at();
-        Words::of(state, latest).update(now, |current, reading| {
+        state.update(now, latest, |current, reading| {
             let (tat, waiter) = (current & MAX_TAT, current & WAITER != 0);
             if tat <= reading {
                 // Nothing ahead of the latest reading: nothing to give back.
@@ -450,8 +373,8 @@ impl Algorithm for Gcra {
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
     fn charge(&self, state: &GcraState, latest: &LatestReading, now: u64, cost: u32) {
         let now = now.min(MAX_NOW);
-        // Published first, as a decision does: whoever reads the new TAT reads this reading.
-        Words::of(state, latest).update(now, |current, now| {
+        // The reading goes into the word with the TAT, as a decision's does.
+        state.update(now, latest, |current, now| {
             let tat = self.charged(current & MAX_TAT, now, cost);
             Some(word(tat, current & WAITER != 0, now, self.horizon))
         });
@@ -465,15 +388,13 @@ impl Algorithm for Gcra {
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {
-        // Past the TAT the bucket is full, and past the key's latest reading (under loom the
-        // shard's) that reading tells nothing more: the store publishes its own reading to the
+        // Past the TAT the bucket is full, and past the key's latest reading that reading
+        // tells nothing more: the store publishes its own reading to the
         // shard's before it drops the key, the floor of every key made afresh, so a stale
         // reading that reaches the fresh key is decided as of an instant no earlier than the
         // drop, where the old state weighed nothing.
-        #[cfg(not(loom))]
-        return split(state.both.load(Ordering::Acquire)).1.max(state.tat());
-        #[cfg(loom)]
-        return state.tat();
+        let (word, reading) = state.load();
+        reading.max(word & MAX_TAT)
     }
 }
 

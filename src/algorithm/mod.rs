@@ -172,9 +172,7 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// published before changing its TAT, two lines moved a check: one hot key from 16 threads
 /// made 0.47 of governor's checks a second, against 1.17 for the direct limiter, which already
 /// kept one word; see BENCHMARKS.md.) The window algorithms and the sliding log keep their
-/// latest reading in their own (locked) state and leave this one alone. Under loom, whose
-/// models have no 128-bit atomics, GCRA keeps its keys' readings here, publishing each before
-/// it changes a TAT.
+/// latest reading in their own (locked) state and leave this one alone.
 ///
 /// Beside the reading, GCRA's give-backs keep the latest reading at which one of them moved a
 /// key's TAT back under a later admission: from then on, an earlier admission is no longer told
