@@ -56,6 +56,11 @@ impl GcraState {
     fn load(&self) -> (u64, u64) {
         split(self.both.load(Ordering::Acquire))
     }
+
+    /// The word and the reading to decide as of, `floor` under the key's (see [`Loaded`]).
+    fn loaded(&self, floor: &LatestReading) -> Loaded {
+        Loaded::of(self.both.load(Ordering::Acquire), floor)
+    }
 }
 
 /// The word for `tat`, with [`WAITER`] if `waiter` and the TAT lies past `horizon` from `now`.
@@ -282,7 +287,7 @@ impl Algorithm for Gcra {
         max_wait: u64,
     ) -> Decision {
         let now = now.min(MAX_NOW);
-        let mut loaded = Loaded::of(state.both.load(Ordering::Acquire), latest);
+        let mut loaded = state.loaded(latest);
         let verdict = loop {
             let (current, at) = (loaded.word, now.max(loaded.seen));
             let (verdict, new_tat) = self.verdict(current & MAX_TAT, at, cost, max_wait);
@@ -389,10 +394,10 @@ impl Algorithm for Gcra {
 
     fn idle_at(&self, state: &GcraState) -> u64 {
         // Past the TAT the bucket is full, and past the key's latest reading that reading
-        // tells nothing more: the store publishes its own reading to the
-        // shard's before it drops the key, the floor of every key made afresh, so a stale
-        // reading that reaches the fresh key is decided as of an instant no earlier than the
-        // drop, where the old state weighed nothing.
+        // tells nothing more: the store publishes its own reading to the shard's before it
+        // drops the key, the floor of every key made afresh, so a stale reading that reaches
+        // the fresh key is decided as of an instant no earlier than the drop, where the old
+        // state weighed nothing.
         let (word, reading) = state.load();
         reading.max(word & MAX_TAT)
     }

@@ -218,10 +218,9 @@ impl LatestReading {
         self.latest.load(Ordering::Acquire)
     }
 
-    /// Publishes `now` if it is later than the latest reading; returns the latest reading as it
-    /// was before (`now` was published if that is not later than `now`).
-    pub(crate) fn publish(&self, now: u64) -> u64 {
-        self.latest.fetch_max(now, Ordering::AcqRel)
+    /// Publishes `now` if it is later than the latest reading.
+    pub(crate) fn publish(&self, now: u64) {
+        self.latest.fetch_max(now, Ordering::AcqRel);
     }
 
     /// Records that a give-back at `reading` moves a key's TAT back while a later admission of

@@ -29,11 +29,12 @@ pub struct DirectRateLimiter<A: Algorithm = Gcra, C = SystemClock> {
     pub(super) inner: Arc<DirectInner<A, C>>,
 }
 
-/// What every check of a direct limiter writes: the key's state and its latest reading (a keyed
-/// limiter's shards have one each), on cache lines of their own (two, as the adjacent-line
+/// What every check of a direct limiter writes, the key's state, with its [`LatestReading`] (a
+/// keyed limiter's shards have one each: GCRA's floor, which a direct limiter never raises, and
+/// the mark its give-backs write), on cache lines of their own (two, as the adjacent-line
 /// prefetcher pairs them), so that the fields every check only reads (the rule, the clock) are
-/// not fetched again after each write by another thread. (GCRA keeps the key's latest reading in
-/// its state, beside the TAT: see [`LatestReading`].)
+/// not fetched again after each write by another thread. (GCRA keeps the key's latest reading
+/// in its state, beside the TAT.)
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(super) struct Written<S> {
@@ -55,7 +56,7 @@ pub(super) struct DirectInner<A: Algorithm, C> {
     /// Held by a quota change from its read of the rule to its store of the next, so that a
     /// change racing another is built on the winner's.
     pub(super) changing: Mutex<()>,
-    /// The key's state and its latest reading, which every check writes.
+    /// The key's state, which every check writes, and its latest reading.
     pub(super) written: Written<A::State>,
     pub(super) clock: C,
     /// Whose decisions a refund accepts: this limiter's and its clones'.

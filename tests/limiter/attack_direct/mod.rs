@@ -14,7 +14,7 @@ use tower_bulwark::algorithm::{
     Algorithm, FixedWindow, Gcra, LatestReading, Metered, SlidingCounter, SlidingLog,
 };
 use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
-use tower_bulwark::limiter::{acquire, Decision, InsufficientCapacity};
+use tower_bulwark::limiter::{acquire, Decision, InsufficientCapacity, Overflow};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::process::quiet_panics_starting_with;
@@ -171,6 +171,22 @@ impl Clock for Dial {
 fn is_gcra<A>() -> bool {
     let n = name::<A>();
     n == "Gcra" || n == "Metered"
+}
+
+/// A keyed limiter of `u32` keys holding at most `max_keys` (one shard below 2048), full under
+/// `overflow`.
+fn keyed<A: Algorithm, C: Clock>(
+    q: Quota,
+    clock: C,
+    max_keys: usize,
+    overflow: Overflow,
+) -> KeyedRateLimiter<u32, A, C> {
+    KeyedRateLimiter::<u32>::builder(q)
+        .algorithm::<A>()
+        .clock(clock)
+        .max_keys(max_keys)
+        .overflow(overflow)
+        .build()
 }
 
 mod coarse_refunds;

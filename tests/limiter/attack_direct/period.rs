@@ -6,18 +6,6 @@
 
 use super::*;
 
-fn keyed<A: Algorithm, C: Clock>(
-    q: Quota,
-    clock: C,
-    max_keys: usize,
-) -> KeyedRateLimiter<u32, A, C> {
-    KeyedRateLimiter::<u32>::builder(q)
-        .algorithm::<A>()
-        .clock(clock)
-        .max_keys(max_keys)
-        .build()
-}
-
 fn drain_key<A: Algorithm, C: Clock>(l: &KeyedRateLimiter<u32, A, C>, key: u32) -> u64 {
     admitted_until_refused(|| l.check(&key).allowed)
 }
@@ -53,7 +41,12 @@ fn change_at_the_instant_of_a_drain_direct<A: Algorithm>() {
 
 fn change_at_the_instant_of_a_drain_keyed<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = keyed::<A, _>(quota(10, 10 * S, 10, 0), clock.clone(), 1024);
+    let l = keyed::<A, _>(
+        quota(10, 10 * S, 10, 0),
+        clock.clone(),
+        1024,
+        Overflow::default(),
+    );
     change_at_the_instant_of_a_drain::<A>(&clock, || drain_key(&l, 7), |q| l.set_quota(q));
 }
 
@@ -109,7 +102,12 @@ fn stale_change_then_drain_in_the_same_window_direct<A: Algorithm>() {
 fn stale_change_then_drain_in_the_same_window_keyed<A: Algorithm>() {
     let time = ManualClock::new();
     let clock = GateClock::new(&time);
-    let l = keyed::<A, _>(quota(10, 10 * S, 10, 0), clock.clone(), 1 << 16);
+    let l = keyed::<A, _>(
+        quota(10, 10 * S, 10, 0),
+        clock.clone(),
+        1 << 16,
+        Overflow::default(),
+    );
     let keys = 0..256u32;
     at(&time, 500 * MS);
     for k in keys.clone() {
@@ -302,7 +300,12 @@ fn back_and_forth_at_one_instant<A: Algorithm>() {
 
 fn shards_racing_changes_at_one_instant<A: Algorithm>() {
     let clock = ManualClock::new();
-    let l = keyed::<A, _>(quota(8, 10 * S, 8, 0), clock.clone(), 1 << 16);
+    let l = keyed::<A, _>(
+        quota(8, 10 * S, 8, 0),
+        clock.clone(),
+        1 << 16,
+        Overflow::default(),
+    );
     at(&clock, 3 * S);
     let keys = 512u32;
     let admitted: Vec<std::sync::atomic::AtomicU64> =

@@ -4,22 +4,6 @@
 //! changes, boundaries and a full shard. Each test asserts a promise a user relies on.
 
 use super::*;
-use tower_bulwark::limiter::Overflow;
-
-/// A keyed limiter of one shard (fewer than 2048 keys), or a full one under `overflow`.
-fn keyed<A: Algorithm, C: Clock>(
-    q: Quota,
-    clock: C,
-    max_keys: usize,
-    overflow: Overflow,
-) -> KeyedRateLimiter<u32, A, C> {
-    KeyedRateLimiter::<u32>::builder(q)
-        .algorithm::<A>()
-        .clock(clock)
-        .max_keys(max_keys)
-        .overflow(overflow)
-        .build()
-}
 
 fn reserve<A: Algorithm, C: Clock>(
     l: &KeyedRateLimiter<u32, A, C>,
