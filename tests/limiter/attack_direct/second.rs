@@ -664,9 +664,7 @@ attack_tests! {
 #[test]
 fn a_stale_reading_that_reaches_a_key_made_again_after_a_drop_is_decided_as_of_the_drop() {
     let dial = Dial::default();
-    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
-        .clock(dial.clone())
-        .build();
+    let limiter = keyed::<Gcra, _>(quota(1, S, 1, 0), dial.clone(), 1000, Overflow::default());
     assert!(limiter.check(&1).allowed);
     dial.set(10 * S);
     limiter.retain_recent();
@@ -688,9 +686,7 @@ fn a_stale_reading_that_reaches_a_key_made_again_after_a_drop_is_decided_as_of_t
 #[test]
 fn a_key_is_not_dropped_before_its_latest_reading() {
     let dial = Dial::default();
-    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(1).unwrap())
-        .clock(dial.clone())
-        .build();
+    let limiter = keyed::<Gcra, _>(quota(1, S, 1, 0), dial.clone(), 1000, Overflow::default());
     let first = limiter.check(&1);
     assert!(first.allowed);
     dial.set(10 * S);
