@@ -158,6 +158,12 @@
 //! reservations ahead of a change of its limit or period count in the cycles the new quota
 //! spreads them to, not the ones they fall due in (up to the reserved permits more in one
 //! cycle), and so does a sliding counter's next window when the period shortens, in memory.
+//!
+//! A settle's debt that comes for a key dropped since (idle) is charged to the key made afresh,
+//! where the dropped state would have had it; only where the key's shard is full of live keys
+//! under [`Overflow::RefuseNewKeys`](crate::limiter::Overflow::RefuseNewKeys) is there no room
+//! to make it, and the debt is lost (up to the capacity; the ignored
+//! `attack_reading_a_settle_charge_after_the_store_dropped_the_idle_key_is_not_lost`).
 
 //! # Time
 //!

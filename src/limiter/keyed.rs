@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::builder::{Keyed, RateLimiterBuilder};
 use super::{acquire, Acquire, Limiter, Rule};
-use crate::algorithm::{Algorithm, Gcra};
+use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
 use crate::store::memory::{MemoryStore, ShardFull};
@@ -123,11 +123,8 @@ where
         answer: impl Fn(Decision) -> R,
     ) -> R {
         let clock = &self.inner.clock;
-        self.inner.store.with(
+        self.with_key(
             key,
-            || clock.now(),
-            |rule, s| rule.algorithm.idle_at(s),
-            |rule, s, now| rule.algorithm.eviction_rank(s, now),
             |rule, s, latest, hash| match fits(rule) {
                 ControlFlow::Continue(()) => {
                     let max_wait = if wait { rule.quota.max_wait_nanos() } else { 0 };
@@ -145,6 +142,26 @@ where
                 ControlFlow::Continue(()) => answer(refused_when_full(rule, full, now, cost)),
                 ControlFlow::Break(unfit) => unfit,
             },
+        )
+    }
+
+    /// Runs `f` on the rule and the state of `key` (made afresh if the key is new), with its
+    /// shard's latest reading and the key's hash; `full` instead, where the key is new and its
+    /// shard has no room (see [`MemoryStore::with`]).
+    fn with_key<R>(
+        &self,
+        key: &K,
+        f: impl FnOnce(&Arc<Rule<A>>, &A::State, &LatestReading, u64) -> R,
+        full: impl FnOnce(&Arc<Rule<A>>, ShardFull, u64) -> R,
+    ) -> R {
+        let clock = &self.inner.clock;
+        self.inner.store.with(
+            key,
+            || clock.now(),
+            |rule, s| rule.algorithm.idle_at(s),
+            |rule, s, now| rule.algorithm.eviction_rank(s, now),
+            f,
+            full,
         )
     }
 
@@ -304,17 +321,21 @@ where
         }
         let now = self.inner.clock.now();
         let estimate = decision.refundable(estimate);
-        self.inner
-            .store
-            .with_existing(key, |rule, s, latest, hash| {
-                // A decision made by another limiter, or for another key, changes nothing.
-                let mine = decision.is_from(self.inner.id, hash);
-                if mine {
-                    (rule.algorithm).settle(s, latest, now, &decision, estimate, cost);
-                }
-                mine
-            })
-            // An evicted key forgot the admission (and a debt with it), as eviction forgets.
-            .unwrap_or(false)
+        let settle = |rule: &Arc<Rule<A>>, s: &A::State, latest: &LatestReading, hash| {
+            // A decision made by another limiter, or for another key, changes nothing.
+            let mine = decision.is_from(self.inner.id, hash);
+            if mine {
+                (rule.algorithm).settle(s, latest, now, &decision, estimate, cost);
+            }
+            mine
+        };
+        if cost <= estimate {
+            // A key dropped since forgot the admission: nothing of it is left to give back.
+            return self.inner.store.with_existing(key, settle).unwrap_or(false);
+        }
+        // A debt is charged even to a key dropped since: dropped idle, its state was a fresh
+        // key's, so the debt lands where it would have. (Only a shard with no room for the key
+        // loses it, as it refuses the key's next request.)
+        self.with_key(key, settle, |_, _, _| false)
     }
 }

@@ -128,7 +128,8 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// Returns whether the decision was taken back: an admission this limiter (or a clone)
     /// made for `key`, even where the algorithm could give none of its permits back. `false`
     /// for a refusal, another limiter's or another key's decision, or one built by hand, which
-    /// change nothing. [`Observed`](crate::observe::Observed) counts only what was taken back.
+    /// change nothing, and for an admission whose key a keyed limiter has dropped since (the
+    /// key forgot it). [`Observed`](crate::observe::Observed) counts only what was taken back.
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool;
 
     /// Settles an admission of `estimate` permits to `cost`, what the request turned out to
@@ -154,7 +155,9 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// Returns whether the decision was this limiter's for `key`: an admission this limiter (or
     /// a clone) made for `key`, even where the algorithm could give none of its permits back.
     /// `false` for a refusal, another limiter's or another key's decision, or one built by
-    /// hand, which change nothing.
+    /// hand, which change nothing, and for a settle to less of an admission whose key a keyed
+    /// limiter has dropped since (the key forgot it; a settle to more charges its debt to the
+    /// key made afresh, as the dropped key would have had it).
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool;
 }
 

@@ -145,9 +145,20 @@ fn reserve<A: Algorithm, C: Clock>(
         .map_err(|e| e.to_string())
 }
 
-/// A clock whose reading the test dials, backwards too: stale and out-of-order readings.
+/// A clock whose reading the test dials, backwards too: stale and out-of-order readings; a
+/// thread that set a reading of its own ([`read_here`]) reads that one instead.
 #[derive(Clone, Default)]
 struct Dial(Arc<AtomicU64>);
+
+thread_local! {
+    /// A reading of this thread's own, which a [`Dial`] hands out instead of its shared one.
+    static MINE: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Makes this thread's readings of any [`Dial`] `at` (none: the dial's shared one).
+fn read_here(at: Option<u64>) {
+    MINE.with(|m| m.set(at));
+}
 
 impl Dial {
     fn at(n: u64) -> Self {
@@ -163,7 +174,8 @@ impl Dial {
 
 impl Clock for Dial {
     fn now(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        MINE.with(Cell::get)
+            .unwrap_or_else(|| self.0.load(Ordering::SeqCst))
     }
 }
 
@@ -193,6 +205,7 @@ mod coarse_refunds;
 mod give_backs;
 mod period;
 mod races;
+mod readings;
 mod second;
 
 thread_local! {
