@@ -8,7 +8,9 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use tokio::sync::Semaphore;
-use tower::{service_fn, Service};
+use tower::util::BoxCloneService;
+use tower::{service_fn, Layer, Service};
+use tower_bulwark::rate_limit::{PolicySet, RateLimitBody, RateLimitLayer};
 
 /// What a streamed answer sends: its `Content-Type` (if any), a first chunk at once, and a
 /// last one once the test lets the stream end.
@@ -64,16 +66,30 @@ pub fn handler(
     })
 }
 
-/// [`handler`] with the plain answer: `a`, then `b`.
-pub fn plain_handler(
-    ends: Arc<Semaphore>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
-{
-    handler(ends, |_| Answer {
+/// The plain answer: `a`, then `b`.
+pub fn plain_answer(_: &HeaderMap) -> Answer {
+    Answer {
         content_type: None,
         first: Bytes::from("a"),
         last: Bytes::from("b"),
-    })
+    }
+}
+
+/// A rate-limited service over [`handler`], as tests hold one.
+pub type Limited = BoxCloneService<Request<Body>, Response<RateLimitBody<Body>>, std::io::Error>;
+
+/// `policies` over [`handler`] (answering as `answer` shapes it), each admission held until its
+/// response body ends ([`RateLimitLayer::wrap_body`]).
+pub fn limited<P: PolicySet + Send + Sync + 'static>(
+    policies: P,
+    ends: &Arc<Semaphore>,
+    answer: fn(&HeaderMap) -> Answer,
+) -> Limited {
+    BoxCloneService::new(
+        RateLimitLayer::new(policies)
+            .wrap_body()
+            .layer(handler(Arc::clone(ends), answer)),
+    )
 }
 
 /// A request of tenant `t` (header `x-tenant`) saying how the handler answers it.

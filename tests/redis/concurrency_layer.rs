@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{Layer, ServiceExt};
+use tower::ServiceExt;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy, RateLimitLayer};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
@@ -46,7 +46,7 @@ fn held_body(ends: Arc<Semaphore>) -> Body {
 }
 
 use crate::common::held_stream::{
-    assert_stream_admitted, assert_stream_refused, plain_handler as handler, request,
+    assert_stream_admitted, assert_stream_refused, limited, plain_answer, request,
 };
 
 /// Three streams held open, then a request that ends some other way: once its give-back has
@@ -59,9 +59,7 @@ async fn every_way_a_request_ends_gives_its_own_slot_back_once() {
     };
     crate::common::process::quiet_panics_starting_with("a handler that panics");
     let ends = Arc::new(Semaphore::new(0));
-    let service = RateLimitLayer::new(streams(&store))
-        .wrap_body()
-        .layer(handler(Arc::clone(&ends)));
+    let service = limited(streams(&store), &ends, plain_answer);
     let call = |how: &str| service.clone().oneshot(request(how));
     for how in ["read", "fail", "cut", "panic", "hang", "dropped-body"] {
         let mut open = Vec::new();

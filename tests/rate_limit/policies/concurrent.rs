@@ -3,30 +3,20 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::{Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
 
 use crate::common::held_stream::{
-    assert_stream_admitted, assert_stream_refused, plain_handler as handler, request,
+    assert_stream_admitted, assert_stream_refused, handler, limited, plain_answer, request, Limited,
 };
 
-/// At most four streams of tenant `t` at once, over [`handler`].
-fn streams(
-    ends: &Arc<Semaphore>,
-) -> impl Service<
-    Request<Body>,
-    Response = Response<tower_bulwark::rate_limit::RateLimitBody<Body>>,
-    Error = std::io::Error,
-    Future: Send,
-> + Clone {
+/// At most four streams of tenant `t` at once, over the held stream's handler.
+fn streams(ends: &Arc<Semaphore>) -> Limited {
     let policy = Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap();
-    RateLimitLayer::new(policy)
-        .wrap_body()
-        .layer(handler(Arc::clone(ends)))
+    limited(policy, ends, plain_answer)
 }
 
 fn header(response: &Response<impl Sized>, name: &str) -> String {
@@ -135,9 +125,7 @@ async fn racing_requests_get_exactly_the_slots_and_a_refusal_costs_no_tokens() {
         .unwrap()
         .cost(100)
         .and(Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap());
-        let service = RateLimitLayer::new(policies)
-            .wrap_body()
-            .layer(handler(Arc::clone(&ends)));
+        let service = limited(policies, &ends, plain_answer);
         let calls: Vec<_> = (0..16)
             .map(|_| tokio::spawn(service.clone().oneshot(request("stream"))))
             .collect();
@@ -164,7 +152,7 @@ fn a_hold_without_wrap_body_is_refused_when_the_layer_is_applied() {
     let zero = Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 0);
     assert!(zero.unwrap_err().to_string().contains("in_flight"));
     let policy = Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap();
-    let _ = RateLimitLayer::new(policy).layer(handler(Arc::new(Semaphore::new(0))));
+    let _ = RateLimitLayer::new(policy).layer(handler(Arc::new(Semaphore::new(0)), plain_answer));
 }
 
 /// A request refused by another policy gave its slot back: the refusal's `RateLimit` lists the
@@ -179,9 +167,7 @@ async fn a_refusal_by_another_policy_leaves_the_slots_out_of_ratelimit() {
         .unwrap()
         .cost(100)
         .and(Policy::concurrent("streams", HeaderKey::new("x-tenant").unwrap(), 4).unwrap());
-    let service = RateLimitLayer::new(policies)
-        .wrap_body()
-        .layer(handler(Arc::new(Semaphore::new(0))));
+    let service = limited(policies, &Arc::new(Semaphore::new(0)), plain_answer);
     let first = service.clone().oneshot(request("stream")).await.unwrap();
     assert_eq!(
         header(&first, "ratelimit"),

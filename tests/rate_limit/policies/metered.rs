@@ -10,13 +10,14 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
-use tower::{Layer, Service, ServiceExt};
+use tower::ServiceExt;
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::ManualClock;
-use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
+use tower_bulwark::rate_limit::{HeaderKey, Policy};
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
+use crate::common::held_stream::{limited, Limited};
 use crate::support::{header_cost, keyed};
 
 type Tokens = KeyedRateLimiter<http::HeaderValue, Metered, ManualClock>;
@@ -30,7 +31,7 @@ fn tokens(clock: &ManualClock) -> Tokens {
 }
 
 /// A request of tenant `t` for `max` tokens, of which the handler says it used `used`, ending
-/// as `how` says (see [`handler`]).
+/// as `how` says (see [`event_stream`]).
 fn request(max: u32, used: u32, how: &str) -> Request<Body> {
     Request::builder()
         .uri("/v1/complete")
@@ -44,38 +45,25 @@ fn request(max: u32, used: u32, how: &str) -> Request<Body> {
 
 /// An event stream (`crate::common::held_stream`) that sends a first event, holds until `ends`
 /// lets it end, then reports the request's `x-used` (none with `x-how: silent`) and ends.
-fn handler(
-    ends: Arc<Semaphore>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = std::io::Error, Future: Send> + Clone
-{
-    crate::common::held_stream::handler(ends, |headers| {
-        let header = |name: &str| headers[name].to_str().unwrap().to_owned();
-        let usage = if header("x-how") == "silent" {
-            String::new()
-        } else {
-            format!(
-                "data: {{\"usage\":{{\"total_tokens\":{}}}}}\n\n",
-                header("x-used")
-            )
-        };
-        crate::common::held_stream::Answer {
-            content_type: Some("text/event-stream"),
-            first: Bytes::from("data: {\"choices\":[]}\n\n"),
-            last: Bytes::from(usage + "data: [DONE]\n\n"),
-        }
-    })
+fn event_stream(headers: &http::HeaderMap) -> crate::common::held_stream::Answer {
+    let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+    let usage = if header("x-how") == "silent" {
+        String::new()
+    } else {
+        format!(
+            "data: {{\"usage\":{{\"total_tokens\":{}}}}}\n\n",
+            header("x-used")
+        )
+    };
+    crate::common::held_stream::Answer {
+        content_type: Some("text/event-stream"),
+        first: Bytes::from("data: {\"choices\":[]}\n\n"),
+        last: Bytes::from(usage + "data: [DONE]\n\n"),
+    }
 }
 
-/// The tokens policy on `limiter`, settled from the event stream, over [`handler`].
-fn gateway(
-    limiter: &Tokens,
-    ends: &Arc<Semaphore>,
-) -> impl Service<
-    Request<Body>,
-    Response = Response<tower_bulwark::rate_limit::RateLimitBody<Body>>,
-    Error = std::io::Error,
-    Future: Send,
-> + Clone {
+/// The tokens policy on `limiter`, settled from the event stream ([`event_stream`]).
+fn gateway(limiter: &Tokens, ends: &Arc<Semaphore>) -> Limited {
     let policy = Policy::new(
         "tokens",
         HeaderKey::new("x-tenant").unwrap(),
@@ -84,9 +72,7 @@ fn gateway(
     .unwrap()
     .cost_by(header_cost("x-max-tokens"))
     .settle_from_body(BodyUsage::sse(["usage", "total_tokens"]).unwrap());
-    RateLimitLayer::new(policy)
-        .wrap_body()
-        .layer(handler(Arc::clone(ends)))
+    limited(policy, ends, event_stream)
 }
 
 /// Whether `n` tokens fit on tenant `t` now (given back at once).
@@ -209,15 +195,11 @@ async fn holds_settle_without_a_settle_rule_and_go_back_under_a_veto() {
         spent.check(&http::HeaderValue::from_static("t"));
         let answer = if rule == "vetoed" {
             let veto = Policy::new("veto", key(), spent).unwrap();
-            let layer = RateLimitLayer::new(policy.and(veto)).wrap_body();
-            layer
-                .layer(handler(Arc::clone(&ends)))
+            limited(policy.and(veto), &ends, event_stream)
                 .oneshot(request(1000, 1, "stream"))
                 .await
         } else {
-            let layer = RateLimitLayer::new(policy).wrap_body();
-            layer
-                .layer(handler(Arc::clone(&ends)))
+            limited(policy, &ends, event_stream)
                 .oneshot(request(1000, 1, "stream"))
                 .await
         };
