@@ -416,17 +416,18 @@ pub enum Refusals {
     Uncached,
 }
 
-/// A Redis limiter of algorithm `A` for `quota` on `store`, its keys under `prefix`, reading the
-/// client clock `clock`, that fails with Redis's error (neither open nor closed) and waits up to
-/// 5 s for an answer, its refusals cached or not.
+/// The builder of a Redis limiter of algorithm `A` for `quota` on `store`, its keys under
+/// `prefix`, reading the client clock `clock`, that fails with Redis's error (neither open nor
+/// closed) and waits up to 5 s for an answer (so no admission is the fail mode's), its refusals
+/// cached or not.
 #[cfg(feature = "redis")]
-pub fn propagating_limiter<A: tower_bulwark::redis::RedisAlgorithm>(
+pub fn propagating<A: tower_bulwark::redis::RedisAlgorithm>(
     store: &tower_bulwark::redis::RedisStore,
     quota: tower_bulwark::Quota,
     clock: &tower_bulwark::clock::ManualClock,
     prefix: &str,
     refusals: Refusals,
-) -> tower_bulwark::redis::RedisRateLimiter {
+) -> tower_bulwark::redis::RedisRateLimiterBuilder {
     let builder = tower_bulwark::redis::RedisRateLimiter::builder(quota, store.clone())
         .algorithm::<A>()
         .client_clock(clock.clone())
@@ -437,8 +438,6 @@ pub fn propagating_limiter<A: tower_bulwark::redis::RedisAlgorithm>(
         Refusals::Cached => builder,
         Refusals::Uncached => builder.refusal_cache_capacity(0),
     }
-    .build()
-    .unwrap()
 }
 
 /// The error that a limiter of 5 a second on `fake`, propagating failures, gets for a

@@ -367,7 +367,7 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 #[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use crate::common::redis_server::{propagating_limiter, RedisServer, Refusals};
+    use crate::common::redis_server::{propagating, RedisServer, Refusals};
     use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 
     async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
@@ -391,7 +391,9 @@ mod redis_store {
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(at));
         let quota = per(permits, Duration::from_secs(1));
-        let limiter = propagating_limiter::<A>(store, quota, &clock, prefix, Refusals::Cached);
+        let limiter = propagating::<A>(store, quota, &clock, prefix, Refusals::Cached)
+            .build()
+            .unwrap();
         (limiter, clock)
     }
 
@@ -461,13 +463,15 @@ mod redis_store {
                 .with_max_wait(Duration::from_secs(1))
                 .unwrap()
         };
-        let limiter = propagating_limiter::<SlidingCounter>(
+        let limiter = propagating::<SlidingCounter>(
             &store,
             with_wait(Duration::from_secs(1)),
             &clock,
             "scr:",
             Refusals::Uncached,
-        );
+        )
+        .build()
+        .unwrap();
         for key in ["k", "twin"] {
             assert_eq!(admitted(&limiter, key, 10).await, 10);
         }
@@ -498,8 +502,9 @@ mod redis_store {
         };
         let clock = ManualClock::new();
         let q = per(10, Duration::from_secs(1));
-        let limiter =
-            propagating_limiter::<SlidingCounter>(&store, q, &clock, "bad:", Refusals::Cached);
+        let limiter = propagating::<SlidingCounter>(&store, q, &clock, "bad:", Refusals::Cached)
+            .build()
+            .unwrap();
         let huge = per(u32::MAX, Quota::MAX_SPAN);
         assert!(limiter.set_quota(huge).is_err());
         assert_eq!(limiter.quota(), q);

@@ -9,13 +9,13 @@
 use std::time::Duration;
 
 use crate::common::quota_ns as quota;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{propagating, RedisServer, Refusals};
 use crate::common::{manual_clock_at, Rng};
 use crate::lease_hostile::strict;
 use tower_bulwark::algorithm::{FixedWindow, Gcra, SlidingCounter};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::Quota;
 
 const MS: u64 = 1_000_000;
@@ -28,12 +28,8 @@ async fn limiter<A: RedisAlgorithm>(
     prefix: &str,
 ) -> RedisRateLimiter {
     let store = RedisStore::connect(url).await.unwrap();
-    RedisRateLimiter::builder(q, store)
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(format!("attack-two:{prefix}:"))
-        .timeout(Duration::from_secs(5))
-        .fail_mode(RedisFailMode::Propagate)
+    let prefix = format!("attack-two:{prefix}:");
+    propagating::<A>(&store, q, clock, &prefix, Refusals::Cached)
         .build()
         .unwrap()
 }

@@ -10,13 +10,13 @@ use crate::common::keyed_on;
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{propagating, RedisServer, Refusals};
 use crate::common::{in_bursts_of, Rng};
 use crate::lease::conforms;
 use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::redis::{Lease, RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{Limiter, Quota};
 
 const SEC: u64 = 1_000_000_000;
@@ -31,13 +31,9 @@ pub(crate) async fn strict<A: RedisAlgorithm>(
     clock: &ManualClock,
 ) -> RedisRateLimiter {
     let store = RedisStore::connect(url).await.unwrap();
-    RedisRateLimiter::builder(quota, store)
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        // A prefix of the algorithm's own: the scripts keep different state under one key.
-        .prefix(format!("lease-hostile:{}:", std::any::type_name::<A>()))
-        .timeout(Duration::from_secs(5))
-        .fail_mode(RedisFailMode::Propagate)
+    // A prefix of the algorithm's own: the scripts keep different state under one key.
+    let prefix = format!("lease-hostile:{}:", std::any::type_name::<A>());
+    propagating::<A>(&store, quota, clock, &prefix, Refusals::Cached)
         .lease(lease)
         .build()
         .unwrap()

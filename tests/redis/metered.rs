@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::next_estimate_and_cost;
 use crate::common::poll_once;
-use crate::common::redis_server::{eventually, propagating_limiter, RedisServer, Refusals};
+use crate::common::redis_server::{eventually, propagating, RedisServer, Refusals};
 use crate::common::{assert_settled_plus_left_is_the_quota, manual_clock_at};
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::ManualClock;
@@ -120,13 +120,11 @@ async fn two_instances_racing_holds_and_settles_add_up_to_the_quota() {
     for _ in 0..2 {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let quota = Quota::per_minute(10_000).unwrap();
-        instances.push(propagating_limiter::<Metered>(
-            &store,
-            quota,
-            &clock,
-            "race:",
-            Refusals::Uncached,
-        ));
+        instances.push(
+            propagating::<Metered>(&store, quota, &clock, "race:", Refusals::Uncached)
+                .build()
+                .unwrap(),
+        );
     }
     let spent = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..16u64)

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::common::manual_clock_at;
 use crate::common::next_estimate_and_cost;
-use crate::common::redis_server::{propagating_limiter, RedisServer, Refusals};
+use crate::common::redis_server::{propagating, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra},
@@ -23,13 +23,15 @@ fn limiter<A: RedisAlgorithm>(
     clock: &ManualClock,
     prefix: &str,
 ) -> RedisRateLimiter {
-    propagating_limiter::<A>(
+    propagating::<A>(
         store,
         Quota::per_minute(1000).unwrap(),
         clock,
         prefix,
         Refusals::Cached,
     )
+    .build()
+    .unwrap()
 }
 
 /// Sixteen tasks on four limiters (instances) of one Redis race on one key of 1 000 tokens a
@@ -81,7 +83,9 @@ async fn a_give_back_behind_debt_is_exact<A: RedisAlgorithm>(store: &RedisStore,
         (waiting, format!("{prefix}wait:")),
     ] {
         let clock = manual_clock_at(Duration::from_secs(1));
-        let limiter = propagating_limiter::<A>(store, quota, &clock, &prefix, Refusals::Cached);
+        let limiter = propagating::<A>(store, quota, &clock, &prefix, Refusals::Cached)
+            .build()
+            .unwrap();
         let name = std::any::type_name::<A>();
         let a = limiter.reserve(&"k", 100).await.unwrap();
         let b = limiter.reserve(&"k", 100).await.unwrap();
@@ -106,7 +110,9 @@ async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
 ) {
     let quota = waits_up_to(Quota::per_minute(1000).unwrap(), Duration::from_secs(90));
     let clock = ManualClock::new();
-    let limiter = propagating_limiter::<A>(store, quota, &clock, prefix, Refusals::Cached);
+    let limiter = propagating::<A>(store, quota, &clock, prefix, Refusals::Cached)
+        .build()
+        .unwrap();
     let name = std::any::type_name::<A>();
     let a = limiter.reserve(&"k", 100).await.unwrap();
     let b = limiter.reserve(&"k", 900).await.unwrap();
