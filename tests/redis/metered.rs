@@ -3,11 +3,8 @@
 //! requests are in flight; a live instance renews its holds, a dead instance's expire after
 //! `hold_for` and leave their estimates charged; a settle is never applied twice.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::next_estimate_and_cost;
 use crate::common::poll_once;
 use crate::common::redis_server::{eventually, propagating, RedisServer, Refusals};
 use crate::common::{assert_settled_plus_left_is_the_quota, manual_clock_at};
@@ -126,32 +123,9 @@ async fn two_instances_racing_holds_and_settles_add_up_to_the_quota() {
                 .unwrap(),
         );
     }
-    let spent = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..16u64)
-        .map(|t| {
-            let (limiter, spent) = (instances[t as usize % 2].clone(), Arc::clone(&spent));
-            tokio::spawn(async move {
-                let mut seed = t * 7919 + 1;
-                for _ in 0..20 {
-                    let (estimate, cost) = next_estimate_and_cost(&mut seed);
-                    let decision = limiter.reserve(&"tenant", estimate).await.unwrap();
-                    if decision.allowed {
-                        (limiter
-                            .settle_and_wait(&"tenant", estimate, decision, cost)
-                            .await)
-                            .unwrap();
-                        spent.fetch_add(u64::from(cost), Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let spent = crate::settle::race_settles(&instances, 20).await;
     assert_eq!(holds(&server, &instances[0], "tenant"), 0, "all settled");
     let left = drain(&instances[1], "tenant").await;
-    let spent = spent.load(Ordering::Relaxed);
     assert!(
         spent > 0 && spent < 10_000,
         "the race must leave some: {spent}"

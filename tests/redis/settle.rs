@@ -34,22 +34,19 @@ fn limiter<A: RedisAlgorithm>(
     .unwrap()
 }
 
-/// Sixteen tasks on four limiters (instances) of one Redis race on one key of 1 000 tokens a
-/// minute, the clock standing still: each reserves up to 50 and settles to up to twice that. The
-/// settled tokens and what the key admits afterwards add up to the quota exactly (nothing is
-/// left once they cost more).
-async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
-    let clock = manual_clock_at(Duration::from_secs(1));
-    let instances: Vec<_> = (0..4)
-        .map(|_| limiter::<A>(store, &clock, prefix))
-        .collect();
+/// Sixteen tasks spread over `instances` race on the key `tenant`, the clock standing still,
+/// each making `rounds` requests: each reserves an estimate of up to 50 and, if admitted,
+/// settles it to up to twice as much and waits for the settle to reach Redis. What the settled
+/// requests cost in all.
+pub(crate) async fn race_settles(instances: &[RedisRateLimiter], rounds: usize) -> u64 {
     let spent = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..16u64)
         .map(|t| {
-            let (limiter, spent) = (instances[t as usize % 4].clone(), spent.clone());
+            let limiter = instances[t as usize % instances.len()].clone();
+            let spent = Arc::clone(&spent);
             tokio::spawn(async move {
                 let mut seed = t * 7919 + 1;
-                for _ in 0..40 {
+                for _ in 0..rounds {
                     let (estimate, cost) = next_estimate_and_cost(&mut seed);
                     let decision = limiter.reserve(&"tenant", estimate).await.unwrap();
                     if decision.allowed {
@@ -66,11 +63,24 @@ async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStor
     for task in tasks {
         task.await.unwrap();
     }
+    spent.load(Ordering::Relaxed)
+}
+
+/// Sixteen tasks on four limiters (instances) of one Redis race on one key of 1 000 tokens a
+/// minute, the clock standing still: each reserves up to 50 and settles to up to twice that. The
+/// settled tokens and what the key admits afterwards add up to the quota exactly (nothing is
+/// left once they cost more).
+async fn racing_settles_add_up_to_the_quota<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let instances: Vec<_> = (0..4)
+        .map(|_| limiter::<A>(store, &clock, prefix))
+        .collect();
+    let spent = race_settles(&instances, 40).await;
     let mut left = 0;
     while instances[0].reserve(&"tenant", 1).await.unwrap().allowed {
         left += 1;
     }
-    assert_settled_plus_left_is_the_quota::<A>(1000, spent.load(Ordering::Relaxed), left);
+    assert_settled_plus_left_is_the_quota::<A>(1000, spent, left);
 }
 
 /// A give-back behind another request's debt is not lost, in Redis as in memory: A takes 100,
