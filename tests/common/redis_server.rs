@@ -416,6 +416,21 @@ pub enum Refusals {
     Uncached,
 }
 
+/// What `$started` (a [`RedisServer`] starting) gives, or a return from the test where no Redis
+/// can start on this machine and none is required (see [`binary_or_skip`]):
+/// `let server = or_skip!(RedisServer::start("name"));`.
+#[allow(unused_macros)]
+macro_rules! or_skip {
+    ($started:expr) => {
+        match $started {
+            Some(started) => started,
+            None => return,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use or_skip;
+
 /// The builder of a Redis limiter of algorithm `A` for `quota` on `store`, its keys under
 /// `prefix`, reading the client clock `clock`, that fails with Redis's error (neither open nor
 /// closed) and waits up to 5 s for an answer (so no admission is the fail mode's), its refusals

@@ -367,7 +367,7 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 #[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use crate::common::redis_server::{propagating, RedisServer, Refusals};
+    use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
     use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 
     async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
@@ -412,9 +412,7 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_redis_limiter_keeps_each_key_s_use_across_a_change() {
-        let Some((_server, store)) = RedisServer::with_store("quota_change::redis").await else {
-            return;
-        };
+        let (_server, store) = or_skip!(RedisServer::with_store("quota_change::redis").await);
         for_every_algorithm!(tagged: nine_of_ten_then_twenty(&store).await);
     }
 
@@ -438,10 +436,8 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_longer_period_in_redis_keeps_the_count_and_ends_in_time() {
-        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_period").await
-        else {
-            return;
-        };
+        let (_server, store) =
+            or_skip!(RedisServer::with_store("quota_change::redis_period").await);
         longer_period_stays_sane::<FixedWindow>(&store, "fw:").await;
         longer_period_stays_sane::<SlidingCounter>(&store, "sc:").await;
         longer_period_stays_sane::<SlidingLog>(&store, "log:").await;
@@ -452,10 +448,8 @@ mod redis_store {
     /// (in memory, `attack_a_reservation_given_back_after_the_period_grew…`).
     #[tokio::test]
     async fn a_sliding_counter_reservation_given_back_after_a_longer_period_frees_no_slot() {
-        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_sc_refund").await
-        else {
-            return;
-        };
+        let (_server, store) =
+            or_skip!(RedisServer::with_store("quota_change::redis_sc_refund").await);
         let clock = ManualClock::new();
         clock.advance(Duration::from_millis(1_000_500));
         let with_wait = |period| {
@@ -496,10 +490,8 @@ mod redis_store {
 
     #[tokio::test]
     async fn a_quota_the_scripts_cannot_run_is_refused_and_changes_nothing() {
-        let Some((_server, store)) = RedisServer::with_store("quota_change::redis_refused").await
-        else {
-            return;
-        };
+        let (_server, store) =
+            or_skip!(RedisServer::with_store("quota_change::redis_refused").await);
         let clock = ManualClock::new();
         let q = per(10, Duration::from_secs(1));
         let limiter = propagating::<SlidingCounter>(&store, q, &clock, "bad:", Refusals::Cached)

@@ -5,7 +5,7 @@ use crate::common::dependency::mount;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use tower::{Layer, ServiceExt};
 use tower_bulwark::outbound::{self, ClientQuotaLayer, QuotaExhausted};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
@@ -50,10 +50,9 @@ async fn partner_answering_200() -> MockServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_separately_built_clients_share_one_quota_exactly() {
-    let Some(redis) = RedisServer::start("two_separately_built_clients_share_one_quota_exactly")
-    else {
-        return;
-    };
+    let redis = or_skip!(RedisServer::start(
+        "two_separately_built_clients_share_one_quota_exactly"
+    ));
     let partner = partner_answering_200().await;
     let quota = Quota::per_hour(25).unwrap();
     let first = instance(&redis, quota).await;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::redis_server::{propagating, FakeRedis, RedisServer, Refusals};
+use crate::common::redis_server::{or_skip, propagating, FakeRedis, RedisServer, Refusals};
 use crate::common::{poll_once, waits_up_to, Rng};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -88,9 +88,7 @@ async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, se
 
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_batched_in_one_call_are_decided_as_each_alone() {
-    let Some(server) = RedisServer::start("decisions_batched_in_one_call") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("decisions_batched_in_one_call"));
     batches_decide_as_in_memory::<Gcra>(&server, 1).await;
     batches_decide_as_in_memory::<FixedWindow>(&server, 2).await;
     batches_decide_as_in_memory::<SlidingLog>(&server, 3).await;
@@ -101,9 +99,7 @@ async fn decisions_batched_in_one_call_are_decided_as_each_alone() {
 /// fewer script calls than decisions, for each algorithm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_tasks_get_exactly_the_limit_in_fewer_calls() {
-    let Some(server) = RedisServer::start("racing_tasks_get_exactly_the_limit") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("racing_tasks_get_exactly_the_limit"));
     async fn race<A: RedisAlgorithm>(server: &RedisServer) {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let limiter = RedisRateLimiter::builder(Quota::per_hour(50).unwrap(), store)
@@ -148,10 +144,8 @@ type Decision = Pin<
 /// admissions spent.
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
-    let Some((_server, store)) = RedisServer::with_store("decisions_dropped_at_any_point").await
-    else {
-        return;
-    };
+    let (_server, store) =
+        or_skip!(RedisServer::with_store("decisions_dropped_at_any_point").await);
     let clock = ManualClock::new();
     let limiter = RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
         .client_clock(clock.clone())
@@ -223,10 +217,8 @@ async fn decisions_dropped_at_any_point_leave_the_key_free_and_spend_nothing() {
 /// and the first is too when it is polled at last.
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
-    let Some((server, store)) = RedisServer::with_store("queued_behind_an_unpolled_first").await
-    else {
-        return;
-    };
+    let (server, store) =
+        or_skip!(RedisServer::with_store("queued_behind_an_unpolled_first").await);
     let limiter = RedisRateLimiter::builder(Quota::per_hour(1000).unwrap(), store)
         .refusal_cache_capacity(0)
         .fail_mode(RedisFailMode::Propagate)
@@ -316,9 +308,7 @@ async fn a_batch_reply_of_the_wrong_shape_fails_each_of_its_decisions_clearly() 
 /// the limiter, shared with another runtime, answers every later decision on the key.
 #[test]
 fn a_runtime_shut_down_while_decisions_wait_on_a_key_leaves_it_free() {
-    let Some(server) = RedisServer::start("runtime_shut_down_mid_call") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("runtime_shut_down_mid_call"));
     let main = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -14,7 +14,7 @@ use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy};
 use tower_bulwark::redis::{RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{Limiter, Quota};
 
-use crate::common::redis_server::{eventually, FakeRedis, RedisServer};
+use crate::common::redis_server::{eventually, or_skip, FakeRedis, RedisServer};
 
 /// The Redis key of tenant `t` under the tests' prefix.
 const KEY: &str = "c:{t}";
@@ -71,9 +71,7 @@ async fn admits(limiter: &ConcurrencyLimiter<HeaderValue>) -> bool {
 /// back. Then, all holding at once, exactly the limit are admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_two_instances_racing_get_exactly_the_slots_and_each_goes_back_once() {
-    let Some(server) = RedisServer::start("tasks_of_two_instances_racing") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("tasks_of_two_instances_racing"));
     const LIMIT: usize = 5;
     let clock = ManualClock::new();
     let mut instances = Vec::new();
@@ -163,9 +161,7 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 /// frees nothing of that request's: slots go back by their ids, not by count.
 #[tokio::test]
 async fn a_late_give_back_frees_no_other_requests_slot() {
-    let Some((server, store)) = RedisServer::with_store("a_late_give_back").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("a_late_give_back").await);
     let clock = ManualClock::new();
     // Renewals come every 20 s of real time: none during the test.
     let expiry = Duration::from_secs(60);
@@ -196,9 +192,7 @@ async fn a_late_give_back_frees_no_other_requests_slot() {
 /// instances get them back exactly at the expiry, not a nanosecond before.
 #[tokio::test]
 async fn a_dead_instances_slots_come_back_at_the_expiry() {
-    let Some((server, store)) = RedisServer::with_store("a_dead_instances_slots").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("a_dead_instances_slots").await);
     let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
     let expiry = Duration::from_secs(60);
     let dead = policy(&store, &clock, 3, expiry);
@@ -226,9 +220,7 @@ async fn a_dead_instances_slots_come_back_at_the_expiry() {
 /// the expiry, all five keys in one call each time.
 #[tokio::test]
 async fn a_live_request_keeps_its_slots_past_the_expiry_renewed_in_one_call_for_all_keys() {
-    let Some((server, store)) = RedisServer::with_store("a_live_request_keeps").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("a_live_request_keeps").await);
     use tower_bulwark::clock::Clock;
     let clock = ManualClock::new();
     let expiry = Duration::from_secs(1);
@@ -286,9 +278,9 @@ async fn a_live_request_keeps_its_slots_past_the_expiry_renewed_in_one_call_for_
 /// kept on disk): the slots stay held until they expire, then come back.
 #[tokio::test]
 async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire() {
-    let Some(mut server) = RedisServer::start_persistent("a_give_back_that_cannot_reach") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start_persistent(
+        "a_give_back_that_cannot_reach"
+    ));
     let failed = crate::common::process::TargetEvents::new("tower_bulwark::redis");
     // The test and its give-backs' tasks run on this thread.
     let _guard = crate::common::process::thread_subscriber(failed.clone());
@@ -327,9 +319,7 @@ async fn a_give_back_that_cannot_reach_redis_is_sent_once_and_its_slots_expire()
 /// takes its own slots back; `Closed` refuses with its wait; `Propagate` hands the failure on.
 #[tokio::test]
 async fn with_redis_down_the_fail_mode_decides_and_takes_its_slots_back() {
-    let Some((mut server, store)) = RedisServer::with_store("with_redis_down").await else {
-        return;
-    };
+    let (mut server, store) = or_skip!(RedisServer::with_store("with_redis_down").await);
     let clock = ManualClock::new();
     let expiry = Duration::from_secs(60);
     let with = |mode| policy_with(&store, &clock, 2, expiry, mode);
@@ -389,9 +379,7 @@ async fn wrong_replies_and_keys_of_the_wrong_type_are_clear_errors() {
         );
         assert!(failure.to_string().contains(what), "{reply:?}: {failure}");
     }
-    let Some((server, store)) = RedisServer::with_store("keys_of_the_wrong_type").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("keys_of_the_wrong_type").await);
     assert_eq!(server.command(&["SET", KEY, "text"]), "+OK");
     let policy = policy(&store, &clock, 2, Duration::from_secs(60));
     let err = policy.limiter().reserve(&tenant(), 1).await.unwrap_err();
@@ -441,9 +429,7 @@ async fn settings_that_cannot_work_are_refused_with_a_reason() {
 #[cfg(unix)]
 #[tokio::test]
 async fn a_decision_that_times_out_in_a_stalled_redis_leaves_no_slot_behind() {
-    let Some((server, store)) = RedisServer::with_store("a_decision_that_times_out").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("a_decision_that_times_out").await);
     let signal = |signal: &str, pid: &str| {
         let status = std::process::Command::new("kill")
             .args([signal, pid])
@@ -494,10 +480,8 @@ async fn a_decision_that_times_out_in_a_stalled_redis_leaves_no_slot_behind() {
 /// than the limit can never be admitted.
 #[tokio::test]
 async fn a_give_back_frees_what_it_names_and_never_more_than_was_taken() {
-    let Some((server, store)) = RedisServer::with_store("a_give_back_frees_what_it_names").await
-    else {
-        return;
-    };
+    let (server, store) =
+        or_skip!(RedisServer::with_store("a_give_back_frees_what_it_names").await);
     let policy = policy(&store, &ManualClock::new(), 4, Duration::from_secs(60));
     let limiter = policy.limiter();
     let three = limiter.reserve(&tenant(), 3).await.unwrap();

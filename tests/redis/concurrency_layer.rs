@@ -20,7 +20,7 @@ use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::Quota;
 
 use crate::common::listener::serve;
-use crate::common::redis_server::{eventually, RedisServer};
+use crate::common::redis_server::{eventually, or_skip, RedisServer};
 
 const KEY: &str = "c:{t}";
 
@@ -54,9 +54,7 @@ use crate::common::held_stream::{
 /// one more stream fits. The same after requests dropped at every point of their decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_way_a_request_ends_gives_its_own_slot_back_once() {
-    let Some((server, store)) = RedisServer::with_store("every_way_a_request_ends").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("every_way_a_request_ends").await);
     crate::common::process::quiet_panics_starting_with("a handler that panics");
     let ends = Arc::new(Semaphore::new(0));
     let service = limited(streams(&store), &ends, plain_answer);
@@ -158,9 +156,7 @@ async fn instance(server: &RedisServer, ends: &Arc<Semaphore>) -> String {
 /// dropped by its client half-way, frees its slot for the other instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_a_keys_slots_over_real_listeners() {
-    let Some(server) = RedisServer::start("two_instances_share_a_keys_slots") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("two_instances_share_a_keys_slots"));
     let ends = Arc::new(Semaphore::new(0));
     let (a, b) = (
         instance(&server, &ends).await,

@@ -3,7 +3,7 @@
 
 use crate::common::redis_server;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -41,9 +41,9 @@ async fn ok_taking_turns(a: &Router, b: &Router, calls: std::ops::Range<usize>) 
 
 #[tokio::test]
 async fn two_registries_on_one_redis_share_one_quota() {
-    let Some(server) = RedisServer::start("two_registries_on_one_redis_share_one_quota") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "two_registries_on_one_redis_share_one_quota"
+    ));
     let extra = "algorithm = \"sliding_log\"\nredis_prefix = \"config-test:\"";
     let config = shared_on_redis(&server.url(), extra);
     // Two instances of a service, each with its own registry and connection.
@@ -145,9 +145,7 @@ fn a_redis_limiter_outside_a_runtime_is_an_error_not_a_panic() {
 
 #[tokio::test]
 async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_as_they_were() {
-    let Some(server) = RedisServer::start("config_redis::reload") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("config_redis::reload"));
     let config = |changed_permits: u32| {
         format!(
             r#"
@@ -219,9 +217,9 @@ async fn a_reload_changes_a_redis_quota_and_leaves_the_unchanged_limiter_s_keys_
 /// algorithm than GCRA, or their settings without `redis_leases`, are refused naming the field.
 #[tokio::test]
 async fn leases_from_the_file_share_one_quota_exactly() {
-    let Some(server) = RedisServer::start("leases_from_the_file_share_one_quota_exactly") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "leases_from_the_file_share_one_quota_exactly"
+    ));
     let url = server.url();
     let config =
         |extra: &str| shared_on_redis(&url, &format!("redis_prefix = \"config-lease:\"\n{extra}"));

@@ -7,7 +7,7 @@
 use crate::common::waits_up_to;
 use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog},
@@ -192,9 +192,7 @@ fn says(d: &Decision) -> (bool, u64, u64, Duration, Duration, Duration) {
 /// Replays seeded runs of `A` on each quota against a Redis server of the test's own, named
 /// `test`, and asserts that each kind of step was exercised.
 async fn conform<A: RedisAlgorithm>(test: &str, base_seed: u64) {
-    let Some((_server, store)) = RedisServer::with_store(test).await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store(test).await);
     let mut total = Exercised::default();
     for (i, quota) in quotas().into_iter().enumerate() {
         for round in 0..3 {
@@ -270,9 +268,7 @@ async fn conform_at_the_bounds<A: RedisAlgorithm>(store: &RedisStore, base_seed:
 
 #[tokio::test]
 async fn every_algorithm_decides_as_in_memory_at_the_bounds_of_exact_arithmetic() {
-    let Some((_server, store)) = RedisServer::with_store("conformance_at_the_bounds").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("conformance_at_the_bounds").await);
     conform_at_the_bounds::<Gcra>(&store, 11).await;
     conform_at_the_bounds::<FixedWindow>(&store, 12).await;
     conform_at_the_bounds::<SlidingLog>(&store, 13).await;

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::poll_once;
-use crate::common::redis_server::{failure_then_open, key_state, FakeRedis, RedisServer};
+use crate::common::redis_server::{failure_then_open, key_state, or_skip, FakeRedis, RedisServer};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -235,9 +235,7 @@ async fn barrier(limiter: &RedisRateLimiter) {
 /// change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
-    let Some(server) = RedisServer::start("a_stalled_redis_is_answered") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("a_stalled_redis_is_answered"));
     let client = redis::Client::open(server.url()).unwrap();
     let config = ConnectionManagerConfig::new().set_response_timeout(None);
     let manager = ConnectionManager::new_with_config(client, config)
@@ -260,10 +258,8 @@ async fn a_stalled_redis_is_answered_at_the_limiters_timeout() {
 /// script held up between the two changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connections_response_timeout_bounds_the_deadline() {
-    let Some((server, store)) = RedisServer::with_store("the_connections_response_timeout").await
-    else {
-        return;
-    };
+    let (server, store) =
+        or_skip!(RedisServer::with_store("the_connections_response_timeout").await);
     let limiter_timeout = Duration::from_secs(3);
     let limiter = RedisRateLimiter::builder(
         Quota::with_period(10, Duration::from_secs(30 * 86_400)).unwrap(),
@@ -399,8 +395,6 @@ async fn abandoned_decisions_spend_nothing<A: RedisAlgorithm>(server: &RedisServ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_decisions_spend_nothing_in_any_algorithm() {
-    let Some(server) = RedisServer::start("abandoned_decisions_spend_nothing") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("abandoned_decisions_spend_nothing"));
     for_every_algorithm!(prefixed "gone:": abandoned_decisions_spend_nothing(&server).await);
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::process::{thread_subscriber, TargetEvents};
-use crate::common::redis_server::{failure_then_open, FakeRedis, RedisServer};
+use crate::common::redis_server::{failure_then_open, or_skip, FakeRedis, RedisServer};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisRateLimiterBuilder,
     RedisStore,
@@ -115,9 +115,7 @@ async fn assert_a_fresh_state_once_reconnected(limiter: &RedisRateLimiter, error
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_every_request_answered_by_policy() {
-    let Some(mut server) = RedisServer::start("redis_killed_under_load") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("redis_killed_under_load"));
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let quota = Quota::per_hour(1_000_000).unwrap();
     let build = |policy: RedisFailMode, prefix: &str| {
@@ -203,9 +201,7 @@ async fn redis_killed_under_load_every_request_answered_by_policy() {
 
 #[tokio::test]
 async fn decisions_resume_after_a_restart_empties_the_script_cache() {
-    let Some(mut server) = RedisServer::start("decisions_resume_after_a_restart") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("decisions_resume_after_a_restart"));
     let limiter = propagating_three_a_minute::<FixedWindow>(&server).await;
     assert!(limiter.check(&"k").await.unwrap().allowed);
     assert_eq!(server.command(&["SCRIPT", "FLUSH"]), "+OK");
@@ -250,10 +246,7 @@ async fn calls(conn: &mut redis::aio::MultiplexedConnection, commands: &[&str]) 
 /// `EVALSHA` again, for every algorithm, without a failure.
 #[tokio::test]
 async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
-    let Some((server, store)) = RedisServer::with_store("each_decision_is_one_evalsha").await
-    else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("each_decision_is_one_evalsha").await);
     let mut conn = server.connection().await;
     let quota = Quota::per_minute(1000).unwrap();
     let build = |limiter: RedisRateLimiterBuilder| {
@@ -315,9 +308,7 @@ async fn each_decision_is_one_evalsha_and_a_flushed_script_is_loaded_once() {
 
 #[tokio::test]
 async fn decisions_resume_after_an_outage_longer_than_the_reconnect_retries() {
-    let Some(mut server) = RedisServer::start("decisions_resume_after_a_long_outage") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("decisions_resume_after_a_long_outage"));
     let limiter = propagating_three_a_minute::<Gcra>(&server).await;
     assert!(limiter.check(&"k").await.unwrap().allowed);
     server.kill();
@@ -388,9 +379,7 @@ async fn a_reply_of_the_wrong_shape_is_an_error_not_a_panic() {
 
 #[tokio::test]
 async fn failures_are_logged_once_loudly_then_quietly_and_recovery_is_told() {
-    let Some(mut server) = RedisServer::start("failures_are_logged") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("failures_are_logged"));
     let recorder = TargetEvents::new("tower_bulwark::redis");
     // The test runs on one thread, so a thread-local default subscriber sees every event.
     let _guard = thread_subscriber(recorder.clone());
@@ -479,10 +468,8 @@ async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
         assert_eq!(limiter.counts().leases_taken, 0);
     }
 
-    let Some((server, store)) = RedisServer::with_store("a_lease_state_of_the_wrong_shape").await
-    else {
-        return;
-    };
+    let (server, store) =
+        or_skip!(RedisServer::with_store("a_lease_state_of_the_wrong_shape").await);
     let limiter = RedisRateLimiter::builder(quota, store)
         .lease(Lease::new())
         .fail_mode(RedisFailMode::Closed(Duration::from_secs(1)))

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 
 #[path = "../../examples/hot_key.rs"]
 #[allow(dead_code)]
@@ -14,9 +14,9 @@ mod hot_key;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hot_key_examples_instances_share_one_quota_from_leases() {
-    let Some(server) = RedisServer::start("the_hot_key_examples_instances_share_one_quota") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "the_hot_key_examples_instances_share_one_quota"
+    ));
     let mut instances = Vec::new();
     for _ in 0..2 {
         let (app, limiter, counts) = hot_key::app(&server.url(), 2000, true).await.unwrap();

@@ -4,7 +4,7 @@
 use crate::common::keyed_on;
 use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -45,9 +45,9 @@ async fn call(app: &Router, key: &str) -> (StatusCode, Vec<(String, String)>, Ve
 
 #[tokio::test]
 async fn a_redis_refusal_is_the_same_429_as_in_memory() {
-    let Some(server) = RedisServer::start("a_redis_refusal_is_the_same_429_as_in_memory") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "a_redis_refusal_is_the_same_429_as_in_memory"
+    ));
     let clock = ManualClock::new();
     let quota = Quota::per_second(2).unwrap();
     let memory = app(keyed_on::<HeaderValue, _>(quota, &clock));

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use crate::common::{in_bursts_of, manual_clock_at, Rng};
 use crate::lease_hostile::{strict, strict_instances};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, SlidingCounter};
@@ -144,10 +144,9 @@ fn conforms_to<A: Algorithm>(quota: Quota, admitted: &[(u64, u32)], what: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leased_instances_together_never_exceed_the_quota() {
-    let Some(server) = RedisServer::start("leased_instances_together_never_exceed_the_quota")
-    else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "leased_instances_together_never_exceed_the_quota"
+    ));
     let url = server.url();
     let ms = Duration::from_millis;
     let lease = |share, length| (Lease::new().max_share(share).length(length), length);
@@ -194,9 +193,7 @@ async fn leased_instances_together_never_exceed_the_quota() {
 /// same algorithm, every admission of the four instances is admitted there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leased_window_instances_together_never_exceed_the_quota() {
-    let Some(server) = RedisServer::start("leased_window_instances_together") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("leased_window_instances_together"));
     let url = server.url();
     let ms = Duration::from_millis;
     let lease = |share, length| (Lease::new().max_share(share).length(length), length);
@@ -240,9 +237,9 @@ async fn leased_window_instances_together_never_exceed_the_quota() {
 /// calls, twice the tenth it would get if every call competed alike in one GCRA.
 #[tokio::test]
 async fn a_busy_instance_gets_what_a_quiet_one_leaves() {
-    let Some(server) = RedisServer::start("a_busy_instance_gets_what_a_quiet_one_leaves") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "a_busy_instance_gets_what_a_quiet_one_leaves"
+    ));
     let url = server.url();
     let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
     let lease = Lease::new()
@@ -285,10 +282,9 @@ async fn a_busy_instance_gets_what_a_quiet_one_leaves() {
 /// burst and no more.
 #[tokio::test]
 async fn a_share_held_through_a_refill_is_not_counted_twice() {
-    let Some(server) = RedisServer::start("a_share_held_through_a_refill_is_not_counted_twice")
-    else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "a_share_held_through_a_refill_is_not_counted_twice"
+    ));
     let url = server.url();
     let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
     let lease = Lease::new().max_share(10).length(Duration::from_secs(1));
@@ -325,9 +321,9 @@ async fn a_share_held_through_a_refill_is_not_counted_twice() {
 /// flood right after the end cannot add to permits spent just before it.
 #[tokio::test]
 async fn a_share_spent_late_by_an_instance_that_dies_counts_until_its_lease_ends() {
-    let Some(server) = RedisServer::start("a_share_spent_late_by_an_instance_that_dies") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "a_share_spent_late_by_an_instance_that_dies"
+    ));
     let url = server.url();
     // One permit every 10 ms, a burst of 20; leases of 20 ms, which Redis keeps for 40 ms.
     let quota = Quota::per_second(100).unwrap().with_burst(20).unwrap();
@@ -464,10 +460,9 @@ async fn leases_keep_to_the_quota_across_a_redis_restart() {
 /// the others get them: exactly 20 in all, and no permit twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
-    let Some(server) = RedisServer::start("racing_tasks_on_leased_instances_get_exactly_the_burst")
-    else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "racing_tasks_on_leased_instances_get_exactly_the_burst"
+    ));
     let url = server.url();
     let quota = Quota::per_hour(20).unwrap();
     let lease = Lease::new().max_share(8).length(Duration::from_millis(100));
@@ -532,9 +527,7 @@ async fn racing_tasks_on_leased_instances_get_exactly_the_burst() {
 /// the new quota exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_changed_while_shares_are_out_and_a_clock_that_jumps() {
-    let Some(server) = RedisServer::start("a_quota_changed_while_shares_are_out") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("a_quota_changed_while_shares_are_out"));
     let url = server.url();
     let before = Quota::per_second(100).unwrap().with_burst(40).unwrap();
     let after = Quota::per_second(10).unwrap().with_burst(5).unwrap();

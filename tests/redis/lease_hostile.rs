@@ -10,7 +10,7 @@ use crate::common::keyed_on;
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::{propagating, RedisServer, Refusals};
+use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use crate::common::{in_bursts_of, Rng};
 use crate::lease::conforms;
 use tower_bulwark::algorithm::Gcra;
@@ -311,9 +311,7 @@ async fn hostile(url: &str, case: Case, seed: u64, steps: usize) -> u64 {
 }
 
 async fn hostile_seeds(name: &str, case: Case, seeds: std::ops::RangeInclusive<u64>) {
-    let Some(server) = RedisServer::start(name) else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(name));
     let mut local = 0;
     for seed in seeds {
         local += hostile(&server.url(), case, seed, 2000).await;
@@ -360,9 +358,7 @@ hostile_tests! {
 /// the burst is never exceeded (100 in all, the refill being under one permit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seventy_instances_on_one_key() {
-    let Some(server) = RedisServer::start("lease_hostile_seventy_instances") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_seventy_instances"));
     let quota = Quota::per_hour(100).unwrap();
     let lease = Lease::new().max_share(1).length(Duration::from_secs(10));
     let clock = manual_clock_at(Duration::from_secs(5));
@@ -400,9 +396,7 @@ async fn seventy_instances_on_one_key() {
 /// refunded or settled to less by its task at once. Whatever is kept conforms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_clones_with_refunds_and_settles() {
-    let Some(server) = RedisServer::start("lease_hostile_racing_clones") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_racing_clones"));
     let quota = per_second(1000, 50);
     let length = 5_000_000; // 5 ms: the background give-backs fire while tasks race.
     let lease = Lease::new()
@@ -488,9 +482,7 @@ async fn hold_ten(a: &RedisRateLimiter, spend: u32) {
 /// `a` spends its 10 at 49 s, before its lease ends: 26 in 12 s, where 21 fit.
 #[tokio::test]
 async fn a_reservation_made_while_a_share_is_out_counts_it_spent_at_once() {
-    let Some(server) = RedisServer::start("lease_hostile_reservation_share_out") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_reservation_share_out"));
     let (clock, a, b) = slow_pair(&server.url(), 50).await;
     let t = clock.now();
     hold_ten(&a, 0).await;
@@ -510,9 +502,7 @@ async fn a_reservation_made_while_a_share_is_out_counts_it_spent_at_once() {
 /// as of the reservation's call. `b`'s next 11 at 17 s make 21 in 9.1 s, where 20 fit.
 #[tokio::test]
 async fn a_refunded_reservation_forgets_a_share_spent_after_it() {
-    let Some(server) = RedisServer::start("lease_hostile_refunded_reservation") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_refunded_reservation"));
     let (clock, a, b) = slow_pair(&server.url(), 8).await;
     let t = clock.now();
     hold_ten(&a, 0).await;
@@ -535,9 +525,7 @@ async fn a_refunded_reservation_forgets_a_share_spent_after_it() {
 /// instance then takes 8 of them at 40 s: 8 + 15 in 10 s, where 21 fit.
 #[tokio::test]
 async fn a_share_given_back_beneath_a_reservation_frees_permits_before_it() {
-    let Some(server) = RedisServer::start("lease_hostile_give_back_beneath") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_give_back_beneath"));
     let (clock, a, b) = slow_pair(&server.url(), 50).await;
     let t = clock.now();
     hold_ten(&a, 1).await;
@@ -563,9 +551,7 @@ async fn a_share_given_back_beneath_a_reservation_frees_permits_before_it() {
 /// limiter given the same calls refuses it: the debt is what the key's next requests wait for.
 #[tokio::test]
 async fn a_debt_charged_in_redis_leaves_the_share_admitting() {
-    let Some(server) = RedisServer::start("lease_hostile_debt_share") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_hostile_debt_share"));
     let quota = per_second(100, 20);
     let lease = Lease::new().max_share(8).length(Duration::from_secs(10));
     let clock = manual_clock_at(Duration::from_secs(1000));

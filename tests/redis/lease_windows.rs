@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use crate::common::Rng;
 use crate::lease_hostile::{strict, strict_instances};
 use tower_bulwark::algorithm::{Algorithm, FixedWindow, SlidingCounter};
@@ -282,9 +282,7 @@ macro_rules! hostile_tests {
         $(#[$attr])*
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            let Some(server) = RedisServer::start(stringify!($name)) else {
-                return;
-            };
+            let server = or_skip!(RedisServer::start(stringify!($name)));
             for seed in $seeds {
                 hostile::<FixedWindow>(&server.url(), $case, seed, 1500).await;
                 hostile::<SlidingCounter>(&server.url(), $case, seed, 1500).await;
@@ -420,9 +418,7 @@ async fn racing_clones<A: RedisAlgorithm + Algorithm>(url: &str) {
 /// the share, so 6 more fit the window (10 in all), and a limiter without leases finds it full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_ended_after_a_change_of_period_gives_back_to_its_window() {
-    let Some(server) = RedisServer::start("lease_windows::renumbered") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lease_windows::renumbered"));
     let lease = Lease::new().max_share(8).length(secs(50));
     let clock = manual_clock_at(Duration::from_secs(1000));
     let (a, b) = (
@@ -450,9 +446,7 @@ macro_rules! both_windows {
         $(#[$attr])*
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $name() {
-            let Some(server) = RedisServer::start(stringify!($name)) else {
-                return;
-            };
+            let server = or_skip!(RedisServer::start(stringify!($name)));
             $scenario::<FixedWindow>(&server.url()).await;
             $scenario::<SlidingCounter>(&server.url()).await;
         }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::poll_once;
-use crate::common::redis_server::{eventually, propagating, RedisServer, Refusals};
+use crate::common::redis_server::{eventually, or_skip, propagating, RedisServer, Refusals};
 use crate::common::{assert_settled_plus_left_is_the_quota, manual_clock_at};
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::ManualClock;
@@ -75,9 +75,7 @@ pub(crate) fn in_memory_after_four_streams() -> Decision {
 /// in-memory `Metered` says, to the token, and holds nothing more.
 #[tokio::test]
 async fn four_concurrent_holds_settle_to_what_the_in_memory_metered_leaves() {
-    let Some((server, store)) = RedisServer::with_store("metered_four_holds").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_four_holds").await);
     let clock = ManualClock::new();
     let quota = Quota::per_minute(10_000).unwrap();
     let limiter = metered(&store, quota, &clock, "four:", Duration::from_secs(600));
@@ -109,9 +107,7 @@ async fn four_concurrent_holds_settle_to_what_the_in_memory_metered_leaves() {
 /// quota, and nothing stays held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_racing_holds_and_settles_add_up_to_the_quota() {
-    let Some(server) = RedisServer::start("metered_two_instances") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("metered_two_instances"));
     let clock = manual_clock_at(Duration::from_secs(1));
     let mut instances = Vec::new();
     for _ in 0..2 {
@@ -140,9 +136,7 @@ async fn two_instances_racing_holds_and_settles_add_up_to_the_quota() {
 /// its debt. The key outlasts its holds.
 #[tokio::test]
 async fn a_dead_instance_holds_expire_after_hold_for_and_leave_the_estimate_charged() {
-    let Some((server, store)) = RedisServer::with_store("metered_dead_instance").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_dead_instance").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_hour(3600).unwrap();
     let minute = Duration::from_secs(60);
@@ -209,9 +203,7 @@ fn hold_expiries(server: &RedisServer, limiter: &RedisRateLimiter, key: &str) ->
 /// its admission.
 #[tokio::test]
 async fn a_live_hold_is_renewed_past_hold_for_and_a_dead_instances_stands_at_its_expiry() {
-    let Some((server, store)) = RedisServer::with_store("metered_renewed").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_renewed").await);
     use tower_bulwark::clock::Clock;
     let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_hour(3600).unwrap();
@@ -245,9 +237,7 @@ async fn a_live_hold_is_renewed_past_hold_for_and_a_dead_instances_stands_at_its
 /// error that says what is wrong, rather than deciding on nonsense.
 #[tokio::test]
 async fn wrong_shaped_state_is_an_error_naming_what_is_wrong() {
-    let Some((server, store)) = RedisServer::with_store("metered_wrong_state").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_wrong_state").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(1000).unwrap();
     let limiter = metered(&store, quota, &clock, "bad:", Duration::from_secs(600));
@@ -288,9 +278,7 @@ async fn wrong_shaped_state_is_an_error_naming_what_is_wrong() {
 /// left) until one settles, and the settle forgets the refusal this instance cached.
 #[tokio::test]
 async fn a_full_table_of_holds_refuses_until_one_settles() {
-    let Some((server, store)) = RedisServer::with_store("metered_full_table").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_full_table").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(1000).unwrap();
     let limiter = RedisRateLimiter::builder(quota, store)
@@ -322,9 +310,7 @@ async fn a_full_table_of_holds_refuses_until_one_settles() {
 /// leave what they leave in memory), and none of it reaches Redis.
 #[tokio::test]
 async fn the_local_fail_mode_of_a_metered_limiter_is_metered_and_takes_its_settles() {
-    let Some(mut server) = RedisServer::start("metered_local_fail_mode") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("metered_local_fail_mode"));
     let store = RedisStore::connect(&server.url()).await.unwrap();
     server.kill();
     let clock = ManualClock::new();
@@ -363,9 +349,7 @@ async fn the_local_fail_mode_of_a_metered_limiter_is_metered_and_takes_its_settl
 /// under a second or over a day, and leases (a share's admissions hold nothing in Redis).
 #[tokio::test]
 async fn hold_bounds_and_leases_are_checked_at_build() {
-    let Some((_server, store)) = RedisServer::with_store("metered_build_checks").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("metered_build_checks").await);
     let quota = Quota::per_minute(1000).unwrap();
     let builder = || RedisRateLimiter::builder(quota, store.clone()).algorithm::<Metered>();
     for hold_for in [
@@ -398,9 +382,7 @@ async fn hold_bounds_and_leases_are_checked_at_build() {
 /// the key lasts only as long as what was charged weighs.
 #[tokio::test]
 async fn on_the_server_clock_a_hold_keeps_its_key_for_hold_for() {
-    let Some((server, store)) = RedisServer::with_store("metered_server_clock").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_server_clock").await);
     let limiter = RedisRateLimiter::builder(Quota::per_minute(1000).unwrap(), store)
         .algorithm::<Metered>()
         .hold_for(Duration::from_secs(600))
@@ -427,9 +409,7 @@ async fn on_the_server_clock_a_hold_keeps_its_key_for_hold_for() {
 /// key then admits exactly the rest of the quota.
 #[tokio::test]
 async fn decisions_dropped_on_the_way_give_their_holds_back() {
-    let Some((server, store)) = RedisServer::with_store("metered_dropped").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_dropped").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(1000).unwrap();
     let limiter = metered(&store, quota, &clock, "dropped:", Duration::from_secs(600));

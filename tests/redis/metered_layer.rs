@@ -19,7 +19,7 @@ use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::Quota;
 
 use super::metered::{holds, in_memory_after_four_streams, metered};
-use crate::common::redis_server::{eventually, RedisServer};
+use crate::common::redis_server::{eventually, or_skip, RedisServer};
 
 /// An event stream that sends a first event, waits for a permit of `ends`, then reports the
 /// usage the request's `x-used` header names and ends.
@@ -70,9 +70,7 @@ fn left_in(response: &Response<impl Sized>) -> u64 {
 /// stream dropped half way keeps its estimate, and no hold is left behind.
 #[tokio::test]
 async fn streams_through_the_layer_settle_exactly_in_redis() {
-    let Some((server, store)) = RedisServer::with_store("metered_layer").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("metered_layer").await);
     let clock = ManualClock::new();
     let quota = Quota::per_minute(10_000).unwrap();
     let limiter = metered(&store, quota, &clock, "layer:", Duration::from_secs(600));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
 use tower_bulwark::Quota;
@@ -50,9 +50,7 @@ async fn flood(instances: &[RedisRateLimiter], each: u64) -> Vec<u64> {
 /// failures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_under_the_default_fail_mode_admits_at_most_the_quota_per_instance() {
-    let Some(mut server) = RedisServer::start("outage_default_fail_mode") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("outage_default_fail_mode"));
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = manual_clock_at(Duration::from_secs(1));
     let instances: Vec<_> = (0..2)
@@ -98,9 +96,7 @@ async fn a_killed_redis_under_the_default_fail_mode_admits_at_most_the_quota_per
 /// holds at once.
 #[tokio::test]
 async fn the_local_limiter_takes_a_new_quota() {
-    let Some(mut server) = RedisServer::start("outage_set_quota") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("outage_set_quota"));
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
     let limiter = RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store)

@@ -8,7 +8,7 @@ use crate::common::waits_up_to;
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::{key_state, propagating, RedisServer, Refusals};
+use crate::common::redis_server::{key_state, or_skip, propagating, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
@@ -134,9 +134,7 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
 
 #[tokio::test]
 async fn a_vetoed_request_leaves_the_state_as_it_was_for_every_algorithm() {
-    let Some(server) = RedisServer::start("vetoed") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("vetoed"));
     for_every_algorithm!(tagged: vetoes_leave_no_trace(&server).await);
 }
 
@@ -146,10 +144,7 @@ async fn a_vetoed_request_leaves_the_state_as_it_was_for_every_algorithm() {
 /// instant with a burst of one. A's permits stay spent; the latest one's refund is exact.
 #[tokio::test]
 async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds() {
-    let Some((server, store)) = RedisServer::with_store("gcra_refund_of_the_latest_only").await
-    else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("gcra_refund_of_the_latest_only").await);
     let mut conn = server.connection().await;
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
@@ -193,10 +188,8 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
 /// gave the next caller a slot at 1.5 s, half a second after the reservation's.
 #[tokio::test]
 async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent() {
-    let Some((_server, store)) = RedisServer::with_store("gcra_veto_behind_a_reservation").await
-    else {
-        return;
-    };
+    let (_server, store) =
+        or_skip!(RedisServer::with_store("gcra_veto_behind_a_reservation").await);
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
     let gcra = propagating::<Gcra>(&store, quota, &clock, "latest:vetoed:", Refusals::Uncached)
@@ -219,9 +212,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
 /// and B holds the next one, so a third caller at 1 s is refused.
 #[tokio::test]
 async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
-    let Some((_server, store)) = RedisServer::with_store("gcra_late_refund").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("gcra_late_refund").await);
     let clock = ManualClock::new();
     let gcra = propagating::<Gcra>(
         &store,
@@ -246,9 +237,7 @@ async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
 /// given back then. The key admits at 2 s no more than a twin that only ever took the 2.
 #[tokio::test]
 async fn a_gcra_refund_whose_tat_came_back_in_redis_is_never_more_generous_than_a_twin() {
-    let Some((_server, store)) = RedisServer::with_store("gcra_tat_came_back").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("gcra_tat_came_back").await);
     let clock = ManualClock::new();
     let quota = Quota::per_second(1).unwrap().with_burst(200).unwrap();
     let gcra = propagating::<Gcra>(&store, quota, &clock, "back:", Refusals::Uncached)
@@ -315,9 +304,7 @@ async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usi
 
 #[tokio::test]
 async fn refusals_of_another_policy_do_not_drain_the_redis_window() {
-    let Some(server) = RedisServer::start("refusals_do_not_drain") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("refusals_do_not_drain"));
     assert_eq!(two_policies::<FixedWindow>(&server, "fw:").await, 5);
     assert_eq!(two_policies::<SlidingLog>(&server, "log:").await, 5);
     assert_eq!(two_policies::<SlidingCounter>(&server, "sc:").await, 5);
@@ -328,9 +315,7 @@ async fn refusals_of_another_policy_do_not_drain_the_redis_window() {
 /// not let the sliding log admit more than its limit in any window.
 #[tokio::test]
 async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
-    let Some((server, store)) = RedisServer::with_store("stale_sliding_log").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("stale_sliding_log").await);
     let mut conn = server.connection().await;
     let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
     let fresh_clock = ManualClock::new();
@@ -385,9 +370,7 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
 /// exponent, a field too many) is an error, never a decision built on it.
 #[tokio::test]
 async fn stored_state_that_is_not_an_exact_count_is_an_error() {
-    let Some((server, store)) = RedisServer::with_store("corrupt_state_is_an_error").await else {
-        return;
-    };
+    let (server, store) = or_skip!(RedisServer::with_store("corrupt_state_is_an_error").await);
     let clock = manual_clock_at(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
     let gcra = propagating::<Gcra>(&store, quota, &clock, "bad:gcra:", Refusals::Uncached)
@@ -538,9 +521,7 @@ async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisSe
 
 #[tokio::test]
 async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() {
-    let Some(server) = RedisServer::start("stale_reads_every_algorithm") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("stale_reads_every_algorithm"));
     for_every_algorithm!(tagged: stale_reads_decide_as_of_the_latest(&server).await);
 }
 
@@ -548,10 +529,8 @@ async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() 
 /// previous window's share is rounded down, as in memory).
 #[tokio::test]
 async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
-    let Some((_server, store)) = RedisServer::with_store("sliding_counter_steady_traffic").await
-    else {
-        return;
-    };
+    let (_server, store) =
+        or_skip!(RedisServer::with_store("sliding_counter_steady_traffic").await);
     for (permits, requests) in [(1u32, 30u64), (2, 50)] {
         let clock = ManualClock::new();
         let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
@@ -593,9 +572,7 @@ async fn redis_admitted_until_refused(limiter: &RedisRateLimiter) -> u64 {
 /// the time elapsed, with time between), as in memory.
 #[tokio::test]
 async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_admitted() {
-    let Some((_server, store)) = RedisServer::with_store("gcra_shared_key_refusals").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("gcra_shared_key_refusals").await);
     let quota = Quota::per_second(10).unwrap();
     for gap_ms in [0u64, 30] {
         let clock = ManualClock::new();
@@ -677,9 +654,7 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
 
 #[tokio::test]
 async fn a_decision_given_back_under_another_key_frees_nothing_in_redis() {
-    let Some((_server, store)) = RedisServer::with_store("refund_other_key").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("refund_other_key").await);
     for_every_algorithm!(tagged: refunds_stay_with_their_key(&store).await);
 }
 
@@ -729,11 +704,7 @@ async fn a_refund_across_servers_gives_nothing_back<A: RedisAlgorithm>(
 
 #[tokio::test]
 async fn a_refund_across_redis_servers_gives_nothing_back() {
-    let Some(a) = RedisServer::start("a_refund_across_redis_servers_a") else {
-        return;
-    };
-    let Some(b) = RedisServer::start("a_refund_across_redis_servers_b") else {
-        return;
-    };
+    let a = or_skip!(RedisServer::start("a_refund_across_redis_servers_a"));
+    let b = or_skip!(RedisServer::start("a_refund_across_redis_servers_b"));
     for_every_algorithm!(a_refund_across_servers_gives_nothing_back(&a, &b).await);
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::common::manual_clock_at;
 use crate::common::next_estimate_and_cost;
-use crate::common::redis_server::{propagating, RedisServer, Refusals};
+use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra},
@@ -138,9 +138,7 @@ async fn a_give_back_behind_a_waiter_is_kept<A: RedisAlgorithm>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
-    let Some((_server, store)) = RedisServer::with_store("racing_settles_in_redis").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("racing_settles_in_redis").await);
     for_every_algorithm!(tagged: racing_settles_add_up_to_the_quota(&store).await);
     for_every_algorithm!(prefixed "debt-": a_give_back_behind_debt_is_exact(&store).await);
     let gcra_whole = Duration::from_millis(63_060);
@@ -153,9 +151,7 @@ async fn racing_settles_in_redis_add_up_to_the_quota_for_every_algorithm() {
 /// the tokens owed; the synchronous `settle` sends it from a task of its own.
 #[tokio::test]
 async fn debt_settled_in_redis_delays_every_instance() {
-    let Some((_server, store)) = RedisServer::with_store("debt_settled_in_redis").await else {
-        return;
-    };
+    let (_server, store) = or_skip!(RedisServer::with_store("debt_settled_in_redis").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let (a, b) = (
         limiter::<Gcra>(&store, &clock, "debt:"),
@@ -187,10 +183,8 @@ async fn debt_settled_in_redis_delays_every_instance() {
 /// interval, settled after it, gives back each token at the interval it was charged at.
 #[tokio::test]
 async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
-    let Some((_server, store)) = RedisServer::with_store("settle_after_set_quota_in_redis").await
-    else {
-        return;
-    };
+    let (_server, store) =
+        or_skip!(RedisServer::with_store("settle_after_set_quota_in_redis").await);
     let clock = manual_clock_at(Duration::from_secs(1));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(100).unwrap(), store)
         .client_clock(clock.clone())

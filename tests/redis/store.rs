@@ -7,7 +7,7 @@ use crate::common::{redis_server, waits_up_to};
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, RedisServer};
 use tower_bulwark::redis::{
     HashTag, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
 };
@@ -45,9 +45,7 @@ async fn admitted<L: Limiter<String>>(limiter: &L, key: &str, n: usize) -> Vec<D
 
 #[tokio::test]
 async fn seed_fixed_window_three_per_minute() {
-    let Some(server) = RedisServer::start("seed_fixed_window_three_per_minute") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("seed_fixed_window_three_per_minute"));
     let clock = manual_clock_at(Duration::from_secs(3600) + Duration::from_millis(1500));
     let limiter = RedisRateLimiter::builder(Quota::per_minute(3).unwrap(), store(&server).await)
         .algorithm::<FixedWindow>()
@@ -70,9 +68,7 @@ async fn seed_fixed_window_three_per_minute() {
 
 #[tokio::test]
 async fn seed_sliding_windows_three_per_minute_on_server_time() {
-    let Some(server) = RedisServer::start("seed_sliding_windows_three_per_minute") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("seed_sliding_windows_three_per_minute"));
     let quota = Quota::per_minute(3).unwrap();
     let log = RedisRateLimiter::builder(quota, store(&server).await)
         .algorithm::<SlidingLog>()
@@ -105,9 +101,7 @@ async fn seed_sliding_windows_three_per_minute_on_server_time() {
 
 #[tokio::test]
 async fn fifty_requests_in_one_millisecond_against_a_sliding_log_of_ten() {
-    let Some(server) = RedisServer::start("fifty_requests_in_one_millisecond") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("fifty_requests_in_one_millisecond"));
     let quota = Quota::per_second(10).unwrap();
     // The same instant for all fifty, on a client clock.
     let clock = manual_clock_at(Duration::from_millis(7));
@@ -194,9 +188,7 @@ async fn exercise<A: RedisAlgorithm>(server: &RedisServer, prefix: &str) -> Vec<
 
 #[tokio::test]
 async fn every_key_written_has_an_expiry() {
-    let Some(server) = RedisServer::start("every_key_written_has_an_expiry") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("every_key_written_has_an_expiry"));
     let mut expected = Vec::new();
     expected.extend(exercise::<Gcra>(&server, "gcra:").await);
     expected.extend(exercise::<FixedWindow>(&server, "fw:").await);
@@ -256,9 +248,9 @@ async fn admitted_across_instances<A: RedisAlgorithm>(server: &RedisServer) -> u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_the_quota_across_four_instances() {
-    let Some(server) = RedisServer::start("exactly_the_quota_across_four_instances") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "exactly_the_quota_across_four_instances"
+    ));
     assert_eq!(admitted_across_instances::<Gcra>(&server).await, 100);
     assert_eq!(admitted_across_instances::<SlidingLog>(&server).await, 100);
     assert_eq!(
@@ -269,9 +261,7 @@ async fn exactly_the_quota_across_four_instances() {
 
 #[tokio::test]
 async fn a_cached_refusal_needs_no_round_trip() {
-    let Some(server) = RedisServer::start("a_cached_refusal_needs_no_round_trip") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("a_cached_refusal_needs_no_round_trip"));
     let clock = ManualClock::new();
     let quota = Quota::per_second(1).unwrap();
     let cached = RedisRateLimiter::builder(quota, store(&server).await)
@@ -317,9 +307,7 @@ async fn a_cached_refusal_needs_no_round_trip() {
 /// Redis.
 #[tokio::test]
 async fn a_refund_or_a_quota_change_forgets_cached_refusals() {
-    let Some(server) = RedisServer::start("a_refund_forgets_cached_refusals") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("a_refund_forgets_cached_refusals"));
     let clock = ManualClock::new();
     let limiter = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store(&server).await)
         .client_clock(clock.clone())
@@ -406,19 +394,18 @@ async fn reservations<A: RedisAlgorithm>(server: &RedisServer, clock: &ManualClo
 
 #[tokio::test]
 async fn reservations_within_max_wait_for_every_algorithm() {
-    let Some(server) = RedisServer::start("reservations_within_max_wait_for_every_algorithm")
-    else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "reservations_within_max_wait_for_every_algorithm"
+    ));
     let clock = ManualClock::new();
     for_every_algorithm!(reservations(&server, &clock).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refund_gives_a_reservation_back_in_redis() {
-    let Some(server) = RedisServer::start("refund_gives_a_reservation_back_in_redis") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "refund_gives_a_reservation_back_in_redis"
+    ));
     let clock = ManualClock::new();
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(5));
     let limiter = RedisRateLimiter::builder(quota, store(&server).await)
@@ -545,9 +532,7 @@ async fn policies_decide_when_redis_is_unreachable() {
 
 #[tokio::test]
 async fn keys_carry_the_prefix_and_hash_tag() {
-    let Some(server) = RedisServer::start("keys_carry_the_prefix_and_hash_tag") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("keys_carry_the_prefix_and_hash_tag"));
     let quota = Quota::per_second(1).unwrap();
     let default = RedisRateLimiter::builder(quota, store(&server).await)
         .build()
@@ -594,9 +579,7 @@ async fn keys_carry_the_prefix_and_hash_tag() {
 
 #[tokio::test]
 async fn a_cost_above_capacity_is_an_error() {
-    let Some(server) = RedisServer::start("a_cost_above_capacity_is_an_error") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("a_cost_above_capacity_is_an_error"));
     let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store(&server).await)
         .build()
         .unwrap();
@@ -646,9 +629,7 @@ async fn a_fallback_reservation_goes_back_to_the_local_limiter() {
 /// time in microseconds is about 2^51), against Rust's integer arithmetic.
 #[tokio::test]
 async fn lua_integer_arithmetic_is_exact() {
-    let Some(server) = RedisServer::start("lua_integer_arithmetic_is_exact") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("lua_integer_arithmetic_is_exact"));
     let script = redis::Script::new(concat!(
         include_str!("../../src/redis/prelude.lua"),
         "local out = {}\n",
@@ -712,9 +693,7 @@ fn hash_tag(key: &str) -> &str {
 
 #[tokio::test]
 async fn no_client_key_chooses_its_cluster_slot_or_shares_a_key() {
-    let Some(server) = RedisServer::start("no_client_key_chooses_its_cluster_slot") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start("no_client_key_chooses_its_cluster_slot"));
     let limiter = RedisRateLimiter::builder(Quota::per_second(5).unwrap(), store(&server).await)
         .prefix("rl:")
         .build()
@@ -754,9 +733,9 @@ async fn no_client_key_chooses_its_cluster_slot_or_shares_a_key() {
 /// limiter say; asked again, the cache gives each its own.
 #[tokio::test]
 async fn a_cached_refusal_answers_only_its_own_cost() {
-    let Some(server) = RedisServer::start("a_cached_refusal_answers_only_its_own_cost") else {
-        return;
-    };
+    let server = or_skip!(RedisServer::start(
+        "a_cached_refusal_answers_only_its_own_cost"
+    ));
     let clock = ManualClock::new();
     let quota = Quota::with_period(10, Duration::from_secs(100)).unwrap();
     let limiter = RedisRateLimiter::builder(quota, store(&server).await)
