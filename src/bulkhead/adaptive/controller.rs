@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::classify::Verdict;
+use super::future::Report;
 use super::limit::{LimitAlgorithm, Limits, Sample};
 use crate::bulkhead::permits::Permit;
 use crate::bulkhead::{Bulkhead, CallOutcome};
@@ -100,10 +101,10 @@ impl Controller {
 }
 
 /// One admitted call: its permit and its sample, taken when it ends, with the classifier's
-/// verdict given to [`finish`](Self::finish), or, when it is dropped first, as a cancelled call
+/// verdict given to [`end`](Report::end), or, when it is dropped first, as a cancelled call
 /// (or, while the thread unwinds from a panic or after a panic in its future or classifier, as no
 /// sample at all). The sample is taken, and the limit moved, before the permit is given back.
-pub(super) struct Sampler {
+pub struct Sampler {
     controller: Arc<Controller>,
     started: u64,
     in_flight: usize,
@@ -111,11 +112,11 @@ pub(super) struct Sampler {
     admitted_under: usize,
     /// Set at the call's first poll: a call dropped before it never reached the dependency
     /// (its future had not started), so it says nothing about it.
-    pub(super) polled: bool,
+    polled: bool,
     verdict: Option<Verdict>,
-    /// Left at `Panicked` while the call's future or the classifier runs: dropped in that state,
-    /// the call panicked (the panic was caught above and the future dropped after the unwinding).
-    pub(super) permit: Permit,
+    /// Left at `Panicked` while the call's future runs: dropped in that state, the call panicked
+    /// (the panic was caught above and the future dropped after the unwinding).
+    permit: Permit,
 }
 
 impl Sampler {
@@ -134,9 +135,30 @@ impl Sampler {
             permit,
         }
     }
+}
 
-    /// Ends the call with `verdict`.
-    pub(super) fn finish(mut self, verdict: Verdict) {
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler").finish_non_exhaustive()
+    }
+}
+
+impl Report for Sampler {
+    fn polling(&mut self) {
+        self.permit.outcome = CallOutcome::Panicked;
+        self.polled = true;
+    }
+
+    fn pending(&mut self) {
+        self.permit.outcome = CallOutcome::Cancelled;
+    }
+
+    fn end(mut self, verdict: Verdict, ok: bool) {
+        self.permit.outcome = if ok {
+            CallOutcome::Success
+        } else {
+            CallOutcome::Failure
+        };
         self.verdict = Some(verdict);
     }
 }

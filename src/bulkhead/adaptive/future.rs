@@ -1,4 +1,6 @@
-//! The response future of the adaptive bulkhead service.
+//! The response future of a [`ClassifiedService`](super::ClassifiedService) behind an adaptive
+//! bulkhead or a circuit breaker: one rule for a classified call, what it reports being each
+//! handle's.
 
 use std::fmt;
 use std::future::Future;
@@ -8,81 +10,94 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-use super::classify::Classify;
-use super::controller::Sampler;
-use crate::bulkhead::error::BulkheadFull;
-use crate::bulkhead::CallOutcome;
+use super::classify::{Classify, Verdict};
 use crate::BoxError;
+
+/// What an admitted call reports to its handle: an adaptive bulkhead's sample (then its permit
+/// back), a breaker's ticket. Dropped without [`end`](Self::end), it reports as its handle
+/// says of a call that never ended. Sealed: its path is the crate's own.
+pub trait Report {
+    /// Before each poll of the call's future.
+    fn polling(&mut self) {}
+
+    /// The call's future is not ready.
+    fn pending(&mut self) {}
+
+    /// The call ended (`ok`: with an answer, not an error), judged `verdict`.
+    fn end(self, verdict: Verdict, ok: bool);
+}
 
 pin_project! {
     /// Response future of a [`ClassifiedService`](super::ClassifiedService) behind an adaptive
-    /// bulkhead: when the inner call ends it is classified into a sample, then its permit is
-    /// given back; dropped before that, it gives the permit back and counts as a cancelled call.
-    pub struct ResponseFuture<F, C> {
-        // Fields drop in order: a cut call's inner future is gone before its permit frees.
+    /// bulkhead or a [`Breaker`](crate::outbound::Breaker): when the inner call ends, the
+    /// classifier's verdict on it is reported (a bulkhead takes its sample, then gives the
+    /// permit back; a breaker counts it). Dropped before that, an adaptive bulkhead's call gives
+    /// its permit back and counts as cancelled, and a breaker's counts for nothing. A refused
+    /// call fails with the refusal when polled.
+    pub struct ResponseFuture<F, C, R> {
+        // Fields drop in order: a cut call's inner future is gone before it reports.
         // Both `None` for a refused call, which holds its error until polled.
         #[pin]
         future: Option<F>,
-        call: Option<Sampler>,
-        refused: Option<BulkheadFull>,
+        report: Option<R>,
+        refused: Option<BoxError>,
         classifier: Arc<C>,
     }
 }
 
-impl<F, C> ResponseFuture<F, C> {
-    pub(super) fn rejected(error: BulkheadFull, classifier: Arc<C>) -> Self {
+impl<F, C, R> ResponseFuture<F, C, R> {
+    /// A call refused before the inner service was called.
+    pub(crate) fn refused(error: impl Into<BoxError>, classifier: Arc<C>) -> Self {
         Self {
             future: None,
-            call: None,
-            refused: Some(error),
+            report: None,
+            refused: Some(error.into()),
             classifier,
         }
     }
 
-    pub(super) fn running(future: F, call: Sampler, classifier: Arc<C>) -> Self {
+    /// An admitted call, reporting to `report`.
+    pub(crate) fn running(future: F, report: R, classifier: Arc<C>) -> Self {
         Self {
             future: Some(future),
-            call: Some(call),
+            report: Some(report),
             refused: None,
             classifier,
         }
     }
 }
 
-impl<F, C, T, E> Future for ResponseFuture<F, C>
+impl<F, C, R, T, E> Future for ResponseFuture<F, C, R>
 where
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
     C: Classify<T>,
+    R: Report,
 {
     type Output = Result<T, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let (Some(future), Some(running)) = (this.future.as_pin_mut(), this.call.as_mut()) else {
+        let (Some(future), Some(report)) = (this.future.as_pin_mut(), this.report.as_mut()) else {
             let refused = this.refused.take().expect("polled after completion");
-            return Poll::Ready(Err(refused.into()));
+            return Poll::Ready(Err(refused));
         };
-        // Left in place if the inner future (or the classifier) panics, so that the call is no
-        // sample even when the panic is caught above and the future dropped later.
-        running.permit.outcome = CallOutcome::Panicked;
-        running.polled = true;
+        report.polling();
         let Poll::Ready(result) = future.poll(cx) else {
-            running.permit.outcome = CallOutcome::Cancelled;
+            report.pending();
             return Poll::Pending;
         };
         let result = result.map_err(Into::into);
+        // Taken out before the classifier runs: if it panics, the report is dropped while the
+        // thread unwinds, as a call that panicked.
+        let report = this.report.take().expect("checked above");
         let verdict = this.classifier.classify(result.as_ref());
-        running.permit.outcome = match result {
-            Ok(_) => CallOutcome::Success,
-            Err(_) => CallOutcome::Failure,
-        };
-        this.call.take().expect("checked above").finish(verdict);
+        report.end(verdict, result.is_ok());
         Poll::Ready(result)
     }
 }
 
-impl<F, C> fmt::Debug for ResponseFuture<F, C> {
+impl<F, C, R> fmt::Debug for ResponseFuture<F, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -112,7 +112,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = ResponseFuture<S::Future, C, Sampler>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -124,7 +124,7 @@ where
         let classifier = Arc::clone(&self.layer.classifier);
         // An adaptive bulkhead never queues: a call that finds no free permit is refused.
         let Some(permit) = permits.try_acquire() else {
-            return ResponseFuture::rejected(permits.reject(Rejection::NoCapacity), classifier);
+            return ResponseFuture::refused(permits.reject(Rejection::NoCapacity), classifier);
         };
         // Taken before the inner service is called, so a panicking `call` still gives the
         // permit back (and is no sample).

@@ -131,7 +131,7 @@
 
 mod classify;
 mod controller;
-mod future;
+pub(crate) mod future;
 mod handle;
 mod layer;
 mod limit;

@@ -113,4 +113,3 @@ mod state;
 
 pub use self::builder::{Breaker, BreakerBuilder, BreakerState, Window};
 pub use self::error::BreakerOpen;
-pub use self::layer::ResponseFuture;

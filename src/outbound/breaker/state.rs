@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::builder::{BreakerState, Settings, Window};
 use super::error::BreakerOpen;
 use super::metrics::{BreakerMetrics, Outcome};
+use crate::bulkhead::adaptive::future::Report;
 use crate::bulkhead::adaptive::Verdict;
 use crate::clock::{saturating_nanos, Clock, MAX_NOW};
 
@@ -273,11 +274,23 @@ fn label(phase: &Phase) -> (&'static str, u8) {
 /// One admitted call. Dropped, it reports its verdict, once: [`Verdict::Ignored`] unless the
 /// call's future set another, so a call dropped before its answer (or that panicked) counts
 /// for nothing and a probe frees its place.
-pub(super) struct Ticket {
+pub struct Ticket {
     shared: Arc<Shared>,
     epoch: u64,
     started: u64,
-    pub(super) verdict: Verdict,
+    verdict: Verdict,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").finish_non_exhaustive()
+    }
+}
+
+impl Report for Ticket {
+    fn end(mut self, verdict: Verdict, _ok: bool) {
+        self.verdict = verdict;
+    }
 }
 
 impl Drop for Ticket {
