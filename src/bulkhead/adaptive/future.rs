@@ -27,6 +27,16 @@ pub trait Report {
     fn end(self, verdict: Verdict, ok: bool);
 }
 
+/// A handle that admits calls one at a time and is told how each ended: an adaptive bulkhead,
+/// a breaker. Sealed: its path is the crate's own.
+pub trait Admit {
+    /// What an admitted call reports to.
+    type Report: Report;
+
+    /// Admits a call, or refuses it with the error the call fails with.
+    fn admit(&self) -> Result<Self::Report, BoxError>;
+}
+
 pin_project! {
     /// Response future of a [`ClassifiedService`](super::ClassifiedService) behind an adaptive
     /// bulkhead or a [`Breaker`](crate::outbound::Breaker): when the inner call ends, the
@@ -47,11 +57,11 @@ pin_project! {
 
 impl<F, C, R> ResponseFuture<F, C, R> {
     /// A call refused before the inner service was called.
-    pub(crate) fn refused(error: impl Into<BoxError>, classifier: Arc<C>) -> Self {
+    pub(crate) fn refused(error: BoxError, classifier: Arc<C>) -> Self {
         Self {
             future: None,
             report: None,
-            refused: Some(error.into()),
+            refused: Some(error),
             classifier,
         }
     }

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
 use super::controller::Sampler;
-use super::future::ResponseFuture;
+use super::future::{Admit, ResponseFuture};
 use super::handle::AdaptiveBulkhead;
 use crate::bulkhead::events::Rejection;
 use crate::bulkhead::permits::Permit;
@@ -104,33 +104,43 @@ impl<S: fmt::Debug, H: fmt::Debug, K> fmt::Debug for ClassifiedService<S, H, K> 
     }
 }
 
-impl<S, C, Req> Service<Req> for ClassifiedService<S, AdaptiveBulkhead, C>
+impl<S, H, C, Req> Service<Req> for ClassifiedService<S, H, C>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
+    H: Admit,
     C: Classify<S::Response>,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, C, Sampler>;
+    type Future = ResponseFuture<S::Future, C, H::Report>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let controller = &self.layer.handle.controller;
-        let permits = &controller.bulkhead.permits;
         let classifier = Arc::clone(&self.layer.classifier);
-        // An adaptive bulkhead never queues: a call that finds no free permit is refused.
+        // Admitted before the inner service is called, so a panicking `call` still gives back
+        // what the admission took (and counts for nothing).
+        match self.layer.handle.admit() {
+            Ok(report) => ResponseFuture::running(self.inner.call(request), report, classifier),
+            Err(refused) => ResponseFuture::refused(refused, classifier),
+        }
+    }
+}
+
+impl Admit for AdaptiveBulkhead {
+    type Report = Sampler;
+
+    /// A permit, or at once a refusal: an adaptive bulkhead never queues.
+    fn admit(&self) -> Result<Sampler, BoxError> {
+        let controller = &self.controller;
+        let permits = &controller.bulkhead.permits;
         let Some(permit) = permits.try_acquire() else {
-            return ResponseFuture::refused(permits.reject(Rejection::NoCapacity), classifier);
+            return Err(permits.reject(Rejection::NoCapacity).into());
         };
-        // Taken before the inner service is called, so a panicking `call` still gives the
-        // permit back (and is no sample).
         let permit = Permit::granted(Arc::clone(permits), permit, Duration::ZERO);
-        let call = Sampler::start(Arc::clone(controller), permit);
-        let future = self.inner.call(request);
-        ResponseFuture::running(future, call, classifier)
+        Ok(Sampler::start(Arc::clone(controller), permit))
     }
 }

@@ -5,11 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::Shared;
+use super::state::{Shared, Ticket};
+use crate::bulkhead::adaptive::future::Admit;
 use crate::bulkhead::adaptive::{ClassifiedLayer, HttpOverload};
 use crate::clock::{Clock, SystemClock};
 use crate::setting::{ensure, SettingError};
-use crate::Quota;
+use crate::{BoxError, Quota};
 
 /// What this builder builds, in its errors.
 const OF: &str = "circuit breaker";
@@ -260,5 +261,14 @@ impl fmt::Debug for BreakerBuilder {
             .field("settings", &self.settings)
             .field("minimum_calls", &self.minimum_calls)
             .finish_non_exhaustive()
+    }
+}
+
+impl Admit for Breaker {
+    type Report = Ticket;
+
+    /// A ticket for the call, or at once the breaker's refusal.
+    fn admit(&self) -> Result<Ticket, BoxError> {
+        self.shared.admit().map_err(Into::into)
     }
 }

@@ -107,7 +107,6 @@
 
 mod builder;
 mod error;
-mod layer;
 mod metrics;
 mod state;
 
