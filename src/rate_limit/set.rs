@@ -12,31 +12,10 @@ use crate::{decision::Decision, BoxError, Limiter, Quota};
 /// [`Policy::and`] (each with its own key and limiter
 /// types), or a `Vec` of policies of one type (built at run time, as from a configuration).
 ///
-/// Sealed: its methods are the layer's business.
-pub trait PolicySet: sealed::Sealed + Send + Sync + 'static {
-    /// The keys of one request, one slot per policy (by default, none found yet).
-    #[doc(hidden)]
-    type Keys: Default + Send + 'static;
+/// Sealed: what the layer asks of it is the crate's own business.
+pub trait PolicySet: sealed::Policies + Send + Sync + 'static {}
 
-    /// How many policies.
-    #[doc(hidden)]
-    fn count(&self) -> usize;
-
-    /// How each policy is described to clients, in order.
-    #[doc(hidden)]
-    fn describe(&self, out: &mut Vec<PolicyInfo>);
-
-    /// Asks policy `i` about the request: finds its cost and key (kept in `keys`), then its
-    /// limiter's decision.
-    #[doc(hidden)]
-    fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer;
-
-    /// Hands policy `i`, with what it keeps of the request, to `visit`: everything the layer
-    /// does to one policy but asking it goes through here, so that a new thing to do is one
-    /// [`Visit`] and no new method of every set.
-    #[doc(hidden)]
-    fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output;
-}
+impl<P: sealed::Policies + Send + Sync + 'static> PolicySet for P {}
 
 /// Something the layer does to one policy of a set, whatever the policy's key and limiter
 /// types: give its admission back, settle it, read its quota.
@@ -50,7 +29,6 @@ pub trait Visit {
 }
 
 /// What one policy answers when asked about a request.
-#[doc(hidden)]
 pub enum PolicyAnswer {
     /// The request costs the policy nothing: the policy sits it out.
     Free,
@@ -87,16 +65,34 @@ impl<A, B> Chain<A, B> {
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl<X, L> Sealed for super::Policy<X, L> {}
-    impl<A, B> Sealed for super::Chain<A, B> {}
-    impl<X, L> Sealed for Vec<super::Policy<X, L>> {}
+    use super::{PolicyAnswer, PolicyInfo, RequestHead, Visit};
+
+    /// What the layer asks of its policies; implemented by the crate's sets alone.
+    pub trait Policies {
+        /// The keys of one request, one slot per policy (by default, none found yet).
+        type Keys: Default + Send + 'static;
+
+        /// How many policies.
+        fn count(&self) -> usize;
+
+        /// How each policy is described to clients, in order.
+        fn describe(&self, out: &mut Vec<PolicyInfo>);
+
+        /// Asks policy `i` about the request: finds its cost and key (kept in `keys`), then its
+        /// limiter's decision.
+        fn ask(&self, i: usize, head: &RequestHead<'_>, keys: &mut Self::Keys) -> PolicyAnswer;
+
+        /// Hands policy `i`, with what it keeps of the request, to `visit`: everything the layer
+        /// does to one policy but asking it goes through here, so that a new thing to do is one
+        /// [`Visit`] and no new method of every set.
+        fn visit<V: Visit>(&self, i: usize, keys: &Self::Keys, visit: V) -> V::Output;
+    }
 }
 
 /// What one policy keeps of one request: its key and the cost it was asked for.
 pub(crate) type Slot<K> = Option<(K, u32)>;
 
-impl<X, L> PolicySet for Policy<X, L>
+impl<X, L> sealed::Policies for Policy<X, L>
 where
     X: KeyExtractor,
     L: Limiter<X::Key>,
@@ -135,7 +131,7 @@ where
     }
 }
 
-impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
+impl<A: PolicySet, B: PolicySet> sealed::Policies for Chain<A, B> {
     type Keys = (A::Keys, B::Keys);
 
     fn count(&self) -> usize {
@@ -165,7 +161,7 @@ impl<A: PolicySet, B: PolicySet> PolicySet for Chain<A, B> {
 /// Policies of one type, as many as a configuration names. Each request keeps its keys in one
 /// allocation; chain policies with [`Policy::and`] where
 /// their number is known when the code is written.
-impl<X, L> PolicySet for Vec<Policy<X, L>>
+impl<X, L> sealed::Policies for Vec<Policy<X, L>>
 where
     X: KeyExtractor,
     L: Limiter<X::Key>,
