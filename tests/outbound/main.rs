@@ -11,6 +11,8 @@ mod counting;
 
 mod answer_order;
 #[cfg(feature = "adaptive")]
+mod attack_resilience;
+#[cfg(feature = "adaptive")]
 mod breaker;
 #[cfg(all(feature = "adaptive", feature = "metrics"))]
 mod breaker_events;
