@@ -13,6 +13,7 @@ use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState, Window};
+use tower_bulwark::outbound::retry::Retry;
 use tower_bulwark::{outbound, BoxError};
 
 use crate::breaker::{answering, refused, through};
@@ -311,4 +312,222 @@ async fn the_largest_settings_wait_within_their_bounds() {
         let gap = pair[1] - pair[0];
         assert!(gap >= hour && gap <= 2 * hour, "{at:?}");
     }
+}
+
+/// `src/outbound/retry/mod.rs:48`: "a call makes at most [`max_attempts`] attempts (default 3)";
+/// guide: "attempts stop at `max_attempts`". A pushback below that the dependency keeps
+/// renewing (a 429 with `Retry-After: 1` every half second, seen on other calls) refuses each
+/// retry unsent; whatever the retry layer does with such refusals (given back to the budget),
+/// one call must not pass more than `max_attempts` attempts to the layers below, nor run on
+/// forever.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_renewed_forever_does_not_make_a_call_loop() {
+    use tower_bulwark::outbound::{Pushback, PushedBack};
+    let (dependency, calls) = scripted(vec![]);
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .build();
+    let limited = Response::builder()
+        .status(429)
+        .header("retry-after", "1")
+        .body(())
+        .unwrap();
+    pushback.observe(&limited);
+    let renewing = pushback.clone();
+    let renewer = tokio::spawn(async move {
+        loop {
+            renewing.observe(&limited);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let passed = Arc::new(AtomicUsize::new(0));
+    let below = pushback.layer().layer(dependency);
+    let counted = Arc::clone(&passed);
+    let counting = service_fn(move |request| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        below.clone().oneshot(request)
+    });
+    let partner = retry().max_attempts(2).build().unwrap();
+    let client = partner.layer().layer(counting);
+    let outcome = tokio::time::timeout(Duration::from_secs(600), client.oneshot(get())).await;
+    renewer.abort();
+    let attempts = passed.load(Ordering::SeqCst);
+    let outcome = outcome.unwrap_or_else(|_| panic!("still running after 600 s, {attempts} tries"));
+    assert!(outcome.unwrap_err().is::<PushedBack>());
+    assert_eq!((attempts, calls.count()), (2, 0));
+}
+
+/// `src/outbound/retry/mod.rs:27`: "a retry never leaves before the answer's `Retry-After`
+/// (delta-seconds, decimal seconds or an HTTP-date), `retry-after-ms`, ..., the window of a
+/// quota it says is spent (all read as the pushback reads them ...)". A 429 whose
+/// `X-RateLimit-*` or draft-11 `RateLimit` fields say the quota is spent for 4 s, with no
+/// `Retry-After`; a 503 whose quota says 7 s and `Retry-After` 2 s (the longer counts);
+/// `Retry-After: 1.5`. `max_wait` 10 s, backoff zero, so each retry leaves exactly when asked.
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_for_the_window_of_a_spent_quota() {
+    let cases: [(u16, Vec<(&'static str, &'static str)>, Duration); 4] = [
+        (
+            429,
+            vec![("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "4")],
+            Duration::from_secs(4),
+        ),
+        (
+            429,
+            vec![
+                ("ratelimit", "\"default\";r=0;t=4"),
+                ("ratelimit-policy", "\"default\";q=10;w=60"),
+            ],
+            Duration::from_secs(4),
+        ),
+        (
+            503,
+            vec![
+                ("retry-after", "2"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "7"),
+            ],
+            Duration::from_secs(7),
+        ),
+        (
+            503,
+            vec![("retry-after", "1.5")],
+            Duration::from_millis(1500),
+        ),
+    ];
+    for (status, headers, wait) in cases {
+        let shown = format!("{status} {headers:?}");
+        let (dependency, calls) = scripted(vec![(status, headers)]);
+        let partner = retry()
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .max_wait(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let response = partner.layer().layer(dependency).oneshot(get()).await;
+        assert_eq!(response.unwrap().status(), 200, "{shown}");
+        assert_eq!(calls.at(), [Duration::ZERO, wait], "{shown}");
+    }
+}
+
+/// `src/outbound/retry/builder.rs:178`: "When it asks for longer, no retry is made: the call
+/// ends with that answer or error". A 429 whose spent quota resets in an hour (no
+/// `Retry-After`) is longer than `max_wait`: one attempt, the answer as it came, at once.
+#[tokio::test(start_paused = true)]
+async fn a_spent_quota_longer_than_max_wait_is_not_waited_for() {
+    let (dependency, calls) = scripted(vec![(
+        429,
+        vec![
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "3600"),
+        ],
+    )]);
+    let partner = retry().build().unwrap();
+    let start = tokio::time::Instant::now();
+    let response = partner.layer().layer(dependency).oneshot(get()).await;
+    let response = response.unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["x-ratelimit-reset"], "3600");
+    assert_eq!((calls.count(), start.elapsed()), (1, Duration::ZERO));
+}
+
+/// `src/outbound/retry/budget.rs:119` (module docs of `src/outbound/retry`): a give-back is of
+/// "a retry withdrawn at `epoch` and never sent. A withdrawal whose slot has been forgotten
+/// counts no more, so nothing is given back for it"; guide: "deposits expire after the
+/// window". A call withdraws its retry at 0 s and waits out a `Retry-After` of 100 s; at 10 s
+/// (a window later) its slot is forgotten and reused by ten retries that spend the whole floor
+/// again; the old call is then dropped. Nothing may come back: the budget stays at 0, and an
+/// eleventh failing call in that window gets no retry.
+#[tokio::test(start_paused = true)]
+async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
+    let clock = ManualClock::new();
+    let partner = Retry::builder("partner")
+        .clock(clock.clone())
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .max_attempts(2)
+        .max_wait(Duration::from_secs(3600))
+        .budget(0.0, 1, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let (waiting, _) = scripted(vec![(429, vec![("retry-after", "100")])]);
+    let mut old = Box::pin(partner.layer().layer(waiting).oneshot(get()));
+    assert!(poll_once(old.as_mut()).is_pending());
+    assert_eq!(partner.budget_available(), 9);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(partner.budget_available(), 10, "the old slot forgotten");
+    let (failing, calls) = scripted(vec![(503, vec![]); 100]);
+    let client = partner.layer().layer(failing);
+    for _ in 0..10 {
+        client.clone().oneshot(get()).await.unwrap();
+    }
+    assert_eq!((calls.count(), partner.budget_available()), (20, 0));
+    drop(old);
+    assert_eq!(partner.budget_available(), 0, "nothing given back");
+    client.oneshot(get()).await.unwrap();
+    assert_eq!(calls.count(), 21, "no retry beyond the floor");
+}
+
+/// `src/outbound/breaker/mod.rs:61`: "Once the window holds at least `minimum_calls`, the
+/// breaker opens as soon as the share of failures reaches `failure_rate`". Five failures then
+/// five successes in a window of ten (minimum ten): the tenth call, a success, fills the window
+/// at a share of 0.5, so it opens then, not at some later failure.
+#[tokio::test]
+async fn a_success_that_fills_the_window_at_the_threshold_opens_it() {
+    let clock = ManualClock::new();
+    let breaker = Breaker::builder("partner")
+        .window(Window::Calls(10))
+        .minimum_calls(10)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (client, _) = answering(&breaker);
+    for _ in 0..5 {
+        through(&client, 503).await;
+    }
+    for _ in 0..4 {
+        through(&client, 200).await;
+    }
+    assert_eq!(breaker.state(), BreakerState::Closed);
+    through(&client, 200).await;
+    assert_eq!(
+        breaker.state(),
+        BreakerState::Open {
+            until: Duration::from_secs(1)
+        }
+    );
+}
+
+/// `src/outbound/breaker/builder.rs:28`: `Window::Seconds(n)` counts "the calls counted that
+/// ended in the last `n` seconds of the breaker's clock ...: the current whole second since the
+/// clock's origin and the `n − 1` before it". With two seconds and a minimum of two: failures at
+/// 0.999999999 s and 2 s are three seconds apart by number (0 and 2), so it stays closed; a
+/// failure at 2.5 s joins the one at 2 s and opens it. Failures at 0 s and 1.999999999 s (seconds
+/// 0 and 1) open it.
+#[tokio::test]
+async fn a_time_window_counts_whole_seconds_exactly() {
+    let seconds = |clock: &ManualClock| {
+        Breaker::builder("partner")
+            .window(Window::Seconds(2))
+            .minimum_calls(2)
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    };
+    let clock = ManualClock::new();
+    let breaker = seconds(&clock);
+    let (client, _) = answering(&breaker);
+    clock.set(Duration::from_nanos(999_999_999));
+    through(&client, 503).await;
+    clock.set(Duration::from_secs(2));
+    through(&client, 503).await;
+    assert_eq!(breaker.state(), BreakerState::Closed);
+    clock.set(Duration::from_millis(2_500));
+    through(&client, 503).await;
+    assert!(matches!(breaker.state(), BreakerState::Open { .. }));
+
+    let clock = ManualClock::new();
+    let breaker = seconds(&clock);
+    let (client, _) = answering(&breaker);
+    through(&client, 503).await;
+    clock.set(Duration::from_nanos(1_999_999_999));
+    through(&client, 503).await;
+    assert!(matches!(breaker.state(), BreakerState::Open { .. }));
 }
