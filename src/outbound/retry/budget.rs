@@ -9,8 +9,9 @@
 //! whole, deposits and withdrawals alike, once it is a window old. A retry is granted when the
 //! reserve (`min_per_second` for each second of the window) plus what the live slots hold is at
 //! least one retry. A withdrawal is never older than the deposits it spends, so it outlives
-//! them: over any stretch of time, retries are at most `ratio` times the first attempts plus
-//! the reserve once for each window the stretch spans.
+//! them: the retries of any stretch of time are at most `ratio` times the first attempts made in
+//! it or in the window before it (whose deposits are still live when it begins), plus the
+//! reserve once for each window the stretch spans.
 
 use std::sync::{Mutex, PoisonError};
 
