@@ -9,35 +9,16 @@ use std::time::Duration;
 
 use http::Response;
 use tokio::sync::oneshot;
-use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState, Window};
 use tower_bulwark::outbound::retry::Retry;
 use tower_bulwark::{outbound, BoxError};
 
-use crate::breaker::{answering, refused, through};
+use crate::breaker::{answering, builder, refused, through};
+use crate::breaker_probes::{held, open_then_half_open, Held};
 use crate::common::poll_once;
 use crate::retry::{get, retry, scripted};
-
-/// A client whose every call is answered when the test sends its status on the call's channel.
-type Held = BoxCloneService<oneshot::Receiver<u16>, Response<()>, BoxError>;
-
-fn held(breaker: &Breaker) -> (Held, Arc<AtomicUsize>) {
-    let reached = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&reached);
-    let dependency = service_fn(move |answer: oneshot::Receiver<u16>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let status = answer.await?;
-            Ok::<_, BoxError>(Response::builder().status(status).body(())?)
-        }
-    });
-    (
-        BoxCloneService::new(breaker.layer().layer(dependency)),
-        reached,
-    )
-}
 
 /// A call through `client` admitted (polled once, inside the dependency) and the sender that
 /// answers it.
@@ -100,19 +81,11 @@ async fn failed_probes_reopen_it_with_the_default_minimum_calls() {
 #[tokio::test]
 async fn slow_probes_open_it_again_though_they_succeed() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(2))
-        .minimum_calls(2)
-        .half_open_calls(2)
+    let breaker = builder("partner", &clock, 2)
         .slow_call_duration(Duration::from_secs(1))
-        .clock(clock.clone())
         .build()
         .unwrap();
-    let (client, _) = answering(&breaker);
-    through(&client, 503).await;
-    through(&client, 503).await;
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    open_then_half_open(&breaker, &clock).await;
     let (probes, _) = held(&breaker);
     let (first, first_call) = admitted(&probes).await;
     let (second, second_call) = admitted(&probes).await;
@@ -137,21 +110,11 @@ async fn slow_probes_open_it_again_though_they_succeed() {
 #[tokio::test]
 async fn calls_admitted_while_closed_are_no_probes() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(2))
-        .minimum_calls(2)
-        .half_open_calls(2)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let breaker = builder("partner", &clock, 2).build().unwrap();
     let (slow, reached) = held(&breaker);
     let (old_a, old_a_call) = admitted(&slow).await;
     let (old_b, old_b_call) = admitted(&slow).await;
-    let (client, _) = answering(&breaker);
-    through(&client, 503).await;
-    through(&client, 503).await;
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    open_then_half_open(&breaker, &clock).await;
     let (probe_a, probe_a_call) = admitted(&slow).await;
     let (probe_b, probe_b_call) = admitted(&slow).await;
     old_a.send(200).unwrap();
@@ -159,6 +122,7 @@ async fn calls_admitted_while_closed_are_no_probes() {
     old_a_call.await.unwrap();
     old_b_call.await.unwrap();
     assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    let (client, _) = answering(&breaker);
     assert_eq!(refused(&client).await.retry_after(), Duration::from_secs(1));
     probe_a.send(503).unwrap();
     probe_b.send(503).unwrap();
@@ -512,13 +476,7 @@ async fn a_wrapped_breaker_refusal_is_not_retried_either() {
 #[tokio::test]
 async fn an_ended_probe_does_not_free_its_place() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(2))
-        .minimum_calls(2)
-        .half_open_calls(2)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let breaker = builder("partner", &clock, 2).build().unwrap();
     let (client, reached) = answering(&breaker);
     through(&client, 503).await;
     through(&client, 503).await;
@@ -601,44 +559,42 @@ async fn threads_racing_while_the_clock_moves_never_exceed_the_floor() {
 #[test]
 fn bad_retry_and_breaker_tables_are_refused_naming_the_field() {
     use tower_bulwark::config::Registry;
-    let cases: [(&str, &str, &str); 27] = [
-        ("retries", "max_attempts = 0", "max_attempts"),
-        ("retries", "max_attempts = 11", "max_attempts"),
-        ("retries", "max_attempts = -1", "max_attempts"),
-        ("retries", "max_attempts = 4294967297", "max_attempts"),
-        ("retries", "max_attempts = 2.5", "max_attempts"),
-        ("retries", "base = \"2s\"", "base"),
-        ("retries", "cap = \"2h\"", "cap"),
-        ("retries", "base = \"-1s\"", "base"),
-        ("retries", "max_wait = \"3601s\"", "max_wait"),
-        (
-            "retries",
-            "max_wait = \"99999999999999999999s\"",
-            "max_wait",
-        ),
-        ("retries", "ratio = nan", "ratio"),
-        ("retries", "ratio = inf", "ratio"),
-        ("retries", "ratio = -inf", "ratio"),
-        ("retries", "ratio = 10.000001", "ratio"),
-        ("retries", "ratio = \"0.2\"", "ratio"),
-        ("retries", "min_per_second = -1", "min_per_second"),
-        ("retries", "min_per_second = 4294967296", "min_per_second"),
-        ("retries", "window = \"9ms\"", "window"),
-        ("retries", "window = \"3600001ms\"", "window"),
-        ("retries", "window = 10", "window"),
-        ("retries", "max_attempt = 3", "max_attempt"),
-        ("breakers", "window_seconds = 100001", "window_seconds"),
-        ("breakers", "window_seconds = 0", "window_seconds"),
-        ("breakers", "window_calls = 100001", "window_calls"),
-        ("breakers", "minimum_calls = 4294967296", "minimum_calls"),
-        ("breakers", "half_open_calls = -3", "half_open_calls"),
-        (
-            "breakers",
-            "open_for = \"1152921504606846977ns\"",
-            "open_for",
-        ),
+    // Each line names the field it sets first: the error must name it.
+    let retries: [&str; 21] = [
+        "max_attempts = 0",
+        "max_attempts = 11",
+        "max_attempts = -1",
+        "max_attempts = 4294967297",
+        "max_attempts = 2.5",
+        "base = \"2s\"",
+        "cap = \"2h\"",
+        "base = \"-1s\"",
+        "max_wait = \"3601s\"",
+        "max_wait = \"99999999999999999999s\"",
+        "ratio = nan",
+        "ratio = inf",
+        "ratio = -inf",
+        "ratio = 10.000001",
+        "ratio = \"0.2\"",
+        "min_per_second = -1",
+        "min_per_second = 4294967296",
+        "window = \"9ms\"",
+        "window = \"3600001ms\"",
+        "window = 10",
+        "max_attempt = 3",
     ];
-    for (table, body, field) in cases {
+    let breakers: [&str; 6] = [
+        "window_seconds = 100001",
+        "window_seconds = 0",
+        "window_calls = 100001",
+        "minimum_calls = 4294967296",
+        "half_open_calls = -3",
+        "open_for = \"1152921504606846977ns\"",
+    ];
+    let cases = (retries.iter().map(|line| ("retries", line)))
+        .chain(breakers.iter().map(|line| ("breakers", line)));
+    for (table, body) in cases {
+        let field = body.split(' ').next().unwrap();
         let text = format!("[{table}.partner]\n{body}\n");
         let err = Registry::from_toml_str(&text).unwrap_err();
         assert!(

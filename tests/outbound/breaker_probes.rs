@@ -21,9 +21,9 @@ use crate::common::poll_once;
 /// A client whose every call is answered when the test sends its status on the call's channel
 /// (a dropped sender: the dependency's own error, which is no verdict); the counter counts the
 /// calls that reached the dependency.
-type Held = BoxCloneService<oneshot::Receiver<u16>, Response<()>, BoxError>;
+pub(crate) type Held = BoxCloneService<oneshot::Receiver<u16>, Response<()>, BoxError>;
 
-fn held(breaker: &Breaker) -> (Held, Arc<AtomicUsize>) {
+pub(crate) fn held(breaker: &Breaker) -> (Held, Arc<AtomicUsize>) {
     let reached = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&reached);
     let dependency = service_fn(move |answer: oneshot::Receiver<u16>| {
@@ -40,7 +40,7 @@ fn held(breaker: &Breaker) -> (Held, Arc<AtomicUsize>) {
 }
 
 /// Opens `breaker` with two failures through `client`, then lets its open time pass.
-async fn open_then_half_open(breaker: &Breaker, clock: &ManualClock) {
+pub(crate) async fn open_then_half_open(breaker: &Breaker, clock: &ManualClock) {
     let (client, _) = answering(breaker);
     through(&client, 503).await;
     through(&client, 503).await;
