@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attack_outage;
 mod attack_two;
 mod client_quota;
 mod client_quota_unreachable;

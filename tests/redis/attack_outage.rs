@@ -1,0 +1,380 @@
+//! Attacks on what a Redis limiter promises while Redis cannot answer: the fail modes (above
+//! all the default `RedisFailMode::Local`), leases held through an outage, give-backs and
+//! settles sent across one, its logs, and settings at their extremes.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::manual_clock_at;
+use crate::common::redis_server::RedisServer;
+use tower_bulwark::algorithm::{Gcra, Metered, SlidingLog};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::limiter::InsufficientCapacity;
+use tower_bulwark::redis::{
+    Lease, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
+};
+use tower_bulwark::{Limiter, Quota};
+
+const TIMEOUT: Duration = Duration::from_millis(250);
+/// Scheduling slack on top of the timeout, for a loaded machine.
+const SLACK: Duration = Duration::from_millis(750);
+
+/// A limiter of algorithm `A` for `quota` on `store`, on `clock`, under `prefix`, its refusals
+/// not cached (every decision asks Redis or the fail mode), deciding with `mode` when Redis
+/// cannot.
+fn limiter<A: RedisAlgorithm>(
+    store: &RedisStore,
+    quota: Quota,
+    clock: &ManualClock,
+    prefix: &str,
+    mode: RedisFailMode,
+) -> RedisRateLimiter {
+    RedisRateLimiter::builder(quota, store.clone())
+        .algorithm::<A>()
+        .client_clock(clock.clone())
+        .prefix(prefix)
+        .timeout(TIMEOUT)
+        .refusal_cache_capacity(0)
+        .fail_mode(mode)
+        .build()
+        .unwrap()
+}
+
+/// Admissions of `cost` on `key` until the first refusal (at most 1 000).
+async fn admitted(limiter: &RedisRateLimiter, key: &str, cost: u32) -> u64 {
+    let mut n = 0;
+    loop {
+        let start = Instant::now();
+        let allowed = limiter.check_n(&key, cost).await.unwrap().allowed;
+        let took = start.elapsed();
+        assert!(took < TIMEOUT + SLACK, "a decision took {took:?}");
+        if !allowed {
+            return n;
+        }
+        n += 1;
+        assert!(n < 1_000, "never refused");
+    }
+}
+
+/// Checks `key` on `limiter` until Redis itself answers (an error before that is Redis's).
+async fn until_redis_answers(limiter: &RedisRateLimiter, key: &str) -> bool {
+    let start = Instant::now();
+    loop {
+        match limiter.check(&key).await {
+            Ok(decision) => return decision.allowed,
+            Err(err) => {
+                assert!(err.is::<RedisFailure>(), "{err}");
+                assert!(start.elapsed() < Duration::from_secs(15), "no reconnection");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// `fail_mode.rs:23`: the local limiter is "keyed by the Redis key" and "knows nothing of what
+/// Redis admitted before the outage"; `limiter.rs:369`: "a fail mode's decision goes to the
+/// local limiter", and "a decision that Redis made ... gives nothing back" elsewhere. An
+/// admission that Redis made, given back while Redis is down, must not free a permit of the
+/// local limiter: with a burst of 10 the outage still admits at most 10 at one instant.
+#[tokio::test]
+async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_gcra() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_giveback_gcra").await
+    else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(10).unwrap();
+    let l = limiter::<Gcra>(&store, quota, &clock, "ao:gb:", RedisFailMode::Local);
+    let from_redis = l.check(&"k").await.unwrap();
+    assert!(from_redis.allowed);
+    assert_eq!(l.counts().failures, 0, "Redis decided it");
+    server.kill();
+    // The local limiter's first admission leaves the TAT Redis's did: one interval from now.
+    let local = l.check(&"k").await.unwrap();
+    assert!(local.allowed && l.counts().failures == 1);
+    l.refund(&"k", 1, from_redis);
+    let more = admitted(&l, "k", 1).await;
+    assert_eq!(
+        1 + more,
+        10,
+        "the outage admits the burst at one instant, no more"
+    );
+}
+
+/// As above with `Metered` (`fail_mode.rs:27`: the local `Metered` holds its admissions'
+/// estimates "and settle[s] there, as in Redis"): an estimate that Redis holds, given back
+/// during the outage, must not release the estimates the local limiter holds.
+#[tokio::test]
+async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_metered() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_giveback_metered").await
+    else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(10).unwrap();
+    let l = limiter::<Metered>(&store, quota, &clock, "ao:gbm:", RedisFailMode::Local);
+    let from_redis = l.check_n(&"k", 5).await.unwrap();
+    assert!(from_redis.allowed && l.counts().failures == 0);
+    server.kill();
+    let a = l.check_n(&"k", 5).await.unwrap();
+    let b = l.check_n(&"k", 5).await.unwrap();
+    assert!(a.allowed && b.allowed, "the local limiter holds 10");
+    assert!(!l.check_n(&"k", 5).await.unwrap().allowed, "full");
+    l.refund(&"k", 5, from_redis);
+    assert!(
+        !l.check_n(&"k", 5).await.unwrap().allowed,
+        "Redis's hold given back freed a local one: 15 in flight locally on a burst of 10"
+    );
+    drop((a, b));
+}
+
+/// The server's process id, from `INFO server`.
+fn pid(server: &RedisServer) -> String {
+    let info = server.command(&["INFO", "server"]);
+    let line = info.lines().find_map(|l| l.strip_prefix("process_id:"));
+    line.expect("INFO names the pid").trim().to_owned()
+}
+
+fn signal(pid: &str, signal: &str) {
+    let status = Command::new("kill").args([signal, pid]).status().unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Resumes a stopped server however the test ends.
+struct Stopped(String);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(&self.0, "-CONT");
+    }
+}
+
+/// The other way (`limiter.rs:369`, "a fail mode's decision goes to the local limiter"): a
+/// sliding log's admission that the fail mode made while Redis was stopped, given back once
+/// Redis answers again with its state whole, must not take an entry out of Redis's log at the
+/// same instant: Redis, holding 9 of 10, still admits exactly one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redis() {
+    let Some((server, store)) = RedisServer::with_store("attack_outage_giveback_back").await else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(10).unwrap();
+    let l = limiter::<SlidingLog>(&store, quota, &clock, "ao:gbs:", RedisFailMode::Local);
+    for _ in 0..9 {
+        assert!(l.check(&"k").await.unwrap().allowed);
+    }
+    assert_eq!(l.counts().failures, 0);
+    let local = {
+        let _stopped = {
+            let pid = pid(&server);
+            signal(&pid, "-STOP");
+            Stopped(pid)
+        };
+        let local = l.check(&"k").await.unwrap();
+        assert!(local.allowed && l.counts().failures == 1, "the fail mode's");
+        local
+    };
+    // Redis resumed: the script held up is past its deadline and changed nothing.
+    let p = limiter::<SlidingLog>(&store, quota, &clock, "ao:gbs:", RedisFailMode::Propagate);
+    assert!(until_redis_answers(&p, "other").await);
+    l.refund(&"k", 1, local);
+    tokio::time::sleep(Duration::from_millis(200)).await; // the refund's spawned task
+    assert_eq!(admitted(&p, "k", 1).await, 1, "Redis has one left of 10");
+}
+
+/// `limiter.rs:204`: `check_n` fails with `InsufficientCapacity` "when `cost` is more than the
+/// quota can ever admit at once"; `fail_mode.rs:40`: `Open` "reports the full limit minus the
+/// cost as remaining". During an outage a cost above the burst is still that error under every
+/// fail mode, never an admission of more than the limit.
+#[tokio::test]
+async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_capacity").await else {
+        return;
+    };
+    server.kill();
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(10).unwrap();
+    let modes = [
+        RedisFailMode::Local,
+        RedisFailMode::Open,
+        RedisFailMode::Closed(Duration::from_secs(1)),
+        RedisFailMode::fallback(quota),
+    ];
+    for mode in modes {
+        let name = format!("{mode:?}");
+        let l = limiter::<Gcra>(&store, quota, &clock, "ao:cap:", mode);
+        let err = l.check_n(&"k", 11).await.expect_err(&name);
+        assert!(err.is::<InsufficientCapacity>(), "{name}: {err}");
+        let fits = l.check_n(&"k", 10).await.expect(&name);
+        if fits.allowed {
+            assert_eq!(fits.remaining, 0, "{name}: {fits:?}");
+        }
+    }
+}
+
+/// `fail_mode.rs:40`: `Open` "admits the request ... The decision reports the full limit minus
+/// the cost as remaining".
+#[tokio::test]
+async fn open_reports_the_full_limit_minus_the_cost() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_open").await else {
+        return;
+    };
+    server.kill();
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(10).unwrap();
+    let l = limiter::<Gcra>(&store, quota, &clock, "ao:open:", RedisFailMode::Open);
+    for _ in 0..50 {
+        let d = l.check_n(&"k", 3).await.unwrap();
+        assert!(d.allowed && d.limit == 10 && d.remaining == 7, "{d:?}");
+        assert_eq!((d.retry_after, d.wait), (Duration::ZERO, Duration::ZERO));
+    }
+    assert_eq!(l.counts().failures, 50);
+}
+
+/// `builder.rs:241`: `build` gives "a `BuildError` naming the setting that cannot work"; a
+/// timeout or probe interval it accepts must work. `Duration::MAX` for either, built, then a
+/// decision with Redis up and one with Redis down: an answer each, no panic.
+#[tokio::test]
+async fn absurd_timeouts_are_refused_by_name_or_work() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_absurd").await else {
+        return;
+    };
+    let quota = Quota::per_minute(10).unwrap();
+    let build = |timeout, probe| {
+        RedisRateLimiter::builder(quota, store.clone())
+            .prefix("ao:abs:")
+            .timeout(timeout)
+            .probe_interval(probe)
+            .build()
+    };
+    let mut built = Vec::new();
+    for (timeout, probe) in [
+        (Duration::MAX, Duration::from_millis(250)),
+        (TIMEOUT, Duration::MAX),
+        (Duration::from_nanos(1), Duration::ZERO),
+    ] {
+        match build(timeout, probe) {
+            Ok(l) => built.push(l),
+            Err(err) => {
+                let text = err.to_string();
+                assert!(
+                    text.contains("timeout") || text.contains("probe"),
+                    "{timeout:?} {probe:?}: {text}"
+                );
+            }
+        }
+    }
+    for l in &built {
+        l.check(&"k").await.unwrap();
+    }
+    server.kill();
+    for l in &built {
+        let d = l.check(&"k").await.unwrap();
+        assert!(d.allowed, "the local limiter has 9 left: {d:?}");
+    }
+}
+
+/// A leasing limiter of `quota` on `store` and `clock` (shares of at most 25, leases of 10 s
+/// that the frozen clock never ends), deciding with `mode` when Redis cannot.
+fn leasing(
+    store: &RedisStore,
+    quota: Quota,
+    clock: &ManualClock,
+    mode: RedisFailMode,
+) -> RedisRateLimiter {
+    RedisRateLimiter::builder(quota, store.clone())
+        .client_clock(clock.clone())
+        .prefix("ao:lease:")
+        .timeout(TIMEOUT)
+        .refusal_cache_capacity(0)
+        .fail_mode(mode)
+        .lease(Lease::new().max_share(25).length(Duration::from_secs(10)))
+        .build()
+        .unwrap()
+}
+
+/// `fail_mode.rs:31`: "while Redis cannot answer, each instance admits a key at most its
+/// quota, as if it alone used it"; `builder.rs:189`: a lease admission's `remaining` "is what
+/// is left of the instance's share". An instance holding a share when Redis dies admits, at one
+/// instant, at most what its share has left plus the burst.
+#[tokio::test]
+async fn a_share_held_when_redis_dies_admits_at_most_its_rest_and_the_burst() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_lease_bound").await
+    else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(100).unwrap();
+    let a = leasing(&store, quota, &clock, RedisFailMode::Local);
+    let mut rest = 0;
+    for _ in 0..20 {
+        let d = a.check(&"k").await.unwrap();
+        assert!(d.allowed);
+        rest = d.remaining;
+    }
+    assert!(a.counts().lease_decisions > 0 && a.counts().failures == 0);
+    server.kill();
+    let during = admitted(&a, "k", 1).await;
+    assert!(a.counts().failures > 0, "{:?}", a.counts());
+    assert!(
+        during <= rest + 100,
+        "{during} admitted during the outage, share rest {rest} + burst 100"
+    );
+}
+
+/// `lease.rs:6`: "what Redis can still hand out and what the leases hold are never more than
+/// the burst together"; `fail_mode.rs:36`: Redis knows nothing of what was admitted while it
+/// was away. A share leased from a Redis that then restarts empty is given back (unused) to
+/// the new one, which never leased it: the new Redis must not count those permits as its own.
+/// At one instant, another instance then takes the whole burst of 100 from the new Redis, and
+/// nothing more is admitted from Redis after the give-back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_from_before_an_empty_restart_given_back_adds_nothing_to_the_new_redis() {
+    let Some((mut server, store)) = RedisServer::with_store("attack_outage_lease_restart").await
+    else {
+        return;
+    };
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let quota = Quota::per_minute(100).unwrap();
+    let a = leasing(&store, quota, &clock, RedisFailMode::Propagate);
+    let mut rest = 0;
+    for _ in 0..20 {
+        let d = a.check(&"k").await.unwrap();
+        assert!(d.allowed);
+        rest = d.remaining;
+    }
+    assert!(rest > 0, "the share holds permits unused");
+    server.restart();
+    let other = RedisStore::connect(&server.url()).await.unwrap();
+    let b = leasing(&other, quota, &clock, RedisFailMode::Propagate);
+    let mut from_new = 0;
+    loop {
+        match b.check(&"k").await {
+            Ok(d) if d.allowed => from_new += 1,
+            Ok(_) => break,
+            Err(err) => assert!(err.is::<RedisFailure>() && from_new == 0, "{err}"),
+        }
+        assert!(from_new <= 200);
+    }
+    assert_eq!(from_new, 100, "the new Redis's burst");
+    // `a` asks for more than its share holds: its lease call gives the rest back.
+    let start = Instant::now();
+    let asked = loop {
+        match a.check_n(&"k", rest as u32 + 1).await {
+            Ok(d) => break d,
+            Err(err) => {
+                assert!(err.is::<RedisFailure>(), "{err}");
+                assert!(start.elapsed() < Duration::from_secs(15), "no reconnection");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut after = u64::from(asked.allowed) * (rest + 1);
+    after += admitted(&b, "k", 1).await;
+    after += admitted(&a, "k", 1).await;
+    assert_eq!(
+        after, 0,
+        "the new Redis admitted more than its burst of 100 at one instant"
+    );
+}
