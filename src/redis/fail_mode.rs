@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::Ready;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,11 +149,17 @@ impl fmt::Debug for RedisFailMode {
 /// Whether Redis is failing: counts the failures, logs the first of a streak as a warning and
 /// the rest at debug level, and after a failure to reach Redis skips it for a probe interval,
 /// so that a dead Redis does not cost every request a timeout.
+///
+/// Redis is failing as the latest call sent says, of those that ended: calls end out of order (a
+/// reply on its way when Redis died lands after a later call's failure; a call that times out
+/// in a stall ends after a later one that found Redis back), and taking each as it ends told a
+/// dead Redis "answers again" and then warned anew, several times an outage.
 #[derive(Debug)]
 pub(crate) struct Breaker {
     failures: AtomicU64,
-    /// Whether the last call failed.
-    down: AtomicBool,
+    /// The latest-sent call of those that ended: the instant it was sent (nanoseconds since
+    /// `origin`) shifted left by one, and in the low bit whether it failed.
+    latest: AtomicU64,
     /// The origin of the breaker's own real-time clock: Redis availability is a matter of real
     /// time, whatever clock the decisions use.
     origin: Instant,
@@ -167,7 +173,7 @@ impl Breaker {
     pub(crate) fn new(probe_interval: Duration) -> Self {
         Self {
             failures: AtomicU64::new(0),
-            down: AtomicBool::new(false),
+            latest: AtomicU64::new(0),
             origin: Instant::now(),
             probe_interval,
             skip_until: AtomicU64::new(0),
@@ -178,7 +184,8 @@ impl Breaker {
         self.failures.load(Ordering::Relaxed)
     }
 
-    fn elapsed(&self) -> u64 {
+    /// Now, on the breaker's clock: what a call's sending instant is read with.
+    pub(crate) fn elapsed(&self) -> u64 {
         saturating_nanos(self.origin.elapsed())
     }
 
@@ -187,28 +194,58 @@ impl Breaker {
         self.elapsed() < self.skip_until.load(Ordering::Relaxed)
     }
 
-    /// Redis answered a limiter of `algorithm`.
-    pub(crate) fn answered(&self, algorithm: &str) {
-        if self.down.swap(false, Ordering::Relaxed) {
+    /// Records the end of a call sent at `sent` that `failed` or not, if no call sent later has
+    /// ended; says whether that changed whether Redis is failing (`None`: a later call had
+    /// already said more).
+    fn ended(&self, sent: u64, failed: bool) -> Option<bool> {
+        let now = (sent << 1) | u64::from(failed);
+        let mut latest = self.latest.load(Ordering::Relaxed);
+        loop {
+            if latest >> 1 > sent {
+                return None;
+            }
+            match (self.latest).compare_exchange_weak(
+                latest,
+                now,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some((latest & 1 == 1) != failed),
+                Err(current) => latest = current,
+            }
+        }
+    }
+
+    /// Redis answered a limiter of `algorithm` for `key`, the call sent at `sent`.
+    pub(crate) fn answered(&self, key: &str, algorithm: &str, sent: u64) {
+        if self.ended(sent, false) == Some(true) {
             self.skip_until.store(0, Ordering::Relaxed);
             tracing::info!(
                 target: "tower_bulwark::redis",
+                key,
                 algorithm,
                 "redis answers again; decisions come from redis",
             );
         }
     }
 
-    /// Redis failed to decide for `key`; `fail_mode` decides instead.
-    pub(crate) fn failed(&self, key: &str, failure: &RedisFailure, fail_mode: &RedisFailMode) {
+    /// Redis failed to decide for `key`, the call sent at `sent`; `fail_mode` decides instead.
+    pub(crate) fn failed(
+        &self,
+        key: &str,
+        failure: &RedisFailure,
+        fail_mode: &RedisFailMode,
+        sent: u64,
+    ) {
         let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failure.is_unavailable() {
+        let ended = self.ended(sent, true);
+        if ended.is_some() && failure.is_unavailable() {
             let until = self
                 .elapsed()
                 .saturating_add(saturating_nanos(self.probe_interval));
             self.skip_until.fetch_max(until, Ordering::Relaxed);
         }
-        if self.down.swap(true, Ordering::Relaxed) {
+        if ended != Some(true) {
             tracing::debug!(
                 target: "tower_bulwark::redis",
                 key, failures = count, error = %failure,
@@ -221,5 +258,28 @@ impl Breaker {
                 "redis decision failed; the fail mode decides until redis answers again",
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether Redis is failing follows the latest-sent call that ended, whatever order the
+    /// calls end in; each change is told once.
+    #[test]
+    fn a_call_that_ends_after_a_later_sent_one_changes_nothing() {
+        let breaker = Breaker::new(Duration::from_secs(1));
+        assert_eq!(breaker.ended(20, true), Some(true), "down");
+        assert_eq!(breaker.ended(10, false), None, "a reply on its way");
+        assert_eq!(breaker.ended(25, true), Some(false), "still down");
+        assert_eq!(breaker.ended(30, false), Some(true), "back");
+        assert_eq!(breaker.ended(28, true), None, "a timeout of before");
+        assert_eq!(breaker.ended(30, false), Some(false), "the same instant");
+        // A stale failure neither warns nor makes the limiter skip Redis.
+        let timeout = RedisFailure::Timeout(Duration::from_millis(5));
+        breaker.failed("k", &timeout, &RedisFailMode::Propagate, 29);
+        assert!(!breaker.skipping());
+        assert_eq!(breaker.failures(), 1, "counted all the same");
     }
 }

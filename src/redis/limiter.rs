@@ -491,6 +491,7 @@ impl Inner {
         key: &str,
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
+        let sent = self.breaker.elapsed();
         let result = if self.breaker.skipping() {
             Err(RedisFailure::Skipped)
         } else {
@@ -499,8 +500,8 @@ impl Inner {
                 .unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)))
         };
         match &result {
-            Ok(_) => self.breaker.answered(quota.script.name()),
-            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode),
+            Ok(_) => self.breaker.answered(key, quota.script.name(), sent),
+            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode, sent),
         }
         result
     }

@@ -383,13 +383,14 @@ async fn a_share_from_before_an_empty_restart_given_back_adds_nothing_to_the_new
 /// `README.md:703`: "The first failure of an outage is a `WARN` event"; `fail_mode.rs:149`:
 /// the breaker "logs the first of a streak as a warning and the rest at debug level". Sixteen
 /// tasks on two threads flood keys of their own while Redis is killed and restarted eight
-/// times: one `WARN` event per outage, and one "redis answers again" once it is back.
+/// times: one `WARN` event per outage, and one "redis answers again" once it is back (each
+/// naming a key of the limiter).
 ///
-/// What happens: at a kill, calls in flight fail and a call whose reply came in before the
-/// kill is counted as an answer after them: `WARN`, `INFO` "redis answers again" (Redis is
-/// dead), `WARN` again, up to four times in one outage; 9 to 15 of each over 8 outages.
+/// Was broken (found by this attack): at a kill, calls in flight failed and a call whose reply
+/// came in before the kill was counted as an answer after them: `WARN`, `INFO` "redis answers
+/// again" (Redis dead), `WARN` again; 9 to 15 of each over 8 outages (5 runs in 6). Now whether
+/// Redis is failing follows the latest-sent call that ended.
 #[test]
-#[ignore = "BUG: at a kill, a reply read before it and processed after another call's failure logs \"redis answers again\" while Redis is dead, and the next failure a new WARN: 9 to 15 WARN (and as many INFO) for 8 outages"]
 fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
     use crate::common::process::{thread_subscriber, TargetEvents};
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -409,9 +410,14 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
         .on_thread_start(move || std::mem::forget(thread_subscriber(on_start.clone())))
         .build()
         .unwrap();
+    // The flooded limiter's events: the probe below has a breaker of its own, which may see an
+    // outage of its own (a restart still loading under load).
     let at = |level: tracing::Level| {
         let seen = recorder.seen();
-        seen.iter().filter(|(l, _)| *l == level).count()
+        let flooded = |fields: &String| fields.contains("key=\"ao:warn:");
+        seen.iter()
+            .filter(|(l, fields)| *l == level && flooded(fields))
+            .count()
     };
     let warns = || at(tracing::Level::WARN);
     let recoveries = || at(tracing::Level::INFO);
