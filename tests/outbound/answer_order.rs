@@ -266,9 +266,7 @@ proptest! {
 fn a_policy_window_with_nothing_to_give_is_part_of_the_wait() {
     for (q, in_flight) in [(0u64, 0usize), (1, 1), (2, 2)] {
         let told = paused_runtime().block_on(async {
-            let pushback = Pushback::builder("partner")
-                .clock(TokioClock::new())
-                .build();
+            let pushback = crate::hostile_support::on_tokio_clock();
             let dependency = service_fn(|answer: oneshot::Receiver<Response<()>>| async move {
                 Ok::<_, BoxError>(answer.await?)
             });
@@ -359,9 +357,7 @@ fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
                 }
             })
         };
-        let pushback = Pushback::builder("partner")
-            .clock(TokioClock::new())
-            .build();
+        let pushback = crate::hostile_support::on_tokio_clock();
         let client = pushback.layer().layer(path);
         let end = Instant::now() + Duration::from_secs(seconds);
         // The workers run on the test's own task: the runtime has one thread anyway.

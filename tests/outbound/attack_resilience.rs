@@ -15,7 +15,7 @@ use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState, Windo
 use tower_bulwark::outbound::retry::Retry;
 use tower_bulwark::{outbound, BoxError};
 
-use crate::breaker::{answering, builder, refused, through};
+use crate::breaker::{answering, builder, open_until, refused, through};
 use crate::breaker_probes::{held, open_then_half_open, Held};
 use crate::common::poll_once;
 use crate::retry::{get, retry, scripted};
@@ -50,23 +50,12 @@ async fn failed_probes_reopen_it_with_the_default_minimum_calls() {
     for _ in 0..20 {
         through(&client, 503).await;
     }
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(1)
-        }
-    );
+    assert_eq!(breaker.state(), open_until(1.0));
     clock.advance(Duration::from_secs(1));
     for _ in 0..10 {
         through(&client, 503).await;
     }
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(2)
-        },
-        "ten failed probes of ten"
-    );
+    assert_eq!(breaker.state(), open_until(2.0), "ten failed probes of ten");
     clock.advance(Duration::from_secs(1));
     for n in 0..10 {
         through(&client, if n < 4 { 503 } else { 200 }).await;
@@ -94,12 +83,7 @@ async fn slow_probes_open_it_again_though_they_succeed() {
     second.send(200).unwrap();
     assert_eq!(first_call.await.unwrap().status(), 200);
     assert_eq!(second_call.await.unwrap().status(), 200);
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(4)
-        }
-    );
+    assert_eq!(breaker.state(), open_until(4.0));
 }
 
 /// `src/outbound/breaker/mod.rs:78`: "A call admitted before a transition counts for nothing
@@ -128,12 +112,7 @@ async fn calls_admitted_while_closed_are_no_probes() {
     probe_b.send(503).unwrap();
     probe_a_call.await.unwrap();
     probe_b_call.await.unwrap();
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(2)
-        }
-    );
+    assert_eq!(breaker.state(), open_until(2.0));
     assert_eq!(reached.load(Ordering::SeqCst), 4);
 }
 
@@ -261,11 +240,9 @@ async fn a_wait_of_exactly_max_wait_is_made_and_zero_allows_only_no_wait() {
 /// forever.
 #[tokio::test(start_paused = true)]
 async fn a_pushback_renewed_forever_does_not_make_a_call_loop() {
-    use tower_bulwark::outbound::{Pushback, PushedBack};
+    use tower_bulwark::outbound::PushedBack;
     let (dependency, calls) = scripted(vec![]);
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = crate::hostile_support::on_tokio_clock();
     let limited = Response::builder()
         .status(429)
         .header("retry-after", "1")
@@ -391,12 +368,7 @@ async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
 #[tokio::test]
 async fn a_success_that_fills_the_window_at_the_threshold_opens_it() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(10))
-        .minimum_calls(10)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let breaker = builder("partner", &clock, 10).build().unwrap();
     let (client, _) = answering(&breaker);
     for _ in 0..5 {
         through(&client, 503).await;
@@ -406,12 +378,7 @@ async fn a_success_that_fills_the_window_at_the_threshold_opens_it() {
     }
     assert_eq!(breaker.state(), BreakerState::Closed);
     through(&client, 200).await;
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(1)
-        }
-    );
+    assert_eq!(breaker.state(), open_until(1.0));
 }
 
 /// An error of a layer of the user's that keeps the error below as its source.
@@ -491,12 +458,7 @@ async fn an_ended_probe_does_not_free_its_place() {
     assert_eq!(reached.load(Ordering::SeqCst), 3);
     out.send(503).unwrap();
     out_call.await.unwrap();
-    assert_eq!(
-        breaker.state(),
-        BreakerState::Open {
-            until: Duration::from_secs(2)
-        }
-    );
+    assert_eq!(breaker.state(), open_until(2.0));
 }
 
 /// `src/outbound/retry/budget.rs:11` (module docs): "over any stretch of time, retries are at
@@ -625,10 +587,8 @@ fn bad_retry_and_breaker_tables_are_refused_naming_the_field() {
 #[tokio::test]
 async fn a_time_window_forgets_a_second_exactly_a_window_apart() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
+    let breaker = builder("partner", &clock, 2)
         .window(Window::Seconds(3))
-        .minimum_calls(2)
-        .clock(clock.clone())
         .build()
         .unwrap();
     let (client, _) = answering(&breaker);
@@ -649,11 +609,9 @@ async fn a_time_window_forgets_a_second_exactly_a_window_apart() {
 #[tokio::test]
 async fn a_time_window_is_empty_after_closing() {
     let clock = ManualClock::new();
-    let breaker = Breaker::builder("partner")
+    let breaker = builder("partner", &clock, 2)
         .window(Window::Seconds(10))
-        .minimum_calls(2)
         .half_open_calls(1)
-        .clock(clock.clone())
         .build()
         .unwrap();
     let (client, _) = answering(&breaker);

@@ -77,7 +77,8 @@ pub(crate) async fn refused(client: &Client) -> BreakerOpen {
         .clone()
 }
 
-fn open_until(secs: f64) -> BreakerState {
+/// The state of a breaker open until `secs` on its clock.
+pub(crate) fn open_until(secs: f64) -> BreakerState {
     BreakerState::Open {
         until: Duration::from_secs_f64(secs),
     }

@@ -13,10 +13,7 @@ use tokio::sync::oneshot;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback};
-use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    BoxError, Quota,
-};
+use tower_bulwark::{clock::ManualClock, BoxError, Quota};
 
 use crate::common::response;
 
@@ -184,9 +181,7 @@ async fn a_retry_policy_comes_back_once_when_the_call_can_go() {
             ],
         )
     };
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = crate::hostile_support::on_tokio_clock();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     let dependency = service_fn(move |()| {

@@ -37,6 +37,13 @@ pub(crate) fn on_manual_clock(builder: PushbackBuilder) -> (Pushback<ManualClock
     (builder.clock(clock.clone()).build(), clock)
 }
 
+/// A `Pushback` for "partner" on tokio's clock, with the default settings.
+pub(crate) fn on_tokio_clock() -> Pushback<TokioClock> {
+    Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .build()
+}
+
 /// A `Pushback` for "partner" on tokio's clock whose calls wait up to `max_wait` for a hold to
 /// end.
 pub(crate) fn tokio_waiting_up_to(max_wait: Duration) -> Pushback<TokioClock> {

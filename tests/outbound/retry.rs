@@ -12,7 +12,6 @@ use tower_bulwark::bulkhead::adaptive::Verdict;
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::clock::TokioClock;
 use tower_bulwark::outbound::retry::{Retry, RetryBuilder, RetryRequest};
-use tower_bulwark::outbound::Pushback;
 use tower_bulwark::{BoxError, BulkheadFull};
 
 use tokio::time::Instant;
@@ -269,9 +268,7 @@ async fn a_classifier_of_the_users_decides_what_is_transient() {
 #[tokio::test(start_paused = true)]
 async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
     let (dependency, calls) = scripted(vec![]);
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = crate::hostile_support::on_tokio_clock();
     pushback.observe(
         &Response::builder()
             .status(429)

@@ -6,9 +6,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::RedisServer;
+use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use tower_bulwark::algorithm::{Gcra, Metered, SlidingLog};
-use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::InsufficientCapacity;
 use tower_bulwark::redis::{
     Lease, RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -19,22 +18,18 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 /// Scheduling slack on top of the timeout, for a loaded machine.
 const SLACK: Duration = Duration::from_millis(750);
 
-/// A limiter of algorithm `A` for `quota` on `store`, on `clock`, under `prefix`, its refusals
-/// not cached (every decision asks Redis or the fail mode), deciding with `mode` when Redis
+/// A limiter of algorithm `A` for `quota` on `store`, on a manual clock standing at 1 s (the
+/// same reading for every limiter of a test), under `prefix`, its refusals not cached (every decision asks Redis or the fail mode), deciding with `mode` when Redis
 /// cannot.
 fn limiter<A: RedisAlgorithm>(
     store: &RedisStore,
     quota: Quota,
-    clock: &ManualClock,
     prefix: &str,
     mode: RedisFailMode,
 ) -> RedisRateLimiter {
-    RedisRateLimiter::builder(quota, store.clone())
-        .algorithm::<A>()
-        .client_clock(clock.clone())
-        .prefix(prefix)
+    let clock = manual_clock_at(Duration::from_secs(1));
+    propagating::<A>(store, quota, &clock, prefix, Refusals::Uncached)
         .timeout(TIMEOUT)
-        .refusal_cache_capacity(0)
         .fail_mode(mode)
         .build()
         .unwrap()
@@ -78,13 +73,9 @@ async fn until_redis_answers(limiter: &RedisRateLimiter, key: &str) -> bool {
 /// local limiter: with a burst of 10 the outage still admits at most 10 at one instant.
 #[tokio::test]
 async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_gcra() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_giveback_gcra").await
-    else {
-        return;
-    };
-    let clock = manual_clock_at(Duration::from_secs(1));
+    let (mut server, store) = or_skip!(RedisServer::with_store("outage_giveback_gcra").await);
     let quota = Quota::per_minute(10).unwrap();
-    let l = limiter::<Gcra>(&store, quota, &clock, "ao:gb:", RedisFailMode::Local);
+    let l = limiter::<Gcra>(&store, quota, "ao:gb:", RedisFailMode::Local);
     let from_redis = l.check(&"k").await.unwrap();
     assert!(from_redis.allowed);
     assert_eq!(l.counts().failures, 0, "Redis decided it");
@@ -106,13 +97,9 @@ async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_gcr
 /// during the outage, must not release the estimates the local limiter holds.
 #[tokio::test]
 async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_metered() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_giveback_metered").await
-    else {
-        return;
-    };
-    let clock = manual_clock_at(Duration::from_secs(1));
+    let (mut server, store) = or_skip!(RedisServer::with_store("outage_giveback_metered").await);
     let quota = Quota::per_minute(10).unwrap();
-    let l = limiter::<Metered>(&store, quota, &clock, "ao:gbm:", RedisFailMode::Local);
+    let l = limiter::<Metered>(&store, quota, "ao:gbm:", RedisFailMode::Local);
     let from_redis = l.check_n(&"k", 5).await.unwrap();
     assert!(from_redis.allowed && l.counts().failures == 0);
     server.kill();
@@ -155,12 +142,9 @@ impl Drop for Stopped {
 /// same instant: Redis, holding 9 of 10, still admits exactly one more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redis() {
-    let Some((server, store)) = RedisServer::with_store("attack_outage_giveback_back").await else {
-        return;
-    };
-    let clock = manual_clock_at(Duration::from_secs(1));
+    let (server, store) = or_skip!(RedisServer::with_store("attack_outage_giveback_back").await);
     let quota = Quota::per_minute(10).unwrap();
-    let l = limiter::<SlidingLog>(&store, quota, &clock, "ao:gbs:", RedisFailMode::Local);
+    let l = limiter::<SlidingLog>(&store, quota, "ao:gbs:", RedisFailMode::Local);
     for _ in 0..9 {
         assert!(l.check(&"k").await.unwrap().allowed);
     }
@@ -176,7 +160,7 @@ async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redi
         local
     };
     // Redis resumed: the script held up is past its deadline and changed nothing.
-    let p = limiter::<SlidingLog>(&store, quota, &clock, "ao:gbs:", RedisFailMode::Propagate);
+    let p = limiter::<SlidingLog>(&store, quota, "ao:gbs:", RedisFailMode::Propagate);
     assert!(until_redis_answers(&p, "other").await);
     l.refund(&"k", 1, local);
     tokio::time::sleep(Duration::from_millis(200)).await; // the refund's spawned task
@@ -189,11 +173,8 @@ async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redi
 /// fail mode, never an admission of more than the limit.
 #[tokio::test]
 async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_capacity").await else {
-        return;
-    };
+    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_capacity").await);
     server.kill();
-    let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(10).unwrap();
     let modes = [
         RedisFailMode::Local,
@@ -203,7 +184,7 @@ async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode()
     ];
     for mode in modes {
         let name = format!("{mode:?}");
-        let l = limiter::<Gcra>(&store, quota, &clock, "ao:cap:", mode);
+        let l = limiter::<Gcra>(&store, quota, "ao:cap:", mode);
         let err = l.check_n(&"k", 11).await.expect_err(&name);
         assert!(err.is::<InsufficientCapacity>(), "{name}: {err}");
         let fits = l.check_n(&"k", 10).await.expect(&name);
@@ -217,13 +198,10 @@ async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode()
 /// the cost as remaining".
 #[tokio::test]
 async fn open_reports_the_full_limit_minus_the_cost() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_open").await else {
-        return;
-    };
+    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_open").await);
     server.kill();
-    let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(10).unwrap();
-    let l = limiter::<Gcra>(&store, quota, &clock, "ao:open:", RedisFailMode::Open);
+    let l = limiter::<Gcra>(&store, quota, "ao:open:", RedisFailMode::Open);
     for _ in 0..50 {
         let d = l.check_n(&"k", 3).await.unwrap();
         assert!(d.allowed && d.limit == 10 && d.remaining == 7, "{d:?}");
@@ -237,9 +215,7 @@ async fn open_reports_the_full_limit_minus_the_cost() {
 /// decision with Redis up and one with Redis down: an answer each, no panic.
 #[tokio::test]
 async fn absurd_timeouts_are_refused_by_name_or_work() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_absurd").await else {
-        return;
-    };
+    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_absurd").await);
     let quota = Quota::per_minute(10).unwrap();
     let build = |timeout, probe| {
         RedisRateLimiter::builder(quota, store.clone())
@@ -275,16 +251,22 @@ async fn absurd_timeouts_are_refused_by_name_or_work() {
     }
 }
 
-/// A leasing limiter of `quota` on `store` and `clock` (shares of at most 25, leases of 10 s
+/// A leasing limiter of `quota` on `store`, on a manual clock standing at 1 s (shares of at most 25, leases of 10 s
 /// that the frozen clock never ends), deciding with `mode` when Redis cannot.
-fn leasing(
-    store: &RedisStore,
-    quota: Quota,
-    clock: &ManualClock,
-    mode: RedisFailMode,
-) -> RedisRateLimiter {
+/// Twenty admissions on `k` through `leased`, each admitted: what its share has left.
+async fn twenty_from_the_share(leased: &RedisRateLimiter) -> u64 {
+    let mut rest = 0;
+    for _ in 0..20 {
+        let d = leased.check(&"k").await.unwrap();
+        assert!(d.allowed);
+        rest = d.remaining;
+    }
+    rest
+}
+
+fn leasing(store: &RedisStore, quota: Quota, mode: RedisFailMode) -> RedisRateLimiter {
     RedisRateLimiter::builder(quota, store.clone())
-        .client_clock(clock.clone())
+        .client_clock(manual_clock_at(Duration::from_secs(1)))
         .prefix("ao:lease:")
         .timeout(TIMEOUT)
         .refusal_cache_capacity(0)
@@ -300,19 +282,10 @@ fn leasing(
 /// instant, at most what its share has left plus the burst.
 #[tokio::test]
 async fn a_share_held_when_redis_dies_admits_at_most_its_rest_and_the_burst() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_lease_bound").await
-    else {
-        return;
-    };
-    let clock = manual_clock_at(Duration::from_secs(1));
+    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_lease_bound").await);
     let quota = Quota::per_minute(100).unwrap();
-    let a = leasing(&store, quota, &clock, RedisFailMode::Local);
-    let mut rest = 0;
-    for _ in 0..20 {
-        let d = a.check(&"k").await.unwrap();
-        assert!(d.allowed);
-        rest = d.remaining;
-    }
+    let a = leasing(&store, quota, RedisFailMode::Local);
+    let rest = twenty_from_the_share(&a).await;
     assert!(a.counts().lease_decisions > 0 && a.counts().failures == 0);
     server.kill();
     let during = admitted(&a, "k", 1).await;
@@ -331,23 +304,15 @@ async fn a_share_held_when_redis_dies_admits_at_most_its_rest_and_the_burst() {
 /// nothing more is admitted from Redis after the give-back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_from_before_an_empty_restart_given_back_adds_nothing_to_the_new_redis() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_lease_restart").await
-    else {
-        return;
-    };
-    let clock = manual_clock_at(Duration::from_secs(1));
+    let (mut server, store) =
+        or_skip!(RedisServer::with_store("attack_outage_lease_restart").await);
     let quota = Quota::per_minute(100).unwrap();
-    let a = leasing(&store, quota, &clock, RedisFailMode::Propagate);
-    let mut rest = 0;
-    for _ in 0..20 {
-        let d = a.check(&"k").await.unwrap();
-        assert!(d.allowed);
-        rest = d.remaining;
-    }
+    let a = leasing(&store, quota, RedisFailMode::Propagate);
+    let rest = twenty_from_the_share(&a).await;
     assert!(rest > 0, "the share holds permits unused");
     server.restart();
     let other = RedisStore::connect(&server.url()).await.unwrap();
-    let b = leasing(&other, quota, &clock, RedisFailMode::Propagate);
+    let b = leasing(&other, quota, RedisFailMode::Propagate);
     let mut from_new = 0;
     loop {
         match b.check(&"k").await {
@@ -397,9 +362,7 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
     use std::sync::Arc;
 
     const OUTAGES: usize = 8;
-    let Some(mut server) = RedisServer::start("attack_outage_one_warn") else {
-        return;
-    };
+    let mut server = or_skip!(RedisServer::start("attack_outage_one_warn"));
     let recorder = TargetEvents::new("tower_bulwark::redis");
     let _main = thread_subscriber(recorder.clone());
     let on_start = recorder.clone();
@@ -481,15 +444,12 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
 /// an outage: the default's local limiter admits from the new burst, a fallback from its own.
 #[tokio::test]
 async fn a_quota_raised_during_an_outage_reaches_local_but_not_a_fallback() {
-    let Some((mut server, store)) = RedisServer::with_store("attack_outage_set_quota").await else {
-        return;
-    };
+    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_set_quota").await);
     server.kill();
-    let clock = manual_clock_at(Duration::from_secs(1));
     let quota = Quota::per_minute(10).unwrap();
-    let local = limiter::<Gcra>(&store, quota, &clock, "ao:sq:", RedisFailMode::Local);
+    let local = limiter::<Gcra>(&store, quota, "ao:sq:", RedisFailMode::Local);
     let fallback = RedisFailMode::fallback(Quota::per_minute(3).unwrap());
-    let share = limiter::<Gcra>(&store, quota, &clock, "ao:sq:", fallback);
+    let share = limiter::<Gcra>(&store, quota, "ao:sq:", fallback);
     for l in [&local, &share] {
         assert!(l.check(&"k").await.unwrap().allowed);
         l.set_quota(Quota::per_minute(40).unwrap()).unwrap();
