@@ -26,35 +26,39 @@ use crate::common::response;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// Feeds samples `(at ms, rtt ms, in flight, overloaded)` to `algorithm`, carrying the limit as
-/// the bulkhead would, and returns the limit after each.
-fn feed(
-    algorithm: &mut impl LimitAlgorithm,
-    bounds: &Limits,
-    mut limit: usize,
-    samples: &[(u64, u64, usize, bool)],
-) -> Vec<usize> {
-    samples
-        .iter()
-        .map(|&(at, rtt, in_flight, overloaded)| {
-            let sample = Sample::new(ms(at), ms(rtt), in_flight, limit).overloaded(overloaded);
-            limit = bounds.clamp(algorithm.update(&sample, bounds));
-            limit
-        })
-        .collect()
+/// A limit algorithm and its bounds, fed samples as the bulkhead would feed them.
+struct Fed<A> {
+    algorithm: A,
+    bounds: Limits,
+}
+
+impl<A: LimitAlgorithm> Fed<A> {
+    fn new(algorithm: A, bounds: Limits) -> Self {
+        Self { algorithm, bounds }
+    }
+
+    /// Feeds `samples` (`(at, rtt, in_flight, overloaded)`, in ms), each admitted under the
+    /// limit before it, from `limit`, clamping as the bulkhead would; the limit after each.
+    fn feed(&mut self, mut limit: usize, samples: &[(u64, u64, usize, bool)]) -> Vec<usize> {
+        samples
+            .iter()
+            .map(|&(at, rtt, in_flight, overloaded)| {
+                let sample = Sample::new(ms(at), ms(rtt), in_flight, limit).overloaded(overloaded);
+                limit = (self.bounds).clamp(self.algorithm.update(&sample, &self.bounds));
+                limit
+            })
+            .collect()
+    }
 }
 
 // ---- AIMD, by hand ----
 
 #[test]
 fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
-    let bounds = limits(1, 4, 100);
-    let mut aimd = Aimd::default();
+    let mut aimd = Fed::new(Aimd::default(), limits(1, 4, 100));
     // The first sample opens a round of its own round trip (10 ms: until 20 ms). Every sample of
     // the round was admitted at the limit, yet it grows once, when the round closes at 20 ms.
-    let limits = feed(
-        &mut aimd,
-        &bounds,
+    let limits = aimd.feed(
         4,
         &[
             (10, 10, 4, false),
@@ -65,17 +69,10 @@ fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
     );
     assert_eq!(limits, [4, 4, 4, 5]);
     // Next round: 10 ms (the mean), until 30 ms. Nobody reached the limit of 5: no growth.
-    let limits = feed(
-        &mut aimd,
-        &bounds,
-        5,
-        &[(25, 10, 3, false), (30, 10, 4, false)],
-    );
+    let limits = aimd.feed(5, &[(25, 10, 3, false), (30, 10, 4, false)]);
     assert_eq!(limits, [5, 5]);
     // Until 40 ms: one call admitted at the limit is enough to grow, once.
-    let limits = feed(
-        &mut aimd,
-        &bounds,
+    let limits = aimd.feed(
         5,
         &[(31, 10, 5, false), (35, 10, 5, false), (40, 10, 2, false)],
     );
@@ -84,12 +81,9 @@ fn aimd_grows_by_one_per_round_trip_and_only_while_the_limit_is_in_use() {
 
 #[test]
 fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
-    let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::default();
+    let mut aimd = Fed::new(Aimd::default(), limits(1, 10, 100));
     // Round 0..10 ms: two 503s in one round trip cut the limit once: 10 × 0.8 = 8.
-    let got = feed(
-        &mut aimd,
-        &bounds,
+    let got = aimd.feed(
         10,
         &[
             (0, 10, 10, false),
@@ -100,63 +94,41 @@ fn aimd_backs_off_once_per_round_trip_on_overload_and_keeps_the_fraction() {
     );
     assert_eq!(got, [10, 10, 10, 8]);
     // Round until 20 ms: one timeout → 8 × 0.8 = 6.4, shown as 6.
-    let got = feed(
-        &mut aimd,
-        &bounds,
-        8,
-        &[(15, 10, 8, true), (20, 10, 8, false)],
-    );
+    let got = aimd.feed(8, &[(15, 10, 8, true), (20, 10, 8, false)]);
     assert_eq!(got, [8, 6]);
     // A healthy round at the limit: 6.4 + 1 = 7.4, shown as 7 (the fraction is kept).
-    let got = feed(
-        &mut aimd,
-        &bounds,
-        6,
-        &[(25, 10, 6, false), (30, 10, 6, false)],
-    );
+    let got = aimd.feed(6, &[(25, 10, 6, false), (30, 10, 6, false)]);
     assert_eq!(got, [6, 7]);
     // And again: 8.4 → 8.
-    let got = feed(&mut aimd, &bounds, 7, &[(40, 10, 7, false)]);
+    let got = aimd.feed(7, &[(40, 10, 7, false)]);
     assert_eq!(got, [8]);
 }
 
 #[test]
 fn aimd_backs_off_when_latency_rises_above_its_baseline() {
-    let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::default();
+    let mut aimd = Fed::new(Aimd::default(), limits(1, 10, 100));
     // Baseline: the first round's mean, 10 ms; the limit grows to 11 (in use).
     assert_eq!(
-        feed(
-            &mut aimd,
-            &bounds,
-            10,
-            &[(0, 10, 10, false), (10, 10, 10, false)]
-        ),
+        aimd.feed(10, &[(0, 10, 10, false), (10, 10, 10, false)]),
         [10, 11]
     );
     // 12 ms is within 1.3 × 10 ms: healthy, grows to 12. In its warm-up the baseline is the
     // plain mean of the rounds so far: 11 ms.
-    assert_eq!(feed(&mut aimd, &bounds, 11, &[(20, 12, 11, false)]), [12]);
+    assert_eq!(aimd.feed(11, &[(20, 12, 11, false)]), [12]);
     // The next round lasts min(12 ms, baseline 10 ms) and ends at 30 ms. A mean of 15 ms is
     // above 1.3 × 11 = 14.3 ms: back off, 12 × 0.8 = 9.6 → 9, with no 503 at all.
     assert_eq!(
-        feed(
-            &mut aimd,
-            &bounds,
-            12,
-            &[(25, 15, 12, false), (30, 15, 12, false)]
-        ),
+        aimd.feed(12, &[(25, 15, 12, false), (30, 15, 12, false)]),
         [12, 9]
     );
 }
 
 #[test]
 fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
-    let bounds = limits(1, 10, 100);
-    let mut aimd = Aimd::default();
+    let mut aimd = Fed::new(Aimd::default(), limits(1, 10, 100));
     // Warm-up: 16 rounds of 10 ms, not in use. Baseline 10 ms, limit 10.
     let warm: Vec<_> = (0..=16).map(|i| (i * 10, 10, 1, false)).collect();
-    assert_eq!(*feed(&mut aimd, &bounds, 10, &warm).last().unwrap(), 10);
+    assert_eq!(*aimd.feed(10, &warm).last().unwrap(), 10);
     // Now every round takes 20 ms, above 1.3 × 10: back off each round, 10 × 0.8^n, while the
     // baseline stays at 10 ms. The estimate reaches the minimum in round 11 (10 × 0.8^11 = 0.86,
     // clamped to 1; shown as 1 from round 8, 10 × 0.8^8 = 1.68). From round 12 on, at the
@@ -165,12 +137,7 @@ fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
     let mut limit = 10;
     let mut shown = Vec::new();
     for round in 0..26u64 {
-        limit = feed(
-            &mut aimd,
-            &bounds,
-            limit,
-            &[(180 + round * 20, 20, limit, false)],
-        )[0];
+        limit = aimd.feed(limit, &[(180 + round * 20, 20, limit, false)])[0];
         shown.push(limit);
     }
     assert_eq!(&shown[..8], [8, 6, 5, 4, 3, 2, 2, 1]);
@@ -180,25 +147,24 @@ fn queueing_is_never_learnt_as_the_baseline_unless_nothing_is_left_to_shed() {
 
 #[test]
 fn aimd_stays_within_min_and_max() {
-    let bounds = limits(2, 4, 5);
-    let mut aimd = Aimd::default();
+    let mut aimd = Fed::new(Aimd::default(), limits(2, 4, 5));
     let mut limit = 4;
     let mut at = 0;
     for _ in 0..20 {
         at += 10;
-        limit = feed(&mut aimd, &bounds, limit, &[(at, 10, limit, false)])[0];
+        limit = aimd.feed(limit, &[(at, 10, limit, false)])[0];
         assert!((2..=5).contains(&limit));
     }
     assert_eq!(limit, 5, "grows to max and no further");
     for _ in 0..20 {
         at += 10;
-        limit = feed(&mut aimd, &bounds, limit, &[(at, 10, limit, true)])[0];
+        limit = aimd.feed(limit, &[(at, 10, limit, true)])[0];
         assert!((2..=5).contains(&limit));
     }
     assert_eq!(limit, 2, "falls to min and no further");
     // The estimate was kept at min, not below: one healthy round brings it to 3 at once.
     at += 10;
-    assert_eq!(feed(&mut aimd, &bounds, 2, &[(at, 10, 2, false)]), [3]);
+    assert_eq!(aimd.feed(2, &[(at, 10, 2, false)]), [3]);
 }
 
 #[test]
@@ -293,61 +259,41 @@ fn bad_settings_are_errors_that_name_the_setting() {
 
 #[test]
 fn gradient_follows_the_ratio_of_baseline_to_latency() {
-    let bounds = limits(1, 10, 100);
-    let mut gradient = Gradient::default();
+    let mut gradient = Fed::new(Gradient::default(), limits(1, 10, 100));
     // Round 1 (mean 10 ms, no baseline yet): gradient = min(1.1 × 10 / 10, 1) = 1, in use, so
     // target = 10 + sqrt(10) = 13.1623 and limit = 0.7 × 10 + 0.3 × 13.1623 = 10.9487 → 10.
     assert_eq!(
-        feed(
-            &mut gradient,
-            &bounds,
-            10,
-            &[(0, 10, 10, false), (10, 10, 10, false)]
-        ),
+        gradient.feed(10, &[(0, 10, 10, false), (10, 10, 10, false)]),
         [10, 10]
     );
     // Round 2 (20 ms, twice the baseline): gradient = 1.1 × 10 / 20 = 0.55, headroom
     // sqrt(10.9487) = 3.3089, target = 6.0218 + 3.3089 = 9.3307,
     // limit = 0.7 × 10.9487 + 0.3 × 9.3307 = 10.4633 → 10. The baseline is now 15 ms.
-    assert_eq!(
-        feed(&mut gradient, &bounds, 10, &[(20, 20, 10, false)]),
-        [10]
-    );
+    assert_eq!(gradient.feed(10, &[(20, 20, 10, false)]), [10]);
     // Round 3 (an overload signal): gradient 0.5 and no headroom: target = 5.2316,
     // limit = 0.7 × 10.4633 + 0.3 × 5.2316 = 8.8938 → 8.
-    assert_eq!(feed(&mut gradient, &bounds, 10, &[(30, 10, 10, true)]), [8]);
+    assert_eq!(gradient.feed(10, &[(30, 10, 10, true)]), [8]);
     // Not in use, below the baseline: gradient 1, no headroom, the limit holds at 8.89.
-    assert_eq!(feed(&mut gradient, &bounds, 8, &[(45, 10, 3, false)]), [8]);
+    assert_eq!(gradient.feed(8, &[(45, 10, 3, false)]), [8]);
     // In use again: 8.8938 × 0.7 + (8.8938 + 2.9822) × 0.3 = 9.7884 → 9.
-    assert_eq!(feed(&mut gradient, &bounds, 8, &[(60, 10, 8, false)]), [9]);
+    assert_eq!(gradient.feed(8, &[(60, 10, 8, false)]), [9]);
 }
 
 #[test]
 fn gradient_grows_only_while_in_use_and_stays_within_bounds() {
-    let bounds = limits(3, 4, 6);
-    let mut gradient = Gradient::default();
+    let mut gradient = Fed::new(Gradient::default(), limits(3, 4, 6));
     let mut limit = 4;
     for round in 1..=40u64 {
-        limit = feed(&mut gradient, &bounds, limit, &[(round * 10, 10, 1, false)])[0];
+        limit = gradient.feed(limit, &[(round * 10, 10, 1, false)])[0];
     }
     assert_eq!(limit, 4, "no growth while nobody reaches the limit");
     for round in 41..=80u64 {
-        limit = feed(
-            &mut gradient,
-            &bounds,
-            limit,
-            &[(round * 10, 10, limit, false)],
-        )[0];
+        limit = gradient.feed(limit, &[(round * 10, 10, limit, false)])[0];
         assert!((3..=6).contains(&limit));
     }
     assert_eq!(limit, 6);
     for round in 81..=120u64 {
-        limit = feed(
-            &mut gradient,
-            &bounds,
-            limit,
-            &[(round * 10, 10, limit, true)],
-        )[0];
+        limit = gradient.feed(limit, &[(round * 10, 10, limit, true)])[0];
         assert!((3..=6).contains(&limit));
     }
     assert_eq!(limit, 3);
