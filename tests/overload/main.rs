@@ -8,6 +8,7 @@
 mod common;
 
 mod answers;
+mod attack;
 mod cancellation;
 mod classes;
 mod example;

@@ -1,0 +1,272 @@
+//! A blind attack on the overload protection's documented promises: the queue when the limit
+//! moves under it or a waiter leaves, latency measured from admission, the body's end, the
+//! classes under a flood that comes and goes, hostile priority headers, absurd settings and a
+//! reload.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures::FutureExt;
+use http_body_util::BodyExt;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::{Aimd, Limits};
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::config::Registry;
+use tower_bulwark::overload::{Overload, Priority};
+
+use crate::support::{fixed, gated, request, Svc};
+
+const W: Duration = Duration::from_millis(50);
+
+/// An inner service whose heads wait at `gate` and whose bodies stay open until the test drops
+/// the sender it receives on `bodies` (one per request, in the order the heads were released).
+struct Held {
+    gate: Arc<Semaphore>,
+    reached: Arc<AtomicUsize>,
+    entered: mpsc::UnboundedReceiver<()>,
+    bodies: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+}
+
+fn held(overload: &Overload) -> (Svc, Held) {
+    let gate = Arc::new(Semaphore::new(0));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let (entered_tx, entered) = mpsc::unbounded_channel();
+    let (bodies_tx, bodies) = mpsc::unbounded_channel();
+    let (g, r) = (Arc::clone(&gate), Arc::clone(&reached));
+    let inner = tower::service_fn(move |_: http::Request<Body>| {
+        let (gate, reached) = (Arc::clone(&g), Arc::clone(&r));
+        let (entered_tx, bodies_tx) = (entered_tx.clone(), bodies_tx.clone());
+        async move {
+            reached.fetch_add(1, Ordering::SeqCst);
+            let _ = entered_tx.send(());
+            gate.acquire().await.unwrap().forget();
+            let (end_tx, end_rx) = oneshot::channel::<()>();
+            let _ = bodies_tx.send(end_tx);
+            let chunks = futures::stream::once(async { Ok::<_, Infallible>(Bytes::from("a")) })
+                .chain(futures::stream::once(end_rx).filter_map(|_| async { None }));
+            Ok::<_, Infallible>(http::Response::new(Body::from_stream(chunks)))
+        }
+    });
+    let service = overload
+        .layer()
+        .layer(inner)
+        .map_response(|r| r.map(Body::new));
+    let held = Held {
+        gate,
+        reached,
+        entered,
+        bodies,
+    };
+    (BoxCloneService::new(service), held)
+}
+
+use futures::StreamExt;
+
+/// `guide.rs:308`-`src/overload/mod.rs:48`: "with a queue, it waits until its ceiling lets it
+/// in". Requests of one class, one at a time at a limit of 1 growing under Aimd: each finds the
+/// limit reached, so the limit grows. A waiter queued behind one whose head is ready and whose
+/// body still streams must be let in as soon as the limit rises above the one in flight, not
+/// left waiting for the body's end or shed at `max_wait`.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_admitted_when_the_limit_rises_above_the_requests_in_flight() {
+    let clock = ManualClock::new();
+    let overload = fixed(1)
+        .limits(Limits::new(1, 1, 10).unwrap())
+        .algorithm(Aimd::default())
+        .clock(clock.clone())
+        .queue(4, Duration::from_secs(60))
+        .unwrap()
+        .build();
+    let (service, mut held) = held(&overload);
+    for round in 0..40 {
+        let n = overload.limit();
+        let firsts: Vec<_> = (0..n)
+            .map(|_| tokio::spawn(service.clone().oneshot(request(Priority::Default))))
+            .collect();
+        for _ in 0..n {
+            held.entered.recv().await.unwrap();
+        }
+        let reached = held.reached.load(Ordering::SeqCst);
+        let waiter = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(held.reached.load(Ordering::SeqCst), reached, "queued");
+        clock.advance(W);
+        held.gate.add_permits(n);
+        let (mut open, mut ends) = (Vec::new(), Vec::new());
+        for first in firsts {
+            open.push(first.await.unwrap().unwrap());
+            ends.push(held.bodies.recv().await.unwrap());
+        }
+        if overload.limit() > n {
+            // The limit rose with these samples; their bodies still hold n places.
+            let admitted =
+                tokio::time::timeout(Duration::from_secs(30), held.entered.recv()).await;
+            assert!(
+                admitted.is_ok(),
+                "limit {}, {} in flight, yet the waiter still waits after 30 s (round {round})",
+                overload.limit(),
+                overload.in_flight()
+            );
+            drop((open, ends));
+            held.gate.add_permits(1);
+            let _ = waiter.await.unwrap().unwrap();
+            return;
+        }
+        drop((open, ends));
+        // The waiter answers at once: its sample closes no round, the next wave's does.
+        held.entered.recv().await.unwrap();
+        held.gate.add_permits(1);
+        drop(waiter.await.unwrap().unwrap());
+        drop(held.bodies.recv().await.unwrap());
+        assert_eq!(overload.in_flight(), 0);
+    }
+    panic!("the limit never rose: {}", overload.limit());
+}
+
+/// `builder.rs:175`: "at most `capacity` wait". A waiter whose future was dropped (its client
+/// gone) leaves the queue: a queue of one, whose waiter was cancelled, takes the next request
+/// instead of shedding it as if it were full; a waiter shed at `max_wait` leaves it too.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_or_expired_waiter_frees_its_place_in_the_queue() {
+    let overload = fixed(1)
+        .queue(1, Duration::from_millis(100))
+        .unwrap()
+        .build();
+    let (service, gated, mut entered) = gated(&overload);
+    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    entered.recv().await.unwrap();
+    // Cancelled twice over: dropped after its first poll, and its task aborted.
+    let mut dropped = Box::pin(service.clone().oneshot(request(Priority::Default)));
+    assert!((&mut dropped).now_or_never().is_none());
+    drop(dropped);
+    let aborted = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    tokio::task::yield_now().await;
+    aborted.abort();
+    assert!(aborted.await.unwrap_err().is_cancelled());
+    // Expired: shed after max_wait.
+    let expired = service.clone().oneshot(request(Priority::Default)).await;
+    assert_eq!(expired.unwrap().status(), 503);
+    // The queue of one is free: the next one waits, and is served when the first ends.
+    let mut next = Box::pin(service.clone().oneshot(request(Priority::Sheddable)));
+    assert!(
+        (&mut next).now_or_never().is_none(),
+        "shed at once: the queue still counts a waiter that left"
+    );
+    gated.gate.add_permits(2);
+    drop(first.await.unwrap().unwrap());
+    assert_eq!(next.await.unwrap().status(), 200);
+    assert_eq!(overload.in_flight(), 0);
+    assert_eq!(gated.reached.load(Ordering::SeqCst), 2);
+}
+
+/// `mod.rs:58`: each admitted request's sample is "its latency from admission (not from arrival:
+/// time in the queue is not the service's)", and `mod.rs:69` the `Retry-After` is "the slow
+/// average of the admitted requests' latency". Two requests answered at once, one after 1000 s
+/// in the queue (on the latency clock): the wait stays 1 s.
+#[tokio::test(start_paused = true)]
+async fn time_in_the_queue_is_not_the_services_latency() {
+    let clock = ManualClock::new();
+    let overload = fixed(1)
+        .clock(clock.clone())
+        .queue(2, Duration::from_secs(60))
+        .unwrap()
+        .build();
+    let (service, mut held) = held(&overload);
+    held.gate.add_permits(2);
+    let first = service.clone().oneshot(request(Priority::Default)).await;
+    let first_end = held.bodies.recv().await.unwrap();
+    let queued = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+    tokio::task::yield_now().await;
+    clock.advance(Duration::from_secs(1000));
+    drop((first, first_end));
+    let queued = queued.await.unwrap().unwrap();
+    assert_eq!(queued.status(), 200);
+    let _queued_end = held.bodies.recv().await.unwrap();
+    let shed = service.oneshot(request(Priority::Critical)).await.unwrap();
+    assert_eq!(shed.status(), 503);
+    assert_eq!(shed.headers()["retry-after"], "1", "the queue's 1000 s counted");
+}
+
+/// `mod.rs:51`: "A request holds its permit until its response body ends, fails or is dropped".
+/// A body read to its end, or one whose stream failed, gives its place back then, while the
+/// caller still holds the body.
+#[tokio::test]
+async fn a_body_that_ended_or_failed_gives_its_place_back_before_it_is_dropped() {
+    let overload = fixed(1).build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let inner = tower::service_fn(move |_: http::Request<Body>| {
+        let failing = counted.fetch_add(1, Ordering::SeqCst) % 2 == 1;
+        async move {
+            let last: Result<Bytes, std::io::Error> = if failing {
+                Err(std::io::Error::other("cut"))
+            } else {
+                Ok(Bytes::from("b"))
+            };
+            let chunks = futures::stream::iter([Ok(Bytes::from("a")), last]);
+            Ok::<_, Infallible>(http::Response::new(Body::from_stream(chunks)))
+        }
+    });
+    let service = overload.layer().layer(inner);
+    for failing in [false, true] {
+        let response = service
+            .clone()
+            .oneshot(request(Priority::Default))
+            .await
+            .unwrap();
+        let mut body = response.into_body();
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                assert!(failing);
+                break;
+            }
+        }
+        assert_eq!(
+            overload.in_flight(),
+            0,
+            "a body that {} still holds its place",
+            if failing { "failed" } else { "ended" }
+        );
+        drop(body);
+    }
+}
+
+/// `mod.rs:71`: "A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the same wait",
+/// and `guide.rs:295`: "a queued one after at most `max_wait`". A gRPC call shed from the queue,
+/// at `max_wait` or pushed out by a higher class, is answered as gRPC too.
+#[cfg(feature = "grpc")]
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_shed_from_the_queue_gets_unavailable() {
+    let overload = fixed(1)
+        .queue(1, Duration::from_millis(100))
+        .unwrap()
+        .build();
+    let (service, _gated, mut entered) = gated(&overload);
+    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
+    entered.recv().await.unwrap();
+    let grpc = || {
+        http::Request::post("/pkg.Svc/Method")
+            .header("content-type", "application/grpc")
+            .header("x-priority", "sheddable")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let expired = service.clone().oneshot(grpc()).await.unwrap();
+    let pushed = tokio::spawn(service.clone().oneshot(grpc()));
+    tokio::task::yield_now().await;
+    let _critical = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
+    let pushed = pushed.await.unwrap().unwrap();
+    for (how, response) in [("at max_wait", expired), ("pushed out", pushed)] {
+        assert_eq!(response.status(), 200, "{how}: trailers-only");
+        assert_eq!(response.headers()["grpc-status"], "14", "{how}");
+        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000", "{how}");
+    }
+}
