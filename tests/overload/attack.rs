@@ -107,8 +107,7 @@ async fn a_waiter_is_admitted_when_the_limit_rises_above_the_requests_in_flight(
         }
         if overload.limit() > n {
             // The limit rose with these samples; their bodies still hold n places.
-            let admitted =
-                tokio::time::timeout(Duration::from_secs(30), held.entered.recv()).await;
+            let admitted = tokio::time::timeout(Duration::from_secs(30), held.entered.recv()).await;
             assert!(
                 admitted.is_ok(),
                 "limit {}, {} in flight, yet the waiter still waits after 30 s (round {round})",
@@ -192,7 +191,11 @@ async fn time_in_the_queue_is_not_the_services_latency() {
     let _queued_end = held.bodies.recv().await.unwrap();
     let shed = service.oneshot(request(Priority::Critical)).await.unwrap();
     assert_eq!(shed.status(), 503);
-    assert_eq!(shed.headers()["retry-after"], "1", "the queue's 1000 s counted");
+    assert_eq!(
+        shed.headers()["retry-after"],
+        "1",
+        "the queue's 1000 s counted"
+    );
 }
 
 /// `mod.rs:51`: "A request holds its permit until its response body ends, fails or is dropped".
@@ -267,6 +270,251 @@ async fn a_grpc_call_shed_from_the_queue_gets_unavailable() {
     for (how, response) in [("at max_wait", expired), ("pushed out", pushed)] {
         assert_eq!(response.status(), 200, "{how}: trailers-only");
         assert_eq!(response.headers()["grpc-status"], "14", "{how}");
-        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1000", "{how}");
+        assert_eq!(
+            response.headers()["grpc-retry-pushback-ms"],
+            "1000",
+            "{how}"
+        );
     }
+}
+
+/// The class a protection whose limit is fixed at 10 (guarantees 0.3 and 0.1, no borrowing:
+/// ceilings 10, 7, 6) gives requests made by `make`: shed with 6 in flight is `Sheddable`,
+/// admitted with 6 and shed with 7 is `Default`, admitted with 7 is `Critical`.
+async fn class_of(overload: &Overload, make: impl Fn() -> http::Request<Body>) -> Priority {
+    assert_eq!(
+        [Priority::Critical, Priority::Default, Priority::Sheddable].map(|c| overload.ceiling(c)),
+        [10, 7, 6]
+    );
+    let (service, gated, _entered) = gated(overload);
+    let plain = || http::Request::get("/work").body(Body::empty()).unwrap();
+    let mut calls: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(service.clone().oneshot(plain())))
+        .collect();
+    let mut class = Priority::Sheddable;
+    for reached in 6..8 {
+        while gated.reached.load(Ordering::SeqCst) < reached {
+            tokio::task::yield_now().await;
+        }
+        let call = tokio::spawn(service.clone().oneshot(make()));
+        while !call.is_finished() && gated.reached.load(Ordering::SeqCst) == reached {
+            tokio::task::yield_now().await;
+        }
+        if call.is_finished() {
+            assert_eq!(call.await.unwrap().unwrap().status(), 503);
+            break;
+        }
+        calls.push(call);
+        class = if reached == 6 {
+            Priority::Default
+        } else {
+            Priority::Critical
+        };
+    }
+    gated.gate.add_permits(calls.len());
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), 200);
+    }
+    assert_eq!(overload.in_flight(), 0);
+    class
+}
+
+fn with_priority(value: &'static [u8]) -> impl Fn() -> http::Request<Body> {
+    move || {
+        http::Request::get("/work")
+            .header("x-priority", http::HeaderValue::from_bytes(value).unwrap())
+            .body(Body::empty())
+            .unwrap()
+    }
+}
+
+/// `config/mod.rs:150`: `priority_header = "x-priority"  # critical | default | sheddable;
+/// absent or other: default`. Hostile values (bytes that are not UTF-8, a megabyte-long one, a
+/// list, look-alike letters) are `Default`, never a panic, never a higher class.
+#[tokio::test]
+async fn hostile_priority_headers_from_the_config_file_are_default() {
+    let registry = Registry::from_toml_str(
+        "[overload.api]\nmin_limit = 10\ninitial_limit = 10\nmax_limit = 10\ncritical_borrowing = 1\n",
+    )
+    .unwrap();
+    let overload = registry.overload("api").unwrap();
+    let long: &'static [u8] = "critical".repeat(1 << 17).leak().as_bytes();
+    let cases: [(&'static [u8], Priority); 9] = [
+        (b"CRITICAL", Priority::Critical),
+        (b"sheddable", Priority::Sheddable),
+        (b"\xffcritical", Priority::Default),
+        (b"critical\xff", Priority::Default),
+        (long, Priority::Default),
+        (b"critical, critical", Priority::Default),
+        (b"cr\xc4\xb1tical", Priority::Default),
+        (b"critical;q=1", Priority::Default),
+        (b"", Priority::Default),
+    ];
+    for (value, expected) in cases {
+        let shown = String::from_utf8_lossy(&value[..value.len().min(24)]).into_owned();
+        assert_eq!(
+            class_of(overload, with_priority(value)).await,
+            expected,
+            "{shown:?}"
+        );
+    }
+}
+
+/// `builder.rs:133`: "How a request's class is found (default: every request is
+/// `Priority::Default`)": with no `priority_by`, a client's `x-priority: critical` takes no
+/// critical place, and `sheddable` is not shed first either.
+#[tokio::test]
+async fn by_default_a_client_cannot_choose_its_class() {
+    let overload = Overload::builder("api")
+        .limits(Limits::new(10, 10, 10).unwrap())
+        .critical_borrowing(1.0)
+        .unwrap()
+        .clock(ManualClock::new())
+        .build();
+    for value in [&b"critical"[..], b"sheddable"] {
+        let class = class_of(&overload, with_priority(value)).await;
+        assert_eq!(class, Priority::Default, "{value:?}");
+    }
+}
+
+/// `mod.rs:39`-`45` and `mod.rs:102`-`108`: the ceilings at the defaults: the limit times 3 for
+/// `Critical`, the limit less 0.3 of it for `Default` and less 0.4 for `Sheddable`, rounded to
+/// the nearest whole request.
+#[test]
+fn the_default_ceilings_are_the_documented_shares_of_the_limit() {
+    for (limit, ceilings) in [
+        (16, [48, 11, 10]),
+        (8, [24, 6, 5]),
+        (10, [30, 7, 6]),
+        (1000, [3000, 700, 600]),
+    ] {
+        let overload = Overload::builder("api")
+            .limits(Limits::new(limit, limit, limit).unwrap())
+            .build();
+        let got = [Priority::Critical, Priority::Default, Priority::Sheddable]
+            .map(|c| overload.ceiling(c));
+        assert_eq!(got, ceilings, "limit {limit}");
+    }
+    assert_eq!(Overload::builder("api").build().limit(), 16);
+}
+
+/// `config/mod.rs:36`: "Unknown fields, zero limits and values out of range are errors that
+/// name the instance and the field", with the ranges of `config/mod.rs:155`-`166`. Absurd
+/// `[overload.NAME]` values (TOML's `nan` and `inf` among them) are refused at their field,
+/// never a panic.
+#[test]
+fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
+    let cases: [(&str, &[&str]); 22] = [
+        ("critical_guarantee = nan", &["critical_guarantee"]),
+        ("critical_guarantee = inf", &["critical_guarantee"]),
+        ("critical_guarantee = -0.1", &["critical_guarantee"]),
+        ("critical_guarantee = 1.0", &["critical_guarantee"]),
+        ("default_guarantee = -inf", &["default_guarantee"]),
+        ("default_guarantee = nan", &["default_guarantee"]),
+        (
+            "critical_guarantee = 0.7\ndefault_guarantee = 0.3",
+            &["critical_guarantee", "default_guarantee"],
+        ),
+        ("critical_borrowing = nan", &["critical_borrowing"]),
+        ("critical_borrowing = inf", &["critical_borrowing"]),
+        ("critical_borrowing = 0.5", &["critical_borrowing"]),
+        ("critical_borrowing = 1e9", &["critical_borrowing"]),
+        ("queue_capacity = 1\nmax_wait = \"8760h\"", &["max_wait"]),
+        ("queue_capacity = 0\nmax_wait = \"1s\"", &["queue_capacity"]),
+        ("queue_capacity = 4", &["queue_capacity", "max_wait"]),
+        ("max_wait = \"1s\"", &["queue_capacity", "max_wait"]),
+        ("min_limit = 0", &["min_limit"]),
+        ("max_limit = 2147483648", &["max_limit"]),
+        ("initial_limit = 4", &["initial_limit", "min_limit"]),
+        ("probe_every = 0", &["probe_every"]),
+        ("priority_header = \"not a header\"", &["priority_header"]),
+        ("priority_header = \"\"", &["priority_header"]),
+        ("critical_guarantee = \"0.3\"", &["critical_guarantee"]),
+    ];
+    let mut wrong = Vec::new();
+    for (fields, at) in cases {
+        let text = format!("[overload.api]\n{fields}\n");
+        let outcome = std::panic::catch_unwind(|| Registry::from_toml_str(&text).map(|_| ()));
+        match outcome {
+            Err(_) => wrong.push(format!("{fields:?}: panicked")),
+            Ok(Ok(())) => wrong.push(format!("{fields:?}: accepted")),
+            Ok(Err(e)) if !at.iter().any(|f| e.path() == format!("overload.api.{f}")) => {
+                wrong.push(format!("{fields:?}: at {:?}: {}", e.path(), e.message()))
+            }
+            Ok(Err(_)) => {}
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// `config/mod.rs:210`-`214`: "a change that cannot apply in place (any setting ... of an
+/// overload protection, whose limits move by themselves ...) ... is refused and changes
+/// nothing".
+#[test]
+fn a_reload_that_changes_an_overload_protection_is_refused_and_changes_nothing() {
+    let text = "[overload.api]\nmin_limit = 10\ninitial_limit = 10\nmax_limit = 10\n";
+    let registry = Registry::from_toml_str(text).unwrap();
+    assert!(registry.reload_toml_str(text).is_ok(), "no change");
+    for change in [
+        "critical_guarantee = 0.5",
+        "critical_borrowing = 1",
+        "priority_header = \"x-class\"",
+        "queue_capacity = 2\nmax_wait = \"1s\"",
+        "probe_every = 7",
+    ] {
+        let err = registry
+            .reload_toml_str(&format!("{text}{change}\n"))
+            .unwrap_err();
+        assert!(err.path().starts_with("overload.api"), "{change}: {err}");
+    }
+    assert!(registry.reload_toml_str("").is_err(), "an instance removed");
+    let overload = registry.overload("api").unwrap();
+    let ceilings =
+        [Priority::Critical, Priority::Default, Priority::Sheddable].map(|c| overload.ceiling(c));
+    assert_eq!(ceilings, [30, 7, 6]);
+}
+
+/// `builder.rs:142`-`144`: "`share` is at least 0 and the guarantees together stay below 1";
+/// `builder.rs:158`-`160`: borrowing "At least 1 and at most 100"; `builder.rs:177`: "`max_wait`
+/// at most a minute". A guarantee set again replaces the first, whichever class is set first
+/// the sum is checked, and absurd values are errors naming the setting, never a panic.
+#[test]
+fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
+    let replaced = fixed(10)
+        .guarantee(Priority::Critical, 0.6)
+        .unwrap()
+        .guarantee(Priority::Critical, 0.2)
+        .unwrap()
+        .guarantee(Priority::Default, 0.7);
+    let overload = replaced.expect("0.2 + 0.7 is below 1").build();
+    assert_eq!(overload.ceiling(Priority::Default), 8);
+    assert_eq!(overload.ceiling(Priority::Sheddable), 1);
+    let reversed = fixed(10)
+        .guarantee(Priority::Default, 0.9)
+        .unwrap()
+        .guarantee(Priority::Critical, 0.2);
+    assert_eq!(reversed.unwrap_err().setting(), "guarantee");
+    for share in [f64::INFINITY, f64::NEG_INFINITY, 1.0 + f64::EPSILON, 1e300] {
+        let err = fixed(10).guarantee(Priority::Default, share).unwrap_err();
+        assert_eq!(err.setting(), "guarantee", "{share}");
+    }
+    assert!(fixed(10).guarantee(Priority::Critical, -0.0).is_ok());
+    for factor in [1e9, f64::NEG_INFINITY, 0.0, -1.0, f64::MIN_POSITIVE] {
+        let err = fixed(10).critical_borrowing(factor).unwrap_err();
+        assert_eq!(err.setting(), "critical_borrowing", "{factor}");
+    }
+    let year = Duration::from_secs(365 * 24 * 3600);
+    for wait in [year, Duration::MAX, Duration::from_nanos(60_000_000_001)] {
+        let err = fixed(10).queue(8, wait).unwrap_err();
+        assert_eq!(err.setting(), "max_wait", "{wait:?}");
+    }
+    let borrowing_most = fixed(1)
+        .limits(Limits::new(1, i32::MAX as usize, i32::MAX as usize).unwrap())
+        .critical_borrowing(100.0)
+        .unwrap()
+        .build();
+    assert_eq!(
+        borrowing_most.ceiling(Priority::Critical),
+        100 * i32::MAX as usize
+    );
 }
