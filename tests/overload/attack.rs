@@ -518,3 +518,109 @@ fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
         100 * i32::MAX as usize
     );
 }
+
+/// `mod.rs:62`-`64`: "A sample 'found the limit reached' when it took the last place under its
+/// class's ceiling ... so the lower classes' flood ... is what lets a delay-based limit grow".
+/// Waves of sheddable requests only, each filling the sheddable ceiling, every one answered
+/// after W: under Aimd (which grows while the limit is reached) the limit must grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
+    let clock = ManualClock::new();
+    let overload = Overload::builder("api")
+        .limits(Limits::new(4, 10, 100).unwrap())
+        .algorithm(Aimd::default())
+        .clock(clock.clone())
+        .priority_by(|_| Priority::Sheddable)
+        .build();
+    let (service, gated, mut entered) = gated(&overload);
+    let mut limits = Vec::new();
+    for _ in 0..30 {
+        let n = overload.ceiling(Priority::Sheddable);
+        let calls: Vec<_> = (0..n + 2)
+            .map(|_| tokio::spawn(service.clone().oneshot(request(Priority::Sheddable))))
+            .collect();
+        for _ in 0..n {
+            entered.recv().await.unwrap();
+        }
+        // The two beyond the ceiling are shed before any sample can move it.
+        while calls.iter().filter(|c| c.is_finished()).count() < 2 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(W);
+        gated.gate.add_permits(n);
+        let mut shed = 0;
+        for call in calls {
+            shed += usize::from(call.await.unwrap().unwrap().status() == 503);
+        }
+        assert_eq!(shed, 2, "the sheddable ceiling {n} admits exactly {n}");
+        limits.push(overload.limit());
+    }
+    assert!(limits[29] > 10, "the limit never grew: {limits:?}");
+}
+
+/// `mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency (each
+/// sample moves it a sixteenth of the way), in whole seconds rounded up, at least one." After
+/// a sample of 2.5 s (`Retry-After: 3`, `answers.rs`), samples of no latency bring it down by
+/// 15/16 each: 2.06 s after 3 (3), 1.93 s after 4 (2), 1.01 s after 14 (2), 0.95 s after 15 (1).
+/// A sample of 200 years later gives a finite wait, no panic.
+#[tokio::test]
+async fn retry_after_moves_a_sixteenth_of_the_way_per_sample() {
+    let clock = ManualClock::new();
+    let overload = fixed(1).clock(clock.clone()).build();
+    let (service, gated, mut entered) = gated(&overload);
+    sample(
+        &service,
+        &gated,
+        &mut entered,
+        &clock,
+        Duration::from_millis(2_500),
+    )
+    .await;
+    // Each reading gives one sample of no latency (the request it holds).
+    let mut waits = Vec::new();
+    for _ in 0..16 {
+        waits.push(retry_after(&service, &gated, &mut entered).await);
+    }
+    // The first reading follows 1 sample (2.5 s), the k-th follows k - 1 samples of 0.
+    assert_eq!(
+        (waits[0], waits[3], waits[4], waits[14], waits[15]),
+        (3, 3, 2, 2, 1),
+        "{waits:?}"
+    );
+    let centuries = Duration::from_secs(200 * 365 * 24 * 3600);
+    sample(&service, &gated, &mut entered, &clock, centuries).await;
+    let wait = retry_after(&service, &gated, &mut entered).await;
+    assert!(wait >= 1, "{wait}");
+}
+
+/// One request answered after `latency` on the latency clock.
+async fn sample(
+    service: &Svc,
+    gated: &crate::support::Gated,
+    entered: &mut mpsc::UnboundedReceiver<Priority>,
+    clock: &ManualClock,
+    latency: Duration,
+) {
+    let call = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
+    entered.recv().await.unwrap();
+    clock.advance(latency);
+    gated.gate.add_permits(1);
+    drop(call.await.unwrap().unwrap());
+}
+
+/// The `Retry-After` of a request shed while one (answered at once after) holds the limit of 1.
+async fn retry_after(
+    service: &Svc,
+    gated: &crate::support::Gated,
+    entered: &mut mpsc::UnboundedReceiver<Priority>,
+) -> u64 {
+    let held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
+    entered.recv().await.unwrap();
+    let shed = service.clone().oneshot(request(Priority::Critical)).await;
+    let shed = shed.unwrap();
+    assert_eq!(shed.status(), 503);
+    let wait = shed.headers()["retry-after"].to_str().unwrap().to_owned();
+    gated.gate.add_permits(1);
+    drop(held.await.unwrap().unwrap());
+    wait.parse().unwrap()
+}
