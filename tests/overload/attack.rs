@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tower::util::BoxCloneService;
@@ -66,9 +66,7 @@ fn held(overload: &Overload) -> (Svc, Held) {
     (BoxCloneService::new(service), held)
 }
 
-use futures::StreamExt;
-
-/// `guide.rs:308`-`src/overload/mod.rs:48`: "with a queue, it waits until its ceiling lets it
+/// `src/overload/mod.rs:47`-`49`: "with a queue, it waits until its ceiling lets it
 /// in". Requests of one class, one at a time at a limit of 1 growing under Aimd: each finds the
 /// limit reached, so the limit grows. A waiter queued behind one whose head is ready and whose
 /// body still streams must be let in as soon as the limit rises above the one in flight, not
@@ -130,7 +128,7 @@ async fn a_waiter_is_admitted_when_the_limit_rises_above_the_requests_in_flight(
     panic!("the limit never rose: {}", overload.limit());
 }
 
-/// `builder.rs:175`: "at most `capacity` wait". A waiter whose future was dropped (its client
+/// `src/overload/builder.rs:175`: "at most `capacity` wait". A waiter whose future was dropped (its client
 /// gone) leaves the queue: a queue of one, whose waiter was cancelled, takes the next request
 /// instead of shedding it as if it were full; a waiter shed at `max_wait` leaves it too.
 #[tokio::test(start_paused = true)]
@@ -166,8 +164,8 @@ async fn a_cancelled_or_expired_waiter_frees_its_place_in_the_queue() {
     assert_eq!(gated.reached.load(Ordering::SeqCst), 2);
 }
 
-/// `mod.rs:58`: each admitted request's sample is "its latency from admission (not from arrival:
-/// time in the queue is not the service's)", and `mod.rs:69` the `Retry-After` is "the slow
+/// `src/overload/mod.rs:58`: each admitted request's sample is "its latency from admission (not from arrival:
+/// time in the queue is not the service's)", and `overload/mod.rs:69` the `Retry-After` is "the slow
 /// average of the admitted requests' latency". Two requests answered at once, one after 1000 s
 /// in the queue (on the latency clock): the wait stays 1 s.
 #[tokio::test(start_paused = true)]
@@ -198,7 +196,7 @@ async fn time_in_the_queue_is_not_the_services_latency() {
     );
 }
 
-/// `mod.rs:51`: "A request holds its permit until its response body ends, fails or is dropped".
+/// `src/overload/mod.rs:51`: "A request holds its permit until its response body ends, fails or is dropped".
 /// A body read to its end, or one whose stream failed, gives its place back then, while the
 /// caller still holds the body.
 #[tokio::test]
@@ -242,8 +240,8 @@ async fn a_body_that_ended_or_failed_gives_its_place_back_before_it_is_dropped()
     }
 }
 
-/// `mod.rs:71`: "A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the same wait",
-/// and `guide.rs:295`: "a queued one after at most `max_wait`". A gRPC call shed from the queue,
+/// `src/overload/mod.rs:71`: "A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the same wait",
+/// and `guide.rs:293`: "a queued one after at most `max_wait`". A gRPC call shed from the queue,
 /// at `max_wait` or pushed out by a higher class, is answered as gRPC too.
 #[cfg(feature = "grpc")]
 #[tokio::test(start_paused = true)]
@@ -328,7 +326,7 @@ fn with_priority(value: &'static [u8]) -> impl Fn() -> http::Request<Body> {
     }
 }
 
-/// `config/mod.rs:150`: `priority_header = "x-priority"  # critical | default | sheddable;
+/// `src/config/mod.rs:150`: `priority_header = "x-priority"  # critical | default | sheddable;
 /// absent or other: default`. Hostile values (bytes that are not UTF-8, a megabyte-long one, a
 /// list, look-alike letters) are `Default`, never a panic, never a higher class.
 #[tokio::test]
@@ -360,7 +358,7 @@ async fn hostile_priority_headers_from_the_config_file_are_default() {
     }
 }
 
-/// `builder.rs:133`: "How a request's class is found (default: every request is
+/// `src/overload/builder.rs:133`: "How a request's class is found (default: every request is
 /// `Priority::Default`)": with no `priority_by`, a client's `x-priority: critical` takes no
 /// critical place, and `sheddable` is not shed first either.
 #[tokio::test]
@@ -377,7 +375,7 @@ async fn by_default_a_client_cannot_choose_its_class() {
     }
 }
 
-/// `mod.rs:39`-`45` and `mod.rs:102`-`108`: the ceilings at the defaults: the limit times 3 for
+/// `src/overload/mod.rs:39`-`45` and `overload/mod.rs:102`-`108`: the ceilings at the defaults: the limit times 3 for
 /// `Critical`, the limit less 0.3 of it for `Default` and less 0.4 for `Sheddable`, rounded to
 /// the nearest whole request.
 #[test]
@@ -398,7 +396,7 @@ fn the_default_ceilings_are_the_documented_shares_of_the_limit() {
     assert_eq!(Overload::builder("api").build().limit(), 16);
 }
 
-/// `config/mod.rs:36`: "Unknown fields, zero limits and values out of range are errors that
+/// `src/config/mod.rs:36`: "Unknown fields, zero limits and values out of range are errors that
 /// name the instance and the field", with the ranges of `config/mod.rs:155`-`166`. Absurd
 /// `[overload.NAME]` values (TOML's `nan` and `inf` among them) are refused at their field,
 /// never a panic.
@@ -447,7 +445,7 @@ fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-/// `config/mod.rs:210`-`214`: "a change that cannot apply in place (any setting ... of an
+/// `src/config/mod.rs:210`-`214`: "a change that cannot apply in place (any setting ... of an
 /// overload protection, whose limits move by themselves ...) ... is refused and changes
 /// nothing".
 #[test]
@@ -474,8 +472,8 @@ fn a_reload_that_changes_an_overload_protection_is_refused_and_changes_nothing()
     assert_eq!(ceilings, [30, 7, 6]);
 }
 
-/// `builder.rs:142`-`144`: "`share` is at least 0 and the guarantees together stay below 1";
-/// `builder.rs:158`-`160`: borrowing "At least 1 and at most 100"; `builder.rs:177`: "`max_wait`
+/// `src/overload/builder.rs:142`-`144`: "`share` is at least 0 and the guarantees together stay below 1";
+/// `src/overload/builder.rs:158`-`160`: borrowing "At least 1 and at most 100"; `builder.rs:177`: "`max_wait`
 /// at most a minute". A guarantee set again replaces the first, whichever class is set first
 /// the sum is checked, and absurd values are errors naming the setting, never a panic.
 #[test]
@@ -519,7 +517,7 @@ fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
     );
 }
 
-/// `mod.rs:62`-`64`: "A sample 'found the limit reached' when it took the last place under its
+/// `src/overload/mod.rs:62`-`64`: "A sample 'found the limit reached' when it took the last place under its
 /// class's ceiling ... so the lower classes' flood ... is what lets a delay-based limit grow".
 /// Waves of sheddable requests only, each filling the sheddable ceiling, every one answered
 /// after W: under Aimd (which grows while the limit is reached) the limit must grow.
@@ -558,7 +556,7 @@ async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
     assert!(limits[29] > 10, "the limit never grew: {limits:?}");
 }
 
-/// `mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency (each
+/// `src/overload/mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency (each
 /// sample moves it a sixteenth of the way), in whole seconds rounded up, at least one." After
 /// a sample of 2.5 s (`Retry-After: 3`, `answers.rs`), samples of no latency bring it down by
 /// 15/16 each: 2.06 s after 3 (3), 1.93 s after 4 (2), 1.01 s after 14 (2), 0.95 s after 15 (1).
@@ -623,4 +621,265 @@ async fn retry_after(
     gated.gate.add_permits(1);
     drop(held.await.unwrap().unwrap());
     wait.parse().unwrap()
+}
+
+/// How the request ahead of a waiter ends, in `every_way_a_request_ends_lets_the_next_waiter_in`.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Error,
+    Panic,
+    Aborted,
+    DroppedBeforeFirstPoll,
+    GrantedWaiterDropped,
+    TimedOutWaiterAhead,
+}
+
+/// `src/overload/mod.rs:48`-`54`: a queued request "waits until its ceiling lets it in", and "The permit is
+/// given back exactly once whatever ends the request: ... an error of the inner service, a
+/// panic, or the response future dropped at any await (in the queue, or while the inner service
+/// runs)"; `cancellation.rs` checks the count comes back, not that the place given back goes to
+/// the next waiter. For each way the request ahead ends, the waiter behind it must be let in at
+/// once, not left to `max_wait`.
+#[tokio::test(start_paused = true)]
+async fn every_way_a_request_ends_lets_the_next_waiter_in() {
+    for end in [
+        End::Error,
+        End::Panic,
+        End::Aborted,
+        End::DroppedBeforeFirstPoll,
+        End::GrantedWaiterDropped,
+        End::TimedOutWaiterAhead,
+    ] {
+        let overload = fixed(1).queue(4, Duration::from_secs(60)).unwrap().build();
+        let gate = Arc::new(Semaphore::new(0));
+        let reached = Arc::new(AtomicUsize::new(0));
+        let (g, r) = (Arc::clone(&gate), Arc::clone(&reached));
+        let inner = tower::service_fn(move |request: http::Request<Body>| {
+            let (gate, reached) = (Arc::clone(&g), Arc::clone(&r));
+            async move {
+                reached.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                match request.headers().get("x-end").map(|v| v.as_bytes()) {
+                    Some(b"error") => Err("broken".into()),
+                    Some(b"panic") => panic!("the handler panicked"),
+                    _ => Ok::<_, tower::BoxError>(http::Response::new(Body::from("done"))),
+                }
+            }
+        });
+        let service = overload.layer().layer(inner);
+        let ahead = |how: &'static str| {
+            let mut request = request(Priority::Default);
+            request.headers_mut().insert("x-end", how.parse().unwrap());
+            request
+        };
+        let settle = || async {
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+        };
+        // The request ahead, and what ends it once a waiter is queued behind.
+        let mut first = None;
+        let mut unpolled = None;
+        if let End::DroppedBeforeFirstPoll = end {
+            let mut svc = service.clone();
+            unpolled = Some(tower::Service::call(
+                svc.ready().await.unwrap(),
+                ahead("ok"),
+            ));
+        } else {
+            let how = match end {
+                End::Error => "error",
+                End::Panic => "panic",
+                _ => "ok",
+            };
+            first = Some(tokio::spawn(service.clone().oneshot(ahead(how))));
+            settle().await;
+        }
+        assert_eq!(overload.in_flight(), 1, "{end:?}");
+        let mut granted = Box::pin(service.clone().oneshot(request(Priority::Default)));
+        let mut timed_out = None;
+        match end {
+            End::GrantedWaiterDropped => assert!((&mut granted).now_or_never().is_none()),
+            End::TimedOutWaiterAhead => {
+                let call = service.clone().oneshot(request(Priority::Critical));
+                let call = tokio::time::timeout(Duration::from_secs(1), call);
+                timed_out = Some(tokio::spawn(call));
+            }
+            _ => {}
+        }
+        settle().await;
+        let waiter = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
+        settle().await;
+        let before = reached.load(Ordering::SeqCst);
+        match end {
+            End::Error | End::Panic | End::TimedOutWaiterAhead => {
+                if let Some(timed_out) = timed_out {
+                    assert!(timed_out.await.unwrap().is_err(), "gave up after 1 s");
+                }
+                gate.add_permits(1);
+                let _ = first.take().unwrap().await;
+            }
+            End::Aborted => first.as_ref().unwrap().abort(),
+            End::DroppedBeforeFirstPoll => drop(unpolled.take()),
+            End::GrantedWaiterDropped => {
+                gate.add_permits(1);
+                drop(first.take().unwrap().await.unwrap().unwrap());
+                assert_eq!(reached.load(Ordering::SeqCst), before, "granted, not woken");
+                drop(granted);
+            }
+        }
+        let let_in = tokio::time::timeout(Duration::from_secs(30), async {
+            while reached.load(Ordering::SeqCst) == before {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            let_in.is_ok(),
+            "{end:?}: the waiter still waits after 30 s, {} in flight",
+            overload.in_flight()
+        );
+        gate.add_permits(8);
+        assert_eq!(waiter.await.unwrap().unwrap().status(), 200, "{end:?}");
+        assert_eq!(overload.in_flight(), 0, "{end:?}");
+    }
+}
+
+/// Peaks of requests running in the inner service, by class, updated as they enter and leave.
+#[derive(Default)]
+struct Peaks {
+    now: [AtomicUsize; 3],
+    peak: [AtomicUsize; 3],
+}
+
+impl Peaks {
+    /// Enters `class`; counts it in every group it belongs to: all, lower (default and
+    /// sheddable), sheddable.
+    fn enter(&self, class: Priority) -> [bool; 3] {
+        let groups = [
+            true,
+            class != Priority::Critical,
+            class == Priority::Sheddable,
+        ];
+        for (i, _) in groups.iter().enumerate().filter(|(_, &g)| g) {
+            let now = self.now[i].fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak[i].fetch_max(now, Ordering::SeqCst);
+        }
+        groups
+    }
+
+    fn leave(&self, groups: [bool; 3]) {
+        for (i, _) in groups.iter().enumerate().filter(|(_, &g)| g) {
+            self.now[i].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Leaves its groups when dropped.
+struct Left(Arc<Peaks>, [bool; 3]);
+
+impl Drop for Left {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
+}
+
+/// `guide.rs:283`-`290` and `overload/mod.rs:39`-`49`: "A request of a class is admitted only while the
+/// requests in flight, all classes together and it excluded, are below its class's ceiling",
+/// through the queue too ("it waits until its ceiling lets it in"), and `guide.rs:303`-`306`:
+/// whatever ends a request, "the requests in flight come back to zero". 60 tasks on 4 threads
+/// send 20 requests each of random classes through a limit of 10 (guarantees 0.2 and 0.3:
+/// ceilings 25 with borrowing 2.5, 8, 5) and a queue of 6, some cancelled at random awaits,
+/// bodies read or dropped: the requests running never pass a ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_ceiling_is_ever_passed_while_a_flood_comes_and_goes_through_the_queue() {
+    let overload = fixed(10)
+        .guarantee(Priority::Critical, 0.2)
+        .unwrap()
+        .guarantee(Priority::Default, 0.3)
+        .unwrap()
+        .critical_borrowing(2.5)
+        .unwrap()
+        .queue(6, Duration::from_millis(20))
+        .unwrap()
+        .build();
+    let ceilings =
+        [Priority::Critical, Priority::Default, Priority::Sheddable].map(|c| overload.ceiling(c));
+    assert_eq!(ceilings, [25, 8, 5]);
+    let peaks = Arc::new(Peaks::default());
+    let seen = Arc::clone(&peaks);
+    let inner = tower::service_fn(move |request: http::Request<Body>| {
+        let peaks = Arc::clone(&seen);
+        async move {
+            let value = request.headers()["x-priority"].to_str().unwrap();
+            let groups = peaks.enter(Priority::from_header_value(value));
+            // Left even when the request is cancelled while it runs here.
+            let _left = Left(Arc::clone(&peaks), groups);
+            let spins = request.uri().query().map_or(0, |q| q.len() % 6);
+            for _ in 0..spins {
+                tokio::task::yield_now().await;
+            }
+            let chunks = ["a", "b"].map(|c| Ok::<_, Infallible>(Bytes::from(c)));
+            Ok::<_, Infallible>(http::Response::new(Body::from_stream(
+                futures::stream::iter(chunks),
+            )))
+        }
+    });
+    let service = overload.layer().layer(inner);
+    let (admitted, shed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tasks: Vec<_> = (0..60u64)
+        .map(|seed| {
+            let service = service.clone();
+            let (admitted, shed) = (Arc::clone(&admitted), Arc::clone(&shed));
+            tokio::spawn(async move {
+                let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move |n: u64| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state % n) as usize
+                };
+                for _ in 0..20 {
+                    let class = match next(6) {
+                        0 => Priority::Critical,
+                        1 | 2 => Priority::Default,
+                        _ => Priority::Sheddable,
+                    };
+                    let mut request = request(class);
+                    let query = format!("/work?{}", "s".repeat(next(6)));
+                    *request.uri_mut() = query.parse().unwrap();
+                    let call = service.clone().oneshot(request);
+                    let patience = next(12);
+                    let read_body = next(2) == 0;
+                    let cancel = async {
+                        for _ in 0..patience {
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    tokio::select! {
+                        response = call => {
+                            let response = response.unwrap();
+                            let counter = if response.status() == 503 { &shed } else { &admitted };
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            let mut body = response.into_body();
+                            if read_body {
+                                while body.frame().await.is_some() {}
+                            }
+                        }
+                        () = cancel, if patience > 3 => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let got = [0, 1, 2].map(|i| peaks.peak[i].load(Ordering::SeqCst));
+    assert!(
+        got[0] <= 25 && got[1] <= 8 && got[2] <= 5,
+        "peaks (all, lower, sheddable) {got:?} against ceilings 25, 8, 5"
+    );
+    assert!(admitted.load(Ordering::SeqCst) > 0 && shed.load(Ordering::SeqCst) > 0);
+    assert_eq!(overload.in_flight(), 0);
 }
