@@ -20,7 +20,7 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::config::Registry;
 use tower_bulwark::overload::{Overload, Priority};
 
-use crate::support::{fixed, gated, request, Svc};
+use crate::support::{fixed, gated, one_inside, request, Svc};
 
 const W: Duration = Duration::from_millis(50);
 
@@ -128,18 +128,13 @@ async fn a_waiter_is_admitted_when_the_limit_rises_above_the_requests_in_flight(
     panic!("the limit never rose: {}", overload.limit());
 }
 
-/// `src/overload/builder.rs:175`: "at most `capacity` wait". A waiter whose future was dropped (its client
-/// gone) leaves the queue: a queue of one, whose waiter was cancelled, takes the next request
-/// instead of shedding it as if it were full; a waiter shed at `max_wait` leaves it too.
+/// `src/overload/builder.rs:175`: "at most `capacity` wait". A waiter whose future was dropped (its
+/// client gone) leaves the queue: a queue of one, whose waiter was cancelled, takes the next
+/// request instead of shedding it as if it were full; a waiter shed at `max_wait` leaves it too.
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_or_expired_waiter_frees_its_place_in_the_queue() {
-    let overload = fixed(1)
-        .queue(1, Duration::from_millis(100))
-        .unwrap()
-        .build();
-    let (service, gated, mut entered) = gated(&overload);
-    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (overload, service, gated, _entered, first) =
+        one_inside(1, Duration::from_millis(100), Priority::Default).await;
     // Cancelled twice over: dropped after its first poll, and its task aborted.
     let mut dropped = Box::pin(service.clone().oneshot(request(Priority::Default)));
     assert!((&mut dropped).now_or_never().is_none());
@@ -164,10 +159,10 @@ async fn a_cancelled_or_expired_waiter_frees_its_place_in_the_queue() {
     assert_eq!(gated.reached.load(Ordering::SeqCst), 2);
 }
 
-/// `src/overload/mod.rs:58`: each admitted request's sample is "its latency from admission (not from arrival:
-/// time in the queue is not the service's)", and `overload/mod.rs:69` the `Retry-After` is "the slow
-/// average of the admitted requests' latency". Two requests answered at once, one after 1000 s
-/// in the queue (on the latency clock): the wait stays 1 s.
+/// `src/overload/mod.rs:58`: each admitted request's sample is "its latency from admission (not
+/// from arrival: time in the queue is not the service's)", and `overload/mod.rs:69` the
+/// `Retry-After` is "the slow average of the admitted requests' latency". Two requests answered at
+/// once, one after 1000 s in the queue (on the latency clock): the wait stays 1 s.
 #[tokio::test(start_paused = true)]
 async fn time_in_the_queue_is_not_the_services_latency() {
     let clock = ManualClock::new();
@@ -196,9 +191,9 @@ async fn time_in_the_queue_is_not_the_services_latency() {
     );
 }
 
-/// `src/overload/mod.rs:51`: "A request holds its permit until its response body ends, fails or is dropped".
-/// A body read to its end, or one whose stream failed, gives its place back then, while the
-/// caller still holds the body.
+/// `src/overload/mod.rs:51`: "A request holds its permit until its response body ends, fails or is
+/// dropped". A body read to its end, or one whose stream failed, gives its place back then, while
+/// the caller still holds the body.
 #[tokio::test]
 async fn a_body_that_ended_or_failed_gives_its_place_back_before_it_is_dropped() {
     let overload = fixed(1).build();
@@ -240,19 +235,14 @@ async fn a_body_that_ended_or_failed_gives_its_place_back_before_it_is_dropped()
     }
 }
 
-/// `src/overload/mod.rs:71`: "A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the same wait",
-/// and `guide.rs:293`: "a queued one after at most `max_wait`". A gRPC call shed from the queue,
-/// at `max_wait` or pushed out by a higher class, is answered as gRPC too.
+/// `src/overload/mod.rs:71`: "A gRPC call (feature `grpc`) gets `UNAVAILABLE` instead, with the
+/// same wait", and `guide.rs:293`: "a queued one after at most `max_wait`". A gRPC call shed from
+/// the queue, at `max_wait` or pushed out by a higher class, is answered as gRPC too.
 #[cfg(feature = "grpc")]
 #[tokio::test(start_paused = true)]
 async fn a_grpc_call_shed_from_the_queue_gets_unavailable() {
-    let overload = fixed(1)
-        .queue(1, Duration::from_millis(100))
-        .unwrap()
-        .build();
-    let (service, _gated, mut entered) = gated(&overload);
-    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let (_overload, service, _gated, _entered, _first) =
+        one_inside(1, Duration::from_millis(100), Priority::Critical).await;
     let grpc = || {
         http::Request::post("/pkg.Svc/Method")
             .header("content-type", "application/grpc")
@@ -332,7 +322,8 @@ fn with_priority(value: &'static [u8]) -> impl Fn() -> http::Request<Body> {
 #[tokio::test]
 async fn hostile_priority_headers_from_the_config_file_are_default() {
     let registry = Registry::from_toml_str(
-        "[overload.api]\nmin_limit = 10\ninitial_limit = 10\nmax_limit = 10\ncritical_borrowing = 1\n",
+        "[overload.api]\nmin_limit = 10\ninitial_limit = 10\nmax_limit = 10\n\
+         critical_borrowing = 1\n",
     )
     .unwrap();
     let overload = registry.overload("api").unwrap();
@@ -375,9 +366,9 @@ async fn by_default_a_client_cannot_choose_its_class() {
     }
 }
 
-/// `src/overload/mod.rs:39`-`45` and `overload/mod.rs:102`-`108`: the ceilings at the defaults: the limit times 3 for
-/// `Critical`, the limit less 0.3 of it for `Default` and less 0.4 for `Sheddable`, rounded to
-/// the nearest whole request.
+/// `src/overload/mod.rs:39`-`45` and `overload/mod.rs:102`-`108`: the ceilings at the defaults: the
+/// limit times 3 for `Critical`, the limit less 0.3 of it for `Default` and less 0.4 for
+/// `Sheddable`, rounded to the nearest whole request.
 #[test]
 fn the_default_ceilings_are_the_documented_shares_of_the_limit() {
     for (limit, ceilings) in [
@@ -472,10 +463,11 @@ fn a_reload_that_changes_an_overload_protection_is_refused_and_changes_nothing()
     assert_eq!(ceilings, [30, 7, 6]);
 }
 
-/// `src/overload/builder.rs:142`-`144`: "`share` is at least 0 and the guarantees together stay below 1";
-/// `src/overload/builder.rs:158`-`160`: borrowing "At least 1 and at most 100"; `builder.rs:177`: "`max_wait`
-/// at most a minute". A guarantee set again replaces the first, whichever class is set first
-/// the sum is checked, and absurd values are errors naming the setting, never a panic.
+/// `src/overload/builder.rs:142`-`144`: "`share` is at least 0 and the guarantees together stay
+/// below 1"; `src/overload/builder.rs:158`-`160`: borrowing "At least 1 and at most 100";
+/// `builder.rs:177`: "`max_wait` at most a minute". A guarantee set again replaces the first,
+/// whichever class is set first the sum is checked, and absurd values are errors naming the
+/// setting, never a panic.
 #[test]
 fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
     let replaced = fixed(10)
@@ -517,9 +509,9 @@ fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
     );
 }
 
-/// `src/overload/mod.rs:62`-`64`: "A sample 'found the limit reached' when it took the last place under its
-/// class's ceiling ... so the lower classes' flood ... is what lets a delay-based limit grow".
-/// Waves of sheddable requests only, each filling the sheddable ceiling, every one answered
+/// `src/overload/mod.rs:62`-`64`: "A sample 'found the limit reached' when it took the last place
+/// under its class's ceiling ... so the lower classes' flood ... is what lets a delay-based limit
+/// grow". Waves of sheddable requests only, each filling the sheddable ceiling, every one answered
 /// after W: under Aimd (which grows while the limit is reached) the limit must grow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
@@ -556,11 +548,11 @@ async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
     assert!(limits[29] > 10, "the limit never grew: {limits:?}");
 }
 
-/// `src/overload/mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency (each
-/// sample moves it a sixteenth of the way), in whole seconds rounded up, at least one." After
-/// a sample of 2.5 s (`Retry-After: 3`, `answers.rs`), samples of no latency bring it down by
-/// 15/16 each: 2.06 s after 3 (3), 1.93 s after 4 (2), 1.01 s after 14 (2), 0.95 s after 15 (1).
-/// A sample of 200 years later gives a finite wait, no panic.
+/// `src/overload/mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency
+/// (each sample moves it a sixteenth of the way), in whole seconds rounded up, at least one." After
+/// a sample of 2.5 s (`Retry-After: 3`, `answers.rs`), samples of no latency bring it down by 15/16
+/// each: 2.06 s after 3 (3), 1.93 s after 4 (2), 1.01 s after 14 (2), 0.95 s after 15 (1). A sample
+/// of 200 years later gives a finite wait, no panic.
 #[tokio::test]
 async fn retry_after_moves_a_sixteenth_of_the_way_per_sample() {
     let clock = ManualClock::new();
@@ -634,12 +626,12 @@ enum End {
     TimedOutWaiterAhead,
 }
 
-/// `src/overload/mod.rs:48`-`54`: a queued request "waits until its ceiling lets it in", and "The permit is
-/// given back exactly once whatever ends the request: ... an error of the inner service, a
-/// panic, or the response future dropped at any await (in the queue, or while the inner service
-/// runs)"; `cancellation.rs` checks the count comes back, not that the place given back goes to
-/// the next waiter. For each way the request ahead ends, the waiter behind it must be let in at
-/// once, not left to `max_wait`.
+/// `src/overload/mod.rs:48`-`54`: a queued request "waits until its ceiling lets it in", and "The
+/// permit is given back exactly once whatever ends the request: ... an error of the inner service,
+/// a panic, or the response future dropped at any await (in the queue, or while the inner service
+/// runs)"; `cancellation.rs` checks the count comes back, not that the place given back goes to the
+/// next waiter. For each way the request ahead ends, the waiter behind it must be let in at once,
+/// not left to `max_wait`.
 #[tokio::test(start_paused = true)]
 async fn every_way_a_request_ends_lets_the_next_waiter_in() {
     for end in [
@@ -784,13 +776,13 @@ impl Drop for Left {
     }
 }
 
-/// `guide.rs:283`-`290` and `overload/mod.rs:39`-`49`: "A request of a class is admitted only while the
-/// requests in flight, all classes together and it excluded, are below its class's ceiling",
+/// `guide.rs:283`-`290` and `overload/mod.rs:39`-`49`: "A request of a class is admitted only while
+/// the requests in flight, all classes together and it excluded, are below its class's ceiling",
 /// through the queue too ("it waits until its ceiling lets it in"), and `guide.rs:303`-`306`:
-/// whatever ends a request, "the requests in flight come back to zero". 60 tasks on 4 threads
-/// send 20 requests each of random classes through a limit of 10 (guarantees 0.2 and 0.3:
-/// ceilings 25 with borrowing 2.5, 8, 5) and a queue of 6, some cancelled at random awaits,
-/// bodies read or dropped: the requests running never pass a ceiling.
+/// whatever ends a request, "the requests in flight come back to zero". 60 tasks on 4 threads send
+/// 20 requests each of random classes through a limit of 10 (guarantees 0.2 and 0.3: ceilings 25
+/// with borrowing 2.5, 8, 5) and a queue of 6, some cancelled at random awaits, bodies read or
+/// dropped: the requests running never pass a ceiling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_ceiling_is_ever_passed_while_a_flood_comes_and_goes_through_the_queue() {
     let overload = fixed(10)

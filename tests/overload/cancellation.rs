@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::overload::Priority;
 
-use crate::support::{fixed, gated, request};
+use crate::support::{fixed, gated, one_inside, request};
 
 #[tokio::test]
 async fn a_future_dropped_before_its_first_poll_gives_its_place_back() {
@@ -45,10 +45,8 @@ async fn a_future_dropped_while_the_service_runs_gives_its_place_back() {
 
 #[tokio::test]
 async fn a_queued_future_dropped_leaves_the_queue_and_takes_nothing() {
-    let overload = fixed(1).queue(4, Duration::from_secs(60)).unwrap().build();
-    let (service, gated, mut entered) = gated(&overload);
-    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (overload, service, gated, _entered, first) =
+        one_inside(4, Duration::from_secs(60), Priority::Default).await;
     let mut queued = Box::pin(service.clone().oneshot(request(Priority::Critical)));
     assert!(
         (&mut queued).now_or_never().is_none(),
@@ -67,10 +65,8 @@ async fn a_queued_future_dropped_leaves_the_queue_and_takes_nothing() {
 
 #[tokio::test]
 async fn a_waiter_granted_a_place_and_dropped_before_it_woke_gives_it_back() {
-    let overload = fixed(1).queue(4, Duration::from_secs(60)).unwrap().build();
-    let (service, gated, mut entered) = gated(&overload);
-    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (overload, service, gated, _entered, first) =
+        one_inside(4, Duration::from_secs(60), Priority::Default).await;
     let mut queued = Box::pin(service.clone().oneshot(request(Priority::Default)));
     assert!((&mut queued).now_or_never().is_none());
     gated.gate.add_permits(1);

@@ -8,14 +8,12 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tower_bulwark::overload::Priority;
 
-use crate::support::{fixed, gated, request};
+use crate::support::{fixed, one_inside, request};
 
 #[tokio::test(start_paused = true)]
 async fn waiters_are_admitted_highest_class_first_then_in_arrival_order() {
-    let overload = fixed(1).queue(8, Duration::from_secs(60)).unwrap().build();
-    let (service, gated, mut entered) = gated(&overload);
-    let first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (overload, service, gated, mut entered, first) =
+        one_inside(8, Duration::from_secs(60), Priority::Default).await;
     let order = [
         Priority::Sheddable,
         Priority::Default,
@@ -59,10 +57,8 @@ async fn waiters_are_admitted_highest_class_first_then_in_arrival_order() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_sheds_its_lowest_waiter_for_a_higher_newcomer_else_the_newcomer() {
-    let overload = fixed(1).queue(2, Duration::from_secs(60)).unwrap().build();
-    let (service, _gated, mut entered) = gated(&overload);
-    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (_overload, service, _gated, _entered, _first) =
+        one_inside(2, Duration::from_secs(60), Priority::Default).await;
     let sheddable = tokio::spawn(service.clone().oneshot(request(Priority::Sheddable)));
     let default = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
     tokio::task::yield_now().await;
@@ -82,13 +78,8 @@ async fn a_full_queue_sheds_its_lowest_waiter_for_a_higher_newcomer_else_the_new
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_shed_when_max_wait_passes() {
-    let overload = fixed(1)
-        .queue(2, Duration::from_millis(200))
-        .unwrap()
-        .build();
-    let (service, _gated, mut entered) = gated(&overload);
-    let _first = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
-    entered.recv().await.unwrap();
+    let (overload, service, _gated, _entered, _first) =
+        one_inside(2, Duration::from_millis(200), Priority::Default).await;
     let started = tokio::time::Instant::now();
     let response = service
         .clone()

@@ -82,3 +82,27 @@ pub fn request(class: Priority) -> http::Request<Body> {
         .body(Body::empty())
         .unwrap()
 }
+
+/// A request inside a [`gated`] service, which the test lets out.
+pub type Inside = tokio::task::JoinHandle<Result<http::Response<Body>, std::convert::Infallible>>;
+
+/// A protection of limit 1 with a queue of `capacity` waiting up to `max_wait`, in front of a
+/// [`gated`] service with one request of `class` already inside it: the next request finds the
+/// limit reached.
+pub async fn one_inside(
+    capacity: usize,
+    max_wait: std::time::Duration,
+    class: Priority,
+) -> (
+    Overload,
+    Svc,
+    Gated,
+    mpsc::UnboundedReceiver<Priority>,
+    Inside,
+) {
+    let overload = fixed(1).queue(capacity, max_wait).unwrap().build();
+    let (service, gated, mut entered) = gated(&overload);
+    let inside = tokio::spawn(service.clone().oneshot(request(class)));
+    entered.recv().await.unwrap();
+    (overload, service, gated, entered, inside)
+}
