@@ -19,8 +19,8 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 const SLACK: Duration = Duration::from_millis(750);
 
 /// A limiter of algorithm `A` for `quota` on `store`, on a manual clock standing at 1 s (the
-/// same reading for every limiter of a test), under `prefix`, its refusals not cached (every decision asks Redis or the fail mode), deciding with `mode` when Redis
-/// cannot.
+/// same reading for every limiter of a test), under `prefix`, its refusals not cached (every
+/// decision asks Redis or the fail mode), deciding with `mode` when Redis cannot.
 fn limiter<A: RedisAlgorithm>(
     store: &RedisStore,
     quota: Quota,
@@ -251,8 +251,6 @@ async fn absurd_timeouts_are_refused_by_name_or_work() {
     }
 }
 
-/// A leasing limiter of `quota` on `store`, on a manual clock standing at 1 s (shares of at most 25, leases of 10 s
-/// that the frozen clock never ends), deciding with `mode` when Redis cannot.
 /// Twenty admissions on `k` through `leased`, each admitted: what its share has left.
 async fn twenty_from_the_share(leased: &RedisRateLimiter) -> u64 {
     let mut rest = 0;
@@ -264,6 +262,8 @@ async fn twenty_from_the_share(leased: &RedisRateLimiter) -> u64 {
     rest
 }
 
+/// A leasing limiter of `quota` on `store`, on a manual clock standing at 1 s (shares of at most
+/// 25, leases of 10 s that the frozen clock never ends), deciding with `mode` when Redis cannot.
 fn leasing(store: &RedisStore, quota: Quota, mode: RedisFailMode) -> RedisRateLimiter {
     RedisRateLimiter::builder(quota, store.clone())
         .client_clock(manual_clock_at(Duration::from_secs(1)))
