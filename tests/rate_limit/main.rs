@@ -8,6 +8,8 @@ mod common;
 mod counting;
 
 #[cfg(feature = "axum")]
+mod attack_http;
+#[cfg(feature = "axum")]
 mod contention;
 #[cfg(feature = "axum")]
 mod exemptions;
