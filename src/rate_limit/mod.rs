@@ -88,9 +88,10 @@
 //!   seconds within which to use no more than `r`: the later of when the key is whole again and
 //!   the time the advertised rate takes to grant `r`, so `r/t` never states a faster rate than
 //!   `q/w` (1000 per hour after one request is `r=999;t=3597`, not 999 in the 4 s GCRA needs to
-//!   be whole again). On a refusal it lists only the violated policies, each with `r=0` and its
-//!   own wait as `t`; `Retry-After` is the longest of them, so it never points before the end of
-//!   any listed window.
+//!   be whole again). On a refusal it lists only the violated policies, each with what it has
+//!   left (fewer permits than the request asked for: `r=0` for a request of one) and its own
+//!   wait as `t`; `Retry-After` is the longest of them, so it never points before the end of any
+//!   listed window.
 //! * The body is an RFC 9457 problem of the type `quota-exceeded` that the draft registers,
 //!   with its registered title, `Quota Exceeded`.
 //!
@@ -116,7 +117,8 @@
 //!
 //! * [`Policy::cost`] and [`Policy::cost_by`] charge a request more than one permit (a search
 //!   five, a lookup one), from its head (axum's `MatchedPath` included). A cost the policy can
-//!   never admit at once is a 429 that says so, without a `Retry-After`.
+//!   never admit at once is a `413 Content Too Large` that says so (the body's `largest-cost`),
+//!   without a `Retry-After`.
 //! * [`Policy::count_if`] counts only the requests whose response matches (failed logins, server
 //!   errors): a client over the limit is refused before the inner service runs, and a request
 //!   whose response does not count gets its permit back (and its `RateLimit` header says so). A
@@ -146,6 +148,14 @@
 //! under axum, which clones services freely. Use `route_layer` to limit chosen routes (unmatched
 //! paths are then not counted), or `layer` for everything. The service's error type is the inner
 //! service's; no `HandleErrorLayer` is needed.
+//!
+//! Two layers in one stack (a `layer` for everything and a `route_layer` on some routes) decide
+//! apart: to the outer one, the inner one's 429 is an answer, so the request stays counted
+//! there, and the outer policy is listed in the 429's `RateLimit` beside the inner's. Put the
+//! policies of a request in one layer instead (each route's `route_layer` with
+//! `global.clone().and(route)`: the clones of a policy share its limiter), so that a refusal
+//! spends nothing and names only what refused; or keep an outer policy's count off refusals
+//! with `count_if(|answer| answer.status != StatusCode::TOO_MANY_REQUESTS)`.
 //!
 //! # Response bodies
 //!

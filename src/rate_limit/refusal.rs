@@ -76,8 +76,8 @@ impl<'a> Refusal<'a> {
     }
 
     /// The headers of the default answer: `Retry-After`, `RateLimit-Policy`, `RateLimit` (the
-    /// violated policies only, each with `r=0` and its own wait as `t`), and the legacy
-    /// `X-RateLimit-*` ones if they are turned on.
+    /// violated policies only, each with what it has left, fewer permits than the request asked
+    /// for, and its own wait as `t`), and the legacy `X-RateLimit-*` ones if they are turned on.
     pub fn headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(6);
         if let Some(retry) = self.retry_after_secs() {

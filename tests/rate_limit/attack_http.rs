@@ -95,17 +95,12 @@ async fn two_policies_tell_a_client_exactly_what_the_docs_formulas_say() {
 
 /// The `r` of a policy that refused a request costing more than one permit.
 ///
-/// Promise, `src/rate_limit/mod.rs:91`: "On a refusal it lists only the violated policies,
-/// each with `r=0` and its own wait as `t`" (so `src/rate_limit/refusal.rs:79`: "each with
-/// `r=0`"). `src/guide.rs:78-79` says otherwise: "`r` what it has left (less than the
-/// request's cost: `"tokens";r=270;t=3` for a request of 410 tokens)".
-///
-/// BUG (documentation): the docs contradict each other. The layer follows the guide: with 2
-/// of 10 permits left, a request of 4 is told `r=2;t=1`, not the `r=0` the module docs and
-/// `Refusal::headers` promise.
+/// Promise, `src/guide.rs:78-79`: "`r` what it has left (less than the request's cost:
+/// `"tokens";r=270;t=3` for a request of 410 tokens)". With 2 of 10 permits left, a request of
+/// 4 is told `r=2;t=1`. (Found by this attack: the module docs and `Refusal::headers` said
+/// `r=0`; they now say what the guide says.)
 #[tokio::test]
-#[ignore = "BUG: mod.rs:91 and refusal.rs:79 promise r=0 on a refusal; a costly one says r=2"]
-async fn a_refusal_tells_r_0_as_the_module_docs_say_even_for_a_costly_request() {
+async fn a_refusal_tells_what_is_left_even_for_a_costly_request() {
     let clock = ManualClock::new();
     let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
     let policy = Policy::new("tokens", PeerIp::new(), limiter).unwrap();
@@ -118,26 +113,22 @@ async fn a_refusal_tells_r_0_as_the_module_docs_say_even_for_a_costly_request() 
     let refused = send(&app, client, &[("x-cost", "4")]).await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(retry_after(&refused), Some(1));
-    assert_eq!(limits(&refused), ["tokens;r=0;t=1"]);
+    assert_eq!(limits(&refused), ["tokens;r=2;t=1"]);
 }
 
 /// A request costing more than the policy's burst.
 ///
-/// Promise, `src/rate_limit/mod.rs:118-119`: "A cost the policy can never admit at once is a
-/// 429 that says so, without a `Retry-After`." `src/rate_limit/policy.rs:131-133` and
-/// `src/guide.rs:204` promise a `413 Content Too Large` instead.
-///
-/// BUG (documentation): the module docs are stale; the answer is a 413 (no `Retry-After`,
-/// `largest-cost: 10` in the body), as the other two places say.
+/// Promise, `src/rate_limit/policy.rs:131-133` and `src/guide.rs:204`: a `413 Content Too
+/// Large` without a `Retry-After`, `largest-cost: 10` in the body. (Found by this attack: the
+/// module docs said 429; they now say 413.)
 #[tokio::test]
-#[ignore = "BUG: mod.rs:118 promises a 429 for a cost never admitted; the layer sends a 413"]
-async fn a_cost_never_admitted_is_the_429_the_module_docs_promise() {
+async fn a_cost_never_admitted_is_a_413_naming_the_largest_cost() {
     let clock = ManualClock::new();
     let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
     let policy = Policy::new("p", PeerIp::new(), limiter).unwrap().cost(11);
     let response = send(&orders(RateLimitLayer::new(policy)), peer("192.0.2.9"), &[]).await;
     assert_eq!(retry_after(&response), None);
-    assert_eq!(json_status(response).await, (429, Some(10)));
+    assert_eq!(json_status(response).await, (413, Some(10)));
 }
 
 /// The status and `largest-cost` in a problem body.
@@ -368,31 +359,24 @@ async fn a_closures_key_errors_are_401_and_a_500_that_keeps_its_reason() {
     );
 }
 
-/// Two layers stacked, as the docs' placement advice invites (`layer` for everything,
-/// `route_layer` for chosen routes; `src/rate_limit/mod.rs:146-147`): a client refused by the
-/// inner one.
+/// Two layers stacked (`layer` for everything, `route_layer` for chosen routes), a client
+/// refused by the inner one, and the same two policies in one layer.
 ///
-/// Promise, `src/guide.rs:78-84`: "On a refusal `RateLimit` lists only the violated policies
-/// ...; `Retry-After` is the longest of those, so it never points before the end of a listed
-/// window (section 6)"; `src/rate_limit/mod.rs:109-110`: a refused request "spends nothing".
-///
-/// BUG (documentation gap, arguable): the promises hold per layer only, which no doc says.
-/// The outer layer takes the inner 429 for an answer: it keeps its permit (`global` says
-/// `r=998` after one admission and one refusal) and lists `"global";r=998;t=3593` beside
-/// `"route";r=0;t=1` on a 429 whose `Retry-After` is 1, a window ending an hour after it.
+/// Promise, `src/rate_limit/mod.rs` ("Sharing and placement"): stacked layers decide apart:
+/// the outer one counts the request the inner one refused and lists its policy beside the
+/// inner's; in one layer (`global.clone().and(route)`) a refusal spends nothing and lists only
+/// what refused. (Found by this attack: the docs said neither, and invited the stack.)
 #[tokio::test]
-#[ignore = "BUG: stacked layers: an inner 429 lists the outer admission, t=3593 > Retry-After 1"]
-async fn stacked_layers_keep_a_refusal_to_its_violated_policies() {
+async fn stacked_layers_decide_apart_and_one_layer_keeps_a_refusal_to_what_refused() {
     let clock = ManualClock::new();
     let global = keyed::<()>(Quota::per_hour(1000).unwrap(), &clock);
+    let global = Policy::new("global", GlobalKey, global).unwrap();
     let route = keyed(Quota::per_second(1).unwrap(), &clock);
-    let route = RateLimitLayer::new(Policy::new("route", PeerIp::new(), route).unwrap());
-    let app = orders(route)
-        .layer(RateLimitLayer::new(
-            Policy::new("global", GlobalKey, global).unwrap(),
-        ))
+    let route = Policy::new("route", PeerIp::new(), route).unwrap();
+    let stacked = orders(RateLimitLayer::new(route.clone()))
+        .layer(RateLimitLayer::new(global.clone()))
         .layer(MockConnectInfo(peer("192.0.2.4")));
-    let call = || app.clone().oneshot(get_orders());
+    let call = || stacked.clone().oneshot(get_orders());
     let first = call().await.unwrap();
     assert_eq!(
         sf_names(first.headers(), "ratelimit-policy"),
@@ -401,7 +385,16 @@ async fn stacked_layers_keep_a_refusal_to_its_violated_policies() {
     let refused = call().await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(retry_after(&refused), Some(1));
+    assert_eq!(limits(&refused), ["route;r=0;t=1", "global;r=998;t=3593"]);
+    // One layer, a second client: its refusal gives the global permit back and names the route.
+    let one = orders(RateLimitLayer::new(global.and(route)));
+    let client = peer("192.0.2.5");
+    assert_eq!(send(&one, client, &[]).await.status(), StatusCode::OK);
+    let refused = send(&one, client, &[]).await;
+    assert_eq!(retry_after(&refused), Some(1));
     assert_eq!(limits(&refused), ["route;r=0;t=1"]);
+    let other = send(&one, peer("192.0.2.6"), &[]).await;
+    assert_eq!(limits(&other), ["global;r=996;t=3586", "route;r=0;t=1"]);
 }
 
 /// An advertised shadow that would refuse, on an admitted response: exact values.

@@ -13,7 +13,7 @@ use super::accounting::{body_json, call, gcra, log, policy, req, svc, two_logs, 
 use crate::common::listener::sf_names;
 use crate::support::{header_cost, retry_after, violated};
 
-/// Promise: a cost above a policy's burst is a 429 "never admitted" without `Retry-After` that
+/// Promise: a cost above a policy's burst is a 413 "never admitted" without `Retry-After` that
 /// spends nothing, anywhere: `u32::MAX`, exactly the capacity, and one above, with the policy
 /// deciding at once or later, among other policies that admit.
 #[test]
