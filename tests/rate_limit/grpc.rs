@@ -35,7 +35,7 @@ pub async fn serve<P: PolicySet>(layer: RateLimitLayer<P, WrapBody>) -> SocketAd
 }
 
 /// The listener's connections as the stream tonic serves.
-fn tokio_stream_of(
+pub(crate) fn tokio_stream_of(
     listener: tokio::net::TcpListener,
 ) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
     futures::stream::unfold(listener, |listener| async move {
@@ -247,7 +247,7 @@ async fn grpc_calls_get_grpc_answers_and_plain_http_the_usual_429() {
 /// Runs `tests/rate_limit/grpc_client.py` (Python's grpcio: gRPC C-core, not tonic) against
 /// `addr` in `mode`, and returns the JSON line it prints; `None` when grpcio is not installed
 /// and the run does not require it (`.ci/run` installs it and sets `BULWARK_REQUIRE_GRPCIO`).
-fn grpcio(addr: SocketAddr, mode: &str) -> Option<serde_json::Value> {
+pub(crate) fn grpcio(addr: SocketAddr, mode: &str) -> Option<serde_json::Value> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/rate_limit/grpc_client.py"

@@ -53,6 +53,7 @@ def refusal(err):
     """What a refusal told: its code, pushback and the delay of its RetryInfo."""
     trailing = dict(err.trailing_metadata() or ())
     out = {"code": err.code().name, "pushback": trailing.get("grpc-retry-pushback-ms")}
+    out["message"] = err.details()
     status = rpc_status.from_call(err)
     if status is not None:
         for detail in status.details:

@@ -29,7 +29,7 @@ type Replies = Pin<Box<dyn Stream<Item = Result<HelloReply, Status>> + Send>>;
 /// `test.Streams`: `Count` answers a request naming a number with that many replies;
 /// `Echo` answers each message of the call's stream with one reply, until the caller ends it.
 #[derive(Clone, Default)]
-struct Streams;
+pub(crate) struct Streams;
 
 impl tonic::server::NamedService for Streams {
     const NAME: &'static str = "test.Streams";
@@ -141,7 +141,7 @@ async fn count(channel: &Channel, n: usize) -> Result<Streaming<HelloReply>, Sta
 }
 
 /// An `Echo` of the messages sent into the returned sender, until it is dropped.
-async fn echo(
+pub(crate) async fn echo(
     channel: &Channel,
 ) -> Result<
     (

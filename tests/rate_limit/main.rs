@@ -7,6 +7,8 @@ mod common;
 #[path = "../common/counting.rs"]
 mod counting;
 
+#[cfg(feature = "grpc")]
+mod attack_grpc;
 #[cfg(feature = "axum")]
 mod attack_http;
 #[cfg(feature = "axum")]
