@@ -387,3 +387,90 @@ async fn application_grpc_with_whitespace_before_its_parameters_gets_grpc_answer
     let grpc = ["application/grpc ;charset=utf-8", "application/grpc\t; a=b"];
     assert_eq!(answered_as_grpc(&grpc).await, [Some(true); 2]);
 }
+
+/// A call that costs more than the policy can ever admit, refused through a hook that falls
+/// back to `Refusal::default_response`: tonic reads `RESOURCE_EXHAUSTED` with a pushback of
+/// `-1` and no `RetryInfo`, and grpcio, whose retry policy lists `RESOURCE_EXHAUSTED`, does not
+/// retry it (the limiter sees one attempt).
+///
+/// Promise, `src/rate_limit/refusal.rs:107-110`: "For a gRPC call (feature `grpc`), the
+/// trailers-only `RESOURCE_EXHAUSTED` with the wait in `grpc-retry-pushback-ms` (`-1`, do not
+/// retry, when no wait helps) and a `RetryInfo`, so a hook that answers only some requests
+/// itself falls back to what the layer would send."
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooks_fallback_for_a_call_no_wait_admits_tells_grpcio_not_to_retry() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    use tower_bulwark::rate_limit::Refusal;
+
+    // Counts the attempts that reach the layer: the key is found once per call.
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let key = move |_: &RequestHead<'_>| Ok::<_, KeyError>(_ = counted.fetch_add(1, SeqCst));
+    let limiter = KeyedRateLimiter::<()>::new(Quota::per_minute(5).unwrap());
+    let policy = Policy::new("greeter", key, limiter).unwrap();
+    let layer = RateLimitLayer::new(policy.cost_by(|_| 6))
+        .on_refusal(|refusal: &Refusal<'_>| refusal.default_response())
+        .wrap_body();
+    let addr = serve(layer).await;
+    let refused = say_hello(&channel(addr).await, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(pushback(&refused), Some("-1"));
+    assert_eq!(retry_delay(&refused), None);
+    assert_eq!(outbound::retry_after(&refused), None);
+    assert_eq!(attempts.swap(0, SeqCst), 1);
+    let Some(seen) = tokio::task::spawn_blocking(move || grpcio(addr, "retry-exhausted"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let read = (&seen["code"], &seen["pushback"]);
+    assert_eq!(read, (&"RESOURCE_EXHAUSTED".into(), &"-1".into()));
+    assert_eq!(attempts.load(SeqCst), 1, "grpcio retried: {seen}");
+}
+
+/// `outbound::retry_after` on statuses a dependency may send: the `RetryInfo` is read before the
+/// pushback, whatever the pushback says; a pushback of 0 is a wait of none, still a wait; a
+/// status a wait does not end reads `None` whatever it carries.
+///
+/// Promise, `src/outbound/grpc.rs:22-25`: "the `RetryInfo` in its `details` ..., else its
+/// `pushback` (A6: milliseconds; a negative or unreadable value means \"do not retry\", so
+/// `None`). Only a status that a wait can end counts: `RESOURCE_EXHAUSTED` and `UNAVAILABLE`";
+/// `src/outbound/mod.rs:121-122`: "with a `RetryInfo` or a non-negative
+/// `grpc-retry-pushback-ms`".
+#[test]
+fn retry_after_reads_a_statuss_retry_info_before_its_pushback() {
+    use tonic_types::ErrorDetails;
+
+    let status = |code: Code, delay: Option<u64>, pushback: &str| {
+        let details = ErrorDetails::with_retry_info(delay.map(Duration::from_millis));
+        let mut status = match delay {
+            Some(_) => Status::with_error_details(code, "slow down", details),
+            None => Status::new(code, "slow down"),
+        };
+        if !pushback.is_empty() {
+            status
+                .metadata_mut()
+                .insert(PUSHBACK, pushback.parse().unwrap());
+        }
+        outbound::retry_after(&status)
+    };
+    let ms = |ms| Some(Duration::from_millis(ms));
+    for code in [Code::ResourceExhausted, Code::Unavailable] {
+        assert_eq!(status(code, Some(2_500), "-1"), ms(2_500), "{code:?}");
+        assert_eq!(status(code, Some(2_500), "soon"), ms(2_500), "{code:?}");
+        assert_eq!(status(code, Some(2_500), "9000"), ms(2_500), "{code:?}");
+        assert_eq!(status(code, Some(0), ""), ms(0), "{code:?}");
+        assert_eq!(status(code, None, "0"), ms(0), "{code:?}");
+        assert_eq!(status(code, None, "-1"), None, "{code:?}");
+    }
+    for code in [
+        Code::Ok,
+        Code::Internal,
+        Code::DeadlineExceeded,
+        Code::Aborted,
+    ] {
+        assert_eq!(status(code, Some(2_500), "9000"), None, "{code:?}");
+    }
+}
