@@ -27,17 +27,21 @@ use crate::head::{
 };
 
 /// Whether `request` is a gRPC call: its content type is `application/grpc`, alone or with a
-/// `+format` or parameters (whatever the HTTP version: an HTTP/1.1 request claiming gRPC is
-/// answered as gRPC, which such a client reads, and no other client sends that type).
+/// `+format` or parameters, which RFC 9110 lets whitespace precede (whatever the HTTP version: an
+/// HTTP/1.1 request claiming gRPC is answered as gRPC, which such a client reads, and no other
+/// client sends that type).
 pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
     let Some(value) = request.headers.get(CONTENT_TYPE) else {
         return false;
     };
     let value = value.as_bytes();
     let prefix = b"application/grpc";
-    value.len() >= prefix.len()
-        && value[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(value.get(prefix.len()), None | Some(b'+' | b';'))
+    if value.len() < prefix.len() || !value[..prefix.len()].eq_ignore_ascii_case(prefix) {
+        return false;
+    }
+    let rest = &value[prefix.len()..];
+    let parameters = rest.trim_ascii_start();
+    rest.first() == Some(&b'+') || parameters.is_empty() || parameters[0] == b';'
 }
 
 /// `wait` in whole milliseconds, rounded up (saturating).
