@@ -4,6 +4,8 @@
 //! written out is no change, a reload applies quotas and bulkhead sizes in place keeping every
 //! key's state, and a refused reload changes nothing that any later decision could see.
 
+#[path = "attack_reload.rs"]
+mod attack_reload;
 mod hostile;
 mod load;
 mod reload;
