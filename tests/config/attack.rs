@@ -135,3 +135,14 @@ fn with_quota_changes(text: &str) -> String {
     text.replace("limit_for_period = 10", "limit_for_period = 20")
         .replace("max_concurrent_calls = 2\n", "max_concurrent_calls = 5\n")
 }
+
+/// Yields until `until` holds, for calls spawned on the runtime to get where they are going.
+async fn settle(until: impl Fn() -> bool) {
+    for _ in 0..1_000 {
+        if until() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the calls never got in");
+}

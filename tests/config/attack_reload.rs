@@ -165,3 +165,158 @@ fn racing_reloads_apply_whole_files_one_at_a_time() {
         }
     }
 }
+
+/// Promise, `src/config/reload.rs:27`-`28`: "the layers and services already built from them
+/// see the change at once, and every key keeps its state", with the rule of
+/// `src/limiter/keyed.rs:202`-`203`: "In the window of the change a key is admitted at most
+/// the larger of the two quotas". Eight tasks send requests through a route layer built once
+/// while a ninth reloads the quota between 10 and 5 an hour-long window: for every algorithm
+/// no key is admitted more than 10, every request is answered 200 or 429 and counted once in
+/// the limiter's snapshot, and once back at 10 a window algorithm admits exactly the rest of
+/// 10. Holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quotas_toggled_under_traffic_never_admit_past_the_larger() {
+    let peer = "192.0.2.1:4000".parse().unwrap();
+    for algorithm in ["gcra", "fixed_window", "sliding_log", "sliding_counter"] {
+        let file = move |permits: u32| {
+            format!(
+                "[rate_limiters.api]\nlimit_for_period = {permits}\n\
+                 limit_refresh_period = \"100h\"\nalgorithm = \"{algorithm}\"\n\
+                 key = \"header:x-k\"\n\n[routes.r]\npolicies = [\"api\"]\n"
+            )
+        };
+        let registry = Arc::new(Registry::from_toml_str(&file(10)).unwrap());
+        let app = routed(&registry, "r");
+        let senders: Vec<_> = (0..8u64)
+            .map(|task| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let mut rng = Rng(task * 7919 + 1);
+                    let mut admitted = [0u64; 4];
+                    let mut refused = 0;
+                    for _ in 0..40 {
+                        let k = rng.below(4) as usize;
+                        let name = format!("k{k}");
+                        let response = get_from_peer(&app, peer, &[("x-k", &name)]).await;
+                        match response.status().as_u16() {
+                            200 => admitted[k] += 1,
+                            429 => refused += 1,
+                            other => panic!("{algorithm}: answered {other}"),
+                        }
+                    }
+                    (admitted, refused)
+                })
+            })
+            .collect();
+        let reloader = {
+            let registry = Arc::clone(&registry);
+            tokio::spawn(async move {
+                for i in 0..200 {
+                    registry.reload_toml_str(&file([5, 10][i % 2])).unwrap();
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let (mut admitted, mut refused) = ([0u64; 4], 0);
+        for sender in senders {
+            let (a, r) = sender.await.unwrap();
+            (0..4).for_each(|k| admitted[k] += a[k]);
+            refused += r;
+        }
+        reloader.await.unwrap();
+        assert!(admitted.iter().all(|&a| a <= 10), "{algorithm}: {admitted:?}");
+        let snapshot = registry.rate_limiter("api").unwrap().snapshot();
+        let total: u64 = admitted.iter().sum();
+        assert_eq!((snapshot.allowed, snapshot.limited), (total, refused), "{algorithm}");
+        assert_eq!(total + refused, 320, "{algorithm}");
+        registry.reload_toml_str(&file(10)).unwrap();
+        for (k, before) in admitted.iter().enumerate() {
+            let name = format!("k{k}");
+            let mut more = 0;
+            while get_from_peer(&app, peer, &[("x-k", &name)]).await.status() == 200 {
+                more += 1;
+            }
+            let all = before + more;
+            assert!(all <= 10, "{algorithm} k{k}: {all}");
+            if algorithm != "gcra" {
+                assert_eq!(all, 10, "{algorithm} k{k}: {before} then {more}");
+            }
+        }
+    }
+}
+
+/// Promise, `src/config/health.rs:146`-`149` and `:161`-`166`: a bulkhead's entry is
+/// `saturated` when "every permit is taken", with `availableConcurrentCalls` and
+/// `maxAllowedConcurrentCalls`; `src/bulkhead/handle.rs:110`-`114` (what a reload's size
+/// change does): "Lowering it below the calls in flight lets no new call in until enough of
+/// them have ended ... Raising it lets waiting calls in at once." A bulkhead of 4 holding 4
+/// shrunk to 2 reports 0 free of 2 and saturated until only one call is left; a queue
+/// bulkhead of 1 with 3 waiting, raised to 3, lets two of them in without any call ending.
+#[tokio::test]
+async fn health_follows_sizes_reloaded_under_held_and_waiting_calls() {
+    let file = |b: usize, q: usize| {
+        format!(
+            "[bulkheads.b]\nmax_concurrent_calls = {b}\n\n\
+             [bulkheads.q]\nmax_concurrent_calls = {q}\nqueue_capacity = 4\n"
+        )
+    };
+    let registry = Registry::from_toml_str(&file(4, 1)).unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let held = |name: &str, n: usize| -> Vec<_> {
+        let (gate, inside) = (Arc::clone(&gate), Arc::clone(&inside));
+        let service = registry.bulkhead(name).unwrap().layer().layer(service_fn(move |()| {
+            let (gate, inside) = (Arc::clone(&gate), Arc::clone(&inside));
+            async move {
+                inside.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        }));
+        (0..n).map(|_| tokio::spawn(service.clone().oneshot(()))).collect()
+    };
+    // (saturated, free, limit, queued) of bulkhead `name` in `health()` and in its JSON.
+    let entry = |name: &str| {
+        let health = registry.health();
+        let b = health.bulkheads.iter().find(|b| b.name == name).unwrap();
+        let s = &b.snapshot;
+        let json = format!(
+            "\"{name}\":{{\"status\":\"UP\",\"saturated\":{},\"availableConcurrentCalls\":{},\
+             \"maxAllowedConcurrentCalls\":{},\"queueDepth\":{}",
+            b.saturated,
+            s.available_concurrent_calls,
+            s.max_allowed_concurrent_calls,
+            s.queue_depth
+        );
+        assert!(health.to_json().contains(&json), "{json} in {}", health.to_json());
+        let counts = (s.available_concurrent_calls, s.max_allowed_concurrent_calls);
+        (b.saturated, counts.0, counts.1, s.queue_depth)
+    };
+    let calls = held("b", 4);
+    settle(|| inside.load(Ordering::SeqCst) == 4).await;
+    assert_eq!(registry.reload_toml_str(&file(2, 1)).unwrap().bulkheads, ["b"]);
+    assert_eq!(entry("b"), (true, 0, 2, 0));
+    gate.add_permits(2);
+    settle(|| inside.load(Ordering::SeqCst) == 2).await;
+    assert_eq!(entry("b"), (true, 0, 2, 0), "two in flight at a size of 2");
+    gate.add_permits(1);
+    settle(|| inside.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(entry("b"), (false, 1, 2, 0));
+    gate.add_permits(1);
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+
+    let calls = held("q", 4);
+    settle(|| inside.load(Ordering::SeqCst) == 1 && entry("q").3 == 3).await;
+    assert_eq!(entry("q"), (true, 0, 1, 3));
+    assert_eq!(registry.reload_toml_str(&file(2, 3)).unwrap().bulkheads, ["q"]);
+    settle(|| inside.load(Ordering::SeqCst) == 3).await;
+    assert_eq!(entry("q"), (true, 0, 3, 1), "two waiting calls let in at once");
+    gate.add_permits(4);
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(entry("q"), (false, 3, 3, 0));
+}

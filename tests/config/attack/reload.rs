@@ -278,16 +278,6 @@ async fn a_bulkhead_resized_under_held_calls_keeps_exact_count() {
             .map(|_| tokio::spawn(service.clone().oneshot(())))
             .collect::<Vec<_>>()
     };
-    async fn settle(until: impl Fn() -> bool) {
-        for _ in 0..1_000 {
-            if until() {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("the calls never got in");
-    }
-
     let held = hold(2);
     settle(|| snapshot().available_concurrent_calls == 0).await;
     assert_eq!(registry.reload_toml_str(&file(1)).unwrap().bulkheads, ["b"]);
