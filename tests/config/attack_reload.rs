@@ -320,3 +320,60 @@ async fn health_follows_sizes_reloaded_under_held_and_waiting_calls() {
     }
     assert_eq!(entry("q"), (false, 3, 3, 0));
 }
+
+/// A rate limiter kept in a Redis that never answers (nothing is decided with it here).
+const REDIS: &str = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_period = \"1h\"\n\
+                     store = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"\n";
+
+/// Promise, `src/config/mod.rs:56`-`58`: `redis_prefix` defaults to `bulwark:<algorithm>:`
+/// (`bulwark:gcra:` here, as `tests/redis/store.rs:540` checks), `redis_timeout` to "the
+/// store's default" (100 ms, `src/redis/builder.rs:28`), `redis_fail_mode` to `local`;
+/// `src/config/reload.rs:37`: "An instance whose settings are unchanged is not touched at
+/// all". The timeout and fail mode written out are no change, but the prefix is refused:
+/// "`rate_limiters.api.redis_prefix` ... changed from None to Some(\"bulwark:gcra:\"), which a
+/// running registry cannot apply in place", and back from Some to None.
+#[tokio::test]
+#[ignore = "BUG: a Redis limiter's default prefix written out is refused on reload"]
+async fn redis_defaults_written_out_are_no_change() {
+    let refused = refused_no_changes(&[
+        (REDIS, &format!("{REDIS}redis_prefix = \"bulwark:gcra:\"\n")),
+        (REDIS, &format!("{REDIS}redis_timeout = \"100ms\"\n")),
+        (REDIS, &format!("{REDIS}redis_fail_mode = \"local\"\nredis_leases = false\n")),
+    ]);
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+/// Promise, `src/config/reload.rs:39`-`42`: a reload that changes "a rate limiter's ...
+/// `store` or Redis settings" is "refused as a whole, with an error naming the instance and
+/// the field". Each Redis setting changed (and memory to Redis) is refused at its field, with
+/// the quota change beside it not applied. Holds.
+#[tokio::test]
+async fn a_changed_redis_setting_is_refused_at_its_field() {
+    let registry = Registry::from_toml_str(REDIS).unwrap();
+    let cases = [
+        ("redis_url = \"redis://127.0.0.1:2/\"", "redis_url"),
+        ("redis_prefix = \"other:\"", "redis_prefix"),
+        ("redis_timeout = \"7ms\"", "redis_timeout"),
+        ("redis_fail_mode = \"open\"", "redis_fail_mode"),
+        ("redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3", "redis_fail_mode"),
+        ("redis_leases = true", "redis_leases"),
+    ];
+    for (line, field) in cases {
+        let field_name = line.split(" =").next().unwrap();
+        let kept = REDIS
+            .lines()
+            .filter(|l| !l.starts_with(field_name))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let text = format!("{kept}\n{line}\n").replace("= 10", "= 20");
+        let err = registry.reload_toml_str(&text).unwrap_err();
+        assert_eq!(err.path(), format!("rate_limiters.api.{field}"), "{text}\n{err}");
+        assert_located(&text, &err);
+        assert_eq!(registry.rate_limiter("api").unwrap().quota().permits(), 10);
+    }
+    let memory = REDIS.replace("store = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"\n", "");
+    let err = registry.reload_toml_str(&memory).unwrap_err();
+    assert!(err.path().starts_with("rate_limiters.api."), "{err}");
+    let err = Registry::from_toml_str(&memory).unwrap().reload_toml_str(REDIS);
+    assert!(err.unwrap_err().path().starts_with("rate_limiters.api."));
+}
