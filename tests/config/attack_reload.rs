@@ -25,9 +25,9 @@ fn refused_no_changes(pairs: &[(&str, &str)]) -> Vec<String> {
 
 /// Promise, `src/config/reload.rs:37`: "An instance whose settings are unchanged is not touched
 /// at all", and the tables of `src/config/mod.rs`: a field left out takes its default. A file
-/// with the defaults of retries, an overload protection or an adaptive bulkhead written out (and a
-/// breaker's duration spelled otherwise)
-/// means the same settings: reloading one onto the other, either way, is no change. Holds.
+/// with the defaults of retries, an overload protection or an adaptive bulkhead written out
+/// (and a breaker's duration spelled otherwise) means the same settings: reloading one onto
+/// the other, either way, is no change. Holds.
 #[test]
 fn defaults_written_out_are_no_change_for_retries_and_overload() {
     let refused = refused_no_changes(&[
@@ -90,14 +90,19 @@ async fn a_changed_retries_field_is_refused_and_the_budget_is_kept() {
     let registry = Registry::from_toml_str(text).unwrap();
     let retry = registry.retry("x").unwrap();
     let full = retry.budget_available();
-    let failing = retry.layer().layer(service_fn(|_: http::Request<()>| async {
-        Ok::<_, BoxError>(http::Response::builder().status(503).body(())?)
-    }));
+    let failing = retry
+        .layer()
+        .layer(service_fn(|_: http::Request<()>| async {
+            Ok::<_, BoxError>(http::Response::builder().status(503).body(())?)
+        }));
     tokio::time::pause();
     let get = http::Request::get("/").body(()).unwrap();
     failing.oneshot(get).await.unwrap();
     let spent = registry.retry("x").unwrap().budget_available();
-    assert!(spent < full, "a retry took from the budget: {spent} of {full}");
+    assert!(
+        spent < full,
+        "a retry took from the budget: {spent} of {full}"
+    );
     for (field, value) in [
         ("max_attempts", "4"),
         ("base", "\"10ms\""),
@@ -117,7 +122,10 @@ async fn a_changed_retries_field_is_refused_and_the_budget_is_kept() {
         assert_located(&changed, &err);
     }
     assert_eq!(registry.reload_toml_str(text), Ok(Reloaded::default()));
-    assert_eq!(registry.reload_toml_str("").unwrap_err().path(), "retries.x");
+    assert_eq!(
+        registry.reload_toml_str("").unwrap_err().path(),
+        "retries.x"
+    );
     assert_eq!(registry.retry("x").unwrap().budget_available(), spent);
 }
 
@@ -136,8 +144,14 @@ fn running(registry: &Registry) -> (u32, usize) {
 #[test]
 fn racing_reloads_apply_whole_files_one_at_a_time() {
     let files = [(20, 5), (30, 7)].map(|(permits, calls)| {
-        BASE.replace("limit_for_period = 10", &format!("limit_for_period = {permits}"))
-            .replace("max_concurrent_calls = 2\n", &format!("max_concurrent_calls = {calls}\n"))
+        BASE.replace(
+            "limit_for_period = 10",
+            &format!("limit_for_period = {permits}"),
+        )
+        .replace(
+            "max_concurrent_calls = 2\n",
+            &format!("max_concurrent_calls = {calls}\n"),
+        )
     });
     for round in 0..20 {
         let registry = Registry::from_toml_str(BASE).unwrap();
@@ -158,7 +172,10 @@ fn racing_reloads_apply_whole_files_one_at_a_time() {
             });
         });
         let end = running(&registry);
-        assert!(end == (20, 5) || end == (30, 7), "round {round}: a mix {end:?}");
+        assert!(
+            end == (20, 5) || end == (30, 7),
+            "round {round}: a mix {end:?}"
+        );
         for (file, expected) in files.iter().zip([(20, 5), (30, 7)]) {
             registry.reload_toml_str(file).unwrap();
             assert_eq!(running(&registry), expected, "round {round}");
@@ -224,10 +241,17 @@ async fn quotas_toggled_under_traffic_never_admit_past_the_larger() {
             refused += r;
         }
         reloader.await.unwrap();
-        assert!(admitted.iter().all(|&a| a <= 10), "{algorithm}: {admitted:?}");
+        assert!(
+            admitted.iter().all(|&a| a <= 10),
+            "{algorithm}: {admitted:?}"
+        );
         let snapshot = registry.rate_limiter("api").unwrap().snapshot();
         let total: u64 = admitted.iter().sum();
-        assert_eq!((snapshot.allowed, snapshot.limited), (total, refused), "{algorithm}");
+        assert_eq!(
+            (snapshot.allowed, snapshot.limited),
+            (total, refused),
+            "{algorithm}"
+        );
         assert_eq!(total + refused, 320, "{algorithm}");
         registry.reload_toml_str(&file(10)).unwrap();
         for (k, before) in admitted.iter().enumerate() {
@@ -265,16 +289,22 @@ async fn health_follows_sizes_reloaded_under_held_and_waiting_calls() {
     let inside = Arc::new(AtomicUsize::new(0));
     let held = |name: &str, n: usize| -> Vec<_> {
         let (gate, inside) = (Arc::clone(&gate), Arc::clone(&inside));
-        let service = registry.bulkhead(name).unwrap().layer().layer(service_fn(move |()| {
-            let (gate, inside) = (Arc::clone(&gate), Arc::clone(&inside));
-            async move {
-                inside.fetch_add(1, Ordering::SeqCst);
-                gate.acquire().await.unwrap().forget();
-                inside.fetch_sub(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(())
-            }
-        }));
-        (0..n).map(|_| tokio::spawn(service.clone().oneshot(()))).collect()
+        let service = registry
+            .bulkhead(name)
+            .unwrap()
+            .layer()
+            .layer(service_fn(move |()| {
+                let (gate, inside) = (Arc::clone(&gate), Arc::clone(&inside));
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(())
+                }
+            }));
+        (0..n)
+            .map(|_| tokio::spawn(service.clone().oneshot(())))
+            .collect()
     };
     // (saturated, free, limit, queued) of bulkhead `name` in `health()` and in its JSON.
     let entry = |name: &str| {
@@ -289,13 +319,20 @@ async fn health_follows_sizes_reloaded_under_held_and_waiting_calls() {
             s.max_allowed_concurrent_calls,
             s.queue_depth
         );
-        assert!(health.to_json().contains(&json), "{json} in {}", health.to_json());
+        assert!(
+            health.to_json().contains(&json),
+            "{json} in {}",
+            health.to_json()
+        );
         let counts = (s.available_concurrent_calls, s.max_allowed_concurrent_calls);
         (b.saturated, counts.0, counts.1, s.queue_depth)
     };
     let calls = held("b", 4);
     settle(|| inside.load(Ordering::SeqCst) == 4).await;
-    assert_eq!(registry.reload_toml_str(&file(2, 1)).unwrap().bulkheads, ["b"]);
+    assert_eq!(
+        registry.reload_toml_str(&file(2, 1)).unwrap().bulkheads,
+        ["b"]
+    );
     assert_eq!(entry("b"), (true, 0, 2, 0));
     gate.add_permits(2);
     settle(|| inside.load(Ordering::SeqCst) == 2).await;
@@ -311,9 +348,16 @@ async fn health_follows_sizes_reloaded_under_held_and_waiting_calls() {
     let calls = held("q", 4);
     settle(|| inside.load(Ordering::SeqCst) == 1 && entry("q").3 == 3).await;
     assert_eq!(entry("q"), (true, 0, 1, 3));
-    assert_eq!(registry.reload_toml_str(&file(2, 3)).unwrap().bulkheads, ["q"]);
+    assert_eq!(
+        registry.reload_toml_str(&file(2, 3)).unwrap().bulkheads,
+        ["q"]
+    );
     settle(|| inside.load(Ordering::SeqCst) == 3).await;
-    assert_eq!(entry("q"), (true, 0, 3, 1), "two waiting calls let in at once");
+    assert_eq!(
+        entry("q"),
+        (true, 0, 3, 1),
+        "two waiting calls let in at once"
+    );
     gate.add_permits(4);
     for call in calls {
         call.await.unwrap().unwrap();
@@ -338,7 +382,10 @@ async fn redis_defaults_written_out_are_no_change() {
     let refused = refused_no_changes(&[
         (REDIS, &format!("{REDIS}redis_prefix = \"bulwark:gcra:\"\n")),
         (REDIS, &format!("{REDIS}redis_timeout = \"100ms\"\n")),
-        (REDIS, &format!("{REDIS}redis_fail_mode = \"local\"\nredis_leases = false\n")),
+        (
+            REDIS,
+            &format!("{REDIS}redis_fail_mode = \"local\"\nredis_leases = false\n"),
+        ),
     ]);
     assert!(refused.is_empty(), "{refused:#?}");
 }
@@ -355,7 +402,10 @@ async fn a_changed_redis_setting_is_refused_at_its_field() {
         ("redis_prefix = \"other:\"", "redis_prefix"),
         ("redis_timeout = \"7ms\"", "redis_timeout"),
         ("redis_fail_mode = \"open\"", "redis_fail_mode"),
-        ("redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3", "redis_fail_mode"),
+        (
+            "redis_fail_mode = \"fallback\"\nfallback_limit_for_period = 3",
+            "redis_fail_mode",
+        ),
         ("redis_leases = true", "redis_leases"),
     ];
     for (line, field) in cases {
@@ -367,13 +417,91 @@ async fn a_changed_redis_setting_is_refused_at_its_field() {
             .join("\n");
         let text = format!("{kept}\n{line}\n").replace("= 10", "= 20");
         let err = registry.reload_toml_str(&text).unwrap_err();
-        assert_eq!(err.path(), format!("rate_limiters.api.{field}"), "{text}\n{err}");
+        assert_eq!(
+            err.path(),
+            format!("rate_limiters.api.{field}"),
+            "{text}\n{err}"
+        );
         assert_located(&text, &err);
         assert_eq!(registry.rate_limiter("api").unwrap().quota().permits(), 10);
     }
-    let memory = REDIS.replace("store = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"\n", "");
+    let memory = REDIS.replace(
+        "store = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"\n",
+        "",
+    );
     let err = registry.reload_toml_str(&memory).unwrap_err();
     assert!(err.path().starts_with("rate_limiters.api."), "{err}");
-    let err = Registry::from_toml_str(&memory).unwrap().reload_toml_str(REDIS);
+    let err = Registry::from_toml_str(&memory)
+        .unwrap()
+        .reload_toml_str(REDIS);
     assert!(err.unwrap_err().path().starts_with("rate_limiters.api."));
+}
+
+/// Promise, `src/config/mod.rs:93` and `:121`: a route's or client quota's `cost` is "at most
+/// what the limiter can grant at once (its `burst` with `gcra`, its `limit_for_period` with a
+/// window algorithm)"; `src/config/reload.rs:75`-`76`: a file `from_toml_str` refuses is
+/// refused by a reload and "the error changes nothing". A reload that lowers a quota under a
+/// cost is refused at the cost, and the other quota and bulkhead changes of the same file are
+/// not applied; `Reloaded` lists what changed in name order, not file order. Holds.
+#[test]
+fn a_quota_lowered_under_a_cost_is_refused_whole() {
+    let base = BASE.replace("[\"api\",", "[{ limiter = \"api\", cost = 2 },");
+    let registry = Registry::from_toml_str(&base).unwrap();
+    let before = observed(&registry);
+    let lowered = [
+        (
+            "limit_for_period = 100\n",
+            "limit_for_period = 1\n",
+            "client_quotas.c.cost",
+        ),
+        (
+            "key = \"header",
+            "burst = 1\nkey = \"header",
+            "routes.r.policies",
+        ),
+    ];
+    for (from, to, path) in lowered {
+        let text = with_quota_changes(&base.replacen(from, to, 1));
+        let err = registry.reload_toml_str(&text).unwrap_err();
+        assert!(err.path().starts_with(path), "{text}\n{err}");
+        assert_located(&text, &err);
+        assert_eq!(observed(&registry), before);
+    }
+    let renamed = |text: &str| {
+        text.replacen("[rate_limiters.api]", "[rate_limiters.z]", 1)
+            .replace("[bulkheads.b]", "[bulkheads.zz]")
+            .replace("\"api\"", "\"z\"")
+    };
+    let registry = Registry::from_toml_str(&renamed(BASE)).unwrap();
+    let text = renamed(&with_quota_changes(BASE)).replace("= 3\n", "= 4\n");
+    let reloaded = registry.reload_toml_str(&text).unwrap();
+    assert_eq!(reloaded.rate_limiters, ["window", "z"]);
+    assert_eq!(reloaded.bulkheads, ["q", "zz"]);
+}
+
+/// Promise, `src/config/error.rs:13`-`15`: "an error reading the file has neither path nor
+/// position", and `tests/config/files.rs:404` (from `from_path`'s "A file that cannot be
+/// read"): the error names the file. A directory, a file that is not UTF-8 and a missing file,
+/// given to `from_path` and to `reload_path`, are errors with no path nor position that name
+/// the file; a good file at a path reloads with its changes. Holds.
+#[test]
+fn file_errors_name_the_file_with_no_position() {
+    let dir = std::env::temp_dir().join(format!("bulwark-attack-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bytes, good) = (dir.join("latin1.toml"), dir.join("good.toml"));
+    std::fs::write(&bytes, b"[bulkheads.b]\nmax_concurrent_calls = 5 # \xe9\n").unwrap();
+    std::fs::write(&good, with_quota_changes(BASE)).unwrap();
+    let registry = Registry::from_toml_str(BASE).unwrap();
+    for path in [&dir, &bytes, &dir.join("missing.toml")] {
+        let errors = [
+            Registry::from_path(path).err().unwrap(),
+            registry.reload_path(path).unwrap_err(),
+        ];
+        for err in errors {
+            assert_eq!((err.path(), err.position()), ("", None), "{err}");
+            assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+        }
+    }
+    assert_eq!(registry.reload_path(&good).unwrap().bulkheads, ["b"]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
