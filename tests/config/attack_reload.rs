@@ -271,7 +271,7 @@ async fn quotas_toggled_under_traffic_never_admit_past_the_larger() {
 
 /// Promise, `src/config/health.rs:146`-`149` and `:161`-`166`: a bulkhead's entry is
 /// `saturated` when "every permit is taken", with `availableConcurrentCalls` and
-/// `maxAllowedConcurrentCalls`; `src/bulkhead/handle.rs:110`-`114` (what a reload's size
+/// `maxAllowedConcurrentCalls`; `src/bulkhead/handle.rs:113`-`116` (what a reload's size
 /// change does): "Lowering it below the calls in flight lets no new call in until enough of
 /// them have ended ... Raising it lets waiting calls in at once." A bulkhead of 4 holding 4
 /// shrunk to 2 reports 0 free of 2 and saturated until only one call is left; a queue
@@ -437,7 +437,7 @@ async fn a_changed_redis_setting_is_refused_at_its_field() {
     assert!(err.unwrap_err().path().starts_with("rate_limiters.api."));
 }
 
-/// Promise, `src/config/mod.rs:93` and `:121`: a route's or client quota's `cost` is "at most
+/// Promise, `src/config/mod.rs:88` and `:122`: a route's or client quota's `cost` is "at most
 /// what the limiter can grant at once (its `burst` with `gcra`, its `limit_for_period` with a
 /// window algorithm)"; `src/config/reload.rs:75`-`76`: a file `from_toml_str` refuses is
 /// refused by a reload and "the error changes nothing". A reload that lowers a quota under a
