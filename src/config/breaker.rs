@@ -26,8 +26,9 @@ pub(super) struct BreakerSettings {
 }
 
 impl BreakerSettings {
-    /// Checks what the builder would refuse, naming the field under `breakers.{name}`.
-    pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
+    /// Checks what the builder would refuse, naming the field under `breakers.{name}`, and
+    /// writes in the settings the builder filled in, so that writing a default out is no change.
+    pub(super) fn validate(&mut self, name: &str) -> Result<(), ConfigError> {
         if cfg!(not(feature = "adaptive")) {
             let lacks =
                 "a circuit breaker needs the crate's `adaptive` feature, which this build lacks";
@@ -41,7 +42,24 @@ impl BreakerSettings {
             ));
         }
         #[cfg(feature = "adaptive")]
-        build_breaker(name, self)?;
+        {
+            use crate::outbound::breaker::Window;
+            let built = *build_breaker(name, self)?.settings();
+            let (calls, seconds) = match built.window {
+                Window::Calls(n) => (Some(Count(n)), None),
+                Window::Seconds(n) => (None, Some(Count(n))),
+            };
+            *self = Self {
+                window_calls: calls,
+                window_seconds: seconds,
+                minimum_calls: Some(Count(built.minimum_calls)),
+                failure_rate: Some(built.failure_rate),
+                slow_call_rate: Some(built.slow_call_rate),
+                slow_call_duration: Some(built.slow_call_duration),
+                open_for: Some(built.open_for),
+                half_open_calls: Some(Count(built.half_open_calls)),
+            };
+        }
         Ok(())
     }
 }

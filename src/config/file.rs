@@ -94,7 +94,7 @@ fn default_max_keys() -> Count {
     Count(DEFAULT_MAX_KEYS as u32)
 }
 
-/// Which algorithm a rate limiter uses.
+/// Which algorithm a rate limiter uses (its name in the file is its script's in Redis).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum AlgorithmKind {

@@ -76,7 +76,7 @@ impl Config {
         for (name, s) in &self.overload {
             s.validate(&at("overload", name))?;
         }
-        for (name, s) in &self.breakers {
+        for (name, s) in &mut self.breakers {
             s.validate(name)?;
         }
         for (name, s) in &self.retries {
@@ -247,6 +247,20 @@ impl RateLimiterSettings {
         if self.redis_url.is_none() {
             return Err(at.err("redis_url", "is required"));
         }
+        // The defaults written in, so that writing them out is no change.
+        #[cfg(feature = "redis")]
+        self.redis_timeout
+            .get_or_insert(crate::redis::DEFAULT_TIMEOUT);
+        #[cfg(feature = "redis")]
+        self.redis_prefix.get_or_insert_with(|| {
+            let name = match self.algorithm {
+                AlgorithmKind::Gcra => "gcra",
+                AlgorithmKind::FixedWindow => "fixed_window",
+                AlgorithmKind::SlidingLog => "sliding_log",
+                AlgorithmKind::SlidingCounter => "sliding_counter",
+            };
+            crate::redis::default_prefix(name)
+        });
         Ok(())
     }
 }

@@ -70,7 +70,7 @@ impl RedisRateLimiterBuilder {
                 hold_for: DEFAULT_HOLD_FOR,
                 prefix: None,
                 hash_tag: HashTag::PerKey,
-                timeout: Duration::from_millis(100),
+                timeout: DEFAULT_TIMEOUT,
                 fail_mode: RedisFailMode::default(),
                 probe_interval: Duration::from_millis(250),
                 cache_capacity: 100_000,
@@ -257,9 +257,7 @@ impl RedisRateLimiterBuilder {
         let quota = ScriptQuota::new(script, settings.quota, self.client_clock.is_some())
             .map_err(BuildError::new)?
             .holding_for(settings.hold_for);
-        let prefix = settings
-            .prefix
-            .unwrap_or_else(|| format!("bulwark:{}:", script.name()));
+        let prefix = (settings.prefix).unwrap_or_else(|| default_prefix(script.name()));
         let keys = KeyLayout::new(prefix, settings.hash_tag)?;
         if settings.timeout.is_zero() {
             return Err(BuildError::new("the timeout must be longer than zero"));
@@ -292,4 +290,12 @@ impl RedisRateLimiterBuilder {
             }),
         })
     }
+}
+
+/// How long a decision waits for Redis where the builder names no timeout.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The key prefix of a limiter of `algorithm` (a script's name) that names none.
+pub(crate) fn default_prefix(algorithm: &str) -> String {
+    format!("bulwark:{algorithm}:")
 }

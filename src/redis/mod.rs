@@ -129,6 +129,7 @@ mod script;
 mod store;
 
 pub use builder::RedisRateLimiterBuilder;
+pub(crate) use builder::{default_prefix, DEFAULT_TIMEOUT};
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
 

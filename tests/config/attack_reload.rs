@@ -57,13 +57,11 @@ fn defaults_written_out_are_no_change_for_retries_and_overload() {
 /// Promise, `src/config/reload.rs:37`: "An instance whose settings are unchanged is not touched
 /// at all"; `src/config/mod.rs:167`-`168`: a breaker field "left out keeps the builder's
 /// default", and the table (`mod.rs:181`-`187`) gives them: `window_calls` 100, `minimum_calls`
-/// "20, or `window_calls` if fewer", `open_for` "1s"... Instead, writing a default out (or
-/// leaving out one written) is refused as a change: "`breakers.x.window_calls` ... changed from
-/// None to Some(100), which a running registry cannot apply in place", and the same for
-/// `minimum_calls = 10` under `window_calls = 10`. An operator who spells out a default can no
-/// longer reload anything.
+/// "20, or `window_calls` if fewer", `open_for` "1s"... Writing a default out (or leaving out
+/// one written) is no change. (Found by this attack: it was refused, "`breakers.x.window_calls`
+/// ... changed from None to Some(100)", and the same for `minimum_calls = 10` under
+/// `window_calls = 10`; the validation now writes in what the builder filled in.)
 #[test]
-#[ignore = "BUG: a breaker default written out is refused as a change on reload"]
 fn defaults_written_out_are_no_change_for_breakers() {
     let refused = refused_no_changes(&[
         (
@@ -373,11 +371,10 @@ const REDIS: &str = "[rate_limiters.api]\nlimit_for_period = 10\nlimit_refresh_p
 /// (`bulwark:gcra:` here, as `tests/redis/store.rs:540` checks), `redis_timeout` to "the
 /// store's default" (100 ms, `src/redis/builder.rs:28`), `redis_fail_mode` to `local`;
 /// `src/config/reload.rs:37`: "An instance whose settings are unchanged is not touched at
-/// all". The timeout and fail mode written out are no change, but the prefix is refused:
-/// "`rate_limiters.api.redis_prefix` ... changed from None to Some(\"bulwark:gcra:\"), which a
-/// running registry cannot apply in place", and back from Some to None.
+/// all". The prefix, timeout and fail mode written out are no change. (Found by this attack:
+/// the prefix and the timeout were refused, "`rate_limiters.api.redis_prefix` ... changed from
+/// None to Some(\"bulwark:gcra:\")", and back; the validation now writes their defaults in.)
 #[tokio::test]
-#[ignore = "BUG: a Redis limiter's default prefix written out is refused on reload"]
 async fn redis_defaults_written_out_are_no_change() {
     let refused = refused_no_changes(&[
         (REDIS, &format!("{REDIS}redis_prefix = \"bulwark:gcra:\"\n")),

@@ -51,14 +51,14 @@ pub enum BreakerState {
 
 /// The settings of a breaker, checked by [`BreakerBuilder::build`].
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Settings {
-    pub(super) window: Window,
-    pub(super) minimum_calls: u32,
-    pub(super) failure_rate: f64,
-    pub(super) slow_call_rate: f64,
-    pub(super) slow_call_duration: Duration,
-    pub(super) open_for: Duration,
-    pub(super) half_open_calls: u32,
+pub(crate) struct Settings {
+    pub(crate) window: Window,
+    pub(crate) minimum_calls: u32,
+    pub(crate) failure_rate: f64,
+    pub(crate) slow_call_rate: f64,
+    pub(crate) slow_call_duration: Duration,
+    pub(crate) open_for: Duration,
+    pub(crate) half_open_calls: u32,
 }
 
 impl Settings {
@@ -121,6 +121,11 @@ impl Breaker {
             minimum_calls: None,
             clock: Box::new(SystemClock::new()),
         }
+    }
+
+    /// Its settings as built, the defaults filled in.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.shared.settings
     }
 
     /// The breaker's name, as given to its builder.
