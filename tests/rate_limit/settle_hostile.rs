@@ -23,34 +23,34 @@ use tower_bulwark::{BoxError, KeyedRateLimiter, Quota};
 use crate::common::poll_once;
 use crate::support::{header_cost, header_key, retry_after, yields};
 
-type Tokens<A = Gcra> = KeyedRateLimiter<String, A, ManualClock>;
+pub(crate) type Tokens<A = Gcra> = KeyedRateLimiter<String, A, ManualClock>;
 
 /// The tokens a tenant has a minute (one every 6 ms).
-const Q: u64 = 10_000;
-const TOTAL: [&str; 2] = ["usage", "total_tokens"];
+pub(crate) const Q: u64 = 10_000;
+pub(crate) const TOTAL: [&str; 2] = ["usage", "total_tokens"];
 
-fn tokens<A: Algorithm>(clock: &ManualClock) -> Tokens<A> {
+pub(crate) fn tokens<A: Algorithm>(clock: &ManualClock) -> Tokens<A> {
     KeyedRateLimiter::builder(Quota::per_minute(Q as u32).unwrap())
         .algorithm::<A>()
         .clock(clock.clone())
         .build()
 }
 
-fn drain<A: Algorithm>(l: &Tokens<A>) -> u64 {
+pub(crate) fn drain<A: Algorithm>(l: &Tokens<A>) -> u64 {
     let key = "t".to_string();
     (0..=Q).take_while(|_| l.check(&key).allowed).count() as u64
 }
 
-fn json() -> BodyUsage {
+pub(crate) fn json() -> BodyUsage {
     BodyUsage::json(TOTAL).unwrap()
 }
 
-fn usage(sse: bool) -> BodyUsage {
+pub(crate) fn usage(sse: bool) -> BodyUsage {
     (if sse { BodyUsage::sse } else { BodyUsage::json })(TOTAL).unwrap()
 }
 
 /// A request of tenant `t` with these headers.
-fn request(headers: &[(&str, &str)]) -> Request<Body> {
+pub(crate) fn request(headers: &[(&str, &str)]) -> Request<Body> {
     let mut request = Request::builder().uri("/v1").header("x-tenant", "t");
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -59,7 +59,7 @@ fn request(headers: &[(&str, &str)]) -> Request<Body> {
 }
 
 /// The response to a request with these headers.
-async fn call<S, B>(service: S, headers: &[(&str, &str)]) -> Response<B>
+pub(crate) async fn call<S, B>(service: S, headers: &[(&str, &str)]) -> Response<B>
 where
     S: tower::Service<Request<Body>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
@@ -78,7 +78,7 @@ fn rl<B>(response: &Response<B>) -> &str {
 }
 
 /// A policy on `l` reserving the request's `x-est` (1 000 without it).
-fn policy<A: Algorithm>(
+pub(crate) fn policy<A: Algorithm>(
     name: &str,
     l: &Tokens<A>,
 ) -> Policy<impl KeyExtractor<Key = String>, Tokens<A>> {
@@ -98,7 +98,7 @@ fn fixed<A: Algorithm>(
 }
 
 /// A body of these data frames, then the trailers, then a failure, as asked.
-fn frames(chunks: Vec<Bytes>, trailers: Option<HeaderMap>, fail: bool) -> Body {
+pub(crate) fn frames(chunks: Vec<Bytes>, trailers: Option<HeaderMap>, fail: bool) -> Body {
     let mut frames: Vec<Result<Frame<Bytes>, BoxError>> =
         chunks.into_iter().map(|c| Ok(Frame::data(c))).collect();
     frames.extend(trailers.map(|t| Ok(Frame::trailers(t))));
