@@ -250,3 +250,126 @@ proptest! {
         }
     }
 }
+
+/// An event stream of events with a long echoed prompt (holding a decoy usage, escaped), a
+/// comment, and `usage` null, absent, or an object (some of them on two `data:` lines), with
+/// line ends of all three kinds; and the value of the last event that has one.
+fn stream() -> impl Strategy<Value = (String, Option<u32>)> {
+    let end = prop::sample::select(vec!["\n", "\r\n", "\r"]);
+    let usage = prop::option::of((0..=9_000u32, any::<bool>()));
+    let event = (usage, end, 0..3_000usize, any::<bool>());
+    prop::collection::vec(event, 1..6).prop_map(|events| {
+        let (mut body, mut last) = (String::new(), None);
+        let decoy = r#"\"usage\":{\"total_tokens\":1} "#;
+        for (usage, end, prompt, null) in events {
+            let usage = match usage {
+                Some((n, split)) => {
+                    last = Some(n);
+                    let gap = if split {
+                        format!("{end}data: ")
+                    } else {
+                        String::new()
+                    };
+                    format!(r#","usage":{gap}{{"total_tokens":{n}}}"#)
+                }
+                None if null => r#","usage":null"#.to_owned(),
+                None => String::new(),
+            };
+            let prompt = decoy.repeat(prompt / decoy.len());
+            let content = format!(r#"{{"choices":[{{"delta":{{"content":"{prompt}"}}}}]"#);
+            body += &format!(": ping{end}data: {content}{usage}}}{end}{end}");
+        }
+        (body + "data: [DONE]\n\n", last)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `src/usage.rs:70-73`: "the value at `path` in the last event that has one wins (...).
+    /// Other fields, comments and data that is not JSON change nothing"; `src/usage.rs:41-42`:
+    /// "however it is split into chunks"; `src/rate_limit/policy.rs:240-243`: the body is read
+    /// "as the body streams by to the client, unchanged". Through the layer, whichever
+    /// constructor (the `Content-Type` says events), in up to 300 pieces: the request settles to
+    /// the last usage (the estimate where none), and the client gets every byte.
+    #[test]
+    fn an_event_stream_in_any_pieces_settles_to_its_last_usage(
+        (body, last) in stream(), pieces in 1..300usize, sse in any::<bool>(),
+    ) {
+        let want = u64::from(last.unwrap_or(1000));
+        let l = tokens::<Gcra>(&ManualClock::new());
+        let layer = RateLimitLayer::new(policy("tokens", &l).settle_from_body(usage(sse)));
+        let answer = answering(200, Some("text/event-stream"), body.clone(), pieces, false);
+        let service = layer.wrap_body().layer(answer);
+        let response = block_on(call(service, &[])).into_body();
+        prop_assert_eq!(block_on(response.collect()).unwrap().to_bytes(), body.as_bytes());
+        prop_assert_eq!(Q - drain(&l), want);
+    }
+}
+
+/// `src/limiter/mod.rs:148-149`: "The crate's limiters take the estimate from the decision
+/// where it is smaller than `estimate`, so that a settle never gives back what was not
+/// taken." Under `Metered`, a settle or a give-back naming 5 000 for a decision of 1 000,
+/// while another request holds 1 000, releases only its own hold.
+#[test]
+fn a_settle_naming_a_larger_estimate_releases_only_its_own_hold() {
+    let key = "t".to_string();
+    for refund in [false, true] {
+        let l = tokens::<Metered>(&ManualClock::new());
+        let (settled, _other) = (l.check_n(&key, 1000).unwrap(), l.check_n(&key, 1000));
+        if refund {
+            assert!(l.refund(&key, 5000, settled));
+        } else {
+            assert!(l.settle(&key, 5000, settled, 0));
+        }
+        assert_eq!(drain(&l), Q - 1000, "refund {refund}: the other hold stays");
+    }
+}
+
+/// `src/algorithm/metered.rs:32-33`: "Every admission must end in a settle or a give-back
+/// ([`Limiter::settle`], [`Limiter::refund`]): until then its estimate stays held";
+/// `src/limiter/mod.rs:148-149`: the limiters "take the estimate from the decision" (where
+/// it is smaller than the one named). An admission of 1 000 settled (or given back) naming
+/// 10 has ended, yet under `Metered` 990 stay held for good: a minute, or a day, later the
+/// key has 9 010 of its 10 000, and never gets them back (held permits never drain, and a
+/// key holding some is never dropped). Under `Gcra` the same settle loses nothing for good.
+#[test]
+#[ignore = "BUG: Metered keeps the rest of a decision's estimate held for ever when a \
+            settle or refund names a smaller estimate than the decision took"]
+fn a_settle_naming_a_smaller_estimate_leaves_nothing_held_for_good() {
+    let key = "t".to_string();
+    for refund in [false, true] {
+        let clock = ManualClock::new();
+        let l = tokens::<Metered>(&clock);
+        let settled = l.check_n(&key, 1000).unwrap();
+        if refund {
+            assert!(l.refund(&key, 10, settled));
+        } else {
+            assert!(l.settle(&key, 10, settled, 0));
+        }
+        clock.advance(Duration::from_secs(86_400));
+        assert_eq!(
+            drain(&l),
+            Q,
+            "refund {refund}: the admission ended, nothing held"
+        );
+    }
+}
+
+/// `src/rate_limit/policy.rs:208-210`: "`settled` returns `None` (...): the estimate stands
+/// (...); so it does when (...) `settled` panics"; `src/algorithm/metered.rs:32-34`: the
+/// crate's layers settle every admission "whatever ends the request (an error, a panic, ...)".
+/// Under `Metered`, a panicking settle charges the estimate as of the admission: 3 s later
+/// half of it (500 of 1 000 at 10 000 a minute) is back, neither all (settled to zero) nor
+/// none (still held).
+#[tokio::test]
+async fn a_panicking_settle_charges_the_metered_estimate_at_its_admission() {
+    let clock = ManualClock::new();
+    let l = tokens::<Metered>(&clock);
+    let panics = policy("tokens", &l).settle_by(|_| -> Option<u32> { panic!("bad settle") });
+    let answer = answering(200, None, String::new(), 1, false);
+    let response = call(RateLimitLayer::new(panics).layer(answer), &[]).await;
+    assert_eq!(response.status(), http::StatusCode::OK);
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(drain(&l), Q - 500);
+}
