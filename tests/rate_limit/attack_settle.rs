@@ -373,3 +373,66 @@ async fn a_panicking_settle_charges_the_metered_estimate_at_its_admission() {
     clock.advance(Duration::from_secs(3));
     assert_eq!(drain(&l), Q - 500);
 }
+
+/// `src/guide.rs:206`: "whatever ends a request or a call (its body read, dropped or failing,
+/// the inner service failing or panicking, the future dropped, ...) its estimate is settled
+/// exactly once"; `src/outbound/quota/counting.rs:109-111,144-145`: an `Unsettled` "Dropped
+/// (every clone of it) unsettled, the call's estimate stands", and "Only the first settle of
+/// a call counts". A `service_fn` answering an `http::Response` with a streamed body, behind
+/// a client quota of 10 000 a minute on `Metered` settled later, estimate 4 000; 3 s on (500
+/// back), the key has 10 000 − 2 500 for a call settled to 3 000 (once, whatever a clone says
+/// after), 10 000 − 3 500 for one whose estimate stands (not 6 000 still held).
+#[tokio::test]
+async fn every_way_an_outbound_call_ends_settles_its_estimate_exactly_once() {
+    use tower_bulwark::outbound::quota::{SettleLater, Unsettled};
+    use tower_bulwark::outbound::ClientQuotaLayer;
+    let upstream = service_fn(|how: &'static str| async move {
+        match how {
+            "fail" => return Err(tower_bulwark::BoxError::from("the upstream is gone")),
+            "panic" => panic!("an upstream that panics"),
+            "hang" => std::future::pending::<()>().await,
+            _ => {}
+        }
+        let body = Bytes::from(json_body(3000));
+        Ok(Response::new(frames(
+            vec![body.slice(..9), body.slice(9..)],
+            None,
+            false,
+        )))
+    });
+    for how in ["settle", "settle-twice", "drop", "fail", "panic", "hang"] {
+        let clock = ManualClock::new();
+        let l = tokens::<Metered>(&clock);
+        let layer = ClientQuotaLayer::new("tokens", l.clone()).key(|_: &&str| "t".to_string());
+        let client = layer.cost(4000).settle_by(SettleLater).layer(upstream);
+        let call = client.oneshot(how);
+        match how {
+            "fail" => assert!(call.await.is_err()),
+            "panic" => assert!(tokio::spawn(call).await.unwrap_err().is_panic()),
+            "hang" => assert!(crate::common::poll_once(std::pin::pin!(call)).is_pending()),
+            _ => {
+                let mut response = call.await.unwrap();
+                let unsettled = response.extensions_mut().remove::<Unsettled>().unwrap();
+                let mut scan = usage(false).scan();
+                let mut body = response.into_body();
+                while let Some(frame) = body.frame().await {
+                    scan.feed(&frame.unwrap().into_data().unwrap());
+                }
+                let used = u32::try_from(scan.found().unwrap()).unwrap();
+                if how != "drop" {
+                    assert!(unsettled.clone().settle(used), "{how}");
+                }
+                if how == "settle-twice" {
+                    assert!(!unsettled.settle(0) && !unsettled.settle(9000), "{how}");
+                }
+            }
+        }
+        clock.advance(Duration::from_secs(3));
+        let want = if how.starts_with("settle") {
+            2500
+        } else {
+            3500
+        };
+        assert_eq!(Q - drain(&l), want, "{how}");
+    }
+}
