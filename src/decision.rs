@@ -351,10 +351,16 @@ impl Decision {
         self.admission.origin.key ^ at.rotate_left(21) ^ tat.rotate_left(42) ^ self.remaining
     }
 
-    /// What a refund of this decision may give back: `cost`, but never more than it was
-    /// decided on.
+    /// What a give-back or a settle of this decision, named `cost` by its caller, takes back:
+    /// `cost`, but never more than it was decided on; for an admission that holds its estimate
+    /// (`Metered`, a concurrent slot), the whole of it, whatever the caller names, since a hold
+    /// ends once (a part left held would never drain).
     pub(crate) fn refundable(&self, cost: u32) -> u32 {
-        cost.min(self.admission.cost)
+        if self.admission.holding {
+            self.admission.cost
+        } else {
+            cost.min(self.admission.cost)
+        }
     }
 
     /// This admission, its permits charged to the limiter's state at `at` (see [`Charged`]).

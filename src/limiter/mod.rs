@@ -146,7 +146,10 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// that bounds the cost, such as a request's `max_tokens`, it never is). A cost above the
     /// most one request can take ([`InsufficientCapacity`]'s capacity) is charged as that most.
     /// The crate's limiters take the estimate from the decision where it is smaller than
-    /// `estimate`, so that a settle never gives back what was not taken.
+    /// `estimate`, so that a settle never gives back what was not taken; for an admission that
+    /// holds its estimate ([`Metered`](crate::algorithm::Metered)), the decision's whole
+    /// estimate, whatever `estimate` says: a hold ends once, and a part left held would never
+    /// drain.
     ///
     /// No default: a limiter of your own, or a wrapper of one, says what a settle does, and
     /// cannot leave a charge out by forgetting to forward it. (The crate's limiters give back
