@@ -74,7 +74,7 @@ macro_rules! attack_tests {
 
 /// Runs every one of `runs` (one per algorithm), then fails with the failures of all of them:
 /// one algorithm's failure does not hide another's.
-fn each_reporting_all(runs: &[fn()]) {
+pub(crate) fn each_reporting_all(runs: &[fn()]) {
     let failures: Vec<String> = runs
         .iter()
         .filter_map(|run| {
@@ -102,7 +102,7 @@ fn wait_until(counter: &AtomicU64, n: u64) {
     }
 }
 
-fn name<A>() -> &'static str {
+pub(crate) fn name<A>() -> &'static str {
     let full = std::any::type_name::<A>();
     full.rsplit("::").next().unwrap_or(full)
 }
@@ -148,7 +148,7 @@ fn reserve<A: Algorithm, C: Clock>(
 /// A clock whose reading the test dials, backwards too: stale and out-of-order readings; a
 /// thread that set a reading of its own ([`read_here`]) reads that one instead.
 #[derive(Clone, Default)]
-struct Dial(Arc<AtomicU64>);
+pub(crate) struct Dial(Arc<AtomicU64>);
 
 thread_local! {
     /// A reading of this thread's own, which a [`Dial`] hands out instead of its shared one.
@@ -156,18 +156,18 @@ thread_local! {
 }
 
 /// Makes this thread's readings of any [`Dial`] `at` (none: the dial's shared one).
-fn read_here(at: Option<u64>) {
+pub(crate) fn read_here(at: Option<u64>) {
     MINE.with(|m| m.set(at));
 }
 
 impl Dial {
-    fn at(n: u64) -> Self {
+    pub(crate) fn at(n: u64) -> Self {
         let dial = Self::default();
         dial.set(n);
         dial
     }
 
-    fn set(&self, n: u64) {
+    pub(crate) fn set(&self, n: u64) {
         self.0.store(n, Ordering::SeqCst);
     }
 }
@@ -180,14 +180,14 @@ impl Clock for Dial {
 }
 
 /// Whether `A` is GCRA or GCRA with held estimates (whose limit is the burst).
-fn is_gcra<A>() -> bool {
+pub(crate) fn is_gcra<A>() -> bool {
     let n = name::<A>();
     n == "Gcra" || n == "Metered"
 }
 
 /// A keyed limiter of `u32` keys holding at most `max_keys` (one shard below 2048), full under
 /// `overflow`.
-fn keyed<A: Algorithm, C: Clock>(
+pub(crate) fn keyed<A: Algorithm, C: Clock>(
     q: Quota,
     clock: C,
     max_keys: usize,
