@@ -4,7 +4,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[macro_use]
 mod attack_direct;
+mod attack_memory;
 mod default_clock;
 mod eviction;
 mod hostile;
