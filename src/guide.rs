@@ -144,9 +144,13 @@
 //! away least, by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank) (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
 //! is being limited a fresh quota (`tests/limiter/eviction.rs`, and the flood test of every
-//! algorithm above), with one exception: a quota of one request under the fixed window or the
-//! sliding counter, where a limited client and a flood's key hold the same single permit of the
-//! same window and either may be evicted (see [`Overflow`](crate::limiter::Overflow)).
+//! algorithm above), with one exception: under the fixed window and the sliding counter, whose
+//! counts do not say when they were taken, a flood whose keys each spend a whole quota in the
+//! client's window ties with the client, and either may be evicted (the client then gets a fresh
+//! quota; a steady flood of such keys may hand it several), and so may a `Metered` client
+//! holding as many estimates as such keys; GCRA and the sliding log keep the client (see
+//! [`Overflow`](crate::limiter::Overflow); a known limit, the ignored
+//! `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas`).
 //!
 //! An evicted key gives away what it held, and one more thing today: a give-back of one of its
 //! admissions that arrives after the key was written anew reaches the new state, which never

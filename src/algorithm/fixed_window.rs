@@ -169,11 +169,12 @@ impl Algorithm for FixedWindow {
     fn decide(
         &self,
         state: &FixedWindowState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
+        let now = latest.at_least(now);
         self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
@@ -198,11 +199,12 @@ impl Algorithm for FixedWindow {
     fn refund(
         &self,
         state: &FixedWindowState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
+        let now = latest.at_least(now);
         let mut w = lock(&state.0);
         let now = self.advance(&mut w, now);
         // Under a numbering that no longer names its cycle (a change of period since), nothing
@@ -231,7 +233,8 @@ impl Algorithm for FixedWindow {
 
     /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
     /// next cycles pay, as a reservation's is.
-    fn charge(&self, state: &FixedWindowState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &FixedWindowState, latest: &LatestReading, now: u64, cost: u32) {
+        let now = latest.at_least(now);
         let mut w = lock(&state.0);
         self.advance(&mut w, now);
         w.used = w.used.saturating_add(u64::from(cost));

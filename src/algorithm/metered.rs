@@ -91,11 +91,12 @@ impl Algorithm for Metered {
     fn decide(
         &self,
         state: &MeteredState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
+        let now = latest.at_least(now);
         let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         let (verdict, admitted) = self.0.verdict(self.ahead(&meter, now), now, cost, max_wait);
@@ -123,7 +124,8 @@ impl Algorithm for Metered {
     }
 
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
-    fn charge(&self, state: &MeteredState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &MeteredState, latest: &LatestReading, now: u64, cost: u32) {
+        let now = latest.at_least(now);
         let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         meter.tat = self.0.charged(meter.tat, now, cost);
@@ -134,12 +136,13 @@ impl Algorithm for Metered {
     fn settle(
         &self,
         state: &MeteredState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         decision: &Decision,
         estimate: u32,
         cost: u32,
     ) {
+        let now = latest.at_least(now);
         let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, now);
         meter.held = meter.held.saturating_sub(u64::from(estimate));

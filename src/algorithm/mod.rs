@@ -171,8 +171,10 @@ pub trait Algorithm: Copy + fmt::Debug + Send + Sync + 'static {
 /// state. (With the reading one word per shard, which every admission of the shard's keys
 /// published before changing its TAT, two lines moved a check: one hot key from 16 threads
 /// made 0.47 of governor's checks a second, against 1.17 for the direct limiter, which already
-/// kept one word; see BENCHMARKS.md.) The window algorithms and the sliding log keep their
-/// latest reading in their own (locked) state and leave this one alone.
+/// kept one word; see BENCHMARKS.md.) The window algorithms, the sliding log and `Metered` keep
+/// their latest reading in their own (locked) state, with the group's as the floor under it
+/// (a key made afresh after a drop decides an older reading as of the drop), and never write
+/// the group's.
 ///
 /// Beside the reading, GCRA's give-backs keep the latest reading at which one of them moved a
 /// key's TAT back under a later admission: from then on, an earlier admission is no longer told
@@ -216,6 +218,13 @@ impl LatestReading {
     /// The latest reading published (0 before any).
     pub fn get(&self) -> u64 {
         self.latest.load(Ordering::Acquire)
+    }
+
+    /// `now`, or this reading if later: the floor the store raises before it drops keys, so
+    /// that a key made afresh decides a reading older than the drop as of it, as the dropped
+    /// state would have.
+    pub(crate) fn at_least(&self, now: u64) -> u64 {
+        now.max(self.get())
     }
 
     /// Publishes `now` if it is later than the latest reading.

@@ -219,11 +219,12 @@ impl Algorithm for SlidingCounter {
     fn decide(
         &self,
         state: &SlidingCounterState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
+        let now = latest.at_least(now);
         self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
@@ -236,11 +237,12 @@ impl Algorithm for SlidingCounter {
     fn refund(
         &self,
         state: &SlidingCounterState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
+        let now = latest.at_least(now);
         let mut c = lock(&state.0);
         self.advance(&mut c, now);
         let Some((idx, _)) = self.timeline.counted_window(decision, c.renumbered) else {
@@ -262,7 +264,8 @@ impl Algorithm for SlidingCounter {
     /// The count of the window of `now` grows by `cost`, past the limit if it must. The
     /// counter is approximate: the debt weighs on the estimate as that window's own counts
     /// do, in full through the window and then as the previous window's share.
-    fn charge(&self, state: &SlidingCounterState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &SlidingCounterState, latest: &LatestReading, now: u64, cost: u32) {
+        let now = latest.at_least(now);
         let mut c = lock(&state.0);
         self.advance(&mut c, now);
         c.curr = c.curr.saturating_add(u64::from(cost));

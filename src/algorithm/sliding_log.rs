@@ -214,11 +214,12 @@ impl Algorithm for SlidingLog {
     fn decide(
         &self,
         state: &SlidingLogState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         max_wait: u64,
     ) -> Decision {
+        let now = latest.at_least(now);
         self.step(&mut lock(&state.0), now, cost, max_wait)
     }
 
@@ -229,11 +230,12 @@ impl Algorithm for SlidingLog {
     fn refund(
         &self,
         state: &SlidingLogState,
-        _latest: &LatestReading,
+        latest: &LatestReading,
         now: u64,
         cost: u32,
         decision: &Decision,
     ) {
+        let now = latest.at_least(now);
         let reserved_at = decision.charged().at;
         let mut log = lock(&state.0);
         self.advance(&mut log, now);
@@ -250,7 +252,8 @@ impl Algorithm for SlidingLog {
 
     /// An entry of `cost` permits at `now`: every window that holds `now` counts them, past
     /// the limit if it must.
-    fn charge(&self, state: &SlidingLogState, _latest: &LatestReading, now: u64, cost: u32) {
+    fn charge(&self, state: &SlidingLogState, latest: &LatestReading, now: u64, cost: u32) {
+        let now = latest.at_least(now);
         let mut log = lock(&state.0);
         let now = self.advance(&mut log, now);
         if cost > 0 {

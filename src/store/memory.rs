@@ -47,10 +47,13 @@ pub enum Overflow {
     /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,
     /// however large, evicts the flood's own keys and never wipes the record of the clients that
     /// are being limited (while fewer than fifteen sixteenths of a shard are such clients). The
-    /// one case where a limited client and a flood key look alike is a quota of one request
-    /// under the fixed window or the sliding counter: both hold one permit of the same window,
-    /// and either may go (the client then gets one more request); GCRA and the sliding log keep
-    /// the client, which took its permit first.
+    /// case where a limited client and a flood key look alike: under the fixed window and the
+    /// sliding counter, whose counts do not say when they were taken, a flood whose keys each
+    /// spend a whole quota in the client's window ties with the client, and either may go (the
+    /// client then gets a fresh quota, and a steady flood of such keys may hand it several);
+    /// so may a `Metered` client holding as many estimates as such keys. GCRA and the sliding
+    /// log keep the client, which took its permits first. (A known limit:
+    /// `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas`, ignored.)
     #[default]
     EvictNearestIdle,
     /// Refuse requests from new keys until a slot frees; keys already present are unaffected.
