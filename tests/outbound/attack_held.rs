@@ -1,0 +1,273 @@
+//! Attacks on held outbound calls: many tasks waiting through one `Pushback` and one
+//! `ClientQuotaLayer`, waiters dropped half-way, newer and older answers arriving while calls
+//! wait, and the exact instants at which held calls reach the dependency. Time is tokio's
+//! paused timer (or a `ManualClock` where nothing waits); no test sleeps to pass.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Response;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_bulwark::clock::TokioClock;
+use tower_bulwark::outbound::pushback::Pacing;
+use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
+use tower_bulwark::BoxError;
+
+use super::hostile_support::{spent_for_a_second_under, tokio_waiting_up_to};
+use crate::common::{quota_ns, response, tokio_direct};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// When each call reached the dependency, as offsets from the test's start.
+type Arrivals = Arc<Mutex<Vec<Instant>>>;
+
+/// What a spawned call came to: when it ended, and how.
+type Ended<T> = JoinHandle<(Instant, Result<T, BoxError>)>;
+
+/// A dependency that records when each call reaches it and never answers: every call sent stays
+/// in flight, so no answer changes what the pushback knows.
+fn parked<R: Send + 'static>(
+    arrivals: Arrivals,
+) -> impl Service<R, Response = Response<()>, Error = BoxError, Future: Send> + Clone {
+    service_fn(move |_: R| {
+        arrivals.lock().unwrap().push(Instant::now());
+        std::future::pending::<Result<Response<()>, BoxError>>()
+    })
+}
+
+/// The arrivals as offsets from `start`.
+fn offsets(arrivals: &Arrivals, start: Instant) -> Vec<Duration> {
+    let arrivals = arrivals.lock().unwrap();
+    arrivals.iter().map(|at| at.duration_since(start)).collect()
+}
+
+/// Spawns `n` calls of `request` through `client`, all at once.
+fn flood<S, R, T>(client: &S, n: usize, request: impl Fn(usize) -> R) -> Vec<Ended<T>>
+where
+    S: Service<R, Response = T, Error = BoxError, Future: Send> + Clone + Send + 'static,
+    R: Send + 'static,
+    T: Send + 'static,
+{
+    (0..n)
+        .map(|i| {
+            let call = client.clone().oneshot(request(i));
+            tokio::spawn(async move {
+                let result = call.await;
+                (Instant::now(), result)
+            })
+        })
+        .collect()
+}
+
+/// The calls of `tasks` that ended in a refusal of type `E`, as (when, retry_after) from
+/// `start`; the calls still at the dependency are dropped. Panics on any other ending.
+async fn refusals<E, T>(tasks: Vec<Ended<T>>, start: Instant) -> Vec<(Duration, Duration)>
+where
+    E: std::error::Error + 'static,
+{
+    let mut refused = Vec::new();
+    for task in tasks {
+        if !task.is_finished() {
+            task.abort();
+            continue;
+        }
+        let (at, result) = task.await.unwrap();
+        let err = result.err().expect("no call is answered");
+        assert!(err.is::<E>(), "{err}");
+        let wait = outbound::retry_after(&*err).unwrap();
+        refused.push((at.duration_since(start), wait));
+    }
+    refused
+}
+
+/// `n` of `at`.
+fn times(n: usize, at: Duration) -> Vec<Duration> {
+    vec![at; n]
+}
+
+/// "then the `q` calls of the policy of the same name (less those still in flight) may start
+/// within its `w`" and "A held call fails at once with [`PushedBack`], which carries the time
+/// until a call may actually go [...] past windows that give nothing, or the probe"
+/// (src/outbound/pushback/mod.rs:86-87, 108-111).
+///
+/// Fifty tasks wait (`max_wait` 5 s) on a spent window that ends at 1 s under a policy of 5
+/// per 10 s. When it ends, exactly 5 reach the dependency; the 5 stay in flight, so every
+/// window after gives nothing and the others are told the probe: `max_hold` after the last
+/// start.
+#[tokio::test(start_paused = true)]
+async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
+    let pushback = tokio_waiting_up_to(S(5));
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=5;w=10"#));
+    let start = Instant::now();
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(S(3)).await;
+    assert_eq!(offsets(&arrivals, start), times(5, S(1)));
+    let refused = refusals::<PushedBack, _>(tasks, start).await;
+    assert_eq!(
+        refused,
+        times(45, S(1))
+            .into_iter()
+            .map(|at| (at, super::DEFAULT_MAX_HOLD))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// "A policy whose `q` is zero [...] gives nothing in any window until something new is heard:
+/// then calls are held for `max_hold` from the last answer or call, and one call goes (a
+/// probe)" (src/outbound/pushback/mod.rs:92-95).
+///
+/// Fifty tasks wait up to 90 s on a dependency that grants nothing (`max_hold` 60 s): exactly
+/// one reaches it, at 60 s; the next probe is 60 s after that start, past every waiter's
+/// `max_wait`, so the others are refused then, told 60 s.
+#[tokio::test(start_paused = true)]
+async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_hold(S(60))
+        .max_wait(S(90))
+        .build();
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
+    let start = Instant::now();
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(S(200)).await;
+    assert_eq!(offsets(&arrivals, start), [S(60)]);
+    let refused = refusals::<PushedBack, _>(tasks, start).await;
+    assert_eq!(
+        refused,
+        times(49, S(60))
+            .into_iter()
+            .map(|at| (at, S(60)))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// "it waits on tokio's timer [...] and is sent when the hold ends (a newer answer may end it
+/// sooner)" (src/outbound/pushback/mod.rs:111-113), and "without a policy, calls go freely until
+/// the next answer" (mod.rs:87-88).
+///
+/// Fifty tasks wait on a spent 10 s window; at 1 s an answer obtained elsewhere (newer than
+/// every call) says 5 are left for 10 s: exactly 5 go at 1 s, and the 45 others at 11 s, when
+/// that window ends, not at 10 s (the old window's end) nor before.
+#[tokio::test(start_paused = true)]
+async fn a_newer_answer_frees_exactly_its_calls_among_fifty_waiters() {
+    let pushback = tokio_waiting_up_to(S(20));
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=10"#)]));
+    let start = Instant::now();
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(S(1)).await;
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=5;t=10"#)]));
+    tokio::time::sleep(S(15)).await;
+    let mut expected = times(5, S(1));
+    expected.extend(times(45, S(11)));
+    assert_eq!(offsets(&arrivals, start), expected);
+    assert!(refusals::<PushedBack, _>(tasks, start).await.is_empty());
+}
+
+/// "It never loosens or shortens a hold" (src/outbound/pushback/mod.rs:103) and "is sent when
+/// the hold ends" (mod.rs:112-113).
+///
+/// Fifty waiters on a `Retry-After: 2`: at 200 ms a `Retry-After: 1` (shorter) changes nothing,
+/// at 500 ms a `Retry-After: 3` moves the end to 3.5 s, within `max_wait`: all fifty reach the
+/// dependency at 3.5 s exactly.
+#[tokio::test(start_paused = true)]
+async fn fifty_waiters_go_at_the_latest_retry_after_exactly() {
+    let pushback = tokio_waiting_up_to(S(5));
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let start = Instant::now();
+    pushback.observe(&response(429, &[("retry-after", "2")]));
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(MS(200)).await;
+    pushback.observe(&response(429, &[("retry-after", "1")]));
+    tokio::time::sleep(MS(300)).await;
+    pushback.observe(&response(429, &[("retry-after", "3")]));
+    tokio::time::sleep(S(10)).await;
+    assert_eq!(offsets(&arrivals, start), times(50, MS(3500)));
+    assert!(refusals::<PushedBack, _>(tasks, start).await.is_empty());
+}
+
+/// "The longest hold any response can impose [...]: a longer `Retry-After` or window is cut to
+/// this" (src/outbound/pushback/builder.rs:82-83).
+///
+/// `max_hold` 3 s, `max_wait` 5 s, `Retry-After: 1000000000`: fifty waiters reach the
+/// dependency at 3 s exactly.
+#[tokio::test(start_paused = true)]
+async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .max_hold(S(3))
+        .max_wait(S(5))
+        .build();
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let start = Instant::now();
+    pushback.observe(&response(429, &[("retry-after", "1000000000")]));
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(S(10)).await;
+    assert_eq!(offsets(&arrivals, start), times(50, S(3)));
+    assert!(refusals::<PushedBack, _>(tasks, start).await.is_empty());
+}
+
+/// "A waiting call that is dropped (a timeout above it) simply goes away: it reached nothing
+/// and took nothing" (src/outbound/pushback/mod.rs:113-114), under [`Pacing::Spread`] ("the
+/// calls left are spread evenly over the window: one every `t / r`", builder.rs:24-25).
+///
+/// Four calls left for 8 s, spread: five tasks; the second is dropped while it waits, at 1 s.
+/// The other waiters take the slots at 2, 4 and 6 s: the dropped one held none.
+#[tokio::test(start_paused = true)]
+async fn a_spread_waiter_dropped_holds_no_slot() {
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .pacing(Pacing::Spread)
+        .max_wait(S(10))
+        .build();
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
+    let start = Instant::now();
+    let tasks = flood(&client, 5, |_| ());
+    tokio::time::sleep(S(1)).await;
+    assert_eq!(offsets(&arrivals, start), [S(0)]);
+    tasks[1].abort();
+    tokio::time::sleep(S(20)).await;
+    assert_eq!(offsets(&arrivals, start), [0, 2, 4, 6].map(S));
+    for task in &tasks {
+        task.abort();
+    }
+}
+
+/// "A call whose permits come within the quota's `max_wait` reserves them and waits on tokio's
+/// timer, then goes [...] One whose permits would come later fails at once with
+/// [`QuotaExhausted`], which carries `retry_after`" (src/outbound/quota/mod.rs:41-45).
+///
+/// Fifty tasks race for a quota of 10 a second in bursts of 5 (`max_wait` 1 s): 5 go at once,
+/// then one every 100 ms up to 1 s, exactly; the 35 others fail at once, each told 1.1 s.
+#[tokio::test(start_paused = true)]
+async fn fifty_tasks_on_a_client_quota_go_at_the_exact_instants_the_rate_allows() {
+    let limiter = tokio_direct(quota_ns(1, 100_000_000, 5, 1_000_000_000));
+    let arrivals = Arrivals::default();
+    let client = ClientQuotaLayer::new("partner", limiter).layer(parked(arrivals.clone()));
+    let start = Instant::now();
+    let tasks = flood(&client, 50, |_| ());
+    tokio::time::sleep(S(3)).await;
+    let mut expected = times(5, S(0));
+    expected.extend((1..=10).map(|k| MS(100 * k)));
+    assert_eq!(offsets(&arrivals, start), expected);
+    let refused = refusals::<QuotaExhausted, _>(tasks, start).await;
+    assert_eq!(
+        refused,
+        times(35, S(0))
+            .into_iter()
+            .map(|at| (at, MS(1100)))
+            .collect::<Vec<_>>()
+    );
+}
