@@ -423,3 +423,59 @@ async fn a_budget_of_ten_sends_exactly_ten_through_a_quota_that_refuses_most() {
     assert_eq!(sent, [4, 4, 2, 0, 0]);
     kept.iter().for_each(JoinHandle::abort);
 }
+
+/// The documented stack, "retry → breaker → pushback → client quota → bulkhead → timeout →
+/// client" (src/outbound/mod.rs:22-24): "a retry never leaves before the answer's
+/// `Retry-After` [...] or an error's `retry_after`" (src/outbound/retry/mod.rs:27-31), and "A
+/// retry is granted when the reserve (`min_per_second` for each second of the window) plus what
+/// the live slots hold is at least one retry" (src/outbound/retry/budget.rs:9-11).
+///
+/// Fifty callers at once; the first answer is a 429 with `Retry-After: 2`, every later one a
+/// 200. No attempt but the first reaches the dependency before 2 s; exactly 40 retries go (0.2
+/// of fifty calls, plus the reserve of 3 a second over the 10 s window), all answered 200, and
+/// the ten other callers end with the pushback's refusal.
+#[cfg(feature = "adaptive")]
+#[tokio::test(start_paused = true)]
+async fn fifty_callers_through_the_whole_stack_wait_out_the_hold_without_a_storm() {
+    use tower_bulwark::bulkhead::Bulkhead;
+    use tower_bulwark::outbound::retry::Retry;
+    use tower_bulwark::outbound::Breaker;
+
+    let arrivals = Arrivals::default();
+    let recorded = arrivals.clone();
+    let dependency = service_fn(move |_: http::Request<String>| {
+        let mut arrivals = recorded.lock().unwrap();
+        arrivals.push(Instant::now());
+        let status = if arrivals.len() == 1 { 429 } else { 200 };
+        async move { Ok::<_, BoxError>(response(status, &[("retry-after", "2")])) }
+    });
+    let retry = Retry::builder("partner").clock(TokioClock::new());
+    let breaker = Breaker::builder("partner").clock(TokioClock::new());
+    let pushback = Pushback::builder("partner")
+        .clock(TokioClock::new())
+        .build();
+    let quota = tokio_direct(Quota::per_second(100).unwrap());
+    let client = tower::ServiceBuilder::new()
+        .layer(retry.build().unwrap().layer())
+        .layer(breaker.build().unwrap().layer())
+        .layer(pushback.layer())
+        .layer(ClientQuotaLayer::new("partner", quota))
+        .layer(Bulkhead::semaphore("partner", 16).build().layer())
+        .timeout(S(5))
+        .service(dependency);
+    let start = Instant::now();
+    let get = |_| http::Request::get("/").body(String::new()).unwrap();
+    let (mut ok, mut refused) = (0, 0);
+    for task in flood(&client, 50, get) {
+        match task.await.unwrap().1 {
+            Ok(answer) if answer.status() == 200 => ok += 1,
+            Ok(answer) => panic!("{}", answer.status()),
+            Err(err) if err.is::<PushedBack>() => refused += 1,
+            Err(err) => panic!("{err}"),
+        }
+    }
+    let offsets = offsets(&arrivals, start);
+    eprintln!("{offsets:?} ok {ok} refused {refused}");
+    assert!(offsets[1..].iter().all(|at| *at >= S(2)), "{offsets:?}");
+    assert_eq!((offsets.len() - 1, ok, refused), (10 + 30, 40, 10));
+}
