@@ -60,8 +60,8 @@
 //! | `RateLimit`, `RateLimit-Policy` | draft-ietf-httpapi-ratelimit-headers-11 | each item's `r` calls left for `t` seconds (or the `w` of the policy of the same name), then the policy's `q` per `w` |
 //! | `X-RateLimit-Remaining` with `X-RateLimit-Reset-After` or `X-RateLimit-Reset` | GitHub, Discord, many more | what is left until the reset: `Reset-After` in decimal seconds when present, else the reset as below |
 //! | `RateLimit-Remaining`, `RateLimit-Reset` | drafts before -07, GitLab | the same |
-//! | `x-ratelimit-{limit,remaining,reset}-requests`, `-tokens` | OpenAI | the requests as a quota; the tokens hold calls once spent, and a call of N tokens until N are left; resets are Go durations (`1s`, `6m0s`, `20ms`) |
-//! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | Anthropic | the requests as a quota; each family of tokens holds calls once spent, and the family with fewest left a call of N tokens until N are left; resets are RFC 3339 times |
+//! | `x-ratelimit-{limit,remaining,reset}-requests`, `-tokens` | OpenAI | the requests as a quota; spent tokens hold calls until they come back (at an even pace up to `-limit-tokens`, else at the reset), and a call of N tokens until N are left; resets are Go durations (`1s`, `6m0s`, `20ms`) |
+//! | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}` | Anthropic | the requests as a quota; each family of tokens, once spent, holds calls until its tokens come back (at an even pace up to its `-limit`, else at the reset), and the family with fewest left a call of N tokens until N are left; resets are RFC 3339 times |
 //!
 //!   A reset is a Unix time in milliseconds from 10^12, in seconds from 10^9 (either with a
 //!   fraction: Discord writes `1470173023.123`), and below that seconds (whole or decimal) or a

@@ -72,9 +72,10 @@ impl TokenRecord {
     }
 
     /// The earliest instant from `now` at which a call of `cost` tokens may start: when enough
-    /// have come back, or at the reset.
+    /// have come back, or at the reset. A call that takes none waits while none are left.
     pub(super) fn free_at(&self, now: u64, cost: u64) -> u64 {
-        if cost == 0 || self.available(now) >= cost {
+        let cost = cost.max(1);
+        if self.available(now) >= cost {
             return now;
         }
         match self.limit {

@@ -171,14 +171,19 @@ fn read_families(
         Some((family, remaining, window))
     });
     for (family, remaining, window) in readable {
-        if family.counts_calls || remaining == 0 {
+        let limit = (!family.counts_calls)
+            .then(|| reader.single_number(headers, &family.limit))
+            .flatten();
+        // Spent tokens with no limit to come back to hold every call until the reset; with a
+        // limit, they come back at an even pace, and a call waits for its own.
+        if family.counts_calls || (remaining == 0 && limit.is_none()) {
             let read = AdvertisedQuota::new(dialect, remaining, window);
             quota = most_restrictive(quota.into_iter().chain([read]));
         }
         if !family.counts_calls {
             let read = TokenQuota {
                 remaining,
-                limit: reader.single_number(headers, &family.limit),
+                limit,
                 resets_in: window,
             };
             tokens = fewest_tokens(tokens.into_iter().chain([read]));
