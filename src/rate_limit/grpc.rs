@@ -40,8 +40,7 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
         return false;
     }
     let rest = &value[prefix.len()..];
-    let parameters = rest.trim_ascii_start();
-    rest.first() == Some(&b'+') || parameters.is_empty() || parameters[0] == b';'
+    rest.first() == Some(&b'+') || matches!(rest.trim_ascii_start().first(), None | Some(b';'))
 }
 
 /// `wait` in whole milliseconds, rounded up (saturating).

@@ -189,9 +189,10 @@ impl Breaker {
         saturating_nanos(self.origin.elapsed())
     }
 
-    /// Whether Redis failed to answer less than a probe interval ago.
-    pub(crate) fn skipping(&self) -> bool {
-        self.elapsed() < self.skip_until.load(Ordering::Relaxed)
+    /// Whether, at `now` (on the breaker's clock), Redis failed to answer less than a probe
+    /// interval ago.
+    pub(crate) fn skipping(&self, now: u64) -> bool {
+        now < self.skip_until.load(Ordering::Relaxed)
     }
 
     /// Records the end of a call sent at `sent` that `failed` or not, if no call sent later has
@@ -279,7 +280,7 @@ mod tests {
         // A stale failure neither warns nor makes the limiter skip Redis.
         let timeout = RedisFailure::Timeout(Duration::from_millis(5));
         breaker.failed("k", &timeout, &RedisFailMode::Propagate, 29);
-        assert!(!breaker.skipping());
+        assert!(!breaker.skipping(breaker.elapsed()));
         assert_eq!(breaker.failures(), 1, "counted all the same");
     }
 }

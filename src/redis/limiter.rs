@@ -492,7 +492,7 @@ impl Inner {
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
         let sent = self.breaker.elapsed();
-        let result = if self.breaker.skipping() {
+        let result = if self.breaker.skipping(sent) {
             Err(RedisFailure::Skipped)
         } else {
             tokio::time::timeout(self.timeout, call)
