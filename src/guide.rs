@@ -141,7 +141,7 @@
 //! the store drops idle keys first whenever a shard is full, and
 //! [`retain_recent`](crate::KeyedRateLimiter::retain_recent) drops them on demand. When a shard
 //! is full of live keys, [`Overflow`](crate::limiter::Overflow) decides: evict the keys whose loss gives
-//! away least, by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank) (default), or
+//! away least, by the permits that still weigh on each key (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
 //! is being limited a fresh quota (`tests/limiter/eviction.rs`, and the flood test of every
 //! algorithm above), with one exception: under the fixed window and the sliding counter, whose

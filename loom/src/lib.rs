@@ -16,7 +16,7 @@
 //! (none at present).
 //!
 //! Through the public API only: the bulkhead is driven through `BulkheadService` around an inner
-//! service that counts the calls inside it, the algorithms through `Algorithm`.
+//! service that counts the calls inside it, the algorithms through `Transitions`.
 #![cfg(all(test, loom))]
 
 use std::convert::Infallible;
@@ -30,7 +30,7 @@ use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 use tower_bulwark::algorithm::{
-    Algorithm, FixedWindow, FixedWindowState, Gcra, GcraState, LatestReading,
+    FixedWindow, FixedWindowState, Gcra, GcraState, LatestReading, Transitions,
 };
 use tower_bulwark::{bulkhead::BulkheadService, limiter::Decision, BoxError, Bulkhead, Quota};
 use tower_layer::Layer;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading};
+use super::{LatestReading, Transitions};
 use crate::decision::Decision;
 use crate::sync::{AtomicU64, Ordering};
 use crate::Quota;
@@ -23,7 +23,7 @@ const RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct InFlight(AtomicU64);
 
-impl Algorithm for Concurrency {
+impl Transitions for Concurrency {
     type State = InFlight;
 
     fn new(quota: &Quota, _epoch: u64) -> Self {

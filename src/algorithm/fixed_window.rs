@@ -1,7 +1,7 @@
 use crate::sync::{lock, Mutex};
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading, Timeline};
+use super::{LatestReading, Timeline, Transitions};
 use crate::{decision::Decision, Quota};
 
 /// Fixed windows with Resilience4j's cycle semantics.
@@ -130,7 +130,7 @@ impl FixedWindow {
     }
 }
 
-impl Algorithm for FixedWindow {
+impl Transitions for FixedWindow {
     type State = FixedWindowState;
 
     fn new(quota: &Quota, epoch: u64) -> Self {

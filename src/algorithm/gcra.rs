@@ -1,7 +1,7 @@
 use crate::sync::{AtomicU128, Ordering};
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading};
+use super::{LatestReading, Transitions};
 use crate::clock::MAX_NOW;
 use crate::{decision::Decision, Quota};
 
@@ -17,7 +17,7 @@ use crate::{decision::Decision, Quota};
 ///
 /// Clock readings that arrive out of order (a thread read the clock, then lost the race to one
 /// that read it later) are decided as of the latest reading the key has seen, kept beside its
-/// TAT so that one compare-and-swap changes both (see [`LatestReading`]): a stale reading
+/// TAT so that one compare-and-swap changes both: a stale reading
 /// neither admits more nor less than a fresh one.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
@@ -248,7 +248,7 @@ pub(super) enum Verdict {
     Refused { now: u64, base: u64, allow_at: u64 },
 }
 
-impl Algorithm for Gcra {
+impl Transitions for Gcra {
     type State = GcraState;
 
     fn new(quota: &Quota, _epoch: u64) -> Self {

@@ -3,7 +3,7 @@
 //! the admission.
 
 use super::gcra::{Gcra, MAX_TAT};
-use super::{Algorithm, LatestReading};
+use super::{LatestReading, Transitions};
 use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
@@ -72,7 +72,7 @@ impl Metered {
     }
 }
 
-impl Algorithm for Metered {
+impl Transitions for Metered {
     type State = MeteredState;
 
     fn new(quota: &Quota, epoch: u64) -> Self {

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading, Timeline};
+use super::{LatestReading, Timeline, Transitions};
 use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
@@ -188,7 +188,7 @@ impl SlidingCounter {
     }
 }
 
-impl Algorithm for SlidingCounter {
+impl Transitions for SlidingCounter {
     type State = SlidingCounterState;
 
     fn new(quota: &Quota, epoch: u64) -> Self {

@@ -1,7 +1,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{Algorithm, LatestReading};
+use super::{LatestReading, Transitions};
 use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, Quota};
 
@@ -190,7 +190,7 @@ impl SlidingLog {
     }
 }
 
-impl Algorithm for SlidingLog {
+impl Transitions for SlidingLog {
     type State = SlidingLogState;
 
     fn new(quota: &Quota, _epoch: u64) -> Self {

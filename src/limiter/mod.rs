@@ -295,7 +295,7 @@ impl<A: Algorithm> Rule<A> {
     }
 
     /// The rule for `quota` that carries on from this one at `now` (see
-    /// [`Algorithm::with_quota`]).
+    /// [`Transitions::with_quota`](crate::algorithm::Transitions::with_quota)).
     fn changed_to(&self, quota: Quota, now: u64) -> Self {
         Self {
             quota,
@@ -315,7 +315,7 @@ impl<A: Algorithm> Rule<A> {
 }
 
 /// What settling an admission changes in a Redis script, by the rule of
-/// [`Algorithm::settle`]'s default: never more given back than the admission took, and a charge
+/// [`Transitions::settle`](crate::algorithm::Transitions::settle)'s default: never more given back than the admission took, and a charge
 /// beyond it no more than one request may take.
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug)]

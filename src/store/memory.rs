@@ -16,7 +16,7 @@
 //! (`PAIRED=20 THREADS=2 cargo bench --bench contention -- hot_key`).
 //!
 //! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
-//! state carries no information any more (its [`idle_at`](crate::algorithm::Algorithm::idle_at)
+//! state carries no information any more (the instant it is idle from
 //! has passed), which changes no decision: the store first publishes its own reading to the
 //! shard's latest reading, so that a reading older than the drop that reaches a fresh key is
 //! decided as of the drop, where the dropped state weighed nothing. If the shard is still full
@@ -41,7 +41,7 @@ pub enum Overflow {
     /// admit the new key. The default.
     ///
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
-    /// ranked by [`Algorithm::eviction_rank`](crate::algorithm::Algorithm::eviction_rank): first by the
+    /// ranked first by the
     /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
     /// among keys holding as many, the one that took them earliest is kept. A key that has used
     /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,
@@ -388,12 +388,12 @@ mod tests {
     fn what_a_request_reads_of_a_shard_is_one_cache_line_and_what_it_writes_another() {
         type GcraTable = Table<
             u32,
-            <crate::algorithm::Gcra as crate::algorithm::Algorithm>::State,
+            <crate::algorithm::Gcra as crate::algorithm::Transitions>::State,
             std::sync::Arc<()>,
         >;
         type GcraShard = Shard<
             u32,
-            <crate::algorithm::Gcra as crate::algorithm::Algorithm>::State,
+            <crate::algorithm::Gcra as crate::algorithm::Transitions>::State,
             std::sync::Arc<()>,
         >;
         let read = size_of::<ShardedLock<GcraTable>>();

@@ -10,9 +10,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_bulwark::algorithm::{
-    Algorithm, FixedWindow, Gcra, LatestReading, Metered, SlidingCounter, SlidingLog,
-};
+use tower_bulwark::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
 use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
 use tower_bulwark::limiter::{acquire, Decision, InsufficientCapacity, Overflow};
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
