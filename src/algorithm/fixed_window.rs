@@ -43,6 +43,9 @@ pub(crate) struct Window {
     /// One more than the reading at which a change of period last numbered `cycle` anew, zero
     /// for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
+    /// The reading at which the key last began to weigh on its decisions (see
+    /// [`rank`](super::rank)).
+    pub(crate) since: u64,
 }
 
 impl FixedWindow {
@@ -82,16 +85,19 @@ impl FixedWindow {
         (self.timeline).renumber(&mut w.cycle, &mut w.renumbered, w.latest);
         let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
+        if w.used == 0 {
+            w.since = now;
+        }
         now
     }
 
-    /// The cycle of `now` (as `advance` would clamp it) and `used` as of then, without changing
-    /// the state (for ranking a key).
-    fn used_at(&self, w: &Window, now: u64) -> (u64, u64) {
+    /// `used` as of the cycle of `now` (as `advance` would clamp it), without changing the
+    /// state (for ranking a key).
+    fn used_at(&self, w: &Window, now: u64) -> u64 {
         let cycle = self.cycle_of(super::as_of(now, w.latest));
         let numbered = self.timeline.numbered(w.cycle, w.latest);
         let granted = cycle.saturating_sub(numbered).saturating_mul(self.limit);
-        (cycle, w.used.saturating_sub(granted))
+        w.used.saturating_sub(granted)
     }
 
     pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
@@ -242,14 +248,7 @@ impl Transitions for FixedWindow {
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
         let w = lock(&state.0);
-        let (cycle, used) = self.used_at(&w, now);
-        let idle = if used == 0 {
-            0
-        } else {
-            self.cycle_start(cycle + used.div_ceil(self.limit))
-                .saturating_sub(now)
-        };
-        super::rank(used, idle)
+        super::rank(self.used_at(&w, now), w.since)
     }
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {

@@ -4,7 +4,7 @@
 
 use super::gcra::{Gcra, MAX_TAT};
 use super::{LatestReading, Transitions};
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, Mutex, MutexGuard};
 use crate::{decision::Decision, Quota};
 
 /// GCRA whose settles are exact, for policies whose cost is known only from the answer (the
@@ -62,9 +62,28 @@ struct Meter {
     tat: u64,
     held: u64,
     latest: u64,
+    /// The reading at which the key last began to weigh on its decisions (see
+    /// [`rank`](super::rank)).
+    since: u64,
 }
 
 impl Metered {
+    /// The key's meter, locked, and the reading it decides `now` as of (the latest reading of
+    /// the key and of its group, if later), which the key's latest reading becomes.
+    fn enter<'a>(
+        &self,
+        state: &'a MeteredState,
+        latest: &LatestReading,
+        now: u64,
+    ) -> (MutexGuard<'a, Meter>, u64) {
+        let mut meter = lock(&state.0);
+        let now = super::advance_latest(&mut meter.latest, latest.at_least(now));
+        if meter.held == 0 && meter.tat <= now {
+            meter.since = now;
+        }
+        (meter, now)
+    }
+
     /// The TAT GCRA decides on at `now`: the settled one, then the held permits after it.
     fn ahead(&self, meter: &Meter, now: u64) -> u64 {
         let held = self.0.interval().saturating_mul(meter.held);
@@ -96,9 +115,7 @@ impl Transitions for Metered {
         cost: u32,
         max_wait: u64,
     ) -> Decision {
-        let now = latest.at_least(now);
-        let mut meter = lock(&state.0);
-        let now = super::advance_latest(&mut meter.latest, now);
+        let (mut meter, now) = self.enter(state, latest, now);
         let (verdict, admitted) = self.0.verdict(self.ahead(&meter, now), now, cost, max_wait);
         if admitted.is_some() {
             meter.held += u64::from(cost);
@@ -125,9 +142,7 @@ impl Transitions for Metered {
 
     /// The TAT moves to `max(TAT, now) + cost · T`, past the burst if it must.
     fn charge(&self, state: &MeteredState, latest: &LatestReading, now: u64, cost: u32) {
-        let now = latest.at_least(now);
-        let mut meter = lock(&state.0);
-        let now = super::advance_latest(&mut meter.latest, now);
+        let (mut meter, now) = self.enter(state, latest, now);
         meter.tat = self.0.charged(meter.tat, now, cost);
     }
 
@@ -142,9 +157,7 @@ impl Transitions for Metered {
         estimate: u32,
         cost: u32,
     ) {
-        let now = latest.at_least(now);
-        let mut meter = lock(&state.0);
-        let now = super::advance_latest(&mut meter.latest, now);
+        let (mut meter, now) = self.enter(state, latest, now);
         meter.held = meter.held.saturating_sub(u64::from(estimate));
         let used = cost.min(estimate);
         if used > 0 {
@@ -174,6 +187,6 @@ impl Transitions for Metered {
     fn eviction_rank(&self, state: &MeteredState, now: u64) -> u128 {
         let meter = lock(&state.0);
         let ahead = self.ahead(&meter, now).saturating_sub(now);
-        super::rank(ahead.div_ceil(self.0.interval()), ahead)
+        super::rank(ahead.div_ceil(self.0.interval()), meter.since)
     }
 }

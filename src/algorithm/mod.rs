@@ -225,8 +225,12 @@ fn advance_latest(latest: &mut u64, now: u64) -> u64 {
 }
 
 /// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
-/// hold as many, the one whose record lasts longest (it took its permits most recently) goes
-/// first, so a flood of fresh keys evicts its own keys before the established clients it floods.
-fn rank(permits: u64, idle_in: u64) -> u128 {
-    (u128::from(permits) << 64) | u128::from(u64::MAX - idle_in)
+/// hold as many, the one that took them most recently (the higher `recent`) goes first, so a
+/// flood of fresh keys evicts its own keys before the established clients it floods. `recent`
+/// is the time until the key's record ends where that grows with when it took its permits
+/// (GCRA, the sliding log), or the reading at which the key last began to weigh on its
+/// decisions where the record ends at a window's edge whenever it was taken (the fixed window,
+/// the sliding counter; and `Metered`, whose held estimates never end by themselves).
+fn rank(permits: u64, recent: u64) -> u128 {
+    (u128::from(permits) << 64) | u128::from(u64::MAX - recent)
 }

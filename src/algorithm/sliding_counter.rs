@@ -50,6 +50,9 @@ pub(crate) struct Counters {
     /// One more than the reading at which a change of period last numbered `window` anew,
     /// zero for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
+    /// The reading at which the key last began to weigh on its decisions (see
+    /// [`rank`](super::rank)).
+    pub(crate) since: u64,
 }
 
 impl SlidingCounter {
@@ -108,6 +111,9 @@ impl SlidingCounter {
         (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
         let now = super::advance_latest(&mut c.latest, now);
         self.roll(c, now);
+        if c.prev == 0 && c.curr == 0 && c.next == 0 {
+            c.since = now;
+        }
         now
     }
 
@@ -276,7 +282,7 @@ impl Transitions for SlidingCounter {
         let now = self.advance(&mut c, now);
         let e = now.saturating_sub(self.window_start(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
-        super::rank(held, self.idle_from(&c).saturating_sub(now))
+        super::rank(held, c.since)
     }
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {

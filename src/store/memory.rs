@@ -43,17 +43,13 @@ pub enum Overflow {
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
     /// ranked first by the
     /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
-    /// among keys holding as many, the one that took them earliest is kept. A key that has used
-    /// its whole quota always ranks above a fresh key with one request, so a flood of new keys,
-    /// however large, evicts the flood's own keys and never wipes the record of the clients that
-    /// are being limited (while fewer than fifteen sixteenths of a shard are such clients). The
-    /// case where a limited client and a flood key look alike: under the fixed window and the
-    /// sliding counter, whose counts do not say when they were taken, a flood whose keys each
-    /// spend a whole quota in the client's window ties with the client, and either may go (the
-    /// client then gets a fresh quota, and a steady flood of such keys may hand it several);
-    /// so may a `Metered` client holding as many estimates as such keys. GCRA and the sliding
-    /// log keep the client, which took its permits first. (A known limit:
-    /// `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas`, ignored.)
+    /// among keys holding as many, the one that took them earliest is kept (the window
+    /// algorithms and `Metered` keep the reading at which a key began to weigh, 8 bytes a key,
+    /// since their counts do not say when they were taken). A key that has used its whole quota
+    /// always ranks above a fresh key with one request, and above a later key that spent as
+    /// much, so a flood of new keys, however large, evicts the flood's own keys and never wipes
+    /// the record of the clients that are being limited (while fewer than fifteen sixteenths of
+    /// a shard are such clients).
     #[default]
     EvictNearestIdle,
     /// Refuse requests from new keys until a slot frees; keys already present are unaffected.
