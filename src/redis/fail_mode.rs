@@ -217,23 +217,24 @@ impl Breaker {
         }
     }
 
-    /// Redis answered a limiter of `algorithm` for `key`, the call sent at `sent`.
-    pub(crate) fn answered(&self, key: &str, algorithm: &str, sent: u64) {
+    /// Redis answered the limiter of `algorithm` under `prefix`, the call sent at `sent`.
+    pub(crate) fn answered(&self, prefix: &str, algorithm: &str, sent: u64) {
         if self.ended(sent, false) == Some(true) {
             self.skip_until.store(0, Ordering::Relaxed);
             tracing::info!(
                 target: "tower_bulwark::redis",
-                key,
+                prefix,
                 algorithm,
                 "redis answers again; decisions come from redis",
             );
         }
     }
 
-    /// Redis failed to decide for `key`, the call sent at `sent`; `fail_mode` decides instead.
+    /// Redis failed to decide for the limiter under `prefix`, the call sent at `sent`;
+    /// `fail_mode` decides instead.
     pub(crate) fn failed(
         &self,
-        key: &str,
+        prefix: &str,
         failure: &RedisFailure,
         fail_mode: &RedisFailMode,
         sent: u64,
@@ -249,13 +250,13 @@ impl Breaker {
         if ended != Some(true) {
             tracing::debug!(
                 target: "tower_bulwark::redis",
-                key, failures = count, error = %failure,
+                prefix, failures = count, error = %failure,
                 "redis decision failed; the fail mode decides",
             );
         } else {
             tracing::warn!(
                 target: "tower_bulwark::redis",
-                key, failures = count, error = %failure, policy = ?fail_mode,
+                prefix, failures = count, error = %failure, policy = ?fail_mode,
                 "redis decision failed; the fail mode decides until redis answers again",
             );
         }

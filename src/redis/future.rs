@@ -64,7 +64,7 @@ impl Drop for ReserveFuture {
             // Never polled: nothing was sent. Finished: the caller has the decision.
             return;
         };
-        spawn_refund(&key.clone(), async move {
+        spawn_refund(&inner.keys.prefix.clone(), async move {
             if let Ok(decision) = call.await {
                 if let Some(call) = inner.change(key, decision, cost, 0) {
                     // Failures are counted and logged inside.

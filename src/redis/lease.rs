@@ -460,7 +460,7 @@ impl Inner {
         let sent = self.clock.now();
         let (operation, id) = leases.ask(&share, cost, sent, quota);
         let call = self.run_script(quota, &key, operation, cost);
-        let decision = match self.bounded(quota, &key, call).await {
+        let decision = match self.bounded(quota, call).await {
             Ok(Reply::Leased {
                 permits,
                 start,
@@ -512,7 +512,7 @@ impl Inner {
                 let operation = Operation::EndLease { id, unused };
                 let call = inner.run_script(&quota, &key, operation, 0);
                 // Failures are counted and logged inside; the lease ends in Redis anyway.
-                let _ = inner.bounded(&quota, &key, call).await;
+                let _ = inner.bounded(&quota, call).await;
             }
         });
     }

@@ -287,7 +287,7 @@ impl Inner {
         // An admission of a script that holds takes its hold under an id of its own, however
         // its call goes (alone, or in a batch with others on the key).
         let hold = if quota.script.holds() { next_hold() } else { 0 };
-        let asked = self.bounded(quota, &key, async {
+        let asked = self.bounded(quota, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
             // offset, so the request goes once more with a deadline that now means something.
@@ -479,16 +479,17 @@ impl Inner {
                     ))),
                 }
             };
-            inner.bounded(&quota, &key, call).await
+            inner.bounded(&quota, call).await
         })
     }
 
     /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
-    /// limiter's timeout; the breaker counts and logs a failure for `key`.
+    /// limiter's timeout; the breaker counts and logs a failure. The events name the limiter by
+    /// its prefix, never by a client's key, which may identify a person (see
+    /// [`Observed::hide_keys`](crate::observe::Observed::hide_keys)).
     pub(super) async fn bounded<T>(
         &self,
         quota: &ScriptQuota,
-        key: &str,
         call: impl Future<Output = Result<T, RedisFailure>>,
     ) -> Result<T, RedisFailure> {
         let sent = self.breaker.elapsed();
@@ -500,8 +501,10 @@ impl Inner {
                 .unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)))
         };
         match &result {
-            Ok(_) => self.breaker.answered(key, quota.script.name(), sent),
-            Err(failure) => self.breaker.failed(key, failure, &self.fail_mode, sent),
+            Ok(_) => (self.breaker).answered(&self.keys.prefix, quota.script.name(), sent),
+            Err(failure) => {
+                (self.breaker).failed(&self.keys.prefix, failure, &self.fail_mode, sent)
+            }
         }
         result
     }
@@ -539,13 +542,13 @@ impl Inner {
     }
 }
 
-/// Runs `task` on the current tokio runtime; outside one, logs that what `key` was admitted is
-/// not given back.
-pub(super) fn spawn_refund(key: &str, task: impl Future<Output = ()> + Send + 'static) {
+/// Runs `task` on the current tokio runtime; outside one, logs that what a key of the limiter
+/// of `prefix` was admitted is not given back.
+pub(super) fn spawn_refund(prefix: &str, task: impl Future<Output = ()> + Send + 'static) {
     if !super::spawn(task) {
         tracing::warn!(
             target: "tower_bulwark::redis",
-            key,
+            prefix,
             "a refund outside a tokio runtime; nothing is given back",
         );
     }
@@ -611,16 +614,14 @@ impl RedisRateLimiter {
         if !self.inner.takes_back(&redis_key, &decision) {
             return false;
         }
-        if let Some(call) = self
-            .inner
-            .change(redis_key.clone(), decision, estimate, cost)
-        {
+        if let Some(call) = self.inner.change(redis_key, decision, estimate, cost) {
             // Failures are counted and logged inside; nothing waits for the outcome.
-            spawn_refund(&redis_key.clone(), async move {
+            let prefix = self.inner.keys.prefix.clone();
+            spawn_refund(&self.inner.keys.prefix, async move {
                 if let Err(failure) = call.await {
                     tracing::debug!(
                         target: "tower_bulwark::redis",
-                        key = redis_key, error = %failure,
+                        prefix, error = %failure,
                         "a give-back or settle did not reach redis and is not sent again; a \
                          hold it ended ends at its expiry",
                     );
