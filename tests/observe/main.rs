@@ -7,6 +7,8 @@ mod common;
 #[path = "../common/counting.rs"]
 mod counting;
 
+#[cfg(all(feature = "config", feature = "metrics", feature = "axum"))]
+mod attack;
 mod memory;
 #[cfg(feature = "metrics")]
 mod metrics_alloc;

@@ -1,0 +1,474 @@
+//! Attacks on what the crate says it logs and counts: client-written keys kept out of log
+//! events when `hide_keys` is set, counts that stay exact while OS threads race, the
+//! `refunded` outcome of a request another policy vetoed, and label values that stay within
+//! the documented sets however many distinct keys a flood brings.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Barrier};
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use metrics_util::debugging::DebuggingRecorder;
+use tower::ServiceExt;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::config::Registry;
+use tower_bulwark::observe::Observed;
+use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+
+use crate::common::process::debug_events;
+use crate::common::recorded::{counter, gauge, on_own_recorder, runtime, series};
+
+/// An API key no log line may carry once keys are hidden.
+const SECRET: &str = "sk-live-7f3a9c1e-SECRET-do-not-log";
+
+/// `GET /orders` on `app` from `peer` with header `x-api-key` set to each of `keys` (one line
+/// each): the status.
+async fn get_with_keys(app: &Router, peer: impl Into<IpAddr>, keys: &[&[u8]]) -> StatusCode {
+    let mut request = Request::get("/orders").body(Body::empty()).unwrap();
+    for key in keys {
+        request.headers_mut().append(
+            "x-api-key",
+            http::HeaderValue::from_bytes(key).expect("a value http accepts"),
+        );
+    }
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::new(
+            peer.into(),
+            4000,
+        )));
+    app.clone().oneshot(request).await.unwrap().status()
+}
+
+/// A config of one rate limiter keyed by `x-api-key`, 1 an hour, its keys hidden, enforced on
+/// route `enforced` and watched as a shadow on route `watched`.
+const HIDDEN: &str = r#"
+[rate_limiters.per-key]
+limit_for_period = 1
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+hide_keys = true
+
+[rate_limiters.watched-key]
+limit_for_period = 1
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+hide_keys = true
+
+[routes.enforced]
+policies = ["per-key"]
+
+[routes.watched]
+policies = [{ limiter = "watched-key", shadow = true }]
+"#;
+
+fn route(registry: &Registry, name: &str) -> Router {
+    Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(registry.route_layer(name).unwrap())
+}
+
+/// `hide_keys` from a file, on an enforced policy: the refusal event is there and carries no
+/// byte of the client's key.
+///
+/// Promise (src/config/mod.rs's field table, rendered in the `config` module docs): "`hide_keys`
+/// | boolean: keep client keys out of log events"; README.md:529: "each refusal is a `tracing`
+/// debug event with the instance, the key (unless `hide_keys = true`) and the retry delay".
+#[test]
+fn attack_hidden_keys_stay_out_of_an_enforced_refusals_events() {
+    let registry = Registry::from_toml_str(HIDDEN).unwrap();
+    let app = route(&registry, "enforced");
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            let key = SECRET.as_bytes();
+            assert_eq!(get_with_keys(&app, [192, 0, 2, 1], &[key]).await, 200);
+            assert_eq!(get_with_keys(&app, [192, 0, 2, 1], &[key]).await, 429);
+        })
+    });
+    assert!(text.contains("rate limit refused a request"), "{text}");
+    assert!(text.contains("key=(hidden)"), "{text}");
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
+
+/// `hide_keys` on a shadow policy: the info line that says what the shadow would have refused
+/// must not carry the key either.
+///
+/// Promise: the `config` field table, "`hide_keys` | boolean: keep client keys out of log
+/// events"; README.md:100: "`shadow()` decides and counts but never refuses"; the
+/// `rate_limit` module docs: "an info log line and a metric say what it would have refused".
+#[test]
+fn attack_hidden_keys_stay_out_of_a_shadow_policys_events() {
+    let registry = Registry::from_toml_str(HIDDEN).unwrap();
+    let app = route(&registry, "watched");
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            for _ in 0..3 {
+                let status = get_with_keys(&app, [192, 0, 2, 2], &[SECRET.as_bytes()]).await;
+                assert_eq!(status, 200, "a shadow never refuses");
+            }
+        })
+    });
+    // The shadow's refusals were seen (two of three would have been refused)...
+    assert!(
+        text.lines().filter(|l| l.contains("watched-key")).count() >= 2,
+        "{text}"
+    );
+    // ...and none of them names the key.
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
+
+/// The same with a policy built in code over an `Observed` limiter whose keys are hidden.
+///
+/// Promise: src/observe.rs:393 (`Observed::hide_keys`): "Leaves keys out of the refusal events
+/// (for keys that identify people)".
+#[test]
+fn attack_hidden_keys_stay_out_of_every_event_of_a_policy_built_in_code() {
+    for shadow in [false, true] {
+        let limiter = Observed::new(
+            "code-key",
+            KeyedRateLimiter::builder(Quota::per_hour(1).unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        )
+        .hide_keys(true);
+        let mut policy =
+            Policy::new("code-key", HeaderKey::new("x-api-key").unwrap(), limiter).unwrap();
+        if shadow {
+            policy = policy.shadow();
+        }
+        let app = Router::new()
+            .route("/orders", get(|| async { "ok" }))
+            .route_layer(RateLimitLayer::new(policy));
+        let text = debug_events(|| {
+            runtime().block_on(async {
+                for _ in 0..3 {
+                    get_with_keys(&app, [192, 0, 2, 3], &[SECRET.as_bytes()]).await;
+                }
+            })
+        });
+        assert!(text.contains("code-key"), "shadow {shadow}: {text}");
+        assert!(
+            !text.contains("SECRET"),
+            "shadow {shadow}: a hidden key leaks: {text}"
+        );
+    }
+}
+
+/// A key the extractor refuses (too long, sent twice, bytes that are not text) is still the
+/// client's key material: with keys hidden, the 400's log line must not carry it, nor may the
+/// problem body echo it. Each gets a `400` with a problem+json body that parses as JSON.
+///
+/// Promise: the `config` field table, "`hide_keys` | boolean: keep client keys out of log
+/// events"; `HeaderKey` docs (src/rate_limit/key/header.rs): "A request without the header,
+/// with an empty value, or with the header more than once gets a `KeyError::bad_request` ...
+/// So does a value longer than `max_len` bytes (256 by default)".
+#[test]
+fn attack_refused_key_values_are_a_400_and_stay_out_of_logs_when_hidden() {
+    let registry = Registry::from_toml_str(HIDDEN).unwrap();
+    let app = route(&registry, "enforced");
+    let long = format!("{SECRET}{}", "x".repeat(10_000));
+    let mut obs_text = SECRET.as_bytes().to_vec();
+    obs_text.extend_from_slice(b"\xff\xfe\x80");
+    let cases: Vec<(&str, Vec<&[u8]>)> = vec![
+        ("10 KB", vec![long.as_bytes()]),
+        ("twice", vec![SECRET.as_bytes(), b"other"]),
+        ("twice, same", vec![SECRET.as_bytes(), SECRET.as_bytes()]),
+    ];
+    for (what, keys) in cases {
+        let text = debug_events(|| {
+            runtime().block_on(async {
+                let status = get_with_keys(&app, [192, 0, 2, 4], &keys).await;
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{what}");
+            })
+        });
+        assert!(
+            !text.contains("SECRET"),
+            "{what}: a hidden key leaks: {text}"
+        );
+    }
+    // Bytes that are not UTF-8 are a key like any other (one budget), never a panic.
+    runtime().block_on(async {
+        assert_eq!(get_with_keys(&app, [192, 0, 2, 5], &[&obs_text]).await, 200);
+        assert_eq!(get_with_keys(&app, [192, 0, 2, 6], &[&obs_text]).await, 429);
+    });
+    // The problem bodies parse, and echo nothing the client wrote.
+    runtime().block_on(async {
+        let mut request = Request::get("/orders").body(Body::empty()).unwrap();
+        request
+            .headers_mut()
+            .insert("x-api-key", long.parse().unwrap());
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                [192, 0, 2, 7],
+                1,
+            ))));
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 400);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let parsed: serde_json::Value = serde_json::from_slice(&body).expect("a JSON problem");
+        assert_eq!(parsed["status"], 400);
+        assert!(!String::from_utf8_lossy(&body).contains("SECRET"));
+    });
+}
+
+/// OS threads racing on one `Observed` limiter, with refunds: every decision is counted once
+/// under its outcome, the recorder's counters equal the snapshot's, and the gauges published
+/// after the race equal the state.
+///
+/// Promises: src/observe.rs:20: "`bulwark_ratelimiter_calls_total` | counter | `name`,
+/// `outcome` = `allowed` | `limited` | `refunded` | decisions by outcome; `refunded` counts
+/// admissions given back ..., so requests admitted in the end are `allowed − refunded`";
+/// src/observe.rs:146: "`allowed`: Decisions that admitted the request and were not given
+/// back"; src/observe.rs:497: "Only what the inner limiter takes back as its own is
+/// uncounted"; src/guide.rs:180: "N threads racing for a limit of L get exactly L admissions".
+#[test]
+fn attack_racing_threads_with_refunds_are_counted_exactly_once_each() {
+    const THREADS: usize = 8;
+    const EACH: usize = 400;
+    const LIMIT: u32 = 1000;
+    let recorder = Arc::new(DebuggingRecorder::new());
+    let snapshotter = recorder.snapshotter();
+    let clock = ManualClock::new();
+    let observed = Observed::new(
+        "race",
+        KeyedRateLimiter::<u32>::builder(Quota::per_hour(LIMIT).unwrap())
+            .clock(clock.clone())
+            .build(),
+    );
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (observed, barrier, recorder) =
+                (observed.clone(), barrier.clone(), recorder.clone());
+            std::thread::spawn(move || {
+                metrics::with_local_recorder(&*recorder, || {
+                    barrier.wait();
+                    let (mut allowed, mut limited, mut refunded) = (0u64, 0u64, 0u64);
+                    for i in 0..EACH {
+                        let decision = observed.reserve_now(&7, 1).unwrap().unwrap();
+                        if decision.allowed {
+                            allowed += 1;
+                            // Every third admission is given back at once, as a veto would.
+                            if (i + t) % 3 == 0 && observed.refund(&7, 1, decision) {
+                                refunded += 1;
+                            }
+                        } else {
+                            limited += 1;
+                        }
+                    }
+                    (allowed, limited, refunded)
+                })
+            })
+        })
+        .collect();
+    let (mut allowed, mut limited, mut refunded) = (0, 0, 0);
+    for thread in threads {
+        let (a, l, r) = thread.join().unwrap();
+        allowed += a;
+        limited += l;
+        refunded += r;
+    }
+    assert_eq!(allowed + limited, (THREADS * EACH) as u64);
+    // What is admitted in the end never exceeds the quota (no time passed).
+    assert!(
+        allowed - refunded <= u64::from(LIMIT),
+        "{allowed} - {refunded}"
+    );
+    metrics::with_local_recorder(&*recorder, || observed.publish_gauges());
+    let all = series(&snapshotter);
+    let calls = |outcome| {
+        counter(
+            &all,
+            "bulwark_ratelimiter_calls_total",
+            &[("name", "race"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("allowed"), allowed, "{all:?}");
+    assert_eq!(calls("limited"), limited, "{all:?}");
+    assert_eq!(calls("refunded"), refunded, "{all:?}");
+    let snapshot = observed.snapshot();
+    assert_eq!(snapshot.allowed, allowed - refunded);
+    assert_eq!(snapshot.limited, limited);
+    assert_eq!(snapshot.waiting_requests, 0);
+    let available = gauge(
+        &all,
+        "bulwark_ratelimiter_available_permissions",
+        &[("name", "race")],
+    );
+    assert_eq!(available, snapshot.available_permissions as f64);
+    // The state: what the key has left now, as a fresh decision sees it.
+    let left = u64::from(LIMIT) - (allowed - refunded);
+    let probe = observed.get_ref().reserve_now(&7, 1).unwrap().unwrap();
+    assert_eq!(probe.allowed, left > 0, "left {left}");
+}
+
+/// Two configured policies on one route: the per-key one admits, the global one (1 an hour)
+/// refuses every request after the first, over a real listener. The per-key limiter counts
+/// each vetoed admission as `refunded`, and `allowed − refunded` is what the clients got.
+///
+/// Promise: src/observe.rs:20 (as above): "`refunded` counts admissions given back (another
+/// policy refused the request ...), so requests admitted in the end are `allowed − refunded`".
+#[test]
+fn attack_vetoed_admissions_are_counted_refunded_over_a_real_listener() {
+    const CONFIG: &str = r#"
+[rate_limiters.per-key]
+limit_for_period = 100
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+
+[rate_limiters.everyone]
+limit_for_period = 3
+limit_refresh_period = "1h"
+key = "global"
+
+[routes.api]
+policies = ["per-key", "everyone"]
+"#;
+    let (statuses, all) = on_own_recorder(&runtime(), |_| async move {
+        let registry = Registry::from_toml_str(CONFIG).unwrap();
+        let app = route(&registry, "api");
+        let addr = crate::common::listener::serve(app).await;
+        let client = reqwest::Client::new();
+        let calls = (0..40).map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .get(format!("http://{addr}/orders"))
+                    .header("x-api-key", format!("tenant-{}", i % 5))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            }
+        });
+        let statuses = futures::future::join_all(calls).await;
+        registry.publish_gauges();
+        let health = registry.health();
+        let per_key = health
+            .rate_limiters
+            .iter()
+            .find(|l| l.name == "per-key")
+            .unwrap();
+        assert_eq!(per_key.snapshot.allowed, 3, "{health:?}");
+        statuses
+    });
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 37);
+    let calls = |name, outcome| {
+        counter(
+            &all,
+            "bulwark_ratelimiter_calls_total",
+            &[("name", name), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("everyone", "allowed"), 3, "{all:?}");
+    assert_eq!(calls("everyone", "limited"), 37, "{all:?}");
+    assert_eq!(calls("per-key", "limited"), 0, "{all:?}");
+    assert_eq!(
+        calls("per-key", "allowed") - calls("per-key", "refunded"),
+        3,
+        "{all:?}"
+    );
+    assert_eq!(calls("per-key", "allowed"), 40, "{all:?}");
+}
+
+/// The labels of every series recorded while 600 requests with distinct client-written keys
+/// (API keys, addresses, hostile bytes) go through configured limiters: only the documented
+/// labels, each with a documented value or an instance name, so the series stay as few as the
+/// instances.
+///
+/// Promise: src/observe.rs:16: "Every series carries the label `name`, the instance name", and
+/// the table's label column (src/observe.rs:18-44), e.g. "`outcome` = `allowed` | `limited` |
+/// `refunded`".
+#[test]
+fn attack_a_flood_of_distinct_keys_adds_no_series() {
+    const CONFIG: &str = r#"
+[rate_limiters.per-key]
+limit_for_period = 1000
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+
+[rate_limiters.per-ip]
+limit_for_period = 3
+limit_refresh_period = "1h"
+key = "peer_ip"
+
+[rate_limiters.shadowed]
+limit_for_period = 1
+limit_refresh_period = "1h"
+key = "header:x-api-key"
+
+[routes.api]
+policies = [{ limiter = "shadowed", shadow = true }, "per-ip", "per-key"]
+"#;
+    let ((), all) = on_own_recorder(&runtime(), |_| async move {
+        let registry = Registry::from_toml_str(CONFIG).unwrap();
+        let base = Router::new()
+            .route("/orders", get(|| async { "ok" }))
+            .route_layer(registry.route_layer("api").unwrap());
+        for i in 0..600u32 {
+            let peer = IpAddr::from(std::net::Ipv4Addr::from(0xC633_6400u32 + (i % 300))); // 198.51.100.0 and up
+            let key = format!("k{i}\t\"}}{{name=\"x\"\\").into_bytes();
+            get_with_keys(&base, peer, &[&key]).await;
+            let same = format!("same-{}", i % 2).into_bytes();
+            get_with_keys(&base, peer, &[&same]).await;
+        }
+        registry.publish_gauges();
+    });
+    let names = ["per-key", "per-ip", "shadowed"];
+    for (_, metric, labels, _) in &all {
+        for (label, value) in labels {
+            let documented = match label.as_str() {
+                "name" => names.contains(&value.as_str()),
+                "outcome" => ["allowed", "limited", "refunded"].contains(&value.as_str()),
+                _ => false,
+            };
+            assert!(documented, "{metric}: {label}={value:?}");
+        }
+    }
+    assert!(all.len() <= 3 * 5 + 1, "{} series: {all:?}", all.len());
+    assert!(
+        counter(
+            &all,
+            "bulwark_ratelimit_shadow_refusals_total",
+            &[("name", "shadowed")]
+        ) > 0
+    );
+}
+
+/// `PeerIp` over a dual-stack-looking peer and the same address in IPv4: the same key, so a
+/// client cannot move to a fresh budget by the form its address takes.
+#[test]
+fn attack_a_mapped_peer_is_its_ipv4_client_in_code_too() {
+    let limiter = KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
+        ));
+    runtime().block_on(async {
+        let send = |peer: &str| {
+            let app = app
+                .clone()
+                .layer(MockConnectInfo(SocketAddr::new(peer.parse().unwrap(), 1)));
+            async move {
+                let request = Request::get("/orders").body(Body::empty()).unwrap();
+                app.oneshot(request).await.unwrap().status()
+            }
+        };
+        assert_eq!(send("::ffff:198.51.100.7").await, 200);
+        assert_eq!(send("198.51.100.7").await, 429);
+        // Another IPv4 client seen through the same dual-stack socket is another key.
+        assert_eq!(send("::ffff:198.51.100.8").await, 200);
+    });
+}
