@@ -12,6 +12,8 @@ mod attack_grpc;
 #[cfg(feature = "axum")]
 mod attack_http;
 #[cfg(feature = "axum")]
+mod attack_keys;
+#[cfg(feature = "axum")]
 mod attack_settle;
 #[cfg(feature = "axum")]
 mod contention;
