@@ -7,6 +7,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(all(feature = "config", feature = "metrics"))]
+mod attack_observe;
 mod attack_outage;
 mod attack_two;
 mod client_quota;

@@ -1,0 +1,136 @@
+//! Attacks on what a configured Redis limiter reports during an outage: the store-failure
+//! counter as a Prometheus scrape shows it, however often the gauges are published, and one
+//! `WARN` for an outage however many decisions fail at once.
+
+use crate::common::process::{thread_subscriber, TargetEvents};
+use crate::common::redis_server::RedisServer;
+use tower_bulwark::config::{ConfigKey, Registry};
+use tower_bulwark::Limiter;
+
+/// One limiter `shared` of 3 an hour per key in the Redis at `url`, closed while it is down.
+fn config(url: &str) -> String {
+    format!(
+        r#"
+        [rate_limiters.shared]
+        limit_for_period = 3
+        limit_refresh_period = "1h"
+        key = "header:x-api-key"
+        store = "redis"
+        redis_url = "{url}"
+        redis_timeout = "200ms"
+        redis_fail_mode = "closed"
+        "#
+    )
+}
+
+/// `calls` decisions of distinct keys at once; how many were admitted.
+async fn decide_at_once(registry: &Registry, calls: usize) -> usize {
+    let limiter = registry.rate_limiter("shared").unwrap();
+    let keys: Vec<ConfigKey> = (0..calls)
+        .map(|i| ConfigKey::Header(format!("tenant-{i}").parse().unwrap()))
+        .collect();
+    let decisions = keys.iter().map(|key| limiter.reserve(key, 1));
+    futures::future::join_all(decisions)
+        .await
+        .into_iter()
+        .filter(|d| d.as_ref().unwrap().allowed)
+        .count()
+}
+
+/// The value of `bulwark_ratelimiter_store_failures_total{name="shared"}` in a scrape.
+fn failures_in(scrape: &str) -> u64 {
+    scrape
+        .lines()
+        .find(|l| l.starts_with("bulwark_ratelimiter_store_failures_total{name=\"shared\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no store failures series in:\n{scrape}"))
+}
+
+/// Redis goes away after one decision; 20 decisions fail at once and the fail mode answers.
+/// The scrape counts 20 failures, and still 20 after the gauges were published three times
+/// (as before three scrapes).
+///
+/// Promise: src/observe.rs:23: "`bulwark_ratelimiter_store_failures_total` | counter | `name` |
+/// decisions a shared store (Redis) did not give, decided by the fail mode instead";
+/// src/observe.rs:46-50: "Counters and the histogram are recorded as events happen ... The
+/// store failure counter and the lease counters are also brought up to date by
+/// `publish_gauges`, from the Redis limiter's own counts"; README.md:669:
+/// "`counts().failures` and the metric `bulwark_ratelimiter_store_failures_total` count them
+/// all".
+#[test]
+fn attack_store_failures_are_counted_once_whatever_publishes_the_gauges() {
+    let Some(mut server) = RedisServer::start("attack_store_failures_are_counted_once") else {
+        return;
+    };
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = crate::common::recorded::runtime();
+    let registry = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let registry = Registry::from_toml_str(&config(&server.url())).unwrap();
+            assert_eq!(decide_at_once(&registry, 1).await, 1);
+            server.kill();
+            assert_eq!(decide_at_once(&registry, 20).await, 0);
+            registry
+        })
+    });
+    let health = registry.health();
+    assert_eq!(
+        health.rate_limiters[0].store_failures,
+        Some(20),
+        "{health:?}"
+    );
+    let before = handle.render();
+    let mut scrapes = Vec::new();
+    for _ in 0..3 {
+        metrics::with_local_recorder(&recorder, || registry.publish_gauges());
+        scrapes.push(failures_in(&handle.render()));
+    }
+    assert_eq!(
+        scrapes,
+        [20, 20, 20],
+        "before publishing: {}",
+        failures_in(&before)
+    );
+}
+
+/// Forty decisions of distinct keys fail at once when Redis goes away: the outage is one
+/// `WARN` event, the others quieter, and `counts().failures` holds all forty.
+///
+/// Promise: README.md:668: "The first failure of an outage is a `WARN` event;
+/// `counts().failures` and the metric `bulwark_ratelimiter_store_failures_total` count them
+/// all"; src/guide.rs:212: "its first failure is one `WARN` event".
+#[test]
+fn attack_decisions_failing_at_once_are_one_warn_per_outage() {
+    let Some(mut server) = RedisServer::start("attack_decisions_failing_at_once") else {
+        return;
+    };
+    let events = TargetEvents::new("tower_bulwark::redis");
+    let _guard = thread_subscriber(events.clone());
+    let runtime = crate::common::recorded::runtime();
+    runtime.block_on(async {
+        let registry = Registry::from_toml_str(&config(&server.url())).unwrap();
+        assert_eq!(decide_at_once(&registry, 1).await, 1);
+        assert!(events.seen().is_empty(), "{:?}", events.seen());
+        server.kill();
+        assert_eq!(decide_at_once(&registry, 40).await, 0);
+        let health = registry.health();
+        assert_eq!(health.rate_limiters[0].store_failures, Some(40));
+    });
+    let seen = events.seen();
+    let warns = seen
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .count();
+    assert_eq!(warns, 1, "{seen:#?}");
+    // The WARN names the limiter it is about (the configured instance's name or prefix).
+    let warn = seen
+        .iter()
+        .find(|(level, _)| *level == tracing::Level::WARN)
+        .unwrap();
+    assert!(
+        warn.1.contains("shared") || warn.1.contains("bulwark:"),
+        "{warn:?}"
+    );
+}
