@@ -9,6 +9,8 @@ mod counting;
 
 #[cfg(all(feature = "config", feature = "metrics", feature = "axum"))]
 mod attack;
+#[cfg(all(feature = "metrics", feature = "adaptive"))]
+mod attack_counts;
 mod memory;
 #[cfg(feature = "metrics")]
 mod metrics_alloc;
