@@ -134,3 +134,40 @@ fn attack_decisions_failing_at_once_are_one_warn_per_outage() {
         "{warn:?}"
     );
 }
+
+/// With `hide_keys = true`, nothing a Redis limiter logs while Redis is down (the outage's
+/// `WARN`, the quieter events of each failure after it) carries a client's key, nor does its
+/// recovery's event.
+///
+/// Promise: the `config` field table: "`hide_keys` | boolean: keep client keys out of log
+/// events"; README.md:529: "each refusal is a `tracing` debug event with the instance, the key
+/// (unless `hide_keys = true`) and the retry delay".
+///
+/// Found: the outage's `WARN` ("redis decision failed; the fail mode decides until redis answers
+/// again") carries `key="bulwark:gcra:{sk-SECRET-tenant}"`, the client's key in full, whatever
+/// `hide_keys` says (the refusal's own debug event says `key=(hidden)`).
+#[test]
+#[ignore = "found by attack: the Redis outage WARN logs the client's key (in the Redis key) despite hide_keys = true"]
+fn attack_a_redis_limiters_events_keep_hidden_keys_out() {
+    let Some(mut server) = RedisServer::start("attack_a_redis_limiters_events_keep_hidden") else {
+        return;
+    };
+    let text = crate::common::process::debug_events(|| {
+        crate::common::recorded::runtime().block_on(async {
+            let text = format!("{}hide_keys = true\n", config(&server.url()));
+            let registry = Registry::from_toml_str(&text).unwrap();
+            let limiter = registry.rate_limiter("shared").unwrap();
+            let key = ConfigKey::Header("sk-SECRET-tenant".parse().unwrap());
+            assert!(limiter.reserve(&key, 1).await.unwrap().allowed);
+            server.kill();
+            for _ in 0..3 {
+                let decision = limiter.reserve(&key, 1).await.unwrap();
+                assert!(!decision.allowed, "closed while Redis is down");
+            }
+            let health = registry.health();
+            assert_eq!(health.rate_limiters[0].store_failures, Some(3));
+        })
+    });
+    assert!(text.contains("WARN"), "the outage is told: {text}");
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
