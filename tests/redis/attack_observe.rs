@@ -171,3 +171,63 @@ fn attack_a_redis_limiters_events_keep_hidden_keys_out() {
     assert!(text.contains("WARN"), "the outage is told: {text}");
     assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
 }
+
+/// A Redis limiter that propagates its failures, observed with its keys hidden, on an HTTP
+/// route keyed by `x-api-key`: while Redis is down each request gets the documented `503`, and
+/// no log event of that (the layer's warn line, the limiter's own events) carries the key.
+///
+/// Promises: src/observe.rs:393 (`Observed::hide_keys`): "Leaves keys out of the refusal events
+/// (for keys that identify people)"; the `config` field table: "`hide_keys` | boolean: keep
+/// client keys out of log events"; the `rate_limit` module docs: "By default the request gets
+/// `503 Service Unavailable` with a problem+json body and a warn log line".
+///
+/// Found: the layer's own warn line names only the policy, but the Redis limiter's `WARN`
+/// (first failure) and `DEBUG` (each failure after it) events carry
+/// `key="bulwark:gcra:{sk-SECRET-tenant}"` under `Observed::hide_keys(true)`.
+#[test]
+#[cfg(feature = "axum")]
+#[ignore = "found by attack: the Redis limiter's failure WARN/DEBUG events log the client's key despite Observed::hide_keys(true)"]
+fn attack_a_failing_redis_limiter_on_a_route_keeps_hidden_keys_out_of_its_503_events() {
+    use tower::ServiceExt;
+    use tower_bulwark::observe::Observed;
+    use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
+    use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+
+    let Some(mut server) = RedisServer::start("attack_a_failing_redis_limiter_on_a_route") else {
+        return;
+    };
+    let runtime = crate::common::recorded::runtime();
+    let app = runtime.block_on(async {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let limiter = RedisRateLimiter::builder(tower_bulwark::Quota::per_hour(3).unwrap(), store)
+            .timeout(std::time::Duration::from_millis(200))
+            .fail_mode(RedisFailMode::Propagate)
+            .build()
+            .unwrap();
+        let observed = Observed::new("remote", limiter).hide_keys(true);
+        let policy = Policy::new("remote", HeaderKey::new("x-api-key").unwrap(), observed).unwrap();
+        axum::Router::new()
+            .route("/orders", axum::routing::get(|| async { "ok" }))
+            .route_layer(RateLimitLayer::new(policy))
+    });
+    let get = |app: &axum::Router| {
+        let request = http::Request::get("/orders")
+            .header("x-api-key", "sk-SECRET-tenant")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    runtime.block_on(async {
+        assert_eq!(get(&app).await.unwrap().status(), 200);
+    });
+    server.kill();
+    let text = crate::common::process::debug_events(|| {
+        runtime.block_on(async {
+            for _ in 0..2 {
+                assert_eq!(get(&app).await.unwrap().status(), 503);
+            }
+        })
+    });
+    assert!(text.contains("WARN"), "the failure is told: {text}");
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
