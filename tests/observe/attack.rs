@@ -472,3 +472,74 @@ fn attack_a_mapped_peer_is_its_ipv4_client_in_code_too() {
         assert_eq!(send("::ffff:198.51.100.8").await, 200);
     });
 }
+
+/// Every other event a request can cause on a policy whose keys are hidden: a settle rule
+/// that reads nothing, one that panics, a `count_if` predicate that panics, a waiter whose
+/// client went away. None may carry the key.
+///
+/// Promise: src/observe.rs:393 (`Observed::hide_keys`): "Leaves keys out of the refusal events
+/// (for keys that identify people)"; the `config` field table: "`hide_keys` | boolean: keep
+/// client keys out of log events".
+#[test]
+fn attack_hidden_keys_stay_out_of_settle_and_predicate_events() {
+    crate::common::process::quiet_panics_starting_with("attack: planned");
+    let observed = || {
+        Observed::new(
+            "hidden-settle",
+            KeyedRateLimiter::builder(Quota::per_hour(1000).unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        )
+        .hide_keys(true)
+    };
+    let key = || HeaderKey::new("x-api-key").unwrap();
+    let answer = |usage: &'static str| {
+        tower::service_fn(move |_: Request<Body>| async move {
+            let mut response = http::Response::new(Body::empty());
+            response
+                .headers_mut()
+                .insert("x-usage", http::HeaderValue::from_static(usage));
+            Ok::<_, std::convert::Infallible>(response)
+        })
+    };
+    let settle = Policy::new("hidden-settle", key(), observed())
+        .unwrap()
+        .cost(10)
+        .settle_by(|response| {
+            let value = response.headers.get("x-usage")?.to_str().ok()?;
+            if value == "panic" {
+                panic!("attack: planned settle panic");
+            }
+            value.parse().ok()
+        });
+    let counted = Policy::new("hidden-count", key(), observed())
+        .unwrap()
+        .count_if(|response| {
+            if response.headers.contains_key("x-usage") {
+                panic!("attack: planned predicate panic");
+            }
+            true
+        });
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            use tower::Layer;
+            for usage in ["unreadable", "panic"] {
+                let service = RateLimitLayer::new(settle.clone()).layer(answer(usage));
+                let request = Request::get("/")
+                    .header("x-api-key", SECRET)
+                    .body(Body::empty())
+                    .unwrap();
+                let _ = service.oneshot(request).await;
+            }
+            let service = RateLimitLayer::new(counted).layer(answer("1"));
+            let request = Request::get("/")
+                .header("x-api-key", SECRET)
+                .body(Body::empty())
+                .unwrap();
+            let _ = service.oneshot(request).await;
+        })
+    });
+    assert!(text.contains("hidden-settle"), "{text}");
+    assert!(text.contains("ERROR"), "the panics are told: {text}");
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
