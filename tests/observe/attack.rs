@@ -543,3 +543,97 @@ fn attack_hidden_keys_stay_out_of_settle_and_predicate_events() {
     assert!(text.contains("ERROR"), "the panics are told: {text}");
     assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
 }
+
+/// Requests waiting for their permits (a quota with `max_wait`) on tokio's paused clock: three
+/// wait; the gauge of waiting requests says 3. The middle one's client goes away (GCRA keeps
+/// its slot spent, a later reservation being behind it), then the last one's (its slot comes
+/// back): each is then no longer a request holding a reservation, so the gauge says 1, and
+/// both admissions count as `refunded` (neither request proceeded). When the rest have
+/// proceeded, 0.
+///
+/// Promises: src/observe.rs:22: "`bulwark_ratelimiter_waiting_requests` | gauge | `name` |
+/// requests holding a reservation that has not fallen due"; src/observe.rs:154
+/// (`LimiterSnapshot::waiting_requests`): "Requests holding a reservation that has not fallen
+/// due"; src/observe.rs:20 ("`refunded` counts admissions given back (another policy refused
+/// the request, or its waiter went away)"); README.md:96: "if its client goes away meanwhile,
+/// the permit goes back".
+#[test]
+fn attack_the_waiting_gauge_follows_waiters_whose_clients_went_away() {
+    use std::time::Duration;
+    use tower::Layer;
+    use tower_bulwark::clock::TokioClock;
+    use tower_bulwark::rate_limit::GlobalKey;
+
+    let runtime = crate::common::paused_runtime();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let quota = Quota::per_second(1)
+                .unwrap()
+                .with_max_wait(Duration::from_secs(10))
+                .unwrap();
+            let limiter = KeyedRateLimiter::<()>::builder(quota)
+                .clock(TokioClock::new())
+                .build();
+            let observed = Observed::new("waits", limiter);
+            let policy = Policy::new("waits", GlobalKey, observed.clone()).unwrap();
+            let service =
+                RateLimitLayer::new(policy).layer(tower::service_fn(|_: Request<Body>| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+                }));
+            let call = || {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let request = Request::get("/").body(Body::empty()).unwrap();
+                    service.oneshot(request).await.unwrap().status()
+                })
+            };
+            assert_eq!(call().await.unwrap(), 200);
+            let waiters: Vec<_> = (0..3).map(|_| call()).collect();
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(observed.snapshot().waiting_requests, 3);
+            observed.publish_gauges();
+            let g = |all: &crate::common::recorded::Series| {
+                gauge(
+                    all,
+                    "bulwark_ratelimiter_waiting_requests",
+                    &[("name", "waits")],
+                )
+            };
+            assert_eq!(g(&series(&snapshotter)), 3.0);
+            let mut waiters = waiters.into_iter();
+            let (first, middle, last) = (
+                waiters.next().unwrap(),
+                waiters.next().unwrap(),
+                waiters.next().unwrap(),
+            );
+            middle.abort();
+            assert!(middle.await.unwrap_err().is_cancelled());
+            last.abort();
+            assert!(last.await.unwrap_err().is_cancelled());
+            observed.publish_gauges();
+            let after_drops = series(&snapshotter);
+            let refunded = counter(
+                &after_drops,
+                "bulwark_ratelimiter_calls_total",
+                &[("name", "waits"), ("outcome", "refunded")],
+            );
+            // Both admissions were taken back (`Limiter::refund`: "an admission this limiter
+            // made for `key`, even where the algorithm could give none of its permits back"),
+            // though only the last one's slot came back.
+            assert_eq!(refunded, 2, "{after_drops:?}");
+            assert_eq!(
+                (observed.snapshot().waiting_requests, g(&after_drops)),
+                (1, 1.0),
+                "the requests that went away hold no reservation"
+            );
+            assert_eq!(first.await.unwrap(), 200);
+            observed.publish_gauges();
+            assert_eq!(g(&series(&snapshotter)), 0.0);
+            assert_eq!(observed.snapshot().waiting_requests, 0);
+        })
+    });
+}
