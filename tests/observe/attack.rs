@@ -637,3 +637,69 @@ fn attack_the_waiting_gauge_follows_waiters_whose_clients_went_away() {
         })
     });
 }
+
+/// Instance names with quotes, backslashes, newlines, control characters and non-ASCII text,
+/// for every kind the health report lists: the report's JSON parses, and names each instance
+/// as the file wrote it. A name that cannot be a policy name is refused naming it, never a
+/// panic.
+///
+/// Promise: src/config/health.rs (`Health::to_json`): "The report as JSON:
+/// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}},"pushbacks":
+/// {"partner":{...}}}`"; `Registry::from_toml_str`: "an instance that cannot be built (a name
+/// that cannot be a policy name ...)" is a `ConfigError`.
+#[test]
+fn attack_health_json_parses_whatever_the_instance_names() {
+    let names = [
+        "quote\"d",
+        "back\\slash",
+        "new\nline",
+        "tab\there",
+        "bell\u{7}",
+        "ünïcödé-名前",
+        "</script>",
+    ];
+    let toml_name = |name: &str| {
+        let mut quoted = String::from("\"");
+        for c in name.chars() {
+            match c {
+                '"' => quoted.push_str("\\\""),
+                '\\' => quoted.push_str("\\\\"),
+                '\n' => quoted.push_str("\\n"),
+                '\t' => quoted.push_str("\\t"),
+                c if c.is_control() => quoted.push_str(&format!("\\u{:04X}", c as u32)),
+                c => quoted.push(c),
+            }
+        }
+        quoted.push('"');
+        quoted
+    };
+    let mut text = String::new();
+    for name in names {
+        let q = toml_name(name);
+        text.push_str(&format!(
+            "[bulkheads.{q}]\nmax_concurrent_calls = 2\n[pushbacks.{q}]\nmax_wait = \"1s\"\n"
+        ));
+    }
+    let registry = Registry::from_toml_str(&text).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&registry.health().to_json())
+        .unwrap_or_else(|e| panic!("{e}: {}", registry.health().to_json()));
+    for name in names {
+        assert!(json["bulkheads"].get(name).is_some(), "{name:?}: {json}");
+        assert!(json["pushbacks"].get(name).is_some(), "{name:?}: {json}");
+    }
+    // Rate limiters: each name is built or refused naming its path.
+    for name in names {
+        let text = format!(
+            "[rate_limiters.{}]\nlimit_for_period = 1\nlimit_refresh_period = \"1h\"\n",
+            toml_name(name)
+        );
+        match Registry::from_toml_str(&text) {
+            Ok(registry) => {
+                let json: serde_json::Value =
+                    serde_json::from_str(&registry.health().to_json()).unwrap();
+                assert!(json["rateLimiters"].get(name).is_some(), "{name:?}: {json}");
+            }
+            Err(e) => assert!(e.path().starts_with("rate_limiters."), "{name:?}: {e}"),
+        }
+    }
+}
