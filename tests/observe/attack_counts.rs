@@ -383,3 +383,132 @@ fn attack_racing_calls_through_a_breaker_give_one_event_per_transition() {
         0.0
     );
 }
+
+/// A dependency that answers `200` at once.
+async fn ok_answer(_: ()) -> Result<http::Response<()>, BoxError> {
+    tokio::task::yield_now().await;
+    Ok(http::Response::new(()))
+}
+
+/// Eight threads of 25 calls at once through one client quota of 37 an hour (nothing waits):
+/// exactly 37 reach the dependency; the recorder counts 37 `admitted` and the rest `refused`,
+/// as the callers saw them. Then a pushback told by a `429` to hold for a minute (no waiting):
+/// every call racing through it is one `refused`, and the answer one hold, `retry_after`.
+///
+/// Promises: src/observe.rs:33-36: "`bulwark_pushback_calls_total` | counter | `name`,
+/// `outcome` = `admitted` | `waited` | `refused`", "`bulwark_pushback_holds_total` | counter |
+/// `name`, `reason` = `retry_after` | ...", "`bulwark_client_quota_calls_total` | counter |
+/// `name`, `outcome` = `admitted` | `waited` | `refused` | `failed`"; src/guide.rs:341: "each
+/// pushback and client quota outcome, and each reason for a hold, is counted once per event";
+/// src/guide.rs:335: "N tasks racing for L permits get exactly L, and only L calls reach the
+/// dependency".
+#[test]
+fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() {
+    use tower_bulwark::outbound::{ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
+    use tower_bulwark::{KeyedRateLimiter, Quota};
+
+    let recorder = Arc::new(DebuggingRecorder::new());
+    let snapshotter = recorder.snapshotter();
+    let limiter = KeyedRateLimiter::<()>::builder(Quota::per_hour(37).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let reached = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = {
+        let reached = reached.clone();
+        tower::service_fn(move |call: ()| {
+            reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            ok_answer(call)
+        })
+    };
+    let service = ClientQuotaLayer::new("partner-quota", limiter).layer(counted);
+    let (admitted, refused) = race(&recorder, move |_| {
+        let service = service.clone();
+        async move {
+            let calls = (0..25).map(|_| service.clone().oneshot(()));
+            let mut tally = (0, 0);
+            for result in futures::future::join_all(calls).await {
+                match result.map_err(Into::<BoxError>::into) {
+                    Ok(_) => tally.0 += 1,
+                    Err(e) if e.is::<QuotaExhausted>() => tally.1 += 1,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            tally
+        }
+    });
+    assert_eq!((admitted, refused), (37, (THREADS * 25) as u64 - 37));
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 37);
+
+    let pushback = metrics::with_local_recorder(&*recorder, || {
+        let pushback = Pushback::builder("partner-pushback")
+            .clock(ManualClock::new())
+            .build();
+        let answer = http::Response::builder()
+            .status(429)
+            .header("retry-after", "60")
+            .body(())
+            .unwrap();
+        pushback.observe(&answer);
+        pushback
+    });
+    let service = pushback.layer().layer(tower::service_fn(ok_answer));
+    let (sent, held) = race(&recorder, move |_| {
+        let service = service.clone();
+        async move {
+            let calls = (0..25).map(|_| service.clone().oneshot(()));
+            let mut tally = (0, 0);
+            for result in futures::future::join_all(calls).await {
+                match result.map_err(Into::<BoxError>::into) {
+                    Ok(_) => tally.0 += 1,
+                    Err(e) if e.is::<PushedBack>() => tally.1 += 1,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            tally
+        }
+    });
+    assert_eq!((sent, held), (0, (THREADS * 25) as u64));
+    metrics::with_local_recorder(&*recorder, || pushback.publish_gauges());
+    let all = series(&snapshotter);
+    let quota = |outcome| {
+        counter(
+            &all,
+            "bulwark_client_quota_calls_total",
+            &[("name", "partner-quota"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        [
+            quota("admitted"),
+            quota("refused"),
+            quota("waited"),
+            quota("failed")
+        ],
+        [admitted, refused, 0, 0],
+        "{all:?}"
+    );
+    let calls = |outcome| {
+        counter(
+            &all,
+            "bulwark_pushback_calls_total",
+            &[("name", "partner-pushback"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        [calls("admitted"), calls("waited"), calls("refused")],
+        [0, 0, held],
+        "{all:?}"
+    );
+    let holds = counter(
+        &all,
+        "bulwark_pushback_holds_total",
+        &[("name", "partner-pushback"), ("reason", "retry_after")],
+    );
+    assert_eq!(holds, 1, "{all:?}");
+    let held_for = gauge(
+        &all,
+        "bulwark_pushback_held_seconds",
+        &[("name", "partner-pushback")],
+    );
+    assert_eq!(held_for, 60.0, "{all:?}");
+}
