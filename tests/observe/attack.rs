@@ -703,3 +703,66 @@ fn attack_health_json_parses_whatever_the_instance_names() {
         }
     }
 }
+
+/// Eight threads race 100 decisions each on one key of a quota that refuses none, twenty
+/// rounds on fresh keys: the permits gauge, published after each round, is what the key has
+/// left, never the figure of a decision whose record happened to land last.
+///
+/// Promises: src/observe.rs:21: "`bulwark_ratelimiter_available_permissions` | gauge | `name`
+/// | permits left after the latest decision (for its key)"; src/observe.rs:46: "Gauges are set
+/// from each instance's state when `config::Registry::publish_gauges` (feature `config`) runs
+/// ..., and the rate limiter gauges also after each decision"; `LimiterSnapshot::
+/// available_permissions`: "Permits left after the latest decision, for that decision's key".
+#[test]
+fn attack_the_permits_gauge_after_a_race_is_what_the_key_has_left() {
+    const THREADS: usize = 8;
+    const EACH: u64 = 100;
+    const LIMIT: u32 = 10_000;
+    let recorder = Arc::new(DebuggingRecorder::new());
+    let snapshotter = recorder.snapshotter();
+    let observed = Observed::new(
+        "left",
+        KeyedRateLimiter::<u32>::builder(Quota::per_hour(LIMIT).unwrap())
+            .clock(ManualClock::new())
+            .build(),
+    );
+    let mut wrong = Vec::new();
+    for round in 0..20u32 {
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (observed, barrier, recorder) =
+                    (observed.clone(), barrier.clone(), recorder.clone());
+                std::thread::spawn(move || {
+                    metrics::with_local_recorder(&*recorder, || {
+                        barrier.wait();
+                        for _ in 0..EACH {
+                            let decision = observed.reserve_now(&round, 1).unwrap().unwrap();
+                            assert!(decision.allowed);
+                        }
+                    })
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        metrics::with_local_recorder(&*recorder, || observed.publish_gauges());
+        let all = series(&snapshotter);
+        let shown = gauge(
+            &all,
+            "bulwark_ratelimiter_available_permissions",
+            &[("name", "left")],
+        );
+        let left = u64::from(LIMIT) - THREADS as u64 * EACH;
+        let snapshot = observed.snapshot().available_permissions;
+        if shown != left as f64 || snapshot != left {
+            wrong.push((round, shown, snapshot));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "(round, gauge, snapshot) where the key had {} left: {wrong:?}",
+        u64::from(LIMIT) - THREADS as u64 * EACH
+    );
+}
