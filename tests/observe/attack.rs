@@ -766,3 +766,96 @@ fn attack_the_permits_gauge_after_a_race_is_what_the_key_has_left() {
         u64::from(LIMIT) - THREADS as u64 * EACH
     );
 }
+
+/// A reload that changes a quota is one `info` event naming the limiter and both quotas; the
+/// counters carry on across it.
+///
+/// Promise: src/observe.rs:457 (`Observed::set_quota`): "Changes the wrapped limiter's quota
+/// ..., and says so in an info event with the limiter's name and both quotas. The counters
+/// carry on."
+#[test]
+fn attack_a_quota_change_is_one_info_event_and_the_counts_carry_on() {
+    let before = "[rate_limiters.api]\nlimit_for_period = 2\nlimit_refresh_period = \"1h\"\n";
+    let after = "[rate_limiters.api]\nlimit_for_period = 7\nlimit_refresh_period = \"1h\"\n";
+    let registry = Registry::from_toml_str(before).unwrap();
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(registry.rate_limit_layer("api").unwrap());
+    runtime().block_on(async {
+        for _ in 0..3 {
+            get_with_keys(&app, [192, 0, 2, 40], &[]).await;
+        }
+    });
+    let text = debug_events(|| {
+        registry.reload_toml_str(after).unwrap();
+    });
+    let infos: Vec<_> = text.lines().filter(|l| l.contains(" INFO ")).collect();
+    assert_eq!(infos.len(), 1, "{text}");
+    assert!(infos[0].contains("limiter=api"), "{text}");
+    let (old, new) = infos[0].split_once(" new=").unwrap();
+    assert!(old.contains("permits: 2,"), "{text}");
+    assert!(new.contains("permits: 7,"), "{text}");
+    let snapshot = registry.rate_limiter("api").unwrap().snapshot();
+    assert_eq!((snapshot.allowed, snapshot.limited), (2, 1));
+}
+
+/// Made-up gRPC methods, 5 000 of them, against a store of at most 64 keys: the store never
+/// holds more, and the label sets stay the documented ones. Paths of the wrong shape are a
+/// `400` (not gRPC here), never a panic.
+///
+/// Promise: `GrpcMethod` docs: "Any client can name any method, so made-up names are keys too:
+/// the store's bound on keys (see `max_keys`) keeps their memory bounded"; "A path of another
+/// shape (not two segments, a segment empty or over 128 bytes, a byte that a protobuf name
+/// cannot hold) gets `KeyError::bad_request`".
+#[cfg(feature = "grpc")]
+#[test]
+fn attack_made_up_grpc_methods_stay_within_the_key_bound() {
+    use tower_bulwark::rate_limit::GrpcMethod;
+
+    let limiter = KeyedRateLimiter::<Box<str>>::builder(Quota::per_hour(1).unwrap())
+        .clock(ManualClock::new())
+        .max_keys(64)
+        .build();
+    let observed = Observed::new("methods", limiter);
+    let app = Router::new()
+        .fallback(|| async { "ok" })
+        .layer(RateLimitLayer::new(
+            Policy::new("methods", GrpcMethod, observed.clone()).unwrap(),
+        ));
+    let ((), all) = on_own_recorder(&runtime(), |_| async move {
+        for i in 0..5000 {
+            let path = format!("/pkg.S{i}/M");
+            let request = Request::post(path.as_str()).body(Body::empty()).unwrap();
+            assert_eq!(app.clone().oneshot(request).await.unwrap().status(), 200);
+        }
+        let long = format!("/pkg.S/{}", "m".repeat(129));
+        for path in [
+            "/a/b/c",
+            "//M",
+            "/pkg.S/",
+            "/pkg.S/M%0A",
+            long.as_str(),
+            "/",
+        ] {
+            let request = Request::post(path).body(Body::empty()).unwrap();
+            let status = app.clone().oneshot(request).await.unwrap().status();
+            assert_eq!(status, 400, "{path}");
+        }
+    });
+    assert!(
+        observed.get_ref().len() <= 64,
+        "{}",
+        observed.get_ref().len()
+    );
+    assert_eq!(observed.snapshot().allowed, 5000);
+    for (_, metric, labels, _) in &all {
+        for (label, value) in labels {
+            assert!(
+                (label == "name" && value == "methods")
+                    || (label == "outcome"
+                        && ["allowed", "limited", "refunded"].contains(&value.as_str())),
+                "{metric}: {label}={value}"
+            );
+        }
+    }
+}
