@@ -859,3 +859,45 @@ fn attack_made_up_grpc_methods_stay_within_the_key_bound() {
         }
     }
 }
+
+/// A store full of live keys that refuses new ones, its keys hidden: the refusals of the new
+/// keys (and anything else logged about a full store) carry none of them; each refusal is
+/// counted `limited` once.
+///
+/// Promises: src/observe.rs:393 (`Observed::hide_keys`): "Leaves keys out of the refusal events
+/// (for keys that identify people)"; `Overflow::RefuseNewKeys`: "Refuse requests from new keys
+/// until a slot frees".
+#[test]
+fn attack_a_full_store_refusing_new_keys_logs_none_of_them() {
+    use tower_bulwark::limiter::Overflow;
+
+    let limiter = KeyedRateLimiter::builder(Quota::per_hour(5).unwrap())
+        .clock(ManualClock::new())
+        .max_keys(16)
+        .overflow(Overflow::RefuseNewKeys)
+        .build();
+    let observed = Observed::new("full", limiter).hide_keys(true);
+    let app = Router::new()
+        .route("/orders", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new(
+                "full",
+                HeaderKey::new("x-api-key").unwrap(),
+                observed.clone(),
+            )
+            .unwrap(),
+        ));
+    let mut statuses = Vec::new();
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            for i in 0..200 {
+                let key = format!("SECRET-{i}");
+                statuses.push(get_with_keys(&app, [192, 0, 2, 50], &[key.as_bytes()]).await);
+            }
+        })
+    });
+    let refused = statuses.iter().filter(|s| **s == 429).count() as u64;
+    assert!(refused > 0, "the store refused no new key: {statuses:?}");
+    assert_eq!(observed.snapshot().limited, refused);
+    assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
+}
