@@ -231,3 +231,94 @@ fn attack_a_failing_redis_limiter_on_a_route_keeps_hidden_keys_out_of_its_503_ev
     assert!(text.contains("WARN"), "the failure is told: {text}");
     assert!(!text.contains("SECRET"), "a hidden key leaks: {text}");
 }
+
+/// Client keys written to end a hash tag early, or to look like another key once escaped
+/// (`}`, `{`, backslashes, percent signs, bytes that are not UTF-8): each is a budget of its
+/// own in Redis, one Redis key each, and every Redis key's hash tag holds the whole client key
+/// (nothing of it after the tag's end).
+///
+/// Promises: README.md:656: "One key per client, `<prefix>{<client key>}`, a Redis Cluster hash
+/// tag that no client key can end early"; README.md:91: "A key owns its bytes; no client-written
+/// text can choose or share another client's key".
+#[test]
+#[cfg(feature = "axum")]
+fn attack_client_keys_cannot_end_the_hash_tag_or_share_a_redis_key() {
+    use tower::ServiceExt;
+    use tower_bulwark::rate_limit::{HeaderKey, Policy, RateLimitLayer};
+    use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+
+    let Some(server) = RedisServer::start("attack_client_keys_cannot_end_the_hash_tag") else {
+        return;
+    };
+    let values: Vec<&[u8]> = vec![
+        b"a}b",
+        b"a\\}b",
+        b"a\\\\}b",
+        b"a}}b",
+        b"a{b}",
+        b"{a}",
+        b"a",
+        b"a}",
+        b"a\\",
+        b"\\}",
+        b"}",
+        b"a%7Db",
+        b"a\\x7db",
+        b"a\\u007db",
+        b"a\xff}b",
+        b"a\xef\xbf\xbd}b",
+        b"a}\xff",
+    ];
+    let runtime = crate::common::recorded::runtime();
+    runtime.block_on(async {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let limiter = RedisRateLimiter::builder(tower_bulwark::Quota::per_hour(1).unwrap(), store)
+            .prefix("tag:")
+            .fail_mode(RedisFailMode::Propagate)
+            .build()
+            .unwrap();
+        let policy = Policy::new("tagged", HeaderKey::new("x-api-key").unwrap(), limiter).unwrap();
+        let app = axum::Router::new()
+            .route("/orders", axum::routing::get(|| async { "ok" }))
+            .route_layer(RateLimitLayer::new(policy));
+        for value in &values {
+            let request = http::Request::get("/orders")
+                .header("x-api-key", http::HeaderValue::from_bytes(value).unwrap())
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let status = app.clone().oneshot(request).await.unwrap().status();
+            assert_eq!(
+                status,
+                200,
+                "{:?} shares a budget with a key before it",
+                String::from_utf8_lossy(value)
+            );
+        }
+        // Each value's second request is refused: one budget per value, kept.
+        for value in &values {
+            let request = http::Request::get("/orders")
+                .header("x-api-key", http::HeaderValue::from_bytes(value).unwrap())
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let status = app.clone().oneshot(request).await.unwrap().status();
+            assert_eq!(status, 429, "{:?}", String::from_utf8_lossy(value));
+        }
+    });
+    let mut connection = redis::Client::open(server.url()).unwrap();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("tag:*")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(keys.len(), values.len(), "{keys:?}");
+    for key in &keys {
+        // The hash tag Redis Cluster reads: from the first `{` to the first `}` after it.
+        let open = key.iter().position(|b| *b == b'{').expect("a hash tag");
+        let close = open + 1 + key[open + 1..].iter().position(|b| *b == b'}').unwrap();
+        assert_eq!(
+            close,
+            key.len() - 1,
+            "the tag of {:?} ends before the key does",
+            String::from_utf8_lossy(key)
+        );
+    }
+}
