@@ -427,7 +427,7 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
             let calls = (0..25).map(|_| service.clone().oneshot(()));
             let mut tally = (0, 0);
             for result in futures::future::join_all(calls).await {
-                match result.map_err(Into::<BoxError>::into) {
+                match result {
                     Ok(_) => tally.0 += 1,
                     Err(e) if e.is::<QuotaExhausted>() => tally.1 += 1,
                     Err(e) => panic!("{e}"),
@@ -458,7 +458,7 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
             let calls = (0..25).map(|_| service.clone().oneshot(()));
             let mut tally = (0, 0);
             for result in futures::future::join_all(calls).await {
-                match result.map_err(Into::<BoxError>::into) {
+                match result {
                     Ok(_) => tally.0 += 1,
                     Err(e) if e.is::<PushedBack>() => tally.1 += 1,
                     Err(e) => panic!("{e}"),
