@@ -322,3 +322,77 @@ fn attack_client_keys_cannot_end_the_hash_tag_or_share_a_redis_key() {
         );
     }
 }
+
+/// The value of series `series` (name and labels, as a scrape writes them) in `scrape`.
+fn value_in(scrape: &str, series: &str) -> Option<u64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A configured limiter leasing shares of a global key: 60 decisions, then the gauges
+/// published three times before three scrapes. The lease counters say the same in each
+/// scrape (publishing brings them up to date, it does not add them again), and the
+/// admissions made from a lease are at most the decisions made.
+///
+/// Promise: src/observe.rs:24-26 (`bulwark_ratelimiter_lease_decisions_total`,
+/// `bulwark_ratelimiter_leases_total` `outcome` = `taken` | `ended`,
+/// `bulwark_ratelimiter_lease_unused_permits_total`); src/observe.rs:49: "The store failure
+/// counter and the lease counters are also brought up to date by `publish_gauges`, from the
+/// Redis limiter's own counts".
+#[test]
+fn attack_lease_counters_are_not_counted_again_by_each_publish() {
+    let Some(server) = RedisServer::start("attack_lease_counters_are_not_counted_again") else {
+        return;
+    };
+    let text = format!(
+        r#"
+        [rate_limiters.shared]
+        limit_for_period = 1000
+        limit_refresh_period = "1h"
+        key = "global"
+        store = "redis"
+        redis_url = "{}"
+        redis_leases = true
+        "#,
+        server.url()
+    );
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = crate::common::recorded::runtime();
+    let registry = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let registry = Registry::from_toml_str(&text).unwrap();
+            let limiter = registry.rate_limiter("shared").unwrap();
+            for _ in 0..60 {
+                assert!(
+                    limiter
+                        .reserve(&ConfigKey::Global, 1)
+                        .await
+                        .unwrap()
+                        .allowed
+                );
+            }
+            registry
+        })
+    });
+    let series = [
+        "bulwark_ratelimiter_lease_decisions_total{name=\"shared\"}",
+        "bulwark_ratelimiter_leases_total{name=\"shared\",outcome=\"taken\"}",
+        "bulwark_ratelimiter_calls_total{name=\"shared\",outcome=\"allowed\"}",
+    ];
+    let mut scrapes = Vec::new();
+    for _ in 0..3 {
+        metrics::with_local_recorder(&recorder, || registry.publish_gauges());
+        let scrape = handle.render();
+        scrapes.push(series.map(|s| value_in(&scrape, s)));
+    }
+    assert_eq!(scrapes[0], scrapes[1], "{scrapes:?}");
+    assert_eq!(scrapes[1], scrapes[2], "{scrapes:?}");
+    let [decisions, taken, allowed] = scrapes[2];
+    assert_eq!(allowed, Some(60), "{scrapes:?}");
+    assert!(taken.unwrap_or(0) >= 1, "{scrapes:?}");
+    assert!(decisions.unwrap_or(0) <= 60, "{scrapes:?}");
+}
