@@ -512,3 +512,98 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
     );
     assert_eq!(held_for, 60.0, "{all:?}");
 }
+
+/// Eight threads of 20 GETs each through one retry layer to a dependency that always answers
+/// `503`: every first attempt is counted `first`, every retry that reached the dependency
+/// `retry`, and every call that ended with retries left because the budget held none is one
+/// `skipped{reason=budget}`, however the threads raced for the budget.
+///
+/// Promises: src/observe.rs:37-38: "`bulwark_retry_attempts_total` | counter | `name`, `kind` =
+/// `first` | `retry` | attempts ...: each call's first, and each retry sent";
+/// "`bulwark_retry_skipped_total` | counter | `name`, `reason` = `budget` | `wait` | retries of
+/// transient answers not made: the budget held none, or the answer asked for a longer wait
+/// than `max_wait`; the call ended with that answer"; src/guide.rs:366: "retries not made by
+/// reason are counted".
+#[test]
+fn attack_racing_retries_are_counted_by_kind_and_reason_once() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use tower_bulwark::outbound::retry::Retry;
+
+    const CALLS: usize = 20;
+    let recorder = Arc::new(DebuggingRecorder::new());
+    let snapshotter = recorder.snapshotter();
+    let retry = Retry::builder("raced-retry")
+        .max_attempts(3)
+        .backoff(Duration::from_micros(1), Duration::from_micros(10))
+        .budget(0.2, 3, Duration::from_secs(10))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let hits: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let dependency = {
+        let hits = hits.clone();
+        tower::service_fn(move |request: http::Request<()>| {
+            let id = request.headers()["x-call"].to_str().unwrap().to_owned();
+            *hits.lock().unwrap().entry(id).or_default() += 1;
+            async move {
+                tokio::task::yield_now().await;
+                Ok::<_, BoxError>(http::Response::builder().status(503).body(()).unwrap())
+            }
+        })
+    };
+    let service = retry.layer().layer(dependency);
+    let (answered, _) = race(&recorder, move |t| {
+        let service = service.clone();
+        async move {
+            let calls = (0..CALLS).map(|i| {
+                let request = http::Request::get("http://dependency/")
+                    .header("x-call", format!("{t}-{i}"))
+                    .body(())
+                    .unwrap();
+                service.clone().oneshot(request)
+            });
+            let mut answered = 0;
+            for result in futures::future::join_all(calls).await {
+                assert_eq!(result.unwrap().status(), 503);
+                answered += 1;
+            }
+            (answered, 0)
+        }
+    });
+    assert_eq!(answered, (THREADS * CALLS) as u64);
+    let hits = hits.lock().unwrap();
+    assert_eq!(hits.len(), THREADS * CALLS);
+    let sent: u64 = hits.values().sum();
+    let cut_short = hits.values().filter(|n| **n < 3).count() as u64;
+    let all = series(&snapshotter);
+    let attempts = |kind| {
+        counter(
+            &all,
+            "bulwark_retry_attempts_total",
+            &[("name", "raced-retry"), ("kind", kind)],
+        )
+    };
+    let skipped = |reason| {
+        counter(
+            &all,
+            "bulwark_retry_skipped_total",
+            &[("name", "raced-retry"), ("reason", reason)],
+        )
+    };
+    assert_eq!(attempts("first"), (THREADS * CALLS) as u64, "{all:?}");
+    assert_eq!(
+        attempts("retry"),
+        sent - (THREADS * CALLS) as u64,
+        "{all:?}"
+    );
+    assert_eq!(skipped("budget"), cut_short, "{all:?}");
+    assert_eq!(skipped("wait"), 0, "{all:?}");
+    // The budget, whoever raced: a fifth of the calls, plus 3 a second over the window of
+    // 10 s ("min_per_second retries a second come with no deposit, and both expire after
+    // window").
+    assert!(
+        attempts("retry") <= (THREADS * CALLS) as u64 / 5 + 3 * 10,
+        "{all:?}"
+    );
+}
