@@ -143,11 +143,11 @@ fn attack_decisions_failing_at_once_are_one_warn_per_outage() {
 /// events"; README.md:529: "each refusal is a `tracing` debug event with the instance, the key
 /// (unless `hide_keys = true`) and the retry delay".
 ///
-/// Found: the outage's `WARN` ("redis decision failed; the fail mode decides until redis answers
-/// again") carries `key="bulwark:gcra:{sk-SECRET-tenant}"`, the client's key in full, whatever
-/// `hide_keys` says (the refusal's own debug event says `key=(hidden)`).
+/// (Found by this attack: the outage's `WARN` ("redis decision failed; the fail mode decides
+/// until redis answers again") carried `key="bulwark:gcra:{sk-SECRET-tenant}"`, the client's
+/// key in full, whatever `hide_keys` said. The Redis limiter's events now name it by its
+/// prefix.)
 #[test]
-#[ignore = "found by attack: the Redis outage WARN logs the client's key (in the Redis key) despite hide_keys = true"]
 fn attack_a_redis_limiters_events_keep_hidden_keys_out() {
     let Some(mut server) = RedisServer::start("attack_a_redis_limiters_events_keep_hidden") else {
         return;
@@ -181,12 +181,11 @@ fn attack_a_redis_limiters_events_keep_hidden_keys_out() {
 /// client keys out of log events"; the `rate_limit` module docs: "By default the request gets
 /// `503 Service Unavailable` with a problem+json body and a warn log line".
 ///
-/// Found: the layer's own warn line names only the policy, but the Redis limiter's `WARN`
-/// (first failure) and `DEBUG` (each failure after it) events carry
-/// `key="bulwark:gcra:{sk-SECRET-tenant}"` under `Observed::hide_keys(true)`.
+/// (Found by this attack: the layer's own warn line named only the policy, but the Redis
+/// limiter's `WARN` (first failure) and `DEBUG` (each failure after it) events carried
+/// `key="bulwark:gcra:{sk-SECRET-tenant}"` under `Observed::hide_keys(true)`.)
 #[test]
 #[cfg(feature = "axum")]
-#[ignore = "found by attack: the Redis limiter's failure WARN/DEBUG events log the client's key despite Observed::hide_keys(true)"]
 fn attack_a_failing_redis_limiter_on_a_route_keeps_hidden_keys_out_of_its_503_events() {
     use tower::ServiceExt;
     use tower_bulwark::observe::Observed;

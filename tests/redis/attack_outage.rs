@@ -377,7 +377,7 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
     // outage of its own (a restart still loading under load).
     let at = |level: tracing::Level| {
         let seen = recorder.seen();
-        let flooded = |fields: &String| fields.contains("key=\"ao:warn:");
+        let flooded = |fields: &String| fields.contains("prefix=\"ao:warn:");
         seen.iter()
             .filter(|(l, fields)| *l == level && flooded(fields))
             .count()
