@@ -7,6 +7,8 @@ mod common;
 #[path = "../common/counting.rs"]
 mod counting;
 
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+mod attack_concurrency;
 #[cfg(feature = "grpc")]
 mod attack_grpc;
 #[cfg(feature = "axum")]
