@@ -7,6 +7,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+mod attack_concurrency;
 #[cfg(all(feature = "config", feature = "metrics"))]
 mod attack_observe;
 mod attack_outage;

@@ -1,0 +1,382 @@
+//! Attacks on `Policy::concurrent_in_redis` behind the HTTP layer, with a real `redis-server`:
+//! an instance's layer dropped (a reload) while its streams run, an instance that dies holding
+//! slots, clients of two instances racing over real listeners, a veto by a rate policy after
+//! the slot was taken in Redis, and a Redis that is killed and comes back empty under the
+//! default fail mode.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+use tower_bulwark::clock::{Clock, ManualClock};
+use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy};
+use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
+use tower_bulwark::{Limiter, Quota};
+
+use crate::common::held_stream::{limited, plain_answer, request};
+use crate::common::redis_server::{eventually, or_skip, RedisServer};
+
+/// The Redis key of tenant `t` under the tests' prefix.
+const KEY: &str = "c:{t}";
+
+type Streams = Policy<HeaderKey, ConcurrencyLimiter<HeaderValue>>;
+
+/// An instance's policy of `in_flight` streams per tenant in the Redis of `store`, on `clock`,
+/// its slots living `hold_for` unless renewed, failing as `fail_mode` says.
+fn streams(
+    store: &RedisStore,
+    clock: &ManualClock,
+    in_flight: u32,
+    hold_for: Duration,
+    fail_mode: RedisFailMode,
+) -> Streams {
+    let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store.clone())
+        .client_clock(clock.clone())
+        .prefix("c:")
+        .timeout(Duration::from_secs(5))
+        .probe_interval(Duration::ZERO)
+        .fail_mode(fail_mode)
+        .hold_for(hold_for);
+    let key = HeaderKey::new("x-tenant").unwrap();
+    Policy::concurrent_in_redis("streams", key, in_flight, redis).unwrap()
+}
+
+/// The slots `key` holds in Redis (expired ones included until a decision prunes them).
+fn held(server: &RedisServer, key: &str) -> u64 {
+    let reply = server.command(&["ZCARD", key]);
+    reply.trim_start_matches(':').parse().unwrap()
+}
+
+/// Whether `limiter` admits one more request of tenant `t` (given back at once if so, and
+/// waited for until Redis has it back).
+async fn admits(server: &RedisServer, limiter: &ConcurrencyLimiter<HeaderValue>) -> bool {
+    let before = held(server, KEY);
+    let tenant = HeaderValue::from_static("t");
+    let decision = limiter.reserve(&tenant, 1).await.unwrap();
+    let allowed = decision.allowed;
+    limiter.refund(&tenant, 1, decision);
+    if allowed {
+        eventually("the probe given back", Duration::from_secs(10), || {
+            held(server, KEY) <= before
+        })
+        .await;
+    }
+    allowed
+}
+
+/// src/rate_limit/concurrent.rs:173-175 ("each instance renews all of its live holds every
+/// third of it, in one call, so a request of any length keeps its slot while its instance
+/// reaches Redis") and src/guide.rs:215 ("each slot goes back once, by its id, whatever ends
+/// the request"). An instance's layer and policy are dropped (a configuration reload) while one
+/// of its streams runs: the stream keeps its slot past twice `hold_for` (renewed), another
+/// instance is refused meanwhile, and once the stream ends its slot goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_outliving_its_layer_keeps_its_slot_and_gives_it_back() {
+    let (server, store) = or_skip!(RedisServer::with_store("a_stream_outliving_its_layer").await);
+    let clock = ManualClock::new();
+    let hold_for = Duration::from_secs(1);
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(
+        streams(&store, &clock, 1, hold_for, RedisFailMode::Propagate),
+        &ends,
+        plain_answer,
+    );
+    let stream = service.clone().oneshot(request("stream")).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    drop(service); // the reload: only the stream's body is left of the old layer
+    let other_store = RedisStore::connect(&server.url()).await.unwrap();
+    let other = streams(&other_store, &clock, 1, hold_for, RedisFailMode::Propagate);
+    for _ in 0..4 {
+        clock.advance(hold_for * 2 / 3);
+        let renewed = (clock.now() + 1_000_000_000).to_string();
+        eventually("the stream's slot renewed", Duration::from_secs(10), || {
+            server.command(&["ZCOUNT", KEY, "-inf", &format!("({renewed}")]) == ":0"
+                && held(&server, KEY) == 1
+        })
+        .await;
+        assert!(!admits(&server, other.limiter()).await, "the slot is held");
+    }
+    ends.add_permits(1);
+    let body = stream.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ab");
+    eventually("the slot back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    assert!(admits(&server, other.limiter()).await);
+}
+
+/// src/rate_limit/concurrent.rs:171-173 ("A dead instance's slots come back at most
+/// `hold_for` ... after its last renewal"), src/guide.rs:215 ("a dead instance's slots come
+/// back exactly at `hold_for`") and src/rate_limit/concurrent.rs:147-148 ("at most `in_flight`
+/// requests of each key at once across every instance"). Instance A, on a runtime of its own,
+/// admits two streams of three through its layer and dies (its runtime shut down, the
+/// streams never ended): instance B gets exactly the one slot left until `hold_for` has
+/// passed since A's slots were taken (not a nanosecond before), then exactly the two others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_slots_come_back_at_hold_for_and_never_more_meanwhile() {
+    let server = or_skip!(RedisServer::start("a_dead_instances_slots_through"));
+    let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
+    let hold_for = Duration::from_secs(30);
+    let (url, a_clock) = (server.url(), clock.clone());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let store = RedisStore::connect(&url).await.unwrap();
+            let policy = streams(&store, &a_clock, 3, hold_for, RedisFailMode::Propagate);
+            let service = limited(policy, &Arc::new(Semaphore::new(0)), plain_answer);
+            for _ in 0..2 {
+                let response = service.clone().oneshot(request("stream")).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                // The process dies mid-stream: the body is never dropped nor read.
+                std::mem::forget(response);
+            }
+            std::mem::forget(service);
+        });
+        runtime.shutdown_timeout(Duration::from_secs(5));
+    })
+    .join()
+    .unwrap();
+    assert_eq!(held(&server, KEY), 2);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let b = streams(&store, &clock, 3, hold_for, RedisFailMode::Propagate);
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(b, &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    // B's own slot is taken a second later than A's: it expires a second after them.
+    clock.advance(Duration::from_secs(1));
+    let mut open = vec![call().await.unwrap()];
+    assert_eq!(open[0].status(), StatusCode::OK, "the one slot left");
+    clock.advance(hold_for - Duration::from_secs(1) - Duration::from_nanos(1));
+    let refused = call().await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "A's slots before hold_for"
+    );
+    clock.advance(Duration::from_nanos(1));
+    for _ in 0..2 {
+        let response = call().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "back at hold_for");
+        open.push(response);
+    }
+    assert_eq!(
+        call().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "three, no more"
+    );
+    assert_eq!(held(&server, KEY), 3);
+}
+
+/// An instance over a real listener: `/stream` answers with a held body behind `policy`.
+async fn serve_instance(policy: Streams, ends: &Arc<Semaphore>) -> String {
+    use axum::routing::get;
+    use tower_bulwark::rate_limit::RateLimitLayer;
+    let ends = Arc::clone(ends);
+    let app = axum::Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let ends = Arc::clone(&ends);
+                async move {
+                    let (first, last) = (bytes::Bytes::from("a"), bytes::Bytes::from("b"));
+                    crate::common::held_stream::held_body(ends, first, last, false)
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(policy).wrap_body());
+    format!(
+        "http://{}/stream",
+        crate::common::listener::serve(app).await
+    )
+}
+
+/// src/rate_limit/concurrent.rs:147-148 ("at most `in_flight` requests of each key at once
+/// across every instance") and src/guide.rs:215 ("tasks of two instances racing for L slots of
+/// a key never hold more than L at once and, all holding, get exactly L"). Over real listeners,
+/// twenty `reqwest` clients race, half on each instance, for five slots, five rounds: exactly
+/// five stream each round, and once they end (read to their ends or dropped by their clients)
+/// Redis holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_two_instances_racing_over_real_listeners_get_exactly_the_slots() {
+    let server = or_skip!(RedisServer::start("clients_of_two_instances_racing"));
+    let clock = ManualClock::new();
+    let ends = Arc::new(Semaphore::new(0));
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let policy = streams(
+            &store,
+            &clock,
+            5,
+            Duration::from_secs(60),
+            RedisFailMode::Propagate,
+        );
+        urls.push(serve_instance(policy, &ends).await);
+    }
+    let client = reqwest::Client::new();
+    for round in 0..5 {
+        let calls: Vec<_> = (0..20)
+            .map(|i| {
+                let (client, url) = (client.clone(), urls[i % 2].clone());
+                tokio::spawn(async move {
+                    let sent = client.get(&url).header("x-tenant", "t").send().await;
+                    let mut response = sent.unwrap();
+                    if response.status() == StatusCode::OK {
+                        assert_eq!(response.chunk().await.unwrap().unwrap(), "a");
+                    } else {
+                        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                        assert_eq!(response.headers()["retry-after"], "1");
+                    }
+                    response
+                })
+            })
+            .collect();
+        let mut open = Vec::new();
+        for call in calls {
+            let response = call.await.unwrap();
+            if response.status() == StatusCode::OK {
+                open.push(response);
+            }
+        }
+        let admitted = open.len();
+        drop(open);
+        // The admitted clients went away mid-stream.
+        assert_eq!(admitted, 5, "round {round}");
+        eventually("every stream's slot back", Duration::from_secs(10), || {
+            held(&server, KEY) == 0
+        })
+        .await;
+    }
+}
+
+/// src/guide.rs:207 ("a request refused by one policy ... gives back every permit the others
+/// granted, once") and :208 ("a request refused for want of a slot costs the other policies
+/// nothing"), in Redis. The Redis concurrent policy first, then a rate policy of one request a
+/// minute that vetoes: each vetoed request's slot, taken in Redis, goes back, so the key holds
+/// only the admitted stream's slot, and once the rate allows the last slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_veto_after_the_slot_was_taken_in_redis_gives_it_back() {
+    use tower_bulwark::KeyedRateLimiter;
+    let (server, store) = or_skip!(RedisServer::with_store("a_veto_after_the_slot").await);
+    let clock = ManualClock::new();
+    let rate = KeyedRateLimiter::<HeaderValue>::builder(Quota::per_minute(1).unwrap())
+        .clock(clock.clone())
+        .build();
+    let rate = Policy::new("rate", HeaderKey::new("x-tenant").unwrap(), rate).unwrap();
+    let policy = streams(
+        &store,
+        &clock,
+        2,
+        Duration::from_secs(3600), // the rate's minute must not expire the slots
+        RedisFailMode::Propagate,
+    );
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy.and(rate), &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    let first = call().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    for _ in 0..4 {
+        let vetoed = call().await.unwrap();
+        assert_eq!(vetoed.status(), StatusCode::TOO_MANY_REQUESTS);
+        let field = vetoed.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(field.contains("\"rate\";r=0"), "the rate vetoed: {field}");
+    }
+    eventually("the vetoes' slots back", Duration::from_secs(10), || {
+        held(&server, KEY) == 1
+    })
+    .await;
+    clock.advance(Duration::from_secs(60));
+    let second = call().await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK, "a veto kept a slot");
+    let field = second.headers()["ratelimit"].to_str().unwrap();
+    assert!(
+        field.starts_with("\"streams\";r=0, \"rate\";r=0"),
+        "{field}"
+    );
+    drop((first, second));
+}
+
+/// src/rate_limit/concurrent.rs:181-183 ("`RedisFailMode::Local`, the default, is an
+/// in-memory limit of `in_flight` per key in each instance") and :190-192 ("A Redis that
+/// restarts empty ... has forgotten the slots taken before: renewals never bring back a slot
+/// that Redis does not hold, so until the requests then in flight end, a key may have up to
+/// twice `in_flight` in flight"), with src/guide.rs:215 ("with Redis down the fail mode decides
+/// (`Local`: the limit per instance, its slots taken back)"). Two slots per tenant: one stream
+/// admitted by Redis; Redis killed; the local limit admits two and refuses a third, and takes
+/// them back when they end; Redis restarted empty while the first stream runs: at most two
+/// more (twice the limit in all); once everything ended, exactly two again, no slot leaked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_killed_and_back_empty_leaks_no_slot_under_the_local_fail_mode() {
+    let (mut server, store) = or_skip!(RedisServer::with_store("a_redis_killed_and_back").await);
+    let clock = ManualClock::new();
+    let policy = streams(
+        &store,
+        &clock,
+        2,
+        Duration::from_secs(60),
+        RedisFailMode::Local,
+    );
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy, &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    let in_redis = call().await.unwrap();
+    assert_eq!(in_redis.status(), StatusCode::OK);
+    assert_eq!(held(&server, KEY), 1);
+    server.kill();
+    let mut local = Vec::new();
+    for _ in 0..2 {
+        let response = call().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
+        local.push(response);
+    }
+    let refused = call().await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the local limit"
+    );
+    local.pop();
+    let again = call().await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK, "taken back locally");
+    local.push(again);
+    drop(local);
+    server.restart();
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        let response = call().await.unwrap();
+        if response.status() == StatusCode::OK {
+            after.push(response);
+        }
+    }
+    assert!(
+        after.len() <= 2,
+        "{} admitted beside the forgotten stream",
+        after.len()
+    );
+    drop((in_redis, after));
+    eventually("every slot back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(call().await.unwrap());
+    }
+    assert_eq!(
+        open.iter().map(|r| r.status()).collect::<Vec<_>>(),
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "exactly the limit once Redis is back"
+    );
+}
