@@ -380,3 +380,119 @@ async fn a_redis_killed_and_back_empty_leaks_no_slot_under_the_local_fail_mode()
         "exactly the limit once Redis is back"
     );
 }
+
+/// The holds under the tests' prefix, in all keys, and those of them that expire before
+/// `before` (a client-clock reading in nanoseconds), counted by one script in Redis.
+fn holds_and_expiring_before(server: &RedisServer, before: u64) -> (u64, u64) {
+    let count = |script: &str| -> u64 {
+        let reply = server.command(&["EVAL", script, "0", &before.to_string()]);
+        reply.trim_start_matches(':').parse().unwrap()
+    };
+    let all = count(
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', 'c:*')) do \
+         n = n + redis.call('ZCARD', k) end return n",
+    );
+    let early = count(
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', 'c:*')) do \
+         n = n + redis.call('ZCOUNT', k, '-inf', '(' .. ARGV[1]) end return n",
+    );
+    (all, early)
+}
+
+/// src/redis/builder.rs:98-102 ("While the request lives, its instance renews the hold: all of
+/// the instance's live holds in one call every third of this bound (... a call carries at most
+/// 3 000 arguments, so thousands of requests in flight take a few). So a request of any length
+/// keeps its hold while its instance reaches Redis") and src/rate_limit/concurrent.rs:173-175.
+/// One instance holds 4 100 slots, past what one renewal call carries: 2 600 of one key and one
+/// of each of 1 500 others. Every one of them is renewed past the expiry, twice; none lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_slots_in_flight_are_all_renewed_across_several_calls() {
+    let (server, store) = or_skip!(RedisServer::with_store("thousands_of_slots_renewed").await);
+    let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
+    let hold_for = Duration::from_secs(1);
+    let policy = Arc::new(streams(
+        &store,
+        &clock,
+        3000,
+        hold_for,
+        RedisFailMode::Propagate,
+    ));
+    let mut keys = vec![HeaderValue::from_static("t"); 2600];
+    keys.extend((0..1500).map(|k| HeaderValue::from_str(&format!("k{k}")).unwrap()));
+    let mut holds = Vec::new();
+    for chunk in keys.chunks(200) {
+        let calls: Vec<_> = chunk
+            .iter()
+            .map(|key| {
+                let (policy, key) = (Arc::clone(&policy), key.clone());
+                tokio::spawn(async move {
+                    let decision = policy.limiter().reserve(&key, 1).await.unwrap();
+                    assert!(decision.allowed);
+                    (key, decision)
+                })
+            })
+            .collect();
+        for call in calls {
+            holds.push(call.await.unwrap());
+        }
+    }
+    assert_eq!(holds_and_expiring_before(&server, 0).0, 4100);
+    for _ in 0..2 {
+        clock.advance(hold_for * 2 / 3);
+        let renewed = clock.now() + 1_000_000_000;
+        eventually("every slot renewed", Duration::from_secs(10), || {
+            holds_and_expiring_before(&server, renewed) == (4100, 0)
+        })
+        .await;
+    }
+    for (key, decision) in holds {
+        assert!(policy.limiter().refund(&key, 1, decision));
+    }
+    eventually("every slot back", Duration::from_secs(10), || {
+        holds_and_expiring_before(&server, 0).0 == 0
+    })
+    .await;
+}
+
+/// src/redis/builder.rs:101-103 ("a request of any length keeps its hold while its instance
+/// reaches Redis; it loses it only if every renewal fails for about two thirds of the bound")
+/// and src/redis/store.rs:49 ("Later, the connection reconnects by itself whenever it is
+/// lost"). Redis (its state on disk) is killed under a stream and comes back before the slot
+/// expires: renewals fail meanwhile, then resume, so the stream keeps its slot through two
+/// more expiries and another instance stays refused; the stream's end gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_resume_after_redis_comes_back() {
+    let mut server = or_skip!(RedisServer::start_persistent("renewals_resume_after"));
+    let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
+    let hold_for = Duration::from_secs(3);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let ends = Arc::new(Semaphore::new(0));
+    let policy = streams(&store, &clock, 1, hold_for, RedisFailMode::Propagate);
+    let service = limited(policy, &ends, plain_answer);
+    let stream = service.clone().oneshot(request("stream")).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    server.kill();
+    // Down for a renewal period and more (renewals every second of real time): one fails.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart();
+    assert_eq!(held(&server, KEY), 1, "the state survived");
+    let other_store = RedisStore::connect(&server.url()).await.unwrap();
+    let other = streams(&other_store, &clock, 1, hold_for, RedisFailMode::Propagate);
+    for _ in 0..3 {
+        clock.advance(hold_for * 2 / 3);
+        let renewed = (clock.now() + 1_000_000_000).to_string();
+        eventually("the stream's slot renewed", Duration::from_secs(10), || {
+            server.command(&["ZCOUNT", KEY, "-inf", &format!("({renewed}")]) == ":0"
+                && held(&server, KEY) == 1
+        })
+        .await;
+        assert!(!admits(&server, other.limiter()).await, "the slot is held");
+    }
+    ends.add_permits(1);
+    let body = stream.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ab");
+    eventually("the slot back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+}
