@@ -496,3 +496,163 @@ async fn renewals_resume_after_redis_comes_back() {
     })
     .await;
 }
+
+/// src/rate_limit/layer.rs:84-85 ("What to do when a limiter returns an error
+/// ([`FailMode::Closed`] by default: answer `503`)"), src/rate_limit/settings.rs:24 (`Open`:
+/// "Let the request through without counting it against the policy that could not decide") and
+/// src/guide.rs:207 ("a request refused by one policy ... gives back every permit the others
+/// granted, once"). Slots in a live Redis, then a second concurrent policy whose Redis is gone
+/// and which hands its failure on: every request is a `503`, and the slot each took in the live
+/// Redis goes back; under `FailMode::Open` requests stream, each holding its live slot, and
+/// exactly the live limit are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_policy_after_the_slot_answers_503_and_gives_the_slot_back() {
+    use tower::Layer;
+    use tower_bulwark::rate_limit::{FailMode, RateLimitLayer};
+    let (server, store) = or_skip!(RedisServer::with_store("a_failing_policy_after").await);
+    let clock = ManualClock::new();
+    let live = || {
+        streams(
+            &store,
+            &clock,
+            2,
+            Duration::from_secs(60),
+            RedisFailMode::Propagate,
+        )
+    };
+    let dead_store = RedisStore::connect_lazy("redis://127.0.0.1:1/").unwrap();
+    let dead = || {
+        let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), dead_store.clone())
+            .client_clock(clock.clone())
+            .prefix("d:")
+            .probe_interval(Duration::ZERO)
+            .fail_mode(RedisFailMode::Propagate);
+        let key = HeaderKey::new("x-tenant").unwrap();
+        Policy::concurrent_in_redis("gone", key, 2, redis).unwrap()
+    };
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(live().and(dead()), &ends, plain_answer);
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let response = service.clone().oneshot(request("stream")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        answers.push(response);
+    }
+    eventually("the live slots back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    drop(answers);
+    let open = RateLimitLayer::new(live().and(dead()))
+        .wrap_body()
+        .limiter_error_mode(FailMode::Open)
+        .layer(crate::common::held_stream::handler(
+            Arc::clone(&ends),
+            plain_answer,
+        ));
+    let mut streaming = Vec::new();
+    for _ in 0..2 {
+        let response = open.clone().oneshot(request("stream")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "let through");
+        streaming.push(response);
+    }
+    let third = open.clone().oneshot(request("stream")).await.unwrap();
+    assert_eq!(
+        third.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the live limit"
+    );
+    assert_eq!(held(&server, KEY), 2);
+    drop(streaming);
+    eventually("the streams' slots back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+}
+
+/// The process id of `server`, from `INFO server`.
+#[cfg(unix)]
+fn pid(server: &RedisServer) -> String {
+    let info = server.command(&["INFO", "server"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+#[cfg(unix)]
+fn signal(signal: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status();
+    assert!(status.unwrap().success(), "kill {signal} {pid}");
+}
+
+/// src/rate_limit/concurrent.rs:178-187 ("Redis down or stalling. A decision waits at most the
+/// timeout; then the fail mode decides ... A decision that Redis runs after its caller was
+/// answered (a stall) changes nothing") and src/guide.rs:215 ("a decision that times out in a
+/// stalled Redis leaves no slot behind"). Redis stalls (SIGSTOP) under the layer with the
+/// default fail mode: the stalled requests are admitted by the local limit of two and refused
+/// beyond it; a stream ends while Redis is stalled (its give-back waits); Redis resumes and runs
+/// every call it queued: no slot is left behind, and exactly two are admitted again.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_under_the_layer_leaves_no_slot_behind_once_it_resumes() {
+    let (server, store) = or_skip!(RedisServer::with_store("a_stalled_redis_under").await);
+    let clock = ManualClock::new();
+    let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store)
+        .client_clock(clock.clone())
+        .prefix("c:")
+        .timeout(Duration::from_millis(200))
+        .probe_interval(Duration::ZERO)
+        .hold_for(Duration::from_secs(3600));
+    let key = HeaderKey::new("x-tenant").unwrap();
+    let policy = Policy::concurrent_in_redis("streams", key, 2, redis).unwrap();
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy, &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    let before_stall = call().await.unwrap();
+    assert_eq!(before_stall.status(), StatusCode::OK);
+    assert_eq!(held(&server, KEY), 1);
+    let pid = pid(&server);
+    signal("-STOP", &pid);
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(call().await.unwrap());
+    }
+    // The ended stream's give-back goes out while Redis is stalled.
+    drop(before_stall);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal("-CONT", &pid);
+    let statuses: Vec<_> = stalled.iter().map(|r| r.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "the local limit"
+    );
+    drop(stalled);
+    eventually("no slot left behind", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(call().await.unwrap());
+    }
+    let statuses: Vec<_> = open.iter().map(|r| r.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "exactly the limit once Redis is back"
+    );
+}
