@@ -612,3 +612,89 @@ async fn a_concurrent_limiter_in_a_plain_policy_gives_its_slots_back_or_is_refus
         assert!(!policy.contains(";w="), "advertised as a rate: {policy}");
     }
 }
+
+type Metered = KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Metered, ManualClock>;
+
+/// A `Metered` limiter of `per_minute` tokens a minute on `clock`.
+fn metered(per_minute: u32, clock: &ManualClock) -> Metered {
+    KeyedRateLimiter::<HeaderValue>::builder(Quota::per_minute(per_minute).unwrap())
+        .algorithm::<tower_bulwark::algorithm::Metered>()
+        .clock(clock.clone())
+        .build()
+}
+
+/// README.md:337-347 ("each holds its slot until its body ends or is dropped"; "A body dropped
+/// half-way settles to what was read, if the cost went by"), src/rate_limit/policy.rs:249-251
+/// (`settle_from_body`: "A body dropped before its end (the client went away) settles to the
+/// cost read so far, if it was read"), src/guide.rs:208 ("a request refused for want of a slot
+/// costs the other policies nothing"), :210 ("a request another policy refused settles
+/// nothing") and :209 (`Tiers`: "a key is decided and advertised by its own tier"). An LLM
+/// gateway over a real listener: tokens per plan (`Tiers` of `Metered` limiters, 100 tokens
+/// estimated, settled from the event stream) and one stream at once per tenant. A pro
+/// tenant's client reads the event that reports 7 tokens and goes away: its slot comes back
+/// and it is charged 7; its next stream holds its estimate; requests refused meanwhile for
+/// want of the slot cost nothing; the free tier is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_cut_by_its_client_frees_its_slot_and_settles_to_what_was_read() {
+    use tower_bulwark::tiers::Tiers;
+    use tower_bulwark::Limiter;
+    let clock = ManualClock::new();
+    let plan = |key: &HeaderValue| {
+        if key.as_bytes().starts_with(b"pro") {
+            "pro"
+        } else {
+            "free"
+        }
+    };
+    let plans =
+        Tiers::new(plan, "free", metered(1_000, &clock)).tier("pro", metered(10_000, &clock));
+    let tokens = Policy::new("tokens", HeaderKey::new("x-tenant").unwrap(), plans.clone())
+        .unwrap()
+        .cost(100)
+        .settle_from_body(BodyUsage::json(["usage", "total_tokens"]).unwrap());
+    let ends = Arc::new(Semaphore::new(0));
+    let handler_ends = Arc::clone(&ends);
+    let app = axum::Router::new()
+        .route(
+            "/stream",
+            axum::routing::get(move || {
+                let ends = Arc::clone(&handler_ends);
+                async move {
+                    let first = Bytes::from("data: {\"usage\":{\"total_tokens\":7}}\n\n");
+                    let last = Bytes::from("data: [DONE]\n\n");
+                    let body = crate::common::held_stream::held_body(ends, first, last, false);
+                    ([(http::header::CONTENT_TYPE, "text/event-stream")], body)
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(tokens.and(streams(1))).wrap_body());
+    let url = format!(
+        "http://{}/stream",
+        crate::common::listener::serve(app).await
+    );
+    let client = reqwest::Client::new();
+    let get = || client.get(&url).header("x-tenant", "pro-1").send();
+    let mut cut = get().await.unwrap();
+    assert_eq!(cut.status(), StatusCode::OK);
+    let event = cut.chunk().await.unwrap().unwrap();
+    assert!(event.starts_with(b"data: {\"usage\""), "{event:?}");
+    drop(cut); // the client goes away after the event that reports the usage
+    let held = admitted_eventually(get).await;
+    for _ in 0..5 {
+        let refused = get().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let field = header(refused.headers(), "ratelimit").unwrap();
+        assert!(field.contains("\"streams\";r=0"), "{field}");
+    }
+    let pro = HeaderValue::from_static("pro-1");
+    let probe = plans.reserve_now(&pro, 1).unwrap().unwrap();
+    assert_eq!(
+        probe.remaining,
+        10_000 - 7 - 100 - 1,
+        "7 read, 100 held by the open stream, nothing for the refusals"
+    );
+    let free = HeaderValue::from_static("free-1");
+    let free_probe = plans.reserve_now(&free, 1).unwrap().unwrap();
+    assert_eq!(free_probe.remaining, 1_000 - 1, "the free tier untouched");
+    drop(held);
+}
