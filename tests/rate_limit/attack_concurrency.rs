@@ -698,3 +698,168 @@ async fn an_event_stream_cut_by_its_client_frees_its_slot_and_settles_to_what_wa
     assert_eq!(free_probe.remaining, 1_000 - 1, "the free tier untouched");
     drop(held);
 }
+
+/// src/limiter/mod.rs:62-63 (`Limiter::set_quota`: "Replaces the quota at run time, for every
+/// clone of this limiter, keeping what each key has used"), src/guide.rs:212 ("quota changes |
+/// every key keeps what it used") and src/rate_limit/concurrent.rs:164-165 ("as a
+/// [`set_quota`](Limiter::set_quota) must reach them all"). Four streams in flight when the
+/// limit drops to two: nothing is admitted until fewer than two are in flight, then exactly
+/// the new limit; raised back to four, the streams still in flight count, and once every one
+/// ended exactly four are admitted (no slot taken under the old limit is lost or freed twice).
+#[tokio::test]
+async fn a_limit_changed_under_streams_in_flight_keeps_them_counted() {
+    use tower_bulwark::Limiter;
+    let policy = streams(4);
+    let limiter = policy.limiter().clone();
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy, &ends, crate::common::held_stream::plain_answer);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let (status, _, response) = open(&service).await;
+        assert_eq!(status, StatusCode::OK);
+        held.push(response);
+    }
+    limiter.set_quota(Quota::per_second(2).unwrap()).unwrap();
+    for in_flight in [4, 3, 2] {
+        let (status, _, _) = open(&service).await;
+        assert_eq!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{in_flight} in flight over a limit of two"
+        );
+        held.pop();
+    }
+    let (status, remaining, next) = open(&service).await;
+    assert_eq!(status, StatusCode::OK, "one in flight under a limit of two");
+    assert_eq!(remaining.as_deref(), Some("\"streams\";r=0"));
+    held.push(next);
+    assert_eq!(open(&service).await.0, StatusCode::TOO_MANY_REQUESTS);
+    limiter.set_quota(Quota::per_second(4).unwrap()).unwrap();
+    for _ in 0..2 {
+        let (status, _, response) = open(&service).await;
+        assert_eq!(status, StatusCode::OK);
+        held.push(response);
+    }
+    assert_eq!(
+        open(&service).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "four"
+    );
+    drop(held);
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        let (status, _, response) = open(&service).await;
+        assert_eq!(status, StatusCode::OK, "every slot back");
+        again.push(response);
+    }
+    assert_eq!(
+        open(&service).await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "none twice"
+    );
+}
+
+/// src/guide.rs:208 ("N tasks racing for L slots get exactly L"; slots given back "exactly
+/// once") and src/guide.rs:191-193 ("N threads racing for a limit of L get exactly L admissions"). Eight tasks on
+/// four threads take and end streams of one to three slots of a limit of five, 300 times each,
+/// every fourth one vetoed by a rate policy after the slots were taken, ends read to the end
+/// or dropped half-way: the slots the admitted requests hold together never exceed five, and
+/// once all ended exactly five single slots are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_tasks_taking_and_ending_streams_never_hold_more_than_the_limit() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // Every fourth request of a task (`x-veto: yes`) is vetoed by a rate policy whose key
+    // `yes` is spent; the others cost it nothing (a cost of zero leaves it out).
+    let vetoes = KeyedRateLimiter::<HeaderValue>::builder(Quota::per_minute(1).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let veto_key = HeaderKey::new("x-veto").unwrap();
+    let veto = Policy::new("veto", veto_key, vetoes.clone())
+        .unwrap()
+        .cost_by(|request| u32::from(request.headers["x-veto"] == "yes"));
+    let _ = vetoes.check(&HeaderValue::from_static("yes"));
+    let policy = streams(5).cost_by(|request| {
+        let slots = request.headers.get("x-slots").unwrap().to_str().unwrap();
+        slots.parse().unwrap()
+    });
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(
+        policy.and(veto),
+        &ends,
+        crate::common::held_stream::plain_answer,
+    );
+    let holding = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let vetoed = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..8u64)
+        .map(|task| {
+            let (service, holding, most) = (service.clone(), holding.clone(), most.clone());
+            let vetoed = Arc::clone(&vetoed);
+            let ends = Arc::clone(&ends);
+            tokio::spawn(async move {
+                let mut rng = crate::common::Rng(0x9E37_79B9 + task);
+                for i in 0..300 {
+                    let slots = 1 + rng.below(3) as u32;
+                    let mut request = slots_request(slots);
+                    let veto = if i % 4 == 3 { "yes" } else { "no" };
+                    request
+                        .headers_mut()
+                        .insert("x-veto", HeaderValue::from_static(veto));
+                    let response = service.clone().oneshot(request).await.unwrap();
+                    if response.status() != StatusCode::OK {
+                        let field = header(response.headers(), "ratelimit").unwrap();
+                        if field.contains("\"veto\";r=0") {
+                            vetoed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        continue;
+                    }
+                    assert_eq!(veto, "no", "a vetoed request went on");
+                    let now = holding.fetch_add(slots, Ordering::SeqCst) + slots;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    holding.fetch_sub(slots, Ordering::SeqCst);
+                    if rng.below(2) == 0 {
+                        ends.add_permits(1);
+                        let _ = response.into_body().collect().await;
+                    } else {
+                        drop(response);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 5, "{most} slots held at once");
+    assert!(
+        vetoed.load(Ordering::SeqCst) > 0,
+        "some requests were vetoed"
+    );
+    let mut again = Vec::new();
+    for _ in 0..5 {
+        let response = service
+            .clone()
+            .oneshot(slots_request_no_veto(1))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "every slot back");
+        again.push(response);
+    }
+    let over = service
+        .clone()
+        .oneshot(slots_request_no_veto(1))
+        .await
+        .unwrap();
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "none twice");
+}
+
+/// [`slots_request`] that the veto policy admits.
+fn slots_request_no_veto(slots: u32) -> Request<Body> {
+    let mut request = slots_request(slots);
+    request
+        .headers_mut()
+        .insert("x-veto", HeaderValue::from_static("no"));
+    request
+}
