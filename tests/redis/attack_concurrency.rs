@@ -656,3 +656,100 @@ async fn a_stalled_redis_under_the_layer_leaves_no_slot_behind_once_it_resumes()
         "exactly the limit once Redis is back"
     );
 }
+
+/// src/rate_limit/concurrent.rs:107-110 ("A concurrent policy keeps its hold: `count_if`,
+/// `settle_by` and `settle_from_body` leave it as it is. `cost` and `cost_by` choose how many
+/// slots a request takes") and :148-150 ("A slot is held and given back, and the headers and
+/// refusals say what they say, as in memory"), in Redis. A stream of two slots of three under a
+/// `count_if` that never counts: its slots stay held in Redis until its body ends (a third
+/// request of two is refused), then both come back, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_if_leaves_a_redis_hold_of_several_slots_as_it_is() {
+    let (server, store) = or_skip!(RedisServer::with_store("count_if_leaves_a_redis").await);
+    let clock = ManualClock::new();
+    let policy = streams(
+        &store,
+        &clock,
+        3,
+        Duration::from_secs(60),
+        RedisFailMode::Propagate,
+    )
+    .cost(2)
+    .count_if(|_| false);
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy, &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    let first = call().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.headers()["ratelimit"], "\"streams\";r=1");
+    assert_eq!(
+        first.headers()["ratelimit-policy"],
+        "\"streams\";q=3;qu=\"concurrent-requests\""
+    );
+    // The response head is out: a settle by the head would have run by now.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        held(&server, KEY),
+        2,
+        "both slots held while the body streams"
+    );
+    let refused = call().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    ends.add_permits(1);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ab");
+    eventually("both slots back", Duration::from_secs(10), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    let again = call().await.unwrap();
+    assert_eq!(again.headers()["ratelimit"], "\"streams\";r=1", "back once");
+}
+
+/// src/rate_limit/concurrent.rs:178-186 ("then the fail mode decides, as for any
+/// `RedisRateLimiter`"; "`Open`, `Closed`, ... are as documented there"), src/redis/
+/// fail_mode.rs:43 (`Closed`: "Refuses the request, telling the client to come back after this
+/// long") and src/rate_limit/concurrent.rs:96-99 (a refusal is a `429` saying
+/// `qu="concurrent-requests"`). Redis killed under `Closed(30 s)`: every request is a `429`
+/// told to come back in 30 s, not a `503`; once Redis is back (empty), exactly the limit are
+/// admitted, the refusals having taken nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_fail_mode_refuses_with_its_wait_and_takes_nothing() {
+    let (mut server, store) = or_skip!(RedisServer::with_store("a_closed_fail_mode").await);
+    let clock = ManualClock::new();
+    let closed = RedisFailMode::Closed(Duration::from_secs(30));
+    let policy = streams(&store, &clock, 2, Duration::from_secs(60), closed);
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(policy, &ends, plain_answer);
+    let call = || service.clone().oneshot(request("stream"));
+    server.kill();
+    for _ in 0..3 {
+        let refused = call().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["retry-after"], "30");
+        let policy = refused.headers()["ratelimit-policy"].to_str().unwrap();
+        assert!(policy.contains("qu=\"concurrent-requests\""), "{policy}");
+    }
+    server.restart();
+    let start = std::time::Instant::now();
+    let first = loop {
+        let response = call().await.unwrap();
+        if response.status() == StatusCode::OK {
+            break response;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Redis never back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(first.headers()["ratelimit"], "\"streams\";r=1");
+    let second = call().await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(
+        call().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(held(&server, KEY), 2);
+}
