@@ -585,31 +585,44 @@ fn per_plan_streams() -> Policy<
 #[ignore = "found by attack: a ConcurrencyLimiter in Policy::new or Tiers leaks every slot (key locked out for good), silently"]
 async fn a_concurrent_limiter_in_a_plain_policy_gives_its_slots_back_or_is_refused() {
     let ends = Arc::new(Semaphore::new(0));
-    let build = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        limited(
-            per_plan_streams(),
-            &ends,
-            crate::common::held_stream::plain_answer,
-        )
-    }));
-    let Ok(service) = build else {
-        return; // refused when applied, as a hold without `wrap_body` is: no silent leak
-    };
-    let mut advertised = Vec::new();
-    for round in 0..3 {
-        let (status, _, response) = open(&service).await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "round {round}: the free tenant's one slot never came back"
-        );
-        advertised.push(header(response.headers(), "ratelimit-policy").unwrap());
-        ends.add_permits(1);
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, "ab");
-    }
-    for policy in advertised {
-        assert!(!policy.contains(";w="), "advertised as a rate: {policy}");
+    let answer = crate::common::held_stream::plain_answer;
+    let builds: [(&str, Box<dyn Fn() -> Limited>); 2] = [
+        (
+            "a pool shared through Policy::new",
+            Box::new(|| {
+                let pool = streams(1).limiter().clone();
+                let key = HeaderKey::new("x-tenant").unwrap();
+                limited(Policy::new("streams", key, pool).unwrap(), &ends, answer)
+            }),
+        ),
+        (
+            "Tiers of plans",
+            Box::new(|| limited(per_plan_streams(), &ends, answer)),
+        ),
+    ];
+    for (what, build) in builds {
+        let Ok(service) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build)) else {
+            continue; // refused when applied, as a hold without `wrap_body` is: no silent leak
+        };
+        let mut advertised = Vec::new();
+        for round in 0..3 {
+            let (status, _, response) = open(&service).await;
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "{what}, round {round}: the tenant's one slot never came back"
+            );
+            advertised.push(header(response.headers(), "ratelimit-policy").unwrap());
+            ends.add_permits(1);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, "ab");
+        }
+        for policy in advertised {
+            assert!(
+                !policy.contains(";w="),
+                "{what}: advertised as a rate: {policy}"
+            );
+        }
     }
 }
 
@@ -862,4 +875,39 @@ fn slots_request_no_veto(slots: u32) -> Request<Body> {
         .headers_mut()
         .insert("x-veto", HeaderValue::from_static("no"));
     request
+}
+
+/// src/guide.rs:208 ("a cost a policy can never admit is a 413 (`largest-cost` in its body)
+/// without `Retry-After` that spends nothing") and :207 ("a request refused by one policy ...
+/// gives back every permit the others granted, once"). The concurrent policy takes its slot,
+/// then a token policy finds the request's cost beyond anything it can admit: a `413`, and the
+/// slot goes back each time, so the one slot is free for the next request that fits.
+#[tokio::test]
+async fn a_413_from_a_later_policy_gives_the_slot_back() {
+    let tokens = KeyedRateLimiter::<HeaderValue>::builder(Quota::per_minute(1_000).unwrap())
+        .clock(ManualClock::new())
+        .build();
+    let tokens = Policy::new("tokens", HeaderKey::new("x-tenant").unwrap(), tokens)
+        .unwrap()
+        .cost_by(|request| {
+            let slots = request.headers.get("x-slots").unwrap().to_str().unwrap();
+            slots.parse::<u32>().unwrap() * 1_000
+        });
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(
+        streams(1).and(tokens),
+        &ends,
+        crate::common::held_stream::plain_answer,
+    );
+    for _ in 0..3 {
+        let too_large = service.clone().oneshot(slots_request(2)).await.unwrap();
+        assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(header(too_large.headers(), "retry-after"), None);
+    }
+    let fits = service.clone().oneshot(slots_request(1)).await.unwrap();
+    assert_eq!(fits.status(), StatusCode::OK, "a 413 kept the slot");
+    let field = header(fits.headers(), "ratelimit").unwrap();
+    assert!(field.starts_with("\"streams\";r=0"), "{field}");
+    let over = service.clone().oneshot(slots_request(0)).await.unwrap();
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
 }
