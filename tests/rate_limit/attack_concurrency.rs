@@ -535,12 +535,19 @@ fn a_key_flood_never_forgets_a_key_with_slots_in_flight() {
         assert!(decision.allowed);
         held.push(decision);
     }
-    for i in 0..1_000_100u32 {
-        let key = HeaderValue::from_str(&i.to_string()).unwrap();
-        let decision = limiter.reserve_now(&key, 1).unwrap().unwrap();
-        assert!(decision.allowed, "a fresh key");
-        assert!(limiter.refund(&key, 1, decision));
-    }
+    // Two threads, half of the flood each.
+    std::thread::scope(|scope| {
+        for half in 0..2u32 {
+            scope.spawn(move || {
+                for i in (half..1_000_100u32).step_by(2) {
+                    let key = HeaderValue::from(i);
+                    let decision = limiter.reserve_now(&key, 1).unwrap().unwrap();
+                    assert!(decision.allowed, "a fresh key");
+                    assert!(limiter.refund(&key, 1, decision));
+                }
+            });
+        }
+    });
     let over = limiter.reserve_now(&held_key, 1).unwrap().unwrap();
     assert!(
         !over.allowed,
@@ -586,7 +593,8 @@ fn per_plan_streams() -> Policy<
 async fn a_concurrent_limiter_in_a_plain_policy_gives_its_slots_back_or_is_refused() {
     let ends = Arc::new(Semaphore::new(0));
     let answer = crate::common::held_stream::plain_answer;
-    let builds: [(&str, Box<dyn Fn() -> Limited>); 2] = [
+    type Build<'a> = Box<dyn Fn() -> Limited + 'a>;
+    let builds: [(&str, Build); 2] = [
         (
             "a pool shared through Policy::new",
             Box::new(|| {
