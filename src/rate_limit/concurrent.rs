@@ -17,7 +17,7 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// The limiter of a [`Policy::concurrent`] or a `Policy::concurrent_in_redis`: at most a
 /// number of requests in flight per key, each holding its slot until its response body ends or
 /// is dropped. Built only by those policies, which give every slot back exactly once.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 
 /// Where the slots are kept.
