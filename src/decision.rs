@@ -57,10 +57,24 @@ pub(crate) struct Admission {
     pub(crate) tier: u16,
     /// What the admission took, and from what.
     pub(crate) taken: Taken,
-    /// Whether the admission holds its estimate until it is settled or given back
-    /// ([`Metered`](crate::algorithm::Metered)): the crate's layers then settle it whatever
-    /// ends the request.
-    pub(crate) holding: bool,
+    /// What the admission holds until it is settled or given back, if anything: the crate's
+    /// layers then end the hold whatever ends the request.
+    pub(crate) hold: Hold,
+}
+
+/// What an admission holds until the crate's layers end it, whatever ends the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Nothing: permits taken are spent (or given back by whoever asks).
+    #[default]
+    Nothing,
+    /// Its estimate ([`Metered`](crate::algorithm::Metered)), settled to the cost read from
+    /// the answer, or to the estimate where none was read.
+    Estimate,
+    /// Slots of requests in flight (a concurrency limiter's), given back whole when the
+    /// response body ends or is dropped, whichever policy the limiter serves: a slot has no
+    /// cost to settle.
+    Slots,
 }
 
 /// What an admission took, one variant per place a give-back goes to.
@@ -241,16 +255,22 @@ impl Decision {
         .charged_at(reserved_at)
     }
 
-    /// This admission, holding its estimate until it is settled or given back.
-    pub(crate) fn holding(mut self) -> Self {
-        self.admission.holding = true;
+    /// This admission, holding `hold` until it is settled or given back.
+    pub(crate) fn holding(mut self, hold: Hold) -> Self {
+        self.admission.hold = hold;
         self
     }
 
     /// Whether this admission holds its estimate until it is settled or given back: whatever
     /// ends the request, the crate settles it (to the estimate, where nothing says otherwise).
     pub(crate) fn holds(&self) -> bool {
-        self.admission.holding
+        self.admission.hold == Hold::Estimate
+    }
+
+    /// Whether this admission holds slots of requests in flight, which go back whole when the
+    /// request ends (see [`Hold::Slots`]).
+    pub(crate) fn holds_slots(&self) -> bool {
+        self.admission.hold == Hold::Slots
     }
 
     /// This decision, made by tier `index` of a [`Tiers`](crate::tiers::Tiers) limiter.
@@ -356,7 +376,7 @@ impl Decision {
     /// (`Metered`, a concurrent slot), the whole of it, whatever the caller names, since a hold
     /// ends once (a part left held would never drain).
     pub(crate) fn refundable(&self, cost: u32) -> u32 {
-        if self.admission.holding {
+        if self.admission.hold != Hold::Nothing {
             self.admission.cost
         } else {
             cost.min(self.admission.cost)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{LatestReading, Transitions};
-use crate::decision::Decision;
+use crate::decision::{Decision, Hold};
 use crate::sync::{AtomicU64, Ordering};
 use crate::Quota;
 
@@ -59,7 +59,9 @@ impl Transitions for Concurrency {
         match taken {
             Ok(held) => {
                 let left = limit - held - u64::from(cost);
-                Decision::allowed(limit, left, Duration::ZERO).charged_at(now)
+                Decision::allowed(limit, left, Duration::ZERO)
+                    .charged_at(now)
+                    .holding(Hold::Slots)
             }
             Err(held) => Decision::refused(limit, limit.saturating_sub(held), RETRY, RETRY),
         }
@@ -83,6 +85,20 @@ impl Transitions for Concurrency {
 
     /// A slot has no debt: a request in flight holds its slots, whatever it costs.
     fn charge(&self, _: &InFlight, _: &LatestReading, _: u64, _: u32) {}
+
+    /// A slot has no cost to settle: whatever cost is named, every slot the admission took goes
+    /// back (`estimate` is all of them, see [`Decision::refundable`]).
+    fn settle(
+        &self,
+        state: &InFlight,
+        latest: &LatestReading,
+        now: u64,
+        decision: &Decision,
+        estimate: u32,
+        _cost: u32,
+    ) {
+        self.refund(state, latest, now, estimate, decision);
+    }
 
     /// A key holding no slot is a fresh key; one holding any is never dropped as idle.
     fn idle_at(&self, state: &InFlight) -> u64 {

@@ -4,8 +4,9 @@
 
 use super::gcra::{Gcra, MAX_TAT};
 use super::{LatestReading, Transitions};
+use crate::decision::{Decision, Hold};
 use crate::sync::{lock, Mutex, MutexGuard};
-use crate::{decision::Decision, Quota};
+use crate::Quota;
 
 /// GCRA whose settles are exact, for policies whose cost is known only from the answer (the
 /// tokens an LLM API reports): settled permits plus what a key has left is what the quota
@@ -122,7 +123,7 @@ impl Transitions for Metered {
         }
         let decision = self.0.decision(verdict);
         if admitted.is_some() {
-            decision.holding()
+            decision.holding(Hold::Estimate)
         } else {
             decision
         }

@@ -16,7 +16,13 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 /// The limiter of a [`Policy::concurrent`] or a `Policy::concurrent_in_redis`: at most a
 /// number of requests in flight per key, each holding its slot until its response body ends or
-/// is dropped. Built only by those policies, which give every slot back exactly once.
+/// is dropped. Built only by those policies; every slot goes back exactly once, also where a
+/// clone of it serves another policy (one pool of slots for two policies through
+/// [`Policy::new`], or a limit per plan through [`Tiers`](crate::tiers::Tiers)): its admissions
+/// say they hold slots, so any layer gives them back whole when the request ends (the body's
+/// end with [`wrap_body`](super::RateLimitLayer::wrap_body), else the response's head; a
+/// client quota, the answer's head). Only a concurrent policy's headers say
+/// `qu="concurrent-requests"`: another policy advertises its limiter's quota as a rate.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 

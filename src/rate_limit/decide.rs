@@ -265,13 +265,15 @@ impl<P: PolicySet> Ledger<P> {
         let headers = AdmittedHeaders::new(&limits.settings, &self.outcomes, |i| {
             limits.policies.visit(i, &self.keys, QuotaOf)
         });
-        // A policy that settles, or an admission that holds its estimate until it is settled.
+        // A policy that settles, or an admission that holds its estimate or its slots until the
+        // request ends.
         let settles =
             (limits.settings.policies.iter())
                 .zip(&self.outcomes)
                 .any(|(info, o)| match o {
                     Outcome::Admitted(d) => {
                         d.holds()
+                            || d.holds_slots()
                             || (limits.settings.settles && !matches!(info.settle, Settle::Never))
                     }
                     _ => false,
@@ -285,8 +287,10 @@ impl<P: PolicySet> Ledger<P> {
                 .iter()
                 .zip(&self.outcomes)
                 .enumerate())
-            .filter(|(_, (info, o))| {
-                matches!(info.settle, Settle::Held) && matches!(o, Outcome::Admitted(_))
+            .filter(|(_, (info, o))| match o {
+                // Slots held, by a concurrent policy or by a concurrency limiter in another.
+                Outcome::Admitted(d) => matches!(info.settle, Settle::Held) || d.holds_slots(),
+                _ => false,
             })
             .map(|(policy, _)| BodyWait { policy, scan: None })
             .collect();
@@ -391,7 +395,8 @@ impl<P: PolicySet> Settlement<P> {
         let limits = Arc::clone(&self.limits);
         let mut changed = false;
         for i in (0..self.outcomes.len()).rev() {
-            if !matches!(self.outcomes[i], Outcome::Admitted(_)) {
+            // Slots go back whole when the request ends, whatever the policy reads.
+            if !matches!(&self.outcomes[i], Outcome::Admitted(d) if !d.holds_slots()) {
                 continue;
             }
             let info = &limits.settings.policies[i];

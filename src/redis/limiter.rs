@@ -23,7 +23,7 @@ use super::{
     BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
 use crate::clock::{saturating_nanos, Clock};
-use crate::decision::{Decision, InsufficientCapacity, Taken};
+use crate::decision::{Decision, Hold, InsufficientCapacity, Taken};
 use crate::limiter::Change;
 use crate::{BoxError, Limiter, Quota};
 
@@ -317,10 +317,11 @@ impl Inner {
                 self.cache_refusal(&key, cost, &decision);
                 if hold != 0 && decision.allowed {
                     decision.admission.taken = Taken::RedisHold { hold };
-                    if quota.script == LimiterScript::Metered {
-                        // Settled whatever ends the request: its estimate, at least.
-                        decision = decision.holding();
-                    }
+                    // Settled whatever ends the request: its estimate, at least; its slots, whole.
+                    decision = decision.holding(match quota.script {
+                        LimiterScript::Metered => Hold::Estimate,
+                        _ => Hold::Slots,
+                    });
                     if cost > 0 {
                         self.holds.take(&key, hold, cost);
                     }

@@ -48,10 +48,19 @@ pub fn binary_or_skip(test: &str, name: &str) -> Option<PathBuf> {
 
 /// A loopback port that was free a moment ago (and, for cluster nodes, whose bus port +10000 is
 /// free too).
+///
+/// Never one this test binary has handed out before: a server killed by one test leaves its
+/// port free, and a limiter that test still holds would reconnect to another test's server
+/// started there (an outage test then saw that server's admissions).
 fn free_port(with_bus: bool) -> u16 {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
         let port = listener.local_addr().unwrap().port();
+        if !(HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner())).insert(port) {
+            continue;
+        }
         if !with_bus {
             return port;
         }

@@ -243,6 +243,8 @@ fn settle<K, L: Limiter<K>>(
     cost: Option<u32>,
 ) {
     match cost {
+        // Slots of calls in flight go back whole once the answer is here.
+        _ if decision.holds_slots() => limiter.settle(key, estimate, decision, 0),
         Some(cost) => limiter.settle(key, estimate, decision, cost),
         None if decision.holds() => limiter.settle(key, estimate, decision, estimate),
         None => false,
