@@ -64,6 +64,19 @@ async fn drain(l: &RedisRateLimiter, key: &str) -> u64 {
     n
 }
 
+/// What `l` admits at once on the key `k` (fresh), then on a `twin` key, then on `k` again once
+/// the admission `first` has been given back (more): `(fresh, twin, more)`.
+async fn fresh_twin_and_more_after_giving_back(
+    l: &RedisRateLimiter,
+    first: Decision,
+) -> (u64, u64, u64) {
+    let fresh = drain(l, "k").await;
+    let twin = drain(l, "twin").await;
+    l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
+    let more = drain(l, "k").await;
+    (fresh, twin, more)
+}
+
 async fn delete(server: &RedisServer, l: &RedisRateLimiter, key: &str) {
     let mut conn = server.connection().await;
     let _: () = redis::cmd("DEL")
@@ -87,10 +100,7 @@ async fn deleted_and_recreated_at_one_instant<A: RedisAlgorithm>(name: &str) {
     let first = admitted(&l, "k").await;
     delete(&server, &l, "k").await;
     delete(&server, &l, "twin").await;
-    let fresh = drain(&l, "k").await;
-    let twin = drain(&l, "twin").await;
-    l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
-    let more = drain(&l, "k").await;
+    let (fresh, twin, more) = fresh_twin_and_more_after_giving_back(&l, first).await;
     assert!(
         fresh + more <= twin,
         "{name}: {fresh} admitted at 1000.5 s by the recreated key, {more} more once the \
@@ -157,10 +167,7 @@ async fn attack_two_redis_sliding_counter_give_back_after_expiry_and_a_stale_rec
     // Another instance, its clock 2.5 s behind (the limiter's own readings never go back).
     let behind = manual_clock_at(Duration::from_nanos(start));
     let b = limiter::<SlidingCounter>(&server.url(), quota(10, S, 10, 0), &behind, name).await;
-    let fresh = drain(&b, "k").await;
-    let twin = drain(&b, "twin").await;
-    b.settle_and_wait(&"k", 1, first, 0).await.unwrap();
-    let more = drain(&b, "k").await;
+    let (fresh, twin, more) = fresh_twin_and_more_after_giving_back(&b, first).await;
     assert!(
         fresh + more <= twin,
         "{fresh} admitted at 1000.5 s by the recreated key, {more} more once the old admission \
