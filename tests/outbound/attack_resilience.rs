@@ -19,7 +19,8 @@ use tower_bulwark::{outbound, BoxError};
 use crate::breaker::{answering, open_until, partner_breaker, refused, through};
 use crate::breaker_probes::{held, open_then_half_open, Held};
 use crate::common::{poll_once, refusal};
-use crate::retry::{behind_an_opened_breaker, get, retry, scripted};
+use crate::retry::{behind_an_opened_breaker, get, healthy_calls, retry, scripted};
+use crate::retry_budget::frozen;
 
 /// A call through `client` admitted (polled once, inside the dependency) and the sender that
 /// answers it.
@@ -331,9 +332,7 @@ async fn a_retry_waits_for_the_window_of_a_spent_quota() {
 #[tokio::test(start_paused = true)]
 async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
     let clock = ManualClock::new();
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(2)
         .max_wait(Duration::from_secs(3600))
         .budget(0.0, 1, Duration::from_secs(10))
@@ -450,9 +449,7 @@ async fn an_ended_probe_does_not_free_its_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn threads_racing_while_the_clock_moves_never_exceed_the_floor() {
     let clock = ManualClock::new();
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(10)
         .budget(0.0, 5, Duration::from_secs(1))
         .build()
@@ -613,18 +610,10 @@ async fn a_ratio_between_millionths_never_grants_more_than_asked() {
             .unwrap()
     };
     let partner = budget(0.333_333_1);
-    let (dependency, _) = scripted(vec![]);
-    let client = partner.layer().layer(dependency);
-    for _ in 0..3 {
-        client.clone().oneshot(get()).await.unwrap();
-    }
+    healthy_calls(&partner, 3).await;
     assert_eq!(partner.budget_available(), 0, "0.9999993 of a retry");
     let partner = budget(0.000_000_4);
-    let (dependency, _) = scripted(vec![]);
-    let client = partner.layer().layer(dependency);
-    for _ in 0..1_000 {
-        client.clone().oneshot(get()).await.unwrap();
-    }
+    healthy_calls(&partner, 1_000).await;
     assert_eq!(partner.budget_available(), 0, "0.0004 of a retry");
 }
 
@@ -637,22 +626,12 @@ async fn a_ratio_between_millionths_never_grants_more_than_asked() {
 async fn the_budget_at_the_end_of_time_neither_panics_nor_over_grants() {
     let clock = ManualClock::new();
     clock.set(Duration::from_nanos(u64::MAX - 1));
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(2)
         .budget(0.5, 0, Duration::from_secs(3600))
         .build()
         .unwrap();
-    let (healthy, _) = scripted(vec![]);
-    for _ in 0..10 {
-        partner
-            .layer()
-            .layer(healthy.clone())
-            .oneshot(get())
-            .await
-            .unwrap();
-    }
+    healthy_calls(&partner, 10).await;
     assert_eq!(partner.budget_available(), 5);
     clock.advance(Duration::MAX);
     let (failing, calls) = scripted(vec![(503, vec![]); 100]);

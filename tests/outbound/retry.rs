@@ -98,6 +98,16 @@ pub(crate) fn retry() -> RetryBuilder {
     Retry::builder("partner").clock(TokioClock::new())
 }
 
+/// Makes `n` calls through `partner` to a [`scripted`] dependency of their own that answers each
+/// with a 200: each deposits in the budget, none takes a retry.
+pub(crate) async fn healthy_calls(partner: &Retry, n: usize) {
+    let (dependency, _) = scripted(vec![]);
+    let client = partner.layer().layer(dependency);
+    for _ in 0..n {
+        client.clone().oneshot(get()).await.unwrap();
+    }
+}
+
 /// A [`scripted`] dependency answering two 503s, behind a breaker `partner` over two calls on
 /// tokio's clock, `configure`d further, that those two calls have opened: the breaker's service
 /// and the dependency's calls.
