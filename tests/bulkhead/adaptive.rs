@@ -18,8 +18,8 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
-    assert_full, assert_panics_were_no_samples, gated, gated_calls, limits, ms, on_manual_clock,
-    recording, round_trip, with_changes, with_recorder,
+    assert_full, assert_panics_were_no_samples, cancelled_after, gated, gated_calls, limits, ms,
+    on_manual_clock, recording, round_trip, with_changes, with_recorder,
 };
 use crate::common::dependency::answering;
 use crate::common::response;
@@ -549,11 +549,7 @@ async fn a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample
         let bulkhead = builder.build();
         let inner = gated();
         let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
-        let (_tx, rx) = oneshot::channel();
-        let mut call = Box::pin(client.call(rx));
-        assert!(poll!(call.as_mut()).is_pending());
-        clock.advance(ms(3));
-        drop(call);
+        cancelled_after(&mut client, &clock, ms(3)).await;
         let samples = recorder.0.lock().unwrap().clone();
         if ignore {
             assert!(samples.is_empty());

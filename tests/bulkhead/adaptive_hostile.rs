@@ -18,9 +18,9 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
-    assert_panics_were_no_samples, end_all, gated, gated_calls, gated_client, limits, ms,
-    on_manual_clock, recording, round_at_the_limit, round_trip, with_changes, with_recorder,
-    ChangeLog,
+    assert_panics_were_no_samples, cancelled_after, end_all, gated, gated_calls, gated_client,
+    limits, ms, on_manual_clock, recording, round_at_the_limit, round_trip, with_changes,
+    with_recorder, ChangeLog,
 };
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
@@ -715,23 +715,8 @@ async fn calls_dropped_before_their_first_poll_are_no_sample() {
     );
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 100);
     // A call that was polled and then dropped (a timeout above it) still is overload.
-    let (_gate, rx) = oneshot::channel::<u16>();
-    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
-    let waker = Waker::noop();
-    assert!(call
-        .as_mut()
-        .poll(&mut Context::from_waker(waker))
-        .is_pending());
-    clock.advance(ms(5));
-    drop(call);
-    let (_gate, rx) = oneshot::channel::<u16>();
-    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
-    assert!(call
-        .as_mut()
-        .poll(&mut Context::from_waker(waker))
-        .is_pending());
-    clock.advance(ms(10));
-    drop(call);
+    cancelled_after(&mut client, &clock, ms(5)).await;
+    cancelled_after(&mut client, &clock, ms(10)).await;
     assert!(
         bulkhead.limit() < 100,
         "a polled, cut call is overload: {:?}",

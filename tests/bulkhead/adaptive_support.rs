@@ -97,6 +97,21 @@ where
     call.await.unwrap();
 }
 
+/// A call through `client` polled once (it waits for its gate), then dropped `after` later on
+/// `clock`: a call cancelled by a timeout above the bulkhead.
+pub async fn cancelled_after<S>(client: &mut S, clock: &ManualClock, after: Duration)
+where
+    S: Service<oneshot::Receiver<u16>>,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let (_gate, rx) = oneshot::channel();
+    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
+    assert!(crate::common::poll_once(call.as_mut()).is_pending());
+    clock.advance(after);
+    drop(call);
+}
+
 /// A round at the limit of `bulkhead`: as many calls through `client` as the limit, one more
 /// refused with `BulkheadFull`, then, 10 ms later on `clock`, all of them ended with `status`.
 pub async fn round_at_the_limit<S>(
