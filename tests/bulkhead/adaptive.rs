@@ -634,46 +634,23 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
 #[cfg(feature = "metrics")]
 #[test]
 fn the_limit_gauge_follows_the_limit_as_it_moves() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use crate::common::recorded::{gauge, on_own_recorder, runtime};
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let gauge = || {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, ..)| {
-                key.key().name() == "bulwark_bulkhead_max_allowed_concurrent_calls"
-                    && key
-                        .key()
-                        .labels()
-                        .any(|l| l.key() == "name" && l.value() == "gauged")
-            })
-            .map(|(.., value)| match value {
-                DebugValue::Gauge(v) => v.into_inner(),
-                other => panic!("not a gauge: {other:?}"),
-            })
-    };
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (builder, clock) = on_manual_clock("gauged", limits(1, 10, 10));
-            let bulkhead = builder.build();
-            let mut client = ServiceBuilder::new()
-                .layer(bulkhead.layer())
-                .service(service_fn(|status: u16| async move {
-                    Ok::<_, BoxError>(response(status, &[]))
-                }));
-            client.ready().await.unwrap().call(503).await.unwrap();
-            clock.advance(ms(10));
-            client.ready().await.unwrap().call(503).await.unwrap();
-            assert_eq!(bulkhead.limit(), 8);
-        });
+    let ((), series) = on_own_recorder(&runtime(), |_| async {
+        let (builder, clock) = on_manual_clock("gauged", limits(1, 10, 10));
+        let bulkhead = builder.build();
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(service_fn(|status: u16| async move {
+                Ok::<_, BoxError>(response(status, &[]))
+            }));
+        client.ready().await.unwrap().call(503).await.unwrap();
+        clock.advance(ms(10));
+        client.ready().await.unwrap().call(503).await.unwrap();
+        assert_eq!(bulkhead.limit(), 8);
     });
-    assert_eq!(gauge(), Some(8.0));
+    let limit = "bulwark_bulkhead_max_allowed_concurrent_calls";
+    assert_eq!(gauge(&series, limit, &[("name", "gauged")]), 8.0);
 }
 
 /// An algorithm that panics on the samples it is told to, and otherwise lowers the limit by one.

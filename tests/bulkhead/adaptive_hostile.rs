@@ -603,93 +603,87 @@ fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_hea
 #[cfg(feature = "metrics")]
 #[test]
 fn the_gauge_follows_every_move_and_calls_are_counted() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use crate::common::recorded::{on_own_recorder, runtime};
+    use metrics_util::debugging::DebugValue;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    // The debugging recorder's snapshot swaps every counter and gauge to zero: counters are
-    // summed over the snapshots, and the gauge is read only right after a move.
-    let counted = std::cell::RefCell::new(std::collections::HashMap::<String, f64>::new());
-    let read = |name: &str, outcome: Option<&str>| {
-        let mut gauge = None;
-        for (key, .., value) in snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            if !key
-                .labels()
-                .any(|l| l.key() == "name" && l.value() == "metered")
-            {
-                continue;
-            }
-            let label = key
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .map(|l| l.value().to_owned());
-            match value {
-                DebugValue::Gauge(v) if key.name() == name => gauge = Some(v.into_inner()),
-                DebugValue::Counter(n) => {
-                    let id = format!("{}/{}", key.name(), label.unwrap_or_default());
-                    *counted.borrow_mut().entry(id).or_default() += n as f64;
+    let _ = on_own_recorder(&runtime(), |snapshotter| async move {
+        // The debugging recorder's snapshot swaps every counter and gauge to zero: counters are
+        // summed over the snapshots, and the gauge is read only right after a move.
+        let counted = std::cell::RefCell::new(std::collections::HashMap::<String, f64>::new());
+        let read = |name: &str, outcome: Option<&str>| {
+            let mut gauge = None;
+            for (key, .., value) in snapshotter.snapshot().into_vec() {
+                let key = key.key();
+                if !key
+                    .labels()
+                    .any(|l| l.key() == "name" && l.value() == "metered")
+                {
+                    continue;
                 }
-                _ => {}
+                let label = key
+                    .labels()
+                    .find(|l| l.key() == "outcome")
+                    .map(|l| l.value().to_owned());
+                match value {
+                    DebugValue::Gauge(v) if key.name() == name => gauge = Some(v.into_inner()),
+                    DebugValue::Counter(n) => {
+                        let id = format!("{}/{}", key.name(), label.unwrap_or_default());
+                        *counted.borrow_mut().entry(id).or_default() += n as f64;
+                    }
+                    _ => {}
+                }
+            }
+            match outcome {
+                Some(outcome) => counted.borrow().get(&format!("{name}/{outcome}")).copied(),
+                None => gauge,
+            }
+        };
+        let (builder, clock) = on_manual_clock("metered", limits(1, 5, 10));
+        let bulkhead = builder.build();
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(gated());
+        let mut seen = Vec::new();
+        let mut last = bulkhead.limit();
+        // Down: one 503 per round trip.
+        for _ in 0..3 {
+            round_trip(&mut client, &clock, 503).await;
+            let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
+            if bulkhead.limit() != last {
+                last = bulkhead.limit();
+                seen.push((last, gauge));
             }
         }
-        match outcome {
-            Some(outcome) => counted.borrow().get(&format!("{name}/{outcome}")).copied(),
-            None => gauge,
+        // Up: every round at the limit, until it has grown twice.
+        while bulkhead.limit() < 5 {
+            round_at_the_limit(&bulkhead, &mut client, &clock, 200).await;
+            let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
+            if bulkhead.limit() != last {
+                last = bulkhead.limit();
+                seen.push((last, gauge));
+            }
         }
-    };
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (builder, clock) = on_manual_clock("metered", limits(1, 5, 10));
-            let bulkhead = builder.build();
-            let mut client = ServiceBuilder::new()
-                .layer(bulkhead.layer())
-                .service(gated());
-            let mut seen = Vec::new();
-            let mut last = bulkhead.limit();
-            // Down: one 503 per round trip.
-            for _ in 0..3 {
-                round_trip(&mut client, &clock, 503).await;
-                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
-                if bulkhead.limit() != last {
-                    last = bulkhead.limit();
-                    seen.push((last, gauge));
-                }
-            }
-            // Up: every round at the limit, until it has grown twice.
-            while bulkhead.limit() < 5 {
-                round_at_the_limit(&bulkhead, &mut client, &clock, 200).await;
-                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
-                if bulkhead.limit() != last {
-                    last = bulkhead.limit();
-                    seen.push((last, gauge));
-                }
-            }
-            assert_eq!(
-                seen.iter().map(|(limit, _)| *limit).collect::<Vec<_>>(),
-                [4, 3, 4, 5]
-            );
-            for (limit, gauge) in &seen {
-                assert_eq!(Some(*limit as f64), *gauge, "{seen:?}");
-            }
-            let snapshot = bulkhead.snapshot();
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("permitted")),
-                Some(snapshot.total_permitted as f64)
-            );
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("rejected")),
-                Some(snapshot.total_rejected as f64)
-            );
-            assert!(snapshot.total_rejected > 0);
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("finished")),
-                Some(snapshot.total_finished as f64)
-            );
-        });
+        assert_eq!(
+            seen.iter().map(|(limit, _)| *limit).collect::<Vec<_>>(),
+            [4, 3, 4, 5]
+        );
+        for (limit, gauge) in &seen {
+            assert_eq!(Some(*limit as f64), *gauge, "{seen:?}");
+        }
+        let snapshot = bulkhead.snapshot();
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("permitted")),
+            Some(snapshot.total_permitted as f64)
+        );
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("rejected")),
+            Some(snapshot.total_rejected as f64)
+        );
+        assert!(snapshot.total_rejected > 0);
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("finished")),
+            Some(snapshot.total_finished as f64)
+        );
     });
 }
 
