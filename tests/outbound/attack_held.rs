@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::clock::{ManualClock, TokioClock};
+use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
@@ -40,6 +40,19 @@ fn parked<R: Send + 'static>(
         arrivals.lock().unwrap().push(Instant::now());
         std::future::pending::<Result<Response<()>, BoxError>>()
     })
+}
+
+/// A client through `pushback` to a [`parked`] dependency of its own, and the arrivals that
+/// dependency records.
+fn parked_behind<R: Send + 'static, C: Clock + Clone + Send + Sync + 'static>(
+    pushback: &Pushback<C>,
+) -> (
+    impl Service<R, Response = Response<()>, Error = BoxError, Future: Send> + Clone + Send + 'static,
+    Arrivals,
+) {
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    (client, arrivals)
 }
 
 /// The arrivals as offsets from `start`.
@@ -104,8 +117,7 @@ fn times(n: usize, at: Duration) -> Vec<Duration> {
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
     let pushback = tokio_waiting_up_to(S(5));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&spent_for_a_second_under(r#""p";q=5;w=10"#));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
@@ -135,8 +147,7 @@ async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
         .max_hold(S(60))
         .max_wait(S(90))
         .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
@@ -162,8 +173,7 @@ async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
 #[tokio::test(start_paused = true)]
 async fn a_newer_answer_frees_exactly_its_calls_among_fifty_waiters() {
     let pushback = tokio_waiting_up_to(S(20));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=10"#)]));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
@@ -185,8 +195,7 @@ async fn a_newer_answer_frees_exactly_its_calls_among_fifty_waiters() {
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_go_at_the_latest_retry_after_exactly() {
     let pushback = tokio_waiting_up_to(S(5));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     let start = Instant::now();
     pushback.observe(&response(429, &[("retry-after", "2")]));
     let tasks = flood(&client, 50, |_| ());
@@ -211,8 +220,7 @@ async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
         .max_hold(S(3))
         .max_wait(S(5))
         .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     let start = Instant::now();
     pushback.observe(&response(429, &[("retry-after", "1000000000")]));
     let tasks = flood(&client, 50, |_| ());
@@ -234,8 +242,7 @@ async fn a_spread_waiter_dropped_holds_no_slot() {
         .pacing(Pacing::Spread)
         .max_wait(S(10))
         .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
     let start = Instant::now();
     let tasks = flood(&client, 5, |_| ());
@@ -371,8 +378,7 @@ async fn waiters_racing_a_newer_answer_never_miss_it() {
             .clock(TokioClock::new())
             .max_wait(S(60))
             .build();
-        let arrivals = Arrivals::default();
-        let client = pushback.layer().layer(parked(arrivals.clone()));
+        let (client, arrivals) = parked_behind(&pushback);
         pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=30"#)]));
         let tasks = flood(&client, 50, |_| ());
         for _ in 0..round % 8 {
