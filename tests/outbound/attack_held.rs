@@ -18,7 +18,8 @@ use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, Quot
 use tower_bulwark::{BoxError, Quota};
 
 use super::hostile_support::{
-    answer_call, scripted_client, spent_for_a_second_under, start, tokio_waiting_up_to,
+    answer_call, on_tokio_clock, on_tokio_clock_with, scripted_client, spent_for_a_second_under,
+    start, tokio_waiting_up_to,
 };
 use crate::common::{direct_on, in_bursts_of, quota_ns, response, tokio_direct};
 
@@ -142,11 +143,7 @@ async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
 /// `max_wait`, so the others are refused then, told 60 s.
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_hold(S(60))
-        .max_wait(S(90))
-        .build();
+    let pushback = on_tokio_clock_with(|builder| builder.max_hold(S(60)).max_wait(S(90)));
     let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
     let start = Instant::now();
@@ -215,11 +212,7 @@ async fn fifty_waiters_go_at_the_latest_retry_after_exactly() {
 /// dependency at 3 s exactly.
 #[tokio::test(start_paused = true)]
 async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_hold(S(3))
-        .max_wait(S(5))
-        .build();
+    let pushback = on_tokio_clock_with(|builder| builder.max_hold(S(3)).max_wait(S(5)));
     let (client, arrivals) = parked_behind(&pushback);
     let start = Instant::now();
     pushback.observe(&response(429, &[("retry-after", "1000000000")]));
@@ -237,11 +230,7 @@ async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
 /// The other waiters take the slots at 2, 4 and 6 s: the dropped one held none.
 #[tokio::test(start_paused = true)]
 async fn a_spread_waiter_dropped_holds_no_slot() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .pacing(Pacing::Spread)
-        .max_wait(S(10))
-        .build();
+    let pushback = on_tokio_clock_with(|builder| builder.pacing(Pacing::Spread).max_wait(S(10)));
     let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
     let start = Instant::now();
@@ -374,10 +363,7 @@ async fn an_older_answer_moves_fifty_waiters_to_its_later_window_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_racing_a_newer_answer_never_miss_it() {
     for round in 0..40 {
-        let pushback = Pushback::builder("partner")
-            .clock(TokioClock::new())
-            .max_wait(S(60))
-            .build();
+        let pushback = tokio_waiting_up_to(S(60));
         let (client, arrivals) = parked_behind(&pushback);
         pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=30"#)]));
         let tasks = flood(&client, 50, |_| ());
@@ -463,9 +449,7 @@ async fn fifty_callers_through_the_whole_stack_wait_out_the_hold_without_a_storm
     });
     let retry = Retry::builder("partner").clock(TokioClock::new());
     let breaker = Breaker::builder("partner").clock(TokioClock::new());
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = on_tokio_clock();
     let quota = tokio_direct(Quota::per_second(100).unwrap());
     let client = tower::ServiceBuilder::new()
         .layer(retry.build().unwrap().layer())
