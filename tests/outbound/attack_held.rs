@@ -106,6 +106,11 @@ fn times(n: usize, at: Duration) -> Vec<Duration> {
     vec![at; n]
 }
 
+/// `n` refusals at `at` (from the start), each telling `told` to wait, as [`refusals`] gives them.
+fn refused_at(n: usize, at: Duration, told: Duration) -> Vec<(Duration, Duration)> {
+    vec![(at, told); n]
+}
+
 /// "then the `q` calls of the policy of the same name (less those still in flight) may start
 /// within its `w`" and "A held call fails at once with [`PushedBack`], which carries the time
 /// until a call may actually go [...] past windows that give nothing, or the probe"
@@ -125,13 +130,7 @@ async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
     tokio::time::sleep(S(3)).await;
     assert_eq!(offsets(&arrivals, start), times(5, S(1)));
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(45, S(1))
-            .into_iter()
-            .map(|at| (at, super::DEFAULT_MAX_HOLD))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(45, S(1), super::DEFAULT_MAX_HOLD));
 }
 
 /// "A policy whose `q` is zero [...] gives nothing in any window until something new is heard:
@@ -151,13 +150,7 @@ async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
     tokio::time::sleep(S(200)).await;
     assert_eq!(offsets(&arrivals, start), [S(60)]);
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(49, S(60))
-            .into_iter()
-            .map(|at| (at, S(60)))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(49, S(60), S(60)));
 }
 
 /// "it waits on tokio's timer [...] and is sent when the hold ends (a newer answer may end it
@@ -263,13 +256,7 @@ async fn fifty_tasks_on_a_client_quota_go_at_the_exact_instants_the_rate_allows(
     expected.extend((1..=10).map(|k| MS(100 * k)));
     assert_eq!(offsets(&arrivals, start), expected);
     let refused = refusals::<QuotaExhausted, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(35, S(0))
-            .into_iter()
-            .map(|at| (at, MS(1100)))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(35, S(0), MS(1100)));
 }
 
 /// OpenAI's token fields: a limit of 100 tokens, `left` left, whole again in 10 s.
@@ -317,7 +304,7 @@ async fn fifty_token_waiters_go_one_a_second_as_their_tokens_come_back() {
     tokio::time::sleep(S(20)).await;
     assert_eq!(offsets(&arrivals, start), [1, 2, 3, 4, 5].map(S));
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    let expected: Vec<_> = times(45, S(5)).into_iter().map(|at| (at, S(1))).collect();
+    let expected = refused_at(45, S(5), S(1));
     assert_eq!(refused, expected);
 
     let free = tokio_waiting_up_to(Duration::ZERO);
