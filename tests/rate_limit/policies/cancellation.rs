@@ -20,7 +20,7 @@ use tower_bulwark::{
 };
 
 use super::accounting::{log, policy, req, sliding_log, svc, Acct, Inner, Mode, K};
-use crate::common::{poll_once, waits_up_to};
+use crate::common::{poll_up_to, waits_up_to};
 
 /// Promise: permits are given back exactly once whatever happens: a chain of a count_if policy
 /// that decides later, a waiting policy (`max_wait`), a shadow with a wait, and a policy that
@@ -57,14 +57,10 @@ async fn dropped_after_every_poll_gives_back_exactly_once() {
         );
         let mut s = service.clone();
         let mut future = Box::pin(s.call(req(&[("x-yield", "2")])));
-        let mut output = None;
-        for _ in 0..drop_after {
-            if let Poll::Ready(out) = poll_once(future.as_mut()) {
-                output = Some(out);
-                break;
-            }
-            tokio::time::advance(Duration::from_millis(400)).await;
-        }
+        let output = poll_up_to(future.as_mut(), drop_after, |_| {
+            tokio::time::advance(Duration::from_millis(400))
+        })
+        .await;
         drop(future);
         let what = format!("dropped after {drop_after} polls");
         for a in all {
