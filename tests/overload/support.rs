@@ -119,18 +119,22 @@ pub fn request(class: Priority) -> http::Request<Body> {
         .unwrap()
 }
 
+/// The response `service` answers a request of `class` with.
+pub async fn answer_to<S, B>(service: &S, class: Priority) -> http::Response<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    service.clone().oneshot(request(class)).await.unwrap()
+}
+
 /// The body, unread, of the response `service` answers a request of the default class with.
 pub async fn body_of_a_default_request<S, B>(service: &S) -> B
 where
     S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
     S::Error: std::fmt::Debug,
 {
-    let response = service
-        .clone()
-        .oneshot(request(Priority::Default))
-        .await
-        .unwrap();
-    response.into_body()
+    answer_to(service, Priority::Default).await.into_body()
 }
 
 /// A request inside a [`gated`] service, which the test lets out.
