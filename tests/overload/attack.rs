@@ -21,7 +21,8 @@ use tower_bulwark::config::Registry;
 use tower_bulwark::overload::{Overload, Priority};
 
 use crate::support::{
-    alternating, body_of_a_default_request, fixed, gated, moving_limit, one_inside, request, Svc,
+    alternating, body_of_a_default_request, fixed, gated, held_inside, moving_limit, one_inside,
+    request, Svc,
 };
 
 const W: Duration = Duration::from_millis(50);
@@ -572,8 +573,7 @@ async fn sample(
     clock: &ManualClock,
     latency: Duration,
 ) {
-    let call = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let call = held_inside(service, entered, Priority::Critical).await;
     clock.advance(latency);
     gated.gate.add_permits(1);
     drop(call.await.unwrap().unwrap());
@@ -585,8 +585,7 @@ async fn retry_after(
     gated: &crate::support::Gated,
     entered: &mut mpsc::UnboundedReceiver<Priority>,
 ) -> u64 {
-    let held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let held = held_inside(service, entered, Priority::Critical).await;
     let shed = service.clone().oneshot(request(Priority::Critical)).await;
     let shed = shed.unwrap();
     assert_eq!(shed.status(), 503);

@@ -140,6 +140,19 @@ where
 /// A request inside a [`gated`] service, which the test lets out.
 pub type Inside = tokio::task::JoinHandle<Result<http::Response<Body>, std::convert::Infallible>>;
 
+/// Sends a request of `class` through `service` (in front of a [`gated`] one) and waits until
+/// `entered` hears that it reached the gate: the request, held inside until the test lets it
+/// out.
+pub async fn held_inside(
+    service: &Svc,
+    entered: &mut mpsc::UnboundedReceiver<Priority>,
+    class: Priority,
+) -> Inside {
+    let inside = tokio::spawn(service.clone().oneshot(request(class)));
+    entered.recv().await.unwrap();
+    inside
+}
+
 /// A protection of limit 1 with a queue of `capacity` waiting up to `max_wait`, in front of a
 /// [`gated`] service with one request of `class` already inside it: the next request finds the
 /// limit reached.
@@ -156,7 +169,6 @@ pub async fn one_inside(
 ) {
     let overload = fixed(1).queue(capacity, max_wait).unwrap().build();
     let (service, gated, mut entered) = gated(&overload);
-    let inside = tokio::spawn(service.clone().oneshot(request(class)));
-    entered.recv().await.unwrap();
+    let inside = held_inside(&service, &mut entered, class).await;
     (overload, service, gated, entered, inside)
 }
