@@ -19,8 +19,8 @@ use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
     assert_panics_were_no_samples, cancelled_after, end_all, gated, gated_calls, gated_client,
-    limits, ms, on_manual_clock, recording, round_at_the_limit, round_trip, with_changes,
-    with_recorder, ChangeLog,
+    limits, ms, on_manual_clock, recording, round_at_the_limit, with_changes, with_recorder,
+    ChangeLog,
 };
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
@@ -603,6 +603,7 @@ fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_hea
 #[cfg(feature = "metrics")]
 #[test]
 fn the_gauge_follows_every_move_and_calls_are_counted() {
+    use super::adaptive_support::round_trip;
     use crate::common::recorded::{on_own_recorder, runtime};
     use metrics_util::debugging::DebugValue;
 

@@ -84,7 +84,9 @@ where
     assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
 }
 
-/// One round trip of 10 ms on `clock`: a call through `client` that ends with `status`.
+/// One round trip of 10 ms on `clock`: a call through `client` that ends with `status` (the
+/// tests that make one need `metrics` or `reqwest`).
+#[cfg(any(feature = "metrics", feature = "reqwest"))]
 pub async fn round_trip<S>(client: &mut S, clock: &ManualClock, status: u16)
 where
     S: Service<oneshot::Receiver<u16>>,

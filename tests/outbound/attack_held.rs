@@ -12,14 +12,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::clock::{Clock, ManualClock, TokioClock};
+use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
 
 use super::hostile_support::{
-    answer_call, on_tokio_clock, on_tokio_clock_with, scripted_client, spent_for_a_second_under,
-    start, tokio_waiting_up_to,
+    answer_call, on_tokio_clock_with, scripted_client, spent_for_a_second_under, start,
+    tokio_waiting_up_to,
 };
 use crate::common::{direct_on, in_bursts_of, quota_ns, response, tokio_direct};
 
@@ -422,7 +422,9 @@ async fn a_budget_of_ten_sends_exactly_ten_through_a_quota_that_refuses_most() {
 #[cfg(feature = "adaptive")]
 #[tokio::test(start_paused = true)]
 async fn fifty_callers_through_the_whole_stack_wait_out_the_hold_without_a_storm() {
+    use super::hostile_support::on_tokio_clock;
     use tower_bulwark::bulkhead::Bulkhead;
+    use tower_bulwark::clock::TokioClock;
     use tower_bulwark::outbound::retry::Retry;
     use tower_bulwark::outbound::Breaker;
 
