@@ -18,8 +18,8 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
-    assert_panics_were_no_samples, gated, limits, ms, on_manual_clock, recording, with_changes,
-    Recorder,
+    assert_full, assert_panics_were_no_samples, cancelled_after, gated, gated_calls, limits, ms,
+    on_manual_clock, recording, round_trip, with_changes, with_recorder,
 };
 use crate::common::dependency::answering;
 use crate::common::response;
@@ -414,10 +414,8 @@ async fn a_real_reqwest_client_against_wiremock_is_classified() {
         listener.local_addr().unwrap()
     };
 
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("wiremock")
-        .algorithm(recorder.clone())
-        .build();
+    let (builder, recorder) = with_recorder("wiremock");
+    let bulkhead = builder.build();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
         .build()
@@ -466,10 +464,9 @@ async fn a_real_reqwest_client_against_wiremock_is_classified() {
 #[tokio::test]
 async fn the_permit_is_taken_in_call_and_a_refusal_is_bulkhead_full_and_no_sample() {
     let clock = ManualClock::new();
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("gate")
+    let (builder, recorder) = with_recorder("gate");
+    let bulkhead = builder
         .limits(limits(1, 2, 10))
-        .algorithm(recorder.clone())
         .clock(clock.clone())
         .build();
     let inner = gated();
@@ -527,24 +524,14 @@ async fn two_clones_share_one_adaptive_limit() {
 
     // Overload seen through `a` lowers the limit `b` and the handle see: one round of 503s.
     for _ in 0..2 {
-        let (tx, rx) = oneshot::channel();
-        let call = a.call(rx);
-        clock.advance(ms(10));
-        tx.send(503).unwrap();
-        call.await.unwrap();
+        round_trip(&mut a, &clock, 503).await;
     }
     assert_eq!(handle.limit(), 4);
     assert_eq!(*seen.lock().unwrap(), [(5, 4)]);
 
     // Four calls in flight through `a` use up the limit for `b`.
-    let gates: Vec<_> = (0..4)
-        .map(|_| {
-            let (tx, rx) = oneshot::channel::<u16>();
-            (tx, a.call(rx))
-        })
-        .collect();
-    let (_tx, rx) = oneshot::channel();
-    assert!(b.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    let gates = gated_calls(&mut a, 4);
+    assert_full(&mut b).await;
     assert_eq!(handle.snapshot().available_concurrent_calls, 0);
     drop(gates);
     assert_eq!(handle.snapshot().available_concurrent_calls, 4);
@@ -554,21 +541,15 @@ async fn two_clones_share_one_adaptive_limit() {
 async fn a_cancelled_call_is_overload_by_default_and_never_a_fast_healthy_sample() {
     for ignore in [false, true] {
         let clock = ManualClock::new();
-        let recorder = Recorder::default();
-        let mut builder = AdaptiveBulkhead::builder("cancel")
-            .algorithm(recorder.clone())
-            .clock(clock.clone());
+        let (builder, recorder) = with_recorder("cancel");
+        let mut builder = builder.clock(clock.clone());
         if ignore {
             builder = builder.ignore_cancelled_calls();
         }
         let bulkhead = builder.build();
         let inner = gated();
         let mut client = ServiceBuilder::new().layer(bulkhead.layer()).service(inner);
-        let (_tx, rx) = oneshot::channel();
-        let mut call = Box::pin(client.call(rx));
-        assert!(poll!(call.as_mut()).is_pending());
-        clock.advance(ms(3));
-        drop(call);
+        cancelled_after(&mut client, &clock, ms(3)).await;
         let samples = recorder.0.lock().unwrap().clone();
         if ignore {
             assert!(samples.is_empty());
@@ -631,13 +612,11 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
     assert_eq!(bulkhead.limit(), 6);
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
     // Seven still in flight, limit 6: refused, and still refused after one more ends.
-    let (_tx, rx) = oneshot::channel();
-    assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    assert_full(&mut client).await;
     let (tx, call) = &mut gates[3];
     tx.take().unwrap().send(200).unwrap();
     call.as_mut().await.unwrap();
-    let (_tx, rx) = oneshot::channel();
-    assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+    assert_full(&mut client).await;
     // Once fewer than the limit are in flight, one gets in.
     let (tx, call) = &mut gates[4];
     tx.take().unwrap().send(200).unwrap();
@@ -655,46 +634,23 @@ async fn lowering_the_limit_under_calls_in_flight_admits_nothing_until_they_end(
 #[cfg(feature = "metrics")]
 #[test]
 fn the_limit_gauge_follows_the_limit_as_it_moves() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use crate::common::recorded::{gauge, on_own_recorder, runtime};
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let gauge = || {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, ..)| {
-                key.key().name() == "bulwark_bulkhead_max_allowed_concurrent_calls"
-                    && key
-                        .key()
-                        .labels()
-                        .any(|l| l.key() == "name" && l.value() == "gauged")
-            })
-            .map(|(.., value)| match value {
-                DebugValue::Gauge(v) => v.into_inner(),
-                other => panic!("not a gauge: {other:?}"),
-            })
-    };
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (builder, clock) = on_manual_clock("gauged", limits(1, 10, 10));
-            let bulkhead = builder.build();
-            let mut client = ServiceBuilder::new()
-                .layer(bulkhead.layer())
-                .service(service_fn(|status: u16| async move {
-                    Ok::<_, BoxError>(response(status, &[]))
-                }));
-            client.ready().await.unwrap().call(503).await.unwrap();
-            clock.advance(ms(10));
-            client.ready().await.unwrap().call(503).await.unwrap();
-            assert_eq!(bulkhead.limit(), 8);
-        });
+    let ((), series) = on_own_recorder(&runtime(), |_| async {
+        let (builder, clock) = on_manual_clock("gauged", limits(1, 10, 10));
+        let bulkhead = builder.build();
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(service_fn(|status: u16| async move {
+                Ok::<_, BoxError>(response(status, &[]))
+            }));
+        client.ready().await.unwrap().call(503).await.unwrap();
+        clock.advance(ms(10));
+        client.ready().await.unwrap().call(503).await.unwrap();
+        assert_eq!(bulkhead.limit(), 8);
     });
-    assert_eq!(gauge(), Some(8.0));
+    let limit = "bulwark_bulkhead_max_allowed_concurrent_calls";
+    assert_eq!(gauge(&series, limit, &[("name", "gauged")]), 8.0);
 }
 
 /// An algorithm that panics on the samples it is told to, and otherwise lowers the limit by one.
@@ -793,10 +749,8 @@ async fn in_the_documented_stack_a_timeout_above_and_503s_below_are_overload() {
     .await;
 
     // retry → timeout → pushback → client quota → adaptive bulkhead → client
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("partner")
-        .algorithm(recorder.clone())
-        .build();
+    let (builder, recorder) = with_recorder("partner");
+    let bulkhead = builder.build();
     let client = ServiceBuilder::new()
         .retry(NoRetry)
         .timeout(Duration::from_millis(200))
@@ -867,10 +821,8 @@ async fn a_tower_http_classifier_judges_a_reqwest_client_as_it_is() {
         ("/failed", ResponseTemplate::new(500)),
     ])
     .await;
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("partner")
-        .algorithm(recorder.clone())
-        .build();
+    let (builder, recorder) = with_recorder("partner");
+    let bulkhead = builder.build();
     let client = ServiceBuilder::new()
         .layer(bulkhead.layer_with(FromTowerHttp(StatusInRangeAsFailures::new(500..=599))))
         .service(reqwest::Client::new());

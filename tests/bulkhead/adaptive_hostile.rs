@@ -14,13 +14,13 @@ use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, AdaptiveBulkheadBuilder, Aimd, Gradient, LimitAlgorithm, LimitChanged,
     Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::BulkheadFull;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
 use super::adaptive_support::{
-    assert_panics_were_no_samples, gated, gated_client, limits, ms, on_manual_clock, recording,
-    with_changes, ChangeLog, Recorder,
+    assert_panics_were_no_samples, cancelled_after, end_all, gated, gated_calls, gated_client,
+    limits, ms, on_manual_clock, recording, round_at_the_limit, with_changes, with_recorder,
+    ChangeLog,
 };
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::response;
@@ -241,17 +241,9 @@ async fn a_lightly_used_dependency_never_pushes_the_limit_up() {
         let (bulkhead, changes, mut client) = gated_client(builder);
         for _ in 0..2_000 {
             // Three calls of four at once, then they end.
-            let gates: Vec<_> = (0..3)
-                .map(|_| {
-                    let (tx, rx) = oneshot::channel::<u16>();
-                    (tx, client.call(rx))
-                })
-                .collect();
+            let calls = gated_calls(&mut client, 3);
             clock.advance(ms(7));
-            for (tx, call) in gates {
-                tx.send(200).unwrap();
-                call.await.unwrap();
-            }
+            end_all(calls, 200).await;
         }
         assert_eq!(bulkhead.limit(), 4, "gradient {gradient}");
         assert!(changes.lock().unwrap().is_empty());
@@ -266,20 +258,7 @@ async fn a_flood_of_samples_at_one_instant_moves_the_limit_at_most_once() {
     let (builder, clock) = on_manual_clock("flood", limits(1, 1000, 5000));
     let (bulkhead, changes, mut client) = gated_client(builder);
     for status in [200, 200, 503] {
-        let n = bulkhead.limit();
-        let gates: Vec<_> = (0..n)
-            .map(|_| {
-                let (tx, rx) = oneshot::channel::<u16>();
-                (tx, client.call(rx))
-            })
-            .collect();
-        let (_tx, rx) = oneshot::channel();
-        assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
-        clock.advance(ms(10));
-        for (tx, call) in gates {
-            tx.send(status).unwrap();
-            call.await.unwrap();
-        }
+        round_at_the_limit(&bulkhead, &mut client, &clock, status).await;
     }
     // The first flood opens a round (until 20 ms) and cannot close it; the first sample of the
     // second closes it (at the limit: + 1) and the rest are at the same instant; the first 503
@@ -465,11 +444,8 @@ fn samples_reach_the_algorithm_in_the_order_of_their_instants() {
     let (release_tx, release_rx) = std::sync::mpsc::channel();
     *clock.stalled.lock().unwrap() = Some(stalled_tx);
     *clock.release.lock().unwrap() = Some(release_rx);
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("order")
-        .algorithm(recorder.clone())
-        .clock(clock.clone())
-        .build();
+    let (builder, recorder) = with_recorder("order");
+    let bulkhead = builder.clock(clock.clone()).build();
     let mut service = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .service(service_fn(|_: ()| async {
@@ -542,10 +518,8 @@ async fn cutting_server(reset: bool) -> std::net::SocketAddr {
 async fn a_connection_cut_by_the_dependency_is_overload() {
     for reset in [false, true] {
         let addr = cutting_server(reset).await;
-        let recorder = Recorder::default();
-        let bulkhead = AdaptiveBulkhead::builder("cut")
-            .algorithm(recorder.clone())
-            .build();
+        let (builder, recorder) = with_recorder("cut");
+        let bulkhead = builder.build();
         let client = ServiceBuilder::new()
             .layer(bulkhead.layer())
             .service(reqwest::Client::new());
@@ -560,13 +534,7 @@ async fn a_connection_cut_by_the_dependency_is_overload() {
             chain.push(format!("{e} ({e:?})"));
             source = e.source();
         }
-        let verdicts: Vec<_> = recorder
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|s| s.overloaded)
-            .collect();
+        let verdicts = recorder.verdicts();
         assert_eq!(verdicts, [true], "reset {reset}: {chain:#?}");
     }
 }
@@ -577,10 +545,8 @@ async fn a_connection_cut_by_the_dependency_is_overload() {
 /// `Elapsed`, and must be an overload signal, as tokio's `Elapsed` is.
 #[tokio::test(start_paused = true)]
 async fn tower_timeout_below_the_bulkhead_is_overload() {
-    let recorder = Recorder::default();
-    let bulkhead = AdaptiveBulkhead::builder("timeout-below")
-        .algorithm(recorder.clone())
-        .build();
+    let (builder, recorder) = with_recorder("timeout-below");
+    let bulkhead = builder.build();
     let client = ServiceBuilder::new()
         .layer(bulkhead.layer())
         .timeout(ms(100))
@@ -590,13 +556,7 @@ async fn tower_timeout_below_the_bulkhead_is_overload() {
         }));
     let err = client.oneshot(()).await.unwrap_err();
     assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
-    let verdicts: Vec<_> = recorder
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| s.overloaded)
-        .collect();
+    let verdicts = recorder.verdicts();
     assert_eq!(verdicts, [true]);
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 8);
 }
@@ -643,110 +603,88 @@ fn gradient_in_use_shrinks_above_tolerance_only_once_the_limit_outweighs_its_hea
 #[cfg(feature = "metrics")]
 #[test]
 fn the_gauge_follows_every_move_and_calls_are_counted() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use super::adaptive_support::round_trip;
+    use crate::common::recorded::{on_own_recorder, runtime};
+    use metrics_util::debugging::DebugValue;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    // The debugging recorder's snapshot swaps every counter and gauge to zero: counters are
-    // summed over the snapshots, and the gauge is read only right after a move.
-    let counted = std::cell::RefCell::new(std::collections::HashMap::<String, f64>::new());
-    let read = |name: &str, outcome: Option<&str>| {
-        let mut gauge = None;
-        for (key, .., value) in snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            if !key
-                .labels()
-                .any(|l| l.key() == "name" && l.value() == "metered")
-            {
-                continue;
-            }
-            let label = key
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .map(|l| l.value().to_owned());
-            match value {
-                DebugValue::Gauge(v) if key.name() == name => gauge = Some(v.into_inner()),
-                DebugValue::Counter(n) => {
-                    let id = format!("{}/{}", key.name(), label.unwrap_or_default());
-                    *counted.borrow_mut().entry(id).or_default() += n as f64;
+    let _ = on_own_recorder(&runtime(), |snapshotter| async move {
+        // The debugging recorder's snapshot swaps every counter and gauge to zero: counters are
+        // summed over the snapshots, and the gauge is read only right after a move.
+        let counted = std::cell::RefCell::new(std::collections::HashMap::<String, f64>::new());
+        let read = |name: &str, outcome: Option<&str>| {
+            let mut gauge = None;
+            for (key, .., value) in snapshotter.snapshot().into_vec() {
+                let key = key.key();
+                if !key
+                    .labels()
+                    .any(|l| l.key() == "name" && l.value() == "metered")
+                {
+                    continue;
                 }
-                _ => {}
+                let label = key
+                    .labels()
+                    .find(|l| l.key() == "outcome")
+                    .map(|l| l.value().to_owned());
+                match value {
+                    DebugValue::Gauge(v) if key.name() == name => gauge = Some(v.into_inner()),
+                    DebugValue::Counter(n) => {
+                        let id = format!("{}/{}", key.name(), label.unwrap_or_default());
+                        *counted.borrow_mut().entry(id).or_default() += n as f64;
+                    }
+                    _ => {}
+                }
+            }
+            match outcome {
+                Some(outcome) => counted.borrow().get(&format!("{name}/{outcome}")).copied(),
+                None => gauge,
+            }
+        };
+        let (builder, clock) = on_manual_clock("metered", limits(1, 5, 10));
+        let bulkhead = builder.build();
+        let mut client = ServiceBuilder::new()
+            .layer(bulkhead.layer())
+            .service(gated());
+        let mut seen = Vec::new();
+        let mut last = bulkhead.limit();
+        // Down: one 503 per round trip.
+        for _ in 0..3 {
+            round_trip(&mut client, &clock, 503).await;
+            let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
+            if bulkhead.limit() != last {
+                last = bulkhead.limit();
+                seen.push((last, gauge));
             }
         }
-        match outcome {
-            Some(outcome) => counted.borrow().get(&format!("{name}/{outcome}")).copied(),
-            None => gauge,
+        // Up: every round at the limit, until it has grown twice.
+        while bulkhead.limit() < 5 {
+            round_at_the_limit(&bulkhead, &mut client, &clock, 200).await;
+            let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
+            if bulkhead.limit() != last {
+                last = bulkhead.limit();
+                seen.push((last, gauge));
+            }
         }
-    };
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (builder, clock) = on_manual_clock("metered", limits(1, 5, 10));
-            let bulkhead = builder.build();
-            let mut client = ServiceBuilder::new()
-                .layer(bulkhead.layer())
-                .service(gated());
-            let mut seen = Vec::new();
-            let mut last = bulkhead.limit();
-            // Down: one 503 per round trip.
-            for _ in 0..3 {
-                let (tx, rx) = oneshot::channel();
-                let call = client.call(rx);
-                clock.advance(ms(10));
-                tx.send(503).unwrap();
-                call.await.unwrap();
-                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
-                if bulkhead.limit() != last {
-                    last = bulkhead.limit();
-                    seen.push((last, gauge));
-                }
-            }
-            // Up: every round at the limit, until it has grown twice.
-            while bulkhead.limit() < 5 {
-                let n = bulkhead.limit();
-                let gates: Vec<_> = (0..n)
-                    .map(|_| {
-                        let (tx, rx) = oneshot::channel::<u16>();
-                        (tx, client.call(rx))
-                    })
-                    .collect();
-                let (_tx, rx) = oneshot::channel();
-                assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
-                clock.advance(ms(10));
-                for (tx, call) in gates {
-                    tx.send(200).unwrap();
-                    call.await.unwrap();
-                }
-                let gauge = read("bulwark_bulkhead_max_allowed_concurrent_calls", None);
-                if bulkhead.limit() != last {
-                    last = bulkhead.limit();
-                    seen.push((last, gauge));
-                }
-            }
-            assert_eq!(
-                seen.iter().map(|(limit, _)| *limit).collect::<Vec<_>>(),
-                [4, 3, 4, 5]
-            );
-            for (limit, gauge) in &seen {
-                assert_eq!(Some(*limit as f64), *gauge, "{seen:?}");
-            }
-            let snapshot = bulkhead.snapshot();
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("permitted")),
-                Some(snapshot.total_permitted as f64)
-            );
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("rejected")),
-                Some(snapshot.total_rejected as f64)
-            );
-            assert!(snapshot.total_rejected > 0);
-            assert_eq!(
-                read("bulwark_bulkhead_calls_total", Some("finished")),
-                Some(snapshot.total_finished as f64)
-            );
-        });
+        assert_eq!(
+            seen.iter().map(|(limit, _)| *limit).collect::<Vec<_>>(),
+            [4, 3, 4, 5]
+        );
+        for (limit, gauge) in &seen {
+            assert_eq!(Some(*limit as f64), *gauge, "{seen:?}");
+        }
+        let snapshot = bulkhead.snapshot();
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("permitted")),
+            Some(snapshot.total_permitted as f64)
+        );
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("rejected")),
+            Some(snapshot.total_rejected as f64)
+        );
+        assert!(snapshot.total_rejected > 0);
+        assert_eq!(
+            read("bulwark_bulkhead_calls_total", Some("finished")),
+            Some(snapshot.total_finished as f64)
+        );
     });
 }
 
@@ -772,23 +710,8 @@ async fn calls_dropped_before_their_first_poll_are_no_sample() {
     );
     assert_eq!(bulkhead.snapshot().available_concurrent_calls, 100);
     // A call that was polled and then dropped (a timeout above it) still is overload.
-    let (_gate, rx) = oneshot::channel::<u16>();
-    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
-    let waker = Waker::noop();
-    assert!(call
-        .as_mut()
-        .poll(&mut Context::from_waker(waker))
-        .is_pending());
-    clock.advance(ms(5));
-    drop(call);
-    let (_gate, rx) = oneshot::channel::<u16>();
-    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
-    assert!(call
-        .as_mut()
-        .poll(&mut Context::from_waker(waker))
-        .is_pending());
-    clock.advance(ms(10));
-    drop(call);
+    cancelled_after(&mut client, &clock, ms(5)).await;
+    cancelled_after(&mut client, &clock, ms(10)).await;
     assert!(
         bulkhead.limit() < 100,
         "a polled, cut call is overload: {:?}",

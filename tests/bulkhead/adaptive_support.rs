@@ -10,7 +10,7 @@ use tower::{service_fn, Service};
 use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, AdaptiveBulkheadBuilder, LimitAlgorithm, LimitChanged, Limits, Sample,
 };
-use tower_bulwark::bulkhead::{CallFinished, CallOutcome};
+use tower_bulwark::bulkhead::{BulkheadFull, CallFinished, CallOutcome};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
@@ -47,6 +47,90 @@ pub fn gated() -> impl Service<
     })
 }
 
+/// `n` calls through `client`, none of them ended: each with the sender of the status that ends
+/// it, in the order they were made.
+pub fn gated_calls<S>(client: &mut S, n: usize) -> Vec<(oneshot::Sender<u16>, S::Future)>
+where
+    S: Service<oneshot::Receiver<u16>>,
+{
+    (0..n)
+        .map(|_| {
+            let (tx, rx) = oneshot::channel::<u16>();
+            (tx, client.call(rx))
+        })
+        .collect()
+}
+
+/// Ends each of `calls` (of [`gated_calls`]) with `status`, in order, and waits for its answer,
+/// which must be a response.
+pub async fn end_all<F, R, E>(calls: Vec<(oneshot::Sender<u16>, F)>, status: u16)
+where
+    F: Future<Output = Result<R, E>>,
+    E: std::fmt::Debug,
+{
+    for (tx, call) in calls {
+        tx.send(status).unwrap();
+        call.await.unwrap();
+    }
+}
+
+/// Asserts that one more call through `client` is refused with `BulkheadFull`.
+pub async fn assert_full<S>(client: &mut S)
+where
+    S: Service<oneshot::Receiver<u16>, Error = BoxError>,
+    S::Response: std::fmt::Debug,
+{
+    let (_tx, rx) = oneshot::channel();
+    assert!(client.call(rx).await.unwrap_err().is::<BulkheadFull>());
+}
+
+/// One round trip of 10 ms on `clock`: a call through `client` that ends with `status` (the
+/// tests that make one need `metrics` or `reqwest`).
+#[cfg(any(feature = "metrics", feature = "reqwest"))]
+pub async fn round_trip<S>(client: &mut S, clock: &ManualClock, status: u16)
+where
+    S: Service<oneshot::Receiver<u16>>,
+    S::Error: std::fmt::Debug,
+{
+    let (tx, rx) = oneshot::channel();
+    let call = client.call(rx);
+    clock.advance(ms(10));
+    tx.send(status).unwrap();
+    call.await.unwrap();
+}
+
+/// A call through `client` polled once (it waits for its gate), then dropped `after` later on
+/// `clock`: a call cancelled by a timeout above the bulkhead.
+pub async fn cancelled_after<S>(client: &mut S, clock: &ManualClock, after: Duration)
+where
+    S: Service<oneshot::Receiver<u16>>,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let (_gate, rx) = oneshot::channel();
+    let mut call = Box::pin(client.ready().await.unwrap().call(rx));
+    assert!(crate::common::poll_once(call.as_mut()).is_pending());
+    clock.advance(after);
+    drop(call);
+}
+
+/// A round at the limit of `bulkhead`: as many calls through `client` as the limit, one more
+/// refused with `BulkheadFull`, then, 10 ms later on `clock`, all of them ended with `status`.
+pub async fn round_at_the_limit<S>(
+    bulkhead: &AdaptiveBulkhead,
+    client: &mut S,
+    clock: &ManualClock,
+    status: u16,
+) where
+    S: Service<oneshot::Receiver<u16>, Error = BoxError>,
+    S::Response: std::fmt::Debug,
+{
+    let calls = gated_calls(client, bulkhead.limit());
+    assert_full(client).await;
+    clock.advance(ms(10));
+    end_all(calls, status).await;
+}
+
 /// Each change of the limit, as (from, to).
 pub type ChangeLog = Arc<Mutex<Vec<(usize, usize)>>>;
 
@@ -79,15 +163,22 @@ pub fn gated_client(
 /// The outcome of each call as it finished.
 pub type Outcomes = Arc<Mutex<Vec<CallOutcome>>>;
 
+/// A builder of the adaptive bulkhead `name` whose algorithm is a new [`Recorder`] (it records
+/// its samples and never moves the limit), and the recorder.
+pub fn with_recorder(name: &str) -> (AdaptiveBulkheadBuilder, Recorder) {
+    let recorder = Recorder::default();
+    let builder = AdaptiveBulkhead::builder(name).algorithm(recorder.clone());
+    (builder, recorder)
+}
+
 /// The adaptive bulkhead `name` whose algorithm records its samples and never moves the limit,
 /// and whose hook logs each call's outcome as it finishes: the bulkhead, the recorder and the
 /// outcomes.
 pub fn recording(name: &str) -> (AdaptiveBulkhead, Recorder, Outcomes) {
-    let recorder = Recorder::default();
+    let (builder, recorder) = with_recorder(name);
     let finished = Outcomes::default();
     let log = finished.clone();
-    let bulkhead = AdaptiveBulkhead::builder(name)
-        .algorithm(recorder.clone())
+    let bulkhead = builder
         .hooks(|events| {
             events.on_call_finished(move |e: &CallFinished<'_>| log.lock().unwrap().push(e.outcome))
         })
@@ -126,8 +217,7 @@ impl LimitAlgorithm for Recorder {
 }
 
 impl Recorder {
-    /// Each sample's overload verdict (the tests that read it need `reqwest`).
-    #[cfg(feature = "reqwest")]
+    /// Each sample's overload verdict.
     pub fn verdicts(&self) -> Vec<bool> {
         self.0
             .lock()

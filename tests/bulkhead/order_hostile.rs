@@ -27,26 +27,14 @@ use super::order_support::*;
 #[tokio::test(start_paused = true)]
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
-    for (kind, builder) in kinds(3) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=5);
-        assert_eq!(inner.started(), vec![1, 2, 3], "{kind}");
-        end(&inner, &mut calls, 1);
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [5, 4], kind);
-        assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 3 runs, limit 1");
-        end(&inner, &mut calls, 3);
-        assert_pending(&mut calls, [5, 4], kind);
-        assert_eq!(
-            inner.started(),
-            vec![1, 2, 3, 4],
-            "{kind}: 4 arrived before 5 and must start first"
-        );
-        end(&inner, &mut calls, 4);
-        assert_pending(&mut calls, [5], kind);
-        end(&inner, &mut calls, 5);
-        assert_idle(&bulkhead, 1, kind);
+    for mut s in Scenario::both_kinds(3, 1..=5) {
+        s.assert_started(&[1, 2, 3], "");
+        s.end([1, 2]);
+        s.limit_then_poll(1, [5, 4]);
+        s.assert_started(&[1, 2, 3], "3 runs, limit 1");
+        s.end_then_poll([3], [5, 4]);
+        s.assert_started(&[1, 2, 3, 4], "4 arrived before 5 and must start first");
+        s.end_in_turn_then_idle(&[4, 5], 1);
     }
 }
 
@@ -56,25 +44,13 @@ async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
 #[tokio::test(start_paused = true)]
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
-    for (kind, builder) in kinds(2) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=4);
-        end(&inner, &mut calls, 1);
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(0);
-        assert_pending(&mut calls, [4, 3], kind);
-        assert_eq!(inner.started(), vec![1, 2], "{kind}: limit 0");
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [4, 3], kind);
-        assert_eq!(
-            inner.started(),
-            vec![1, 2, 3],
-            "{kind}: 3 is the head of the line"
-        );
-        end(&inner, &mut calls, 3);
-        assert_pending(&mut calls, [4], kind);
-        end(&inner, &mut calls, 4);
-        assert_idle(&bulkhead, 1, kind);
+    for mut s in Scenario::both_kinds(2, 1..=4) {
+        s.end([1, 2]);
+        s.limit_then_poll(0, [4, 3]);
+        s.assert_started(&[1, 2], "limit 0");
+        s.limit_then_poll(1, [4, 3]);
+        s.assert_started(&[1, 2, 3], "3 is the head of the line");
+        s.end_in_turn_then_idle(&[3, 4], 1);
     }
 }
 
@@ -83,26 +59,19 @@ async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
 #[tokio::test(start_paused = true)]
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_order() {
-    for (kind, builder) in kinds(2) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=6);
-        end(&inner, &mut calls, 1);
-        bulkhead.set_max_concurrent_calls(0);
-        assert_pending(&mut calls, 3..=6, kind);
-        bulkhead.set_max_concurrent_calls(2);
-        assert_pending(&mut calls, 3..=6, kind);
-        assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 2 runs, limit 2");
-        bulkhead.set_max_concurrent_calls(1);
-        end(&inner, &mut calls, 2);
-        assert_pending(&mut calls, 4..=6, kind);
-        assert_eq!(inner.started(), vec![1, 2, 3], "{kind}: 3 runs, limit 1");
+    for mut s in Scenario::both_kinds(2, 1..=6) {
+        s.end([1]);
+        s.limit_then_poll(0, 3..=6);
+        s.limit_then_poll(2, 3..=6);
+        s.assert_started(&[1, 2, 3], "2 runs, limit 2");
+        s.set_limit(1);
+        s.end_then_poll([2], 4..=6);
+        s.assert_started(&[1, 2, 3], "3 runs, limit 1");
         for (ends, starts) in [(3, 4), (4, 5), (5, 6)] {
-            end(&inner, &mut calls, ends);
-            assert_pending(&mut calls, (starts..=6).rev(), kind);
-            assert_eq!(inner.started().last(), Some(&starts), "{kind}");
+            s.end_then_poll([ends], (starts..=6).rev());
+            assert_eq!(s.inner.started().last(), Some(&starts), "{}", s.kind);
         }
-        end(&inner, &mut calls, 6);
-        assert_idle(&bulkhead, 1, kind);
+        s.end_in_turn_then_idle(&[6], 1);
     }
 }
 
@@ -114,25 +83,18 @@ async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_ord
 /// polled: it must not start (limit 0), yet it does.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_again() {
-    for (kind, builder) in kinds(2) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=3);
-        end(&inner, &mut calls, 1);
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [3], kind);
-        assert_eq!(inner.started(), vec![1, 2], "{kind}");
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(0);
-        assert_pending(&mut calls, [3], kind);
-        assert_eq!(
-            inner.started(),
-            vec![1, 2],
-            "{kind}: limit 0, yet call 3 reached the inner service after the limit was set"
+    for mut s in Scenario::both_kinds(2, 1..=3) {
+        s.end([1]);
+        s.limit_then_poll(1, [3]);
+        s.assert_started(&[1, 2], "");
+        s.end([2]);
+        s.limit_then_poll(0, [3]);
+        s.assert_started(
+            &[1, 2],
+            "limit 0, yet call 3 reached the inner service after the limit was set",
         );
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [3], kind);
-        end(&inner, &mut calls, 3);
-        assert_idle(&bulkhead, 1, kind);
+        s.limit_then_poll(1, [3]);
+        s.end_in_turn_then_idle(&[3], 1);
     }
 }
 
@@ -140,19 +102,14 @@ async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_ag
 /// not polled: lowering to 0 keeps it out.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_handed_a_permit_but_not_polled_does_not_start_beyond_a_lowered_limit() {
-    for (kind, builder) in kinds(1) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=2);
-        end(&inner, &mut calls, 1);
-        bulkhead.set_max_concurrent_calls(0);
-        assert_pending(&mut calls, [2], kind);
-        assert_eq!(inner.started(), vec![1], "{kind}");
-        assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0);
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [2], kind);
-        assert_eq!(inner.started(), vec![1, 2], "{kind}");
-        end(&inner, &mut calls, 2);
-        assert_idle(&bulkhead, 1, kind);
+    for mut s in Scenario::both_kinds(1, 1..=2) {
+        s.end([1]);
+        s.limit_then_poll(0, [2]);
+        s.assert_started(&[1], "");
+        assert_eq!(s.bulkhead.snapshot().available_concurrent_calls, 0);
+        s.limit_then_poll(1, [2]);
+        s.assert_started(&[1, 2], "");
+        s.end_in_turn_then_idle(&[2], 1);
     }
 }
 
@@ -164,24 +121,17 @@ async fn a_waiter_handed_a_permit_but_not_polled_does_not_start_beyond_a_lowered
 /// flight, limit 1, so 4 must start. It does not; it starts only when a new call arrives.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_leaving_with_a_permit_does_not_strand_the_head_of_the_line() {
-    for (kind, builder) in kinds(3) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=5);
-        end(&inner, &mut calls, 1);
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [4], kind);
-        drop(calls.remove(&5));
-        end(&inner, &mut calls, 3);
-        assert_pending(&mut calls, [4], kind);
-        let snapshot = bulkhead.snapshot();
-        assert_eq!(
-            inner.started(),
-            vec![1, 2, 3, 4],
-            "{kind}: nothing in flight, limit 1, 4 waits (snapshot {snapshot:?})"
+    for mut s in Scenario::both_kinds(3, 1..=5) {
+        s.end([1, 2]);
+        s.limit_then_poll(1, [4]);
+        drop(s.calls.remove(&5));
+        s.end_then_poll([3], [4]);
+        let snapshot = s.bulkhead.snapshot();
+        s.assert_started(
+            &[1, 2, 3, 4],
+            &format!("nothing in flight, limit 1, 4 waits (snapshot {snapshot:?})"),
         );
-        end(&inner, &mut calls, 4);
-        assert_idle(&bulkhead, 1, kind);
+        s.end_in_turn_then_idle(&[4], 1);
     }
 }
 
@@ -189,25 +139,22 @@ async fn a_waiter_leaving_with_a_permit_does_not_strand_the_head_of_the_line() {
 /// nothing was in flight for almost all of its wait.
 #[tokio::test(start_paused = true)]
 async fn a_stranded_head_of_line_is_refused_at_max_wait_with_capacity_free() {
-    let (bulkhead, inner, mut svc) =
-        gated(Bulkhead::semaphore("s", 3).max_wait(Duration::from_secs(1)));
-    let mut calls = calls_of(&mut svc, 1..=5);
-    end(&inner, &mut calls, 1);
-    end(&inner, &mut calls, 2);
-    bulkhead.set_max_concurrent_calls(1);
-    assert_pending(&mut calls, [4], "");
-    drop(calls.remove(&5));
-    end(&inner, &mut calls, 3);
+    let builder = Bulkhead::semaphore("s", 3).max_wait(Duration::from_secs(1));
+    let mut s = Scenario::new("semaphore", builder, 1..=5);
+    s.end([1, 2]);
+    s.limit_then_poll(1, [4]);
+    drop(s.calls.remove(&5));
+    s.end([3]);
     tokio::time::advance(Duration::from_secs(1)).await;
-    let mut four = calls.remove(&4).unwrap();
+    let mut four = s.calls.remove(&4).unwrap();
     let verdict = poll_call(&mut four).unwrap();
     assert!(
-        verdict.is_pending() && inner.has_started(4),
+        verdict.is_pending() && s.inner.has_started(4),
         "4 should have started; got refused: {}",
         matches!(verdict, Poll::Ready(Err(ref e)) if e.is::<BulkheadFull>())
     );
     drop(four);
-    assert_idle(&bulkhead, 1, "semaphore");
+    assert_idle(&s.bulkhead, 1, "semaphore");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,45 +191,41 @@ async fn a_waiter_dropped_anywhere_releases_exactly_once() {
         LetGoUnpolled,
         Running,
     ] {
-        for (kind, builder) in kinds(2) {
-            let what = format!("{kind}, dropped {at:?}");
-            let (bulkhead, inner, mut svc) = gated(builder);
-            let mut calls = calls_of(&mut svc, 1..=4);
+        for mut s in Scenario::both_kinds(2, 1..=4) {
+            let what = format!("{}, dropped {at:?}", s.kind);
             match at {
                 Unpolled => {}
-                Waiting => assert!(pending(calls.get_mut(&3).unwrap())),
-                HandedUnpolled => end(&inner, &mut calls, 1),
+                Waiting => assert!(pending(s.calls.get_mut(&3).unwrap())),
+                HandedUnpolled => s.end([1]),
                 HeldForLoweredLimit | LetGoUnpolled => {
-                    end(&inner, &mut calls, 1);
-                    bulkhead.set_max_concurrent_calls(1);
-                    assert_pending(&mut calls, [3], kind);
+                    s.end([1]);
+                    s.limit_then_poll(1, [3]);
                     if let LetGoUnpolled = at {
-                        end(&inner, &mut calls, 2);
+                        s.end([2]);
                     }
                 }
                 Running => {
-                    end(&inner, &mut calls, 1);
-                    assert_pending(&mut calls, [3], kind);
-                    assert!(inner.has_started(3), "{what}");
+                    s.end_then_poll([1], [3]);
+                    assert!(s.inner.has_started(3), "{what}");
                 }
             }
-            drop(calls.remove(&3));
+            drop(s.calls.remove(&3));
             // End whatever still runs, then 4 must start.
             for id in [1, 2] {
-                if calls.contains_key(&id) {
-                    end(&inner, &mut calls, id);
+                if s.calls.contains_key(&id) {
+                    s.end([id]);
                 }
             }
-            assert_pending(&mut calls, [4], &what);
-            assert!(inner.has_started(4), "{what}: 4 should run");
+            assert_pending(&mut s.calls, [4], &what);
+            assert!(s.inner.has_started(4), "{what}: 4 should run");
             assert!(
-                !inner.started().contains(&3) || matches!(at, Running),
+                !s.inner.started().contains(&3) || matches!(at, Running),
                 "{what}"
             );
-            end(&inner, &mut calls, 4);
-            let limit = bulkhead.snapshot().max_allowed_concurrent_calls;
-            assert_idle(&bulkhead, limit, &what);
-            assert_eq!(inner.live.load(Ordering::SeqCst), 0, "{what}");
+            s.end([4]);
+            let limit = s.bulkhead.snapshot().max_allowed_concurrent_calls;
+            assert_idle(&s.bulkhead, limit, &what);
+            assert_eq!(s.inner.live.load(Ordering::SeqCst), 0, "{what}");
         }
     }
 }
@@ -342,29 +285,26 @@ async fn max_wait_counts_from_arrival_and_refuses_exactly_at_the_deadline() {
 /// permit back (paying the debt): the limit then holds and the bulkhead ends idle.
 #[tokio::test(start_paused = true)]
 async fn max_wait_is_kept_by_a_waiter_held_for_a_lowered_limit() {
-    let (bulkhead, inner, mut svc) =
-        gated(Bulkhead::semaphore("s", 2).max_wait(Duration::from_millis(100)));
-    let mut calls = calls_of(&mut svc, 1..=4);
-    end(&inner, &mut calls, 1);
-    bulkhead.set_max_concurrent_calls(1);
-    assert_pending(&mut calls, [3], "");
+    let builder = Bulkhead::semaphore("s", 2).max_wait(Duration::from_millis(100));
+    let mut s = Scenario::new("semaphore", builder, 1..=4);
+    s.end([1]);
+    s.limit_then_poll(1, [3]);
     tokio::time::advance(Duration::from_millis(99)).await;
-    assert_pending(&mut calls, [3, 4], "");
+    s.assert_pending([3, 4]);
     tokio::time::advance(Duration::from_millis(1)).await;
     for id in [3, 4] {
-        let mut fut = calls.remove(&id).unwrap();
+        let mut fut = s.calls.remove(&id).unwrap();
         assert!(
             matches!(poll_call(&mut fut).unwrap(), Poll::Ready(Err(ref e)) if e.is::<BulkheadFull>()),
             "{id}"
         );
     }
     // 2 still runs at limit 1: a new call is refused.
-    let mut new = call(&mut svc, 5);
+    let mut new = call(&mut s.svc, 5);
     assert!(pending(&mut new));
-    assert_eq!(inner.started(), vec![1, 2]);
+    s.assert_started(&[1, 2], "");
     drop(new);
-    end(&inner, &mut calls, 2);
-    assert_idle(&bulkhead, 1, "semaphore");
+    s.end_in_turn_then_idle(&[2], 1);
 }
 
 /// A `max_wait` longer than tokio's timer wheel (about 2.2 years) is not cut short.
@@ -428,21 +368,18 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
         ),
         ("queue", Bulkhead::queue("q", 0, 3)),
     ] {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=3);
-        assert_pending(&mut calls, (1..=3).rev(), kind);
-        assert_eq!(bulkhead.snapshot().queue_depth, 3, "{kind}");
-        assert!(inner.started().is_empty(), "{kind}");
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, (1..=3).rev(), kind);
-        assert_eq!(inner.started(), vec![1], "{kind}");
-        bulkhead.set_max_concurrent_calls(0);
-        end(&inner, &mut calls, 1);
-        assert_pending(&mut calls, (2..=3).rev(), kind);
-        assert_eq!(inner.started(), vec![1], "{kind}: back at 0");
+        let mut s = Scenario::new(kind, builder, 1..=3);
+        s.assert_pending((1..=3).rev());
+        assert_eq!(s.bulkhead.snapshot().queue_depth, 3, "{kind}");
+        assert!(s.inner.started().is_empty(), "{kind}");
+        s.limit_then_poll(1, (1..=3).rev());
+        s.assert_started(&[1], "");
+        s.set_limit(0);
+        s.end_then_poll([1], (2..=3).rev());
+        s.assert_started(&[1], "back at 0");
         tokio::time::advance(Duration::from_millis(100)).await;
         for id in 2..=3 {
-            let mut fut = calls.remove(&id).unwrap();
+            let mut fut = s.calls.remove(&id).unwrap();
             let verdict = poll_call(&mut fut).unwrap();
             if kind == "semaphore" {
                 assert!(matches!(verdict, Poll::Ready(Err(_))), "{kind}");
@@ -450,7 +387,7 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
                 assert!(verdict.is_pending(), "{kind}: no max_wait");
             }
         }
-        assert_idle(&bulkhead, 0, kind);
+        assert_idle(&s.bulkhead, 0, kind);
     }
 }
 
@@ -463,24 +400,16 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
 #[tokio::test(start_paused = true)]
 #[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn a_polled_head_of_line_starts_under_a_lowered_limit_with_nothing_in_flight() {
-    for (kind, builder) in kinds(2) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=4);
-        end(&inner, &mut calls, 1);
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(1);
-        assert_pending(&mut calls, [3], kind);
-        assert_eq!(
-            inner.started(),
-            vec![1, 2, 3],
-            "{kind}: 0 in flight, limit 1, head of the line polled (snapshot {:?})",
-            bulkhead.snapshot()
+    for mut s in Scenario::both_kinds(2, 1..=4) {
+        s.end([1, 2]);
+        s.limit_then_poll(1, [3]);
+        let snapshot = s.bulkhead.snapshot();
+        s.assert_started(
+            &[1, 2, 3],
+            &format!("0 in flight, limit 1, head of the line polled (snapshot {snapshot:?})"),
         );
-        assert_pending(&mut calls, [4], kind);
-        end(&inner, &mut calls, 3);
-        assert_pending(&mut calls, [4], kind);
-        end(&inner, &mut calls, 4);
-        assert_idle(&bulkhead, 1, kind);
+        s.assert_pending([4]);
+        s.end_in_turn_then_idle(&[3, 4], 1);
     }
 }
 
@@ -489,22 +418,19 @@ async fn a_polled_head_of_line_starts_under_a_lowered_limit_with_nothing_in_flig
 /// starts.
 #[tokio::test(start_paused = true)]
 async fn resizes_alone_never_let_a_waiter_start_beyond_limit_zero() {
-    for (kind, builder) in kinds(0) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut one = call(&mut svc, 1);
-        bulkhead.set_max_concurrent_calls(1);
-        bulkhead.set_max_concurrent_calls(0);
-        assert!(pending(&mut one));
-        bulkhead.set_max_concurrent_calls(1);
-        bulkhead.set_max_concurrent_calls(0);
-        assert!(pending(&mut one));
-        assert!(inner.started().is_empty(), "{kind}: started with limit 0");
-        bulkhead.set_max_concurrent_calls(1);
-        assert!(pending(&mut one));
-        assert_eq!(inner.started(), vec![1], "{kind}");
-        let mut calls = HashMap::from([(1, one)]);
-        end(&inner, &mut calls, 1);
-        assert_idle(&bulkhead, 1, kind);
+    for mut s in Scenario::both_kinds(0, 1..=1) {
+        s.set_limit(1);
+        s.limit_then_poll(0, [1]);
+        s.set_limit(1);
+        s.limit_then_poll(0, [1]);
+        assert!(
+            s.inner.started().is_empty(),
+            "{}: started with limit 0",
+            s.kind
+        );
+        s.limit_then_poll(1, [1]);
+        s.assert_started(&[1], "");
+        s.end_in_turn_then_idle(&[1], 1);
     }
 }
 
@@ -514,34 +440,32 @@ async fn resizes_alone_never_let_a_waiter_start_beyond_limit_zero() {
 /// waiter: it must start. It does not, for as long as no other call arrives.
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_waiter_task_does_not_strand_the_head_of_the_line() {
-    for (kind, builder) in kinds(3) {
-        let (bulkhead, inner, mut svc) = gated(builder);
-        let mut calls = calls_of(&mut svc, 1..=3);
+    for mut s in Scenario::both_kinds(3, 1..=3) {
+        let kind = s.kind;
         let mut tasks = HashMap::new();
         for id in [4, 5] {
-            tasks.insert(id, tokio::spawn(svc.clone().oneshot(id)));
+            tasks.insert(id, tokio::spawn(s.svc.clone().oneshot(id)));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        assert_eq!(bulkhead.snapshot().queue_depth, 2, "{kind}");
-        end(&inner, &mut calls, 1);
-        end(&inner, &mut calls, 2);
-        bulkhead.set_max_concurrent_calls(1);
+        assert_eq!(s.bulkhead.snapshot().queue_depth, 2, "{kind}");
+        s.end([1, 2]);
+        s.set_limit(1);
         tasks[&5].abort();
         tokio::time::sleep(Duration::from_millis(1)).await;
-        end(&inner, &mut calls, 3);
+        s.end([3]);
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let stranded = !inner.has_started(4);
-        let snapshot = bulkhead.snapshot();
+        let stranded = !s.inner.has_started(4);
+        let snapshot = s.bulkhead.snapshot();
         // A new call frees it.
-        let late = tokio::spawn(svc.clone().oneshot(6));
+        let late = tokio::spawn(s.svc.clone().oneshot(6));
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(inner.has_started(4), "{kind}");
-        inner.finish(4);
+        assert!(s.inner.has_started(4), "{kind}");
+        s.inner.finish(4);
         tasks.remove(&4).unwrap().await.unwrap().unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
-        inner.finish(6);
+        s.inner.finish(6);
         late.await.unwrap().unwrap();
-        assert_idle(&bulkhead, 1, kind);
+        assert_idle(&s.bulkhead, 1, kind);
         assert!(
             !stranded,
             "{kind}: task 4 waited 10 s with 0 in flight and limit 1 (snapshot {snapshot:?})"

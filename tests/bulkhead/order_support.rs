@@ -155,6 +155,7 @@ pub(crate) fn calls_of(svc: &mut Svc, ids: RangeInclusive<u32>) -> HashMap<u32, 
 }
 
 /// Polls the calls `ids` in that order and asserts that each is still pending.
+#[track_caller]
 pub(crate) fn assert_pending(
     calls: &mut HashMap<u32, Call>,
     ids: impl IntoIterator<Item = u32>,
@@ -185,7 +186,103 @@ pub(crate) fn kinds(limit: usize) -> [(&'static str, BulkheadBuilder); 2] {
     ]
 }
 
+/// A bulkhead of one kind around a fresh [`Gated`] service, driven by hand: its service, and the
+/// calls made through it that have not ended, by id.
+pub(crate) struct Scenario {
+    /// The kind, `queue` or `semaphore`, which every message names.
+    pub(crate) kind: &'static str,
+    pub(crate) bulkhead: Bulkhead,
+    pub(crate) inner: Gated,
+    pub(crate) svc: Svc,
+    pub(crate) calls: HashMap<u32, Call>,
+}
+
+impl Scenario {
+    /// `builder`, of the kind `kind`, built around a fresh gated service, with the calls `ids`
+    /// made through it in that order (none polled yet).
+    pub(crate) fn new(
+        kind: &'static str,
+        builder: BulkheadBuilder,
+        ids: RangeInclusive<u32>,
+    ) -> Self {
+        let (bulkhead, inner, mut svc) = gated(builder);
+        let calls = calls_of(&mut svc, ids);
+        Self {
+            kind,
+            bulkhead,
+            inner,
+            svc,
+            calls,
+        }
+    }
+
+    /// A scenario of each of the two [`kinds`] with `limit`, the calls `ids` made in each.
+    pub(crate) fn both_kinds(limit: usize, ids: RangeInclusive<u32>) -> impl Iterator<Item = Self> {
+        kinds(limit)
+            .into_iter()
+            .map(move |(kind, builder)| Self::new(kind, builder, ids.clone()))
+    }
+
+    /// Ends the running calls `ids` in turn, each with its response ([`end`]).
+    #[track_caller]
+    pub(crate) fn end(&mut self, ids: impl IntoIterator<Item = u32>) {
+        for id in ids {
+            end(&self.inner, &mut self.calls, id);
+        }
+    }
+
+    /// Sets the bulkhead's limit to `limit`.
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.bulkhead.set_max_concurrent_calls(limit);
+    }
+
+    /// Polls the calls `ids` in that order and asserts that each is still pending.
+    #[track_caller]
+    pub(crate) fn assert_pending(&mut self, ids: impl IntoIterator<Item = u32>) {
+        assert_pending(&mut self.calls, ids, self.kind);
+    }
+
+    /// Sets the limit to `limit`, then polls the calls `ids` in that order, each of which must
+    /// still be pending.
+    #[track_caller]
+    pub(crate) fn limit_then_poll(&mut self, limit: usize, ids: impl IntoIterator<Item = u32>) {
+        self.set_limit(limit);
+        self.assert_pending(ids);
+    }
+
+    /// Ends the running calls `ends` in turn, then polls the calls `ids` in that order, each of
+    /// which must still be pending.
+    #[track_caller]
+    pub(crate) fn end_then_poll(
+        &mut self,
+        ends: impl IntoIterator<Item = u32>,
+        ids: impl IntoIterator<Item = u32>,
+    ) {
+        self.end(ends);
+        self.assert_pending(ids);
+    }
+
+    /// Asserts that the calls that reached the inner service are `ids`, in that order; `why`
+    /// says what it means.
+    #[track_caller]
+    pub(crate) fn assert_started(&self, ids: &[u32], why: &str) {
+        assert_eq!(self.inner.started(), ids, "{}: {why}", self.kind);
+    }
+
+    /// Ends the calls `ids` in turn, after each polling the later ones (each still pending, the
+    /// next one starting), then asserts that the bulkhead is idle at `limit` ([`assert_idle`]).
+    #[track_caller]
+    pub(crate) fn end_in_turn_then_idle(&mut self, ids: &[u32], limit: usize) {
+        for (i, &id) in ids.iter().enumerate() {
+            self.end([id]);
+            self.assert_pending(ids[i + 1..].iter().copied());
+        }
+        assert_idle(&self.bulkhead, limit, self.kind);
+    }
+}
+
 /// Ends a running call with a response and drives its future to the end.
+#[track_caller]
 pub(crate) fn end(inner: &Gated, calls: &mut HashMap<u32, Call>, id: u32) {
     inner.finish(id);
     let mut fut = calls.remove(&id).unwrap();
@@ -195,6 +292,9 @@ pub(crate) fn end(inner: &Gated, calls: &mut HashMap<u32, Call>, id: u32) {
     }
 }
 
+/// Asserts that `bulkhead` is idle at `limit`: that limit, every permit free, nobody waiting,
+/// and every call permitted finished.
+#[track_caller]
 pub(crate) fn assert_idle(bulkhead: &Bulkhead, limit: usize, what: &str) {
     let snapshot = bulkhead.snapshot();
     assert_eq!(snapshot.max_allowed_concurrent_calls, limit, "{what}");

@@ -65,6 +65,26 @@ pub fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(std::task::Waker::noop()))
 }
 
+/// Polls `future` up to `polls` times, awaiting `between(i)` after the `i`th poll found it still
+/// pending (to move time, say): its output if it was ready by then, `None` if it never was.
+pub async fn poll_up_to<F, B>(
+    mut future: Pin<&mut F>,
+    polls: usize,
+    mut between: impl FnMut(usize) -> B,
+) -> Option<F::Output>
+where
+    F: Future + ?Sized,
+    B: Future<Output = ()>,
+{
+    for i in 0..polls {
+        if let Poll::Ready(output) = poll_once(future.as_mut()) {
+            return Some(output);
+        }
+        between(i).await;
+    }
+    None
+}
+
 /// Polls `future` until it is ready (for futures that make progress on each poll).
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = std::pin::pin!(future);

@@ -13,6 +13,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use tower_bulwark::clock::ManualClock;
+#[cfg(feature = "redis")]
+use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
+#[cfg(feature = "redis")]
+use tower_bulwark::Quota;
+
 /// Whether the environment demands the Redis tests run.
 fn required() -> bool {
     std::env::var("BULWARK_REQUIRE_REDIS").is_ok_and(|v| v == "1")
@@ -462,6 +469,20 @@ pub fn propagating<A: tower_bulwark::redis::RedisAlgorithm>(
         Refusals::Cached => builder,
         Refusals::Uncached => builder.refusal_cache_capacity(0),
     }
+}
+
+/// A Redis limiter of [`propagating`]'s, its refusals not cached (every decision asks Redis),
+/// built.
+#[cfg(feature = "redis")]
+pub fn uncached<A: RedisAlgorithm>(
+    store: &RedisStore,
+    quota: Quota,
+    clock: &ManualClock,
+    prefix: &str,
+) -> RedisRateLimiter {
+    propagating::<A>(store, quota, clock, prefix, Refusals::Uncached)
+        .build()
+        .unwrap()
 }
 
 /// The error that a limiter of 5 a second on `fake`, propagating failures, gets for a

@@ -367,7 +367,7 @@ async fn a_layer_built_before_a_change_advertises_the_new_quota() {
 #[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
+    use crate::common::redis_server::{or_skip, propagating, uncached, RedisServer, Refusals};
     use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 
     async fn admitted(limiter: &RedisRateLimiter, key: &str, n: u32) -> u32 {
@@ -457,15 +457,8 @@ mod redis_store {
                 .with_max_wait(Duration::from_secs(1))
                 .unwrap()
         };
-        let limiter = propagating::<SlidingCounter>(
-            &store,
-            with_wait(Duration::from_secs(1)),
-            &clock,
-            "scr:",
-            Refusals::Uncached,
-        )
-        .build()
-        .unwrap();
+        let limiter =
+            uncached::<SlidingCounter>(&store, with_wait(Duration::from_secs(1)), &clock, "scr:");
         for key in ["k", "twin"] {
             assert_eq!(admitted(&limiter, key, 10).await, 10);
         }

@@ -345,22 +345,14 @@ fn a_decision_of_one_tier_given_back_to_another_frees_nothing() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_decision_of_an_in_memory_limiter_frees_nothing_in_redis() {
-    use crate::common::redis_server::{propagating, Refusals};
+    use crate::common::redis_server::uncached;
     use std::collections::hash_map::DefaultHasher;
     use tower_bulwark::redis::{RedisAlgorithm, RedisStore};
 
     async fn run<A: RedisAlgorithm>(store: &RedisStore, tag: &str) -> Option<String> {
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(1));
-        let redis = propagating::<A>(
-            store,
-            five_per_hour(),
-            &clock,
-            &format!("misuse:{tag}:"),
-            Refusals::Uncached,
-        )
-        .build()
-        .unwrap();
+        let redis = uncached::<A>(store, five_per_hour(), &clock, &format!("misuse:{tag}:"));
         let same_fingerprint = KeyedRateLimiter::<String>::builder(five_per_hour())
             .algorithm::<A>()
             .clock(clock.clone())

@@ -12,13 +12,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_bulwark::clock::{ManualClock, TokioClock};
+use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, ClientQuotaLayer, Pushback, PushedBack, QuotaExhausted};
 use tower_bulwark::{BoxError, Quota};
 
 use super::hostile_support::{
-    answer_call, scripted_client, spent_for_a_second_under, start, tokio_waiting_up_to,
+    answer_call, on_tokio_clock_with, scripted_client, spent_for_a_second_under, start,
+    tokio_waiting_up_to,
 };
 use crate::common::{direct_on, in_bursts_of, quota_ns, response, tokio_direct};
 
@@ -40,6 +41,19 @@ fn parked<R: Send + 'static>(
         arrivals.lock().unwrap().push(Instant::now());
         std::future::pending::<Result<Response<()>, BoxError>>()
     })
+}
+
+/// A client through `pushback` to a [`parked`] dependency of its own, and the arrivals that
+/// dependency records.
+fn parked_behind<R: Send + 'static, C: Clock + Clone + Send + Sync + 'static>(
+    pushback: &Pushback<C>,
+) -> (
+    impl Service<R, Response = Response<()>, Error = BoxError, Future: Send> + Clone + Send + 'static,
+    Arrivals,
+) {
+    let arrivals = Arrivals::default();
+    let client = pushback.layer().layer(parked(arrivals.clone()));
+    (client, arrivals)
 }
 
 /// The arrivals as offsets from `start`.
@@ -92,6 +106,11 @@ fn times(n: usize, at: Duration) -> Vec<Duration> {
     vec![at; n]
 }
 
+/// `n` refusals at `at` (from the start), each telling `told` to wait, as [`refusals`] gives them.
+fn refused_at(n: usize, at: Duration, told: Duration) -> Vec<(Duration, Duration)> {
+    vec![(at, told); n]
+}
+
 /// "then the `q` calls of the policy of the same name (less those still in flight) may start
 /// within its `w`" and "A held call fails at once with [`PushedBack`], which carries the time
 /// until a call may actually go [...] past windows that give nothing, or the probe"
@@ -104,21 +123,14 @@ fn times(n: usize, at: Duration) -> Vec<Duration> {
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
     let pushback = tokio_waiting_up_to(S(5));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&spent_for_a_second_under(r#""p";q=5;w=10"#));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
     tokio::time::sleep(S(3)).await;
     assert_eq!(offsets(&arrivals, start), times(5, S(1)));
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(45, S(1))
-            .into_iter()
-            .map(|at| (at, super::DEFAULT_MAX_HOLD))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(45, S(1), super::DEFAULT_MAX_HOLD));
 }
 
 /// "A policy whose `q` is zero [...] gives nothing in any window until something new is heard:
@@ -130,26 +142,15 @@ async fn fifty_waiters_on_a_spent_window_get_exactly_the_next_windows_q() {
 /// `max_wait`, so the others are refused then, told 60 s.
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_hold(S(60))
-        .max_wait(S(90))
-        .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let pushback = on_tokio_clock_with(|builder| builder.max_hold(S(60)).max_wait(S(90)));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&spent_for_a_second_under(r#""p";q=0;w=10"#));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
     tokio::time::sleep(S(200)).await;
     assert_eq!(offsets(&arrivals, start), [S(60)]);
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(49, S(60))
-            .into_iter()
-            .map(|at| (at, S(60)))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(49, S(60), S(60)));
 }
 
 /// "it waits on tokio's timer [...] and is sent when the hold ends (a newer answer may end it
@@ -162,8 +163,7 @@ async fn fifty_waiters_on_a_quota_of_nothing_send_exactly_one_probe() {
 #[tokio::test(start_paused = true)]
 async fn a_newer_answer_frees_exactly_its_calls_among_fifty_waiters() {
     let pushback = tokio_waiting_up_to(S(20));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=10"#)]));
     let start = Instant::now();
     let tasks = flood(&client, 50, |_| ());
@@ -185,8 +185,7 @@ async fn a_newer_answer_frees_exactly_its_calls_among_fifty_waiters() {
 #[tokio::test(start_paused = true)]
 async fn fifty_waiters_go_at_the_latest_retry_after_exactly() {
     let pushback = tokio_waiting_up_to(S(5));
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let (client, arrivals) = parked_behind(&pushback);
     let start = Instant::now();
     pushback.observe(&response(429, &[("retry-after", "2")]));
     let tasks = flood(&client, 50, |_| ());
@@ -206,13 +205,8 @@ async fn fifty_waiters_go_at_the_latest_retry_after_exactly() {
 /// dependency at 3 s exactly.
 #[tokio::test(start_paused = true)]
 async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_hold(S(3))
-        .max_wait(S(5))
-        .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let pushback = on_tokio_clock_with(|builder| builder.max_hold(S(3)).max_wait(S(5)));
+    let (client, arrivals) = parked_behind(&pushback);
     let start = Instant::now();
     pushback.observe(&response(429, &[("retry-after", "1000000000")]));
     let tasks = flood(&client, 50, |_| ());
@@ -229,13 +223,8 @@ async fn an_absurd_retry_after_releases_fifty_waiters_at_max_hold() {
 /// The other waiters take the slots at 2, 4 and 6 s: the dropped one held none.
 #[tokio::test(start_paused = true)]
 async fn a_spread_waiter_dropped_holds_no_slot() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .pacing(Pacing::Spread)
-        .max_wait(S(10))
-        .build();
-    let arrivals = Arrivals::default();
-    let client = pushback.layer().layer(parked(arrivals.clone()));
+    let pushback = on_tokio_clock_with(|builder| builder.pacing(Pacing::Spread).max_wait(S(10)));
+    let (client, arrivals) = parked_behind(&pushback);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
     let start = Instant::now();
     let tasks = flood(&client, 5, |_| ());
@@ -267,13 +256,7 @@ async fn fifty_tasks_on_a_client_quota_go_at_the_exact_instants_the_rate_allows(
     expected.extend((1..=10).map(|k| MS(100 * k)));
     assert_eq!(offsets(&arrivals, start), expected);
     let refused = refusals::<QuotaExhausted, _>(tasks, start).await;
-    assert_eq!(
-        refused,
-        times(35, S(0))
-            .into_iter()
-            .map(|at| (at, MS(1100)))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(refused, refused_at(35, S(0), MS(1100)));
 }
 
 /// OpenAI's token fields: a limit of 100 tokens, `left` left, whole again in 10 s.
@@ -321,7 +304,7 @@ async fn fifty_token_waiters_go_one_a_second_as_their_tokens_come_back() {
     tokio::time::sleep(S(20)).await;
     assert_eq!(offsets(&arrivals, start), [1, 2, 3, 4, 5].map(S));
     let refused = refusals::<PushedBack, _>(tasks, start).await;
-    let expected: Vec<_> = times(45, S(5)).into_iter().map(|at| (at, S(1))).collect();
+    let expected = refused_at(45, S(5), S(1));
     assert_eq!(refused, expected);
 
     let free = tokio_waiting_up_to(Duration::ZERO);
@@ -367,12 +350,8 @@ async fn an_older_answer_moves_fifty_waiters_to_its_later_window_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_racing_a_newer_answer_never_miss_it() {
     for round in 0..40 {
-        let pushback = Pushback::builder("partner")
-            .clock(TokioClock::new())
-            .max_wait(S(60))
-            .build();
-        let arrivals = Arrivals::default();
-        let client = pushback.layer().layer(parked(arrivals.clone()));
+        let pushback = tokio_waiting_up_to(S(60));
+        let (client, arrivals) = parked_behind(&pushback);
         pushback.observe(&response(200, &[("ratelimit", r#""p";r=0;t=30"#)]));
         let tasks = flood(&client, 50, |_| ());
         for _ in 0..round % 8 {
@@ -443,7 +422,9 @@ async fn a_budget_of_ten_sends_exactly_ten_through_a_quota_that_refuses_most() {
 #[cfg(feature = "adaptive")]
 #[tokio::test(start_paused = true)]
 async fn fifty_callers_through_the_whole_stack_wait_out_the_hold_without_a_storm() {
+    use super::hostile_support::on_tokio_clock;
     use tower_bulwark::bulkhead::Bulkhead;
+    use tower_bulwark::clock::TokioClock;
     use tower_bulwark::outbound::retry::Retry;
     use tower_bulwark::outbound::Breaker;
 
@@ -457,9 +438,7 @@ async fn fifty_callers_through_the_whole_stack_wait_out_the_hold_without_a_storm
     });
     let retry = Retry::builder("partner").clock(TokioClock::new());
     let breaker = Breaker::builder("partner").clock(TokioClock::new());
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = on_tokio_clock();
     let quota = tokio_direct(Quota::per_second(100).unwrap());
     let client = tower::ServiceBuilder::new()
         .layer(retry.build().unwrap().layer())

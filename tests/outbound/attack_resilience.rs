@@ -3,6 +3,7 @@
 //! `src/guide.rs`, the module and item docs of `src/outbound/retry` and `src/outbound/breaker`.
 //! Each test quotes the promise it checks; a test marked `BUG` fails on the code as it is.
 
+use std::convert::identity;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +16,11 @@ use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState, Windo
 use tower_bulwark::outbound::retry::Retry;
 use tower_bulwark::{outbound, BoxError};
 
-use crate::breaker::{answering, builder, open_until, refused, through};
+use crate::breaker::{answering, open_until, partner_breaker, refused, through};
 use crate::breaker_probes::{held, open_then_half_open, Held};
-use crate::common::poll_once;
-use crate::retry::{get, retry, scripted};
+use crate::common::{poll_once, refusal};
+use crate::retry::{behind_an_opened_breaker, get, healthy_calls, retry, scripted};
+use crate::retry_budget::frozen;
 
 /// A call through `client` admitted (polled once, inside the dependency) and the sender that
 /// answers it.
@@ -69,11 +71,7 @@ async fn failed_probes_reopen_it_with_the_default_minimum_calls() {
 /// a slow-call duration of 1 s: the breaker opens again, though no probe failed.
 #[tokio::test]
 async fn slow_probes_open_it_again_though_they_succeed() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .slow_call_duration(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.slow_call_duration(Duration::from_secs(1)));
     open_then_half_open(&breaker, &clock).await;
     let (probes, _) = held(&breaker);
     let (first, first_call) = admitted(&probes).await;
@@ -93,8 +91,7 @@ async fn slow_probes_open_it_again_though_they_succeed() {
 /// failures that decide (it opens again).
 #[tokio::test]
 async fn calls_admitted_while_closed_are_no_probes() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
+    let (clock, breaker) = partner_breaker(2, identity);
     let (slow, reached) = held(&breaker);
     let (old_a, old_a_call) = admitted(&slow).await;
     let (old_b, old_b_call) = admitted(&slow).await;
@@ -335,9 +332,7 @@ async fn a_retry_waits_for_the_window_of_a_spent_quota() {
 #[tokio::test(start_paused = true)]
 async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
     let clock = ManualClock::new();
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(2)
         .max_wait(Duration::from_secs(3600))
         .budget(0.0, 1, Duration::from_secs(10))
@@ -367,8 +362,7 @@ async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
 /// at a share of 0.5, so it opens then, not at some later failure.
 #[tokio::test]
 async fn a_success_that_fills_the_window_at_the_threshold_opens_it() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 10).build().unwrap();
+    let (_, breaker) = partner_breaker(10, identity);
     let (client, _) = answering(&breaker);
     for _ in 0..5 {
         through(&client, 503).await;
@@ -405,27 +399,12 @@ impl std::error::Error for Wrapped {
 /// recognised as well: one attempt, at once, the budget untouched.
 #[tokio::test(start_paused = true)]
 async fn a_wrapped_breaker_refusal_is_not_retried_either() {
-    let (dependency, calls) = scripted(vec![(503, vec![]); 2]);
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(2))
-        .minimum_calls(2)
-        .open_for(Duration::from_secs(2))
-        .clock(TokioClock::new())
-        .build()
-        .unwrap();
-    let below = breaker.layer().layer(dependency);
-    for _ in 0..2 {
-        below.clone().oneshot(get()).await.unwrap();
-    }
+    let (below, calls) =
+        behind_an_opened_breaker(|breaker| breaker.open_for(Duration::from_secs(2))).await;
     let wrapping = below.map_err(|err: BoxError| -> BoxError { Box::new(Wrapped(err)) });
     let partner = retry().build().unwrap();
     let start = tokio::time::Instant::now();
-    let err = partner
-        .layer()
-        .layer(wrapping)
-        .oneshot(get())
-        .await
-        .unwrap_err();
+    let err = refusal(&partner.layer().layer(wrapping), get()).await;
     assert!(err.is::<Wrapped>(), "{err}");
     let waited = start.elapsed();
     assert_eq!(
@@ -442,8 +421,7 @@ async fn a_wrapped_breaker_refusal_is_not_retried_either() {
 /// when the one out fails, the two probes' rate (0.5) opens it again.
 #[tokio::test]
 async fn an_ended_probe_does_not_free_its_place() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
+    let (clock, breaker) = partner_breaker(2, identity);
     let (client, reached) = answering(&breaker);
     through(&client, 503).await;
     through(&client, 503).await;
@@ -471,9 +449,7 @@ async fn an_ended_probe_does_not_free_its_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn threads_racing_while_the_clock_moves_never_exceed_the_floor() {
     let clock = ManualClock::new();
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(10)
         .budget(0.0, 5, Duration::from_secs(1))
         .build()
@@ -586,11 +562,7 @@ fn bad_retry_and_breaker_tables_are_refused_naming_the_field() {
 /// same second opens it.
 #[tokio::test]
 async fn a_time_window_forgets_a_second_exactly_a_window_apart() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .window(Window::Seconds(3))
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.window(Window::Seconds(3)));
     let (client, _) = answering(&breaker);
     for second in (0..30).map(|n| n * 3).chain([3_000_003]) {
         clock.set(Duration::from_secs(second));
@@ -608,12 +580,7 @@ async fn a_time_window_forgets_a_second_exactly_a_window_apart() {
 /// minimum of two), so it stays closed.
 #[tokio::test]
 async fn a_time_window_is_empty_after_closing() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .window(Window::Seconds(10))
-        .half_open_calls(1)
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.window(Window::Seconds(10)).half_open_calls(1));
     let (client, _) = answering(&breaker);
     clock.set(Duration::from_millis(100));
     through(&client, 503).await;
@@ -643,18 +610,10 @@ async fn a_ratio_between_millionths_never_grants_more_than_asked() {
             .unwrap()
     };
     let partner = budget(0.333_333_1);
-    let (dependency, _) = scripted(vec![]);
-    let client = partner.layer().layer(dependency);
-    for _ in 0..3 {
-        client.clone().oneshot(get()).await.unwrap();
-    }
+    healthy_calls(&partner, 3).await;
     assert_eq!(partner.budget_available(), 0, "0.9999993 of a retry");
     let partner = budget(0.000_000_4);
-    let (dependency, _) = scripted(vec![]);
-    let client = partner.layer().layer(dependency);
-    for _ in 0..1_000 {
-        client.clone().oneshot(get()).await.unwrap();
-    }
+    healthy_calls(&partner, 1_000).await;
     assert_eq!(partner.budget_available(), 0, "0.0004 of a retry");
 }
 
@@ -667,22 +626,12 @@ async fn a_ratio_between_millionths_never_grants_more_than_asked() {
 async fn the_budget_at_the_end_of_time_neither_panics_nor_over_grants() {
     let clock = ManualClock::new();
     clock.set(Duration::from_nanos(u64::MAX - 1));
-    let partner = Retry::builder("partner")
-        .clock(clock.clone())
-        .backoff(Duration::ZERO, Duration::ZERO)
+    let partner = frozen(&clock)
         .max_attempts(2)
         .budget(0.5, 0, Duration::from_secs(3600))
         .build()
         .unwrap();
-    let (healthy, _) = scripted(vec![]);
-    for _ in 0..10 {
-        partner
-            .layer()
-            .layer(healthy.clone())
-            .oneshot(get())
-            .await
-            .unwrap();
-    }
+    healthy_calls(&partner, 10).await;
     assert_eq!(partner.budget_available(), 5);
     clock.advance(Duration::MAX);
     let (failing, calls) = scripted(vec![(503, vec![]); 100]);

@@ -3,6 +3,7 @@
 //! dependency and says until when; half-open probes close it or open it again; bad settings are
 //! refused naming the setting; its events and metrics follow each transition.
 
+use std::convert::identity;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +62,19 @@ pub(crate) fn builder(name: &str, clock: &ManualClock, calls: u32) -> BreakerBui
         .minimum_calls(calls)
         .half_open_calls(2)
         .clock(clock.clone())
+}
+
+/// The breaker `partner` of [`builder`] over `calls` calls on a new manual clock, `configure`d
+/// further and built: the clock and the breaker.
+pub(crate) fn partner_breaker(
+    calls: u32,
+    configure: impl FnOnce(BreakerBuilder) -> BreakerBuilder,
+) -> (ManualClock, Breaker) {
+    let clock = ManualClock::new();
+    let breaker = configure(builder("partner", &clock, calls))
+        .build()
+        .unwrap();
+    (clock, breaker)
 }
 
 /// Sends one call answering `status`, which must get through.
@@ -194,11 +208,7 @@ async fn a_time_window_forgets_calls_older_than_its_seconds() {
 
 #[tokio::test]
 async fn open_it_fails_fast_without_the_dependency_and_says_until_when() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .open_for(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.open_for(Duration::from_secs(30)));
     let (client, reached) = answering(&breaker);
     through(&client, 503).await;
     through(&client, 503).await;
@@ -235,11 +245,7 @@ async fn open_it_fails_fast_without_the_dependency_and_says_until_when() {
 
 #[tokio::test]
 async fn successful_probes_close_it_with_an_empty_window_and_failed_ones_reopen_it() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 4)
-        .half_open_calls(3)
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(4, |b| b.half_open_calls(3));
     let (client, reached) = answering(&breaker);
     for _ in 0..4 {
         through(&client, 503).await;
@@ -271,8 +277,7 @@ async fn successful_probes_close_it_with_an_empty_window_and_failed_ones_reopen_
 
 #[tokio::test]
 async fn calls_ignored_by_the_classifier_are_not_counted() {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
+    let (_, breaker) = partner_breaker(2, identity);
     // The dependency's own error that is neither a timeout nor a cut connection: no verdict.
     let dependency = service_fn(|fail: bool| async move {
         match fail {

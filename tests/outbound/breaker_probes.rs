@@ -2,6 +2,7 @@
 //! probe dropped at any point frees its place exactly once; a probe that never answers is cut
 //! by the timeout below the breaker and counts as a failure.
 
+use std::convert::identity;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -15,7 +16,7 @@ use tower_bulwark::clock::{ManualClock, TokioClock};
 use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, BreakerState};
 use tower_bulwark::BoxError;
 
-use crate::breaker::{answering, builder, through};
+use crate::breaker::{answering, partner_breaker, through};
 use crate::common::poll_once;
 
 /// A client whose every call is answered when the test sends its status on the call's channel
@@ -51,8 +52,7 @@ pub(crate) async fn open_then_half_open(breaker: &Breaker, clock: &ManualClock) 
 
 /// A breaker of two calls, half-open (two probes), and a [`held`] client through it.
 async fn half_open_and_held() -> (Breaker, Held, Arc<AtomicUsize>) {
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2).build().unwrap();
+    let (clock, breaker) = partner_breaker(2, identity);
     open_then_half_open(&breaker, &clock).await;
     let (client, reached) = held(&breaker);
     (breaker, client, reached)
@@ -62,11 +62,7 @@ async fn half_open_and_held() -> (Breaker, Held, Arc<AtomicUsize>) {
 async fn racing_tasks_get_exactly_the_half_open_calls() {
     const TASKS: usize = 64;
     const PROBES: u32 = 5;
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .half_open_calls(PROBES)
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.half_open_calls(PROBES));
     for round in 0..20 {
         open_then_half_open(&breaker, &clock).await;
         let (client, reached) = held(&breaker);
@@ -236,11 +232,7 @@ async fn a_probe_that_panics_in_call_or_in_its_future_frees_its_place() {
     use tower::Service;
 
     crate::common::process::quiet_panics_starting_with("breaker test: planned panic");
-    let clock = ManualClock::new();
-    let breaker = builder("partner", &clock, 2)
-        .half_open_calls(1)
-        .build()
-        .unwrap();
+    let (clock, breaker) = partner_breaker(2, |b| b.half_open_calls(1));
     open_then_half_open(&breaker, &clock).await;
     // 1: panics in `call`; 2: panics when its future is polled; 3: answers 200.
     let dependency = service_fn(|how: u8| {

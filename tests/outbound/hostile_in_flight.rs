@@ -10,10 +10,7 @@ use http::Response;
 use tokio::sync::oneshot;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::outbound::{Pushback, PushedBack};
-use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    BoxError,
-};
+use tower_bulwark::{clock::ManualClock, BoxError};
 
 use crate::common::response;
 
@@ -160,11 +157,8 @@ async fn no_clone_calls_during_a_hold_under_a_race() {
 /// panics; a call is held (it would wait), not refused nor sent.
 #[tokio::test(start_paused = true)]
 async fn absurd_durations_neither_overflow_nor_send() {
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::MAX)
-        .max_hold(Duration::MAX)
-        .build();
+    let pushback =
+        on_tokio_clock_with(|builder| builder.max_wait(Duration::MAX).max_hold(Duration::MAX));
     let (client, calls) = scripted_client(&pushback);
     pushback.observe(&response(
         429,

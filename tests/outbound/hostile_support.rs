@@ -37,20 +37,22 @@ pub(crate) fn on_manual_clock(builder: PushbackBuilder) -> (Pushback<ManualClock
     (builder.clock(clock.clone()).build(), clock)
 }
 
+/// A `Pushback` for "partner" on tokio's clock, `configure`d further.
+pub(crate) fn on_tokio_clock_with(
+    configure: impl FnOnce(PushbackBuilder<TokioClock>) -> PushbackBuilder<TokioClock>,
+) -> Pushback<TokioClock> {
+    configure(Pushback::builder("partner").clock(TokioClock::new())).build()
+}
+
 /// A `Pushback` for "partner" on tokio's clock, with the default settings.
 pub(crate) fn on_tokio_clock() -> Pushback<TokioClock> {
-    Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build()
+    on_tokio_clock_with(std::convert::identity)
 }
 
 /// A `Pushback` for "partner" on tokio's clock whose calls wait up to `max_wait` for a hold to
 /// end.
 pub(crate) fn tokio_waiting_up_to(max_wait: Duration) -> Pushback<TokioClock> {
-    Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(max_wait)
-        .build()
+    on_tokio_clock_with(|builder| builder.max_wait(max_wait))
 }
 
 /// A dependency that answers each call with the response sent on the call's own channel, so

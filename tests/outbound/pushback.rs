@@ -11,12 +11,11 @@ use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
-use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    BoxError, BulkheadFull,
-};
+use tower_bulwark::{clock::ManualClock, BoxError, BulkheadFull};
 
-use super::hostile_support::{manual_with, tokio_waiting_up_to};
+use super::hostile_support::{
+    manual_with, on_tokio_clock, on_tokio_clock_with, tokio_waiting_up_to,
+};
 use crate::common::response;
 
 fn manual(name: &str) -> (Pushback<ManualClock>, ManualClock) {
@@ -440,9 +439,7 @@ async fn after_a_429_no_task_reaches_the_dependency_before_the_hold_ends() {
 #[tokio::test(start_paused = true)]
 async fn after_a_429_without_max_wait_every_task_fails_at_once() {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .build();
+    let pushback = on_tokio_clock();
     let client = pushback
         .layer()
         .layer(recording_dependency(arrivals.clone()));
@@ -519,11 +516,8 @@ async fn a_waiter_whose_hold_is_extended_past_max_wait_is_refused_when_it_wakes(
 #[tokio::test(start_paused = true)]
 async fn an_unbounded_max_wait_and_max_hold_neither_overflow_nor_panic() {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::MAX)
-        .max_hold(Duration::MAX)
-        .build();
+    let pushback =
+        on_tokio_clock_with(|builder| builder.max_wait(Duration::MAX).max_hold(Duration::MAX));
     let client = pushback
         .layer()
         .layer(recording_dependency(arrivals.clone()));
@@ -544,11 +538,11 @@ async fn spread_waiters_reach_the_dependency_exactly_t_over_r_apart() {
         recorded.lock().unwrap().push(tokio::time::Instant::now());
         async { Ok::<_, BoxError>(response(200, &[])) }
     });
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .pacing(Pacing::Spread)
-        .max_wait(Duration::from_secs(10))
-        .build();
+    let pushback = on_tokio_clock_with(|builder| {
+        builder
+            .pacing(Pacing::Spread)
+            .max_wait(Duration::from_secs(10))
+    });
     let client = pushback.layer().layer(dependency);
     pushback.observe(&response(200, &[("ratelimit", r#""p";r=4;t=8"#)]));
     let start = tokio::time::Instant::now();

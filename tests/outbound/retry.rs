@@ -7,14 +7,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, Response};
+use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::Verdict;
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::clock::TokioClock;
+use tower_bulwark::outbound::breaker::{Breaker, BreakerBuilder, Window};
 use tower_bulwark::outbound::retry::{Retry, RetryBuilder, RetryRequest};
 use tower_bulwark::{BoxError, BulkheadFull};
 
 use tokio::time::Instant;
+
+use crate::common::refusal;
 
 /// The instants, from the test's start, at which a dependency received each call.
 #[derive(Clone, Default)]
@@ -92,6 +96,37 @@ pub(crate) fn get() -> Request<String> {
 
 pub(crate) fn retry() -> RetryBuilder {
     Retry::builder("partner").clock(TokioClock::new())
+}
+
+/// Makes `n` calls through `partner` to a [`scripted`] dependency of their own that answers each
+/// with a 200: each deposits in the budget, none takes a retry.
+pub(crate) async fn healthy_calls(partner: &Retry, n: usize) {
+    let (dependency, _) = scripted(vec![]);
+    let client = partner.layer().layer(dependency);
+    for _ in 0..n {
+        client.clone().oneshot(get()).await.unwrap();
+    }
+}
+
+/// A [`scripted`] dependency answering two 503s, behind a breaker `partner` over two calls on
+/// tokio's clock, `configure`d further, that those two calls have opened: the breaker's service
+/// and the dependency's calls.
+pub(crate) async fn behind_an_opened_breaker(
+    configure: impl FnOnce(BreakerBuilder) -> BreakerBuilder,
+) -> (
+    BoxCloneService<Request<String>, Response<()>, BoxError>,
+    Calls,
+) {
+    let (dependency, calls) = scripted(vec![(503, vec![]); 2]);
+    let breaker = Breaker::builder("partner")
+        .window(Window::Calls(2))
+        .minimum_calls(2);
+    let breaker = configure(breaker.clock(TokioClock::new())).build().unwrap();
+    let below = breaker.layer().layer(dependency);
+    for _ in 0..2 {
+        below.clone().oneshot(get()).await.unwrap();
+    }
+    (BoxCloneService::new(below), calls)
 }
 
 /// A 429 with `Retry-After: 3`: the retry leaves three seconds after the answer, not a moment
@@ -303,24 +338,11 @@ async fn refusals_below_are_retried_after_their_time_or_not_at_all() {
 /// one attempt, at once, the budget untouched.
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_below_is_not_retried() {
-    use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, Window};
-    let (dependency, calls) = scripted(vec![(503, vec![]); 2]);
-    let breaker = Breaker::builder("partner")
-        .window(Window::Calls(2))
-        .minimum_calls(2);
-    let breaker = breaker.clock(TokioClock::new()).build().unwrap();
-    let below = breaker.layer().layer(dependency);
-    for _ in 0..2 {
-        below.clone().oneshot(get()).await.unwrap();
-    }
+    use tower_bulwark::outbound::breaker::BreakerOpen;
+    let (below, calls) = behind_an_opened_breaker(std::convert::identity).await;
     let partner = retry().build().unwrap();
     let start = Instant::now();
-    let err = partner
-        .layer()
-        .layer(below)
-        .oneshot(get())
-        .await
-        .unwrap_err();
+    let err = refusal(&partner.layer().layer(below), get()).await;
     assert!(err.is::<BreakerOpen>(), "{err}");
     assert_eq!((calls.count(), start.elapsed()), (2, Duration::ZERO));
     assert_eq!(partner.budget_available(), 30);

@@ -4,7 +4,7 @@
 //! await of a call (the budget stays exact, no attempt follows).
 
 use crate::common::{poll_once, Rng};
-use crate::retry::{get, retry, scripted};
+use crate::retry::{get, healthy_calls, retry, scripted};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -87,7 +87,9 @@ async fn a_flaky_dependency_is_hidden_within_1_25_attempts_per_call() {
     assert!(run.attempts * 100 <= run.calls * 125, "{run:?}");
 }
 
-fn frozen(clock: &ManualClock) -> RetryBuilder {
+/// The retry layer `partner` on `clock`, without backoff: a retry leaves at once, and the time
+/// the test reads is the clock's alone.
+pub(crate) fn frozen(clock: &ManualClock) -> RetryBuilder {
     let builder = Retry::builder("partner").clock(clock.clone());
     builder.backoff(Duration::ZERO, Duration::ZERO)
 }
@@ -121,11 +123,7 @@ async fn deposits_expire_after_the_window_and_the_floor_comes_back() {
         .budget(0.2, 1, Duration::from_secs(10))
         .build()
         .unwrap();
-    let (dependency, _) = scripted(vec![]);
-    let client = partner.layer().layer(dependency);
-    for _ in 0..100 {
-        client.clone().oneshot(get()).await.unwrap();
-    }
+    healthy_calls(&partner, 100).await;
     assert_eq!(partner.budget_available(), 20 + 10);
     clock.advance(Duration::from_millis(9_999));
     assert_eq!(partner.budget_available(), 30);

@@ -10,14 +10,13 @@ use tower_bulwark::bulkhead::adaptive::Limits;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::overload::{Overload, Priority};
 
-use crate::support::{fixed, gated, request};
+use crate::support::{fixed, gated, held_inside, request};
 
 #[tokio::test]
 async fn a_shed_request_gets_503_retry_after_and_a_problem() {
     let overload = fixed(1).build();
     let (service, _gated, mut entered) = gated(&overload);
-    let _held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let _held = held_inside(&service, &mut entered, Priority::Critical).await;
     let response = service.oneshot(request(Priority::Critical)).await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
@@ -43,13 +42,11 @@ async fn retry_after_follows_the_latency_in_whole_seconds() {
     let clock = ManualClock::new();
     let overload = fixed(1).clock(clock.clone()).build();
     let (service, gated, mut entered) = gated(&overload);
-    let first = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let first = held_inside(&service, &mut entered, Priority::Critical).await;
     clock.advance(Duration::from_millis(2_500));
     gated.gate.add_permits(1);
     drop(first.await.unwrap().unwrap());
-    let _held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let _held = held_inside(&service, &mut entered, Priority::Critical).await;
     let response = service.oneshot(request(Priority::Critical)).await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "3", "2.5 s, rounded up");
@@ -62,8 +59,7 @@ async fn a_shed_grpc_call_gets_unavailable_with_the_delay() {
 
     let overload = fixed(1).build();
     let (service, _gated, mut entered) = gated(&overload);
-    let _held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let _held = held_inside(&service, &mut entered, Priority::Critical).await;
     let call = http::Request::post("/pkg.Svc/Method")
         .header("content-type", "application/grpc")
         .body(axum::body::Body::empty())

@@ -20,7 +20,10 @@ use tower_bulwark::clock::ManualClock;
 use tower_bulwark::config::Registry;
 use tower_bulwark::overload::{Overload, Priority};
 
-use crate::support::{fixed, gated, one_inside, request, Svc};
+use crate::support::{
+    alternating, body_of_a_default_request, fixed, gated, held_inside, moving_limit, one_inside,
+    request, Svc,
+};
 
 const W: Duration = Duration::from_millis(50);
 
@@ -73,14 +76,8 @@ fn held(overload: &Overload) -> (Svc, Held) {
 /// left waiting for the body's end or shed at `max_wait`.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_is_admitted_when_the_limit_rises_above_the_requests_in_flight() {
-    let clock = ManualClock::new();
-    let overload = fixed(1)
-        .limits(Limits::new(1, 1, 10).unwrap())
-        .algorithm(Aimd::default())
-        .clock(clock.clone())
-        .queue(4, Duration::from_secs(60))
-        .unwrap()
-        .build();
+    let (builder, clock) = moving_limit(fixed(1), (1, 1, 10), Aimd::default());
+    let overload = builder.queue(4, Duration::from_secs(60)).unwrap().build();
     let (service, mut held) = held(&overload);
     for round in 0..40 {
         let n = overload.limit();
@@ -197,28 +194,18 @@ async fn time_in_the_queue_is_not_the_services_latency() {
 #[tokio::test]
 async fn a_body_that_ended_or_failed_gives_its_place_back_before_it_is_dropped() {
     let overload = fixed(1).build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&calls);
-    let inner = tower::service_fn(move |_: http::Request<Body>| {
-        let failing = counted.fetch_add(1, Ordering::SeqCst) % 2 == 1;
-        async move {
-            let last: Result<Bytes, std::io::Error> = if failing {
-                Err(std::io::Error::other("cut"))
-            } else {
-                Ok(Bytes::from("b"))
-            };
-            let chunks = futures::stream::iter([Ok(Bytes::from("a")), last]);
-            Ok::<_, Infallible>(http::Response::new(Body::from_stream(chunks)))
-        }
+    let (_, inner) = alternating(|failing, _| async move {
+        let last: Result<Bytes, std::io::Error> = if failing {
+            Err(std::io::Error::other("cut"))
+        } else {
+            Ok(Bytes::from("b"))
+        };
+        let chunks = futures::stream::iter([Ok(Bytes::from("a")), last]);
+        Ok::<_, Infallible>(http::Response::new(Body::from_stream(chunks)))
     });
     let service = overload.layer().layer(inner);
     for failing in [false, true] {
-        let response = service
-            .clone()
-            .oneshot(request(Priority::Default))
-            .await
-            .unwrap();
-        let mut body = response.into_body();
+        let mut body = body_of_a_default_request(&service).await;
         while let Some(frame) = body.frame().await {
             if frame.is_err() {
                 assert!(failing);
@@ -515,13 +502,8 @@ fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
 /// after W: under Aimd (which grows while the limit is reached) the limit must grow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
-    let clock = ManualClock::new();
-    let overload = Overload::builder("api")
-        .limits(Limits::new(4, 10, 100).unwrap())
-        .algorithm(Aimd::default())
-        .clock(clock.clone())
-        .priority_by(|_| Priority::Sheddable)
-        .build();
+    let (builder, clock) = moving_limit(Overload::builder("api"), (4, 10, 100), Aimd::default());
+    let overload = builder.priority_by(|_| Priority::Sheddable).build();
     let (service, gated, mut entered) = gated(&overload);
     let mut limits = Vec::new();
     for _ in 0..30 {
@@ -591,8 +573,7 @@ async fn sample(
     clock: &ManualClock,
     latency: Duration,
 ) {
-    let call = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let call = held_inside(service, entered, Priority::Critical).await;
     clock.advance(latency);
     gated.gate.add_permits(1);
     drop(call.await.unwrap().unwrap());
@@ -604,8 +585,7 @@ async fn retry_after(
     gated: &crate::support::Gated,
     entered: &mut mpsc::UnboundedReceiver<Priority>,
 ) -> u64 {
-    let held = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
-    entered.recv().await.unwrap();
+    let held = held_inside(service, entered, Priority::Critical).await;
     let shed = service.clone().oneshot(request(Priority::Critical)).await;
     let shed = shed.unwrap();
     assert_eq!(shed.status(), 503);

@@ -3,8 +3,7 @@
 //! it woke; its body dropped half way; an error; a panic), its permit comes back exactly once.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -14,7 +13,7 @@ use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_bulwark::overload::Priority;
 
-use crate::support::{fixed, gated, one_inside, request};
+use crate::support::{alternating, body_of_a_default_request, fixed, gated, one_inside, request};
 
 #[tokio::test]
 async fn a_future_dropped_before_its_first_poll_gives_its_place_back() {
@@ -86,12 +85,7 @@ async fn a_body_dropped_half_way_gives_the_place_back_and_a_body_read_to_its_end
         Ok::<_, Infallible>(http::Response::new(Body::from_stream(chunks)))
     });
     let service = overload.layer().layer(streaming);
-    let response = service
-        .clone()
-        .oneshot(request(Priority::Default))
-        .await
-        .unwrap();
-    let mut body = response.into_body();
+    let mut body = body_of_a_default_request(&service).await;
     assert_eq!(
         overload.in_flight(),
         1,
@@ -101,27 +95,19 @@ async fn a_body_dropped_half_way_gives_the_place_back_and_a_body_read_to_its_end
     assert_eq!(overload.in_flight(), 1);
     drop(body);
     assert_eq!(overload.in_flight(), 0);
-    let response = service.oneshot(request(Priority::Default)).await.unwrap();
-    assert_eq!(
-        response.into_body().collect().await.unwrap().to_bytes(),
-        "abc"
-    );
+    let body = body_of_a_default_request(&service).await;
+    assert_eq!(body.collect().await.unwrap().to_bytes(), "abc");
     assert_eq!(overload.in_flight(), 0);
 }
 
 #[tokio::test]
 async fn an_error_or_a_panic_gives_the_place_back() {
     let overload = fixed(1).build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&calls);
-    let failing = tower::service_fn(move |request: http::Request<Body>| {
-        let n = counted.fetch_add(1, Ordering::SeqCst);
-        async move {
-            if n % 2 == 1 {
-                panic!("handler panicked on {}", request.uri());
-            }
-            Err::<http::Response<Body>, _>("broken")
+    let (calls, failing) = alternating(|panics, request| async move {
+        if panics {
+            panic!("handler panicked on {}", request.uri());
         }
+        Err::<http::Response<Body>, _>("broken")
     });
     let service = overload.layer().layer(failing);
     for _ in 0..10 {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use tower::ServiceExt;
 use tower_bulwark::overload::Priority;
 
-use crate::support::{fixed, gated, request};
+use crate::support::{answer_to, fixed, gated, request};
 
 const CLASSES: [Priority; 3] = [Priority::Critical, Priority::Default, Priority::Sheddable];
 
@@ -116,11 +116,7 @@ async fn a_critical_request_is_admitted_while_lower_ones_are_shed() {
     while gated.reached.load(Ordering::SeqCst) < 8 {
         tokio::task::yield_now().await;
     }
-    let shed = service
-        .clone()
-        .oneshot(request(Priority::Default))
-        .await
-        .unwrap();
+    let shed = answer_to(&service, Priority::Default).await;
     assert_eq!(shed.status(), 503);
     assert_eq!(overload.ceiling(Priority::Critical), 10);
     assert_eq!(overload.ceiling(Priority::Default), 8);

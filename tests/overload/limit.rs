@@ -9,7 +9,7 @@ use tower_bulwark::bulkhead::adaptive::{Aimd, Gradient, LimitAlgorithm, Limits};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::overload::{Overload, Priority};
 
-use crate::support::{fixed, gated, request, Gated, Svc};
+use crate::support::{fixed, gated, moving_limit, request, Gated, Svc};
 
 const W: Duration = Duration::from_millis(50);
 
@@ -43,12 +43,8 @@ async fn wave(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_falls_when_latency_triples_and_recovers_when_it_returns() {
-    let clock = ManualClock::new();
-    let overload = fixed(10)
-        .limits(Limits::new(2, 10, 200).unwrap())
-        .algorithm(Gradient::default())
-        .clock(clock.clone())
-        .build();
+    let (builder, clock) = moving_limit(fixed(10), (2, 10, 200), Gradient::default());
+    let overload = builder.build();
     let (service, gated, mut entered) = gated(&overload);
     let mut at_w = 0;
     for _ in 0..30 {
@@ -108,12 +104,8 @@ async fn flood_from_the_start(
     waves: usize,
     slower_after: usize,
 ) -> Vec<usize> {
-    let clock = ManualClock::new();
-    let overload = fixed(16)
-        .limits(Limits::new(8, 16, 1000).unwrap())
-        .algorithm(algorithm)
-        .clock(clock.clone())
-        .build();
+    let (builder, clock) = moving_limit(fixed(16), (8, 16, 1000), algorithm);
+    let overload = builder.build();
     let (service, gated, mut entered) = gated(&overload);
     let mut limits = Vec::new();
     for i in 0..waves {
@@ -217,15 +209,10 @@ async fn a_probe_ends_while_critical_requests_borrow_above_the_minimum() {
     // after W: a probe at the minimum of 2 runs with 6 in flight, so none of its round trips is
     // uncrowded; after 10 of them the lowest stands in for the baseline, and the limit goes
     // back where it was.
-    let clock = ManualClock::new();
     let aimd = Aimd::default().latency_tolerance(1.1).unwrap();
-    let overload = fixed(8)
-        .critical_borrowing(3.0)
-        .unwrap()
-        .limits(Limits::new(2, 8, 100).unwrap())
-        .algorithm(aimd.probe_every(5).unwrap())
-        .clock(clock.clone())
-        .build();
+    let borrowing = fixed(8).critical_borrowing(3.0).unwrap();
+    let (builder, clock) = moving_limit(borrowing, (2, 8, 100), aimd.probe_every(5).unwrap());
+    let overload = builder.build();
     let (service, gated, mut entered) = gated(&overload);
     let mut limits = Vec::new();
     for _ in 0..40 {

@@ -8,7 +8,7 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tower_bulwark::overload::Priority;
 
-use crate::support::{fixed, one_inside, request};
+use crate::support::{answer_to, fixed, one_inside, request};
 
 #[tokio::test(start_paused = true)]
 async fn waiters_are_admitted_highest_class_first_then_in_arrival_order() {
@@ -63,11 +63,7 @@ async fn a_full_queue_sheds_its_lowest_waiter_for_a_higher_newcomer_else_the_new
     let default = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
     tokio::task::yield_now().await;
     // Full: a sheddable newcomer ranks no higher than the lowest waiter, so it is shed.
-    let newcomer = service
-        .clone()
-        .oneshot(request(Priority::Sheddable))
-        .await
-        .unwrap();
+    let newcomer = answer_to(&service, Priority::Sheddable).await;
     assert_eq!(newcomer.status(), 503);
     // A critical one takes the sheddable waiter's place; that waiter is answered at once.
     let critical = tokio::spawn(service.clone().oneshot(request(Priority::Critical)));
@@ -81,11 +77,7 @@ async fn a_waiter_is_shed_when_max_wait_passes() {
     let (overload, service, _gated, _entered, _first) =
         one_inside(2, Duration::from_millis(200), Priority::Default).await;
     let started = tokio::time::Instant::now();
-    let response = service
-        .clone()
-        .oneshot(request(Priority::Critical))
-        .await
-        .unwrap();
+    let response = answer_to(&service, Priority::Critical).await;
     assert_eq!(response.status(), 503);
     assert_eq!(started.elapsed(), Duration::from_millis(200));
     assert_eq!(overload.in_flight(), 1);

@@ -1,13 +1,14 @@
 //! A service whose requests wait at a gate the test opens, counting the requests that reach it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
 use tokio::sync::{mpsc, Semaphore};
 use tower::util::BoxCloneService;
-use tower::{Layer, ServiceExt};
-use tower_bulwark::bulkhead::adaptive::Limits;
+use tower::{Layer, Service, ServiceExt};
+use tower_bulwark::bulkhead::adaptive::{LimitAlgorithm, Limits};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::overload::{Overload, OverloadBuilder, Priority};
 
@@ -37,6 +38,41 @@ pub fn fixed(limit: usize) -> OverloadBuilder {
             let value = head.headers.get("x-priority").and_then(|v| v.to_str().ok());
             value.map_or(Priority::Default, Priority::from_header_value)
         })
+}
+
+/// `builder` with its limit moving between `min` and `max`, from `initial`, under `algorithm`,
+/// on a manual clock that the test moves: the builder and the clock.
+pub fn moving_limit(
+    builder: OverloadBuilder,
+    (min, initial, max): (usize, usize, usize),
+    algorithm: impl LimitAlgorithm,
+) -> (OverloadBuilder, ManualClock) {
+    let clock = ManualClock::new();
+    let builder = builder
+        .limits(Limits::new(min, initial, max).unwrap())
+        .algorithm(algorithm)
+        .clock(clock.clone());
+    (builder, clock)
+}
+
+/// A service whose calls alternate: each answers `answer(odd, request)`, `odd` being true for the
+/// second call, the fourth and so on; and the count of the calls that reached it.
+pub fn alternating<F, Fut, R, E>(
+    answer: F,
+) -> (
+    Arc<AtomicUsize>,
+    impl Service<http::Request<Body>, Response = R, Error = E, Future = Fut> + Clone,
+)
+where
+    F: Fn(bool, http::Request<Body>) -> Fut + Clone,
+    Fut: Future<Output = Result<R, E>>,
+{
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let service = tower::service_fn(move |request| {
+        answer(counted.fetch_add(1, Ordering::SeqCst) % 2 == 1, request)
+    });
+    (calls, service)
 }
 
 /// `overload` in front of a gated service; the receiver hears of each request that reached it.
@@ -83,8 +119,39 @@ pub fn request(class: Priority) -> http::Request<Body> {
         .unwrap()
 }
 
+/// The response `service` answers a request of `class` with.
+pub async fn answer_to<S, B>(service: &S, class: Priority) -> http::Response<B>
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    service.clone().oneshot(request(class)).await.unwrap()
+}
+
+/// The body, unread, of the response `service` answers a request of the default class with.
+pub async fn body_of_a_default_request<S, B>(service: &S) -> B
+where
+    S: Service<http::Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    answer_to(service, Priority::Default).await.into_body()
+}
+
 /// A request inside a [`gated`] service, which the test lets out.
 pub type Inside = tokio::task::JoinHandle<Result<http::Response<Body>, std::convert::Infallible>>;
+
+/// Sends a request of `class` through `service` (in front of a [`gated`] one) and waits until
+/// `entered` hears that it reached the gate: the request, held inside until the test lets it
+/// out.
+pub async fn held_inside(
+    service: &Svc,
+    entered: &mut mpsc::UnboundedReceiver<Priority>,
+    class: Priority,
+) -> Inside {
+    let inside = tokio::spawn(service.clone().oneshot(request(class)));
+    entered.recv().await.unwrap();
+    inside
+}
 
 /// A protection of limit 1 with a queue of `capacity` waiting up to `max_wait`, in front of a
 /// [`gated`] service with one request of `class` already inside it: the next request finds the
@@ -102,7 +169,6 @@ pub async fn one_inside(
 ) {
     let overload = fixed(1).queue(capacity, max_wait).unwrap().build();
     let (service, gated, mut entered) = gated(&overload);
-    let inside = tokio::spawn(service.clone().oneshot(request(class)));
-    entered.recv().await.unwrap();
+    let inside = held_inside(&service, &mut entered, class).await;
     (overload, service, gated, entered, inside)
 }

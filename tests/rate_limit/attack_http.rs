@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::common::listener::{sf_entries, sf_names};
-use crate::support::{header_cost, json, keyed, peer, retry_after, violated};
+use crate::support::{header_cost, json, keyed, peer, per_peer, retry_after, violated};
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::Router;
@@ -47,17 +47,13 @@ fn limits(response: &http::Response<Body>) -> Vec<String> {
 #[tokio::test]
 async fn two_policies_tell_a_client_exactly_what_the_docs_formulas_say() {
     let clock = ManualClock::new();
-    let burst = Policy::new(
-        "burst",
-        PeerIp::new(),
-        keyed(Quota::per_second(10).unwrap(), &clock),
-    );
+    let burst = per_peer("burst", Quota::per_second(10).unwrap(), &clock);
     let minute = KeyedRateLimiter::<IpAddr>::builder(Quota::per_minute(5).unwrap())
         .clock(clock.clone())
         .algorithm::<FixedWindow>()
         .build();
     let minute = Policy::new("minute", PeerIp::new(), minute).unwrap();
-    let app = orders(RateLimitLayer::new(burst.unwrap().cost(2).and(minute)));
+    let app = orders(RateLimitLayer::new(burst.cost(2).and(minute)));
     let client = peer("198.51.100.20");
     // Five admissions at one instant: GCRA is whole again after `2n` tenths of a second, and
     // `r · w / q` is under a second; the cycle ends in 60 s, later than `r · 60 / 5`.
@@ -102,8 +98,7 @@ async fn two_policies_tell_a_client_exactly_what_the_docs_formulas_say() {
 #[tokio::test]
 async fn a_refusal_tells_what_is_left_even_for_a_costly_request() {
     let clock = ManualClock::new();
-    let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
-    let policy = Policy::new("tokens", PeerIp::new(), limiter).unwrap();
+    let policy = per_peer("tokens", Quota::per_second(10).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(policy.cost_by(header_cost("x-cost"))));
     let client = peer("198.51.100.21");
     for _ in 0..2 {
@@ -124,8 +119,7 @@ async fn a_refusal_tells_what_is_left_even_for_a_costly_request() {
 #[tokio::test]
 async fn a_cost_never_admitted_is_a_413_naming_the_largest_cost() {
     let clock = ManualClock::new();
-    let limiter = keyed(Quota::per_second(10).unwrap(), &clock);
-    let policy = Policy::new("p", PeerIp::new(), limiter).unwrap().cost(11);
+    let policy = per_peer("p", Quota::per_second(10).unwrap(), &clock).cost(11);
     let response = send(&orders(RateLimitLayer::new(policy)), peer("192.0.2.9"), &[]).await;
     assert_eq!(retry_after(&response), None);
     assert_eq!(json_status(response).await, (413, Some(10)));
@@ -371,8 +365,7 @@ async fn stacked_layers_decide_apart_and_one_layer_keeps_a_refusal_to_what_refus
     let clock = ManualClock::new();
     let global = keyed::<()>(Quota::per_hour(1000).unwrap(), &clock);
     let global = Policy::new("global", GlobalKey, global).unwrap();
-    let route = keyed(Quota::per_second(1).unwrap(), &clock);
-    let route = Policy::new("route", PeerIp::new(), route).unwrap();
+    let route = per_peer("route", Quota::per_second(1).unwrap(), &clock);
     let stacked = orders(RateLimitLayer::new(route.clone()))
         .layer(RateLimitLayer::new(global.clone()))
         .layer(MockConnectInfo(peer("192.0.2.4")));
@@ -406,10 +399,8 @@ async fn stacked_layers_decide_apart_and_one_layer_keeps_a_refusal_to_what_refus
 #[tokio::test]
 async fn an_advertised_shadow_over_its_limit_says_r_0_and_its_wait_and_admits() {
     let clock = ManualClock::new();
-    let watched = keyed(Quota::per_minute(1).unwrap(), &clock);
-    let watched = Policy::new("new-limit", PeerIp::new(), watched).unwrap();
-    let enforced = keyed(Quota::per_second(10).unwrap(), &clock);
-    let enforced = Policy::new("per-ip", PeerIp::new(), enforced).unwrap();
+    let watched = per_peer("new-limit", Quota::per_minute(1).unwrap(), &clock);
+    let enforced = per_peer("per-ip", Quota::per_second(10).unwrap(), &clock);
     let app = orders(RateLimitLayer::new(
         watched.shadow_advertised().and(enforced),
     ));

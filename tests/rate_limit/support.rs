@@ -20,7 +20,7 @@ use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::head::RequestHead;
 use tower_bulwark::limiter::Decision;
-use tower_bulwark::rate_limit::{KeyError, RateLimitLayer};
+use tower_bulwark::rate_limit::{KeyError, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::YieldOnce;
@@ -35,6 +35,15 @@ pub fn keyed<K: Hash + Eq + Clone + Send + Sync + 'static>(
     clock: &ManualClock,
 ) -> KeyedRateLimiter<K, Gcra, ManualClock> {
     keyed_on(quota, clock)
+}
+
+/// The policy `name`, keyed by the peer's IP, of a [`keyed`] limiter of `quota` on `clock`.
+pub fn per_peer(
+    name: &str,
+    quota: Quota,
+    clock: &ManualClock,
+) -> Policy<PeerIp, KeyedRateLimiter<std::net::IpAddr, Gcra, ManualClock>> {
+    Policy::new(name, PeerIp::new(), keyed(quota, clock)).unwrap()
 }
 
 /// How many single permits `limiter` still grants `key` right now (takes them all).

@@ -35,6 +35,15 @@ fn limiter<A: RedisAlgorithm>(
         .unwrap()
 }
 
+/// A store on the Redis server started for the test `test`, then killed: every call through it
+/// meets an outage. The server comes too, for the test to keep until it ends. `None` where no
+/// Redis can start (see `or_skip!`).
+async fn store_in_an_outage(test: &str) -> Option<(RedisServer, RedisStore)> {
+    let (mut server, store) = RedisServer::with_store(test).await?;
+    server.kill();
+    Some((server, store))
+}
+
 /// Admissions of `cost` on `key` until the first refusal (at most 1 000).
 async fn admitted(limiter: &RedisRateLimiter, key: &str, cost: u32) -> u64 {
     let mut n = 0;
@@ -173,8 +182,7 @@ async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redi
 /// fail mode, never an admission of more than the limit.
 #[tokio::test]
 async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode() {
-    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_capacity").await);
-    server.kill();
+    let (_server, store) = or_skip!(store_in_an_outage("attack_outage_capacity").await);
     let quota = Quota::per_minute(10).unwrap();
     let modes = [
         RedisFailMode::Local,
@@ -198,8 +206,7 @@ async fn a_cost_above_the_burst_is_insufficient_capacity_under_every_fail_mode()
 /// the cost as remaining".
 #[tokio::test]
 async fn open_reports_the_full_limit_minus_the_cost() {
-    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_open").await);
-    server.kill();
+    let (_server, store) = or_skip!(store_in_an_outage("attack_outage_open").await);
     let quota = Quota::per_minute(10).unwrap();
     let l = limiter::<Gcra>(&store, quota, "ao:open:", RedisFailMode::Open);
     for _ in 0..50 {
@@ -444,8 +451,7 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
 /// an outage: the default's local limiter admits from the new burst, a fallback from its own.
 #[tokio::test]
 async fn a_quota_raised_during_an_outage_reaches_local_but_not_a_fallback() {
-    let (mut server, store) = or_skip!(RedisServer::with_store("attack_outage_set_quota").await);
-    server.kill();
+    let (_server, store) = or_skip!(store_in_an_outage("attack_outage_set_quota").await);
     let quota = Quota::per_minute(10).unwrap();
     let local = limiter::<Gcra>(&store, quota, "ao:sq:", RedisFailMode::Local);
     let fallback = RedisFailMode::fallback(Quota::per_minute(3).unwrap());

@@ -34,6 +34,27 @@ async fn limiter<A: RedisAlgorithm>(
         .unwrap()
 }
 
+/// The Redis server started for the test `name`, a manual clock standing at `at` ns, and a
+/// limiter of algorithm `A` for `q` on them, under the prefix `name`; `None` where no Redis can
+/// start (see `or_skip!`).
+async fn server_clock_and_limiter<A: RedisAlgorithm>(
+    name: &str,
+    at: u64,
+    q: Quota,
+) -> Option<(RedisServer, ManualClock, RedisRateLimiter)> {
+    let server = RedisServer::start(name)?;
+    let clock = manual_clock_at(Duration::from_nanos(at));
+    let l = limiter::<A>(&server.url(), q, &clock, name).await;
+    Some((server, clock, l))
+}
+
+/// The decision of a check of `key` through `l`, which must admit it.
+async fn admitted(l: &RedisRateLimiter, key: &str) -> Decision {
+    let decision = l.check(&key).await.unwrap();
+    assert!(decision.allowed, "{key} refused: {decision:?}");
+    decision
+}
+
 async fn drain(l: &RedisRateLimiter, key: &str) -> u64 {
     let mut n = 0;
     while l.check(&key).await.unwrap().allowed {
@@ -41,6 +62,19 @@ async fn drain(l: &RedisRateLimiter, key: &str) -> u64 {
         assert!(n < 10_000);
     }
     n
+}
+
+/// What `l` admits at once on the key `k` (fresh), then on a `twin` key, then on `k` again once
+/// the admission `first` has been given back (more): `(fresh, twin, more)`.
+async fn fresh_twin_and_more_after_giving_back(
+    l: &RedisRateLimiter,
+    first: Decision,
+) -> (u64, u64, u64) {
+    let fresh = drain(l, "k").await;
+    let twin = drain(l, "twin").await;
+    l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
+    let more = drain(l, "k").await;
+    (fresh, twin, more)
 }
 
 async fn delete(server: &RedisServer, l: &RedisRateLimiter, key: &str) {
@@ -61,17 +95,12 @@ fn at(clock: &ManualClock, nanos: u64) {
 //    and was deleted all the same).
 
 async fn deleted_and_recreated_at_one_instant<A: RedisAlgorithm>(name: &str) {
-    let server = or_skip!(RedisServer::start(name));
-    let clock = manual_clock_at(Duration::from_nanos(1000 * S + S / 2));
-    let l = limiter::<A>(&server.url(), quota(10, S, 10, 0), &clock, name).await;
-    let first = l.check(&"k").await.unwrap();
-    assert!(first.allowed);
+    let (server, _clock, l) =
+        or_skip!(server_clock_and_limiter::<A>(name, 1000 * S + S / 2, quota(10, S, 10, 0)).await);
+    let first = admitted(&l, "k").await;
     delete(&server, &l, "k").await;
     delete(&server, &l, "twin").await;
-    let fresh = drain(&l, "k").await;
-    let twin = drain(&l, "twin").await;
-    l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
-    let more = drain(&l, "k").await;
+    let (fresh, twin, more) = fresh_twin_and_more_after_giving_back(&l, first).await;
     assert!(
         fresh + more <= twin,
         "{name}: {fresh} admitted at 1000.5 s by the recreated key, {more} more once the \
@@ -105,14 +134,12 @@ async fn attack_two_redis_fixed_window_give_back_after_delete_and_recreate_at_on
 #[ignore = "known bug: GCRA 10/s burst 10, A at 1000.5 s (TAT +100 ms), key deleted, B at 1000.5 s leaves the same TAT, A given back in full: 10 more admitted, B + 10 = 11 vs the twin's 10"]
 async fn attack_two_redis_gcra_give_back_finds_its_tat_on_a_recreated_key() {
     let name = "attack_two_gcra_same_tat";
-    let server = or_skip!(RedisServer::start(name));
-    let clock = manual_clock_at(Duration::from_nanos(1000 * S + S / 2));
-    let l = limiter::<Gcra>(&server.url(), quota(10, S, 10, 0), &clock, name).await;
-    let first = l.check(&"k").await.unwrap();
-    assert!(first.allowed);
+    let (server, _clock, l) = or_skip!(
+        server_clock_and_limiter::<Gcra>(name, 1000 * S + S / 2, quota(10, S, 10, 0)).await
+    );
+    let first = admitted(&l, "k").await;
     delete(&server, &l, "k").await;
-    let second = l.check(&"k").await.unwrap();
-    assert!(second.allowed);
+    admitted(&l, "k").await;
     l.settle_and_wait(&"k", 1, first, 0).await.unwrap();
     let more = drain(&l, "k").await;
     let twin = drain(&l, "twin").await;
@@ -130,21 +157,17 @@ async fn attack_two_redis_gcra_give_back_finds_its_tat_on_a_recreated_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_two_redis_sliding_counter_give_back_after_expiry_and_a_stale_recreation() {
     let name = "attack_two_sliding_stale";
-    let server = or_skip!(RedisServer::start(name));
     let start = 1000 * S + S / 2;
-    let clock = manual_clock_at(Duration::from_nanos(start));
-    let l = limiter::<SlidingCounter>(&server.url(), quota(10, S, 10, 0), &clock, name).await;
-    let first = l.check(&"k").await.unwrap();
-    assert!(first.allowed);
+    let (server, clock, l) = or_skip!(
+        server_clock_and_limiter::<SlidingCounter>(name, start, quota(10, S, 10, 0)).await
+    );
+    let first = admitted(&l, "k").await;
     at(&clock, start + 2 * S + S / 2);
     delete(&server, &l, "k").await;
     // Another instance, its clock 2.5 s behind (the limiter's own readings never go back).
     let behind = manual_clock_at(Duration::from_nanos(start));
     let b = limiter::<SlidingCounter>(&server.url(), quota(10, S, 10, 0), &behind, name).await;
-    let fresh = drain(&b, "k").await;
-    let twin = drain(&b, "twin").await;
-    b.settle_and_wait(&"k", 1, first, 0).await.unwrap();
-    let more = drain(&b, "k").await;
+    let (fresh, twin, more) = fresh_twin_and_more_after_giving_back(&b, first).await;
     assert!(
         fresh + more <= twin,
         "{fresh} admitted at 1000.5 s by the recreated key, {more} more once the old admission \
@@ -160,10 +183,10 @@ async fn attack_two_redis_sliding_counter_give_back_after_expiry_and_a_stale_rec
 #[ignore = "known bug: fixed window 10 -> 20 per 1 s at 1000.5 s, 10 reserved due in each of cycles 1..3: cycle 2 holds 10 due + 20 admitted = 30 > 20"]
 async fn attack_two_redis_fixed_window_raised_limit_with_reservations_ahead() {
     let name = "attack_two_fixed_raised";
-    let server = or_skip!(RedisServer::start(name));
     let base = 1000 * S;
-    let clock = manual_clock_at(Duration::from_nanos(base + S / 2));
-    let l = limiter::<FixedWindow>(&server.url(), quota(10, S, 10, 3 * S), &clock, name).await;
+    let (_server, clock, l) = or_skip!(
+        server_clock_and_limiter::<FixedWindow>(name, base + S / 2, quota(10, S, 10, 3 * S)).await
+    );
     let mut due_in = [0u64; 6];
     due_in[0] += drain(&l, "k").await;
     loop {
@@ -306,10 +329,9 @@ async fn attack_two_redis_gcra_random_schedules_against_a_replay() {
 
 async fn shortened_period_with_reservations_ahead<A: RedisAlgorithm>(name: &str) {
     const HALF: u64 = S / 2;
-    let server = or_skip!(RedisServer::start(name));
     let base = 1000 * S;
-    let clock = manual_clock_at(Duration::from_nanos(base + HALF));
-    let l = limiter::<A>(&server.url(), quota(10, S, 10, 3 * S), &clock, name).await;
+    let (_server, clock, l) =
+        or_skip!(server_clock_and_limiter::<A>(name, base + HALF, quota(10, S, 10, 3 * S)).await);
     drain(&l, "k").await;
     let mut due_in = [0u64; 12];
     loop {

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::redis_server::{or_skip, propagating, FakeRedis, RedisServer, Refusals};
+use crate::common::redis_server::{or_skip, uncached, FakeRedis, RedisServer};
 use crate::common::{poll_once, waits_up_to, Rng};
 use tower_bulwark::redis::{
     RedisAlgorithm, RedisFailMode, RedisFailure, RedisRateLimiter, RedisStore,
@@ -39,15 +39,7 @@ async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, se
         .clock(clock.clone())
         .build();
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let redis = propagating::<A>(
-        &store,
-        quota,
-        &clock,
-        &format!("batch:{seed}:"),
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    let redis = uncached::<A>(&store, quota, &clock, &format!("batch:{seed}:"));
     let mut rng = Rng(seed);
     let (mut decisions, calls_before) = (0, evalsha_calls(server));
     for round in 0..40 {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::poll_once;
-use crate::common::redis_server::{eventually, or_skip, propagating, RedisServer, Refusals};
+use crate::common::redis_server::{eventually, or_skip, uncached, RedisServer};
 use crate::common::{assert_settled_plus_left_is_the_quota, manual_clock_at};
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::ManualClock;
@@ -113,11 +113,7 @@ async fn two_instances_racing_holds_and_settles_add_up_to_the_quota() {
     for _ in 0..2 {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let quota = Quota::per_minute(10_000).unwrap();
-        instances.push(
-            propagating::<Metered>(&store, quota, &clock, "race:", Refusals::Uncached)
-                .build()
-                .unwrap(),
-        );
+        instances.push(uncached::<Metered>(&store, quota, &clock, "race:"));
     }
     let spent = crate::settle::race_settles(&instances, 20).await;
     assert_eq!(holds(&server, &instances[0], "tenant"), 0, "all settled");

@@ -8,7 +8,7 @@ use crate::common::waits_up_to;
 use std::time::Duration;
 
 use crate::common::manual_clock_at;
-use crate::common::redis_server::{key_state, or_skip, propagating, RedisServer, Refusals};
+use crate::common::redis_server::{key_state, or_skip, uncached, RedisServer};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
@@ -69,24 +69,8 @@ async fn vetoes_leave_no_trace<A: RedisAlgorithm>(server: &RedisServer, tag: &st
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     for (i, s) in SCENARIOS.iter().enumerate() {
         let clock = ManualClock::new();
-        let vetoed = propagating::<A>(
-            &store,
-            quota,
-            &clock,
-            &format!("{tag}{i}:v:"),
-            Refusals::Uncached,
-        )
-        .build()
-        .unwrap();
-        let twin = propagating::<A>(
-            &store,
-            quota,
-            &clock,
-            &format!("{tag}{i}:t:"),
-            Refusals::Uncached,
-        )
-        .build()
-        .unwrap();
+        let vetoed = uncached::<A>(&store, quota, &clock, &format!("{tag}{i}:v:"));
+        let twin = uncached::<A>(&store, quota, &clock, &format!("{tag}{i}:t:"));
         let (vkey, tkey) = (vetoed.redis_key("k"), twin.redis_key("k"));
         let context = format!("{tag} {}", s.name);
         for &(at, cost) in s.history {
@@ -148,15 +132,7 @@ async fn a_gcra_refund_in_redis_never_hands_out_a_slot_a_later_admission_holds()
     let mut conn = server.connection().await;
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
-    let gcra = propagating::<Gcra>(
-        &store,
-        quota,
-        &clock,
-        "latest:reserved:",
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    let gcra = uncached::<Gcra>(&store, quota, &clock, "latest:reserved:");
     let key = gcra.redis_key("k");
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
     let a = gcra.reserve(&"k", 1).await.unwrap();
@@ -192,9 +168,7 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
         or_skip!(RedisServer::with_store("gcra_veto_behind_a_reservation").await);
     let quota = waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let clock = ManualClock::new();
-    let gcra = propagating::<Gcra>(&store, quota, &clock, "latest:vetoed:", Refusals::Uncached)
-        .build()
-        .unwrap();
+    let gcra = uncached::<Gcra>(&store, quota, &clock, "latest:vetoed:");
     let first = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_millis(500));
     let later = gcra.reserve(&"k", 1).await.unwrap();
@@ -214,15 +188,12 @@ async fn a_vetoed_gcra_admission_in_redis_behind_a_later_reservation_stays_spent
 async fn a_late_gcra_refund_in_redis_never_frees_a_later_admissions_slot() {
     let (_server, store) = or_skip!(RedisServer::with_store("gcra_late_refund").await);
     let clock = ManualClock::new();
-    let gcra = propagating::<Gcra>(
+    let gcra = uncached::<Gcra>(
         &store,
         Quota::per_second(1).unwrap(),
         &clock,
         "latest:late:",
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    );
     let a = gcra.reserve(&"k", 1).await.unwrap();
     clock.set(Duration::from_secs(1));
     assert!(gcra.reserve(&"k", 1).await.unwrap().allowed);
@@ -240,9 +211,7 @@ async fn a_gcra_refund_whose_tat_came_back_in_redis_is_never_more_generous_than_
     let (_server, store) = or_skip!(RedisServer::with_store("gcra_tat_came_back").await);
     let clock = ManualClock::new();
     let quota = Quota::per_second(1).unwrap().with_burst(200).unwrap();
-    let gcra = propagating::<Gcra>(&store, quota, &clock, "back:", Refusals::Uncached)
-        .build()
-        .unwrap();
+    let gcra = uncached::<Gcra>(&store, quota, &clock, "back:");
     let three = gcra.check_n(&"k", 3).await.unwrap();
     let one = gcra.check_n(&"k", 1).await.unwrap();
     assert!(three.allowed && one.allowed);
@@ -271,15 +240,7 @@ async fn a_gcra_refund_whose_tat_came_back_in_redis_is_never_more_generous_than_
 async fn two_policies<A: RedisAlgorithm>(server: &RedisServer, tag: &str) -> usize {
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let clock = ManualClock::new();
-    let window = propagating::<A>(
-        &store,
-        Quota::per_minute(5).unwrap(),
-        &clock,
-        tag,
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    let window = uncached::<A>(&store, Quota::per_minute(5).unwrap(), &clock, tag);
     let second = keyed_on::<String, _>(Quota::per_second(1).unwrap(), &clock);
     let mut admitted = 0;
     for i in 0..20u64 {
@@ -320,14 +281,8 @@ async fn a_stale_clock_read_cannot_make_the_sliding_log_over_admit() {
     let quota = Quota::with_period(2, Duration::from_secs(10)).unwrap();
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
-    let fresh =
-        propagating::<SlidingLog>(&store, quota, &fresh_clock, "stale:", Refusals::Uncached)
-            .build()
-            .unwrap();
-    let stale =
-        propagating::<SlidingLog>(&store, quota, &stale_clock, "stale:", Refusals::Uncached)
-            .build()
-            .unwrap();
+    let fresh = uncached::<SlidingLog>(&store, quota, &fresh_clock, "stale:");
+    let stale = uncached::<SlidingLog>(&store, quota, &stale_clock, "stale:");
     let key = fresh.redis_key("k");
     let mut admitted_at = Vec::new();
     let mut record = |members: &[String]| {
@@ -373,19 +328,10 @@ async fn stored_state_that_is_not_an_exact_count_is_an_error() {
     let (server, store) = or_skip!(RedisServer::with_store("corrupt_state_is_an_error").await);
     let clock = manual_clock_at(Duration::from_secs(5));
     let quota = Quota::per_second(5).unwrap();
-    let gcra = propagating::<Gcra>(&store, quota, &clock, "bad:gcra:", Refusals::Uncached)
-        .build()
-        .unwrap();
-    let window = propagating::<FixedWindow>(&store, quota, &clock, "bad:fw:", Refusals::Uncached)
-        .build()
-        .unwrap();
-    let counter =
-        propagating::<SlidingCounter>(&store, quota, &clock, "bad:sc:", Refusals::Uncached)
-            .build()
-            .unwrap();
-    let log = propagating::<SlidingLog>(&store, quota, &clock, "bad:log:", Refusals::Uncached)
-        .build()
-        .unwrap();
+    let gcra = uncached::<Gcra>(&store, quota, &clock, "bad:gcra:");
+    let window = uncached::<FixedWindow>(&store, quota, &clock, "bad:fw:");
+    let counter = uncached::<SlidingCounter>(&store, quota, &clock, "bad:sc:");
+    let log = uncached::<SlidingLog>(&store, quota, &clock, "bad:log:");
     let mut cases: Vec<(&str, Vec<String>)> = Vec::new();
     for bad in ["1.5", "-3", "inf", "nan", "1e300", "-inf"] {
         cases.push(("gcra", vec!["SET".into(), gcra.redis_key("k"), bad.into()]));
@@ -462,33 +408,9 @@ async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisSe
     let quota = waits_up_to(Quota::per_second(3).unwrap(), Duration::from_secs(2));
     let fresh_clock = ManualClock::new();
     let stale_clock = ManualClock::new();
-    let fresh = propagating::<A>(
-        &store,
-        quota,
-        &fresh_clock,
-        &format!("{tag}:s:"),
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
-    let stale = propagating::<A>(
-        &store,
-        quota,
-        &stale_clock,
-        &format!("{tag}:s:"),
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
-    let twin = propagating::<A>(
-        &store,
-        quota,
-        &fresh_clock,
-        &format!("{tag}:t:"),
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    let fresh = uncached::<A>(&store, quota, &fresh_clock, &format!("{tag}:s:"));
+    let stale = uncached::<A>(&store, quota, &stale_clock, &format!("{tag}:s:"));
+    let twin = uncached::<A>(&store, quota, &fresh_clock, &format!("{tag}:t:"));
     for (step, &(fresh_ms, stale_ms, cost)) in [
         (100, 0, 1),
         (1_200, 900, 1),
@@ -534,15 +456,8 @@ async fn the_sliding_counter_admits_steady_traffic_below_the_rate() {
     for (permits, requests) in [(1u32, 30u64), (2, 50)] {
         let clock = ManualClock::new();
         let quota = Quota::with_period(permits, Duration::from_secs(3600)).unwrap();
-        let limiter = propagating::<SlidingCounter>(
-            &store,
-            quota,
-            &clock,
-            &format!("steady{permits}:"),
-            Refusals::Uncached,
-        )
-        .build()
-        .unwrap();
+        let limiter =
+            uncached::<SlidingCounter>(&store, quota, &clock, &format!("steady{permits}:"));
         // Evenly spaced at 90 % of the rate.
         let gap = Duration::from_secs(3600) / permits * 10 / 9;
         let mut refused = 0;
@@ -577,15 +492,9 @@ async fn refusals_on_a_shared_gcra_key_in_redis_drain_nothing_while_others_are_a
     for gap_ms in [0u64, 30] {
         let clock = ManualClock::new();
         let prefix = |p: &str| format!("shared:{gap_ms}:{p}:");
-        let vetoed = propagating::<Gcra>(&store, quota, &clock, &prefix("v"), Refusals::Uncached)
-            .build()
-            .unwrap();
-        let twin = propagating::<Gcra>(&store, quota, &clock, &prefix("t"), Refusals::Uncached)
-            .build()
-            .unwrap();
-        let kept = propagating::<Gcra>(&store, quota, &clock, &prefix("k"), Refusals::Uncached)
-            .build()
-            .unwrap();
+        let vetoed = uncached::<Gcra>(&store, quota, &clock, &prefix("v"));
+        let twin = uncached::<Gcra>(&store, quota, &clock, &prefix("t"));
+        let kept = uncached::<Gcra>(&store, quota, &clock, &prefix("k"));
         for _ in 0..4 {
             let refused_elsewhere = vetoed.reserve(&"k", 1).await.unwrap();
             assert!(refused_elsewhere.allowed);
@@ -613,15 +522,7 @@ async fn refunds_stay_with_their_key<A: RedisAlgorithm>(store: &RedisStore, tag:
     let clock = ManualClock::new();
     clock.advance(Duration::from_secs(1));
     let quota = Quota::per_minute(3).unwrap();
-    let redis = propagating::<A>(
-        store,
-        quota,
-        &clock,
-        &format!("own-key:{tag}:"),
-        Refusals::Uncached,
-    )
-    .build()
-    .unwrap();
+    let redis = uncached::<A>(store, quota, &clock, &format!("own-key:{tag}:"));
     let memory = keyed_on::<&str, _>(quota, &clock);
     for _ in 0..3 {
         assert!(redis.reserve(&"a", 1).await.unwrap().allowed, "{tag}");
@@ -672,15 +573,9 @@ async fn a_refund_across_servers_gives_nothing_back<A: RedisAlgorithm>(
     let store_a = RedisStore::connect(&a.url()).await.unwrap();
     let store_b = RedisStore::connect(&b.url()).await.unwrap();
     let prefix = format!("shared:{name}:");
-    let on_a = propagating::<A>(&store_a, quota, &clock, &prefix, Refusals::Uncached)
-        .build()
-        .unwrap();
-    let on_b = propagating::<A>(&store_b, quota, &clock, &prefix, Refusals::Uncached)
-        .build()
-        .unwrap();
-    let twin_of_a = propagating::<A>(&store_a, quota, &clock, &prefix, Refusals::Uncached)
-        .build()
-        .unwrap();
+    let on_a = uncached::<A>(&store_a, quota, &clock, &prefix);
+    let on_b = uncached::<A>(&store_b, quota, &clock, &prefix);
+    let twin_of_a = uncached::<A>(&store_a, quota, &clock, &prefix);
     for _ in 0..2 {
         assert!(on_b.check(&"k").await.unwrap().allowed, "{name}");
     }

@@ -199,16 +199,13 @@ async fn acquire_dropped_after_polls<A: Algorithm>(polls: usize, keep_period: bo
         assert!(a.check().allowed && twin.check().allowed, "{}", name::<A>());
     }
     let mut future = Box::pin(acquire(&a, &(), 1));
-    let mut ready = None;
-    for i in 0..polls {
-        if let Poll::Ready(out) = poll_once(future.as_mut()) {
-            ready = Some(out);
-            break;
-        }
+    let both = [&a, &twin];
+    let ready = poll_up_to(future.as_mut(), polls, |i| async move {
         tokio::time::advance(Duration::from_millis(50)).await;
         let q = if i % 2 == 0 { second } else { first };
-        [&a, &twin].iter().for_each(|l| l.set_quota(q));
-    }
+        both.iter().for_each(|l| l.set_quota(q));
+    })
+    .await;
     assert!(
         ready.is_none(),
         "{}: ready after {polls} polls",

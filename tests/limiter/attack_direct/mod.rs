@@ -6,7 +6,6 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
-use std::task::Poll;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -17,7 +16,7 @@ use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::process::quiet_panics_starting_with;
 use crate::common::quota_ns as quota;
-use crate::common::{admitted_until_refused, paused_runtime, poll_once, tokio_direct_with, Rng};
+use crate::common::{admitted_until_refused, paused_runtime, poll_up_to, tokio_direct_with, Rng};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;

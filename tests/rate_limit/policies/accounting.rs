@@ -22,12 +22,12 @@ use tower_bulwark::rate_limit::{
     KeyError, KeyExtractor, Policy, PolicySet, RateLimitLayer, RateLimitService,
 };
 use tower_bulwark::{
-    clock::{Clock, ManualClock},
+    clock::{Clock, ManualClock, TokioClock},
     limiter::Decision,
     BoxError, KeyedRateLimiter, Limiter, Quota,
 };
 
-use crate::common::block_on;
+use crate::common::{block_on, waits_up_to};
 use crate::support::yields;
 
 /// How an accounting limiter decides.
@@ -227,6 +227,12 @@ impl Limiter<String> for Acct {
 /// A sliding log of `limit` per hour on a manual clock: exact refunds, frozen time.
 pub fn log(limit: u32, clock: &ManualClock, mode: Mode) -> Acct {
     sliding_log(Quota::per_hour(limit).unwrap(), clock.clone(), mode)
+}
+
+/// A sliding log of `quota` on tokio's clock whose requests wait up to `max_wait`, deciding at
+/// once.
+pub fn waiting_log(quota: Quota, max_wait: Duration) -> Acct {
+    sliding_log(waits_up_to(quota, max_wait), TokioClock::new(), Mode::Now)
 }
 
 /// Two sliding logs on one new manual clock, of `first` and `second` permits an hour, deciding

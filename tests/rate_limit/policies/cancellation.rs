@@ -19,8 +19,8 @@ use tower_bulwark::{
     BoxError, Limiter, Quota,
 };
 
-use super::accounting::{log, policy, req, sliding_log, svc, Acct, Inner, Mode, K};
-use crate::common::{poll_once, waits_up_to};
+use super::accounting::{log, policy, req, sliding_log, svc, waiting_log, Acct, Inner, Mode, K};
+use crate::common::{poll_up_to, waits_up_to};
 
 /// Promise: permits are given back exactly once whatever happens: a chain of a count_if policy
 /// that decides later, a waiting policy (`max_wait`), a shadow with a wait, and a policy that
@@ -57,14 +57,10 @@ async fn dropped_after_every_poll_gives_back_exactly_once() {
         );
         let mut s = service.clone();
         let mut future = Box::pin(s.call(req(&[("x-yield", "2")])));
-        let mut output = None;
-        for _ in 0..drop_after {
-            if let Poll::Ready(out) = poll_once(future.as_mut()) {
-                output = Some(out);
-                break;
-            }
-            tokio::time::advance(Duration::from_millis(400)).await;
-        }
+        let output = poll_up_to(future.as_mut(), drop_after, |_| {
+            tokio::time::advance(Duration::from_millis(400))
+        })
+        .await;
         drop(future);
         let what = format!("dropped after {drop_after} polls");
         for a in all {
@@ -110,6 +106,17 @@ async fn dropped_after_every_poll_gives_back_exactly_once() {
 struct Remote {
     acct: Acct,
     delay: Duration,
+}
+
+impl Remote {
+    /// A remote limiter whose books are a [`log`] of `permits` on `clock`, its decisions
+    /// arriving `delay` after they are asked for.
+    fn new(permits: u32, clock: &ManualClock, delay: Duration) -> Self {
+        Self {
+            acct: log(permits, clock, Mode::Now),
+            delay,
+        }
+    }
 }
 
 impl Limiter<String> for Remote {
@@ -192,15 +199,8 @@ impl Drop for RemoteFuture {
 async fn a_remote_policy_under_a_timeout_gives_everything_back() {
     let clock = ManualClock::new();
     let first = log(100, &clock, Mode::Now);
-    let remote = Remote {
-        acct: log(100, &clock, Mode::Now),
-        delay: Duration::from_millis(50),
-    };
-    let waiting = sliding_log(
-        waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(10)),
-        TokioClock::new(),
-        Mode::Now,
-    );
+    let remote = Remote::new(100, &clock, Duration::from_millis(50));
+    let waiting = waiting_log(Quota::per_second(1).unwrap(), Duration::from_secs(10));
     let inner = Inner::default();
     let service = svc(
         RateLimitLayer::new(
@@ -270,17 +270,10 @@ async fn timeouts_at_every_await_point_under_concurrency_keep_the_books_exact() 
     const TASKS: u64 = 400;
     let clock = ManualClock::new();
     let counted = log(1_000_000, &clock, Mode::Now);
-    let remote = Remote {
-        acct: log(1_000_000, &clock, Mode::Now),
-        delay: Duration::from_millis(3),
-    };
-    let waiting = sliding_log(
-        waits_up_to(
-            Quota::with_period(4, Duration::from_millis(20)).unwrap(),
-            Duration::from_millis(30),
-        ),
-        TokioClock::new(),
-        Mode::Now,
+    let remote = Remote::new(1_000_000, &clock, Duration::from_millis(3));
+    let waiting = waiting_log(
+        Quota::with_period(4, Duration::from_millis(20)).unwrap(),
+        Duration::from_millis(30),
     );
     let inner = Inner::default();
     let service = svc(

@@ -2,20 +2,17 @@
 //! nothing under the others, in every position and every order of a mixed set of policies, and
 //! the 429 names exactly the policies that refused, with the longest `Retry-After`.
 
-use crate::common::waits_up_to;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::StatusCode;
 use tower::ServiceExt;
 use tower_bulwark::rate_limit::{FailMode, Policy, RateLimitLayer};
-use tower_bulwark::{
-    clock::{ManualClock, TokioClock},
-    Limiter, Quota,
-};
+use tower_bulwark::{clock::ManualClock, Limiter, Quota};
 
 use super::accounting::{
-    body_json, call, log, policy, req, sliding_log, svc, two_logs, Acct, Inner, Mode, K,
+    body_json, call, log, policy, req, sliding_log, svc, two_logs, waiting_log, Acct, Inner, Mode,
+    K,
 };
 use crate::common::listener::{sf_entries, sf_names};
 use crate::support::{param, retry_after, violated};
@@ -269,11 +266,7 @@ async fn a_mixed_chain_in_every_order_is_all_or_nothing() {
             let accts: Vec<Acct> = (0..6)
                 .map(|kind| match NAMES[kind] {
                     "counted" => log(5, &clock, Mode::Later(1)),
-                    "waiting" => sliding_log(
-                        waits_up_to(Quota::per_second(1).unwrap(), Duration::from_secs(2)),
-                        TokioClock::new(),
-                        Mode::Now,
-                    ),
+                    "waiting" => waiting_log(Quota::per_second(1).unwrap(), Duration::from_secs(2)),
                     "failing" => log(5, &clock, Mode::LaterFail(1)),
                     _ => log(1, &clock, Mode::Now),
                 })
