@@ -17,6 +17,7 @@ use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 use tower_bulwark::bulkhead::adaptive::{Aimd, Limits};
 use tower_bulwark::clock::ManualClock;
+#[cfg(feature = "config")]
 use tower_bulwark::config::Registry;
 use tower_bulwark::overload::{Overload, Priority};
 
@@ -306,6 +307,7 @@ fn with_priority(value: &'static [u8]) -> impl Fn() -> http::Request<Body> {
 /// `src/config/mod.rs:150`: `priority_header = "x-priority"  # critical | default | sheddable;
 /// absent or other: default`. Hostile values (bytes that are not UTF-8, a megabyte-long one, a
 /// list, look-alike letters) are `Default`, never a panic, never a higher class.
+#[cfg(feature = "config")]
 #[tokio::test]
 async fn hostile_priority_headers_from_the_config_file_are_default() {
     let registry = Registry::from_toml_str(
@@ -378,6 +380,7 @@ fn the_default_ceilings_are_the_documented_shares_of_the_limit() {
 /// name the instance and the field", with the ranges of `config/mod.rs:155`-`166`. Absurd
 /// `[overload.NAME]` values (TOML's `nan` and `inf` among them) are refused at their field,
 /// never a panic.
+#[cfg(feature = "config")]
 #[test]
 fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
     let cases: [(&str, &[&str]); 22] = [
@@ -426,6 +429,7 @@ fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
 /// `src/config/mod.rs:210`-`214`: "a change that cannot apply in place (any setting ... of an
 /// overload protection, whose limits move by themselves ...) ... is refused and changes
 /// nothing".
+#[cfg(feature = "config")]
 #[test]
 fn a_reload_that_changes_an_overload_protection_is_refused_and_changes_nothing() {
     let text = "[overload.api]\nmin_limit = 10\ninitial_limit = 10\nmax_limit = 10\n";

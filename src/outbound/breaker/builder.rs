@@ -124,6 +124,7 @@ impl Breaker {
     }
 
     /// Its settings as built, the defaults filled in.
+    #[cfg(feature = "config")]
     pub(crate) fn settings(&self) -> &Settings {
         &self.shared.settings
     }
