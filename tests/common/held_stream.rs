@@ -123,3 +123,36 @@ pub fn assert_stream_refused(status: http::StatusCode, headers: &HeaderMap) {
     assert_eq!(header("ratelimit"), "\"streams\";r=0");
     assert!(header("ratelimit-policy").contains("qu=\"concurrent-requests\""));
 }
+
+/// `clients` `reqwest` clients racing, the `i`th sending `GET` as tenant `t` to
+/// `urls[i % urls.len()]`: the answers admitted, each once it has sent its first chunk (`a`),
+/// and the others, each in the order sent.
+pub async fn racing_clients(
+    client: &reqwest::Client,
+    urls: &[String],
+    clients: usize,
+) -> (Vec<reqwest::Response>, Vec<reqwest::Response>) {
+    let calls: Vec<_> = (0..clients)
+        .map(|i| {
+            let (client, url) = (client.clone(), urls[i % urls.len()].clone());
+            tokio::spawn(async move {
+                let sent = client.get(&url).header("x-tenant", "t").send().await;
+                let mut response = sent.unwrap();
+                if response.status() == http::StatusCode::OK {
+                    assert_eq!(response.chunk().await.unwrap().unwrap(), "a");
+                }
+                response
+            })
+        })
+        .collect();
+    let (mut admitted, mut others) = (Vec::new(), Vec::new());
+    for call in calls {
+        let response = call.await.unwrap();
+        if response.status() == http::StatusCode::OK {
+            admitted.push(response);
+        } else {
+            others.push(response);
+        }
+    }
+    (admitted, others)
+}

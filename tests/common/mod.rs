@@ -349,3 +349,23 @@ pub fn assert_waited_since(start: std::time::Instant, least: std::time::Duration
     let waited = start.elapsed();
     assert!(waited >= least, "waited {waited:?}, not {least:?}");
 }
+
+/// The first `Some` that `attempt()` gives, trying again every 10 ms for at most ten seconds
+/// (an answer admitted once a slot has come back, say); the panic past that says `what` never
+/// came.
+pub async fn first_within_ten_seconds<T, F>(what: &str, mut attempt: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(found) = attempt().await {
+            return found;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -20,7 +20,7 @@ use tower_bulwark::rate_limit::{
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
-use crate::common::held_stream::{limited, request, Answer, Limited};
+use crate::common::held_stream::{limited, racing_clients, request, Answer, Limited};
 use crate::common::{poll_once, waits_up_to};
 
 type Streams = Policy<HeaderKey, ConcurrencyLimiter<HeaderValue>>;
@@ -400,19 +400,14 @@ async fn admitted_eventually<F>(send: impl Fn() -> F) -> reqwest::Response
 where
     F: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
 {
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(response) = send().await {
-            if response.status() == StatusCode::OK {
-                return response;
-            }
+    crate::common::first_within_ten_seconds("no slot came back", || {
+        let sent = send();
+        async move {
+            let response = sent.await.ok()?;
+            (response.status() == StatusCode::OK).then_some(response)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no slot came back"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// src/guide.rs:208 ("N tasks racing for L slots get exactly L"; "holds each admitted request's
@@ -436,41 +431,19 @@ async fn over_a_real_listener_racing_clients_get_exactly_the_slots_and_disconnec
             .header("x-how", how)
             .send()
     };
-    let calls: Vec<_> = (0..16)
-        .map(|_| {
-            let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move {
-                let mut response = client
-                    .get(&url)
-                    .header("x-tenant", "t")
-                    .send()
-                    .await
-                    .unwrap();
-                if response.status() == StatusCode::OK {
-                    assert_eq!(response.chunk().await.unwrap().unwrap(), "a");
-                }
-                response
-            })
-        })
-        .collect();
-    let mut open = Vec::new();
-    for call in calls {
-        let response = call.await.unwrap();
-        if response.status() == StatusCode::OK {
-            open.push(response);
-        } else {
-            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-            let headers = response.headers();
-            assert_eq!(header(headers, "retry-after").as_deref(), Some("1"));
-            assert_eq!(
-                header(headers, "ratelimit").as_deref(),
-                Some("\"streams\";r=0")
-            );
-            assert_eq!(
-                header(headers, "ratelimit-policy").as_deref(),
-                Some("\"streams\";q=4;qu=\"concurrent-requests\"")
-            );
-        }
+    let (mut open, refused) = racing_clients(&client, std::slice::from_ref(&url), 16).await;
+    for response in &refused {
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let headers = response.headers();
+        assert_eq!(header(headers, "retry-after").as_deref(), Some("1"));
+        assert_eq!(
+            header(headers, "ratelimit").as_deref(),
+            Some("\"streams\";r=0")
+        );
+        assert_eq!(
+            header(headers, "ratelimit-policy").as_deref(),
+            Some("\"streams\";q=4;qu=\"concurrent-requests\"")
+        );
     }
     assert_eq!(open.len(), 4, "exactly the slots");
     // A client goes away mid-stream: its slot comes back, once.
@@ -482,18 +455,19 @@ async fn over_a_real_listener_racing_clients_get_exactly_the_slots_and_disconnec
     );
     // Another goes away; a handler that panics takes the freed slot, then gives it back.
     drop(open.pop());
-    let start = std::time::Instant::now();
-    loop {
-        match get("panic").await {
-            Err(_) => break, // admitted, and the handler panicked
-            Ok(response) => assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS),
+    crate::common::first_within_ten_seconds("no slot came back", || {
+        let sent = get("panic");
+        async move {
+            match sent.await {
+                Err(_) => Some(()), // admitted, and the handler panicked
+                Ok(response) => {
+                    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                    None
+                }
+            }
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no slot came back"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     open.push(admitted_eventually(|| get("stream")).await);
     assert_eq!(
         get("stream").await.unwrap().status(),
@@ -879,21 +853,14 @@ async fn racing_tasks_taking_and_ending_streams_never_hold_more_than_the_limit()
         vetoed.load(Ordering::SeqCst) > 0,
         "some requests were vetoed"
     );
+    let call = || service.clone().oneshot(slots_request_no_veto(1));
     let mut again = Vec::new();
     for _ in 0..5 {
-        let response = service
-            .clone()
-            .oneshot(slots_request_no_veto(1))
-            .await
-            .unwrap();
+        let response = call().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "every slot back");
         again.push(response);
     }
-    let over = service
-        .clone()
-        .oneshot(slots_request_no_veto(1))
-        .await
-        .unwrap();
+    let over = call().await.unwrap();
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "none twice");
 }
 

@@ -197,18 +197,12 @@ async fn admitted_eventually<F>(server: &RedisServer, send: impl Fn() -> F) -> r
 where
     F: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
 {
-    let start = Instant::now();
-    loop {
-        if held(server) < 4 {
-            let response = send().await.unwrap();
-            if response.status() == StatusCode::OK {
-                return response;
-            }
+    crate::common::first_within_ten_seconds("no slot came back", || {
+        let sent = (held(server) < 4).then(&send);
+        async move {
+            let response = sent?.await.unwrap();
+            (response.status() == StatusCode::OK).then_some(response)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no slot came back"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
