@@ -92,6 +92,15 @@ pub fn limited<P: PolicySet + Send + Sync + 'static>(
     )
 }
 
+/// [`limited`] answering [`plain_answer`], and the semaphore whose permits let its streams end
+/// (none yet).
+pub fn plainly_limited<P: PolicySet + Send + Sync + 'static>(
+    policies: P,
+) -> (Limited, Arc<Semaphore>) {
+    let ends = Arc::new(Semaphore::new(0));
+    (limited(policies, &ends, plain_answer), ends)
+}
+
 /// A request of tenant `t` (header `x-tenant`) saying how the handler answers it.
 pub fn request(how: &str) -> Request<Body> {
     Request::builder()

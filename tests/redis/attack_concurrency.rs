@@ -16,39 +16,11 @@ use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{Limiter, Quota};
 
-use crate::common::held_stream::{limited, plain_answer, request};
+use crate::common::held_stream::{limited, plain_answer, plainly_limited, racing_clients, request};
 use crate::common::redis_server::{eventually, or_skip, RedisServer};
-
-/// The Redis key of tenant `t` under the tests' prefix.
-const KEY: &str = "c:{t}";
+use crate::concurrency::{held, policy, policy_with, KEY};
 
 type Streams = Policy<HeaderKey, ConcurrencyLimiter<HeaderValue>>;
-
-/// An instance's policy of `in_flight` streams per tenant in the Redis of `store`, on `clock`,
-/// its slots living `hold_for` unless renewed, failing as `fail_mode` says.
-fn streams(
-    store: &RedisStore,
-    clock: &ManualClock,
-    in_flight: u32,
-    hold_for: Duration,
-    fail_mode: RedisFailMode,
-) -> Streams {
-    let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store.clone())
-        .client_clock(clock.clone())
-        .prefix("c:")
-        .timeout(Duration::from_secs(5))
-        .probe_interval(Duration::ZERO)
-        .fail_mode(fail_mode)
-        .hold_for(hold_for);
-    let key = HeaderKey::new("x-tenant").unwrap();
-    Policy::concurrent_in_redis("streams", key, in_flight, redis).unwrap()
-}
-
-/// The slots `key` holds in Redis (expired ones included until a decision prunes them).
-fn held(server: &RedisServer, key: &str) -> u64 {
-    let reply = server.command(&["ZCARD", key]);
-    reply.trim_start_matches(':').parse().unwrap()
-}
 
 /// Whether `limiter` admits one more request of tenant `t` (given back at once if so, and
 /// waited for until Redis has it back).
@@ -67,6 +39,68 @@ async fn admits(server: &RedisServer, limiter: &ConcurrencyLimiter<HeaderValue>)
     allowed
 }
 
+/// Waits (ten seconds at most) until Redis holds `slots` slots of tenant `t`; `what` says
+/// what the wait is for.
+async fn held_eventually(server: &RedisServer, slots: u64, what: &str) {
+    eventually(what, Duration::from_secs(10), || held(server, KEY) == slots).await;
+}
+
+/// Moves `clock` on by two thirds of `hold_for`, `rounds` times, each time waiting until tenant
+/// `t`'s one slot is renewed (none expires within the next second) and asserting that `other`,
+/// another instance's policy, is refused meanwhile.
+async fn assert_slot_renewed_and_held(
+    server: &RedisServer,
+    clock: &ManualClock,
+    hold_for: Duration,
+    other: &Streams,
+    rounds: usize,
+) {
+    for _ in 0..rounds {
+        clock.advance(hold_for * 2 / 3);
+        let renewed = (clock.now() + 1_000_000_000).to_string();
+        eventually("the stream's slot renewed", Duration::from_secs(10), || {
+            server.command(&["ZCOUNT", KEY, "-inf", &format!("({renewed}")]) == ":0"
+                && held(server, KEY) == 1
+        })
+        .await;
+        assert!(!admits(server, other.limiter()).await, "the slot is held");
+    }
+}
+
+/// Lets `stream`'s held body end (a permit on `ends`), asserts that it sent `ab`, and waits
+/// until Redis holds no slot of tenant `t`; `what` says what the wait is for.
+async fn end_stream_and_await_slots_back(
+    server: &RedisServer,
+    ends: &Semaphore,
+    stream: http::Response<tower_bulwark::rate_limit::RateLimitBody<axum::body::Body>>,
+    what: &str,
+) {
+    ends.add_permits(1);
+    let body = stream.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ab");
+    held_eventually(server, 0, what).await;
+}
+
+/// What a limit of two slots answers three streams held at once: two admitted, one refused.
+const TWO_ADMITTED_THEN_REFUSED: [StatusCode; 3] = [
+    StatusCode::OK,
+    StatusCode::OK,
+    StatusCode::TOO_MANY_REQUESTS,
+];
+
+/// The statuses of three calls of `call()` in a row, each answer held until all three are in.
+async fn statuses_of_three_at_once<F, B, E>(call: impl Fn() -> F) -> Vec<StatusCode>
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+    E: std::fmt::Debug,
+{
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(call().await.unwrap());
+    }
+    open.iter().map(|r| r.status()).collect()
+}
+
 /// src/rate_limit/concurrent.rs:173-175 ("each instance renews all of its live holds every
 /// third of it, in one call, so a request of any length keeps its slot while its instance
 /// reaches Redis") and src/guide.rs:215 ("each slot goes back once, by its id, whatever ends
@@ -78,34 +112,14 @@ async fn a_stream_outliving_its_layer_keeps_its_slot_and_gives_it_back() {
     let (server, store) = or_skip!(RedisServer::with_store("a_stream_outliving_its_layer").await);
     let clock = ManualClock::new();
     let hold_for = Duration::from_secs(1);
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(
-        streams(&store, &clock, 1, hold_for, RedisFailMode::Propagate),
-        &ends,
-        plain_answer,
-    );
+    let (service, ends) = plainly_limited(policy(&store, &clock, 1, hold_for));
     let stream = service.clone().oneshot(request("stream")).await.unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     drop(service); // the reload: only the stream's body is left of the old layer
     let other_store = RedisStore::connect(&server.url()).await.unwrap();
-    let other = streams(&other_store, &clock, 1, hold_for, RedisFailMode::Propagate);
-    for _ in 0..4 {
-        clock.advance(hold_for * 2 / 3);
-        let renewed = (clock.now() + 1_000_000_000).to_string();
-        eventually("the stream's slot renewed", Duration::from_secs(10), || {
-            server.command(&["ZCOUNT", KEY, "-inf", &format!("({renewed}")]) == ":0"
-                && held(&server, KEY) == 1
-        })
-        .await;
-        assert!(!admits(&server, other.limiter()).await, "the slot is held");
-    }
-    ends.add_permits(1);
-    let body = stream.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body, "ab");
-    eventually("the slot back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
+    let other = policy(&other_store, &clock, 1, hold_for);
+    assert_slot_renewed_and_held(&server, &clock, hold_for, &other, 4).await;
+    end_stream_and_await_slots_back(&server, &ends, stream, "the slot back").await;
     assert!(admits(&server, other.limiter()).await);
 }
 
@@ -130,7 +144,7 @@ async fn a_dead_instances_slots_come_back_at_hold_for_and_never_more_meanwhile()
             .unwrap();
         runtime.block_on(async move {
             let store = RedisStore::connect(&url).await.unwrap();
-            let policy = streams(&store, &a_clock, 3, hold_for, RedisFailMode::Propagate);
+            let policy = policy(&store, &a_clock, 3, hold_for);
             let service = limited(policy, &Arc::new(Semaphore::new(0)), plain_answer);
             for _ in 0..2 {
                 let response = service.clone().oneshot(request("stream")).await.unwrap();
@@ -146,9 +160,8 @@ async fn a_dead_instances_slots_come_back_at_hold_for_and_never_more_meanwhile()
     .unwrap();
     assert_eq!(held(&server, KEY), 2);
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let b = streams(&store, &clock, 3, hold_for, RedisFailMode::Propagate);
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(b, &ends, plain_answer);
+    let b = policy(&store, &clock, 3, hold_for);
+    let (service, _ends) = plainly_limited(b);
     let call = || service.clone().oneshot(request("stream"));
     // B's own slot is taken a second later than A's: it expires a second after them.
     clock.advance(Duration::from_secs(1));
@@ -212,48 +225,21 @@ async fn clients_of_two_instances_racing_over_real_listeners_get_exactly_the_slo
     let mut urls = Vec::new();
     for _ in 0..2 {
         let store = RedisStore::connect(&server.url()).await.unwrap();
-        let policy = streams(
-            &store,
-            &clock,
-            5,
-            Duration::from_secs(60),
-            RedisFailMode::Propagate,
-        );
+        let policy = policy(&store, &clock, 5, Duration::from_secs(60));
         urls.push(serve_instance(policy, &ends).await);
     }
     let client = reqwest::Client::new();
     for round in 0..5 {
-        let calls: Vec<_> = (0..20)
-            .map(|i| {
-                let (client, url) = (client.clone(), urls[i % 2].clone());
-                tokio::spawn(async move {
-                    let sent = client.get(&url).header("x-tenant", "t").send().await;
-                    let mut response = sent.unwrap();
-                    if response.status() == StatusCode::OK {
-                        assert_eq!(response.chunk().await.unwrap().unwrap(), "a");
-                    } else {
-                        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-                        assert_eq!(response.headers()["retry-after"], "1");
-                    }
-                    response
-                })
-            })
-            .collect();
-        let mut open = Vec::new();
-        for call in calls {
-            let response = call.await.unwrap();
-            if response.status() == StatusCode::OK {
-                open.push(response);
-            }
+        let (open, refused) = racing_clients(&client, &urls, 20).await;
+        for response in &refused {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(response.headers()["retry-after"], "1");
         }
         let admitted = open.len();
         drop(open);
         // The admitted clients went away mid-stream.
         assert_eq!(admitted, 5, "round {round}");
-        eventually("every stream's slot back", Duration::from_secs(10), || {
-            held(&server, KEY) == 0
-        })
-        .await;
+        held_eventually(&server, 0, "every stream's slot back").await;
     }
 }
 
@@ -271,15 +257,14 @@ async fn a_veto_after_the_slot_was_taken_in_redis_gives_it_back() {
         .clock(clock.clone())
         .build();
     let rate = Policy::new("rate", HeaderKey::new("x-tenant").unwrap(), rate).unwrap();
-    let policy = streams(
+    let policy = policy_with(
         &store,
         &clock,
         2,
         Duration::from_secs(3600), // the rate's minute must not expire the slots
         RedisFailMode::Propagate,
     );
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(policy.and(rate), &ends, plain_answer);
+    let (service, _ends) = plainly_limited(policy.and(rate));
     let call = || service.clone().oneshot(request("stream"));
     let first = call().await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
@@ -289,10 +274,7 @@ async fn a_veto_after_the_slot_was_taken_in_redis_gives_it_back() {
         let field = vetoed.headers()["ratelimit"].to_str().unwrap().to_owned();
         assert!(field.contains("\"rate\";r=0"), "the rate vetoed: {field}");
     }
-    eventually("the vetoes' slots back", Duration::from_secs(10), || {
-        held(&server, KEY) == 1
-    })
-    .await;
+    held_eventually(&server, 1, "the vetoes' slots back").await;
     clock.advance(Duration::from_secs(60));
     let second = call().await.unwrap();
     assert_eq!(second.status(), StatusCode::OK, "a veto kept a slot");
@@ -317,15 +299,14 @@ async fn a_veto_after_the_slot_was_taken_in_redis_gives_it_back() {
 async fn a_redis_killed_and_back_empty_leaks_no_slot_under_the_local_fail_mode() {
     let (mut server, store) = or_skip!(RedisServer::with_store("a_redis_killed_and_back").await);
     let clock = ManualClock::new();
-    let policy = streams(
+    let policy = policy_with(
         &store,
         &clock,
         2,
         Duration::from_secs(60),
         RedisFailMode::Local,
     );
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(policy, &ends, plain_answer);
+    let (service, _ends) = plainly_limited(policy);
     let call = || service.clone().oneshot(request("stream"));
     let in_redis = call().await.unwrap();
     assert_eq!(in_redis.status(), StatusCode::OK);
@@ -362,21 +343,10 @@ async fn a_redis_killed_and_back_empty_leaks_no_slot_under_the_local_fail_mode()
         after.len()
     );
     drop((in_redis, after));
-    eventually("every slot back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
-    let mut open = Vec::new();
-    for _ in 0..3 {
-        open.push(call().await.unwrap());
-    }
+    held_eventually(&server, 0, "every slot back").await;
     assert_eq!(
-        open.iter().map(|r| r.status()).collect::<Vec<_>>(),
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS
-        ],
+        statuses_of_three_at_once(call).await,
+        TWO_ADMITTED_THEN_REFUSED,
         "exactly the limit once Redis is back"
     );
 }
@@ -410,13 +380,7 @@ async fn thousands_of_slots_in_flight_are_all_renewed_across_several_calls() {
     let (server, store) = or_skip!(RedisServer::with_store("thousands_of_slots_renewed").await);
     let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
     let hold_for = Duration::from_secs(1);
-    let policy = Arc::new(streams(
-        &store,
-        &clock,
-        3000,
-        hold_for,
-        RedisFailMode::Propagate,
-    ));
+    let policy = Arc::new(policy(&store, &clock, 3000, hold_for));
     let mut keys = vec![HeaderValue::from_static("t"); 2600];
     keys.extend((0..1500).map(|k| HeaderValue::from_str(&format!("k{k}")).unwrap()));
     let mut holds = Vec::new();
@@ -466,9 +430,7 @@ async fn renewals_resume_after_redis_comes_back() {
     let clock = crate::common::manual_clock_at(Duration::from_secs(1000));
     let hold_for = Duration::from_secs(3);
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let ends = Arc::new(Semaphore::new(0));
-    let policy = streams(&store, &clock, 1, hold_for, RedisFailMode::Propagate);
-    let service = limited(policy, &ends, plain_answer);
+    let (service, ends) = plainly_limited(policy(&store, &clock, 1, hold_for));
     let stream = service.clone().oneshot(request("stream")).await.unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     server.kill();
@@ -477,24 +439,9 @@ async fn renewals_resume_after_redis_comes_back() {
     server.restart();
     assert_eq!(held(&server, KEY), 1, "the state survived");
     let other_store = RedisStore::connect(&server.url()).await.unwrap();
-    let other = streams(&other_store, &clock, 1, hold_for, RedisFailMode::Propagate);
-    for _ in 0..3 {
-        clock.advance(hold_for * 2 / 3);
-        let renewed = (clock.now() + 1_000_000_000).to_string();
-        eventually("the stream's slot renewed", Duration::from_secs(10), || {
-            server.command(&["ZCOUNT", KEY, "-inf", &format!("({renewed}")]) == ":0"
-                && held(&server, KEY) == 1
-        })
-        .await;
-        assert!(!admits(&server, other.limiter()).await, "the slot is held");
-    }
-    ends.add_permits(1);
-    let body = stream.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body, "ab");
-    eventually("the slot back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
+    let other = policy(&other_store, &clock, 1, hold_for);
+    assert_slot_renewed_and_held(&server, &clock, hold_for, &other, 3).await;
+    end_stream_and_await_slots_back(&server, &ends, stream, "the slot back").await;
 }
 
 /// src/rate_limit/layer.rs:84-85 ("What to do when a limiter returns an error
@@ -511,15 +458,7 @@ async fn a_failing_policy_after_the_slot_answers_503_and_gives_the_slot_back() {
     use tower_bulwark::rate_limit::{FailMode, RateLimitLayer};
     let (server, store) = or_skip!(RedisServer::with_store("a_failing_policy_after").await);
     let clock = ManualClock::new();
-    let live = || {
-        streams(
-            &store,
-            &clock,
-            2,
-            Duration::from_secs(60),
-            RedisFailMode::Propagate,
-        )
-    };
+    let live = || policy(&store, &clock, 2, Duration::from_secs(60));
     let dead_store = RedisStore::connect_lazy("redis://127.0.0.1:1/").unwrap();
     let dead = || {
         let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), dead_store.clone())
@@ -530,18 +469,14 @@ async fn a_failing_policy_after_the_slot_answers_503_and_gives_the_slot_back() {
         let key = HeaderKey::new("x-tenant").unwrap();
         Policy::concurrent_in_redis("gone", key, 2, redis).unwrap()
     };
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(live().and(dead()), &ends, plain_answer);
+    let (service, ends) = plainly_limited(live().and(dead()));
     let mut answers = Vec::new();
     for _ in 0..4 {
         let response = service.clone().oneshot(request("stream")).await.unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         answers.push(response);
     }
-    eventually("the live slots back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
+    held_eventually(&server, 0, "the live slots back").await;
     drop(answers);
     let open = RateLimitLayer::new(live().and(dead()))
         .wrap_body()
@@ -564,10 +499,7 @@ async fn a_failing_policy_after_the_slot_answers_503_and_gives_the_slot_back() {
     );
     assert_eq!(held(&server, KEY), 2);
     drop(streaming);
-    eventually("the streams' slots back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
+    held_eventually(&server, 0, "the streams' slots back").await;
 }
 
 /// The process id of `server`, from `INFO server`.
@@ -610,8 +542,7 @@ async fn a_stalled_redis_under_the_layer_leaves_no_slot_behind_once_it_resumes()
         .hold_for(Duration::from_secs(3600));
     let key = HeaderKey::new("x-tenant").unwrap();
     let policy = Policy::concurrent_in_redis("streams", key, 2, redis).unwrap();
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(policy, &ends, plain_answer);
+    let (service, _ends) = plainly_limited(policy);
     let call = || service.clone().oneshot(request("stream"));
     let before_stall = call().await.unwrap();
     assert_eq!(before_stall.status(), StatusCode::OK);
@@ -627,32 +558,12 @@ async fn a_stalled_redis_under_the_layer_leaves_no_slot_behind_once_it_resumes()
     tokio::time::sleep(Duration::from_millis(300)).await;
     signal("-CONT", &pid);
     let statuses: Vec<_> = stalled.iter().map(|r| r.status()).collect();
-    assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS
-        ],
-        "the local limit"
-    );
+    assert_eq!(statuses, TWO_ADMITTED_THEN_REFUSED, "the local limit");
     drop(stalled);
-    eventually("no slot left behind", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
-    let mut open = Vec::new();
-    for _ in 0..3 {
-        open.push(call().await.unwrap());
-    }
-    let statuses: Vec<_> = open.iter().map(|r| r.status()).collect();
+    held_eventually(&server, 0, "no slot left behind").await;
     assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS
-        ],
+        statuses_of_three_at_once(call).await,
+        TWO_ADMITTED_THEN_REFUSED,
         "exactly the limit once Redis is back"
     );
 }
@@ -667,17 +578,10 @@ async fn a_stalled_redis_under_the_layer_leaves_no_slot_behind_once_it_resumes()
 async fn count_if_leaves_a_redis_hold_of_several_slots_as_it_is() {
     let (server, store) = or_skip!(RedisServer::with_store("count_if_leaves_a_redis").await);
     let clock = ManualClock::new();
-    let policy = streams(
-        &store,
-        &clock,
-        3,
-        Duration::from_secs(60),
-        RedisFailMode::Propagate,
-    )
-    .cost(2)
-    .count_if(|_| false);
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(policy, &ends, plain_answer);
+    let policy = policy(&store, &clock, 3, Duration::from_secs(60))
+        .cost(2)
+        .count_if(|_| false);
+    let (service, ends) = plainly_limited(policy);
     let call = || service.clone().oneshot(request("stream"));
     let first = call().await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
@@ -696,13 +600,7 @@ async fn count_if_leaves_a_redis_hold_of_several_slots_as_it_is() {
     let refused = call().await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(refused.headers()["retry-after"], "1");
-    ends.add_permits(1);
-    let body = first.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body, "ab");
-    eventually("both slots back", Duration::from_secs(10), || {
-        held(&server, KEY) == 0
-    })
-    .await;
+    end_stream_and_await_slots_back(&server, &ends, first, "both slots back").await;
     let again = call().await.unwrap();
     assert_eq!(again.headers()["ratelimit"], "\"streams\";r=1", "back once");
 }
@@ -719,9 +617,8 @@ async fn a_closed_fail_mode_refuses_with_its_wait_and_takes_nothing() {
     let (mut server, store) = or_skip!(RedisServer::with_store("a_closed_fail_mode").await);
     let clock = ManualClock::new();
     let closed = RedisFailMode::Closed(Duration::from_secs(30));
-    let policy = streams(&store, &clock, 2, Duration::from_secs(60), closed);
-    let ends = Arc::new(Semaphore::new(0));
-    let service = limited(policy, &ends, plain_answer);
+    let policy = policy_with(&store, &clock, 2, Duration::from_secs(60), closed);
+    let (service, _ends) = plainly_limited(policy);
     let call = || service.clone().oneshot(request("stream"));
     server.kill();
     for _ in 0..3 {
@@ -732,18 +629,14 @@ async fn a_closed_fail_mode_refuses_with_its_wait_and_takes_nothing() {
         assert!(policy.contains("qu=\"concurrent-requests\""), "{policy}");
     }
     server.restart();
-    let start = std::time::Instant::now();
-    let first = loop {
-        let response = call().await.unwrap();
-        if response.status() == StatusCode::OK {
-            break response;
+    let first = crate::common::first_within_ten_seconds("Redis never back", || {
+        let sent = call();
+        async move {
+            let response = sent.await.unwrap();
+            (response.status() == StatusCode::OK).then_some(response)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "Redis never back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     assert_eq!(first.headers()["ratelimit"], "\"streams\";r=1");
     let second = call().await.unwrap();
     assert_eq!(second.status(), StatusCode::OK);

@@ -17,7 +17,7 @@ use tower_bulwark::{Limiter, Quota};
 use crate::common::redis_server::{eventually, or_skip, FakeRedis, RedisServer};
 
 /// The Redis key of tenant `t` under the tests' prefix.
-const KEY: &str = "c:{t}";
+pub(crate) const KEY: &str = "c:{t}";
 
 fn tenant() -> HeaderValue {
     HeaderValue::from_static("t")
@@ -25,7 +25,7 @@ fn tenant() -> HeaderValue {
 
 /// An instance's policy of `in_flight` slots per tenant on `store`, on `clock`, whose slots
 /// live `expiry` unless renewed, failing with Redis's error after 5 s (or `fail_mode`).
-fn policy_with(
+pub(crate) fn policy_with(
     store: &RedisStore,
     clock: &ManualClock,
     in_flight: u32,
@@ -43,7 +43,8 @@ fn policy_with(
     Policy::concurrent_in_redis("streams", key, in_flight, redis).unwrap()
 }
 
-fn policy(
+/// [`policy_with`] failing with Redis's error ([`RedisFailMode::Propagate`]).
+pub(crate) fn policy(
     store: &RedisStore,
     clock: &ManualClock,
     in_flight: u32,
@@ -53,7 +54,7 @@ fn policy(
 }
 
 /// The slots `key` holds in Redis (expired ones included until a decision prunes them).
-fn held(server: &RedisServer, key: &str) -> u64 {
+pub(crate) fn held(server: &RedisServer, key: &str) -> u64 {
     let reply = server.command(&["ZCARD", key]);
     reply.trim_start_matches(':').parse().unwrap()
 }
