@@ -121,6 +121,14 @@ impl TargetEvents {
         self.seen.lock().unwrap().clone()
     }
 
+    /// How many of the events seen so far are `WARN` events.
+    pub fn warns(&self) -> usize {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(level, _)| *level == tracing::Level::WARN)
+            .count()
+    }
+
     /// How many of the events seen so far have fields that contain `what`.
     pub fn count(&self, what: &str) -> usize {
         let seen = self.seen.lock().unwrap();

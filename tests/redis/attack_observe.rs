@@ -9,18 +9,8 @@ use tower_bulwark::Limiter;
 
 /// One limiter `shared` of 3 an hour per key in the Redis at `url`, closed while it is down.
 fn config(url: &str) -> String {
-    format!(
-        r#"
-        [rate_limiters.shared]
-        limit_for_period = 3
-        limit_refresh_period = "1h"
-        key = "header:x-api-key"
-        store = "redis"
-        redis_url = "{url}"
-        redis_timeout = "200ms"
-        redis_fail_mode = "closed"
-        "#
-    )
+    let closed = "redis_timeout = \"200ms\"\nredis_fail_mode = \"closed\"";
+    crate::config::shared_on_redis(url, closed)
 }
 
 /// `calls` decisions of distinct keys at once; how many were admitted.
@@ -39,12 +29,8 @@ async fn decide_at_once(registry: &Registry, calls: usize) -> usize {
 
 /// The value of `bulwark_ratelimiter_store_failures_total{name="shared"}` in a scrape.
 fn failures_in(scrape: &str) -> u64 {
-    scrape
-        .lines()
-        .find(|l| l.starts_with("bulwark_ratelimiter_store_failures_total{name=\"shared\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no store failures series in:\n{scrape}"))
+    let series = "bulwark_ratelimiter_store_failures_total{name=\"shared\"}";
+    value_in(scrape, series).unwrap_or_else(|| panic!("no store failures series in:\n{scrape}"))
 }
 
 /// Redis goes away after one decision; 20 decisions fail at once and the fail mode answers.
@@ -119,11 +105,7 @@ fn attack_decisions_failing_at_once_are_one_warn_per_outage() {
         assert_eq!(health.rate_limiters[0].store_failures, Some(40));
     });
     let seen = events.seen();
-    let warns = seen
-        .iter()
-        .filter(|(level, _)| *level == tracing::Level::WARN)
-        .count();
-    assert_eq!(warns, 1, "{seen:#?}");
+    assert_eq!(events.warns(), 1, "{seen:#?}");
     // The WARN names the limiter it is about (the configured instance's name or prefix).
     let warn = seen
         .iter()
@@ -280,12 +262,15 @@ fn attack_client_keys_cannot_end_the_hash_tag_or_share_a_redis_key() {
         let app = axum::Router::new()
             .route("/orders", axum::routing::get(|| async { "ok" }))
             .route_layer(RateLimitLayer::new(policy));
-        for value in &values {
+        let status_of = |value: &[u8]| {
             let request = http::Request::get("/orders")
                 .header("x-api-key", http::HeaderValue::from_bytes(value).unwrap())
                 .body(axum::body::Body::empty())
                 .unwrap();
-            let status = app.clone().oneshot(request).await.unwrap().status();
+            app.clone().oneshot(request)
+        };
+        for value in &values {
+            let status = status_of(value).await.unwrap().status();
             assert_eq!(
                 status,
                 200,
@@ -295,11 +280,7 @@ fn attack_client_keys_cannot_end_the_hash_tag_or_share_a_redis_key() {
         }
         // Each value's second request is refused: one budget per value, kept.
         for value in &values {
-            let request = http::Request::get("/orders")
-                .header("x-api-key", http::HeaderValue::from_bytes(value).unwrap())
-                .body(axum::body::Body::empty())
-                .unwrap();
-            let status = app.clone().oneshot(request).await.unwrap().status();
+            let status = status_of(value).await.unwrap().status();
             assert_eq!(status, 429, "{:?}", String::from_utf8_lossy(value));
         }
     });

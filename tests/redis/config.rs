@@ -58,7 +58,7 @@ async fn two_registries_on_one_redis_share_one_quota() {
 
 /// A file of one rate limiter, `shared`, of 3 an hour keyed by `x-api-key`, in the Redis at
 /// `url`, with the further settings `extra` (TOML lines).
-fn shared_on_redis(url: &str, extra: &str) -> String {
+pub(crate) fn shared_on_redis(url: &str, extra: &str) -> String {
     format!(
         r#"
         [rate_limiters.shared]
