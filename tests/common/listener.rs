@@ -12,6 +12,12 @@ use tokio::net::TcpListener;
 /// returns its address. The server runs until the test's runtime ends.
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on(listener, app)
+}
+
+/// Serves `app` on `listener` with connection info, as a real server does, and returns its
+/// address. The server runs until the test's runtime ends.
+pub fn serve_on(listener: TcpListener, app: Router) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         axum::serve(

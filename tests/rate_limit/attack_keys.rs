@@ -49,8 +49,35 @@ async fn status(app: &Router, peer: &str, headers: &[(&str, &str)]) -> StatusCod
     app.oneshot(request).await.unwrap().status()
 }
 
+/// Asserts that `app` (one request an hour per key) admits both `clients` from `peer`, each
+/// written in header `header`: two keys. `shared` says what a refusal of the second means.
+async fn assert_two_keys(app: &Router, peer: &str, header: &str, clients: [&str; 2], shared: &str) {
+    let [a, b] = clients;
+    assert_eq!(
+        status(app, peer, &[(header, a)]).await,
+        200,
+        "{header}: {a}"
+    );
+    assert_eq!(
+        status(app, peer, &[(header, b)]).await,
+        200,
+        "{header}: {shared}"
+    );
+}
+
+/// The trusted proxies' network, 10.0.0.0/8.
 fn proxies() -> [Cidr; 1] {
     ["10.0.0.0/8".parse().unwrap()]
+}
+
+/// The `ForwardedIp` trusting [`proxies`] that reads `Forwarded` (with `forwarded`) or else
+/// `X-Forwarded-For`, and the name of the header it reads.
+fn trusting_proxies(forwarded: bool) -> (ForwardedIp, &'static str) {
+    if forwarded {
+        (ForwardedIp::forwarded(proxies()), "forwarded")
+    } else {
+        (ForwardedIp::x_forwarded_for(proxies()), "x-forwarded-for")
+    }
 }
 
 /// The app listens on a dual-stack socket, so its IPv4 proxy 10.0.0.2 is seen as
@@ -64,36 +91,18 @@ fn proxies() -> [Cidr; 1] {
 #[tokio::test]
 async fn attack_a_trusted_ipv4_proxy_seen_through_a_dual_stack_socket_is_trusted() {
     for forwarded in [false, true] {
-        let (extractor, header, a, b) = if forwarded {
-            (
-                ForwardedIp::forwarded(proxies()),
-                "forwarded",
-                "for=198.51.100.7",
-                "for=203.0.113.9",
-            )
+        let (extractor, header) = trusting_proxies(forwarded);
+        let (a, b) = if forwarded {
+            ("for=198.51.100.7", "for=203.0.113.9")
         } else {
-            (
-                ForwardedIp::x_forwarded_for(proxies()),
-                "x-forwarded-for",
-                "198.51.100.7",
-                "203.0.113.9",
-            )
+            ("198.51.100.7", "203.0.113.9")
         };
         let app = one_an_hour(extractor);
         // Through the plain IPv4 peer, as a control: two clients, two keys.
-        assert_eq!(status(&app, "10.0.0.2", &[(header, a)]).await, 200);
-        assert_eq!(status(&app, "10.0.0.2", &[(header, b)]).await, 200);
-        let app = one_an_hour(if forwarded {
-            ForwardedIp::forwarded(proxies())
-        } else {
-            ForwardedIp::x_forwarded_for(proxies())
-        });
-        assert_eq!(status(&app, "::ffff:10.0.0.2", &[(header, a)]).await, 200);
-        assert_eq!(
-            status(&app, "::ffff:10.0.0.2", &[(header, b)]).await,
-            200,
-            "{header}: a second client behind the dual-stack-seen proxy shares the first's key"
-        );
+        assert_two_keys(&app, "10.0.0.2", header, [a, b], "the control").await;
+        let app = one_an_hour(trusting_proxies(forwarded).0);
+        let shared = "a second client behind the dual-stack-seen proxy shares the first's key";
+        assert_two_keys(&app, "::ffff:10.0.0.2", header, [a, b], shared).await;
     }
 }
 
@@ -105,18 +114,10 @@ async fn attack_a_trusted_proxy_on_a_real_dual_stack_listener_is_trusted() {
         eprintln!("skipped: no IPv6 socket");
         return;
     };
-    let port = listener.local_addr().unwrap().port();
     let app = one_an_hour(ForwardedIp::x_forwarded_for(["127.0.0.0/8"
         .parse::<Cidr>()
         .unwrap()]));
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
+    let port = crate::common::listener::serve_on(listener, app).port();
     let client = reqwest::Client::new();
     let send = |client_ip: &'static str| {
         let client = client.clone();
@@ -150,28 +151,18 @@ async fn attack_a_trusted_proxy_on_a_real_dual_stack_listener_is_trusted() {
 #[tokio::test]
 async fn attack_mapped_client_addresses_written_by_a_proxy_are_distinct_keys() {
     for forwarded in [false, true] {
-        let (extractor, header, a, b) = if forwarded {
+        let (extractor, header) = trusting_proxies(forwarded);
+        let (a, b) = if forwarded {
             (
-                ForwardedIp::forwarded(proxies()),
-                "forwarded",
                 r#"for="[::ffff:198.51.100.7]""#,
                 r#"for="[::ffff:203.0.113.9]""#,
             )
         } else {
-            (
-                ForwardedIp::x_forwarded_for(proxies()),
-                "x-forwarded-for",
-                "::ffff:198.51.100.7",
-                "::ffff:203.0.113.9",
-            )
+            ("::ffff:198.51.100.7", "::ffff:203.0.113.9")
         };
         let app = one_an_hour(extractor);
-        assert_eq!(status(&app, "10.0.0.2", &[(header, a)]).await, 200);
-        assert_eq!(
-            status(&app, "10.0.0.2", &[(header, b)]).await,
-            200,
-            "{header}: two IPv4 clients written in mapped form share one key"
-        );
+        let shared = "two IPv4 clients written in mapped form share one key";
+        assert_two_keys(&app, "10.0.0.2", header, [a, b], shared).await;
     }
 }
 
@@ -186,15 +177,8 @@ async fn attack_a_trusted_hop_written_in_mapped_form_is_skipped() {
     let app = one_an_hour(ForwardedIp::x_forwarded_for(proxies()));
     let a = "198.51.100.7, ::ffff:10.0.0.3";
     let b = "203.0.113.9, ::ffff:10.0.0.3";
-    assert_eq!(
-        status(&app, "10.0.0.2", &[("x-forwarded-for", a)]).await,
-        200
-    );
-    assert_eq!(
-        status(&app, "10.0.0.2", &[("x-forwarded-for", b)]).await,
-        200,
-        "two clients behind a mapped trusted hop share the hop's key"
-    );
+    let shared = "two clients behind a mapped trusted hop share the hop's key";
+    assert_two_keys(&app, "10.0.0.2", "x-forwarded-for", [a, b], shared).await;
 }
 
 /// With no proxy named, forwarding headers are never believed: whatever a client writes, its
