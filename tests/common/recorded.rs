@@ -54,6 +54,17 @@ pub fn counter(all: &Series, name: &str, labels: &[(&str, &str)]) -> u64 {
     }
 }
 
+/// The counters `name` of the instance `instance` told apart by the one further label `label`:
+/// for a value of it (an outcome, a kind, a reason), that counter, zero if it counted nothing.
+pub fn counter_by<'a>(
+    all: &'a Series,
+    name: &'a str,
+    instance: &'a str,
+    label: &'a str,
+) -> impl Fn(&str) -> u64 + 'a {
+    move |value| counter(all, name, &[("name", instance), (label, value)])
+}
+
 /// The gauge `name` with exactly `labels`; a panic if there is none.
 pub fn gauge(all: &Series, name: &str, labels: &[(&str, &str)]) -> f64 {
     match find(all, MetricKind::Gauge, name, labels) {
@@ -90,4 +101,31 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// Runs `each(t)` for every `t` in `0..threads` on as many OS threads, released together once
+/// each has `recorder` installed as its own: what each returned, in order (a panic in one
+/// fails the test).
+pub fn on_racing_threads<R, T>(
+    threads: usize,
+    recorder: &std::sync::Arc<R>,
+    each: impl Fn(usize) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T>
+where
+    R: metrics::Recorder + Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let threads: Vec<_> = (0..threads)
+        .map(|t| {
+            let (barrier, recorder, each) = (barrier.clone(), recorder.clone(), each.clone());
+            std::thread::spawn(move || {
+                metrics::with_local_recorder(&*recorder, || {
+                    barrier.wait();
+                    each(t)
+                })
+            })
+        })
+        .collect();
+    crate::common::joined(threads)
 }

@@ -4,7 +4,7 @@
 //! the documented sets however many distinct keys a flood brings.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
@@ -20,7 +20,9 @@ use tower_bulwark::rate_limit::{HeaderKey, PeerIp, Policy, RateLimitLayer};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::process::debug_events;
-use crate::common::recorded::{counter, gauge, on_own_recorder, runtime, series};
+use crate::common::recorded::{
+    counter, counter_by, gauge, on_own_recorder, on_racing_threads, runtime, series,
+};
 
 /// An API key no log line may carry once keys are hidden.
 const SECRET: &str = "sk-live-7f3a9c1e-SECRET-do-not-log";
@@ -42,6 +44,21 @@ async fn get_with_keys(app: &Router, peer: impl Into<IpAddr>, keys: &[&[u8]]) ->
             4000,
         )));
     app.clone().oneshot(request).await.unwrap().status()
+}
+
+/// The OS threads that race in the attacks on counts.
+const THREADS: usize = 8;
+
+/// A limiter of `limit` decisions an hour per `u32` key on `clock`, observed as `name`.
+fn observed_per_hour(
+    name: &'static str,
+    limit: u32,
+    clock: &ManualClock,
+) -> Observed<KeyedRateLimiter<u32, tower_bulwark::algorithm::Gcra, ManualClock>> {
+    let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_hour(limit).unwrap())
+        .clock(clock.clone())
+        .build();
+    Observed::new(name, limiter)
 }
 
 /// A config of one rate limiter keyed by `x-api-key`, 1 an hour, its keys hidden, enforced on
@@ -230,47 +247,31 @@ fn attack_refused_key_values_are_a_400_and_stay_out_of_logs_when_hidden() {
 /// uncounted"; src/guide.rs:180: "N threads racing for a limit of L get exactly L admissions".
 #[test]
 fn attack_racing_threads_with_refunds_are_counted_exactly_once_each() {
-    const THREADS: usize = 8;
     const EACH: usize = 400;
     const LIMIT: u32 = 1000;
     let recorder = Arc::new(DebuggingRecorder::new());
     let snapshotter = recorder.snapshotter();
     let clock = ManualClock::new();
-    let observed = Observed::new(
-        "race",
-        KeyedRateLimiter::<u32>::builder(Quota::per_hour(LIMIT).unwrap())
-            .clock(clock.clone())
-            .build(),
-    );
-    let barrier = Arc::new(Barrier::new(THREADS));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (observed, barrier, recorder) =
-                (observed.clone(), barrier.clone(), recorder.clone());
-            std::thread::spawn(move || {
-                metrics::with_local_recorder(&*recorder, || {
-                    barrier.wait();
-                    let (mut allowed, mut limited, mut refunded) = (0u64, 0u64, 0u64);
-                    for i in 0..EACH {
-                        let decision = observed.reserve_now(&7, 1).unwrap().unwrap();
-                        if decision.allowed {
-                            allowed += 1;
-                            // Every third admission is given back at once, as a veto would.
-                            if (i + t) % 3 == 0 && observed.refund(&7, 1, decision) {
-                                refunded += 1;
-                            }
-                        } else {
-                            limited += 1;
-                        }
-                    }
-                    (allowed, limited, refunded)
-                })
-            })
-        })
-        .collect();
+    let observed = observed_per_hour("race", LIMIT, &clock);
+    let observed_by_threads = observed.clone();
+    let tallies = on_racing_threads(THREADS, &recorder, move |t| {
+        let (mut allowed, mut limited, mut refunded) = (0u64, 0u64, 0u64);
+        for i in 0..EACH {
+            let decision = observed_by_threads.reserve_now(&7, 1).unwrap().unwrap();
+            if decision.allowed {
+                allowed += 1;
+                // Every third admission is given back at once, as a veto would.
+                if (i + t) % 3 == 0 && observed_by_threads.refund(&7, 1, decision) {
+                    refunded += 1;
+                }
+            } else {
+                limited += 1;
+            }
+        }
+        (allowed, limited, refunded)
+    });
     let (mut allowed, mut limited, mut refunded) = (0, 0, 0);
-    for thread in threads {
-        let (a, l, r) = thread.join().unwrap();
+    for (a, l, r) in tallies {
         allowed += a;
         limited += l;
         refunded += r;
@@ -283,13 +284,7 @@ fn attack_racing_threads_with_refunds_are_counted_exactly_once_each() {
     );
     metrics::with_local_recorder(&*recorder, || observed.publish_gauges());
     let all = series(&snapshotter);
-    let calls = |outcome| {
-        counter(
-            &all,
-            "bulwark_ratelimiter_calls_total",
-            &[("name", "race"), ("outcome", outcome)],
-        )
-    };
+    let calls = counter_by(&all, "bulwark_ratelimiter_calls_total", "race", "outcome");
     assert_eq!(calls("allowed"), allowed, "{all:?}");
     assert_eq!(calls("limited"), limited, "{all:?}");
     assert_eq!(calls("refunded"), refunded, "{all:?}");
@@ -363,11 +358,7 @@ policies = ["per-key", "everyone"]
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3);
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 37);
     let calls = |name, outcome| {
-        counter(
-            &all,
-            "bulwark_ratelimiter_calls_total",
-            &[("name", name), ("outcome", outcome)],
-        )
+        counter_by(&all, "bulwark_ratelimiter_calls_total", name, "outcome")(outcome)
     };
     assert_eq!(calls("everyone", "allowed"), 3, "{all:?}");
     assert_eq!(calls("everyone", "limited"), 37, "{all:?}");
@@ -448,14 +439,7 @@ policies = [{ limiter = "shadowed", shadow = true }, "per-ip", "per-key"]
 /// client cannot move to a fresh budget by the form its address takes.
 #[test]
 fn attack_a_mapped_peer_is_its_ipv4_client_in_code_too() {
-    let limiter = KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
-        .clock(ManualClock::new())
-        .build();
-    let app = Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
-        ));
+    let app = crate::common::listener::orders_one_an_hour("per-ip", PeerIp::new());
     runtime().block_on(async {
         let send = |peer: &str| {
             let app = app
@@ -715,38 +699,20 @@ fn attack_health_json_parses_whatever_the_instance_names() {
 /// available_permissions`: "Permits left after the latest decision, for that decision's key".
 #[test]
 fn attack_the_permits_gauge_after_a_race_is_what_the_key_has_left() {
-    const THREADS: usize = 8;
     const EACH: u64 = 100;
     const LIMIT: u32 = 10_000;
     let recorder = Arc::new(DebuggingRecorder::new());
     let snapshotter = recorder.snapshotter();
-    let observed = Observed::new(
-        "left",
-        KeyedRateLimiter::<u32>::builder(Quota::per_hour(LIMIT).unwrap())
-            .clock(ManualClock::new())
-            .build(),
-    );
+    let observed = observed_per_hour("left", LIMIT, &ManualClock::new());
     let mut wrong = Vec::new();
     for round in 0..20u32 {
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let threads: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let (observed, barrier, recorder) =
-                    (observed.clone(), barrier.clone(), recorder.clone());
-                std::thread::spawn(move || {
-                    metrics::with_local_recorder(&*recorder, || {
-                        barrier.wait();
-                        for _ in 0..EACH {
-                            let decision = observed.reserve_now(&round, 1).unwrap().unwrap();
-                            assert!(decision.allowed);
-                        }
-                    })
-                })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().unwrap();
-        }
+        let observed_by_threads = observed.clone();
+        on_racing_threads(THREADS, &recorder, move |_| {
+            for _ in 0..EACH {
+                let decision = observed_by_threads.reserve_now(&round, 1).unwrap().unwrap();
+                assert!(decision.allowed);
+            }
+        });
         metrics::with_local_recorder(&*recorder, || observed.publish_gauges());
         let all = series(&snapshotter);
         let shown = gauge(
