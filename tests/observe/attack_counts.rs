@@ -3,7 +3,7 @@
 //! it as its own), every call's outcome as its caller saw it is tallied, and the counters must
 //! match the tallies and the gauges the state.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -16,34 +16,25 @@ use tower_bulwark::outbound::breaker::{Breaker, BreakerOpen, Window};
 use tower_bulwark::BoxError;
 
 use crate::common::process::{thread_subscriber, TargetEvents};
-use crate::common::recorded::{counter, find, gauge, series, Series};
+use crate::common::recorded::{
+    counter, counter_by, find, gauge, on_racing_threads, series, Series,
+};
 
 const THREADS: usize = 8;
 
-/// Runs `calls` on `THREADS` OS threads released together, each on a current-thread runtime
-/// of its own with `recorder` installed: each thread's `(ok, refused)` tallies, summed.
+/// Runs `call` on `THREADS` OS threads released together ([`on_racing_threads`]), each on a
+/// current-thread runtime of its own with `recorder` installed: each thread's `(ok, refused)`
+/// tallies, summed.
 fn race<F, Fut>(recorder: &Arc<DebuggingRecorder>, call: F) -> (u64, u64)
 where
     F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
     Fut: std::future::Future<Output = (u64, u64)>,
 {
-    let barrier = Arc::new(Barrier::new(THREADS));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (barrier, recorder, call) = (barrier.clone(), recorder.clone(), call.clone());
-            std::thread::spawn(move || {
-                metrics::with_local_recorder(&*recorder, || {
-                    let runtime = crate::common::recorded::runtime();
-                    barrier.wait();
-                    runtime.block_on(call(t))
-                })
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+    on_racing_threads(THREADS, recorder, move |t| {
+        crate::common::recorded::runtime().block_on(call(t))
+    })
+    .into_iter()
+    .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
 }
 
 /// A dependency that yields a few times before it answers, so calls overlap.
@@ -54,17 +45,28 @@ async fn dependency(_: ()) -> Result<&'static str, BoxError> {
     Ok("done")
 }
 
-/// 25 calls at once through `service`; `(ok, refused by the bulkhead)`.
-async fn burst<S>(service: S) -> (u64, u64)
+/// 25 calls at once through `service`: `(answered, refused with E)`.
+async fn burst<E, S>(service: S) -> (u64, u64)
 where
-    S: Service<(), Response = &'static str, Error = BoxError> + Clone,
+    E: std::error::Error + 'static,
+    S: Service<()> + Clone,
+    S::Error: Into<BoxError>,
 {
-    let calls = (0..25).map(|_| service.clone().oneshot(()));
+    tally::<E, _, _, _>((0..25).map(|_| service.clone().oneshot(()))).await
+}
+
+/// `calls` run at once: `(answered, refused with E)`; any other error fails the test.
+async fn tally<E, F, R, Er>(calls: impl Iterator<Item = F>) -> (u64, u64)
+where
+    E: std::error::Error + 'static,
+    F: std::future::Future<Output = Result<R, Er>>,
+    Er: Into<BoxError>,
+{
     let mut tally = (0, 0);
     for result in futures::future::join_all(calls).await {
-        match result {
+        match result.map_err(Into::into) {
             Ok(_) => tally.0 += 1,
-            Err(e) if e.is::<BulkheadFull>() => tally.1 += 1,
+            Err(e) if e.is::<E>() => tally.1 += 1,
             Err(e) => panic!("{e}"),
         }
     }
@@ -72,11 +74,7 @@ where
 }
 
 fn bulkhead_calls(all: &Series, name: &str, outcome: &str) -> u64 {
-    counter(
-        all,
-        "bulwark_bulkhead_calls_total",
-        &[("name", name), ("outcome", outcome)],
-    )
+    counter_by(all, "bulwark_bulkhead_calls_total", name, "outcome")(outcome)
 }
 
 fn durations(all: &Series, name: &str) -> usize {
@@ -115,13 +113,17 @@ fn attack_racing_threads_through_bulkheads_are_each_counted_once() {
         (fixed, adaptive)
     });
     let service = fixed.layer().layer(tower::service_fn(dependency));
-    let (fixed_ok, fixed_refused) = race(&recorder, move |_| burst(service.clone()));
+    let (fixed_ok, fixed_refused) = race(&recorder, move |_| {
+        burst::<BulkheadFull, _>(service.clone())
+    });
     let service = adaptive
         .layer_with(|_: Result<&&'static str, &BoxError>| {
             tower_bulwark::bulkhead::adaptive::Verdict::Healthy
         })
         .layer(tower::service_fn(dependency));
-    let (adaptive_ok, adaptive_refused) = race(&recorder, move |_| burst(service.clone()));
+    let (adaptive_ok, adaptive_refused) = race(&recorder, move |_| {
+        burst::<BulkheadFull, _>(service.clone())
+    });
     assert_eq!(fixed_ok + fixed_refused, (THREADS * 25) as u64);
     assert_eq!(adaptive_ok + adaptive_refused, (THREADS * 25) as u64);
     metrics::with_local_recorder(&*recorder, || {
@@ -266,13 +268,8 @@ where
     let mut tally = (0, 0);
     for _ in 0..10 {
         let calls = (0..5).map(|_| service.clone().oneshot(()));
-        for result in futures::future::join_all(calls).await {
-            match result.map_err(Into::into) {
-                Ok(_) => tally.0 += 1,
-                Err(e) if e.is::<BreakerOpen>() => tally.1 += 1,
-                Err(e) => panic!("{e}"),
-            }
-        }
+        let (answered, refused) = self::tally::<BreakerOpen, _, _, _>(calls).await;
+        tally = (tally.0 + answered, tally.1 + refused);
     }
     tally
 }
@@ -348,11 +345,7 @@ fn attack_racing_calls_through_a_breaker_give_one_event_per_transition() {
     assert_eq!(seen.len(), 1, "{seen:#?}");
     assert!(seen[0].1.contains("raced"), "{seen:?}");
     let calls_of = |all: &Series, outcome| {
-        counter(
-            all,
-            "bulwark_breaker_calls_total",
-            &[("name", "raced"), ("outcome", outcome)],
-        )
+        counter_by(all, "bulwark_breaker_calls_total", "raced", "outcome")(outcome)
     };
     assert_eq!(calls_of(&open, "refused"), refused, "{open:?}");
     assert!(calls_of(&open, "failure") >= 20, "{open:?}");
@@ -422,19 +415,7 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
     };
     let service = ClientQuotaLayer::new("partner-quota", limiter).layer(counted);
     let (admitted, refused) = race(&recorder, move |_| {
-        let service = service.clone();
-        async move {
-            let calls = (0..25).map(|_| service.clone().oneshot(()));
-            let mut tally = (0, 0);
-            for result in futures::future::join_all(calls).await {
-                match result {
-                    Ok(_) => tally.0 += 1,
-                    Err(e) if e.is::<QuotaExhausted>() => tally.1 += 1,
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            tally
-        }
+        burst::<QuotaExhausted, _>(service.clone())
     });
     assert_eq!((admitted, refused), (37, (THREADS * 25) as u64 - 37));
     assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 37);
@@ -452,31 +433,16 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
         pushback
     });
     let service = pushback.layer().layer(tower::service_fn(ok_answer));
-    let (sent, held) = race(&recorder, move |_| {
-        let service = service.clone();
-        async move {
-            let calls = (0..25).map(|_| service.clone().oneshot(()));
-            let mut tally = (0, 0);
-            for result in futures::future::join_all(calls).await {
-                match result {
-                    Ok(_) => tally.0 += 1,
-                    Err(e) if e.is::<PushedBack>() => tally.1 += 1,
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            tally
-        }
-    });
+    let (sent, held) = race(&recorder, move |_| burst::<PushedBack, _>(service.clone()));
     assert_eq!((sent, held), (0, (THREADS * 25) as u64));
     metrics::with_local_recorder(&*recorder, || pushback.publish_gauges());
     let all = series(&snapshotter);
-    let quota = |outcome| {
-        counter(
-            &all,
-            "bulwark_client_quota_calls_total",
-            &[("name", "partner-quota"), ("outcome", outcome)],
-        )
-    };
+    let quota = counter_by(
+        &all,
+        "bulwark_client_quota_calls_total",
+        "partner-quota",
+        "outcome",
+    );
     assert_eq!(
         [
             quota("admitted"),
@@ -487,13 +453,12 @@ fn attack_racing_calls_through_a_client_quota_and_a_pushback_are_counted_once() 
         [admitted, refused, 0, 0],
         "{all:?}"
     );
-    let calls = |outcome| {
-        counter(
-            &all,
-            "bulwark_pushback_calls_total",
-            &[("name", "partner-pushback"), ("outcome", outcome)],
-        )
-    };
+    let calls = counter_by(
+        &all,
+        "bulwark_pushback_calls_total",
+        "partner-pushback",
+        "outcome",
+    );
     assert_eq!(
         [calls("admitted"), calls("waited"), calls("refused")],
         [0, 0, held],
@@ -577,20 +542,8 @@ fn attack_racing_retries_are_counted_by_kind_and_reason_once() {
     let sent: u64 = hits.values().sum();
     let cut_short = hits.values().filter(|n| **n < 3).count() as u64;
     let all = series(&snapshotter);
-    let attempts = |kind| {
-        counter(
-            &all,
-            "bulwark_retry_attempts_total",
-            &[("name", "raced-retry"), ("kind", kind)],
-        )
-    };
-    let skipped = |reason| {
-        counter(
-            &all,
-            "bulwark_retry_skipped_total",
-            &[("name", "raced-retry"), ("reason", reason)],
-        )
-    };
+    let attempts = counter_by(&all, "bulwark_retry_attempts_total", "raced-retry", "kind");
+    let skipped = counter_by(&all, "bulwark_retry_skipped_total", "raced-retry", "reason");
     assert_eq!(attempts("first"), (THREADS * CALLS) as u64, "{all:?}");
     assert_eq!(
         attempts("retry"),
