@@ -30,6 +30,26 @@ pub fn serve_on(listener: TcpListener, app: Router) -> SocketAddr {
     addr
 }
 
+/// `GET /orders` answering `ok`, limited by the policy `name` to one request an hour per key of
+/// `extractor` (on a manual clock that never moves).
+pub fn orders_one_an_hour<E>(name: &'static str, extractor: E) -> Router
+where
+    E: tower_bulwark::rate_limit::KeyExtractor + Clone + Send + Sync + 'static,
+    E::Key: std::hash::Hash + Eq + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    use tower_bulwark::rate_limit::{Policy, RateLimitLayer};
+    let limiter = tower_bulwark::KeyedRateLimiter::<E::Key>::builder(
+        tower_bulwark::Quota::per_hour(1).unwrap(),
+    )
+    .clock(tower_bulwark::clock::ManualClock::new())
+    .build();
+    Router::new()
+        .route("/orders", axum::routing::get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            Policy::new(name, extractor, limiter).unwrap(),
+        ))
+}
+
 /// A header value parsed as an RFC 9651 List of String Items with Integer parameters, as the
 /// `RateLimit` and `RateLimit-Policy` headers are (draft -11 requires both to be): each entry's
 /// name and parameters. Panics on anything else.

@@ -84,14 +84,7 @@ async fn a_hundred_concurrent_requests_against_a_limit_of_ten_get_exactly_ten_ok
 
 #[tokio::test]
 async fn a_route_without_the_layer_is_untouched_over_the_wire() {
-    let limiter = KeyedRateLimiter::<IpAddr>::builder(Quota::per_hour(1).unwrap())
-        .clock(ManualClock::new())
-        .build();
-    let app = Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            Policy::new("per-ip", PeerIp::new(), limiter).unwrap(),
-        ))
+    let app = crate::common::listener::orders_one_an_hour("per-ip", PeerIp::new())
         .route("/health", get(|| async { "up" }));
     let addr = serve(app).await;
     let client = reqwest::Client::new();

@@ -6,32 +6,13 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
-use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
-use tower_bulwark::clock::ManualClock;
-use tower_bulwark::rate_limit::{
-    Cidr, ForwardedIp, HeaderKey, KeyExtractor, Policy, RateLimitLayer,
-};
-use tower_bulwark::{KeyedRateLimiter, Quota};
+use tower_bulwark::rate_limit::{Cidr, ForwardedIp, HeaderKey};
 
-/// `/orders` limited to one request an hour per key of `extractor`.
-fn one_an_hour<E>(extractor: E) -> Router
-where
-    E: KeyExtractor + Clone + Send + Sync + 'static,
-    E::Key: std::hash::Hash + Eq + Clone + std::fmt::Debug + Send + Sync + 'static,
-{
-    let limiter = KeyedRateLimiter::<E::Key>::builder(Quota::per_hour(1).unwrap())
-        .clock(ManualClock::new())
-        .build();
-    Router::new()
-        .route("/orders", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            Policy::new("one", extractor, limiter).unwrap(),
-        ))
-}
+use crate::common::listener::orders_one_an_hour;
 
 /// The status of `GET /orders` on `app` from `peer` with `headers`.
 async fn status(app: &Router, peer: &str, headers: &[(&str, &str)]) -> StatusCode {
@@ -97,10 +78,10 @@ async fn attack_a_trusted_ipv4_proxy_seen_through_a_dual_stack_socket_is_trusted
         } else {
             ("198.51.100.7", "203.0.113.9")
         };
-        let app = one_an_hour(extractor);
+        let app = orders_one_an_hour("one", extractor);
         // Through the plain IPv4 peer, as a control: two clients, two keys.
         assert_two_keys(&app, "10.0.0.2", header, [a, b], "the control").await;
-        let app = one_an_hour(trusting_proxies(forwarded).0);
+        let app = orders_one_an_hour("one", trusting_proxies(forwarded).0);
         let shared = "a second client behind the dual-stack-seen proxy shares the first's key";
         assert_two_keys(&app, "::ffff:10.0.0.2", header, [a, b], shared).await;
     }
@@ -114,9 +95,10 @@ async fn attack_a_trusted_proxy_on_a_real_dual_stack_listener_is_trusted() {
         eprintln!("skipped: no IPv6 socket");
         return;
     };
-    let app = one_an_hour(ForwardedIp::x_forwarded_for(["127.0.0.0/8"
-        .parse::<Cidr>()
-        .unwrap()]));
+    let app = orders_one_an_hour(
+        "one",
+        ForwardedIp::x_forwarded_for(["127.0.0.0/8".parse::<Cidr>().unwrap()]),
+    );
     let port = crate::common::listener::serve_on(listener, app).port();
     let client = reqwest::Client::new();
     let send = |client_ip: &'static str| {
@@ -160,7 +142,7 @@ async fn attack_mapped_client_addresses_written_by_a_proxy_are_distinct_keys() {
         } else {
             ("::ffff:198.51.100.7", "::ffff:203.0.113.9")
         };
-        let app = one_an_hour(extractor);
+        let app = orders_one_an_hour("one", extractor);
         let shared = "two IPv4 clients written in mapped form share one key";
         assert_two_keys(&app, "10.0.0.2", header, [a, b], shared).await;
     }
@@ -174,7 +156,7 @@ async fn attack_mapped_client_addresses_written_by_a_proxy_are_distinct_keys() {
 /// first address that is not a trusted proxy is the client"; README.md:91 as above.
 #[tokio::test]
 async fn attack_a_trusted_hop_written_in_mapped_form_is_skipped() {
-    let app = one_an_hour(ForwardedIp::x_forwarded_for(proxies()));
+    let app = orders_one_an_hour("one", ForwardedIp::x_forwarded_for(proxies()));
     let a = "198.51.100.7, ::ffff:10.0.0.3";
     let b = "203.0.113.9, ::ffff:10.0.0.3";
     let shared = "two clients behind a mapped trusted hop share the hop's key";
@@ -190,7 +172,7 @@ async fn attack_a_trusted_hop_written_in_mapped_form_is_skipped() {
 #[tokio::test]
 async fn attack_forwarding_headers_are_ignored_unless_proxies_are_named() {
     for extractor in [ForwardedIp::x_forwarded_for([]), ForwardedIp::forwarded([])] {
-        let app = one_an_hour(extractor);
+        let app = orders_one_an_hour("one", extractor);
         assert_eq!(
             status(&app, "192.0.2.10", &[("x-forwarded-for", "198.51.100.1")]).await,
             200
@@ -230,10 +212,11 @@ async fn attack_forwarding_headers_are_ignored_unless_proxies_are_named() {
 /// without its key gets a `400` or `500` problem".
 #[tokio::test]
 async fn attack_hostile_key_bytes_over_a_real_listener_get_their_documented_answer() {
-    let xff = one_an_hour(ForwardedIp::x_forwarded_for(["127.0.0.0/8"
-        .parse::<Cidr>()
-        .unwrap()]));
-    let keyed = one_an_hour(HeaderKey::new("x-api-key").unwrap());
+    let xff = orders_one_an_hour(
+        "one",
+        ForwardedIp::x_forwarded_for(["127.0.0.0/8".parse::<Cidr>().unwrap()]),
+    );
+    let keyed = orders_one_an_hour("one", HeaderKey::new("x-api-key").unwrap());
     let xff = crate::common::listener::serve(xff).await;
     let keyed = crate::common::listener::serve(keyed).await;
     let trusted_hops = "127.0.0.5,".repeat(2000);
@@ -300,7 +283,7 @@ async fn attack_hostile_key_bytes_over_a_real_listener_get_their_documented_answ
 /// happens to quote it, and a second client is another key.
 #[tokio::test]
 async fn attack_one_client_written_many_ways_is_one_key() {
-    let app = one_an_hour(ForwardedIp::forwarded(proxies()));
+    let app = orders_one_an_hour("one", ForwardedIp::forwarded(proxies()));
     let forms = [
         "for=198.51.100.7",
         r#"for="198.51.100.7""#,
