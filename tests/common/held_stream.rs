@@ -101,6 +101,26 @@ pub fn plainly_limited<P: PolicySet + Send + Sync + 'static>(
     (limited(policies, &ends, plain_answer), ends)
 }
 
+/// `n` calls of `call()` in a row, each asserted admitted (`200`; `what` says what a refusal
+/// breaks): their answers, held.
+pub async fn admitted_in_a_row<F, B, E>(
+    call: impl Fn() -> F,
+    n: usize,
+    what: &str,
+) -> Vec<Response<B>>
+where
+    F: std::future::Future<Output = Result<Response<B>, E>>,
+    E: std::fmt::Debug,
+{
+    let mut admitted = Vec::new();
+    for _ in 0..n {
+        let response = call().await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK, "{what}");
+        admitted.push(response);
+    }
+    admitted
+}
+
 /// A request of tenant `t` (header `x-tenant`) saying how the handler answers it.
 pub fn request(how: &str) -> Request<Body> {
     Request::builder()

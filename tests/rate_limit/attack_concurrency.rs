@@ -20,7 +20,9 @@ use tower_bulwark::rate_limit::{
 use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{KeyedRateLimiter, Quota};
 
-use crate::common::held_stream::{limited, racing_clients, request, Answer, Limited};
+use crate::common::held_stream::{
+    admitted_in_a_row, limited, racing_clients, request, Answer, Limited,
+};
 use crate::common::{poll_once, waits_up_to};
 
 type Streams = Policy<HeaderKey, ConcurrencyLimiter<HeaderValue>>;
@@ -854,12 +856,7 @@ async fn racing_tasks_taking_and_ending_streams_never_hold_more_than_the_limit()
         "some requests were vetoed"
     );
     let call = || service.clone().oneshot(slots_request_no_veto(1));
-    let mut again = Vec::new();
-    for _ in 0..5 {
-        let response = call().await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "every slot back");
-        again.push(response);
-    }
+    let _again = admitted_in_a_row(call, 5, "every slot back").await;
     let over = call().await.unwrap();
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS, "none twice");
 }

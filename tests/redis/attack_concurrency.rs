@@ -16,7 +16,9 @@ use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy};
 use tower_bulwark::redis::{RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{Limiter, Quota};
 
-use crate::common::held_stream::{limited, plain_answer, plainly_limited, racing_clients, request};
+use crate::common::held_stream::{
+    admitted_in_a_row, limited, plain_answer, plainly_limited, racing_clients, request,
+};
 use crate::common::redis_server::{eventually, or_skip, RedisServer};
 use crate::concurrency::{held, policy, policy_with, KEY};
 
@@ -175,11 +177,7 @@ async fn a_dead_instances_slots_come_back_at_hold_for_and_never_more_meanwhile()
         "A's slots before hold_for"
     );
     clock.advance(Duration::from_nanos(1));
-    for _ in 0..2 {
-        let response = call().await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "back at hold_for");
-        open.push(response);
-    }
+    open.extend(admitted_in_a_row(call, 2, "back at hold_for").await);
     assert_eq!(
         call().await.unwrap().status(),
         StatusCode::TOO_MANY_REQUESTS,
@@ -312,12 +310,7 @@ async fn a_redis_killed_and_back_empty_leaks_no_slot_under_the_local_fail_mode()
     assert_eq!(in_redis.status(), StatusCode::OK);
     assert_eq!(held(&server, KEY), 1);
     server.kill();
-    let mut local = Vec::new();
-    for _ in 0..2 {
-        let response = call().await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "the local limit admits");
-        local.push(response);
-    }
+    let mut local = admitted_in_a_row(call, 2, "the local limit admits").await;
     let refused = call().await.unwrap();
     assert_eq!(
         refused.status(),
@@ -485,13 +478,9 @@ async fn a_failing_policy_after_the_slot_answers_503_and_gives_the_slot_back() {
             Arc::clone(&ends),
             plain_answer,
         ));
-    let mut streaming = Vec::new();
-    for _ in 0..2 {
-        let response = open.clone().oneshot(request("stream")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "let through");
-        streaming.push(response);
-    }
-    let third = open.clone().oneshot(request("stream")).await.unwrap();
+    let call_open = || open.clone().oneshot(request("stream"));
+    let streaming = admitted_in_a_row(call_open, 2, "let through").await;
+    let third = call_open().await.unwrap();
     assert_eq!(
         third.status(),
         StatusCode::TOO_MANY_REQUESTS,
