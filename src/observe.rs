@@ -18,7 +18,7 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `bulwark_ratelimiter_calls_total` | counter | `name`, `outcome` = `allowed` \| `limited` \| `refunded` | decisions by outcome; `refunded` counts admissions given back (another policy refused the request, or its waiter went away), so requests admitted in the end are `allowed − refunded` |
-//! | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision (for its key) |
+//! | `bulwark_ratelimiter_available_permissions` | gauge | `name` | permits left after the latest decision recorded (for its key; of decisions racing on several threads, the one recorded last, which may be one made a moment before another: the next decision sets it right) |
 //! | `bulwark_ratelimiter_waiting_requests` | gauge | `name` | requests holding a reservation that has not fallen due |
 //! | `bulwark_ratelimiter_store_failures_total` | counter | `name` | decisions a shared store (Redis) did not give, decided by the fail mode instead |
 //! | `bulwark_ratelimiter_lease_decisions_total` | counter | `name` | admissions a Redis limiter with leases (`redis::RedisRateLimiterBuilder::lease`) made from a share, without a round trip |
@@ -148,8 +148,10 @@ pub struct LimiterSnapshot {
     pub allowed: u64,
     /// Decisions that refused it.
     pub limited: u64,
-    /// Permits left after the latest decision, for that decision's key (and back up by its cost
-    /// if that decision is given back; a refund of an older decision does not change it).
+    /// Permits left after the latest decision recorded, for that decision's key (and back up by
+    /// its cost if that decision is given back; a refund of an older decision does not change
+    /// it). Of decisions racing on several threads, the one recorded last, which may have been
+    /// made a moment before another.
     pub available_permissions: u64,
     /// Requests holding a reservation that has not fallen due.
     pub waiting_requests: u64,
