@@ -3,7 +3,7 @@
 
 use std::hash::Hash;
 
-use super::policy::{Policy, PolicyError, Settle};
+use super::policy::{Policy, PolicyError};
 use super::KeyExtractor;
 use crate::algorithm::Concurrency;
 use crate::decision::Decision;
@@ -17,12 +17,12 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// The limiter of a [`Policy::concurrent`] or a `Policy::concurrent_in_redis`: at most a
 /// number of requests in flight per key, each holding its slot until its response body ends or
 /// is dropped. Built only by those policies; every slot goes back exactly once, also where a
-/// clone of it serves another policy (one pool of slots for two policies through
-/// [`Policy::new`], or a limit per plan through [`Tiers`](crate::tiers::Tiers)): its admissions
-/// say they hold slots, so any layer gives them back whole when the request ends (the body's
-/// end with [`wrap_body`](super::RateLimitLayer::wrap_body), else the response's head; a
-/// client quota, the answer's head). Only a concurrent policy's headers say
-/// `qu="concurrent-requests"`: another policy advertises its limiter's quota as a rate.
+/// clone of it serves elsewhere: in [`Policy::new`] (one pool of slots for two policies) it
+/// makes a concurrent policy; inside a [`Tiers`](crate::tiers::Tiers) (a limit per plan) or a
+/// client quota, its admissions say they hold slots, so the layer gives them back whole when
+/// the request ends (the body's end with [`wrap_body`](super::RateLimitLayer::wrap_body), else
+/// the response's head; a client quota, the answer's head), but the headers advertise the
+/// tier's quota as a rate, where a concurrent policy says `qu="concurrent-requests"`.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 
@@ -138,9 +138,7 @@ where
         let limiter = KeyedRateLimiter::builder(quota)
             .algorithm::<Concurrency>()
             .build();
-        let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Memory(limiter)))?;
-        policy.settle = Settle::Held;
-        Ok(policy)
+        Policy::new(name, key, ConcurrencyLimiter(Slots::Memory(limiter)))
     }
 }
 
@@ -238,8 +236,10 @@ where
             return Err(PolicyError::new("in_flight", "must be at least 1").into());
         }
         let slots = BoxLimiter::new(redis.concurrent(in_flight)?);
-        let mut policy = Policy::new(name, key, ConcurrencyLimiter(Slots::Redis(slots)))?;
-        policy.settle = Settle::Held;
-        Ok(policy)
+        Ok(Policy::new(
+            name,
+            key,
+            ConcurrencyLimiter(Slots::Redis(slots)),
+        )?)
     }
 }

@@ -101,18 +101,24 @@ impl<X: KeyExtractor, L: Limiter<X::Key>> Policy<X, L> {
     /// A policy named `name` that keys requests with `key` and decides with `limiter`; each
     /// request costs one permit.
     ///
+    /// A [`ConcurrencyLimiter`](super::ConcurrencyLimiter) (a clone of a
+    /// [`concurrent`](Self::concurrent) policy's, to share its slots) makes a concurrent policy:
+    /// its requests hold their slots until the response body ends, and the headers say so.
+    ///
     /// # Errors
     ///
     /// [`PolicyError`] if the name is empty, longer than 64 characters, or not printable ASCII.
     pub fn new(name: impl Into<String>, key: X, limiter: L) -> Result<Self, PolicyError> {
         let name = name.into();
         check_name(&name)?;
+        // The one kind of limiter whose admissions are held, not spent.
+        let slots = (&limiter as &dyn std::any::Any).is::<super::ConcurrencyLimiter<X::Key>>();
         Ok(Self {
             name: name.into_boxed_str(),
             key,
             limiter,
             cost: Cost::Fixed(1),
-            settle: Settle::Never,
+            settle: if slots { Settle::Held } else { Settle::Never },
             shadow: Shadow::Off,
         })
     }
