@@ -344,8 +344,13 @@ impl Decision {
     /// Whether `limiter` made this decision for the key whose fingerprint is `key`: a refund
     /// gives back nothing else.
     pub(crate) fn is_from(&self, limiter: LimiterId, key: u64) -> bool {
+        self.fingerprint_by(limiter) == Some(key)
+    }
+
+    /// The fingerprint of the key this decision charged, if `limiter` made it.
+    pub(crate) fn fingerprint_by(&self, limiter: LimiterId) -> Option<u64> {
         let origin = self.admission.origin;
-        origin.limiter == limiter && limiter != LimiterId::NONE && origin.key == key
+        (origin.limiter == limiter && limiter != LimiterId::NONE).then_some(origin.key)
     }
 
     /// The decision on a request of `cost` permits.

@@ -148,12 +148,14 @@
 //! (`tests/limiter/eviction.rs`, the flood test of every algorithm above, and
 //! `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas`).
 //!
-//! An evicted key gives away what it held, and one more thing today: a give-back of one of its
-//! admissions that arrives after the key was written anew reaches the new state, which never
-//! held it (up to that admission's cost more than the new key's quota; the ignored
-//! `attack_two_*_give_back_after_its_key_was_evicted_and_recreated`). The same holds for a Redis
-//! key deleted outside the crate (by hand, or by a `maxmemory` eviction policy) and written anew
-//! at the same instant. Known limits as well, each an ignored test with its numbers in
+//! An evicted key gives away what it held, and nothing more: a give-back of one of its
+//! admissions that arrives after the key was made anew gives nothing (each key's entry says
+//! which of the key's incarnations it is, and a decision carries it;
+//! `attack_two_*_give_back_after_its_key_was_evicted_and_recreated`), while a settle's debt
+//! still lands on it (below). A Redis key deleted outside the crate (by hand, or by a
+//! `maxmemory` eviction policy) and written anew at the same instant is a known limit: a
+//! give-back of an admission of the deleted key reaches the new state, up to that admission's
+//! cost more than the new key's quota (`tests/redis/attack_two.rs`). Known limits as well, each an ignored test with its numbers in
 //! `tests/limiter/attack_direct/second.rs` and `tests/redis/attack_two.rs`: a fixed window's
 //! reservations ahead of a change of its limit or period count in the cycles the new quota
 //! spreads them to, not the ones they fall due in (up to the reserved permits more in one

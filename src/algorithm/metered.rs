@@ -180,11 +180,14 @@ impl Transitions for Metered {
         }
     }
 
-    /// The permits held and those the settled TAT still weighs, then as [`Gcra`] ranks.
+    /// The permits held and those the settled TAT still weigh, then, among equals, the reading
+    /// at which the key began to weigh.
     ///
     /// A key evicted while it holds permits (only when every key in the store holds more)
     /// forgets them, as eviction forgets; a settle that comes for it afterwards, under the same
-    /// key, can take at most its own estimate out of what the key's new admissions hold.
+    /// key, takes nothing out of what the key's new admissions hold (the store tells a key made
+    /// anew from the one the admission was made on) and charges only what it cost beyond its
+    /// estimate.
     fn eviction_rank(&self, state: &MeteredState, now: u64) -> u128 {
         let meter = lock(&state.0);
         let ahead = self.ahead(&meter, now).saturating_sub(now);

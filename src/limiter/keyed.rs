@@ -13,7 +13,7 @@ use super::{acquire, Acquire, Limiter, Rule};
 use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
-use crate::store::memory::{MemoryStore, ShardFull};
+use crate::store::memory::{same_key, MemoryStore, ShardFull};
 use crate::{BoxError, Quota};
 
 /// One limit per key, over a bounded in-memory store.
@@ -320,21 +320,33 @@ where
         }
         let now = self.inner.clock.now();
         let estimate = decision.refundable(estimate);
-        let settle = |rule: &Arc<Rule<A>>, s: &A::State, latest: &LatestReading, hash| {
+        let settle = |rule: &Arc<Rule<A>>, s: &A::State, latest: &LatestReading, at| {
             // A decision made by another limiter, or for another key, changes nothing.
-            let mine = decision.is_from(self.inner.id, hash);
-            if mine {
+            let Some(made_at) = decision.fingerprint_by(self.inner.id) else {
+                return false;
+            };
+            if made_at == at {
                 (rule.algorithm).settle(s, latest, now, &decision, estimate, cost);
+                true
+            } else if same_key(made_at, at) {
+                // Made on the key before it was dropped: what it took went with that state
+                // (never back into this one, which never held it), and a debt lands here, as it
+                // would have on the dropped state.
+                let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
+                if debt > 0 {
+                    (rule.algorithm).charge(s, latest, now, debt);
+                }
+                true
+            } else {
+                false
             }
-            mine
         };
         if cost <= estimate {
             // A key dropped since forgot the admission: nothing of it is left to give back.
             return self.inner.store.with_existing(key, settle).unwrap_or(false);
         }
-        // A debt is charged even to a key dropped since: dropped idle, its state was a fresh
-        // key's, so the debt lands where it would have. (Only a shard with no room for the key
-        // loses it, as it refuses the key's next request.)
+        // A debt is charged even to a key dropped since (only a shard with no room for the key
+        // loses it, as it refuses the key's next request).
         self.with_key(key, settle, |_, _, _| false)
     }
 }

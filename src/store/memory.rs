@@ -105,7 +105,36 @@ struct Shard<K, S, G> {
 /// it, and a new context replaces the old one only while nobody reads the shard.
 struct Table<K, S, G> {
     context: G,
-    keys: HashTable<(K, S)>,
+    keys: HashTable<Entry<K, S>>,
+    /// How many keys the shard has made: the next key's incarnation.
+    made: u32,
+}
+
+/// A key, its state, and which of the key's incarnations this is: a key dropped and made
+/// again is another, so that what an admission of the first gives back never reaches the
+/// second (see [`fingerprint`]). Four bytes that the state's alignment leaves free beside the
+/// common keys (an `Ipv4Addr`'s GCRA entry stays 32 bytes).
+struct Entry<K, S> {
+    key: K,
+    incarnation: u32,
+    state: S,
+}
+
+/// The bits of a key's fingerprint that name its incarnation: the low 24.
+const INCARNATION_BITS: u64 = (1 << 24) - 1;
+
+/// What the store hands with a key's state for its decisions to carry: the key's hash, its low
+/// bits replaced by the incarnation's (the table indexes by the low bits; the fingerprint is
+/// never used to find the key). A decision whose fingerprint matches but for those bits was
+/// made on an earlier incarnation of the key ([`same_key`]); one made 2^24 incarnations earlier
+/// in the shard, which nothing tells apart, is a risk of one in 16 million per such key.
+fn fingerprint(hash: u64, incarnation: u32) -> u64 {
+    (hash & !INCARNATION_BITS) | (u64::from(incarnation) & INCARNATION_BITS)
+}
+
+/// Whether two fingerprints name the same key, whatever its incarnations.
+pub(crate) fn same_key(a: u64, b: u64) -> bool {
+    a & !INCARNATION_BITS == b & !INCARNATION_BITS
 }
 
 /// A bounded, sharded map from key to algorithm state, with a context per shard (see
@@ -149,6 +178,7 @@ where
                 table: ShardedLock::new(Table {
                     context: context.clone(),
                     keys: HashTable::new(),
+                    made: 0,
                 }),
                 latest: OwnLine(LatestReading::default()),
                 full_until: AtomicU64::new(0),
@@ -197,8 +227,9 @@ where
         let shard = self.shard(hash);
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some((_, state)) = table.keys.find(hash, |(k, _)| k == key) {
-                return f(&table.context, state, &shard.latest.0, hash);
+            if let Some(e) = table.keys.find(hash, |e| e.key == *key) {
+                let at = fingerprint(hash, e.incarnation);
+                return f(&table.context, &e.state, &shard.latest.0, at);
             }
         }
         let room = Room { now, idle_at, rank };
@@ -222,10 +253,15 @@ where
     {
         let Room { now, idle_at, rank } = room;
         let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
-        let Table { context, keys } = &mut *guard;
+        let Table {
+            context,
+            keys,
+            made,
+        } = &mut *guard;
         let context = &*context;
-        if let Some((_, state)) = keys.find(hash, |(k, _)| k == key) {
-            return f(context, state, &shard.latest.0, hash);
+        if let Some(e) = keys.find(hash, |e| e.key == *key) {
+            let at = fingerprint(hash, e.incarnation);
+            return f(context, &e.state, &shard.latest.0, at);
         }
         let now = now();
         if keys.len() >= self.shard_cap {
@@ -238,14 +274,14 @@ where
             // fresh key from here on is decided as of `now`, where the dropped states weigh
             // nothing.
             shard.latest.0.publish(now);
-            keys.retain(|(_, s)| idle_at(context, s) > now);
+            keys.retain(|e| idle_at(context, &e.state) > now);
         }
         if keys.len() >= self.shard_cap {
             match self.overflow {
                 Overflow::RefuseNewKeys => {
                     let free_at = keys
                         .iter()
-                        .map(|(_, s)| idle_at(context, s))
+                        .map(|e| idle_at(context, &e.state))
                         .min()
                         .unwrap_or(now);
                     shard.full_until.store(free_at, Ordering::Relaxed);
@@ -257,10 +293,19 @@ where
             }
         }
         let hasher = &self.hasher;
-        let entry = keys.insert_unique(hash, (key.clone(), S::default()), |(k, _)| {
-            hasher.hash_one(k)
-        });
-        f(context, &entry.get().1, &shard.latest.0, hash)
+        *made = made.wrapping_add(1);
+        let entry = Entry {
+            key: key.clone(),
+            incarnation: *made,
+            state: S::default(),
+        };
+        let entry = keys.insert_unique(hash, entry, |e| hasher.hash_one(&e.key));
+        f(
+            context,
+            &entry.get().state,
+            &shard.latest.0,
+            fingerprint(hash, *made),
+        )
     }
 
     /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
@@ -273,10 +318,10 @@ where
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
-        let found = table
-            .keys
-            .find(hash, |(k, _)| k == key)
-            .map(|(_, s)| f(&table.context, s, &shard.latest.0, hash));
+        let found = table.keys.find(hash, |e| e.key == *key).map(|e| {
+            let at = fingerprint(hash, e.incarnation);
+            f(&table.context, &e.state, &shard.latest.0, at)
+        });
         // A refund can make the key idle before the instant the full shard last found for its
         // first idle key: the next new key looks again.
         shard.full_until.store(0, Ordering::Relaxed);
@@ -289,8 +334,8 @@ where
         for shard in self.shards.iter() {
             let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
             shard.latest.0.publish(now);
-            let Table { context, keys } = &mut *guard;
-            keys.retain(|(_, s)| idle_at(context, s) > now);
+            let Table { context, keys, .. } = &mut *guard;
+            keys.retain(|e| idle_at(context, &e.state) > now);
         }
     }
 
@@ -327,9 +372,13 @@ where
 
 /// Removes the sixteenth of the table (at least one entry) whose states rank lowest: whose loss
 /// gives away least.
-fn evict_lowest_ranks<K, S>(table: &mut HashTable<(K, S)>, rank: &impl Fn(&S) -> u128, cap: usize) {
+fn evict_lowest_ranks<K, S>(
+    table: &mut HashTable<Entry<K, S>>,
+    rank: &impl Fn(&S) -> u128,
+    cap: usize,
+) {
     let batch = (cap / 16).max(1);
-    let mut ranks: Vec<u128> = table.iter().map(|(_, s)| rank(s)).collect();
+    let mut ranks: Vec<u128> = table.iter().map(|e| rank(&e.state)).collect();
     if ranks.is_empty() {
         return;
     }
@@ -339,8 +388,8 @@ fn evict_lowest_ranks<K, S>(table: &mut HashTable<(K, S)>, rank: &impl Fn(&S) ->
     // those below it first.
     let below = ranks.iter().filter(|&&r| r < threshold).count();
     let mut at_threshold = batch.saturating_sub(below);
-    table.retain(|(_, s)| {
-        let r = rank(s);
+    table.retain(|e| {
+        let r = rank(&e.state);
         if r < threshold {
             false
         } else if r == threshold && at_threshold > 0 {
