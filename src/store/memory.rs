@@ -451,6 +451,26 @@ mod tests {
         assert_eq!(std::mem::offset_of!(GcraShard, full_until), 128);
     }
 
+    /// A key's incarnation takes room its state's alignment leaves free: a GCRA entry is as
+    /// large as the key and the state alone, for the common key types.
+    #[test]
+    fn an_incarnation_costs_common_keys_no_memory() {
+        type Gcra = <crate::algorithm::Gcra as crate::algorithm::Transitions>::State;
+        fn alone<K>() -> usize {
+            size_of::<(K, Gcra)>()
+        }
+        assert_eq!(
+            size_of::<Entry<std::net::Ipv4Addr, Gcra>>(),
+            alone::<std::net::Ipv4Addr>()
+        );
+        assert_eq!(
+            size_of::<Entry<std::net::IpAddr, Gcra>>(),
+            alone::<std::net::IpAddr>()
+        );
+        assert_eq!(size_of::<Entry<u64, Gcra>>(), alone::<u64>());
+        assert_eq!(size_of::<Entry<String, Gcra>>(), alone::<String>());
+    }
+
     #[test]
     fn flood_of_keys_stays_within_bound_and_keeps_heavy_users() {
         let store: MemoryStore<u32, AtomicU64, (), RandomState> =
