@@ -5,10 +5,10 @@
 //! | algorithm | memory per key | what it promises | where it is weak |
 //! |---|---|---|---|
 //! | [`Gcra`](crate::algorithm::Gcra) (default) | one 128-bit word: the TAT and the key's latest reading | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
-//! | [`Metered`](crate::algorithm::Metered) (for costs settled after the answer) | four `u64`s (settled TAT, permits held, latest reading, the reading it began to weigh at) and a mutex | as GCRA, counting each request in flight at its estimate until it settles, then at its settled cost as of its admission: settles are exact | estimates in flight do not drain with time; every admission must be settled (the crate's layers see to it); in Redis, a live instance renews its holds, a hold no one renews (its instance died) stands after `hold_for` (30 s by default), its estimate charged, and a key keeps at most 256 holds |
-//! | [`FixedWindow`](crate::algorithm::FixedWindow) | six `u64`s (the cycle, the permits used, the latest reading, when its latest reservation falls due, a change of period's mark, the reading it began to weigh at) and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
+//! | [`Metered`](crate::algorithm::Metered) (for costs settled after the answer) | three `u64`s (settled TAT, permits held, latest reading) and a mutex | as GCRA, counting each request in flight at its estimate until it settles, then at its settled cost as of its admission: settles are exact | estimates in flight do not drain with time; every admission must be settled (the crate's layers see to it); in Redis, a live instance renews its holds, a hold no one renews (its instance died) stands after `hold_for` (30 s by default), its estimate charged, and a key keeps at most 256 holds |
+//! | [`FixedWindow`](crate::algorithm::FixedWindow) | five `u64`s (the cycle, the permits used, the latest reading, when its latest reservation falls due, a change of period's mark) and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
 //! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
-//! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index, the latest reading, a change of period's mark and the reading it began to weigh at, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
+//! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index, the latest reading and a change of period's mark, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
 //!
 //! # Guarantees under hostile conditions
 //!
@@ -144,9 +144,12 @@
 //! away least, by the permits that still weigh on each key (default), or
 //! refuse new keys until room frees. Either way a flood of fresh keys never hands a client that
 //! is being limited a fresh quota, not even a flood whose keys each spend a whole quota after
-//! it: among keys holding as many permits, the one that began to hold them first is kept
-//! (`tests/limiter/eviction.rs`, the flood test of every algorithm above, and
-//! `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas`).
+//! it, at its very reading or with readings older than its own: among keys holding as many
+//! permits, GCRA and the sliding log keep the one that took them first, and where the state
+//! cannot tell (counts, held estimates, equal records) the store keeps the key it made first
+//! (`tests/limiter/eviction.rs`, the flood test of every algorithm above,
+//! `a_limited_client_is_never_evicted_by_a_later_flood_spending_whole_quotas` and
+//! `tests/limiter/attack_evict.rs`).
 //!
 //! An evicted key gives away what it held, and nothing more: a give-back of one of its
 //! admissions that arrives after the key was made anew gives nothing (each key's entry says

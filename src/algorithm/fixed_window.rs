@@ -43,9 +43,6 @@ pub(crate) struct Window {
     /// One more than the reading at which a change of period last numbered `cycle` anew, zero
     /// for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
-    /// The reading at which the key last began to weigh on its decisions (see
-    /// [`rank`](super::rank)).
-    pub(crate) since: u64,
 }
 
 impl FixedWindow {
@@ -85,9 +82,6 @@ impl FixedWindow {
         (self.timeline).renumber(&mut w.cycle, &mut w.renumbered, w.latest);
         let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
-        if w.used == 0 {
-            w.since = now;
-        }
         now
     }
 
@@ -248,7 +242,9 @@ impl Transitions for FixedWindow {
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
         let w = lock(&state.0);
-        super::rank(self.used_at(&w, now), w.since)
+        // Counts do not say when they were taken: among keys holding as many, the store keeps
+        // the one it made first.
+        super::rank(self.used_at(&w, now), 0)
     }
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {

@@ -63,9 +63,6 @@ struct Meter {
     tat: u64,
     held: u64,
     latest: u64,
-    /// The reading at which the key last began to weigh on its decisions (see
-    /// [`rank`](super::rank)).
-    since: u64,
 }
 
 impl Metered {
@@ -79,9 +76,6 @@ impl Metered {
     ) -> (MutexGuard<'a, Meter>, u64) {
         let mut meter = lock(&state.0);
         let now = super::advance_latest(&mut meter.latest, latest.at_least(now));
-        if meter.held == 0 && meter.tat <= now {
-            meter.since = now;
-        }
         (meter, now)
     }
 
@@ -180,8 +174,7 @@ impl Transitions for Metered {
         }
     }
 
-    /// The permits held and those the settled TAT still weigh, then, among equals, the reading
-    /// at which the key began to weigh.
+    /// The permits held and those the settled TAT still weigh.
     ///
     /// A key evicted while it holds permits (only when every key in the store holds more)
     /// forgets them, as eviction forgets; a settle that comes for it afterwards, under the same
@@ -191,6 +184,8 @@ impl Transitions for Metered {
     fn eviction_rank(&self, state: &MeteredState, now: u64) -> u128 {
         let meter = lock(&state.0);
         let ahead = self.ahead(&meter, now).saturating_sub(now);
-        super::rank(ahead.div_ceil(self.0.interval()), meter.since)
+        // Held estimates never end by themselves: among keys holding as many, the store keeps
+        // the older.
+        super::rank(ahead.div_ceil(self.0.interval()), 0)
     }
 }

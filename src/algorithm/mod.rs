@@ -225,12 +225,11 @@ fn advance_latest(latest: &mut u64, now: u64) -> u64 {
 }
 
 /// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
-/// hold as many, the one that took them most recently (the higher `recent`) goes first, so a
-/// flood of fresh keys evicts its own keys before the established clients it floods. `recent`
-/// is the time until the key's record ends where that grows with when it took its permits
-/// (GCRA, the sliding log), or the reading at which the key last began to weigh on its
-/// decisions where the record ends at a window's edge whenever it was taken (the fixed window,
-/// the sliding counter; and `Metered`, whose held estimates never end by themselves).
+/// hold as many, the one that took them most recently (the higher `recent`: the time until its
+/// record ends, for GCRA and the sliding log) goes first, so a flood of fresh keys evicts its
+/// own keys before the established clients it floods. Where the state cannot tell (counts, and
+/// `Metered`'s held estimates, pass 0), and between equal ranks, the store evicts the key it
+/// made last.
 fn rank(permits: u64, recent: u64) -> u128 {
     (u128::from(permits) << 64) | u128::from(u64::MAX - recent)
 }

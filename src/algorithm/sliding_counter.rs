@@ -50,9 +50,6 @@ pub(crate) struct Counters {
     /// One more than the reading at which a change of period last numbered `window` anew,
     /// zero for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
-    /// The reading at which the key last began to weigh on its decisions (see
-    /// [`rank`](super::rank)).
-    pub(crate) since: u64,
 }
 
 impl SlidingCounter {
@@ -111,9 +108,6 @@ impl SlidingCounter {
         (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
         let now = super::advance_latest(&mut c.latest, now);
         self.roll(c, now);
-        if c.prev == 0 && c.curr == 0 && c.next == 0 {
-            c.since = now;
-        }
         now
     }
 
@@ -282,7 +276,8 @@ impl Transitions for SlidingCounter {
         let now = self.advance(&mut c, now);
         let e = now.saturating_sub(self.window_start(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
-        super::rank(held, c.since)
+        // As the fixed window's: among keys holding as many, the store keeps the older.
+        super::rank(held, 0)
     }
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {

@@ -330,13 +330,13 @@ where
                 true
             } else if same_key(made_at, at) {
                 // Made on the key before it was dropped: what it took went with that state
-                // (never back into this one, which never held it), and a debt lands here, as it
-                // would have on the dropped state.
+                // (never back into this one, which never held it, so nothing is taken back),
+                // and a debt lands here, as it would have on the dropped state.
                 let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
                 if debt > 0 {
                     (rule.algorithm).charge(s, latest, now, debt);
                 }
-                true
+                debt > 0
             } else {
                 false
             }

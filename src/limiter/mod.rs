@@ -118,12 +118,14 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// `cost` says, and whatever [`set_quota`](Limiter::set_quota) changed since: GCRA gives
     /// back each permit at the shorter of the interval it was charged at and the one in force.
     ///
-    /// A keyed limiter tells a decision's key from another by the key's hash under its
-    /// [`BuildHasher`](std::hash::BuildHasher): given back under a key whose hash is the same,
-    /// a decision is taken back as that key's. With the default hasher (64 bits, random keys)
-    /// that is a chance of 2^-64; a hasher of your own (see
-    /// [`hasher`](crate::limiter::RateLimiterBuilder::hasher)) is trusted to keep keys apart
-    /// as well. The crate itself gives a decision back only under the key it was made for.
+    /// A keyed limiter tells a decision's key from another by the key's entry in its store
+    /// (which also tells a key made anew from the one the decision was made on): given back
+    /// under another key, a decision is not taken back, even where the two keys' hashes under
+    /// its [`BuildHasher`](std::hash::BuildHasher) are the same. (A settle's debt, charged to a
+    /// key made anew since, goes by the hash: under a hasher of your own, see
+    /// [`hasher`](crate::limiter::RateLimiterBuilder::hasher), keys whose hashes agree but for
+    /// their 24 lowest bits are one key to it.) The crate itself gives a decision back only
+    /// under the key it was made for.
     ///
     /// Returns whether the decision was taken back: an admission this limiter (or a clone)
     /// made for `key`, even where the algorithm could give none of its permits back. `false`

@@ -43,9 +43,10 @@ pub enum Overflow {
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
     /// ranked first by the
     /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
-    /// among keys holding as many, the one that took them earliest is kept (the window
-    /// algorithms and `Metered` keep the reading at which a key began to weigh, 8 bytes a key,
-    /// since their counts do not say when they were taken). A key that has used its whole quota
+    /// among keys holding as many, the one that took them earliest is kept (GCRA and the
+    /// sliding log by when their records end), and where the states cannot tell (the window
+    /// algorithms' counts, `Metered`'s held estimates, equal records), the key made first. A
+    /// key that has used its whole quota
     /// always ranks above a fresh key with one request, and above a later key that spent as
     /// much, so a flood of new keys, however large, evicts the flood's own keys and never wipes
     /// the record of the clients that are being limited (while fewer than fifteen sixteenths of
@@ -288,7 +289,8 @@ where
                     return full(context, ShardFull { free_at }, now);
                 }
                 Overflow::EvictNearestIdle => {
-                    evict_lowest_ranks(keys, &|s: &S| rank(context, s, now), self.shard_cap)
+                    let rank = |s: &S| rank(context, s, now);
+                    evict_lowest_ranks(keys, &rank, self.shard_cap, *made)
                 }
             }
         }
@@ -371,34 +373,25 @@ where
 }
 
 /// Removes the sixteenth of the table (at least one entry) whose states rank lowest: whose loss
-/// gives away least.
+/// gives away least; among equal ranks, the keys made last (`made` counts the shard's keys made
+/// so far), so that a flood's fresh keys go before the clients it floods, whatever their states
+/// can tell of when they took their permits.
 fn evict_lowest_ranks<K, S>(
     table: &mut HashTable<Entry<K, S>>,
     rank: &impl Fn(&S) -> u128,
     cap: usize,
+    made: u32,
 ) {
     let batch = (cap / 16).max(1);
-    let mut ranks: Vec<u128> = table.iter().map(|e| rank(&e.state)).collect();
-    if ranks.is_empty() {
+    // Unique: no two live keys of a shard share an incarnation.
+    let order = |e: &Entry<K, S>| (rank(&e.state), made.wrapping_sub(e.incarnation));
+    let mut orders: Vec<_> = table.iter().map(order).collect();
+    if orders.is_empty() {
         return;
     }
-    let nth = (batch - 1).min(ranks.len() - 1);
-    let (_, &mut threshold, _) = ranks.select_nth_unstable(nth);
-    // Entries at the threshold may be more than needed; remove only `batch` of them in total,
-    // those below it first.
-    let below = ranks.iter().filter(|&&r| r < threshold).count();
-    let mut at_threshold = batch.saturating_sub(below);
-    table.retain(|e| {
-        let r = rank(&e.state);
-        if r < threshold {
-            false
-        } else if r == threshold && at_threshold > 0 {
-            at_threshold -= 1;
-            false
-        } else {
-            true
-        }
-    });
+    let nth = (batch - 1).min(orders.len() - 1);
+    let (_, &mut threshold, _) = orders.select_nth_unstable(nth);
+    table.retain(|e| order(e) > threshold);
 }
 
 #[cfg(test)]
