@@ -6,6 +6,7 @@ mod common;
 
 #[macro_use]
 mod attack_direct;
+mod attack_evict;
 mod attack_memory;
 mod default_clock;
 mod eviction;
