@@ -17,6 +17,8 @@ mod attack_http;
 mod attack_keys;
 #[cfg(feature = "axum")]
 mod attack_settle;
+#[cfg(all(feature = "axum", feature = "reqwest"))]
+mod attack_slots;
 #[cfg(feature = "axum")]
 mod contention;
 #[cfg(feature = "axum")]
