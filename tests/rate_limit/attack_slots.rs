@@ -7,12 +7,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
+use tower_bulwark::clock::TokioClock;
 use tower_bulwark::outbound::quota::{QuotaExhausted, SettleLater, Unsettled};
 use tower_bulwark::outbound::ClientQuotaLayer;
 use tower_bulwark::rate_limit::{ConcurrencyLimiter, HeaderKey, Policy, RateLimitBody};
@@ -248,6 +250,88 @@ async fn a_slot_goes_back_to_the_tier_that_granted_it_after_the_plan_changed() {
     for r in [b, c] {
         r.into_body().collect().await.unwrap();
     }
+}
+
+/// A rate policy of one request a second per tenant on tokio's clock, waiting up to ten seconds.
+fn waiting() -> Policy<
+    HeaderKey,
+    tower_bulwark::KeyedRateLimiter<HeaderValue, tower_bulwark::algorithm::Gcra, TokioClock>,
+> {
+    let quota = crate::common::waits_up_to(
+        tower_bulwark::Quota::per_second(1).unwrap(),
+        Duration::from_secs(10),
+    );
+    let limiter = tower_bulwark::KeyedRateLimiter::<HeaderValue>::builder(quota)
+        .clock(TokioClock::new())
+        .build();
+    Policy::new("rate", tenant(), limiter).unwrap()
+}
+
+/// The guide (`src/guide.rs:207`): "a request refused by one policy, or dropped at any await
+/// point (reserving, waiting), gives back every permit the others granted, once";
+/// `ConcurrencyLimiter` (`src/rate_limit/concurrent.rs:17-25`): "every slot goes back exactly
+/// once, also where a clone of it serves elsewhere: in `Policy::new` (one pool of slots for two
+/// policies) ... inside a `Tiers`". One pool of four slots shared by two policies (each request
+/// takes one slot of it for each: two), or `Tiers` of two slots, beside a rate policy that
+/// waits, in either order. One stream is held; requests that wait for the rate are dropped
+/// after 1 to 6 polls; then exactly one more stream fits.
+#[tokio::test(start_paused = true)]
+async fn requests_dropped_while_waiting_give_pooled_and_tiered_slots_back_once() {
+    let ends = Arc::new(Semaphore::new(0));
+    let pool = || Policy::new("pool", tenant(), slots(4)).unwrap();
+    let shared = || {
+        let a = pool();
+        let b = Policy::new("again", tenant(), a.limiter().clone()).unwrap();
+        (a, b)
+    };
+    let tiers = || {
+        Policy::new(
+            "tiers",
+            tenant(),
+            Tiers::new(|_: &HeaderValue| "t", "t", slots(2)),
+        )
+        .unwrap()
+    };
+    let cases: Vec<(&str, Limited)> = vec![
+        ("pool, pool, rate", {
+            let (a, b) = shared();
+            limited(a.and(b).and(waiting()), &ends, plain_answer)
+        }),
+        ("rate, pool, pool", {
+            let (a, b) = shared();
+            limited(waiting().and(a).and(b), &ends, plain_answer)
+        }),
+        (
+            "tiers, rate",
+            limited(tiers().and(waiting()), &ends, plain_answer),
+        ),
+        (
+            "rate, tiers",
+            limited(waiting().and(tiers()), &ends, plain_answer),
+        ),
+    ];
+    let mut broken = Vec::new();
+    for (what, service) in cases {
+        let held = service.clone().oneshot(request("stream")).await.unwrap();
+        assert_eq!(held.status(), StatusCode::OK, "{what}");
+        for polls in 1..=6 {
+            let mut call = std::pin::pin!(service.clone().oneshot(request("stream")));
+            for _ in 0..polls {
+                assert!(poll_once(call.as_mut()).is_pending(), "{what}: waits");
+                tokio::task::yield_now().await;
+            }
+        }
+        let free = free_slots(&service, &ends).await;
+        if free != 1 {
+            broken.push(format!(
+                "{what}: {free} streams fit beside the held one (one)"
+            ));
+        }
+        ends.add_permits(1);
+        held.into_body().collect().await.unwrap();
+        tokio::time::advance(Duration::from_secs(20)).await;
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
 }
 
 // ---------------------------------------------------------------------------------------------
