@@ -378,11 +378,12 @@ fn freed_by_a_flood<A: Algorithm>(at: u64, flood_at: u64) -> Option<String> {
         let _ = l.check_n(&key, 10);
     }
     dial.set(BASE + at);
-    l.check(&client).allowed.then(|| {
+    let after = left(&l, client);
+    (after > 0).then(|| {
         format!(
-            "limited at +{} ms, admitted after a flood read at +{} ms",
+            "limited at +{} ms, {after} admitted after a flood read at {:+} us",
             at / MS,
-            (flood_at as i128 - BASE as i128) / MS as i128
+            (flood_at as i128 - BASE as i128) / 1_000
         )
     })
 }
@@ -444,9 +445,11 @@ fn a_limited_client_is_never_freed_by_a_flood_at_the_reading_of_its_spending() {
 }
 
 fn a_limited_client_is_kept_by_a_stale_flood<A: Algorithm>() {
+    // Floods read a second, and a microsecond, before the client spent.
     let freed: Vec<String> = [S, 3 * S, 5 * S]
         .iter()
-        .filter_map(|&at| freed_by_a_flood::<A>(at, BASE - S))
+        .flat_map(|&at| [(at, BASE - S), (at, BASE - 1_000)])
+        .filter_map(|(at, flood_at)| freed_by_a_flood::<A>(at, flood_at))
         .collect();
     assert!(
         freed.is_empty(),
@@ -456,13 +459,13 @@ fn a_limited_client_is_kept_by_a_stale_flood<A: Algorithm>() {
     );
 }
 
-/// The same promise (`src/guide.rs:143-149`) with the flood's readings a second older than the
-/// client's spending (threads that read the clock before and reached the limiter after), and
+/// The same promise (`src/guide.rs:143-149`) with the flood's readings a second, or a
+/// microsecond, older than the client's spending (threads that read the clock before and reached the limiter after), and
 /// `src/guide.rs:176-180`: "readings that reach a limiter out of order never make it admit more
 /// than its quota" (`src/guide.rs:186-189`: a reading older than the latest its key has seen is
 /// decided as of that latest reading; the shard's reading is the floor under a fresh key's).
 #[test]
-#[ignore = "found by attack: a flood whose readings predate a limited client's spending evicts it and hands it a fresh quota (fixed window, sliding counter, Metered)"]
+#[ignore = "found by attack: a flood whose readings predate a limited client's spending (by 1 us or 1 s) evicts it and hands it a whole fresh quota (fixed window, sliding counter, Metered)"]
 fn a_limited_client_is_never_freed_by_a_flood_of_stale_readings() {
     each_reporting_all(&five!(a_limited_client_is_kept_by_a_stale_flood));
 }
@@ -555,4 +558,31 @@ fn a_dropped_waiter_gives_a_key_made_anew_nothing<A: Algorithm>() {
 #[test]
 fn a_waiter_dropped_after_its_key_was_evicted_and_made_anew_gives_nothing() {
     each_reporting_all(&five!(a_dropped_waiter_gives_a_key_made_anew_nothing));
+}
+
+/// What the stale give-back's answer does to `Observed`: `LimiterSnapshot::allowed` counts
+/// "decisions that admitted the request and were not given back", and `Observed` "counts only
+/// what was taken back" (`Limiter::refund`, `src/limiter/mod.rs:127-131`; the guide,
+/// `src/guide.rs:210`: "`Observed` counts only what its limiter took back"). Key 0 is admitted,
+/// evicted by key 1, made anew and admitted again; the first admission, given back now, gives
+/// nothing back, so three admissions stand and the count must stay three.
+#[test]
+#[ignore = "found by attack: Observed uncounts an admission whose key was evicted and made anew when it is given back (allowed 3 -> 2, though nothing was taken back)"]
+fn observed_keeps_counting_an_admission_given_back_after_its_key_was_evicted() {
+    use tower_bulwark::observe::Observed;
+    let l = Observed::new(
+        "api",
+        keyed::<Gcra, _>(quota(10, S, 10, 0), Dial::at(BASE), 1, Overflow::default()),
+    );
+    let stale = Limiter::reserve_now(&l, &0, 1).unwrap().unwrap();
+    assert!(stale.allowed);
+    assert!(Limiter::reserve_now(&l, &1, 10).unwrap().unwrap().allowed);
+    assert!(Limiter::reserve_now(&l, &0, 1).unwrap().unwrap().allowed);
+    assert_eq!(l.snapshot().allowed, 3);
+    let said = Limiter::refund(&l, &0, 1, stale);
+    let allowed = l.snapshot().allowed;
+    assert_eq!(
+        allowed, 3,
+        "the stale give-back (which said taken back: {said}) was uncounted"
+    );
 }
