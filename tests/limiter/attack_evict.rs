@@ -437,7 +437,7 @@ fn a_limited_client_is_kept_by_a_flood_at_its_own_reading<A: Algorithm>() {
 /// client spends its 10 at `BASE` and is refused; then the flood, at the same reading (a frozen
 /// or coarse clock, or two requests in one tick), each key spending 10.
 #[test]
-#[ignore = "found by attack: a flood at the very reading of a limited client's spending evicts it (ties broken by hash order) and hands it a fresh quota"]
+#[ignore = "found by attack: a flood at the very reading of a limited client's spending evicts it (the tie is not broken by arrival; which key goes varies by limiter) and hands it a whole fresh quota"]
 fn a_limited_client_is_never_freed_by_a_flood_at_the_reading_of_its_spending() {
     each_reporting_all(&five!(
         a_limited_client_is_kept_by_a_flood_at_its_own_reading
