@@ -586,3 +586,41 @@ fn observed_keeps_counting_an_admission_given_back_after_its_key_was_evicted() {
         "the stale give-back (which said taken back: {said}) was uncounted"
     );
 }
+
+/// 10 a second, `Overflow::RefuseNewKeys` with room to spare: key 0 takes `a` and `b` (one
+/// permit each) at `BASE`; at `BASE + 10 s` `retain_recent` drops it idle; `a` settles to 5
+/// (its debt of 4 makes key 0 anew) and `b` is given back. Key 0 must admit 6: the debt landed,
+/// the stale give-back gave nothing.
+fn a_debt_after_a_sweep_lands_under_refuse_new_keys<A: Algorithm>() {
+    let dial = Dial::at(BASE);
+    let l = keyed::<A, _>(
+        quota(10, S, 10, 0),
+        dial.clone(),
+        64,
+        Overflow::RefuseNewKeys,
+    );
+    let (a, b) = (admitted(&l, 0, 1), admitted(&l, 0, 1));
+    dial.set(BASE + 10 * S);
+    l.retain_recent();
+    assert!(l.is_empty(), "{}: idle since BASE + 0.2 s", name::<A>());
+    Limiter::settle(&l, &0, 1, a, 5);
+    Limiter::refund(&l, &0, 1, b);
+    let got = left(&l, 0);
+    assert_eq!(
+        got,
+        6,
+        "{}: after a debt of 4 and a stale give-back of 1 on key 0 made anew, it admits {got} \
+         (6)",
+        name::<A>()
+    );
+}
+
+/// The guide (`src/guide.rs:157-161`): "A settle's debt that comes for a key dropped since
+/// (idle) is charged to the key made afresh, where the dropped state would have had it; only
+/// where the key's shard is full of live keys under `Overflow::RefuseNewKeys` is there no room
+/// to make it"; and (`src/guide.rs:151-155`) a give-back after the key was made anew gives
+/// nothing. (Not `Metered`: a key holding permits is never dropped as idle.)
+#[test]
+fn under_refuse_new_keys_with_room_a_debt_lands_and_a_stale_give_back_gives_nothing() {
+    each_reporting_all(&four!(a_debt_after_a_sweep_lands_under_refuse_new_keys));
+}
