@@ -84,7 +84,7 @@ fn stale_give_backs_across_incarnations<A: Algorithm>() {
 /// The guide (`src/guide.rs:151-155`): "An evicted key gives away what it held, and nothing
 /// more: a give-back of one of its admissions that arrives after the key was made anew gives
 /// nothing (each key's entry says which of the key's incarnations it is, and a decision carries
-/// it ...)"; `Limiter::refund` (`src/limiter/mod.rs:118-121`): "given ... back under another
+/// it ...)"; `Limiter::refund` (`src/limiter/mod.rs:113-116`): "given ... back under another
 /// key, it gives nothing back".
 #[test]
 fn stale_give_backs_across_140_000_incarnations_of_one_key_give_nothing() {
@@ -404,7 +404,7 @@ fn a_limited_client_is_kept_at_every_instant<A: Algorithm>() {
     );
 }
 
-/// The guide (`src/guide.rs:143-149`): "Either way a flood of fresh keys never hands a client
+/// The guide (`src/guide.rs:145-149`): "Either way a flood of fresh keys never hands a client
 /// that is being limited a fresh quota, not even a flood whose keys each spend a whole quota
 /// after it: among keys holding as many permits, the one that began to hold them first is
 /// kept"; `Overflow::EvictNearestIdle` (`src/store/memory.rs`, its doc): "A key that has used
@@ -431,7 +431,7 @@ fn a_limited_client_is_kept_by_a_flood_at_its_own_reading<A: Algorithm>() {
     );
 }
 
-/// The guide (`src/guide.rs:143-149`): "a flood of fresh keys never hands a client that is
+/// The guide (`src/guide.rs:145-149`): "a flood of fresh keys never hands a client that is
 /// being limited a fresh quota, not even a flood whose keys each spend a whole quota after it:
 /// among keys holding as many permits, the one that began to hold them first is kept". The
 /// client spends its 10 at `BASE` and is refused; then the flood, at the same reading (a frozen
@@ -459,7 +459,7 @@ fn a_limited_client_is_kept_by_a_stale_flood<A: Algorithm>() {
     );
 }
 
-/// The same promise (`src/guide.rs:143-149`) with the flood's readings a second, or a
+/// The same promise (`src/guide.rs:145-149`) with the flood's readings a second, or a
 /// microsecond, older than the client's spending (threads that read the clock before and reached the limiter after), and
 /// `src/guide.rs:176-180`: "readings that reach a limiter out of order never make it admit more
 /// than its quota" (`src/guide.rs:186-189`: a reading older than the latest its key has seen is
@@ -506,7 +506,7 @@ fn stale_give_backs_say_so<A: Algorithm>() {
     );
 }
 
-/// `Limiter::refund` (`src/limiter/mod.rs:127-131`): "Returns whether the decision was taken
+/// `Limiter::refund` (`src/limiter/mod.rs:128-132`): "Returns whether the decision was taken
 /// back ... `false` ... for an admission whose key a keyed limiter has dropped since (the key
 /// forgot it). [`Observed`](crate::observe::Observed) counts only what was taken back";
 /// `Limiter::settle` (`src/limiter/mod.rs:158-163`): `false` "for a settle to less of an
@@ -562,8 +562,8 @@ fn a_waiter_dropped_after_its_key_was_evicted_and_made_anew_gives_nothing() {
 
 /// What the stale give-back's answer does to `Observed`: `LimiterSnapshot::allowed` counts
 /// "decisions that admitted the request and were not given back", and `Observed` "counts only
-/// what was taken back" (`Limiter::refund`, `src/limiter/mod.rs:127-131`; the guide,
-/// `src/guide.rs:210`: "`Observed` counts only what its limiter took back"). Key 0 is admitted,
+/// what was taken back" (`Limiter::refund`, `src/limiter/mod.rs:128-132`; the guide,
+/// `src/guide.rs:207`: "`Observed` counts only what its limiter took back"). Key 0 is admitted,
 /// evicted by key 1, made anew and admitted again; the first admission, given back now, gives
 /// nothing back, so three admissions stand and the count must stay three.
 #[test]
@@ -615,7 +615,7 @@ fn a_debt_after_a_sweep_lands_under_refuse_new_keys<A: Algorithm>() {
     );
 }
 
-/// The guide (`src/guide.rs:157-161`): "A settle's debt that comes for a key dropped since
+/// The guide (`src/guide.rs:164-168`): "A settle's debt that comes for a key dropped since
 /// (idle) is charged to the key made afresh, where the dropped state would have had it; only
 /// where the key's shard is full of live keys under `Overflow::RefuseNewKeys` is there no room
 /// to make it"; and (`src/guide.rs:151-155`) a give-back after the key was made anew gives

@@ -205,7 +205,7 @@ async fn an_open_stream_holds_its_pooled_or_tiered_slot_until_its_body_ends() {
     assert!(broken.is_empty(), "{broken:#?}");
 }
 
-/// `Tiers` (`src/guide.rs:211`): "a refund goes to the tier that charged it, even after the key
+/// `Tiers` (`src/guide.rs:209`): "a refund goes to the tier that charged it, even after the key
 /// moved", and `ConcurrencyLimiter` (`src/rate_limit/concurrent.rs:17-25`), as above. Free
 /// tenants have one slot, pro tenants two. Tenant `t` opens a stream on the free plan, moves to
 /// pro, opens two (pro full), and its first stream ends: its slot goes back to the free plan,
@@ -267,7 +267,7 @@ fn waiting() -> Policy<
     Policy::new("rate", tenant(), limiter).unwrap()
 }
 
-/// The guide (`src/guide.rs:207`): "a request refused by one policy, or dropped at any await
+/// The guide (`src/guide.rs:205`): "a request refused by one policy, or dropped at any await
 /// point (reserving, waiting), gives back every permit the others granted, once";
 /// `ConcurrencyLimiter` (`src/rate_limit/concurrent.rs:17-25`): "every slot goes back exactly
 /// once, also where a clone of it serves elsewhere: in `Policy::new` (one pool of slots for two
@@ -471,7 +471,7 @@ async fn serve_tiered_streams(ends: &Arc<Semaphore>) -> String {
 }
 
 /// `ConcurrencyLimiter` (`src/rate_limit/concurrent.rs:17-25`), `Policy::concurrent`
-/// (`src/rate_limit/concurrent.rs:99-101,113-115`) and the guide (`src/guide.rs:208`: "N tasks
+/// (`src/rate_limit/concurrent.rs:99-101,113-115`) and the guide (`src/guide.rs:206`: "N tasks
 /// racing for L slots get exactly L"), over a real listener with `reqwest`: eight clients of a
 /// pro tenant race for its two slots and exactly two stream; a free tenant's client reads the
 /// first chunk and goes away: its one slot comes back (once the server notices), exactly one,
