@@ -263,7 +263,7 @@ impl Decision {
 
     /// Whether this admission holds its estimate until it is settled or given back: whatever
     /// ends the request, the crate settles it (to the estimate, where nothing says otherwise).
-    pub(crate) fn holds(&self) -> bool {
+    pub(crate) fn holds_estimate(&self) -> bool {
         self.admission.hold == Hold::Estimate
     }
 

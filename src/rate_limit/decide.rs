@@ -272,7 +272,7 @@ impl<P: PolicySet> Ledger<P> {
                 .zip(&self.outcomes)
                 .any(|(info, o)| match o {
                     Outcome::Admitted(d) => {
-                        d.holds()
+                        d.holds_estimate()
                             || d.holds_slots()
                             || (limits.settings.settles && !matches!(info.settle, Settle::Never))
                     }
@@ -287,11 +287,8 @@ impl<P: PolicySet> Ledger<P> {
                 .iter()
                 .zip(&self.outcomes)
                 .enumerate())
-            .filter(|(_, (info, o))| match o {
-                // Slots held, by a concurrent policy or by a concurrency limiter in another.
-                Outcome::Admitted(d) => matches!(info.settle, Settle::Held) || d.holds_slots(),
-                _ => false,
-            })
+            // Slots held (a concurrency limiter's admissions, whichever policy it serves).
+            .filter(|(_, (_, o))| matches!(o, Outcome::Admitted(d) if d.holds_slots()))
             .map(|(policy, _)| BodyWait { policy, scan: None })
             .collect();
             Some(Box::new(Settlement {
@@ -442,7 +439,7 @@ impl<P: PolicySet> Settlement<P> {
                      stands"
                 );
             }
-            if decision.holds() {
+            if decision.holds_estimate() {
                 let admission = std::mem::replace(decision, decision.report());
                 let policy = RefundOrSettle(admission, SettleTo::Estimate);
                 limits.policies.visit(i, &self.keys, policy);
@@ -481,7 +478,7 @@ impl<P: PolicySet> Drop for Settlement<P> {
         }
         // What still holds its estimate (no response came, or no cost was read) settles to it.
         for i in 0..self.outcomes.len() {
-            if matches!(&self.outcomes[i], Outcome::Admitted(d) if d.holds()) {
+            if matches!(&self.outcomes[i], Outcome::Admitted(d) if d.holds_estimate()) {
                 self.settle(i, None);
             }
         }

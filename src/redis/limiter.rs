@@ -286,7 +286,11 @@ impl Inner {
         let answered_by = self.clock.now().saturating_add(longest_wait);
         // An admission of a script that holds takes its hold under an id of its own, however
         // its call goes (alone, or in a batch with others on the key).
-        let hold = if quota.script.holds() { next_hold() } else { 0 };
+        let hold = if quota.script.holds() {
+            next_hold()
+        } else {
+            0
+        };
         let asked = self.bounded(quota, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
@@ -398,7 +402,7 @@ impl Inner {
             return None;
         }
         let mut change = Change::settle(estimate, &decision, cost);
-        if !decision.holds()
+        if !decision.holds_estimate()
             && matches!(change, Change::Charge { estimate, cost } if cost <= estimate)
         {
             // Settled to its estimate: nothing changes (a held estimate is still released, in
@@ -419,7 +423,7 @@ impl Inner {
             // policy's gives back the slots it still has, never more (a slot has no debt).
             (Taken::RedisHold { hold }, _) => {
                 settle = Some(match change {
-                    Change::Refund(back) if !decision.holds() => {
+                    Change::Refund(back) if !decision.holds_estimate() => {
                         let had = self.holds.release(&key, hold, back)?;
                         let estimate = back.min(had);
                         (Operation::Settle { hold, estimate }, had)

@@ -246,7 +246,7 @@ fn settle<K, L: Limiter<K>>(
         // Slots of calls in flight go back whole once the answer is here.
         _ if decision.holds_slots() => limiter.settle(key, estimate, decision, 0),
         Some(cost) => limiter.settle(key, estimate, decision, cost),
-        None if decision.holds() => limiter.settle(key, estimate, decision, estimate),
+        None if decision.holds_estimate() => limiter.settle(key, estimate, decision, estimate),
         None => false,
     };
 }
