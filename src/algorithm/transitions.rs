@@ -115,14 +115,12 @@ pub trait Transitions: Copy + fmt::Debug + Send + Sync + 'static {
     /// How much forgetting `state` at `now` would give away; when the store is full of live keys
     /// it evicts the lowest ranks first.
     ///
-    /// A key that has used its whole quota must rank above a fresh key with one request. The
-    /// default is the time left until [`idle_at`](Self::idle_at); the crate's algorithms rank by
-    /// the permits that still weigh on their decisions first and, among keys holding as many,
-    /// keep the one that has held them longest (a flood's fresh keys go before the clients they
-    /// flood: forgetting either gives away as many permits).
-    fn eviction_rank(&self, state: &Self::State, now: u64) -> u128 {
-        u128::from(self.idle_at(state).saturating_sub(now))
-    }
+    /// A key that has used its whole quota must rank above a fresh key with one request: each
+    /// algorithm ranks by the permits that still weigh on its decisions first and, where its
+    /// state can tell, keeps among keys holding as many the one that has held them longest;
+    /// between equal ranks the store keeps the key it made first (a flood's fresh keys go before
+    /// the clients they flood: forgetting either gives away as many permits).
+    fn eviction_rank(&self, state: &Self::State, now: u64) -> u128;
 }
 
 /// The latest clock reading that a group of keys has seen: one per shard of a keyed limiter's

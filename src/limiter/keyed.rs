@@ -196,9 +196,10 @@ where
     ///
     /// What a key has used stays used: a key that took 9 of 10 permits and whose quota becomes
     /// 20 has 11 left, not 20; one whose quota drops below what it took is refused until its
-    /// use falls within the new quota. Each algorithm's state carries over its own way: GCRA keeps
-    /// each key's TAT, the window algorithms keep their counts (the window in progress keeps its start and, under a new period, ends one
-    /// new period after it), the sliding log keeps its entries. In the window of the change a
+    /// use falls within the new quota. Each algorithm's state carries over its own way: GCRA
+    /// keeps each key's TAT, the window algorithms keep their counts (the window in progress
+    /// keeps its start and, under a new period, ends one new period after it), the sliding log
+    /// keeps its entries. In the window of the change a
     /// key is admitted at most the larger of the two quotas.
     ///
     /// The new quota and the algorithm built for it replace the old pair together: every

@@ -317,8 +317,8 @@ impl<A: Algorithm> Rule<A> {
 }
 
 /// What settling an admission changes in a Redis script, by the rule of
-/// [`Transitions::settle`](crate::algorithm::Transitions::settle)'s default: never more given back than the admission took, and a charge
-/// beyond it no more than one request may take.
+/// [`Transitions::settle`](crate::algorithm::Transitions::settle)'s default: never more given
+/// back than the admission took, and a charge beyond it no more than one request may take.
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Change {

@@ -16,8 +16,8 @@
 //! (`PAIRED=20 THREADS=2 cargo bench --bench contention -- hot_key`).
 //!
 //! The store holds at most `max_keys` keys. When a shard is full, it first drops every key whose
-//! state carries no information any more (the instant it is idle from
-//! has passed), which changes no decision: the store first publishes its own reading to the
+//! state carries no information any more (its idle instant has passed), which changes no
+//! decision: the store first publishes its own reading to the
 //! shard's latest reading, so that a reading older than the drop that reaches a fresh key is
 //! decided as of the drop, where the dropped state weighed nothing. If the shard is still full
 //! of live keys, the [`Overflow`] setting decides.
@@ -41,14 +41,12 @@ pub enum Overflow {
     /// admit the new key. The default.
     ///
     /// An evicted key starts afresh next time, so it may receive up to one extra quota. Keys are
-    /// ranked first by the
-    /// permits that still weigh on the key's decisions (for GCRA, how far its TAT runs ahead);
-    /// among keys holding as many, the one that took them earliest is kept (GCRA and the
-    /// sliding log by when their records end), and where the states cannot tell (the window
-    /// algorithms' counts, `Metered`'s held estimates, equal records), the key made first. A
-    /// key that has used its whole quota
-    /// always ranks above a fresh key with one request, and above a later key that spent as
-    /// much, so a flood of new keys, however large, evicts the flood's own keys and never wipes
+    /// ranked first by the permits that still weigh on the key's decisions (for GCRA, how far
+    /// its TAT runs ahead); among keys holding as many, the one that took them earliest is kept
+    /// (GCRA and the sliding log by when their records end), and where the states cannot tell
+    /// (the window algorithms' counts, `Metered`'s held estimates, equal records), the key made
+    /// first. A key that has used its whole quota always ranks above a fresh key with one
+    /// request, and above a later key that spent as much, so a flood of new keys, however large, evicts the flood's own keys and never wipes
     /// the record of the clients that are being limited (while fewer than fifteen sixteenths of
     /// a shard are such clients).
     #[default]
@@ -119,6 +117,13 @@ struct Entry<K, S> {
     key: K,
     incarnation: u32,
     state: S,
+}
+
+impl<K, S> Entry<K, S> {
+    /// The fingerprint its decisions carry, its key's hash being `hash` (see [`fingerprint`]).
+    fn fingerprint(&self, hash: u64) -> u64 {
+        fingerprint(hash, self.incarnation)
+    }
 }
 
 /// The bits of a key's fingerprint that name its incarnation: the low 24.
@@ -229,8 +234,12 @@ where
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(e) = table.keys.find(hash, |e| e.key == *key) {
-                let at = fingerprint(hash, e.incarnation);
-                return f(&table.context, &e.state, &shard.latest.0, at);
+                return f(
+                    &table.context,
+                    &e.state,
+                    &shard.latest.0,
+                    e.fingerprint(hash),
+                );
             }
         }
         let room = Room { now, idle_at, rank };
@@ -261,8 +270,7 @@ where
         } = &mut *guard;
         let context = &*context;
         if let Some(e) = keys.find(hash, |e| e.key == *key) {
-            let at = fingerprint(hash, e.incarnation);
-            return f(context, &e.state, &shard.latest.0, at);
+            return f(context, &e.state, &shard.latest.0, e.fingerprint(hash));
         }
         let now = now();
         if keys.len() >= self.shard_cap {
@@ -302,12 +310,8 @@ where
             state: S::default(),
         };
         let entry = keys.insert_unique(hash, entry, |e| hasher.hash_one(&e.key));
-        f(
-            context,
-            &entry.get().state,
-            &shard.latest.0,
-            fingerprint(hash, *made),
-        )
+        let e = entry.get();
+        f(context, &e.state, &shard.latest.0, e.fingerprint(hash))
     }
 
     /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
@@ -320,9 +324,13 @@ where
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
-        let found = table.keys.find(hash, |e| e.key == *key).map(|e| {
-            let at = fingerprint(hash, e.incarnation);
-            f(&table.context, &e.state, &shard.latest.0, at)
+        let found = (table.keys.find(hash, |e| e.key == *key)).map(|e| {
+            f(
+                &table.context,
+                &e.state,
+                &shard.latest.0,
+                e.fingerprint(hash),
+            )
         });
         // A refund can make the key idle before the instant the full shard last found for its
         // first idle key: the next new key looks again.
