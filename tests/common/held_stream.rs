@@ -185,3 +185,22 @@ pub async fn racing_clients(
     }
     (admitted, others)
 }
+
+/// `policy` on a real listener, on a layer that carries the body: `GET /stream` answers with a
+/// held body (`a` at once, `b` once `ends` lets it end). Its URL.
+pub async fn serve_held_streams<P: PolicySet + Send + Sync + 'static>(
+    policy: P,
+    ends: &Arc<Semaphore>,
+) -> String {
+    let ends = Arc::clone(ends);
+    let app = axum::Router::new()
+        .route(
+            "/stream",
+            axum::routing::get(move || {
+                let ends = Arc::clone(&ends);
+                async move { held_body(ends, Bytes::from("a"), Bytes::from("b"), false) }
+            }),
+        )
+        .layer(RateLimitLayer::new(policy).wrap_body());
+    format!("http://{}/stream", super::listener::serve(app).await)
+}

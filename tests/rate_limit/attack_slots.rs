@@ -439,7 +439,6 @@ async fn a_client_quota_of_slots_gives_each_back_exactly_once() {
 /// `Policy::new` with a `count_if` that never counts, on axum over 127.0.0.1: `/stream` answers
 /// `a`, then `b` once `ends` lets it.
 async fn serve_tiered_streams(ends: &Arc<Semaphore>) -> String {
-    use axum::routing::get;
     let plan = |key: &HeaderValue| {
         if key.as_bytes().starts_with(b"pro") {
             "pro"
@@ -451,23 +450,7 @@ async fn serve_tiered_streams(ends: &Arc<Semaphore>) -> String {
     let policy = Policy::new("streams", tenant(), plans)
         .unwrap()
         .count_if(|_| false);
-    let ends = Arc::clone(ends);
-    let app = axum::Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let ends = Arc::clone(&ends);
-                async move {
-                    let (first, last) = (bytes::Bytes::from("a"), bytes::Bytes::from("b"));
-                    crate::common::held_stream::held_body(ends, first, last, false)
-                }
-            }),
-        )
-        .layer(tower_bulwark::rate_limit::RateLimitLayer::new(policy).wrap_body());
-    format!(
-        "http://{}/stream",
-        crate::common::listener::serve(app).await
-    )
+    crate::common::held_stream::serve_held_streams(policy, ends).await
 }
 
 /// `ConcurrencyLimiter` (`src/rate_limit/concurrent.rs:17-25`), `Policy::concurrent`

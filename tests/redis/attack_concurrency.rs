@@ -188,25 +188,7 @@ async fn a_dead_instances_slots_come_back_at_hold_for_and_never_more_meanwhile()
 
 /// An instance over a real listener: `/stream` answers with a held body behind `policy`.
 async fn serve_instance(policy: Streams, ends: &Arc<Semaphore>) -> String {
-    use axum::routing::get;
-    use tower_bulwark::rate_limit::RateLimitLayer;
-    let ends = Arc::clone(ends);
-    let app = axum::Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let ends = Arc::clone(&ends);
-                async move {
-                    let (first, last) = (bytes::Bytes::from("a"), bytes::Bytes::from("b"));
-                    crate::common::held_stream::held_body(ends, first, last, false)
-                }
-            }),
-        )
-        .layer(RateLimitLayer::new(policy).wrap_body());
-    format!(
-        "http://{}/stream",
-        crate::common::listener::serve(app).await
-    )
+    crate::common::held_stream::serve_held_streams(policy, ends).await
 }
 
 /// src/rate_limit/concurrent.rs:147-148 ("at most `in_flight` requests of each key at once
