@@ -286,11 +286,7 @@ impl Inner {
         let answered_by = self.clock.now().saturating_add(longest_wait);
         // An admission of a script that holds takes its hold under an id of its own, however
         // its call goes (alone, or in a batch with others on the key).
-        let hold = if quota.script.holds() {
-            next_hold()
-        } else {
-            0
-        };
+        let hold = if quota.script.holds() { next_hold() } else { 0 };
         let asked = self.bounded(quota, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the

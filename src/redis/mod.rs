@@ -129,6 +129,8 @@ mod script;
 mod store;
 
 pub use builder::RedisRateLimiterBuilder;
+// The config writes the builder's defaults in, so that writing them out is no change.
+#[cfg(feature = "config")]
 pub(crate) use builder::{default_prefix, DEFAULT_TIMEOUT};
 pub use error::{BuildError, RedisFailure};
 pub use fail_mode::RedisFailMode;
