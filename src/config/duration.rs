@@ -6,22 +6,15 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 
 /// Parses a duration with units: `250ms`, `1s`, `1m30s`, `1.5s`, `2h`. Units: `ns`, `us` (or
-/// `µs`), `ms`, `s`, `m`, `h`, `d`.
+/// `µs`), `ms`, `s`, `m`, `h`, `d`. The reader of every duration in the file (the format is
+/// the guide's, in the module docs' table of fields).
 ///
 /// # Errors
 ///
 /// A message quoting `text` when it is empty, has a number without a unit, an unknown unit, a
 /// malformed number, a fraction of a nanosecond (durations are never rounded), or is longer
 /// than `u64::MAX` nanoseconds.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_bulwark::config::parse_duration;
-///
-/// assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-/// assert!(parse_duration("500").unwrap_err().contains("no unit"));
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let s = text.trim();
     if s.is_empty() {
         return Err("is empty; write a duration such as \"500ms\"".into());
@@ -143,6 +136,8 @@ pub(super) fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duratio
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -196,5 +191,62 @@ mod tests {
         assert!(parse_duration("18446744073709551616ns")
             .unwrap_err()
             .contains("too long"));
+    }
+
+    const UNITS: [(&str, u64); 8] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("µs", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("d", 86_400_000_000_000),
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4_000))]
+
+        /// Any text, and text built from the pieces durations are made of, is a duration or an
+        /// error that quotes it: never a panic.
+        #[test]
+        fn any_text_is_a_duration_or_an_error_naming_it(
+            text in prop_oneof![
+                any::<String>(),
+                proptest::collection::vec(
+                    prop_oneof![
+                        Just("."), Just("0"), Just("9"), Just("1"), Just("ns"), Just("µs"),
+                        Just("s"), Just("d"), Just(" "), Just("-"), Just("e"),
+                        Just("99999999999999999999999"),
+                    ],
+                    0..12,
+                ).prop_map(|parts| parts.concat()),
+            ]
+        ) {
+            if let Err(message) = parse_duration(&text) {
+                prop_assert!(!message.is_empty());
+                if !text.trim().is_empty() {
+                    prop_assert!(message.contains(&format!("`{text}`")), "{message}");
+                }
+            }
+        }
+
+        /// A whole number with a unit is exactly that many nanoseconds, or "too long": never
+        /// wrapped, never rounded.
+        #[test]
+        fn whole_numbers_with_units_are_exact(n in any::<u64>(), unit in 0..UNITS.len()) {
+            let (name, scale) = UNITS[unit];
+            let text = format!("{n}{name}");
+            match n.checked_mul(scale) {
+                Some(nanos) => prop_assert_eq!(
+                    parse_duration(&text),
+                    Ok(Duration::from_nanos(nanos))
+                ),
+                None => {
+                    let message = parse_duration(&text).unwrap_err();
+                    prop_assert!(message.contains("too long"), "{message}");
+                }
+            }
+        }
     }
 }

@@ -226,7 +226,6 @@ mod reload;
 mod retry;
 mod validate;
 
-pub use duration::parse_duration;
 pub use error::ConfigError;
 pub use health::{BulkheadHealth, Health, LimiterHealth, PushbackHealth};
 pub use registry::{
