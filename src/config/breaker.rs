@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::duration::optional;
 use super::fields::Count;
+use super::validate::InstancePath;
 use super::ConfigError;
 
 /// `[breakers.NAME]`.
@@ -26,25 +27,18 @@ pub(super) struct BreakerSettings {
 }
 
 impl BreakerSettings {
-    /// Checks what the builder would refuse, naming the field under `breakers.{name}`, and
-    /// writes in the settings the builder filled in, so that writing a default out is no change.
-    pub(super) fn validate(&mut self, name: &str) -> Result<(), ConfigError> {
-        if cfg!(not(feature = "adaptive")) {
-            let lacks =
-                "a circuit breaker needs the crate's `adaptive` feature, which this build lacks";
-            return Err(ConfigError::new(format!("breakers.{name}"), lacks));
-        }
+    /// Checks what the builder would refuse, naming the field, and writes in the settings the
+    /// builder filled in, so that writing a default out is no change.
+    pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        at.needs_adaptive("a circuit breaker needs")?;
         if self.window_calls.is_some() && self.window_seconds.is_some() {
             let both = "is given with window_calls; a window counts calls or seconds, not both";
-            return Err(ConfigError::new(
-                format!("breakers.{name}.window_seconds"),
-                both,
-            ));
+            return Err(at.err("window_seconds", both));
         }
         #[cfg(feature = "adaptive")]
         {
             use crate::outbound::breaker::Window;
-            let built = *build_breaker(name, self)?.settings();
+            let built = *build_breaker(at.name(), self)?.settings();
             let (calls, seconds) = match built.window {
                 Window::Calls(n) => (Some(Count(n)), None),
                 Window::Seconds(n) => (None, Some(Count(n))),

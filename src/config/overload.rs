@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::duration::optional;
 use super::fields::Count;
 use super::file::MAX_LIMIT;
+use super::validate::InstancePath;
 use super::ConfigError;
 
 /// `[overload.NAME]`.
@@ -46,28 +47,13 @@ impl Default for OverloadSettings {
 }
 
 impl OverloadSettings {
-    /// Checks what the builder would refuse, naming the field at `path`.
-    pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
-        let err =
-            |field: &str, message: String| ConfigError::new(format!("{path}.{field}"), message);
-        if cfg!(not(feature = "adaptive")) {
-            let lacks = "an overload protection needs the crate's `adaptive` feature, which this build lacks";
-            return Err(ConfigError::new(path, lacks));
-        }
-        let (min, initial, max) = (self.min_limit.0, self.initial_limit.0, self.max_limit.0);
-        if min > max {
-            return Err(err(
-                "min_limit",
-                format!("is {min}, above max_limit ({max})"),
-            ));
-        }
-        if !(min..=max).contains(&initial) {
-            let outside = format!("is {initial}, outside min_limit..=max_limit ({min}..={max})");
-            return Err(err("initial_limit", outside));
-        }
+    /// Checks what the builder would refuse, naming the field.
+    pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        at.needs_adaptive("an overload protection needs")?;
+        at.limits(self.min_limit.0, self.initial_limit.0, self.max_limit.0)?;
         let share = |field, share: f64| match (0.0..1.0).contains(&share) {
             true => Ok(()),
-            false => Err(err(
+            false => Err(at.err(
                 field,
                 format!("is {share}; a share is at least 0 and below 1"),
             )),
@@ -76,21 +62,21 @@ impl OverloadSettings {
         share("default_guarantee", self.default_guarantee)?;
         if !(1.0..=100.0).contains(&self.critical_borrowing) {
             let outside = format!("is {}; from 1 to 100", self.critical_borrowing);
-            return Err(err("critical_borrowing", outside));
+            return Err(at.err("critical_borrowing", outside));
         }
         let total = self.critical_guarantee + self.default_guarantee;
         if total >= 1.0 {
             let over = format!("makes {total} with critical_guarantee; together below 1");
-            return Err(err("default_guarantee", over));
+            return Err(at.err("default_guarantee", over));
         }
         if let Err(e) = http::HeaderName::from_bytes(self.priority_header.as_bytes()) {
-            return Err(err("priority_header", format!("is not a header name: {e}")));
+            return Err(at.err("priority_header", format!("is not a header name: {e}")));
         }
         match (self.queue_capacity, self.max_wait) {
-            (Some(_), None) => Err(err("max_wait", "is required with queue_capacity".into())),
-            (None, Some(_)) => Err(err("queue_capacity", "is required with max_wait".into())),
+            (Some(_), None) => Err(at.err("max_wait", "is required with queue_capacity")),
+            (None, Some(_)) => Err(at.err("queue_capacity", "is required with max_wait")),
             (_, Some(wait)) if wait > Duration::from_secs(60) => {
-                Err(err("max_wait", format!("is {wait:?}, above 60 s")))
+                Err(at.err("max_wait", format!("is {wait:?}, above 60 s")))
             }
             _ => Ok(()),
         }

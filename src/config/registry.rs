@@ -16,6 +16,8 @@ use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
 use super::overload::build_overload;
+#[cfg(feature = "adaptive")]
+use super::validate::InstancePath;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -319,7 +321,7 @@ impl Registry {
         let breakers = build_each(&config.breakers, build_breaker)?;
         #[cfg(feature = "adaptive")]
         let retries = build_each(&config.retries, |name, s| {
-            s.build(&format!("retries.{name}"))
+            s.build(&InstancePath(&format!("retries.{name}")))
         })?;
         Ok(Self {
             limiters,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::duration::with_units;
+use super::validate::InstancePath;
 use super::ConfigError;
 
 /// `[retries.NAME]`, each field named as the builder's setting.
@@ -39,29 +40,27 @@ impl Default for RetrySettings {
 }
 
 impl RetrySettings {
-    /// Checks what the builder would refuse, naming the field at `path`.
-    pub(super) fn validate(&self, path: &str) -> Result<(), ConfigError> {
+    /// Checks what the builder would refuse, naming the field.
+    pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+        at.needs_adaptive("retries need")?;
         #[cfg(feature = "adaptive")]
-        return self.build(path).map(drop);
-        #[cfg(not(feature = "adaptive"))]
-        Err(ConfigError::new(
-            path,
-            "retries need the crate's `adaptive` feature, which this build lacks",
-        ))
+        self.build(at)?;
+        Ok(())
     }
 
-    /// The retries at `path` (`retries.NAME`), or the error naming the field the builder
-    /// refuses.
+    /// The retries at `at`, or the error naming the field the builder refuses.
     #[cfg(feature = "adaptive")]
-    pub(super) fn build(&self, path: &str) -> Result<crate::outbound::retry::Retry, ConfigError> {
-        let name = path.strip_prefix("retries.").unwrap_or(path);
-        (crate::outbound::retry::Retry::builder(name))
+    pub(super) fn build(
+        &self,
+        at: &InstancePath<'_>,
+    ) -> Result<crate::outbound::retry::Retry, ConfigError> {
+        (crate::outbound::retry::Retry::builder(at.name()))
             .max_attempts(self.max_attempts)
             .backoff(self.base, self.cap)
             .max_wait(self.max_wait)
             .budget(self.ratio, self.min_per_second, self.window)
             .build()
-            .map_err(|e| ConfigError::setting(path, &e))
+            .map_err(|e| ConfigError::setting(at.0, &e))
     }
 }
 

@@ -2,6 +2,8 @@
 //! fields against each other and against their bounds, and the names instances give each other.
 //! The defaults that depend on another field are filled in here.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use super::fields::Count;
@@ -10,11 +12,45 @@ use super::ConfigError;
 use crate::Quota;
 
 /// The path of one instance (`rate_limiters.api`), for errors at its fields.
-struct InstancePath<'a>(&'a str);
+pub(super) struct InstancePath<'a>(pub(super) &'a str);
 
 impl InstancePath<'_> {
-    fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
+    /// The instance's name, after its section's.
+    #[cfg(feature = "adaptive")]
+    pub(super) fn name(&self) -> &str {
+        self.0.split_once('.').map_or(self.0, |(_, name)| name)
+    }
+
+    /// An error at `field` of the instance.
+    pub(super) fn err(&self, field: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::new(format!("{}.{field}", self.0), message)
+    }
+
+    /// An error at the instance unless this build has the `adaptive` feature; `kind_needs` begins
+    /// its message, such as "an overload protection needs".
+    pub(super) fn needs_adaptive(&self, kind_needs: &str) -> Result<(), ConfigError> {
+        if cfg!(feature = "adaptive") {
+            return Ok(());
+        }
+        let lacks = format!("{kind_needs} the crate's `adaptive` feature, which this build lacks");
+        Err(ConfigError::new(self.0, lacks))
+    }
+
+    /// The bounds of a limit and where it starts: `min_limit <= initial_limit <= max_limit`.
+    pub(super) fn limits<T: Copy + PartialOrd + fmt::Display>(
+        &self,
+        min: T,
+        initial: T,
+        max: T,
+    ) -> Result<(), ConfigError> {
+        if min > max {
+            return Err(self.err("min_limit", format!("is {min}, above max_limit ({max})")));
+        }
+        if !(min..=max).contains(&initial) {
+            let outside = format!("is {initial}, outside min_limit..=max_limit ({min}..={max})");
+            return Err(self.err("initial_limit", outside));
+        }
+        Ok(())
     }
 
     /// A span of `field`, bounded as a quota's are: no setting may reach the ends of a clock's
@@ -57,31 +93,16 @@ impl BulkheadSettings {
 impl Config {
     /// Checks every instance and the names they give each other: the one validation pass.
     pub(super) fn validate(&mut self) -> Result<(), ConfigError> {
-        let at = |section: &str, name: &str| format!("{section}.{name}");
-        for (name, s) in &mut self.rate_limiters {
-            s.validate(&InstancePath(&at("rate_limiters", name)))?;
-        }
-        for (name, s) in &mut self.bulkheads {
-            s.validate(&InstancePath(&at("bulkheads", name)))?;
-        }
-        for (name, s) in &self.routes {
-            s.validate(&InstancePath(&at("routes", name)))?;
-        }
-        for (name, s) in &self.pushbacks {
-            s.validate(&InstancePath(&at("pushbacks", name)))?;
-        }
-        for (name, s) in &mut self.adaptive_bulkheads {
-            s.validate(&InstancePath(&at("adaptive_bulkheads", name)))?;
-        }
-        for (name, s) in &self.overload {
-            s.validate(&at("overload", name))?;
-        }
-        for (name, s) in &mut self.breakers {
-            s.validate(name)?;
-        }
-        for (name, s) in &self.retries {
-            s.validate(&at("retries", name))?;
-        }
+        let limiters = RateLimiterSettings::validate;
+        let adaptive = AdaptiveBulkheadSettings::validate;
+        each("rate_limiters", &mut self.rate_limiters, limiters)?;
+        each("bulkheads", &mut self.bulkheads, BulkheadSettings::validate)?;
+        each("routes", &mut self.routes, RouteSettings::validate)?;
+        each("pushbacks", &mut self.pushbacks, PushbackSettings::validate)?;
+        each("adaptive_bulkheads", &mut self.adaptive_bulkheads, adaptive)?;
+        each("overload", &mut self.overload, OverloadSettings::validate)?;
+        each("breakers", &mut self.breakers, BreakerSettings::validate)?;
+        each("retries", &mut self.retries, RetrySettings::validate)?;
         self.check_names()
     }
 
@@ -136,6 +157,17 @@ impl Config {
             )
         })
     }
+}
+
+/// Checks each instance of `section` with `validate`, at the instance's path, in name order.
+fn each<T>(
+    section: &str,
+    instances: &mut BTreeMap<String, T>,
+    validate: fn(&mut T, &InstancePath<'_>) -> Result<(), ConfigError>,
+) -> Result<(), ConfigError> {
+    (instances.iter_mut()).try_for_each(|(name, settings)| {
+        validate(settings, &InstancePath(&format!("{section}.{name}")))
+    })
 }
 
 /// The cost (at `{at}.cost`) of rate limiter `name` must fit what the limiter can ever grant at
@@ -266,7 +298,7 @@ impl RateLimiterSettings {
 }
 
 impl RouteSettings {
-    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         if self.policies.is_empty() {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
@@ -292,7 +324,7 @@ impl RouteSettings {
 }
 
 impl PushbackSettings {
-    fn validate(&self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
+    fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.span("max_wait", self.max_wait)?;
         at.span("max_hold", self.max_hold)?;
         if self.max_hold.is_zero() {
@@ -323,22 +355,9 @@ impl AdaptiveBulkheadSettings {
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
-        if cfg!(not(feature = "adaptive")) {
-            return Err(ConfigError::new(
-                at.0,
-                "an adaptive bulkhead needs the crate's `adaptive` feature, which this build lacks",
-            ));
-        }
+        at.needs_adaptive("an adaptive bulkhead needs")?;
         let (min, initial, max) = self.limits();
-        if min > max {
-            return Err(at.err("min_limit", format!("is {min}, above max_limit ({max})")));
-        }
-        if !(min..=max).contains(&initial) {
-            return Err(at.err(
-                "initial_limit",
-                format!("is {initial}, outside min_limit..=max_limit ({min}..={max})"),
-            ));
-        }
+        at.limits(min, initial, max)?;
         let count = |n: usize| Some(Count(n as u32));
         (self.min_limit, self.initial_limit, self.max_limit) =
             (count(min), count(initial), count(max));
