@@ -89,26 +89,23 @@ impl Registry {
         self.reload(config).map_err(|e| e.located_in(text))
     }
 
-    fn reload(&self, config: Config) -> Result<Reloaded, ConfigError> {
+    fn reload(&self, next: Config) -> Result<Reloaded, ConfigError> {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let now = &*running;
-        same_instances("rate_limiters", &now.rate_limiters, &config.rate_limiters)?;
-        same_instances("bulkheads", &now.bulkheads, &config.bulkheads)?;
-        same_instances("pushbacks", &now.pushbacks, &config.pushbacks)?;
-        same_instances("client_quotas", &now.client_quotas, &config.client_quotas)?;
-        same_instances(
-            "adaptive_bulkheads",
-            &now.adaptive_bulkheads,
-            &config.adaptive_bulkheads,
-        )?;
-        same_instances("overload", &now.overload, &config.overload)?;
-        same_instances("breakers", &now.breakers, &config.breakers)?;
-        same_instances("retries", &now.retries, &config.retries)?;
-        same_instances("routes", &now.routes, &config.routes)?;
+        same_instances("rate_limiters", &now.rate_limiters, &next.rate_limiters)?;
+        same_instances("bulkheads", &now.bulkheads, &next.bulkheads)?;
+        same_instances("pushbacks", &now.pushbacks, &next.pushbacks)?;
+        same_instances("client_quotas", &now.client_quotas, &next.client_quotas)?;
+        let adaptive = (&now.adaptive_bulkheads, &next.adaptive_bulkheads);
+        same_instances("adaptive_bulkheads", adaptive.0, adaptive.1)?;
+        same_instances("overload", &now.overload, &next.overload)?;
+        same_instances("breakers", &now.breakers, &next.breakers)?;
+        same_instances("retries", &now.retries, &next.retries)?;
+        same_instances("routes", &now.routes, &next.routes)?;
         let mut quotas = Vec::new();
-        for (name, next) in &config.rate_limiters {
+        for (name, limiter) in &next.rate_limiters {
             let path = format!("rate_limiters.{name}");
-            let quota = next.quota(&path)?;
+            let quota = limiter.quota(&path)?;
             if now.rate_limiters[name].quota(&path)? == quota {
                 continue;
             }
@@ -129,14 +126,14 @@ impl Registry {
                 .map_err(|e| ConfigError::new(format!("rate_limiters.{name}"), e.to_string()))?;
             reloaded.rate_limiters.push(name.clone());
         }
-        for (name, next) in &config.bulkheads {
-            let size = next.max_concurrent_calls;
+        for (name, bulkhead) in &next.bulkheads {
+            let size = bulkhead.max_concurrent_calls;
             if now.bulkheads[name].max_concurrent_calls != size {
                 self.bulkheads[name].set_max_concurrent_calls(size.0 as usize);
                 reloaded.bulkheads.push(name.clone());
             }
         }
-        *running = config;
+        *running = next;
         Ok(reloaded)
     }
 }
