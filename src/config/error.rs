@@ -66,38 +66,22 @@ impl ConfigError {
         let message = error.message().trim_end();
         let Some(span) = error.span() else {
             return match first_failing_line(text, message) {
-                Some(line) => Self {
-                    path: String::new(),
-                    message: format!("{message} (line {line})"),
-                    position: Some((line, 1)),
-                },
+                Some(line) => Self::new("", format!("{message} (line {line})")).at((line, 1)),
                 None => Self::new("", message),
             };
         };
         let (line, column) = line_column(text, span.start);
-        let position = Some((line, column));
         let Ok(document) = DeTable::parse(text) else {
-            return Self {
-                path: String::new(),
-                message: format!("{message} (line {line}, column {column})"),
-                position,
-            };
+            let message = format!("{message} (line {line}, column {column})");
+            return Self::new("", message).at((line, column));
         };
         let within = |outer: &Range<usize>| outer.start <= span.start && span.end <= outer.end;
         // The deepest key holding the span (an unknown field), else the deepest value (a value
         // of the wrong type): nodes below another have longer paths. Keys first, because the
         // value of a table written `[a.b]` spans its header, which holds the key `a`.
         let nodes = nodes(&document);
-        let depth = |node: &&Node| node.path.len();
-        let path = (nodes.iter())
-            .filter(|node| node.key.as_ref().is_some_and(within))
-            .max_by_key(depth)
-            .or_else(|| {
-                nodes
-                    .iter()
-                    .filter(|node| within(&node.value))
-                    .max_by_key(depth)
-            })
+        let path = deepest(&nodes, |node| node.key.as_ref().is_some_and(within))
+            .or_else(|| deepest(&nodes, |node| within(&node.value)))
             .map_or_else(String::new, |node| node.path.clone());
         // serde's derive refuses a missing field at the table that lacks it (its message is
         // serde's `missing_field`): the error is the field's, placed where its instance is.
@@ -105,11 +89,13 @@ impl ConfigError {
         if let Some(field) = missing.and_then(|rest| rest.strip_suffix('`')) {
             return Self::new(format!("{path}.{field}"), "is required").located_in(text);
         }
-        Self {
-            path,
-            message: message.to_owned(),
-            position,
-        }
+        Self::new(path, message).at((line, column))
+    }
+
+    /// This error at `position`, a line and column.
+    fn at(mut self, position: (usize, usize)) -> Self {
+        self.position = Some(position);
+        self
     }
 
     /// This error with the line and column of its path in `text`, the TOML it was found in: the
@@ -129,11 +115,8 @@ impl ConfigError {
                     rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
                 })
         };
-        self.position = nodes(&document)
-            .into_iter()
-            .filter(starts)
-            .max_by_key(|node| node.path.len())
-            .map(|node| match (&node.key, node.is_table) {
+        self.position =
+            deepest(&nodes(&document), starts).map(|node| match (&node.key, node.is_table) {
                 // A table written as `[a.b]` is found by its name.
                 (Some(key), true) => line_column(text, key.start),
                 _ => line_column(text, node.value.start),
@@ -204,6 +187,13 @@ fn nodes(document: &Spanned<DeTable<'_>>) -> Vec<Node> {
     let mut out = Vec::new();
     table(document.get_ref(), "", &mut out);
     out
+}
+
+/// The deepest of `nodes` that `keep` keeps (the last of those as deep).
+fn deepest(nodes: &[Node], keep: impl Fn(&Node) -> bool) -> Option<&Node> {
+    (nodes.iter())
+        .filter(|node| keep(node))
+        .max_by_key(|node| node.path.len())
 }
 
 /// The reader places some errors nowhere (keys nested past its depth limit): the first line
