@@ -16,8 +16,6 @@ use super::build::*;
 use super::file::{Config, RouteSettings};
 #[cfg(feature = "adaptive")]
 use super::overload::build_overload;
-#[cfg(feature = "adaptive")]
-use super::validate::InstancePath;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::AdaptiveBulkhead;
@@ -320,9 +318,7 @@ impl Registry {
         #[cfg(feature = "adaptive")]
         let breakers = build_each(&config.breakers, build_breaker)?;
         #[cfg(feature = "adaptive")]
-        let retries = build_each(&config.retries, |name, s| {
-            s.build(&InstancePath(&format!("retries.{name}")))
-        })?;
+        let retries = build_each(&config.retries, |name, s| s.build(name))?;
         Ok(Self {
             limiters,
             bulkheads,

@@ -44,23 +44,20 @@ impl RetrySettings {
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("retries need")?;
         #[cfg(feature = "adaptive")]
-        self.build(at)?;
+        self.build(at.name())?;
         Ok(())
     }
 
-    /// The retries at `at`, or the error naming the field the builder refuses.
+    /// Retries `name`, or the error naming the field the builder refuses.
     #[cfg(feature = "adaptive")]
-    pub(super) fn build(
-        &self,
-        at: &InstancePath<'_>,
-    ) -> Result<crate::outbound::retry::Retry, ConfigError> {
-        (crate::outbound::retry::Retry::builder(at.name()))
+    pub(super) fn build(&self, name: &str) -> Result<crate::outbound::retry::Retry, ConfigError> {
+        (crate::outbound::retry::Retry::builder(name))
             .max_attempts(self.max_attempts)
             .backoff(self.base, self.cap)
             .max_wait(self.max_wait)
             .budget(self.ratio, self.min_per_second, self.window)
             .build()
-            .map_err(|e| ConfigError::setting(at.0, &e))
+            .map_err(|e| ConfigError::setting(&format!("retries.{name}"), &e))
     }
 }
 
