@@ -109,11 +109,8 @@ impl ConfigError {
             return self;
         };
         let starts = |node: &Node| {
-            self.path
-                .strip_prefix(node.path.as_str())
-                .is_some_and(|rest| {
-                    rest.is_empty() || rest.starts_with('.') || rest.starts_with('[')
-                })
+            let rest = self.path.strip_prefix(node.path.as_str());
+            rest.is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
         };
         self.position =
             deepest(&nodes(&document), starts).map(|node| match (&node.key, node.is_table) {

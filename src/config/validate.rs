@@ -229,11 +229,9 @@ impl RateLimiterSettings {
         at.only_with("forwarded_header", &self.forwarded_header, forwarded, what)?;
         if forwarded {
             // Never trust a forwarding header unless the operator named who may send it.
-            match &self.trusted_proxies {
+            match self.trusted_proxies.as_deref() {
                 None => return Err(at.err("trusted_proxies", "is required")),
-                Some(proxies) if proxies.is_empty() => {
-                    return Err(at.err("trusted_proxies", "must name at least one proxy"))
-                }
+                Some([]) => return Err(at.err("trusted_proxies", "must name at least one proxy")),
                 Some(_) => {}
             }
             self.forwarded_header.get_or_insert_default();
@@ -347,11 +345,8 @@ impl AdaptiveBulkheadSettings {
         };
         let min = limit(self.min_limit, 1);
         let max = limit(self.max_limit, 256.max(min));
-        (
-            min,
-            limit(self.initial_limit, 8.clamp(min, max.max(min))),
-            max,
-        )
+        let initial = limit(self.initial_limit, 8.clamp(min, max.max(min)));
+        (min, initial, max)
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
