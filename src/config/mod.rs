@@ -257,7 +257,6 @@ mod tests {
     use super::file::*;
     use super::Config;
     use crate::outbound::pushback::DEFAULT_MAX_HOLD;
-    use crate::rate_limit::Shadow;
     use crate::Quota;
 
     fn parse(text: &str) -> Config {
@@ -266,6 +265,7 @@ mod tests {
 
     /// Checks that each case, the body of the section `[section]` beside the field its error
     /// must name, is refused by the registry at that section with an error naming the field.
+    #[cfg(feature = "adaptive")]
     pub(super) fn assert_refused_naming_field(section: &str, cases: &[(&str, &str)]) {
         for (body, field) in cases {
             let text = format!("[{section}]\n{body}\n");
@@ -356,6 +356,7 @@ mod tests {
         assert_eq!(open.redis_fail_mode, Some(RedisFailModeKind::Open));
     }
 
+    #[cfg(feature = "adaptive")]
     #[test]
     fn adaptive_bulkheads_parse_with_their_defaults() {
         let config = parse(
@@ -410,8 +411,12 @@ mod tests {
         assert_eq!(at_bound.pushbacks["p"].max_wait, Quota::MAX_SPAN);
     }
 
+    /// (`exempt_networks` reads the TCP peer, which needs the `axum` feature.)
+    #[cfg(feature = "axum")]
     #[test]
     fn a_route_parses_into_its_policies() {
+        use crate::rate_limit::Shadow;
+
         let config = parse(
             "[rate_limiters.per-ip]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
              [rate_limiters.per-key]\nlimit_for_period = 10\nlimit_refresh_period = \"1s\"\n\
