@@ -128,55 +128,6 @@ impl FixedWindow {
             reset(w.used),
         )
     }
-}
-
-impl Transitions for FixedWindow {
-    type State = FixedWindowState;
-
-    fn new(quota: &Quota, epoch: u64) -> Self {
-        Self {
-            limit: u64::from(quota.permits()),
-            timeline: Timeline::new(epoch, quota.period_nanos()),
-        }
-    }
-
-    /// Every key keeps its cycle and its count. The new limit applies from the change, to the
-    /// cycle in progress too: a key that used 9 of 10 and whose limit becomes 20 has 11 left in
-    /// it, and a count above a lowered limit is debt that the next cycles pay, as a reservation's
-    /// is. A new period keeps the cycle in progress (its number and its start) and makes it end
-    /// one new period after its start, or at the change if that instant has passed; the cycles
-    /// after it last the new period. So the cycle of the change admits at most the larger of the
-    /// two limits, and no cycle starts afresh because of the change.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        let limit = u64::from(quota.permits());
-        let timeline = self.timeline.with_period(quota.period_nanos(), now);
-        // A new limit under the same period is a change all the same (see `refund`).
-        let unchanged = timeline.generation() == self.timeline.generation();
-        Self {
-            limit,
-            timeline: if limit != self.limit && unchanged {
-                timeline.renewed()
-            } else {
-                timeline
-            },
-        }
-    }
-
-    fn capacity(&self) -> u32 {
-        self.limit as u32
-    }
-
-    fn decide(
-        &self,
-        state: &FixedWindowState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Decision {
-        let now = latest.at_least(now);
-        self.step(&mut lock(&state.0), now, cost, max_wait)
-    }
 
     /// Gives back the permits of an admission charged at `reserved_at`, as far as the count can
     /// say where they lie.
@@ -196,17 +147,7 @@ impl Transitions for FixedWindow {
     /// freeing the last slots for either would let a new caller fall due in a cycle that is
     /// already full. (Once such a reservation has fallen due and no other is outstanding, it is
     /// an admission of its cycle like any other, and is given back exactly.)
-    fn refund(
-        &self,
-        state: &FixedWindowState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        decision: &Decision,
-    ) {
-        let now = latest.at_least(now);
-        let mut w = lock(&state.0);
-        let now = self.advance(&mut w, now);
+    fn give_back(&self, w: &mut Window, now: u64, cost: u32, decision: &Decision) {
         // Under a numbering that no longer names its cycle (a change of period since), nothing
         // comes back; nor for a reservation after a change of the limit or the period: its
         // slots lie where the limits of the cycles before it put them.
@@ -233,11 +174,35 @@ impl Transitions for FixedWindow {
 
     /// The count of the cycle of `now` grows by `cost`; above the limit it is debt that the
     /// next cycles pay, as a reservation's is.
-    fn charge(&self, state: &FixedWindowState, latest: &LatestReading, now: u64, cost: u32) {
-        let now = latest.at_least(now);
-        let mut w = lock(&state.0);
-        self.advance(&mut w, now);
+    fn take(&self, w: &mut Window, _now: u64, cost: u32) {
         w.used = w.used.saturating_add(u64::from(cost));
+    }
+}
+
+impl Transitions for FixedWindow {
+    type State = FixedWindowState;
+    window_transitions!(timeline);
+
+    /// Every key keeps its cycle and its count. The new limit applies from the change, to the
+    /// cycle in progress too: a key that used 9 of 10 and whose limit becomes 20 has 11 left in
+    /// it, and a count above a lowered limit is debt that the next cycles pay, as a reservation's
+    /// is. A new period keeps the cycle in progress (its number and its start) and makes it end
+    /// one new period after its start, or at the change if that instant has passed; the cycles
+    /// after it last the new period. So the cycle of the change admits at most the larger of the
+    /// two limits, and no cycle starts afresh because of the change.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        let limit = u64::from(quota.permits());
+        let timeline = self.timeline.with_period(quota.period_nanos(), now);
+        // A new limit under the same period is a change all the same (see `give_back`).
+        let unchanged = timeline.generation() == self.timeline.generation();
+        Self {
+            limit,
+            timeline: if limit != self.limit && unchanged {
+                timeline.renewed()
+            } else {
+                timeline
+            },
+        }
     }
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {

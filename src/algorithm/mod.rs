@@ -19,6 +19,66 @@
 
 use crate::decision::Decision;
 
+/// The [`Transitions`] methods of the window algorithms ([`FixedWindow`], [`SlidingCounter`],
+/// [`SlidingLog`]), written once inside each one's impl. Their state is one record behind a
+/// mutex (the state's field `0`), which every transition locks, deciding as of the group's
+/// latest reading if it is later; the algorithm's own `step` decides on the record, and once
+/// its `advance` has moved the record on to the reading, its `give_back` refunds and its
+/// `take` charges. The capacity is the algorithm's `limit`. With `timeline`, also `new` for
+/// an algorithm that is its `limit` and the [`Timeline`] of its windows (the fixed window and
+/// the sliding counter). Names `LatestReading`, `Decision`, `Quota` and `lock` as the module it
+/// is written in imports them.
+macro_rules! window_transitions {
+    (timeline) => {
+        window_transitions!();
+
+        fn new(quota: &Quota, epoch: u64) -> Self {
+            Self {
+                limit: u64::from(quota.permits()),
+                timeline: Timeline::new(epoch, quota.period_nanos()),
+            }
+        }
+    };
+    () => {
+        fn capacity(&self) -> u32 {
+            self.limit as u32
+        }
+
+        fn decide(
+            &self,
+            state: &Self::State,
+            latest: &LatestReading,
+            now: u64,
+            cost: u32,
+            max_wait: u64,
+        ) -> Decision {
+            let now = latest.at_least(now);
+            self.step(&mut lock(&state.0), now, cost, max_wait)
+        }
+
+        fn refund(
+            &self,
+            state: &Self::State,
+            latest: &LatestReading,
+            now: u64,
+            cost: u32,
+            decision: &Decision,
+        ) {
+            let now = latest.at_least(now);
+            let mut record = lock(&state.0);
+            let now = self.advance(&mut record, now);
+            self.give_back(&mut record, now, cost, decision);
+        }
+
+        fn charge(&self, state: &Self::State, latest: &LatestReading, now: u64, cost: u32) {
+            let now = latest.at_least(now);
+            let mut record = lock(&state.0);
+            let now = self.advance(&mut record, now);
+            self.take(&mut record, now, cost);
+        }
+    };
+}
+
 mod concurrency;
 mod fixed_window;
 mod gcra;

@@ -186,47 +186,6 @@ impl SlidingCounter {
             self.reset_after(c, now),
         )
     }
-}
-
-impl Transitions for SlidingCounter {
-    type State = SlidingCounterState;
-
-    fn new(quota: &Quota, epoch: u64) -> Self {
-        Self {
-            limit: u64::from(quota.permits()),
-            timeline: Timeline::new(epoch, quota.period_nanos()),
-        }
-    }
-
-    /// Every key keeps its counters. The new limit applies from the change, to the window in
-    /// progress too (9 of 10 used leaves 11 of 20). A new period keeps the window in progress
-    /// (its number and its start) and makes it end one new period after its start, or at the
-    /// change if that instant has passed; the windows after it last the new period, and the
-    /// previous window's share is spread over the window that follows it, whatever its length.
-    /// The counts of the window of the change stay in it, so it admits at most the larger of
-    /// the two limits.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self {
-            limit: u64::from(quota.permits()),
-            timeline: self.timeline.with_period(quota.period_nanos(), now),
-        }
-    }
-
-    fn capacity(&self) -> u32 {
-        self.limit as u32
-    }
-
-    fn decide(
-        &self,
-        state: &SlidingCounterState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Decision {
-        let now = latest.at_least(now);
-        self.step(&mut lock(&state.0), now, cost, max_wait)
-    }
 
     /// Subtracts `cost` from the count of the window the admission was counted in (the
     /// previous, the current or the next): exact, whether it is past or future, since each count
@@ -234,17 +193,7 @@ impl Transitions for SlidingCounter {
     /// admission's instant names its window only under the numbering it was counted under: a
     /// change of period numbers instants anew (a reservation due in the next window may fall in
     /// the one in progress after it), so after one nothing comes back.
-    fn refund(
-        &self,
-        state: &SlidingCounterState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        decision: &Decision,
-    ) {
-        let now = latest.at_least(now);
-        let mut c = lock(&state.0);
-        self.advance(&mut c, now);
+    fn give_back(&self, c: &mut Counters, _now: u64, cost: u32, decision: &Decision) {
         let Some((idx, _)) = self.timeline.counted_window(decision, c.renumbered) else {
             return;
         };
@@ -264,11 +213,27 @@ impl Transitions for SlidingCounter {
     /// The count of the window of `now` grows by `cost`, past the limit if it must. The
     /// counter is approximate: the debt weighs on the estimate as that window's own counts
     /// do, in full through the window and then as the previous window's share.
-    fn charge(&self, state: &SlidingCounterState, latest: &LatestReading, now: u64, cost: u32) {
-        let now = latest.at_least(now);
-        let mut c = lock(&state.0);
-        self.advance(&mut c, now);
+    fn take(&self, c: &mut Counters, _now: u64, cost: u32) {
         c.curr = c.curr.saturating_add(u64::from(cost));
+    }
+}
+
+impl Transitions for SlidingCounter {
+    type State = SlidingCounterState;
+    window_transitions!(timeline);
+
+    /// Every key keeps its counters. The new limit applies from the change, to the window in
+    /// progress too (9 of 10 used leaves 11 of 20). A new period keeps the window in progress
+    /// (its number and its start) and makes it end one new period after its start, or at the
+    /// change if that instant has passed; the windows after it last the new period, and the
+    /// previous window's share is spread over the window that follows it, whatever its length.
+    /// The counts of the window of the change stay in it, so it admits at most the larger of
+    /// the two limits.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self {
+            limit: u64::from(quota.permits()),
+            timeline: self.timeline.with_period(quota.period_nanos(), now),
+        }
     }
 
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {

@@ -188,57 +188,13 @@ impl SlidingLog {
             self.reset_after(log, now),
         )
     }
-}
-
-impl Transitions for SlidingLog {
-    type State = SlidingLogState;
-
-    fn new(quota: &Quota, _epoch: u64) -> Self {
-        Self {
-            limit: u64::from(quota.permits()),
-            window: quota.period_nanos(),
-        }
-    }
-
-    /// The log is kept: every admission stays at its instant and counts in every window of the
-    /// new period that holds it. A longer period cannot bring back entries already pruned under
-    /// the shorter one.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
-    }
-
-    fn capacity(&self) -> u32 {
-        self.limit as u32
-    }
-
-    fn decide(
-        &self,
-        state: &SlidingLogState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        max_wait: u64,
-    ) -> Decision {
-        let now = latest.at_least(now);
-        self.step(&mut lock(&state.0), now, cost, max_wait)
-    }
 
     /// Removes `cost` from the entry at `reserved_at` if it is still held: exact, whether the
     /// instant is past (an admission vetoed by another policy) or future (a waiter that went
     /// away). An entry already pruned weighs on no decision any more, so there is nothing left
     /// to give back.
-    fn refund(
-        &self,
-        state: &SlidingLogState,
-        latest: &LatestReading,
-        now: u64,
-        cost: u32,
-        decision: &Decision,
-    ) {
-        let now = latest.at_least(now);
+    fn give_back(&self, log: &mut Log, _now: u64, cost: u32, decision: &Decision) {
         let reserved_at = decision.charged().at;
-        let mut log = lock(&state.0);
-        self.advance(&mut log, now);
         let idx = log.entries.partition_point(|&(t, _)| t < reserved_at);
         if let Some(entry) = log.entries.get_mut(idx).filter(|e| e.0 == reserved_at) {
             let taken = entry.1.min(cost);
@@ -252,13 +208,29 @@ impl Transitions for SlidingLog {
 
     /// An entry of `cost` permits at `now`: every window that holds `now` counts them, past
     /// the limit if it must.
-    fn charge(&self, state: &SlidingLogState, latest: &LatestReading, now: u64, cost: u32) {
-        let now = latest.at_least(now);
-        let mut log = lock(&state.0);
-        let now = self.advance(&mut log, now);
+    fn take(&self, log: &mut Log, now: u64, cost: u32) {
         if cost > 0 {
             log.insert(now, cost);
         }
+    }
+}
+
+impl Transitions for SlidingLog {
+    type State = SlidingLogState;
+    window_transitions!();
+
+    fn new(quota: &Quota, _epoch: u64) -> Self {
+        Self {
+            limit: u64::from(quota.permits()),
+            window: quota.period_nanos(),
+        }
+    }
+
+    /// The log is kept: every admission stays at its instant and counts in every window of the
+    /// new period that holds it. A longer period cannot bring back entries already pruned under
+    /// the shorter one.
+    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
+        Self::new(quota, now)
     }
 
     fn idle_at(&self, state: &SlidingLogState) -> u64 {
