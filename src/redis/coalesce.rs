@@ -14,7 +14,7 @@
 //! went away before its call is not sent.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::Value;
@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 use super::error::RedisFailure;
 use super::script::{Operation, ScriptQuota};
 use super::store::RedisStore;
+use crate::sync::{lock, Mutex};
 
 /// A script call in flight, which its caller and the task sending the decisions queued behind
 /// it can both await: whichever polls it drives it.
@@ -53,13 +54,6 @@ struct Queued {
 }
 
 impl Coalescer {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, InFlight>> {
-        // The map stays whole whatever panicked while it was held: each change is one call.
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The reply to one decision (`operation` must be a decision) on `key` with `quota`, sent
     /// alone or in a batch with others on the same key.
     pub(super) async fn decide(
@@ -76,7 +70,7 @@ impl Coalescer {
         // down) frees the key as it drops, which takes the lock.
         let mut sending = None;
         let queued = {
-            let mut in_flight = self.lock();
+            let mut in_flight = lock(&self.in_flight);
             match in_flight.get_mut(key) {
                 Some(entry) => {
                     let (reply, answer) = oneshot::channel();
@@ -139,7 +133,7 @@ impl Coalescer {
     /// Frees `key` if its entry is the one whose first call is `first` and whose queue is (with
     /// `sending`) or is not (without) being sent: the hold of whoever ends, and no later one's.
     fn release(&self, key: &str, first: &Call, sending: bool) {
-        let mut in_flight = self.lock();
+        let mut in_flight = lock(&self.in_flight);
         let ours = |entry: &InFlight| entry.first.ptr_eq(first) && entry.sending == sending;
         if in_flight.get(key).is_some_and(ours) {
             in_flight.remove(key);
@@ -149,7 +143,7 @@ impl Coalescer {
     /// The decisions queued on `key` whose callers still wait, to be sent next; `None`, and the
     /// key free, when there are none.
     fn next_batch(&self, key: &str) -> Option<Vec<Queued>> {
-        let mut in_flight = self.lock();
+        let mut in_flight = lock(&self.in_flight);
         let queue = in_flight
             .get_mut(key)
             .map(|entry| std::mem::take(&mut entry.queue));

@@ -17,7 +17,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{LazyLock, Weak};
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
@@ -27,6 +27,7 @@ use super::limiter::Inner;
 use super::reply::{parse_reply, Reply};
 use super::script::{ScriptQuota, MAX_NOW};
 use super::RedisFailure;
+use crate::sync::{lock, Mutex};
 
 /// The most arguments one renewal call carries: the live holds of many keys go in several.
 const MAX_RENEW_ARGS: usize = 3_000;
@@ -57,14 +58,9 @@ impl Holds {
         }
     }
 
-    fn live(&self) -> MutexGuard<'_, Live> {
-        // Each change to the map is whole: a panic elsewhere leaves it usable.
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Keeps the hold `hold` of `units` on `key` live: renewed from now on, until released.
     pub(super) fn take(&self, key: &str, hold: u64, units: u32) {
-        (self.live().entry(key.to_owned()).or_default()).insert(hold, units);
+        (lock(&self.live).entry(key.to_owned()).or_default()).insert(hold, units);
         if self.renewing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -84,7 +80,7 @@ impl Holds {
     /// Takes `units` of the hold `hold` on `key` (its last) out of the live ones, all of them
     /// for `u32::MAX`: the units it had, or `None` if it was not live.
     pub(super) fn release(&self, key: &str, hold: u64, units: u32) -> Option<u32> {
-        let mut live = self.live();
+        let mut live = lock(&self.live);
         let holds = live.get_mut(key)?;
         let had = holds.get_mut(&hold)?;
         let before = *had;
@@ -101,7 +97,7 @@ impl Holds {
     /// Every live hold, by key; `None`, having noted that no task renews them, when there is
     /// none.
     fn snapshot(&self) -> Option<Vec<KeyHolds>> {
-        let live = self.live();
+        let live = lock(&self.live);
         if live.is_empty() {
             // Under the lock an admission takes to add its hold, before it looks at `renewing`.
             self.renewing.store(false, Ordering::Release);

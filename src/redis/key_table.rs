@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Entries by Redis key, at most `capacity` of them, behind one lock.
 ///
@@ -38,7 +39,7 @@ impl<V> KeyTable<V> {
 
     /// The entries, locked. A poisoned lock is used as it is: each entry is replaced whole.
     pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, V>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.entries)
     }
 
     /// The entry of `key` in `entries` (this table, locked), made by `make` if the key is new and

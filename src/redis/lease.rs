@@ -16,7 +16,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::key_table::KeyTable;
@@ -26,6 +26,7 @@ use super::script::{LimiterScript, Operation, ScriptQuota, MAX_TICKS};
 use super::{BuildError, RedisCounts, RedisFailure};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
+use crate::sync::{lock, Mutex, MutexGuard};
 use crate::BoxError;
 
 /// How a [`RedisRateLimiter`](super::RedisRateLimiter) leases shares of a key's permits; see
@@ -386,9 +387,9 @@ impl Held {
 }
 
 impl Share {
-    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+    fn held(&self) -> MutexGuard<'_, Held> {
         // Every change to a share is a few assignments that cannot panic half-way.
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.held)
     }
 }
 

@@ -23,7 +23,7 @@
 //!   "late" without touching any state, with its `TIME`: a probe, after which the real request
 //!   goes with a real deadline.
 
-use std::sync::{Mutex, PoisonError};
+use crate::sync::{lock, Mutex};
 
 /// The share of its age by which a bound is lowered: 1 / 10 000 (100 ppm).
 pub(crate) const DRIFT_PER_TICK: u64 = 10_000;
@@ -61,7 +61,7 @@ impl ClockOffset {
             at: received,
         };
         let upper = server - i128::from(sent);
-        let mut bound = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut bound = lock(&self.bound);
         *bound = Some(match *bound {
             None => new,
             // The clocks moved apart: what was known no longer holds.
@@ -77,7 +77,7 @@ impl ClockOffset {
     /// The server's `TIME` (microseconds, rounded down) that corresponds at the latest to the
     /// local instant `local`, or `None` before any reply.
     pub(crate) fn server_deadline(&self, local: u64) -> Option<u64> {
-        let bound = (*self.bound.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let bound = (*lock(&self.bound))?;
         let server = i128::from(local) + bound.at(local);
         Some(u64::try_from(server.div_euclid(1000).max(0)).unwrap_or(u64::MAX))
     }
