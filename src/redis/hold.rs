@@ -2,22 +2,20 @@
 //! policy's slots): what this instance holds, and the task that renews it.
 //!
 //! Each admission holds what it took in its key under an id no other admission has
-//! ([`next_hold`]), with an expiry of [`hold_for`](super::RedisRateLimiterBuilder::hold_for).
-//! While the request lives, its instance keeps the hold in its table of live holds, and one
-//! task renews every live hold of the instance every third of that expiry: one call of the
-//! batch script, each key's holds an entry of it (one call per cluster slot in a Redis Cluster,
-//! and no more than [`MAX_RENEW_ARGS`] arguments a call). A give-back or settle takes the hold
-//! out of the table at once, then tells Redis. A hold no live instance renews (its instance
-//! died, or its give-back never reached Redis) ends at its expiry: a slot frees, a [`Metered`]
-//! estimate stands, charged as of its admission.
+//! ([`next_id`](super::next_id)), with an expiry of
+//! [`hold_for`](super::RedisRateLimiterBuilder::hold_for). While the request lives, its instance
+//! keeps the hold in its table of live holds, and one task renews every live hold of the instance
+//! every third of that expiry: one call of the batch script, each key's holds an entry of it (one
+//! call per cluster slot in a Redis Cluster, and no more than [`MAX_RENEW_ARGS`] arguments a call).
+//! A give-back or settle takes the hold out of the table at once, then tells Redis. A hold no live
+//! instance renews (its instance died, or its give-back never reached Redis) ends at its expiry: a
+//! slot frees, a [`Metered`] estimate stands, charged as of its admission.
 //!
 //! [`Metered`]: crate::algorithm::Metered
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{LazyLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Weak;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
@@ -224,16 +222,6 @@ impl Drop for Renewer {
             inner.holds.renewing.store(false, Ordering::Release);
         }
     }
-}
-
-/// The id of the next hold this process makes: a random start, then an odd step, which visits
-/// every id before it repeats. Ids stay within Lua's exact integers and are never 0 (no hold);
-/// two processes' holds on one key meet with a chance of about one in 2^53 per pair.
-pub(super) fn next_hold() -> u64 {
-    static NEXT: LazyLock<AtomicU64> =
-        LazyLock::new(|| AtomicU64::new(RandomState::new().hash_one(0u8)));
-    let id = NEXT.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-    (id & ((1 << 53) - 1)).max(1)
 }
 
 #[cfg(test)]

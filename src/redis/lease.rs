@@ -13,8 +13,6 @@
 //! A limiter built with leases holds its [`Leases`], and its decisions take the lease route
 //! ([`Inner::lease_decide`]): admit from the share held, or take one in one script call.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,8 +109,6 @@ pub(crate) struct Leases {
     length_nanos: u64,
     /// Each key's share; a full table is swept for shares that hold nothing.
     shares: KeyTable<Arc<Share>>,
-    /// Makes lease ids: a random start, then a counter.
-    ids: AtomicU64,
     counts: Counters,
 }
 
@@ -150,12 +146,10 @@ struct Held {
 
 impl Leases {
     pub(crate) fn new(max_share: u32, length_nanos: u64) -> Self {
-        let start = RandomState::new().hash_one(0u8);
         Self {
             max_share,
             length_nanos,
             shares: KeyTable::new(MAX_KEYS),
-            ids: AtomicU64::new(start),
             counts: Counters::default(),
         }
     }
@@ -221,7 +215,7 @@ impl Leases {
             .clamp(1, self.max_share.min(quota.capacity).max(1))
             .max(cost);
         held.size = wanted;
-        let id = self.next_id();
+        let id = super::next_id();
         // Redis keeps a lease twice as long as the instance admits from it, so that a share
         // given back soon after its end still comes back.
         let length = self
@@ -354,13 +348,6 @@ impl Leases {
     fn count_ended(&self, unused: u32) {
         self.counts.ended.fetch_add(1, Ordering::Relaxed);
         (self.counts.unused).fetch_add(u64::from(unused), Ordering::Relaxed);
-    }
-
-    fn next_id(&self) -> u64 {
-        // An odd step visits every value before it repeats; ids stay within Lua's exact
-        // integers and are never 0, which means "none".
-        let id = self.ids.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-        (id & ((1 << 53) - 1)).max(1)
     }
 }
 

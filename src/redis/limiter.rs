@@ -13,14 +13,14 @@ use super::cache::RefusalCache;
 use super::coalesce::Coalescer;
 use super::fail_mode::{Breaker, DefaultLocal};
 use super::future::{ReserveFuture, ReserveState};
-use super::hold::{next_hold, Holds};
+use super::hold::Holds;
 use super::key::{fingerprint, KeyLayout};
 use super::lease::Leases;
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
 use super::script::{LimiterScript, Operation, ScriptQuota, MAX_NOW};
 use super::{
-    BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
+    next_id, BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
 use crate::clock::{saturating_nanos, Clock};
 use crate::decision::{Decision, Hold, InsufficientCapacity, Taken};
@@ -286,7 +286,7 @@ impl Inner {
         let answered_by = self.clock.now().saturating_add(longest_wait);
         // An admission of a script that holds takes its hold under an id of its own, however
         // its call goes (alone, or in a batch with others on the key).
-        let hold = if quota.script.holds() { next_hold() } else { 0 };
+        let hold = if quota.script.holds() { next_id() } else { 0 };
         let asked = self.bounded(quota, async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
