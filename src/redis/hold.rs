@@ -22,7 +22,7 @@ use redis::cluster_routing::Slot;
 use redis::Value;
 
 use super::limiter::Inner;
-use super::reply::{parse_reply, Reply};
+use super::reply::parse_reply;
 use super::script::{ScriptQuota, MAX_NOW};
 use super::RedisFailure;
 use crate::sync::{lock, Mutex};
@@ -179,13 +179,7 @@ fn renewed(value: &Value, quota: &ScriptQuota) -> Result<(), RedisFailure> {
         return Err(RedisFailure::BadReply(what));
     };
     for reply in replies {
-        match parse_reply(reply, quota)? {
-            Reply::Applied(_) => {}
-            other => {
-                let what = format!("{other:?} is not the answer to a renewal");
-                return Err(RedisFailure::BadReply(what));
-            }
-        }
+        parse_reply(reply, quota)?.applied("the answer to a renewal")?;
     }
     Ok(())
 }

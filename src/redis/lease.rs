@@ -21,7 +21,7 @@ use super::key_table::KeyTable;
 use super::limiter::Inner;
 use super::reply::Reply;
 use super::script::{LimiterScript, Operation, ScriptQuota, MAX_TICKS};
-use super::{BuildError, RedisCounts, RedisFailure};
+use super::{BuildError, RedisCounts};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -473,11 +473,10 @@ impl Inner {
                 self.cache_refusal(&key, cost, &refused);
                 refused
             }
-            Ok(other) => {
-                let failure = RedisFailure::BadReply(format!("{other:?} is not a lease"));
+            reply => {
+                let failure = reply.map_or_else(|failure| failure, |r| r.unexpected("a lease"));
                 return self.fail_mode.decide(quota.limit, key, cost, failure);
             }
-            Err(failure) => return self.fail_mode.decide(quota.limit, key, cost, failure),
         };
         Ok(self.stamp(decision, &key, cost))
     }

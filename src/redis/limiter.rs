@@ -303,11 +303,7 @@ impl Inner {
                 match self.run_script(quota, &key, operation, cost).await? {
                     Reply::Decision(decision, _) => return Ok(decision),
                     Reply::Late(_) => {}
-                    other => {
-                        return Err(RedisFailure::BadReply(format!(
-                            "{other:?} is not a decision"
-                        )))
-                    }
+                    other => return Err(other.unexpected("a decision")),
                 }
             }
             Err(RedisFailure::Late)
@@ -473,12 +469,8 @@ impl Inner {
                 }
             };
             let call = async {
-                match inner.run_script(&quota, &key, operation, cost).await? {
-                    Reply::Applied(_) => Ok(()),
-                    other => Err(RedisFailure::BadReply(format!(
-                        "{other:?} is not the answer to a refund or a charge"
-                    ))),
-                }
+                let reply = inner.run_script(&quota, &key, operation, cost).await?;
+                reply.applied("the answer to a refund or a charge")
             };
             inner.bounded(&quota, call).await
         })

@@ -51,6 +51,20 @@ impl Reply {
             | Reply::Leased { time, .. } => time,
         }
     }
+
+    /// The failure of this reply to a call that `expected` another (a decision, a lease).
+    pub(crate) fn unexpected(self, expected: &str) -> RedisFailure {
+        RedisFailure::BadReply(format!("{self:?} is not {expected}"))
+    }
+
+    /// Nothing if this reply says the call was applied, as the `answer` to a give-back, a
+    /// charge or a renewal must; otherwise the failure of an unexpected reply.
+    pub(crate) fn applied(self, answer: &str) -> Result<(), RedisFailure> {
+        match self {
+            Reply::Applied(_) => Ok(()),
+            other => Err(other.unexpected(answer)),
+        }
+    }
 }
 
 /// The fields of a decision, in order; only GCRA's and the sliding counter's carry
