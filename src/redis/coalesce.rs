@@ -94,8 +94,7 @@ impl Coalescer {
                 None => {
                     let invocation = quota.invocation(key, operation, now, cost);
                     let store = store.clone();
-                    let call =
-                        async move { store.run(&invocation).await.map_err(RedisFailure::Redis) };
+                    let call = async move { store.run(&invocation).await };
                     let call = call.boxed().shared();
                     let entry = InFlight {
                         first: call.clone(),
@@ -178,18 +177,13 @@ impl Sending {
         let _ = self.first.clone().await;
         let key = &self.key;
         while let Some(batch) = self.coalescer.next_batch(key) {
-            let invocation = match batch.as_slice() {
-                [one] => (one.quota).invocation(key, one.operation, one.now, one.cost),
-                [first, ..] => first.quota.batch_invocation(
-                    key,
-                    (batch.iter()).map(|q| (&q.quota, q.operation, q.now, q.cost)),
-                ),
-                [] => unreachable!("a batch holds at least one decision"),
-            };
-            let value = store.run(&invocation).await.map_err(RedisFailure::Redis);
-            let replies = match batch.len() {
-                1 => vec![value],
-                n => split(value, n),
+            let replies = if let [one] = batch.as_slice() {
+                let invocation = (one.quota).invocation(key, one.operation, one.now, one.cost);
+                vec![store.run(&invocation).await]
+            } else {
+                let decisions = (batch.iter()).map(|q| (&q.quota, q.operation, q.now, q.cost));
+                let invocation = batch[0].quota.batch_invocation(key, decisions);
+                split(store.run(&invocation).await, batch.len())
             };
             for (queued, reply) in batch.into_iter().zip(replies) {
                 let _ = queued.reply.send(reply);

@@ -122,10 +122,8 @@ impl Inner {
             return true;
         }
         for call in renewals(&quota, now, self.store.is_cluster(), live) {
-            let reply = match tokio::time::timeout(self.timeout, self.store.run(&call)).await {
-                Ok(reply) => reply.map_err(RedisFailure::Redis),
-                Err(_) => Err(RedisFailure::Timeout(self.timeout)),
-            };
+            let reply = tokio::time::timeout(self.timeout, self.store.run(&call)).await;
+            let reply = reply.unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)));
             if let Err(failure) = reply.and_then(|value| renewed(&value, &quota)) {
                 renewal_failed(&failure);
             }

@@ -522,11 +522,11 @@ impl Inner {
                     .decide(&self.store, quota, key, operation, now, cost)
                     .await?
             }
-            _ => (self
-                .store
-                .run(&quota.invocation(key, operation, now, cost))
-                .await)
-                .map_err(RedisFailure::Redis)?,
+            _ => {
+                (self.store)
+                    .run(&quota.invocation(key, operation, now, cost))
+                    .await?
+            }
         };
         let received = self.clock.now();
         let reply = parse_reply(&value, quota)?;

@@ -7,7 +7,9 @@ use crate::decision::LimiterId;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisResult, ScriptInvocation, Value};
+use redis::{ScriptInvocation, Value};
+
+use super::RedisFailure;
 
 /// The response timeout of the connection managers this module makes (the client's default).
 const MANAGER_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -121,14 +123,15 @@ impl RedisStore {
         matches!(self.connection, Connection::Cluster(_))
     }
 
-    /// Runs a script: `EVALSHA`, and when the server does not know the script (a restart or
-    /// `SCRIPT FLUSH` empties its cache), `SCRIPT LOAD` and `EVALSHA` again. The client's
-    /// [`ScriptInvocation`] does both; in a cluster, on the node of the script's key.
-    pub(crate) async fn run(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        match &self.connection {
-            Connection::Server(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
-        }
+    /// Runs the script `call`: `EVALSHA`, and when the server does not know the script (a
+    /// restart or `SCRIPT FLUSH` empties its cache), `SCRIPT LOAD` and `EVALSHA` again. The
+    /// client's [`ScriptInvocation`] does both; in a cluster, on the node of the script's key.
+    pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, RedisFailure> {
+        let reply = match &self.connection {
+            Connection::Server(manager) => call.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => call.invoke_async(&mut cluster.clone()).await,
+        };
+        reply.map_err(RedisFailure::Redis)
     }
 }
 
