@@ -47,6 +47,11 @@ impl Outcome {
             _ => None,
         }
     }
+
+    /// Whether the policy refused the request: now, or for a cost it can never admit.
+    pub(crate) fn refused(&self) -> bool {
+        matches!(self, Outcome::Refused(_) | Outcome::Unadmittable(_))
+    }
 }
 
 /// The outcomes of a request's policies so far, one per policy asked, in order. Up to four
@@ -230,11 +235,10 @@ impl<P: PolicySet> Ledger<P> {
             if !info.enforced() {
                 continue;
             }
-            match outcome {
-                Outcome::Admitted(d) => wait = wait.max(d.wait),
-                Outcome::Refused(_) | Outcome::Unadmittable(_) => refused = true,
-                Outcome::Failed | Outcome::Skipped => {}
+            if let Outcome::Admitted(d) = outcome {
+                wait = wait.max(d.wait);
             }
+            refused |= outcome.refused();
         }
         if refused {
             // Every permit goes back before the refusal is built, so that the hook sees them
@@ -267,30 +271,19 @@ impl<P: PolicySet> Ledger<P> {
         });
         // A policy that settles, or an admission that holds its estimate or its slots until the
         // request ends.
-        let settles =
-            (limits.settings.policies.iter())
-                .zip(&self.outcomes)
-                .any(|(info, o)| match o {
-                    Outcome::Admitted(d) => {
-                        d.holds_estimate()
-                            || d.holds_slots()
-                            || (limits.settings.settles && !matches!(info.settle, Settle::Never))
-                    }
-                    _ => false,
-                });
+        let settles = (limits.settings.policies.iter().zip(&self.outcomes)).any(|(info, o)| {
+            matches!(o, Outcome::Admitted(d) if d.holds_estimate()
+                || d.holds_slots()
+                || !matches!(info.settle, Settle::Never))
+        });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
-            // The holds go back whenever the request ends, with an answer or without.
-            let scans = (limits
-                .settings
-                .policies
-                .iter()
-                .zip(&self.outcomes)
-                .enumerate())
-            // Slots held (a concurrency limiter's admissions, whichever policy it serves).
-            .filter(|(_, (_, o))| matches!(o, Outcome::Admitted(d) if d.holds_slots()))
-            .map(|(policy, _)| BodyWait { policy, scan: None })
-            .collect();
+            // The holds go back whenever the request ends, with an answer or without: slots held
+            // (a concurrency limiter's admissions, whichever policy it serves).
+            let scans = (self.outcomes.iter().enumerate())
+                .filter(|(_, o)| matches!(o, Outcome::Admitted(d) if d.holds_slots()))
+                .map(|(policy, _)| BodyWait { policy, scan: None })
+                .collect();
             Some(Box::new(Settlement {
                 limits: Arc::clone(&self.limits),
                 keys: std::mem::take(&mut self.keys),
@@ -398,17 +391,12 @@ impl<P: PolicySet> Settlement<P> {
             }
             let info = &limits.settings.policies[i];
             match &info.settle {
-                Settle::Never => {
-                    self.settle(i, None);
-                }
+                Settle::Never => changed |= self.settle(i, None),
                 Settle::Held => {}
-                Settle::ByBody(usage) => {
-                    let scan = usage.scan_answer(response.status, &response.headers);
-                    self.scans.push(BodyWait {
-                        policy: i,
-                        scan: Some(scan),
-                    });
-                }
+                Settle::ByBody(usage) => self.scans.push(BodyWait {
+                    policy: i,
+                    scan: Some(usage.scan_answer(response.status, &response.headers)),
+                }),
                 Settle::ByHead(settled) => {
                     let cost = crate::usage::read_cost(&info.name, || settled(response));
                     changed |= self.settle(i, cost);

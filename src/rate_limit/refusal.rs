@@ -145,7 +145,7 @@ impl<'a> Refusal<'a> {
     pub(crate) fn violated(&self) -> impl Iterator<Item = usize> + Clone + 'a {
         let policies = self.settings.policies.iter();
         (policies.zip(self.outcomes).enumerate())
-            .filter(|(_, (p, o))| p.enforced() && refused_by(o))
+            .filter(|(_, (p, o))| p.enforced() && o.refused())
             .map(|(i, _)| i)
     }
 
@@ -163,11 +163,6 @@ impl<'a> Refusal<'a> {
             _ => None,
         })
     }
-}
-
-/// Whether `outcome` is a policy's refusal: now, or for a cost it can never admit.
-fn refused_by(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Refused(_) | Outcome::Unadmittable(_))
 }
 
 impl fmt::Debug for Refusal<'_> {

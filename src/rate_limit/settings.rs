@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use super::headers::PerSet;
-use super::policy::{PolicyInfo, Settle};
+use super::policy::PolicyInfo;
 use super::refusal::Refusal;
 use crate::head::RequestHead;
 
@@ -85,10 +85,6 @@ pub(crate) struct Settings {
     /// Requests that skip every policy (see
     /// [`RateLimitLayer::exempt`](super::RateLimitLayer::exempt)).
     pub(crate) exempt: Option<Arc<Exempt>>,
-    /// Whether some policy settles its admissions after the response
-    /// ([`Policy::count_if`](super::Policy::count_if), [`Policy::settle_by`](super::Policy::settle_by),
-    /// [`Policy::settle_from_body`](super::Policy::settle_from_body)).
-    pub(crate) settles: bool,
     /// Whether responses carry a [`RateLimitBody`](super::RateLimitBody), which a settle from
     /// the body needs.
     pub(crate) wraps_body: bool,
@@ -101,7 +97,6 @@ impl Settings {
             policy_headers: PerSet::new(policies.len()),
             #[cfg(feature = "grpc")]
             grpc_refusals: PerSet::new(policies.len()),
-            settles: policies.iter().any(|p| !matches!(p.settle, Settle::Never)),
             policies,
             wraps_body: false,
             admitted_headers: true,
