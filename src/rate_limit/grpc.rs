@@ -250,11 +250,7 @@ pub(crate) fn error(status: StatusCode, detail: &str) -> Response<Bytes> {
         StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
         _ => Code::Internal,
     };
-    // Trailers-only: HTTP 200, the status in the headers, no body.
-    let mut response = tonic::Status::new(code, detail).into_http::<Bytes>();
-    // The status itself, which tonic keeps in the extensions, is not the layer's to hand on.
-    response.extensions_mut().clear();
-    response
+    status_response(code, detail.to_owned(), None)
 }
 
 /// The gRPC status of an error of the crate's other layers (see [`LazyStatus`]): `code` with
@@ -279,8 +275,8 @@ fn status_of(code: Code, message: String, retry_after: Option<Duration>) -> toni
 }
 
 /// The trailers-only gRPC answer of [`status_of`]`(code, message, retry_after)` (HTTP 200, the
-/// status in the headers): how the overload protection answers a call it sheds.
-#[cfg(feature = "adaptive")]
+/// status in the headers, no body): how the overload protection answers a call it sheds, and
+/// the layer's [`error`]s.
 pub(crate) fn status_response(
     code: Code,
     message: String,
