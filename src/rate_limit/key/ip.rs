@@ -196,16 +196,14 @@ impl PeerIp {
 
     /// Keys IPv6 peers by their first `bits` bits (64 by default; values above 128 mean 128).
     pub fn ipv6_prefix(self, bits: u8) -> Self {
-        Self {
-            prefixes: self.prefixes.ipv6(bits),
-        }
+        let prefixes = self.prefixes.ipv6(bits);
+        Self { prefixes }
     }
 
     /// Keys IPv4 peers by their first `bits` bits (32 by default; values above 32 mean 32).
     pub fn ipv4_prefix(self, bits: u8) -> Self {
-        Self {
-            prefixes: self.prefixes.ipv4(bits),
-        }
+        let prefixes = self.prefixes.ipv4(bits);
+        Self { prefixes }
     }
 }
 
