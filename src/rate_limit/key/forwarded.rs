@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::header::{HeaderName, FORWARDED};
 use http::HeaderMap;
 
-use super::ip::{Cidr, Prefixes};
+use super::ip::{mask_v4, mask_v6, Cidr, Prefixes};
 use super::KeyError;
 #[cfg(any(feature = "axum", feature = "grpc"))]
 use super::{ip::peer_ip, KeyExtractor};
@@ -104,15 +104,15 @@ impl ForwardedIp {
     }
 
     /// Keys IPv6 clients by their first `bits` bits (64 by default; values above 128 mean 128).
-    pub fn ipv6_prefix(self, bits: u8) -> Self {
-        let prefixes = self.prefixes.ipv6(bits);
-        Self { prefixes, ..self }
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.prefixes.v6 = mask_v6(bits);
+        self
     }
 
     /// Keys IPv4 clients by their first `bits` bits (32 by default; values above 32 mean 32).
-    pub fn ipv4_prefix(self, bits: u8) -> Self {
-        let prefixes = self.prefixes.ipv4(bits);
-        Self { prefixes, ..self }
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.prefixes.v4 = mask_v4(bits);
+        self
     }
 
     /// The client address for a connection from `peer` with request headers `headers`, before

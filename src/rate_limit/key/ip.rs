@@ -40,24 +40,6 @@ impl Prefixes {
         }
     }
 
-    /// These prefixes, with IPv4 addresses keyed by their first `bits` bits (above 32 means 32):
-    /// the setting of `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
-    pub(super) fn ipv4(self, bits: u8) -> Self {
-        Self {
-            v4: mask_v4(bits),
-            ..self
-        }
-    }
-
-    /// These prefixes, with IPv6 addresses keyed by their first `bits` bits (above 128 means
-    /// 128): the setting of `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
-    pub(super) fn ipv6(self, bits: u8) -> Self {
-        Self {
-            v6: mask_v6(bits),
-            ..self
-        }
-    }
-
     /// The part of `ip` that identifies one client. An IPv4 client seen through a dual-stack
     /// socket arrives as `::ffff:a.b.c.d`; it is an IPv4 client and is keyed as one (otherwise
     /// every IPv4 client would share one /64).
@@ -69,16 +51,18 @@ impl Prefixes {
     }
 }
 
-/// The first `bits` bits of an IPv4 address set (a shift by all 32 bits, for a prefix of 0,
-/// leaves none).
-fn mask_v4(bits: u8) -> u32 {
+/// The first `bits` bits of an IPv4 address set (above 32 means 32; a shift by all 32 bits, for
+/// a prefix of 0, leaves none): the IPv4 prefix of `PeerIp` and
+/// [`ForwardedIp`](super::ForwardedIp) alike.
+pub(super) fn mask_v4(bits: u8) -> u32 {
     u32::MAX
         .checked_shl(32 - u32::from(bits.min(32)))
         .unwrap_or(0)
 }
 
-/// The first `bits` bits of an IPv6 address set.
-fn mask_v6(bits: u8) -> u128 {
+/// The first `bits` bits of an IPv6 address set (above 128 means 128): the IPv6 prefix of
+/// `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
+pub(super) fn mask_v6(bits: u8) -> u128 {
     u128::MAX
         .checked_shl(128 - u32::from(bits.min(128)))
         .unwrap_or(0)
@@ -195,15 +179,15 @@ impl PeerIp {
     }
 
     /// Keys IPv6 peers by their first `bits` bits (64 by default; values above 128 mean 128).
-    pub fn ipv6_prefix(self, bits: u8) -> Self {
-        let prefixes = self.prefixes.ipv6(bits);
-        Self { prefixes }
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.prefixes.v6 = mask_v6(bits);
+        self
     }
 
     /// Keys IPv4 peers by their first `bits` bits (32 by default; values above 32 mean 32).
-    pub fn ipv4_prefix(self, bits: u8) -> Self {
-        let prefixes = self.prefixes.ipv4(bits);
-        Self { prefixes }
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.prefixes.v4 = mask_v4(bits);
+        self
     }
 }
 
