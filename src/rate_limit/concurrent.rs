@@ -235,11 +235,7 @@ where
         if in_flight == 0 {
             return Err(PolicyError::new("in_flight", "must be at least 1").into());
         }
-        let slots = BoxLimiter::new(redis.concurrent(in_flight)?);
-        Ok(Policy::new(
-            name,
-            key,
-            ConcurrencyLimiter(Slots::Redis(slots)),
-        )?)
+        let slots = ConcurrencyLimiter(Slots::Redis(BoxLimiter::new(redis.concurrent(in_flight)?)));
+        Ok(Policy::new(name, key, slots)?)
     }
 }
