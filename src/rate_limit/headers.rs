@@ -119,9 +119,7 @@ fn insert_legacy(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderValu
 /// Adds the headers of `refusal`: its `RateLimit-Policy`, `RateLimit` for the violated policies,
 /// and the legacy ones if they are turned on.
 pub(crate) fn refusal_headers(refusal: &Refusal<'_>, headers: &mut HeaderMap) {
-    let Refusal {
-        settings, outcomes, ..
-    } = *refusal;
+    let (settings, outcomes) = (refusal.settings, refusal.outcomes);
     if let Some(policy) = &refusal.policy_header {
         headers.insert(RATELIMIT_POLICY, policy.clone());
     }
