@@ -272,9 +272,8 @@ impl<P: PolicySet> Ledger<P> {
         // A policy that settles, or an admission that holds its estimate or its slots until the
         // request ends.
         let settles = (limits.settings.policies.iter().zip(&self.outcomes)).any(|(info, o)| {
-            matches!(o, Outcome::Admitted(d) if d.holds_estimate()
-                || d.holds_slots()
-                || !matches!(info.settle, Settle::Never))
+            let settled = !matches!(info.settle, Settle::Never);
+            matches!(o, Outcome::Admitted(d) if settled || d.holds_estimate() || d.holds_slots())
         });
         // Handed over: from here, dropping the ledger gives nothing back.
         let settlement = if settles {
