@@ -18,8 +18,6 @@ const FAMILIES: [Family; 4] = [
 /// The binding quota of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // A reset is an RFC 3339 instant, read as the span until it.
-    let reset = |field: &str, value: &[u8]| {
-        Some(reader.until(field, reader.parsed(field, value, when::rfc3339)?))
-    };
+    let reset = |value: &[u8]| when::rfc3339(value).map(when::Reset::At);
     read_families(reader, headers, Dialect::Anthropic, &FAMILIES, reset)
 }

@@ -153,21 +153,19 @@ use family;
 type Read = (Option<AdvertisedQuota>, Option<TokenQuota>);
 
 /// What `families` say, each field read once (so that a malformed or capped one is logged
-/// once), each reset read by `reset` (a field's name and value, to a span): the most
-/// restrictive quota of calls, a family of tokens counting as one only when it is spent, and the
-/// family of tokens with the fewest left.
+/// once), each reset read by `reset`: the most restrictive quota of calls, a family of tokens
+/// counting as one only when it is spent, and the family of tokens with the fewest left.
 fn read_families(
     reader: &Reader<'_>,
     headers: &HeaderMap,
     dialect: Dialect,
     families: &[Family],
-    reset: impl Fn(&str, &[u8]) -> Option<Duration>,
+    reset: impl Fn(&[u8]) -> Option<when::Reset>,
 ) -> Read {
     let (mut quota, mut tokens) = (None, None);
     let readable = families.iter().filter_map(|family| {
         let remaining = reader.single_number(headers, &family.remaining)?;
-        let value = reader.single(headers, &family.reset)?;
-        let window = reset(family.reset.as_str(), value)?;
+        let window = reader.reset(headers, &family.reset, &reset)?;
         Some((family, remaining, window))
     });
     for (family, remaining, window) in readable {
@@ -363,13 +361,24 @@ impl Reader<'_> {
         }
     }
 
-    /// The span until a reset written as [`when::reset`] reads it, capped; `None`, logged,
-    /// when it is none of those forms.
-    fn reset(&self, field: &str, value: &[u8]) -> Option<Duration> {
-        Some(match self.parsed(field, value, when::reset)? {
+    /// The span until the reset that `parse` reads in the one line of `name`, capped; `None`,
+    /// logged, when it reads none or the field has several lines.
+    fn reset(
+        &self,
+        headers: &HeaderMap,
+        name: &HeaderName,
+        parse: impl FnOnce(&[u8]) -> Option<when::Reset>,
+    ) -> Option<Duration> {
+        let reset = self.parsed(name.as_str(), self.single(headers, name)?, parse)?;
+        Some(self.span(name.as_str(), reset))
+    }
+
+    /// The span until `reset`, the reset of `field`, capped.
+    fn span(&self, field: &str, reset: when::Reset) -> Duration {
+        match reset {
             when::Reset::In(span) => self.capped(field, span),
             when::Reset::At(at) => self.until(field, at),
-        })
+        }
     }
 
     /// What `parse` reads of `value`, the value of `field`; `None`, logged, when it reads

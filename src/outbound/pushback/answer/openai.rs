@@ -6,7 +6,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{family, read_families, Dialect, Family, Read, Reader};
+use super::{family, read_families, when, Dialect, Family, Read, Reader};
 
 const FAMILIES: [Family; 2] = [
     family!("x-ratelimit-", "-requests", counts_calls: true),
@@ -15,7 +15,6 @@ const FAMILIES: [Family; 2] = [
 
 /// The binding quota of OpenAI's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
-    // The resets are durations; `Reader::reset` also takes the plain seconds some proxies send.
-    let reset = |field: &str, value: &[u8]| reader.reset(field, value);
-    read_families(reader, headers, Dialect::OpenAi, &FAMILIES, reset)
+    // The resets are durations; `when::reset` also takes the plain seconds some proxies send.
+    read_families(reader, headers, Dialect::OpenAi, &FAMILIES, when::reset)
 }

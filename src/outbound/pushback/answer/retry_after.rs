@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, RETRY_AFTER};
 
-use super::{when, Reader};
+use super::when::{self, Reset};
+use super::Reader;
 
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
@@ -15,31 +16,26 @@ const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 /// longest counts.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Option<Duration> {
     let millis = longest(reader, headers, &RETRY_AFTER_MS, |value| {
-        let span = when::seconds(value)?;
-        Some(reader.capped("retry-after-ms", span / 1_000))
+        Some(Reset::In(when::seconds(value)? / 1_000))
     });
     millis.or_else(|| {
         longest(reader, headers, &RETRY_AFTER, |value| {
-            match when::seconds(value) {
-                Some(span) => Some(reader.capped("retry-after", span)),
-                None => std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|text| httpdate::parse_http_date(text.trim()).ok())
-                    .map(|at| reader.until("retry-after", at)),
-            }
+            let date = || httpdate::parse_http_date(std::str::from_utf8(value).ok()?.trim()).ok();
+            (when::seconds(value).map(Reset::In)).or_else(|| date().map(Reset::At))
         })
     })
 }
 
-/// The longest span that `read` gives the lines of `name`; the lines it cannot read are
-/// logged, and a field of more than 16 lines or 4 KiB is ignored whole.
+/// The longest span until what `read` gives the lines of `name`, capped; the lines it cannot
+/// read are logged, and a field of more than 16 lines or 4 KiB is ignored whole.
 fn longest(
     reader: &Reader<'_>,
     headers: &HeaderMap,
     name: &HeaderName,
-    read: impl Fn(&[u8]) -> Option<Duration>,
+    read: impl Fn(&[u8]) -> Option<Reset>,
 ) -> Option<Duration> {
     (reader.lines(headers, name)?.iter())
         .filter_map(|value| reader.parsed(name.as_str(), value.as_bytes(), &read))
+        .map(|reset| reader.span(name.as_str(), reset))
         .max()
 }

@@ -90,8 +90,9 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
     Some(total)
 }
 
-/// When a reset falls, written as a Unix time (seconds from 10^9, milliseconds from 10^12,
-/// either with a fraction), as seconds from now (whole or decimal), or as a Go duration.
+/// When a reset falls (or a hold ends): at an instant, or a span from now. [`reset`] reads it
+/// written as a Unix time (seconds from 10^9, milliseconds from 10^12, either with a fraction),
+/// as seconds from now (whole or decimal), or as a Go duration.
 pub(super) enum Reset {
     At(SystemTime),
     In(Duration),

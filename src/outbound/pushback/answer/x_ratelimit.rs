@@ -45,12 +45,10 @@ fn quota(
 ) -> Option<AdvertisedQuota> {
     let remaining = reader.single_number(headers, remaining)?;
     let after = reset_after.and_then(|name| {
-        let span = reader.parsed(name.as_str(), reader.single(headers, name)?, when::seconds)?;
-        Some(reader.capped(name.as_str(), span))
+        reader.reset(headers, name, |value| {
+            when::seconds(value).map(when::Reset::In)
+        })
     });
-    let window = match after {
-        Some(window) => window,
-        None => reader.reset(reset.as_str(), reader.single(headers, reset)?)?,
-    };
+    let window = after.or_else(|| reader.reset(headers, reset, when::reset))?;
     Some(AdvertisedQuota::new(Dialect::XRateLimit, remaining, window))
 }
