@@ -345,11 +345,9 @@ struct Lowest {
 const PROBE_ROUNDS: u32 = 10;
 
 impl Lowest {
+    /// The baseline: the lower of the two periods' lowest, if either has one.
     fn nanos(&self) -> Option<f64> {
-        match (self.current, self.previous) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        (self.current.into_iter().chain(self.previous)).reduce(f64::min)
     }
 
     /// Learns `round` and returns the estimate after it: `next` as the algorithm decided, or the
