@@ -2,7 +2,7 @@
 //! lock, and the limit it returns applied to the bulkhead's permits.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::classify::Verdict;
@@ -11,6 +11,7 @@ use super::limit::{LimitAlgorithm, Limits, Sample};
 use crate::bulkhead::permits::Permit;
 use crate::bulkhead::{Bulkhead, CallOutcome};
 use crate::clock::Clock;
+use crate::sync::{lock, Mutex};
 
 /// The limit of an adaptive bulkhead moved.
 #[derive(Clone, Copy, Debug)]
@@ -51,10 +52,7 @@ impl Controller {
     /// Feeds one sample to the algorithm and applies the limit it returns.
     fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
         // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
-        let mut algorithm = self
-            .algorithm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut algorithm = lock(&self.algorithm);
         // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
         // order: a sample read before another but recorded after it would otherwise look like a
         // clock that went back, and start its round again.

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::classify::Verdict;
 use super::controller::{Controller, LimitChanged, OnLimitChanged};
@@ -10,6 +10,7 @@ use super::layer::ClassifiedLayer;
 use super::limit::{Aimd, LimitAlgorithm, Limits};
 use crate::bulkhead::{Bulkhead, BulkheadBuilder, BulkheadSnapshot};
 use crate::clock::{Clock, SystemClock};
+use crate::sync::Mutex;
 
 /// A named bulkhead whose limit of concurrent calls follows the dependency, shared by every
 /// clone and every service made from it.

@@ -3,7 +3,7 @@
 //! admitted call, which reports its outcome once, when it is dropped.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::builder::{BreakerState, Settings, Window};
@@ -12,6 +12,7 @@ use super::metrics::{BreakerMetrics, Outcome};
 use crate::bulkhead::adaptive::future::Report;
 use crate::bulkhead::adaptive::Verdict;
 use crate::clock::{saturating_nanos, Clock, MAX_NOW};
+use crate::sync::{lock, Mutex, MutexGuard};
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
@@ -123,7 +124,7 @@ impl Shared {
     fn lock(&self) -> (MutexGuard<'_, Inner>, u64) {
         // Every change below is made whole before anything can panic: a poisoned lock still
         // guards a consistent state.
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = lock(&self.inner);
         // Readings past `MAX_NOW` stand still there, as everywhere in the crate: an open
         // breaker stays open rather than its `until` wrapping.
         let now = self.clock.now().min(MAX_NOW);

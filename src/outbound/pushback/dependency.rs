@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
@@ -17,6 +17,7 @@ use super::schedule::Schedule;
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
 use crate::outbound::metrics::{Outcome, PushbackMetrics};
+use crate::sync::{lock, Mutex};
 
 /// What one dependency has said about when to call it, shared by every layer, service and clone
 /// made from it.
@@ -43,7 +44,7 @@ impl<C> fmt::Debug for Pushback<C> {
             .field("name", &dependency.name)
             .field("max_wait", &dependency.max_wait)
             .field("max_hold", &dependency.max_hold)
-            .field("schedule", &*dependency.schedule())
+            .field("schedule", &*lock(&dependency.schedule))
             .finish()
     }
 }
@@ -82,7 +83,7 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        span(now, self.dependency.schedule().next_start(now, 0))
+        span(now, lock(&self.dependency.schedule).next_start(now, 0))
     }
 
     /// Records what `response` says, as the layer does for every response it passes on: for a
@@ -106,6 +107,8 @@ pub(crate) struct Dependency<C> {
     pub(crate) max_wait: Duration,
     max_hold: Duration,
     pub(crate) clock: C,
+    /// Taken past a poisoning: every change to it is a few assignments that cannot panic
+    /// half-way.
     schedule: Mutex<Schedule>,
     pub(crate) metrics: PushbackMetrics,
     /// The user's readers of dialects of their own.
@@ -114,20 +117,13 @@ pub(crate) struct Dependency<C> {
     sooner: Arc<Notify>,
 }
 
-impl<C> Dependency<C> {
-    fn schedule(&self) -> MutexGuard<'_, Schedule> {
-        // Every change to the schedule is a few assignments that cannot panic half-way.
-        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 impl<C: Clock> Dependency<C> {
     /// Starts a call of `tokens` tokens now, returning its place in the order of starts and
     /// whether it took one of the advertised budget's calls, or says from when one may start:
     /// `Err((now, at))`.
     pub(crate) fn try_start(&self, tokens: u64) -> Result<(u64, bool), (u64, u64)> {
         let now = self.clock.now();
-        self.schedule()
+        lock(&self.schedule)
             .try_start(now, tokens)
             .map_err(|at| (now, at))
     }
@@ -150,7 +146,7 @@ impl<C: Clock> Dependency<C> {
 
     /// A call of `tokens` tokens started by [`try_start`](Self::try_start) has ended.
     pub(crate) fn finish(&self, tokens: u64) {
-        self.schedule().finish(tokens);
+        lock(&self.schedule).finish(tokens);
     }
 
     /// A call of `tokens` tokens started at `place` was refused below the layer, unsent: what
@@ -163,7 +159,7 @@ impl<C: Clock> Dependency<C> {
     /// start sooner than before, or more tokens are left.
     fn change(&self, change: impl FnOnce(&mut Schedule, u64)) {
         let now = self.clock.now();
-        let mut schedule = self.schedule();
+        let mut schedule = lock(&self.schedule);
         let before = (schedule.free_at(now, 0), schedule.tokens_available(now));
         change(&mut schedule, now);
         let sooner =

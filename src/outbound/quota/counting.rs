@@ -7,7 +7,9 @@
 //! [`Limiter::settle`](crate::Limiter::settle).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+use crate::sync::{lock, Mutex};
 
 /// Chooses the limiter key of an outbound request; implemented for closures `Fn(&Req) -> K`
 /// and for `()`, one key for every call (the whole dependency shares one quota, the default).
@@ -143,22 +145,14 @@ impl Unsettled {
     /// Settles the call to `cost`, as [`Limiter::settle`](crate::Limiter::settle) does. Only the
     /// first settle of a call counts (clones share it): returns whether this one did.
     pub fn settle(&self, cost: u32) -> bool {
-        let settle = (self.0)
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let settle = lock(&self.0 .0).take();
         settle.map(|settle| settle(Some(cost))).is_some()
     }
 }
 
 impl fmt::Debug for Unsettled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let open = (self.0)
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some();
+        let open = lock(&self.0 .0).is_some();
         f.debug_struct("Unsettled").field("open", &open).finish()
     }
 }

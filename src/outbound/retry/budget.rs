@@ -13,9 +13,8 @@
 //! it or in the window before it (whose deposits are still live when it begins), plus the
 //! reserve once for each window the stretch spans.
 
-use std::sync::{Mutex, PoisonError};
-
 use crate::clock::Clock;
+use crate::sync::{lock, Mutex};
 
 /// One retry, in the budget's units.
 pub(super) const ONE: u64 = 1_000_000;
@@ -68,7 +67,7 @@ impl Budget {
     /// taken as that one, so that slots only move forward.
     fn with_slots<T>(&self, change: impl FnOnce(&mut [Slot], usize, u64) -> T) -> T {
         // Each change is a few additions that cannot panic half-way.
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slots = lock(&self.slots);
         let latest = slots
             .iter()
             .map(|slot| slot.epoch)
