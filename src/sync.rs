@@ -1,6 +1,7 @@
 //! The atomics and the mutex of the parts that threads share without a lock of their own: the
 //! bulkhead's excess of permits after a resize and the algorithms' states (GCRA's 128-bit word
-//! among them).
+//! among them); and [`lock`], which takes a mutex past a poisoning (the outbound layers' and
+//! the adaptive bulkhead's mutexes are these too, for it; no loom model builds them).
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
 //! checker sees every access and explores the interleavings (the models in `loom/src/lib.rs`, run
