@@ -373,12 +373,22 @@ impl Reader<'_> {
         Some(self.span(name.as_str(), reset))
     }
 
-    /// The span until `reset`, the reset of `field`, capped.
+    /// The span until `reset`, the reset of `field`, an instant read from the reference time,
+    /// capped: zero for an instant in the past.
     fn span(&self, field: &str, reset: when::Reset) -> Duration {
-        match reset {
-            when::Reset::In(span) => self.capped(field, span),
-            when::Reset::At(at) => self.until(field, at),
-        }
+        let span = match reset {
+            when::Reset::In(span) => span,
+            when::Reset::At(at) => at.duration_since(self.reference).unwrap_or_else(|_| {
+                tracing::debug!(
+                    target: "tower_bulwark::pushback",
+                    dependency = self.dependency,
+                    field,
+                    "a time in the past; no hold",
+                );
+                Duration::ZERO
+            }),
+        };
+        self.capped(field, span)
     }
 
     /// What `parse` reads of `value`, the value of `field`; `None`, logged, when it reads
@@ -425,22 +435,6 @@ impl Reader<'_> {
             return None;
         }
         Some(lines)
-    }
-
-    /// The span until `at` from the reference time, capped: zero for a time in the past.
-    fn until(&self, field: &str, at: SystemTime) -> Duration {
-        match at.duration_since(self.reference) {
-            Ok(span) => self.capped(field, span),
-            Err(_) => {
-                tracing::debug!(
-                    target: "tower_bulwark::pushback",
-                    dependency = self.dependency,
-                    field,
-                    "a time in the past; no hold",
-                );
-                Duration::ZERO
-            }
-        }
     }
 
     /// The hold of an answer that says nothing is left but not for how long.
