@@ -31,13 +31,10 @@ use crate::clock::saturating_nanos;
 /// The stricter of two refills, field by field: the fewer calls, over the longer window. A
 /// refill is stricter than none (without one, calls go freely after the window).
 fn stricter(a: Option<Refill>, b: Option<Refill>) -> Option<Refill> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(Refill {
-            calls: a.calls.min(b.calls),
-            window: a.window.max(b.window),
-        }),
-        (a, b) => a.or(b),
-    }
+    (a.into_iter().chain(b)).reduce(|a, b| Refill {
+        calls: a.calls.min(b.calls),
+        window: a.window.max(b.window),
+    })
 }
 
 /// When calls may start. Instants are nanoseconds of the pushback's clock.
