@@ -144,18 +144,13 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 /// The `retry` module's layer (feature `adaptive`) waits for it before it tries again.
 pub fn retry_after(err: &(dyn Error + 'static)) -> Option<Duration> {
     chain(err).find_map(|err| {
-        let ours = (err
-            .downcast_ref::<PushedBack>()
-            .map(PushedBack::retry_after))
-        .or_else(|| (err.downcast_ref::<QuotaExhausted>()).map(QuotaExhausted::retry_after));
+        // Each type to look for is the one its reader takes.
+        let ours = (err.downcast_ref().map(PushedBack::retry_after))
+            .or_else(|| err.downcast_ref().map(QuotaExhausted::retry_after));
         #[cfg(feature = "adaptive")]
-        let ours =
-            ours.or_else(|| (err.downcast_ref::<BreakerOpen>()).map(BreakerOpen::retry_after));
+        let ours = ours.or_else(|| err.downcast_ref().map(BreakerOpen::retry_after));
         #[cfg(feature = "grpc")]
-        let ours = ours.or_else(|| {
-            err.downcast_ref::<tonic::Status>()
-                .and_then(grpc::status_delay)
-        });
+        let ours = ours.or_else(|| err.downcast_ref().and_then(grpc::status_delay));
         ours
     })
 }
