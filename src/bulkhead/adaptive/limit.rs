@@ -327,7 +327,7 @@ fn check_tolerance(tolerance: f64) -> Result<f64, SettingError> {
 /// The baseline of [`Gradient::probe_every`]: the lowest mean latency of the uncrowded rounds
 /// (every call admitted with at most the minimum limit in flight) over the last two periods of
 /// `every` rounds, and the limit to go back to after a probe.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Lowest {
     every: u32,
     /// Rounds closed in the current period.
@@ -406,11 +406,7 @@ impl Learnt {
         ensure(OF, rounds > 0, "probe_every", rounds, expected)?;
         self.lowest = Some(Lowest {
             every: rounds,
-            rounds: 0,
-            current: None,
-            previous: None,
-            resume: None,
-            probed: (0, None),
+            ..Lowest::default()
         });
         Ok(())
     }
