@@ -10,6 +10,8 @@
 //! it says how many calls a window grants but not how long the window is, so it grants
 //! nothing after the reset.
 
+use std::time::Duration;
+
 use http::header::{HeaderMap, HeaderName};
 
 use super::{most_restrictive, when, AdvertisedQuota, Dialect, Read, Reader};
@@ -23,32 +25,27 @@ const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 /// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
 /// reset, whichever binds, when readable.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
-    let x = quota(
-        reader,
-        headers,
-        &X_REMAINING,
-        Some(&X_RESET_AFTER),
-        &X_RESET,
-    );
-    let drafts = quota(reader, headers, &REMAINING, None, &RESET);
+    let x = quota(reader, headers, &X_REMAINING, || {
+        // Seconds from now, whatever their magnitude, when readable; else the reset.
+        let seconds = |value: &[u8]| when::seconds(value).map(when::Reset::In);
+        let after = reader.reset(headers, &X_RESET_AFTER, seconds);
+        after.or_else(|| reader.reset(headers, &X_RESET, when::reset))
+    });
+    let drafts = quota(reader, headers, &REMAINING, || {
+        reader.reset(headers, &RESET, when::reset)
+    });
     (most_restrictive(x.into_iter().chain(drafts)), None)
 }
 
-/// What is left in `remaining`, until `reset_after` (seconds from now, whatever their
-/// magnitude) when it is readable, else until `reset`.
+/// What is left in `remaining`, until the span `window` reads, which is read only once what is
+/// left has been.
 fn quota(
     reader: &Reader<'_>,
     headers: &HeaderMap,
     remaining: &HeaderName,
-    reset_after: Option<&HeaderName>,
-    reset: &HeaderName,
+    window: impl FnOnce() -> Option<Duration>,
 ) -> Option<AdvertisedQuota> {
     let remaining = reader.single_number(headers, remaining)?;
-    let after = reset_after.and_then(|name| {
-        reader.reset(headers, name, |value| {
-            when::seconds(value).map(when::Reset::In)
-        })
-    });
-    let window = after.or_else(|| reader.reset(headers, reset, when::reset))?;
+    let window = window()?;
     Some(AdvertisedQuota::new(Dialect::XRateLimit, remaining, window))
 }
