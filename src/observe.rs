@@ -59,11 +59,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::limiter::BoxReserve;
+use crate::sync::{lock, Mutex};
 use crate::{decision::Decision, BoxError, Limiter, Quota};
 
 /// The names of the metrics, as the table in the [module docs](self) gives them.
@@ -263,7 +264,7 @@ impl Observations {
     }
 
     fn waiting_now(&self) -> u64 {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = lock(&self.waiting);
         waiting.outstanding(Instant::now())
     }
 
@@ -278,7 +279,7 @@ impl Observations {
             self.handles().allowed.increment(1);
             if !decision.wait.is_zero() {
                 let now = Instant::now();
-                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut waiting = lock(&self.waiting);
                 waiting.outstanding(now);
                 waiting.add(decision.charged().at, now + decision.wait);
                 #[cfg(feature = "metrics")]
@@ -313,7 +314,7 @@ impl Observations {
             #[cfg(feature = "metrics")]
             self.handles().refunded.increment(1);
             if decision.waited {
-                let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut waiting = lock(&self.waiting);
                 waiting.remove_one(decision.reserved_at);
             }
         }

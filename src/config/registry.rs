@@ -1,11 +1,11 @@
 //! The registry of named instances built from a configuration file.
 
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Mutex;
 
 use crate::head::RequestHead;
 use http::HeaderValue;

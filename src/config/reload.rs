@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
-use std::sync::PoisonError;
 
 use super::file::{
     AdaptiveBulkheadSettings, BreakerSettings, BulkheadSettings, ClientQuotaSettings, Config,
     OverloadSettings, PushbackSettings, RateLimiterSettings, RetrySettings, RouteSettings,
 };
 use super::{ConfigError, Registry};
+use crate::sync::lock;
 use crate::Limiter;
 
 /// What a reload applied: the instances whose settings changed, by name, in name order.
@@ -90,7 +90,7 @@ impl Registry {
     }
 
     fn reload(&self, next: Config) -> Result<Reloaded, ConfigError> {
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = lock(&self.running);
         let now = &*running;
         same_instances("rate_limiters", &now.rate_limiters, &next.rate_limiters)?;
         same_instances("bulkheads", &now.bulkheads, &next.bulkheads)?;

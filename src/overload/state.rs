@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -13,6 +13,7 @@ use super::Priority;
 use crate::bulkhead::adaptive::{LimitAlgorithm, Limits, Sample};
 use crate::clock::Clock;
 use crate::head::RequestHead;
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Picks a request's class.
 pub(super) type PriorityBy = Box<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
@@ -116,7 +117,7 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing under the lock panics midway through a change; a panicking algorithm leaves
         // the limit as it was.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Admits a request of `class` at once, queues it, or sheds it.
