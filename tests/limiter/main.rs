@@ -8,6 +8,7 @@ mod common;
 mod attack_direct;
 mod attack_evict;
 mod attack_memory;
+mod attack_windows;
 mod default_clock;
 mod eviction;
 mod hostile;
