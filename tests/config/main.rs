@@ -12,6 +12,8 @@ mod breaker;
 // exempt networks among them.
 #[cfg(all(feature = "config", feature = "adaptive", feature = "axum"))]
 mod attack;
+#[cfg(all(feature = "config", feature = "adaptive"))]
+mod attack_limits;
 #[cfg(feature = "config")]
 mod files;
 #[cfg(all(feature = "config", feature = "axum"))]

@@ -24,6 +24,9 @@ fn date0() -> String {
     http_date(T0)
 }
 
+/// Header fields, owned.
+type Fields = Vec<(&'static str, String)>;
+
 fn date_in(seconds: i64) -> String {
     http_date(T0 + seconds)
 }
@@ -492,7 +495,7 @@ fn leak(s: String) -> &'static str {
 /// dialects of the user's, the later of the two counts."
 #[test]
 fn a_retry_after_beside_a_spent_quota_by_dialect() {
-    let longer_reset: Vec<(&str, Vec<(&'static str, String)>, Duration)> = vec![
+    let longer_reset: Vec<(&str, Fields, Duration)> = vec![
         (
             "draft-11",
             vec![("ratelimit", r#""d";r=0;t=30"#.into())],
@@ -580,7 +583,7 @@ fn a_retry_after_beside_a_spent_quota_by_dialect() {
 /// refusal, `held_for` and the time a waiting call actually waits are the same span.
 #[tokio::test(start_paused = true)]
 async fn held_for_the_refusal_and_the_actual_wait_agree_in_every_dialect() {
-    let cases: Vec<(u16, Vec<(&'static str, String)>, Duration)> = vec![
+    let cases: Vec<(u16, Fields, Duration)> = vec![
         (429, vec![("retry-after", "7".into())], S(7)),
         (429, vec![("retry-after", "2.25".into())], MS(2_250)),
         (429, vec![("retry-after", date_in(13))], S(13)),
@@ -820,7 +823,8 @@ fn a_users_dialect_is_capped_and_weighed_like_the_others() {
             })
             .build()
     };
-    let cases: Vec<(u16, Vec<(&str, &str)>, Duration, Duration)> = vec![
+    type Case<'a> = (u16, Vec<(&'a str, &'a str)>, Duration, Duration);
+    let cases: Vec<Case> = vec![
         (200, vec![("x-partner-quota", "0/30")], HUGE, S(30)),
         (
             200,
