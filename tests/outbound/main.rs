@@ -10,8 +10,8 @@ const DEFAULT_MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(600
 mod counting;
 
 mod answer_order;
-mod attack_pushback_readers;
 mod attack_held;
+mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
 mod attack_resilience;
 #[cfg(feature = "adaptive")]
