@@ -1,7 +1,8 @@
 //! The atomics and the mutex of the parts that threads share without a lock of their own: the
 //! bulkhead's excess of permits after a resize and the algorithms' states (GCRA's 128-bit word
 //! among them); and [`lock`], which takes a mutex past a poisoning (the outbound layers' and
-//! the adaptive bulkhead's mutexes are these too, for it; no loom model builds them).
+//! the adaptive bulkhead's mutexes are these too, for it; no loom model builds them), as
+//! [`unpoisoned`] takes a reader-writer lock.
 //!
 //! Built with `RUSTFLAGS="--cfg loom"`, they are [loom](https://docs.rs/loom)'s, so that its model
 //! checker sees every access and explores the interleavings (the models in `loom/src/lib.rs`, run
@@ -69,11 +70,17 @@ impl AtomicU128 {
 }
 
 // Either way the lock reports poisoning with `std`'s types.
-use std::sync::PoisonError;
+use std::sync::{LockResult, PoisonError};
 
 /// Locks `mutex`, and goes on with it even if a thread panicked while it held the lock: what
 /// these locks guard is counts and instants, which a panic leaves readable (at worst one change
 /// short), and a limiter or bulkhead must not fail every later call because one call panicked.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    unpoisoned(mutex.lock())
+}
+
+/// The guard of a lock taken, poisoned or not, by the rule of [`lock`]: for the reader-writer
+/// locks (std's, and the store's `ShardedLock`), whose `read` and `write` answer as `lock` does.
+pub(crate) fn unpoisoned<G>(taken: LockResult<G>) -> G {
+    taken.unwrap_or_else(PoisonError::into_inner)
 }

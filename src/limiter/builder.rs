@@ -4,7 +4,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use super::direct::{DirectInner, DirectRateLimiter};
 use super::keyed::{KeyedInner, KeyedRateLimiter};
@@ -13,6 +13,7 @@ use crate::algorithm::{Algorithm, Gcra};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::LimiterId;
 use crate::store::memory::{MemoryStore, Overflow};
+use crate::sync::Mutex;
 use crate::Quota;
 
 /// The default bound on keys of a keyed limiter.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::{BuildHasher, Hash};
 use std::ops::ControlFlow;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use super::builder::{Keyed, RateLimiterBuilder};
@@ -14,6 +14,7 @@ use crate::algorithm::{Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
 use crate::store::memory::{same_key, MemoryStore, ShardFull};
+use crate::sync::{lock, unpoisoned, Mutex};
 use crate::{BoxError, Quota};
 
 /// One limit per key, over a bounded in-memory store.
@@ -43,7 +44,7 @@ impl<K, A: Algorithm, C, H> KeyedInner<K, A, C, H> {
     /// The current rule, held until the guard drops (a poisoned lock is used as it is: the rule
     /// is replaced whole).
     fn current_rule(&self) -> RwLockReadGuard<'_, Arc<Rule<A>>> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner)
+        unpoisoned(self.current.read())
     }
 }
 
@@ -226,19 +227,11 @@ where
     /// # Ok::<(), tower_bulwark::QuotaError>(())
     /// ```
     pub fn set_quota(&self, quota: Quota) {
-        let _changing = self
-            .inner
-            .changing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _changing = lock(&self.inner.changing);
         let now = self.inner.clock.now();
         let changed = Arc::new(self.inner.current_rule().changed_to(quota, now));
         self.inner.store.set_context(&changed);
-        *self
-            .inner
-            .current
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = changed;
+        *unpoisoned(self.inner.current.write()) = changed;
     }
 
     /// The number of keys held in memory.

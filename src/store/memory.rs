@@ -25,13 +25,13 @@
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::PoisonError;
 
 use crossbeam_utils::sync::ShardedLock;
 
 use hashbrown::HashTable;
 
 use crate::algorithm::LatestReading;
+use crate::sync::unpoisoned;
 
 /// What the in-memory store does when a new key arrives and its shard is full of live keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -232,7 +232,7 @@ where
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         {
-            let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
+            let table = unpoisoned(shard.table.read());
             if let Some(e) = table.keys.find(hash, |e| e.key == *key) {
                 return f(
                     &table.context,
@@ -262,7 +262,7 @@ where
         Rk: Fn(&G, &S, u64) -> u128,
     {
         let Room { now, idle_at, rank } = room;
-        let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = unpoisoned(shard.table.write());
         let Table {
             context,
             keys,
@@ -323,7 +323,7 @@ where
     ) -> Option<R> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
-        let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = unpoisoned(shard.table.read());
         let found = (table.keys.find(hash, |e| e.key == *key)).map(|e| {
             f(
                 &table.context,
@@ -342,7 +342,7 @@ where
     /// latest reading (see the module's docs).
     pub(crate) fn sweep(&self, now: u64, idle_at: impl Fn(&G, &S) -> u64) {
         for shard in self.shards.iter() {
-            let mut guard = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = unpoisoned(shard.table.write());
             shard.latest.0.publish(now);
             let Table { context, keys, .. } = &mut *guard;
             keys.retain(|e| idle_at(context, &e.state) > now);
@@ -353,7 +353,7 @@ where
     /// of a shard sees the old context or the new one, never a state without its context.
     pub(crate) fn set_context(&self, context: &G) {
         for shard in self.shards.iter() {
-            let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            let mut table = unpoisoned(shard.table.write());
             table.context = context.clone();
             // The instant a full shard frees was computed with the old context.
             shard.full_until.store(0, Ordering::Relaxed);
@@ -364,13 +364,7 @@ where
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.table
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .keys
-                    .len()
-            })
+            .map(|s| unpoisoned(s.table.read()).keys.len())
             .sum()
     }
 
