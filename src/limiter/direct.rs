@@ -63,13 +63,6 @@ pub(super) struct DirectInner<A: Algorithm, C> {
     pub(super) id: LimiterId,
 }
 
-impl<A: Algorithm, C> DirectInner<A, C> {
-    /// A copy of the quota and algorithm to decide with.
-    fn read_rule(&self) -> Rule<A> {
-        self.rule.load()
-    }
-}
-
 impl DirectRateLimiter {
     /// A GCRA limiter on the system clock.
     pub fn new(quota: Quota) -> Self {
@@ -86,7 +79,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
     /// Decides on `cost` permits now, reserving them if they arrive within the quota's
     /// `max_wait` when `wait` is set. The cost is checked against the rule that decides.
     fn decide(&self, cost: u32, wait: bool) -> Result<Decision, InsufficientCapacity> {
-        let rule = self.inner.read_rule();
+        let rule = self.inner.rule.load();
         rule.check_cost(cost)?;
         Ok(self.decide_by(&rule, cost, wait))
     }
@@ -107,7 +100,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
 
     /// Decides on one permit now, never waiting.
     pub fn check(&self) -> Decision {
-        self.decide_by(&self.inner.read_rule(), 1, false)
+        self.decide_by(&self.inner.rule.load(), 1, false)
     }
 
     /// Decides on `cost` permits now, never waiting.
@@ -128,7 +121,7 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
 
     /// The quota it enforces now.
     pub fn quota(&self) -> Quota {
-        self.inner.read_rule().quota
+        self.inner.rule.load().quota
     }
 
     /// Replaces the quota for every clone of this limiter, keeping the state: see
@@ -155,7 +148,7 @@ impl<A: Algorithm, C> Clone for DirectRateLimiter<A, C> {
 
 impl<A: Algorithm, C: Clock> fmt::Debug for DirectRateLimiter<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rule = self.inner.read_rule();
+        let rule = self.inner.rule.load();
         f.debug_struct("DirectRateLimiter")
             .field("quota", &rule.quota)
             .field("algorithm", &rule.algorithm)
@@ -193,7 +186,7 @@ impl<K, A: Algorithm, C: Clock> Limiter<K> for DirectRateLimiter<A, C> {
     fn settle(&self, _key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
         let mine = decision.allowed && decision.is_from(self.inner.id, 0);
         if mine {
-            let rule = self.inner.read_rule();
+            let rule = self.inner.rule.load();
             let now = self.inner.clock.now();
             let (state, latest) = (&self.inner.written.state, &self.inner.written.latest);
             let estimate = decision.refundable(estimate);
