@@ -400,11 +400,10 @@ impl Decision {
     /// This GCRA admission, which left its key's TAT at `tat`, each permit charged at
     /// `per_permit` (see [`Charged`]).
     pub(crate) fn leaving(mut self, tat: u64, per_permit: u64) -> Self {
-        let at = self.charged().at;
         self.admission.taken = Taken::State(Charged {
-            at,
             tat,
             per_permit,
+            ..self.charged()
         });
         self
     }
@@ -412,11 +411,10 @@ impl Decision {
     /// This window algorithm's admission, its permits counted in window `window` of the
     /// numbering that `generation` changes of period made.
     pub(crate) fn counted_in(mut self, window: u64, generation: u64) -> Self {
-        let charged = self.charged();
         self.admission.taken = Taken::State(Charged {
             tat: window.saturating_add(1),
             per_permit: COUNTED_UNDER | generation,
-            ..charged
+            ..self.charged()
         });
         self
     }

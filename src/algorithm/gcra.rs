@@ -167,9 +167,7 @@ impl Gcra {
         max_wait: u64,
     ) -> (Verdict, Option<u64>) {
         let base = tat.max(now);
-        let new_tat = base
-            .saturating_add(self.interval.saturating_mul(u64::from(cost)))
-            .min(MAX_TAT);
+        let new_tat = self.charged(tat, now, cost);
         let allow_at = new_tat.saturating_sub(self.horizon);
         if allow_at <= now {
             return (Verdict::Admitted { now, new_tat }, Some(new_tat));
