@@ -112,15 +112,12 @@ impl Transitions for Metered {
     ) -> Decision {
         let (mut meter, now) = self.enter(state, latest, now);
         let (verdict, admitted) = self.0.verdict(self.ahead(&meter, now), now, cost, max_wait);
-        if admitted.is_some() {
-            meter.held += u64::from(cost);
-        }
         let decision = self.0.decision(verdict);
-        if admitted.is_some() {
-            decision.holding(Hold::Estimate)
-        } else {
-            decision
+        if admitted.is_none() {
+            return decision;
         }
+        meter.held += u64::from(cost);
+        decision.holding(Hold::Estimate)
     }
 
     /// A settle to zero: the `cost` held goes back, and nothing is charged.
