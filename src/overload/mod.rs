@@ -152,7 +152,6 @@ pub enum Priority {
 
 impl Priority {
     /// Every class, highest first, in the order of their indexes.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) const ALL: [Priority; 3] =
         [Priority::Critical, Priority::Default, Priority::Sheddable];
 
@@ -169,6 +168,15 @@ impl Priority {
             Priority::Sheddable => 2,
         }
     }
+
+    /// The name of the class, as metrics and events label it, and as it is parsed.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Default => "default",
+            Priority::Sheddable => "sheddable",
+        }
+    }
 }
 
 impl std::str::FromStr for Priority {
@@ -177,13 +185,8 @@ impl std::str::FromStr for Priority {
     /// `critical`, `default` or `sheddable`, in any case.
     fn from_str(value: &str) -> Result<Self, UnknownPriority> {
         let value = value.trim();
-        let is = |name: &str| value.eq_ignore_ascii_case(name);
-        match () {
-            _ if is("critical") => Ok(Priority::Critical),
-            _ if is("default") => Ok(Priority::Default),
-            _ if is("sheddable") => Ok(Priority::Sheddable),
-            _ => Err(UnknownPriority),
-        }
+        let named = |class: &Priority| value.eq_ignore_ascii_case(class.as_str());
+        Priority::ALL.into_iter().find(named).ok_or(UnknownPriority)
     }
 }
 

@@ -14,7 +14,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::state::{Entry, Permit, Shared};
-use super::{Overload, Priority};
+use super::Overload;
 use crate::bulkhead::mode::{Watch, WatchedBody};
 use crate::head::RequestHead;
 
@@ -208,17 +208,6 @@ impl<B: Body<Data = Bytes>> Body for OverloadBody<B> {
             Content::Answer { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-        }
-    }
-}
-
-impl Priority {
-    /// The name of the class, as metrics and events label it.
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Default => "default",
-            Priority::Sheddable => "sheddable",
         }
     }
 }

@@ -13,7 +13,7 @@ use super::Priority;
 use crate::bulkhead::adaptive::{LimitAlgorithm, Limits, Sample};
 use crate::clock::Clock;
 use crate::head::RequestHead;
-use crate::sync::{lock, Mutex, MutexGuard};
+use crate::sync::{lock, Mutex};
 
 /// Picks a request's class.
 pub(super) type PriorityBy = Box<dyn Fn(&RequestHead<'_>) -> Priority + Send + Sync>;
@@ -50,6 +50,8 @@ pub(super) struct Shared {
     pub(super) reserved: [f64; 3],
     pub(super) priority_by: PriorityBy,
     pub(super) queue: Option<QueueSettings>,
+    /// Taken by [`lock`]: nothing under it panics midway through a change, and a panicking
+    /// algorithm leaves the limit as it was.
     state: Mutex<State>,
     /// Mirrors of the state's figures, read without the lock.
     limit: AtomicUsize,
@@ -114,15 +116,9 @@ impl Shared {
         (limit as f64 - reserved) as usize
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing under the lock panics midway through a change; a panicking algorithm leaves
-        // the limit as it was.
-        lock(&self.state)
-    }
-
     /// Admits a request of `class` at once, queues it, or sheds it.
     pub(super) fn enter(self: &Arc<Self>, class: Priority) -> Entry {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         if state.in_flight < self.ceiling(class, state.limit) {
             return Entry::Admitted(self.admit(&mut state, class));
         }
@@ -184,7 +180,7 @@ impl Shared {
 
     /// Gives one slot back and admits whom it lets in.
     fn release(self: &Arc<Self>) {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         state.in_flight -= 1;
         self.admit_waiters(&mut state);
     }
@@ -192,7 +188,7 @@ impl Shared {
     /// Feeds the sample of a request whose response head is ready to the algorithm, and applies
     /// the limit it returns.
     fn record(self: &Arc<Self>, permit: &Permit) {
-        let mut state = self.lock();
+        let mut state = lock(&self.state);
         let now = self.clock.now();
         let rtt = now.saturating_sub(permit.started);
         let from = state.limit;
@@ -220,7 +216,7 @@ impl Shared {
     /// How long a shed request should wait before it tries again: the slow average of the
     /// admitted requests' latency, in whole seconds rounded up, at least one.
     pub(super) fn retry_after(&self) -> Duration {
-        let latency = self.lock().latency.unwrap_or(0.0);
+        let latency = lock(&self.state).latency.unwrap_or(0.0);
         Duration::from_secs(((latency / 1e9).ceil() as u64).max(1))
     }
 
@@ -296,7 +292,7 @@ impl Waiting {
     }
 
     fn leave(&self) {
-        let mut state = self.shared.lock();
+        let mut state = lock(&self.shared.state);
         if state.waiters.remove(&self.key).is_some() {
             self.shared.publish(&state);
         }
