@@ -234,17 +234,9 @@ impl ManualClock {
     /// Moves time forward by `by`.
     pub fn advance(&self, by: Duration) {
         let by = saturating_nanos(by);
-        let mut cur = self.nanos.load(Ordering::Acquire);
-        loop {
-            let next = cur.saturating_add(by);
-            match self
-                .nanos
-                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
+        let _ = (self.nanos).fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            Some(now.saturating_add(by))
+        });
     }
 
     /// Sets the time since the origin. Setting it backwards is ignored: clocks are monotonic.
