@@ -263,11 +263,6 @@ impl Observations {
         self.handles.get_or_init(|| Handles::register(&self.name))
     }
 
-    fn waiting_now(&self) -> u64 {
-        let mut waiting = lock(&self.waiting);
-        waiting.outstanding(Instant::now())
-    }
-
     fn record(&self, decision: &Decision, key: Option<&str>) {
         self.latest.store(decision.tag(), Ordering::Relaxed);
         self.available.store(decision.remaining, Ordering::Relaxed);
@@ -314,8 +309,7 @@ impl Observations {
             #[cfg(feature = "metrics")]
             self.handles().refunded.increment(1);
             if decision.waited {
-                let mut waiting = lock(&self.waiting);
-                waiting.remove_one(decision.reserved_at);
+                lock(&self.waiting).remove_one(decision.reserved_at);
             }
         }
         // The gauge shows the latest decision's figure. If that is still this decision's (the
@@ -421,7 +415,7 @@ impl<L> Observed<L> {
             allowed: self.observations.allowed.load(Ordering::Relaxed),
             limited: self.observations.limited.load(Ordering::Relaxed),
             available_permissions: self.observations.available.load(Ordering::Relaxed),
-            waiting_requests: self.observations.waiting_now(),
+            waiting_requests: lock(&self.observations.waiting).outstanding(Instant::now()),
         }
     }
 

@@ -106,11 +106,7 @@ impl BodyUsage {
         let suffix = essence.len().saturating_sub(5);
         let json = is("application/json")
             || (suffix > 0 && essence.as_bytes()[suffix..].eq_ignore_ascii_case(b"+json"));
-        let scan = self.scan_as(if is("text/event-stream") {
-            true
-        } else {
-            self.sse && !json
-        });
+        let scan = self.scan_as(is("text/event-stream") || (self.sse && !json));
         // An error answer (a refusal, or a failure before the work was done) used nothing,
         // unless its body says otherwise.
         let error = status.is_client_error() || status.is_server_error();

@@ -228,25 +228,20 @@ impl<K, L: Limiter<K>> Future for Acquire<'_, K, L> {
                     let reserve = this.limiter.reserve(this.key, *this.cost);
                     this.state.set(AcquireState::Reserving { reserve });
                 }
-                AcquireProj::Reserving { reserve } => {
-                    let decision = match ready!(reserve.poll(cx)) {
-                        Ok(decision) => decision,
-                        Err(err) => {
-                            this.state.set(AcquireState::Done);
-                            return Poll::Ready(Err(err));
-                        }
-                    };
-                    if decision.allowed && !decision.wait.is_zero() {
+                AcquireProj::Reserving { reserve } => match ready!(reserve.poll(cx)) {
+                    Ok(decision) if decision.allowed && !decision.wait.is_zero() => {
                         let sleep = tokio::time::sleep(decision.wait);
                         this.state.set(AcquireState::Waiting {
                             sleep,
                             decision: Some(decision),
                         });
-                    } else {
-                        this.state.set(AcquireState::Done);
-                        return Poll::Ready(Ok(decision));
                     }
-                }
+                    // A refusal, an admission due now, or the limiter's error.
+                    answer => {
+                        this.state.set(AcquireState::Done);
+                        return Poll::Ready(answer);
+                    }
+                },
                 AcquireProj::Waiting { sleep, decision } => {
                     ready!(sleep.poll(cx));
                     let decision = decision.take();
