@@ -7,9 +7,9 @@
 //! [`Limiter::settle`](crate::Limiter::settle).
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, unpoisoned, Mutex};
 
 /// Chooses the limiter key of an outbound request; implemented for closures `Fn(&Req) -> K`
 /// and for `()`, one key for every call (the whole dependency shares one quota, the default).
@@ -124,11 +124,7 @@ struct Pending(Mutex<Option<SettleWith>>);
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let settle = self
-            .0
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let settle = unpoisoned(self.0.get_mut()).take();
         if let Some(settle) = settle {
             settle(None);
         }
