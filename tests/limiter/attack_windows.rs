@@ -5,7 +5,7 @@
 //! promise it attacks (the algorithm module's table, each algorithm's docs, `Limiter::refund`,
 //! `Limiter::settle`, `KeyedRateLimiter::set_quota`, and the guide's refund table).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use tower_bulwark::clock::{Clock, ManualClock};
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
-use crate::attack_direct::{name, read_here, Dial};
-use crate::common::admitted_until_refused;
+use crate::attack_direct::{direct, drain, name, read_here, refund, settle, Dial};
+use crate::common::{admitted_until_refused, joined};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
@@ -38,13 +38,6 @@ macro_rules! each_window {
     };
 }
 
-fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C> {
-    DirectRateLimiter::builder(q)
-        .algorithm::<A>()
-        .clock(clock)
-        .build()
-}
-
 fn keyed<A: Algorithm, C: Clock>(q: Quota, clock: C) -> KeyedRateLimiter<u32, A, C> {
     KeyedRateLimiter::<u32>::builder(q)
         .algorithm::<A>()
@@ -52,29 +45,153 @@ fn keyed<A: Algorithm, C: Clock>(q: Quota, clock: C) -> KeyedRateLimiter<u32, A,
         .build()
 }
 
-fn drain<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u64 {
-    admitted_until_refused(|| l.check().allowed)
+/// A direct limiter built at its clock's origin (so that windows are whole periods), the clock
+/// then set to `ns`; and the clock.
+fn direct_at<A: Algorithm>(q: Quota, ns: u64) -> (DirectRateLimiter<A, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let l = direct::<A, _>(q, clock.clone());
+    clock.to(ns);
+    (l, clock)
+}
+
+/// [`direct_at`]'s keyed limiter.
+fn keyed_at<A: Algorithm>(
+    q: Quota,
+    ns: u64,
+) -> (KeyedRateLimiter<u32, A, ManualClock>, ManualClock) {
+    let clock = ManualClock::new();
+    let l = keyed::<A, _>(q, clock.clone());
+    clock.to(ns);
+    (l, clock)
 }
 
 fn drain_key<A: Algorithm, C: Clock>(l: &KeyedRateLimiter<u32, A, C>, key: u32) -> u64 {
     admitted_until_refused(|| l.check(&key).allowed)
 }
 
-fn refund<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>, cost: u32, d: Decision) -> bool {
-    Limiter::<()>::refund(l, &(), cost, d)
-}
-
-fn settle<A: Algorithm, C: Clock>(
-    l: &DirectRateLimiter<A, C>,
-    estimate: u32,
-    d: Decision,
-    cost: u32,
-) -> bool {
-    Limiter::<()>::settle(l, &(), estimate, d, cost)
-}
-
 fn per_second(permits: u32) -> Quota {
     Quota::per_second(permits).unwrap()
+}
+
+/// `tries` decisions of `check`; the n-th admission (n from 1) is given back at once through
+/// `give_back`, which must take it back, where `back(n)` says so, and kept otherwise. How many
+/// were kept.
+fn take_giving_back(
+    tries: u32,
+    check: impl Fn() -> Decision,
+    give_back: impl Fn(Decision) -> bool,
+    back: impl Fn(u64) -> bool,
+) -> u64 {
+    let (mut admitted, mut kept) = (0u64, 0u64);
+    for _ in 0..tries {
+        let d = check();
+        if !d.allowed {
+            continue;
+        }
+        admitted += 1;
+        if back(admitted) {
+            assert!(give_back(d), "an admission of its own");
+        } else {
+            kept += 1;
+        }
+    }
+    kept
+}
+
+/// `run(t)` on `threads` threads (t from 0) that start together: the sum of what they return.
+fn race(threads: usize, run: impl Fn(usize) -> u64 + Send + Sync + 'static) -> u64 {
+    let (run, barrier) = (Arc::new(run), Arc::new(Barrier::new(threads)));
+    let handles = (0..threads)
+        .map(|t| {
+            let (run, barrier) = (run.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                run(t)
+            })
+        })
+        .collect();
+    joined(handles).into_iter().sum()
+}
+
+/// What racing threads kept and what is left add up to exactly `limit`.
+fn assert_kept_and_left_are(kept: u64, left: u64, limit: u32, what: &str) {
+    assert_eq!(
+        kept + left,
+        u64::from(limit),
+        "{what}: {kept} kept, {left} left"
+    );
+}
+
+/// A clock the twins below move to an instant (nanoseconds since its origin).
+trait Dialed: Clock + Clone {
+    fn to(&self, ns: u64);
+}
+
+impl Dialed for Dial {
+    fn to(&self, ns: u64) {
+        self.set(ns);
+    }
+}
+
+impl Dialed for ManualClock {
+    fn to(&self, ns: u64) {
+        self.set(Duration::from_nanos(ns));
+    }
+}
+
+/// A direct limiter and its twin, each on a clock of its own moved with the other's: the twin
+/// makes the same decisions but for the admissions the other gives back.
+struct Twins<A: Algorithm, C: Clock> {
+    mine: DirectRateLimiter<A, C>,
+    twin: DirectRateLimiter<A, C>,
+    clocks: [C; 2],
+}
+
+impl<A: Algorithm, C: Dialed> Twins<A, C> {
+    fn new(q: Quota, clock: impl Fn() -> C) -> Self {
+        let clocks = [clock(), clock()];
+        Self {
+            mine: direct::<A, _>(q, clocks[0].clone()),
+            twin: direct::<A, _>(q, clocks[1].clone()),
+            clocks,
+        }
+    }
+
+    /// Both clocks at `ns`.
+    fn at(&self, ns: u64) {
+        for clock in &self.clocks {
+            clock.to(ns);
+        }
+    }
+
+    /// `n` permits taken by both, each admitted.
+    fn both_take(&self, n: u32) {
+        for _ in 0..n {
+            assert!(self.mine.check().allowed);
+            assert!(self.twin.check().allowed);
+        }
+    }
+
+    /// At `at`, `before` permits taken by both, then one by mine alone, admitted: its decision,
+    /// to give back.
+    fn mine_takes_one_more(&self, at: u64, before: u32) -> Decision {
+        self.at(at);
+        self.both_take(before);
+        let d = self.mine.check();
+        assert!(d.allowed);
+        d
+    }
+
+    /// What each has left now, taking it: (mine, the twin's).
+    fn drains(&self) -> (u64, u64) {
+        (drain(&self.mine), drain(&self.twin))
+    }
+
+    /// Both have exactly as much left now (taking it); `what` says where not.
+    fn assert_as_much_left(&self, what: std::fmt::Arguments) {
+        let (mine, theirs) = self.drains();
+        assert_eq!(mine, theirs, "{}: {what}", name::<A>());
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -93,58 +210,25 @@ fn racing_threads_with_interleaved_refunds_keep_exactly_the_limit<A: Algorithm>(
         clock.set(Duration::from_nanos(10 * S + 250 * MS));
         let direct_l = Arc::new(direct::<A, _>(per_second(L), clock.clone()));
         let keyed_l = Arc::new(keyed::<A, _>(per_second(L), clock.clone()));
-        let kept = Arc::new(AtomicU64::new(0));
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let threads: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (direct_l, keyed_l, kept, barrier) = (
-                    direct_l.clone(),
-                    keyed_l.clone(),
-                    kept.clone(),
-                    barrier.clone(),
-                );
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    let mut admitted = 0u64;
-                    for _ in 0..(L as usize) {
-                        let d = if keyed_limiter {
-                            keyed_l.check(&7)
-                        } else {
-                            direct_l.check()
-                        };
-                        if !d.allowed {
-                            continue;
-                        }
-                        admitted += 1;
-                        if (admitted + t as u64) % 2 == 0 {
-                            let taken = if keyed_limiter {
-                                Limiter::refund(&*keyed_l, &7, 1, d)
-                            } else {
-                                refund(&direct_l, 1, d)
-                            };
-                            assert!(taken, "{}: an admission of its own", name::<A>());
-                        } else {
-                            kept.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                })
+        let kept = {
+            let (direct_l, keyed_l) = (direct_l.clone(), keyed_l.clone());
+            race(THREADS, move |t| {
+                let back = |admitted: u64| (admitted + t as u64) % 2 == 0;
+                if keyed_limiter {
+                    let give_back = |d| Limiter::refund(&*keyed_l, &7, 1, d);
+                    take_giving_back(L, || keyed_l.check(&7), give_back, back)
+                } else {
+                    take_giving_back(L, || direct_l.check(), |d| refund(&direct_l, 1, d), back)
+                }
             })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        };
         let left = if keyed_limiter {
             drain_key(&keyed_l, 7)
         } else {
             drain(&direct_l)
         };
-        let kept = kept.load(Ordering::SeqCst);
-        assert_eq!(
-            kept + left,
-            u64::from(L),
-            "{} (keyed: {keyed_limiter}): {kept} kept, {left} left",
-            name::<A>()
-        );
+        let what = format!("{} (keyed: {keyed_limiter})", name::<A>());
+        assert_kept_and_left_are(kept, left, L, &what);
     }
 }
 
@@ -166,44 +250,20 @@ fn racing_threads_with_their_own_readings_and_refunds_keep_exactly_the_limit<A: 
     let first = l.check(&1);
     assert!(first.allowed);
     assert!(Limiter::refund(&*l, &1, 1, first));
-    let kept = Arc::new(AtomicU64::new(0));
-    let barrier = Arc::new(Barrier::new(THREADS as usize));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (l, kept, barrier) = (l.clone(), kept.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                // Thread t reads 0, 150, 300, ... ms into the window; later threads' readings
-                // are stale to the earlier ones' once a later one has been seen.
-                read_here(Some(base + (THREADS - 1 - t) * 150 * MS));
-                barrier.wait();
-                let mut admitted = 0u64;
-                for _ in 0..L {
-                    let d = l.check(&1);
-                    if d.allowed {
-                        admitted += 1;
-                        if admitted % 2 == 0 {
-                            assert!(Limiter::refund(&*l, &1, 1, d));
-                        } else {
-                            kept.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                }
-                read_here(None);
-            })
+    let kept = {
+        let l = l.clone();
+        race(THREADS as usize, move |t| {
+            // Thread t reads 0, 150, 300, ... ms into the window; later threads' readings are
+            // stale to the earlier ones' once a later one has been seen.
+            read_here(Some(base + (THREADS - 1 - t as u64) * 150 * MS));
+            let give_back = |d| Limiter::refund(&*l, &1, 1, d);
+            let kept = take_giving_back(L, || l.check(&1), give_back, |n| n % 2 == 0);
+            read_here(None);
+            kept
         })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    };
     dial.set(base + (THREADS - 1) * 150 * MS);
-    let left = drain_key(&l, 1);
-    let kept = kept.load(Ordering::SeqCst);
-    assert_eq!(
-        kept + left,
-        u64::from(L),
-        "{}: {kept} kept, {left} left",
-        name::<A>()
-    );
+    assert_kept_and_left_are(kept, drain_key(&l, 1), L, name::<A>());
 }
 
 each_window!(racing_threads_with_their_own_readings_and_refunds_keep_exactly_the_limit:
@@ -223,30 +283,15 @@ fn a_give_back_at_a_stale_reading_is_exact<A: Algorithm>() {
     const L: u32 = 10;
     for taken_before in [0u32, 3, 9] {
         // Built at the clocks' origin, so that windows are whole seconds.
-        let (dial, twin_dial) = (Dial::at(0), Dial::at(0));
-        let l = direct::<A, _>(per_second(L), dial.clone());
-        let twin = direct::<A, _>(per_second(L), twin_dial.clone());
-        dial.set(10 * S + 500 * MS);
-        twin_dial.set(10 * S + 500 * MS);
-        for _ in 0..taken_before {
-            assert!(l.check().allowed);
-            assert!(twin.check().allowed);
-        }
-        let d = l.check();
-        assert!(d.allowed);
+        let twins = Twins::<A, _>::new(per_second(L), || Dial::at(0));
+        let d = twins.mine_takes_one_more(10 * S + 500 * MS, taken_before);
         // The give-back comes from a thread that read the clock a whole window earlier.
         read_here(Some(9 * S + 600 * MS));
-        assert!(refund(&l, 1, d), "{}", name::<A>());
+        assert!(refund(&twins.mine, 1, d), "{}", name::<A>());
         read_here(None);
         for at in [10 * S + 500 * MS, 10 * S + 900 * MS, 11 * S + 100 * MS] {
-            dial.set(at);
-            twin_dial.set(at);
-            assert_eq!(
-                drain(&l),
-                drain(&twin),
-                "{} with {taken_before} taken before, at {at} ns",
-                name::<A>()
-            );
+            twins.at(at);
+            twins.assert_as_much_left(format_args!("{taken_before} taken before, at {at} ns"));
         }
     }
 }
@@ -269,34 +314,18 @@ fn a_give_back_from_the_window_before_is_never_more_than_it_weighs<A: Algorithm>
             10 * S + 999 * MS,
             11 * S + MS,
         ] {
-            let clock = ManualClock::new();
-            let twin_clock = ManualClock::new();
-            let l = direct::<A, _>(per_second(L), clock.clone());
-            let twin = direct::<A, _>(per_second(L), twin_clock.clone());
-            clock.set(Duration::from_nanos(9 * S + 900 * MS));
-            twin_clock.set(Duration::from_nanos(9 * S + 900 * MS));
-            for _ in 0..taken_before {
-                assert!(l.check().allowed);
-                assert!(twin.check().allowed);
-            }
-            let d = l.check();
-            assert!(d.allowed);
-            clock.set(Duration::from_nanos(back_at));
-            twin_clock.set(Duration::from_nanos(back_at));
+            let twins = Twins::<A, _>::new(per_second(L), ManualClock::new);
+            let d = twins.mine_takes_one_more(9 * S + 900 * MS, taken_before);
+            twins.at(back_at);
             // Someone else takes one in the new window first (where the window still has
             // room for it with the admission to give back in it).
             if taken_before < 9 {
-                assert!(l.check().allowed);
-                assert!(twin.check().allowed);
+                twins.both_take(1);
             }
-            assert!(refund(&l, 1, d));
-            let (mine, theirs) = (drain(&l), drain(&twin));
-            assert_eq!(
-                mine,
-                theirs,
-                "{}: {taken_before} taken at 9.9 s, given back at {back_at} ns",
-                name::<A>()
-            );
+            assert!(refund(&twins.mine, 1, d));
+            twins.assert_as_much_left(format_args!(
+                "{taken_before} taken at 9.9 s, given back at {back_at} ns"
+            ));
         }
     }
 }
@@ -315,9 +344,7 @@ each_window!(a_give_back_from_the_window_before_is_never_more_than_it_weighs:
 fn give_backs_of_more_than_was_taken_free_only_what_was<A: Algorithm>() {
     const L: u32 = 10;
     for how in 0..4 {
-        let clock = ManualClock::new();
-        let l = direct::<A, _>(per_second(L), clock.clone());
-        clock.set(Duration::from_nanos(5 * S + 100 * MS));
+        let (l, _) = direct_at::<A>(per_second(L), 5 * S + 100 * MS);
         let mut decisions: Vec<Decision> = (0..L).map(|_| l.check()).collect();
         assert!(decisions.iter().all(|d| d.allowed));
         let d = decisions.pop().unwrap();
@@ -342,9 +369,7 @@ each_window!(give_backs_of_more_than_was_taken_free_only_what_was:
 /// now and, two windows later, has its whole limit again.
 fn a_settle_to_u32_max_is_charged_as_the_capacity<A: Algorithm>() {
     const L: u32 = 10;
-    let clock = ManualClock::new();
-    let l = direct::<A, _>(per_second(L), clock.clone());
-    clock.set(Duration::from_nanos(3 * S + 200 * MS));
+    let (l, clock) = direct_at::<A>(per_second(L), 3 * S + 200 * MS);
     assert_eq!(
         l.check_n(u32::MAX).unwrap_err().capacity(),
         L,
@@ -373,10 +398,7 @@ each_window!(a_settle_to_u32_max_is_charged_as_the_capacity:
 /// refused with a capacity of L, and a cost of L given back frees all L.
 fn costs_at_the_bounds_ignore_the_burst<A: Algorithm>() {
     const L: u32 = 7;
-    let q = per_second(L).with_burst(1_000).unwrap();
-    let clock = ManualClock::new();
-    let l = direct::<A, _>(q, clock.clone());
-    clock.set(Duration::from_nanos(S));
+    let (l, clock) = direct_at::<A>(per_second(L).with_burst(1_000).unwrap(), S);
     for cost in [L + 1, u32::MAX] {
         let err = l.check_n(cost).unwrap_err();
         assert_eq!(err.capacity(), L, "{} cost {cost}", name::<A>());
@@ -413,21 +435,18 @@ each_window!(costs_at_the_bounds_ignore_the_burst:
 /// whole, so the key then has exactly the new limit; never more.
 fn give_backs_after_a_change_of_the_limit_come_back_whole<A: Algorithm>() {
     for (old, new) in [(10u32, 20u32), (10, 4), (10, 10), (1, 1_000)] {
-        let clock = ManualClock::new();
-        let l = keyed::<A, _>(per_second(old), clock.clone());
-        clock.set(Duration::from_nanos(4 * S + 300 * MS));
+        let (l, _) = keyed_at::<A>(per_second(old), 4 * S + 300 * MS);
         let taken: Vec<Decision> = (0..old).map(|_| l.check(&3)).collect();
         assert!(taken.iter().all(|d| d.allowed));
         l.set_quota(per_second(new));
         for d in taken {
             assert!(Limiter::refund(&l, &3, 1, d), "{}", name::<A>());
         }
-        assert_eq!(
-            drain_key(&l, 3),
-            u64::from(new),
+        let what = format!(
             "{}: {old} taken, quota now {new}, all given back",
             name::<A>()
         );
+        assert_eq!(drain_key(&l, 3), u64::from(new), "{what}");
     }
 }
 
@@ -442,11 +461,8 @@ each_window!(give_backs_after_a_change_of_the_limit_come_back_whole:
 fn racing_refunds_through_quota_changes_to_the_same_quota<A: Algorithm>() {
     const L: u32 = 150;
     const THREADS: usize = 6;
-    let clock = ManualClock::new();
-    let l = Arc::new(keyed::<A, _>(per_second(L), clock.clone()));
-    clock.set(Duration::from_nanos(7 * S + 100 * MS));
-    let kept = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let l = Arc::new(keyed_at::<A>(per_second(L), 7 * S + 100 * MS).0);
+    let done = Arc::new(AtomicBool::new(false));
     let changer = {
         let (l, done) = (l.clone(), done.clone());
         std::thread::spawn(move || {
@@ -459,41 +475,21 @@ fn racing_refunds_through_quota_changes_to_the_same_quota<A: Algorithm>() {
             n
         })
     };
-    let barrier = Arc::new(Barrier::new(THREADS));
-    let threads: Vec<_> = (0..THREADS)
-        .map(|_| {
-            let (l, kept, barrier) = (l.clone(), kept.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                let mut admitted = 0u64;
-                for _ in 0..L {
-                    let d = l.check(&9);
-                    if d.allowed {
-                        admitted += 1;
-                        if admitted % 3 == 0 {
-                            assert!(Limiter::refund(&*l, &9, 1, d));
-                        } else {
-                            kept.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                    std::thread::yield_now();
-                }
-            })
+    let kept = {
+        let l = l.clone();
+        race(THREADS, move |_| {
+            // Each decision is followed by a yield, to let the changer in between.
+            let check = || {
+                let d = l.check(&9);
+                std::thread::yield_now();
+                d
+            };
+            take_giving_back(L, check, |d| Limiter::refund(&*l, &9, 1, d), |n| n % 3 == 0)
         })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    };
     done.store(true, Ordering::SeqCst);
     assert!(changer.join().unwrap() > 0);
-    let left = drain_key(&l, 9);
-    let kept = kept.load(Ordering::SeqCst);
-    assert_eq!(
-        kept + left,
-        u64::from(L),
-        "{}: {kept} kept, {left} left",
-        name::<A>()
-    );
+    assert_kept_and_left_are(kept, drain_key(&l, 9), L, name::<A>());
 }
 
 each_window!(racing_refunds_through_quota_changes_to_the_same_quota:
@@ -506,28 +502,20 @@ each_window!(racing_refunds_through_quota_changes_to_the_same_quota:
 /// that never made them.
 fn give_backs_after_the_period_shrank_never_over_grant<A: Algorithm>() {
     for later in [0u64, 100 * MS, 999 * MS, 3 * S] {
-        let clock = ManualClock::new();
-        let twin_clock = ManualClock::new();
         let long = Quota::with_period(10, Duration::from_secs(10)).unwrap();
         let short = Quota::with_period(10, Duration::from_secs(1)).unwrap();
-        let l = direct::<A, _>(long, clock.clone());
-        let twin = direct::<A, _>(long, twin_clock.clone());
-        clock.set(Duration::from_nanos(20 * S + 500 * MS));
-        twin_clock.set(Duration::from_nanos(20 * S + 500 * MS));
-        for _ in 0..4 {
-            assert!(l.check().allowed);
-            assert!(twin.check().allowed);
-        }
-        let given: Vec<Decision> = (0..6).map(|_| l.check()).collect();
+        let twins = Twins::<A, _>::new(long, ManualClock::new);
+        twins.at(20 * S + 500 * MS);
+        twins.both_take(4);
+        let given: Vec<Decision> = (0..6).map(|_| twins.mine.check()).collect();
         assert!(given.iter().all(|d| d.allowed));
-        l.set_quota(short);
-        twin.set_quota(short);
-        clock.advance(Duration::from_nanos(later));
-        twin_clock.advance(Duration::from_nanos(later));
+        twins.mine.set_quota(short);
+        twins.twin.set_quota(short);
+        twins.at(20 * S + 500 * MS + later);
         for d in given {
-            refund(&l, 1, d);
+            refund(&twins.mine, 1, d);
         }
-        let (mine, theirs) = (drain(&l), drain(&twin));
+        let (mine, theirs) = twins.drains();
         assert!(
             mine <= theirs,
             "{}: {later} ns after the change, {mine} left against the twin's {theirs}",

@@ -104,7 +104,7 @@ pub(crate) fn name<A>() -> &'static str {
     full.rsplit("::").next().unwrap_or(full)
 }
 
-fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C> {
+pub(crate) fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C> {
     DirectRateLimiter::builder(q)
         .algorithm::<A>()
         .clock(clock)
@@ -112,7 +112,7 @@ fn direct<A: Algorithm, C: Clock>(q: Quota, clock: C) -> DirectRateLimiter<A, C>
 }
 
 /// Checks of one permit at the current reading until one is refused: how many were admitted.
-fn drain<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u64 {
+pub(crate) fn drain<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u64 {
     admitted_until_refused(|| l.check().allowed)
 }
 
@@ -120,11 +120,15 @@ fn capacity<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>) -> u32 {
     l.check_n(u32::MAX).unwrap_err().capacity()
 }
 
-fn refund<A: Algorithm, C: Clock>(l: &DirectRateLimiter<A, C>, cost: u32, d: Decision) -> bool {
+pub(crate) fn refund<A: Algorithm, C: Clock>(
+    l: &DirectRateLimiter<A, C>,
+    cost: u32,
+    d: Decision,
+) -> bool {
     Limiter::<()>::refund(l, &(), cost, d)
 }
 
-fn settle<A: Algorithm, C: Clock>(
+pub(crate) fn settle<A: Algorithm, C: Clock>(
     l: &DirectRateLimiter<A, C>,
     estimate: u32,
     d: Decision,
