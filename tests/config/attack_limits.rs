@@ -39,6 +39,19 @@ fn assert_at_value(text: &str, err: &ConfigError, section_name: &str, field: &st
     );
 }
 
+/// The field `err` names under `prefix` (`section.name.`), from `text`.
+fn field_named(err: &ConfigError, prefix: &str, text: &str) -> String {
+    err.path()
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("{text}\n-> {err}"))
+        .to_string()
+}
+
+/// `text`'s refusal, which there must be.
+fn refusal(text: &str) -> ConfigError {
+    Registry::from_toml_str(text).expect_err(text)
+}
+
 /// The three limits in the order `order` names them (a permutation of 0..3).
 fn limits_text(header: &str, values: [i64; 3], order: [usize; 3], extra: &str) -> String {
     let names = ["min_limit", "initial_limit", "max_limit"];
@@ -90,10 +103,7 @@ fn every_order_and_bound(
                     }
                     Err(err) => {
                         assert!(!valid, "refused:\n{text}\n-> {err}");
-                        let field = err
-                            .path()
-                            .strip_prefix(&format!("{section_name}."))
-                            .unwrap_or_else(|| panic!("{text}\n-> {err}"));
+                        let field = field_named(&err, &format!("{section_name}."), &text);
                         let i = names
                             .iter()
                             .position(|n| *n == field)
@@ -156,13 +166,38 @@ type Case = (&'static str, &'static str, Option<&'static str>);
 
 fn check_cases(cases: &[Case]) {
     for (header, body, expected) in cases {
-        let text = format!("{header}\n{body}\n");
-        let section_name = header.trim_matches(|c| c == '[' || c == ']');
-        match (Registry::from_toml_str(&text), expected) {
-            (Ok(_), None) => {}
-            (Ok(_), Some(field)) => panic!("built, expected an error at {field}:\n{text}"),
-            (Err(err), None) => panic!("refused:\n{text}\n-> {err}"),
-            (Err(err), Some(field)) => assert_at_value(&text, &err, section_name, field),
+        check_case(header, body, *expected);
+    }
+}
+
+/// Section `header` with `body` is built (`expected` is `None`), or refused at the value of
+/// field `expected`.
+fn check_case(header: &str, body: &str, expected: Option<&str>) {
+    let text = format!("{header}\n{body}\n");
+    let section_name = header.trim_matches(|c| c == '[' || c == ']');
+    match (Registry::from_toml_str(&text), expected) {
+        (Ok(_), None) => {}
+        (Ok(_), Some(field)) => panic!("built, expected an error at {field}:\n{text}"),
+        (Err(err), None) => panic!("refused:\n{text}\n-> {err}"),
+        (Err(err), Some(field)) => assert_at_value(&text, &err, section_name, field),
+    }
+}
+
+/// One field's values written alone: (the field, values built, values refused at the field).
+type Bounds = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+/// Each value of `bounds`, alone in section `header`, is built or refused at its field.
+fn check_bounds(header: &str, bounds: &[Bounds]) {
+    for (field, built, refused) in bounds {
+        for value in *built {
+            check_case(header, &format!("{field} = {value}"), None);
+        }
+        for value in *refused {
+            check_case(header, &format!("{field} = {value}"), Some(*field));
         }
     }
 }
@@ -179,13 +214,6 @@ fn breaker_bounds_in_every_order() {
         (b, "window_calls = 1\nminimum_calls = 1", None),
         (b, "window_calls = 100000\nminimum_calls = 100000", None),
         (b, "minimum_calls = 100000\nwindow_calls = 100000", None),
-        (b, "window_calls = 0", Some("window_calls")),
-        (b, "window_calls = 100001", Some("window_calls")),
-        (b, "window_calls = -1", Some("window_calls")),
-        (b, "window_seconds = 0", Some("window_seconds")),
-        (b, "window_seconds = 100001", Some("window_seconds")),
-        (b, "window_seconds = 100000", None),
-        (b, "minimum_calls = 0", Some("minimum_calls")),
         (
             b,
             "window_calls = 10\nminimum_calls = 11",
@@ -196,27 +224,25 @@ fn breaker_bounds_in_every_order() {
             "minimum_calls = 11\nwindow_calls = 10",
             Some("minimum_calls"),
         ),
-        (b, "minimum_calls = 100", None),
-        (b, "minimum_calls = 101", Some("minimum_calls")),
-        (b, "failure_rate = 0", Some("failure_rate")),
-        (b, "failure_rate = 0.0", Some("failure_rate")),
-        (b, "failure_rate = 1", None),
-        (b, "failure_rate = 1.0000001", Some("failure_rate")),
-        (b, "failure_rate = nan", Some("failure_rate")),
-        (b, "failure_rate = inf", Some("failure_rate")),
-        (b, "failure_rate = -0.5", Some("failure_rate")),
-        (b, "slow_call_rate = 0", Some("slow_call_rate")),
-        (b, "slow_call_rate = 1.5", Some("slow_call_rate")),
-        (b, "slow_call_rate = 0.000001", None),
-        (b, "slow_call_duration = \"0s\"", Some("slow_call_duration")),
-        (b, "slow_call_duration = \"1ns\"", None),
-        (b, "open_for = \"0s\"", Some("open_for")),
-        (b, "open_for = \"0ms\"", Some("open_for")),
-        (b, "open_for = \"1ns\"", None),
-        (b, "half_open_calls = 0", Some("half_open_calls")),
-        (b, "half_open_calls = 1", None),
     ];
     check_cases(cases);
+    check_bounds(
+        b,
+        &[
+            ("window_calls", &[], &["0", "100001", "-1"]),
+            ("window_seconds", &["100000"], &["0", "100001"]),
+            ("minimum_calls", &["100"], &["0", "101"]),
+            (
+                "failure_rate",
+                &["1"],
+                &["0", "0.0", "1.0000001", "nan", "inf", "-0.5"],
+            ),
+            ("slow_call_rate", &["0.000001"], &["0", "1.5"]),
+            ("slow_call_duration", &["\"1ns\""], &["\"0s\""]),
+            ("open_for", &["\"1ns\""], &["\"0s\"", "\"0ms\""]),
+            ("half_open_calls", &["1"], &["0"]),
+        ],
+    );
 }
 
 /// The retries table: "`max_attempts`: integer from 1 to 10", "`base`, `cap`: durations, base <=
@@ -225,34 +251,25 @@ fn breaker_bounds_in_every_order() {
 #[test]
 fn retry_bounds_at_their_edges() {
     let r = "[retries.r]";
-    let cases: &[Case] = &[
-        (r, "max_attempts = 0", Some("max_attempts")),
-        (r, "max_attempts = 1", None),
-        (r, "max_attempts = 10", None),
-        (r, "max_attempts = 11", Some("max_attempts")),
-        (r, "max_attempts = -1", Some("max_attempts")),
-        (r, "cap = \"1h\"", None),
-        (r, "cap = \"1h1ns\"", Some("cap")),
+    check_cases(&[
         (r, "base = \"1h\"\ncap = \"1h\"", None),
         (r, "cap = \"1h\"\nbase = \"1h\"", None),
-        (r, "max_wait = \"1h\"", None),
-        (r, "max_wait = \"1h1ms\"", Some("max_wait")),
-        (r, "max_wait = \"0s\"", None),
-        (r, "ratio = 0", None),
-        (r, "ratio = 10", None),
-        (r, "ratio = 10.000001", Some("ratio")),
-        (r, "ratio = -0.1", Some("ratio")),
-        (r, "ratio = nan", Some("ratio")),
-        (r, "ratio = inf", Some("ratio")),
-        (r, "min_per_second = 0", None),
-        (r, "min_per_second = -1", Some("min_per_second")),
-        (r, "window = \"10ms\"", None),
-        (r, "window = \"9ms\"", Some("window")),
-        (r, "window = \"9999999ns\"", Some("window")),
-        (r, "window = \"1h\"", None),
-        (r, "window = \"1h1ns\"", Some("window")),
-    ];
-    check_cases(cases);
+    ]);
+    check_bounds(
+        r,
+        &[
+            ("max_attempts", &["1", "10"], &["0", "11", "-1"]),
+            ("cap", &["\"1h\""], &["\"1h1ns\""]),
+            ("max_wait", &["\"1h\"", "\"0s\""], &["\"1h1ms\""]),
+            ("ratio", &["0", "10"], &["10.000001", "-0.1", "nan", "inf"]),
+            ("min_per_second", &["0"], &["-1"]),
+            (
+                "window",
+                &["\"10ms\"", "\"1h\""],
+                &["\"9ms\"", "\"9999999ns\"", "\"1h1ns\""],
+            ),
+        ],
+    );
 }
 
 /// "`base`, `cap`: durations, base <= cap <= 1h" (defaults "50ms", "1s"), and
@@ -270,14 +287,11 @@ fn a_retry_base_above_its_cap_is_refused_at_one_of_them() {
         "base = \"1h\"\ncap = \"59m59s\"",
     ] {
         let text = format!("[retries.r]\n{body}\n");
-        let err = Registry::from_toml_str(&text).expect_err(&text);
-        let field = err
-            .path()
-            .strip_prefix("retries.r.")
-            .unwrap_or_else(|| panic!("{text}\n-> {err}"));
+        let err = refusal(&text);
+        let field = field_named(&err, "retries.r.", &text);
         assert!(field == "base" || field == "cap", "{text}\n-> {err}");
         if body.contains(&format!("{field} =")) {
-            assert_at_value(&text, &err, "retries.r", field);
+            assert_at_value(&text, &err, "retries.r", &field);
         } else {
             // The instance's name in `[retries.r]`.
             assert_eq!(err.position(), Some((1, 10)), "{text}\n-> {err}");
@@ -290,37 +304,31 @@ fn a_retry_base_above_its_cap_is_refused_at_one_of_them() {
 /// value, counted in characters, for each adaptive kind.
 #[test]
 fn limits_in_inline_tables_under_unicode_names_are_placed_in_characters() {
-    let cases: &[(&str, &str, &str)] = &[
-        (
-            "overload",
-            "{ min_limit = 5, initial_limit = 4, max_limit = 9 }",
-            "",
-        ),
-        (
-            "adaptive_bulkheads",
-            "{ min_limit = 1, initial_limit = 0, max_limit = 9 }",
-            "",
-        ),
-        ("breakers", "{ window_calls = 3, minimum_calls = 4 }", ""),
-        ("retries", "{ max_attempts = 3, window = \"1ms\" }", ""),
-    ];
-    for (section, table, _) in cases {
-        let text = format!("[{section}]\n\"支払い-é\" = {table}\n");
-        let err = Registry::from_toml_str(&text).expect_err(&text);
-        let prefix = format!("{section}.支払い-é.");
-        let field = err
-            .path()
-            .strip_prefix(&prefix)
-            .unwrap_or_else(|| panic!("{text}\n-> {err}"))
-            .to_string();
-        let line = text.split('\n').nth(1).unwrap();
-        let at = line.find(&format!("{field} = ")).unwrap() + field.len() + 3;
-        assert_eq!(
-            err.position(),
-            Some((2, line[..at].chars().count() + 1)),
-            "{text}\n-> {err}"
-        );
-    }
+    placed_in_characters(
+        "overload",
+        "{ min_limit = 5, initial_limit = 4, max_limit = 9 }",
+    );
+    placed_in_characters(
+        "adaptive_bulkheads",
+        "{ min_limit = 1, initial_limit = 0, max_limit = 9 }",
+    );
+    placed_in_characters("breakers", "{ window_calls = 3, minimum_calls = 4 }");
+    placed_in_characters("retries", "{ max_attempts = 3, window = \"1ms\" }");
+}
+
+/// `table`, an instance of `section` under a name of multi-byte characters, is refused at the
+/// value of the field named, counted in characters.
+fn placed_in_characters(section: &str, table: &str) {
+    let text = format!("[{section}]\n\"支払い-é\" = {table}\n");
+    let err = refusal(&text);
+    let field = field_named(&err, &format!("{section}.支払い-é."), &text);
+    let line = text.split('\n').nth(1).unwrap();
+    let at = line.find(&format!("{field} = ")).unwrap() + field.len() + 3;
+    assert_eq!(
+        err.position(),
+        Some((2, line[..at].chars().count() + 1)),
+        "{text}\n-> {err}"
+    );
 }
 
 const RUNNING: &str = r#"
@@ -364,6 +372,12 @@ fn state(registry: &Registry) -> (u32, usize, usize, usize) {
     )
 }
 
+/// `text` with the quota at 30 and the bulkhead at 9 calls: changes that apply in place.
+fn with_quota_edits(text: &str) -> String {
+    text.replace("limit_for_period = 10", "limit_for_period = 30")
+        .replace("max_concurrent_calls = 4", "max_concurrent_calls = 9")
+}
+
 /// `Registry::reload_path`: "a change that cannot apply in place (any setting [...] of an
 /// adaptive bulkhead, of an overload protection, whose limits move by themselves, of a circuit
 /// breaker or of retries), or a bad file, is refused and changes nothing"; "a reload that changes
@@ -375,62 +389,33 @@ fn a_reload_with_a_bad_or_changed_limit_changes_nothing() {
     let registry = Registry::from_toml_str(RUNNING).unwrap();
     let before = state(&registry);
     assert_eq!(before, (10, 4, 20, 5));
-    let edits: &[(&str, &str, &str)] = &[
-        // Out of range or out of order: a bad file.
-        ("min_limit = 4", "min_limit = 0", "overload.x.min_limit"),
-        ("initial_limit = 20", "initial_limit = 101", "overload.x."),
-        (
-            "max_limit = 100",
-            "max_limit = 2147483648",
-            "overload.x.max_limit",
-        ),
-        (
-            "initial_limit = 5",
-            "initial_limit = 1",
-            "adaptive_bulkheads.a.",
-        ),
-        (
-            "minimum_calls = 10",
-            "minimum_calls = 51",
-            "breakers.b.minimum_calls",
-        ),
-        (
-            "max_attempts = 4",
-            "max_attempts = 11",
-            "retries.r.max_attempts",
-        ),
-        ("cap = \"2s\"", "cap = \"1ms\"", "retries.r."),
-        // Valid, but a change that cannot apply in place.
-        ("min_limit = 4", "min_limit = 5", "overload.x.min_limit"),
-        (
-            "initial_limit = 20",
-            "initial_limit = 21",
-            "overload.x.initial_limit",
-        ),
-        ("max_limit = 100", "max_limit = 99", "overload.x.max_limit"),
-        (
-            "max_limit = 50",
-            "max_limit = 51",
-            "adaptive_bulkheads.a.max_limit",
-        ),
-        (
-            "window_calls = 50",
-            "window_calls = 60",
-            "breakers.b.window_calls",
-        ),
-        (
-            "max_attempts = 4",
-            "max_attempts = 5",
-            "retries.r.max_attempts",
-        ),
+    // Out of range or out of order, a bad file: (the field, its value in RUNNING, its new value,
+    // the start of the path refused).
+    let bad = [
+        ("min_limit", "4", "0", "overload.x.min_limit"),
+        ("initial_limit", "20", "101", "overload.x."),
+        ("max_limit", "100", "2147483648", "overload.x.max_limit"),
+        ("initial_limit", "5", "1", "adaptive_bulkheads.a."),
+        ("minimum_calls", "10", "51", "breakers.b.minimum_calls"),
+        ("max_attempts", "4", "11", "retries.r.max_attempts"),
+        ("cap", "\"2s\"", "\"1ms\"", "retries.r."),
     ];
-    for (from, to, path) in edits {
-        assert!(RUNNING.contains(from), "{from}");
-        let edited = RUNNING
-            .replacen(from, to, 1)
-            .replace("limit_for_period = 10", "limit_for_period = 30")
-            .replace("max_concurrent_calls = 4", "max_concurrent_calls = 9");
-        let err = registry.reload_toml_str(&edited).expect_err(to);
+    // Valid, but a change that cannot apply in place: (the path refused, the field's value in
+    // RUNNING, its new value).
+    let not_in_place = [
+        ("overload.x.min_limit", "4", "5"),
+        ("overload.x.initial_limit", "20", "21"),
+        ("overload.x.max_limit", "100", "99"),
+        ("adaptive_bulkheads.a.max_limit", "50", "51"),
+        ("breakers.b.window_calls", "50", "60"),
+        ("retries.r.max_attempts", "4", "5"),
+    ]
+    .map(|(path, old, new)| (path.rsplit('.').next().unwrap(), old, new, path));
+    for (field, old, new, path) in bad.iter().chain(&not_in_place) {
+        let (from, to) = (format!("{field} = {old}"), format!("{field} = {new}"));
+        assert!(RUNNING.contains(&from), "{from}");
+        let edited = with_quota_edits(&RUNNING.replacen(&from, &to, 1));
+        let err = registry.reload_toml_str(&edited).expect_err(&to);
         assert!(
             err.path().starts_with(path),
             "{from} -> {to}: expected {path}, got {err}"
@@ -439,10 +424,9 @@ fn a_reload_with_a_bad_or_changed_limit_changes_nothing() {
         assert_eq!(state(&registry), before, "{from} -> {to} changed something");
     }
     // And the same reload without the limit's edit applies.
-    let good = RUNNING
-        .replace("limit_for_period = 10", "limit_for_period = 30")
-        .replace("max_concurrent_calls = 4", "max_concurrent_calls = 9");
-    let reloaded = registry.reload_toml_str(&good).unwrap();
+    let reloaded = registry
+        .reload_toml_str(&with_quota_edits(RUNNING))
+        .unwrap();
     assert_eq!(reloaded.rate_limiters, vec!["api".to_string()]);
     assert_eq!(reloaded.bulkheads, vec!["pool".to_string()]);
     assert_eq!(state(&registry), (30, 9, 20, 5));
