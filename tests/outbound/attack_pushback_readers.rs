@@ -5,10 +5,13 @@
 //! `outbound::pushback`'s module docs it attacks. Time is a `ManualClock`, or tokio's paused
 //! clock behind a `TokioClock`; nothing sleeps.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Response;
-use tower::{service_fn, Layer, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_bulwark::clock::Clock;
 use tower_bulwark::outbound::{self, Pushback};
 use tower_bulwark::BoxError;
 
@@ -31,46 +34,69 @@ fn date_in(seconds: i64) -> String {
     http_date(T0 + seconds)
 }
 
+/// [`T0`] and `seconds` as RFC 3339, as Anthropic writes its resets.
+fn rfc3339_in(seconds: i64) -> String {
+    rfc3339(T0 + seconds, "", 0)
+}
+
+/// A dialect's two fields: what is left, and when it comes back.
+type Pair = (&'static str, &'static str);
+
+const X_RESET: Pair = ("x-ratelimit-remaining", "x-ratelimit-reset");
+const X_RESET_AFTER: Pair = ("x-ratelimit-remaining", "x-ratelimit-reset-after");
+const IETF_RESET: Pair = ("ratelimit-remaining", "ratelimit-reset");
+const OPENAI_REQUESTS: Pair = (
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+);
+const OPENAI_TOKENS: Pair = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens");
+const ANTHROPIC_REQUESTS: Pair = (
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+);
+
+/// Anthropic's two fields of `family` ("tokens", "output-tokens"...).
+fn anthropic(family: &str) -> Pair {
+    (
+        leak(format!("anthropic-ratelimit-{family}-remaining")),
+        leak(format!("anthropic-ratelimit-{family}-reset")),
+    )
+}
+
+/// `pair`'s fields: `calls` left, back at `reset`.
+fn left(pair: Pair, calls: u32, reset: impl ToString) -> Fields {
+    vec![(pair.0, calls.to_string()), (pair.1, reset.to_string())]
+}
+
+/// `pair`'s fields: nothing left, back at `reset`.
+fn spent(pair: Pair, reset: impl ToString) -> Fields {
+    left(pair, 0, reset)
+}
+
+/// One field.
+fn one(name: &'static str, value: impl ToString) -> Fields {
+    vec![(name, value.to_string())]
+}
+
 /// The fields of each dialect that say "nothing left until `ahead` seconds after [`T0`]",
 /// written as an instant (read against the answer's `Date`, which is [`date0`]).
 fn spent_until_instant(ahead: i64) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     let unix = T0 + ahead;
+    let requests_limit = one("anthropic-ratelimit-requests-limit", 50);
     vec![
-        (
-            "X-RateLimit-Reset (Unix seconds)",
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", unix.to_string()),
-            ],
-        ),
+        ("X-RateLimit-Reset (Unix seconds)", spent(X_RESET, unix)),
         (
             "X-RateLimit-Reset (Unix milliseconds)",
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", (unix * 1000).to_string()),
-            ],
+            spent(X_RESET, unix * 1000),
         ),
-        (
-            "RateLimit-Reset (Unix seconds)",
-            vec![
-                ("ratelimit-remaining", "0".into()),
-                ("ratelimit-reset", unix.to_string()),
-            ],
-        ),
+        ("RateLimit-Reset (Unix seconds)", spent(IETF_RESET, unix)),
         (
             "anthropic-ratelimit-requests-reset",
-            vec![
-                ("anthropic-ratelimit-requests-limit", "50".into()),
-                ("anthropic-ratelimit-requests-remaining", "0".into()),
-                ("anthropic-ratelimit-requests-reset", rfc3339(unix, "", 0)),
-            ],
+            [requests_limit, spent(ANTHROPIC_REQUESTS, rfc3339_in(ahead))].concat(),
         ),
         (
             "anthropic-ratelimit-tokens-reset (no limit)",
-            vec![
-                ("anthropic-ratelimit-tokens-remaining", "0".into()),
-                ("anthropic-ratelimit-tokens-reset", rfc3339(unix, "", 0)),
-            ],
+            spent(anthropic("tokens"), rfc3339_in(ahead)),
         ),
     ]
 }
@@ -81,9 +107,40 @@ fn with_date(fields: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
     all
 }
 
+fn borrowed<'a>(fields: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    fields.iter().map(|(n, v)| (*n, v.as_str())).collect()
+}
+
 fn held_owned(max_hold: Duration, status: u16, fields: &[(&'static str, String)]) -> Duration {
-    let borrowed: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    held_with(max_hold, status, &borrowed)
+    held_with(max_hold, status, &borrowed(fields))
+}
+
+/// A client through `pushback` to a dependency that answers its first call with `first()`
+/// and each later one `200` with no fields; and the instants (tokio's) at which calls reached
+/// the dependency.
+fn answering_once<C: Clock + Clone>(
+    pushback: &Pushback<C>,
+    first: impl Fn() -> Response<()> + Send + Sync + 'static,
+) -> (
+    impl Service<(), Response = Response<()>, Error = BoxError> + Clone,
+    Arc<Mutex<Vec<tokio::time::Instant>>>,
+) {
+    let is_first = Arc::new(AtomicBool::new(true));
+    let sent_at = Arc::new(Mutex::new(Vec::new()));
+    let first = Arc::new(first);
+    let client = {
+        let sent_at = sent_at.clone();
+        pushback.layer().layer(service_fn(move |()| {
+            sent_at.lock().unwrap().push(tokio::time::Instant::now());
+            let r = if is_first.swap(false, Ordering::SeqCst) {
+                first()
+            } else {
+                Response::new(())
+            };
+            async move { Ok::<_, BoxError>(r) }
+        }))
+    };
+    (client, sent_at)
 }
 
 /// "A reset is a Unix time in milliseconds from 10^12, in seconds from 10^9 [...]" and "A date
@@ -124,19 +181,13 @@ fn instants_beyond_max_hold_are_cut_to_it_in_every_dialect() {
             }
         }
         // And every form of Retry-After and span.
-        let spans: Vec<Vec<(&'static str, String)>> = vec![
-            vec![("retry-after", "3600".into())],
-            vec![("retry-after", date_in(3_600))],
-            vec![("retry-after-ms", "3600000".into())],
-            vec![("ratelimit", r#""default";r=0;t=3600"#.into())],
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset-after", "3600.5".into()),
-            ],
-            vec![
-                ("x-ratelimit-remaining-requests", "0".into()),
-                ("x-ratelimit-reset-requests", "1h0m0s".into()),
-            ],
+        let spans: Vec<Fields> = vec![
+            one("retry-after", 3600),
+            one("retry-after", date_in(3_600)),
+            one("retry-after-ms", 3600000),
+            one("ratelimit", r#""default";r=0;t=3600"#),
+            spent(X_RESET_AFTER, "3600.5"),
+            spent(OPENAI_REQUESTS, "1h0m0s"),
         ];
         for fields in &spans {
             let held = held_owned(max_hold, 429, &with_date(fields));
@@ -221,51 +272,16 @@ fn numbers_past_every_integer_bound_hold_at_most_max_hold() {
     ];
     let max_hold = S(90);
     for value in huge {
-        let cases: Vec<(u16, Vec<(&'static str, String)>)> = vec![
-            (429, vec![("retry-after", value.to_string())]),
-            (429, vec![("retry-after-ms", value.to_string())]),
-            (
-                200,
-                vec![
-                    ("x-ratelimit-remaining", "0".into()),
-                    ("x-ratelimit-reset", value.to_string()),
-                ],
-            ),
-            (
-                200,
-                vec![
-                    ("x-ratelimit-remaining", "0".into()),
-                    ("x-ratelimit-reset-after", value.to_string()),
-                ],
-            ),
-            (
-                200,
-                vec![
-                    ("ratelimit-remaining", "0".into()),
-                    ("ratelimit-reset", value.to_string()),
-                ],
-            ),
-            (
-                200,
-                vec![
-                    ("x-ratelimit-remaining-requests", "0".into()),
-                    ("x-ratelimit-reset-requests", format!("{value}s")),
-                ],
-            ),
-            (
-                200,
-                vec![
-                    ("x-ratelimit-remaining-tokens", "0".into()),
-                    ("x-ratelimit-reset-tokens", format!("{value}h")),
-                ],
-            ),
-            (
-                200,
-                vec![(
-                    "ratelimit",
-                    format!(r#""default";r=0;t={}"#, &value[..value.len().min(15)]),
-                )],
-            ),
+        let draft_11 = format!(r#""default";r=0;t={}"#, &value[..value.len().min(15)]);
+        let cases: Vec<(u16, Fields)> = vec![
+            (429, one("retry-after", value)),
+            (429, one("retry-after-ms", value)),
+            (200, spent(X_RESET, value)),
+            (200, spent(X_RESET_AFTER, value)),
+            (200, spent(IETF_RESET, value)),
+            (200, spent(OPENAI_REQUESTS, format!("{value}s"))),
+            (200, spent(OPENAI_TOKENS, format!("{value}h"))),
+            (200, one("ratelimit", draft_11)),
         ];
         for (status, fields) in cases {
             for date in [None, Some(D1E9)] {
@@ -288,22 +304,10 @@ fn numbers_past_every_integer_bound_hold_at_most_max_hold() {
 fn dates_at_the_end_of_the_http_date_range_are_read_against_each_other() {
     let end: i64 = 253_402_300_799; // 9999-12-31T23:59:59Z
     let date = http_date(end - 30);
-    let cases: Vec<(Vec<(&'static str, String)>, Duration)> = vec![
-        (vec![("retry-after", http_date(end))], S(30)),
-        (
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", end.to_string()),
-            ],
-            S(30),
-        ),
-        (
-            vec![
-                ("anthropic-ratelimit-requests-remaining", "0".into()),
-                ("anthropic-ratelimit-requests-reset", rfc3339(end, "", 0)),
-            ],
-            S(30),
-        ),
+    let cases: Vec<(Fields, Duration)> = vec![
+        (one("retry-after", http_date(end)), S(30)),
+        (spent(X_RESET, end), S(30)),
+        (spent(ANTHROPIC_REQUESTS, rfc3339(end, "", 0)), S(30)),
     ];
     for (fields, expected) in cases {
         let mut all = vec![("date", date.clone())];
@@ -318,38 +322,17 @@ fn dates_at_the_end_of_the_http_date_range_are_read_against_each_other() {
 #[test]
 fn the_fewest_calls_left_count_before_a_longer_window() {
     // (fields with 1 call left for 100 s, fields with nothing left for 5 s)
-    let one_left_long: Vec<Vec<(&'static str, String)>> = vec![
-        vec![("ratelimit", r#""a";r=1;t=100"#.into())],
-        vec![
-            ("x-ratelimit-remaining", "1".into()),
-            ("x-ratelimit-reset-after", "100".into()),
-        ],
-        vec![
-            ("x-ratelimit-remaining-requests", "1".into()),
-            ("x-ratelimit-reset-requests", "1m40s".into()),
-        ],
-        vec![
-            ("anthropic-ratelimit-requests-remaining", "1".into()),
-            (
-                "anthropic-ratelimit-requests-reset",
-                rfc3339(T0 + 100, "", 0),
-            ),
-        ],
+    let one_left_long: Vec<Fields> = vec![
+        one("ratelimit", r#""a";r=1;t=100"#),
+        left(X_RESET_AFTER, 1, 100),
+        left(OPENAI_REQUESTS, 1, "1m40s"),
+        left(ANTHROPIC_REQUESTS, 1, rfc3339_in(100)),
     ];
-    let none_left_short: Vec<Vec<(&'static str, String)>> = vec![
-        vec![("ratelimit", r#""b";r=0;t=5"#.into())],
-        vec![
-            ("x-ratelimit-remaining", "0".into()),
-            ("x-ratelimit-reset-after", "5".into()),
-        ],
-        vec![
-            ("x-ratelimit-remaining-requests", "0".into()),
-            ("x-ratelimit-reset-requests", "5s".into()),
-        ],
-        vec![
-            ("anthropic-ratelimit-requests-remaining", "0".into()),
-            ("anthropic-ratelimit-requests-reset", rfc3339(T0 + 5, "", 0)),
-        ],
+    let none_left_short: Vec<Fields> = vec![
+        one("ratelimit", r#""b";r=0;t=5"#),
+        spent(X_RESET_AFTER, 5),
+        spent(OPENAI_REQUESTS, "5s"),
+        spent(ANTHROPIC_REQUESTS, rfc3339_in(5)),
     ];
     for (i, long) in one_left_long.iter().enumerate() {
         for (j, short) in none_left_short.iter().enumerate() {
@@ -377,24 +360,12 @@ fn the_fewest_calls_left_count_before_a_longer_window() {
 /// whichever dialect says it.
 #[tokio::test]
 async fn of_equal_calls_left_the_longest_window_holds_once_spent() {
-    let one_left = |seconds: u64| -> Vec<Vec<(&'static str, String)>> {
+    let one_left = |seconds: u64| -> Vec<Fields> {
         vec![
-            vec![("ratelimit", format!(r#""a";r=1;t={seconds}"#))],
-            vec![
-                ("x-ratelimit-remaining", "1".into()),
-                ("x-ratelimit-reset-after", seconds.to_string()),
-            ],
-            vec![
-                ("x-ratelimit-remaining-requests", "1".into()),
-                ("x-ratelimit-reset-requests", format!("{seconds}s")),
-            ],
-            vec![
-                ("anthropic-ratelimit-requests-remaining", "1".into()),
-                (
-                    "anthropic-ratelimit-requests-reset",
-                    rfc3339(T0 + seconds as i64, "", 0),
-                ),
-            ],
+            one("ratelimit", format!(r#""a";r=1;t={seconds}"#)),
+            left(X_RESET_AFTER, 1, seconds),
+            left(OPENAI_REQUESTS, 1, format!("{seconds}s")),
+            left(ANTHROPIC_REQUESTS, 1, rfc3339_in(seconds as i64)),
         ]
     };
     let (short, long) = (one_left(4), one_left(40));
@@ -407,14 +378,12 @@ async fn of_equal_calls_left_the_longest_window_holds_once_spent() {
             fields.extend(s.iter().cloned());
             fields.extend(l.iter().cloned());
             let (pushback, clock) = make(HUGE);
-            let borrowed: Vec<(&str, &str)> =
-                fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            pushback.observe(&answer_str(200, &borrowed));
+            pushback.observe(&answer_str(200, &borrowed(&fields)));
             assert_eq!(pushback.held_for(), Duration::ZERO, "{fields:?}");
             // The one call left goes and stays in flight: the longer window holds.
             let (client, calls) = scripted_client(&pushback);
             let in_flight = start(&client).await;
-            assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_eq!(calls.load(Ordering::SeqCst), 1);
             assert_eq!(pushback.held_for(), S(40), "{fields:?}");
             clock.advance(S(4));
             assert_eq!(pushback.held_for(), S(36), "{fields:?}");
@@ -436,31 +405,14 @@ fn two_spent_token_families_hold_until_the_later_reset() {
                 continue;
             }
             for (ra, rb, expected) in [(10, 30, 30), (30, 10, 30), (0, 25, 25)] {
-                let fields = vec![
-                    ("date", date0()),
-                    ("anthropic-ratelimit-requests-limit", "50".into()),
-                    ("anthropic-ratelimit-requests-remaining", "49".into()),
-                    (
-                        "anthropic-ratelimit-requests-reset",
-                        rfc3339(T0 + 60, "", 0),
-                    ),
-                    (
-                        leak(format!("anthropic-ratelimit-{a}-remaining")),
-                        "0".to_string(),
-                    ),
-                    (
-                        leak(format!("anthropic-ratelimit-{a}-reset")),
-                        rfc3339(T0 + ra, "", 0),
-                    ),
-                    (
-                        leak(format!("anthropic-ratelimit-{b}-remaining")),
-                        "0".to_string(),
-                    ),
-                    (
-                        leak(format!("anthropic-ratelimit-{b}-reset")),
-                        rfc3339(T0 + rb, "", 0),
-                    ),
-                ];
+                let fields = [
+                    one("date", date0()),
+                    one("anthropic-ratelimit-requests-limit", 50),
+                    left(ANTHROPIC_REQUESTS, 49, rfc3339_in(60)),
+                    spent(anthropic(a), rfc3339_in(ra)),
+                    spent(anthropic(b), rfc3339_in(rb)),
+                ]
+                .concat();
                 assert_eq!(
                     held_owned(HUGE, 200, &fields),
                     S(expected),
@@ -471,12 +423,11 @@ fn two_spent_token_families_hold_until_the_later_reset() {
     }
     // OpenAI: tokens spent for longer than requests, and the other way round.
     for (tokens, requests, expected) in [("20s", "5s", 20), ("5s", "20s", 20), ("1m0s", "0s", 60)] {
-        let fields = vec![
-            ("x-ratelimit-remaining-requests", "0".to_string()),
-            ("x-ratelimit-reset-requests", requests.to_string()),
-            ("x-ratelimit-remaining-tokens", "0".to_string()),
-            ("x-ratelimit-reset-tokens", tokens.to_string()),
-        ];
+        let fields = [
+            spent(OPENAI_REQUESTS, requests),
+            spent(OPENAI_TOKENS, tokens),
+        ]
+        .concat();
         assert_eq!(
             held_owned(HUGE, 200, &fields),
             S(expected),
@@ -496,73 +447,22 @@ fn leak(s: String) -> &'static str {
 #[test]
 fn a_retry_after_beside_a_spent_quota_by_dialect() {
     let longer_reset: Vec<(&str, Fields, Duration)> = vec![
-        (
-            "draft-11",
-            vec![("ratelimit", r#""d";r=0;t=30"#.into())],
-            S(5),
-        ),
-        (
-            "OpenAI requests",
-            vec![
-                ("x-ratelimit-remaining-requests", "0".into()),
-                ("x-ratelimit-reset-requests", "30s".into()),
-            ],
-            S(5),
-        ),
-        (
-            "OpenAI tokens",
-            vec![
-                ("x-ratelimit-remaining-tokens", "0".into()),
-                ("x-ratelimit-reset-tokens", "30s".into()),
-            ],
-            S(5),
-        ),
+        ("draft-11", one("ratelimit", r#""d";r=0;t=30"#), S(5)),
+        ("OpenAI requests", spent(OPENAI_REQUESTS, "30s"), S(5)),
+        ("OpenAI tokens", spent(OPENAI_TOKENS, "30s"), S(5)),
         (
             "Anthropic requests",
-            vec![
-                ("anthropic-ratelimit-requests-remaining", "0".into()),
-                (
-                    "anthropic-ratelimit-requests-reset",
-                    rfc3339(T0 + 30, "", 0),
-                ),
-            ],
+            spent(ANTHROPIC_REQUESTS, rfc3339_in(30)),
             S(5),
         ),
         (
             "Anthropic output tokens",
-            vec![
-                ("anthropic-ratelimit-output-tokens-remaining", "0".into()),
-                (
-                    "anthropic-ratelimit-output-tokens-reset",
-                    rfc3339(T0 + 30, "", 0),
-                ),
-            ],
+            spent(anthropic("output-tokens"), rfc3339_in(30)),
             S(5),
         ),
-        (
-            "X-RateLimit Reset-After",
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset-after", "30".into()),
-            ],
-            S(30),
-        ),
-        (
-            "X-RateLimit Reset (Unix)",
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", (T0 + 30).to_string()),
-            ],
-            S(30),
-        ),
-        (
-            "RateLimit-Reset",
-            vec![
-                ("ratelimit-remaining", "0".into()),
-                ("ratelimit-reset", "30".into()),
-            ],
-            S(30),
-        ),
+        ("X-RateLimit Reset-After", spent(X_RESET_AFTER, 30), S(30)),
+        ("X-RateLimit Reset (Unix)", spent(X_RESET, T0 + 30), S(30)),
+        ("RateLimit-Reset", spent(IETF_RESET, 30), S(30)),
     ];
     for (dialect, fields, expected) in longer_reset {
         for retry_after in ["5".to_string(), date_in(5)] {
@@ -584,53 +484,19 @@ fn a_retry_after_beside_a_spent_quota_by_dialect() {
 #[tokio::test(start_paused = true)]
 async fn held_for_the_refusal_and_the_actual_wait_agree_in_every_dialect() {
     let cases: Vec<(u16, Fields, Duration)> = vec![
-        (429, vec![("retry-after", "7".into())], S(7)),
-        (429, vec![("retry-after", "2.25".into())], MS(2_250)),
-        (429, vec![("retry-after", date_in(13))], S(13)),
-        (429, vec![("retry-after-ms", "7250".into())], MS(7_250)),
+        (429, one("retry-after", 7), S(7)),
+        (429, one("retry-after", 2.25), MS(2_250)),
+        (429, one("retry-after", date_in(13)), S(13)),
+        (429, one("retry-after-ms", 7250), MS(7_250)),
         (429, vec![], S(1)),
-        (200, vec![("ratelimit", r#""p";r=0;t=9"#.into())], S(9)),
+        (200, one("ratelimit", r#""p";r=0;t=9"#), S(9)),
+        (200, spent(X_RESET_AFTER, 3.5), MS(3_500)),
+        (200, spent(X_RESET, T0 + 11), S(11)),
+        (200, spent(OPENAI_REQUESTS, "1m0.5s"), MS(60_500)),
+        (200, spent(OPENAI_TOKENS, "20ms"), MS(20)),
         (
             200,
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset-after", "3.5".into()),
-            ],
-            MS(3_500),
-        ),
-        (
-            200,
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", (T0 + 11).to_string()),
-            ],
-            S(11),
-        ),
-        (
-            200,
-            vec![
-                ("x-ratelimit-remaining-requests", "0".into()),
-                ("x-ratelimit-reset-requests", "1m0.5s".into()),
-            ],
-            MS(60_500),
-        ),
-        (
-            200,
-            vec![
-                ("x-ratelimit-remaining-tokens", "0".into()),
-                ("x-ratelimit-reset-tokens", "20ms".into()),
-            ],
-            MS(20),
-        ),
-        (
-            200,
-            vec![
-                ("anthropic-ratelimit-requests-remaining", "0".into()),
-                (
-                    "anthropic-ratelimit-requests-reset",
-                    rfc3339(T0 + 12, ".5", 0),
-                ),
-            ],
+            spent(ANTHROPIC_REQUESTS, rfc3339(T0 + 12, ".5", 0)),
             MS(12_500),
         ),
     ];
@@ -638,30 +504,11 @@ async fn held_for_the_refusal_and_the_actual_wait_agree_in_every_dialect() {
         let all = with_date(&fields);
         let answer_once = {
             let all = all.clone();
-            move || {
-                let mut response = Response::new(());
-                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                for (n, v) in &all {
-                    response.headers_mut().append(*n, v.parse().unwrap());
-                }
-                response
-            }
+            move || answer_str(status, &borrowed(&all))
         };
         // Refused at once (max_wait zero): the refusal says what held_for says.
         let pushback = on_tokio_clock_with(|b| b.max_hold(HUGE));
-        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let client = {
-            let first = first.clone();
-            let answer_once = answer_once.clone();
-            pushback.layer().layer(service_fn(move |()| {
-                let r = if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    answer_once()
-                } else {
-                    Response::new(())
-                };
-                async move { Ok::<_, BoxError>(r) }
-            }))
-        };
+        let (client, _) = answering_once(&pushback, answer_once.clone());
         client.clone().oneshot(()).await.unwrap();
         assert_eq!(pushback.held_for(), expected, "{status} {fields:?}");
         let err = client.clone().oneshot(()).await.unwrap_err();
@@ -673,21 +520,7 @@ async fn held_for_the_refusal_and_the_actual_wait_agree_in_every_dialect() {
 
         // Waiting (max_wait above the hold): the call is sent exactly when the hold ends.
         let waiting = on_tokio_clock_with(|b| b.max_hold(HUGE).max_wait(S(120)));
-        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let sent_at = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let client = {
-            let (first, sent_at) = (first.clone(), sent_at.clone());
-            let answer_once = answer_once.clone();
-            waiting.layer().layer(service_fn(move |()| {
-                sent_at.lock().unwrap().push(tokio::time::Instant::now());
-                let r = if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    answer_once()
-                } else {
-                    Response::new(())
-                };
-                async move { Ok::<_, BoxError>(r) }
-            }))
-        };
+        let (client, sent_at) = answering_once(&waiting, answer_once);
         client.clone().oneshot(()).await.unwrap();
         let told = waiting.held_for();
         assert_eq!(told, expected, "{status} {fields:?}");
@@ -708,23 +541,16 @@ async fn held_for_the_refusal_and_the_actual_wait_agree_in_every_dialect() {
 #[test]
 fn an_ignored_field_does_not_hide_another_dialects_quota() {
     let long = format!("{}5", "0".repeat(5_000));
-    let bad_fields: Vec<Vec<(&'static str, String)>> = vec![
-        vec![
-            ("x-ratelimit-remaining", "0".into()),
-            ("x-ratelimit-reset-after", long.clone()),
-        ],
-        vec![("ratelimit", format!(r#""a";r=0;t={long}"#))],
+    let bad_fields: Vec<Fields> = vec![
+        spent(X_RESET_AFTER, &long),
+        one("ratelimit", format!(r#""a";r=0;t={long}"#)),
         (0..17)
             .map(|_| ("x-ratelimit-remaining", "0".to_string()))
             .chain([("x-ratelimit-reset-after", "50".to_string())])
             .collect(),
     ];
     for bad in bad_fields {
-        let mut fields = vec![
-            ("x-ratelimit-remaining-requests", "0".to_string()),
-            ("x-ratelimit-reset-requests", "6m0s".to_string()),
-        ];
-        fields.extend(bad.iter().cloned());
+        let fields = [spent(OPENAI_REQUESTS, "6m0s"), bad].concat();
         assert_eq!(held_owned(HUGE, 200, &fields), S(360));
     }
 }
@@ -734,42 +560,19 @@ fn an_ignored_field_does_not_hide_another_dialects_quota() {
 /// `max_hold` cuts every form of hold to ten minutes.
 #[test]
 fn the_default_max_hold_is_ten_minutes_in_every_form() {
-    let cases: Vec<(u16, Vec<(&'static str, String)>)> = vec![
-        (429, vec![("retry-after", "86400".into())]),
-        (429, vec![("retry-after", date_in(86_400))]),
-        (429, vec![("retry-after-ms", "86400000".into())]),
-        (200, vec![("ratelimit", r#""p";r=0;t=86400"#.into())]),
-        (
-            200,
-            vec![
-                ("x-ratelimit-remaining", "0".into()),
-                ("x-ratelimit-reset", (T0 + 86_400).to_string()),
-            ],
-        ),
-        (
-            200,
-            vec![
-                ("x-ratelimit-remaining-requests", "0".into()),
-                ("x-ratelimit-reset-requests", "24h".into()),
-            ],
-        ),
-        (
-            200,
-            vec![
-                ("anthropic-ratelimit-tokens-remaining", "0".into()),
-                (
-                    "anthropic-ratelimit-tokens-reset",
-                    rfc3339(T0 + 86_400, "", 0),
-                ),
-            ],
-        ),
+    let cases: Vec<(u16, Fields)> = vec![
+        (429, one("retry-after", 86400)),
+        (429, one("retry-after", date_in(86_400))),
+        (429, one("retry-after-ms", 86400000)),
+        (200, one("ratelimit", r#""p";r=0;t=86400"#)),
+        (200, spent(X_RESET, T0 + 86_400)),
+        (200, spent(OPENAI_REQUESTS, "24h")),
+        (200, spent(anthropic("tokens"), rfc3339_in(86_400))),
     ];
     for (status, fields) in cases {
         let clock = tower_bulwark::clock::ManualClock::new();
         let pushback = Pushback::builder("default").clock(clock).build();
-        let all = with_date(&fields);
-        let borrowed: Vec<(&str, &str)> = all.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        pushback.observe(&answer_str(status, &borrowed));
+        pushback.observe(&answer_str(status, &borrowed(&with_date(&fields))));
         assert_eq!(pushback.held_for(), TEN_MIN, "{status} {fields:?}");
         assert_eq!(TEN_MIN, crate::DEFAULT_MAX_HOLD);
     }
