@@ -155,7 +155,7 @@ impl Transitions for Metered {
         if used > 0 {
             meter.tat = self.0.charged(meter.tat, decision.charged().at, used);
         }
-        let debt = cost.min(self.capacity()).saturating_sub(estimate);
+        let debt = super::settle_debt(estimate, cost, self.capacity());
         if debt > 0 {
             meter.tat = self.0.charged(meter.tat, now, debt);
         }

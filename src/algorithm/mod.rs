@@ -284,6 +284,13 @@ fn advance_latest(latest: &mut u64, now: u64) -> u64 {
     *latest
 }
 
+/// What a settle to `cost` charges of an admission of `estimate`: what it cost beyond the
+/// estimate, counting no more than one request may take (`capacity`); zero for a settle to less.
+/// The one rule of a settle's debt, in memory and in Redis.
+pub(crate) fn settle_debt(estimate: u32, cost: u32, capacity: u32) -> u32 {
+    cost.min(capacity).saturating_sub(estimate)
+}
+
 /// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
 /// hold as many, the one that took them most recently (the higher `recent`: the time until its
 /// record ends, for GCRA and the sliding log) goes first, so a flood of fresh keys evicts its

@@ -99,7 +99,7 @@ pub trait Transitions: Copy + fmt::Debug + Send + Sync + 'static {
         if cost < estimate {
             self.refund(state, latest, now, estimate - cost, decision);
         } else {
-            let debt = cost.min(self.capacity()).saturating_sub(estimate);
+            let debt = super::settle_debt(estimate, cost, self.capacity());
             if debt > 0 {
                 self.charge(state, latest, now, debt);
             }

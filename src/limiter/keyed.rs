@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::builder::{Keyed, RateLimiterBuilder};
 use super::{acquire, Acquire, Limiter, Rule};
-use crate::algorithm::{Algorithm, Gcra, LatestReading};
+use crate::algorithm::{settle_debt, Algorithm, Gcra, LatestReading};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, InsufficientCapacity, LimiterId};
 use crate::store::memory::{same_key, MemoryStore, ShardFull};
@@ -326,7 +326,7 @@ where
                 // Made on the key before it was dropped: what it took went with that state
                 // (never back into this one, which never held it, so nothing is taken back),
                 // and a debt lands here, as it would have on the dropped state.
-                let debt = cost.min(rule.algorithm.capacity()).saturating_sub(estimate);
+                let debt = settle_debt(estimate, cost, rule.algorithm.capacity());
                 if debt > 0 {
                     (rule.algorithm).charge(s, latest, now, debt);
                 }

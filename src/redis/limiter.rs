@@ -464,7 +464,7 @@ impl Inner {
                 (Some(settle), _) => settle,
                 (None, Change::Refund(cost)) => (refund, decision.refundable(cost)),
                 (None, Change::Charge { estimate, cost }) => {
-                    let debt = cost.min(quota.capacity).saturating_sub(estimate);
+                    let debt = crate::algorithm::settle_debt(estimate, cost, quota.capacity);
                     (Operation::Charge, debt)
                 }
             };
