@@ -435,7 +435,8 @@ impl Inner {
                     return None;
                 }
                 Change::Charge { estimate, cost } => {
-                    let debt = cost.saturating_sub(estimate);
+                    let capacity = self.quota.load().capacity;
+                    let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
                     let now = self.clock.now();
                     let taken = leases.charge(&key, lease, debt, now);
                     if taken == debt {

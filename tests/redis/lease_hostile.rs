@@ -573,3 +573,26 @@ async fn a_debt_charged_in_redis_leaves_the_share_admitting() {
     let excess = first_excess(quota, None, &events).map(|e| e.1);
     assert_eq!(leased, in_memory, "7 more after the debt: {excess:?}");
 }
+
+/// A quota lowered while a share is out, then an admission from it settled to far more than
+/// the new quota's burst: the settle's debt is capped at what one request may take (the burst,
+/// less the estimate), as everywhere else, so the share keeps the rest and gives it back unused
+/// when its lease ends. (It took the whole share as debt, beyond the cap.)
+#[tokio::test]
+async fn a_settle_from_a_share_charges_no_more_than_the_lowered_burst() {
+    let server = or_skip!(RedisServer::start("lease_hostile_debt_lowered"));
+    let lease = Lease::new().max_share(8).length(Duration::from_secs(10));
+    let clock = manual_clock_at(Duration::from_secs(1000));
+    let a = strict::<Gcra>(&server.url(), per_second(100, 20), lease, &clock).await;
+    // A share of 8, all back in it; one admitted from it: 7 left.
+    let taken = a.check_n(&"k", 8).await.unwrap();
+    assert!(taken.allowed && Limiter::refund(&a, &"k", 8, taken));
+    let one = a.check(&"k").await.unwrap();
+    assert!(one.allowed);
+    a.set_quota(per_second(10, 3)).unwrap();
+    a.settle_and_wait(&"k", 1, one, 20).await.unwrap();
+    // The lease ends: what the share still held comes back unused, 7 less a debt of 3 - 1.
+    clock.advance(Duration::from_secs(11));
+    let _ = a.check(&"k").await.unwrap();
+    assert_eq!(a.counts().lease_unused_permits, 5);
+}
