@@ -136,7 +136,7 @@
 //! |---|---|---|
 //! | `min_limit` | integer ≥ 1 | 1 |
 //! | `initial_limit` | integer from `min_limit` to `max_limit` | 8 (within the bounds) |
-//! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256, or `min_limit` if that is higher |
+//! | `max_limit` | integer ≥ `min_limit`, at most 2^31 − 1 | 256, or `min_limit` or `initial_limit` if higher |
 //! | `algorithm` | `aimd` (additive increase, multiplicative decrease) or `gradient` (delay-based) | `aimd` |
 //! | `probe_every` | integer ≥ 1: the algorithm's baseline is the lowest latency of the uncrowded round trips over two periods of this many, probed for at `min_limit` when there was none (`Aimd::probe_every`, `Gradient::probe_every`) | none (a baseline learnt slowly) |
 //! | `ignore_cancelled_calls` | boolean: a call dropped before it ended is no sample (by default it is an overload signal) | `false` |
@@ -154,7 +154,7 @@
 //!
 //! | field of an overload protection | type | default |
 //! |---|---|---|
-//! | `min_limit`, `initial_limit`, `max_limit` | integers, `1 <= min_limit <= initial_limit <= max_limit <= 2^31 - 1`: the bounds of the limit of requests in flight and where it starts | 8, 16, 1000 |
+//! | `min_limit`, `initial_limit`, `max_limit` | integers, `1 <= min_limit <= initial_limit <= max_limit <= 2^31 - 1`: the bounds of the limit of requests in flight and where it starts | 8, 16, 1000, each brought within those written (`max_limit = 4` alone makes 4, 4, 4) |
 //! | `probe_every` | integer ≥ 1: the period, in round trips, of the limit's baseline, probed for at `min_limit` when there was none (`Aimd::probe_every`) | 300 |
 //! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take | 0.3 |
 //! | `default_guarantee` | number from 0, below 1 with `critical_guarantee`: the share `sheddable` never takes besides | 0.1 |
@@ -200,7 +200,7 @@
 //! | field of retries | type | default |
 //! |---|---|---|
 //! | `max_attempts` | integer from 1 to 10: attempts of one call, the first included | 3 |
-//! | `base`, `cap` | durations, `base <= cap <= 1h`: the backoff before retry n is random up to `base × 2^(n − 1)`, at most `cap` | `"50ms"`, `"1s"` |
+//! | `base`, `cap` | durations, `base <= cap <= 1h`: the backoff before retry n is random up to `base × 2^(n − 1)`, at most `cap` | `"50ms"`, `"1s"`, each brought within the one written (`cap = "10ms"` alone makes `base` 10 ms; `base` above `"1s"` alone makes `cap` as long, up to an hour) |
 //! | `max_wait` | duration ≤ 1 h: the longest a retry waits for the time an answer or refusal asks | `"5s"` |
 //! | `ratio` | number from 0 to 10: the retry each call deposits in the budget | 0.2 |
 //! | `min_per_second` | integer ≥ 0: retries a second the budget grants with no deposit | 3 |

@@ -13,9 +13,10 @@ use super::ConfigError;
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default, expecting = "a table of settings")]
 pub(super) struct OverloadSettings {
-    pub(super) min_limit: Count<MAX_LIMIT>,
-    pub(super) initial_limit: Count<MAX_LIMIT>,
-    pub(super) max_limit: Count<MAX_LIMIT>,
+    /// The three limits are filled in by the validation.
+    pub(super) min_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) initial_limit: Option<Count<MAX_LIMIT>>,
+    pub(super) max_limit: Option<Count<MAX_LIMIT>>,
     pub(super) probe_every: Count,
     pub(super) critical_guarantee: f64,
     pub(super) default_guarantee: f64,
@@ -32,9 +33,9 @@ pub(super) struct OverloadSettings {
 impl Default for OverloadSettings {
     fn default() -> Self {
         Self {
-            min_limit: Count(8),
-            initial_limit: Count(16),
-            max_limit: Count(1000),
+            min_limit: None,
+            initial_limit: None,
+            max_limit: None,
             probe_every: Count(300),
             critical_guarantee: 0.3,
             default_guarantee: 0.1,
@@ -50,7 +51,10 @@ impl OverloadSettings {
     /// Checks what the builder would refuse, naming the field.
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an overload protection needs")?;
-        at.limits(self.min_limit.0, self.initial_limit.0, self.max_limit.0)?;
+        let mut limits = [self.min_limit, self.initial_limit, self.max_limit];
+        let checked = at.limits(&mut limits, [8, 16, 1000]);
+        [self.min_limit, self.initial_limit, self.max_limit] = limits;
+        checked?;
         let share = |field, share: f64| match (0.0..1.0).contains(&share) {
             true => Ok(()),
             false => Err(at.err(
@@ -94,12 +98,9 @@ pub(super) fn build_overload(
 
     let at =
         |e: &dyn std::fmt::Display| ConfigError::new(format!("overload.{name}"), e.to_string());
-    let limits = Limits::new(
-        s.min_limit.0 as usize,
-        s.initial_limit.0 as usize,
-        s.max_limit.0 as usize,
-    )
-    .map_err(|e| at(&e))?;
+    let limit = |limit: Option<Count<MAX_LIMIT>>| limit.map_or(0, |Count(n)| n as usize);
+    let (min, initial, max) = (s.min_limit, s.initial_limit, s.max_limit);
+    let limits = Limits::new(limit(min), limit(initial), limit(max)).map_err(|e| at(&e))?;
     let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| at(&e))?;
     let mut builder = Overload::builder(name)
         .limits(limits)
@@ -182,12 +183,36 @@ mod tests {
         assert_eq!(overload.in_flight(), 3, "critical by x-class");
     }
 
+    /// Limits left out follow those written (the adaptive bulkhead's rule), rather than the
+    /// section being refused for a field the file does not have: the initial limit is then its
+    /// default, 16, brought within them.
+    #[test]
+    fn limits_left_out_follow_those_written() {
+        for (written, limit) in [
+            ("max_limit = 4", 4),
+            ("min_limit = 20", 20),
+            ("initial_limit = 2000", 2000),
+            ("initial_limit = 3", 3),
+            ("min_limit = 2\nmax_limit = 12", 12),
+            ("min_limit = 1", 16),
+        ] {
+            let text = format!("[overload.api]\n{written}\n");
+            let registry = Registry::from_toml_str(&text).unwrap();
+            assert_eq!(
+                registry.overload("api").unwrap().limit(),
+                limit,
+                "{written}"
+            );
+        }
+    }
+
     #[test]
     fn bad_values_are_refused_naming_the_field() {
         let cases = [
             ("min_limit = 0", "min_limit"),
-            ("min_limit = 20", "min_limit"),
-            ("initial_limit = 2000", "initial_limit"),
+            ("min_limit = 20\nmax_limit = 10", "min_limit"),
+            ("initial_limit = 2000\nmax_limit = 1000", "initial_limit"),
+            ("min_limit = 20\ninitial_limit = 10", "initial_limit"),
             ("critical_guarantee = 1.0", "critical_guarantee"),
             ("critical_guarantee = -0.1", "critical_guarantee"),
             (

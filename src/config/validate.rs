@@ -3,7 +3,6 @@
 //! The defaults that depend on another field are filled in here.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use super::fields::Count;
@@ -36,13 +35,26 @@ impl InstancePath<'_> {
         Err(ConfigError::new(self.0, lacks))
     }
 
-    /// The bounds of a limit and where it starts: `min_limit <= initial_limit <= max_limit`.
-    pub(super) fn limits<T: Copy + PartialOrd + fmt::Display>(
+    /// Fills in the limits left out of `limits` (`min_limit`, `initial_limit`, `max_limit`):
+    /// each its default in `defaults` brought within the values written, so that a file that
+    /// writes only `max_limit = 4` lowers the default minimum rather than being refused for a
+    /// field it did not write. Then checks `min_limit <= initial_limit <= max_limit`, naming a
+    /// field written.
+    pub(super) fn limits(
         &self,
-        min: T,
-        initial: T,
-        max: T,
+        limits: &mut [Option<Count<MAX_LIMIT>>; 3],
+        defaults: [u32; 3],
     ) -> Result<(), ConfigError> {
+        let [min, initial, max] = limits.map(|n| n.map(|Count(n)| n));
+        let min = min.unwrap_or(
+            defaults[0]
+                .min(initial.unwrap_or(u32::MAX))
+                .min(max.unwrap_or(u32::MAX)),
+        );
+        let max = max.unwrap_or(defaults[2].max(min).max(initial.unwrap_or(0)));
+        // `max` and `min`, not `clamp`, which panics on bounds written the wrong way round.
+        let initial = initial.unwrap_or(defaults[1].max(min).min(max));
+        *limits = [min, initial, max].map(|n| Some(Count(n)));
         if min > max {
             return Err(self.err("min_limit", format!("is {min}, above max_limit ({max})")));
         }
@@ -337,25 +349,22 @@ impl PushbackSettings {
 }
 
 impl AdaptiveBulkheadSettings {
-    /// The lowest, initial and highest limit: each as written, or its default within the
-    /// others.
+    /// The lowest, initial and highest limit (filled in by the validation).
+    #[cfg(feature = "adaptive")]
     pub(super) fn limits(&self) -> (usize, usize, usize) {
-        let limit = |value: Option<Count<MAX_LIMIT>>, default: usize| {
-            value.map_or(default, |Count(n)| n as usize)
-        };
-        let min = limit(self.min_limit, 1);
-        let max = limit(self.max_limit, 256.max(min));
-        let initial = limit(self.initial_limit, 8.clamp(min, max.max(min)));
-        (min, initial, max)
+        let limit = |value: Option<Count<MAX_LIMIT>>| value.map_or(0, |Count(n)| n as usize);
+        (
+            limit(self.min_limit),
+            limit(self.initial_limit),
+            limit(self.max_limit),
+        )
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an adaptive bulkhead needs")?;
-        let (min, initial, max) = self.limits();
-        at.limits(min, initial, max)?;
-        let count = |n: usize| Some(Count(n as u32));
-        (self.min_limit, self.initial_limit, self.max_limit) =
-            (count(min), count(initial), count(max));
-        Ok(())
+        let mut limits = [self.min_limit, self.initial_limit, self.max_limit];
+        let checked = at.limits(&mut limits, [1, 8, 256]);
+        [self.min_limit, self.initial_limit, self.max_limit] = limits;
+        checked
     }
 }

@@ -126,7 +126,7 @@ fn boundary_values_are_accepted_or_refused_at_their_field() {
             "adaptive_bulkheads.a.min_limit",
         ),
         (
-            "[adaptive_bulkheads.a]\ninitial_limit = 257\n",
+            "[adaptive_bulkheads.a]\ninitial_limit = 257\nmax_limit = 256\n",
             "adaptive_bulkheads.a.initial_limit",
         ),
     ];
@@ -136,6 +136,7 @@ fn boundary_values_are_accepted_or_refused_at_their_field() {
     for text in [
         "[pushbacks.p]\nmax_hold = \"1152921504606846976ns\"\nmax_wait = \"1152921504606846976ns\"\n",
         "[adaptive_bulkheads.a]\nmin_limit = 2147483647\nmax_limit = 2147483647\n",
+        "[adaptive_bulkheads.a]\ninitial_limit = 257\n",
         "[bulkheads.b]\nmax_concurrent_calls = 1\n",
         "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = \"1152921504606846976ns\"\n",
     ] {
