@@ -121,7 +121,8 @@ pub(super) fn build_overload(
     Ok(builder.build())
 }
 
-#[cfg(all(test, feature = "adaptive"))]
+#[cfg(feature = "adaptive")]
+#[cfg(test)]
 mod tests {
     use crate::config::Registry;
     use crate::overload::Priority;

@@ -108,7 +108,8 @@ mod layer;
 
 pub use self::builder::{idempotent, Retry, RetryBuilder};
 // The configuration file spells the defaults out; a test of it checks them against these.
-#[cfg(all(test, feature = "config"))]
+#[cfg(feature = "config")]
+#[cfg(test)]
 pub(crate) use self::builder::{
     DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_WAIT, DEFAULT_MIN_PER_SECOND,
     DEFAULT_RATIO, DEFAULT_WINDOW,
