@@ -73,7 +73,8 @@ pub(crate) enum Hold {
     Estimate,
     /// Slots of requests in flight (a concurrency limiter's), given back whole when the
     /// response body ends or is dropped, whichever policy the limiter serves: a slot has no
-    /// cost to settle.
+    /// cost to settle. A refusal of slots says so too (it holds nothing), so that the headers
+    /// advertise the limit as slots whichever policy the limiter serves.
     Slots,
 }
 

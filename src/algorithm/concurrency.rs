@@ -63,7 +63,9 @@ impl Transitions for Concurrency {
                     .charged_at(now)
                     .holding(Hold::Slots)
             }
-            Err(held) => Decision::refused(limit, limit.saturating_sub(held), RETRY, RETRY),
+            // Refused slots say so too, for the headers (nothing is held: a refusal gives nothing back).
+            Err(held) => Decision::refused(limit, limit.saturating_sub(held), RETRY, RETRY)
+                .holding(Hold::Slots),
         }
     }
 

@@ -21,8 +21,8 @@ use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 /// makes a concurrent policy; inside a [`Tiers`](crate::tiers::Tiers) (a limit per plan) or a
 /// client quota, its admissions say they hold slots, so the layer gives them back whole when
 /// the request ends (the body's end with [`wrap_body`](super::RateLimitLayer::wrap_body), else
-/// the response's head; a client quota, the answer's head), but the headers advertise the
-/// tier's quota as a rate, where a concurrent policy says `qu="concurrent-requests"`.
+/// the response's head; a client quota, the answer's head), and the headers advertise the
+/// tier's slots as a concurrent policy's, `qu="concurrent-requests"` with no window.
 #[derive(Clone, Debug)]
 pub struct ConcurrencyLimiter<K: 'static>(Slots<K>);
 

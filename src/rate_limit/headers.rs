@@ -145,38 +145,50 @@ pub(crate) fn policy_header(
     // Not those that sat the decision out, at a cost of zero or without a key.
     let took_part = |i| !matches!(outcomes.get(i), None | Some(Outcome::Skipped));
     let listed = |i: usize| policies[i].advertised() && took_part(i);
+    let slots = |i: usize| counts_slots(&policies[i], outcomes.get(i));
+    let held = |i: usize| matches!(policies[i].settle, Settle::Held);
     let mut own_quotas = true;
     let set = set_index(
         (0..policies.len())
             .filter(|&i| listed(i))
-            .inspect(|&i| own_quotas &= quota(i) == policies[i].quota),
+            .inspect(|&i| own_quotas &= quota(i) == policies[i].quota && slots(i) == held(i)),
     );
-    let own = || policy_value(policies, listed, |i| policies[i].quota);
+    let own = || policy_value(policies, listed, |i| (policies[i].quota, held(i)));
     match own_quotas.then(|| settings.policy_headers.get(set, own)) {
         Some(Some(cached)) => cached.clone(),
-        _ => policy_value(policies, listed, quota),
+        _ => policy_value(policies, listed, |i| (quota(i), slots(i))),
     }
 }
 
+/// Whether a policy's decision is of slots of requests in flight, advertised with no window:
+/// a concurrent policy's, or a concurrency limiter's serving in `Tiers` or another policy.
+fn counts_slots(policy: &PolicyInfo, outcome: Option<&Outcome>) -> bool {
+    matches!(policy.settle, Settle::Held)
+        || outcome
+            .and_then(Outcome::decision)
+            .is_some_and(Decision::holds_slots)
+}
+
 /// `"name";q=..;w=.., ...`: one item per policy that `listed` names, with the quota `quota`
-/// gives it (see [`advertised_policy`]).
+/// gives it (see [`advertised_policy`]) and whether it counts slots (then with no window).
 fn policy_value(
     policies: &[PolicyInfo],
     listed: impl Fn(usize) -> bool,
-    quota: impl Fn(usize) -> Quota,
+    quota: impl Fn(usize) -> (Quota, bool),
 ) -> Option<HeaderValue> {
     let mut value = ValueBuf::new();
     for (i, p) in policies.iter().enumerate() {
         if !listed(i) {
             continue;
         }
-        if matches!(p.settle, Settle::Held) {
+        let (quota, slots) = quota(i);
+        if slots {
             // Requests in flight: no window (draft-11, section 5.1's `qu`).
-            let q = u64::from(quota(i).burst());
+            let q = u64::from(quota.burst());
             push_item(&mut value, &p.sf_name, &[("q", q)]);
             value.extend_from_slice(b";qu=\"concurrent-requests\"");
         } else {
-            let (q, w) = advertised_policy(&quota(i));
+            let (q, w) = advertised_policy(&quota);
             push_item(&mut value, &p.sf_name, &[("q", q), ("w", w)]);
         }
     }
@@ -204,7 +216,7 @@ fn ratelimit_header(
         let Some(decision) = o.decision() else {
             continue;
         };
-        if matches!(p.settle, Settle::Held) {
+        if counts_slots(p, Some(o)) {
             // Slots, not a rate: what is left, and no time; on a refusal, only when it refused
             // (a slot it granted went back).
             if !(refused && decision.allowed) {
@@ -395,13 +407,13 @@ mod tests {
             p("c", Quota::per_hour(1000).unwrap()),
             p("d", Quota::with_period(5, ms(200)).unwrap()),
         ];
-        let header = policy_value(&policies, |_| true, |i| policies[i].quota).unwrap();
+        let header = policy_value(&policies, |_| true, |i| (policies[i].quota, false)).unwrap();
         assert_eq!(
             header,
             "\"a\";q=10;w=1, \"b\";q=4;w=2, \"c\";q=1000;w=3600, \"d\";q=25;w=1"
         );
         assert!(policy_value(&[], |_| true, |_| unreachable!()).is_none());
-        let only_b = policy_value(&policies, |i| i == 1, |i| policies[i].quota).unwrap();
+        let only_b = policy_value(&policies, |i| i == 1, |i| (policies[i].quota, false)).unwrap();
         assert_eq!(only_b, "\"b\";q=4;w=2");
     }
 

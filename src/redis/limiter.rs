@@ -321,6 +321,9 @@ impl Inner {
                     if cost > 0 {
                         self.holds.take(&key, hold, cost);
                     }
+                } else if quota.script == LimiterScript::Concurrency {
+                    // Refused slots say so too, for the headers, as in memory.
+                    decision = decision.holding(Hold::Slots);
                 }
                 Ok(self.stamp(decision, &key, cost))
             }

@@ -504,7 +504,7 @@ fn bad_retry_and_breaker_tables_are_refused_naming_the_field() {
         "max_attempts = -1",
         "max_attempts = 4294967297",
         "max_attempts = 2.5",
-        "base = \"2s\"",
+        "base = \"2h\"",
         "cap = \"2h\"",
         "base = \"-1s\"",
         "max_wait = \"3601s\"",

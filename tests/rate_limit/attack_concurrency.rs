@@ -584,7 +584,6 @@ async fn a_concurrent_limiter_in_a_plain_policy_gives_its_slots_back_or_is_refus
 /// The same, for the headers of `Tiers` of concurrency limiters: advertised as slots
 /// (`qu="concurrent-requests"`, no window).
 #[tokio::test]
-#[ignore = "known limit (ConcurrencyLimiter's docs): in Tiers, its quota is advertised as a rate (w=1)"]
 async fn a_concurrent_limiter_in_tiers_is_advertised_as_slots() {
     for (what, advertised) in streams_through_other_policies().await {
         for policy in advertised {

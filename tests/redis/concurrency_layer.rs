@@ -206,3 +206,30 @@ where
     })
     .await
 }
+
+/// `Tiers` of plans, each a Redis concurrency limiter (a limit of streams per plan): the
+/// responses, admitted and refused, advertise slots (`qu="concurrent-requests"`, no window), as
+/// a concurrent policy's do, and a refusal says what a concurrent policy's says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_of_redis_concurrency_limiters_are_advertised_as_slots() {
+    use tower_bulwark::tiers::Tiers;
+    let (_server, store) = or_skip!(RedisServer::with_store("tiers_of_redis_slots").await);
+    let ends = Arc::new(Semaphore::new(0));
+    let plan = |_: &http::HeaderValue| "free";
+    let plans = Tiers::new(plan, "free", streams(&store).limiter().clone());
+    let policy = Policy::new("streams", HeaderKey::new("x-tenant").unwrap(), plans).unwrap();
+    let service = limited(policy, &ends, plain_answer);
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let response = service.clone().oneshot(request("stream")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let advertised = response.headers()["ratelimit-policy"].to_str().unwrap();
+        assert!(!advertised.contains(";w="), "admitted: {advertised}");
+        open.push(response);
+    }
+    let refused = service.clone().oneshot(request("stream")).await.unwrap();
+    assert_stream_refused(refused.status(), refused.headers());
+    let advertised = refused.headers()["ratelimit-policy"].to_str().unwrap();
+    assert!(!advertised.contains(";w="), "refused: {advertised}");
+    ends.add_permits(4);
+}
