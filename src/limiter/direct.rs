@@ -103,7 +103,8 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         self.decide_by(&self.inner.rule.load(), 1, false)
     }
 
-    /// Decides on `cost` permits now, never waiting.
+    /// Decides on `cost` permits now, never waiting. A cost of zero is admitted and takes
+    /// nothing.
     ///
     /// # Errors
     ///

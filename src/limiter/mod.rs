@@ -78,6 +78,8 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
     /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
+    /// A cost of zero is admitted at once and takes nothing, even from a key that has nothing
+    /// left.
     ///
     /// # Errors
     ///
@@ -132,6 +134,7 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// for a refusal, another limiter's or another key's decision, or one built by hand, which
     /// change nothing, and for an admission whose key a keyed limiter has dropped since (the
     /// key forgot it). [`Observed`](crate::observe::Observed) counts only what was taken back.
+    /// A `cost` of zero gives nothing back, yet takes the admission back (`true`).
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool;
 
     /// Settles an admission of `estimate` permits to `cost`, what the request turned out to
@@ -151,7 +154,7 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// `estimate`, so that a settle never gives back what was not taken; for an admission that
     /// holds its estimate ([`Metered`](crate::algorithm::Metered)), the decision's whole
     /// estimate, whatever `estimate` says: a hold ends once, and a part left held would never
-    /// drain.
+    /// drain. A settle to zero gives back all the admission took.
     ///
     /// No default: a limiter of your own, or a wrapper of one, says what a settle does, and
     /// cannot leave a charge out by forgetting to forward it. (The crate's limiters give back

@@ -212,3 +212,71 @@ async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
     // 54 s owed at 6 s a token: 91 of 100 left (100 had the ten come back at 6 s each).
     assert_eq!(left, 91);
 }
+
+/// A cost of zero (`Limiter::reserve`, `check_n`: "a cost of zero is admitted at once and takes
+/// nothing"): admitted on a spent key, which stays spent; a give-back of zero gives nothing back
+/// (yet the admission was this limiter's, so it is taken back); a settle to zero gives the
+/// whole estimate back. The same in memory and in Redis, for every algorithm.
+async fn a_cost_of_zero_takes_nothing<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    use tower_bulwark::limiter::BoxLimiter;
+    let clock = manual_clock_at(Duration::from_secs(1000));
+    let quota = Quota::per_minute(3).unwrap();
+    let redis = propagating::<A>(store, quota, &clock, prefix, Refusals::Uncached);
+    let memory = tower_bulwark::KeyedRateLimiter::<&'static str>::builder(quota)
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build();
+    let limiters = [
+        ("memory", BoxLimiter::new(memory)),
+        ("redis", BoxLimiter::new(redis.build().unwrap())),
+    ];
+    let name = std::any::type_name::<A>();
+    for (what, limiter) in limiters {
+        let one = limiter.reserve(&"k", 1).await.unwrap();
+        let two = limiter.reserve(&"k", 2).await.unwrap();
+        assert!(one.allowed && two.allowed, "{name} {what}");
+        let zero = limiter.reserve(&"k", 0).await.unwrap();
+        assert!(
+            zero.allowed && zero.wait.is_zero(),
+            "{name} {what}: zero on a spent key"
+        );
+        assert_eq!(
+            zero.remaining, 0,
+            "{name} {what}: zero took nothing, left nothing"
+        );
+        assert!(limiter.refund(&"k", 0, one), "{name} {what}: taken back");
+        assert!(
+            limiter.settle(&"k", 0, zero, 0),
+            "{name} {what}: a settle of zero to zero"
+        );
+        // Nothing came back: the key is still spent (a Redis give-back is sent in the
+        // background, so give it the time a real one takes to land).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let spent = limiter.reserve(&"k", 1).await.unwrap();
+        assert!(
+            !spent.allowed,
+            "{name} {what}: a give-back of zero gave something back"
+        );
+        // A settle to zero gives the whole estimate back.
+        assert!(limiter.settle(&"k", 2, two, 0), "{name} {what}");
+        let mut back = false;
+        for _ in 0..200 {
+            let again = limiter.reserve(&"k", 2).await.unwrap();
+            if again.allowed {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            back,
+            "{name} {what}: a settle to zero gave the estimate back"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_of_zero_takes_nothing_in_memory_and_in_redis_for_every_algorithm() {
+    let (_server, store) = or_skip!(RedisServer::with_store("a_cost_of_zero").await);
+    for_every_algorithm!(prefixed "zero-": a_cost_of_zero_takes_nothing(&store).await);
+}
