@@ -51,7 +51,8 @@
 //!   Azure) counts instead when readable: it is the same hold to the millisecond. A date is
 //!   read against the response's own `Date` field when it has one (so the two clocks need not
 //!   agree), otherwise against the system time; a date in the past holds nothing. A 429 with
-//!   neither `Retry-After` nor a rate-limit field holds for one second.
+//!   neither a readable `Retry-After` nor a rate-limit field holds for one second (a
+//!   malformed `Retry-After` counts as none).
 //! * Quotas, on any response, in each of these dialects; of all the quotas read, the most
 //!   restrictive counts (the fewest calls left, and of those the longest window):
 //!
