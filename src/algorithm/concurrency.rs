@@ -63,7 +63,8 @@ impl Transitions for Concurrency {
                     .charged_at(now)
                     .holding(Hold::Slots)
             }
-            // Refused slots say so too, for the headers (nothing is held: a refusal gives nothing back).
+            // A refusal of slots says so too, for the headers (it holds nothing, and a refusal
+            // gives nothing back).
             Err(held) => Decision::refused(limit, limit.saturating_sub(held), RETRY, RETRY)
                 .holding(Hold::Slots),
         }

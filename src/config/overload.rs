@@ -98,9 +98,8 @@ pub(super) fn build_overload(
 
     let at =
         |e: &dyn std::fmt::Display| ConfigError::new(format!("overload.{name}"), e.to_string());
-    let limit = |limit: Option<Count<MAX_LIMIT>>| limit.map_or(0, |Count(n)| n as usize);
-    let (min, initial, max) = (s.min_limit, s.initial_limit, s.max_limit);
-    let limits = Limits::new(limit(min), limit(initial), limit(max)).map_err(|e| at(&e))?;
+    let (min, initial, max) = super::validate::filled([s.min_limit, s.initial_limit, s.max_limit]);
+    let limits = Limits::new(min, initial, max).map_err(|e| at(&e))?;
     let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| at(&e))?;
     let mut builder = Overload::builder(name)
         .limits(limits)

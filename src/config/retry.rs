@@ -84,6 +84,7 @@ mod tests {
         let defaults: super::RetrySettings = toml::from_str("").unwrap();
         assert_eq!(defaults.max_attempts, r::DEFAULT_MAX_ATTEMPTS);
         assert_eq!((super::BASE, super::CAP), (r::DEFAULT_BASE, r::DEFAULT_CAP));
+        assert_eq!(super::LONGEST, r::LONGEST);
         assert_eq!(defaults.max_wait, r::DEFAULT_MAX_WAIT);
         assert_eq!(defaults.ratio, r::DEFAULT_RATIO);
         assert_eq!(defaults.min_per_second, r::DEFAULT_MIN_PER_SECOND);

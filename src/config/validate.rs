@@ -348,16 +348,18 @@ impl PushbackSettings {
     }
 }
 
+/// Limits that [`InstancePath::limits`] filled in, as a `Limits` takes them.
+#[cfg(feature = "adaptive")]
+pub(super) fn filled(limits: [Option<Count<MAX_LIMIT>>; 3]) -> (usize, usize, usize) {
+    let [min, initial, max] = limits.map(|limit| limit.map_or(0, |Count(n)| n as usize));
+    (min, initial, max)
+}
+
 impl AdaptiveBulkheadSettings {
     /// The lowest, initial and highest limit (filled in by the validation).
     #[cfg(feature = "adaptive")]
     pub(super) fn limits(&self) -> (usize, usize, usize) {
-        let limit = |value: Option<Count<MAX_LIMIT>>| value.map_or(0, |Count(n)| n as usize);
-        (
-            limit(self.min_limit),
-            limit(self.initial_limit),
-            limit(self.max_limit),
-        )
+        filled([self.min_limit, self.initial_limit, self.max_limit])
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {

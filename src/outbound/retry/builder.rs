@@ -124,7 +124,7 @@ pub(crate) const DEFAULT_MIN_PER_SECOND: u32 = 3;
 pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
 /// The longest backoff cap, budget window and `max_wait`: an hour.
-const LONGEST: Duration = Duration::from_secs(3600);
+pub(crate) const LONGEST: Duration = Duration::from_secs(3600);
 
 /// The default rule of what may be sent twice: the idempotent methods of RFC 9110 (GET, HEAD,
 /// OPTIONS, TRACE, PUT, DELETE), and a request of any method that carries an

@@ -112,7 +112,7 @@ pub use self::builder::{idempotent, Retry, RetryBuilder};
 #[cfg(test)]
 pub(crate) use self::builder::{
     DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_WAIT, DEFAULT_MIN_PER_SECOND,
-    DEFAULT_RATIO, DEFAULT_WINDOW,
+    DEFAULT_RATIO, DEFAULT_WINDOW, LONGEST,
 };
 pub(crate) use self::future::{Attempt, Skipped};
 pub use self::layer::RetryRequest;
