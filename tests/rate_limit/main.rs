@@ -20,6 +20,8 @@ mod attack_settle;
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod attack_slots;
 #[cfg(feature = "axum")]
+mod attack_tier_slots;
+#[cfg(feature = "axum")]
 mod contention;
 #[cfg(feature = "axum")]
 mod exemptions;
