@@ -218,6 +218,9 @@ enum Placed {
     Shadow,
     Advertised,
     CostTwo,
+    /// With a `count_if` that never counts, or a settle to zero: a concurrent hold ignores both.
+    NeverCounts,
+    SettledToZero,
     RateBefore,
     RateAfter,
     /// After or before a rate policy of three a minute, which refuses some of the script.
@@ -238,6 +241,8 @@ fn placed<L: Limiter<HeaderValue> + Clone>(
         Placed::Shadow => limited(policy.shadow(), ends, plain_answer),
         Placed::Advertised => limited(policy.shadow_advertised(), ends, plain_answer),
         Placed::CostTwo => limited(policy.cost(2), ends, plain_answer),
+        Placed::NeverCounts => limited(policy.count_if(|_| false), ends, plain_answer),
+        Placed::SettledToZero => limited(policy.settle_by(|_| Some(0)), ends, plain_answer),
         Placed::RateBefore | Placed::TightRateBefore => {
             limited(rate().and(policy), ends, plain_answer)
         }
@@ -265,12 +270,20 @@ async fn compare<L: Limiter<HeaderValue> + Clone>(
 /// advertise the tier's slots as a concurrent policy's"; CHANGELOG (2026-12-06, later): "its
 /// responses now advertise slots [...] as a concurrent policy's do". A one-tier `Tiers` of two
 /// slots against `Policy::concurrent` of two, alone, in shadow, advertised in shadow, at a cost
-/// of two, and after or before a rate policy: every request of one script is told the same, and
-/// admitted or refused alike.
+/// of two, with a `count_if` or settle ("A concurrent policy keeps its hold"), and after or
+/// before a rate policy: every request of one script is told the same, and admitted alike.
 #[tokio::test]
 async fn tiers_of_slots_say_what_a_concurrent_policy_says_wherever_placed() {
     use Placed::*;
-    for how in [Alone, Shadow, Advertised, CostTwo, RateBefore, RateAfter] {
+    let all = [
+        Alone,
+        Shadow,
+        Advertised,
+        CostTwo,
+        NeverCounts,
+        SettledToZero,
+    ];
+    for how in all.into_iter().chain([RateBefore, RateAfter]) {
         let tiers = Tiers::new(|_: &HeaderValue| "only", "only", slots(2));
         let (got, want) = compare(streams(tiers), how).await;
         assert_eq!(got, want, "{how:?}");
@@ -537,31 +550,6 @@ async fn every_way_a_tiered_request_ends_gives_its_slot_back_once() {
         assert_admitted(&s, 3, 0, how);
         assert_refused(&open(&service, "pro-1").await.0, 3, how);
         drop((held, last));
-    }
-}
-
-/// `src/rate_limit/concurrent.rs`: in `Tiers`, the layer gives the slots back "when the
-/// request ends (the body's end with `wrap_body`, else the response's head)". Without
-/// `wrap_body`, a tier's slot comes back with each response's head, so a tenant of one slot is
-/// admitted again while its first body is still held, and the layer builds without a panic.
-#[tokio::test]
-async fn without_the_body_a_tiers_slot_comes_back_with_the_head() {
-    use tower::Layer;
-    let ends = Arc::new(Semaphore::new(0));
-    let layer = tower_bulwark::RateLimitLayer::new(streams(plans(1, 3)));
-    let service = layer.layer(crate::common::held_stream::handler(
-        Arc::clone(&ends),
-        plain_answer,
-    ));
-    let mut held = Vec::new();
-    for round in 0..3 {
-        let response = service
-            .clone()
-            .oneshot(from("free-1", "stream"))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "round {round}");
-        held.push(response);
     }
 }
 
