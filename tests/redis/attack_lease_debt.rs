@@ -288,6 +288,8 @@ async fn the_key_pays_the_capped_debt_and_no_more<A: RedisAlgorithm + Algorithm>
     }
 }
 
+/// [`shares_keep_what_the_capped_debt_leaves`] (builder, `lease`: "A settle's debt is taken
+/// from the share as far as it holds"; the CHANGELOG's cap) under GCRA and the window algorithms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_keeps_what_the_capped_debt_leaves_under_every_algorithm() {
     let server = or_skip!(RedisServer::start("attack_lease_debt_unused"));
@@ -296,6 +298,8 @@ async fn a_share_keeps_what_the_capped_debt_leaves_under_every_algorithm() {
     shares_keep_what_the_capped_debt_leaves::<SlidingCounter>(&server.url()).await;
 }
 
+/// [`the_key_pays_the_capped_debt_and_no_more`] (builder, `lease`: "what every instance admits
+/// together keeps to the quota"; the CHANGELOG's cap) under GCRA and the window algorithms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_pays_the_capped_debt_and_no_more_under_every_algorithm() {
     let server = or_skip!(RedisServer::start("attack_lease_debt_paid"));
@@ -393,6 +397,8 @@ async fn settles_without_leases_are_memory_s<A: RedisAlgorithm + Algorithm>(url:
     }
 }
 
+/// [`settles_without_leases_are_memory_s`] (the Redis module: a client clock "makes the
+/// decisions identical to the in-memory limiter's") under GCRA and the window algorithms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settles_without_leases_are_memory_s_under_every_algorithm() {
     let server = or_skip!(RedisServer::start("attack_lease_debt_plain"));
