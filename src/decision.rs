@@ -289,12 +289,16 @@ impl Decision {
     }
 
     /// What this decision tells a client, as a decision that gives nothing back: for the
-    /// crate's own bookkeeping once the decision itself has been consumed by a refund.
+    /// crate's own bookkeeping once the decision itself has been consumed by a refund. A
+    /// report of slots still says it is one, for the headers (it takes nothing back: it was
+    /// taken from nothing).
     pub(crate) fn report(&self) -> Decision {
+        let slots = self.admission.hold == Hold::Slots;
         Decision {
             admission: Admission {
                 cost: 0,
                 tier: self.admission.tier,
+                hold: if slots { Hold::Slots } else { Hold::Nothing },
                 ..Admission::default()
             },
             ..*self

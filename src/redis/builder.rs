@@ -200,7 +200,9 @@ impl RedisRateLimiterBuilder {
     /// * A call that may wait (a quota's `max_wait`) and finds no share is decided in Redis; a
     ///   reservation then falls due only after every lease out has ended, since their permits
     ///   may be spent until then.
-    /// * What a share holds unused goes back when its lease is over (or with the next lease);
+    /// * What a share holds unused goes back when its lease is over (or with the next lease,
+    ///   or before the debt of a settle that comes after the lease is over, which it would
+    ///   otherwise stand behind);
     ///   an instance that dies holding one leaves its permits unused until twice the lease's
     ///   length has passed (the quota is under-used, never over-used).
     /// * At most 64 leases of one key are out at once; an instance is refused until one comes

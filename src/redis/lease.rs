@@ -317,18 +317,27 @@ impl Leases {
     /// Takes what it can of a `debt` of more permits from `key`'s share, for an admission from
     /// the lease `id` at `now` (all of it if the share still holds it): the permits taken. The
     /// rest is charged in Redis, and the share is spent first, so that it admits nothing the
-    /// debt should have waited for.
-    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> u32 {
+    /// debt should have waited for. A share whose lease is over pays nothing and ends here,
+    /// with the permits it held unused (returned second): they go back to Redis before the
+    /// debt is charged, since behind the debt GCRA and the fixed window could no longer tell
+    /// them from it, and would keep them.
+    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> (u32, Option<u32>) {
         let charge = |held: &mut Held| {
-            let taken = if now < held.until {
-                held.left.min(debt)
+            if now < held.until {
+                let taken = held.left.min(debt);
+                held.left -= taken;
+                (taken, None)
+            } else if debt == 0 {
+                (0, None)
             } else {
-                0
-            };
-            held.left -= taken;
-            taken
+                (0, Some(held.end(u64::MAX).1))
+            }
         };
-        self.with_lease(key, id, charge).unwrap_or(0)
+        let (taken, ended) = self.with_lease(key, id, charge).unwrap_or((0, None));
+        if let Some(unused) = ended {
+            self.count_ended(unused);
+        }
+        (taken, ended)
     }
 
     /// What these leases have done since they were made: the lease counts of

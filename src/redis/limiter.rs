@@ -409,6 +409,8 @@ impl Inner {
         }
         // A hold's settle: the call, and the cost it charges.
         let mut settle = None;
+        // The end of a lease that is over, sent before the charge (see `Leases::charge`).
+        let mut lease_end = None;
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
                 self.fail_mode.change(key, decision, estimate, cost);
@@ -441,10 +443,11 @@ impl Inner {
                     let capacity = self.quota.load().capacity;
                     let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
                     let now = self.clock.now();
-                    let taken = leases.charge(&key, lease, debt, now);
+                    let (taken, unused) = leases.charge(&key, lease, debt, now);
                     if taken == debt {
                         return None;
                     }
+                    lease_end = unused.map(|unused| Operation::EndLease { id: lease, unused });
                     // What the share could not pay is charged in Redis.
                     change = Change::Charge {
                         estimate: estimate + taken,
@@ -472,6 +475,10 @@ impl Inner {
                     (Operation::Charge, debt)
                 }
             };
+            if let Some(end) = lease_end {
+                // Failures are counted and logged inside; the lease ends in Redis anyway.
+                let _ = (inner.bounded(&quota, inner.run_script(&quota, &key, end, 0))).await;
+            }
             let call = async {
                 let reply = inner.run_script(&quota, &key, operation, cost).await?;
                 reply.applied("the answer to a refund or a charge")

@@ -562,7 +562,6 @@ async fn every_way_a_tiered_request_ends_gives_its_slot_back_once() {
 /// `"streams";q=2;qu="concurrent-requests"`; the same for `Tiers` of a `BoxLimiter` of slots
 /// and for a `BoxLimiter` of slots in `Policy::new`.
 #[tokio::test]
-#[ignore = "found by attack: a refusal by another policy advertises tiered slots as a rate (q=2;w=1)"]
 async fn a_refusal_by_another_policy_still_advertises_tiered_slots() {
     for how in [Placed::TightRateBefore, Placed::TightRateAfter] {
         let tiers = Tiers::new(|_: &HeaderValue| "only", "only", slots(2));

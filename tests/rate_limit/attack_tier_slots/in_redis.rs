@@ -64,7 +64,6 @@ async fn each_plan_in_redis_advertises_its_own_slots() {
 /// slots are kept in Redis and whose request a rate policy (one a minute) refuses is told
 /// its tier's slots as slots. Broken as in memory: `"streams";q=3;w=1`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "found by attack: a refusal by another policy advertises Redis tiered slots as a rate (q=3;w=1)"]
 async fn a_refusal_by_another_policy_still_advertises_redis_tiered_slots() {
     let (_server, store) = or_skip!(RedisServer::with_store("attack_tier_slots_veto").await);
     let ends = Arc::new(Semaphore::new(0));
