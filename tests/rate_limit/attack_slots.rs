@@ -5,7 +5,7 @@
 //! (`outbound::quota::ClientQuotaLayer`, with `settle_by` and `SettleLater`). Each request ends
 //! every way it can; the slots are counted after it by streams opened in a row.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -212,17 +212,7 @@ async fn an_open_stream_holds_its_pooled_or_tiered_slot_until_its_body_ends() {
 /// not to pro (still full), and once `t` is free again it has exactly its one slot.
 #[tokio::test]
 async fn a_slot_goes_back_to_the_tier_that_granted_it_after_the_plan_changed() {
-    let pro = Arc::new(AtomicBool::new(false));
-    let plan = {
-        let pro = pro.clone();
-        move |_: &HeaderValue| {
-            if pro.load(Ordering::SeqCst) {
-                "pro"
-            } else {
-                "free"
-            }
-        }
-    };
+    let (pro, plan) = crate::attack_tier_slots::switched_plan();
     let plans = Tiers::new(plan, "free", slots(1)).tier("pro", slots(2));
     let ends = Arc::new(Semaphore::new(0));
     let service = limited(

@@ -23,16 +23,6 @@ fn plans_in(
     Tiers::new(plan, "free", slots_in(store, "free:", 1)).tier("pro", slots_in(store, "pro:", 3))
 }
 
-/// `tenant`'s first admission through `service` once a slot given back has reached Redis
-/// (bounded: ten seconds).
-async fn admitted_once_back(service: &Limited, tenant: &str) -> (Said, Response) {
-    crate::common::first_within_ten_seconds("no slot came back", || async {
-        let (s, response) = open(service, tenant).await;
-        (s.status == StatusCode::OK).then_some((s, response))
-    })
-    .await
-}
-
 /// `Policy::concurrent_in_redis`: "the headers and refusals say what they say, as in
 /// memory"; `ConcurrencyLimiter`: in `Tiers`, "the headers advertise the tier's slots as a
 /// concurrent policy's"; CHANGELOG: "in memory and in Redis". Free and pro tenants with
@@ -43,26 +33,12 @@ async fn each_plan_in_redis_advertises_its_own_slots() {
     let (_server, store) = or_skip!(RedisServer::with_store("attack_tier_slots").await);
     let ends = Arc::new(Semaphore::new(0));
     let service = limited(streams(plans_in(&store)), &ends, plain_answer);
-    let mut pro = Vec::new();
-    for left in [2, 1, 0] {
-        let (s, response) = open(&service, "pro-1").await;
-        assert_admitted(&s, 3, left, "pro");
-        pro.push(response);
-    }
-    assert_refused(&open(&service, "pro-1").await.0, 3, "pro, all held");
-    let (s, free) = open(&service, "free-1").await;
-    assert_admitted(&s, 1, 0, "free");
-    assert_refused(&open(&service, "free-1").await.0, 1, "free, held");
-    end(&ends, pro.remove(0)).await;
-    let (s, again) = admitted_once_back(&service, "pro-1").await;
-    assert_admitted(&s, 3, 0, "the ended stream's slot");
-    assert_refused(&open(&service, "pro-1").await.0, 3, "back once");
-    drop((pro, again, free));
+    drop(plans_say_their_own_slots(&service, &ends).await);
 }
 
 /// As `a_refusal_by_another_policy_still_advertises_tiered_slots`, in Redis: a tenant whose
 /// slots are kept in Redis and whose request a rate policy (one a minute) refuses is told
-/// its tier's slots as slots. Broken as in memory: `"streams";q=3;w=1`.
+/// its tier's slots as slots (found by attack: it said `"streams";q=3;w=1`, as in memory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_by_another_policy_still_advertises_redis_tiered_slots() {
     let (_server, store) = or_skip!(RedisServer::with_store("attack_tier_slots_veto").await);
