@@ -18,6 +18,15 @@ use crate::{decision::Decision, Quota};
 /// weakness is the edge: `permits` at the end of one cycle and `permits` at the start of the next
 /// are `2 · permits` within a short span. The burst setting does not apply.
 ///
+/// Across a change of quota, reservations made before it keep the cycles they fall due in: until
+/// the last of them falls due, the count frees their slots no faster than the quota that slotted
+/// them. A raised limit applies from the cycle that last one falls due in (before it, the key
+/// admits no more than the old limit would have let it); a lowered one at once (the count,
+/// reservations included, drains by it, slower than they fall due, so a cycle holds no more than
+/// the larger of its reservations and the new limit); after a change of period, whose cycles need
+/// not line up with the old ones, the count frees nothing until the cycle that last one falls due
+/// in has ended. Without a reservation ahead, or without a change, none of this applies.
+///
 /// A clock reading older than the latest one the key has seen is decided as of that latest
 /// reading (the state keeps it), so a stale reading never lands in a cycle that has ended.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +52,10 @@ pub(crate) struct Window {
     /// One more than the reading at which a change of period last numbered `cycle` anew, zero
     /// for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
+    /// The limit and the period in force at the key's latest touch: the quota that laid out
+    /// the slots of its reservations ahead (see [`FixedWindow::laid_out`]).
+    pub(crate) slot_limit: u64,
+    pub(crate) slot_period: u64,
 }
 
 impl FixedWindow {
@@ -80,6 +93,8 @@ impl FixedWindow {
     /// (see [`Timeline::numbered`]), refreshed to it.
     fn advance(&self, w: &mut Window, now: u64) -> u64 {
         (self.timeline).renumber(&mut w.cycle, &mut w.renumbered, w.latest);
+        w.used = self.laid_out(w, w.cycle);
+        (w.slot_limit, w.slot_period) = (self.limit, self.timeline.period);
         let now = super::advance_latest(&mut w.latest, now);
         self.refresh(w, now);
         now
@@ -91,7 +106,32 @@ impl FixedWindow {
         let cycle = self.cycle_of(super::as_of(now, w.latest));
         let numbered = self.timeline.numbered(w.cycle, w.latest);
         let granted = cycle.saturating_sub(numbered).saturating_mul(self.limit);
-        w.used.saturating_sub(granted)
+        self.laid_out(w, numbered).saturating_sub(granted)
+    }
+
+    /// `w.used`, its cycle numbered `cycle`, with the slots of its reservations ahead laid out
+    /// by this quota. They were slotted by the quota in force at the key's latest touch, which
+    /// frees its `slot_limit` slots a cycle; where it has changed since and a reservation still
+    /// stands ahead (the count past that limit, `reserved_until` after the latest reading), the
+    /// count grows by what this quota frees more than that one until the last of them falls
+    /// due, so that none of their slots is freed before: `(limit − slot_limit)` a cycle for a
+    /// raised limit (nothing for a lowered one), and after a change of period, whose cycles
+    /// need not line up with the old ones, all it frees, `limit` a cycle. Below 2^53, the
+    /// bound of every count.
+    fn laid_out(&self, w: &Window, cycle: u64) -> u64 {
+        let period = self.timeline.period;
+        let unchanged = w.slot_limit == self.limit && w.slot_period == period;
+        if unchanged || w.used <= w.slot_limit || w.reserved_until <= w.latest {
+            return w.used;
+        }
+        let ahead = self.cycle_of(w.reserved_until).saturating_sub(cycle);
+        let per_cycle = if w.slot_period == period {
+            self.limit.saturating_sub(w.slot_limit)
+        } else {
+            self.limit
+        };
+        let laid_out = w.used.saturating_add(per_cycle.saturating_mul(ahead));
+        laid_out.min(Quota::MAX_PERMITS - 1).max(w.used)
     }
 
     pub(crate) fn step(&self, w: &mut Window, now: u64, cost: u32, max_wait: u64) -> Decision {
@@ -186,10 +226,12 @@ impl Transitions for FixedWindow {
     /// Every key keeps its cycle and its count. The new limit applies from the change, to the
     /// cycle in progress too: a key that used 9 of 10 and whose limit becomes 20 has 11 left in
     /// it, and a count above a lowered limit is debt that the next cycles pay, as a reservation's
-    /// is. A new period keeps the cycle in progress (its number and its start) and makes it end
-    /// one new period after its start, or at the change if that instant has passed; the cycles
-    /// after it last the new period. So the cycle of the change admits at most the larger of the
-    /// two limits, and no cycle starts afresh because of the change.
+    /// is. (A key with reservations ahead lays them out anew when next touched, so that they
+    /// keep the cycles they fall due in: see the guarantee above and `laid_out`.) A new period
+    /// keeps the cycle in progress (its number and its start) and makes it end one new period
+    /// after its start, or at the change if that instant has passed; the cycles after it last
+    /// the new period. So the cycle of the change admits at most the larger of the two limits,
+    /// and no cycle starts afresh because of the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
         let limit = u64::from(quota.permits());
         let timeline = self.timeline.with_period(quota.period_nanos(), now);
@@ -218,7 +260,7 @@ impl Transitions for FixedWindow {
             0
         } else {
             let cycle = self.timeline.numbered(w.cycle, w.latest);
-            self.cycle_start(cycle + w.used.div_ceil(self.limit))
+            self.cycle_start(cycle + self.laid_out(&w, cycle).div_ceil(self.limit))
         }
     }
 }
