@@ -2,7 +2,8 @@
 -- c = the last cycle seen, u = permits used in it (above the limit: debt of later cycles),
 -- l = the latest clock reading; an older reading is decided as of it; d = the period `c` counts
 -- in (absent: the current period); v = the latest instant a reservation falls due (until then a
--- count above the limit may hold a waiting caller's slots; afterwards it is only debt).
+-- count above the limit may hold a waiting caller's slots; afterwards it is only debt); s = the
+-- limit in force when `v` was written (absent: the current limit).
 -- ARGV[8] period, ARGV[9] limit
 --
 -- Leases (ops 'l' and 'e', arguments in `prelude.lua`): a share of the current cycle's permits,
@@ -13,7 +14,7 @@
 local key = KEYS[1]
 local period = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x', 'v')
+local state = redis.call('HMGET', key, 'c', 'u', 'l', 'd', 'x', 'v', 's')
 local c = stored(state[1], 0)
 local u = stored(state[2], 0)
 local latest = stored(state[3], 0)
@@ -22,8 +23,22 @@ local reserved_until = stored(state[6], 0)
 now = math.max(now, latest)
 -- The quota's period changed since the key was written: its count moves, whole, to the cycle of
 -- this period that holds its latest reading, and is refreshed from there like any other.
-if stored(state[4], period) ~= period then
+local moved = stored(state[4], period) ~= period
+if moved then
   c = idiv(latest, period)
+end
+-- Reservations ahead slotted by a quota since changed (its limit `s`, its period `d`): the count
+-- grows by what this quota frees more than that one until the last of them falls due, so that
+-- none of their slots is freed before (`limit - s` a cycle for a raised limit, nothing for a
+-- lowered one; `limit` a cycle after a change of period), below 2^53. As in memory, which keeps
+-- the count so laid out when it refuses too: so a refusal saves it here.
+local relaid = reserved_until > latest and (moved or stored(state[7], limit) ~= limit)
+if relaid then
+  local per_cycle = limit
+  if not moved then
+    per_cycle = math.max(limit - stored(state[7], limit), 0)
+  end
+  u = math.max(u, math.min(u + per_cycle * (idiv(reserved_until, period) - c), 9007199254740991))
 end
 
 -- Refresh: every cycle that started since `c` grants `limit` permits.
@@ -53,9 +68,9 @@ local function save()
     redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', write_leases(leases))
     -- A reservation ahead holds slots beyond the limit: with none, nothing is outstanding.
     if u > limit and reserved_until > now then
-      redis.call('HSET', key, 'v', int(reserved_until))
+      redis.call('HSET', key, 'v', int(reserved_until), 's', ARGV[9])
     elseif state[6] then
-      redis.call('HDEL', key, 'v')
+      redis.call('HDEL', key, 'v', 's')
     end
     expire_in(key, reset_after())
   end
@@ -88,7 +103,7 @@ if op == 'l' then
   local available = math.max(limit - u, 0)
   if available < cost or not lease_room(leases) then
     -- Nothing leased: when the next cycles give `cost` permits.
-    if lease_back > 0 then
+    if lease_back > 0 or relaid then
       save()
     end
     local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
@@ -143,5 +158,8 @@ if wait <= max_wait then
   reserved_until = math.max(reserved_until, now + wait)
   save()
   return decision(1, 0, 0, reset_after(), wait, now + wait)
+end
+if relaid then
+  save()
 end
 return decision(0, math.max(limit - u, 0), wait, reset_after(), 0, 0)
