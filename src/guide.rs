@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | [`Gcra`](crate::algorithm::Gcra) (default) | one 128-bit word: the TAT and the key's latest reading | over any span `S`, at most `burst + S / T` permits (`T = period / permits`) | nothing to speak of; it is a smoothed token bucket |
 //! | [`Metered`](crate::algorithm::Metered) (for costs settled after the answer) | three `u64`s (settled TAT, permits held, latest reading) and a mutex | as GCRA, counting each request in flight at its estimate until it settles, then at its settled cost as of its admission: settles are exact | estimates in flight do not drain with time; every admission must be settled (the crate's layers see to it); in Redis, a live instance renews its holds, a hold no one renews (its instance died) stands after `hold_for` (30 s by default), its estimate charged, and a key keeps at most 256 holds |
-//! | [`FixedWindow`](crate::algorithm::FixedWindow) | five `u64`s (the cycle, the permits used, the latest reading, when its latest reservation falls due, a change of period's mark) and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
+//! | [`FixedWindow`](crate::algorithm::FixedWindow) | seven `u64`s (the cycle, the permits used, the latest reading, when its latest reservation falls due, a change of period's mark, the limit and period its reservations were slotted by) and a mutex | at most `permits` per cycle, cycles counted from the limiter's creation (Resilience4j) | up to `2 · permits` across a cycle boundary |
 //! | [`SlidingLog`](crate::algorithm::SlidingLog) | one entry per admission instant, up to `permits` | at most `permits` in every interval of length `period` (exact), reservations included | memory grows with the limit |
 //! | [`SlidingCounter`](crate::algorithm::SlidingCounter) | three counters, the window index, the latest reading and a change of period's mark, and a mutex | at most `permits` per fixed window; at most `2 · permits` in any sliding window; steady traffic below the rate is never refused | approximate when traffic bunches at a window's end |
 //!
@@ -158,11 +158,15 @@
 //! still lands on it (below). A Redis key deleted outside the crate (by hand, or by a
 //! `maxmemory` eviction policy) and written anew at the same instant is a known limit: a
 //! give-back of an admission of the deleted key reaches the new state, up to that admission's
-//! cost more than the new key's quota (`tests/redis/attack_two.rs`). Known limits as well, each an ignored test with its numbers in
-//! `tests/limiter/attack_direct/second.rs` and `tests/redis/attack_two.rs`: a fixed window's
-//! reservations ahead of a change of its limit or period count in the cycles the new quota
+//! cost more than the new key's quota (`tests/redis/attack_two.rs`). A known limit as well, an
+//! ignored test with its numbers in `tests/limiter/attack_direct/second.rs`: a sliding
+//! counter's reservations ahead of a shortened period count in the windows the new period
 //! spreads them to, not the ones they fall due in (up to the reserved permits more in one
-//! cycle), and so does a sliding counter's next window when the period shortens, in memory.
+//! window), in memory. A fixed window's count them in the cycles they fall due in, in memory
+//! and in Redis: until the last of them falls due, the count frees their slots no faster than
+//! the quota that slotted them (see [`FixedWindow`](crate::algorithm::FixedWindow);
+//! `attack_two_*fixed_window_raised_limit_with_reservations_ahead`,
+//! `attack_two_*fixed_window_shortened_period_with_reservations_ahead`, `attack_quota_*`).
 //!
 //! A settle's debt that comes for a key dropped since (idle) is charged to the key made afresh,
 //! where the dropped state would have had it; only where the key's shard is full of live keys
