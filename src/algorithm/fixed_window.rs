@@ -303,4 +303,25 @@ mod tests {
                 .allowed
         );
     }
+
+    #[test]
+    fn a_raised_limit_leaves_reservations_ahead_their_cycles() {
+        let fw = FixedWindow::new(&Quota::per_second(10).unwrap(), 0);
+        let (st, latest) = (FixedWindowState::default(), LatestReading::default());
+        // 10 taken at 0.5 s, then 10 reserved due at 1 s and 10 at 2 s.
+        for (n, wait) in [(10, 0), (20, 2 * S)] {
+            for _ in 0..n {
+                assert!(fw.decide(&st, &latest, S / 2, 1, wait).allowed);
+            }
+        }
+        assert!(!fw.decide(&st, &latest, S / 2, 1, 2 * S).allowed);
+        let raised = fw.with_quota(&Quota::per_second(20).unwrap(), S / 2);
+        let admitted = |at| {
+            (0..30)
+                .filter(|_| raised.decide(&st, &latest, at, 1, 0).allowed)
+                .count()
+        };
+        // 10 due at 1 s and at 2 s: the raise applies from 2 s, the cycle of the last.
+        assert_eq!([admitted(S), admitted(2 * S), admitted(3 * S)], [0, 10, 20]);
+    }
 }

@@ -1,7 +1,10 @@
 //! Second attack on the give-backs: GCRA's "the key's latest admission" test (its TAT and the
 //! shard's moved-back mark) under settles to more, quota changes, stale readings, several keys of
 //! one shard and threads; the window algorithms' renumbering under keyed limiters, threads, limit
-//! changes, boundaries and a full shard. Each test asserts a promise a user relies on.
+//! changes, boundaries and a full shard; the fixed window's reservations across changes of its
+//! limit and period. Each test asserts a promise a user relies on.
+
+use std::collections::BTreeMap;
 
 use super::*;
 
@@ -703,4 +706,192 @@ fn a_key_is_not_dropped_before_its_latest_reading() {
         !limiter.check(&1).allowed,
         "the request read at 6 s took the permit of 10 s"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Reservations standing across changes of the limit (raised, lowered, several in a row) and
+//    of the period, through a keyed limiter and a direct one: every window holds what falls due
+//    in it and what it admits at once, no more than the limit in force (the larger of two, in
+//    the window of a change), and, where a lowered limit left more due in it than that, admits
+//    nothing (`FixedWindow`'s guarantee across a change of quota).
+
+/// One key of a keyed limiter, or a direct limiter, on a manual clock.
+struct Under {
+    check: Box<dyn Fn() -> bool>,
+    reserve: Box<dyn Fn() -> Option<Decision>>,
+    set: Box<dyn Fn(Quota)>,
+}
+
+fn keyed_under(q: Quota, clock: &ManualClock) -> Under {
+    let l = Arc::new(keyed::<FixedWindow, _>(
+        q,
+        clock.clone(),
+        1000,
+        Overflow::default(),
+    ));
+    let (a, b) = (l.clone(), l.clone());
+    Under {
+        check: Box::new(move || a.check(&0).allowed),
+        reserve: Box::new(move || reserve(&b, 0, 1)),
+        set: Box::new(move |q| l.set_quota(q)),
+    }
+}
+
+fn direct_under(q: Quota, clock: &ManualClock) -> Under {
+    let l = Arc::new(direct::<FixedWindow, _>(q, clock.clone()));
+    let (a, b) = (l.clone(), l.clone());
+    Under {
+        check: Box::new(move || a.check().allowed),
+        reserve: Box::new(move || {
+            let d = Limiter::<()>::reserve_now(&*b, &(), 1).expect("in memory");
+            d.ok().filter(|d| d.allowed)
+        }),
+        set: Box::new(move |q| l.set_quota(q)),
+    }
+}
+
+/// What one window saw: the most permits in force in it, the latest quota in force in it (its
+/// index in the changes), what it admitted at once, and the reservations due in it, all of them
+/// and those made under an earlier quota.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    limit: u64,
+    quota: usize,
+    admitted: u64,
+    due: u64,
+    due_from_before: u64,
+}
+
+/// From 0 to 10 s, every 250 ms: checks until one is refused, then reservations of one permit
+/// until one is refused (each counted in the window it falls due in); at a change's instant, the
+/// change, then the same again. `changes` are the quotas in force from their instants, the first
+/// from 0 (the limiter's creation); a change of period comes only at an instant both periods
+/// divide, so that the windows are whole periods of the one in force from there. Every window
+/// that ends by 10 s holds what falls due in it and what it admits at once, no more than its
+/// limit (the larger of two, in the window of a change) or the reservations made under an
+/// earlier quota that fall due in it, whichever is more: a lowered limit cannot take back what
+/// was promised under the old one, and nothing may be added to it.
+fn windows_keep_their_reservations(
+    make: fn(Quota, &ManualClock) -> Under,
+    changes: &[(u64, Quota)],
+    what: &str,
+) {
+    const STEP: u64 = S / 4;
+    const END: u64 = 10 * S;
+    let clock = ManualClock::new();
+    let under = make(changes[0].1, &clock);
+    // The periods in force, by the instant their windows start from.
+    let period = |q: Quota| q.period().as_nanos() as u64;
+    let mut periods = vec![(0, period(changes[0].1))];
+    for &(at, q) in &changes[1..] {
+        let (new, old) = (period(q), periods.last().unwrap().1);
+        if new != old {
+            assert!(
+                at % new == 0 && at % old == 0,
+                "{what}: a change of period at {at} ns"
+            );
+            periods.push((at, new));
+        }
+    }
+    let window_of = |t: u64| {
+        let &(from, period) = periods.iter().rev().find(|(from, _)| *from <= t).unwrap();
+        let start = from + (t - from) / period * period;
+        (start, start + period)
+    };
+    let mut seen = BTreeMap::<(u64, u64), Seen>::new();
+    // The window each reservation falls due in, and the quota it was made under.
+    let mut reserved = Vec::new();
+    let mut requests = |now: u64, quota: usize, seen: &mut BTreeMap<_, Seen>| {
+        let here = seen.entry(window_of(now)).or_default();
+        here.limit = here.limit.max(u64::from(changes[quota].1.permits()));
+        here.quota = quota;
+        while (under.check)() {
+            here.admitted += 1;
+        }
+        while let Some(d) = (under.reserve)() {
+            reserved.push((window_of(now + d.wait.as_nanos() as u64), quota));
+        }
+    };
+    let mut quota = 0;
+    for now in (0..END).step_by(STEP as usize) {
+        clock.set(Duration::from_nanos(now));
+        requests(now, quota, &mut seen);
+        while quota + 1 < changes.len() && changes[quota + 1].0 == now {
+            quota += 1;
+            (under.set)(changes[quota].1);
+            requests(now, quota, &mut seen);
+        }
+    }
+    for (window, made_under) in reserved {
+        let w = seen.entry(window).or_default();
+        w.due += 1;
+        if made_under < w.quota {
+            w.due_from_before += 1;
+        }
+    }
+    for (&(start, end), w) in seen.range(..(END, 0)) {
+        assert!(
+            end > END || w.due + w.admitted <= w.limit.max(w.due_from_before),
+            "{what}: the window [{start}, {end}) ns holds {} reservations due in it ({} made \
+             under an earlier quota) and admits {} more at once, under a limit of {}; \
+             windows: {seen:?}",
+            w.due,
+            w.due_from_before,
+            w.admitted,
+            w.limit
+        );
+    }
+}
+
+/// `permits` per `period`, waiting up to 3 s.
+fn waiting(permits: u32, period: u64) -> Quota {
+    quota(permits, period, permits, 3 * S)
+}
+
+/// [`windows_keep_their_reservations`] through a keyed limiter, then a direct one.
+fn keyed_and_direct(changes: &[(u64, Quota)], what: &str) {
+    let keyed = std::panic::catch_unwind(|| {
+        windows_keep_their_reservations(keyed_under, changes, &format!("keyed, {what}"))
+    });
+    windows_keep_their_reservations(direct_under, changes, &format!("direct, {what}"));
+    if let Err(e) = keyed {
+        std::panic::resume_unwind(e);
+    }
+}
+
+attack_tests! {
+    attack_quota_fixed_window_raised_limit_with_reservations_ahead: [(|| keyed_and_direct(
+        &[(0, waiting(10, S)), (S / 2, waiting(20, S))],
+        "10 then 20 per 1 s from 0.5 s",
+    )) as fn()],
+    attack_quota_fixed_window_raised_limit_at_a_boundary: [(|| keyed_and_direct(
+        &[(0, waiting(10, S)), (2 * S, waiting(30, S))],
+        "10 then 30 per 1 s from 2 s",
+    )) as fn()],
+    attack_quota_fixed_window_lowered_limit_with_reservations_ahead: [(|| keyed_and_direct(
+        &[(0, waiting(20, S)), (S / 2, waiting(5, S))],
+        "20 then 5 per 1 s from 0.5 s",
+    )) as fn()],
+    attack_quota_fixed_window_limit_changes_in_a_row: [(|| keyed_and_direct(
+        &[
+            (0, waiting(10, S)),
+            (S / 2, waiting(20, S)),
+            (7 * S / 2, waiting(8, S)),
+            (15 * S / 4, waiting(12, S)),
+            (21 * S / 4, waiting(30, S)),
+            (17 * S / 2, waiting(5, S)),
+        ],
+        "10, 20, 8, 12, 30, 5 per 1 s",
+    )) as fn()],
+    attack_quota_fixed_window_period_changes_in_a_row: [(|| keyed_and_direct(
+        &[
+            (0, waiting(10, S)),
+            (S, waiting(10, S / 2)),
+            (4 * S, waiting(20, 2 * S)),
+            (6 * S, waiting(10, S / 4)),
+            (13 * S / 2, waiting(40, S / 4)),
+            (7 * S, waiting(30, S)),
+        ],
+        "10 per 1 s, 10 per 500 ms, 20 per 2 s, 10 then 40 per 250 ms, 30 per 1 s",
+    )) as fn()],
 }
