@@ -1,8 +1,10 @@
 //! Second attack on the Redis give-backs: a key deleted (evicted, or expired and then read by a
 //! client whose clock is behind) and recreated at the instant of an admission made before, whose
 //! give-back must then find nothing to give (GCRA: the TAT it left; the sliding counter: its
-//! numbering `g`); a limit raised while fixed-window reservations stand ahead; GCRA schedules of
-//! admissions, give-backs, debts and quota changes against a replay of what was kept. And the
+//! numbering `g`); a limit raised while fixed-window reservations stand ahead, and several
+//! changes of the limit and the period (against an in-memory twin where the limit changes); GCRA
+//! schedules of admissions, give-backs, debts and quota changes against a replay of what was
+//! kept. And the
 //! first attack's: the sliding counter's numbering and leases' window marks across changes of
 //! period.
 
@@ -492,4 +494,179 @@ async fn attack_period_lease_ended_across_two_changes_of_period() {
         admitted <= 10,
         "{admitted} admitted in [1000 s, 1100 s) through two changes of period (limit 10)"
     );
+}
+
+// 7. Reservations standing across changes of the limit (raised, lowered, several in a row) and
+//    of the period, in Redis: the twin of the in-memory `attack_quota_fixed_window_*` (in
+//    `tests/limiter/attack_direct/second.rs`), from 1000 s. Every window holds what falls due
+//    in it and what it admits at once, no more than its limit (the larger of two, in the window
+//    of a change) or the reservations made under an earlier quota that fall due in it, whichever
+//    is more.
+
+/// What one window saw (as in memory): the most permits in force in it, the latest quota in
+/// force in it, what it admitted at once, and the reservations due in it, all of them and those
+/// made under an earlier quota.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    limit: u64,
+    quota: usize,
+    admitted: u64,
+    due: u64,
+    due_from_before: u64,
+}
+
+/// From 1000 s to 1010 s, every 250 ms: checks until one is refused, then reservations of one
+/// permit until one is refused; at a change's instant (from 1000 s), the change, then the same
+/// again. A change of period comes only at an instant both periods divide. Where `twin`, an
+/// in-memory limiter made at 1000 s (its cycles those of Redis, from tick zero) gets the same
+/// calls and must make the same decisions. (Not across a change of period: there a key whose
+/// latest calls were refusals moves its count from the cycle of its latest reading in memory,
+/// which a refusal moves on, and from that of its latest admission in Redis, which saves no
+/// refusal.)
+async fn fixed_window_keeps_reservations_across_changes(
+    name: &str,
+    changes: &[(u64, Quota)],
+    twin: bool,
+) {
+    const STEP: u64 = S / 4;
+    const END: u64 = 10 * S;
+    let base = 1000 * S;
+    let server = or_skip!(RedisServer::start(name));
+    let clock = manual_clock_at(Duration::from_nanos(base));
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let l =
+        crate::common::redis_server::uncached::<FixedWindow>(&store, changes[0].1, &clock, name);
+    let memory = tower_bulwark::KeyedRateLimiter::<&str>::builder(changes[0].1)
+        .algorithm::<FixedWindow>()
+        .clock(clock.clone())
+        .build();
+    // One call through both: Redis's decision, once the twin's is the same.
+    let both = |d: Decision, m: Decision, what: &str, now: u64| {
+        assert!(
+            !twin || (d.allowed, d.wait) == (m.allowed, m.wait),
+            "{name}: a {what} at {now} ns from 1000 s: {d:?} in Redis, {m:?} in memory"
+        );
+        d
+    };
+    let period = |q: Quota| q.period().as_nanos() as u64;
+    let mut periods = vec![(0, period(changes[0].1))];
+    for &(at, q) in &changes[1..] {
+        let (new, old) = (period(q), periods.last().unwrap().1);
+        if new != old {
+            assert!(
+                at % new == 0 && at % old == 0,
+                "{name}: a change of period at {at} ns"
+            );
+            periods.push((at, new));
+        }
+    }
+    let window_of = |t: u64| {
+        let &(from, period) = periods.iter().rev().find(|(from, _)| *from <= t).unwrap();
+        let start = from + (t - from) / period * period;
+        (start, start + period)
+    };
+    let mut seen = std::collections::BTreeMap::<(u64, u64), Seen>::new();
+    let mut reserved = Vec::new();
+    let mut quota = 0;
+    for now in (0..END).step_by(STEP as usize) {
+        at(&clock, base + now);
+        loop {
+            let here = seen.entry(window_of(now)).or_default();
+            here.limit = here.limit.max(u64::from(changes[quota].1.permits()));
+            here.quota = quota;
+            while both(
+                l.check(&"k").await.unwrap(),
+                memory.check(&"k"),
+                "check",
+                now,
+            )
+            .allowed
+            {
+                here.admitted += 1;
+            }
+            loop {
+                let d = tower_bulwark::Limiter::reserve(&l, &"k", 1).await.unwrap();
+                let m = tower_bulwark::Limiter::reserve(&memory, &"k", 1)
+                    .await
+                    .unwrap();
+                let d = both(d, m, "reservation", now);
+                if !d.allowed {
+                    break;
+                }
+                reserved.push((window_of(now + d.wait.as_nanos() as u64), quota));
+            }
+            if quota + 1 < changes.len() && changes[quota + 1].0 == now {
+                quota += 1;
+                l.set_quota(changes[quota].1).unwrap();
+                memory.set_quota(changes[quota].1);
+            } else {
+                break;
+            }
+        }
+    }
+    for (window, made_under) in reserved {
+        let w = seen.entry(window).or_default();
+        w.due += 1;
+        if made_under < w.quota {
+            w.due_from_before += 1;
+        }
+    }
+    for (&(start, end), w) in seen.range(..(END, 0)) {
+        assert!(
+            end > END || w.due + w.admitted <= w.limit.max(w.due_from_before),
+            "{name}: the window [{start}, {end}) ns from 1000 s holds {} reservations due in it \
+             ({} made under an earlier quota) and admits {} more at once, under a limit of {}; \
+             windows: {seen:?}",
+            w.due,
+            w.due_from_before,
+            w.admitted,
+            w.limit
+        );
+    }
+}
+
+/// `permits` per `period`, waiting up to 3 s.
+fn waiting(permits: u32, period: u64) -> Quota {
+    quota(permits, period, permits, 3 * S)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_quota_redis_fixed_window_raised_and_lowered_limits() {
+    let name = "attack_quota_fixed_raised_lowered";
+    let raised = [(0, waiting(10, S)), (S / 2, waiting(20, S))];
+    fixed_window_keeps_reservations_across_changes(&format!("{name}_raised"), &raised, true).await;
+    let boundary = [(0, waiting(10, S)), (2 * S, waiting(30, S))];
+    fixed_window_keeps_reservations_across_changes(&format!("{name}_boundary"), &boundary, true)
+        .await;
+    let lowered = [(0, waiting(20, S)), (S / 2, waiting(5, S))];
+    fixed_window_keeps_reservations_across_changes(&format!("{name}_lowered"), &lowered, true)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_quota_redis_fixed_window_limit_changes_in_a_row() {
+    let changes = [
+        (0, waiting(10, S)),
+        (S / 2, waiting(20, S)),
+        (7 * S / 2, waiting(8, S)),
+        (15 * S / 4, waiting(12, S)),
+        (21 * S / 4, waiting(30, S)),
+        (17 * S / 2, waiting(5, S)),
+    ];
+    fixed_window_keeps_reservations_across_changes("attack_quota_fixed_limits", &changes, true)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_quota_redis_fixed_window_period_changes_in_a_row() {
+    let changes = [
+        (0, waiting(10, S)),
+        (S, waiting(10, S / 2)),
+        (4 * S, waiting(20, 2 * S)),
+        (6 * S, waiting(10, S / 4)),
+        (13 * S / 2, waiting(40, S / 4)),
+        (7 * S, waiting(30, S)),
+    ];
+    fixed_window_keeps_reservations_across_changes("attack_quota_fixed_periods", &changes, false)
+        .await;
 }
