@@ -15,6 +15,7 @@ pub mod process;
 #[cfg(feature = "metrics")]
 pub mod recorded;
 pub mod redis_server;
+pub mod reservation_windows;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -404,7 +404,10 @@ fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
         ("max_wait = \"1s\"", &["queue_capacity", "max_wait"]),
         ("min_limit = 0", &["min_limit"]),
         ("max_limit = 2147483648", &["max_limit"]),
-        ("initial_limit = 4\nmin_limit = 8", &["initial_limit", "min_limit"]),
+        (
+            "initial_limit = 4\nmin_limit = 8",
+            &["initial_limit", "min_limit"],
+        ),
         ("probe_every = 0", &["probe_every"]),
         ("priority_header = \"not a header\"", &["priority_header"]),
         ("priority_header = \"\"", &["priority_header"]),

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use crate::common::quota_ns as quota;
 use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
+use crate::common::reservation_windows::{
+    limit_changes_in_a_row, period_changes_in_a_row, waiting, ReservationWindows,
+};
 use crate::common::{manual_clock_at, Rng};
 use crate::lease_hostile::strict;
 use tower_bulwark::algorithm::{FixedWindow, Gcra, SlidingCounter};
@@ -503,18 +506,6 @@ async fn attack_period_lease_ended_across_two_changes_of_period() {
 //    of a change) or the reservations made under an earlier quota that fall due in it, whichever
 //    is more.
 
-/// What one window saw (as in memory): the most permits in force in it, the latest quota in
-/// force in it, what it admitted at once, and the reservations due in it, all of them and those
-/// made under an earlier quota.
-#[derive(Clone, Copy, Debug, Default)]
-struct Seen {
-    limit: u64,
-    quota: usize,
-    admitted: u64,
-    due: u64,
-    due_from_before: u64,
-}
-
 /// From 1000 s to 1010 s, every 250 ms: checks until one is refused, then reservations of one
 /// permit until one is refused; at a change's instant (from 1000 s), the change, then the same
 /// again. A change of period comes only at an instant both periods divide. Where `twin`, an
@@ -548,32 +539,12 @@ async fn fixed_window_keeps_reservations_across_changes(
         );
         d
     };
-    let period = |q: Quota| q.period().as_nanos() as u64;
-    let mut periods = vec![(0, period(changes[0].1))];
-    for &(at, q) in &changes[1..] {
-        let (new, old) = (period(q), periods.last().unwrap().1);
-        if new != old {
-            assert!(
-                at % new == 0 && at % old == 0,
-                "{name}: a change of period at {at} ns"
-            );
-            periods.push((at, new));
-        }
-    }
-    let window_of = |t: u64| {
-        let &(from, period) = periods.iter().rev().find(|(from, _)| *from <= t).unwrap();
-        let start = from + (t - from) / period * period;
-        (start, start + period)
-    };
-    let mut seen = std::collections::BTreeMap::<(u64, u64), Seen>::new();
-    let mut reserved = Vec::new();
+    let mut windows = ReservationWindows::new(changes, name);
     let mut quota = 0;
     for now in (0..END).step_by(STEP as usize) {
         at(&clock, base + now);
         loop {
-            let here = seen.entry(window_of(now)).or_default();
-            here.limit = here.limit.max(u64::from(changes[quota].1.permits()));
-            here.quota = quota;
+            windows.request(now, quota);
             while both(
                 l.check(&"k").await.unwrap(),
                 memory.check(&"k"),
@@ -582,7 +553,7 @@ async fn fixed_window_keeps_reservations_across_changes(
             )
             .allowed
             {
-                here.admitted += 1;
+                windows.admitted(now);
             }
             loop {
                 let d = tower_bulwark::Limiter::reserve(&l, &"k", 1).await.unwrap();
@@ -593,7 +564,7 @@ async fn fixed_window_keeps_reservations_across_changes(
                 if !d.allowed {
                     break;
                 }
-                reserved.push((window_of(now + d.wait.as_nanos() as u64), quota));
+                windows.reserved(now, d.wait.as_nanos() as u64, quota);
             }
             if quota + 1 < changes.len() && changes[quota + 1].0 == now {
                 quota += 1;
@@ -604,30 +575,7 @@ async fn fixed_window_keeps_reservations_across_changes(
             }
         }
     }
-    for (window, made_under) in reserved {
-        let w = seen.entry(window).or_default();
-        w.due += 1;
-        if made_under < w.quota {
-            w.due_from_before += 1;
-        }
-    }
-    for (&(start, end), w) in seen.range(..(END, 0)) {
-        assert!(
-            end > END || w.due + w.admitted <= w.limit.max(w.due_from_before),
-            "{name}: the window [{start}, {end}) ns from 1000 s holds {} reservations due in it \
-             ({} made under an earlier quota) and admits {} more at once, under a limit of {}; \
-             windows: {seen:?}",
-            w.due,
-            w.due_from_before,
-            w.admitted,
-            w.limit
-        );
-    }
-}
-
-/// `permits` per `period`, waiting up to 3 s.
-fn waiting(permits: u32, period: u64) -> Quota {
-    quota(permits, period, permits, 3 * S)
+    windows.assert_kept(END, &format!("{name} (from 1000 s)"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -645,28 +593,14 @@ async fn attack_quota_redis_fixed_window_raised_and_lowered_limits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_quota_redis_fixed_window_limit_changes_in_a_row() {
-    let changes = [
-        (0, waiting(10, S)),
-        (S / 2, waiting(20, S)),
-        (7 * S / 2, waiting(8, S)),
-        (15 * S / 4, waiting(12, S)),
-        (21 * S / 4, waiting(30, S)),
-        (17 * S / 2, waiting(5, S)),
-    ];
+    let changes = limit_changes_in_a_row();
     fixed_window_keeps_reservations_across_changes("attack_quota_fixed_limits", &changes, true)
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_quota_redis_fixed_window_period_changes_in_a_row() {
-    let changes = [
-        (0, waiting(10, S)),
-        (S, waiting(10, S / 2)),
-        (4 * S, waiting(20, 2 * S)),
-        (6 * S, waiting(10, S / 4)),
-        (13 * S / 2, waiting(40, S / 4)),
-        (7 * S, waiting(30, S)),
-    ];
+    let changes = period_changes_in_a_row();
     fixed_window_keeps_reservations_across_changes("attack_quota_fixed_periods", &changes, false)
         .await;
 }

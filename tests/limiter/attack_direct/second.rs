@@ -4,7 +4,9 @@
 //! changes, boundaries and a full shard; the fixed window's reservations across changes of its
 //! limit and period. Each test asserts a promise a user relies on.
 
-use std::collections::BTreeMap;
+use crate::common::reservation_windows::{
+    limit_changes_in_a_row, period_changes_in_a_row, waiting, ReservationWindows,
+};
 
 use super::*;
 
@@ -750,18 +752,6 @@ fn direct_under(q: Quota, clock: &ManualClock) -> Under {
     }
 }
 
-/// What one window saw: the most permits in force in it, the latest quota in force in it (its
-/// index in the changes), what it admitted at once, and the reservations due in it, all of them
-/// and those made under an earlier quota.
-#[derive(Clone, Copy, Debug, Default)]
-struct Seen {
-    limit: u64,
-    quota: usize,
-    admitted: u64,
-    due: u64,
-    due_from_before: u64,
-}
-
 /// From 0 to 10 s, every 250 ms: checks until one is refused, then reservations of one permit
 /// until one is refused (each counted in the window it falls due in); at a change's instant, the
 /// change, then the same again. `changes` are the quotas in force from their instants, the first
@@ -780,72 +770,27 @@ fn windows_keep_their_reservations(
     const END: u64 = 10 * S;
     let clock = ManualClock::new();
     let under = make(changes[0].1, &clock);
-    // The periods in force, by the instant their windows start from.
-    let period = |q: Quota| q.period().as_nanos() as u64;
-    let mut periods = vec![(0, period(changes[0].1))];
-    for &(at, q) in &changes[1..] {
-        let (new, old) = (period(q), periods.last().unwrap().1);
-        if new != old {
-            assert!(
-                at % new == 0 && at % old == 0,
-                "{what}: a change of period at {at} ns"
-            );
-            periods.push((at, new));
-        }
-    }
-    let window_of = |t: u64| {
-        let &(from, period) = periods.iter().rev().find(|(from, _)| *from <= t).unwrap();
-        let start = from + (t - from) / period * period;
-        (start, start + period)
-    };
-    let mut seen = BTreeMap::<(u64, u64), Seen>::new();
-    // The window each reservation falls due in, and the quota it was made under.
-    let mut reserved = Vec::new();
-    let mut requests = |now: u64, quota: usize, seen: &mut BTreeMap<_, Seen>| {
-        let here = seen.entry(window_of(now)).or_default();
-        here.limit = here.limit.max(u64::from(changes[quota].1.permits()));
-        here.quota = quota;
+    let mut windows = ReservationWindows::new(changes, what);
+    let requests = |now: u64, quota: usize, windows: &mut ReservationWindows| {
+        windows.request(now, quota);
         while (under.check)() {
-            here.admitted += 1;
+            windows.admitted(now);
         }
         while let Some(d) = (under.reserve)() {
-            reserved.push((window_of(now + d.wait.as_nanos() as u64), quota));
+            windows.reserved(now, d.wait.as_nanos() as u64, quota);
         }
     };
     let mut quota = 0;
     for now in (0..END).step_by(STEP as usize) {
         clock.set(Duration::from_nanos(now));
-        requests(now, quota, &mut seen);
+        requests(now, quota, &mut windows);
         while quota + 1 < changes.len() && changes[quota + 1].0 == now {
             quota += 1;
             (under.set)(changes[quota].1);
-            requests(now, quota, &mut seen);
+            requests(now, quota, &mut windows);
         }
     }
-    for (window, made_under) in reserved {
-        let w = seen.entry(window).or_default();
-        w.due += 1;
-        if made_under < w.quota {
-            w.due_from_before += 1;
-        }
-    }
-    for (&(start, end), w) in seen.range(..(END, 0)) {
-        assert!(
-            end > END || w.due + w.admitted <= w.limit.max(w.due_from_before),
-            "{what}: the window [{start}, {end}) ns holds {} reservations due in it ({} made \
-             under an earlier quota) and admits {} more at once, under a limit of {}; \
-             windows: {seen:?}",
-            w.due,
-            w.due_from_before,
-            w.admitted,
-            w.limit
-        );
-    }
-}
-
-/// `permits` per `period`, waiting up to 3 s.
-fn waiting(permits: u32, period: u64) -> Quota {
-    quota(permits, period, permits, 3 * S)
+    windows.assert_kept(END, what);
 }
 
 /// [`windows_keep_their_reservations`] through a keyed limiter, then a direct one.
@@ -873,25 +818,11 @@ attack_tests! {
         "20 then 5 per 1 s from 0.5 s",
     )) as fn()],
     attack_quota_fixed_window_limit_changes_in_a_row: [(|| keyed_and_direct(
-        &[
-            (0, waiting(10, S)),
-            (S / 2, waiting(20, S)),
-            (7 * S / 2, waiting(8, S)),
-            (15 * S / 4, waiting(12, S)),
-            (21 * S / 4, waiting(30, S)),
-            (17 * S / 2, waiting(5, S)),
-        ],
+        &limit_changes_in_a_row(),
         "10, 20, 8, 12, 30, 5 per 1 s",
     )) as fn()],
     attack_quota_fixed_window_period_changes_in_a_row: [(|| keyed_and_direct(
-        &[
-            (0, waiting(10, S)),
-            (S, waiting(10, S / 2)),
-            (4 * S, waiting(20, 2 * S)),
-            (6 * S, waiting(10, S / 4)),
-            (13 * S / 2, waiting(40, S / 4)),
-            (7 * S, waiting(30, S)),
-        ],
+        &period_changes_in_a_row(),
         "10 per 1 s, 10 per 500 ms, 20 per 2 s, 10 then 40 per 250 ms, 30 per 1 s",
     )) as fn()],
 }
