@@ -7,6 +7,7 @@ mod common;
 #[macro_use]
 mod attack_direct;
 mod attack_evict;
+mod attack_fixed_quota;
 mod attack_memory;
 mod attack_windows;
 mod default_clock;

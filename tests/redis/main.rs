@@ -9,6 +9,7 @@ mod common;
 
 #[cfg(all(feature = "axum", feature = "reqwest"))]
 mod attack_concurrency;
+mod attack_fixed_quota;
 mod attack_lease_debt;
 #[cfg(all(feature = "config", feature = "metrics"))]
 mod attack_observe;
