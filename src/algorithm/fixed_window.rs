@@ -26,6 +26,13 @@ use crate::{decision::Decision, Quota};
 /// the larger of its reservations and the new limit); after a change of period, whose cycles need
 /// not line up with the old ones, the count frees nothing until the cycle that last one falls due
 /// in has ended. Without a reservation ahead, or without a change, none of this applies.
+/// Known limits, all on the strict side but the first: a longer period stretches the cycle in
+/// progress (see `set_quota`) over a reservation that fell due in its stretched part, which that
+/// cycle then holds beside what it admitted; a limit raised and then lowered while reservations
+/// stand ahead keeps the count the raise laid out, so the key can wait far longer than the
+/// reservations need (minutes, in the attack that found it); and a lowered limit pays off an idle
+/// key's count of an ended cycle at the new limit, so a key that was kept may wait where a key
+/// dropped meanwhile would not.
 ///
 /// A clock reading older than the latest one the key has seen is decided as of that latest
 /// reading (the state keeps it), so a stale reading never lands in a cycle that has ended.
