@@ -56,6 +56,13 @@ fn pool(changes: Changes) -> Vec<Quota> {
     q
 }
 
+/// [`schedule`] for 25 seeds, the `n`th `n × spread`.
+async fn schedules(name: &str, spread: u64, changes: Changes, give_backs: bool, twin: bool) {
+    for n in 1..=25u64 {
+        schedule(name, n.wrapping_mul(spread), changes, give_backs, twin).await;
+    }
+}
+
 /// One random schedule from `seed` on the key "k" of a Redis limiter and an in-memory twin made
 /// at 1000 s (its cycles those of Redis): every 250 ms up to 1 to 4 calls (a check, a
 /// reservation of one permit, a give-back of an admission or of a reservation before it falls
@@ -191,16 +198,14 @@ async fn schedule(name: &str, seed: u64, periods: Changes, give_backs: bool, twi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "found by attack: seed 6018027440424182931 (the 7th): limit raised while reservations stand ahead, then lowered: a reservation waits 158.75 s in Redis, 120.75 s in memory (6.75 s by the docs)"]
 async fn attack_fixed_quota_redis_limit_changes_as_memory() {
-    for seed in 1..=25u64 {
-        schedule(
-            "attack_fixed_quota_limits",
-            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            Changes::Limits,
-            false,
-            true,
-        )
-        .await;
-    }
+    schedules(
+        "attack_fixed_quota_limits",
+        0x9E37_79B9_7F4A_7C15,
+        Changes::Limits,
+        false,
+        true,
+    )
+    .await;
 }
 
 /// The same as [`attack_fixed_quota_redis_limit_changes_as_memory`], with give-backs (to zero)
@@ -209,16 +214,14 @@ async fn attack_fixed_quota_redis_limit_changes_as_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "found by attack: seed 5371643315472677434 (the 2nd), limits changed around give-backs: a reservation at 3.75 s waits 8.25 s in Redis, 10.25 s in memory (sequence in the failure's message)"]
 async fn attack_fixed_quota_redis_limit_changes_with_give_backs_as_memory() {
-    for seed in 1..=25u64 {
-        schedule(
-            "attack_fixed_quota_give_backs",
-            seed.wrapping_mul(0x2545_F491_4F6C_DD1D),
-            Changes::Limits,
-            true,
-            true,
-        )
-        .await;
-    }
+    schedules(
+        "attack_fixed_quota_give_backs",
+        0x2545_F491_4F6C_DD1D,
+        Changes::Limits,
+        true,
+        true,
+    )
+    .await;
 }
 
 /// CHANGELOG "Fixed (2026-12-06, later)": "after a change of period the count frees nothing
@@ -227,16 +230,14 @@ async fn attack_fixed_quota_redis_limit_changes_with_give_backs_as_memory() {
 /// two are documented to differ after refusals across a change of period).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_fixed_quota_redis_period_changes_keep_every_window() {
-    for seed in 1..=25u64 {
-        schedule(
-            "attack_fixed_quota_periods",
-            seed.wrapping_mul(0xD6E8_FEB8_6659_FD93),
-            Changes::Periods,
-            true,
-            false,
-        )
-        .await;
-    }
+    schedules(
+        "attack_fixed_quota_periods",
+        0xD6E8_FEB8_6659_FD93,
+        Changes::Periods,
+        true,
+        false,
+    )
+    .await;
 }
 
 /// `FixedWindow`: "Without a reservation ahead, or without a change, none of this applies";
@@ -245,17 +246,14 @@ async fn attack_fixed_quota_redis_period_changes_keep_every_window() {
 /// memory does, and every window keeps its limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_fixed_quota_redis_max_wait_changes_as_memory() {
-    for seed in 1..=25u64 {
-        let seed = seed.wrapping_mul(0xA076_1D64_78BD_642F);
-        schedule(
-            "attack_fixed_quota_max_wait",
-            seed,
-            Changes::MaxWait,
-            true,
-            true,
-        )
-        .await;
-    }
+    schedules(
+        "attack_fixed_quota_max_wait",
+        0xA076_1D64_78BD_642F,
+        Changes::MaxWait,
+        true,
+        true,
+    )
+    .await;
 }
 
 type Waits = Vec<(bool, Duration, bool, Duration)>;
