@@ -317,27 +317,18 @@ impl Leases {
     /// Takes what it can of a `debt` of more permits from `key`'s share, for an admission from
     /// the lease `id` at `now` (all of it if the share still holds it): the permits taken. The
     /// rest is charged in Redis, and the share is spent first, so that it admits nothing the
-    /// debt should have waited for. A share whose lease is over pays nothing and ends here,
-    /// with the permits it held unused (returned second): they go back to Redis before the
-    /// debt is charged, since behind the debt GCRA and the fixed window could no longer tell
-    /// them from it, and would keep them.
-    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> (u32, Option<u32>) {
+    /// debt should have waited for. `None` when the share's lease is over: it pays nothing, and
+    /// should be ended and given back before the debt is charged, since behind the debt GCRA
+    /// and the fixed window could no longer tell its unused permits from it, and would keep them.
+    pub(crate) fn charge(&self, key: &str, id: u64, debt: u32, now: u64) -> Option<u32> {
         let charge = |held: &mut Held| {
-            if now < held.until {
+            (now < held.until).then(|| {
                 let taken = held.left.min(debt);
                 held.left -= taken;
-                (taken, None)
-            } else if debt == 0 {
-                (0, None)
-            } else {
-                (0, Some(held.end(u64::MAX).1))
-            }
+                taken
+            })
         };
-        let (taken, ended) = self.with_lease(key, id, charge).unwrap_or((0, None));
-        if let Some(unused) = ended {
-            self.count_ended(unused);
-        }
-        (taken, ended)
+        self.with_lease(key, id, charge).unwrap_or(Some(0))
     }
 
     /// What these leases have done since they were made: the lease counts of
@@ -503,14 +494,20 @@ impl Inner {
                 return;
             };
             let ended = (inner.leases.as_ref()).and_then(|leases| leases.end(&key, id));
-            if let Some((id, unused)) = ended {
-                let quota = inner.quota.load_full();
-                let operation = Operation::EndLease { id, unused };
-                let call = inner.run_script(&quota, &key, operation, 0);
-                // Failures are counted and logged inside; the lease ends in Redis anyway.
-                let _ = inner.bounded(&quota, call).await;
+            if let Some(ended) = ended {
+                inner.give_back_share(&key, ended).await;
             }
         });
+    }
+
+    /// Gives the unused permits of a share just ended (`ended`: its lease's id and those
+    /// permits, from [`Leases::end`]) back to Redis.
+    pub(super) async fn give_back_share(&self, key: &str, (id, unused): (u64, u32)) {
+        let quota = self.quota.load_full();
+        let operation = Operation::EndLease { id, unused };
+        let call = self.run_script(&quota, key, operation, 0);
+        // Failures are counted and logged inside; the lease ends in Redis anyway.
+        let _ = self.bounded(&quota, call).await;
     }
 }
 

@@ -409,8 +409,9 @@ impl Inner {
         }
         // A hold's settle: the call, and the cost it charges.
         let mut settle = None;
-        // The end of a lease that is over, sent before the charge (see `Leases::charge`).
-        let mut lease_end = None;
+        // A share whose lease is over, ended here and given back before the charge (see
+        // `Leases::charge`).
+        let mut ended = None;
         match (decision.admission.taken, &self.leases) {
             (Taken::RedisFailMode(_), _) => {
                 self.fail_mode.change(key, decision, estimate, cost);
@@ -443,14 +444,14 @@ impl Inner {
                     let capacity = self.quota.load().capacity;
                     let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
                     let now = self.clock.now();
-                    let (taken, unused) = leases.charge(&key, lease, debt, now);
-                    if taken == debt {
+                    let taken = leases.charge(&key, lease, debt, now);
+                    if debt == 0 || taken == Some(debt) {
                         return None;
                     }
-                    lease_end = unused.map(|unused| Operation::EndLease { id: lease, unused });
+                    ended = taken.is_none().then(|| leases.end(&key, lease)).flatten();
                     // What the share could not pay is charged in Redis.
                     change = Change::Charge {
-                        estimate: estimate + taken,
+                        estimate: estimate + taken.unwrap_or(0),
                         cost,
                     };
                 }
@@ -475,9 +476,8 @@ impl Inner {
                     (Operation::Charge, debt)
                 }
             };
-            if let Some(end) = lease_end {
-                // Failures are counted and logged inside; the lease ends in Redis anyway.
-                let _ = (inner.bounded(&quota, inner.run_script(&quota, &key, end, 0))).await;
+            if let Some(ended) = ended {
+                inner.give_back_share(&key, ended).await;
             }
             let call = async {
                 let reply = inner.run_script(&quota, &key, operation, cost).await?;
