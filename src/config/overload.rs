@@ -51,10 +51,12 @@ impl OverloadSettings {
     /// Checks what the builder would refuse, naming the field.
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an overload protection needs")?;
-        let mut limits = [self.min_limit, self.initial_limit, self.max_limit];
-        let checked = at.limits(&mut limits, [8, 16, 1000]);
-        [self.min_limit, self.initial_limit, self.max_limit] = limits;
-        checked?;
+        let limits = [
+            &mut self.min_limit,
+            &mut self.initial_limit,
+            &mut self.max_limit,
+        ];
+        at.limits(limits, [8, 16, 1000])?;
         let share = |field, share: f64| match (0.0..1.0).contains(&share) {
             true => Ok(()),
             false => Err(at.err(

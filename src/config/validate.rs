@@ -42,10 +42,10 @@ impl InstancePath<'_> {
     /// field written.
     pub(super) fn limits(
         &self,
-        limits: &mut [Option<Count<MAX_LIMIT>>; 3],
+        limits: [&mut Option<Count<MAX_LIMIT>>; 3],
         defaults: [u32; 3],
     ) -> Result<(), ConfigError> {
-        let [min, initial, max] = limits.map(|n| n.map(|Count(n)| n));
+        let [min, initial, max] = limits.each_ref().map(|n| n.map(|Count(n)| n));
         let min = min.unwrap_or(
             defaults[0]
                 .min(initial.unwrap_or(u32::MAX))
@@ -54,7 +54,9 @@ impl InstancePath<'_> {
         let max = max.unwrap_or(defaults[2].max(min).max(initial.unwrap_or(0)));
         // `max` and `min`, not `clamp`, which panics on bounds written the wrong way round.
         let initial = initial.unwrap_or(defaults[1].max(min).min(max));
-        *limits = [min, initial, max].map(|n| Some(Count(n)));
+        for (limit, n) in limits.into_iter().zip([min, initial, max]) {
+            *limit = Some(Count(n));
+        }
         if min > max {
             return Err(self.err("min_limit", format!("is {min}, above max_limit ({max})")));
         }
@@ -364,9 +366,11 @@ impl AdaptiveBulkheadSettings {
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an adaptive bulkhead needs")?;
-        let mut limits = [self.min_limit, self.initial_limit, self.max_limit];
-        let checked = at.limits(&mut limits, [1, 8, 256]);
-        [self.min_limit, self.initial_limit, self.max_limit] = limits;
-        checked
+        let limits = [
+            &mut self.min_limit,
+            &mut self.initial_limit,
+            &mut self.max_limit,
+        ];
+        at.limits(limits, [1, 8, 256])
     }
 }
