@@ -142,6 +142,8 @@ pub(crate) struct Timeline {
     period: u64,
     /// How many changes the numbering went through.
     generation: u64,
+    /// The longest period any of its windows had.
+    longest: u64,
     /// The last window whose number the latest change kept naming the same stretch of time
     /// (the window in progress then; every window, for a change of the limit alone).
     kept_through: u64,
@@ -157,6 +159,7 @@ impl Timeline {
             next_start: epoch.saturating_add(period),
             period,
             generation: 0,
+            longest: period,
             kept_through: u64::MAX,
         }
     }
@@ -178,6 +181,7 @@ impl Timeline {
             next_start: first_start.saturating_add(period).max(now),
             period,
             generation,
+            longest: self.longest.max(period),
             kept_through: first,
         }
     }
@@ -196,6 +200,11 @@ impl Timeline {
     /// ([`Decision::counted_in`]).
     pub(crate) fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The longest period any of its windows had.
+    pub(crate) fn longest(&self) -> u64 {
+        self.longest
     }
 
     /// The number this timeline gives a key's window (`window`, its latest reading `latest`):

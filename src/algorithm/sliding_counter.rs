@@ -50,6 +50,11 @@ pub(crate) struct Counters {
     /// One more than the reading at which a change of period last numbered `window` anew,
     /// zero for never (see [`Timeline::renumber`]).
     pub(crate) renumbered: u64,
+    /// The permits of `curr` reserved (so perhaps not yet due): what reservations of it and
+    /// of `next` came to, less what came back.
+    pub(crate) held: u64,
+    /// The numbering (its [`Timeline::generation`]) the counts were laid out under.
+    pub(crate) generation: u64,
 }
 
 impl SlidingCounter {
@@ -60,16 +65,19 @@ impl SlidingCounter {
             1 => {
                 c.prev = c.curr;
                 c.curr = c.next;
+                c.held = c.next;
                 c.next = 0;
             }
             2 => {
                 c.prev = c.next;
                 c.curr = 0;
+                c.held = 0;
                 c.next = 0;
             }
             _ => {
                 c.prev = 0;
                 c.curr = 0;
+                c.held = 0;
                 c.next = 0;
             }
         }
@@ -105,10 +113,38 @@ impl SlidingCounter {
     /// the latest reading seen, which it then becomes; the windows, numbered by this timeline
     /// (see [`Timeline::numbered`]), rolled to it.
     fn advance(&self, c: &mut Counters, now: u64) -> u64 {
-        (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
+        self.lay_out(c);
         let now = super::advance_latest(&mut c.latest, now);
         self.roll(c, now);
         now
+    }
+
+    /// Numbers the key's window by this timeline. After a change of period, reservations that
+    /// stood ahead fall due in windows of the old length, which the new windows need not line
+    /// up with (nor keep them in the window that counted them): until the end of the new window
+    /// that the last of them may fall due in (one old window after the latest reading for a
+    /// reservation of the current window, two for one of the next; the old length taken as
+    /// the longest there was), the key admits nothing more (that window counts as full, or as
+    /// its fullest count, and weighs on the next as a previous window does; no count is
+    /// lowered), and nothing admitted before comes back.
+    fn lay_out(&self, c: &mut Counters) {
+        let generation = self.timeline.generation();
+        if c.generation == generation {
+            // Laid out by this numbering already (a held window stays ahead).
+            return;
+        }
+        (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
+        let old_windows_ahead = if c.next > 0 { 2 } else { u64::from(c.held > 0) };
+        if old_windows_ahead > 0 {
+            let reach = old_windows_ahead.saturating_mul(self.timeline.longest());
+            let due_before = c.latest.saturating_add(reach);
+            let last_due = self.timeline.window_of(due_before - 1).max(c.window);
+            let full = c.curr.max(c.next).max(self.limit);
+            let next = if last_due == c.window { c.next } else { 0 };
+            (c.window, c.curr, c.next) = (last_due, full, next);
+            c.renumbered = c.latest + 1;
+        }
+        c.generation = generation;
     }
 
     /// When the counters stop weighing on any estimate: the end of the window after the last one
@@ -135,16 +171,15 @@ impl SlidingCounter {
         let cost = u64::from(cost);
         let start = self.window_start(c.window);
         let len = self.timeline.length_of(c.window);
-        // `now` is never before the window the state has rolled to (it is at least the latest
-        // reading, from which that window was computed), but saturating all the same.
-        let now = now.max(start);
-        let e = now - start;
+        // `now` is before the window the state has rolled to only while reservations laid out
+        // anew after a change of period hold the key (see `lay_out`).
+        let e = now.saturating_sub(start);
         let remaining = |c: &Counters| {
             self.limit
                 .saturating_sub(c.curr + self.carried(c.prev, e, len))
         };
         let earliest_here = self.earliest(c.prev, c.curr, cost, len);
-        if earliest_here.is_some_and(|at| at <= e) {
+        if earliest_here.is_some_and(|at| start + at <= now) {
             c.curr += cost;
             return Decision::allowed(self.limit, remaining(c), self.reset_after(c, now))
                 .charged_at(now)
@@ -167,6 +202,7 @@ impl SlidingCounter {
         if wait <= max_wait && which < 2 {
             if which == 0 {
                 c.curr += cost;
+                c.held += cost;
             } else {
                 c.next += cost;
             }
@@ -201,6 +237,9 @@ impl SlidingCounter {
         let count = if idx + 1 == c.window {
             &mut c.prev
         } else if idx == c.window {
+            if !decision.wait.is_zero() {
+                c.held = c.held.saturating_sub(cost);
+            }
             &mut c.curr
         } else if idx == c.window + 1 {
             &mut c.next
@@ -228,7 +267,9 @@ impl Transitions for SlidingCounter {
     /// change if that instant has passed; the windows after it last the new period, and the
     /// previous window's share is spread over the window that follows it, whatever its length.
     /// The counts of the window of the change stay in it, so it admits at most the larger of
-    /// the two limits.
+    /// the two limits. Reservations standing ahead at a change of period fall due in windows of
+    /// the old length: their key admits nothing more until the end of the new window the last
+    /// of them falls due in (see `lay_out`).
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
         Self {
             limit: u64::from(quota.permits()),
@@ -247,7 +288,7 @@ impl Transitions for SlidingCounter {
 
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
         let mut c = *lock(&state.0);
-        c.window = self.timeline.numbered(c.window, c.latest);
+        self.lay_out(&mut c);
         self.idle_from(&c)
     }
 }

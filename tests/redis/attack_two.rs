@@ -328,27 +328,42 @@ async fn attack_two_redis_gcra_random_schedules_against_a_replay() {
     }
 }
 
-// 6. The period shortened (1 s to 500 ms, limit 10) while reservations stand ahead: each new
-//    window holds what falls due in it and what it admits after the change, no more than 10.
+// 6. The period shortened (1 s to 500 ms, limit 10) while reservations stand ahead, in the next
+//    window or in the current one: each new window holds what falls due in it and what it admits
+//    after the change, no more than 10.
 
-async fn shortened_period_with_reservations_ahead<A: RedisAlgorithm>(name: &str) {
+/// Ten taken at `drained_at` (from 1 000 s); at `changed_at` one permit reserved at a time until
+/// refused or one falls due at `due_before` or later, and the period becomes 500 ms.
+async fn shortened_period_with_reservations<A: RedisAlgorithm>(
+    name: &str,
+    drained_at: u64,
+    changed_at: u64,
+    due_before: u64,
+) {
     const HALF: u64 = S / 2;
     let base = 1000 * S;
-    let (_server, clock, l) =
-        or_skip!(server_clock_and_limiter::<A>(name, base + HALF, quota(10, S, 10, 3 * S)).await);
+    let (_server, clock, l) = or_skip!(
+        server_clock_and_limiter::<A>(name, base + drained_at, quota(10, S, 10, 3 * S)).await
+    );
     drain(&l, "k").await;
+    at(&clock, base + changed_at);
     let mut due_in = [0u64; 12];
     loop {
         let d = tower_bulwark::Limiter::reserve(&l, &"k", 1).await.unwrap();
         if !d.allowed {
             break;
         }
-        due_in[((HALF + d.wait.as_nanos() as u64) / HALF) as usize] += 1;
+        let due = changed_at + d.wait.as_nanos() as u64;
+        due_in[(due / HALF) as usize] += 1;
+        if due >= due_before {
+            break;
+        }
     }
     l.set_quota(quota(10, HALF, 10, 3 * S)).unwrap();
     let mut admitted = [0u64; 12];
-    for step in 4..20u64 {
-        let now = step * HALF / 2;
+    // Every 50 ms: a window's count is read near its end too.
+    for step in 20..100u64 {
+        let now = step * HALF / 10;
         at(&clock, base + now);
         admitted[(now / HALF) as usize] += drain(&l, "k").await;
     }
@@ -366,13 +381,22 @@ async fn shortened_period_with_reservations_ahead<A: RedisAlgorithm>(name: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_two_redis_fixed_window_shortened_period_with_reservations_ahead() {
-    shortened_period_with_reservations_ahead::<FixedWindow>("attack_two_fixed_shortened").await;
+    let name = "attack_two_fixed_shortened";
+    shortened_period_with_reservations::<FixedWindow>(name, S / 2, S / 2, u64::MAX).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_two_redis_sliding_counter_shortened_period_with_reservations_ahead() {
-    shortened_period_with_reservations_ahead::<SlidingCounter>("attack_two_sliding_shortened")
-        .await;
+    let name = "attack_two_sliding_shortened";
+    shortened_period_with_reservations::<SlidingCounter>(name, S / 2, S / 2, u64::MAX).await;
+}
+
+/// Ten taken at 900 ms, and at 1 s, the previous window's share still weighing, reservations in
+/// the window in progress (due before 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_two_redis_sliding_counter_shortened_period_with_reservations_in_the_window() {
+    let name = "attack_two_sliding_shortened_in_window";
+    shortened_period_with_reservations::<SlidingCounter>(name, 9 * S / 10, S, 2 * S).await;
 }
 
 // Changes of period: the sliding counter's numbering (`g`, a decision's `state_after`) and
