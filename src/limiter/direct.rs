@@ -103,8 +103,8 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         self.decide_by(&self.inner.rule.load(), 1, false)
     }
 
-    /// Decides on `cost` permits now, never waiting. A cost of zero is admitted and takes
-    /// nothing.
+    /// Decides on `cost` permits now, never waiting. A cost of zero takes nothing; it is
+    /// admitted unless the limiter is over its limit (see [`Limiter::reserve`]).
     ///
     /// # Errors
     ///

@@ -172,8 +172,8 @@ where
         self.decide_by(key, 1, false, fits, |decision| decision)
     }
 
-    /// Decides on `cost` permits for `key` now, never waiting. A cost of zero is admitted and
-    /// takes nothing.
+    /// Decides on `cost` permits for `key` now, never waiting. A cost of zero takes nothing; it
+    /// is admitted unless the key is over its limit (see [`Limiter::reserve`]).
     ///
     /// # Errors
     ///

@@ -78,8 +78,11 @@ pub trait Limiter<K>: Send + Sync + 'static {
 
     /// Decides on `cost` permits for `key`, reserving a permit that arrives within the quota's
     /// `max_wait` (the decision's [`wait`](Decision::wait) says how long to wait before going on).
-    /// A cost of zero is admitted at once and takes nothing, even from a key that has nothing
-    /// left.
+    /// A cost of zero takes nothing. It is admitted at once while the key is within its limit,
+    /// even with nothing left; behind reservations that hold permits beyond the limit (GCRA, the
+    /// fixed window, `Metered`; the sliding windows count a reservation in the window it falls
+    /// due in) or a settle's debt, it waits, as a request would, no later than the last of
+    /// them falls due, and is refused beyond `max_wait`.
     ///
     /// # Errors
     ///

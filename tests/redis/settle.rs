@@ -213,25 +213,69 @@ async fn a_settle_after_set_quota_gives_back_no_more_than_it_took_in_redis() {
     assert_eq!(left, 91);
 }
 
-/// A cost of zero (`Limiter::reserve`, `check_n`: "a cost of zero is admitted at once and takes
-/// nothing"): admitted on a spent key, which stays spent; a give-back of zero gives nothing back
-/// (yet the admission was this limiter's, so it is taken back); a settle to zero gives the
-/// whole estimate back. The same in memory and in Redis, for every algorithm.
-async fn a_cost_of_zero_takes_nothing<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+/// A memory limiter and a Redis one of algorithm `A` with `quota`, each named.
+fn in_memory_and_in_redis<A: RedisAlgorithm>(
+    store: &RedisStore,
+    quota: Quota,
+    clock: &ManualClock,
+    prefix: &str,
+) -> [(
+    &'static str,
+    tower_bulwark::limiter::BoxLimiter<&'static str>,
+); 2] {
     use tower_bulwark::limiter::BoxLimiter;
-    let clock = manual_clock_at(Duration::from_secs(1000));
-    let quota = Quota::per_minute(3).unwrap();
-    let redis = propagating::<A>(store, quota, &clock, prefix, Refusals::Uncached);
+    let redis = propagating::<A>(store, quota, clock, prefix, Refusals::Uncached);
     let memory = tower_bulwark::KeyedRateLimiter::<&'static str>::builder(quota)
         .algorithm::<A>()
         .clock(clock.clone())
         .build();
-    let limiters = [
+    [
         ("memory", BoxLimiter::new(memory)),
         ("redis", BoxLimiter::new(redis.build().unwrap())),
-    ];
+    ]
+}
+
+/// A cost of zero (`Limiter::reserve`, `check_n`: "a cost of zero takes nothing; it is admitted
+/// at once unless the key is over its limit now"): admitted on a spent key, which stays spent;
+/// a give-back of zero gives nothing back (yet the admission was this limiter's, so it is taken
+/// back); a settle to zero gives the whole estimate back. Behind a reservation it is answered
+/// no later than the reservation falls due, and takes nothing: the key's next reservation waits
+/// as long as a twin key's that never saw it. The same in memory and in Redis, for every
+/// algorithm.
+async fn a_cost_of_zero_takes_nothing<A: RedisAlgorithm>(store: &RedisStore, prefix: &str) {
+    let clock = manual_clock_at(Duration::from_secs(1000));
     let name = std::any::type_name::<A>();
-    for (what, limiter) in limiters {
+    let waits = Quota::per_minute(3)
+        .unwrap()
+        .with_max_wait(Duration::from_secs(120))
+        .unwrap();
+    let waiting = format!("{prefix}w-");
+    for (what, limiter) in in_memory_and_in_redis::<A>(store, waits, &clock, &waiting) {
+        let mut ahead = Duration::ZERO;
+        for key in ["k", "twin"] {
+            for _ in 0..3 {
+                assert!(limiter.reserve(&key, 1).await.unwrap().allowed);
+            }
+            ahead = limiter.reserve(&key, 1).await.unwrap().wait;
+            assert!(!ahead.is_zero(), "{name} {what}: a reservation ahead");
+        }
+        let zero = limiter.reserve(&"k", 0).await.unwrap();
+        assert!(
+            zero.allowed && zero.wait <= ahead,
+            "{name} {what}: zero behind a reservation due in {ahead:?}: {zero:?}"
+        );
+        let (next, twin) = (
+            limiter.reserve(&"k", 1).await.unwrap(),
+            limiter.reserve(&"twin", 1).await.unwrap(),
+        );
+        assert_eq!(
+            (next.allowed, next.wait),
+            (twin.allowed, twin.wait),
+            "{name} {what}: zero behind a reservation took something"
+        );
+    }
+    let quota = Quota::per_minute(3).unwrap();
+    for (what, limiter) in in_memory_and_in_redis::<A>(store, quota, &clock, prefix) {
         let one = limiter.reserve(&"k", 1).await.unwrap();
         let two = limiter.reserve(&"k", 2).await.unwrap();
         assert!(one.allowed && two.allowed, "{name} {what}");
