@@ -55,6 +55,9 @@ pub(crate) struct Counters {
     pub(crate) held: u64,
     /// The numbering (its [`Timeline::generation`]) the counts were laid out under.
     pub(crate) generation: u64,
+    /// The instant before which reservations laid out anew after a change of period may fall
+    /// due (see [`SlidingCounter::lay_out`]), so that a later change holds the key as long.
+    pub(crate) hold_until: u64,
 }
 
 impl SlidingCounter {
@@ -124,9 +127,9 @@ impl SlidingCounter {
     /// up with (nor keep them in the window that counted them): until the end of the new window
     /// that the last of them may fall due in (one old window after the latest reading for a
     /// reservation of the current window, two for one of the next; the old length taken as
-    /// the longest there was), the key admits nothing more (that window counts as full, or as
-    /// its fullest count, and weighs on the next as a previous window does; no count is
-    /// lowered), and nothing admitted before comes back.
+    /// the longest there was, and no earlier than a hold before it), the key admits nothing
+    /// more (that window counts as full, or as its fullest count, and weighs on the next as a
+    /// previous window does; no count is lowered), and nothing admitted before comes back.
     fn lay_out(&self, c: &mut Counters) {
         let generation = self.timeline.generation();
         if c.generation == generation {
@@ -135,9 +138,10 @@ impl SlidingCounter {
         }
         (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
         let old_windows_ahead = if c.next > 0 { 2 } else { u64::from(c.held > 0) };
-        if old_windows_ahead > 0 {
-            let reach = old_windows_ahead.saturating_mul(self.timeline.longest());
-            let due_before = c.latest.saturating_add(reach);
+        let reach = old_windows_ahead.saturating_mul(self.timeline.longest());
+        let due_before = c.latest.saturating_add(reach).max(c.hold_until);
+        if due_before > c.latest {
+            c.hold_until = due_before;
             let last_due = self.timeline.window_of(due_before - 1).max(c.window);
             let full = c.curr.max(c.next).max(self.limit);
             let next = if last_due == c.window { c.next } else { 0 };

@@ -6,7 +6,8 @@
 -- change of length (absent: 0), so that neither a renumbering nor a key deleted and written
 -- anew gives a numbering an earlier decision was counted under, h = the permits of `c` reserved
 -- (so perhaps not yet due): what reservations of it and of `n` came to, less what came back
--- (absent: 0).
+-- (absent: 0), u = the instant before which reservations laid out anew at a change of length
+-- may fall due (absent: 0).
 -- ARGV[8] window, ARGV[9] limit; for a give-back, ARGV[10] one more than the numbering its
 -- admission was counted under (its decision's `state_after`; 0: unknown, taken as the current)
 -- and ARGV[11] how long it waited ('0': admitted at once)
@@ -51,16 +52,20 @@ if stored(state[6], window) ~= window then
   -- Reservations standing ahead fall due in windows of the old length, which these need not
   -- line up with: until the end of the window the last of them may fall due in (one old
   -- window after the latest reading for a reservation of the current window, two for one of
-  -- the next), the key admits nothing more (that window counts as full, or as its fullest
-  -- count; no count is lowered, and no lease gives anything back into it). As in memory.
+  -- the next; no earlier than a hold before, u), the key admits nothing more (that window
+  -- counts as full, or as its fullest count; no count is lowered, and no lease gives anything
+  -- back into it). As in memory. (`u` is read and written only here, at a change of length.)
   local old_windows_ahead = 0
   if nxt > 0 then
     old_windows_ahead = 2
   elseif held > 0 then
     old_windows_ahead = 1
   end
-  if old_windows_ahead > 0 then
-    local last_due = math.max(idiv(latest + old_windows_ahead * stored(state[6], window) - 1, window), w)
+  local due_before = latest + old_windows_ahead * stored(state[6], window)
+  due_before = math.max(due_before, stored(redis.call('HGET', key, 'u'), 0))
+  if due_before > latest then
+    redis.call('HSET', key, 'u', int(due_before))
+    local last_due = math.max(idiv(due_before - 1, window), w)
     if last_due ~= w then
       nxt = 0
     end
