@@ -16,6 +16,7 @@ pub mod process;
 pub mod recorded;
 pub mod redis_server;
 pub mod reservation_windows;
+pub mod sliding_model;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,0 +1,331 @@
+//! Attacks on the sliding counter's fixed windows across changes of period, in memory (keyed
+//! and direct limiters): each window admits at most its limit, reservations counted where they
+//! fall due; after a change of period with reservations standing ahead the key admits nothing
+//! until the end of the new window the last of them falls due in; give-backs of admissions made
+//! before a change give nothing back. The model is `tests/common/sliding_model.rs`.
+
+use std::time::Duration;
+
+use tower_bulwark::algorithm::SlidingCounter;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::limiter::Decision;
+use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
+
+use crate::common::block_on;
+use crate::common::sliding_model::{
+    drive, schedule, sliding_quota, Backend, Mix, Numbering, Op, Step,
+};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+fn at(clock: &ManualClock, nanos: u64) {
+    clock.set(Duration::from_nanos(nanos));
+}
+
+struct Keyed(
+    KeyedRateLimiter<u32, SlidingCounter, ManualClock>,
+    ManualClock,
+);
+struct Direct(DirectRateLimiter<SlidingCounter, ManualClock>, ManualClock);
+
+impl Keyed {
+    fn new(q: Quota) -> Self {
+        let clock = ManualClock::new();
+        let l = KeyedRateLimiter::<u32>::builder(q)
+            .algorithm::<SlidingCounter>()
+            .clock(clock.clone())
+            .build();
+        Self(l, clock)
+    }
+}
+
+impl Direct {
+    fn new(q: Quota) -> Self {
+        let clock = ManualClock::new();
+        let l = DirectRateLimiter::builder(q)
+            .algorithm::<SlidingCounter>()
+            .clock(clock.clone())
+            .build();
+        Self(l, clock)
+    }
+}
+
+impl Backend for Keyed {
+    fn read(&self, t: u64) {
+        at(&self.1, t);
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        self.0.check_n(&0, cost).ok()
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        Limiter::reserve_now(&self.0, &0, cost).unwrap().ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        assert!(Limiter::settle(&self.0, &0, estimate, d, cost));
+    }
+    fn set_quota(&self, q: Quota) {
+        self.0.set_quota(q);
+    }
+}
+
+impl Backend for Direct {
+    fn read(&self, t: u64) {
+        at(&self.1, t);
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        self.0.check_n(cost).ok()
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        Limiter::<()>::reserve_now(&self.0, &(), cost).unwrap().ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        assert!(Limiter::<()>::settle(&self.0, &(), estimate, d, cost));
+    }
+    fn set_quota(&self, q: Quota) {
+        self.0.set_quota(q);
+    }
+}
+
+/// 1. Random schedules: every seed's model keeps the guarantee.
+fn random_schedules<B: Backend>(make: impl Fn(Quota) -> B, seeds: std::ops::Range<u64>, mix: Mix) {
+    let mut failures = Vec::new();
+    for seed in seeds {
+        let (first, steps) = schedule(Numbering::Memory, seed, 100, mix);
+        let b = make(sliding_quota(first.0, first.1));
+        let (model, _) = block_on(drive(&b, Numbering::Memory, first, &steps));
+        let v = model.violations(false);
+        if !v.is_empty() {
+            failures.push(format!(
+                "seed {seed}: {}\nschedule:\n{}",
+                v.join("\n"),
+                model.log.join("\n")
+            ));
+        }
+    }
+    let counts: Vec<&String> = failures.iter().filter(|f| f.contains("count:")).collect();
+    eprintln!(
+        "{} seeds broke the guarantee, {} of them the count: {:?}",
+        failures.len(),
+        counts.len(),
+        counts
+            .iter()
+            .map(|f| f.split(':').next().unwrap())
+            .collect::<Vec<_>>()
+    );
+    if let Some(f) = counts.first() {
+        eprintln!("first count failure:\n{f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} seeds broke the guarantee; the first:\n{}",
+        failures.len(),
+        failures[0]
+    );
+}
+
+const NO_PERIODS: Mix = Mix {
+    periods: false,
+    ..Mix::ALL
+};
+const NO_RESERVATIONS: Mix = Mix {
+    reservations: false,
+    ..Mix::ALL
+};
+
+const SPACED: Mix = Mix {
+    spaced: true,
+    ..Mix::ALL
+};
+
+#[test]
+#[ignore = "found by attack: 42 of 200 seeds admit while reservations hold the key after a \
+            second change of period, 5 of them beyond a window's limit (seed 79: 4 under 3), \
+            keyed and direct; see the two changes in a row below"]
+fn attack_sliding_period_random_schedules() {
+    random_schedules(Keyed::new, 0..200, Mix::ALL);
+    random_schedules(Direct::new, 0..200, Mix::ALL);
+}
+
+#[test]
+fn attack_sliding_period_random_schedules_with_spaced_changes_of_period() {
+    random_schedules(Keyed::new, 0..300, SPACED);
+    random_schedules(Direct::new, 0..300, SPACED);
+}
+
+#[test]
+fn attack_sliding_period_random_schedules_without_changes_of_period() {
+    random_schedules(Keyed::new, 0..200, NO_PERIODS);
+    random_schedules(Direct::new, 0..200, NO_PERIODS);
+}
+
+#[test]
+fn attack_sliding_period_random_schedules_without_reservations() {
+    random_schedules(Keyed::new, 0..200, NO_RESERVATIONS);
+    random_schedules(Direct::new, 0..200, NO_RESERVATIONS);
+}
+
+/// A step at `now`, its reading fresh.
+fn step(now: u64, op: Op) -> Step {
+    Step {
+        now,
+        reading: now,
+        op,
+    }
+}
+
+/// `limit` per `period`; at `period` (a window's start) `taken` permits taken at once and
+/// `reserved` reserved one at a time; then `changes` of the quota (instant, period, limit),
+/// each followed by a check and a reservation of 2 at its instant; then a check and a
+/// reservation of one permit every `every` ns for four of the longest periods: the model of
+/// what it admitted.
+fn reserved_then_changed<B: Backend>(
+    make: impl Fn(Quota) -> B,
+    (period, limit, taken, reserved): (u64, u32, u32, u32),
+    changes: &[(u64, u64, u32)],
+    every: u64,
+) -> crate::common::sliding_model::Model {
+    let mut steps = vec![step(period, Op::Check(taken))];
+    steps.extend((0..reserved).map(|_| step(period, Op::Reserve(1))));
+    for &(at, p, l) in changes {
+        steps.push(step(at, Op::Quota(p, l)));
+        steps.push(step(at, Op::Check(2)));
+        steps.push(step(at, Op::Reserve(2)));
+    }
+    let from = changes.last().unwrap().0;
+    let longest = changes.iter().map(|c| c.1).max().unwrap().max(period);
+    let mut now = from;
+    while now < from + 4 * longest {
+        steps.push(step(now, Op::Check(1)));
+        steps.push(step(now, Op::Reserve(1)));
+        now += every;
+    }
+    let b = make(sliding_quota(period, limit));
+    block_on(drive(&b, Numbering::Memory, (period, limit), &steps)).0
+}
+
+type Case<'a> = ((u64, u32, u32, u32), &'a [(u64, u64, u32)]);
+
+/// Runs each case of [`reserved_then_changed`] on a keyed and a direct limiter; fails with all
+/// that broke the guarantee.
+fn cases_keep_the_guarantee(cases: &[Case]) {
+    let mut failures = Vec::new();
+    for &(first, changes) in cases {
+        let what = format!("{first:?} then {changes:?}");
+        for (model, name) in [
+            (
+                reserved_then_changed(Keyed::new, first, changes, 50 * MS),
+                "keyed",
+            ),
+            (
+                reserved_then_changed(Direct::new, first, changes, 50 * MS),
+                "direct",
+            ),
+        ] {
+            let v = model.violations(false);
+            if !v.is_empty() {
+                failures.push(format!(
+                    "{name}: {what}: {}\nschedule:\n{}",
+                    v.join("\n"),
+                    model.log.join("\n")
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} broke the guarantee:\n{}",
+        failures.len(),
+        2 * cases.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// 2. One change of period, shorter or longer, at a window's start, 1 ns either side or within
+///    it, with the next window reserved (or the window in progress, from its start): no window
+///    holds more than its limit, and nothing is admitted while the reservations hold the key.
+#[test]
+fn attack_sliding_period_one_change_with_reservations_ahead() {
+    let mut cases = Vec::new();
+    let changes: Vec<[(u64, u64, u32); 1]> = [S, 750 * MS, 300 * MS, 3 * S, 1_100 * MS]
+        .into_iter()
+        .flat_map(|p| {
+            [
+                2 * S - 1,
+                2 * S,
+                2 * S + 1,
+                3 * S,
+                4 * S - 1,
+                4 * S,
+                4 * S + 1,
+            ]
+            .map(|at| [(at, p, 4)])
+        })
+        .collect();
+    for c in &changes {
+        cases.push(((2 * S, 4, 4, 4), &c[..]));
+        cases.push(((2 * S, 4, 2, 4), &c[..]));
+    }
+    cases_keep_the_guarantee(&cases);
+}
+
+/// 3. Two changes of period in a row, at one instant or at two, reservations standing ahead
+///    of both: the second change forgets them.
+#[test]
+#[ignore = "found by attack: after two changes of period in a row (4 per 2 s, its next window \
+            reserved, to 1 s then 750 ms at 2 s) a window of 750 ms holds 5 under a limit of \
+            4 (6 under 5 at two instants), keyed and direct"]
+fn attack_sliding_period_two_changes_in_a_row_with_reservations_ahead() {
+    cases_keep_the_guarantee(&[
+        ((2 * S, 4, 4, 4), &[(2 * S, S, 4), (2 * S, 750 * MS, 4)]),
+        (
+            (2 * S, 5, 5, 3),
+            &[(2 * S + 100 * MS, S, 3), (2 * S + 100 * MS, 1_100 * MS, 5)],
+        ),
+        ((2 * S, 4, 4, 4), &[(4 * S, S, 4), (5 * S - 1, 750 * MS, 4)]),
+    ]);
+}
+
+/// The steps of `steps` that still break the rule named `rule` ("count:" or "hold:") once
+/// every step that can go has gone (one at a time, from the end).
+fn shrink<B: Backend>(
+    make: impl Fn(Quota) -> B,
+    first: (u64, u32),
+    mut steps: Vec<Step>,
+    rule: &str,
+) -> Vec<Step> {
+    let fails = |steps: &[Step]| {
+        let b = make(sliding_quota(first.0, first.1));
+        let (model, _) = block_on(drive(&b, Numbering::Memory, first, steps));
+        model.violations(false).iter().any(|v| v.starts_with(rule))
+    };
+    assert!(fails(&steps));
+    let mut i = steps.len();
+    while i > 0 {
+        i -= 1;
+        let mut fewer = steps.clone();
+        fewer.remove(i);
+        if fails(&fewer) {
+            steps = fewer;
+            i = i.min(steps.len());
+        }
+    }
+    steps
+}
+
+#[test]
+#[ignore = "a tool: SEED=n RULE=count: cargo test debug_seed -- --ignored --nocapture"]
+fn debug_seed() {
+    let seed: u64 = std::env::var("SEED").map_or(0, |s| s.parse().unwrap());
+    let rule = std::env::var("RULE").unwrap_or_else(|_| "count:".into());
+    let (first, steps) = schedule(Numbering::Memory, seed, 100, Mix::ALL);
+    let steps = shrink(Keyed::new, first, steps, &rule);
+    println!("first {first:?}");
+    let b = Keyed::new(sliding_quota(first.0, first.1));
+    let (model, said) = block_on(drive(&b, Numbering::Memory, first, &steps));
+    for s in &said {
+        println!("{s}");
+    }
+    println!("{}", model.violations(false).join("\n"));
+    println!("{}", model.log.join("\n"));
+}
