@@ -507,6 +507,43 @@ pub fn schedule(numbering: Numbering, seed: u64, n: usize, mix: Mix) -> ((u64, u
     (first, steps)
 }
 
+/// A step at `now`, its reading fresh.
+pub fn step(now: u64, op: Op) -> Step {
+    Step {
+        now,
+        reading: now,
+        op,
+    }
+}
+
+/// `limit` per `period`; at `period` (a window's start) `taken` permits taken at once and
+/// `reserved` reserved one at a time; then `changes` of the quota (instant, period, limit),
+/// each followed by a check and a reservation of 2 at its instant; then a check and a
+/// reservation of one permit every `every` ns for four of the longest periods: the model of
+/// steps.
+pub fn reserved_then_changed(
+    (period, _, taken, reserved): (u64, u32, u32, u32),
+    changes: &[(u64, u64, u32)],
+    every: u64,
+) -> Vec<Step> {
+    let mut steps = vec![step(period, Op::Check(taken))];
+    steps.extend((0..reserved).map(|_| step(period, Op::Reserve(1))));
+    for &(at, p, l) in changes {
+        steps.push(step(at, Op::Quota(p, l)));
+        steps.push(step(at, Op::Check(2)));
+        steps.push(step(at, Op::Reserve(2)));
+    }
+    let from = changes.last().unwrap().0;
+    let longest = changes.iter().map(|c| c.1).max().unwrap().max(period);
+    let mut now = from;
+    while now < from + 4 * longest {
+        steps.push(step(now, Op::Check(1)));
+        steps.push(step(now, Op::Reserve(1)));
+        now += every;
+    }
+    steps
+}
+
 /// A limiter of one key that the schedules run on.
 #[allow(async_fn_in_trait)]
 pub trait Backend {
@@ -600,4 +637,35 @@ pub async fn drive<B: Backend>(
         }
     }
     (model, said)
+}
+
+/// The steps of `steps` that still break the rule named `rule` ("count:" or "hold:") once
+/// every step that can go has gone (one at a time, from the end); `make(n)` makes the `n`th
+/// limiter tried.
+pub async fn shrink<B: Backend>(
+    mut make: impl FnMut(usize) -> B,
+    numbering: Numbering,
+    first: (u64, u32),
+    mut steps: Vec<Step>,
+    rule: &str,
+) -> Vec<Step> {
+    let mut tries = 0;
+    let mut fails = async |steps: &[Step]| {
+        tries += 1;
+        let b = make(tries);
+        let (model, _) = drive(&b, numbering, first, steps).await;
+        model.violations(false).iter().any(|v| v.starts_with(rule))
+    };
+    assert!(fails(&steps).await);
+    let mut i = steps.len();
+    while i > 0 {
+        i -= 1;
+        let mut fewer = steps.clone();
+        fewer.remove(i);
+        if fails(&fewer).await {
+            steps = fewer;
+            i = i.min(steps.len());
+        }
+    }
+    steps
 }

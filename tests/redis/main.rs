@@ -14,6 +14,7 @@ mod attack_lease_debt;
 #[cfg(all(feature = "config", feature = "metrics"))]
 mod attack_observe;
 mod attack_outage;
+mod attack_sliding_period;
 mod attack_two;
 mod client_quota;
 mod client_quota_unreachable;

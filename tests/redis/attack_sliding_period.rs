@@ -1,0 +1,314 @@
+//! Attacks on the sliding counter's fixed windows across changes of period, in Redis (windows
+//! are multiples of the period from the clock's zero): the schedules and the model of
+//! `tests/common/sliding_model.rs`, on a `RedisRateLimiter` reading a manual clock; the same
+//! schedules against the in-memory limiter, decision for decision, where no period changes;
+//! leases across a change of period.
+
+use std::time::Duration;
+
+use tower_bulwark::algorithm::SlidingCounter;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::limiter::Decision;
+use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
+use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
+
+use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
+use crate::common::sliding_model::{
+    drive, reserved_then_changed, schedule, shrink, sliding_quota, Backend, Mix, Model, Numbering,
+    Op,
+};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+
+fn at(clock: &ManualClock, nanos: u64) {
+    clock.set(Duration::from_nanos(nanos));
+}
+
+/// One key of a Redis limiter of its own (its prefix), every decision asked of Redis.
+struct Redis(RedisRateLimiter, ManualClock);
+
+impl Redis {
+    fn new(store: &RedisStore, q: Quota, prefix: &str) -> Self {
+        let clock = ManualClock::new();
+        let l = propagating::<SlidingCounter>(store, q, &clock, prefix, Refusals::Uncached)
+            .build()
+            .unwrap();
+        Self(l, clock)
+    }
+}
+
+impl Backend for Redis {
+    fn read(&self, t: u64) {
+        at(&self.1, t);
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        self.0.check_n("k", cost).await.ok()
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        Limiter::reserve(&self.0, &"k", cost).await.ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        self.0
+            .settle_and_wait("k", estimate, d, cost)
+            .await
+            .unwrap();
+    }
+    fn set_quota(&self, q: Quota) {
+        self.0.set_quota(q).unwrap();
+    }
+}
+
+/// The in-memory twin of [`Redis`]: one key of a keyed limiter.
+struct Memory(
+    KeyedRateLimiter<u32, SlidingCounter, ManualClock>,
+    ManualClock,
+);
+
+impl Memory {
+    fn new(q: Quota) -> Self {
+        let clock = ManualClock::new();
+        let l = KeyedRateLimiter::<u32>::builder(q)
+            .algorithm::<SlidingCounter>()
+            .clock(clock.clone())
+            .build();
+        Self(l, clock)
+    }
+}
+
+impl Backend for Memory {
+    fn read(&self, t: u64) {
+        at(&self.1, t);
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        self.0.check_n(&0, cost).ok()
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        Limiter::reserve_now(&self.0, &0, cost).unwrap().ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        Limiter::settle(&self.0, &0, estimate, d, cost);
+    }
+    fn set_quota(&self, q: Quota) {
+        self.0.set_quota(q);
+    }
+}
+
+/// The failures of `model` as one line each, with its schedule.
+fn failed(what: &str, model: &Model) -> Option<String> {
+    let v = model.violations(false);
+    (!v.is_empty()).then(|| {
+        format!(
+            "{what}: {}\nschedule:\n{}",
+            v.join("\n"),
+            model.log.join("\n")
+        )
+    })
+}
+
+/// 1. Random schedules in Redis: every seed's model keeps the guarantee. Where `compare`, the
+///    same schedule in memory decides the same until its first change of period (after it, the
+///    first difference is only printed).
+async fn random_schedules(name: &str, seeds: std::ops::Range<u64>, mix: Mix, compare: bool) {
+    let (_server, store) = or_skip!(RedisServer::with_store(name).await);
+    let mut failures = Vec::new();
+    let mut differ_after_a_change = 0;
+    for seed in seeds.clone() {
+        let (first, steps) = schedule(Numbering::Redis, seed, 100, mix);
+        let q = sliding_quota(first.0, first.1);
+        let redis = Redis::new(&store, q, &format!("{name}:{seed}:"));
+        let (model, said) = drive(&redis, Numbering::Redis, first, &steps).await;
+        failures.extend(failed(&format!("seed {seed}"), &model));
+        if !compare {
+            continue;
+        }
+        let (_, in_memory) = drive(&Memory::new(q), Numbering::Memory, first, &steps).await;
+        let changed_at = steps
+            .iter()
+            .position(|s| matches!(s.op, Op::Quota(p, _) if p != first.0));
+        if let Some((r, m)) = said.iter().zip(&in_memory).find(|(r, m)| r != m) {
+            let step: usize = r[5..].split([' ', ':']).next().unwrap().parse().unwrap();
+            if changed_at.is_some_and(|c| c < step) {
+                differ_after_a_change += 1;
+                if differ_after_a_change == 1 {
+                    eprintln!("seed {seed}: after a change of period, Redis {r}\nmemory {m}");
+                }
+            } else {
+                failures.push(format!("seed {seed}: Redis {r}\nmemory {m}"));
+            }
+        }
+    }
+    eprintln!(
+        "{name}: {} of {} seeds differ from memory after a change of period",
+        differ_after_a_change,
+        seeds.end - seeds.start
+    );
+    let counts: Vec<&String> = failures.iter().filter(|f| f.contains("count:")).collect();
+    eprintln!(
+        "{name}: {} seeds failed, {} of them the count: {:?}",
+        failures.len(),
+        counts.len(),
+        counts
+            .iter()
+            .map(|f| f.split(':').next().unwrap())
+            .collect::<Vec<_>>()
+    );
+    if let Some(f) = counts.first() {
+        eprintln!("the first count failure:\n{f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{name}: {} seeds failed; the first:\n{}",
+        failures.len(),
+        failures[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "found by attack: see the memory twin"]
+async fn attack_sliding_period_redis_random_schedules() {
+    random_schedules("sliding_period_random", 0..200, Mix::ALL, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_random_schedules_spaced() {
+    let mix = Mix {
+        spaced: true,
+        ..Mix::ALL
+    };
+    random_schedules("sliding_period_spaced", 0..200, mix, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_decides_as_memory_without_changes_of_period() {
+    let mix = Mix {
+        periods: false,
+        ..Mix::ALL
+    };
+    random_schedules("sliding_period_no_change", 0..200, mix, true).await;
+}
+
+/// Each case of `reserved_then_changed` (4 or 5 per 2 s, the next window reserved, then the
+/// changes) in Redis, every key under a prefix of its own: fails with all that broke the
+/// guarantee.
+async fn cases_keep_the_guarantee(
+    name: &str,
+    cases: &[(u64, u32, u32, u32, Vec<(u64, u64, u32)>)],
+) {
+    let (_server, store) = or_skip!(RedisServer::with_store(name).await);
+    let mut failures = Vec::new();
+    for (i, (period, limit, taken, reserved, changes)) in cases.iter().enumerate() {
+        let first = (*period, *limit, *taken, *reserved);
+        let steps = reserved_then_changed(first, changes, 50 * MS);
+        let redis = Redis::new(
+            &store,
+            sliding_quota(*period, *limit),
+            &format!("{name}:{i}:"),
+        );
+        let (model, _) = drive(&redis, Numbering::Redis, (*period, *limit), &steps).await;
+        failures.extend(failed(&format!("{first:?} then {changes:?}"), &model));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} broke the guarantee:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// 2. One change of period, shorter or longer, at a window's start, 1 ns either side or within
+///    it, the next window reserved: no window holds more than its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_one_change_with_reservations_ahead() {
+    let mut cases = Vec::new();
+    for p in [S, 750 * MS, 300 * MS, 3 * S, 1_100 * MS] {
+        for at in [
+            2 * S - 1,
+            2 * S,
+            2 * S + 1,
+            3 * S,
+            4 * S - 1,
+            4 * S,
+            4 * S + 1,
+        ] {
+            cases.push((2 * S, 4, 4, 4, vec![(at, p, 4)]));
+            cases.push((2 * S, 4, 2, 4, vec![(at, p, 4)]));
+        }
+    }
+    cases_keep_the_guarantee("sliding_period_one_change", &cases).await;
+}
+
+/// 3. Two changes of period in a row, at one instant or at two, reservations standing ahead of
+///    both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_two_changes_in_a_row_with_reservations_ahead() {
+    cases_keep_the_guarantee(
+        "sliding_period_two_changes",
+        &[
+            (2 * S, 4, 4, 4, vec![(2 * S, S, 4), (2 * S, 750 * MS, 4)]),
+            (
+                2 * S,
+                5,
+                5,
+                3,
+                vec![(2 * S + 100 * MS, S, 3), (2 * S + 100 * MS, 1_100 * MS, 5)],
+            ),
+            (
+                2 * S,
+                4,
+                4,
+                4,
+                vec![(4 * S, S, 4), (5 * S - 1, 750 * MS, 4)],
+            ),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a tool: SEED=n RULE=count: cargo test debug_redis_seed -- --ignored --nocapture"]
+async fn debug_redis_seed() {
+    let seed: u64 = std::env::var("SEED").map_or(0, |s| s.parse().unwrap());
+    let rule = std::env::var("RULE").unwrap_or_else(|_| "count:".into());
+    let (_server, store) = or_skip!(RedisServer::with_store("debug_redis_seed").await);
+    let (first, steps) = schedule(Numbering::Redis, seed, 100, Mix::ALL);
+    let q = sliding_quota(first.0, first.1);
+    let make = |n| Redis::new(&store, q, &format!("debug:{n}:"));
+    let steps = shrink(make, Numbering::Redis, first, steps, &rule).await;
+    let (model, said) = drive(&make(0), Numbering::Redis, first, &steps).await;
+    println!("first {first:?}\n{}", said.join("\n"));
+    println!(
+        "{}\n{}",
+        model.violations(false).join("\n"),
+        model.log.join("\n")
+    );
+}
+
+/// 4. A→B→A and A→B→C in a row (at one instant, or the second 1 ns before a window's end),
+///    the next window reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_back_and_forth_with_reservations_ahead() {
+    let mut cases = Vec::new();
+    for (limit, taken, reserved) in [(1, 1, 1), (4, 4, 4), (4, 2, 4)] {
+        for b in [S, 750 * MS, 300 * MS, 3 * S] {
+            for c in [2 * S, 1_100 * MS] {
+                for (at1, at2) in [
+                    (3 * S, 3 * S),
+                    (2 * S, 2 * S),
+                    (3 * S, 4 * S - 1),
+                    (4 * S, 4 * S),
+                ] {
+                    cases.push((
+                        2 * S,
+                        limit,
+                        taken,
+                        reserved,
+                        vec![(at1, b, limit), (at2, c, limit)],
+                    ));
+                }
+            }
+        }
+    }
+    cases_keep_the_guarantee("sliding_period_back_and_forth", &cases).await;
+}
