@@ -15,7 +15,7 @@ use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use crate::common::sliding_model::{
     drive, reserved_then_changed, schedule, shrink, sliding_quota, Backend, Mix, Model, Numbering,
-    Op,
+    Op, Step,
 };
 
 const MS: u64 = 1_000_000;
@@ -165,7 +165,9 @@ async fn random_schedules(name: &str, seeds: std::ops::Range<u64>, mix: Mix, com
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "found by attack: see the memory twin"]
+#[ignore = "found by attack: 72 of 200 seeds admit while reservations hold the key after \
+            changes of period, 10 of them beyond a window's limit (seed 54: 2 under 1, see \
+            the four changes below)"]
 async fn attack_sliding_period_redis_random_schedules() {
     random_schedules("sliding_period_random", 0..200, Mix::ALL, true).await;
 }
@@ -266,6 +268,61 @@ async fn attack_sliding_period_redis_two_changes_in_a_row_with_reservations_ahea
     .await;
 }
 
+/// 5. The random schedule of seed 54, shrunk: 1 per 2 s from 13.24 s, a reservation at 13.72 s
+///    falls due at 17.67 s; the period then changes four times (750 ms, 2 s, 750 ms, 2 s at
+///    16.5 s, the limit 3, 2, 1, 1); a reservation at 16.5 s falls due at 17.67 s too: the
+///    window [16 s, 18 s) holds 2 under a limit of 1 (counting from 16.5 s, the start of the
+///    old window the last change came in). Memory, on the same steps, keeps the guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "found by attack: after four changes of period with a reservation standing ahead, \
+            the window [16 s, 18 s) of 2 s holds 2 reservations under a limit of 1, in Redis"]
+async fn attack_sliding_period_redis_four_changes_with_a_reservation_ahead() {
+    let (_server, store) = or_skip!(RedisServer::with_store("sliding_period_seed_54").await);
+    let steps: Vec<Step> = [
+        (10000000000, 10000000000, Op::Reserve(3)),
+        (11999999999, 11999999999, Op::Quota(2000000000, 2)),
+        (12065209180, 12065209180, Op::Reserve(3)),
+        (12065209180, 12065209180, Op::Reserve(2)),
+        (12065209180, 12065209180, Op::Quota(1100000000, 5)),
+        (12065209180, 10876825414, Op::Reserve(2)),
+        (
+            12100000001,
+            12100000001,
+            Op::SettleMore(2359471028042499350, 1),
+        ),
+        (13200000000, 13200000000, Op::Quota(500000000, 3)),
+        (13200000000, 13200000000, Op::Reserve(3)),
+        (13241104716, 13241104716, Op::Quota(2000000000, 1)),
+        (13717019876, 13717019876, Op::Reserve(1)),
+        (
+            13717019876,
+            13717019876,
+            Op::SettleMore(17986826780012944388, 1),
+        ),
+        (13717019876, 13717019876, Op::Quota(750000000, 3)),
+        (14250000000, 13700600672, Op::Refund(17260080359975859985)),
+        (14999999999, 14999999999, Op::Quota(2000000000, 2)),
+        (15442814625, 15031226666, Op::Refund(4521027508260830429)),
+        (15929469271, 15929469271, Op::Quota(750000000, 1)),
+        (16500000000, 16500000000, Op::Quota(2000000000, 1)),
+        (16500000000, 16500000000, Op::Reserve(1)),
+    ]
+    .into_iter()
+    .map(|(now, reading, op)| Step { now, reading, op })
+    .collect();
+    let first = (2 * S, 10);
+    let q = sliding_quota(first.0, first.1);
+    let (in_memory, _) = drive(&Memory::new(q), Numbering::Memory, first, &steps).await;
+    let in_memory = failed("memory", &in_memory);
+    let redis = Redis::new(&store, q, "seed-54:");
+    let (model, _) = drive(&redis, Numbering::Redis, first, &steps).await;
+    let failures: Vec<String> = failed("redis", &model)
+        .into_iter()
+        .chain(in_memory)
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a tool: SEED=n RULE=count: cargo test debug_redis_seed -- --ignored --nocapture"]
 async fn debug_redis_seed() {
@@ -286,8 +343,12 @@ async fn debug_redis_seed() {
 }
 
 /// 4. A→B→A and A→B→C in a row (at one instant, or the second 1 ns before a window's end),
-///    the next window reserved.
+///    the next window reserved. No window holds more than its limit, but after A→B→A the key
+///    admits (a reservation into the window its reservations fall due in) while they hold it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "found by attack (the hold, not the count): 4 per 2 s, 2 taken and 2 reserved at \
+            2 s, the period to 1 s and back to 2 s: a reservation due at 5.5 s is admitted \
+            while those due at 4.5 s hold the key until 6 s (12 of 96 cases), in Redis"]
 async fn attack_sliding_period_redis_back_and_forth_with_reservations_ahead() {
     let mut cases = Vec::new();
     for (limit, taken, reserved) in [(1, 1, 1), (4, 4, 4), (4, 2, 4)] {
