@@ -669,3 +669,114 @@ pub async fn shrink<B: Backend>(
     }
     steps
 }
+
+/// Twins: `a` makes one request more than `b` (at a random step of `seed`'s schedule; `b` makes
+/// it too and gives it back at once) and gives it back later; between the two, only changes of quota and
+/// time, and after it, drains of both at each request's reading, quota changes between. `a`
+/// must never have admitted more than `b` since the give-back. The schedule and the first
+/// drain where it did, if any.
+pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) -> Option<String> {
+    let (_, steps) = schedule(numbering, seed, 100, Mix::ALL);
+    let mut rng = super::Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+    let i = rng.below(40) as usize;
+    let j = i + 1 + rng.below(30) as usize;
+    let mut log = Vec::new();
+    let mut held: [Vec<(u32, tower_bulwark::limiter::Decision)>; 2] = Default::default();
+    let mut extra = None;
+    let (mut got, mut twin) = (0u64, 0u64);
+    let drain = async |l: &B| {
+        let mut n = 0;
+        while l.check(1).await.is_some_and(|d| d.allowed) {
+            n += 1;
+            assert!(n < 100_000);
+        }
+        n
+    };
+    for (n, step) in steps.iter().enumerate() {
+        a.read(step.reading);
+        b.read(step.reading);
+        let line = format!("step {n}: now {} read {}: ", step.now, step.reading);
+        if n == i {
+            // A refused request is no request made: the twins would be one.
+            let d = a.reserve(1).await.filter(|d| d.allowed)?;
+            log.push(format!("{line}the extra request: {d:?}"));
+            extra = Some(d);
+            // The twin makes it too and gives it back at once (a veto leaves the key as it
+            // was): both keys are read at the same instants.
+            let vetoed = b.reserve(1).await.filter(|d| d.allowed).unwrap();
+            b.settle(1, vetoed, 0).await;
+        }
+        if n == j {
+            // The quota of the step first: the give-back and the twin's drain that follows at
+            // once then read the key under one quota.
+            if let Op::Quota(p, l) = step.op {
+                a.set_quota(sliding_quota(p, l));
+                b.set_quota(sliding_quota(p, l));
+            }
+            a.settle(1, extra.take().unwrap(), 0).await;
+            log.push(format!("{line}the extra request given back"));
+        }
+        match step.op {
+            _ if n == j => {
+                let (x, y) = (drain(a).await, drain(b).await);
+                (got, twin) = (x, y);
+                log.push(format!("{line}drained {x}, the twin {y}"));
+            }
+            Op::Quota(p, l) => {
+                a.set_quota(sliding_quota(p, l));
+                b.set_quota(sliding_quota(p, l));
+                log.push(format!("{line}quota {l} per {p}"));
+            }
+            _ if n >= i && n < j => {}
+            Op::Check(c) | Op::Reserve(c) if n < i => {
+                for (k, l) in [a, b].into_iter().enumerate() {
+                    let d = if matches!(step.op, Op::Check(_)) {
+                        l.check(c).await
+                    } else {
+                        l.reserve(c).await
+                    };
+                    if let Some(d) = d.filter(|d| d.allowed) {
+                        held[k].push((c, d));
+                    }
+                }
+                log.push(format!("{line}{:?} on both", step.op));
+            }
+            Op::Refund(x) | Op::SettleLess(x, _) | Op::SettleMore(x, _) if n < i => {
+                let len = held[0].len();
+                assert_eq!(len, held[1].len(), "the twins agreed so far");
+                if len == 0 {
+                    continue;
+                }
+                let to = |c: u32| match step.op {
+                    Op::SettleLess(_, by) => c.saturating_sub(by),
+                    Op::SettleMore(_, more) => c + more,
+                    _ => 0,
+                };
+                let (c, d) = held[0].swap_remove(x % len);
+                a.settle(c, d, to(c)).await;
+                let (c, d) = held[1].swap_remove(x % len);
+                b.settle(c, d, to(c)).await;
+                log.push(format!("{line}{:?} on both", step.op));
+            }
+            _ if n < j => {}
+            // Both drained at once after the give-back, at its reading, then at each request.
+            Op::Check(_) | Op::Reserve(_) => {
+                let (x, y) = (drain(a).await, drain(b).await);
+                got += x;
+                twin += y;
+                log.push(format!(
+                    "{line}drained {x} (in all {got}), the twin {y} ({twin})"
+                ));
+                if got > twin {
+                    return Some(format!(
+                        "seed {seed}: the limiter that gave its request back admitted {got} \
+                         since, the twin that never made it {twin}:\n{}",
+                        log.join("\n")
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
