@@ -684,13 +684,16 @@ pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) ->
     let mut held: [Vec<(u32, tower_bulwark::limiter::Decision)>; 2] = Default::default();
     let mut extra = None;
     let (mut got, mut twin) = (0u64, 0u64);
+    // How many it admits now, and when the refusal that ends them says to come back.
     let drain = async |l: &B| {
         let mut n = 0;
-        while l.check(1).await.is_some_and(|d| d.allowed) {
-            n += 1;
+        loop {
+            match l.check(1).await {
+                Some(d) if d.allowed => n += 1,
+                d => return (n, d.map(|d| d.retry_after)),
+            }
             assert!(n < 100_000);
         }
-        n
     };
     for (n, step) in steps.iter().enumerate() {
         a.read(step.reading);
@@ -718,9 +721,9 @@ pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) ->
         }
         match step.op {
             _ if n == j => {
-                let (x, y) = (drain(a).await, drain(b).await);
+                let ((x, rx), (y, ry)) = (drain(a).await, drain(b).await);
                 (got, twin) = (x, y);
-                log.push(format!("{line}drained {x}, the twin {y}"));
+                log.push(format!("{line}drained {x} ({rx:?}), the twin {y} ({ry:?})"));
             }
             Op::Quota(p, l) => {
                 a.set_quota(sliding_quota(p, l));
@@ -761,11 +764,11 @@ pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) ->
             _ if n < j => {}
             // Both drained at once after the give-back, at its reading, then at each request.
             Op::Check(_) | Op::Reserve(_) => {
-                let (x, y) = (drain(a).await, drain(b).await);
+                let ((x, rx), (y, ry)) = (drain(a).await, drain(b).await);
                 got += x;
                 twin += y;
                 log.push(format!(
-                    "{line}drained {x} (in all {got}), the twin {y} ({twin})"
+                    "{line}drained {x} (in all {got}; {rx:?}), the twin {y} ({twin}; {ry:?})"
                 ));
                 if got > twin {
                     return Some(format!(
