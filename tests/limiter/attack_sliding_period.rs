@@ -369,3 +369,108 @@ fn attack_sliding_period_a_key_left_alone_through_changes_admits_again() {
     let admitted = crate::common::admitted_until_refused(|| block_on(b.check(1)).unwrap().allowed);
     assert_eq!(admitted, 3, "admitted at 19.08 s, 3 per 750 ms");
 }
+
+/// 6. Hostile values: periods of 1 ns to `MAX_SPAN`, limits of 1 to `u32::MAX`, waits as long
+///    as the bounds allow, readings from 0 to `u64::MAX`, and changes between them: no panic;
+///    with readings below 2^61 ns, no window beyond its limit. Quotas past the bounds are
+///    errors naming their field.
+#[test]
+fn attack_sliding_period_hostile_values() {
+    let span = Quota::MAX_SPAN.as_nanos() as u64;
+    let periods = [1, 2, 3, 1_000, S, span / 3, span - 1, span];
+    let limits = [1, 2, 7, 1 << 20, u32::MAX];
+    // The longest wait the bounds allow: `permits · (max_wait / period + 2) < 2^53`.
+    let hostile = |period: u64, permits: u32| {
+        let most = ((1u64 << 53) - 1) / u64::from(permits);
+        let wait = most.saturating_sub(2).saturating_mul(period).min(span);
+        let q = Quota::with_period(permits, Duration::from_nanos(period)).unwrap();
+        q.with_max_wait(Duration::from_nanos(wait))
+            .or_else(|_| q.with_max_wait(Duration::from_nanos(wait / 2)))
+            .unwrap()
+    };
+    for seed in 0..300u64 {
+        let mut rng = crate::common::Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let wild = seed % 3 == 0;
+        let (p, l) = (rng.pick(&periods), rng.pick(&limits));
+        let mut model = crate::common::sliding_model::Model::new(Numbering::Memory, p, l.into());
+        let (keyed, direct) = (Keyed::new(hostile(p, l)), Direct::new(hostile(p, l)));
+        let mut now = rng.below(1 << 40);
+        let (mut latest, mut limit) = (0, l);
+        for _ in 0..60 {
+            let reading = match rng.below(6) {
+                0 if wild => rng.pick(&[(1 << 62) - 1, 1 << 62, u64::MAX]),
+                1 => now.saturating_sub(rng.below(2 * S)),
+                _ => {
+                    now += rng.pick(&[0, 1, 2, 1_000, S, span / 2, span]);
+                    if !wild {
+                        now = now.min(1 << 61);
+                    }
+                    now
+                }
+            };
+            keyed.read(reading);
+            direct.read(reading);
+            let decided = reading.max(latest);
+            latest = decided;
+            let cost = 1 + rng.below(u64::from(limit.min(3))) as u32;
+            match rng.below(4) {
+                0 => {
+                    let (p, l) = (rng.pick(&periods), rng.pick(&limits));
+                    keyed.set_quota(hostile(p, l));
+                    direct.set_quota(hostile(p, l));
+                    if !wild {
+                        model.change(decided, p, l.into());
+                    }
+                    limit = l;
+                }
+                op => {
+                    let (k, d) = if op == 1 {
+                        (block_on(keyed.check(cost)), block_on(direct.check(cost)))
+                    } else {
+                        (
+                            block_on(keyed.reserve(cost)),
+                            block_on(direct.reserve(cost)),
+                        )
+                    };
+                    if let Some(k) = k.filter(|k| k.allowed && !wild) {
+                        let id = model.admit(decided, k.wait.as_nanos() as u64, cost.into());
+                        if op == 3 {
+                            block_on(keyed.settle(cost, k, 0));
+                            model.give_back(decided, id, cost.into());
+                        }
+                    }
+                    if let Some(d) = d.filter(|d| d.allowed && op == 3) {
+                        block_on(direct.settle(cost, d, cost / 2));
+                    }
+                }
+            }
+        }
+        // The count only: the hold after changes in a row is the finding above.
+        let over: Vec<String> = model
+            .violations(false)
+            .into_iter()
+            .filter(|v| v.starts_with("count:"))
+            .collect();
+        assert!(
+            over.is_empty(),
+            "seed {seed}: {}\n{}",
+            over.join("\n"),
+            model.log.join("\n")
+        );
+    }
+    let refused = [
+        Quota::with_period(0, Duration::from_secs(1))
+            .unwrap_err()
+            .field(),
+        Quota::with_period(1, Duration::ZERO).unwrap_err().field(),
+        Quota::with_period(1, Quota::MAX_SPAN + Duration::from_nanos(1))
+            .unwrap_err()
+            .field(),
+        Quota::with_period(u32::MAX, Duration::from_nanos(1))
+            .unwrap()
+            .with_max_wait(Duration::from_secs(1))
+            .unwrap_err()
+            .field(),
+    ];
+    assert_eq!(refused, ["permits", "period", "period", "max_wait"]);
+}
