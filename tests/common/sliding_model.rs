@@ -203,10 +203,12 @@ impl Model {
         let hi = t.max(self.changes[k].at);
         let lo = window.0.min(hi);
         let changes = &self.changes[..=k];
+        // The quota in force just before the window (or the first), then every one changed
+        // to within it up to `t`, at its very start too.
         let before = changes
             .iter()
-            .rposition(|c| c.at <= lo)
-            .map_or(0, |i| changes[i].limit);
+            .rposition(|c| c.at < lo)
+            .map_or(changes[0].limit, |i| changes[i].limit);
         changes
             .iter()
             .filter(|c| c.at >= lo && c.at <= hi)
@@ -391,6 +393,8 @@ pub struct Mix {
     /// Changes of period one at a time, each at least 8 s after the last (so that what one
     /// holds has ended before the next).
     pub spaced: bool,
+    /// Settles to more (else to less).
+    pub debts: bool,
 }
 
 impl Mix {
@@ -399,6 +403,7 @@ impl Mix {
         periods: true,
         stale: true,
         spaced: false,
+        debts: true,
     };
 }
 
@@ -425,6 +430,7 @@ pub fn schedule(numbering: Numbering, seed: u64, n: usize, mix: Mix) -> ((u64, u
             reading: now,
             op: match op {
                 Op::Reserve(c) if !mix.reservations => Op::Check(c),
+                Op::SettleMore(x, by) if !mix.debts => Op::SettleLess(x, by),
                 op => op,
             },
         };

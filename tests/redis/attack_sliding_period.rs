@@ -399,3 +399,185 @@ async fn attack_sliding_period_redis_a_give_back_never_puts_a_limiter_ahead_of_i
         failures[0]
     );
 }
+
+/// 7. Hostile values in Redis: periods of 1 ns to 2^50 ns, limits of 1 to `u32::MAX`, a wait as
+///    long as the bounds allow, changes between them, a clock up to 2^52 ns: the builder and
+///    `set_quota` answer (an error names what cannot run), no decision fails, and no window
+///    holds more than its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "found by attack: seed 6: a reservation pushed 2^50 ns ahead by a hold (period \
+            1 µs, the wait 13 days), then 1001 ns and 2^50 ns: the window [2^51, 3·2^50) ns \
+            holds 4 under a limit of 2, in Redis"]
+async fn attack_sliding_period_redis_hostile_values() {
+    let name = "sliding_period_hostile";
+    let (_server, store) = or_skip!(RedisServer::with_store(name).await);
+    let periods = [1, 3, 1_000, 1_001, S, 1 << 50];
+    let limits = [1, 2, 7, 1 << 20, u32::MAX];
+    let hostile = |period: u64, permits: u32| {
+        let most = ((1u64 << 53) - 1) / u64::from(permits);
+        let wait = most.saturating_sub(3).saturating_mul(period).min(1 << 50);
+        crate::common::quota_ns(permits, period, 1, wait)
+    };
+    let mut refused = std::collections::BTreeSet::new();
+    for seed in 0..60u64 {
+        let mut rng = crate::common::Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (p, l) = (rng.pick(&periods), rng.pick(&limits));
+        let clock = ManualClock::new();
+        let built = propagating::<SlidingCounter>(
+            &store,
+            hostile(p, l),
+            &clock,
+            &format!("{name}:{seed}:"),
+            Refusals::Uncached,
+        )
+        .build();
+        let Ok(limiter) = built else {
+            refused.insert(format!("build {p} ns x {l}: {}", built.err().unwrap()));
+            continue;
+        };
+        let redis = Redis(limiter, clock);
+        let mut model = Model::new(Numbering::Redis, p, l.into());
+        let (mut now, mut latest, mut limit) = (rng.below(1 << 40), 0, l);
+        for _ in 0..40 {
+            now = (now + rng.pick(&[0, 1, 1_000, S, 1 << 48])).min(1 << 52);
+            redis.read(now);
+            latest = now.max(latest);
+            let cost = 1 + rng.below(u64::from(limit.min(3))) as u32;
+            if rng.below(4) == 0 {
+                let (p, l) = (rng.pick(&periods), rng.pick(&limits));
+                match redis.0.set_quota(hostile(p, l)) {
+                    Ok(()) => {
+                        model.change(latest, p, l.into());
+                        limit = l;
+                    }
+                    Err(e) => {
+                        refused.insert(format!("set_quota {p} ns x {l}: {e}"));
+                    }
+                }
+                continue;
+            }
+            let d = if rng.below(2) == 0 {
+                redis.0.check_n("k", cost).await
+            } else {
+                Limiter::reserve(&redis.0, &"k", cost).await
+            };
+            let d = d.unwrap_or_else(|e| panic!("seed {seed}: {cost} at {now}: {e}"));
+            if d.allowed {
+                model.admit(latest, d.wait.as_nanos() as u64, cost.into());
+            }
+        }
+        let over: Vec<String> = model
+            .violations(false)
+            .into_iter()
+            .filter(|v| v.starts_with("count:"))
+            .collect();
+        assert!(
+            over.is_empty(),
+            "seed {seed}: {}\n{}",
+            over.join("\n"),
+            model.log.join("\n")
+        );
+    }
+    eprintln!(
+        "refused:\n{}",
+        refused.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// Two instances leasing one key's permits (shares of at most 3), their requests alternating;
+/// a give-back goes to the instance that made the admission.
+struct Leased {
+    instances: [RedisRateLimiter; 2],
+    ids: [String; 2],
+    clock: ManualClock,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Leased {
+    async fn new(store: &RedisStore, q: Quota, prefix: &str) -> Self {
+        let clock = ManualClock::new();
+        let make = || {
+            propagating::<SlidingCounter>(store, q, &clock, prefix, Refusals::Uncached)
+                .lease(tower_bulwark::redis::Lease::new().max_share(q.burst().min(3)))
+                .build()
+                .unwrap()
+        };
+        let instances = [make(), make()];
+        // Each instance's id, as its decisions print it (a key of its own, never read after).
+        let mut ids = [String::new(), String::new()];
+        for (id, l) in ids.iter_mut().zip(&instances) {
+            let d = format!("{:?}", l.check("id").await.unwrap());
+            *id = d[d.find("LimiterId").unwrap()..]
+                .split(')')
+                .next()
+                .unwrap()
+                .to_string();
+        }
+        let next = Default::default();
+        Self {
+            instances,
+            ids,
+            clock,
+            next,
+        }
+    }
+
+    fn one(&self) -> &RedisRateLimiter {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.instances[n % 2]
+    }
+}
+
+impl Backend for Leased {
+    fn read(&self, t: u64) {
+        at(&self.clock, t);
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        self.one().check_n("k", cost).await.ok()
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        Limiter::reserve(self.one(), &"k", cost).await.ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        let i = usize::from(!format!("{d:?}").contains(&self.ids[0]));
+        let l = &self.instances[i];
+        l.settle_and_wait("k", estimate, d, cost).await.unwrap();
+    }
+    fn set_quota(&self, q: Quota) {
+        for l in &self.instances {
+            l.set_quota(q).unwrap();
+        }
+    }
+}
+
+/// 8. Leases across changes of period: two instances leasing shares of one key, the random
+///    schedules (one change at a time, spaced; reservations decided in Redis): what they admit
+///    together keeps every window within its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_leases_across_changes_of_period() {
+    let name = "sliding_period_leases";
+    let (_server, store) = or_skip!(RedisServer::with_store(name).await);
+    // Fresh readings: a share admits at its instance's own reading, which the model does not
+    // know to be later than the key's latest. No debts: one is paid from a share's permits,
+    // already counted.
+    let mix = Mix {
+        spaced: true,
+        stale: false,
+        debts: false,
+        ..Mix::ALL
+    };
+    let mut failures = Vec::new();
+    for seed in 0..100 {
+        let (first, steps) = schedule(Numbering::Redis, seed, 100, mix);
+        let q = sliding_quota(first.0, first.1);
+        let leased = Leased::new(&store, q, &format!("{name}:{seed}:")).await;
+        let (model, _) = drive(&leased, Numbering::Redis, first, &steps).await;
+        failures.extend(failed(&format!("seed {seed}"), &model));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 100 seeds failed; the first:\n{}",
+        failures.len(),
+        failures[0]
+    );
+}
