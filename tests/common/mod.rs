@@ -17,6 +17,7 @@ pub mod recorded;
 pub mod redis_server;
 pub mod reservation_windows;
 pub mod sliding_model;
+pub mod sliding_schedules;
 
 use std::future::Future;
 use std::pin::Pin;

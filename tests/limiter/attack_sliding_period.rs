@@ -12,7 +12,7 @@ use tower_bulwark::limiter::Decision;
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::block_on;
-use crate::common::sliding_model::{
+use crate::common::sliding_schedules::{
     drive, reserved_then_changed, schedule, shrink, sliding_quota, twins, Backend, Mix, Numbering,
     Op, Step,
 };
@@ -140,8 +140,8 @@ const SPACED: Mix = Mix {
 };
 
 #[test]
-#[ignore = "found by attack: 42 of 200 seeds admit while reservations hold the key after a \
-            second change of period, 5 of them beyond a window's limit (seed 79: 4 under 3), \
+#[ignore = "found by attack: 25 of 200 seeds admit while reservations hold the key after a \
+            second change of period, 3 of them beyond a window's limit (seed 99: 3 under 2), \
             keyed and direct; see the two changes in a row below"]
 fn attack_sliding_period_random_schedules() {
     random_schedules(Keyed::new, 0..200, Mix::ALL);
@@ -178,7 +178,11 @@ fn reserved_then_changed_on<B: Backend>(
     block_on(drive(&b, Numbering::Memory, (first.0, first.1), &steps)).0
 }
 
-type Case<'a> = ((u64, u32, u32, u32), &'a [(u64, u64, u32)]);
+/// A first quota, what is taken and reserved under it: period, limit, taken, reserved.
+type First = (u64, u32, u32, u32);
+/// A change of quota: instant, period, limit.
+type Change = (u64, u64, u32);
+type Case<'a> = (First, &'a [(u64, u64, u32)]);
 
 /// Runs each case of [`reserved_then_changed`] on a keyed and a direct limiter; fails with all
 /// that broke the guarantee.
@@ -262,7 +266,7 @@ fn attack_sliding_period_two_changes_in_a_row_with_reservations_ahead() {
 
 /// The cases of A→B→A and A→B→C in a row (at one instant, or the second 1 ns before a
 /// window's end), the next window reserved, as `tests/redis/attack_sliding_period.rs` runs them.
-fn back_and_forth() -> Vec<((u64, u32, u32, u32), [(u64, u64, u32); 2])> {
+fn back_and_forth() -> Vec<(First, [Change; 2])> {
     let mut cases = Vec::new();
     for (limit, taken, reserved) in [(1, 1, 1), (4, 4, 4), (4, 2, 4)] {
         for b in [S, 750 * MS, 300 * MS, 3 * S] {

@@ -13,7 +13,7 @@ use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
 use tower_bulwark::{KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
-use crate::common::sliding_model::{
+use crate::common::sliding_schedules::{
     drive, reserved_then_changed, schedule, shrink, sliding_quota, twins, Backend, Mix, Model,
     Numbering, Op, Step,
 };
@@ -190,13 +190,14 @@ async fn attack_sliding_period_redis_decides_as_memory_without_changes_of_period
     random_schedules("sliding_period_no_change", 0..200, mix, true).await;
 }
 
+/// A case of `reserved_then_changed`: period, limit, taken, reserved, and the changes
+/// (instant, period, limit).
+type Case = (u64, u32, u32, u32, Vec<(u64, u64, u32)>);
+
 /// Each case of `reserved_then_changed` (4 or 5 per 2 s, the next window reserved, then the
 /// changes) in Redis, every key under a prefix of its own: fails with all that broke the
 /// guarantee.
-async fn cases_keep_the_guarantee(
-    name: &str,
-    cases: &[(u64, u32, u32, u32, Vec<(u64, u64, u32)>)],
-) {
+async fn cases_keep_the_guarantee(name: &str, cases: &[Case]) {
     let (_server, store) = or_skip!(RedisServer::with_store(name).await);
     let mut failures = Vec::new();
     for (i, (period, limit, taken, reserved, changes)) in cases.iter().enumerate() {
