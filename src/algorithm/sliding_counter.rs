@@ -273,7 +273,9 @@ impl Transitions for SlidingCounter {
     /// The counts of the window of the change stay in it, so it admits at most the larger of
     /// the two limits. Reservations standing ahead at a change of period fall due in windows of
     /// the old length: their key admits nothing more until the end of the new window the last
-    /// of them falls due in (see `lay_out`).
+    /// of them may fall due in, through later changes too (see `lay_out`). (In Redis, whose
+    /// windows of one length always lie at the same instants, a key is held only where the
+    /// length it was last written under differs, and by that length exactly.)
     fn with_quota(&self, quota: &Quota, now: u64) -> Self {
         Self {
             limit: u64::from(quota.permits()),

@@ -3,6 +3,10 @@
 //! twins of a give-back; a shrinker of failing schedules. See `sliding_model.rs`.
 
 pub use super::sliding_model::{Model, Numbering};
+use tower_bulwark::algorithm::SlidingCounter;
+use tower_bulwark::clock::ManualClock;
+use tower_bulwark::limiter::Decision;
+use tower_bulwark::Limiter;
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
@@ -36,6 +40,23 @@ pub struct Step {
 pub const PERIODS: [u64; 6] = [S, S / 2, 300 * MS, 2 * S, 750 * MS, 1_100 * MS];
 pub const LIMITS: [u32; 5] = [1, 2, 3, 5, 10];
 
+/// A first quota, what is taken and reserved under it: period, limit, taken, reserved.
+pub type First = (u64, u32, u32, u32);
+/// A change of quota: instant, period, limit.
+pub type Change = (u64, u64, u32);
+
+/// The instants a single change of period comes at, of windows of 2 s: at a window's start, 1 ns
+/// either side, or within it.
+pub const CHANGED_AT: [u64; 7] = [
+    2 * S - 1,
+    2 * S,
+    2 * S + 1,
+    3 * S,
+    4 * S - 1,
+    4 * S,
+    4 * S + 1,
+];
+
 /// `permits` per `period` ns, waiting up to two periods (a reservation reaches the next window).
 pub fn sliding_quota(period: u64, permits: u32) -> tower_bulwark::Quota {
     super::quota_ns(permits, period, permits, 2 * period)
@@ -61,6 +82,21 @@ impl Mix {
         stale: true,
         spaced: false,
         debts: true,
+    };
+    /// No change of period.
+    pub const NO_PERIODS: Self = Self {
+        periods: false,
+        ..Self::ALL
+    };
+    /// No reservation.
+    pub const NO_RESERVATIONS: Self = Self {
+        reservations: false,
+        ..Self::ALL
+    };
+    /// Changes of period one at a time, far apart.
+    pub const SPACED: Self = Self {
+        spaced: true,
+        ..Self::ALL
     };
 }
 
@@ -445,4 +481,133 @@ pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) ->
         }
     }
     None
+}
+
+/// One key of an in-memory limiter, keyed (its key 0) or direct, reading a manual clock.
+pub enum InMemory {
+    Keyed(
+        tower_bulwark::KeyedRateLimiter<u32, SlidingCounter, ManualClock>,
+        ManualClock,
+    ),
+    Direct(
+        tower_bulwark::DirectRateLimiter<SlidingCounter, ManualClock>,
+        ManualClock,
+    ),
+}
+
+impl InMemory {
+    pub fn keyed(q: tower_bulwark::Quota) -> Self {
+        let clock = ManualClock::new();
+        let l = tower_bulwark::KeyedRateLimiter::<u32>::builder(q)
+            .algorithm::<SlidingCounter>()
+            .clock(clock.clone())
+            .build();
+        Self::Keyed(l, clock)
+    }
+
+    pub fn direct(q: tower_bulwark::Quota) -> Self {
+        let clock = ManualClock::new();
+        let l = tower_bulwark::DirectRateLimiter::builder(q)
+            .algorithm::<SlidingCounter>()
+            .clock(clock.clone())
+            .build();
+        Self::Direct(l, clock)
+    }
+}
+
+impl Backend for InMemory {
+    fn read(&self, at: u64) {
+        let (Self::Keyed(_, clock) | Self::Direct(_, clock)) = self;
+        clock.set(std::time::Duration::from_nanos(at));
+    }
+    async fn check(&self, cost: u32) -> Option<Decision> {
+        match self {
+            Self::Keyed(l, _) => l.check_n(&0, cost).ok(),
+            Self::Direct(l, _) => l.check_n(cost).ok(),
+        }
+    }
+    async fn reserve(&self, cost: u32) -> Option<Decision> {
+        let decision = match self {
+            Self::Keyed(l, _) => Limiter::reserve_now(l, &0, cost),
+            Self::Direct(l, _) => Limiter::<()>::reserve_now(l, &(), cost),
+        };
+        decision.unwrap().ok()
+    }
+    async fn settle(&self, estimate: u32, d: Decision, cost: u32) {
+        let settled = match self {
+            Self::Keyed(l, _) => Limiter::settle(l, &0, estimate, d, cost),
+            Self::Direct(l, _) => Limiter::<()>::settle(l, &(), estimate, d, cost),
+        };
+        assert!(settled);
+    }
+    fn set_quota(&self, q: tower_bulwark::Quota) {
+        match self {
+            Self::Keyed(l, _) => l.set_quota(q),
+            Self::Direct(l, _) => l.set_quota(q),
+        }
+    }
+}
+
+/// What broke in `model` (of the count only where `counts_only`), one line each, with its
+/// schedule, under `what`.
+pub fn failure(what: &str, model: &Model, counts_only: bool) -> Option<String> {
+    let v: Vec<String> = (model.violations(false).into_iter())
+        .filter(|v| !counts_only || v.starts_with("count:"))
+        .collect();
+    (!v.is_empty()).then(|| {
+        format!(
+            "{what}: {}\nschedule:\n{}",
+            v.join("\n"),
+            model.log.join("\n")
+        )
+    })
+}
+
+/// Fails with the first of `failures` (of seeds, by `failure`), after saying how many broke
+/// the count.
+pub fn assert_no_failures(name: &str, failures: &[String]) {
+    let counts: Vec<&String> = failures.iter().filter(|f| f.contains("count:")).collect();
+    eprintln!(
+        "{name}: {} seeds failed, {} of them the count: {:?}",
+        failures.len(),
+        counts.len(),
+        counts
+            .iter()
+            .map(|f| f.split(':').next().unwrap())
+            .collect::<Vec<_>>()
+    );
+    if let Some(f) = counts.first() {
+        eprintln!("the first count failure:\n{f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{name}: {} seeds failed; the first:\n{}",
+        failures.len(),
+        failures[0]
+    );
+}
+
+/// The cases of A→B→A and A→B→C in a row (at one instant, or the second 1 ns before a
+/// window's end), the next window reserved: the first quota (period, limit), what is taken and
+/// reserved, and the two changes (instant, period, limit).
+pub fn back_and_forth() -> Vec<(First, [Change; 2])> {
+    let mut cases = Vec::new();
+    for (limit, taken, reserved) in [(1, 1, 1), (4, 4, 4), (4, 2, 4)] {
+        for b in [S, 750 * MS, 300 * MS, 3 * S] {
+            for c in [2 * S, 1_100 * MS] {
+                for (at1, at2) in [
+                    (3 * S, 3 * S),
+                    (2 * S, 2 * S),
+                    (3 * S, 4 * S - 1),
+                    (4 * S, 4 * S),
+                ] {
+                    cases.push((
+                        (2 * S, limit, taken, reserved),
+                        [(at1, b, limit), (at2, c, limit)],
+                    ));
+                }
+            }
+        }
+    }
+    cases
 }

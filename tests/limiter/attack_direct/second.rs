@@ -368,14 +368,17 @@ fn attack_two_gcra_threads_refunding_while_others_admit_never_pass_the_rate() {
 //    than the largest limit.
 
 fn threads_at_one_instant<A: Algorithm>() {
-    let quotas = [
-        quota(5, S, 5, 3 * S),
-        quota(8, 2 * S, 8, 3 * S),
-        quota(5, 700 * MS, 5, 3 * S),
-        quota(8, 10 * S, 8, 3 * S),
-        quota(3, S, 3, 3 * S),
-        quota(8, S, 8, 0),
-    ];
+    // Each waiting up to 3 s, but the last, which never waits.
+    let mut quotas = [
+        (5, S),
+        (8, 2 * S),
+        (5, 700 * MS),
+        (8, 10 * S),
+        (3, S),
+        (8, S),
+    ]
+    .map(|(permits, period)| quota(permits, period, permits, 3 * S));
+    quotas[5] = quota(8, S, 8, 0);
     for round in 0..10u64 {
         let clock = ManualClock::new();
         // Past the first windows, so that a change can end the window in progress at once.
