@@ -205,6 +205,12 @@ impl RedisRateLimiterBuilder {
     ///   otherwise stand behind);
     ///   an instance that dies holding one leaves its permits unused until twice the lease's
     ///   length has passed (the quota is under-used, never over-used).
+    /// * A share granted under another quota than the one in force (a
+    ///   [`set_quota`](super::RedisRateLimiter::set_quota) since) is not admitted from: the
+    ///   next call gives its unused permits back and leases under the new quota (spent later,
+    ///   they could land in a window of the new period that does not count them: 12 in a
+    ///   window of 10 per 500 ms, found by attack). Other instances' shares last until they
+    ///   change their quota too.
     /// * At most 64 leases of one key are out at once; an instance is refused until one comes
     ///   back.
     /// * Calls on one key that find no share wait for one lease call of this instance, then

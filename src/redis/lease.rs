@@ -25,7 +25,7 @@ use super::{BuildError, RedisCounts};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
 use crate::sync::{lock, Mutex, MutexGuard};
-use crate::BoxError;
+use crate::{BoxError, Quota};
 
 /// How a [`RedisRateLimiter`](super::RedisRateLimiter) leases shares of a key's permits; see
 /// [`RedisRateLimiterBuilder::lease`](super::RedisRateLimiterBuilder::lease).
@@ -142,6 +142,9 @@ struct Held {
     until: u64,
     /// The permits the next lease asks for.
     size: u32,
+    /// The quota in force when it was granted: under another, its permits may lie in windows
+    /// that do not count them (a changed period), so it is given back, not spent.
+    quota: Option<Quota>,
 }
 
 impl Leases {
@@ -179,7 +182,8 @@ impl Leases {
         quota: &ScriptQuota,
     ) -> Option<Decision> {
         let mut held = share.held();
-        if held.id == 0 || now >= held.until || held.left < cost {
+        let other_quota = held.quota != Some(quota.quota);
+        if held.id == 0 || now >= held.until || held.left < cost || other_quota {
             return None;
         }
         if now < held.from {
@@ -252,6 +256,7 @@ impl Leases {
             from,
             until,
             size: held.size,
+            quota: Some(quota.quota),
         };
         self.counts.taken.fetch_add(1, Ordering::Relaxed);
         drop(held);

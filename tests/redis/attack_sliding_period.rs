@@ -468,3 +468,52 @@ async fn attack_sliding_period_redis_leases_across_changes_of_period() {
         failures[0]
     );
 }
+
+/// 9. A share leased before a change of period is not spent after it: its permits were counted
+///    in a window of the old length, and spent later they would land in a new window that only
+///    carries them as its previous one's. 10 per 1 s; one instance leases (shares up to 8) eight
+///    permits at 1000.1 s, its share holding 2 more; the period becomes 500 ms; at 1000.99 s
+///    another instance, deciding in Redis, is admitted what the window [1000.5 s, 1001 s) has,
+///    and the first may admit nothing beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_sliding_period_redis_a_share_from_before_a_change_of_period_is_not_spent() {
+    let name = "sliding_period_old_share";
+    let (_server, store) = or_skip!(RedisServer::with_store(name).await);
+    let clock = ManualClock::new();
+    let q = sliding_quota(S, 10);
+    let leased = propagating::<SlidingCounter>(&store, q, &clock, name, Refusals::Uncached)
+        .lease(
+            tower_bulwark::redis::Lease::new()
+                .max_share(8)
+                .length(2 * Duration::from_secs(1)),
+        )
+        .build()
+        .unwrap();
+    let plain = propagating::<SlidingCounter>(&store, q, &clock, name, Refusals::Uncached)
+        .build()
+        .unwrap();
+    at(&clock, 1000 * S + 100 * MS);
+    for _ in 0..8 {
+        assert!(leased.check("k").await.unwrap().allowed);
+    }
+    assert_eq!(
+        leased.counts().lease_decisions,
+        4,
+        "three admitted from shares"
+    );
+    let shorter = sliding_quota(S / 2, 10);
+    leased.set_quota(shorter).unwrap();
+    plain.set_quota(shorter).unwrap();
+    at(&clock, 1000 * S + 990 * MS);
+    let mut admitted = 0;
+    while plain.check("k").await.unwrap().allowed {
+        admitted += 1;
+    }
+    while leased.check("k").await.unwrap().allowed {
+        admitted += 1;
+    }
+    assert!(
+        admitted <= 10,
+        "{admitted} admitted in [1000.5 s, 1001 s) under 10 per 500 ms"
+    );
+}
