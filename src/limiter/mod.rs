@@ -81,8 +81,9 @@ pub trait Limiter<K>: Send + Sync + 'static {
     /// A cost of zero takes nothing. It is admitted at once while the key is within its limit,
     /// even with nothing left; behind reservations that hold permits beyond the limit (GCRA, the
     /// fixed window, `Metered`; the sliding windows count a reservation in the window it falls
-    /// due in) or a settle's debt, it waits, as a request would, no later than the last of
-    /// them falls due, and is refused beyond `max_wait`.
+    /// due in) or a settle's debt, it waits as a request would, until the key is back within
+    /// its limit (for reservations, no later than the last falls due), and is refused beyond
+    /// `max_wait`.
     ///
     /// # Errors
     ///
