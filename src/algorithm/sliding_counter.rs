@@ -52,12 +52,12 @@ pub(crate) struct Counters {
     pub(crate) renumbered: u64,
     /// The permits of `curr` reserved (so perhaps not yet due): what reservations of it and
     /// of `next` came to, less what came back.
-    pub(crate) held: u64,
+    pub(crate) reserved: u64,
     /// The numbering (its [`Timeline::generation`]) the counts were laid out under.
     pub(crate) generation: u64,
     /// The instant before which reservations laid out anew after a change of period may fall
     /// due (see [`SlidingCounter::lay_out`]), so that a later change holds the key as long.
-    pub(crate) hold_until: u64,
+    pub(crate) due_before: u64,
 }
 
 impl SlidingCounter {
@@ -68,19 +68,19 @@ impl SlidingCounter {
             1 => {
                 c.prev = c.curr;
                 c.curr = c.next;
-                c.held = c.next;
+                c.reserved = c.next;
                 c.next = 0;
             }
             2 => {
                 c.prev = c.next;
                 c.curr = 0;
-                c.held = 0;
+                c.reserved = 0;
                 c.next = 0;
             }
             _ => {
                 c.prev = 0;
                 c.curr = 0;
-                c.held = 0;
+                c.reserved = 0;
                 c.next = 0;
             }
         }
@@ -137,11 +137,15 @@ impl SlidingCounter {
             return;
         }
         (self.timeline).renumber(&mut c.window, &mut c.renumbered, c.latest);
-        let old_windows_ahead = if c.next > 0 { 2 } else { u64::from(c.held > 0) };
+        let old_windows_ahead = if c.next > 0 {
+            2
+        } else {
+            u64::from(c.reserved > 0)
+        };
         let reach = old_windows_ahead.saturating_mul(self.timeline.longest());
-        let due_before = c.latest.saturating_add(reach).max(c.hold_until);
+        let due_before = c.latest.saturating_add(reach).max(c.due_before);
         if due_before > c.latest {
-            c.hold_until = due_before;
+            c.due_before = due_before;
             let last_due = self.timeline.window_of(due_before - 1).max(c.window);
             let full = c.curr.max(c.next).max(self.limit);
             let next = if last_due == c.window { c.next } else { 0 };
@@ -206,7 +210,7 @@ impl SlidingCounter {
         if wait <= max_wait && which < 2 {
             if which == 0 {
                 c.curr += cost;
-                c.held += cost;
+                c.reserved += cost;
             } else {
                 c.next += cost;
             }
@@ -242,7 +246,7 @@ impl SlidingCounter {
             &mut c.prev
         } else if idx == c.window {
             if !decision.wait.is_zero() {
-                c.held = c.held.saturating_sub(cost);
+                c.reserved = c.reserved.saturating_sub(cost);
             }
             &mut c.curr
         } else if idx == c.window + 1 {

@@ -4,7 +4,7 @@
 -- window length `w` counts in (absent: the current length), g = the numbering the windows
 -- hold: the reading the key was written first at, raised past it at every renumbering by a
 -- change of length (absent: 0), so that neither a renumbering nor a key deleted and written
--- anew gives a numbering an earlier decision was counted under, h = the permits of `c` reserved
+-- anew gives a numbering an earlier decision was counted under, r = the permits of `c` reserved
 -- (so perhaps not yet due): what reservations of it and of `n` came to, less what came back
 -- (absent: 0), u = the instant before which reservations laid out anew at a change of length
 -- may fall due (absent: 0).
@@ -21,14 +21,14 @@
 local key = KEYS[1]
 local window = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
-local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l', 'd', 'x', 'g', 'h')
+local state = redis.call('HMGET', key, 'w', 'p', 'c', 'n', 'l', 'd', 'x', 'g', 'r')
 local w = stored(state[1], 0)
 local prev = stored(state[2], 0)
 local curr = stored(state[3], 0)
 local nxt = stored(state[4], 0)
 local latest = stored(state[5], 0)
 local g = stored(state[8], 0)
-local held = stored(state[9], 0)
+local reserved = stored(state[9], 0)
 now = math.max(now, latest)
 if not state[1] then
   g = now
@@ -58,7 +58,7 @@ if stored(state[6], window) ~= window then
   local old_windows_ahead = 0
   if nxt > 0 then
     old_windows_ahead = 2
-  elseif held > 0 then
+  elseif reserved > 0 then
     old_windows_ahead = 1
   end
   local due_before = latest + old_windows_ahead * stored(state[6], window)
@@ -77,11 +77,11 @@ end
 local idx = idiv(now, window)
 local gap = math.max(idx - w, 0)
 if gap == 1 then
-  prev, curr, held, nxt = curr, nxt, nxt, 0
+  prev, curr, reserved, nxt = curr, nxt, nxt, 0
 elseif gap == 2 then
-  prev, curr, held, nxt = nxt, 0, 0, 0
+  prev, curr, reserved, nxt = nxt, 0, 0, 0
 elseif gap > 2 then
-  prev, curr, held, nxt = 0, 0, 0, 0
+  prev, curr, reserved, nxt = 0, 0, 0, 0
 end
 w = math.max(w, idx)
 -- Leases of windows before the previous one count nowhere any more.
@@ -145,10 +145,10 @@ local function save()
     redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases), 'g', int(g))
     -- Written only while it holds something: as a field of every call, it cost 5 % more
     -- instructions a decision.
-    if held > 0 then
-      redis.call('HSET', key, 'h', int(held))
+    if reserved > 0 then
+      redis.call('HSET', key, 'r', int(reserved))
     elseif state[9] then
-      redis.call('HDEL', key, 'h')
+      redis.call('HDEL', key, 'r')
     end
     expire_in(key, reset_after())
   end
@@ -166,7 +166,7 @@ if op == 'r' then
     elseif at_idx == w then
       curr = math.max(curr - cost, 0)
       if ARGV[11] ~= '0' then
-        held = math.max(held - cost, 0)
+        reserved = math.max(reserved - cost, 0)
       end
     elseif at_idx == w + 1 then
       nxt = math.max(nxt - cost, 0)
@@ -253,7 +253,7 @@ local wait = admit_at - now
 if wait <= max_wait and which < 2 then
   if which == 0 then
     curr = curr + cost
-    held = held + cost
+    reserved = reserved + cost
   else
     nxt = nxt + cost
   end
