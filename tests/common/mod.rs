@@ -120,6 +120,11 @@ pub fn next_estimate_and_cost(seed: &mut u64) -> (u32, u32) {
     (estimate, cost)
 }
 
+/// Moves `clock` to the reading of `nanos` nanoseconds.
+pub fn at(clock: &tower_bulwark::clock::ManualClock, nanos: u64) {
+    clock.set(std::time::Duration::from_nanos(nanos));
+}
+
 /// A manual clock already moved to `at` (a reading far from zero, as a real clock's is).
 pub fn manual_clock_at(at: std::time::Duration) -> tower_bulwark::clock::ManualClock {
     let clock = tower_bulwark::clock::ManualClock::new();

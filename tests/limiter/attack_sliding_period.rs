@@ -172,12 +172,7 @@ fn attack_sliding_period_a_give_back_never_puts_a_limiter_ahead_of_its_twin() {
             seed,
         )));
     }
-    assert!(
-        failures.is_empty(),
-        "{} of 600 failed; the first:\n{}",
-        failures.len(),
-        failures[0]
-    );
+    assert_no_failures("twins", &failures);
 }
 
 /// 5. A key left alone through changes of period: seed 74's schedule up to 13.7 s (its last

@@ -12,6 +12,7 @@ use tower_bulwark::limiter::Decision;
 use tower_bulwark::redis::{RedisRateLimiter, RedisStore};
 use tower_bulwark::{Limiter, Quota};
 
+use crate::common::at;
 use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use crate::common::sliding_schedules::{
     assert_no_failures, back_and_forth, drive, failure, reserved_then_changed, schedule, shrink,
@@ -20,10 +21,6 @@ use crate::common::sliding_schedules::{
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
-
-fn at(clock: &ManualClock, nanos: u64) {
-    clock.set(Duration::from_nanos(nanos));
-}
 
 /// One key of a Redis limiter of its own (its prefix), every decision asked of Redis.
 struct Redis(RedisRateLimiter, ManualClock);
@@ -289,12 +286,7 @@ async fn attack_sliding_period_redis_a_give_back_never_puts_a_limiter_ahead_of_i
         let b = Redis::new(&store, q, &format!("{name}:{seed}:b:"));
         failures.extend(twins(&a, &b, Numbering::Redis, seed).await);
     }
-    assert!(
-        failures.is_empty(),
-        "{} of 150 failed; the first:\n{}",
-        failures.len(),
-        failures[0]
-    );
+    assert_no_failures(name, &failures);
 }
 
 /// 7. Hostile values in Redis: periods of 1 ns to 2^50 ns, limits of 1 to `u32::MAX`, a wait as
@@ -461,12 +453,7 @@ async fn attack_sliding_period_redis_leases_across_changes_of_period() {
         let (model, _) = drive(&leased, Numbering::Redis, first, &steps).await;
         failures.extend(failed(&format!("seed {seed}"), &model));
     }
-    assert!(
-        failures.is_empty(),
-        "{} of 100 seeds failed; the first:\n{}",
-        failures.len(),
-        failures[0]
-    );
+    assert_no_failures(name, &failures);
 }
 
 /// 9. A share leased before a change of period is not spent after it: its permits were counted

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use crate::common::at;
 use crate::common::quota_ns as quota;
 use crate::common::redis_server::{or_skip, propagating, RedisServer, Refusals};
 use crate::common::reservation_windows::{
@@ -89,10 +90,6 @@ async fn delete(server: &RedisServer, l: &RedisRateLimiter, key: &str) {
         .query_async(&mut conn)
         .await
         .unwrap();
-}
-
-fn at(clock: &ManualClock, nanos: u64) {
-    clock.set(Duration::from_nanos(nanos));
 }
 
 // 1. The key deleted (evicted under maxmemory) at the instant of an admission, and recreated at

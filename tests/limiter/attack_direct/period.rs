@@ -5,13 +5,10 @@
 //! limits, and a give-back never leaves a limiter ahead of a twin that never made the request.
 
 use super::*;
+use crate::common::at;
 
 fn drain_key<A: Algorithm, C: Clock>(l: &KeyedRateLimiter<u32, A, C>, key: u32) -> u64 {
     admitted_until_refused(|| l.check(&key).allowed)
-}
-
-fn at(clock: &ManualClock, nanos: u64) {
-    clock.set(Duration::from_nanos(nanos));
 }
 
 /// One `#[test]` per algorithm for a generic scenario, so that each can be marked apart.
