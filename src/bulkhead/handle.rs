@@ -59,7 +59,8 @@ impl Bulkhead {
     /// wait.
     ///
     /// A limit of zero refuses every call until it is raised with
-    /// [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls).
+    /// [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls); one above 2^31 - 1 is
+    /// lowered to it.
     pub fn semaphore(name: impl Into<Arc<str>>, max_concurrent_calls: usize) -> BulkheadBuilder {
         BulkheadBuilder {
             name: name.into(),
@@ -113,7 +114,7 @@ impl Bulkhead {
     /// Raising it lets waiting calls in at once. Lowering it below the calls in flight lets no new
     /// call in until enough of them have ended; their permits are retired as they come back, so
     /// the new limit is never exceeded by a call admitted after this returns. Values above
-    /// [`MAX_CONCURRENT_CALLS`](super::MAX_CONCURRENT_CALLS) are lowered to it.
+    /// 2^31 - 1 are lowered to it.
     pub fn set_max_concurrent_calls(&self, max_concurrent_calls: usize) {
         self.permits.resize(max_concurrent_calls);
     }

@@ -32,7 +32,7 @@ use super::handle::BulkheadBuilder;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
-pub const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
+pub(crate) const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
 
 /// A wait for a permit in the semaphore's queue.
 type Acquire =

@@ -16,10 +16,10 @@ use crate::decision::{ceil_secs, Decision};
 use crate::Quota;
 
 /// `RateLimit-Policy`: the quota policies of the route (draft-ietf-httpapi-ratelimit-headers-11).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: the service limit of each policy for this client: the quota available (`r`) and
 /// the effective window (`t`) within which the client should use no more than that.
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Legacy `X-RateLimit-Limit` (opt-in).
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// Legacy `X-RateLimit-Remaining` (opt-in).

@@ -184,7 +184,7 @@ mod settings;
 
 pub use self::body::{BodyKind, RateLimitBody, SameBody, WrapBody};
 pub use self::concurrent::ConcurrencyLimiter;
-pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
+pub(crate) use self::headers::{RATELIMIT, RATELIMIT_POLICY};
 #[cfg(feature = "grpc")]
 pub use self::key::GrpcMethod;
 pub use self::key::{Cidr, CidrError, GlobalKey, HeaderKey, KeyError, KeyExtractor};
@@ -198,7 +198,6 @@ pub use self::policy::{Policy, PolicyError};
 pub(crate) use self::problem::json_string;
 #[cfg(feature = "adaptive")]
 pub(crate) use self::problem::problem_response;
-pub use self::problem::QUOTA_EXCEEDED;
 pub use self::refusal::Refusal;
 pub use self::service::RateLimitService;
 pub use self::set::{Chain, PolicySet};

@@ -11,7 +11,8 @@ use crate::decision::InsufficientCapacity;
 
 /// The problem type of a refusal, `quota-exceeded`, as draft-ietf-httpapi-ratelimit-headers-11
 /// registers it in IANA's HTTP Problem Types registry (title `Quota Exceeded`, status 429).
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The media type of a problem.
 pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");

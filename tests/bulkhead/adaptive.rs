@@ -13,7 +13,7 @@ use tower_bulwark::bulkhead::adaptive::{
     AdaptiveBulkhead, Aimd, Classify, FromTowerHttp, Gradient, HttpOverload, LimitAlgorithm,
     LimitChanged, Limits, Sample, Verdict,
 };
-use tower_bulwark::bulkhead::{BulkheadFull, MAX_CONCURRENT_CALLS};
+use tower_bulwark::bulkhead::BulkheadFull;
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::BoxError;
 
@@ -197,6 +197,9 @@ fn absurd_round_trips_and_instants_neither_panic_nor_freeze_the_limit_for_ages()
         }
     }
 }
+
+/// The largest limit a bulkhead takes, as `Limits::new` documents it.
+const MAX_CONCURRENT_CALLS: usize = (1 << 31) - 1;
 
 #[test]
 fn bad_settings_are_errors_that_name_the_setting() {

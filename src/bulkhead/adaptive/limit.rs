@@ -24,11 +24,11 @@ pub struct Limits {
 
 impl Limits {
     /// Checks and keeps the bounds; `min` must be at least 1, `initial` between `min` and `max`,
-    /// and `max` at most [`MAX_CONCURRENT_CALLS`].
+    /// and `max` at most 2^31 - 1, the largest limit a bulkhead takes.
     pub fn new(min: usize, initial: usize, max: usize) -> Result<Self, SettingError> {
         let zero = "at least 1: a limit of zero would refuse every call and never learn again";
         ensure(OF, min > 0, "min_limit", min, zero)?;
-        let over = "at most MAX_CONCURRENT_CALLS (2^31 - 1)";
+        let over = "at most 2^31 - 1";
         ensure(OF, max <= MAX_CONCURRENT_CALLS, "max_limit", max, over)?;
         let with_max = format!("{min} (with max_limit {max})");
         ensure(OF, min <= max, "min_limit", with_max, "at most max_limit")?;
