@@ -200,21 +200,10 @@ impl Breaker {
     /// already said more).
     fn ended(&self, sent: u64, failed: bool) -> Option<bool> {
         let now = (sent << 1) | u64::from(failed);
-        let mut latest = self.latest.load(Ordering::Relaxed);
-        loop {
-            if latest >> 1 > sent {
-                return None;
-            }
-            match (self.latest).compare_exchange_weak(
-                latest,
-                now,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some((latest & 1 == 1) != failed),
-                Err(current) => latest = current,
-            }
-        }
+        // Replaced unless a call sent later has ended.
+        let newer = |latest: u64| (latest >> 1 <= sent).then_some(now);
+        let latest = (self.latest).fetch_update(Ordering::Relaxed, Ordering::Relaxed, newer);
+        latest.ok().map(|latest| (latest & 1 == 1) != failed)
     }
 
     /// Redis answered the limiter of `algorithm` under `prefix`, the call sent at `sent`.
