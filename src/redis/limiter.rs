@@ -458,12 +458,9 @@ impl Inner {
             },
             _ => {}
         }
-        let charged = decision.charged();
         let refund = Operation::Refund {
-            charged_at: charged.at,
-            left: charged.tat,
+            charged: decision.charged(),
             waited: saturating_nanos(decision.wait),
-            per_permit: charged.per_permit,
         };
         let inner = Arc::clone(self);
         Some(async move {

@@ -10,6 +10,7 @@ use redis::{Script, ScriptInvocation};
 
 use crate::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
 use crate::clock::saturating_nanos;
+use crate::decision::Charged;
 use crate::Quota;
 
 /// The largest tick count a script may see: the arithmetic stays exact in Lua's doubles (53 bits)
@@ -140,16 +141,12 @@ pub(crate) enum Operation {
         deadline: u64,
         hold: u64,
     },
-    /// Giving back an admission whose permits were charged at `charged_at`, which left the key
-    /// at `left` (GCRA's TAT, the sliding counter's numbering plus one, zero for the others)
-    /// and which `waited` nanoseconds for them (zero: admitted at once; the decision was made
-    /// `waited` before `charged_at`). A refund has no deadline.
-    Refund {
-        charged_at: u64,
-        left: u64,
-        waited: u64,
-        per_permit: u64,
-    },
+    /// Giving back an admission whose permits were `charged` (at `charged.at`, leaving the key
+    /// at `charged.tat`: GCRA's TAT, the sliding counter's numbering plus one, zero for the
+    /// others; GCRA's at `charged.per_permit` each) and which `waited` nanoseconds for them
+    /// (zero: admitted at once; the decision was made `waited` before `charged.at`). A refund
+    /// has no deadline.
+    Refund { charged: Charged, waited: u64 },
     /// Charging the permits at the script's instant, never refused: what an admission cost
     /// beyond its estimate. A charge has no deadline, as a refund has none.
     Charge,
@@ -387,12 +384,12 @@ impl ScriptQuota {
             }
             // How long the admission waited, in ticks (a wait is a whole number of them); '0':
             // it was admitted at once.
-            Operation::Refund {
-                charged_at,
-                left,
-                waited,
-                ..
-            } => ("r", charged_at, None, &[left, waited / self.tick_nanos][..]),
+            Operation::Refund { charged, waited } => (
+                "r",
+                charged.at,
+                None,
+                &[charged.tat, waited / self.tick_nanos][..],
+            ),
             Operation::Charge => ("c", 0, None, &[][..]),
             Operation::Lease {
                 length,
@@ -422,10 +419,10 @@ impl ScriptQuota {
         for (i, arg) in self.args.iter().enumerate() {
             match operation {
                 // GCRA gives back no more per permit than the admission was charged.
-                Operation::Refund { per_permit, .. }
+                Operation::Refund { charged, .. }
                     if i == 0 && self.script == LimiterScript::Gcra =>
                 {
-                    invocation.arg((*arg).min(per_permit))
+                    invocation.arg((*arg).min(charged.per_permit))
                 }
                 _ => invocation.arg(*arg),
             };
