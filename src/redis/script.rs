@@ -29,15 +29,19 @@ pub(crate) const MAX_NOW: u64 = 1 << 52;
 /// ([`hold_for`](super::RedisRateLimiterBuilder::hold_for)).
 pub(crate) const DEFAULT_HOLD_FOR: Duration = Duration::from_secs(30);
 
-/// The script of an algorithm and its batch script: several decisions on one key in one call,
-/// each run by the algorithm's own script, in order, as if it were called alone (its `ARGV` is a
-/// parameter that hides the call's). The call's `ARGV` holds, for each decision, the count of its
-/// arguments and then its arguments; the reply is the list of the decisions' replies (the loop
-/// that runs them is `batch.lua`).
-/// The scripts of the algorithms that hold also take `holds.lua`, after the prelude.
+/// The name of an algorithm's script, the script, and its batch script: several decisions on one
+/// key in one call, each run by the algorithm's own script, in order, as if it were called alone
+/// (its `ARGV` is a parameter that hides the call's). The call's `ARGV` holds, for each decision,
+/// the count of its arguments and then its arguments; the reply is the list of the decisions'
+/// replies (the loop that runs them is `batch.lua`).
+type Scripts = (&'static str, LazyLock<Script>, LazyLock<Script>);
+
+/// The [`Scripts`] of the algorithm named `name`, made of the prelude and `file`s; the scripts of
+/// the algorithms that hold also take `holds.lua`, after the prelude.
 macro_rules! scripts {
-    ($($file:literal),+) => {
+    ($name:literal: $($file:literal),+) => {
         (
+            $name,
             LazyLock::new(|| {
                 Script::new(concat!(include_str!("prelude.lua"), $(include_str!($file)),+))
             }),
@@ -97,29 +101,22 @@ macro_rules! redis_algorithms {
 redis_algorithms!(Gcra, FixedWindow, SlidingLog, SlidingCounter, Metered);
 
 impl LimiterScript {
-    /// The script and the batch script (see [`scripts!`]), by the enum's order.
-    fn scripts(self) -> &'static (LazyLock<Script>, LazyLock<Script>) {
-        static SCRIPTS: [(LazyLock<Script>, LazyLock<Script>); 6] = [
-            scripts!("gcra.lua"),
-            scripts!("fixed_window.lua"),
-            scripts!("sliding_log.lua"),
-            scripts!("sliding_counter.lua"),
-            scripts!("holds.lua", "metered.lua"),
-            scripts!("holds.lua", "concurrency.lua"),
+    /// The name, the script and the batch script (see [`Scripts`]), by the enum's order.
+    fn scripts(self) -> &'static Scripts {
+        static SCRIPTS: [Scripts; 6] = [
+            scripts!("gcra": "gcra.lua"),
+            scripts!("fixed_window": "fixed_window.lua"),
+            scripts!("sliding_log": "sliding_log.lua"),
+            scripts!("sliding_counter": "sliding_counter.lua"),
+            scripts!("metered": "holds.lua", "metered.lua"),
+            scripts!("concurrency": "holds.lua", "concurrency.lua"),
         ];
         &SCRIPTS[self as usize]
     }
 
-    /// The name used in the default key prefix and in logs, by the enum's order.
+    /// The name used in the default key prefix and in logs.
     pub(crate) fn name(self) -> &'static str {
-        [
-            "gcra",
-            "fixed_window",
-            "sliding_log",
-            "sliding_counter",
-            "metered",
-            "concurrency",
-        ][self as usize]
+        self.scripts().0
     }
 
     /// Whether its admissions hold what they took under an id until they are given back, or
@@ -313,7 +310,7 @@ impl ScriptQuota {
         now: Option<u64>,
         cost: u32,
     ) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.scripts().0.prepare_invoke();
+        let mut invocation = self.script.scripts().1.prepare_invoke();
         invocation.key(key);
         self.push_args(&mut invocation, operation, now, cost);
         invocation
@@ -328,7 +325,7 @@ impl ScriptQuota {
         key: &str,
         decisions: impl Iterator<Item = (&'a ScriptQuota, Operation, Option<u64>, u32)>,
     ) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.scripts().1.prepare_invoke();
+        let mut invocation = self.script.scripts().2.prepare_invoke();
         invocation.key(key);
         for (quota, operation, now, cost) in decisions {
             invocation.arg(quota.decide_args(operation));
@@ -351,7 +348,7 @@ impl ScriptQuota {
         holds: &[super::hold::KeyHolds],
         now: Option<u64>,
     ) -> ScriptInvocation<'static> {
-        let mut invocation = self.script.scripts().1.prepare_invoke();
+        let mut invocation = self.script.scripts().2.prepare_invoke();
         for (key, held) in holds {
             invocation.key(key);
             invocation.arg(7 + self.args.len() + 2 * held.len());
