@@ -218,16 +218,14 @@ impl Drop for Turn<'_> {
 
 /// The replies of a batch of `n` decisions, one for each, or the failure for each.
 fn split(value: Result<Value, RedisFailure>, n: usize) -> Vec<Result<Value, RedisFailure>> {
-    match value {
-        Ok(Value::Array(items)) if items.len() == n => items.into_iter().map(Ok).collect(),
-        Ok(other) => {
-            let failure = RedisFailure::BadReply(format!(
-                "expected the replies of {n} decisions, got {other:?}"
-            ));
-            vec![Err(failure); n]
-        }
-        Err(failure) => vec![Err(failure); n],
-    }
+    let failure = match value {
+        Ok(Value::Array(items)) if items.len() == n => return items.into_iter().map(Ok).collect(),
+        Ok(other) => RedisFailure::BadReply(format!(
+            "expected the replies of {n} decisions, got {other:?}"
+        )),
+        Err(failure) => failure,
+    };
+    vec![Err(failure); n]
 }
 
 /// What a decision is told whose call went away unanswered (the runtime shut down).
