@@ -443,8 +443,7 @@ impl Inner {
                 Change::Charge { estimate, cost } => {
                     let capacity = self.quota.load().capacity;
                     let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
-                    let now = self.clock.now();
-                    let taken = leases.charge(&key, lease, debt, now);
+                    let taken = leases.charge(&key, lease, debt, self.clock.now());
                     if debt == 0 || taken == Some(debt) {
                         return None;
                     }
