@@ -420,18 +420,17 @@ impl Inner {
             // A metered hold settles whole, whether still live here or not; a concurrent
             // policy's gives back the slots it still has, never more (a slot has no debt).
             (Taken::RedisHold { hold }, _) => {
-                settle = Some(match change {
+                let (estimate, cost) = match change {
                     Change::Refund(back) if !decision.holds_estimate() => {
                         let had = self.holds.release(&key, hold, back)?;
-                        let estimate = back.min(had);
-                        (Operation::Settle { hold, estimate }, had)
+                        (back.min(had), had)
                     }
                     _ => {
                         self.holds.release(&key, hold, u32::MAX);
-                        let estimate = decision.refundable(estimate);
-                        (Operation::Settle { hold, estimate }, cost)
+                        (decision.refundable(estimate), cost)
                     }
-                });
+                };
+                settle = Some((Operation::Settle { hold, estimate }, cost));
             }
             // From a lease: back to its share while it lasts, or a debt taken from it; a debt
             // the share cannot pay is charged in Redis.
