@@ -36,12 +36,10 @@ impl KeyLayout {
         if prefix.contains(['{', '}']) {
             return Err(BuildError::new("the key prefix must not hold `{` or `}`"));
         }
-        if let HashTag::Fixed(tag) = &hash_tag {
-            if tag.is_empty() || tag.contains(['{', '}']) {
-                return Err(BuildError::new(
-                    "a fixed hash tag must be non-empty, without `{` or `}`",
-                ));
-            }
+        if matches!(&hash_tag, HashTag::Fixed(tag) if tag.is_empty() || tag.contains(['{', '}'])) {
+            return Err(BuildError::new(
+                "a fixed hash tag must be non-empty, without `{` or `}`",
+            ));
         }
         Ok(Self { prefix, hash_tag })
     }
