@@ -300,38 +300,28 @@ impl Registry {
         mut customize: impl FnMut(&str, BulkheadBuilder) -> BulkheadBuilder,
     ) -> Result<Self, ConfigError> {
         let limiters = build_each(&config.rate_limiters, build_limiter)?;
-        let bulkheads = build_each(&config.bulkheads, |name, s| {
-            Ok(customize(name, bulkhead_builder(name, s)).build())
-        })?;
-        let pushbacks = build_each(&config.pushbacks, |name, s| Ok(build_pushback(name, s)))?;
-        // The validation made sure that every client quota names a rate limiter.
-        let client_quotas = build_each(&config.client_quotas, |name, s| {
-            let limiter = limiters[&s.limiter].limiter.clone();
-            Ok(ClientQuotaLayer::new(name, limiter)
-                .key(GlobalConfigKey)
-                .cost(s.cost.0))
-        })?;
-        #[cfg(feature = "adaptive")]
-        let adaptive_bulkheads = build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?;
-        #[cfg(feature = "adaptive")]
-        let overload = build_each(&config.overload, build_overload)?;
-        #[cfg(feature = "adaptive")]
-        let breakers = build_each(&config.breakers, build_breaker)?;
-        #[cfg(feature = "adaptive")]
-        let retries = build_each(&config.retries, |name, s| s.build(name))?;
+        // The fields in the order they are built: the first error is the one returned.
         Ok(Self {
+            bulkheads: build_each(&config.bulkheads, |name, s| {
+                Ok(customize(name, bulkhead_builder(name, s)).build())
+            })?,
+            pushbacks: build_each(&config.pushbacks, |name, s| Ok(build_pushback(name, s)))?,
+            // The validation made sure that every client quota names a rate limiter.
+            client_quotas: build_each(&config.client_quotas, |name, s| {
+                let limiter = limiters[&s.limiter].limiter.clone();
+                Ok(ClientQuotaLayer::new(name, limiter)
+                    .key(GlobalConfigKey)
+                    .cost(s.cost.0))
+            })?,
+            #[cfg(feature = "adaptive")]
+            adaptive_bulkheads: build_each(&config.adaptive_bulkheads, build_adaptive_bulkhead)?,
+            #[cfg(feature = "adaptive")]
+            overload: build_each(&config.overload, build_overload)?,
+            #[cfg(feature = "adaptive")]
+            breakers: build_each(&config.breakers, build_breaker)?,
+            #[cfg(feature = "adaptive")]
+            retries: build_each(&config.retries, |name, s| s.build(name))?,
             limiters,
-            bulkheads,
-            pushbacks,
-            #[cfg(feature = "adaptive")]
-            adaptive_bulkheads,
-            #[cfg(feature = "adaptive")]
-            overload,
-            #[cfg(feature = "adaptive")]
-            breakers,
-            #[cfg(feature = "adaptive")]
-            retries,
-            client_quotas,
             routes: config.routes.clone(),
             running: Mutex::new(config),
         })
