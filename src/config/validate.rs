@@ -213,26 +213,19 @@ impl RateLimiterSettings {
     /// The quota of the limiter at `path`: permits per period, burst and maximum wait, the part
     /// a reload changes in place. An error only for settings the validation refuses.
     pub(super) fn quota(&self, path: &str) -> Result<Quota, ConfigError> {
-        let at = InstancePath(path);
-        let Count(permits) = self.limit_for_period;
-        let mut quota =
-            Quota::with_period(permits, self.limit_refresh_period).map_err(|e| {
-                match e.field() {
-                    "period" => at.err("limit_refresh_period", e.to_string()),
-                    _ => at.err("limit_for_period", e.to_string()),
-                }
-            })?;
-        if let Some(Count(burst)) = self.burst {
-            quota = quota
-                .with_burst(burst)
-                .map_err(|e| at.err("burst", e.to_string()))?;
-        }
-        if let Some(wait) = self.max_wait {
-            quota = quota
-                .with_max_wait(wait)
-                .map_err(|e| at.err("max_wait", e.to_string()))?;
-        }
-        Ok(quota)
+        let quota = Quota::with_period(self.limit_for_period.0, self.limit_refresh_period)
+            .and_then(|q| self.burst.map_or(Ok(q), |Count(burst)| q.with_burst(burst)))
+            .and_then(|q| self.max_wait.map_or(Ok(q), |wait| q.with_max_wait(wait)));
+        quota.map_err(|e| {
+            // `burst` and `max_wait` are the file's names too (and a burst of `permits`, the
+            // default, always fits the period: `with_period` refuses only these two).
+            let field = match e.field() {
+                "permits" => "limit_for_period",
+                "period" => "limit_refresh_period",
+                field => field,
+            };
+            InstancePath(path).err(field, e.to_string())
+        })
     }
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
