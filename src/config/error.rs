@@ -149,12 +149,10 @@ struct Node {
 
 /// Every key and list item of `document`, parents before children.
 fn nodes(document: &Spanned<DeTable<'_>>) -> Vec<Node> {
+    /// The keys of `table`, whose path is `prefix` (empty, or ending with a dot).
     fn table(table: &DeTable<'_>, prefix: &str, out: &mut Vec<Node>) {
         for (key, value) in table {
-            let path = match prefix {
-                "" => key.get_ref().to_string(),
-                _ => format!("{prefix}.{}", key.get_ref()),
-            };
+            let path = format!("{prefix}{}", key.get_ref());
             add(path, Some(key.span()), value, out);
         }
     }
@@ -172,7 +170,7 @@ fn nodes(document: &Spanned<DeTable<'_>>) -> Vec<Node> {
             is_table,
         });
         match value.get_ref() {
-            DeValue::Table(inner) => table(inner, &path, out),
+            DeValue::Table(inner) => table(inner, &format!("{path}."), out),
             DeValue::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
                     add(format!("{path}[{i}]"), None, item, out);
@@ -211,14 +209,8 @@ fn first_failing_line(text: &str, message: &str) -> Option<usize> {
 /// `offset` in `text`.
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..offset.min(text.len())];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_start = before
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    let column = String::from_utf8_lossy(&before[line_start..])
-        .chars()
-        .count()
-        + 1;
+    let line = before.split(|&b| b == b'\n').count();
+    let start_of_line = before.rsplit(|&b| b == b'\n').next().unwrap_or_default();
+    let column = String::from_utf8_lossy(start_of_line).chars().count() + 1;
     (line, column)
 }
