@@ -22,19 +22,13 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (number, after) = rest.split_at(number_end);
+        let (number, after) = split_before(rest, false);
         if number.is_empty() {
             return Err(format!(
                 "`{text}` is not a duration; write it such as \"500ms\""
             ));
         }
-        let unit_end = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, next) = after.split_at(unit_end);
+        let (unit, next) = split_before(after, true);
         let nanos = nanos(text, number, unit_scale(text, number, unit.trim())?)?;
         total = total.checked_add(nanos).ok_or_else(|| too_long(text))?;
         rest = next;
@@ -42,6 +36,13 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     u64::try_from(total)
         .map(Duration::from_nanos)
         .map_err(|_| too_long(text))
+}
+
+/// `text` split before its first character that is (`numeric`) or is not (`!numeric`) a digit
+/// or a point.
+fn split_before(text: &str, numeric: bool) -> (&str, &str) {
+    let end = text.find(|c: char| (c.is_ascii_digit() || c == '.') == numeric);
+    text.split_at(end.unwrap_or(text.len()))
 }
 
 /// Nanoseconds in one `unit`.
