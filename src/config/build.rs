@@ -63,23 +63,14 @@ pub(super) fn build_limiter(
 }
 
 pub(super) fn memory_limiter(s: &RateLimiterSettings, quota: Quota) -> BoxLimiter<ConfigKey> {
-    fn keyed<A: crate::algorithm::Algorithm>(
-        quota: Quota,
-        max_keys: usize,
-    ) -> BoxLimiter<ConfigKey> {
-        BoxLimiter::new(
-            KeyedRateLimiter::<ConfigKey>::builder(quota)
-                .algorithm::<A>()
-                .max_keys(max_keys)
-                .build(),
-        )
-    }
-    let max_keys = s.max_keys.0 as usize;
+    let builder = KeyedRateLimiter::<ConfigKey>::builder(quota).max_keys(s.max_keys.0 as usize);
     match s.algorithm {
-        AlgorithmKind::Gcra => keyed::<Gcra>(quota, max_keys),
-        AlgorithmKind::FixedWindow => keyed::<FixedWindow>(quota, max_keys),
-        AlgorithmKind::SlidingLog => keyed::<SlidingLog>(quota, max_keys),
-        AlgorithmKind::SlidingCounter => keyed::<SlidingCounter>(quota, max_keys),
+        AlgorithmKind::Gcra => BoxLimiter::new(builder.algorithm::<Gcra>().build()),
+        AlgorithmKind::FixedWindow => BoxLimiter::new(builder.algorithm::<FixedWindow>().build()),
+        AlgorithmKind::SlidingLog => BoxLimiter::new(builder.algorithm::<SlidingLog>().build()),
+        AlgorithmKind::SlidingCounter => {
+            BoxLimiter::new(builder.algorithm::<SlidingCounter>().build())
+        }
     }
 }
 
