@@ -139,7 +139,7 @@ impl Registry {
 }
 
 /// The settings of one kind of instance, as a reload sees them.
-trait Reloadable: PartialEq {
+trait Reloadable {
     /// The first setting that differs from `next` and cannot change under the layers already
     /// built (every setting but a rate limiter's quota and a bulkhead's size).
     fn fixed_change(&self, next: &Self) -> Option<Change>;
@@ -183,11 +183,7 @@ fn same_instances<T: Reloadable>(
         ));
     }
     for (name, next) in next {
-        let now = &now[name];
-        if now == next {
-            continue;
-        }
-        if let Some(Change { field, from, to }) = now.fixed_change(next) {
+        if let Some(Change { field, from, to }) = now[name].fixed_change(next) {
             return Err(ConfigError::new(
                 format!("{section}.{name}.{field}"),
                 format!(
