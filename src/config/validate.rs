@@ -46,11 +46,8 @@ impl InstancePath<'_> {
         defaults: [u32; 3],
     ) -> Result<(), ConfigError> {
         let [min, initial, max] = limits.each_ref().map(|n| n.map(|Count(n)| n));
-        let min = min.unwrap_or(
-            defaults[0]
-                .min(initial.unwrap_or(u32::MAX))
-                .min(max.unwrap_or(u32::MAX)),
-        );
+        let lowest_written = initial.into_iter().chain(max).min().unwrap_or(u32::MAX);
+        let min = min.unwrap_or(defaults[0].min(lowest_written));
         let max = max.unwrap_or(defaults[2].max(min).max(initial.unwrap_or(0)));
         // `max` and `min`, not `clamp`, which panics on bounds written the wrong way round.
         let initial = initial.unwrap_or(defaults[1].max(min).min(max));
