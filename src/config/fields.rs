@@ -196,10 +196,7 @@ impl<'de> Deserialize<'de> for Shadow {
             }
 
             fn visit_bool<E: de::Error>(self, shadow: bool) -> Result<Shadow, E> {
-                Ok(match shadow {
-                    true => Shadow::Silent,
-                    false => Shadow::Off,
-                })
+                Ok(if shadow { Shadow::Silent } else { Shadow::Off })
             }
 
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Shadow, E> {
