@@ -1,11 +1,6 @@
 //! Each kind of instance built from its validated settings, for the [`Registry`](super::Registry).
 
-#[cfg(feature = "adaptive")]
-use super::file::{AdaptiveAlgorithmKind, AdaptiveBulkheadSettings};
-use super::file::{
-    AlgorithmKind, BulkheadSettings, KeyKind, PacingKind, PushbackSettings, RateLimiterSettings,
-    StoreKind,
-};
+use super::file::*;
 use super::ConfigError;
 #[cfg(feature = "adaptive")]
 use crate::bulkhead::adaptive::{AdaptiveBulkhead, Aimd, Gradient, Limits};
@@ -80,7 +75,6 @@ pub(super) fn key_extractor(s: &RateLimiterSettings) -> Result<ConfigKeyExtracto
         KeyKind::PeerIp => Extract::Peer(crate::rate_limit::PeerIp::new()),
         #[cfg(feature = "axum")]
         KeyKind::ForwardedIp => {
-            use super::file::ForwardedHeader;
             use crate::rate_limit::ForwardedIp;
             // The validation made sure that a forwarded key has proxies.
             let trusted = s.trusted_proxies.iter().flatten().copied();
@@ -158,7 +152,6 @@ pub(super) fn redis_fail_mode(
     s: &RateLimiterSettings,
     quota: Quota,
 ) -> Result<crate::redis::RedisFailMode, ConfigError> {
-    use super::file::RedisFailModeKind;
     use crate::redis::RedisFailMode;
 
     Ok(match s.redis_fail_mode.unwrap_or_default() {

@@ -5,10 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use super::file::{
-    AdaptiveBulkheadSettings, BreakerSettings, BulkheadSettings, ClientQuotaSettings, Config,
-    OverloadSettings, PushbackSettings, RateLimiterSettings, RetrySettings, RouteSettings,
-};
+use super::file::*;
 use super::{ConfigError, Registry};
 use crate::sync::lock;
 use crate::Limiter;
