@@ -227,7 +227,6 @@ pub(super) struct AdaptiveBulkheadSettings {
     pub(super) max_limit: Option<Count<MAX_LIMIT>>,
     #[serde(default, deserialize_with = "choice")]
     pub(super) algorithm: AdaptiveAlgorithmKind,
-    #[serde(default)]
     pub(super) probe_every: Option<Count>,
     #[serde(default)]
     pub(super) ignore_cancelled_calls: bool,
