@@ -305,14 +305,10 @@ impl RouteSettings {
             return Err(at.err("policies", "must name at least one rate limiter"));
         }
         for (i, policy) in self.policies.iter().enumerate() {
-            if self.policies[..i]
-                .iter()
-                .any(|p| p.limiter == policy.limiter)
-            {
-                return Err(at.err(
-                    &format!("policies[{i}]"),
-                    format!("names `{}` a second time", policy.limiter),
-                ));
+            let limiter = &policy.limiter;
+            if self.policies[..i].iter().any(|p| &p.limiter == limiter) {
+                let twice = format!("names `{limiter}` a second time");
+                return Err(at.err(&format!("policies[{i}]"), twice));
             }
         }
         if !self.exempt_networks.is_empty() && cfg!(not(feature = "axum")) {
