@@ -130,24 +130,18 @@ pub(super) fn some_cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<C
 impl<'de> Deserialize<'de> for KeyKind {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Ok(match text.as_str() {
-            "peer_ip" => KeyKind::PeerIp,
-            "forwarded_ip" => KeyKind::ForwardedIp,
-            "global" => KeyKind::Global,
+        match text.as_str() {
+            "peer_ip" => Ok(KeyKind::PeerIp),
+            "forwarded_ip" => Ok(KeyKind::ForwardedIp),
+            "global" => Ok(KeyKind::Global),
             other => match other.strip_prefix("header:") {
-                Some(name) => {
-                    KeyKind::Header(http::HeaderName::try_from(name.trim()).map_err(|_| {
-                        de::Error::custom(format!("`{name}` is not a valid header name"))
-                    })?)
-                }
-                None => {
-                    return Err(de::Error::custom(format!(
-                        "unknown key `{other}`; expected peer_ip, forwarded_ip, header:<name> or \
-                         global"
-                    )))
-                }
+                Some(name) => (http::HeaderName::try_from(name.trim()).map(KeyKind::Header))
+                    .map_err(|_| de::Error::custom(format!("`{name}` is not a valid header name"))),
+                None => Err(de::Error::custom(format!(
+                    "unknown key `{other}`; expected peer_ip, forwarded_ip, header:<name> or global"
+                ))),
             },
-        })
+        }
     }
 }
 
