@@ -387,10 +387,8 @@ impl Registry {
     /// others on one layer: `registry.policy("per-ip")?.and(registry.policy("per-key")?)`.
     pub fn policy(&self, name: &str) -> Result<ConfiguredPolicy, UnknownInstance> {
         let named = self.named(name)?;
-        Ok(
-            Policy::new(name, named.extractor.clone(), named.limiter.clone())
-                .expect("instance names are checked when the registry is built"),
-        )
+        let policy = Policy::new(name, named.extractor.clone(), named.limiter.clone());
+        Ok(policy.expect("instance names are checked when the registry is built"))
     }
 
     /// Rate limiter `name`, to call directly or to read its snapshot.
