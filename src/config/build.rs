@@ -213,11 +213,10 @@ pub(super) fn build_pushback(name: &str, s: &PushbackSettings) -> Pushback {
 }
 
 pub(super) fn bulkhead_builder(name: &str, s: &BulkheadSettings) -> BulkheadBuilder {
+    let size = s.max_concurrent_calls.0 as usize;
     let builder = match s.queue_capacity {
-        Some(capacity) => {
-            Bulkhead::queue(name, s.max_concurrent_calls.0 as usize, capacity.0 as usize)
-        }
-        None => Bulkhead::semaphore(name, s.max_concurrent_calls.0 as usize),
+        Some(capacity) => Bulkhead::queue(name, size, capacity.0 as usize),
+        None => Bulkhead::semaphore(name, size),
     };
     builder.given(s.max_wait, BulkheadBuilder::max_wait)
 }
