@@ -55,11 +55,7 @@ fn unit_scale(text: &str, number: &str, unit: &str) -> Result<u128, String> {
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
         "d" => 86_400_000_000_000,
-        "" => {
-            return Err(format!(
-                "`{text}` has no unit; write it with one, such as \"{number}ms\" or \"{number}s\""
-            ))
-        }
+        "" => return Err(no_unit(text, number)),
         other => {
             return Err(format!(
                 "`{text}` has an unknown unit `{other}`; use ns, us, ms, s, m, h or d"
@@ -106,6 +102,11 @@ fn too_long(text: &str) -> String {
     format!("`{text}` is too long")
 }
 
+/// The error of `text`, whose last part is `number` without a unit.
+fn no_unit(text: &str, number: &str) -> String {
+    format!("`{text}` has no unit; write it with one, such as \"{number}ms\" or \"{number}s\"")
+}
+
 /// Reads a duration field of the file: a string with units. A bare number is refused rather
 /// than guessed, because one library reads 500 as nanoseconds and another as milliseconds.
 pub(super) fn with_units<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -122,9 +123,8 @@ pub(super) fn with_units<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D:
         }
 
         fn visit_i64<E: de::Error>(self, n: i64) -> Result<Duration, E> {
-            Err(E::custom(format!(
-                "`{n}` has no unit; write it with one, such as \"{n}ms\" or \"{n}s\""
-            )))
+            let n = n.to_string();
+            Err(E::custom(no_unit(&n, &n)))
         }
     }
     d.deserialize_any(WithUnits)
