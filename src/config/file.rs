@@ -119,11 +119,10 @@ pub(super) enum KeyKind {
 
 /// The header that trusted proxies forward the client's address in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(super) enum ForwardedHeader {
     #[default]
-    #[serde(rename = "x-forwarded-for")]
     XForwardedFor,
-    #[serde(rename = "forwarded")]
     Forwarded,
 }
 
