@@ -59,11 +59,9 @@ impl Limits {
         limit.clamp(self.min, self.max)
     }
 
+    /// `limit` brought within `min..=max`; NaN is `min` (`f64::max` ignores it).
     fn clamp_f64(&self, limit: f64) -> f64 {
-        if limit.is_nan() {
-            return self.min as f64;
-        }
-        limit.clamp(self.min as f64, self.max as f64)
+        limit.max(self.min as f64).min(self.max as f64)
     }
 }
 
