@@ -189,23 +189,13 @@ impl Shared {
     /// the limit it returns.
     fn record(self: &Arc<Self>, permit: &Permit) {
         let mut state = lock(&self.state);
-        let now = self.clock.now();
-        let rtt = now.saturating_sub(permit.started);
         let from = state.limit;
-        let sample = Sample::new(
-            Duration::from_nanos(now),
-            Duration::from_nanos(rtt),
-            permit.in_flight,
-            from,
-        )
-        .admitted_under(permit.ceiling);
-        let latency = state
-            .latency
-            .map_or(rtt as f64, |l| l + (rtt as f64 - l) / 16.0);
-        state.latency = Some(latency);
-        let to = self
-            .limits
-            .clamp(state.algorithm.update(&sample, &self.limits));
+        let sample = Sample::ended(&*self.clock, permit.started, permit.in_flight, from)
+            .admitted_under(permit.ceiling);
+        let rtt = sample.rtt.as_nanos() as f64;
+        state.latency = Some(state.latency.map_or(rtt, |l| l + (rtt - l) / 16.0));
+        let limits = &self.limits;
+        let to = limits.clamp(state.algorithm.update(&sample, limits));
         if to != from {
             state.limit = to;
             tracing::debug!(overload = %self.name, from, to, "overload limit changed");

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::classify::Verdict;
 use super::future::Report;
@@ -49,23 +48,17 @@ pub(super) struct Controller {
 }
 
 impl Controller {
-    /// Feeds one sample to the algorithm and applies the limit it returns.
-    fn record(&self, started: u64, in_flight: usize, admitted_under: usize, overloaded: bool) {
+    /// Feeds the sample of `call` to the algorithm and applies the limit it returns.
+    fn record(&self, call: &Sampler, overloaded: bool) {
         // A hook or an algorithm that panicked leaves the limit as it was: still consistent.
         let mut algorithm = lock(&self.algorithm);
-        // Read under the lock, so that the algorithm sees the instants of a monotonic clock in
-        // order: a sample read before another but recorded after it would otherwise look like a
-        // clock that went back, and start its round again.
-        let now = self.clock.now();
         let from = self.limit.load(Ordering::Relaxed);
-        let sample = Sample::new(
-            Duration::from_nanos(now),
-            Duration::from_nanos(now.saturating_sub(started)),
-            in_flight,
-            from,
-        )
-        .admitted_under(admitted_under)
-        .overloaded(overloaded);
+        // The clock is read under the lock, so that the algorithm sees the instants of a
+        // monotonic clock in order: a sample read before another but recorded after it would
+        // otherwise look like a clock that went back, and start its round again.
+        let sample = Sample::ended(&*self.clock, call.started, call.in_flight, from)
+            .admitted_under(call.admitted_under)
+            .overloaded(overloaded);
         let limits = &self.limits;
         let to = limits.clamp(algorithm.update(&sample, limits));
         if to == from {
@@ -169,16 +162,9 @@ impl Drop for Sampler {
             None if panicked || !self.polled => Verdict::Ignored,
             None => self.controller.cancelled,
         };
-        let controller = &*self.controller;
-        controller.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.controller.in_flight.fetch_sub(1, Ordering::Relaxed);
         if verdict != Verdict::Ignored {
-            let overloaded = verdict == Verdict::Overloaded;
-            controller.record(
-                self.started,
-                self.in_flight,
-                self.admitted_under,
-                overloaded,
-            );
+            self.controller.record(self, verdict == Verdict::Overloaded);
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::setting::{ensure, SettingError};
 const OF: &str = "adaptive bulkhead";
 
 use crate::bulkhead::MAX_CONCURRENT_CALLS;
-use crate::clock::saturating_nanos;
+use crate::clock::{saturating_nanos, Clock};
 
 /// The longest round trip an algorithm takes at face value, 2^40 ns (about 18 minutes). A longer
 /// one (a broken clock, `Duration::MAX`) is taken as this, so that no window lasts for ages.
@@ -111,6 +111,14 @@ impl Sample {
             admission_limit: limit,
             overloaded: false,
         }
+    }
+
+    /// The sample of a call admitted at `started` (a reading of `clock`) that ends now, with
+    /// `in_flight` and the limit `limit` as in [`new`](Self::new).
+    pub(crate) fn ended(clock: &dyn Clock, started: u64, in_flight: usize, limit: usize) -> Self {
+        let now = clock.now();
+        let rtt = Duration::from_nanos(now.saturating_sub(started));
+        Self::new(Duration::from_nanos(now), rtt, in_flight, limit)
     }
 
     /// Sets the limit that was in force when the call was admitted.
