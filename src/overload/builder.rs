@@ -29,9 +29,8 @@ impl Overload {
     /// A builder for a protection named `name`, with the defaults the [module
     /// docs](super#defaults) give.
     pub fn builder(name: impl Into<Arc<str>>) -> OverloadBuilder {
-        let mut guarantees = [0.0; 3];
-        guarantees[Priority::Critical.index()] = DEFAULT_CRITICAL_GUARANTEE;
-        guarantees[Priority::Default.index()] = DEFAULT_DEFAULT_GUARANTEE;
+        // By class, in the order of `Priority::ALL`.
+        let guarantees = [DEFAULT_CRITICAL_GUARANTEE, DEFAULT_DEFAULT_GUARANTEE, 0.0];
         OverloadBuilder {
             name: name.into(),
             limits: default_limits(),
@@ -106,14 +105,15 @@ fn default_limits() -> Limits {
 /// Settings of an [`Overload`] not built yet; every method consumes and returns the builder.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct OverloadBuilder {
-    name: Arc<str>,
-    limits: Limits,
-    algorithm: Box<dyn LimitAlgorithm>,
-    priority_by: PriorityBy,
-    guarantees: [f64; 3],
-    borrowing: f64,
-    queue: Option<QueueSettings>,
-    clock: Box<dyn Clock>,
+    pub(super) name: Arc<str>,
+    pub(super) limits: Limits,
+    pub(super) algorithm: Box<dyn LimitAlgorithm>,
+    pub(super) priority_by: PriorityBy,
+    /// By class (by [`Priority::index`]), the share of the limit kept for it and those above.
+    pub(super) guarantees: [f64; 3],
+    pub(super) borrowing: f64,
+    pub(super) queue: Option<QueueSettings>,
+    pub(super) clock: Box<dyn Clock>,
 }
 
 impl OverloadBuilder {
@@ -192,23 +192,8 @@ impl OverloadBuilder {
 
     /// Builds the protection.
     pub fn build(self) -> Overload {
-        let share = |class: Priority| self.guarantees[class.index()];
-        let critical = share(Priority::Critical);
-        let mut reserved = [0.0; 3];
-        reserved[Priority::Critical.index()] = 1.0 - self.borrowing;
-        reserved[Priority::Default.index()] = critical;
-        reserved[Priority::Sheddable.index()] = critical + share(Priority::Default);
-        let shared = Shared::new(
-            self.name,
-            self.clock,
-            self.limits,
-            self.algorithm,
-            reserved,
-            self.priority_by,
-            self.queue,
-        );
         Overload {
-            shared: Arc::new(shared),
+            shared: Arc::new(Shared::new(self)),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::builder::OverloadBuilder;
 use super::Priority;
 use crate::bulkhead::adaptive::{LimitAlgorithm, Limits, Sample};
 use crate::clock::Clock;
@@ -68,32 +69,27 @@ pub(super) enum Entry {
 }
 
 impl Shared {
-    pub(super) fn new(
-        name: Arc<str>,
-        clock: Box<dyn Clock>,
-        limits: Limits,
-        algorithm: Box<dyn LimitAlgorithm>,
-        reserved: [f64; 3],
-        priority_by: PriorityBy,
-        queue: Option<QueueSettings>,
-    ) -> Self {
+    pub(super) fn new(builder: OverloadBuilder) -> Self {
+        let limits = builder.limits;
+        let [critical, default, _] = builder.guarantees;
         let state = State {
             in_flight: 0,
             limit: limits.initial(),
-            algorithm,
+            algorithm: builder.algorithm,
             waiters: BTreeMap::new(),
             arrivals: 0,
             latency: None,
         };
         Self {
             #[cfg(feature = "metrics")]
-            metrics: super::metrics::Metrics::new(&name),
-            name,
-            clock,
+            metrics: super::metrics::Metrics::new(&builder.name),
+            name: builder.name,
+            clock: builder.clock,
             limits,
-            reserved,
-            priority_by,
-            queue,
+            // By class, in the order of `Priority::ALL`.
+            reserved: [1.0 - builder.borrowing, critical, critical + default],
+            priority_by: builder.priority_by,
+            queue: builder.queue,
             state: Mutex::new(state),
             limit: AtomicUsize::new(limits.initial()),
             in_flight: AtomicUsize::new(0),
