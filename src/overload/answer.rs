@@ -6,20 +6,8 @@ use http::{Response, StatusCode};
 
 use super::service::OverloadBody;
 use super::state::Shared;
-use crate::head::RequestHead;
 
-/// Whether the request is a gRPC call, answered as one (always `false` without `grpc`).
-pub(super) fn is_grpc(head: &RequestHead<'_>) -> bool {
-    #[cfg(feature = "grpc")]
-    return crate::rate_limit::grpc::is_grpc(head);
-    #[cfg(not(feature = "grpc"))]
-    {
-        let _ = head;
-        false
-    }
-}
-
-/// The answer to a request `shared` sheds.
+/// The answer to a request `shared` sheds, as a gRPC call's when `grpc`.
 pub(super) fn shed<B>(shared: &Shared, grpc: bool) -> Response<OverloadBody<B>> {
     let retry_after = shared.retry_after();
     let secs = retry_after.as_secs();

@@ -80,7 +80,11 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let head = RequestHead::from(&request);
         let class = (self.shared.priority_by)(&head);
-        let grpc = super::answer::is_grpc(&head);
+        // Whether the request is a gRPC call, answered as one (always `false` without `grpc`).
+        #[cfg(feature = "grpc")]
+        let grpc = crate::rate_limit::grpc::is_grpc(&head);
+        #[cfg(not(feature = "grpc"))]
+        let grpc = false;
         let shared = Arc::clone(&self.shared);
         let shed = move |shared: &Shared| {
             tracing::debug!(overload = %shared.name, priority = class.as_str(), "request shed");
