@@ -93,14 +93,8 @@ where
             super::answer::shed(shared, grpc)
         };
         match shared.enter(class) {
-            Entry::Admitted(permit) => {
-                let called = self.inner.call(request);
-                Box::pin(serve(called, permit))
-            }
-            Entry::Shed => {
-                let response = shed(&shared);
-                Box::pin(std::future::ready(Ok(response)))
-            }
+            Entry::Admitted(permit) => Box::pin(serve(self.inner.call(request), permit)),
+            Entry::Shed => Box::pin(std::future::ready(Ok(shed(&shared)))),
             Entry::Queued(waiting) => {
                 // The service that was polled ready waits with the request; a clone stays.
                 let clone = self.inner.clone();
@@ -128,16 +122,12 @@ where
     permit.count_admitted();
     let response = called.await?;
     permit.record();
-    Ok(response.map(|body| {
+    Ok(response.map(|inner| {
         // A body already at its end ends the request now.
-        let permit = (!body.is_end_stream()).then_some(permit);
+        let watch = (!inner.is_end_stream()).then_some(permit);
+        let body = WatchedBody { inner, watch };
         OverloadBody {
-            content: Content::Inner {
-                body: WatchedBody {
-                    inner: body,
-                    watch: permit,
-                },
-            },
+            content: Content::Inner { body },
         }
     }))
 }
