@@ -216,18 +216,6 @@ impl ClassifyResponse for HttpOverload {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FromTowerHttp<C>(pub C);
 
-impl<C: ClassifyResponse + Clone> FromTowerHttp<C> {
-    fn judge<B>(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
-        match result.map(|response| self.0.clone().classify_response(response)) {
-            Ok(ClassifiedResponse::Ready(Err(_))) => Verdict::Overloaded,
-            Ok(ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_)) => {
-                Verdict::Healthy
-            }
-            Err(error) => HttpOverload::classify_error(&**error),
-        }
-    }
-}
-
 #[cfg(feature = "reqwest")]
 impl<C> Classify<reqwest::Response> for FromTowerHttp<C>
 where
@@ -241,7 +229,7 @@ where
             *head.headers_mut() = response.headers().clone();
             head
         });
-        self.judge(head.as_ref().map_err(|error| *error))
+        self.classify(head.as_ref().map_err(|error| *error))
     }
 }
 
@@ -250,6 +238,12 @@ where
     C: ClassifyResponse + Clone + Send + Sync + 'static,
 {
     fn classify(&self, result: Result<&http::Response<B>, &BoxError>) -> Verdict {
-        self.judge(result)
+        match result.map(|response| self.0.clone().classify_response(response)) {
+            Ok(ClassifiedResponse::Ready(Err(_))) => Verdict::Overloaded,
+            Ok(ClassifiedResponse::Ready(Ok(())) | ClassifiedResponse::RequiresEos(_)) => {
+                Verdict::Healthy
+            }
+            Err(error) => HttpOverload::classify_error(&**error),
+        }
     }
 }
