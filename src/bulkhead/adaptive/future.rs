@@ -56,22 +56,17 @@ pin_project! {
 }
 
 impl<F, C, R> ResponseFuture<F, C, R> {
-    /// A call refused before the inner service was called.
-    pub(crate) fn refused(error: BoxError, classifier: Arc<C>) -> Self {
+    /// An admitted call, its inner future reporting to its report; or a call refused before
+    /// the inner service was called.
+    pub(crate) fn new(admitted: Result<(F, R), BoxError>, classifier: Arc<C>) -> Self {
+        let (future, report, refused) = match admitted {
+            Ok((future, report)) => (Some(future), Some(report), None),
+            Err(error) => (None, None, Some(error)),
+        };
         Self {
-            future: None,
-            report: None,
-            refused: Some(error),
-            classifier,
-        }
-    }
-
-    /// An admitted call, reporting to `report`.
-    pub(crate) fn running(future: F, report: R, classifier: Arc<C>) -> Self {
-        Self {
-            future: Some(future),
-            report: Some(report),
-            refused: None,
+            future,
+            report,
+            refused,
             classifier,
         }
     }

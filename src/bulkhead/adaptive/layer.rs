@@ -123,10 +123,9 @@ where
         let classifier = Arc::clone(&self.layer.classifier);
         // Admitted before the inner service is called, so a panicking `call` still gives back
         // what the admission took (and counts for nothing).
-        match self.layer.handle.admit() {
-            Ok(report) => ResponseFuture::running(self.inner.call(request), report, classifier),
-            Err(refused) => ResponseFuture::refused(refused, classifier),
-        }
+        let admitted = self.layer.handle.admit();
+        let called = admitted.map(|report| (self.inner.call(request), report));
+        ResponseFuture::new(called, classifier)
     }
 }
 
