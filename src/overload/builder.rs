@@ -33,7 +33,8 @@ impl Overload {
         let guarantees = [DEFAULT_CRITICAL_GUARANTEE, DEFAULT_DEFAULT_GUARANTEE, 0.0];
         OverloadBuilder {
             name: name.into(),
-            limits: default_limits(),
+            // From 8 to 1000, starting at 16.
+            limits: Limits::new(8, 16, 1000).unwrap_or_default(),
             algorithm: Box::new(default_algorithm(PROBE_EVERY).unwrap_or_default()),
             priority_by: Box::new(|_: &RequestHead<'_>| Priority::Default),
             guarantees,
@@ -96,11 +97,6 @@ const PROBE_EVERY: u32 = 300;
 
 /// How far `Critical` may go above the limit by default: its ceiling is 3 times the limit.
 const DEFAULT_CRITICAL_BORROWING: f64 = 3.0;
-
-/// The limits by default: from 8 to 1000, starting at 16.
-fn default_limits() -> Limits {
-    Limits::new(8, 16, 1000).unwrap_or_default()
-}
 
 /// Settings of an [`Overload`] not built yet; every method consumes and returns the builder.
 #[must_use = "a builder does nothing until `build` is called"]
