@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::setting::{ensure, SettingError};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,12 +53,12 @@ impl Overload {
     /// The current limit of requests in flight, all classes together, which only `Critical` may
     /// go above ([`OverloadBuilder::critical_borrowing`]).
     pub fn limit(&self) -> usize {
-        self.shared.limit()
+        self.shared.limit.load(Ordering::Relaxed)
     }
 
     /// The requests in flight now: admitted, and whose response body has not ended.
     pub fn in_flight(&self) -> usize {
-        self.shared.in_flight()
+        self.shared.in_flight.load(Ordering::Relaxed)
     }
 
     /// The most requests in flight, all classes together, under which a request of `class` is

@@ -55,8 +55,8 @@ pub(super) struct Shared {
     /// algorithm leaves the limit as it was.
     state: Mutex<State>,
     /// Mirrors of the state's figures, read without the lock.
-    limit: AtomicUsize,
-    in_flight: AtomicUsize,
+    pub(super) limit: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
     #[cfg(feature = "metrics")]
     pub(super) metrics: super::metrics::Metrics,
 }
@@ -94,14 +94,6 @@ impl Shared {
             limit: AtomicUsize::new(limits.initial()),
             in_flight: AtomicUsize::new(0),
         }
-    }
-
-    pub(super) fn limit(&self) -> usize {
-        self.limit.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// The most requests in flight, all classes together, under which `class` is admitted at
