@@ -16,9 +16,8 @@ pub(super) struct Metrics {
 }
 
 struct Handles {
-    limit: Gauge,
-    in_flight: Gauge,
-    queue: Gauge,
+    /// The limit, the requests in flight and the queue's length.
+    gauges: [Gauge; 3],
     /// By outcome (`admitted`, `shed`), then by class.
     requests: [[Counter; 3]; 2],
 }
@@ -39,20 +38,19 @@ impl Metrics {
                     "outcome" => outcome, "priority" => class.as_str())
             };
             let by_class = |outcome| Priority::ALL.map(|class| counter(outcome, class));
+            let gauge = |gauge: &'static str| metrics::gauge!(gauge, "name" => name.clone());
             Handles {
-                limit: metrics::gauge!(OVERLOAD_LIMIT, "name" => name.clone()),
-                in_flight: metrics::gauge!(OVERLOAD_IN_FLIGHT, "name" => name.clone()),
-                queue: metrics::gauge!(OVERLOAD_QUEUE, "name" => name.clone()),
+                gauges: [OVERLOAD_LIMIT, OVERLOAD_IN_FLIGHT, OVERLOAD_QUEUE].map(gauge),
                 requests: [by_class("admitted"), by_class("shed")],
             }
         })
     }
 
-    pub(super) fn gauges(&self, limit: usize, in_flight: usize, queued: usize) {
-        let handles = self.handles();
-        handles.limit.set(limit as f64);
-        handles.in_flight.set(in_flight as f64);
-        handles.queue.set(queued as f64);
+    /// Sets the limit, the requests in flight and the queue's length.
+    pub(super) fn gauges(&self, figures: [usize; 3]) {
+        for (gauge, figure) in self.handles().gauges.iter().zip(figures) {
+            gauge.set(figure as f64);
+        }
     }
 
     pub(super) fn count(&self, admitted: bool, class: Priority) {

@@ -204,7 +204,7 @@ impl Shared {
         self.in_flight.store(state.in_flight, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.metrics
-            .gauges(state.limit, state.in_flight, state.waiters.len());
+            .gauges([state.limit, state.in_flight, state.waiters.len()]);
     }
 }
 
