@@ -218,4 +218,3 @@ pub use future::ResponseFuture;
 pub use handle::{Bulkhead, BulkheadBuilder};
 pub use layer::{BulkheadLayer, BulkheadService};
 pub use mode::{BulkheadBody, OnBodyEnd, OnResponse, Release};
-pub(crate) use permits::MAX_CONCURRENT_CALLS;

@@ -7,7 +7,7 @@ use crate::setting::{ensure, SettingError};
 /// What the settings of this module build, in their errors.
 const OF: &str = "adaptive bulkhead";
 
-use crate::bulkhead::MAX_CONCURRENT_CALLS;
+use crate::bulkhead::permits::MAX_CONCURRENT_CALLS;
 use crate::clock::{saturating_nanos, Clock};
 
 /// The longest round trip an algorithm takes at face value, 2^40 ns (about 18 minutes). A longer
