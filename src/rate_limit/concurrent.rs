@@ -35,6 +35,17 @@ enum Slots<K: 'static> {
     Redis(BoxLimiter<K>),
 }
 
+/// `Limiter::$method($args)` of whichever limiter keeps the slots.
+macro_rules! on_slots {
+    ($slots:expr, $method:ident($($arg:expr),*)) => {
+        match $slots {
+            Slots::Memory(memory) => Limiter::$method(memory, $($arg),*),
+            #[cfg(feature = "redis")]
+            Slots::Redis(redis) => Limiter::$method(redis, $($arg),*),
+        }
+    };
+}
+
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLimiter<K> {
     /// Boxed: a decision in Redis needs I/O; one in memory is made at once, by
     /// [`reserve_now`](Limiter::reserve_now).
@@ -43,19 +54,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
     /// The requests in flight allowed per key, as `permits` (and burst) of a quota whose period
     /// plays no part.
     fn quota(&self) -> Quota {
-        match &self.0 {
-            Slots::Memory(memory) => memory.quota(),
-            #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.quota(),
-        }
+        on_slots!(&self.0, quota())
     }
 
     fn set_quota(&self, quota: Quota) -> Result<(), BoxError> {
-        match &self.0 {
-            Slots::Memory(memory) => Limiter::set_quota(memory, quota),
-            #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.set_quota(quota),
-        }
+        on_slots!(&self.0, set_quota(quota))
     }
 
     fn reserve(&self, key: &K, cost: u32) -> Self::Future {
@@ -67,27 +70,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> Limiter<K> for ConcurrencyLim
     }
 
     fn reserve_now(&self, key: &K, cost: u32) -> Option<Result<Decision, BoxError>> {
-        match &self.0 {
-            Slots::Memory(memory) => memory.reserve_now(key, cost),
-            #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.reserve_now(key, cost),
-        }
+        on_slots!(&self.0, reserve_now(key, cost))
     }
 
     fn refund(&self, key: &K, cost: u32, decision: Decision) -> bool {
-        match &self.0 {
-            Slots::Memory(memory) => memory.refund(key, cost, decision),
-            #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.refund(key, cost, decision),
-        }
+        on_slots!(&self.0, refund(key, cost, decision))
     }
 
     fn settle(&self, key: &K, estimate: u32, decision: Decision, cost: u32) -> bool {
-        match &self.0 {
-            Slots::Memory(memory) => memory.settle(key, estimate, decision, cost),
-            #[cfg(feature = "redis")]
-            Slots::Redis(redis) => redis.settle(key, estimate, decision, cost),
-        }
+        on_slots!(&self.0, settle(key, estimate, decision, cost))
     }
 }
 
