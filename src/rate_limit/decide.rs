@@ -135,20 +135,17 @@ impl<P: PolicySet> Ledger<P> {
         head: &RequestHead<'_>,
     ) -> Option<Response<Bytes>> {
         match result {
-            Ok(decision) if decision.allowed => {
-                self.outcomes.push(Outcome::Admitted(decision));
-                None
-            }
+            Ok(decision) if decision.allowed => self.outcomes.push(Outcome::Admitted(decision)),
             Ok(decision) => {
                 let info = &self.limits.settings.policies[self.outcomes.len()];
                 if !info.enforced() {
                     info.would_have_refused(&decision);
                 }
                 self.outcomes.push(Outcome::Refused(decision));
-                None
             }
-            Err(error) => self.limiter_error(&error, head),
+            Err(error) => return self.limiter_error(&error, head),
         }
+        None
     }
 
     /// Records that the limiter of the policy being asked failed (or was asked for more than it
@@ -177,8 +174,7 @@ impl<P: PolicySet> Ledger<P> {
         } else {
             "answering 503"
         };
-        let policy = &*info.name;
-        tracing::warn!(policy, %error, "rate limit: the limiter failed; {action}");
+        tracing::warn!(policy = &*info.name, %error, "rate limit: the limiter failed; {action}");
         if open {
             self.outcomes.push(Outcome::Failed);
             return None;
@@ -307,13 +303,8 @@ impl<P: PolicySet> Ledger<P> {
         let mut outcomes = std::mem::take(&mut self.outcomes);
         for (i, outcome) in outcomes.iter_mut().enumerate().rev() {
             if let Outcome::Admitted(decision) = outcome {
-                let report = decision.report();
-                let admission = std::mem::replace(decision, report);
-                (self.limits.policies).visit(
-                    i,
-                    &self.keys,
-                    RefundOrSettle(admission, SettleTo::Refund),
-                );
+                let refund = RefundOrSettle(decision, SettleTo::Refund);
+                self.limits.policies.visit(i, &self.keys, refund);
             }
         }
         outcomes
@@ -427,19 +418,14 @@ impl<P: PolicySet> Settlement<P> {
                 );
             }
             if decision.holds_estimate() {
-                let admission = std::mem::replace(decision, decision.report());
-                let policy = RefundOrSettle(admission, SettleTo::Estimate);
-                limits.policies.visit(i, &self.keys, policy);
+                let settle = RefundOrSettle(decision, SettleTo::Estimate);
+                limits.policies.visit(i, &self.keys, settle);
             }
             return false;
         };
-        let (report, gcra) = (decision.report(), decision.charged().by_gcra());
-        let admission = std::mem::replace(decision, report);
-        let estimate = u64::from(limits.policies.visit(
-            i,
-            &self.keys,
-            RefundOrSettle(admission, SettleTo::Cost(cost)),
-        ));
+        let gcra = decision.charged().by_gcra();
+        let settle = RefundOrSettle(decision, SettleTo::Cost(cost));
+        let estimate = u64::from(limits.policies.visit(i, &self.keys, settle));
         // The client is told the state as it is now: the difference is back, or spent.
         let quota = limits.policies.visit(i, &self.keys, QuotaOf);
         decision.settle_report(estimate, u64::from(cost), &quota, gcra);

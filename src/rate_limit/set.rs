@@ -189,8 +189,10 @@ where
     }
 }
 
-/// Gives an admission back, or settles it; answers the cost the policy asked for.
-pub(crate) struct RefundOrSettle(pub(crate) Decision, pub(crate) SettleTo);
+/// Gives an admission back, or settles it, leaving in its place what it told the client (a
+/// decision that gives nothing back: [`Decision::report`]); answers the cost the policy asked
+/// for.
+pub(crate) struct RefundOrSettle<'a>(pub(crate) &'a mut Decision, pub(crate) SettleTo);
 
 /// What an admission is settled to.
 #[derive(Clone, Copy, Debug)]
@@ -203,16 +205,17 @@ pub(crate) enum SettleTo {
     Estimate,
 }
 
-impl Visit for RefundOrSettle {
+impl Visit for RefundOrSettle<'_> {
     type Output = u32;
 
     fn visit<K, L: Limiter<K>>(self, limiter: &L, slot: &Slot<K>) -> u32 {
+        let admission = std::mem::replace(self.0, self.0.report());
         let (key, asked) =
             (slot.as_ref()).expect("a policy admits a request only once its key is found");
         match self.1 {
-            SettleTo::Refund => limiter.refund(key, *asked, self.0),
-            SettleTo::Cost(cost) => limiter.settle(key, *asked, self.0, cost),
-            SettleTo::Estimate => limiter.settle(key, *asked, self.0, *asked),
+            SettleTo::Refund => limiter.refund(key, *asked, admission),
+            SettleTo::Cost(cost) => limiter.settle(key, *asked, admission, cost),
+            SettleTo::Estimate => limiter.settle(key, *asked, admission, *asked),
         };
         *asked
     }
