@@ -31,16 +31,14 @@ use crate::head::{
 /// HTTP/1.1 request claiming gRPC is answered as gRPC, which such a client reads, and no other
 /// client sends that type).
 pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
-    let Some(value) = request.headers.get(CONTENT_TYPE) else {
+    let prefix = b"application/grpc";
+    let value = request.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes);
+    let Some((start, rest)) = value.and_then(|v| v.split_at_checked(prefix.len())) else {
         return false;
     };
-    let value = value.as_bytes();
-    let prefix = b"application/grpc";
-    if value.len() < prefix.len() || !value[..prefix.len()].eq_ignore_ascii_case(prefix) {
-        return false;
-    }
-    let rest = &value[prefix.len()..];
-    rest.first() == Some(&b'+') || matches!(rest.trim_ascii_start().first(), None | Some(b';'))
+    start.eq_ignore_ascii_case(prefix)
+        && (rest.first() == Some(&b'+')
+            || matches!(rest.trim_ascii_start().first(), None | Some(b';')))
 }
 
 /// `wait` in whole milliseconds, rounded up (saturating).
@@ -60,12 +58,7 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.
     let delay = (refusal.retry_after()).map(|wait| Duration::from_millis(ceil_millis(wait).max(1)));
-    let build = || {
-        Shared::new(
-            message(refusal, delay.is_none()),
-            refusal.violated_policies(),
-        )
-    };
+    let build = || Shared::new(refusal, delay.is_none());
     // A call that no wait lets through is rare, and said otherwise: its status is not kept.
     let kept = (delay.is_some())
         .then(|| (refusal.settings.grpc_refusals).get(set_index(refusal.violated()), build))
@@ -120,8 +113,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new<'a>(message: String, violated: impl Iterator<Item = &'a str>) -> Self {
-        let status = status_prefix(&message, violated).into();
+    /// What the refusals of `refusal`'s violated policies share; `never` when no wait lets the
+    /// call through.
+    fn new(refusal: &Refusal<'_>, never: bool) -> Self {
+        let message = message(refusal, never);
+        let status = status_prefix(&message, refusal.violated_policies()).into();
         let message = message.replace('%', "%25");
         Self {
             message: HeaderValue::from_maybe_shared(Bytes::from(message)).ok(),
@@ -216,7 +212,8 @@ fn status_prefix<'a>(message: &str, violated: impl Iterator<Item = &'a str>) -> 
 fn retry_info_up_to_duration(duration: usize, buf: &mut impl BufMut) {
     let info = field_len(duration);
     length(buf, 3, field_len(RETRY_INFO.len()) + field_len(info));
-    bytes_field(buf, 1, RETRY_INFO.as_bytes());
+    length(buf, 1, RETRY_INFO.len());
+    buf.put_slice(RETRY_INFO.as_bytes());
     length(buf, 2, info);
     length(buf, 1, duration);
 }
@@ -231,12 +228,6 @@ fn field_len(len: usize) -> usize {
 fn length(buf: &mut impl BufMut, tag: u32, len: usize) {
     encode_key(tag, WireType::LengthDelimited, buf);
     encode_varint(len as u64, buf);
-}
-
-/// A length-delimited field `tag` holding `bytes`.
-fn bytes_field(buf: &mut impl BufMut, tag: u32, bytes: &[u8]) {
-    length(buf, tag, bytes.len());
-    buf.put_slice(bytes);
 }
 
 /// The gRPC answer for what the layer answers over HTTP with `status` and `detail`: no key for
