@@ -183,13 +183,10 @@ fn x_forwarded_for_hops<B>(
     line: &[u8],
     visit: &mut impl FnMut(Hop) -> ControlFlow<B>,
 ) -> ControlFlow<B> {
-    for element in line.rsplit(|&b| b == b',') {
-        let element = element.trim_ascii();
-        if !element.is_empty() {
-            visit(Hop::node(element))?;
-        }
-    }
-    ControlFlow::Continue(())
+    line.rsplit(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|element| !element.is_empty())
+        .try_for_each(|element| visit(Hop::node(element)))
 }
 
 /// Visits the hops of one `Forwarded` line from right to left, one per element. An element that
@@ -220,7 +217,6 @@ fn forwarded_hops<B>(line: &[u8], visit: &mut impl FnMut(Hop) -> ControlFlow<B>)
 /// comma) and its hop, or `None` if it does not parse.
 fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
     let mut rest = s;
-    let mut fors = 0_u32;
     let mut node = Hop::Not(NO_FOR);
     loop {
         rest = rest.trim_ascii_end();
@@ -230,8 +226,11 @@ fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
             Some(_) => {
                 let (start, name, value) = forwarded_pair(rest)?;
                 if name.eq_ignore_ascii_case(b"for") {
-                    fors += 1;
-                    node = Hop::node(&value);
+                    // Right to left: the first `for` met is the hop, unless another follows.
+                    node = match node {
+                        Hop::Not(NO_FOR) => Hop::node(&value),
+                        _ => Hop::Not(TWO_FORS),
+                    };
                 }
                 rest = &rest[..start];
                 // Before a pair: white space, then a separator or the start of the line.
@@ -241,12 +240,7 @@ fn forwarded_element(s: &[u8]) -> Option<(usize, Hop)> {
             }
         }
     }
-    let hop = match fors {
-        0 => Hop::Not(NO_FOR),
-        1 => node,
-        _ => Hop::Not(TWO_FORS),
-    };
-    Some((rest.len(), hop))
+    Some((rest.len(), node))
 }
 
 /// A `Forwarded` parameter read from the right: where it starts, its name, its unquoted value.
