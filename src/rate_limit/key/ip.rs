@@ -51,21 +51,17 @@ impl Prefixes {
     }
 }
 
-/// The first `bits` bits of an IPv4 address set (above 32 means 32; a shift by all 32 bits, for
-/// a prefix of 0, leaves none): the IPv4 prefix of `PeerIp` and
-/// [`ForwardedIp`](super::ForwardedIp) alike.
+/// The first `bits` bits of an IPv4 address set (above 32 means 32): the complement of all 32
+/// shifted right by `bits` (of which a shift by 32 or more leaves none). The IPv4 prefix of
+/// `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
 pub(super) fn mask_v4(bits: u8) -> u32 {
-    u32::MAX
-        .checked_shl(32 - u32::from(bits.min(32)))
-        .unwrap_or(0)
+    !u32::MAX.checked_shr(u32::from(bits)).unwrap_or(0)
 }
 
-/// The first `bits` bits of an IPv6 address set (above 128 means 128): the IPv6 prefix of
-/// `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
+/// The first `bits` bits of an IPv6 address set (above 128 means 128), as [`mask_v4`] makes
+/// them: the IPv6 prefix of `PeerIp` and [`ForwardedIp`](super::ForwardedIp) alike.
 pub(super) fn mask_v6(bits: u8) -> u128 {
-    u128::MAX
-        .checked_shl(128 - u32::from(bits.min(128)))
-        .unwrap_or(0)
+    !u128::MAX.checked_shr(u32::from(bits)).unwrap_or(0)
 }
 
 /// A network in CIDR notation, such as `10.0.0.0/8` or `2001:db8::/32`, used to list trusted
