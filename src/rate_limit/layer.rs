@@ -197,20 +197,19 @@ impl<S, P, M> Layer<S> for RateLimitLayer<P, M> {
     /// not carry the body ([`wrap_body`](Self::wrap_body)): the policy's settles would never
     /// happen.
     fn layer(&self, inner: S) -> Self::Service {
-        if !self.settings.wraps_body {
-            let waits_for_body = (self.settings.policies.iter())
-                .find(|p| matches!(p.settle, Settle::ByBody(_) | Settle::Held));
-            if let Some(policy) = waits_for_body {
-                let what = match policy.settle {
-                    Settle::Held => "holds its requests' slots until the response body ends",
-                    _ => "settles its cost from the response body",
-                };
-                panic!(
-                    "the rate-limit policy `{}` {what}, which the layer must carry: call \
-                     `.wrap_body()` on the `RateLimitLayer`",
-                    policy.name
-                );
-            }
+        let settings = &self.settings;
+        let waits_for_body = (settings.policies.iter())
+            .find(|p| !settings.wraps_body && matches!(p.settle, Settle::ByBody(_) | Settle::Held));
+        if let Some(policy) = waits_for_body {
+            let what = match policy.settle {
+                Settle::Held => "holds its requests' slots until the response body ends",
+                _ => "settles its cost from the response body",
+            };
+            panic!(
+                "the rate-limit policy `{}` {what}, which the layer must carry: call \
+                 `.wrap_body()` on the `RateLimitLayer`",
+                policy.name
+            );
         }
         let limits = Limits {
             policies: Arc::clone(&self.policies),
