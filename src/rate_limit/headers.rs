@@ -177,10 +177,7 @@ fn policy_value(
     quota: impl Fn(usize) -> (Quota, bool),
 ) -> Option<HeaderValue> {
     let mut value = ValueBuf::new();
-    for (i, p) in policies.iter().enumerate() {
-        if !listed(i) {
-            continue;
-        }
+    for (i, p) in policies.iter().enumerate().filter(|&(i, _)| listed(i)) {
         let (quota, slots) = quota(i);
         if slots {
             // Requests in flight: no window (draft-11, section 5.1's `qu`).
