@@ -152,11 +152,9 @@ impl AnswerScan {
     }
 }
 
-fn check<I, S>(path: I) -> Result<Arc<[Box<str>]>, UsagePathError>
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
+fn check(
+    path: impl IntoIterator<Item = impl AsRef<str>>,
+) -> Result<Arc<[Box<str>]>, UsagePathError> {
     let keys: Vec<Box<str>> = path
         .into_iter()
         .take(MAX_KEYS + 1)
