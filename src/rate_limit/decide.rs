@@ -227,10 +227,8 @@ impl<P: PolicySet> Ledger<P> {
     fn conclude(&mut self, head: &RequestHead<'_>) -> Progress {
         let mut wait = Duration::ZERO;
         let mut refused = false;
-        for (info, outcome) in self.limits.settings.policies.iter().zip(&self.outcomes) {
-            if !info.enforced() {
-                continue;
-            }
+        let policies = self.limits.settings.policies.iter();
+        for (_, outcome) in policies.zip(&self.outcomes).filter(|(p, _)| p.enforced()) {
             if let Outcome::Admitted(d) = outcome {
                 wait = wait.max(d.wait);
             }
