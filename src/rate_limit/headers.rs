@@ -206,10 +206,8 @@ fn ratelimit_header(
     quota: impl Fn(usize) -> Quota,
 ) -> Option<HeaderValue> {
     let mut value = ValueBuf::new();
-    for (i, (p, o)) in policies.iter().zip(outcomes).enumerate() {
-        if !p.advertised() || (refused && !p.enforced()) {
-            continue;
-        }
+    let decided = policies.iter().zip(outcomes).enumerate();
+    for (i, (p, o)) in decided.filter(|(_, (p, _))| p.advertised() && (p.enforced() || !refused)) {
         let Some(decision) = o.decision() else {
             continue;
         };
