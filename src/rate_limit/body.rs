@@ -137,16 +137,14 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
         match self.project().content.project() {
             ContentProj::Inner { body, settling } => {
                 let frame = ready!(body.poll_frame(cx));
-                if let Some(settle) = settling {
-                    match &frame {
-                        Some(Ok(frame)) => {
-                            if let Some(data) = frame.data_ref() {
-                                settle.feed(data);
-                            }
+                match &frame {
+                    Some(Ok(frame)) => {
+                        if let (Some(settle), Some(data)) = (settling.as_mut(), frame.data_ref()) {
+                            settle.feed(data);
                         }
-                        // The end, or a failure: settled now, with what was read.
-                        None | Some(Err(_)) => *settling = None,
                     }
+                    // The end, or a failure: settled now, with what was read.
+                    None | Some(Err(_)) => *settling = None,
                 }
                 Poll::Ready(frame)
             }
