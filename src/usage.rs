@@ -97,8 +97,7 @@ impl BodyUsage {
     ) -> AnswerScan {
         let essence = headers
             .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
+            .and_then(|v| v.to_str().ok()?.split(';').next())
             .map(str::trim)
             .unwrap_or_default();
         let is = |name: &str| essence.eq_ignore_ascii_case(name);
