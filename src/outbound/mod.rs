@@ -180,3 +180,25 @@ pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
         ours
     })
 }
+
+/// The `Display` and `Error` of the refusal `$refusal`: `$message` with its field `$name` and
+/// its `retry_after`, and (feature `grpc`) for source a `tonic::Status` of `$code` carrying the
+/// wait.
+macro_rules! refusal {
+    ($refusal:ty, $name:ident, $code:ident, $message:literal) => {
+        impl std::fmt::Display for $refusal {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, $message, self.$name, self.retry_after)
+            }
+        }
+
+        impl std::error::Error for $refusal {
+            #[cfg(feature = "grpc")]
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.status
+                    .of(self, tonic::Code::$code, Some(self.retry_after))
+            }
+        }
+    };
+}
+use refusal;

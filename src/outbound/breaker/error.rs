@@ -1,6 +1,5 @@
 //! The error of a call the breaker refused.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,20 +37,9 @@ impl BreakerOpen {
     }
 }
 
-impl fmt::Display for BreakerOpen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "circuit breaker `{}` is open; next call in {:?}",
-            self.breaker, self.retry_after
-        )
-    }
-}
-
-impl std::error::Error for BreakerOpen {
-    #[cfg(feature = "grpc")]
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.status
-            .of(self, tonic::Code::Unavailable, Some(self.retry_after))
-    }
-}
+crate::outbound::refusal!(
+    BreakerOpen,
+    breaker,
+    Unavailable,
+    "circuit breaker `{}` is open; next call in {:?}"
+);

@@ -1,6 +1,5 @@
 //! The error of a call held back by the dependency's own word.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,20 +38,9 @@ impl PushedBack {
     }
 }
 
-impl fmt::Display for PushedBack {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "dependency `{}` asked for no calls for another {:?}",
-            self.dependency, self.retry_after
-        )
-    }
-}
-
-impl std::error::Error for PushedBack {
-    #[cfg(feature = "grpc")]
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.status
-            .of(self, tonic::Code::Unavailable, Some(self.retry_after))
-    }
-}
+crate::outbound::refusal!(
+    PushedBack,
+    dependency,
+    Unavailable,
+    "dependency `{}` asked for no calls for another {:?}"
+);

@@ -1,6 +1,5 @@
 //! The error of a call refused by a client-side quota.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,20 +35,9 @@ impl QuotaExhausted {
     }
 }
 
-impl fmt::Display for QuotaExhausted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "client quota `{}` is spent; next permit in {:?}",
-            self.quota, self.retry_after
-        )
-    }
-}
-
-impl std::error::Error for QuotaExhausted {
-    #[cfg(feature = "grpc")]
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.status
-            .of(self, tonic::Code::ResourceExhausted, Some(self.retry_after))
-    }
-}
+crate::outbound::refusal!(
+    QuotaExhausted,
+    quota,
+    ResourceExhausted,
+    "client quota `{}` is spent; next permit in {:?}"
+);
