@@ -118,9 +118,7 @@ impl Schedule {
         if self.hold_until.max(self.spent_until) <= now {
             self.roll(now);
         }
-        if self.tokens.is_some_and(|tokens| !tokens.lasts(now)) {
-            self.tokens = None;
-        }
+        self.tokens = self.tokens.filter(|tokens| tokens.lasts(now));
     }
 
     /// The earliest instant a call of `tokens` tokens may start, as a call would find it.
@@ -144,9 +142,7 @@ impl Schedule {
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens);
         let counted = self.budget.is_some_and(|budget| budget > 0);
         // A probe may start in a window with nothing left.
-        if let Some(budget) = &mut self.budget {
-            *budget = budget.saturating_sub(1);
-        }
+        self.budget = self.budget.map(|budget| budget.saturating_sub(1));
         self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
         self.in_flight = self.in_flight.saturating_add(1);
         self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
@@ -160,9 +156,7 @@ impl Schedule {
     /// its tokens.
     pub(super) fn give_back(&mut self, place: u64, counted: bool, tokens: u64) {
         if counted && place >= self.window_from {
-            if let Some(budget) = &mut self.budget {
-                *budget = budget.saturating_add(1);
-            }
+            self.budget = self.budget.map(|budget| budget.saturating_add(1));
         }
         if let Some(record) = &mut self.tokens {
             record.give_back(place, tokens);
@@ -289,12 +283,11 @@ impl Schedule {
         self.window_end = advertised.window_end;
         self.refill = advertised.refill;
         self.spacing = advertised.spacing;
-        if self.spacing == 0 {
-            self.next_slot = 0;
-        } else {
+        self.next_slot = match self.spacing {
+            0 => 0,
             // The slot a sparser pacing set is no later than one spacing of this answer.
-            self.next_slot = self.next_slot.min(now.saturating_add(self.spacing));
-        }
+            spacing => self.next_slot.min(now.saturating_add(spacing)),
+        };
     }
 
     /// An older answer's quota tightens the one in force, field by field: never more calls
