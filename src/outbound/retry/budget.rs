@@ -68,11 +68,7 @@ impl Budget {
     fn with_slots<T>(&self, change: impl FnOnce(&mut [Slot], usize, u64) -> T) -> T {
         // Each change is a few additions that cannot panic half-way.
         let mut slots = lock(&self.slots);
-        let latest = slots
-            .iter()
-            .map(|slot| slot.epoch)
-            .max()
-            .unwrap_or_default();
+        let latest = slots.iter().map(|slot| slot.epoch).fold(0, u64::max);
         let epoch = (self.clock.now() / self.slot_nanos).max(latest);
         let index = (epoch % SLOTS) as usize;
         if slots[index].epoch != epoch {
@@ -86,13 +82,9 @@ impl Budget {
 
     /// The units the slots live at `epoch` hold, with the reserve.
     fn balance(&self, slots: &[Slot], epoch: u64) -> u64 {
-        let live = slots.iter().filter(|slot| epoch - slot.epoch < SLOTS);
-        let (deposited, withdrawn) = live.fold((self.reserve, 0u64), |(d, w), slot| {
-            (
-                d.saturating_add(slot.deposited),
-                w.saturating_add(slot.withdrawn),
-            )
-        });
+        let live = || slots.iter().filter(|slot| epoch - slot.epoch < SLOTS);
+        let deposited = live().fold(self.reserve, |d, slot| d.saturating_add(slot.deposited));
+        let withdrawn = live().fold(0u64, |w, slot| w.saturating_add(slot.withdrawn));
         deposited.saturating_sub(withdrawn)
     }
 
