@@ -128,14 +128,12 @@ impl Shared {
         // Readings past `MAX_NOW` stand still there, as everywhere in the crate: an open
         // breaker stays open rather than its `until` wrapping.
         let now = self.clock.now().min(MAX_NOW);
-        if let Phase::Open { until } = inner.phase {
-            if now >= until {
-                let probes = Phase::HalfOpen {
-                    out: 0,
-                    ended: Tally::default(),
-                };
-                self.transition(&mut inner, probes, now, Tally::default());
-            }
+        if matches!(inner.phase, Phase::Open { until } if now >= until) {
+            let probes = Phase::HalfOpen {
+                out: 0,
+                ended: Tally::default(),
+            };
+            self.transition(&mut inner, probes, now, Tally::default());
         }
         (inner, now)
     }
