@@ -62,14 +62,10 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
 
 /// The Items of the List in field `name`; none when it is absent, too long or malformed.
 fn items(reader: &Reader<'_>, headers: &HeaderMap, name: &HeaderName) -> Vec<sfv::Item> {
-    let Some(field) = reader.joined(headers, name) else {
-        return Vec::new();
-    };
     let parse = |field: &[u8]| sfv::Parser::new(field).parse::<sfv::List>().ok();
-    let list = reader
-        .parsed(name.as_str(), &field, parse)
-        .unwrap_or_default();
-    (list.into_iter())
+    let field = reader.joined(headers, name);
+    let list = field.and_then(|field| reader.parsed(name.as_str(), &field, parse));
+    (list.into_iter().flatten())
         .filter_map(|entry| match entry {
             sfv::ListEntry::Item(item) => Some(item),
             sfv::ListEntry::InnerList(_) => None,
