@@ -62,19 +62,14 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
     if rest.is_empty() {
         return None;
     }
+    let numeric = |b: &u8| b.is_ascii_digit() || *b == b'.';
     let mut total = Duration::ZERO;
     while !rest.is_empty() {
-        let number_end = rest
-            .iter()
-            .position(|b| !(b.is_ascii_digit() || *b == b'.'))
-            .filter(|&end| end > 0)?;
-        let (whole, billionths) = decimal(&rest[..number_end])?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .iter()
-            .position(|b| b.is_ascii_digit() || *b == b'.')
-            .unwrap_or(rest.len());
-        let nanos_per: u128 = match &rest[..unit_end] {
+        // An empty number, or one with no unit after it, is no duration.
+        let (number, after) = split_before(rest, |b| !numeric(b));
+        let (whole, billionths) = decimal(number)?;
+        let (unit, after) = split_before(after, numeric);
+        let nanos_per: u128 = match unit {
             b"h" => 3_600_000_000_000,
             b"m" => 60_000_000_000,
             b"s" => 1_000_000_000,
@@ -84,10 +79,15 @@ pub(super) fn go_duration(text: &[u8]) -> Option<Duration> {
             b"ns" => 1,
             _ => return None,
         };
-        rest = &rest[unit_end..];
+        rest = after;
         total = total.saturating_add(in_unit(whole, billionths, nanos_per));
     }
     Some(total)
+}
+
+/// `text` split before the first byte `stop` accepts (whole, then empty, when none does).
+fn split_before(text: &[u8], stop: impl Fn(&u8) -> bool) -> (&[u8], &[u8]) {
+    text.split_at(text.iter().position(stop).unwrap_or(text.len()))
 }
 
 /// When a reset falls (or a hold ends): at an instant, or a span from now. [`reset`] reads it
@@ -151,12 +151,9 @@ pub(super) fn rfc3339(text: &[u8]) -> Option<SystemTime> {
     let mut rest = &text[19..];
     let mut nanos = 0;
     if let Some(fraction) = rest.strip_prefix(b".") {
-        let end = fraction
-            .iter()
-            .position(|b| !b.is_ascii_digit())
-            .unwrap_or(fraction.len());
-        nanos = decimal(&rest[..end + 1])?.1;
-        rest = &fraction[end..];
+        let (digits, after) = split_before(fraction, |b| !b.is_ascii_digit());
+        nanos = decimal(&rest[..digits.len() + 1])?.1;
+        rest = after;
     }
     let offset = match rest {
         b"Z" | b"z" => 0,
