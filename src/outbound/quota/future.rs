@@ -11,9 +11,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::counting::{QuotaSettle, Unsettled};
+use super::counting::{QuotaCost, QuotaKey, QuotaSettle, Unsettled};
 use super::error::QuotaExhausted;
-use super::layer::Shared;
+use super::layer::{ClientQuotaLayer, Shared};
 use crate::outbound::metrics::Outcome;
 use crate::outbound::never_sent;
 use crate::usage::read_cost;
@@ -138,15 +138,19 @@ where
     S: Service<Req> + Clone,
     L: Limiter<K>,
 {
-    /// Takes `cost` permits of `quota` under `key` for the call.
-    pub(super) fn start(
-        shared: &Arc<Shared<L>>,
-        key: K,
-        cost: u32,
-        settle: U,
+    /// Takes the permits `quota` says `request` costs, under the key it chooses, for the call.
+    pub(super) fn start<Q, C>(
+        quota: &ClientQuotaLayer<L, Q, C, U>,
         service: &mut S,
         request: Req,
-    ) -> Self {
+    ) -> Self
+    where
+        Q: QuotaKey<Req, Key = K>,
+        C: QuotaCost<Req>,
+        U: Clone,
+    {
+        let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
+        let (shared, settle) = (&quota.shared, quota.settle.clone());
         let mut held = None;
         let state = match shared.limiter.reserve_now(&key, cost) {
             Some(decision) => state_after(shared, &mut held, decision, service, request),

@@ -66,10 +66,10 @@ use crate::{BoxError, Limiter};
 /// # }
 /// ```
 pub struct ClientQuotaLayer<L, K = (), C = u32, U = ()> {
-    shared: Arc<Shared<L>>,
-    key: K,
-    cost: C,
-    settle: U,
+    pub(super) shared: Arc<Shared<L>>,
+    pub(super) key: K,
+    pub(super) cost: C,
+    pub(super) settle: U,
 }
 
 /// What every service and call of one layer shares: the quota's name, limiter and counters.
@@ -232,15 +232,6 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        let (key, cost) = (self.quota.key.key(&request), self.quota.cost.cost(&request));
-        let settle = self.quota.settle.clone();
-        ResponseFuture::start(
-            &self.quota.shared,
-            key,
-            cost,
-            settle,
-            &mut self.inner,
-            request,
-        )
+        ResponseFuture::start(&self.quota, &mut self.inner, request)
     }
 }
