@@ -47,8 +47,8 @@ struct Waiting<S, Req> {
     since: Instant,
     /// The clock's instant after which the call may not start.
     deadline: u64,
-    service: S,
-    request: Req,
+    /// The readied service, and the request it is to be called with.
+    call: (S, Req),
     /// Ready when a newer answer lets calls start sooner than the sleep's end.
     sooner: Pin<Box<OwnedNotified>>,
 }
@@ -149,8 +149,7 @@ where
                             sleep: Box::pin(tokio::time::sleep(span(now, at))),
                             since: Instant::now(),
                             deadline,
-                            service,
-                            request,
+                            call: (service, request),
                             sooner: sooner.unwrap_or_else(|| dependency.listen()),
                         }),
                     }
@@ -197,11 +196,8 @@ where
                             this.dependency
                                 .metrics
                                 .count(&this.dependency.name, Outcome::Waited);
-                            let Waiting {
-                                mut service,
-                                request,
-                                ..
-                            } = waiting.take().expect("checked above");
+                            let (mut service, request) =
+                                waiting.take().expect("checked above").call;
                             let tokens = *this.tokens;
                             let next = run(this.dependency, place, tokens, &mut service, request);
                             this.state.set(next);
