@@ -66,9 +66,6 @@ pub(crate) fn hold(headers: &HeaderMap) -> Option<Duration> {
 /// The delay a `tonic::Status` asks for, as [`hold`] reads it from headers.
 pub(crate) fn status_delay(status: &tonic::Status) -> Option<Duration> {
     let pushback = status.metadata().get(GRPC_RETRY_PUSHBACK_MS.as_str());
-    delay(
-        status.code(),
-        status.details(),
-        pushback.map(|v| v.as_bytes()),
-    )
+    let pushback = pushback.map(|v| v.as_bytes());
+    delay(status.code(), status.details(), pushback)
 }
