@@ -141,11 +141,8 @@ impl<C: crate::clock::Clock> super::Pushback<C> {
     pub fn publish_gauges(&self) {
         let held_for = self.held_for().as_secs_f64();
         let dependency = &self.dependency;
-        dependency
-            .metrics
-            .handles(&dependency.name)
-            .held
-            .set(held_for);
+        let handles = dependency.metrics.handles(&dependency.name);
+        handles.held.set(held_for);
     }
 }
 
