@@ -128,6 +128,8 @@ where
             sooner = Some(dependency.listen());
             dependency.try_start(tokens)
         });
+        // The clock's instant after which a call held at `now` may not start.
+        let deadline = |now: u64| now.saturating_add(saturating_nanos(dependency.max_wait));
         let state = match started {
             Ok(place) => {
                 dependency
@@ -135,24 +137,20 @@ where
                     .count(&dependency.name, Outcome::Admitted);
                 run(dependency, place, tokens, service, request)
             }
+            Err((now, at)) if at > deadline(now) => State::Refused {
+                error: Some(dependency.refuse(now, at)),
+            },
             Err((now, at)) => {
-                let deadline = now.saturating_add(saturating_nanos(dependency.max_wait));
-                if at > deadline {
-                    State::Refused {
-                        error: Some(dependency.refuse(now, at)),
-                    }
-                } else {
-                    // The readied service goes with the call; this handle keeps a clone.
-                    let service = mem::replace(service, service.clone());
-                    State::Waiting {
-                        waiting: Some(Waiting {
-                            sleep: Box::pin(tokio::time::sleep(span(now, at))),
-                            since: Instant::now(),
-                            deadline,
-                            call: (service, request),
-                            sooner: sooner.unwrap_or_else(|| dependency.listen()),
-                        }),
-                    }
+                // The readied service goes with the call; this handle keeps a clone.
+                let service = mem::replace(service, service.clone());
+                State::Waiting {
+                    waiting: Some(Waiting {
+                        sleep: Box::pin(tokio::time::sleep(span(now, at))),
+                        since: Instant::now(),
+                        deadline: deadline(now),
+                        call: (service, request),
+                        sooner: sooner.unwrap_or_else(|| dependency.listen()),
+                    }),
                 }
             }
         };
