@@ -181,11 +181,23 @@ pub(crate) fn never_sent(err: &(dyn Error + 'static)) -> bool {
     })
 }
 
-/// The `Display` and `Error` of the refusal `$refusal`: `$message` with its field `$name` and
-/// its `retry_after`, and (feature `grpc`) for source a `tonic::Status` of `$code` carrying the
-/// wait.
+/// The constructor, `Display` and `Error` of the refusal `$refusal`: `$message` with its field
+/// `$name` and its `retry_after`, and (feature `grpc`) for source a `tonic::Status` of `$code`
+/// carrying the wait.
 macro_rules! refusal {
     ($refusal:ty, $name:ident, $code:ident, $message:literal) => {
+        impl $refusal {
+            /// The refusal of `name`, saying that the call may go after `retry_after`.
+            pub(crate) fn new(name: std::sync::Arc<str>, retry_after: std::time::Duration) -> Self {
+                Self {
+                    $name: name,
+                    retry_after,
+                    #[cfg(feature = "grpc")]
+                    status: Default::default(),
+                }
+            }
+        }
+
         impl std::fmt::Display for $refusal {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 write!(f, $message, self.$name, self.retry_after)

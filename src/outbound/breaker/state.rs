@@ -164,12 +164,8 @@ impl Shared {
         drop(inner);
         if let Some(nanos) = retry_after {
             self.metrics.count(&self.name, Outcome::Refused);
-            return Err(BreakerOpen {
-                breaker: Arc::clone(&self.name),
-                retry_after: Duration::from_nanos(nanos),
-                #[cfg(feature = "grpc")]
-                status: Default::default(),
-            });
+            let retry_after = Duration::from_nanos(nanos);
+            return Err(BreakerOpen::new(Arc::clone(&self.name), retry_after));
         }
         Ok(Ticket {
             shared: Arc::clone(self),

@@ -131,12 +131,7 @@ impl<C: Clock> Dependency<C> {
     /// Refuses a call at `now` that may start at `at` only, later than it may wait for.
     pub(crate) fn refuse(&self, now: u64, at: u64) -> PushedBack {
         self.metrics.count(&self.name, Outcome::Refused);
-        PushedBack {
-            dependency: self.name.clone(),
-            retry_after: span(now, at),
-            #[cfg(feature = "grpc")]
-            status: Default::default(),
-        }
+        PushedBack::new(self.name.clone(), span(now, at))
     }
 
     /// Ready at the next answer that lets calls start sooner.

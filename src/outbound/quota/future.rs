@@ -106,12 +106,7 @@ where
         }
         Ok(decision) if !decision.allowed => {
             shared.metrics.count(&shared.name, Outcome::Refused);
-            let error = QuotaExhausted {
-                quota: shared.name.clone(),
-                retry_after: decision.retry_after,
-                #[cfg(feature = "grpc")]
-                status: Default::default(),
-            };
+            let error = QuotaExhausted::new(shared.name.clone(), decision.retry_after);
             State::Refused {
                 error: Some(error.into()),
             }
