@@ -119,10 +119,18 @@ struct Entry<K, S> {
     state: S,
 }
 
-impl<K, S> Entry<K, S> {
-    /// The fingerprint its decisions carry, its key's hash being `hash` (see [`fingerprint`]).
-    fn fingerprint(&self, hash: u64) -> u64 {
-        fingerprint(hash, self.incarnation)
+impl<K, S, G> Shard<K, S, G> {
+    /// Runs `f` on `entry`'s state under `context`, with the shard's latest reading and the
+    /// fingerprint the entry's decisions carry, its key's hash being `hash` (see [`fingerprint`]).
+    fn run<R>(
+        &self,
+        context: &G,
+        entry: &Entry<K, S>,
+        hash: u64,
+        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
+    ) -> R {
+        let fingerprint = fingerprint(hash, entry.incarnation);
+        f(context, &entry.state, &self.latest.0, fingerprint)
     }
 }
 
@@ -202,11 +210,7 @@ where
     fn shard(&self, hash: u64) -> &Shard<K, S, G> {
         // The table uses the low bits for its index and the top seven for its tags; take the
         // shard from bits above 32 so the three do not correlate.
-        let idx = if self.shard_bits == 0 {
-            0
-        } else {
-            ((hash >> 32) as usize) & ((1 << self.shard_bits) - 1)
-        };
+        let idx = ((hash >> 32) as usize) & ((1 << self.shard_bits) - 1);
         &self.shards[idx]
     }
 
@@ -234,12 +238,7 @@ where
         {
             let table = unpoisoned(shard.table.read());
             if let Some(e) = table.keys.find(hash, |e| e.key == *key) {
-                return f(
-                    &table.context,
-                    &e.state,
-                    &shard.latest.0,
-                    e.fingerprint(hash),
-                );
+                return shard.run(&table.context, e, hash, f);
             }
         }
         let room = Room { now, idle_at, rank };
@@ -270,13 +269,12 @@ where
         } = &mut *guard;
         let context = &*context;
         if let Some(e) = keys.find(hash, |e| e.key == *key) {
-            return f(context, &e.state, &shard.latest.0, e.fingerprint(hash));
+            return shard.run(context, e, hash, f);
         }
         let now = now();
         if keys.len() >= self.shard_cap {
-            let full_until = shard.full_until.load(Ordering::Relaxed);
-            if now < full_until {
-                let free_at = full_until;
+            let free_at = shard.full_until.load(Ordering::Relaxed);
+            if now < free_at {
                 return full(context, ShardFull { free_at }, now);
             }
             // Nobody reads the shard meanwhile: a reading older than `now` that reaches a
@@ -310,8 +308,7 @@ where
             state: S::default(),
         };
         let entry = keys.insert_unique(hash, entry, |e| hasher.hash_one(&e.key));
-        let e = entry.get();
-        f(context, &e.state, &shard.latest.0, e.fingerprint(hash))
+        shard.run(context, entry.get(), hash, f)
     }
 
     /// Runs `f` on the shard's context, the state of `key`, the shard's latest reading and the
@@ -324,14 +321,8 @@ where
         let hash = self.hasher.hash_one(key);
         let shard = self.shard(hash);
         let table = unpoisoned(shard.table.read());
-        let found = (table.keys.find(hash, |e| e.key == *key)).map(|e| {
-            f(
-                &table.context,
-                &e.state,
-                &shard.latest.0,
-                e.fingerprint(hash),
-            )
-        });
+        let found = (table.keys.find(hash, |e| e.key == *key))
+            .map(|e| shard.run(&table.context, e, hash, f));
         // A refund can make the key idle before the instant the full shard last found for its
         // first idle key: the next new key looks again.
         shard.full_until.store(0, Ordering::Relaxed);
