@@ -87,22 +87,25 @@ impl<L> RateLimiterBuilder<L> {
 impl<L, A, C, H> RateLimiterBuilder<L, A, C, H> {
     /// Uses algorithm `A2` instead of GCRA.
     pub fn algorithm<A2: Algorithm>(self) -> RateLimiterBuilder<L, A2, C, H> {
-        RateLimiterBuilder {
-            quota: self.quota,
-            clock: self.clock,
-            hasher: self.hasher,
-            max_keys: self.max_keys,
-            overflow: self.overflow,
-            _marker: PhantomData,
-        }
+        self.remade(|clock, hasher| (clock, hasher))
     }
 
     /// Reads time from `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> RateLimiterBuilder<L, A, C2, H> {
+        self.remade(|_, hasher| (clock, hasher))
+    }
+
+    /// The same settings under algorithm `A2`, with the clock and the hasher that `parts` makes
+    /// of this builder's.
+    fn remade<A2, C2, H2>(
+        self,
+        parts: impl FnOnce(C, H) -> (C2, H2),
+    ) -> RateLimiterBuilder<L, A2, C2, H2> {
+        let (clock, hasher) = parts(self.clock, self.hasher);
         RateLimiterBuilder {
             quota: self.quota,
             clock,
-            hasher: self.hasher,
+            hasher,
             max_keys: self.max_keys,
             overflow: self.overflow,
             _marker: PhantomData,
@@ -139,14 +142,7 @@ where
     /// hash: two keys that collide under `hasher` take back each other's decisions (see
     /// [`Limiter::refund`](crate::Limiter::refund)).
     pub fn hasher<H2: BuildHasher>(self, hasher: H2) -> RateLimiterBuilder<Keyed<K>, A, C, H2> {
-        RateLimiterBuilder {
-            quota: self.quota,
-            clock: self.clock,
-            hasher,
-            max_keys: self.max_keys,
-            overflow: self.overflow,
-            _marker: PhantomData,
-        }
+        self.remade(|clock, _| (clock, hasher))
     }
 
     /// The most keys held in memory (default one million).
