@@ -231,23 +231,20 @@ impl Reservations {
     }
 
     fn remove_one(&mut self, reserved_at: u64) {
-        if let Some(entry) = self.by_slot.get_mut(&reserved_at) {
-            entry.1 -= 1;
-            self.total -= 1;
-            if entry.1 == 0 {
-                let due = entry.0;
-                self.by_slot.remove(&reserved_at);
-                self.by_due.remove(&(due, reserved_at));
-            }
+        let Some((due, count)) = self.by_slot.get_mut(&reserved_at) else {
+            return;
+        };
+        *count -= 1;
+        self.total -= 1;
+        if *count == 0 {
+            self.by_due.remove(&(*due, reserved_at));
+            self.by_slot.remove(&reserved_at);
         }
     }
 
     /// Drops the reservations whose wait has ended by `now`; returns how many remain.
     fn outstanding(&mut self, now: Instant) -> u64 {
-        while let Some(&(due, reserved_at)) = self.by_due.first() {
-            if due > now {
-                break;
-            }
+        while let Some(&(_, reserved_at)) = self.by_due.first().filter(|(due, _)| *due <= now) {
             self.by_due.pop_first();
             if let Some((_, n)) = self.by_slot.remove(&reserved_at) {
                 self.total -= n;
