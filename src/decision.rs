@@ -428,13 +428,9 @@ impl Decision {
     /// counted under (see [`counted_in`](Self::counted_in)); `None` for any other decision.
     pub(crate) fn counted_window(&self) -> Option<(u64, u64)> {
         let charged = self.charged();
-        if charged.per_permit & COUNTED_UNDER == 0 {
-            return None;
-        }
-        Some((
-            charged.tat.checked_sub(1)?,
-            charged.per_permit & !COUNTED_UNDER,
-        ))
+        // The mark is the top bit: taking it off fails exactly where it is not set.
+        let generation = charged.per_permit.checked_sub(COUNTED_UNDER)?;
+        Some((charged.tat.checked_sub(1)?, generation))
     }
 
     /// The instant this admission was decided at: the instant it was charged at, less its
