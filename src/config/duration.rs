@@ -22,13 +22,13 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
-        let (number, after) = split_before(rest, false);
+        let (number, after) = split_before(rest, |c| !numeric(c));
         if number.is_empty() {
             return Err(format!(
                 "`{text}` is not a duration; write it such as \"500ms\""
             ));
         }
-        let (unit, next) = split_before(after, true);
+        let (unit, next) = split_before(after, numeric);
         let nanos = nanos(text, number, unit_scale(text, number, unit.trim())?)?;
         total = total.checked_add(nanos).ok_or_else(|| too_long(text))?;
         rest = next;
@@ -38,11 +38,15 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|_| too_long(text))
 }
 
-/// `text` split before its first character that is (`numeric`) or is not (`!numeric`) a digit
-/// or a point.
-fn split_before(text: &str, numeric: bool) -> (&str, &str) {
-    let end = text.find(|c: char| (c.is_ascii_digit() || c == '.') == numeric);
-    text.split_at(end.unwrap_or(text.len()))
+/// Whether `c` belongs to a number: a digit or a point.
+fn numeric(c: char) -> bool {
+    c.is_ascii_digit() || c == '.'
+}
+
+/// `text` split before the first character `stop` accepts (whole, then empty, when none does),
+/// as the pushback's reader of Go durations splits its bytes.
+fn split_before(text: &str, stop: impl Fn(char) -> bool) -> (&str, &str) {
+    text.split_at(text.find(stop).unwrap_or(text.len()))
 }
 
 /// Nanoseconds in one `unit`.

@@ -88,10 +88,10 @@ impl<'a> Refusal<'a> {
     }
 
     /// The default body: an RFC 9457 problem naming the `violated-policies`. Of type
-    /// `https://iana.org/assignments/http-problem-types#quota-exceeded` (status 429) when a wait helps; when none does
-    /// (the request costs more than a violated policy can ever admit at once), of type
-    /// `about:blank` with status 413 and `largest-cost`, the most the strictest such policy
-    /// admits.
+    /// `https://iana.org/assignments/http-problem-types#quota-exceeded` (status 429) when a wait
+    /// helps; when none does (the request costs more than a violated policy can ever admit at
+    /// once), of type `about:blank` with status 413 and `largest-cost`, the most the strictest
+    /// such policy admits.
     pub fn problem_json(&self) -> Bytes {
         let unadmittable = self.unadmittable().map(|(p, e)| (&*p.name, e));
         refusal_problem(

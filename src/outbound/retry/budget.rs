@@ -82,9 +82,14 @@ impl Budget {
 
     /// The units the slots live at `epoch` hold, with the reserve.
     fn balance(&self, slots: &[Slot], epoch: u64) -> u64 {
-        let live = || slots.iter().filter(|slot| epoch - slot.epoch < SLOTS);
-        let deposited = live().fold(self.reserve, |d, slot| d.saturating_add(slot.deposited));
-        let withdrawn = live().fold(0u64, |w, slot| w.saturating_add(slot.withdrawn));
+        let live = slots.iter().filter(|slot| epoch - slot.epoch < SLOTS);
+        // One pass over the live slots, under the budget's lock.
+        let (deposited, withdrawn) = live.fold((self.reserve, 0u64), |(d, w), slot| {
+            (
+                d.saturating_add(slot.deposited),
+                w.saturating_add(slot.withdrawn),
+            )
+        });
         deposited.saturating_sub(withdrawn)
     }
 

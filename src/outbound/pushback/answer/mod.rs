@@ -426,8 +426,9 @@ impl Reader<'_> {
         name: &HeaderName,
     ) -> Option<http::header::GetAll<'h, http::HeaderValue>> {
         let lines = headers.get_all(name);
-        let count = lines.iter().count();
-        let bytes: usize = lines.iter().map(http::HeaderValue::len).sum();
+        // One pass over the lines: how many, and their bytes.
+        let (count, bytes) =
+            (lines.iter()).fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
         if count > MAX_LINES || bytes + 2 * count.saturating_sub(1) > MAX_FIELD_BYTES {
             let first = lines.iter().next().map_or(&b""[..], |v| v.as_bytes());
             self.malformed(name.as_str(), first);
