@@ -65,24 +65,9 @@ impl SlidingCounter {
         let idx = self.timeline.window_of(now);
         match idx.saturating_sub(c.window) {
             0 => {}
-            1 => {
-                c.prev = c.curr;
-                c.curr = c.next;
-                c.reserved = c.next;
-                c.next = 0;
-            }
-            2 => {
-                c.prev = c.next;
-                c.curr = 0;
-                c.reserved = 0;
-                c.next = 0;
-            }
-            _ => {
-                c.prev = 0;
-                c.curr = 0;
-                c.reserved = 0;
-                c.next = 0;
-            }
+            1 => (c.prev, c.curr, c.reserved, c.next) = (c.curr, c.next, c.next, 0),
+            2 => (c.prev, c.curr, c.reserved, c.next) = (c.next, 0, 0, 0),
+            _ => (c.prev, c.curr, c.reserved, c.next) = (0, 0, 0, 0),
         }
         c.window = c.window.max(idx);
     }
