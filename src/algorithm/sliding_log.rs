@@ -72,12 +72,15 @@ impl SlidingLog {
         now
     }
 
-    fn reset_after(&self, log: &Log, now: u64) -> Duration {
-        let last = log
-            .entries
+    /// The instant the last entry leaves every window; zero with none.
+    fn idle_from(&self, log: &Log) -> u64 {
+        log.entries
             .back()
-            .map_or(0, |&(t, _)| t.saturating_add(self.window));
-        Duration::from_nanos(last.saturating_sub(now))
+            .map_or(0, |&(t, _)| t.saturating_add(self.window))
+    }
+
+    fn reset_after(&self, log: &Log, now: u64) -> Duration {
+        Duration::from_nanos(self.idle_from(log).saturating_sub(now))
     }
 
     /// The earliest instant `t ≥ now` at which a request of `cost` fits, and the count that
@@ -234,10 +237,7 @@ impl Transitions for SlidingLog {
     }
 
     fn idle_at(&self, state: &SlidingLogState) -> u64 {
-        let log = lock(&state.0);
-        log.entries
-            .back()
-            .map_or(0, |&(t, _)| t.saturating_add(self.window))
+        self.idle_from(&lock(&state.0))
     }
 
     fn eviction_rank(&self, state: &SlidingLogState, now: u64) -> u128 {
@@ -249,11 +249,7 @@ impl Transitions for SlidingLog {
             .take_while(|&&(t, _)| t.saturating_add(self.window) <= now)
             .map(|&(_, n)| u64::from(n))
             .sum();
-        let idle = log
-            .entries
-            .back()
-            .map_or(0, |&(t, _)| t.saturating_add(self.window))
-            .saturating_sub(now);
+        let idle = self.idle_from(&log).saturating_sub(now);
         super::rank(log.total - gone, idle)
     }
 }
