@@ -107,15 +107,6 @@ impl FixedWindow {
         now
     }
 
-    /// `used` as of the cycle of `now` (as `advance` would clamp it), without changing the
-    /// state (for ranking a key).
-    fn used_at(&self, w: &Window, now: u64) -> u64 {
-        let cycle = self.cycle_of(super::as_of(now, w.latest));
-        let numbered = self.timeline.numbered(w.cycle, w.latest);
-        let granted = cycle.saturating_sub(numbered).saturating_mul(self.limit);
-        self.laid_out(w, numbered).saturating_sub(granted)
-    }
-
     /// `w.used`, its cycle numbered `cycle`, with the slots of its reservations ahead laid out
     /// by this quota. They were slotted by the quota in force at the key's latest touch, which
     /// frees its `slot_limit` slots a cycle; where it has changed since and a reservation still
@@ -255,10 +246,12 @@ impl Transitions for FixedWindow {
     }
 
     fn eviction_rank(&self, state: &FixedWindowState, now: u64) -> u128 {
-        let w = lock(&state.0);
+        // The count as of the cycle of `now`, on a copy: ranking changes no state.
+        let mut w = *lock(&state.0);
+        self.advance(&mut w, now);
         // Counts do not say when they were taken: among keys holding as many, the store keeps
         // the one it made first.
-        super::rank(self.used_at(&w, now), 0)
+        super::rank(w.used, 0)
     }
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {
