@@ -72,10 +72,6 @@ impl SlidingCounter {
         c.window = c.window.max(idx);
     }
 
-    fn window_start(&self, idx: u64) -> u64 {
-        self.timeline.start_of(idx)
-    }
-
     /// The earliest offset into a window of length `window` with counts (`prev`, `curr`) at
     /// which `cost` fits: the least `e` with `⌊prev · (W − e) / W⌋ ≤ room`, that is
     /// `prev · (W − e) ≤ (room + 1) · W − 1`.
@@ -152,7 +148,7 @@ impl SlidingCounter {
         } else {
             return 0;
         };
-        self.window_start(c.window + windows_left)
+        self.timeline.start_of(c.window + windows_left)
     }
 
     fn reset_after(&self, c: &Counters, now: u64) -> Duration {
@@ -162,7 +158,7 @@ impl SlidingCounter {
     pub(crate) fn step(&self, c: &mut Counters, now: u64, cost: u32, max_wait: u64) -> Decision {
         let now = self.advance(c, now);
         let cost = u64::from(cost);
-        let start = self.window_start(c.window);
+        let start = self.timeline.start_of(c.window);
         let len = self.timeline.length_of(c.window);
         // `now` is before the window the state has rolled to only while reservations laid out
         // anew after a change of period hold the key (see `lay_out`).
@@ -179,7 +175,7 @@ impl SlidingCounter {
                 .counted_in(c.window, self.timeline.generation());
         }
         let in_this = earliest_here.map(|at| (start + at, 0));
-        let next_start = self.window_start(c.window + 1);
+        let next_start = self.timeline.start_of(c.window + 1);
         let in_next = || {
             let len = self.timeline.length_of(c.window + 1);
             self.earliest(c.curr, c.next, cost, len)
@@ -188,7 +184,7 @@ impl SlidingCounter {
         let after = || {
             let len = self.timeline.length_of(c.window + 2);
             let at = self.earliest(c.next, 0, cost, len).unwrap_or(0);
-            (self.window_start(c.window + 2) + at, 2)
+            (self.timeline.start_of(c.window + 2) + at, 2)
         };
         let (admit_at, which) = in_this.or_else(in_next).unwrap_or_else(after);
         let wait = admit_at - now;
@@ -275,7 +271,7 @@ impl Transitions for SlidingCounter {
     fn eviction_rank(&self, state: &SlidingCounterState, now: u64) -> u128 {
         let mut c = *lock(&state.0);
         let now = self.advance(&mut c, now);
-        let e = now.saturating_sub(self.window_start(c.window));
+        let e = now.saturating_sub(self.timeline.start_of(c.window));
         let held = self.carried(c.prev, e, self.timeline.length_of(c.window)) + c.curr + c.next;
         // As the fixed window's: among keys holding as many, the store keeps the older.
         super::rank(held, 0)
