@@ -61,6 +61,45 @@ impl GcraState {
     fn loaded(&self, floor: &LatestReading) -> Loaded {
         Loaded::of(self.both.load(Ordering::Acquire), floor)
     }
+
+    /// Replaces the word of `loaded` by `new`, decided at `now` or its reading, whichever is
+    /// later. Otherwise answers the word and the reading to decide on again: someone changed
+    /// them meanwhile.
+    fn replace(
+        &self,
+        loaded: Loaded,
+        new: u64,
+        now: u64,
+        floor: &LatestReading,
+    ) -> Result<(), Loaded> {
+        let new = joined(new, now.max(loaded.seen));
+        self.both
+            .compare_exchange_weak(loaded.both, new, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(|both| Loaded::of(both, floor))
+    }
+
+    /// Changes the word to what `change` makes of it and of the latest reading (the later of
+    /// `now`, the key's and the floor), unless `change` answers `None`; the reading is kept
+    /// either way.
+    fn update(
+        &self,
+        now: u64,
+        floor: &LatestReading,
+        mut change: impl FnMut(u64, u64) -> Option<u64>,
+    ) {
+        let floor = floor.get();
+        let _ = self
+            .both
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
+                let (current, seen) = split(both);
+                let reading = seen.max(now).max(floor);
+                match change(current, reading) {
+                    Some(new) => Some(joined(new, reading)),
+                    None => (reading > seen).then(|| joined(current, reading)),
+                }
+            });
+    }
 }
 
 /// The word for `tat`, with [`WAITER`] if `waiter` and the TAT lies past `horizon` from `now`.
@@ -101,47 +140,6 @@ impl Loaded {
             seen: reading.max(floor.get()),
             both,
         }
-    }
-}
-
-impl GcraState {
-    /// Replaces the word of `loaded` by `new`, decided at `now` or its reading, whichever is
-    /// later. Otherwise answers the word and the reading to decide on again: someone changed
-    /// them meanwhile.
-    fn replace(
-        &self,
-        loaded: Loaded,
-        new: u64,
-        now: u64,
-        floor: &LatestReading,
-    ) -> Result<(), Loaded> {
-        let new = joined(new, now.max(loaded.seen));
-        self.both
-            .compare_exchange_weak(loaded.both, new, Ordering::AcqRel, Ordering::Acquire)
-            .map(drop)
-            .map_err(|both| Loaded::of(both, floor))
-    }
-
-    /// Changes the word to what `change` makes of it and of the latest reading (the later of
-    /// `now`, the key's and the floor), unless `change` answers `None`; the reading is kept
-    /// either way.
-    fn update(
-        &self,
-        now: u64,
-        floor: &LatestReading,
-        mut change: impl FnMut(u64, u64) -> Option<u64>,
-    ) {
-        let floor = floor.get();
-        let _ = self
-            .both
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |both| {
-                let (current, seen) = split(both);
-                let reading = seen.max(now).max(floor);
-                match change(current, reading) {
-                    Some(new) => Some(joined(new, reading)),
-                    None => (reading > seen).then(|| joined(current, reading)),
-                }
-            });
     }
 }
 
