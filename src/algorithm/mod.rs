@@ -171,7 +171,6 @@ impl Timeline {
         if period == self.period {
             return *self;
         }
-        let generation = self.generation + 1;
         let now = now.clamp(self.first_start, crate::clock::MAX_NOW);
         let first = self.window_of(now);
         let first_start = self.start_of(first);
@@ -180,7 +179,7 @@ impl Timeline {
             first_start,
             next_start: first_start.saturating_add(period).max(now),
             period,
-            generation,
+            generation: self.generation + 1,
             longest: self.longest.max(period),
             kept_through: first,
         }
