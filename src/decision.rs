@@ -52,8 +52,8 @@ pub(crate) struct Admission {
     /// For a decision of a [`Tiers`](crate::tiers::Tiers) limiter, the index of the tier that
     /// made it, so that a refund goes back to that tier. Zero otherwise; `u16::MAX` for a tier
     /// past the 65 534th, which no refund reaches. Two bytes, not four, keep a decision within
-    /// 128 bytes, which a return moves inline where 136 took a call to `memcpy`: a keyed
-    /// check 539 instructions before, 509 after, a direct one 289 and 268 (BENCHMARKS.md).
+    /// 128 bytes, which a return moves inline where 136 took a call to `memcpy` (fewer
+    /// instructions a check: BENCHMARKS.md, "Instructions per check").
     pub(crate) tier: u16,
     /// What the admission took, and from what.
     pub(crate) taken: Taken,

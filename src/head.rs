@@ -7,8 +7,8 @@
 use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
 
 // gRPC's header names, named once: a name given as a `&str` is parsed again at every lookup
-// and insert (a third of the retry layer's own instructions on a call that succeeds,
-// `benches/resilience.rs`).
+// and insert (a large share of the retry layer's own instructions on a call that succeeds:
+// BENCHMARKS.md, "Retries and circuit breaker").
 /// gRPC's retry pushback (A6): milliseconds to wait, or a negative value for "do not retry".
 #[cfg(any(feature = "grpc", feature = "adaptive"))]
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =

@@ -48,10 +48,10 @@ pub(super) struct DirectInner<A: Algorithm, C> {
     /// copy; [`set_quota`](DirectRateLimiter::set_quota) stores a new pair. The cell is a
     /// sequence lock: a load reads the pair and checks that no store came between, writing no
     /// shared word and no word of its own. (An `ArcSwap` writes and clears a slot of the
-    /// thread's on every load, two locked instructions: one thread made 0.53 of governor's
-    /// checks a second with it, 0.79 without; two threads 0.83 and 0.90, median of three
-    /// alternating runs, `PAIRED=20 THREADS=1,2 cargo bench --bench contention -- direct`. A
-    /// lock's reader count, which every thread writes, was a third of governor's from two.)
+    /// thread's on every load, two locked instructions: BENCHMARKS.md, "On 2 vCPUs", has the
+    /// checks a second with it and without, `PAIRED=20 THREADS=1,2 cargo bench --bench
+    /// contention -- direct`. A lock's reader count, which every thread writes, did worse still
+    /// from two threads.)
     pub(super) rule: AtomicCell<Rule<A>>,
     /// Held by a quota change from its read of the rule to its store of the next, so that a
     /// change racing another is built on the winner's.

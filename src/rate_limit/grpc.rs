@@ -49,11 +49,11 @@ fn ceil_millis(wait: Duration) -> u64 {
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
 ///
 /// Written here rather than through tonic's `Status` and tonic-types' `ErrorDetails` each time,
-/// which made a refusal cost twice an HTTP refusal (`benches/grpc_instructions.sh`). What all
-/// refusals of one set of violated policies share (the message, and the `google.rpc.Status` up
-/// to its `RetryInfo`'s delay, already in base64) is built once and kept by the layer, so that a
-/// refusal encodes only its delay: with the status written in full each time, a refusal cost
-/// 1.31 times an HTTP refusal; kept, 0.98.
+/// which made a refusal cost far more than an HTTP refusal. What all refusals of one set of
+/// violated policies share (the message, and the `google.rpc.Status` up to its `RetryInfo`'s
+/// delay, already in base64) is built once and kept by the layer, so that a refusal encodes only
+/// its delay and costs no more than an HTTP refusal (figures in BENCHMARKS.md, "gRPC calls",
+/// from `benches/grpc_instructions.sh`).
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.

@@ -117,8 +117,8 @@ impl Coalescer {
             Err(answer) => answer.await.unwrap_or_else(|_| Err(gone())),
             Ok(call) => {
                 // The caller makes the key's call and no task is spawned for it: a task for every
-                // call cost a whole decision 4.4 % more instructions in the client (callgrind,
-                // 64 tasks deciding on their own keys: 40.2k a decision, against 38.5k).
+                // call cost each decision more instructions in the client (BENCHMARKS.md,
+                // "Redis").
                 let _turn = Turn {
                     coalescer: self,
                     key,

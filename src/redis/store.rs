@@ -41,8 +41,8 @@ impl RedisStore {
             .set_response_timeout(Some(MANAGER_RESPONSE_TIMEOUT))
             // Reconnection is tried every 50 to 100 ms while Redis is away: a refused connection
             // costs it nothing, and a restarted Redis is soon in use again. With a 1 s ceiling,
-            // 2 of 7 runs of `benches/hot_key_faults.sh` (a kill and a restart) used 91.4 and
-            // 94.5 % of the quota; with 100 ms, 13 runs used 96.8 to 98 %.
+            // runs of `benches/hot_key_faults.sh` with a restart used less of their quota
+            // (BENCHMARKS.md, "One hot key across instances: leases").
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(100))
     }
