@@ -9,6 +9,7 @@ mod attack_direct;
 mod attack_evict;
 mod attack_fixed_quota;
 mod attack_memory;
+mod attack_seam;
 mod attack_sliding_period;
 mod attack_windows;
 mod default_clock;

@@ -14,6 +14,7 @@ mod attack_held;
 mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
 mod attack_resilience;
+mod attack_seam;
 #[cfg(feature = "adaptive")]
 mod breaker;
 #[cfg(all(feature = "adaptive", feature = "metrics"))]

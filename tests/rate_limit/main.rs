@@ -14,6 +14,7 @@ mod attack_concurrency;
 mod attack_grpc;
 mod attack_http;
 mod attack_keys;
+mod attack_seam;
 mod attack_settle;
 #[cfg(feature = "reqwest")]
 mod attack_slots;
