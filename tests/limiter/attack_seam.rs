@@ -143,19 +143,19 @@ type Plans<A> = Observed<Tiers<u64, &'static str, Forward<Keyed<A>>>>;
 
 fn stack<A: Algorithm>(clock: &ManualClock, pro: Arc<AtomicBool>) -> (BoxLimiter<u64>, Plans<A>) {
     let tiers = Tiers::new(
-        move |_: &u64| {
-            if pro.load(Ordering::SeqCst) {
-                "pro"
-            } else {
-                "free"
-            }
-        },
+        move |_: &u64| ["free", "pro"][usize::from(pro.load(Ordering::SeqCst))],
         "free",
         Forward(keyed::<A>(10, clock)),
     )
     .tier("pro", Forward(keyed::<A>(100, clock)));
     let observed = Observed::new("plans", tiers);
     (BoxLimiter::new(observed.clone()), observed)
+}
+
+/// What key 1 has left in the `free` and `pro` tiers under `observed`.
+fn tiers_left<A: Algorithm>(observed: &Plans<A>) -> (u64, u64) {
+    let tier = |name| left(observed.get_ref().get(&name).unwrap(), 1);
+    (tier("free"), tier("pro"))
 }
 
 /// `Tiers`: "A decision remembers the tier that made it, so a refund goes back to that tier
@@ -165,33 +165,27 @@ fn stack<A: Algorithm>(clock: &ManualClock, pro: Arc<AtomicBool>) -> (BoxLimiter
 /// leaves `pro` at 100; an admission of 2 on `free` settled to 6 after the move charges `free`.
 #[test]
 fn settles_through_the_whole_stack_go_to_the_tier_that_decided() {
-    let clock = ManualClock::new();
     let moved = Arc::new(AtomicBool::new(false));
-    let (l, observed) = stack::<FixedWindow>(&clock, Arc::clone(&moved));
+    let (l, observed) = stack::<FixedWindow>(&ManualClock::new(), Arc::clone(&moved));
     let a = take(&l, 1, 3);
     let b = take(&l, 1, 2);
     moved.store(true, Ordering::SeqCst);
     assert!(l.settle(&1, 3, a, 0));
     assert!(l.settle(&1, 2, b, 6));
-    let tiers = observed.get_ref();
-    assert_eq!(left(tiers.get(&"free").unwrap(), 1), 4, "10 - 6");
-    assert_eq!(left(tiers.get(&"pro").unwrap(), 1), 100);
+    assert_eq!(tiers_left(&observed), (4, 100), "free: 10 - 6");
 }
 
 /// The same, by refunds: a refund of the `free` tier's admission after the key moved frees
 /// `free`, returns `true`, and `Observed` no longer counts it.
 #[test]
 fn refunds_through_the_whole_stack_go_to_the_tier_that_decided() {
-    let clock = ManualClock::new();
     let moved = Arc::new(AtomicBool::new(false));
-    let (l, observed) = stack::<Gcra>(&clock, Arc::clone(&moved));
+    let (l, observed) = stack::<Gcra>(&ManualClock::new(), Arc::clone(&moved));
     let a = take(&l, 1, 4);
     moved.store(true, Ordering::SeqCst);
     assert!(l.refund(&1, 4, a));
     assert_eq!(observed.snapshot().allowed, 0);
-    let tiers = observed.get_ref();
-    assert_eq!(left(tiers.get(&"free").unwrap(), 1), 10);
-    assert_eq!(left(tiers.get(&"pro").unwrap(), 1), 100);
+    assert_eq!(tiers_left(&observed), (10, 100));
 }
 
 /// Guide, hostile table: "N threads racing for L get exactly L", and a give-back at one

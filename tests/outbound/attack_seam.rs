@@ -25,12 +25,15 @@ use crate::common::poll_once;
 type Tokens = DirectRateLimiter<Metered, ManualClock>;
 const Q: u64 = 1_000;
 
-/// `Q` tokens a minute, holding each estimate until it is settled.
-fn tokens(clock: &ManualClock) -> Tokens {
-    DirectRateLimiter::builder(Quota::per_minute(Q as u32).unwrap())
+/// A manual clock, and a limiter of `Q` tokens a minute on it, holding each estimate until it
+/// is settled.
+fn clock_and_tokens() -> (ManualClock, Tokens) {
+    let clock = ManualClock::new();
+    let l = DirectRateLimiter::builder(Quota::per_minute(Q as u32).unwrap())
         .algorithm::<Metered>()
         .clock(clock.clone())
-        .build()
+        .build();
+    (clock, l)
 }
 
 /// What `l` has left now, by one token taken and given back at once.
@@ -42,6 +45,18 @@ fn probe(l: &Tokens) -> u64 {
     let left = d.remaining + 1;
     assert!(l.refund(&(), 1, d));
     left
+}
+
+/// Asserts that `spent` of `l`'s `Q` are spent now and none a minute later: the hold of the
+/// estimate ended, and nothing was charged past `Q`.
+fn spent_then_whole(clock: &ManualClock, l: &Tokens, spent: u64) {
+    assert_eq!(probe(l), Q - spent, "spent now");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        probe(l),
+        Q,
+        "whole a minute later: no hold left, no charge past Q"
+    );
 }
 
 async fn ok(_: ()) -> Result<http::Response<()>, BoxError> {
@@ -65,8 +80,7 @@ async fn call_later(l: &Tokens, estimate: u32) -> Unsettled {
 /// the call and drain: a minute after that, the key is whole.
 #[tokio::test]
 async fn an_unsettled_dropped_clone_by_clone_ends_its_hold_with_the_last() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (clock, l) = clock_and_tokens();
     let unsettled = call_later(&l, 300).await;
     let clone = unsettled.clone();
     drop(unsettled);
@@ -86,16 +100,13 @@ async fn an_unsettled_dropped_clone_by_clone_ends_its_hold_with_the_last() {
 /// clones: only the 40 is charged, the hold ends, and the key is whole a minute later.
 #[tokio::test]
 async fn only_the_first_settle_of_a_call_counts_whatever_the_later_ones_say() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (clock, l) = clock_and_tokens();
     let unsettled = call_later(&l, 300).await;
     assert!(unsettled.clone().settle(40));
     assert!(!unsettled.settle(0));
     assert!(!unsettled.clone().settle(u32::MAX));
     drop(unsettled);
-    assert_eq!(probe(&l), Q - 40);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&l), Q);
+    spent_then_whole(&clock, &l, 40);
 }
 
 /// `Limiter::settle`: "A cost above the most one request can take ... is charged as that
@@ -103,30 +114,25 @@ async fn only_the_first_settle_of_a_call_counts_whatever_the_later_ones_say() {
 /// minute later.
 #[tokio::test]
 async fn a_call_settled_later_to_u32_max_is_charged_as_the_capacity() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (clock, l) = clock_and_tokens();
     assert!(call_later(&l, 10).await.settle(u32::MAX));
-    assert_eq!(probe(&l), 0);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&l), Q);
+    spent_then_whole(&clock, &l, Q);
 }
 
 /// Guide, settled costs: "whatever ends a request or a call ... its estimate is settled exactly
 /// once"; `ClientQuotaLayer::settle_by`: `None` (nothing readable) keeps the estimate. A settle
-/// function that panics on the response, caught above: the 250 of its estimate are spent, and
-/// the hold ends (a minute later the key is whole), as when it reads nothing.
+/// function that panics on the response: the answer reaches the caller (`usage`: "a panic in
+/// it reaches no caller"), the 250 of its estimate are spent, and the hold ends (a minute
+/// later the key is whole), as when it reads nothing.
 #[tokio::test]
 async fn a_panicking_settle_function_keeps_the_estimate_and_ends_the_hold() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (clock, l) = clock_and_tokens();
     let client = ClientQuotaLayer::new("llm", l.clone())
         .cost(250)
         .settle_by(|_: &http::Response<()>| -> Option<u32> { panic!("the settle panics") })
         .layer(service_fn(ok));
-    let _ = AssertUnwindSafe(client.oneshot(())).catch_unwind().await;
-    assert_eq!(probe(&l), Q - 250);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&l), Q, "the hold was settled, not left in flight");
+    assert!(client.oneshot(()).await.is_ok());
+    spent_then_whole(&clock, &l, 250);
 }
 
 /// `ClientQuotaLayer::settle_by`: "a call that failed ... keep[s] the estimate"; the module
@@ -134,8 +140,7 @@ async fn a_panicking_settle_function_keeps_the_estimate_and_ends_the_hold() {
 /// 200 spent, the hold ended (whole a minute later).
 #[tokio::test]
 async fn a_failed_call_settled_later_keeps_its_estimate_and_ends_the_hold() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (clock, l) = clock_and_tokens();
     let client = ClientQuotaLayer::new("llm", l.clone())
         .cost(200)
         .settle_by(SettleLater)
@@ -143,9 +148,7 @@ async fn a_failed_call_settled_later_keeps_its_estimate_and_ends_the_hold() {
             Err::<http::Response<()>, BoxError>("the dependency failed".into())
         }));
     assert!(client.oneshot(()).await.is_err());
-    assert_eq!(probe(&l), Q - 200);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&l), Q);
+    spent_then_whole(&clock, &l, 200);
 }
 
 /// Module docs: "A call that one of the crate's layers below the quota refuses before sending
@@ -154,8 +157,7 @@ async fn a_failed_call_settled_later_keeps_its_estimate_and_ends_the_hold() {
 /// permit is still the one call's.
 #[tokio::test]
 async fn a_call_refused_by_a_full_bulkhead_below_gives_back_its_whole_hold() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (_, l) = clock_and_tokens();
     let bulkhead = Bulkhead::semaphore("dep", 1).build();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
@@ -258,8 +260,7 @@ async fn full(_: ()) -> Result<http::Response<Full<Bytes>>, BoxError> {
 /// semaphore of 3 whose bodies are read: every call ends, 640 spent, all 3 permits free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn racing_calls_through_a_quota_and_a_body_bulkhead_leave_exact_counts() {
-    let clock = ManualClock::new();
-    let l = tokens(&clock);
+    let (_, l) = clock_and_tokens();
     let bulkhead = Bulkhead::semaphore("dep", 3).build();
     let client = ClientQuotaLayer::new("llm", l.clone())
         .cost(10)

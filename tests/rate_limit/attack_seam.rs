@@ -37,8 +37,61 @@ fn probe<L: Limiter<String>>(l: &L) -> u64 {
     left
 }
 
+/// Asserts that `spent` of `l`'s `Q` are spent now and none a minute later: the hold of the
+/// estimate ended, and nothing was charged past `Q`.
+fn spent_then_whole<L: Limiter<String>>(clock: &ManualClock, l: &L, spent: u64) {
+    assert_eq!(probe(l), Q - spent, "spent now");
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        probe(l),
+        Q,
+        "whole a minute later: no hold left, no charge past Q"
+    );
+}
+
 fn slots(n: u32) -> Policy<impl KeyExtractor<Key = String>, ConcurrencyLimiter<String>> {
     Policy::concurrent("slots", header_key("x-tenant"), n).unwrap()
+}
+
+/// [`slots`] and its limiter, to probe.
+fn slots_and_limiter(
+    n: u32,
+) -> (
+    Policy<impl KeyExtractor<Key = String>, ConcurrencyLimiter<String>>,
+    ConcurrencyLimiter<String>,
+) {
+    let slots = slots(n);
+    let held = slots.limiter().clone();
+    (slots, held)
+}
+
+/// A clock, a `Metered` limiter of `Q` tokens a minute on it, and [`slots_and_limiter`]`(1)`.
+#[expect(
+    clippy::type_complexity,
+    reason = "the policy's key extractor is opaque, so no alias can name it"
+)]
+fn one_slot_rig() -> (
+    ManualClock,
+    Tokens<Metered>,
+    (
+        Policy<impl KeyExtractor<Key = String>, ConcurrencyLimiter<String>>,
+        ConcurrencyLimiter<String>,
+    ),
+) {
+    let clock = ManualClock::new();
+    let toks = tokens::<Metered>(&clock);
+    (clock, toks, slots_and_limiter(1))
+}
+
+/// Asserts that the one slot is free, and [`spent_then_whole`].
+fn slot_free_and_spent(
+    clock: &ManualClock,
+    toks: &Tokens<Metered>,
+    held: &ConcurrencyLimiter<String>,
+    spent: u64,
+) {
+    assert_eq!(probe(held), 1, "the slot is free");
+    spent_then_whole(clock, toks, spent);
 }
 
 /// A `Metered` policy of `Q` tokens a minute reserving `estimate` per request.
@@ -119,8 +172,7 @@ async fn a_veto_in_the_middle_gives_every_kind_of_policy_its_permits_back() {
         .clock(clock.clone())
         .build();
     assert!(spent.check(&T.to_string()).allowed);
-    let slots = slots(1);
-    let held = slots.limiter().clone();
+    let (slots, held) = slots_and_limiter(1);
     let chain = slots
         .and(metered(&toks, 700).settle_by(|_| Some(1)))
         .and(Policy::new("spent", header_key("x-tenant"), spent.clone()).unwrap())
@@ -153,8 +205,7 @@ fn a_client_gone_at_each_await_point_leaves_no_slot_and_no_hold() {
             let clock = ManualClock::new();
             let toks = tokens::<Metered>(&clock);
             let slow = Slow::new(tokens::<Gcra>(&clock), pendings, false);
-            let slots = slots(1);
-            let held = slots.limiter().clone();
+            let (slots, held) = slots_and_limiter(1);
             let chain = slots
                 .and(metered(&toks, 900))
                 .and(Policy::new("slow", header_key("x-tenant"), slow.clone()).unwrap());
@@ -179,26 +230,17 @@ fn a_client_gone_at_each_await_point_leaves_no_slot_and_no_hold() {
 /// `Policy::settle_by`: "the estimate stands ... so it does when ... `settled` panics"; guide:
 /// "its estimate is settled exactly once" whatever ends a request. A `Metered` policy of
 /// estimate 400 whose settle rule panics, beside a concurrent policy: the answer gets through
-/// (or the panic does), 400 are spent, the slot comes back, and the hold is ended: a minute
-/// later the key is whole.
+/// (`usage`: "a panic in it reaches no caller"), 400 are spent, the slot comes back, and the
+/// hold is ended: a minute later the key is whole.
 #[tokio::test]
 async fn a_panicking_settle_rule_keeps_the_estimate_and_ends_the_hold() {
-    let clock = ManualClock::new();
-    let toks = tokens::<Metered>(&clock);
-    let slots = slots(1);
-    let held = slots.limiter().clone();
+    let (clock, toks, (slots, held)) = one_slot_rig();
     let chain = slots.and(metered(&toks, 400).settle_by(|_| panic!("a settle rule that panics")));
     let svc = RateLimitLayer::new(chain).wrap_body().layer(answering(5));
-    let answer = AssertUnwindSafe(svc.oneshot(request(&[])))
-        .catch_unwind()
-        .await;
-    if let Ok(response) = answer {
-        response.unwrap().into_body().collect().await.unwrap();
-    }
-    assert_eq!(probe(&held), 1);
-    assert_eq!(probe(&toks), Q - 400);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&toks), Q, "the hold was settled, not left in flight");
+    let response = svc.oneshot(request(&[])).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.into_body().collect().await.unwrap();
+    slot_free_and_spent(&clock, &toks, &held, 400);
 }
 
 /// Guide: "whatever ends a request or a call (... the inner service failing or panicking ...)
@@ -207,10 +249,7 @@ async fn a_panicking_settle_rule_keeps_the_estimate_and_ends_the_hold() {
 /// above the layer: 900 spent, the hold ended, the slot free.
 #[tokio::test]
 async fn a_handler_that_panics_settles_the_estimate_once_and_frees_the_slot() {
-    let clock = ManualClock::new();
-    let toks = tokens::<Metered>(&clock);
-    let slots = slots(1);
-    let held = slots.limiter().clone();
+    let (clock, toks, (slots, held)) = one_slot_rig();
     let chain = slots.and(metered(&toks, 900).settle_by(|_| Some(1)));
     let handler = service_fn(|_: Request<Body>| async {
         panic!("the handler panics");
@@ -222,10 +261,7 @@ async fn a_handler_that_panics_settles_the_estimate_once_and_frees_the_slot() {
         .catch_unwind()
         .await;
     assert!(caught.is_err());
-    assert_eq!(probe(&held), 1);
-    assert_eq!(probe(&toks), Q - 900);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&toks), Q);
+    slot_free_and_spent(&clock, &toks, &held, 900);
 }
 
 /// `Policy::settle_from_body`: "A body dropped before its end ... settles to the cost read so
@@ -234,10 +270,7 @@ async fn a_handler_that_panics_settles_the_estimate_once_and_frees_the_slot() {
 /// slot free, and no hold a minute later.
 #[tokio::test]
 async fn a_stream_dropped_after_its_usage_settles_to_it_and_frees_the_slot() {
-    let clock = ManualClock::new();
-    let toks = tokens::<Metered>(&clock);
-    let slots = slots(1);
-    let held = slots.limiter().clone();
+    let (clock, toks, (slots, held)) = one_slot_rig();
     let usage = BodyUsage::sse(TOTAL).unwrap();
     let chain = slots.and(metered(&toks, 2000).settle_from_body(usage));
     let handler = service_fn(|_: Request<Body>| async {
@@ -260,10 +293,7 @@ async fn a_stream_dropped_after_its_usage_settles_to_it_and_frees_the_slot() {
     assert!(body.frame().await.unwrap().unwrap().is_data());
     assert_eq!(probe(&held), 0, "the stream holds its slot");
     drop(body);
-    assert_eq!(probe(&held), 1);
-    assert_eq!(probe(&toks), Q - 250);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&toks), Q);
+    slot_free_and_spent(&clock, &toks, &held, 250);
 }
 
 /// `Limiter::settle`: "A cost above the most one request can take ... is charged as that
@@ -278,9 +308,7 @@ async fn a_settled_cost_of_u32_max_is_charged_as_the_capacity() {
     let svc = RateLimitLayer::new(policy).wrap_body().layer(answering(5));
     let response = svc.oneshot(request(&[])).await.unwrap();
     response.into_body().collect().await.unwrap();
-    assert_eq!(probe(&toks), 0);
-    clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&toks), Q, "charged as Q, not as 2^32 tokens");
+    spent_then_whole(&clock, &toks, Q);
 }
 
 /// Guide: "tasks ... racing with estimates and settles on one key get exactly the quota in
@@ -291,8 +319,7 @@ async fn a_settled_cost_of_u32_max_is_charged_as_the_capacity() {
 async fn racing_tasks_settle_exactly_and_give_every_slot_back() {
     let clock = ManualClock::new();
     let toks = tokens::<Metered>(&clock);
-    let slots = slots(4);
-    let held = slots.limiter().clone();
+    let (slots, held) = slots_and_limiter(4);
     let usage = BodyUsage::json(TOTAL).unwrap();
     let chain = slots.and(metered(&toks, 100).settle_from_body(usage));
     let svc = RateLimitLayer::new(chain).wrap_body().layer(answering(37));
