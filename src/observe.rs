@@ -144,8 +144,9 @@ pub(crate) mod metric_names {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LimiterSnapshot {
-    /// Decisions that admitted the request and were not given back (a request that another
-    /// policy refused, or whose waiter went away, is not counted).
+    /// Decisions that admitted the request and were not refunded (a request that another
+    /// policy refused, or whose waiter went away, is not counted). A settle, even to zero,
+    /// leaves its admission counted: the request was admitted, whatever it turned out to cost.
     pub allowed: u64,
     /// Decisions that refused it.
     pub limited: u64,
