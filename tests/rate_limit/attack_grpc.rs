@@ -23,19 +23,19 @@ const PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// What grpcio (C-core) read of the first call to `addr` that failed (`rapid` mode: up to six
 /// calls), or `None` where grpcio is not installed and not required.
-async fn grpcio_refusal(addr: SocketAddr) -> Option<serde_json::Value> {
+pub(crate) async fn grpcio_refusal(addr: SocketAddr) -> Option<serde_json::Value> {
     tokio::task::spawn_blocking(move || grpcio(addr, "rapid"))
         .await
         .unwrap()
 }
 
 /// The delay of a status's `RetryInfo`, if it has one.
-fn retry_delay(status: &Status) -> Option<Duration> {
+pub(crate) fn retry_delay(status: &Status) -> Option<Duration> {
     status.get_details_retry_info().and_then(|i| i.retry_delay)
 }
 
 /// A status's `grpc-retry-pushback-ms`, as text.
-fn pushback(status: &Status) -> Option<&str> {
+pub(crate) fn pushback(status: &Status) -> Option<&str> {
     status.metadata().get(PUSHBACK).map(|v| v.to_str().unwrap())
 }
 

@@ -448,7 +448,7 @@ async fn until_free(bulkhead: &Bulkhead) {
 }
 
 /// The bounds of a tonic client over any service (a `Channel` behind layers).
-trait Client:
+pub(crate) trait Client:
     tonic::client::GrpcService<tonic::body::Body, ResponseBody = Self::Body, Error = Self::Failure>
 {
     type Body: Body<Data = Bytes, Error = Self::BodyError> + Send + 'static;
@@ -467,14 +467,14 @@ where
 }
 
 /// `client`, ready for a call.
-async fn ready<T: Client>(client: T) -> Result<tonic::client::Grpc<T>, Status> {
+pub(crate) async fn ready<T: Client>(client: T) -> Result<tonic::client::Grpc<T>, Status> {
     let mut grpc = tonic::client::Grpc::new(client);
     let ready = grpc.ready().await;
     ready.map_err(|e| Status::from_error(e.into()))?;
     Ok(grpc)
 }
 
-fn request(name: &str) -> tonic::Request<HelloRequest> {
+pub(crate) fn request(name: &str) -> tonic::Request<HelloRequest> {
     tonic::Request::new(HelloRequest { name: name.into() })
 }
 
@@ -486,7 +486,7 @@ async fn open<T: Client>(client: T, method: &str, name: &str) -> Streamed {
     Ok(call.await?.into_inner())
 }
 
-async fn hello<T: Client>(client: T) -> Result<HelloReply, Status> {
+pub(crate) async fn hello<T: Client>(client: T) -> Result<HelloReply, Status> {
     let path = http::uri::PathAndQuery::from_static("/helloworld.Greeter/SayHello");
     let mut grpc = ready(client).await?;
     let call = grpc.unary(request("a"), path, ProstCodec::default());

@@ -12,6 +12,8 @@ mod counting;
 mod attack_concurrency;
 #[cfg(feature = "grpc")]
 mod attack_grpc;
+#[cfg(feature = "grpc")]
+mod attack_grpc_answers;
 mod attack_http;
 mod attack_keys;
 mod attack_seam;
