@@ -41,9 +41,15 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
             || matches!(rest.trim_ascii_start().first(), None | Some(b';')))
 }
 
-/// `wait` in whole milliseconds, rounded up (saturating).
+/// The longest wait `grpc-retry-pushback-ms` can say, an `i64` of milliseconds (about 292
+/// million years).
+const MAX_PUSHBACK_MS: u64 = i64::MAX as u64;
+
+/// `wait` in whole milliseconds, rounded up, and at most [`MAX_PUSHBACK_MS`]: a longer wait is
+/// said as that, in the pushback and the `RetryInfo` alike, so that the two say one delay.
 fn ceil_millis(wait: Duration) -> u64 {
-    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    let millis = wait.as_nanos().div_ceil(1_000_000);
+    u64::try_from(millis).map_or(MAX_PUSHBACK_MS, |millis| millis.min(MAX_PUSHBACK_MS))
 }
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.

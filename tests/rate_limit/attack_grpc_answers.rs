@@ -330,23 +330,23 @@ async fn a_refusal_of_no_wait_still_says_a_millisecond() {
 }
 
 /// A limiter of the user's that refuses with a wait of 2^63 ms (about 292 million years, one
-/// millisecond past what `grpc-retry-pushback-ms`, an `i64`, can say): the pushback and the
-/// `RetryInfo` must say one delay.
+/// millisecond past what `grpc-retry-pushback-ms`, an `i64`, can say), or of `Duration::MAX`:
+/// the pushback and the `RetryInfo` say one delay, the longest the pushback can say.
 ///
 /// Promise, README "gRPC": "A refusal is a trailers-only `RESOURCE_EXHAUSTED` ..., with the
 /// delay in `grpc-retry-pushback-ms` ... and in `grpc-status-details-bin`: a
 /// `google.rpc.Status` holding a `RetryInfo`"; `Decision::retry_after` sets no bound on a
 /// limiter's wait.
 #[tokio::test]
-#[ignore = "found by attack: a refusal of 2^63 ms (or u64::MAX s) says grpc-retry-pushback-ms \
-            9223372036854775807 (saturated at i64::MAX) but a RetryInfo of 2^63 ms (u64::MAX ms \
-            for u64::MAX s): two delays, where the README promises one delay in both"]
 async fn a_refusal_of_292_million_years_says_one_delay_in_both_fields() {
-    let refused = refused_by(Duration::from_millis(1 << 63)).await;
-    let (code, pushback, delay) = told(&refused);
-    assert_eq!(code, Code::ResourceExhausted, "{refused:?}");
-    let pushback: u128 = pushback.unwrap().parse().unwrap();
-    assert_eq!(pushback, delay.unwrap().as_millis(), "{refused:?}");
+    for wait in [Duration::from_millis(1 << 63), Duration::MAX] {
+        let refused = refused_by(wait).await;
+        let (code, pushback, delay) = told(&refused);
+        assert_eq!(code, Code::ResourceExhausted, "{refused:?}");
+        let pushback: u128 = pushback.unwrap().parse().unwrap();
+        assert_eq!(pushback, delay.unwrap().as_millis(), "{refused:?}");
+        assert_eq!(pushback, i64::MAX as u128, "{refused:?}");
+    }
 }
 
 /// A breaker open for the longest span (about 36.5 years), then a nanosecond less than that
