@@ -28,7 +28,7 @@ const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-r
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// The largest Structured Field Integer (RFC 9651 §3.3.1: at most 15 digits).
-const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+pub(super) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// The most policies for which a layer keeps a value of each set of them (2^6 = 64 values at
 /// most, see [`PerSet`]); beyond, each response builds its own.

@@ -9,7 +9,7 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 use super::decide::Outcome;
-use super::headers::refusal_headers;
+use super::headers::{refusal_headers, SF_INTEGER_MAX};
 use super::policy::PolicyInfo;
 use super::problem::{refusal_problem, PROBLEM_JSON};
 use super::settings::Settings;
@@ -37,10 +37,13 @@ impl<'a> Refusal<'a> {
     ///
     /// That is also the longest effective window (`t`) in the refusal's `RateLimit` field, which
     /// lists only the violated policies, so `Retry-After` never points before the end of any of
-    /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6).
+    /// them (draft-ietf-httpapi-ratelimit-headers-11, section 6). So a wait of a limiter of your
+    /// own past what `t` can say, 999 999 999 999 999 seconds (a Structured Field Integer, some
+    /// 31.7 million years), is said as that here too.
     pub fn retry_after_secs(&self) -> Option<u64> {
         // Rounding up is monotonic: the longest wait rounded is the longest of those rounded.
-        self.retry_after().map(|wait| ceil_secs(wait).max(1))
+        self.retry_after()
+            .map(|wait| ceil_secs(wait).clamp(1, SF_INTEGER_MAX))
     }
 
     /// The exact wait until the request could be admitted: the longest of the violated

@@ -23,6 +23,7 @@ use crate::grpc::{channel, say_hello, serve, tokio_stream_of};
 use crate::grpc_example::grpc::Greeter;
 use crate::grpc_hostile::{hello, ready, request};
 use crate::grpc_streaming::{echo, Streams};
+use crate::support::Refuses;
 
 const MS: Duration = Duration::from_millis(1);
 const SECOND: Duration = Duration::from_secs(1);
@@ -280,31 +281,6 @@ async fn a_full_client_bulkhead_says_no_wait() {
     assert!(refused.message().contains(HOSTILE), "{refused:?}");
     assert_eq!(outbound::retry_after(&refused), None);
     drop(held);
-}
-
-/// A limiter that refuses every call with `retry_after` (raised to a nanosecond if zero).
-#[derive(Clone)]
-struct Refuses(Duration);
-
-impl<K> Limiter<K> for Refuses {
-    type Future = std::future::Ready<Result<Decision, BoxError>>;
-
-    fn quota(&self) -> Quota {
-        Quota::per_minute(5).unwrap()
-    }
-
-    fn reserve(&self, _: &K, _: u32) -> Self::Future {
-        let wait = self.0;
-        std::future::ready(Ok(Decision::refused(5, 0, wait, wait)))
-    }
-
-    fn refund(&self, _: &K, _: u32, _: Decision) -> bool {
-        false
-    }
-
-    fn settle(&self, _: &K, _: u32, _: Decision, _: u32) -> bool {
-        false
-    }
 }
 
 /// What tonic reads of a refusal by a limiter that refuses with `wait`.

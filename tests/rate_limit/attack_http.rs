@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::common::listener::{sf_entries, sf_names};
-use crate::support::{header_cost, json, keyed, peer, per_peer, retry_after, violated};
+use crate::support::{header_cost, json, keyed, peer, per_peer, retry_after, violated, Refuses};
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::Router;
@@ -109,6 +109,30 @@ async fn a_refusal_tells_what_is_left_even_for_a_costly_request() {
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(retry_after(&refused), Some(1));
     assert_eq!(limits(&refused), ["tokens;r=2;t=1"]);
+}
+
+/// A limiter of a user's own refusing for longer than a `RateLimit` field can say (a second
+/// past 999 999 999 999 999 seconds, and `Duration::MAX`): `Retry-After`, the field's `t` and
+/// the problem's detail say one wait, the longest `t` can say.
+///
+/// Promise, `Refusal::retry_after_secs`: "That is also the longest effective window (`t`) in the
+/// refusal's `RateLimit` field". (Found by attack: `t` stopped at 15 digits and `Retry-After`
+/// went on to `u64::MAX`.)
+#[tokio::test]
+async fn a_wait_past_what_ratelimit_can_say_is_one_wait_in_every_field() {
+    const MOST: u64 = 999_999_999_999_999;
+    for wait in [Duration::from_secs(MOST + 1), Duration::MAX] {
+        let policy = Policy::new("user", GlobalKey, Refuses(wait)).unwrap();
+        let response = send(&orders(RateLimitLayer::new(policy)), peer("192.0.2.9"), &[]).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(retry_after(&response), Some(MOST));
+        assert_eq!(limits(&response), [format!("user;r=0;t={MOST}")]);
+        let detail = json(response).await["detail"].to_string();
+        assert!(
+            detail.contains(&format!("retry in {MOST} seconds")),
+            "{detail}"
+        );
+    }
 }
 
 /// A request costing more than the policy's burst.

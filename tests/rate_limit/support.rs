@@ -216,3 +216,29 @@ pub fn param(entry: &(String, Vec<(String, i64)>), name: &str) -> i64 {
         .unwrap_or_else(|| panic!("{entry:?} has no {name}"))
         .1
 }
+
+/// A limiter of a user's own that refuses every call with `retry_after` (raised to a nanosecond
+/// if zero).
+#[derive(Clone)]
+pub struct Refuses(pub std::time::Duration);
+
+impl<K> Limiter<K> for Refuses {
+    type Future = std::future::Ready<Result<Decision, BoxError>>;
+
+    fn quota(&self) -> Quota {
+        Quota::per_minute(5).unwrap()
+    }
+
+    fn reserve(&self, _: &K, _: u32) -> Self::Future {
+        let wait = self.0;
+        std::future::ready(Ok(Decision::refused(5, 0, wait, wait)))
+    }
+
+    fn refund(&self, _: &K, _: u32, _: Decision) -> bool {
+        false
+    }
+
+    fn settle(&self, _: &K, _: u32, _: Decision, _: u32) -> bool {
+        false
+    }
+}
