@@ -14,9 +14,8 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tower::Layer;
 use tower_bulwark::clock::ManualClock;
-use tower_bulwark::limiter::Decision;
 use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer, Refusal};
-use tower_bulwark::{outbound, BoxError, Bulkhead, KeyedRateLimiter, Limiter, Quota};
+use tower_bulwark::{outbound, Bulkhead, KeyedRateLimiter, Quota};
 
 use crate::attack_grpc::{grpcio_refusal, pushback, retry_delay};
 use crate::grpc::{channel, say_hello, serve, tokio_stream_of};
