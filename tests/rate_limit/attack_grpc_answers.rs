@@ -85,6 +85,22 @@ async fn refused_while_held(addr: SocketAddr) -> (Status, Option<serde_json::Val
     (refused, seen)
 }
 
+/// Asserts what tonic read of a refusal (its code, pushback and `RetryInfo` delay), and grpcio
+/// where it ran, and that each read a message naming `named`.
+fn both_told(
+    (refused, seen): &(Status, Option<serde_json::Value>),
+    tonic: (Code, Option<&str>, Option<Duration>),
+    grpcio: (&str, Option<&str>, Option<u64>),
+    named: &str,
+) {
+    assert_eq!(told(refused), tonic, "{refused:?}");
+    assert!(refused.message().contains(named), "{refused:?}");
+    if let Some(seen) = seen {
+        assert_eq!(grpcio_told(seen), grpcio, "{seen}");
+        assert!(seen["message"].as_str().unwrap().contains(named), "{seen}");
+    }
+}
+
 /// A concurrent policy of one slot, held by a stream: a call refused for want of a slot is
 /// `RESOURCE_EXHAUSTED` with a wait of one second (not `-1`, "do not retry": a slot frees).
 ///
@@ -96,18 +112,10 @@ async fn refused_while_held(addr: SocketAddr) -> (Status, Option<serde_json::Val
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_policys_refusal_tells_grpc_clients_to_wait_a_second() {
     let slots = Policy::concurrent("streams", GlobalKey, 1).unwrap();
-    let (refused, seen) =
-        refused_while_held(serve_streams!(RateLimitLayer::new(slots).wrap_body())).await;
+    let answer = refused_while_held(serve_streams!(RateLimitLayer::new(slots).wrap_body())).await;
     let wait = (Code::ResourceExhausted, Some("1000"), Some(SECOND));
-    assert_eq!(told(&refused), wait, "{refused:?}");
-    if let Some(seen) = seen {
-        let read = grpcio_told(&seen);
-        assert_eq!(
-            read,
-            ("RESOURCE_EXHAUSTED", Some("1000"), Some(1000)),
-            "{seen}"
-        );
-    }
+    let grpcio = ("RESOURCE_EXHAUSTED", Some("1000"), Some(1000));
+    both_told(&answer, wait, grpcio, "streams");
 }
 
 /// Two policies, five a minute (named `50%41`) and five an hour: the sixth call violates both.
@@ -199,23 +207,17 @@ async fn a_hooks_fallback_is_the_layers_own_grpc_answer_field_for_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_bulkhead_of_any_name_is_named_as_written_with_no_pushback() {
     let bulkhead = Bulkhead::semaphore(HOSTILE, 1).build();
-    let (refused, seen) = refused_while_held(serve_streams!(bulkhead.body_layer())).await;
-    assert_eq!(
-        told(&refused),
+    let answer = refused_while_held(serve_streams!(bulkhead.body_layer())).await;
+    let (tonic, grpcio) = (
         (Code::ResourceExhausted, None, None),
-        "{refused:?}"
+        ("RESOURCE_EXHAUSTED", None, None),
     );
-    let named = format!("bulkhead `{HOSTILE}` is full");
-    assert!(refused.message().contains(&named), "{refused:?}");
-    if let Some(seen) = seen {
-        assert_eq!(
-            grpcio_told(&seen),
-            ("RESOURCE_EXHAUSTED", None, None),
-            "{seen}"
-        );
-        let message = seen["message"].as_str().unwrap();
-        assert!(message.contains(&named), "{seen}");
-    }
+    both_told(
+        &answer,
+        tonic,
+        grpcio,
+        &format!("bulkhead `{HOSTILE}` is full"),
+    );
 }
 
 /// Overload protection of one place, named with accents, a newline and `%41`, held by a
@@ -237,22 +239,15 @@ async fn a_shed_call_names_a_protection_of_any_name_as_written() {
         .unwrap()
         .clock(ManualClock::new())
         .build();
-    let (shed, seen) = refused_while_held(serve_streams!(overload.layer())).await;
-    assert_eq!(
-        told(&shed),
-        (Code::Unavailable, Some("1000"), Some(SECOND)),
-        "{shed:?}"
+    let answer = refused_while_held(serve_streams!(overload.layer())).await;
+    let tonic = (Code::Unavailable, Some("1000"), Some(SECOND));
+    let grpcio = ("UNAVAILABLE", Some("1000"), Some(1000));
+    both_told(
+        &answer,
+        tonic,
+        grpcio,
+        &format!("'{HOSTILE}' is overloaded"),
     );
-    let named = format!("'{HOSTILE}' is overloaded");
-    assert!(shed.message().contains(&named), "{shed:?}");
-    if let Some(seen) = seen {
-        assert_eq!(
-            grpcio_told(&seen),
-            ("UNAVAILABLE", Some("1000"), Some(1000)),
-            "{seen}"
-        );
-        assert!(seen["message"].as_str().unwrap().contains(&named), "{seen}");
-    }
 }
 
 /// A full client bulkhead on a `Channel` (a server stream holds its one place): tonic reads
