@@ -41,15 +41,11 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
             || matches!(rest.trim_ascii_start().first(), None | Some(b';')))
 }
 
-/// The longest wait `grpc-retry-pushback-ms` can say, an `i64` of milliseconds (about 292
-/// million years).
-const MAX_PUSHBACK_MS: u64 = i64::MAX as u64;
-
-/// `wait` in whole milliseconds, rounded up, and at most [`MAX_PUSHBACK_MS`]: a longer wait is
-/// said as that, in the pushback and the `RetryInfo` alike, so that the two say one delay.
-fn ceil_millis(wait: Duration) -> u64 {
-    let millis = wait.as_nanos().div_ceil(1_000_000);
-    u64::try_from(millis).map_or(MAX_PUSHBACK_MS, |millis| millis.min(MAX_PUSHBACK_MS))
+/// `wait` in whole milliseconds, rounded up, as `grpc-retry-pushback-ms` says it: an `i64`, so
+/// at most `i64::MAX` (about 292 million years). The `RetryInfo` is made from the same figure,
+/// so that the two say one delay.
+fn ceil_millis(wait: Duration) -> i64 {
+    i64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
@@ -63,7 +59,8 @@ fn ceil_millis(wait: Duration) -> u64 {
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.
-    let delay = (refusal.retry_after()).map(|wait| Duration::from_millis(ceil_millis(wait).max(1)));
+    let millis = (refusal.retry_after()).map(|wait| ceil_millis(wait).max(1));
+    let delay = millis.map(|millis| Duration::from_millis(millis.unsigned_abs()));
     let build = || Shared::new(refusal, delay.is_none());
     // A call that no wait lets through is rare, and said otherwise: its status is not kept.
     let kept = (delay.is_some())
@@ -87,8 +84,10 @@ pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
         headers.insert(GRPC_MESSAGE, message.clone());
     }
     // Negative: do not retry (A6), for a call that no wait lets through.
-    let pushback = delay.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback));
+    headers.insert(
+        GRPC_RETRY_PUSHBACK_MS,
+        HeaderValue::from(millis.unwrap_or(-1)),
+    );
     refusal_headers(refusal, headers);
     response
 }
@@ -261,13 +260,12 @@ fn status_of(code: Code, message: String, retry_after: Option<Duration>) -> toni
         return tonic::Status::new(code, message);
     };
     let millis = ceil_millis(wait);
-    let delay = Duration::from_millis(millis);
+    let delay = Duration::from_millis(millis.unsigned_abs());
     let details = ErrorDetails::with_retry_info(Some(delay));
     let mut status = tonic::Status::with_error_details(code, message, details);
-    let pushback = i64::try_from(millis).unwrap_or(i64::MAX);
     status
         .metadata_mut()
-        .insert("grpc-retry-pushback-ms", pushback.into());
+        .insert("grpc-retry-pushback-ms", millis.into());
     status
 }
 
