@@ -347,6 +347,19 @@ pub fn admitted_until_refused(mut admit: impl FnMut() -> bool) -> u64 {
     n
 }
 
+/// What `l` has left for `key` now, by an admission of one permit given back at once: exact at
+/// one instant, and unlike taking them all it leaves the limiter as it found it (a `Metered`
+/// admission held unsettled would change what it has left).
+pub fn probe<K, L: tower_bulwark::Limiter<K>>(l: &L, key: &K) -> u64 {
+    let d = l.reserve_now(key, 1).unwrap().unwrap();
+    if !d.allowed {
+        return 0;
+    }
+    let left = d.remaining + 1;
+    assert!(l.refund(key, 1, d));
+    left
+}
+
 /// What each of `threads` returned, once all of them have ended (a panic in one fails the test).
 pub fn joined<T>(threads: Vec<std::thread::JoinHandle<T>>) -> Vec<T> {
     threads.into_iter().map(|t| t.join().unwrap()).collect()

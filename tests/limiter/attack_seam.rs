@@ -14,6 +14,8 @@ use tower_bulwark::observe::Observed;
 use tower_bulwark::tiers::Tiers;
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
+use crate::common::{admitted_until_refused, probe};
+
 type Keyed<A> = KeyedRateLimiter<u64, A, ManualClock>;
 
 /// A limiter of the user's own that wraps another and forwards every call.
@@ -55,11 +57,7 @@ fn take<L: Limiter<u64>>(l: &L, key: u64, cost: u32) -> Decision {
 
 /// Single permits `l` still grants `key` now (takes them all).
 fn left<L: Limiter<u64>>(l: &L, key: u64) -> u64 {
-    let mut n = 0;
-    while l.reserve_now(&key, 1).unwrap().unwrap().allowed {
-        n += 1;
-    }
-    n
+    admitted_until_refused(|| l.reserve_now(&key, 1).unwrap().unwrap().allowed)
 }
 
 /// `Limiter::settle`: "The crate's limiters take the estimate from the decision where it is
@@ -252,21 +250,9 @@ fn a_metered_hold_settled_through_wrappers_with_a_wrong_estimate_ends_whole() {
     let l = BoxLimiter::new(Observed::new("m", Forward(inner.clone())));
     let d = take(&l, 1, 40);
     assert!(l.settle(&1, 10, d, 10));
-    assert_eq!(probe(&inner, 1), 90);
+    assert_eq!(probe(&inner, &1), 90);
     clock.advance(Duration::from_secs(60));
-    assert_eq!(probe(&inner, 1), 100, "no hold left behind");
-}
-
-/// What `key` has left now, by an admission of one permit given back at once (exact at one
-/// instant; a `Metered` admission must not be left unsettled).
-fn probe<L: Limiter<u64>>(l: &L, key: u64) -> u64 {
-    let d = l.reserve_now(&key, 1).unwrap().unwrap();
-    if !d.allowed {
-        return 0;
-    }
-    let left = d.remaining + 1;
-    assert!(l.refund(&key, 1, d));
-    left
+    assert_eq!(probe(&inner, &1), 100, "no hold left behind");
 }
 
 /// `Limiter::settle`: "A cost above the most one request can take (`InsufficientCapacity`'s

@@ -18,7 +18,7 @@ use tower_bulwark::bulkhead::{Bulkhead, BulkheadFull};
 use tower_bulwark::clock::ManualClock;
 use tower_bulwark::outbound::quota::{SettleLater, Unsettled};
 use tower_bulwark::outbound::ClientQuotaLayer;
-use tower_bulwark::{BoxError, DirectRateLimiter, Limiter, Quota};
+use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
 
 use crate::common::poll_once;
 
@@ -36,15 +36,9 @@ fn clock_and_tokens() -> (ManualClock, Tokens) {
     (clock, l)
 }
 
-/// What `l` has left now, by one token taken and given back at once.
+/// What `l` has left now (see [`crate::common::probe`]).
 fn probe(l: &Tokens) -> u64 {
-    let d = l.reserve_now(&(), 1).unwrap().unwrap();
-    if !d.allowed {
-        return 0;
-    }
-    let left = d.remaining + 1;
-    assert!(l.refund(&(), 1, d));
-    left
+    crate::common::probe(l, &())
 }
 
 /// Asserts that `spent` of `l`'s `Q` are spent now and none a minute later: the hold of the

@@ -26,15 +26,9 @@ use crate::support::{header_key, Slow};
 
 const T: &str = "t";
 
-/// What `l` has left for tenant `t` now, by one permit taken and given back at once.
+/// What `l` has left for tenant `t` now (see [`crate::common::probe`]).
 fn probe<L: Limiter<String>>(l: &L) -> u64 {
-    let d = l.reserve_now(&T.to_string(), 1).unwrap().unwrap();
-    if !d.allowed {
-        return 0;
-    }
-    let left = d.remaining + 1;
-    assert!(l.refund(&T.to_string(), 1, d));
-    left
+    crate::common::probe(l, &T.to_string())
 }
 
 /// Asserts that `spent` of `l`'s `Q` are spent now and none a minute later: the hold of the
