@@ -415,21 +415,26 @@ fn one_warn_per_outage_under_a_concurrent_flood_through_eight_outages() {
             .fail_mode(RedisFailMode::Propagate)
             .build()
             .unwrap();
-        for outage in 1..=OUTAGES {
-            // Each outage begins once the flooded limiter has seen the last one end (on a
-            // loaded machine its tasks may need longer than any fixed pause).
+        // Until the flooded limiter has seen `ended` outages end, for at most 10 s (on a loaded
+        // machine its tasks may need longer than any fixed pause).
+        let seen_end_of = |ended: usize| async move {
             for _ in 0..1_000 {
-                if recoveries() >= outage - 1 {
+                if recoveries() >= ended {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+        };
+        for outage in 1..=OUTAGES {
+            // Each outage begins once the flooded limiter has seen the last one end.
+            seen_end_of(outage - 1).await;
             tokio::time::sleep(Duration::from_millis(200)).await;
             server.kill();
             tokio::time::sleep(Duration::from_millis(600)).await;
             server.restart();
             assert!(until_redis_answers(&probe, &format!("probe{outage}")).await);
         }
+        seen_end_of(OUTAGES).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         stop.store(true, Ordering::Relaxed);
         for task in tasks {
