@@ -13,6 +13,14 @@ use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
 #[cfg(any(feature = "grpc", feature = "adaptive"))]
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The milliseconds a `grpc-retry-pushback-ms` value asks to wait; `None` for one that is not a
+/// count of milliseconds (negative, or unreadable), which A6 reads as "do not retry". The one
+/// reader of the field, for the pushback's hold and the retries alike.
+#[cfg(any(feature = "grpc", feature = "adaptive"))]
+pub(crate) fn pushback_millis(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
 /// A gRPC answer's status code.
 #[cfg(feature = "grpc")]
 pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");

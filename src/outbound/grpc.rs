@@ -27,10 +27,8 @@ fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration
     if !matches!(code, Code::ResourceExhausted | Code::Unavailable) {
         return None;
     }
-    retry_info_delay(details).or_else(|| {
-        let millis = std::str::from_utf8(pushback?).ok()?.trim().parse().ok()?;
-        Some(Duration::from_millis(millis))
-    })
+    retry_info_delay(details)
+        .or_else(|| crate::head::pushback_millis(pushback?).map(Duration::from_millis))
 }
 
 /// The delay of the first `google.rpc.RetryInfo` in `details` (a serialized `google.rpc.Status`),

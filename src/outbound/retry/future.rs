@@ -88,8 +88,7 @@ where
 /// milliseconds (negative, or unreadable), as gRPC's retry design (A6) reads it.
 fn forbids_retry(headers: &http::HeaderMap) -> bool {
     let pushback = headers.get(crate::head::GRPC_RETRY_PUSHBACK_MS);
-    let millis = |v: &http::HeaderValue| v.to_str().ok()?.trim().parse::<u64>().ok();
-    pushback.is_some_and(|v| millis(v).is_none())
+    pushback.is_some_and(|v| crate::head::pushback_millis(v.as_bytes()).is_none())
 }
 
 /// The call: `first`, the first attempt, already sent; then, while `spare` holds a copy of the
