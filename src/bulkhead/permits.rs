@@ -31,8 +31,17 @@ use super::events::{
 use super::handle::BulkheadBuilder;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
-/// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it.
-pub(crate) const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
+/// The largest limit a bulkhead accepts (2^31 - 1, or tokio's semaphore's own bound where that
+/// is lower: 2^29 - 1 on 32-bit targets); larger values are lowered to it. The config file's
+/// bound of every bulkhead's limit and queue too.
+pub(crate) const MAX_CONCURRENT_CALLS: usize = {
+    let ours = (u32::MAX >> 1) as usize;
+    if Semaphore::MAX_PERMITS < ours {
+        Semaphore::MAX_PERMITS
+    } else {
+        ours
+    }
+};
 
 /// A wait for a permit in the semaphore's queue.
 type Acquire =

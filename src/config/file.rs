@@ -151,13 +151,13 @@ pub(super) enum RedisFailModeKind {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table of settings")]
 pub(super) struct BulkheadSettings {
-    pub(super) max_concurrent_calls: Count<MAX_CALLS>,
+    pub(super) max_concurrent_calls: Count<MAX_LIMIT>,
     /// For a semaphore bulkhead zero (refuse at once) when absent, for a queue bulkhead no
     /// bound.
     #[serde(default, deserialize_with = "optional")]
     pub(super) max_wait: Option<Duration>,
     /// With a value, a queue bulkhead holding up to this many waiting calls.
-    pub(super) queue_capacity: Option<Count<MAX_CALLS>>,
+    pub(super) queue_capacity: Option<Count<MAX_LIMIT>>,
 }
 
 /// `[routes.NAME]`: the policies one layer holds, and the networks it exempts.
@@ -240,8 +240,6 @@ pub(super) enum AdaptiveAlgorithmKind {
     Gradient,
 }
 
-/// The bulkheads' bound: the semaphore counts permits in 29 bits.
-pub(super) const MAX_CALLS: u32 = u32::MAX >> 3;
-
-/// The adaptive bulkheads' bound: their semaphore counts permits in 31 bits.
-pub(super) const MAX_LIMIT: u32 = u32::MAX >> 1;
+/// The bound of a bulkhead's limit and queue, of either kind, and of an overload protection's
+/// limits: the largest limit a bulkhead accepts.
+pub(super) const MAX_LIMIT: u32 = crate::bulkhead::MAX_CONCURRENT_CALLS as u32;

@@ -129,7 +129,7 @@ fn hostile_values_are_errors_naming_the_field_never_panics() {
             "rate_limiters.api.nested",
         ),
         (
-            "[bulkheads.p]\nmax_concurrent_calls = 536870912\n".into(),
+            "[bulkheads.p]\nmax_concurrent_calls = 2147483648\n".into(),
             "bulkheads.p.max_concurrent_calls",
         ),
         (

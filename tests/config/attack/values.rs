@@ -139,6 +139,9 @@ fn boundary_values_are_accepted_or_refused_at_their_field() {
         "[adaptive_bulkheads.a]\ninitial_limit = 257\n",
         "[bulkheads.b]\nmax_concurrent_calls = 1\n",
         "[bulkheads.b]\nmax_concurrent_calls = 1\nmax_wait = \"1152921504606846976ns\"\n",
+        // A bulkhead's largest limit, as `Bulkhead::semaphore` takes it (2^31 - 1), and a queue
+        // as long.
+        "[bulkheads.b]\nmax_concurrent_calls = 2147483647\nqueue_capacity = 2147483647\n",
     ] {
         Registry::from_toml_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
     }
