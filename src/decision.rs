@@ -467,6 +467,12 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
+/// Whole milliseconds, rounded up (saturating at `u64::MAX`): every wait the crate says in
+/// milliseconds, in a gRPC answer, a log event or the health report.
+pub(crate) fn ceil_millis(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 /// A request for more permits than the limiter can ever hold at once.
 ///
 /// Waiting would never help, so it is an error rather than a refusal.

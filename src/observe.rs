@@ -282,7 +282,7 @@ impl Observations {
             self.limited.fetch_add(1, Ordering::Relaxed);
             #[cfg(feature = "metrics")]
             self.handles().limited.increment(1);
-            let retry_after_ms = decision.retry_after.as_nanos().div_ceil(1_000_000);
+            let retry_after_ms = crate::decision::ceil_millis(decision.retry_after);
             tracing::debug!(
                 limiter = %self.name,
                 key = %key.unwrap_or("(hidden)"),

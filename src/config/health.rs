@@ -192,7 +192,7 @@ impl Health {
             (b.name.as_str(), fields)
         });
         let pushbacks = self.pushbacks.iter().map(|p| {
-            let millis = p.held_for.as_nanos().div_ceil(1_000_000);
+            let millis = crate::decision::ceil_millis(p.held_for);
             let fields = format!("\"holding\":{},\"heldForMillis\":{millis}", p.holding);
             (p.name.as_str(), fields)
         });

@@ -173,9 +173,8 @@ impl OverloadBuilder {
     /// `max_wait` (on tokio's clock). A full queue sheds its lowest-class waiter for a newcomer of
     /// a higher class, else the newcomer. Off by default; `max_wait` at most a minute.
     pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
-        let ms = max_wait.as_millis();
         let within = max_wait <= Duration::from_secs(60);
-        ensure(OF, within, "max_wait", format!("{ms} ms"), "at most 60 s")?;
+        ensure(OF, within, "max_wait", max_wait, "at most 60 s")?;
         self.queue = Some(QueueSettings { capacity, max_wait });
         Ok(self)
     }

@@ -44,8 +44,8 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
 /// `wait` in whole milliseconds, rounded up, as `grpc-retry-pushback-ms` says it: an `i64`, so
 /// at most `i64::MAX` (about 292 million years). The `RetryInfo` is made from the same figure,
 /// so that the two say one delay.
-fn ceil_millis(wait: Duration) -> i64 {
-    i64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+fn as_pushback_millis(wait: Duration) -> i64 {
+    i64::try_from(crate::decision::ceil_millis(wait)).unwrap_or(i64::MAX)
 }
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
@@ -59,7 +59,7 @@ fn ceil_millis(wait: Duration) -> i64 {
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.
-    let millis = (refusal.retry_after()).map(|wait| ceil_millis(wait).max(1));
+    let millis = (refusal.retry_after()).map(|wait| as_pushback_millis(wait).max(1));
     let delay = millis.map(|millis| Duration::from_millis(millis.unsigned_abs()));
     let build = || Shared::new(refusal, delay.is_none());
     // A call that no wait lets through is rare, and said otherwise: its status is not kept.
@@ -259,7 +259,7 @@ fn status_of(code: Code, message: String, retry_after: Option<Duration>) -> toni
     let Some(wait) = retry_after else {
         return tonic::Status::new(code, message);
     };
-    let millis = ceil_millis(wait);
+    let millis = as_pushback_millis(wait);
     let delay = Duration::from_millis(millis.unsigned_abs());
     let details = ErrorDetails::with_retry_info(Some(delay));
     let mut status = tonic::Status::with_error_details(code, message, details);

@@ -399,7 +399,7 @@ impl PolicyInfo {
     pub(crate) fn would_have_refused(&self, decision: &Decision) {
         tracing::info!(
             policy = &*self.name,
-            retry_after_ms = decision.retry_after.as_millis() as u64,
+            retry_after_ms = crate::decision::ceil_millis(decision.retry_after),
             "rate limit (shadow): the policy would have refused the request; letting it through"
         );
         #[cfg(feature = "metrics")]

@@ -177,3 +177,48 @@ fn a_malformed_token_field_is_one_log_line() {
     ]);
     assert_once(&capped, "longer hold than max_hold");
 }
+
+/// A wait said in milliseconds is one figure wherever it is logged: a named limiter's refusal
+/// and a shadow policy's "would have refused" both round 1.5 ms up to 2 (the shadow event
+/// rounded it down to 1 before).
+#[test]
+fn a_wait_in_milliseconds_is_rounded_up_alike_in_every_log_event() {
+    use std::time::Duration;
+    use tower::{Layer, ServiceExt};
+    use tower_bulwark::clock::ManualClock;
+    use tower_bulwark::observe::Observed;
+    use tower_bulwark::rate_limit::{GlobalKey, Policy, RateLimitLayer};
+    use tower_bulwark::{DirectRateLimiter, Quota};
+
+    // One permit each 1.5 ms, a burst of one: the second request waits 1.5 ms.
+    let quota = Quota::with_period(2, Duration::from_millis(3))
+        .and_then(|q| q.with_burst(1))
+        .unwrap();
+    let limiter = DirectRateLimiter::builder(quota)
+        .clock(ManualClock::new())
+        .build();
+    let policy = Policy::new("watched", GlobalKey, Observed::new("watched", limiter))
+        .unwrap()
+        .shadow();
+    let inner = tower::service_fn(|_: http::Request<axum::body::Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+    });
+    let service = RateLimitLayer::new(policy).layer(inner);
+    let text = debug_events(|| {
+        runtime().block_on(async {
+            for _ in 0..2 {
+                let request = http::Request::new(axum::body::Body::empty());
+                let response = service.clone().oneshot(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+            }
+        })
+    });
+    for event in [
+        "rate limit refused a request",
+        "the policy would have refused the request",
+    ] {
+        let lines = lines_with(&text, event);
+        assert_eq!(lines.len(), 1, "{event}: {text}");
+        assert!(lines[0].contains("retry_after_ms=2"), "{}", lines[0]);
+    }
+}

@@ -100,6 +100,13 @@ fn bad_settings_are_refused_naming_the_setting() {
     );
     let err = fixed(1).queue(1, Duration::from_secs(61)).unwrap_err();
     assert_eq!(err.setting(), "max_wait");
+    // The value as given, not cut to whole milliseconds (which said "60000 ms" here).
+    let just_over = Duration::from_secs(60) + Duration::from_micros(500);
+    let err = fixed(1).queue(1, just_over).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "overload: `max_wait` must be at most 60 s, got 60.0005s"
+    );
     for factor in [0.99, 101.0, f64::NAN, f64::INFINITY] {
         let err = fixed(1).critical_borrowing(factor).unwrap_err();
         assert_eq!(err.setting(), "critical_borrowing", "{factor}");
