@@ -209,6 +209,7 @@ mod layer;
 mod metrics;
 pub(crate) mod mode;
 mod permits;
+#[cfg(feature = "config")]
 pub(crate) use permits::MAX_CONCURRENT_CALLS;
 
 pub use error::BulkheadFull;
