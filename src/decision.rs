@@ -457,9 +457,15 @@ impl Decision {
         if self.allowed {
             0
         } else {
-            ceil_secs(self.retry_after).max(1)
+            retry_after_secs(self.retry_after)
         }
     }
+}
+
+/// `wait` as a `Retry-After` says it: whole seconds, rounded up, never zero (a client told zero
+/// would call again at once). Every `Retry-After` the crate writes.
+pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
+    ceil_secs(wait).max(1)
 }
 
 /// Whole seconds, rounded up (saturating: `Duration::MAX` is `u64::MAX`).

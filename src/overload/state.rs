@@ -13,6 +13,7 @@ use super::builder::OverloadBuilder;
 use super::Priority;
 use crate::bulkhead::adaptive::{LimitAlgorithm, Limits, Sample};
 use crate::clock::Clock;
+use crate::decision::retry_after_secs;
 use crate::head::RequestHead;
 use crate::sync::{lock, Mutex};
 
@@ -192,10 +193,12 @@ impl Shared {
     }
 
     /// How long a shed request should wait before it tries again: the slow average of the
-    /// admitted requests' latency, in whole seconds rounded up, at least one.
+    /// admitted requests' latency, as a `Retry-After` says it (whole seconds, rounded up, at
+    /// least one).
     pub(super) fn retry_after(&self) -> Duration {
-        let latency = lock(&self.state).latency.unwrap_or(0.0);
-        Duration::from_secs(((latency / 1e9).ceil() as u64).max(1))
+        // Nanoseconds; `as` saturates (and reads no number as zero).
+        let latency = lock(&self.state).latency.unwrap_or(0.0) as u64;
+        Duration::from_secs(retry_after_secs(Duration::from_nanos(latency)))
     }
 
     /// Sets the mirrors (and the gauges) from the state.

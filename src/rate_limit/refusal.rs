@@ -13,7 +13,7 @@ use super::headers::{refusal_headers, SF_INTEGER_MAX};
 use super::policy::PolicyInfo;
 use super::problem::{refusal_problem, PROBLEM_JSON};
 use super::settings::Settings;
-use crate::decision::{ceil_secs, Decision, InsufficientCapacity};
+use crate::decision::{retry_after_secs, Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 
 /// A refused request, as the [`OnRefusal`](super::OnRefusal) hook sees it.
@@ -43,7 +43,7 @@ impl<'a> Refusal<'a> {
     pub fn retry_after_secs(&self) -> Option<u64> {
         // Rounding up is monotonic: the longest wait rounded is the longest of those rounded.
         self.retry_after()
-            .map(|wait| ceil_secs(wait).clamp(1, SF_INTEGER_MAX))
+            .map(|wait| retry_after_secs(wait).min(SF_INTEGER_MAX))
     }
 
     /// The exact wait until the request could be admitted: the longest of the violated
