@@ -48,7 +48,8 @@ impl Default for OverloadSettings {
 }
 
 impl OverloadSettings {
-    /// Checks what the builder would refuse, naming the field.
+    /// Fills in the limits left out, then checks what the builder would refuse by building it,
+    /// naming the field: the builder's own checks are the validation.
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an overload protection needs")?;
         let limits = [
@@ -57,39 +58,19 @@ impl OverloadSettings {
             &mut self.max_limit,
         ];
         at.limits(limits, [8, 16, 1000])?;
-        let share = |field, share: f64| match (0.0..1.0).contains(&share) {
-            true => Ok(()),
-            false => Err(at.err(
-                field,
-                format!("is {share}; a share is at least 0 and below 1"),
-            )),
-        };
-        share("critical_guarantee", self.critical_guarantee)?;
-        share("default_guarantee", self.default_guarantee)?;
-        if !(1.0..=100.0).contains(&self.critical_borrowing) {
-            let outside = format!("is {}; from 1 to 100", self.critical_borrowing);
-            return Err(at.err("critical_borrowing", outside));
-        }
-        let total = self.critical_guarantee + self.default_guarantee;
-        if total >= 1.0 {
-            let over = format!("makes {total} with critical_guarantee; together below 1");
-            return Err(at.err("default_guarantee", over));
-        }
-        if let Err(e) = http::HeaderName::from_bytes(self.priority_header.as_bytes()) {
-            return Err(at.err("priority_header", format!("is not a header name: {e}")));
-        }
         match (self.queue_capacity, self.max_wait) {
-            (Some(_), None) => Err(at.err("max_wait", "is required with queue_capacity")),
-            (None, Some(_)) => Err(at.err("queue_capacity", "is required with max_wait")),
-            (_, Some(wait)) if wait > Duration::from_secs(60) => {
-                Err(at.err("max_wait", format!("is {wait:?}, above 60 s")))
-            }
-            _ => Ok(()),
+            (Some(_), None) => return Err(at.err("max_wait", "is required with queue_capacity")),
+            (None, Some(_)) => return Err(at.err("queue_capacity", "is required with max_wait")),
+            _ => {}
         }
+        #[cfg(feature = "adaptive")]
+        build_overload(at.name(), self)?;
+        Ok(())
     }
 }
 
-/// The protection `s` describes (validated).
+/// The protection `s` describes (validated); a setting the builder refuses is an error at its
+/// field.
 #[cfg(feature = "adaptive")]
 pub(super) fn build_overload(
     name: &str,
@@ -98,26 +79,32 @@ pub(super) fn build_overload(
     use crate::bulkhead::adaptive::Limits;
     use crate::overload::{default_algorithm, Overload, Priority};
 
-    let at =
-        |e: &dyn std::fmt::Display| ConfigError::new(format!("overload.{name}"), e.to_string());
+    let path = format!("overload.{name}");
+    // The builder names both guarantees `guarantee`; the file, each its own field.
+    let at = |field: &'static str| {
+        let path = &path;
+        move |e: crate::SettingError| InstancePath(path).err(field, e.to_string())
+    };
+    let setting = |e: crate::SettingError| ConfigError::setting(&path, &e);
     let (min, initial, max) = super::validate::filled([s.min_limit, s.initial_limit, s.max_limit]);
-    let limits = Limits::new(min, initial, max).map_err(|e| at(&e))?;
-    let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| at(&e))?;
+    let header = http::HeaderName::from_bytes(s.priority_header.as_bytes()).map_err(|e| {
+        InstancePath(&path).err("priority_header", format!("is not a header name: {e}"))
+    })?;
     let mut builder = Overload::builder(name)
-        .limits(limits)
-        .algorithm(default_algorithm(s.probe_every.0).map_err(|e| at(&e))?)
+        .limits(Limits::new(min, initial, max).map_err(setting)?)
+        .algorithm(default_algorithm(s.probe_every.0).map_err(setting)?)
         .guarantee(Priority::Critical, s.critical_guarantee)
-        .and_then(|b| b.guarantee(Priority::Default, s.default_guarantee))
-        .and_then(|b| b.critical_borrowing(s.critical_borrowing))
-        .map_err(|e| at(&e))?
+        .map_err(at("critical_guarantee"))?
+        .guarantee(Priority::Default, s.default_guarantee)
+        .map_err(at("default_guarantee"))?
+        .critical_borrowing(s.critical_borrowing)
+        .map_err(setting)?
         .priority_by(move |head| {
             let value = head.headers.get(&header).and_then(|v| v.to_str().ok());
             value.map_or(Priority::Default, Priority::from_header_value)
         });
     if let (Some(capacity), Some(wait)) = (s.queue_capacity, s.max_wait) {
-        builder = builder
-            .queue(capacity.0 as usize, wait)
-            .map_err(|e| at(&e))?;
+        builder = builder.queue(capacity.0 as usize, wait).map_err(setting)?;
     }
     Ok(builder.build())
 }
@@ -150,6 +137,39 @@ mod tests {
         assert_eq!(checkout.ceiling(Priority::Sheddable), 3);
         assert_eq!(checkout.ceiling(Priority::Critical), 15);
         assert!(registry.overload("nope").is_err());
+    }
+
+    /// The builder's checks are the file's: a value it refuses is an error at the file's field,
+    /// with the builder's words.
+    #[test]
+    fn a_setting_the_builder_refuses_is_an_error_at_its_field() {
+        for (written, path, message) in [
+            (
+                "critical_guarantee = 1.0",
+                "overload.api.critical_guarantee",
+                "overload: `guarantee` must be",
+            ),
+            (
+                "critical_guarantee = 0.7\ndefault_guarantee = 0.3",
+                "overload.api.default_guarantee",
+                "for all classes together, got 1.0",
+            ),
+            (
+                "critical_borrowing = 0.5",
+                "overload.api.critical_borrowing",
+                "must be from 1 to 100, got 0.5",
+            ),
+            (
+                "queue_capacity = 1\nmax_wait = \"61s\"",
+                "overload.api.max_wait",
+                "must be at most 60 s, got 61s",
+            ),
+        ] {
+            let text = format!("[overload.api]\n{written}\n");
+            let err = Registry::from_toml_str(&text).unwrap_err();
+            assert_eq!(err.path(), path, "{written}: {err}");
+            assert!(err.message().contains(message), "{written}: {err}");
+        }
     }
 
     #[tokio::test]
