@@ -15,6 +15,9 @@ const FAMILIES: [Family; 4] = [
     family!("anthropic-ratelimit-output-tokens-", "", counts_calls: false),
 ];
 
+/// What each field of the dialect begins with.
+pub(super) const PREFIXES: &[&str] = &["anthropic-ratelimit-"];
+
 /// The binding quota of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // A reset is an RFC 3339 instant, read as the span until it.

@@ -33,8 +33,8 @@ const MAX_LINES: usize = 16;
 const MAX_FIELD_BYTES: usize = 4096;
 
 /// A way dependencies write their quota in response fields. Reading one more is a module with
-/// a `read` function, a variant here (before `Custom`, the last), its reader in [`READERS`] and
-/// its label in the metrics' `HOLD_REASONS`.
+/// a `read` function and the `PREFIXES` of its fields, a variant here (before `Custom`, the
+/// last), its entry in [`READERS`] and its label in the metrics' `HOLD_REASONS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// `RateLimit` and `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11).
@@ -54,12 +54,14 @@ pub(crate) enum Dialect {
 /// The readers of the built-in dialects, in the order of their declaration, which is the order
 /// they are read in: of equally restrictive quotas, the first read counts. Each gives the
 /// quota its dialect advertises in the fields, if they have one, and its limit of tokens with
-/// the fewest left, if it speaks of tokens.
-const READERS: [fn(&Reader<'_>, &HeaderMap) -> Read; 4] = [
-    ratelimit::read,
-    x_ratelimit::read,
-    openai::read,
-    anthropic::read,
+/// the fewest left, if it speaks of tokens; beside it, what its fields begin with (which tells
+/// a 403 for a rate limit).
+type ReadDialect = fn(&Reader<'_>, &HeaderMap) -> Read;
+const READERS: [(&[&str], ReadDialect); 4] = [
+    (ratelimit::PREFIXES, ratelimit::read),
+    (x_ratelimit::PREFIXES, x_ratelimit::read),
+    (openai::PREFIXES, openai::read),
+    (anthropic::PREFIXES, anthropic::read),
 ];
 
 impl Dialect {
@@ -255,7 +257,7 @@ pub(crate) fn read(
     let mut tokens = None;
     let quota = most_restrictive(
         (READERS.iter())
-            .filter_map(|read_dialect| {
+            .filter_map(|(_, read_dialect)| {
                 let (quota, read) = read_dialect(&reader, headers);
                 tokens = fewest_tokens(tokens.into_iter().chain(read));
                 quota
@@ -295,12 +297,12 @@ pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) ->
     answer.hold.max(spent).unwrap_or_default()
 }
 
-/// Whether `headers` carry a field of a rate-limit dialect, readable or not.
+/// Whether `headers` carry a field of a built-in rate-limit dialect, readable or not.
 fn has_rate_limit_fields(headers: &HeaderMap) -> bool {
-    let prefixes = ["ratelimit", "x-ratelimit-", "anthropic-ratelimit-"];
+    let prefixes = READERS.iter().flat_map(|(prefixes, _)| prefixes.iter());
     headers
         .keys()
-        .any(|name| prefixes.iter().any(|p| name.as_str().starts_with(p)))
+        .any(|name| prefixes.clone().any(|p| name.as_str().starts_with(p)))
 }
 
 /// The `Date` of a response, if it has exactly one readable one.
@@ -485,6 +487,27 @@ mod tests {
             );
         }
         read("p", StatusCode::OK, &headers, Duration::MAX, &[]).quota
+    }
+
+    /// A 403 is a refusal for a rate limit when it carries a field of any built-in dialect,
+    /// readable or not, and of no other kind otherwise.
+    #[test]
+    fn a_field_of_every_dialect_makes_a_403_a_rate_limit() {
+        for (name, rate_limit) in [
+            ("ratelimit", true),
+            ("ratelimit-policy", true),
+            ("ratelimit-remaining", true),
+            ("x-ratelimit-remaining", true),
+            ("x-ratelimit-reset-tokens", true),
+            ("anthropic-ratelimit-requests-reset", true),
+            ("x-rate-limit", false),
+            ("www-authenticate", false),
+        ] {
+            let mut headers = HeaderMap::new();
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            headers.insert(name.clone(), "?".parse().unwrap());
+            assert_eq!(has_rate_limit_fields(&headers), rate_limit, "{name}");
+        }
     }
 
     #[test]

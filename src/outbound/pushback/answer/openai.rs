@@ -13,6 +13,9 @@ const FAMILIES: [Family; 2] = [
     family!("x-ratelimit-", "-tokens", counts_calls: false),
 ];
 
+/// What each field of the dialect begins with.
+pub(super) const PREFIXES: &[&str] = &["x-ratelimit-"];
+
 /// The binding quota of OpenAI's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // The resets are durations; `when::reset` also takes the plain seconds some proxies send.

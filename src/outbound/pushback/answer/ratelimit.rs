@@ -13,6 +13,9 @@ use http::header::{HeaderMap, HeaderName};
 use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
 use crate::rate_limit::{RATELIMIT, RATELIMIT_POLICY};
 
+/// What each field of the dialect begins with.
+pub(super) const PREFIXES: &[&str] = &["ratelimit"];
+
 /// The most restrictive quota of the `RateLimit` items, with their policies' windows and
 /// refills.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {

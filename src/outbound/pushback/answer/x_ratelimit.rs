@@ -22,6 +22,9 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
 const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 
+/// What each field of the dialect begins with.
+pub(super) const PREFIXES: &[&str] = &["x-ratelimit-", "ratelimit-"];
+
 /// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
 /// reset, whichever binds, when readable.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
