@@ -313,8 +313,14 @@ impl Decision {
     /// window the request counts in, it stays, but for what a settle charges beyond what was
     /// left: debt that the next windows pay, each `permits` of it one period further (exact for
     /// the fixed window; for the sliding ones, whose debt leaves with the window it was charged
-    /// in, a reset no earlier than the key's).
-    pub(crate) fn settle_report(&mut self, estimate: u64, cost: u64, quota: &Quota, gcra: bool) {
+    /// in, a reset no earlier than the key's). What is charged beyond the estimate stops where
+    /// the limiter's charge stops ([`settle_debt`](crate::algorithm::settle_debt): at what one
+    /// request may take).
+    pub(crate) fn settle_report(&mut self, estimate: u32, cost: u32, quota: &Quota, gcra: bool) {
+        let capacity = if gcra { quota.burst() } else { quota.permits() };
+        let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
+        let cost = u64::from(cost.min(estimate)) + u64::from(debt);
+        let estimate = u64::from(estimate);
         let ns = |nanos: u128| Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
         if gcra {
             let interval = u128::from(quota.emission_interval_nanos());
@@ -551,10 +557,14 @@ mod tests {
         // Within what was left: the window the request counts in still ends in 500 ms.
         assert_eq!(settled(3, 5, false), (0, ms(500)));
         assert_eq!(settled(3, 0, false), (5, ms(500)));
-        // 15 beyond what was left: two more periods.
-        assert_eq!(settled(3, 20, false), (0, ms(2500)));
+        // Charged up to what one request may take, 10: 5 beyond what was left, one more period
+        // (the limiter charges no more; 15 beyond, two periods, was said before).
+        assert_eq!(settled(3, 20, false), (0, ms(1500)));
+        assert_eq!(settled(3, 10, false), (0, ms(1500)));
         // GCRA: a tenth of a second a permit, either way, never below zero.
         assert_eq!(settled(3, 1, true), (4, ms(300)));
+        // A settle far past the burst (10) is charged as the burst: 7 more intervals.
+        assert_eq!(settled(3, 1000, true), (0, ms(1200)));
         let mut gcra = admitted();
         gcra.settle_report(3, 1, &quota, true);
         gcra.settle_report(9, 0, &quota, true);

@@ -423,11 +423,11 @@ impl<P: PolicySet> Settlement<P> {
         };
         let gcra = decision.charged().by_gcra();
         let settle = RefundOrSettle(decision, SettleTo::Cost(cost));
-        let estimate = u64::from(limits.policies.visit(i, &self.keys, settle));
+        let estimate = limits.policies.visit(i, &self.keys, settle);
         // The client is told the state as it is now: the difference is back, or spent.
         let quota = limits.policies.visit(i, &self.keys, QuotaOf);
-        decision.settle_report(estimate, u64::from(cost), &quota, gcra);
-        u64::from(cost) != estimate
+        decision.settle_report(estimate, cost, &quota, gcra);
+        cost != estimate
     }
 }
 
