@@ -118,16 +118,25 @@ impl RedisFailMode {
     }
 
     /// Settles a decision that this fail mode took, admitted for `estimate` permits, to `cost`
-    /// with its local limiter, if it has one: a give-back (to zero) as its refund.
-    pub(super) fn change(&self, key: String, mut decision: Decision, estimate: u32, cost: u32) {
-        if let Self::Fallback(local) = self {
-            decision.admission.taken = Taken::State(decision.charged());
-            if cost == 0 {
-                local.refund(&key, estimate, decision);
-            } else {
-                local.settle(&key, estimate, decision, cost);
-            }
-        }
+    /// with its local limiter, if it has one (a give-back, to zero, as its refund): whether the
+    /// local limiter took it back (it tells its own admissions, for their key, from any other).
+    /// `None` without a local limiter.
+    pub(super) fn change(
+        &self,
+        key: String,
+        mut decision: Decision,
+        estimate: u32,
+        cost: u32,
+    ) -> Option<bool> {
+        let Self::Fallback(local) = self else {
+            return None;
+        };
+        decision.admission.taken = Taken::State(decision.charged());
+        Some(if cost == 0 {
+            local.refund(&key, estimate, decision)
+        } else {
+            local.settle(&key, estimate, decision, cost)
+        })
     }
 }
 

@@ -327,8 +327,38 @@ impl Inner {
                 }
                 Ok(self.stamp(decision, &key, cost))
             }
-            Err(failure) => self.fail_mode.decide(quota.limit, key, cost, failure),
+            Err(failure) => self.fail_mode_decide(quota.limit, key, cost, failure),
         }
+    }
+
+    /// What the fail mode decides for `key` (its Redis key) when Redis could not answer. An
+    /// admission of a local limiter carries that limiter's mark, which tells it its own; one of
+    /// no limiter (`Open`) is marked as this limiter's for `key`, as a Redis decision is.
+    pub(super) fn fail_mode_decide(
+        &self,
+        limit: u64,
+        key: String,
+        cost: u32,
+        failure: RedisFailure,
+    ) -> Result<Decision, BoxError> {
+        let local = matches!(self.fail_mode, RedisFailMode::Fallback(_));
+        let fingerprint = fingerprint(&key);
+        let decision = self.fail_mode.decide(limit, key, cost, failure)?;
+        Ok(match local {
+            true => decision,
+            false => decision.for_key(fingerprint).made_by(self.store.id),
+        })
+    }
+
+    /// Settles `decision`, a fail mode's admission for `key`, to `cost`: through the local
+    /// limiter that made it, or, made by none, nothing to give back. Whether it was this
+    /// limiter's for `key`.
+    fn fail_mode_change(&self, key: String, decision: Decision, estimate: u32, cost: u32) -> bool {
+        if !decision.allowed {
+            return false;
+        }
+        let mine = decision.is_from(self.store.id, fingerprint(&key));
+        (self.fail_mode.change(key, decision, estimate, cost)).unwrap_or(mine)
     }
 
     /// The cached refusal of `cost` permits for `key` (its Redis key), for a call that may wait
@@ -358,12 +388,10 @@ impl Inner {
         (decision.of_cost(cost).for_key(fingerprint(key))).made_by(self.store.id)
     }
 
-    /// Whether `decision` is an admission of this limiter's for `key` (its Redis key): made in
-    /// Redis through this limiter's store for that key, or by a fail mode.
+    /// Whether `decision` is an admission of this limiter's for `key` (its Redis key), made
+    /// through this limiter's store for that key (a fail mode's: see `fail_mode_change`).
     fn takes_back(&self, key: &str, decision: &Decision) -> bool {
-        decision.allowed
-            && (matches!(decision.admission.taken, Taken::RedisFailMode(_))
-                || decision.is_from(self.store.id, fingerprint(key)))
+        decision.allowed && decision.is_from(self.store.id, fingerprint(key))
     }
 
     /// Settles `decision`, admitted for `estimate` permits, to `cost` (a give-back settles to
@@ -393,6 +421,10 @@ impl Inner {
         estimate: u32,
         cost: u32,
     ) -> Option<impl Future<Output = Result<(), RedisFailure>> + Send + 'static> {
+        if let Taken::RedisFailMode(_) = decision.admission.taken {
+            self.fail_mode_change(key, decision, estimate, cost);
+            return None;
+        }
         if !self.takes_back(&key, &decision) {
             return None;
         }
@@ -413,10 +445,6 @@ impl Inner {
         // `Leases::charge`).
         let mut ended = None;
         match (decision.admission.taken, &self.leases) {
-            (Taken::RedisFailMode(_), _) => {
-                self.fail_mode.change(key, decision, estimate, cost);
-                return None;
-            }
             // A metered hold settles whole, whether still live here or not; a concurrent
             // policy's gives back the slots it still has, never more (a slot has no debt).
             (Taken::RedisHold { hold }, _) => {
@@ -610,6 +638,9 @@ impl RedisRateLimiter {
         cost: u32,
     ) -> bool {
         let redis_key = self.inner.keys.redis_key(key);
+        if let Taken::RedisFailMode(_) = decision.admission.taken {
+            return (self.inner).fail_mode_change(redis_key, decision, estimate, cost);
+        }
         if !self.inner.takes_back(&redis_key, &decision) {
             return false;
         }

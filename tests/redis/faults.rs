@@ -486,3 +486,58 @@ async fn a_lease_reply_or_state_of_the_wrong_shape_is_an_error_not_a_panic() {
     assert_eq!(limiter.counts().failures, 3);
     assert_eq!(limiter.counts().leases_taken, 0);
 }
+
+/// `Limiter::refund`: a decision given to another limiter, or back under another key, "gives
+/// nothing back" and returns `false`. Also for an admission a fail mode made while Redis could
+/// not answer: `Open`'s (made by no limiter) and the default local limiter's. Was broken: any
+/// fail mode's admission was taken back by any Redis limiter under any key (`true`), so
+/// `Observed` uncounted admissions nothing took back.
+#[tokio::test]
+async fn a_fail_mode_admission_is_taken_back_only_by_its_limiter_for_its_key() {
+    let dead = || RedisStore::connect_lazy("redis://127.0.0.1:1/").unwrap();
+    let quota = Quota::per_hour(100).unwrap();
+    for mode in ["open", "local"] {
+        let build = |store: RedisStore, prefix: &str| {
+            let builder = RedisRateLimiter::builder(quota, store)
+                .prefix(prefix)
+                .timeout(TIMEOUT);
+            match mode {
+                "open" => builder.fail_mode(RedisFailMode::Open),
+                _ => builder,
+            }
+            .build()
+            .unwrap()
+        };
+        // `b` on a store of its own; `c` on `a`'s store under another prefix (other keys).
+        let store = dead();
+        let (a, b) = (build(store.clone(), "p:"), build(dead(), "p:"));
+        let c = build(store, "q:");
+        assert!(
+            !Limiter::refund(&c, &"x", 1, a.check(&"x").await.unwrap()),
+            "{mode}: c"
+        );
+        let admitted = || async {
+            let decision = a.check(&"x").await.unwrap();
+            assert!(decision.allowed, "{mode}: {decision:?}");
+            decision
+        };
+        assert!(
+            !Limiter::refund(&a, &"y", 1, admitted().await),
+            "{mode}: another key"
+        );
+        assert!(
+            !Limiter::refund(&b, &"x", 1, admitted().await),
+            "{mode}: another limiter"
+        );
+        let settled = Limiter::settle(&b, &"x", 1, admitted().await, 5);
+        assert!(!settled, "{mode}: another limiter's settle");
+        assert!(
+            Limiter::refund(&a, &"x", 1, admitted().await),
+            "{mode}: its own"
+        );
+        assert!(
+            Limiter::settle(&a, &"x", 1, admitted().await, 2),
+            "{mode}: its own"
+        );
+    }
+}
