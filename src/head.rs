@@ -21,6 +21,13 @@ pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
 pub(crate) fn pushback_millis(value: &[u8]) -> Option<u64> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
+
+/// Whether a `grpc-retry-pushback-ms` of `value` (if any) says not to retry (A6): one that is
+/// there and is not a count of milliseconds. Whatever else the answer says.
+#[cfg(feature = "adaptive")]
+pub(crate) fn pushback_forbids_retry(value: Option<&[u8]>) -> bool {
+    value.is_some_and(|value| pushback_millis(value).is_none())
+}
 /// A gRPC answer's status code.
 #[cfg(feature = "grpc")]
 pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");

@@ -195,6 +195,47 @@ async fn a_grpc_pushback_that_says_not_to_retry_is_obeyed() {
     }
 }
 
+/// The same said by a `tonic::Status` the dependency fails with (a tonic client's error): a
+/// pushback that says not to retry wins over the delay of a `RetryInfo` in its details, as it
+/// does on an answer's headers; without it, the `RetryInfo`'s second is waited for. (The status
+/// was retried after its `RetryInfo` before.)
+#[cfg(feature = "grpc")]
+#[tokio::test(start_paused = true)]
+async fn a_grpc_status_that_says_not_to_retry_is_obeyed_whatever_its_details_say() {
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    for pushback in [Some("-1"), Some("soon"), None] {
+        let calls = Calls::default();
+        let (seen, start) = (calls.clone(), Instant::now());
+        let dependency = service_fn(move |_: Request<String>| {
+            seen.0.lock().unwrap().push(start.elapsed());
+            let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(1)));
+            let mut status =
+                tonic::Status::with_error_details(tonic::Code::Unavailable, "busy", details);
+            if let Some(value) = pushback {
+                let value = value.parse().unwrap();
+                status
+                    .metadata_mut()
+                    .insert("grpc-retry-pushback-ms", value);
+            }
+            async move { Err::<Response<()>, BoxError>(status.into()) }
+        });
+        let client = retry().build().unwrap().layer().layer(dependency);
+        let err = client.oneshot(get()).await.unwrap_err();
+        assert!(err.is::<tonic::Status>(), "{err}");
+        match pushback {
+            Some(value) => assert_eq!(calls.count(), 1, "{value}"),
+            None => {
+                let at = calls.at();
+                assert!(
+                    at.len() >= 2 && after(at[1], Duration::from_secs(1), 1),
+                    "{at:?}"
+                );
+            }
+        }
+    }
+}
+
 /// A wait asked beyond `max_wait` is not waited for: the answer comes back as it came, at once,
 /// and the budget is untouched.
 #[tokio::test(start_paused = true)]

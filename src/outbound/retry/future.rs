@@ -73,6 +73,10 @@ where
         // An open breaker fails calls fast on purpose; after its time it is half-open, where
         // all but a few probes are refused again.
         Err(error) if chain(&**error).any(|e| e.is::<BreakerOpen>()) => None,
+        // A gRPC status that says not to retry, as an answer's pushback does below, whatever
+        // delay its details name.
+        #[cfg(feature = "grpc")]
+        Err(error) if chain(&**error).any(forbids_retry_status) => None,
         // A gRPC pushback that says not to retry is read only where a retry is in question.
         Ok(response) => (classifier.classify(Ok(response)) == Verdict::Overloaded
             && !forbids_retry(response.headers()))
@@ -88,7 +92,18 @@ where
 /// milliseconds (negative, or unreadable), as gRPC's retry design (A6) reads it.
 fn forbids_retry(headers: &http::HeaderMap) -> bool {
     let pushback = headers.get(crate::head::GRPC_RETRY_PUSHBACK_MS);
-    pushback.is_some_and(|v| crate::head::pushback_millis(v.as_bytes()).is_none())
+    crate::head::pushback_forbids_retry(pushback.map(|v| v.as_bytes()))
+}
+
+/// [`forbids_retry`] of a `tonic::Status` (its metadata are the headers it came with).
+#[cfg(feature = "grpc")]
+fn forbids_retry_status(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.downcast_ref::<tonic::Status>().is_some_and(|status| {
+        let pushback = status
+            .metadata()
+            .get(crate::head::GRPC_RETRY_PUSHBACK_MS.as_str());
+        crate::head::pushback_forbids_retry(pushback.map(|v| v.as_bytes()))
+    })
 }
 
 /// The call: `first`, the first attempt, already sent; then, while `spare` holds a copy of the
