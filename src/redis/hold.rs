@@ -23,7 +23,7 @@ use redis::Value;
 
 use super::limiter::Inner;
 use super::reply::parse_reply;
-use super::script::{ScriptQuota, MAX_NOW};
+use super::script::ScriptQuota;
 use super::RedisFailure;
 use crate::sync::{lock, Mutex};
 
@@ -116,11 +116,13 @@ impl Inner {
             return false;
         };
         let quota = self.quota.load_full();
-        let now = quota.client_clock().then(|| self.clock.now());
-        if let Some(now) = now.filter(|&now| now > MAX_NOW) {
-            renewal_failed(&RedisFailure::ClockOutOfRange(now));
-            return true;
-        }
+        let now = match quota.client_now(&*self.clock) {
+            Ok(now) => now,
+            Err(failure) => {
+                renewal_failed(&failure);
+                return true;
+            }
+        };
         for call in renewals(&quota, now, self.store.is_cluster(), live) {
             let reply = tokio::time::timeout(self.timeout, self.store.run(&call)).await;
             let reply = reply.unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)));

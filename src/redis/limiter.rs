@@ -18,7 +18,7 @@ use super::key::{fingerprint, KeyLayout};
 use super::lease::Leases;
 use super::offset::ClockOffset;
 use super::reply::{parse_reply, Reply};
-use super::script::{LimiterScript, Operation, ScriptQuota, MAX_NOW};
+use super::script::{LimiterScript, Operation, ScriptQuota};
 use super::{
     next_id, BuildError, RedisFailMode, RedisFailure, RedisKey, RedisRateLimiterBuilder, RedisStore,
 };
@@ -545,10 +545,7 @@ impl Inner {
         operation: Operation,
         cost: u32,
     ) -> Result<Reply, RedisFailure> {
-        let now = quota.client_clock().then(|| self.clock.now());
-        if let Some(now) = now.filter(|&now| now > MAX_NOW) {
-            return Err(RedisFailure::ClockOutOfRange(now));
-        }
+        let now = quota.client_now(&*self.clock)?;
         let sent = self.clock.now();
         let value = match operation {
             Operation::Decide { .. } => {

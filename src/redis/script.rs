@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
+use super::RedisFailure;
 use crate::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
-use crate::clock::saturating_nanos;
+use crate::clock::{saturating_nanos, Clock};
 use crate::decision::Charged;
 use crate::Quota;
 
@@ -22,8 +23,9 @@ pub(crate) const MAX_TICKS: u64 = 1 << 50;
 /// client's clock (a manual clock in a test may stand still for a while).
 pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
 
-/// The largest `now` a script may be given, in ticks.
-pub(crate) const MAX_NOW: u64 = 1 << 52;
+/// The largest `now` a script may be given, in ticks (below the crate's clock bound,
+/// [`MAX_NOW`](crate::clock::MAX_NOW): a Lua number is exact to 2^53).
+pub(crate) const MAX_SCRIPT_NOW: u64 = 1 << 52;
 
 /// How long a hold lasts unless its instance renews it, unless the builder says otherwise
 /// ([`hold_for`](super::RedisRateLimiterBuilder::hold_for)).
@@ -230,7 +232,7 @@ impl ScriptQuota {
             }
             LimiterScript::SlidingCounter => {
                 // The script multiplies counts by the window length.
-                if period > MAX_TICKS || (permits + 1).saturating_mul(period) > MAX_NOW {
+                if period > MAX_TICKS || (permits + 1).saturating_mul(period) > MAX_SCRIPT_NOW {
                     return Err(
                         "permits times the period is too large for the redis sliding counter",
                     );
@@ -293,6 +295,19 @@ impl ScriptQuota {
     /// Whether the scripts read a client clock (nanoseconds) rather than the server's `TIME`.
     pub(crate) fn client_clock(&self) -> bool {
         self.tick_nanos == 1
+    }
+
+    /// The reading of `clock` a script call is given where the scripts read a client clock,
+    /// `None` where they read the server's `TIME`; an error for a reading past
+    /// [`MAX_SCRIPT_NOW`].
+    pub(crate) fn client_now(&self, clock: &dyn Clock) -> Result<Option<u64>, RedisFailure> {
+        if !self.client_clock() {
+            return Ok(None);
+        }
+        match clock.now() {
+            now if now > MAX_SCRIPT_NOW => Err(RedisFailure::ClockOutOfRange(now)),
+            now => Ok(Some(now)),
+        }
     }
 
     /// Ticks per millisecond, for key expiries.
