@@ -388,12 +388,12 @@ impl Share {
 /// What a lease's decisions report on: the quota's limit, and the time its permits take to come
 /// back.
 impl ScriptQuota {
-    /// How long `permits` take to come back: each an emission interval, or for the window
-    /// algorithms the period's share of one.
+    /// How long `permits` take to come back: each an emission interval (for the window
+    /// algorithms the period's share of one, rounded up as the quota's is).
     fn refill(&self, permits: u32) -> Duration {
         let interval = match self.script {
             LimiterScript::Gcra => self.per_permit().saturating_mul(self.tick_nanos),
-            _ => self.quota.period_nanos() / self.limit.max(1),
+            _ => self.quota.emission_interval_nanos(),
         };
         Duration::from_nanos(u64::from(permits).saturating_mul(interval))
     }
