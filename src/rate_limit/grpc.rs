@@ -41,11 +41,14 @@ pub(crate) fn is_grpc(request: &RequestHead<'_>) -> bool {
             || matches!(rest.trim_ascii_start().first(), None | Some(b';')))
 }
 
-/// `wait` in whole milliseconds, rounded up, as `grpc-retry-pushback-ms` says it: an `i64`, so
-/// at most `i64::MAX` (about 292 million years). The `RetryInfo` is made from the same figure,
-/// so that the two say one delay.
+/// `wait` in whole milliseconds, rounded up and never zero (as a `Retry-After` is never zero),
+/// as `grpc-retry-pushback-ms` says it: an `i64`, so at most `i64::MAX` (about 292 million
+/// years). The `RetryInfo` is made from the same figure, so that the two say one delay. Every
+/// gRPC answer of the crate that names a wait.
 fn as_pushback_millis(wait: Duration) -> i64 {
-    i64::try_from(crate::decision::ceil_millis(wait)).unwrap_or(i64::MAX)
+    i64::try_from(crate::decision::ceil_millis(wait))
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 /// The gRPC answer to a refused call: `RESOURCE_EXHAUSTED`, trailers-only.
@@ -59,7 +62,7 @@ fn as_pushback_millis(wait: Duration) -> i64 {
 pub(crate) fn refusal(refusal: &Refusal<'_>) -> Response<Bytes> {
     // The exact wait, rounded up to whole milliseconds and never zero (as `Retry-After` is
     // never zero); `None` when no wait helps.
-    let millis = (refusal.retry_after()).map(|wait| as_pushback_millis(wait).max(1));
+    let millis = (refusal.retry_after()).map(as_pushback_millis);
     let delay = millis.map(|millis| Duration::from_millis(millis.unsigned_abs()));
     let build = || Shared::new(refusal, delay.is_none());
     // A call that no wait lets through is rare, and said otherwise: its status is not kept.
@@ -308,5 +311,30 @@ impl LazyStatus {
 impl Clone for LazyStatus {
     fn clone(&self) -> Self {
         Self::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tonic_types::StatusExt;
+
+    /// A wait of zero (a limiter of one's own, a fail mode `Closed(Duration::ZERO)`) is said as
+    /// 1 ms by every gRPC answer, as a refusal says it: the layer's errors and the outbound
+    /// refusals said 0 before.
+    #[test]
+    fn every_answer_says_a_wait_of_zero_as_one_millisecond() {
+        for (wait, millis) in [
+            (Duration::ZERO, 1),
+            (Duration::from_nanos(1), 1),
+            (Duration::from_micros(1500), 2),
+        ] {
+            let status = super::status_of(tonic::Code::Unavailable, "held".into(), Some(wait));
+            let pushback = status.metadata().get("grpc-retry-pushback-ms").unwrap();
+            assert_eq!(pushback.to_str().unwrap(), millis.to_string(), "{wait:?}");
+            let delay = status.get_details_retry_info().unwrap().retry_delay;
+            assert_eq!(delay, Some(Duration::from_millis(millis)), "{wait:?}");
+        }
     }
 }
