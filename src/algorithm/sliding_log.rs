@@ -38,6 +38,10 @@ pub(crate) struct Log {
 
 impl Log {
     fn insert(&mut self, at: u64, cost: u32) {
+        // No entry for no permits (a request of cost zero), as the script adds none.
+        if cost == 0 {
+            return;
+        }
         let idx = self.entries.partition_point(|&(t, _)| t <= at);
         if idx > 0 && self.entries[idx - 1].0 == at {
             // Charges of debt can pile up on one instant: an entry saturates, and the total
@@ -212,9 +216,7 @@ impl SlidingLog {
     /// An entry of `cost` permits at `now`: every window that holds `now` counts them, past
     /// the limit if it must.
     fn take(&self, log: &mut Log, now: u64, cost: u32) {
-        if cost > 0 {
-            log.insert(now, cost);
-        }
+        log.insert(now, cost);
     }
 }
 

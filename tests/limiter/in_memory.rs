@@ -362,3 +362,30 @@ fn a_refund_that_leaves_a_key_idle_frees_its_slot_for_new_keys() {
     }
     for_every_algorithm!(check);
 }
+
+/// A request of cost zero takes nothing, under every algorithm alike: it is admitted with the
+/// whole quota left and nothing to reset, and leaves nothing that keeps its key (the sliding
+/// log wrote an entry of zero permits, which said a reset of a whole window and held the key
+/// for it).
+#[test]
+fn a_request_of_cost_zero_leaves_nothing_behind() {
+    fn check<A: Algorithm>() {
+        let clock = ManualClock::new();
+        let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(10).unwrap())
+            .algorithm::<A>()
+            .clock(clock.clone())
+            .build();
+        let name = std::any::type_name::<A>();
+        let decision = limiter.check_n(&1, 0).unwrap();
+        assert!(decision.allowed, "{name}");
+        assert_eq!(
+            (decision.remaining, decision.reset_after),
+            (10, Duration::ZERO),
+            "{name}"
+        );
+        clock.advance(Duration::from_nanos(1));
+        limiter.retain_recent();
+        assert!(limiter.is_empty(), "{name}: a key kept");
+    }
+    for_every_algorithm!(check);
+}
