@@ -31,7 +31,7 @@
 //! | `bulwark_bulkhead_queue_depth` | gauge | `name` | calls waiting for a permit |
 //! | `bulwark_bulkhead_call_duration_seconds` | histogram | `name` | how long each permitted call held its permit |
 //! | `bulwark_pushback_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` | calls through a [pushback](crate::outbound::Pushback): sent at once, sent after waiting for a hold to end, or refused with [`PushedBack`](crate::outbound::PushedBack) (at once or after waiting); a call dropped while it waits is not counted |
-//! | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the fields of the quota that binds (`RateLimit`, or `X-RateLimit-Remaining` with `-Reset`); an answer saying both counts under each |
+//! | `bulwark_pushback_holds_total` | counter | `name`, `reason` = `retry_after` \| `ratelimit` \| `x_ratelimit` \| `openai` \| `anthropic` \| `custom` | answers that asked for calls to be held: a 429 or 503 with `Retry-After` (or a 429 naming no time, held one second), or an advertised quota with nothing left, under the dialect of the quota that binds (`RateLimit`; `X-RateLimit-Remaining` with `-Reset`; OpenAI's or Anthropic's families; a dialect of your own); an answer saying both counts under each |
 //! | `bulwark_pushback_held_seconds` | gauge | `name` | seconds until a call may be sent, by what the dependency said last (zero when one may go now) |
 //! | `bulwark_client_quota_calls_total` | counter | `name`, `outcome` = `admitted` \| `waited` \| `refused` \| `failed` | calls through a [client quota](crate::outbound::ClientQuotaLayer): sent at once, sent after waiting for their permits, refused with [`QuotaExhausted`](crate::outbound::QuotaExhausted), or failed by the limiter's error; a call dropped while it waits (its permits given back) is not counted |
 //! | `bulwark_retry_attempts_total` | counter | `name`, `kind` = `first` \| `retry` | attempts through a [retry layer](crate::outbound) (feature `adaptive`): each call's first, and each retry sent |
@@ -106,7 +106,8 @@ pub(crate) mod metric_names {
     /// Counter: calls through a pushback, label `outcome` = `admitted` | `waited` | `refused`.
     pub(crate) const PUSHBACK_CALLS: &str = "bulwark_pushback_calls_total";
     /// Counter: answers that asked a pushback to hold calls, label `reason` = `retry_after` |
-    /// `ratelimit` | `x_ratelimit`.
+    /// `ratelimit` | `x_ratelimit` | `openai` | `anthropic` | `custom` (`HOLD_REASONS` in
+    /// `outbound/metrics.rs`).
     pub(crate) const PUSHBACK_HOLDS: &str = "bulwark_pushback_holds_total";
     /// Gauge: seconds until a pushback lets a call go.
     pub(crate) const PUSHBACK_HELD_SECONDS: &str = "bulwark_pushback_held_seconds";
