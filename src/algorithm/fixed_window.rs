@@ -256,12 +256,13 @@ impl Transitions for FixedWindow {
 
     fn idle_at(&self, state: &FixedWindowState) -> u64 {
         let w = lock(&state.0);
-        if w.used == 0 {
+        let ends = if w.used == 0 {
             0
         } else {
             let cycle = self.timeline.numbered(w.cycle, w.latest);
             self.cycle_start(cycle + self.laid_out(&w, cycle).div_ceil(self.limit))
-        }
+        };
+        super::idle_after(w.latest, ends)
     }
 }
 

@@ -389,13 +389,9 @@ impl Transitions for Gcra {
     }
 
     fn idle_at(&self, state: &GcraState) -> u64 {
-        // Past the TAT the bucket is full, and past the key's latest reading that reading
-        // tells nothing more: the store publishes its own reading to the shard's before it
-        // drops the key, the floor of every key made afresh, so a stale reading that reaches
-        // the fresh key is decided as of an instant no earlier than the drop, where the old
-        // state weighed nothing.
+        // Past the TAT the bucket is full.
         let (word, reading) = state.load();
-        reading.max(word & MAX_TAT)
+        super::idle_after(reading, word & MAX_TAT)
     }
 }
 

@@ -167,7 +167,7 @@ impl Transitions for Metered {
         if meter.held > 0 {
             u64::MAX
         } else {
-            meter.tat
+            super::idle_after(meter.latest, meter.tat)
         }
     }
 

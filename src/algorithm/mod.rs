@@ -299,6 +299,17 @@ pub(crate) fn settle_debt(estimate: u32, cost: u32, capacity: u32) -> u32 {
     cost.min(capacity).saturating_sub(estimate)
 }
 
+/// The instant from which a key whose permits weigh until `ends` carries no information: never
+/// before its `latest` reading. The store publishes its own reading to the shard before it drops
+/// keys, the floor of every key made afresh, so a stale reading that reaches the fresh key is
+/// decided as of an instant no earlier than the drop; a key whose latest reading is past the
+/// store's (a request decided while a sweep ran) would lose that reading, and a stale reading
+/// after the drop would be decided as of an earlier instant than the kept key decides it.
+/// Every algorithm's `idle_at` but `Concurrency`'s (slots know no time).
+fn idle_after(latest: u64, ends: u64) -> u64 {
+    latest.max(ends)
+}
+
 /// An eviction rank (the lowest goes first): the permits still weighing first; among keys that
 /// hold as many, the one that took them most recently (the higher `recent`: the time until its
 /// record ends, for GCRA and the sliding log) goes first, so a flood of fresh keys evicts its

@@ -280,7 +280,7 @@ impl Transitions for SlidingCounter {
     fn idle_at(&self, state: &SlidingCounterState) -> u64 {
         let mut c = *lock(&state.0);
         self.lay_out(&mut c);
-        self.idle_from(&c)
+        super::idle_after(c.latest, self.idle_from(&c))
     }
 }
 

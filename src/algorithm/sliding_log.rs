@@ -239,7 +239,8 @@ impl Transitions for SlidingLog {
     }
 
     fn idle_at(&self, state: &SlidingLogState) -> u64 {
-        self.idle_from(&lock(&state.0))
+        let log = lock(&state.0);
+        super::idle_after(log.latest, self.idle_from(&log))
     }
 
     fn eviction_rank(&self, state: &SlidingLogState, now: u64) -> u128 {

@@ -389,3 +389,42 @@ fn a_request_of_cost_zero_leaves_nothing_behind() {
     }
     for_every_algorithm!(check);
 }
+
+/// `KeyedRateLimiter::retain_recent`: "No decision changes", with readings out of order too. A
+/// key decided at 10 s and given back (nothing weighs on it) while a sweep reads 9.99 s (a
+/// request decided while the sweep ran, on another thread): a stale reading of 9.995 s that
+/// comes next is decided as of 10 s on the kept key, so the swept limiter must decide it so
+/// too. Every algorithm; GCRA kept such a key before, the others dropped it and decided the
+/// stale reading as of 9.995 s (the fixed window's reset then ended with cycle 9, 5 ms away).
+#[test]
+fn a_sweep_behind_a_key_s_latest_reading_changes_no_decision() {
+    fn check<A: Algorithm>() {
+        use crate::attack_direct::Dial;
+        use tower_bulwark::Limiter;
+        let dial = Dial::at(0);
+        let make = || {
+            KeyedRateLimiter::<u32>::builder(Quota::per_second(10).unwrap())
+                .algorithm::<A>()
+                .clock(dial.clone())
+                .build()
+        };
+        let (swept, kept) = (make(), make());
+        let name = std::any::type_name::<A>();
+        dial.set(10_000_000_000);
+        for limiter in [&swept, &kept] {
+            let decision = limiter.check(&1);
+            assert!(Limiter::refund(limiter, &1, 1, decision), "{name}");
+        }
+        dial.set(9_990_000_000);
+        swept.retain_recent();
+        dial.set(9_995_000_000);
+        let (a, b) = (swept.check(&1), kept.check(&1));
+        assert_eq!(
+            (a.allowed, a.remaining, a.reset_after),
+            (b.allowed, b.remaining, b.reset_after),
+            "{name}"
+        );
+    }
+    for_every_algorithm!(check);
+    check::<tower_bulwark::algorithm::Metered>();
+}
