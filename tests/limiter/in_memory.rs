@@ -1,5 +1,6 @@
 //! The in-memory limiters through their public API, with a manual clock: no test sleeps.
 
+use crate::attack_direct::keyed;
 use crate::common::for_every_algorithm;
 use crate::common::keyed_on;
 use crate::common::{in_bursts_of, tokio_direct, tokio_keyed, tokio_keyed_with, waits_up_to};
@@ -371,10 +372,12 @@ fn a_refund_that_leaves_a_key_idle_frees_its_slot_for_new_keys() {
 fn a_request_of_cost_zero_leaves_nothing_behind() {
     fn check<A: Algorithm>() {
         let clock = ManualClock::new();
-        let limiter = KeyedRateLimiter::<u32>::builder(Quota::per_second(10).unwrap())
-            .algorithm::<A>()
-            .clock(clock.clone())
-            .build();
+        let limiter = keyed::<A, _>(
+            Quota::per_second(10).unwrap(),
+            clock.clone(),
+            1_000,
+            Overflow::EvictNearestIdle,
+        );
         let name = std::any::type_name::<A>();
         let decision = limiter.check_n(&1, 0).unwrap();
         assert!(decision.allowed, "{name}");
@@ -403,10 +406,12 @@ fn a_sweep_behind_a_key_s_latest_reading_changes_no_decision() {
         use tower_bulwark::Limiter;
         let dial = Dial::at(0);
         let make = || {
-            KeyedRateLimiter::<u32>::builder(Quota::per_second(10).unwrap())
-                .algorithm::<A>()
-                .clock(dial.clone())
-                .build()
+            keyed::<A, _>(
+                Quota::per_second(10).unwrap(),
+                dial.clone(),
+                1_000,
+                Overflow::EvictNearestIdle,
+            )
         };
         let (swept, kept) = (make(), make());
         let name = std::any::type_name::<A>();

@@ -186,22 +186,6 @@ async fn the_admitted_headers_count_in_tokens_after_the_settle() {
     assert_refused_for(&service, 13).await;
 }
 
-/// A settle far past what one request may take is charged as that (the limiter's rule), and the
-/// admitted response's `RateLimit` field says so: 10 000 tokens a minute, a request of 10
-/// settled to a million leaves the key spent for the minute, `r=0;t=60`, and the next token is
-/// 6 ms away (the field said `t=6000`, the million's 100 minutes, before).
-#[tokio::test]
-async fn a_settle_past_the_capacity_is_told_as_the_limiter_charges_it() {
-    let clock = ManualClock::new();
-    let limiter = ten_thousand_a_minute(&clock);
-    let service = reported_in_a_header(&limiter);
-    let field = ratelimit_field(&service, request(10, 1_000_000)).await;
-    assert!(field.ends_with("r=0;t=60"), "{field}");
-    assert_refused_for(&service, 1).await;
-    clock.advance(std::time::Duration::from_millis(6));
-    assert_eq!(drain(&limiter, "t"), 1);
-}
-
 /// The admitted response's `RateLimit` field tells when the key is whole again after the
 /// settle, not after the estimate: 10 000 tokens a minute (6 ms a token). 9 000 used: `t=54`.
 /// A request of 1 000 settled to 100 leaves 9 100 used, 54.6 s: `r=900;t=55` (the estimate
@@ -404,4 +388,20 @@ async fn one_policy_settles_json_and_event_streams_and_an_error_costs_nothing() 
         }
         assert_eq!(drain(&limiter, "t"), left, "{usage:?}");
     }
+}
+
+/// A settle far past what one request may take is charged as that (the limiter's rule), and the
+/// admitted response's `RateLimit` field says so: 10 000 tokens a minute, a request of 10
+/// settled to a million leaves the key spent for the minute, `r=0;t=60`, and the next token is
+/// 6 ms away (the field said `t=6000`, the million's 100 minutes, before).
+#[tokio::test]
+async fn a_settle_past_the_capacity_is_told_as_the_limiter_charges_it() {
+    let clock = ManualClock::new();
+    let limiter = ten_thousand_a_minute(&clock);
+    let service = reported_in_a_header(&limiter);
+    let field = ratelimit_field(&service, request(10, 1_000_000)).await;
+    assert!(field.ends_with("r=0;t=60"), "{field}");
+    assert_refused_for(&service, 1).await;
+    clock.advance(std::time::Duration::from_millis(6));
+    assert_eq!(drain(&limiter, "t"), 1);
 }
