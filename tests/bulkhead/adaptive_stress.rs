@@ -292,8 +292,11 @@ async fn the_limit_jumping_on_every_sample_never_over_admits_nor_leaks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aimd_under_a_storm_never_over_admits_nor_leaks() {
+    // Round trips here are scheduling noise, which on a loaded machine kept every sample above
+    // the default tolerance (the limit never rose: CI, 0 up and 6 down); only errors and
+    // cancellations should bring the limit down.
     let aimd = |tracker, samples| Reporting {
-        algorithm: Aimd::default(),
+        algorithm: Aimd::default().latency_tolerance(1e9).unwrap(),
         tracker,
         samples,
     };
