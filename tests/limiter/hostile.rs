@@ -109,7 +109,8 @@ fn a_veto_given_back_later_leaves_the_key_as_if_never_made() {
         for c in [&clock, &twin_clock] {
             c.advance(Duration::from_secs(20));
         }
-        limiter.refund(&1, 1, vetoed);
+        // Its own admission, for its key: taken back (`true`), whatever comes back of it.
+        assert!(limiter.refund(&1, 1, vetoed), "{}", name::<A>());
         let after = |l: &KeyedRateLimiter<u64, A, ManualClock>| -> Vec<Decision> {
             (0..5).map(|_| decide(l, 1, 1)).collect()
         };

@@ -113,7 +113,8 @@ fn veto_is_as_if_never_made<A: Algorithm>(
                 set(now);
                 let d = decide(&a, cost);
                 if d.allowed {
-                    a.refund(&0, cost, d);
+                    // Its own admission, for its key: taken back (`true`).
+                    assert!(a.refund(&0, cost, d), "its own admission");
                 }
                 floor = now;
             }
