@@ -178,6 +178,15 @@ enum Cancelled {
 /// Storms an adaptive bulkhead within `limits` on the algorithm `algorithm` makes of the
 /// tracker of calls in flight and the count of samples it is to keep up to date, and asserts
 /// what must hold after it.
+/// `algorithm`, reporting each limit it sets to the storm's tracker.
+fn reporting<A>(algorithm: A) -> impl FnOnce(Tracker, Arc<AtomicU64>) -> Reporting<A> {
+    |tracker, samples| Reporting {
+        algorithm,
+        tracker,
+        samples,
+    }
+}
+
 async fn storm<A: LimitAlgorithm>(
     limits: Limits,
     algorithm: impl FnOnce(Tracker, Arc<AtomicU64>) -> A,
@@ -295,22 +304,14 @@ async fn aimd_under_a_storm_never_over_admits_nor_leaks() {
     // Round trips here are scheduling noise, which on a loaded machine kept every sample above
     // the default tolerance (the limit never rose: CI, 0 up and 6 down); only errors and
     // cancellations should bring the limit down.
-    let aimd = |tracker, samples| Reporting {
-        algorithm: Aimd::default().latency_tolerance(1e9).unwrap(),
-        tracker,
-        samples,
-    };
+    let aimd = reporting(Aimd::default().latency_tolerance(1e9).unwrap());
     storm(Limits::new(1, 8, 16).unwrap(), aimd, Cancelled::Overload, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gradient_under_a_storm_never_over_admits_nor_leaks() {
     // Round trips here are scheduling noise; only errors should bring the limit down.
-    let gradient = |tracker, samples| Reporting {
-        algorithm: Gradient::default().latency_tolerance(1e9).unwrap(),
-        tracker,
-        samples,
-    };
+    let gradient = reporting(Gradient::default().latency_tolerance(1e9).unwrap());
     storm(
         Limits::new(2, 8, 16).unwrap(),
         gradient,
