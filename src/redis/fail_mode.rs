@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::key::fingerprint;
 use super::script::LimiterScript;
 use super::RedisFailure;
 use crate::algorithm::{Concurrency, Metered};
 use crate::clock::{saturating_nanos, Clock};
-use crate::decision::{Decision, Taken};
+use crate::decision::{Decision, LimiterId, Taken};
 use crate::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 /// What a limiter decides when Redis cannot: it timed out, the connection is down, or the reply
@@ -72,10 +73,13 @@ impl RedisFailMode {
         Self::Fallback(Arc::new(limiter))
     }
 
-    /// The decision on `cost` permits for `key` when Redis failed with `failure`; `limit` is the
-    /// limit Redis would have reported.
+    /// The decision on `cost` permits for `key` (its Redis key) when Redis failed with
+    /// `failure`, for the limiter `limiter`; `limit` is the limit Redis would have reported. A
+    /// local limiter's admission carries that limiter's mark, which tells it its own; `Open`'s,
+    /// made by no limiter, is marked as `limiter`'s for `key`, as a Redis decision is.
     pub(crate) fn decide(
         &self,
+        limiter: LimiterId,
         limit: u64,
         key: String,
         cost: u32,
@@ -84,6 +88,8 @@ impl RedisFailMode {
         let mut decision = match self {
             Self::Open => {
                 Decision::allowed(limit, limit.saturating_sub(u64::from(cost)), Duration::ZERO)
+                    .for_key(fingerprint(&key))
+                    .made_by(limiter)
             }
             Self::Closed(retry_after) => Decision::refused(limit, 0, *retry_after, *retry_after),
             Self::Fallback(local) => local.reserve(&key, cost).into_inner()?,

@@ -480,7 +480,7 @@ impl Inner {
             }
             reply => {
                 let failure = reply.map_or_else(|failure| failure, |r| r.unexpected("a lease"));
-                return self.fail_mode_decide(quota.limit, key, cost, failure);
+                return (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
             }
         };
         Ok(self.stamp(decision, &key, cost))

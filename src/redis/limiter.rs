@@ -327,27 +327,8 @@ impl Inner {
                 }
                 Ok(self.stamp(decision, &key, cost))
             }
-            Err(failure) => self.fail_mode_decide(quota.limit, key, cost, failure),
+            Err(failure) => (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure),
         }
-    }
-
-    /// What the fail mode decides for `key` (its Redis key) when Redis could not answer. An
-    /// admission of a local limiter carries that limiter's mark, which tells it its own; one of
-    /// no limiter (`Open`) is marked as this limiter's for `key`, as a Redis decision is.
-    pub(super) fn fail_mode_decide(
-        &self,
-        limit: u64,
-        key: String,
-        cost: u32,
-        failure: RedisFailure,
-    ) -> Result<Decision, BoxError> {
-        let local = matches!(self.fail_mode, RedisFailMode::Fallback(_));
-        let fingerprint = fingerprint(&key);
-        let decision = self.fail_mode.decide(limit, key, cost, failure)?;
-        Ok(match local {
-            true => decision,
-            false => decision.for_key(fingerprint).made_by(self.store.id),
-        })
     }
 
     /// Settles `decision`, a fail mode's admission for `key`, to `cost`: through the local
