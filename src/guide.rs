@@ -194,7 +194,8 @@
 //! a per-key mutex for the few instructions of their transition. Threads read the clock before
 //! they contend, so readings reach a key stale and out of order: every algorithm decides a
 //! reading older than the latest its key has seen as of that latest reading (a real reading, a
-//! little later at most; for GCRA a refusal changes nothing and records nothing). N threads
+//! little later at most; for GCRA a refusal changes nothing and records nothing), and one older
+//! than a change of quota as of the change (`set_quota`'s own reading). N threads
 //! racing for a limit of L get exactly L admissions (the test suite checks this for every
 //! algorithm on OS threads released together, with readings handed out of order).
 //!

@@ -193,8 +193,10 @@ impl LatestReading {
         now.max(self.get())
     }
 
-    /// Publishes `now` if it is later than the latest reading.
+    /// Publishes `now` (no later than [`MAX_NOW`](crate::clock::MAX_NOW), where the
+    /// algorithms' readings stand still) if it is later than the latest reading.
     pub(crate) fn publish(&self, now: u64) {
+        let now = now.min(crate::clock::MAX_NOW);
         self.latest.fetch_max(now, Ordering::AcqRel);
     }
 

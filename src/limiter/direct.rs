@@ -135,6 +135,8 @@ impl<A: Algorithm, C: Clock> DirectRateLimiter<A, C> {
         // done: the store is the change's one write).
         let _changing = lock(&self.inner.changing);
         let next = self.inner.rule.load().changed_to(quota, now);
+        // A reading older than the change is decided as of it (see `KeyedRateLimiter`'s).
+        self.inner.written.latest.publish(now);
         self.inner.rule.store(next);
     }
 }

@@ -211,6 +211,9 @@ where
     /// admitted, and a reservation granted under the old quota stays granted and falls due when
     /// it was told to (its permits count against the new quota as used). A refund of such a
     /// decision is made with the new algorithm, by the same rules as any other.
+    /// A request whose clock reading is older than the change (read by a thread before the
+    /// change, decided after it) is decided as of the change, under the new quota, as any
+    /// reading older than one the limiter has already seen is decided as of that one.
     ///
     /// ```
     /// use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};
@@ -231,7 +234,7 @@ where
         let _changing = lock(&self.inner.changing);
         let now = self.inner.clock.now();
         let changed = Arc::new(self.inner.current_rule().changed_to(quota, now));
-        self.inner.store.set_context(&changed);
+        self.inner.store.set_context(&changed, now);
         *unpoisoned(self.inner.current.write()) = changed;
     }
 

@@ -341,10 +341,13 @@ where
     }
 
     /// Gives every shard `context`, one shard at a time, each while nobody reads it: a reader
-    /// of a shard sees the old context or the new one, never a state without its context.
-    pub(crate) fn set_context(&self, context: &G) {
+    /// of a shard sees the old context or the new one, never a state without its context. The
+    /// context is the rule of a change of quota read at `now`, first published as each shard's
+    /// latest reading: a reading older than the change is decided as of it.
+    pub(crate) fn set_context(&self, context: &G, now: u64) {
         for shard in self.shards.iter() {
             let mut table = unpoisoned(shard.table.write());
+            shard.latest.0.publish(now);
             table.context = context.clone();
             // The instant a full shard frees was computed with the old context.
             shard.full_until.store(0, Ordering::Relaxed);

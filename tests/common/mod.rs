@@ -1,7 +1,7 @@
 //! Test helpers shared by every test binary: a deterministic pseudo-random sequence, a future
 //! with one await point, polling by hand, a runtime with paused time and a dependency's answer
-//! here; a mock dependency in [`dependency`]; an HTTP listener and the rate-limit headers parsed
-//! in [`listener`]; the panic hook and the `tracing` dispatcher that a binary's tests share in
+//! here; a clock that reads backwards too in [`dial`]; a mock dependency in [`dependency`]; an
+//! HTTP listener and the rate-limit headers parsed in [`listener`]; the panic hook and the `tracing` dispatcher that a binary's tests share in
 //! [`process`]; private Redis servers in [`redis_server`]; what a test's own `metrics` recorder
 //! saw in `recorded`. Each binary's `main.rs` takes them with
 //! `#[path = "../common/mod.rs"] mod common;`.
@@ -9,6 +9,7 @@
 #![allow(dead_code)] // Not every test binary uses every helper.
 
 pub mod dependency;
+pub mod dial;
 pub mod held_stream;
 pub mod listener;
 pub mod process;

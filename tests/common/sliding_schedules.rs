@@ -2,9 +2,9 @@
 //! of one key, run on any backend (memory or Redis) into a [`Model`] of what it admitted; the
 //! twins of a give-back; a shrinker of failing schedules. See `sliding_model.rs`.
 
+use super::dial::Dial;
 pub use super::sliding_model::{Model, Numbering};
 use tower_bulwark::algorithm::SlidingCounter;
-use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::Limiter;
 
@@ -252,6 +252,11 @@ pub trait Backend {
     async fn reserve(&self, cost: u32) -> Option<tower_bulwark::limiter::Decision>;
     async fn settle(&self, estimate: u32, d: tower_bulwark::limiter::Decision, cost: u32);
     fn set_quota(&self, q: tower_bulwark::Quota);
+    /// Whether a refusal records its reading as the key's latest (memory's window algorithms
+    /// do; the Redis scripts write nothing for a refusal, as GCRA records nothing).
+    fn refusals_record(&self) -> bool {
+        true
+    }
 }
 
 /// Runs `steps` on `b` (made with `first`): the model of what it admitted, and each decision
@@ -273,8 +278,10 @@ pub async fn drive<B: Backend>(
             "step {i}: now {} read {}: {:?}",
             step.now, step.reading, step.op
         ));
+        // As of the key's latest reading: the latest of the steps that changed the limiter (a
+        // give-back with nothing held does not, nor does a cost above the limit, nor, where
+        // the backend says so, a refusal).
         let decided = step.reading.max(latest);
-        latest = decided;
         let pick = |held: &mut Vec<_>, x: usize| {
             let n = held.len();
             (n > 0).then(|| held.swap_remove(x % n))
@@ -290,9 +297,12 @@ pub async fn drive<B: Backend>(
                     said.push(format!("step {i}: {:?}: an error", step.op));
                     continue;
                 };
+                if d.allowed || b.refusals_record() {
+                    latest = decided;
+                }
                 said.push(format!(
-                    "step {i} at {} (read {}): {:?}: allowed {} wait {:?} remaining {} \
-                     retry {:?} reset {:?}",
+                    "step {i} at {} (read {}, as of {decided}): {:?}: allowed {} wait {:?} \
+                     remaining {} retry {:?} reset {:?}",
                     step.now,
                     step.reading,
                     step.op,
@@ -311,6 +321,7 @@ pub async fn drive<B: Backend>(
                 let Some((id, c, d)) = pick(&mut held, x) else {
                     continue;
                 };
+                latest = decided;
                 let to = match step.op {
                     Op::SettleLess(_, by) => c.saturating_sub(by),
                     _ => 0,
@@ -323,12 +334,16 @@ pub async fn drive<B: Backend>(
                     continue;
                 };
                 b.settle(c, d, c + more).await;
+                // A settle that charges nothing (the admission took the whole limit) leaves
+                // the key as it was.
                 let debt = (c + more).min(limit).saturating_sub(c);
                 if debt > 0 {
+                    latest = decided;
                     model.debt(decided, u64::from(debt));
                 }
             }
             Op::Quota(p, l) => {
+                latest = decided;
                 b.set_quota(sliding_quota(p, l));
                 limit = l;
                 model.change(decided, p, u64::from(l));
@@ -486,18 +501,15 @@ pub async fn twins<B: Backend>(a: &B, b: &B, numbering: Numbering, seed: u64) ->
 /// One key of an in-memory limiter, keyed (its key 0) or direct, reading a manual clock.
 pub enum InMemory {
     Keyed(
-        tower_bulwark::KeyedRateLimiter<u32, SlidingCounter, ManualClock>,
-        ManualClock,
+        tower_bulwark::KeyedRateLimiter<u32, SlidingCounter, Dial>,
+        Dial,
     ),
-    Direct(
-        tower_bulwark::DirectRateLimiter<SlidingCounter, ManualClock>,
-        ManualClock,
-    ),
+    Direct(tower_bulwark::DirectRateLimiter<SlidingCounter, Dial>, Dial),
 }
 
 impl InMemory {
     pub fn keyed(q: tower_bulwark::Quota) -> Self {
-        let clock = ManualClock::new();
+        let clock = Dial::default();
         let l = tower_bulwark::KeyedRateLimiter::<u32>::builder(q)
             .algorithm::<SlidingCounter>()
             .clock(clock.clone())
@@ -506,7 +518,7 @@ impl InMemory {
     }
 
     pub fn direct(q: tower_bulwark::Quota) -> Self {
-        let clock = ManualClock::new();
+        let clock = Dial::default();
         let l = tower_bulwark::DirectRateLimiter::builder(q)
             .algorithm::<SlidingCounter>()
             .clock(clock.clone())
@@ -518,7 +530,7 @@ impl InMemory {
 impl Backend for InMemory {
     fn read(&self, at: u64) {
         let (Self::Keyed(_, clock) | Self::Direct(_, clock)) = self;
-        clock.set(std::time::Duration::from_nanos(at));
+        clock.set(at);
     }
     async fn check(&self, cost: u32) -> Option<Decision> {
         match self {

@@ -8,28 +8,28 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tower_bulwark::algorithm::FixedWindow;
-use tower_bulwark::clock::ManualClock;
 use tower_bulwark::limiter::Decision;
 use tower_bulwark::{DirectRateLimiter, KeyedRateLimiter, Limiter, Quota};
 
-use crate::common::{manual_clock_at, quota_ns, Rng};
+use crate::common::dial::Dial;
+use crate::common::{quota_ns, Rng};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 /// The limiters are made at this reading, which no period below divides: cycles count from it.
 const BORN: u64 = 1000 * S + 123_456_789;
 
-type Keyed = KeyedRateLimiter<u32, FixedWindow, ManualClock>;
-type Direct = DirectRateLimiter<FixedWindow, ManualClock>;
+type Keyed = KeyedRateLimiter<u32, FixedWindow, Dial>;
+type Direct = DirectRateLimiter<FixedWindow, Dial>;
 
-fn keyed(q: Quota, clock: &ManualClock) -> Keyed {
+fn keyed(q: Quota, clock: &Dial) -> Keyed {
     KeyedRateLimiter::<u32>::builder(q)
         .algorithm::<FixedWindow>()
         .clock(clock.clone())
         .build()
 }
 
-fn direct(q: Quota, clock: &ManualClock) -> Direct {
+fn direct(q: Quota, clock: &Dial) -> Direct {
     DirectRateLimiter::builder(q)
         .algorithm::<FixedWindow>()
         .clock(clock.clone())
@@ -38,7 +38,7 @@ fn direct(q: Quota, clock: &ManualClock) -> Direct {
 
 /// One key of a keyed limiter, or a direct limiter.
 trait Subject {
-    fn make(q: Quota, clock: &ManualClock) -> Self;
+    fn make(q: Quota, clock: &Dial) -> Self;
     /// `Limiter::reserve_now` of `cost`: `None` for a refusal or an error.
     fn reserve(&self, cost: u32) -> Option<Decision>;
     /// `check_n`: `None` for a refusal or an error.
@@ -49,7 +49,7 @@ trait Subject {
 }
 
 impl Subject for Keyed {
-    fn make(q: Quota, clock: &ManualClock) -> Self {
+    fn make(q: Quota, clock: &Dial) -> Self {
         keyed(q, clock)
     }
     fn reserve(&self, cost: u32) -> Option<Decision> {
@@ -71,7 +71,7 @@ impl Subject for Keyed {
 }
 
 impl Subject for Direct {
-    fn make(q: Quota, clock: &ManualClock) -> Self {
+    fn make(q: Quota, clock: &Dial) -> Self {
         direct(q, clock)
     }
     fn reserve(&self, cost: u32) -> Option<Decision> {
@@ -92,8 +92,8 @@ impl Subject for Direct {
     }
 }
 
-fn set(clock: &ManualClock, at: u64) {
-    clock.set(Duration::from_nanos(at));
+fn set(clock: &Dial, at: u64) {
+    clock.set(at);
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -285,7 +285,7 @@ fn random_schedule<L: Subject>(seed: u64, steps: usize, changes: bool) {
     let pool = pool();
     let mut rng = Rng(seed);
     let first = pool[rng.below(pool.len() as u64) as usize];
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let l = L::make(first, &clock);
     let mut tally = Tally::new(first);
     let mut log = vec![format!("seed {seed}: born at {BORN} under {first:?}")];
@@ -306,11 +306,15 @@ fn random_schedule<L: Subject>(seed: u64, steps: usize, changes: bool) {
         }
         now = now.max(BORN);
         set(&clock, now);
-        latest = latest.max(now);
-        let at = latest;
+        // Decided as of the key's latest reading: of the steps that reached its state (a check
+        // or reservation within the limit, a give-back, a settle that charges more).
+        let at = latest.max(now);
         match rng.below(20) {
             0..=6 => {
                 let cost = 1 + rng.below(3) as u32;
+                if cost <= q.permits() {
+                    latest = at; // (a cost above the limit is an error, decided by no state)
+                }
                 if let Some(d) = l.reserve(cost) {
                     let wait = nanos(d.wait);
                     log.push(format!(
@@ -330,6 +334,9 @@ fn random_schedule<L: Subject>(seed: u64, steps: usize, changes: bool) {
             }
             7..=10 => {
                 let cost = 1 + rng.below(3) as u32;
+                if cost <= q.permits() {
+                    latest = at; // (a cost above the limit is an error, decided by no state)
+                }
                 if let Some(d) = l.check(cost) {
                     log.push(format!(
                         "{}: check {cost} (read {}): admitted",
@@ -353,6 +360,9 @@ fn random_schedule<L: Subject>(seed: u64, steps: usize, changes: bool) {
                 if due > at || rng.below(2) == 0 {
                     let to = rng.below(u64::from(estimate) + 3) as u32;
                     let how = rng.below(2);
+                    if to < estimate || to.min(q.permits()) > estimate {
+                        latest = at;
+                    }
                     if to == 0 && how == 0 {
                         l.refund(estimate, d);
                     } else {
@@ -435,7 +445,7 @@ fn attack_fixed_quota_no_change_with_give_backs_keeps_permits() {
 #[test]
 #[ignore = "found by attack: a lengthened period stretches the cycle of the change over the next one's reservations: 10 admitted + 1 due in [0, 1 s) under 10 per 500 ms then 10 per 1 s"]
 fn attack_fixed_quota_lengthened_period_swallows_a_reservation() {
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let l = keyed(quota_ns(10, S / 2, 10, 2 * S), &clock);
     let mut in_cycle = 0;
     while l.check(&0).allowed {
@@ -520,7 +530,7 @@ impl Model {
 /// model: the same decisions (admitted or not, and the wait).
 fn against_the_model<L: Subject>(q: Quota, most: u32, seed: u64, steps: usize) {
     let mut rng = Rng(seed);
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let l = L::make(q, &clock);
     let mut model = Model::new(q, BORN);
     let period = nanos(q.period());
@@ -612,7 +622,7 @@ fn attack_fixed_quota_retain_recent_drops_idle_keys_and_changes_no_decision() {
     let pool = pool();
     for seed in 1..=60u64 {
         let mut rng = Rng(seed.wrapping_mul(0xD6E8_FEB8_6659_FD93));
-        let clock = manual_clock_at(Duration::from_nanos(BORN));
+        let clock = Dial::at(BORN);
         let (swept, twin) = (keyed(pool[0], &clock), keyed(pool[0], &clock));
         let mut now = BORN;
         let mut last_due = BORN;
@@ -680,7 +690,7 @@ fn attack_fixed_quota_retain_recent_drops_idle_keys_and_changes_no_decision() {
 #[test]
 #[ignore = "found by attack: a lowered limit drains an idle key's count of an ended cycle at the new limit, so a swept key (dropped) is admitted at once and a kept one waits 2.4 s"]
 fn attack_fixed_quota_idle_key_kept_or_swept_across_a_lowered_limit() {
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let q = quota_ns(4, S, 4, 3 * S);
     let (kept, swept) = (keyed(q, &clock), keyed(q, &clock));
     set(&clock, BORN + S / 2);
@@ -712,7 +722,7 @@ fn attack_fixed_quota_idle_key_kept_or_swept_across_a_lowered_limit() {
 #[test]
 #[ignore = "found by attack: after two changes of period an idle key's count of a long-ended cycle still fills the cycle of 3.75 s (wait 200 ms, not 0)"]
 fn attack_fixed_quota_idle_key_across_two_periods_ending_at_their_changes() {
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let l = keyed(quota_ns(4, 2 * S, 4, 3 * S), &clock);
     set(&clock, BORN + S / 2);
     assert!(l.check_n(&1, 4).unwrap().allowed);
@@ -739,7 +749,7 @@ fn attack_fixed_quota_idle_key_across_two_periods_ending_at_their_changes() {
 #[test]
 #[ignore = "found by attack: a limit raised then lowered while reservations stand ahead turns the raise's laid-out count into debt (wait of minutes where 6.75 s is due)"]
 fn attack_fixed_quota_raised_then_lowered_back_with_reservations_ahead() {
-    let clock = manual_clock_at(Duration::from_nanos(BORN));
+    let clock = Dial::at(BORN);
     let (twenty, one) = (quota_ns(20, S, 20, 3 * S), quota_ns(1, S, 1, 3600 * S));
     let l = keyed(twenty, &clock);
     let waits = |l: &Keyed| Limiter::reserve_now(l, &1, 1).unwrap().unwrap().wait;

@@ -2,6 +2,7 @@
 //! racing changes never admit more than the larger quota allows; a layer built before a change
 //! advertises the new quota; a Redis limiter's change applies to its script calls.
 
+use crate::common::dial::Dial;
 use crate::common::for_every_algorithm;
 use crate::common::keyed_on;
 use std::net::SocketAddr;
@@ -179,6 +180,53 @@ fn a_direct_limiter_keeps_its_state_across_a_change() {
     Limiter::<()>::set_quota(&limiter.clone(), per(20, Duration::from_secs(1))).unwrap();
     assert_eq!(Limiter::<()>::quota(&limiter).permits(), 20);
     assert_eq!((0..100).filter(|_| limiter.check().allowed).count(), 11);
+}
+
+/// What three checks of one key say (allowed, remaining, retry, reset) on a keyed and a direct
+/// limiter of `A` that admitted one at 100 ms under 1 a second, changed to 2 per 2 s at 1.5 s,
+/// then read the clock at `read_ms`.
+fn checks_after_a_change<A: Algorithm>(read_ms: u64) -> Vec<(bool, u64, Duration, Duration)> {
+    let (keyed_clock, direct_clock) = (Dial::at(100_000_000), Dial::at(100_000_000));
+    let keyed = KeyedRateLimiter::<u32>::builder(per(1, Duration::from_secs(1)))
+        .algorithm::<A>()
+        .clock(keyed_clock.clone())
+        .build();
+    let direct = DirectRateLimiter::builder(per(1, Duration::from_secs(1)))
+        .algorithm::<A>()
+        .clock(direct_clock.clone())
+        .build();
+    assert!(keyed.check(&0).allowed && direct.check().allowed);
+    keyed_clock.set(1_500_000_000);
+    direct_clock.set(1_500_000_000);
+    keyed.set_quota(per(2, Duration::from_secs(2)));
+    direct.set_quota(per(2, Duration::from_secs(2)));
+    keyed_clock.set(read_ms * 1_000_000);
+    direct_clock.set(read_ms * 1_000_000);
+    let said = |d: tower_bulwark::limiter::Decision| {
+        (d.allowed, d.remaining, d.retry_after, d.reset_after)
+    };
+    (0..3)
+        .map(|_| said(keyed.check(&0)))
+        .chain((0..3).map(|_| said(direct.check())))
+        .collect()
+}
+
+/// `KeyedRateLimiter::set_quota`: "A request whose clock reading is older than the change ...
+/// is decided as of the change": a reading of 900 ms after a change read at 1.5 s (a thread
+/// that read its clock before the change) is decided as a reading of 1.5 s is, not within the
+/// cycle or window of the admission at 100 ms under the old quota.
+fn a_stale_reading_is_decided_as_of_a_change<A: Algorithm>() {
+    assert_eq!(
+        checks_after_a_change::<A>(900),
+        checks_after_a_change::<A>(1_500),
+        "{}",
+        std::any::type_name::<A>()
+    );
+}
+
+#[test]
+fn a_reading_older_than_a_change_of_quota_is_decided_as_of_the_change_for_every_algorithm() {
+    for_every_algorithm!(a_stale_reading_is_decided_as_of_a_change);
 }
 
 #[test]

@@ -146,39 +146,7 @@ fn reserve<A: Algorithm, C: Clock>(
         .map_err(|e| e.to_string())
 }
 
-/// A clock whose reading the test dials, backwards too: stale and out-of-order readings; a
-/// thread that set a reading of its own ([`read_here`]) reads that one instead.
-#[derive(Clone, Default)]
-pub(crate) struct Dial(Arc<AtomicU64>);
-
-thread_local! {
-    /// A reading of this thread's own, which a [`Dial`] hands out instead of its shared one.
-    static MINE: Cell<Option<u64>> = const { Cell::new(None) };
-}
-
-/// Makes this thread's readings of any [`Dial`] `at` (none: the dial's shared one).
-pub(crate) fn read_here(at: Option<u64>) {
-    MINE.with(|m| m.set(at));
-}
-
-impl Dial {
-    pub(crate) fn at(n: u64) -> Self {
-        let dial = Self::default();
-        dial.set(n);
-        dial
-    }
-
-    pub(crate) fn set(&self, n: u64) {
-        self.0.store(n, Ordering::SeqCst);
-    }
-}
-
-impl Clock for Dial {
-    fn now(&self) -> u64 {
-        MINE.with(Cell::get)
-            .unwrap_or_else(|| self.0.load(Ordering::SeqCst))
-    }
-}
+pub(crate) use crate::common::dial::{read_here, Dial};
 
 /// Whether `A` is GCRA or GCRA with held estimates (whose limit is the burst).
 pub(crate) fn is_gcra<A>() -> bool {

@@ -74,6 +74,7 @@ enum Ev {
     },
     Set {
         q: usize,
+        at: u64,
     },
 }
 
@@ -200,7 +201,11 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
             G::Set(_, _, q) => {
                 cur = q;
                 a.set(quotas[q]);
-                evs.push(Ev::Set { q });
+                // A reading older than the change is decided as of it, on every key.
+                for latest in &mut latest {
+                    *latest = (*latest).max(reading);
+                }
+                evs.push(Ev::Set { q, at: reading });
                 log.push(format!("{now} (read {reading}): quota #{q}"));
             }
         }
@@ -233,7 +238,10 @@ fn run_gcra<L: Subject>(steps: &[G], keys: u32) {
                 let d = replayed[id].take().unwrap();
                 replay.settle(made[id].0, estimate, d, cost);
             }
-            Ev::Set { q } => replay.set(quotas[q]),
+            Ev::Set { q, at } => {
+                clock.set(at);
+                replay.set(quotas[q]);
+            }
         }
     }
     dial.set(now);
