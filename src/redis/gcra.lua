@@ -32,8 +32,8 @@ local limit = tonumber(ARGV[10])
 local tat, latest, waiter, moved = 0, 0, false, 0
 -- The leases out, by id: { permits, end }, and their permits.
 local leases, out = {}, 0
+local raw = redis.call('GET', key)
 do
-  local raw = redis.call('GET', key)
   if raw then
     local t, l, rest = string.match(raw, '^([^:;]*):([^:;]*)(.*)$')
     if t then
@@ -120,7 +120,7 @@ local function save(t, l)
   for _, lease in pairs(leases) do
     last = math.max(last, lease[2])
   end
-  if last > now then
+  if last > now or ttl_margin > 0 then
     -- The mark of a waiter's slot lasts while the TAT lies beyond the horizon.
     local marked = waiter and t - horizon > now
     if moved > 0 then
@@ -132,7 +132,8 @@ local function save(t, l)
       redis.call('SET', key, int(t) .. ':' .. int(l) .. write_leases(leases), 'PX', expiry_ms(last - now))
     end
   else
-    -- A TAT in the past carries no information.
+    -- A TAT in the past carries no information (but its latest reading, which a client
+    -- clock's key keeps; see `prelude.lua`'s `ttl_margin`).
     redis.call('DEL', key)
   end
 end
@@ -206,6 +207,10 @@ if op == 'r' then
     if back > 0 then
       tat = math.max(tat - back, now)
     end
+  end
+  -- A give-back that gives nothing back still records its reading, as in memory (a key that
+  -- does not exist stays so).
+  if raw then
     save(tat, now)
   end
   return refunded()

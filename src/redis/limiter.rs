@@ -132,7 +132,9 @@ impl RedisRateLimiter {
     /// must call this, or be rebuilt from the same configuration). Until they all are, each
     /// decides with its own quota against the shared state. Refusals cached here are
     /// forgotten. The local limiter of [`RedisFailMode::Local`] (the default) takes the new
-    /// quota too; one given with [`RedisFailMode::fallback`] keeps its own.
+    /// quota too; one given with [`RedisFailMode::fallback`] keeps its own. With a
+    /// [`client_clock`](RedisRateLimiterBuilder::client_clock), a reading older than the change
+    /// is decided as of the change, as in memory.
     ///
     /// [`KeyedRateLimiter::set_quota`]: crate::KeyedRateLimiter::set_quota
     ///
@@ -141,7 +143,7 @@ impl RedisRateLimiter {
     /// The quota cannot run in the scripts (the same checks as
     /// [`build`](RedisRateLimiterBuilder::build)); nothing changes.
     pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
-        let script_quota = self.params_for(&quota)?;
+        let script_quota = self.params_for(&quota)?.changed_at(self.inner.clock.now());
         self.inner.quota.store(Arc::new(script_quota));
         if let Some(local) = &self.inner.local {
             // An in-memory limiter takes any quota.
@@ -410,11 +412,14 @@ impl Inner {
             return None;
         }
         let mut change = Change::settle(estimate, &decision, cost);
+        let capacity = self.quota.load().capacity;
         if !decision.holds_estimate()
-            && matches!(change, Change::Charge { estimate, cost } if cost <= estimate)
+            && matches!(change, Change::Charge { estimate, cost }
+                if crate::algorithm::settle_debt(estimate, cost, capacity) == 0)
         {
-            // Settled to its estimate: nothing changes (a held estimate is still released, in
-            // Redis or by a fail mode's local limiter).
+            // Settled to its estimate, or past it by nothing it may be charged (it took the
+            // whole capacity): nothing changes, as in memory, and no call is made (a held
+            // estimate is still released, in Redis or by a fail mode's local limiter).
             return None;
         }
         if let Some(cache) = &self.cache {
@@ -449,7 +454,6 @@ impl Inner {
                     return None;
                 }
                 Change::Charge { estimate, cost } => {
-                    let capacity = self.quota.load().capacity;
                     let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
                     let taken = leases.charge(&key, lease, debt, self.clock.now());
                     if debt == 0 || taken == Some(debt) {

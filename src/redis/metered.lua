@@ -105,7 +105,7 @@ local function save()
   for id, hold in pairs(holds) do
     parts[#parts + 1] = ';' .. int(id) .. ',' .. int(hold[1]) .. ',' .. int(hold[2]) .. ',' .. int(hold[3])
   end
-  if last > now then
+  if last > now or ttl_margin > 0 then
     redis.call('SET', key, table.concat(parts), 'PX', expiry_ms(last - now))
   else
     redis.call('DEL', key)

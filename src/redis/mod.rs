@@ -33,7 +33,8 @@
 //!   in-memory algorithm rounds, so nothing is lost to Lua's conversion of numbers to integer
 //!   replies. Window algorithms count their windows from the Unix epoch. For tests,
 //!   [`client_clock`](RedisRateLimiterBuilder::client_clock) passes a [`Clock`](crate::clock::Clock)'s
-//!   nanoseconds instead, which makes the decisions identical to the in-memory limiter's.
+//!   nanoseconds instead, which makes the decisions identical to the in-memory limiter's (but
+//!   for a stale reading after a refusal: below).
 //! * **One key per decision, always with an expiry.** The key of client key `k` is
 //!   `<prefix>{k}` by default: the braces are Redis Cluster's hash tag, so the state of `k` lives
 //!   in one slot and different clients spread over the cluster ([`HashTag`]). A `}` or `%` in a
@@ -42,11 +43,17 @@
 //!   expiry at the instant the state stops mattering, so idle clients leave nothing behind.
 //!   The sliding log keeps one sorted-set member per permit, named `<instant>:<sequence>` so that
 //!   many requests in the same microsecond are all counted.
-//! * **Clocks that read late.** Every key also keeps the latest instant a script used (GCRA as
-//!   `<tat>:<latest>`, the window hashes as field `l`, the sliding log as a member `hw` scored
-//!   below zero), and a script whose `now` is earlier (a client clock behind another instance's,
-//!   a server clock stepped back) decides as of that instant, as the in-memory limiters do: the
-//!   sliding log would otherwise count without the permits a later script pruned.
+//! * **Clocks that read late.** Every key also keeps the latest instant a script wrote it at
+//!   (GCRA as `<tat>:<latest>`, the window hashes as field `l`, the sliding log as a member `hw`
+//!   scored below zero), and a script whose `now` is earlier (a client clock behind another
+//!   instance's, a server clock stepped back) decides as of that instant, as the in-memory
+//!   limiters do: the sliding log would otherwise count without the permits a later script
+//!   pruned. A refusal writes nothing, so that instant is the key's latest admission's or
+//!   give-back's (as GCRA's in memory; the in-memory window algorithms also record a
+//!   refusal's). With a client clock, a key that holds nothing more keeps that instant for the
+//!   clock's margin (a minute) rather than being deleted, and after
+//!   [`set_quota`](RedisRateLimiter::set_quota) an instance sends no reading older than the
+//!   change's.
 //! * **Same [`Decision`](crate::limiter::Decision)** as in memory: `limit`, `remaining`, `retry_after`, `reset_after` and
 //!   reservations within the quota's `max_wait`. Every admission remembers the instant its
 //!   permits were charged at (and, for GCRA, the TAT it left), so a

@@ -20,7 +20,9 @@ pub(crate) const MAX_TICKS: u64 = 1 << 50;
 
 /// With a client clock (nanosecond ticks), the pace of time need not match the server's, so
 /// expiries get this margin: no state may expire in real time while it still matters on the
-/// client's clock (a manual clock in a test may stand still for a while).
+/// client's clock (a manual clock in a test may stand still for a while). A key that holds
+/// nothing more keeps its latest reading this long rather than being deleted, so that a stale
+/// reading after it is decided as of it (`prelude.lua`).
 pub(crate) const CLIENT_CLOCK_TTL_MARGIN_MS: u64 = 60_000;
 
 /// The largest `now` a script may be given, in ticks (below the crate's clock bound,
@@ -186,6 +188,10 @@ pub(crate) struct ScriptQuota {
     pub(crate) limit: u64,
     /// The most permits one request may ask for.
     pub(crate) capacity: u32,
+    /// The client clock's reading when this quota replaced another (0 for the first): an
+    /// older reading is sent as this one, so a reading older than a change of quota is decided
+    /// as of the change, as in memory.
+    changed_at: u64,
 }
 
 impl ScriptQuota {
@@ -256,6 +262,7 @@ impl ScriptQuota {
             max_wait,
             limit,
             capacity,
+            changed_at: 0,
         })
     }
 
@@ -264,6 +271,14 @@ impl ScriptQuota {
     pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, &'static str> {
         let next = Self::new(self.script, quota, self.client_clock())?;
         Ok(next.holding_for_ticks(self.args.last().copied()))
+    }
+
+    /// These arguments as a change of quota made at the client clock's reading `now`.
+    pub(crate) fn changed_at(self, now: u64) -> Self {
+        Self {
+            changed_at: now.min(MAX_SCRIPT_NOW),
+            ..self
+        }
     }
 
     /// These arguments with holds lasting `hold_for` unless renewed, rounded up to a tick (the
@@ -297,16 +312,16 @@ impl ScriptQuota {
         self.tick_nanos == 1
     }
 
-    /// The reading of `clock` a script call is given where the scripts read a client clock,
-    /// `None` where they read the server's `TIME`; an error for a reading past
-    /// [`MAX_SCRIPT_NOW`].
+    /// The reading of `clock` a script call is given where the scripts read a client clock
+    /// (no earlier than the change of quota that made these arguments), `None` where they read
+    /// the server's `TIME`; an error for a reading past [`MAX_SCRIPT_NOW`].
     pub(crate) fn client_now(&self, clock: &dyn Clock) -> Result<Option<u64>, RedisFailure> {
         if !self.client_clock() {
             return Ok(None);
         }
         match clock.now() {
             now if now > MAX_SCRIPT_NOW => Err(RedisFailure::ClockOutOfRange(now)),
-            now => Ok(Some(now)),
+            now => Ok(Some(now.max(self.changed_at))),
         }
     }
 

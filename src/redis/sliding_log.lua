@@ -49,7 +49,7 @@ end
 
 local function save()
   local r = reset_after()
-  if r > 0 then
+  if r > 0 or ttl_margin > 0 then
     redis.call('ZADD', key, int(-1 - now), 'hw')
     expire_in(key, r)
   else

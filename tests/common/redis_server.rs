@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "redis")]
-use tower_bulwark::clock::ManualClock;
 #[cfg(feature = "redis")]
 use tower_bulwark::redis::{RedisAlgorithm, RedisRateLimiter, RedisStore};
 #[cfg(feature = "redis")]
@@ -246,6 +245,14 @@ impl RedisServer {
     pub fn command(&self, args: &[&str]) -> String {
         raw_command(self.port, args).expect("redis command")
     }
+
+    /// `EVALSHA` calls so far, from `INFO commandstats`.
+    pub fn evalsha_calls(&self) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]);
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
 }
 
 impl Drop for RedisServer {
@@ -455,7 +462,7 @@ pub(crate) use or_skip;
 pub fn propagating<A: tower_bulwark::redis::RedisAlgorithm>(
     store: &tower_bulwark::redis::RedisStore,
     quota: tower_bulwark::Quota,
-    clock: &tower_bulwark::clock::ManualClock,
+    clock: &(impl tower_bulwark::clock::Clock + Clone),
     prefix: &str,
     refusals: Refusals,
 ) -> tower_bulwark::redis::RedisRateLimiterBuilder {
@@ -477,7 +484,7 @@ pub fn propagating<A: tower_bulwark::redis::RedisAlgorithm>(
 pub fn uncached<A: RedisAlgorithm>(
     store: &RedisStore,
     quota: Quota,
-    clock: &ManualClock,
+    clock: &(impl tower_bulwark::clock::Clock + Clone),
     prefix: &str,
 ) -> RedisRateLimiter {
     propagating::<A>(store, quota, clock, prefix, Refusals::Uncached)

@@ -19,14 +19,6 @@ use tower_bulwark::{
     KeyedRateLimiter, Limiter, Quota,
 };
 
-/// `EVALSHA` calls so far on `server`.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// Rounds of decisions started together on one thread (so that they queue in the order they
 /// start) on two keys, random costs, reservations and immediate ones, the clock moving between
 /// rounds: every decision is the in-memory limiter's for the same requests in the same order,
@@ -41,7 +33,7 @@ async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, se
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let redis = uncached::<A>(&store, quota, &clock, &format!("batch:{seed}:"));
     let mut rng = Rng(seed);
-    let (mut decisions, calls_before) = (0, evalsha_calls(server));
+    let (mut decisions, calls_before) = (0, server.evalsha_calls());
     for round in 0..40 {
         let asked: Vec<(String, u32, bool)> = (0..2 + rng.below(20))
             .map(|_| {
@@ -70,7 +62,7 @@ async fn batches_decide_as_in_memory<A: RedisAlgorithm>(server: &RedisServer, se
         }
         clock.advance(Duration::from_millis(rng.below(120)));
     }
-    let calls = evalsha_calls(server) - calls_before;
+    let calls = server.evalsha_calls() - calls_before;
     // At most two calls a key a round: the first decision alone, then the rest together.
     assert!(
         calls <= 40 * 2 * 2 && calls * 2 < decisions as u64,
@@ -102,7 +94,7 @@ async fn racing_tasks_get_exactly_the_limit_in_fewer_calls() {
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
-        let before = evalsha_calls(server);
+        let before = server.evalsha_calls();
         let start = Arc::new(tokio::sync::Barrier::new(400));
         let tasks: Vec<_> = (0..400)
             .map(|_| {
@@ -117,7 +109,7 @@ async fn racing_tasks_get_exactly_the_limit_in_fewer_calls() {
         for task in tasks {
             allowed += usize::from(task.await.unwrap());
         }
-        let calls = evalsha_calls(server) - before;
+        let calls = server.evalsha_calls() - before;
         let name = std::any::type_name::<A>();
         assert_eq!(allowed, 50, "{name}");
         assert!(calls < 200, "{name}: {calls} calls for 400 decisions");
@@ -254,7 +246,7 @@ async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
     let mut queued = check(&limiter);
     assert!(poll_once(queued.as_mut()).is_pending());
     assert!(queued.await.unwrap().allowed);
-    let calls = evalsha_calls(&server);
+    let calls = server.evalsha_calls();
     let mut later = check(&limiter);
     assert!(
         poll_once(later.as_mut()).is_pending(),
@@ -266,7 +258,7 @@ async fn decisions_queued_behind_an_unpolled_first_call_are_answered() {
     assert!(later.unwrap().allowed);
     assert!(behind.into_iter().all(|d| d.unwrap().allowed));
     assert_eq!(
-        evalsha_calls(&server) - calls,
+        server.evalsha_calls() - calls,
         2,
         "the later call, then the three behind it in one call"
     );

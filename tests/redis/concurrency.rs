@@ -150,14 +150,6 @@ async fn tasks_of_two_instances_racing_get_exactly_the_slots_and_each_goes_back_
     assert_eq!(held(&server, KEY), 2);
 }
 
-/// `EVALSHA` calls so far, from `INFO commandstats`.
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// A give-back that reaches Redis after its slot expired and another request took a slot
 /// frees nothing of that request's: slots go back by their ids, not by count.
 #[tokio::test]
@@ -174,10 +166,10 @@ async fn a_late_give_back_frees_no_other_requests_slot() {
     clock.advance(expiry);
     let taken = other.limiter().reserve(&tenant(), 1).await.unwrap();
     assert!(taken.allowed, "an expired slot counts no more");
-    let before = evalsha_calls(&server);
+    let before = server.evalsha_calls();
     assert!(late.limiter().refund(&tenant(), 1, stale));
     eventually("the late give-back ran", Duration::from_secs(10), || {
-        evalsha_calls(&server) == before + 1
+        server.evalsha_calls() == before + 1
     })
     .await;
     assert_eq!(held(&server, KEY), 1, "the other request's slot stays");
@@ -251,7 +243,7 @@ async fn a_live_request_keeps_its_slots_past_the_expiry_renewed_in_one_call_for_
         })
         .await;
     }
-    let (renewals, elapsed) = (evalsha_calls(&server), start.elapsed());
+    let (renewals, elapsed) = (server.evalsha_calls(), start.elapsed());
     assert!(renewals >= 6, "{renewals}");
     // Renewals at most every third of a second: one call each, not one per key (that would be
     // 5 each).
@@ -459,7 +451,7 @@ async fn a_decision_that_times_out_in_a_stalled_redis_leaves_no_slot_behind() {
         held(&server, KEY) == 0
     })
     .await;
-    let before = evalsha_calls(&server);
+    let before = server.evalsha_calls();
     signal("-STOP", &pid);
     let start = Instant::now();
     let decision = policy.limiter().reserve(&tenant(), 1).await;
@@ -469,11 +461,11 @@ async fn a_decision_that_times_out_in_a_stalled_redis_leaves_no_slot_behind() {
     assert!(!decision.allowed && decision.retry_after == Duration::from_secs(3));
     assert!(waited < timeout + Duration::from_millis(800), "{waited:?}");
     eventually("the call ran", Duration::from_secs(10), || {
-        evalsha_calls(&server) > before
+        server.evalsha_calls() > before
     })
     .await;
     assert_eq!(held(&server, KEY), 0);
-    assert_eq!(evalsha_calls(&server), before + 1);
+    assert_eq!(server.evalsha_calls(), before + 1);
 }
 
 /// A request of three slots settled to one gives back two, and keeps the third; a refund that
@@ -489,11 +481,11 @@ async fn a_give_back_frees_what_it_names_and_never_more_than_was_taken() {
     assert!(three.allowed && three.remaining == 1);
     let one = limiter.reserve(&tenant(), 1).await.unwrap();
     assert!(one.allowed && one.remaining == 0);
-    let before = evalsha_calls(&server);
+    let before = server.evalsha_calls();
     assert!(limiter.settle(&tenant(), 3, three, 1));
     assert!(limiter.refund(&tenant(), 10, one));
     eventually("both give-backs ran", Duration::from_secs(10), || {
-        evalsha_calls(&server) == before + 2
+        server.evalsha_calls() == before + 2
     })
     .await;
     assert_eq!(held(&server, KEY), 1, "two of three, and one of one");

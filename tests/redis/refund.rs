@@ -7,6 +7,7 @@ use crate::common::keyed_on;
 use crate::common::waits_up_to;
 use std::time::Duration;
 
+use crate::common::dial::Dial;
 use crate::common::manual_clock_at;
 use crate::common::redis_server::{key_state, or_skip, uncached, RedisServer};
 use tower_bulwark::redis::{RedisAlgorithm, RedisFailure, RedisRateLimiter, RedisStore};
@@ -446,6 +447,114 @@ async fn stale_reads_decide_as_of_the_latest<A: RedisAlgorithm>(server: &RedisSe
 async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() {
     let server = or_skip!(RedisServer::start("stale_reads_every_algorithm"));
     for_every_algorithm!(tagged: stale_reads_decide_as_of_the_latest(&server).await);
+}
+
+/// What a decision tells a client.
+fn said(d: &tower_bulwark::limiter::Decision) -> (bool, u64, Duration, Duration) {
+    (d.allowed, d.remaining, d.retry_after, d.reset_after)
+}
+
+/// Three checks of one key reading the (client) clock at `read_ms`, after an admission at
+/// 100 ms under 1 a second and a change to 2 per 2 s at 1.5 s.
+async fn checks_after_a_change<A: RedisAlgorithm>(
+    store: &RedisStore,
+    read_ms: u64,
+    prefix: &str,
+) -> Vec<(bool, u64, Duration, Duration)> {
+    let clock = Dial::at(100 * MS);
+    let l = uncached::<A>(store, Quota::per_second(1).unwrap(), &clock, prefix);
+    assert!(l.check("k").await.unwrap().allowed);
+    clock.set(1_500 * MS);
+    let two_per_two_s = Quota::with_period(2, Duration::from_secs(2)).unwrap();
+    l.set_quota(two_per_two_s).unwrap();
+    clock.set(read_ms * MS);
+    let mut checks = Vec::new();
+    for _ in 0..3 {
+        checks.push(said(&l.check("k").await.unwrap()));
+    }
+    checks
+}
+
+/// `RedisRateLimiter::set_quota`: "a reading older than the change is decided as of the
+/// change": 900 ms read after a change at 1.5 s decides as 1.5 s does.
+async fn a_stale_reading_is_decided_as_of_a_change<A: RedisAlgorithm>(
+    store: &RedisStore,
+    tag: &str,
+) {
+    assert_eq!(
+        checks_after_a_change::<A>(store, 900, &format!("{tag}stale:")).await,
+        checks_after_a_change::<A>(store, 1_500, &format!("{tag}fresh:")).await,
+        "{tag}"
+    );
+}
+
+#[tokio::test]
+async fn a_reading_older_than_a_change_of_quota_is_decided_as_of_the_change_for_every_algorithm() {
+    let (_server, store) = or_skip!(RedisServer::with_store("stale_after_a_change").await);
+    for_every_algorithm!(tagged: a_stale_reading_is_decided_as_of_a_change(&store).await);
+}
+
+/// Under 1 a second (a client clock): an admission at 1 s, given back at 2.5 s (which leaves
+/// the key holding nothing), then checks reading `read_ms` and 2.6 s.
+async fn checks_after_emptied<A: RedisAlgorithm>(
+    store: &RedisStore,
+    read_ms: u64,
+    prefix: &str,
+) -> Vec<(bool, u64, Duration, Duration)> {
+    let clock = Dial::at(1_000 * MS);
+    let l = uncached::<A>(store, Quota::per_second(1).unwrap(), &clock, prefix);
+    let d = l.check("k").await.unwrap();
+    assert!(d.allowed);
+    clock.set(2_500 * MS);
+    l.settle_and_wait("k", 1, d, 0).await.unwrap();
+    let mut checks = Vec::new();
+    for at in [read_ms, 2_600] {
+        clock.set(at * MS);
+        checks.push(said(&l.check("k").await.unwrap()));
+    }
+    checks
+}
+
+/// `redis` module docs: with a client clock "a key that holds nothing more keeps that instant
+/// ... rather than being deleted": a reading of 1.5 s after the give-back at 2.5 s (an
+/// instance whose clock is behind) is decided as of 2.5 s and counts there, so a check at
+/// 2.6 s is answered as after a fresh one.
+async fn an_emptied_key_keeps_its_latest_reading<A: RedisAlgorithm>(store: &RedisStore, tag: &str) {
+    assert_eq!(
+        checks_after_emptied::<A>(store, 1_500, &format!("{tag}stale:")).await,
+        checks_after_emptied::<A>(store, 2_500, &format!("{tag}fresh:")).await,
+        "{tag}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_emptied_by_a_give_back_still_decides_a_stale_reading_as_of_it_for_every_algorithm() {
+    let (_server, store) = or_skip!(RedisServer::with_store("stale_after_emptied").await);
+    for_every_algorithm!(tagged: an_emptied_key_keeps_its_latest_reading(&store).await);
+}
+
+/// A settle past the capacity of an admission that took all of it charges nothing, as in
+/// memory (`settle_debt`): no script call is made, and the key is as it was.
+#[tokio::test]
+async fn a_settle_that_can_charge_nothing_more_makes_no_call() {
+    let (server, store) = or_skip!(RedisServer::with_store("settle_charges_nothing").await);
+    let clock = ManualClock::new();
+    let l = uncached::<FixedWindow>(&store, Quota::per_second(2).unwrap(), &clock, "whole:");
+    let d = l.check_n("k", 2).await.unwrap();
+    assert!(d.allowed);
+    let mut conn = server.connection().await;
+    let (state, calls) = (
+        key_state(&mut conn, &l.redis_key("k")).await,
+        server.evalsha_calls(),
+    );
+    clock.set(Duration::from_millis(300));
+    l.settle_and_wait("k", 2, d, 10).await.unwrap();
+    assert_eq!(
+        server.evalsha_calls(),
+        calls,
+        "a call for nothing to charge"
+    );
+    assert_eq!(key_state(&mut conn, &l.redis_key("k")).await, state);
 }
 
 /// The sliding counter in Redis admits steady traffic below the rate for small limits (the
