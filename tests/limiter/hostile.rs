@@ -6,6 +6,7 @@
 //! whose reading each thread chooses, to reproduce a thread that read the clock and then lost the
 //! race to one that read it later. No test sleeps.
 
+use crate::attack_direct::name;
 use crate::common::for_every_algorithm;
 use crate::common::manual_clock_at;
 use crate::common::waits_up_to;
@@ -44,10 +45,6 @@ impl Clock for ScriptedClock {
     fn now(&self) -> u64 {
         READING.with(Cell::get)
     }
-}
-
-fn name<A>() -> &'static str {
-    std::any::type_name::<A>().rsplit("::").next().unwrap()
 }
 
 fn keyed<A: Algorithm, C: Clock>(quota: Quota, clock: C) -> KeyedRateLimiter<u64, A, C> {
@@ -365,14 +362,29 @@ fn absurd_periods_are_refused_and_the_longest_accepted_is_exact() {
             Quota::MAX_SPAN,
         );
         let limiter = keyed::<A, _>(quota, clock.clone());
-        let admitted = (0..40).filter(|_| decide(&limiter, 1, 1).allowed).count();
-        // Two at once and, waiting up to a period, those of the next period(s).
-        assert!((2..=4).contains(&admitted), "{}: {admitted}", name::<A>());
+        let waits: Vec<Duration> = (0..40)
+            .map(|_| decide(&limiter, 1, 1))
+            .filter(|d| d.allowed)
+            .map(|d| d.wait)
+            .collect();
         let refused = decide(&limiter, 1, 1);
         assert!(!refused.allowed);
-        assert!(refused.retry_after > Quota::MAX_SPAN / 2, "{}", name::<A>());
-        assert!(
-            refused.retry_after <= Quota::MAX_SPAN * 3,
+        // Two at once, then as each algorithm lays out the next period (`P`, 2^60 ns), waiting
+        // up to `P`: GCRA one every P/2 (its emission interval); the fixed window and the
+        // sliding log the next period's two at `P`; the sliding counter none (its next permit
+        // comes 1 ns into the next window, past `max_wait`). Its retry is the wait it would
+        // need; every key is whole again two periods on.
+        let p = Quota::MAX_SPAN;
+        let zero = Duration::ZERO;
+        let (want_waits, want_retry) = match name::<A>() {
+            "Gcra" => (vec![zero, zero, p / 2, p], p * 3 / 2),
+            "FixedWindow" | "SlidingLog" => (vec![zero, zero, p, p], p * 2),
+            _ => (vec![zero, zero], p + Duration::from_nanos(1)),
+        };
+        assert_eq!(waits, want_waits, "{}", name::<A>());
+        assert_eq!(
+            (refused.retry_after, refused.reset_after),
+            (want_retry, p * 2),
             "{}",
             name::<A>()
         );
