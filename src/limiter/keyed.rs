@@ -212,8 +212,10 @@ where
     /// it was told to (its permits count against the new quota as used). A refund of such a
     /// decision is made with the new algorithm, by the same rules as any other.
     /// A request whose clock reading is older than the change (read by a thread before the
-    /// change, decided after it) is decided as of the change, under the new quota, as any
-    /// reading older than one the limiter has already seen is decided as of that one.
+    /// change, its decision begun once this has returned) is decided as of the change, under
+    /// the new quota, as any reading older than one the limiter has already seen is decided as
+    /// of that one. (A decision begun before, under way during the change, may be decided by
+    /// the old pair as of the change's instant: as if it had been made a moment later.)
     ///
     /// ```
     /// use tower_bulwark::{KeyedRateLimiter, clock::ManualClock, Quota};

@@ -62,7 +62,7 @@ local function reset_after()
 end
 
 local function save()
-  if u == 0 and ttl_margin == 0 then
+  if u == 0 and (ttl_margin == 0 or not state[3]) then
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', write_leases(leases))

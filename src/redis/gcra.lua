@@ -120,7 +120,7 @@ local function save(t, l)
   for _, lease in pairs(leases) do
     last = math.max(last, lease[2])
   end
-  if last > now or ttl_margin > 0 then
+  if last > now or (ttl_margin > 0 and raw) then
     -- The mark of a waiter's slot lasts while the TAT lies beyond the horizon.
     local marked = waiter and t - horizon > now
     if moved > 0 then

@@ -422,7 +422,7 @@ impl Inner {
     ) -> Option<Decision> {
         let leases = self.leases.as_ref()?;
         let share = leases.existing(key)?;
-        let decision = leases.take(&share, cost, self.clock.now(), quota)?;
+        let decision = leases.take(&share, cost, quota.reading(&*self.clock), quota)?;
         Some(self.stamp(decision, key, cost))
     }
 
@@ -444,13 +444,13 @@ impl Inner {
         };
         let one_at_a_time = share.refill.lock().await;
         // The call before this one's turn may have brought a share, or a refusal.
-        if let Some(decision) = leases.take(&share, cost, self.clock.now(), quota) {
+        if let Some(decision) = leases.take(&share, cost, quota.reading(&*self.clock), quota) {
             return Ok(self.stamp(decision, &key, cost));
         }
         if let Some(refusal) = self.cached_refusal(quota, &key, cost, max_wait) {
             return Ok(refusal);
         }
-        let sent = self.clock.now();
+        let sent = quota.reading(&*self.clock);
         let (operation, id) = leases.ask(&share, cost, sent, quota);
         let call = self.run_script(quota, &key, operation, cost);
         let decision = match self.bounded(quota, call).await {
@@ -461,7 +461,7 @@ impl Inner {
                 time,
                 ..
             }) => {
-                let now = self.clock.now();
+                let now = quota.reading(&*self.clock);
                 let (from, until) = leases.window(quota, (start, end, time), sent, now);
                 let grant = (permits, from, until);
                 let decision = leases.granted(&share, id, grant, (cost, now), quota);

@@ -133,8 +133,9 @@ impl RedisRateLimiter {
     /// decides with its own quota against the shared state. Refusals cached here are
     /// forgotten. The local limiter of [`RedisFailMode::Local`] (the default) takes the new
     /// quota too; one given with [`RedisFailMode::fallback`] keeps its own. With a
-    /// [`client_clock`](RedisRateLimiterBuilder::client_clock), a reading older than the change
-    /// is decided as of the change, as in memory.
+    /// [`client_clock`](RedisRateLimiterBuilder::client_clock), a decision begun once this has
+    /// returned is decided as of the change if its reading is older (sent so, and so decided by
+    /// a lease's share), as in memory.
     ///
     /// [`KeyedRateLimiter::set_quota`]: crate::KeyedRateLimiter::set_quota
     ///
@@ -412,14 +413,15 @@ impl Inner {
             return None;
         }
         let mut change = Change::settle(estimate, &decision, cost);
-        let capacity = self.quota.load().capacity;
+        let quota = self.quota.load();
         if !decision.holds_estimate()
+            && !decision.holds_slots()
             && matches!(change, Change::Charge { estimate, cost }
-                if crate::algorithm::settle_debt(estimate, cost, capacity) == 0)
+                if crate::algorithm::settle_debt(estimate, cost, quota.capacity) == 0)
         {
             // Settled to its estimate, or past it by nothing it may be charged (it took the
-            // whole capacity): nothing changes, as in memory, and no call is made (a held
-            // estimate is still released, in Redis or by a fail mode's local limiter).
+            // whole capacity): nothing changes, as in memory, and no call is made (a hold, of
+            // an estimate or of slots, still ends, in Redis or by a fail mode's local limiter).
             return None;
         }
         if let Some(cache) = &self.cache {
@@ -439,6 +441,11 @@ impl Inner {
                         let had = self.holds.release(&key, hold, back)?;
                         (back.min(had), had)
                     }
+                    // Slots go back whole, whatever cost is named (a slot has none).
+                    Change::Charge { .. } if decision.holds_slots() => {
+                        let had = self.holds.release(&key, hold, u32::MAX)?;
+                        (had, had)
+                    }
                     _ => {
                         self.holds.release(&key, hold, u32::MAX);
                         (decision.refundable(estimate), cost)
@@ -454,8 +461,8 @@ impl Inner {
                     return None;
                 }
                 Change::Charge { estimate, cost } => {
-                    let debt = crate::algorithm::settle_debt(estimate, cost, capacity);
-                    let taken = leases.charge(&key, lease, debt, self.clock.now());
+                    let debt = crate::algorithm::settle_debt(estimate, cost, quota.capacity);
+                    let taken = leases.charge(&key, lease, debt, quota.reading(&*self.clock));
                     if debt == 0 || taken == Some(debt) {
                         return None;
                     }

@@ -36,8 +36,8 @@ local max_tat = 9007199254740991
 local tat, latest = 0, 0
 -- The holds, by id: { permits, at, expires }.
 local holds = {}
+local raw = redis.call('GET', key)
 do
-  local raw = redis.call('GET', key)
   if raw then
     local t, l, rest = string.match(raw, '^([^:;]*):([^:;]*)(.*)$')
     if not t then
@@ -105,7 +105,7 @@ local function save()
   for id, hold in pairs(holds) do
     parts[#parts + 1] = ';' .. int(id) .. ',' .. int(hold[1]) .. ',' .. int(hold[2]) .. ',' .. int(hold[3])
   end
-  if last > now or ttl_margin > 0 then
+  if last > now or (ttl_margin > 0 and raw) then
     redis.call('SET', key, table.concat(parts), 'PX', expiry_ms(last - now))
   else
     redis.call('DEL', key)

@@ -65,9 +65,10 @@ local ticks_per_ms = count_arg(ARGV[3])
 local cost = count_arg(ARGV[4])
 local arg5 = count_arg(ARGV[5])
 -- Milliseconds added to every expiry; more than zero with a client clock, whose keys are then
--- never deleted for holding nothing more: one keeps its latest reading for the margin, so that
--- a reading older than it (another instance's clock behind this one's) is decided as of it,
--- as in memory, where the store raises its floor before it drops a key.
+-- never deleted for holding nothing more: one that existed keeps its latest reading for the
+-- margin, so that a reading older than it (another instance's clock behind this one's) is
+-- decided as of it, as in memory, where the store raises its floor before it drops a key. A
+-- key that did not exist is not made for nothing (a give-back on a key gone, a cost of zero).
 local ttl_margin = count_arg(ARGV[6])
 local deadline = nil
 if ARGV[7] ~= '' then

@@ -270,15 +270,26 @@ impl ScriptQuota {
     /// `set_quota` sends from then on, or why `quota` cannot run in the scripts.
     pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, &'static str> {
         let next = Self::new(self.script, quota, self.client_clock())?;
-        Ok(next.holding_for_ticks(self.args.last().copied()))
+        Ok(Self {
+            changed_at: self.changed_at,
+            ..next.holding_for_ticks(self.args.last().copied())
+        })
     }
 
-    /// These arguments as a change of quota made at the client clock's reading `now`.
+    /// These arguments as a change of quota made at the clock's reading `now` (or at the
+    /// change before, if that read later: the floor never moves back).
     pub(crate) fn changed_at(self, now: u64) -> Self {
         Self {
-            changed_at: now.min(MAX_SCRIPT_NOW),
+            changed_at: now.min(MAX_SCRIPT_NOW).max(self.changed_at),
             ..self
         }
+    }
+
+    /// A reading of `clock`, no earlier than the change of quota that made these arguments:
+    /// what the instance decides at itself (a lease's share, a cached refusal) and what a
+    /// client clock's script call is sent.
+    pub(crate) fn reading(&self, clock: &dyn Clock) -> u64 {
+        clock.now().max(self.changed_at)
     }
 
     /// These arguments with holds lasting `hold_for` unless renewed, rounded up to a tick (the
@@ -319,9 +330,9 @@ impl ScriptQuota {
         if !self.client_clock() {
             return Ok(None);
         }
-        match clock.now() {
+        match self.reading(clock) {
             now if now > MAX_SCRIPT_NOW => Err(RedisFailure::ClockOutOfRange(now)),
-            now => Ok(Some(now.max(self.changed_at))),
+            now => Ok(Some(now)),
         }
     }
 

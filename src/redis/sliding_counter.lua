@@ -139,7 +139,7 @@ local function remaining()
 end
 
 local function save()
-  if prev == 0 and curr == 0 and nxt == 0 and ttl_margin == 0 then
+  if prev == 0 and curr == 0 and nxt == 0 and (ttl_margin == 0 or not state[1]) then
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases), 'g', int(g))

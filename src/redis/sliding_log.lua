@@ -13,8 +13,8 @@ local key = KEYS[1]
 local window = tonumber(ARGV[8])
 local limit = tonumber(ARGV[9])
 
+local hw = redis.call('ZSCORE', key, 'hw')
 do
-  local hw = redis.call('ZSCORE', key, 'hw')
   if hw then
     -- Checked as a number: tostring would round it to 14 digits.
     local latest = -1 - (tonumber(hw) or -1)
@@ -49,7 +49,7 @@ end
 
 local function save()
   local r = reset_after()
-  if r > 0 or ttl_margin > 0 then
+  if r > 0 or (ttl_margin > 0 and hw) then
     redis.call('ZADD', key, int(-1 - now), 'hw')
     expire_in(key, r)
   else

@@ -183,8 +183,8 @@ fn a_direct_limiter_keeps_its_state_across_a_change() {
 }
 
 /// What three checks of one key say (allowed, remaining, retry, reset) on a keyed and a direct
-/// limiter of `A` that admitted one at 100 ms under 1 a second, changed to 2 per 2 s at 1.5 s,
-/// then read the clock at `read_ms`.
+/// limiter of `A` that admitted one at 100 ms under 1 a second, changed to 2 per 2 s at 1.5 s
+/// (and again at 1 s), then read the clock at `read_ms`.
 fn checks_after_a_change<A: Algorithm>(read_ms: u64) -> Vec<(bool, u64, Duration, Duration)> {
     let (keyed_clock, direct_clock) = (Dial::at(100_000_000), Dial::at(100_000_000));
     let keyed = KeyedRateLimiter::<u32>::builder(per(1, Duration::from_secs(1)))
@@ -198,6 +198,11 @@ fn checks_after_a_change<A: Algorithm>(read_ms: u64) -> Vec<(bool, u64, Duration
     assert!(keyed.check(&0).allowed && direct.check().allowed);
     keyed_clock.set(1_500_000_000);
     direct_clock.set(1_500_000_000);
+    keyed.set_quota(per(2, Duration::from_secs(2)));
+    direct.set_quota(per(2, Duration::from_secs(2)));
+    // Made again by a thread whose reading is older: the floor stays at the first change.
+    keyed_clock.set(1_000_000_000);
+    direct_clock.set(1_000_000_000);
     keyed.set_quota(per(2, Duration::from_secs(2)));
     direct.set_quota(per(2, Duration::from_secs(2)));
     keyed_clock.set(read_ms * 1_000_000);

@@ -496,3 +496,25 @@ async fn a_give_back_frees_what_it_names_and_never_more_than_was_taken() {
         Some((5, 4))
     );
 }
+
+/// A hold of slots settled to any cost gives its slots back (a slot has no cost to settle): to
+/// its estimate, or past the capacity after taking every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_of_slots_settled_to_any_cost_gives_its_slots_back() {
+    let server = or_skip!(RedisServer::start("slots_settled_to_any_cost"));
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    let p = policy(&store, &clock, 2, Duration::from_secs(30));
+    for cost in [2, 3] {
+        let d = p.limiter().reserve(&tenant(), 2).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(held(&server, KEY), 2);
+        assert!(p.limiter().settle(&tenant(), 2, d, cost));
+        eventually(
+            &format!("the slots settled to {cost} are back"),
+            Duration::from_secs(5),
+            || held(&server, KEY) == 0,
+        )
+        .await;
+    }
+}

@@ -41,4 +41,5 @@ mod metered_layer;
 mod outage;
 mod refund;
 mod settle;
+mod stale_readings;
 mod store;
