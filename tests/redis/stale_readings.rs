@@ -65,92 +65,102 @@ async fn stale_reads_are_decided_as_of_the_latest_reading_for_every_algorithm() 
     for_every_algorithm!(tagged: stale_reads_decide_as_of_the_latest(&server).await);
 }
 
-/// What a decision tells a client.
-fn said(d: &tower_bulwark::limiter::Decision) -> (bool, u64, Duration, Duration) {
-    (d.allowed, d.remaining, d.retry_after, d.reset_after)
+/// Where a stale reading comes in, each story on its own key under 1 a second (a client
+/// clock).
+#[derive(Clone, Copy, Debug)]
+enum Story {
+    /// An admission at 100 ms, a change to 2 per 2 s at 1.5 s, made again at 1 s (a thread
+    /// that read its clock first: the floor stays at the first change); then three checks.
+    /// `RedisRateLimiter::set_quota`: a reading older than the change "is decided as of the
+    /// change": 900 ms decides as 1.5 s does.
+    AfterAChange,
+    /// An admission at 1 s, given back at 2.5 s (which leaves the key holding nothing), then
+    /// a check and one at 2.6 s. The `redis` module: with a client clock "a key that holds
+    /// nothing more keeps that instant ... rather than being deleted": 1.5 s decides as 2.5 s
+    /// does and counts there, so the check at 2.6 s is answered as after a fresh one.
+    AfterEmptied,
 }
 
-/// Three checks of one key reading the (client) clock at `read_ms`, after an admission at
-/// 100 ms under 1 a second and a change to 2 per 2 s at 1.5 s (made again at 1 s).
-async fn checks_after_a_change<A: RedisAlgorithm>(
-    store: &RedisStore,
-    read_ms: u64,
-    prefix: &str,
-) -> Vec<(bool, u64, Duration, Duration)> {
-    let clock = Dial::at(100 * MS);
-    let l = uncached::<A>(store, Quota::per_second(1).unwrap(), &clock, prefix);
-    assert!(l.check("k").await.unwrap().allowed);
-    clock.set(1_500 * MS);
-    let two_per_two_s = Quota::with_period(2, Duration::from_secs(2)).unwrap();
-    l.set_quota(two_per_two_s).unwrap();
-    // A second change whose reading is older (a thread that read its clock first): the floor
-    // stays at the first.
-    clock.set(1_000 * MS);
-    l.set_quota(two_per_two_s).unwrap();
-    clock.set(read_ms * MS);
-    let mut checks = Vec::new();
-    for _ in 0..3 {
-        checks.push(said(&l.check("k").await.unwrap()));
+impl Story {
+    /// The stale reading and the fresh one it must decide as, in ms.
+    fn readings(self) -> [u64; 2] {
+        match self {
+            Self::AfterAChange => [900, 1_500],
+            Self::AfterEmptied => [1_500, 2_500],
+        }
     }
-    checks
+
+    /// What the checks of the story say when the first reads `read_ms`.
+    async fn checks<A: RedisAlgorithm>(
+        self,
+        store: &RedisStore,
+        read_ms: u64,
+        prefix: &str,
+    ) -> Vec<(bool, u64, Duration, Duration)> {
+        let said = |d: tower_bulwark::limiter::Decision| {
+            (d.allowed, d.remaining, d.retry_after, d.reset_after)
+        };
+        let clock = Dial::default();
+        let l = uncached::<A>(store, Quota::per_second(1).unwrap(), &clock, prefix);
+        let reads = match self {
+            Self::AfterAChange => {
+                clock.set(100 * MS);
+                assert!(l.check("k").await.unwrap().allowed);
+                let two_per_two_s = Quota::with_period(2, Duration::from_secs(2)).unwrap();
+                for at in [1_500, 1_000] {
+                    clock.set(at * MS);
+                    l.set_quota(two_per_two_s).unwrap();
+                }
+                [read_ms; 3].to_vec()
+            }
+            Self::AfterEmptied => {
+                clock.set(1_000 * MS);
+                let d = l.check("k").await.unwrap();
+                assert!(d.allowed);
+                clock.set(2_500 * MS);
+                l.settle_and_wait("k", 1, d, 0).await.unwrap();
+                vec![read_ms, 2_600]
+            }
+        };
+        let mut checks = Vec::new();
+        for at in reads {
+            clock.set(at * MS);
+            checks.push(said(l.check("k").await.unwrap()));
+        }
+        checks
+    }
 }
 
-/// `RedisRateLimiter::set_quota`: "a reading older than the change is decided as of the
-/// change": 900 ms read after a change at 1.5 s decides as 1.5 s does.
-async fn a_stale_reading_is_decided_as_of_a_change<A: RedisAlgorithm>(
+/// `story`'s stale reading is decided as its fresh one is, and what follows is the same.
+async fn a_stale_reading_decides_as_a_fresh_one<A: RedisAlgorithm>(
     store: &RedisStore,
+    story: Story,
     tag: &str,
 ) {
+    let [stale, fresh] = story.readings();
     assert_eq!(
-        checks_after_a_change::<A>(store, 900, &format!("{tag}stale:")).await,
-        checks_after_a_change::<A>(store, 1_500, &format!("{tag}fresh:")).await,
-        "{tag}"
+        story
+            .checks::<A>(store, stale, &format!("{tag}stale:"))
+            .await,
+        story
+            .checks::<A>(store, fresh, &format!("{tag}fresh:"))
+            .await,
+        "{tag} {story:?}"
     );
 }
 
 #[tokio::test]
 async fn a_reading_older_than_a_change_of_quota_is_decided_as_of_the_change_for_every_algorithm() {
     let (_server, store) = or_skip!(RedisServer::with_store("stale_after_a_change").await);
-    for_every_algorithm!(tagged: a_stale_reading_is_decided_as_of_a_change(&store).await);
-}
-
-/// Under 1 a second (a client clock): an admission at 1 s, given back at 2.5 s (which leaves
-/// the key holding nothing), then checks reading `read_ms` and 2.6 s.
-async fn checks_after_emptied<A: RedisAlgorithm>(
-    store: &RedisStore,
-    read_ms: u64,
-    prefix: &str,
-) -> Vec<(bool, u64, Duration, Duration)> {
-    let clock = Dial::at(1_000 * MS);
-    let l = uncached::<A>(store, Quota::per_second(1).unwrap(), &clock, prefix);
-    let d = l.check("k").await.unwrap();
-    assert!(d.allowed);
-    clock.set(2_500 * MS);
-    l.settle_and_wait("k", 1, d, 0).await.unwrap();
-    let mut checks = Vec::new();
-    for at in [read_ms, 2_600] {
-        clock.set(at * MS);
-        checks.push(said(&l.check("k").await.unwrap()));
-    }
-    checks
-}
-
-/// `redis` module docs: with a client clock "a key that holds nothing more keeps that instant
-/// ... rather than being deleted": a reading of 1.5 s after the give-back at 2.5 s (an
-/// instance whose clock is behind) is decided as of 2.5 s and counts there, so a check at
-/// 2.6 s is answered as after a fresh one.
-async fn an_emptied_key_keeps_its_latest_reading<A: RedisAlgorithm>(store: &RedisStore, tag: &str) {
-    assert_eq!(
-        checks_after_emptied::<A>(store, 1_500, &format!("{tag}stale:")).await,
-        checks_after_emptied::<A>(store, 2_500, &format!("{tag}fresh:")).await,
-        "{tag}"
-    );
+    let story = Story::AfterAChange;
+    for_every_algorithm!(tagged: a_stale_reading_decides_as_a_fresh_one(&store, story).await);
 }
 
 #[tokio::test]
 async fn a_key_emptied_by_a_give_back_still_decides_a_stale_reading_as_of_it_for_every_algorithm() {
     let (_server, store) = or_skip!(RedisServer::with_store("stale_after_emptied").await);
-    for_every_algorithm!(tagged: an_emptied_key_keeps_its_latest_reading(&store).await);
+    let story = Story::AfterEmptied;
+    for_every_algorithm!(tagged: a_stale_reading_decides_as_a_fresh_one(&store, story).await);
 }
 
 /// A settle past the capacity of an admission that took all of it charges nothing, as in
