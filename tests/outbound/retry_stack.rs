@@ -101,3 +101,27 @@ async fn a_silent_dependency_is_cut_by_the_timeout_and_retried() {
     assert!(err.is::<tower::timeout::error::Elapsed>(), "{err}");
     assert_eq!(stack.received("/silent").await, 3);
 }
+
+/// A retry never waits for the answer it retries: a 503 whose body was never read (a bulkhead
+/// of one below holds its permit until the body ends) is let go before the retry is sent, so
+/// the retry takes the permit and gets the 200, where it was refused by its own answer.
+#[tokio::test]
+async fn a_retry_is_not_blocked_by_the_unread_body_of_the_answer_it_retries() {
+    let server = MockServer::start().await;
+    let busy = ResponseTemplate::new(503).set_body_string("busy, try again");
+    mount_once(&server, path("/busy"), busy).await;
+    mount_fallback(&server, method("GET"), ResponseTemplate::new(200)).await;
+    // The body layer watches an `http::Response`'s body: reqwest's answer, converted.
+    let client = tower::ServiceBuilder::new()
+        .layer(Retry::builder("partner").build().unwrap().layer())
+        .layer(Bulkhead::semaphore("partner", 1).build().body_layer())
+        .map_response(http::Response::<reqwest::Body>::from)
+        .service(reqwest::Client::new());
+    let url = format!("{}/busy", server.uri()).parse().unwrap();
+    let response = client
+        .oneshot(reqwest::Request::new(reqwest::Method::GET, url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(received(&server, "/busy").await, 2);
+}

@@ -147,6 +147,9 @@ where
             shared: &shared,
             epoch: Some(epoch),
         };
+        // The answer retried is let go before the retry waits: its body may hold what the retry
+        // needs below (a bulkhead's permit held until the body ends), and no one reads it.
+        drop(result);
         retries += 1;
         let backoff = shared.backoff(retries);
         // The backoff after what was asked, not within it: calls held by one answer (a 429 for
