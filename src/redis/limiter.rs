@@ -434,22 +434,17 @@ impl Inner {
         let mut ended = None;
         match (decision.admission.taken, &self.leases) {
             // A metered hold settles whole, whether still live here or not; a concurrent
-            // policy's gives back the slots it still has, never more (a slot has no debt).
+            // policy's gives back the slots named by the estimate whatever the cost (a slot has
+            // no cost to settle, as in memory: a refund names the slots it gives back), never
+            // more than it still has.
             (Taken::RedisHold { hold }, _) => {
-                let (estimate, cost) = match change {
-                    Change::Refund(back) if !decision.holds_estimate() => {
-                        let had = self.holds.release(&key, hold, back)?;
-                        (back.min(had), had)
-                    }
-                    // Slots go back whole, whatever cost is named (a slot has none).
-                    Change::Charge { .. } if decision.holds_slots() => {
-                        let had = self.holds.release(&key, hold, u32::MAX)?;
-                        (had, had)
-                    }
-                    _ => {
-                        self.holds.release(&key, hold, u32::MAX);
-                        (decision.refundable(estimate), cost)
-                    }
+                let (estimate, cost) = if decision.holds_slots() {
+                    let back = decision.refundable(estimate);
+                    let had = self.holds.release(&key, hold, back)?;
+                    (back.min(had), had)
+                } else {
+                    self.holds.release(&key, hold, u32::MAX);
+                    (decision.refundable(estimate), cost)
                 };
                 settle = Some((Operation::Settle { hold, estimate }, cost));
             }
