@@ -93,6 +93,11 @@ pub(super) fn build_overload(
     let mut builder = Overload::builder(name)
         .limits(Limits::new(min, initial, max).map_err(setting)?)
         .algorithm(default_algorithm(s.probe_every.0).map_err(setting)?)
+        // The builder checks the guarantees together as each is set, against the others as
+        // they stand: the defaults go first, so that the file's two are summed alone.
+        .guarantee(Priority::Critical, 0.0)
+        .and_then(|b| b.guarantee(Priority::Default, 0.0))
+        .map_err(setting)?
         .guarantee(Priority::Critical, s.critical_guarantee)
         .map_err(at("critical_guarantee"))?
         .guarantee(Priority::Default, s.default_guarantee)

@@ -138,7 +138,9 @@ impl OverloadBuilder {
 
     /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
     /// take it (defaults: 0.3 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
-    /// guarantees together stay below 1; `Sheddable` has no class below it, so it takes none.
+    /// guarantees together stay below 1, checked as each is set against the others as they
+    /// stand (to move share from one class to another, lower one first); `Sheddable` has no
+    /// class below it, so it takes none.
     pub fn guarantee(mut self, class: Priority, share: f64) -> Result<Self, SettingError> {
         let what = "at least 0 and below 1";
         ensure(OF, (0.0..1.0).contains(&share), "guarantee", share, what)?;

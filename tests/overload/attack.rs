@@ -427,6 +427,15 @@ fn absurd_overload_settings_in_the_file_are_refused_at_their_field() {
         }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+    // The two written are summed alone, whatever the builder's defaults: 0.95 and 0 stay below
+    // 1 (the default guarantee of 0.1, still in place while the first was set, refused it).
+    let text = "[overload.api]\ncritical_guarantee = 0.95\ndefault_guarantee = 0.0\n\
+                min_limit = 20\ninitial_limit = 20\nmax_limit = 20\n";
+    let registry = Registry::from_toml_str(text).expect("0.95 and 0 are below 1 together");
+    let overload = registry.overload("api").unwrap();
+    let ceilings =
+        [Priority::Critical, Priority::Default, Priority::Sheddable].map(|c| overload.ceiling(c));
+    assert_eq!(ceilings, [60, 1, 1], "19 of 20 kept for critical");
 }
 
 /// `src/config/mod.rs:210`-`214`: "a change that cannot apply in place (any setting ... of an
