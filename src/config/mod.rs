@@ -203,7 +203,7 @@
 //! | `base`, `cap` | durations, `base <= cap <= 1h`: the backoff before retry n is random up to `base × 2^(n − 1)`, at most `cap` | `"50ms"`, `"1s"`, each brought within the one written (`cap = "10ms"` alone makes `base` 10 ms; `base` above `"1s"` alone makes `cap` as long, up to an hour) |
 //! | `max_wait` | duration ≤ 1 h: the longest a retry waits for the time an answer or refusal asks | `"5s"` |
 //! | `ratio` | number from 0 to 10: the retry each call deposits in the budget | 0.2 |
-//! | `min_per_second` | integer ≥ 0: retries a second the budget grants with no deposit | 3 |
+//! | `min_per_second` | integer ≥ 0: retries a second the budget grants with no deposit (the window's worth at once) | 3 |
 //! | `window` | duration from 10 ms to 1 h: how long deposits last | `"10s"` |
 //!
 //! A running [`Registry`] reloads its file with [`Registry::reload_path`]: changed quotas and

@@ -137,6 +137,25 @@ async fn deposits_expire_after_the_window_and_the_floor_comes_back() {
     assert_eq!(partner.budget_available(), 10);
 }
 
+/// `RetryBuilder::budget`: the reserve is "the window's worth, there at once" (30 with the
+/// defaults), counted in whole retries: 3 a second over 100 ms is 0.3 of a retry, which grants
+/// none alone and one once four calls have deposited 0.2 each (1.1 in all).
+#[tokio::test(start_paused = true)]
+async fn the_reserve_is_the_window_s_worth_at_once_counted_in_whole_retries() {
+    let clock = ManualClock::new();
+    assert_eq!(frozen(&clock).build().unwrap().budget_available(), 30);
+    let short = |ratio| {
+        let budget = frozen(&clock).budget(ratio, 3, Duration::from_millis(100));
+        budget.build().unwrap()
+    };
+    assert_eq!(short(0.0).budget_available(), 0);
+    let partner = short(0.2);
+    healthy_calls(&partner, 3).await;
+    assert_eq!(partner.budget_available(), 0, "0.3 + 0.6");
+    healthy_calls(&partner, 1).await;
+    assert_eq!(partner.budget_available(), 1, "0.3 + 0.8");
+}
+
 /// 200 calls on clones of one handle, on 4 threads, each failing and wanting a retry, race for
 /// a budget of 20 retries (4 a second over 5 s, time frozen): exactly 20 retries are made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -182,9 +182,12 @@ impl RetryBuilder {
         self
     }
 
-    /// The retry budget (defaults 0.2, 3 and 10 s): each first attempt deposits `ratio` of a retry (from 0 to 10, to the
-    /// millionth), `min_per_second` retries a second come with no deposit, and both last
-    /// `window` (from 10 ms to an hour).
+    /// The retry budget (defaults 0.2, 3 and 10 s): each first attempt deposits `ratio` of a
+    /// retry (from 0 to 10, to the millionth), `min_per_second` retries a second come with no
+    /// deposit (the window's worth, there at once: 30 with the defaults), and both last
+    /// `window` (from 10 ms to an hour). A retry is granted from whole retries: with a window
+    /// shorter than a second over `min_per_second`, the reserve alone is less than one and
+    /// grants none until deposits make up the rest.
     pub fn budget(mut self, ratio: f64, min_per_second: u32, window: Duration) -> Self {
         (self.ratio, self.min_per_second, self.window) = (ratio, min_per_second, window);
         self

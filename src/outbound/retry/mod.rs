@@ -37,10 +37,12 @@
 //! * **the budget holds a retry**: each call deposits `ratio` of a retry (default 0.2, counted
 //!   to the millionth in integers, so that five calls make exactly one retry), each retry
 //!   withdraws one, `min_per_second` retries a second (default 3) come with no deposit, and
-//!   both expire after `window` (default 10 s), so an idle spell banks nothing. Retries are at
-//!   most `ratio` times the calls plus `min_per_second` for each second: at 100 calls a second
-//!   and the defaults, 23 retries a second, so attempts stay under 1.25 per call however many
-//!   calls fail.
+//!   both expire after `window` (default 10 s), so an idle spell banks nothing. The reserve
+//!   with no deposit is the window's worth, there at once: after a quiet spell, failing calls
+//!   may take all of it (30 retries with the defaults) in a moment. Over any stretch, retries
+//!   are at most `ratio` times the calls plus that reserve once for each window the stretch
+//!   spans: at 100 calls a second and the defaults, 23 retries a second, so attempts stay
+//!   under 1.25 per call however many calls fail.
 //!
 //! A retry waits what was asked, then a backoff: full jitter, a random span up to
 //! `base × 2^(n − 1)` before retry `n`, at most `cap` (defaults 50 ms and 1 s), so that the
