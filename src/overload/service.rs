@@ -99,9 +99,8 @@ where
                 // The service that was polled ready waits with the request; a clone stays.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                let max_wait = shared.queue.map(|q| q.max_wait).unwrap_or_default();
                 Box::pin(async move {
-                    match waiting.admitted(max_wait).await {
+                    match waiting.admitted().await {
                         Some(permit) => serve(inner.call(request), permit).await,
                         None => Ok(shed(&shared)),
                     }

@@ -30,12 +30,16 @@ pub(super) struct QueueSettings {
 /// Where a waiter stands: its class first (highest first), then its arrival.
 type QueueKey = (Reverse<Priority>, u64);
 
+/// A waiter's way in, and the instant (on tokio's clock) its wait ends: counted from when it
+/// joined the queue, not from when its future is first polled.
+type Waiter = (tokio::time::Instant, oneshot::Sender<Permit>);
+
 /// What changes under the lock.
 struct State {
     in_flight: usize,
     limit: usize,
     algorithm: Box<dyn LimitAlgorithm>,
-    waiters: BTreeMap<QueueKey, oneshot::Sender<Permit>>,
+    waiters: BTreeMap<QueueKey, Waiter>,
     arrivals: u64,
     /// A slow average of the admitted requests' latency, in nanoseconds: what `Retry-After` says.
     latency: Option<f64>,
@@ -125,11 +129,13 @@ impl Shared {
         let key = (Reverse(class), state.arrivals);
         state.arrivals += 1;
         let (sender, receiver) = oneshot::channel();
-        state.waiters.insert(key, sender);
+        let ends = tokio::time::Instant::now() + queue.max_wait;
+        state.waiters.insert(key, (ends, sender));
         self.publish(&state);
         Entry::Queued(Waiting {
             shared: Arc::clone(self),
             key,
+            ends,
             receiver,
         })
     }
@@ -149,14 +155,20 @@ impl Shared {
 
     /// Admits the waiters at the head of the queue while their class's ceiling lets them in.
     /// A class ranks above every class whose ceiling is lower, so the first waiter that does not
-    /// fit ends the round.
+    /// fit ends the round. A waiter whose wait has ended is shed, not admitted (its future,
+    /// not polled since, had no timer to take it out).
     fn admit_waiters(self: &Arc<Self>, state: &mut State) {
+        let mut now = None;
         while let Some(entry) = state.waiters.first_entry() {
             let Reverse(class) = entry.key().0;
             if state.in_flight >= self.ceiling(class, state.limit) {
                 break;
             }
-            let sender = entry.remove();
+            let (ends, sender) = entry.remove();
+            if ends <= *now.get_or_insert_with(tokio::time::Instant::now) {
+                // Dropping its sender sheds it.
+                continue;
+            }
             let permit = self.admit(state, class);
             if let Err(mut permit) = sender.send(permit) {
                 // The waiter went away: its slot is taken back here, under the lock.
@@ -256,13 +268,16 @@ impl Drop for Permit {
 pub(super) struct Waiting {
     shared: Arc<Shared>,
     key: QueueKey,
+    /// When its wait ends: `max_wait` after it joined the queue.
+    ends: tokio::time::Instant,
     receiver: oneshot::Receiver<Permit>,
 }
 
 impl Waiting {
-    /// Waits until admitted (`Some`), or shed: pushed out by a higher class, or `max_wait` over.
-    pub(super) async fn admitted(mut self, max_wait: Duration) -> Option<Permit> {
-        match tokio::time::timeout(max_wait, &mut self.receiver).await {
+    /// Waits until admitted (`Some`), or shed: pushed out by a higher class, or `max_wait`
+    /// after it joined the queue.
+    pub(super) async fn admitted(mut self) -> Option<Permit> {
+        match tokio::time::timeout_at(self.ends, &mut self.receiver).await {
             Ok(permit) => permit.ok(),
             Err(_) => {
                 self.leave();

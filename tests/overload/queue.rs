@@ -83,6 +83,30 @@ async fn a_waiter_is_shed_when_max_wait_passes() {
     assert_eq!(overload.in_flight(), 1);
 }
 
+/// `OverloadBuilder::queue`: "each for at most `max_wait`", counted from when the request
+/// joined the queue: a call made at 0 whose future is first polled after the one inside ends
+/// at 2 s (a `Buffer`, a slow executor) is shed, not admitted a second after its wait ended,
+/// and the slot it would have taken is free.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_s_max_wait_counts_from_the_call_not_from_its_first_poll() {
+    use tower::Service;
+    let (overload, service, gated, _entered, first) =
+        one_inside(2, Duration::from_secs(1), Priority::Default).await;
+    let mut caller = service.clone();
+    caller.ready().await.unwrap();
+    let queued = caller.call(crate::support::request(Priority::Default));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    gated.gate.add_permits(1);
+    drop(first.await.unwrap().unwrap());
+    // Admitted instead, it would wait inside for the gate: bounded, it fails.
+    let answer = tokio::time::timeout(Duration::from_secs(10), queued).await;
+    assert_eq!(
+        answer.expect("admitted after its wait").unwrap().status(),
+        503
+    );
+    assert_eq!(overload.in_flight(), 0);
+}
+
 #[test]
 fn bad_settings_are_refused_naming_the_setting() {
     let err = fixed(1).guarantee(Priority::Critical, 1.0).unwrap_err();
