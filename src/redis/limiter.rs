@@ -440,7 +440,11 @@ impl Inner {
             (Taken::RedisHold { hold }, _) => {
                 let (estimate, cost) = if decision.holds_slots() {
                     let back = decision.refundable(estimate);
-                    let had = self.holds.release(&key, hold, back)?;
+                    // A hold this instance does not have live (made by another limiter on the
+                    // store, or ended here) is still removed in Redis, by its names: every slot
+                    // the admission took, so that the instance renewing it cannot keep it.
+                    let had = (self.holds.release(&key, hold, back))
+                        .unwrap_or_else(|| decision.refundable(u32::MAX));
                     (back.min(had), had)
                 } else {
                     self.holds.release(&key, hold, u32::MAX);

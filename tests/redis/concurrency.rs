@@ -519,3 +519,30 @@ async fn a_hold_of_slots_settled_to_any_cost_gives_its_slots_back() {
         .await;
     }
 }
+
+/// Two limiters built apart on one store share its state (the guide: such a limiter "shares the
+/// state and takes it back"): a hold of slots given back to the one that did not make it is
+/// removed in Redis all the same, and the maker's renewals never bring it back (its slots were
+/// renewed for good, given back nowhere, before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_given_back_to_another_limiter_on_its_store_is_removed_for_good() {
+    let server = or_skip!(RedisServer::start("hold_given_back_to_another_limiter"));
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::new();
+    let hold_for = Duration::from_secs(1);
+    let (maker, other) = (
+        policy(&store, &clock, 2, hold_for),
+        policy(&store, &clock, 2, hold_for),
+    );
+    let d = maker.limiter().reserve(&tenant(), 2).await.unwrap();
+    assert!(d.allowed);
+    assert!(other.limiter().settle(&tenant(), 2, d, 0));
+    eventually("the slots removed", Duration::from_secs(5), || {
+        held(&server, KEY) == 0
+    })
+    .await;
+    // Renewals run every third of `hold_for`: three of them, and nothing came back.
+    tokio::time::sleep(hold_for).await;
+    assert_eq!(held(&server, KEY), 0);
+    assert!(maker.limiter().reserve(&tenant(), 2).await.unwrap().allowed);
+}
