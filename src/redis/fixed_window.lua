@@ -21,6 +21,9 @@ local latest = stored(state[3], 0)
 local leases = read_leases(state[5])
 local reserved_until = stored(state[6], 0)
 now = math.max(now, latest)
+-- With a client clock, a key that existed is kept when it holds nothing more (`prelude.lua`):
+-- given to each `save`, not read in it.
+local kept = ttl_margin > 0 and state[3]
 -- The quota's period changed since the key was written: its count moves, whole, to the cycle of
 -- this period that holds its latest reading, and is refreshed from there like any other.
 local moved = stored(state[4], period) ~= period
@@ -61,8 +64,8 @@ local function reset_after()
   return until_cycles(cdiv(u, limit))
 end
 
-local function save()
-  if u == 0 and (ttl_margin == 0 or not state[3]) then
+local function save(keep)
+  if u == 0 and not keep then
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'c', int(c), 'u', int(u), 'l', int(now), 'd', int(period), 'x', write_leases(leases))
@@ -92,7 +95,7 @@ end
 
 if op == 'e' then
   end_lease(lease_back, lease_unused)
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -104,7 +107,7 @@ if op == 'l' then
   if available < cost or not lease_room(leases) then
     -- Nothing leased: when the next cycles give `cost` permits.
     if lease_back > 0 or relaid then
-      save()
+      save(kept)
     end
     local wait = math.max(until_cycles(cdiv(u + cost - limit, limit)), 1)
     return decision(0, available, wait, reset_after(), 0, 0)
@@ -112,7 +115,7 @@ if op == 'l' then
   local permits = math.min(wanted, available)
   u = u + permits
   leases[lease_id] = { permits, c }
-  save()
+  save(kept)
   local ends = math.min(now + length, (c + 1) * period)
   return { 4, permits, now, ends, limit - u, server_time }
 end
@@ -135,31 +138,31 @@ if op == 'r' then
       u = math.max(u - cost, 0)
     end
   end
-  save()
+  save(kept)
   return refunded()
 end
 
 if op == 'c' then
   -- The count of this cycle grows, past the limit if it must: debt the next cycles pay.
   u = u + cost
-  save()
+  save(kept)
   return refunded()
 end
 
 local max_wait = arg5
 if u + cost <= limit then
   u = u + cost
-  save()
+  save(kept)
   return decision(1, limit - u, 0, reset_after(), 0, now)
 end
 local wait = until_cycles(cdiv(u + cost - limit, limit))
 if wait <= max_wait then
   u = u + cost
   reserved_until = math.max(reserved_until, now + wait)
-  save()
+  save(kept)
   return decision(1, 0, 0, reset_after(), wait, now + wait)
 end
 if relaid then
-  save()
+  save(kept)
 end
 return decision(0, math.max(limit - u, 0), wait, reset_after(), 0, 0)

@@ -55,6 +55,9 @@ do
   end
 end
 now = math.max(now, latest)
+-- With a client clock, a key that existed is kept when it holds nothing more (`prelude.lua`):
+-- given to each `save`, not read in it.
+local kept = ttl_margin > 0 and raw
 
 -- The TAT after `permits` charged at `at`.
 local function charged(at, permits)
@@ -96,7 +99,7 @@ end
 
 -- Writes the state, kept until it carries no information: past the settled TAT, every hold's
 -- expiry, and the TAT that charging every hold at its instant would leave.
-local function save()
+local function save(keep)
   local parts = { int(tat) .. ':' .. int(now) }
   local last = tat
   if count > 0 then
@@ -105,7 +108,7 @@ local function save()
   for id, hold in pairs(holds) do
     parts[#parts + 1] = ';' .. int(id) .. ',' .. int(hold[1]) .. ',' .. int(hold[2]) .. ',' .. int(hold[3])
   end
-  if last > now or (ttl_margin > 0 and raw) then
+  if last > now or keep then
     redis.call('SET', key, table.concat(parts), 'PX', expiry_ms(last - now))
   else
     redis.call('DEL', key)
@@ -120,7 +123,7 @@ if renewals then
       last_expiry = math.max(last_expiry, hold[3])
     end
   end
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -144,7 +147,7 @@ if op == 's' then
   if debt > 0 then
     tat = charged(now, debt)
   end
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -156,7 +159,7 @@ local wait = allow_at - now
 if count >= 256 or holds[hold_id] then
   -- No room for another hold: refused until one settles, a second at least.
   if changed then
-    save()
+    save(kept)
   end
   return decision(0, 0, math.max(wait, 1000 * ticks_per_ms), base - now, 0, 0)
 end
@@ -165,13 +168,13 @@ if wait <= max_wait then
   holds[hold_id] = { cost, at, at + hold_for }
   count, held = count + 1, held + cost
   last_at, last_expiry = math.max(last_at, at), math.max(last_expiry, at + hold_for)
-  save()
+  save(kept)
   if allow_at <= now then
     return decision(1, idiv(now + horizon - new_tat, interval), 0, new_tat - now, 0, now)
   end
   return decision(1, 0, 0, new_tat - now, wait, allow_at)
 end
 if changed then
-  save()
+  save(kept)
 end
 return decision(0, idiv(math.max(now + horizon - base, 0), interval), wait, base - now, 0, 0)

@@ -30,6 +30,9 @@ local latest = stored(state[5], 0)
 local g = stored(state[8], 0)
 local reserved = stored(state[9], 0)
 now = math.max(now, latest)
+-- With a client clock, a key that existed is kept when it holds nothing more (`prelude.lua`):
+-- given to each `save`, not read in it.
+local kept = ttl_margin > 0 and state[1]
 if not state[1] then
   g = now
 end
@@ -138,8 +141,8 @@ local function remaining()
   return math.max(limit - (curr + carried(prev, math.max(e, 0))), 0)
 end
 
-local function save()
-  if prev == 0 and curr == 0 and nxt == 0 and (ttl_margin == 0 or not state[1]) then
+local function save(keep)
+  if prev == 0 and curr == 0 and nxt == 0 and not keep then
     redis.call('DEL', key)
   else
     redis.call('HSET', key, 'w', int(w), 'p', int(prev), 'c', int(curr), 'n', int(nxt), 'l', int(now), 'd', int(window), 'x', write_leases(leases), 'g', int(g))
@@ -172,14 +175,14 @@ if op == 'r' then
       nxt = math.max(nxt - cost, 0)
     end
   end
-  save()
+  save(kept)
   return refunded()
 end
 
 if op == 'c' then
   -- The count of the window of now grows, past the limit if it must.
   curr = curr + cost
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -200,7 +203,7 @@ end
 
 if op == 'e' then
   end_lease(lease_back, lease_unused)
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -212,7 +215,7 @@ if op == 'l' then
   if available < cost or not lease_room(leases) then
     -- Nothing leased: when `cost` permits fit, as a decision says.
     if lease_back > 0 then
-      save()
+      save(kept)
     end
     local here = earliest(prev, curr)
     local wait
@@ -226,7 +229,7 @@ if op == 'l' then
   local permits = math.min(wanted, available)
   curr = curr + permits
   leases[lease_id] = { permits, w }
-  save()
+  save(kept)
   local ends = math.min(now + length, start + window)
   return { 4, permits, now, ends, remaining(), server_time }
 end
@@ -235,7 +238,7 @@ local max_wait = arg5
 local here = earliest(prev, curr)
 if here and here <= e then
   curr = curr + cost
-  save()
+  save(kept)
   return decision(1, remaining(), 0, reset_after(), 0, now, g + 1)
 end
 local admit_at, which
@@ -257,7 +260,7 @@ if wait <= max_wait and which < 2 then
   else
     nxt = nxt + cost
   end
-  save()
+  save(kept)
   return decision(1, 0, 0, reset_after(), wait, admit_at, g + 1)
 end
 return decision(0, remaining(), wait, reset_after(), 0, 0, 0)

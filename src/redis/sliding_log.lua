@@ -24,6 +24,9 @@ do
     now = math.max(now, latest)
   end
 end
+-- With a client clock, a key that existed is kept when it holds nothing more (`prelude.lua`):
+-- given to each `save`, not read in it.
+local kept = ttl_margin > 0 and hw
 
 -- Permits admitted at or before now - window have left the window.
 if now >= window then
@@ -47,9 +50,9 @@ local function reset_after()
   return math.max(last_end() - now, 0)
 end
 
-local function save()
+local function save(keep)
   local r = reset_after()
-  if r > 0 or (ttl_margin > 0 and hw) then
+  if r > 0 or keep then
     redis.call('ZADD', key, int(-1 - now), 'hw')
     expire_in(key, r)
   else
@@ -90,14 +93,14 @@ if op == 'r' then
   for i = 1, #members, 1000 do
     redis.call('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
   end
-  save()
+  save(kept)
   return refunded()
 end
 
 if op == 'c' then
   -- The charge's permits at now, past the limit if it must.
   add(now, cost)
-  save()
+  save(kept)
   return refunded()
 end
 
@@ -198,14 +201,14 @@ local admit_at, need_now = earliest()
 local wait = admit_at - now
 if wait == 0 then
   add(now, cost)
-  save()
+  save(kept)
   return decision(1, limit - need_now - cost, 0, reset_after(), 0, now)
 end
 if wait <= max_wait then
   add(admit_at, cost)
-  save()
+  save(kept)
   return decision(1, 0, 0, reset_after(), wait, admit_at)
 end
 -- Refused, but this script may have pruned: the latest `now` must be kept all the same.
-save()
+save(kept)
 return decision(0, math.max(limit - need_now, 0), wait, reset_after(), 0, 0)
