@@ -188,9 +188,9 @@ pub(crate) struct ScriptQuota {
     pub(crate) limit: u64,
     /// The most permits one request may ask for.
     pub(crate) capacity: u32,
-    /// The client clock's reading when this quota replaced another (0 for the first): an
-    /// older reading is sent as this one, so a reading older than a change of quota is decided
-    /// as of the change, as in memory.
+    /// The limiter's clock's reading when this quota replaced another (0 for the first): an
+    /// older reading is decided at, and sent to a client clock's script as, this one, so a
+    /// reading older than a change of quota is decided as of the change, as in memory.
     changed_at: u64,
 }
 
@@ -286,8 +286,8 @@ impl ScriptQuota {
     }
 
     /// A reading of `clock`, no earlier than the change of quota that made these arguments:
-    /// what the instance decides at itself (a lease's share, a cached refusal) and what a
-    /// client clock's script call is sent.
+    /// what the instance decides a lease's share at, and what a client clock's script call is
+    /// sent. (A cached refusal reads the clock as it is: it only ever refuses.)
     pub(crate) fn reading(&self, clock: &dyn Clock) -> u64 {
         clock.now().max(self.changed_at)
     }
