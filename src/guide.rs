@@ -294,11 +294,12 @@
 //! * **Ceilings.** A request of a class is admitted only while the requests in flight, all
 //!   classes together and it excluded, are below its class's ceiling: the limit times
 //!   `critical_borrowing` for `Critical` (3 by default, 1 holds it at the limit), the limit less
-//!   the guarantees of the classes above for the others. With the limit fixed at 10 and a
-//!   guarantee of 0.2 for `Critical`, forty racing requests of each class, twenty times over,
-//!   never give the lower classes more than 8 together, and `Critical` its 2 whatever the flood;
-//!   borrowing 2.5 times the limit, exactly 25 are in flight, the lower classes still at most 8
-//!   (`classes.rs`).
+//!   the guarantees of the classes above for the others, and at least one, so a class whose
+//!   guarantees above round to the whole limit is not shed for good (`attack.rs`). With the
+//!   limit fixed at 10 and a guarantee of 0.2 for `Critical`, forty racing requests of each
+//!   class, twenty times over, never give the lower classes more than 8 together, and
+//!   `Critical` its 2 whatever the flood; borrowing 2.5 times the limit, exactly 25 are in
+//!   flight, the lower classes still at most 8 (`classes.rs`).
 //! * **A shed request spends nothing.** It never reaches the inner service, and is answered at
 //!   once: `503` with `Retry-After` (the latency's slow average in whole seconds, at least 1) and
 //!   a problem+json body, or gRPC `UNAVAILABLE` with the same delay (`answers.rs`); a queued one

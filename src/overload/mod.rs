@@ -40,7 +40,8 @@
 //! excluded, are below the ceiling of `c`: for [`Priority::Critical`] the limit times what it
 //! may borrow above it ([`OverloadBuilder::critical_borrowing`], 3 by default), and for the
 //! others the limit less the guarantees of the classes above, rounded to the nearest whole
-//! request ([`OverloadBuilder::guarantee`]). With a limit of 10 and a guarantee of 0.2 for
+//! request ([`OverloadBuilder::guarantee`]); at least one, so that no class is shed for good
+//! (the limit learns only from what it admits). With a limit of 10 and a guarantee of 0.2 for
 //! `Critical`, the lower classes never hold more than 8 together, and `Critical` always finds 2,
 //! and up to 30 in flight with the others while it borrows.
 //!

@@ -103,10 +103,11 @@ impl Shared {
 
     /// The most requests in flight, all classes together, under which `class` is admitted at
     /// `limit`: the limit less the guarantees of the classes above, rounded to the nearest, or
-    /// for `Critical` the limit times its borrowing.
+    /// for `Critical` the limit times its borrowing; at least one, so that no class is shed for
+    /// good (the limit learns only from the requests it admits).
     pub(super) fn ceiling(&self, class: Priority, limit: usize) -> usize {
         let reserved = (limit as f64 * self.reserved[class.index()]).round();
-        (limit as f64 - reserved) as usize
+        ((limit as f64 - reserved) as usize).max(1)
     }
 
     /// Admits a request of `class` at once, queues it, or sheds it.

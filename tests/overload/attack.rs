@@ -520,12 +520,38 @@ fn builder_settings_replace_each_other_and_absurd_ones_are_refused() {
 async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
     let (builder, clock) = moving_limit(Overload::builder("api"), (4, 10, 100), Aimd::default());
     let overload = builder.priority_by(|_| Priority::Sheddable).build();
-    let (service, gated, mut entered) = gated(&overload);
+    let limits = waves_of(&overload, Priority::Sheddable, &clock).await;
+    assert!(limits[29] > 10, "the limit never grew: {limits:?}");
+}
+
+/// `src/overload/mod.rs:43`-`44`: a ceiling is "at least one, so that no class is shed for
+/// good". Guarantees of 0.95 for `Critical` and none for `Default` keep all 8 places of the
+/// minimum limit above `Default` once rounded; `Default` still finds one, so its traffic alone
+/// still gives samples and the limit still grows. It found none, and was shed for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_whose_guarantees_above_round_to_the_whole_limit_still_finds_one_place() {
+    let builder = Overload::builder("api").guarantee(Priority::Default, 0.0);
+    let builder = builder
+        .unwrap()
+        .guarantee(Priority::Critical, 0.95)
+        .unwrap();
+    let (builder, clock) = moving_limit(builder, (8, 8, 100), Aimd::default());
+    let overload = builder.priority_by(|_| Priority::Default).build();
+    assert_eq!(overload.ceiling(Priority::Default), 1);
+    assert_eq!(overload.ceiling(Priority::Sheddable), 1);
+    let limits = waves_of(&overload, Priority::Default, &clock).await;
+    assert!(limits[29] > 8, "the limit never grew: {limits:?}");
+}
+
+/// Thirty waves of `class` alone on `overload`, each filling the class's ceiling and two more,
+/// every admitted one answered after W; returns the limit after each.
+async fn waves_of(overload: &Overload, class: Priority, clock: &ManualClock) -> Vec<usize> {
+    let (service, gated, mut entered) = gated(overload);
     let mut limits = Vec::new();
     for _ in 0..30 {
-        let n = overload.ceiling(Priority::Sheddable);
+        let n = overload.ceiling(class);
         let calls: Vec<_> = (0..n + 2)
-            .map(|_| tokio::spawn(service.clone().oneshot(request(Priority::Sheddable))))
+            .map(|_| tokio::spawn(service.clone().oneshot(request(class))))
             .collect();
         for _ in 0..n {
             entered.recv().await.unwrap();
@@ -540,10 +566,10 @@ async fn a_flood_of_the_lowest_class_alone_lets_the_limit_grow() {
         for call in calls {
             shed += usize::from(call.await.unwrap().unwrap().status() == 503);
         }
-        assert_eq!(shed, 2, "the sheddable ceiling {n} admits exactly {n}");
+        assert_eq!(shed, 2, "the ceiling {n} admits exactly {n}");
         limits.push(overload.limit());
     }
-    assert!(limits[29] > 10, "the limit never grew: {limits:?}");
+    limits
 }
 
 /// `src/overload/mod.rs:69`-`71`: "The wait is the slow average of the admitted requests' latency
