@@ -159,6 +159,8 @@ impl RedisRateLimiterBuilder {
     /// After a failure, how long decisions go straight to the fail mode before Redis is
     /// tried again (default 250 ms). While Redis is down this spares every
     /// request the wait for a timeout or a reconnection; zero tries Redis on every decision.
+    /// Give-backs (refunds, settles) are sent all the same, each within the timeout: what Redis
+    /// took before the failure has no other way back.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.settings.probe_interval = interval;
         self

@@ -162,8 +162,9 @@ impl fmt::Debug for RedisFailMode {
 }
 
 /// Whether Redis is failing: counts the failures, logs the first of a streak as a warning and
-/// the rest at debug level, and after a failure to reach Redis skips it for a probe interval,
-/// so that a dead Redis does not cost every request a timeout.
+/// the rest at debug level, and after a failure to reach Redis skips it for a probe interval
+/// (its decisions, not its give-backs), so that a dead Redis does not cost every request a
+/// timeout.
 ///
 /// Redis is failing as the latest call sent says, of those that ended: calls end out of order (a
 /// reply on its way when Redis died lands after a later call's failure; a call that times out

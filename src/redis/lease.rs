@@ -453,7 +453,7 @@ impl Inner {
         let sent = quota.reading(&*self.clock);
         let (operation, id) = leases.ask(&share, cost, sent, quota);
         let call = self.run_script(quota, &key, operation, cost);
-        let decision = match self.bounded(quota, call).await {
+        let decision = match self.bounded(quota, call, false).await {
             Ok(Reply::Leased {
                 permits,
                 start,
@@ -512,7 +512,7 @@ impl Inner {
         let operation = Operation::EndLease { id, unused };
         let call = self.run_script(&quota, key, operation, 0);
         // Failures are counted and logged inside; the lease ends in Redis anyway.
-        let _ = self.bounded(&quota, call).await;
+        let _ = self.bounded(&quota, call, true).await;
     }
 }
 

@@ -290,7 +290,7 @@ impl Inner {
         // An admission of a script that holds takes its hold under an id of its own, however
         // its call goes (alone, or in a batch with others on the key).
         let hold = if quota.script.holds() { next_id() } else { 0 };
-        let asked = self.bounded(quota, async {
+        let call = async {
             // A first "late" answer may come from a probe (no offset known yet) or from an
             // offset that the clocks have left behind; either way the reply corrected the
             // offset, so the request goes once more with a deadline that now means something.
@@ -310,7 +310,8 @@ impl Inner {
                 }
             }
             Err(RedisFailure::Late)
-        });
+        };
+        let asked = self.bounded(quota, call, false);
         match asked.await {
             Ok(mut decision) => {
                 self.cache_refusal(&key, cost, &decision);
@@ -330,7 +331,17 @@ impl Inner {
                 }
                 Ok(self.stamp(decision, &key, cost))
             }
-            Err(failure) => (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure),
+            Err(failure) => {
+                let decision =
+                    (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
+                // A fail mode's admission of slots goes back whole when the request ends, as a
+                // slot does, whatever limiter made it (a rate limiter's too: its permits come
+                // back when the request ends).
+                match quota.script {
+                    LimiterScript::Concurrency => decision.map(|d| d.holding(Hold::Slots)),
+                    _ => decision,
+                }
+            }
         }
     }
 
@@ -497,21 +508,25 @@ impl Inner {
                 let reply = inner.run_script(&quota, &key, operation, cost).await?;
                 reply.applied("the answer to a refund or a charge")
             };
-            inner.bounded(&quota, call).await
+            inner.bounded(&quota, call, true).await
         })
     }
 
-    /// Runs `call` unless Redis failed less than a probe interval ago, giving up after the
-    /// limiter's timeout; the breaker counts and logs a failure. The events name the limiter by
-    /// its prefix, never by a client's key, which may identify a person (see
-    /// [`Observed::hide_keys`](crate::observe::Observed::hide_keys)).
+    /// Runs `call` unless it is a decision (not `give_back`) and Redis failed less than a probe
+    /// interval ago, giving up after the limiter's timeout; the breaker counts and logs a
+    /// failure. A give-back (a refund, a settle, a share's end) is sent even then: a fail mode
+    /// decides in its place when Redis cannot, but nothing would give back what Redis took
+    /// before (a hold would stand until its expiry, a settle's debt would be lost). The events
+    /// name the limiter by its prefix, never by a client's key, which may identify a person
+    /// (see [`Observed::hide_keys`](crate::observe::Observed::hide_keys)).
     pub(super) async fn bounded<T>(
         &self,
         quota: &ScriptQuota,
         call: impl Future<Output = Result<T, RedisFailure>>,
+        give_back: bool,
     ) -> Result<T, RedisFailure> {
         let sent = self.breaker.elapsed();
-        let result = if self.breaker.skipping(sent) {
+        let result = if !give_back && self.breaker.skipping(sent) {
             Err(RedisFailure::Skipped)
         } else {
             tokio::time::timeout(self.timeout, call)

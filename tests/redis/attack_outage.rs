@@ -482,3 +482,33 @@ async fn a_quota_raised_during_an_outage_reaches_local_but_not_a_fallback() {
         "the fallback's own burst of 3"
     );
 }
+
+/// `builder.rs`'s `probe_interval`: "Give-backs (refunds, settles) are sent all the same". A
+/// decision stalled past the timeout makes the limiter skip Redis for a minute; Redis then
+/// answers again, and a refund of ten permits Redis admitted before is sent, not skipped: it
+/// reaches Redis, which admits the ten again (the fail mode, `Closed`, would have refused). It
+/// was skipped, never sent, and the ten stayed spent.
+#[tokio::test]
+async fn a_give_back_inside_the_probe_interval_is_still_sent() {
+    let (server, store) = or_skip!(RedisServer::with_store("attack_outage_give_back").await);
+    let quota = Quota::per_minute(10).unwrap();
+    let clock = manual_clock_at(Duration::from_secs(1));
+    let l = propagating::<Gcra>(&store, quota, &clock, "ao:gb:", Refusals::Uncached)
+        .timeout(TIMEOUT)
+        .probe_interval(Duration::from_secs(60))
+        .fail_mode(RedisFailMode::Closed(Duration::from_secs(7)))
+        .build()
+        .unwrap();
+    let all = l.check_n(&"k", 10).await.unwrap();
+    assert!(all.allowed);
+    server.command(&["CLIENT", "PAUSE", "600"]);
+    let stalled = l.check(&"k").await.unwrap();
+    assert_eq!((stalled.allowed, stalled.retry_after_secs()), (false, 7));
+    assert_eq!(l.counts().failures, 1);
+    // Answered once the pause is over.
+    assert_eq!(server.command(&["PING"]), "+PONG");
+    l.settle_and_wait(&"k", 10, all, 0).await.unwrap();
+    let again = l.check_n(&"k", 10).await.unwrap();
+    assert!(again.allowed, "{again:?}");
+    assert_eq!(l.counts().failures, 1);
+}

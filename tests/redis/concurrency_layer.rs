@@ -26,13 +26,49 @@ const KEY: &str = "c:{t}";
 
 /// Four streams of each tenant at once, in the Redis of `store`; failures are errors.
 fn streams(store: &RedisStore) -> Policy<HeaderKey, ConcurrencyLimiter<http::HeaderValue>> {
+    streams_failing(store, RedisFailMode::Propagate)
+}
+
+/// [`streams`], with `fail_mode` deciding when Redis cannot.
+fn streams_failing(
+    store: &RedisStore,
+    fail_mode: RedisFailMode,
+) -> Policy<HeaderKey, ConcurrencyLimiter<http::HeaderValue>> {
     let redis = RedisRateLimiter::builder(Quota::per_second(1).unwrap(), store.clone())
         .client_clock(ManualClock::new())
         .prefix("c:")
         .timeout(Duration::from_secs(5))
-        .fail_mode(RedisFailMode::Propagate);
+        .fail_mode(fail_mode);
     let key = HeaderKey::new("x-tenant").unwrap();
     Policy::concurrent_in_redis("streams", key, 4, redis).unwrap()
+}
+
+/// `RedisFailMode::fallback`'s admissions for a concurrent policy are held as its slots are:
+/// with Redis gone and a fallback of 2 an hour, two streams open at once leave a third out, and
+/// each request that ends gives its admission back, so ten in a row are all admitted. They were
+/// spent instead, and the third request of the hour was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_a_fallbacks_admissions_go_back_when_the_request_ends() {
+    let (mut server, store) =
+        or_skip!(RedisServer::with_store("fallback_admissions_go_back").await);
+    let fallback = RedisFailMode::fallback(Quota::per_hour(2).unwrap());
+    let ends = Arc::new(Semaphore::new(0));
+    let service = limited(streams_failing(&store, fallback), &ends, plain_answer);
+    let call = |how: &str| service.clone().oneshot(request(how));
+    server.kill();
+    for i in 0..10 {
+        let response = call("stream").await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "request {i}");
+        ends.add_permits(1);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ab");
+    }
+    let open = [call("stream").await.unwrap(), call("stream").await.unwrap()];
+    assert!(open.iter().all(|r| r.status() == StatusCode::OK));
+    let third = call("stream").await.unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(open);
+    assert_eq!(call("stream").await.unwrap().status(), StatusCode::OK);
 }
 
 fn held(server: &RedisServer) -> u64 {
