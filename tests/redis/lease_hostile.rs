@@ -599,3 +599,43 @@ async fn a_settle_from_a_share_charges_no_more_than_the_lowered_burst() {
     let _ = a.check(&"k").await.unwrap();
     assert_eq!(a.counts().lease_unused_permits, 5);
 }
+
+/// A share's unused permits give back no more time than they were charged, as a refund does,
+/// even after a change of quota lengthened the interval. A share of 8 at 10 ms each (all back
+/// in it), then 5 admitted beside it by an instance that leases nothing: the key's TAT is
+/// 130 ms ahead. The quota becomes 10 a second (100 ms each, burst 20), and the next admission
+/// ends the share: its 8 give back 80 ms, leaving 50 ms, so 19 permits can be had, 8 of them
+/// by the new share. The other instance then admits 11 at the same instant, as one GCRA that
+/// gave the 8 back at the shorter interval would. The 8 gave back 800 ms at the new interval,
+/// the 5 admitted beside them were forgotten, and it admitted 12.
+#[tokio::test]
+async fn a_share_ended_after_a_longer_interval_gives_back_what_it_was_charged() {
+    let server = or_skip!(RedisServer::start("lease_hostile_longer_interval"));
+    let lease = Lease::new().max_share(8).length(Duration::from_secs(10));
+    let clock = manual_clock_at(Duration::from_secs(1000));
+    let a = strict::<Gcra>(&server.url(), per_second(100, 20), lease, &clock).await;
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let prefix = format!("lease-hostile:{}:", std::any::type_name::<Gcra>());
+    let b = propagating::<Gcra>(
+        &store,
+        per_second(100, 20),
+        &clock,
+        &prefix,
+        Refusals::Uncached,
+    )
+    .build()
+    .unwrap();
+    let taken = a.check_n(&"k", 8).await.unwrap();
+    assert!(taken.allowed && Limiter::refund(&a, &"k", 8, taken));
+    assert!(b.check_n(&"k", 5).await.unwrap().allowed);
+    for limiter in [&a, &b] {
+        limiter.set_quota(per_second(10, 20)).unwrap();
+    }
+    assert!(a.check(&"k").await.unwrap().allowed);
+    let mut admitted = 0;
+    while b.check(&"k").await.unwrap().allowed {
+        admitted += 1;
+        assert!(admitted < 100, "never refused");
+    }
+    assert_eq!(admitted, 11);
+}
