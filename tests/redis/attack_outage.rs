@@ -501,7 +501,8 @@ async fn a_give_back_inside_the_probe_interval_is_still_sent() {
         .unwrap();
     let all = l.check_n(&"k", 10).await.unwrap();
     assert!(all.allowed);
-    server.command(&["CLIENT", "PAUSE", "600"]);
+    // Long enough past the timeout that a loaded machine still times the decision out.
+    server.command(&["CLIENT", "PAUSE", "1500"]);
     let stalled = l.check(&"k").await.unwrap();
     assert_eq!((stalled.allowed, stalled.retry_after_secs()), (false, 7));
     assert_eq!(l.counts().failures, 1);
