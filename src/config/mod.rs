@@ -156,7 +156,7 @@
 //! |---|---|---|
 //! | `min_limit`, `initial_limit`, `max_limit` | integers, `1 <= min_limit <= initial_limit <= max_limit <= 2^31 - 1`: the bounds of the limit of requests in flight and where it starts | 8, 16, 1000, each brought within those written (`max_limit = 4` alone makes 4, 4, 4) |
 //! | `probe_every` | integer ≥ 1: the period, in round trips, of the limit's baseline, probed for at `min_limit` when there was none (`Aimd::probe_every`) | 300 |
-//! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take | 0.3 |
+//! | `critical_guarantee` | number from 0, below 1: the share of the limit the lower classes never take (in whole requests, at most all but one: `OverloadBuilder::guarantee`) | 0.3 |
 //! | `default_guarantee` | number from 0, below 1 with `critical_guarantee`: the share `sheddable` never takes besides | 0.1 |
 //! | `critical_borrowing` | number from 1 to 100: `critical`'s ceiling in times the limit | 3 |
 //! | `priority_header` | a header name: the header whose value names the class | `"x-priority"` |

@@ -137,7 +137,10 @@ impl OverloadBuilder {
     }
 
     /// Keeps `share` of the limit for `class` and the classes above it: the classes below never
-    /// take it (defaults: 0.3 for `Critical`, 0.1 for `Default`). `share` is at least 0 and the
+    /// take it (defaults: 0.3 for `Critical`, 0.1 for `Default`). It is kept in whole requests,
+    /// the share of the limit rounded to the nearest but at most all places but one: each class
+    /// keeps at least one, so that none is shed for good (a guarantee of 0.5 keeps nothing at a
+    /// limit of 1, and 0.95 keeps 7 of 8). `share` is at least 0 and the
     /// guarantees together stay below 1, checked as each is set against the others as they
     /// stand (to move share from one class to another, lower one first); `Sheddable` has no
     /// class below it, so it takes none.

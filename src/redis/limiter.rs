@@ -534,6 +534,9 @@ impl Inner {
                 .unwrap_or_else(|_| Err(RedisFailure::Timeout(self.timeout)))
         };
         match &result {
+            // A give-back's answer does not end the probe interval: in a cluster it may come from
+            // a healthy node while the decisions' node still fails.
+            Ok(_) if give_back => {}
             Ok(_) => (self.breaker).answered(&self.keys.prefix, quota.script.name(), sent),
             Err(failure) => {
                 (self.breaker).failed(&self.keys.prefix, failure, &self.fail_mode, sent)

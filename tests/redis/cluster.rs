@@ -1,7 +1,7 @@
 //! The Redis limiter on a Redis Cluster of three masters: keys of different clients live in
 //! different slots on different nodes, and each script touches one slot.
 
-use crate::common::redis_server::RedisCluster;
+use crate::common::redis_server::{eventually, RedisCluster};
 use tower_bulwark::redis::{HashTag, RedisAlgorithm, RedisFailMode, RedisRateLimiter, RedisStore};
 use tower_bulwark::{
     algorithm::{FixedWindow, Gcra, SlidingCounter, SlidingLog},
@@ -130,4 +130,67 @@ async fn the_limiter_works_across_slots_of_a_cluster() {
         .await
         .unwrap();
     assert_eq!(flushed.check(&clients[0]).await.unwrap().remaining, 1);
+}
+
+/// `builder.rs`'s `probe_interval`: give-backs are sent while decisions skip Redis, and their
+/// answers do not end the skip. One master stalled: a decision for a key on it times out and
+/// the limiter skips Redis for a minute. A give-back for a key on a healthy master is sent and
+/// answered; the next decision for the stalled master's key is still skipped, never sent there
+/// (the stalled master runs two scripts once its pause ends, not three). The give-back's answer
+/// ended the skip, and each decision for the stalled master waited its timeout again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_answered_by_a_healthy_master_does_not_end_the_probe_interval() {
+    let Some(cluster) = RedisCluster::start("give_back_does_not_end_the_probe") else {
+        return;
+    };
+    let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();
+    let limiter = RedisRateLimiter::builder(Quota::per_hour(100).unwrap(), store)
+        .fail_mode(RedisFailMode::Closed(std::time::Duration::from_secs(7)))
+        .timeout(std::time::Duration::from_millis(300))
+        .probe_interval(std::time::Duration::from_secs(60))
+        .refusal_cache_capacity(0)
+        .build()
+        .unwrap();
+    // A client whose key lives on the first master, and one whose key lives on another.
+    let on = |client: &String, node: usize| {
+        let key = limiter.redis_key(client);
+        cluster.nodes[node].command(&["EXISTS", &key]) == ":1"
+    };
+    let (mut stalled, mut healthy) = (None, None);
+    for client in (0..64).map(|i| format!("client-{i}")) {
+        assert!(limiter.check(&client).await.unwrap().allowed);
+        if on(&client, 0) {
+            stalled.get_or_insert(client);
+        } else if healthy.is_none() {
+            healthy = Some(client);
+        }
+    }
+    let (stalled, healthy) = (stalled.unwrap(), healthy.unwrap());
+    let admitted = limiter.check(&healthy).await.unwrap();
+    let node = &cluster.nodes[0];
+    let before = node.evalsha_calls();
+    node.command(&["CLIENT", "PAUSE", "1500"]);
+    for _ in 0..2 {
+        let refused = limiter.check(&stalled).await.unwrap();
+        assert_eq!((refused.allowed, refused.retry_after_secs()), (false, 7));
+    }
+    limiter
+        .settle_and_wait(&healthy, 1, admitted, 0)
+        .await
+        .unwrap();
+    let refused = limiter.check(&stalled).await.unwrap();
+    assert_eq!((refused.allowed, refused.retry_after_secs()), (false, 7));
+    // Once the pause is over, the scripts sent to it run, one after the other on the store's
+    // one connection to it: once the first has run, any other has too.
+    eventually(
+        "the first decision run",
+        std::time::Duration::from_secs(10),
+        || node.evalsha_calls() > before,
+    )
+    .await;
+    assert_eq!(
+        node.evalsha_calls() - before,
+        1,
+        "only the first decision was sent"
+    );
 }
