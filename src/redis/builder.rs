@@ -213,6 +213,16 @@ impl RedisRateLimiterBuilder {
     ///   they could land in a window of the new period that does not count them: 12 in a
     ///   window of 10 per 500 ms, found by attack). Other instances' shares last until they
     ///   change their quota too.
+    /// * **A limit:** with GCRA, a share given back after a `set_quota` that lengthened the
+    ///   interval gives its unused permits back at the new interval. While it was out, the key
+    ///   counted its permits at the interval of each write (the old one when it was granted,
+    ///   the new one after the change), and which of them the key's state holds cannot be told
+    ///   apart: admissions made beside the share before the change may be forgotten, at most
+    ///   the unused permits times the lengthening (one admission more than in memory after a
+    ///   change from 100 to 10 a second, found by attack). Giving them back at the old interval
+    ///   instead would
+    ///   under-admit by up to the share whenever the key was written under the new quota
+    ///   before the share ended.
     /// * At most 64 leases of one key are out at once; an instance is refused until one comes
     ///   back.
     /// * Calls on one key that find no share wait for one lease call of this instance, then

@@ -102,13 +102,10 @@ local function frozen()
   return (ended_by(math.huge, false))
 end
 
--- Ends the lease `id`, its `unused` permits back, if it is still out: the TAT less what they
--- were charged (`per` each: the interval of the quota they were leased under, where that was
--- the shorter; 0 for the interval), pinned at `now` by the leases still out and the permits of
--- this one that were spent. Under a TAT past the horizon (a reservation still
--- ahead, or debt that other instances' shares were leased beside), nothing comes back: the
--- permits would come before it.
-local function end_lease(id, unused, per)
+-- Ends the lease `id`, its `unused` permits back, if it is still out. Under a TAT past the
+-- horizon (a reservation still ahead, or debt that other instances' shares were leased
+-- beside), nothing comes back: the permits would come before it.
+local function end_lease(id, unused)
   local lease = leases[id]
   if not lease then
     return
@@ -116,11 +113,7 @@ local function end_lease(id, unused, per)
   if tat - horizon > now then
     unused = 0
   end
-  local back = math.min(unused, lease[1])
-  if per == 0 or per > interval then
-    per = interval
-  end
-  tat = math.max(tat - back * per, now + (out - back) * interval, now)
+  tat = math.max(pinned() - math.min(unused, lease[1]) * interval, now)
   out = out - lease[1]
   leases[id] = nil
 end
@@ -149,14 +142,14 @@ local function save(t, l, keep)
 end
 
 if op == 'e' then
-  end_lease(lease_back, lease_unused, arg5)
+  end_lease(lease_back, lease_unused)
   save(tat, now, kept)
   return refunded()
 end
 
 if op == 'l' then
-  -- The lease this call ends, if it names one (id 0: none), leased under the same quota.
-  end_lease(lease_back, lease_unused, interval)
+  -- The lease this call ends, if it names one (id 0: none).
+  end_lease(lease_back, lease_unused)
   local length, wanted = arg5, lease_wanted
   local base = pinned()
   local available = idiv(math.max(now + horizon - base, 0), interval)

@@ -145,19 +145,6 @@ struct Held {
     /// The quota in force when it was granted: under another, its permits may lie in windows
     /// that do not count them (a changed period), so it is given back, not spent.
     quota: Option<Quota>,
-    /// For GCRA, what each of its permits was charged in Redis (the emission interval then, in
-    /// ticks): its unused permits give back no more (see [`EndedLease`]).
-    per_permit: u64,
-}
-
-/// A lease just ended, what the call that gives its unused permits back to Redis sends: its id,
-/// its unused permits, and for GCRA what each was charged (an unused permit gives back no more
-/// time than it took, as a refund, even after a change of quota lengthened the interval).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct EndedLease {
-    pub(crate) id: u64,
-    pub(crate) unused: u32,
-    pub(crate) per_permit: u64,
 }
 
 impl Leases {
@@ -221,20 +208,12 @@ impl Leases {
         cost: u32,
         now: u64,
         quota: &ScriptQuota,
-    ) -> (Operation, u64, Option<EndedLease>) {
+    ) -> (Operation, u64) {
         let mut held = share.held();
-        let granted_under = held.quota;
-        let ended = held.end(now);
-        if ended.id != 0 {
-            self.count_ended(ended.unused);
+        let (back, unused) = held.end(now);
+        if back != 0 {
+            self.count_ended(unused);
         }
-        // Given back in the lease call while the quota is the one it was granted under;
-        // otherwise by a call of its own first, which says what its permits were charged.
-        let (back, unused, apart) = match ended.id {
-            0 => (0, 0, None),
-            _ if granted_under == Some(quota.quota) => (ended.id, ended.unused, None),
-            _ => (0, 0, Some(ended)),
-        };
         let wanted = held
             .size
             .clamp(1, self.max_share.min(quota.capacity).max(1))
@@ -254,7 +233,7 @@ impl Leases {
             back,
             unused,
         };
-        (operation, id, apart)
+        (operation, id)
     }
 
     /// The lease `id` that `ask` asked for was granted, `permits` of them from `from` until
@@ -278,7 +257,6 @@ impl Leases {
             until,
             size: held.size,
             quota: Some(quota.quota),
-            per_permit: quota.per_permit(),
         };
         self.counts.taken.fetch_add(1, Ordering::Relaxed);
         drop(held);
@@ -327,9 +305,9 @@ impl Leases {
 
     /// Ends the lease `id` of `key` after its time, if the share still holds it: what the call
     /// that gives its unused permits back to Redis sends (`None` when there is nothing to send).
-    pub(crate) fn end(&self, key: &str, id: u64) -> Option<EndedLease> {
+    pub(crate) fn end(&self, key: &str, id: u64) -> Option<(u64, u32)> {
         let ended = self.with_lease(key, id, |held| held.end(u64::MAX))?;
-        self.count_ended(ended.unused);
+        self.count_ended(ended.1);
         Some(ended)
     }
 
@@ -379,16 +357,11 @@ impl Leases {
 }
 
 impl Held {
-    /// Ends the lease held at `now` (its id 0 for none). The next share follows the demand
-    /// this one saw: twice as large if it was spent before its end, half as large if it ended
-    /// with more than half unused.
-    fn end(&mut self, now: u64) -> EndedLease {
+    /// Ends the lease held at `now`: its id (0 for none) and unused permits. The next
+    /// share follows the demand this one saw: twice as large if it was spent before its end,
+    /// half as large if it ended with more than half unused.
+    fn end(&mut self, now: u64) -> (u64, u32) {
         let (id, unused) = (self.id, self.left);
-        let ended = EndedLease {
-            id,
-            unused,
-            per_permit: self.per_permit,
-        };
         let mut size = self.size.max(1);
         if id != 0 {
             if now < self.until {
@@ -401,7 +374,7 @@ impl Held {
             size,
             ..Held::default()
         };
-        ended
+        (id, unused)
     }
 }
 
@@ -478,10 +451,7 @@ impl Inner {
             return Ok(refusal);
         }
         let sent = quota.reading(&*self.clock);
-        let (operation, id, ended) = leases.ask(&share, cost, sent, quota);
-        if let Some(ended) = ended {
-            self.give_back_share(&key, ended).await;
-        }
+        let (operation, id) = leases.ask(&share, cost, sent, quota);
         let call = self.run_script(quota, &key, operation, cost);
         let decision = match self.bounded(quota, call, false).await {
             Ok(Reply::Leased {
@@ -537,9 +507,9 @@ impl Inner {
 
     /// Gives the unused permits of a share just ended (`ended`: its lease's id and those
     /// permits, from [`Leases::end`]) back to Redis.
-    pub(super) async fn give_back_share(&self, key: &str, ended: EndedLease) {
+    pub(super) async fn give_back_share(&self, key: &str, (id, unused): (u64, u32)) {
         let quota = self.quota.load_full();
-        let operation = Operation::EndLease(ended);
+        let operation = Operation::EndLease { id, unused };
         let call = self.run_script(&quota, key, operation, 0);
         // Failures are counted and logged inside; the lease ends in Redis anyway.
         let _ = self.bounded(&quota, call, true).await;

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use super::lease::EndedLease;
 use super::RedisFailure;
 use crate::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
 use crate::clock::{saturating_nanos, Clock};
@@ -161,9 +160,8 @@ pub(crate) enum Operation {
         back: u64,
         unused: u32,
     },
-    /// A lease comes back with its unused permits, each giving back no more than it was
-    /// charged.
-    EndLease(EndedLease),
+    /// The lease `id` comes back with `unused` permits.
+    EndLease { id: u64, unused: u32 },
     /// The hold `hold` settles: [`Metered`]'s, of `estimate` permits, to the call's cost; a
     /// concurrent policy's gives back its last `estimate` slots of the call's cost (the slots
     /// it had: a slot has no cost to settle to). A settle has no deadline, as a refund has none.
@@ -443,11 +441,7 @@ impl ScriptQuota {
                 None,
                 &[wanted.into(), id, back, unused.into()][..],
             ),
-            Operation::EndLease(EndedLease {
-                id,
-                unused,
-                per_permit,
-            }) => ("e", per_permit, None, &[unused.into(), id][..]),
+            Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),
             Operation::Settle { hold, estimate } => ("s", estimate.into(), None, &[hold][..]),
             Operation::Renew => ("k", 0, None, &[][..]),
         };
