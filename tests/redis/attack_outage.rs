@@ -486,19 +486,23 @@ async fn a_quota_raised_during_an_outage_reaches_local_but_not_a_fallback() {
 /// `builder.rs`'s `probe_interval`: "Give-backs (refunds, settles) are sent all the same". A
 /// decision stalled past the timeout makes the limiter skip Redis for a minute; Redis then
 /// answers again, and a refund of ten permits Redis admitted before is sent, not skipped: it
-/// reaches Redis, which admits the ten again (the fail mode, `Closed`, would have refused). It
-/// was skipped, never sent, and the ten stayed spent.
+/// reaches Redis, where another instance finds the ten to take again. Its answer does not end
+/// the skip: the limiter's own decisions still go to the fail mode (`Closed`). It was skipped,
+/// never sent, and the ten stayed spent.
 #[tokio::test]
 async fn a_give_back_inside_the_probe_interval_is_still_sent() {
     let (server, store) = or_skip!(RedisServer::with_store("attack_outage_give_back").await);
     let quota = Quota::per_minute(10).unwrap();
     let clock = manual_clock_at(Duration::from_secs(1));
-    let l = propagating::<Gcra>(&store, quota, &clock, "ao:gb:", Refusals::Uncached)
-        .timeout(TIMEOUT)
-        .probe_interval(Duration::from_secs(60))
-        .fail_mode(RedisFailMode::Closed(Duration::from_secs(7)))
-        .build()
-        .unwrap();
+    let instance = || {
+        propagating::<Gcra>(&store, quota, &clock, "ao:gb:", Refusals::Uncached)
+            .timeout(TIMEOUT)
+            .probe_interval(Duration::from_secs(60))
+            .fail_mode(RedisFailMode::Closed(Duration::from_secs(7)))
+            .build()
+            .unwrap()
+    };
+    let (l, other) = (instance(), instance());
     let all = l.check_n(&"k", 10).await.unwrap();
     assert!(all.allowed);
     // Long enough past the timeout that a loaded machine still times the decision out.
@@ -509,7 +513,10 @@ async fn a_give_back_inside_the_probe_interval_is_still_sent() {
     // Answered once the pause is over.
     assert_eq!(server.command(&["PING"]), "+PONG");
     l.settle_and_wait(&"k", 10, all, 0).await.unwrap();
-    let again = l.check_n(&"k", 10).await.unwrap();
+    let again = other.check_n(&"k", 10).await.unwrap();
     assert!(again.allowed, "{again:?}");
-    assert_eq!(l.counts().failures, 1);
+    let skipped = l.check(&"k").await.unwrap();
+    assert_eq!((skipped.allowed, skipped.retry_after_secs()), (false, 7));
+    assert_eq!(l.counts().failures, 2);
+    assert_eq!(other.counts().failures, 0);
 }
