@@ -36,7 +36,14 @@ const MAX_DEPTH: u8 = 64;
 /// (`application/json`, or any `+json`) as one document ([`json`](Self::json)), whichever of
 /// the two made the `BodyUsage`: that constructor names the shape of answers whose type says
 /// neither. So one policy settles a route that answers `"stream": true` with events and the
-/// rest with JSON. [`scan`](Self::scan) reads the constructor's shape.
+/// rest with JSON. [`scan`](Self::scan) reads the constructor's shape. A body in a content
+/// coding (a `Content-Encoding` other than `identity`: gzip, br, ...) is not read, its usage
+/// unseen, so the estimate stands (and an error answer costs nothing): place the rate limit
+/// inside any compression layer, and let an outbound client decompress (reqwest's `gzip`
+/// feature does, and drops the header). Keys are matched as written, byte for byte: a key
+/// written with an escape (`"tot\u0061l_tokens"`, or `"a\/b"`) never matches; and a JSON body
+/// is read from its first byte, so one that starts with a byte order mark is not read (an
+/// event stream may start with one).
 ///
 /// The body is never held: whatever its size and however it is split into chunks, reading it
 /// takes a few dozen bytes of state, and a long string in it (a prompt echoed back) costs
@@ -105,12 +112,16 @@ impl BodyUsage {
         let suffix = essence.len().saturating_sub(5);
         let json = is("application/json")
             || (suffix > 0 && essence.as_bytes()[suffix..].eq_ignore_ascii_case(b"+json"));
-        let scan = self.scan_as(is("text/event-stream") || (self.sse && !json));
+        // A body in a content coding (gzip, br, ...) holds no JSON to read: it is not read, and
+        // what it cost is what an answer that reports no usage cost.
+        let encoded = (headers.get(http::header::CONTENT_ENCODING))
+            .is_some_and(|coding| !coding.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let sse = is("text/event-stream") || (self.sse && !json);
         // An error answer (a refusal, or a failure before the work was done) used nothing,
         // unless its body says otherwise.
         let error = status.is_client_error() || status.is_server_error();
         AnswerScan {
-            scan,
+            scan: (!encoded).then(|| self.scan_as(sse)),
             unsaid: error.then_some(0),
         }
     }
@@ -129,7 +140,8 @@ impl BodyUsage {
 /// [`BodyUsage`]): the one rule of what an answer cost.
 #[derive(Debug)]
 pub(crate) struct AnswerScan {
-    scan: UsageScan,
+    /// The body's reader; none for a body in a content coding.
+    scan: Option<UsageScan>,
     /// The cost of an answer whose body reports none: zero for an error answer, else none.
     unsaid: Option<u32>,
 }
@@ -137,15 +149,16 @@ pub(crate) struct AnswerScan {
 impl AnswerScan {
     /// Reads the next bytes of the body.
     pub(crate) fn feed(&mut self, bytes: &[u8]) {
-        self.scan.feed(bytes);
+        if let Some(scan) = &mut self.scan {
+            scan.feed(bytes);
+        }
     }
 
     /// What the answer cost as far as it was read: the usage found (at most `u32::MAX`), else
     /// zero for an error answer, else `None` (the estimate stands).
     pub(crate) fn cost(&self) -> Option<u32> {
-        let found = self
-            .scan
-            .found()
+        let found = (self.scan.as_ref())
+            .and_then(UsageScan::found)
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         found.or(self.unsaid)
     }

@@ -250,7 +250,8 @@ impl<X, L> Policy<X, L> {
     ///
     /// The answer's `Content-Type` says how to read it: an event stream as events, JSON as one
     /// document, whichever constructor made `usage` (see [`BodyUsage`]), so one policy settles
-    /// a route that streams some answers and not others.
+    /// a route that streams some answers and not others. A body in a content coding (gzip) is
+    /// not read: place the layer inside any compression layer.
     ///
     /// The settle happens when the body ends. A body dropped before its end (the client went
     /// away) settles to the cost read so far, if it was read, and otherwise keeps the estimate;

@@ -119,6 +119,35 @@ async fn the_content_type_names_the_shape_in_every_spelling() {
     }
 }
 
+/// `src/usage.rs`'s `BodyUsage`: "A body in a content coding (a `Content-Encoding` other than
+/// `identity` ...) is not read, its usage unseen, so the estimate stands (and an error answer
+/// costs nothing)". A body labelled gzip is not read even where its bytes would say a cost
+/// (30 here; it read them): a 200 keeps its estimate, a 500 costs nothing; `identity`, in any
+/// case, is read.
+#[tokio::test]
+async fn a_body_in_a_content_coding_is_not_read() {
+    for (status, coding, want) in [
+        (200, Some("gzip"), 1000),
+        (200, Some("br"), 1000),
+        (500, Some("gzip"), 0),
+        (200, Some("IDENTITY"), 30),
+        (200, None, 30),
+    ] {
+        let answer = service_fn(move |_: Request<Body>| {
+            let mut response = Response::builder()
+                .status(status)
+                .header("content-type", "application/json");
+            if let Some(coding) = coding {
+                response = response.header("content-encoding", coding);
+            }
+            let body = frames(vec![Bytes::from(json_body(30))], None, false);
+            async move { Ok::<_, Infallible>(response.body(body).unwrap()) }
+        });
+        let got = spent(usage(false), answer, "read").await;
+        assert_eq!(got, want, "{status} {coding:?}");
+    }
+}
+
 /// `src/rate_limit/policy.rs:251-253`: "An error answer (status 400 and up: the service's own
 /// refusal, or a failure before the upstream was reached, streamed or not) that reports no
 /// usage settles to zero"; `src/usage.rs:148-149`, what an answer cost "as far as it was
