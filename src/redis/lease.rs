@@ -37,7 +37,8 @@ pub struct Lease {
 
 impl Lease {
     /// Leases of at most a quarter of the burst, for a tenth of the quota's period (between a
-    /// millisecond and a second): four instances at full demand can hold the whole burst.
+    /// millisecond and a second): four instances at full demand can hold the whole burst. Both
+    /// follow the quota in force: after a `set_quota`, the new one's.
     pub fn new() -> Self {
         Self::default()
     }
@@ -76,17 +77,15 @@ impl Lease {
                 "a concurrent policy holds slots, it leases no permits",
             ));
         }
-        let burst = quota.capacity;
-        let max_share = self.max_share.unwrap_or((burst / 4).max(1));
-        if max_share == 0 || max_share > burst {
+        if self
+            .max_share
+            .is_some_and(|share| share == 0 || share > quota.capacity)
+        {
             return Err(BuildError::new(
                 "a lease's max_share must be at least 1 and at most the burst",
             ));
         }
-        let period = quota.quota.period() / 10;
-        let length = (self.length)
-            .unwrap_or_else(|| period.clamp(Duration::from_millis(1), Duration::from_secs(1)));
-        let nanos = saturating_nanos(length);
+        let nanos = self.length_nanos(&quota.quota);
         if nanos.div_ceil(quota.tick_nanos) == 0
             || nanos.saturating_mul(2) / quota.tick_nanos > MAX_TICKS
         {
@@ -94,7 +93,24 @@ impl Lease {
                 "a lease's length must be longer than zero and, twice over, within the scripts' exact arithmetic",
             ));
         }
-        Ok(Leases::new(max_share, nanos))
+        Ok(Leases::new(self))
+    }
+
+    /// The most permits of one lease under `quota` (the quota in force, which a `set_quota`
+    /// changes): as set, or a quarter of the burst; never more than the burst.
+    fn max_share_under(&self, quota: &ScriptQuota) -> u32 {
+        let burst = quota.capacity.max(1);
+        self.max_share.unwrap_or(burst / 4).clamp(1, burst)
+    }
+
+    /// How long an instance admits from one lease under `quota`, in nanoseconds: as set, or a
+    /// tenth of the period, from a millisecond to a second (which the scripts always take).
+    fn length_nanos(&self, quota: &Quota) -> u64 {
+        let period = quota.period() / 10;
+        saturating_nanos(
+            (self.length)
+                .unwrap_or_else(|| period.clamp(Duration::from_millis(1), Duration::from_secs(1))),
+        )
     }
 }
 
@@ -103,10 +119,9 @@ const MAX_KEYS: usize = 10_000;
 
 /// One limiter's leases: the settings in force and the share of each key.
 pub(crate) struct Leases {
-    /// The most permits of one lease.
-    max_share: u32,
-    /// How long an instance admits from a lease, in nanoseconds of its clock.
-    length_nanos: u64,
+    /// The most permits of one lease and how long an instance admits from one, as set, or
+    /// worked out from the quota in force.
+    settings: Lease,
     /// Each key's share; a full table is swept for shares that hold nothing.
     shares: KeyTable<Arc<Share>>,
     counts: Counters,
@@ -148,10 +163,9 @@ struct Held {
 }
 
 impl Leases {
-    pub(crate) fn new(max_share: u32, length_nanos: u64) -> Self {
+    pub(crate) fn new(settings: Lease) -> Self {
         Self {
-            max_share,
-            length_nanos,
+            settings,
             shares: KeyTable::new(MAX_KEYS),
             counts: Counters::default(),
         }
@@ -201,7 +215,7 @@ impl Leases {
     /// The next lease call for `cost` permits at `now` with `quota` (the quota in force), and
     /// the id of the lease it asks for: it gives back the share held, which is given up at once
     /// (nothing more is admitted from it). No share is asked beyond the quota's burst, which a
-    /// `set_quota` may have brought below `max_share`.
+    /// `set_quota` may have brought below the `max_share` set.
     pub(crate) fn ask(
         &self,
         share: &Share,
@@ -216,14 +230,13 @@ impl Leases {
         }
         let wanted = held
             .size
-            .clamp(1, self.max_share.min(quota.capacity).max(1))
+            .clamp(1, self.settings.max_share_under(quota))
             .max(cost);
         held.size = wanted;
         let id = super::next_id();
         // Redis keeps a lease twice as long as the instance admits from it, so that a share
         // given back soon after its end still comes back.
-        let length = self
-            .length_nanos
+        let length = (self.settings.length_nanos(&quota.quota))
             .saturating_mul(2)
             .div_ceil(quota.tick_nanos);
         let operation = Operation::Lease {
@@ -282,7 +295,7 @@ impl Leases {
         sent: u64,
         received: u64,
     ) -> (u64, u64) {
-        let length = self.length_nanos;
+        let length = self.settings.length_nanos(&quota.quota);
         if quota.client_clock() {
             // The script ran at this clock's reading: its instants are this clock's.
             return (start, start.saturating_add(length).min(end));
@@ -526,7 +539,7 @@ mod tests {
     /// the next sweep.
     #[test]
     fn a_full_table_is_swept_once_for_a_quarter_of_its_keys_turned_away() {
-        let leases = Leases::new(10, 1_000_000);
+        let leases = Leases::new(Lease::new());
         let in_use: Vec<_> = (0..MAX_KEYS)
             .map(|i| leases.share(&i.to_string()).unwrap())
             .collect();

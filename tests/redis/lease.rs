@@ -602,3 +602,31 @@ async fn impossible_lease_settings_are_refused_naming_what_is_wrong() {
     assert!(build(builder().lease(long)).contains("length"));
     assert!(builder().lease(Lease::new().max_share(10)).build().is_ok());
 }
+
+/// `Lease::new`'s share and length "follow the quota in force: after a `set_quota`, the new
+/// one's". A limiter built at 4 a second whose quota becomes 400 leases as one built at 400:
+/// 200 admissions at one instant take the same few leases. Its share stayed a quarter of the
+/// old burst, one permit, and each admission was a lease call (200 calls where 8 do).
+#[tokio::test]
+async fn a_default_share_follows_a_changed_quota() {
+    let server = or_skip!(RedisServer::start("lease_default_share_follows"));
+    let clock = manual_clock_at(Duration::from_secs(1000));
+    let after = Quota::per_second(400).unwrap();
+    let changed = instance(
+        &server.url(),
+        Quota::per_second(4).unwrap(),
+        Lease::new(),
+        &clock,
+    )
+    .await;
+    changed.set_quota(after).unwrap();
+    let built = instance(&server.url(), after, Lease::new(), &clock).await;
+    for (limiter, key) in [(&changed, "changed"), (&built, "built")] {
+        for i in 0..200 {
+            assert!(limiter.check(&key).await.unwrap().allowed, "{key} {i}");
+        }
+    }
+    let leases = |limiter: &RedisRateLimiter| limiter.counts().leases_taken;
+    assert_eq!(leases(&changed), leases(&built));
+    assert!(leases(&built) <= 10, "{}", leases(&built));
+}
