@@ -1,11 +1,13 @@
-//! The state of every configured instance, for a health endpoint.
+//! The state of the configured rate limiters, bulkheads and pushbacks, for a health endpoint.
 
 use super::Registry;
 use crate::observe::LimiterSnapshot;
 use crate::rate_limit::json_string;
 
 impl Registry {
-    /// The state of every instance, for a health endpoint.
+    /// The state of every rate limiter, bulkhead (fixed and adaptive) and pushback, for a
+    /// health endpoint. Breakers, overload protections, retries and client quotas are not in
+    /// it: read their own state (`Breaker::state`, `Overload::limit`, `Retry::budget_available`).
     ///
     /// A saturated instance is working as intended (a limiter refusing during a peak, a
     /// bulkhead with every permit taken), so it is reported as saturated and `UP`: an
@@ -97,7 +99,8 @@ impl Registry {
     }
 }
 
-/// The state of every configured instance; see [`Registry::health`].
+/// The state of the configured rate limiters, bulkheads and pushbacks; see
+/// [`Registry::health`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {

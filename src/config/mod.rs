@@ -43,7 +43,7 @@
 //! |---|---|---|
 //! | `limit_for_period` | integer ≥ 1 | required |
 //! | `limit_refresh_period` | duration > 0 | required |
-//! | `burst` | integer ≥ 1 | `limit_for_period` |
+//! | `burst` | integer ≥ 1: what GCRA admits at once after an idle spell (the window algorithms admit `limit_for_period` per window and ignore it, as `Quota::with_burst` says) | `limit_for_period` |
 //! | `max_wait` | duration | `"0s"` (refuse at once) |
 //! | `algorithm` | `gcra`, `fixed_window`, `sliding_log`, `sliding_counter` | `gcra` |
 //! | `key` | `peer_ip` (the TCP peer), `forwarded_ip` (the client behind trusted proxies), `header:<name>` (values up to 256 bytes), `global` | `peer_ip` |

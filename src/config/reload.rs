@@ -31,7 +31,9 @@ impl Registry {
     /// [`KeyedRateLimiter::set_quota`](crate::KeyedRateLimiter::set_quota) for what each
     /// algorithm keeps), and a bulkhead's `max_concurrent_calls`, as
     /// [`Bulkhead::set_max_concurrent_calls`](crate::bulkhead::Bulkhead::set_max_concurrent_calls)
-    /// does. An instance whose settings are unchanged is not touched at all.
+    /// does. An instance whose settings are unchanged is not touched at all: what is unchanged
+    /// is judged against the file last applied, so a change made in code since (a
+    /// `set_quota`, a `set_max_concurrent_calls`) stays until the file changes that setting.
     ///
     /// Anything else cannot change under the layers already serving, so a reload that changes
     /// it is refused as a whole, with an error naming the instance and the field: a rate
