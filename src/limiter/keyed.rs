@@ -197,7 +197,9 @@ where
     /// Replaces the quota for every clone of this limiter, keeping every key's state.
     ///
     /// What a key has used stays used: a key that took 9 of 10 permits and whose quota becomes
-    /// 20 has 11 left, not 20; one whose quota drops below what it took is refused until its
+    /// 20 has 11 left, not 20 (with GCRA, where the emission interval stays the same; otherwise
+    /// what a key owes is kept as time: a key that used 1 of 1 an hour owes an hour, all 100
+    /// permits of 100 an hour); one whose quota drops below what it took is refused until its
     /// use falls within the new quota. Each algorithm's state carries over its own way: GCRA
     /// keeps each key's TAT, the window algorithms keep their counts (the window in progress
     /// keeps its start and, under a new period, ends one new period after it), the sliding log
