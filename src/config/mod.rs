@@ -49,7 +49,7 @@
 //! | `key` | `peer_ip` (the TCP peer), `forwarded_ip` (the client behind trusted proxies), `header:<name>` (values up to 256 bytes), `global` | `peer_ip` |
 //! | `trusted_proxies` | with `key = "forwarded_ip"`, required: the proxies (list of CIDRs) whose forwarding header is believed; a request from any other peer is keyed by the peer, whatever it wrote (see `rate_limit::ForwardedIp`, feature `axum`; an unreadable hop is a `400`) | none |
 //! | `forwarded_header` | with `key = "forwarded_ip"`: `x-forwarded-for`, or `forwarded` (RFC 7239) | `x-forwarded-for` |
-//! | `max_keys` | integer ≥ 1 | 1 000 000 |
+//! | `max_keys` | integer ≥ 1: the most keys the in-memory store keeps (with `store = "redis"`, Redis keeps the keys and this plays no part) | 1 000 000 |
 //! | `hide_keys` | boolean: keep client keys out of log events | `false` |
 //! | `store` | `memory`, or `redis` (feature `redis`) for one quota across every instance | `memory` |
 //! | `redis_url` | `redis://host:port` | required with `store = "redis"` |
