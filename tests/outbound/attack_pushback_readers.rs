@@ -672,3 +672,67 @@ fn a_users_dialect_is_capped_and_weighed_like_the_others() {
         assert_eq!(pushback.held_for(), expected, "{status} {fields:?}");
     }
 }
+
+/// "Another field on several lines counts where they all say the same (a proxy and the server
+/// may each add it) and is ignored, logged, where they differ". `X-RateLimit-Remaining: 0` twice
+/// with a reset a minute away holds that minute, as one line does; two lines that disagree say
+/// nothing. The same line twice was ignored, and calls went out.
+#[test]
+fn a_field_repeated_alike_on_several_lines_counts_once() {
+    let twice = |first: &str, second: &str| -> Fields {
+        vec![
+            ("x-ratelimit-remaining", first.to_string()),
+            ("x-ratelimit-remaining", second.to_string()),
+            ("x-ratelimit-reset-after", "60".to_string()),
+        ]
+    };
+    assert_eq!(held_owned(TEN_MIN, 200, &twice("0", "0")), S(60));
+    assert_eq!(held_owned(TEN_MIN, 200, &spent(X_RESET_AFTER, 60)), S(60));
+    assert_eq!(held_owned(TEN_MIN, 200, &twice("0", "5")), Duration::ZERO);
+}
+
+/// "A `grpc-retry-pushback-ms` past `u64` is the longest hold, cut to `max_hold`": a count of
+/// milliseconds of any length is a wait, not a malformed value. It held nothing.
+#[cfg(feature = "grpc")]
+#[test]
+fn a_grpc_pushback_past_every_integer_bound_holds_max_hold() {
+    for value in [
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999999",
+    ] {
+        let fields = vec![
+            ("grpc-status", "8".to_string()),
+            ("grpc-retry-pushback-ms", value.to_string()),
+        ];
+        assert_eq!(held_owned(S(90), 200, &fields), S(90), "{value}");
+    }
+}
+
+/// `outbound::pushback`'s limit: an answer's other quotas are not kept once the most
+/// restrictive one's window has passed. `"burst";r=0;t=1, "day";r=2;t=3600`: a second later,
+/// twenty calls that stay in flight all go, where the day's quota allowed two.
+#[tokio::test]
+#[ignore = "a known limit, documented in outbound::pushback: of several quotas in one answer, only the most restrictive is kept"]
+async fn several_quotas_in_one_answer_each_hold_calls() {
+    let (pushback, clock) = make(TEN_MIN);
+    pushback.observe(&answer(
+        200,
+        &[("ratelimit", &br#""burst";r=0;t=1, "day";r=2;t=3600"#[..])],
+    ));
+    clock.advance(S(1));
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&reached);
+    let mut client = pushback.layer().layer(service_fn(move |_: ()| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<Result<Response<()>, BoxError>>()
+    }));
+    let mut in_flight = Vec::new();
+    for _ in 0..20 {
+        if tokio::time::timeout(S(1), client.ready()).await.is_err() {
+            break;
+        }
+        in_flight.push(client.call(()));
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 2);
+}

@@ -90,6 +90,12 @@
 //!   first call (or [`held_for`](Pushback::held_for)) after the one before has passed and no
 //!   hold lasts.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
+//! * **A limit:** an answer that advertises several quotas (several `RateLimit` items, or a
+//!   quota in each of two dialects) is held to the most restrictive one now, the fewest calls
+//!   left and of those the longest window, and the others are not kept: once its window has
+//!   passed, calls go by its policy, or freely, until the next answer, even where another
+//!   quota of the same answer had fewer left for longer (found by attack). Each answer tells
+//!   anew, so a dependency that answers every call keeps its quotas in force.
 //! * A policy whose `q` is zero, or no more than the calls in flight, gives nothing in any
 //!   window until something new is heard: then calls are held for
 //!   [`max_hold`](PushbackBuilder::max_hold) from the last answer or call, and one call goes
@@ -123,7 +129,10 @@
 //! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
 //! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
 //! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored and logged;
-//! none panics. Several `Retry-After` lines are not an error: the longest counts. `RateLimit`
+//! none panics. Several `Retry-After` lines are not an error: the longest counts. Another field
+//! on several lines counts where they all say the same (a proxy and the server may each add it)
+//! and is ignored, logged, where they differ. A `grpc-retry-pushback-ms` past `u64` is the
+//! longest hold, cut to `max_hold`. `RateLimit`
 //! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
 //! field that does not parse is ignored whole, as that RFC asks.
 

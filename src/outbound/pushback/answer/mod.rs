@@ -408,12 +408,12 @@ impl Reader<'_> {
         parsed
     }
 
-    /// The one line of `name`, if it has exactly one of at most 4 KiB; logged when it has
-    /// several or a longer one.
+    /// The one value of `name`, if its lines (at most 4 KiB) all say the same: a proxy and the
+    /// server may each add the same field. Logged when lines differ, or one is longer.
     fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
         let mut values = self.lines(headers, name)?.iter();
         let value = values.next()?;
-        if values.next().is_some() {
+        if values.any(|other| other != value) {
             self.malformed(name.as_str(), value.as_bytes());
             return None;
         }
