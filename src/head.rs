@@ -15,16 +15,11 @@ pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The milliseconds a `grpc-retry-pushback-ms` value asks to wait; `None` for one that is not a
-/// count of milliseconds (negative, or unreadable), which A6 reads as "do not retry". A count
-/// past `u64` is the longest wait, not an unreadable one. The one reader of the field, for the
-/// pushback's hold and the retries alike.
+/// count of milliseconds (negative, or unreadable), which A6 reads as "do not retry". The one
+/// reader of the field, for the pushback's hold and the retries alike.
 #[cfg(any(feature = "grpc", feature = "adaptive"))]
 pub(crate) fn pushback_millis(value: &[u8]) -> Option<u64> {
-    match std::str::from_utf8(value).ok()?.trim().parse::<u64>() {
-        Ok(millis) => Some(millis),
-        Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Some(u64::MAX),
-        Err(_) => None,
-    }
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 /// Whether a `grpc-retry-pushback-ms` of `value` (if any) says not to retry (A6): one that is

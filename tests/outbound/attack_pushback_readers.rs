@@ -691,24 +691,6 @@ fn a_field_repeated_alike_on_several_lines_counts_once() {
     assert_eq!(held_owned(TEN_MIN, 200, &twice("0", "5")), Duration::ZERO);
 }
 
-/// "A `grpc-retry-pushback-ms` past `u64` is the longest hold, cut to `max_hold`": a count of
-/// milliseconds of any length is a wait, not a malformed value. It held nothing.
-#[cfg(feature = "grpc")]
-#[test]
-fn a_grpc_pushback_past_every_integer_bound_holds_max_hold() {
-    for value in [
-        "18446744073709551615",
-        "18446744073709551616",
-        "99999999999999999999999",
-    ] {
-        let fields = vec![
-            ("grpc-status", "8".to_string()),
-            ("grpc-retry-pushback-ms", value.to_string()),
-        ];
-        assert_eq!(held_owned(S(90), 200, &fields), S(90), "{value}");
-    }
-}
-
 /// `outbound::pushback`'s limit: an answer's other quotas are not kept once the most
 /// restrictive one's window has passed. `"burst";r=0;t=1, "day";r=2;t=3600`: a second later,
 /// twenty calls that stay in flight all go, where the day's quota allowed two.

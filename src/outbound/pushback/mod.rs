@@ -131,8 +131,7 @@
 //! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored and logged;
 //! none panics. Several `Retry-After` lines are not an error: the longest counts. Another field
 //! on several lines counts where they all say the same (a proxy and the server may each add it)
-//! and is ignored, logged, where they differ. A `grpc-retry-pushback-ms` past `u64` is the
-//! longest hold, cut to `max_hold`. `RateLimit`
+//! and is ignored, logged, where they differ. `RateLimit`
 //! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
 //! field that does not parse is ignored whole, as that RFC asks.
 
