@@ -130,12 +130,14 @@ where
                         Poll::Ready(permit) => permit,
                         Poll::Pending => {
                             // A wait so long that its end cannot be represented (such as
-                            // `Duration::MAX`) is no bound at all.
-                            let Some(until) = entry
-                                .waiting
-                                .permits
-                                .max_wait
+                            // `Duration::MAX`) is no bound at all; nor is one that ends within
+                            // a millisecond of the last instant, which tokio's timer, rounding a
+                            // deadline up by under a millisecond, cannot take.
+                            let Some(until) = (entry.waiting.permits.max_wait)
                                 .and_then(|max_wait| entry.since.checked_add(max_wait))
+                                .filter(|until| {
+                                    until.checked_add(Duration::from_millis(1)).is_some()
+                                })
                             else {
                                 return Poll::Pending;
                             };

@@ -131,11 +131,14 @@ where
 /// `Duration`. `Duration::MAX` is the natural "wait as long as it takes" for a semaphore
 /// bulkhead, yet the first call that has to wait panics inside `poll` (tokio `Instant + Duration`
 /// overflows in `sleep_until(since + max_wait)`).
+/// So does a wait that ends half a millisecond before the last instant the clock can tell:
+/// tokio's timer rounds a deadline up by under a millisecond, which overflowed there.
 #[tokio::test(start_paused = true)]
 async fn a_huge_max_wait_waits_instead_of_panicking() {
     for builder in [
         Bulkhead::semaphore("forever", 1).max_wait(Duration::MAX),
         Bulkhead::queue("forever-queue", 1, 4).max_wait(Duration::MAX),
+        Bulkhead::semaphore("to-the-last-instant", 1).max_wait(to_the_last_instant_less(500)),
     ] {
         let bulkhead = builder.build();
         let gated = Gated::default();
@@ -157,6 +160,22 @@ async fn a_huge_max_wait_waits_instead_of_panicking() {
         assert_eq!(second.await.unwrap(), 2);
         assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
     }
+}
+
+/// The longest wait from now that the clock can still tell, less `micros` microseconds.
+fn to_the_last_instant_less(micros: u64) -> Duration {
+    let now = tokio::time::Instant::now();
+    let (mut fits, mut overflows) = (0u128, Duration::MAX.as_nanos());
+    while overflows - fits > 1 {
+        let mid = fits + (overflows - fits) / 2;
+        let wait = Duration::new((mid / 1_000_000_000) as u64, (mid % 1_000_000_000) as u32);
+        match now.checked_add(wait) {
+            Some(_) => fits = mid,
+            None => overflows = mid,
+        }
+    }
+    let last = Duration::new((fits / 1_000_000_000) as u64, (fits % 1_000_000_000) as u32);
+    last - Duration::from_micros(micros)
 }
 
 /// Held: a panicking `on_call_finished` hook still gives the permit back exactly once, whether

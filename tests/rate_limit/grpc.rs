@@ -702,6 +702,15 @@ fn the_adaptive_bulkheads_classifier_reads_grpc_statuses() {
         assert_eq!(judge(Some(healthy)), Verdict::Healthy, "{healthy}");
     }
     assert_eq!(judge(None), Verdict::Healthy);
+    // Only an HTTP 200 is a trailers-only gRPC answer: a proxy's 429, 503 or 504 is overload
+    // whatever `grpc-status` it carries (it was judged healthy by that status).
+    for (http_status, grpc_status) in [(503, "2"), (429, "13"), (504, "0")] {
+        let mut response = http::Response::new(());
+        *response.status_mut() = http::StatusCode::from_u16(http_status).unwrap();
+        (response.headers_mut()).insert("grpc-status", grpc_status.parse().unwrap());
+        let verdict = HttpOverload::default().classify(Ok(&response));
+        assert_eq!(verdict, Verdict::Overloaded, "{http_status} {grpc_status}");
+    }
 }
 
 proptest::proptest! {

@@ -138,8 +138,12 @@ impl HttpOverload {
 impl<R: ResponseHead> Classify<R> for HttpOverload {
     fn classify(&self, result: Result<&R, &BoxError>) -> Verdict {
         match result {
+            // A proxy's 429, 503 or 504 is overload whatever gRPC status it carries.
             #[cfg(feature = "grpc")]
-            Ok(response) if response.headers().contains_key(crate::head::GRPC_STATUS) => {
+            Ok(response)
+                if response.status() == http::StatusCode::OK
+                    && response.headers().contains_key(crate::head::GRPC_STATUS) =>
+            {
                 grpc_verdict(response.headers())
             }
             Ok(response) => Self::classify_status(response.status()),
