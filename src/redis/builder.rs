@@ -220,9 +220,8 @@ impl RedisRateLimiterBuilder {
     ///   apart: admissions made beside the share before the change may be forgotten, at most
     ///   the unused permits times the lengthening (one admission more than in memory after a
     ///   change from 100 to 10 a second, found by attack). Giving them back at the old interval
-    ///   instead would
-    ///   under-admit by up to the share whenever the key was written under the new quota
-    ///   before the share ended.
+    ///   instead would under-admit by up to the share whenever the key was written under the
+    ///   new quota before the share ended.
     /// * At most 64 leases of one key are out at once; an instance is refused until one comes
     ///   back.
     /// * Calls on one key that find no share wait for one lease call of this instance, then

@@ -312,36 +312,30 @@ impl Inner {
             Err(RedisFailure::Late)
         };
         let asked = self.bounded(quota, call, false);
-        match asked.await {
+        let decision = match asked.await {
             Ok(mut decision) => {
                 self.cache_refusal(&key, cost, &decision);
                 if hold != 0 && decision.allowed {
                     decision.admission.taken = Taken::RedisHold { hold };
-                    // Settled whatever ends the request: its estimate, at least; its slots, whole.
-                    decision = decision.holding(match quota.script {
-                        LimiterScript::Metered => Hold::Estimate,
-                        _ => Hold::Slots,
-                    });
+                    // Settled whatever ends the request: its estimate, at least (its slots,
+                    // below).
+                    if quota.script == LimiterScript::Metered {
+                        decision = decision.holding(Hold::Estimate);
+                    }
                     if cost > 0 {
                         self.holds.take(&key, hold, cost);
                     }
-                } else if quota.script == LimiterScript::Concurrency {
-                    // Refused slots say so too, for the headers, as in memory.
-                    decision = decision.holding(Hold::Slots);
                 }
                 Ok(self.stamp(decision, &key, cost))
             }
-            Err(failure) => {
-                let decision =
-                    (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
-                // A fail mode's admission of slots goes back whole when the request ends, as a
-                // slot does, whatever limiter made it (a rate limiter's too: its permits come
-                // back when the request ends).
-                match quota.script {
-                    LimiterScript::Concurrency => decision.map(|d| d.holding(Hold::Slots)),
-                    _ => decision,
-                }
-            }
+            Err(failure) => (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure),
+        };
+        // A concurrent policy's decisions are of slots, whoever made them: Redis's admission
+        // and a fail mode's go back whole when the request ends (a rate limiter's too: its
+        // permits come back then), and a refusal says so in the headers, as in memory.
+        match quota.script {
+            LimiterScript::Concurrency => decision.map(|d| d.holding(Hold::Slots)),
+            _ => decision,
         }
     }
 
