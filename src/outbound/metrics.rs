@@ -120,12 +120,14 @@ impl PushbackMetrics {
             if answer.hold.is_some_and(|hold| !hold.is_zero()) {
                 self.handles(name).holds[0].increment(1);
             }
-            let spent = answer
-                .quota
-                .filter(|quota| quota.remaining == 0 && !quota.window.is_zero());
-            if let Some(quota) = spent {
-                // `HOLD_REASONS` lists the dialects in the order of declaration.
-                self.handles(name).holds[1 + quota.dialect as usize].increment(1);
+            // Once per dialect with a spent quota; `HOLD_REASONS` lists the dialects in the
+            // order of declaration.
+            let mut spent = [false; HOLD_REASONS.len() - 1];
+            for quota in &answer.quotas {
+                spent[quota.dialect as usize] |= quota.remaining == 0 && !quota.window.is_zero();
+            }
+            for (dialect, _) in spent.iter().enumerate().filter(|(_, spent)| **spent) {
+                self.handles(name).holds[1 + dialect].increment(1);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Pushback under answers delivered in any order (tokio's paused time): calls start, their
-//! answers (`RateLimit` quotas with or without a policy, 429s with `Retry-After`) come back in a
-//! random order at random times, and probe calls keep knocking. Every answer bounds the probes
+//! answers (one or several `RateLimit` quotas with or without a policy, 429s with
+//! `Retry-After`) come back in a
+//! random order at random times, and probe calls keep knocking. Every quota bounds the probes
 //! from its arrival until a newer answer arrives (one to a call sent after every answer before
 //! it had arrived): any other answer may only tighten, so its bound holds too. And four workers
 //! call a dependency that counts their calls in an order of its own. A refused probe is told when a call can really go: a call made then,
@@ -24,15 +25,20 @@ use tower_bulwark::BoxError;
 
 use crate::common::{paused_runtime, poll_once, response, tokio_direct};
 
+/// One `RateLimit` quota of a scripted answer: `r` and `t`, and its policy's `q` and `w`.
+#[derive(Clone, Debug)]
+struct Quota {
+    left: u64,
+    window: u64,
+    policy: Option<(u64, u64)>,
+}
+
 /// What one scripted call's answer says.
 #[derive(Clone, Debug)]
 enum Answer {
-    /// `200` with `RateLimit: "p";r=R;t=T`, and `RateLimit-Policy: "p";q=Q;w=W` when given.
-    Quota {
-        left: u64,
-        window: u64,
-        policy: Option<(u64, u64)>,
-    },
+    /// `200` with a `RateLimit` item `"pN";r=R;t=T` for the N-th quota, and a
+    /// `RateLimit-Policy` item `"pN";q=Q;w=W` for each that has a policy.
+    Quotas(Vec<Quota>),
     /// `429` with `Retry-After: S`.
     Hold { seconds: u64 },
 }
@@ -40,43 +46,56 @@ enum Answer {
 impl Answer {
     fn response(&self) -> Response<()> {
         match self {
-            Answer::Quota {
-                left,
-                window,
-                policy,
-            } => {
-                let ratelimit = format!("\"p\";r={left};t={window}");
-                match policy {
-                    Some((q, w)) => response(
-                        200,
-                        &[
-                            ("ratelimit", &ratelimit),
-                            ("ratelimit-policy", &format!("\"p\";q={q};w={w}")),
-                        ],
-                    ),
-                    None => response(200, &[("ratelimit", &ratelimit)]),
+            Answer::Quotas(quotas) => {
+                let items = |item: &dyn Fn(&Quota) -> Option<String>| {
+                    let items = quotas
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(n, quota)| Some(format!("\"p{n}\";{}", item(quota)?)));
+                    items.collect::<Vec<_>>().join(", ")
+                };
+                let ratelimit =
+                    items(&|quota| Some(format!("r={};t={}", quota.left, quota.window)));
+                let policies = items(&|quota| {
+                    let (q, w) = quota.policy?;
+                    Some(format!("q={q};w={w}"))
+                });
+                let mut fields = vec![("ratelimit", ratelimit.as_str())];
+                if !policies.is_empty() {
+                    fields.push(("ratelimit-policy", policies.as_str()));
                 }
+                response(200, &fields)
             }
             Answer::Hold { seconds } => response(429, &[("retry-after", &seconds.to_string())]),
         }
     }
 
-    /// From its arrival: how long it bounds the calls, and how many it lets start then.
-    fn bound(&self) -> (Duration, u64) {
+    /// From its arrival: for each quota or hold, how long it bounds the calls, and how many
+    /// it lets start then.
+    fn bounds(&self) -> Vec<(Duration, u64)> {
         match self {
-            Answer::Quota { left, window, .. } => (Duration::from_secs(*window), *left),
-            Answer::Hold { seconds } => (Duration::from_secs(*seconds), 0),
+            Answer::Quotas(quotas) => (quotas.iter())
+                .map(|quota| (Duration::from_secs(quota.window), quota.left))
+                .collect(),
+            Answer::Hold { seconds } => vec![(Duration::from_secs(*seconds), 0)],
         }
     }
 }
 
 fn answer() -> impl Strategy<Value = Answer> {
+    // A policy may grant nothing, or no more than the calls in flight (up to three), so that
+    // its next windows have nothing to give.
+    let quota = (0u64..4, 1u64..20, proptest::option::of((0u64..9, 1u64..20))).prop_map(
+        |(left, window, policy)| Quota {
+            left,
+            window,
+            policy,
+        },
+    );
     prop_oneof![
-        // A policy may grant nothing, or no more than the calls in flight (up to three), so
-        // that its next windows have nothing to give.
-        3 => (0u64..4, 1u64..20, proptest::option::of((0u64..9, 1u64..20))).prop_map(
-            |(left, window, policy)| Answer::Quota { left, window, policy }
-        ),
+        3 => quota.clone().prop_map(|quota| Answer::Quotas(vec![quota])),
+        // Several quotas in one answer each bound the calls.
+        2 => proptest::collection::vec(quota, 2..4).prop_map(Answer::Quotas),
         1 => (1u64..15).prop_map(|seconds| Answer::Hold { seconds }),
     ]
 }
@@ -233,11 +252,13 @@ proptest! {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
         let run = run(&answers, &order, &gaps, step, spread);
-        // Each answer bounds the calls from its arrival until its window ends or a newer
-        // answer arrives, whichever comes first: one to a call sent after every answer before
-        // it had arrived.
-        for (k, (call, arrived, answer)) in run.delivered.iter().enumerate() {
-            let (span, most) = answer.bound();
+        // Each quota (or hold) of an answer bounds the calls from its arrival until its window
+        // ends or a newer answer arrives, whichever comes first: one to a call sent after every
+        // answer before it had arrived.
+        let each_bound = run.delivered.iter().enumerate().flat_map(|(k, delivered)| {
+            delivered.2.bounds().into_iter().map(move |bound| (k, delivered, bound))
+        });
+        for (k, (call, arrived, answer), (span, most)) in each_bound {
             let superseded = (k + 1..run.delivered.len())
                 .find(|&j| run.started[run.delivered[j].0] > run.delivered[j - 1].1)
                 .map(|j| run.delivered[j].1);

@@ -691,11 +691,11 @@ fn a_field_repeated_alike_on_several_lines_counts_once() {
     assert_eq!(held_owned(TEN_MIN, 200, &twice("0", "5")), Duration::ZERO);
 }
 
-/// `outbound::pushback`'s limit: an answer's other quotas are not kept once the most
-/// restrictive one's window has passed. `"burst";r=0;t=1, "day";r=2;t=3600`: a second later,
-/// twenty calls that stay in flight all go, where the day's quota allowed two.
+/// "An answer that advertises several quotas holds calls by each of them":
+/// `"burst";r=0;t=1, "day";r=2;t=3600`, a second later, lets two of twenty calls that stay in
+/// flight go, as the day's quota allows (all twenty went while only the most restrictive quota
+/// was kept).
 #[tokio::test]
-#[ignore = "a known limit, documented in outbound::pushback: of several quotas in one answer, only the most restrictive is kept"]
 async fn several_quotas_in_one_answer_each_hold_calls() {
     let (pushback, clock) = make(TEN_MIN);
     pushback.observe(&answer(

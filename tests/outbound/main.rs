@@ -53,8 +53,9 @@ mod retry_after_hostile;
 mod retry_budget;
 #[cfg(all(feature = "adaptive", feature = "reqwest"))]
 mod retry_stack;
-#[cfg(feature = "reqwest")]
 mod settle_from_body;
+#[cfg(feature = "reqwest")]
+mod several_quotas;
 #[cfg(feature = "reqwest")]
 mod stack;
 mod tokens;

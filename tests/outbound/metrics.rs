@@ -71,9 +71,9 @@ fn scripted(
 
 /// A spent quota counts under the fields that advertised it, not under whichever field the
 /// answer happens to carry: calls left in `RateLimit` and none in `X-RateLimit-Remaining` is an
-/// `x_ratelimit` hold; nothing left in both, a `ratelimit` one (read first of equals).
+/// `x_ratelimit` hold; nothing left in both, one hold under each (each quota holds calls).
 #[test]
-fn a_spent_quota_counts_under_the_fields_that_bind() {
+fn a_spent_quota_counts_under_the_fields_that_advertised_it() {
     on_own_recorder(&runtime(), |snapshotter| async move {
         let partner = Pushback::builder("partner")
             .clock(ManualClock::new())
@@ -95,8 +95,9 @@ fn a_spent_quota_counts_under_the_fields_that_bind() {
         assert_eq!(pushback_holds(&all, "partner", "ratelimit"), 0);
         partner.observe(&answer(r#""default";r=0;t=10"#));
         let all = series(&snapshotter);
-        assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 0);
+        assert_eq!(pushback_holds(&all, "partner", "x_ratelimit"), 1);
         assert_eq!(pushback_holds(&all, "partner", "ratelimit"), 1);
+        assert_eq!(pushback_holds(&all, "partner", "openai"), 0);
     });
 }
 

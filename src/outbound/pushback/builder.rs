@@ -96,8 +96,8 @@ impl<C: Clock> PushbackBuilder<C> {
     /// Reads a quota in fields of the dependency's own, beside the dialects the pushback knows
     /// (see the [module docs](super#what-is-read)): `read` returns the calls left and the span
     /// until they reset, or `None` when the fields are not there. The span is capped at
-    /// [`max_hold`](Self::max_hold); of all the quotas an answer gives, the most restrictive
-    /// counts. Each call adds one more reader.
+    /// [`max_hold`](Self::max_hold); every quota an answer gives holds calls, this one beside
+    /// the others. Each call adds one more reader.
     ///
     /// ```
     /// use std::time::Duration;

@@ -119,9 +119,9 @@ pub(crate) struct Dependency<C> {
 
 impl<C: Clock> Dependency<C> {
     /// Starts a call of `tokens` tokens now, returning its place in the order of starts and
-    /// whether it took one of the advertised budget's calls, or says from when one may start:
+    /// the quotas whose budget it took a call of (one bit each), or says from when one may start:
     /// `Err((now, at))`.
-    pub(crate) fn try_start(&self, tokens: u64) -> Result<(u64, bool), (u64, u64)> {
+    pub(crate) fn try_start(&self, tokens: u64) -> Result<(u64, u32), (u64, u64)> {
         let now = self.clock.now();
         lock(&self.schedule)
             .try_start(now, tokens)
@@ -146,7 +146,7 @@ impl<C: Clock> Dependency<C> {
 
     /// A call of `tokens` tokens started at `place` was refused below the layer, unsent: what
     /// it took of the advertised budget goes back, and waiters look again.
-    pub(crate) fn give_back(&self, place: u64, counted: bool, tokens: u64) {
+    pub(crate) fn give_back(&self, place: u64, counted: u32, tokens: u64) {
         self.change(|schedule, _| schedule.give_back(place, counted, tokens));
     }
 

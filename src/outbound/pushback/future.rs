@@ -27,8 +27,8 @@ struct InFlight<C: Clock> {
     dependency: Arc<Dependency<C>>,
     /// The call's place in the order of starts.
     place: u64,
-    /// Whether it took one of the advertised budget's calls.
-    counted: bool,
+    /// The quotas whose budget it took a call of, one bit each by their places.
+    counted: u32,
     /// The tokens it may use.
     tokens: u64,
 }
@@ -91,7 +91,7 @@ pin_project! {
 
 fn run<S: Service<Req>, Req, C: Clock>(
     dependency: &Arc<Dependency<C>>,
-    (place, counted): (u64, bool),
+    (place, counted): (u64, u32),
     tokens: u64,
     service: &mut S,
     request: Req,

@@ -86,16 +86,14 @@
 //!   flight when the answer came (they may not have been counted in it yet). When they are
 //!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same
 //!   name (less those still in flight) may start within its `w`, and so on, or, without a
-//!   policy, calls go freely until the next answer. Each of these windows starts with the
-//!   first call (or [`held_for`](Pushback::held_for)) after the one before has passed and no
-//!   hold lasts.
+//!   policy, calls go freely by this quota until the next answer. Each of these windows starts
+//!   with the first call (or [`held_for`](Pushback::held_for)) after the one before has passed
+//!   and no hold lasts.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
-//! * **A limit:** an answer that advertises several quotas (several `RateLimit` items, or a
-//!   quota in each of two dialects) is held to the most restrictive one now, the fewest calls
-//!   left and of those the longest window, and the others are not kept: once its window has
-//!   passed, calls go by its policy, or freely, until the next answer, even where another
-//!   quota of the same answer had fewer left for longer (found by attack). Each answer tells
-//!   anew, so a dependency that answers every call keeps its quotas in force.
+//! * An answer that advertises several quotas (several `RateLimit` items, or a quota in each of
+//!   two dialects) holds calls by each of them: a call starts only when every one lets it, and
+//!   counts against each. Of more than 16 in one answer, the 16 most restrictive are kept (the
+//!   fewest calls left, and of those the longest window).
 //! * A policy whose `q` is zero, or no more than the calls in flight, gives nothing in any
 //!   window until something new is heard: then calls are held for
 //!   [`max_hold`](PushbackBuilder::max_hold) from the last answer or call, and one call goes
@@ -105,13 +103,15 @@
 //!   still connect). So an answer is newer than the one in force only if its call was sent
 //!   after that one was received; it then replaces it. An answer to a call sent before may
 //!   have been written first, whatever order the calls started in, so it may only tighten what
-//!   is in force, field by field: no more calls left than either answer gave, a window no shorter, a policy no
-//!   looser; when it has nothing left, no call goes until its window ends, and then the answer
-//!   in force applies as it stands. It never loosens or shortens a hold.
+//!   is in force. Each of its quotas tightens the quota in force of the same kind (dialect and
+//!   policy window), field by field: no more calls left than either answer gave, a window no
+//!   shorter, a policy no looser; when it has nothing left, no call goes until its window ends,
+//!   and then the quotas in force apply as they stand. A quota of a kind not in force is kept
+//!   beside them. It never loosens or shortens a hold.
 //! * A call that one of the crate's layers below refuses before sending it (a
 //!   [`BulkheadFull`](crate::BulkheadFull), a client quota's refusal) reached nothing: the
-//!   call it took of the advertised budget goes back, if the budget in force is still the one
-//!   it took it from.
+//!   call it took of each advertised budget goes back, to each budget still in force that it
+//!   took it from.
 //! * A held call fails at once with [`PushedBack`], which carries the time until a call may
 //!   actually go, with nothing new heard in between (the end of whichever of the hold, the
 //!   spent window or the pacing ends last, past windows that give nothing, or the probe),

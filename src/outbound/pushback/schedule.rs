@@ -1,5 +1,6 @@
-//! When calls to one dependency may start, by what it has said: a hold, an advertised budget
-//! and its window, the pacing slot, and the calls in flight.
+//! When calls to one dependency may start, by what it has said: a hold, the advertised quotas
+//! (each a [`Lane`]: a budget and its window, a pacing slot), and the calls in flight. A call
+//! starts only when every lane lets it.
 //!
 //! A refused call is told [`Schedule::free_at`], and a call made then, with nothing new heard
 //! in between (no answer, no call ending, no other call starting), is admitted by
@@ -14,7 +15,7 @@
 //! after the last one refuses. The look-ahead rolls its copy at the instant it looks at: the
 //! instant at which the call it predicts makes the same roll.
 //!
-//! A window after the advertised one gives its policy's `q` less the calls in flight, so when
+//! A lane's window after the advertised one gives its policy's `q` less the calls in flight, so when
 //! `q` is zero or no more than the calls in flight, it gives nothing, and so does every window
 //! after it until something new is heard: waiting for one would never end. The look-ahead
 //! skips such windows, and the wait ends at the probe instead: `max_hold` (which already caps
@@ -23,10 +24,13 @@
 
 use std::time::Duration;
 
-use super::answer::{Answer, Refill};
+use super::answer::{AdvertisedQuota, Answer, Dialect, Refill, MAX_QUOTAS};
 use super::builder::Pacing;
 use super::tokens::TokenRecord;
 use crate::clock::saturating_nanos;
+
+// A call's lanes are one bit each of a `u32` (see `Schedule::try_start`).
+const _: () = assert!(MAX_QUOTAS <= u32::BITS as usize);
 
 /// The stricter of two refills, field by field: the fewer calls, over the longer window. A
 /// refill is stricter than none (without one, calls go freely after the window).
@@ -43,32 +47,23 @@ pub(super) struct Schedule {
     pacing: Pacing,
     /// The pushback's `max_hold`: no hold an answer sets lasts longer.
     max_hold: u64,
-    /// From this instant one call may start whatever the quota says: `max_hold` after the last
+    /// From this instant one call may start whatever the quotas say: `max_hold` after the last
     /// answer or start. Every hold and window an answer sets ends by then, so the probe only
     /// ends a wait for windows that give nothing.
     probe_at: u64,
     /// No call starts before this (a `Retry-After`). Only a later hold changes it.
     hold_until: u64,
     /// No call starts before this: an older answer said nothing was left until then. Part of
-    /// the quota in force, which a newer answer replaces.
+    /// the quotas in force, which a newer answer replaces.
     spent_until: u64,
-    /// Calls that may still start before `window_end`; `None` while no quota is known.
-    budget: Option<u64>,
-    window_end: u64,
-    /// The quota of each window after `window_end`, when the dependency advertised a policy
-    /// (its window read in the clock's nanoseconds when it starts).
-    refill: Option<Refill>,
-    /// Under [`Pacing::Spread`], the time between two calls, and the earliest next start.
-    spacing: u64,
-    next_slot: u64,
+    /// The quotas in force, one lane each; none while no quota is known. Between two answers
+    /// that replace them, a lane keeps its place (a call's lanes are told by their places).
+    lanes: Vec<Lane>,
     /// Calls started through the layer and not yet answered.
     in_flight: u64,
     /// Calls started through the layer so far: the next call's place in the order of starts.
     started: u64,
-    /// The place of the first call counted against the budget in force (set when an answer
-    /// replaces it or a window rolls): a call placed earlier counted against another one.
-    window_from: u64,
-    /// The calls started when the last answer that set or tightened the quota in force was
+    /// The calls started when the last answer that set or tightened the quotas in force was
     /// received. An answer to one of them was sent before that answer was read, so the
     /// dependency may have counted it first: it may only tighten what is in force. Only an
     /// answer to a call started later (sent after every answer in force was received) is newer,
@@ -78,6 +73,131 @@ pub(super) struct Schedule {
     tokens: Option<TokenRecord>,
     /// The tokens of the calls in flight.
     tokens_in_flight: u64,
+}
+
+/// One advertised quota as the schedule counts it.
+#[derive(Debug, Clone)]
+struct Lane {
+    /// What it was advertised as: its dialect and its policy's window. An older answer's quota
+    /// of the same kind tightens it.
+    kind: (Dialect, Option<Duration>),
+    /// Calls that may still start before `window_end`; `None` once the window has passed with
+    /// no refill known (calls go freely by this quota until the next answer).
+    budget: Option<u64>,
+    window_end: u64,
+    /// The quota of each window after `window_end`, when the dependency advertised a policy
+    /// (its window read in the clock's nanoseconds when it starts).
+    refill: Option<Refill>,
+    /// Under [`Pacing::Spread`], the time between two calls, and the earliest next start.
+    spacing: u64,
+    next_slot: u64,
+    /// The place of the first call counted against the budget (set when an answer sets it or
+    /// its window rolls): a call placed earlier counted against another one.
+    window_from: u64,
+}
+
+impl Lane {
+    /// `quota`, received at `now` with `others` calls in flight that it may not have counted
+    /// yet, under `pacing`, when `started` calls have started; its slot is set when it is
+    /// placed.
+    fn advertised(
+        quota: &AdvertisedQuota,
+        now: u64,
+        others: u64,
+        pacing: Pacing,
+        started: u64,
+    ) -> Self {
+        let budget = quota.remaining.saturating_sub(others);
+        let window = saturating_nanos(quota.window);
+        Self {
+            kind: (quota.dialect, quota.refill.map(|refill| refill.window)),
+            budget: Some(budget),
+            window_end: now.saturating_add(window),
+            refill: quota.refill,
+            spacing: spacing(pacing, window, budget),
+            next_slot: 0,
+            window_from: started,
+        }
+    }
+
+    /// This lane placed at `now`, after calls whose pacing let the next start at `slot`: the
+    /// slot a sparser pacing set is no later than one spacing of this lane.
+    fn paced_after(mut self, slot: u64, now: u64) -> Self {
+        self.next_slot = match self.spacing {
+            0 => 0,
+            spacing => slot.min(now.saturating_add(spacing)),
+        };
+        self
+    }
+
+    /// Starts the window after `window_end` if it has passed: the refill, less the calls
+    /// still in flight (which may land in it); with no refill known, no budget.
+    fn roll(&mut self, now: u64, pacing: Pacing, in_flight: u64, started: u64) {
+        if self.budget.is_some() && self.window_end <= now {
+            // The next window is taken to start now, which ends it no earlier than the
+            // dependency's (whose window ended at `window_end` or before).
+            match self.refill {
+                Some(refill) => {
+                    let budget = refill.calls.saturating_sub(in_flight);
+                    let window = saturating_nanos(refill.window);
+                    self.budget = Some(budget);
+                    self.window_from = started;
+                    self.window_end = now.saturating_add(window.max(1));
+                    // Under `Spread`, this window's calls are spread over it too.
+                    self.spacing = spacing(pacing, window, budget);
+                }
+                None => (self.budget, self.spacing) = (None, 0),
+            }
+        }
+    }
+
+    /// Until when this lane keeps a call at `now` from starting (no later than `now` when it
+    /// lets one start); `u64::MAX` when only something new can end it. Nothing rolls before
+    /// `window_end`, so each of the budget and the slot holds calls up to the instant given.
+    fn held_until(&self, now: u64, in_flight: u64) -> u64 {
+        let Some(budget) = self.budget else {
+            return 0;
+        };
+        if self.window_end <= now {
+            return 0;
+        }
+        let mut until = 0;
+        if budget == 0 {
+            // Every later window gives what the next one gives while nothing new is heard.
+            let next_gives = self.refill.is_none_or(|refill| refill.calls > in_flight);
+            until = if next_gives {
+                self.window_end
+            } else {
+                u64::MAX
+            };
+        }
+        if self.spacing > 0 {
+            // The slot holds calls at most until the window ends, which rolls it: what holds
+            // calls then is looked at then.
+            until = until.max(self.next_slot.min(self.window_end));
+        }
+        until
+    }
+
+    /// An older answer's `quota` of the same kind tightens this lane, field by field: never
+    /// more calls left, never a shorter window, never a looser refill or pacing. When it has
+    /// nothing left, `spent_until` keeps its end instead, so that a window of this lane that
+    /// ends later keeps its budget after it. A lane with no budget takes the quota whole.
+    fn tighten(&mut self, quota: Self, spent_until: &mut u64, now: u64) {
+        let Some(budget) = self.budget else {
+            *self = quota.paced_after(self.next_slot, now);
+            return;
+        };
+        match quota.budget {
+            Some(0) => *spent_until = (*spent_until).max(quota.window_end),
+            left => {
+                self.budget = Some(budget.min(left.unwrap_or(u64::MAX)));
+                self.window_end = self.window_end.max(quota.window_end);
+                self.spacing = self.spacing.max(quota.spacing);
+            }
+        }
+        self.refill = stricter(self.refill, quota.refill);
+    }
 }
 
 impl Schedule {
@@ -90,30 +210,16 @@ impl Schedule {
         }
     }
 
-    /// Starts the window after `window_end` if it has passed: the advertised quota, less the
-    /// calls still in flight (which may land in it); with nothing known, no quota.
+    /// Starts the window after each lane's that has passed.
     fn roll(&mut self, now: u64) {
-        if self.budget.is_some() && self.window_end <= now {
-            // The next window is taken to start now, which ends it no earlier than the
-            // dependency's (whose window ended at `window_end` or before).
-            match self.refill {
-                Some(refill) => {
-                    let budget = refill.calls.saturating_sub(self.in_flight);
-                    let window = saturating_nanos(refill.window);
-                    self.budget = Some(budget);
-                    self.window_from = self.started;
-                    self.window_end = now.saturating_add(window.max(1));
-                    // Under `Spread`, this window's calls are spread over it too.
-                    self.spacing = spacing(self.pacing, window, budget);
-                }
-                None => (self.budget, self.spacing) = (None, 0),
-            }
+        for lane in &mut self.lanes {
+            lane.roll(now, self.pacing, self.in_flight, self.started);
         }
     }
 
-    /// Rolls the window as a call at `now` finds it: a window that has passed gives way to the
-    /// next one, unless a hold lasts (then the next window starts when the hold ends, as the
-    /// first call after it finds it).
+    /// Rolls the windows as a call at `now` finds them: a window that has passed gives way to
+    /// the next one, unless a hold lasts (then the next window starts when the hold ends, as
+    /// the first call after it finds it).
     fn settle(&mut self, now: u64) {
         if self.hold_until.max(self.spent_until) <= now {
             self.roll(now);
@@ -128,10 +234,10 @@ impl Schedule {
     }
 
     /// Starts a call of `tokens` tokens now and returns its place in the order of starts,
-    /// with whether it took one of the budget's calls (a probe may start with none left), or
-    /// returns the earliest instant one may start: the same instant
-    /// [`next_start`](Self::next_start) gives.
-    pub(super) fn try_start(&mut self, now: u64, tokens: u64) -> Result<(u64, bool), u64> {
+    /// with the lanes whose budget it took a call of, one bit each by their places (a probe
+    /// may start with none left), or returns the earliest instant one may start: the same
+    /// instant [`next_start`](Self::next_start) gives.
+    pub(super) fn try_start(&mut self, now: u64, tokens: u64) -> Result<(u64, u32), u64> {
         let at = self.next_start(now, tokens);
         if at > now {
             return Err(at);
@@ -140,10 +246,15 @@ impl Schedule {
             record.take(tokens);
         }
         self.tokens_in_flight = self.tokens_in_flight.saturating_add(tokens);
-        let counted = self.budget.is_some_and(|budget| budget > 0);
-        // A probe may start in a window with nothing left.
-        self.budget = self.budget.map(|budget| budget.saturating_sub(1));
-        self.next_slot = now.max(self.next_slot).saturating_add(self.spacing);
+        let mut counted = 0;
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            if lane.budget.is_some_and(|budget| budget > 0) {
+                counted |= 1 << index;
+            }
+            // A probe may start in a window with nothing left.
+            lane.budget = lane.budget.map(|budget| budget.saturating_sub(1));
+            lane.next_slot = now.max(lane.next_slot).saturating_add(lane.spacing);
+        }
         self.in_flight = self.in_flight.saturating_add(1);
         self.probe_at = self.probe_at.max(now.saturating_add(self.max_hold));
         let place = self.started;
@@ -152,11 +263,13 @@ impl Schedule {
     }
 
     /// A call of `tokens` started at `place` was refused below the layer before anything was
-    /// sent: the budget it took goes back, if it took one of the budget in force, and so do
-    /// its tokens.
-    pub(super) fn give_back(&mut self, place: u64, counted: bool, tokens: u64) {
-        if counted && place >= self.window_from {
-            self.budget = self.budget.map(|budget| budget.saturating_add(1));
+    /// sent: the call it took of each lane's budget goes back, where that budget is still in
+    /// force, and so do its tokens.
+    pub(super) fn give_back(&mut self, place: u64, counted: u32, tokens: u64) {
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            if counted & (1 << index) != 0 && place >= lane.window_from {
+                lane.budget = lane.budget.map(|budget| budget.saturating_add(1));
+            }
         }
         if let Some(record) = &mut self.tokens {
             record.give_back(place, tokens);
@@ -176,11 +289,11 @@ impl Schedule {
     }
 
     /// The earliest instant from `now` at which [`try_start`](Self::try_start) admits a call
-    /// of `tokens` tokens, given nothing new is heard: the first instant the windows and the
+    /// of `tokens` tokens, given nothing new is heard: the first instant the lanes and the
     /// tokens let one start, or the probe, whichever comes first.
     pub(super) fn free_at(&self, now: u64, tokens: u64) -> u64 {
         // From one end of what holds calls to the next, rolling a copy as a call made then
-        // would: a few steps at most (a hold, the spent window, the next window's slot), as a
+        // would: a few steps at most (a hold, the spent windows, the next windows' slots), as a
         // window that gives nothing ends the look-ahead.
         let mut ahead = self.clone();
         let mut at = now;
@@ -195,33 +308,17 @@ impl Schedule {
         at.min(self.probe_at.max(now))
     }
 
-    /// Until when the hold, the quota, the pacing or the tokens keep a call of `tokens` at
-    /// `now` from starting, as the schedule stands at `now` (no later than `now` when it may
-    /// start); `u64::MAX` when only something new can end it. Each of them holds calls up to
-    /// the instant given for it, as nothing rolls before `window_end`, so no call may start
-    /// before the latest of them.
+    /// Until when the hold, a lane or the tokens keep a call of `tokens` at `now` from
+    /// starting, as the schedule stands at `now` (no later than `now` when it may start);
+    /// `u64::MAX` when only something new can end it. No call may start before the latest of
+    /// them.
     fn held_until(&self, now: u64, tokens: u64) -> u64 {
         let mut until = self.hold_until.max(self.spent_until);
         if let Some(record) = &self.tokens {
             until = until.max(record.free_at(now, tokens));
         }
-        if self.budget.is_some() && self.window_end > now {
-            if self.budget == Some(0) {
-                // Every later window gives what the next one gives while nothing new is heard.
-                let next_gives = self
-                    .refill
-                    .is_none_or(|refill| refill.calls > self.in_flight);
-                until = until.max(if next_gives {
-                    self.window_end
-                } else {
-                    u64::MAX
-                });
-            }
-            if self.spacing > 0 {
-                // The slot holds calls at most until the window ends, which rolls it: what
-                // holds calls then is looked at then.
-                until = until.max(self.next_slot.min(self.window_end));
-            }
+        for lane in &self.lanes {
+            until = until.max(lane.held_until(now, self.in_flight));
         }
         until
     }
@@ -245,83 +342,56 @@ impl Schedule {
             let older = own.is_some_and(|(place, _)| place < self.in_force);
             if !older || record.available(now) < self.tokens_available(now) {
                 self.tokens = Some(record);
-                if answer.quota.is_none() {
+                if answer.quotas.is_empty() {
                     self.in_force = self.started;
                 }
             }
         }
-        let own = own.map(|(place, _)| place);
-        let Some(quota) = answer.quota else {
+        if answer.quotas.is_empty() {
             return;
-        };
+        }
+        let own = own.map(|(place, _)| place);
         self.roll(now);
         // Calls in flight other than this one may not have been counted in `r` yet.
         let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
-        let budget = quota.remaining.saturating_sub(others);
-        let window = saturating_nanos(quota.window);
-        let advertised = Advertised {
-            budget,
-            spacing: spacing(self.pacing, window, budget),
-            window_end: now.saturating_add(window),
-            refill: quota.refill,
-        };
-        // An answer to a call sent before the quota in force was last changed may have been
+        let (pacing, started) = (self.pacing, self.started);
+        let lanes = (answer.quotas.iter())
+            .map(|quota| Lane::advertised(quota, now, others, pacing, started));
+        // The slot the pacing in force set for the next call.
+        let slot = self.lanes.iter().map(|lane| lane.next_slot).max();
+        let slot = slot.unwrap_or(0);
+        // An answer to a call sent before the quotas in force were last changed may have been
         // written first, whatever order the calls started in: it may only tighten.
         if own.is_some_and(|place| place < self.in_force) {
-            self.tighten(&advertised, now);
+            for lane in lanes {
+                self.tighten(lane, slot, now);
+            }
         } else {
-            self.replace(&advertised, now);
+            // A newer answer's quotas replace those in force.
+            self.spent_until = 0;
+            self.lanes = lanes.map(|lane| lane.paced_after(slot, now)).collect();
         }
         self.in_force = self.started;
     }
 
-    /// A newer answer's quota replaces the one in force.
-    fn replace(&mut self, advertised: &Advertised, now: u64) {
-        self.spent_until = 0;
-        self.window_from = self.started;
-        self.budget = Some(advertised.budget);
-        self.window_end = advertised.window_end;
-        self.refill = advertised.refill;
-        self.spacing = advertised.spacing;
-        self.next_slot = match self.spacing {
-            0 => 0,
-            // The slot a sparser pacing set is no later than one spacing of this answer.
-            spacing => self.next_slot.min(now.saturating_add(spacing)),
+    /// An older answer's quota tightens the lane of the same kind. One of a kind not in force
+    /// is kept beside them (stricter than none), while there is room for it; else it tightens
+    /// the lane with the fewest calls left (a dependency that changes its policies more than
+    /// [`MAX_QUOTAS`] at a time).
+    fn tighten(&mut self, quota: Lane, slot: u64, now: u64) {
+        let same_kind = self.lanes.iter().position(|lane| lane.kind == quota.kind);
+        let index = match same_kind {
+            Some(index) => index,
+            None if self.lanes.len() < MAX_QUOTAS => {
+                self.lanes.push(quota.paced_after(slot, now));
+                return;
+            }
+            None => (0..self.lanes.len())
+                .min_by_key(|&index| self.lanes[index].budget.unwrap_or(u64::MAX))
+                .unwrap_or_default(),
         };
+        self.lanes[index].tighten(quota, &mut self.spent_until, now);
     }
-
-    /// An older answer's quota tightens the one in force, field by field: never more calls
-    /// left, never a shorter window, never a looser refill or pacing.
-    fn tighten(&mut self, advertised: &Advertised, now: u64) {
-        let Some(budget) = self.budget else {
-            // No quota in force: any is stricter than none. What an older answer spent stays.
-            let spent_until = self.spent_until;
-            self.replace(advertised, now);
-            self.spent_until = spent_until;
-            return;
-        };
-        if advertised.budget == 0 {
-            // Nothing left until its window ends, and then the quota in force as it stands:
-            // kept as an instant of its own, so that a window in force that ends later keeps
-            // its budget after it.
-            self.spent_until = self.spent_until.max(advertised.window_end);
-        } else {
-            self.budget = Some(budget.min(advertised.budget));
-            self.window_end = self.window_end.max(advertised.window_end);
-            self.spacing = self.spacing.max(advertised.spacing);
-        }
-        self.refill = stricter(self.refill, advertised.refill);
-    }
-}
-
-/// An advertised quota as the schedule counts it: the calls left to this client (less those
-/// in flight), the time between two of them under the pacing, the end of its window in the
-/// clock's nanoseconds, and its refill as advertised.
-struct Advertised {
-    budget: u64,
-    spacing: u64,
-    window_end: u64,
-    refill: Option<Refill>,
 }
 
 /// The time between two calls under `pacing`, for `budget` calls within `window`.

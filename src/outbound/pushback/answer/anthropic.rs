@@ -18,7 +18,7 @@ const FAMILIES: [Family; 4] = [
 /// What each field of the dialect begins with.
 pub(super) const PREFIXES: &[&str] = &["anthropic-ratelimit-"];
 
-/// The binding quota of Anthropic's families.
+/// The quotas of Anthropic's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // A reset is an RFC 3339 instant, read as the span until it.
     let reset = |value: &[u8]| when::rfc3339(value).map(when::Reset::At);

@@ -2,7 +2,7 @@
 //!
 //! A response can hold calls (`Retry-After`, read in [`retry_after`]) and advertise a quota.
 //! Dependencies write their quotas in several dialects; each [`Dialect`] is read by a module of
-//! its own, and of every quota read the most restrictive counts.
+//! its own, and every quota read counts (at most [`MAX_QUOTAS`], the most restrictive).
 //!
 //! Every span read here is capped by the pushback's `max_hold`; nothing read from a header can
 //! panic, overflow or make a span longer than that.
@@ -32,6 +32,10 @@ const MAX_LINES: usize = 16;
 /// The most bytes of one field that are read; a longer field is ignored.
 const MAX_FIELD_BYTES: usize = 4096;
 
+/// The most quotas of one answer that are kept: the most restrictive, the fewest calls left and
+/// of those the longest window. The schedule holds calls by each of them.
+pub(crate) const MAX_QUOTAS: usize = 16;
+
 /// A way dependencies write their quota in response fields. Reading one more is a module with
 /// a `read` function and the `PREFIXES` of its fields, a variant here (before `Custom`, the
 /// last), its entry in [`READERS`] and its label in the metrics' `HOLD_REASONS`.
@@ -52,8 +56,8 @@ pub(crate) enum Dialect {
 }
 
 /// The readers of the built-in dialects, in the order of their declaration, which is the order
-/// they are read in: of equally restrictive quotas, the first read counts. Each gives the
-/// quota its dialect advertises in the fields, if they have one, and its limit of tokens with
+/// they are read in. Each gives the
+/// quotas its dialect advertises in the fields, if they have any, and its limit of tokens with
 /// the fewest left, if it speaks of tokens; beside it, what its fields begin with (which tells
 /// a 403 for a rate limit).
 type ReadDialect = fn(&Reader<'_>, &HeaderMap) -> Read;
@@ -84,12 +88,13 @@ impl Dialect {
 }
 
 /// What one response asks of its caller.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Answer {
     /// Hold every call for this long (`Retry-After` on a 429 or 503, or a 429 without it).
     pub(crate) hold: Option<Duration>,
-    /// The most restrictive quota the response advertises.
-    pub(crate) quota: Option<AdvertisedQuota>,
+    /// The quotas the response advertises, the most restrictive first (at most
+    /// [`MAX_QUOTAS`]): each holds calls.
+    pub(crate) quotas: Vec<AdvertisedQuota>,
     /// The limit of tokens with the fewest left, if the response advertises tokens.
     pub(crate) tokens: Option<TokenQuota>,
 }
@@ -150,12 +155,12 @@ macro_rules! family {
 }
 use family;
 
-/// What one dialect's fields say: its most restrictive quota of calls, and its limit of tokens
-/// with the fewest left.
-type Read = (Option<AdvertisedQuota>, Option<TokenQuota>);
+/// What one dialect's fields say: its quotas of calls, and its limit of tokens with the fewest
+/// left.
+type Read = (Vec<AdvertisedQuota>, Option<TokenQuota>);
 
 /// What `families` say, each field read once (so that a malformed or capped one is logged
-/// once), each reset read by `reset`: the most restrictive quota of calls, a family of tokens
+/// once), each reset read by `reset`: the quota of calls of each family, a family of tokens
 /// counting as one only when it is spent, and the family of tokens with the fewest left.
 fn read_families(
     reader: &Reader<'_>,
@@ -164,7 +169,7 @@ fn read_families(
     families: &[Family],
     reset: impl Fn(&[u8]) -> Option<when::Reset>,
 ) -> Read {
-    let (mut quota, mut tokens) = (None, None);
+    let (mut quotas, mut tokens) = (Vec::new(), None);
     let readable = families.iter().filter_map(|family| {
         let remaining = reader.single_number(headers, &family.remaining)?;
         let window = reader.reset(headers, &family.reset, &reset)?;
@@ -177,8 +182,7 @@ fn read_families(
         // Spent tokens with no limit to come back to hold every call until the reset; with a
         // limit, they come back at an even pace, and a call waits for its own.
         if family.counts_calls || (remaining == 0 && limit.is_none()) {
-            let read = AdvertisedQuota::new(dialect, remaining, window);
-            quota = most_restrictive(quota.into_iter().chain([read]));
+            quotas.push(AdvertisedQuota::new(dialect, remaining, window));
         }
         if !family.counts_calls {
             let read = TokenQuota {
@@ -189,7 +193,7 @@ fn read_families(
             tokens = fewest_tokens(tokens.into_iter().chain([read]));
         }
     }
-    (quota, tokens)
+    (quotas, tokens)
 }
 
 /// The limit of tokens with the fewest left, and of those the longest reset.
@@ -197,9 +201,12 @@ fn fewest_tokens(quotas: impl Iterator<Item = TokenQuota>) -> Option<TokenQuota>
     quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)))
 }
 
-/// The most restrictive of `quotas`: the fewest calls left, and of those the longest window.
-fn most_restrictive(quotas: impl Iterator<Item = AdvertisedQuota>) -> Option<AdvertisedQuota> {
-    quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.window)))
+/// `quotas`, the most restrictive first (the fewest calls left, and of those the longest
+/// window), at most [`MAX_QUOTAS`] of them.
+fn most_restrictive_first(mut quotas: Vec<AdvertisedQuota>) -> Vec<AdvertisedQuota> {
+    quotas.sort_by_key(|quota| (quota.remaining, Reverse(quota.window)));
+    quotas.truncate(MAX_QUOTAS);
+    quotas
 }
 
 /// A reader of a dialect of the user's: the calls left and the span until they reset, if the
@@ -238,9 +245,8 @@ pub(crate) fn read(
     });
     // Where a dialect's owner says Retry-After takes precedence over its resets, what the
     // answer says is spent comes back when Retry-After has passed, even where a reset says
-    // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window. Each
-    // dialect's quota is cut so before the most restrictive is chosen: a dialect that does not
-    // yield keeps its later reset, whichever dialects share the answer.
+    // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window. A
+    // dialect that does not yield keeps its later reset, whichever dialects share the answer.
     let precedence = |mut quota: AdvertisedQuota| {
         if let Some(after) = retry_after {
             if quota.remaining == 0 && quota.dialect.yields_to_retry_after() {
@@ -255,15 +261,16 @@ pub(crate) fn read(
         Some(AdvertisedQuota::new(Dialect::Custom, remaining, window))
     });
     let mut tokens = None;
-    let quota = most_restrictive(
+    let quotas = most_restrictive_first(
         (READERS.iter())
-            .filter_map(|(_, read_dialect)| {
-                let (quota, read) = read_dialect(&reader, headers);
+            .flat_map(|(_, read_dialect)| {
+                let (quotas, read) = read_dialect(&reader, headers);
                 tokens = fewest_tokens(tokens.into_iter().chain(read));
-                quota
+                quotas
             })
             .chain(custom)
-            .map(precedence),
+            .map(precedence)
+            .collect(),
     );
     // Tokens are OpenAI's and Anthropic's, which both yield.
     if let (Some(after), Some(tokens)) = (retry_after, tokens.as_mut()) {
@@ -272,7 +279,7 @@ pub(crate) fn read(
         }
     }
     let mut hold = retry_after;
-    if hold.is_none() && status == StatusCode::TOO_MANY_REQUESTS && quota.is_none() {
+    if hold.is_none() && status == StatusCode::TOO_MANY_REQUESTS && quotas.is_empty() {
         tracing::debug!(
             target: "tower_bulwark::pushback",
             dependency,
@@ -282,18 +289,22 @@ pub(crate) fn read(
     }
     Answer {
         hold,
-        quota,
+        quotas,
         tokens,
     }
 }
 
 /// How long an answer of `status` and `headers` asks every call to wait, read as [`read`]
 /// reads it but uncapped (`max_hold` is the pushback's, not the caller's): the longer of its
-/// hold and the window of a quota it says is spent. What a retry of the call waits at least.
+/// hold and the windows of the quotas it says are spent. What a retry of the call waits at
+/// least.
 #[cfg(feature = "adaptive")]
 pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
     let answer = read(dependency, status, headers, Duration::MAX, &[]);
-    let spent = (answer.quota.filter(|quota| quota.remaining == 0)).map(|quota| quota.window);
+    let spent = (answer.quotas.iter())
+        .filter(|quota| quota.remaining == 0)
+        .map(|quota| quota.window)
+        .max();
     answer.hold.max(spent).unwrap_or_default()
 }
 
@@ -478,7 +489,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
 
-    fn quota_of(fields: &[(&str, &str)]) -> Option<AdvertisedQuota> {
+    fn quotas_of(fields: &[(&str, &str)]) -> Vec<AdvertisedQuota> {
         let mut headers = HeaderMap::new();
         for (name, value) in fields {
             headers.append(
@@ -486,7 +497,7 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        read("p", StatusCode::OK, &headers, Duration::MAX, &[]).quota
+        read("p", StatusCode::OK, &headers, Duration::MAX, &[]).quotas
     }
 
     /// A 403 is a refusal for a rate limit when it carries a field of any built-in dialect,
@@ -512,22 +523,20 @@ mod tests {
 
     #[test]
     fn reads_policies_named_by_strings_or_tokens_and_their_integer_parameters() {
-        let quota = quota_of(&[
+        let quotas = quotas_of(&[
             ("ratelimit", r#""day";r=10;t=3600, hour;r=0;x=?1, (1 2)"#),
             ("ratelimit-policy", r#""day";q=100;w=86400, hour;q=5;w=60"#),
         ]);
-        assert_eq!(
-            quota,
-            Some(AdvertisedQuota {
-                dialect: Dialect::RateLimit,
-                remaining: 0,
-                window: Duration::from_secs(60),
-                refill: Some(Refill {
-                    calls: 5,
-                    window: Duration::from_secs(60),
-                }),
-            })
-        );
+        let quota = |remaining, window, calls, per| AdvertisedQuota {
+            dialect: Dialect::RateLimit,
+            remaining,
+            window: Duration::from_secs(window),
+            refill: Some(Refill {
+                calls,
+                window: Duration::from_secs(per),
+            }),
+        };
+        assert_eq!(quotas, [quota(0, 60, 5, 60), quota(10, 3600, 100, 86400)]);
     }
 
     #[test]
@@ -541,7 +550,7 @@ mod tests {
             r#""a";r=0;t=5, 1.2345"#,
             r#""a";r=0;t=5, (1"#,
         ] {
-            assert_eq!(quota_of(&[("ratelimit", bad)]), None, "{bad}");
+            assert_eq!(quotas_of(&[("ratelimit", bad)]), [], "{bad}");
         }
     }
 }

@@ -16,7 +16,7 @@ const FAMILIES: [Family; 2] = [
 /// What each field of the dialect begins with.
 pub(super) const PREFIXES: &[&str] = &["x-ratelimit-"];
 
-/// The binding quota of OpenAI's families.
+/// The quotas of OpenAI's families.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     // The resets are durations; `when::reset` also takes the plain seconds some proxies send.
     read_families(reader, headers, Dialect::OpenAi, &FAMILIES, when::reset)

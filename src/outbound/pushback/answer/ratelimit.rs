@@ -10,14 +10,13 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, AdvertisedQuota, Dialect, Read, Reader, Refill};
+use super::{AdvertisedQuota, Dialect, Read, Reader, Refill};
 use crate::rate_limit::{RATELIMIT, RATELIMIT_POLICY};
 
 /// What each field of the dialect begins with.
 pub(super) const PREFIXES: &[&str] = &["ratelimit"];
 
-/// The most restrictive quota of the `RateLimit` items, with their policies' windows and
-/// refills.
+/// The quota of each `RateLimit` item, with its policy's window and refill.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let policies = items(reader, headers, &RATELIMIT_POLICY);
     let policy_of = |name: Option<&str>| {
@@ -60,7 +59,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
                 refill,
             })
         });
-    (most_restrictive(quotas), None)
+    (quotas.collect(), None)
 }
 
 /// The Items of the List in field `name`; none when it is absent, too long or malformed.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{most_restrictive, when, AdvertisedQuota, Dialect, Read, Reader};
+use super::{when, AdvertisedQuota, Dialect, Read, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
@@ -25,8 +25,8 @@ const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 /// What each field of the dialect begins with.
 pub(super) const PREFIXES: &[&str] = &["x-ratelimit-", "ratelimit-"];
 
-/// The quota of `X-RateLimit-Remaining` with its reset, or of `RateLimit-Remaining` with its
-/// reset, whichever binds, when readable.
+/// The quota of `X-RateLimit-Remaining` with its reset, and of `RateLimit-Remaining` with its
+/// reset, each when readable.
 pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let x = quota(reader, headers, &X_REMAINING, || {
         // Seconds from now, whatever their magnitude, when readable; else the reset.
@@ -37,7 +37,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     let drafts = quota(reader, headers, &REMAINING, || {
         reader.reset(headers, &RESET, when::reset)
     });
-    (most_restrictive(x.into_iter().chain(drafts)), None)
+    (x.into_iter().chain(drafts).collect(), None)
 }
 
 /// What is left in `remaining`, until the span `window` reads, which is read only once what is
