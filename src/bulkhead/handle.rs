@@ -79,6 +79,12 @@ impl Bulkhead {
     /// Queued calls wait as long as it takes unless [`max_wait`](BulkheadBuilder::max_wait)
     /// bounds the wait; a queued call that is dropped leaves the queue. A capacity of zero queues
     /// nothing.
+    ///
+    /// A queued call keeps its place in the queue until its task runs and takes the permit a
+    /// call that ended handed it: until then, a new call finds the queue as full as it was and
+    /// may be refused, though the call handed the permit has not started yet (one poll of the
+    /// runtime; on a current-thread runtime, a task that ends a call and makes the next before
+    /// it yields sees it every time).
     pub fn queue(
         name: impl Into<Arc<str>>,
         max_concurrent_calls: usize,
