@@ -340,19 +340,25 @@ struct Busy {
     refused: u64,
 }
 
-/// Four workers call, through the pushback, a dependency that limits them to 5 calls a second
-/// (this crate's own `RateLimitLayer`, whose `RateLimit` fields the pushback reads), over a
+/// Four workers call, through the pushback, a dependency that limits them by `quotas` (this
+/// crate's own `RateLimitLayer`, one policy each, whose `RateLimit` fields the pushback reads), over a
 /// path that delays each request and each answer by 0–15 ms at random: the dependency counts
 /// concurrent calls in an order of its own, and their answers come back in yet another. A
 /// worker told to wait sleeps that long and calls again. For `seconds` of tokio's paused time.
-fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
+fn four_workers_through_a_reordering_path(
+    seed: u64,
+    seconds: u64,
+    quotas: &[(&str, tower_bulwark::Quota)],
+) -> Busy {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_bulwark::{GlobalKey, Policy, Quota, RateLimitLayer};
+    use tower_bulwark::{GlobalKey, Policy, RateLimitLayer};
 
+    let policies: Vec<_> = (quotas.iter())
+        .map(|(name, quota)| Policy::new(*name, GlobalKey, tokio_direct(*quota)).unwrap())
+        .collect();
     paused_runtime().block_on(async move {
-        let limiter = tokio_direct(Quota::per_second(5).unwrap());
-        let server = RateLimitLayer::new(Policy::new("per-client", GlobalKey, limiter).unwrap())
-            .layer(service_fn(|_: http::Request<()>| async {
+        let server =
+            RateLimitLayer::new(policies).layer(service_fn(|_: http::Request<()>| async {
                 Ok::<_, BoxError>(Response::new(bytes::Bytes::new()))
             }));
         let rng = Arc::new(Mutex::new(crate::common::Rng(seed | 1)));
@@ -404,11 +410,36 @@ fn four_workers_through_a_reordering_path(seed: u64, seconds: u64) -> Busy {
 #[test]
 fn calls_counted_in_the_dependencys_own_order_never_go_out_into_a_refusal() {
     const SECONDS: u64 = 10;
+    let quotas = [("per-client", tower_bulwark::Quota::per_second(5).unwrap())];
     for seed in 0..200 {
-        let busy = four_workers_through_a_reordering_path(seed, SECONDS);
+        let busy = four_workers_through_a_reordering_path(seed, SECONDS, &quotas);
         assert_eq!(busy.refused, 0, "seed {seed}: {busy:?}");
         assert!(
             busy.admitted * 3 >= 5 * SECONDS * 2,
+            "seed {seed}: the quota went unused: {busy:?}"
+        );
+    }
+}
+
+/// The same with two policies at the dependency, 5 calls a second and 20 in 10 s (then one
+/// every half second): no call goes out into a `429` though each answer advertises both, and
+/// the slower quota is still used (at least half of its 20 + 2 a second: 25 to 34 of 40 in
+/// 10 s over these seeds).
+#[test]
+fn two_quotas_counted_in_the_dependencys_own_order_never_go_out_into_a_refusal() {
+    const SECONDS: u64 = 10;
+    let quotas = [
+        ("per-second", tower_bulwark::Quota::per_second(5).unwrap()),
+        (
+            "per-ten-seconds",
+            tower_bulwark::Quota::with_period(20, Duration::from_secs(10)).unwrap(),
+        ),
+    ];
+    for seed in 0..100 {
+        let busy = four_workers_through_a_reordering_path(seed, SECONDS, &quotas);
+        assert_eq!(busy.refused, 0, "seed {seed}: {busy:?}");
+        assert!(
+            busy.admitted * 2 >= 20 + 2 * SECONDS,
             "seed {seed}: the quota went unused: {busy:?}"
         );
     }
