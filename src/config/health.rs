@@ -1,13 +1,15 @@
-//! The state of the configured rate limiters, bulkheads and pushbacks, for a health endpoint.
+//! The state of the configured rate limiters, bulkheads, pushbacks and circuit breakers, for a
+//! health endpoint.
 
 use super::Registry;
 use crate::observe::LimiterSnapshot;
 use crate::rate_limit::json_string;
 
 impl Registry {
-    /// The state of every rate limiter, bulkhead (fixed and adaptive) and pushback, for a
-    /// health endpoint. Breakers, overload protections, retries and client quotas are not in
-    /// it: read their own state (`Breaker::state`, `Overload::limit`, `Retry::budget_available`).
+    /// The state of every rate limiter, bulkhead (fixed and adaptive), pushback and circuit
+    /// breaker (feature `adaptive`), for a health endpoint. Overload protections, retries and
+    /// client quotas are not in it: read their own state (`Overload::limit`,
+    /// `Retry::budget_available`).
     ///
     /// A saturated instance is working as intended (a limiter refusing during a peak, a
     /// bulkhead with every permit taken), so it is reported as saturated and `UP`: an
@@ -49,6 +51,13 @@ impl Registry {
                         holding: !held_for.is_zero(),
                         held_for,
                     }
+                })
+                .collect(),
+            #[cfg(feature = "adaptive")]
+            breakers: (self.breakers.iter())
+                .map(|(name, breaker)| BreakerHealth {
+                    name: name.clone(),
+                    state: breaker.state(),
                 })
                 .collect(),
         }
@@ -99,7 +108,7 @@ impl Registry {
     }
 }
 
-/// The state of the configured rate limiters, bulkheads and pushbacks; see
+/// The state of the configured rate limiters, bulkheads, pushbacks and circuit breakers; see
 /// [`Registry::health`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -110,6 +119,21 @@ pub struct Health {
     pub bulkheads: Vec<BulkheadHealth>,
     /// One entry per pushback, by name.
     pub pushbacks: Vec<PushbackHealth>,
+    /// One entry per circuit breaker, by name.
+    #[cfg(feature = "adaptive")]
+    pub breakers: Vec<BreakerHealth>,
+}
+
+/// The health entry of one circuit breaker (feature `adaptive`).
+#[cfg(feature = "adaptive")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakerHealth {
+    /// The instance name.
+    pub name: String,
+    /// Where it stands. An open breaker keeps a failing dependency's calls from this service,
+    /// which is the breaker doing its job: it is reported, and `UP`.
+    pub state: crate::outbound::breaker::BreakerState,
 }
 
 /// The health entry of one pushback.
@@ -159,14 +183,16 @@ impl Health {
     }
 
     /// The report as JSON:
-    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}},"pushbacks":{"partner":{...}}}`.
+    /// `{"status":"UP","rateLimiters":{"api":{...}},"bulkheads":{"payment":{...}},"pushbacks":{"partner":{...}}}`,
+    /// and with feature `adaptive` `"circuitBreakers":{"partner":{...}}` last.
     ///
     /// A rate limiter's entry has `status`, `saturated`, `availablePermissions`,
     /// `waitingRequests`, `allowedCalls`, `limitedCalls`, and for one kept in Redis
     /// `storeFailures`; a bulkhead's has `status`, `saturated`, `availableConcurrentCalls`,
     /// `maxAllowedConcurrentCalls`, `queueDepth`, `permittedCalls`, `rejectedCalls` and
     /// `finishedCalls`; a pushback's has `status`, `holding` and `heldForMillis` (rounded up,
-    /// so a hold in force is never 0).
+    /// so a hold in force is never 0); a circuit breaker's has `status` and `state`
+    /// (`"CLOSED"`, `"OPEN"` or `"HALF_OPEN"`, as Resilience4j names them).
     pub fn to_json(&self) -> String {
         let limiters = self.rate_limiters.iter().map(|l| {
             let failures = l.store_failures.map(|n| format!(",\"storeFailures\":{n}"));
@@ -205,6 +231,20 @@ impl Health {
         push_entries(&mut out, bulkheads);
         out.push_str(",\"pushbacks\":");
         push_entries(&mut out, pushbacks);
+        #[cfg(feature = "adaptive")]
+        {
+            use crate::outbound::breaker::BreakerState;
+            let breakers = self.breakers.iter().map(|b| {
+                let state = match b.state {
+                    BreakerState::Closed => "CLOSED",
+                    BreakerState::Open { .. } => "OPEN",
+                    BreakerState::HalfOpen => "HALF_OPEN",
+                };
+                (b.name.as_str(), format!("\"state\":\"{state}\""))
+            });
+            out.push_str(",\"circuitBreakers\":");
+            push_entries(&mut out, breakers);
+        }
         out.push('}');
         out
     }
@@ -224,4 +264,37 @@ fn push_entries<'a>(out: &mut String, entries: impl Iterator<Item = (&'a str, St
         out.push('}');
     }
     out.push('}');
+}
+
+#[cfg(all(test, feature = "adaptive"))]
+mod tests {
+    use super::*;
+    use crate::outbound::breaker::BreakerState;
+
+    /// Each state is written under the name Resilience4j gives it.
+    #[test]
+    fn a_breakers_state_is_written_as_resilience4j_names_it() {
+        let open = BreakerState::Open {
+            until: std::time::Duration::from_secs(1),
+        };
+        let states = [BreakerState::Closed, open, BreakerState::HalfOpen];
+        let health = Health {
+            rate_limiters: Vec::new(),
+            bulkheads: Vec::new(),
+            pushbacks: Vec::new(),
+            breakers: (states.iter().zip(["a", "b", "c"]))
+                .map(|(state, name)| BreakerHealth {
+                    name: name.into(),
+                    state: *state,
+                })
+                .collect(),
+        };
+        assert_eq!(
+            health.to_json(),
+            "{\"status\":\"UP\",\"rateLimiters\":{},\"bulkheads\":{},\"pushbacks\":{},\
+             \"circuitBreakers\":{\"a\":{\"status\":\"UP\",\"state\":\"CLOSED\"},\
+             \"b\":{\"status\":\"UP\",\"state\":\"OPEN\"},\
+             \"c\":{\"status\":\"UP\",\"state\":\"HALF_OPEN\"}}}"
+        );
+    }
 }

@@ -227,6 +227,8 @@ mod retry;
 mod validate;
 
 pub use error::ConfigError;
+#[cfg(feature = "adaptive")]
+pub use health::BreakerHealth;
 pub use health::{BulkheadHealth, Health, LimiterHealth, PushbackHealth};
 pub use registry::{
     ConfigKey, ConfiguredClientQuotaLayer, ConfiguredLimiter, ConfiguredPolicy,

@@ -45,6 +45,25 @@ async fn a_configured_breaker_opens_and_every_layer_of_a_name_shares_it() {
         BreakerState::Closed
     );
     assert!(registry.breaker("nope").is_err());
+
+    // The health report names each breaker with its state, and stays `UP`.
+    let health = registry.health();
+    let states: Vec<_> = (health.breakers.iter())
+        .map(|b| (b.name.as_str(), b.state))
+        .collect();
+    assert!(matches!(
+        states[..],
+        [
+            ("partner", BreakerState::Open { .. }),
+            ("search", BreakerState::Closed)
+        ]
+    ));
+    let json: serde_json::Value = serde_json::from_str(&health.to_json()).unwrap();
+    let breakers = &json["circuitBreakers"];
+    assert_eq!(breakers["partner"]["state"], "OPEN", "{json}");
+    assert_eq!(breakers["partner"]["status"], "UP", "{json}");
+    assert_eq!(breakers["search"]["state"], "CLOSED", "{json}");
+    assert_eq!(json["status"], "UP", "{json}");
 }
 
 #[test]

@@ -663,6 +663,8 @@ fn attack_health_json_parses_whatever_the_instance_names() {
         text.push_str(&format!(
             "[bulkheads.{q}]\nmax_concurrent_calls = 2\n[pushbacks.{q}]\nmax_wait = \"1s\"\n"
         ));
+        #[cfg(feature = "adaptive")]
+        text.push_str(&format!("[breakers.{q}]\n"));
     }
     let registry = Registry::from_toml_str(&text).unwrap();
     let json: serde_json::Value = serde_json::from_str(&registry.health().to_json())
@@ -670,6 +672,11 @@ fn attack_health_json_parses_whatever_the_instance_names() {
     for name in names {
         assert!(json["bulkheads"].get(name).is_some(), "{name:?}: {json}");
         assert!(json["pushbacks"].get(name).is_some(), "{name:?}: {json}");
+        #[cfg(feature = "adaptive")]
+        assert_eq!(
+            json["circuitBreakers"][name]["state"], "CLOSED",
+            "{name:?}: {json}"
+        );
     }
     // Rate limiters: each name is built or refused naming its path.
     for name in names {
