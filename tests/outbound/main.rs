@@ -11,6 +11,7 @@ mod counting;
 
 mod answer_order;
 mod attack_held;
+mod attack_lanes;
 mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
 mod attack_resilience;

@@ -143,8 +143,10 @@ impl Lane {
                     self.budget = Some(budget);
                     self.window_from = started;
                     self.window_end = now.saturating_add(window.max(1));
-                    // Under `Spread`, this window's calls are spread over it too.
+                    // Under `Spread`, this window's calls are spread over it too, from its
+                    // first: the slot the last window's spacing set ended with it.
                     self.spacing = spacing(pacing, window, budget);
+                    self.next_slot = 0;
                 }
                 None => (self.budget, self.spacing) = (None, 0),
             }
@@ -210,20 +212,21 @@ impl Schedule {
         }
     }
 
-    /// Starts the window after each lane's that has passed.
-    fn roll(&mut self, now: u64) {
-        for lane in &mut self.lanes {
-            lane.roll(now, self.pacing, self.in_flight, self.started);
-        }
-    }
-
     /// Rolls the windows as a call at `now` finds them: a window that has passed gives way to
     /// the next one, unless a hold lasts (then the next window starts when the hold ends, as
     /// the first call after it finds it).
-    fn settle(&mut self, now: u64) {
+    fn roll(&mut self, now: u64) {
         if self.hold_until.max(self.spent_until) <= now {
-            self.roll(now);
+            for lane in &mut self.lanes {
+                lane.roll(now, self.pacing, self.in_flight, self.started);
+            }
         }
+    }
+
+    /// Rolls the windows, and forgets what the dependency said of its tokens once it has
+    /// passed, as a call at `now` finds them.
+    fn settle(&mut self, now: u64) {
+        self.roll(now);
         self.tokens = self.tokens.filter(|tokens| tokens.lasts(now));
     }
 
