@@ -19,16 +19,17 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// What an answer with a gRPC `status` says of when to call again: the `RetryInfo` in its
-/// `details` (the serialized `google.rpc.Status`), else its `pushback` (A6: milliseconds; a
-/// negative or unreadable value means "do not retry", so `None`). Only a status that a wait can
-/// end counts: `RESOURCE_EXHAUSTED` and `UNAVAILABLE`.
+/// What an answer with a gRPC `status` says of when to call again: the longer of the
+/// `RetryInfo` in its `details` (the serialized `google.rpc.Status`) and its `pushback` (A6:
+/// milliseconds; a negative or unreadable value means "do not retry", and names no time), so
+/// that a call waits for both. Only a status that a wait can end counts: `RESOURCE_EXHAUSTED`
+/// and `UNAVAILABLE`.
 fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration> {
     if !matches!(code, Code::ResourceExhausted | Code::Unavailable) {
         return None;
     }
-    retry_info_delay(details)
-        .or_else(|| crate::head::pushback_millis(pushback?).map(Duration::from_millis))
+    let pushback = pushback.and_then(crate::head::pushback_millis);
+    retry_info_delay(details).max(pushback.map(Duration::from_millis))
 }
 
 /// The delay of the first `google.rpc.RetryInfo` in `details` (a serialized `google.rpc.Status`),

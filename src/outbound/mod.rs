@@ -119,7 +119,8 @@ pub use self::quota::{ClientQuotaLayer, QuotaExhausted};
 /// [`source`](Error::source) chain) is a refusal that carries one: [`PushedBack`],
 /// [`QuotaExhausted`] or (feature `adaptive`) a circuit breaker's `BreakerOpen`, or (feature
 /// `grpc`) a `tonic::Status` of `RESOURCE_EXHAUSTED` or
-/// `UNAVAILABLE` with a `RetryInfo` or a non-negative `grpc-retry-pushback-ms`. `None` for any
+/// `UNAVAILABLE` with a `RetryInfo` or a non-negative `grpc-retry-pushback-ms` (with both, the
+/// longer). `None` for any
 /// other error: a timeout, a [`BulkheadFull`](crate::BulkheadFull), the dependency's own
 /// failure, a gRPC pushback that says not to retry.
 ///

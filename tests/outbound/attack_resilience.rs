@@ -322,15 +322,15 @@ async fn a_retry_waits_for_the_window_of_a_spent_quota() {
     }
 }
 
-/// `src/outbound/retry/budget.rs:119` (module docs of `src/outbound/retry`): a give-back is of
-/// "a retry withdrawn at `epoch` and never sent. A withdrawal whose slot has been forgotten
-/// counts no more, so nothing is given back for it"; guide: "deposits expire after the
-/// window". A call withdraws its retry at 0 s and waits out a `Retry-After` of 100 s; at 10 s
-/// (a window later) its slot is forgotten and reused by ten retries that spend the whole floor
-/// again; the old call is then dropped. Nothing may come back: the budget stays at 0, and an
-/// eleventh failing call in that window gets no retry.
+/// `src/outbound/retry` module docs: "a retry counts from when it is granted, through its wait
+/// (which may be longer than the window), until at least `window` after it is sent"; a retry
+/// dropped unsent is cancelled. A call is granted its retry at 0 s and waits out a
+/// `Retry-After` of 100 s: a window later it still counts, so ten failing calls get nine
+/// retries; the old call is then dropped, and its retry comes back once: an eleventh failing
+/// call gets one retry, and the budget is empty again. (While a withdrawal expired with its
+/// slot, the waiting retry stopped counting at 10 s.)
 #[tokio::test(start_paused = true)]
-async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
+async fn a_waiting_retry_counts_until_it_is_sent_and_comes_back_once_when_dropped() {
     let clock = ManualClock::new();
     let partner = frozen(&clock)
         .max_attempts(2)
@@ -343,17 +343,23 @@ async fn a_give_back_after_its_slot_was_forgotten_and_reused_returns_nothing() {
     assert!(poll_once(old.as_mut()).is_pending());
     assert_eq!(partner.budget_available(), 9);
     clock.advance(Duration::from_secs(10));
-    assert_eq!(partner.budget_available(), 10, "the old slot forgotten");
+    assert_eq!(
+        partner.budget_available(),
+        9,
+        "the waiting retry still counts"
+    );
     let (failing, calls) = scripted(vec![(503, vec![]); 100]);
     let client = partner.layer().layer(failing);
     for _ in 0..10 {
         client.clone().oneshot(get()).await.unwrap();
     }
-    assert_eq!((calls.count(), partner.budget_available()), (20, 0));
+    assert_eq!((calls.count(), partner.budget_available()), (19, 0));
     drop(old);
-    assert_eq!(partner.budget_available(), 0, "nothing given back");
+    assert_eq!(partner.budget_available(), 1, "the dropped retry came back");
+    client.clone().oneshot(get()).await.unwrap();
+    assert_eq!((calls.count(), partner.budget_available()), (21, 0));
     client.oneshot(get()).await.unwrap();
-    assert_eq!(calls.count(), 21, "no retry beyond the floor");
+    assert_eq!(calls.count(), 22, "no retry beyond the floor");
 }
 
 /// `src/outbound/breaker/mod.rs:61`: "Once the window holds at least `minimum_calls`, the

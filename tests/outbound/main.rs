@@ -15,6 +15,8 @@ mod attack_lanes;
 mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
 mod attack_resilience;
+#[cfg(feature = "adaptive")]
+mod attack_retries;
 mod attack_seam;
 #[cfg(feature = "adaptive")]
 mod breaker;

@@ -429,17 +429,19 @@ async fn a_hooks_fallback_for_a_call_no_wait_admits_tells_grpcio_not_to_retry() 
     assert_eq!(attempts.load(SeqCst), 1, "grpcio retried: {seen}");
 }
 
-/// `outbound::retry_after` on statuses a dependency may send: the `RetryInfo` is read before the
-/// pushback, whatever the pushback says; a pushback of 0 is a wait of none, still a wait; a
-/// status a wait does not end reads `None` whatever it carries.
+/// `outbound::retry_after` on statuses a dependency may send: the longer of the `RetryInfo` and
+/// a readable pushback counts (a pushback that says not to retry names no time); a pushback of 0
+/// is a wait of none, still a wait; a status a wait does not end reads `None` whatever it
+/// carries.
 ///
-/// Promise, `src/outbound/grpc.rs:22-25`: "the `RetryInfo` in its `details` ..., else its
-/// `pushback` (A6: milliseconds; a negative or unreadable value means \"do not retry\", so
-/// `None`). Only a status that a wait can end counts: `RESOURCE_EXHAUSTED` and `UNAVAILABLE`";
+/// Promise, `src/outbound/grpc.rs`: "the longer of the `RetryInfo` in its `details` ... and its
+/// `pushback` (A6: milliseconds; a negative or unreadable value means \"do not retry\", and
+/// names no time) ... Only a status that a wait can end counts: `RESOURCE_EXHAUSTED` and
+/// `UNAVAILABLE`";
 /// `src/outbound/mod.rs:121-122`: "with a `RetryInfo` or a non-negative
 /// `grpc-retry-pushback-ms`".
 #[test]
-fn retry_after_reads_a_statuss_retry_info_before_its_pushback() {
+fn retry_after_reads_the_longer_of_a_statuss_retry_info_and_its_pushback() {
     use tonic_types::ErrorDetails;
 
     let status = |code: Code, delay: Option<u64>, pushback: &str| {
@@ -459,7 +461,8 @@ fn retry_after_reads_a_statuss_retry_info_before_its_pushback() {
     for code in [Code::ResourceExhausted, Code::Unavailable] {
         assert_eq!(status(code, Some(2_500), "-1"), ms(2_500), "{code:?}");
         assert_eq!(status(code, Some(2_500), "soon"), ms(2_500), "{code:?}");
-        assert_eq!(status(code, Some(2_500), "9000"), ms(2_500), "{code:?}");
+        assert_eq!(status(code, Some(2_500), "9000"), ms(9_000), "{code:?}");
+        assert_eq!(status(code, Some(2_500), "1000"), ms(2_500), "{code:?}");
         assert_eq!(status(code, Some(0), ""), ms(0), "{code:?}");
         assert_eq!(status(code, None, "0"), ms(0), "{code:?}");
         assert_eq!(status(code, None, "-1"), None, "{code:?}");

@@ -5,13 +5,16 @@
 //! fractional percentage up and grants more than asked, tower#857).
 //!
 //! The window is cut into [`SLOTS`] slots. A first attempt deposits `ratio` into the slot of
-//! its time, a retry withdraws one retry into the slot of its time, and a slot is forgotten
-//! whole, deposits and withdrawals alike, once it is a window old. A retry is granted when the
-//! reserve (`min_per_second` for each second of the window) plus what the live slots hold is at
-//! least one retry. A withdrawal is never older than the deposits it spends, so it outlives
-//! them: the retries of any stretch of time are at most `ratio` times the first attempts made in
-//! it or in the window before it (whose deposits are still live when it begins), plus the
-//! reserve once for each window the stretch spans.
+//! its time. A retry granted is pending until it is sent (it may wait up to `max_wait`, longer
+//! than the window), then withdrawn into the slot of the time it is sent. A slot's deposits
+//! count until the slot is a window old (so for the window, less at most a tenth of it), its
+//! withdrawals a tenth longer (so for at least the window). A retry is granted when the reserve
+//! (`min_per_second` for each second of the window) plus the live deposits, less the live
+//! withdrawals and the pending retries, is at least one retry. A retry counts from when it is
+//! granted until at least a window after it is sent, and the deposits it spends count no
+//! longer than a window: the retries sent in any stretch of time are at most `ratio` times the
+//! first attempts made in it or in the window before it, plus the reserve once for each window
+//! the stretch spans.
 
 use crate::clock::Clock;
 use crate::sync::{lock, Mutex};
@@ -21,6 +24,9 @@ pub(super) const ONE: u64 = 1_000_000;
 
 /// The slots a window is cut into.
 const SLOTS: u64 = 10;
+
+/// The slots kept: a window's, and one more whose withdrawals still count.
+const KEPT: usize = SLOTS as usize + 1;
 
 /// What the slot of one tenth of the window holds.
 #[derive(Clone, Copy, Debug, Default)]
@@ -39,7 +45,14 @@ pub(super) struct Budget {
     reserve: u64,
     slot_nanos: u64,
     clock: Box<dyn Clock>,
-    slots: Mutex<[Slot; SLOTS as usize]>,
+    slots: Mutex<Slots>,
+}
+
+/// The slots, and the retries granted and not yet sent, in units.
+#[derive(Default)]
+struct Slots {
+    ring: [Slot; KEPT],
+    pending: u64,
 }
 
 impl Budget {
@@ -58,66 +71,93 @@ impl Budget {
             reserve: u64::try_from(reserve).unwrap_or(u64::MAX),
             slot_nanos: window_nanos / SLOTS,
             clock,
-            slots: Mutex::new([Slot::default(); SLOTS as usize]),
+            slots: Mutex::default(),
         }
     }
 
     /// Runs `change` on the slots and the index and epoch of the current one. The clock is read
     /// under the lock, and an epoch earlier than the latest slot's (a clock that went back) is
     /// taken as that one, so that slots only move forward.
-    fn with_slots<T>(&self, change: impl FnOnce(&mut [Slot], usize, u64) -> T) -> T {
+    fn with_slots<T>(&self, change: impl FnOnce(&mut Slots, usize, u64) -> T) -> T {
         // Each change is a few additions that cannot panic half-way.
         let mut slots = lock(&self.slots);
-        let latest = slots.iter().map(|slot| slot.epoch).fold(0, u64::max);
+        let latest = slots.ring.iter().map(|slot| slot.epoch).fold(0, u64::max);
         let epoch = (self.clock.now() / self.slot_nanos).max(latest);
-        let index = (epoch % SLOTS) as usize;
-        if slots[index].epoch != epoch {
-            slots[index] = Slot {
+        let index = (epoch % KEPT as u64) as usize;
+        if slots.ring[index].epoch != epoch {
+            slots.ring[index] = Slot {
                 epoch,
                 ..Slot::default()
             };
         }
-        change(&mut slots[..], index, epoch)
+        change(&mut slots, index, epoch)
     }
 
-    /// The units the slots live at `epoch` hold, with the reserve.
-    fn balance(&self, slots: &[Slot], epoch: u64) -> u64 {
-        let live = slots.iter().filter(|slot| epoch - slot.epoch < SLOTS);
-        // One pass over the live slots, under the budget's lock.
-        let (deposited, withdrawn) = live.fold((self.reserve, 0u64), |(d, w), slot| {
-            (
-                d.saturating_add(slot.deposited),
-                w.saturating_add(slot.withdrawn),
-            )
-        });
-        deposited.saturating_sub(withdrawn)
+    /// The units the slots hold at `epoch`, with the reserve, less the pending retries.
+    fn balance(&self, slots: &Slots, epoch: u64) -> u64 {
+        // One pass over the slots, under the budget's lock: deposits count for `SLOTS` slots,
+        // withdrawals for one more.
+        let (deposited, withdrawn) =
+            slots
+                .ring
+                .iter()
+                .fold((self.reserve, 0u64), |(d, w), slot| {
+                    let age = epoch - slot.epoch;
+                    let d = if age < SLOTS {
+                        d.saturating_add(slot.deposited)
+                    } else {
+                        d
+                    };
+                    let w = if age <= SLOTS {
+                        w.saturating_add(slot.withdrawn)
+                    } else {
+                        w
+                    };
+                    (d, w)
+                });
+        deposited.saturating_sub(withdrawn.saturating_add(slots.pending))
     }
 
     /// A first attempt: deposits the ratio.
     pub(super) fn deposit(&self) {
         self.with_slots(|slots, index, _| {
-            let slot = &mut slots[index];
+            let slot = &mut slots.ring[index];
             slot.deposited = slot.deposited.saturating_add(self.deposit);
         });
     }
 
-    /// Withdraws one retry if the budget holds one: the epoch of the slot it was taken from,
-    /// for [`give_back`](Self::give_back).
-    pub(super) fn withdraw(&self) -> Option<u64> {
-        self.with_slots(|slots, index, epoch| {
-            if self.balance(slots, epoch) < ONE {
-                return None;
+    /// Grants a retry, pending until it is [`sent`](Self::send) or
+    /// [`cancelled`](Self::cancel), if the budget holds one.
+    pub(super) fn grant(&self) -> bool {
+        self.with_slots(|slots, _, epoch| {
+            let granted = self.balance(slots, epoch) >= ONE;
+            if granted {
+                slots.pending += ONE;
             }
-            slots[index].withdrawn += ONE;
-            Some(epoch)
+            granted
         })
     }
 
-    /// Gives back a retry withdrawn at `epoch` and never sent. A withdrawal whose slot has been
-    /// forgotten counts no more, so nothing is given back for it.
+    /// A pending retry is sent: withdrawn into the slot of now, whose epoch it returns for
+    /// [`give_back`](Self::give_back).
+    pub(super) fn send(&self) -> u64 {
+        self.with_slots(|slots, index, epoch| {
+            slots.pending = slots.pending.saturating_sub(ONE);
+            slots.ring[index].withdrawn += ONE;
+            epoch
+        })
+    }
+
+    /// A pending retry will not be sent.
+    pub(super) fn cancel(&self) {
+        self.with_slots(|slots, _, _| slots.pending = slots.pending.saturating_sub(ONE));
+    }
+
+    /// Gives back a retry sent at `epoch` that never reached the dependency. A withdrawal whose
+    /// slot has been forgotten counts no more, so nothing is given back for it.
     pub(super) fn give_back(&self, epoch: u64) {
         self.with_slots(|slots, _, _| {
-            let slot = &mut slots[(epoch % SLOTS) as usize];
+            let slot = &mut slots.ring[(epoch % KEPT as u64) as usize];
             if slot.epoch == epoch {
                 slot.withdrawn = slot.withdrawn.saturating_sub(ONE);
             }

@@ -184,8 +184,10 @@ impl RetryBuilder {
 
     /// The retry budget (defaults 0.2, 3 and 10 s): each first attempt deposits `ratio` of a
     /// retry (from 0 to 10, to the millionth), `min_per_second` retries a second come with no
-    /// deposit (the window's worth, there at once: 30 with the defaults), and both last
-    /// `window` (from 10 ms to an hour). A retry is granted from whole retries: with a window
+    /// deposit (the window's worth, there at once: 30 with the defaults); a deposit counts for
+    /// `window` (from 10 ms to an hour) less at most a tenth of it, a retry from when it is
+    /// granted until at least `window` after it is sent (see the [module docs](super)). A
+    /// retry is granted from whole retries: with a window
     /// shorter than a second over `min_per_second`, the reserve alone is less than one and
     /// grants none until deposits make up the rest.
     pub fn budget(mut self, ratio: f64, min_per_second: u32, window: Duration) -> Self {

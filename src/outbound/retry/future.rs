@@ -31,24 +31,26 @@ pub(crate) enum Skipped {
     Wait,
 }
 
-/// A retry taken from the budget and not sent yet: given back if it is dropped unsent (the
-/// call's future dropped during the backoff, or the service failing to get ready).
+/// A retry the budget granted and not sent yet: cancelled if it is dropped unsent (the call's
+/// future dropped during the backoff, or the service failing to get ready).
 struct Withdrawal<'a> {
     shared: &'a Shared,
-    epoch: Option<u64>,
+    pending: bool,
 }
 
 impl Withdrawal<'_> {
-    /// The retry is on its way: it stays withdrawn, unless a layer below refuses it unsent.
+    /// The retry is on its way: it is withdrawn now, and stays so unless a layer below refuses
+    /// it unsent. The epoch it was withdrawn at.
     fn sent(mut self) -> u64 {
-        self.epoch.take().expect("a withdrawal is sent once")
+        self.pending = false;
+        self.shared.budget.send()
     }
 }
 
 impl Drop for Withdrawal<'_> {
     fn drop(&mut self) {
-        if let Some(epoch) = self.epoch {
-            self.shared.budget.give_back(epoch);
+        if self.pending {
+            self.shared.budget.cancel();
         }
     }
 }
@@ -111,9 +113,10 @@ fn forbids_retry_status(error: &(dyn std::error::Error + 'static)) -> bool {
 /// asked is within `max_wait` and the budget grants it.
 ///
 /// Cancellation: the first attempt's deposit was made when the call was, and stays. A retry is
-/// withdrawn from the budget before its backoff and stays withdrawn once it is handed to the
-/// service, unless a layer below refuses it unsent; dropped before that (during the backoff, or
-/// while the service gets ready), it is given back and nothing more is sent. Dropped during an
+/// granted by the budget before its backoff (pending until sent) and withdrawn when it is
+/// handed to the service, and stays so unless a layer below refuses it unsent; dropped before
+/// that (during the backoff, or while the service gets ready), it is cancelled and nothing more
+/// is sent. Dropped during an
 /// attempt, the attempt is dropped with it and no other is made.
 pub(super) async fn serve<S, K, Req>(
     first: S::Future,
@@ -139,13 +142,13 @@ where
             skipped(&shared, Skipped::Wait, asked);
             break;
         }
-        let Some(epoch) = shared.budget.withdraw() else {
+        if !shared.budget.grant() {
             skipped(&shared, Skipped::Budget, asked);
             break;
-        };
+        }
         let withdrawal = Withdrawal {
             shared: &shared,
-            epoch: Some(epoch),
+            pending: true,
         };
         // The answer retried is let go before the retry waits: its body may hold what the retry
         // needs below (a bulkhead's permit held until the body ends), and no one reads it.

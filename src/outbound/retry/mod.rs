@@ -36,8 +36,12 @@
 //!   `max_wait`; none panics.
 //! * **the budget holds a retry**: each call deposits `ratio` of a retry (default 0.2, counted
 //!   to the millionth in integers, so that five calls make exactly one retry), each retry
-//!   withdraws one, `min_per_second` retries a second (default 3) come with no deposit, and
-//!   both expire after `window` (default 10 s), so an idle spell banks nothing. The reserve
+//!   withdraws one, `min_per_second` retries a second (default 3) come with no deposit. A
+//!   deposit counts for `window` (default 10 s) less at most a tenth of it (the budget counts
+//!   in tenths of the window), so an idle spell banks nothing; a retry counts from when it is
+//!   granted, through its wait (which may be longer than the window), until at least `window`
+//!   after it is sent, so that retries held by one long `Retry-After` cannot each be granted
+//!   anew by the windows that pass while they wait, and leave together. The reserve
 //!   with no deposit is the window's worth, there at once: after a quiet spell, failing calls
 //!   may take all of it (30 retries with the defaults) in a moment. Over any stretch, retries
 //!   are at most `ratio` times the calls plus that reserve once for each window the stretch

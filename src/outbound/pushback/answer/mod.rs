@@ -223,18 +223,8 @@ pub(crate) fn read(
     max_hold: Duration,
     custom: &[Arc<ReadQuota>],
 ) -> Answer {
-    let reader = Reader {
-        dependency,
-        max_hold,
-        // The server's own clock, when it sends one, so that dates are read without clock skew.
-        reference: date_of(headers).unwrap_or_else(SystemTime::now),
-    };
-    // A 403 is a refusal for a rate limit (GitHub's secondary limits) when it carries
-    // rate-limit fields; any other 403 says nothing about when to call again.
-    let overloaded = status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::SERVICE_UNAVAILABLE
-        || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers));
-    let retry_after = overloaded
+    let reader = Reader::new(dependency, max_hold, headers);
+    let retry_after = reads_retry_after(status, headers)
         .then(|| retry_after::read(&reader, headers))
         .flatten();
     // A gRPC answer comes as HTTP 200: its own status says when to call again.
@@ -297,7 +287,8 @@ pub(crate) fn read(
 /// How long an answer of `status` and `headers` asks every call to wait, read as [`read`]
 /// reads it but uncapped (`max_hold` is the pushback's, not the caller's): the longer of its
 /// hold and the windows of the quotas it says are spent. What a retry of the call waits at
-/// least.
+/// least. The answer was judged transient, so its `Retry-After` counts whatever its status (a
+/// 504's too, which the pushback does not read).
 #[cfg(feature = "adaptive")]
 pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
     let answer = read(dependency, status, headers, Duration::MAX, &[]);
@@ -305,7 +296,20 @@ pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) ->
         .filter(|quota| quota.remaining == 0)
         .map(|quota| quota.window)
         .max();
-    answer.hold.max(spent).unwrap_or_default()
+    let reader = Reader::new(dependency, Duration::MAX, headers);
+    let retry_after = (!reads_retry_after(status, headers))
+        .then(|| retry_after::read(&reader, headers))
+        .flatten();
+    (answer.hold.max(spent).max(retry_after)).unwrap_or_default()
+}
+
+/// Whether [`read`] reads the `Retry-After` of an answer of `status`: a 429, a 503, or a 403
+/// that is a refusal for a rate limit (GitHub's secondary limits), which it is when it carries
+/// rate-limit fields; any other 403 says nothing about when to call again.
+fn reads_retry_after(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::SERVICE_UNAVAILABLE
+        || (status == StatusCode::FORBIDDEN && has_rate_limit_fields(headers))
 }
 
 /// Whether `headers` carry a field of a built-in rate-limit dialect, readable or not.
@@ -356,7 +360,18 @@ struct Reader<'a> {
     reference: SystemTime,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader for the answer of `dependency` with `headers`, capping spans at `max_hold`.
+    fn new(dependency: &'a str, max_hold: Duration, headers: &HeaderMap) -> Self {
+        Self {
+            dependency,
+            max_hold,
+            // The server's own clock, when it sends one, so that dates are read without clock
+            // skew.
+            reference: date_of(headers).unwrap_or_else(SystemTime::now),
+        }
+    }
+
     /// `span`, capped at `max_hold` (logged when capped).
     fn capped(&self, field: &str, span: Duration) -> Duration {
         if span > self.max_hold {
