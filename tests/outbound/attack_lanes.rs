@@ -7,15 +7,12 @@ use std::sync::mpsc;
 use std::task::Poll;
 use std::time::Duration;
 
-use http::Response;
-use tokio::sync::oneshot;
-use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::Pushback;
-use tower_bulwark::BoxError;
 
 use super::dialects_support::{answer_str, call, make, S, TEN_MIN};
 use super::hostile_support::on_manual_clock;
+use super::several_quotas::two_in_flight;
 use crate::common::poll_once;
 
 /// "When they are spent, calls are held until `t` has passed; then the `q` calls of the policy
@@ -77,17 +74,7 @@ fn the_look_ahead_is_not_a_walk_over_every_window() {
 /// of 2 calls per 30 s, with or without an older answer arriving during the hold.
 fn admitted_after_hold(older_answer_has_quota: bool) -> usize {
     let (pushback, clock) = make(TEN_MIN);
-    let client = pushback.layer().layer(service_fn(
-        |answer: oneshot::Receiver<Response<()>>| async move { Ok::<_, BoxError>(answer.await?) },
-    ));
-    let start = || {
-        let (tx, rx) = oneshot::channel();
-        let mut call = Box::pin(client.clone().oneshot(rx));
-        assert!(poll_once(call.as_mut()).is_pending(), "a call was held");
-        (tx, call)
-    };
-    let (older, mut older_call) = start();
-    let (newer, mut newer_call) = start();
+    let [(older, mut older_call), (newer, mut newer_call)] = two_in_flight(&pushback);
     // The newer call: 429, hold 20 s, "a" spent (for 5 s), then 2 calls per 30 s.
     newer
         .send(answer_str(

@@ -152,16 +152,7 @@ async fn a_retry_waits_for_a_grpc_pushback_longer_than_the_retry_info() {
             Ok(Response::builder().status(200).body(())?)
         }
     });
-    let partner = Retry::builder("partner")
-        .clock(TokioClock::new())
-        .build()
-        .unwrap();
-    let response = partner
-        .layer()
-        .layer(dependency)
-        .oneshot(get())
-        .await
-        .unwrap();
+    let response = through_default_retries(dependency).await;
     assert_eq!(response.status(), 200);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
@@ -181,17 +172,25 @@ async fn a_504_is_retried_after_its_retry_after() {
     use crate::retry::scripted;
 
     let (dependency, calls) = scripted(vec![(504, vec![("retry-after", "5")])]);
+    let response = through_default_retries(dependency).await;
+    assert_eq!(response.status(), 200);
+    let at = calls.at();
+    assert!(at[1] >= Duration::from_secs(5), "retried at {:?}", at[1]);
+}
+
+/// A `GET` through retries of the defaults on tokio's clock, to `dependency`: its last answer.
+async fn through_default_retries<S>(dependency: S) -> Response<()>
+where
+    S: tower::Service<Request<String>, Response = Response<()>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     let partner = Retry::builder("partner")
         .clock(TokioClock::new())
         .build()
         .unwrap();
-    let response = partner
-        .layer()
-        .layer(dependency)
-        .oneshot(get())
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let at = calls.at();
-    assert!(at[1] >= Duration::from_secs(5), "retried at {:?}", at[1]);
+    let client = partner.layer().layer(dependency);
+    client.oneshot(get()).await.unwrap()
 }

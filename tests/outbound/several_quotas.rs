@@ -3,12 +3,15 @@
 //! dialects, the pacing of several, a probe given back, and an older answer's quota of a kind
 //! not in force. Time is a `ManualClock`; nothing sleeps.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 
 use http::Response;
 use tokio::sync::oneshot;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::bulkhead::Bulkhead;
+use tower_bulwark::clock::ManualClock;
 use tower_bulwark::outbound::pushback::Pacing;
 use tower_bulwark::outbound::{self, Pushback, PushedBack};
 use tower_bulwark::{BoxError, BulkheadFull};
@@ -100,17 +103,7 @@ async fn a_probe_refused_below_gives_back_only_to_the_quotas_it_took_from() {
 #[test]
 fn an_older_answers_quota_of_another_kind_holds_beside_the_quotas_in_force() {
     let (pushback, clock) = make(TEN_MIN);
-    let client = pushback.layer().layer(service_fn(
-        |answer: oneshot::Receiver<Response<()>>| async move { Ok::<_, BoxError>(answer.await?) },
-    ));
-    let start = || {
-        let (tx, rx) = oneshot::channel();
-        let mut call = Box::pin(client.clone().oneshot(rx));
-        assert!(poll_once(call.as_mut()).is_pending(), "a call was held");
-        (tx, call)
-    };
-    let (older, mut older_call) = start();
-    let (newer, mut newer_call) = start();
+    let [(older, mut older_call), (newer, mut newer_call)] = two_in_flight(&pushback);
     let respond = |tx: oneshot::Sender<_>, ratelimit: &str, policy: &str| {
         let fields = [("ratelimit", ratelimit), ("ratelimit-policy", policy)];
         tx.send(answer_str(200, &fields)).unwrap();
@@ -127,4 +120,25 @@ fn an_older_answers_quota_of_another_kind_holds_beside_the_quotas_in_force() {
         let wait = if second < 50 { S(10) } else { S(50) };
         assert_eq!(call(&pushback), Err(wait), "after the call at {second} s");
     }
+}
+
+/// A call through a pushback's layer, waiting at the dependency for the answer sent on its
+/// sender.
+pub(crate) type InFlight = (
+    oneshot::Sender<Response<()>>,
+    Pin<Box<dyn Future<Output = Result<Response<()>, BoxError>> + Send>>,
+);
+
+/// Two calls started through `pushback`'s layer, the older first, each waiting at the
+/// dependency for its answer.
+pub(crate) fn two_in_flight(pushback: &Pushback<ManualClock>) -> [InFlight; 2] {
+    let client = pushback.layer().layer(service_fn(
+        |answer: oneshot::Receiver<Response<()>>| async move { Ok::<_, BoxError>(answer.await?) },
+    ));
+    [(); 2].map(|()| {
+        let (tx, rx) = oneshot::channel();
+        let mut call: InFlight = (tx, Box::pin(client.clone().oneshot(rx)));
+        assert!(poll_once(call.1.as_mut()).is_pending(), "a call was held");
+        call
+    })
 }
