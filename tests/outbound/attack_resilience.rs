@@ -20,7 +20,7 @@ use crate::breaker::{answering, open_until, partner_breaker, refused, through};
 use crate::breaker_probes::{held, open_then_half_open, Held};
 use crate::common::{poll_once, refusal};
 use crate::retry::{behind_an_opened_breaker, get, healthy_calls, retry, scripted};
-use crate::retry_budget::frozen;
+use crate::retry_budget::{frozen, reserve_only};
 
 /// A call through `client` admitted (polled once, inside the dependency) and the sender that
 /// answers it.
@@ -332,10 +332,9 @@ async fn a_retry_waits_for_the_window_of_a_spent_quota() {
 #[tokio::test(start_paused = true)]
 async fn a_waiting_retry_counts_until_it_is_sent_and_comes_back_once_when_dropped() {
     let clock = ManualClock::new();
-    let partner = frozen(&clock)
+    let partner = reserve_only(&clock, 1, Duration::from_secs(10))
         .max_attempts(2)
         .max_wait(Duration::from_secs(3600))
-        .budget(0.0, 1, Duration::from_secs(10))
         .build()
         .unwrap();
     let (waiting, _) = scripted(vec![(429, vec![("retry-after", "100")])]);
@@ -455,9 +454,8 @@ async fn an_ended_probe_does_not_free_its_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn threads_racing_while_the_clock_moves_never_exceed_the_floor() {
     let clock = ManualClock::new();
-    let partner = frozen(&clock)
+    let partner = reserve_only(&clock, 5, Duration::from_secs(1))
         .max_attempts(10)
-        .budget(0.0, 5, Duration::from_secs(1))
         .build()
         .unwrap();
     let (failing, attempts) = scripted(vec![(503, vec![]); 1_000_000]);

@@ -86,13 +86,12 @@ async fn retries_waiting_longer_than_the_window_count_until_they_are_sent() {
 #[tokio::test(start_paused = true)]
 async fn a_withdrawal_from_the_reserve_counts_for_at_least_its_window() {
     use crate::retry::scripted;
-    use crate::retry_budget::frozen;
+    use crate::retry_budget::reserve_only;
     use tower_bulwark::clock::ManualClock;
 
     let clock = ManualClock::new();
-    let partner = frozen(&clock)
+    let partner = reserve_only(&clock, 3, Duration::from_secs(10))
         .max_attempts(2)
-        .budget(0.0, 3, Duration::from_secs(10))
         .build()
         .unwrap();
     let (failing, calls) = scripted(vec![(503, vec![]); 1000]);
@@ -125,41 +124,30 @@ async fn a_withdrawal_from_the_reserve_counts_for_at_least_its_window() {
 #[cfg(feature = "grpc")]
 #[tokio::test(start_paused = true)]
 async fn a_retry_waits_for_a_grpc_pushback_longer_than_the_retry_info() {
+    use crate::retry::scripted;
     use tonic_types::{ErrorDetails, StatusExt};
 
-    let start = Instant::now();
-    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let recorded = seen.clone();
-    let dependency = service_fn(move |_: Request<String>| {
-        let first = {
-            let mut seen = recorded.lock().unwrap();
-            seen.push(start.elapsed());
-            seen.len() == 1
-        };
-        async move {
-            if first {
-                let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(1)));
-                let mut status =
-                    tonic::Status::with_error_details(tonic::Code::Unavailable, "busy", details);
-                let pushback = "3000".parse().unwrap();
-                status
-                    .metadata_mut()
-                    .insert("grpc-retry-pushback-ms", pushback);
-                // As a trailers-only answer (the same fields in the headers of a 200).
-                let response: Response<()> = status.into_http();
-                return Ok::<_, BoxError>(response);
-            }
-            Ok(Response::builder().status(200).body(())?)
-        }
-    });
+    let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(1)));
+    let mut status = tonic::Status::with_error_details(tonic::Code::Unavailable, "busy", details);
+    let pushback = "3000".parse().unwrap();
+    status
+        .metadata_mut()
+        .insert("grpc-retry-pushback-ms", pushback);
+    // As a trailers-only answer: the status's fields in the headers of a 200.
+    let trailers_only: Response<()> = status.into_http();
+    let leak = |text: &str| &*String::leak(text.to_owned());
+    let fields = (trailers_only.headers().iter())
+        .map(|(name, value)| (leak(name.as_str()), leak(value.to_str().unwrap())))
+        .collect();
+    let (dependency, calls) = scripted(vec![(200, fields)]);
     let response = through_default_retries(dependency).await;
     assert_eq!(response.status(), 200);
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
+    let at = calls.at();
+    assert_eq!(at.len(), 2);
     assert!(
-        seen[1] >= Duration::from_millis(3000),
+        at[1] >= Duration::from_millis(3000),
         "the retry left at {:?}, before the 3 000 ms of grpc-retry-pushback-ms",
-        seen[1]
+        at[1]
     );
 }
 

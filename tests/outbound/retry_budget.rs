@@ -94,6 +94,12 @@ pub(crate) fn frozen(clock: &ManualClock) -> RetryBuilder {
     builder.backoff(Duration::ZERO, Duration::ZERO)
 }
 
+/// [`frozen`], with a budget of the reserve alone: `per_second` retries a second over
+/// `window`, and no deposits.
+pub(crate) fn reserve_only(clock: &ManualClock, per_second: u32, window: Duration) -> RetryBuilder {
+    frozen(clock).budget(0.0, per_second, window)
+}
+
 /// A ratio of 0.1 is exactly one retry per ten calls: 29 calls give 2 retries, 30 give 3, not a
 /// little more (0.1 × 30 is 3.0000000000000004 in floating point). Ten more calls, all failing,
 /// deposit one more: 4 retries in all.
@@ -161,8 +167,7 @@ async fn the_reserve_is_the_window_s_worth_at_once_counted_in_whole_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clones_racing_for_a_budget_of_l_retries_get_exactly_l() {
     let clock = ManualClock::new();
-    let partner = frozen(&clock)
-        .budget(0.0, 4, Duration::from_secs(5))
+    let partner = reserve_only(&clock, 4, Duration::from_secs(5))
         .build()
         .unwrap();
     let (dependency, calls) = scripted(vec![(503, vec![]); 1000]);
