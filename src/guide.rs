@@ -303,8 +303,9 @@
 //! * **A shed request spends nothing.** It never reaches the inner service, and is answered at
 //!   once: `503` with `Retry-After` (the latency's slow average in whole seconds, at least 1) and
 //!   a problem+json body, or gRPC `UNAVAILABLE` with the same delay (`answers.rs`); a queued one
-//!   at most `max_wait` after its call, however late its future is polled (`queue.rs`, on
-//!   tokio's paused clock).
+//!   at most `max_wait` after its call (to the timer's millisecond), however late its future is
+//!   polled, and a waiter whose wait has ended holds no place in the queue (`queue.rs`,
+//!   `attack_queue.rs`, on tokio's paused clock).
 //! * **The limit follows latency.** With `Gradient`, a service whose latency triples brings the
 //!   limit below half of what it was, and latency back at its baseline brings it up again. With
 //!   the default `Aimd` (tolerance 1.1, baseline probed for every 300 round trips), a flood from

@@ -175,9 +175,11 @@ impl OverloadBuilder {
 
     /// Lets a request that finds its class's ceiling reached wait, instead of being shed at once:
     /// at most `capacity` wait, highest class first and then in arrival order, each for at most
-    /// `max_wait` (on tokio's clock) from its call, however late its future is first polled. A
-    /// full queue sheds its lowest-class waiter for a newcomer of a higher class, else the
-    /// newcomer. Off by default; `max_wait` at most a minute.
+    /// `max_wait` (on tokio's clock) from its call, however late its future is first polled
+    /// (answered at the timer's next millisecond: tokio's timer rounds a deadline up to one). A
+    /// full queue sheds a waiter whose wait has ended, then its lowest-class waiter for a
+    /// newcomer of a higher class, else the newcomer. Off by default; `max_wait` at most a
+    /// minute.
     pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
         let within = max_wait <= Duration::from_secs(60);
         ensure(OF, within, "max_wait", max_wait, "at most 60 s")?;

@@ -117,8 +117,6 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     B: Body,
 {
-    #[cfg(feature = "metrics")]
-    permit.count_admitted();
     let response = called.await?;
     permit.record();
     Ok(response.map(|inner| {

@@ -51,9 +51,10 @@ pub(super) struct Shared {
     pub(super) clock: Box<dyn Clock>,
     pub(super) limits: Limits,
     /// For each class (by [`Priority::index`]), the share of the limit it may not take: the sum
-    /// of the guarantees of the classes above it; for `Critical`, negative: what it may borrow
-    /// above the limit.
+    /// of the guarantees of the classes above it (none for `Critical`).
     pub(super) reserved: [f64; 3],
+    /// `Critical`'s ceiling, in times the limit.
+    borrowing: f64,
     pub(super) priority_by: PriorityBy,
     pub(super) queue: Option<QueueSettings>,
     /// Taken by [`lock`]: nothing under it panics midway through a change, and a panicking
@@ -92,7 +93,8 @@ impl Shared {
             clock: builder.clock,
             limits,
             // By class, in the order of `Priority::ALL`.
-            reserved: [1.0 - builder.borrowing, critical, critical + default],
+            reserved: [0.0, critical, critical + default],
+            borrowing: builder.borrowing,
             priority_by: builder.priority_by,
             queue: builder.queue,
             state: Mutex::new(state),
@@ -106,19 +108,33 @@ impl Shared {
     /// for `Critical` the limit times its borrowing; at least one, so that no class is shed for
     /// good (the limit learns only from the requests it admits).
     pub(super) fn ceiling(&self, class: Priority, limit: usize) -> usize {
-        let reserved = (limit as f64 * self.reserved[class.index()]).round();
-        ((limit as f64 - reserved) as usize).max(1)
+        let limit = limit as f64;
+        let ceiling = match class {
+            // Times the limit, rounded: as the limit less `1 - borrowing` times it, a tie could
+            // round the other way (`1 - 2.3` is not exact in binary).
+            Priority::Critical => (limit * self.borrowing).round(),
+            _ => limit - (limit * self.reserved[class.index()]).round(),
+        };
+        (ceiling as usize).max(1)
     }
 
     /// Admits a request of `class` at once, queues it, or sheds it.
     pub(super) fn enter(self: &Arc<Self>, class: Priority) -> Entry {
         let mut state = lock(&self.state);
         if state.in_flight < self.ceiling(class, state.limit) {
+            #[cfg(feature = "metrics")]
+            self.metrics.count(true, class);
             return Entry::Admitted(self.admit(&mut state, class));
         }
         let Some(queue) = self.queue.filter(|q| q.capacity > 0) else {
             return Entry::Shed;
         };
+        let now = tokio::time::Instant::now();
+        if state.waiters.len() >= queue.capacity {
+            // Waiters whose wait has ended (their futures, not polled since, had no timer to
+            // take them out) wait no more: shed by dropping their senders.
+            state.waiters.retain(|_, (ends, _)| *ends > now);
+        }
         if state.waiters.len() >= queue.capacity {
             // The last waiter is the lowest class's latest arrival: it makes room for a
             // newcomer of a higher class (dropping its sender sheds it), or the newcomer is shed.
@@ -130,7 +146,7 @@ impl Shared {
         let key = (Reverse(class), state.arrivals);
         state.arrivals += 1;
         let (sender, receiver) = oneshot::channel();
-        let ends = tokio::time::Instant::now() + queue.max_wait;
+        let ends = now + queue.max_wait;
         state.waiters.insert(key, (ends, sender));
         self.publish(&state);
         Entry::Queued(Waiting {
@@ -147,7 +163,6 @@ impl Shared {
         self.publish(state);
         Permit {
             shared: Some(Arc::clone(self)),
-            class,
             started: self.clock.now(),
             in_flight: state.in_flight,
             ceiling: self.ceiling(class, state.limit).min(state.limit),
@@ -171,10 +186,16 @@ impl Shared {
                 continue;
             }
             let permit = self.admit(state, class);
-            if let Err(mut permit) = sender.send(permit) {
-                // The waiter went away: its slot is taken back here, under the lock.
-                permit.shared = None;
-                state.in_flight -= 1;
+            match sender.send(permit) {
+                #[cfg(feature = "metrics")]
+                Ok(()) => self.metrics.count(true, class),
+                #[cfg(not(feature = "metrics"))]
+                Ok(()) => {}
+                Err(mut permit) => {
+                    // The waiter went away: its slot is taken back here, under the lock.
+                    permit.shared = None;
+                    state.in_flight -= 1;
+                }
             }
         }
         self.publish(state);
@@ -229,8 +250,6 @@ impl Shared {
 pub(super) struct Permit {
     /// `None` once the slot was taken back under the lock.
     shared: Option<Arc<Shared>>,
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    class: Priority,
     started: u64,
     /// Requests in flight at admission, this one included.
     in_flight: usize,
@@ -240,14 +259,6 @@ pub(super) struct Permit {
 }
 
 impl Permit {
-    /// Counts the request as admitted in its class.
-    #[cfg(feature = "metrics")]
-    pub(super) fn count_admitted(&self) {
-        if let Some(shared) = &self.shared {
-            shared.metrics.count(true, self.class);
-        }
-    }
-
     /// Gives the algorithm this request's sample: its response head is ready.
     pub(super) fn record(&self) {
         if let Some(shared) = &self.shared {

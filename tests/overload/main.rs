@@ -9,6 +9,7 @@ mod common;
 
 mod answers;
 mod attack;
+mod attack_queue;
 mod cancellation;
 mod classes;
 mod example;
