@@ -14,6 +14,8 @@ mod attack_held;
 mod attack_lanes;
 mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
+mod attack_quota_budget;
+#[cfg(feature = "adaptive")]
 mod attack_resilience;
 #[cfg(feature = "adaptive")]
 mod attack_retries;

@@ -145,23 +145,30 @@ where
         U: Clone,
     {
         let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
-        let (shared, settle) = (&quota.shared, quota.settle.clone());
-        let mut held = None;
-        let state = match shared.limiter.reserve_now(&key, cost) {
-            Some(decision) => state_after(shared, &mut held, decision, service, request),
-            None => State::Reserving {
-                reserve: shared.limiter.reserve(&key, cost),
-                call: Some((mem::replace(service, service.clone()), request)),
-            },
+        let shared = &quota.shared;
+        // Decided now, or the limiter's future that decides.
+        let decided = match shared.limiter.reserve_now(&key, cost) {
+            Some(decision) => Ok(decision),
+            None => Err(shared.limiter.reserve(&key, cost)),
         };
-        Self {
+        // The future holds the decision before the inner service is called or cloned: should
+        // either panic, its drop settles the decision as unwinding drops it.
+        let mut future = Self {
             shared: Arc::clone(shared),
             key: Some(key),
             cost,
-            settle,
-            held,
-            state,
-        }
+            settle: quota.settle.clone(),
+            held: None,
+            state: State::Refused { error: None },
+        };
+        future.state = match decided {
+            Ok(decision) => state_after(shared, &mut future.held, decision, service, request),
+            Err(reserve) => State::Reserving {
+                reserve,
+                call: Some((mem::replace(service, service.clone()), request)),
+            },
+        };
+        future
     }
 }
 

@@ -13,7 +13,8 @@
 //! withdrawals and the pending retries, is at least one retry. A retry counts from when it is
 //! granted until at least a window after it is sent, and the deposits it spends count no
 //! longer than a window: the retries sent in any stretch of time are at most `ratio` times the
-//! first attempts made in it or in the window before it, plus the reserve once for each window
+//! first attempts made in it or before it (in the window before the earliest grant of one of
+//! them, at most the longest wait before the stretch), plus the reserve once for each window
 //! the stretch spans.
 
 use crate::clock::Clock;
@@ -69,7 +70,9 @@ impl Budget {
         Self {
             deposit,
             reserve: u64::try_from(reserve).unwrap_or(u64::MAX),
-            slot_nanos: window_nanos / SLOTS,
+            // Rounded up, so that `SLOTS` slots span the window at least: a withdrawal counts
+            // for the window (a deposit for it less at most a tenth, give or take 10 ns).
+            slot_nanos: window_nanos.div_ceil(SLOTS),
             clock,
             slots: Mutex::default(),
         }

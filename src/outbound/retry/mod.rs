@@ -44,9 +44,11 @@
 //!   anew by the windows that pass while they wait, and leave together. The reserve
 //!   with no deposit is the window's worth, there at once: after a quiet spell, failing calls
 //!   may take all of it (30 retries with the defaults) in a moment. Over any stretch, retries
-//!   are at most `ratio` times the calls plus that reserve once for each window the stretch
-//!   spans: at 100 calls a second and the defaults, 23 retries a second, so attempts stay
-//!   under 1.25 per call however many calls fail.
+//!   are at most `ratio` times the calls made in it or before it (up to a window and the
+//!   longest a retry waits: `max_wait` and the backoff's `cap`, as a retry spends the deposits
+//!   there when it is granted, and is sent when its wait ends) plus that reserve once for each
+//!   window the stretch spans: at 100 calls a second and the defaults, 23 retries a second, so
+//!   attempts stay under 1.25 per call however many calls fail.
 //!
 //! A retry waits what was asked, then a backoff: full jitter, a random span up to
 //! `base × 2^(n − 1)` before retry `n`, at most `cap` (defaults 50 ms and 1 s), so that the
