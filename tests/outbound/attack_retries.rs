@@ -166,6 +166,32 @@ async fn a_504_is_retried_after_its_retry_after() {
     assert!(at[1] >= Duration::from_secs(5), "retried at {:?}", at[1]);
 }
 
+/// A retried 504's `Retry-After` is read as a 429's is, precedence included: with OpenAI's
+/// requests spent for 30 s beside `Retry-After: 1`, OpenAI's reset yields to it (as the pushback
+/// docs say of a 429), so the retry leaves after a second, not 30 (found by a review: the
+/// `Retry-After` of a 504 was read beside the answer, not in it).
+#[tokio::test(start_paused = true)]
+async fn a_504s_retry_after_takes_precedence_as_a_429s_does() {
+    use crate::retry::{after, scripted};
+
+    for status in [429, 504] {
+        let fields = vec![
+            ("retry-after", "1"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "30s"),
+        ];
+        let (dependency, calls) = scripted(vec![(status, fields)]);
+        let response = through_default_retries(dependency).await;
+        assert_eq!(response.status(), 200);
+        let at = calls.at();
+        assert!(
+            after(at[1], Duration::from_secs(1), 1),
+            "{status}: retried at {:?}",
+            at[1]
+        );
+    }
+}
+
 /// A `GET` through retries of the defaults on tokio's clock, to `dependency`: its last answer.
 async fn through_default_retries<S>(dependency: S) -> Response<()>
 where

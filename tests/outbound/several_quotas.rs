@@ -122,6 +122,28 @@ fn an_older_answers_quota_of_another_kind_holds_beside_the_quotas_in_force() {
     }
 }
 
+/// Two calls in flight, each answered `"burst";r=0;t=1, "day";r=2;t=3600` (with no policy, so
+/// both quotas are of one dialect and no refill): the answer read second tightens what the
+/// first set, each quota the quota of its name. A second later the burst is over and the day
+/// has one call left for this client (two, less the call in flight when the first answer came):
+/// one call goes, and the next waits for the day's window (capped at `max_hold`, ten minutes).
+/// (Matched by dialect and policy alone, the day tightened the burst's lane and stretched it to
+/// the day's window: no call went for ten minutes; found by a review.)
+#[test]
+fn an_older_answers_quotas_tighten_the_quotas_of_their_names() {
+    let (pushback, clock) = make(TEN_MIN);
+    let [(first, mut first_call), (second, mut second_call)] = two_in_flight(&pushback);
+    for (tx, call) in [(first, &mut first_call), (second, &mut second_call)] {
+        let fields = [("ratelimit", r#""burst";r=0;t=1, "day";r=2;t=3600"#)];
+        tx.send(answer_str(200, &fields)).unwrap();
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(_))));
+    }
+    assert_eq!(call(&pushback), Err(S(1)));
+    clock.advance(S(1));
+    assert_eq!(call(&pushback), Ok(()));
+    assert_eq!(call(&pushback), Err(S(599)));
+}
+
 /// A call through a pushback's layer, waiting at the dependency for the answer sent on its
 /// sender.
 pub(crate) type InFlight = (

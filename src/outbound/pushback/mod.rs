@@ -103,11 +103,11 @@
 //!   still connect). So an answer is newer than the one in force only if its call was sent
 //!   after that one was received; it then replaces it. An answer to a call sent before may
 //!   have been written first, whatever order the calls started in, so it may only tighten what
-//!   is in force. Each of its quotas tightens the quota in force of the same kind (dialect and
-//!   policy window), field by field: no more calls left than either answer gave, a window no
-//!   shorter, a policy no looser; when it has nothing left, no call goes until its window ends,
-//!   and then the quotas in force apply as they stand. A quota of a kind not in force is kept
-//!   beside them. It never loosens or shortens a hold.
+//!   is in force. Each of its quotas tightens the quota in force of the same dialect and name
+//!   (a `RateLimit` item's name, a family of fields), field by field: no more calls left than
+//!   either answer gave, a window no shorter, a policy no looser; when it has nothing left, no
+//!   call goes until its window ends, and then the quotas in force apply as they stand. A
+//!   quota of a name not in force is kept beside them. It never loosens or shortens a hold.
 //! * A call that one of the crate's layers below refuses before sending it (a
 //!   [`BulkheadFull`](crate::BulkheadFull), a client quota's refusal) reached nothing: the
 //!   call it took of each advertised budget goes back, to each budget still in force that it

@@ -78,9 +78,9 @@ pub(super) struct Schedule {
 /// One advertised quota as the schedule counts it.
 #[derive(Debug, Clone)]
 struct Lane {
-    /// What it was advertised as: its dialect and its policy's window. An older answer's quota
-    /// of the same kind tightens it.
-    kind: (Dialect, Option<Duration>),
+    /// What it was advertised as: its dialect and its name. An older answer's quota of the
+    /// same kind tightens it.
+    kind: (Dialect, u64),
     /// Calls that may still start before `window_end`; `None` once the window has passed with
     /// no refill known (calls go freely by this quota until the next answer).
     budget: Option<u64>,
@@ -110,7 +110,7 @@ impl Lane {
         let budget = quota.remaining.saturating_sub(others);
         let window = saturating_nanos(quota.window);
         Self {
-            kind: (quota.dialect, quota.refill.map(|refill| refill.window)),
+            kind: (quota.dialect, quota.name),
             budget: Some(budget),
             window_end: now.saturating_add(window),
             refill: quota.refill,

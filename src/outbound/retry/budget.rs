@@ -12,7 +12,7 @@
 //! (`min_per_second` for each second of the window) plus the live deposits, less the live
 //! withdrawals and the pending retries, is at least one retry. A retry counts from when it is
 //! granted until at least a window after it is sent, and the deposits it spends count no
-//! longer than a window: the retries sent in any stretch of time are at most `ratio` times the
+//! longer than a window (to 10 ns, as the tenths are rounded up): the retries sent in any stretch of time are at most `ratio` times the
 //! first attempts made in it or before it (in the window before the earliest grant of one of
 //! them, at most the longest wait before the stretch), plus the reserve once for each window
 //! the stretch spans.

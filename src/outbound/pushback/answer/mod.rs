@@ -15,6 +15,7 @@ mod when;
 mod x_ratelimit;
 
 use std::cmp::Reverse;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -105,21 +106,35 @@ pub(crate) struct Answer {
 pub(crate) struct AdvertisedQuota {
     /// The fields it was read from.
     pub(crate) dialect: Dialect,
+    /// Which of its dialect's quotas it is ([`quota_name`] of what names it: a `RateLimit`
+    /// item's name, a family's field, the place of a reader of the user's). An older answer's
+    /// quota tightens the quota in force of the same dialect and name.
+    pub(crate) name: u64,
     pub(crate) remaining: u64,
     pub(crate) window: Duration,
     pub(crate) refill: Option<Refill>,
 }
 
 impl AdvertisedQuota {
-    /// `remaining` calls of `dialect` within `window`, and nothing known after it.
-    fn new(dialect: Dialect, remaining: u64, window: Duration) -> Self {
+    /// `remaining` calls of `dialect`'s quota `name` within `window`, and nothing known after
+    /// it.
+    fn new(dialect: Dialect, name: u64, remaining: u64, window: Duration) -> Self {
         Self {
             dialect,
+            name,
             remaining,
             window,
             refill: None,
         }
     }
+}
+
+/// The [`AdvertisedQuota::name`] of a quota named by `name` (a hash: quotas of one dialect are
+/// told apart by it).
+fn quota_name(name: impl Hash) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    name.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The quota of every window after the advertised one: `calls` in each `window`.
@@ -182,7 +197,8 @@ fn read_families(
         // Spent tokens with no limit to come back to hold every call until the reset; with a
         // limit, they come back at an even pace, and a call waits for its own.
         if family.counts_calls || (remaining == 0 && limit.is_none()) {
-            quotas.push(AdvertisedQuota::new(dialect, remaining, window));
+            let name = quota_name(family.remaining.as_str());
+            quotas.push(AdvertisedQuota::new(dialect, name, remaining, window));
         }
         if !family.counts_calls {
             let read = TokenQuota {
@@ -227,6 +243,17 @@ pub(crate) fn read(
     let retry_after = reads_retry_after(status, headers)
         .then(|| retry_after::read(&reader, headers))
         .flatten();
+    read_with(&reader, status, headers, retry_after, custom)
+}
+
+/// [`read`], with `retry_after` the answer's `Retry-After` if it is read.
+fn read_with(
+    reader: &Reader<'_>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    retry_after: Option<Duration>,
+    custom: &[Arc<ReadQuota>],
+) -> Answer {
     // A gRPC answer comes as HTTP 200: its own status says when to call again.
     #[cfg(feature = "grpc")]
     let retry_after = retry_after.or_else(|| {
@@ -245,16 +272,22 @@ pub(crate) fn read(
         }
         quota
     };
-    let custom = custom.iter().filter_map(|read| {
+    let custom = custom.iter().enumerate().filter_map(|(place, read)| {
         let (remaining, window) = read(headers)?;
         let window = reader.capped("a dialect of the user's", window);
-        Some(AdvertisedQuota::new(Dialect::Custom, remaining, window))
+        let name = quota_name(place);
+        Some(AdvertisedQuota::new(
+            Dialect::Custom,
+            name,
+            remaining,
+            window,
+        ))
     });
     let mut tokens = None;
     let quotas = most_restrictive_first(
         (READERS.iter())
             .flat_map(|(_, read_dialect)| {
-                let (quotas, read) = read_dialect(&reader, headers);
+                let (quotas, read) = read_dialect(reader, headers);
                 tokens = fewest_tokens(tokens.into_iter().chain(read));
                 quotas
             })
@@ -272,7 +305,7 @@ pub(crate) fn read(
     if hold.is_none() && status == StatusCode::TOO_MANY_REQUESTS && quotas.is_empty() {
         tracing::debug!(
             target: "tower_bulwark::pushback",
-            dependency,
+            dependency = reader.dependency,
             "429 without Retry-After or rate-limit fields; holding {HOLD_WITHOUT_TIME:?}",
         );
         hold = Some(reader.hold_without_time());
@@ -291,16 +324,14 @@ pub(crate) fn read(
 /// 504's too, which the pushback does not read).
 #[cfg(feature = "adaptive")]
 pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
-    let answer = read(dependency, status, headers, Duration::MAX, &[]);
+    let reader = Reader::new(dependency, Duration::MAX, headers);
+    let retry_after = retry_after::read(&reader, headers);
+    let answer = read_with(&reader, status, headers, retry_after, &[]);
     let spent = (answer.quotas.iter())
         .filter(|quota| quota.remaining == 0)
         .map(|quota| quota.window)
         .max();
-    let reader = Reader::new(dependency, Duration::MAX, headers);
-    let retry_after = (!reads_retry_after(status, headers))
-        .then(|| retry_after::read(&reader, headers))
-        .flatten();
-    (answer.hold.max(spent).max(retry_after)).unwrap_or_default()
+    answer.hold.max(spent).unwrap_or_default()
 }
 
 /// Whether [`read`] reads the `Retry-After` of an answer of `status`: a 429, a 503, or a 403
@@ -542,8 +573,9 @@ mod tests {
             ("ratelimit", r#""day";r=10;t=3600, hour;r=0;x=?1, (1 2)"#),
             ("ratelimit-policy", r#""day";q=100;w=86400, hour;q=5;w=60"#),
         ]);
-        let quota = |remaining, window, calls, per| AdvertisedQuota {
+        let quota = |name: &str, remaining, window, calls, per| AdvertisedQuota {
             dialect: Dialect::RateLimit,
+            name: quota_name(Some(name)),
             remaining,
             window: Duration::from_secs(window),
             refill: Some(Refill {
@@ -551,7 +583,11 @@ mod tests {
                 window: Duration::from_secs(per),
             }),
         };
-        assert_eq!(quotas, [quota(0, 60, 5, 60), quota(10, 3600, 100, 86400)]);
+        let (hour, day) = (
+            quota("hour", 0, 60, 5, 60),
+            quota("day", 10, 3600, 100, 86400),
+        );
+        assert_eq!(quotas, [hour, day]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{AdvertisedQuota, Dialect, Read, Reader, Refill};
+use super::{quota_name, AdvertisedQuota, Dialect, Read, Reader, Refill};
 use crate::rate_limit::{RATELIMIT, RATELIMIT_POLICY};
 
 /// What each field of the dialect begins with.
@@ -54,6 +54,7 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
             };
             Some(AdvertisedQuota {
                 dialect: Dialect::RateLimit,
+                name: quota_name(name_of(&item)),
                 remaining,
                 window,
                 refill,

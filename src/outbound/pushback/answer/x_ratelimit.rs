@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName};
 
-use super::{when, AdvertisedQuota, Dialect, Read, Reader};
+use super::{quota_name, when, AdvertisedQuota, Dialect, Read, Reader};
 
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-reset-after");
@@ -40,15 +40,21 @@ pub(super) fn read(reader: &Reader<'_>, headers: &HeaderMap) -> Read {
     (x.into_iter().chain(drafts).collect(), None)
 }
 
-/// What is left in `remaining`, until the span `window` reads, which is read only once what is
+/// What is left in `field`, until the span `window` reads, which is read only once what is
 /// left has been.
 fn quota(
     reader: &Reader<'_>,
     headers: &HeaderMap,
-    remaining: &HeaderName,
+    field: &HeaderName,
     window: impl FnOnce() -> Option<Duration>,
 ) -> Option<AdvertisedQuota> {
-    let remaining = reader.single_number(headers, remaining)?;
+    let remaining = reader.single_number(headers, field)?;
     let window = window()?;
-    Some(AdvertisedQuota::new(Dialect::XRateLimit, remaining, window))
+    let name = quota_name(field.as_str());
+    Some(AdvertisedQuota::new(
+        Dialect::XRateLimit,
+        name,
+        remaining,
+        window,
+    ))
 }
