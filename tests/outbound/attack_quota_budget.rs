@@ -2,11 +2,9 @@
 //! time, by a helper that had not seen the code. Time is tokio's paused clock or a
 //! `ManualClock`.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_bulwark::algorithm::Metered;
 use tower_bulwark::clock::{ManualClock, TokioClock};
@@ -63,20 +61,10 @@ async fn a_panic_in_the_inner_services_call_ends_the_metered_hold() {
 /// stretch, 0.2 × 100 + 30 = 50, which a retry's wait between its grant and its send breaks.)
 #[tokio::test(start_paused = true)]
 async fn retries_in_a_stretch_spend_deposits_from_up_to_a_window_and_a_wait_before_it() {
-    let start = Instant::now();
-    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let recorded = seen.clone();
-    let dependency = service_fn(move |request: Request<String>| {
-        let at = start.elapsed();
-        recorded.lock().unwrap().push(at);
-        let failing = request.uri().path() == "/fail" && at < Duration::from_secs(14);
-        async move {
-            let response = if failing {
-                Response::builder().status(429).header("retry-after", "5")
-            } else {
-                Response::builder().status(200)
-            };
-            Ok::<_, BoxError>(response.body(())?)
+    let (dependency, seen) = crate::attack_retries::timed_dependency(|request, at| {
+        match request.uri().path() == "/fail" && at < Duration::from_secs(14) {
+            true => (429, Some(5)),
+            false => (200, None),
         }
     });
     let partner = Retry::builder("partner")

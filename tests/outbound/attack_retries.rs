@@ -31,22 +31,10 @@ use crate::retry::get;
 /// 100 ms of t = 50 s.
 #[tokio::test(start_paused = true)]
 async fn retries_waiting_longer_than_the_window_count_until_they_are_sent() {
-    let start = Instant::now();
-    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let recorded = seen.clone();
-    let dependency = service_fn(move |_: Request<String>| {
-        let elapsed = start.elapsed();
-        recorded.lock().unwrap().push(elapsed);
-        let back_at = Duration::from_secs(50);
-        async move {
-            let response = if elapsed < back_at {
-                let wait = (back_at - elapsed).as_secs().to_string();
-                Response::builder().status(503).header("retry-after", wait)
-            } else {
-                Response::builder().status(200)
-            };
-            Ok::<_, BoxError>(response.body(())?)
-        }
+    let back_at = Duration::from_secs(50);
+    let (dependency, seen) = timed_dependency(move |_, at| match back_at.checked_sub(at) {
+        Some(wait) if !wait.is_zero() => (503, Some(wait.as_secs())),
+        _ => (200, None),
     });
     // The defaults (ratio 0.2, 3 a second, a window of 10 s, backoff 50 ms to 1 s, three
     // attempts) but for `max_wait`: a minute, as an API that rate-limits by the minute asks.
@@ -190,6 +178,39 @@ async fn a_504s_retry_after_takes_precedence_as_a_429s_does() {
             at[1]
         );
     }
+}
+
+/// When each request reached a dependency, on tokio's clock from its start.
+pub(crate) type Seen = Arc<Mutex<Vec<Duration>>>;
+
+/// A dependency that answers each request with the status and the `Retry-After` (in seconds)
+/// `answer` gives for it and the time it came (on tokio's clock, from now), and the times the
+/// requests came.
+pub(crate) fn timed_dependency(
+    answer: impl Fn(&Request<String>, Duration) -> (u16, Option<u64>) + Clone + Send + 'static,
+) -> (
+    impl tower::Service<Request<String>, Response = Response<()>, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    Seen,
+) {
+    let start = Instant::now();
+    let seen = Seen::default();
+    let recorded = seen.clone();
+    let dependency = service_fn(move |request: Request<String>| {
+        let at = start.elapsed();
+        recorded.lock().unwrap().push(at);
+        let (status, retry_after) = answer(&request, at);
+        async move {
+            let mut response = Response::builder().status(status);
+            if let Some(seconds) = retry_after {
+                response = response.header("retry-after", seconds);
+            }
+            Ok::<_, BoxError>(response.body(())?)
+        }
+    });
+    (dependency, seen)
 }
 
 /// A `GET` through retries of the defaults on tokio's clock, to `dependency`: its last answer.

@@ -3,17 +3,13 @@
 //! rounds to the millisecond, `Critical`'s ceiling rounded a tie the wrong way, and a request
 //! admitted in `call` and dropped before its first poll was counted nowhere.
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use futures::FutureExt;
-use tower::{Layer, Service, ServiceExt};
+use tower::ServiceExt;
 use tower_bulwark::overload::Priority;
 
-use crate::support::{answer_to, fixed, one_inside, request};
+use crate::support::{answer_to, called, fixed, one_inside, request};
 
 /// `src/overload/builder.rs` (`queue`): "at most `capacity` wait, ... each for at most
 /// `max_wait` (on tokio's clock) from its call, however late its future is first polled. A full
@@ -25,9 +21,7 @@ use crate::support::{answer_to, fixed, one_inside, request};
 async fn a_waiter_whose_wait_ended_does_not_keep_a_newcomer_out_of_the_queue() {
     let (overload, service, gated, _entered, first) =
         one_inside(1, Duration::from_secs(1), Priority::Default).await;
-    let mut caller = service.clone();
-    caller.ready().await.unwrap();
-    let late = caller.call(request(Priority::Default));
+    let late = called(&service, Priority::Default).await;
     tokio::time::advance(Duration::from_secs(2)).await;
     let mut next = Box::pin(service.clone().oneshot(request(Priority::Default)));
     let at_once = (&mut next).now_or_never().map(|r| r.unwrap().status());
@@ -90,24 +84,9 @@ fn a_request_admitted_in_call_is_counted_even_if_dropped_before_its_first_poll()
     use crate::common::recorded::{counter, on_own_recorder, runtime};
     let ((), after) = on_own_recorder(&runtime(), |_| async move {
         let overload = fixed(1).build();
-        let called = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&called);
-        let inner = tower::service_fn(move |_: http::Request<Body>| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, Infallible>(http::Response::new(Body::from("done"))) }
-        });
-        let mut service = overload.layer().layer(inner);
-        let future = service
-            .ready()
-            .await
-            .unwrap()
-            .call(request(Priority::Default));
+        let (service, _gated, _entered) = crate::support::gated(&overload);
+        let future = called(&service, Priority::Default).await;
         assert_eq!(overload.in_flight(), 1, "admitted in call");
-        assert_eq!(
-            called.load(Ordering::SeqCst),
-            1,
-            "the inner service was called"
-        );
         drop(future);
         assert_eq!(overload.in_flight(), 0);
     });

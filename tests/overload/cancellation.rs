@@ -10,7 +10,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::BodyExt;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 use tower_bulwark::overload::Priority;
 
 use crate::support::{alternating, body_of_a_default_request, fixed, gated, one_inside, request};
@@ -18,12 +18,8 @@ use crate::support::{alternating, body_of_a_default_request, fixed, gated, one_i
 #[tokio::test]
 async fn a_future_dropped_before_its_first_poll_gives_its_place_back() {
     let overload = fixed(1).build();
-    let (mut service, gated, _entered) = gated(&overload);
-    let future = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request(Priority::Default));
+    let (service, gated, _entered) = gated(&overload);
+    let future = crate::support::called(&service, Priority::Default).await;
     assert_eq!(overload.in_flight(), 1, "admitted in call");
     drop(future);
     assert_eq!(overload.in_flight(), 0);

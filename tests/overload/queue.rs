@@ -89,12 +89,9 @@ async fn a_waiter_is_shed_when_max_wait_passes() {
 /// and the slot it would have taken is free.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_s_max_wait_counts_from_the_call_not_from_its_first_poll() {
-    use tower::Service;
     let (overload, service, gated, _entered, first) =
         one_inside(2, Duration::from_secs(1), Priority::Default).await;
-    let mut caller = service.clone();
-    caller.ready().await.unwrap();
-    let queued = caller.call(crate::support::request(Priority::Default));
+    let queued = crate::support::called(&service, Priority::Default).await;
     tokio::time::advance(Duration::from_secs(2)).await;
     gated.gate.add_permits(1);
     drop(first.await.unwrap().unwrap());

@@ -172,3 +172,14 @@ pub async fn one_inside(
     let inside = held_inside(&service, &mut entered, class).await;
     (overload, service, gated, entered, inside)
 }
+
+/// A request of `class` called on a clone of `service` once it is ready (admitted, queued or
+/// shed in `call`), its future not polled yet.
+pub async fn called(
+    service: &Svc,
+    class: Priority,
+) -> <Svc as Service<http::Request<Body>>>::Future {
+    let mut caller = service.clone();
+    caller.ready().await.unwrap();
+    caller.call(request(class))
+}
