@@ -144,6 +144,37 @@ fn an_older_answers_quotas_tighten_the_quotas_of_their_names() {
     assert_eq!(call(&pushback), Err(S(599)));
 }
 
+/// The same with two quotas of one name (a gateway's line and the origin's, both
+/// `"default"`): each quota of the answer read second tightens the quota of that name whose
+/// window ends nearest its own. Four calls go in the burst's second, the fifth waits for its end
+/// (both tightened the burst's, and the fifth waited ten minutes; found by a review).
+#[test]
+fn an_older_answers_quotas_of_one_name_tighten_the_quota_nearest_their_window() {
+    let (pushback, _clock) = make(TEN_MIN);
+    let [(first, mut first_call), (second, mut second_call)] = two_in_flight(&pushback);
+    let answers = [
+        (
+            first,
+            &mut first_call,
+            r#""default";r=5;t=1, "default";r=50;t=3600"#,
+        ),
+        (
+            second,
+            &mut second_call,
+            r#""default";r=4;t=1, "default";r=49;t=3600"#,
+        ),
+    ];
+    for (tx, call, ratelimit) in answers {
+        tx.send(answer_str(200, &[("ratelimit", ratelimit)]))
+            .unwrap();
+        assert!(matches!(poll_once(call.as_mut()), Poll::Ready(Ok(_))));
+    }
+    for _ in 0..4 {
+        assert_eq!(call(&pushback), Ok(()));
+    }
+    assert_eq!(call(&pushback), Err(S(1)));
+}
+
 /// A call through a pushback's layer, waiting at the dependency for the answer sent on its
 /// sender.
 pub(crate) type InFlight = (

@@ -377,12 +377,16 @@ impl Schedule {
         self.in_force = self.started;
     }
 
-    /// An older answer's quota tightens the lane of the same kind. One of a kind not in force
-    /// is kept beside them (stricter than none), while there is room for it; else it tightens
-    /// the lane with the fewest calls left (a dependency that changes its policies more than
-    /// [`MAX_QUOTAS`] at a time).
+    /// An older answer's quota tightens the lane of the same kind, of several the one whose
+    /// window ends nearest its own (an answer may name two quotas alike, or none). One of a
+    /// kind not in force is kept beside them (stricter than none), while there is room for it;
+    /// else it tightens the lane with the fewest calls left (a dependency that changes its
+    /// policies more than [`MAX_QUOTAS`] at a time).
     fn tighten(&mut self, quota: Lane, slot: u64, now: u64) {
-        let same_kind = self.lanes.iter().position(|lane| lane.kind == quota.kind);
+        let same_kind = (self.lanes.iter().enumerate())
+            .filter(|(_, lane)| lane.kind == quota.kind)
+            .min_by_key(|(_, lane)| lane.window_end.abs_diff(quota.window_end))
+            .map(|(index, _)| index);
         let index = match same_kind {
             Some(index) => index,
             None if self.lanes.len() < MAX_QUOTAS => {

@@ -60,8 +60,9 @@ pin_project! {
         cost: u32,
         // What the response says the call cost.
         settle: U,
-        // The call's permits: given back if it is dropped while it waits for them, or if the
-        // inner service refuses it itself, before anything reached the dependency.
+        // The call's permits: given back if it is dropped before it runs (while it waits for
+        // them, or in a panic of the inner service's `call` or `clone`), or if the inner
+        // service refuses it itself, before anything reached the dependency.
         held: Option<Decision>,
         #[pin]
         state: State<S, Req, L::Future>,
@@ -77,11 +78,12 @@ pin_project! {
             let (Some(decision), Some(key)) = (this.held.take(), &this.key) else {
                 return;
             };
-            if matches!(*this.state, State::Waiting { .. }) {
-                this.shared.limiter.refund(key, *this.cost, decision);
-            } else {
+            if matches!(*this.state, State::Running { .. }) {
                 // Dropped with the call under way: the estimate stands.
                 settle(&this.shared.limiter, key, *this.cost, decision, None);
+            } else {
+                // Not started: nothing was sent.
+                this.shared.limiter.refund(key, *this.cost, decision);
             }
         }
     }
@@ -119,9 +121,11 @@ where
             }
         }
         Ok(decision) => {
-            // Counted when the wait ends, and not at all if the call is dropped first.
-            let sleep = Box::pin(tokio::time::sleep(decision.wait));
+            // Counted when the wait ends, and not at all if the call is dropped first. Held
+            // first, so that a panic below (no timer, a clone) gives it back.
+            let wait = decision.wait;
             *held = Some(decision);
+            let sleep = Box::pin(tokio::time::sleep(wait));
             let call = Some((mem::replace(service, service.clone()), request));
             State::Waiting { sleep, call }
         }
@@ -145,7 +149,7 @@ where
         U: Clone,
     {
         let (key, cost) = (quota.key.key(&request), quota.cost.cost(&request));
-        let shared = &quota.shared;
+        let (shared, settle) = (&quota.shared, quota.settle.clone());
         // Decided now, or the limiter's future that decides.
         let decided = match shared.limiter.reserve_now(&key, cost) {
             Some(decision) => Ok(decision),
@@ -157,7 +161,7 @@ where
             shared: Arc::clone(shared),
             key: Some(key),
             cost,
-            settle: quota.settle.clone(),
+            settle,
             held: None,
             state: State::Refused { error: None },
         };

@@ -254,12 +254,13 @@ fn read_with(
     retry_after: Option<Duration>,
     custom: &[Arc<ReadQuota>],
 ) -> Answer {
-    // A gRPC answer comes as HTTP 200: its own status says when to call again.
+    // A gRPC answer comes as HTTP 200: its own status says when to call again (with a
+    // `Retry-After` too, the longer).
     #[cfg(feature = "grpc")]
-    let retry_after = retry_after.or_else(|| {
-        let hold = crate::outbound::grpc::hold(headers)?;
-        Some(reader.capped("grpc-retry-pushback-ms", hold))
-    });
+    let retry_after = retry_after.max(
+        crate::outbound::grpc::hold(headers)
+            .map(|hold| reader.capped("grpc-retry-pushback-ms", hold)),
+    );
     // Where a dialect's owner says Retry-After takes precedence over its resets, what the
     // answer says is spent comes back when Retry-After has passed, even where a reset says
     // later (see `Dialect::yields_to_retry_after`). What is not spent keeps its window. A
