@@ -10,6 +10,8 @@ const DEFAULT_MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(600
 mod counting;
 
 mod answer_order;
+#[cfg(feature = "adaptive")]
+mod attack_breaker_waits;
 mod attack_held;
 mod attack_lanes;
 mod attack_pushback_readers;

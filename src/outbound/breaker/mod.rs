@@ -85,6 +85,13 @@
 //! pushback, a call the dependency asked to hold is refused there and never counted; above
 //! the retry layer, a breaker would count a call's attempts as one.
 //!
+//! **A limit:** a call is timed from the breaker to its answer, so a wait in a layer below
+//! (the pushback's or the client quota's `max_wait`, a bulkhead's queue) counts in its
+//! duration: calls that wait out the dependency's advertised quota for 3 s, each answered at
+//! once, are slow calls over a `slow_call_duration` of 1 s (found by attack). With waits below,
+//! set `slow_call_duration` above the longest of them, or leave the pushback and the quota to
+//! refuse at once (their default) and the retry layer to wait.
+//!
 //! # The defaults, and why
 //!
 //! A window of the last 100 calls, at least 20 of them, a failure rate of 0.5, a slow-call rate
