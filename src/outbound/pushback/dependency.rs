@@ -83,7 +83,7 @@ impl<C: Clock> Pushback<C> {
     /// one may go now.
     pub fn held_for(&self) -> Duration {
         let now = self.dependency.clock.now();
-        span(now, lock(&self.dependency.schedule).next_start(now, 0))
+        span(now, lock(&self.dependency.schedule).free_at(now, 0))
     }
 
     /// Records what `response` says, as the layer does for every response it passes on: for a

@@ -75,6 +75,12 @@
 //!   sent (OpenAI's reset is when the limit is whole again), and all at the reset without it.
 //!   What calls in flight took is taken off what an answer says is left, as for calls.
 //!
+//!   **A limit:** of several families of tokens in one answer, the one with the fewest left
+//!   (and of those the latest reset) is the one kept; a spent family that sends no `-limit`
+//!   also holds calls until its reset, as a quota does. Two spent families that both send a
+//!   `-limit` hold calls by one of them only, though the other's tokens may come back slower
+//!   (found by attack).
+//!
 //! # How calls are held
 //!
 //! * After a `Retry-After`, no call starts until it has passed. A quota spent on the same
@@ -87,8 +93,9 @@
 //!   spent, calls are held until `t` has passed; then the `q` calls of the policy of the same
 //!   name (less those still in flight) may start within its `w`, and so on, or, without a
 //!   policy, calls go freely by this quota until the next answer. Each of these windows starts
-//!   with the first call (or [`held_for`](Pushback::held_for)) after the one before has passed
-//!   and no hold lasts.
+//!   with the first call that goes after the one before has passed and no hold lasts, as the
+//!   dependency's does: a call refused (by another quota, say) and
+//!   [`held_for`](Pushback::held_for) start none.
 //!   [`Pacing::Spread`] also spaces the calls left evenly over `t`.
 //! * An answer that advertises several quotas (several `RateLimit` items, or a quota in each of
 //!   two dialects) holds calls by each of them: a call starts only when every one lets it, and

@@ -8,8 +8,10 @@
 //! rolling that `try_start` runs, on a copy of the schedule, from one end of what holds calls to
 //! the next.
 //!
-//! The windows after the advertised one start lazily, with the first look (a call, `held_for`,
-//! an answer) once the one before has passed and no hold lasts. Windows anchored at
+//! The windows after the advertised one start lazily, with the first call that starts once the
+//! one before has passed and no hold lasts (or an older answer that tightens it). A call
+//! refused, and `held_for`, look on a copy and start none: the dependency sees neither, and a
+//! window started by them would end before the dependency's. Windows anchored at
 //! `window_end + k·w` would let the calls left at the end of one window and the `q` of the next
 //! go within much less than `w`, which a dependency that starts its window with the first call
 //! after the last one refuses. The look-ahead rolls its copy at the instant it looks at: the
@@ -216,11 +218,16 @@ impl Schedule {
     /// the next one, unless a hold lasts (then the next window starts when the hold ends, as
     /// the first call after it finds it).
     fn roll(&mut self, now: u64) {
-        if self.hold_until.max(self.spent_until) <= now {
+        if !self.holding(now) {
             for lane in &mut self.lanes {
                 lane.roll(now, self.pacing, self.in_flight, self.started);
             }
         }
+    }
+
+    /// Whether a hold lasts at `now`: a `Retry-After`, or an older answer's spent quota.
+    fn holding(&self, now: u64) -> bool {
+        self.hold_until.max(self.spent_until) > now
     }
 
     /// Rolls the windows, and forgets what the dependency said of its tokens once it has
@@ -230,21 +237,16 @@ impl Schedule {
         self.tokens = self.tokens.filter(|tokens| tokens.lasts(now));
     }
 
-    /// The earliest instant a call of `tokens` tokens may start, as a call would find it.
-    pub(super) fn next_start(&mut self, now: u64, tokens: u64) -> u64 {
-        self.settle(now);
-        self.free_at(now, tokens)
-    }
-
     /// Starts a call of `tokens` tokens now and returns its place in the order of starts,
     /// with the lanes whose budget it took a call of, one bit each by their places (a probe
     /// may start with none left), or returns the earliest instant one may start: the same
-    /// instant [`next_start`](Self::next_start) gives.
+    /// instant [`free_at`](Self::free_at) gives. Only a call that starts rolls the windows.
     pub(super) fn try_start(&mut self, now: u64, tokens: u64) -> Result<(u64, u32), u64> {
-        let at = self.next_start(now, tokens);
+        let at = self.free_at(now, tokens);
         if at > now {
             return Err(at);
         }
+        self.settle(now);
         if let Some(record) = &mut self.tokens {
             record.take(tokens);
         }
@@ -354,7 +356,6 @@ impl Schedule {
             return;
         }
         let own = own.map(|(place, _)| place);
-        self.roll(now);
         // Calls in flight other than this one may not have been counted in `r` yet.
         let others = self.in_flight.saturating_sub(u64::from(own.is_some()));
         let (pacing, started) = (self.pacing, self.started);
@@ -397,6 +398,12 @@ impl Schedule {
                 .min_by_key(|&index| self.lanes[index].budget.unwrap_or(u64::MAX))
                 .unwrap_or_default(),
         };
+        // The lane it tightens rolls first if its window has passed (and no hold lasts): the
+        // answer tells of the window in force. The other lanes start theirs with a call.
+        if !self.holding(now) {
+            let lane = &mut self.lanes[index];
+            lane.roll(now, self.pacing, self.in_flight, self.started);
+        }
         self.lanes[index].tighten(quota, &mut self.spent_until, now);
     }
 }
