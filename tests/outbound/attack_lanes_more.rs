@@ -64,20 +64,19 @@ fn a_call_refused_by_one_quota_does_not_start_anothers_window() {
             ("ratelimit-policy", r#""a";q=1;w=100"#),
         ],
     ));
-    clock.advance(S(20));
-    assert_eq!(call(&pushback), Err(S(30)), "b holds until 50 s");
-    clock.advance(S(30));
-    assert_eq!(
-        call(&pushback),
-        Ok(()),
-        "the first call the dependency sees"
-    );
-    clock.advance(S(70));
-    assert_eq!(
-        call(&pushback),
-        Err(S(30)),
-        "a second call of `a` within 100 s of the first"
-    );
+    let steps = [
+        (20, Err(S(30)), "b holds until 50 s"),
+        (30, Ok(()), "the first call the dependency sees"),
+        (
+            70,
+            Err(S(30)),
+            "a second call of `a` within 100 s of the first",
+        ),
+    ];
+    for (seconds, expected, why) in steps {
+        clock.advance(S(seconds));
+        assert_eq!(call(&pushback), expected, "{why}");
+    }
 }
 
 /// The refusal promise swept over mixed answers: several lanes, Spread, tokens, a hold, probes.

@@ -332,8 +332,7 @@ async fn a_retry_waits_for_the_window_of_a_spent_quota() {
 #[tokio::test(start_paused = true)]
 async fn a_waiting_retry_counts_until_it_is_sent_and_comes_back_once_when_dropped() {
     let clock = ManualClock::new();
-    let partner = reserve_only(&clock, 1, Duration::from_secs(10))
-        .max_attempts(2)
+    let partner = reserve_only(&clock, 1, Duration::from_secs(10), 2)
         .max_wait(Duration::from_secs(3600))
         .build()
         .unwrap();
@@ -454,10 +453,8 @@ async fn an_ended_probe_does_not_free_its_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn threads_racing_while_the_clock_moves_never_exceed_the_floor() {
     let clock = ManualClock::new();
-    let partner = reserve_only(&clock, 5, Duration::from_secs(1))
-        .max_attempts(10)
-        .build()
-        .unwrap();
+    let window = Duration::from_secs(1);
+    let partner = reserve_only(&clock, 5, window, 10).build().unwrap();
     let (failing, attempts) = scripted(vec![(503, vec![]); 1_000_000]);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let calls = Arc::new(AtomicUsize::new(0));

@@ -78,10 +78,8 @@ async fn a_withdrawal_from_the_reserve_counts_for_at_least_its_window() {
     use tower_bulwark::clock::ManualClock;
 
     let clock = ManualClock::new();
-    let partner = reserve_only(&clock, 3, Duration::from_secs(10))
-        .max_attempts(2)
-        .build()
-        .unwrap();
+    let window = Duration::from_secs(10);
+    let partner = reserve_only(&clock, 3, window, 2).build().unwrap();
     let (failing, calls) = scripted(vec![(503, vec![]); 1000]);
     let client = partner.layer().layer(failing);
     clock.set(Duration::from_millis(999));

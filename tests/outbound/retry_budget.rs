@@ -95,9 +95,15 @@ pub(crate) fn frozen(clock: &ManualClock) -> RetryBuilder {
 }
 
 /// [`frozen`], with a budget of the reserve alone: `per_second` retries a second over
-/// `window`, and no deposits.
-pub(crate) fn reserve_only(clock: &ManualClock, per_second: u32, window: Duration) -> RetryBuilder {
-    frozen(clock).budget(0.0, per_second, window)
+/// `window`, and no deposits; `attempts` at most a call.
+pub(crate) fn reserve_only(
+    clock: &ManualClock,
+    per_second: u32,
+    window: Duration,
+    attempts: u32,
+) -> RetryBuilder {
+    let builder = frozen(clock).budget(0.0, per_second, window);
+    builder.max_attempts(attempts)
 }
 
 /// A ratio of 0.1 is exactly one retry per ten calls: 29 calls give 2 retries, 30 give 3, not a
@@ -167,7 +173,7 @@ async fn the_reserve_is_the_window_s_worth_at_once_counted_in_whole_retries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn clones_racing_for_a_budget_of_l_retries_get_exactly_l() {
     let clock = ManualClock::new();
-    let partner = reserve_only(&clock, 4, Duration::from_secs(5))
+    let partner = reserve_only(&clock, 4, Duration::from_secs(5), 3)
         .build()
         .unwrap();
     let (dependency, calls) = scripted(vec![(503, vec![]); 1000]);
