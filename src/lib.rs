@@ -91,6 +91,7 @@ mod store;
 mod sync;
 pub mod tiers;
 pub mod usage;
+mod waited;
 
 // The crate root names the two core jobs; everything else lives in its module.
 pub use bulkhead::{Bulkhead, BulkheadFull};

@@ -160,7 +160,9 @@ where
                     } = queued.take().expect("checked above");
                     let permits = Arc::clone(&waiting.permits);
                     drop(waiting);
-                    let permit = Permit::granted(permits, permit, since.elapsed());
+                    let waited = since.elapsed();
+                    crate::waited::record(waited);
+                    let permit = Permit::granted(permits, permit, waited);
                     state.set(run(&mut service, request, permit));
                 }
                 StateProj::Running { future, permit } => {

@@ -836,3 +836,32 @@ async fn a_tower_http_classifier_judges_a_reqwest_client_as_it_is() {
     }
     assert_eq!(recorder.verdicts(), [false, true, false]);
 }
+
+/// An adaptive bulkhead above a layer that queues samples the dependency's latency, not the
+/// queue's: three calls through a queue of one permit to a dependency that answers each in
+/// 100 ms wait 0, 100 and 200 ms, and each is sampled at 100 ms (100, 200 and 300 ms before
+/// the waits below were taken out).
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_a_queue_below_is_not_the_dependencys_latency() {
+    let (builder, recorder) = with_recorder("sampled");
+    let adaptive = builder
+        .clock(tower_bulwark::clock::TokioClock::new())
+        .build();
+    let client = ServiceBuilder::new()
+        .layer(adaptive.layer())
+        .layer(
+            tower_bulwark::Bulkhead::queue("below", 1, 8)
+                .build()
+                .layer(),
+        )
+        .service(service_fn(|_: ()| async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, BoxError>(response(200, &[]))
+        }));
+    let calls = (0..3).map(|_| client.clone().oneshot(()));
+    for result in futures::future::join_all(calls).await {
+        assert_eq!(result.unwrap().status(), 200);
+    }
+    let rtts: Vec<_> = recorder.0.lock().unwrap().iter().map(|s| s.rtt).collect();
+    assert_eq!(rtts, vec![Duration::from_millis(100); 3]);
+}

@@ -1,8 +1,9 @@
 //! Attacks on the documented outbound stack (retry → breaker → pushback → client quota →
 //! bulkhead → timeout → client), by a helper that had not seen the code: the breaker above the
-//! layers that wait times a call with its wait, a limit now documented in `outbound::breaker`
-//! (the two tests that show it are kept, ignored), and the way round it it names. Tokio's
-//! paused clock drives every layer (`TokioClock`); nothing sleeps to pass.
+//! layers that wait timed a call with its wait, so calls that waited and were answered at once
+//! opened it as slow. A call is timed from the end of its waits below now (`outbound::breaker`,
+//! "How it decides"). Tokio's paused clock drives every layer (`TokioClock`); nothing sleeps to
+//! pass.
 
 use std::time::Duration;
 
@@ -34,7 +35,6 @@ fn breaker(slow_rate: f64, slow_after: Duration) -> Breaker {
 /// dependency's slowness: a dependency that answers every call at once, and only advertised a
 /// spent quota for 3 s, opens the breaker.
 #[tokio::test(start_paused = true)]
-#[ignore = "a known limit, documented in outbound::breaker: a wait in a layer below counts in a call's duration"]
 async fn calls_waiting_out_a_pushback_hold_are_not_slow_calls_of_the_dependency() {
     assert_eq!(
         waiting_out_a_hold(Duration::from_secs(1)).await,
@@ -101,7 +101,6 @@ async fn waiting_out_a_hold(slow_after: Duration) -> BreakerState {
 /// of the dependency"): four calls queued for a quota of one a second wait 0, 1, 2 and 3 s for
 /// their own permits, are answered at once, and half of them open the breaker as slow.
 #[tokio::test(start_paused = true)]
-#[ignore = "a known limit, documented in outbound::breaker: a wait in a layer below counts in a call's duration"]
 async fn calls_waiting_for_their_own_quota_are_not_slow_calls_of_the_dependency() {
     let breaker = breaker(0.5, Duration::from_secs(1));
     let quota = DirectRateLimiter::builder(
@@ -135,4 +134,57 @@ async fn calls_waiting_for_their_own_quota_are_not_slow_calls_of_the_dependency(
     assert_eq!(start.elapsed(), Duration::from_secs(3));
     // The dependency answered each call the instant it reached it.
     assert_eq!(breaker.state(), BreakerState::Closed);
+}
+
+/// Four calls at once through a breaker (slow past 1 s, opening at half of 4 slow) over a
+/// queue bulkhead of one permit, to a dependency that answers each in `answer_in`: they wait
+/// 0, 1, 2 and 3 times `answer_in` in the queue.
+async fn through_a_queue(
+    answer_in: Duration,
+    nested: bool,
+) -> (BreakerState, Option<BreakerState>) {
+    let outer = breaker(0.5, Duration::from_secs(1));
+    let inner = nested.then(|| breaker(0.5, Duration::from_secs(1)));
+    let client = ServiceBuilder::new()
+        .layer(outer.layer())
+        .option_layer(inner.as_ref().map(Breaker::layer))
+        .layer(Bulkhead::queue("partner", 1, 8).build().layer())
+        .service(service_fn(move |_: ()| async move {
+            tokio::time::sleep(answer_in).await;
+            Ok::<_, BoxError>(Response::new(()))
+        }));
+    let start = tokio::time::Instant::now();
+    let calls = (0..4).map(|_| client.clone().oneshot(()));
+    for result in futures::future::join_all(calls).await {
+        assert_eq!(result.unwrap().status(), 200);
+    }
+    assert_eq!(start.elapsed(), answer_in * 4);
+    (outer.state(), inner.map(|inner| inner.state()))
+}
+
+/// A bulkhead's queue, the third wait the breaker's docs name: calls answered in 600 ms each,
+/// the last two after 1.2 s and 1.8 s in the queue, are not slow (on the old code, 2 of 4 were,
+/// and the breaker opened).
+#[tokio::test(start_paused = true)]
+async fn calls_waiting_in_a_bulkheads_queue_are_not_slow_calls_of_the_dependency() {
+    let (state, _) = through_a_queue(Duration::from_millis(600), false).await;
+    assert_eq!(state, BreakerState::Closed);
+}
+
+/// The waits are taken out, not the dependency's time: calls answered in 1.5 s each are slow
+/// whatever they waited first, and open the breaker.
+#[tokio::test(start_paused = true)]
+async fn a_call_the_dependency_is_slow_to_answer_after_a_wait_is_still_slow() {
+    let (state, _) = through_a_queue(Duration::from_millis(1_500), false).await;
+    assert!(matches!(state, BreakerState::Open { .. }), "{state:?}");
+}
+
+/// Two breakers, one above the other: each takes out the waits below both.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_above_another_takes_out_the_waits_below_both() {
+    let (outer, inner) = through_a_queue(Duration::from_millis(600), true).await;
+    assert_eq!(
+        (outer, inner),
+        (BreakerState::Closed, Some(BreakerState::Closed))
+    );
 }

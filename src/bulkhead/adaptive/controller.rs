@@ -144,6 +144,11 @@ impl Report for Sampler {
         self.permit.outcome = CallOutcome::Cancelled;
     }
 
+    /// The latency sampled is the dependency's: from the end of the call's waits below.
+    fn waited(&mut self, nanos: u64) {
+        self.started = self.started.saturating_add(nanos);
+    }
+
     fn end(mut self, verdict: Verdict, ok: bool) {
         self.permit.outcome = if ok {
             CallOutcome::Success

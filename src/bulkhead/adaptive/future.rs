@@ -23,6 +23,10 @@ pub trait Report {
     /// The call's future is not ready.
     fn pending(&mut self) {}
 
+    /// The call waited `nanos` in the crate's layers below during a poll (a queue, a hold):
+    /// time that is not the dependency's.
+    fn waited(&mut self, nanos: u64);
+
     /// The call ended (`ok`: with an answer, not an error), judged `verdict`.
     fn end(self, verdict: Verdict, ok: bool);
 }
@@ -88,7 +92,11 @@ where
             return Poll::Ready(Err(refused));
         };
         report.polling();
-        let Poll::Ready(result) = future.poll(cx) else {
+        let (poll, waited) = crate::waited::during(|| future.poll(cx));
+        if waited > 0 {
+            report.waited(waited);
+        }
+        let Poll::Ready(result) = poll else {
             report.pending();
             return Poll::Pending;
         };

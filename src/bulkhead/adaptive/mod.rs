@@ -50,8 +50,9 @@
 //!
 //! # How it decides
 //!
-//! Each call that ends gives a [`Sample`]: its round trip on the bulkhead's [`Clock`], the calls
-//! in flight when it was admitted, and whether the [`Classify`] classifier judged its answer an
+//! Each call that ends gives a [`Sample`]: its round trip on the bulkhead's [`Clock`] (less its
+//! waits in this crate's layers below, such as a bulkhead's queue), the calls in flight when it
+//! was admitted, and whether the [`Classify`] classifier judged its answer an
 //! overload signal. A [`LimitAlgorithm`] turns samples into a limit between the [`Limits`]:
 //!
 //! * [`Aimd`] (the default): once per round trip, the limit is multiplied by 0.8 if a call in it

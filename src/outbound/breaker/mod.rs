@@ -58,7 +58,7 @@
 //!   calls; [`Window::Seconds`]: those that ended in the last N seconds), as a failure when
 //!   the classifier says [`Overloaded`](crate::bulkhead::adaptive::Verdict::Overloaded), and
 //!   as slow when it took longer than `slow_call_duration` on the breaker's clock (failed or
-//!   not). Once the window holds at least `minimum_calls`, the breaker opens as soon as the
+//!   not), its waits below left out (see [Where it goes](#where-it-goes)). Once the window holds at least `minimum_calls`, the breaker opens as soon as the
 //!   share of failures reaches `failure_rate` or the share of slow calls reaches
 //!   `slow_call_rate` (with 50 %, 5 failures in 10 calls open it, 4 do not).
 //! * **Open** for `open_for`: every call fails at once with [`BreakerOpen`], the inner
@@ -85,12 +85,11 @@
 //! pushback, a call the dependency asked to hold is refused there and never counted; above
 //! the retry layer, a breaker would count a call's attempts as one.
 //!
-//! **A limit:** a call is timed from the breaker to its answer, so a wait in a layer below
-//! (the pushback's or the client quota's `max_wait`, a bulkhead's queue) counts in its
-//! duration: calls that wait out the dependency's advertised quota for 3 s, each answered at
-//! once, are slow calls over a `slow_call_duration` of 1 s (found by attack). With waits below,
-//! set `slow_call_duration` above the longest of them, or leave the pushback and the quota to
-//! refuse at once (their default) and the retry layer to wait.
+//! A call is timed from the end of its waits in this crate's layers below (the pushback's and
+//! the client quota's `max_wait`, a bulkhead's queue), so calls that waited out the
+//! dependency's advertised quota for 3 s and were answered at once are not slow. A layer that
+//! moves the call to another task between them (tower's `Buffer`) hides those waits, which
+//! then count.
 //!
 //! # The defaults, and why
 //!

@@ -283,6 +283,11 @@ impl std::fmt::Debug for Ticket {
 }
 
 impl Report for Ticket {
+    /// The call is timed from the end of its waits below.
+    fn waited(&mut self, nanos: u64) {
+        self.started = self.started.saturating_add(nanos);
+    }
+
     fn end(mut self, verdict: Verdict, _ok: bool) {
         self.verdict = verdict;
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::counting::{QuotaCost, QuotaKey, QuotaSettle, Unsettled};
@@ -34,6 +34,7 @@ pin_project! {
         // Admitted; the permits fall due when the sleep ends.
         Waiting {
             sleep: Pin<Box<Sleep>>,
+            since: Instant,
             call: Option<(S, Req)>,
         },
         Refused { error: Option<BoxError> },
@@ -127,7 +128,11 @@ where
             *held = Some(decision);
             let sleep = Box::pin(tokio::time::sleep(wait));
             let call = Some((mem::replace(service, service.clone()), request));
-            State::Waiting { sleep, call }
+            State::Waiting {
+                sleep,
+                since: Instant::now(),
+                call,
+            }
         }
     }
 }
@@ -197,8 +202,9 @@ where
                     // leaves behind is dropped with this scope.
                     state_after(this.shared, this.held, decision, &mut service, request)
                 }
-                StateProj::Waiting { sleep, call } => {
+                StateProj::Waiting { sleep, since, call } => {
                     ready!(sleep.as_mut().poll(cx));
+                    crate::waited::record(since.elapsed());
                     let (mut service, request) = call.take().expect("polled after completion");
                     this.shared
                         .metrics
