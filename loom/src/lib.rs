@@ -1,6 +1,6 @@
 //! Model checking, with loom, of the state that tower-bulwark's threads share without a lock of
-//! their own: the bulkhead's excess of permits after a resize beside tokio's semaphore, the GCRA compare-and-swap loop and the fixed-window
-//! transition, each under clock readings that threads take at different times.
+//! their own: the bulkhead's permits (its lock and its counters, which a snapshot reads apart),
+//! the GCRA compare-and-swap loop and the fixed-window transition, each under clock readings that threads take at different times.
 //!
 //! Loom runs each model under every interleaving of its threads (up to a bound on preemptions),
 //! so an assertion here holds in all of them. From the repository's root:

@@ -80,7 +80,7 @@ where
     pub(crate) fn start(permits: &Arc<Permits>, service: &mut S, request: Req) -> Self {
         let state = match permits.admit() {
             Admission::Permitted(permit) => {
-                let permit = Permit::granted(Arc::clone(permits), permit, Duration::ZERO);
+                let permit = Permit::granted(permit, Duration::ZERO);
                 run(service, request, permit)
             }
             Admission::Queued(waiting) => {
@@ -158,11 +158,10 @@ where
                         request,
                         ..
                     } = queued.take().expect("checked above");
-                    let permits = Arc::clone(&waiting.permits);
                     drop(waiting);
                     let waited = since.elapsed();
                     crate::waited::record(waited);
-                    let permit = Permit::granted(permits, permit, waited);
+                    let permit = Permit::granted(permit, waited);
                     state.set(run(&mut service, request, permit));
                 }
                 StateProj::Running { future, permit } => {

@@ -80,11 +80,8 @@ impl Bulkhead {
     /// bounds the wait; a queued call that is dropped leaves the queue. A capacity of zero queues
     /// nothing.
     ///
-    /// A queued call keeps its place in the queue until its task runs and takes the permit a
-    /// call that ended handed it: until then, a new call finds the queue as full as it was and
-    /// may be refused, though the call handed the permit has not started yet (one poll of the
-    /// runtime; on a current-thread runtime, a task that ends a call and makes the next before
-    /// it yields sees it every time).
+    /// A queued call handed the permit of a call that ended leaves the queue then, before its
+    /// task runs, so a call made right after finds its place free.
     pub fn queue(
         name: impl Into<Arc<str>>,
         max_concurrent_calls: usize,

@@ -51,12 +51,12 @@
 //!   (its caller gave up, a timeout fired) leaves the queue at once. A waiting call has not yet
 //!   reached the inner service: it is started only when its permit comes.
 //!
-//! Arrival order holds while the limit stands still. Across
-//! [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls) lowering the limit below
-//! the calls in flight, it does not quite: a waiter handed a permit that the lower limit then
-//! takes back (a permit owed to the new limit) waits again, behind the calls queued after it,
-//! and its `max_wait` still counts from its arrival. tokio's semaphore, whose queue the
-//! bulkhead uses, cannot put a waiter back at the front. The limit itself is never exceeded.
+//! Arrival order holds across changes of the limit too. A waiter handed a permit leaves the
+//! queue at once, before its task runs, so a new call finds its place free. When
+//! [`set_max_concurrent_calls`](Bulkhead::set_max_concurrent_calls) lowers the limit, it takes
+//! back the free permits first, then those handed to waiters that have not started (who wait
+//! again in their place, ahead of later arrivals), and the rest as the calls in flight end.
+//! The limit itself is never exceeded.
 //!
 //! # When a call ends
 //!
@@ -191,11 +191,11 @@
 //!
 //! # Cost
 //!
-//! The permits are tokio's [`Semaphore`](tokio::sync::Semaphore)'s, and a call holds its permit
-//! the way tower's `ConcurrencyLimit` does. Besides, each call counts itself as permitted and as
-//! finished on two shared counters and reads the resize excess; the hooks that were not set cost a
-//! branch, and the clock is read only when `on_call_finished` is set. A call that waits boxes
-//! its wait for the semaphore.
+//! A call takes its permit under the bulkhead's lock and gives it back under it, where tower's
+//! `ConcurrencyLimit` takes one from tokio's semaphore (which locks to give it back). Besides,
+//! each call counts itself as permitted and as finished on two shared counters; the hooks that
+//! were not set cost a branch, and the clock is read only when `on_call_finished` is set. A call
+//! that waits keeps its place in the bulkhead's queue, not boxed.
 
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]

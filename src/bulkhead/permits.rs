@@ -1,27 +1,28 @@
-//! The permits of one bulkhead, shared by every clone: tokio's semaphore, and an excess for a limit
-//! lowered below the calls in flight.
+//! The permits of one bulkhead, shared by every clone: the free permits, the calls waiting for
+//! one in arrival order, and an excess for a limit lowered below the calls in flight, all under
+//! one lock.
 //!
-//! tokio's [`Semaphore`] gives permits in arrival order and lets us add and forget permits; what
-//! it cannot do is take back a permit that a call holds. So lowering the limit forgets the free
-//! permits at once and records the rest as an excess, which the permits that come back retire:
-//! a permit returned while an excess remains is forgotten instead of returned, and raising the limit
-//! retires the excess before it adds permits.
+//! A permit that comes back retires the excess if any remains, and otherwise is handed to the
+//! first waiter not yet handed one (which is woken and takes it when polled), or is free. The
+//! waiters handed a permit are the front of the queue; the queue's depth counts the others, so a
+//! call handed a permit no longer takes a place that a new call could have. Lowering the limit
+//! takes the free permits, then the permits handed to waiters that have not taken them (the
+//! latest first: they wait again in their place), and owes the rest.
 //!
-//! The excess is a counter beside the semaphore, not under a lock with it, so a permit can reach
-//! the semaphore while an excess remains (returned by a call that read no excess just before a
-//! resize, or passed on by a waiter that gave up after it was granted one). That is why the
-//! excess is also checked where it matters, when a permit is taken: a call that takes a permit
-//! while an excess remains retires one of it and looks for another. The semaphore's permits
-//! (free, granted or held) always number the limit plus the excess.
+//! Hand-written rather than tokio's semaphore, which this replaced: the semaphore hands a permit
+//! to a waiter inside its own queue, out of sight, so a queued call kept its place in the
+//! bulkhead's count until its task ran (a new call was refused though the queue had room, every
+//! time for a task that ends a call and makes the next before it yields), and it cannot take a
+//! handed permit back (a waiter whose permit paid a lowered limit waited again behind later
+//! arrivals). The cost is of the same kind: the semaphore took its own lock for every permit
+//! given back; this takes one to take a permit too.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::error::BulkheadFull;
@@ -29,41 +30,63 @@ use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
 use super::handle::BulkheadBuilder;
-use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// The largest limit a bulkhead accepts (2^31 - 1, or tokio's semaphore's own bound where that
-/// is lower: 2^29 - 1 on 32-bit targets); larger values are lowered to it. The config file's
-/// bound of every bulkhead's limit and queue too.
-pub(crate) const MAX_CONCURRENT_CALLS: usize = {
-    let ours = (u32::MAX >> 1) as usize;
-    if Semaphore::MAX_PERMITS < ours {
-        Semaphore::MAX_PERMITS
-    } else {
-        ours
-    }
-};
-
-/// A wait for a permit in the semaphore's queue.
-type Acquire =
-    Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
+/// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it. The config
+/// file's bound of every bulkhead's limit and queue too.
+pub(crate) const MAX_CONCURRENT_CALLS: usize = (u32::MAX >> 1) as usize;
 
 /// What [`Permits::admit`] decided for a new call.
 pub(crate) enum Admission {
-    Permitted(OwnedSemaphorePermit),
+    Permitted(Grant),
     Queued(Waiting),
     Rejected,
 }
 
-/// The permits, the excess, the counters and the settings of one bulkhead.
-pub(crate) struct Permits {
-    semaphore: Arc<Semaphore>,
-    /// Permits to forget as they come back, owed since the limit was lowered below the calls in
+/// What the lock guards: the limit, the free permits, the excess and the queue. Every permit is
+/// free, held by a call, or handed to a waiter; they number the limit plus the excess, and none
+/// is free while a call waits or an excess remains.
+struct Count {
+    max: usize,
+    free: usize,
+    /// Permits to retire as they come back, owed since the limit was lowered below the calls in
     /// flight.
-    excess: AtomicU64,
-    /// The limit; resizes take this lock, so that they apply one after the other.
-    max: Mutex<usize>,
-    /// Calls waiting for a permit.
-    waiting: AtomicU64,
+    excess: usize,
+    /// The waiters in arrival order (their numbers rise from front to back), each with the
+    /// waker of its last poll. The first `handed` were handed a permit they have not taken.
+    queue: VecDeque<(u64, Option<Waker>)>,
+    handed: usize,
+    /// The number of the next waiter.
+    next: u64,
+}
+
+impl Count {
+    /// `n` permits come back: they retire the excess, then go to the waiters in order, and the
+    /// rest are free. Returns the wakers of the waiters handed one, to wake once the lock is
+    /// released (a waker may run code that takes it).
+    fn give_back(&mut self, mut n: usize) -> Vec<Waker> {
+        let retired = n.min(self.excess);
+        self.excess -= retired;
+        n -= retired;
+        let mut wakers = Vec::new();
+        while n > 0 && self.handed < self.queue.len() {
+            wakers.extend(self.queue[self.handed].1.take());
+            self.handed += 1;
+            n -= 1;
+        }
+        self.free += n;
+        wakers
+    }
+
+    /// Where the waiter `number` stands in the queue, if it is there.
+    fn place(&self, number: u64) -> Option<usize> {
+        self.queue.binary_search_by_key(&number, |(n, _)| *n).ok()
+    }
+}
+
+/// The permits, the counters and the settings of one bulkhead.
+pub(crate) struct Permits {
+    count: Mutex<Count>,
     permitted: AtomicU64,
     finished: AtomicU64,
     rejected: AtomicU64,
@@ -90,10 +113,14 @@ impl Permits {
     pub(crate) fn new(builder: BulkheadBuilder) -> Self {
         let max = builder.max_concurrent_calls.min(MAX_CONCURRENT_CALLS);
         Self {
-            semaphore: Arc::new(Semaphore::new(max)),
-            excess: AtomicU64::new(0),
-            max: Mutex::new(max),
-            waiting: AtomicU64::new(0),
+            count: Mutex::new(Count {
+                max,
+                free: max,
+                excess: 0,
+                queue: VecDeque::new(),
+                handed: 0,
+                next: 0,
+            }),
             permitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -104,110 +131,83 @@ impl Permits {
         }
     }
 
-    /// Retires one permit of the excess with `permit` if any remains; otherwise gives the permit back.
-    fn retire_excess(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
-        let owed = self
-            .excess
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |excess| {
-                excess.checked_sub(1)
-            });
-        match owed {
-            Ok(_) => {
-                permit.forget();
-                None
-            }
-            Err(_) => Some(permit),
-        }
+    fn count(&self) -> MutexGuard<'_, Count> {
+        lock(&self.count)
     }
 
     /// Takes a free permit, if there is one.
-    pub(crate) fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
-        loop {
-            let permit = Arc::clone(&self.semaphore).try_acquire_owned().ok()?;
-            if let Some(permit) = self.retire_excess(permit) {
-                return Some(permit);
-            }
-        }
+    pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Grant> {
+        let mut count = self.count();
+        let free = count.free.checked_sub(1)?;
+        count.free = free;
+        drop(count);
+        Some(Grant(Arc::clone(self)))
     }
 
     /// Decides a new call: a permit now, a place in the queue, or a refusal.
     pub(crate) fn admit(self: &Arc<Self>) -> Admission {
-        if let Some(permit) = self.try_acquire() {
-            return Admission::Permitted(permit);
+        let mut count = self.count();
+        if let Some(free) = count.free.checked_sub(1) {
+            count.free = free;
+            drop(count);
+            return Admission::Permitted(Grant(Arc::clone(self)));
         }
-        let capacity = self.queue_capacity.map_or(u64::MAX, |c| c as u64);
-        let has_room = self.max_wait != Some(Duration::ZERO)
-            && self
-                .waiting
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < capacity).then_some(n + 1)
-                })
-                .is_ok();
-        if !has_room {
+        let capacity = self.queue_capacity.unwrap_or(usize::MAX);
+        let queued = count.queue.len() - count.handed;
+        if self.max_wait == Some(Duration::ZERO) || queued >= capacity {
             return Admission::Rejected;
         }
-        let mut waiting = Waiting {
+        let number = count.next;
+        count.next += 1;
+        count.queue.push_back((number, None));
+        drop(count);
+        Admission::Queued(Waiting {
             permits: Arc::clone(self),
-            acquire: self.acquire(),
-        };
-        // The first poll takes the place in the semaphore's queue, so that calls wait in the
-        // order they were made rather than the order they are first polled.
-        match waiting.poll_acquire(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(permit) => Admission::Permitted(permit),
-            Poll::Pending => Admission::Queued(waiting),
-        }
+            number,
+            taken: false,
+        })
     }
 
-    fn acquire(&self) -> Acquire {
-        Box::pin(Arc::clone(&self.semaphore).acquire_owned())
-    }
-
-    /// Changes the limit. Raising it retires the excess first and frees the rest at once (to waiters
-    /// first); lowering it forgets the free permits at once and owes the rest.
+    /// Changes the limit. Raising it retires the excess first and gives the rest at once (to
+    /// the waiters first); lowering it takes the free permits at once and owes the rest.
     pub(crate) fn resize(&self, max: usize) {
         let max = max.min(MAX_CONCURRENT_CALLS);
-        let mut current = lock(&self.max);
-        if max >= *current {
-            let more = (max - *current) as u64;
-            let retired = self
-                .excess
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |excess| {
-                    Some(excess - excess.min(more))
-                })
-                .map_or(0, |excess| excess.min(more));
-            self.semaphore.add_permits((more - retired) as usize);
+        let mut count = self.count();
+        let mut wakers = Vec::new();
+        if max >= count.max {
+            let more = max - count.max;
+            wakers = count.give_back(more);
         } else {
-            let fewer = *current - max;
-            let forgotten = self.semaphore.forget_permits(fewer);
-            self.excess
-                .fetch_add((fewer - forgotten) as u64, Ordering::AcqRel);
+            let mut fewer = count.max - max;
+            let free = fewer.min(count.free);
+            count.free -= free;
+            fewer -= free;
+            let handed = fewer.min(count.handed);
+            count.handed -= handed;
+            count.excess += fewer - handed;
         }
-        *current = max;
+        count.max = max;
+        drop(count);
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     /// Reads the counters so that the snapshot adds up while calls come and go: a call is
     /// counted as permitted after it holds its permit and as finished before it gives the permit
     /// back, so reading `permitted`, then the free permits, then `finished` never shows more
-    /// free permits and calls in flight than the limit (tokio's semaphore orders the permit's
-    /// return after the count; `SeqCst` on the counters lets the loom models see that order).
-    /// `finished` is capped at `permitted`, since a call permitted after the first read may
-    /// have finished before the last.
-    ///
-    /// The free permits are read under the lock of the limit, which every resize holds while
-    /// it changes the semaphore: read apart, a resize between the two reads showed more free
-    /// permits than the limit.
+    /// free permits and calls in flight than the limit (`SeqCst` on the counters lets the loom
+    /// models see that order). `finished` is capped at `permitted`, since a call permitted
+    /// after the first read may have finished before the last.
     pub(crate) fn snapshot(&self) -> BulkheadSnapshot {
-        let max_lock = lock(&self.max);
-        let max = *max_lock;
         let permitted = self.permitted.load(Ordering::SeqCst);
-        let excess = self.excess.load(Ordering::Acquire) as usize;
-        let available = self.semaphore.available_permits().saturating_sub(excess);
-        drop(max_lock);
+        let count = self.count();
+        let (max, available) = (count.max, count.free);
+        let queue_depth = count.queue.len() - count.handed;
+        drop(count);
         let finished = self.finished.load(Ordering::SeqCst).min(permitted);
         BulkheadSnapshot {
             available_concurrent_calls: available,
             max_allowed_concurrent_calls: max,
-            queue_depth: self.waiting.load(Ordering::Relaxed) as usize,
+            queue_depth,
             total_permitted: permitted,
             total_rejected: self.rejected.load(Ordering::Relaxed),
             total_finished: finished,
@@ -231,39 +231,70 @@ impl Permits {
     }
 }
 
-/// A call waiting in the queue; dropping it leaves the queue, and a permit granted meanwhile
-/// goes on to the next in line.
+/// One permit taken; dropped, it comes back (to the excess, the first waiter, or free).
+pub(crate) struct Grant(Arc<Permits>);
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let wakers = self.0.count().give_back(1);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// A call waiting in the queue; dropping it leaves the queue, and a permit handed to it
+/// meanwhile goes on to the next in line.
 pub(crate) struct Waiting {
     pub(crate) permits: Arc<Permits>,
-    acquire: Acquire,
+    /// Its place in arrival order.
+    number: u64,
+    /// Its permit was taken: it is no longer in the queue.
+    taken: bool,
 }
 
 impl Waiting {
-    /// Waits for a permit. A permit that arrives while an excess remains retires it, and the call
-    /// waits again, at the back of the queue.
-    pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<OwnedSemaphorePermit> {
-        loop {
-            let Ok(permit) = ready!(self.acquire.as_mut().poll(cx)) else {
-                unreachable!("the semaphore of a bulkhead is never closed")
-            };
-            if let Some(permit) = self.permits.retire_excess(permit) {
-                return Poll::Ready(permit);
-            }
-            self.acquire = self.permits.acquire();
+    /// Takes the permit handed to it, or waits for one.
+    pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Grant> {
+        assert!(!self.taken, "polled after its permit was taken");
+        let mut count = self.permits.count();
+        let at = count.place(self.number).expect("a waiter is in the queue");
+        if at < count.handed {
+            count.queue.remove(at);
+            count.handed -= 1;
+            self.taken = true;
+            drop(count);
+            return Poll::Ready(Grant(Arc::clone(&self.permits)));
         }
+        let waker = &mut count.queue[at].1;
+        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.permits.waiting.fetch_sub(1, Ordering::Relaxed);
+        if self.taken {
+            return;
+        }
+        let mut count = self.permits.count();
+        let Some(at) = count.place(self.number) else {
+            return;
+        };
+        count.queue.remove(at);
+        if at < count.handed {
+            // Handed a permit and dropped before taking it: the permit comes back.
+            count.handed -= 1;
+            let wakers = count.give_back(1);
+            drop(count);
+            wakers.into_iter().for_each(Waker::wake);
+        }
     }
 }
 
 /// The permit of one call; dropping it ends the call and gives the permit back, exactly once.
 pub struct Permit {
-    permits: Arc<Permits>,
-    permit: Option<OwnedSemaphorePermit>,
+    grant: Grant,
     /// When the permit was granted; `None` when no `on_call_finished` hook asked for it.
     started: Option<Instant>,
     /// What the drop reports; the owner updates it as the call moves on. A permit left at
@@ -273,23 +304,20 @@ pub struct Permit {
 
 impl Permit {
     /// Wraps a permit just taken, counts the call as permitted and runs `on_call_permitted`.
-    pub(crate) fn granted(
-        permits: Arc<Permits>,
-        permit: OwnedSemaphorePermit,
-        waited: Duration,
-    ) -> Self {
+    pub(crate) fn granted(grant: Grant, waited: Duration) -> Self {
+        let permits = &grant.0;
         permits.permitted.fetch_add(1, Ordering::SeqCst);
         let started = (!permits.hooks.finished.is_empty()).then(Instant::now);
         let permit = Self {
-            permits,
-            permit: Some(permit),
+            grant,
             started,
             outcome: CallOutcome::Cancelled,
         };
         // The permit exists before the hook runs, so a panicking hook still gives it back.
-        for hook in &permit.permits.hooks.permitted {
+        let permits = &permit.grant.0;
+        for hook in &permits.hooks.permitted {
             hook(&CallPermitted {
-                bulkhead: &permit.permits.name,
+                bulkhead: &permits.name,
                 waited,
             });
         }
@@ -299,19 +327,10 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        /// Gives the permit back even if the hook panics.
-        struct GiveBack<'a>(&'a Permits, Option<OwnedSemaphorePermit>);
-        impl Drop for GiveBack<'_> {
-            fn drop(&mut self) {
-                self.0.finished.fetch_add(1, Ordering::SeqCst);
-                // Retires one permit of the excess if any remains; otherwise the permit goes back to the semaphore.
-                if let Some(permit) = self.1.take() {
-                    drop(self.0.retire_excess(permit));
-                }
-            }
-        }
-        let permits = &*self.permits;
-        let _give_back = GiveBack(permits, self.permit.take());
+        // Counted before the hooks run and the permit comes back (the field's drop, which a
+        // panicking hook does not stop).
+        let permits = &*self.grant.0;
+        permits.finished.fetch_add(1, Ordering::SeqCst);
         if let Some(started) = self.started {
             let event = CallFinished {
                 bulkhead: &permits.name,
@@ -331,7 +350,7 @@ impl Drop for Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("bulkhead", &self.permits.name)
+            .field("bulkhead", &self.grant.0.name)
             .finish_non_exhaustive()
     }
 }
@@ -365,48 +384,29 @@ mod model {
         ]
     }
 
-    /// What the design says: the semaphore's free permits, the waiters in order (each with
-    /// whether a permit was handed to it), the excess and the calls holding a permit.
+    /// What the design says: the free permits, the waiters in arrival order (the first
+    /// `handed` of them handed a permit), the excess and the calls holding a permit.
     #[derive(Default)]
     struct Model {
         max: usize,
         free: usize,
         excess: usize,
         held: usize,
-        queue: VecDeque<(u64, bool)>,
+        queue: VecDeque<u64>,
+        handed: usize,
         permitted: u64,
         finished: u64,
         rejected: u64,
     }
 
     impl Model {
-        /// A permit reaches the semaphore: the first waiter without one gets it, or it is free.
-        fn give(&mut self) {
-            match self.queue.iter_mut().find(|(_, granted)| !granted) {
-                Some(waiter) => waiter.1 = true,
-                None => self.free += 1,
-            }
-        }
-
-        /// A call's permit comes back: it retires the excess, or reaches the semaphore.
-        fn release(&mut self) {
-            if self.excess > 0 {
-                self.excess -= 1;
-            } else {
-                self.give();
-            }
-        }
-
-        /// Takes free permits, retiring the excess with them, until one is left for the call.
-        fn try_acquire(&mut self) -> bool {
-            while self.free > 0 {
-                self.free -= 1;
-                if self.excess == 0 {
-                    return true;
-                }
-                self.excess -= 1;
-            }
-            false
+        /// `n` permits come back: they retire the excess, go to the first waiters, or are free.
+        fn give_back(&mut self, n: usize) {
+            let retired = n.min(self.excess);
+            self.excess -= retired;
+            let handed = (n - retired).min(self.queue.len() - self.handed);
+            self.handed += handed;
+            self.free += n - retired - handed;
         }
     }
 
@@ -427,32 +427,33 @@ mod model {
             let mut held: Vec<Permit> = Vec::new();
             let mut waiting: Vec<(u64, Waiting)> = Vec::new();
             let mut next_id = 0u64;
-            let mut cx = Context::from_waker(Waker::noop());
+            let mut cx = Context::from_waker(std::task::Waker::noop());
             let may_wait = capacity != Some(0);
 
             for op in ops {
                 match op {
                     Op::Admit => {
-                        let expected_permit = model.try_acquire();
+                        let free = model.free.checked_sub(1);
+                        let queued = model.queue.len() - model.handed;
+                        let room = may_wait && capacity.is_none_or(|c| queued < c);
                         match permits.admit() {
-                            Admission::Permitted(permit) => {
-                                prop_assert!(expected_permit);
+                            Admission::Permitted(grant) => {
+                                prop_assert!(free.is_some());
+                                model.free -= 1;
                                 model.held += 1;
                                 model.permitted += 1;
-                                held.push(Permit::granted(permits.clone(), permit, Duration::ZERO));
+                                held.push(Permit::granted(grant, Duration::ZERO));
                             }
                             Admission::Queued(waiter) => {
-                                prop_assert!(!expected_permit && may_wait);
-                                prop_assert!(capacity.is_none_or(|c| model.queue.len() < c));
-                                model.queue.push_back((next_id, false));
+                                // Refused or queued only when no permit is free, and queued
+                                // only where the waiters still waiting leave room.
+                                prop_assert!(free.is_none() && room);
+                                model.queue.push_back(next_id);
                                 waiting.push((next_id, waiter));
                                 next_id += 1;
                             }
                             Admission::Rejected => {
-                                prop_assert!(!expected_permit);
-                                prop_assert!(
-                                    !may_wait || capacity.is_some_and(|c| model.queue.len() >= c)
-                                );
+                                prop_assert!(free.is_none() && !room);
                                 model.rejected += 1;
                                 drop(permits.reject(Rejection::NoCapacity));
                             }
@@ -465,7 +466,7 @@ mod model {
                             drop(permit);
                             model.held -= 1;
                             model.finished += 1;
-                            model.release();
+                            model.give_back(1);
                         }
                     }
                     Op::Resize(new) => {
@@ -473,42 +474,34 @@ mod model {
                         let old = model.max;
                         model.max = new;
                         if new >= old {
-                            let retired = (new - old).min(model.excess);
-                            model.excess -= retired;
-                            for _ in 0..new - old - retired {
-                                model.give();
-                            }
+                            model.give_back(new - old);
                         } else {
-                            let forgotten = (old - new).min(model.free);
-                            model.free -= forgotten;
-                            model.excess += old - new - forgotten;
+                            // The free permits first, then those handed to waiters (who wait
+                            // again in their place), then owed.
+                            let mut fewer = old - new;
+                            let free = fewer.min(model.free);
+                            model.free -= free;
+                            fewer -= free;
+                            let handed = fewer.min(model.handed);
+                            model.handed -= handed;
+                            model.excess += fewer - handed;
                         }
                     }
                     Op::Poll(n) => {
                         if !waiting.is_empty() {
                             let i = n % waiting.len();
                             let id = waiting[i].0;
-                            let at = model.queue.iter().position(|(w, _)| *w == id).unwrap();
                             let ready = waiting[i].1.poll_acquire(&mut cx);
-                            if model.queue[at].1 {
-                                // A permit handed over while an excess remains retires it; the call
-                                // waits again, at the back.
-                                model.queue.remove(at);
-                                if model.excess > 0 {
-                                    model.excess -= 1;
-                                    model.queue.push_back((id, false));
-                                    if model.try_acquire() {
-                                        model.queue.pop_back();
-                                    }
-                                }
-                            }
-                            let granted = model.queue.iter().all(|(w, _)| *w != id);
+                            let at = model.queue.iter().position(|w| *w == id).unwrap();
+                            let granted = at < model.handed;
                             prop_assert_eq!(ready.is_ready(), granted);
-                            if let Poll::Ready(permit) = ready {
+                            if let Poll::Ready(grant) = ready {
+                                model.queue.remove(at);
+                                model.handed -= 1;
                                 waiting.remove(i);
                                 model.held += 1;
                                 model.permitted += 1;
-                                held.push(Permit::granted(permits.clone(), permit, Duration::ZERO));
+                                held.push(Permit::granted(grant, Duration::ZERO));
                                 // Admitted under the limit in force.
                                 prop_assert!(model.held <= model.max);
                             }
@@ -518,30 +511,29 @@ mod model {
                         if !waiting.is_empty() {
                             let (id, waiter) = waiting.remove(n % waiting.len());
                             drop(waiter);
-                            let at = model.queue.iter().position(|(w, _)| *w == id).unwrap();
-                            let (_, granted) = model.queue.remove(at).unwrap();
-                            // A permit handed to a waiter that leaves goes back to the
-                            // semaphore as it is, excess or not.
-                            if granted {
-                                model.give();
+                            let at = model.queue.iter().position(|w| *w == id).unwrap();
+                            model.queue.remove(at);
+                            if at < model.handed {
+                                // A permit handed to a waiter that leaves comes back.
+                                model.handed -= 1;
+                                model.give_back(1);
                             }
                         }
                     }
                 }
                 let snapshot = permits.snapshot();
-                prop_assert_eq!(
-                    snapshot.available_concurrent_calls,
-                    model.free.saturating_sub(model.excess)
-                );
+                prop_assert_eq!(snapshot.available_concurrent_calls, model.free);
                 prop_assert_eq!(snapshot.max_allowed_concurrent_calls, model.max);
-                prop_assert_eq!(snapshot.queue_depth, model.queue.len());
+                prop_assert_eq!(snapshot.queue_depth, model.queue.len() - model.handed);
                 prop_assert_eq!(snapshot.total_permitted, model.permitted);
                 prop_assert_eq!(snapshot.total_finished, model.finished);
                 prop_assert_eq!(snapshot.total_rejected, model.rejected);
                 prop_assert_eq!(held.len(), model.held);
-                // Every permit is in one place: free, handed to a waiter, or held.
-                let granted = model.queue.iter().filter(|(_, g)| *g).count();
-                prop_assert_eq!(model.free + granted + model.held, model.max + model.excess);
+                // Every permit is in one place: free, handed to a waiter, or held; none is free
+                // while a call waits unhanded or an excess remains.
+                prop_assert_eq!(model.free + model.handed + model.held, model.max + model.excess);
+                let all_handed = model.handed == model.queue.len();
+                prop_assert!(model.free == 0 || (all_handed && model.excess == 0));
             }
             // Once every call has ended and every waiter left, the limit is free again.
             drop(waiting);

@@ -710,11 +710,12 @@ async fn a_queue_with_max_wait_refuses_calls_that_waited_too_long() {
 
 /// What the module docs say of a lowered limit, for both kinds: 2 at once, calls 3, 4 and 5
 /// waiting. Call 1 ends and its permit goes to 3, which has not run yet; then the limit drops
-/// to 1. When 3 is polled it does not start (2 still runs): its permit pays the lowered limit,
-/// and it waits again behind 4 and 5. From then on one call runs at a time, every waiter
-/// starts exactly once, and everything is given back.
+/// to 1. When 3 is polled it does not start (2 still runs): the lowered limit took its permit
+/// back, and it waits again in its place, ahead of 4 and 5 (it waited behind them when the
+/// bulkhead was tokio's semaphore). From then on one call runs at a time, in arrival order,
+/// every waiter starts exactly once, and everything is given back.
 #[tokio::test(start_paused = true)]
-async fn a_waiter_whose_permit_pays_a_lowered_limit_waits_again_and_the_limit_holds() {
+async fn a_waiter_whose_permit_pays_a_lowered_limit_waits_again_in_its_place_and_the_limit_holds() {
     for kind in ["queue", "semaphore"] {
         let bulkhead = match kind {
             "queue" => Bulkhead::queue("q", 2, 8).build(),
@@ -739,8 +740,8 @@ async fn a_waiter_whose_permit_pays_a_lowered_limit_waits_again_and_the_limit_ho
             vec![1, 2],
             "{kind}: the limit is 1 and 2 runs"
         );
-        // As documented: 3 waits again behind 4 and 5.
-        for (ends, starts) in [(2, 4), (4, 5), (5, 3)] {
+        // 3 is first in line still.
+        for (ends, starts) in [(2, 3), (3, 4), (4, 5)] {
             inner.finish(ends);
             assert_eq!(calls.remove(&ends).unwrap().await.unwrap(), ends);
             for call in calls.values_mut() {
@@ -753,8 +754,8 @@ async fn a_waiter_whose_permit_pays_a_lowered_limit_waits_again_and_the_limit_ho
             );
             assert_eq!(bulkhead.snapshot().available_concurrent_calls, 0, "{kind}");
         }
-        inner.finish(3);
-        calls.remove(&3).unwrap().await.unwrap();
+        inner.finish(5);
+        calls.remove(&5).unwrap().await.unwrap();
         let snapshot = bulkhead.snapshot();
         assert_eq!(snapshot.available_concurrent_calls, 1, "{kind}");
         assert_eq!(snapshot.queue_depth, 0, "{kind}");
@@ -794,4 +795,39 @@ async fn a_waiter_that_leaves_the_front_of_the_line_passes_its_place_on() {
     assert_eq!(snapshot.available_concurrent_calls, 1);
     assert_eq!(snapshot.queue_depth, 0);
     assert_eq!(snapshot.total_permitted, 4);
+}
+
+/// A queue bulkhead of one permit and a queue of one: call 1 runs, call 2 waits. Call 1 ends,
+/// and its permit is handed to 2, whose task has not run yet; a call 3 made right then (a
+/// task that ends a call and makes the next before it yields) finds the queue empty and
+/// waits. With tokio's semaphore it was refused: 2 kept its place until its task took the
+/// permit.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_handed_the_permit_leaves_the_queue_at_once() {
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::queue("q", 1, 1));
+    let mut first = boxed_call(&mut svc, 1);
+    assert!(poll!(first.as_mut()).is_pending());
+    let mut second = boxed_call(&mut svc, 2);
+    assert_eq!(bulkhead.snapshot().queue_depth, 1);
+    inner.finish(1);
+    assert_eq!(first.await.unwrap(), 1);
+    assert_eq!(bulkhead.snapshot().queue_depth, 0, "2 holds the permit");
+
+    let mut third = boxed_call(&mut svc, 3);
+    assert!(poll!(third.as_mut()).is_pending(), "3 waits, not refused");
+    assert_eq!(bulkhead.snapshot().queue_depth, 1);
+    assert_eq!(bulkhead.snapshot().total_rejected, 0);
+    assert!(poll!(second.as_mut()).is_pending());
+    assert_eq!(inner.started(), vec![1, 2]);
+    inner.finish(2);
+    assert_eq!(second.await.unwrap(), 2);
+    assert!(poll!(third.as_mut()).is_pending());
+    assert_eq!(inner.started(), vec![1, 2, 3]);
+    inner.finish(3);
+    assert_eq!(third.await.unwrap(), 3);
+    let snapshot = bulkhead.snapshot();
+    assert_eq!(
+        (snapshot.available_concurrent_calls, snapshot.queue_depth),
+        (1, 0)
+    );
 }

@@ -1,6 +1,6 @@
 //! Attacks on the bulkheads' documented promises through the public API, in deterministic
-//! scenarios polled by hand under paused time: arrival order (and, ignored, across a lowered
-//! limit, which is not promised), the limit, exactly-once release, the snapshot and `max_wait`.
+//! scenarios polled by hand under paused time: arrival order (across a lowered limit too), the
+//! limit, exactly-once release, the snapshot and `max_wait`.
 //! The random model is in `order_model.rs`, the storms on threads in `order_storms.rs`.
 
 use std::collections::HashMap;
@@ -25,7 +25,6 @@ use super::order_support::*;
 /// (neither polled yet). The limit drops to 1. 5 is polled before 4 (both stay pending, 3 still
 /// runs). 3 ends: in flight 0, limit 1, so the head of the line, 4, must start, not 5.
 #[tokio::test(start_paused = true)]
-#[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
     for mut s in Scenario::both_kinds(3, 1..=5) {
         s.assert_started(&[1, 2, 3], "");
@@ -42,7 +41,6 @@ async fn lowered_limit_head_of_line_is_arrival_order_not_poll_order() {
 /// and 2 run, 3 and 4 wait; both end, 3 and 4 are handed permits; limit 0; 4 polled, then 3;
 /// limit 1: 3 must start, not 4.
 #[tokio::test(start_paused = true)]
-#[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
     for mut s in Scenario::both_kinds(2, 1..=4) {
         s.end([1, 2]);
@@ -57,7 +55,6 @@ async fn raise_after_lowering_to_zero_starts_the_oldest_waiter() {
 /// Polling in arrival order, the head of the line keeps its place through a lowering and a
 /// raise (the documented scenario, driven through a raise as well as through calls ending).
 #[tokio::test(start_paused = true)]
-#[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_order() {
     for mut s in Scenario::both_kinds(2, 1..=6) {
         s.end([1]);
@@ -398,7 +395,6 @@ async fn limit_zero_queues_in_order_and_a_raise_admits_the_oldest() {
 /// yet). Limit 1. 3 is polled: nothing is in flight and the limit is 1, so 3, the head of the
 /// line, must start. It waits until 4, which arrived after it, has been polled.
 #[tokio::test(start_paused = true)]
-#[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 async fn a_polled_head_of_line_starts_under_a_lowered_limit_with_nothing_in_flight() {
     for mut s in Scenario::both_kinds(2, 1..=4) {
         s.end([1, 2]);
@@ -478,7 +474,6 @@ async fn a_cancelled_waiter_task_does_not_strand_the_head_of_the_line() {
 /// started in between are skipped). Then the limit goes to 1: the head of the line, 1, must
 /// start, whichever task the runtime polled first.
 #[test]
-#[ignore = "not promised: across a lowered limit a waiter whose permit pays the lower limit waits again behind later arrivals (bulkhead module docs); the acceptance test of admission by calls in flight"]
 fn waiter_tasks_on_threads_keep_arrival_order_across_resizes() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -34,7 +34,7 @@ pub(super) struct Controller {
     pub(super) bulkhead: Bulkhead,
     pub(super) clock: Box<dyn Clock>,
     /// Calls holding a permit; raised after the permit is taken and lowered before it is given
-    /// back, so it never counts more than the semaphore does.
+    /// back, so it never counts more than the bulkhead's permits do.
     pub(super) in_flight: AtomicUsize,
     pub(super) limit: AtomicUsize,
     /// The bounds the algorithm moves the limit within.

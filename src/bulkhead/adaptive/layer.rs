@@ -139,7 +139,7 @@ impl Admit for AdaptiveBulkhead {
         let Some(permit) = permits.try_acquire() else {
             return Err(permits.reject(Rejection::NoCapacity).into());
         };
-        let permit = Permit::granted(Arc::clone(permits), permit, Duration::ZERO);
+        let permit = Permit::granted(permit, Duration::ZERO);
         Ok(Sampler::start(Arc::clone(controller), permit))
     }
 }

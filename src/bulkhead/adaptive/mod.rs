@@ -124,7 +124,7 @@
 //!
 //! # Cost
 //!
-//! Admission takes a permit from the semaphore as a fixed bulkhead that never waits does. Each
+//! Admission takes a permit as a fixed bulkhead that never waits does. Each
 //! call reads the clock twice and, when it ends with a sample, takes one mutex to run the
 //! algorithm.
 //!
