@@ -476,15 +476,18 @@ mod model {
                         if new >= old {
                             model.give_back(new - old);
                         } else {
-                            // The free permits first, then those handed to waiters (who wait
-                            // again in their place), then owed.
-                            let mut fewer = old - new;
-                            let free = fewer.min(model.free);
-                            model.free -= free;
-                            fewer -= free;
-                            let handed = fewer.min(model.handed);
-                            model.handed -= handed;
-                            model.excess += fewer - handed;
+                            // Each permit taken back is a free one, else one handed to the
+                            // latest waiter handed one (who waits again in its place), else
+                            // owed.
+                            for _ in new..old {
+                                if model.free > 0 {
+                                    model.free -= 1;
+                                } else if model.handed > 0 {
+                                    model.handed -= 1;
+                                } else {
+                                    model.excess += 1;
+                                }
+                            }
                         }
                     }
                     Op::Poll(n) => {
