@@ -65,9 +65,12 @@ pin_project! {
 
 /// Calls the inner service under `permit`. Should `call` panic, the permit is dropped while the
 /// thread unwinds and reports the panic.
-fn run<S: Service<Req>, Req>(service: &mut S, request: Req, permit: Permit) -> State<S, Req> {
+fn run<S: Service<Req>, Req>(service: &mut S, request: Req, mut permit: Permit) -> State<S, Req> {
+    permit.outcome = CallOutcome::Panicked;
+    let future = service.call(request);
+    permit.outcome = CallOutcome::Cancelled;
     State::Running {
-        future: service.call(request),
+        future,
         permit: Some(permit),
     }
 }
@@ -160,7 +163,7 @@ where
                     } = queued.take().expect("checked above");
                     drop(waiting);
                     let waited = since.elapsed();
-                    crate::waited::record(waited);
+                    crate::waited::record(since);
                     let permit = Permit::granted(permit, waited);
                     state.set(run(&mut service, request, permit));
                 }

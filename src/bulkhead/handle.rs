@@ -81,7 +81,9 @@ impl Bulkhead {
     /// nothing.
     ///
     /// A queued call handed the permit of a call that ended leaves the queue then, before its
-    /// task runs, so a call made right after finds its place free.
+    /// task runs, so a call made right after finds its place free. A lowered limit puts back
+    /// the waiters whose permits it takes back: the queue may then hold more than its capacity
+    /// until they start or leave, and new calls are refused meanwhile.
     pub fn queue(
         name: impl Into<Arc<str>>,
         max_concurrent_calls: usize,

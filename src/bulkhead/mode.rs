@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -84,22 +84,37 @@ pin_project! {
 
 /// What a [`WatchedBody`] shows its frames to.
 pub trait Watch {
+    /// Before each poll of the body.
+    fn polling(&mut self) {}
+
     /// Sees one frame polled from the body (`None` at its end; `end` when the body reports its
     /// end after it) and says whether it has seen what it waited for.
     fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
+
+    /// The body had no frame ready.
+    fn pending(&mut self) {}
 }
 
 /// A call's permit waits for the end of its body: read to its end, or failed. A body dropped
-/// before either gives the permit back as `Cancelled`.
+/// before either gives the permit back as `Cancelled`, and one that panics while it is polled
+/// as `Panicked`.
 impl Watch for Permit {
+    fn polling(&mut self) {
+        self.outcome = CallOutcome::Panicked;
+    }
+
     fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
         self.outcome = match frame {
             None => CallOutcome::Success,
             Some(Err(_)) => CallOutcome::Failure,
             Some(Ok(_)) if end => CallOutcome::Success,
-            Some(Ok(_)) => return false,
+            Some(Ok(_)) => CallOutcome::Cancelled,
         };
-        true
+        self.outcome != CallOutcome::Cancelled
+    }
+
+    fn pending(&mut self) {
+        self.outcome = CallOutcome::Cancelled;
     }
 }
 
@@ -112,7 +127,15 @@ impl<B: Body, W: Watch> Body for WatchedBody<B, W> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if let Some(watch) = this.watch {
+            watch.polling();
+        }
+        let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
+            if let Some(watch) = this.watch {
+                watch.pending();
+            }
+            return Poll::Pending;
+        };
         if let Some(watch) = this.watch {
             if watch.seen(frame.as_ref(), this.inner.is_end_stream()) {
                 *this.watch = None;

@@ -45,7 +45,7 @@ pub(crate) enum Admission {
 
 /// What the lock guards: the limit, the free permits, the excess and the queue. Every permit is
 /// free, held by a call, or handed to a waiter; they number the limit plus the excess, and none
-/// is free while a call waits or an excess remains.
+/// is free while a waiter waits unhanded or an excess remains.
 struct Count {
     max: usize,
     free: usize,
@@ -135,7 +135,8 @@ impl Permits {
         lock(&self.count)
     }
 
-    /// Takes a free permit, if there is one.
+    /// Takes a free permit, if there is one (an adaptive bulkhead never queues).
+    #[cfg(feature = "adaptive")]
     pub(crate) fn try_acquire(self: &Arc<Self>) -> Option<Grant> {
         let mut count = self.count();
         let free = count.free.checked_sub(1)?;
@@ -188,7 +189,7 @@ impl Permits {
         }
         count.max = max;
         drop(count);
-        wakers.into_iter().for_each(Waker::wake);
+        wake_all(wakers);
     }
 
     /// Reads the counters so that the snapshot adds up while calls come and go: a call is
@@ -231,13 +232,27 @@ impl Permits {
     }
 }
 
+/// Wakes every waker, the rest too if one panics (it would leave its waiter handed a permit
+/// it is never woken to take).
+fn wake_all(wakers: Vec<Waker>) {
+    /// Wakes what is left when dropped, on every way out.
+    struct Rest(std::vec::IntoIter<Waker>);
+    impl Drop for Rest {
+        fn drop(&mut self) {
+            self.0.by_ref().for_each(Waker::wake);
+        }
+    }
+    let mut rest = Rest(wakers.into_iter());
+    rest.0.by_ref().for_each(Waker::wake);
+}
+
 /// One permit taken; dropped, it comes back (to the excess, the first waiter, or free).
 pub(crate) struct Grant(Arc<Permits>);
 
 impl Drop for Grant {
     fn drop(&mut self) {
         let wakers = self.0.count().give_back(1);
-        wakers.into_iter().for_each(Waker::wake);
+        wake_all(wakers);
     }
 }
 
@@ -255,20 +270,33 @@ impl Waiting {
     /// Takes the permit handed to it, or waits for one.
     pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Grant> {
         assert!(!self.taken, "polled after its permit was taken");
-        let mut count = self.permits.count();
-        let at = count.place(self.number).expect("a waiter is in the queue");
-        if at < count.handed {
-            count.queue.remove(at);
-            count.handed -= 1;
-            self.taken = true;
+        let mut waker = None;
+        loop {
+            let mut count = self.permits.count();
+            let at = count.place(self.number).expect("a waiter is in the queue");
+            if at < count.handed {
+                count.queue.remove(at);
+                count.handed -= 1;
+                self.taken = true;
+                drop(count);
+                return Poll::Ready(Grant(Arc::clone(&self.permits)));
+            }
+            let kept = &mut count.queue[at].1;
+            if kept.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                return Poll::Pending;
+            }
+            // A new waker is cloned, and the one it replaces dropped, with the lock released:
+            // a waker's code may take it.
+            let Some(waker) = waker.take() else {
+                drop(count);
+                waker = Some(cx.waker().clone());
+                continue;
+            };
+            let replaced = kept.replace(waker);
             drop(count);
-            return Poll::Ready(Grant(Arc::clone(&self.permits)));
+            drop(replaced);
+            return Poll::Pending;
         }
-        let waker = &mut count.queue[at].1;
-        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            *waker = Some(cx.waker().clone());
-        }
-        Poll::Pending
     }
 }
 
@@ -281,14 +309,17 @@ impl Drop for Waiting {
         let Some(at) = count.place(self.number) else {
             return;
         };
-        count.queue.remove(at);
+        let left = count.queue.remove(at);
+        let mut wakers = Vec::new();
         if at < count.handed {
             // Handed a permit and dropped before taking it: the permit comes back.
             count.handed -= 1;
-            let wakers = count.give_back(1);
-            drop(count);
-            wakers.into_iter().for_each(Waker::wake);
+            wakers = count.give_back(1);
         }
+        // Wakers run and drop once the lock is released: their code may take it.
+        drop(count);
+        drop(left);
+        wake_all(wakers);
     }
 }
 
@@ -297,8 +328,9 @@ pub struct Permit {
     grant: Grant,
     /// When the permit was granted; `None` when no `on_call_finished` hook asked for it.
     started: Option<Instant>,
-    /// What the drop reports; the owner updates it as the call moves on. A permit left at
-    /// `Cancelled` and dropped while the thread unwinds reports `Panicked`.
+    /// What the drop reports; the owner updates it as the call moves on, and sets it to
+    /// `Panicked` while the inner service's code runs (a permit dropped by a panic of the
+    /// caller's own code reports `Cancelled`).
     pub(crate) outcome: CallOutcome,
 }
 
@@ -335,10 +367,7 @@ impl Drop for Permit {
             let event = CallFinished {
                 bulkhead: &permits.name,
                 duration: started.elapsed(),
-                outcome: match self.outcome {
-                    CallOutcome::Cancelled if std::thread::panicking() => CallOutcome::Panicked,
-                    outcome => outcome,
-                },
+                outcome: self.outcome,
             };
             for hook in &permits.hooks.finished {
                 hook(&event);

@@ -499,6 +499,62 @@ mod body {
 
     type ChannelBody = Channel<Bytes, io::Error>;
 
+    /// A body that panics when polled.
+    struct PanickingBody;
+
+    impl http_body::Body for PanickingBody {
+        type Data = Bytes;
+        type Error = io::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, io::Error>>> {
+            panic!("behaviour: the inner body panics");
+        }
+    }
+
+    /// The inner service's own panics are `Panicked`, wherever its code panics: in `call`, and
+    /// in the body while it is read (the caller's own panics are `Cancelled`: see
+    /// `tests/bulkhead/attack_permits.rs`). The permit comes back each time.
+    #[tokio::test]
+    async fn panics_of_the_inner_call_and_of_its_body_are_reported_panicked() {
+        crate::common::process::quiet_panics_starting_with("behaviour: the inner");
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let seen = outcomes.clone();
+        let bulkhead = Bulkhead::semaphore("flaky", 1)
+            .on_call_finished(move |event: &CallFinished<'_>| {
+                seen.lock().unwrap().push(event.outcome);
+            })
+            .build();
+        let mut panics_in_call = bulkhead.layer().layer(tower::service_fn(|_: ()| {
+            panic!("behaviour: the inner call panics");
+            #[allow(unreachable_code)]
+            std::future::ready(Ok::<(), io::Error>(()))
+        }));
+        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(panics_in_call.call(()));
+        }));
+        assert!(called.is_err());
+        let svc = bulkhead
+            .body_layer()
+            .layer(tower::service_fn(|_: ()| async {
+                Ok::<_, io::Error>(http::Response::new(PanickingBody))
+            }));
+        let mut body = svc.oneshot(()).await.unwrap().into_body();
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let _ = http_body::Body::poll_frame(Pin::new(&mut body), &mut cx);
+        }));
+        assert!(read.is_err());
+        drop(body);
+        assert_eq!(
+            *outcomes.lock().unwrap(),
+            vec![CallOutcome::Panicked, CallOutcome::Panicked]
+        );
+        assert_eq!(bulkhead.snapshot().available_concurrent_calls, 1);
+    }
+
     #[tokio::test]
     async fn the_body_layer_holds_the_permit_until_the_body_ends() {
         let outcomes = Arc::new(Mutex::new(Vec::new()));

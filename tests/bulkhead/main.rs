@@ -14,6 +14,7 @@ mod adaptive_hostile;
 mod adaptive_stress;
 #[cfg(feature = "adaptive")]
 mod adaptive_support;
+mod attack_permits;
 mod behaviour;
 mod hostile;
 mod isolation;

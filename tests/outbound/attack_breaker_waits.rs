@@ -15,12 +15,12 @@ use tower_bulwark::outbound::breaker::{Breaker, BreakerState, Window};
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
 use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
 
-/// A breaker on tokio's clock over the last 4 calls (all 4 counted), for which a call is slow
-/// past `slow_after`, opening when `slow_rate` of them are slow.
-fn breaker(slow_rate: f64, slow_after: Duration) -> Breaker {
+/// A breaker on tokio's clock over the last `n` calls (all `n` counted), for which a call is
+/// slow past `slow_after`, opening when `slow_rate` of them are slow.
+pub(crate) fn breaker(n: u32, slow_rate: f64, slow_after: Duration) -> Breaker {
     Breaker::builder("partner")
-        .window(Window::Calls(4))
-        .minimum_calls(4)
+        .window(Window::Calls(n))
+        .minimum_calls(n)
         .slow_call_duration(slow_after)
         .slow_call_rate(slow_rate)
         .clock(TokioClock::new())
@@ -55,7 +55,7 @@ async fn a_slow_call_duration_above_the_waits_below_counts_none_of_them_slow() {
 /// Where a breaker for which a call is slow past `slow_after` stands once four calls waited
 /// 3 s in the pushback for a quota the dependency said was spent, each answered at once.
 async fn waiting_out_a_hold(slow_after: Duration) -> BreakerState {
-    let breaker = breaker(1.0, slow_after);
+    let breaker = breaker(4, 1.0, slow_after);
     let pushback = Pushback::builder("partner")
         .clock(TokioClock::new())
         .max_wait(Duration::from_secs(5))
@@ -102,7 +102,7 @@ async fn waiting_out_a_hold(slow_after: Duration) -> BreakerState {
 /// their own permits, are answered at once, and half of them open the breaker as slow.
 #[tokio::test(start_paused = true)]
 async fn calls_waiting_for_their_own_quota_are_not_slow_calls_of_the_dependency() {
-    let breaker = breaker(0.5, Duration::from_secs(1));
+    let breaker = breaker(4, 0.5, Duration::from_secs(1));
     let quota = DirectRateLimiter::builder(
         Quota::per_second(1)
             .unwrap()
@@ -143,8 +143,8 @@ async fn through_a_queue(
     answer_in: Duration,
     nested: bool,
 ) -> (BreakerState, Option<BreakerState>) {
-    let outer = breaker(0.5, Duration::from_secs(1));
-    let inner = nested.then(|| breaker(0.5, Duration::from_secs(1)));
+    let outer = breaker(4, 0.5, Duration::from_secs(1));
+    let inner = nested.then(|| breaker(4, 0.5, Duration::from_secs(1)));
     let client = ServiceBuilder::new()
         .layer(outer.layer())
         .option_layer(inner.as_ref().map(Breaker::layer))

@@ -24,6 +24,8 @@ mod attack_resilience;
 mod attack_retries;
 mod attack_seam;
 #[cfg(feature = "adaptive")]
+mod attack_waits;
+#[cfg(feature = "adaptive")]
 mod breaker;
 #[cfg(all(feature = "adaptive", feature = "metrics"))]
 mod breaker_events;

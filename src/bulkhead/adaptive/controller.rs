@@ -11,6 +11,7 @@ use crate::bulkhead::permits::Permit;
 use crate::bulkhead::{Bulkhead, CallOutcome};
 use crate::clock::Clock;
 use crate::sync::{lock, Mutex};
+use crate::waited::{Span, Waits};
 
 /// The limit of an adaptive bulkhead moved.
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +99,8 @@ impl Controller {
 pub struct Sampler {
     controller: Arc<Controller>,
     started: u64,
+    /// Its waits in the layers below, taken out of its latency.
+    waits: Waits,
     in_flight: usize,
     /// The limit in force when the call was admitted.
     admitted_under: usize,
@@ -111,14 +114,17 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Called right after `permit` was taken.
-    pub(super) fn start(controller: Arc<Controller>, permit: Permit) -> Self {
+    /// Called right after `permit` was taken, before the inner service's `call` runs: the
+    /// permit reports `Panicked` until it returns ([`Report::pending`]).
+    pub(super) fn start(controller: Arc<Controller>, mut permit: Permit) -> Self {
+        permit.outcome = CallOutcome::Panicked;
         let in_flight = controller.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let admitted_under = controller.limit.load(Ordering::Relaxed);
         let started = controller.clock.now();
         Self {
             controller,
             started,
+            waits: Waits::default(),
             in_flight,
             admitted_under,
             polled: false,
@@ -144,9 +150,10 @@ impl Report for Sampler {
         self.permit.outcome = CallOutcome::Cancelled;
     }
 
-    /// The latency sampled is the dependency's: from the end of the call's waits below.
-    fn waited(&mut self, nanos: u64) {
-        self.started = self.started.saturating_add(nanos);
+    /// The latency sampled is the dependency's: without the call's waits below.
+    fn waited(&mut self, spans: &[Span]) {
+        let now = self.controller.clock.now();
+        self.waits.add(spans, self.started, now);
     }
 
     fn end(mut self, verdict: Verdict, ok: bool) {
@@ -169,6 +176,7 @@ impl Drop for Sampler {
         };
         self.controller.in_flight.fetch_sub(1, Ordering::Relaxed);
         if verdict != Verdict::Ignored {
+            self.started = self.started.saturating_add(self.waits.total());
             self.controller.record(self, verdict == Verdict::Overloaded);
         }
     }

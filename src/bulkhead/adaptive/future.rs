@@ -20,12 +20,13 @@ pub trait Report {
     /// Before each poll of the call's future.
     fn polling(&mut self) {}
 
-    /// The call's future is not ready.
+    /// The inner service's code returned without the call's end: its `call`, or a poll of the
+    /// call's future that is not ready.
     fn pending(&mut self) {}
 
-    /// The call waited `nanos` in the crate's layers below during a poll (a queue, a hold):
+    /// Waits of the call in the crate's layers below ended during a poll (a queue, a hold):
     /// time that is not the dependency's.
-    fn waited(&mut self, nanos: u64);
+    fn waited(&mut self, spans: &[crate::waited::Span]);
 
     /// The call ended (`ok`: with an answer, not an error), judged `verdict`.
     fn end(self, verdict: Verdict, ok: bool);
@@ -93,8 +94,8 @@ where
         };
         report.polling();
         let (poll, waited) = crate::waited::during(|| future.poll(cx));
-        if waited > 0 {
-            report.waited(waited);
+        if !waited.is_empty() {
+            report.waited(&waited);
         }
         let Poll::Ready(result) = poll else {
             report.pending();

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::classify::{Classify, HttpOverload};
 use super::controller::Sampler;
-use super::future::{Admit, ResponseFuture};
+use super::future::{Admit, Report, ResponseFuture};
 use super::handle::AdaptiveBulkhead;
 use crate::bulkhead::events::Rejection;
 use crate::bulkhead::permits::Permit;
@@ -124,7 +124,11 @@ where
         // Admitted before the inner service is called, so a panicking `call` still gives back
         // what the admission took (and counts for nothing).
         let admitted = self.layer.handle.admit();
-        let called = admitted.map(|report| (self.inner.call(request), report));
+        let called = admitted.map(|mut report| {
+            let future = self.inner.call(request);
+            report.pending();
+            (future, report)
+        });
         ResponseFuture::new(called, classifier)
     }
 }

@@ -232,7 +232,9 @@ impl BreakerBuilder {
 
     /// The clock of open times and slow calls (default [`SystemClock`]); a
     /// [`ManualClock`](crate::clock::ManualClock) makes tests exact, and a
-    /// [`TokioClock`](crate::clock::TokioClock) follows tokio's paused time.
+    /// [`TokioClock`](crate::clock::TokioClock) follows tokio's paused time. The waits below
+    /// that a call's time leaves out are measured on tokio's clock: under a paused tokio, time
+    /// calls on a `TokioClock`.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Box::new(clock);
         self

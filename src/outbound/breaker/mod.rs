@@ -85,11 +85,12 @@
 //! pushback, a call the dependency asked to hold is refused there and never counted; above
 //! the retry layer, a breaker would count a call's attempts as one.
 //!
-//! A call is timed from the end of its waits in this crate's layers below (the pushback's and
-//! the client quota's `max_wait`, a bulkhead's queue), so calls that waited out the
-//! dependency's advertised quota for 3 s and were answered at once are not slow. A layer that
-//! moves the call to another task between them (tower's `Buffer`) hides those waits, which
-//! then count.
+//! A call is timed without its waits in this crate's layers below (the pushback's and the
+//! client quota's `max_wait`, a bulkhead's queue), so calls that waited out the dependency's
+//! advertised quota for 3 s and were answered at once are not slow. Waits that overlap (sub-calls
+//! sent at once) count once, and only from the call's start. A layer that moves the call to
+//! another task between them (tower's `Buffer`) hides those waits, which then count; a wait of
+//! one branch of a hedge while another is with the dependency is taken out all the same.
 //!
 //! # The defaults, and why
 //!

@@ -13,6 +13,7 @@ use crate::bulkhead::adaptive::future::Report;
 use crate::bulkhead::adaptive::Verdict;
 use crate::clock::{saturating_nanos, Clock, MAX_NOW};
 use crate::sync::{lock, Mutex, MutexGuard};
+use crate::waited::{Span, Waits};
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
@@ -171,6 +172,7 @@ impl Shared {
             shared: Arc::clone(self),
             epoch,
             started: now,
+            waits: Waits::default(),
             verdict: Verdict::Ignored,
         })
     }
@@ -273,6 +275,8 @@ pub struct Ticket {
     shared: Arc<Shared>,
     epoch: u64,
     started: u64,
+    /// Its waits in the layers below, taken out of its time.
+    waits: Waits,
     verdict: Verdict,
 }
 
@@ -283,9 +287,10 @@ impl std::fmt::Debug for Ticket {
 }
 
 impl Report for Ticket {
-    /// The call is timed from the end of its waits below.
-    fn waited(&mut self, nanos: u64) {
-        self.started = self.started.saturating_add(nanos);
+    /// The call is timed without its waits below.
+    fn waited(&mut self, spans: &[Span]) {
+        let now = self.shared.clock.now().min(MAX_NOW);
+        self.waits.add(spans, self.started, now);
     }
 
     fn end(mut self, verdict: Verdict, _ok: bool) {
@@ -295,6 +300,7 @@ impl Report for Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.shared.end(self.epoch, self.started, self.verdict);
+        let started = self.started.saturating_add(self.waits.total());
+        self.shared.end(self.epoch, started, self.verdict);
     }
 }

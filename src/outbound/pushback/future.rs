@@ -191,7 +191,7 @@ where
                     }
                     match this.dependency.try_start(*this.tokens) {
                         Ok(place) => {
-                            crate::waited::record(entry.since.elapsed());
+                            crate::waited::record(entry.since);
                             this.dependency
                                 .metrics
                                 .count(&this.dependency.name, Outcome::Waited);

@@ -204,7 +204,7 @@ where
                 }
                 StateProj::Waiting { sleep, since, call } => {
                     ready!(sleep.as_mut().poll(cx));
-                    crate::waited::record(since.elapsed());
+                    crate::waited::record(*since);
                     let (mut service, request) = call.take().expect("polled after completion");
                     this.shared
                         .metrics
