@@ -8,18 +8,19 @@
 //! takes out of the call's time the part of their union that lies after the call began
 //! ([`Waits`]): waits of sub-calls sent side by side (a fan-out below) overlap and count once,
 //! and a wait that began before the call (a future shared by calls) counts from the call's
-//! start. A wait of one branch while another is with the dependency (a hedge) still counts: it
-//! cannot be told apart.
+//! start. A wait of one branch while another is with the dependency (a hedge) is taken out all
+//! the same: it cannot be told apart.
 //!
 //! The spans are the thread's, for the length of one poll: the call's future is polled on one
 //! thread at a time, and every layer of one stack is polled inside the poll of the layer above,
-//! so the waits below reach every timing layer above. Nothing is kept outside such a poll.
+//! so the waits below reach every timing layer above. Nothing is kept outside such a poll, and
+//! a call that waited nowhere costs two reads of thread-local counters.
 //! Written on a `thread_local` rather than a value in the request: the waiting layers take any
 //! request type (a `reqwest::Request`, a plain one of the user's), and a layer that moves the
 //! call to another task (tower's `Buffer`) hides the waits below it, which then count in the
 //! call's time.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use tokio::time::Instant;
 
@@ -27,44 +28,57 @@ use tokio::time::Instant;
 pub(crate) type Span = (Instant, Instant);
 
 std::thread_local! {
-    /// The spans of the waits ended in the poll under way on this thread; `None` outside the
-    /// poll of a layer that times calls.
-    static SPANS: RefCell<Option<Vec<Span>>> = const { RefCell::new(None) };
+    /// How many layers that time calls are polling on this thread, one inside the other.
+    static TIMING: Cell<u32> = const { Cell::new(0) };
+    /// The spans of the waits ended during the outermost such poll, in the order they ended;
+    /// cleared when it returns.
+    static SPANS: RefCell<Vec<Span>> = const { RefCell::new(Vec::new()) };
+    /// How many spans `SPANS` holds, read without touching it (a call that waited nowhere
+    /// reads only this and `TIMING`, which need no destructor).
+    static RECORDED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Counts a wait that began at `since` and ended now, in the future being polled, for the
-/// timing layers above it.
+/// timing layers above it (none: nothing is kept).
 pub(crate) fn record(since: Instant) {
     // `try_with`: a wait may end while the thread's locals are torn down (then none is kept).
-    let _ = SPANS.try_with(|spans| {
-        if let Some(spans) = spans.borrow_mut().as_mut() {
-            spans.push((since, Instant::now()));
-        }
-    });
+    if TIMING.try_with(Cell::get).unwrap_or(0) == 0 {
+        return;
+    }
+    let span = (since, Instant::now());
+    if SPANS
+        .try_with(|spans| spans.borrow_mut().push(span))
+        .is_ok()
+    {
+        RECORDED.set(RECORDED.get() + 1);
+    }
 }
 
 /// Runs `poll` and returns what it returned with the spans of the waits ended in the layers it
-/// polled, which count for the layers above too (also when `poll` panics).
+/// polled (they count for the layers above too, whose polls hold this one).
 #[cfg(feature = "adaptive")]
 pub(crate) fn during<R>(poll: impl FnOnce() -> R) -> (R, Vec<Span>) {
-    /// Gives the layers above what they had and the spans recorded below, on every way out of
-    /// `poll`.
-    struct Above(Option<Vec<Span>>);
-    impl Drop for Above {
+    /// Ends this layer's poll on every way out of `poll`; the outermost clears the spans.
+    struct Polling(u32);
+    impl Drop for Polling {
         fn drop(&mut self) {
-            SPANS.with_borrow_mut(|spans| {
-                let below = spans.take().unwrap_or_default();
-                *spans = self.0.take().map(|mut above| {
-                    above.extend(below);
-                    above
-                });
-            });
+            TIMING.set(self.0);
+            if self.0 == 0 && RECORDED.replace(0) > 0 {
+                SPANS.with_borrow_mut(Vec::clear);
+            }
         }
     }
-    let above = Above(SPANS.replace(Some(Vec::new())));
+    let depth = TIMING.get();
+    let _polling = Polling(depth);
+    TIMING.set(depth + 1);
+    let before = RECORDED.get();
     let result = poll();
-    let spans = SPANS.with_borrow(|spans| spans.clone().unwrap_or_default());
-    drop(above);
+    let after = RECORDED.get();
+    let spans = if after > before {
+        SPANS.with_borrow(|spans| spans[before..after].to_vec())
+    } else {
+        Vec::new()
+    };
     (result, spans)
 }
 
