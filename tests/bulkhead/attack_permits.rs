@@ -29,6 +29,16 @@ const PANIC: &str = "attack_permits";
 /// Lowers a live count when the inner call completes or is dropped.
 struct Down(Arc<AtomicUsize>);
 
+impl Down {
+    /// Raises `live` for a call that starts: the count with it, and what lowers it again.
+    fn enter(live: &Arc<AtomicUsize>) -> (usize, Self) {
+        (
+            live.fetch_add(1, Ordering::SeqCst) + 1,
+            Self(Arc::clone(live)),
+        )
+    }
+}
+
 impl Drop for Down {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
@@ -113,6 +123,30 @@ fn finishes_in_time(f: impl FnOnce() + Send + 'static) -> bool {
     rx.recv_timeout(Duration::from_secs(3)).is_ok()
 }
 
+/// A queue bulkhead of one permit held by call 1, and call 2 waiting, polled by task T which
+/// owns call 1: the waker the queue keeps for call 2 is T's only reference.
+fn a_waiter_polled_by_the_owner_of_a_call() -> (Bulkhead, Gated, Svc, Call) {
+    let (bulkhead, inner, mut svc) = gated(Bulkhead::queue("q", 1, 4));
+    let mut one = call(&mut svc, 1);
+    assert!(pending(&mut one));
+    let mut two = call(&mut svc, 2);
+    polled_by_a_task_owning(one, &mut two);
+    (bulkhead, inner, svc, two)
+}
+
+/// Polls `waiter` with the waker of a task that owns `owned`, then drops every other reference
+/// to that task: the waker `waiter`'s bulkhead keeps is the task's last.
+fn polled_by_a_task_owning(owned: Call, waiter: &mut Call) {
+    let task = Arc::new(Task {
+        owned: Mutex::new(vec![owned]),
+    });
+    let waker = Waker::from(task);
+    assert!(waiter
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+}
+
 /// Task T owns a running call (1) of bulkhead B and polls a queued call (2) of B, whose entry in
 /// B's queue keeps T's waker. Call 2 is then moved out and polled elsewhere (another waker): the
 /// old waker, T's last reference, is dropped, which drops T and its running call 1, whose permit
@@ -120,21 +154,7 @@ fn finishes_in_time(f: impl FnOnce() + Send + 'static) -> bool {
 #[test]
 fn a_waker_whose_drop_ends_a_call_of_the_same_bulkhead_does_not_deadlock_on_repoll() {
     let done = finishes_in_time(|| {
-        let (bulkhead, _inner, mut svc) = gated(Bulkhead::queue("q", 1, 4));
-        let mut one = call(&mut svc, 1);
-        assert!(pending(&mut one));
-        let mut two = call(&mut svc, 2);
-        let task = Arc::new(Task {
-            owned: Mutex::new(vec![one]),
-        });
-        let waker = Waker::from(task.clone());
-        assert!(two
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
-        drop(waker);
-        // The queue's waker is now T's only reference.
-        drop(task);
+        let (bulkhead, _inner, _svc, mut two) = a_waiter_polled_by_the_owner_of_a_call();
         // Polled by another task: the bulkhead replaces the waker it keeps.
         let _ = poll_once(two.as_mut());
         // Call 1 ended (T dropped): call 2 is handed its permit and starts.
@@ -157,16 +177,7 @@ fn control_a_waker_whose_drop_ends_a_call_of_another_bulkhead() {
         assert!(pending(&mut one));
         let (bulkhead, _inner, mut svc) = gated(Bulkhead::queue("q", 0, 4));
         let mut two = call(&mut svc, 2);
-        let task = Arc::new(Task {
-            owned: Mutex::new(vec![one]),
-        });
-        let waker = Waker::from(task.clone());
-        assert!(two
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
-        drop(waker);
-        drop(task);
+        polled_by_a_task_owning(one, &mut two);
         let _ = poll_once(two.as_mut());
         drop(two);
         assert_idle(&bulkhead, 0, "queue");
@@ -178,20 +189,7 @@ fn control_a_waker_whose_drop_ends_a_call_of_another_bulkhead() {
 #[test]
 fn a_waker_whose_drop_ends_a_call_of_the_same_bulkhead_does_not_deadlock_on_leave() {
     let done = finishes_in_time(|| {
-        let (bulkhead, _inner, mut svc) = gated(Bulkhead::queue("q", 1, 4));
-        let mut one = call(&mut svc, 1);
-        assert!(pending(&mut one));
-        let mut two = call(&mut svc, 2);
-        let task = Arc::new(Task {
-            owned: Mutex::new(vec![one]),
-        });
-        let waker = Waker::from(task.clone());
-        assert!(two
-            .as_mut()
-            .poll(&mut Context::from_waker(&waker))
-            .is_pending());
-        drop(waker);
-        drop(task);
+        let (bulkhead, _inner, _svc, two) = a_waiter_polled_by_the_owner_of_a_call();
         drop(two);
         assert_idle(&bulkhead, 1, "queue");
     });
@@ -381,8 +379,7 @@ fn a_flood_of_ten_thousand_waiters_with_cancellation_starts_in_order_under_the_l
         let svc = bulkhead.layer().layer(tower::service_fn(move |id: usize| {
             let (l, p, o) = (l.clone(), p.clone(), o.clone());
             async move {
-                let now = l.fetch_add(1, Ordering::SeqCst) + 1;
-                let _down = Down(l.clone());
+                let (now, _down) = Down::enter(&l);
                 p.fetch_max(now, Ordering::SeqCst);
                 o.lock().unwrap().push(id);
                 for _ in 0..(id % 3) {
@@ -468,8 +465,7 @@ fn storm(limit: usize, resize: bool, seed: u64) {
     let svc = bulkhead.layer().layer(tower::service_fn(move |n: u64| {
         let (l, ov, ml) = (l.clone(), ov.clone(), ml.clone());
         async move {
-            let now = l.fetch_add(1, Ordering::SeqCst) + 1;
-            let _down = Down(l.clone());
+            let (now, _down) = Down::enter(&l);
             if now > ml.load(Ordering::SeqCst) {
                 ov.store(true, Ordering::SeqCst);
             }

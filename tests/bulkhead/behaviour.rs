@@ -140,15 +140,21 @@ async fn a_timeout_above_cuts_the_call_and_returns_the_permit() {
     assert_eq!(finished.lock().unwrap()[1].0, CallOutcome::Success);
 }
 
-#[tokio::test]
-async fn a_panicking_call_returns_its_permit() {
+/// A bulkhead of one permit named `name`, and the outcome of each call it ends, in order.
+fn recording_outcomes(name: &str) -> (Bulkhead, Arc<Mutex<Vec<CallOutcome>>>) {
     let outcomes = Arc::new(Mutex::new(Vec::new()));
     let seen = outcomes.clone();
-    let bulkhead = Bulkhead::semaphore("flaky", 1)
+    let bulkhead = Bulkhead::semaphore(name, 1)
         .on_call_finished(move |event: &CallFinished<'_>| {
             seen.lock().unwrap().push(event.outcome);
         })
         .build();
+    (bulkhead, outcomes)
+}
+
+#[tokio::test]
+async fn a_panicking_call_returns_its_permit() {
+    let (bulkhead, outcomes) = recording_outcomes("flaky");
     let svc = bulkhead
         .layer()
         .layer(tower::service_fn(|n: u32| async move {
@@ -520,13 +526,7 @@ mod body {
     #[tokio::test]
     async fn panics_of_the_inner_call_and_of_its_body_are_reported_panicked() {
         crate::common::process::quiet_panics_starting_with("behaviour: the inner");
-        let outcomes = Arc::new(Mutex::new(Vec::new()));
-        let seen = outcomes.clone();
-        let bulkhead = Bulkhead::semaphore("flaky", 1)
-            .on_call_finished(move |event: &CallFinished<'_>| {
-                seen.lock().unwrap().push(event.outcome);
-            })
-            .build();
+        let (bulkhead, outcomes) = recording_outcomes("flaky");
         let mut panics_in_call = bulkhead.layer().layer(tower::service_fn(|_: ()| {
             panic!("behaviour: the inner call panics");
             #[allow(unreachable_code)]
@@ -557,13 +557,7 @@ mod body {
 
     #[tokio::test]
     async fn the_body_layer_holds_the_permit_until_the_body_ends() {
-        let outcomes = Arc::new(Mutex::new(Vec::new()));
-        let seen = outcomes.clone();
-        let bulkhead = Bulkhead::semaphore("download", 1)
-            .on_call_finished(move |event: &CallFinished<'_>| {
-                seen.lock().unwrap().push(event.outcome);
-            })
-            .build();
+        let (bulkhead, outcomes) = recording_outcomes("download");
         let senders = Arc::new(Mutex::new(Vec::new()));
         let keep = senders.clone();
         let svc = bulkhead.body_layer().layer(tower::service_fn(move |_: ()| {

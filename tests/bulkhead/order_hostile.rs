@@ -77,7 +77,7 @@ async fn head_of_line_keeps_its_place_through_lower_and_raise_when_polled_in_ord
 
 /// Limit 2: 1 and 2 run, 3 waits. 1 ends, handing 3 a permit; limit 1; 3 is polled and waits
 /// (2 runs). 2 ends: 3 may start now, but is not polled yet. The limit drops to 0. Then 3 is
-/// polled: it must not start (limit 0), yet it does.
+/// polled: it must not start (limit 0). With tokio's semaphore it did.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_again() {
     for mut s in Scenario::both_kinds(2, 1..=3) {
@@ -95,8 +95,8 @@ async fn a_waiter_let_go_but_not_polled_does_not_start_beyond_a_limit_lowered_ag
     }
 }
 
-/// Control: the same, but with a waiter handed a permit by tokio (not by a lowered limit) and
-/// not polled: lowering to 0 keeps it out.
+/// Control: the same with a waiter handed its permit once, by the call that ended, and not
+/// polled: lowering to 0 keeps it out.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_handed_a_permit_but_not_polled_does_not_start_beyond_a_lowered_limit() {
     for mut s in Scenario::both_kinds(1, 1..=2) {

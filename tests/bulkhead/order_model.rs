@@ -523,22 +523,15 @@ proptest! {
         run_model(setup, ops, Polling::AfterEachOldestFirst)?;
     }
 
-    /// Resizes, explicit polls of a prefix of the line only (never a later waiter before an
-    /// earlier one), waiters left unpolled and dropped at any point.
+    /// Resizes, with explicit polls: of a prefix of the line only (never a later waiter before
+    /// an earlier one), waiters left unpolled and dropped at any point; then the same steps
+    /// with polls in any order.
     #[test]
-    fn model_with_resizes_prefix_polls(
+    fn model_with_resizes_prefix_polls_then_any_poll_order(
         setup in setup(),
         ops in ops(true),
     ) {
-        run_model(setup, ops, Polling::PrefixOnly)?;
-    }
-
-    /// Resizes and polls in any order.
-    #[test]
-    fn model_with_resizes_any_poll_order(
-        setup in setup(),
-        ops in ops(true),
-    ) {
+        run_model(setup.clone(), ops.clone(), Polling::PrefixOnly)?;
         run_model(setup, ops, Polling::Any)?;
     }
 }

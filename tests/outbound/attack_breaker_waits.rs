@@ -9,18 +9,37 @@ use std::time::Duration;
 
 use http::Response;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_bulwark::algorithm::Gcra;
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::clock::TokioClock;
 use tower_bulwark::outbound::breaker::{Breaker, BreakerState, Window};
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
 use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
 
+/// A limiter of `quota` on tokio's clock, whose calls wait up to 5 s for their permits.
+pub(crate) fn waiting_quota(quota: Quota) -> DirectRateLimiter<Gcra, TokioClock> {
+    let quota = quota.with_max_wait(Duration::from_secs(5)).unwrap();
+    DirectRateLimiter::builder(quota)
+        .clock(TokioClock::new())
+        .build()
+}
+
 /// A breaker on tokio's clock over the last `n` calls (all `n` counted), for which a call is
 /// slow past `slow_after`, opening when `slow_rate` of them are slow.
 pub(crate) fn breaker(n: u32, slow_rate: f64, slow_after: Duration) -> Breaker {
+    breaker_over(Window::Calls(n), n, slow_rate, slow_after)
+}
+
+/// The same over `window`, counting once `minimum` calls are in it.
+pub(crate) fn breaker_over(
+    window: Window,
+    minimum: u32,
+    slow_rate: f64,
+    slow_after: Duration,
+) -> Breaker {
     Breaker::builder("partner")
-        .window(Window::Calls(n))
-        .minimum_calls(n)
+        .window(window)
+        .minimum_calls(minimum)
         .slow_call_duration(slow_after)
         .slow_call_rate(slow_rate)
         .clock(TokioClock::new())
@@ -103,14 +122,7 @@ async fn waiting_out_a_hold(slow_after: Duration) -> BreakerState {
 #[tokio::test(start_paused = true)]
 async fn calls_waiting_for_their_own_quota_are_not_slow_calls_of_the_dependency() {
     let breaker = breaker(4, 0.5, Duration::from_secs(1));
-    let quota = DirectRateLimiter::builder(
-        Quota::per_second(1)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(5))
-            .unwrap(),
-    )
-    .clock(TokioClock::new())
-    .build();
+    let quota = waiting_quota(Quota::per_second(1).unwrap());
     let client = ServiceBuilder::new()
         .layer(breaker.layer())
         .layer(

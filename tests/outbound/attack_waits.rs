@@ -17,11 +17,11 @@ use http::Response;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_bulwark::bulkhead::Bulkhead;
 use tower_bulwark::clock::TokioClock;
-use tower_bulwark::outbound::breaker::{Breaker, BreakerState, Window};
+use tower_bulwark::outbound::breaker::{BreakerState, Window};
 use tower_bulwark::outbound::{ClientQuotaLayer, Pushback};
-use tower_bulwark::{BoxError, DirectRateLimiter, Quota};
+use tower_bulwark::{BoxError, Quota};
 
-use super::attack_breaker_waits::breaker;
+use super::attack_breaker_waits::{breaker, breaker_over, waiting_quota};
 
 fn is_open(state: &BreakerState) -> bool {
     matches!(state, BreakerState::Open { .. })
@@ -32,38 +32,55 @@ fn is_open(state: &BreakerState) -> bool {
 fn holding_dependency(
     answer_in: Duration,
 ) -> impl Service<(), Response = Response<()>, Error = BoxError, Future = impl Send> + Clone {
+    holding_then(move |_| (200, answer_in))
+}
+
+/// The same, answer `n` (the first is 0) being `later(n)`: a status, and the time it takes. It
+/// panics in `call` when `later` does.
+fn holding_then(
+    later: impl Fn(usize) -> (u16, Duration) + Clone + Send + 'static,
+) -> impl Service<(), Response = Response<()>, Error = BoxError, Future = impl Send> + Clone {
     let calls = Arc::new(AtomicUsize::new(0));
     service_fn(move |_: ()| {
         let n = calls.fetch_add(1, Ordering::SeqCst);
+        let (status, answer_in) = if n == 0 {
+            (200, Duration::ZERO)
+        } else {
+            later(n)
+        };
         async move {
-            let mut response = Response::builder();
+            let mut response = Response::builder().status(status);
             if n == 0 {
                 response = response
                     .header("ratelimit", r#""d";r=0;t=3"#)
                     .header("ratelimit-policy", r#""d";q=100;w=3"#);
-            } else {
-                tokio::time::sleep(answer_in).await;
             }
+            tokio::time::sleep(answer_in).await;
             Ok::<_, BoxError>(response.body(())?)
         }
     })
 }
 
-/// Breaker (slow past 2 s, opens when all 4 of 4 are slow) → a fan-out service that sends each
-/// call as `fan` sub-calls at once and answers when all have answered → pushback (max_wait 5 s)
-/// → a dependency that holds for 3 s, then answers each call in 2.5 s.
-async fn fan_out_after_hold(fan: usize) -> (BreakerState, Duration) {
-    let breaker = breaker(4, 1.0, Duration::from_secs(2));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
+/// A `waiting_pushback` over a `holding_dependency` answering in `answer_in`, its hold primed
+/// (the first answer said the quota is spent for 3 s).
+async fn primed(
+    answer_in: Duration,
+) -> impl Service<(), Response = Response<()>, Error = BoxError, Future = impl Send> + Clone {
     let below = ServiceBuilder::new()
-        .layer(pushback.layer())
-        .service(holding_dependency(Duration::from_millis(2_500)));
-    // Primes the hold: answered at once, says the quota is spent for 3 s.
+        .layer(waiting_pushback("partner").layer())
+        .service(holding_dependency(answer_in));
     below.clone().oneshot(()).await.unwrap();
-    let fan_out = service_fn(move |_: ()| {
+    below
+}
+
+/// A service that sends each call as `fan` sub-calls at once, through a pushback, to a
+/// `holding_dependency` answering in 2.5 s, and answers when all of them have; its hold is
+/// primed (the first answer said the quota is spent for 3 s).
+async fn fanned_out_after_a_hold(
+    fan: usize,
+) -> impl Service<(), Response = Response<()>, Error = BoxError, Future = impl Send> + Clone {
+    let below = primed(Duration::from_millis(2_500)).await;
+    service_fn(move |_: ()| {
         let subs: Vec<_> = (0..fan).map(|_| below.clone().oneshot(())).collect();
         async move {
             for result in futures::future::join_all(subs).await {
@@ -71,10 +88,25 @@ async fn fan_out_after_hold(fan: usize) -> (BreakerState, Duration) {
             }
             Ok::<_, BoxError>(Response::new(()))
         }
-    });
+    })
+}
+
+/// A pushback named `name` on tokio's clock that holds a call up to 5 s.
+fn waiting_pushback(name: &str) -> Pushback<TokioClock> {
+    Pushback::builder(name)
+        .clock(TokioClock::new())
+        .max_wait(Duration::from_secs(5))
+        .build()
+}
+
+/// Breaker (slow past 2 s, opens when all 4 of 4 are slow) → a fan-out service that sends each
+/// call as `fan` sub-calls at once and answers when all have answered → pushback (max_wait 5 s)
+/// → a dependency that holds for 3 s, then answers each call in 2.5 s.
+async fn fan_out_after_hold(fan: usize) -> (BreakerState, Duration) {
+    let breaker = breaker(4, 1.0, Duration::from_secs(2));
     let client = ServiceBuilder::new()
         .layer(breaker.layer())
-        .service(fan_out);
+        .service(fanned_out_after_a_hold(fan).await);
     let start = tokio::time::Instant::now();
     let calls = (0..4).map(|_| client.clone().oneshot(()));
     for result in futures::future::join_all(calls).await {
@@ -125,14 +157,7 @@ async fn control_a_hedge_that_does_not_wait() {
 
 async fn hedged(period: Duration) -> BreakerState {
     let breaker = breaker(2, 1.0, Duration::from_millis(3_500));
-    let quota = DirectRateLimiter::builder(
-        Quota::with_period(1, period)
-            .unwrap()
-            .with_max_wait(Duration::from_secs(5))
-            .unwrap(),
-    )
-    .clock(TokioClock::new())
-    .build();
+    let quota = waiting_quota(Quota::with_period(1, period).unwrap());
     let below = ServiceBuilder::new()
         .layer(ClientQuotaLayer::new("partner", quota))
         .service(service_fn(|_: ()| async {
@@ -190,14 +215,7 @@ async fn coalesced(b_first: bool) -> BreakerState {
     use futures::future::{BoxFuture, Shared};
     use std::sync::Mutex;
     let breaker = breaker(2, 1.0, Duration::from_secs(2));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
-    let below = ServiceBuilder::new()
-        .layer(pushback.layer())
-        .service(holding_dependency(Duration::from_millis(2_500)));
-    below.clone().oneshot(()).await.unwrap();
+    let below = primed(Duration::from_millis(2_500)).await;
     type Flight = Shared<BoxFuture<'static, Result<u16, String>>>;
     let flight: Arc<Mutex<Option<Flight>>> = Arc::new(Mutex::new(None));
     let coalesce = service_fn(move |_: ()| {
@@ -265,26 +283,9 @@ async fn adaptive_sample_of_a_fanned_out_call_after_a_hold_is_the_dependencys_la
         .algorithm(recorder.clone())
         .clock(TokioClock::new())
         .build();
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
-    let below = ServiceBuilder::new()
-        .layer(pushback.layer())
-        .service(holding_dependency(Duration::from_millis(2_500)));
-    below.clone().oneshot(()).await.unwrap();
-    let fan_out = service_fn(move |_: ()| {
-        let subs: Vec<_> = (0..2).map(|_| below.clone().oneshot(())).collect();
-        async move {
-            for result in futures::future::join_all(subs).await {
-                result?;
-            }
-            Ok::<_, BoxError>(Response::new(()))
-        }
-    });
     let client = ServiceBuilder::new()
         .layer(adaptive.layer())
-        .service(fan_out);
+        .service(fanned_out_after_a_hold(2).await);
     let start = tokio::time::Instant::now();
     client.oneshot(()).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(5_500));
@@ -302,10 +303,7 @@ async fn adaptive_sample_of_a_fanned_out_call_after_a_hold_is_the_dependencys_la
 #[tokio::test(start_paused = true)]
 async fn waits_of_some_calls_do_not_leak_into_others_polled_in_the_same_task() {
     let breaker = breaker(4, 0.5, Duration::from_secs(2));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
+    let pushback = waiting_pushback("partner");
     let held = ServiceBuilder::new()
         .layer(pushback.layer())
         .service(holding_dependency(Duration::ZERO));
@@ -336,10 +334,7 @@ async fn waits_of_some_calls_do_not_leak_into_others_polled_in_the_same_task() {
 /// dependency answers in 2.5 s without waiting are still slow.
 #[tokio::test(start_paused = true)]
 async fn a_wait_recorded_outside_any_breaker_does_not_reach_a_later_breaker_call() {
-    let pushback = Pushback::builder("alone")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
+    let pushback = waiting_pushback("alone");
     let alone = ServiceBuilder::new()
         .layer(pushback.layer())
         .service(holding_dependency(Duration::ZERO));
@@ -369,14 +364,7 @@ async fn a_wait_recorded_outside_any_breaker_does_not_reach_a_later_breaker_call
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_mid_wait_leaves_nothing_for_the_next() {
     let breaker = breaker(2, 1.0, Duration::from_secs(2));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
-    let below = ServiceBuilder::new()
-        .layer(pushback.layer())
-        .service(holding_dependency(Duration::from_millis(2_500)));
-    below.clone().oneshot(()).await.unwrap();
+    let below = primed(Duration::from_millis(2_500)).await;
     let client = ServiceBuilder::new().layer(breaker.layer()).service(below);
     assert!(
         tokio::time::timeout(Duration::from_secs(1), client.clone().oneshot(()))
@@ -397,25 +385,8 @@ async fn a_call_dropped_mid_wait_leaves_nothing_for_the_next() {
 async fn stacked_breakers_with_a_wait_between_them() {
     let outer = breaker(4, 0.5, Duration::from_secs(1));
     let inner = breaker(4, 0.5, Duration::from_secs(1));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let dep = service_fn(move |_: ()| {
-        let n = calls.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let mut response = Response::builder();
-            if n == 0 {
-                response = response
-                    .header("ratelimit", r#""d";r=0;t=3"#)
-                    .header("ratelimit-policy", r#""d";q=100;w=3"#);
-            } else {
-                tokio::time::sleep(Duration::from_millis(600)).await;
-            }
-            Ok::<_, BoxError>(response.body(())?)
-        }
-    });
+    let pushback = waiting_pushback("partner");
+    let dep = holding_dependency(Duration::from_millis(600));
     let bottom = ServiceBuilder::new()
         .layer(Bulkhead::queue("partner", 1, 8).build().layer())
         .service(dep);
@@ -446,22 +417,8 @@ async fn window_of_seconds_with_waits() {
         (Duration::ZERO, false),
         (Duration::from_millis(2_500), true),
     ] {
-        let breaker = Breaker::builder("partner")
-            .window(Window::Seconds(60))
-            .minimum_calls(4)
-            .slow_call_duration(Duration::from_secs(2))
-            .slow_call_rate(1.0)
-            .clock(TokioClock::new())
-            .build()
-            .unwrap();
-        let pushback = Pushback::builder("partner")
-            .clock(TokioClock::new())
-            .max_wait(Duration::from_secs(5))
-            .build();
-        let below = ServiceBuilder::new()
-            .layer(pushback.layer())
-            .service(holding_dependency(answer_in));
-        below.clone().oneshot(()).await.unwrap();
+        let breaker = breaker_over(Window::Seconds(60), 4, 1.0, Duration::from_secs(2));
+        let below = primed(answer_in).await;
         let client = ServiceBuilder::new().layer(breaker.layer()).service(below);
         let all = (0..4).map(|_| client.clone().oneshot(()));
         for r in futures::future::join_all(all).await {
@@ -529,26 +486,10 @@ async fn a_retry_between_the_breaker_and_the_pushback() {
         (Duration::from_millis(2_500), true),
     ] {
         let breaker = breaker(1, 1.0, Duration::from_secs(2));
-        let pushback = Pushback::builder("partner")
-            .clock(TokioClock::new())
-            .max_wait(Duration::from_secs(5))
-            .build();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let dep = service_fn(move |_: ()| {
-            let n = calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                let mut response = Response::builder();
-                match n {
-                    0 => {
-                        response = response
-                            .header("ratelimit", r#""d";r=0;t=3"#)
-                            .header("ratelimit-policy", r#""d";q=100;w=3"#)
-                    }
-                    1 => response = response.status(503),
-                    _ => tokio::time::sleep(answer_in).await,
-                }
-                Ok::<_, BoxError>(response.body(())?)
-            }
+        let pushback = waiting_pushback("partner");
+        let dep = holding_then(move |n| match n {
+            1 => (503, Duration::ZERO),
+            _ => (200, answer_in),
         });
         let below = ServiceBuilder::new().layer(pushback.layer()).service(dep);
         below.clone().oneshot(()).await.unwrap();
@@ -572,25 +513,10 @@ async fn a_retry_between_the_breaker_and_the_pushback() {
 async fn a_panic_in_the_poll_that_ended_a_wait_leaks_nothing() {
     let outer = breaker(2, 1.0, Duration::from_secs(2));
     let inner = breaker(2, 1.0, Duration::from_secs(2));
-    let pushback = Pushback::builder("partner")
-        .clock(TokioClock::new())
-        .max_wait(Duration::from_secs(5))
-        .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let dep = tower::service_fn(move |_: ()| {
-        let n = calls.fetch_add(1, Ordering::SeqCst);
+    let pushback = waiting_pushback("partner");
+    let dep = holding_then(|n| {
         assert_ne!(n, 1, "panics in call");
-        async move {
-            let mut response = Response::builder();
-            if n == 0 {
-                response = response
-                    .header("ratelimit", r#""d";r=0;t=3"#)
-                    .header("ratelimit-policy", r#""d";q=100;w=3"#);
-            } else {
-                tokio::time::sleep(Duration::from_millis(2_500)).await;
-            }
-            Ok::<_, BoxError>(response.body(())?)
-        }
+        (200, Duration::from_millis(2_500))
     });
     let below = ServiceBuilder::new()
         .layer(inner.layer())
