@@ -8,8 +8,9 @@
 //! takes out of the call's time the part of their union that lies after the call began
 //! ([`Waits`]): waits of sub-calls sent side by side (a fan-out below) overlap and count once,
 //! and a wait that began before the call (a future shared by calls) counts from the call's
-//! start. A wait of one branch while another is with the dependency (a hedge) is taken out all
-//! the same: it cannot be told apart.
+//! start. Two limits: a wait of one branch while another is with the dependency (a hedge) is
+//! taken out all the same, and a wait of a future shared by calls (a single flight) is taken
+//! out only of the call whose poll ended it, the others counting it as the dependency's time.
 //!
 //! The spans are the thread's, for the length of one poll: the call's future is polled on one
 //! thread at a time, and every layer of one stack is polled inside the poll of the layer above,
@@ -82,14 +83,24 @@ pub(crate) fn during<R>(poll: impl FnOnce() -> R) -> (R, Vec<Span>) {
     (result, spans)
 }
 
-/// The waits below one call, on the clock of the layer that times it, in nanoseconds: spans
-/// that do not overlap, in order (merged as they come, so that a call of many waits keeps few).
+/// The waits below one call, on the clock of the layer that times it, in nanoseconds: up to
+/// [`KEPT`](Self::KEPT) spans that do not overlap, in order, merged as they come; older ones are
+/// folded into a total, and a later wait counts only after the last of them (a call of many
+/// waits keeps few, and a wait that reaches back into folded ones counts short, never twice).
 #[cfg(feature = "adaptive")]
 #[derive(Debug, Default)]
-pub(crate) struct Waits(Vec<(u64, u64)>);
+pub(crate) struct Waits {
+    spans: Vec<(u64, u64)>,
+    /// The length of the spans folded, all of them before `folded_until`.
+    folded: u64,
+    folded_until: u64,
+}
 
 #[cfg(feature = "adaptive")]
 impl Waits {
+    /// The spans kept apart before the oldest is folded.
+    const KEPT: usize = 16;
+
     /// Adds `spans` (on tokio's clock) as the layer's clock reads them at `now`, from the call's
     /// start at `started` on.
     pub(crate) fn add(&mut self, spans: &[Span], started: u64, now: u64) {
@@ -98,23 +109,87 @@ impl Waits {
             let ago = crate::clock::saturating_nanos(tokio_now.saturating_duration_since(at));
             now.saturating_sub(ago).max(started)
         };
-        let spans = spans
-            .iter()
-            .map(|&(from, to)| (on_clock(from), on_clock(to)));
-        self.0.extend(spans);
-        self.0.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.0.len());
-        for &(from, to) in &self.0 {
-            match merged.last_mut() {
-                Some(last) if from <= last.1 => last.1 = last.1.max(to),
-                _ => merged.push((from, to)),
-            }
+        for &(from, to) in spans {
+            self.insert(on_clock(from), on_clock(to));
         }
-        self.0 = merged;
+    }
+
+    /// Adds the span from `from` to `to`.
+    fn insert(&mut self, from: u64, to: u64) {
+        let (mut from, mut to) = (from.max(self.folded_until), to);
+        if to <= from {
+            return;
+        }
+        // The kept spans it touches become one with it.
+        let first = self.spans.partition_point(|&(_, end)| end < from);
+        let mut last = first;
+        while let Some(&(start, end)) = self.spans.get(last).filter(|&&(s, _)| s <= to) {
+            (from, to) = (from.min(start), to.max(end));
+            last += 1;
+        }
+        self.spans.splice(first..last, [(from, to)]);
+        if self.spans.len() > Self::KEPT {
+            let (start, end) = self.spans.remove(0);
+            self.folded += end - start;
+            self.folded_until = end;
+        }
     }
 
     /// The length of the union of the waits.
     pub(crate) fn total(&self) -> u64 {
-        self.0.iter().map(|&(from, to)| to - from).sum()
+        let kept: u64 = self.spans.iter().map(|&(from, to)| to - from).sum();
+        self.folded + kept
+    }
+}
+
+#[cfg(all(test, feature = "adaptive"))]
+mod tests {
+    use super::Waits;
+    use proptest::prelude::*;
+
+    /// The length of the union of `spans`, the plain way.
+    fn union(spans: &[(u64, u64)]) -> u64 {
+        let mut spans = spans.to_vec();
+        spans.sort_unstable();
+        let (mut total, mut covered) = (0, 0);
+        for (from, to) in spans {
+            total += to.saturating_sub(from.max(covered));
+            covered = covered.max(to);
+        }
+        total
+    }
+
+    proptest! {
+        /// Spans that end in order (as waits are recorded): the total is never more than their
+        /// union, and is their union while they reach back over at most 16 kept spans.
+        #[test]
+        fn the_total_is_the_union_or_less_never_more(
+            steps in proptest::collection::vec((0u64..50, 0u64..400), 1..200),
+        ) {
+            let mut waits = Waits::default();
+            let (mut spans, mut end) = (Vec::new(), 0);
+            for (gap, back) in steps {
+                end += gap;
+                let span = (end.saturating_sub(back), end);
+                spans.push(span);
+                waits.insert(span.0, span.1);
+                prop_assert!(waits.spans.len() <= Waits::KEPT);
+                prop_assert!(waits.total() <= union(&spans));
+            }
+            if waits.folded == 0 {
+                prop_assert_eq!(waits.total(), union(&spans));
+            }
+        }
+    }
+
+    /// Many waits one after the other keep 16 spans, and count whole.
+    #[test]
+    fn many_disjoint_waits_keep_few_spans_and_count_whole() {
+        let mut waits = Waits::default();
+        for i in 0..5_000 {
+            waits.insert(i * 10, i * 10 + 3);
+        }
+        assert_eq!(waits.spans.len(), Waits::KEPT);
+        assert_eq!(waits.total(), 5_000 * 3);
     }
 }

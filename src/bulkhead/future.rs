@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::error::BulkheadFull;
@@ -22,7 +22,6 @@ use crate::BoxError;
 /// A call waiting in the queue, with everything it needs to start once it has a permit.
 struct Queued<S, Req> {
     waiting: Waiting,
-    since: Instant,
     deadline: Option<Pin<Box<Sleep>>>,
     service: S,
     request: Req,
@@ -93,7 +92,6 @@ where
                 State::Queued {
                     queued: Some(Queued {
                         waiting,
-                        since: Instant::now(),
                         deadline: None,
                         service,
                         request,
@@ -130,18 +128,15 @@ where
                 StateProj::Queued { queued } => {
                     let entry = queued.as_mut().expect("polled after completion");
                     let permit = match entry.waiting.poll_acquire(cx) {
-                        Poll::Ready(permit) => permit,
+                        Poll::Ready(Some(permit)) => permit,
+                        Poll::Ready(None) => {
+                            // Shed: its wait had ended when its place or a permit was wanted.
+                            let permits = Arc::clone(&entry.waiting.permits);
+                            *queued = None;
+                            return Poll::Ready(Err(permits.reject(Rejection::WaitElapsed).into()));
+                        }
                         Poll::Pending => {
-                            // A wait so long that its end cannot be represented (such as
-                            // `Duration::MAX`) is no bound at all; nor is one that ends within
-                            // a millisecond of the last instant, which tokio's timer, rounding a
-                            // deadline up by under a millisecond, cannot take.
-                            let Some(until) = (entry.waiting.permits.max_wait)
-                                .and_then(|max_wait| entry.since.checked_add(max_wait))
-                                .filter(|until| {
-                                    until.checked_add(Duration::from_millis(1)).is_some()
-                                })
-                            else {
+                            let Some(until) = entry.waiting.until else {
                                 return Poll::Pending;
                             };
                             let deadline = entry
@@ -156,11 +151,11 @@ where
                     };
                     let Queued {
                         waiting,
-                        since,
                         mut service,
                         request,
                         ..
                     } = queued.take().expect("checked above");
+                    let since = waiting.since;
                     drop(waiting);
                     let waited = since.elapsed();
                     crate::waited::record(since);

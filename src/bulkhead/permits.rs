@@ -7,7 +7,9 @@
 //! waiters handed a permit are the front of the queue; the queue's depth counts the others, so a
 //! call handed a permit no longer takes a place that a new call could have. Lowering the limit
 //! takes the free permits, then the permits handed to waiters that have not taken them (the
-//! latest first: they wait again in their place), and owes the rest.
+//! latest first: they wait again in their place), and owes the rest. A waiter whose
+//! `max_wait` has passed, its future not polled since (no timer took it out), is shed when a
+//! permit would go to it or its place in a full queue is wanted.
 //!
 //! Hand-written rather than tokio's semaphore, which this replaced: the semaphore hands a permit
 //! to a waiter inside its own queue, out of sight, so a queued call kept its place in the
@@ -52,25 +54,43 @@ struct Count {
     /// Permits to retire as they come back, owed since the limit was lowered below the calls in
     /// flight.
     excess: usize,
-    /// The waiters in arrival order (their numbers rise from front to back), each with the
-    /// waker of its last poll. The first `handed` were handed a permit they have not taken.
-    queue: VecDeque<(u64, Option<Waker>)>,
+    /// The waiters in arrival order (their numbers rise from front to back). The first
+    /// `handed` were handed a permit they have not taken.
+    queue: VecDeque<Waiter>,
     handed: usize,
     /// The number of the next waiter.
     next: u64,
 }
 
+/// A call in the queue.
+struct Waiter {
+    /// Its place in arrival order.
+    number: u64,
+    /// The waker of its last poll.
+    waker: Option<Waker>,
+    /// When its `max_wait` ends, if it can: a waiter whose future has not been polled since
+    /// (no timer took it out) is shed when its place or a permit is wanted.
+    until: Option<Instant>,
+}
+
 impl Count {
-    /// `n` permits come back: they retire the excess, then go to the waiters in order, and the
-    /// rest are free. Returns the wakers of the waiters handed one, to wake once the lock is
-    /// released (a waker may run code that takes it).
+    /// `n` permits come back: they retire the excess, then go to the waiters in order (past
+    /// those whose wait has ended, shed), and the rest are free. Returns the wakers of the
+    /// waiters handed one or shed, to wake once the lock is released (a waker may run code
+    /// that takes it).
     fn give_back(&mut self, mut n: usize) -> Vec<Waker> {
         let retired = n.min(self.excess);
         self.excess -= retired;
         n -= retired;
         let mut wakers = Vec::new();
+        let mut now = None;
         while n > 0 && self.handed < self.queue.len() {
-            wakers.extend(self.queue[self.handed].1.take());
+            let waiter = &mut self.queue[self.handed];
+            wakers.extend(waiter.waker.take());
+            if waiter.ended(*now.get_or_insert_with(Instant::now)) {
+                self.queue.remove(self.handed);
+                continue;
+            }
             self.handed += 1;
             n -= 1;
         }
@@ -78,9 +98,26 @@ impl Count {
         wakers
     }
 
+    /// Sheds the waiters not handed a permit whose wait has ended, oldest first (they are the
+    /// first to end), and returns their wakers.
+    fn shed_ended(&mut self, now: Instant) -> Vec<Waker> {
+        let mut wakers = Vec::new();
+        while self.queue.get(self.handed).is_some_and(|w| w.ended(now)) {
+            let shed = self.queue.remove(self.handed).expect("checked above");
+            wakers.extend(shed.waker);
+        }
+        wakers
+    }
+
     /// Where the waiter `number` stands in the queue, if it is there.
     fn place(&self, number: u64) -> Option<usize> {
-        self.queue.binary_search_by_key(&number, |(n, _)| *n).ok()
+        self.queue.binary_search_by_key(&number, |w| w.number).ok()
+    }
+}
+
+impl Waiter {
+    fn ended(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| until <= now)
     }
 }
 
@@ -153,20 +190,41 @@ impl Permits {
             drop(count);
             return Admission::Permitted(Grant(Arc::clone(self)));
         }
-        let capacity = self.queue_capacity.unwrap_or(usize::MAX);
-        let queued = count.queue.len() - count.handed;
-        if self.max_wait == Some(Duration::ZERO) || queued >= capacity {
+        if self.max_wait == Some(Duration::ZERO) {
             return Admission::Rejected;
         }
-        let number = count.next;
-        count.next += 1;
-        count.queue.push_back((number, None));
+        let capacity = self.queue_capacity.unwrap_or(usize::MAX);
+        let since = Instant::now();
+        let mut shed = Vec::new();
+        if count.queue.len() - count.handed >= capacity {
+            shed = count.shed_ended(since);
+        }
+        let admission = if count.queue.len() - count.handed >= capacity {
+            Admission::Rejected
+        } else {
+            // A wait whose end cannot be represented (`Duration::MAX`), or that ends within a
+            // millisecond of the last instant (tokio's timer rounds a deadline up), is unbounded.
+            let until = (self.max_wait)
+                .and_then(|max_wait| since.checked_add(max_wait))
+                .filter(|until| until.checked_add(Duration::from_millis(1)).is_some());
+            let number = count.next;
+            count.next += 1;
+            count.queue.push_back(Waiter {
+                number,
+                waker: None,
+                until,
+            });
+            Admission::Queued(Waiting {
+                permits: Arc::clone(self),
+                number,
+                since,
+                until,
+                taken: false,
+            })
+        };
         drop(count);
-        Admission::Queued(Waiting {
-            permits: Arc::clone(self),
-            number,
-            taken: false,
-        })
+        wake_all(shed);
+        admission
     }
 
     /// Changes the limit. Raising it retires the excess first and gives the rest at once (to
@@ -262,26 +320,34 @@ pub(crate) struct Waiting {
     pub(crate) permits: Arc<Permits>,
     /// Its place in arrival order.
     number: u64,
-    /// Its permit was taken: it is no longer in the queue.
+    /// When it joined the queue (tokio's clock).
+    pub(crate) since: Instant,
+    /// When its `max_wait` ends, if it can.
+    pub(crate) until: Option<Instant>,
+    /// Its permit was taken, or it was shed: it is no longer in the queue.
     taken: bool,
 }
 
 impl Waiting {
-    /// Takes the permit handed to it, or waits for one.
-    pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Grant> {
+    /// Takes the permit handed to it, or waits for one; `None` once it was shed, its wait
+    /// ended.
+    pub(crate) fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Option<Grant>> {
         assert!(!self.taken, "polled after its permit was taken");
         let mut waker = None;
         loop {
             let mut count = self.permits.count();
-            let at = count.place(self.number).expect("a waiter is in the queue");
+            let Some(at) = count.place(self.number) else {
+                self.taken = true;
+                return Poll::Ready(None);
+            };
             if at < count.handed {
                 count.queue.remove(at);
                 count.handed -= 1;
                 self.taken = true;
                 drop(count);
-                return Poll::Ready(Grant(Arc::clone(&self.permits)));
+                return Poll::Ready(Some(Grant(Arc::clone(&self.permits))));
             }
-            let kept = &mut count.queue[at].1;
+            let kept = &mut count.queue[at].waker;
             if kept.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 return Poll::Pending;
             }
@@ -528,6 +594,7 @@ mod model {
                             let granted = at < model.handed;
                             prop_assert_eq!(ready.is_ready(), granted);
                             if let Poll::Ready(grant) = ready {
+                                let grant = grant.expect("no wait ends in the model");
                                 model.queue.remove(at);
                                 model.handed -= 1;
                                 waiting.remove(i);

@@ -230,6 +230,52 @@ async fn a_waiter_dropped_anywhere_releases_exactly_once() {
 // ---------------------------------------------------------------------------------------------
 // max_wait.
 
+/// A waiter whose `max_wait` has passed, its future not polled since (no timer took it out),
+/// gives its place in a full queue to a new call, which waits; polled, it is refused. With
+/// the queue its own, the bulkhead sheds it then, as the overload protection does (the new
+/// call was refused).
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_wait_ended_unpolled_gives_its_place_in_a_full_queue() {
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::queue("q", 1, 1).max_wait(Duration::from_millis(100)));
+    let mut running = call(&mut svc, 1);
+    assert!(pending(&mut running));
+    let mut ended = call(&mut svc, 2);
+    tokio::time::advance(Duration::from_millis(150)).await;
+    let mut newcomer = call(&mut svc, 3);
+    assert!(pending(&mut newcomer), "3 waits in 2's place");
+    assert_eq!(bulkhead.snapshot().total_rejected, 0);
+    assert!(matches!(poll_call(&mut ended), Ok(Poll::Ready(Err(e))) if e.is::<BulkheadFull>()));
+    inner.finish(1);
+    assert!(matches!(poll_call(&mut running), Ok(Poll::Ready(Ok(1)))));
+    assert!(pending(&mut newcomer));
+    assert_eq!(inner.started(), vec![1, 3]);
+    drop(newcomer);
+    assert_idle(&bulkhead, 1, "after");
+}
+
+/// A permit that comes back passes a waiter whose `max_wait` has passed unpolled, and goes to
+/// the next, whose wait has not (it went to the first, which then started 10 ms past its
+/// `max_wait` when polled).
+#[tokio::test(start_paused = true)]
+async fn a_permit_passes_a_waiter_whose_wait_ended_unpolled() {
+    let (bulkhead, inner, mut svc) =
+        gated(Bulkhead::queue("q", 1, 4).max_wait(Duration::from_millis(100)));
+    let mut running = call(&mut svc, 1);
+    assert!(pending(&mut running));
+    let mut ended = call(&mut svc, 2);
+    tokio::time::advance(Duration::from_millis(50)).await;
+    let mut next = call(&mut svc, 3);
+    tokio::time::advance(Duration::from_millis(60)).await;
+    inner.finish(1);
+    assert!(matches!(poll_call(&mut running), Ok(Poll::Ready(Ok(1)))));
+    assert!(matches!(poll_call(&mut ended), Ok(Poll::Ready(Err(e))) if e.is::<BulkheadFull>()));
+    assert!(pending(&mut next));
+    assert_eq!(inner.started(), vec![1, 3]);
+    drop(next);
+    assert_idle(&bulkhead, 1, "after");
+}
+
 /// The wait is counted from the call, not from its first poll, and the refusal comes at the
 /// deadline, not a tick before; a call first polled after its deadline is refused at once.
 #[tokio::test(start_paused = true)]

@@ -122,10 +122,15 @@ impl Model {
         self.limit.saturating_sub(self.running.len())
     }
 
-    /// The waiters still waiting: a waiter handed a permit (one of the first `room`) has left
-    /// the queue, though it starts only when polled.
+    /// The waiters handed a permit: the first `room` of the line, which start when polled.
+    fn handed(&self) -> usize {
+        self.room().min(self.line.len())
+    }
+
+    /// The waiters still waiting: a waiter handed a permit has left the queue, though it starts
+    /// only when polled.
     fn queued(&self) -> usize {
-        self.line.len().saturating_sub(self.room())
+        self.line.len() - self.handed()
     }
 }
 
@@ -200,7 +205,49 @@ impl World {
         ))
     }
 
+    /// Whether the wait of the waiter at `place` has ended.
+    fn ended(&self, place: usize) -> bool {
+        let (_, arrived) = self.model.line[place];
+        self.setup
+            .max_wait_ms
+            .is_some_and(|w| self.model.now >= arrived + w)
+    }
+
+    /// The waiter at `place`, its wait ended and its future not polled since, is shed: it
+    /// leaves the line and, polled, is refused.
+    fn shed(&mut self, place: usize) -> Result<(), TestCaseError> {
+        let (id, _) = self.model.line.remove(place);
+        self.log.push(format!("(shed {id})"));
+        let mut fut = self.calls.remove(&id).unwrap();
+        match poll_call(&mut fut) {
+            Ok(Poll::Ready(Err(e))) if e.is::<BulkheadFull>() => Ok(()),
+            _ => Err(self.fail(format!("shed waiter {id} was not refused"))),
+        }
+    }
+
+    /// Permits came back: those that would go to waiters whose wait has ended (the waiters
+    /// from `from`, the handed ones before) pass them, which are shed.
+    fn shed_passed(&mut self, from: usize) -> Result<(), TestCaseError> {
+        let mut place = from;
+        while place < self.model.handed() {
+            if self.ended(place) {
+                self.shed(place)?;
+            } else {
+                place += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn call(&mut self) -> Result<(), TestCaseError> {
+        // A full queue sheds the waiters at its front whose wait has ended.
+        let capacity = self.setup.queue.then_some(self.setup.capacity);
+        while capacity.is_some_and(|c| self.model.queued() >= c)
+            && self.model.handed() < self.model.line.len()
+            && self.ended(self.model.handed())
+        {
+            self.shed(self.model.handed())?;
+        }
         let id = self.next;
         self.next += 1;
         let before = self.bulkhead.snapshot();
@@ -348,6 +395,7 @@ impl World {
         if self.model.running.is_empty() {
             return Ok(());
         }
+        let handed = self.model.handed();
         let id = self.model.running.remove(n % self.model.running.len());
         self.log.push(format!("end {id} {how:?}"));
         let mut fut = self.calls.remove(&id).unwrap();
@@ -371,7 +419,7 @@ impl World {
         if !verdict {
             return Err(self.fail(format!("call {id} did not end as {how:?}")));
         }
-        Ok(())
+        self.shed_passed(handed)
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
@@ -451,15 +499,23 @@ impl World {
             Op::End(n, how) => self.end(n, how)?,
             Op::Leave(n) => {
                 if !self.model.line.is_empty() {
-                    let (id, _) = self.model.line.remove(n % self.model.line.len());
+                    let handed = self.model.handed();
+                    let place = n % self.model.line.len();
+                    let (id, _) = self.model.line.remove(place);
                     self.log.push(format!("leave {id}"));
                     drop(self.calls.remove(&id));
+                    // A waiter handed a permit passes it on as a call that ends does.
+                    if place < handed {
+                        self.shed_passed(handed - 1)?;
+                    }
                 }
             }
             Op::Resize(n) => {
                 self.log.push(format!("resize {n}"));
+                let handed = self.model.handed();
                 self.bulkhead.set_max_concurrent_calls(n);
                 self.model.limit = n;
+                self.shed_passed(handed)?;
             }
             Op::Advance(ms) => {
                 self.log.push(format!("advance {ms} ms"));

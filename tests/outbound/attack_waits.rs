@@ -541,3 +541,46 @@ async fn a_panic_in_the_poll_that_ended_a_wait_leaks_nothing() {
     let (o, i) = (outer.state(), inner.state());
     assert!(is_open(&o) && is_open(&i), "{o:?} {i:?}");
 }
+
+/// A single flight below the breaker: call B joins call A's flight 0.5 s into A's 3 s hold, and
+/// the dependency answers at once when the hold ends. Neither call's answer was slow, yet the
+/// wait is taken out only of the call whose poll ended it; the other counts 2.5 s or 3 s as the
+/// dependency's (found by a second attack; documented in `outbound::breaker`).
+#[tokio::test(start_paused = true)]
+#[ignore = "a known limit, documented in outbound::breaker: a wait of a future that calls share is taken out of one of them only"]
+async fn a_coalesced_call_answered_at_once_after_the_shared_wait_is_not_slow() {
+    use futures::future::{BoxFuture, Shared};
+    use std::sync::Mutex;
+    let breaker = breaker(2, 0.5, Duration::from_secs(2));
+    let below = primed(Duration::ZERO).await;
+    type Flight = Shared<BoxFuture<'static, Result<u16, String>>>;
+    let flight: Arc<Mutex<Option<Flight>>> = Arc::new(Mutex::new(None));
+    let coalesce = service_fn(move |_: ()| {
+        let shared = flight
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| {
+                below
+                    .clone()
+                    .oneshot(())
+                    .map(|r| r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()))
+                    .boxed()
+                    .shared()
+            })
+            .clone();
+        async move {
+            let status = shared.await.map_err(BoxError::from)?;
+            Ok::<_, BoxError>(Response::builder().status(status).body(())?)
+        }
+    });
+    let client = ServiceBuilder::new()
+        .layer(breaker.layer())
+        .service(coalesce);
+    let mut a = Box::pin(client.clone().oneshot(()));
+    assert!(futures::poll!(a.as_mut()).is_pending());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ra, rb) = futures::join!(a, client.clone().oneshot(()));
+    ra.unwrap();
+    rb.unwrap();
+    assert_eq!(breaker.state(), BreakerState::Closed);
+}

@@ -83,7 +83,8 @@ pub struct Sample {
     /// When the call ended, as clock time since the clock's origin.
     pub at: Duration,
     /// How long the call held its permit, less its waits in this crate's layers below (a
-    /// bulkhead's queue, a hold, a quota's wait): the dependency's time. The algorithms take at most 2^40 ns (about 18
+    /// bulkhead's queue, a hold, a quota's wait): the dependency's time. A call cancelled
+    /// while it still waits below counts that wait. The algorithms take at most 2^40 ns (about 18
     /// minutes) at face value: a longer one (a broken clock, `Duration::MAX`) counts as that
     /// long, so that no window lasts for ages.
     pub rtt: Duration,

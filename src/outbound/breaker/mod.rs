@@ -90,7 +90,8 @@
 //! advertised quota for 3 s and were answered at once are not slow. Waits that overlap (sub-calls
 //! sent at once) count once, and only from the call's start. A layer that moves the call to
 //! another task between them (tower's `Buffer`) hides those waits, which then count; a wait of
-//! one branch of a hedge while another is with the dependency is taken out all the same.
+//! one branch of a hedge while another is with the dependency is taken out all the same; and a
+//! wait of a future that calls share (a single flight) is taken out of one of them only.
 //!
 //! # The defaults, and why
 //!
