@@ -142,7 +142,8 @@ impl Waits {
     }
 }
 
-#[cfg(all(test, feature = "adaptive"))]
+#[cfg(feature = "adaptive")]
+#[cfg(test)]
 mod tests {
     use super::Waits;
     use proptest::prelude::*;
