@@ -205,12 +205,13 @@ impl World {
         ))
     }
 
-    /// Whether the wait of the waiter at `place` has ended.
+    /// Whether the wait of the waiter at `place` has ended, and the millisecond its timer may
+    /// take after it.
     fn ended(&self, place: usize) -> bool {
         let (_, arrived) = self.model.line[place];
         self.setup
             .max_wait_ms
-            .is_some_and(|w| self.model.now >= arrived + w)
+            .is_some_and(|w| self.model.now > arrived + w)
     }
 
     /// The waiter at `place`, its wait ended and its future not polled since, is shed: it

@@ -91,6 +91,39 @@ async fn fanned_out_after_a_hold(
     })
 }
 
+/// A single flight over `below`: a call made while another is in flight shares its answer
+/// (the first call of the flight polls it for all).
+fn single_flight<S>(
+    below: S,
+) -> impl Service<(), Response = Response<()>, Error = BoxError, Future = impl Send> + Clone
+where
+    S: Service<(), Response = Response<()>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    use futures::future::{BoxFuture, Shared};
+    use std::sync::Mutex;
+    type Flight = Shared<BoxFuture<'static, Result<u16, String>>>;
+    let flight: Arc<Mutex<Option<Flight>>> = Arc::new(Mutex::new(None));
+    service_fn(move |_: ()| {
+        let shared = flight
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| {
+                below
+                    .clone()
+                    .oneshot(())
+                    .map(|r| r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()))
+                    .boxed()
+                    .shared()
+            })
+            .clone();
+        async move {
+            let status = shared.await.map_err(BoxError::from)?;
+            Ok::<_, BoxError>(Response::builder().status(status).body(())?)
+        }
+    })
+}
+
 /// A pushback named `name` on tokio's clock that holds a call up to 5 s.
 fn waiting_pushback(name: &str) -> Pushback<TokioClock> {
     Pushback::builder(name)
@@ -212,33 +245,12 @@ async fn control_coalesced_with_the_waiting_call_polled_first() {
 }
 
 async fn coalesced(b_first: bool) -> BreakerState {
-    use futures::future::{BoxFuture, Shared};
-    use std::sync::Mutex;
     let breaker = breaker(2, 1.0, Duration::from_secs(2));
     let below = primed(Duration::from_millis(2_500)).await;
-    type Flight = Shared<BoxFuture<'static, Result<u16, String>>>;
-    let flight: Arc<Mutex<Option<Flight>>> = Arc::new(Mutex::new(None));
-    let coalesce = service_fn(move |_: ()| {
-        let shared = flight
-            .lock()
-            .unwrap()
-            .get_or_insert_with(|| {
-                below
-                    .clone()
-                    .oneshot(())
-                    .map(|r| r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()))
-                    .boxed()
-                    .shared()
-            })
-            .clone();
-        async move {
-            let status = shared.await.map_err(BoxError::from)?;
-            Ok::<_, BoxError>(Response::builder().status(status).body(())?)
-        }
-    });
     let client = ServiceBuilder::new()
         .layer(breaker.layer())
-        .service(coalesce);
+        .service(single_flight(below));
+    // Call A starts the flight.
     let mut a = Box::pin(client.clone().oneshot(()));
     assert!(futures::poll!(a.as_mut()).is_pending());
     tokio::time::sleep(Duration::from_millis(2_900)).await;
@@ -549,35 +561,16 @@ async fn a_panic_in_the_poll_that_ended_a_wait_leaks_nothing() {
 #[tokio::test(start_paused = true)]
 #[ignore = "a known limit, documented in outbound::breaker: a wait of a future that calls share is taken out of one of them only"]
 async fn a_coalesced_call_answered_at_once_after_the_shared_wait_is_not_slow() {
-    use futures::future::{BoxFuture, Shared};
-    use std::sync::Mutex;
     let breaker = breaker(2, 0.5, Duration::from_secs(2));
     let below = primed(Duration::ZERO).await;
-    type Flight = Shared<BoxFuture<'static, Result<u16, String>>>;
-    let flight: Arc<Mutex<Option<Flight>>> = Arc::new(Mutex::new(None));
-    let coalesce = service_fn(move |_: ()| {
-        let shared = flight
-            .lock()
-            .unwrap()
-            .get_or_insert_with(|| {
-                below
-                    .clone()
-                    .oneshot(())
-                    .map(|r| r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()))
-                    .boxed()
-                    .shared()
-            })
-            .clone();
-        async move {
-            let status = shared.await.map_err(BoxError::from)?;
-            Ok::<_, BoxError>(Response::builder().status(status).body(())?)
-        }
-    });
     let client = ServiceBuilder::new()
         .layer(breaker.layer())
-        .service(coalesce);
+        .service(single_flight(below));
     let mut a = Box::pin(client.clone().oneshot(()));
-    assert!(futures::poll!(a.as_mut()).is_pending());
+    assert!(
+        futures::poll!(a.as_mut()).is_pending(),
+        "A starts the flight"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (ra, rb) = futures::join!(a, client.clone().oneshot(()));
     ra.unwrap();
