@@ -19,7 +19,8 @@
 //! Written on a `thread_local` rather than a value in the request: the waiting layers take any
 //! request type (a `reqwest::Request`, a plain one of the user's), and a layer that moves the
 //! call to another task (tower's `Buffer`) hides the waits below it, which then count in the
-//! call's time.
+//! call's time; a poll that drives other futures on its thread (a `block_on` inside it) takes
+//! their waits out of its call's time.
 
 use std::cell::{Cell, RefCell};
 

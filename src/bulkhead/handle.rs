@@ -162,9 +162,10 @@ impl BulkheadBuilder {
     ///
     /// A bounded wait runs on tokio's timer, so such a call must be polled inside a tokio runtime
     /// with time enabled; under `tokio::time::pause` it follows the paused clock. The timer ends
-    /// a wait at its next millisecond (it rounds a deadline up to one). A waiter whose wait and
-    /// that millisecond have passed, its task not run since, is shed when its place in a full
-    /// queue, or a permit that comes back, is wanted: a permit passes it for the next waiter.
+    /// a wait at its next millisecond (it rounds a deadline up to one). A waiter still in the
+    /// queue once its wait and that millisecond have passed (its task not run since, or a timer
+    /// driver running late) is shed when its place in a full queue, or a permit that comes
+    /// back, is wanted: a permit passes it for the next waiter.
     /// That is read on tokio's clock where the permit comes back: one given back on a thread
     /// outside the runtime reads the system's, ahead of a paused runtime's. A wait too long
     /// for the timer to represent (`Duration::MAX`, say) is no bound: the call waits its turn.

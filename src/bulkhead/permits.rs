@@ -7,9 +7,9 @@
 //! waiters handed a permit are the front of the queue; the queue's depth counts the others, so a
 //! call handed a permit no longer takes a place that a new call could have. Lowering the limit
 //! takes the free permits, then the permits handed to waiters that have not taken them (the
-//! latest first: they wait again in their place), and owes the rest. A waiter whose
-//! `max_wait` and its timer's millisecond have passed, its future not polled since (no timer
-//! took it out), is shed when a permit would go to it or its place in a full queue is wanted.
+//! latest first: they wait again in their place), and owes the rest. A waiter still in the
+//! queue a millisecond after its `max_wait` (its timer, which rounds the end up to one, has not
+//! taken it out) is shed when a permit would go to it or its place in a full queue is wanted.
 //!
 //! Hand-written rather than tokio's semaphore, which this replaced: the semaphore hands a permit
 //! to a waiter inside its own queue, out of sight, so a queued call kept its place in the
@@ -68,8 +68,8 @@ struct Waiter {
     number: u64,
     /// The waker of its last poll.
     waker: Option<Waker>,
-    /// When its `max_wait` ends, if it can: a waiter whose future has not been polled since its
-    /// timer fired is shed when its place or a permit is wanted.
+    /// When its `max_wait` ends, if it can: a waiter still here a millisecond after is shed when
+    /// its place or a permit is wanted.
     until: Option<Instant>,
 }
 
@@ -116,8 +116,8 @@ impl Count {
 }
 
 impl Waiter {
-    /// Whether its wait has ended and its timer (which rounds the end up to the next
-    /// millisecond) has fired: still here, it has not been polled since.
+    /// Whether its wait has ended a millisecond ago or more: its timer (which rounds the end up
+    /// to the next millisecond) should have taken it out.
     fn ended(&self, now: Instant) -> bool {
         self.until
             .is_some_and(|until| until + Duration::from_millis(1) <= now)
