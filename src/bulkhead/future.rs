@@ -128,13 +128,7 @@ where
                 StateProj::Queued { queued } => {
                     let entry = queued.as_mut().expect("polled after completion");
                     let permit = match entry.waiting.poll_acquire(cx) {
-                        Poll::Ready(Some(permit)) => permit,
-                        Poll::Ready(None) => {
-                            // Shed: its wait had ended when its place or a permit was wanted.
-                            let permits = Arc::clone(&entry.waiting.permits);
-                            *queued = None;
-                            return Poll::Ready(Err(permits.reject(Rejection::WaitElapsed).into()));
-                        }
+                        Poll::Ready(permit) => permit,
                         Poll::Pending => {
                             let Some(until) = entry.waiting.until else {
                                 return Poll::Pending;
@@ -144,10 +138,14 @@ where
                                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                             ready!(deadline.as_mut().poll(cx));
                             // Leaving the queue passes on a permit granted since the poll above.
-                            let permits = Arc::clone(&entry.waiting.permits);
-                            *queued = None;
-                            return Poll::Ready(Err(permits.reject(Rejection::WaitElapsed).into()));
+                            None
                         }
+                    };
+                    // Its wait ended: at its deadline, or shed before it was polled again.
+                    let Some(permit) = permit else {
+                        let permits = Arc::clone(&entry.waiting.permits);
+                        *queued = None;
+                        return Poll::Ready(Err(permits.reject(Rejection::WaitElapsed).into()));
                     };
                     let Queued {
                         waiting,

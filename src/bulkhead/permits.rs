@@ -85,12 +85,11 @@ impl Count {
         let mut wakers = Vec::new();
         let mut now = None;
         while n > 0 && self.handed < self.queue.len() {
-            let waiter = &mut self.queue[self.handed];
+            wakers.extend(self.shed_ended(*now.get_or_insert_with(Instant::now)));
+            let Some(waiter) = self.queue.get_mut(self.handed) else {
+                break;
+            };
             wakers.extend(waiter.waker.take());
-            if waiter.ended(*now.get_or_insert_with(Instant::now)) {
-                self.queue.remove(self.handed);
-                continue;
-            }
             self.handed += 1;
             n -= 1;
         }
