@@ -2,9 +2,12 @@
 //!
 //! [`RequestHead`] is what the rate-limit layer's key extractors, cost functions and exemptions
 //! read of a request; [`ResponseHead`] is what the pushback layer and the adaptive bulkhead's
-//! classifier read of a response.
+//! classifier read of a response. [`UntilHead`] and [`UntilBodyEnd`] say whether a bulkhead or a
+//! pushback follows a call past its answer's head, to the end of its body.
 
 use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
+
+pub use crate::body_end::{Until, UntilBodyEnd, UntilHead};
 
 // gRPC's header names, named once: a name given as a `&str` is parsed again at every lookup
 // and insert (a large share of the retry layer's own instructions on a call that succeeds:

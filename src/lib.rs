@@ -68,6 +68,7 @@
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
+mod body_end;
 pub mod bulkhead;
 pub mod clock;
 #[cfg(feature = "config")]

@@ -15,8 +15,8 @@ use tower_service::Service;
 
 use super::error::BulkheadFull;
 use super::events::{CallOutcome, Rejection};
-use super::mode::{OnResponse, Release};
 use super::permits::{Admission, Permit, Permits, Waiting};
+use crate::head::{Until, UntilHead};
 use crate::BoxError;
 
 /// A call waiting in the queue, with everything it needs to start once it has a permit.
@@ -52,7 +52,7 @@ pin_project! {
     /// Response future of [`BulkheadService`](super::BulkheadService): it holds the call's
     /// permit, from `call` until the call ends; what happens to the permit then is the
     /// service's mode `M`.
-    pub struct ResponseFuture<S, Req, M = OnResponse>
+    pub struct ResponseFuture<S, Req, M = UntilHead>
     where
         S: Service<Req>,
     {
@@ -113,7 +113,7 @@ impl<S, Req, M> Future for ResponseFuture<S, Req, M>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    M: Release<S::Response>,
+    M: Until<S::Response, Permit>,
 {
     type Output = Result<M::Response, BoxError>;
 
@@ -170,8 +170,9 @@ where
                             Poll::Pending
                         }
                         Poll::Ready(Ok(response)) => {
-                            let permit = permit.take().expect("checked above");
-                            Poll::Ready(Ok(M::respond(response, permit)))
+                            let mut permit = permit.take().expect("checked above");
+                            permit.outcome = CallOutcome::Success;
+                            Poll::Ready(Ok(M::respond(response, || permit)))
                         }
                         Poll::Ready(Err(error)) => {
                             held.outcome = CallOutcome::Failure;

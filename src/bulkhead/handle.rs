@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::events::{BulkheadSnapshot, CallFinished, CallPermitted, CallRejected, Hooks};
 use super::layer::BulkheadLayer;
-use super::mode::OnBodyEnd;
 use super::permits::Permits;
+use crate::head::UntilBodyEnd;
 
 /// A named bulkhead, shared by every clone and every service made from it.
 ///
@@ -131,7 +131,7 @@ impl Bulkhead {
 
     /// A layer, in front of a service answering `http::Response<B>`, that holds each permit
     /// until the response body has been read to its end, has failed, or is dropped.
-    pub fn body_layer(&self) -> BulkheadLayer<OnBodyEnd> {
+    pub fn body_layer(&self) -> BulkheadLayer<UntilBodyEnd> {
         BulkheadLayer::with_mode(self.clone())
     }
 }

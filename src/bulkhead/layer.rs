@@ -8,11 +8,12 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::handle::Bulkhead;
-use super::mode::{OnResponse, Release};
+use super::permits::Permit;
+use crate::head::{Until, UntilHead};
 use crate::BoxError;
 
 /// Wraps a service in a [`Bulkhead`]; `M` says when each call gives its permit back:
-/// [`OnResponse`] (made by [`Bulkhead::layer`]) or [`OnBodyEnd`](super::OnBodyEnd) (made by
+/// [`UntilHead`] (made by [`Bulkhead::layer`]) or [`UntilBodyEnd`](crate::head::UntilBodyEnd) (made by
 /// [`Bulkhead::body_layer`]).
 ///
 /// Every service this layer makes, and every clone of them, shares the bulkhead's one limit.
@@ -49,7 +50,7 @@ use crate::BoxError;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct BulkheadLayer<M = OnResponse> {
+pub struct BulkheadLayer<M = UntilHead> {
     bulkhead: Bulkhead,
     mode: PhantomData<fn() -> M>,
 }
@@ -77,13 +78,13 @@ impl<S, M> Layer<S> for BulkheadLayer<M> {
 }
 
 /// A service behind a [`Bulkhead`]; made by [`BulkheadLayer`](super::BulkheadLayer). `M` says
-/// when each call gives its permit back ([`Release`]).
+/// when each call gives its permit back ([`Until`]).
 ///
 /// `poll_ready` only asks the inner service; the permit is taken in `call`. The inner service must
 /// be `Clone` because a call that has to wait takes the readied service with it and starts it
 /// once a permit comes (wrap a service that is not `Clone` in tower's `Buffer`).
 #[derive(Clone, Debug)]
-pub struct BulkheadService<S, M = OnResponse> {
+pub struct BulkheadService<S, M = UntilHead> {
     inner: S,
     bulkhead: Bulkhead,
     mode: PhantomData<fn() -> M>,
@@ -100,7 +101,7 @@ impl<S, M, Req> Service<Req> for BulkheadService<S, M>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    M: Release<S::Response>,
+    M: Until<S::Response, Permit>,
 {
     type Response = M::Response;
     type Error = BoxError;

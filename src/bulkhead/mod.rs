@@ -64,11 +64,11 @@
 //! ready but idle (a keep-alive connection, a readied service in a pool) holds nothing. It is
 //! given back exactly once, when the call ends:
 //!
-//! * in the [`OnResponse`] mode ([`Bulkhead::layer`]), when the response future completes —
+//! * in the [`UntilHead`](crate::head::UntilHead) mode ([`Bulkhead::layer`]), when the response future completes —
 //!   with a response or with an error — or is dropped before that (a timeout above it, a
 //!   `select!` that lost, a cancelled task), or when the inner service panics while being
 //!   called or polled;
-//! * in the [`OnBodyEnd`] mode ([`Bulkhead::body_layer`]), for services that answer with an
+//! * in the [`UntilBodyEnd`](crate::head::UntilBodyEnd) mode ([`Bulkhead::body_layer`]), for services that answer with an
 //!   `http::Response<B>`, when the response body has been read to its end, fails, or is
 //!   dropped. Use it when the expensive part of a call is the body.
 //!
@@ -207,7 +207,6 @@ mod handle;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
-pub(crate) mod mode;
 mod permits;
 #[cfg(feature = "config")]
 pub(crate) use permits::MAX_CONCURRENT_CALLS;
@@ -219,4 +218,4 @@ pub use events::{
 pub use future::ResponseFuture;
 pub use handle::{Bulkhead, BulkheadBuilder};
 pub use layer::{BulkheadLayer, BulkheadService};
-pub use mode::{BulkheadBody, OnBodyEnd, OnResponse, Release};
+pub use permits::BulkheadBody;

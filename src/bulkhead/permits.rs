@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use http_body::Frame;
 use tokio::time::Instant;
 
 use super::error::BulkheadFull;
@@ -32,6 +33,7 @@ use super::events::{
     BulkheadSnapshot, CallFinished, CallOutcome, CallPermitted, CallRejected, Hooks, Rejection,
 };
 use super::handle::BulkheadBuilder;
+use crate::body_end::{Watch, WatchedBody};
 use crate::sync::{lock, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// The largest limit a bulkhead accepts (2^31 - 1); larger values are lowered to it. The config
@@ -400,6 +402,43 @@ pub struct Permit {
     /// `Panicked` while the inner service's code runs (a permit dropped by a panic of the
     /// caller's own code reports `Cancelled`).
     pub(crate) outcome: CallOutcome,
+}
+
+/// Response body of a [`BulkheadService`](super::BulkheadService) in the
+/// [`UntilBodyEnd`](crate::head::UntilBodyEnd) mode ([`Bulkhead::body_layer`](super::Bulkhead::body_layer)).
+///
+/// It gives the permit back when the inner body reports its end, fails, or is dropped,
+/// whichever comes first; the frames themselves pass through untouched.
+pub type BulkheadBody<B> = WatchedBody<B, Permit>;
+
+/// A call's permit waits for the end of its body: read to its end, or failed. A body dropped
+/// before either gives the permit back as `Cancelled`, and one that panics while it is polled
+/// as `Panicked`; a body already at its end ends the call as it starts.
+impl Watch for Permit {
+    fn starts(&mut self, ended: bool) -> bool {
+        if !ended {
+            self.outcome = CallOutcome::Cancelled;
+        }
+        !ended
+    }
+
+    fn polling(&mut self) {
+        self.outcome = CallOutcome::Panicked;
+    }
+
+    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
+        self.outcome = match frame {
+            None => CallOutcome::Success,
+            Some(Err(_)) => CallOutcome::Failure,
+            Some(Ok(_)) if end => CallOutcome::Success,
+            Some(Ok(_)) => CallOutcome::Cancelled,
+        };
+        self.outcome != CallOutcome::Cancelled
+    }
+
+    fn pending(&mut self) {
+        self.outcome = CallOutcome::Cancelled;
+    }
 }
 
 impl Permit {

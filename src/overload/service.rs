@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::state::{Entry, Permit, Shared};
 use super::Overload;
-use crate::bulkhead::mode::{Watch, WatchedBody};
+use crate::body_end::{Watch, WatchedBody};
 use crate::head::RequestHead;
 
 /// Puts an [`Overload`] protection in front of an HTTP service; made by [`Overload::layer`].

@@ -72,7 +72,7 @@ fn a_call_dropped_while_its_caller_panics_is_cancelled_not_panicked() {
     assert_eq!(*outcomes.lock().unwrap(), vec![CallOutcome::Cancelled]);
 }
 
-/// The same in the `OnBodyEnd` mode: a response body (not at its end) dropped while the
+/// The same in the `UntilBodyEnd` mode: a response body (not at its end) dropped while the
 /// caller's code panics is reported `Panicked`, though no inner service panicked.
 #[tokio::test]
 async fn a_body_dropped_while_its_caller_panics_is_cancelled_not_panicked() {

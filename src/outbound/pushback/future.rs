@@ -15,9 +15,10 @@ use tower_service::Service;
 
 use super::dependency::{span, Dependency};
 use super::error::PushedBack;
-use super::trailers::{ReadAnswer, ReadHead};
+use super::trailers::TrailerReader;
 use crate::clock::{saturating_nanos, Clock};
 use crate::head::ResponseHead;
+use crate::head::{Until, UntilHead};
 use crate::outbound::metrics::Outcome;
 use crate::outbound::never_sent;
 use crate::BoxError;
@@ -75,7 +76,7 @@ pin_project! {
     /// Response future of [`PushbackService`](super::PushbackService): refused, waiting for a
     /// hold to end, or the inner call, whose response is read when it arrives.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<S, C, Req, M = ReadHead>
+    pub struct ResponseFuture<S, C, Req, M = UntilHead>
     where
         S: Service<Req>,
         C: Clock,
@@ -169,7 +170,7 @@ where
     S::Response: ResponseHead,
     S::Error: Into<BoxError>,
     C: Clock,
-    M: ReadAnswer<S::Response>,
+    M: Until<S::Response, TrailerReader>,
 {
     type Output = Result<M::Response, BoxError>;
 
@@ -229,9 +230,9 @@ where
                     }
                     *in_flight = None;
                     let dependency = &*this.dependency;
-                    return Poll::Ready(
-                        result.map(|response| M::respond(response, || dependency.clone())),
-                    );
+                    return Poll::Ready(result.map(|response| {
+                        M::respond(response, || -> TrailerReader { dependency.clone() })
+                    }));
                 }
             }
         }

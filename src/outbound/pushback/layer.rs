@@ -8,9 +8,10 @@ use tower_service::Service;
 
 use super::dependency::Pushback;
 use super::future::ResponseFuture;
-use super::trailers::{ReadAnswer, ReadHead, ReadTrailers};
+use super::trailers::TrailerReader;
 use crate::clock::{Clock, SystemClock};
 use crate::head::ResponseHead;
+use crate::head::{Until, UntilBodyEnd, UntilHead};
 use crate::outbound::quota::QuotaCost;
 use crate::BoxError;
 
@@ -56,7 +57,7 @@ use crate::BoxError;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct PushbackLayer<C = SystemClock, T = u32, M = ReadHead> {
+pub struct PushbackLayer<C = SystemClock, T = u32, M = UntilHead> {
     pub(super) pushback: Pushback<C>,
     pub(super) tokens: T,
     pub(super) mode: PhantomData<fn() -> M>,
@@ -83,10 +84,10 @@ impl<C> PushbackLayer<C> {
 
 impl<C, T> PushbackLayer<C, T> {
     /// Reads each answer's trailers too, when its body ends with them, as the head is read
-    /// ([`ReadTrailers`]): for a gRPC dependency (a tonic `Channel`), which sends the status
+    /// ([`UntilBodyEnd`]): for a gRPC dependency (a tonic `Channel`), which sends the status
     /// of a call that has begun to answer, and its delay, in trailers. The services answer
     /// `http::Response<PushbackBody<B>>`.
-    pub fn read_trailers(self) -> PushbackLayer<C, T, ReadTrailers> {
+    pub fn read_trailers(self) -> PushbackLayer<C, T, UntilBodyEnd> {
         PushbackLayer {
             pushback: self.pushback,
             tokens: self.tokens,
@@ -114,7 +115,7 @@ impl<S, C, T: Clone, M> Layer<S> for PushbackLayer<C, T, M> {
 /// `max_wait`) or refused with [`PushedBack`](super::PushedBack) otherwise. The inner service
 /// must be `Clone` because a call that waits takes the readied service with it.
 #[derive(Clone, Debug)]
-pub struct PushbackService<S, C = SystemClock, T = u32, M = ReadHead> {
+pub struct PushbackService<S, C = SystemClock, T = u32, M = UntilHead> {
     inner: S,
     pushback: Pushback<C>,
     tokens: T,
@@ -128,7 +129,7 @@ where
     S::Error: Into<BoxError>,
     C: Clock,
     T: QuotaCost<Req>,
-    M: ReadAnswer<S::Response>,
+    M: Until<S::Response, TrailerReader>,
 {
     type Response = M::Response;
     type Error = BoxError;

@@ -159,4 +159,4 @@ pub use self::dependency::Pushback;
 pub use self::error::PushedBack;
 pub use self::future::ResponseFuture;
 pub use self::layer::{PushbackLayer, PushbackService};
-pub use self::trailers::{PushbackBody, ReadAnswer, ReadHead, ReadTrailers};
+pub use self::trailers::PushbackBody;

@@ -9,7 +9,7 @@ use http_body::Frame;
 use reqwest::ResponseBuilderExt;
 
 use super::counting::{QuotaSettle, Unsettled};
-use crate::bulkhead::mode::{Watch, WatchedBody};
+use crate::body_end::{Watch, WatchedBody};
 use crate::usage::{AnswerScan, BodyUsage};
 
 /// Settles each call to the cost its `reqwest::Response`'s body reports, read as the caller
