@@ -29,6 +29,15 @@ use tokio::time::Instant;
 /// A wait, from its start to its end on tokio's clock.
 pub(crate) type Span = (Instant, Instant);
 
+/// Whether a queued wait that ends at `until` is over at `now`, for a queue that wants its place
+/// or its permit: a millisecond after `until`, when its timer (which tokio rounds up to the next
+/// millisecond) should have taken it out. Before that, a waiter polled after `until` still
+/// waits, and may be admitted. The one rule of the bulkhead's queue and the overload
+/// protection's.
+pub(crate) fn ended(until: Instant, now: Instant) -> bool {
+    until + std::time::Duration::from_millis(1) <= now
+}
+
 std::thread_local! {
     /// How many layers that time calls are polling on this thread, one inside the other.
     static TIMING: Cell<u32> = const { Cell::new(0) };

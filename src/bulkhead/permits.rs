@@ -117,11 +117,10 @@ impl Count {
 }
 
 impl Waiter {
-    /// Whether its wait has ended a millisecond ago or more: its timer (which rounds the end up
-    /// to the next millisecond) should have taken it out.
+    /// Whether its wait has ended ([`waited::ended`](crate::waited::ended)).
     fn ended(&self, now: Instant) -> bool {
         self.until
-            .is_some_and(|until| until + Duration::from_millis(1) <= now)
+            .is_some_and(|until| crate::waited::ended(until, now))
     }
 }
 

@@ -177,9 +177,10 @@ impl OverloadBuilder {
     /// at most `capacity` wait, highest class first and then in arrival order, each for at most
     /// `max_wait` (on tokio's clock) from its call, however late its future is first polled
     /// (answered at the timer's next millisecond: tokio's timer rounds a deadline up to one). A
-    /// full queue sheds a waiter whose wait has ended, then its lowest-class waiter for a
-    /// newcomer of a higher class, else the newcomer. Off by default; `max_wait` at most a
-    /// minute.
+    /// full queue sheds a waiter still in it a millisecond after its `max_wait` (whatever kept
+    /// its timer from taking it out), then its lowest-class waiter for a newcomer of a higher
+    /// class, else the newcomer; a slot freed goes to a waiter until then, as a bulkhead's
+    /// permit does. Off by default; `max_wait` at most a minute.
     pub fn queue(mut self, capacity: usize, max_wait: Duration) -> Result<Self, SettingError> {
         let within = max_wait <= Duration::from_secs(60);
         ensure(OF, within, "max_wait", max_wait, "at most 60 s")?;

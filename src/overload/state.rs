@@ -131,9 +131,11 @@ impl Shared {
         };
         let now = tokio::time::Instant::now();
         if state.waiters.len() >= queue.capacity {
-            // Waiters whose wait has ended (their futures, not polled since, had no timer to
-            // take them out) wait no more: shed by dropping their senders.
-            state.waiters.retain(|_, (ends, _)| *ends > now);
+            // Waiters whose wait has ended (their timers, not fired yet, had not taken them
+            // out) wait no more: shed by dropping their senders.
+            state
+                .waiters
+                .retain(|_, (ends, _)| !crate::waited::ended(*ends, now));
         }
         if state.waiters.len() >= queue.capacity {
             // The last waiter is the lowest class's latest arrival: it makes room for a
@@ -171,8 +173,8 @@ impl Shared {
 
     /// Admits the waiters at the head of the queue while their class's ceiling lets them in.
     /// A class ranks above every class whose ceiling is lower, so the first waiter that does not
-    /// fit ends the round. A waiter whose wait has ended is shed, not admitted (its future,
-    /// not polled since, had no timer to take it out).
+    /// fit ends the round. A waiter whose wait has ended is shed, not admitted (its timer, not
+    /// fired yet, had not taken it out).
     fn admit_waiters(self: &Arc<Self>, state: &mut State) {
         let mut now = None;
         while let Some(entry) = state.waiters.first_entry() {
@@ -181,7 +183,7 @@ impl Shared {
                 break;
             }
             let (ends, sender) = entry.remove();
-            if ends <= *now.get_or_insert_with(tokio::time::Instant::now) {
+            if crate::waited::ended(ends, *now.get_or_insert_with(tokio::time::Instant::now)) {
                 // Dropping its sender sheds it.
                 continue;
             }

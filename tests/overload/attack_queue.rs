@@ -107,3 +107,31 @@ fn a_request_admitted_in_call_is_counted_even_if_dropped_before_its_first_poll()
         "the request is in neither counter"
     );
 }
+
+/// A waiter of 10.5 ms polled at 10.5 ms, its timer due at 11 ms (tokio rounds a deadline up
+/// to the millisecond; the paused clock starts on one), still waits, as a bulkhead's waiter
+/// does (one rule for both queues): it keeps its place in the full queue, a newcomer being shed,
+/// and the slot freed then admits it. It was shed at 10.5 ms, its place given to the newcomer.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_polled_after_its_wait_but_before_its_timer_still_waits() {
+    let (overload, service, gated, _entered, first) =
+        one_inside(1, Duration::from_micros(10_500), Priority::Default).await;
+    let mut waiter = Box::pin(service.clone().oneshot(request(Priority::Default)));
+    assert!((&mut waiter).now_or_never().is_none());
+    tokio::time::advance(Duration::from_micros(10_500)).await;
+    assert!(
+        (&mut waiter).now_or_never().is_none(),
+        "its timer, rounded up to 11 ms, has not fired"
+    );
+    let mut newcomer = Box::pin(service.clone().oneshot(request(Priority::Default)));
+    let at_once = (&mut newcomer).now_or_never().map(|r| r.unwrap().status());
+    assert_eq!(
+        at_once.map(|s| s.as_u16()),
+        Some(503),
+        "the queue of one is full"
+    );
+    gated.gate.add_permits(2);
+    drop(first.await.unwrap().unwrap());
+    assert_eq!(waiter.await.unwrap().status(), 200);
+    assert_eq!(overload.in_flight(), 0);
+}
