@@ -3,12 +3,17 @@
 //! pushback (whether it reads the trailers) make alike. Following the body is a
 //! [`WatchedBody`]: its frames pass through untouched, each shown on its way to whatever waits
 //! for the end, a bulkhead's or an overload protection's permit, a pushback's reader of
-//! trailers, a client quota's settle from the body.
+//! trailers, a settle from the body ([`Reads`], inbound and outbound). A layer that answers some
+//! requests itself (the rate limit's refusals, the overload protection's shed answers) answers
+//! with an [`AnswerBody`]: the inner service's body, watched, or its own bytes.
 
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::io::IoSlice;
+
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -88,10 +93,41 @@ pub trait Watch {
 
     /// Sees one frame polled from the body (`None` at its end; `end` when the body reports its
     /// end after it) and says whether it has seen what it waited for.
-    fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
+    fn seen<D: Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool;
 
     /// The body had no frame ready.
     fn pending(&mut self) {}
+}
+
+/// What reads a body's bytes as they pass, and acts when dropped (at the body's end, its
+/// failure, or when the body is dropped): a settle from the body, inbound and outbound.
+pub trait Reads: Send {
+    /// Reads the next bytes of the body.
+    fn feed(&mut self, bytes: &[u8]);
+}
+
+impl<R: Reads + ?Sized> Reads for Box<R> {
+    fn feed(&mut self, bytes: &[u8]) {
+        (**self).feed(bytes);
+    }
+}
+
+/// A reader waits for the end of the body, or its failure, reading each data frame.
+impl<R: Reads> Watch for R {
+    fn seen<D: Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
+        let Some(Ok(frame)) = frame else {
+            return true;
+        };
+        if let Some(data) = frame.data_ref() {
+            // A frame's bytes, however many pieces they come in (`Bytes` are one).
+            let mut pieces = [IoSlice::new(&[]); 16];
+            let count = data.chunks_vectored(&mut pieces);
+            for piece in &pieces[..count] {
+                self.feed(piece);
+            }
+        }
+        end
+    }
 }
 
 impl<B: Body, W: Watch> Body for WatchedBody<B, W> {
@@ -134,6 +170,87 @@ impl<B, W> fmt::Debug for WatchedBody<B, W> {
         f.debug_struct("WatchedBody")
             .field("watching", &self.watch.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The response body of a layer that answers some requests itself: the inner service's body,
+    /// shown to `W` as it passes ([`WatchedBody`]), or the bytes of an answer the layer made.
+    pub struct AnswerBody<B, W> {
+        #[pin]
+        content: Content<B, W>,
+    }
+}
+
+pin_project! {
+    // Whose bytes the body carries.
+    #[project = ContentProj]
+    enum Content<B, W> {
+        Inner { #[pin] body: WatchedBody<B, W> },
+        Own { data: Option<Bytes> },
+    }
+}
+
+impl<B, W> AnswerBody<B, W> {
+    /// The inner service's body `inner`, shown to `watch` (if any) as it passes.
+    pub(crate) fn inner(inner: B, watch: Option<W>) -> Self {
+        let body = WatchedBody { inner, watch };
+        Self {
+            content: Content::Inner { body },
+        }
+    }
+}
+
+impl<B, W> From<Bytes> for AnswerBody<B, W> {
+    /// The body of an answer the layer made itself.
+    fn from(bytes: Bytes) -> Self {
+        let data = (!bytes.is_empty()).then_some(bytes);
+        Self {
+            content: Content::Own { data },
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>, W: Watch> Body for AnswerBody<B, W> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().content.project() {
+            ContentProj::Inner { body } => body.poll_frame(cx),
+            ContentProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.content {
+            Content::Inner { body } => body.is_end_stream(),
+            Content::Own { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.content {
+            Content::Inner { body } => body.size_hint(),
+            Content::Own { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+impl<B, W> fmt::Debug for AnswerBody<B, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.content {
+            Content::Inner { body } => f.debug_tuple("AnswerBody::Inner").field(body).finish(),
+            Content::Own { data } => f
+                .debug_struct("AnswerBody::Own")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .finish(),
+        }
     }
 }
 

@@ -8,14 +8,13 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::{Body, Frame};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::state::{Entry, Permit, Shared};
 use super::Overload;
-use crate::body_end::{Watch, WatchedBody};
+use crate::body_end::{AnswerBody, Watch};
 use crate::head::RequestHead;
 
 /// Puts an [`Overload`] protection in front of an HTTP service; made by [`Overload::layer`].
@@ -122,21 +121,8 @@ where
     Ok(response.map(|inner| {
         // A body already at its end ends the request now.
         let watch = (!inner.is_end_stream()).then_some(permit);
-        let body = WatchedBody { inner, watch };
-        OverloadBody {
-            content: Content::Inner { body },
-        }
+        AnswerBody::inner(inner, watch)
     }))
-}
-
-impl<B> From<Bytes> for OverloadBody<B> {
-    /// The body of an answer the layer made itself.
-    fn from(bytes: Bytes) -> Self {
-        let data = (!bytes.is_empty()).then_some(bytes);
-        Self {
-            content: Content::Answer { data },
-        }
-    }
 }
 
 /// A request's permit waits for the end of its body: read to its end, failed, or dropped.
@@ -146,59 +132,6 @@ impl Watch for Permit {
     }
 }
 
-pin_project! {
-    /// The response body of an [`OverloadService`]: the inner service's body, holding the
-    /// request's permit until it ends, fails or is dropped; or the body of a shed answer.
-    pub struct OverloadBody<B> {
-        #[pin]
-        content: Content<B>,
-    }
-}
-
-pin_project! {
-    #[project = ContentProj]
-    enum Content<B> {
-        Inner { #[pin] body: WatchedBody<B, Permit> },
-        Answer { data: Option<Bytes> },
-    }
-}
-
-impl<B> fmt::Debug for OverloadBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.content {
-            Content::Inner { body } => f.debug_tuple("OverloadBody").field(body).finish(),
-            Content::Answer { .. } => f.write_str("OverloadBody::Answer"),
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for OverloadBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().content.project() {
-            ContentProj::Inner { body } => body.poll_frame(cx),
-            ContentProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.content {
-            Content::Inner { body } => body.is_end_stream(),
-            Content::Answer { data } => data.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.content {
-            Content::Inner { body } => body.size_hint(),
-            Content::Answer { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-        }
-    }
-}
+/// The response body of an [`OverloadService`]: the inner service's body, holding the
+/// request's permit until it ends, fails or is dropped; or the body of a shed answer.
+pub type OverloadBody<B> = AnswerBody<B, Permit>;

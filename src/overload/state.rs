@@ -248,8 +248,11 @@ impl Shared {
 }
 
 /// One admitted request's slot, given back exactly once when dropped (at the body's end, or
-/// whatever ends the request before).
-pub(super) struct Permit {
+/// whatever ends the request before). `pub` in a private module: [`OverloadBody`] names it,
+/// users cannot.
+///
+/// [`OverloadBody`]: super::OverloadBody
+pub struct Permit {
     /// `None` once the slot was taken back under the lock.
     shared: Option<Arc<Shared>>,
     started: u64,
@@ -266,6 +269,14 @@ impl Permit {
         if let Some(shared) = &self.shared {
             shared.record(self);
         }
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("held", &self.shared.is_some())
+            .finish_non_exhaustive()
     }
 }
 

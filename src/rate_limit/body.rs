@@ -1,14 +1,11 @@
 //! The body of a rate-limited service's responses: the inner service's body type, or a
 //! [`RateLimitBody`] around it.
 
-use std::fmt;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
-
 use bytes::Bytes;
 use http::Response;
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
+use http_body::Body;
+
+use crate::body_end::{AnswerBody, Reads};
 
 /// How a [`RateLimitService`](super::RateLimitService) service's responses carry their bodies: the inner
 /// service's own body type ([`SameBody`], the default) or a [`RateLimitBody`] around it
@@ -29,10 +26,7 @@ pub trait BodyKind<B>: sealed::Sealed {
     /// The inner service's response, with its body made [`Self::Body`], carrying what is left
     /// to settle when the body ends.
     #[doc(hidden)]
-    fn response(
-        response: Response<B>,
-        settling: Option<Box<dyn sealed::ReadsBody>>,
-    ) -> Response<Self::Body>;
+    fn response(response: Response<B>, settling: Option<Box<dyn Reads>>) -> Response<Self::Body>;
 
     /// The body of an answer the layer made itself.
     #[doc(hidden)]
@@ -60,10 +54,7 @@ pub struct WrapBody;
 impl<B: From<Bytes>> BodyKind<B> for SameBody {
     type Body = B;
 
-    fn response(
-        response: Response<B>,
-        settling: Option<Box<dyn sealed::ReadsBody>>,
-    ) -> Response<B> {
+    fn response(response: Response<B>, settling: Option<Box<dyn Reads>>) -> Response<B> {
         // The layer refuses to serve body settles without `wrap_body`, so there is none here;
         // were there one, dropping it keeps the estimates.
         drop(settling);
@@ -81,104 +72,23 @@ impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
 
     fn response(
         response: Response<B>,
-        settling: Option<Box<dyn sealed::ReadsBody>>,
+        settling: Option<Box<dyn Reads>>,
     ) -> Response<RateLimitBody<B>> {
-        response.map(|body| RateLimitBody {
-            content: Content::Inner { body, settling },
-        })
+        response.map(|body| AnswerBody::inner(body, settling))
     }
 
     fn answer(bytes: Bytes) -> RateLimitBody<B> {
-        let data = (!bytes.is_empty()).then_some(bytes);
-        RateLimitBody {
-            content: Content::Full { data },
-        }
+        AnswerBody::from(bytes)
     }
 }
 
-pin_project! {
-    /// The response body of a rate-limited service: the inner service's body, or the body of an
-    /// answer the layer made itself.
-    pub struct RateLimitBody<B> {
-        #[pin]
-        content: Content<B>,
-    }
-}
+/// The response body of a rate-limited service that wraps bodies ([`WrapBody`]): the inner
+/// service's body (read as it passes when the request settles its cost from the body), or the
+/// body of an answer the layer made itself.
+pub type RateLimitBody<B> = AnswerBody<B, Box<dyn Reads>>;
 
-pin_project! {
-    // Whose bytes the body carries.
-    #[project = ContentProj]
-    enum Content<B> {
-        Inner { #[pin] body: B, settling: Option<Box<dyn sealed::ReadsBody>> },
-        Full { data: Option<Bytes> },
-    }
-}
-
-impl<B> fmt::Debug for RateLimitBody<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.content {
-            Content::Inner { .. } => f.write_str("RateLimitBody::Inner"),
-            Content::Full { data } => f
-                .debug_struct("RateLimitBody::Full")
-                .field("len", &data.as_ref().map_or(0, Bytes::len))
-                .finish(),
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().content.project() {
-            ContentProj::Inner { body, settling } => {
-                let frame = ready!(body.poll_frame(cx));
-                match &frame {
-                    Some(Ok(frame)) => {
-                        if let (Some(settle), Some(data)) = (settling.as_mut(), frame.data_ref()) {
-                            settle.feed(data);
-                        }
-                    }
-                    // The end, or a failure: settled now, with what was read.
-                    None | Some(Err(_)) => *settling = None,
-                }
-                Poll::Ready(frame)
-            }
-            ContentProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.content {
-            Content::Inner { body, .. } => body.is_end_stream(),
-            Content::Full { data } => data.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.content {
-            Content::Inner { body, .. } => body.size_hint(),
-            Content::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-        }
-    }
-}
-
-pub(crate) mod sealed {
+mod sealed {
     pub trait Sealed {}
-
-    /// What a body whose request settles its cost from the body carries: it reads each data
-    /// frame, and settles when dropped (at the body's end, its failure, or when the body is
-    /// dropped).
-    pub trait ReadsBody: Send {
-        /// Reads the next bytes of the body.
-        fn feed(&mut self, bytes: &[u8]);
-    }
     impl Sealed for super::SameBody {}
     impl Sealed for super::WrapBody {}
 }

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
-use super::body::sealed::ReadsBody;
 use super::headers::{policy_header, AdmittedHeaders};
 use super::key::KeyError;
 use super::policy::Settle;
@@ -17,6 +16,7 @@ use super::problem::problem_response;
 use super::refusal::Refusal;
 use super::set::{PolicyAnswer, PolicySet, QuotaOf, RefundOrSettle, SettleTo};
 use super::settings::{FailMode, Limits};
+use crate::body_end::Reads;
 use crate::decision::{Decision, InsufficientCapacity};
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
@@ -431,7 +431,7 @@ impl<P: PolicySet> Settlement<P> {
     }
 }
 
-impl<P: PolicySet> ReadsBody for Settlement<P> {
+impl<P: PolicySet> Reads for Settlement<P> {
     /// Reads `bytes`, the next of the response body, for the policies that settle from it.
     fn feed(&mut self, bytes: &[u8]) {
         for scan in self.scans.iter_mut().filter_map(|wait| wait.scan.as_mut()) {

@@ -12,11 +12,11 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::body::sealed::ReadsBody;
 use super::body::{BodyKind, SameBody};
 use super::decide::{Ledger, Progress, Settlement};
 use super::headers::AdmittedHeaders;
 use super::set::PolicySet;
+use crate::body_end::Reads;
 use crate::head::RequestHead;
 use crate::limiter::BoxReserve;
 
@@ -144,7 +144,7 @@ where
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
-                    let settling = settling.map(|s| s as Box<dyn ReadsBody>);
+                    let settling = settling.map(|s| s as Box<dyn Reads>);
                     return Poll::Ready(Ok(M::response(response, settling)));
                 }
                 StateProj::Answering { response } => {

@@ -2,14 +2,10 @@
 //! `reqwest`): the call's estimate goes to the cost a [`BodyUsage`] reads, as an inbound
 //! policy's [`settle_from_body`](crate::rate_limit::Policy::settle_from_body) does.
 
-use std::io::IoSlice;
-
-use bytes::Buf;
-use http_body::Frame;
 use reqwest::ResponseBuilderExt;
 
 use super::counting::{QuotaSettle, Unsettled};
-use crate::body_end::{Watch, WatchedBody};
+use crate::body_end::{Reads, WatchedBody};
 use crate::usage::{AnswerScan, BodyUsage};
 
 /// Settles each call to the cost its `reqwest::Response`'s body reports, read as the caller
@@ -56,20 +52,9 @@ struct SettleFromBody {
     unsettled: Unsettled,
 }
 
-impl Watch for SettleFromBody {
-    fn seen<D: Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, end: bool) -> bool {
-        let Some(Ok(frame)) = frame else {
-            return true;
-        };
-        if let Some(data) = frame.data_ref() {
-            // A frame's bytes, however many pieces they come in (`Bytes`, reqwest's, are one).
-            let mut pieces = [IoSlice::new(&[]); 16];
-            let count = data.chunks_vectored(&mut pieces);
-            for piece in &pieces[..count] {
-                self.scan.feed(piece);
-            }
-        }
-        end
+impl Reads for SettleFromBody {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.scan.feed(bytes);
     }
 }
 
