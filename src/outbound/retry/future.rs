@@ -56,9 +56,9 @@ impl Drop for Withdrawal<'_> {
 }
 
 /// The wait a retry of `result` needs at least, if `result` is transient: an answer `K` judges
-/// [`Verdict::Overloaded`], waiting what the answer asks (`Retry-After`, a spent quota, a gRPC
-/// pushback: read as the pushback reads them, uncapped; unless a gRPC pushback says not to
-/// retry); an error that names a time to come
+/// [`Verdict::Overloaded`], waiting what the answer asks (`Retry-After`, a spent quota or its
+/// spent tokens, a gRPC pushback: read as the pushback reads them in its built-in dialects,
+/// uncapped; unless a gRPC pushback says not to retry); an error that names a time to come
 /// back ([`retry_after`]: the crate's refusals below, a gRPC status with a delay), waiting
 /// that; or another error `K` judges overloaded, waiting nothing. A refusal below that names no
 /// time (a full bulkhead), or an open breaker's, is never retried.

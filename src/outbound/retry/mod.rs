@@ -27,8 +27,10 @@
 //! * **the wait asked is at most [`max_wait`](RetryBuilder::max_wait)**: a retry never leaves
 //!   before the answer's `Retry-After` (delta-seconds, decimal seconds or an HTTP-date),
 //!   `retry-after-ms`, gRPC `RetryInfo` or `grpc-retry-pushback-ms` (feature `grpc`), the
-//!   window of a quota it says is spent (all read as the [pushback](super::pushback) reads
-//!   them, a 429 naming no time asking one second), or an error's `retry_after`. When that is
+//!   window of a quota it says is spent or the reset of its spent tokens (OpenAI's and
+//!   Anthropic's token families), all read as the [pushback](super::pushback) reads them in its
+//!   built-in dialects (a dialect given to a pushback is its own), a 429 naming no time asking
+//!   one second; or an error's `retry_after`. When that is
 //!   longer than `max_wait`, no retry is made and the call ends with the answer or error as it
 //!   came; so it does when a `grpc-retry-pushback-ms` is negative or unreadable, which in
 //!   gRPC's retry design (A6) says not to retry.

@@ -319,10 +319,12 @@ fn read_with(
 }
 
 /// How long an answer of `status` and `headers` asks every call to wait, read as [`read`]
-/// reads it but uncapped (`max_hold` is the pushback's, not the caller's): the longer of its
-/// hold and the windows of the quotas it says are spent. What a retry of the call waits at
-/// least. The answer was judged transient, so its `Retry-After` counts whatever its status (a
-/// 504's too, which the pushback does not read).
+/// reads it in the built-in dialects but uncapped (`max_hold` is the pushback's, not the
+/// caller's): the longest of its hold, the windows of the quotas it says are spent, and the
+/// reset of the tokens it says are spent (a call takes at least one: a pushback below holds a
+/// call for them too). What a retry of the call waits at least. The answer was judged
+/// transient, so its `Retry-After` counts whatever its status (a 504's too, which the pushback
+/// does not read).
 #[cfg(feature = "adaptive")]
 pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) -> Duration {
     let reader = Reader::new(dependency, Duration::MAX, headers);
@@ -330,9 +332,13 @@ pub(crate) fn wait(dependency: &str, status: StatusCode, headers: &HeaderMap) ->
     let answer = read_with(&reader, status, headers, retry_after, &[]);
     let spent = (answer.quotas.iter())
         .filter(|quota| quota.remaining == 0)
-        .map(|quota| quota.window)
-        .max();
-    answer.hold.max(spent).unwrap_or_default()
+        .map(|quota| quota.window);
+    let tokens_spent = (answer.tokens.iter())
+        .filter(|tokens| tokens.remaining == 0)
+        .map(|tokens| tokens.resets_in);
+    (answer.hold.into_iter().chain(spent).chain(tokens_spent))
+        .max()
+        .unwrap_or_default()
 }
 
 /// Whether [`read`] reads the `Retry-After` of an answer of `status`: a 429, a 503, or a 403
