@@ -52,12 +52,15 @@ impl OverloadSettings {
     /// naming the field: the builder's own checks are the validation.
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an overload protection needs")?;
-        let limits = [
-            &mut self.min_limit,
-            &mut self.initial_limit,
-            &mut self.max_limit,
-        ];
-        at.limits(limits, [8, 16, 1000])?;
+        #[cfg(feature = "adaptive")]
+        at.limits(
+            [
+                &mut self.min_limit,
+                &mut self.initial_limit,
+                &mut self.max_limit,
+            ],
+            crate::overload::DEFAULT_LIMITS,
+        )?;
         match (self.queue_capacity, self.max_wait) {
             (Some(_), None) => return Err(at.err("max_wait", "is required with queue_capacity")),
             (None, Some(_)) => return Err(at.err("queue_capacity", "is required with max_wait")),

@@ -40,6 +40,7 @@ impl InstancePath<'_> {
     /// writes only `max_limit = 4` lowers the default minimum rather than being refused for a
     /// field it did not write. Then checks `min_limit <= initial_limit <= max_limit`, naming a
     /// field written.
+    #[cfg(feature = "adaptive")]
     pub(super) fn limits(
         &self,
         limits: [&mut Option<Count<MAX_LIMIT>>; 3],
@@ -352,11 +353,15 @@ impl AdaptiveBulkheadSettings {
 
     fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an adaptive bulkhead needs")?;
-        let limits = [
-            &mut self.min_limit,
-            &mut self.initial_limit,
-            &mut self.max_limit,
-        ];
-        at.limits(limits, [1, 8, 256])
+        #[cfg(feature = "adaptive")]
+        at.limits(
+            [
+                &mut self.min_limit,
+                &mut self.initial_limit,
+                &mut self.max_limit,
+            ],
+            crate::bulkhead::adaptive::DEFAULT_LIMITS,
+        )?;
+        Ok(())
     }
 }

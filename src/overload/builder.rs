@@ -26,6 +26,16 @@ pub struct Overload {
     pub(super) shared: Arc<Shared>,
 }
 
+/// The limits by default (minimum, initial, maximum), the builder's and the config file's: from
+/// 8 to 1000, starting at 16.
+pub(crate) const DEFAULT_LIMITS: [u32; 3] = [8, 16, 1000];
+
+/// [`DEFAULT_LIMITS`] as the builder holds them.
+fn default_limits() -> Limits {
+    let [min, initial, max] = DEFAULT_LIMITS.map(|n| n as usize);
+    Limits::new(min, initial, max).unwrap_or_default()
+}
+
 impl Overload {
     /// A builder for a protection named `name`, with the defaults the [module
     /// docs](super#defaults) give.
@@ -34,8 +44,7 @@ impl Overload {
         let guarantees = [DEFAULT_CRITICAL_GUARANTEE, DEFAULT_DEFAULT_GUARANTEE, 0.0];
         OverloadBuilder {
             name: name.into(),
-            // From 8 to 1000, starting at 16.
-            limits: Limits::new(8, 16, 1000).unwrap_or_default(),
+            limits: default_limits(),
             algorithm: Box::new(default_algorithm(PROBE_EVERY).unwrap_or_default()),
             priority_by: Box::new(|_: &RequestHead<'_>| Priority::Default),
             guarantees,

@@ -124,7 +124,7 @@ mod service;
 mod state;
 
 #[cfg(feature = "config")]
-pub(crate) use builder::default_algorithm;
+pub(crate) use builder::{default_algorithm, DEFAULT_LIMITS};
 pub use builder::{Overload, OverloadBuilder};
 pub use service::{OverloadBody, OverloadLayer, OverloadService};
 

@@ -65,14 +65,15 @@ impl Limits {
     }
 }
 
+/// The adaptive bulkhead's limits by default (minimum, initial, maximum), the builder's and the
+/// config file's.
+pub(crate) const DEFAULT_LIMITS: [u32; 3] = [1, 8, 256];
+
 impl Default for Limits {
     /// From 1 to 256, starting at 8.
     fn default() -> Self {
-        Self {
-            min: 1,
-            initial: 8,
-            max: 256,
-        }
+        let [min, initial, max] = DEFAULT_LIMITS.map(|n| n as usize);
+        Self { min, initial, max }
     }
 }
 

@@ -142,4 +142,5 @@ pub use controller::LimitChanged;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
 pub use layer::{ClassifiedLayer, ClassifiedService};
+pub(crate) use limit::DEFAULT_LIMITS;
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};
