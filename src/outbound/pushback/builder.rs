@@ -82,6 +82,7 @@ impl<C: Clock> PushbackBuilder<C> {
     /// The longest hold any response can impose (default ten minutes): a longer
     /// `Retry-After` or window is cut to this, and logged. It is also the longest calls are held
     /// by a policy that gives nothing: this long after the last answer or call, one call goes.
+    /// Zero holds nothing an answer asks (the config file refuses it there, as a likely slip).
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = max_hold;
         self
