@@ -23,7 +23,7 @@ use tower_bulwark::overload::{Overload, Priority};
 
 use crate::support::{
     alternating, body_of_a_default_request, fixed, gated, held_inside, moving_limit, one_inside,
-    request, Svc,
+    queued, request, Svc,
 };
 
 const W: Duration = Duration::from_millis(50);
@@ -134,9 +134,7 @@ async fn a_cancelled_or_expired_waiter_frees_its_place_in_the_queue() {
     let (overload, service, gated, _entered, first) =
         one_inside(1, Duration::from_millis(100), Priority::Default).await;
     // Cancelled twice over: dropped after its first poll, and its task aborted.
-    let mut dropped = Box::pin(service.clone().oneshot(request(Priority::Default)));
-    assert!((&mut dropped).now_or_never().is_none());
-    drop(dropped);
+    drop(queued(&service, Priority::Default));
     let aborted = tokio::spawn(service.clone().oneshot(request(Priority::Default)));
     tokio::task::yield_now().await;
     aborted.abort();

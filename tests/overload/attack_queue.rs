@@ -9,7 +9,7 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tower_bulwark::overload::Priority;
 
-use crate::support::{answer_to, called, fixed, one_inside, request};
+use crate::support::{answer_to, called, fixed, one_inside, queued, request};
 
 /// `src/overload/builder.rs` (`queue`): "at most `capacity` wait, ... each for at most
 /// `max_wait` (on tokio's clock) from its call, however late its future is first polled. A full
@@ -116,8 +116,7 @@ fn a_request_admitted_in_call_is_counted_even_if_dropped_before_its_first_poll()
 async fn a_waiter_polled_after_its_wait_but_before_its_timer_still_waits() {
     let (overload, service, gated, _entered, first) =
         one_inside(1, Duration::from_micros(10_500), Priority::Default).await;
-    let mut waiter = Box::pin(service.clone().oneshot(request(Priority::Default)));
-    assert!((&mut waiter).now_or_never().is_none());
+    let mut waiter = queued(&service, Priority::Default);
     tokio::time::advance(Duration::from_micros(10_500)).await;
     assert!(
         (&mut waiter).now_or_never().is_none(),

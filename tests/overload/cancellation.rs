@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use futures::FutureExt;
 use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt};
 use tower_bulwark::overload::Priority;
 
-use crate::support::{alternating, body_of_a_default_request, fixed, gated, one_inside, request};
+use crate::support::{
+    alternating, body_of_a_default_request, fixed, gated, one_inside, queued, request,
+};
 
 #[tokio::test]
 async fn a_future_dropped_before_its_first_poll_gives_its_place_back() {
@@ -42,12 +43,8 @@ async fn a_future_dropped_while_the_service_runs_gives_its_place_back() {
 async fn a_queued_future_dropped_leaves_the_queue_and_takes_nothing() {
     let (overload, service, gated, _entered, first) =
         one_inside(4, Duration::from_secs(60), Priority::Default).await;
-    let mut queued = Box::pin(service.clone().oneshot(request(Priority::Critical)));
-    assert!(
-        (&mut queued).now_or_never().is_none(),
-        "waits: the limit is reached"
-    );
-    drop(queued);
+    // Waits: the limit is reached.
+    drop(queued(&service, Priority::Critical));
     gated.gate.add_permits(1);
     drop(first.await.unwrap().unwrap());
     assert_eq!(overload.in_flight(), 0);
@@ -62,13 +59,12 @@ async fn a_queued_future_dropped_leaves_the_queue_and_takes_nothing() {
 async fn a_waiter_granted_a_place_and_dropped_before_it_woke_gives_it_back() {
     let (overload, service, gated, _entered, first) =
         one_inside(4, Duration::from_secs(60), Priority::Default).await;
-    let mut queued = Box::pin(service.clone().oneshot(request(Priority::Default)));
-    assert!((&mut queued).now_or_never().is_none());
+    let waiter = queued(&service, Priority::Default);
     gated.gate.add_permits(1);
     drop(first.await.unwrap().unwrap());
     // The first one's end handed its place to the waiter, which has not been polled since.
     assert_eq!(overload.in_flight(), 1);
-    drop(queued);
+    drop(waiter);
     assert_eq!(overload.in_flight(), 0);
 }
 

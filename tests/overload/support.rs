@@ -137,6 +137,18 @@ where
     answer_to(service, Priority::Default).await.into_body()
 }
 
+/// A request of `class` sent through `service` and polled once, still waiting (queued): the
+/// test fails if it was answered.
+pub fn queued(
+    service: &Svc,
+    class: Priority,
+) -> std::pin::Pin<Box<tower::util::Oneshot<Svc, http::Request<Body>>>> {
+    use futures::FutureExt;
+    let mut waiting = Box::pin(service.clone().oneshot(request(class)));
+    assert!((&mut waiting).now_or_never().is_none(), "answered at once");
+    waiting
+}
+
 /// A request inside a [`gated`] service, which the test lets out.
 pub type Inside = tokio::task::JoinHandle<Result<http::Response<Body>, std::convert::Infallible>>;
 
