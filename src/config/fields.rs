@@ -94,7 +94,9 @@ where
 }
 
 /// Reads a list of networks in CIDR notation. Each item is checked here, after toml has read
-/// it, so that an error is the field's (`trusted_proxies`), whichever item is wrong.
+/// it, so that an error is the field's (`trusted_proxies`), whichever item is wrong. The list is
+/// a set (every use asks whether an address is in one of them): kept sorted and without
+/// repeats, so that a file listing the same networks in another order changes nothing.
 pub(super) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
     struct Cidrs;
     impl<'de> Visitor<'de> for Cidrs {
@@ -116,6 +118,8 @@ pub(super) fn cidrs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Err
                 let cidr = text.parse();
                 out.push(cidr.map_err(|e| de::Error::custom(format!("`{text}`: {e}")))?);
             }
+            out.sort_unstable();
+            out.dedup();
             Ok(out)
         }
     }

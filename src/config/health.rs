@@ -19,6 +19,15 @@ impl Registry {
         #[cfg(feature = "adaptive")]
         let bulkheads =
             bulkheads.chain((self.adaptive_bulkheads.iter()).map(|(name, b)| (name, b.snapshot())));
+        let mut bulkheads_by_name: Vec<_> = bulkheads
+            .map(|(name, snapshot)| BulkheadHealth {
+                name: name.clone(),
+                saturated: snapshot.available_concurrent_calls == 0,
+                snapshot,
+            })
+            .collect();
+        // Fixed and adaptive alike, in name order as the other lists are.
+        bulkheads_by_name.sort_by(|a, b| a.name.cmp(&b.name));
         Health {
             rate_limiters: self
                 .limiters
@@ -34,13 +43,7 @@ impl Registry {
                     }
                 })
                 .collect(),
-            bulkheads: bulkheads
-                .map(|(name, snapshot)| BulkheadHealth {
-                    name: name.clone(),
-                    saturated: snapshot.available_concurrent_calls == 0,
-                    snapshot,
-                })
-                .collect(),
+            bulkheads: bulkheads_by_name,
             pushbacks: self
                 .pushbacks
                 .iter()
@@ -115,7 +118,7 @@ impl Registry {
 pub struct Health {
     /// One entry per rate limiter, by name.
     pub rate_limiters: Vec<LimiterHealth>,
-    /// One entry per bulkhead, by name.
+    /// One entry per bulkhead, fixed or adaptive, in name order.
     pub bulkheads: Vec<BulkheadHealth>,
     /// One entry per pushback, by name.
     pub pushbacks: Vec<PushbackHealth>,

@@ -52,6 +52,8 @@ impl OverloadSettings {
     /// naming the field: the builder's own checks are the validation.
     pub(super) fn validate(&mut self, at: &InstancePath<'_>) -> Result<(), ConfigError> {
         at.needs_adaptive("an overload protection needs")?;
+        // A header name is case-insensitive: written in capitals, it is the same setting.
+        self.priority_header.make_ascii_lowercase();
         #[cfg(feature = "adaptive")]
         at.limits(
             [

@@ -13,6 +13,8 @@ mod breaker;
 #[cfg(all(feature = "config", feature = "adaptive", feature = "axum"))]
 mod attack;
 #[cfg(all(feature = "config", feature = "adaptive"))]
+mod attack_equivalent;
+#[cfg(all(feature = "config", feature = "adaptive"))]
 mod attack_followed;
 #[cfg(all(feature = "config", feature = "adaptive"))]
 mod attack_limits;

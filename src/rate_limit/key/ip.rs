@@ -81,7 +81,7 @@ pub(super) fn mask_v6(bits: u8) -> u128 {
 /// assert!("10.0.0.0/33".parse::<Cidr>().is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cidr {
     network: IpAddr,
     prefix: u8,
