@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 use std::io::IoSlice;
 
 use bytes::{Buf, Bytes};
+use http::header::CONTENT_LENGTH;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -59,24 +61,40 @@ impl<B: Body, W: Watch> Until<http::Response<B>, W> for UntilBodyEnd {
     type Response = http::Response<WatchedBody<B, W>>;
 
     fn respond(response: http::Response<B>, follow: impl FnOnce() -> W) -> Self::Response {
-        response.map(|inner| {
-            let mut watch = follow();
-            let watching = watch.starts(inner.is_end_stream());
-            WatchedBody {
-                inner,
-                watch: watching.then_some(watch),
-            }
-        })
+        let (head, inner) = response.into_parts();
+        let body = WatchedBody::new(inner, Some(follow()), &head.headers);
+        http::Response::from_parts(head, body)
     }
 }
 
 pin_project! {
     /// A response body whose frames pass through untouched, each shown on its way to the
     /// [`Watch`] `W` until it has seen what it waits for; `W` is dropped then.
+    ///
+    /// The body has ended, for `W`, when it says so (`is_end_stream`), with a trailers frame
+    /// (the last there can be), or once it has carried the bytes its head announced
+    /// (`Content-Length`, or an exact size hint): hyper stops polling a body at either of the
+    /// last two and drops it, which would otherwise read as a body left before its end.
     pub struct WatchedBody<B, W> {
         #[pin]
-        pub(crate) inner: B,
-        pub(crate) watch: Option<W>,
+        inner: B,
+        watch: Option<W>,
+        // The data bytes left before the end the head announced, if it did.
+        left: Option<u64>,
+    }
+}
+
+impl<B: Body, W: Watch> WatchedBody<B, W> {
+    /// `inner`, shown to `watch` (if any) as it passes, the body of an answer whose head has
+    /// the fields `headers`. A body ended already (empty) is not watched, if `watch` says so
+    /// ([`Watch::starts`]).
+    pub(crate) fn new(inner: B, watch: Option<W>, headers: &HeaderMap) -> Self {
+        let announced =
+            (headers.get(CONTENT_LENGTH)).and_then(|length| length.to_str().ok()?.parse().ok());
+        let left = announced.or(inner.size_hint().exact());
+        let ended = inner.is_end_stream() || left == Some(0);
+        let watch = watch.and_then(|mut watch| watch.starts(ended).then_some(watch));
+        Self { inner, watch, left }
     }
 }
 
@@ -149,7 +167,15 @@ impl<B: Body, W: Watch> Body for WatchedBody<B, W> {
             return Poll::Pending;
         };
         if let Some(watch) = this.watch {
-            if watch.seen(frame.as_ref(), this.inner.is_end_stream()) {
+            let mut end = this.inner.is_end_stream();
+            if let Some(Ok(frame)) = &frame {
+                end |= frame.is_trailers();
+                if let (Some(left), Some(data)) = (this.left.as_mut(), frame.data_ref()) {
+                    *left = left.saturating_sub(data.remaining() as u64);
+                    end |= *left == 0;
+                }
+            }
+            if watch.seen(frame.as_ref(), end) {
                 *this.watch = None;
             }
         }
@@ -191,10 +217,11 @@ pin_project! {
     }
 }
 
-impl<B, W> AnswerBody<B, W> {
-    /// The inner service's body `inner`, shown to `watch` (if any) as it passes.
-    pub(crate) fn inner(inner: B, watch: Option<W>) -> Self {
-        let body = WatchedBody { inner, watch };
+impl<B: Body, W: Watch> AnswerBody<B, W> {
+    /// The inner service's body `inner`, shown to `watch` (if any) as it passes, of an answer
+    /// whose head has the fields `headers`.
+    pub(crate) fn inner(inner: B, watch: Option<W>, headers: &HeaderMap) -> Self {
+        let body = WatchedBody::new(inner, watch, headers);
         Self {
             content: Content::Inner { body },
         }

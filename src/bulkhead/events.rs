@@ -33,7 +33,8 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum CallOutcome {
     /// The inner service answered with `Ok` (and, when the body is held, the body was read to its
-    /// end).
+    /// end: its last frame, its trailers, or the bytes its `Content-Length` announced, after
+    /// which hyper drops a body without polling it again).
     Success,
     /// The inner service answered with `Err` (or the held body failed).
     Failure,

@@ -69,8 +69,9 @@
 //!   `select!` that lost, a cancelled task), or when the inner service panics while being
 //!   called or polled;
 //! * in the [`UntilBodyEnd`](crate::head::UntilBodyEnd) mode ([`Bulkhead::body_layer`]), for services that answer with an
-//!   `http::Response<B>`, when the response body has been read to its end, fails, or is
-//!   dropped. Use it when the expensive part of a call is the body.
+//!   `http::Response<B>`, when the response body has been read to its end (its last frame,
+//!   its trailers, or the bytes its `Content-Length` announced), fails, or is dropped. Use it
+//!   when the expensive part of a call is the body.
 //!
 //! **With reqwest.** `reqwest::Client` is a `tower::Service<reqwest::Request>` whose future
 //! completes as soon as the response *headers* have arrived; the body is streamed afterwards, by

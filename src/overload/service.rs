@@ -118,11 +118,10 @@ where
 {
     let response = called.await?;
     permit.record();
-    Ok(response.map(|inner| {
-        // A body already at its end ends the request now.
-        let watch = (!inner.is_end_stream()).then_some(permit);
-        AnswerBody::inner(inner, watch)
-    }))
+    // A body already at its end ends the request now (`Watch::starts`).
+    let (head, inner) = response.into_parts();
+    let body = AnswerBody::inner(inner, Some(permit), &head.headers);
+    Ok(Response::from_parts(head, body))
 }
 
 /// A request's permit waits for the end of its body: read to its end, failed, or dropped.

@@ -74,7 +74,9 @@ impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
         response: Response<B>,
         settling: Option<Box<dyn Reads>>,
     ) -> Response<RateLimitBody<B>> {
-        response.map(|body| AnswerBody::inner(body, settling))
+        let (head, body) = response.into_parts();
+        let body = AnswerBody::inner(body, settling, &head.headers);
+        Response::from_parts(head, body)
     }
 
     fn answer(bytes: Bytes) -> RateLimitBody<B> {

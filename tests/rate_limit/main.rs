@@ -8,6 +8,7 @@ mod common;
 #[path = "../common/counting.rs"]
 mod counting;
 
+mod attack_body_end;
 #[cfg(feature = "reqwest")]
 mod attack_concurrency;
 #[cfg(feature = "grpc")]

@@ -37,10 +37,7 @@ impl QuotaSettle<reqwest::Response> for BodyUsage {
         if let Ok(with_url) = http::Response::builder().url(url).body(()) {
             parts.extensions.extend(with_url.into_parts().0.extensions);
         }
-        let body = reqwest::Body::wrap(WatchedBody {
-            inner,
-            watch: Some(watch),
-        });
+        let body = reqwest::Body::wrap(WatchedBody::new(inner, Some(watch), &parts.headers));
         *response = reqwest::Response::from(http::Response::from_parts(parts, body));
     }
 }
