@@ -142,5 +142,6 @@ pub use controller::LimitChanged;
 pub use future::ResponseFuture;
 pub use handle::{AdaptiveBulkhead, AdaptiveBulkheadBuilder};
 pub use layer::{ClassifiedLayer, ClassifiedService};
+#[cfg(feature = "config")]
 pub(crate) use limit::DEFAULT_LIMITS;
 pub use limit::{Aimd, Gradient, LimitAlgorithm, Limits, Sample};
