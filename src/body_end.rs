@@ -137,7 +137,7 @@ impl<R: Reads> Watch for R {
             return true;
         };
         if let Some(data) = frame.data_ref() {
-            // A frame's bytes, however many pieces they come in (`Bytes` are one).
+            // A frame's bytes, in up to 16 pieces: every body read so carries `Bytes`, one.
             let mut pieces = [IoSlice::new(&[]); 16];
             let count = data.chunks_vectored(&mut pieces);
             for piece in &pieces[..count] {
