@@ -540,6 +540,34 @@ async fn a_served_body_that_ends_with_trailers_is_a_success() {
     served_and_read_to_its_end_is_a_success(streamed_then_trailers, true).await;
 }
 
+/// A body with no data that ends in trailers (its size hint an exact zero), read through a
+/// pushback that reads trailers: the `RESOURCE_EXHAUSTED` and the delay in them hold calls. A
+/// watch that took an exact zero for the body's end at its start missed them.
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn trailers_after_no_data_are_read_by_a_pushback() {
+    use http_body_util::Full;
+    use tower_bulwark::outbound::pushback::Pushback;
+    let mut fields = HeaderMap::new();
+    fields.insert("grpc-status", HeaderValue::from_static("8"));
+    fields.insert("grpc-retry-pushback-ms", HeaderValue::from_static("2000"));
+    let pushback = Pushback::builder("trailers-only")
+        .clock(ManualClock::new())
+        .build();
+    let svc = pushback
+        .layer()
+        .read_trailers()
+        .layer(service_fn(move |_: ()| {
+            let body =
+                Full::new(Bytes::new()).with_trailers(std::future::ready(Some(Ok(fields.clone()))));
+            async move { Ok::<_, Infallible>(Response::new(body)) }
+        }));
+    let body = svc.oneshot(()).await.unwrap().into_body();
+    let read = body.collect().await.unwrap();
+    assert!(read.trailers().is_some());
+    assert_eq!(pushback.held_for(), Duration::from_secs(2));
+}
+
 /// The same trailers body under `oneshot`, read frame by frame to its trailers (as a gRPC
 /// reader that has its status stops there) and then dropped: the body was read to its end.
 #[tokio::test]

@@ -32,8 +32,13 @@ impl<C: Clock> ObserveTrailers for Dependency<C> {
 pub type PushbackBody<B> = WatchedBody<B, TrailerReader>;
 
 /// The reader waits for the answer's trailers: an answer has one trailer section, and one more
-/// is not read.
+/// is not read. A body without data may still end in trailers (a trailers-only answer built
+/// as a body): it is watched all the same.
 impl Watch for TrailerReader {
+    fn starts(&mut self, _: bool) -> bool {
+        true
+    }
+
     fn seen<D: bytes::Buf, E>(&mut self, frame: Option<&Result<Frame<D>, E>>, _: bool) -> bool {
         let trailers = frame.and_then(|frame| frame.as_ref().ok()?.trailers_ref());
         trailers.map(|trailers| self.trailers(trailers)).is_some()
