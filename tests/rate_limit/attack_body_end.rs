@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -34,6 +34,7 @@ use tower_bulwark::usage::BodyUsage;
 use tower_bulwark::{BoxError, KeyedRateLimiter, Limiter, Quota};
 
 use crate::common::listener::serve;
+use crate::common::poll_once;
 use crate::support::{header_cost, header_key, keyed};
 
 // ---------------------------------------------------------------------------------------------
@@ -218,21 +219,12 @@ async fn body_of(
     response.into_body()
 }
 
-/// What one poll of a body of type `B` gives.
-type Polled<B> =
-    Poll<Option<Result<Frame<<B as http_body::Body>::Data>, <B as http_body::Body>::Error>>>;
-
-/// Polls `body` once with a waker that does nothing.
-fn poll_once<B: http_body::Body + Unpin>(body: &mut B) -> Polled<B> {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    Pin::new(body).poll_frame(&mut cx)
-}
-
 /// Polls `body` up to `polls` times, stopping at its end or a panic of it, then drops it.
 fn poll_then_drop<B: http_body::Body + Unpin>(mut body: B, polls: usize) {
     for _ in 0..polls {
-        let polled =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poll_once(&mut body)));
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_once(pin!(body.frame()))
+        }));
         if matches!(polled, Ok(Poll::Ready(None)) | Err(_)) {
             break;
         }
@@ -258,7 +250,7 @@ async fn json_usage_split_at_every_position_settles_exactly_once_at_the_last_fra
                 let mut body = body_of(&limiter, StatusCode::OK, steps, ends_early).await;
                 let mut read = Vec::new();
                 for _ in 0..3 {
-                    let Poll::Ready(Some(Ok(frame))) = poll_once(&mut body) else {
+                    let Poll::Ready(Some(Ok(frame))) = poll_once(pin!(body.frame())) else {
                         panic!("a data frame");
                     };
                     read.extend_from_slice(frame.data_ref().unwrap());
@@ -268,8 +260,8 @@ async fn json_usage_split_at_every_position_settles_exactly_once_at_the_last_fra
                     assert!(http_body::Body::is_end_stream(&body));
                     assert_eq!(limiter.settles(), vec![(ESTIMATE, USED)], "cut {i} {j}");
                 }
-                assert!(matches!(poll_once(&mut body), Poll::Ready(None)));
-                assert!(matches!(poll_once(&mut body), Poll::Ready(None)));
+                assert!(matches!(poll_once(pin!(body.frame())), Poll::Ready(None)));
+                assert!(matches!(poll_once(pin!(body.frame())), Poll::Ready(None)));
                 drop(body);
                 assert_eq!(
                     limiter.settles(),
@@ -585,8 +577,8 @@ async fn a_body_read_to_its_trailers_then_dropped_is_a_success() {
         )))
     }));
     let mut body = svc.oneshot(()).await.unwrap().into_body();
-    assert!(poll_once(&mut body).is_ready());
-    let Poll::Ready(Some(Ok(frame))) = poll_once(&mut body) else {
+    assert!(poll_once(pin!(body.frame())).is_ready());
+    let Poll::Ready(Some(Ok(frame))) = poll_once(pin!(body.frame())) else {
         panic!("the trailers");
     };
     assert!(frame.is_trailers());
