@@ -84,6 +84,66 @@ async fn a_wider_ipv6_prefix_groups_more_addresses() {
 }
 
 #[tokio::test]
+async fn an_ipv4_prefix_groups_a_network_for_peers_and_forwarded_clients() {
+    let clock = ManualClock::new();
+    let by_peer = orders(RateLimitLayer::new(
+        Policy::new(
+            "per-24",
+            PeerIp::new().ipv4_prefix(24),
+            keyed(Quota::per_second(1).unwrap(), &clock),
+        )
+        .unwrap(),
+    ));
+    let forwarded = ForwardedIp::x_forwarded_for(["10.0.0.0/8".parse::<Cidr>().unwrap()]);
+    let by_client = orders(RateLimitLayer::new(
+        Policy::new(
+            "per-24",
+            forwarded.ipv4_prefix(24),
+            keyed(Quota::per_second(1).unwrap(), &clock),
+        )
+        .unwrap(),
+    ));
+    let proxy = peer("10.0.0.2");
+    let from = |client| [("x-forwarded-for", client)];
+    // One address of a /24 spends the network's budget: another of it is refused, one of the
+    // next /24 is not, and a mapped address of the first /24 is the same IPv4 network.
+    for (first, same, mapped, next) in [
+        ("192.0.2.1", "192.0.2.254", "::ffff:192.0.2.9", "192.0.3.1"),
+        (
+            "198.51.100.1",
+            "198.51.100.200",
+            "::ffff:198.51.100.7",
+            "198.51.101.1",
+        ),
+    ] {
+        assert_eq!(
+            send(&by_peer, peer(first), &[]).await.status(),
+            StatusCode::OK
+        );
+        for refused in [same, mapped] {
+            let status = send(&by_peer, peer(refused), &[]).await.status();
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+        }
+        assert_eq!(
+            send(&by_peer, peer(next), &[]).await.status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&by_client, proxy, &from(first)).await.status(),
+            StatusCode::OK
+        );
+        for refused in [same, mapped] {
+            let status = send(&by_client, proxy, &from(refused)).await.status();
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+        }
+        assert_eq!(
+            send(&by_client, proxy, &from(next)).await.status(),
+            StatusCode::OK
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_untrusted_peer_cannot_choose_its_key_with_forwarding_headers() {
     let clock = ManualClock::new();
     let limiter = keyed(Quota::per_second(1).unwrap(), &clock);
