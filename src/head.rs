@@ -17,19 +17,19 @@ pub use crate::body_end::{Until, UntilBodyEnd, UntilHead};
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// The milliseconds a `grpc-retry-pushback-ms` value asks to wait; `None` for one that is not a
-/// count of milliseconds (negative, or unreadable), which A6 reads as "do not retry". The one
-/// reader of the field, for the pushback's hold and the retries alike.
+/// The `grpc-retry-pushback-ms` of `headers` (an answer's, or a `tonic::Status`'s metadata as
+/// a header map): `None` when there is none, else the milliseconds it asks to wait, or `None`
+/// within for one that is not a count of milliseconds (negative, or unreadable), which A6 reads
+/// as "do not retry". The one reader of the field, for the pushback's hold and the retries
+/// alike.
 #[cfg(any(feature = "grpc", feature = "adaptive"))]
-pub(crate) fn pushback_millis(value: &[u8]) -> Option<u64> {
-    std::str::from_utf8(value).ok()?.trim().parse().ok()
-}
-
-/// Whether a `grpc-retry-pushback-ms` of `value` (if any) says not to retry (A6): one that is
-/// there and is not a count of milliseconds. Whatever else the answer says.
-#[cfg(feature = "adaptive")]
-pub(crate) fn pushback_forbids_retry(value: Option<&[u8]>) -> bool {
-    value.is_some_and(|value| pushback_millis(value).is_none())
+pub(crate) fn pushback_millis(headers: &http::HeaderMap) -> Option<Option<u64>> {
+    let value = headers.get(GRPC_RETRY_PUSHBACK_MS)?.as_bytes();
+    Some(
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse().ok()),
+    )
 }
 /// A gRPC answer's status code.
 #[cfg(feature = "grpc")]

@@ -11,7 +11,7 @@ use http::HeaderMap;
 use prost::Message;
 use tonic::Code;
 
-use crate::head::{GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_STATUS_DETAILS_BIN};
+use crate::head::{GRPC_STATUS, GRPC_STATUS_DETAILS_BIN};
 
 /// `grpc-status-details-bin` as gRPC writes it: standard base64, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -20,15 +20,16 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 );
 
 /// What an answer with a gRPC `status` says of when to call again: the longer of the
-/// `RetryInfo` in its `details` (the serialized `google.rpc.Status`) and its `pushback` (A6:
-/// milliseconds; a negative or unreadable value means "do not retry", and names no time), so
+/// `RetryInfo` in its `details` (the serialized `google.rpc.Status`) and the
+/// `grpc-retry-pushback-ms` of its `headers` (A6: milliseconds; a negative or unreadable value
+/// means "do not retry", and names no time), so
 /// that a call waits for both. Only a status that a wait can end counts: `RESOURCE_EXHAUSTED`
 /// and `UNAVAILABLE`.
-fn delay(code: Code, details: &[u8], pushback: Option<&[u8]>) -> Option<Duration> {
+fn delay(code: Code, details: &[u8], headers: &HeaderMap) -> Option<Duration> {
     if !matches!(code, Code::ResourceExhausted | Code::Unavailable) {
         return None;
     }
-    let pushback = pushback.and_then(crate::head::pushback_millis);
+    let pushback = crate::head::pushback_millis(headers).flatten();
     retry_info_delay(details).max(pushback.map(Duration::from_millis))
 }
 
@@ -58,13 +59,10 @@ pub(crate) fn hold(headers: &HeaderMap) -> Option<Duration> {
     let code = Code::from_bytes(headers.get(GRPC_STATUS)?.as_bytes());
     let details = headers.get(GRPC_STATUS_DETAILS_BIN);
     let details = details.and_then(|value| BASE64.decode(value.as_bytes()).ok());
-    let pushback = headers.get(GRPC_RETRY_PUSHBACK_MS).map(|v| v.as_bytes());
-    delay(code, details.as_deref().unwrap_or_default(), pushback)
+    delay(code, details.as_deref().unwrap_or_default(), headers)
 }
 
 /// The delay a `tonic::Status` asks for, as [`hold`] reads it from headers.
 pub(crate) fn status_delay(status: &tonic::Status) -> Option<Duration> {
-    let pushback = status.metadata().get(GRPC_RETRY_PUSHBACK_MS.as_str());
-    let pushback = pushback.map(|v| v.as_bytes());
-    delay(status.code(), status.details(), pushback)
+    delay(status.code(), status.details(), status.metadata().as_ref())
 }

@@ -142,9 +142,9 @@ impl<R: ResponseHead> Classify<R> for HttpOverload {
             #[cfg(feature = "grpc")]
             Ok(response)
                 if response.status() == http::StatusCode::OK
-                    && response.headers().contains_key(crate::head::GRPC_STATUS) =>
+                    && grpc_overloaded(response.headers()) =>
             {
-                grpc_verdict(response.headers())
+                Verdict::Overloaded
             }
             Ok(response) => Self::classify_status(response.status()),
             Err(error) => Self::classify_error(&**error),
@@ -152,16 +152,13 @@ impl<R: ResponseHead> Classify<R> for HttpOverload {
     }
 }
 
-/// The verdict on a trailers-only gRPC answer (feature `grpc`), by its `grpc-status`:
-/// `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are overload, any other status
-/// is a healthy sample (the dependency answered in its own time).
+/// Whether a trailers-only gRPC answer (feature `grpc`) is overload by its `grpc-status`:
+/// `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are; any other status is a
+/// healthy sample (the dependency answered in its own time), as a 200 is.
 #[cfg(feature = "grpc")]
-fn grpc_verdict(headers: &http::HeaderMap) -> Verdict {
+fn grpc_overloaded(headers: &http::HeaderMap) -> bool {
     let code = headers.get(crate::head::GRPC_STATUS).map(|v| v.as_bytes());
-    match code {
-        Some(b"4" | b"8" | b"14") => Verdict::Overloaded,
-        _ => Verdict::Healthy,
-    }
+    matches!(code, Some(b"4" | b"8" | b"14"))
 }
 
 /// The tower-http failure class of [`HttpOverload`]: why an answer counts as overload.

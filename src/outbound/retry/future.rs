@@ -93,19 +93,14 @@ where
 /// Whether the answer says not to retry: a `grpc-retry-pushback-ms` that is not a count of
 /// milliseconds (negative, or unreadable), as gRPC's retry design (A6) reads it.
 fn forbids_retry(headers: &http::HeaderMap) -> bool {
-    let pushback = headers.get(crate::head::GRPC_RETRY_PUSHBACK_MS);
-    crate::head::pushback_forbids_retry(pushback.map(|v| v.as_bytes()))
+    crate::head::pushback_millis(headers) == Some(None)
 }
 
 /// [`forbids_retry`] of a `tonic::Status` (its metadata are the headers it came with).
 #[cfg(feature = "grpc")]
 fn forbids_retry_status(error: &(dyn std::error::Error + 'static)) -> bool {
-    error.downcast_ref::<tonic::Status>().is_some_and(|status| {
-        let pushback = status
-            .metadata()
-            .get(crate::head::GRPC_RETRY_PUSHBACK_MS.as_str());
-        crate::head::pushback_forbids_retry(pushback.map(|v| v.as_bytes()))
-    })
+    let status = error.downcast_ref::<tonic::Status>();
+    status.is_some_and(|status| forbids_retry(status.metadata().as_ref()))
 }
 
 /// The call: `first`, the first attempt, already sent; then, while `spare` holds a copy of the

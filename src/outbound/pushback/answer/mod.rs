@@ -217,14 +217,6 @@ fn fewest_tokens(quotas: impl Iterator<Item = TokenQuota>) -> Option<TokenQuota>
     quotas.min_by_key(|quota| (quota.remaining, Reverse(quota.resets_in)))
 }
 
-/// `quotas`, the most restrictive first (the fewest calls left, and of those the longest
-/// window), at most [`MAX_QUOTAS`] of them.
-fn most_restrictive_first(mut quotas: Vec<AdvertisedQuota>) -> Vec<AdvertisedQuota> {
-    quotas.sort_by_key(|quota| (quota.remaining, Reverse(quota.window)));
-    quotas.truncate(MAX_QUOTAS);
-    quotas
-}
-
 /// A reader of a dialect of the user's: the calls left and the span until they reset, if the
 /// fields it knows are there.
 pub(crate) type ReadQuota = dyn Fn(&HeaderMap) -> Option<(u64, Duration)> + Send + Sync;
@@ -285,17 +277,19 @@ fn read_with(
         ))
     });
     let mut tokens = None;
-    let quotas = most_restrictive_first(
-        (READERS.iter())
-            .flat_map(|(_, read_dialect)| {
-                let (quotas, read) = read_dialect(reader, headers);
-                tokens = fewest_tokens(tokens.into_iter().chain(read));
-                quotas
-            })
-            .chain(custom)
-            .map(precedence)
-            .collect(),
-    );
+    let mut quotas: Vec<_> = (READERS.iter())
+        .flat_map(|(_, read_dialect)| {
+            let (quotas, read) = read_dialect(reader, headers);
+            tokens = fewest_tokens(tokens.into_iter().chain(read));
+            quotas
+        })
+        .chain(custom)
+        .map(precedence)
+        .collect();
+    // The most restrictive first (the fewest calls left, and of those the longest window), at
+    // most `MAX_QUOTAS` of them.
+    quotas.sort_by_key(|quota| (quota.remaining, Reverse(quota.window)));
+    quotas.truncate(MAX_QUOTAS);
     // Tokens are OpenAI's and Anthropic's, which both yield.
     if let (Some(after), Some(tokens)) = (retry_after, tokens.as_mut()) {
         if tokens.remaining == 0 {
