@@ -6,6 +6,10 @@
 #
 #   benches/http_instructions.sh            # every variant, 5 s of load each
 #   VARIANTS="none bulwark" DURATION=3s benches/http_instructions.sh
+#   FEATURES=adaptive VARIANTS="none tower-shed overload" benches/http_instructions.sh
+#
+# FEATURES are the crate's features the server is built with (`overload` needs `adaptive`);
+# they change the code of every variant a little, so compare variants of one run only.
 #
 # Needs `wrk` and `valgrind` (Debian: apt-get install wrk valgrind). The kernel's share of a
 # request (the socket calls, the same for every variant: one read and one write per request)
@@ -20,7 +24,7 @@ read -r -a VARIANTS <<<"${VARIANTS:-none identity-layer none-headers bulwark bul
 for tool in wrk valgrind; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install $tool)" >&2; exit 1; }
 done
-cargo build --release --example bench_server >&2
+cargo build --release --example bench_server ${FEATURES:+--features "$FEATURES"} >&2
 SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
 # OUT_DIR=dir keeps each variant's callgrind profile there (for callgrind_annotate).
 out_dir=${OUT_DIR:-$(mktemp -d)}

@@ -5,6 +5,7 @@
 #   benches/http_wrk.sh                 # defaults: 3 rounds of 5 s per variant, 32 connections
 #   ROUNDS=1 DURATION=10s benches/http_wrk.sh
 #   SERVER_THREADS=2 VARIANTS="bulwark governor-headers" benches/http_wrk.sh
+#   FEATURES=adaptive VARIANTS="none tower-shed overload" benches/http_wrk.sh  # `overload` needs it
 #
 # Needs `wrk` (Debian: apt-get install wrk). The server runs on one tokio worker thread pinned to
 # CPU 0 and wrk on one thread pinned to CPU 1 (when `taskset` exists), so the two do not compete.
@@ -31,7 +32,7 @@ read -r -a VARIANTS <<<"${VARIANTS:-none none-headers bulwark bulwark-bare gover
 WRK=${WRK:-wrk}
 command -v "$WRK" >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 if [[ -z "${SERVER:-}" ]]; then
-  cargo build --release --example bench_server >&2
+  cargo build --release --example bench_server ${FEATURES:+--features "$FEATURES"} >&2
   SERVER=${CARGO_TARGET_DIR:-target}/release/examples/bench_server
 fi
 

@@ -30,7 +30,12 @@
 //!   four, never settled;
 //! * `usage-settle-head`: the same, each request settled to the header (`settle_by`);
 //! * `usage-settle-body`: the same, each request settled to the body's `usage.total_tokens`
-//!   (`settle_from_body`, with `wrap_body`), read as the body goes out.
+//!   (`settle_from_body`, with `wrap_body`), read as the body goes out;
+//! * `overload` (feature `adaptive`): the overload protection, `Overload` with its default
+//!   settings (every request of the default class, the limit moved by its default AIMD);
+//! * `tower-shed`: tower's fixed limit of 1000 requests in flight, shedding those over it
+//!   (`load_shed` over `concurrency_limit`, its refusal answered `503`), the like of `overload`
+//!   with a limit that never moves.
 //!
 //! The server runs on `BENCH_THREADS` tokio worker threads (default 1) and listens on `ADDR`
 //! (default `127.0.0.1:3000`).
@@ -157,6 +162,21 @@ fn app(variant: &str) -> Result<Router, Box<dyn std::error::Error>> {
                 }
             }
         }
+        #[cfg(feature = "adaptive")]
+        "overload" => {
+            let overload = tower_bulwark::overload::Overload::builder("bench").build();
+            hello.route_layer(overload.layer())
+        }
+        #[cfg(not(feature = "adaptive"))]
+        "overload" => return Err("the `overload` variant needs `--features adaptive`".into()),
+        "tower-shed" => hello.route_layer(
+            tower::ServiceBuilder::new()
+                .layer(axum::error_handling::HandleErrorLayer::new(
+                    |_: tower::BoxError| async { http::StatusCode::SERVICE_UNAVAILABLE },
+                ))
+                .load_shed()
+                .concurrency_limit(1000),
+        ),
         other => return Err(format!("unknown variant {other:?}").into()),
     })
 }
