@@ -1,6 +1,8 @@
-//! Per-call overhead of the retry layer and the circuit breaker around a dependency that answers
-//! at once, next to tower's `retry` (with its `TpsBudget`) and tower-resilience's retry and
-//! circuit breaker, from one thread and from two sharing one budget or one breaker.
+//! Per-call overhead of the outbound layers around a dependency that answers at once: the retry
+//! layer and the circuit breaker next to tower's `retry` (with its `TpsBudget`) and
+//! tower-resilience's retry and circuit breaker; the client quota next to tower's `RateLimit`
+//! (one thread only: it is not `Clone`); the pushback, which no peer has. From one thread, and
+//! from two sharing one budget, breaker, quota or pushback.
 //!
 //! ```sh
 //! cargo bench --all-features --bench resilience -- --warm-up-time 1 --measurement-time 3
@@ -15,6 +17,10 @@
 //! With `CALLS=n` in the environment it runs no benchmark but `n` calls of the contender named
 //! by `CALL` on one thread, for valgrind to count instructions (run it for two values of `n` and
 //! divide the difference, which leaves out start-up):
+//!
+//! `CALL=reqwest` and `CALL=reqwest-pushback` count whole `GET`s over loopback instead (client
+//! and server in this process), bare and through the pushback: the call a layer's instructions
+//! are a part of.
 //!
 //! ```sh
 //! cargo bench --all-features --bench resilience --no-run
@@ -42,7 +48,10 @@ use http::{Request, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::{Layer, Service};
 use tower_bulwark::outbound::breaker::Breaker;
+use tower_bulwark::outbound::pushback::Pushback;
+use tower_bulwark::outbound::quota::ClientQuotaLayer;
 use tower_bulwark::outbound::retry::Retry;
+use tower_bulwark::{DirectRateLimiter, Quota};
 
 /// A dependency that answers at once: `200`, or `503` while `failing` is set.
 #[derive(Clone, Default)]
@@ -169,6 +178,25 @@ fn bulwark_breaker(dependency: Dependency) -> impl Service<Request<()>> + Clone 
         .layer(dependency)
 }
 
+/// tower's client-side rate limit, with a quota no benchmark spends: a billion calls a second.
+fn tower_rate_limit(dependency: Dependency) -> impl Service<Request<()>> {
+    tower::limit::RateLimitLayer::new(NEVER_SPENT.into(), Duration::from_secs(1)).layer(dependency)
+}
+
+/// The crate's client quota with the same quota, one permit a call.
+fn bulwark_quota(dependency: Dependency) -> impl Service<Request<()>> + Clone + Send + 'static {
+    let quota = Quota::per_second(NEVER_SPENT).unwrap();
+    ClientQuotaLayer::new("bench", DirectRateLimiter::new(quota)).layer(dependency)
+}
+
+/// The crate's pushback, as built by default: it reads each answer's headers (none here).
+fn bulwark_pushback(dependency: Dependency) -> impl Service<Request<()>> + Clone + Send + 'static {
+    Pushback::new("bench").layer().layer(dependency)
+}
+
+/// Calls a second no client quota here spends.
+const NEVER_SPENT: u32 = 1_000_000_000;
+
 /// Calls `$run` with each contender's name and a function that builds it around a dependency.
 macro_rules! each_contender {
     ($run:ident $(, $arg:expr)*) => {
@@ -178,6 +206,8 @@ macro_rules! each_contender {
         $run("tower-bulwark Retry", bulwark_retry $(, $arg)*);
         $run("tower-resilience circuit breaker", resilience_breaker $(, $arg)*);
         $run("tower-bulwark Breaker", bulwark_breaker $(, $arg)*);
+        $run("tower-bulwark client quota", bulwark_quota $(, $arg)*);
+        $run("tower-bulwark Pushback", bulwark_pushback $(, $arg)*);
     };
 }
 
@@ -234,6 +264,7 @@ fn bench_all(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("resilience/one thread");
     each_contender!(one_thread, &mut group);
+    one_thread("tower RateLimit", tower_rate_limit, &mut group);
     group.finish();
 
     let mut group = c.benchmark_group("resilience/2 threads");
@@ -271,7 +302,21 @@ fn count(calls: u64) {
     let runtime = runtime();
     let _guard = runtime.enter();
     let wanted = std::env::var("CALL").expect("CALL names a contender");
+    if wanted.starts_with("reqwest") {
+        let loopback = Loopback::start();
+        let mut bare = loopback.client();
+        let mut pushback = Pushback::new("bench").layer().layer(loopback.client());
+        for _ in 0..calls {
+            match wanted.as_str() {
+                "reqwest" => loopback.get(&mut bare),
+                "reqwest-pushback" => loopback.get(&mut pushback),
+                other => panic!("no contender {other}"),
+            }
+        }
+        return println!("{calls} calls of {wanted}");
+    }
     each_contender!(count_if, &wanted, calls);
+    count_if("tower RateLimit", tower_rate_limit, &wanted, calls);
 }
 
 /// What a caller feels: a `reqwest` call over loopback, bare and through a retry layer above a

@@ -95,19 +95,21 @@ impl Loopback {
     {
         group.bench_function(name, |b| {
             let mut service = make();
-            b.iter(|| self.runtime.block_on(self.get(&mut service)))
+            b.iter(|| self.get(&mut service))
         });
     }
 
     /// One `GET` through `service`, body read to its end.
-    async fn get<S>(&self, service: &mut S)
+    pub fn get<S>(&self, service: &mut S)
     where
         S: Service<reqwest::Request, Response = reqwest::Response>,
         S::Error: std::fmt::Debug,
     {
         use tower::ServiceExt;
         let request = self.client.get(&self.url).build().unwrap();
-        let response = service.ready().await.unwrap().call(request).await.unwrap();
-        black_box(response.bytes().await.unwrap());
+        self.runtime.block_on(async {
+            let response = service.ready().await.unwrap().call(request).await.unwrap();
+            black_box(response.bytes().await.unwrap());
+        })
     }
 }
