@@ -9,7 +9,8 @@ use crate::decision::{Decision, Hold};
 use crate::sync::{AtomicU64, Ordering};
 use crate::Quota;
 
-/// At most `limit` slots taken per key at once (the quota's burst); time plays no part.
+/// At most `limit` slots taken per key at once (the quota's burst); time plays no part. A change
+/// of quota keeps the slots taken: the new limit counts them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Concurrency {
     limit: u32,
@@ -30,11 +31,6 @@ impl Transitions for Concurrency {
         Self {
             limit: quota.burst(),
         }
-    }
-
-    /// The slots taken stay taken; the new limit counts them.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
     }
 
     fn capacity(&self) -> u32 {

@@ -19,6 +19,15 @@ use crate::{decision::Decision, Quota};
 /// that read it later) are decided as of the latest reading the key has seen, kept beside its
 /// TAT so that one compare-and-swap changes both: a stale reading
 /// neither admits more nor less than a fresh one.
+///
+/// A change of quota keeps each key's TAT as it is: the instant its bucket is full again does
+/// not move. With an unchanged emission interval (only the burst changes, or permits and period
+/// scale together) the permits a key has used carry over exactly: 9 of 10 used leaves 11 of 20.
+/// When the interval changes, what a key owes carries over as time: the TAT's lead over now is
+/// counted in the new interval. A refund after the change, of a decision made before it, gives
+/// back `cost` intervals, each the shorter of the old and the new (never moving the TAT before
+/// the latest reading): no more time than the decision took, nor more than its permits weigh
+/// now.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,
@@ -254,18 +263,6 @@ impl Transitions for Gcra {
             horizon: interval * u64::from(quota.burst()),
             burst: quota.burst(),
         }
-    }
-
-    /// The key's TAT is kept as it is: the instant its bucket is full again does not move. With
-    /// an unchanged emission interval (only the burst changes, or permits and period scale
-    /// together) the permits a key has used carry over exactly: 9 of 10 used leaves 11 of 20.
-    /// When the interval changes, what a key owes carries over as time: the TAT's lead over now
-    /// is counted in the new interval. A refund after the change, of a decision made before it,
-    /// gives back `cost` intervals, each the shorter of the old and the new (never moving the
-    /// TAT before the latest reading): no more time than the decision took, nor more than its
-    /// permits weigh now.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
     }
 
     fn capacity(&self) -> u32 {

@@ -47,6 +47,9 @@ use crate::Quota;
 /// least. While Redis cannot answer, the default fail mode decides and settles with an
 /// in-memory `Metered`.
 ///
+/// A change of quota keeps, as [`Gcra`] does, each key's settled TAT, and counts the held
+/// permits in the new quota.
+///
 /// [`Limiter::settle`]: crate::Limiter::settle
 /// [`Limiter::refund`]: crate::Limiter::refund
 #[derive(Clone, Copy, Debug)]
@@ -91,11 +94,6 @@ impl Transitions for Metered {
 
     fn new(quota: &Quota, epoch: u64) -> Self {
         Self(Gcra::new(quota, epoch))
-    }
-
-    /// As [`Gcra`]: the settled TAT stays, and the held permits are counted in the new quota.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
     }
 
     fn capacity(&self) -> u32 {

@@ -18,6 +18,10 @@ use crate::{decision::Decision, Quota};
 /// reading: entries pruned for a later reading are never forgotten by an earlier one. Memory per
 /// key is O(`permits`) in the worst case (times `max_wait / period` with reservations). The burst
 /// setting does not apply.
+///
+/// A change of quota keeps the log: every admission stays at its instant and counts in every
+/// window of the new period that holds it. A longer period cannot bring back entries already
+/// pruned under the shorter one.
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingLog {
     limit: u64,
@@ -229,13 +233,6 @@ impl Transitions for SlidingLog {
             limit: u64::from(quota.permits()),
             window: quota.period_nanos(),
         }
-    }
-
-    /// The log is kept: every admission stays at its instant and counts in every window of the
-    /// new period that holds it. A longer period cannot bring back entries already pruned under
-    /// the shorter one.
-    fn with_quota(&self, quota: &Quota, now: u64) -> Self {
-        Self::new(quota, now)
     }
 
     fn idle_at(&self, state: &SlidingLogState) -> u64 {

@@ -34,7 +34,10 @@ pub trait Transitions: Copy + fmt::Debug + Send + Sync + 'static {
     /// (and its counts) across the change.
     fn with_quota(&self, quota: &Quota, now: u64) -> Self
     where
-        Self: Sized;
+        Self: Sized,
+    {
+        Self::new(quota, now)
+    }
 
     /// The most permits one request may ask for; more is an
     /// [`InsufficientCapacity`](crate::limiter::InsufficientCapacity) error.
@@ -152,30 +155,15 @@ pub struct LatestReading {
     /// admission of the key stood ([`Gcra`](super::Gcra)'s refund): from then on a TAT equal to the one an
     /// earlier admission left no longer says that admission is the key's latest (the TAT may
     /// have come back to it). Written and read only by give-backs.
-    moved_back: Mark,
-}
-
-/// The latest of the readings recorded, or none: one more than it, zero for none.
-#[derive(Default)]
-struct Mark(AtomicU64);
-
-impl Mark {
-    /// Records `reading`, if it is the latest.
-    fn record(&self, reading: u64) {
-        self.0.fetch_max(reading + 1, Ordering::AcqRel);
-    }
-
-    /// Whether a reading at or after `reading` was recorded.
-    fn since(&self, reading: u64) -> bool {
-        self.0.load(Ordering::Acquire) > reading
-    }
+    /// One more than that reading, zero for none.
+    moved_back: AtomicU64,
 }
 
 impl fmt::Debug for LatestReading {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LatestReading")
             .field("reading", &self.get())
-            .field("moved_back", &self.moved_back.0.load(Ordering::Relaxed))
+            .field("moved_back", &self.moved_back.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -203,12 +191,12 @@ impl LatestReading {
     /// Records that a give-back at `reading` moves a key's TAT back while a later admission of
     /// the key stands; published before the TAT moves.
     pub(crate) fn moved_back(&self, reading: u64) {
-        self.moved_back.record(reading);
+        self.moved_back.fetch_max(reading + 1, Ordering::AcqRel);
     }
 
     /// Whether a give-back moved a key's TAT back at or after `reading` (see
     /// [`moved_back`](Self::moved_back)).
     pub(crate) fn moved_back_since(&self, reading: u64) -> bool {
-        self.moved_back.since(reading)
+        self.moved_back.load(Ordering::Acquire) > reading
     }
 }

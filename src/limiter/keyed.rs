@@ -4,7 +4,6 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::{BuildHasher, Hash};
-use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
@@ -60,19 +59,6 @@ impl<K: Hash + Eq + Clone> KeyedRateLimiter<K> {
     }
 }
 
-/// The refusal of a new key whose shard is full of live keys (under
-/// [`Overflow::RefuseNewKeys`](super::Overflow::RefuseNewKeys)): room frees at `full.free_at`.
-fn refused_when_full<A: Algorithm>(
-    rule: &Rule<A>,
-    full: ShardFull,
-    now: u64,
-    cost: u32,
-) -> Decision {
-    let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
-    let limit = u64::from(rule.algorithm.capacity());
-    Decision::refused(limit, 0, wait, wait).of_cost(cost)
-}
-
 impl<K, A, C, H> KeyedRateLimiter<K, A, C, H>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -101,10 +87,7 @@ where
             key,
             cost,
             wait,
-            |rule| match rule.check_cost(cost) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(error) => ControlFlow::Break(Err(error)),
-            },
+            |rule| rule.check_cost(cost).err().map(Err),
             Ok,
         )
     }
@@ -120,14 +103,14 @@ where
         key: &K,
         cost: u32,
         wait: bool,
-        fits: impl Fn(&Rule<A>) -> ControlFlow<R>,
+        fits: impl Fn(&Rule<A>) -> Option<R>,
         answer: impl Fn(Decision) -> R,
     ) -> R {
         let clock = &self.inner.clock;
         self.with_key(
             key,
-            |rule, s, latest, hash| match fits(rule) {
-                ControlFlow::Continue(()) => {
+            |rule, s, latest, hash| {
+                fits(rule).unwrap_or_else(|| {
                     let max_wait = if wait { rule.quota.max_wait_nanos() } else { 0 };
                     answer(
                         rule.algorithm
@@ -136,12 +119,16 @@ where
                             .for_key(hash)
                             .made_by(self.inner.id),
                     )
-                }
-                ControlFlow::Break(unfit) => unfit,
+                })
             },
-            |rule, full, now| match fits(rule) {
-                ControlFlow::Continue(()) => answer(refused_when_full(rule, full, now, cost)),
-                ControlFlow::Break(unfit) => unfit,
+            // A new key whose shard is full of live keys (`Overflow::RefuseNewKeys`): room
+            // frees at `full.free_at`.
+            |rule, full, now| {
+                fits(rule).unwrap_or_else(|| {
+                    let wait = Duration::from_nanos(full.free_at.saturating_sub(now));
+                    let limit = u64::from(rule.algorithm.capacity());
+                    answer(Decision::refused(limit, 0, wait, wait).of_cost(cost))
+                })
             },
         )
     }
@@ -168,7 +155,7 @@ where
 
     /// Decides on one permit for `key` now, never waiting.
     pub fn check(&self, key: &K) -> Decision {
-        let fits = |_: &Rule<A>| ControlFlow::Continue(());
+        let fits = |_: &Rule<A>| None;
         self.decide_by(key, 1, false, fits, |decision| decision)
     }
 

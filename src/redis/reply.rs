@@ -173,11 +173,8 @@ pub(crate) fn parse_reply(value: &Value, quota: &ScriptQuota) -> Result<Reply, R
     );
     let decision = if status == 0 {
         Decision::refused(limit, remaining, retry_after, reset_after)
-    } else if wait.is_zero() {
-        Decision::allowed(limit, remaining, reset_after)
-            .charged_at(reserved_at)
-            .leaving(state_after, quota.per_permit())
     } else {
+        // An immediate admission is a reservation of no wait.
         Decision::reserved(limit, remaining, reset_after, wait, reserved_at)
             .leaving(state_after, quota.per_permit())
     };

@@ -65,15 +65,6 @@ pub(crate) struct ShardFull {
     pub(crate) free_at: u64,
 }
 
-/// How [`MemoryStore::with`] makes room for a new key in a full shard, handed whole to the
-/// insert: `now` reads the clock, `idle_at` tells which states may be dropped at that time, and
-/// `rank` which live ones to evict first (lowest first).
-struct Room<N, I, Rk> {
-    now: N,
-    idle_at: I,
-    rank: Rk,
-}
-
 /// A value on a cache line of its own (64 bytes on the machines this is tuned for), for what
 /// every request writes. Not crossbeam's `CachePadded`, which pads to 128 bytes on x86-64: a
 /// check of 100 000 keys on one thread then touches one more line pair per shard, and ran at
@@ -241,26 +232,7 @@ where
                 return shard.run(&table.context, e, hash, f);
             }
         }
-        let room = Room { now, idle_at, rank };
-        self.insert(shard, hash, key, room, f, full)
-    }
-
-    /// The rest of [`with`](Self::with), for a key that was not found under the read lock.
-    fn insert<R, N, I, Rk>(
-        &self,
-        shard: &Shard<K, S, G>,
-        hash: u64,
-        key: &K,
-        room: Room<N, I, Rk>,
-        f: impl FnOnce(&G, &S, &LatestReading, u64) -> R,
-        full: impl FnOnce(&G, ShardFull, u64) -> R,
-    ) -> R
-    where
-        N: FnOnce() -> u64,
-        I: Fn(&G, &S) -> u64,
-        Rk: Fn(&G, &S, u64) -> u128,
-    {
-        let Room { now, idle_at, rank } = room;
+        // Not found under the read lock: under the write lock, found or inserted.
         let mut guard = unpoisoned(shard.table.write());
         let Table {
             context,
@@ -294,9 +266,23 @@ where
                     shard.full_until.store(free_at, Ordering::Relaxed);
                     return full(context, ShardFull { free_at }, now);
                 }
+                // The sixteenth of the shard (at least one key) whose states rank lowest: whose
+                // loss gives away least; among equal ranks, the keys made last (`made` counts
+                // the shard's keys made so far), so that a flood's fresh keys go before the
+                // clients it floods, whatever their states can tell of when they took their
+                // permits. Unique: no two live keys of a shard share an incarnation.
                 Overflow::EvictNearestIdle => {
-                    let rank = |s: &S| rank(context, s, now);
-                    evict_lowest_ranks(keys, &rank, self.shard_cap, *made)
+                    let order = |e: &Entry<K, S>| {
+                        (
+                            rank(context, &e.state, now),
+                            made.wrapping_sub(e.incarnation),
+                        )
+                    };
+                    let mut orders: Vec<_> = keys.iter().map(order).collect();
+                    // The shard is full: it holds at least one key.
+                    let nth = ((self.shard_cap / 16).max(1) - 1).min(orders.len() - 1);
+                    let (_, &mut threshold, _) = orders.select_nth_unstable(nth);
+                    keys.retain(|e| order(e) > threshold);
                 }
             }
         }
@@ -366,28 +352,6 @@ where
     pub(crate) fn capacity(&self) -> usize {
         self.shard_cap * self.shards.len()
     }
-}
-
-/// Removes the sixteenth of the table (at least one entry) whose states rank lowest: whose loss
-/// gives away least; among equal ranks, the keys made last (`made` counts the shard's keys made
-/// so far), so that a flood's fresh keys go before the clients it floods, whatever their states
-/// can tell of when they took their permits.
-fn evict_lowest_ranks<K, S>(
-    table: &mut HashTable<Entry<K, S>>,
-    rank: &impl Fn(&S) -> u128,
-    cap: usize,
-    made: u32,
-) {
-    let batch = (cap / 16).max(1);
-    // Unique: no two live keys of a shard share an incarnation.
-    let order = |e: &Entry<K, S>| (rank(&e.state), made.wrapping_sub(e.incarnation));
-    let mut orders: Vec<_> = table.iter().map(order).collect();
-    if orders.is_empty() {
-        return;
-    }
-    let nth = (batch - 1).min(orders.len() - 1);
-    let (_, &mut threshold, _) = orders.select_nth_unstable(nth);
-    table.retain(|e| order(e) > threshold);
 }
 
 #[cfg(test)]
