@@ -15,14 +15,17 @@
 
 #[path = "support/calls.rs"]
 mod calls;
+#[path = "support/loopback.rs"]
+mod loopback;
 
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use calls::{on_threads, runtime, Loopback};
+use calls::{on_threads, runtime};
 use criterion::{criterion_group, criterion_main, Criterion};
+use loopback::Loopback;
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service};
 use tower_bulwark::bulkhead::{Bulkhead, CallFinished, CallPermitted, CallRejected};

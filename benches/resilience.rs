@@ -32,6 +32,8 @@
 
 #[path = "support/calls.rs"]
 mod calls;
+#[path = "support/loopback.rs"]
+mod loopback;
 
 use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
@@ -42,9 +44,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use calls::{on_threads, runtime, Loopback};
+use calls::{on_threads, runtime};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
+use loopback::Loopback;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::{Layer, Service};
 use tower_bulwark::outbound::breaker::Breaker;
