@@ -93,7 +93,7 @@ where
     }
 
     /// Decides on `cost` permits for `key` by the rule of its shard, which `fits` checks the
-    /// cost against (breaking with the answer where it does not fit); `answer` wraps the
+    /// cost against (`Some` answer where it does not fit, `None` where it does); `answer` wraps the
     /// decision where it does. Generic over the answer so that [`check`](Self::check), whose
     /// one permit always fits, answers the `Decision` itself: moved out of a `Result`, its 128
     /// bytes were copied twice more per check (one hot key on one thread: 20.6 M checks a second with the
