@@ -63,8 +63,8 @@ mod retry_after_hostile;
 mod retry_budget;
 #[cfg(all(feature = "adaptive", feature = "reqwest"))]
 mod retry_stack;
-mod settle_from_body;
 #[cfg(feature = "reqwest")]
+mod settle_from_body;
 mod several_quotas;
 #[cfg(feature = "reqwest")]
 mod stack;

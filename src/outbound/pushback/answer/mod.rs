@@ -574,6 +574,62 @@ mod tests {
         }
     }
 
+    /// `read_with` reads a dialect only where the answer carries a field of its prefixes: sound
+    /// only while no reader finds anything without one. Every field any built-in reader reads,
+    /// each with a value it takes: each reader finds something in all of them, and nothing once
+    /// the fields of its own prefixes are gone (the other dialects' fields left).
+    #[test]
+    fn a_dialect_finds_nothing_without_a_field_of_its_prefixes() {
+        // A family's fields, named by `field` of its kind and each part.
+        let families = |field: &dyn Fn(&str, &str) -> String, kinds: &[&str], reset: &str| {
+            let values = [("limit", "10"), ("remaining", "0"), ("reset", reset)];
+            (kinds.iter())
+                .flat_map(|kind| values.map(|(part, v)| (field(kind, part), v.to_owned())))
+                .collect::<Vec<_>>()
+        };
+        let mut every_field: Vec<(String, String)> = [
+            ("date", "Mon, 07 Dec 2026 10:00:00 GMT"),
+            ("ratelimit", r#""a";r=0;t=1"#),
+            ("ratelimit-policy", r#""a";q=1;w=1"#),
+            ("ratelimit-remaining", "0"),
+            ("ratelimit-reset", "1"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1"),
+            ("x-ratelimit-reset-after", "1"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .into();
+        let openai = |kind: &str, part: &str| format!("x-ratelimit-{part}-{kind}");
+        every_field.extend(families(&openai, &["requests", "tokens"], "1s"));
+        let anthropic = |kind: &str, part: &str| format!("anthropic-ratelimit-{kind}-{part}");
+        let kinds = ["requests", "tokens", "input-tokens", "output-tokens"];
+        every_field.extend(families(&anthropic, &kinds, "2026-12-07T10:00:01Z"));
+        let headers_of = |keep: &dyn Fn(&str) -> bool| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in every_field.iter().filter(|(name, _)| keep(name)) {
+                let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+                headers.append(name, value.parse().unwrap());
+            }
+            headers
+        };
+        for (prefixes, read_dialect) in READERS {
+            let own = |name: &str| prefixes.iter().any(|p| name.starts_with(p));
+            let all = headers_of(&|_| true);
+            let (quotas, tokens) = read_dialect(&Reader::new("p", Duration::MAX, &all), &all);
+            assert!(
+                !quotas.is_empty() || tokens.is_some(),
+                "{prefixes:?} read nothing"
+            );
+            let others = headers_of(&|name| !own(name));
+            let read = read_dialect(&Reader::new("p", Duration::MAX, &others), &others);
+            assert_eq!(
+                read,
+                (Vec::new(), None),
+                "{prefixes:?} read another's fields"
+            );
+        }
+    }
+
     #[test]
     fn reads_policies_named_by_strings_or_tokens_and_their_integer_parameters() {
         let quotas = quotas_of(&[
