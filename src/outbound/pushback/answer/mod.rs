@@ -14,6 +14,7 @@ mod retry_after;
 mod when;
 mod x_ratelimit;
 
+use std::cell::OnceCell;
 use std::cmp::Reverse;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -394,20 +395,27 @@ fn whole_number(text: &[u8]) -> Option<u64> {
 struct Reader<'a> {
     dependency: &'a str,
     max_hold: Duration,
-    /// The time that dates in the response are read against.
-    reference: SystemTime,
+    headers: &'a HeaderMap,
+    /// The time that dates in the response are read against, found when a date is first read
+    /// (most answers have none, and parsing their `Date` was a third of reading them).
+    reference: OnceCell<SystemTime>,
 }
 
 impl<'a> Reader<'a> {
     /// A reader for the answer of `dependency` with `headers`, capping spans at `max_hold`.
-    fn new(dependency: &'a str, max_hold: Duration, headers: &HeaderMap) -> Self {
+    fn new(dependency: &'a str, max_hold: Duration, headers: &'a HeaderMap) -> Self {
         Self {
             dependency,
             max_hold,
-            // The server's own clock, when it sends one, so that dates are read without clock
-            // skew.
-            reference: date_of(headers).unwrap_or_else(SystemTime::now),
+            headers,
+            reference: OnceCell::new(),
         }
+    }
+
+    /// The server's own clock, when it sends one, so that dates are read without clock skew;
+    /// else this machine's.
+    fn reference(&self) -> SystemTime {
+        *(self.reference).get_or_init(|| date_of(self.headers).unwrap_or_else(SystemTime::now))
     }
 
     /// `span`, capped at `max_hold` (logged when capped).
@@ -444,7 +452,7 @@ impl<'a> Reader<'a> {
     fn span(&self, field: &str, reset: when::Reset) -> Duration {
         let span = match reset {
             when::Reset::In(span) => span,
-            when::Reset::At(at) => at.duration_since(self.reference).unwrap_or_else(|_| {
+            when::Reset::At(at) => at.duration_since(self.reference()).unwrap_or_else(|_| {
                 tracing::debug!(
                     target: "tower_bulwark::pushback",
                     dependency = self.dependency,
