@@ -61,9 +61,7 @@ impl<B: Body, W: Watch> Until<http::Response<B>, W> for UntilBodyEnd {
     type Response = http::Response<WatchedBody<B, W>>;
 
     fn respond(response: http::Response<B>, follow: impl FnOnce() -> W) -> Self::Response {
-        let (head, inner) = response.into_parts();
-        let body = WatchedBody::new(inner, Some(follow()), &head.headers);
-        http::Response::from_parts(head, body)
+        watch_response(response, Some(follow()), |body| body)
     }
 }
 
@@ -96,6 +94,18 @@ impl<B: Body, W: Watch> WatchedBody<B, W> {
         let watch = watch.and_then(|mut watch| watch.starts(ended).then_some(watch));
         Self { inner, watch, left }
     }
+}
+
+/// `response`, its body shown to `watch` (if any) as it passes, from its head's fields
+/// ([`WatchedBody::new`]), and wrapped by `wrap`: the one way a layer follows an answer's body.
+pub(crate) fn watch_response<B: Body, W: Watch, T>(
+    response: http::Response<B>,
+    watch: Option<W>,
+    wrap: impl FnOnce(WatchedBody<B, W>) -> T,
+) -> http::Response<T> {
+    let (head, inner) = response.into_parts();
+    let body = wrap(WatchedBody::new(inner, watch, &head.headers));
+    http::Response::from_parts(head, body)
 }
 
 /// What a [`WatchedBody`] shows its frames to.
@@ -217,11 +227,9 @@ pin_project! {
     }
 }
 
-impl<B: Body, W: Watch> AnswerBody<B, W> {
-    /// The inner service's body `inner`, shown to `watch` (if any) as it passes, of an answer
-    /// whose head has the fields `headers`.
-    pub(crate) fn inner(inner: B, watch: Option<W>, headers: &HeaderMap) -> Self {
-        let body = WatchedBody::new(inner, watch, headers);
+impl<B, W> AnswerBody<B, W> {
+    /// The inner service's body, as a layer follows it ([`watch_response`]).
+    pub(crate) fn inner(body: WatchedBody<B, W>) -> Self {
         Self {
             content: Content::Inner { body },
         }

@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::state::{Entry, Permit, Shared};
 use super::Overload;
-use crate::body_end::{AnswerBody, Watch};
+use crate::body_end::{watch_response, AnswerBody, Watch};
 use crate::head::RequestHead;
 
 /// Puts an [`Overload`] protection in front of an HTTP service; made by [`Overload::layer`].
@@ -119,9 +119,7 @@ where
     let response = called.await?;
     permit.record();
     // A body already at its end ends the request now (`Watch::starts`).
-    let (head, inner) = response.into_parts();
-    let body = AnswerBody::inner(inner, Some(permit), &head.headers);
-    Ok(Response::from_parts(head, body))
+    Ok(watch_response(response, Some(permit), AnswerBody::inner))
 }
 
 /// A request's permit waits for the end of its body: read to its end, failed, or dropped.

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 
-use crate::body_end::{AnswerBody, Reads};
+use crate::body_end::{watch_response, AnswerBody, Reads};
 
 /// How a [`RateLimitService`](super::RateLimitService) service's responses carry their bodies: the inner
 /// service's own body type ([`SameBody`], the default) or a [`RateLimitBody`] around it
@@ -74,9 +74,7 @@ impl<B: Body<Data = Bytes>> BodyKind<B> for WrapBody {
         response: Response<B>,
         settling: Option<Box<dyn Reads>>,
     ) -> Response<RateLimitBody<B>> {
-        let (head, body) = response.into_parts();
-        let body = AnswerBody::inner(body, settling, &head.headers);
-        Response::from_parts(head, body)
+        watch_response(response, settling, AnswerBody::inner)
     }
 
     fn answer(bytes: Bytes) -> RateLimitBody<B> {
