@@ -620,9 +620,9 @@ mod tests {
             }
             headers
         };
+        let all = headers_of(&|_| true);
         for (prefixes, read_dialect) in READERS {
             let own = |name: &str| prefixes.iter().any(|p| name.starts_with(p));
-            let all = headers_of(&|_| true);
             let (quotas, tokens) = read_dialect(&Reader::new("p", Duration::MAX, &all), &all);
             assert!(
                 !quotas.is_empty() || tokens.is_some(),
