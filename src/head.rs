@@ -5,7 +5,10 @@
 //! classifier read of a response. [`UntilHead`] and [`UntilBodyEnd`] say whether a bulkhead or a
 //! pushback follows a call past its answer's head, to the end of its body.
 
-use http::{Extensions, HeaderMap, Method, Request, StatusCode, Uri, Version};
+use http::header::GetAll;
+use http::{
+    Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version,
+};
 
 pub use crate::body_end::{Until, UntilBodyEnd, UntilHead};
 
@@ -17,14 +20,55 @@ pub use crate::body_end::{Until, UntilBodyEnd, UntilHead};
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
 
+/// The most lines of one field of an answer that are read: a field of more is ignored whole.
+pub(crate) const MAX_LINES: usize = 16;
+
+/// The most bytes of one field of an answer, its lines joined by ", ", that are read: a longer
+/// field is ignored whole.
+pub(crate) const MAX_FIELD_BYTES: usize = 4096;
+
+/// The lines of field `name` of an answer's `headers`; `Err` with its first line when the
+/// field is too large to read (more than [`MAX_LINES`] lines, or more than [`MAX_FIELD_BYTES`]
+/// joined).
+pub(crate) fn field_lines<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<GetAll<'h, HeaderValue>, &'h [u8]> {
+    let lines = headers.get_all(name);
+    // One pass over the lines: how many, and their bytes.
+    let (count, bytes) = (lines.iter()).fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
+    if count > MAX_LINES || bytes + 2 * count.saturating_sub(1) > MAX_FIELD_BYTES {
+        return Err(lines.iter().next().map_or(&b""[..], HeaderValue::as_bytes));
+    }
+    Ok(lines)
+}
+
+/// The value of a field of an answer that holds one value: `Ok(None)` when the field is
+/// absent; `Err` with its first line when it is too large to read or its lines differ. Lines
+/// that all say the same count once (a proxy and the server may each add the field). The one
+/// rule for such fields: the pushback's, the retries' and the classifier's alike.
+pub(crate) fn one_value<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h [u8]>, &'h [u8]> {
+    let mut lines = field_lines(headers, name)?.iter();
+    let Some(value) = lines.next() else {
+        return Ok(None);
+    };
+    if lines.any(|other| other != value) {
+        return Err(value.as_bytes());
+    }
+    Ok(Some(value.as_bytes()))
+}
+
 /// The `grpc-retry-pushback-ms` of `headers` (an answer's, or a `tonic::Status`'s metadata as
-/// a header map): `None` when there is none, else the milliseconds it asks to wait, or `None`
-/// within for one that is not a count of milliseconds (negative, or unreadable), which A6 reads
-/// as "do not retry". The one reader of the field, for the pushback's hold and the retries
-/// alike.
+/// a header map): `None` when there is none (or it is ignored: see [`one_value`]), else the
+/// milliseconds it asks to wait, or `None` within for one that is not a count of milliseconds
+/// (negative, or unreadable), which A6 reads as "do not retry". The one reader of the field,
+/// for the pushback's hold and the retries alike.
 #[cfg(any(feature = "grpc", feature = "adaptive"))]
-pub(crate) fn pushback_millis(headers: &http::HeaderMap) -> Option<Option<u64>> {
-    let value = headers.get(GRPC_RETRY_PUSHBACK_MS)?.as_bytes();
+pub(crate) fn pushback_millis(headers: &HeaderMap) -> Option<Option<u64>> {
+    let value = one_value(headers, &GRPC_RETRY_PUSHBACK_MS).ok()??;
     Some(
         std::str::from_utf8(value)
             .ok()

@@ -11,7 +11,7 @@ use http::HeaderMap;
 use prost::Message;
 use tonic::Code;
 
-use crate::head::{GRPC_STATUS, GRPC_STATUS_DETAILS_BIN};
+use crate::head::{one_value, GRPC_STATUS, GRPC_STATUS_DETAILS_BIN};
 
 /// `grpc-status-details-bin` as gRPC writes it: standard base64, padded or not.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -54,11 +54,12 @@ fn retry_info_delay(details: &[u8]) -> Option<Duration> {
 }
 
 /// The delay a trailers-only gRPC answer's headers ask for, if they hold a `grpc-status` that
-/// asks for one. A `grpc-status-details-bin` that is not base64 or not a `Status` is ignored.
+/// asks for one. A `grpc-status-details-bin` that is not base64 or not a `Status` is ignored,
+/// and each field is read as [`one_value`] reads one.
 pub(crate) fn hold(headers: &HeaderMap) -> Option<Duration> {
-    let code = Code::from_bytes(headers.get(GRPC_STATUS)?.as_bytes());
-    let details = headers.get(GRPC_STATUS_DETAILS_BIN);
-    let details = details.and_then(|value| BASE64.decode(value.as_bytes()).ok());
+    let code = Code::from_bytes(one_value(headers, &GRPC_STATUS).ok()??);
+    let details = one_value(headers, &GRPC_STATUS_DETAILS_BIN).ok().flatten();
+    let details = details.and_then(|value| BASE64.decode(value).ok());
     delay(code, details.as_deref().unwrap_or_default(), headers)
 }
 

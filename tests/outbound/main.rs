@@ -15,6 +15,7 @@ mod attack_breaker_waits;
 mod attack_held;
 mod attack_lanes;
 mod attack_lanes_more;
+mod attack_one_value;
 mod attack_pushback_readers;
 #[cfg(feature = "adaptive")]
 mod attack_quota_budget;

@@ -222,6 +222,22 @@ async fn a_grpc_pushback_that_says_not_to_retry_is_obeyed() {
     }
 }
 
+/// A `grpc-retry-pushback-ms` on lines that differ names nothing, as the pushback reads it (a
+/// `-1` beside a `5000`: it was read by its first line): the call is retried after its
+/// backoff. On lines that agree, the `-1` is obeyed.
+#[cfg(feature = "grpc")]
+#[tokio::test(start_paused = true)]
+async fn a_grpc_pushback_on_lines_that_differ_is_ignored() {
+    for (lines, made) in [(["-1", "5000"], 2), (["-1", "-1"], 1)] {
+        let pushback = lines.map(|line| ("grpc-retry-pushback-ms", line));
+        let headers = [vec![("grpc-status", "14")], pushback.to_vec()].concat();
+        let (dependency, calls) = scripted(vec![(200, headers)]);
+        let client = retry().build().unwrap().layer().layer(dependency);
+        client.oneshot(get()).await.unwrap();
+        assert_eq!(calls.count(), made, "{lines:?}");
+    }
+}
+
 /// The same said by a `tonic::Status` the dependency fails with (a tonic client's error): a
 /// pushback that says not to retry wins over the delay of a `RetryInfo` in its details, as it
 /// does on an answer's headers; without it, the `RetryInfo`'s second is waited for. (The status

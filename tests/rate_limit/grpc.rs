@@ -702,6 +702,17 @@ fn the_adaptive_bulkheads_classifier_reads_grpc_statuses() {
         assert_eq!(judge(Some(healthy)), Verdict::Healthy, "{healthy}");
     }
     assert_eq!(judge(None), Verdict::Healthy);
+    // A status on several lines is read as the pushback reads one: lines that agree count once,
+    // lines that differ name none (the first line was read).
+    let judge_lines = |lines: [&str; 2]| {
+        let mut response = http::Response::new(());
+        for line in lines {
+            (response.headers_mut()).append("grpc-status", line.parse().unwrap());
+        }
+        HttpOverload::default().classify(Ok(&response))
+    };
+    assert_eq!(judge_lines(["8", "8"]), Verdict::Overloaded);
+    assert_eq!(judge_lines(["8", "0"]), Verdict::Healthy);
     // Only an HTTP 200 is a trailers-only gRPC answer: a proxy's 429, 503 or 504 is overload
     // whatever `grpc-status` it carries (it was judged healthy by that status).
     for (http_status, grpc_status) in [(503, "2"), (429, "13"), (504, "0")] {

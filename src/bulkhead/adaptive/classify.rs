@@ -66,8 +66,9 @@ where
 ///   overload; every other status is a healthy latency sample (a `500` is the dependency's own
 ///   failure, answered in its own time). With the `grpc` feature, a trailers-only gRPC answer
 ///   (an HTTP 200 with `grpc-status` in its headers) is judged by that status instead:
-///   `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are overload. (A status in the
-///   trailers of a streamed answer comes after the verdict.)
+///   `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED` are overload (a status on
+///   lines that differ names none, as the [pushback](crate::outbound::pushback) reads it). (A
+///   status in the trailers of a streamed answer comes after the verdict.)
 /// * Errors: a timeout or a connection that could not be made or was cut — found anywhere in the
 ///   error's chain of sources as an `std::io::Error` of kind `TimedOut`, `ConnectionRefused`,
 ///   `ConnectionReset`, `ConnectionAborted`, `NotConnected` or `BrokenPipe`, as tokio's or
@@ -157,8 +158,8 @@ impl<R: ResponseHead> Classify<R> for HttpOverload {
 /// healthy sample (the dependency answered in its own time), as a 200 is.
 #[cfg(feature = "grpc")]
 fn grpc_overloaded(headers: &http::HeaderMap) -> bool {
-    let code = headers.get(crate::head::GRPC_STATUS).map(|v| v.as_bytes());
-    matches!(code, Some(b"4" | b"8" | b"14"))
+    let code = crate::head::one_value(headers, &crate::head::GRPC_STATUS);
+    matches!(code, Ok(Some(b"4" | b"8" | b"14")))
 }
 
 /// The tower-http failure class of [`HttpOverload`]: why an answer counts as overload.

@@ -24,15 +24,10 @@ use http::header::{HeaderMap, HeaderName, DATE};
 use http::StatusCode;
 
 use super::tokens::TokenQuota;
+use crate::head::{field_lines, one_value};
 
 /// How long to hold after a 429 that says nothing about when to come back.
 const HOLD_WITHOUT_TIME: Duration = Duration::from_secs(1);
-
-/// The most header lines of one field that are read; the rest are ignored.
-const MAX_LINES: usize = 16;
-
-/// The most bytes of one field that are read; a longer field is ignored.
-const MAX_FIELD_BYTES: usize = 4096;
 
 /// The most quotas of one answer that are kept: the most restrictive, the fewest calls left and
 /// of those the longest window. The schedule holds calls by each of them.
@@ -359,13 +354,10 @@ fn carries(headers: &HeaderMap, prefixes: &[&str]) -> bool {
     (headers.keys()).any(|name| prefixes.iter().any(|p| name.as_str().starts_with(p)))
 }
 
-/// The `Date` of a response, if it has exactly one readable one.
+/// The `Date` of a response, if it has one readable value (see [`one_value`]).
 fn date_of(headers: &HeaderMap) -> Option<SystemTime> {
-    let mut values = headers.get_all(DATE).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return None;
-    };
-    httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
+    let value = one_value(headers, &DATE).ok()??;
+    httpdate::parse_http_date(std::str::from_utf8(value).ok()?.trim()).ok()
 }
 
 /// A header value shortened and escaped for a log line.
@@ -483,32 +475,21 @@ impl<'a> Reader<'a> {
     /// The one value of `name`, if its lines (at most 4 KiB) all say the same: a proxy and the
     /// server may each add the same field. Logged when lines differ, or one is longer.
     fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
-        let mut values = self.lines(headers, name)?.iter();
-        let value = values.next()?;
-        if values.any(|other| other != value) {
-            self.malformed(name.as_str(), value.as_bytes());
-            return None;
-        }
-        Some(value.as_bytes())
+        one_value(headers, name)
+            .inspect_err(|first| self.malformed(name.as_str(), first))
+            .ok()?
     }
 
-    /// The lines of `name`, unless the field has more than [`MAX_LINES`] or, joined, more than
-    /// [`MAX_FIELD_BYTES`] (then it is ignored whole, logged).
+    /// The lines of `name`, unless the field is too large to read (then it is ignored whole,
+    /// logged: see [`field_lines`]).
     fn lines<'h>(
         &self,
         headers: &'h HeaderMap,
         name: &HeaderName,
     ) -> Option<http::header::GetAll<'h, http::HeaderValue>> {
-        let lines = headers.get_all(name);
-        // One pass over the lines: how many, and their bytes.
-        let (count, bytes) =
-            (lines.iter()).fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
-        if count > MAX_LINES || bytes + 2 * count.saturating_sub(1) > MAX_FIELD_BYTES {
-            let first = lines.iter().next().map_or(&b""[..], |v| v.as_bytes());
-            self.malformed(name.as_str(), first);
-            return None;
-        }
-        Some(lines)
+        field_lines(headers, name)
+            .inspect_err(|first| self.malformed(name.as_str(), first))
+            .ok()
     }
 
     /// The hold of an answer that says nothing is left but not for how long.
