@@ -190,8 +190,12 @@ where
     /// use falls within the new quota. Each algorithm's state carries over its own way: GCRA
     /// keeps each key's TAT, the window algorithms keep their counts (the window in progress
     /// keeps its start and, under a new period, ends one new period after it), the sliding log
-    /// keeps its entries. In the window of the change a
-    /// key is admitted at most the larger of the two quotas.
+    /// keeps its entries. In the window of the change a key is admitted at most the larger of
+    /// the two quotas, but for one case of GCRA's: a change that lengthens the emission interval
+    /// counts what a key owes, as time, in the longer interval, so it weighs fewer permits (10
+    /// of 10 per 30 minutes spent, then 10 an hour: the half hour owed is 5 of the new permits,
+    /// and 5 more are admitted at the instant of the change). `Metered` and the window
+    /// algorithms keep the bound there.
     ///
     /// The new quota and the algorithm built for it replace the old pair together: every
     /// decision is made with one quota and its own algorithm, never a mix. A decision made

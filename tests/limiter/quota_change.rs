@@ -99,6 +99,47 @@ fn a_key_that_used_more_than_a_lowered_quota_is_refused_for_every_algorithm() {
     for_every_algorithm!(nine_of_ten_then_five);
 }
 
+/// 10 of 10 per 30 minutes spent at one instant, then the quota becomes 10 an hour (a longer
+/// emission interval, the same permits): how many more a keyed and a direct limiter admit at
+/// that instant.
+fn spent_then_a_longer_period<A: Algorithm>() -> (u32, u32) {
+    let (clock, longer) = (ManualClock::new(), per(10, Duration::from_secs(3600)));
+    clock.advance(Duration::from_secs(42));
+    let keyed = keyed::<A>(per(10, Duration::from_secs(1800)), &clock);
+    let direct = (DirectRateLimiter::builder(per(10, Duration::from_secs(1800))))
+        .algorithm::<A>()
+        .clock(clock.clone())
+        .build();
+    let direct_admitted = |n: u32| (0..n).filter(|_| direct.check().allowed).count() as u32;
+    assert_eq!((admitted(&keyed, 1, 20), direct_admitted(20)), (10, 10));
+    keyed.set_quota(longer);
+    direct.set_quota(longer);
+    (admitted(&keyed, 1, 20), direct_admitted(20))
+}
+
+/// `KeyedRateLimiter::set_quota`: "In the window of the change a key is admitted at most the
+/// larger of the two quotas": a key that spent its quota gets nothing more at the instant its
+/// period lengthens (found by a blind attack, which held for these algorithms).
+#[test]
+fn a_spent_key_gets_nothing_more_when_its_period_lengthens() {
+    use tower_bulwark::algorithm::Metered;
+    assert_eq!(spent_then_a_longer_period::<FixedWindow>(), (0, 0));
+    assert_eq!(spent_then_a_longer_period::<SlidingLog>(), (0, 0));
+    assert_eq!(spent_then_a_longer_period::<SlidingCounter>(), (0, 0));
+    assert_eq!(spent_then_a_longer_period::<Metered>(), (0, 0));
+}
+
+/// The same for GCRA, which keeps what a key owes as time across a change of emission interval
+/// (`Gcra`'s docs): the half hour the key owes weighs 5 permits of 10 an hour, so 5 more come at
+/// the instant of the change, 15 where either quota admits 10 at once. Kept as the known limit
+/// `set_quota`'s docs state.
+#[test]
+#[ignore = "known limit: GCRA keeps a key's debt as time across a change of emission interval; \
+            10 of 10 per 30 min spent, the quota becomes 10 an hour: 5 more at that instant"]
+fn gcra_a_spent_key_gets_nothing_more_when_its_period_lengthens() {
+    assert_eq!(spent_then_a_longer_period::<Gcra>(), (0, 0));
+}
+
 #[test]
 fn gcra_keeps_the_tat_when_the_emission_interval_changes() {
     let clock = ManualClock::new();
