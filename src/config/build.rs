@@ -140,7 +140,23 @@ pub(super) fn redis_limiter(
         AlgorithmKind::SlidingLog => builder.algorithm::<SlidingLog>(),
         AlgorithmKind::SlidingCounter => builder.algorithm::<SlidingCounter>(),
     };
-    (builder.build()).map_err(|e| ConfigError::new(path.to_owned(), e.to_string()))
+    (builder.build()).map_err(|e| redis_error(path, &e))
+}
+
+/// A Redis limiter's build error at the field of the file that sets what it names, or at the
+/// instance.
+#[cfg(feature = "redis")]
+pub(super) fn redis_error(path: &str, error: &crate::redis::BuildError) -> ConfigError {
+    let field = match error.setting() {
+        Some("max_share") => "redis_lease_max_share",
+        Some("length") => "redis_lease_length",
+        Some("timeout") => "redis_timeout",
+        Some("prefix") => "redis_prefix",
+        Some("max_wait") => "max_wait",
+        Some("period") => "limit_refresh_period",
+        _ => return ConfigError::new(path, error.to_string()),
+    };
+    ConfigError::new(format!("{path}.{field}"), error.to_string())
 }
 
 /// What a Redis limiter does when Redis cannot answer: a refusal tells the client to come back

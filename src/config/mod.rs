@@ -53,13 +53,13 @@
 //! | `hide_keys` | boolean: keep client keys out of log events | `false` |
 //! | `store` | `memory`, or `redis` (feature `redis`) for one quota across every instance | `memory` |
 //! | `redis_url` | `redis://host:port` | required with `store = "redis"` |
-//! | `redis_prefix` | key prefix | `bulwark:<algorithm>:` |
-//! | `redis_timeout` | duration: how long a decision may wait for Redis | the store's default |
+//! | `redis_prefix` | key prefix, without `{` or `}` | `bulwark:<algorithm>:` |
+//! | `redis_timeout` | duration > 0: how long a decision may wait for Redis | the store's default |
 //! | `redis_fail_mode` | `local` (decide with a local limiter of the instance's own quota: each instance admits at most the quota while Redis cannot answer), `open` (admit), `closed` (refuse), or `fallback` (decide with a local limiter of `fallback_limit_for_period`) while Redis cannot answer | `local` |
 //! | `fallback_limit_for_period` | integer ≥ 1: the local limiter's permits per period, with `fallback` | required with `fallback` |
 //! | `redis_leases` | boolean: lease shares of each key's permits (not with `sliding_log`; see `redis::RedisRateLimiterBuilder::lease`) | `false` |
 //! | `redis_lease_max_share` | with `redis_leases`: integer ≥ 1, at most the burst | a quarter of the burst |
-//! | `redis_lease_length` | with `redis_leases`: duration | a tenth of the period, from 1 ms to 1 s |
+//! | `redis_lease_length` | with `redis_leases`: duration > 0 | a tenth of the period, from 1 ms to 1 s |
 //!
 //! Fields of a bulkhead:
 //!

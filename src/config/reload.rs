@@ -111,8 +111,8 @@ impl Registry {
             #[cfg(feature = "redis")]
             if let Some(redis) = &self.limiters[name].redis {
                 redis
-                    .params_for(&quota)
-                    .map_err(|e| ConfigError::new(path, e.to_string()))?;
+                    .params_as_built(&quota)
+                    .map_err(|e| super::build::redis_error(&path, &e))?;
             }
             quotas.push((name, quota));
         }

@@ -269,17 +269,20 @@ impl RedisRateLimiterBuilder {
         let settings = self.settings;
         let script = settings.script;
         if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&settings.hold_for) {
-            return Err(BuildError::new(
+            return Err(BuildError::at(
+                "hold_for",
                 "hold_for must be between a second and a day",
             ));
         }
-        let quota = ScriptQuota::new(script, settings.quota, self.client_clock.is_some())
-            .map_err(BuildError::new)?
+        let quota = ScriptQuota::new(script, settings.quota, self.client_clock.is_some())?
             .holding_for(settings.hold_for);
         let prefix = (settings.prefix).unwrap_or_else(|| default_prefix(script.name()));
         let keys = KeyLayout::new(prefix, settings.hash_tag)?;
         if settings.timeout.is_zero() {
-            return Err(BuildError::new("the timeout must be longer than zero"));
+            return Err(BuildError::at(
+                "timeout",
+                "the timeout must be longer than zero",
+            ));
         }
         let leases = settings
             .lease

@@ -80,12 +80,31 @@ impl Error for RedisFailure {
 /// A Redis limiter that cannot be built as configured: the reason says which setting is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuildError {
+    /// The builder's setting at fault (its method's name), where one is.
+    setting: Option<&'static str>,
     reason: &'static str,
 }
 
 impl BuildError {
     pub(crate) fn new(reason: &'static str) -> Self {
-        Self { reason }
+        Self {
+            setting: None,
+            reason,
+        }
+    }
+
+    /// An error of the builder's setting `setting` (its method's name).
+    pub(crate) fn at(setting: &'static str, reason: &'static str) -> Self {
+        Self {
+            setting: Some(setting),
+            reason,
+        }
+    }
+
+    /// The builder's setting at fault, where one is: what the config file names by its field.
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn setting(&self) -> Option<&'static str> {
+        self.setting
     }
 }
 

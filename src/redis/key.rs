@@ -34,10 +34,14 @@ impl KeyLayout {
     /// either would move or end the hash tag.
     pub(crate) fn new(prefix: String, hash_tag: HashTag) -> Result<Self, BuildError> {
         if prefix.contains(['{', '}']) {
-            return Err(BuildError::new("the key prefix must not hold `{` or `}`"));
+            return Err(BuildError::at(
+                "prefix",
+                "the key prefix must not hold `{` or `}`",
+            ));
         }
         if matches!(&hash_tag, HashTag::Fixed(tag) if tag.is_empty() || tag.contains(['{', '}'])) {
-            return Err(BuildError::new(
+            return Err(BuildError::at(
+                "hash_tag",
                 "a fixed hash tag must be non-empty, without `{` or `}`",
             ));
         }

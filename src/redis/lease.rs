@@ -21,6 +21,7 @@ use super::key_table::KeyTable;
 use super::limiter::Inner;
 use super::reply::Reply;
 use super::script::{LimiterScript, Operation, ScriptQuota, MAX_TICKS};
+use super::RedisFailure;
 use super::{BuildError, RedisCounts};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
@@ -60,6 +61,13 @@ impl Lease {
 
     /// The leases of a limiter of `quota`, checked.
     pub(crate) fn leases(self, quota: &ScriptQuota) -> Result<Leases, BuildError> {
+        self.check(quota)?;
+        Ok(Leases::new(self))
+    }
+
+    /// Whether these leases can be exact under `quota`: at build, and for each quota a
+    /// `set_quota` brings.
+    pub(crate) fn check(&self, quota: &ScriptQuota) -> Result<(), BuildError> {
         if quota.script == LimiterScript::SlidingLog {
             return Err(BuildError::new(
                 "leases cannot be exact with the sliding log: it counts each permit at the \
@@ -81,7 +89,8 @@ impl Lease {
             .max_share
             .is_some_and(|share| share == 0 || share > quota.capacity)
         {
-            return Err(BuildError::new(
+            return Err(BuildError::at(
+                "max_share",
                 "a lease's max_share must be at least 1 and at most the burst",
             ));
         }
@@ -89,11 +98,12 @@ impl Lease {
         if nanos.div_ceil(quota.tick_nanos) == 0
             || nanos.saturating_mul(2) / quota.tick_nanos > MAX_TICKS
         {
-            return Err(BuildError::new(
+            return Err(BuildError::at(
+                "length",
                 "a lease's length must be longer than zero and, twice over, within the scripts' exact arithmetic",
             ));
         }
-        Ok(Leases::new(self))
+        Ok(())
     }
 
     /// The most permits of one lease under `quota` (the quota in force, which a `set_quota`
@@ -163,6 +173,12 @@ struct Held {
 }
 
 impl Leases {
+    /// Whether these leases can be exact under `quota` (see [`Lease::check`]).
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn check(&self, quota: &ScriptQuota) -> Result<(), BuildError> {
+        self.settings.check(quota)
+    }
+
     pub(crate) fn new(settings: Lease) -> Self {
         Self {
             settings,
@@ -222,6 +238,7 @@ impl Leases {
         cost: u32,
         now: u64,
         quota: &ScriptQuota,
+        deadline: u64,
     ) -> (Operation, u64) {
         let mut held = share.held();
         let (back, unused) = held.end(now);
@@ -245,6 +262,7 @@ impl Leases {
             id,
             back,
             unused,
+            deadline,
         };
         (operation, id)
     }
@@ -455,7 +473,18 @@ impl Inner {
         let Some((leases, share)) = leases.and_then(|l| Some((l, l.share(&key)?))) else {
             return self.decide(quota, key, cost, max_wait).await;
         };
-        let one_at_a_time = share.refill.lock().await;
+        // The caller is answered within the timeout, its wait for the key's turn included (a
+        // stalled call ahead of it would otherwise add its own timeout to each caller queued).
+        let longest_wait = self.store.longest_wait(self.timeout);
+        let (answered_at, answered_by) = (
+            tokio::time::Instant::now() + longest_wait,
+            (self.clock.now()).saturating_add(saturating_nanos(longest_wait)),
+        );
+        let Ok(one_at_a_time) = tokio::time::timeout_at(answered_at, share.refill.lock()).await
+        else {
+            let failure = RedisFailure::Timeout(self.timeout);
+            return (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
+        };
         // The call before this one's turn may have brought a share, or a refusal.
         if let Some(decision) = leases.take(&share, cost, quota.reading(&*self.clock), quota) {
             return Ok(self.stamp(decision, &key, cost));
@@ -464,16 +493,37 @@ impl Inner {
             return Ok(refusal);
         }
         let sent = quota.reading(&*self.clock);
-        let (operation, id) = leases.ask(&share, cost, sent, quota);
-        let call = self.run_script(quota, &key, operation, cost);
+        let call = async {
+            // As a decision's: a lease call that Redis runs after its caller was answered
+            // changes nothing; a first "late" answer corrected the offset, so it goes once more.
+            for _ in 0..2 {
+                let deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
+                let (operation, id) = leases.ask(&share, cost, sent, quota, deadline);
+                let reply = tokio::time::timeout_at(
+                    answered_at,
+                    self.run_script(quota, &key, operation, cost),
+                );
+                match reply
+                    .await
+                    .unwrap_or(Err(RedisFailure::Timeout(self.timeout)))?
+                {
+                    Reply::Late(_) => {}
+                    reply => return Ok((reply, id)),
+                }
+            }
+            Err(RedisFailure::Late)
+        };
         let decision = match self.bounded(quota, call, false).await {
-            Ok(Reply::Leased {
-                permits,
-                start,
-                end,
-                time,
-                ..
-            }) => {
+            Ok((
+                Reply::Leased {
+                    permits,
+                    start,
+                    end,
+                    time,
+                    ..
+                },
+                id,
+            )) => {
                 let now = quota.reading(&*self.clock);
                 let (from, until) = leases.window(quota, (start, end, time), sent, now);
                 let grant = (permits, from, until);
@@ -483,7 +533,7 @@ impl Inner {
                 self.give_back_at_end(key.clone(), id, over_in);
                 decision
             }
-            Ok(Reply::Decision(refused, _)) if !refused.allowed => {
+            Ok((Reply::Decision(refused, _), _)) if !refused.allowed => {
                 drop(one_at_a_time);
                 if max_wait > 0 {
                     return self.decide(quota, key, cost, max_wait).await;
@@ -492,7 +542,8 @@ impl Inner {
                 refused
             }
             reply => {
-                let failure = reply.map_or_else(|failure| failure, |r| r.unexpected("a lease"));
+                let failure =
+                    reply.map_or_else(|failure| failure, |(r, _)| r.unexpected("a lease"));
                 return (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
             }
         };

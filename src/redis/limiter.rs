@@ -141,8 +141,9 @@ impl RedisRateLimiter {
     ///
     /// # Errors
     ///
-    /// The quota cannot run in the scripts (the same checks as
-    /// [`build`](RedisRateLimiterBuilder::build)); nothing changes.
+    /// The quota cannot run in the scripts (the same checks of the quota as
+    /// [`build`](RedisRateLimiterBuilder::build)); nothing changes. A lease's `max_share` above
+    /// the new burst is no error: each share is at most the burst in force.
     pub fn set_quota(&self, quota: Quota) -> Result<(), BuildError> {
         let script_quota = self.params_for(&quota)?.changed_at(self.inner.clock.now());
         self.inner.quota.store(Arc::new(script_quota));
@@ -158,8 +159,21 @@ impl RedisRateLimiter {
 
     /// The script arguments for `quota`, or why it cannot run in this limiter's scripts.
     pub(crate) fn params_for(&self, quota: &Quota) -> Result<ScriptQuota, BuildError> {
-        let current = self.inner.quota.load();
-        current.with_quota(*quota).map_err(BuildError::new)
+        self.inner.quota.load().with_quota(*quota)
+    }
+
+    /// [`params_for`](Self::params_for), refused as well where [`build`] would refuse this
+    /// limiter's leases under `quota` (a `max_share` above its burst, which `set_quota` takes,
+    /// clamping the share): what a config file that `build` refuses cannot bring by a reload.
+    ///
+    /// [`build`]: super::RedisRateLimiterBuilder::build
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn params_as_built(&self, quota: &Quota) -> Result<ScriptQuota, BuildError> {
+        let params = self.params_for(quota)?;
+        if let Some(leases) = &self.inner.leases {
+            leases.check(&params)?;
+        }
+        Ok(params)
     }
 
     /// What this limiter and its clones have counted since it was built: failures, refusals

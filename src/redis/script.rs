@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use super::RedisFailure;
+use super::{BuildError, RedisFailure};
 use crate::algorithm::{Algorithm, FixedWindow, Gcra, Metered, SlidingCounter, SlidingLog};
 use crate::clock::{saturating_nanos, Clock};
 use crate::decision::Charged;
@@ -152,13 +152,15 @@ pub(crate) enum Operation {
     /// beyond its estimate. A charge has no deadline, as a refund has none.
     Charge,
     /// A lease of `wanted` permits (at least the call's cost) for `length` ticks under the id
-    /// `id`, giving back `back` (a lease id, 0 for none) with its `unused` permits first.
+    /// `id`, giving back `back` (a lease id, 0 for none) with its `unused` permits first. After
+    /// `deadline` it changes nothing and answers "late", as a decision does.
     Lease {
         length: u64,
         wanted: u32,
         id: u64,
         back: u64,
         unused: u32,
+        deadline: u64,
     },
     /// The lease `id` comes back with `unused` permits.
     EndLease { id: u64, unused: u32 },
@@ -201,7 +203,7 @@ impl ScriptQuota {
         script: LimiterScript,
         quota: Quota,
         client_clock: bool,
-    ) -> Result<Self, &'static str> {
+    ) -> Result<Self, BuildError> {
         let tick_nanos = if client_clock { 1 } else { 1000 };
         let permits = u64::from(quota.permits());
         // Durations that bound admissions round up, so the rate is never exceeded; the wait a
@@ -209,7 +211,10 @@ impl ScriptQuota {
         let period = quota.period_nanos().div_ceil(tick_nanos);
         let max_wait = quota.max_wait_nanos() / tick_nanos;
         if max_wait > MAX_TICKS {
-            return Err("the quota's max_wait is too long for the redis store");
+            return Err(BuildError::at(
+                "max_wait",
+                "the quota's max_wait is too long for the redis store",
+            ));
         }
         let (mut args, limit, capacity) = match script {
             LimiterScript::Gcra | LimiterScript::Metered => {
@@ -219,9 +224,9 @@ impl ScriptQuota {
                 let burst = quota.burst();
                 let horizon = interval.saturating_mul(u64::from(burst));
                 if horizon > MAX_TICKS {
-                    return Err(
+                    return Err(BuildError::new(
                         "burst times the emission interval is too long for the redis store",
-                    );
+                    ));
                 }
                 let limit = u64::from(burst);
                 (vec![interval, horizon, limit], limit, burst)
@@ -232,16 +237,19 @@ impl ScriptQuota {
             }
             LimiterScript::FixedWindow | LimiterScript::SlidingLog => {
                 if period > MAX_TICKS {
-                    return Err("the quota's period is too long for the redis store");
+                    return Err(BuildError::at(
+                        "period",
+                        "the quota's period is too long for the redis store",
+                    ));
                 }
                 (vec![period, permits], permits, quota.permits())
             }
             LimiterScript::SlidingCounter => {
                 // The script multiplies counts by the window length.
                 if period > MAX_TICKS || (permits + 1).saturating_mul(period) > MAX_SCRIPT_NOW {
-                    return Err(
+                    return Err(BuildError::new(
                         "permits times the period is too large for the redis sliding counter",
-                    );
+                    ));
                 }
                 (vec![period, permits], permits, quota.permits())
             }
@@ -268,7 +276,7 @@ impl ScriptQuota {
 
     /// The arguments for `quota` on the same script and clock, holds lasting as long: what a
     /// `set_quota` sends from then on, or why `quota` cannot run in the scripts.
-    pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, &'static str> {
+    pub(crate) fn with_quota(&self, quota: Quota) -> Result<Self, BuildError> {
         let next = Self::new(self.script, quota, self.client_clock())?;
         Ok(Self {
             changed_at: self.changed_at,
@@ -435,10 +443,11 @@ impl ScriptQuota {
                 id,
                 back,
                 unused,
+                deadline,
             } => (
                 "l",
                 length,
-                None,
+                Some(deadline),
                 &[wanted.into(), id, back, unused.into()][..],
             ),
             Operation::EndLease { id, unused } => ("e", 0, None, &[unused.into(), id][..]),

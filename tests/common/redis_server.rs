@@ -241,6 +241,19 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Stops the server (SIGSTOP) until the guard it returns is dropped (SIGCONT): a Redis that
+    /// stalls with its connections open.
+    pub fn stall(&self) -> Stalled {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("a running server")
+            .id()
+            .to_string();
+        send_signal("-STOP", &pid);
+        Stalled(pid)
+    }
+
     /// Runs a command through a fresh connection and returns the first reply line.
     pub fn command(&self, args: &[&str]) -> String {
         raw_command(self.port, args).expect("redis command")
@@ -253,6 +266,23 @@ impl RedisServer {
             .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
             .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
     }
+}
+
+/// A server stopped by [`RedisServer::stall`], resumed when this is dropped (however the test
+/// ends).
+pub struct Stalled(String);
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        send_signal("-CONT", &self.0);
+    }
+}
+
+fn send_signal(signal: &str, pid: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "kill {signal} {pid}");
 }
 
 impl Drop for RedisServer {

@@ -26,6 +26,8 @@ mod forwarded;
 mod hostile;
 #[cfg(feature = "config")]
 mod outbound;
+#[cfg(all(feature = "config", feature = "redis"))]
+mod redis_fields;
 #[cfg(feature = "config")]
 mod reload;
 #[cfg(feature = "config")]

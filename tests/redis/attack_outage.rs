@@ -2,7 +2,6 @@
 //! all the default `RedisFailMode::Local`), leases held through an outage, give-backs and
 //! settles sent across one, its logs, and settings at their extremes.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::manual_clock_at;
@@ -124,27 +123,6 @@ async fn a_redis_admission_given_back_during_an_outage_frees_nothing_locally_met
     let _ = (a, b);
 }
 
-/// The server's process id, from `INFO server`.
-fn pid(server: &RedisServer) -> String {
-    let info = server.command(&["INFO", "server"]);
-    let line = info.lines().find_map(|l| l.strip_prefix("process_id:"));
-    line.expect("INFO names the pid").trim().to_owned()
-}
-
-fn signal(pid: &str, signal: &str) {
-    let status = Command::new("kill").args([signal, pid]).status().unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
-/// Resumes a stopped server however the test ends.
-struct Stopped(String);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal(&self.0, "-CONT");
-    }
-}
-
 /// The other way (`limiter.rs:369`, "a fail mode's decision goes to the local limiter"): a
 /// sliding log's admission that the fail mode made while Redis was stopped, given back once
 /// Redis answers again with its state whole, must not take an entry out of Redis's log at the
@@ -159,11 +137,7 @@ async fn a_fail_mode_admission_given_back_after_the_outage_frees_nothing_in_redi
     }
     assert_eq!(l.counts().failures, 0);
     let local = {
-        let _stopped = {
-            let pid = pid(&server);
-            signal(&pid, "-STOP");
-            Stopped(pid)
-        };
+        let _stalled = server.stall();
         let local = l.check(&"k").await.unwrap();
         assert!(local.allowed && l.counts().failures == 1, "the fail mode's");
         local

@@ -11,6 +11,7 @@ mod common;
 mod attack_concurrency;
 mod attack_fixed_quota;
 mod attack_lease_debt;
+mod attack_lease_stall;
 #[cfg(all(feature = "config", feature = "metrics"))]
 mod attack_observe;
 mod attack_outage;
