@@ -238,7 +238,6 @@ impl Leases {
         cost: u32,
         now: u64,
         quota: &ScriptQuota,
-        deadline: u64,
     ) -> (Operation, u64) {
         let mut held = share.held();
         let (back, unused) = held.end(now);
@@ -262,7 +261,8 @@ impl Leases {
             id,
             back,
             unused,
-            deadline,
+            // Set by the caller, once the deadline is known.
+            deadline: 0,
         };
         (operation, id)
     }
@@ -496,9 +496,12 @@ impl Inner {
         let call = async {
             // As a decision's: a lease call that Redis runs after its caller was answered
             // changes nothing; a first "late" answer corrected the offset, so it goes once more.
+            // Asked once: a late call changed nothing, so the same lease goes again.
+            let (mut operation, id) = leases.ask(&share, cost, sent, quota);
             for _ in 0..2 {
-                let deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
-                let (operation, id) = leases.ask(&share, cost, sent, quota, deadline);
+                if let Operation::Lease { deadline, .. } = &mut operation {
+                    *deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
+                }
                 let reply = tokio::time::timeout_at(
                     answered_at,
                     self.run_script(quota, &key, operation, cost),
