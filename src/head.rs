@@ -43,7 +43,7 @@ pub(crate) fn field_lines<'h>(
     Ok(lines)
 }
 
-/// The value of a field of an answer that holds one value: `Ok(None)` when the field is
+/// The value of a field of an answer that holds one short value (a status, a number, a date): `Ok(None)` when the field is
 /// absent; `Err` with its first line when it is too large to read or its lines differ. Lines
 /// that all say the same count once (a proxy and the server may each add the field). The one
 /// rule for such fields: the pushback's, the retries' and the classifier's alike.

@@ -54,12 +54,15 @@ fn retry_info_delay(details: &[u8]) -> Option<Duration> {
 }
 
 /// The delay a trailers-only gRPC answer's headers ask for, if they hold a `grpc-status` that
-/// asks for one. A `grpc-status-details-bin` that is not base64 or not a `Status` is ignored,
-/// and each field is read as [`one_value`] reads one.
+/// asks for one. A `grpc-status-details-bin` that is not base64 or not a `Status` is ignored;
+/// the status is read as [`one_value`] reads a field.
 pub(crate) fn hold(headers: &HeaderMap) -> Option<Duration> {
     let code = Code::from_bytes(one_value(headers, &GRPC_STATUS).ok()??);
-    let details = one_value(headers, &GRPC_STATUS_DETAILS_BIN).ok().flatten();
-    let details = details.and_then(|value| BASE64.decode(value).ok());
+    // Read whole, from its first line: a serialized `google.rpc.Status` may pass the 4 KiB of a
+    // field of one short value (a `DebugInfo` beside the `RetryInfo`), as `status_delay` reads
+    // a `tonic::Status`'s.
+    let details = headers.get(GRPC_STATUS_DETAILS_BIN);
+    let details = details.and_then(|value| BASE64.decode(value.as_bytes()).ok());
     delay(code, details.as_deref().unwrap_or_default(), headers)
 }
 

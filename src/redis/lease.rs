@@ -473,15 +473,13 @@ impl Inner {
         let Some((leases, share)) = leases.and_then(|l| Some((l, l.share(&key)?))) else {
             return self.decide(quota, key, cost, max_wait).await;
         };
-        // The caller is answered within the timeout, its wait for the key's turn included (a
-        // stalled call ahead of it would otherwise add its own timeout to each caller queued).
+        // A caller waits for the key's turn at most as long as for a call (the calls ahead of
+        // it in a stall would each add their timeout); then the fail mode decides, counted, but
+        // not as Redis failing: the call ahead tells that.
         let longest_wait = self.store.longest_wait(self.timeout);
-        let (answered_at, answered_by) = (
-            tokio::time::Instant::now() + longest_wait,
-            (self.clock.now()).saturating_add(saturating_nanos(longest_wait)),
-        );
-        let Ok(one_at_a_time) = tokio::time::timeout_at(answered_at, share.refill.lock()).await
+        let Ok(one_at_a_time) = tokio::time::timeout(longest_wait, share.refill.lock()).await
         else {
+            self.breaker.waited_out(&self.keys.prefix);
             let failure = RedisFailure::Timeout(self.timeout);
             return (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
         };
@@ -493,23 +491,17 @@ impl Inner {
             return Ok(refusal);
         }
         let sent = quota.reading(&*self.clock);
+        let answered_by = (self.clock.now()).saturating_add(saturating_nanos(longest_wait));
         let call = async {
             // As a decision's: a lease call that Redis runs after its caller was answered
-            // changes nothing; a first "late" answer corrected the offset, so it goes once more.
-            // Asked once: a late call changed nothing, so the same lease goes again.
+            // changes nothing, and a first "late" answer (which corrected the offset) goes once
+            // more, the same lease: the late one changed nothing.
             let (mut operation, id) = leases.ask(&share, cost, sent, quota);
             for _ in 0..2 {
                 if let Operation::Lease { deadline, .. } = &mut operation {
                     *deadline = self.offset.server_deadline(answered_by).unwrap_or(0);
                 }
-                let reply = tokio::time::timeout_at(
-                    answered_at,
-                    self.run_script(quota, &key, operation, cost),
-                );
-                match reply
-                    .await
-                    .unwrap_or(Err(RedisFailure::Timeout(self.timeout)))?
-                {
+                match self.run_script(quota, &key, operation, cost).await? {
                     Reply::Late(_) => {}
                     reply => return Ok((reply, id)),
                 }

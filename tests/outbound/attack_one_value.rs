@@ -239,3 +239,22 @@ async fn grpc_pushback_in_trailers_on_differing_lines_is_ignored() {
     ];
     assert_eq!(held_after_trailers(&differing).await, Duration::ZERO);
 }
+
+/// The rule is for fields of one short value: a `grpc-status-details-bin` is a serialized
+/// `google.rpc.Status` and may pass 4 KiB (a `DebugInfo` beside the `RetryInfo`); its
+/// `RetryInfo` still holds calls (found by a review of the rule: it was ignored).
+#[cfg(feature = "grpc")]
+#[test]
+fn a_retry_info_in_details_over_4_kib_holds_calls() {
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    let mut details = ErrorDetails::with_retry_info(Some(Duration::from_secs(30)));
+    details.set_debug_info(vec!["at a frame of a long stack".to_owned(); 150], "detail");
+    let status = tonic::Status::with_error_details(tonic::Code::ResourceExhausted, "busy", details);
+    let trailers_only: Response<()> = status.into_http();
+    let details = &trailers_only.headers()["grpc-status-details-bin"];
+    assert!(details.len() > 4096, "{}", details.len());
+    let p = pushback();
+    p.observe(&trailers_only);
+    assert_eq!(p.held_for(), secs(30));
+}

@@ -84,7 +84,8 @@ async fn a_lease_call_run_after_a_stall_leases_nothing() {
 
 /// `redis` module docs: "Never hangs. Every call is bounded by a short timeout". Six callers of
 /// one key while Redis stalls: the k-th waited k timeouts for its turn behind the others' lease
-/// calls (608 ms for the sixth, with a timeout of 100 ms).
+/// calls (608 ms for the sixth, with a timeout of 100 ms). Each waits at most the timeout for its
+/// turn, and its own call at most the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_queued_behind_a_stalled_lease_call_are_answered_within_the_timeout() {
     let server = or_skip!(RedisServer::start("attack_lease_stall_queue"));
@@ -95,6 +96,7 @@ async fn callers_queued_behind_a_stalled_lease_call_are_answered_within_the_time
         at_once(&leasing, 6).await
     };
     let longest = answers.iter().map(|(_, waited)| *waited).max().unwrap();
-    // The timeout, and room for a loaded machine's scheduling; never a second timeout.
-    assert!(longest < Duration::from_millis(190), "{answers:?}");
+    // A turn and a call, and room for a loaded machine's scheduling; never one timeout more for
+    // each caller ahead.
+    assert!(longest < Duration::from_millis(290), "{answers:?}");
 }

@@ -472,8 +472,8 @@ impl<'a> Reader<'a> {
         parsed
     }
 
-    /// The one value of `name`, if its lines (at most 4 KiB) all say the same: a proxy and the
-    /// server may each add the same field. Logged when lines differ, or one is longer.
+    /// The one value of `name` (see [`one_value`]); logged when its lines differ or the field
+    /// is too large to read.
     fn single<'h>(&self, headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h [u8]> {
         one_value(headers, name)
             .inspect_err(|first| self.malformed(name.as_str(), first))
