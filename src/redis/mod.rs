@@ -69,14 +69,17 @@
 //!   is long gone. The first decision, before any offset is known, sends a deadline already
 //!   past: the script answers at once with the server's time and the decision is sent again
 //!   with a real deadline. Refunds carry no deadline: applying one late still restores exactly
-//!   what its admission took, and each is sent once.
+//!   what its admission took, and each is sent once. A lease call carries the deadline as a
+//!   decision does.
 //! * **Never hangs.** Every call is bounded by a short [`timeout`](RedisRateLimiterBuilder::timeout);
 //!   a timeout, a connection error or a reply that is not a decision is counted
 //!   (`failures` of [`RedisRateLimiter::counts`]), logged with `tracing` and decided by the
 //!   [`RedisFailMode`]. After a timeout or a connection error, decisions go straight to the
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
-//!   reconnects by itself.
+//!   reconnects by itself. With leases, a decision waits for its key's turn behind the lease
+//!   call in flight at most the timeout too (counted among the failures, and decided by the
+//!   fail mode), then makes its own call, if any, within its own.
 //! * **Holds, renewed while they live.** The algorithms whose admissions hold what they took
 //!   until it is given back ([`Metered`](crate::algorithm::Metered)'s estimates, and the slots
 //!   of [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis), the
