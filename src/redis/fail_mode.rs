@@ -235,18 +235,6 @@ impl Breaker {
         }
     }
 
-    /// A decision of the limiter under `prefix` waited out its timeout for a key's turn behind
-    /// another call (a lease's), so the fail mode decides it: counted as a failure, but telling
-    /// nothing of Redis (the call ahead does).
-    pub(crate) fn waited_out(&self, prefix: &str) {
-        let count = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::debug!(
-            target: "tower_bulwark::redis",
-            prefix, failures = count,
-            "a decision waited out its timeout behind a lease call; the fail mode decides",
-        );
-    }
-
     /// Redis failed to decide for the limiter under `prefix`, the call sent at `sent`;
     /// `fail_mode` decides instead.
     pub(crate) fn failed(

@@ -474,14 +474,13 @@ impl Inner {
             return self.decide(quota, key, cost, max_wait).await;
         };
         // A caller waits for the key's turn at most as long as for a call (the calls ahead of
-        // it in a stall would each add their timeout); then the fail mode decides, counted, but
-        // not as Redis failing: the call ahead tells that.
+        // it in a stall would each add their timeout), then is decided without leases: Redis
+        // decides it on a healthy server (a fail mode's answer to a long queue could admit what
+        // Redis refuses), and its own call is bounded as every call is.
         let longest_wait = self.store.longest_wait(self.timeout);
         let Ok(one_at_a_time) = tokio::time::timeout(longest_wait, share.refill.lock()).await
         else {
-            self.breaker.waited_out(&self.keys.prefix);
-            let failure = RedisFailure::Timeout(self.timeout);
-            return (self.fail_mode).decide(self.store.id, quota.limit, key, cost, failure);
+            return self.decide(quota, key, cost, max_wait).await;
         };
         // The call before this one's turn may have brought a share, or a refusal.
         if let Some(decision) = leases.take(&share, cost, quota.reading(&*self.clock), quota) {

@@ -78,8 +78,8 @@
 //!   policy for a [`probe_interval`](RedisRateLimiterBuilder::probe_interval), so a dead Redis
 //!   does not cost every request a timeout; then Redis is tried again. The connection
 //!   reconnects by itself. With leases, a decision waits for its key's turn behind the lease
-//!   call in flight at most the timeout too (counted among the failures, and decided by the
-//!   fail mode), then makes its own call, if any, within its own timeout.
+//!   call in flight at most the timeout too, and is then decided without leases, in a call of
+//!   its own bounded as every call is.
 //! * **Holds, renewed while they live.** The algorithms whose admissions hold what they took
 //!   until it is given back ([`Metered`](crate::algorithm::Metered)'s estimates, and the slots
 //!   of [`Policy::concurrent_in_redis`](crate::rate_limit::Policy::concurrent_in_redis), the
