@@ -43,10 +43,11 @@ pub(crate) fn field_lines<'h>(
     Ok(lines)
 }
 
-/// The value of a field of an answer that holds one short value (a status, a number, a date): `Ok(None)` when the field is
-/// absent; `Err` with its first line when it is too large to read or its lines differ. Lines
-/// that all say the same count once (a proxy and the server may each add the field). The one
-/// rule for such fields: the pushback's, the retries' and the classifier's alike.
+/// The value of a field of an answer that holds one short value (a status, a number, a date):
+/// `Ok(None)` when the field is absent; `Err` with its first line when it is too large to read
+/// or its lines differ. Lines that all say the same count once (a proxy and the server may each
+/// add the field). The one rule for such fields: the pushback's, the retries' and the
+/// classifier's alike.
 pub(crate) fn one_value<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,

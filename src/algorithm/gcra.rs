@@ -27,10 +27,10 @@ use crate::{decision::Decision, Quota};
 /// counted in the new interval. A longer interval so makes a debt weigh fewer permits: a key
 /// that spent 10 of 10 per 30 minutes owes half an hour, 5 permits of 10 an hour, and is
 /// admitted 5 more at the change, more than either quota admits at once (the one exception to
-/// the bound [`set_quota`](crate::KeyedRateLimiter::set_quota) states). A refund after the change, of a decision made before it, gives
-/// back `cost` intervals, each the shorter of the old and the new (never moving the TAT before
-/// the latest reading): no more time than the decision took, nor more than its permits weigh
-/// now.
+/// the bound [`set_quota`](crate::KeyedRateLimiter::set_quota) states). A refund after the
+/// change, of a decision made before it, gives back `cost` intervals, each the shorter of the
+/// old and the new (never moving the TAT before the latest reading): no more time than the
+/// decision took, nor more than its permits weigh now.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra {
     interval: u64,

@@ -21,8 +21,7 @@ use super::key_table::KeyTable;
 use super::limiter::Inner;
 use super::reply::Reply;
 use super::script::{LimiterScript, Operation, ScriptQuota, MAX_TICKS};
-use super::RedisFailure;
-use super::{BuildError, RedisCounts};
+use super::{BuildError, RedisCounts, RedisFailure};
 use crate::clock::saturating_nanos;
 use crate::decision::{Decision, Taken};
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -65,8 +64,8 @@ impl Lease {
         Ok(Leases::new(self))
     }
 
-    /// Whether these leases can be exact under `quota`: at build, and for each quota a
-    /// `set_quota` brings.
+    /// Whether these leases can be exact under `quota`: at build, and for the quota a config
+    /// reload brings (`set_quota` takes any quota the scripts can run, clamping each share).
     pub(crate) fn check(&self, quota: &ScriptQuota) -> Result<(), BuildError> {
         if quota.script == LimiterScript::SlidingLog {
             return Err(BuildError::new(

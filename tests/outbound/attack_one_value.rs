@@ -6,47 +6,31 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Response};
-use tower_bulwark::clock::ManualClock;
-use tower_bulwark::outbound::Pushback;
 #[cfg(feature = "grpc")]
 use {
-    http::HeaderMap,
+    http::{HeaderMap, HeaderValue, Response},
     tower::{service_fn, Layer, ServiceExt},
     tower_bulwark::BoxError,
+    tower_bulwark::{clock::ManualClock, outbound::Pushback},
 };
 
-use super::dialects_support::{http_date, rfc3339};
+#[cfg(feature = "grpc")]
+use super::dialects_support::make;
+use super::dialects_support::{held_with, http_date, rfc3339};
 
 const MAX_HOLD: Duration = Duration::from_secs(60);
 
 /// A Unix time far from now, above 10^9 so resets near it read as Unix times: 2004-11-09.
 const T0: i64 = 1_100_000_000;
 
+#[cfg(feature = "grpc")]
 fn pushback() -> Pushback<ManualClock> {
-    Pushback::builder("one-value")
-        .max_hold(MAX_HOLD)
-        .clock(ManualClock::new())
-        .build()
-}
-
-fn resp(status: u16, fields: &[(&str, &str)]) -> Response<()> {
-    let mut r = Response::new(());
-    *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
-    for (name, value) in fields {
-        r.headers_mut().append(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
-    }
-    r
+    make(MAX_HOLD).0
 }
 
 /// The hold right after one answer of `status` and `fields`.
 fn hold(status: u16, fields: &[(&str, &str)]) -> Duration {
-    let p = pushback();
-    p.observe(&resp(status, fields));
-    p.held_for()
+    held_with(MAX_HOLD, status, fields)
 }
 
 fn secs(s: u64) -> Duration {

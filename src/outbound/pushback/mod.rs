@@ -136,11 +136,11 @@
 //! (ten minutes by default): a longer `Retry-After`, `t` or reset is cut to it and logged at
 //! `warn` on the target `tower_bulwark::pushback`. Malformed values (negative, not numbers,
 //! bytes that are not text, fields over 4 KiB or of more than 16 lines) are ignored (those of
-//! the rate-limit fields and `Retry-After` logged); none panics. Several `Retry-After` lines are not an error: the longest counts. Another field
-//! on several lines counts where they all say the same (a proxy and the server may each add it)
-//! and is ignored, logged, where they differ. `RateLimit`
-//! and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv` crate, and a
-//! field that does not parse is ignored whole, as that RFC asks.
+//! the rate-limit fields and `Retry-After` logged); none panics. Several `Retry-After` lines are
+//! not an error: the longest counts. Another field on several lines counts where they all say
+//! the same (a proxy and the server may each add it) and is ignored, logged, where they differ.
+//! `RateLimit` and `RateLimit-Policy` are parsed as Structured Fields (RFC 9651) with the `sfv`
+//! crate, and a field that does not parse is ignored whole, as that RFC asks.
 
 pub(crate) mod answer;
 mod builder;
